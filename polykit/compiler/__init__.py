@@ -1,0 +1,1 @@
+"""The compiler: graph IR, ONNX import/export, shape inference, passes, builder, plan format."""

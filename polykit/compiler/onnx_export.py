@@ -1,0 +1,125 @@
+"""Graph -> ONNX: the inverse of onnx_import, for surgeon tools and round-trip checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polykit.compiler import dtypes
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Value
+from polykit.errors import PolykitError
+
+
+def _make_attr(key: str, value: Any) -> Any:
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if isinstance(value, onnx.GraphProto):
+        return helper.make_attribute(key, value)
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, (list, tuple)) and len(value) == 0:
+        return helper.make_attribute(key, [], attr_type=onnx.AttributeProto.INTS)
+    if isinstance(value, (list, tuple)) and isinstance(value[0], np.ndarray):
+        return helper.make_attribute(key, [numpy_helper.from_array(v) for v in value])
+    if isinstance(value, (dict, list)) and not _is_plain_list(value):
+        import json
+
+        return helper.make_attribute(key, json.dumps(value, sort_keys=True))
+    return helper.make_attribute(key, value)
+
+
+def _is_plain_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, (int, float, str, bool)) for v in value)
+
+
+def _value_info(v: Value) -> Any:
+    from onnx import helper
+
+    elem = dtypes.to_onnx(v.dtype) if v.dtype is not None else 0
+    shape = None if v.shape is None else [d if d is not None else None for d in v.shape]
+    return helper.make_tensor_value_info(v.name, elem, shape)
+
+
+def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
+    """Build an onnx.ModelProto from `graph` (opset = the graph's canonical opsets)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    nodes = []
+    for n in graph.nodes:
+        nodes.append(
+            helper.make_node(
+                n.op_type, n.inputs, n.outputs, name=n.name or None, domain=n.domain or None,
+                **{},
+            )
+        )
+        nodes[-1].attribute.extend(_make_attr(k, v) for k, v in sorted(n.attrs.items()))
+    inits = [numpy_helper.from_array(np.asarray(arr), name) for name, arr in graph.initializers.items()]
+    inputs = [_value_info(graph.value(n)) for n in graph.inputs]
+    outputs = [_value_info(graph.value(n)) for n in graph.outputs]
+    io = set(graph.inputs) | set(graph.outputs) | set(graph.initializers)
+    value_info = []
+    if keep_value_info:
+        for name, v in graph.values.items():
+            if name not in io and v.dtype is not None and v.dtype != np.dtype(object):
+                value_info.append(_value_info(v))
+    g = helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=value_info)
+    opsets = dict(graph.opsets)
+    if any(n.domain == POLYKIT_DOMAIN for n in graph.nodes):
+        opsets.setdefault(POLYKIT_DOMAIN, 1)
+    opset_imports = [helper.make_opsetid(d, v) for d, v in sorted(opsets.items())]
+    md = graph.metadata
+    model = helper.make_model(
+        g,
+        opset_imports=opset_imports,
+        producer_name=md.get("producer_name") or "polykit",
+        producer_version=md.get("producer_version") or "",
+    )
+    model.ir_version = max(int(md.get("ir_version", 0)), _min_ir_version(opsets.get("", 21)))
+    if md.get("doc_string"):
+        model.doc_string = md["doc_string"]
+    if md.get("model_version"):
+        model.model_version = md["model_version"]
+    if md.get("domain"):
+        model.domain = md["domain"]
+    for k, v in (md.get("metadata_props") or {}).items():
+        model.metadata_props.add(key=k, value=v)
+    return model
+
+
+def _min_ir_version(opset: int) -> int:
+    from onnx import helper
+
+    for row in helper.VERSION_TABLE:
+        # rows: (release, ir_version, ai.onnx opset, ai.onnx.ml, ai.onnx.training?)
+        if row[2] >= opset:
+            return row[1]
+    return helper.VERSION_TABLE[-1][1]
+
+
+def save_onnx(graph: Graph, path: "str | os.PathLike", *, external_data: bool | None = None,
+              size_threshold: int = 1024) -> Path:
+    """Write `graph` as an ONNX file; weights go to `<name>.data` beside it when
+    `external_data` is True (default: when the model would exceed protobuf's 2 GiB limit)."""
+    import onnx
+
+    path = Path(path)
+    model = to_onnx(graph)
+    total = sum(a.nbytes for a in graph.initializers.values())
+    if external_data is None:
+        external_data = total > 1_800_000_000
+    try:
+        if external_data:
+            onnx.save_model(
+                model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                location=path.name + ".data", size_threshold=size_threshold,
+            )
+        else:
+            onnx.save_model(model, str(path))
+    except OSError as exc:
+        raise PolykitError(f"cannot write the model: {exc}", where=str(path), hint="check the directory exists and is writable") from exc
+    return path

@@ -1,0 +1,51 @@
+"""Records a plan is made of: tensors, layers, the memory plan. Serialization: plan.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """A tensor the plan knows: engine I/O, activation or weight.
+
+    `kind` is "input", "output", "activation" or "weight". Activations (and outputs, which
+    live in the arena too until copied out) have an arena `offset`; weights an offset into
+    the plan's weight blob. Shapes are static: plans are built for concrete shapes.
+    """
+
+    name: str
+    dtype: str  # numpy dtype name, e.g. "float32"
+    shape: tuple[int, ...]
+    kind: str
+    offset: int = -1
+    nbytes: int = 0
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+
+@dataclass(frozen=True)
+class LayerDesc:
+    """One plan layer: the lowered form of one node or of several fused nodes.
+
+    `kind` is the op type for a plain layer ("Conv", "Softmax") or a fused kind in the
+    ai.polykit domain ("Pointwise", "Attention"); `attrs` are JSON-able; `tactic` names the
+    implementation chosen for this layer on the plan's target; `fused_nodes` lists the
+    original ONNX node names the layer covers (for inspect and layerwise debugging).
+    """
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False)
+    domain: str = ""
+    tactic: str = ""
+    tactic_params: dict[str, Any] = field(default_factory=dict, hash=False)
+    precision: str = "fp32"
+    fused_nodes: tuple[str, ...] = ()

@@ -1,0 +1,200 @@
+"""The op tables the compiler looks up: importers (per op and opset) and shape rules.
+
+Adding an op means: an `@importer` where its ONNX form changed across opsets (to bring
+every version to the one canonical form the rest of polykit knows), a `@shape_rule`
+(output dtypes and shapes), and a reference kernel (`polykit.kernels.registry.reference`).
+Plugins register through the same decorators.
+
+Canonical form: after import, every node follows the semantics of the graph's opset,
+which is at least CANONICAL_OPSET. Importers for older versions rewrite the node (move
+attributes to inputs, rename, replace by other ops) so nothing downstream needs to know
+which opset a model came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import Dim, Graph, Node, Shape
+from polykit.errors import NodeAttributeError, ShapeError
+
+#: Nodes are brought to (at least) this default-domain opset on import.
+CANONICAL_OPSET = 21
+
+OpKey = tuple[str, str]  # (domain, op_type); domain "" is ai.onnx
+
+ImporterFn = Callable[[Node, "ImportContext"], "list[Node] | None"]
+ShapeRuleFn = Callable[["InferContext"], "list[tuple[np.dtype | None, Shape]]"]
+
+IMPORTERS: dict[OpKey, list[tuple[int, ImporterFn]]] = {}
+SHAPE_RULES: dict[OpKey, ShapeRuleFn] = {}
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def importer(op_type: str, since: int = 1, domain: str = "") -> Callable[[ImporterFn], ImporterFn]:
+    """Register `fn(node, ctx)` to canonicalize `op_type` nodes from models whose opset is
+    >= `since` (and below the next registered `since`). It edits the node in place and
+    returns None, or returns the list of nodes that replace it."""
+
+    def register(fn: ImporterFn) -> ImporterFn:
+        entries = IMPORTERS.setdefault((_norm_domain(domain), op_type), [])
+        entries.append((since, fn))
+        entries.sort(key=lambda e: e[0])
+        return fn
+
+    return register
+
+
+def find_importer(domain: str, op_type: str, opset: int) -> ImporterFn | None:
+    best = None
+    for since, fn in IMPORTERS.get((_norm_domain(domain), op_type), []):
+        if since <= opset:
+            best = fn
+    return best
+
+
+def shape_rule(*op_types: str, domain: str = "") -> Callable[[ShapeRuleFn], ShapeRuleFn]:
+    """Register `fn(ctx) -> [(dtype, shape), ...]` (one per output) for the given ops."""
+
+    def register(fn: ShapeRuleFn) -> ShapeRuleFn:
+        for op in op_types:
+            SHAPE_RULES[(_norm_domain(domain), op)] = fn
+        return fn
+
+    return register
+
+
+def find_shape_rule(domain: str, op_type: str) -> ShapeRuleFn | None:
+    load_builtin_ops()
+    return SHAPE_RULES.get((_norm_domain(domain), op_type))
+
+
+_loaded = False
+
+
+def load_builtin_ops() -> None:
+    """Import the modules that fill the tables (once)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import polykit.compiler.ops  # noqa: F401  (registers importers and shape rules)
+    import polykit.kernels.reference  # noqa: F401  (registers reference kernels)
+
+
+def is_supported(domain: str, op_type: str) -> bool:
+    from polykit.kernels.registry import find_reference
+
+    return find_shape_rule(domain, op_type) is not None and find_reference(domain, op_type) is not None
+
+
+_REQUIRED = object()
+
+
+@dataclass
+class ImportContext:
+    """What an importer may use: the graph being built and the model's original opset."""
+
+    graph: Graph
+    opset: int  # the model's original default-domain opset
+
+    def add_constant(self, array: Any, prefix: str = "const", dtype: Any = None) -> str:
+        """Add an initializer and return its name (for moving an attribute to an input)."""
+        return self.graph.add_initializer(np.asarray(array, dtype=dtype), prefix)
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.graph.initializers.get(name) if name else None
+
+
+class InferContext:
+    """What a shape rule sees of one node: input metadata, constant inputs, attributes."""
+
+    def __init__(self, node: Node, dtypes: Sequence[np.dtype | None], shapes: Sequence[Shape],
+                 consts: Sequence[np.ndarray | None]):
+        self.node = node
+        self._dtypes = list(dtypes)
+        self._shapes = list(shapes)
+        self._consts = list(consts)
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.node.inputs)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    def has(self, i: int) -> bool:
+        """Whether optional input i is present."""
+        return i < len(self.node.inputs) and bool(self.node.inputs[i])
+
+    def dtype(self, i: int) -> np.dtype | None:
+        return self._dtypes[i] if self.has(i) else None
+
+    def shape(self, i: int) -> Shape:
+        return self._shapes[i] if self.has(i) else None
+
+    def rank(self, i: int) -> int | None:
+        s = self.shape(i)
+        return None if s is None else len(s)
+
+    def const(self, i: int) -> np.ndarray | None:
+        """The value of input i when it is known at build time (initializer or folded)."""
+        return self._consts[i] if self.has(i) else None
+
+    def attr(self, key: str, default: Any = _REQUIRED) -> Any:
+        if key in self.node.attrs:
+            return self.node.attrs[key]
+        if default is _REQUIRED:
+            raise NodeAttributeError(
+                f"required attribute {key!r} is missing",
+                where=self.node.describe(),
+                hint="add the attribute to the node (see the ONNX operator spec)",
+            )
+        return default
+
+    def fail(self, what: str, hint: str | None = None) -> "ShapeError":
+        """Build a ShapeError about this node (use as `raise ctx.fail(...)`)."""
+        return ShapeError(what, where=self.node.describe(), hint=hint)
+
+    def normalize_axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < max(rank, 1):
+            raise self.fail(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank if rank else 0
+
+
+def broadcast_shapes(ctx: InferContext, *shapes: Shape) -> Shape:
+    """Numpy-style broadcast of shapes with symbolic/unknown dims; ShapeError on a clash."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        result: Dim = 1
+        for d in dims:
+            if d == 1:
+                continue
+            if result == 1:
+                result = d
+            elif d == result:
+                continue
+            elif isinstance(d, int) and isinstance(result, int):
+                raise ctx.fail(
+                    f"cannot broadcast shapes {', '.join(str(tuple(s)) for s in shapes)} (dim {d} vs {result})",
+                    hint="the inputs' shapes must be numpy-broadcastable",
+                )
+            elif isinstance(result, int) and result != 1:
+                pass  # symbolic d must equal result at run time
+            elif isinstance(d, int):
+                result = d
+            else:
+                result = None if result != d else result
+        out.append(result)
+    return tuple(out)

@@ -1,0 +1,47 @@
+"""The reference-kernel table: one exact numpy implementation per op.
+
+A reference kernel is `fn(node, inputs) -> list of outputs`: `inputs` holds one numpy
+array per node input (None for an omitted optional input), and attributes come from
+`node.attrs` (defaults applied by the kernel). It serves constant folding, the cpu target
+and every CUDA kernel test as the oracle, so it favours clarity and exactness over speed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import Node
+
+ReferenceFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
+
+REFERENCE: dict[tuple[str, str], ReferenceFn] = {}
+
+
+def reference(*op_types: str, domain: str = "") -> Callable[[ReferenceFn], ReferenceFn]:
+    """Register `fn` as the reference kernel of each op in `op_types`."""
+
+    def register(fn: ReferenceFn) -> ReferenceFn:
+        for op in op_types:
+            REFERENCE[("" if domain == "ai.onnx" else domain, op)] = fn
+        return fn
+
+    return register
+
+
+def find_reference(domain: str, op_type: str) -> ReferenceFn | None:
+    from polykit.compiler.registry import load_builtin_ops
+
+    load_builtin_ops()
+    return REFERENCE.get(("" if domain == "ai.onnx" else domain, op_type))
+
+
+def run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Run the reference kernel of `node`; KeyError-free: raises PolykitError if unknown."""
+    from polykit.errors import UnsupportedModelError
+
+    fn = find_reference(node.domain, node.op_type)
+    if fn is None:
+        raise UnsupportedModelError([(node.name, node.op_type, node.domain, 0)])
+    return [np.asarray(o) for o in fn(node, inputs)]
