@@ -1,3 +1,7 @@
 """Importers and shape rules, one module per op family; importing this package fills the tables."""
 
-from polykit.compiler.ops import elementwise  # noqa: F401
+import importlib
+import pkgutil
+
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_mod}")

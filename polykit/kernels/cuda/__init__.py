@@ -1,1 +1,11 @@
-"""CUDA C kernel sources (.cu) and their tactic descriptions (importable without cuda-python)."""
+"""CUDA C kernel sources (.cu) and their tactic descriptions (importable without cuda-python).
+
+Importing this package imports every family module here, which registers its tactics.
+"""
+
+import importlib
+import pkgutil
+
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _mod != "base":
+        importlib.import_module(f"{__name__}.{_mod}")

@@ -1,3 +1,7 @@
 """Reference kernels, one module per op family; importing this package fills the table."""
 
-from polykit.kernels.reference import elementwise  # noqa: F401
+import importlib
+import pkgutil
+
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_mod}")

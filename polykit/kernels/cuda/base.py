@@ -1,0 +1,116 @@
+"""The contract between CUDA kernel families and the cuda target.
+
+A kernel family is a `.cu` file in this folder plus a Python module here that registers
+its tactics. A CudaTactic says which layers it runs (`supports`), which kernels it needs
+compiled for a layer (`kernels`: KernelSource records, stored in the plan so loading it
+compiles or fetches exactly those), and how to launch them (`enqueue`). Nothing here
+imports cuda-python: the runtime passes in a Launcher that does the launching, so CI can
+import every tactic and compile every KernelSource with NVRTC without a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from polykit.kernels.tactics import Tactic, register_tactic
+
+CUDA_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One compilable kernel: an `extern "C"` function `name` in `file` (a .cu beside this
+    module) or in generated `code`, specialized by `defines` (emitted as #define lines)."""
+
+    name: str
+    file: str | None = None
+    code: str | None = None
+    defines: tuple[tuple[str, str], ...] = ()
+
+    def render(self) -> str:
+        head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
+        body = self.code if self.code is not None else (CUDA_DIR / self.file).read_text()
+        return head + body
+
+    def key(self) -> str:
+        """Stable identity of the source text (part of the kernel-cache key)."""
+        return hashlib.sha256(self.render().encode()).hexdigest()[:24]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.file, "code": self.code, "defines": [list(d) for d in self.defines]}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "KernelSource":
+        return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])))
+
+
+def defines(**kv: Any) -> tuple[tuple[str, str], ...]:
+    """Sorted (name, value) pairs for KernelSource.defines."""
+    return tuple(sorted((k, str(v)) for k, v in kv.items()))
+
+
+@dataclass(frozen=True)
+class DeviceTensor:
+    """A tensor in device memory as a kernel sees it: pointer, shape, dtype (contiguous)."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class Launcher(Protocol):
+    """What the cuda target lends a tactic at enqueue time."""
+
+    def launch(self, kernel: KernelSource, grid: Sequence[int], block: Sequence[int],
+               args: Sequence[Any], shared_mem: int = 0) -> None:
+        """Launch `kernel` (compiled at load time) on the context's stream. `args` are
+        DeviceTensor (passed as its pointer), python ints (as int64 unless wrapped in a
+        numpy scalar of another type) and numpy scalars (passed as their type)."""
+
+    def workspace(self, nbytes: int) -> int:
+        """A device pointer to scratch memory valid until the layer's enqueue returns."""
+
+
+@dataclass(frozen=True)
+class CudaTactic(Tactic):
+    """A Tactic of the cuda target with the two hooks the runtime calls."""
+
+    #: kernels(layer) -> list[KernelSource] to compile for this layer
+    kernels_fn: Any = field(default=None, hash=False, compare=False)
+    #: enqueue(layer, launcher, tensors: dict[name, DeviceTensor], weights: dict) -> None
+    enqueue_fn: Any = field(default=None, hash=False, compare=False)
+
+    def kernels(self, layer: Any) -> list[KernelSource]:
+        return list(self.kernels_fn(layer))
+
+    def enqueue(self, layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+        self.enqueue_fn(layer, launcher, tensors)
+
+
+def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
+                params: Mapping[str, Any] | None = None):
+    """Decorator for an enqueue function: registers a CudaTactic for layer `kind`."""
+
+    def register(enqueue_fn):
+        register_tactic(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority,
+                                   kernels_fn=kernels, enqueue_fn=enqueue_fn))
+        return enqueue_fn
+
+    return register
+
+
+def all_cuda_tactics() -> list[CudaTactic]:
+    """Every registered cuda tactic (imports the families first)."""
+    from polykit.kernels.tactics import TACTICS, _load_target_tactics
+
+    _load_target_tactics("cuda")
+    return [t for bucket in TACTICS.get("cuda", {}).values() for t in bucket]
