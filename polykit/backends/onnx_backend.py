@@ -1,0 +1,132 @@
+"""ONNX's standard backend API (onnx.backend.base) over polykit's engine.
+
+`prepare(model, device)` imports the model and returns a rep whose `run(inputs)` builds a
+plan for the feed shapes (cached per shape signature) and executes it on the target the
+device names: "CPU" -> cpu, "CUDA" -> cuda. This is how `onnx.backend.test.BackendTest`
+runs ONNX's own conformance suite against polykit, as it does for ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from onnx.backend.base import Backend, BackendRep
+
+from polykit.errors import DeviceError
+
+_DEVICE_TARGETS = {"CPU": "cpu", "CUDA": "cuda"}
+
+
+def _target_of(device: str) -> str:
+    kind = str(device).split(":")[0].upper()
+    try:
+        return _DEVICE_TARGETS[kind]
+    except KeyError:
+        raise DeviceError(f"unknown device {device!r}", hint="use 'CPU' or 'CUDA'") from None
+
+
+class PolykitRep(BackendRep):
+    """A prepared model: engines built lazily per input-shape signature."""
+
+    def __init__(self, graph: Any, target: str, **config: Any):
+        self.graph = graph
+        self.target = target
+        self.config = config
+        self._engines: dict[tuple, Any] = {}
+
+    def _engine_for(self, feeds: dict[str, np.ndarray]) -> Any:
+        from polykit.compiler.builder import build_plan
+        from polykit.compiler.config import BuilderConfig
+        from polykit.runtime.engine import Runtime
+
+        key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
+        engine = self._engines.get(key)
+        if engine is None:
+            cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
+                                **self.config)
+            plan = build_plan(self.graph, cfg)
+            engine = Runtime(self.target).deserialize_engine(plan)
+            self._engines[key] = engine
+        return engine
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        names = list(self.graph.inputs)
+        if isinstance(inputs, dict):
+            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        else:
+            if not isinstance(inputs, (list, tuple)):
+                inputs = [inputs]
+            feeds = {name: np.asarray(x) for name, x in zip(names, inputs)}
+        engine = self._engine_for(feeds)
+        with engine.create_execution_context() as ctx:
+            out = ctx.execute(feeds)
+        return tuple(out[name] for name in self.graph.outputs)
+
+
+class PolykitBackend(Backend):
+    """onnx.backend.base.Backend implemented by polykit's engine."""
+
+    @classmethod
+    def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
+        from polykit.compiler.registry import is_supported, load_builtin_ops
+
+        load_builtin_ops()
+        return all(is_supported(n.domain, n.op_type) for n in model.graph.node)
+
+    @classmethod
+    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> PolykitRep:
+        from polykit.compiler.onnx_import import load_onnx
+
+        target = _target_of(device)
+        graph = load_onnx(model)
+        config = {k: v for k, v in kwargs.items() if k in ("fp16", "fold_constants", "fuse")}
+        return PolykitRep(graph, target, **config)
+
+    @classmethod
+    def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: Any, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[np.ndarray, ...]:
+        """Run one NodeProto by wrapping it in a one-node model."""
+        from onnx import helper
+
+        from polykit.compiler.dtypes import to_onnx
+
+        inputs = list(inputs)
+        names = [n for n in node.input]
+        graph_inputs = [
+            helper.make_tensor_value_info(name, to_onnx(np.asarray(x).dtype), np.asarray(x).shape)
+            for name, x in zip(names, inputs) if name
+        ]
+        graph_outputs = [helper.make_tensor_value_info(name, 0, None) for name in node.output if name]
+        opset = kwargs.get("opset_version")
+        opsets = [helper.make_opsetid(node.domain or "", opset)] if opset else None
+        model = helper.make_model(helper.make_graph([node], "run_node", graph_inputs, graph_outputs),
+                                  **({"opset_imports": opsets} if opsets else {}))
+        feeds = [np.asarray(x) for name, x in zip(names, inputs) if name]
+        return cls.run_model(model, feeds, device)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            target = _target_of(device)
+        except DeviceError:
+            return False
+        if target == "cpu":
+            return True
+        from polykit.runtime.target import get_target
+
+        try:
+            return bool(get_target(target).available())
+        except Exception:
+            return False
+
+
+prepare = PolykitBackend.prepare
+run_model = PolykitBackend.run_model
+run_node = PolykitBackend.run_node
+supports_device = PolykitBackend.supports_device

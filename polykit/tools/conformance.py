@@ -1,0 +1,209 @@
+"""ONNX's own backend test suite run against polykit: passed / failed / unsupported per op.
+
+Runs the cases `onnx.backend.test` ships (node, simple, pytorch-converted,
+pytorch-operator, and the light_* real models) through polykit's ONNX backend on a target
+and compares with the expected outputs exactly as onnx's BackendTest does
+(np.testing.assert_allclose with each case's rtol/atol, shapes and dtypes equal).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator", "light")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str
+    model: Any
+    data_sets: list
+    rtol: float
+    atol: float
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    name: str
+    kind: str
+    ops: tuple[str, ...]
+    status: str  # passed | failed | unsupported
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ConformanceReport:
+    target: str
+    results: list[CaseResult] = field(default_factory=list)
+
+    def counts(self, kind: str | None = None) -> Counter:
+        return Counter(r.status for r in self.results if kind is None or r.kind == kind)
+
+    def per_op(self) -> dict[str, Counter]:
+        table: dict[str, Counter] = defaultdict(Counter)
+        for r in self.results:
+            for op in r.ops:
+                table[op][r.status] += 1
+        return dict(sorted(table.items()))
+
+    def pass_rate_supported(self, kind: str = "node") -> float:
+        c = self.counts(kind)
+        runnable = c["passed"] + c["failed"]
+        return c["passed"] / runnable if runnable else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "counts": {k or "all": dict(self.counts(k)) for k in (None, *KINDS)},
+            "per_op": {op: dict(c) for op, c in self.per_op().items()},
+            "results": [asdict(r) for r in self.results],
+        }
+
+
+def collect_cases(kinds: Iterable[str] = KINDS, pattern: str | None = None) -> list[Case]:
+    """Load the suite's cases (light models get onnx's seeded dummy inputs)."""
+    from onnx.backend.test.loader import load_model_tests
+
+    rx = re.compile(pattern) if pattern else None
+    cases: list[Case] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind in kinds:
+            if kind == "light":
+                cases.extend(_light_cases(rx))
+                continue
+            for tc in load_model_tests(kind=kind):
+                if rx and not rx.search(tc.name):
+                    continue
+                if tc.model is None and tc.model_dir is not None:
+                    cases.extend(_dir_case(tc, kind))
+                    continue
+                cases.append(Case(tc.name, kind, tc.model, list(tc.data_sets or []), tc.rtol, tc.atol))
+    return cases
+
+
+def _dir_case(tc: Any, kind: str) -> list[Case]:
+    import glob
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(os.path.join(tc.model_dir, "model.onnx"))
+    data_sets = []
+    for ds in sorted(glob.glob(os.path.join(tc.model_dir, "test_data_set_*"))):
+        ins = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "input_*.pb")), key=_num)]
+        outs = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "output_*.pb")), key=_num)]
+        data_sets.append((ins, outs))
+    return [Case(tc.name, kind, model, data_sets, tc.rtol, tc.atol)]
+
+
+def _num(path: str) -> int:
+    return int(re.findall(r"(\d+)\.pb$", path)[0])
+
+
+def _read_tensor(path: str) -> Any:
+    import onnx
+
+    t = onnx.TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return t
+
+
+def _light_cases(rx: "re.Pattern[str] | None") -> list[Case]:
+    import onnx
+    from onnx import numpy_helper
+    from onnx.backend.test.loader import load_model_tests
+    from onnx.backend.test.runner import Runner
+
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    cases = []
+    for tc in load_model_tests(kind="real"):
+        if not (tc.url or "").startswith("onnx/backend/test/data/light/"):
+            continue
+        name = "test_" + os.path.basename(tc.url)[len("light_"):-len(".onnx")]
+        if rx and not rx.search(name):
+            continue
+        path = os.path.join(root, os.path.basename(tc.url))
+        model = onnx.load(path)
+        inits = {i.name for i in model.graph.initializer}
+        feeds = [Runner.generate_dummy_data(x, seed=0, name=tc.model_name, random=False)
+                 for x in model.graph.input if x.name not in inits]
+        expected = numpy_helper.to_array(_read_tensor(path.replace(".onnx", "_output_0.pb")))
+        cases.append(Case(name, "light", model, [(feeds, [expected])], tc.rtol, tc.atol))
+    return cases
+
+
+def _ops_of(model: Any) -> tuple[str, ...]:
+    return tuple(sorted({n.op_type for n in model.graph.node}))
+
+
+def run_case(case: Case, target: str = "cpu") -> CaseResult:
+    """Run one case; 'unsupported' when an op is missing from polykit's tables."""
+    from polykit.backends.onnx_backend import PolykitBackend
+    from polykit.compiler.registry import is_supported, load_builtin_ops
+    from polykit.errors import UnsupportedModelError
+
+    load_builtin_ops()
+    ops = _ops_of(case.model)
+    missing = [n.op_type for n in case.model.graph.node if not is_supported(n.domain, n.op_type)]
+    start = time.perf_counter()
+    if missing and not _has_importer(case.model):
+        return CaseResult(case.name, case.kind, ops, "unsupported", f"ops: {sorted(set(missing))}")
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            rep = PolykitBackend.prepare(case.model, "CUDA" if target == "cuda" else "CPU")
+            for inputs, expected in case.data_sets:
+                outputs = rep.run([np.asarray(x) for x in inputs])
+                _assert_similar(expected, outputs, case.rtol, case.atol)
+    except UnsupportedModelError as exc:
+        return CaseResult(case.name, case.kind, ops, "unsupported", str(exc).splitlines()[0], time.perf_counter() - start)
+    except Exception as exc:  # a failure of this case, whatever its kind, is recorded and counted
+        msg = f"{type(exc).__name__}: {exc}"
+        return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
+    return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start)
+
+
+def _has_importer(model: Any) -> bool:
+    """Ops with only an importer (e.g. Upsample -> Resize) count as supported."""
+    from polykit.compiler.registry import IMPORTERS, is_supported
+
+    return all(is_supported(n.domain, n.op_type) or (n.domain or "", n.op_type) in IMPORTERS for n in model.graph.node)
+
+
+def _assert_similar(expected: list, outputs: tuple, rtol: float, atol: float) -> None:
+    if len(outputs) != len(expected):
+        raise AssertionError(f"{len(outputs)} outputs, expected {len(expected)}")
+    for i, (ref, out) in enumerate(zip(expected, outputs)):
+        ref = np.asarray(ref)
+        out = np.asarray(out)
+        if out.shape != ref.shape:
+            raise AssertionError(f"output {i}: shape {out.shape}, expected {ref.shape}")
+        if ref.dtype == object:
+            np.testing.assert_array_equal(out, ref)
+            continue
+        if out.dtype != ref.dtype:
+            raise AssertionError(f"output {i}: dtype {out.dtype}, expected {ref.dtype}")
+        np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"output {i}")
+
+
+def run_conformance(kinds: Iterable[str] = KINDS, target: str = "cpu", pattern: str | None = None,
+                    progress: Any = None) -> ConformanceReport:
+    report = ConformanceReport(target)
+    cases = collect_cases(kinds, pattern)
+    for case in cases:
+        report.results.append(run_case(case, target))
+        if progress:
+            progress(report.results[-1])
+    return report
