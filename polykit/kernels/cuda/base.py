@@ -11,6 +11,7 @@ import every tactic and compile every KernelSource with NVRTC without a GPU.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
@@ -35,7 +36,7 @@ class KernelSource:
     def render(self) -> str:
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
         body = self.code if self.code is not None else (CUDA_DIR / self.file).read_text()
-        return head + body
+        return head + inline_includes(body)
 
     def key(self) -> str:
         """Stable identity of the source text (part of the kernel-cache key)."""
@@ -47,6 +48,24 @@ class KernelSource:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])))
+
+
+_INCLUDE = re.compile(r'^[ \t]*#include[ \t]+"([A-Za-z0-9_.]+\.cuh)"[ \t]*$', re.M)
+
+
+def inline_includes(text: str, _seen: set[str] | None = None) -> str:
+    """Replace `#include "x.cuh"` lines naming a header in this folder by its text (once
+    each), so NVRTC needs no include path and the cache key covers the headers too."""
+    seen = set() if _seen is None else _seen
+
+    def expand(m: re.Match) -> str:
+        name = m.group(1)
+        if name in seen or not (CUDA_DIR / name).is_file():
+            return "" if name in seen else m.group(0)
+        seen.add(name)
+        return inline_includes((CUDA_DIR / name).read_text(), seen)
+
+    return _INCLUDE.sub(expand, text)
 
 
 def defines(**kv: Any) -> tuple[tuple[str, str], ...]:
