@@ -1,0 +1,112 @@
+"""Run one plan layer on the GPU with a chosen cuda tactic: the kernel tests' workhorse.
+
+`run_layer` compiles the tactic's kernels (through the kernel cache), uploads every input
+(weights included: pass them in `inputs` by name), poisons the outputs with 0xFF bytes (NaN
+for floats) so an element the kernel never writes fails the comparison, launches, syncs,
+checks for errors and downloads the outputs. Output shapes and dtypes come from the op's
+shape rule unless `output_specs` gives them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir import Node
+from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.errors import BuildError, DeviceError
+from polykit.kernels.cuda.base import CudaTactic, DeviceTensor
+from polykit.kernels.tactics import candidates, find_tactic
+from polykit.runtime.cuda import driver
+from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+from polykit.runtime.cuda.memory import DeviceBuffer, download, fill_bytes, upload
+from polykit.runtime.cuda.stream import Stream
+
+OutputSpecs = Mapping[str, tuple[tuple[int, ...], Any]]
+
+
+def resolve_tactic(layer: Any, tactic: str | None = None) -> CudaTactic:
+    """The named tactic, else the layer's own, else the first cuda candidate for the layer."""
+    name = tactic or getattr(layer, "tactic", "") or None
+    if name:
+        t = find_tactic("cuda", layer.kind, name)
+        if t is None:
+            raise BuildError(f"no cuda tactic named {name!r} for layer kind {layer.kind!r}", where=f"layer {layer.name!r}")
+        return t  # type: ignore[return-value]
+    found = candidates("cuda", layer.kind, layer)
+    if not found:
+        raise BuildError(f"no cuda tactic supports layer kind {layer.kind!r} with these attributes",
+                         where=f"layer {layer.name!r}", hint="run it on --target cpu, or add a tactic")
+    return found[0]  # type: ignore[return-value]
+
+
+def infer_output_specs(layer: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Output (shape, dtype) of `layer` from its op's shape rule, all inputs known as constants."""
+    rule = find_shape_rule(layer.domain, layer.kind)
+    if rule is None:
+        raise BuildError(f"no shape rule for {layer.kind!r}", where=f"layer {layer.name!r}",
+                         hint="pass output_specs={name: (shape, dtype)} to run_layer")
+    node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
+    arrays = [inputs.get(n) if n else None for n in layer.inputs]
+    ctx = InferContext(node, [a.dtype if a is not None else None for a in arrays],
+                       [tuple(a.shape) if a is not None else None for a in arrays], arrays)
+    results = rule(ctx)
+    specs = {}
+    for name, (dtype, shape) in zip(layer.outputs, results):
+        if not name:
+            continue
+        if shape is None or not all(isinstance(d, int) for d in shape) or dtype is None:
+            raise BuildError(f"output {name!r} has no static shape/dtype", where=f"layer {layer.name!r}",
+                             hint="pass output_specs to run_layer")
+        specs[name] = (tuple(shape), np.dtype(dtype))
+    return specs
+
+
+def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None = None, poison: bool = True,
+              output_specs: OutputSpecs | None = None, cache: bool = True) -> dict[str, np.ndarray]:
+    """Run `layer` (a LayerDesc) once on the GPU and return its outputs as host arrays."""
+    info = driver.current_device()
+    chosen = resolve_tactic(layer, tactic)
+    specs = dict(output_specs) if output_specs is not None else infer_output_specs(layer, inputs)
+    missing = [n for n in layer.inputs if n and n not in inputs]
+    if missing:
+        raise DeviceError(f"run_layer got no array for input(s) {missing}", where=f"layer {layer.name!r}")
+    modules = KernelModules(info.arch)
+    buffers: list[DeviceBuffer] = []
+    stream = None
+    try:
+        modules.load(chosen.kernels(layer), cache=cache)
+        stream = Stream()
+        tensors: dict[str, DeviceTensor] = {}
+        for name in dict.fromkeys(n for n in layer.inputs if n):
+            arr = np.ascontiguousarray(inputs[name])
+            buf = DeviceBuffer(arr.nbytes, what=f"input {name!r}")
+            buffers.append(buf)
+            upload(buf.ptr, arr)
+            tensors[name] = DeviceTensor(buf.ptr, tuple(arr.shape), arr.dtype)
+        for name, (shape, dtype) in specs.items():
+            dt = np.dtype(dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            buf = DeviceBuffer(nbytes, what=f"output {name!r}")
+            buffers.append(buf)
+            fill_bytes(buf.ptr, nbytes, 0xFF if poison else 0)
+            tensors[name] = DeviceTensor(buf.ptr, tuple(shape), dt)
+
+        def workspace(nbytes: int) -> int:
+            buf = DeviceBuffer(nbytes, what=f"workspace of layer {layer.name!r}")
+            buffers.append(buf)
+            return buf.ptr
+
+        launcher = CudaLauncher(modules, stream.handle, workspace, layer.name)
+        driver.synchronize()
+        chosen.enqueue(layer, launcher, tensors)
+        driver.call("cuStreamSynchronize", stream.handle, what=f"run of tactic {chosen.name!r}",
+                    where=f"layer {layer.name!r}")
+        return {name: download(tensors[name].ptr, tensors[name].shape, tensors[name].dtype) for name in specs}
+    finally:
+        if stream is not None:
+            stream.close()
+        for buf in buffers:
+            buf.free()
+        modules.close()

@@ -1,0 +1,133 @@
+"""Loaded kernels and the Launcher a tactic uses to launch them on a stream.
+
+`KernelModules` loads the cubins a plan (or a harness run) declared and resolves each
+KernelSource to a CUfunction; launching a kernel that was not declared is an error, so a
+plan never compiles on demand. `CudaLauncher` implements polykit.kernels.cuda.base.Launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.runtime.cuda import driver
+from polykit.runtime.cuda.nvrtc import compile_many
+
+_CTYPES: dict[np.dtype, Any] = {
+    np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double,
+    np.dtype(np.int8): ctypes.c_int8, np.dtype(np.uint8): ctypes.c_uint8,
+    np.dtype(np.int16): ctypes.c_int16, np.dtype(np.uint16): ctypes.c_uint16,
+    np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+    np.dtype(np.int64): ctypes.c_int64, np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.bool_): ctypes.c_uint8,
+}
+
+
+def pack_arg(arg: Any) -> Any:
+    """A ctypes value for one kernel argument (see Launcher.launch for the rules)."""
+    if isinstance(arg, DeviceTensor):
+        return ctypes.c_uint64(arg.ptr)
+    if isinstance(arg, np.generic):
+        if arg.dtype == np.float16:
+            return ctypes.c_uint16(int(arg.view(np.uint16)))
+        ct = _CTYPES.get(arg.dtype)
+        if ct is None:
+            raise DeviceError(f"cannot pass a numpy {arg.dtype} scalar as a kernel argument")
+        return ct(arg.item())
+    if isinstance(arg, (bool, np.bool_)):
+        return ctypes.c_int32(int(arg))
+    if isinstance(arg, int):
+        return ctypes.c_int64(arg)
+    if isinstance(arg, float):
+        return ctypes.c_float(arg)
+    raise DeviceError(f"cannot pass {type(arg).__name__} as a kernel argument",
+                      hint="pass DeviceTensor, int, float or a numpy scalar")
+
+
+class KernelModules:
+    """Cubins loaded into the current context, by KernelSource.key(); functions by name."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
+        self._smem_set: dict[tuple[str, str], int] = {}
+
+    def load(self, sources: Iterable[KernelSource], *, cache: bool = True) -> None:
+        """Compile (or fetch from the kernel cache) and load every unit of `sources`."""
+        todo = [s for s in sources if s.key() not in self._modules]
+        for key, cubin in compile_many(todo, self.arch, cache=cache).items():
+            self._modules[key] = driver.call("cuModuleLoadData", cubin, what="load compiled kernel module")
+
+    def function(self, kernel: KernelSource) -> Any:
+        fkey = (kernel.key(), kernel.name)
+        fn = self._functions.get(fkey)
+        if fn is None:
+            module = self._modules.get(kernel.key())
+            if module is None:
+                raise DeviceError(f"kernel {kernel.name!r} was launched but not declared by its tactic",
+                                  hint="add it to the tactic's kernels(layer) list so the plan records it")
+            fn = driver.call("cuModuleGetFunction", module, kernel.name.encode(),
+                             what=f"find kernel {kernel.name!r} in its module")
+            self._functions[fkey] = fn
+        return fn
+
+    def ensure_shared(self, kernel: KernelSource, fn: Any, nbytes: int) -> None:
+        """Raise the kernel's dynamic shared-memory limit when it needs more than 48 KiB."""
+        fkey = (kernel.key(), kernel.name)
+        if nbytes <= 48 * 1024 or self._smem_set.get(fkey, 0) >= nbytes:
+            return
+        d = driver.drv()
+        driver.call("cuFuncSetAttribute", fn,
+                    d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes,
+                    what=f"set shared memory of {kernel.name!r}")
+        self._smem_set[fkey] = nbytes
+
+    def close(self) -> None:
+        for module in self._modules.values():
+            driver.call("cuModuleUnload", module, what="unload kernel module")
+        self._modules.clear()
+        self._functions.clear()
+        self._smem_set.clear()
+
+
+class CudaLauncher:
+    """Launches a layer's kernels on one stream; errors name the layer."""
+
+    def __init__(self, modules: KernelModules, stream: Any, workspace: Callable[[int], int],
+                 layer_name: str = "", check_each: bool = False):
+        self.modules = modules
+        self.stream = stream
+        self._workspace = workspace
+        self.layer_name = layer_name
+        self.check_each = check_each
+
+    def launch(self, kernel: KernelSource, grid: Sequence[int], block: Sequence[int],
+               args: Sequence[Any], shared_mem: int = 0) -> None:
+        g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+        b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
+        if min(g) <= 0:
+            return  # nothing to do for an empty tensor
+        fn = self.modules.function(kernel)
+        self.modules.ensure_shared(kernel, fn, shared_mem)
+        values = [pack_arg(a) for a in args]
+        ptrs = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        err, = driver.drv().cuLaunchKernel(fn, *g, *b, shared_mem, self.stream, ctypes.addressof(ptrs), 0)
+        where = f"layer {self.layer_name!r}" if self.layer_name else None
+        if int(err) != 0:
+            raise DeviceError(f"launch of kernel {kernel.name!r} (grid {g}, block {b}, {shared_mem} B shared) "
+                              f"failed: {driver.error_name(err)}", where=where,
+                              hint="check the tactic's launch geometry for this layer's shapes")
+        if self.check_each:
+            driver.call("cuStreamSynchronize", self.stream, what=f"kernel {kernel.name!r}", where=where)
+
+    def workspace(self, nbytes: int) -> int:
+        return self._workspace(int(nbytes))
+
+
+def device_tensors(ptrs: Mapping[str, int], specs: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[str, DeviceTensor]:
+    return {n: DeviceTensor(ptrs[n], tuple(specs[n][0]), np.dtype(specs[n][1])) for n in ptrs}

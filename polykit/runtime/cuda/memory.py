@@ -1,0 +1,124 @@
+"""Device memory: owned buffers, the activation arena, host<->device copies.
+
+Every allocation goes through `DeviceBuffer`, which reports an out-of-memory failure with
+the requested and available bytes, and is freed deterministically by `free()` (or when the
+owner closes); nothing relies on garbage collection to release device memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.runtime.cuda import driver
+
+#: Alignment of every arena slot and buffer the runtime hands to kernels (16-byte vector loads).
+ALIGN = 256
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+class DeviceBuffer:
+    """`nbytes` of device memory owned by this object; `ptr` is its device address."""
+
+    def __init__(self, nbytes: int, *, what: str = "buffer"):
+        self.nbytes = int(nbytes)
+        self.what = what
+        self.ptr = 0
+        if self.nbytes == 0:
+            return
+        d = driver.drv()
+        err, ptr = d.cuMemAlloc(max(self.nbytes, 1))
+        if int(err) != 0:
+            try:
+                free, total = driver.mem_info()
+            except DeviceError:
+                free, total = -1, -1
+            raise DeviceError(
+                f"cannot allocate {self.nbytes} bytes of device memory for {what}: "
+                f"{driver.error_name(err)} ({free} of {total} bytes free)",
+                hint="use a smaller batch or fewer execution contexts, free other GPU work, or use --target cpu",
+            )
+        self.ptr = int(ptr)
+
+    def free(self) -> None:
+        if self.ptr:
+            driver.call("cuMemFree", self.ptr, what=f"free {self.what}")
+            self.ptr = 0
+
+    def __enter__(self) -> "DeviceBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+
+def upload(ptr: int, array: np.ndarray, stream: Any = None) -> None:
+    """Copy a host array into device memory at `ptr` (synchronous unless `stream` is given)."""
+    a = np.ascontiguousarray(array)
+    if a.nbytes == 0:
+        return
+    if stream is None:
+        driver.call("cuMemcpyHtoD", ptr, a.ctypes.data, a.nbytes, what="host-to-device copy")
+    else:
+        driver.call("cuMemcpyHtoDAsync", ptr, a.ctypes.data, a.nbytes, stream, what="host-to-device copy")
+
+
+def download(ptr: int, shape: tuple[int, ...], dtype: Any, stream: Any = None) -> np.ndarray:
+    """Copy device memory at `ptr` into a new host array (waits for `stream` when given)."""
+    out = np.empty(shape, dtype=dtype)
+    if out.nbytes == 0:
+        return out
+    if stream is None:
+        driver.call("cuMemcpyDtoH", out.ctypes.data, ptr, out.nbytes, what="device-to-host copy")
+    else:
+        driver.call("cuMemcpyDtoHAsync", out.ctypes.data, ptr, out.nbytes, stream, what="device-to-host copy")
+        driver.call("cuStreamSynchronize", stream, what="stream synchronize")
+    return out
+
+
+def fill_bytes(ptr: int, nbytes: int, value: int = 0xFF, stream: Any = None) -> None:
+    """Set `nbytes` at `ptr` to the byte `value` (0xFF poisons floats with NaN)."""
+    if nbytes == 0:
+        return
+    if stream is None:
+        driver.call("cuMemsetD8", ptr, value, nbytes, what="memset")
+    else:
+        driver.call("cuMemsetD8Async", ptr, value, nbytes, stream, what="memset")
+
+
+def copy_device(dst: int, src: int, nbytes: int, stream: Any = None) -> None:
+    if nbytes == 0 or dst == src:
+        return
+    if stream is None:
+        driver.call("cuMemcpyDtoD", dst, src, nbytes, what="device-to-device copy")
+    else:
+        driver.call("cuMemcpyDtoDAsync", dst, src, nbytes, stream, what="device-to-device copy")
+
+
+class Arena:
+    """One allocation carved into slots at fixed offsets (the plan's memory plan), plus a
+    workspace region at its end that tactics borrow through Launcher.workspace()."""
+
+    def __init__(self, nbytes: int, workspace: int = 0, *, what: str = "activation arena"):
+        self.size = align_up(nbytes)
+        self.workspace_size = align_up(workspace)
+        self.buffer = DeviceBuffer(self.size + self.workspace_size, what=what)
+
+    @property
+    def base(self) -> int:
+        return self.buffer.ptr
+
+    def at(self, offset: int) -> int:
+        return self.buffer.ptr + offset
+
+    @property
+    def workspace_ptr(self) -> int:
+        return self.buffer.ptr + self.size
+
+    def free(self) -> None:
+        self.buffer.free()

@@ -1,0 +1,142 @@
+"""NVRTC compilation of KernelSource records to cubin, with an on-disk kernel cache.
+
+A compile unit is the rendered source text (a .cu file plus its #defines, or generated
+code); several KernelSource records that differ only in `name` share one cubin. Cubins are
+cached under the user cache directory keyed by (source text, the .cuh headers beside the
+kernels, options, NVRTC version, arch); writes go to a temporary file renamed into place,
+so several processes building at once never see a partial entry.
+
+Needs only NVRTC (no GPU, no driver): CI compiles every variant through `compile_source`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import multiprocessing
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import CUDA_DIR, KernelSource
+
+#: NVRTC options every kernel is compiled with (part of the cache key).
+BASE_OPTIONS: tuple[tuple[str, str], ...] = (("std", "c++17"),)
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise DeviceError(f"NVRTC is not available ({exc})",
+                          hint="pip install 'polykit[cuda]' (cuda-bindings and nvidia-cuda-nvrtc)") from exc
+    err, major, minor = nvrtc.nvrtcVersion()
+    if int(err) != 0:
+        raise DeviceError("NVRTC could not be loaded", hint="pip install nvidia-cuda-nvrtc")
+    return f"{major}.{minor}"
+
+
+@functools.lru_cache(maxsize=1)
+def headers_digest() -> str:
+    """Hash of every .cuh header kernels may include (they are not part of render())."""
+    h = hashlib.sha256()
+    for p in sorted(CUDA_DIR.glob("*.cuh")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    """$POLYKIT_CACHE_DIR/kernels, else $XDG_CACHE_HOME/polykit/kernels, else ~/.cache/polykit/kernels."""
+    root = os.environ.get("POLYKIT_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "polykit" / "kernels"
+
+
+def cache_key(source: KernelSource, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (source.render(), headers_digest(), repr(BASE_OPTIONS), nvrtc_version(), arch):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def _program_options(arch: str, name: str):
+    from cuda.core import ProgramOptions
+
+    include = [str(CUDA_DIR)]
+    return ProgramOptions(arch=arch, name=name, include_path=include, **dict(BASE_OPTIONS))
+
+
+def compile_source(source: KernelSource, arch: str) -> bytes:
+    """Compile `source` to a cubin for `arch` ("sm_90"); DeviceError with the NVRTC log on failure."""
+    from cuda.core import Program
+
+    label = source.file or f"{source.name}.cu"
+    try:
+        program = Program(source.render(), "c++", _program_options(arch, label))
+        obj = program.compile("cubin")
+    except Exception as exc:  # cuda.core raises its own NVRTCError carrying the log
+        raise DeviceError(
+            f"NVRTC failed to compile kernel {source.name!r} ({label}) for {arch}:\n{exc}",
+            where=label,
+            hint="fix the kernel source; the compiler log is above",
+        ) from exc
+    return bytes(obj.code)
+
+
+def compile_cached(source: KernelSource, arch: str, cache: bool = True) -> bytes:
+    """`compile_source` through the on-disk cache (a corrupt or unreadable entry is rebuilt)."""
+    if not cache:
+        return compile_source(source, arch)
+    path = cache_dir() / arch / f"{cache_key(source, arch)}.cubin"
+    try:
+        data = path.read_bytes()
+        if data[:4] == b"\x7fELF":
+            return data
+    except OSError:
+        pass
+    data = compile_source(source, arch)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a recompile next time
+    return data
+
+
+def unique_units(sources: Iterable[KernelSource]) -> list[KernelSource]:
+    """One KernelSource per distinct compile unit (same rendered text)."""
+    seen: dict[str, KernelSource] = {}
+    for s in sources:
+        seen.setdefault(s.key(), s)
+    return list(seen.values())
+
+
+def _compile_job(args: tuple[dict, str, bool]) -> bytes:
+    src, arch, cache = args
+    return compile_cached(KernelSource.from_json(src), arch, cache)
+
+
+def compile_many(sources: Sequence[KernelSource], arch: str, *, cache: bool = True,
+                 workers: int | None = None) -> dict[str, bytes]:
+    """Compile every distinct unit of `sources`; returns {KernelSource.key(): cubin}.
+
+    Uses a process pool when there are several cold units (NVRTC holds the GIL)."""
+    units = unique_units(sources)
+    if not units:
+        return {}
+    workers = workers or min(len(units), os.cpu_count() or 1)
+    if workers <= 1 or len(units) == 1:
+        return {u.key(): compile_cached(u, arch, cache) for u in units}
+    # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        blobs = list(pool.map(_compile_job, [(u.to_json(), arch, cache) for u in units]))
+    return {u.key(): b for u, b in zip(units, blobs)}
