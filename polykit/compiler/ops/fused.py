@@ -1,0 +1,187 @@
+"""polykit's fused ops (domain ai.polykit): Pointwise, Conv/Gemm/MatMul with an epilogue, Attention.
+
+The passes in polykit.compiler.passes create these nodes; docs/FUSION.md is their contract
+(the builder, the cpu target and the cuda target rely on it). A *body* is a list of plain
+ONNX elementwise steps `{"op", "inputs", "outputs", "attrs"}` in topological order; its
+names are the fused node's inputs, the node's outputs, or names local to the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.registry import InferContext, broadcast_shapes, find_shape_rule, shape_rule
+
+#: ONNX ops (default domain) a Pointwise body or an epilogue may hold, when registered.
+POINTWISE_OPS = frozenset({
+    # unary math
+    "Abs", "Neg", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sign",
+    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Not",
+    "IsNaN", "IsInf",
+    # binary / variadic with broadcasting
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Min", "Max", "Sum", "Mean",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
+    "Where", "Cast", "Clip",
+    # activations
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu",
+    "Softplus", "Softsign", "Gelu", "Mish", "ThresholdedRelu",
+})
+
+#: Base ops that take an epilogue, with the arity their inputs are padded to.
+EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2}
+
+
+def body_names(body: list[dict[str, Any]]) -> set[str]:
+    """Every tensor name a body reads or writes ("" excluded)."""
+    names: set[str] = set()
+    for step in body:
+        names.update(n for n in step["inputs"] if n)
+        names.update(n for n in step["outputs"] if n)
+    return names
+
+
+def _rename_in_body(body: list[dict[str, Any]], old: str, new: str) -> None:
+    for step in body:
+        step["inputs"] = [new if n == old else n for n in step["inputs"]]
+        step["outputs"] = [new if n == old else n for n in step["outputs"]]
+
+
+def rename_fused_tensor(node: Node, old: str, new: str) -> None:
+    """Rename tensor `old` to `new` in a fused node's inputs, outputs and body.
+
+    Passes that rename a tensor read or written by a fused node must call this (plain
+    `Node.inputs` edits would leave the body pointing at the old name). A body-local name
+    that equals `new` is first moved aside so the body stays unambiguous.
+    """
+    body, holder = _body_of(node)
+    if body is not None:
+        external = set(node.inputs) | set(node.outputs)
+        local = body_names(body) - external
+        if holder is not None:
+            local.add(holder["input"])
+        if new in local:
+            taken = body_names(body) | external | {new}
+            k = 0
+            while f"{new}__local{k}" in taken:
+                k += 1
+            moved = f"{new}__local{k}"
+            _rename_in_body(body, new, moved)
+            if holder is not None and holder["input"] == new:
+                holder["input"] = moved
+        _rename_in_body(body, old, new)
+    node.inputs = [new if n == old else n for n in node.inputs]
+    node.outputs = [new if n == old else n for n in node.outputs]
+
+
+def _body_of(node: Node) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
+    if node.domain != POLYKIT_DOMAIN:
+        return None, None
+    if node.op_type == "Pointwise":
+        return node.attrs.get("body"), None
+    epi = node.attrs.get("epilogue")
+    if node.op_type in EPILOGUE_ARITY and epi:
+        return epi["body"], epi
+    return None, None
+
+
+def step_node(step: dict[str, Any], index: int = 0) -> Node:
+    """A body step as a plain ONNX Node (for shape rules and reference kernels)."""
+    return Node(step["op"], list(step["inputs"]), list(step["outputs"]), dict(step.get("attrs") or {}),
+                name=f"body[{index}]:{step['op']}")
+
+
+def infer_body(ctx: InferContext, body: list[dict[str, Any]], env: dict[str, tuple]) -> dict[str, tuple]:
+    """Run each step's shape rule; `env` maps names to (dtype, shape, const-or-None)."""
+    for k, step in enumerate(body):
+        sub = step_node(step, k)
+        rule = find_shape_rule("", sub.op_type)
+        if rule is None:
+            raise ctx.fail(f"body step {k} uses {sub.op_type!r}, which has no shape rule",
+                           hint="fused bodies may only hold registered ONNX elementwise ops")
+        missing = [n for n in sub.inputs if n and n not in env]
+        if missing:
+            raise ctx.fail(f"body step {k} ({sub.op_type}) reads {missing}, defined neither by the node's "
+                           "inputs nor by an earlier step")
+        meta = [env.get(n, (None, None, None)) if n else (None, None, None) for n in sub.inputs]
+        sub_ctx = InferContext(sub, [m[0] for m in meta], [m[1] for m in meta], [m[2] for m in meta])
+        for out, (dt, shape) in zip(sub.outputs, rule(sub_ctx)):
+            if out:
+                env[out] = (dt, shape, None)
+    return env
+
+
+def _external_env(ctx: InferContext, start: int = 0) -> dict[str, tuple]:
+    env: dict[str, tuple] = {}
+    for i in range(start, ctx.n_inputs):
+        if ctx.has(i):
+            env[ctx.node.inputs[i]] = (ctx.dtype(i), ctx.shape(i), ctx.const(i))
+    return env
+
+
+def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
+    results = []
+    for out in ctx.node.outputs:
+        if out not in env:
+            raise ctx.fail(f"output {out!r} is not written by the body")
+        results.append(env[out][:2])
+    return results
+
+
+@shape_rule("Pointwise", domain=POLYKIT_DOMAIN)
+def _pointwise(ctx: InferContext):
+    env = infer_body(ctx, ctx.attr("body"), _external_env(ctx))
+    return _outputs_from(ctx, env)
+
+
+def base_node(node: Node) -> Node:
+    """The plain ONNX op under an epilogue node: its inputs (padding dropped) and own attrs."""
+    arity = EPILOGUE_ARITY[node.op_type]
+    inputs = list(node.inputs[:arity])
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from")}
+    return Node(node.op_type, inputs, [node.attrs["epilogue"]["input"]], attrs, name=node.name)
+
+
+@shape_rule(*EPILOGUE_ARITY, domain=POLYKIT_DOMAIN)
+def _epilogue(ctx: InferContext):
+    node = ctx.node
+    if "epilogue" not in node.attrs:
+        raise ctx.fail("an ai.polykit Conv/Gemm/MatMul needs an 'epilogue' attribute")
+    base = base_node(node)
+    rule = find_shape_rule("", base.op_type)
+    if rule is None:
+        raise ctx.fail(f"the base op {base.op_type} has no shape rule")
+    n = len(base.inputs)
+    base_ctx = InferContext(base, [ctx.dtype(i) for i in range(n)], [ctx.shape(i) for i in range(n)],
+                            [ctx.const(i) for i in range(n)])
+    (dt, shape), *_ = rule(base_ctx)
+    env = _external_env(ctx, EPILOGUE_ARITY[node.op_type])
+    env[node.attrs["epilogue"]["input"]] = (dt, shape, None)
+    env = infer_body(ctx, node.attrs["epilogue"]["body"], env)
+    return _outputs_from(ctx, env)
+
+
+@shape_rule("Attention", domain=POLYKIT_DOMAIN)
+def _attention(ctx: InferContext):
+    q, k, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    if q is None or k is None or v is None:
+        return [(ctx.dtype(0), None)]
+    if min(len(q), len(k), len(v)) < 2:
+        raise ctx.fail(f"Q, K, V must be at least 2-D, got ranks {len(q)}, {len(k)}, {len(v)}")
+    dq, dk = q[-1], k[-1]
+    if isinstance(dq, int) and isinstance(dk, int) and dq != dk:
+        raise ctx.fail(f"Q and K head sizes differ ({dq} vs {dk})", hint="K is [..., Skv, D], not transposed")
+    skv_k, skv_v = k[-2], v[-2]
+    if isinstance(skv_k, int) and isinstance(skv_v, int) and skv_k != skv_v:
+        raise ctx.fail(f"K and V sequence lengths differ ({skv_k} vs {skv_v})")
+    batch = broadcast_shapes(ctx, q[:-2], k[:-2], v[:-2])
+    out = tuple(batch) + (q[-2], v[-1])
+    if ctx.has(3) and ctx.shape(3) is not None:
+        broadcast_shapes(ctx, ctx.shape(3), tuple(batch) + (q[-2], k[-2]))
+    if ctx.dtype(3) is not None and ctx.dtype(3) != np.dtype(np.bool_) and ctx.dtype(3) != ctx.dtype(0):
+        raise ctx.fail(f"mask dtype {ctx.dtype(3)} is neither bool nor Q's dtype {ctx.dtype(0)}")
+    return [(ctx.dtype(0), out)]

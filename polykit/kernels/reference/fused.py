@@ -1,0 +1,69 @@
+"""Reference kernels of polykit's fused ops: Pointwise, epilogue Conv/Gemm/MatMul, Attention.
+
+Pointwise and epilogue bodies are evaluated step by step with the registered reference
+kernels of their plain ONNX ops, so a fused node computes exactly what the nodes it
+replaced computed (docs/FUSION.md is the format).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.fused import EPILOGUE_ARITY, base_node, step_node
+from polykit.kernels.registry import reference, run_reference
+
+
+def evaluate_body(body: list[dict[str, Any]], env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a fused body over `env` (name -> array), adding every value it writes."""
+    for k, step in enumerate(body):
+        sub = step_node(step, k)
+        outs = run_reference(sub, [env[n] if n else None for n in sub.inputs])
+        for name, arr in zip(sub.outputs, outs):
+            if name:
+                env[name] = arr
+    return env
+
+
+def _external(node: Node, inputs: Sequence[np.ndarray | None], start: int = 0) -> dict[str, np.ndarray]:
+    return {name: arr for name, arr in zip(node.inputs[start:], inputs[start:]) if name}
+
+
+@reference("Pointwise", domain=POLYKIT_DOMAIN)
+def pointwise(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    env = evaluate_body(node.attrs["body"], _external(node, inputs))
+    return [env[name] for name in node.outputs]
+
+
+def _epilogue(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    arity = EPILOGUE_ARITY[node.op_type]
+    base = base_node(node)
+    (raw,) = run_reference(base, list(inputs[: len(base.inputs)]))[:1]
+    env = _external(node, inputs, arity)
+    env[node.attrs["epilogue"]["input"]] = raw
+    env = evaluate_body(node.attrs["epilogue"]["body"], env)
+    return [env[node.outputs[0]]]
+
+
+reference(*EPILOGUE_ARITY, domain=POLYKIT_DOMAIN)(_epilogue)
+
+
+@reference("Attention", domain=POLYKIT_DOMAIN)
+def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """softmax(Q @ K^T * scale + mask) @ V, softmax over the last axis."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    mask = inputs[3] if len(inputs) > 3 else None
+    scale = float(node.attrs.get("scale", 1.0 / np.sqrt(q.shape[-1])))
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            scores = np.where(mask, scores, np.asarray(-np.inf, dtype=q.dtype))
+        else:
+            scores = scores + mask
+    with np.errstate(invalid="ignore"):
+        shifted = scores - np.max(scores, axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        probs = e / np.sum(e, axis=-1, keepdims=True)
+    return [np.matmul(probs, v).astype(q.dtype, copy=False)]
