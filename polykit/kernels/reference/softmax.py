@@ -1,0 +1,40 @@
+"""Reference kernels: Softmax, LogSoftmax, Hardmax along one axis (opset-13 form)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polykit.kernels.registry import reference
+
+
+def _axis(node, x: np.ndarray) -> int:
+    return int(node.attrs.get("axis", -1)) % x.ndim
+
+
+@reference("Softmax")
+def softmax(node, inputs):
+    x = inputs[0]
+    a = _axis(node, x)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - np.max(x64, axis=a, keepdims=True))
+    return [(e / np.sum(e, axis=a, keepdims=True)).astype(x.dtype)]
+
+
+@reference("LogSoftmax")
+def log_softmax(node, inputs):
+    x = inputs[0]
+    a = _axis(node, x)
+    x64 = x.astype(np.float64)
+    shifted = x64 - np.max(x64, axis=a, keepdims=True)
+    return [(shifted - np.log(np.sum(np.exp(shifted), axis=a, keepdims=True))).astype(x.dtype)]
+
+
+@reference("Hardmax")
+def hardmax(node, inputs):
+    """1 at the first maximum along the axis, 0 elsewhere."""
+    x = inputs[0]
+    a = _axis(node, x)
+    first = np.expand_dims(np.argmax(x, axis=a), a)
+    out = np.zeros_like(x)
+    np.put_along_axis(out, first, 1, axis=a)
+    return [out]
