@@ -1,0 +1,273 @@
+"""The builder: Graph -> Plan (TensorRT's model: optimize, lower, pick tactics, plan memory).
+
+Pipeline: copy the graph -> apply input shapes (every input must end up static) ->
+infer shapes -> mark extra outputs -> optimizer passes (folding, fusion; marked outputs
+kept) -> lower to layers -> select a tactic per layer -> plan the activation arena -> Plan.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import polykit
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.infer import infer_shapes
+from polykit.compiler.ir import Graph, Value
+from polykit.compiler.lower import Lowered, lower
+from polykit.compiler.memory import compute_lifetimes, plan_memory
+from polykit.compiler.plan import Plan, weight_offsets
+from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.errors import BuildError, PolykitError, UsageError
+
+log = logging.getLogger("polykit")
+
+_FLOAT_NAMES = ("float16", "float32", "float64")
+
+
+class Builder:
+    """Builds Plans from Graphs with one BuilderConfig."""
+
+    def __init__(self, config: BuilderConfig | None = None):
+        self.config = config or BuilderConfig()
+
+    def build(self, graph: Graph) -> Plan:
+        cfg = self.config
+        target = resolve_target(cfg.target)
+        g = graph.copy()
+        apply_input_shapes(g, cfg.input_shapes)
+        infer_shapes(g)
+        marked = marked_outputs(g, cfg)
+        g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
+        g = run_passes(g, cfg, keep=list(g.outputs))
+        infer_shapes(g, strict=False)
+        lowered = lower(g)
+        tensors = describe_tensors(g, lowered)
+        layers, kernels = select_tactics(lowered.layers, target, cfg, tensors)
+        inputs = list(g.inputs)
+        outputs = list(dict.fromkeys(g.outputs))
+        tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
+        metadata: dict[str, Any] = {
+            "polykit_version": polykit.__version__,
+            "source_model": graph.name,
+            "builder_config": cfg.to_json(),
+            "tactics": {layer.name: layer.tactic for layer in layers},
+            "marked_outputs": [o for o in outputs if o in marked],
+        }
+        if kernels:
+            metadata["kernels"] = kernels
+        plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
+                    weights=lowered.weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
+        if cfg.save_tactics is not None:
+            Path(cfg.save_tactics).write_text(json.dumps(metadata["tactics"], indent=2, sort_keys=True) + "\n")
+        log.debug("built %r", plan)
+        return plan
+
+
+def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
+    """Build a Plan from a model path, an onnx.ModelProto or a polykit Graph."""
+    if isinstance(model, Graph):
+        graph = model
+    else:
+        from polykit.compiler.onnx_import import load_onnx
+
+        graph = load_onnx(model)
+    return Builder(config).build(graph)
+
+
+# ---- steps -------------------------------------------------------------------------------
+def resolve_target(target: str | None) -> str:
+    from polykit.runtime.target import TARGETS, default_target
+
+    name = target or default_target()
+    if name not in TARGETS:
+        raise UsageError(f"unknown target {name!r}", hint=f"use one of: {', '.join(sorted(TARGETS))}")
+    return name
+
+
+def target_arch(target: str) -> str:
+    """The GPU architecture a plan is built for ("" off-GPU); asked of the target if it knows."""
+    if target == "cpu":
+        return ""
+    try:
+        from polykit.runtime.target import get_target
+
+        arch = getattr(get_target(target), "gpu_arch", None)
+        return str(arch() if callable(arch) else arch or "")
+    except PolykitError:
+        return ""
+
+
+def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Give inputs their concrete shapes; BuildError if an input stays dynamic."""
+    for name, shape in shapes.items():
+        if name not in g.inputs:
+            raise BuildError(f"input_shapes names {name!r}, which is not a graph input",
+                             where=f"graph {g.name!r}", hint=f"graph inputs are: {', '.join(g.inputs)}")
+        old = g.value(name)
+        if old.shape is not None:
+            if len(old.shape) != len(shape):
+                raise BuildError(f"input {name!r} has rank {len(old.shape)} ({_fmt(old.shape)}), "
+                                 f"the given shape {_fmt(shape)} has rank {len(shape)}", where=f"graph {g.name!r}")
+            for have, want in zip(old.shape, shape):
+                if isinstance(have, int) and have != want:
+                    raise BuildError(f"input {name!r} has static shape {_fmt(old.shape)}; cannot override it "
+                                     f"with {_fmt(shape)}", where=f"graph {g.name!r}")
+        g.set_value(Value(name, old.dtype, tuple(shape)))
+    for name in g.inputs:
+        v = g.value(name)
+        if v.dtype is None:
+            raise BuildError(f"input {name!r} has no known element type", where=f"graph {g.name!r}",
+                             hint="give the input a tensor type in the model")
+        if not v.is_static:
+            raise BuildError(
+                f"input {name!r} has dynamic shape {_fmt(v.shape)}; plans are built for concrete shapes",
+                where=f"graph {g.name!r}",
+                hint=f"pass --input-shapes {name}:1x... (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
+            )
+
+
+def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
+    """Intermediate tensors to make engine outputs (mark_outputs, or every one for mark_all)."""
+    produced = [o for n in g.nodes for o in n.outputs if o]
+    known = set(produced) | set(g.inputs)
+    for name in cfg.mark_outputs:
+        if name not in known:
+            raise BuildError(f"cannot mark {name!r} as an output: no node produces it", where=f"graph {g.name!r}",
+                             hint="list tensor names with `polykit inspect model`")
+    names = list(cfg.mark_outputs)
+    if cfg.mark_all:
+        names += [o for n in g.nodes if not (n.op_type == "Constant" and n.domain == "") for o in n.outputs if o]
+    return [n for n in dict.fromkeys(names) if n not in g.outputs]
+
+
+def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str]) -> Graph:
+    """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph."""
+    try:
+        from polykit.compiler.passes import optimize
+    except ImportError:
+        log.debug("polykit.compiler.passes.optimize not available; building without passes")
+        return g
+    offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
+               "config": cfg}
+    params = inspect.signature(optimize).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        kwargs = offered
+    else:
+        kwargs = {k: v for k, v in offered.items() if k in params}
+    result = optimize(g, **kwargs)
+    return result if isinstance(result, Graph) else g
+
+
+def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
+    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory)."""
+    names: list[str] = list(g.inputs)
+    for layer in lowered.layers:
+        names += [n for n in layer.inputs + layer.outputs if n]
+    names += list(g.outputs)
+    tensors: dict[str, TensorDesc] = {}
+    outputs, inputs = set(g.outputs), set(g.inputs)
+    for name in dict.fromkeys(names):
+        if name in lowered.weights:
+            arr = lowered.weights[name]
+            tensors[name] = TensorDesc(name, arr.dtype.name, tuple(arr.shape), "weight", -1, int(arr.nbytes))
+            continue
+        v = g.value(name)
+        if v.dtype is None or not v.is_static:
+            raise BuildError(
+                f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}",
+                where=f"graph {g.name!r}",
+                hint="its shape depends on data or on a dynamic input; fix the input shapes or fold the graph",
+            )
+        dt = np.dtype(v.dtype)
+        if dt == object:
+            raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}")
+        kind = "input" if name in inputs else "output" if name in outputs else "activation"
+        nbytes = int(np.prod(v.shape, dtype=np.int64)) * dt.itemsize
+        tensors[name] = TensorDesc(name, dt.name, tuple(int(d) for d in v.shape), kind, -1, nbytes)
+    return tensors
+
+
+def load_replay(path: str | os.PathLike | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read the tactic replay file: {exc}", where=str(path),
+                         hint="a replay file is JSON: {layer name: tactic name}") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise UsageError("the tactic replay file must map layer names to tactic names", where=str(path))
+    return data
+
+
+def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
+                   tensors: dict[str, TensorDesc]) -> tuple[list[LayerDesc], dict[str, list]]:
+    """Pick a tactic for every layer: the replay's choice, else the first candidate."""
+    from polykit.kernels.registry import find_reference
+    from polykit.kernels.tactics import candidates, find_tactic
+
+    replay = load_replay(cfg.tactic_replay)
+    unknown = sorted(set(replay) - {layer.name for layer in layers})
+    if unknown:
+        log.warning("tactic replay names layers the plan does not have: %s", ", ".join(unknown))
+    chosen: list[LayerDesc] = []
+    kernels: dict[str, list] = {}
+    for layer in layers:
+        is_float = any(tensors[o].dtype in _FLOAT_NAMES for o in layer.outputs if o in tensors)
+        tries = [replace(layer, precision="fp16"), layer] if cfg.fp16 and is_float else [layer]
+        picked = None
+        for candidate_layer in tries:
+            if layer.name in replay:
+                tactic = find_tactic(target, layer.kind, replay[layer.name])
+                if tactic is None:
+                    raise BuildError(f"the tactic replay asks for tactic {replay[layer.name]!r}, which {target} "
+                                     f"does not have for {layer.kind}", where=f"layer {layer.name!r}",
+                                     hint="rebuild the replay file with this polykit version")
+                if not tactic.supports(candidate_layer):
+                    continue
+            else:
+                found = candidates(target, layer.kind, candidate_layer)
+                if not found:
+                    continue
+                tactic = found[0]
+            picked = (candidate_layer, tactic)
+            break
+        if picked is not None and target == "cpu" and find_reference(layer.domain, layer.kind) is None:
+            picked = None
+        if picked is None:
+            raise BuildError(f"no {target} tactic can run this {layer.kind} layer", where=f"layer {layer.name!r}",
+                             hint="try --target cpu, or report the layer's shapes and attributes")
+        base, tactic = picked
+        if target == "cpu" and cfg.fp16 and is_float:
+            base = replace(base, precision="fp16")  # recorded; the cpu target runs the fp32 reference
+        final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
+        if hasattr(tactic, "kernels"):
+            kernels[final.name] = [k.to_json() for k in tactic.kernels(final)]
+        chosen.append(final)
+    return chosen, kernels
+
+
+def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], inputs: list[str], outputs: list[str],
+                  strategy: str):
+    """Plan the arena and write each tensor's offset into its TensorDesc."""
+    weights = {n for n, t in tensors.items() if t.kind == "weight"}
+    lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
+    sizes = {n: tensors[n].nbytes for n in lifetimes}
+    memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy)
+    blob = weight_offsets({n: tensors[n].nbytes for n in weights})
+    out = {}
+    for name, t in tensors.items():
+        out[name] = replace(t, offset=blob[name] if t.kind == "weight" else memory.offsets[name])
+    return out, memory
+
+
+def _fmt(shape: Any) -> str:
+    return "None" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"

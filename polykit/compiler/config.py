@@ -1,0 +1,87 @@
+"""BuilderConfig: everything that steers a build, as one frozen record.
+
+The config travels explicitly (no globals): `Builder(config).build(graph)` and
+`build_plan(model, config)`. Its JSON form is stored in the plan's metadata so a plan
+says how it was built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from polykit.errors import UsageError
+
+#: memory planning strategies understood by polykit.compiler.memory.plan_memory
+MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
+
+
+@dataclass(frozen=True)
+class BuilderConfig:
+    """How to build a plan.
+
+    target: "cpu", "cuda" or None (auto: cuda when a GPU is usable, else cpu).
+    fp16: let float layers run in half precision where a tactic supports it (cuda). On the
+        cpu target the precision is recorded in the plan but the fp32 reference runs.
+    input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
+    mark_outputs: intermediate tensors to make plan outputs (kept from being fused away).
+    mark_all: mark every intermediate tensor as an output (layerwise debugging).
+    fold_constants / fuse: switch the optimizer's folding and fusion passes.
+    tactic_replay: a JSON file {layer name: tactic name} that forces tactic choices.
+    save_tactics: write the chosen tactics to this JSON file (a replay file).
+    profile: record per-layer timing while running (execution contexts honour it).
+    memory_strategy: "best-fit" (default), "first-fit" or "none" (no arena reuse).
+    """
+
+    target: str | None = None
+    fp16: bool = False
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    mark_outputs: tuple[str, ...] = ()
+    mark_all: bool = False
+    fold_constants: bool = True
+    fuse: bool = True
+    tactic_replay: str | os.PathLike | None = None
+    save_tactics: str | os.PathLike | None = None
+    profile: bool = False
+    memory_strategy: str = "best-fit"
+
+    def __post_init__(self) -> None:
+        # Normalize containers so equal configs compare and serialize equally.
+        shapes = {}
+        for name, shape in dict(self.input_shapes or {}).items():
+            try:
+                shapes[str(name)] = tuple(int(d) for d in shape)
+            except (TypeError, ValueError):
+                raise UsageError(
+                    f"input shape for {name!r} must be a sequence of ints, got {shape!r}",
+                    hint="e.g. input_shapes={'x': (1, 3, 224, 224)}",
+                ) from None
+            if any(d < 0 for d in shapes[str(name)]):
+                raise UsageError(f"input shape for {name!r} has a negative dim: {shape!r}")
+        object.__setattr__(self, "input_shapes", shapes)
+        if isinstance(self.mark_outputs, str):
+            object.__setattr__(self, "mark_outputs", (self.mark_outputs,))
+        else:
+            object.__setattr__(self, "mark_outputs", tuple(self.mark_outputs))
+        if self.memory_strategy not in MEMORY_STRATEGIES:
+            raise UsageError(
+                f"unknown memory strategy {self.memory_strategy!r}",
+                hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (paths as strings, shapes as lists) for plan metadata."""
+        d = asdict(self)
+        d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
+        d["mark_outputs"] = list(self.mark_outputs)
+        for key in ("tactic_replay", "save_tactics"):
+            d[key] = None if d[key] is None else os.fspath(d[key])
+        return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "BuilderConfig":
+        known = {k: v for k, v in d.items() if k in BuilderConfig.__dataclass_fields__}
+        if "mark_outputs" in known:
+            known["mark_outputs"] = tuple(known["mark_outputs"])
+        return BuilderConfig(**known)

@@ -1,0 +1,166 @@
+"""Memory planning: one activation arena, offsets reused across tensor lifetimes.
+
+Every non-weight tensor of a plan gets a byte offset in ONE arena (what the cuda target
+allocates once per execution context). Engine inputs and outputs get their own slots,
+live for the whole run and never shared; activations are packed greedily by size: the
+largest first, each at the lowest 256-byte-aligned offset (first-fit) or in the tightest
+gap (best-fit) that no tensor with an overlapping lifetime occupies.
+
+A lifetime is (first, last) in layer indices: the layer that writes the tensor and the
+last layer that reads it. Engine inputs start at -1, engine outputs end at len(layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+ALIGNMENT = 256
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where every non-weight tensor lives in the arena, and what reuse saved.
+
+    arena_bytes: size of the arena the plan needs.
+    peak_bytes: the most bytes (aligned) live at any one layer -- a lower bound for any plan.
+    no_reuse_bytes: the arena size if no slot were ever shared.
+    offsets: tensor name -> byte offset in the arena.
+    lifetimes: tensor name -> (first layer, last layer) index.
+    """
+
+    arena_bytes: int = 0
+    peak_bytes: int = 0
+    no_reuse_bytes: int = 0
+    offsets: dict[str, int] = field(default_factory=dict, hash=False)
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict, hash=False)
+    alignment: int = ALIGNMENT
+    strategy: str = "best-fit"
+
+    def to_json(self) -> dict:
+        return {
+            "arena_bytes": self.arena_bytes,
+            "peak_bytes": self.peak_bytes,
+            "no_reuse_bytes": self.no_reuse_bytes,
+            "offsets": dict(sorted(self.offsets.items())),
+            "lifetimes": {k: list(v) for k, v in sorted(self.lifetimes.items())},
+            "alignment": self.alignment,
+            "strategy": self.strategy,
+        }
+
+    @staticmethod
+    def from_json(d: Mapping) -> "MemoryPlan":
+        return MemoryPlan(
+            int(d["arena_bytes"]), int(d["peak_bytes"]), int(d["no_reuse_bytes"]),
+            {k: int(v) for k, v in d["offsets"].items()},
+            {k: (int(v[0]), int(v[1])) for k, v in d["lifetimes"].items()},
+            int(d.get("alignment", ALIGNMENT)), str(d.get("strategy", "best-fit")),
+        )
+
+
+def align(n: int, alignment: int = ALIGNMENT) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def compute_lifetimes(
+    layers: Sequence[tuple[Sequence[str], Sequence[str]]],
+    inputs: Iterable[str],
+    outputs: Iterable[str],
+    skip: Iterable[str] = (),
+) -> dict[str, tuple[int, int]]:
+    """(first, last) layer index of every tensor the layers (inputs, outputs) touch.
+
+    `skip` names tensors that are not in the arena (weights). Engine inputs live from -1,
+    engine outputs until len(layers)."""
+    skip = set(skip)
+    end = len(layers)
+    life: dict[str, list[int]] = {}
+    for name in inputs:
+        if name not in skip:
+            life[name] = [-1, end]
+    for idx, (ins, outs) in enumerate(layers):
+        for name in outs:
+            if name and name not in skip and name not in life:
+                life[name] = [idx, idx]
+        for name in ins:
+            if name and name not in skip:
+                life.setdefault(name, [idx, idx])[1] = max(life[name][1], idx)
+    for name in outputs:
+        if name in life:
+            life[name][1] = end
+        elif name not in skip:
+            life[name] = [-1, end]
+    return {k: (v[0], v[1]) for k, v in life.items()}
+
+
+def plan_memory(
+    sizes: Mapping[str, int],
+    lifetimes: Mapping[str, tuple[int, int]],
+    io_names: Iterable[str] = (),
+    strategy: str = "best-fit",
+    alignment: int = ALIGNMENT,
+) -> MemoryPlan:
+    """Assign arena offsets to every tensor in `lifetimes` (sizes in bytes).
+
+    `io_names` (engine inputs and outputs) get dedicated slots first, in the order given.
+    Deterministic: ties are broken by name."""
+    offsets: dict[str, int] = {}
+    cursor = 0
+    io_list = [n for n in dict.fromkeys(io_names) if n in lifetimes]
+    for name in io_list:
+        offsets[name] = cursor
+        cursor += align(sizes[name], alignment)
+    io_end = cursor
+    acts = sorted((n for n in lifetimes if n not in offsets), key=lambda n: (-align(sizes[n], alignment), n))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+    for name in acts:
+        size = align(sizes[name], alignment)
+        first, last = lifetimes[name]
+        if strategy == "none":
+            offsets[name] = cursor
+            cursor += size
+            continue
+        busy = sorted((o, o + s) for o, s, f, l in placed if s and not (l < first or last < f))
+        offsets[name] = _choose_offset(busy, size, io_end, strategy)
+        placed.append((offsets[name], size, first, last))
+    arena = max([cursor] + [o + s for o, s, _, _ in placed])
+    no_reuse = sum(align(sizes[n], alignment) for n in lifetimes)
+    return MemoryPlan(
+        arena_bytes=arena,
+        peak_bytes=peak_live_bytes(sizes, lifetimes, alignment),
+        no_reuse_bytes=no_reuse,
+        offsets=offsets,
+        lifetimes=dict(lifetimes),
+        alignment=alignment,
+        strategy=strategy,
+    )
+
+
+def _choose_offset(busy: list[tuple[int, int]], size: int, base: int, strategy: str) -> int:
+    """Lowest (first-fit) or tightest (best-fit) gap of `size` bytes at or above `base`."""
+    gaps: list[tuple[int, int]] = []  # (start, length); the last one is unbounded
+    pos = base
+    for start, end in busy:
+        if start > pos:
+            gaps.append((pos, start - pos))
+        pos = max(pos, end)
+    fitting = [(start, length) for start, length in gaps if length >= size]
+    if not fitting or size == 0:
+        return pos if not fitting else fitting[0][0]
+    if strategy == "first-fit":
+        return fitting[0][0]
+    return min(fitting, key=lambda g: (g[1], g[0]))[0]
+
+
+def peak_live_bytes(sizes: Mapping[str, int], lifetimes: Mapping[str, tuple[int, int]],
+                    alignment: int = ALIGNMENT) -> int:
+    """The most aligned bytes live at once over the layer steps."""
+    if not lifetimes:
+        return 0
+    lo = min(f for f, _ in lifetimes.values())
+    hi = max(l for _, l in lifetimes.values())
+    peak = 0
+    for step in range(lo, hi + 1):
+        live = sum(align(sizes[n], alignment) for n, (f, l) in lifetimes.items() if f <= step <= l)
+        peak = max(peak, live)
+    return peak

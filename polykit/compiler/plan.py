@@ -1,0 +1,328 @@
+"""The plan: what the builder produces and a runtime loads, and its binary file format.
+
+Binary layout (little-endian):
+
+    magic          8 bytes   b"PLYKPLAN"
+    format         u32       FORMAT_VERSION
+    polykit        u16 len + utf-8   polykit version that wrote it
+    target         u16 len + utf-8   "cpu" / "cuda"
+    gpu arch       u16 len + utf-8   e.g. "sm_90", "" for cpu
+    json length    u64
+    weights length u64
+    checksum       32 bytes  sha256 over everything above (but the checksum) and the body
+    JSON           metadata: sort_keys, compact separators
+    padding        zero bytes up to a 256-byte file offset
+    weights        raw little-endian bytes, each weight at a 256-byte aligned offset
+
+No pickle: attributes that are arrays are stored as {"__ndarray__": dtype, shape, base64}.
+The same graph and config give byte-identical plans (nothing time- or host-dependent).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+import polykit
+from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align
+from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.errors import PlanError
+
+MAGIC = b"PLYKPLAN"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<8sI")
+_LENGTHS = struct.Struct("<QQ")
+_CHECKSUM_BYTES = 32
+
+
+@dataclass
+class Plan:
+    """A built engine: layers with tactics, tensor metadata, weights and the memory plan."""
+
+    target: str
+    layers: list[LayerDesc]
+    tensors: dict[str, TensorDesc]
+    inputs: list[str]
+    outputs: list[str]
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    memory: MemoryPlan = field(default_factory=MemoryPlan)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    gpu_arch: str = ""
+
+    # ---- conveniences ---------------------------------------------------------------
+    def layer(self, name: str) -> LayerDesc:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise PlanError(f"the plan has no layer {name!r}", hint="list layers with `polykit inspect`")
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(int(w.nbytes) for w in self.weights.values())
+
+    # ---- serialization --------------------------------------------------------------
+    def serialize(self) -> bytes:
+        """The plan as bytes (see the module docstring for the layout)."""
+        blob, weight_index = _pack_weights(self.weights)
+        doc = {
+            "format": FORMAT_VERSION,
+            "target": self.target,
+            "gpu_arch": self.gpu_arch,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "tensors": {name: _tensor_to_json(t) for name, t in sorted(self.tensors.items())},
+            "layers": [_layer_to_json(layer) for layer in self.layers],
+            "weights": weight_index,
+            "memory": self.memory.to_json(),
+            "metadata": _jsonable(self.metadata, "metadata"),
+        }
+        body_json = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        head = _FIXED.pack(MAGIC, FORMAT_VERSION)
+        for text in (polykit.__version__, self.target, self.gpu_arch):
+            raw = text.encode("utf-8")
+            head += struct.pack("<H", len(raw)) + raw
+        head += _LENGTHS.pack(len(body_json), len(blob))
+        start = len(head) + _CHECKSUM_BYTES + len(body_json)
+        padding = b"\0" * (align(start) - start)
+        digest = hashlib.sha256(head + body_json + padding + blob).digest()
+        return head + digest + body_json + padding + blob
+
+    @staticmethod
+    def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
+        """Parse plan bytes; PlanError for truncated, corrupt, foreign-version or wrong-target data."""
+        data = bytes(data)
+        header = _read_header(data, where)
+        if expect_target is not None and header["target"] != expect_target:
+            raise PlanError(
+                f"the plan was built for target {header['target']!r}, not {expect_target!r}",
+                where=where,
+                hint=f"rebuild the plan with --target {expect_target}, or load it with target {header['target']!r}",
+            )
+        body_start = header["body_start"]
+        json_end = body_start + header["json_len"]
+        blob_start = align(json_end)
+        try:
+            doc = json.loads(data[body_start:json_end].decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"the plan's metadata is corrupt: {exc}", where=where, hint="rebuild the plan") from exc
+        blob = memoryview(data)[blob_start:blob_start + header["weights_len"]]
+        try:
+            return _plan_from_json(doc, blob, header)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(
+                f"the plan's metadata is malformed ({type(exc).__name__}: {exc})", where=where,
+                hint="the file was not written by this polykit; rebuild the plan",
+            ) from exc
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_bytes(self.serialize())
+        return path
+
+    @staticmethod
+    def load(path: str | os.PathLike, expect_target: str | None = None) -> "Plan":
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {str(path)!r} does not exist", hint="check the path, or build it first")
+        return Plan.deserialize(path.read_bytes(), expect_target=expect_target, where=str(path))
+
+    def __repr__(self) -> str:
+        return (f"Plan(target={self.target!r}, {len(self.layers)} layers, inputs={self.inputs}, "
+                f"outputs={self.outputs}, arena={self.memory.arena_bytes} B, weights={self.weight_bytes} B)")
+
+
+# ---- header ----------------------------------------------------------------------------
+def _read_header(data: bytes, where: str) -> dict[str, Any]:
+    def truncated(part: str) -> PlanError:
+        return PlanError(f"the plan is truncated ({len(data)} bytes; ends inside the {part})", where=where,
+                         hint="the file was cut short (interrupted copy or write); rebuild or re-copy it")
+
+    if len(data) < _FIXED.size:
+        if data and not MAGIC.startswith(data[: len(MAGIC)]):
+            raise _not_a_plan(where)
+        raise truncated("header")
+    magic, version = _FIXED.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise _not_a_plan(where)
+    if version != FORMAT_VERSION:
+        raise PlanError(
+            f"the plan has format version {version}; this polykit ({polykit.__version__}) reads version {FORMAT_VERSION}",
+            where=where,
+            hint="rebuild the plan with this polykit version",
+        )
+    pos = _FIXED.size
+    strings = []
+    for _ in range(3):
+        if pos + 2 > len(data):
+            raise truncated("header")
+        (n,) = struct.unpack_from("<H", data, pos)
+        if pos + 2 + n > len(data):
+            raise truncated("header")
+        try:
+            strings.append(data[pos + 2: pos + 2 + n].decode("utf-8"))
+        except UnicodeDecodeError:
+            raise PlanError("the plan header is corrupt (undecodable text)", where=where, hint="rebuild the plan") from None
+        pos += 2 + n
+    if pos + _LENGTHS.size + _CHECKSUM_BYTES > len(data):
+        raise truncated("header")
+    json_len, weights_len = _LENGTHS.unpack_from(data, pos)
+    pos += _LENGTHS.size
+    digest = data[pos: pos + _CHECKSUM_BYTES]
+    body_start = pos + _CHECKSUM_BYTES
+    blob_start = align(body_start + json_len)
+    expected = blob_start + weights_len
+    if len(data) < expected:
+        raise truncated("JSON metadata" if len(data) < body_start + json_len else "weights")
+    if len(data) > expected:
+        raise PlanError(f"the plan has {len(data) - expected} unexpected trailing bytes", where=where,
+                        hint="the file is corrupt or was appended to; rebuild it")
+    if hashlib.sha256(data[:pos] + data[body_start:]).digest() != digest:
+        raise PlanError("the plan is corrupt: its checksum does not match its contents", where=where,
+                        hint="the file was modified or damaged; rebuild or re-copy it")
+    return {"polykit_version": strings[0], "target": strings[1], "gpu_arch": strings[2],
+            "json_len": json_len, "weights_len": weights_len, "body_start": body_start}
+
+
+def _not_a_plan(where: str) -> PlanError:
+    return PlanError("the data is not a polykit plan (bad magic bytes)", where=where,
+                     hint="pass a file written by `polykit convert` / Plan.save, not an ONNX model")
+
+
+# ---- weights -----------------------------------------------------------------------------
+def weight_offsets(sizes: Mapping[str, int]) -> dict[str, int]:
+    """Byte offset of each weight (name -> nbytes) in the plan's weight blob: sorted by name, 256-aligned."""
+    offsets, pos = {}, 0
+    for name in sorted(sizes):
+        offsets[name] = pos
+        pos += align(int(sizes[name]))
+    return offsets
+
+
+def _pack_weights(weights: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, Any]]:
+    parts: list[bytes] = []
+    index: dict[str, Any] = {}
+    pos = 0
+    for name in sorted(weights):
+        arr = np.asarray(weights[name], order="C")
+        if arr.dtype == object:
+            raise PlanError(f"weight {name!r} has dtype object, which a plan cannot store",
+                            hint="polykit runs numeric and bool tensors only")
+        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        raw = arr.tobytes()
+        index[name] = {"dtype": arr.dtype.name, "shape": list(arr.shape), "offset": pos, "nbytes": len(raw)}
+        parts.append(raw + b"\0" * (align(len(raw)) - len(raw)))
+        pos += align(len(raw))
+    return b"".join(parts), index
+
+
+def _unpack_weights(blob: memoryview, index: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, w in index.items():
+        offset, nbytes = int(w["offset"]), int(w["nbytes"])
+        if offset < 0 or offset + nbytes > len(blob):
+            raise ValueError(f"weight {name!r} lies outside the weight blob")
+        dtype = np.dtype(w["dtype"]).newbyteorder("<")
+        arr = np.frombuffer(blob[offset: offset + nbytes], dtype=dtype).reshape(w["shape"])
+        arr = arr.astype(arr.dtype.newbyteorder("="), copy=True)
+        arr.setflags(write=False)
+        out[name] = arr
+    return out
+
+
+# ---- records <-> JSON ------------------------------------------------------------------
+def _tensor_to_json(t: TensorDesc) -> dict[str, Any]:
+    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "kind": t.kind, "offset": t.offset,
+            "nbytes": t.nbytes}
+
+
+def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
+    return TensorDesc(d["name"], str(d["dtype"]), tuple(int(x) for x in d["shape"]), d["kind"], int(d["offset"]),
+                      int(d["nbytes"]))
+
+
+def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:
+    return {
+        "name": layer.name, "kind": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs),
+        "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}"), "domain": layer.domain, "tactic": layer.tactic,
+        "tactic_params": _jsonable(layer.tactic_params, f"layer {layer.name!r}"), "precision": layer.precision,
+        "fused_nodes": list(layer.fused_nodes),
+    }
+
+
+def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
+    return LayerDesc(
+        name=d["name"], kind=d["kind"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
+        attrs=_from_jsonable(d["attrs"]), domain=d["domain"], tactic=d["tactic"],
+        tactic_params=_from_jsonable(d["tactic_params"]), precision=d["precision"],
+        fused_nodes=tuple(d["fused_nodes"]),
+    )
+
+
+def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, header: Mapping[str, Any]) -> Plan:
+    if doc["target"] != header["target"]:
+        raise ValueError("the header and metadata disagree on the target")
+    return Plan(
+        target=doc["target"],
+        layers=[_layer_from_json(x) for x in doc["layers"]],
+        tensors={name: _tensor_from_json(t) for name, t in doc["tensors"].items()},
+        inputs=list(doc["inputs"]),
+        outputs=list(doc["outputs"]),
+        weights=_unpack_weights(blob, doc["weights"]),
+        memory=MemoryPlan.from_json(doc["memory"]),
+        metadata=_from_jsonable(doc["metadata"]),
+        gpu_arch=doc.get("gpu_arch", ""),
+    )
+
+
+_ND = "__ndarray__"
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """Attributes and metadata as JSON values; numpy arrays/scalars tagged so they come back."""
+    if isinstance(value, np.ndarray):
+        arr = np.asarray(value, order="C")
+        if arr.dtype == object:
+            raise PlanError("an attribute holds an object array, which a plan cannot store", where=where)
+        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        return {_ND: {"dtype": arr.dtype.name, "shape": list(arr.shape),
+                      "data": base64.b64encode(arr.tobytes()).decode("ascii")}}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, where) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, where) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise PlanError(
+        f"a value of type {type(value).__name__} cannot be stored in a plan", where=where,
+        hint="subgraph attributes (If/Loop/Scan bodies) are not supported by the builder",
+    )
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_ND}:
+            spec = value[_ND]
+            raw = base64.b64decode(spec["data"])
+            dtype = np.dtype(spec["dtype"]).newbyteorder("<")
+            arr = np.frombuffer(raw, dtype=dtype).reshape(spec["shape"])
+            return arr.astype(arr.dtype.newbyteorder("="), copy=True)
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_jsonable(v) for v in value]
+    return value
+
+
+#: re-exported for callers that need the alignment of weight offsets
+WEIGHT_ALIGNMENT = ALIGNMENT

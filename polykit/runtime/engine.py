@@ -1,0 +1,179 @@
+"""Runtime, Engine, ExecutionContext: load a plan and run it on its target.
+
+    runtime = Runtime()                      # or Runtime("cpu") to insist on a target
+    engine = runtime.load_engine("model.plan")
+    with engine.create_execution_context() as ctx:
+        outputs = ctx.execute({"x": x})
+
+The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
+polykit.runtime.target (get_target(name).load(plan) -> create_context() -> execute). An
+engine may have several contexts; each may run on its own thread at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.plan import Plan
+from polykit.compiler.plan_records import TensorDesc
+from polykit.errors import PolykitError, RuntimeInputError, UsageError
+from polykit.runtime.target import get_target
+
+
+class Runtime:
+    """Loads plans into Engines. `target` None: the plan's own target; else the plan must match."""
+
+    def __init__(self, target: str | None = None):
+        self.target = target
+
+    def deserialize_engine(self, data: bytes | Plan) -> "Engine":
+        plan = data if isinstance(data, Plan) else Plan.deserialize(data, expect_target=self.target)
+        if self.target is not None and plan.target != self.target:
+            from polykit.errors import PlanError
+
+            raise PlanError(f"the plan was built for target {plan.target!r}, not {self.target!r}",
+                            hint=f"rebuild the plan with --target {self.target}")
+        return Engine(plan)
+
+    def load_engine(self, path: str | os.PathLike) -> "Engine":
+        return Engine(Plan.load(path, expect_target=self.target))
+
+
+class Engine:
+    """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self._target_engine = get_target(plan.target).load(plan)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ---- metadata ---------------------------------------------------------------------
+    @property
+    def target(self) -> str:
+        return self.plan.target
+
+    @property
+    def io_tensors(self) -> list[str]:
+        """Input names then output names, in plan order (a name both input and output once)."""
+        return list(dict.fromkeys(list(self.plan.inputs) + list(self.plan.outputs)))
+
+    @property
+    def input_metadata(self) -> dict[str, TensorDesc]:
+        return {name: self.plan.tensors[name] for name in self.plan.inputs}
+
+    @property
+    def output_metadata(self) -> dict[str, TensorDesc]:
+        return {name: self.plan.tensors[name] for name in self.plan.outputs}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.plan.layers)
+
+    def _desc(self, name: str) -> TensorDesc:
+        if name not in self.plan.inputs and name not in self.plan.outputs:
+            raise UsageError(f"the engine has no input or output {name!r}",
+                             hint=f"I/O tensors are: {', '.join(self.io_tensors)}")
+        return self.plan.tensors[name]
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._desc(name).shape)
+
+    def get_tensor_dtype(self, name: str) -> np.dtype:
+        return self._desc(name).np_dtype
+
+    def get_tensor_mode(self, name: str) -> str:
+        """"input" or "output" (a graph input that is also an output reads as "input")."""
+        self._desc(name)
+        return "input" if name in self.plan.inputs else "output"
+
+    # ---- contexts ---------------------------------------------------------------------
+    def create_execution_context(self, **options: Any) -> "ExecutionContext":
+        """A context with its own working memory. Options go to the target (profile=True, ...)."""
+        with self._lock:
+            if self._closed:
+                raise UsageError("the engine is closed", hint="load the plan again")
+            options.setdefault("profile", bool(self.plan.metadata.get("builder_config", {}).get("profile", False)))
+            return ExecutionContext(self, self._target_engine.create_context(**options))
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._target_engine.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Engine(target={self.target!r}, {self.num_layers} layers, io={self.io_tensors})"
+
+
+class ExecutionContext:
+    """Runs the engine on host arrays: execute(feeds) -> outputs. One call at a time per context."""
+
+    def __init__(self, engine: Engine, target_context: Any):
+        self.engine = engine
+        self._ctx = target_context
+        self._closed = False
+
+    @property
+    def profile(self) -> list[tuple[str, float]]:
+        """(layer, milliseconds) of the last execute, when created with profile=True."""
+        return list(getattr(self._ctx, "last_profile", []))
+
+    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise UsageError("the execution context is closed", hint="create a new one from the engine")
+        checked = check_feeds(self.engine.plan, feeds)
+        return self._ctx.execute(checked)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._ctx.close()
+
+    def __enter__(self) -> "ExecutionContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Feeds as contiguous arrays, after checking names, shapes and exact dtypes."""
+    if not isinstance(feeds, Mapping):
+        raise RuntimeInputError(f"feeds must be a dict name -> array, got {type(feeds).__name__}")
+    unknown = [n for n in feeds if n not in plan.inputs]
+    if unknown:
+        raise RuntimeInputError(f"feed {unknown[0]!r} is not an input of the engine",
+                                where=f"tensor {unknown[0]!r}", hint=f"inputs are: {', '.join(plan.inputs)}")
+    out: dict[str, np.ndarray] = {}
+    for name in plan.inputs:
+        desc = plan.tensors[name]
+        if name not in feeds:
+            raise RuntimeInputError(f"input {name!r} is missing from the feeds", where=f"tensor {name!r}",
+                                    hint=f"feed a {desc.dtype} array of shape {tuple(desc.shape)}")
+        value = feeds[name]
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, (np.generic, int, float, bool, list, tuple)):
+                value = np.asarray(value)
+            else:
+                raise RuntimeInputError(f"input {name!r} must be a numpy array, got {type(value).__name__}",
+                                        where=f"tensor {name!r}")
+        if value.dtype.name != desc.dtype:
+            raise RuntimeInputError(f"input {name!r} has dtype {value.dtype.name}, the engine expects {desc.dtype}",
+                                    where=f"tensor {name!r}", hint=f"convert it with .astype(np.{desc.dtype})")
+        if tuple(value.shape) != tuple(desc.shape):
+            raise RuntimeInputError(
+                f"input {name!r} has shape {tuple(value.shape)}, the engine expects {tuple(desc.shape)}",
+                where=f"tensor {name!r}", hint="rebuild the plan with --input-shapes for other shapes")
+        out[name] = np.asarray(value, order="C")
+    return out
