@@ -1,0 +1,108 @@
+"""Graph optimization passes and the pass manager.
+
+A pass is a plain function `pass_fn(graph) -> bool` that edits the graph in place and
+says whether it changed anything (passes that must spare marked tensors take a `keep=`
+keyword; bind it with functools.partial). `run_passes` runs passes in order and keeps the
+graph sorted and shape-inferred between them; `optimize` is the builder's default pipeline.
+Fused node formats: docs/FUSION.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Iterable, Sequence
+
+from polykit.compiler.infer import infer_shapes
+from polykit.compiler.ir import Graph
+from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
+from polykit.compiler.passes.evaluate import evaluate
+from polykit.compiler.passes.fold_constants import fold_constants
+from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
+from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
+from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
+from polykit.compiler.passes.recognize_attention import recognize_attention
+from polykit.compiler.passes.recognize_gelu import recognize_gelu
+from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
+from polykit.compiler.passes.remove_identity import remove_identity
+from polykit.errors import GraphError, PolykitError
+
+__all__ = [
+    "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
+    "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
+    "recognize_attention",
+]
+
+log = logging.getLogger("polykit.passes")
+
+Pass = Callable[[Graph], bool]
+
+#: how often `run_passes(fixed_point=True)` repeats the list before giving up
+MAX_ROUNDS = 8
+
+
+def pass_name(fn: Pass) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", repr(fn))
+
+
+def run_passes(graph: Graph, passes: Sequence[Pass], check: bool = True, *, fixed_point: bool = False) -> bool:
+    """Run `passes` in order on `graph` (in place); True if any changed it.
+
+    After a pass that changed the graph, nodes are re-sorted topologically and shapes
+    re-inferred, so the next pass sees fresh metadata. With `check`, the graph is also
+    validated, and a pass that leaves it malformed is named in the GraphError. With
+    `fixed_point`, the whole list repeats until a round changes nothing.
+    """
+    if not graph.values or any(out and out not in graph.values for n in graph.nodes for out in n.outputs):
+        infer_shapes(graph, strict=False)
+    changed_any = False
+    for _ in range(MAX_ROUNDS if fixed_point else 1):
+        changed_round = False
+        for fn in passes:
+            changed = bool(fn(graph))
+            log.debug("pass %s: %s", pass_name(fn), "changed" if changed else "no change")
+            if changed:
+                changed_round = True
+                _refresh(graph, pass_name(fn), check)
+        changed_any |= changed_round
+        if not changed_round:
+            break
+    return changed_any
+
+
+def _refresh(graph: Graph, name: str, check: bool) -> None:
+    try:
+        graph.toposort()
+        if check:
+            graph.validate()
+        infer_shapes(graph, strict=False)
+    except PolykitError as exc:
+        raise GraphError(f"pass {name} left an invalid graph: {exc.what}", where=exc.where or f"graph {graph.name!r}",
+                         hint="this is a polykit bug; run without optimization (or report the model)") from exc
+
+
+def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
+             check: bool = True) -> Graph:
+    """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
+
+    `keep` names tensors that must survive under their names (marked outputs); graph
+    outputs always do. `fold=False` skips constant folding, `fuse=False` the fusions
+    (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
+    """
+    g = graph.copy()
+    kept = frozenset(keep)
+    bind = functools.partial
+    cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
+    if fold:
+        cleanup.insert(0, bind(fold_constants, keep=kept))
+    run_passes(g, cleanup, check, fixed_point=True)
+    recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
+                             bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
+    if run_passes(g, recognize, check):
+        run_passes(g, cleanup, check, fixed_point=True)
+    if fuse:
+        run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
+                       bind(eliminate_dead_code, keep=kept)], check)
+    return g

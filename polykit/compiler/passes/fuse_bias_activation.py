@@ -1,0 +1,129 @@
+"""fuse_bias_activation: give Conv / Gemm / MatMul their bias and activation epilogues.
+
+1. Conv + Add(constant per-channel) -> the Conv's bias input.
+2. MatMul(2-D A, constant 2-D W) + Add(constant [N]) -> Gemm(A, W, bias).
+3. Conv / Gemm / MatMul followed by a chain of elementwise ops (activations, bias, scale,
+   residual Add, Clip...), each intermediate read only by the next -> one ai.polykit node
+   with an epilogue (docs/FUSION.md). Every chain step keeps the base op's output shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.fused import EPILOGUE_ARITY
+from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
+from polykit.compiler.passes.rewrite import const, json_safe, protected, sole_reader
+
+
+def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
+    """Fold biases, then fuse epilogue chains; True if anything changed."""
+    changed = _fold_biases(graph, protected(graph, keep))
+    return _fuse_epilogues(graph, protected(graph, keep)) or changed
+
+
+def _other_const(graph: Graph, add: Node, name: str) -> np.ndarray | None:
+    if add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1] if add.inputs[0] == name else add.inputs[0]
+    return None if other == name else const(graph, other)
+
+
+def _fold_biases(graph: Graph, fixed: set[str]) -> bool:
+    readers = graph.consumers()
+    dead: list[Node] = []
+    for base in list(graph.nodes):
+        if base.domain != "" or base.op_type not in ("Conv", "MatMul") or len(base.outputs) != 1:
+            continue
+        out = base.outputs[0]
+        add = sole_reader(graph, out, readers, fixed)
+        c = None if add is None else _other_const(graph, add, out)
+        if c is None or graph.value(add.outputs[0]).shape != graph.value(out).shape:
+            continue
+        folded = _bias_into_conv(graph, base, c) if base.op_type == "Conv" else _matmul_to_gemm(graph, base, c)
+        if folded:
+            base.outputs = [add.outputs[0]]
+            dead.append(add)
+    graph.remove_nodes(dead)
+    return bool(dead)
+
+
+def _bias_into_conv(graph: Graph, conv: Node, c: np.ndarray) -> bool:
+    shape = graph.value(conv.outputs[0]).shape
+    w = const(graph, conv.input(1))
+    if shape is None or w is None or c.dtype != w.dtype or (conv.input(2) and const(graph, conv.input(2)) is None):
+        return False
+    channel_shape = (1, w.shape[0]) + (1,) * (len(shape) - 2)
+    try:
+        if np.broadcast_shapes(c.shape, channel_shape) != channel_shape:
+            return False
+    except ValueError:
+        return False
+    bias = np.broadcast_to(c, channel_shape).reshape(-1)
+    if conv.input(2):
+        bias = bias + const(graph, conv.input(2))
+    conv.inputs = [conv.input(0), conv.input(1), graph.add_initializer(bias.astype(w.dtype), f"{conv.name}_B")]
+    return True
+
+
+def _matmul_to_gemm(graph: Graph, mm: Node, c: np.ndarray) -> bool:
+    a = graph.value(mm.input(0)).shape
+    w = const(graph, mm.input(1))
+    if a is None or len(a) != 2 or w is None or w.ndim != 2 or c.dtype != w.dtype:
+        return False
+    if c.size not in (1, w.shape[1]) or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:
+        return False
+    bias = np.broadcast_to(c.reshape(-1), (w.shape[1],)).copy()
+    mm.op_type = "Gemm"
+    mm.inputs = [mm.input(0), mm.input(1), graph.add_initializer(bias, f"{mm.name}_C")]
+    return True
+
+
+def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
+    readers = graph.consumers()
+    replacements: dict[int, Node] = {}
+    dead: list[Node] = []
+    for base in graph.nodes:
+        if base.domain != "" or base.op_type not in EPILOGUE_ARITY or len(base.outputs) != 1:
+            continue
+        chain = _chain(graph, base, readers, fixed)
+        if not chain:
+            continue
+        try:
+            replacements[id(chain[-1])] = _epilogue_node(base, chain)
+        except TypeError:  # an attribute that plans cannot store as JSON: leave the nodes apart
+            continue
+        dead.extend([base, *chain[:-1]])
+    if not replacements:
+        return False
+    graph.nodes = [replacements.get(id(n), n) for n in graph.nodes]
+    graph.remove_nodes(dead)
+    return True
+
+
+def _chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
+    shape = graph.value(base.outputs[0]).shape
+    if shape is None or any(d is None for d in shape):
+        return []
+    chain: list[Node] = []
+    current = base.outputs[0]
+    while True:
+        nxt = sole_reader(graph, current, readers, fixed)
+        if nxt is None or not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape:
+            return chain
+        chain.append(nxt)
+        current = nxt.outputs[0]
+
+
+def _epilogue_node(base: Node, chain: list[Node]) -> Node:
+    arity = EPILOGUE_ARITY[base.op_type]
+    inside = {base.outputs[0]} | {n.outputs[0] for n in chain}
+    extras: list[str] = []
+    for n in chain:
+        extras.extend(name for name in n.inputs if name and name not in inside and name not in extras)
+    inputs = list(base.inputs[:arity]) + [""] * (arity - len(base.inputs)) + extras
+    attrs = json_safe(base.attrs)
+    attrs["epilogue"] = {"input": base.outputs[0], "body": [body_step(n) for n in chain]}
+    attrs["fused_from"] = [base.name] + [n.name for n in chain]
+    return Node(base.op_type, inputs, [chain[-1].outputs[0]], attrs, name=base.name, domain=POLYKIT_DOMAIN)
