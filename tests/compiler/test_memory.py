@@ -1,0 +1,130 @@
+"""Memory planning: lifetimes, arena reuse, alignment, no overlap between live tensors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align, compute_lifetimes, peak_live_bytes, plan_memory
+
+
+def _chain(n: int):
+    """x -> t0 -> t1 -> ... -> y, one layer each."""
+    names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
+    return [((names[i],), (names[i + 1],)) for i in range(n)], names
+
+
+def _overlaps(plan: MemoryPlan, sizes) -> list[tuple[str, str]]:
+    bad = []
+    items = [(n, plan.offsets[n], align(sizes[n]), *plan.lifetimes[n]) for n in plan.lifetimes if sizes[n]]
+    for i, (a, oa, sa, fa, la) in enumerate(items):
+        for b, ob, sb, fb, lb in items[i + 1:]:
+            live_together = not (la < fb or lb < fa)
+            share_bytes = oa < ob + sb and ob < oa + sa
+            if live_together and share_bytes:
+                bad.append((a, b))
+    return bad
+
+
+def test_chain_lifetimes_span_producer_to_last_reader():
+    layers, names = _chain(4)
+    life = compute_lifetimes(layers, ["x"], ["y"])
+    assert life["x"] == (-1, 4) and life["y"] == (3, 4)
+    assert life["t0"] == (0, 1) and life["t2"] == (2, 3)
+
+
+def test_weights_are_left_out_of_lifetimes():
+    life = compute_lifetimes([(("x", "w"), ("y",))], ["x"], ["y"], skip=["w"])
+    assert "w" not in life
+
+
+def test_a_chain_reuses_memory_so_peak_is_below_the_no_reuse_sum():
+    layers, names = _chain(8)
+    sizes = {n: 1000 for n in names}
+    life = compute_lifetimes(layers, ["x"], ["y"])
+    plan = plan_memory(sizes, life, io_names=["x", "y"])
+    assert plan.peak_bytes < plan.no_reuse_bytes
+    assert plan.arena_bytes < plan.no_reuse_bytes
+    assert plan.arena_bytes == 4 * align(1000)  # x, y, and two ping-pong activations
+
+
+def test_offsets_are_256_byte_aligned():
+    layers, names = _chain(5)
+    sizes = {n: 17 * (i + 1) for i, n in enumerate(names)}
+    plan = plan_memory(sizes, compute_lifetimes(layers, ["x"], ["y"]), io_names=["x", "y"])
+    assert all(o % ALIGNMENT == 0 for o in plan.offsets.values())
+
+
+def test_inputs_and_outputs_get_their_own_leading_slots():
+    layers, names = _chain(5)
+    sizes = {n: 300 for n in names}
+    plan = plan_memory(sizes, compute_lifetimes(layers, ["x"], ["y"]), io_names=["x", "y"])
+    assert plan.offsets["x"] == 0 and plan.offsets["y"] == align(300)
+    assert all(plan.offsets[n] >= 2 * align(300) for n in names[1:-1])
+
+
+def test_no_reuse_strategy_gives_every_tensor_a_distinct_slot():
+    layers, names = _chain(6)
+    sizes = {n: 100 for n in names}
+    plan = plan_memory(sizes, compute_lifetimes(layers, ["x"], ["y"]), io_names=["x", "y"], strategy="none")
+    assert plan.arena_bytes == plan.no_reuse_bytes
+    assert len(set(plan.offsets.values())) == len(names)
+
+
+def test_best_fit_picks_the_tightest_gap():
+    # a (big) and b (small) die before c is born; c (small) should land in b's hole, not a's.
+    sizes = {"a": 4096, "b": 256, "keep": 256, "c": 256}
+    life = {"a": (0, 1), "keep": (0, 5), "b": (0, 1), "c": (2, 3)}
+    best = plan_memory(sizes, life, strategy="best-fit")
+    assert best.arena_bytes == 4096 + 512
+    assert not _overlaps(best, sizes)
+
+
+def test_plan_is_deterministic():
+    layers, names = _chain(7)
+    sizes = {n: 64 * (i % 3 + 1) for i, n in enumerate(names)}
+    life = compute_lifetimes(layers, ["x"], ["y"])
+    assert plan_memory(sizes, life, ["x", "y"]) == plan_memory(sizes, life, ["x", "y"])
+
+
+def test_memory_plan_json_round_trip():
+    layers, names = _chain(3)
+    plan = plan_memory({n: 10 for n in names}, compute_lifetimes(layers, ["x"], ["y"]), ["x", "y"])
+    assert MemoryPlan.from_json(plan.to_json()) == plan
+
+
+@st.composite
+def _random_dag(draw):
+    n_layers = draw(st.integers(1, 14))
+    tensors = ["in0", "in1"]
+    layers = []
+    for i in range(n_layers):
+        k = draw(st.integers(1, min(3, len(tensors))))
+        ins = tuple(draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k)))
+        outs = tuple(f"l{i}o{j}" for j in range(draw(st.integers(1, 2))))
+        tensors += outs
+        layers.append((ins, outs))
+    outputs = draw(st.lists(st.sampled_from(tensors[2:]), min_size=1, max_size=3, unique=True))
+    sizes = {t: draw(st.integers(0, 3000)) for t in tensors}
+    return layers, outputs, sizes
+
+
+@settings(max_examples=100, deadline=None)
+@given(_random_dag(), st.sampled_from(["best-fit", "first-fit"]))
+def test_reuse_never_overlaps_live_tensors(dag, strategy):
+    layers, outputs, sizes = dag
+    life = compute_lifetimes(layers, ["in0", "in1"], outputs)
+    plan = plan_memory(sizes, life, io_names=["in0", "in1", *outputs], strategy=strategy)
+    assert not _overlaps(plan, sizes)
+    assert plan.peak_bytes <= plan.arena_bytes <= plan.no_reuse_bytes
+    assert plan.peak_bytes == peak_live_bytes(sizes, life)
+
+
+@pytest.mark.parametrize("strategy", ["best-fit", "first-fit"])
+def test_io_slots_never_share_bytes_with_activations(strategy):
+    layers, names = _chain(4)
+    sizes = {n: 512 for n in names}
+    plan = plan_memory(sizes, compute_lifetimes(layers, ["x"], ["y"]), io_names=["x", "y"], strategy=strategy)
+    io_end = 2 * 512
+    assert all(plan.offsets[n] >= io_end for n in names[1:-1])
