@@ -1,0 +1,138 @@
+// Device functions of the ONNX elementwise ops, on compute types (float for fp16/fp32
+// storage, double, integers, bool). The pointwise code generator (pointwise.py) and GEMM/conv
+// epilogues chain these; arithmetic keeps the type of its first operand, as ONNX does.
+#pragma once
+#include "dtypes.cuh"
+
+template <class T> struct IsFloat { enum { value = 0 }; };
+template <> struct IsFloat<float> { enum { value = 1 }; };
+template <> struct IsFloat<double> { enum { value = 1 }; };
+
+// one-argument math: float overload, double overload, integer fallback through double
+#define PK_MATH1(name, ffn, dfn)                                                     \
+  __device__ __forceinline__ float name(float x) { return ffn(x); }                   \
+  __device__ __forceinline__ double name(double x) { return dfn(x); }                \
+  template <class T> __device__ __forceinline__ T name(T x) { return (T)dfn((double)x); }
+
+PK_MATH1(pk_sqrt, sqrtf, sqrt)
+PK_MATH1(pk_exp, expf, exp)
+PK_MATH1(pk_log, logf, log)
+PK_MATH1(pk_log1p, log1pf, log1p)
+PK_MATH1(pk_erf, erff, erf)
+PK_MATH1(pk_floor, floorf, floor)
+PK_MATH1(pk_ceil, ceilf, ceil)
+PK_MATH1(pk_round, rintf, rint)
+PK_MATH1(pk_sin, sinf, sin)
+PK_MATH1(pk_cos, cosf, cos)
+PK_MATH1(pk_tan, tanf, tan)
+PK_MATH1(pk_asin, asinf, asin)
+PK_MATH1(pk_acos, acosf, acos)
+PK_MATH1(pk_atan, atanf, atan)
+PK_MATH1(pk_sinh, sinhf, sinh)
+PK_MATH1(pk_cosh, coshf, cosh)
+PK_MATH1(pk_asinh, asinhf, asinh)
+PK_MATH1(pk_acosh, acoshf, acosh)
+PK_MATH1(pk_atanh, atanhf, atanh)
+PK_MATH1(pk_tanh, tanhf, tanh)
+
+template <class T> __device__ __forceinline__ T pk_abs(T x) { return x < (T)0 ? (T)(-x) : x; }
+__device__ __forceinline__ u8 pk_abs(u8 x) { return x; }
+__device__ __forceinline__ u16 pk_abs(u16 x) { return x; }
+__device__ __forceinline__ u32 pk_abs(u32 x) { return x; }
+__device__ __forceinline__ u64 pk_abs(u64 x) { return x; }
+template <class T> __device__ __forceinline__ T pk_neg(T x) { return (T)(-x); }
+template <class T> __device__ __forceinline__ T pk_reciprocal(T x) { return (T)((T)1 / x); }
+template <class T> __device__ __forceinline__ T pk_sign(T x) { return (T)((x > (T)0) - (x < (T)0)); }
+template <class T> __device__ __forceinline__ bool pk_not(T x) { return !x; }
+template <class T> __device__ __forceinline__ T pk_bitnot(T x) { return (T)(~x); }
+template <class T> __device__ __forceinline__ bool pk_isnan(T x) { return x != x; }
+template <class T> __device__ __forceinline__ bool pk_isinf(T x, bool pos, bool neg) {
+  return x == x && (x - x) != (x - x) && ((x > (T)0 && pos) || (x < (T)0 && neg));
+}
+
+// binary arithmetic (result has the first operand's type)
+template <class A, class B> __device__ __forceinline__ A pk_add(A a, B b) { return (A)(a + b); }
+template <class A, class B> __device__ __forceinline__ A pk_sub(A a, B b) { return (A)(a - b); }
+template <class A, class B> __device__ __forceinline__ A pk_mul(A a, B b) { return (A)(a * b); }
+template <class A, class B> __device__ __forceinline__ A pk_div(A a, B b) { return (A)(a / b); }
+template <class A, class B> __device__ __forceinline__ A pk_fmod(A a, B b) {
+  if (IsFloat<A>::value) return (A)fmod((double)a, (double)b);
+  return b == (B)0 ? (A)0 : (A)(a - (A)(a / b) * b);
+}
+__device__ __forceinline__ float pk_fmod(float a, float b) { return fmodf(a, b); }
+template <class A, class B> __device__ __forceinline__ A pk_mod(A a, B b) {  // floor mod (sign of divisor)
+  A r = pk_fmod(a, b);
+  if (r != (A)0 && ((r < (A)0) != (b < (B)0))) r = (A)(r + b);
+  return r;
+}
+template <class A, class B> __device__ __forceinline__ A pk_pow(A a, B b) {
+  if (IsFloat<A>::value) return (A)pow((double)a, (double)b);
+  i64 e = (i64)b, r = 1, base = (i64)a;
+  if (e < 0) return (A)(base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0));
+  while (e) { if (e & 1) r *= base; base *= base; e >>= 1; }
+  return (A)r;
+}
+__device__ __forceinline__ float pk_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ float pk_pow(float a, double b) { return powf(a, (float)b); }
+template <class B> __device__ __forceinline__ float pk_powf_int(float a, B b) { return powf(a, (float)b); }
+__device__ __forceinline__ float pk_pow(float a, i32 b) { return powf(a, (float)b); }
+__device__ __forceinline__ float pk_pow(float a, i64 b) { return powf(a, (float)b); }
+template <class A, class B> __device__ __forceinline__ A pk_band(A a, B b) { return (A)(a & b); }
+template <class A, class B> __device__ __forceinline__ A pk_bor(A a, B b) { return (A)(a | b); }
+template <class A, class B> __device__ __forceinline__ A pk_bxor(A a, B b) { return (A)(a ^ b); }
+template <class A, class B> __device__ __forceinline__ A pk_shl(A a, B b) { return (A)(a << b); }
+template <class A, class B> __device__ __forceinline__ A pk_shr(A a, B b) { return (A)(a >> b); }
+
+// numpy minimum/maximum: NaN propagates
+template <class A, class B> __device__ __forceinline__ A pk_min(A a, B b) {
+  return a != a ? a : ((A)b != (A)b ? (A)b : (a < (A)b ? a : (A)b));
+}
+template <class A, class B> __device__ __forceinline__ A pk_max(A a, B b) {
+  return a != a ? a : ((A)b != (A)b ? (A)b : (a > (A)b ? a : (A)b));
+}
+
+// activations (float math on float compute types; integers where ONNX allows them)
+template <class T> __device__ __forceinline__ T pk_relu(T x) { return x > (T)0 ? x : (T)0; }
+template <class T> __device__ __forceinline__ T pk_leaky_relu(T x, double alpha) { return x < (T)0 ? (T)(x * (T)alpha) : x; }
+template <class T, class S> __device__ __forceinline__ T pk_prelu(T x, S slope) { return x < (T)0 ? (T)(x * (T)slope) : x; }
+template <class T> __device__ __forceinline__ T pk_sigmoid(T x) {
+  return x >= (T)0 ? (T)1 / ((T)1 + pk_exp(-x)) : pk_exp(x) / ((T)1 + pk_exp(x));
+}
+template <class T> __device__ __forceinline__ T pk_hard_sigmoid(T x, double alpha, double beta) {
+  T y = (T)alpha * x + (T)beta;
+  return y < (T)0 ? (T)0 : (y > (T)1 ? (T)1 : y);
+}
+template <class T> __device__ __forceinline__ T pk_hard_swish(T x) { return x * pk_hard_sigmoid(x, 1.0 / 6.0, 0.5); }
+template <class T> __device__ __forceinline__ T pk_elu(T x, double alpha) { return x < (T)0 ? (T)alpha * (pk_exp(x) - (T)1) : x; }
+template <class T> __device__ __forceinline__ T pk_selu(T x, double alpha, double gamma) {
+  return (T)gamma * (x <= (T)0 ? (T)alpha * (pk_exp(x) - (T)1) : x);
+}
+template <class T> __device__ __forceinline__ T pk_celu(T x, double alpha) {
+  T e = (T)alpha * (pk_exp(x / (T)alpha) - (T)1);
+  return (x > (T)0 ? x : (T)0) + (e < (T)0 ? e : (T)0);
+}
+template <class T> __device__ __forceinline__ T pk_gelu(T x) { return (T)0.5 * x * ((T)1 + pk_erf(x * (T)0.70710678118654752440)); }
+template <class T> __device__ __forceinline__ T pk_gelu_tanh(T x) {
+  return (T)0.5 * x * ((T)1 + pk_tanh((T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x)));
+}
+template <class T> __device__ __forceinline__ T pk_softplus(T x) { return x > (T)20 ? x : pk_log1p(pk_exp(x)); }
+template <class T> __device__ __forceinline__ T pk_softsign(T x) { return x / ((T)1 + pk_abs(x)); }
+template <class T> __device__ __forceinline__ T pk_mish(T x) { return x * pk_tanh(pk_softplus(x)); }
+template <class T> __device__ __forceinline__ T pk_thresholded_relu(T x, double alpha) { return x > (T)alpha ? x : (T)0; }
+template <class T> __device__ __forceinline__ T pk_shrink(T x, double bias, double lambd) {
+  return x < (T)(-lambd) ? (T)(x + (T)bias) : (x > (T)lambd ? (T)(x - (T)bias) : (T)0);
+}
+template <class T> __device__ __forceinline__ T pk_swish(T x, double alpha) { return x * pk_sigmoid((T)alpha * x); }
+template <class T, class L, class H> __device__ __forceinline__ T pk_clip(T x, L lo, H hi) {
+  T y = x < (T)lo ? (T)lo : x;
+  return y > (T)hi ? (T)hi : y;
+}
+template <class T, class L> __device__ __forceinline__ T pk_clip_lo(T x, L lo) { return x < (T)lo ? (T)lo : x; }
+template <class T, class H> __device__ __forceinline__ T pk_clip_hi(T x, H hi) { return x > (T)hi ? (T)hi : x; }
+
+// Cast to fp16 rounds to half precision but stays in the float compute type
+template <class T> __device__ __forceinline__ float pk_to_half(T x) { return h2f(f2h(cvt<float>(x))); }
+__device__ __forceinline__ float pk_to_half(double x) { return h2f(d2h(x)); }
+
+// fixed-size vector for aligned vector loads/stores of contiguous tensors
+template <class T, int V> struct __align__(sizeof(T) * V) Vec { T v[V]; };
