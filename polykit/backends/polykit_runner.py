@@ -1,0 +1,52 @@
+"""The polykit engine runner (`polykit run --trt`, alias `--polykit`).
+
+It takes an Engine or a loader of one (EngineFromOnnx, EngineFromPath, ...) and runs it
+with one execution context; which target (cuda or cpu) the engine runs on is the plan's
+business, not the runner's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polykit.backends.base import BaseRunner, TensorMeta, resolve
+
+
+class PolykitRunner(BaseRunner):
+    """Runs a polykit Engine. An engine the runner loaded itself is closed on deactivate."""
+
+    def __init__(self, engine: Any, name: str = "trt"):
+        super().__init__(name)
+        self._engine_arg = engine
+        self.engine: Any = None
+        self.context: Any = None
+        self._owns_engine = False
+
+    def activate_impl(self) -> None:
+        self._owns_engine = callable(self._engine_arg)
+        self.engine = resolve(self._engine_arg)
+        if not hasattr(self.engine, "create_execution_context"):
+            from polykit.backends.loaders import EngineFromPlan
+
+            self.engine = EngineFromPlan(self.engine)()
+            self._owns_engine = True
+        self.context = self.engine.create_execution_context()
+
+    def deactivate_impl(self) -> None:
+        try:
+            if self.context is not None:
+                self.context.close()
+            if self._owns_engine and self.engine is not None:
+                self.engine.close()
+        finally:
+            self.context = None
+            self.engine = None
+
+    def get_input_metadata_impl(self) -> dict[str, TensorMeta]:
+        return {
+            name: TensorMeta(name, str(desc.dtype), tuple(desc.shape))
+            for name, desc in self.engine.input_metadata.items()
+        }
+
+    def infer_impl(self, feed_dict: dict[str, Any]) -> dict[str, Any]:
+        return self.context.execute(feed_dict)

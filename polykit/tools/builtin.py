@@ -1,0 +1,44 @@
+"""polykit's own compare functions, data loaders and CLI subcommands, registered through
+the same hooks a third-party plugin uses (see polykit.plugins)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from polykit.plugins import hookimpl
+from polykit.tools.compare_funcs import CompareFuncSpec, builtin_compare_funcs
+from polykit.tools.data_loader import DataLoaderSpec, builtin_data_loaders
+
+
+@hookimpl
+def polykit_compare_funcs() -> list[CompareFuncSpec]:
+    return builtin_compare_funcs()
+
+
+@hookimpl
+def polykit_data_loaders() -> list[DataLoaderSpec]:
+    return builtin_data_loaders()
+
+
+@hookimpl
+def polykit_cli_commands(app: Any) -> None:
+    from polykit.tools import convert_cmd, inspect_cmd, run_cmd, surgeon_cmd
+
+    run_cmd.register(app)
+    convert_cmd.register(app)
+    inspect_cmd.register(app)
+    surgeon_cmd.register(app)
+    _register_module_commands(app, "polykit.tools.conformance")
+
+
+def _register_module_commands(app: Any, module_name: str) -> None:
+    """A built-in command module that exposes `register(app)` (and no hookimpl of its own)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return
+        raise
+    if callable(getattr(module, "register", None)) and not hasattr(module, "polykit_cli_commands"):
+        module.register(app)

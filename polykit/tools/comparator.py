@@ -1,0 +1,170 @@
+"""The comparator: run N runners on identical inputs, then compare every runner's outputs
+against the first one's (the reference), output by output, paired by exact name.
+
+    results = Comparator.run([PolykitRunner(...), OnnxrtRunner(...)], data_loader)
+    report = Comparator.compare_accuracy(results, compare_func=simple(CompareOptions()))
+    assert report.passed
+
+An output the reference has and a runner lacks (or the reverse) fails explicitly; nothing
+is ever paired by position.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from polykit.backends.base import BaseRunner
+from polykit.errors import UsageError
+from polykit.tools.compare_funcs import OutputComparison, failed
+
+log = logging.getLogger("polykit")
+
+
+@dataclass
+class RunResults:
+    """Feeds and each runner's outputs per iteration (runner names are unique)."""
+
+    feeds: list[dict[str, Any]] = field(default_factory=list)
+    outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, runner: str, outputs: list[dict[str, Any]], times: Sequence[float] = ()) -> None:
+        if runner in self.outputs:
+            raise UsageError(f"two result sets are named {runner!r}", hint="give runners distinct names")
+        self.outputs[runner] = outputs
+        self.times[runner] = list(times)
+
+    @property
+    def runners(self) -> list[str]:
+        return list(self.outputs)
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """One runner vs the reference on one iteration."""
+
+    reference: str
+    runner: str
+    iteration: int
+    outputs: tuple[OutputComparison, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    pairs: tuple[PairResult, ...]
+    problems: tuple[str, ...] = ()  # --validate findings and other run-level failures
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and all(p.passed for p in self.pairs)
+
+    def failures(self) -> list[tuple[PairResult, OutputComparison]]:
+        return [(p, o) for p in self.pairs for o in p.outputs if not o.passed]
+
+
+def _unique_names(runners: Sequence[BaseRunner]) -> list[str]:
+    names, seen = [], {}
+    for r in runners:
+        count = seen.get(r.name, 0)
+        seen[r.name] = count + 1
+        names.append(r.name if count == 0 else f"{r.name}-{count}")
+    return names
+
+
+class Comparator:
+    @staticmethod
+    def run(runners: Sequence[BaseRunner], data_loader: Iterable[dict[str, Any]] | None = None,
+            *, feeds: list[dict[str, Any]] | None = None, warm_up: int = 0) -> RunResults:
+        """Activate each runner in turn, feed it the same inputs, collect outputs and times.
+
+        The data loader is bound to the first runner's input metadata and iterated once;
+        every runner sees copies of the same arrays.
+        """
+        import numpy as np
+
+        if not runners:
+            raise UsageError("no runners to compare", hint="select at least one, e.g. --trt --onnxrt")
+        results = RunResults(feeds=list(feeds) if feeds is not None else [])
+        for runner, name in zip(runners, _unique_names(runners)):
+            with runner:
+                if feeds is None and not results.feeds:
+                    loader = data_loader
+                    if loader is None:
+                        from polykit.tools.data_loader import DataLoader
+
+                        loader = DataLoader()
+                    if hasattr(loader, "bind"):
+                        loader.bind(runner.get_input_metadata())
+                    results.feeds = [dict(f) for f in loader]
+                    if not results.feeds:
+                        raise UsageError("the data loader gave no feeds", hint="check --iterations or load_data()")
+                outs, times = [], []
+                for _ in range(warm_up):
+                    runner.infer({k: np.array(v, copy=True) for k, v in results.feeds[0].items()})
+                for i, feed in enumerate(results.feeds):
+                    log.info("running %s, iteration %d", name, i)
+                    out = runner.infer({k: np.array(v, copy=True) for k, v in feed.items()})
+                    outs.append({k: np.asarray(v) for k, v in out.items()})
+                    times.append(runner.last_inference_time() or 0.0)
+                results.add(name, outs, times)
+        return results
+
+    @staticmethod
+    def compare_accuracy(results: RunResults, compare_func: Callable[[str, Any, Any], OutputComparison] | None = None,
+                         *, validate: bool = False) -> AccuracyReport:
+        """Compare every runner after the first with the first, per iteration and output name."""
+        if compare_func is None:
+            from polykit.tools.compare_funcs import CompareOptions, simple
+
+            compare_func = simple(CompareOptions())
+        names = results.runners
+        pairs = []
+        problems = tuple(validate_outputs(results)) if validate else ()
+        if len(names) < 2:
+            return AccuracyReport((), problems)
+        ref_name = names[0]
+        for name in names[1:]:
+            ref_iters, iters = results.outputs[ref_name], results.outputs[name]
+            if len(ref_iters) != len(iters):
+                problems += (f"{name} has {len(iters)} iteration(s), {ref_name} has {len(ref_iters)}",)
+            for i, (ref, act) in enumerate(zip(ref_iters, iters)):
+                pairs.append(PairResult(ref_name, name, i, tuple(compare_outputs(ref, act, ref_name, name, compare_func))))
+        return AccuracyReport(tuple(pairs), problems)
+
+
+def compare_outputs(ref: dict[str, Any], act: dict[str, Any], ref_name: str, name: str,
+                    compare_func: Callable[[str, Any, Any], OutputComparison]) -> list[OutputComparison]:
+    """Pair outputs by exact name; a name only one side has is a failure of its own."""
+    out = []
+    for key in ref:
+        if key not in act:
+            out.append(failed(key, "pairing", f"missing: {ref_name} produced {key!r} but {name} did not"))
+        else:
+            out.append(compare_func(key, ref[key], act[key]))
+    for key in act:
+        if key not in ref:
+            out.append(failed(key, "pairing", f"extra: {name} produced {key!r} but {ref_name} did not"))
+    return out
+
+
+def validate_outputs(results: RunResults) -> list[str]:
+    """NaN/Inf findings, one line per runner, iteration and output."""
+    import numpy as np
+
+    problems = []
+    for runner, iters in results.outputs.items():
+        for i, outs in enumerate(iters):
+            for name, value in outs.items():
+                arr = np.asarray(value)
+                if arr.dtype.kind not in "fc":
+                    continue
+                nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+                if nan or inf:
+                    problems.append(f"{runner}: output {name!r} (iteration {i}) has {nan} NaN and {inf} Inf value(s)")
+    return problems

@@ -1,0 +1,161 @@
+"""Data loaders: where the comparator's feed dicts come from.
+
+A data loader is an iterable of feed dicts (input name -> numpy array). Loaders that need
+to know the model's inputs define `bind(input_metadata)`, which the comparator calls with
+the first runner's input metadata before iterating. Each iteration gives every runner the
+same arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from polykit.errors import UsageError
+
+log = logging.getLogger("polykit")
+
+ValRange = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class DataLoaderOptions:
+    """seed; iterations; val_ranges: input name -> (low, high), key "" for every other input;
+    input_shapes: concrete shapes for dynamic inputs; script: "file.py[:function]" for the
+    script loader (function defaults to load_data)."""
+
+    seed: int = 1
+    iterations: int = 1
+    val_ranges: Mapping[str, ValRange] = field(default_factory=dict)
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    script: str | None = None
+
+
+@dataclass(frozen=True)
+class DataLoaderSpec:
+    """A data loader offered on the command line: `factory(options)` makes the iterable."""
+
+    name: str
+    factory: Callable[[DataLoaderOptions], Iterable[dict[str, Any]]]
+    help: str = ""
+
+
+class DataLoader:
+    """Random feeds from a seed: floats uniform in the input's range (default [0, 1]),
+    integers in [low, high] inclusive, bools at random. Dynamic dims come from
+    `input_shapes`; a dim still unknown becomes 1 (with a notice)."""
+
+    def __init__(self, options: DataLoaderOptions | None = None, input_metadata: Mapping[str, Any] | None = None):
+        self.options = options or DataLoaderOptions()
+        self.input_metadata = dict(input_metadata or {})
+        if self.options.iterations < 1:
+            raise UsageError(f"iterations must be >= 1, got {self.options.iterations}")
+
+    def bind(self, input_metadata: Mapping[str, Any]) -> None:
+        if not self.input_metadata:
+            self.input_metadata = dict(input_metadata)
+
+    def __len__(self) -> int:
+        return self.options.iterations
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import numpy as np
+
+        unknown = set(self.options.val_ranges) - set(self.input_metadata) - {""}
+        unknown |= set(self.options.input_shapes) - set(self.input_metadata)
+        if unknown and self.input_metadata:
+            raise UsageError(
+                f"--val-range/--input-shapes name input(s) the model does not have: {sorted(unknown)}",
+                hint=f"the model's inputs are: {list(self.input_metadata)}",
+            )
+        rng = np.random.default_rng(self.options.seed)
+        for _ in range(self.options.iterations):
+            yield {name: self._generate(rng, meta) for name, meta in self.input_metadata.items()}
+
+    def _shape(self, meta: Any) -> tuple[int, ...]:
+        if meta.name in self.options.input_shapes:
+            return tuple(int(d) for d in self.options.input_shapes[meta.name])
+        if meta.shape is None:
+            raise UsageError(f"input {meta.name!r} has an unknown rank", hint=f"pass --input-shapes {meta.name}:[...]")
+        dims = []
+        for d in meta.shape:
+            if isinstance(d, int) and d >= 0:
+                dims.append(d)
+            else:
+                log.warning("input %r has dynamic dim %r; using 1 (set it with --input-shapes)", meta.name, d)
+                dims.append(1)
+        return tuple(dims)
+
+    def _generate(self, rng: Any, meta: Any) -> Any:
+        import numpy as np
+
+        shape = self._shape(meta)
+        low, high = self.options.val_ranges.get(meta.name, self.options.val_ranges.get("", (0.0, 1.0)))
+        if low > high:
+            raise UsageError(f"value range for {meta.name!r} is empty: [{low}, {high}]")
+        dtype = np.dtype(meta.dtype)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, size=shape).astype(np.bool_)
+        if dtype.kind in "iu":
+            return rng.integers(int(np.ceil(low)), int(np.floor(high)) + 1, size=shape).astype(dtype)
+        if dtype.kind == "f":
+            return rng.uniform(low, high, size=shape).astype(dtype)
+        raise UsageError(f"cannot generate data for input {meta.name!r} of dtype {dtype}",
+                         hint="supply inputs with --load-inputs or --data-loader-script")
+
+
+class ScriptDataLoader:
+    """Feeds from a user script's function (default `load_data`) that returns or yields feed dicts."""
+
+    def __init__(self, script: str):
+        path, _, func = script.partition(":")
+        self.path = path
+        self.func = func or "load_data"
+
+    def bind(self, input_metadata: Mapping[str, Any]) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not os.path.isfile(self.path):
+            raise UsageError(f"data loader script {self.path!r} does not exist")
+        namespace = runpy.run_path(self.path)
+        fn = namespace.get(self.func)
+        if not callable(fn):
+            raise UsageError(f"{self.path} defines no function {self.func!r}",
+                             hint="define `def load_data(): yield {'input': array}`")
+        for i, feeds in enumerate(fn()):
+            if not isinstance(feeds, Mapping):
+                raise UsageError(f"{self.path}:{self.func} gave a {type(feeds).__name__} at iteration {i}, "
+                                 "not a dict of input name -> array")
+            yield dict(feeds)
+
+
+class FeedsDataLoader:
+    """Feeds given up front (a list of feed dicts, e.g. from --load-inputs)."""
+
+    def __init__(self, feeds: list[dict[str, Any]]):
+        self.feeds = list(feeds)
+
+    def bind(self, input_metadata: Mapping[str, Any]) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter([dict(f) for f in self.feeds])
+
+
+def make_data_loader(name: str, options: DataLoaderOptions, specs: Mapping[str, DataLoaderSpec]) -> Iterable[dict[str, Any]]:
+    """The loader registered as `name` (through the polykit_data_loaders hook)."""
+    spec = specs.get(name)
+    if spec is None:
+        raise UsageError(f"unknown data loader {name!r}", hint=f"use one of: {', '.join(sorted(specs))}")
+    return spec.factory(options)
+
+
+def builtin_data_loaders() -> list[DataLoaderSpec]:
+    return [
+        DataLoaderSpec("default", lambda o: DataLoader(o), "random data from --seed, --val-range, --input-shapes"),
+        DataLoaderSpec("script", lambda o: ScriptDataLoader(o.script or ""), "load_data() from --data-loader-script"),
+    ]

@@ -1,0 +1,131 @@
+"""`polykit run MODEL --trt --onnxrt`: run a model through several runners on identical
+inputs and report, output by output, whether and where they disagree.
+
+Runner flags come from the polykit_runners hook (built-ins: --trt/--polykit, --onnxrt);
+the CLI rewrites each into `--runner NAME` so their order is kept (the first runner is
+the reference). Everything here is assembled from the Python API: a script that builds
+the same runners and calls polykit.tools.accuracy.run_comparison does the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import List, Optional
+
+import typer
+
+from polykit.errors import UsageError
+
+log = logging.getLogger("polykit")
+
+
+def _runner_help() -> str:
+    from polykit.plugins import runner_specs
+
+    lines = [f"{', '.join(s.flags)}: {s.help}" for s in runner_specs().values()]
+    return "Runners (in the order given; the first is the reference):\n\n" + "\n\n".join(lines)
+
+
+def resolve_target(target: Optional[str], runners: List[str]) -> Optional[str]:
+    """--target, or cuda when a GPU is usable, else cpu with a one-line notice (only if the engine runs)."""
+    if target is not None:
+        if target not in ("cuda", "cpu"):
+            raise UsageError(f"--target {target!r} is not cuda or cpu")
+        return target
+    if "trt" not in runners:
+        return None
+    from polykit.runtime.target import default_target
+
+    chosen = default_target()
+    if chosen == "cpu":
+        from polykit.tools.cli import stderr_console
+
+        stderr_console().print("notice: no usable CUDA GPU; polykit runs on the cpu target (reference kernels)")
+    return chosen
+
+
+def run(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
+    target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu for polykit's engine (default: cuda if usable)"),
+    fp16: bool = typer.Option(False, "--fp16", help="let polykit's engine use half precision"),
+    providers: List[str] = typer.Option([], "--providers", help="onnxruntime providers, e.g. cpu cuda"),
+    input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
+    val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
+    seed: int = typer.Option(1, "--seed", help="seed of the random data loader"),
+    iterations: int = typer.Option(1, "--iterations", help="how many feed dicts to run"),
+    data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
+    data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
+    compare: str = typer.Option("simple", "--compare", "--compare-func", help="simple|l2|cosine|snr (plugins add more)"),
+    atol: List[str] = typer.Option([], "--atol", help="absolute tolerance: 1e-5 and/or per output: logits:1e-3"),
+    rtol: List[str] = typer.Option([], "--rtol", help="relative tolerance: 1e-5 and/or per output: logits:1e-3"),
+    check_error_stat: List[str] = typer.Option([], "--check-error-stat", help="elemwise|max|mean|median|quantile, per output too"),
+    error_quantile: float = typer.Option(0.99, "--error-quantile", help="the quantile of --check-error-stat quantile"),
+    l2_tol: float = typer.Option(1e-5, "--l2-tol", help="largest relative L2 error for --compare l2"),
+    cosine_tol: float = typer.Option(1e-6, "--cosine-tol", help="largest 1 - cosine similarity for --compare cosine"),
+    snr_min: float = typer.Option(80.0, "--snr-min", help="smallest SNR in dB for --compare snr"),
+    validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
+    mark_all: bool = typer.Option(False, "--mark-all", help="compare every intermediate tensor too"),
+    mark_outputs: List[str] = typer.Option([], "--mark-outputs", help="intermediate tensors to compare too"),
+    save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="write the feeds (.npz or .json)"),
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
+    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
+    load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
+    save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
+    warm_up: int = typer.Option(0, "--warm-up", help="untimed runs before the timed ones"),
+    as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
+) -> int:
+    from rich.console import Console
+
+    from polykit.backends.base import RunnerRequest
+    from polykit.tools import cli_args, results_io
+    from polykit.tools.accuracy import AccuracySettings, make_runners, run_comparison
+    from polykit.tools.compare_funcs import CompareOptions
+    from polykit.tools.data_loader import DataLoaderOptions
+    from polykit.tools.report import render, to_json
+
+    shapes = cli_args.parse_input_shapes(input_shapes)
+    options = CompareOptions(
+        atol={"": 1e-5, **cli_args.parse_tolerances(atol, "--atol")},
+        rtol={"": 1e-5, **cli_args.parse_tolerances(rtol, "--rtol")},
+        check_error_stat={"": "elemwise", **cli_args.parse_error_stats(check_error_stat)},
+        error_quantile=error_quantile, l2_tol=l2_tol, cosine_tol=cosine_tol, snr_min_db=snr_min,
+    )
+    if data_loader_script:
+        data_loader = "script"
+    settings = AccuracySettings(
+        compare=compare, compare_options=options, data_loader=data_loader, validate=validate, warm_up=warm_up,
+        data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
+                                       input_shapes=shapes, script=data_loader_script),
+    )
+    request = RunnerRequest(
+        model=model, target=resolve_target(target, runner), fp16=fp16, input_shapes=shapes,
+        providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
+    )
+    if not runner and not load_outputs:
+        raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
+    reference = {}
+    for path in load_outputs:
+        for name, outs in results_io.load_outputs(path).items():
+            reference[name if name not in reference else f"{name}-{len(reference)}"] = outs
+    feeds = results_io.load_feeds(load_inputs) if load_inputs else None
+    runners = make_runners(runner, request)
+    results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference)
+    if save_inputs:
+        results_io.save_feeds(save_inputs, results.feeds)
+    if save_outputs:
+        results_io.save_outputs(save_outputs, {k: v for k, v in results.outputs.items() if k not in reference})
+    if as_json:
+        typer.echo(json.dumps(to_json(report, results), indent=2))
+    else:
+        render(Console(highlight=False), report, results)
+    return 0 if report.passed else 1
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "run",
+        help="Run MODEL through several runners on identical inputs and compare their outputs.",
+        epilog=_runner_help(),
+    )(run)
