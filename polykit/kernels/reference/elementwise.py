@@ -16,7 +16,8 @@ def _same(fn):
 
     def kernel(node, inputs):
         x = inputs[0]
-        return [np.asarray(fn(*inputs)).astype(x.dtype, copy=False)]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return [np.asarray(fn(*inputs)).astype(x.dtype, copy=False)]
 
     return kernel
 
