@@ -87,10 +87,11 @@ def _match(graph: Graph, w: _Walk, softmax: Node):
     shape = graph.value(softmax.input(0)).shape
     if shape is None or len(shape) < 2 or int(softmax.attrs.get("axis", -1)) % len(shape) != len(shape) - 1:
         return None
-    out_mm = sole_reader(graph, softmax.outputs[0], w.readers, w.fixed)
-    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.domain != "" or out_mm.input(0) != softmax.outputs[0]:
+    probs, guard = _nan_guard(graph, w, softmax.outputs[0])
+    out_mm = sole_reader(graph, probs, w.readers, w.fixed)
+    if out_mm is None or out_mm.op_type != "MatMul" or out_mm.domain != "" or out_mm.input(0) != probs:
         return None
-    pattern = [softmax, out_mm]
+    pattern = [softmax, *guard, out_mm]
     scores, mask = softmax.input(0), ""
     add = w.private(scores)
     if add is not None and add.op_type == "Add" and len(add.inputs) == 2:
@@ -116,9 +117,27 @@ def _match(graph: Graph, w: _Walk, softmax: Node):
     pattern += t_nodes
     inputs = [q, k, out_mm.input(1)] + ([mask] if mask else [])
     attrs = {"scale": float(scale), "fused_from": [n.name for n in reversed(pattern)]}
+    if guard:
+        attrs["nan_probs_to_zero"] = 1
     new_nodes.append(Node("Attention", inputs, [out_mm.outputs[0]], attrs, name=f"{out_mm.name}_attention",
                           domain=POLYKIT_DOMAIN))
     return new_nodes, pattern, out_mm
+
+
+def _nan_guard(graph: Graph, w: _Walk, probs: str) -> tuple[str, list[Node]]:
+    """Look through Where(IsNaN(p), 0, p) (torch's guard for fully masked rows)."""
+    users = w.readers.get(probs, [])
+    if len(users) != 2 or probs in w.fixed:
+        return probs, []
+    isnan = next((u for u in users if u.op_type == "IsNaN" and u.domain == ""), None)
+    where = next((u for u in users if u.op_type == "Where" and u.domain == ""), None)
+    if isnan is None or where is None or sole_reader(graph, isnan.outputs[0], w.readers, w.fixed) is not where:
+        return probs, []
+    if where.input(0) != isnan.outputs[0] or where.input(2) != probs or scalar(graph, where.input(1)) != 0.0:
+        return probs, []
+    if where.outputs[0] in w.fixed:
+        return probs, []
+    return where.outputs[0], [isnan, where]
 
 
 def _qk(graph: Graph, w: _Walk, scores: str) -> tuple[str, str, float, list[Node]] | None:

@@ -66,4 +66,6 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
         shifted = scores - np.max(scores, axis=-1, keepdims=True)
         e = np.exp(shifted)
         probs = e / np.sum(e, axis=-1, keepdims=True)
+    if int(node.attrs.get("nan_probs_to_zero", 0)):
+        probs = np.where(np.isnan(probs), np.zeros((), probs.dtype), probs)
     return [np.matmul(probs, v).astype(q.dtype, copy=False)]
