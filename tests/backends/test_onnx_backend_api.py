@@ -1,0 +1,65 @@
+"""polykit.backends.onnx_backend implements onnx.backend.base.Backend, and ONNX's BackendTest runs on it."""
+
+from __future__ import annotations
+
+import unittest
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import polykit.backends.onnx_backend as backend
+
+
+def _add_model():
+    g = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])], "add",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_module_level_functions_follow_the_backend_api():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    rep = backend.prepare(_add_model(), "CPU")
+    (c,) = rep.run([a, b])
+    np.testing.assert_allclose(c, a + b)
+    (c2,) = backend.run_model(_add_model(), [a, b])
+    np.testing.assert_allclose(c2, a + b)
+
+
+def test_run_node_runs_a_single_node_proto():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    (y,) = backend.run_node(helper.make_node("Abs", ["x"], ["y"]), [x])
+    np.testing.assert_array_equal(y, np.abs(x))
+
+
+def test_supports_device_cpu_always_and_rejects_unknown_devices():
+    assert backend.supports_device("CPU")
+    assert not backend.supports_device("TPU")
+
+
+SELECTED = ("test_abs_cpu", "test_add_bcast_cpu", "test_where_example_cpu", "test_gemm_default_single_elem_vector_bias_cpu")
+
+
+@pytest.fixture(scope="module")
+def selected_suite() -> unittest.TestSuite:
+    import onnx.backend.test
+
+    bt = onnx.backend.test.BackendTest(backend, __name__)
+    for name in SELECTED:
+        bt.include(name + "$")
+    return bt.test_suite
+
+
+def test_onnx_backend_test_suite_passes_selected_node_cases(selected_suite):
+    result = unittest.TestResult()
+    selected_suite.run(result)  # cases not included are reported as skipped
+    problems = result.failures + result.errors
+    assert not problems, problems[0][1]
+    assert result.testsRun - len(result.skipped) == len(SELECTED)
