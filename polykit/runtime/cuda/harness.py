@@ -110,3 +110,44 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
         for buf in buffers:
             buf.free()
         modules.close()
+
+
+def reference_layer(layer: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The layer's outputs from its op's numpy reference kernel (the oracle of kernel tests)."""
+    from polykit.kernels.registry import run_reference
+
+    node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
+    outs = run_reference(node, [inputs[n] if n else None for n in layer.inputs])
+    return {name: out for name, out in zip(layer.outputs, outs) if name}
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when `out` holds a NaN the reference does not."""
+    o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if o.shape != r.shape:
+        raise AssertionError(f"shape {o.shape} differs from the reference's {r.shape}")
+    if np.any(np.isnan(o) & ~np.isnan(r)):
+        return float("inf")
+    ok = np.isfinite(r)
+    denom = np.linalg.norm(r[ok]) or 1.0
+    return float(np.linalg.norm((o - r)[ok]) / denom)
+
+
+def assert_matches_reference(layer: Any, inputs: Mapping[str, np.ndarray], *, tactic: str | None = None,
+                             rtol: float = 1e-5, atol: float = 1e-5, rel: float | None = None) -> dict[str, np.ndarray]:
+    """Run `layer` on the GPU (poisoned outputs) and assert every output matches the reference:
+    elementwise within atol + rtol*|ref| (NaN never passes unless the reference has it), and,
+    when `rel` is given, also ||out - ref|| / ||ref|| <= rel. Returns the GPU outputs."""
+    got = run_layer(layer, inputs, tactic=tactic)
+    want = reference_layer(layer, inputs)
+    for name, ref in want.items():
+        out = got[name]
+        assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != reference {ref.dtype}"
+        err = relative_error(out, ref)
+        assert err != float("inf"), f"{name}: unwritten (NaN) elements"
+        if rel is not None:
+            assert err <= rel, f"{name}: relative error {err:.3g} > {rel:.3g}"
+        else:
+            np.testing.assert_allclose(np.asarray(out, np.float64), np.asarray(ref, np.float64), rtol=rtol, atol=atol,
+                                       err_msg=f"layer {layer.name!r} output {name!r}")
+    return got

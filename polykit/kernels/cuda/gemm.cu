@@ -1,0 +1,56 @@
+// MatMul / Gemm: Y[z] = alpha * A[z] (M x K) * B[z] (K x N) + beta * C, fp32 accumulation.
+//
+// ELEM (define) is the storage type of A, B, C, Y: float or half_t.
+// A, B are addressed through element strides (sam, sak) and (sbk, sbn), so transposes and
+// 1-D operands need no copy. Batch: z = blockIdx.z runs over up to 4 collapsed batch dims
+// (d0 implied, d1..d3 innermost last) with per-operand batch strides (0 = broadcast);
+// Y is contiguous (z, M, N). C (Gemm only, may be null) is broadcast to (M, N) by strides.
+// Launch: gemm_simt  grid (ceil(N/64), ceil(M/64), batch), block 256 (64x64x16 tiles, 4x4/thread)
+//         gemm_mma   grid (ceil(N/128), ceil(M/128), batch), block 256 (mma.sync m16n8k16)
+#include "gemm_core.cuh"
+
+struct GemmP {
+  const ELEM* A; const ELEM* B; const ELEM* C; ELEM* Y;
+  i64 M, N, K, sam, sak, sbk, sbn, scm, scn;
+  float alpha, beta;
+  __device__ __forceinline__ float a(i64, i64 m, i64 k) const { return (float)ld(A, m * sam + k * sak); }
+  __device__ __forceinline__ float b(i64, i64 k, i64 n) const { return (float)ld(B, k * sbk + n * sbn); }
+  __device__ __forceinline__ void store(i64, i64 m, i64 n, float acc) const {
+    float v = alpha * acc;
+    if (C) v += beta * (float)ld(C, m * scm + n * scn);
+    st(Y, m * N + n, v);
+  }
+};
+
+__device__ __forceinline__ GemmP make_problem(
+    const ELEM* A, const ELEM* B, const ELEM* C, ELEM* Y, i64 M, i64 N, i64 K, i64 sam, i64 sak, i64 sbk,
+    i64 sbn, i64 scm, i64 scn, float alpha, float beta, i64 d1, i64 d2, i64 d3, i64 a0, i64 a1, i64 a2, i64 a3,
+    i64 b0, i64 b1, i64 b2, i64 b3) {
+  i64 z = blockIdx.z;
+  const i64 i3 = z % d3; z /= d3;
+  const i64 i2 = z % d2; z /= d2;
+  const i64 i1 = z % d1; const i64 i0 = z / d1;
+  GemmP p;
+  p.A = A + i0 * a0 + i1 * a1 + i2 * a2 + i3 * a3;
+  p.B = B + i0 * b0 + i1 * b1 + i2 * b2 + i3 * b3;
+  p.C = C; p.Y = Y + (i64)blockIdx.z * M * N;
+  p.M = M; p.N = N; p.K = K; p.sam = sam; p.sak = sak; p.sbk = sbk; p.sbn = sbn; p.scm = scm; p.scn = scn;
+  p.alpha = alpha; p.beta = beta;
+  return p;
+}
+
+#define GEMM_PARAMS                                                                                          \
+  const ELEM *A, const ELEM *B, const ELEM *C, ELEM *Y, i64 M, i64 N, i64 K, i64 sam, i64 sak, i64 sbk,     \
+      i64 sbn, i64 scm, i64 scn, float alpha, float beta, i64 d1, i64 d2, i64 d3, i64 a0, i64 a1, i64 a2,     \
+      i64 a3, i64 b0, i64 b1, i64 b2, i64 b3
+#define GEMM_ARGS A, B, C, Y, M, N, K, sam, sak, sbk, sbn, scm, scn, alpha, beta, d1, d2, d3, a0, a1, a2, a3, b0, b1, b2, b3
+
+extern "C" __global__ void __launch_bounds__(256) gemm_simt(GEMM_PARAMS) {
+  const GemmP p = make_problem(GEMM_ARGS);
+  simt_gemm<GemmP, 64, 64, 16, 4, 4>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemm_mma(GEMM_PARAMS) {
+  const GemmP p = make_problem(GEMM_ARGS);
+  mma_gemm<GemmP>(p);
+}

@@ -1,0 +1,175 @@
+"""GEMM family: MatMul (batched, broadcasting, 1-D operands) and Gemm (transA/B, alpha, beta, C).
+
+Tactics (kinds "MatMul" and "Gemm"):
+  cuda.gemm.simt  tiled fp32 FMA kernel (64x64x16 tiles); any precision, float/half storage
+  cuda.gemm.mma   tensor-core kernel (mma.sync m16n8k16, fp16 operands, fp32 accumulation);
+                  only for layers built with precision "fp16" (storage may stay float32: the
+                  operands are rounded to fp16 as they are staged in shared memory)
+Storage dtype is a kernel variant (ELEM = float | half_t); both are compiled for a layer
+because a LayerDesc does not carry tensor dtypes; enqueue picks the one matching its tensors.
+Layers with an epilogue (ai.polykit Conv/Gemm/MatMul) are not supported yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+
+ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
+MAX_GRID_Z = 65535
+#: kernel name -> (block tile M, block tile N)
+TILES = {"gemm_simt": (64, 64), "gemm_mma": (128, 128)}
+
+
+def elem_of(t: DeviceTensor, where: str) -> str:
+    elem = ELEMS.get(np.dtype(t.dtype))
+    if elem is None:
+        raise DeviceError(f"the cuda GEMM/conv kernels take float32 or float16 tensors, not {t.dtype}",
+                          where=where, hint="run this layer on --target cpu")
+    return elem
+
+
+def variants(kernel: str, file: str = "gemm.cu") -> list[KernelSource]:
+    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in ELEMS.values()]
+
+
+def compile_variants() -> list[KernelSource]:
+    return variants("gemm_simt") + variants("gemm_mma")
+
+
+def _plain(layer: Any) -> bool:
+    return not layer.attrs.get("epilogue")
+
+
+def _fp16(layer: Any) -> bool:
+    return _plain(layer) and layer.precision == "fp16"
+
+
+def batch_geometry(batch: Sequence[int], a_batch: Sequence[int], a_strides: Sequence[int],
+                   b_batch: Sequence[int], b_strides: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """Collapse broadcast batch dims: (dims, a_strides, b_strides), size-1 dims dropped,
+    mergeable neighbours merged (stride 0 where an operand broadcasts)."""
+    r = len(batch)
+
+    def aligned(shape, strides):
+        pad = r - len(shape)
+        return [0 if i < pad or shape[i - pad] == 1 else strides[i - pad] for i in range(r)]
+
+    sa, sb = aligned(a_batch, a_strides), aligned(b_batch, b_strides)
+    dims, oa, ob = [], [], []
+    for d, x, y in zip(batch, sa, sb):
+        if d == 1:
+            continue
+        if dims and oa[-1] == x * d and ob[-1] == y * d:
+            dims[-1] *= d
+            oa[-1], ob[-1] = x, y
+            continue
+        dims.append(d), oa.append(x), ob.append(y)
+    return dims, oa, ob
+
+
+def _contig_strides(shape: Sequence[int], inner: int) -> list[int]:
+    out, acc = [], inner
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def gemm_args(A: DeviceTensor, B: DeviceTensor, C: DeviceTensor | None, Y: DeviceTensor, *, M: int, N: int, K: int,
+              sam: int, sak: int, sbk: int, sbn: int, scm: int = 0, scn: int = 0, alpha: float = 1.0,
+              beta: float = 0.0, batch: Sequence[int] = (), a_bs: Sequence[int] = (), b_bs: Sequence[int] = (),
+              where: str = "") -> tuple[int, list[Any]]:
+    """(batch count, kernel argument list) for gemm_simt / gemm_mma."""
+    if len(batch) > 4:
+        raise DeviceError(f"MatMul with {len(batch)} non-mergeable batch dims (at most 4)", where=where,
+                          hint="reshape the operands to fewer batch dims, or run on --target cpu")
+    pad = 4 - len(batch)
+    dims = [1] * pad + list(batch)
+    sa = [0] * pad + list(a_bs)
+    sb = [0] * pad + list(b_bs)
+    count = int(np.prod(dims))
+    if count > MAX_GRID_Z:
+        raise DeviceError(f"batch of {count} matrices exceeds the grid limit {MAX_GRID_Z}", where=where)
+    cptr = C if C is not None else 0
+    args = [A, B, cptr, Y, M, N, K, sam, sak, sbk, sbn, scm, scn, np.float32(alpha), np.float32(beta),
+            dims[1], dims[2], dims[3], *sa, *sb]
+    return count, args
+
+
+def launch_gemm(launcher: Any, kernel_name: str, elem: str, count: int, M: int, N: int, args: list[Any]) -> None:
+    bm, bn = TILES[kernel_name]
+    kernel = KernelSource(kernel_name, file="gemm.cu", defines=defines(ELEM=elem))
+    launcher.launch(kernel, ((N + bn - 1) // bn, (M + bm - 1) // bm, count), (256,), args)
+
+
+def matmul_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, list[Any]]:
+    where = f"layer {layer.name!r}"
+    A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+    elem = elem_of(A, where)
+    if len(A.shape) == 1:
+        M, K, sam, sak, a_batch = 1, A.shape[0], 0, 1, ()
+    else:
+        M, K, a_batch = A.shape[-2], A.shape[-1], A.shape[:-2]
+        sam, sak = K, 1
+    if len(B.shape) == 1:
+        N, sbk, sbn, b_batch = 1, 1, 0, ()
+        kb = B.shape[0]
+    else:
+        kb, N, b_batch = B.shape[-2], B.shape[-1], B.shape[:-2]
+        sbk, sbn = N, 1
+    if kb != K:
+        raise DeviceError(f"MatMul inner dims differ: {A.shape} x {B.shape}", where=where)
+    batch = np.broadcast_shapes(tuple(a_batch), tuple(b_batch))
+    dims, abs_, bbs = batch_geometry(batch, a_batch, _contig_strides(a_batch, M * K),
+                                     b_batch, _contig_strides(b_batch, K * N))
+    count, args = gemm_args(A, B, None, Y, M=M, N=N, K=K, sam=sam, sak=sak, sbk=sbk, sbn=sbn, batch=dims,
+                            a_bs=abs_, b_bs=bbs, where=where)
+    return elem, count, M, N, args
+
+
+def gemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, list[Any]]:
+    where = f"layer {layer.name!r}"
+    A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+    C = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
+    elem = elem_of(A, where)
+    ta, tb = int(layer.attrs.get("transA", 0)), int(layer.attrs.get("transB", 0))
+    M, K = (A.shape[1], A.shape[0]) if ta else A.shape
+    sam, sak = (1, M) if ta else (K, 1)
+    kb, N = (B.shape[1], B.shape[0]) if tb else B.shape
+    sbk, sbn = (1, K) if tb else (N, 1)
+    if kb != K:
+        raise DeviceError(f"Gemm inner dims differ: {A.shape} x {B.shape} (transA={ta}, transB={tb})", where=where)
+    scm = scn = 0
+    if C is not None:
+        cs = C.shape
+        if len(cs) == 1:
+            scn = 1 if cs[0] > 1 else 0
+        elif len(cs) == 2:
+            scm, scn = (cs[1] if cs[0] > 1 else 0), (1 if cs[1] > 1 else 0)
+    count, args = gemm_args(A, B, C, Y, M=M, N=N, K=K, sam=sam, sak=sak, sbk=sbk, sbn=sbn, scm=scm, scn=scn,
+                            alpha=float(layer.attrs.get("alpha", 1.0)), beta=float(layer.attrs.get("beta", 1.0)),
+                            where=where)
+    return elem, count, M, N, args
+
+
+_PROBLEMS = {"MatMul": matmul_problem, "Gemm": gemm_problem}
+
+
+def _enqueue_with(kernel_name: str):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        elem, count, M, N, args = _PROBLEMS[layer.kind](layer, tensors)
+        launch_gemm(launcher, kernel_name, elem, count, M, N, args)
+
+    return enqueue
+
+
+for _kind in _PROBLEMS:
+    cuda_tactic(_kind, "cuda.gemm.mma", kernels=lambda layer: variants("gemm_mma"), supports=_fp16, priority=10,
+                params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(_enqueue_with("gemm_mma"))
+    cuda_tactic(_kind, "cuda.gemm.simt", kernels=lambda layer: variants("gemm_simt"), supports=_plain, priority=0,
+                params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_with("gemm_simt"))

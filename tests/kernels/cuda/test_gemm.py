@@ -1,0 +1,88 @@
+"""GPU: the GEMM tactics (MatMul, Gemm) against the reference kernels, outputs poisoned first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc
+
+pytestmark = pytest.mark.gpu
+
+rng = np.random.default_rng(7)
+
+
+def rand(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def matmul_layer(precision="fp32"):
+    return LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}, precision=precision)
+
+
+def gemm_layer(attrs, with_c=True, precision="fp32"):
+    return LayerDesc("gemm", "Gemm", ("A", "B", "C") if with_c else ("A", "B"), ("Y",), attrs, precision=precision)
+
+
+MATMUL_SHAPES = [
+    ((1, 1), (1, 1)),
+    ((3, 5), (5, 7)),
+    ((65, 33), (33, 129)),
+    ((130, 70), (70, 200)),
+    ((2, 3, 17, 9), (9, 11)),
+    ((17,), (4, 17, 5)),
+    ((4, 6, 5), (5,)),
+    ((3, 1, 8, 6), (1, 5, 6, 4)),
+]
+
+
+def _check(layer, inputs, tactic, **tol):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    return assert_matches_reference(layer, inputs, tactic=tactic, **tol)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
+def test_simt_matmul_matches_reference_fp32(a_shape, b_shape):
+    _check(matmul_layer(), {"A": rand(*a_shape), "B": rand(*b_shape)}, "cuda.gemm.simt", rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES[1:5])
+def test_simt_matmul_matches_reference_fp16_storage(a_shape, b_shape):
+    inputs = {"A": rand(*a_shape, dtype=np.float16), "B": rand(*b_shape, dtype=np.float16)}
+    _check(matmul_layer(), inputs, "cuda.gemm.simt", rel=2e-3)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
+def test_mma_matmul_matches_reference_fp32_storage(a_shape, b_shape):
+    _check(matmul_layer("fp16"), {"A": rand(*a_shape), "B": rand(*b_shape)}, "cuda.gemm.mma", rel=3e-3)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES[1:5])
+def test_mma_matmul_matches_reference_fp16_storage(a_shape, b_shape):
+    inputs = {"A": rand(*a_shape, dtype=np.float16), "B": rand(*b_shape, dtype=np.float16)}
+    _check(matmul_layer("fp16"), inputs, "cuda.gemm.mma", rel=3e-3)
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("c_shape", [(), (37,), (1, 37), (19, 1), (19, 37)])
+def test_simt_gemm_with_transposes_alpha_beta_and_broadcast_c(ta, tb, c_shape):
+    M, K, N = 19, 23, 37
+    a = rand(K, M) if ta else rand(M, K)
+    b = rand(N, K) if tb else rand(K, N)
+    layer = gemm_layer({"transA": ta, "transB": tb, "alpha": 0.7, "beta": -1.3})
+    _check(layer, {"A": a, "B": b, "C": rand(*c_shape)}, "cuda.gemm.simt", rtol=1e-4, atol=1e-4)
+
+
+def test_simt_gemm_without_c():
+    _check(gemm_layer({"transB": 1}, with_c=False), {"A": rand(5, 300), "B": rand(129, 300)},
+           "cuda.gemm.simt", rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 1), (1, 0)])
+def test_mma_gemm_matches_reference(ta, tb):
+    M, K, N = 131, 77, 260
+    a = rand(K, M) if ta else rand(M, K)
+    b = rand(N, K) if tb else rand(K, N)
+    layer = gemm_layer({"transA": ta, "transB": tb, "alpha": 1.5, "beta": 0.5}, precision="fp16")
+    _check(layer, {"A": a, "B": b, "C": rand(N)}, "cuda.gemm.mma", rel=3e-3)

@@ -1,0 +1,56 @@
+"""The NVRTC compile path and the on-disk kernel cache (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import KernelSource
+from polykit.runtime.cuda import nvrtc
+
+SRC = KernelSource("fill", code='extern "C" __global__ void fill(float* x, long long n) {'
+                                ' long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; if (i < n) x[i] = 3.f; }')
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_compile_source_gives_a_cubin():
+    assert nvrtc.compile_source(SRC, "sm_80")[:4] == b"\x7fELF"
+
+
+def test_compile_error_names_the_kernel_and_carries_the_log():
+    bad = KernelSource("broken_kernel", code='extern "C" __global__ void broken_kernel() { undeclared_thing(); }')
+    with pytest.raises(DeviceError) as info:
+        nvrtc.compile_source(bad, "sm_80")
+    assert "broken_kernel" in str(info.value) and "undeclared_thing" in str(info.value)
+
+
+def test_cached_compile_writes_one_entry_and_reuses_it(cache_root, monkeypatch):
+    first = nvrtc.compile_cached(SRC, "sm_80")
+    entries = list((cache_root / "kernels" / "sm_80").glob("*.cubin"))
+    assert len(entries) == 1
+    monkeypatch.setattr(nvrtc, "compile_source", lambda *a: pytest.fail("recompiled despite a cache hit"))
+    assert nvrtc.compile_cached(SRC, "sm_80") == first
+
+
+def test_corrupt_cache_entry_is_rebuilt(cache_root):
+    nvrtc.compile_cached(SRC, "sm_80")
+    (entry,) = (cache_root / "kernels" / "sm_80").glob("*.cubin")
+    entry.write_bytes(b"garbage")
+    assert nvrtc.compile_cached(SRC, "sm_80")[:4] == b"\x7fELF"
+    assert entry.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_cache_key_depends_on_arch_and_source():
+    other = KernelSource("fill", code=SRC.code.replace("3.f", "4.f"))
+    keys = {nvrtc.cache_key(SRC, "sm_80"), nvrtc.cache_key(SRC, "sm_90"), nvrtc.cache_key(other, "sm_80")}
+    assert len(keys) == 3
+
+
+def test_units_differing_only_in_kernel_name_compile_once():
+    twin = KernelSource("other_name", code=SRC.code)
+    assert len(nvrtc.unique_units([SRC, twin])) == 1
