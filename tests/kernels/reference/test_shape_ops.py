@@ -1,0 +1,128 @@
+"""Reference kernels of the shape ops, checked against onnxruntime on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ir import Node
+from polykit.errors import RuntimeInputError
+from polykit.kernels.registry import run_reference
+
+RNG = np.random.default_rng(3)
+I64 = np.int64
+
+
+def run(op, inputs, n_out=1, **attrs):
+    node = Node(op, [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)], [f"y{i}" for i in range(n_out)], attrs, "n")
+    return run_reference(node, list(inputs))
+
+
+def ort(op, inputs, n_out=1, opset=21, **attrs):
+    import onnx
+    import onnxruntime
+    from onnx import helper
+
+    from polykit.compiler import dtypes
+
+    names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
+    node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, dtypes.to_onnx(v.dtype), v.shape) for n, v in zip(names, inputs) if n],
+        [onnx.ValueInfoProto(name=o) for o in node.output],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {n: v for n, v in zip(names, inputs) if n})
+
+
+def assert_same(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_reshape_infers_the_minus_one_dim_and_copies_zeros():
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    shape = np.array([0, -1, 2], I64)
+    assert_same(run("Reshape", [x, shape]), ort("Reshape", [x, shape]))
+
+
+def test_reshape_with_allowzero_keeps_a_zero_dim():
+    x = np.zeros((0, 3), np.float32)
+    shape = np.array([3, 0], I64)
+    assert_same(run("Reshape", [x, shape], allowzero=1), ort("Reshape", [x, shape], allowzero=1))
+
+
+def test_reshape_to_a_different_element_count_is_a_runtime_input_error():
+    with pytest.raises(RuntimeInputError, match="cannot reshape"):
+        run("Reshape", [np.ones((2, 3), np.float32), np.array([4, 2], I64)])
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1, 3])
+def test_flatten_at_axis(axis):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    assert_same(run("Flatten", [x], axis=axis), ort("Flatten", [x], axis=axis))
+
+
+def test_squeeze_given_axes():
+    x = RNG.standard_normal((1, 3, 1, 2)).astype(np.float32)
+    axes = np.array([-2, 0], I64)
+    assert_same(run("Squeeze", [x, axes]), ort("Squeeze", [x, axes]))
+
+
+def test_squeeze_without_axes_removes_every_size_1_axis():
+    x = RNG.standard_normal((1, 3, 1, 2)).astype(np.float32)
+    assert_same(run("Squeeze", [x]), ort("Squeeze", [x]))
+
+
+def test_squeeze_of_a_non_unit_axis_is_a_runtime_input_error():
+    with pytest.raises(RuntimeInputError):
+        run("Squeeze", [np.ones((2, 1), np.float32), np.array([0], I64)])
+
+
+def test_unsqueeze_with_unsorted_negative_axes():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    axes = np.array([-1, 0, 2], I64)
+    assert_same(run("Unsqueeze", [x, axes]), ort("Unsqueeze", [x, axes]))
+
+
+def test_expand_broadcasts_both_ways():
+    x = RNG.standard_normal((3, 1)).astype(np.float32)
+    shape = np.array([2, 1, 4], I64)
+    assert_same(run("Expand", [x, shape]), ort("Expand", [x, shape]))
+
+
+def test_expand_to_an_incompatible_shape_is_a_runtime_input_error():
+    with pytest.raises(RuntimeInputError):
+        run("Expand", [np.ones((3,), np.float32), np.array([2], I64)])
+
+
+@pytest.mark.parametrize("attrs", [{}, {"start": 1}, {"end": -1}, {"start": -2, "end": 10}, {"start": 3, "end": 1}])
+def test_shape_slices_with_start_and_end(attrs):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    assert_same(run("Shape", [x], **attrs), ort("Shape", [x], **attrs))
+
+
+def test_size_counts_elements():
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    assert_same(run("Size", [x]), ort("Size", [x]))
+
+
+def test_dropout_in_inference_is_identity_with_an_all_true_mask():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    y, mask = run("Dropout", [x, np.array(0.3, np.float32)], n_out=2)
+    np.testing.assert_array_equal(y, x)
+    assert mask.dtype == np.bool_ and mask.all()
+
+
+def test_dropout_in_training_mode_scales_kept_elements_and_is_seeded():
+    x = RNG.standard_normal((50, 40)).astype(np.float32)
+    args = [x, np.array(0.25, np.float32), np.array(True)]
+    y, mask = run("Dropout", args, n_out=2, seed=5)
+    np.testing.assert_allclose(y[mask], x[mask] / 0.75, rtol=1e-6)
+    assert not y[~mask].any()
+    assert 0.6 < mask.mean() < 0.9
+    np.testing.assert_array_equal(run("Dropout", args, n_out=2, seed=5)[1], mask)
