@@ -1,0 +1,73 @@
+import json
+
+import numpy as np
+
+from passes_testkit import graph, node, op_counts, run_and_compare
+
+from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.passes import fuse_bias_activation
+
+RNG = np.random.default_rng(5)
+
+
+def _w(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_conv_plus_per_channel_constant_becomes_conv_bias():
+    g = graph([node("Conv", ["x", "w", "b"], "c"), node("Add", ["bias", "c"], "y")], {"x": (1, 2, 4, 4)}, ["y"],
+              {"w": _w(3, 2, 1, 1), "b": _w(3), "bias": _w(1, 3, 1, 1)})
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert changed and op_counts(out) == {"Conv": 1} and out.nodes[0].outputs == ["y"]
+
+
+def test_2d_matmul_plus_bias_becomes_gemm():
+    g = graph([node("MatMul", ["x", "w"], "m"), node("Add", ["m", "bias"], "y")], {"x": (4, 3)}, ["y"],
+              {"w": _w(3, 5), "bias": _w(5)})
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    assert op_counts(out) == {"Gemm": 1}
+
+
+def test_conv_relu_residual_relu_becomes_one_epilogue_node():
+    g = graph([node("Conv", ["x", "w"], "c", name="conv0", pads=[1, 1, 1, 1]), node("Relu", ["c"], "r", name="relu0"),
+               node("Add", ["r", "x"], "s", name="add0"), node("Relu", ["s"], "y", name="relu1")],
+              {"x": (1, 2, 4, 4)}, ["y"], {"w": _w(2, 2, 3, 3)})
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert (fused.op_type, fused.domain) == ("Conv", POLYKIT_DOMAIN)
+    assert fused.inputs == ["x", "w", "", "x"] and fused.outputs == ["y"]
+    assert fused.attrs["pads"] == [1, 1, 1, 1]
+    assert fused.attrs["epilogue"]["input"] == "c"
+    assert [s["op"] for s in fused.attrs["epilogue"]["body"]] == ["Relu", "Add", "Relu"]
+    assert fused.attrs["fused_from"] == ["conv0", "relu0", "add0", "relu1"]
+    json.dumps(fused.attrs)
+
+
+def test_batched_matmul_bias_and_gelu_become_a_matmul_epilogue():
+    g = graph([node("MatMul", ["x", "w"], "m"), node("Add", ["m", "bias"], "a"), node("Gelu", ["a"], "y")],
+              {"x": (2, 4, 3)}, ["y"], {"w": _w(3, 5), "bias": _w(5)})
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert (fused.op_type, fused.domain) == ("MatMul", POLYKIT_DOMAIN) and fused.inputs == ["x", "w", "bias"]
+
+
+def test_gemm_with_clip_epilogue_reads_clip_bounds_as_inputs():
+    g = graph([node("Gemm", ["x", "w"], "m"), node("Clip", ["m", "lo", "hi"], "y")], {"x": (4, 3)}, ["y"],
+              {"w": _w(3, 5), "lo": np.array(-0.5, np.float32), "hi": np.array(0.5, np.float32)})
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert fused.inputs == ["x", "w", "", "lo", "hi"]
+
+
+def test_chain_stops_at_a_kept_tensor():
+    g = graph([node("Conv", ["x", "w"], "c"), node("Relu", ["c"], "r"), node("Sigmoid", ["r"], "y")],
+              {"x": (1, 2, 4, 4)}, ["y"], {"w": _w(2, 2, 1, 1)})
+    fuse_bias_activation(g, keep=frozenset({"r"}))
+    assert op_counts(g) == {f"{POLYKIT_DOMAIN}:Conv": 1, "Sigmoid": 1}
+    assert g.nodes[0].outputs == ["r"]
+
+
+def test_chain_stops_where_broadcasting_would_grow_the_result():
+    g = graph([node("MatMul", ["x", "w"], "m"), node("Add", ["m", "big"], "y")], {"x": (4, 3), "big": (2, 4, 5)},
+              ["y"], {"w": _w(3, 5)})
+    assert not fuse_bias_activation(g)
