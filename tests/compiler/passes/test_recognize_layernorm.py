@@ -1,0 +1,50 @@
+import numpy as np
+
+from passes_testkit import graph, node, op_counts, run_and_compare, scalar
+
+from polykit.compiler.passes import recognize_layernorm
+
+RNG = np.random.default_rng(7)
+C = {"axes": np.array([-1], np.int64), "two": scalar(2.0), "eps": scalar(1e-5),
+     "gamma": RNG.uniform(0.5, 1.5, 16).astype(np.float32), "beta": RNG.standard_normal(16).astype(np.float32)}
+
+
+def _stats(square):
+    return [node("ReduceMean", ["x", "axes"], "mean"), node("Sub", ["x", "mean"], "d"), square,
+            node("ReduceMean", ["sq", "axes"], "var"), node("Add", ["var", "eps"], "ve"), node("Sqrt", ["ve"], "std")]
+
+
+def test_torch_export_with_gamma_and_beta_is_recognized():
+    nodes = _stats(node("Pow", ["d", "two"], "sq")) + [
+        node("Div", ["d", "std"], "n"), node("Mul", ["n", "gamma"], "g"), node("Add", ["g", "beta"], "y")]
+    g = graph(nodes, {"x": (2, 5, 16)}, ["y"], C)
+    out, changed = run_and_compare(g, recognize_layernorm, rtol=1e-4, atol=1e-5)
+    assert changed and op_counts(out) == {"LayerNormalization": 1}
+    (ln,) = out.nodes
+    assert ln.attrs["axis"] == -1 and abs(ln.attrs["epsilon"] - 1e-5) < 1e-9 and ln.outputs == ["y"]
+
+
+def test_tf_style_mul_square_and_reciprocal_without_affine_is_recognized():
+    nodes = _stats(node("Mul", ["d", "d"], "sq")) + [node("Reciprocal", ["std"], "inv"), node("Mul", ["d", "inv"], "y")]
+    g = graph(nodes, {"x": (3, 16)}, ["y"], C)
+    out, _ = run_and_compare(g, recognize_layernorm, rtol=1e-4, atol=1e-5)
+    assert op_counts(out) == {"LayerNormalization": 1}
+
+
+def test_normalizing_the_last_two_axes_gives_axis_minus_two():
+    nodes = _stats(node("Pow", ["d", "two"], "sq")) + [node("Div", ["d", "std"], "y")]
+    g = graph(nodes, {"x": (2, 3, 4)}, ["y"], {**C, "axes": np.array([1, 2], np.int64)})
+    out, _ = run_and_compare(g, recognize_layernorm, rtol=1e-4, atol=1e-5)
+    assert out.nodes[0].attrs["axis"] == -2
+
+
+def test_reducing_a_leading_axis_is_not_recognized():
+    nodes = _stats(node("Pow", ["d", "two"], "sq")) + [node("Div", ["d", "std"], "y")]
+    g = graph(nodes, {"x": (2, 3, 4)}, ["y"], {**C, "axes": np.array([1], np.int64)})
+    assert not recognize_layernorm(g)
+
+
+def test_a_kept_intermediate_blocks_the_rewrite():
+    nodes = _stats(node("Pow", ["d", "two"], "sq")) + [node("Div", ["d", "std"], "y")]
+    g = graph(nodes, {"x": (3, 16)}, ["y"], C)
+    assert not recognize_layernorm(g, keep=frozenset({"var"}))
