@@ -94,6 +94,7 @@ def _errors(name: str, func: str, reference: Any, actual: Any) -> "tuple[dict[st
     absdiff[np.isnan(absdiff)] = np.inf  # NaN against a number is as wrong as it gets
     with np.errstate(divide="ignore", invalid="ignore"):
         reldiff = absdiff / np.maximum(np.abs(ref64), np.finfo(np.float64).tiny)
+    reldiff[np.isnan(reldiff)] = np.inf
     reldiff[absdiff == 0] = 0.0
     stats: dict[str, Any] = {"shape": tuple(ref.shape), "dtype": str(act.dtype)}
     if absdiff.size:
