@@ -62,7 +62,8 @@ def _reduce(ctx: InferContext):
         if const is None:
             return [(dtype, _unknown_axes_shape(ctx, shape, keepdims))]
         axes = [int(a) for a in np.asarray(const).reshape(-1)]
-        if len(set(axes)) != len(axes):
+        picked = axes if shape is None else [ctx.normalize_axis(a, len(shape)) for a in axes]
+        if len(set(picked)) != len(picked):
             raise ctx.fail(f"axes {axes} repeat a dimension")
     if axes is not None and not axes:
         axes = None
