@@ -25,7 +25,7 @@ from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.memory import compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.errors import BuildError, PolykitError, UsageError
+from polykit.errors import BuildError, UsageError
 
 log = logging.getLogger("polykit")
 
@@ -101,7 +101,7 @@ def target_arch(target: str) -> str:
 
         arch = getattr(get_target(target), "gpu_arch", None)
         return str(arch() if callable(arch) else arch or "")
-    except PolykitError:
+    except Exception:  # no usable device or target: the plan records no arch
         return ""
 
 

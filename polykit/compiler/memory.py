@@ -144,9 +144,11 @@ def _choose_offset(busy: list[tuple[int, int]], size: int, base: int, strategy: 
         if start > pos:
             gaps.append((pos, start - pos))
         pos = max(pos, end)
+    if size == 0:
+        return base
     fitting = [(start, length) for start, length in gaps if length >= size]
-    if not fitting or size == 0:
-        return pos if not fitting else fitting[0][0]
+    if not fitting:
+        return pos
     if strategy == "first-fit":
         return fitting[0][0]
     return min(fitting, key=lambda g: (g[1], g[0]))[0]
@@ -157,10 +159,14 @@ def peak_live_bytes(sizes: Mapping[str, int], lifetimes: Mapping[str, tuple[int,
     """The most aligned bytes live at once over the layer steps."""
     if not lifetimes:
         return 0
-    lo = min(f for f, _ in lifetimes.values())
-    hi = max(l for _, l in lifetimes.values())
-    peak = 0
-    for step in range(lo, hi + 1):
-        live = sum(align(sizes[n], alignment) for n, (f, l) in lifetimes.items() if f <= step <= l)
+    # Sweep over layer steps: +size where a tensor is born, -size after its last step.
+    delta: dict[int, int] = {}
+    for name, (first, last) in lifetimes.items():
+        size = align(sizes[name], alignment)
+        delta[first] = delta.get(first, 0) + size
+        delta[last + 1] = delta.get(last + 1, 0) - size
+    peak = live = 0
+    for step in sorted(delta):
+        live += delta[step]
         peak = max(peak, live)
     return peak

@@ -184,7 +184,11 @@ def _read_header(data: bytes, where: str) -> dict[str, Any]:
     if len(data) > expected:
         raise PlanError(f"the plan has {len(data) - expected} unexpected trailing bytes", where=where,
                         hint="the file is corrupt or was appended to; rebuild it")
-    if hashlib.sha256(data[:pos] + data[body_start:]).digest() != digest:
+    hasher = hashlib.sha256()
+    view = memoryview(data)
+    hasher.update(view[:pos])
+    hasher.update(view[body_start:])
+    if hasher.digest() != digest:
         raise PlanError("the plan is corrupt: its checksum does not match its contents", where=where,
                         hint="the file was modified or damaged; rebuild or re-copy it")
     return {"polykit_version": strings[0], "target": strings[1], "gpu_arch": strings[2],
@@ -231,7 +235,8 @@ def _unpack_weights(blob: memoryview, index: Mapping[str, Any]) -> dict[str, np.
             raise ValueError(f"weight {name!r} lies outside the weight blob")
         dtype = np.dtype(w["dtype"]).newbyteorder("<")
         arr = np.frombuffer(blob[offset: offset + nbytes], dtype=dtype).reshape(w["shape"])
-        arr = arr.astype(arr.dtype.newbyteorder("="), copy=True)
+        # A view into the plan bytes on little-endian hosts (read-only: weights are shared by contexts).
+        arr = arr.astype(arr.dtype.newbyteorder("="), copy=False)
         arr.setflags(write=False)
         out[name] = arr
     return out

@@ -20,7 +20,7 @@ import numpy as np
 
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import TensorDesc
-from polykit.errors import PolykitError, RuntimeInputError, UsageError
+from polykit.errors import PlanError, RuntimeInputError, UsageError
 from polykit.runtime.target import get_target
 
 
@@ -33,8 +33,6 @@ class Runtime:
     def deserialize_engine(self, data: bytes | Plan) -> "Engine":
         plan = data if isinstance(data, Plan) else Plan.deserialize(data, expect_target=self.target)
         if self.target is not None and plan.target != self.target:
-            from polykit.errors import PlanError
-
             raise PlanError(f"the plan was built for target {plan.target!r}, not {self.target!r}",
                             hint=f"rebuild the plan with --target {self.target}")
         return Engine(plan)

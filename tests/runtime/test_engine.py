@@ -171,3 +171,31 @@ def test_closed_engine_creates_no_contexts():
     engine.close()
     with pytest.raises(UsageError, match="closed"):
         engine.create_execution_context()
+
+
+DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "torch"
+
+
+@pytest.mark.parametrize("model", ["convnet_ts", "convnet_extdata_dynamo", "bert_tiny_dynamo", "gpt2_tiny_ts",
+                                   "vit_tiny_ts"])
+def test_exported_models_run_on_cpu_like_onnxruntime(model):
+    ort = pytest.importorskip("onnxruntime")
+    path = DATA / f"{model}.onnx"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing")
+    session = ort.InferenceSession(str(path))
+    shapes = {i.name: tuple(d if isinstance(d, int) else 2 for d in i.shape) for i in session.get_inputs()}
+    rng = np.random.default_rng(11)
+    feeds = {}
+    for i in session.get_inputs():
+        if i.type == "tensor(float)":
+            feeds[i.name] = rng.standard_normal(shapes[i.name]).astype(np.float32)
+        else:
+            feeds[i.name] = rng.integers(0, 50, shapes[i.name]).astype(np.int64)
+    plan = build_plan(str(path), BuilderConfig(target="cpu", input_shapes=shapes))
+    engine = Runtime().deserialize_engine(plan.serialize())
+    assert engine.io_tensors == [i.name for i in session.get_inputs()] + [o.name for o in session.get_outputs()]
+    out = engine.create_execution_context().execute(feeds)
+    for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert plan.memory.arena_bytes < plan.memory.no_reuse_bytes
