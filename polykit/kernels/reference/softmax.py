@@ -11,7 +11,18 @@ def _axis(node, x: np.ndarray) -> int:
     return int(node.attrs.get("axis", -1)) % x.ndim
 
 
+def _empty_passthrough(kernel):
+    """An empty input has nothing to normalize: return it (np.max of an empty axis would raise)."""
+
+    def wrapped(node, inputs):
+        return [inputs[0].copy()] if inputs[0].size == 0 else kernel(node, inputs)
+
+    wrapped.__doc__ = kernel.__doc__
+    return wrapped
+
+
 @reference("Softmax")
+@_empty_passthrough
 def softmax(node, inputs):
     x = inputs[0]
     a = _axis(node, x)
@@ -21,6 +32,7 @@ def softmax(node, inputs):
 
 
 @reference("LogSoftmax")
+@_empty_passthrough
 def log_softmax(node, inputs):
     x = inputs[0]
     a = _axis(node, x)
@@ -30,6 +42,7 @@ def log_softmax(node, inputs):
 
 
 @reference("Hardmax")
+@_empty_passthrough
 def hardmax(node, inputs):
     """1 at the first maximum along the axis, 0 elsewhere."""
     x = inputs[0]

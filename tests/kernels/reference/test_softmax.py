@@ -67,3 +67,9 @@ def test_softmax_float16_keeps_dtype():
     x = RNG.standard_normal((2, 5)).astype(np.float16)
     (got,) = ours("Softmax", [x])
     assert got.dtype == np.float16
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+def test_softmax_family_of_an_empty_tensor_is_empty(op):
+    (got,) = ours(op, [np.zeros((0, 4), np.float32)], {"axis": 0})
+    assert got.shape == (0, 4) and got.dtype == np.float32
