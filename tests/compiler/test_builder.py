@@ -257,3 +257,12 @@ def test_cuda_plan_records_the_kernels_of_every_layer_without_a_gpu():
         assert layer.tactic.startswith("cuda.")
         sources = [KernelSource.from_json(k) for k in back.metadata["kernels"][layer.name]]
         assert sources and all(s.name for s in sources)
+
+
+def test_data_dependent_shape_is_a_build_error_naming_the_tensor():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(BuildError, match="tensor 'y' has non-static shape"):
+        build_plan(model, BuilderConfig(**CPU))
