@@ -1,0 +1,136 @@
+// Convolutions (NCHW, 1-3 spatial dims mapped onto D x H x W with unit leading dims).
+//
+// ELEM (define): storage type of X, W, B, Y (float or half_t); fp32 accumulation.
+// Geometry args (all i64): batch NB, channels C, input D H W, out channels M, output OD OH OW,
+// kernel KD KH KW, strides SD SH SW, begin pads PD PH PW, dilations DD DH DW, group G.
+// Bias (may be null) has M elements. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
+#include "gemm_core.cuh"
+
+#define CONV_PARAMS                                                                                      \
+  const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, i64 NB, i64 C, i64 D, i64 H, i64 W, i64 M,     \
+      i64 OD, i64 OH, i64 OW, i64 KD, i64 KH, i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 DD, \
+      i64 DH, i64 DW, i64 G
+
+// Implicit GEMM per group z: Y[z] (Mg x NB*OD*OH*OW) = W[z] (Mg x Cg*KD*KH*KW) * im2col(X)[z];
+// the im2col matrix is never stored: b(z, k, n) gathers from X (0 in the padding).
+struct ConvP {
+  const ELEM *X, *Wt, *Bias; ELEM* Y;
+  i64 NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G;
+  i64 Cg, Mg, M_, N, K, KSP, OSP;
+  __device__ __forceinline__ float a(i64 z, i64 m, i64 k) const { return (float)ld(Wt, (z * Mg + m) * K + k); }
+  __device__ __forceinline__ float b(i64 z, i64 k, i64 n) const {
+    const i64 c = k / KSP; i64 r = k - c * KSP;
+    const i64 kd = r / (KH * KW); r -= kd * KH * KW;
+    const i64 kh = r / KW, kw = r - kh * KW;
+    const i64 nb = n / OSP; i64 s = n - nb * OSP;
+    const i64 od = s / (OH * OW); s -= od * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    const i64 id = od * SD - PD + kd * DD, ih = oh * SH - PH + kh * DH, iw = ow * SW - PW + kw * DW;
+    if (id < 0 || id >= D || ih < 0 || ih >= H || iw < 0 || iw >= W) return 0.f;
+    return (float)ld(X, (((nb * C + z * Cg + c) * D + id) * H + ih) * W + iw);
+  }
+  __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
+    const i64 co = z * Mg + m, nb = n / OSP, s = n - nb * OSP;
+    if (Bias) acc += (float)ld(Bias, co);
+    st(Y, (nb * M_ + co) * OSP + s, acc);
+  }
+};
+
+__device__ __forceinline__ ConvP make_conv(CONV_PARAMS) {
+  ConvP p;
+  p.X = X; p.Wt = Wt; p.Bias = Bias; p.Y = Y;
+  p.NB = NB; p.C = C; p.D = D; p.H = H; p.W = W; p.M_ = M; p.OD = OD; p.OH = OH; p.OW = OW;
+  p.KD = KD; p.KH = KH; p.KW = KW; p.SD = SD; p.SH = SH; p.SW = SW; p.PD = PD; p.PH = PH; p.PW = PW;
+  p.DD = DD; p.DH = DH; p.DW = DW; p.G = G;
+  p.Cg = C / G; p.Mg = M / G; p.KSP = KD * KH * KW; p.OSP = OD * OH * OW;
+  p.K = p.Cg * p.KSP; p.N = NB * p.OSP;
+  p.M = p.Mg;  // the GEMM's M is the per-group out channel count
+  return p;
+}
+
+// grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G), block 256
+extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_PARAMS) {
+  const ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
+                            DH, DW, G);
+  simt_gemm<ConvP, 64, 64, 16, 4, 4>(p);
+}
+
+// grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G), block 256; fp16 operands on tensor cores
+extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_PARAMS) {
+  const ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
+                            DH, DW, G);
+  mma_gemm<ConvP>(p);
+}
+
+// Direct convolution, one thread per output element (grid-stride over NB*M*OD*OH*OW):
+// the depthwise path (C/G small, so a GEMM tile would be mostly padding).
+// grid (min(ceil(total/256), 65535*8)), block 256
+extern "C" __global__ void __launch_bounds__(256) conv_direct(CONV_PARAMS) {
+  const i64 OSP = OD * OH * OW, total = NB * M * OSP, Cg = C / G, Mg = M / G;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 nb = i / (M * OSP); i64 r = i - nb * M * OSP;
+    const i64 co = r / OSP; i64 s = r - co * OSP;
+    const i64 od = s / (OH * OW); s -= od * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    const i64 g = co / Mg;
+    float acc = Bias ? (float)ld(Bias, co) : 0.f;
+    for (i64 c = 0; c < Cg; ++c) {
+      const ELEM* xc = X + (nb * C + g * Cg + c) * D * H * W;
+      const ELEM* wc = Wt + (co * Cg + c) * KD * KH * KW;
+      for (i64 kd = 0; kd < KD; ++kd) {
+        const i64 id = od * SD - PD + kd * DD;
+        if (id < 0 || id >= D) continue;
+        for (i64 kh = 0; kh < KH; ++kh) {
+          const i64 ih = oh * SH - PH + kh * DH;
+          if (ih < 0 || ih >= H) continue;
+          for (i64 kw = 0; kw < KW; ++kw) {
+            const i64 iw = ow * SW - PW + kw * DW;
+            if (iw < 0 || iw >= W) continue;
+            acc = fmaf((float)ld(xc, (id * H + ih) * W + iw), (float)ld(wc, (kd * KH + kh) * KW + kw), acc);
+          }
+        }
+      }
+    }
+    st(Y, i, acc);
+  }
+}
+
+// ConvTranspose, gather form: one thread per output element y[nb, co, od, oh, ow] sums
+// x[nb, ci, i] * w[ci, co % Mg, k] over the input positions i with i*S - P + k*Dil == o.
+// W is (C, M/G, KD, KH, KW); (D, H, W) are the input's spatial dims, (OD, OH, OW) the output's.
+// grid (min(ceil(total/256), 65535*8)), block 256
+extern "C" __global__ void __launch_bounds__(256) conv_transpose_direct(CONV_PARAMS) {
+  const i64 OSP = OD * OH * OW, total = NB * M * OSP, Cg = C / G, Mg = M / G;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 nb = i / (M * OSP); i64 r = i - nb * M * OSP;
+    const i64 co = r / OSP; i64 s = r - co * OSP;
+    const i64 od = s / (OH * OW); s -= od * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    const i64 g = co / Mg, cm = co - g * Mg;
+    float acc = Bias ? (float)ld(Bias, co) : 0.f;
+    for (i64 kd = 0; kd < KD; ++kd) {
+      const i64 td = od + PD - kd * DD;
+      if (td < 0 || td % SD) continue;
+      const i64 id = td / SD;
+      if (id >= D) continue;
+      for (i64 kh = 0; kh < KH; ++kh) {
+        const i64 th = oh + PH - kh * DH;
+        if (th < 0 || th % SH) continue;
+        const i64 ih = th / SH;
+        if (ih >= H) continue;
+        for (i64 kw = 0; kw < KW; ++kw) {
+          const i64 tw = ow + PW - kw * DW;
+          if (tw < 0 || tw % SW) continue;
+          const i64 iw = tw / SW;
+          if (iw >= W) continue;
+          for (i64 c = 0; c < Cg; ++c) {
+            const i64 ci = g * Cg + c;
+            acc = fmaf((float)ld(X, (((nb * C + ci) * D + id) * H + ih) * W + iw),
+                       (float)ld(Wt, (((ci * Mg + cm) * KD + kd) * KH + kh) * KW + kw), acc);
+          }
+        }
+      }
+    }
+    st(Y, i, acc);
+  }
+}

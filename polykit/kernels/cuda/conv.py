@@ -1,0 +1,114 @@
+"""Convolution family: Conv (implicit GEMM on SIMT or tensor cores, direct for grouped and
+depthwise), ConvTranspose (direct gather). NCHW with 1, 2 or 3 spatial dims (mapped onto
+D x H x W with unit leading dims); pads come from the compiler's window geometry, so
+auto_pad / dilations / strides follow exactly what the shape rules computed.
+
+Tactics, kind "Conv" (first supporting one wins; the builder may time them):
+  cuda.conv.igemm_mma   precision fp16, group 1: implicit GEMM on mma.sync (fp32 accumulate)
+  cuda.conv.direct      group > 1 (depthwise and grouped): one thread per output element
+  cuda.conv.igemm_simt  any conv: implicit GEMM with fp32 FMA tiles (groups on grid z)
+kind "ConvTranspose":
+  cuda.conv_transpose.direct  gather form, one thread per output element
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from polykit.compiler.ops.conv import transpose_geometry, window_geometry
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.gemm import ELEMS, elem_of
+
+KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_direct", "conv_transpose_direct")
+BLOCK = 256
+
+
+def variants(kernel: str) -> list[KernelSource]:
+    return [KernelSource(kernel, file="conv.cu", defines=defines(ELEM=e)) for e in ELEMS.values()]
+
+
+def compile_variants() -> list[KernelSource]:
+    return [v for k in KERNELS for v in variants(k)]
+
+
+def _to3(values, fill: int) -> list[int]:
+    values = [int(v) for v in values]
+    if len(values) > 3:
+        raise DeviceError(f"{len(values)} spatial dims (the cuda conv kernels take 1 to 3)",
+                          hint="run this layer on --target cpu")
+    return [fill] * (3 - len(values)) + values
+
+
+def conv_args(layer: Any, tensors: Mapping[str, DeviceTensor], transpose: bool = False) -> tuple[str, list[Any], dict]:
+    """(ELEM, kernel args, geometry dict) of a Conv / ConvTranspose layer."""
+    where = f"layer {layer.name!r}"
+    X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+    B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
+    elem = elem_of(X, where)
+    if len({elem_of(t, where) for t in (X, Wt, Y) + ((B,) if B is not None else ())}) != 1:
+        raise DeviceError("Conv input, weight, bias and output must share one dtype", where=where)
+    spatial = X.shape[2:]
+    kernel = Wt.shape[2:]
+    geo = (transpose_geometry if transpose else window_geometry)(layer.attrs, spatial, kernel, where=where)
+    group = int(layer.attrs.get("group", 1))
+    NB, C = X.shape[:2]
+    M = Y.shape[1]
+    g = {"NB": NB, "C": C, "M": M, "G": group, "OSP": 1}
+    for o in Y.shape[2:]:
+        g["OSP"] *= o
+    d, h, w = _to3(spatial, 1)
+    od, oh, ow = _to3(Y.shape[2:], 1)
+    kd, kh, kw = _to3(kernel, 1)
+    sd, sh, sw = _to3(geo.strides, 1)
+    pd, ph, pw = _to3(geo.pads_begin, 0)
+    dd, dh, dw = _to3(geo.dilations, 1)
+    args = [X, Wt, B if B is not None else 0, Y, NB, C, d, h, w, M, od, oh, ow, kd, kh, kw, sd, sh, sw,
+            pd, ph, pw, dd, dh, dw, group]
+    return elem, args, g
+
+
+def _grid_1d(total: int) -> tuple[int]:
+    return (max(1, min((total + BLOCK - 1) // BLOCK, 2**31 - 1)),)
+
+
+def _enqueue_igemm(kernel_name: str, tile: int):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        elem, args, g = conv_args(layer, tensors)
+        if g["G"] > 65535:
+            raise DeviceError(f"group {g['G']} exceeds the grid limit", where=f"layer {layer.name!r}")
+        n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
+        kernel = KernelSource(kernel_name, file="conv.cu", defines=defines(ELEM=elem))
+        launcher.launch(kernel, ((n + tile - 1) // tile, (m + tile - 1) // tile, g["G"]), (BLOCK,), args)
+
+    return enqueue
+
+
+def _enqueue_direct(kernel_name: str, transpose: bool = False):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        elem, args, g = conv_args(layer, tensors, transpose)
+        kernel = KernelSource(kernel_name, file="conv.cu", defines=defines(ELEM=elem))
+        launcher.launch(kernel, _grid_1d(g["NB"] * g["M"] * g["OSP"]), (BLOCK,), args)
+
+    return enqueue
+
+
+def _plain(layer: Any) -> bool:
+    return not layer.attrs.get("epilogue")
+
+
+def _group(layer: Any) -> int:
+    return int(layer.attrs.get("group", 1))
+
+
+cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=lambda layer: variants("conv_igemm_mma"), priority=10,
+            supports=lambda layer: _plain(layer) and layer.precision == "fp16" and _group(layer) == 1,
+            params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
+    _enqueue_igemm("conv_igemm_mma", 128))
+cuda_tactic("Conv", "cuda.conv.direct", kernels=lambda layer: variants("conv_direct"), priority=8,
+            supports=lambda layer: _plain(layer) and _group(layer) > 1,
+            params={"math": "fp32 FMA, one thread per output"})(_enqueue_direct("conv_direct"))
+cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=lambda layer: variants("conv_igemm_simt"), priority=5,
+            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_igemm("conv_igemm_simt", 64))
+cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),
+            supports=_plain, params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))

@@ -1,0 +1,124 @@
+// Pooling (NCHW, 1-3 spatial dims mapped onto D x H x W), fp32 compute, ELEM storage.
+//
+// POOL_MODE (define): 0 max, 1 average, 2 Lp. Window geometry as resolved by the compiler
+// (begin pads P*, end pads E*, ceil_mode already folded into the output sizes).
+
+#include "dtypes.cuh"
+
+#define POOL_PARAMS                                                                                        \
+  const ELEM *X, ELEM *Y, i64 *Ind, i64 NC, i64 D, i64 H, i64 W, i64 OD, i64 OH, i64 OW, i64 KD, i64 KH,   \
+      i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 ED, i64 EH, i64 EW, i64 DD, i64 DH, i64 DW, \
+      i64 count_include_pad, float p
+
+// One thread per output element y[nc, od, oh, ow] (grid-stride).
+//   max: largest element in the window (padding ignored); Ind (may be null) gets the flat
+//        row-major index into X of the first maximum (ONNX MaxPool Indices, storage_order 0)
+//   avg: sum / (window elements inside the input, or inside the padded input when
+//        count_include_pad; positions past the padded end, from ceil_mode, never count)
+//   Lp : (sum |x|^p)^(1/p) over the window elements inside the input
+// grid (ceil(total/256)), block 256
+extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
+  const i64 OSP = OD * OH * OW, total = NC * OSP;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 nc = i / OSP; i64 s = i - nc * OSP;
+    const i64 od = s / (OH * OW); s -= od * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    const ELEM* x = X + nc * D * H * W;
+#if POOL_MODE == 0
+    float best = Lim<float>::lo();
+    i64 best_at = -1;
+#else
+    float acc = 0.f;
+    i64 inside = 0, padded = 0;
+#endif
+    for (i64 kd = 0; kd < KD; ++kd) {
+      const i64 id = od * SD - PD + kd * DD;
+      const bool pd_ok = id >= -PD && id < D + ED;
+      for (i64 kh = 0; kh < KH; ++kh) {
+        const i64 ih = oh * SH - PH + kh * DH;
+        const bool ph_ok = ih >= -PH && ih < H + EH;
+        for (i64 kw = 0; kw < KW; ++kw) {
+          const i64 iw = ow * SW - PW + kw * DW;
+          const bool in = id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W;
+#if POOL_MODE == 0
+          if (in) {
+            const i64 at = (id * H + ih) * W + iw;
+            const float v = (float)ld(x, at);
+            if (best_at < 0 || v > best) { best = v; best_at = at; }
+          }
+#else
+          padded += (pd_ok && ph_ok && iw >= -PW && iw < W + EW) ? 1 : 0;
+          if (in) {
+            const float v = (float)ld(x, (id * H + ih) * W + iw);
+#if POOL_MODE == 1
+            acc += v;
+#else
+            acc += powf(fabsf(v), p);
+#endif
+            ++inside;
+          }
+#endif
+        }
+      }
+    }
+#if POOL_MODE == 0
+    st(Y, i, best);
+    if (Ind) Ind[i] = best_at < 0 ? 0 : nc * D * H * W + best_at;
+#elif POOL_MODE == 1
+    const i64 n = count_include_pad ? padded : inside;
+    st(Y, i, n > 0 ? acc / (float)n : 0.f);
+#else
+    st(Y, i, powf(acc, 1.f / p));
+#endif
+  }
+}
+
+// Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree
+// reduction in shared memory (deterministic). grid (NC), block 256.
+extern "C" __global__ void __launch_bounds__(256) pool_global(const ELEM* X, ELEM* Y, i64 NC, i64 S, float p) {
+  __shared__ float red[256];
+  const ELEM* x = X + (i64)blockIdx.x * S;
+#if POOL_MODE == 0
+  float acc = Lim<float>::lo();
+  bool nan = false;
+  for (i64 j = threadIdx.x; j < S; j += blockDim.x) {
+    const float v = (float)ld(x, j);
+    nan |= v != v;
+    acc = fmaxf(acc, v);
+  }
+  if (nan) acc = __int_as_float(0x7fc00000);
+#else
+  float acc = 0.f;
+  for (i64 j = threadIdx.x; j < S; j += blockDim.x) {
+    const float v = (float)ld(x, j);
+#if POOL_MODE == 1
+    acc += v;
+#else
+    acc += powf(fabsf(v), p);
+#endif
+  }
+#endif
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int step = 128; step > 0; step >>= 1) {
+    if (threadIdx.x < step) {
+      const float a = red[threadIdx.x], b = red[threadIdx.x + step];
+#if POOL_MODE == 0
+      red[threadIdx.x] = (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+#else
+      red[threadIdx.x] = a + b;
+#endif
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const float r = red[0];
+#if POOL_MODE == 0
+    st(Y, blockIdx.x, r);
+#elif POOL_MODE == 1
+    st(Y, blockIdx.x, r / (float)S);
+#else
+    st(Y, blockIdx.x, powf(r, 1.f / p));
+#endif
+  }
+}

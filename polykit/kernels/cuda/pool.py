@@ -1,0 +1,76 @@
+"""Pooling family: MaxPool (with optional Indices), AveragePool, LpPool and their Global forms.
+
+One thread per output element for windowed pools (geometry from the compiler's
+window_geometry, so auto_pad / ceil_mode / dilations match the shape rules), one block per
+(n, c) row with a deterministic shared-memory tree reduction for global pools. fp32 compute
+for float and half storage. Tactics: cuda.pool.window (kinds MaxPool, AveragePool, LpPool),
+cuda.pool.global (GlobalMaxPool, GlobalAveragePool, GlobalLpPool).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ops.conv import window_geometry
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.conv import _grid_1d, _to3
+from polykit.kernels.cuda.gemm import ELEMS, elem_of
+
+MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2}
+BLOCK = 256
+
+
+def kernel_for(name: str, kind: str, elem: str) -> KernelSource:
+    return KernelSource(name, file="pool.cu", defines=defines(ELEM=elem, POOL_MODE=MODES[kind]))
+
+
+def compile_variants() -> list[KernelSource]:
+    return [kernel_for(n, kind, e) for kind in ("MaxPool", "AveragePool", "LpPool") for e in ELEMS.values()
+            for n in ("pool_window", "pool_global")]
+
+
+def _window_kernels(layer: Any) -> list[KernelSource]:
+    return [kernel_for("pool_window", layer.kind, e) for e in ELEMS.values()]
+
+
+def _global_kernels(layer: Any) -> list[KernelSource]:
+    return [kernel_for("pool_global", layer.kind, e) for e in ELEMS.values()]
+
+
+def _supports_window(layer: Any) -> bool:
+    has_indices = len(layer.outputs) > 1 and bool(layer.outputs[1])
+    return not (has_indices and int(layer.attrs.get("storage_order", 0)) != 0)
+
+
+def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    ind = tensors.get(layer.outputs[1]) if len(layer.outputs) > 1 and layer.outputs[1] else None
+    elem = elem_of(X, where)
+    spatial = X.shape[2:]
+    kernel = [int(k) for k in layer.attrs["kernel_shape"]]
+    geo = window_geometry(layer.attrs, spatial, kernel, ceil_mode=bool(layer.attrs.get("ceil_mode", 0)), where=where)
+    nc = X.shape[0] * X.shape[1]
+    args = [X, Y, ind if ind is not None else 0, nc, *_to3(spatial, 1), *_to3(Y.shape[2:], 1), *_to3(kernel, 1),
+            *_to3(geo.strides, 1), *_to3(geo.pads_begin, 0), *_to3(geo.pads_end, 0), *_to3(geo.dilations, 1),
+            int(layer.attrs.get("count_include_pad", 0)), np.float32(layer.attrs.get("p", 2))]
+    launcher.launch(kernel_for("pool_window", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
+
+
+def enqueue_global(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+    X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    elem = elem_of(X, f"layer {layer.name!r}")
+    nc = X.shape[0] * X.shape[1]
+    s = int(np.prod(X.shape[2:], dtype=np.int64))
+    launcher.launch(kernel_for("pool_global", layer.kind, elem), (nc,), (BLOCK,),
+                    [X, Y, nc, s, np.float32(layer.attrs.get("p", 2))])
+
+
+for _kind in ("MaxPool", "AveragePool", "LpPool"):
+    cuda_tactic(_kind, "cuda.pool.window", kernels=_window_kernels, supports=_supports_window,
+                params={"math": "fp32, one thread per output"})(enqueue_window)
+for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
+    cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels,
+                params={"math": "fp32, block tree reduction"})(enqueue_global)

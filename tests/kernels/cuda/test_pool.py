@@ -1,0 +1,61 @@
+"""GPU: the pooling tactics against the reference kernels, outputs poisoned first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc
+
+pytestmark = pytest.mark.gpu
+
+rng = np.random.default_rng(5)
+
+
+def rand(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check(layer, inputs, **tol):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    return assert_matches_reference(layer, inputs, **tol)
+
+
+WINDOWS = [
+    ((1, 1, 1, 1), {"kernel_shape": [1, 1]}),
+    ((2, 3, 9, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 4, 10, 7), {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 8, 8), {"kernel_shape": [2, 2], "dilations": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((3, 2, 15), {"kernel_shape": [4], "strides": [3], "pads": [2, 1]}),
+    ((1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "strides": [1, 2, 2], "pads": [0, 1, 1, 1, 0, 1]}),
+]
+
+
+@pytest.mark.parametrize("kind", ["MaxPool", "AveragePool", "LpPool"])
+@pytest.mark.parametrize("shape,attrs", WINDOWS)
+def test_window_pool_matches_reference(kind, shape, attrs):
+    check(LayerDesc("pool", kind, ("X",), ("Y",), dict(attrs)), {"X": rand(*shape)}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,attrs", WINDOWS[1:4])
+def test_average_pool_counting_pads_matches_reference(shape, attrs):
+    layer = LayerDesc("pool", "AveragePool", ("X",), ("Y",), dict(attrs, count_include_pad=1))
+    check(layer, {"X": rand(*shape)}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,attrs", WINDOWS[1:3])
+def test_max_pool_indices_match_reference(shape, attrs):
+    layer = LayerDesc("pool", "MaxPool", ("X",), ("Y", "I"), dict(attrs))
+    check(layer, {"X": rand(*shape)}, rtol=0, atol=0)
+
+
+def test_lp_pool_with_p3_and_fp16_storage():
+    layer = LayerDesc("pool", "LpPool", ("X",), ("Y",), {"kernel_shape": [3, 3], "p": 3})
+    check(layer, {"X": rand(2, 3, 7, 7, dtype=np.float16)}, rel=2e-3)
+
+
+@pytest.mark.parametrize("kind", ["GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 7, 9), (1, 5, 1000), (2, 2, 3, 4, 5)])
+def test_global_pool_matches_reference(kind, shape):
+    check(LayerDesc("pool", kind, ("X",), ("Y",), {}), {"X": rand(*shape)}, rtol=1e-5, atol=1e-5)
