@@ -12,10 +12,13 @@ def _axis(node, x: np.ndarray) -> int:
 
 
 def _empty_passthrough(kernel):
-    """An empty input has nothing to normalize: return it (np.max of an empty axis would raise)."""
+    """Empty input -> returned as is (np.max of an empty axis would raise); fp warnings silenced."""
 
     def wrapped(node, inputs):
-        return [inputs[0].copy()] if inputs[0].size == 0 else kernel(node, inputs)
+        if inputs[0].size == 0:
+            return [inputs[0].copy()]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # all -inf rows give NaN, as in ONNX
+            return kernel(node, inputs)
 
     wrapped.__doc__ = kernel.__doc__
     return wrapped
