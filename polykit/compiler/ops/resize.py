@@ -31,7 +31,20 @@ def _legacy_resize(node: Node, ctx: ImportContext, scales: str) -> list[Node]:
         raise NodeAttributeError(f"mode {mode!r} is not supported by {node.op_type}", where=node.describe(),
                                  hint="Upsample and Resize-10 take 'nearest' or 'linear'")
     attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
-    return [Node("Resize", [node.inputs[0], "", scales], list(node.outputs), attrs, node.name, "")]
+    values = ctx.const(scales)
+    if mode != "nearest" or values is None or not np.any(values < 1):
+        return [Node("Resize", [node.inputs[0], "", scales], list(node.outputs), attrs, node.name, "")]
+    # The legacy nearest rule rounds down when upsampling an axis and up when downsampling it
+    # (onnxruntime's behaviour): resize the shrinking axes first with "ceil", then the others.
+    values = np.asarray(values, dtype=np.float32).ravel()
+    down = [i for i, s in enumerate(values) if s < 1]
+    up = [i for i, s in enumerate(values) if s >= 1]
+    mid = ctx.graph.fresh_name(f"{node.outputs[0]}_downsampled")
+    first = Node("Resize", [node.inputs[0], "", ctx.add_constant(values[down], "resize_scales")], [mid],
+                 {**attrs, "nearest_mode": "ceil", "axes": down}, node.name, "")
+    second = Node("Resize", [mid, "", ctx.add_constant(values[up], "resize_scales")], list(node.outputs),
+                  {**attrs, "axes": up}, ctx.graph.fresh_name(node.name or "resize"), "")
+    return [first, second]
 
 
 @importer("Upsample", since=1)

@@ -1,4 +1,5 @@
-"""Reference kernels: Gemm, MatMul, MatMulInteger (float64 / int64 accumulation, cast back)."""
+"""Reference kernels: Gemm, MatMul, MatMulInteger (BLAS in `accumulator_dtype`, cast back;
+MatMulInteger exact in int64)."""
 
 from __future__ import annotations
 
