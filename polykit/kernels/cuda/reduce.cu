@@ -1,0 +1,188 @@
+// Reduce* and ArgMax/ArgMin over any set of axes of a contiguous tensor (rank <= 8).
+//
+// Layout: x contiguous with dims d0..d7 (rank used); the reduced set is `mask` (bit k =
+// axis k) or, when mask < 0, read on the device from the int64 `axes` tensor (negative
+// axes allowed), so plans need no host copy of constant inputs.
+// Geometry: one block per output element (grid-stride over outputs), blockDim.x in
+// {32..256} chosen from the reduction length R; threads stride over the R reduced elements
+// (consecutive threads -> consecutive innermost reduced offsets: coalesced when the last
+// axis is reduced), then a deterministic block reduction (blockreduce.cuh). Float sums
+// accumulate in fp32 (fp64 for double), integer sums in 64 bits.
+#include "blockreduce.cuh"
+
+template <class T> struct Acc { typedef i64 type; };
+template <> struct Acc<half_t> { typedef float type; };
+template <> struct Acc<float> { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+template <> struct Acc<u8> { typedef u64 type; };
+template <> struct Acc<u32> { typedef u64 type; };
+template <> struct Acc<u64> { typedef u64 type; };
+
+
+template <class A> struct IsFloatAcc { enum { value = 0 }; };
+template <> struct IsFloatAcc<float> { enum { value = 1 }; };
+template <> struct IsFloatAcc<double> { enum { value = 1 }; };
+template <class T> struct LimOf : Lim<T> {};
+template <> struct LimOf<half_t> : Lim<float> {};
+template <class T, class A> __device__ __forceinline__ A lo_of() { return (A)LimOf<T>::lo(); }
+template <class T, class A> __device__ __forceinline__ A hi_of() { return (A)LimOf<T>::hi(); }
+__device__ __forceinline__ float acc_exp(float v) { return expf(v); }
+__device__ __forceinline__ float acc_sqrt(float v) { return sqrtf(v); }
+__device__ __forceinline__ float acc_log(float v) { return logf(v); }
+template <class A> __device__ __forceinline__ double acc_exp(A v) { return exp((double)v); }
+template <class A> __device__ __forceinline__ double acc_sqrt(A v) { return sqrt((double)v); }
+template <class A> __device__ __forceinline__ double acc_log(A v) { return log((double)v); }
+
+template <class C, int MAX>
+__device__ __forceinline__ bool arg_better(C v, C best, i64 vi, i64 bi, i64 select_last) {
+  const bool vn = v != v, bn = best != best;
+  if (vn || bn) return (vn && bn) ? (select_last ? vi > bi : vi < bi) : vn;
+  if (v == best) return select_last ? vi > bi : vi < bi;
+  return MAX ? v > best : v < best;
+}
+
+enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_L1, R_L2, R_SUMSQ, R_LOGSUM, R_LOGSUMEXP };
+
+struct Geo {
+  int nk, nr;          // kept / reduced dim counts
+  i64 kd[8], ks[8];    // kept dims and input strides
+  i64 rd[8], rs[8];    // reduced dims and input strides
+};
+
+__device__ void make_geo(Geo& g, const i64* axes, i64 n_axes, i64 mask, int rank, const i64* dims) {
+  if (mask < 0) {
+    mask = 0;
+    for (i64 k = 0; k < n_axes; ++k) {
+      i64 a = axes[k];
+      if (a < 0) a += rank;
+      mask |= (i64)1 << a;
+    }
+  }
+  i64 stride = 1, ks[8], rs[8], kd[8], rd[8];
+  int nk = 0, nr = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    if ((mask >> d) & 1) { rd[nr] = dims[d]; rs[nr++] = stride; }
+    else { kd[nk] = dims[d]; ks[nk++] = stride; }
+    stride *= dims[d];
+  }
+  g.nk = nk; g.nr = nr;
+  for (int k = 0; k < nk; ++k) { g.kd[k] = kd[k]; g.ks[k] = ks[k]; }  // innermost first
+  for (int k = 0; k < nr; ++k) { g.rd[k] = rd[k]; g.rs[k] = rs[k]; }
+}
+
+__device__ __noinline__ i64 offset_of(i64 i, int n, const i64* dims, const i64* strides) {
+  i64 off = 0;
+  for (int k = 0; k < n; ++k) {  // innermost first
+    i64 q = i / dims[k];
+    off += (i - q * dims[k]) * strides[k];
+    i = q;
+  }
+  return off;
+}
+
+#define GEO_ARGS const i64* axes, i64 n_axes, i64 mask, i64 rank, i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 d6, i64 d7, i64 n_out, i64 R
+#define GEO_SETUP                                                              \
+  __shared__ Geo g;                                                            \
+  if (threadIdx.x == 0) {                                                      \
+    const i64 dims[8] = {d0, d1, d2, d3, d4, d5, d6, d7};                      \
+    make_geo(g, axes, n_axes, mask, (int)rank, dims);                          \
+  }                                                                            \
+  __syncthreads();
+
+template <class T>
+__device__ void reduce_impl(const T* __restrict__ x, T* __restrict__ y, const int OP, GEO_ARGS) {
+  typedef typename Acc<T>::type A;
+  typedef typename Compute<T>::type C;
+  __shared__ A smem[32];
+  GEO_SETUP
+  const bool is_float = IsFloatAcc<A>::value;
+  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {
+    const i64 base = offset_of(o, g.nk, g.kd, g.ks);
+    A peak = 0;
+    if (OP == R_LOGSUMEXP) {
+      A m = (A)Lim<A>::lo();
+      for (i64 r = threadIdx.x; r < R; r += blockDim.x) m = OpMax()(m, (A)ld(x, base + offset_of(r, g.nr, g.rd, g.rs)));
+      peak = block_reduce(m, OpMax(), (A)Lim<A>::lo(), smem);
+      if (!(peak - peak == 0)) peak = 0;  // +-inf or NaN peak: reduce without shifting
+    }
+    A init = (OP == R_MAX) ? (A)lo_of<T, A>() : (OP == R_MIN) ? (A)hi_of<T, A>() : (OP == R_PROD) ? (A)1 : (A)0;
+    A acc = init;
+    for (i64 r = threadIdx.x; r < R; r += blockDim.x) {
+      A v = (A)ld(x, base + offset_of(r, g.nr, g.rd, g.rs));
+      if (OP == R_MAX) acc = OpMax()(acc, v);
+      else if (OP == R_MIN) acc = OpMin()(acc, v);
+      else if (OP == R_PROD) acc = acc * v;
+      else if (OP == R_L1) acc += v < (A)0 ? (A)(-v) : v;
+      else if (OP == R_L2 || OP == R_SUMSQ) acc += v * v;
+      else if (OP == R_LOGSUMEXP) acc += (A)acc_exp(v - peak);
+      else acc += v;
+    }
+    A total;
+    if (OP == R_MAX) total = block_reduce(acc, OpMax(), init, smem);
+    else if (OP == R_MIN) total = block_reduce(acc, OpMin(), init, smem);
+    else if (OP == R_PROD) total = block_reduce(acc, OpProd(), init, smem);
+    else total = block_reduce(acc, OpSum(), init, smem);
+    if (threadIdx.x == 0) {
+      if (OP == R_MEAN) total = is_float ? total / (A)R : (A)(total / (A)R);
+      if (OP == R_L2) total = (A)acc_sqrt(total);
+      if (OP == R_LOGSUM) total = (A)acc_log(total);
+      if (OP == R_LOGSUMEXP) total = peak + (A)acc_log(total);
+      st(y, o, (C)total);
+    }
+    __syncthreads();
+  }
+}
+
+// ArgMax (MAX=1) / ArgMin (MAX=0) over the one axis in `mask`; ties -> first index, or last
+// with select_last_index; NaN counts as the extreme (numpy's behaviour).
+template <class T, int MAX>
+__device__ void arg_impl(const T* __restrict__ x, i64* __restrict__ y, i64 select_last, GEO_ARGS) {
+  typedef typename Compute<T>::type C;
+  __shared__ C sv[32];
+  __shared__ i64 si[32];
+  GEO_SETUP
+  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {
+    const i64 base = offset_of(o, g.nk, g.kd, g.ks);
+    C best = 0;
+    i64 bi = -1;
+    for (i64 r = threadIdx.x; r < R; r += blockDim.x) {
+      C v = ld(x, base + offset_of(r, g.nr, g.rd, g.rs));
+      if (bi < 0 || arg_better<C, MAX>(v, best, r, bi, select_last)) { best = v; bi = r; }
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+      C ov = shfl_xor(best, m);
+      i64 oi = shfl_xor(bi, m);
+      if (oi >= 0 && (bi < 0 || arg_better<C, MAX>(ov, best, oi, bi, select_last))) { best = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) { sv[wid] = best; si[wid] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < nw; ++w)
+        if (si[w] >= 0 && (bi < 0 || arg_better<C, MAX>(sv[w], best, si[w], bi, select_last))) { best = sv[w]; bi = si[w]; }
+      y[o] = bi < 0 ? 0 : bi;
+    }
+    __syncthreads();
+  }
+}
+
+#define GEO_NAMES axes, n_axes, mask, rank, d0, d1, d2, d3, d4, d5, d6, d7, n_out, R
+#define REDUCE(T, code) \
+  extern "C" __global__ void reduce_##code(const T* x, T* y, i64 op, GEO_ARGS) { reduce_impl<T>(x, y, (int)op, GEO_NAMES); }
+#define ARG(T, code) \
+  extern "C" __global__ void argmax_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 1>(x, y, select_last, GEO_NAMES); } \
+  extern "C" __global__ void argmin_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 0>(x, y, select_last, GEO_NAMES); }
+
+REDUCE(float, f32)
+REDUCE(half_t, f16)
+REDUCE(double, f64)
+REDUCE(i32, i32)
+REDUCE(i64, i64)
+REDUCE(bool, b8)
+ARG(float, f32)
+ARG(half_t, f16)
+ARG(double, f64)
+ARG(i32, i32)
+ARG(i64, i64)
