@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import Node
-from polykit.compiler.ops.shape_ops import canonical, const_ints, dim_product, fresh_dim
+from polykit.compiler.ops.shape_ops import const_ints, dim_product, fresh_dim
 from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
 
 INT64 = np.dtype(np.int64)

@@ -127,6 +127,14 @@ def slice_length(dim: int, start: int, end: int, step: int) -> int:
     return len(range(start, end, step))
 
 
+_HUGE = 2**31 - 1
+
+
+def _takes_whole_axis(start: int, end: int, step: int) -> bool:
+    """Whether a slice keeps every element whatever the axis length (x[0:INT_MAX])."""
+    return step == 1 and (start == 0 or start <= -_HUGE) and end >= _HUGE
+
+
 @shape_rule("Slice")
 def _slice(ctx: InferContext):
     data = ctx.shape(0)
@@ -147,13 +155,15 @@ def _slice(ctx: InferContext):
     out = list(data)
     exact = starts is not None and ends is not None and (steps is not None or not ctx.has(4))
     for k, a in enumerate(axes):
-        if not exact or not isinstance(data[a], int):
-            out[a] = None
-            continue
-        step = steps[k] if steps is not None else 1
+        step = steps[k] if exact and steps is not None else 1
         if step == 0:
             raise ctx.fail("a slice step is 0", hint="steps must be non-zero")
-        out[a] = slice_length(data[a], starts[k], ends[k], step)
+        if not exact:
+            out[a] = None
+        elif isinstance(data[a], int):
+            out[a] = slice_length(data[a], starts[k], ends[k], step)
+        elif not _takes_whole_axis(starts[k], ends[k], step):
+            out[a] = None
     return [(ctx.dtype(0), tuple(out))]
 
 

@@ -144,6 +144,15 @@ def test_slice_with_unknown_bounds_keeps_the_untouched_axes():
     assert infer("Slice", (F32, ("N", 10, 4)), (I64, (1,)), (I64, (1,)), c([2])) == [(F32, ("N", 10, None))]
 
 
+def test_slice_of_a_whole_symbolic_axis_keeps_the_symbol():
+    args = [(F32, ("N", 10)), c([0, 2]), c([2**63 - 1, 4]), c([0, 1])]
+    assert infer("Slice", *args) == [(F32, ("N", 2))]
+
+
+def test_slice_of_part_of_a_symbolic_axis_is_unknown():
+    assert infer("Slice", (F32, ("N",)), c([1]), c([2**63 - 1])) == [(F32, (None,))]
+
+
 def test_slice_with_a_negative_step_counts_clamped_elements():
     assert infer("Slice", (F32, (7,)), c([100]), c([-100]), c([0]), c([-2])) == [(F32, (4,))]
 
