@@ -1,0 +1,227 @@
+"""Data-movement tactics (movement.cu): Transpose, Expand, Concat, Split, Slice, Pad, Tile,
+DepthToSpace/SpaceToDepth and the Reshape family (a contiguous copy).
+
+Every op is dtype-agnostic (kernels by element size). Shapes are collapsed on the host
+(adjacent dims that stay contiguous in every tensor merge), contiguous copies move 16
+bytes per thread when aligned. Constant operands (Slice starts/axes/steps, Pad pads) are
+read by the kernels on the device, so enqueue never copies them to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+
+FILE = "movement.cu"
+MAXR = 8
+SIZES = (1, 2, 4, 8)
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    st, acc = [0] * len(shape), 1
+    for k in range(len(shape) - 1, -1, -1):
+        st[k] = acc
+        acc *= shape[k]
+    return st
+
+
+def merge_dims(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
+    keep = [k for k, d in enumerate(dims) if d != 1]
+    dims = [dims[k] for k in keep]
+    strides = [[s[k] for k in keep] for s in strides]
+    k = len(dims) - 1
+    while k > 0:
+        if all(s[k - 1] == s[k] * dims[k] for s in strides):
+            dims[k - 1] *= dims[k]
+            for s in strides:
+                s[k - 1] = s[k]
+                del s[k]
+            del dims[k]
+        k -= 1
+    if not dims:
+        return [1], [[0] for _ in strides]
+    return dims, strides
+
+
+def _es(t: DeviceTensor, where: str) -> int:
+    es = t.dtype.itemsize
+    if es not in SIZES:
+        raise DeviceError(f"no data-movement kernel for {es}-byte elements", where=where, hint="use --target cpu")
+    return es
+
+
+def _pad8(v: Sequence[int], fill: int = 1) -> list[int]:
+    return list(v) + [fill] * (MAXR - len(v))
+
+
+def launch_copy(launcher: Launcher, src: DeviceTensor, dst: DeviceTensor, dims: Sequence[int],
+                src_strides: Sequence[int], dst_strides: Sequence[int], src_base: int = 0, dst_base: int = 0,
+                where: str = "") -> None:
+    """dst[dst_base + c.dst_strides] = src[src_base + c.src_strides] for every c in `dims`."""
+    n = int(np.prod(dims, dtype=np.int64))
+    if n == 0:
+        return
+    es = _es(src, where)
+    dims, (ss, ds) = merge_dims(list(dims), [list(src_strides), list(dst_strides)])
+    if len(dims) > MAXR:
+        raise DeviceError(f"a copy over {len(dims)} non-mergeable dims (at most {MAXR})", where=where,
+                          hint="use --target cpu")
+    if len(dims) == 1 and ss == [1] and ds == [1] and (n * es) % 16 == 0 \
+            and (src.ptr + src_base * es) % 16 == 0 and (dst.ptr + dst_base * es) % 16 == 0:
+        es, n, dims = 16, n * es // 16, [n * es // 16]
+        src_base, dst_base = src_base * src.dtype.itemsize // 16, dst_base * src.dtype.itemsize // 16
+    args = [src, dst, n, len(dims), *_pad8(dims), *_pad8(ss, 0), *_pad8(ds, 0), src_base, dst_base]
+    launcher.launch(KernelSource(f"copy_strided_{es}", FILE), grid_for(n), (BLOCK, 1, 1), args)
+
+
+def _kernels(layer) -> list[KernelSource]:
+    return [KernelSource(f"copy_strided_{es}", FILE) for es in (*SIZES, 16)]
+
+
+def _shaped_kernels(prefix):
+    return lambda layer: [KernelSource(f"{prefix}_{es}", FILE) for es in SIZES]
+
+
+def _io(layer, tensors):
+    return tensors[layer.inputs[0]], tensors[layer.outputs[0]], f"layer {layer.name!r}"
+
+
+def enqueue_copy(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    if x.ptr != y.ptr:
+        launch_copy(launcher, x, y, [x.size], [1], [1], where=where)
+
+
+def enqueue_transpose(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    rank = len(x.shape)
+    perm = [int(p) % max(rank, 1) for p in layer.attrs.get("perm", list(range(rank))[::-1])]
+    xs = contiguous_strides(x.shape)
+    launch_copy(launcher, x, y, y.shape, [xs[p] for p in perm], contiguous_strides(y.shape), where=where)
+
+
+def enqueue_expand(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    rank = len(y.shape)
+    xshape = (1,) * (rank - len(x.shape)) + tuple(x.shape)
+    xs = contiguous_strides(xshape)
+    src = [0 if xshape[k] == 1 else xs[k] for k in range(rank)]
+    launch_copy(launcher, x, y, y.shape, src, contiguous_strides(y.shape), where=where)
+
+
+def enqueue_concat(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    y = tensors[layer.outputs[0]]
+    axis = int(layer.attrs.get("axis", 0)) % len(y.shape)
+    ys, offset = contiguous_strides(y.shape), 0
+    for name in layer.inputs:
+        if not name:
+            continue
+        x = tensors[name]
+        launch_copy(launcher, x, y, x.shape, contiguous_strides(x.shape), ys, 0, offset * ys[axis],
+                    where=f"layer {layer.name!r}")
+        offset += x.shape[axis]
+
+
+def enqueue_split(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x = tensors[layer.inputs[0]]
+    axis = int(layer.attrs.get("axis", 0)) % len(x.shape)
+    xs, offset = contiguous_strides(x.shape), 0
+    for name in layer.outputs:
+        if not name:
+            continue
+        y = tensors[name]
+        launch_copy(launcher, x, y, y.shape, xs, contiguous_strides(y.shape), offset * xs[axis], 0,
+                    where=f"layer {layer.name!r}")
+        offset += y.shape[axis]
+
+
+def enqueue_depth_space(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    b = int(layer.attrs["blocksize"])
+    n, c, h, w = x.shape
+    if layer.kind == "DepthToSpace":
+        c2 = c // (b * b)
+        hw = h * w
+        if layer.attrs.get("mode", "DCR") == "DCR":  # view [n, b1, b2, c2, h, w]
+            s_b1, s_b2, s_c = b * c2 * hw, c2 * hw, hw
+        else:  # CRD: view [n, c2, b1, b2, h, w]
+            s_c, s_b1, s_b2 = b * b * hw, b * hw, hw
+        dims = [n, c2, h, b, w, b]
+        src = [c * hw, s_c, w, s_b1, 1, s_b2]
+    else:  # SpaceToDepth: view [n, c, h/b, b1, w/b, b2] -> [n, b1, b2, c, h/b, w/b]
+        hb, wb = h // b, w // b
+        dims = [n, b, b, c, hb, wb]
+        src = [c * h * w, w, 1, h * w, b * w, b]
+    launch_copy(launcher, x, y, dims, src, contiguous_strides(dims), where=where)
+
+
+def _shape_args(x: DeviceTensor, y: DeviceTensor, where: str) -> list[int]:
+    if len(x.shape) > MAXR:
+        raise DeviceError(f"rank {len(x.shape)} exceeds {MAXR}", where=where, hint="use --target cpu")
+    return [y.size, len(x.shape), *_pad8(x.shape), *_pad8(y.shape)]
+
+
+def _opt(layer, tensors, i):
+    return tensors[layer.inputs[i]] if len(layer.inputs) > i and layer.inputs[i] else None
+
+
+def enqueue_slice(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    if y.size == 0:
+        return
+    starts, axes, steps = _opt(layer, tensors, 1), _opt(layer, tensors, 3), _opt(layer, tensors, 4)
+    args = [x, y, *_shape_args(x, y, where), starts, starts.size, axes if axes is not None else 0,
+            steps if steps is not None else 0, int(starts.dtype.itemsize == 8)]
+    launcher.launch(KernelSource(f"slice_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1), args)
+
+
+PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
+
+
+def enqueue_pad(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    if y.size == 0:
+        return
+    pads, cval, axes = _opt(layer, tensors, 1), _opt(layer, tensors, 2), _opt(layer, tensors, 3)
+    mode = layer.attrs.get("mode", "constant")
+    if mode not in PAD_MODES:
+        raise DeviceError(f"Pad mode {mode!r} has no CUDA kernel", where=where, hint="use --target cpu")
+    if x.size == 0 and mode != "constant":
+        raise DeviceError(f"Pad mode {mode!r} of an empty tensor", where=where)
+    if cval is not None and cval.size == 0:
+        cval = None
+    n_axes = axes.size if axes is not None else len(x.shape)
+    args = [x, y, cval if cval is not None else 0, *_shape_args(x, y, where), pads, n_axes,
+            axes if axes is not None else 0, int(axes is None or axes.dtype.itemsize == 8), PAD_MODES[mode]]
+    launcher.launch(KernelSource(f"pad_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1), args)
+
+
+def enqueue_tile(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    if y.size == 0:
+        return
+    launcher.launch(KernelSource(f"tile_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1),
+                    [x, y, *_shape_args(x, y, where)])
+
+
+for _kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+    cuda_tactic(_kind, "cuda.movement.copy", kernels=_kernels)(enqueue_copy)
+for _kind, _fn in (("Transpose", enqueue_transpose), ("Expand", enqueue_expand), ("Concat", enqueue_concat),
+                   ("Split", enqueue_split), ("DepthToSpace", enqueue_depth_space),
+                   ("SpaceToDepth", enqueue_depth_space)):
+    cuda_tactic(_kind, "cuda.movement.strided", kernels=_kernels)(_fn)
+cuda_tactic("Slice", "cuda.movement.slice", kernels=_shaped_kernels("slice"))(enqueue_slice)
+cuda_tactic("Pad", "cuda.movement.pad", kernels=_shaped_kernels("pad"),
+            supports=lambda layer: layer.attrs.get("mode", "constant") in PAD_MODES)(enqueue_pad)
+cuda_tactic("Tile", "cuda.movement.tile", kernels=_shaped_kernels("tile"))(enqueue_tile)
+
+
+def compile_variants() -> list[KernelSource]:
+    """The one movement.cu module (every op and element size is an entry point in it)."""
+    return _kernels(None) + [k for p in ("slice", "pad", "tile") for k in _shaped_kernels(p)(None)]
