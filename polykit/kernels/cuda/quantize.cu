@@ -1,0 +1,140 @@
+// QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear (per tensor, per axis, blocked).
+//
+// Element types are runtime codes (QK_* below), not template arguments: one entry point per
+// op serves every (x, scale, zero point, output) type combination; the per-element type
+// switch is uniform across a warp. Values travel as double, which holds every supported
+// type exactly, so the arithmetic below reproduces the reference's rounding:
+//   quantize:   q = rint(x / s) in the `precision` type (fp16 division = fp32 division
+//               rounded to fp16, like numpy), then saturate(q + zp) to the output type.
+//   dequantize: y = (x - zp) * s in fp64, rounded once to the output type.
+// Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
+//   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
+// Geometry: quantize/dequantize one thread per element, grid-stride, blockDim.x = 256.
+// DynamicQuantizeLinear: dq_minmax (grid G, 256 threads) writes per-block (min, max) of x
+// (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
+// point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
+#include "blockreduce.cuh"
+
+enum { QK_F32, QK_F16, QK_F64, QK_I8, QK_U8, QK_I16, QK_U16, QK_I32, QK_I64 };
+
+__device__ __forceinline__ double qk_load(const void* p, int code, i64 i) {
+  switch (code) {
+    case QK_F32: return (double)((const float*)p)[i];
+    case QK_F16: return (double)h2f(((const half_t*)p)[i]);
+    case QK_F64: return ((const double*)p)[i];
+    case QK_I8: return (double)((const i8*)p)[i];
+    case QK_U8: return (double)((const u8*)p)[i];
+    case QK_I16: return (double)((const i16*)p)[i];
+    case QK_U16: return (double)((const u16*)p)[i];
+    case QK_I32: return (double)((const i32*)p)[i];
+    default: return (double)((const i64*)p)[i];
+  }
+}
+
+// store an integral, already saturated value
+__device__ __forceinline__ void qk_store_int(void* p, int code, i64 i, double v) {
+  switch (code) {
+    case QK_I8: ((i8*)p)[i] = (i8)v; break;
+    case QK_U8: ((u8*)p)[i] = (u8)v; break;
+    case QK_I16: ((i16*)p)[i] = (i16)v; break;
+    default: ((u16*)p)[i] = (u16)v; break;
+  }
+}
+
+__device__ __forceinline__ void qk_store_float(void* p, int code, i64 i, double v) {
+  switch (code) {
+    case QK_F32: ((float*)p)[i] = (float)v; break;
+    case QK_F16: ((half_t*)p)[i] = d2h(v); break;
+    default: ((double*)p)[i] = v; break;
+  }
+}
+
+__device__ __forceinline__ void qk_range(int code, double& lo, double& hi) {
+  switch (code) {
+    case QK_I8: lo = -128; hi = 127; break;
+    case QK_U8: lo = 0; hi = 255; break;
+    case QK_I16: lo = -32768; hi = 32767; break;
+    default: lo = 0; hi = 65535; break;
+  }
+}
+
+struct QkParam { i64 mode, inner, D, block, Dp; };
+
+__device__ __forceinline__ i64 qk_index(const QkParam& g, i64 i) {
+  if (g.mode == 0) return 0;
+  const i64 q = i / g.inner, in = i - q * g.inner, o = q / g.D, d = q - o * g.D;
+  return g.mode == 1 ? d : (o * g.Dp + d / g.block) * g.inner + in;
+}
+
+// x / s rounded to an integer, the division done in the precision type (0 f32, 1 f16, 2 f64)
+__device__ __forceinline__ double qk_divide_round(double x, double s, int precision) {
+  if (precision == 2) return rint(x / s);
+  if (precision == 1) {
+    const float xh = h2f(d2h(x)), sh = h2f(d2h(s));
+    return (double)rintf(h2f(f2h(xh / sh)));
+  }
+  return (double)rintf((float)x / (float)s);
+}
+
+#define QK_PARAM_ARGS(p) i64 p##_mode, i64 p##_inner, i64 p##_D, i64 p##_block, i64 p##_Dp
+#define QK_PARAM(p) const QkParam p = {p##_mode, p##_inner, p##_D, p##_block, p##_Dp};
+
+extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s, i64 sc, const void* z, i64 zc,
+                                           void* y, i64 yc, i64 n, i64 precision, QK_PARAM_ARGS(ps),
+                                           QK_PARAM_ARGS(pz)) {
+  QK_PARAM(ps) QK_PARAM(pz)
+  double lo, hi;
+  qk_range((int)yc, lo, hi);
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    double q = qk_divide_round(qk_load(x, (int)xc, i), qk_load(s, (int)sc, qk_index(ps, i)), (int)precision);
+    if (z) q += qk_load(z, (int)zc, qk_index(pz, i));
+    qk_store_int(y, (int)yc, i, q < lo ? lo : (q > hi ? hi : q));
+  }
+}
+
+extern "C" __global__ void dequantize_linear(const void* x, i64 xc, const void* s, i64 sc, const void* z, i64 zc,
+                                             void* y, i64 yc, i64 n, QK_PARAM_ARGS(ps), QK_PARAM_ARGS(pz)) {
+  QK_PARAM(ps) QK_PARAM(pz)
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    double v = qk_load(x, (int)xc, i);
+    if (z) v -= qk_load(z, (int)zc, qk_index(pz, i));
+    qk_store_float(y, (int)yc, i, v * qk_load(s, (int)sc, qk_index(ps, i)));
+  }
+}
+
+// per-block min / max of x (as fp32) -> partial[2 * block], partial[2 * block + 1]
+extern "C" __global__ void dq_minmax(const void* x, i64 xc, i64 n, float* partial) {
+  __shared__ float smem[32];
+  const float inf = Lim<float>::hi();
+  float lo = inf, hi = -inf;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const float v = (float)qk_load(x, (int)xc, i);
+    lo = OpMin()(lo, v);
+    hi = OpMax()(hi, v);
+  }
+  lo = block_reduce(lo, OpMin(), inf, smem);
+  hi = block_reduce(hi, OpMax(), -inf, smem);
+  if (threadIdx.x == 0) { partial[2 * blockIdx.x] = lo; partial[2 * blockIdx.x + 1] = hi; }
+}
+
+// scale = (max(hi, 0) - min(lo, 0)) / 255 (1 / 255 when that range is empty), zp = rint(clip(-lo / scale))
+extern "C" __global__ void dq_params(const float* partial, i64 blocks, float* scale, u8* zero_point) {
+  __shared__ float smem[32];
+  const float inf = Lim<float>::hi();
+  float lo = inf, hi = -inf;
+  for (i64 b = threadIdx.x; b < blocks; b += blockDim.x) {
+    lo = OpMin()(lo, partial[2 * b]);
+    hi = OpMax()(hi, partial[2 * b + 1]);
+  }
+  lo = block_reduce(lo, OpMin(), inf, smem);
+  hi = block_reduce(hi, OpMax(), -inf, smem);
+  if (threadIdx.x == 0) {
+    hi = hi > 0.0f ? hi : 0.0f;
+    lo = lo < 0.0f ? lo : 0.0f;
+    const float s = (hi == lo ? 1.0f : hi - lo) / 255.0f;
+    float zp = 0.0f - lo / s;
+    zp = zp < 0.0f ? 0.0f : (zp > 255.0f ? 255.0f : zp);
+    *scale = s;
+    *zero_point = (u8)rintf(zp);
+  }
+}

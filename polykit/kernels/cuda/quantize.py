@@ -1,0 +1,128 @@
+"""QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear tactics (quantize.cu).
+
+Element types are runtime codes, so one kernel per op covers every type combination the
+shape rules allow; the scale / zero point granularity (per tensor, per axis, blocked) is a
+runtime mode. Scale and zero point stay on the device (DynamicQuantizeLinear computes its
+own there), so a plan needs no host copy of them.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+
+FILE = "quantize.cu"
+ENTRIES = ("quantize_linear", "dequantize_linear", "dq_minmax", "dq_params")
+#: numpy dtype name -> the kernels' QK_* type code
+TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
+             "int32": 7, "int64": 8}
+FLOAT_CODES = (0, 1, 2)
+QUANT_CODES = (3, 4, 5, 6)
+#: ONNX element type of QuantizeLinear's `precision` attribute -> precision code (0 f32, 1 f16, 2 f64)
+PRECISION = {1: 0, 10: 1, 11: 2}
+BLOCK = 256
+MAX_GRID = 1 << 16
+MINMAX_BLOCKS = 1024
+
+
+def _kernels(layer) -> list[KernelSource]:
+    return [KernelSource(name, FILE) for name in ENTRIES]
+
+
+def _grid(n: int) -> tuple[int, int, int]:
+    return (max(1, min(-(-n // BLOCK), MAX_GRID)), 1, 1)
+
+
+def _code(t: DeviceTensor, allowed, what: str, where: str) -> int:
+    code = TYPE_CODE.get(t.dtype.name)
+    if code not in allowed:
+        raise DeviceError(f"{what} of type {t.dtype} has no CUDA kernel", where=where, hint="use --target cpu")
+    return code
+
+
+def param_geometry(attrs: Mapping, x_shape: tuple[int, ...], p_shape: tuple[int, ...]) -> list[int]:
+    """(mode, inner, D, block, Dp) locating a scale / zero point entry for each element of x."""
+    size = int(np.prod(p_shape, dtype=np.int64))
+    block = int(attrs.get("block_size", 0))
+    if not x_shape or (size == 1 and block <= 0):
+        return [0, 1, 1, 1, 1]
+    axis = int(attrs.get("axis", 1)) % len(x_shape)
+    inner = int(np.prod(x_shape[axis + 1:], dtype=np.int64))
+    if block > 0:
+        return [2, inner, x_shape[axis], block, p_shape[axis]]
+    return [1, inner, x_shape[axis], 1, 1]
+
+
+def _params(layer, tensors) -> tuple[DeviceTensor, DeviceTensor | None]:
+    """The scale and the optional zero point of a (De)QuantizeLinear layer."""
+    s = tensors[layer.inputs[1]]
+    z = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
+    return s, z
+
+
+def enqueue_quantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    s, z = _params(layer, tensors)
+    xc, sc = _code(x, FLOAT_CODES, "QuantizeLinear input", where), _code(s, FLOAT_CODES, "scale", where)
+    yc = _code(y, QUANT_CODES, "QuantizeLinear output", where)
+    zc = _code(z, QUANT_CODES, "zero point", where) if z is not None else 0
+    code = int(layer.attrs.get("precision", 0))
+    precision = PRECISION.get(code) if code else sc
+    if precision is None:
+        raise DeviceError(f"QuantizeLinear precision type {code} has no CUDA kernel", where=where,
+                          hint="use --target cpu")
+    if x.size == 0:
+        return
+    geo_z = param_geometry(layer.attrs, x.shape, z.shape) if z is not None else [0, 1, 1, 1, 1]
+    launcher.launch(KernelSource("quantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
+                    [x, xc, s, sc, z if z is not None else 0, zc, y, yc, x.size, precision,
+                     *param_geometry(layer.attrs, x.shape, s.shape), *geo_z])
+
+
+def enqueue_dequantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    s, z = _params(layer, tensors)
+    xc = _code(x, QUANT_CODES + (7,), "DequantizeLinear input", where)
+    sc, yc = _code(s, FLOAT_CODES, "scale", where), _code(y, FLOAT_CODES, "DequantizeLinear output", where)
+    zc = _code(z, QUANT_CODES + (7,), "zero point", where) if z is not None else 0
+    if x.size == 0:
+        return
+    geo_z = param_geometry(layer.attrs, x.shape, z.shape) if z is not None else [0, 1, 1, 1, 1]
+    launcher.launch(KernelSource("dequantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
+                    [x, xc, s, sc, z if z is not None else 0, zc, y, yc, x.size,
+                     *param_geometry(layer.attrs, x.shape, s.shape), *geo_z])
+
+
+def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    x = tensors[layer.inputs[0]]
+    y, scale, zp = (tensors.get(n) if n else None for n in (list(layer.outputs) + ["", ""])[:3])
+    xc = _code(x, FLOAT_CODES, "DynamicQuantizeLinear input", where)
+    scale = scale or DeviceTensor(launcher.workspace(4), (), np.dtype(np.float32))
+    zp = zp or DeviceTensor(launcher.workspace(1), (), np.dtype(np.uint8))
+    blocks = max(1, min(-(-x.size // (BLOCK * 8)), MINMAX_BLOCKS))
+    partial = launcher.workspace(blocks * 8)
+    launcher.launch(KernelSource("dq_minmax", FILE), (blocks, 1, 1), (BLOCK, 1, 1), [x, xc, x.size, partial])
+    launcher.launch(KernelSource("dq_params", FILE), (1, 1, 1), (BLOCK, 1, 1), [partial, blocks, scale, zp])
+    if y is None or x.size == 0:
+        return
+    none = [0, 1, 1, 1, 1]
+    launcher.launch(KernelSource("quantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
+                    [x, xc, scale, TYPE_CODE["float32"], zp, TYPE_CODE["uint8"], y, TYPE_CODE["uint8"], x.size,
+                     0, *none, *none])
+
+
+cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)
+cuda_tactic("DequantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dequantize)
+cuda_tactic("DynamicQuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dynamic_quantize)
+
+
+def compile_variants() -> list[KernelSource]:
+    """The one quantize.cu module (every op is an entry point in it)."""
+    return _kernels(None)
