@@ -3,7 +3,7 @@
 A node whose inputs are all initializers (or that has none, like Constant) is run once and
 its outputs become initializers. Shape and Size of statically shaped tensors fold too, so
 shape chains (Shape -> Gather -> Concat -> Reshape) collapse when shapes are static. Random
-ops never fold; a node whose kernel fails stays as it is (the others still fold); an output
+ops never fold; CastLike of a constant folds once the target's dtype is known; a node whose kernel fails stays as it is (the others still fold); an output
 larger than `max_elements` that is also larger than the node's inputs (Expand, Tile,
 ConstantOfShape of a huge shape) stays unmaterialized.
 """
@@ -56,6 +56,11 @@ def _evaluate(graph: Graph, node: Node, max_elements: int) -> list[np.ndarray] |
         if shape is None:
             return None
         args: list[np.ndarray | None] = [_stand_in(shape, graph.value(node.input(0)).dtype)]
+    elif node.op_type == "CastLike" and node.domain == "" and node.input(0) in graph.initializers:
+        target = graph.value(node.input(1)).dtype
+        if target is None:
+            return None
+        args = [graph.initializers[node.input(0)], np.zeros((), target)]  # only its dtype is read
     else:
         if any(name and name not in graph.initializers for name in node.inputs):
             return None

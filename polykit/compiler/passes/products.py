@@ -58,8 +58,8 @@ def factors(graph: Graph, name: str, producers: dict[str, Node], readers: dict[s
 
 
 def sum_operands(graph: Graph, node: Node) -> tuple[list[str], list[float]] | None:
-    """(tensor operands, constant operands) of an Add node, or None when `node` is no Add."""
-    if node.op_type != "Add" or node.domain != "" or len(node.inputs) != 2:
+    """(tensor operands, constant operands) of a two-operand Add/Sum node, or None."""
+    if node.op_type not in ("Add", "Sum") or node.domain != "" or len(node.inputs) != 2:
         return None
     tensors, consts = [], []
     for name in node.inputs:
