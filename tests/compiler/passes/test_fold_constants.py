@@ -71,3 +71,10 @@ def test_huge_expand_is_not_materialized():
     assert not fold_constants(g, max_elements=1000)
     assert fold_constants(g, max_elements=1 << 20)
     assert g.initializers["big"].shape == (64, 64)
+
+
+def test_castlike_of_a_constant_folds_to_the_target_dtype():
+    g = graph([node("CastLike", ["half", "x"], "h"), node("Mul", ["x", "h"], "y")], {"x": ((3,), np.float16)}, ["y"],
+              {"half": np.array(0.5, np.float64)})
+    out, _ = run_and_compare(g, fold_constants)
+    assert op_counts(out) == {"Mul": 1} and out.initializers["h"].dtype == np.float16
