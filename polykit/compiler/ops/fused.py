@@ -8,12 +8,13 @@ names are the fused node's inputs, the node's outputs, or names local to the bod
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.registry import InferContext, broadcast_shapes, find_shape_rule, shape_rule
+from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
 
 #: ONNX ops (default domain) a Pointwise body or an epilogue may hold, when registered.
 POINTWISE_OPS = frozenset({
@@ -128,6 +129,17 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
             raise ctx.fail(f"output {out!r} is not written by the body")
         results.append(env[out][:2])
     return results
+
+
+def _decode_json_attrs(node: Node, ctx: ImportContext) -> None:
+    """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
+    for key in ("body", "epilogue"):
+        if isinstance(node.attrs.get(key), str):
+            node.attrs[key] = json.loads(node.attrs[key])
+
+
+for _op in ("Pointwise", "Attention", *EPILOGUE_ARITY):
+    importer(_op, since=1, domain=POLYKIT_DOMAIN)(_decode_json_attrs)
 
 
 @shape_rule("Pointwise", domain=POLYKIT_DOMAIN)

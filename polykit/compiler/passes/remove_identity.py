@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from polykit.compiler.dtypes import ONNX_TO_NUMPY
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.passes.rewrite import const, protected, rename_produced, replace_tensor
 
@@ -45,8 +46,6 @@ def _cast(graph: Graph, node: Node) -> bool:
     src = graph.value(node.input(0)).dtype
     if src is None or "to" not in node.attrs:
         return False
-    from polykit.compiler.dtypes import ONNX_TO_NUMPY
-
     return ONNX_TO_NUMPY.get(int(node.attrs["to"])) == np.dtype(src)
 
 
