@@ -1,0 +1,67 @@
+"""ai.polykit Attention tactic (attention.cu): one block per query row, exact softmax."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.pointwise import broadcast_geometry
+
+FILE = "attention.cu"
+VARIANTS = ("f32", "f32_b8", "f16", "f16_b8")
+MAXR = 8
+
+
+def _kernels(layer) -> list[KernelSource]:
+    return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS]
+
+
+def _pad(v, fill=0):
+    return list(v) + [fill] * (MAXR - len(v))
+
+
+def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    q, k, v = (tensors[n] for n in layer.inputs[:3])
+    mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
+    y = tensors[layer.outputs[0]]
+    code = {"float32": "f32", "float16": "f16"}.get(q.dtype.name)
+    if code is None or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise DeviceError(f"Attention on {q.dtype}/{k.dtype}/{v.dtype} has no CUDA kernel", where=where,
+                          hint="use --target cpu")
+    if mask is not None and mask.dtype == np.bool_:
+        code += "_b8"
+    elif mask is not None and mask.dtype != q.dtype:
+        raise DeviceError(f"mask dtype {mask.dtype} is neither bool nor {q.dtype}", where=where)
+    if y.size == 0:
+        return
+    S, D = q.shape[-2:]
+    Skv, Dv = v.shape[-2:]
+    rank = len(y.shape)
+    mshape = (1,) * (rank - len(mask.shape)) + tuple(mask.shape) if mask is not None else (1,) * rank
+    batches = [tuple(t.shape[:-2]) for t in (q, k, v)] + [mshape[:-2], tuple(y.shape[:-2])]
+    nb, dims, strides, _ = broadcast_geometry(batches, 1)
+    if len(dims) > MAXR:
+        raise DeviceError(f"{len(dims)} batch dims exceed {MAXR}", where=where, hint="use --target cpu")
+    units = [S * D, Skv * D, Skv * Dv, mshape[-2] * mshape[-1]]
+    st = [[s * u for s in strides[i]] for i, u in enumerate(units)]
+    ms_s = mshape[-1] if mshape[-2] != 1 else 0
+    ms_j = 1 if mshape[-1] != 1 else 0
+    scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
+    args = [q, k, v, mask if mask is not None else 0, y, nb, len(dims), *_pad(dims, 1), *(x for s in st for x in _pad(s)),
+            ms_s, ms_j, S, Skv, D, Dv, np.float32(scale), int(layer.attrs.get("nan_probs_to_zero", 0))]
+    block = 128 if max(Skv, Dv) > 64 else 64
+    launcher.launch(KernelSource(f"attention_{code}", FILE), (min(nb * S, 1 << 20), 1, 1), (block, 1, 1), args,
+                    shared_mem=4 * (D + Skv))
+
+
+cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels,
+            supports=lambda layer: layer.domain == "ai.polykit")(enqueue_attention)
+
+
+def compile_variants() -> list[KernelSource]:
+    return _kernels(None)
