@@ -1,0 +1,115 @@
+"""Quantize family: parameter geometry on the host, and on the GPU per-tensor / per-axis / blocked
+(de)quantization and DynamicQuantizeLinear against the reference (outputs poisoned)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc
+from polykit.kernels.cuda import quantize as qk
+
+rng = np.random.default_rng(59)
+
+
+def check(layer, inputs, **tol):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    return assert_matches_reference(layer, inputs, **(tol or {"rtol": 0, "atol": 0}))
+
+
+def test_param_geometry_per_tensor_axis_and_block():
+    assert qk.param_geometry({}, (2, 3, 4), ()) == [0, 1, 1, 1, 1]
+    assert qk.param_geometry({"axis": 1}, (2, 3, 4), (1,)) == [0, 1, 1, 1, 1]
+    assert qk.param_geometry({"axis": 1}, (2, 3, 4), (3,)) == [1, 4, 3, 1, 1]
+    assert qk.param_geometry({"axis": -1, "block_size": 2}, (2, 3, 5), (2, 3, 3)) == [2, 1, 5, 2, 3]
+
+
+def test_param_geometry_matches_the_reference_broadcast():
+    """The kernel's index formula, run with numpy, picks the same scale per element as the reference."""
+    x_shape, p_shape, attrs = (2, 6, 3), (2, 2, 3), {"axis": 1, "block_size": 4}
+    mode, inner, d, block, dp = qk.param_geometry(attrs, x_shape, p_shape)
+    i = np.arange(int(np.prod(x_shape)))
+    q = i // inner
+    o, dd, inn = q // d, q % d, i % inner
+    idx = (o * dp + dd // block) * inner + inn
+    p = rng.standard_normal(p_shape)
+    want = np.repeat(p, 4, axis=1)[:, :6, :]
+    np.testing.assert_array_equal(p.reshape(-1)[idx].reshape(x_shape), want)
+
+
+def _q_layer(kind, n_inputs=3, **attrs):
+    return LayerDesc("q", kind, ("X", "S", "Z")[:n_inputs], ("Y",), dict(attrs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zp_dtype", [np.uint8, np.int8, np.int16, np.uint16])
+def test_quantize_per_tensor_saturates_and_rounds_half_to_even(zp_dtype):
+    x = rng.standard_normal((3, 50)).astype(np.float32) * 300
+    x[0, :6] = [0.5, 1.5, 2.5, -0.5, -1.5, 1e9]  # ties to even, saturation
+    inputs = {"X": x, "S": np.array(1.0, np.float32), "Z": np.array(3, zp_dtype)}
+    check(_q_layer("QuantizeLinear"), inputs)
+
+
+@pytest.mark.gpu
+def test_quantize_without_zero_point_gives_uint8():
+    x = rng.uniform(-2, 300, size=(4, 7)).astype(np.float32)
+    check(_q_layer("QuantizeLinear", 2), {"X": x, "S": np.array(0.7, np.float32)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_quantize_per_axis_matches_reference(axis):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32) * 10
+    n = x.shape[axis]
+    inputs = {"X": x, "S": rng.uniform(0.05, 0.2, n).astype(np.float32), "Z": rng.integers(-5, 5, n).astype(np.int8)}
+    check(_q_layer("QuantizeLinear", axis=axis), inputs)
+
+
+@pytest.mark.gpu
+def test_quantize_blocked_matches_reference():
+    x = rng.standard_normal((2, 7, 3)).astype(np.float32) * 10
+    inputs = {"X": x, "S": rng.uniform(0.05, 0.2, (2, 2, 3)).astype(np.float32),
+              "Z": rng.integers(0, 9, (2, 2, 3)).astype(np.uint8)}
+    check(_q_layer("QuantizeLinear", axis=1, block_size=4), inputs)
+
+
+@pytest.mark.gpu
+def test_quantize_fp16_divides_in_fp16_and_fp32_input_with_fp16_scale():
+    x = rng.standard_normal((5, 40)).astype(np.float32) * 40
+    inputs = {"X": x, "S": np.array(0.3, np.float16), "Z": np.array(-2, np.int8)}
+    check(_q_layer("QuantizeLinear"), inputs)
+    check(_q_layer("QuantizeLinear"), dict(inputs, X=x.astype(np.float16)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype", [np.int8, np.uint8, np.int16, np.uint16])
+@pytest.mark.parametrize("s_dtype", [np.float32, np.float16, np.float64])
+def test_dequantize_per_tensor_matches_reference(x_dtype, s_dtype):
+    info = np.iinfo(x_dtype)
+    x = rng.integers(info.min, info.max, size=(3, 33)).astype(x_dtype)
+    inputs = {"X": x, "S": np.array(0.037, s_dtype), "Z": np.array(7, x_dtype)}
+    check(_q_layer("DequantizeLinear"), inputs)
+
+
+@pytest.mark.gpu
+def test_dequantize_int32_per_axis_without_zero_point():
+    x = rng.integers(-10 ** 6, 10 ** 6, size=(4, 6)).astype(np.int32)
+    inputs = {"X": x, "S": rng.uniform(0.01, 0.1, 6).astype(np.float32)}
+    check(_q_layer("DequantizeLinear", 2, axis=1), inputs)
+
+
+@pytest.mark.gpu
+def test_dequantize_blocked_matches_reference():
+    x = rng.integers(-128, 127, size=(4, 10)).astype(np.int8)
+    inputs = {"X": x, "S": rng.uniform(0.01, 0.1, (4, 3)).astype(np.float32),
+              "Z": rng.integers(-3, 3, (4, 3)).astype(np.int8)}
+    check(_q_layer("DequantizeLinear", axis=1, block_size=4), inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,lo,hi", [((3, 1000), -2.0, 5.0), ((100_000,), 0.5, 3.0), ((7, 9), -4.0, -1.0)])
+def test_dynamic_quantize_matches_reference(shape, lo, hi):
+    x = rng.uniform(lo, hi, size=shape).astype(np.float32)
+    layer = LayerDesc("dq", "DynamicQuantizeLinear", ("X",), ("Y", "S", "Z"), {})
+    check(layer, {"X": x})
