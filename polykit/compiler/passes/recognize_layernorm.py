@@ -48,6 +48,21 @@ class _Chain:
         self.nodes.append(node)
         return node
 
+    def param(self, other: str, norm_shape: tuple, dtype) -> tuple[bool, np.ndarray | None]:
+        """(usable, constant value broadcast to the normalized shape) for a gamma/beta operand."""
+        value = const(self.graph, other)
+        if value is None:
+            return tuple(self.graph.value(other).shape or ()) == norm_shape, None
+        lead = value.ndim - len(norm_shape)
+        if lead > 0 and all(d == 1 for d in value.shape[:lead]):
+            value = value.reshape(value.shape[lead:])
+        try:
+            if value.ndim > len(norm_shape) or np.broadcast_shapes(value.shape, norm_shape) != norm_shape:
+                return False, None
+        except ValueError:
+            return False, None
+        return True, np.broadcast_to(value, norm_shape).astype(dtype)
+
     def affine(self, name: str, op: str, norm_shape: tuple, dtype) -> tuple[str, str, np.ndarray | None] | None:
         """(operand name, new output, constant value) for `name * gamma` / `name + beta`."""
         users = self.readers.get(name, [])
@@ -56,17 +71,8 @@ class _Chain:
         other = _other(users[0], name)
         if other is None or other == name:
             return None
-        value = const(self.graph, other)
-        if value is not None:
-            try:
-                stripped = value.reshape(value.shape[max(0, value.ndim - len(norm_shape)):]) if value.ndim > len(
-                    norm_shape) and all(d == 1 for d in value.shape[: value.ndim - len(norm_shape)]) else value
-                if stripped.ndim > len(norm_shape) or np.broadcast_shapes(stripped.shape, norm_shape) != norm_shape:
-                    return None
-            except ValueError:
-                return None
-            value = np.broadcast_to(stripped, norm_shape).astype(dtype)
-        elif tuple(self.graph.value(other).shape or ()) != norm_shape:
+        usable, value = self.param(other, norm_shape, dtype)
+        if not usable:
             return None
         self.nodes.append(users[0])
         return other, users[0].outputs[0], value
@@ -83,7 +89,7 @@ def recognize_layernorm(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
     for mean in graph.nodes:
         if mean.op_type != "ReduceMean" or id(mean) in replaced or any(mean is d for d in dead):
             continue
-        found = _match(graph, mean, fixed, readers)
+        found = _match(graph, mean, fixed, readers) or _match_tf(graph, mean, fixed, readers)
         if found is not None:
             nodes, new = found
             replaced[id(nodes[-1])] = new
@@ -174,3 +180,57 @@ def _input(graph: Graph, found: tuple[str, str, np.ndarray | None] | None, defau
         return graph.add_initializer(default, prefix)
     name, _, value = found
     return name if value is None else graph.add_initializer(value, prefix)
+
+
+def _match_tf(graph: Graph, mean: Node, fixed: set[str], readers: dict[str, list[Node]]) -> tuple[list[Node], Node] | None:
+    """TF's form: r = Reciprocal(Sqrt(var + eps)) [* gamma]; y = x * r + (beta - mean * r)."""
+    x = mean.input(0)
+    xv = graph.value(x)
+    if xv.shape is None or xv.dtype is None or mean.outputs[0] in fixed:
+        return None
+    rank = len(xv.shape)
+    axes = _axes(graph, mean, rank)
+    users = readers.get(mean.outputs[0], [])
+    if not axes or len(users) != 2:
+        return None
+    sub = next((u for u in users if u.op_type == "Sub" and u.inputs == [x, mean.outputs[0]]), None)
+    mean_mul = next((u for u in users if u.op_type == "Mul" and u is not sub), None)
+    if sub is None or mean_mul is None:
+        return None
+    chain = _Chain(graph, fixed, readers)
+    chain.nodes += [mean, sub]
+    square = sole_reader(graph, sub.outputs[0], readers, fixed)
+    if square is None or not _is_square(graph, square, sub.outputs[0]):
+        return None
+    chain.nodes.append(square)
+    var = chain.next(square.outputs[0], "ReduceMean")
+    add = chain.next(var.outputs[0], "Add") if var is not None and _axes(graph, var, rank) == axes else None
+    eps = None if add is None else scalar(graph, _other(add, var.outputs[0]) or "")
+    std = chain.next(add.outputs[0], "Sqrt") if eps is not None else None
+    recip = chain.next(std.outputs[0], "Reciprocal") if std is not None else None
+    if recip is None:
+        return None
+    norm_shape = tuple(xv.shape[rank - len(axes):])
+    gamma = chain.affine(recip.outputs[0], "Mul", norm_shape, xv.dtype)
+    r = recip.outputs[0] if gamma is None else gamma[1]
+    r_users = readers.get(r, [])
+    x_mul = next((u for u in r_users if u.op_type == "Mul" and _other(u, r) == x), None)
+    if r in fixed or len(r_users) != 2 or x_mul is None or mean_mul not in r_users or _other(mean_mul, r) != mean.outputs[0]:
+        return None
+    beta_sub = sole_reader(graph, mean_mul.outputs[0], readers, fixed)
+    if beta_sub is None or beta_sub.op_type != "Sub" or beta_sub.input(1) != mean_mul.outputs[0]:
+        return None
+    usable, beta_value = chain.param(beta_sub.input(0), norm_shape, xv.dtype)
+    out = sole_reader(graph, x_mul.outputs[0], readers, fixed)
+    if not usable or out is None or out.op_type != "Add" or _other(out, x_mul.outputs[0]) != beta_sub.outputs[0]:
+        return None
+    if sole_reader(graph, beta_sub.outputs[0], readers, fixed) is not out:
+        return None
+    if gamma is None and not all(isinstance(k, int) for k in norm_shape):
+        return None
+    chain.nodes += [mean_mul, x_mul, beta_sub, out]
+    scale = _input(graph, gamma, np.ones(norm_shape, xv.dtype), "ln_scale")
+    bias = _input(graph, (beta_sub.input(0), "", beta_value), None, "ln_bias")
+    node = Node("LayerNormalization", [x, scale, bias], [out.outputs[0]], {"axis": -len(axes), "epsilon": float(eps)},
+                name=f"{mean.name}_layernorm")
+    return chain.nodes, node

@@ -48,3 +48,15 @@ def test_a_kept_intermediate_blocks_the_rewrite():
     nodes = _stats(node("Pow", ["d", "two"], "sq")) + [node("Div", ["d", "std"], "y")]
     g = graph(nodes, {"x": (3, 16)}, ["y"], C)
     assert not recognize_layernorm(g, keep=frozenset({"var"}))
+
+
+def test_tf_export_with_rsqrt_and_folded_affine_is_recognized():
+    # tf2onnx: r = rsqrt(var + eps) * gamma; y = x * r + (beta - mean * r)
+    nodes = [node("ReduceMean", ["x", "axes"], "mean"), node("Sub", ["x", "mean"], "d"), node("Mul", ["d", "d"], "sq"),
+             node("ReduceMean", ["sq", "axes"], "var"), node("Add", ["var", "eps"], "ve"), node("Sqrt", ["ve"], "std"),
+             node("Reciprocal", ["std"], "rstd"), node("Mul", ["rstd", "gamma"], "r"), node("Mul", ["x", "r"], "xr"),
+             node("Mul", ["mean", "r"], "mr"), node("Sub", ["beta", "mr"], "shift"), node("Add", ["xr", "shift"], "y")]
+    g = graph(nodes, {"x": (2, 5, 16)}, ["y"], C)
+    out, changed = run_and_compare(g, recognize_layernorm, rtol=1e-4, atol=1e-5)
+    assert changed and op_counts(out) == {"LayerNormalization": 1}
+    assert out.nodes[0].inputs[0] == "x" and out.nodes[0].outputs == ["y"]
