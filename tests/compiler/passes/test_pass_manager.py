@@ -129,3 +129,11 @@ def test_an_optimized_graph_survives_an_onnx_round_trip(tmp_path):
     before, after = evaluate(out, feeds), evaluate(back, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-6)
+
+
+def test_optimizing_twice_changes_nothing_more():
+    g = _model("convnet_ts.onnx")
+    once = optimize(g)
+    twice = optimize(once)
+    assert [(n.op_type, n.domain, n.inputs, n.outputs) for n in twice.nodes] == \
+        [(n.op_type, n.domain, n.inputs, n.outputs) for n in once.nodes]
