@@ -115,8 +115,10 @@ def output_sizes(in_dims: list[Dim], scales: np.ndarray | None, sizes: np.ndarra
         scale = min(ratios) if policy == "not_larger" else max(ratios)
         return [int(scale * d + 0.5) for d in in_dims], [scale] * len(sizes)
     assert scales is not None
-    factors = [float(s) for s in np.asarray(scales, dtype=np.float64)]
-    return [int(np.floor(d * f)) if isinstance(d, int) else None for d, f in zip(in_dims, factors)], factors
+    factors32 = np.asarray(scales, dtype=np.float32).ravel()
+    # floor(dim * scale) in float32, as onnxruntime computes it (10 * 0.7f is 7, not 6.99...).
+    dims = [int(np.floor(np.float32(d) * f)) if isinstance(d, int) else None for d, f in zip(in_dims, factors32)]
+    return dims, [float(f) for f in factors32]
 
 
 @shape_rule("Resize")

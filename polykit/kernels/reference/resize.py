@@ -28,26 +28,28 @@ def source_coordinates(mode: str, out_len: int, in_len: int, scale: float, roi: 
                        ) -> tuple[np.ndarray, np.ndarray | None]:
     """Input coordinate of each output index, and (tf_crop_and_resize) which fall outside."""
     y = np.arange(out_len, dtype=np.float64)
-    out_f = scale * in_len  # the un-rounded output length
+    # align_corners, pytorch_half_pixel and tf_crop_and_resize divide by the integer output
+    # length (the spec's length_resized, as onnxruntime and PyTorch do); half_pixel_symmetric
+    # needs the un-rounded one.
     if mode == "align_corners":
-        return (np.zeros(out_len) if out_f == 1 else y * (in_len - 1) / (out_f - 1)), None
+        return (np.zeros(out_len) if out_len == 1 else y * (in_len - 1) / (out_len - 1)), None
     if mode == "asymmetric":
         return y / scale, None
     if mode == "pytorch_half_pixel":
-        return (np.full(out_len, -0.5) if out_f == 1 else (y + 0.5) / scale - 0.5), None
+        return (np.zeros(out_len) if out_len == 1 else (y + 0.5) / scale - 0.5), None
     if mode == "half_pixel":
         return (y + 0.5) / scale - 0.5, None
     if mode == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / out_f)
+        offset = in_len / 2 * (1 - out_len / (scale * in_len))
         return offset + (y + 0.5) / scale - 0.5, None
     if mode == "tf_half_pixel_for_nn":
         return (y + 0.5) / scale, None
     # tf_crop_and_resize
     start, end = roi
-    if out_f == 1:
+    if out_len == 1:
         x = np.full(out_len, (end - start) * (in_len - 1) / 2)
     else:
-        x = y * (end - start) * (in_len - 1) / (out_f - 1)
+        x = y * (end - start) * (in_len - 1) / (out_len - 1)
     x = x + start * (in_len - 1)
     return x, (x < 0) | (x > in_len - 1)
 
