@@ -117,7 +117,8 @@ def output_sizes(in_dims: list[Dim], scales: np.ndarray | None, sizes: np.ndarra
     assert scales is not None
     factors32 = np.asarray(scales, dtype=np.float32).ravel()
     # floor(dim * scale) in float32, as onnxruntime computes it (10 * 0.7f is 7, not 6.99...).
-    dims = [int(np.floor(np.float32(d) * f)) if isinstance(d, int) else None for d, f in zip(in_dims, factors32)]
+    dims = [int(np.floor(np.float32(d) * f)) if isinstance(d, int) else (d if f == 1 else None)
+            for d, f in zip(in_dims, factors32)]
     return dims, [float(f) for f in factors32]
 
 
