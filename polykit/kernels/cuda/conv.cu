@@ -6,10 +6,19 @@
 // Bias (may be null) has M elements. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
 #include "gemm_core.cuh"
 
-#define CONV_PARAMS                                                                                      \
+// Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
+// kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
+// float apply_epilogue(const EpiState&, float v, i64 out_index) before this file's text.
+#ifndef HAS_EPILOGUE
+#define HAS_EPILOGUE 0
+#define EPI_PARAMS
+#endif
+
+#define CONV_BASE_PARAMS                                                                                 \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, i64 NB, i64 C, i64 D, i64 H, i64 W, i64 M,     \
       i64 OD, i64 OH, i64 OW, i64 KD, i64 KH, i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 DD, \
       i64 DH, i64 DW, i64 G
+#define CONV_PARAMS CONV_BASE_PARAMS EPI_PARAMS
 
 // Implicit GEMM per group z: Y[z] (Mg x NB*OD*OH*OW) = W[z] (Mg x Cg*KD*KH*KW) * im2col(X)[z];
 // the im2col matrix is never stored: b(z, k, n) gathers from X (0 in the padding).
@@ -17,6 +26,9 @@ struct ConvP {
   const ELEM *X, *Wt, *Bias; ELEM* Y;
   i64 NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G;
   i64 Cg, Mg, M_, N, K, KSP, OSP;
+#if HAS_EPILOGUE
+  EpiState epi;
+#endif
   __device__ __forceinline__ float a(i64 z, i64 m, i64 k) const { return (float)ld(Wt, (z * Mg + m) * K + k); }
   __device__ __forceinline__ float b(i64 z, i64 k, i64 n) const {
     const i64 c = k / KSP; i64 r = k - c * KSP;
@@ -32,11 +44,15 @@ struct ConvP {
   __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
     const i64 co = z * Mg + m, nb = n / OSP, s = n - nb * OSP;
     if (Bias) acc += (float)ld(Bias, co);
-    st(Y, (nb * M_ + co) * OSP + s, acc);
+    const i64 oi = (nb * M_ + co) * OSP + s;
+#if HAS_EPILOGUE
+    acc = apply_epilogue(epi, acc, oi);
+#endif
+    st(Y, oi, acc);
   }
 };
 
-__device__ __forceinline__ ConvP make_conv(CONV_PARAMS) {
+__device__ __forceinline__ ConvP make_conv(CONV_BASE_PARAMS) {
   ConvP p;
   p.X = X; p.Wt = Wt; p.Bias = Bias; p.Y = Y;
   p.NB = NB; p.C = C; p.D = D; p.H = H; p.W = W; p.M_ = M; p.OD = OD; p.OH = OH; p.OW = OW;
@@ -50,15 +66,21 @@ __device__ __forceinline__ ConvP make_conv(CONV_PARAMS) {
 
 // grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G), block 256
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_PARAMS) {
-  const ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
+  ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
                             DH, DW, G);
+#if HAS_EPILOGUE
+  p.epi = make_epi(EPI_ARGS);
+#endif
   simt_gemm<ConvP, 64, 64, 16, 4, 4>(p);
 }
 
 // grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G), block 256; fp16 operands on tensor cores
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_PARAMS) {
-  const ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
+  ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
                             DH, DW, G);
+#if HAS_EPILOGUE
+  p.epi = make_epi(EPI_ARGS);
+#endif
   mma_gemm<ConvP>(p);
 }
 
@@ -66,6 +88,9 @@ extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_PARAMS) {
 // the depthwise path (C/G small, so a GEMM tile would be mostly padding).
 // grid (min(ceil(total/256), 65535*8)), block 256
 extern "C" __global__ void __launch_bounds__(256) conv_direct(CONV_PARAMS) {
+#if HAS_EPILOGUE
+  const EpiState epi = make_epi(EPI_ARGS);
+#endif
   const i64 OSP = OD * OH * OW, total = NB * M * OSP, Cg = C / G, Mg = M / G;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 nb = i / (M * OSP); i64 r = i - nb * M * OSP;
@@ -91,6 +116,9 @@ extern "C" __global__ void __launch_bounds__(256) conv_direct(CONV_PARAMS) {
         }
       }
     }
+#if HAS_EPILOGUE
+    acc = apply_epilogue(epi, acc, i);
+#endif
     st(Y, i, acc);
   }
 }

@@ -3,6 +3,8 @@ depthwise), ConvTranspose (direct gather). NCHW with 1, 2 or 3 spatial dims (map
 D x H x W with unit leading dims); pads come from the compiler's window geometry, so
 auto_pad / dilations / strides follow exactly what the shape rules computed.
 
+Layers with an epilogue (ai.polykit Conv, docs/FUSION.md) run it inside the kernel.
+
 Tactics, kind "Conv" (first supporting one wins; the builder may time them):
   cuda.conv.igemm_mma   precision fp16, group 1: implicit GEMM on mma.sync (fp32 accumulate)
   cuda.conv.direct      group > 1 (depthwise and grouped): one thread per output element
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 from polykit.compiler.ops.conv import transpose_geometry, window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
 from polykit.kernels.cuda.gemm import ELEMS, elem_of
 
 KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_direct", "conv_transpose_direct")
@@ -26,6 +29,15 @@ BLOCK = 256
 
 def variants(kernel: str) -> list[KernelSource]:
     return [KernelSource(kernel, file="conv.cu", defines=defines(ELEM=e)) for e in ELEMS.values()]
+
+
+def layer_variants(kernel: str):
+    """kernels(layer) of a tactic: `kernel` for each storage dtype, with the layer's epilogue."""
+    return lambda layer: [kernel_source(layer, kernel, "conv.cu", e) for e in ELEMS.values()]
+
+
+def _with_epilogue(layer: Any, tensors: Mapping[str, DeviceTensor], args: list[Any]) -> list[Any]:
+    return args + epilogue_args(layer, tensors, tensors[layer.outputs[0]].dtype)
 
 
 def compile_variants() -> list[KernelSource]:
@@ -78,8 +90,9 @@ def _enqueue_igemm(kernel_name: str, tile: int):
         if g["G"] > 65535:
             raise DeviceError(f"group {g['G']} exceeds the grid limit", where=f"layer {layer.name!r}")
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
-        kernel = KernelSource(kernel_name, file="conv.cu", defines=defines(ELEM=elem))
-        launcher.launch(kernel, ((n + tile - 1) // tile, (m + tile - 1) // tile, g["G"]), (BLOCK,), args)
+        kernel = kernel_source(layer, kernel_name, "conv.cu", elem)
+        launcher.launch(kernel, ((n + tile - 1) // tile, (m + tile - 1) // tile, g["G"]), (BLOCK,),
+                        _with_epilogue(layer, tensors, args))
 
     return enqueue
 
@@ -87,28 +100,28 @@ def _enqueue_igemm(kernel_name: str, tile: int):
 def _enqueue_direct(kernel_name: str, transpose: bool = False):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         elem, args, g = conv_args(layer, tensors, transpose)
-        kernel = KernelSource(kernel_name, file="conv.cu", defines=defines(ELEM=elem))
-        launcher.launch(kernel, _grid_1d(g["NB"] * g["M"] * g["OSP"]), (BLOCK,), args)
+        kernel = kernel_source(layer, kernel_name, "conv.cu", elem)
+        launcher.launch(kernel, _grid_1d(g["NB"] * g["M"] * g["OSP"]), (BLOCK,), _with_epilogue(layer, tensors, args))
 
     return enqueue
 
 
 def _plain(layer: Any) -> bool:
-    return not layer.attrs.get("epilogue")
+    return supports_epilogue(layer)
 
 
 def _group(layer: Any) -> int:
     return int(layer.attrs.get("group", 1))
 
 
-cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=lambda layer: variants("conv_igemm_mma"), priority=10,
+cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=layer_variants("conv_igemm_mma"), priority=10,
             supports=lambda layer: _plain(layer) and layer.precision == "fp16" and _group(layer) == 1,
             params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
     _enqueue_igemm("conv_igemm_mma", 128))
-cuda_tactic("Conv", "cuda.conv.direct", kernels=lambda layer: variants("conv_direct"), priority=8,
+cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), priority=8,
             supports=lambda layer: _plain(layer) and _group(layer) > 1,
             params={"math": "fp32 FMA, one thread per output"})(_enqueue_direct("conv_direct"))
-cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=lambda layer: variants("conv_igemm_simt"), priority=5,
+cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
             supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_igemm("conv_igemm_simt", 64))
 cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),
-            supports=_plain, params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))
+            supports=lambda layer: not layer.attrs.get("epilogue"), params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))

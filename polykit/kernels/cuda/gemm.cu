@@ -9,15 +9,30 @@
 //         gemm_mma   grid (ceil(N/128), ceil(M/128), batch), block 256 (mma.sync m16n8k16)
 #include "gemm_core.cuh"
 
+// Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
+// kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
+// float apply_epilogue(const EpiState&, float v, i64 out_index) before this file's text.
+#ifndef HAS_EPILOGUE
+#define HAS_EPILOGUE 0
+#define EPI_PARAMS
+#endif
+
 struct GemmP {
   const ELEM* A; const ELEM* B; const ELEM* C; ELEM* Y;
   i64 M, N, K, sam, sak, sbk, sbn, scm, scn;
   float alpha, beta;
+  i64 ybase;
+#if HAS_EPILOGUE
+  EpiState epi;
+#endif
   __device__ __forceinline__ float a(i64, i64 m, i64 k) const { return (float)ld(A, m * sam + k * sak); }
   __device__ __forceinline__ float b(i64, i64 k, i64 n) const { return (float)ld(B, k * sbk + n * sbn); }
   __device__ __forceinline__ void store(i64, i64 m, i64 n, float acc) const {
     float v = alpha * acc;
     if (C) v += beta * (float)ld(C, m * scm + n * scn);
+#if HAS_EPILOGUE
+    v = apply_epilogue(epi, v, ybase + m * N + n);
+#endif
     st(Y, m * N + n, v);
   }
 };
@@ -33,7 +48,7 @@ __device__ __forceinline__ GemmP make_problem(
   GemmP p;
   p.A = A + i0 * a0 + i1 * a1 + i2 * a2 + i3 * a3;
   p.B = B + i0 * b0 + i1 * b1 + i2 * b2 + i3 * b3;
-  p.C = C; p.Y = Y + (i64)blockIdx.z * M * N;
+  p.C = C; p.ybase = (i64)blockIdx.z * M * N; p.Y = Y + p.ybase;
   p.M = M; p.N = N; p.K = K; p.sam = sam; p.sak = sak; p.sbk = sbk; p.sbn = sbn; p.scm = scm; p.scn = scn;
   p.alpha = alpha; p.beta = beta;
   return p;
@@ -42,15 +57,21 @@ __device__ __forceinline__ GemmP make_problem(
 #define GEMM_PARAMS                                                                                          \
   const ELEM *A, const ELEM *B, const ELEM *C, ELEM *Y, i64 M, i64 N, i64 K, i64 sam, i64 sak, i64 sbk,     \
       i64 sbn, i64 scm, i64 scn, float alpha, float beta, i64 d1, i64 d2, i64 d3, i64 a0, i64 a1, i64 a2,     \
-      i64 a3, i64 b0, i64 b1, i64 b2, i64 b3
+      i64 a3, i64 b0, i64 b1, i64 b2, i64 b3 EPI_PARAMS
 #define GEMM_ARGS A, B, C, Y, M, N, K, sam, sak, sbk, sbn, scm, scn, alpha, beta, d1, d2, d3, a0, a1, a2, a3, b0, b1, b2, b3
 
 extern "C" __global__ void __launch_bounds__(256) gemm_simt(GEMM_PARAMS) {
-  const GemmP p = make_problem(GEMM_ARGS);
+  GemmP p = make_problem(GEMM_ARGS);
+#if HAS_EPILOGUE
+  p.epi = make_epi(EPI_ARGS);
+#endif
   simt_gemm<GemmP, 64, 64, 16, 4, 4>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_mma(GEMM_PARAMS) {
-  const GemmP p = make_problem(GEMM_ARGS);
+  GemmP p = make_problem(GEMM_ARGS);
+#if HAS_EPILOGUE
+  p.epi = make_epi(EPI_ARGS);
+#endif
   mma_gemm<GemmP>(p);
 }

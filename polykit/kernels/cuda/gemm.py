@@ -7,7 +7,8 @@ Tactics (kinds "MatMul" and "Gemm"):
                   operands are rounded to fp16 as they are staged in shared memory)
 Storage dtype is a kernel variant (ELEM = float | half_t); both are compiled for a layer
 because a LayerDesc does not carry tensor dtypes; enqueue picks the one matching its tensors.
-Layers with an epilogue (ai.polykit Conv/Gemm/MatMul) are not supported yet.
+Layers with an epilogue (ai.polykit Gemm/MatMul, docs/FUSION.md) run it inside the kernel
+(epilogue.py) on each fp32 result before the store.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
 
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 MAX_GRID_Z = 65535
@@ -41,12 +43,13 @@ def compile_variants() -> list[KernelSource]:
     return variants("gemm_simt") + variants("gemm_mma")
 
 
-def _plain(layer: Any) -> bool:
-    return not layer.attrs.get("epilogue")
+def layer_variants(kernel: str):
+    """kernels(layer) of a tactic: `kernel` for each storage dtype, with the layer's epilogue."""
+    return lambda layer: [kernel_source(layer, kernel, "gemm.cu", e) for e in ELEMS.values()]
 
 
 def _fp16(layer: Any) -> bool:
-    return _plain(layer) and layer.precision == "fp16"
+    return supports_epilogue(layer) and layer.precision == "fp16"
 
 
 def batch_geometry(batch: Sequence[int], a_batch: Sequence[int], a_strides: Sequence[int],
@@ -101,9 +104,10 @@ def gemm_args(A: DeviceTensor, B: DeviceTensor, C: DeviceTensor | None, Y: Devic
     return count, args
 
 
-def launch_gemm(launcher: Any, kernel_name: str, elem: str, count: int, M: int, N: int, args: list[Any]) -> None:
+def launch_gemm(launcher: Any, layer: Any, kernel_name: str, elem: str, count: int, M: int, N: int,
+                args: list[Any]) -> None:
     bm, bn = TILES[kernel_name]
-    kernel = KernelSource(kernel_name, file="gemm.cu", defines=defines(ELEM=elem))
+    kernel = kernel_source(layer, kernel_name, "gemm.cu", elem)
     launcher.launch(kernel, ((N + bn - 1) // bn, (M + bm - 1) // bm, count), (256,), args)
 
 
@@ -163,13 +167,15 @@ _PROBLEMS = {"MatMul": matmul_problem, "Gemm": gemm_problem}
 def _enqueue_with(kernel_name: str):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         elem, count, M, N, args = _PROBLEMS[layer.kind](layer, tensors)
-        launch_gemm(launcher, kernel_name, elem, count, M, N, args)
+        dtype = next(d for d, e in ELEMS.items() if e == elem)
+        args += epilogue_args(layer, tensors, dtype)
+        launch_gemm(launcher, layer, kernel_name, elem, count, M, N, args)
 
     return enqueue
 
 
 for _kind in _PROBLEMS:
-    cuda_tactic(_kind, "cuda.gemm.mma", kernels=lambda layer: variants("gemm_mma"), supports=_fp16, priority=10,
+    cuda_tactic(_kind, "cuda.gemm.mma", kernels=layer_variants("gemm_mma"), supports=_fp16, priority=10,
                 params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(_enqueue_with("gemm_mma"))
-    cuda_tactic(_kind, "cuda.gemm.simt", kernels=lambda layer: variants("gemm_simt"), supports=_plain, priority=0,
+    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"), supports=supports_epilogue, priority=0,
                 params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_with("gemm_simt"))

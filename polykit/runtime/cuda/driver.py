@@ -104,7 +104,7 @@ def current_device(ordinal: int = 0) -> DeviceInfo:
                 raise DeviceError("no CUDA device found", hint=_NO_GPU_HINT)
             if not 0 <= ordinal < count:
                 raise DeviceError(f"CUDA device {ordinal} does not exist ({count} device(s) found)",
-                                  hint=f"choose a device between 0 and {count - 1}")
+                                  hint=f"choose a device between 0 and {count - 1}, or use --target cpu")
             dev = call("cuDeviceGet", ordinal)
             ctx = call("cuDevicePrimaryCtxRetain", dev)
             attr = d.CUdevice_attribute

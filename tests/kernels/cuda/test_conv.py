@@ -80,3 +80,20 @@ def test_conv_transpose_matches_reference(x, w, attrs):
     m = w[1] * attrs.get("group", 1)
     check(conv_layer(attrs, kind="ConvTranspose"), {"X": rand(*x), "W": rand(*w), "B": rand(m)},
           "cuda.conv_transpose.direct", rtol=1e-4, atol=1e-4)
+
+
+EPI_BODY = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+            {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
+
+
+@pytest.mark.parametrize("tactic,precision,group", [("cuda.conv.igemm_simt", "fp32", 1),
+                                                     ("cuda.conv.igemm_mma", "fp16", 1),
+                                                     ("cuda.conv.direct", "fp32", 4)])
+@pytest.mark.parametrize("skip_shape", [(2, 8, 7, 9), (8, 1, 1), (1, 8, 1, 9)])
+def test_conv_with_residual_relu_epilogue_matches_reference(tactic, precision, group, skip_shape):
+    layer = LayerDesc("conv", "Conv", ("X", "W", "B", "skip"), ("y",),
+                      {"pads": [1, 1, 1, 1], "group": group, "epilogue": {"input": "raw", "body": EPI_BODY}},
+                      domain="ai.polykit", precision=precision)
+    inputs = {"X": rand(2, 8, 7, 9), "W": rand(8, 8 // group, 3, 3), "B": rand(8), "skip": rand(*skip_shape)}
+    tol = {"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 1e-4}
+    check(layer, inputs, tactic, **tol)

@@ -86,3 +86,20 @@ def test_mma_gemm_matches_reference(ta, tb):
     b = rand(N, K) if tb else rand(K, N)
     layer = gemm_layer({"transA": ta, "transB": tb, "alpha": 1.5, "beta": 0.5}, precision="fp16")
     _check(layer, {"A": a, "B": b, "C": rand(N)}, "cuda.gemm.mma", rel=3e-3)
+
+
+@pytest.mark.parametrize("tactic,precision", [("cuda.gemm.simt", "fp32"), ("cuda.gemm.mma", "fp16")])
+def test_matmul_with_bias_gelu_epilogue_matches_reference(tactic, precision):
+    body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+            {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
+    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias"), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit", precision=precision)
+    inputs = {"A": rand(2, 33, 40), "B": rand(40, 70), "bias": rand(70)}
+    _check(layer, inputs, tactic, **({"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 1e-4}))
+
+
+def test_gemm_with_c_and_sigmoid_epilogue_matches_reference():
+    body = [{"op": "Sigmoid", "inputs": ["raw"], "outputs": ["Y"], "attrs": {}}]
+    layer = LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit")
+    _check(layer, {"A": rand(9, 20), "B": rand(31, 20), "C": rand(31)}, "cuda.gemm.simt", rtol=1e-5, atol=1e-5)
