@@ -1,0 +1,202 @@
+"""Time polykit's cuda target against PyTorch eager on ResNet-50 and BERT-base (random weights).
+
+Run on a GPU machine with torch, torchvision and transformers installed:
+
+    PYTHONPATH=. python3 benchmarks/cuda_models.py [--models resnet50,bert] [--out results.json]
+
+For each model, batch size and precision (fp32, fp16) it exports the torch model to ONNX
+(opset 21, random weights, fixed seed), builds a polykit plan for --target cuda, checks the
+outputs against torch (fp32: max abs / relative error reported), then times both sides with
+CUDA events: warm-up, then the median of `--iters` runs. polykit runs through
+ExecutionContext.enqueue on torch tensors (CUDA-graph replay, no host copies); torch runs
+eager under torch.inference_mode (fp16: model.half()). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CASES = {"resnet50": [1, 32], "bert": [1, 8]}
+SEQ = 128
+
+
+def make_model(name: str, torch):
+    torch.manual_seed(0)
+    if name == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None).eval()
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig()).eval()
+
+
+def make_inputs(name: str, batch: int, torch):
+    g = torch.Generator().manual_seed(batch)
+    if name == "resnet50":
+        return {"x": torch.randn(batch, 3, 224, 224, generator=g)}
+    return {"input_ids": torch.randint(0, 30522, (batch, SEQ), generator=g),
+            "attention_mask": torch.ones(batch, SEQ, dtype=torch.int64)}
+
+
+def export(name: str, model, inputs, path: Path, torch) -> None:
+    args = tuple(inputs.values())
+    kwargs = {"input_names": list(inputs), "output_names": ["out"], "opset_version": 21, "dynamo": False}
+    wrapped = model if name == "resnet50" else _BertOut(model, torch)
+    torch.onnx.export(wrapped, args, str(path), **kwargs)
+
+
+class _BertOut:  # returns last_hidden_state only (a plain tensor output for ONNX)
+    def __new__(cls, model, torch):
+        class Wrap(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        return Wrap().eval()
+
+
+def time_cuda(fn, torch, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+
+    model = make_model(name, torch)
+    inputs = make_inputs(name, batch, torch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}_bs{batch}.onnx"
+        export(name, model, inputs, path, torch)
+        t0 = time.perf_counter()
+        plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16"))
+        build_s = time.perf_counter() - t0
+    dev_model = model.cuda()
+    if precision == "fp16":
+        dev_model = dev_model.half()
+    dev_inputs = {k: v.cuda() for k, v in inputs.items()}
+    torch_inputs = {k: (v.half() if v.is_floating_point() and precision == "fp16" else v) for k, v in dev_inputs.items()}
+    with torch.inference_mode():
+        call = (lambda: dev_model(torch_inputs["x"])) if name == "resnet50" else \
+            (lambda: dev_model(**torch_inputs).last_hidden_state)
+        ref = call().float()
+        torch_ms = time_cuda(call, torch, args.warmup, args.iters)
+    engine = Engine(plan)
+    ctx = engine.create_execution_context()
+    out_name = plan.outputs[0]
+    desc = plan.tensors[out_name]
+    out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
+    feeds = {n: dev_inputs[n].to(getattr(torch, plan.tensors[n].dtype)).contiguous() for n in plan.inputs}
+    bindings = dict(feeds, **{out_name: out})
+    stream = torch.cuda.current_stream()
+    run = lambda: ctx._ctx.enqueue(bindings, stream)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    err = (out.float() - ref).abs()
+    rel = float(err.norm() / ref.norm())
+    polykit_ms = time_cuda(run, torch, args.warmup, args.iters)
+    ctx.close()
+    engine.close()
+    return {"model": name, "batch": batch, "precision": precision, "polykit_ms": round(polykit_ms, 3),
+            "torch_eager_ms": round(torch_ms, 3), "speedup_vs_torch": round(torch_ms / polykit_ms, 3),
+            "max_abs_err": float(err.max()), "rel_err": rel, "build_s": round(build_s, 1),
+            "layers": len(plan.layers)}
+
+
+def gemm_micro(torch, size: int = 4096, iters: int = 10) -> None:
+    """Kernel-level check: polykit's GEMM tactics vs torch.matmul on one square product."""
+    from polykit.compiler.plan_records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    info = driver.current_device()
+    flops = 2 * size ** 3
+    for tactic_name, precision, dtype in (("cuda.gemm.simt", "fp32", torch.float32),
+                                          ("cuda.gemm.mma", "fp16", torch.float16)):
+        layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), precision=precision)
+        tactic = find_tactic("cuda", "MatMul", tactic_name)
+        modules = KernelModules(info.arch)
+        modules.load(tactic.kernels(layer))
+        a = torch.randn(size, size, device="cuda", dtype=dtype)
+        b = torch.randn(size, size, device="cuda", dtype=dtype)
+        y = torch.empty(size, size, device="cuda", dtype=dtype)
+        npd = np.dtype(str(dtype).split(".")[-1])
+        tensors = {n: DeviceTensor(t.data_ptr(), (size, size), npd) for n, t in (("A", a), ("B", b), ("Y", y))}
+        stream = torch.cuda.current_stream().cuda_stream
+        launcher = CudaLauncher(modules, driver.drv().CUstream(stream), lambda n: 0, "mm")
+        ms = time_cuda(lambda: tactic.enqueue(layer, launcher, tensors), torch, 2, iters)
+        ref = a.float() @ b.float()
+        rel = float((y.float() - ref).norm() / ref.norm())
+        tms = time_cuda(lambda: a @ b, torch, 2, iters)
+        print(f"GEMM {size}^3 {tactic_name:15} {precision}: {ms:8.3f} ms = {flops / ms / 1e9:7.1f} TFLOP/s "
+              f"(rel err {rel:.1e}); torch.matmul {dtype}: {tms:7.3f} ms = {flops / tms / 1e9:7.1f} TFLOP/s", flush=True)
+        modules.close()
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,bert")
+    parser.add_argument("--precisions", default="fp32,fp16")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default="cuda_models.json")
+    parser.add_argument("--gemm", action="store_true", help="also time the GEMM kernels alone (4096^3)")
+    args = parser.parse_args()
+    if args.gemm:
+        gemm_micro(torch)
+    rows = []
+    for name in args.models.split(","):
+        for batch in CASES[name]:
+            for precision in args.precisions.split(","):
+                try:
+                    rows.append(bench_case(name, batch, precision, args, torch))
+                except Exception as exc:  # record and go on: one failing case must not hide the others
+                    rows.append({"model": name, "batch": batch, "precision": precision, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                print(json.dumps(rows[-1]), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+            "command": "PYTHONPATH=. python3 benchmarks/cuda_models.py " + " ".join(os.sys.argv[1:]),
+            "torch": torch.__version__}
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    print(f"\n{meta}")
+    print(f"{'model':10} {'bs':>3} {'prec':5} {'polykit ms':>11} {'torch ms':>9} {'rel err':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:10} {r['batch']:>3} {r['precision']:5} ERROR {r['error'][:80]}")
+        else:
+            print(f"{r['model']:10} {r['batch']:>3} {r['precision']:5} {r['polykit_ms']:>11.3f} "
+                  f"{r['torch_eager_ms']:>9.3f} {r['rel_err']:>9.2e}")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
