@@ -1,6 +1,6 @@
 import numpy as np
 
-from passes_testkit import graph, node, op_counts, run_and_compare
+from .passes_testkit import graph, node, op_counts, run_and_compare
 
 from polykit.compiler.passes import eliminate_dead_code
 

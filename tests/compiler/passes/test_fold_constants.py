@@ -1,6 +1,6 @@
 import numpy as np
 
-from passes_testkit import graph, node, op_counts, run_and_compare, scalar
+from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
 from polykit.compiler.passes import fold_constants
 from polykit.compiler.registry import SHAPE_RULES

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from passes_testkit import graph, node, op_counts, run_and_compare
+from .passes_testkit import graph, node, op_counts, run_and_compare
 
 from polykit.compiler.passes import fold_conv_batchnorm
 

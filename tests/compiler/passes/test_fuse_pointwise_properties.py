@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from passes_testkit import graph, node, run_and_compare
+from .passes_testkit import graph, node, run_and_compare
 
 from polykit.compiler.passes import fuse_pointwise
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from passes_testkit import graph, node
+from .passes_testkit import graph, node
 
 from polykit.compiler.ir import POLYKIT_DOMAIN
 from polykit.compiler.ops.fused import rename_fused_tensor

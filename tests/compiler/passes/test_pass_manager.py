@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from passes_testkit import feeds_for, graph, node, op_counts
+from .passes_testkit import feeds_for, graph, node, op_counts
 
 from polykit.compiler.ir import POLYKIT_DOMAIN
 from polykit.compiler.onnx_import import load_onnx

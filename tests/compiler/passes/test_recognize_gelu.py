@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from passes_testkit import graph, node, op_counts, run_and_compare, scalar
+from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
 from polykit.compiler.passes import recognize_gelu
 
