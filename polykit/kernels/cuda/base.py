@@ -10,6 +10,7 @@ import every tactic and compile every KernelSource with NVRTC without a GPU.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -39,8 +40,9 @@ class KernelSource:
         return head + inline_includes(body)
 
     def key(self) -> str:
-        """Stable identity of the source text (part of the kernel-cache key)."""
-        return hashlib.sha256(self.render().encode()).hexdigest()[:24]
+        """Stable identity of the source text (part of the kernel-cache key); memoized, since
+        launchers look kernels up by it on every launch."""
+        return _source_key(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "file": self.file, "code": self.code, "defines": [list(d) for d in self.defines]}
@@ -48,6 +50,11 @@ class KernelSource:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _source_key(source: KernelSource) -> str:
+    return hashlib.sha256(source.render().encode()).hexdigest()[:24]
 
 
 _INCLUDE = re.compile(r'^[ \t]*#include[ \t]+"([A-Za-z0-9_.]+\.cuh)"[ \t]*$', re.M)
