@@ -94,7 +94,7 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
         path = Path(tmp) / f"{name}_bs{batch}.onnx"
         export(name, model, inputs, path, torch)
         t0 = time.perf_counter()
-        plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16"))
+        plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16", fuse=not args.no_fuse))
         build_s = time.perf_counter() - t0
     dev_model = model.cuda()
     if precision == "fp16":
@@ -169,6 +169,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="cuda_models.json")
+    parser.add_argument("--no-fuse", action="store_true", help="build without the fusion passes")
     parser.add_argument("--gemm", action="store_true", help="also time the GEMM kernels alone (4096^3)")
     args = parser.parse_args()
     if args.gemm:
