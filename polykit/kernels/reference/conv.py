@@ -22,12 +22,12 @@ from polykit.kernels.registry import reference
 
 
 def accumulator_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype products are summed in: float32 BLAS for float16/32 (what every engine's fp32
-    kernels do, and twice as fast as float64 on the cpu target), float64 for float64, int64
-    for integers (exact)."""
-    if not np.issubdtype(dtype, np.floating):
-        return np.dtype(np.int64)
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    """The dtype products are summed in: float64 for floating inputs, int64 for integers.
+
+    float32 BLAS would be twice as fast but rounds differently per output column (its
+    micro-kernel tiles), so identical channels would not give identical outputs; the
+    reference is the oracle, so it pays for exactness."""
+    return np.dtype(np.float64) if np.issubdtype(dtype, np.floating) else np.dtype(np.int64)
 
 
 def padded(x: np.ndarray, win: Window, value: float | int = 0) -> np.ndarray:

@@ -8,6 +8,7 @@ but never the ceil_mode overhang).
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -33,8 +34,15 @@ def _geometry(node: Node, x: np.ndarray) -> Window:
     return win
 
 
-def _kernel_axes(nd: int) -> tuple[int, ...]:
-    return tuple(range(2 + nd, 2 + 2 * nd))
+def reduce_windows(windows: np.ndarray, nd: int, ufunc: np.ufunc) -> np.ndarray:
+    """Reduce the trailing `nd` kernel axes of a window view with `ufunc`, one kernel offset at
+    a time (k1*k2 vectorized passes beat numpy's reduction over strided axes by far)."""
+    kernel = windows.shape[-nd:]
+    out = None
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        part = windows[(Ellipsis,) + offset]
+        out = np.array(part) if out is None else ufunc(out, part, out=out)
+    return out
 
 
 def _lowest(dtype: np.dtype):
@@ -47,7 +55,7 @@ def max_pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray
     win = _geometry(node, x)
     nd = len(win.kernel)
     windows = sliding_windows(padded(x, win, _lowest(x.dtype)), win)
-    y = windows.max(axis=_kernel_axes(nd))
+    y = reduce_windows(windows, nd, np.maximum)
     if len(node.outputs) < 2 or not node.outputs[1]:
         return [y]
     flat = windows.reshape(windows.shape[: 2 + nd] + (-1,))
@@ -86,7 +94,7 @@ def _window_counts(win: Window, spatial: Sequence[int], include_pad: bool) -> np
 def _window_sums(node: Node, x: np.ndarray) -> tuple[np.ndarray, Window]:
     win = _geometry(node, x)
     windows = sliding_windows(padded(x.astype(np.float64), win, 0.0), win)
-    return windows.sum(axis=_kernel_axes(len(win.kernel))), win
+    return reduce_windows(windows, len(win.kernel), np.add), win
 
 
 @reference("AveragePool")
