@@ -135,6 +135,8 @@ def _resize(ctx: InferContext):
         scales = None
     if sizes is not None and sizes.size == 0:
         sizes = None
+    if scales is not None and sizes is not None:
+        raise ctx.fail("Resize got both 'scales' and 'sizes'", hint="give one of them; leave the other \"\"")
     for name, value in (("scales", scales), ("sizes", sizes)):
         if value is not None and value.size != len(axes):
             raise ctx.fail(f"{name} has {value.size} values for {len(axes)} resized axes",

@@ -71,6 +71,9 @@ def conv_accumulate(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Grouped N-d convolution of x (N, C, *D) with w (M, C/group, *k), in the accumulator dtype."""
     acc = accumulator_dtype(x.dtype)
     group = int(node.attrs.get("group", 1))
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ShapeError(f"input {x.shape} and weight {w.shape} are not (N, C, D1, ...) and (M, C/group, k1, ...)",
+                         where=node.describe(), hint="convolution operands need the same rank, at least 3")
     n, c = x.shape[:2]
     m, wc = w.shape[:2]
     _check_groups(node, c, wc, m, group)

@@ -151,6 +151,12 @@ def test_resize_with_an_unknown_mode_is_an_attribute_error():
         infer("Resize", [(1, 1, 2, 2), None, (4,)], consts={2: np.ones(4, np.float32)}, mode="bicubic")
 
 
+def test_resize_with_both_scales_and_sizes_names_the_node():
+    with pytest.raises(ShapeError, match="node0"):
+        infer("Resize", [(1, 1, 2, 2), None, (4,), (4,)],
+              consts={2: np.ones(4, np.float32), 3: np.array([1, 1, 4, 4], np.int64)})
+
+
 def test_depth_to_space_and_space_to_depth_keep_the_batch_symbolic():
     (y,) = infer("DepthToSpace", [("N", 8, 3, 4)], blocksize=2)
     assert y.shape == ("N", 2, 6, 8)

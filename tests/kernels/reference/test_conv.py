@@ -89,6 +89,11 @@ def test_conv_rejects_channels_that_do_not_fit_the_groups():
         run("Conv", [rand(1, 4, 5, 5), rand(4, 3, 3, 3)], group=2)
 
 
+def test_conv_of_a_rank_2_input_is_a_shape_error():
+    with pytest.raises(ShapeError, match="rank"):
+        run("Conv", [rand(3, 4), rand(2, 3, 3)])
+
+
 def test_conv_of_a_resnet_sized_layer_takes_well_under_a_second():
     x, w = rand(1, 64, 56, 56), rand(64, 64, 3, 3)
     start = time.perf_counter()
