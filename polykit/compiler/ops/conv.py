@@ -142,7 +142,8 @@ def kernel_shape(ctx: InferContext, w_index: int = 1) -> tuple[int, ...] | None:
     return tuple(w[2:])
 
 
-def _check_input(ctx: InferContext, min_rank: int = 3) -> tuple[Dim, ...] | None:
+def check_spatial_input(ctx: InferContext, min_rank: int = 3) -> tuple[Dim, ...] | None:
+    """The (N, C, D1, ...) shape of input 0, or None; ShapeError if its rank is too small."""
     x = ctx.shape(0)
     if x is not None and len(x) < min_rank:
         raise ctx.fail(f"input has rank {len(x)}, expected (N, C, D1, ...) with rank >= {min_rank}",
@@ -151,7 +152,7 @@ def _check_input(ctx: InferContext, min_rank: int = 3) -> tuple[Dim, ...] | None
 
 
 def _conv_shape(ctx: InferContext) -> tuple[Dim, ...] | None:
-    x, w = _check_input(ctx), ctx.shape(1)
+    x, w = check_spatial_input(ctx), ctx.shape(1)
     group = int(ctx.attr("group", 1))
     if x is not None and w is not None:
         if len(w) != len(x):
@@ -189,7 +190,7 @@ def _conv_integer(ctx: InferContext):
 
 @shape_rule("ConvTranspose")
 def _conv_transpose(ctx: InferContext):
-    x, w = _check_input(ctx), ctx.shape(1)
+    x, w = check_spatial_input(ctx), ctx.shape(1)
     group = int(ctx.attr("group", 1))
     if x is not None and w is not None and isinstance(x[1], int) and isinstance(w[0], int) and x[1] != w[0]:
         raise ctx.fail(f"input has {x[1]} channels, the weight's dim 0 is {w[0]}",

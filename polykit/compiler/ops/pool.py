@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import Node
-from polykit.compiler.ops.conv import _check_input, window_geometry
+from polykit.compiler.ops.conv import check_spatial_input, window_geometry
 from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
@@ -20,19 +20,13 @@ INT64 = np.dtype(np.int64)
 
 @importer("LpPool", since=1)
 @importer("GlobalLpPool", since=1)
-def _lp_pool_v1(node: Node, ctx: ImportContext) -> None:
-    if "p" in node.attrs:
+def _lp_pool_p_as_int(node: Node, ctx: ImportContext) -> None:
+    if "p" in node.attrs:  # a float in opset 1, an int since 2 (where this is a no-op)
         node.attrs["p"] = int(round(float(node.attrs["p"])))
 
 
-@importer("LpPool", since=2)
-@importer("GlobalLpPool", since=2)
-def _lp_pool_v2(node: Node, ctx: ImportContext) -> None:
-    return None
-
-
 def _pool_shape(ctx: InferContext):
-    x = _check_input(ctx)
+    x = check_spatial_input(ctx)
     ks = ctx.attr("kernel_shape")
     if x is None:
         return None
@@ -59,7 +53,7 @@ def _avg_pool(ctx: InferContext):
 
 @shape_rule("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool")
 def _global_pool(ctx: InferContext):
-    x = _check_input(ctx)
+    x = check_spatial_input(ctx)
     return [(ctx.dtype(0), None if x is None else tuple(x[:2]) + (1,) * (len(x) - 2))]
 
 
@@ -86,7 +80,7 @@ def unpool_shape(attrs, spatial, where: str = ""):
 
 @shape_rule("MaxUnpool")
 def _max_unpool(ctx: InferContext):
-    x = _check_input(ctx)
+    x = check_spatial_input(ctx)
     ctx.attr("kernel_shape")
     requested = ctx.const(2)
     if requested is not None:
