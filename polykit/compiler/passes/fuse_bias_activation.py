@@ -84,16 +84,18 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     readers = graph.consumers()
     replacements: dict[int, Node] = {}
     dead: list[Node] = []
+    claimed: set[int] = set()  # chain nodes already given to a base (two convs feeding one residual Add)
     for base in graph.nodes:
         if base.domain != "" or base.op_type not in EPILOGUE_ARITY or len(base.outputs) != 1:
             continue
         chain = _chain(graph, base, readers, fixed)
-        if not chain:
+        if not chain or any(id(n) in claimed for n in chain):
             continue
         try:
             replacements[id(chain[-1])] = _epilogue_node(base, chain)
         except TypeError:  # an attribute that plans cannot store as JSON: leave the nodes apart
             continue
+        claimed.update(id(n) for n in chain)
         dead.extend([base, *chain[:-1]])
     if not replacements:
         return False

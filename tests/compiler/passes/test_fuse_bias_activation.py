@@ -71,3 +71,30 @@ def test_chain_stops_where_broadcasting_would_grow_the_result():
     g = graph([node("MatMul", ["x", "w"], "m"), node("Add", ["m", "big"], "y")], {"x": (4, 3), "big": (2, 4, 5)},
               ["y"], {"w": _w(3, 5)})
     assert not fuse_bias_activation(g)
+
+
+def test_two_convs_feeding_one_residual_add_fuse_only_one_epilogue():
+    """ResNet's downsample block: both convs' sole reader is the same Add; only one may take it."""
+    import numpy as np
+
+    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.passes import evaluate, optimize
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="main", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["b"], name="down"),
+        helper.make_node("Add", ["a", "b"], ["s"], name="res"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w1, w2])
+    graph = load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    before = evaluate(graph, {"x": x})["y"]
+    opt = optimize(graph)
+    assert sum(1 for n in opt.nodes if n.attrs.get("epilogue")) == 1
+    np.testing.assert_allclose(evaluate(opt, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
