@@ -114,7 +114,7 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     feeds = {n: dev_inputs[n].to(getattr(torch, plan.tensors[n].dtype)).contiguous() for n in plan.inputs}
     bindings = dict(feeds, **{out_name: out})
     stream = torch.cuda.current_stream()
-    run = lambda: ctx._ctx.enqueue(bindings, stream)  # noqa: E731
+    run = lambda: ctx.enqueue(bindings, stream)  # noqa: E731
     run()
     torch.cuda.synchronize()
     err = (out.float() - ref).abs()

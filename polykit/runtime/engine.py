@@ -133,6 +133,18 @@ class ExecutionContext:
         checked = check_feeds(self.engine.plan, feeds)
         return self._ctx.execute(checked)
 
+    def enqueue(self, bindings: Mapping[str, Any], stream: Any = None) -> None:
+        """Run on device buffers (DLPack / __cuda_array_interface__ objects or raw pointers),
+        one per engine I/O tensor, on `stream` (a handle or stream object; None = the
+        context's own), without synchronizing. Only targets with device memory have it."""
+        if self._closed:
+            raise UsageError("the execution context is closed", hint="create a new one from the engine")
+        enqueue = getattr(self._ctx, "enqueue", None)
+        if enqueue is None:
+            raise UsageError(f"the {self.engine.target} target has no device buffers to enqueue on",
+                             hint="use execute(feeds) with numpy arrays, or build for --target cuda")
+        enqueue(bindings, stream)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -174,4 +186,11 @@ def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
                 f"input {name!r} has shape {tuple(value.shape)}, the engine expects {tuple(desc.shape)}",
                 where=f"tensor {name!r}", hint="rebuild the plan with --input-shapes for other shapes")
         out[name] = np.asarray(value, order="C")
+    for name, bound in (plan.metadata.get("input_values") or {}).items():
+        value = out.get(name)
+        if value is not None and not np.array_equal(value.ravel(), np.asarray(bound["values"], dtype=value.dtype),
+                                                    equal_nan=value.dtype.kind == "f"):
+            raise RuntimeInputError(
+                f"input {name!r} differs from the value the plan was built for (BuilderConfig.input_values)",
+                where=f"tensor {name!r}", hint="rebuild the plan with this input's value")
     return out

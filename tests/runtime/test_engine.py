@@ -199,3 +199,22 @@ def test_exported_models_run_on_cpu_like_onnxruntime(model):
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
         np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
     assert plan.memory.arena_bytes < plan.memory.no_reuse_bytes
+
+
+def test_enqueue_on_the_cpu_target_is_a_usage_error_pointing_to_execute():
+    import numpy as np
+    import pytest
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.errors import UsageError
+    from polykit.runtime.engine import Runtime
+
+    g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    plan = build_plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), BuilderConfig(target="cpu"))
+    with Runtime("cpu").deserialize_engine(plan).create_execution_context() as ctx:
+        with pytest.raises(UsageError, match="execute"):
+            ctx.enqueue({"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32)})

@@ -95,7 +95,7 @@ def test_enqueue_on_torch_tensors_and_stream():
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             for _ in range(3):  # eager, capture, replay
-                ctx._ctx.enqueue({"x": x_dev, "y": y_dev}, stream)
+                ctx.enqueue({"x": x_dev, "y": y_dev}, stream)
         stream.synchronize()
         np.testing.assert_allclose(y_dev.cpu().numpy(), want["y"], rtol=1e-4, atol=1e-4)
 
