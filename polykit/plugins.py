@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -118,10 +120,64 @@ def _import_plugin(module: str, source: str) -> Any:
         ) from exc
 
 
-def _entry_points() -> list[Any]:
-    from importlib.metadata import entry_points
+@dataclass(frozen=True)
+class PluginEntryPoint:
+    """One `polykit` entry point of an installed distribution: `name = module[:attr]`."""
 
-    return list(entry_points(group=ENTRY_POINT_GROUP))
+    name: str
+    value: str
+    dist: str
+
+    def load(self) -> Any:
+        module, _, attr = self.value.partition(":")
+        obj = importlib.import_module(module.strip())
+        for part in filter(None, attr.strip().split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _entry_points() -> list[PluginEntryPoint]:
+    """Entry points of group `polykit` from the *.dist-info / *.egg-info folders on sys.path.
+
+    The same lookup importlib.metadata does (first distribution of a name on sys.path wins),
+    without importing it: importlib.metadata costs ~10% of `polykit run`'s start-up.
+    """
+    found: list[PluginEntryPoint] = []
+    seen: set[str] = set()
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for folder in names:
+            if not folder.endswith((".dist-info", ".egg-info")):
+                continue
+            dist = folder.rsplit(".", 1)[0].split("-")[0].lower().replace("_", "-").replace(".", "-")
+            if dist in seen:
+                continue
+            seen.add(dist)
+            try:
+                with open(os.path.join(entry or ".", folder, "entry_points.txt"), encoding="utf-8") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            found.extend(PluginEntryPoint(n, v, dist) for n, v in _group_entries(text, ENTRY_POINT_GROUP))
+    return found
+
+
+def _group_entries(text: str, group: str) -> list[tuple[str, str]]:
+    """`name = value` lines of one [group] section of an entry_points.txt (INI syntax)."""
+    entries, current = [], None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1].strip()
+        elif current == group and "=" in line:
+            name, _, value = line.partition("=")
+            entries.append((name.strip(), value.strip()))
+    return entries
 
 
 def create_plugin_manager(env: dict[str, str] | None = None) -> pluggy.PluginManager:

@@ -253,3 +253,13 @@ def test_help_lists_runner_flags(capsys):
 def test_console_script_points_at_main():
     text = (REPO / "pyproject.toml").read_text()
     assert 'polykit = "polykit.tools.cli:main"' in text
+
+
+def test_run_onnxrt_imports_no_heavy_modules_it_does_not_need(tmp_path):
+    """Start-up budget: `polykit run m.onnx --onnxrt` loads neither pydantic, onnx, torch nor the compiler."""
+    code = ("import sys; from polykit.tools.cli import main; rc = main(['run', %r, '--onnxrt', '-q']); "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'onnx', 'torch') "
+            "or m.startswith('polykit.compiler')); print(rc, heavy)") % MLP
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr

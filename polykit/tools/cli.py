@@ -51,7 +51,9 @@ def _version(value: bool) -> None:
 def build_app(pm=None) -> typer.Typer:
     """The typer app with every plugin's subcommands registered."""
     from polykit.plugins import plugin_manager
+    from polykit.tools.cli_coercion import install
 
+    install()
     pm = pm or plugin_manager()
     app = typer.Typer(
         name="polykit",
