@@ -147,12 +147,23 @@ __device__ void tile(const E* __restrict__ src, E* __restrict__ dst, i64 n, i64 
     ARR8(in_dims, a); ARR8(out_dims, b);                                                                          \
     tile<E>(src, dst, n, rank, in_dims, out_dims);                                                                \
   }
+// one compile unit per element size when PK_SPLIT is defined (compiled in parallel)
+#if !defined(PK_SPLIT) || defined(PK_ONLY_1)
 MOVE(u8, 1)
-MOVE(u16, 2)
-MOVE(u32, 4)
-MOVE(u64, 8)
-MOVE(Vec16, 16)
 SHAPED(u8, 1)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_2)
+MOVE(u16, 2)
 SHAPED(u16, 2)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_4)
+MOVE(u32, 4)
 SHAPED(u32, 4)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_8)
+MOVE(u64, 8)
 SHAPED(u64, 8)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_16)
+MOVE(Vec16, 16)
+#endif

@@ -16,6 +16,7 @@ import numpy as np
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.reduce import unit
 
 FILE = "movement.cu"
 MAXR = 8
@@ -77,15 +78,19 @@ def launch_copy(launcher: Launcher, src: DeviceTensor, dst: DeviceTensor, dims: 
         es, n, dims = 16, n * es // 16, [n * es // 16]
         src_base, dst_base = src_base * src.dtype.itemsize // 16, dst_base * src.dtype.itemsize // 16
     args = [src, dst, n, len(dims), *_pad8(dims), *_pad8(ss, 0), *_pad8(ds, 0), src_base, dst_base]
-    launcher.launch(KernelSource(f"copy_strided_{es}", FILE), grid_for(n), (BLOCK, 1, 1), args)
+    launcher.launch(KernelSource(f"copy_strided_{es}", FILE, defines=unit(str(es))), grid_for(n), (BLOCK, 1, 1), args)
+
+
+def _src(prefix: str, es: int) -> KernelSource:
+    return KernelSource(f"{prefix}_{es}", FILE, defines=unit(str(es)))
 
 
 def _kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"copy_strided_{es}", FILE) for es in (*SIZES, 16)]
+    return [KernelSource(f"copy_strided_{es}", FILE, defines=unit(str(es))) for es in (*SIZES, 16)]
 
 
 def _shaped_kernels(prefix):
-    return lambda layer: [KernelSource(f"{prefix}_{es}", FILE) for es in SIZES]
+    return lambda layer: [_src(prefix, es) for es in SIZES]
 
 
 def _io(layer, tensors):
@@ -178,7 +183,7 @@ def enqueue_slice(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]
     starts, axes, steps = _opt(layer, tensors, 1), _opt(layer, tensors, 3), _opt(layer, tensors, 4)
     args = [x, y, *_shape_args(x, y, where), starts, starts.size, axes if axes is not None else 0,
             steps if steps is not None else 0, int(starts.dtype.itemsize == 8)]
-    launcher.launch(KernelSource(f"slice_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1), args)
+    launcher.launch(_src("slice", _es(x, where)), grid_for(y.size), (BLOCK, 1, 1), args)
 
 
 PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
@@ -199,14 +204,14 @@ def enqueue_pad(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) 
     n_axes = axes.size if axes is not None else len(x.shape)
     args = [x, y, cval if cval is not None else 0, *_shape_args(x, y, where), pads, n_axes,
             axes if axes is not None else 0, int(axes is None or axes.dtype.itemsize == 8), PAD_MODES[mode]]
-    launcher.launch(KernelSource(f"pad_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1), args)
+    launcher.launch(_src("pad", _es(x, where)), grid_for(y.size), (BLOCK, 1, 1), args)
 
 
 def enqueue_tile(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y, where = _io(layer, tensors)
     if y.size == 0:
         return
-    launcher.launch(KernelSource(f"tile_{_es(x, where)}", FILE), grid_for(y.size), (BLOCK, 1, 1),
+    launcher.launch(_src("tile", _es(x, where)), grid_for(y.size), (BLOCK, 1, 1),
                     [x, y, *_shape_args(x, y, where)])
 
 

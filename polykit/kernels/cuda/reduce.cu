@@ -175,14 +175,27 @@ __device__ void arg_impl(const T* __restrict__ x, i64* __restrict__ y, i64 selec
   extern "C" __global__ void argmax_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 1>(x, y, select_last, GEO_NAMES); } \
   extern "C" __global__ void argmin_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 0>(x, y, select_last, GEO_NAMES); }
 
+// one compile unit per dtype when PK_SPLIT is defined (the tactics compile them in parallel)
+#if !defined(PK_SPLIT) || defined(PK_ONLY_f32)
 REDUCE(float, f32)
-REDUCE(half_t, f16)
-REDUCE(double, f64)
-REDUCE(i32, i32)
-REDUCE(i64, i64)
-REDUCE(bool, b8)
 ARG(float, f32)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_f16)
+REDUCE(half_t, f16)
 ARG(half_t, f16)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_f64)
+REDUCE(double, f64)
 ARG(double, f64)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_i32)
+REDUCE(i32, i32)
 ARG(i32, i32)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_i64)
+REDUCE(i64, i64)
 ARG(i64, i64)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_b8)
+REDUCE(bool, b8)
+#endif

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
 from polykit.kernels.cuda.pointwise import CODE
 
 FILE = "reduce.cu"
@@ -18,6 +18,11 @@ OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceP
        "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9}
 REDUCE_DTYPES = ("f32", "f16", "f64", "i32", "i64", "b8")
 ARG_DTYPES = ("f32", "f16", "f64", "i32", "i64")
+
+
+def unit(code: str) -> tuple[tuple[str, str], ...]:
+    """Defines that compile only dtype `code`'s entry points of a split .cu (one unit per dtype)."""
+    return defines(PK_SPLIT=1, **{f"PK_ONLY_{code}": 1})
 
 
 def block_for(r: int) -> int:
@@ -38,18 +43,18 @@ def geometry_args(x: DeviceTensor, axes: DeviceTensor | None, n_axes: int, mask:
 
 
 def _reduce_kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"reduce_{c}", FILE) for c in REDUCE_DTYPES]
+    return [KernelSource(f"reduce_{c}", FILE, defines=unit(c)) for c in REDUCE_DTYPES]
 
 
 def _arg_kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"{layer.kind.lower()}_{c}", FILE) for c in ARG_DTYPES]
+    return [KernelSource(f"{layer.kind.lower()}_{c}", FILE, defines=unit(c)) for c in ARG_DTYPES]
 
 
 def _kernel(prefix: str, t: DeviceTensor, allowed, where: str) -> KernelSource:
     code = CODE.get(t.dtype.name)
     if code not in allowed:
         raise DeviceError(f"{prefix} has no CUDA kernel for {t.dtype}", where=where, hint="use --target cpu")
-    return KernelSource(f"{prefix}_{code}", FILE)
+    return KernelSource(f"{prefix}_{code}", FILE, defines=unit(code))
 
 
 def enqueue_reduce(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -97,5 +102,5 @@ for _kind in ("ArgMax", "ArgMin"):
 
 def compile_variants() -> list[KernelSource]:
     """The one reduce.cu module (every op and dtype is an entry point in it)."""
-    return [KernelSource(f"reduce_{c}", FILE) for c in REDUCE_DTYPES] + \
-        [KernelSource(f"arg{m}_{c}", FILE) for m in ("max", "min") for c in ARG_DTYPES]
+    return [KernelSource(f"reduce_{c}", FILE, defines=unit(c)) for c in REDUCE_DTYPES] + \
+        [KernelSource(f"arg{m}_{c}", FILE, defines=unit(c)) for m in ("max", "min") for c in ARG_DTYPES]

@@ -4,7 +4,8 @@
 // the k axes that really interpolate. One thread per output element (grid-stride), output
 // written contiguously.
 // Per-axis scale: scales[slot_d] from the device `scales` input when given (slot_d >= 0),
-// else the host value out_d / in_d (sizes input or untouched axes).
+// else the host value out_d / in_d (sizes input or untouched axes). align_corners and
+// pytorch_half_pixel divide by the integer output length (spec's length_resized, as onnxruntime).
 // coord: 0 half_pixel, 1 half_pixel_symmetric, 2 pytorch_half_pixel, 3 align_corners,
 //        4 asymmetric, 5 tf_half_pixel_for_nn. nearest: 0 round_prefer_floor,
 //        1 round_prefer_ceil, 2 floor, 3 ceil.
@@ -18,8 +19,8 @@ __device__ __forceinline__ double src_coord(int coord, double y, i64 out_len, i6
   const double out_f = scale * (double)in_len;
   switch (coord) {
     case 1: return (double)in_len / 2.0 * (1.0 - (double)out_len / out_f) + (y + 0.5) / scale - 0.5;
-    case 2: return out_f == 1.0 ? -0.5 : (y + 0.5) / scale - 0.5;
-    case 3: return out_f == 1.0 ? 0.0 : y * (double)(in_len - 1) / (out_f - 1.0);
+    case 2: return out_len == 1 ? 0.0 : (y + 0.5) / scale - 0.5;
+    case 3: return out_len == 1 ? 0.0 : y * (double)(in_len - 1) / (double)(out_len - 1);
     case 4: return y / scale;
     case 5: return (y + 0.5) / scale;
     default: return (y + 0.5) / scale - 0.5;
