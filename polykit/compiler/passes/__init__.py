@@ -15,12 +15,15 @@ from typing import Callable, Iterable, Sequence
 
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph
+from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.evaluate import evaluate
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
+from polykit.compiler.passes.hoist_activations import hoist_activations
+from polykit.compiler.passes.precision import convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
@@ -30,7 +33,7 @@ from polykit.errors import GraphError, PolykitError
 __all__ = [
     "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
-    "recognize_attention",
+    "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -84,12 +87,14 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
-             check: bool = True) -> Graph:
+             check: bool = True, fp16: bool = False, fp32_layers: Iterable[str] = ()) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
     outputs always do. `fold=False` skips constant folding, `fuse=False` the fusions
     (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
+    `fp16=True` converts the graph to half precision before fusion (convert_to_fp16; layers
+    named in `fp32_layers` stay float32), so the I/O Casts fuse with their neighbours.
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -102,6 +107,14 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
+    layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
+    if fuse:
+        layout.append(bind(hoist_activations, keep=kept))
+    if run_passes(g, layout, check):
+        run_passes(g, cleanup, check, fixed_point=True)
+    if fp16:
+        run_passes(g, [bind(convert_to_fp16, keep_fp32=frozenset(fp32_layers), keep=kept),
+                       bind(eliminate_dead_code, keep=kept)], check)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)

@@ -1,0 +1,251 @@
+"""convert_to_fp16: run a float32 graph in half precision (BuilderConfig(fp16=True)).
+
+As TensorRT does with fp16 enabled: float32 activations and weights become float16 (weights
+converted once, here, at build time; values beyond fp16's range clamp to +-65504 so masks
+built from float32's lowest value stay finite), while the engine's inputs and outputs stay
+float32: a Cast follows each float input and precedes each float output (graph outputs and
+`keep` tensors keep their names and their float32 type). Those Casts are ordinary
+elementwise nodes, so fuse_pointwise folds them into their neighbours.
+
+Some inputs keep their type whatever the layer runs in (FP32_INPUTS: Resize's roi and
+scales); some ops always run in float32 (FP32_OPS: Range, NMS, quantization, control flow,
+ops of unknown domains); layers named in `keep_fp32` (node names, op types, or a fused
+node's original names) stay float32 with Casts around them. Every other node follows its
+inputs; attributes that name a float32 result (Cast `to`, EyeLike/Random* `dtype`,
+ConstantOfShape / Constant values) switch to float16, inside Pointwise bodies and
+epilogues too. Tensors that were not float32 (indices, shapes, masks, float64) are untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ops.fused import EPILOGUE_ARITY, rename_fused_tensor
+from polykit.compiler.passes.rewrite import protected
+from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.errors import PolykitError
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+#: ONNX TensorProto codes
+FLOAT, FLOAT16 = 1, 10
+FP16_MAX = float(np.finfo(np.float16).max)
+
+#: default-domain ops that always run in float32 (their float inputs are cast back)
+FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                      "If", "Loop", "Scan"})
+#: op -> input slots that keep float32 even when the layer runs in float16
+FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
+#: ops whose `dtype` attribute names their float result
+DTYPE_ATTR_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                            "Bernoulli"})
+
+
+def to_half(arr: np.ndarray) -> np.ndarray:
+    """float32 -> float16 with finite values clamped to fp16's range (inf and NaN kept)."""
+    arr = np.asarray(arr)
+    finite = np.isfinite(arr)
+    return np.where(finite, np.clip(arr, -FP16_MAX, FP16_MAX), arr).astype(F16)
+
+
+def is_pinned(node: Node, keep_fp32: Iterable[str] = ()) -> bool:
+    """Whether `node` stays in float32: by op, by domain, or named in `keep_fp32`."""
+    names = set(keep_fp32)
+    if node.domain not in ("", POLYKIT_DOMAIN):
+        return True
+    if node.domain == "" and node.op_type in FP32_OPS:
+        return True
+    if node.name in names or node.op_type in names:
+        return True
+    if node.domain == POLYKIT_DOMAIN:
+        body = node.attrs.get("body") or (node.attrs.get("epilogue") or {}).get("body") or []
+        if names & set(node.attrs.get("fused_from") or ()) or names & {step["op"] for step in body}:
+            return True
+    return False
+
+
+def _half_attrs(op: str, attrs: dict[str, Any]) -> bool:
+    """Switch a plain op's float32-naming attributes to float16 in place; True if any."""
+    if op == "Cast" and int(attrs.get("to", 0)) == FLOAT:
+        attrs["to"] = FLOAT16
+        return True
+    if op in DTYPE_ATTR_OPS and int(attrs.get("dtype", 0)) == FLOAT:
+        attrs["dtype"] = FLOAT16
+        return True
+    if op == "ConstantOfShape":
+        value = attrs.get("value")
+        if value is None:
+            attrs["value"] = np.zeros(1, F16)
+            return True
+        if isinstance(value, np.ndarray) and value.dtype == F32:
+            attrs["value"] = to_half(value)
+            return True
+    if op == "Constant" and isinstance(attrs.get("value"), np.ndarray) and attrs["value"].dtype == F32:
+        attrs["value"] = to_half(attrs["value"])
+        return True
+    return False
+
+
+def half_node_attrs(node: Node) -> bool:
+    """`_half_attrs` for a node and every step of its Pointwise body or epilogue."""
+    changed = node.domain == "" and _half_attrs(node.op_type, node.attrs)
+    if node.domain == POLYKIT_DOMAIN:
+        body = node.attrs.get("body") if node.op_type == "Pointwise" else None
+        if node.op_type in EPILOGUE_ARITY and node.attrs.get("epilogue"):
+            body = node.attrs["epilogue"]["body"]
+        for step in body or ():
+            step["attrs"] = dict(step.get("attrs") or {})
+            changed |= _half_attrs(step["op"], step["attrs"])
+    return changed
+
+
+def convert_to_fp16(graph: Graph, *, keep_fp32: Iterable[str] = frozenset(),
+                    keep: Iterable[str] = frozenset()) -> bool:
+    """Rewrite `graph` (in place, shape-inferred) to compute in float16; True if it changed."""
+    return _Converter(graph, frozenset(keep_fp32), protected(graph, keep)).run()
+
+
+class _Converter:
+    def __init__(self, graph: Graph, keep_fp32: frozenset[str], fixed: set[str]):
+        self.g, self.keep_fp32, self.fixed = graph, keep_fp32, fixed
+        self.orig: dict[str, np.dtype | None] = {}
+        #: tensor -> {dtype: name holding it in that dtype}
+        self.avail: dict[str, dict[np.dtype, str]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        self.out: list[Node] = []
+        self.changed = False
+
+    def run(self) -> bool:
+        g = self.g
+        names = set(g.inputs) | set(g.initializers) | {o for n in g.nodes for o in n.outputs if o}
+        self.orig = {name: g.value(name).dtype for name in names}
+        for name in g.inputs:
+            self.avail[name] = {self.orig[name]: name}
+        self._convert_weights()
+        for node in list(g.nodes):
+            self._visit(node)
+        g.nodes = self.out
+        for name, dt in self.dtypes.items():
+            shape = g.value(name).shape
+            g.set_value(Value(name, dt, shape))
+        return self.changed
+
+    # ---- weights -------------------------------------------------------------------
+    def _wants(self, node: Node, pinned: bool) -> list[np.dtype | None]:
+        """Per input slot: the dtype a float32 tensor must arrive in (None: not float32)."""
+        fixed_slots = FP32_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
+        return [None if not t or self.orig.get(t) != F32 else F32 if pinned or i in fixed_slots else F16
+                for i, t in enumerate(node.inputs)]
+
+    def _convert_weights(self) -> None:
+        g = self.g
+        wants: dict[str, set] = {}
+        for node in g.nodes:
+            for t, want in zip(node.inputs, self._wants(node, is_pinned(node, self.keep_fp32))):
+                if want is not None and t in g.initializers:
+                    wants.setdefault(t, set()).add(want)
+        for name, arr in g.initializers.items():
+            self.avail[name] = {arr.dtype: name}
+            if arr.dtype == F32 and wants.get(name) == {F16} and name not in self.fixed:
+                g.initializers[name] = to_half(arr)
+                self.avail[name] = {F16: name}
+                self.dtypes[name] = F16
+                self.changed = True
+
+    # ---- nodes ---------------------------------------------------------------------
+    def _visit(self, node: Node) -> None:
+        pinned = is_pinned(node, self.keep_fp32)
+        trial = None
+        if not pinned:
+            trial = copy.deepcopy(node)
+            half_node_attrs(trial)
+            out_dtypes = self._infer(trial, self._wants(node, False))
+            if out_dtypes is None:
+                pinned, trial = True, None
+        if pinned:
+            out_dtypes = self._infer(node, self._wants(node, True))
+        wants = self._wants(node, pinned)
+        if trial is not None:
+            self.changed |= half_node_attrs(node)
+        self._feed(node, wants)
+        self.out.append(node)
+        for k, out in enumerate(node.outputs):
+            dt = out_dtypes[k] if out_dtypes and k < len(out_dtypes) else self.orig.get(out)
+            if not out or dt is None:
+                continue
+            self.avail[out] = {dt: out}
+            if dt != self.orig.get(out):
+                self.dtypes[out] = dt
+            if out in self.fixed and self.orig.get(out) == F32 and dt != F32:
+                self._restore_output(node, out, dt)
+
+    def _infer(self, node: Node, wants: list[np.dtype | None]) -> list[np.dtype | None] | None:
+        """Output dtypes of `node` when its inputs arrive as `wants` says; None if its rule refuses."""
+        rule = find_shape_rule(node.domain, node.op_type)
+        if rule is None:
+            return None
+        g = self.g
+        dtypes = [want or self._current(t) for t, want in zip(node.inputs, wants)]
+        shapes = [g.value(t).shape if t else None for t in node.inputs]
+        consts = [g.initializers.get(t) if t else None for t in node.inputs]
+        try:
+            return [dt for dt, _ in rule(InferContext(node, dtypes, shapes, consts))]
+        except PolykitError:
+            return None
+
+    def _current(self, name: str) -> np.dtype | None:
+        if not name:
+            return None
+        have = self.avail.get(name)
+        return next(iter(have)) if have else self.orig.get(name)
+
+    def _feed(self, node: Node, wants: list[np.dtype | None]) -> None:
+        """Make each float32-origin input arrive in the dtype the node wants."""
+        fused = node.domain == POLYKIT_DOMAIN and node.op_type != "Attention"
+        for i, (t, want) in enumerate(zip(list(node.inputs), wants)):
+            if want is None:
+                continue
+            name = self._get(t, want)
+            if name == t:
+                continue
+            if fused:
+                rename_fused_tensor(node, t, name)
+            else:
+                node.inputs[i] = name
+
+    def _get(self, t: str, want: np.dtype) -> str:
+        have = self.avail.setdefault(t, {self.orig[t]: t})
+        if want in have:
+            return have[want]
+        g = self.g
+        src_dtype, src = next(iter(have.items()))
+        if src in g.initializers:
+            name = g.add_initializer(to_half(g.initializers[src]) if want == F16 else g.initializers[src].astype(want),
+                                     f"{t}_{want.name}")
+        else:
+            name = g.fresh_name(f"{t}_{want.name}")
+            to = FLOAT16 if want == F16 else FLOAT
+            self.out.append(Node("Cast", [src], [name], {"to": to}, name=g.fresh_name(f"cast_{t}_{want.name}")))
+            g.set_value(Value(name, want, g.value(t).shape))
+        self.dtypes[name] = want
+        have[want] = name
+        self.changed = True
+        return name
+
+    def _restore_output(self, node: Node, out: str, dt: np.dtype) -> None:
+        """A kept/graph output computed in half: the node writes a fresh name, a Cast writes `out`."""
+        g = self.g
+        inner = g.fresh_name(f"{out}_{dt.name}")
+        if node.domain == POLYKIT_DOMAIN:
+            rename_fused_tensor(node, out, inner)
+        node.outputs = [inner if o == out else o for o in node.outputs]
+        g.set_value(Value(inner, dt, g.value(out).shape))
+        self.out.append(Node("Cast", [inner], [out], {"to": FLOAT}, name=g.fresh_name(f"cast_{out}_float32")))
+        self.avail[out] = {dt: inner, F32: out}
+        self.dtypes[inner] = dt
+        self.dtypes.pop(out, None)
+        self.changed = True
