@@ -156,7 +156,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str]) -> Graph:
         log.debug("polykit.compiler.passes.optimize not available; building without passes")
         return g
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
-               "config": cfg}
+               "config": cfg, "fp16": cfg.fp16, "fp32_layers": cfg.fp32_layers}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -221,8 +221,9 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     for layer in layers:
-        is_float = any(tensors[o].dtype in _FLOAT_NAMES for o in layer.outputs if o in tensors)
-        tries = [replace(layer, precision="fp16"), layer] if cfg.fp16 and is_float else [layer]
+        # fp16 builds: the optimizer made float tensors float16 (passes.convert_to_fp16)
+        is_half = cfg.fp16 and any(tensors[n].dtype == "float16" for n in (*layer.inputs, *layer.outputs) if n in tensors)
+        tries = [replace(layer, precision="fp16"), layer] if is_half else [layer]
         picked = None
         for candidate_layer in tries:
             if layer.name in replay:
@@ -246,8 +247,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
             raise BuildError(f"no {target} tactic can run this {layer.kind} layer", where=f"layer {layer.name!r}",
                              hint="try --target cpu, or report the layer's shapes and attributes")
         base, tactic = picked
-        if target == "cpu" and cfg.fp16 and is_float:
-            base = replace(base, precision="fp16")  # recorded; the cpu target runs the fp32 reference
+        if target == "cpu" and is_half:
+            base = replace(base, precision="fp16")  # the reference kernels run it on float16 arrays
         final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
         if hasattr(tactic, "kernels"):
             kernels[final.name] = [k.to_json() for k in tactic.kernels(final)]

@@ -22,8 +22,9 @@ class BuilderConfig:
     """How to build a plan.
 
     target: "cpu", "cuda" or None (auto: cuda when a GPU is usable, else cpu).
-    fp16: let float layers run in half precision where a tactic supports it (cuda). On the
-        cpu target the precision is recorded in the plan but the fp32 reference runs.
+    fp16: float32 tensors and weights become float16, engine I/O stays float32
+        (polykit.compiler.passes.convert_to_fp16); on cpu the reference kernels run in float16.
+    fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away).
     mark_all: mark every intermediate tensor as an output (layerwise debugging).
@@ -45,6 +46,7 @@ class BuilderConfig:
     save_tactics: str | os.PathLike | None = None
     profile: bool = False
     memory_strategy: str = "best-fit"
+    fp32_layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -64,6 +66,8 @@ class BuilderConfig:
             object.__setattr__(self, "mark_outputs", (self.mark_outputs,))
         else:
             object.__setattr__(self, "mark_outputs", tuple(self.mark_outputs))
+        layers = self.fp32_layers
+        object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -75,6 +79,7 @@ class BuilderConfig:
         d = asdict(self)
         d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
         d["mark_outputs"] = list(self.mark_outputs)
+        d["fp32_layers"] = list(self.fp32_layers)
         for key in ("tactic_replay", "save_tactics"):
             d[key] = None if d[key] is None else os.fspath(d[key])
         return d
@@ -84,4 +89,6 @@ class BuilderConfig:
         known = {k: v for k, v in d.items() if k in BuilderConfig.__dataclass_fields__}
         if "mark_outputs" in known:
             known["mark_outputs"] = tuple(known["mark_outputs"])
+        if "fp32_layers" in known:
+            known["fp32_layers"] = tuple(known["fp32_layers"])
         return BuilderConfig(**known)

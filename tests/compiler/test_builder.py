@@ -154,11 +154,11 @@ def test_unreadable_tactic_replay_is_a_usage_error(tmp_path):
         build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=replay))
 
 
-def test_fp16_on_cpu_records_precision_and_runs_fp32():
+def test_fp16_on_cpu_records_precision_and_runs_half():
     x = _x(2, seed=4)
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU, fp16=True))
     assert all(layer.precision == "fp16" for layer in plan.layers)
-    np.testing.assert_allclose(_run(plan, x=x)["y"], np.abs((x + B) * x) - B, rtol=1e-6)
+    np.testing.assert_allclose(_run(plan, x=x)["y"], np.abs((x + B) * x) - B, rtol=2e-3, atol=2e-3)
 
 
 def test_constant_graph_output_is_copied_out_by_an_identity_layer():
