@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
-from polykit.errors import DeviceError
+from polykit.errors import BuildError, DeviceError
 
 _DEVICE_TARGETS = {"CPU": "cpu", "CUDA": "cuda"}
 
@@ -34,21 +34,46 @@ class PolykitRep(BackendRep):
         self.target = target
         self.config = config
         self._engines: dict[tuple, Any] = {}
+        self._by_value: dict[tuple, list[str]] = {}  # shape key -> inputs whose values engines bind
 
     def _engine_for(self, feeds: dict[str, np.ndarray]) -> Any:
+        """The engine for these feeds' shapes; when a build fails because shapes depend on input
+        data, the small inputs' values are bound too (TensorRT's shape-tensor inputs)."""
+        from polykit.compiler.infer import PROPAGATE_MAX_ELEMENTS
+
+        key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
+        engine = self._engines.get(key)
+        if engine is not None:
+            return engine
+        bound = self._by_value.get(key)
+        if bound is not None:  # shapes here depend on input data: engines are built per input value
+            value_key = key + tuple(feeds[k].tobytes() for k in bound)
+            engine = self._engines.get(value_key)
+            if engine is None:
+                engine = self._build(feeds, {k: feeds[k] for k in bound})
+                self._engines[value_key] = engine
+            return engine
+        try:
+            engine = self._build(feeds, {})
+        except BuildError:
+            small = [k for k, v in feeds.items() if v.size <= PROPAGATE_MAX_ELEMENTS and v.dtype != object]
+            if not small:
+                raise
+            engine = self._build(feeds, {k: feeds[k] for k in small})
+            self._by_value[key] = small
+            self._engines[key + tuple(feeds[k].tobytes() for k in small)] = engine
+            return engine
+        self._engines[key] = engine
+        return engine
+
+    def _build(self, feeds: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> Any:
         from polykit.compiler.builder import build_plan
         from polykit.compiler.config import BuilderConfig
         from polykit.runtime.engine import Runtime
 
-        key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
-        engine = self._engines.get(key)
-        if engine is None:
-            cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
-                                **self.config)
-            plan = build_plan(self.graph, cfg)
-            engine = Runtime(self.target).deserialize_engine(plan)
-            self._engines[key] = engine
-        return engine
+        cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
+                            input_values=values, **self.config)
+        return Runtime(self.target).deserialize_engine(build_plan(self.graph, cfg))
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         names = list(self.graph.inputs)

@@ -43,6 +43,7 @@ class Builder:
         target = resolve_target(cfg.target)
         g = graph.copy()
         apply_input_shapes(g, cfg.input_shapes)
+        apply_input_values(g, cfg.input_values)
         infer_shapes(g)
         marked = marked_outputs(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
@@ -61,6 +62,8 @@ class Builder:
             "tactics": {layer.name: layer.tactic for layer in layers},
             "marked_outputs": [o for o in outputs if o in marked],
         }
+        if cfg.input_values:
+            metadata["input_values"] = cfg.to_json()["input_values"]
         if kernels:
             metadata["kernels"] = kernels
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
@@ -132,6 +135,21 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
                 where=f"graph {g.name!r}",
                 hint=f"pass --input-shapes {name}:1x... (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
             )
+
+
+def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
+    """Record build-time input values where shape inference reads them (graph.metadata)."""
+    for name, arr in values.items():
+        v = g.value(name)
+        if name not in g.inputs:
+            raise BuildError(f"input_values names {name!r}, which is not a graph input", where=f"graph {g.name!r}",
+                             hint=f"graph inputs are: {', '.join(g.inputs)}")
+        if v.dtype is not None and np.dtype(v.dtype) != arr.dtype or tuple(v.shape or ()) != arr.shape:
+            raise BuildError(f"the value given for input {name!r} is {arr.dtype.name}{list(arr.shape)}, the input is "
+                             f"{np.dtype(v.dtype).name if v.dtype is not None else '?'}{_fmt(v.shape)}",
+                             where=f"graph {g.name!r}", hint="give a value of the input's dtype and shape")
+    if values:
+        g.metadata["input_values"] = dict(values)
 
 
 def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:

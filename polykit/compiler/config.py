@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
@@ -33,6 +35,10 @@ class BuilderConfig:
     save_tactics: write the chosen tactics to this JSON file (a replay file).
     profile: record per-layer timing while running (execution contexts honour it).
     memory_strategy: "best-fit" (default), "first-fit" or "none" (no arena reuse).
+    input_values: build-time values of graph inputs, by name (TensorRT's shape-tensor inputs):
+        shape inference sees them, so shapes that depend on an input's data (a Reshape's
+        shape, Pad's pads, NonZero's count) become static; the engine then accepts only
+        feeds equal to these values for those inputs.
     """
 
     target: str | None = None
@@ -47,6 +53,7 @@ class BuilderConfig:
     profile: bool = False
     memory_strategy: str = "best-fit"
     fp32_layers: tuple[str, ...] = ()
+    input_values: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -68,6 +75,13 @@ class BuilderConfig:
             object.__setattr__(self, "mark_outputs", tuple(self.mark_outputs))
         layers = self.fp32_layers
         object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
+        values = {}
+        for name, value in dict(self.input_values or {}).items():
+            arr = np.asarray(value)
+            if arr.dtype == object:
+                raise UsageError(f"input value for {name!r} must be a numeric array")
+            values[str(name)] = arr
+        object.__setattr__(self, "input_values", values)
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -78,6 +92,8 @@ class BuilderConfig:
         """A JSON-able dict (paths as strings, shapes as lists) for plan metadata."""
         d = asdict(self)
         d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
+        d["input_values"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
+                             for k, v in sorted(self.input_values.items())}
         d["mark_outputs"] = list(self.mark_outputs)
         d["fp32_layers"] = list(self.fp32_layers)
         for key in ("tactic_replay", "save_tactics"):
@@ -87,6 +103,9 @@ class BuilderConfig:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "BuilderConfig":
         known = {k: v for k, v in d.items() if k in BuilderConfig.__dataclass_fields__}
+        if "input_values" in known:
+            known["input_values"] = {k: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
+                                     for k, v in known["input_values"].items()}
         if "mark_outputs" in known:
             known["mark_outputs"] = tuple(known["mark_outputs"])
         if "fp32_layers" in known:

@@ -22,6 +22,20 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
     12: np.dtype(np.uint32),
     13: np.dtype(np.uint64),
 }
+try:  # bfloat16, float8, 4- and 2-bit types as numpy dtypes (ml_dtypes comes with onnx)
+    import ml_dtypes
+
+    #: ONNX types polykit runs through ml_dtypes: stored and cast exactly, computed in float32 by kernels that need it
+    EXTENDED_TYPES: dict[int, np.dtype] = {
+        code: np.dtype(getattr(ml_dtypes, name)) for code, name in (
+            (16, "bfloat16"), (17, "float8_e4m3fn"), (18, "float8_e4m3fnuz"), (19, "float8_e5m2"),
+            (20, "float8_e5m2fnuz"), (21, "uint4"), (22, "int4"), (23, "float4_e2m1fn"), (24, "float8_e8m0fnu"),
+            (25, "uint2"), (26, "int2"),
+        ) if hasattr(ml_dtypes, name)
+    }
+except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
+    EXTENDED_TYPES = {}
+ONNX_TO_NUMPY.update(EXTENDED_TYPES)
 NUMPY_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in ONNX_TO_NUMPY.items()}
 
 ONNX_TYPE_NAMES = {
@@ -29,6 +43,7 @@ ONNX_TYPE_NAMES = {
     7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64",
     14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
     19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1",
+    24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2",
 }
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

@@ -29,6 +29,10 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
     from polykit.kernels.registry import find_reference
 
     known: dict[str, np.ndarray] = {k: v for k, v in graph.initializers.items() if v.size <= PROPAGATE_MAX_ELEMENTS}
+    # build-time values of inputs (BuilderConfig.input_values): shape tensors whose data shapes depend on
+    for name, arr in (graph.metadata.get("input_values") or {}).items():
+        if name in graph.inputs:
+            known[name] = np.asarray(arr)
     missing: list[tuple[str, str, str, int]] = []
     for node in graph.nodes:
         rule = find_shape_rule(node.domain, node.op_type)
@@ -84,10 +88,15 @@ def _propagate(node: Node, graph: Graph, known: dict[str, np.ndarray], find_refe
         return
     elif not all((not name) or name in known for name in node.inputs):
         return
+    data_dependent = False
     for out in node.outputs:
         v = graph.value(out)
-        if v.shape is None or not v.is_static or int(np.prod(v.shape)) > PROPAGATE_MAX_ELEMENTS:
+        if v.shape is not None and v.is_static and int(np.prod(v.shape)) > PROPAGATE_MAX_ELEMENTS:
             return
+        data_dependent |= bool(out) and not (v.shape is not None and v.is_static)
+    if data_dependent and (node.op_type in ("Shape", "Size") or not node.inputs or any(
+            name and known[name].size > PROPAGATE_MAX_ELEMENTS for name in node.inputs)):
+        return  # only small known inputs give an output whose shape depends on their values
     fn = find_reference(node.domain, node.op_type)
     if fn is None:
         return
@@ -102,5 +111,10 @@ def _propagate(node: Node, graph: Graph, known: dict[str, np.ndarray], find_refe
     except Exception:
         return  # leave it unknown; constant folding reports real failures
     for name, arr in zip(node.outputs, outs):
-        if name:
-            known[name] = np.asarray(arr)
+        if not name:
+            continue
+        arr = np.asarray(arr)
+        if data_dependent:  # the value fixes a shape its rule could not know (NonZero, Unique, ...)
+            graph.set_value(Value(name, graph.value(name).dtype or arr.dtype, tuple(arr.shape)))
+        if arr.size <= PROPAGATE_MAX_ELEMENTS:
+            known[name] = arr

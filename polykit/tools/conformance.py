@@ -165,14 +165,22 @@ def run_case(case: Case, target: str = "cpu") -> CaseResult:
             warnings.simplefilter("ignore")
             rep = PolykitBackend.prepare(case.model, "CUDA" if target == "cuda" else "CPU")
             for inputs, expected in case.data_sets:
-                outputs = rep.run([np.asarray(x) for x in inputs])
-                _assert_similar(expected, outputs, case.rtol, case.atol)
+                outputs = rep.run([_as_array(x) for x in inputs])
+                _assert_similar([_as_array(x) for x in expected], outputs, case.rtol, case.atol)
     except UnsupportedModelError as exc:
         return CaseResult(case.name, case.kind, ops, "unsupported", str(exc).splitlines()[0], time.perf_counter() - start)
     except Exception as exc:  # a failure of this case, whatever its kind, is recorded and counted
         msg = f"{type(exc).__name__}: {exc}"
         return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
     return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start)
+
+
+def _as_array(item: Any) -> np.ndarray:
+    """A data-set tensor as numpy (the suite stores some as TensorProto, as BackendTest normalizes)."""
+    import onnx
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(item) if isinstance(item, onnx.TensorProto) else np.asarray(item)
 
 
 def _has_importer(model: Any) -> bool:

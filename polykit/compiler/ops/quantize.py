@@ -2,8 +2,8 @@
 
 Granularity follows the scale's shape: scalar (per tensor), 1-D (per `axis`) or, with
 block_size > 0, the input's rank (blocked along `axis`). Every opset form (10..25) reads
-the same in this canonical form, so no importer is needed; 4-bit / float8 types are not
-polykit dtypes and are rejected when the model is read.
+the same in this canonical form, so no importer is needed; float8, 4-bit and 2-bit types
+are numpy dtypes through ml_dtypes (polykit.compiler.dtypes).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from polykit.compiler.registry import InferContext, shape_rule
 
 UINT8 = np.dtype(np.uint8)
 QUANT_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32))
+#: ml_dtypes types QuantizeLinear also produces (ONNX 21+: float8, 4-bit; 25: 2-bit)
+LOW_BIT_QUANT = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "uint4", "int4",
+                 "float4_e2m1fn", "uint2", "int2")
 
 
 def quantized_dtype(ctx: InferContext) -> np.dtype | None:
@@ -47,8 +50,8 @@ def _check_scale(ctx: InferContext) -> None:
 def _quantize(ctx: InferContext):
     _check_scale(ctx)
     out = quantized_dtype(ctx)
-    if out is not None and out not in QUANT_DTYPES[:4]:
-        raise ctx.fail(f"QuantizeLinear to {out} is not supported", hint="quantize to int8/uint8/int16/uint16")
+    if out is not None and out not in QUANT_DTYPES[:4] and out.name not in LOW_BIT_QUANT:
+        raise ctx.fail(f"QuantizeLinear to {out} is not supported", hint="quantize to (u)int8/16, (u)int4/2, float8 or float4")
     return [(out, ctx.shape(0))]
 
 

@@ -3,6 +3,7 @@ DynamicQuantizeLinear (uint8, as ONNX defines it)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from polykit.compiler import dtypes
@@ -38,10 +39,19 @@ def quantize_linear(node, inputs):
     precision = dtypes.to_numpy(code) if code else scale.dtype
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         q = np.rint(x.astype(precision) / _broadcast_param(scale, x, node).astype(precision)).astype(np.float64)
+    if out.name.startswith("float"):  # float8 / float4 (ml_dtypes): a saturating cast of x / scale, no rounding
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            y = x.astype(precision) / _broadcast_param(scale, x, node).astype(precision)
+        if zp is not None and out.name.startswith("float4"):
+            y = y + _broadcast_param(zp, x, node).astype(np.float32)
+        if bool(node.attrs.get("saturate", 1)) or out.name.startswith("float4"):
+            info = ml_dtypes.finfo(out)
+            y = np.clip(y, float(info.min), float(info.max))
+        return [y.astype(out)]
     if zp is not None:
         q = q + _broadcast_param(zp, x, node).astype(np.float64)
-    info = np.iinfo(out)
-    return [np.clip(q, info.min, info.max).astype(out)]
+    info = ml_dtypes.iinfo(out)
+    return [np.clip(q, int(info.min), int(info.max)).astype(out)]
 
 
 @reference("DequantizeLinear")

@@ -32,20 +32,7 @@ CASE_MODULES = (
 ).split()
 
 #: Cases polykit rejects on purpose, with the reason; each must fail with a PolykitError.
-UNSUPPORTED = {
-    **{name: "bfloat16 is not a polykit dtype" for name in (
-        "test_celu_bfloat16", "test_einsum_batch_matmul_bfloat16", "test_einsum_sum_bfloat16",
-        "test_einsum_transpose_bfloat16",
-    )},
-    **{name: "float8/4-bit/2-bit types are not polykit dtypes" for name in (
-        "test_dequantizelinear_e4m3fn", "test_dequantizelinear_e4m3fn_float16",
-        "test_dequantizelinear_e4m3fn_zero_point", "test_dequantizelinear_e5m2", "test_dequantizelinear_uint4",
-        "test_dequantizelinear_int4", "test_dequantizelinear_uint2", "test_dequantizelinear_int2",
-        "test_dequantizelinear_float4e2m1", "test_quantizelinear_e4m3fn", "test_quantizelinear_e5m2",
-        "test_quantizelinear_uint4", "test_quantizelinear_int4", "test_quantizelinear_uint2",
-        "test_quantizelinear_int2", "test_quantizelinear_float4e2m1",
-    )},
-}
+UNSUPPORTED: dict[str, str] = {}  # bfloat16 / float8 / 4- and 2-bit types run through ml_dtypes now
 
 
 def _load_cases():
@@ -115,7 +102,10 @@ def test_node_case_matches_onnx_expected_outputs(name):
         assert inferred.dtype == want.dtype, f"{out_name}: inferred dtype {inferred.dtype}"
         if inferred.shape is not None and inferred.is_static:
             assert tuple(inferred.shape) == want.shape, f"{out_name}: inferred shape {inferred.shape}"
-        if want.dtype.kind in "fc":
+        if want.dtype.name.startswith(("bfloat", "float8", "float4")):  # ml_dtypes floats: compare in float32
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-6, atol=1e-5,
+                                       err_msg=out_name)
+        elif want.dtype.kind in "fc":
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5, err_msg=out_name)
         else:
             np.testing.assert_array_equal(got, want, err_msg=out_name)

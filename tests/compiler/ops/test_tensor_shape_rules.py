@@ -243,8 +243,8 @@ def test_cast_and_cast_like_set_the_dtype_and_keep_the_shape():
 
 
 def test_cast_to_an_unsupported_type_is_a_polykit_error():
-    with pytest.raises(PolykitError, match="FLOAT8E4M3FN"):
-        infer("Cast", (F32, (2,)), to=17)
+    with pytest.raises(PolykitError, match="COMPLEX64"):
+        infer("Cast", (F32, (2,)), to=14)
 
 
 def test_dropout_mask_is_bool_of_the_input_shape():

@@ -83,8 +83,8 @@ def test_cast_prints_numbers_as_strings():
 
 
 def test_cast_to_an_unsupported_type_names_the_node():
-    with pytest.raises(PolykitError, match="BFLOAT16"):
-        run("Cast", [np.ones(2, np.float32)], to=16)
+    with pytest.raises(PolykitError, match="COMPLEX64"):
+        run("Cast", [np.ones(2, np.float32)], to=14)
 
 
 def test_cast_like_takes_the_dtype_of_its_second_input():
