@@ -63,3 +63,18 @@ def test_onnx_backend_test_suite_passes_selected_node_cases(selected_suite):
     problems = result.failures + result.errors
     assert not problems, problems[0][1]
     assert result.testsRun - len(result.skipped) == len(SELECTED)
+
+
+def test_a_rep_binds_shape_inputs_when_shapes_depend_on_their_values():
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), "CPU")
+    x = np.random.default_rng(2).standard_normal((2, 6)).astype(np.float32)
+    for target in ([3, 4], [4, 3], [3, 4]):  # one engine per value; the first is reused
+        (y,) = rep.run([x, np.array(target, np.int64)])
+        np.testing.assert_array_equal(y, x.reshape(target))
+    assert len(rep._engines) == 2
