@@ -16,6 +16,7 @@ from polykit.compiler.ops.pool import unpool_shape
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.movement import launch_copy
+from polykit.kernels.tactics import find_tactic
 from polykit.kernels.cuda.pointwise import BLOCK, grid_for
 
 FILE = "scatter.cu"
@@ -24,7 +25,11 @@ MAXR = 8
 REDUCTIONS = {"add": 0, "mul": 1, "max": 2, "min": 3}
 REDUCE_CODES = {np.dtype("float32"): "f32", np.dtype("float16"): "f16", np.dtype("float64"): "f64",
                 np.dtype("int32"): "i32", np.dtype("int64"): "i64"}
-_COPIES = [KernelSource(f"copy_strided_{es}", "movement.cu") for es in (*SIZES, 16)]
+
+
+def copy_kernels(layer) -> list[KernelSource]:
+    """The kernels movement's launch_copy may launch (those of its contiguous-copy tactic)."""
+    return find_tactic("cuda", "Reshape", "cuda.movement.copy").kernels(layer)
 
 
 def _src(name: str) -> KernelSource:
@@ -133,8 +138,9 @@ def enqueue_max_unpool(layer, launcher: Launcher, tensors: Mapping[str, DeviceTe
                         [x, idx, out, x.size, rank, *_pad8(unpooled), *_pad8(out.shape)])
 
 
-def _reduce_kernels(prefix: str) -> list[KernelSource]:
-    return _sized(f"{prefix}_none") + [_src(f"{prefix}_reduce_{c}") for c in REDUCE_CODES.values()] + _COPIES
+def _reduce_kernels(prefix: str):
+    return lambda layer: (_sized(f"{prefix}_none") + [_src(f"{prefix}_reduce_{c}") for c in REDUCE_CODES.values()]
+                          + copy_kernels(layer))
 
 
 def _plain(layer) -> bool:
@@ -147,9 +153,9 @@ def _scatter_supported(layer) -> bool:
 
 cuda_tactic("GatherND", "cuda.scatter.gather_nd", kernels=lambda layer: _sized("gather_nd"),
             supports=_plain)(enqueue_gather_nd)
-cuda_tactic("ScatterND", "cuda.scatter.nd", kernels=lambda layer: _reduce_kernels("scatter_nd"),
+cuda_tactic("ScatterND", "cuda.scatter.nd", kernels=_reduce_kernels("scatter_nd"),
             supports=_scatter_supported)(enqueue_scatter_nd)
-cuda_tactic("ScatterElements", "cuda.scatter.elements", kernels=lambda layer: _reduce_kernels("scatter_elements"),
+cuda_tactic("ScatterElements", "cuda.scatter.elements", kernels=_reduce_kernels("scatter_elements"),
             supports=_scatter_supported)(enqueue_scatter_elements)
 cuda_tactic("MaxUnpool", "cuda.scatter.max_unpool", kernels=lambda layer: _sized("max_unpool") + _sized("zero"),
             supports=_plain)(enqueue_max_unpool)

@@ -18,6 +18,7 @@ from polykit.compiler.ir import Node
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.movement import launch_copy
+from polykit.kernels.tactics import find_tactic
 from polykit.kernels.cuda.pointwise import BLOCK, grid_for
 
 FILE = "tensor_misc.cu"
@@ -31,6 +32,11 @@ INDEX_CODES = {np.dtype(d): k for k, d in enumerate(
     ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "float32", "float64", "float16"))}
 RANGE_CODES = {np.dtype("float32"): "f32", np.dtype("float64"): "f64", np.dtype("int16"): "i16",
                np.dtype("int32"): "i32", np.dtype("int64"): "i64"}
+
+
+def copy_kernels(layer) -> list[KernelSource]:
+    """The kernels movement's launch_copy may launch (those of its contiguous-copy tactic)."""
+    return find_tactic("cuda", "Reshape", "cuda.movement.copy").kernels(layer)
 
 
 def _src(name: str) -> KernelSource:
@@ -131,7 +137,7 @@ def enqueue_dropout(layer, launcher: Launcher, tensors: Mapping[str, DeviceTenso
 
 
 def _dropout_kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"copy_strided_{es}", "movement.cu") for es in (*SIZES, 16)] + _constant_kernels(layer)
+    return copy_kernels(layer) + _constant_kernels(layer)
 
 
 def enqueue_eye_like(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
