@@ -263,3 +263,22 @@ def test_run_onnxrt_imports_no_heavy_modules_it_does_not_need(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr
+
+
+def test_cli_and_python_api_do_the_same_thing(tmp_path):
+    """The CLI only assembles loaders and runners: a short script gets the very same outputs."""
+    from polykit.backends.loaders import EngineFromOnnx, OnnxFromPath
+    from polykit.backends.polykit_runner import PolykitRunner
+    from polykit.compiler.config import BuilderConfig
+    from polykit.tools.comparator import Comparator
+    from polykit.tools.data_loader import DataLoader, DataLoaderOptions
+    from polykit.tools.results_io import load_outputs
+
+    saved = tmp_path / "cli.npz"
+    assert cli("run", MLP, "--trt", "--target", "cpu", "--seed", "4", "--iterations", "2", "--save-outputs", str(saved)) == 0
+    runner = PolykitRunner(EngineFromOnnx(OnnxFromPath(MLP), config=BuilderConfig(target="cpu")))
+    results = Comparator.run([runner], DataLoader(DataLoaderOptions(seed=4, iterations=2)))
+    from_cli = load_outputs(saved)["trt"]
+    for cli_out, api_out in zip(from_cli, results.outputs["trt"]):
+        for name in ("logits", "probs"):
+            np.testing.assert_array_equal(cli_out[name], api_out[name])
