@@ -73,7 +73,10 @@ def render(console: Any, report: AccuracyReport, results: RunResults | None = No
     for problem in report.problems:
         console.print(f"[red]FAILED[/]: {escape(problem)}")
     failures = report.failures()
-    if report.passed:
+    if report.passed and not report.pairs:
+        ran = len(results.runners) if results is not None else 0
+        console.print(f"[bold green]PASSED[/] | {ran} result set(s), nothing to compare (give two or more runners)")
+    elif report.passed:
         n = sum(len(p.outputs) for p in report.pairs)
         console.print(f"[bold green]PASSED[/] | {len(report.pairs)} comparison(s), {n} output(s) match")
     else:
