@@ -229,6 +229,7 @@ def load_replay(path: str | os.PathLike | None) -> dict[str, str]:
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
                    tensors: dict[str, TensorDesc]) -> tuple[list[LayerDesc], dict[str, list]]:
     """Pick a tactic for every layer: the replay's choice, else the first candidate."""
+    from polykit.compiler.passes.precision import layer_runs_in_half
     from polykit.kernels.registry import find_reference
     from polykit.kernels.tactics import candidates, find_tactic
 
@@ -240,7 +241,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
     kernels: dict[str, list] = {}
     for layer in layers:
         # fp16 builds: the optimizer made float tensors float16 (passes.convert_to_fp16)
-        is_half = cfg.fp16 and any(tensors[n].dtype == "float16" for n in (*layer.inputs, *layer.outputs) if n in tensors)
+        is_half = cfg.fp16 and layer_runs_in_half(layer.kind, layer.domain, layer.inputs, layer.outputs,
+                                                  lambda n: tensors[n].dtype if n in tensors else None)
         tries = [replace(layer, precision="fp16"), layer] if is_half else [layer]
         picked = None
         for candidate_layer in tries:

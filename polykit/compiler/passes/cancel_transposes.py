@@ -16,7 +16,7 @@ import numpy as np
 
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.passes.fuse_pointwise import is_fusable
-from polykit.compiler.passes.rewrite import const, protected, replace_tensor
+from polykit.compiler.passes.rewrite import const, protected, rename_produced, replace_tensor
 
 #: passes over the graph before giving up (each sinks a transpose by at least one op)
 MAX_SWEEPS = 32
@@ -72,7 +72,27 @@ def _compose_pairs(graph: Graph, fixed: set[str]) -> bool:
     graph.remove_nodes(dead)
     readers = graph.consumers()
     graph.remove_nodes(n for n in bypassed if n.outputs[0] not in fixed and not readers.get(n.outputs[0]))
-    return changed
+    return _drop_identities_on_outputs(graph, fixed) or changed
+
+
+def _drop_identities_on_outputs(graph: Graph, fixed: set[str]) -> bool:
+    """An identity Transpose writing a kept name: its producer writes that name instead."""
+    producers, readers = graph.producers(), graph.consumers()
+    dead = []
+    for t in graph.nodes:
+        perm = perm_of(graph, t)
+        if perm is None or not _is_identity(perm) or t.outputs[0] not in fixed:
+            continue
+        src = t.inputs[0]
+        if src in fixed or src not in producers or len(readers.get(src, [])) != 1:
+            continue
+        out = t.outputs[0]
+        t.outputs = []
+        graph.values.pop(out, None)
+        rename_produced(graph, src, out)
+        dead.append(t)
+    graph.remove_nodes(dead)
+    return bool(dead)
 
 
 def _sink_through_elementwise(graph: Graph, fixed: set[str]) -> bool:
@@ -88,7 +108,7 @@ def _sink_through_elementwise(graph: Graph, fixed: set[str]) -> bool:
 
 def _sink_plan(graph: Graph, op: Node, producers: dict[str, Node], readers: dict[str, list[Node]],
                fixed: set[str]) -> tuple[list[int], dict[str, str]] | None:
-    if not is_fusable(graph, op) or op.outputs[0] in fixed:
+    if not is_fusable(graph, op):
         return None
     out_shape = graph.value(op.outputs[0]).shape
     perm: list[int] | None = None
@@ -106,9 +126,25 @@ def _sink_plan(graph: Graph, op: Node, producers: dict[str, Node], readers: dict
         perm, sources[name] = p, t.inputs[0]
     if perm is None or any(const(graph, n).ndim > len(perm) for n in op.inputs if n in graph.initializers):
         return None
-    out_readers = readers.get(op.outputs[0], [])
-    feeds_transpose = len(out_readers) == 1 and perm_of(graph, out_readers[0]) is not None
-    return (perm, sources) if len(sources) >= 2 or feeds_transpose else None
+    return (perm, sources) if len(sources) >= 2 or _reaches_transpose(graph, op, readers, fixed) else None
+
+
+def _reaches_transpose(graph: Graph, op: Node, readers: dict[str, list[Node]], fixed: set[str]) -> bool:
+    """Whether `op`'s output flows, through ops a transpose can sink into alone, into a Transpose."""
+    rank = len(graph.value(op.outputs[0]).shape or ())
+    for _ in range(len(graph.nodes)):
+        name = op.outputs[0]
+        users = readers.get(name, [])
+        if len(users) != 1 or name in fixed:
+            return False
+        op = users[0]
+        if perm_of(graph, op) is not None:
+            return True
+        others = [n for n in op.inputs if n and n != name]
+        if not is_fusable(graph, op) or any(n not in graph.initializers or const(graph, n).ndim > rank
+                                            for n in others):
+            return False
+    return False
 
 
 def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> None:

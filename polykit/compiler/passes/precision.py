@@ -19,7 +19,7 @@ epilogues too. Tensors that were not float32 (indices, shapes, masks, float64) a
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -40,6 +40,8 @@ FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "Dequantiz
                       "If", "Loop", "Scan"})
 #: op -> input slots that keep float32 even when the layer runs in float16
 FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
+#: op -> input slots read in whatever type they come (no Cast inserted for them)
+ANY_TYPE_INPUTS = {"Cast": (0,), "CastLike": (0,), "Shape": (0,), "Size": (0,)}
 #: ops whose `dtype` attribute names their float result
 DTYPE_ATTR_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                             "Bernoulli"})
@@ -68,9 +70,11 @@ def is_pinned(node: Node, keep_fp32: Iterable[str] = ()) -> bool:
     return False
 
 
-def _half_attrs(op: str, attrs: dict[str, Any]) -> bool:
-    """Switch a plain op's float32-naming attributes to float16 in place; True if any."""
-    if op == "Cast" and int(attrs.get("to", 0)) == FLOAT:
+def _half_attrs(op: str, attrs: dict[str, Any], upcast: bool = False) -> bool:
+    """Switch a plain op's float32-naming attributes to float16 in place; True if any.
+
+    `upcast`: the op is a Cast from float16 (an explicit upcast, e.g. an output Cast), which stays."""
+    if op == "Cast" and int(attrs.get("to", 0)) == FLOAT and not upcast:
         attrs["to"] = FLOAT16
         return True
     if op in DTYPE_ATTR_OPS and int(attrs.get("dtype", 0)) == FLOAT:
@@ -90,9 +94,9 @@ def _half_attrs(op: str, attrs: dict[str, Any]) -> bool:
     return False
 
 
-def half_node_attrs(node: Node) -> bool:
+def half_node_attrs(node: Node, upcast: bool = False) -> bool:
     """`_half_attrs` for a node and every step of its Pointwise body or epilogue."""
-    changed = node.domain == "" and _half_attrs(node.op_type, node.attrs)
+    changed = node.domain == "" and _half_attrs(node.op_type, node.attrs, upcast)
     if node.domain == POLYKIT_DOMAIN:
         body = node.attrs.get("body") if node.op_type == "Pointwise" else None
         if node.op_type in EPILOGUE_ARITY and node.attrs.get("epilogue"):
@@ -138,8 +142,9 @@ class _Converter:
     def _wants(self, node: Node, pinned: bool) -> list[np.dtype | None]:
         """Per input slot: the dtype a float32 tensor must arrive in (None: not float32)."""
         fixed_slots = FP32_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
-        return [None if not t or self.orig.get(t) != F32 else F32 if pinned or i in fixed_slots else F16
-                for i, t in enumerate(node.inputs)]
+        any_slots = ANY_TYPE_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
+        return [None if not t or self.orig.get(t) != F32 or i in any_slots else F32 if pinned or i in fixed_slots
+                else F16 for i, t in enumerate(node.inputs)]
 
     def _convert_weights(self) -> None:
         g = self.g
@@ -159,10 +164,11 @@ class _Converter:
     # ---- nodes ---------------------------------------------------------------------
     def _visit(self, node: Node) -> None:
         pinned = is_pinned(node, self.keep_fp32)
+        upcast = node.op_type == "Cast" and node.domain == "" and self.orig.get(node.input(0)) == F16
         trial = None
         if not pinned:
             trial = copy.deepcopy(node)
-            half_node_attrs(trial)
+            half_node_attrs(trial, upcast)
             out_dtypes = self._infer(trial, self._wants(node, False))
             if out_dtypes is None:
                 pinned, trial = True, None
@@ -170,7 +176,7 @@ class _Converter:
             out_dtypes = self._infer(node, self._wants(node, True))
         wants = self._wants(node, pinned)
         if trial is not None:
-            self.changed |= half_node_attrs(node)
+            self.changed |= half_node_attrs(node, upcast)
         self._feed(node, wants)
         self.out.append(node)
         for k, out in enumerate(node.outputs):
@@ -249,3 +255,14 @@ class _Converter:
         self.dtypes[inner] = dt
         self.dtypes.pop(out, None)
         self.changed = True
+
+
+def layer_runs_in_half(kind: str, domain: str, inputs: Sequence[str], outputs: Sequence[str],
+                       dtype_of: Callable[[str], str | None]) -> bool:
+    """Whether a (lowered) layer computes in float16, for LayerDesc.precision.
+
+    An epilogue Conv/Gemm/MatMul is judged by its base op's inputs (a float32 layer kept by
+    keep_fp32 may end in a fused Cast to float16); any other layer by all its tensors."""
+    names = list(inputs[:EPILOGUE_ARITY[kind]]) if domain == POLYKIT_DOMAIN and kind in EPILOGUE_ARITY \
+        else [*inputs, *outputs]
+    return any(dtype_of(n) == "float16" for n in names if n)
