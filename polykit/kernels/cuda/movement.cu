@@ -12,11 +12,11 @@
 // pad: constant/reflect/edge/wrap; pads (+ optional axes) read on the device; constant value
 //   from an optional device scalar.
 // tile: input coordinate = output coordinate mod input dim.
+// transpose_tiled: see below (shared-memory tiles when the output's inner dim is strided in the source).
 #include "dtypes.cuh"
 
 struct __align__(16) Vec16 { u32 v[4]; };
 
-#define DIMS8 i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 d6, i64 d7
 #define STR8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
 #define ARR8(name, p) const i64 name[8] = {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
 #define GRID_LOOP(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
@@ -37,6 +37,37 @@ __device__ void copy_strided(const E* __restrict__ src, E* __restrict__ dst, i64
       r = q;
     }
     dst[doff] = src[so];
+  }
+}
+
+// transpose_tiled: the copy's innermost output dim `b` is strided in the source while source
+// dim `a` is contiguous: 32x32 tiles through shared memory (+1 column against bank conflicts)
+// so both the loads (along a) and the stores (along b) are coalesced. Block (32, 8); grid.x
+// walks tiles of (a, b), grid.y (grid-stride) the remaining batch dims (<= 6).
+template <class E>
+__device__ void transpose_tiled(const E* __restrict__ src, E* __restrict__ dst, i64 nbatch, i64 nbd,
+                                const i64* bd, const i64* bs, const i64* bt, i64 A, i64 B, i64 sb, i64 ta) {
+  __shared__ E tile[32][33];
+  const i64 tiles_a = (A + 31) / 32;
+  const i64 a0 = (blockIdx.x % tiles_a) * 32, b0 = (blockIdx.x / tiles_a) * 32;
+  for (i64 bi = blockIdx.y; bi < nbatch; bi += gridDim.y) {
+    i64 r = bi, so = 0, to = 0;
+    for (int d = (int)nbd - 1; d >= 0; --d) {
+      const i64 q = d ? r / bd[d] : 0, c = r - q * bd[d];
+      so += c * bs[d];
+      to += c * bt[d];
+      r = q;
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += 8) {
+      const i64 a = a0 + threadIdx.x, b = b0 + k;
+      if (a < A && b < B) tile[k][threadIdx.x] = src[so + a + b * sb];
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += 8) {
+      const i64 b = b0 + threadIdx.x, a = a0 + k;
+      if (a < A && b < B) dst[to + b + a * ta] = tile[threadIdx.x][k];
+    }
   }
 }
 
@@ -126,10 +157,15 @@ __device__ void tile(const E* __restrict__ src, E* __restrict__ dst, i64 n, i64 
 }
 
 #define MOVE(E, code)                                                                                             \
-  extern "C" __global__ void copy_strided_##code(const E* src, E* dst, i64 n, i64 rank, DIMS8, STR8(s), STR8(t), \
+  extern "C" __global__ void copy_strided_##code(const E* src, E* dst, i64 n, i64 rank, STR8(d), STR8(s), STR8(t), \
                                                  i64 src_base, i64 dst_base) {                                    \
     ARR8(dims, d); ARR8(ss, s); ARR8(ts, t);                                                                      \
     copy_strided<E>(src, dst, n, rank, dims, ss, ts, src_base, dst_base);                                         \
+  }                                                                                                               \
+  extern "C" __global__ void transpose_tiled_##code(const E* src, E* dst, i64 nbatch, i64 nbd, STR8(d), STR8(s),  \
+                                                    STR8(t), i64 A, i64 B, i64 sb, i64 ta) {                      \
+    ARR8(bd, d); ARR8(bs, s); ARR8(bt, t);                                                                        \
+    transpose_tiled<E>(src, dst, nbatch, nbd, bd, bs, bt, A, B, sb, ta);                                          \
   }
 #define SHAPED(E, code)                                                                                           \
   extern "C" __global__ void slice_##code(const E* src, E* dst, i64 n, i64 rank, STR8(a), STR8(b),               \

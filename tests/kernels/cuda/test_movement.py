@@ -42,7 +42,8 @@ DTYPES = [np.float32, np.float16, np.int64, np.uint8, np.bool_]
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,perm", [((3, 5), (1, 0)), ((2, 3, 4, 5), (0, 2, 3, 1)), ((7,), (0,)),
                                         ((4, 33, 65), (2, 1, 0)), ((2, 3, 4, 5, 6), (4, 0, 3, 1, 2)),
-                                        ((1, 12, 128, 64), (0, 2, 1, 3))])
+                                        ((1, 12, 128, 64), (0, 2, 1, 3)), ((3, 515, 77), (0, 2, 1)),
+                                        ((70000, 2, 3), (2, 1, 0))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transpose(shape, perm, dtype):
     check(LayerDesc("t", "Transpose", ("X",), ("Y",), {"perm": list(perm)}), {"X": rand(shape, dtype)})
@@ -128,3 +129,16 @@ def test_reshape_family_copies_bytes(n):
     check(LayerDesc("r", "Reshape", ("X", "S"), ("Y",)), {"X": x, "S": np.array([1, n], np.int64)})
     check(LayerDesc("u", "Unsqueeze", ("X", "A"), ("Y",)), {"X": x, "A": np.array([0], np.int64)})
     check(LayerDesc("f", "Flatten", ("X",), ("Y",), {"axis": 0}), {"X": x})
+
+
+def test_widen_moves_contiguous_inner_runs_in_16_byte_elements():
+    from polykit.kernels.cuda.movement import widen
+
+    es, dims, ss, ds, bases = widen(4, [8, 12, 128, 64], [98304, 64, 768, 1], [98304, 8192, 64, 1], (0, 0), (256, 512))
+    assert es == 16 and dims == [8, 12, 128, 16] and ss == [24576, 16, 192, 1] and ds == [24576, 2048, 16, 1]
+
+
+def test_widen_keeps_elements_when_the_inner_run_is_strided():
+    from polykit.kernels.cuda.movement import widen
+
+    assert widen(4, [3, 5], [1, 3], [5, 1], (0, 0), (0, 0))[0] == 4
