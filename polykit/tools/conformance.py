@@ -61,10 +61,18 @@ class ConformanceReport:
         runnable = c["passed"] + c["failed"]
         return c["passed"] / runnable if runnable else 0.0
 
+    def passed_names(self) -> list[str]:
+        """Sorted names of the passing cases (the gate's baseline format)."""
+        return sorted(r.name for r in self.results if r.status == "passed")
+
+    def failures(self) -> list[CaseResult]:
+        return [r for r in self.results if r.status == "failed"]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "target": self.target,
             "counts": {k or "all": dict(self.counts(k)) for k in (None, *KINDS)},
+            "node_pass_rate_supported": self.pass_rate_supported("node"),
             "per_op": {op: dict(c) for op, c in self.per_op().items()},
             "results": [asdict(r) for r in self.results],
         }
@@ -170,7 +178,7 @@ def run_case(case: Case, target: str = "cpu") -> CaseResult:
     except UnsupportedModelError as exc:
         return CaseResult(case.name, case.kind, ops, "unsupported", str(exc).splitlines()[0], time.perf_counter() - start)
     except Exception as exc:  # a failure of this case, whatever its kind, is recorded and counted
-        msg = f"{type(exc).__name__}: {exc}"
+        msg = f"{type(exc).__name__}: {str(exc).strip()}"
         return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
     return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start)
 
@@ -215,3 +223,113 @@ def run_conformance(kinds: Iterable[str] = KINDS, target: str = "cpu", pattern: 
         if progress:
             progress(report.results[-1])
     return report
+
+
+def regressions(report: ConformanceReport, baseline: Iterable[str]) -> list[str]:
+    """Baseline cases (names that passed before) that the report ran and did not pass."""
+    status = {r.name: r.status for r in report.results}
+    return sorted(name for name in baseline if name in status and status[name] != "passed")
+
+
+def load_baseline(path: str | os.PathLike) -> list[str]:
+    """A baseline file: a JSON list of case names that pass."""
+    import json
+
+    from polykit.errors import UsageError
+
+    try:
+        names = json.loads(open(path).read())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the conformance baseline: {exc}", where=str(path)) from exc
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UsageError("a conformance baseline is a JSON list of case names", where=str(path))
+    return names
+
+
+def save_report(report: ConformanceReport, path: str | os.PathLike) -> None:
+    """Write the full report as JSON (counts, per op, every case's result)."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(report.to_json(), f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+# ---- CLI: `polykit conformance` (formatting only; the work is the functions above) ----------
+def conformance_cmd(
+    kind: "list[str]" = None,  # type: ignore[assignment]  (typer fills the defaults below)
+    target: str = "cpu",
+    filter: "str | None" = None,
+    as_json: bool = False,
+    save: "str | None" = None,
+    failures: bool = False,
+    baseline: "str | None" = None,
+) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from polykit.errors import UsageError
+
+    kinds = tuple(kind or KINDS)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise UsageError(f"unknown kind {unknown[0]!r}", hint=f"kinds are: {', '.join(KINDS)}")
+    if target not in ("cpu", "cuda"):
+        raise UsageError(f"--target {target!r} is not cpu or cuda")
+    report = run_conformance(kinds, target, filter)
+    if save:
+        save_report(report, save)
+    lost = regressions(report, load_baseline(baseline)) if baseline else []
+    if as_json:
+        import json
+
+        doc = report.to_json()
+        if baseline:
+            doc["regressions"] = lost
+        print(json.dumps(doc, indent=1, sort_keys=True))
+        return 1 if lost else 0
+    console = Console(highlight=False)
+    table = Table(title=f"ONNX backend test suite on polykit ({target})")
+    for col in ("kind", "passed", "failed", "unsupported", "total"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for k in (*kinds, None):
+        c = report.counts(k)
+        table.add_row(k or "all", str(c["passed"]), str(c["failed"]), str(c["unsupported"]), str(sum(c.values())))
+    console.print(table)
+    ops = Table(title="per op (cases using the op)")
+    for col in ("op", "passed", "failed", "unsupported"):
+        ops.add_column(col, justify="left" if col == "op" else "right")
+    for op, c in report.per_op().items():
+        ops.add_row(op, str(c["passed"]), str(c["failed"]), str(c["unsupported"]))
+    console.print(ops)
+    if "node" in kinds:
+        console.print(f"node pass rate over cases whose ops are all supported: {report.pass_rate_supported('node'):.1%}")
+    if failures:
+        for r in report.failures():
+            first = r.message.splitlines()[0] if r.message else ""
+            console.print(f"[bold]{escape(r.name)}[/bold] ({r.kind}): {escape(first)}", soft_wrap=True)
+    if baseline:
+        console.print(f"{len(lost)} baseline case(s) no longer pass" + (": " + ", ".join(lost) if lost else ""))
+    return 1 if lost else 0
+
+
+def register(app: Any) -> None:
+    """Add `polykit conformance` to the CLI app."""
+    import typer
+
+    def conformance(
+        kind: "list[str]" = typer.Option([], "--kind", help=f"suite kinds to run (repeatable): {', '.join(KINDS)}; default all"),
+        target: str = typer.Option("cpu", "--target", help="cpu|cuda"),
+        filter: "str | None" = typer.Option(None, "--filter", help="run only cases whose name matches this regex"),
+        as_json: bool = typer.Option(False, "--json", help="print the full report as JSON"),
+        save: "str | None" = typer.Option(None, "--save", help="write the full report as JSON to this file"),
+        failures: bool = typer.Option(False, "--failures", help="list failing cases with their first error line"),
+        baseline: "str | None" = typer.Option(None, "--baseline", help="JSON list of passing cases; exit 1 if one fails"),
+    ) -> None:
+        code = conformance_cmd(kind, target, filter, as_json, save, failures, baseline)
+        if code:
+            raise typer.Exit(code)
+
+    app.command("conformance", help="Run ONNX's backend test suite through polykit: pass/fail/unsupported "
+                                    "per kind and per op, and the node pass rate.")(conformance)

@@ -29,7 +29,18 @@ def _already_canonical(node: Node, ctx: ImportContext) -> None:
 
 for _op in _LEGACY_CONSUMED_INPUTS:
     importer(_op, since=1)(_drop_consumed_inputs)
-    importer(_op, since=6)(_already_canonical)
+    importer(_op, since=7 if _op == "PRelu" else 6)(_already_canonical)
+
+
+@importer("PRelu", since=1)
+def _prelu_per_channel_slope(node: Node, ctx: ImportContext) -> None:
+    """PRelu-1/6: a 1-D slope of C values is per channel (axis 1), not numpy-broadcast (PRelu-7)."""
+    node.attrs.pop("consumed_inputs", None)
+    slope = ctx.const(node.inputs[1]) if len(node.inputs) > 1 else None
+    x = ctx.graph.value(node.inputs[0]).shape
+    if slope is None or slope.ndim != 1 or slope.size == 1 or x is None or len(x) < 3 or x[1] != slope.size:
+        return
+    node.inputs[1] = ctx.add_constant(slope.reshape((-1,) + (1,) * (len(x) - 2)), "prelu_slope")
 importer("Clip", since=11)(_already_canonical)
 
 

@@ -1,0 +1,70 @@
+"""The conformance gate: ONNX's backend test suite on the cpu target must not regress.
+
+Runs every kind of the suite once (about 1-1.5 minutes on 2 cores) and fails if a case of
+the committed baseline (tests/data/conformance/cpu_passed.json) stops passing, if the pass
+rate over node cases whose ops are all supported drops below 0.90, or if a light_* model
+fails. Refresh the baseline after fixing cases:
+    polykit conformance --target cpu --save report.json   (then write its passed names)
+POLYKIT_CONFORMANCE_PATTERN=REGEX narrows the run (local debugging; the gate then checks
+only the cases it ran).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from polykit.tools.conformance import (CaseResult, ConformanceReport, load_baseline, regressions, run_conformance)
+
+BASELINE = Path(__file__).resolve().parents[1] / "data" / "conformance" / "cpu_passed.json"
+MIN_NODE_PASS_RATE = 0.90
+
+
+@pytest.fixture(scope="module")
+def report() -> ConformanceReport:
+    return run_conformance(target="cpu", pattern=os.environ.get("POLYKIT_CONFORMANCE_PATTERN") or None)
+
+
+def test_no_baseline_case_stops_passing(report):
+    lost = regressions(report, load_baseline(BASELINE))
+    messages = {r.name: r.message.splitlines()[0] if r.message else r.status for r in report.results}
+    assert not lost, "\n".join(f"{name}: {messages[name]}" for name in lost)
+
+
+def test_node_pass_rate_over_supported_cases_is_at_least_90_percent(report):
+    if not report.counts("node"):
+        pytest.skip("no node case matched POLYKIT_CONFORMANCE_PATTERN")
+    assert report.pass_rate_supported("node") >= MIN_NODE_PASS_RATE
+
+
+def test_every_light_model_builds_and_matches_its_expected_output(report):
+    light = [r for r in report.results if r.kind == "light"]
+    if not light and os.environ.get("POLYKIT_CONFORMANCE_PATTERN"):
+        pytest.skip("no light model matched POLYKIT_CONFORMANCE_PATTERN")
+    assert len(light) >= 9
+    assert [f"{r.name}: {r.message[:200]}" for r in light if r.status != "passed"] == []
+
+
+def test_regressions_lists_baseline_cases_that_ran_and_did_not_pass():
+    rep = ConformanceReport("cpu", [CaseResult("a", "node", ("Abs",), "passed"),
+                                    CaseResult("b", "node", ("Abs",), "failed", "boom"),
+                                    CaseResult("c", "node", ("Foo",), "unsupported")])
+    assert regressions(rep, ["a", "b", "c", "not_run"]) == ["b", "c"]
+
+
+def test_the_baseline_is_a_sorted_list_of_unique_case_names():
+    names = json.loads(BASELINE.read_text())
+    assert names == sorted(set(names)) and len(names) > 1454
+
+
+def test_the_cli_prints_counts_and_the_pass_rate_for_a_filtered_run():
+    from typer.testing import CliRunner
+
+    from polykit.tools.cli import build_app
+
+    result = CliRunner().invoke(build_app(), ["conformance", "--kind", "node", "--filter", "^test_abs$", "--failures"])
+    assert result.exit_code == 0, result.output
+    assert "node pass rate over cases whose ops are all supported: 100.0%" in result.output
