@@ -15,9 +15,6 @@ from polykit.tools.cli import main
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 ALL = sorted(p.name for p in LIGHT.glob("light_*.onnx"))
 FAST = ["light_squeezenet.onnx", "light_inception_v1.onnx"]
-KNOWN_BROKEN = {
-    "light_resnet50.onnx": "compiler pass fuse_bias_activation leaves dangling tensors (r11, r43, ...) on this model",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +37,4 @@ def test_light_model_passes_trt_vs_onnxrt(name, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_every_light_model_passes_trt_vs_onnxrt(name):
-    code = main(["run", str(LIGHT / name), "--trt", "--onnxrt", "--target", "cpu", "-q"])
-    if code != 0 and name in KNOWN_BROKEN:
-        pytest.xfail(KNOWN_BROKEN[name])
-    assert code == 0
+    assert main(["run", str(LIGHT / name), "--trt", "--onnxrt", "--target", "cpu", "-q"]) == 0
