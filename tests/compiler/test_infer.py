@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import assume, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polykit.compiler.infer import infer_shapes
@@ -147,6 +147,8 @@ def test_pad_rule_matches_kernel(shape, data):
     pads = [data.draw(st.integers(-min(d // 2, 1), 2)) for d in shape for _ in (0, 1)]
     begin, end = pads[0::2], pads[1::2]
     mode = data.draw(st.sampled_from(["constant", "edge", "wrap"]))
+    # edge/wrap need something to repeat: the kernel refuses a dim cropped to nothing (tested elsewhere)
+    assume(mode == "constant" or all(d + min(b, 0) + min(e, 0) > 0 for d, b, e in zip(shape, begin, end)))
     _check_rule_matches_kernel("Pad", [_tensor(shape), np.array(begin + end, I64)], mode=mode)
 
 
