@@ -1,8 +1,8 @@
 """The cpu target: runs a plan's layers with the numpy reference kernels.
 
 It is what CI (no GPU) runs end to end and a fallback without a GPU. Every layer's tactic
-is "cpu.reference". Layers recorded as fp16 (BuilderConfig(fp16=True)) still run the exact
-fp32 reference here: the cpu target does not emulate reduced precision. Tensors are
+is "cpu.reference". An fp16 build (BuilderConfig(fp16=True)) stores its activations and
+weights in float16, so the reference kernels run on float16 arrays here too. Tensors are
 dropped after their last reader, following the memory plan's lifetimes.
 """
 
