@@ -108,11 +108,15 @@ def _chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[
     shape = graph.value(base.outputs[0]).shape
     if shape is None or any(d is None for d in shape):
         return []
+    dtype = graph.value(base.outputs[0]).dtype
     chain: list[Node] = []
     current = base.outputs[0]
     while True:
         nxt = sole_reader(graph, current, readers, fixed)
-        if nxt is None or not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape:
+        # the epilogue writes the base op's output buffer: same shape and dtype (an fp16
+        # build's closing Cast to float32 stays a Pointwise layer of its own)
+        if (nxt is None or not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape
+                or graph.value(nxt.outputs[0]).dtype != dtype):
             return chain
         chain.append(nxt)
         current = nxt.outputs[0]

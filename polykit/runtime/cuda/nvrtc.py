@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import multiprocessing
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -93,7 +91,7 @@ def compile_cached(source: KernelSource, arch: str, cache: bool = True) -> bytes
     """`compile_source` through the on-disk cache (a corrupt or unreadable entry is rebuilt)."""
     if not cache:
         return compile_source(source, arch)
-    path = cache_dir() / arch / f"{cache_key(source, arch)}.cubin"
+    path = _cached_path(source, arch)
     try:
         data = path.read_bytes()
         if data[:4] == b"\x7fELF":
@@ -120,23 +118,60 @@ def unique_units(sources: Iterable[KernelSource]) -> list[KernelSource]:
     return list(seen.values())
 
 
-def _compile_job(args: tuple[dict, str, bool]) -> bytes:
-    src, arch, cache = args
-    return compile_cached(KernelSource.from_json(src), arch, cache)
+def _cached_path(source: KernelSource, arch: str) -> Path:
+    return cache_dir() / arch / f"{cache_key(source, arch)}.cubin"
 
 
 def compile_many(sources: Sequence[KernelSource], arch: str, *, cache: bool = True,
                  workers: int | None = None) -> dict[str, bytes]:
     """Compile every distinct unit of `sources`; returns {KernelSource.key(): cubin}.
 
-    Uses a process pool when there are several cold units (NVRTC holds the GIL)."""
+    NVRTC holds the GIL, so several cold units compile in worker processes. They are
+    started as `python -m polykit.runtime.cuda.nvrtc` (not multiprocessing): that never
+    re-imports the caller's __main__, so a user script needs no `if __name__ == "__main__"`
+    guard, and the children never inherit a CUDA context. Workers fill the on-disk cache;
+    a unit a worker could not build is compiled here, so its NVRTC log reaches the caller.
+    """
     units = unique_units(sources)
     if not units:
         return {}
-    workers = workers or min(len(units), os.cpu_count() or 1)
-    if workers <= 1 or len(units) == 1:
-        return {u.key(): compile_cached(u, arch, cache) for u in units}
-    # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        blobs = list(pool.map(_compile_job, [(u.to_json(), arch, cache) for u in units]))
-    return {u.key(): b for u, b in zip(units, blobs)}
+    cold = [u for u in units if cache and not _cached_path(u, arch).is_file()]
+    workers = min(len(cold), workers or os.cpu_count() or 1)
+    if workers > 1:
+        _compile_in_workers(cold, arch, workers)
+    return {u.key(): compile_cached(u, arch, cache) for u in units}
+
+
+def _compile_in_workers(units: Sequence[KernelSource], arch: str, workers: int) -> None:
+    import json
+    import subprocess
+    import sys
+
+    chunks = [units[i::workers] for i in range(workers)]
+    procs = []
+    for chunk in chunks:
+        payload = json.dumps({"arch": arch, "sources": [u.to_json() for u in chunk]})
+        proc = subprocess.Popen([sys.executable, "-m", "polykit.runtime.cuda.nvrtc"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc.stdin.write(payload.encode())
+        proc.stdin.close()
+        procs.append(proc)
+    for proc in procs:
+        proc.wait()  # failures are recompiled (and reported) by the caller
+
+
+def _worker_main() -> None:
+    """Compile the units given as JSON on stdin into the cache (used by compile_many)."""
+    import json
+    import sys
+
+    job = json.loads(sys.stdin.read())
+    for src in job["sources"]:
+        try:
+            compile_cached(KernelSource.from_json(src), job["arch"], True)
+        except DeviceError:
+            pass
+
+
+if __name__ == "__main__":
+    _worker_main()

@@ -98,3 +98,24 @@ def test_two_convs_feeding_one_residual_add_fuse_only_one_epilogue():
     opt = optimize(graph)
     assert sum(1 for n in opt.nodes if n.attrs.get("epilogue")) == 1
     np.testing.assert_allclose(evaluate(opt, {"x": x})["y"], before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dtype_changing_cast_is_not_fused_into_an_epilogue():
+    """Epilogues write the base op's output buffer, so they keep its dtype (fp16 builds end in Cast)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.passes import optimize
+
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((8, 5)).astype(np.float16), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Relu", ["m"], ["r"], name="relu"),
+             helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT, name="cast")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], [w])
+    opt = optimize(load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])))
+    fused = [n for n in opt.nodes if n.attrs.get("epilogue")]
+    assert len(fused) == 1
+    assert [s["op"] for s in fused[0].attrs["epilogue"]["body"]] == ["Relu"]
+    assert opt.value(fused[0].outputs[0]).dtype == np.float16
