@@ -175,23 +175,28 @@ def enqueue_split(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]
         offset += y.shape[axis]
 
 
-def enqueue_depth_space(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
-    x, y, where = _io(layer, tensors)
-    b = int(layer.attrs["blocksize"])
-    n, c, h, w = x.shape
-    if layer.kind == "DepthToSpace":
+def depth_space_view(kind: str, attrs: Mapping, shape: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The strided view (dims, source element strides) whose contiguous copy is the op's output, for a
+    contiguous (N, C, H, W) input; host logic, testable without a GPU."""
+    b = int(attrs["blocksize"])
+    n, c, h, w = (int(d) for d in shape)
+    hw = h * w
+    if kind == "DepthToSpace":
         c2 = c // (b * b)
-        hw = h * w
-        if layer.attrs.get("mode", "DCR") == "DCR":  # view [n, b1, b2, c2, h, w]
+        if attrs.get("mode", "DCR") == "DCR":  # view [n, b1, b2, c2, h, w]
             s_b1, s_b2, s_c = b * c2 * hw, c2 * hw, hw
         else:  # CRD: view [n, c2, b1, b2, h, w]
             s_c, s_b1, s_b2 = b * b * hw, b * hw, hw
-        dims = [n, c2, h, b, w, b]
-        src = [c * hw, s_c, w, s_b1, 1, s_b2]
-    else:  # SpaceToDepth: view [n, c, h/b, b1, w/b, b2] -> [n, b1, b2, c, h/b, w/b]
-        hb, wb = h // b, w // b
-        dims = [n, b, b, c, hb, wb]
-        src = [c * h * w, w, 1, h * w, b * w, b]
+        return [n, c2, h, b, w, b], [c * hw, s_c, w, s_b1, 1, s_b2]
+    hb, wb = h // b, w // b  # SpaceToDepth: input viewed as [n, c, h/b, b1, w/b, b2]
+    if attrs.get("mode", "DCR") == "DCR":  # -> [n, b1, b2, c, h/b, w/b]
+        return [n, b, b, c, hb, wb], [c * hw, w, 1, hw, b * w, b]
+    return [n, c, b, b, hb, wb], [c * hw, hw, w, 1, b * w, b]  # CRD: -> [n, c, b1, b2, h/b, w/b]
+
+
+def enqueue_depth_space(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, where = _io(layer, tensors)
+    dims, src = depth_space_view(layer.kind, layer.attrs, x.shape)
     launch_copy(launcher, x, y, dims, src, contiguous_strides(dims), where=where)
 
 

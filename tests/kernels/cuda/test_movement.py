@@ -30,6 +30,26 @@ def test_merge_dims_keeps_a_transposed_pair_apart():
     assert dims == [3, 20] and src == [1, 3] and dst == [20, 1]
 
 
+DEPTH_SPACE_CASES = [("DepthToSpace", {"blocksize": 2, "mode": "DCR"}, (2, 8, 3, 5)),
+                     ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}, (2, 8, 3, 5)),
+                     ("SpaceToDepth", {"blocksize": 2, "mode": "DCR"}, (2, 3, 4, 6)),
+                     ("SpaceToDepth", {"blocksize": 2, "mode": "CRD"}, (2, 3, 4, 6)),
+                     ("SpaceToDepth", {"blocksize": 3}, (1, 2, 6, 9))]
+
+
+@pytest.mark.parametrize("kind,attrs,shape", DEPTH_SPACE_CASES)
+def test_depth_space_view_copies_to_the_reference_output(kind, attrs, shape):
+    from polykit.compiler.ir import Node
+    from polykit.kernels.cuda.movement import depth_space_view
+    from polykit.kernels.registry import run_reference
+
+    x = rand(shape)
+    dims, src = depth_space_view(kind, attrs, shape)
+    view = np.lib.stride_tricks.as_strided(x, dims, [s * x.itemsize for s in src])
+    expected = run_reference(Node(kind, ["X"], ["Y"], dict(attrs)), [x])[0]
+    np.testing.assert_array_equal(np.ascontiguousarray(view).reshape(expected.shape), expected)
+
+
 def check(lay, feeds):
     from polykit.runtime.cuda.harness import assert_matches_reference
 
@@ -115,7 +135,8 @@ def test_tile(shape, reps):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,attrs", [("DepthToSpace", {"blocksize": 2, "mode": "DCR"}),
                                         ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}),
-                                        ("DepthToSpace", {"blocksize": 3}), ("SpaceToDepth", {"blocksize": 2})])
+                                        ("DepthToSpace", {"blocksize": 3}), ("SpaceToDepth", {"blocksize": 2}),
+                                        ("SpaceToDepth", {"blocksize": 2, "mode": "CRD"})])
 def test_depth_space(kind, attrs):
     b = attrs["blocksize"]
     shape = (2, 2 * b * b, 3, 5) if kind == "DepthToSpace" else (2, 3, 4, 6)
