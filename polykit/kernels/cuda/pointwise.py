@@ -210,6 +210,12 @@ def _input_roles(body, inputs) -> dict[str, set[str]]:
     return roles
 
 
+#: dtypes an input used only by Cast or as an exponent may have besides the layer's type
+ALT_DTYPES = ("int64", "int32", "bool", "float32", "float16", "uint8", "int8", "float64")
+#: further dtypes an exponent-only input may have (ONNX Pow's T1)
+EXP_DTYPES = ("uint32", "uint64", "uint16", "int16")
+
+
 def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(input dtypes, output dtypes) the layer's module is compiled for: the plan's float type
     first, then the other float types, integer/bool types where the ops allow them, and for
@@ -229,8 +235,12 @@ def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]
         sigs.append({n: ("bool" if roles[n] == {"cond"} else t) for n in ins})
     alt_names = [n for n in ins if roles[n] and roles[n] <= {"cast", "exp"}]
     if len(alt_names) == 1:
-        for t in floats:
-            for alt in ("int64", "int32", "bool", "float32", "float16", "uint8", "int8", "float64"):
+        exp_only = roles[alt_names[0]] == {"exp"}
+        # ONNX Pow: base T in {int32, int64, floats}, exponent T1 any numeric type
+        bases = floats + (["int32", "int64"] if exp_only and ops <= INT_OPS else [])
+        alts = ALT_DTYPES + (EXP_DTYPES if exp_only else ())
+        for t in bases:
+            for alt in alts:
                 sig = {n: ("bool" if roles[n] == {"cond"} else t) for n in ins}
                 sig[alt_names[0]] = alt
                 sigs.append(sig)

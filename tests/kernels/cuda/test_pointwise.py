@@ -66,6 +66,19 @@ def test_candidate_signatures_cover_int64_mask_cast_to_float():
     assert (("int64", "float32"), ("float32",)) in pw.candidate_signatures(lay)
 
 
+@pytest.mark.parametrize("base,exp", [("float32", "uint32"), ("float32", "uint64"), ("int32", "float32"),
+                                      ("int64", "float32"), ("float16", "int16"), ("int64", "int32")])
+def test_candidate_signatures_cover_onnx_pow_mixed_operand_pairs(base, exp):
+    assert ((base, exp), (base,)) in pw.candidate_signatures(layer("Pow", "ab"))
+
+
+def test_candidate_signatures_keep_mask_casts_to_the_usual_alternatives():
+    body = [{"op": "Cast", "inputs": ["m"], "outputs": ["f"], "attrs": {"to": 1}},
+            {"op": "Mul", "inputs": ["f", "x"], "outputs": ["y"], "attrs": {}}]
+    lay = LayerDesc("p", "Pointwise", ("m", "x"), ("y",), {"body": body}, domain="ai.polykit")
+    assert (("uint64", "float32"), ("float32",)) not in pw.candidate_signatures(lay)
+
+
 def test_identical_bodies_share_one_module_whatever_the_tensor_names():
     a = pw.pointwise_kernels(layer("Add", ("p", "q"), outputs=("r",)))
     b = pw.pointwise_kernels(layer("Add", ("u", "v"), outputs=("w",)))
@@ -76,6 +89,15 @@ def test_generated_module_compiles_with_nvrtc():
     from cuda.core import Program, ProgramOptions
 
     src = pw.pointwise_kernels(layer("Sigmoid", "x"))[0].render()
+    Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
+
+
+def test_pow_module_for_mixed_operand_dtypes_compiles_with_nvrtc():
+    from cuda.core import Program, ProgramOptions
+
+    sigs = [(("float32", "uint64"), ("float32",)), (("int32", "float32"), ("int32",)),
+            (("int64", "float16"), ("int64",)), (("float16", "uint32"), ("float16",))]
+    src = pw.pointwise_kernels(layer("Pow", "ab"), sigs)[0].render()
     Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
 
 
@@ -259,6 +281,15 @@ def test_fused_body_with_two_outputs_of_different_shapes():
             {"op": "Add", "inputs": ["r", "b"], "outputs": ["y"], "attrs": {}}]
     lay = LayerDesc("pw2", "Pointwise", ("a", "b"), ("r", "y"), {"body": body}, domain="ai.polykit")
     check(lay, {"a": rand((5, 1)), "b": rand((5, 6))}, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_dtype,b_dtype", [(np.float32, np.uint32), (np.float32, np.uint64),
+                                             (np.int32, np.float32), (np.int64, np.float32)])
+def test_pow_with_mixed_operand_dtypes(a_dtype, b_dtype):
+    a = rng.integers(1, 5, size=(3, 4)).astype(a_dtype)
+    b = rng.integers(0, 4, size=(4,)).astype(b_dtype)
+    check(layer("Pow", ["A", "B"]), {"A": a, "B": b}, rtol=1e-6, atol=0)
 
 
 @pytest.mark.gpu
