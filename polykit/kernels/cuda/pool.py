@@ -16,10 +16,28 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.conv import _grid_1d, _to3
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.gemm import ELEMS, elem_of
 
 MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2}
 BLOCK = 256
+#: MaxPool also takes 8-bit integers (exact in the fp32 compute)
+MAX_INT_ELEMS = {np.dtype(np.uint8): "u8", np.dtype(np.int8): "i8"}
+
+
+def _elems(kind: str) -> list[str]:
+    return list(ELEMS.values()) + (list(MAX_INT_ELEMS.values()) if kind == "MaxPool" else [])
+
+
+def window_elem(kind: str, t: DeviceTensor, where: str) -> str:
+    """The ELEM define for a windowed pool's input (MaxPool: float32/float16/uint8/int8)."""
+    elem = MAX_INT_ELEMS.get(np.dtype(t.dtype)) if kind == "MaxPool" else None
+    if elem is not None:
+        return elem
+    if np.dtype(t.dtype) not in ELEMS:
+        raise DeviceError(f"cuda {kind} takes float32 or float16{' or 8-bit integer' if kind == 'MaxPool' else ''} "
+                          f"tensors, not {t.dtype}", where=where, hint="run this layer on --target cpu")
+    return elem_of(t, where)
 
 
 def kernel_for(name: str, kind: str, elem: str) -> KernelSource:
@@ -28,11 +46,12 @@ def kernel_for(name: str, kind: str, elem: str) -> KernelSource:
 
 def compile_variants() -> list[KernelSource]:
     return [kernel_for(n, kind, e) for kind in ("MaxPool", "AveragePool", "LpPool") for e in ELEMS.values()
-            for n in ("pool_window", "pool_global")]
+            for n in ("pool_window", "pool_global")] + \
+        [kernel_for("pool_window", "MaxPool", e) for e in MAX_INT_ELEMS.values()]
 
 
 def _window_kernels(layer: Any) -> list[KernelSource]:
-    return [kernel_for("pool_window", layer.kind, e) for e in ELEMS.values()]
+    return [kernel_for("pool_window", layer.kind, e) for e in _elems(layer.kind)]
 
 
 def _global_kernels(layer: Any) -> list[KernelSource]:
@@ -48,7 +67,7 @@ def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor
     where = f"layer {layer.name!r}"
     X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     ind = tensors.get(layer.outputs[1]) if len(layer.outputs) > 1 and layer.outputs[1] else None
-    elem = elem_of(X, where)
+    elem = window_elem(layer.kind, X, where)
     spatial = X.shape[2:]
     kernel = [int(k) for k in layer.attrs["kernel_shape"]]
     geo = window_geometry(layer.attrs, spatial, kernel, ceil_mode=bool(layer.attrs.get("ceil_mode", 0)), where=where)

@@ -59,3 +59,10 @@ def test_lp_pool_with_p3_and_fp16_storage():
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 7, 9), (1, 5, 1000), (2, 2, 3, 4, 5)])
 def test_global_pool_matches_reference(kind, shape):
     check(LayerDesc("pool", kind, ("X",), ("Y",), {}), {"X": rand(*shape)}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("shape,attrs", WINDOWS[1:3])
+def test_max_pool_on_8bit_integers_matches_reference(dtype, shape, attrs):
+    x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, size=shape).astype(dtype)
+    check(LayerDesc("pool", "MaxPool", ("X",), ("Y",), dict(attrs)), {"X": x}, rtol=0, atol=0)
