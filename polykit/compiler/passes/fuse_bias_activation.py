@@ -115,8 +115,11 @@ def _chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[
         nxt = sole_reader(graph, current, readers, fixed)
         # the epilogue writes the base op's output buffer: same shape and dtype (an fp16
         # build's closing Cast to float32 stays a Pointwise layer of its own)
+        # ... and every extra input has that dtype too (kernels read them as their storage type:
+        # a bool mask or an integer exponent keeps its op out of the epilogue)
         if (nxt is None or not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape
-                or graph.value(nxt.outputs[0]).dtype != dtype):
+                or graph.value(nxt.outputs[0]).dtype != dtype
+                or any(graph.value(n).dtype != dtype for n in nxt.inputs if n and n != current)):
             return chain
         chain.append(nxt)
         current = nxt.outputs[0]

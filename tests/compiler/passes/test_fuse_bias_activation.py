@@ -119,3 +119,21 @@ def test_a_dtype_changing_cast_is_not_fused_into_an_epilogue():
     assert len(fused) == 1
     assert [s["op"] for s in fused[0].attrs["epilogue"]["body"]] == ["Relu"]
     assert opt.value(fused[0].outputs[0]).dtype == np.float16
+
+
+def test_chain_stops_before_an_op_reading_a_bool_mask():
+    g = graph([node("MatMul", ["x", "w"], "m"), node("Relu", ["m"], "r"),
+               node("Where", ["mask", "r", "fill"], "y")],
+              {"x": (2, 3, 4), "mask": ((2, 3, 5), np.bool_)}, ["y"], {"w": _w(4, 5), "fill": _w(1)})
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    fused = [n for n in out.nodes if n.attrs.get("epilogue")]
+    assert changed and len(fused) == 1
+    assert [s["op"] for s in fused[0].attrs["epilogue"]["body"]] == ["Relu"]
+    assert op_counts(out)["Where"] == 1
+
+
+def test_chain_stops_before_pow_with_an_integer_exponent():
+    g = graph([node("MatMul", ["x", "w"], "m"), node("Pow", ["m", "e"], "y")],
+              {"x": (2, 3, 4)}, ["y"], {"w": _w(4, 5), "e": np.array(2, np.int64)})
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert not changed and not any(n.attrs.get("epilogue") for n in out.nodes)
