@@ -5,43 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import run_reference
+
+from .oracle import assert_same, ort, run
 
 RNG = np.random.default_rng(11)
 I64 = np.int64
-
-
-def run(op, inputs, n_out=1, **attrs):
-    node = Node(op, [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)], [f"y{i}" for i in range(n_out)], attrs, "n")
-    return run_reference(node, list(inputs))
-
-
-def ort(op, inputs, n_out=1, opset=21, **attrs):
-    import onnx
-    import onnxruntime
-    from onnx import helper
-
-    from polykit.compiler import dtypes
-
-    names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, dtypes.to_onnx(v.dtype), v.shape) for n, v in zip(names, inputs) if n],
-        [onnx.ValueInfoProto(name=o) for o in node.output],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: v for n, v in zip(names, inputs) if n})
-
-
-def assert_same(ours, theirs):
-    assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
 
 
 def test_gather_with_negative_indices_on_axis_1():
