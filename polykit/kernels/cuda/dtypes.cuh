@@ -32,12 +32,27 @@ __device__ __forceinline__ half_t d2h(double d) {
   return h;
 }
 
-// compute type of a storage type: half -> float, everything else itself
+// bf16_t is bfloat16 *storage* (the top 16 bits of a float): loaded as float, rounded to
+// nearest even on store (NaN stays a quiet NaN), like ml_dtypes' astype
+struct __align__(2) bf16_t { unsigned short x; };
+
+__device__ __forceinline__ float b2f(bf16_t b) { return __uint_as_float(((unsigned)b.x) << 16); }
+__device__ __forceinline__ bf16_t f2b(float f) {
+  const unsigned u = __float_as_uint(f);
+  bf16_t b;
+  b.x = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u)
+                                         : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return b;
+}
+
+// compute type of a storage type: half/bfloat16 -> float, everything else itself
 template <class T> struct Compute { typedef T type; };
 template <> struct Compute<half_t> { typedef float type; };
+template <> struct Compute<bf16_t> { typedef float type; };
 
 template <class T> __device__ __forceinline__ typename Compute<T>::type ld(const T* p, i64 i) { return p[i]; }
 template <> __device__ __forceinline__ float ld<half_t>(const half_t* p, i64 i) { return h2f(p[i]); }
+template <> __device__ __forceinline__ float ld<bf16_t>(const bf16_t* p, i64 i) { return b2f(p[i]); }
 
 // cvt<To>(x): ONNX Cast semantics between compute types (float->int truncates, x!=0 -> bool)
 template <class To, class From> struct Cvt {
@@ -58,6 +73,7 @@ template <class To, class From> __device__ __forceinline__ To cvt(From x) { retu
 template <class T, class V> __device__ __forceinline__ void st(T* p, i64 i, V v) { p[i] = cvt<T>(v); }
 template <class V> __device__ __forceinline__ void st(half_t* p, i64 i, V v) { p[i] = f2h(cvt<float>(v)); }
 __device__ __forceinline__ void st(half_t* p, i64 i, double v) { p[i] = d2h(v); }
+template <class V> __device__ __forceinline__ void st(bf16_t* p, i64 i, V v) { p[i] = f2b(cvt<float>(v)); }
 
 // numeric limits used by reductions (lowest / highest finite or infinite value per type)
 template <class T> struct Lim;

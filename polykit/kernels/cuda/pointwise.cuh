@@ -133,6 +133,7 @@ template <class T, class H> __device__ __forceinline__ T pk_clip_hi(T x, H hi) {
 // Cast to fp16 rounds to half precision but stays in the float compute type
 template <class T> __device__ __forceinline__ float pk_to_half(T x) { return h2f(f2h(cvt<float>(x))); }
 __device__ __forceinline__ float pk_to_half(double x) { return h2f(d2h(x)); }
+template <class T> __device__ __forceinline__ float pk_to_bf16(T x) { return b2f(f2b(cvt<float>(x))); }
 
 // fixed-size vector for aligned vector loads/stores of contiguous tensors
 template <class T, int V> struct __align__(sizeof(T) * V) Vec { T v[V]; };

@@ -33,15 +33,15 @@ VEC = 4
 CTYPE = {
     "float32": "float", "float16": "half_t", "float64": "double", "int8": "i8", "uint8": "u8",
     "int16": "i16", "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64",
-    "bool": "bool",
+    "bool": "bool", "bfloat16": "bf16_t",
 }
 CODE = {
     "float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8", "uint8": "u8", "int16": "i16",
-    "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "b8",
+    "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "b8", "bfloat16": "bf16",
 }
 #: ONNX TensorProto element type -> numpy dtype name (Cast "to")
 ONNX_DTYPE = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-              9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+              9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
 INT_DTYPES = ("int32", "int64", "int8", "uint8", "int16", "uint16", "uint32", "uint64")
 
 
@@ -85,7 +85,9 @@ def _cast(a, at):
     to = ONNX_DTYPE.get(int(at.get("to", 1)))
     if to is None:
         raise NodeAttributeError(f"Cast to ONNX type {at.get('to')} has no CUDA kernel", hint="use --target cpu")
-    return f"pk_to_half({a[0]})" if to == "float16" else f"cvt<{CTYPE[to]}>({a[0]})"
+    if to in ("float16", "bfloat16"):  # rounded to the narrow type, kept in the float compute type
+        return f"pk_to_{'half' if to == 'float16' else 'bf16'}({a[0]})"
+    return f"cvt<{CTYPE[to]}>({a[0]})"
 
 
 def _gelu(a, at):
@@ -224,7 +226,7 @@ def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]
     ins = [n for n in ins if n]
     ops = {op["op"] for op in body}
     floats = ["float16", "float32"] if layer.precision == "fp16" else ["float32", "float16"]
-    uniform = [] if ops & INT_ONLY_OPS else floats + ["float64"]
+    uniform = [] if ops & INT_ONLY_OPS else floats + ["float64", "bfloat16"]
     if ops <= INT_OPS:
         uniform += list(INT_DTYPES)
     if ops <= BOOL_OPS:

@@ -99,7 +99,7 @@ RANGE(i32, i64, i32)
 RANGE(i64, i64, i64)
 
 // cast_any: CastLike's conversion (ONNX Cast semantics) with both dtypes chosen at run time
-// by code (see tensor_misc.py: f32 f16 f64 i8 u8 i16 u16 i32 u32 i64 u64 bool = 0..11).
+// by code (see tensor_misc.py: f32 f16 f64 i8 u8 i16 u16 i32 u32 i64 u64 bool bf16 = 0..12).
 // The source is loaded exactly as double (floats), i64 (signed ints, bool) or u64, then
 // converted once to the destination, so no value is rounded twice; floats reach narrow
 // integer types through i64 (wrapping as numpy does on x86, where the device would saturate).
@@ -119,6 +119,7 @@ __device__ __forceinline__ Scalar load_scalar(const void* x, i64 i, int code) {
     case 8: v.s = ((const u32*)x)[i]; break;
     case 9: v.s = ((const i64*)x)[i]; break;
     case 10: v.u = ((const u64*)x)[i]; v.kind = 2; break;
+    case 12: v.f = b2f(((const bf16_t*)x)[i]); v.kind = 0; break;
     default: v.s = ((const bool*)x)[i] ? 1 : 0; break;
   }
   return v;
@@ -138,6 +139,7 @@ __device__ __forceinline__ void store_as(void* y, i64 i, int code, V v) {
     case 8: ((u32*)y)[i] = (u32)(i64)v; break;
     case 9: ((i64*)y)[i] = (i64)v; break;
     case 10: ((u64*)y)[i] = (u64)v; break;
+    case 12: ((bf16_t*)y)[i] = f2b((float)v); break;
     default: ((bool*)y)[i] = v != (V)0; break;
   }
 }

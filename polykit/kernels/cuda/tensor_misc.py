@@ -13,6 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
+from polykit.compiler.dtypes import EXTENDED_TYPES
 from polykit.compiler.ops.constants import constant_of_shape_fill, constant_value
 from polykit.compiler.ir import Node
 from polykit.errors import DeviceError
@@ -27,6 +28,8 @@ CHUNK_WORDS = 64
 #: dtype -> code of cast_any (tensor_misc.cu)
 CAST_CODES = {np.dtype(d): k for k, d in enumerate(
     ("float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))}
+if 16 in EXTENDED_TYPES:
+    CAST_CODES[EXTENDED_TYPES[16]] = 12  # bfloat16 (ml_dtypes)
 #: dtype -> code of load_any_index (OneHot indices)
 INDEX_CODES = {np.dtype(d): k for k, d in enumerate(
     ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "float32", "float64", "float16"))}

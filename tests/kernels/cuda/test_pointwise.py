@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -79,6 +80,19 @@ def test_candidate_signatures_keep_mask_casts_to_the_usual_alternatives():
     assert (("uint64", "float32"), ("float32",)) not in pw.candidate_signatures(lay)
 
 
+def test_candidate_signatures_cover_bfloat16_storage():
+    sigs = pw.candidate_signatures(layer("Celu", "x"))
+    assert (("bfloat16",), ("bfloat16",)) in sigs
+    assert (("float32",), ("bfloat16",)) in pw.candidate_signatures(layer("Cast", "x", {"to": 16}))
+    assert (("bfloat16",), ("float32",)) in pw.candidate_signatures(layer("Cast", "x", {"to": 1}))
+
+
+def test_cast_to_bfloat16_rounds_in_the_float_compute_type():
+    code, env = pw.emit_expression([{"op": "Cast", "inputs": ["x"], "outputs": ["y"], "attrs": {"to": 16}}],
+                                   {"x": "a"})
+    assert "pk_to_bf16(a)" in code
+
+
 def test_identical_bodies_share_one_module_whatever_the_tensor_names():
     a = pw.pointwise_kernels(layer("Add", ("p", "q"), outputs=("r",)))
     b = pw.pointwise_kernels(layer("Add", ("u", "v"), outputs=("w",)))
@@ -99,6 +113,16 @@ def test_pow_module_for_mixed_operand_dtypes_compiles_with_nvrtc():
             (("int64", "float16"), ("int64",)), (("float16", "uint32"), ("float16",))]
     src = pw.pointwise_kernels(layer("Pow", "ab"), sigs)[0].render()
     Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
+
+
+def test_bfloat16_modules_compile_with_nvrtc():
+    from cuda.core import Program, ProgramOptions
+
+    sigs = [(("bfloat16",), ("bfloat16",)), (("bfloat16",), ("float32",)), (("float32",), ("bfloat16",))]
+    for lay in (layer("Celu", "x"), layer("Cast", "x", {"to": 16})):
+        sig = [s for s in sigs if s in pw.candidate_signatures(lay)]
+        src = pw.pointwise_kernels(lay, sig)[0].render()
+        Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
 
 
 # ---- GPU ----------------------------------------------------------------------------------------
@@ -290,6 +314,23 @@ def test_pow_with_mixed_operand_dtypes(a_dtype, b_dtype):
     a = rng.integers(1, 5, size=(3, 4)).astype(a_dtype)
     b = rng.integers(0, 4, size=(4,)).astype(b_dtype)
     check(layer("Pow", ["A", "B"]), {"A": a, "B": b}, rtol=1e-6, atol=0)
+
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,ins", [("Celu", ["A"]), ("Add", ["A", "B"]), ("Sigmoid", ["A"])])
+def test_bfloat16_storage_computes_in_fp32(op, ins):
+    feeds = {"A": rand((5, 33), BF16), "B": rand((33,), BF16)}
+    check(layer(op, ins), {k: feeds[k] for k in ins}, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("src,to", [(np.float32, 16), (BF16, 1), (BF16, 7)])
+def test_cast_to_and_from_bfloat16(src, to):
+    x = rand((6, 11), src, lo=-50, hi=50)
+    check(layer("Cast", ["X"], {"to": to}), {"X": x}, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

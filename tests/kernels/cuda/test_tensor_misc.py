@@ -3,6 +3,7 @@ Dropout, EyeLike, OneHot, Range, ReverseSequence, CastLike); constant writing wi
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -134,9 +135,19 @@ def test_reverse_sequence(shape, time_axis, batch_axis):
           feeds)
 
 
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def test_cast_like_has_a_code_for_bfloat16():
+    from polykit.kernels.cuda.tensor_misc import CAST_CODES
+
+    assert CAST_CODES[BF16] == 12
+
+
 CASTS = [(np.float32, np.float16), (np.float16, np.float32), (np.float32, np.int32), (np.float64, np.float32),
          (np.int64, np.float32), (np.int32, np.int8), (np.uint8, np.float64), (np.float32, np.bool_),
-         (np.bool_, np.float16), (np.int64, np.uint64), (np.float32, np.uint8)]
+         (np.bool_, np.float16), (np.int64, np.uint64), (np.float32, np.uint8), (np.float32, BF16), (BF16, np.float32),
+         (BF16, np.int32), (np.float16, BF16)]
 
 
 @pytest.mark.gpu
