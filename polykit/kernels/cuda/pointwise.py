@@ -207,6 +207,7 @@ def _input_roles(body, inputs) -> dict[str, set[str]]:
                 roles[name].add("cast")
             elif op["op"] == "Pow" and i == 1:
                 roles[name].add("exp")
+
             else:
                 roles[name].add("data")
     return roles
@@ -218,10 +219,24 @@ ALT_DTYPES = ("int64", "int32", "bool", "float32", "float16", "uint8", "int8", "
 EXP_DTYPES = ("uint32", "uint64", "uint16", "int16")
 
 
+def _compare_only_inputs(body, ins, outs, roles) -> list[str]:
+    """Inputs whose values reach the outputs only through comparisons (their dtype never
+    becomes an output's): e.g. the integer positions of Less(Add(range, offset), len)."""
+    typed = set(outs)
+    for op in reversed(body):
+        if op["op"] in BOOL_OUT or op["op"] == "Cast" or not typed & set(op["outputs"]):
+            continue
+        for i, name in enumerate(op["inputs"]):
+            if not ((op["op"] == "Where" and i == 0) or (op["op"] == "Pow" and i == 1)):
+                typed.add(name)
+    return [n for n in ins if n not in typed and roles[n] and roles[n] <= {"data"}]
+
+
 def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(input dtypes, output dtypes) the layer's module is compiled for: the plan's float type
-    first, then the other float types, integer/bool types where the ops allow them, and for
-    inputs used only by Cast (masks, ids) or as an exponent the usual integer/bool types."""
+    first, then the other float types, integer/bool types where the ops allow them, for
+    inputs used only by Cast (masks, ids) or as an exponent the usual integer/bool types, and
+    int64/int32 for inputs that only feed comparisons (positions building a mask)."""
     body, ins, outs = layer_body(layer)
     ins = [n for n in ins if n]
     ops = {op["op"] for op in body}
@@ -246,6 +261,12 @@ def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]
                 sig = {n: ("bool" if roles[n] == {"cond"} else t) for n in ins}
                 sig[alt_names[0]] = alt
                 sigs.append(sig)
+    # masks built in the body from integer positions (Less(range, len) -> Where(mask, 0, -inf))
+    cmp_names = _compare_only_inputs(body, ins, outs, roles)
+    if cmp_names and len(cmp_names) < len(ins):
+        for t in floats:
+            for ct in ("int64", "int32"):
+                sigs.append({n: ("bool" if roles[n] == {"cond"} else ct if n in cmp_names else t) for n in ins})
     out: list = []
     for sig in sigs:
         env = body_dtypes(body, sig)

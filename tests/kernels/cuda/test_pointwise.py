@@ -93,6 +93,28 @@ def test_cast_to_bfloat16_rounds_in_the_float_compute_type():
     assert "pk_to_bf16(a)" in code
 
 
+MASK_BODY = [{"op": "Add", "inputs": ["r", "o"], "outputs": ["p"], "attrs": {}},
+             {"op": "Less", "inputs": ["p", "n"], "outputs": ["m"], "attrs": {}},
+             {"op": "Where", "inputs": ["m", "z", "f"], "outputs": ["y"], "attrs": {}}]
+MASK_SIG = (("int64", "int64", "int64", "float32", "float32"), ("float32",))
+
+
+def mask_layer():
+    return LayerDesc("mask", "Pointwise", ("r", "o", "n", "z", "f"), ("y",), {"body": MASK_BODY}, domain="ai.polykit")
+
+
+def test_candidate_signatures_give_integer_types_to_inputs_that_only_feed_comparisons():
+    assert MASK_SIG in pw.candidate_signatures(mask_layer())
+
+
+def test_inputs_reaching_an_output_keep_the_data_type():
+    body = MASK_BODY[:2] + [{"op": "Where", "inputs": ["m", "p", "f"], "outputs": ["y"], "attrs": {}}]
+    lay = LayerDesc("m2", "Pointwise", ("r", "o", "n", "f"), ("y",), {"body": body}, domain="ai.polykit")
+    assert (("int64", "int64", "int64", "float32"), ("int64",)) not in pw.candidate_signatures(lay)
+    assert pw._compare_only_inputs(body, ["r", "o", "n", "f"], ["y"], pw._input_roles(body, ["r", "o", "n", "f"])) \
+        == ["n"]
+
+
 def test_identical_bodies_share_one_module_whatever_the_tensor_names():
     a = pw.pointwise_kernels(layer("Add", ("p", "q"), outputs=("r",)))
     b = pw.pointwise_kernels(layer("Add", ("u", "v"), outputs=("w",)))
@@ -112,6 +134,13 @@ def test_pow_module_for_mixed_operand_dtypes_compiles_with_nvrtc():
     sigs = [(("float32", "uint64"), ("float32",)), (("int32", "float32"), ("int32",)),
             (("int64", "float16"), ("int64",)), (("float16", "uint32"), ("float16",))]
     src = pw.pointwise_kernels(layer("Pow", "ab"), sigs)[0].render()
+    Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
+
+
+def test_comparison_mask_module_compiles_with_nvrtc():
+    from cuda.core import Program, ProgramOptions
+
+    src = pw.pointwise_kernels(mask_layer(), [MASK_SIG])[0].render()
     Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
 
 
@@ -331,6 +360,13 @@ def test_bfloat16_storage_computes_in_fp32(op, ins):
 def test_cast_to_and_from_bfloat16(src, to):
     x = rand((6, 11), src, lo=-50, hi=50)
     check(layer("Cast", ["X"], {"to": to}), {"X": x}, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_mask_from_integer_positions_selects_float_branches():
+    feeds = {"r": np.arange(12, dtype=np.int64).reshape(1, 12), "o": np.array([[0], [3], [7]], np.int64),
+             "n": np.array(9, np.int64), "z": np.array(0.0, np.float32), "f": np.array(-np.inf, np.float32)}
+    check(mask_layer(), feeds, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
