@@ -98,6 +98,16 @@ RANGE(i16, i64, i16)
 RANGE(i32, i64, i32)
 RANGE(i64, i64, i64)
 
+// 16-bit floats: computed in double like the others, rounded once to half (bf16 via float)
+__device__ __forceinline__ bf16_t d2b(double x) { return f2b((float)x); }
+#define RANGE_NARROW(T, code, CVT)                                                                          \
+  extern "C" __global__ void range_##code(const T* start, const T* delta, T* out, i64 n) {                  \
+    const double s = (double)ld(start, 0), d = (double)ld(delta, 0);                                        \
+    GRID_LOOP(i, n) out[i] = CVT(range_at(s, d, i));                                                        \
+  }
+RANGE_NARROW(half_t, f16, d2h)
+RANGE_NARROW(bf16_t, bf16, d2b)
+
 // cast_any: CastLike's conversion (ONNX Cast semantics) with both dtypes chosen at run time
 // by code (see tensor_misc.py: f32 f16 f64 i8 u8 i16 u16 i32 u32 i64 u64 bool bf16 = 0..12).
 // The source is loaded exactly as double (floats), i64 (signed ints, bool) or u64, then

@@ -34,7 +34,9 @@ if 16 in EXTENDED_TYPES:
 INDEX_CODES = {np.dtype(d): k for k, d in enumerate(
     ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "float32", "float64", "float16"))}
 RANGE_CODES = {np.dtype("float32"): "f32", np.dtype("float64"): "f64", np.dtype("int16"): "i16",
-               np.dtype("int32"): "i32", np.dtype("int64"): "i64"}
+               np.dtype("int32"): "i32", np.dtype("int64"): "i64", np.dtype("float16"): "f16"}
+if 16 in EXTENDED_TYPES:
+    RANGE_CODES[EXTENDED_TYPES[16]] = "bf16"
 
 
 def copy_kernels(layer) -> list[KernelSource]:

@@ -120,7 +120,8 @@ def test_one_hot_with_negative_indices(axis, index_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("start,limit,delta,dtype", [(0.5, 10.0, 0.7, np.float32), (-3.0, 3.0, 0.1, np.float64),
                                                      (10, -7, -3, np.int32), (1, 1000, 7, np.int64),
-                                                     (5, 60, 4, np.int16)])
+                                                     (5, 60, 4, np.int16), (1.0, 30.0, 1.5, np.float16),
+                                                     (2.0, 40.0, 3.0, np.dtype(ml_dtypes.bfloat16))])
 def test_range(start, limit, delta, dtype):
     feeds = {"a": np.array(start, dtype), "b": np.array(limit, dtype), "c": np.array(delta, dtype)}
     check(LayerDesc("r", "Range", ("a", "b", "c"), ("y",)), feeds)
@@ -136,6 +137,12 @@ def test_reverse_sequence(shape, time_axis, batch_axis):
 
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def test_range_has_kernels_for_16_bit_floats():
+    from polykit.kernels.cuda.tensor_misc import RANGE_CODES
+
+    assert RANGE_CODES[np.dtype(np.float16)] == "f16" and RANGE_CODES[BF16] == "bf16"
 
 
 def test_cast_like_has_a_code_for_bfloat16():
