@@ -17,7 +17,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda
 from polykit.kernels.cuda.pointwise import CODE
 
 FILE = "topk.cu"
-DTYPES = ("f32", "f16", "f64", "i32", "i64")
+DTYPES = ("f32", "f16", "f64", "i32", "i64", "u64", "u32", "i16", "u16", "i8", "u8")
 SHARED_MAX = 4096
 BLOCK = 256
 MAX_GRID = 1 << 16

@@ -25,6 +25,11 @@ def test_padded_length_is_the_next_power_of_two():
     assert [topk.padded_length(r) for r in (1, 2, 3, 4, 5, 4096, 4097)] == [1, 2, 4, 4, 8, 4096, 8192]
 
 
+def test_topk_declares_kernels_for_every_integer_width():
+    names = {k.name for k in topk._kernels(topk_layer())}
+    assert {f"topk_shared_{c}" for c in ("u64", "u32", "i16", "u16", "i8", "u8")} <= names
+
+
 def test_shared_threads_stay_within_32_and_512():
     assert topk.shared_threads(2) == 32 and topk.shared_threads(256) == 128 and topk.shared_threads(4096) == 512
 
@@ -71,3 +76,11 @@ def test_topk_rows_beyond_shared_memory_use_the_global_sort(largest):
 def test_topk_long_inner_axis_uses_the_global_sort():
     x = rng.standard_normal((4500, 3)).astype(np.float32)
     check(topk_layer(axis=0, largest=1), {"X": x, "K": np.array([5], np.int64)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int8, np.uint8, np.int16, np.uint16])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_narrow_and_unsigned_integers_match_reference(dtype, largest):
+    x = rng.integers(0, 120, size=(3, 300)).astype(dtype)
+    check(topk_layer(axis=1, largest=largest), {"X": x, "K": np.array([20], np.int64)})
