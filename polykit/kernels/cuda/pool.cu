@@ -8,11 +8,12 @@
 #define POOL_PARAMS                                                                                        \
   const ELEM *X, ELEM *Y, i64 *Ind, i64 NC, i64 D, i64 H, i64 W, i64 OD, i64 OH, i64 OW, i64 KD, i64 KH,   \
       i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 ED, i64 EH, i64 EW, i64 DD, i64 DH, i64 DW, \
-      i64 count_include_pad, float p
+      i64 count_include_pad, float p, i64 col_major
 
 // One thread per output element y[nc, od, oh, ow] (grid-stride).
 //   max: largest element in the window (padding ignored); Ind (may be null) gets the flat
-//        row-major index into X of the first maximum (ONNX MaxPool Indices, storage_order 0)
+//        row-major index into X of the first maximum (ONNX MaxPool Indices, storage_order 0;
+//        col_major: the spatial part column-major, storage_order 1)
 //   avg: sum / (window elements inside the input, or inside the padded input when
 //        count_include_pad; positions past the padded end, from ceil_mode, never count)
 //   Lp : (sum |x|^p)^(1/p) over the window elements inside the input
@@ -63,7 +64,14 @@ extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
     }
 #if POOL_MODE == 0
     st(Y, i, best);
-    if (Ind) Ind[i] = best_at < 0 ? 0 : nc * D * H * W + best_at;
+    if (Ind) {
+      i64 at = best_at < 0 ? 0 : best_at;
+      if (col_major) {  // storage_order 1: the spatial dims column-major (id fastest)
+        const i64 bd = at / (H * W), bh = (at / W) % H, bw = at % W;
+        at = bd + D * (bh + H * bw);
+      }
+      Ind[i] = best_at < 0 ? 0 : nc * D * H * W + at;
+    }
 #elif POOL_MODE == 1
     const i64 n = count_include_pad ? padded : inside;
     st(Y, i, n > 0 ? acc / (float)n : 0.f);

@@ -59,8 +59,7 @@ def _global_kernels(layer: Any) -> list[KernelSource]:
 
 
 def _supports_window(layer: Any) -> bool:
-    has_indices = len(layer.outputs) > 1 and bool(layer.outputs[1])
-    return not (has_indices and int(layer.attrs.get("storage_order", 0)) != 0)
+    return int(layer.attrs.get("storage_order", 0)) in (0, 1)
 
 
 def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -74,7 +73,8 @@ def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor
     nc = X.shape[0] * X.shape[1]
     args = [X, Y, ind if ind is not None else 0, nc, *_to3(spatial, 1), *_to3(Y.shape[2:], 1), *_to3(kernel, 1),
             *_to3(geo.strides, 1), *_to3(geo.pads_begin, 0), *_to3(geo.pads_end, 0), *_to3(geo.dilations, 1),
-            int(layer.attrs.get("count_include_pad", 0)), np.float32(layer.attrs.get("p", 2))]
+            int(layer.attrs.get("count_include_pad", 0)), np.float32(layer.attrs.get("p", 2)),
+            int(int(layer.attrs.get("storage_order", 0)) == 1)]
     launcher.launch(kernel_for("pool_window", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
 
 

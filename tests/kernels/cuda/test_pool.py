@@ -50,6 +50,12 @@ def test_max_pool_indices_match_reference(shape, attrs):
     check(layer, {"X": rand(*shape)}, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("shape,attrs", [WINDOWS[1], WINDOWS[2], WINDOWS[4], WINDOWS[5]])
+def test_max_pool_column_major_indices_match_reference(shape, attrs):
+    layer = LayerDesc("pool", "MaxPool", ("X",), ("Y", "I"), dict(attrs, storage_order=1))
+    check(layer, {"X": rand(*shape)}, rtol=0, atol=0)
+
+
 def test_lp_pool_with_p3_and_fp16_storage():
     layer = LayerDesc("pool", "LpPool", ("X",), ("Y",), {"kernel_shape": [3, 3], "p": 3})
     check(layer, {"X": rand(2, 3, 7, 7, dtype=np.float16)}, rel=2e-3)

@@ -8,7 +8,7 @@ import pytest
 from polykit.compiler.plan_records import LayerDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.pool import _window_kernels, window_elem
+from polykit.kernels.cuda.pool import _supports_window, _window_kernels, window_elem
 
 
 @pytest.mark.parametrize("dtype,elem", [(np.uint8, "u8"), (np.int8, "i8"), (np.float16, "half_t")])
@@ -25,3 +25,8 @@ def test_max_pool_layer_declares_its_8bit_kernels_for_the_plan():
     layer = LayerDesc("p", "MaxPool", ("X",), ("Y",), {"kernel_shape": [2, 2]})
     elems = {dict(k.defines)["ELEM"] for k in _window_kernels(layer)}
     assert {"u8", "i8", "float", "half_t"} <= elems
+
+
+def test_max_pool_with_column_major_indices_has_a_window_tactic():
+    layer = LayerDesc("p", "MaxPool", ("X",), ("Y", "I"), {"kernel_shape": [2, 2], "storage_order": 1})
+    assert _supports_window(layer)
