@@ -7,36 +7,19 @@ import time
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+
+from . import oracle
 
 RNG = np.random.default_rng(11)
 
 
 def run(op, inputs, **attrs):
-    node = Node(op, [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)], ["y"], attrs, "n")
-    return run_reference(node, list(inputs))[0]
+    return oracle.run(op, inputs, **attrs)[0]
 
 
 def ort(op, inputs, opset=21, **attrs):
-    import onnx
-    import onnxruntime
-    from onnx import helper
-
-    from polykit.compiler import dtypes
-
-    names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
-    node = helper.make_node(op, names, ["y"], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, dtypes.to_onnx(v.dtype), v.shape) for n, v in zip(names, inputs) if n],
-        [onnx.ValueInfoProto(name="y")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: v for n, v in zip(names, inputs) if n})[0]
+    return oracle.ort(op, inputs, opset=opset, **attrs)[0]
 
 
 def rand(*shape, dtype=np.float32):
