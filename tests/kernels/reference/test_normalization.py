@@ -3,36 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import helper
 
-from polykit.compiler.ir import Node
-from polykit.kernels.registry import run_reference
+
+from .oracle import ort_run, ours
 
 RNG = np.random.default_rng(7)
-
-
-def ort_run(op, inputs, attrs=None, opset=22, n_out=1):
-    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"out{i}" for i in range(n_out)], **(attrs or {}))
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-         for n, x in zip(names, inputs) if n],
-        [onnx.ValueInfoProto(name=f"out{i}") for i in range(n_out)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: x for n, x in zip(names, inputs) if n})
-
-
-def ours(op, inputs, attrs=None, n_out=1):
-    node = Node(op, [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)],
-                [f"out{i}" for i in range(n_out)], dict(attrs or {}), name=op)
-    return run_reference(node, inputs)
 
 
 def _params(c):
