@@ -240,6 +240,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     for layer in layers:
+        layer = replace(layer, in_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.inputs),
+                        out_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.outputs))
         # fp16 builds: the optimizer made float tensors float16 (passes.convert_to_fp16)
         is_half = cfg.fp16 and layer_runs_in_half(layer.kind, layer.domain, layer.inputs, layer.outputs,
                                                   lambda n: tensors[n].dtype if n in tensors else None)

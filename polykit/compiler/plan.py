@@ -258,7 +258,8 @@ def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:
         "name": layer.name, "kind": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs),
         "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}"), "domain": layer.domain, "tactic": layer.tactic,
         "tactic_params": _jsonable(layer.tactic_params, f"layer {layer.name!r}"), "precision": layer.precision,
-        "fused_nodes": list(layer.fused_nodes),
+        "fused_nodes": list(layer.fused_nodes), "in_dtypes": list(layer.in_dtypes),
+        "out_dtypes": list(layer.out_dtypes),
     }
 
 
@@ -267,7 +268,8 @@ def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
         name=d["name"], kind=d["kind"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
         attrs=_from_jsonable(d["attrs"]), domain=d["domain"], tactic=d["tactic"],
         tactic_params=_from_jsonable(d["tactic_params"]), precision=d["precision"],
-        fused_nodes=tuple(d["fused_nodes"]),
+        fused_nodes=tuple(d["fused_nodes"]), in_dtypes=tuple(d.get("in_dtypes", ())),
+        out_dtypes=tuple(d.get("out_dtypes", ())),
     )
 
 

@@ -37,6 +37,10 @@ class LayerDesc:
     ai.polykit domain ("Pointwise", "Attention"); `attrs` are JSON-able; `tactic` names the
     implementation chosen for this layer on the plan's target; `fused_nodes` lists the
     original ONNX node names the layer covers (for inspect and layerwise debugging).
+    `in_dtypes`/`out_dtypes` are the numpy dtype names of the inputs/outputs ("" for an
+    omitted optional input), stamped by the builder before tactic selection so a tactic can
+    refuse dtypes it has no kernel for at build time and compile exactly the kernels the
+    plan needs; empty for layers built by hand (tests), where tactics must not rely on them.
     """
 
     name: str
@@ -49,3 +53,5 @@ class LayerDesc:
     tactic_params: dict[str, Any] = field(default_factory=dict, hash=False)
     precision: str = "fp32"
     fused_nodes: tuple[str, ...] = ()
+    in_dtypes: tuple[str, ...] = ()
+    out_dtypes: tuple[str, ...] = ()

@@ -70,6 +70,18 @@ def test_round_trip_keeps_layers_tensors_io_memory_and_weights(plan):
         assert back.weights[name].dtype == w.dtype
 
 
+def test_layers_carry_their_tensor_dtypes_through_the_round_trip():
+    m = _model()
+    cast = helper.make_node("Cast", ["y"], ["z"], name="cast", to=TensorProto.INT64)
+    m.graph.node.append(cast)
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.INT64, [2, 3]))
+    plan = build_plan(m, BuilderConfig(target="cpu", fuse=False))
+    by_kind = {l.kind: l for l in Plan.deserialize(plan.serialize()).layers}
+    assert by_kind["Cast"].in_dtypes == ("float32",)
+    assert by_kind["Cast"].out_dtypes == ("int64",)
+    assert by_kind["Mul"].in_dtypes == ("float32", "float32")
+
+
 def test_round_trip_is_byte_stable(plan):
     data = plan.serialize()
     assert Plan.deserialize(data).serialize() == data
