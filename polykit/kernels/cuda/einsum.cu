@@ -12,7 +12,7 @@
 // (rows ty + 16i, cols tx + 16j: consecutive threads -> consecutive n). K advances in
 // tiles of 16 staged in shared memory; a_k_inner / b_n_inner choose the load order so the
 // unit-stride dimension of each operand is read by consecutive threads (coalesced).
-// Accumulates in fp32 (fp16/fp32 storage), fp64 (double) or 64-bit integers; deterministic.
+// Accumulates in fp32 (fp16/bf16/fp32 storage), fp64 (double) or 64-bit integers; deterministic.
 #include "dtypes.cuh"
 
 template <class T> struct EsAcc { typedef typename Compute<T>::type type; };
@@ -118,6 +118,7 @@ __device__ void einsum_impl(const T* __restrict__ A, const T* __restrict__ B, T*
 
 EINSUM(float, f32)
 EINSUM(half_t, f16)
+EINSUM(bf16_t, bf16)
 EINSUM(double, f64)
 EINSUM(i32, i32)
 EINSUM(i64, i64)

@@ -19,7 +19,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda
 from polykit.kernels.cuda.pointwise import CODE
 
 FILE = "einsum.cu"
-DTYPES = ("f32", "f16", "f64", "i32", "i64")
+DTYPES = ("f32", "f16", "bf16", "f64", "i32", "i64")
 MAXD = 4
 TILE = 64
 MAX_GRID_Z = 65535

@@ -3,6 +3,7 @@ and on the GPU the equation forms exporters emit against the reference (outputs 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -88,3 +89,18 @@ def test_einsum_other_dtypes_match_reference(dtype, tol):
         inputs = {k: (v + rng.uniform(0.1, 0.9, v.shape)).astype(dtype) for k, v in inputs.items()}
     assert_matches_reference(LayerDesc("einsum", "Einsum", ("A", "B"), ("Y",), {"equation": "bij,bjk->bik"}),
                              inputs, **tol)
+
+
+def test_bfloat16_has_a_kernel_entry_point():
+    assert "bf16" in es.DTYPES and "einsum_bf16" in [k.name for k in es.compile_variants()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("equation,shapes", [("bij,bjk->bik", [(2, 33, 20), (2, 20, 70)]), ("ij->ji", [(5, 130)]),
+                                             ("ij->i", [(7, 65)]), ("ii->i", [(3, 3)])])
+def test_einsum_bfloat16_storage_with_float_accumulation(equation, shapes):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    names = tuple("AB"[: len(shapes)])
+    inputs = {n: rng.uniform(-2, 2, s).astype(ml_dtypes.bfloat16) for n, s in zip(names, shapes)}
+    assert_matches_reference(LayerDesc("einsum", "Einsum", names, ("Y",), {"equation": equation}), inputs, rel=1e-2)
