@@ -12,7 +12,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda
 from polykit.kernels.cuda.pointwise import broadcast_geometry
 
 FILE = "attention.cu"
-VARIANTS = ("f32", "f32_b8", "f16", "f16_b8")
+VARIANTS = ("f32", "f32_b8", "f16", "f16_b8", "f64", "f64_b8")
 MAXR = 8
 
 
@@ -29,7 +29,7 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     q, k, v = (tensors[n] for n in layer.inputs[:3])
     mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
     y = tensors[layer.outputs[0]]
-    code = {"float32": "f32", "float16": "f16"}.get(q.dtype.name)
+    code = {"float32": "f32", "float16": "f16", "float64": "f64"}.get(q.dtype.name)
     if code is None or k.dtype != q.dtype or v.dtype != q.dtype:
         raise DeviceError(f"Attention on {q.dtype}/{k.dtype}/{v.dtype} has no CUDA kernel", where=where,
                           hint="use --target cpu")
@@ -52,11 +52,12 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     ms_s = mshape[-1] if mshape[-2] != 1 else 0
     ms_j = 1 if mshape[-1] != 1 else 0
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
+    wide = q.dtype == np.float64  # computes in double: double scale and shared memory
     args = [q, k, v, mask if mask is not None else 0, y, nb, len(dims), *_pad(dims, 1), *(x for s in st for x in _pad(s)),
-            ms_s, ms_j, S, Skv, D, Dv, np.float32(scale), int(layer.attrs.get("nan_probs_to_zero", 0))]
+            ms_s, ms_j, S, Skv, D, Dv, np.float64(scale) if wide else np.float32(scale), int(layer.attrs.get("nan_probs_to_zero", 0))]
     block = 128 if max(Skv, Dv) > 64 else 64
     launcher.launch(KernelSource(f"attention_{code}", FILE), (min(nb * S, 1 << 20), 1, 1), (block, 1, 1), args,
-                    shared_mem=4 * (D + Skv))
+                    shared_mem=(8 if wide else 4) * (D + Skv))
 
 
 cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels,

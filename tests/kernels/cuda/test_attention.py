@@ -57,3 +57,22 @@ def test_attention_fp16_storage():
     feeds = {"Q": rand(2, 3, 20, 64, dtype=np.float16), "K": rand(2, 3, 20, 64, dtype=np.float16),
              "V": rand(2, 3, 20, 64, dtype=np.float16)}
     check(attn("QKV", precision="fp16"), feeds, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q,k,v", [((5, 8), (7, 8), (7, 3)), ((2, 3, 33, 16), (2, 3, 65, 16), (2, 3, 65, 9)),
+                                   ((1, 1, 1), (1, 1, 1), (1, 1, 1))])
+def test_attention_float64_computes_in_double(q, k, v):
+    feeds = {"Q": rand(*q, dtype=np.float64), "K": rand(*k, dtype=np.float64), "V": rand(*v, dtype=np.float64)}
+    check(attn("QKV", {"scale": 0.37}), feeds, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.gpu
+def test_attention_float64_with_additive_and_boolean_masks():
+    add = rng.uniform(-3, 0, (1, 6, 9))
+    keep = rng.random((6, 9)) > 0.3
+    keep[:, 0] = True
+    base = {"Q": rand(2, 6, 8, dtype=np.float64), "K": rand(2, 9, 8, dtype=np.float64),
+            "V": rand(2, 9, 4, dtype=np.float64)}
+    check(attn("QKVM"), {**base, "M": add}, rtol=1e-12, atol=1e-13)
+    check(attn("QKVM"), {**base, "M": keep}, rtol=1e-12, atol=1e-13)
