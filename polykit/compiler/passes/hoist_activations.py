@@ -39,11 +39,19 @@ def _feeds_fusion(graph: Graph, node: Node | None) -> bool:
     return is_fusable(graph, node) or (node.domain == POLYKIT_DOMAIN and node.op_type == "Pointwise")
 
 
-def _movable(graph: Graph, act: Node, reshaped: str) -> bool:
+def _movable(graph: Graph, act: Node, src: str, reshaped: str) -> bool:
+    """`act` reads `reshaped` and otherwise only one-element constants whose rank does not
+    exceed either side's (a (1,1,1,1) constant would broadcast a rank-1 `src` up to rank 4)."""
     if not is_fusable(graph, act):
         return False
+    ranks = [len(s) for s in (graph.value(src).shape, graph.value(reshaped).shape) if s is not None]
+    if len(ranks) < 2:
+        return False
     for name in act.inputs:
-        if name and name != reshaped and (name not in graph.initializers or graph.initializers[name].size != 1):
+        if not name or name == reshaped:
+            continue
+        const = graph.initializers.get(name)
+        if const is None or const.size != 1 or const.ndim > min(ranks):
             return False
     return True
 
@@ -58,7 +66,7 @@ def _move_one(graph: Graph, fixed: set[str]) -> bool:
         if not _feeds_fusion(graph, producers.get(src)) or sole_reader(graph, src, readers, fixed) is None:
             continue
         act = sole_reader(graph, mid, readers, fixed)
-        if act is None or not _movable(graph, act, mid):
+        if act is None or not _movable(graph, act, src, mid):
             continue
         _swap(graph, reshape, act)
         return True

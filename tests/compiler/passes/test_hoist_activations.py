@@ -47,6 +47,15 @@ def test_a_chain_with_scalar_constants_moves_whole():
     assert [n.op_type for n in out.nodes] == ["Gemm", "Mul", "Relu", "Reshape"]
 
 
+def test_a_one_element_constant_of_higher_rank_than_the_source_stays_after_the_reshape():
+    # Add(Unsqueeze(offsets (2,)) -> (2,1,1,1), const (1,1,1,1)): hoisted, it would broadcast (2,) to (1,1,1,2)
+    g = graph([node("Add", ["x", "one"], "a"), node("Unsqueeze", ["a", "axes"], "u"), node("Add", ["u", "c"], "y")],
+              {"x": (2,)}, ["y"], {"one": np.array(1.0, np.float32), "axes": np.array([1, 2, 3], np.int64),
+                                   "c": np.full((1, 1, 1, 1), 3.0, np.float32)})
+    out, changed = run_and_compare(g, hoist_activations)
+    assert not changed and out.value("y").shape == (2, 1, 1, 1)
+
+
 def test_an_op_with_a_tensor_operand_stays_after_the_reshape():
     g = graph([node("Gemm", ["x", "w"], "g"), node("Reshape", ["g", "shape"], "r"), node("Add", ["r", "z"], "y")],
               {"x": (6, 4), "z": (2, 3, 5)}, ["y"], {"w": rng.standard_normal((4, 5)).astype(np.float32),
