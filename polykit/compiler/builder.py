@@ -65,7 +65,9 @@ class Builder:
         if cfg.input_values:
             metadata["input_values"] = cfg.to_json()["input_values"]
         if kernels:
-            metadata["kernels"] = kernels
+            from polykit.kernels.cuda.base import pack_kernel_table
+
+            metadata["kernels"] = pack_kernel_table(kernels)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=lowered.weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
         if cfg.save_tactics is not None:
@@ -273,7 +275,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
             base = replace(base, precision="fp16")  # the reference kernels run it on float16 arrays
         final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
         if hasattr(tactic, "kernels"):
-            kernels[final.name] = [k.to_json() for k in tactic.kernels(final)]
+            kernels[final.name] = tactic.kernels(final)
         chosen.append(final)
     return chosen, kernels
 

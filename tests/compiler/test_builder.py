@@ -244,19 +244,45 @@ def test_exported_transformer_builds_byte_identical_plans():
 
 
 def test_cuda_plan_records_the_kernels_of_every_layer_without_a_gpu():
-    from polykit.kernels.cuda.base import KernelSource
+    from polykit.kernels.cuda.base import unpack_kernel_rows
 
     try:
         plan = build_plan(_chain_model(2), BuilderConfig(target="cuda"))
     except BuildError as exc:
         pytest.skip(f"cuda tactics for these layers are not there yet: {exc.what}")
     assert plan.target == "cuda"
-    assert set(plan.metadata["kernels"]) == {layer.name for layer in plan.layers}
+    assert set(plan.metadata["kernels"]["layers"]) == {layer.name for layer in plan.layers}
     back = Plan.deserialize(plan.serialize(), expect_target="cuda")
     for layer in back.layers:
         assert layer.tactic.startswith("cuda.")
-        sources = [KernelSource.from_json(k) for k in back.metadata["kernels"][layer.name]]
+        sources = unpack_kernel_rows(back.metadata["kernels"], layer.name)
         assert sources and all(s.name for s in sources)
+        assert sources == unpack_kernel_rows(plan.metadata["kernels"], layer.name)
+
+
+def test_cuda_plan_stores_each_generated_module_once():
+    try:
+        plan = build_plan(_chain_model(2), BuilderConfig(target="cuda"))
+    except BuildError as exc:
+        pytest.skip(f"cuda tactics for these layers are not there yet: {exc.what}")
+    table = plan.metadata["kernels"]
+    refs = [row["code_ref"] for rows in table["layers"].values() for row in rows if "code_ref" in row]
+    assert refs and set(refs) == set(table["code"])
+    assert all("code" not in row for rows in table["layers"].values() for row in rows)
+
+
+def test_cuda_plan_with_a_dangling_code_ref_is_a_plan_error():
+    from polykit.errors import PlanError
+    from polykit.runtime.cuda.target import plan_kernels
+
+    try:
+        plan = build_plan(_chain_model(2), BuilderConfig(target="cuda"))
+    except BuildError as exc:
+        pytest.skip(f"cuda tactics for these layers are not there yet: {exc.what}")
+    plan.metadata["kernels"]["code"].clear()
+    layer = next(l for l in plan.layers if any("code_ref" in r for r in plan.metadata["kernels"]["layers"][l.name]))
+    with pytest.raises(PlanError, match="damaged"):
+        plan_kernels(plan, layer)
 
 
 def test_data_dependent_shape_is_a_build_error_naming_the_tensor():

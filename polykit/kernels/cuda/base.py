@@ -52,6 +52,41 @@ class KernelSource:
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])))
 
 
+def pack_kernel_table(per_layer: Mapping[str, Sequence[KernelSource]]) -> dict[str, Any]:
+    """The plan's kernel record: per layer its KernelSource JSON, generated code stored once.
+
+    A generated module holds every entry point of a layer (and identical bodies share one
+    module), so many KernelSources carry the same text: each `code` becomes a `code_ref`
+    into `code` (sha256 of the text -> text). Returns {"layers": {...}, "code": {...}}."""
+    code: dict[str, str] = {}
+    layers: dict[str, list[dict[str, Any]]] = {}
+    for name, sources in per_layer.items():
+        rows = []
+        for src in sources:
+            row = src.to_json()
+            if row["code"] is not None:
+                ref = hashlib.sha256(row["code"].encode()).hexdigest()[:24]
+                code[ref] = row.pop("code")
+                row["code_ref"] = ref
+            rows.append(row)
+        layers[name] = rows
+    return {"layers": layers, "code": dict(sorted(code.items()))}
+
+
+def unpack_kernel_rows(table: Mapping[str, Any], layer_name: str) -> list[KernelSource] | None:
+    """The KernelSources `pack_kernel_table` recorded for one layer (None if it has none);
+    KeyError for a `code_ref` the table lacks (a damaged plan: callers turn it into PlanError)."""
+    rows = table.get("layers", {}).get(layer_name)
+    if rows is None:
+        return None
+    out = []
+    for row in rows:
+        if "code_ref" in row:
+            row = {**row, "code": table["code"][row["code_ref"]]}
+        out.append(KernelSource.from_json(row))
+    return out
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _source_key(source: KernelSource) -> str:
     return hashlib.sha256(source.render().encode()).hexdigest()[:24]

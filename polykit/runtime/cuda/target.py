@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.errors import DeviceError, PlanError, RuntimeInputError
-from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource
+from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, stream_handle
@@ -51,11 +51,15 @@ class CudaTarget:
 
 def plan_kernels(plan: Any, layer: Any) -> list[KernelSource]:
     """The kernels the plan recorded for `layer` (PlanError when it recorded none)."""
-    recorded = plan.metadata.get("kernels", {}).get(layer.name)
+    try:
+        recorded = unpack_kernel_rows(plan.metadata.get("kernels", {}), layer.name)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PlanError(f"the plan's kernel table is damaged ({exc!r})", where=f"layer {layer.name!r}",
+                        hint="rebuild the plan for --target cuda with this polykit version") from None
     if recorded is None:
         raise PlanError(f"the plan records no kernels for layer {layer.name!r}", where=f"layer {layer.name!r}",
                         hint="rebuild the plan for --target cuda with this polykit version")
-    return [KernelSource.from_json(k) for k in recorded]
+    return recorded
 
 
 class CudaEngine:
