@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
+
 from polykit.compiler.ops.math_misc import parse_einsum
 from polykit.kernels.registry import reference
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
     """x in the accumulation dtype: float64 for floats, 64-bit for integers."""
-    if np.issubdtype(x.dtype, np.floating):
+    if is_float(x.dtype):  # ml_dtypes floats
         return x.astype(np.float64)
     if np.issubdtype(x.dtype, np.unsignedinteger):
         return x.astype(np.uint64)
