@@ -49,6 +49,18 @@ ONNX_TYPE_NAMES = {
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+#: ml_dtypes floating types: numpy's np.floating does not cover them (their dtype kind is "V")
+_ML_FLOATS = ("bfloat16", "float8_", "float4_")
+
+
+def is_float(dtype: np.dtype | type) -> bool:
+    """True for numpy floats and ml_dtypes' bfloat16 / float8 / float4 (which numpy's
+    `issubdtype(dt, np.floating)` calls non-floating, so an accumulator chosen by it would be
+    an integer one and silently truncate)."""
+    dt = np.dtype(dtype)
+    return bool(np.issubdtype(dt, np.floating)) or dt.name.startswith(_ML_FLOATS)
+
+
 def to_numpy(onnx_type: int, where: str | None = None) -> np.dtype:
     """numpy dtype of an ONNX element type; PolykitError for types polykit does not run."""
     try:

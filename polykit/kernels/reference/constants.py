@@ -30,7 +30,7 @@ def range_(node, inputs):
     if float(delta) == 0:
         raise RuntimeInputError("delta is 0", where=node.describe(), hint="Range needs a non-zero delta")
     n = range_length(start, limit, delta)
-    wide = np.float64 if np.issubdtype(start.dtype, np.floating) else np.int64
+    wide = np.float64 if dtypes.is_float(start.dtype) else np.int64
     # output[i] = start + i * delta, computed wide and rounded once to the inputs' dtype
     return [(start.astype(wide) + np.arange(n, dtype=wide) * delta.astype(wide)).astype(start.dtype)]
 

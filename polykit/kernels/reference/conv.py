@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import Node
 from polykit.compiler.ops.conv import Window, transpose_geometry, window_geometry
 from polykit.errors import ShapeError
@@ -27,7 +28,7 @@ def accumulator_dtype(dtype: np.dtype) -> np.dtype:
     float32 BLAS would be twice as fast but rounds differently per output column (its
     micro-kernel tiles), so identical channels would not give identical outputs; the
     reference is the oracle, so it pays for exactness."""
-    return np.dtype(np.float64) if np.issubdtype(dtype, np.floating) else np.dtype(np.int64)
+    return np.dtype(np.float64) if is_float(dtype) else np.dtype(np.int64)
 
 
 def padded(x: np.ndarray, win: Window, value: float | int = 0) -> np.ndarray:

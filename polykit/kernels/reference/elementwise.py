@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.kernels.registry import reference
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -72,7 +73,7 @@ def pow_(node, inputs):
     a, b = inputs
     if np.issubdtype(a.dtype, np.integer):
         return [np.power(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)]
-    return [np.power(a, b.astype(a.dtype) if np.issubdtype(b.dtype, np.floating) else b).astype(a.dtype)]
+    return [np.power(a, b.astype(a.dtype) if is_float(b.dtype) else b).astype(a.dtype)]
 
 
 @reference("Mod")

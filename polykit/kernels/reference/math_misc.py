@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.dtypes import is_float
-
 from polykit.compiler.ops.math_misc import parse_einsum
 from polykit.kernels.registry import reference
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import Node
 from polykit.compiler.ops.conv import Window, window_geometry
 from polykit.compiler.ops.pool import unpool_shape
@@ -46,7 +47,7 @@ def reduce_windows(windows: np.ndarray, nd: int, ufunc: np.ufunc) -> np.ndarray:
 
 
 def _lowest(dtype: np.dtype):
-    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+    return -np.inf if is_float(dtype) else np.iinfo(dtype).min
 
 
 @reference("MaxPool")

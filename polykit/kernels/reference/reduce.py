@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.kernels.registry import reference
 
 
@@ -24,7 +25,7 @@ def _axes(node, inputs) -> tuple[int, ...] | None:
 
 
 def _accumulator(dtype: np.dtype) -> np.dtype:
-    if np.issubdtype(dtype, np.floating):
+    if is_float(dtype):
         return np.dtype(np.float64)
     if dtype == np.bool_:
         return np.dtype(np.int64)

@@ -82,6 +82,18 @@ def test_matmul_keeps_float16():
     np.testing.assert_allclose(y, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
+def test_matmul_and_gemm_of_bfloat16_accumulate_in_float_not_int():
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    a, b = rand(2, 8).astype(bf16), rand(8, 3).astype(bf16)
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(bf16)
+    for op in ("MatMul", "Gemm"):
+        y = run(op, [a, b])
+        assert y.dtype == bf16
+        np.testing.assert_array_equal(y.astype(np.float32), want.astype(np.float32))
+
+
 def test_matmul_rejects_mismatched_inner_dims():
     with pytest.raises(ShapeError, match="cannot multiply"):
         run("MatMul", [rand(2, 3), rand(4, 2)])
