@@ -54,7 +54,8 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
     wide = q.dtype == np.float64  # computes in double: double scale and shared memory
     args = [q, k, v, mask if mask is not None else 0, y, nb, len(dims), *_pad(dims, 1), *(x for s in st for x in _pad(s)),
-            ms_s, ms_j, S, Skv, D, Dv, np.float64(scale) if wide else np.float32(scale), int(layer.attrs.get("nan_probs_to_zero", 0))]
+            ms_s, ms_j, S, Skv, D, Dv, np.float64(scale) if wide else np.float32(scale),
+            int(layer.attrs.get("nan_probs_to_zero", 0))]
     block = 128 if max(Skv, Dv) > 64 else 64
     launcher.launch(KernelSource(f"attention_{code}", FILE), (min(nb * S, 1 << 20), 1, 1), (block, 1, 1), args,
                     shared_mem=(8 if wide else 4) * (D + Skv))

@@ -31,6 +31,12 @@ def _plain(layer) -> bool:
     return layer.domain in ("", "ai.onnx")
 
 
+def _known_dtypes_fit(layer) -> bool:
+    """False when the builder stamped an X dtype (layer.in_dtypes) that has no kernel here."""
+    stamped = getattr(layer, "in_dtypes", ()) or ()
+    return not stamped or CODE.get(stamped[0]) in DTYPES
+
+
 def _where(layer) -> str:
     return f"layer {layer.name!r}"
 
@@ -59,7 +65,7 @@ def _opt(tensors: Mapping[str, DeviceTensor], names, i: int) -> DeviceTensor | N
 
 # ---- Dropout --------------------------------------------------------------------------------
 def dropout_has_training_input(layer) -> bool:
-    return _plain(layer) and len(layer.inputs) > 2 and bool(layer.inputs[2])
+    return _plain(layer) and len(layer.inputs) > 2 and bool(layer.inputs[2]) and _known_dtypes_fit(layer)
 
 
 def dropout_seed(layer) -> np.uint32:
@@ -125,9 +131,12 @@ def enqueue_batchnorm_training(layer, launcher: Launcher, tensors: Mapping[str, 
                     (block_for(n * inner), 1, 1), args)
 
 
+def batchnorm_in_training_mode(layer) -> bool:
+    return _plain(layer) and bool(layer.attrs.get("training_mode", 0)) and _known_dtypes_fit(layer)
+
+
 cuda_tactic("BatchNormalization", "cuda.training.batchnorm", kernels=_batchnorm_kernels,
-            supports=lambda layer: _plain(layer) and bool(layer.attrs.get("training_mode", 0)),
-            priority=10)(enqueue_batchnorm_training)
+            supports=batchnorm_in_training_mode, priority=10)(enqueue_batchnorm_training)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -124,6 +124,15 @@ def test_batchnorm_training_mode_picks_the_training_tactic_and_inference_does_no
     assert "cuda.training.batchnorm" not in [t.name for t in candidates("cuda", "BatchNormalization", inference)]
 
 
+def test_tactics_decline_a_stamped_integer_input_dtype():
+    from dataclasses import replace
+
+    assert not tr.dropout_has_training_input(replace(dropout(), in_dtypes=("int32", "float32", "bool")))
+    assert tr.dropout_has_training_input(replace(dropout(), in_dtypes=("bfloat16", "float32", "bool")))
+    bn = replace(batchnorm(), in_dtypes=("int64",) * 5)
+    assert "cuda.training.batchnorm" not in [t.name for t in candidates("cuda", "BatchNormalization", bn)]
+
+
 def test_dropout_seed_is_taken_modulo_two_to_the_32():
     assert tr.dropout_seed(dropout(seed=5)) == 5 and tr.dropout_seed(dropout()) == 0
     assert tr.dropout_seed(dropout(seed=-1)) == np.uint32(0xFFFFFFFF)
