@@ -76,3 +76,21 @@ def test_attention_float64_with_additive_and_boolean_masks():
             "V": rand(2, 9, 4, dtype=np.float64)}
     check(attn("QKVM"), {**base, "M": add}, rtol=1e-12, atol=1e-13)
     check(attn("QKVM"), {**base, "M": keep}, rtol=1e-12, atol=1e-13)
+
+
+def test_float64_attention_launches_the_double_kernel_with_a_double_scale_and_wide_shared_memory():
+    from polykit.kernels.cuda.attention import enqueue_attention
+    from polykit.kernels.cuda.base import DeviceTensor
+
+    launches = []
+
+    class Recorder:
+        def launch(self, kernel, grid, block, args, shared_mem=0):
+            launches.append((kernel.name, args, shared_mem))
+
+    t = {n: DeviceTensor(4096, s, np.dtype(np.float64)) for n, s in
+         (("Q", (2, 8, 16)), ("K", (2, 6, 16)), ("V", (2, 6, 5)), ("Y", (2, 8, 5)))}
+    enqueue_attention(attn("QKV", {"scale": 0.5}), Recorder(), t)
+    ((name, args, shared),) = launches
+    assert name == "attention_f64" and shared == 8 * (16 + 6)
+    assert args[-2] == 0.5 and args[-2].dtype == np.float64
