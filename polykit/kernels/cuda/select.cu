@@ -18,13 +18,17 @@
 //   innermost last): a non-zero element writes its coordinates to out[d, pos[e]] ([rank, nnz]).
 // unique_match_<T>: grid-stride, one thread per item i (n items of x viewed as [outer, n,
 //   inner]; an item is the slice x[:, i, :] compared lexicographically): first[i] = the first
-//   item equal to i, count[i] = how many items equal i. O(n^2 * outer * inner).
+//   item equal to i, count[i] = how many items equal i. O(n^2 * outer * inner). NaNs are equal
+//   for elements (nan_equal = 1) but not inside slices of an N-D tensor (numpy's rule).
 // unique_rank_<T>: grid-stride, one thread per item i with first[i] == i: rank[i] = number of
 //   distinct items before it (sorted: smaller by value; unsorted: earlier first occurrence).
 // unique_emit_<R>: grid-stride over x's elements: the first occurrence of each distinct item
 //   copies it into y[:, rank, :]; then over items: inverse[i] = rank[first[i]], and the
 //   first occurrences write indices[rank] = i, counts[rank] = count[i]. A null (0) pointer
 //   skips an omitted output.
+//
+// Output sizes come from the plan (baked input values); a position past an output's end (a
+// feed that differs from the baked one) is dropped rather than written out of bounds.
 #include "dtypes.cuh"
 
 #define SF_THREADS 1024
@@ -62,7 +66,7 @@ __device__ void select_compress(const R* __restrict__ x, R* __restrict__ y, cons
     const i64 o = t / n, j = t - o * n;
     if (j < c) {
       const i64 p = pos[j];
-      if (p >= 0) y[(o * m + p) * inner + in] = x[e];
+      if (p >= 0 && p < m) y[(o * m + p) * inner + in] = x[e];
     }
   }
 }
@@ -73,7 +77,7 @@ extern "C" __global__ void select_nonzero_emit(const i64* __restrict__ pos, i64 
   const i64 dims[8] = {d0, d1, d2, d3, d4, d5, d6, d7};
   for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
     const i64 p = pos[e];
-    if (p < 0) continue;
+    if (p < 0 || p >= nnz) continue;
     i64 rest = e;
     for (int d = (int)rank - 1; d >= 0; --d) {
       const i64 q = rest / dims[d];
@@ -91,27 +95,32 @@ __device__ __forceinline__ int un_cmp(C a, C b) {
   return a < b ? -1 : (b < a ? 1 : 0);
 }
 
-// lexicographic comparison of items i and j of x viewed as [outer, n, inner]
+// lexicographic comparison of items i and j of x viewed as [outer, n, inner]: -1 / 1 by order,
+// 0 equal, 2 when they tie in order only through NaN pairs and NaNs are not equal (nan_equal = 0:
+// numpy's unique along an axis of an N-D tensor compares slices field by field, NaN != NaN)
 template <class T>
-__device__ int un_items(const T* __restrict__ x, i64 i, i64 j, i64 n, i64 outer, i64 inner) {
+__device__ int un_items(const T* __restrict__ x, i64 i, i64 j, i64 n, i64 outer, i64 inner, i64 nan_equal) {
   if (i == j) return 0;
+  int tie = 0;
   for (i64 o = 0; o < outer; ++o) {
     const i64 bi = (o * n + i) * inner, bj = (o * n + j) * inner;
     for (i64 in = 0; in < inner; ++in) {
-      const int c = un_cmp(ld(x, bi + in), ld(x, bj + in));
+      const typename Compute<T>::type a = ld(x, bi + in), b = ld(x, bj + in);
+      const int c = un_cmp(a, b);
       if (c) return c;
+      if (!nan_equal && a != a) tie = 2;
     }
   }
-  return 0;
+  return tie;
 }
 
 template <class T>
-__device__ void unique_match(const T* __restrict__ x, i64 n, i64 outer, i64 inner, i64* __restrict__ first,
-                             i64* __restrict__ count) {
+__device__ void unique_match(const T* __restrict__ x, i64 n, i64 outer, i64 inner, i64 nan_equal,
+                             i64* __restrict__ first, i64* __restrict__ count) {
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     i64 f = -1, cnt = 0;
     for (i64 j = 0; j < n; ++j) {
-      if (un_items(x, i, j, n, outer, inner) == 0) {
+      if (un_items(x, i, j, n, outer, inner, nan_equal) == 0) {
         if (f < 0) f = j;
         ++cnt;
       }
@@ -122,14 +131,17 @@ __device__ void unique_match(const T* __restrict__ x, i64 n, i64 outer, i64 inne
 }
 
 template <class T>
-__device__ void unique_rank(const T* __restrict__ x, i64 n, i64 outer, i64 inner, i64 sorted,
+__device__ void unique_rank(const T* __restrict__ x, i64 n, i64 outer, i64 inner, i64 nan_equal, i64 sorted,
                             const i64* __restrict__ first, i64* __restrict__ rank) {
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     if (first[i] != i) continue;
     i64 r = 0;
     if (sorted) {
-      for (i64 j = 0; j < n; ++j)
-        if (first[j] == j && un_items(x, j, i, n, outer, inner) < 0) ++r;
+      for (i64 j = 0; j < n; ++j) {
+        if (first[j] != j) continue;
+        const int c = un_items(x, j, i, n, outer, inner, nan_equal);
+        r += c < 0 || (c == 2 && j < i);  // distinct items that tie in order keep first-occurrence order
+      }
     } else {
       for (i64 j = 0; j < i; ++j) r += first[j] == j;
     }
@@ -146,12 +158,12 @@ __device__ void unique_emit(const R* __restrict__ x, R* __restrict__ y, const i6
     for (i64 e = start; e < total; e += stride) {
       const i64 t = e / inner, in = e - t * inner;
       const i64 o = t / n, j = t - o * n;
-      if (first[j] == j) y[(o * u + rank[j]) * inner + in] = x[e];
+      if (first[j] == j && rank[j] < u) y[(o * u + rank[j]) * inner + in] = x[e];
     }
   for (i64 j = start; j < n; j += stride) {
     const i64 f = first[j], r = rank[f];
     if (inverse) inverse[j] = r;
-    if (f == j) {
+    if (f == j && r < u) {
       if (indices) indices[r] = j;
       if (counts) counts[r] = count[j];
     }
@@ -178,13 +190,13 @@ SELECT_RAW(u32)
 SELECT_RAW(u64)
 
 #define UNIQUE_TYPED(T, code)                                                                                  \
-  extern "C" __global__ void unique_match_##code(const T* x, i64 n, i64 outer, i64 inner, i64* first,        \
-                                                 i64* count) {                                                 \
-    unique_match<T>(x, n, outer, inner, first, count);                                                         \
+  extern "C" __global__ void unique_match_##code(const T* x, i64 n, i64 outer, i64 inner, i64 nan_equal,     \
+                                                 i64* first, i64* count) {                                     \
+    unique_match<T>(x, n, outer, inner, nan_equal, first, count);                                              \
   }                                                                                                            \
-  extern "C" __global__ void unique_rank_##code(const T* x, i64 n, i64 outer, i64 inner, i64 sorted,         \
-                                                const i64* first, i64* rank) {                                 \
-    unique_rank<T>(x, n, outer, inner, sorted, first, rank);                                                   \
+  extern "C" __global__ void unique_rank_##code(const T* x, i64 n, i64 outer, i64 inner, i64 nan_equal,      \
+                                                i64 sorted, const i64* first, i64* rank) {                     \
+    unique_rank<T>(x, n, outer, inner, nan_equal, sorted, first, rank);                                        \
   }
 
 UNIQUE_TYPED(float, f32)

@@ -143,10 +143,11 @@ def enqueue_unique(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
     first = launcher.workspace(3 * n * 8)  # first, count, rank: one workspace, carved
     count, rank = first + n * 8, first + 2 * n * 8
     sorted_ = int(bool(layer.attrs.get("sorted", 1)))
+    nan_equal = int(axis is None or len(x.shape) == 1)  # numpy: NaN slices of an N-D tensor stay distinct
     launcher.launch(KernelSource(f"unique_match_{code}", FILE), grid(n), (BLOCK, 1, 1),
-                    [x, n, outer, inner, first, count])
+                    [x, n, outer, inner, nan_equal, first, count])
     launcher.launch(KernelSource(f"unique_rank_{code}", FILE), grid(n), (BLOCK, 1, 1),
-                    [x, n, outer, inner, sorted_, first, rank])
+                    [x, n, outer, inner, nan_equal, sorted_, first, rank])
     launcher.launch(KernelSource(f"unique_emit_{RAW[x.dtype.itemsize]}", FILE), grid(max(x.size, n)), (BLOCK, 1, 1),
                     [x, y if y is not None else 0, first, count, rank, n, inner, x.size, u,
                      *(t if t is not None else 0 for t in (indices, inverse, counts))])

@@ -102,22 +102,27 @@ class ModelLauncher:
         return [[v.item() if code != "bf16" else float(v) for v in xs[:, i, :].reshape(-1)] for i in range(n)]
 
     @staticmethod
-    def _lex(a, b) -> int:
-        return next((c for c in (_cmp(u, v) for u, v in zip(a, b)) if c), 0)
+    def _lex(a, b, nan_equal) -> int:
+        c = next((c for c in (_cmp(u, v) for u, v in zip(a, b)) if c), 0)
+        return 2 if c == 0 and not nan_equal and any(u != u for u in a) else c
 
-    def unique_match(self, code, x, n, outer, inner, first, count):
+    def unique_match(self, code, x, n, outer, inner, nan_equal, first, count):
         items = self._items(code, x, n, outer, inner)
         f, c = self.mem.view(first, np.int64, n), self.mem.view(count, np.int64, n)
         for i in range(n):
-            same = [j for j in range(n) if self._lex(items[i], items[j]) == 0]
+            same = [j for j in range(n) if j == i or self._lex(items[i], items[j], nan_equal) == 0]
             f[i], c[i] = same[0], len(same)
 
-    def unique_rank(self, code, x, n, outer, inner, sorted_, first, rank):
+    def unique_rank(self, code, x, n, outer, inner, nan_equal, sorted_, first, rank):
         items = self._items(code, x, n, outer, inner)
         f, rk = self.mem.view(first, np.int64, n), self.mem.view(rank, np.int64, n)
         distinct = [j for j in range(n) if f[j] == j]
         for i in distinct:
-            rk[i] = sum(self._lex(items[j], items[i]) < 0 for j in distinct) if sorted_ else sum(j < i for j in distinct)
+            if sorted_:
+                ties = [self._lex(items[j], items[i], nan_equal) for j in distinct]
+                rk[i] = sum(t < 0 or (t == 2 and j < i) for t, j in zip(ties, distinct))
+            else:
+                rk[i] = sum(j < i for j in distinct)
 
     def unique_emit(self, r, x, y, first, count, rank, n, inner, total, u, indices, inverse, counts):
         dt = r.replace("u", "uint")
@@ -257,6 +262,15 @@ def test_unique_model_matches_reference_with_axis(sorted_, axis):
     x[:, 2] = x[:, 0]
     x[:, :, 3] = x[:, :, 1]
     assert_model_matches_reference(unique_layer(sorted=sorted_, axis=axis), {"X": x})
+
+
+def test_unique_model_keeps_nan_slices_of_a_matrix_distinct_like_numpy():
+    x = np.array([[np.nan, 2], [1, 1], [np.nan, 1], [np.nan, 1], [-0.0, 1], [0, 1], [np.nan, np.nan]], np.float32)
+    assert_model_matches_reference(unique_layer(axis=0), {"X": x})
+
+
+def test_unique_model_merges_nans_along_the_axis_of_a_vector():
+    assert_model_matches_reference(unique_layer(axis=0), {"X": np.array([np.nan, 1.0, np.nan, 1.0], np.float64)})
 
 
 def test_unique_model_treats_nans_as_one_value_and_negative_zero_as_zero():
@@ -408,6 +422,13 @@ def test_unique_matches_reference_with_axis(sorted_, axis):
     x[:, 2] = x[:, 0]
     x[:, :, 3] = x[:, :, 1]
     check(unique_layer(sorted=sorted_, axis=axis), {"X": x})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sorted_", [1, 0])
+def test_unique_keeps_nan_slices_of_a_matrix_distinct(sorted_):
+    x = np.array([[np.nan, 2], [1, 1], [np.nan, 1], [np.nan, 1], [-0.0, 1], [0, 1], [np.nan, np.nan]], np.float32)
+    check(unique_layer(axis=0, sorted=sorted_), {"X": x})
 
 
 @pytest.mark.gpu
