@@ -220,6 +220,13 @@ def test_nonzero_model_counts_negative_zero_as_zero_and_nan_as_non_zero():
     assert_model_matches_reference(nonzero_layer(), {"X": x})
 
 
+def test_nonzero_of_a_rank_nine_tensor_is_a_device_error():
+    x = DeviceTensor(4096, (1,) * 9, np.dtype(np.float32))
+    out = DeviceTensor(8192, (9, 1), np.dtype(np.int64))
+    with pytest.raises(DeviceError, match="rank-9"):
+        select.enqueue_nonzero(nonzero_layer(), ModelLauncher(Memory()), {"X": x, "Y": out})
+
+
 def test_nonzero_of_all_zeros_launches_nothing():
     assert run_model(nonzero_layer(), {"X": np.zeros((3, 2), np.float32)})[1].launched == []
 
