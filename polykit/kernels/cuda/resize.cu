@@ -1,28 +1,51 @@
-// Resize: nearest and (N-)linear interpolation, every coordinate_transformation_mode except
-// tf_crop_and_resize, every nearest_mode. Separable: each output coordinate on each axis maps
-// to an input coordinate (in double, like the reference); linear blends the 2^k corners of
-// the k axes that really interpolate. One thread per output element (grid-stride), output
-// written contiguously.
-// Per-axis scale: scales[slot_d] from the device `scales` input when given (slot_d >= 0),
-// else the host value out_d / in_d (sizes input or untouched axes). align_corners and
-// pytorch_half_pixel divide by the integer output length (spec's length_resized, as onnxruntime).
+// Resize: nearest, (N-)linear and cubic interpolation with every coordinate_transformation_mode
+// (tf_crop_and_resize with roi and extrapolation_value), every nearest_mode, antialias and
+// exclude_outside -- the semantics of polykit/kernels/reference/resize.py, which resizes one
+// axis at a time in float64.
+//
+// Separable: per output element, each resized axis d maps its output coordinate to an input
+// coordinate xs (double). nearest picks one input index. linear/cubic weigh `ntaps` neighbours
+// of xs (2 / 4 taps, widened by 1/scale when antialias downscales) with weights computed inline
+// (normalized to sum 1 under antialias, outside taps dropped and renormalized under
+// exclude_outside); the element is the sum over every combination of taps of the k axes that
+// really interpolate (an odometer) of the product of their weights times the input there.
+// tf_crop_and_resize: an element whose coordinate falls outside [0, in-1] on any axis is
+// extrapolation_value (what the reference's axis-by-axis masking amounts to).
+// Layout: contiguous x and y of the same rank (<= 8). One thread per output element,
+// grid-stride loop; output written contiguously; math in double, one rounding on store.
+//
+// Per-axis scale (src): 0 the host value out_d/in_d (sizes input with stretch, untouched
+// axes), 1 scales[slot_d] (device scales input, float32), 2/3 min/max over the resized axes of
+// sizes[slot]/in (keep_aspect_ratio_policy not_larger/not_smaller, device sizes input).
+// slot_d: position of axis d in the `axes` attribute (its index into scales/sizes/roi), -1 for
+// an axis Resize leaves alone. roi (only read by tf_crop_and_resize): 0 none, 1 f32, 2 f64, 3 f16.
 // coord: 0 half_pixel, 1 half_pixel_symmetric, 2 pytorch_half_pixel, 3 align_corners,
-//        4 asymmetric, 5 tf_half_pixel_for_nn. nearest: 0 round_prefer_floor,
-//        1 round_prefer_ceil, 2 floor, 3 ceil.
+//        4 asymmetric, 5 tf_half_pixel_for_nn, 6 tf_crop_and_resize.
+// nearest: 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil.
+// empty: x has no element but y has some (an input axis of length 0): y is all zeros.
 #include "dtypes.cuh"
 
 #define STR8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
 #define DBL8(p) double p##0, double p##1, double p##2, double p##3, double p##4, double p##5, double p##6, double p##7
 #define ARR8(T, name, p) const T name[8] = {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
 
-__device__ __forceinline__ double src_coord(int coord, double y, i64 out_len, i64 in_len, double scale) {
-  const double out_f = scale * (double)in_len;
+#define NEAREST 0
+#define LINEAR 1
+#define CUBIC 2
+
+__device__ __forceinline__ double src_coord(int coord, double y, i64 out_len, i64 in_len, double scale, double r0,
+                                            double r1) {
   switch (coord) {
-    case 1: return (double)in_len / 2.0 * (1.0 - (double)out_len / out_f) + (y + 0.5) / scale - 0.5;
+    case 1: return (double)in_len / 2.0 * (1.0 - (double)out_len / (scale * (double)in_len)) + (y + 0.5) / scale - 0.5;
     case 2: return out_len == 1 ? 0.0 : (y + 0.5) / scale - 0.5;
     case 3: return out_len == 1 ? 0.0 : y * (double)(in_len - 1) / (double)(out_len - 1);
     case 4: return y / scale;
     case 5: return (y + 0.5) / scale;
+    case 6: {
+      const double x = out_len == 1 ? (r1 - r0) * (double)(in_len - 1) / 2.0
+                                    : y * (r1 - r0) * (double)(in_len - 1) / (double)(out_len - 1);
+      return x + r0 * (double)(in_len - 1);
+    }
     default: return (y + 0.5) / scale - 0.5;
   }
 }
@@ -34,62 +57,137 @@ __device__ __forceinline__ i64 nearest(double x, int rule, i64 in_len) {
   return k < 0 ? 0 : (k >= in_len ? in_len - 1 : k);
 }
 
-template <class T> __device__ __forceinline__ void st_(T* p, i64 i, double v) { st(p, i, (typename Compute<T>::type)v); }
+// un-normalized filter weight of the tap at offset `off` from the pixel left of x
+template <int MODE> __device__ __forceinline__ double raw_weight(i64 off, double ratio, double s, double a) {
+  const double t = fabs(((double)off - ratio) * s);
+  if (MODE == LINEAR) return t >= 1.0 ? 0.0 : 1.0 - t;
+  if (t <= 1.0) return ((a + 2.0) * t - (a + 3.0)) * t * t + 1.0;
+  if (t < 2.0) return ((a * t - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a;
+  return 0.0;
+}
+
+// roi value k (float64 as the reference reads it), `missing` when no roi was given
+__device__ __forceinline__ double roi_at(const void* roi, i64 code, i64 k, double missing) {
+  if (code == 1) return (double)((const float*)roi)[k];
+  if (code == 2) return ((const double*)roi)[k];
+  if (code == 3) return (double)h2f(((const half_t*)roi)[k]);
+  return missing;
+}
+
+template <class T> __device__ __forceinline__ void st_(T* p, i64 i, double v) { st(p, i, v); }
+__device__ __forceinline__ void st_(float* p, i64 i, double v) { p[i] = (float)v; }
 __device__ __forceinline__ void st_(double* p, i64 i, double v) { p[i] = v; }
 __device__ __forceinline__ void st_(u8* p, i64 i, double v) { v = rint(v); p[i] = (u8)(v < 0 ? 0 : (v > 255 ? 255 : v)); }
+__device__ __forceinline__ void st_(i8* p, i64 i, double v) { v = rint(v); p[i] = (i8)(v < -128 ? -128 : (v > 127 ? 127 : v)); }
 
-template <class T>
-__device__ void resize(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ scales, i64 n, i64 rank,
-                       const i64* in_d, const i64* out_d, const i64* slot, const double* host_scale, i64 linear,
-                       i64 coord, i64 rule) {
-  typedef typename Compute<T>::type C;
-  double scale[8];
-  i64 st[8], acc = 1;
-  for (int d = (int)rank - 1; d >= 0; --d) {
-    scale[d] = (scales && slot[d] >= 0) ? (double)scales[slot[d]] : host_scale[d];
-    st[d] = acc;
+struct ResizeArgs {
+  const float* scales;
+  const i64* sizes;
+  const void* roi;
+  i64 roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty;
+  double cubic_a, extrapolation;
+};
+
+template <class T, int MODE>
+__device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, const i64* in_d,
+                       const i64* out_d, const i64* slot, const double* host_scale) {
+  const int rank = (int)p.rank;
+  const bool crop = p.coord == 6;
+  if (p.empty) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) st_(y, i, 0.0);
+    return;
+  }
+  double policy = p.src == 2 ? 1e300 : -1e300;
+  if (p.src >= 2)
+    for (int d = 0; d < rank; ++d)
+      if (slot[d] >= 0) {
+        const double r = (double)p.sizes[slot[d]] / (double)in_d[d];
+        policy = p.src == 2 ? fmin(policy, r) : fmax(policy, r);
+      }
+  double scale[8], r0[8], r1[8];
+  i64 stride[8], acc = 1;
+  bool skip[8];
+  for (int d = rank - 1; d >= 0; --d) {
+    scale[d] = slot[d] < 0 ? host_scale[d] : p.src == 1 ? (double)p.scales[slot[d]] : p.src >= 2 ? policy : host_scale[d];
+    r0[d] = crop && slot[d] >= 0 ? roi_at(p.roi, p.roi_code, slot[d], 0.0) : 0.0;
+    r1[d] = crop && slot[d] >= 0 ? roi_at(p.roi, p.roi_code, p.nax + slot[d], 1.0) : 1.0;
+    skip[d] = slot[d] < 0 || (in_d[d] == out_d[d] && scale[d] == 1.0 && (!crop || (r0[d] == 0.0 && r1[d] == 1.0)));
+    stride[d] = acc;
     acc *= in_d[d];
   }
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    i64 r = i, base = 0, lo[8], hi[8];
-    double w[8];
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    i64 r = i, base = 0;
+    // per interpolating axis: leftmost tap index (unclamped), tap count, input length, stride
+    i64 first[8], ntaps[8], len[8], step[8];
+    double ratio[8], s[8], norm[8], div[8];
     int k = 0;
-    for (int d = (int)rank - 1; d >= 0; --d) {
+    bool outside = false;
+    for (int d = rank - 1; d >= 0; --d) {
       const i64 q = d ? r / out_d[d] : 0, c = r - q * out_d[d];
       r = q;
-      if (in_d[d] == out_d[d] && scale[d] == 1.0) { base += c * st[d]; continue; }
-      const double xs = src_coord((int)coord, (double)c, out_d[d], in_d[d], scale[d]);
-      if (!linear) { base += nearest(xs, (int)rule, in_d[d]) * st[d]; continue; }
-      const double f = floor(xs);
-      i64 a = (i64)f, b = a + 1;
-      a = a < 0 ? 0 : (a >= in_d[d] ? in_d[d] - 1 : a);
-      b = b < 0 ? 0 : (b >= in_d[d] ? in_d[d] - 1 : b);
-      lo[k] = a * st[d]; hi[k] = b * st[d]; w[k] = xs - f; ++k;
+      if (skip[d]) { base += c * stride[d]; continue; }
+      const double xs = src_coord((int)p.coord, (double)c, out_d[d], in_d[d], scale[d], r0[d], r1[d]);
+      if (crop && (xs < 0.0 || xs > (double)(in_d[d] - 1))) outside = true;
+      if (MODE == NEAREST) { base += nearest(xs, (int)p.rule, in_d[d]) * stride[d]; continue; }
+      double f = floor(xs), rt = xs - f;
+      if (rt == 0.0) { rt = 1.0; f -= 1.0; }  // an exact pixel counts as ratio 1 from its left neighbour
+      const bool aa = p.antialias && scale[d] < 1.0;
+      const double sd = aa ? scale[d] : 1.0;
+      const i64 start = (i64)floor(-(MODE == LINEAR ? 1.0 : 2.0) / sd) + 1;
+      const i64 b = (i64)f;
+      first[k] = b + start; ntaps[k] = 2 - 2 * start; len[k] = in_d[d]; step[k] = stride[d];
+      ratio[k] = rt; s[k] = sd;
+      double sum = 1.0, total = 1.0;
+      if (aa) {
+        sum = 0.0;
+        for (i64 t = 0; t < ntaps[k]; ++t) sum += raw_weight<MODE>(start + t, rt, sd, p.cubic_a);
+      }
+      if (p.exclude) {
+        total = 0.0;
+        for (i64 t = 0; t < ntaps[k]; ++t) {
+          const i64 at = first[k] + t;
+          if (at >= 0 && at < in_d[d]) total += raw_weight<MODE>(start + t, rt, sd, p.cubic_a) / sum;
+        }
+        total = total == 0.0 ? 1.0 : total;
+      }
+      norm[k] = sum; div[k] = total;
+      ++k;
     }
+    if (outside) { st_(y, i, p.extrapolation); continue; }
     if (k == 0) { y[i] = x[base]; continue; }
-    double v = 0;
-    for (int m = 0; m < (1 << k); ++m) {
+    i64 tap[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double v = 0.0;
+    for (;;) {
       double wt = 1.0;
       i64 off = base;
       for (int j = 0; j < k; ++j) {
-        const bool up = (m >> j) & 1;
-        wt *= up ? w[j] : 1.0 - w[j];
-        off += up ? hi[j] : lo[j];
+        const i64 at = first[j] + tap[j];
+        const i64 start = (2 - ntaps[j]) / 2;  // ntaps = 2 - 2 * start
+        double w = raw_weight<MODE>(start + tap[j], ratio[j], s[j], p.cubic_a) / norm[j];
+        if (p.exclude) w = (at >= 0 && at < len[j]) ? w / div[j] : 0.0;
+        wt *= w;
+        off += (at < 0 ? 0 : (at >= len[j] ? len[j] - 1 : at)) * step[j];
       }
       v += wt * (double)ld(x, off);
+      int j = 0;
+      for (; j < k; ++j) {
+        if (++tap[j] < ntaps[j]) break;
+        tap[j] = 0;
+      }
+      if (j == k) break;
     }
     st_(y, i, v);
   }
 }
 
-
-#define RESIZE(T, code)                                                                                         \
-  extern "C" __global__ void resize_##code(const T* x, T* y, const float* scales, i64 n, i64 rank, STR8(a),      \
-                                           STR8(b), STR8(s), DBL8(h), i64 linear, i64 coord, i64 rule) {         \
-    ARR8(i64, in_d, a); ARR8(i64, out_d, b); ARR8(i64, slot, s); ARR8(double, hs, h);                            \
-    resize<T>(x, y, scales, n, rank, in_d, out_d, slot, hs, linear, coord, rule);                                \
-  }
-RESIZE(float, f32)
-RESIZE(half_t, f16)
-RESIZE(double, f64)
-RESIZE(u8, u8)
+// One kernel per compile unit: the tactic defines RESIZE_KERNEL (the name), RESIZE_T (the
+// storage type) and RESIZE_MODE (NEAREST / LINEAR / CUBIC).
+extern "C" __global__ void RESIZE_KERNEL(const RESIZE_T* x, RESIZE_T* y, const float* scales, const i64* sizes,
+                                         const void* roi, i64 roi_code, i64 nax, i64 n, i64 rank, STR8(a), STR8(b),
+                                         STR8(s), DBL8(h), i64 src, i64 coord, i64 rule, double cubic_a, i64 exclude,
+                                         i64 antialias, double extrapolation, i64 empty) {
+  ARR8(i64, in_d, a); ARR8(i64, out_d, b); ARR8(i64, slot, s); ARR8(double, hs, h);
+  const ResizeArgs p = {scales, sizes, roi, roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty,
+                        cubic_a, extrapolation};
+  resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs);
+}

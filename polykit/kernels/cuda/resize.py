@@ -1,67 +1,146 @@
-"""Resize tactic (resize.cu): nearest / linear, every coordinate mode but tf_crop_and_resize."""
+"""Resize tactic (resize.cu): nearest / linear / cubic, every coordinate mode (tf_crop_and_resize
+with roi and extrapolation_value), antialias, exclude_outside and keep_aspect_ratio_policy.
+
+The host only packs metadata (shapes, which axes are resized, where each axis's scale comes
+from); the scales / sizes / roi values stay on the device and the kernel reads them, so
+enqueue neither allocates nor synchronizes.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
 from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
 
 FILE = "resize.cu"
-DTYPES = ("f32", "f16", "f64", "u8")
+#: dtype code -> CUDA storage type (dtypes.cuh)
+DTYPES = {"f32": "float", "f16": "half_t", "bf16": "bf16_t", "f64": "double", "u8": "u8", "i8": "i8"}
+MODES = {"nearest": "NEAREST", "linear": "LINEAR", "cubic": "CUBIC"}
 MAXR = 8
 COORD = {"half_pixel": 0, "half_pixel_symmetric": 1, "pytorch_half_pixel": 2, "align_corners": 3, "asymmetric": 4,
-         "tf_half_pixel_for_nn": 5}
+         "tf_half_pixel_for_nn": 5, "tf_crop_and_resize": 6}
 NEAREST = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
+ROI = {"float32": 1, "float64": 2, "float16": 3}
+#: where an axis's scale comes from (the kernel's `src`)
+SCALE_SRC = {"host": 0, "scales": 1, "not_larger": 2, "not_smaller": 3}
 
 
 def supports(layer) -> bool:
     a = layer.attrs
-    return (a.get("mode", "nearest") in ("nearest", "linear")
-            and a.get("coordinate_transformation_mode", "half_pixel") in COORD
-            and a.get("keep_aspect_ratio_policy", "stretch") == "stretch")
+    if (a.get("mode", "nearest") not in MODES or a.get("coordinate_transformation_mode", "half_pixel") not in COORD
+            or a.get("nearest_mode", "round_prefer_floor") not in NEAREST
+            or a.get("keep_aspect_ratio_policy", "stretch") not in ("stretch", "not_larger", "not_smaller")):
+        return False
+    dtypes = getattr(layer, "in_dtypes", ())
+    return not dtypes or CODE.get(dtypes[0]) in DTYPES
+
+
+def kernel_source(mode: str, code: str) -> KernelSource:
+    """The one-kernel compile unit of `mode` for dtype `code`."""
+    name = f"resize_{mode}_{code}"
+    return KernelSource(name, FILE, defines=defines(RESIZE_KERNEL=name, RESIZE_T=DTYPES[code], RESIZE_MODE=MODES[mode]))
 
 
 def _kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"resize_{c}", FILE) for c in DTYPES]
+    modes = tuple(MODES) if layer is None else (layer.attrs.get("mode", "nearest"),)
+    dtypes = getattr(layer, "in_dtypes", ()) if layer is not None else ()
+    codes = (CODE[dtypes[0]],) if dtypes and CODE.get(dtypes[0]) in DTYPES else tuple(DTYPES)
+    return [kernel_source(m, c) for m in modes for c in codes]
 
 
-def enqueue_resize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+@dataclass(frozen=True)
+class ResizeGeometry:
+    """What the host tells the kernel about one Resize launch (everything but the pointers)."""
+
+    mode: str
+    code: str                     # dtype code (DTYPES)
+    rank: int
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    slot: tuple[int, ...]         # per axis: index into scales/sizes/roi, -1 for an axis left alone
+    host_scale: tuple[float, ...]  # per axis: out/in (used where src is "host" or the axis is left alone)
+    n_axes: int                   # len(axes): roi holds n_axes starts then n_axes ends
+    src: int                      # SCALE_SRC value
+    roi_code: int                 # ROI value, 0 without roi
+    coord: int
+    rule: int
+    cubic_a: float
+    exclude: int
+    antialias: int
+    extrapolation: float
+    empty: int                    # x has no element but y has some: y is zeros
+
+    def args(self, x, y, scales, sizes, roi) -> list:
+        """Kernel arguments; x/y/scales/sizes/roi are DeviceTensors or 0 (absent)."""
+        pad = lambda v, fill: list(v) + [fill] * (MAXR - len(v))  # noqa: E731
+        return [x, y, scales, sizes, roi, self.roi_code, self.n_axes, int(np.prod(self.out_shape, dtype=np.int64)),
+                self.rank, *pad(self.in_shape, 1), *pad(self.out_shape, 1), *pad(self.slot, -1),
+                *[np.float64(h) for h in pad(self.host_scale, 1.0)], self.src, self.coord, self.rule,
+                np.float64(self.cubic_a), self.exclude, self.antialias, np.float64(self.extrapolation), self.empty]
+
+
+def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:
+    t = tensors.get(layer.inputs[i]) if len(layer.inputs) > i and layer.inputs[i] else None
+    return None if t is None or t.size == 0 else t
+
+
+def resize_geometry(layer, x: DeviceTensor, y: DeviceTensor, scales: DeviceTensor | None,
+                    sizes: DeviceTensor | None, roi: DeviceTensor | None) -> ResizeGeometry:
+    """Check a Resize launch and pack its metadata (no device access)."""
     where = f"layer {layer.name!r}"
+    a = layer.attrs
     if not supports(layer):
         raise DeviceError("this Resize mode has no CUDA kernel", where=where, hint="use --target cpu")
-    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     code = CODE.get(x.dtype.name)
     if code not in DTYPES:
         raise DeviceError(f"Resize has no CUDA kernel for {x.dtype}", where=where, hint="use --target cpu")
     rank = len(x.shape)
-    if rank > MAXR:
-        raise DeviceError(f"rank {rank} exceeds {MAXR}", where=where, hint="use --target cpu")
+    if rank > MAXR or len(y.shape) != rank:
+        raise DeviceError(f"input rank {rank} / output rank {len(y.shape)} (at most {MAXR}, equal)", where=where,
+                          hint="use --target cpu")
+    axes = [int(v) % rank for v in a.get("axes", [])] or list(range(rank))
+    if (scales is None) == (sizes is None):
+        raise DeviceError("Resize needs exactly one of 'scales' and 'sizes'", where=where,
+                          hint="leave the other input empty (\"\")")
+    given = scales if scales is not None else sizes
+    if given.size != len(axes):
+        raise DeviceError(f"{'scales' if scales is not None else 'sizes'} has {given.size} values for "
+                          f"{len(axes)} resized axes", where=where)
+    if scales is not None and scales.dtype != np.float32:
+        raise DeviceError(f"scales of dtype {scales.dtype} (float32 expected)", where=where)
+    if sizes is not None and sizes.dtype != np.int64:
+        raise DeviceError(f"sizes of dtype {sizes.dtype} (int64 expected)", where=where)
+    if roi is not None and (roi.size != 2 * len(axes) or roi.dtype.name not in ROI):
+        raise DeviceError(f"roi of {roi.size} {roi.dtype} values (expected {2 * len(axes)} floats)", where=where)
+    slot = [-1] * rank
+    for k, d in enumerate(axes):
+        slot[d] = k
+    policy = a.get("keep_aspect_ratio_policy", "stretch")
+    src = "scales" if scales is not None else ("host" if policy == "stretch" else policy)
+    return ResizeGeometry(
+        mode=a.get("mode", "nearest"), code=code, rank=rank, in_shape=tuple(x.shape),
+        out_shape=tuple(y.shape), slot=tuple(slot),
+        host_scale=tuple(y.shape[d] / x.shape[d] if x.shape[d] else 1.0 for d in range(rank)),
+        n_axes=len(axes), src=SCALE_SRC[src], roi_code=ROI[roi.dtype.name] if roi is not None else 0,
+        coord=COORD[a.get("coordinate_transformation_mode", "half_pixel")],
+        rule=NEAREST[a.get("nearest_mode", "round_prefer_floor")], cubic_a=float(a.get("cubic_coeff_a", -0.75)),
+        exclude=int(bool(a.get("exclude_outside", 0))), antialias=int(bool(a.get("antialias", 0))),
+        extrapolation=float(a.get("extrapolation_value", 0.0)), empty=int(x.size == 0))
+
+
+def enqueue_resize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    roi, scales, sizes = (_optional(layer, tensors, i) for i in (1, 2, 3))
+    geo = resize_geometry(layer, x, y, scales, sizes, roi)
     if y.size == 0:
         return
-    scales = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
-    if scales is not None and (scales.size == 0 or scales.dtype != np.float32):
-        scales = None if scales.size == 0 else scales
-        if scales is not None:
-            raise DeviceError(f"scales of dtype {scales.dtype} (float32 expected)", where=where)
-    axes = [int(a) % rank for a in layer.attrs.get("axes", [])] or list(range(rank))
-    slot = [-1] * MAXR
-    if scales is not None:
-        for k, a in enumerate(axes):
-            slot[a] = k
-    host = [y.shape[d] / x.shape[d] if x.shape[d] else 1.0 for d in range(rank)] + [1.0] * (MAXR - rank)
-    linear = layer.attrs.get("mode", "nearest") == "linear"
-    if linear and layer.attrs.get("antialias", 0) and any(h < 1 for h in host):
-        raise DeviceError("antialiased linear downscaling has no CUDA kernel", where=where, hint="use --target cpu")
-    pad = lambda v: list(v) + [1] * (MAXR - len(v))  # noqa: E731
-    args = [x, y, scales if scales is not None else 0, y.size, rank, *pad(x.shape), *pad(y.shape), *slot,
-            *[np.float64(h) for h in host], int(linear),
-            COORD[layer.attrs.get("coordinate_transformation_mode", "half_pixel")],
-            NEAREST.get(layer.attrs.get("nearest_mode", "round_prefer_floor"), 0)]
-    launcher.launch(KernelSource(f"resize_{code}", FILE), grid_for(y.size), (BLOCK, 1, 1), args)
+    launcher.launch(kernel_source(geo.mode, geo.code), grid_for(y.size), (BLOCK, 1, 1),
+                    geo.args(x, y, scales or 0, sizes or 0, roi or 0))
 
 
 cuda_tactic("Resize", "cuda.resize", kernels=_kernels, supports=supports)(enqueue_resize)
