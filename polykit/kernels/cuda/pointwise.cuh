@@ -3,6 +3,7 @@
 // epilogues chain these; arithmetic keeps the type of its first operand, as ONNX does.
 #pragma once
 #include "dtypes.cuh"
+#include "lowp.cuh"
 
 template <class T> struct IsFloat { enum { value = 0 }; };
 template <> struct IsFloat<float> { enum { value = 1 }; };

@@ -2,8 +2,8 @@
 
 The body (attrs["body"], ops in topological order, see docs/FUSION.md) becomes C statements
 over the device functions of pointwise.cuh (`emit_expression`, also used by GEMM/conv
-epilogues). The generated module holds, for each candidate dtype signature (the plan does
-not tell kernels dtypes before enqueue), two entry points:
+epilogues). The generated module holds, for each dtype signature (the one the builder
+stamped on a plan layer, else every candidate signature), two entry points:
 
 - `<base>__<sig>_s`: strided / broadcast path. One thread per output element (grid-stride),
   dims collapsed on the host, per-tensor element strides (0 on broadcast dims) as i64 args.
@@ -11,7 +11,8 @@ not tell kernels dtypes before enqueue), two entry points:
   every input is either the full-size contiguous tensor or a scalar (loaded once).
 
 Compute types: fp16 storage is computed in fp32 (rounded once on store); arithmetic keeps
-the type of its first operand like ONNX.
+the type of its first operand like ONNX. The low-precision storage types of lowp.cuh (float8,
+float4, int4/int2) load as float / i32; they only get signatures from stamped layers.
 """
 
 from __future__ import annotations
@@ -30,18 +31,33 @@ MAXR = 8
 BLOCK = 256
 VEC = 4
 
+#: low-precision storage types (lowp.cuh; one byte per element, as ml_dtypes stores them):
+#: numpy dtype name -> (C storage type, signature code)
+LOWP = {
+    "float8_e4m3fn": ("f8e4m3fn_t", "f8e4m3"), "float8_e4m3fnuz": ("f8e4m3fnuz_t", "f8e4m3uz"),
+    "float8_e5m2": ("f8e5m2_t", "f8e5m2"), "float8_e5m2fnuz": ("f8e5m2fnuz_t", "f8e5m2uz"),
+    "float8_e8m0fnu": ("f8e8m0_t", "f8e8m0"), "float4_e2m1fn": ("f4e2m1_t", "f4e2m1"),
+    "int4": ("i4_t", "i4"), "uint4": ("u4_t", "u4"), "int2": ("i2_t", "i2"), "uint2": ("u2_t", "u2"),
+}
+LOWP_INTS = ("int4", "uint4", "int2", "uint2")
 CTYPE = {
     "float32": "float", "float16": "half_t", "float64": "double", "int8": "i8", "uint8": "u8",
     "int16": "i16", "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64",
     "bool": "bool", "bfloat16": "bf16_t",
+    **{name: ctype for name, (ctype, _) in LOWP.items()},
 }
 CODE = {
     "float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8", "uint8": "u8", "int16": "i16",
     "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "b8", "bfloat16": "bf16",
+    **{name: code for name, (_, code) in LOWP.items()},
 }
 #: ONNX TensorProto element type -> numpy dtype name (Cast "to")
 ONNX_DTYPE = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-              9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+              9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+              17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
+              21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
+#: Cast round_mode (float8e8m0 targets) -> the code e8m0_encode takes
+ROUND_MODES = {"up": 0, "down": 1, "nearest": 2}
 INT_DTYPES = ("int32", "int64", "int8", "uint8", "int16", "uint16", "uint32", "uint64")
 
 
@@ -87,6 +103,16 @@ def _cast(a, at):
         raise NodeAttributeError(f"Cast to ONNX type {at.get('to')} has no CUDA kernel", hint="use --target cpu")
     if to in ("float16", "bfloat16"):  # rounded to the narrow type, kept in the float compute type
         return f"pk_to_{'half' if to == 'float16' else 'bf16'}({a[0]})"
+    sat = _lit(bool(at.get("saturate", 1)))
+    if to == "float8_e8m0fnu":
+        mode = ROUND_MODES.get(str(at.get("round_mode", "up")))
+        if mode is None:
+            raise NodeAttributeError(f"Cast round_mode {at.get('round_mode')!r} is not one of {sorted(ROUND_MODES)}")
+        return f"pk_to_e8m0({a[0]}, {sat}, {mode})"
+    if to in LOWP_INTS:
+        return f"pk_to_intn<{CTYPE[to]}>({a[0]})"
+    if to in LOWP:  # float8 / float4: rounded (saturated as `saturate` says), kept in float
+        return f"pk_to_lowp<{CTYPE[to]}>({a[0]}, {sat})"
     return f"cvt<{CTYPE[to]}>({a[0]})"
 
 
@@ -232,11 +258,29 @@ def _compare_only_inputs(body, ins, outs, roles) -> list[str]:
     return [n for n in ins if n not in typed and roles[n] and roles[n] <= {"data"}]
 
 
+def stamped_signature(layer) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The one signature a plan layer needs, from the dtypes the builder stamped on it
+    (LayerDesc.in_dtypes/out_dtypes, "" = omitted input); None when they are not set, do not
+    match the layer's tensors, or name a type without a CUDA storage type."""
+    in_dtypes, out_dtypes = tuple(getattr(layer, "in_dtypes", ())), tuple(getattr(layer, "out_dtypes", ()))
+    if not out_dtypes or len(in_dtypes) != len(layer.inputs) or len(out_dtypes) != len(layer.outputs):
+        return None
+    ins = tuple(d for n, d in zip(layer.inputs, in_dtypes) if n)
+    outs = tuple(out_dtypes)
+    if not all(d in CTYPE for d in ins + outs):
+        return None
+    return ins, outs
+
+
 def candidate_signatures(layer) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(input dtypes, output dtypes) the layer's module is compiled for: the plan's float type
     first, then the other float types, integer/bool types where the ops allow them, for
     inputs used only by Cast (masks, ids) or as an exponent the usual integer/bool types, and
-    int64/int32 for inputs that only feed comparisons (positions building a mask)."""
+    int64/int32 for inputs that only feed comparisons (positions building a mask). A plan
+    layer whose dtypes the builder stamped gets exactly that one signature."""
+    stamped = stamped_signature(layer)
+    if stamped is not None:
+        return [stamped]
     body, ins, outs = layer_body(layer)
     ins = [n for n in ins if n]
     ops = {op["op"] for op in body}
@@ -524,4 +568,39 @@ def compile_variants() -> list[KernelSource]:
                  ("IsInf", [], {}), ("Where", ["x1", "x2"], {}), ("Greater", ["x2"], {}),
                  ("Where", ["x1", "x2"], {}), ("GreaterOrEqual", ["x1"], {}), ("Where", ["x1", "x2"], {}),
                  ("LessOrEqual", ["x2"], {}), ("Cast", [], {"to": 1})], precision="fp16")
-    return [pointwise_kernels(lay)[0] for lay in (flt, ints, logic, cmp)]
+    return [pointwise_kernels(lay)[0] for lay in (flt, ints, logic, cmp, *lowp_variant_layers())]
+
+
+def lowp_variant_layers() -> list:
+    """Stamped layers that instantiate every low-precision encode (from float32, float64 and
+    int64 sources, saturate on and off, every e8m0 round mode) and every decode."""
+    from polykit.compiler.plan_records import LayerDesc
+
+    codes = [k for k, d in ONNX_DTYPE.items() if d in LOWP]
+    layers = []
+    for src in ("float32", "float64", "int64"):
+        body, outs = [], []
+        for k, code in enumerate(codes):
+            for sat, mode in ((1, "up"), (0, "nearest"), (1, "down")):
+                if (mode != "up" or not sat) and ONNX_DTYPE[code] != "float8_e8m0fnu" and (src != "float32" or sat):
+                    continue
+                out = f"y{len(outs)}"
+                body.append({"op": "Cast", "inputs": ["x"], "outputs": [out],
+                             "attrs": {"to": code, "saturate": sat, "round_mode": mode}})
+                outs.append(out)
+        body.append({"op": "Cast", "inputs": ["x"], "outputs": [f"y{len(outs)}"], "attrs": {"to": codes[0], "saturate": 0}})
+        outs.append(f"y{len(outs)}")
+        out_dtypes = tuple(ONNX_DTYPE[op["attrs"]["to"]] for op in body)
+        layers.append(LayerDesc(f"lowp_{src}", "Pointwise", ("x",), tuple(outs), {"body": body}, domain="ai.polykit",
+                                in_dtypes=(src,), out_dtypes=out_dtypes))
+    ins = tuple(f"x{k}" for k in range(len(codes)))
+    body = [{"op": "Cast", "inputs": [n], "outputs": [f"f{k}"], "attrs": {"to": 1}} for k, n in enumerate(ins)]
+    body += [{"op": "Cast", "inputs": [n], "outputs": [f"h{k}"], "attrs": {"to": 10}} for k, n in enumerate(ins)]
+    body += [{"op": "Cast", "inputs": [n], "outputs": [f"i{k}"], "attrs": {"to": 6}} for k, n in enumerate(ins)]
+    body += [{"op": "Identity", "inputs": [n], "outputs": [f"c{k}"], "attrs": {}} for k, n in enumerate(ins)]
+    outs = tuple(f"{p}{k}" for p in "fhic" for k in range(len(codes)))
+    out_dtypes = ("float32",) * len(codes) + ("float16",) * len(codes) + ("int32",) * len(codes) + \
+        tuple(ONNX_DTYPE[c] for c in codes)
+    layers.append(LayerDesc("lowp_decode", "Pointwise", ins, outs, {"body": body}, domain="ai.polykit",
+                            in_dtypes=tuple(ONNX_DTYPE[c] for c in codes), out_dtypes=out_dtypes))
+    return layers

@@ -7,6 +7,10 @@
 //   quantize:   q = rint(x / s) in the `precision` type (fp16 division = fp32 division
 //               rounded to fp16, like numpy), then saturate(q + zp) to the output type.
 //   dequantize: y = (x - zp) * s in fp64, rounded once to the output type.
+//   float8 / float4 outputs (lowp.cuh): y = x / s in the precision type, no rounding to an
+//               integer (float4: + zp), then encoded (saturating when `saturate` is set; float4
+//               always); a float8 zero point only names the output type. 4/2-bit integer
+//               outputs saturate to their range like the 8/16-bit ones.
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
 // Geometry: quantize/dequantize one thread per element, grid-stride, blockDim.x = 256.
@@ -14,8 +18,10 @@
 // (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
 #include "blockreduce.cuh"
+#include "lowp.cuh"
 
-enum { QK_F32, QK_F16, QK_F64, QK_I8, QK_U8, QK_I16, QK_U16, QK_I32, QK_I64 };
+enum { QK_F32, QK_F16, QK_F64, QK_I8, QK_U8, QK_I16, QK_U16, QK_I32, QK_I64,
+       QK_F8E4M3FN, QK_F8E4M3FNUZ, QK_F8E5M2, QK_F8E5M2FNUZ, QK_F4E2M1, QK_I4, QK_U4, QK_I2, QK_U2 };
 
 __device__ __forceinline__ double qk_load(const void* p, int code, i64 i) {
   switch (code) {
@@ -27,6 +33,15 @@ __device__ __forceinline__ double qk_load(const void* p, int code, i64 i) {
     case QK_I16: return (double)((const i16*)p)[i];
     case QK_U16: return (double)((const u16*)p)[i];
     case QK_I32: return (double)((const i32*)p)[i];
+    case QK_F8E4M3FN: return (double)ld((const f8e4m3fn_t*)p, i);
+    case QK_F8E4M3FNUZ: return (double)ld((const f8e4m3fnuz_t*)p, i);
+    case QK_F8E5M2: return (double)ld((const f8e5m2_t*)p, i);
+    case QK_F8E5M2FNUZ: return (double)ld((const f8e5m2fnuz_t*)p, i);
+    case QK_F4E2M1: return (double)ld((const f4e2m1_t*)p, i);
+    case QK_I4: return (double)ld((const i4_t*)p, i);
+    case QK_U4: return (double)ld((const u4_t*)p, i);
+    case QK_I2: return (double)ld((const i2_t*)p, i);
+    case QK_U2: return (double)ld((const u2_t*)p, i);
     default: return (double)((const i64*)p)[i];
   }
 }
@@ -37,6 +52,8 @@ __device__ __forceinline__ void qk_store_int(void* p, int code, i64 i, double v)
     case QK_I8: ((i8*)p)[i] = (i8)v; break;
     case QK_U8: ((u8*)p)[i] = (u8)v; break;
     case QK_I16: ((i16*)p)[i] = (i16)v; break;
+    case QK_I4: case QK_U4: ((u8*)p)[i] = (u8)((i32)v & 0xf); break;
+    case QK_I2: case QK_U2: ((u8*)p)[i] = (u8)((i32)v & 0x3); break;
     default: ((u16*)p)[i] = (u16)v; break;
   }
 }
@@ -54,6 +71,10 @@ __device__ __forceinline__ void qk_range(int code, double& lo, double& hi) {
     case QK_I8: lo = -128; hi = 127; break;
     case QK_U8: lo = 0; hi = 255; break;
     case QK_I16: lo = -32768; hi = 32767; break;
+    case QK_I4: lo = -8; hi = 7; break;
+    case QK_U4: lo = 0; hi = 15; break;
+    case QK_I2: lo = -2; hi = 1; break;
+    case QK_U2: lo = 0; hi = 3; break;
     default: lo = 0; hi = 65535; break;
   }
 }
@@ -76,13 +97,38 @@ __device__ __forceinline__ double qk_divide_round(double x, double s, int precis
   return (double)rintf((float)x / (float)s);
 }
 
+// x / s in the precision type, unrounded (float8 / float4 outputs)
+__device__ __forceinline__ double qk_divide(double x, double s, int precision) {
+  if (precision == 2) return x / s;
+  if (precision == 1) return (double)h2f(f2h(h2f(d2h(x)) / h2f(d2h(s))));
+  return (double)((float)x / (float)s);
+}
+
+__device__ __forceinline__ u8 qk_encode_float(int code, float v, bool sat) {
+  switch (code) {
+    case QK_F8E4M3FN: return LowpFmt<f8e4m3fn_t>::F::encode(v, sat);
+    case QK_F8E4M3FNUZ: return LowpFmt<f8e4m3fnuz_t>::F::encode(v, sat);
+    case QK_F8E5M2: return LowpFmt<f8e5m2_t>::F::encode(v, sat);
+    case QK_F8E5M2FNUZ: return LowpFmt<f8e5m2fnuz_t>::F::encode(v, sat);
+    default: return LowpFmt<f4e2m1_t>::F::encode(v, true);
+  }
+}
+
 #define QK_PARAM_ARGS(p) i64 p##_mode, i64 p##_inner, i64 p##_D, i64 p##_block, i64 p##_Dp
 #define QK_PARAM(p) const QkParam p = {p##_mode, p##_inner, p##_D, p##_block, p##_Dp};
 
 extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s, i64 sc, const void* z, i64 zc,
                                            void* y, i64 yc, i64 n, i64 precision, QK_PARAM_ARGS(ps),
-                                           QK_PARAM_ARGS(pz)) {
+                                           QK_PARAM_ARGS(pz), i64 saturate) {
   QK_PARAM(ps) QK_PARAM(pz)
+  if (yc >= QK_F8E4M3FN && yc <= QK_F4E2M1) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+      double v = qk_divide(qk_load(x, (int)xc, i), qk_load(s, (int)sc, qk_index(ps, i)), (int)precision);
+      if (z && yc == QK_F4E2M1) v += qk_load(z, (int)zc, qk_index(pz, i));
+      ((u8*)y)[i] = qk_encode_float((int)yc, (float)v, saturate != 0);
+    }
+    return;
+  }
   double lo, hi;
   qk_range((int)yc, lo, hi);
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {

@@ -19,9 +19,11 @@ FILE = "quantize.cu"
 ENTRIES = ("quantize_linear", "dequantize_linear", "dq_minmax", "dq_params")
 #: numpy dtype name -> the kernels' QK_* type code
 TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
-             "int32": 7, "int64": 8}
+             "int32": 7, "int64": 8, "float8_e4m3fn": 9, "float8_e4m3fnuz": 10, "float8_e5m2": 11,
+             "float8_e5m2fnuz": 12, "float4_e2m1fn": 13, "int4": 14, "uint4": 15, "int2": 16, "uint2": 17}
 FLOAT_CODES = (0, 1, 2)
-QUANT_CODES = (3, 4, 5, 6)
+#: quantized element types: 8/16-bit integers, then the lowp.cuh float8 / float4 / 4- and 2-bit types
+QUANT_CODES = (3, 4, 5, 6) + tuple(range(9, 18))
 #: ONNX element type of QuantizeLinear's `precision` attribute -> precision code (0 f32, 1 f16, 2 f64)
 PRECISION = {1: 0, 10: 1, 11: 2}
 BLOCK = 256
@@ -81,7 +83,7 @@ def enqueue_quantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTens
     geo_z = param_geometry(layer.attrs, x.shape, z.shape) if z is not None else [0, 1, 1, 1, 1]
     launcher.launch(KernelSource("quantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
                     [x, xc, s, sc, z if z is not None else 0, zc, y, yc, x.size, precision,
-                     *param_geometry(layer.attrs, x.shape, s.shape), *geo_z])
+                     *param_geometry(layer.attrs, x.shape, s.shape), *geo_z, int(bool(layer.attrs.get("saturate", 1)))])
 
 
 def enqueue_dequantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -115,7 +117,7 @@ def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, De
     none = [0, 1, 1, 1, 1]
     launcher.launch(KernelSource("quantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
                     [x, xc, scale, TYPE_CODE["float32"], zp, TYPE_CODE["uint8"], y, TYPE_CODE["uint8"], x.size,
-                     0, *none, *none])
+                     0, *none, *none, 1])
 
 
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)

@@ -8,7 +8,7 @@
 //                                          (out already offset by the host to a 512 B chunk)
 //   eye_<es>(out, rows, cols, k, one)     out[r, c] = (c - r == k) ? one : 0
 // Values that live on the device (Range's start/delta, OneHot's values) are read there.
-#include "dtypes.cuh"
+#include "lowp.cuh"
 
 #define GRID_LOOP(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 #define W8(p) u64 p##0, u64 p##1, u64 p##2, u64 p##3, u64 p##4, u64 p##5, u64 p##6, u64 p##7
@@ -109,7 +109,10 @@ RANGE_NARROW(half_t, f16, d2h)
 RANGE_NARROW(bf16_t, bf16, d2b)
 
 // cast_any: CastLike's conversion (ONNX Cast semantics) with both dtypes chosen at run time
-// by code (see tensor_misc.py: f32 f16 f64 i8 u8 i16 u16 i32 u32 i64 u64 bool bf16 = 0..12).
+// by code (see tensor_misc.py: f32 f16 f64 i8 u8 i16 u16 i32 u32 i64 u64 bool bf16 = 0..12, then
+// the lowp.cuh types f8e4m3fn f8e4m3fnuz f8e5m2 f8e5m2fnuz f8e8m0 f4e2m1 i4 u4 i2 u2 = 13..22).
+// `sat` (float8 saturate) and `rmode` (float8e8m0 round_mode: 0 up, 1 down, 2 nearest) are
+// CastLike's attributes; floats reach the 8/4-bit float types through float, as ml_dtypes does.
 // The source is loaded exactly as double (floats), i64 (signed ints, bool) or u64, then
 // converted once to the destination, so no value is rounded twice; floats reach narrow
 // integer types through i64 (wrapping as numpy does on x86, where the device would saturate).
@@ -130,13 +133,25 @@ __device__ __forceinline__ Scalar load_scalar(const void* x, i64 i, int code) {
     case 9: v.s = ((const i64*)x)[i]; break;
     case 10: v.u = ((const u64*)x)[i]; v.kind = 2; break;
     case 12: v.f = b2f(((const bf16_t*)x)[i]); v.kind = 0; break;
+    case 13: v.f = ld((const f8e4m3fn_t*)x, i); v.kind = 0; break;
+    case 14: v.f = ld((const f8e4m3fnuz_t*)x, i); v.kind = 0; break;
+    case 15: v.f = ld((const f8e5m2_t*)x, i); v.kind = 0; break;
+    case 16: v.f = ld((const f8e5m2fnuz_t*)x, i); v.kind = 0; break;
+    case 17: v.f = ld((const f8e8m0_t*)x, i); v.kind = 0; break;
+    case 18: v.f = ld((const f4e2m1_t*)x, i); v.kind = 0; break;
+    case 19: v.s = ld((const i4_t*)x, i); break;
+    case 20: v.s = ld((const u4_t*)x, i); break;
+    case 21: v.s = ld((const i2_t*)x, i); break;
+    case 22: v.s = ld((const u2_t*)x, i); break;
     default: v.s = ((const bool*)x)[i] ? 1 : 0; break;
   }
   return v;
 }
 
+template <class T> __device__ __forceinline__ u8 lowp_store(float f, bool sat) { return LowpFmt<T>::F::encode(f, sat); }
+
 template <class D, class V>
-__device__ __forceinline__ void store_as(void* y, i64 i, int code, V v) {
+__device__ __forceinline__ void store_as(void* y, i64 i, int code, V v, bool sat, int rmode) {
   switch (code) {
     case 0: ((float*)y)[i] = (float)v; break;
     case 1: ((half_t*)y)[i] = d2h((double)v); break;
@@ -150,15 +165,23 @@ __device__ __forceinline__ void store_as(void* y, i64 i, int code, V v) {
     case 9: ((i64*)y)[i] = (i64)v; break;
     case 10: ((u64*)y)[i] = (u64)v; break;
     case 12: ((bf16_t*)y)[i] = f2b((float)v); break;
+    case 13: ((u8*)y)[i] = lowp_store<f8e4m3fn_t>((float)v, sat); break;
+    case 14: ((u8*)y)[i] = lowp_store<f8e4m3fnuz_t>((float)v, sat); break;
+    case 15: ((u8*)y)[i] = lowp_store<f8e5m2_t>((float)v, sat); break;
+    case 16: ((u8*)y)[i] = lowp_store<f8e5m2fnuz_t>((float)v, sat); break;
+    case 17: ((u8*)y)[i] = e8m0_encode((float)v, sat, rmode); break;
+    case 18: ((u8*)y)[i] = lowp_store<f4e2m1_t>((float)v, sat); break;
+    case 19: case 20: ((u8*)y)[i] = intn_bits<4>(v); break;
+    case 21: case 22: ((u8*)y)[i] = intn_bits<2>(v); break;
     default: ((bool*)y)[i] = v != (V)0; break;
   }
 }
 
-extern "C" __global__ void cast_any(const void* x, int scode, void* y, int dcode, i64 n) {
+extern "C" __global__ void cast_any(const void* x, int scode, void* y, int dcode, i64 n, int sat, int rmode) {
   GRID_LOOP(i, n) {
     const Scalar v = load_scalar(x, i, scode);
-    if (v.kind == 0) store_as<void, double>(y, i, dcode, v.f);
-    else if (v.kind == 1) store_as<void, i64>(y, i, dcode, v.s);
-    else store_as<void, u64>(y, i, dcode, v.u);
+    if (v.kind == 0) store_as<void, double>(y, i, dcode, v.f, sat != 0, rmode);
+    else if (v.kind == 1) store_as<void, i64>(y, i, dcode, v.s, sat != 0, rmode);
+    else store_as<void, u64>(y, i, dcode, v.u, sat != 0, rmode);
   }
 }

@@ -30,6 +30,12 @@ CAST_CODES = {np.dtype(d): k for k, d in enumerate(
     ("float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))}
 if 16 in EXTENDED_TYPES:
     CAST_CODES[EXTENDED_TYPES[16]] = 12  # bfloat16 (ml_dtypes)
+    # the lowp.cuh storage types (ml_dtypes), codes 13..22 in cast_any's order
+    for _k, _onnx in enumerate((17, 18, 19, 20, 24, 23, 22, 21, 26, 25)):
+        if _onnx in EXTENDED_TYPES:
+            CAST_CODES[EXTENDED_TYPES[_onnx]] = 13 + _k
+#: CastLike round_mode (float8e8m0 targets) -> cast_any's rmode
+ROUND_MODES = {"up": 0, "down": 1, "nearest": 2}
 #: dtype -> code of load_any_index (OneHot indices)
 INDEX_CODES = {np.dtype(d): k for k, d in enumerate(
     ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "float32", "float64", "float16"))}
@@ -194,7 +200,12 @@ def enqueue_cast_like(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
             raise DeviceError(f"CastLike of {t.dtype} has no kernel", where=where, hint="use --target cpu")
     if x.dtype == y.dtype and x.ptr == y.ptr:
         return
-    args = [x, np.int32(CAST_CODES[x.dtype]), y, np.int32(CAST_CODES[y.dtype]), x.size]
+    mode = ROUND_MODES.get(str(layer.attrs.get("round_mode", "up")))
+    if mode is None:
+        raise DeviceError(f"CastLike round_mode {layer.attrs.get('round_mode')!r} is not one of {sorted(ROUND_MODES)}",
+                          where=where)
+    args = [x, np.int32(CAST_CODES[x.dtype]), y, np.int32(CAST_CODES[y.dtype]), x.size,
+            np.int32(bool(layer.attrs.get("saturate", 1))), np.int32(mode)]
     launcher.launch(_src("cast_any"), grid_for(x.size), (BLOCK, 1, 1), args)
 
 
