@@ -138,7 +138,8 @@ class Launcher(Protocol):
         numpy scalar of another type) and numpy scalars (passed as their type)."""
 
     def workspace(self, nbytes: int) -> int:
-        """A device pointer to scratch memory valid until the layer's enqueue returns."""
+        """A device pointer to `nbytes` of scratch memory (256-byte aligned) valid until the
+        layer's enqueue returns; each call of one layer gets its own region."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,52 @@ def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+class WorkspacePool:
+    """Layer scratch memory: every `take(n)` of one layer gets its own region, valid until the
+    layer's enqueue returns; `reset()` at the next layer reuses the regions (kernels on one
+    stream run in order). Chunks are only ever added, never reallocated, so a pointer handed
+    out earlier in the same layer stays valid; the first (eager) run sizes the pool and a
+    CUDA-graph capture, which must not allocate, raises through `frozen`."""
+
+    MIN_CHUNK = 1 << 20
+
+    def __init__(self, alloc=None):
+        self._alloc = alloc or (lambda n: DeviceBuffer(n, what="layer workspace"))
+        self.chunks: list = []
+        self._chunk = 0
+        self._offset = 0
+        self.frozen = False
+
+    def reset(self) -> None:
+        self._chunk, self._offset = 0, 0
+
+    def take(self, nbytes: int) -> int:
+        need = align_up(max(int(nbytes), 1))
+        while self._chunk < len(self.chunks):
+            buf = self.chunks[self._chunk]
+            if self._offset + need <= buf.nbytes:
+                ptr = buf.ptr + self._offset
+                self._offset += need
+                return ptr
+            self._chunk, self._offset = self._chunk + 1, 0
+        if self.frozen:
+            raise DeviceError(f"a layer asked for {nbytes} more workspace bytes during CUDA-graph capture",
+                              hint="create the context with cuda_graph=False and report this")
+        self.chunks.append(self._alloc(max(need, self.MIN_CHUNK)))
+        self._offset = need
+        return self.chunks[-1].ptr
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.chunks)
+
+    def free(self) -> None:
+        for buf in self.chunks:
+            buf.free()
+        self.chunks.clear()
+        self.reset()
+
+
 class DeviceBuffer:
     """`nbytes` of device memory owned by this object; `ptr` is its device address."""
 

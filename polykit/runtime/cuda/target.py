@@ -25,7 +25,7 @@ from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, stream_handle
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
-from polykit.runtime.cuda.memory import Arena, DeviceBuffer, align_up, copy_device, download, upload
+from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
 log = logging.getLogger("polykit")
@@ -125,8 +125,7 @@ class CudaContext:
         driver.current_device(engine.info.ordinal)
         self.arena = Arena(plan.memory.arena_bytes)
         self.stream = Stream()
-        self._workspace: DeviceBuffer | None = None
-        self._capturing = False
+        self._workspace = WorkspacePool()
         self._graph: CudaGraph | None = None
         self._runs = 0
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
@@ -139,23 +138,13 @@ class CudaContext:
             self.tensors[name] = DeviceTensor(self.arena.at(desc.offset), tuple(desc.shape), desc.np_dtype)
 
     # ---- the layer sequence -------------------------------------------------------------
-    def _workspace_ptr(self, nbytes: int) -> int:
-        if self._workspace is None or self._workspace.nbytes < nbytes:
-            if self._capturing:
-                raise DeviceError(f"a layer asked for {nbytes} workspace bytes during CUDA-graph capture",
-                                  hint="create the context with cuda_graph=False and report this")
-            self.stream.synchronize()
-            if self._workspace is not None:
-                self._workspace.free()
-            self._workspace = DeviceBuffer(align_up(nbytes), what="layer workspace")
-        return self._workspace.ptr
-
     def _record_layers(self, stream: Any) -> None:
         for layer, tactic in self.engine.steps:
             self._run_layer(layer, tactic, stream)
 
     def _run_layer(self, layer: Any, tactic: CudaTactic, stream: Any) -> None:
-        launcher = CudaLauncher(self.engine.modules, stream, self._workspace_ptr, layer.name)
+        self._workspace.reset()
+        launcher = CudaLauncher(self.engine.modules, stream, self._workspace.take, layer.name)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
         except DeviceError:
@@ -185,11 +174,11 @@ class CudaContext:
             self._profiled(stream)
         elif self.use_graph and self._runs > 0:
             if self._graph is None:
-                self._capturing = True
+                self._workspace.frozen = True
                 try:
                     self._graph = CudaGraph(self.stream, lambda s: self._record_layers(s.handle))
                 finally:
-                    self._capturing = False
+                    self._workspace.frozen = False
             self._graph.launch(stream)
         else:
             self._record_layers(stream.handle)
@@ -234,8 +223,6 @@ class CudaContext:
         if self._graph is not None:
             self._graph.close()
             self._graph = None
-        if self._workspace is not None:
-            self._workspace.free()
-            self._workspace = None
+        self._workspace.free()
         self.arena.free()
         self.stream.close()
