@@ -86,13 +86,13 @@ def kernel_model(g, x, scales=None, sizes=None, roi=None):
     ratios = [sizes[slot[d]] / in_d[d] for d in range(g.rank) if slot[d] >= 0] if g.src >= 2 else []
     policy = (min if g.src == 2 else max)(ratios) if ratios else 0.0
     roi64 = None if roi is None else roi.astype(np.float64)
-    scale, r0, r1, skip = [], [], [], []
-    for d in range(g.rank):
-        sc = g.host_scale[d] if slot[d] < 0 or g.src == 0 else (float(scales[slot[d]]) if g.src == 1 else policy)
-        lo = roi64[slot[d]] if crop and slot[d] >= 0 and roi64 is not None else 0.0
-        hi = roi64[g.n_axes + slot[d]] if crop and slot[d] >= 0 and roi64 is not None else 1.0
-        scale.append(sc), r0.append(lo), r1.append(hi)
-        skip.append(slot[d] < 0 or (in_d[d] == out_d[d] and sc == 1.0 and (not crop or (lo == 0.0 and hi == 1.0))))
+    has_roi = [crop and k >= 0 and roi64 is not None for k in slot]
+    scale = [g.host_scale[d] if k < 0 or g.src == 0 else (float(scales[k]) if g.src == 1 else policy)
+             for d, k in enumerate(slot)]
+    r0 = [roi64[k] if has else 0.0 for k, has in zip(slot, has_roi)]
+    r1 = [roi64[g.n_axes + k] if has else 1.0 for k, has in zip(slot, has_roi)]
+    skip = [slot[d] < 0 or (in_d[d] == out_d[d] and scale[d] == 1.0 and (not crop or (r0[d], r1[d]) == (0.0, 1.0)))
+            for d in range(g.rank)]
     stride = [int(np.prod(in_d[d + 1:], dtype=np.int64)) for d in range(g.rank)]
     for idx in np.ndindex(*out_d):
         base, axes, outside = 0, [], False
