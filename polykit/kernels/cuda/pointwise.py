@@ -523,12 +523,20 @@ def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
 PLAIN_KINDS = tuple(sorted(OPS))
 
 
+def _storable(layer) -> bool:
+    """False when the builder stamped a dtype that has no CUDA storage type (strings): the
+    build then reports the layer instead of the run failing at enqueue."""
+    stamped = tuple(getattr(layer, "in_dtypes", ())) + tuple(getattr(layer, "out_dtypes", ()))
+    return all(d in CTYPE for d in stamped if d)
+
+
 def _register() -> None:
     cuda_tactic("Pointwise", "cuda.pointwise", kernels=pointwise_kernels,
-                supports=lambda layer: all(op["op"] in OPS for op in layer.attrs.get("body", ())))(enqueue_pointwise)
+                supports=lambda layer: all(op["op"] in OPS for op in layer.attrs.get("body", ()))
+                and _storable(layer))(enqueue_pointwise)
     for kind in PLAIN_KINDS:
         cuda_tactic(kind, "cuda.pointwise", kernels=pointwise_kernels,
-                    supports=lambda layer: layer.domain in ("", "ai.onnx"))(enqueue_pointwise)
+                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer))(enqueue_pointwise)
 
 
 _register()

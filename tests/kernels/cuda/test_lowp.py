@@ -227,6 +227,14 @@ def test_stamped_dtype_without_cuda_storage_falls_back_to_the_candidates():
     assert len(pw.candidate_signatures(lay)) > 1
 
 
+def test_pointwise_tactic_declines_a_stamped_string_cast_at_build_time():
+    from polykit.kernels.tactics import candidates
+
+    lay = LayerDesc("c", "Cast", ("X",), ("Y",), {"to": 8}, in_dtypes=("float32",), out_dtypes=("object",))
+    assert not [t for t in candidates("cuda", "Cast", lay) if t.name == "cuda.pointwise"]
+    assert [t for t in candidates("cuda", "Cast", cast_layer("float32", "int4")) if t.name == "cuda.pointwise"]
+
+
 @pytest.mark.parametrize("to,call", [("float8_e5m2", "pk_to_lowp<f8e5m2_t>(x0, false)"),
                                      ("int4", "pk_to_intn<i4_t>(x0)"),
                                      ("float8_e8m0fnu", "pk_to_e8m0(x0, false, 2)")])
