@@ -163,7 +163,8 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
       for (int j = 0; j < k; ++j) {
         const i64 at = first[j] + tap[j];
         const i64 start = (2 - ntaps[j]) / 2;  // ntaps = 2 - 2 * start
-        double w = raw_weight<MODE>(start + tap[j], ratio[j], s[j], p.cubic_a) / norm[j];
+        double w = raw_weight<MODE>(start + tap[j], ratio[j], s[j], p.cubic_a);
+        if (norm[j] != 1.0) w /= norm[j];  // antialias only; x / 1 == x, so the division is skipped exactly
         if (p.exclude) w = (at >= 0 && at < len[j]) ? w / div[j] : 0.0;
         wt *= w;
         off += (at < 0 ? 0 : (at >= len[j] ? len[j] - 1 : at)) * step[j];
