@@ -143,11 +143,12 @@ def dense_floats() -> np.ndarray:
 DENSE = dense_floats()
 
 
-def same_bits(got: np.ndarray, want: np.ndarray) -> bool:
-    """float32 bit equality, any NaN of the same sign matching."""
+def same_bits(got: np.ndarray, want: np.ndarray, nan_sign: bool = True) -> bool:
+    """float32 bit equality, any NaN matching a NaN (of the same sign unless ``nan_sign`` is off)."""
     g, w = got.view(np.uint32), want.view(np.uint32)
     nan = np.isnan(want)
-    return bool(np.all(np.where(nan, np.isnan(got) & ((g >> 31) == (w >> 31)), g == w)))
+    same_nan = np.isnan(got) & (((g >> 31) == (w >> 31)) | (not nan_sign))
+    return bool(np.all(np.where(nan, same_nan, g == w)))
 
 
 # ---- host: the model against ml_dtypes / the reference Cast ---------------------------------------
@@ -302,7 +303,9 @@ def test_cast_every_lowp_code_to_float_matches_reference(src, dst):
     n = 16 if src == "float4_e2m1fn" or src in ("int4", "uint4") else (4 if src in ("int2", "uint2") else 256)
     codes = np.tile(np.arange(n, dtype=np.uint8), 3)[:-1].view(np.dtype(getattr(ml_dtypes, src)))
     got, want = run_and_reference(cast_layer(src, dst), {"X": codes.reshape(-1)})
-    assert same_bits(got.astype(np.float32), want.astype(np.float32))
+    # the GPU's float->half conversion (cvt.rn.f16.f32) writes the canonical NaN 0x7fff whatever the
+    # sign; numpy keeps it. ONNX leaves NaN sign and payload unspecified, so only NaN-ness is compared.
+    assert same_bits(got.astype(np.float32), want.astype(np.float32), nan_sign=dst != "float16")
 
 
 @pytest.mark.gpu
@@ -352,8 +355,9 @@ def test_castlike_to_lowp_matches_reference(src, dst, saturate):
 def test_castlike_from_every_lowp_code_matches_reference(src, dst):
     n = 16 if src in ("float4_e2m1fn", "int4", "uint4") else (4 if src in ("int2", "uint2") else 256)
     x = np.arange(n, dtype=np.uint8).view(np.dtype(getattr(ml_dtypes, src)))
-    if dst == "int32":
-        x = x[np.isfinite(x.astype(np.float32))]  # NaN / Inf -> int is undefined
+    if dst == "int32":  # NaN, Inf and values beyond int32's range -> int32 are undefined in ONNX (and C)
+        f = x.astype(np.float64)
+        x = x[np.isfinite(f) & (np.abs(f) < 2.0 ** 31)]
     like = np.zeros(1, np.dtype(getattr(ml_dtypes, dst, None) or dst))
     got, want = run_and_reference(cast_like_layer(), {"X": x, "L": like})
     if dst.startswith("float"):
