@@ -141,6 +141,10 @@ class Launcher(Protocol):
         """A device pointer to `nbytes` of scratch memory (256-byte aligned) valid until the
         layer's enqueue returns; each call of one layer gets its own region."""
 
+    @property
+    def sm_count(self) -> int:
+        """Streaming multiprocessors of the device the stream runs on (launch sizing)."""
+
 
 @dataclass(frozen=True)
 class CudaTactic(Tactic):

@@ -12,6 +12,7 @@
 #ifndef HAS_EPILOGUE
 #define HAS_EPILOGUE 0
 #define EPI_PARAMS
+#define EPI_COMMA_ARGS
 #endif
 
 #define CONV_BASE_PARAMS                                                                                 \
@@ -19,6 +20,9 @@
       i64 OD, i64 OH, i64 OW, i64 KD, i64 KH, i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 DD, \
       i64 DH, i64 DW, i64 G
 #define CONV_PARAMS CONV_BASE_PARAMS EPI_PARAMS
+// implicit GEMM kernels also take the split-K count and partial buffer (gemm_core.cuh)
+#define CONV_IGEMM_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial EPI_PARAMS
+#define CONV_BASE_ARGS X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G
 
 // Implicit GEMM per group z: Y[z] (Mg x NB*OD*OH*OW) = W[z] (Mg x Cg*KD*KH*KW) * im2col(X)[z];
 // the im2col matrix is never stored: b(z, k, n) gathers from X (0 in the padding).
@@ -26,20 +30,37 @@ struct ConvP {
   const ELEM *X, *Wt, *Bias; ELEM* Y;
   i64 NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G;
   i64 Cg, Mg, M_, N, K, KSP, OSP;
+  u32 KSPu, KHWu, KWu;
+  int Di, Hi, Wi, DDi, DHi, DWi;
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
   __device__ __forceinline__ float a(i64 z, i64 m, i64 k) const { return (float)ld(Wt, (z * Mg + m) * K + k); }
-  __device__ __forceinline__ float b(i64 z, i64 k, i64 n) const {
-    const i64 c = k / KSP; i64 r = k - c * KSP;
-    const i64 kd = r / (KH * KW); r -= kd * KH * KW;
-    const i64 kh = r / KW, kw = r - kh * KW;
+  // column n = (nb, od, oh, ow): its image's channel-group base and the window's origin
+  struct Col {
+    i64 base;
+    int id0, ih0, iw0;
+  };
+  __device__ __forceinline__ Col col(i64 z, i64 n) const {
     const i64 nb = n / OSP; i64 s = n - nb * OSP;
     const i64 od = s / (OH * OW); s -= od * OH * OW;
     const i64 oh = s / OW, ow = s - oh * OW;
-    const i64 id = od * SD - PD + kd * DD, ih = oh * SH - PH + kh * DH, iw = ow * SW - PW + kw * DW;
-    if (id < 0 || id >= D || ih < 0 || ih >= H || iw < 0 || iw >= W) return 0.f;
-    return (float)ld(X, (((nb * C + z * Cg + c) * D + id) * H + ih) * W + iw);
+    Col c;
+    c.base = (nb * C + z * Cg) * D * H * W;
+    c.id0 = (int)(od * SD - PD); c.ih0 = (int)(oh * SH - PH); c.iw0 = (int)(ow * SW - PW);
+    return c;
+  }
+  // row k = (c, kd, kh, kw), decomposed in 32 bits (K < 2^31; checked by the host)
+  __device__ __forceinline__ float b(i64, i64 k, const Col& col) const {
+    u32 c = (u32)k, kd = 0, kh = 0, kw = 0;
+    if (KSPu != 1) {
+      c = (u32)k / KSPu; u32 r = (u32)k - c * KSPu;
+      kd = r / KHWu; r -= kd * KHWu;
+      kh = r / KWu; kw = r - kh * KWu;
+    }
+    const int id = col.id0 + (int)kd * DDi, ih = col.ih0 + (int)kh * DHi, iw = col.iw0 + (int)kw * DWi;
+    if (id < 0 || id >= Di || ih < 0 || ih >= Hi || iw < 0 || iw >= Wi) return 0.f;
+    return (float)ld(X, col.base + (i64)c * D * H * W + ((i64)id * Hi + ih) * Wi + iw);
   }
   __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
     const i64 co = z * Mg + m, nb = n / OSP, s = n - nb * OSP;
@@ -61,27 +82,38 @@ __device__ __forceinline__ ConvP make_conv(CONV_BASE_PARAMS) {
   p.Cg = C / G; p.Mg = M / G; p.KSP = KD * KH * KW; p.OSP = OD * OH * OW;
   p.K = p.Cg * p.KSP; p.N = NB * p.OSP;
   p.M = p.Mg;  // the GEMM's M is the per-group out channel count
+  p.KSPu = (u32)p.KSP; p.KHWu = (u32)(KH * KW); p.KWu = (u32)KW;
+  p.Di = (int)D; p.Hi = (int)H; p.Wi = (int)W; p.DDi = (int)DD; p.DHi = (int)DH; p.DWi = (int)DW;
   return p;
 }
 
-// grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G), block 256
-extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_PARAMS) {
-  ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
-                            DH, DW, G);
+__device__ __forceinline__ ConvP conv_problem(CONV_IGEMM_PARAMS) {
+  ConvP p = make_conv(CONV_BASE_ARGS);
 #if HAS_EPILOGUE
   p.epi = make_epi(EPI_ARGS);
 #endif
-  simt_gemm<ConvP, 64, 64, 16, 4, 4>(p);
+  return p;
+}
+#define CONV_IGEMM_ARGS CONV_BASE_ARGS, splits, partial EPI_COMMA_ARGS
+
+// grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G * splits), block 256
+extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_IGEMM_PARAMS) {
+  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
+  const KSlice t = k_slice(p.K, splits, 16);
+  simt_gemm<ConvP, 64, 64, 16, 4, 4>(p, t, splits > 1 ? partial : nullptr);
 }
 
-// grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G), block 256; fp16 operands on tensor cores
-extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_PARAMS) {
-  ConvP p = make_conv(X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD,
-                            DH, DW, G);
-#if HAS_EPILOGUE
-  p.epi = make_epi(EPI_ARGS);
-#endif
-  mma_gemm<ConvP>(p);
+// grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G * splits), block 256; fp16 operands on tensor cores
+extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_IGEMM_PARAMS) {
+  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
+  const KSlice t = k_slice(p.K, splits, MMA_BK);
+  mma_gemm<ConvP>(p, t, splits > 1 ? partial : nullptr);
+}
+
+// after a split launch of either: grid (ceil(M/G * NB*OD*OH*OW / 256) capped, 1, G), block 256
+extern "C" __global__ void __launch_bounds__(256) conv_splitk_reduce(CONV_IGEMM_PARAMS) {
+  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
+  splitk_reduce<ConvP>([&](i64) { return p; }, splits, partial);
 }
 
 // Direct convolution, one thread per output element (grid-stride over NB*M*OD*OH*OW):

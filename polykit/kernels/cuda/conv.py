@@ -5,6 +5,9 @@ auto_pad / dilations / strides follow exactly what the shape rules computed.
 
 Layers with an epilogue (ai.polykit Conv, docs/FUSION.md) run it inside the kernel.
 
+The implicit-GEMM kernels split K over several blocks when the output has too few tiles to fill
+the GPU (gemm.split_k; `conv_splitk_reduce` sums the slices in a fixed order).
+
 Tactics, kind "Conv" (first supporting one wins; the builder may time them):
   cuda.conv.igemm_mma   precision fp16, group 1: implicit GEMM on mma.sync (fp32 accumulate)
   cuda.conv.direct      group > 1 (depthwise and grouped): one thread per output element
@@ -21,9 +24,9 @@ from polykit.compiler.ops.conv import transpose_geometry, window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
-from polykit.kernels.cuda.gemm import ELEMS, elem_of
+from polykit.kernels.cuda.gemm import ELEMS, elem_of, launch_tiled
 
-KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_direct", "conv_transpose_direct")
+KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_splitk_reduce", "conv_direct", "conv_transpose_direct")
 BLOCK = 256
 
 
@@ -84,15 +87,24 @@ def _grid_1d(total: int) -> tuple[int]:
     return (max(1, min((total + BLOCK - 1) // BLOCK, 2**31 - 1)),)
 
 
-def _enqueue_igemm(kernel_name: str, tile: int):
+def _enqueue_igemm(kernel_name: str):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        where = f"layer {layer.name!r}"
         elem, args, g = conv_args(layer, tensors)
         if g["G"] > 65535:
-            raise DeviceError(f"group {g['G']} exceeds the grid limit", where=f"layer {layer.name!r}")
+            raise DeviceError(f"group {g['G']} exceeds the grid limit", where=where)
+        wt = tensors[layer.inputs[1]].shape
+        k = 1
+        for d in wt[1:]:
+            k *= d
+        x = tensors[layer.inputs[0]].shape
+        if k >= 2**31 or max(x[2:], default=1) >= 2**31:
+            raise DeviceError(f"convolution reduction of {k} elements per output (the implicit-GEMM kernels "
+                              "index it in 32 bits)", where=where, hint="run this layer on --target cpu")
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
         kernel = kernel_source(layer, kernel_name, "conv.cu", elem)
-        launcher.launch(kernel, ((n + tile - 1) // tile, (m + tile - 1) // tile, g["G"]), (BLOCK,),
-                        _with_epilogue(layer, tensors, args))
+        launch_tiled(launcher, kernel, "conv_splitk_reduce", m, n, k, g["G"], args,
+                     _with_epilogue(layer, tensors, []))
 
     return enqueue
 
@@ -117,11 +129,11 @@ def _group(layer: Any) -> int:
 cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=layer_variants("conv_igemm_mma"), priority=10,
             supports=lambda layer: _plain(layer) and layer.precision == "fp16" and _group(layer) == 1,
             params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
-    _enqueue_igemm("conv_igemm_mma", 128))
+    _enqueue_igemm("conv_igemm_mma"))
 cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), priority=8,
             supports=lambda layer: _plain(layer) and _group(layer) > 1,
             params={"math": "fp32 FMA, one thread per output"})(_enqueue_direct("conv_direct"))
 cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
-            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_igemm("conv_igemm_simt", 64))
+            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_igemm("conv_igemm_simt"))
 cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),
             supports=lambda layer: not layer.attrs.get("epilogue"), params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))

@@ -69,6 +69,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
         f"#define EPI_ARGS {', '.join(names)}\n"
+        f"#define EPI_COMMA_ARGS {''.join(', ' + n for n in names)}\n"
         '#include "pointwise.cuh"\n'
         f"struct EpiState {{\n{fields}  i64 od[{MAXR}]; int rank;\n}};\n"
         f"__device__ __forceinline__ EpiState make_epi({', '.join(params)}) {{\n  EpiState E;\n{init}  return E;\n}}\n"

@@ -5,6 +5,10 @@ Tactics (kinds "MatMul" and "Gemm"):
   cuda.gemm.mma   tensor-core kernel (mma.sync m16n8k16, fp16 operands, fp32 accumulation);
                   only for layers built with precision "fp16" (storage may stay float32: the
                   operands are rounded to fp16 as they are staged in shared memory)
+Both split K over several blocks when the output has too few tiles to fill the GPU (see
+`split_k`): the slices write fp32 partial tiles into a workspace and `gemm_splitk_reduce` (same
+module) sums them in a fixed order and applies alpha/beta/C/epilogue, so results stay
+deterministic.
 Storage dtype is a kernel variant (ELEM = float | half_t); both are compiled for a layer
 because a LayerDesc does not carry tensor dtypes; enqueue picks the one matching its tensors.
 Layers with an epilogue (ai.polykit Gemm/MatMul, docs/FUSION.md) run it inside the kernel
@@ -23,8 +27,37 @@ from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports
 
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 MAX_GRID_Z = 65535
-#: kernel name -> (block tile M, block tile N)
-TILES = {"gemm_simt": (64, 64), "gemm_mma": (128, 128)}
+#: kernel name -> (block tile M, block tile N, block tile K)
+TILES = {"gemm_simt": (64, 64, 16), "gemm_mma": (128, 128, 32),
+         "conv_igemm_simt": (64, 64, 16), "conv_igemm_mma": (128, 128, 32)}
+#: most K slices of one launch, and the fewest K tiles a slice gets
+MAX_SPLITS, MIN_SLICE_TILES = 32, 4
+
+
+def split_k(tiles: int, K: int, bk: int, sms: int, items: int) -> int:
+    """K slices for a launch of `tiles` output tiles: one when the tiles fill the SMs, else
+    enough for about two blocks per SM, each slice at least MIN_SLICE_TILES K tiles deep."""
+    if tiles >= sms or sms <= 0:
+        return 1
+    return max(1, min(-(-2 * sms // tiles), K // (MIN_SLICE_TILES * bk), MAX_SPLITS, MAX_GRID_Z // max(items, 1)))
+
+
+def launch_tiled(launcher: Any, kernel: KernelSource, reduce_name: str, M: int, N: int, K: int, items: int,
+                 args: list[Any], epi_args: list[Any]) -> int:
+    """Launch a tiled GEMM / implicit-GEMM kernel over `items` batch items (grid z), split
+    along K when that fills the GPU better; returns the split count used."""
+    bm, bn, bk = TILES[kernel.name]
+    grid = ((N + bn - 1) // bn, (M + bm - 1) // bm)
+    splits = split_k(grid[0] * grid[1] * items, K, bk, launcher.sm_count, items)
+    partial = launcher.workspace(4 * splits * items * M * N) if splits > 1 else 0
+    if not partial:
+        splits = 1
+    launcher.launch(kernel, (*grid, items * splits), (256,), args + [splits, partial] + epi_args)
+    if splits > 1:
+        reduce = KernelSource(reduce_name, kernel.file, kernel.code, kernel.defines)
+        launcher.launch(reduce, (min((M * N + 255) // 256, 4096), 1, items), (256,),
+                        args + [splits, partial] + epi_args)
+    return splits
 
 
 def elem_of(t: DeviceTensor, where: str) -> str:
@@ -40,7 +73,7 @@ def variants(kernel: str, file: str = "gemm.cu") -> list[KernelSource]:
 
 
 def compile_variants() -> list[KernelSource]:
-    return variants("gemm_simt") + variants("gemm_mma")
+    return variants("gemm_simt") + variants("gemm_mma") + variants("gemm_splitk_reduce")
 
 
 def layer_variants(kernel: str):
@@ -104,14 +137,13 @@ def gemm_args(A: DeviceTensor, B: DeviceTensor, C: DeviceTensor | None, Y: Devic
     return count, args
 
 
-def launch_gemm(launcher: Any, layer: Any, kernel_name: str, elem: str, count: int, M: int, N: int,
-                args: list[Any]) -> None:
-    bm, bn = TILES[kernel_name]
+def launch_gemm(launcher: Any, layer: Any, kernel_name: str, elem: str, count: int, M: int, N: int, K: int,
+                args: list[Any], epi_args: list[Any]) -> int:
     kernel = kernel_source(layer, kernel_name, "gemm.cu", elem)
-    launcher.launch(kernel, ((N + bn - 1) // bn, (M + bm - 1) // bm, count), (256,), args)
+    return launch_tiled(launcher, kernel, "gemm_splitk_reduce", M, N, K, count, args, epi_args)
 
 
-def matmul_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, list[Any]]:
+def matmul_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, int, list[Any]]:
     where = f"layer {layer.name!r}"
     A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     elem = elem_of(A, where)
@@ -133,10 +165,10 @@ def matmul_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str
                                      b_batch, _contig_strides(b_batch, K * N))
     count, args = gemm_args(A, B, None, Y, M=M, N=N, K=K, sam=sam, sak=sak, sbk=sbk, sbn=sbn, batch=dims,
                             a_bs=abs_, b_bs=bbs, where=where)
-    return elem, count, M, N, args
+    return elem, count, M, N, K, args
 
 
-def gemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, list[Any]]:
+def gemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, int, list[Any]]:
     where = f"layer {layer.name!r}"
     A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     C = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
@@ -158,7 +190,7 @@ def gemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, 
     count, args = gemm_args(A, B, C, Y, M=M, N=N, K=K, sam=sam, sak=sak, sbk=sbk, sbn=sbn, scm=scm, scn=scn,
                             alpha=float(layer.attrs.get("alpha", 1.0)), beta=float(layer.attrs.get("beta", 1.0)),
                             where=where)
-    return elem, count, M, N, args
+    return elem, count, M, N, K, args
 
 
 _PROBLEMS = {"MatMul": matmul_problem, "Gemm": gemm_problem}
@@ -166,10 +198,9 @@ _PROBLEMS = {"MatMul": matmul_problem, "Gemm": gemm_problem}
 
 def _enqueue_with(kernel_name: str):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        elem, count, M, N, args = _PROBLEMS[layer.kind](layer, tensors)
+        elem, count, M, N, K, args = _PROBLEMS[layer.kind](layer, tensors)
         dtype = next(d for d, e in ELEMS.items() if e == elem)
-        args += epilogue_args(layer, tensors, dtype)
-        launch_gemm(launcher, layer, kernel_name, elem, count, M, N, args)
+        launch_gemm(launcher, layer, kernel_name, elem, count, M, N, K, args, epilogue_args(layer, tensors, dtype))
 
     return enqueue
 

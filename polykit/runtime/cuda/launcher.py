@@ -99,7 +99,8 @@ class CudaLauncher:
     """Launches a layer's kernels on one stream; errors name the layer."""
 
     def __init__(self, modules: KernelModules, stream: Any, workspace: Callable[[int], int],
-                 layer_name: str = "", check_each: bool = False):
+                 layer_name: str = "", check_each: bool = False, sm_count: int = 0):
+        self._sm_count = sm_count
         self.modules = modules
         self.stream = stream
         self._workspace = workspace
@@ -127,6 +128,15 @@ class CudaLauncher:
 
     def workspace(self, nbytes: int) -> int:
         return self._workspace(int(nbytes))
+
+    @property
+    def sm_count(self) -> int:
+        """SMs of the current context's device (given by the engine, else asked once)."""
+        if not self._sm_count:
+            attr = driver.drv().CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+            dev = driver.call("cuCtxGetDevice", what="find the current device")
+            self._sm_count = int(driver.call("cuDeviceGetAttribute", attr, dev, what="count the device's SMs"))
+        return self._sm_count
 
 
 def device_tensors(ptrs: Mapping[str, int], specs: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[str, DeviceTensor]:

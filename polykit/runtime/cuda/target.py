@@ -144,7 +144,8 @@ class CudaContext:
 
     def _run_layer(self, layer: Any, tactic: CudaTactic, stream: Any) -> None:
         self._workspace.reset()
-        launcher = CudaLauncher(self.engine.modules, stream, self._workspace.take, layer.name)
+        launcher = CudaLauncher(self.engine.modules, stream, self._workspace.take, layer.name,
+                                sm_count=self.engine.info.sm_count)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
         except DeviceError:

@@ -97,3 +97,32 @@ def test_conv_with_residual_relu_epilogue_matches_reference(tactic, precision, g
     inputs = {"X": rand(2, 8, 7, 9), "W": rand(8, 8 // group, 3, 3), "B": rand(8), "skip": rand(*skip_shape)}
     tol = {"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 1e-4}
     check(layer, inputs, tactic, **tol)
+
+
+# few output tiles and a deep reduction: the implicit GEMM splits K (gemm.split_k)
+SPLIT_CASES = [
+    ((1, 96, 5, 5), (40, 96, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 130, 3, 4), (7, 130, 3, 3), {"strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ((2, 64, 6, 6), (32, 32, 3, 3), {"group": 2}),
+]
+
+
+@pytest.mark.parametrize("x,w,attrs", SPLIT_CASES)
+def test_split_k_igemm_simt_conv_matches_reference(x, w, attrs):
+    check(conv_layer(attrs), {"X": rand(*x), "W": rand(*w), "B": rand(w[0])}, "cuda.conv.igemm_simt",
+          rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("x,w,attrs", SPLIT_CASES[:2])
+def test_split_k_igemm_mma_conv_matches_reference(x, w, attrs):
+    check(conv_layer(attrs, precision="fp16"), {"X": rand(*x), "W": rand(*w), "B": rand(w[0])},
+          "cuda.conv.igemm_mma", rel=3e-3)
+
+
+@pytest.mark.parametrize("tactic,precision", [("cuda.conv.igemm_simt", "fp32"), ("cuda.conv.igemm_mma", "fp16")])
+def test_split_k_conv_runs_its_epilogue_once(tactic, precision):
+    layer = LayerDesc("conv", "Conv", ("X", "W", "B", "skip"), ("y",),
+                      {"pads": [1, 1, 1, 1], "epilogue": {"input": "raw", "body": EPI_BODY}},
+                      domain="ai.polykit", precision=precision)
+    inputs = {"X": rand(1, 64, 4, 4), "W": rand(64, 64, 3, 3), "B": rand(64), "skip": rand(1, 64, 4, 4)}
+    check(layer, inputs, tactic, **({"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 2e-4}))

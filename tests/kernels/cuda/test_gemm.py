@@ -103,3 +103,26 @@ def test_gemm_with_c_and_sigmoid_epilogue_matches_reference():
     layer = LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "epilogue": {"input": "raw", "body": body}},
                       domain="ai.polykit")
     _check(layer, {"A": rand(9, 20), "B": rand(31, 20), "C": rand(31)}, "cuda.gemm.simt", rtol=1e-5, atol=1e-5)
+
+
+# ---- split-K: few output tiles, deep K (the slices' partial sums are reduced in a fixed order) ----
+
+SPLIT_SHAPES = [((7, 1500), (1500, 9)), ((3, 5, 700), (700, 6)), ((1, 4097), (4097, 130))]
+
+
+@pytest.mark.parametrize("a_shape,b_shape", SPLIT_SHAPES)
+@pytest.mark.parametrize("tactic,precision", [("cuda.gemm.simt", "fp32"), ("cuda.gemm.mma", "fp16")])
+def test_split_k_matmul_matches_reference(a_shape, b_shape, tactic, precision):
+    tol = {"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 2e-4}
+    _check(matmul_layer(precision), {"A": rand(*a_shape), "B": rand(*b_shape)}, tactic, **tol)
+
+
+@pytest.mark.parametrize("tactic,precision", [("cuda.gemm.simt", "fp32"), ("cuda.gemm.mma", "fp16")])
+def test_split_k_gemm_applies_alpha_beta_c_and_epilogue_once(tactic, precision):
+    body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+            {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
+    layer = LayerDesc("gemm", "Gemm", ("A", "B", "C", "bias"), ("Y",),
+                      {"transB": 1, "alpha": 0.5, "beta": -2.0, "epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit", precision=precision)
+    inputs = {"A": rand(20, 2000), "B": rand(45, 2000), "C": rand(45), "bias": rand(20, 45)}
+    _check(layer, inputs, tactic, **({"rel": 3e-3} if precision == "fp16" else {"rtol": 1e-4, "atol": 2e-4}))
