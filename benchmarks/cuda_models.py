@@ -121,11 +121,45 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     rel = float(err.norm() / ref.norm())
     polykit_ms = time_cuda(run, torch, args.warmup, args.iters)
     ctx.close()
+    if args.profile:
+        print_profile(f"{name} bs{batch} {precision}", plan, engine, bindings, torch, args.profile)
     engine.close()
     return {"model": name, "batch": batch, "precision": precision, "polykit_ms": round(polykit_ms, 3),
             "torch_eager_ms": round(torch_ms, 3), "speedup_vs_torch": round(torch_ms / polykit_ms, 3),
             "max_abs_err": float(err.max()), "rel_err": rel, "build_s": round(build_s, 1),
             "layers": len(plan.layers)}
+
+
+def print_profile(title: str, plan, engine, bindings, torch, top: int) -> None:
+    """Per-layer CUDA-event times of one eager run: totals per tactic, then the slowest layers."""
+    ctx = engine.create_execution_context(profile=True)
+    ctx.enqueue(bindings, torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    times = ctx.profile
+    ctx.close()
+    layers = {lay.name: lay for lay in plan.layers}
+    total = sum(ms for _, ms in times)
+    per_tactic: dict[str, list[float]] = {}
+    for lname, ms in times:
+        per_tactic.setdefault(layers[lname].tactic, []).append(ms)
+    print(f"-- profile {title}: {total:.3f} ms in {len(times)} layers (eager launches)")
+    for tac, v in sorted(per_tactic.items(), key=lambda kv: -sum(kv[1])):
+        print(f"   {tac:28} {sum(v):8.3f} ms {100 * sum(v) / total:5.1f}%  x{len(v)}")
+    for lname, ms in sorted(times, key=lambda t: -t[1])[:top]:
+        lay = layers[lname]
+        shapes = " ".join(str(tuple(plan.tensors[t].shape)) for t in (*lay.inputs[:2], *lay.outputs[:1]) if t in plan.tensors)
+        print(f"   {ms:8.3f} ms  {lay.kind:12} {lay.tactic:20} {lname[:40]:40} {shapes}")
+
+
+def kernel_resources(modules, kernel) -> str:
+    """Registers per thread, local (spill) bytes per thread and static shared bytes of a kernel."""
+    from polykit.runtime.cuda import driver
+
+    attr = driver.drv().CUfunction_attribute
+    fn = modules.function(kernel)
+    get = lambda a: driver.call("cuFuncGetAttribute", a, fn)  # noqa: E731
+    return (f"{kernel.name}: {get(attr.CU_FUNC_ATTRIBUTE_NUM_REGS)} regs, "
+            f"{get(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)} B local, {get(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)} B shared")
 
 
 def gemm_micro(torch, size: int = 4096, iters: int = 10) -> None:
@@ -156,7 +190,8 @@ def gemm_micro(torch, size: int = 4096, iters: int = 10) -> None:
         rel = float((y.float() - ref).norm() / ref.norm())
         tms = time_cuda(lambda: a @ b, torch, 2, iters)
         print(f"GEMM {size}^3 {tactic_name:15} {precision}: {ms:8.3f} ms = {flops / ms / 1e9:7.1f} TFLOP/s "
-              f"(rel err {rel:.1e}); torch.matmul {dtype}: {tms:7.3f} ms = {flops / tms / 1e9:7.1f} TFLOP/s", flush=True)
+              f"(rel err {rel:.1e}); torch.matmul {dtype}: {tms:7.3f} ms = {flops / tms / 1e9:7.1f} TFLOP/s"
+              f"; {kernel_resources(modules, tactic.kernels(layer)[0])}", flush=True)
         modules.close()
 
 
@@ -170,6 +205,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="cuda_models.json")
     parser.add_argument("--no-fuse", action="store_true", help="build without the fusion passes")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print per-tactic totals and the N slowest layers of each case")
     parser.add_argument("--gemm", action="store_true", help="also time the GEMM kernels alone (4096^3)")
     args = parser.parse_args()
     if args.gemm:
