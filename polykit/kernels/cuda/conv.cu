@@ -63,7 +63,8 @@ struct ConvP {
     return (float)ld(X, col.base + (i64)c * D * H * W + ((i64)id * Hi + ih) * Wi + iw);
   }
   __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
-    const i64 co = z * Mg + m, nb = n / OSP, s = n - nb * OSP;
+    const i64 nb = N < 0x7fffffffLL ? (i64)((u32)n / (u32)OSP) : n / OSP;
+    const i64 co = z * Mg + m, s = n - nb * OSP;
     if (Bias) acc += (float)ld(Bias, co);
     const i64 oi = (nb * M_ + co) * OSP + s;
 #if HAS_EPILOGUE

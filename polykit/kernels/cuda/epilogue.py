@@ -58,12 +58,19 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     if n:
         params += [f"i64 od{d}" for d in range(MAXR)] + ["i64 orank"]
     names = [p.split()[-1] for p in params]
-    fields = "".join(f"  const ELEM* e{j}; i64 s{j}[{MAXR}];\n" for j in range(n))
+    fields = "".join(f"  const ELEM* e{j}; i64 s{j}[{MAXR}]; bool full{j};\n" for j in range(n))
     init = "".join(f"  E.e{j} = e{j};" + "".join(f" E.s{j}[{d}] = e{j}s{d};" for d in range(MAXR)) + "\n"
                    for j in range(n))
     if n:
         init += "".join(f"  E.od[{d}] = od{d};" for d in range(MAXR)) + "\n  E.rank = (int)orank;\n"
-    offsets = "".join(f"  const i64 off{j} = strided_offset<{MAXR}>(oi, E.rank, E.od, E.s{j});\n" for j in range(n))
+        # an input with the output's own shape (a residual) is read at the output index itself
+        init += f"  {{ i64 acc = 1; bool f[{n}];" + "".join(f" f[{j}] = true;" for j in range(n)) + "\n"
+        init += (f"    for (int d = {MAXR} - 1; d >= 0; --d) if (d < E.rank) {{"
+                 + "".join(f" f[{j}] = f[{j}] && (E.s{j}[d] == acc || E.od[d] == 1);" for j in range(n))
+                 + " acc *= E.od[d]; }\n")
+        init += "   " + "".join(f" E.full{j} = f[{j}];" for j in range(n)) + " }\n"
+    offsets = "".join(f"  const i64 off{j} = E.full{j} ? oi : strided_offset<{MAXR}>(oi, E.rank, E.od, E.s{j});\n"
+                      for j in range(n))
     code, result = _body_code(layer)
     return (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"

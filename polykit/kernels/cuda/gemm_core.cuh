@@ -147,6 +147,7 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, const u32* b) 
 
 template <class P>
 __device__ __forceinline__ void mma_gemm(const P& p, const KSlice& t, float* partial) {
+  // B is loaded as pairs of consecutive k (stored as one 32-bit word): rows 2 * (tid / MMA_BN + i * KB) + {0, 1}
   constexpr int LA = MMA_BM * MMA_BK / 256, LB = MMA_BN * MMA_BK / 256, KB = 256 / MMA_BN;
   __shared__ __align__(16) u16 As[MMA_BM][MMA_BK + MMA_PAD];
   __shared__ __align__(16) u16 Bs[MMA_BN][MMA_BK + MMA_PAD];
@@ -154,7 +155,7 @@ __device__ __forceinline__ void mma_gemm(const P& p, const KSlice& t, float* par
   const int wm = warp / 4, wn = warp % 4;           // warp position: 2 x 4
   const int grp = lane / 4, tig = lane % 4;
   const i64 z = t.z, m0 = (i64)blockIdx.y * MMA_BM, n0 = (i64)blockIdx.x * MMA_BN;
-  const i64 nb = n0 + tid % MMA_BN;  // this thread's B column: rows tid / MMA_BN + i * KB
+  const i64 nb = n0 + tid % MMA_BN;  // this thread's B column
   const bool n_ok = nb < p.N;
   const typename P::Col col = p.col(z, n_ok ? nb : 0);
   float ra[LA], rb[LB];
@@ -167,7 +168,7 @@ __device__ __forceinline__ void mma_gemm(const P& p, const KSlice& t, float* par
     }
 #pragma unroll
     for (int i = 0; i < LB; ++i) {
-      const i64 k = k0 + tid / MMA_BN + i * KB;
+      const i64 k = k0 + 2 * (tid / MMA_BN + (i / 2) * KB) + (i & 1);
       rb[i] = (n_ok && k < t.k_end) ? p.b(z, k, col) : 0.f;
     }
   };
@@ -186,7 +187,8 @@ __device__ __forceinline__ void mma_gemm(const P& p, const KSlice& t, float* par
       As[idx / MMA_BK][idx % MMA_BK] = f2h(ra[i]).x;
     }
 #pragma unroll
-    for (int i = 0; i < LB; ++i) Bs[tid % MMA_BN][tid / MMA_BN + i * KB] = f2h(rb[i]).x;
+    for (int i = 0; i < LB; i += 2)
+      *(u32*)&Bs[tid % MMA_BN][2 * (tid / MMA_BN + (i / 2) * KB)] = (u32)f2h(rb[i]).x | ((u32)f2h(rb[i + 1]).x << 16);
     __syncthreads();
     if (k0 + MMA_BK < t.k_end) load(k0 + MMA_BK);
 #pragma unroll
