@@ -1,4 +1,10 @@
-"""ai.polykit Attention tactic (attention.cu): one block per query row, exact softmax."""
+"""ai.polykit Attention tactic (attention.cu).
+
+float32/float16 with head sizes D, Dv <= 128 run `attention_tiled_*` (K/V tiles in shared
+memory shared by 16 query rows, online softmax); float64 and wider heads run the simple
+kernel (one block per query row, two-pass softmax). Both are exact up to rounding and
+deterministic, and agree on rows whose softmax is undefined (NaN, or 0 with nan_probs_to_zero).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,15 @@ from polykit.kernels.cuda.pointwise import broadcast_geometry
 
 FILE = "attention.cu"
 VARIANTS = ("f32", "f32_b8", "f16", "f16_b8", "f64", "f64_b8")
+TILED = ("f32", "f32_b8", "f16", "f16_b8")
 MAXR = 8
+#: tiled kernel: query rows per block, keys per shared-memory tile, largest D / Dv, block size
+QT, KT, TILED_MAX_D, TILED_BLOCK = 16, 32, 128, 128
 
 
 def _kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS]
+    return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
+        [KernelSource(f"attention_tiled_{c}", FILE) for c in TILED]
 
 
 def _pad(v, fill=0):
@@ -56,6 +66,10 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     args = [q, k, v, mask if mask is not None else 0, y, nb, len(dims), *_pad(dims, 1), *(x for s in st for x in _pad(s)),
             ms_s, ms_j, S, Skv, D, Dv, np.float64(scale) if wide else np.float32(scale),
             int(layer.attrs.get("nan_probs_to_zero", 0))]
+    if not wide and D <= TILED_MAX_D and Dv <= TILED_MAX_D:
+        launcher.launch(KernelSource(f"attention_tiled_{code}", FILE), (min(nb * -(-S // QT), 1 << 20), 1, 1),
+                        (TILED_BLOCK, 1, 1), args, shared_mem=4 * (QT * D + KT * (D + 1) + KT * Dv))
+        return
     block = 128 if max(Skv, Dv) > 64 else 64
     launcher.launch(KernelSource(f"attention_{code}", FILE), (min(nb * S, 1 << 20), 1, 1), (block, 1, 1), args,
                     shared_mem=(8 if wide else 4) * (D + Skv))

@@ -94,3 +94,48 @@ def test_float64_attention_launches_the_double_kernel_with_a_double_scale_and_wi
     ((name, args, shared),) = launches
     assert name == "attention_f64" and shared == 8 * (16 + 6)
     assert args[-2] == 0.5 and args[-2].dtype == np.float64
+
+
+# ---- the tiled kernel (float/half, D and Dv <= 128) and its fallback to the simple one ----------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q,k,v", [((2, 3, 37, 64), (2, 3, 70, 64), (2, 3, 70, 48)),   # ragged query and key tiles
+                                   ((1, 2, 16, 128), (1, 2, 32, 128), (1, 2, 32, 128)),  # largest tiled head
+                                   ((2, 5, 160), (2, 9, 160), (2, 9, 130))])              # wider: simple kernel
+def test_attention_tiles_and_fallback_match_reference(q, k, v):
+    mask = rng.uniform(-4, 0, (q[-2], k[-2])).astype(np.float32)
+    check(attn("QKVM", {"scale": 0.2}), {"Q": rand(*q), "K": rand(*k), "V": rand(*v), "M": mask}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("nan_to_zero", [0, 1])
+def test_fully_masked_rows_are_nan_or_zero_like_the_reference(dtype, nan_to_zero):
+    keep = rng.random((40, 45)) > 0.4
+    keep[:, 0] = True
+    keep[[3, 17, 39]] = False  # rows with no key at all: softmax of all -inf
+    feeds = {"Q": rand(2, 40, 32, dtype=dtype), "K": rand(2, 45, 32, dtype=dtype), "V": rand(2, 45, 20, dtype=dtype),
+             "M": keep}
+    tol = {"rtol": 5e-3, "atol": 5e-3} if dtype == np.float16 else {"rtol": 1e-4, "atol": 1e-5}
+    got = check(attn("QKVM", {"nan_probs_to_zero": nan_to_zero}, precision="fp16" if dtype == np.float16 else "fp32"),
+                feeds, **tol)["Y"]
+    assert np.isnan(got[:, [3, 17, 39]]).all() != bool(nan_to_zero)
+    assert not np.isnan(np.delete(got, [3, 17, 39], axis=1)).any()
+
+
+def test_float_attention_with_small_heads_launches_the_tiled_kernel():
+    from polykit.kernels.cuda.attention import enqueue_attention
+    from polykit.kernels.cuda.base import DeviceTensor
+
+    launches = []
+
+    class Recorder:
+        def launch(self, kernel, grid, block, args, shared_mem=0):
+            launches.append((kernel.name, tuple(grid), tuple(block), shared_mem))
+
+    for d, dv in ((64, 64), (160, 64)):
+        t = {n: DeviceTensor(4096, s, np.dtype(np.float16)) for n, s in
+             (("Q", (3, 37, d)), ("K", (3, 50, d)), ("V", (3, 50, dv)), ("Y", (3, 37, dv)))}
+        enqueue_attention(attn("QKV"), Recorder(), t)
+    assert launches[0] == ("attention_tiled_f16", (3 * 3, 1, 1), (128, 1, 1), 4 * (16 * 64 + 32 * 65 + 32 * 64))
+    assert launches[1][0] == "attention_f16"
