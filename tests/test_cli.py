@@ -120,6 +120,33 @@ def test_json_report_is_machine_readable(capsys, bad_mlp, reference):
     assert failed == {"logits", "probs"}
 
 
+def test_profile_lists_every_engine_layer_with_its_tactic(capsys):
+    assert cli("run", MLP, "--trt", "--onnxrt", "--target", "cpu", "--profile", "--iterations", "3") == 0
+    out = capsys.readouterr().out
+    assert "trt per-layer profile" in out and "median of 3 run(s)" in out
+    for layer, kind in (("fc1", "Gemm"), ("fc2", "Gemm"), ("softmax", "Softmax")):
+        assert any(layer in line and kind in line and "cpu.reference" in line for line in out.splitlines()), layer
+
+
+def test_profile_json_has_per_layer_medians_and_tactic_totals(capsys):
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    assert cli("run", MLP, "--trt", "--target", "cpu", "--profile", "--iterations", "2", "--warm-up", "1", "--json") == 0
+    prof = json.loads(capsys.readouterr().out)["profile"]["trt"]
+    names = {layer.name for layer in build_plan(MLP, BuilderConfig(target="cpu")).layers}
+    assert {row["name"] for row in prof["layers"]} == names
+    assert prof["runs"] == 3  # the warm-up run is profiled too
+    assert [row["ms"] for row in prof["layers"]] == sorted((row["ms"] for row in prof["layers"]), reverse=True)
+    assert abs(sum(row["share"] for row in prof["layers"]) - 1.0) < 1e-9
+    assert prof["tactics"][0]["layers"] == len(names) and prof["tactics"][0]["ms"] == pytest.approx(prof["total_ms"])
+
+
+def test_profile_without_the_engine_says_so(capsys):
+    assert cli("run", MLP, "--onnxrt", "--profile") == 0
+    assert "no polykit engine ran" in capsys.readouterr().out
+
+
 def test_global_atol_makes_perturbed_model_pass(bad_mlp, reference):
     assert cli("run", bad_mlp, "--trt", "--target", "cpu", "--atol", "0.5", *reference) == 0
 

@@ -36,6 +36,8 @@ class RunnerRequest:
     mark_all: bool = False
     fold_constants: bool = True
     save_engine: str | None = None
+    #: polykit's engine records per-layer times (ExecutionContext profile) on every run
+    profile: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -23,7 +23,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
         plan = SaveEngine(plan, request.save_engine)
-    return PolykitRunner(EngineFromPlan(plan), name="trt")
+    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile)
 
 
 def make_onnxrt_runner(request: RunnerRequest) -> BaseRunner:

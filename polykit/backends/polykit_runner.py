@@ -13,14 +13,21 @@ from polykit.backends.base import BaseRunner, TensorMeta, resolve
 
 
 class PolykitRunner(BaseRunner):
-    """Runs a polykit Engine. An engine the runner loaded itself is closed on deactivate."""
+    """Runs a polykit Engine. An engine the runner loaded itself is closed on deactivate.
 
-    def __init__(self, engine: Any, name: str = "trt"):
+    With `profile=True` the context times every layer; `layer_times` keeps one profile per
+    run ([(layer, ms)], warm-ups included) and `layers` the plan's layers, both kept after
+    deactivation for polykit.tools.profile_report."""
+
+    def __init__(self, engine: Any, name: str = "trt", profile: bool = False):
         super().__init__(name)
         self._engine_arg = engine
         self.engine: Any = None
         self.context: Any = None
         self._owns_engine = False
+        self.profile = profile
+        self.layer_times: list[list[tuple[str, float]]] = []
+        self.layers: list[Any] = []
 
     def activate_impl(self) -> None:
         self._owns_engine = callable(self._engine_arg)
@@ -30,7 +37,8 @@ class PolykitRunner(BaseRunner):
 
             self.engine = EngineFromPlan(self.engine)()
             self._owns_engine = True
-        self.context = self.engine.create_execution_context()
+        self.context = self.engine.create_execution_context(**({"profile": True} if self.profile else {}))
+        self.layers = list(getattr(getattr(self.engine, "plan", None), "layers", []))
 
     def deactivate_impl(self) -> None:
         try:
@@ -49,4 +57,7 @@ class PolykitRunner(BaseRunner):
         }
 
     def infer_impl(self, feed_dict: dict[str, Any]) -> dict[str, Any]:
-        return self.context.execute(feed_dict)
+        out = self.context.execute(feed_dict)
+        if self.profile:
+            self.layer_times.append(self.context.profile)
+        return out

@@ -74,6 +74,8 @@ def run(
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
     warm_up: int = typer.Option(0, "--warm-up", help="untimed runs before the timed ones"),
+    profile: bool = typer.Option(False, "--profile", help="time every layer of polykit's engine (CUDA events on cuda)"),
+    profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
 ) -> int:
     from rich.console import Console
@@ -102,6 +104,7 @@ def run(
     request = RunnerRequest(
         model=model, target=resolve_target(target, runner), fp16=fp16, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
+        profile=profile,
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
@@ -116,11 +119,29 @@ def run(
         results_io.save_feeds(save_inputs, results.feeds)
     if save_outputs:
         results_io.save_outputs(save_outputs, {k: v for k, v in results.outputs.items() if k not in reference})
+    profiles = _profiles(runners) if profile else {}
     if as_json:
-        typer.echo(json.dumps(to_json(report, results), indent=2))
+        doc = to_json(report, results)
+        if profile:
+            doc["profile"] = {name: summary.to_json() for name, summary in profiles.items()}
+        typer.echo(json.dumps(doc, indent=2))
     else:
-        render(Console(highlight=False), report, results)
+        console = Console(highlight=False)
+        render(console, report, results)
+        if profile and not profiles:
+            console.print("--profile: no polykit engine ran (add --trt)")
+        for name, summary in profiles.items():
+            from polykit.tools.profile_report import render as render_profile
+
+            render_profile(console, f"{name} per-layer profile", summary, top=profile_top)
     return 0 if report.passed else 1
+
+
+def _profiles(runners) -> dict:
+    """Per-layer profile summaries of the runners that recorded any (polykit's engine)."""
+    from polykit.tools.profile_report import summarize
+
+    return {r.name: summarize(r.layer_times, r.layers) for r in runners if getattr(r, "layer_times", None)}
 
 
 def register(app: typer.Typer) -> None:
