@@ -58,3 +58,10 @@ def test_launch_tiled_without_a_split_passes_one_and_a_null_partial():
     assert launch_tiled(L, kernel, "conv_splitk_reduce", 256, 32 * 3136, 576, 1, [], []) == 1
     assert L.launches == [("conv_igemm_mma", (784, 2, 1), [1, 0])]
     assert L.requested == []
+
+
+def test_launch_tiled_does_not_split_when_the_launcher_has_no_scratch_memory():
+    kernel = KernelSource("gemm_simt", file="gemm.cu", defines=(("ELEM", "float"),))
+    L = RecordingLauncher(workspace_ptr=0)
+    assert launch_tiled(L, kernel, "gemm_splitk_reduce", 20, 45, 2000, 1, ["a"], []) == 1
+    assert L.launches == [("gemm_simt", (1, 1, 1), ["a", 1, 0])]
