@@ -243,7 +243,9 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
     kernels: dict[str, list] = {}
     for layer in layers:
         layer = replace(layer, in_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.inputs),
-                        out_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.outputs))
+                        out_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.outputs),
+                        in_shapes=tuple(tensors[n].shape if n else () for n in layer.inputs),
+                        out_shapes=tuple(tensors[n].shape if n else () for n in layer.outputs))
         # fp16 builds: the optimizer made float tensors float16 (passes.convert_to_fp16)
         is_half = cfg.fp16 and layer_runs_in_half(layer.kind, layer.domain, layer.inputs, layer.outputs,
                                                   lambda n: tensors[n].dtype if n in tensors else None)

@@ -41,6 +41,8 @@ class LayerDesc:
     omitted optional input), stamped by the builder before tactic selection so a tactic can
     refuse dtypes it has no kernel for at build time and compile exactly the kernels the
     plan needs; empty for layers built by hand (tests), where tactics must not rely on them.
+    `in_shapes`/`out_shapes` likewise (() for an omitted input), so a tactic can refuse
+    shapes its kernel cannot take (alignment, sizes) at build time.
     """
 
     name: str
@@ -55,3 +57,5 @@ class LayerDesc:
     fused_nodes: tuple[str, ...] = ()
     in_dtypes: tuple[str, ...] = ()
     out_dtypes: tuple[str, ...] = ()
+    in_shapes: tuple[tuple[int, ...], ...] = ()
+    out_shapes: tuple[tuple[int, ...], ...] = ()

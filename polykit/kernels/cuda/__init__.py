@@ -6,6 +6,9 @@ Importing this package imports every family module here, which registers its tac
 import importlib
 import pkgutil
 
+#: modules here that are not kernel families (no tactics, no compile variants)
+NOT_FAMILIES = frozenset({"base", "wgmma_header"})
+
 for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _mod != "base":
+    if _mod not in NOT_FAMILIES:
         importlib.import_module(f"{__name__}.{_mod}")

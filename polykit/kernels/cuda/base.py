@@ -33,6 +33,9 @@ class KernelSource:
     file: str | None = None
     code: str | None = None
     defines: tuple[tuple[str, str], ...] = ()
+    #: the exact architecture to compile for ("sm_90a" for wgmma / setmaxnreg kernels, which
+    #: run only on compute capability 9.0); "" compiles for the device's own arch
+    arch: str = ""
 
     def render(self) -> str:
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
@@ -45,11 +48,15 @@ class KernelSource:
         return _source_key(self)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "file": self.file, "code": self.code, "defines": [list(d) for d in self.defines]}
+        out = {"name": self.name, "file": self.file, "code": self.code, "defines": [list(d) for d in self.defines]}
+        if self.arch:
+            out["arch"] = self.arch
+        return out
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
-        return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])))
+        return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])),
+                            d.get("arch", ""))
 
 
 def pack_kernel_table(per_layer: Mapping[str, Sequence[KernelSource]]) -> dict[str, Any]:
@@ -113,6 +120,19 @@ def inline_includes(text: str, _seen: set[str] | None = None) -> str:
 def defines(**kv: Any) -> tuple[tuple[str, str], ...]:
     """Sorted (name, value) pairs for KernelSource.defines."""
     return tuple(sorted((k, str(v)) for k, v in kv.items()))
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """A TMA tensor map (CUtensorMap) passed by value as a kernel argument: the launcher
+    encodes it (cuTensorMapEncodeTiled) for `ptr`. Dims and boxes innermost first; `strides`
+    are the byte strides of dims 1.. (dim 0 is contiguous); swizzle is 128 bytes."""
+
+    ptr: int
+    dtype: np.dtype
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.nvrtc import compile_many
 
@@ -27,10 +27,45 @@ _CTYPES: dict[np.dtype, Any] = {
 }
 
 
+_TMA_DTYPES = {np.dtype(np.float16): "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+               np.dtype(np.float32): "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+
+
+#: a CUtensorMap as the kernel parameter receives it (128 bytes; the driver copies it into
+#: the parameter buffer, where the kernel's __grid_constant__ declaration aligns it)
+_TensorMapArg = ctypes.c_uint64 * 16
+
+
+def encode_tensor_map(spec: TensorMapSpec) -> Any:
+    """cuTensorMapEncodeTiled for `spec` (128-byte swizzle, zero fill out of bounds)."""
+    d = driver.drv()
+    dtype = np.dtype(spec.dtype)
+    if dtype.name == "bfloat16":
+        code = d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    elif dtype in _TMA_DTYPES:
+        code = getattr(d.CUtensorMapDataType, _TMA_DTYPES[dtype])
+    else:
+        raise DeviceError(f"no TMA data type for {dtype}")
+    rank = len(spec.dims)
+    tmap = driver.call(
+        "cuTensorMapEncodeTiled", code, rank, spec.ptr, [d.cuuint64_t(int(x)) for x in spec.dims],
+        [d.cuuint64_t(int(x)) for x in spec.strides], [d.cuuint32_t(int(x)) for x in spec.box],
+        [d.cuuint32_t(1)] * rank, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        what=f"encode a TMA tensor map (dims {spec.dims}, box {spec.box})")
+    out = _TensorMapArg()
+    ctypes.memmove(ctypes.addressof(out), int(tmap.getPtr()), 128)
+    return out
+
+
 def pack_arg(arg: Any) -> Any:
     """A ctypes value for one kernel argument (see Launcher.launch for the rules)."""
     if isinstance(arg, DeviceTensor):
         return ctypes.c_uint64(arg.ptr)
+    if isinstance(arg, TensorMapSpec):
+        return encode_tensor_map(arg)
     if isinstance(arg, np.generic):
         if arg.dtype == np.float16:
             return ctypes.c_uint16(int(arg.view(np.uint16)))

@@ -56,9 +56,14 @@ def cache_dir() -> Path:
     return Path(xdg) / "polykit" / "kernels"
 
 
+def unit_arch(source: KernelSource, arch: str) -> str:
+    """The arch `source` compiles for on a device of `arch` (its own, when it names one)."""
+    return source.arch or arch
+
+
 def cache_key(source: KernelSource, arch: str) -> str:
     h = hashlib.sha256()
-    for part in (source.render(), headers_digest(), repr(BASE_OPTIONS), nvrtc_version(), arch):
+    for part in (source.render(), headers_digest(), repr(BASE_OPTIONS), nvrtc_version(), unit_arch(source, arch)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:32]
 
@@ -75,6 +80,7 @@ def compile_source(source: KernelSource, arch: str) -> bytes:
     from cuda.core import Program
 
     label = source.file or f"{source.name}.cu"
+    arch = unit_arch(source, arch)
     try:
         program = Program(source.render(), "c++", _program_options(arch, label))
         obj = program.compile("cubin")

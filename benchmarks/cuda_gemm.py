@@ -1,0 +1,145 @@
+"""Time polykit's GEMM tactics against torch.matmul, shape by shape, in one process.
+
+    PYTHONPATH=. python3 benchmarks/cuda_gemm.py [--shapes bert,square] [--dtype fp16] [--out gemm.json]
+
+For each (M, N, K) and B layout ("kn": MatMul with B [K, N]; "nk": Gemm transB with B [N, K])
+it runs every cuda GEMM tactic that supports the layer (outputs checked against torch.matmul
+in fp32: relative error printed) and times it with CUDA events (warm-up, then the median of
+--iters runs, inputs rotated over 3 buffer sets so L2 does not hold them), then torch.matmul on
+the same operands (torch's own layout for B). Prints TFLOP/s per tactic, the best tactic and
+its ratio to torch; writes JSON with date, device, commit and torch version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    "square": [(4096, 4096, 4096), (8192, 8192, 8192)],
+    # BERT-base, seq 128: batch 8 (M = 1024) and batch 1 (M = 128); Q/K/V/out, FFN1, FFN2
+    "bert": [(1024, 768, 768), (1024, 3072, 768), (1024, 768, 3072), (128, 768, 768), (128, 3072, 768),
+             (128, 768, 3072)],
+    "odd": [(1000, 1000, 1000), (77, 264, 72)],
+}
+
+
+def time_events(fn, torch, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn(0)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list[dict]:
+    from dataclasses import replace
+
+    from polykit.compiler.plan_records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import candidates
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    info = driver.current_device()
+    npd = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    sets = [(torch.randn(M, K, device="cuda").to(dtype),
+             torch.randn(*((K, N) if layout == "kn" else (N, K)), device="cuda").to(dtype)) for _ in range(3)]
+    y = torch.empty(M, N, device="cuda", dtype=dtype)
+    if layout == "kn":
+        layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), precision="fp16")
+    else:
+        layer = LayerDesc("mm", "Gemm", ("A", "B"), ("Y",), {"transB": 1}, precision="fp16")
+    layer = replace(layer, in_dtypes=(npd, npd), out_dtypes=(npd,), in_shapes=(tuple(sets[0][0].shape),
+                    tuple(sets[0][1].shape)), out_shapes=((M, N),))
+    flops = 2.0 * M * N * K
+    stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+    rows = []
+    ref = sets[0][0].float() @ (sets[0][1].float() if layout == "kn" else sets[0][1].float().T)
+    workspace = []
+
+    def take(nbytes: int) -> int:
+        workspace.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return workspace[-1].data_ptr()
+
+    for tactic in candidates("cuda", layer.kind, layer):
+        modules = KernelModules(info.arch)
+        try:
+            modules.load(tactic.kernels(layer))
+            launcher = CudaLauncher(modules, stream, take, "mm", sm_count=info.sm_count)
+            tensors = [{"A": DeviceTensor(a.data_ptr(), tuple(a.shape), np.dtype(npd)),
+                        "B": DeviceTensor(b.data_ptr(), tuple(b.shape), np.dtype(npd)),
+                        "Y": DeviceTensor(y.data_ptr(), (M, N), np.dtype(npd))} for a, b in sets]
+            y.fill_(float("nan"))
+            tactic.enqueue(layer, launcher, tensors[0])
+            torch.cuda.synchronize()
+            rel = float((y.float() - ref).norm() / ref.norm())
+            ms = time_events(lambda i: tactic.enqueue(layer, launcher, tensors[i % 3]), torch, args.warmup, args.iters)
+            rows.append({"tactic": tactic.name, "ms": ms, "tflops": flops / ms / 1e9, "rel_err": rel})
+        except Exception as exc:  # one failing tactic must not hide the others
+            rows.append({"tactic": tactic.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        finally:
+            torch.cuda.synchronize()
+            modules.close()
+            workspace.clear()
+    if layout == "kn":
+        tms = time_events(lambda i: torch.matmul(sets[i % 3][0], sets[i % 3][1], out=y), torch, args.warmup, args.iters)
+    else:
+        tms = time_events(lambda i: torch.matmul(sets[i % 3][0], sets[i % 3][1].T, out=y), torch, args.warmup,
+                          args.iters)
+    rows.append({"tactic": "torch.matmul", "ms": tms, "tflops": flops / tms / 1e9, "rel_err": 0.0})
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="square,bert")
+    parser.add_argument("--layouts", default="kn,nk")
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default="cuda_gemm.json")
+    args = parser.parse_args()
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    results = []
+    for group in args.shapes.split(","):
+        for M, N, K in SHAPES[group]:
+            for layout in args.layouts.split(","):
+                rows = bench_shape(M, N, K, layout, dtype, torch, args)
+                results.append({"M": M, "N": N, "K": K, "layout": layout, "rows": rows})
+                ok = [r for r in rows if "ms" in r and r["tactic"] != "torch.matmul"]
+                torch_row = rows[-1]
+                best = min(ok, key=lambda r: r["ms"]) if ok else None
+                print(f"== {M}x{N}x{K} {layout} {args.dtype}: torch {torch_row['ms']:.4f} ms "
+                      f"{torch_row['tflops']:.0f} TFLOP/s" + (f"; best {best['tactic']} {best['ms']:.4f} ms "
+                      f"{best['tflops']:.0f} TFLOP/s = {best['tflops'] / torch_row['tflops']:.2f}x torch" if best else ""),
+                      flush=True)
+                for r in rows[:-1]:
+                    if "error" in r:
+                        print(f"   {r['tactic']:26} ERROR {r['error'][:160]}")
+                    else:
+                        print(f"   {r['tactic']:26} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s rel {r['rel_err']:.1e}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+            "torch": torch.__version__, "dtype": args.dtype}
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""GEMM on Hopper tensor cores (gemm_sm90.cu): wgmma + TMA, warp-specialized, persistent.
+
+Tactics `cuda.gemm.sm90_<BM>x<BN>` (kinds MatMul and Gemm, GPUs of compute capability 9.0)
+for layers whose A, B (and C, Y) are all float16 or all bfloat16 with TMA-friendly
+geometry: A row-major with K % 8 == 0 (16-byte rows), B [K, N] with N % 8 == 0 or a
+transposed Gemm B [N, K] with K % 8 == 0, no transA, batch dims that are either absent on B
+(folded into M) or the same on both operands (or absent on A). Other GEMMs keep the mma.sync
+and SIMT tactics (gemm.py). The tile parameters below are the one source of each kernel's
+shape: they become the kernel's defines and its launch geometry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
+
+FILE = "gemm_sm90.cu"
+#: storage dtype -> the kernel's ELEM type
+ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
+BK = 64  # K depth of a stage: one 128-byte swizzle row of 16-bit elements
+
+
+@dataclass(frozen=True)
+class Sm90Tile:
+    """One tile configuration: `consumers` warpgroups of `msub` x 64 rows by `bn` columns."""
+
+    msub: int
+    consumers: int
+    bn: int
+    stages: int
+
+    @property
+    def bm(self) -> int:
+        return 64 * self.msub * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def smem(self) -> int:
+        """Dynamic shared memory: 1 KiB alignment slack, the stages, two mbarriers a stage."""
+        return 1024 + self.stages * (self.bm + self.bn) * 2 * BK + 16 * self.stages
+
+    @property
+    def label(self) -> str:
+        return f"{self.bm}x{self.bn}"
+
+    def defines(self, b_mn: bool) -> tuple[tuple[str, str], ...]:
+        return defines(MSUB=self.msub, CONSUMERS=self.consumers, BN=self.bn, STAGES=self.stages, B_MN=int(b_mn))
+
+
+#: tile configurations, in the order a build without timing prefers them
+TILES = (Sm90Tile(1, 2, 128, 6), Sm90Tile(1, 2, 256, 4), Sm90Tile(2, 2, 128, 4), Sm90Tile(1, 1, 128, 8),
+         Sm90Tile(1, 2, 64, 8), Sm90Tile(1, 1, 64, 8))
+
+
+@dataclass(frozen=True)
+class Sm90Gemm:
+    """A GEMM as the sm90 kernel runs it: Y (items, M, N) = A (items_a, M, K) x B, where B is
+    (items_b, K, N) when `b_mn`, else (items_b, N, K); an operand with one item is shared."""
+
+    M: int
+    N: int
+    K: int
+    items: int
+    a_items: int
+    b_items: int
+    b_mn: bool
+    c_strides: tuple[int, int] = (0, 0)
+
+
+def plan_gemm(kind: str, attrs: Mapping[str, Any], a: Sequence[int], b: Sequence[int],
+              c: Sequence[int] | None = None) -> Sm90Gemm | None:
+    """The sm90 geometry of a MatMul / Gemm with operand shapes a, b (c: Gemm's C), or None
+    when the kernel cannot take it (then another tactic runs the layer)."""
+    if kind == "Gemm":
+        if len(a) != 2 or len(b) != 2 or int(attrs.get("transA", 0)):
+            return None
+        b_mn = not int(attrs.get("transB", 0))
+        M, K = a
+        N = b[1] if b_mn else b[0]
+        if (b[0] if b_mn else b[1]) != K:
+            return None
+        scm = scn = 0
+        if c is not None and len(c) >= 1:
+            scn = 1 if c[-1] > 1 else 0
+            if len(c) == 2:
+                scm = c[1] if c[0] > 1 else 0
+        geo = Sm90Gemm(M, N, K, 1, 1, 1, b_mn, (scm, scn))
+    elif kind == "MatMul":
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            return None
+        M, K, N = a[-2], a[-1], b[-1]
+        a_batch, b_batch = tuple(a[:-2]), tuple(b[:-2])
+        na, nb = int(np.prod(a_batch, dtype=np.int64)), int(np.prod(b_batch, dtype=np.int64))
+        if nb == 1:  # B shared by every item: fold A's batch into M
+            geo = Sm90Gemm(M * na, N, K, 1, 1, 1, True)
+        elif na == 1:
+            geo = Sm90Gemm(M, N, K, nb, 1, nb, True)
+        elif a_batch == b_batch:
+            geo = Sm90Gemm(M, N, K, na, na, nb, True)
+        else:
+            return None
+    else:
+        return None
+    if min(geo.M, geo.N, geo.K) <= 0 or geo.K % 8 or (geo.b_mn and geo.N % 8):
+        return None
+    if max(geo.M, geo.N, geo.K) >= 2**31 or geo.items >= 2**31:
+        return None
+    return geo
+
+
+def tensor_maps(geo: Sm90Gemm, tile: Sm90Tile, a: DeviceTensor, b: DeviceTensor) -> tuple[TensorMapSpec, TensorMapSpec]:
+    """TMA maps of A (box 64 K x BM rows) and B (box 64 x 64 MN-major, or 64 K x BN rows)."""
+    es = np.dtype(a.dtype).itemsize
+    tm_a = TensorMapSpec(a.ptr, a.dtype, (geo.K, geo.M, geo.a_items), (geo.K * es, geo.M * geo.K * es),
+                         (BK, tile.bm, 1))
+    if geo.b_mn:
+        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.N, geo.K, geo.b_items), (geo.N * es, geo.K * geo.N * es), (64, BK, 1))
+    else:
+        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.K, geo.N, geo.b_items), (geo.K * es, geo.N * geo.K * es),
+                             (BK, tile.bn, 1))
+    return tm_a, tm_b
+
+
+def tile_count(geo: Sm90Gemm, tile: Sm90Tile) -> int:
+    return -(-geo.M // tile.bm) * -(-geo.N // tile.bn) * geo.items
+
+
+def _layer_geometry(layer: Any) -> Sm90Gemm | None:
+    shapes = getattr(layer, "in_shapes", ())
+    if len(shapes) < 2:
+        return None
+    c = shapes[2] if layer.kind == "Gemm" and len(shapes) > 2 and layer.inputs[2] else None
+    return plan_gemm(layer.kind, layer.attrs, shapes[0], shapes[1], c)
+
+
+def _storage(layer: Any) -> str | None:
+    """The one 16-bit storage dtype of the layer's GEMM operands and output, else None."""
+    dtypes = getattr(layer, "in_dtypes", ())
+    outs = getattr(layer, "out_dtypes", ())
+    if not dtypes or not outs:
+        return None
+    n = 3 if layer.kind == "Gemm" else 2
+    used = {d for d in tuple(dtypes[:n]) + tuple(outs[:1]) if d}
+    return next(iter(used)) if len(used) == 1 and next(iter(used)) in ELEMS else None
+
+
+def on_sm90() -> bool:
+    """Whether the build's GPU is compute capability 9.0 (sm_90a kernels run only there)."""
+    try:
+        from polykit.runtime.cuda import driver
+
+        return driver.is_available() and driver.current_device().arch == "sm_90"
+    except Exception:  # no driver, no GPU: not this tactic
+        return False
+
+
+def _supports(layer: Any) -> bool:
+    return (_storage(layer) is not None and _layer_geometry(layer) is not None and supports_epilogue(layer)
+            and on_sm90())
+
+
+def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool) -> KernelSource:
+    """The layer's kernel: the .cu with the tile's defines, plus its epilogue when it has one."""
+    if has_epilogue(layer):
+        return KernelSource("gemm_sm90", code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
+                            defines=tile.defines(b_mn), arch="sm_90a")
+    return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn), arch="sm_90a")
+
+
+def _kernels(tile: Sm90Tile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        geo = _layer_geometry(layer)
+        return [kernel_for(layer, tile, ELEMS[_storage(layer)], geo.b_mn)]
+
+    return kernels
+
+
+def _enqueue(tile: Sm90Tile):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+        C = tensors.get(layer.inputs[2]) if layer.kind == "Gemm" and len(layer.inputs) > 2 and layer.inputs[2] else None
+        geo = plan_gemm(layer.kind, layer.attrs, A.shape, B.shape, C.shape if C is not None else None)
+        if geo is None:
+            raise ValueError(f"shapes {A.shape} x {B.shape} do not fit the sm90 GEMM kernel")
+        elem = ELEMS[np.dtype(Y.dtype).name]
+        tm_a, tm_b = tensor_maps(geo, tile, A, B)
+        alpha = float(layer.attrs.get("alpha", 1.0)) if layer.kind == "Gemm" else 1.0
+        beta = float(layer.attrs.get("beta", 1.0)) if layer.kind == "Gemm" else 0.0
+        grid = min(tile_count(geo, tile), launcher.sm_count)
+        args = [tm_a, tm_b, C if C is not None else 0, Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
+                np.float32(alpha), np.float32(beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1)]
+        launcher.launch(kernel_for(layer, tile, elem, geo.b_mn), (grid,), (tile.threads,),
+                        args + epilogue_args(layer, tensors, Y.dtype), shared_mem=tile.smem)
+
+    return enqueue
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every tile with both B layouts for fp16, and the default tile for bf16 (CI: sm_90a)."""
+    out = [KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(b_mn), arch="sm_90a")
+           for t in TILES for b_mn in (True, False)]
+    out.append(KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="bf16_t") + TILES[0].defines(True),
+                            arch="sm_90a"))
+    return out
+
+
+for _rank, _tile in enumerate(TILES):
+    for _kind in ("MatMul", "Gemm"):
+        cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
+                    priority=30 - _rank,
+                    params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
+                            "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))

@@ -1,0 +1,119 @@
+// Hopper (sm_90a) building blocks of the tensor-core GEMM / implicit-GEMM kernels:
+// mbarriers, TMA tile loads, shared-memory matrix descriptors, register hand-off and the
+// consumer side of the stage pipeline (wgmma over one stage of A and B tiles).
+//
+// Shared-memory tile formats (both 128-byte swizzled, every tile 1024-byte aligned):
+//   K-major  (A always, B when it is [N, K]): row r of the tile (an M or N index) holds 64
+//            consecutive K elements = 128 bytes; 16-byte chunk c of row r sits at chunk
+//            c ^ (r % 8). TMA with CU_TENSOR_MAP_SWIZZLE_128B and box {64, rows} writes it.
+//   MN-major (B when it is [K, N]): the tile is BN/64 boxes of {64 N, 64 K}; row k of a box
+//            holds 64 consecutive N elements (same swizzle); box j sits at j * 8 KB.
+// Descriptor fields (PTX ISA "matrix descriptor"): start >> 4 (bits 0-13), leading byte
+// offset >> 4 (16-29), stride byte offset >> 4 (32-45), swizzle mode (62-63; 1 = 128 B).
+#pragma once
+#include "wgmma.cuh"
+
+struct __align__(64) TmaDesc {
+  u64 v[16];
+};
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// ---- mbarriers -------------------------------------------------------------------------
+__device__ __forceinline__ void bar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void bar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void bar_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// wait until the phase with parity `parity` of the barrier has completed
+__device__ __forceinline__ void bar_wait(u64* bar, u32 parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// cp.async (16-byte) completion tracked by the barrier: one pending arrive per thread
+__device__ __forceinline__ void bar_arrive_cp_async(u64* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// ---- TMA -------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
+}
+// box at element coordinates (c0 innermost, c1, c2) of a 3-D tensor map -> dst, counted on bar
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, u64* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(smem_addr(dst)), "l"((u64)map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// ---- cp.async (implicit-GEMM producers) ------------------------------------------------
+// 16 bytes global -> shared; `valid` false writes zeros (padding, out-of-range rows)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// ---- descriptors and wgmma ordering -----------------------------------------------------
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// keep the compiler from moving accumulator reads/writes across the async wgmma
+template <int R>
+__device__ __forceinline__ void fence_regs(float* d) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int REGS>
+__device__ __forceinline__ void set_max_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void set_max_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS)); }
+
+// ---- consumer: one stage of wgmma ----------------------------------------------------------
+// Warpgroup tile: WSUB x 64 rows (rows `row0 + s*64 ..`) by WN columns; the stage holds A
+// (K-major rows) at `a` and B (WN rows K-major, or MN-major boxes when MN_B) at `b`, 64 K deep.
+// `first` zeroes the accumulators (scale_d 0 on the first k step).
+template <int WN, int WSUB, int MN_B, class T>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[WSUB][WN / 2], u32 a, u32 b, int row0, bool first) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const u64 db = MN_B ? smem_desc(b + kk * 2048, 8192, 1024) : smem_desc(b + kk * 32, 16, 1024);
+#pragma unroll
+    for (int s = 0; s < WSUB; ++s) {
+      const u64 da = smem_desc(a + (row0 + s * 64) * 128 + kk * 32, 16, 1024);
+      Wgmma<WN, T>::template run<MN_B>(acc[s], da, db, (first && kk == 0) ? 0 : 1);
+    }
+  }
+}
+
+// Linear tile index -> (item, tile row, tile column), GROUP tile rows at a time so that
+// neighbouring blocks share A and B tiles in L2.
+struct TileIdx {
+  int z, tm, tn;
+};
+__device__ __forceinline__ TileIdx tile_of(int t, int tiles_m, int tiles_n, int group) {
+  const int per_item = tiles_m * tiles_n;
+  TileIdx r;
+  r.z = t / per_item;
+  t -= r.z * per_item;
+  const int width = group * tiles_n;
+  const int first_m = (t / width) * group;
+  const int gm = min(group, tiles_m - first_m);
+  const int in = t % width;
+  r.tm = first_m + in % gm;
+  r.tn = in / gm;
+  return r;
+}
