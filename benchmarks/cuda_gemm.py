@@ -4,9 +4,10 @@
 
 For each (M, N, K) and B layout ("kn": MatMul with B [K, N]; "nk": Gemm transB with B [N, K])
 it runs every cuda GEMM tactic that supports the layer (outputs checked against torch.matmul
-in fp32: relative error printed) and times it with CUDA events (warm-up, then the median of
---iters runs, inputs rotated over 3 buffer sets so L2 does not hold them), then torch.matmul on
-the same operands (torch's own layout for B). Prints TFLOP/s per tactic, the best tactic and
+in fp32: relative error printed) and times it as the engine runs it: three calls (inputs
+rotated over 3 buffer sets so L2 does not hold them) captured in a CUDA graph, the replay timed
+with CUDA events (warm-up, then the median of --iters replays, divided by 3); torch.matmul on the
+same operands (torch's own layout for B) is timed the same way. Prints TFLOP/s per tactic, the best tactic and
 its ratio to torch; writes JSON with date, device, commit and torch version.
 """
 
@@ -30,18 +31,25 @@ SHAPES = {
 }
 
 
-def time_events(fn, torch, warmup: int, iters: int) -> float:
+def time_graph(fn, torch, warmup: int, iters: int) -> float:
+    """Median ms of one fn(i) call: fn(0), fn(1), fn(2) captured in one CUDA graph and replayed."""
+    fn(0)  # eager once (module loads, lazy init) before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(3):
+            fn(i)
     for _ in range(warmup):
-        fn(0)
+        graph.replay()
     torch.cuda.synchronize()
     times = []
-    for i in range(iters):
+    for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(i)
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / 3)
     return statistics.median(times)
 
 
@@ -66,7 +74,6 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list
     layer = replace(layer, in_dtypes=(npd, npd), out_dtypes=(npd,), in_shapes=(tuple(sets[0][0].shape),
                     tuple(sets[0][1].shape)), out_shapes=((M, N),))
     flops = 2.0 * M * N * K
-    stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
     rows = []
     ref = sets[0][0].float() @ (sets[0][1].float() if layout == "kn" else sets[0][1].float().T)
     workspace = []
@@ -75,19 +82,25 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list
         workspace.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
         return workspace[-1].data_ptr()
 
+    wanted = [p for p in args.tactics.split(",") if p]
     for tactic in candidates("cuda", layer.kind, layer):
+        if wanted and not any(tactic.name.startswith(p) for p in wanted):
+            continue
         modules = KernelModules(info.arch)
         try:
             modules.load(tactic.kernels(layer))
-            launcher = CudaLauncher(modules, stream, take, "mm", sm_count=info.sm_count)
+            def launcher():  # on the current stream: the capture stream inside torch.cuda.graph
+                stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+                return CudaLauncher(modules, stream, take, "mm", sm_count=info.sm_count)
+
             tensors = [{"A": DeviceTensor(a.data_ptr(), tuple(a.shape), np.dtype(npd)),
                         "B": DeviceTensor(b.data_ptr(), tuple(b.shape), np.dtype(npd)),
                         "Y": DeviceTensor(y.data_ptr(), (M, N), np.dtype(npd))} for a, b in sets]
             y.fill_(float("nan"))
-            tactic.enqueue(layer, launcher, tensors[0])
+            tactic.enqueue(layer, launcher(), tensors[0])
             torch.cuda.synchronize()
             rel = float((y.float() - ref).norm() / ref.norm())
-            ms = time_events(lambda i: tactic.enqueue(layer, launcher, tensors[i % 3]), torch, args.warmup, args.iters)
+            ms = time_graph(lambda i: tactic.enqueue(layer, launcher(), tensors[i]), torch, args.warmup, args.iters)
             rows.append({"tactic": tactic.name, "ms": ms, "tflops": flops / ms / 1e9, "rel_err": rel})
         except Exception as exc:  # one failing tactic must not hide the others
             rows.append({"tactic": tactic.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -96,10 +109,9 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list
             modules.close()
             workspace.clear()
     if layout == "kn":
-        tms = time_events(lambda i: torch.matmul(sets[i % 3][0], sets[i % 3][1], out=y), torch, args.warmup, args.iters)
+        tms = time_graph(lambda i: torch.matmul(sets[i][0], sets[i][1], out=y), torch, args.warmup, args.iters)
     else:
-        tms = time_events(lambda i: torch.matmul(sets[i % 3][0], sets[i % 3][1].T, out=y), torch, args.warmup,
-                          args.iters)
+        tms = time_graph(lambda i: torch.matmul(sets[i][0], sets[i][1].T, out=y), torch, args.warmup, args.iters)
     rows.append({"tactic": "torch.matmul", "ms": tms, "tflops": flops / tms / 1e9, "rel_err": 0.0})
     return rows
 
@@ -113,6 +125,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--tactics", default="", help="comma-separated tactic name prefixes to time (default all)")
     parser.add_argument("--out", default="cuda_gemm.json")
     args = parser.parse_args()
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16

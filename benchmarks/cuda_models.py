@@ -1,4 +1,4 @@
-"""Time polykit's cuda target against PyTorch eager on ResNet-50 and BERT-base (random weights).
+"""Time polykit's cuda target against PyTorch eager and torch.compile on ResNet-50 and BERT-base.
 
 Run on a GPU machine with torch, torchvision and transformers installed:
 
@@ -9,7 +9,9 @@ For each model, batch size and precision (fp32, fp16) it exports the torch model
 outputs against torch (fp32: max abs / relative error reported), then times both sides with
 CUDA events: warm-up, then the median of `--iters` runs. polykit runs through
 ExecutionContext.enqueue on torch tensors (CUDA-graph replay, no host copies); torch runs
-eager under torch.inference_mode (fp16: model.half()). Prints a table and writes JSON.
+eager under torch.inference_mode (fp16: model.half()) and, with --compile, as
+torch.compile(mode="reduce-overhead") (its CUDA graphs) in the same process. Random weights,
+fixed seed. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -106,6 +108,14 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
             (lambda: dev_model(**torch_inputs).last_hidden_state)
         ref = call().float()
         torch_ms = time_cuda(call, torch, args.warmup, args.iters)
+        compile_ms = None
+        if args.compile:
+            compiled = torch.compile(dev_model, mode="reduce-overhead")
+            ccall = (lambda: compiled(torch_inputs["x"])) if name == "resnet50" else \
+                (lambda: compiled(**torch_inputs).last_hidden_state)
+            for _ in range(3):  # compile, record the graphs
+                ccall()
+            compile_ms = time_cuda(ccall, torch, args.warmup, args.iters)
     engine = Engine(plan)
     ctx = engine.create_execution_context()
     out_name = plan.outputs[0]
@@ -126,6 +136,7 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     engine.close()
     return {"model": name, "batch": batch, "precision": precision, "polykit_ms": round(polykit_ms, 3),
             "torch_eager_ms": round(torch_ms, 3), "speedup_vs_torch": round(torch_ms / polykit_ms, 3),
+            "torch_compile_ms": None if compile_ms is None else round(compile_ms, 3),
             "max_abs_err": float(err.max()), "rel_err": rel, "build_s": round(build_s, 1),
             "layers": len(plan.layers)}
 
@@ -208,31 +219,36 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print per-tactic totals and the N slowest layers of each case")
     parser.add_argument("--gemm", action="store_true", help="also time the GEMM kernels alone (4096^3)")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
+    parser.add_argument("--cases", default="", help="only these cases, e.g. bert:8:fp16,resnet50:32:fp16")
     args = parser.parse_args()
     if args.gemm:
         gemm_micro(torch)
     rows = []
-    for name in args.models.split(","):
-        for batch in CASES[name]:
-            for precision in args.precisions.split(","):
-                try:
-                    rows.append(bench_case(name, batch, precision, args, torch))
-                except Exception as exc:  # record and go on: one failing case must not hide the others
-                    rows.append({"model": name, "batch": batch, "precision": precision, "error": f"{type(exc).__name__}: {exc}"[:500]})
-                print(json.dumps(rows[-1]), flush=True)
+    todo = [(n, b, p) for n in args.models.split(",") for b in CASES[n] for p in args.precisions.split(",")]
+    if args.cases:
+        todo = [(n, int(b), p) for n, b, p in (c.split(":") for c in args.cases.split(","))]
+    for name, batch, precision in todo:
+        try:
+            rows.append(bench_case(name, batch, precision, args, torch))
+        except Exception as exc:  # record and go on: one failing case must not hide the others
+            rows.append({"model": name, "batch": batch, "precision": precision,
+                         "error": f"{type(exc).__name__}: {exc}"[:500]})
+        print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
             "command": "PYTHONPATH=. python3 benchmarks/cuda_models.py " + " ".join(os.sys.argv[1:]),
             "torch": torch.__version__}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     print(f"\n{meta}")
-    print(f"{'model':10} {'bs':>3} {'prec':5} {'polykit ms':>11} {'torch ms':>9} {'rel err':>9}")
+    print(f"{'model':10} {'bs':>3} {'prec':5} {'polykit ms':>11} {'eager ms':>9} {'compile ms':>10} {'rel err':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:10} {r['batch']:>3} {r['precision']:5} ERROR {r['error'][:80]}")
         else:
+            cms = "-" if r.get("torch_compile_ms") is None else f"{r['torch_compile_ms']:.3f}"
             print(f"{r['model']:10} {r['batch']:>3} {r['precision']:5} {r['polykit_ms']:>11.3f} "
-                  f"{r['torch_eager_ms']:>9.3f} {r['rel_err']:>9.2e}")
+                  f"{r['torch_eager_ms']:>9.3f} {cms:>10} {r['rel_err']:>9.2e}")
 
 
 if __name__ == "__main__":

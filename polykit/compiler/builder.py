@@ -282,13 +282,34 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
     return chosen, kernels
 
 
+#: layer kinds whose output is its input's bytes under another shape (views, no copy)
+VIEW_KINDS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def view_aliases(layers: list[LayerDesc], tensors: dict[str, TensorDesc], io: set[str]) -> dict[str, str]:
+    """View output -> the activation whose arena slot it shares (chains resolved to the root)."""
+    out: dict[str, str] = {}
+    for layer in layers:
+        if layer.domain or layer.kind not in VIEW_KINDS or not layer.inputs or not layer.outputs:
+            continue
+        src, dst = layer.inputs[0], layer.outputs[0]
+        if not src or not dst or dst in io or tensors[src].kind == "weight":
+            continue
+        if tensors[src].nbytes != tensors[dst].nbytes or tensors[src].dtype != tensors[dst].dtype:
+            continue
+        out[dst] = out.get(src, src)
+    return out
+
+
 def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], inputs: list[str], outputs: list[str],
                   strategy: str):
     """Plan the arena and write each tensor's offset into its TensorDesc."""
     weights = {n for n, t in tensors.items() if t.kind == "weight"}
     lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
     sizes = {n: tensors[n].nbytes for n in lifetimes}
-    memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy)
+    aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}
+    memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy,
+                         aliases=aliases)
     blob = weight_offsets({n: tensors[n].nbytes for n in weights})
     out = {}
     for name, t in tensors.items():

@@ -8,6 +8,10 @@ gap (best-fit) that no tensor with an overlapping lifetime occupies.
 
 A lifetime is (first, last) in layer indices: the layer that writes the tensor and the
 last layer that reads it. Engine inputs start at -1, engine outputs end at len(layers).
+
+Views: a tensor in `aliases` (the output of a Reshape-like layer) takes its source's slot,
+and the source's slot stays reserved until the view's last reader; the layer that "writes"
+the view finds source and destination at one address and copies nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class MemoryPlan:
     no_reuse_bytes: the arena size if no slot were ever shared.
     offsets: tensor name -> byte offset in the arena.
     lifetimes: tensor name -> (first layer, last layer) index.
+    aliases: view tensor -> the tensor whose slot it shares (same offset, same bytes).
     """
 
     arena_bytes: int = 0
@@ -36,9 +41,11 @@ class MemoryPlan:
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict, hash=False)
     alignment: int = ALIGNMENT
     strategy: str = "best-fit"
+    aliases: dict[str, str] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict:
         return {
+            "aliases": dict(sorted(self.aliases.items())),
             "arena_bytes": self.arena_bytes,
             "peak_bytes": self.peak_bytes,
             "no_reuse_bytes": self.no_reuse_bytes,
@@ -55,6 +62,7 @@ class MemoryPlan:
             {k: int(v) for k, v in d["offsets"].items()},
             {k: (int(v[0]), int(v[1])) for k, v in d["lifetimes"].items()},
             int(d.get("alignment", ALIGNMENT)), str(d.get("strategy", "best-fit")),
+            {str(k): str(v) for k, v in d.get("aliases", {}).items()},
         )
 
 
@@ -99,11 +107,19 @@ def plan_memory(
     io_names: Iterable[str] = (),
     strategy: str = "best-fit",
     alignment: int = ALIGNMENT,
+    aliases: Mapping[str, str] = {},
 ) -> MemoryPlan:
     """Assign arena offsets to every tensor in `lifetimes` (sizes in bytes).
 
     `io_names` (engine inputs and outputs) get dedicated slots first, in the order given.
-    Deterministic: ties are broken by name."""
+    `aliases` maps view tensors to their sources (see the module docstring); a view is never
+    an engine input or output. Deterministic: ties are broken by name."""
+    original = dict(lifetimes)
+    aliases = {a: src for a, src in aliases.items() if a in original and src in original}
+    lifetimes = {n: v for n, v in original.items() if n not in aliases}
+    for view, src in aliases.items():
+        first, last = lifetimes[src]
+        lifetimes[src] = (min(first, original[view][0]), max(last, original[view][1]))
     offsets: dict[str, int] = {}
     cursor = 0
     io_list = [n for n in dict.fromkeys(io_names) if n in lifetimes]
@@ -124,15 +140,18 @@ def plan_memory(
         offsets[name] = _choose_offset(busy, size, io_end, strategy)
         placed.append((offsets[name], size, first, last))
     arena = max([cursor] + [o + s for o, s, _, _ in placed])
-    no_reuse = sum(align(sizes[n], alignment) for n in lifetimes)
+    no_reuse = sum(align(sizes[n], alignment) for n in original)
+    for view, src in aliases.items():
+        offsets[view] = offsets[src]
     return MemoryPlan(
         arena_bytes=arena,
         peak_bytes=peak_live_bytes(sizes, lifetimes, alignment),
         no_reuse_bytes=no_reuse,
         offsets=offsets,
-        lifetimes=dict(lifetimes),
+        lifetimes=original,
         alignment=alignment,
         strategy=strategy,
+        aliases=dict(aliases),
     )
 
 

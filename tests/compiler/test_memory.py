@@ -130,3 +130,44 @@ def test_io_slots_never_share_bytes_with_activations(strategy):
     plan = plan_memory(sizes, compute_lifetimes(layers, ["x"], ["y"]), io_names=["x", "y"], strategy=strategy)
     io_end = 2 * 512
     assert all(plan.offsets[n] >= io_end for n in names[1:-1])
+
+
+def test_a_view_shares_its_source_slot_and_keeps_it_reserved_until_its_last_reader():
+    # x -> a -> (view) v ; a's slot must survive until v's reader (layer 3), so b and c get other bytes
+    layers = [(("x",), ("a",)), (("a",), ("v",)), (("x",), ("b",)), (("v", "b"), ("c",)), (("c",), ("y",))]
+    sizes = {n: 1024 for n in ("x", "a", "v", "b", "c", "y")}
+    life = compute_lifetimes(layers, ["x"], ["y"])
+    plan = plan_memory(sizes, life, io_names=["x", "y"], aliases={"v": "a"})
+    assert plan.offsets["v"] == plan.offsets["a"]
+    assert plan.aliases == {"v": "a"}
+    assert plan.lifetimes == life  # the recorded lifetimes stay the tensors' own
+    without_view = {n: life[n] for n in life if n != "v"}
+    without_view["a"] = (life["a"][0], life["v"][1])
+    view_free = MemoryPlan(offsets={n: plan.offsets[n] for n in without_view}, lifetimes=without_view)
+    assert not _overlaps(view_free, sizes)
+    assert MemoryPlan.from_json(plan.to_json()) == plan
+
+
+def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agrees():
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["v"]),
+             helper.make_node("Sigmoid", ["v"], ["y"])]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = build_plan(model, BuilderConfig(target="cpu", fuse=False))
+    assert plan.memory.aliases == {"v": "r"}
+    assert plan.tensors["v"].offset == plan.tensors["r"].offset
+    x = np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        y = ctx.execute({"x": x})["y"]
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(x, 0).reshape(3, 4))), rtol=1e-6)

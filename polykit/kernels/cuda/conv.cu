@@ -8,7 +8,8 @@
 
 // Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
 // kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
-// float apply_epilogue(const EpiState&, float v, i64 out_index) before this file's text.
+// float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before this file's text
+// (col: the index along the output's last axis, or -1 where the kernel does not know it).
 #ifndef HAS_EPILOGUE
 #define HAS_EPILOGUE 0
 #define EPI_PARAMS
@@ -68,7 +69,7 @@ struct ConvP {
     if (Bias) acc += (float)ld(Bias, co);
     const i64 oi = (nb * M_ + co) * OSP + s;
 #if HAS_EPILOGUE
-    acc = apply_epilogue(epi, acc, oi);
+    acc = apply_epilogue(epi, acc, oi, -1);
 #endif
     st(Y, oi, acc);
   }
@@ -150,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_direct(CONV_PARAMS) {
       }
     }
 #if HAS_EPILOGUE
-    acc = apply_epilogue(epi, acc, i);
+    acc = apply_epilogue(epi, acc, i, -1);
 #endif
     st(Y, i, acc);
   }

@@ -4,9 +4,11 @@
 The body becomes C through the pointwise generator (`pointwise.emit_expression`); the
 generated module is the family's .cu text preceded by HAS_EPILOGUE 1, the extra kernel
 parameters (each extra input's pointer and its element strides over the output's dims, 0
-on broadcast dims; up to MAXR output dims) and `apply_epilogue(E, v, out_index)`, which
+on broadcast dims; up to MAXR output dims) and `apply_epilogue(E, v, out_index, col)`, which
 the kernels call on each fp32 result before the store. Extra inputs must have the output's
-storage dtype (float32 or float16).
+storage dtype (float32 or float16). Where the builder stamped shapes on the layer, each extra
+input is read by its class (`input_classes`): at the output index, at the column, or once;
+only other broadcasts pay the strided offset.
 """
 
 from __future__ import annotations
@@ -52,25 +54,76 @@ def supports_epilogue(layer: Any) -> bool:
     return all(extra_inputs(layer))
 
 
+def input_classes(layer: Any) -> list[str]:
+    """How each extra input is read, from the shapes the builder stamped on the layer:
+    "full" (the output's own shape: at the output index), "last" (a vector along the output's
+    last axis, broadcast over the rest: at the column index), "scalar" (one element), or
+    "general" (any other broadcast, or shapes unknown: strided offset at run time)."""
+    names = extra_inputs(layer)
+    shapes = dict(zip(layer.inputs, getattr(layer, "in_shapes", ()) or ()))
+    outs = getattr(layer, "out_shapes", ()) or ()
+    if not outs or any(n not in shapes for n in names):
+        return ["general"] * len(names)
+    out = tuple(outs[0])
+    classes = []
+    for name in names:
+        shape = tuple(shapes[name])
+        padded = (1,) * (len(out) - len(shape)) + shape if len(shape) <= len(out) else None
+        if padded == out:
+            classes.append("full")
+        elif padded is not None and all(d == 1 for d in padded):
+            classes.append("scalar")
+        elif padded is not None and out and all(d == 1 for d in padded[:-1]) and padded[-1] == out[-1]:
+            classes.append("last")
+        else:
+            classes.append("general")
+    return classes
+
+
+_OFFSET = {
+    "full": "oi",
+    "scalar": "0",
+    # the caller passes the column when it knows it; else the index modulo the last dim
+    "last": "(col >= 0 ? col : (oi < 0x7fffffffLL && E.nlast < 0x7fffffffLL ? "
+            "(i64)((u32)oi % (u32)E.nlast) : oi % E.nlast))",
+}
+
+
 def epilogue_prelude(layer: Any, elem: str) -> str:
+    """C text that defines the epilogue a GEMM/conv kernel calls on each fp32 result:
+    `apply_epilogue(E, v, oi, col)` (oi the output's flat index, col its index along the last
+    axis or -1), `EpiState`, `make_epi(EPI_ARGS)` and the EPI_* macros the kernels splice in.
+    The kernel parameters are the same for every class; EpiState keeps only what the classes
+    read (a pointer, the last dim for "last", the strides for "general"), so it stays small."""
     n = len(extra_inputs(layer))
+    classes = input_classes(layer)
+    general = [j for j, c in enumerate(classes) if c == "general"]
     params = [p for j in range(n) for p in [f"const ELEM* e{j}"] + [f"i64 e{j}s{d}" for d in range(MAXR)]]
     if n:
         params += [f"i64 od{d}" for d in range(MAXR)] + ["i64 orank"]
     names = [p.split()[-1] for p in params]
-    fields = "".join(f"  const ELEM* e{j}; i64 s{j}[{MAXR}]; bool full{j};\n" for j in range(n))
-    init = "".join(f"  E.e{j} = e{j};" + "".join(f" E.s{j}[{d}] = e{j}s{d};" for d in range(MAXR)) + "\n"
-                   for j in range(n))
-    if n:
+    fields = "".join(f"  const ELEM* e{j};\n" for j in range(n))
+    fields += "".join(f"  i64 s{j}[{MAXR}]; bool full{j};\n" for j in general)
+    init = "".join(f"  E.e{j} = e{j};\n" for j in range(n))
+    init += "".join(f"  E.s{j}[{d}] = e{j}s{d};" for j in general for d in range(MAXR))
+    if "last" in classes:
+        fields += "  i64 nlast;\n"
+        init += "".join(f"  if (orank == {r + 1}) E.nlast = od{r};" for r in range(MAXR)) + "\n"
+    if general:
+        fields += f"  i64 od[{MAXR}]; int rank;\n"
         init += "".join(f"  E.od[{d}] = od{d};" for d in range(MAXR)) + "\n  E.rank = (int)orank;\n"
         # an input with the output's own shape (a residual) is read at the output index itself
-        init += f"  {{ i64 acc = 1; bool f[{n}];" + "".join(f" f[{j}] = true;" for j in range(n)) + "\n"
+        init += f"  {{ i64 acc = 1; bool f[{n}];" + "".join(f" f[{j}] = true;" for j in general) + "\n"
         init += (f"    for (int d = {MAXR} - 1; d >= 0; --d) if (d < E.rank) {{"
-                 + "".join(f" f[{j}] = f[{j}] && (E.s{j}[d] == acc || E.od[d] == 1);" for j in range(n))
+                 + "".join(f" f[{j}] = f[{j}] && (E.s{j}[d] == acc || E.od[d] == 1);" for j in general)
                  + " acc *= E.od[d]; }\n")
-        init += "   " + "".join(f" E.full{j} = f[{j}];" for j in range(n)) + " }\n"
-    offsets = "".join(f"  const i64 off{j} = E.full{j} ? oi : strided_offset<{MAXR}>(oi, E.rank, E.od, E.s{j});\n"
-                      for j in range(n))
+        init += "   " + "".join(f" E.full{j} = f[{j}];" for j in general) + " }\n"
+    offsets = "".join(
+        f"  const i64 off{j} = {_OFFSET.get(c) or f'E.full{j} ? oi : strided_offset<{MAXR}>(oi, E.rank, E.od, E.s{j})'};\n"
+        for j, c in enumerate(classes))
+    # Known classes make a few integer ops: inline. A general broadcast keeps the strided
+    # offset chain out of line (inlined into an unrolled store loop it made NVRTC very slow).
+    inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
     return (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
@@ -78,9 +131,9 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
         f"#define EPI_ARGS {', '.join(names)}\n"
         f"#define EPI_COMMA_ARGS {''.join(', ' + n for n in names)}\n"
         '#include "pointwise.cuh"\n'
-        f"struct EpiState {{\n{fields}  i64 od[{MAXR}]; int rank;\n}};\n"
+        f"struct EpiState {{\n{fields}  int unused;\n}};\n"
         f"__device__ __forceinline__ EpiState make_epi({', '.join(params)}) {{\n  EpiState E;\n{init}  return E;\n}}\n"
-        "__device__ __noinline__ float apply_epilogue(const EpiState& E, float v, i64 oi) {\n"
+        f"__device__ {inline} float apply_epilogue(const EpiState& E, float v, i64 oi, i64 col) {{\n"
         f"{offsets}{code}\n  return (float)({result});\n}}\n"
     )
 

@@ -13,7 +13,8 @@
 
 // Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
 // kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
-// float apply_epilogue(const EpiState&, float v, i64 out_index) before this file's text.
+// float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before this file's text
+// (col: the index along the output's last axis, or -1 where the kernel does not know it).
 #ifndef HAS_EPILOGUE
 #define HAS_EPILOGUE 0
 #define EPI_PARAMS
@@ -36,7 +37,7 @@ struct GemmP {
     float v = alpha * acc;
     if (C) v += beta * (float)ld(C, m * scm + n * scn);
 #if HAS_EPILOGUE
-    v = apply_epilogue(epi, v, ybase + m * N + n);
+    v = apply_epilogue(epi, v, ybase + m * N + n, n);
 #endif
     st(Y, m * N + n, v);
   }

@@ -41,7 +41,7 @@ struct OutP {
     float v = alpha * acc;
     if (C) v += beta * (float)ld(C, m * scm + n * scn);
 #if HAS_EPILOGUE
-    v = apply_epilogue(epi, v, (z * M + m) * N + n);
+    v = apply_epilogue(epi, v, (z * M + m) * N + n, n);
 #endif
     return v;
   }
