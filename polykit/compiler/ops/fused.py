@@ -177,9 +177,26 @@ def _epilogue(ctx: InferContext):
     return _outputs_from(ctx, env)
 
 
+#: Attention tensor layouts: "bhsd" ([..., S, D], the default) or "bshd" (rank 4 [B, S, H, D])
+ATTENTION_LAYOUTS = ("bhsd", "bshd")
+
+
+def attention_view(shape, layout: str, ctx: InferContext | None = None):
+    """The [..., S, D] shape Attention computes on, for a tensor stored in `layout`."""
+    if layout not in ATTENTION_LAYOUTS:
+        raise ctx.fail(f"unknown attention layout {layout!r}", hint=f"use one of {ATTENTION_LAYOUTS}")
+    if layout == "bhsd" or shape is None:
+        return shape
+    if len(shape) != 4:
+        raise ctx.fail(f"layout 'bshd' needs a rank-4 tensor, got rank {len(shape)}")
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
 @shape_rule("Attention", domain=POLYKIT_DOMAIN)
 def _attention(ctx: InferContext):
-    q, k, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    layouts = [str(ctx.node.attrs.get(a, "bhsd")) for a in ("q_layout", "k_layout", "v_layout", "out_layout")]
+    q, k, v = (attention_view(ctx.shape(i), layouts[i], ctx) for i in range(3))
+    attention_view(None, layouts[3], ctx)
     if q is None or k is None or v is None:
         return [(ctx.dtype(0), None)]
     if min(len(q), len(k), len(v)) < 2:
@@ -196,4 +213,8 @@ def _attention(ctx: InferContext):
         broadcast_shapes(ctx, ctx.shape(3), tuple(batch) + (q[-2], k[-2]))
     if ctx.dtype(3) is not None and ctx.dtype(3) != np.dtype(np.bool_) and ctx.dtype(3) != ctx.dtype(0):
         raise ctx.fail(f"mask dtype {ctx.dtype(3)} is neither bool nor Q's dtype {ctx.dtype(0)}")
+    if layouts[3] == "bshd":
+        if len(out) != 4:
+            raise ctx.fail(f"out_layout 'bshd' needs a rank-4 output, got rank {len(out)}")
+        out = (out[0], out[2], out[1], out[3])
     return [(ctx.dtype(0), out)]

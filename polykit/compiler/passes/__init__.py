@@ -19,6 +19,7 @@ from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.evaluate import evaluate
 from polykit.compiler.passes.fold_constants import fold_constants
+from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
@@ -33,7 +34,7 @@ from polykit.errors import GraphError, PolykitError
 __all__ = [
     "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
-    "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16",
+    "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "fold_attention_layouts",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -109,7 +110,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if fuse:
-        layout.append(bind(hoist_activations, keep=kept))
+        layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16:

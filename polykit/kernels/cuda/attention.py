@@ -75,8 +75,12 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
                     shared_mem=(8 if wide else 4) * (D + Skv))
 
 
+def _default_layouts(layer) -> bool:
+    return all(layer.attrs.get(a, "bhsd") == "bhsd" for a in ("q_layout", "k_layout", "v_layout", "out_layout"))
+
+
 cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels,
-            supports=lambda layer: layer.domain == "ai.polykit")(enqueue_attention)
+            supports=lambda layer: layer.domain == "ai.polykit" and _default_layouts(layer))(enqueue_attention)
 
 
 def compile_variants() -> list[KernelSource]:

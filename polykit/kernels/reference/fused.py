@@ -52,8 +52,9 @@ reference(*EPILOGUE_ARITY, domain=POLYKIT_DOMAIN)(_epilogue)
 
 @reference("Attention", domain=POLYKIT_DOMAIN)
 def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """softmax(Q @ K^T * scale + mask) @ V, softmax over the last axis."""
-    q, k, v = inputs[0], inputs[1], inputs[2]
+    """softmax(Q @ K^T * scale + mask) @ V, softmax over the last axis; tensors stored "bshd"
+    (attrs q_layout / k_layout / v_layout / out_layout) are read and written as [B, S, H, D]."""
+    q, k, v = (_from_layout(x, node.attrs.get(a, "bhsd")) for x, a in zip(inputs[:3], ("q_layout", "k_layout", "v_layout")))
     mask = inputs[3] if len(inputs) > 3 else None
     scale = float(node.attrs.get("scale", 1.0 / np.sqrt(q.shape[-1])))
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)
@@ -68,4 +69,10 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
         probs = e / np.sum(e, axis=-1, keepdims=True)
     if int(node.attrs.get("nan_probs_to_zero", 0)):
         probs = np.where(np.isnan(probs), np.zeros((), probs.dtype), probs)
-    return [np.matmul(probs, v).astype(q.dtype, copy=False)]
+    out = np.matmul(probs, v).astype(q.dtype, copy=False)
+    return [_from_layout(out, node.attrs.get("out_layout", "bhsd"))]
+
+
+def _from_layout(x: np.ndarray, layout: str) -> np.ndarray:
+    """[B, S, H, D] <-> [B, H, S, D] for layout "bshd" (the swap is its own inverse)."""
+    return np.ascontiguousarray(np.swapaxes(x, 1, 2)) if layout == "bshd" else x

@@ -108,6 +108,15 @@ def test_torch_exports_are_numerically_unchanged_by_cancel_transposes(name):
 
 
 def test_attention_key_transposes_compose_in_the_optimized_bert():
-    out = optimize(_torch_model("bert_tiny_ts.onnx"))
+    out = optimize(_torch_model("bert_tiny_ts.onnx"), fuse=False)
     perms = [n.attrs.get("perm") for n in out.nodes if n.op_type == "Transpose"]
     assert len(perms) == 8 and [0, 2, 3, 1] not in perms
+
+
+def test_the_optimized_bert_keeps_no_head_transposes_they_fold_into_attention():
+    out = optimize(_torch_model("bert_tiny_ts.onnx"))
+    assert [n for n in out.nodes if n.op_type == "Transpose"] == []
+    attention = [n for n in out.nodes if n.op_type == "Attention"]
+    assert len(attention) == 2
+    for node in attention:
+        assert [node.attrs.get(a) for a in ("q_layout", "k_layout", "v_layout", "out_layout")] == ["bshd"] * 4

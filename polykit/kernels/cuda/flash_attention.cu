@@ -1,0 +1,239 @@
+// Attention on tensor cores (FlashAttention-2 form, mma.sync m16n8k16, sm_80+):
+//   O[b, h] = softmax(Q[b, h] K[b, h]^T * scale [+ mask]) V[b, h]
+// ELEM = half_t | bf16_t storage, fp32 scores, softmax statistics and accumulators.
+//
+// Q, K, V, O are addressed as [b][h][s][d] through element strides (sb, sh, ss) per tensor, d
+// contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads;
+// stride 0 broadcasts. Head size HD (64 or 128, a define) for Q, K and V. The mask (optional)
+// is [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM, added to the
+// scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score
+// -inf, or a NaN score) gives NaN, or 0 with nan_to_zero (the unfused graph's Where(IsNaN)).
+//
+// Block: 4 warps, 64 query rows (16 a warp); K/V tiles of 64 keys double-buffered in shared
+// memory by cp.async, 16-byte chunks XOR-swizzled by row (ldmatrix without bank conflicts).
+// Per key tile: S = Q K^T (mma, Q fragments held in registers), online softmax per row (the
+// 4 threads of a row combine through shuffles in a fixed order), O += P V (P re-packed from
+// the score accumulators as the A operand). Deterministic.
+// Launch: grid (ceil(S / 64), H, B), block 128, dynamic shared memory (64 + 4 * 64) * HD * 2 B.
+#include "dtypes.cuh"
+
+#define BQ 64
+#define BKV 64
+#define CHUNKS (HD / 8)  // 16-byte chunks per row
+
+template <class T> struct MmaName;
+template <> struct MmaName<half_t> {
+  __device__ static __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  __device__ static __forceinline__ u32 pack(float lo, float hi) {
+    return (u32)f2h(lo).x | ((u32)f2h(hi).x << 16);
+  }
+};
+template <> struct MmaName<bf16_t> {
+  __device__ static __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  __device__ static __forceinline__ u32 pack(float lo, float hi) {
+    return (u32)f2b(lo).x | ((u32)f2b(hi).x << 16);
+  }
+};
+typedef MmaName<ELEM> Mma;
+
+__device__ __forceinline__ u32 fa_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// byte offset of 16-byte chunk c of row r in a tile of HD-wide rows (XOR swizzle on the low 3 bits)
+__device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void cp16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// rows [row0, row0 + 64) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
+__device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base, i64 ss, int row0, int rows) {
+  for (int i = threadIdx.x; i < 64 * CHUNKS; i += 128) {
+    const int r = i / CHUNKS, c = i % CHUNKS;
+    const bool ok = row0 + r < rows;
+    const ELEM* src = base + (ok ? (i64)(row0 + r) * ss : 0) + c * 8;
+    cp16(fa_smem(tile + swz(r, c)), src, ok);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128) flash_attention(
+    const ELEM* __restrict__ Q, const ELEM* __restrict__ K, const ELEM* __restrict__ V, ELEM* __restrict__ O,
+    const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
+    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero) {
+  extern __shared__ __align__(128) unsigned char fa_sm[];
+  unsigned char* sQ = fa_sm;
+  unsigned char* sK = sQ + BQ * HD * 2;   // 2 buffers
+  unsigned char* sV = sK + 2 * BKV * HD * 2;  // 2 buffers
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const ELEM* q = Q + b * qb + h * qh;
+  const ELEM* k = K + b * kb + h * kh;
+  const ELEM* v = V + b * vb + h * vh;
+  const int tiles = (Skv + BKV - 1) / BKV;
+
+  load_tile(sQ, q, qs, q0, S);
+  cp_commit();
+  if (tiles > 0) {
+    load_tile(sK, k, ks, 0, Skv);
+    load_tile(sV, v, vs, 0, Skv);
+  }
+  cp_commit();
+  cp_wait<1>();
+  __syncthreads();
+
+  // Q fragments of this warp's 16 rows, all of HD: qf[kstep][4]
+  u32 qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    const int r = warp * 16 + (lane % 16), c = kk * 2 + lane / 16;
+    ldsm_x4(qf[kk], fa_smem(sQ + swz(r, c)));
+  }
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
+  bool bad[2] = {false, false};
+  const float log2e = 1.4426950408889634f;
+  const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;  // this thread's two query rows
+
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < tiles) {  // prefetch the next K/V tile into the other buffer
+      load_tile(sK + (buf ^ 1) * BKV * HD * 2, k, ks, (t + 1) * BKV, Skv);
+      load_tile(sV + (buf ^ 1) * BKV * HD * 2, v, vs, (t + 1) * BKV, Skv);
+    }
+    cp_commit();
+    cp_wait<1>();
+    __syncthreads();
+    const unsigned char* tK = sK + buf * BKV * HD * 2;
+    const unsigned char* tV = sV + buf * BKV * HD * 2;
+
+    // S = Q K^T for 64 keys: s[nb][4], n-block nb = keys 8*nb .. 8*nb+7
+    float s[BKV / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < BKV / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < BKV / 16; ++np) {  // two n-blocks per ldmatrix.x4
+        u32 bf[4];
+        const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+        ldsm_x4(bf, fa_smem(tK + swz(r, c)));
+        Mma::mma(s[2 * np], qf[kk], bf);
+        Mma::mma(s[2 * np + 1], qf[kk], bf + 2);
+      }
+
+    // scale, mask, bounds; online softmax (row a: s[.][0..1], row b: s[.][2..3])
+    const int kbase = t * BKV;
+    float tmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int nb = 0; nb < BKV / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
+        const int row = e < 2 ? row_a : row_b;
+        float x = s[nb][e] * scale;
+        if (key >= Skv) {
+          x = NEG_INF;
+        } else if (mask_kind != 0 && row < S) {
+          const i64 mi = b * mb + h * mh + (i64)row * mq + (i64)key * mk;
+          if (mask_kind == 1)
+            x += (float)ld((const ELEM*)mask, mi);
+          else if (((const unsigned char*)mask)[mi] == 0)
+            x = NEG_INF;
+        }
+        bad[e >> 1] |= (x != x) || (x == -NEG_INF);  // NaN or +inf: the row's softmax is NaN
+        s[nb][e] = x;
+        tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+      }
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+      const float m_new = fmaxf(m_run[i], tmax[i]);
+      // rows still all -inf keep a zero correction and zero probabilities
+      corr[i] = m_new == NEG_INF ? 1.f : exp2f((m_run[i] - m_new) * log2e);
+      m_run[i] = m_new;
+    }
+    float psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nb = 0; nb < BKV / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float m = m_run[e >> 1];
+        const float p = m == NEG_INF ? 0.f : exp2f((s[nb][e] - m) * log2e);
+        s[nb][e] = p;
+        psum[e >> 1] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
+      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
+      l_run[i] = l_run[i] * corr[i] + psum[i];
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      o[j][0] *= corr[0]; o[j][1] *= corr[0];
+      o[j][2] *= corr[1]; o[j][3] *= corr[1];
+    }
+
+    // O += P V: P (16 x 64 keys) as A fragments, V tile (64 keys x HD) through ldmatrix.trans
+#pragma unroll
+    for (int kk = 0; kk < BKV / 16; ++kk) {
+      u32 pa[4];
+      pa[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {  // two d-blocks per ldmatrix.x4.trans
+        u32 bf[4];
+        const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 2 + lane / 16;
+        ldsm_x4_t(bf, fa_smem(tV + swz(r, c)));
+        Mma::mma(o[2 * dp], pa, bf);
+        Mma::mma(o[2 * dp + 1], pa, bf + 2);
+      }
+    }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+
+  // normalize and store rows row_a / row_b; undefined rows -> NaN (or 0)
+  ELEM* out = O + b * ob + h * oh;
+  const float nan = __int_as_float(0x7fffffff);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = i == 0 ? row_a : row_b;
+    if (row >= S) continue;
+    const bool undefined = bad[i] || m_run[i] == NEG_INF || tiles == 0;
+    const float inv = 1.f / l_run[i];
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) {
+      float x0 = o[j][2 * i] * inv, x1 = o[j][2 * i + 1] * inv;
+      if (undefined) x0 = x1 = nan_to_zero ? 0.f : nan;
+      const u32 packed = Mma::pack(x0, x1);
+      *(u32*)(out + (i64)row * os + j * 8 + 2 * t4) = packed;
+    }
+  }
+}

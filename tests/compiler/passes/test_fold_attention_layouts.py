@@ -1,0 +1,59 @@
+"""fold_attention_layouts: head transposes around Attention become layouts, outputs unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.passes import evaluate, fold_attention_layouts, run_passes
+
+rng = np.random.default_rng(5)
+
+
+def _block(mask: bool) -> Graph:
+    """x [B, S, H*D] -> Q/K/V as Reshape + Transpose(0,2,1,3) -> Attention -> Transpose -> Reshape."""
+    B, S, H, D = 2, 5, 3, 4
+    g = Graph(name="blk")
+    g.inputs = ["x"] + (["m"] if mask else [])
+    g.set_value(Value("x", np.dtype(np.float32), (B, S, H * D)))
+    g.initializers["split"] = np.array([B, S, H, D], dtype=np.int64)
+    g.initializers["merge"] = np.array([B, S, H * D], dtype=np.int64)
+    nodes = []
+    for t in "qkv":
+        nodes.append(Node("Relu" if t == "q" else "Sigmoid" if t == "k" else "Neg", ["x"], [f"{t}0"], name=f"{t}_act"))
+        nodes.append(Node("Reshape", [f"{t}0", "split"], [f"{t}1"], name=f"{t}_split"))
+        nodes.append(Node("Transpose", [f"{t}1"], [f"{t}2"], {"perm": [0, 2, 1, 3]}, name=f"{t}_heads"))
+    ins = ["q2", "k2", "v2"] + (["m"] if mask else [])
+    if mask:
+        g.set_value(Value("m", np.dtype(np.bool_), (B, 1, S, S)))
+    nodes.append(Node("Attention", ins, ["o"], {"scale": 0.4}, name="att", domain=POLYKIT_DOMAIN))
+    nodes.append(Node("Transpose", ["o"], ["o1"], {"perm": [0, 2, 1, 3]}, name="o_heads"))
+    nodes.append(Node("Reshape", ["o1", "merge"], ["y"], name="o_merge"))
+    g.nodes = nodes
+    g.outputs = ["y"]
+    return g
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_head_transposes_fold_into_layouts_and_outputs_stay_the_same(mask):
+    g = _block(mask)
+    feeds = {"x": rng.standard_normal((2, 5, 12)).astype(np.float32)}
+    if mask:
+        feeds["m"] = rng.random((2, 1, 5, 5)) > 0.3
+    want = evaluate(g, feeds)["y"]
+    h = g.copy()
+    assert run_passes(h, [fold_attention_layouts])
+    att = next(n for n in h.nodes if n.op_type == "Attention")
+    assert [att.attrs.get(a) for a in ("q_layout", "k_layout", "v_layout", "out_layout")] == ["bshd"] * 4
+    assert att.inputs[:3] == ["q1", "k1", "v1"] and att.outputs == ["o1"]
+    np.testing.assert_allclose(evaluate(h, feeds)["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_attention_output_with_other_readers_keeps_its_layout():
+    g = _block(False)
+    g.nodes.append(Node("Identity", ["o"], ["o_copy"], name="other"))
+    g.outputs.append("o_copy")
+    run_passes(g, [fold_attention_layouts])
+    att = next(n for n in g.nodes if n.op_type == "Attention")
+    assert att.attrs.get("out_layout", "bhsd") == "bhsd" and att.attrs.get("q_layout") == "bshd"

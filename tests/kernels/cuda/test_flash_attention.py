@@ -1,0 +1,139 @@
+"""The tensor-core attention tactic (cuda.attention.flash): geometry rules (CPU) and results
+against the float64 reference, [B, H, S, D] and [B, S, H, D] layouts, masks, undefined rows (GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from polykit.compiler.ir import Node
+from polykit.compiler.plan_records import LayerDesc
+from polykit.kernels.cuda.flash_attention import _supports, head_strides, logical_shape, mask_strides
+
+rng = np.random.default_rng(3)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+LAYOUTS = ("q_layout", "k_layout", "v_layout", "out_layout")
+
+
+def layer_for(inputs: dict, out_shape, layout="bhsd", **attrs) -> LayerDesc:
+    names = tuple(inputs)
+    attrs = dict(attrs, **({a: layout for a in LAYOUTS} if layout != "bhsd" else {}))
+    q = inputs["Q"]
+    return LayerDesc("att", "Attention", names, ("Y",), attrs, domain="ai.polykit",
+                     in_dtypes=tuple(np.dtype(a.dtype).name for a in inputs.values()), out_dtypes=(np.dtype(q.dtype).name,),
+                     in_shapes=tuple(tuple(a.shape) for a in inputs.values()), out_shapes=(tuple(out_shape),))
+
+
+# ---- CPU: geometry -----------------------------------------------------------------------
+
+def test_strides_of_both_layouts_and_broadcast_dims():
+    assert logical_shape((2, 7, 3, 64), "bshd") == (2, 3, 7, 64)
+    assert head_strides((2, 3, 7, 64), "bhsd") == (3 * 7 * 64, 7 * 64, 64)
+    assert head_strides((2, 7, 3, 64), "bshd") == (7 * 3 * 64, 64, 3 * 64)
+    assert head_strides((1, 3, 7, 64), "bhsd")[0] == 0
+    assert mask_strides((2, 1, 1, 9)) == (9, 0, 0, 1)
+    assert mask_strides((9,)) == (0, 0, 0, 1)
+
+
+def _arrays(shape_q, shape_kv, dtype):
+    return {"Q": rand(shape_q, dtype), "K": rand(shape_kv, dtype), "V": rand(shape_kv, dtype)}
+
+
+def rand(shape, dtype):
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("case,ok", [
+    (dict(q=(2, 3, 8, 64), kv=(2, 3, 8, 64), dtype=np.float16), True),
+    (dict(q=(2, 3, 8, 128), kv=(2, 3, 8, 128), dtype=BF16), True),
+    (dict(q=(2, 3, 8, 32), kv=(2, 3, 8, 32), dtype=np.float16), False),   # head size 32 has no kernel
+    (dict(q=(2, 3, 8, 64), kv=(2, 3, 8, 64), dtype=np.float32), False),   # fp32 keeps the simple kernel
+    (dict(q=(3, 8, 64), kv=(3, 8, 64), dtype=np.float16), True),
+])
+def test_supports_fp16_bf16_heads_64_and_128(case, ok):
+    inputs = _arrays(case["q"], case["kv"], case["dtype"])
+    assert _supports(layer_for(inputs, case["q"])) is ok
+
+
+# ---- GPU ----------------------------------------------------------------------------------
+
+def reference(layer: LayerDesc, inputs: dict) -> np.ndarray:
+    from polykit.kernels.registry import run_reference
+
+    node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
+    wide = [a.astype(np.float64) if a.dtype != np.bool_ else a for a in inputs.values()]
+    return run_reference(node, wide)[0]
+
+
+def run_flash(layer, inputs):
+    from polykit.runtime.cuda.harness import run_layer
+
+    spec = {"Y": (layer.out_shapes[0], inputs["Q"].dtype)}
+    return run_layer(layer, inputs, tactic="cuda.attention.flash", output_specs=spec)["Y"]
+
+
+def check(layer, inputs, tol):
+    out = np.asarray(run_flash(layer, inputs), np.float64)
+    ref = reference(layer, inputs)
+    assert out.shape == ref.shape
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN rows differ from the reference"
+    ok = ~np.isnan(ref)
+    err = np.linalg.norm((out - ref)[ok]) / (np.linalg.norm(ref[ok]) or 1.0)
+    assert err <= tol, f"relative error {err:.3g}"
+
+
+TOL = {np.dtype(np.float16): 3e-3, BF16: 2e-2}
+SHAPES = [(1, 1, 1, 1), (2, 3, 5, 5), (2, 2, 64, 64), (1, 4, 77, 77), (2, 12, 128, 128), (1, 2, 200, 70),
+          (1, 2, 9, 300)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", SHAPES, ids=lambda d: "x".join(map(str, d)))
+@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["fp16", "bf16"])
+def test_flash_matches_reference_without_mask(dims, head, dtype):
+    B, H, S, Skv = dims
+    inputs = _arrays((B, H, S, head), (B, H, Skv, head), dtype)
+    check(layer_for(inputs, (B, H, S, head)), inputs, TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask_shape,kind", [((2, 1, 1, 90), "add"), ((2, 3, 70, 90), "add"), ((2, 1, 70, 90), "bool"),
+                                             ((90,), "add")])
+def test_flash_with_additive_and_bool_masks(mask_shape, kind):
+    inputs = _arrays((2, 3, 70, 64), (2, 3, 90, 64), np.float16)
+    if kind == "add":
+        inputs["mask"] = (rng.standard_normal(mask_shape) * 3).astype(np.float16)
+    else:
+        inputs["mask"] = rng.random(mask_shape) > 0.4
+    check(layer_for(inputs, (2, 3, 70, 64)), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero", [0, 1])
+def test_fully_masked_rows_give_nan_or_zero_like_the_reference(zero):
+    inputs = _arrays((1, 2, 20, 64), (1, 2, 30, 64), np.float16)
+    mask = rng.random((1, 2, 20, 30)) > 0.3
+    mask[0, 1, 4] = False
+    mask[0, 0, 19] = False
+    inputs["mask"] = mask
+    check(layer_for(inputs, (1, 2, 20, 64), nan_probs_to_zero=zero), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", [64, 128])
+def test_flash_reads_and_writes_bshd_layouts(head):
+    B, S, H = 3, 100, 4
+    inputs = _arrays((B, S, H, head), (B, S, H, head), np.float16)
+    inputs["mask"] = (rng.standard_normal((B, 1, 1, S)) * 2).astype(np.float16)
+    check(layer_for(inputs, (B, S, H, head), layout="bshd", scale=0.1), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+def test_keys_and_values_shared_by_every_head_broadcast():
+    inputs = {"Q": rand((2, 4, 33, 64), np.float16), "K": rand((2, 1, 50, 64), np.float16),
+              "V": rand((2, 1, 50, 64), np.float16)}
+    check(layer_for(inputs, (2, 4, 33, 64)), inputs, 3e-3)
