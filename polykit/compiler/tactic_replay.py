@@ -176,10 +176,14 @@ def load_replay(source: "str | os.PathLike | TacticReplay | Mapping[str, str] | 
 
 
 def save_replay(path: str | os.PathLike, replay: TacticReplay) -> Path:
-    """Write `replay` as JSON (sorted keys, one layer per line group) to `path`."""
+    """Write `replay` as JSON to `path`: one layer per line, sorted, so replays diff well."""
+    doc = replay.to_json()
+    rows = [f"    {json.dumps(name)}: {json.dumps(entry, sort_keys=True)}" for name, entry in doc["layers"].items()]
+    layers = "{\n" + ",\n".join(rows) + "\n  }" if rows else "{}"
+    text = f'{{\n  "format": {doc["format"]},\n  "layers": {layers}\n}}\n'
     path = Path(path)
     try:
-        path.write_text(json.dumps(replay.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write the tactic replay file: {exc}", where=str(path),
                          hint="check that the folder exists and is writable") from exc
