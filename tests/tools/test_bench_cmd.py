@@ -6,19 +6,12 @@ import json
 
 import pytest
 
-from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import main
 
 FAST = ["--warm-up", "0", "--duration", "0", "--iterations", "4"]
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 def test_bench_prints_throughput_and_latency_percentiles(mlp, capsys):

@@ -11,18 +11,11 @@ import pytest
 from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.plan_records import LayerDesc
-from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import main
 from polykit.tools.inspect_cmd import describe_plan
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 @pytest.fixture
