@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.config import BuilderConfig
 from polykit.errors import UsageError
 from polykit.tools.profile_report import ProfileSummary, summarize
 
@@ -243,17 +244,16 @@ def profile_engine(engine: Any, feeds: Mapping[str, np.ndarray], runs: int) -> P
     return summarize(profiles, engine.plan.layers)
 
 
-def bench_model(model: str | os.PathLike, config: Any = None, options: BenchOptions = BenchOptions(),
+def bench_model(model: str | os.PathLike, config: BuilderConfig | None = None, options: BenchOptions = BenchOptions(),
                 save_engine: str | os.PathLike | None = None) -> BenchResult:
     """Build `model` with `config` (timed) — or load it when it is a plan file — and benchmark it."""
     from polykit.backends.loaders import EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type
 
     build_s = None
+    start = time.perf_counter()
     if model_type(model) == "plan":
-        start = time.perf_counter()
-        engine = EngineFromPath(model, getattr(config, "target", None))()
+        engine = EngineFromPath(model, config.target if config is not None else None)()
     else:
-        start = time.perf_counter()
         plan = PlanFromOnnx(model, config)()
         build_s = time.perf_counter() - start
         if save_engine:
