@@ -77,3 +77,15 @@ def bad_mlp(tmp_path: Path) -> str:
 @pytest.fixture
 def dyn_model(tmp_path: Path) -> str:
     return dynamic_model(tmp_path / "dyn.onnx")
+
+
+@pytest.fixture
+def wide_console(monkeypatch):
+    """A 200-column console and only the built-in plugins, fresh for each CLI test."""
+    from polykit.plugins import reset_plugin_manager
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()

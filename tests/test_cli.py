@@ -13,21 +13,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import main
+from tests.cli_models import wide_console  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = str(REPO / "examples" / "models" / "mlp.onnx")
 ADD_MUL = str(REPO / "examples" / "models" / "add_mul.onnx")
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("wide_console")
 
 
 @pytest.fixture

@@ -38,17 +38,23 @@ class RunnerRequest:
     save_engine: str | None = None
     #: polykit's engine records per-layer times (ExecutionContext profile) on every run
     profile: bool = False
+    #: a tactic replay file to force (BuilderConfig.tactic_replay) / to write (save_tactics)
+    load_tactics: str | None = None
+    save_tactics: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RunnerSpec:
-    """A runner offered on the command line: `flags` select it, `factory(request)` makes it."""
+    """A runner offered on the command line: `flags` select it, `factory(request)` makes it.
+    `model_types` are the kinds of model file it runs (polykit.backends.loaders.model_type:
+    "onnx", "plan"); asked to run another kind, make_runners refuses with a UsageError."""
 
     name: str
     flags: tuple[str, ...]
     factory: Callable[[RunnerRequest], "BaseRunner"]
     help: str = ""
+    model_types: tuple[str, ...] = ("onnx",)
 
 
 class BaseRunner:

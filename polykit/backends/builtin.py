@@ -7,11 +7,19 @@ from polykit.plugins import hookimpl
 
 
 def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
-    """EngineFromOnnx(OnnxFromPath(model), BuilderConfig(...)), optionally saved, in a PolykitRunner."""
-    from polykit.backends.loaders import EngineFromPlan, PlanFromOnnx, SaveEngine
+    """A PolykitRunner over EngineFromPlan(PlanFromOnnx(model, BuilderConfig(...))), the plan
+    optionally saved; over EngineFromPath(model) when the model is a plan file already."""
+    from polykit.backends.loaders import (EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type,
+                                          refuse_build_options)
     from polykit.backends.polykit_runner import PolykitRunner
     from polykit.compiler.config import BuilderConfig
 
+    if model_type(request.model) == "plan":
+        refuse_build_options(request.model, {
+            "--fp16": request.fp16, "--input-shapes": request.input_shapes, "--mark-outputs": request.mark_outputs,
+            "--mark-all": request.mark_all, "--save-engine": request.save_engine,
+            "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics})
+        return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile)
     config = BuilderConfig(
         target=request.target,
         fp16=request.fp16,
@@ -19,6 +27,8 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
         mark_outputs=tuple(request.mark_outputs),
         mark_all=request.mark_all,
         fold_constants=request.fold_constants,
+        tactic_replay=request.load_tactics,
+        save_tactics=request.save_tactics,
     )
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
@@ -41,6 +51,7 @@ def make_onnxrt_runner(request: RunnerRequest) -> BaseRunner:
 def polykit_runners() -> list[RunnerSpec]:
     return [
         RunnerSpec("trt", ("--trt", "--polykit"), make_polykit_runner,
-                   "polykit's own engine (build a plan, run it on --target)"),
+                   "polykit's own engine (build a plan, run it on --target; or run a plan file)",
+                   model_types=("onnx", "plan")),
         RunnerSpec("onnxrt", ("--onnxrt",), make_onnxrt_runner, "ONNX Runtime (providers from --providers)"),
     ]

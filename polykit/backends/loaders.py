@@ -14,13 +14,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from polykit.backends.base import resolve
 from polykit.errors import ModelLoadError, PlanError, PolykitError, UsageError
 
 #: ModifyOutputs(outputs=MARK_ALL) marks every intermediate tensor as a graph output.
 MARK_ALL = "mark-all"
+#: The first bytes of a plan file (polykit.compiler.plan.MAGIC, repeated here so that telling
+#: a plan from an ONNX model imports neither numpy nor the compiler).
+PLAN_MAGIC = b"PLYKPLAN"
+
+
+def model_type(model: Any) -> str:
+    """"plan" for a polykit plan file, told by its magic bytes whatever its name (Polygraphy's
+    `--model-type engine`); "onnx" for anything else (a file that cannot be opened too: the
+    loader that opens it reports that)."""
+    if not isinstance(model, (str, os.PathLike)):
+        return "onnx"
+    try:
+        with open(model, "rb") as fh:
+            return "plan" if fh.read(len(PLAN_MAGIC)) == PLAN_MAGIC else "onnx"
+    except OSError:
+        return "onnx"
+
+
+def refuse_build_options(model: Any, options: "Mapping[str, Any]") -> None:
+    """UsageError when `model` is a plan file (built already) and some of `options` (flag -> the
+    value given; falsy = not given) steer a build."""
+    flags = [flag for flag, value in options.items() if value]
+    if flags and model_type(model) == "plan":
+        raise UsageError(f"{', '.join(flags)} steer(s) a build, but the model is a polykit plan (built already)",
+                         where=str(model), hint="give the ONNX model to build it again, or drop these options")
 
 
 class BaseLoader:

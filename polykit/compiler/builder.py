@@ -8,11 +8,8 @@ kept) -> lower to layers -> select a tactic per layer -> plan the activation are
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import os
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +22,7 @@ from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.memory import compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
 
 log = logging.getLogger("polykit")
@@ -71,7 +69,7 @@ class Builder:
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=lowered.weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
         if cfg.save_tactics is not None:
-            Path(cfg.save_tactics).write_text(json.dumps(metadata["tactics"], indent=2, sort_keys=True) + "\n")
+            save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)
         return plan
 
@@ -215,30 +213,15 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
     return tensors
 
 
-def load_replay(path: str | os.PathLike | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read the tactic replay file: {exc}", where=str(path),
-                         hint="a replay file is JSON: {layer name: tactic name}") from exc
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise UsageError("the tactic replay file must map layer names to tactic names", where=str(path))
-    return data
-
-
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
                    tensors: dict[str, TensorDesc]) -> tuple[list[LayerDesc], dict[str, list]]:
     """Pick a tactic for every layer: the replay's choice, else the first candidate."""
     from polykit.compiler.passes.precision import layer_runs_in_half
     from polykit.kernels.registry import find_reference
-    from polykit.kernels.tactics import candidates, find_tactic
+    from polykit.kernels.tactics import candidates
 
     replay = load_replay(cfg.tactic_replay)
-    unknown = sorted(set(replay) - {layer.name for layer in layers})
-    if unknown:
-        log.warning("tactic replay names layers the plan does not have: %s", ", ".join(unknown))
+    replay.check_layers(layers)
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     for layer in layers:
@@ -251,15 +234,12 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
                                                   lambda n: tensors[n].dtype if n in tensors else None)
         tries = [replace(layer, precision="fp16"), layer] if is_half else [layer]
         picked = None
+        forced = replay.forced_tactic(layer, target)
         for candidate_layer in tries:
-            if layer.name in replay:
-                tactic = find_tactic(target, layer.kind, replay[layer.name])
-                if tactic is None:
-                    raise BuildError(f"the tactic replay asks for tactic {replay[layer.name]!r}, which {target} "
-                                     f"does not have for {layer.kind}", where=f"layer {layer.name!r}",
-                                     hint="rebuild the replay file with this polykit version")
-                if not tactic.supports(candidate_layer):
+            if forced is not None:
+                if not forced.supports(candidate_layer):
                     continue
+                tactic = forced
             else:
                 found = candidates(target, layer.kind, candidate_layer)
                 if not found:
@@ -269,6 +249,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
             break
         if picked is not None and target == "cpu" and find_reference(layer.domain, layer.kind) is None:
             picked = None
+        if picked is None and forced is not None:
+            raise replay.unsupported(layer, target)
         if picked is None:
             raise BuildError(f"no {target} tactic can run this {layer.kind} layer", where=f"layer {layer.name!r}",
                              hint="try --target cpu, or report the layer's shapes and attributes")

@@ -13,10 +13,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
+#: fields naming files a build reads or writes besides the model; not recorded in plans
+SIDE_FILES = frozenset({"tactic_replay", "save_tactics"})
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,9 @@ class BuilderConfig:
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away).
     mark_all: mark every intermediate tensor as an output (layerwise debugging).
     fold_constants / fuse: switch the optimizer's folding and fusion passes.
-    tactic_replay: a JSON file {layer name: tactic name} that forces tactic choices.
-    save_tactics: write the chosen tactics to this JSON file (a replay file).
+    tactic_replay: tactic choices to force (polykit.compiler.tactic_replay): a replay file
+        written by save_tactics, a TacticReplay, or {layer name: tactic name} in process.
+    save_tactics: write the chosen tactics to this file (a tactic replay file).
     profile: record per-layer timing while running (execution contexts honour it).
     memory_strategy: "best-fit" (default), "first-fit" or "none" (no arena reuse).
     input_values: build-time values of graph inputs, by name (TensorRT's shape-tensor inputs):
@@ -48,7 +52,7 @@ class BuilderConfig:
     mark_all: bool = False
     fold_constants: bool = True
     fuse: bool = True
-    tactic_replay: str | os.PathLike | None = None
+    tactic_replay: str | os.PathLike | TacticReplay | None = None
     save_tactics: str | os.PathLike | None = None
     profile: bool = False
     memory_strategy: str = "best-fit"
@@ -82,6 +86,8 @@ class BuilderConfig:
                 raise UsageError(f"input value for {name!r} must be a numeric array")
             values[str(name)] = arr
         object.__setattr__(self, "input_values", values)
+        if isinstance(self.tactic_replay, Mapping):
+            object.__setattr__(self, "tactic_replay", TacticReplay.from_assignment(self.tactic_replay))
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -89,15 +95,15 @@ class BuilderConfig:
             )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (paths as strings, shapes as lists) for plan metadata."""
-        d = asdict(self)
+        """A JSON-able dict (shapes as lists) for plan metadata. The side files a build reads or
+        writes (SIDE_FILES) are left out: they are not what the plan is, so a build that saves
+        its tactics and one that replays them give the same plan bytes."""
+        d = {k: v for k, v in asdict(self).items() if k not in SIDE_FILES}
         d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
         d["input_values"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
                              for k, v in sorted(self.input_values.items())}
         d["mark_outputs"] = list(self.mark_outputs)
         d["fp32_layers"] = list(self.fp32_layers)
-        for key in ("tactic_replay", "save_tactics"):
-            d[key] = None if d[key] is None else os.fspath(d[key])
         return d
 
     @staticmethod

@@ -32,14 +32,22 @@ class AccuracySettings:
 
 def make_runners(names: Sequence[str], request: RunnerRequest, pm: pluggy.PluginManager | None = None) -> list[BaseRunner]:
     """Runners by name ("trt", "onnxrt", or a plugin's) from the polykit_runners hook."""
+    from polykit.backends.loaders import model_type
     from polykit.plugins import runner_specs
 
     specs = runner_specs(pm)
+    kind = model_type(request.model)
     runners = []
     for name in names:
         spec = specs.get(name)
         if spec is None:
             raise UsageError(f"unknown runner {name!r}", hint=f"use one of: {', '.join(sorted(specs))}")
+        if kind not in spec.model_types:
+            able = sorted(n for n, s in specs.items() if kind in s.model_types)
+            raise UsageError(f"the model is a {kind} file, which the {name} runner cannot run (it runs "
+                             f"{', '.join(spec.model_types)} files)", where=str(request.model),
+                             hint=f"runners for {kind} files: {', '.join(able) or 'none'}; to compare with the others, "
+                                  "give the ONNX model the plan was built from")
         runners.append(spec.factory(request))
     return runners
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
+import typer
+
 from polykit.errors import UsageError
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
@@ -119,3 +121,10 @@ def parse_error_stats(values: Sequence[str]) -> dict[str, str]:
             raise UsageError(f"--check-error-stat {v!r} is not [NAME:]elemwise|max|mean|median|quantile")
         table[m["name"] or ""] = m["stat"]
     return table
+
+
+# ---- options of the commands that build a plan (convert, run, bench): declared once -------
+LOAD_TACTICS = typer.Option(None, "--load-tactics", metavar="FILE",
+                            help="force the tactics of a replay file (written by --save-tactics)")
+SAVE_TACTICS = typer.Option(None, "--save-tactics", metavar="FILE",
+                            help="write the tactic chosen for every layer to a replay file")

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS
+
 
 def convert(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
@@ -15,18 +17,25 @@ def convert(
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", help="intermediate tensors to make outputs"),
     mark_all: bool = typer.Option(False, "--mark-all", help="make every intermediate tensor an output"),
-    tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", help="JSON {layer: tactic} forcing choices"),
-    save_tactics: Optional[str] = typer.Option(None, "--save-tactics", help="write the chosen tactics as JSON"),
+    load_tactics: Optional[str] = LOAD_TACTICS,
+    save_tactics: Optional[str] = SAVE_TACTICS,
+    tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", hidden=True,
+                                                help="the old name of --load-tactics"),
 ) -> int:
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
     from polykit.compiler.config import BuilderConfig
+    from polykit.errors import UsageError
     from polykit.tools.cli import stderr_console
     from polykit.tools.cli_args import parse_input_shapes
     from polykit.tools.run_cmd import resolve_target
 
+    if load_tactics and tactic_replay and load_tactics != tactic_replay:
+        raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
+                         hint="give one --load-tactics FILE")
     config = BuilderConfig(
         target=resolve_target(target, ["trt"]), fp16=fp16, input_shapes=parse_input_shapes(input_shapes),
-        mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=tactic_replay, save_tactics=save_tactics,
+        mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=load_tactics or tactic_replay,
+        save_tactics=save_tactics,
     )
     plan = SaveEngine(PlanFromOnnx(model, config), output)()
     stderr_console().print(f"wrote {output}: {len(plan.layers)} layers, target {plan.target}, "

@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from polykit.errors import UsageError
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS
 
 log = logging.getLogger("polykit")
 
@@ -27,14 +28,20 @@ def _runner_help() -> str:
     return "Runners (in the order given; the first is the reference):\n\n" + "\n\n".join(lines)
 
 
-def resolve_target(target: Optional[str], runners: List[str]) -> Optional[str]:
-    """--target, or cuda when a GPU is usable, else cpu with a one-line notice (only if the engine runs)."""
+def resolve_target(target: Optional[str], runners: List[str], model: Optional[str] = None) -> Optional[str]:
+    """--target, or cuda when a GPU is usable, else cpu with a one-line notice (only if the engine
+    builds: a plan file runs on the target it was built for)."""
     if target is not None:
         if target not in ("cuda", "cpu"):
             raise UsageError(f"--target {target!r} is not cuda or cpu")
         return target
     if "trt" not in runners:
         return None
+    if model is not None:
+        from polykit.backends.loaders import model_type
+
+        if model_type(model) == "plan":
+            return None
     from polykit.runtime.target import default_target
 
     chosen = default_target()
@@ -46,7 +53,7 @@ def resolve_target(target: Optional[str], runners: List[str]) -> Optional[str]:
 
 
 def run(
-    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model, or a polykit plan (--trt only)"),
     runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu for polykit's engine (default: cuda if usable)"),
     fp16: bool = typer.Option(False, "--fp16", help="let polykit's engine use half precision"),
@@ -73,6 +80,8 @@ def run(
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
+    load_tactics: Optional[str] = LOAD_TACTICS,
+    save_tactics: Optional[str] = SAVE_TACTICS,
     warm_up: int = typer.Option(0, "--warm-up", help="untimed runs before the timed ones"),
     profile: bool = typer.Option(False, "--profile", help="time every layer of polykit's engine (CUDA events on cuda)"),
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
@@ -102,9 +111,9 @@ def run(
                                        input_shapes=shapes, script=data_loader_script),
     )
     request = RunnerRequest(
-        model=model, target=resolve_target(target, runner), fp16=fp16, input_shapes=shapes,
+        model=model, target=resolve_target(target, runner, model), fp16=fp16, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
-        profile=profile,
+        profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import pytest
@@ -129,29 +127,6 @@ def test_every_layer_gets_the_cpu_reference_tactic():
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU))
     assert plan.layers and all(layer.tactic == "cpu.reference" for layer in plan.layers)
     assert plan.metadata["tactics"] == {layer.name: layer.tactic for layer in plan.layers}
-
-
-def test_tactic_replay_is_honoured_and_save_tactics_writes_one(tmp_path):
-    saved = tmp_path / "tactics.json"
-    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, save_tactics=saved))
-    assert json.loads(saved.read_text()) == plan.metadata["tactics"]
-    again = build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=saved))
-    assert [l.tactic for l in again.layers] == [l.tactic for l in plan.layers]
-
-
-def test_tactic_replay_naming_a_missing_tactic_is_a_build_error(tmp_path):
-    plan = build_plan(_chain_model(2), BuilderConfig(**CPU))
-    replay = tmp_path / "bad.json"
-    replay.write_text(json.dumps({plan.layers[0].name: "cpu.imaginary"}))
-    with pytest.raises(BuildError, match="cpu.imaginary"):
-        build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=replay))
-
-
-def test_unreadable_tactic_replay_is_a_usage_error(tmp_path):
-    replay = tmp_path / "bad.json"
-    replay.write_text("{not json")
-    with pytest.raises(UsageError, match="tactic replay"):
-        build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=replay))
 
 
 def test_fp16_on_cpu_records_precision_and_runs_half():
