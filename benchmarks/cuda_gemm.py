@@ -53,7 +53,19 @@ def time_graph(fn, torch, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list[dict]:
+#: fused epilogues to time (docs/FUSION.md bodies): extra inputs by name -> shape builder
+EPILOGUES = {
+    "none": ([], {}),
+    "bias": ([{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["Y"], "attrs": {}}], {"bias": lambda M, N: (N,)}),
+    "bias_gelu": ([{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                   {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}], {"bias": lambda M, N: (N,)}),
+    "bias_residual": ([{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                       {"op": "Add", "inputs": ["s", "res"], "outputs": ["Y"], "attrs": {}}],
+                      {"bias": lambda M, N: (N,), "res": lambda M, N: (M, N)}),
+}
+
+
+def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args, epilogue: str = "none") -> list[dict]:
     from dataclasses import replace
 
     from polykit.compiler.plan_records import LayerDesc
@@ -67,12 +79,19 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list
     sets = [(torch.randn(M, K, device="cuda").to(dtype),
              torch.randn(*((K, N) if layout == "kn" else (N, K)), device="cuda").to(dtype)) for _ in range(3)]
     y = torch.empty(M, N, device="cuda", dtype=dtype)
+    body, extra_shapes = EPILOGUES[epilogue]
+    extras = {n: torch.randn(*f(M, N), device="cuda").to(dtype) for n, f in extra_shapes.items()}
+    epi = {"epilogue": {"input": "raw", "body": body}} if body else {}
+    domain = "ai.polykit" if body else ""
     if layout == "kn":
-        layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), precision="fp16")
+        layer = LayerDesc("mm", "MatMul", ("A", "B", *extras), ("Y",), dict(epi), domain=domain, precision="fp16")
     else:
-        layer = LayerDesc("mm", "Gemm", ("A", "B"), ("Y",), {"transB": 1}, precision="fp16")
-    layer = replace(layer, in_dtypes=(npd, npd), out_dtypes=(npd,), in_shapes=(tuple(sets[0][0].shape),
-                    tuple(sets[0][1].shape)), out_shapes=((M, N),))
+        layer = LayerDesc("mm", "Gemm", ("A", "B", "", *extras) if extras else ("A", "B"), ("Y",),
+                          {"transB": 1, **epi}, domain=domain, precision="fp16")
+    ins = [tuple(sets[0][0].shape), tuple(sets[0][1].shape)] + ([()] if layout != "kn" and extras else [])
+    ins += [tuple(t.shape) for t in extras.values()]
+    layer = replace(layer, in_dtypes=tuple(npd if i else "" for i in layer.inputs), out_dtypes=(npd,),
+                    in_shapes=tuple(ins), out_shapes=((M, N),))
     flops = 2.0 * M * N * K
     rows = []
     ref = sets[0][0].float() @ (sets[0][1].float() if layout == "kn" else sets[0][1].float().T)
@@ -95,11 +114,13 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args) -> list
 
             tensors = [{"A": DeviceTensor(a.data_ptr(), tuple(a.shape), np.dtype(npd)),
                         "B": DeviceTensor(b.data_ptr(), tuple(b.shape), np.dtype(npd)),
-                        "Y": DeviceTensor(y.data_ptr(), (M, N), np.dtype(npd))} for a, b in sets]
+                        "Y": DeviceTensor(y.data_ptr(), (M, N), np.dtype(npd)),
+                        **{n: DeviceTensor(t.data_ptr(), tuple(t.shape), np.dtype(npd)) for n, t in extras.items()}}
+                       for a, b in sets]
             y.fill_(float("nan"))
             tactic.enqueue(layer, launcher(), tensors[0])
             torch.cuda.synchronize()
-            rel = float((y.float() - ref).norm() / ref.norm())
+            rel = float((y.float() - ref).norm() / ref.norm()) if not body else float("nan")
             ms = time_graph(lambda i: tactic.enqueue(layer, launcher(), tensors[i]), torch, args.warmup, args.iters)
             rows.append({"tactic": tactic.name, "ms": ms, "tflops": flops / ms / 1e9, "rel_err": rel})
         except Exception as exc:  # one failing tactic must not hide the others
@@ -126,19 +147,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--tactics", default="", help="comma-separated tactic name prefixes to time (default all)")
+    parser.add_argument("--epilogues", default="none", help=f"comma-separated, of {', '.join(EPILOGUES)}")
+    parser.add_argument("--only", default="", help="only these MxNxK shapes, comma-separated")
     parser.add_argument("--out", default="cuda_gemm.json")
     args = parser.parse_args()
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     results = []
+    only = {tuple(int(x) for x in s.split("x")) for s in args.only.split(",") if s}
     for group in args.shapes.split(","):
         for M, N, K in SHAPES[group]:
+            if only and (M, N, K) not in only:
+                continue
             for layout in args.layouts.split(","):
-                rows = bench_shape(M, N, K, layout, dtype, torch, args)
-                results.append({"M": M, "N": N, "K": K, "layout": layout, "rows": rows})
+              for epilogue in args.epilogues.split(","):
+                rows = bench_shape(M, N, K, layout, dtype, torch, args, epilogue)
+                results.append({"M": M, "N": N, "K": K, "layout": layout, "epilogue": epilogue, "rows": rows})
                 ok = [r for r in rows if "ms" in r and r["tactic"] != "torch.matmul"]
                 torch_row = rows[-1]
                 best = min(ok, key=lambda r: r["ms"]) if ok else None
-                print(f"== {M}x{N}x{K} {layout} {args.dtype}: torch {torch_row['ms']:.4f} ms "
+                print(f"== {M}x{N}x{K} {layout} {args.dtype} epilogue {epilogue}: torch {torch_row['ms']:.4f} ms "
                       f"{torch_row['tflops']:.0f} TFLOP/s" + (f"; best {best['tactic']} {best['ms']:.4f} ms "
                       f"{best['tflops']:.0f} TFLOP/s = {best['tflops'] / torch_row['tflops']:.2f}x torch" if best else ""),
                       flush=True)
