@@ -1,8 +1,8 @@
 // Convolutions (NCHW, 1-3 spatial dims mapped onto D x H x W with unit leading dims).
 //
 // ELEM (define): storage type of X, W, B, Y (float or half_t); fp32 accumulation.
-// Parameters: conv_params.cuh. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
-#include "conv_params.cuh"
+// Parameters: conv_common.cuh. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
+#include "conv_common.cuh"
 
 // Implicit GEMM per group z: Y[z] (Mg x NB*OD*OH*OW) = W[z] (Mg x Cg*KD*KH*KW) * im2col(X)[z];
 // the im2col matrix is never stored: b(z, k, n) gathers from X (0 in the padding).
@@ -76,24 +76,15 @@ __device__ __forceinline__ ConvP conv_problem(CONV_IGEMM_PARAMS) {
   return p;
 }
 
-// grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G * splits), block 256
+// implicit GEMM with N = NB*OD*OH*OW pixels, M = M/G out channels, groups (and K slices) on grid z
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, 16);
-  simt_gemm<ConvP, 64, 64, 16, 4, 4>(p, t, splits > 1 ? partial : nullptr);
+  igemm_simt(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G * splits), block 256; fp16 operands on tensor cores
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, MMA_BK);
-  mma_gemm<ConvP>(p, t, splits > 1 ? partial : nullptr);
+  igemm_mma(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// after a split launch of either: grid (ceil(M/G * NB*OD*OH*OW / 256) capped, 1, G), block 256
 extern "C" __global__ void __launch_bounds__(256) conv_splitk_reduce(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  splitk_reduce<ConvP>([&](i64) { return p; }, splits, partial);
+  igemm_splitk_reduce(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
 
 // Direct convolution, one thread per output element (grid-stride over NB*M*OD*OH*OW):

@@ -60,7 +60,7 @@ CHANNELS_LAST_KINDS = frozenset({"ConvNHWC"})
 
 
 def conv_args(layer: Any, tensors: Mapping[str, DeviceTensor], transpose: bool = False) -> tuple[str, list[Any], dict]:
-    """(ELEM, kernel args (conv_params.cuh), geometry dict) of a Conv / ConvTranspose / ConvNHWC layer."""
+    """(ELEM, kernel args (conv_common.cuh), geometry dict) of a Conv / ConvTranspose / ConvNHWC layer."""
     where = f"layer {layer.name!r}"
     X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None

@@ -2,13 +2,13 @@
 // implicit GEMM on the shared main loops of gemm_core.cuh.
 //
 // ELEM (define): storage type of X, W, B, Y (float or half_t); fp32 accumulation.
-// Parameters: conv_params.cuh (as conv.cu's), with unit D / OD / KD (the D-axis values are unused).
+// Parameters: conv_common.cuh (as conv.cu's), with unit D / OD / KD (the D-axis values are unused).
 // X is (NB, H, W, C), W is (M, KH, KW, C/G) (KRSC), Y is (NB, OH, OW, M); bias (may be null) M.
 // Per group z: Y[z] (Mg x NB*OH*OW) = W[z] (Mg x KH*KW*Cg) * im2col(X)[z], the GEMM's
 //   M = output channels of the group, N = pixels (nb, oh, ow), K = (kh, kw, c) with c fastest,
 // so W[z] is a plain row-major [Mg, K] matrix. Element (m, n) goes to Y[n * M + z * Mg + m]; the
 // epilogue sees that NHWC linear index (its extra inputs are laid out like Y).
-#include "conv_params.cuh"
+#include "conv_common.cuh"
 
 struct ConvNhwcP {
   const ELEM *X, *Wt, *Bias; ELEM* Y;
@@ -65,22 +65,13 @@ __device__ __forceinline__ ConvNhwcP conv_nhwc_problem(CONV_IGEMM_PARAMS) {
   return p;
 }
 
-// grid (ceil(NB*OH*OW/64), ceil((M/G)/64), G * splits), block 256
+// implicit GEMM with N = NB*OH*OW pixels, M = M/G out channels, groups (and K slices) on grid z
 extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_simt(CONV_IGEMM_PARAMS) {
-  const ConvNhwcP p = conv_nhwc_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, 16);
-  simt_gemm<ConvNhwcP, 64, 64, 16, 4, 4>(p, t, splits > 1 ? partial : nullptr);
+  igemm_simt(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// grid (ceil(NB*OH*OW/128), ceil((M/G)/128), G * splits), block 256; fp16 operands on tensor cores
 extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_mma(CONV_IGEMM_PARAMS) {
-  const ConvNhwcP p = conv_nhwc_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, MMA_BK);
-  mma_gemm<ConvNhwcP>(p, t, splits > 1 ? partial : nullptr);
+  igemm_mma(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// after a split launch of either: grid (ceil(M/G * NB*OH*OW / 256) capped, 1, G), block 256
 extern "C" __global__ void __launch_bounds__(256) conv_nhwc_splitk_reduce(CONV_IGEMM_PARAMS) {
-  const ConvNhwcP p = conv_nhwc_problem(CONV_IGEMM_ARGS);
-  splitk_reduce<ConvNhwcP>([&](i64) { return p; }, splits, partial);
+  igemm_splitk_reduce(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
 }

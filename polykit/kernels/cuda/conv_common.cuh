@@ -1,5 +1,6 @@
-// The kernel parameters every convolution family shares (conv.cu, conv_nhwc.cu), so the host
-// builds one argument list for all of them (conv.py: conv_args).
+// What the convolution families (conv.cu, conv_nhwc.cu) share: the kernel parameters, so the
+// host builds one argument list for all of them (conv.py: conv_args), and the bodies of the
+// implicit-GEMM entry points over a family's problem type (gemm_core.cuh's contract).
 //
 // ELEM (define): storage type of X, W, B, Y. Geometry args (all i64): batch NB, channels C,
 // input D H W, out channels M, output OD OH OW, kernel KD KH KW, strides SD SH SW, begin pads
@@ -25,3 +26,21 @@
 #define CONV_IGEMM_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial EPI_PARAMS
 #define CONV_BASE_ARGS X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G
 #define CONV_IGEMM_ARGS CONV_BASE_ARGS, splits, partial EPI_COMMA_ARGS
+
+// grid (ceil(N/64), ceil(M/64), G * splits), block 256: fp32 FMA tiles
+template <class P>
+__device__ __forceinline__ void igemm_simt(const P& p, i64 splits, float* partial) {
+  simt_gemm<P, 64, 64, 16, 4, 4>(p, k_slice(p.K, splits, 16), splits > 1 ? partial : nullptr);
+}
+
+// grid (ceil(N/128), ceil(M/128), G * splits), block 256: fp16 operands on tensor cores
+template <class P>
+__device__ __forceinline__ void igemm_mma(const P& p, i64 splits, float* partial) {
+  mma_gemm<P>(p, k_slice(p.K, splits, MMA_BK), splits > 1 ? partial : nullptr);
+}
+
+// after a split launch of either: grid (ceil(M * N / 256) capped, 1, G), block 256
+template <class P>
+__device__ __forceinline__ void igemm_splitk_reduce(const P& p, i64 splits, const float* partial) {
+  splitk_reduce<P>([&](i64) { return p; }, splits, partial);
+}
