@@ -3,7 +3,7 @@
 1. `Transpose(Transpose(x, p), q)` -> `Transpose(x, p[q])`; an identity result reads `x`
    directly (the first Transpose goes when nothing else reads it).
 2. An elementwise op (fuse_pointwise.is_fusable) whose non-constant inputs are all
-   `Transpose(., p)` with one perm and full rank, read by nothing else, becomes
+   `Transpose(., p)` with one perm and full rank, read by nothing else but Transposes, becomes
    `Transpose(op(inputs untransposed, constants transposed by p^-1), p)` when that removes a
    Transpose: two or more transposed inputs, or an output that flows (through any of its
    readers, and on through elementwise ops whose other inputs are constants or Transposes by p)
@@ -135,8 +135,8 @@ def _sink_plan(graph: Graph, op: Node, producers: dict[str, Node], readers: dict
         shape = graph.value(name).shape
         if p is None or (perm is not None and p != perm) or shape is None or len(shape) != len(out_shape):
             return None
-        if name in fixed or any(r is not op for r in readers.get(name, [])):
-            return None
+        if name in fixed or any(r is not op and perm_of(graph, r) is None for r in readers.get(name, [])):
+            return None  # other Transposes may read it too: rule 1 composes them with it
         perm, sources[name] = p, t.inputs[0]
     if perm is None or any(const(graph, n).ndim > len(perm) for n in op.inputs if n in graph.initializers):
         return None
@@ -175,7 +175,6 @@ def _sinks_beside(graph: Graph, name: str, perm: list[int], producers: dict[str,
 
 def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> None:
     inverse = list(np.argsort(perm))
-    transposes = {id(n) for n in graph.nodes if n.outputs and n.outputs[0] in sources}
     new_inputs = []
     for name in op.inputs:
         if name in sources:
@@ -194,7 +193,8 @@ def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> N
     if shape is not None:
         graph.set_value(Value(inner, graph.value(out).dtype, tuple(shape[i] for i in inverse)))
     sink = Node("Transpose", [inner], [out], {"perm": list(perm)}, name=graph.fresh_name(f"{op.name}_transpose"))
-    graph.nodes = [n for n in graph.nodes if id(n) not in transposes]
+    readers = graph.consumers()
+    graph.nodes = [n for n in graph.nodes if not (n.outputs and n.outputs[0] in sources and not readers.get(n.outputs[0]))]
     graph.nodes.insert(graph.nodes.index(op) + 1, sink)
 
 

@@ -138,6 +138,16 @@ def test_resnet50_like_graph_keeps_one_transpose_at_the_entry(fp16):
     np.testing.assert_allclose(evaluate(out, feeds)["logits"], nchw, rtol=rtol, atol=atol)
 
 
+def test_fp32_layers_naming_conv_keep_the_nhwc_convs_in_float32():
+    _, out = _optimized(resnet(depths=(1,)), channels_last=True, fp16=True, fp32_layers=("Conv",))
+    convs = [n for n in out.nodes if n.op_type == "ConvNHWC"]
+    assert convs and all(out.initializers[n.inputs[1]].dtype == np.float32 for n in convs)
+    assert out.value(next(n for n in out.nodes if n.op_type == "MaxPoolNHWC").outputs[0]).dtype == np.float16
+
+def test_a_resnet152_deep_chain_also_keeps_one_transpose():
+    _, out = _optimized(resnet(depths=(3, 8, 36, 3)), channels_last=True)
+    assert op_counts(out)["Transpose"] == 1 and op_counts(out)[CONV_NHWC] == 155
+
 @pytest.mark.parametrize("model", ["convnet_ts.onnx", "convnet_dynamo.onnx"])
 def test_torch_exported_convnets_keep_one_transpose(model):
     g, out = _optimized(DATA / model, channels_last=True)
