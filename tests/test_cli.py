@@ -234,6 +234,27 @@ def test_convert_then_inspect_plan_shows_layers_tactics_precision(tmp_path, caps
     assert {"fc1", "fc2"} <= {n for layer in info["layers"] for n in layer["fused_nodes"]}
 
 
+def _resnet(tmp_path, **kw) -> str:
+    from tests.conv_models import resnet
+
+    path = str(tmp_path / "resnet.onnx")
+    onnx.save_model(resnet(**kw), path)
+    return path
+
+
+def test_convert_with_channels_last_writes_nhwc_layers(tmp_path, capsys):
+    model, plan = _resnet(tmp_path, depths=(1,)), str(tmp_path / "resnet.plan")
+    assert cli("convert", model, "-o", plan, "--target", "cpu", "--channels-last") == 0
+    assert cli("inspect", "model", plan, "--json") == 0
+    kinds = [layer["kind"] for layer in json.loads(capsys.readouterr().out)["layers"]]
+    assert "ConvNHWC" in kinds and "Conv" not in kinds
+
+
+@pytest.mark.parametrize("flag", ["--channels-last", "--no-channels-last"])
+def test_run_matches_onnxrt_with_either_layout(tmp_path, flag):
+    assert cli("run", _resnet(tmp_path, depths=(1, 1)), "--trt", "--onnxrt", "--target", "cpu", flag) == 0
+
+
 def test_run_with_saved_engine_then_inspect_as_table(tmp_path, capsys):
     plan = str(tmp_path / "m.plan")
     assert cli("run", ADD_MUL, "--trt", "--target", "cpu", "--save-engine", plan) == 0

@@ -30,6 +30,8 @@ class RunnerRequest:
     model: str
     target: str | None = None
     fp16: bool = False
+    #: BuilderConfig.channels_last (None: auto)
+    channels_last: bool | None = None
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     providers: tuple[str, ...] = ()
     mark_outputs: tuple[str, ...] = ()

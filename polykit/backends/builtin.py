@@ -23,6 +23,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     config = BuilderConfig(
         target=request.target,
         fp16=request.fp16,
+        channels_last=request.channels_last,
         input_shapes=dict(request.input_shapes),
         mark_outputs=tuple(request.mark_outputs),
         mark_all=request.mark_all,

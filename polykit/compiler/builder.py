@@ -45,7 +45,7 @@ class Builder:
         infer_shapes(g)
         marked = marked_outputs(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g = run_passes(g, cfg, keep=list(g.outputs))
+        g = run_passes(g, cfg, keep=list(g.outputs), target=target)
         infer_shapes(g, strict=False)
         lowered = lower(g)
         tensors = describe_tensors(g, lowered)
@@ -166,7 +166,7 @@ def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
     return [n for n in dict.fromkeys(names) if n not in g.outputs]
 
 
-def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str]) -> Graph:
+def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str) -> Graph:
     """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph."""
     try:
         from polykit.compiler.passes import optimize
@@ -174,7 +174,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str]) -> Graph:
         log.debug("polykit.compiler.passes.optimize not available; building without passes")
         return g
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
-               "config": cfg, "fp16": cfg.fp16, "fp32_layers": cfg.fp32_layers}
+               "config": cfg, "fp16": cfg.fp16, "fp32_layers": cfg.fp32_layers,
+               "channels_last": cfg.channels_last_for(target)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered

@@ -43,6 +43,8 @@ class BuilderConfig:
         shape inference sees them, so shapes that depend on an input's data (a Reshape's
         shape, Pad's pads, NonZero's count) become static; the engine then accepts only
         feeds equal to these values for those inputs.
+    channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
+        turns it on for fp16 builds of the cuda target (channels_last_for).
     """
 
     target: str | None = None
@@ -58,6 +60,7 @@ class BuilderConfig:
     memory_strategy: str = "best-fit"
     fp32_layers: tuple[str, ...] = ()
     input_values: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    channels_last: bool | None = None
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -93,6 +96,12 @@ class BuilderConfig:
                 f"unknown memory strategy {self.memory_strategy!r}",
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
+
+    def channels_last_for(self, target: str) -> bool:
+        """Whether a build for `target` runs convolutions channels-last (None: fp16 cuda builds)."""
+        if self.channels_last is not None:
+            return bool(self.channels_last)
+        return target == "cuda" and self.fp16
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (shapes as lists) for plan metadata. The side files a build reads or

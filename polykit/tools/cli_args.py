@@ -1,5 +1,6 @@
 """Parsing of the CLI's value syntaxes (Polygraphy's): `--atol 1e-4 logits:1e-3`,
-`--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`.
+`--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`;
+and the build options several subcommands share (`channels_last_option`).
 
 click takes one value per option occurrence, so `expand_multi_values` first rewrites
 `--atol 1e-4 logits:1e-3` into `--atol 1e-4 --atol logits:1e-3`, consuming only the
@@ -11,7 +12,7 @@ and `rewrite_runner_flags` turns plugin runner flags (`--trt`, `--onnxrt`) into 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import typer
 
@@ -128,3 +129,11 @@ LOAD_TACTICS = typer.Option(None, "--load-tactics", metavar="FILE",
                             help="force the tactics of a replay file (written by --save-tactics)")
 SAVE_TACTICS = typer.Option(None, "--save-tactics", metavar="FILE",
                             help="write the tactic chosen for every layer to a replay file")
+
+
+def channels_last_option() -> Any:
+    """`--channels-last/--no-channels-last` (BuilderConfig.channels_last; unset: auto)."""
+    import typer
+
+    return typer.Option(None, "--channels-last/--no-channels-last",
+                        help="run 2-D convolutions in NHWC (default: on for fp16 cuda builds)")

@@ -6,13 +6,14 @@ from typing import List, Optional
 
 import typer
 
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option
 
 
 def convert(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
     output: str = typer.Option(..., "--output", "-o", help="where to write the plan"),
     fp16: bool = typer.Option(False, "--fp16", help="let float layers run in half precision"),
+    channels_last: Optional[bool] = channels_last_option(),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable)"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", help="intermediate tensors to make outputs"),
@@ -33,7 +34,8 @@ def convert(
         raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
                          hint="give one --load-tactics FILE")
     config = BuilderConfig(
-        target=resolve_target(target, ["trt"]), fp16=fp16, input_shapes=parse_input_shapes(input_shapes),
+        target=resolve_target(target, ["trt"]), fp16=fp16, channels_last=channels_last,
+        input_shapes=parse_input_shapes(input_shapes),
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=load_tactics or tactic_replay,
         save_tactics=save_tactics,
     )

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from polykit.errors import UsageError
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option
 
 log = logging.getLogger("polykit")
 
@@ -57,6 +57,7 @@ def run(
     runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu for polykit's engine (default: cuda if usable)"),
     fp16: bool = typer.Option(False, "--fp16", help="let polykit's engine use half precision"),
+    channels_last: Optional[bool] = channels_last_option(),
     providers: List[str] = typer.Option([], "--providers", help="onnxruntime providers, e.g. cpu cuda"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
@@ -111,7 +112,8 @@ def run(
                                        input_shapes=shapes, script=data_loader_script),
     )
     request = RunnerRequest(
-        model=model, target=resolve_target(target, runner, model), fp16=fp16, input_shapes=shapes,
+        model=model, target=resolve_target(target, runner, model), fp16=fp16, channels_last=channels_last,
+        input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
     )

@@ -92,3 +92,17 @@ def test_unsorted_nodes_are_put_in_topological_order():
     model.graph.node.extend(reversed(nodes))
     g = load_onnx(model)
     assert [n.name for n in g.nodes] == ["add", "erf", "mul", "gt", "where"]
+
+
+def test_channels_last_graph_round_trips_through_onnx():
+    from polykit.compiler.passes import evaluate, optimize
+    from tests.conv_models import resnet
+
+    g = optimize(load_onnx(resnet(depths=(1, 1))), channels_last=True)
+    exported = to_onnx(g)
+    onnx.checker.check_model(exported)
+    back = load_onnx(exported)
+    assert [(n.domain, n.op_type) for n in back.nodes] == [(n.domain, n.op_type) for n in g.nodes]
+    assert {"ConvNHWC", "MaxPoolNHWC"} <= {n.op_type for n in back.nodes}
+    feeds = {"image": np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    np.testing.assert_array_equal(evaluate(back, feeds)["logits"], evaluate(g, feeds)["logits"])

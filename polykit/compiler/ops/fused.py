@@ -1,4 +1,4 @@
-"""polykit's fused ops (domain ai.polykit): Pointwise, Conv/Gemm/MatMul with an epilogue, Attention.
+"""polykit's fused ops (domain ai.polykit): Pointwise, Conv/Gemm/MatMul/ConvNHWC with an epilogue, Attention.
 
 The passes in polykit.compiler.passes create these nodes; docs/FUSION.md is their contract
 (the builder, the cpu target and the cuda target rely on it). A *body* is a list of plain
@@ -32,7 +32,10 @@ POINTWISE_OPS = frozenset({
 })
 
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
-EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2}
+EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, "ConvNHWC": 3}
+#: Epilogue bases that are ai.polykit ops of their own (valid without an epilogue too,
+#: with their own shape rule and reference kernel: ops/channels_last.py)
+POLYKIT_BASES = frozenset({"ConvNHWC"})
 
 
 def body_names(body: list[dict[str, Any]]) -> set[str]:
@@ -149,22 +152,25 @@ def _pointwise(ctx: InferContext):
 
 
 def base_node(node: Node) -> Node:
-    """The plain ONNX op under an epilogue node: its inputs (padding dropped) and own attrs."""
+    """The op under an epilogue node: its inputs (padding dropped) and own attrs; a plain ONNX
+    op, or for POLYKIT_BASES the same ai.polykit op without its epilogue."""
     arity = EPILOGUE_ARITY[node.op_type]
     inputs = list(node.inputs[:arity])
     while inputs and not inputs[-1]:
         inputs.pop()
     attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from")}
-    return Node(node.op_type, inputs, [node.attrs["epilogue"]["input"]], attrs, name=node.name)
+    domain = POLYKIT_DOMAIN if node.op_type in POLYKIT_BASES else ""
+    return Node(node.op_type, inputs, [node.attrs["epilogue"]["input"]], attrs, name=node.name, domain=domain)
 
 
-@shape_rule(*EPILOGUE_ARITY, domain=POLYKIT_DOMAIN)
-def _epilogue(ctx: InferContext):
+@shape_rule(*(op for op in EPILOGUE_ARITY if op not in POLYKIT_BASES), domain=POLYKIT_DOMAIN)
+def infer_epilogue(ctx: InferContext):
+    """Shape rule of an epilogue node: the base op's rule, then the body's."""
     node = ctx.node
     if "epilogue" not in node.attrs:
-        raise ctx.fail("an ai.polykit Conv/Gemm/MatMul needs an 'epilogue' attribute")
+        raise ctx.fail(f"an ai.polykit {node.op_type} needs an 'epilogue' attribute")
     base = base_node(node)
-    rule = find_shape_rule("", base.op_type)
+    rule = find_shape_rule(base.domain, base.op_type)
     if rule is None:
         raise ctx.fail(f"the base op {base.op_type} has no shape rule")
     n = len(base.inputs)

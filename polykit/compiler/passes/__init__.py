@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Sequence
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
+from polykit.compiler.passes.channels_last import to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.evaluate import evaluate
 from polykit.compiler.passes.fold_constants import fold_constants
@@ -35,6 +36,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "fold_attention_layouts",
+    "to_channels_last",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -88,7 +90,8 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
-             check: bool = True, fp16: bool = False, fp32_layers: Iterable[str] = ()) -> Graph:
+             check: bool = True, fp16: bool = False, fp32_layers: Iterable[str] = (),
+             channels_last: bool = False) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -96,6 +99,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
     `fp16=True` converts the graph to half precision before fusion (convert_to_fp16; layers
     named in `fp32_layers` stay float32), so the I/O Casts fuse with their neighbours.
+    `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
+    layout group; cancel_transposes then removes the Transposes between them).
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -109,6 +114,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
+    if channels_last:
+        layout.insert(0, bind(to_channels_last, keep=kept))
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept)]
     if run_passes(g, layout, check):

@@ -1,10 +1,11 @@
 """fuse_bias_activation: give Conv / Gemm / MatMul their bias and activation epilogues.
 
-1. Conv + Add(constant per-channel) -> the Conv's bias input.
+1. Conv + Add(constant per-channel) -> the Conv's bias input (ai.polykit ConvNHWC likewise,
+   its channels on the last axis).
 2. MatMul(2-D A, constant 2-D W) + Add(constant [N]) -> Gemm(A, W, bias).
-3. Conv / Gemm / MatMul followed by a chain of elementwise ops (activations, bias, scale,
-   residual Add, Clip...), each intermediate read only by the next -> one ai.polykit node
-   with an epilogue (docs/FUSION.md). Every chain step keeps the base op's output shape.
+3. Conv / Gemm / MatMul / ConvNHWC followed by a chain of elementwise ops (activations, bias,
+   scale, residual Add, Clip...), each intermediate read only by the next -> one ai.polykit
+   node with an epilogue (docs/FUSION.md). Every chain step keeps the base op's output shape.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.fused import EPILOGUE_ARITY
+from polykit.compiler.ops.fused import EPILOGUE_ARITY, POLYKIT_BASES
 from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
 from polykit.compiler.passes.rewrite import const, json_safe, protected, sole_reader
 
@@ -21,6 +22,13 @@ def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) ->
     """Fold biases, then fuse epilogue chains; True if anything changed."""
     changed = _fold_biases(graph, protected(graph, keep))
     return _fuse_epilogues(graph, protected(graph, keep)) or changed
+
+
+def _takes_epilogue(node: Node) -> bool:
+    """A plain base op (ONNX Conv/Gemm/MatMul, or ConvNHWC without an epilogue yet)."""
+    if node.op_type in POLYKIT_BASES:
+        return node.domain == POLYKIT_DOMAIN and not node.attrs.get("epilogue")
+    return node.domain == "" and node.op_type in EPILOGUE_ARITY
 
 
 def _other_const(graph: Graph, add: Node, name: str) -> np.ndarray | None:
@@ -34,14 +42,14 @@ def _fold_biases(graph: Graph, fixed: set[str]) -> bool:
     readers = graph.consumers()
     dead: list[Node] = []
     for base in list(graph.nodes):
-        if base.domain != "" or base.op_type not in ("Conv", "MatMul") or len(base.outputs) != 1:
+        if not _takes_epilogue(base) or base.op_type == "Gemm" or len(base.outputs) != 1:
             continue
         out = base.outputs[0]
         add = sole_reader(graph, out, readers, fixed)
         c = None if add is None else _other_const(graph, add, out)
         if c is None or graph.value(add.outputs[0]).shape != graph.value(out).shape:
             continue
-        folded = _bias_into_conv(graph, base, c) if base.op_type == "Conv" else _matmul_to_gemm(graph, base, c)
+        folded = _matmul_to_gemm(graph, base, c) if base.op_type == "MatMul" else _bias_into_conv(graph, base, c)
         if folded:
             base.outputs = [add.outputs[0]]
             dead.append(add)
@@ -55,6 +63,8 @@ def _bias_into_conv(graph: Graph, conv: Node, c: np.ndarray) -> bool:
     if shape is None or w is None or c.dtype != w.dtype or (conv.input(2) and const(graph, conv.input(2)) is None):
         return False
     channel_shape = (1, w.shape[0]) + (1,) * (len(shape) - 2)
+    if conv.op_type == "ConvNHWC":
+        channel_shape = (1,) * (len(shape) - 1) + (w.shape[0],)
     try:
         if np.broadcast_shapes(c.shape, channel_shape) != channel_shape:
             return False
@@ -86,7 +96,7 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     dead: list[Node] = []
     claimed: set[int] = set()  # chain nodes already given to a base (two convs feeding one residual Add)
     for base in graph.nodes:
-        if base.domain != "" or base.op_type not in EPILOGUE_ARITY or len(base.outputs) != 1:
+        if not _takes_epilogue(base) or len(base.outputs) != 1:
             continue
         chain = _chain(graph, base, readers, fixed)
         if not chain or any(id(n) in claimed for n in chain):

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ops.channels_last import NCHW_OPS
 from polykit.compiler.ops.fused import EPILOGUE_ARITY, rename_fused_tensor
 from polykit.compiler.passes.rewrite import protected
 from polykit.compiler.registry import InferContext, find_shape_rule
@@ -66,6 +67,8 @@ def is_pinned(node: Node, keep_fp32: Iterable[str] = ()) -> bool:
     if node.domain == POLYKIT_DOMAIN:
         body = node.attrs.get("body") or (node.attrs.get("epilogue") or {}).get("body") or []
         if names & set(node.attrs.get("fused_from") or ()) or names & {step["op"] for step in body}:
+            return True
+        if NCHW_OPS.get(node.op_type) in names:  # "Conv" pins the convs to_channels_last made ConvNHWC
             return True
     return False
 

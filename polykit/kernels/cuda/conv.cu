@@ -1,29 +1,8 @@
 // Convolutions (NCHW, 1-3 spatial dims mapped onto D x H x W with unit leading dims).
 //
 // ELEM (define): storage type of X, W, B, Y (float or half_t); fp32 accumulation.
-// Geometry args (all i64): batch NB, channels C, input D H W, out channels M, output OD OH OW,
-// kernel KD KH KW, strides SD SH SW, begin pads PD PH PW, dilations DD DH DW, group G.
-// Bias (may be null) has M elements. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
-#include "gemm_core.cuh"
-
-// Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
-// kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
-// float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before this file's text
-// (col: the index along the output's last axis, or -1 where the kernel does not know it).
-#ifndef HAS_EPILOGUE
-#define HAS_EPILOGUE 0
-#define EPI_PARAMS
-#define EPI_COMMA_ARGS
-#endif
-
-#define CONV_BASE_PARAMS                                                                                 \
-  const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, i64 NB, i64 C, i64 D, i64 H, i64 W, i64 M,     \
-      i64 OD, i64 OH, i64 OW, i64 KD, i64 KH, i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 DD, \
-      i64 DH, i64 DW, i64 G
-#define CONV_PARAMS CONV_BASE_PARAMS EPI_PARAMS
-// implicit GEMM kernels also take the split-K count and partial buffer (gemm_core.cuh)
-#define CONV_IGEMM_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial EPI_PARAMS
-#define CONV_BASE_ARGS X, Wt, Bias, Y, NB, C, D, H, W, M, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, G
+// Parameters: conv_common.cuh. X is (NB, C, D, H, W), W is (M, C/G, KD, KH, KW).
+#include "conv_common.cuh"
 
 // Implicit GEMM per group z: Y[z] (Mg x NB*OD*OH*OW) = W[z] (Mg x Cg*KD*KH*KW) * im2col(X)[z];
 // the im2col matrix is never stored: b(z, k, n) gathers from X (0 in the padding).
@@ -96,26 +75,16 @@ __device__ __forceinline__ ConvP conv_problem(CONV_IGEMM_PARAMS) {
 #endif
   return p;
 }
-#define CONV_IGEMM_ARGS CONV_BASE_ARGS, splits, partial EPI_COMMA_ARGS
 
-// grid (ceil(NB*OD*OH*OW/64), ceil((M/G)/64), G * splits), block 256
+// implicit GEMM with N = NB*OD*OH*OW pixels, M = M/G out channels, groups (and K slices) on grid z
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, 16);
-  simt_gemm<ConvP, 64, 64, 16, 4, 4>(p, t, splits > 1 ? partial : nullptr);
+  igemm_simt(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// grid (ceil(NB*OD*OH*OW/128), ceil((M/G)/128), G * splits), block 256; fp16 operands on tensor cores
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  const KSlice t = k_slice(p.K, splits, MMA_BK);
-  mma_gemm<ConvP>(p, t, splits > 1 ? partial : nullptr);
+  igemm_mma(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
-
-// after a split launch of either: grid (ceil(M/G * NB*OD*OH*OW / 256) capped, 1, G), block 256
 extern "C" __global__ void __launch_bounds__(256) conv_splitk_reduce(CONV_IGEMM_PARAMS) {
-  const ConvP p = conv_problem(CONV_IGEMM_ARGS);
-  splitk_reduce<ConvP>([&](i64) { return p; }, splits, partial);
+  igemm_splitk_reduce(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
 
 // Direct convolution, one thread per output element (grid-stride over NB*M*OD*OH*OW):

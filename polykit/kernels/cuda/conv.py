@@ -30,13 +30,13 @@ KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_splitk_reduce", "conv_dire
 BLOCK = 256
 
 
-def variants(kernel: str) -> list[KernelSource]:
-    return [KernelSource(kernel, file="conv.cu", defines=defines(ELEM=e)) for e in ELEMS.values()]
+def variants(kernel: str, file: str = "conv.cu") -> list[KernelSource]:
+    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in ELEMS.values()]
 
 
-def layer_variants(kernel: str):
+def layer_variants(kernel: str, file: str = "conv.cu"):
     """kernels(layer) of a tactic: `kernel` for each storage dtype, with the layer's epilogue."""
-    return lambda layer: [kernel_source(layer, kernel, "conv.cu", e) for e in ELEMS.values()]
+    return lambda layer: [kernel_source(layer, kernel, file, e) for e in ELEMS.values()]
 
 
 def _with_epilogue(layer: Any, tensors: Mapping[str, DeviceTensor], args: list[Any]) -> list[Any]:
@@ -55,25 +55,29 @@ def _to3(values, fill: int) -> list[int]:
     return [fill] * (3 - len(values)) + values
 
 
+#: layer kinds whose X, W and Y hold their channels last (X [N, *spatial, C], W [M, *k, C/G])
+CHANNELS_LAST_KINDS = frozenset({"ConvNHWC"})
+
+
 def conv_args(layer: Any, tensors: Mapping[str, DeviceTensor], transpose: bool = False) -> tuple[str, list[Any], dict]:
-    """(ELEM, kernel args, geometry dict) of a Conv / ConvTranspose layer."""
+    """(ELEM, kernel args (conv_common.cuh), geometry dict) of a Conv / ConvTranspose / ConvNHWC layer."""
     where = f"layer {layer.name!r}"
     X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
     elem = elem_of(X, where)
     if len({elem_of(t, where) for t in (X, Wt, Y) + ((B,) if B is not None else ())}) != 1:
         raise DeviceError("Conv input, weight, bias and output must share one dtype", where=where)
-    spatial = X.shape[2:]
-    kernel = Wt.shape[2:]
+    if layer.kind in CHANNELS_LAST_KINDS:
+        (NB, *spatial, C), kernel, (*_, M), out = X.shape, Wt.shape[1:-1], Y.shape, Y.shape[1:-1]
+    else:
+        (NB, C, *spatial), kernel, M, out = X.shape, Wt.shape[2:], Y.shape[1], Y.shape[2:]
     geo = (transpose_geometry if transpose else window_geometry)(layer.attrs, spatial, kernel, where=where)
     group = int(layer.attrs.get("group", 1))
-    NB, C = X.shape[:2]
-    M = Y.shape[1]
     g = {"NB": NB, "C": C, "M": M, "G": group, "OSP": 1}
-    for o in Y.shape[2:]:
+    for o in out:
         g["OSP"] *= o
     d, h, w = _to3(spatial, 1)
-    od, oh, ow = _to3(Y.shape[2:], 1)
+    od, oh, ow = _to3(out, 1)
     kd, kh, kw = _to3(kernel, 1)
     sd, sh, sw = _to3(geo.strides, 1)
     pd, ph, pw = _to3(geo.pads_begin, 0)
@@ -87,7 +91,9 @@ def _grid_1d(total: int) -> tuple[int]:
     return (max(1, min((total + BLOCK - 1) // BLOCK, 2**31 - 1)),)
 
 
-def _enqueue_igemm(kernel_name: str):
+def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", file: str = "conv.cu"):
+    """The enqueue of an implicit-GEMM conv tactic: `kernel_name`, then `reduce_name` after a split-K launch."""
+
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         where = f"layer {layer.name!r}"
         elem, args, g = conv_args(layer, tensors)
@@ -98,12 +104,12 @@ def _enqueue_igemm(kernel_name: str):
         for d in wt[1:]:
             k *= d
         x = tensors[layer.inputs[0]].shape
-        if k >= 2**31 or max(x[2:], default=1) >= 2**31:
+        if k >= 2**31 or max(x[1:], default=1) >= 2**31:
             raise DeviceError(f"convolution reduction of {k} elements per output (the implicit-GEMM kernels "
                               "index it in 32 bits)", where=where, hint="run this layer on --target cpu")
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
-        kernel = kernel_source(layer, kernel_name, "conv.cu", elem)
-        launch_tiled(launcher, kernel, "conv_splitk_reduce", m, n, k, g["G"], args,
+        kernel = kernel_source(layer, kernel_name, file, elem)
+        launch_tiled(launcher, kernel, reduce_name, m, n, k, g["G"], args,
                      _with_epilogue(layer, tensors, []))
 
     return enqueue
@@ -122,18 +128,18 @@ def _plain(layer: Any) -> bool:
     return supports_epilogue(layer)
 
 
-def _group(layer: Any) -> int:
+def group_of(layer: Any) -> int:
     return int(layer.attrs.get("group", 1))
 
 
 cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=layer_variants("conv_igemm_mma"), priority=10,
-            supports=lambda layer: _plain(layer) and layer.precision == "fp16" and _group(layer) == 1,
+            supports=lambda layer: _plain(layer) and layer.precision == "fp16" and group_of(layer) == 1,
             params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
-    _enqueue_igemm("conv_igemm_mma"))
+    enqueue_igemm("conv_igemm_mma"))
 cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), priority=8,
-            supports=lambda layer: _plain(layer) and _group(layer) > 1,
+            supports=lambda layer: _plain(layer) and group_of(layer) > 1,
             params={"math": "fp32 FMA, one thread per output"})(_enqueue_direct("conv_direct"))
 cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
-            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_igemm("conv_igemm_simt"))
+            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(enqueue_igemm("conv_igemm_simt"))
 cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),
             supports=lambda layer: not layer.attrs.get("epilogue"), params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))

@@ -173,7 +173,8 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
 
 def compile_variants() -> list[KernelSource]:
     """A representative epilogue (residual add + Relu) on every epilogue kernel: conv.cu with
-    float storage, gemm.cu with half storage (the dtype only changes ELEM, kept cheap for CI)."""
+    float storage, gemm.cu and conv_nhwc.cu with half storage (the dtype only changes ELEM,
+    kept cheap for CI)."""
     from polykit.compiler.plan_records import LayerDesc
 
     body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
@@ -181,6 +182,8 @@ def compile_variants() -> list[KernelSource]:
     out = []
     for kind, file, kernels, ins, elem in (
             ("Conv", "conv.cu", ("conv_igemm_simt", "conv_igemm_mma", "conv_direct"), ("x", "w", "", "skip"), "float"),
+            ("ConvNHWC", "conv_nhwc.cu", ("conv_nhwc_igemm_simt", "conv_nhwc_igemm_mma"), ("x", "w", "", "skip"),
+             "half_t"),
             ("Gemm", "gemm.cu", ("gemm_simt", "gemm_mma"), ("a", "b", "c", "skip"), "half_t")):
         layer = LayerDesc("epi", kind, ins, ("y",), {"epilogue": {"input": "raw", "body": body}}, domain="ai.polykit")
         out += [kernel_source(layer, k, file, elem) for k in kernels]

@@ -29,7 +29,8 @@ ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 MAX_GRID_Z = 65535
 #: kernel name -> (block tile M, block tile N, block tile K)
 TILES = {"gemm_simt": (64, 64, 16), "gemm_mma": (128, 128, 32),
-         "conv_igemm_simt": (64, 64, 16), "conv_igemm_mma": (128, 128, 32)}
+         "conv_igemm_simt": (64, 64, 16), "conv_igemm_mma": (128, 128, 32),
+         "conv_nhwc_igemm_simt": (64, 64, 16), "conv_nhwc_igemm_mma": (128, 128, 32)}
 #: most K slices of one launch, and the fewest K tiles a slice gets
 MAX_SPLITS, MIN_SLICE_TILES = 32, 4
 

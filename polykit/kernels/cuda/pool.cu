@@ -1,22 +1,79 @@
-// Pooling (NCHW, 1-3 spatial dims mapped onto D x H x W), fp32 compute, ELEM storage.
+// Pooling (NCHW, 1-3 spatial dims mapped onto D x H x W; and 2-D channels last), fp32 compute,
+// ELEM storage.
 //
 // POOL_MODE (define): 0 max, 1 average, 2 Lp. Window geometry as resolved by the compiler
 // (begin pads P*, end pads E*, ceil_mode already folded into the output sizes).
 
 #include "dtypes.cuh"
 
-#define POOL_PARAMS                                                                                        \
-  const ELEM *X, ELEM *Y, i64 *Ind, i64 NC, i64 D, i64 H, i64 W, i64 OD, i64 OH, i64 OW, i64 KD, i64 KH,   \
-      i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH, i64 PW, i64 ED, i64 EH, i64 EW, i64 DD, i64 DH, i64 DW, \
-      i64 count_include_pad, float p, i64 col_major
+#define POOL_GEOMETRY                                                                                    \
+  i64 D, i64 H, i64 W, i64 OD, i64 OH, i64 OW, i64 KD, i64 KH, i64 KW, i64 SD, i64 SH, i64 SW, i64 PD, i64 PH,   \
+      i64 PW, i64 ED, i64 EH, i64 EW, i64 DD, i64 DH, i64 DW, i64 count_include_pad, float p
+#define POOL_GEOMETRY_ARGS \
+  D, H, W, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, ED, EH, EW, DD, DH, DW, count_include_pad, p
+#define POOL_PARAMS const ELEM *X, ELEM *Y, i64 *Ind, i64 NC, POOL_GEOMETRY, i64 col_major
 
-// One thread per output element y[nc, od, oh, ow] (grid-stride).
-//   max: largest element in the window (padding ignored); Ind (may be null) gets the flat
-//        row-major index into X of the first maximum (ONNX MaxPool Indices, storage_order 0;
-//        col_major: the spatial part column-major, storage_order 1)
+struct Pooled {
+  float v;    // the pooled value
+  i64 at;     // max: spatial index (id * H + ih) * W + iw of the first maximum, -1 if none
+};
+
+// One output window (od, oh, ow) over x, whose spatial neighbours are XD / XH / XW elements apart:
+//   max: largest element in the window (padding ignored)
 //   avg: sum / (window elements inside the input, or inside the padded input when
 //        count_include_pad; positions past the padded end, from ceil_mode, never count)
 //   Lp : (sum |x|^p)^(1/p) over the window elements inside the input
+__device__ __forceinline__ Pooled pool_one(const ELEM* x, i64 XD, i64 XH, i64 XW, i64 od, i64 oh, i64 ow,
+                                           POOL_GEOMETRY) {
+#if POOL_MODE == 0
+  float best = Lim<float>::lo();
+  i64 best_at = -1;
+#else
+  float acc = 0.f;
+  i64 inside = 0, padded = 0;
+#endif
+  for (i64 kd = 0; kd < KD; ++kd) {
+    const i64 id = od * SD - PD + kd * DD;
+    const bool pd_ok = id >= -PD && id < D + ED;
+    for (i64 kh = 0; kh < KH; ++kh) {
+      const i64 ih = oh * SH - PH + kh * DH;
+      const bool ph_ok = ih >= -PH && ih < H + EH;
+      for (i64 kw = 0; kw < KW; ++kw) {
+        const i64 iw = ow * SW - PW + kw * DW;
+        const bool in = id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W;
+#if POOL_MODE == 0
+        if (in) {
+          const float v = (float)ld(x, id * XD + ih * XH + iw * XW);
+          if (best_at < 0 || v > best) { best = v; best_at = (id * H + ih) * W + iw; }
+        }
+#else
+        padded += (pd_ok && ph_ok && iw >= -PW && iw < W + EW) ? 1 : 0;
+        if (in) {
+          const float v = (float)ld(x, id * XD + ih * XH + iw * XW);
+#if POOL_MODE == 1
+          acc += v;
+#else
+          acc += powf(fabsf(v), p);
+#endif
+          ++inside;
+        }
+#endif
+      }
+    }
+  }
+#if POOL_MODE == 0
+  return {best, best_at};
+#elif POOL_MODE == 1
+  const i64 n = count_include_pad ? padded : inside;
+  return {n > 0 ? acc / (float)n : 0.f, -1};
+#else
+  return {powf(acc, 1.f / p), -1};
+#endif
+}
+
+// NCHW: one thread per output element y[nc, od, oh, ow] (grid-stride). MaxPool's Ind (may be
+// null) gets the flat row-major index into X of the first maximum (ONNX MaxPool Indices,
+// storage_order 0; col_major: the spatial part column-major, storage_order 1).
 // grid (ceil(total/256)), block 256
 extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
   const i64 OSP = OD * OH * OW, total = NC * OSP;
@@ -24,60 +81,32 @@ extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
     const i64 nc = i / OSP; i64 s = i - nc * OSP;
     const i64 od = s / (OH * OW); s -= od * OH * OW;
     const i64 oh = s / OW, ow = s - oh * OW;
-    const ELEM* x = X + nc * D * H * W;
+    const Pooled r = pool_one(X + nc * D * H * W, H * W, W, 1, od, oh, ow, POOL_GEOMETRY_ARGS);
+    st(Y, i, r.v);
 #if POOL_MODE == 0
-    float best = Lim<float>::lo();
-    i64 best_at = -1;
-#else
-    float acc = 0.f;
-    i64 inside = 0, padded = 0;
-#endif
-    for (i64 kd = 0; kd < KD; ++kd) {
-      const i64 id = od * SD - PD + kd * DD;
-      const bool pd_ok = id >= -PD && id < D + ED;
-      for (i64 kh = 0; kh < KH; ++kh) {
-        const i64 ih = oh * SH - PH + kh * DH;
-        const bool ph_ok = ih >= -PH && ih < H + EH;
-        for (i64 kw = 0; kw < KW; ++kw) {
-          const i64 iw = ow * SW - PW + kw * DW;
-          const bool in = id >= 0 && id < D && ih >= 0 && ih < H && iw >= 0 && iw < W;
-#if POOL_MODE == 0
-          if (in) {
-            const i64 at = (id * H + ih) * W + iw;
-            const float v = (float)ld(x, at);
-            if (best_at < 0 || v > best) { best = v; best_at = at; }
-          }
-#else
-          padded += (pd_ok && ph_ok && iw >= -PW && iw < W + EW) ? 1 : 0;
-          if (in) {
-            const float v = (float)ld(x, (id * H + ih) * W + iw);
-#if POOL_MODE == 1
-            acc += v;
-#else
-            acc += powf(fabsf(v), p);
-#endif
-            ++inside;
-          }
-#endif
-        }
-      }
-    }
-#if POOL_MODE == 0
-    st(Y, i, best);
     if (Ind) {
-      i64 at = best_at < 0 ? 0 : best_at;
+      i64 at = r.at < 0 ? 0 : r.at;
       if (col_major) {  // storage_order 1: the spatial dims column-major (id fastest)
         const i64 bd = at / (H * W), bh = (at / W) % H, bw = at % W;
         at = bd + D * (bh + H * bw);
       }
-      Ind[i] = best_at < 0 ? 0 : nc * D * H * W + at;
+      Ind[i] = r.at < 0 ? 0 : nc * D * H * W + at;
     }
-#elif POOL_MODE == 1
-    const i64 n = count_include_pad ? padded : inside;
-    st(Y, i, n > 0 ? acc / (float)n : 0.f);
-#else
-    st(Y, i, powf(acc, 1.f / p));
 #endif
+  }
+}
+
+// Channels last (ai.polykit MaxPoolNHWC / AveragePoolNHWC, 2-D: D = OD = KD = 1): X is
+// (NB, H, W, C), Y (NB, OH, OW, C); one thread per output element, channels fastest so a warp
+// reads neighbouring channels. NC is NB * C. grid (ceil(total/256)), block 256
+extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc(const ELEM* X, ELEM* Y, i64 NC, i64 C,
+                                                                   POOL_GEOMETRY) {
+  const i64 total = NC * OH * OW;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 c = i % C, pix = i / C;
+    const i64 nb = pix / (OH * OW), s = pix - nb * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    st(Y, i, pool_one(X + nb * H * W * C + c, H * W * C, W * C, C, 0, oh, ow, POOL_GEOMETRY_ARGS).v);
   }
 }
 

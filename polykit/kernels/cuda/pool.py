@@ -1,10 +1,12 @@
-"""Pooling family: MaxPool (with optional Indices), AveragePool, LpPool and their Global forms.
+"""Pooling family: MaxPool (with optional Indices), AveragePool, LpPool and their Global forms;
+the channels-last MaxPoolNHWC and AveragePoolNHWC (ai.polykit, docs/FUSION.md "Channels last").
 
 One thread per output element for windowed pools (geometry from the compiler's
 window_geometry, so auto_pad / ceil_mode / dilations match the shape rules), one block per
 (n, c) row with a deterministic shared-memory tree reduction for global pools. fp32 compute
 for float and half storage. Tactics: cuda.pool.window (kinds MaxPool, AveragePool, LpPool),
-cuda.pool.global (GlobalMaxPool, GlobalAveragePool, GlobalLpPool).
+cuda.pool.global (GlobalMaxPool, GlobalAveragePool, GlobalLpPool), cuda.pool_nhwc.window
+(MaxPoolNHWC, AveragePoolNHWC: one thread per output, channels fastest).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from polykit.kernels.cuda.conv import _grid_1d, _to3
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.gemm import ELEMS, elem_of
 
-MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2}
+MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2,
+         "MaxPoolNHWC": 0, "AveragePoolNHWC": 1}
+NHWC_KINDS = ("MaxPoolNHWC", "AveragePoolNHWC")
 BLOCK = 256
 #: MaxPool also takes 8-bit integers (exact in the fp32 compute)
 MAX_INT_ELEMS = {np.dtype(np.uint8): "u8", np.dtype(np.int8): "i8"}
@@ -47,7 +51,8 @@ def kernel_for(name: str, kind: str, elem: str) -> KernelSource:
 def compile_variants() -> list[KernelSource]:
     return [kernel_for(n, kind, e) for kind in ("MaxPool", "AveragePool", "LpPool") for e in ELEMS.values()
             for n in ("pool_window", "pool_global")] + \
-        [kernel_for("pool_window", "MaxPool", e) for e in MAX_INT_ELEMS.values()]
+        [kernel_for("pool_window", "MaxPool", e) for e in MAX_INT_ELEMS.values()] + \
+        [kernel_for("pool_window_nhwc", kind, e) for kind in NHWC_KINDS for e in ELEMS.values()]
 
 
 def _window_kernels(layer: Any) -> list[KernelSource]:
@@ -56,6 +61,10 @@ def _window_kernels(layer: Any) -> list[KernelSource]:
 
 def _global_kernels(layer: Any) -> list[KernelSource]:
     return [kernel_for("pool_global", layer.kind, e) for e in ELEMS.values()]
+
+
+def _nhwc_kernels(layer: Any) -> list[KernelSource]:
+    return [kernel_for("pool_window_nhwc", layer.kind, e) for e in ELEMS.values()]
 
 
 def _supports_window(layer: Any) -> bool:
@@ -67,15 +76,25 @@ def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor
     X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     ind = tensors.get(layer.outputs[1]) if len(layer.outputs) > 1 and layer.outputs[1] else None
     elem = window_elem(layer.kind, X, where)
-    spatial = X.shape[2:]
+    args = [X, Y, ind if ind is not None else 0, X.shape[0] * X.shape[1],
+            *_geometry_args(layer, X.shape[2:], Y.shape[2:], where), int(int(layer.attrs.get("storage_order", 0)) == 1)]
+    launcher.launch(kernel_for("pool_window", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
+
+
+def enqueue_window_nhwc(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+    where = f"layer {layer.name!r}"
+    X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    args = [X, Y, X.shape[0] * X.shape[3], X.shape[3], *_geometry_args(layer, X.shape[1:3], Y.shape[1:3], where)]
+    launcher.launch(kernel_for("pool_window_nhwc", layer.kind, elem_of(X, where)), _grid_1d(Y.size), (BLOCK,), args)
+
+
+def _geometry_args(layer: Any, spatial, out, where: str) -> list[Any]:
+    """pool.cu's POOL_GEOMETRY arguments for input / output spatial dims `spatial` / `out`."""
     kernel = [int(k) for k in layer.attrs["kernel_shape"]]
     geo = window_geometry(layer.attrs, spatial, kernel, ceil_mode=bool(layer.attrs.get("ceil_mode", 0)), where=where)
-    nc = X.shape[0] * X.shape[1]
-    args = [X, Y, ind if ind is not None else 0, nc, *_to3(spatial, 1), *_to3(Y.shape[2:], 1), *_to3(kernel, 1),
-            *_to3(geo.strides, 1), *_to3(geo.pads_begin, 0), *_to3(geo.pads_end, 0), *_to3(geo.dilations, 1),
-            int(layer.attrs.get("count_include_pad", 0)), np.float32(layer.attrs.get("p", 2)),
-            int(int(layer.attrs.get("storage_order", 0)) == 1)]
-    launcher.launch(kernel_for("pool_window", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
+    return [*_to3(spatial, 1), *_to3(out, 1), *_to3(kernel, 1), *_to3(geo.strides, 1), *_to3(geo.pads_begin, 0),
+            *_to3(geo.pads_end, 0), *_to3(geo.dilations, 1), int(layer.attrs.get("count_include_pad", 0)),
+            np.float32(layer.attrs.get("p", 2))]
 
 
 def enqueue_global(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -93,3 +112,6 @@ for _kind in ("MaxPool", "AveragePool", "LpPool"):
 for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
     cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels,
                 params={"math": "fp32, block tree reduction"})(enqueue_global)
+for _kind in NHWC_KINDS:
+    cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels,
+                params={"math": "fp32, one thread per output, channels fastest"})(enqueue_window_nhwc)

@@ -1,4 +1,5 @@
-"""Reference kernels of polykit's fused ops: Pointwise, epilogue Conv/Gemm/MatMul, Attention.
+"""Reference kernels of polykit's fused ops: Pointwise, epilogue Conv/Gemm/MatMul, Attention
+(ConvNHWC, epilogue or not: channels_last.py).
 
 Pointwise and epilogue bodies are evaluated step by step with the registered reference
 kernels of their plain ONNX ops, so a fused node computes exactly what the nodes it
@@ -12,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.fused import EPILOGUE_ARITY, base_node, step_node
+from polykit.compiler.ops.fused import EPILOGUE_ARITY, POLYKIT_BASES, base_node, step_node
 from polykit.kernels.registry import reference, run_reference
 
 
@@ -37,7 +38,8 @@ def pointwise(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
     return [env[name] for name in node.outputs]
 
 
-def _epilogue(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+def run_epilogue(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """An epilogue node: its base op (base_node), then the body on the raw result."""
     arity = EPILOGUE_ARITY[node.op_type]
     base = base_node(node)
     (raw,) = run_reference(base, list(inputs[: len(base.inputs)]))[:1]
@@ -47,7 +49,7 @@ def _epilogue(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
     return [env[node.outputs[0]]]
 
 
-reference(*EPILOGUE_ARITY, domain=POLYKIT_DOMAIN)(_epilogue)
+reference(*(op for op in EPILOGUE_ARITY if op not in POLYKIT_BASES), domain=POLYKIT_DOMAIN)(run_epilogue)
 
 
 @reference("Attention", domain=POLYKIT_DOMAIN)

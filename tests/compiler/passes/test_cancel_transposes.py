@@ -87,6 +87,57 @@ def test_mixed_perms_do_not_sink():
 
 
 
+def test_transpose_sinks_through_an_op_read_by_a_transpose_and_another_op():
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 2, 1]), node("Relu", ["t"], "r"),
+               node("Transpose", ["r"], "y", perm=[0, 2, 1]), node("Exp", ["r"], "z")], {"x": (2, 3, 4)}, ["y", "z"])
+    out, changed = run_and_compare(g, cancel_transposes)
+    (t,) = _transposes(out)
+    assert changed and out.producers()["y"].op_type == "Relu" and t.inputs == ["y"]
+
+
+def test_residual_block_between_transposes_keeps_none():
+    # a conv chain's shape: r feeds both the next layer (through a Transpose) and a residual Add
+    g = graph([node("Transpose", ["a"], "ta", perm=[0, 2, 1]), node("Relu", ["ta"], "r"),
+               node("Transpose", ["r"], "z", perm=[0, 2, 1]), node("Transpose", ["b"], "tb", perm=[0, 2, 1]),
+               node("Add", ["r", "tb"], "s"), node("Transpose", ["s"], "y", perm=[0, 2, 1])],
+              {"a": (2, 3, 4), "b": (2, 3, 4)}, ["y", "z"])
+    out, changed = run_and_compare(g, cancel_transposes)
+    assert changed and not _transposes(out) and op_counts(out) == {"Relu": 1, "Add": 1}
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceMax"])
+def test_reduction_over_the_moved_axes_without_keepdims_needs_no_transpose(op):
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 2, 3, 1]), node(op, ["t", "axes"], "y", keepdims=0)],
+              {"x": (2, 3, 4, 5)}, ["y"], {"axes": np.array([1, -2], dtype=np.int64)})
+    out, changed = run_and_compare(g, cancel_transposes)
+    (reduce,) = out.nodes
+    assert changed and reduce.inputs[0] == "x" and out.initializers[reduce.inputs[1]].tolist() == [2, 3]
+
+
+def test_reduction_with_keepdims_transposes_its_smaller_result():
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 2, 3, 1]), node("ReduceSum", ["t", "axes"], "y")],
+              {"x": (2, 3, 4, 5)}, ["y"], {"axes": np.array([1], dtype=np.int64)})
+    out, _ = run_and_compare(g, cancel_transposes)
+    (t,) = _transposes(out)
+    assert out.producers()[t.inputs[0]].op_type == "ReduceSum" and out.value(t.inputs[0]).shape == (2, 3, 1, 5)
+
+
+def test_transpose_of_unit_dims_into_flatten_is_dropped():
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 3, 1, 2]), node("Flatten", ["t"], "y")], {"x": (2, 1, 1, 4)},
+              ["y"])
+    out, changed = run_and_compare(g, cancel_transposes)
+    assert changed and op_counts(out) == {"Flatten": 1} and out.nodes[0].inputs == ["x"]
+
+
+@pytest.mark.parametrize("reader,inputs", [("Flatten", {}), ("Reshape", {"shape": np.array([0, -1], np.int64)})])
+def test_transpose_of_unit_dims_stays_where_the_reader_would_see_other_dims(reader, inputs):
+    # Flatten(axis=1) of [5, 1] is [5, 1], of the untransposed [1, 5] it is [1, 5]; Reshape's 0 copies a dim
+    g = graph([node("Transpose", ["x"], "t", perm=[1, 0]), node(reader, ["t", *inputs], "y")], {"x": (1, 5)}, ["y"],
+              inputs)
+    out, changed = run_and_compare(g, cancel_transposes)
+    assert not changed and len(_transposes(out)) == 1
+
+
 TORCH = ["bert_tiny_ts.onnx", "bert_tiny_dynamo.onnx", "gpt2_tiny_ts.onnx", "vit_tiny_dynamo.onnx", "convnet_ts.onnx"]
 
 

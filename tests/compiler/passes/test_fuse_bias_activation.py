@@ -137,3 +137,32 @@ def test_chain_stops_before_pow_with_an_integer_exponent():
               {"x": (2, 3, 4)}, ["y"], {"w": _w(4, 5), "e": np.array(2, np.int64)})
     out, changed = run_and_compare(g, fuse_bias_activation)
     assert not changed and not any(n.attrs.get("epilogue") for n in out.nodes)
+
+
+def _conv_nhwc(*chain, **inits):
+    conv = node("ConvNHWC", ["x", "w"], "c", name="conv0", domain=POLYKIT_DOMAIN, pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+    return graph([conv, *chain], {"x": (2, 5, 6, 8), "skip": (2, 5, 6, 4)}, [chain[-1].outputs[0]],
+                 {"w": _w(4, 3, 3, 8), **inits})
+
+
+def test_conv_nhwc_plus_a_constant_on_the_channel_axis_becomes_its_bias():
+    g = _conv_nhwc(node("Add", ["c", "bias"], "y"), bias=_w(1, 1, 1, 4))
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    (conv,) = out.nodes
+    assert changed and conv.op_type == "ConvNHWC" and conv.outputs == ["y"]
+    np.testing.assert_array_equal(out.initializers[conv.inputs[2]], g.initializers["bias"].reshape(4))
+
+
+def test_conv_nhwc_plus_a_constant_along_w_is_no_bias_but_an_epilogue_input():
+    g = _conv_nhwc(node("Add", ["c", "along_w"], "y"), along_w=_w(6, 1))
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (conv,) = out.nodes
+    assert conv.inputs == ["x", "w", "", "along_w"] and conv.attrs["epilogue"]["input"] == "c"
+
+def test_conv_nhwc_relu_residual_becomes_one_nhwc_epilogue_node():
+    g = _conv_nhwc(node("Relu", ["c"], "r", name="relu0"), node("Add", ["r", "skip"], "y", name="add0"))
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert (fused.op_type, fused.domain) == ("ConvNHWC", POLYKIT_DOMAIN)
+    assert fused.inputs == ["x", "w", "", "skip"] and fused.attrs["epilogue"]["input"] == "c"
+    assert fused.attrs["fused_from"] == ["conv0", "relu0", "add0"] and fused.attrs["kernel_shape"] == [3, 3]

@@ -1,0 +1,158 @@
+"""to_channels_last: run 2-D convolutions and pools channels-last (docs/FUSION.md, "Channels last").
+
+- Conv (2-D, float16/float32, constant W, group 1) -> Transpose(X, 0231) [-> Pad of the channel
+  axis with zeros up to a multiple of CHANNEL_ALIGN] -> ai.polykit ConvNHWC(X', W repacked as
+  KRSC with as many zero channels, B) -> Transpose(0312) writing the Conv's output name.
+- MaxPool (its Indices unused) / AveragePool (2-D, float16/float32) and GlobalAveragePool (rank 4)
+  whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
+  MaxPoolNHWC / AveragePoolNHWC / ReduceMean(axes=[1, 2], keepdims=1). A pool elsewhere stays NCHW
+  (two reformats to save none).
+Pads are resolved (auto_pad folded in), so the new nodes carry explicit pads; a node whose pads
+depend on unknown dims stays. The NHWC node keeps the original node's name. cancel_transposes
+then cancels the Transposes between neighbours, leaving reformats at the chain's entry and exit.
+Grouped and depthwise convolutions stay NCHW for now.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
+from polykit.compiler.ops.conv import AUTO_PADS, window_geometry
+from polykit.compiler.passes.fuse_pointwise import is_fusable
+from polykit.compiler.passes.rewrite import protected
+
+FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+class _Rewriter:
+    """One pass over the nodes in order: what is NHWC so far, weights repacked so far."""
+
+    def __init__(self, graph: Graph, fixed: set[str]):
+        self.graph = graph
+        self.fixed = fixed
+        self.readers = graph.consumers()
+        self.nhwc: set[str] = set()  # NCHW names of tensors an NHWC op computes
+        self.repacked: dict[tuple[str, int], str] = {}
+
+    def floats_4d(self, name: str) -> bool:
+        v = self.graph.value(name)
+        return v.dtype in FLOATS and v.shape is not None and len(v.shape) == 4
+
+    def explicit_pads(self, node: Node, kernel: list[int]) -> list[int] | None:
+        """The node's pads with auto_pad resolved, or None when they depend on unknown dims."""
+        auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
+        spatial = self.graph.value(node.input(0)).shape[2:]
+        if auto not in AUTO_PADS or (auto.startswith("SAME") and not all(isinstance(d, int) for d in spatial)):
+            return None
+        geo = window_geometry(node.attrs, spatial, kernel, ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
+                              where=node.describe())
+        return list(geo.pads_begin + geo.pads_end)
+
+    def to_nhwc(self, name: str, node: Node, prefix: list[Node]) -> str:
+        out = self.graph.fresh_name(f"{name}_nhwc")
+        prefix.append(Node("Transpose", [name], [out], {"perm": list(TO_NHWC)},
+                           name=self.graph.fresh_name(f"{node.name}_to_nhwc")))
+        return out
+
+    def wrapped(self, node: Node, op: str, inputs: list[str], attrs: dict, prefix: list[Node]) -> list[Node]:
+        """prefix + the NHWC node + the Transpose that writes `node`'s output (NCHW) name."""
+        out = node.outputs[0]
+        raw = self.graph.fresh_name(f"{out}_nhwc")
+        domain = "" if op == "ReduceMean" else POLYKIT_DOMAIN
+        back = Node("Transpose", [raw], [out], {"perm": list(TO_NCHW)}, name=self.graph.fresh_name(f"{node.name}_to_nchw"))
+        return prefix + [Node(op, inputs, [raw], attrs, name=node.name, domain=domain), back]
+
+    def padded_channels(self, x: str, extra: int, node: Node, prefix: list[Node]) -> str:
+        pads = self.graph.add_initializer(np.array([0, 0, 0, 0, 0, 0, 0, extra], dtype=np.int64), f"{node.name}_cpad")
+        out = self.graph.fresh_name(f"{x}_cpad")
+        prefix.append(Node("Pad", [x, pads], [out], {}, name=self.graph.fresh_name(f"{node.name}_pad_channels")))
+        return out
+
+    def krsc(self, w: str, channels: int) -> str:
+        """W [M, C, kH, kW] as [M, kH, kW, channels] (zero channels past C), one initializer per use."""
+        key = (w, channels)
+        if key not in self.repacked:
+            arr = np.transpose(self.graph.initializers[w], TO_NHWC)
+            arr = np.pad(arr, [(0, 0)] * 3 + [(0, channels - arr.shape[3])])
+            self.repacked[key] = self.graph.add_initializer(np.ascontiguousarray(arr), f"{w}_krsc")
+        return self.repacked[key]
+
+    # ---- one rewrite per op: the replacement nodes, or None to leave the node ----------------
+    def conv(self, node: Node) -> list[Node] | None:
+        x, w = node.input(0), node.input(1)
+        weight = self.graph.initializers.get(w)
+        if (weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype
+                or int(node.attrs.get("group", 1)) != 1):
+            return None
+        kernel = [int(k) for k in weight.shape[2:]]
+        pads = self.explicit_pads(node, kernel)
+        if pads is None:
+            return None
+        c = int(weight.shape[1])
+        channels = -(-c // CHANNEL_ALIGN) * CHANNEL_ALIGN
+        prefix: list[Node] = []
+        xt = self.to_nhwc(x, node, prefix)
+        if channels != c:
+            xt = self.padded_channels(xt, channels - c, node, prefix)
+        attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
+        attrs.update(pads=pads, kernel_shape=kernel, group=1)
+        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
+        return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
+
+    def pool(self, node: Node) -> list[Node] | None:
+        x = node.input(0)
+        indices = node.outputs[1] if len(node.outputs) > 1 else ""
+        kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
+        if (x not in self.nhwc or not self.floats_4d(x) or len(kernel) != 2
+                or (indices and (indices in self.fixed or self.readers.get(indices)))):
+            return None
+        pads = self.explicit_pads(node, kernel)
+        if pads is None:
+            return None
+        attrs = {k: v for k, v in node.attrs.items() if k not in ("auto_pad", "storage_order")}
+        attrs["pads"] = pads
+        prefix: list[Node] = []
+        return self.wrapped(node, f"{node.op_type}NHWC", [self.to_nhwc(x, node, prefix)], attrs, prefix)
+
+    def global_average(self, node: Node) -> list[Node] | None:
+        x = node.input(0)
+        if x not in self.nhwc or not self.floats_4d(x):
+            return None
+        prefix: list[Node] = []
+        xt = self.to_nhwc(x, node, prefix)
+        axes = self.graph.add_initializer(np.array([1, 2], dtype=np.int64), f"{node.name}_axes")
+        return self.wrapped(node, "ReduceMean", [xt, axes], {"keepdims": 1}, prefix)
+
+    def follows_nhwc(self, node: Node) -> bool:
+        """An elementwise op all of whose tensor inputs an NHWC op computes."""
+        tensors = [n for n in node.inputs if n and n not in self.graph.initializers]
+        return bool(tensors) and all(n in self.nhwc for n in tensors) and is_fusable(self.graph, node)
+
+
+REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
+    "Conv": _Rewriter.conv, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
+    "GlobalAveragePool": _Rewriter.global_average,
+}
+
+
+def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
+    """Wrap every eligible conv / pool as an NHWC op between Transposes; True if any."""
+    r = _Rewriter(graph, protected(graph, keep))
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        rewrite = REWRITES.get(node.op_type) if node.domain == "" else None
+        new = rewrite(r, node) if rewrite is not None else None
+        if new is not None:
+            nodes.extend(new)
+            r.nhwc.add(node.outputs[0])
+        else:
+            nodes.append(node)
+            if r.follows_nhwc(node):
+                r.nhwc.add(node.outputs[0])
+    changed = len(nodes) != len(graph.nodes)
+    graph.nodes = nodes
+    return changed

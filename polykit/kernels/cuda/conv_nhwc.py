@@ -1,0 +1,38 @@
+"""Channels-last convolution family: ai.polykit ConvNHWC (docs/FUSION.md, "Channels last") as
+implicit GEMM (conv_nhwc.cu) on the shared GEMM main loops, with conv.py's argument building,
+split-K launch and epilogue.
+
+Tactics, kind "ConvNHWC" (first supporting one wins; the builder may time them):
+  cuda.conv_nhwc.igemm_mma   precision fp16, group 1: mma.sync m16n8k16, fp32 accumulate
+  cuda.conv_nhwc.igemm_simt  any ConvNHWC: fp32 FMA tiles (groups on grid z)
+These are the simple, correct baseline: they load one element at a time like the NCHW kernels;
+vectorized loads over the channel axis (C % 8 == 0 from to_channels_last) are for tactics to come.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic
+from polykit.kernels.cuda.conv import enqueue_igemm, group_of, layer_variants, variants
+from polykit.kernels.cuda.epilogue import supports_epilogue
+
+FILE = "conv_nhwc.cu"
+REDUCE = "conv_nhwc_splitk_reduce"
+KERNELS = ("conv_nhwc_igemm_simt", "conv_nhwc_igemm_mma", REDUCE)
+
+
+def compile_variants() -> list[KernelSource]:
+    return [v for k in KERNELS for v in variants(k, FILE)]
+
+
+def _mma(layer: Any) -> bool:
+    return supports_epilogue(layer) and layer.precision == "fp16" and group_of(layer) == 1
+
+
+cuda_tactic("ConvNHWC", "cuda.conv_nhwc.igemm_mma", kernels=layer_variants("conv_nhwc_igemm_mma", FILE), priority=10,
+            supports=_mma, params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
+    enqueue_igemm("conv_nhwc_igemm_mma", REDUCE, FILE))
+cuda_tactic("ConvNHWC", "cuda.conv_nhwc.igemm_simt", kernels=layer_variants("conv_nhwc_igemm_simt", FILE), priority=5,
+            supports=supports_epilogue, params={"tile": "64x64x16", "math": "fp32 FMA"})(
+    enqueue_igemm("conv_nhwc_igemm_simt", REDUCE, FILE))

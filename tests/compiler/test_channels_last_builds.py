@@ -1,0 +1,73 @@
+"""Builds with BuilderConfig.channels_last: the cpu target runs NHWC plans with the outputs of NCHW ones."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.plan import Plan
+from polykit.runtime.engine import Runtime
+
+from tests.conv_models import resnet
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "torch"
+MODELS = {"resnet50_like": lambda: resnet(), "convnet_ts": lambda: str(DATA / "convnet_ts.onnx"),
+          "convnet_dynamo": lambda: str(DATA / "convnet_dynamo.onnx")}
+
+
+def _kinds(plan: Plan) -> Counter:
+    return Counter(layer.kind for layer in plan.layers)
+
+
+def _run(plan: Plan, image: np.ndarray) -> np.ndarray:
+    return Runtime().deserialize_engine(plan).create_execution_context().execute({"image": image})["logits"]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("fp16", [False, True])
+def test_cpu_plans_with_and_without_channels_last_compute_the_same(model, fp16):
+    image = np.random.default_rng(7).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    nhwc = build_plan(MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
+    nchw = build_plan(MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=False))
+    assert _kinds(nhwc)["ConvNHWC"] and not _kinds(nhwc)["Conv"] and not _kinds(nchw)["ConvNHWC"]
+    assert _kinds(nhwc)["Transpose"] == 1
+    tol = {"rtol": 2e-3, "atol": 2e-3} if fp16 else {"rtol": 1e-5, "atol": 1e-6}
+    np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), **tol)
+
+
+def test_nhwc_plan_round_trips_through_bytes_and_runs_the_same():
+    plan = build_plan(resnet(depths=(1, 1)), BuilderConfig(target="cpu", channels_last=True))
+    image = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_array_equal(_run(Plan.deserialize(plan.serialize()), image), _run(plan, image))
+    assert plan.metadata["builder_config"]["channels_last"] is True
+
+
+@pytest.mark.parametrize("target,fp16,setting,expected", [
+    ("cuda", True, None, True), ("cuda", False, None, False), ("cpu", True, None, False),
+    ("cuda", True, False, False), ("cpu", False, True, True)])
+def test_channels_last_auto_is_on_for_fp16_cuda_builds_only(target, fp16, setting, expected):
+    assert BuilderConfig(fp16=fp16, channels_last=setting).channels_last_for(target) is expected
+
+
+def test_config_json_keeps_the_channels_last_setting():
+    for setting in (None, True, False):
+        cfg = BuilderConfig(channels_last=setting)
+        assert BuilderConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_fp16_cuda_plan_runs_convs_and_pools_on_the_nhwc_tactics_without_a_gpu():
+    plan = build_plan(resnet(), BuilderConfig(target="cuda", fp16=True))
+    tactics = Counter((layer.kind, layer.tactic) for layer in plan.layers)
+    assert tactics[("ConvNHWC", "cuda.conv_nhwc.igemm_mma")] == 53
+    assert tactics[("MaxPoolNHWC", "cuda.pool_nhwc.window")] == 1
+    assert _kinds(plan)["Transpose"] == 1
+
+
+def test_fp32_cuda_plan_with_channels_last_uses_the_simt_tactic():
+    plan = build_plan(resnet(depths=(1,)), BuilderConfig(target="cuda", channels_last=True))
+    assert {layer.tactic for layer in plan.layers if layer.kind == "ConvNHWC"} == {"cuda.conv_nhwc.igemm_simt"}
