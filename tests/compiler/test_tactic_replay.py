@@ -33,7 +33,7 @@ def test_save_then_load_gives_a_byte_identical_plan_on_cpu(tmp_path):
 def test_a_forced_cuda_tactic_survives_save_and_load_byte_for_byte(tmp_path):
     """Plans for cuda build without a GPU: in an fp16 build, force one convolution off the
     tensor-core tactic the builder prefers, save, load."""
-    cfg = BuilderConfig(target="cuda", fp16=True)
+    cfg = BuilderConfig(target="cuda", fp16=True, channels_last=False)
     convs = [l.name for l in build_plan(CONVNET, cfg).layers if l.kind == "Conv"]
     saved = tmp_path / "tactics.json"
     forced = build_with_tactics(CONVNET, {convs[1]: "cuda.conv.igemm_simt"}, replace(cfg, save_tactics=saved))
