@@ -1,5 +1,6 @@
-// MatMul / Gemm on Hopper tensor cores (sm_90a): Y[z] = alpha * A[z] (M x K) * B[z] + beta * C,
-// fp16 or bf16 storage (ELEM = half_t | bf16_t), fp32 accumulation.
+// MatMul / Gemm and channels-last convolution on Hopper tensor cores (sm_90a):
+// Y[z] = alpha * A[z] (M x K) * B[z] + beta * C, fp16 or bf16 storage (ELEM = half_t | bf16_t),
+// fp32 accumulation.
 //
 // A is row-major [M, K] (K contiguous); B is [K, N] row-major (B_MN 1: N contiguous) or
 // [N, K] (B_MN 0: a transposed Gemm operand, K contiguous). Both are read through TMA tensor
@@ -14,8 +15,15 @@
 // rows of the tile and run wgmma on every stage, then the epilogue (alpha, beta*C, the fused
 // epilogue, fp16/bf16 store of column pairs). Blocks loop over tiles t = blockIdx.x, +gridDim.x
 // (grid = min(tiles, SMs)), tiles ordered by tile_of (GROUP tile rows at a time).
+//
+// conv_sm90: ai.polykit ConvNHWC (group 1, C % 8 == 0) as an implicit GEMM with the same
+// consumers: M = NB * OH * OW output pixels, N = output channels, K = KH * KW * C in (kh, kw, c)
+// order, so the KRSC weight is B ([N, K], B_MN 0, through TMA) and Y [NB, OH, OW, N] is the
+// row-major GEMM output. A is gathered by the whole producer warpgroup with 16-byte cp.async
+// (8 channels of one (kh, kw) tap; zeros in the padding and past K), completion counted on the
+// stage's `full` barrier (cp.async.mbarrier.arrive.noinc). The conv bias is C (scn 1, beta 1).
 // Launch: grid (min(tiles, SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
-// gemm_sm90_smem() = 1024 (alignment) + STAGES * (BM + BN) * 128 + 16 * STAGES bytes.
+// 1024 (alignment) + STAGES * (BM + BN) * 128 + 16 * STAGES bytes.
 // Deterministic: each output element is one fixed-order K loop in one thread.
 #include "sm90.cuh"
 
@@ -28,6 +36,7 @@
 #define BM (64 * MSUB * CONSUMERS)
 #define STAGE_BYTES ((BM + BN) * 128)
 #define GROUP 8
+#define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
 
 struct OutP {
   ELEM* Y;
@@ -45,86 +54,28 @@ struct OutP {
 #endif
     return v;
   }
-  // columns n, n + 1 of row m (n even); the pair store needs N even for 4-byte alignment
+  // columns n, n + 1 of row m (n even), values already final; pairs need N even (4-byte aligned)
   __device__ __forceinline__ void store2(i64 z, i64 m, i64 n, float a, float b) const {
     if (m >= M || n >= N) return;
     ELEM* y = Y + (z * M + m) * N + n;
-    const float va = value(z, m, n, a);
     if (n + 1 < N) {
-      const float vb = value(z, m, n + 1, b);
       if ((N & 1) == 0) {
         ELEM pair[2];
-        st(pair, 0, va);
-        st(pair, 1, vb);
+        st(pair, 0, a);
+        st(pair, 1, b);
         *(u32*)y = *(const u32*)pair;
         return;
       }
-      st(y, 1, vb);
+      st(y, 1, b);
     }
-    st(y, 0, va);
+    st(y, 0, a);
   }
 };
 
-extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90(
-    const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
-    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched EPI_PARAMS) {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
-  u64* full = (u64*)(smem + STAGES * STAGE_BYTES);
-  u64* empty = full + STAGES;
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
-  const int tiles = tiles_m * tiles_n * (int)items;
-  const int ktiles = (int)((K + 63) / 64);
-
-  if (threadIdx.x == 0) {
-    tma_prefetch_desc(&tm_a);
-    tma_prefetch_desc(&tm_b);
-    for (int s = 0; s < STAGES; ++s) {
-      bar_init(&full[s], 1);
-      bar_init(&empty[s], CONSUMERS);
-    }
-    bar_fence_init();
-  }
-  __syncthreads();
-
-  if (wg == 0) {  // ---- producer: TMA loads, one thread ------------------------------------
-    set_max_regs_dec<40>();
-    if (tid != 0) return;
-    int stage = 0;
-    u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
-      const int za = a_batched ? ti.z : 0, zb = b_batched ? ti.z : 0;
-      for (int kt = 0; kt < ktiles; ++kt) {
-        bar_wait(&empty[stage], phase ^ 1);
-        unsigned char* a = smem + stage * STAGE_BYTES;
-        unsigned char* b = a + BM * 128;
-        bar_expect_tx(&full[stage], STAGE_BYTES);
-        tma_load_3d(a, &tm_a, &full[stage], kt * 64, ti.tm * BM, za);
-#if B_MN
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) tma_load_3d(b + j * 8192, &tm_b, &full[stage], ti.tn * BN + j * 64, kt * 64, zb);
-#else
-        tma_load_3d(b, &tm_b, &full[stage], kt * 64, ti.tn * BN, zb);
-#endif
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
-    return;
-  }
-
-  // ---- consumers: wgmma over the stages, then the epilogue ----------------------------------
-  set_max_regs_inc<232>();
+// ---- consumers: wgmma over the stages, then the epilogue (both kernels) -----------------------
+__device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, u64* full, u64* empty, int tiles_m,
+                                        int tiles_n, int tiles, int ktiles, int wg, int tid) {
   const int row0 = (wg - 1) * MSUB * 64;
-  OutP out;
-  out.Y = Y; out.C = C; out.M = M; out.N = N; out.scm = scm; out.scn = scn; out.alpha = alpha; out.beta = beta;
-#if HAS_EPILOGUE
-  out.epi = make_epi(EPI_ARGS);
-#endif
   float acc[MSUB][BN / 2];
   int stage = 0;
   u32 phase = 0;
@@ -150,16 +101,174 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
 #pragma unroll
     for (int s = 0; s < MSUB; ++s) fence_regs<BN / 2>(acc[s]);
     if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
-    // accumulator layout (m64nNk16): row = 16 * warp + lane / 4 (+8), column = 8 * j + 2 * (lane % 4) (+1)
+    // accumulator layout (m64nNk16): row = 16 * warp + lane / 4 (+8), column = 8 * j + 2 * (lane % 4) (+1).
+    // EPI_GROUP column blocks at a time: their epilogue values first (the loads of C and of the
+    // epilogue inputs are in flight together: no store can alias them yet), then their stores.
     const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
     const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
 #pragma unroll
     for (int s = 0; s < MSUB; ++s)
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const i64 m = m_base + s * 64, n = n_base + j * 8;
-        out.store2(ti.z, m, n, acc[s][4 * j], acc[s][4 * j + 1]);
-        out.store2(ti.z, m + 8, n, acc[s][4 * j + 2], acc[s][4 * j + 3]);
+      for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+#pragma unroll
+        for (int j = j0; j < j0 + EPI_GROUP; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
+            if (m < out.M && n < out.N) acc[s][4 * j + e] = out.value(ti.z, m, n, acc[s][4 * j + e]);
+          }
+#pragma unroll
+        for (int j = j0; j < j0 + EPI_GROUP; ++j) {
+          const i64 m = m_base + s * 64, n = n_base + j * 8;
+          out.store2(ti.z, m, n, acc[s][4 * j], acc[s][4 * j + 1]);
+          out.store2(ti.z, m + 8, n, acc[s][4 * j + 2], acc[s][4 * j + 3]);
+        }
       }
+  }
+}
+
+// shared-memory layout, barrier set-up (full: `arrivals` per phase; empty: one per consumer)
+struct Stages {
+  unsigned char* smem;
+  u64 *full, *empty;
+};
+__device__ __forceinline__ Stages setup_stages(unsigned char* raw, u32 arrivals) {
+  Stages st;
+  st.smem = (unsigned char*)(((u64)raw + 1023) & ~(u64)1023);
+  st.full = (u64*)(st.smem + STAGES * STAGE_BYTES);
+  st.empty = st.full + STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(&st.full[s], arrivals);
+      bar_init(&st.empty[s], CONSUMERS);
+    }
+    bar_fence_init();
+  }
+  __syncthreads();
+  return st;
+}
+
+__device__ __forceinline__ OutP make_out(ELEM* Y, const ELEM* C, i64 M, i64 N, i64 scm, i64 scn, float alpha,
+                                         float beta) {
+  OutP out;
+  out.Y = Y; out.C = C; out.M = M; out.N = N; out.scm = scm; out.scn = scn; out.alpha = alpha; out.beta = beta;
+  return out;
+}
+
+// advance a (stage, phase) ring position
+__device__ __forceinline__ void next_stage(int& stage, u32& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90(
+    const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
+    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched EPI_PARAMS) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
+  const int tiles = tiles_m * tiles_n * (int)items;
+  const int ktiles = (int)((K + 63) / 64);
+  if (threadIdx.x == 0) {
+    tma_prefetch_desc(&tm_a);
+    tma_prefetch_desc(&tm_b);
+  }
+  const Stages st = setup_stages(smem_raw, 1);
+
+  if (wg == 0) {  // ---- producer: TMA loads, one thread ------------------------------------
+    set_max_regs_dec<40>();
+    int stage = 0;
+    u32 phase = 0;
+    for (int t = blockIdx.x; t < tiles && tid == 0; t += gridDim.x) {
+      const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
+      const int za = a_batched ? ti.z : 0, zb = b_batched ? ti.z : 0;
+      for (int kt = 0; kt < ktiles; ++kt, next_stage(stage, phase)) {
+        bar_wait(&st.empty[stage], phase ^ 1);
+        unsigned char* a = st.smem + stage * STAGE_BYTES;
+        unsigned char* b = a + BM * 128;
+        bar_expect_tx(&st.full[stage], STAGE_BYTES);
+        tma_load_3d(a, &tm_a, &st.full[stage], kt * 64, ti.tm * BM, za);
+#if B_MN
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j)
+          tma_load_3d(b + j * 8192, &tm_b, &st.full[stage], ti.tn * BN + j * 64, kt * 64, zb);
+#else
+        tma_load_3d(b, &tm_b, &st.full[stage], kt * 64, ti.tn * BN, zb);
+#endif
+      }
+    }
+  } else {  // ---- consumers ---------------------------------------------------------------------
+    set_max_regs_inc<232>();
+    OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
+#if HAS_EPILOGUE
+    out.epi = make_epi(EPI_ARGS);
+#endif
+    consume(out, st.smem, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
+  }
+}
+
+// rows of the A tile one producer thread gathers: rows tid / 8 + 16 * i, chunk tid % 8
+#define ROWS_PER_THREAD (BM / 16)
+#define CONV_PRODUCER_REGS 64
+#define CONV_CONSUMER_REGS (CONSUMERS == 1 ? 240 : 224)
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) conv_sm90(
+    const __grid_constant__ TmaDesc tm_w, const ELEM* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
+    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW EPI_PARAMS) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
+  const int tiles = tiles_m * tiles_n;
+  const int ktiles = (int)((K + 63) / 64);
+  if (threadIdx.x == 0) tma_prefetch_desc(&tm_w);
+  const Stages st = setup_stages(smem_raw, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+
+  if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
+    set_max_regs_dec<CONV_PRODUCER_REGS>();
+    const int chunk = tid % 8, c8s = C / 8, kchunks = (int)(K / 8);
+    int stage = 0;
+    u32 phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
+      i64 base[ROWS_PER_THREAD];  // image offset of the row's pixel, -1 past M
+      int ih0[ROWS_PER_THREAD], iw0[ROWS_PER_THREAD];
+#pragma unroll
+      for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+        const i64 m = (i64)ti.tm * BM + tid / 8 + 16 * i;
+        const int img = (int)(m / (OH * OW)), pix = (int)(m - (i64)img * OH * OW);
+        const int oh = pix / OW, ow = pix - oh * OW;
+        base[i] = m < M ? (i64)img * H * W * C : -1;
+        ih0[i] = oh * SH - PH;
+        iw0[i] = ow * SW - PW;
+      }
+      for (int kt = 0; kt < ktiles; ++kt, next_stage(stage, phase)) {
+        bar_wait(&st.empty[stage], phase ^ 1);
+        unsigned char* a = st.smem + stage * STAGE_BYTES;
+        if (tid == 0) {
+          bar_expect_tx(&st.full[stage], BN * 128);
+          tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * 64, ti.tn * BN, 0);
+        }
+        const int q = kt * 8 + chunk;  // this thread's 16-byte chunk of K: tap (kh, kw), channels c8 * 8..
+        const int tap = q / c8s, c8 = q - tap * c8s, kh = tap / KW, kw = tap - kh * KW;
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+          const int r = tid / 8 + 16 * i;
+          const int ih = ih0[i] + kh * DH, iw = iw0[i] + kw * DW;
+          const bool ok = base[i] >= 0 && q < kchunks && ih >= 0 && ih < H && iw >= 0 && iw < W;
+          const ELEM* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * 8 : 0);
+          cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), src, ok);
+        }
+        bar_arrive_cp_async(&st.full[stage]);
+      }
+    }
+  } else {  // ---- consumers ---------------------------------------------------------------------
+    set_max_regs_inc<CONV_CONSUMER_REGS>();
+    OutP out = make_out(Y, Bias, M, N, 0, 1, 1.f, 1.f);
+#if HAS_EPILOGUE
+    out.epi = make_epi(EPI_ARGS);
+#endif
+    consume(out, st.smem, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
   }
 }

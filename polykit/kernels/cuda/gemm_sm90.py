@@ -167,12 +167,13 @@ def _supports(layer: Any) -> bool:
             and on_sm90())
 
 
-def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool) -> KernelSource:
-    """The layer's kernel: the .cu with the tile's defines, plus its epilogue when it has one."""
+def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90") -> KernelSource:
+    """The layer's kernel `name` (gemm_sm90 or conv_sm90): the .cu with the tile's defines, plus
+    the layer's epilogue when it has one."""
     if has_epilogue(layer):
-        return KernelSource("gemm_sm90", code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
+        return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
                             defines=tile.defines(b_mn), arch="sm_90a")
-    return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn), arch="sm_90a")
+    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn), arch="sm_90a")
 
 
 def _kernels(tile: Sm90Tile):

@@ -32,7 +32,8 @@ def test_every_family_module_declares_its_variants():
 def test_all_kernel_variants_compile(arch, tmp_path, monkeypatch):
     # a fresh cache: every unit really compiles (in worker processes, as a build does)
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
-    units = unique_units(all_variants())
+    # units pinned to one arch (sm_90a) compile the same for either parameter: once is enough
+    units = [u for u in unique_units(all_variants()) if not u.arch or arch == "sm_90"]
     cubins = compile_many(units, arch, workers=min(4, os.cpu_count() or 1))
     assert len(cubins) == len(units)
     assert all(blob[:4] == b"\x7fELF" for blob in cubins.values())

@@ -1,0 +1,123 @@
+"""Channels-last convolution on Hopper tensor cores: `conv_sm90` in gemm_sm90.cu.
+
+Tactics `cuda.conv_nhwc.sm90_<BM>x<BN>` (kind ConvNHWC, compute capability 9.0) run a
+group-1 2-D ai.polykit ConvNHWC with float16/bfloat16 storage and C % 8 == 0 (the
+to_channels_last pass pads the 3-channel stem to 8) as an implicit GEMM on the same
+warp-specialized wgmma consumers as the GEMM tactics: GEMM M = NB * OH * OW output pixels,
+N = output channels, K = KH * KW * C. The KRSC weight is B, read by TMA; the producer
+warpgroup gathers A (im2col rows, 16 bytes = 8 channels of one tap at a time) with cp.async.
+Tiles are gemm_sm90's with BM <= 128 (a 256-row tile would make each producer thread track 16
+rows, more registers than a producer has).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ops.conv import window_geometry
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
+from polykit.kernels.cuda.gemm_sm90 import BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for, on_sm90
+
+CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
+
+
+@dataclass(frozen=True)
+class ConvGemm:
+    """A ConvNHWC as the implicit GEMM sees it (sizes in elements)."""
+
+    M: int
+    N: int
+    K: int
+    H: int
+    W: int
+    C: int
+    OH: int
+    OW: int
+    KW: int
+    strides: tuple[int, int]
+    pads: tuple[int, int]
+    dilations: tuple[int, int]
+
+    def args(self) -> list[Any]:
+        i32 = np.int32
+        return [self.M, self.N, self.K, i32(self.H), i32(self.W), i32(self.C), i32(self.OH), i32(self.OW),
+                i32(self.KW), i32(self.strides[0]), i32(self.strides[1]), i32(self.pads[0]), i32(self.pads[1]),
+                i32(self.dilations[0]), i32(self.dilations[1])]
+
+
+def plan_conv(attrs: Mapping[str, Any], x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]) -> ConvGemm | None:
+    """The implicit-GEMM geometry of a ConvNHWC (X [NB, H, W, C], W [M, KH, KW, C], Y [NB, OH,
+    OW, M]), or None when conv_sm90 cannot run it."""
+    if len(x) != 4 or len(w) != 4 or len(y) != 4 or int(attrs.get("group", 1)) != 1:
+        return None
+    NB, H, W, C = x
+    M, KH, KW, Cw = w
+    if Cw != C or C % 8 or min(NB, H, W, C, M, KH, KW) <= 0:
+        return None
+    try:
+        geo = window_geometry(attrs, (H, W), (KH, KW), where="conv_sm90")
+    except Exception:  # the shape rules already reject these: not this tactic's to report
+        return None
+    out = ConvGemm(NB * y[1] * y[2], M, KH * KW * C, H, W, C, y[1], y[2], KW, tuple(geo.strides),
+                   tuple(geo.pads_begin), tuple(geo.dilations))
+    if max(out.M, out.K, NB * H * W * C) >= 2**31 or y[3] != M:
+        return None
+    return out
+
+
+def _geometry(layer: Any) -> ConvGemm | None:
+    shapes = getattr(layer, "in_shapes", ())
+    outs = getattr(layer, "out_shapes", ())
+    if len(shapes) < 2 or not outs:
+        return None
+    return plan_conv(layer.attrs, tuple(shapes[0]), tuple(shapes[1]), tuple(outs[0]))
+
+
+def _storage(layer: Any) -> str | None:
+    dtypes = [d for d in tuple(getattr(layer, "in_dtypes", ()))[:3] + tuple(getattr(layer, "out_dtypes", ()))[:1] if d]
+    return dtypes[0] if dtypes and len(set(dtypes)) == 1 and dtypes[0] in ELEMS else None
+
+
+def _supports(layer: Any) -> bool:
+    return _storage(layer) is not None and _geometry(layer) is not None and supports_epilogue(layer) and on_sm90()
+
+
+def _kernels(tile: Sm90Tile):
+    return lambda layer: [kernel_for(layer, tile, ELEMS[_storage(layer)], False, "conv_sm90")]
+
+
+def _enqueue(tile: Sm90Tile):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+        B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
+        geo = plan_conv(layer.attrs, X.shape, Wt.shape, Y.shape)
+        if geo is None:
+            raise ValueError(f"shapes {X.shape} * {Wt.shape} do not fit the sm90 convolution kernel")
+        es = np.dtype(Wt.dtype).itemsize
+        tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es), (BK, tile.bn, 1))
+        tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
+        kernel = kernel_for(layer, tile, ELEMS[np.dtype(Y.dtype).name], False, "conv_sm90")
+        args = [tm_w, X, B if B is not None else 0, Y, *geo.args()] + epilogue_args(layer, tensors, Y.dtype)
+        launcher.launch(kernel, (min(tiles, launcher.sm_count),), (tile.threads,), args, shared_mem=tile.smem)
+
+    return enqueue
+
+
+def compile_variants() -> list[KernelSource]:
+    """conv_sm90 for every tile (fp16) and the first tile (bf16); gemm_sm90.py compiles the module's
+    GEMM entry point with the same defines, so these units add no new compiles for fp16."""
+    out = [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(False), arch="sm_90a")
+           for t in CONV_TILES]
+    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="bf16_t") + CONV_TILES[0].defines(False),
+                               arch="sm_90a")]
+
+
+for _rank, _tile in enumerate(CONV_TILES):
+    cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
+                priority=30 - _rank,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
+                        "stages": _tile.stages})(_enqueue(_tile))
