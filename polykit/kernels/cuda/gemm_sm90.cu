@@ -199,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
 #endif
       }
     }
-  } else {  // ---- consumers ---------------------------------------------------------------------
+  } else {  // ---- consumers (128 * 40 + 256 * 232 = 168 * 384: the launch allocation) --------------
     set_max_regs_inc<232>();
     OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
 #if HAS_EPILOGUE
@@ -211,7 +211,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
 
 // rows of the A tile one producer thread gathers: rows tid / 8 + 16 * i, chunk tid % 8
 #define ROWS_PER_THREAD (BM / 16)
-#define CONV_PRODUCER_REGS 64
+// setmaxnreg moves registers only within the block's launch allocation (168 x 384 with two
+// consumers): 128 * 56 + 256 * 224 = 168 * 384. Asking for more than was released hangs.
+#define CONV_PRODUCER_REGS 56
 #define CONV_CONSUMER_REGS (CONSUMERS == 1 ? 240 : 224)
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) conv_sm90(
