@@ -48,7 +48,7 @@ struct ConvP {
     if (Bias) acc += (float)ld(Bias, co);
     const i64 oi = (nb * M_ + co) * OSP + s;
 #if HAS_EPILOGUE
-    acc = apply_epilogue(epi, acc, oi, -1);
+    acc = apply_epilogue(epi, acc, oi, (i64)((u32)s % (u32)OW));  // col: ow, the output's last axis
 #endif
     st(Y, oi, acc);
   }
@@ -120,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_direct(CONV_PARAMS) {
       }
     }
 #if HAS_EPILOGUE
-    acc = apply_epilogue(epi, acc, i, -1);
+    acc = apply_epilogue(epi, acc, i, ow);
 #endif
     st(Y, i, acc);
   }

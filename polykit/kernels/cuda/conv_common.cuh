@@ -11,7 +11,7 @@
 // Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
 // kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
 // float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before the family's text
-// (col: the index along the output's last axis, or -1 where the kernel does not know it).
+// (col: the output element's index along the output's last axis).
 #ifndef HAS_EPILOGUE
 #define HAS_EPILOGUE 0
 #define EPI_PARAMS

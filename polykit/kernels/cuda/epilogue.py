@@ -65,6 +65,8 @@ def input_classes(layer: Any) -> list[str]:
     if not outs or any(n not in shapes for n in names):
         return ["general"] * len(names)
     out = tuple(outs[0])
+    # kernels pass the GEMM column as `col`; a MatMul with a 1-D B has no column axis in its output
+    column_is_last = not (layer.kind == "MatMul" and len(getattr(layer, "in_shapes", ())[1]) == 1)
     classes = []
     for name in names:
         shape = tuple(shapes[name])
@@ -73,7 +75,7 @@ def input_classes(layer: Any) -> list[str]:
             classes.append("full")
         elif padded is not None and all(d == 1 for d in padded):
             classes.append("scalar")
-        elif padded is not None and out and all(d == 1 for d in padded[:-1]) and padded[-1] == out[-1]:
+        elif padded is not None and out and column_is_last and all(d == 1 for d in padded[:-1]) and padded[-1] == out[-1]:
             classes.append("last")
         else:
             classes.append("general")
@@ -83,18 +85,18 @@ def input_classes(layer: Any) -> list[str]:
 _OFFSET = {
     "full": "oi",
     "scalar": "0",
-    # the caller passes the column when it knows it; else the index modulo the last dim
-    "last": "(col >= 0 ? col : (oi < 0x7fffffffLL && E.nlast < 0x7fffffffLL ? "
-            "(i64)((u32)oi % (u32)E.nlast) : oi % E.nlast))",
+    # every kernel passes the index along the output's last axis (a modulo here, even one never
+    # taken, was evaluated speculatively for every element: 64-bit division calls in the epilogue)
+    "last": "col",
 }
 
 
 def epilogue_prelude(layer: Any, elem: str) -> str:
     """C text that defines the epilogue a GEMM/conv kernel calls on each fp32 result:
-    `apply_epilogue(E, v, oi, col)` (oi the output's flat index, col its index along the last
-    axis or -1), `EpiState`, `make_epi(EPI_ARGS)` and the EPI_* macros the kernels splice in.
+    `apply_epilogue(E, v, oi, col)` (oi the output's flat index, col its index along the output's
+    last axis), `EpiState`, `make_epi(EPI_ARGS)` and the EPI_* macros the kernels splice in.
     The kernel parameters are the same for every class; EpiState keeps only what the classes
-    read (a pointer, the last dim for "last", the strides for "general"), so it stays small."""
+    read (a pointer, the strides for "general"), so it stays small."""
     n = len(extra_inputs(layer))
     classes = input_classes(layer)
     general = [j for j, c in enumerate(classes) if c == "general"]
@@ -106,9 +108,6 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     fields += "".join(f"  i64 s{j}[{MAXR}]; bool full{j};\n" for j in general)
     init = "".join(f"  E.e{j} = e{j};\n" for j in range(n))
     init += "".join(f"  E.s{j}[{d}] = e{j}s{d};" for j in general for d in range(MAXR))
-    if "last" in classes:
-        fields += "  i64 nlast;\n"
-        init += "".join(f"  if (orank == {r + 1}) E.nlast = od{r};" for r in range(MAXR)) + "\n"
     if general:
         fields += f"  i64 od[{MAXR}]; int rank;\n"
         init += "".join(f"  E.od[{d}] = od{d};" for d in range(MAXR)) + "\n  E.rank = (int)orank;\n"
