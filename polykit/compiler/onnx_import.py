@@ -12,7 +12,7 @@ import numpy as np
 from polykit.compiler import dtypes
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_builtin_ops
-from polykit.errors import ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
+from polykit.errors import ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError, require_file
 
 
 def read_model(source: "str | os.PathLike | Any") -> Any:
@@ -21,10 +21,9 @@ def read_model(source: "str | os.PathLike | Any") -> Any:
     from google.protobuf.message import DecodeError
 
     if isinstance(source, onnx.ModelProto):
+        check_model(source, f"model {source.graph.name!r}")
         return source
-    path = Path(source)
-    if not path.is_file():
-        raise ModelLoadError(f"model file {str(path)!r} does not exist", hint="check the path")
+    path = require_file(source, "model file", ModelLoadError)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
@@ -33,8 +32,30 @@ def read_model(source: "str | os.PathLike | Any") -> Any:
             where=str(path),
             hint="the file is not an ONNX model or is corrupt; re-export it",
         ) from exc
+    check_model(model, str(path))
     _load_external_data(model, path.parent)
     return model
+
+
+def check_model(model: Any, where: str) -> None:
+    """ModelLoadError with onnx.checker's message when it rejects the model's frame (IR version,
+    opset imports, the graph itself), or when the graph has no outputs.
+
+    The graph's contents are the importer's to check: it names the node for dangling or
+    duplicate names, bad attributes and tensor data, and it accepts what onnx.checker
+    refuses but polykit handles (nodes out of topological order, untyped value infos)."""
+    import onnx
+
+    frame = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    frame.graph.name = model.graph.name
+    try:
+        onnx.checker.check_model(frame)
+    except onnx.checker.ValidationError as exc:
+        raise ModelLoadError(f"the model is not valid ONNX: {str(exc).strip()}", where=where,
+                             hint="onnx.checker rejects it; fix the model or re-export it") from None
+    if not model.graph.output:
+        raise ModelLoadError("the model's graph has no outputs", where=where,
+                             hint="an engine of it would compute nothing; mark the tensors you need as graph outputs")
 
 
 def _load_external_data(model: Any, base_dir: Path) -> None:
@@ -46,14 +67,18 @@ def _load_external_data(model: Any, base_dir: Path) -> None:
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
         file = base_dir / location
+        if location and not file.resolve().is_relative_to(base_dir.resolve()):
+            raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} lies outside the "
+                                 "model's folder", where=str(base_dir),
+                                 hint="external data files must sit in the model's folder (or below it)")
         if not location or not file.is_file():
             raise ModelLoadError(
                 f"external data file {location!r} for tensor {tensor.name!r} is missing",
                 where=str(file),
                 hint="keep the .data file next to the .onnx file it was saved with",
             )
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else None
+        offset = _external_int(info, "offset", 0, tensor.name, file)
+        length = _external_int(info, "length", None, tensor.name, file)
         with open(file, "rb") as fh:
             fh.seek(offset)
             raw = fh.read() if length is None else fh.read(length)
@@ -66,6 +91,16 @@ def _load_external_data(model: Any, base_dir: Path) -> None:
         tensor.raw_data = raw
         del tensor.external_data[:]
         tensor.data_location = 0  # DEFAULT
+
+
+def _external_int(info: dict[str, str], key: str, default: int | None, tensor: str, file: Path) -> int | None:
+    if key not in info:
+        return default
+    text = info[key]
+    if not text.isdigit():
+        raise ModelLoadError(f"external data {key} {text!r} of tensor {tensor!r} is not a non-negative integer",
+                             where=str(file), hint="re-save the model with its external data")
+    return int(text)
 
 
 def _attr_value(attr: Any, where: str) -> Any:
