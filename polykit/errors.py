@@ -76,6 +76,10 @@ class DeviceError(PolykitError):
     """No usable GPU, out of device memory, a failed launch or kernel compilation."""
 
 
+class DataFileError(PolykitError):
+    """Saved inputs/outputs or another data file polykit reads is unreadable or malformed."""
+
+
 class UsageError(PolykitError):
     """A command-line flag or API argument is malformed."""
 
