@@ -7,9 +7,6 @@ and what to do. The CLI prints these without a traceback and exits with `exit_co
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 
 class PolykitError(Exception):
     """Base of every error polykit raises on bad input or an unusable environment."""
@@ -89,13 +86,3 @@ class AccuracyError(PolykitError):
 
     exit_code = 1
 
-
-def require_file(path: "str | os.PathLike[str]", what: str, error: type[PolykitError] = UsageError) -> Path:
-    """`path` as a Path when it names a regular file; else `error` saying whether it is missing or
-    a directory (`what` names the role, e.g. "model file")."""
-    p = Path(path)
-    if p.is_dir():
-        raise error(f"{what} {str(p)!r} is a directory, not a file", hint=f"pass the {what} itself")
-    if not p.is_file():
-        raise error(f"{what} {str(p)!r} does not exist", hint="check the path")
-    return p

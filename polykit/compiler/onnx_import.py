@@ -12,7 +12,8 @@ import numpy as np
 from polykit.compiler import dtypes
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_builtin_ops
-from polykit.errors import ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError, require_file
+from polykit.errors import ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
+from polykit.files import require_file
 
 
 def read_model(source: "str | os.PathLike | Any") -> Any:

@@ -35,7 +35,8 @@ import polykit
 from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align
 from polykit.compiler.plan_check import check_document, check_layers
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.errors import PlanError, require_file
+from polykit.errors import PlanError
+from polykit.files import require_file
 
 MAGIC = b"PLYKPLAN"
 FORMAT_VERSION = 1

@@ -20,10 +20,12 @@ def convert(
 ) -> int:
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
     from polykit.compiler.config import BuilderConfig
+    from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
     from polykit.tools.cli_args import parse_input_shapes
     from polykit.tools.run_cmd import resolve_target
 
+    require_output_folder(output, "--output")
     config = BuilderConfig(
         target=resolve_target(target, ["trt"]), fp16=fp16, input_shapes=parse_input_shapes(input_shapes),
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=tactic_replay, save_tactics=save_tactics,

@@ -17,7 +17,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from polykit.errors import UsageError, require_file
+from polykit.errors import UsageError
+from polykit.files import require_file
 
 log = logging.getLogger("polykit")
 

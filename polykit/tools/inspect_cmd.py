@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from polykit.errors import ModelLoadError
+from polykit.files import require_file
 
 PLAN_MAGIC = b"PLYKPLAN"
 
@@ -79,11 +79,9 @@ def model(
     from rich.console import Console
     from rich.table import Table
 
-    file = Path(path)
-    if not file.is_file():
-        raise ModelLoadError(f"{path!r} does not exist", hint="check the path")
-    with open(file, "rb") as fh:
-        is_plan = fh.read(len(PLAN_MAGIC)) == PLAN_MAGIC
+    file = require_file(path, "model or plan file", ModelLoadError)
+    with open(file, "rb") as fh:  # a plan by its magic bytes, or by its name (then the plan reader says what is wrong)
+        is_plan = fh.read(len(PLAN_MAGIC)) == PLAN_MAGIC or file.suffix == ".plan"
     info = describe_plan(path) if is_plan else describe_onnx(path)
     if as_json:
         typer.echo(json.dumps(info, indent=2))

@@ -20,7 +20,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from polykit.errors import DataFileError, require_file
+from polykit.errors import DataFileError
+from polykit.files import require_file
 from polykit.tools import polygraphy_json
 
 _ZIP_MAGIC = b"PK\x03\x04"

@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from polykit.errors import UsageError
+from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
 
@@ -108,6 +109,9 @@ def run(
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
+    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine)):
+        if path:
+            require_output_folder(path, option)
     reference = {}
     for path in load_outputs:
         for name, outs in results_io.load_outputs(path).items():
