@@ -181,6 +181,39 @@ def test_a_non_numeric_external_data_offset_is_a_model_load_error(tmp_path):
         load_onnx(path)
 
 
+def test_a_graph_input_listed_twice_is_a_graph_error():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x"), _vi("x")], [_vi("y")])
+    with pytest.raises(GraphError, match="graph input 'x' is listed more than once"):
+        load_onnx(m)
+
+
+def test_a_node_output_that_is_also_an_initializer_is_a_graph_error():
+    c = numpy_helper.from_array(np.ones((2, 3), np.float32), "r")
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], [_vi("x")], [_vi("y")], [c])
+    with pytest.raises(GraphError, match="tensor 'r' is both an initializer and the output of a node"):
+        load_onnx(m)
+
+
+def test_a_negative_dim_value_is_an_unknown_dim():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", (-1, 3))], [_vi("y", (-1, 3))])
+    assert load_onnx(m).value("x").shape == (None, 3)
+
+
+def test_an_initializers_array_wins_over_a_conflicting_value_info():
+    c = numpy_helper.from_array(np.ones((5, 4), np.float32), "c")
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", (5, 4))], [_vi("y", (5, 4)), _vi("c", (3, 4))], [c])
+    assert load_onnx(m).value("c").shape == (5, 4)
+
+
+def test_a_name_that_is_not_utf8_is_a_model_load_error(tmp_path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x")], [_vi("y")])
+    data = m.SerializeToString().replace(b"relu", b"r\xe5lu")
+    path = tmp_path / "bad_text.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=r"model.graph.node\[0\].name is not valid UTF-8"):
+        load_onnx(path)
+
+
 def test_every_import_error_is_a_polykit_error_with_a_hint():
     node = helper.make_node("Add", ["x", "missing"], ["y"])
     with pytest.raises(PolykitError) as err:
