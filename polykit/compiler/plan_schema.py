@@ -86,7 +86,7 @@ def text(pattern: "re.Pattern[str] | None" = None, empty: bool = False) -> Check
 def one_of(choices: "Iterable[str] | Callable[[], Iterable[str]]") -> Check:
     def check(value: Any, path: str) -> None:
         known = sorted(choices() if callable(choices) else choices)
-        if value not in known:
+        if not isinstance(value, str) or value not in known:
             raise Invalid(path, f"{show(value)} is not one of {', '.join(map(repr, known))}")
     return check
 
@@ -151,7 +151,7 @@ def pair_of(item: Check) -> Check:
 
 
 def dtype_name(value: Any, path: str) -> None:
-    if value not in DTYPES:
+    if not isinstance(value, str) or value not in DTYPES:
         raise Invalid(path, f"{show(value)} is not an element type polykit runs")
 
 

@@ -104,11 +104,18 @@ class DataLoader:
         return tuple(dims)
 
     def _generate(self, rng: Any, meta: Any) -> Any:
+        shape = self._shape(meta)
+        try:
+            return self._random(rng, meta, shape)
+        except MemoryError:
+            raise UsageError(f"input {meta.name!r} of shape {list(shape)} is too large to generate in host memory",
+                             hint=f"pass a smaller shape with --input-shapes {meta.name}:[...]") from None
+
+    def _random(self, rng: Any, meta: Any, shape: tuple[int, ...]) -> Any:
         import numpy as np
 
         from polykit.tools.compare_funcs import is_float_dtype
 
-        shape = self._shape(meta)
         low, high = self.options.val_ranges.get(meta.name, self.options.val_ranges.get("", (0.0, 1.0)))
         dtype = np.dtype(meta.dtype)
         if dtype == np.bool_:
@@ -119,7 +126,8 @@ class DataLoader:
             if ilow > ihigh:
                 raise UsageError(f"value range [{low}, {high}] holds no {dtype} value for input {meta.name!r}",
                                  hint=f"widen it: --val-range {meta.name}:[LOW,HIGH]")
-            return rng.integers(ilow, ihigh, size=shape, endpoint=True, dtype=np.int64 if dtype != np.uint64 else dtype).astype(dtype)
+            draw = np.uint64 if dtype == np.uint64 else np.int64
+            return rng.integers(ilow, ihigh, size=shape, endpoint=True, dtype=draw).astype(dtype)
         if is_float_dtype(dtype):
             return rng.uniform(low, high, size=shape).astype(dtype)
         raise UsageError(f"cannot generate data for input {meta.name!r} of dtype {dtype}",

@@ -3,7 +3,8 @@ Polygraphy data can feed and check polykit runs.
 
 Polygraphy's encoder (polygraphy/json/serde.py) tags each object with its class under
 "polygraphy_class" (older versions: a key "__polygraphy_encoded_<class>"):
-  ndarray          {"array": base64 of the .npy file's bytes}  (oldest: the bytes as latin-1 text)
+  ndarray          {"array": base64 of the .npy file's bytes}  (oldest: the bytes as latin-1 text;
+                   the oldest versions' .npz-in-JSON arrays are not read)
   LazyArray        {"values": <ndarray>}                       (alias LazyNumpyArray)
   IterationResult  {"outputs": {name: <array>}, "runtime": s, "runner_name": str}
   RunResults       {"lst": [[runner name, [<IterationResult>, ...]], ...]}
@@ -19,6 +20,7 @@ import io
 from typing import Any, Callable
 
 from polykit.errors import DataFileError
+from polykit.tools.npy_io import read_npy
 
 TYPE_MARKER = "polygraphy_class"
 LEGACY_PREFIX = "__polygraphy_encoded_"
@@ -51,8 +53,6 @@ def _field(value: dict, key: str, where: str) -> Any:
 
 
 def _ndarray(value: dict, where: str) -> Any:
-    import numpy as np
-
     text = _field(value, "array", where)
     if not isinstance(text, str):
         raise DataFileError("a Polygraphy array's 'array' is not a string", where=where)
@@ -63,18 +63,10 @@ def _ndarray(value: dict, where: str) -> Any:
             raw = text.encode("latin-1")  # Polygraphy's oldest encoding
         except UnicodeEncodeError:
             raise DataFileError("a Polygraphy array is neither base64 nor latin-1 text", where=where) from None
-    try:
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise DataFileError(f"a Polygraphy array does not decode: {exc}", where=where,
-                            hint="arrays must be .npy data without Python objects") from None
-    if not isinstance(arr, np.ndarray):  # Polygraphy's oldest files hold an .npz of one array
-        with arr:
-            arrays = [arr[k] for k in arr.files]
-        if len(arrays) != 1:
-            raise DataFileError(f"a Polygraphy array holds {len(arrays)} arrays, not one", where=where)
-        arr = arrays[0]
-    return arr
+    if not raw.startswith(b"\x93NUMPY"):
+        raise DataFileError("a Polygraphy array does not decode: its data is not .npy bytes", where=where,
+                            hint="polykit reads arrays Polygraphy saved with numpy's .npy format")
+    return read_npy(io.BytesIO(raw), len(raw), where)
 
 
 def _lazy_array(value: dict, where: str) -> Any:

@@ -23,16 +23,16 @@ from typing import Any
 from polykit.errors import DataFileError
 from polykit.files import require_file
 from polykit.tools import polygraphy_json
+from polykit.tools.npy_io import read_npy
 
 _ZIP_MAGIC = b"PK\x03\x04"
 _NPY_MAGIC = b"\x93NUMPY"
-#: what numpy's .npz reader raises on damaged archives and members
-_NPZ_ERRORS = (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, NotImplementedError)
+#: what reading a damaged zip archive raises (bad structure, bad compressed data, encryption)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
 
 
 def _open_npz(path: Path) -> dict[str, Any]:
-    import numpy as np
-
+    """name -> array of an .npz (each member read by npy_io: header checked against its bytes)."""
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
         head = fh.read(len(_NPY_MAGIC))
@@ -44,13 +44,14 @@ def _open_npz(path: Path) -> dict[str, Any]:
         raise DataFileError("the file is not an .npz (zip) archive", where=str(path), hint=hint)
     arrays: dict[str, Any] = {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                try:
-                    arrays[key] = data[key]
-                except _NPZ_ERRORS as exc:
-                    raise DataFileError(f"array {key!r} cannot be read: {exc}", where=str(path), hint=hint) from None
-    except _NPZ_ERRORS as exc:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fh:
+                    arrays[key] = read_npy(fh, info.file_size, f"{path}: array {key!r}")
+    except DataFileError:
+        raise
+    except _ZIP_ERRORS as exc:
         raise DataFileError(f"the archive cannot be read: {exc}", where=str(path), hint=hint) from None
     return arrays
 
@@ -97,7 +98,7 @@ def _json_array(value: Any, where: str) -> Any:
             raise DataFileError("expected an array, found another Polygraphy object", where=where)
     elif isinstance(value, dict):
         dtype = value.get("dtype", "float32")
-        if "data" not in value or dtype not in DTYPES:
+        if "data" not in value or not isinstance(dtype, str) or dtype not in DTYPES:
             raise DataFileError(f"an array must be {{'dtype': <numeric dtype>, 'data': [...]}}; got keys "
                                 f"{sorted(value)} and dtype {dtype!r}", where=where)
         arr = _as_array(value["data"], DTYPES[dtype], where)

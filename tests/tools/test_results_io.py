@@ -115,7 +115,7 @@ def test_a_text_file_named_npz_is_not_a_zip_archive(tmp_path):
 def test_an_object_array_in_an_npz_is_refused_not_unpickled(tmp_path):
     path = tmp_path / "obj.npz"
     np.savez(path, **{"0/x": np.array([{"a": 1}], dtype=object)})
-    with pytest.raises(DataFileError, match=r"obj.npz: array '0/x' cannot be read: .*pickle"):
+    with pytest.raises(DataFileError, match=r"obj.npz: array '0/x': the array holds Python objects .* never unpickles"):
         load_feeds(path)
 
 
@@ -139,6 +139,19 @@ def test_malformed_json_feeds_are_data_file_errors_naming_the_entry(tmp_path, te
 def test_outputs_json_given_as_feeds_says_so(tmp_path):
     path = save_outputs(tmp_path / "out.json", {"trt": [{"y": np.ones(2, np.float32)}]})
     with pytest.raises(DataFileError, match="give it to --load-outputs"):
+        load_feeds(path)
+
+
+def test_an_npz_member_whose_header_claims_more_data_than_it_has_is_refused_before_allocating(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(4, np.float32))
+    raw = buf.getvalue().replace(b"(4,)", b"(1099511627776,)".ljust(4))
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("0/x.npy", raw)
+    with pytest.raises(DataFileError, match=r"huge.npz: array '0/x': the .npy header says float32\[1099511627776\]"):
         load_feeds(path)
 
 
