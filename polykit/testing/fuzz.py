@@ -219,7 +219,7 @@ def _mutate(kind: str, original: Any, rng: np.random.Generator) -> tuple[bytes, 
         blob, notes = bytes(blob), []
         # half the cases change only what a layer computes (attributes, tactic parameters), so
         # they get past the structural checks and exercise shape rules and kernels
-        focus = _pick(rng, ("", "['attrs']", "['tactic_params']", "['shape']")) if rng.random() < 0.5 else ""
+        focus = _pick(rng, ("['attrs'][", "['shape'][", "['metadata'][")) if rng.random() < 0.5 else ""
         for _ in range(steps):
             doc, note = mutate_json(doc, rng, focus)
             notes.append(note)
