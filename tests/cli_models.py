@@ -77,3 +77,15 @@ def bad_mlp(tmp_path: Path) -> str:
 @pytest.fixture
 def dyn_model(tmp_path: Path) -> str:
     return dynamic_model(tmp_path / "dyn.onnx")
+
+
+@pytest.fixture
+def fresh_plugins(monkeypatch):
+    """No plugin from the environment, a fresh plugin manager for the test, wide reports."""
+    from polykit.plugins import reset_plugin_manager
+
+    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()

@@ -8,25 +8,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from polykit.compiler.plan import decode_plan, encode_plan
-from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import EXIT_INTERNAL, main
+from tests import cli_models
+from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
-REPO = Path(__file__).resolve().parents[1]
-MLP = str(REPO / "examples" / "models" / "mlp.onnx")
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+MLP = str(cli_models.MLP)
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -35,19 +26,13 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def _save(model: onnx.ModelProto, path: Path) -> str:
-    model.ir_version = 10
-    onnx.save_model(model, str(path))
-    return str(path)
-
-
 def scalar_output_model(path: Path) -> str:
     """s = ReduceSum(Relu(x), keepdims=0): a 0-d output."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("ReduceSum", ["r"], ["s"], name="sum", keepdims=0)]
     graph = helper.make_graph(nodes, "scalar", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
-    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    return cli_models.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
 
 
 def scalar_intermediate_model(path: Path) -> str:
@@ -56,7 +41,7 @@ def scalar_intermediate_model(path: Path) -> str:
              helper.make_node("Add", ["x", "s"], ["y"], name="add")]
     graph = helper.make_graph(nodes, "scalar_mid", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    return cli_models.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
 
 
 # ---- 0-d tensors in every comparison path ----------------------------------------------------

@@ -15,7 +15,6 @@ from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.memory import MemoryPlan
 from polykit.compiler.plan import FORMAT_VERSION, MAGIC, Plan
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from polykit.plugins import (
-    PluginError, compare_func_specs, create_plugin_manager, data_loader_specs, reset_plugin_manager, runner_specs,
+    PluginError, compare_func_specs, create_plugin_manager, data_loader_specs, runner_specs,
 )
 from polykit.tools.cli import main
+from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "polykit-plugin-example"
@@ -60,13 +61,7 @@ def polykit_cli_commands(app):
 '''
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture
