@@ -109,6 +109,12 @@ def test_inspect_of_a_plan_with_a_deleted_lifetime_names_the_field(capsys, tmp_p
     assert code == 2 and "m.plan: invalid plan field memory.lifetimes[" in err and "is missing" in err
 
 
+def test_convert_checks_its_output_paths_before_building(capsys, tmp_path):
+    code, _, err = run(capsys, "convert", MLP, "-o", str(tmp_path / "m.plan"), "--target", "cpu",
+                       "--save-tactics", str(tmp_path / "nodir" / "t.json"))
+    assert code == 2 and "--save-tactics" in err and "does not exist" in err and not (tmp_path / "m.plan").exists()
+
+
 def test_target_cuda_without_a_driver_is_a_device_error(capsys, monkeypatch):
     from polykit.runtime.cuda import driver
 

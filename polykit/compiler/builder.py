@@ -224,8 +224,8 @@ def load_replay(path: str | os.PathLike | None) -> dict[str, str]:
     if path is None:
         return {}
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or bad UTF-8
         raise UsageError(f"cannot read the tactic replay file: {exc}", where=str(path),
                          hint="a replay file is JSON: {layer name: tactic name}") from exc
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):

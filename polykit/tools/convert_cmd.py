@@ -26,6 +26,8 @@ def convert(
     from polykit.tools.run_cmd import resolve_target
 
     require_output_folder(output, "--output")
+    if save_tactics:
+        require_output_folder(save_tactics, "--save-tactics")
     config = BuilderConfig(
         target=resolve_target(target, ["trt"]), fp16=fp16, input_shapes=parse_input_shapes(input_shapes),
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=tactic_replay, save_tactics=save_tactics,

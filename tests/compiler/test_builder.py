@@ -154,6 +154,13 @@ def test_unreadable_tactic_replay_is_a_usage_error(tmp_path):
         build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=replay))
 
 
+def test_a_replay_file_that_is_not_utf8_is_a_usage_error(tmp_path):
+    replay = tmp_path / "bad.json"
+    replay.write_bytes(b'{"a": "\xff\xfe"}')
+    with pytest.raises(UsageError, match="cannot read the tactic replay file"):
+        build_plan(_chain_model(2), BuilderConfig(**CPU, tactic_replay=replay))
+
+
 def test_fp16_on_cpu_records_precision_and_runs_half():
     x = _x(2, seed=4)
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU, fp16=True))
