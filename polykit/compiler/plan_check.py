@@ -12,7 +12,8 @@ It has two steps:
   every use, layers read only tensors written before them, the kernel table is complete.
 - `check_layers(plan, where)`: the layers against the op registry (shape inference re-run
   over the plan must give the plan's dtypes and shapes, so attributes pass the same rules
-  the importer applies) and against the target's tactics (known, and able to run the layer).
+  the importer applies) and against the target's tactics (each layer's is one its target has
+  for the layer's kind; whether it accepts the layer is the target's question at load time).
 
 Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
 """
@@ -269,10 +270,10 @@ RULES: tuple[Callable[[Doc, int], None], ...] = (
 # ---- the layers against the op registry and the target's tactics ------------------------------
 def check_layers(plan: Any, where: str = "plan") -> None:
     """PlanError when a layer fails its op's shape rule, disagrees with the plan's tensors, or
-    names a tactic its target does not have (or that cannot run it)."""
+    names a tactic its target does not have for its kind."""
     try:
         _shapes_agree(plan)
-        _tactics_run_layers(plan)
+        _tactics_exist(plan)
     except Invalid as bad:
         raise PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT) from None
 
@@ -315,17 +316,13 @@ def _dims_agree(inferred: tuple, stored: tuple) -> bool:
     return len(inferred) == len(stored) and all(not isinstance(a, int) or a == b for a, b in zip(inferred, stored))
 
 
-def _tactics_run_layers(plan: Any) -> None:
+def _tactics_exist(plan: Any) -> None:
+    """Every layer's tactic is one its target has for the layer's kind. Whether the tactic accepts
+    the layer (its `supports`) may depend on the device, so the target asks that when it loads
+    the plan (CudaEngine), not the schema check (which runs for `inspect` on any machine)."""
     from polykit.kernels.tactics import find_tactic
 
     for layer in plan.layers:
-        tactic = find_tactic(plan.target, layer.kind, layer.tactic)
-        path = f"layers[{layer.name!r}].tactic"
-        if tactic is None:
-            raise Invalid(path, f"{layer.tactic!r} is not a {plan.target} tactic for {layer.kind} layers")
-        try:
-            runs = tactic.supports(layer)
-        except Exception:  # a tactic's predicate fed a layer it was never meant for: it cannot run it
-            runs = False
-        if not runs:
-            raise Invalid(path, f"{layer.tactic!r} cannot run this {layer.kind} layer (its dtypes, shapes or attributes)")
+        if find_tactic(plan.target, layer.kind, layer.tactic) is None:
+            raise Invalid(f"layers[{layer.name!r}].tactic", f"{layer.tactic!r} is not a {plan.target} tactic for "
+                                                          f"{layer.kind} layers")

@@ -157,7 +157,7 @@ def test_a_layer_without_kernels_in_a_cuda_plan_is_rejected(cuda_bytes):
         Plan.deserialize(edited(cuda_bytes, lambda d: d["metadata"]["kernels"]["layers"].pop("abs")))
 
 
-def test_a_cuda_tactic_that_cannot_run_the_layer_is_rejected(cuda_bytes):
+def test_a_cuda_tactic_of_another_layer_kind_is_rejected(cuda_bytes):
     with pytest.raises(PlanError, match=r"layers\['abs'\]\.tactic: 'cuda.softmax' is not a cuda tactic for Abs"):
         Plan.deserialize(edited(cuda_bytes, lambda d: layer(d, "abs").update(tactic="cuda.softmax")))
 
