@@ -16,6 +16,8 @@ Binary layout (little-endian):
 
 No pickle: attributes that are arrays are stored as {"__ndarray__": dtype, shape, base64}.
 The same graph and config give byte-identical plans (nothing time- or host-dependent).
+Loading checks the header and checksum here, then the metadata's contents against one
+schema (plan_check) before any target sees the plan.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import numpy as np
 
 from polykit.errors import PlanError, PolykitError
 from polykit.testing.fuzz_corpus import DataFile, data_corpus, mutate_data, plan_corpus, seed_models
-from polykit.testing.mutate import _pick, mutate_bytes, mutate_json, mutate_proto
+from polykit.testing.mutate import pick, mutate_bytes, mutate_json, mutate_proto
 
 KINDS = ("plan", "onnx", "data")
 #: outcomes that fail a fuzz run
@@ -219,7 +219,7 @@ def _mutate(kind: str, original: Any, rng: np.random.Generator) -> tuple[bytes, 
         blob, notes = bytes(blob), []
         # half the cases change only what a layer computes (attributes, tactic parameters), so
         # they get past the structural checks and exercise shape rules and kernels
-        focus = _pick(rng, ("['attrs'][", "['shape'][", "['metadata'][")) if rng.random() < 0.5 else ""
+        focus = pick(rng, ("['attrs'][", "['shape'][", "['metadata'][")) if rng.random() < 0.5 else ""
         for _ in range(steps):
             doc, note = mutate_json(doc, rng, focus)
             notes.append(note)

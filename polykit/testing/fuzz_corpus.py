@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from polykit.testing.mutate import _pick, mutate_bytes, mutate_json
+from polykit.testing.mutate import pick, mutate_bytes, mutate_json
 
 
 def seed_models() -> dict[str, Any]:
@@ -162,7 +162,7 @@ def _mutate_members(members: list[tuple[str, bytes]], rng: np.random.Generator) 
     name, raw = members[i]
     op = int(rng.integers(5))
     if op == 0:
-        new = _pick(rng, ("x.npy", "0.npy", "a/b/c.npy", "99999999/x.npy", "0/", "-1/x.npy", "0/x"))
+        new = pick(rng, ("x.npy", "0.npy", "a/b/c.npy", "99999999/x.npy", "0/", "-1/x.npy", "0/x"))
         members[i] = (new, raw)
         return f"renamed member {name} to {new}"
     if op in (1, 2, 3):
@@ -173,7 +173,7 @@ def _mutate_members(members: list[tuple[str, bytes]], rng: np.random.Generator) 
             start = header.find(key) + len(key)
             stop = header.find(", '", start) if op != 3 else header.find(",", start)
             stop = header.find("}", start) if stop < 0 else stop
-            value = _pick(rng, choices)
+            value = pick(rng, choices)
             header = header[:start] + value + header[stop:]
             members[i] = (name, header.encode("latin-1") + raw[end + 1:])
             return f"set {key.strip(': ')} of member {name} to {value}"

@@ -26,7 +26,8 @@ INT_EDGES = (0, 1, -1, 2, 3, 7, 255, 2**31 - 1, -2**31, 2**40, -2**40, 2**62)
 FLOAT_EDGES = (0.0, -0.0, 1.0, -1.0, 0.5, 1e-45, 1e38, -1e38, float("nan"), float("inf"), float("-inf"))
 
 
-def _pick(rng: np.random.Generator, items: Any) -> Any:
+def pick(rng: np.random.Generator, items: Any) -> Any:
+    """One of `items`, drawn from `rng`."""
     return items[int(rng.integers(len(items)))]
 
 
@@ -57,21 +58,21 @@ def mutate_json(doc: Any, rng: np.random.Generator, focus: str = "") -> tuple[An
     slots = _json_slots(doc)
     slots = [s for s in slots if focus in s[2]] or slots
     if not slots:
-        return _pick(rng, JSON_EDGES), "replaced the whole document"
-    container, key, where = _pick(rng, slots)
+        return pick(rng, JSON_EDGES), "replaced the whole document"
+    container, key, where = pick(rng, slots)
     value = container[key]
     op = int(rng.integers(7))
     if op == 0:
         del container[key]
         return doc, f"deleted {where}"
     if op == 1:
-        container[key] = _pick(rng, JSON_EDGES)
+        container[key] = pick(rng, JSON_EDGES)
         return doc, f"set {where} = {container[key]!r}"
     if op == 2:
-        container[key] = copy.deepcopy(_pick(rng, _json_leaves(doc) or [0]))
+        container[key] = copy.deepcopy(pick(rng, _json_leaves(doc) or [0]))
         return doc, f"set {where} = {container[key]!r} (a value from the document)"
     if op == 3 and isinstance(value, (int, float)) and not isinstance(value, bool):
-        container[key] = _pick(rng, (value + 1, value - 1, value * 2, -value, value + 256, value * 1000))
+        container[key] = pick(rng, (value + 1, value - 1, value * 2, -value, value + 256, value * 1000))
         return doc, f"nudged {where} from {value!r} to {container[key]!r}"
     if op == 4 and isinstance(value, list) and value:
         i = int(rng.integers(len(value)))
@@ -81,10 +82,10 @@ def mutate_json(doc: Any, rng: np.random.Generator, focus: str = "") -> tuple[An
         rng.shuffle(value)
         return doc, f"shuffled {where}"
     if op == 6 and isinstance(value, dict) and value:
-        extra = _pick(rng, sorted(value))
+        extra = pick(rng, sorted(value))
         value[f"{extra}_copy"] = copy.deepcopy(value[extra])
         return doc, f"copied {where}[{extra!r}] under a new key"
-    container[key] = _pick(rng, JSON_EDGES)
+    container[key] = pick(rng, JSON_EDGES)
     return doc, f"set {where} = {container[key]!r}"
 
 
@@ -104,16 +105,16 @@ def _proto_slots(message: Any, path: str = "model") -> list[tuple[Any, Any, str]
 
 def _scalar_edge(field: Any, names: list[str], rng: np.random.Generator) -> Any:
     if field.type in (field.TYPE_FLOAT, field.TYPE_DOUBLE):
-        return float(_pick(rng, FLOAT_EDGES))
+        return float(pick(rng, FLOAT_EDGES))
     if field.type == field.TYPE_STRING:
-        return _pick(rng, names + ["", "x", "ai.polykit", "com.microsoft", "../x"])
+        return pick(rng, names + ["", "x", "ai.polykit", "com.microsoft", "../x"])
     if field.type == field.TYPE_BYTES:
         return bytes(rng.integers(0, 256, size=int(rng.integers(0, 9)), dtype=np.uint8))
     if field.type == field.TYPE_BOOL:
         return bool(rng.integers(2))
     if field.type == field.TYPE_ENUM:
-        return _pick(rng, [v.number for v in field.enum_type.values])
-    return int(_pick(rng, INT_EDGES))
+        return pick(rng, [v.number for v in field.enum_type.values])
+    return int(pick(rng, INT_EDGES))
 
 
 def mutate_proto(message: Any, rng: np.random.Generator) -> tuple[Any, str]:
@@ -124,7 +125,7 @@ def mutate_proto(message: Any, rng: np.random.Generator) -> tuple[Any, str]:
         return message, "nothing to mutate"
     names = sorted({v for owner, field, _ in slots for v in _strings(owner, field)})
     for _ in range(8):  # an edge value may not fit the field's type: try another one
-        owner, field, where = _pick(rng, slots)
+        owner, field, where = pick(rng, slots)
         try:
             return message, _mutate_field(owner, field, where, names, rng)
         except (ValueError, TypeError, OverflowError):
@@ -174,7 +175,7 @@ def _mutate_some_field(message: Any, names: list[str], rng: np.random.Generator)
     fields = [f for f, _ in message.ListFields()]
     if not fields:
         return "empty message left as is"
-    field = _pick(rng, fields)
+    field = pick(rng, fields)
     return _mutate_field(message, field, field.name, names, rng)
 
 
