@@ -73,6 +73,10 @@ class DeviceError(PolykitError):
     """No usable GPU, out of device memory, a failed launch or kernel compilation."""
 
 
+class DataFileError(PolykitError):
+    """Saved inputs/outputs or another data file polykit reads is unreadable or malformed."""
+
+
 class UsageError(PolykitError):
     """A command-line flag or API argument is malformed."""
 
@@ -81,3 +85,4 @@ class AccuracyError(PolykitError):
     """A comparison between runners failed its tolerances."""
 
     exit_code = 1
+

@@ -17,7 +17,11 @@ are the hook names below. polykit finds plugins in three places, in this order:
 3. the ``POLYKIT_PLUGINS`` environment variable: comma-separated module names importable
    from ``sys.path`` (no packaging needed), e.g. ``POLYKIT_PLUGINS=my_plugin,other.mod``.
 
-A plugin that cannot be imported is a PluginError (exit code 2) naming the plugin.
+A plugin that cannot be imported, fails to register, raises in a hook or registers
+something malformed is skipped with a warning naming it and the error, so commands that
+do not need it still work; with ``--strict-plugins`` (``create_plugin_manager(strict=True)``)
+it is a PluginError (exit code 2) instead. polykit calls each plugin's hook implementation
+on its own (``PolykitPluginManager.call_each``) so one failing plugin does not hide the others.
 
 Hook implementations must be cheap to call: return specs whose factories import heavy
 modules (onnxruntime, your framework) only when called, so ``polykit --help`` stays fast.
@@ -26,10 +30,11 @@ modules (onnxruntime, your framework) only when called, so ``polykit --help`` st
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pluggy
 
@@ -39,6 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from polykit.backends.base import RunnerSpec
     from polykit.tools.compare_funcs import CompareFuncSpec
     from polykit.tools.data_loader import DataLoaderSpec
+
+log = logging.getLogger("polykit")
 
 PROJECT = "polykit"
 ENTRY_POINT_GROUP = "polykit"
@@ -109,15 +116,51 @@ class HookSpecs:
         """
 
 
-def _import_plugin(module: str, source: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise PluginError(
-            f"cannot import plugin module {module!r}: {exc}",
-            where=source,
-            hint=f"install the plugin's package or fix {ENV_VAR} / the entry point",
-        ) from exc
+class PolykitPluginManager(pluggy.PluginManager):
+    """polykit's plugin manager: a plugin that fails is skipped with a warning, or is a
+    PluginError when `strict`."""
+
+    def __init__(self, strict: bool = False):
+        super().__init__(PROJECT)
+        self.strict = strict
+        self.add_hookspecs(HookSpecs)
+        self._warned: set[str] = set()  # hooks run more than once per command: warn once
+
+    def plugin_failed(self, plugin: str, what: str, exc: BaseException | None = None, hint: str | None = None) -> None:
+        """Report that `plugin` failed (`what`, e.g. "cannot be imported"): PluginError when
+        strict, else a warning (the caller then skips the plugin's contribution)."""
+        detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        error = PluginError(f"plugin {plugin!r} {what}{detail}",
+                            hint=hint or "fix or uninstall the plugin; without --strict-plugins polykit skips it")
+        if self.strict:
+            raise error from exc
+        if error.what not in self._warned:
+            self._warned.add(error.what)
+            log.warning("%s (skipped; --strict-plugins makes this an error)", error.what)
+
+    def register_module(self, name: str, load: Callable[[], Any], source: str) -> None:
+        """Import a plugin with `load()` and register it under `name`; failures go to plugin_failed."""
+        try:
+            plugin = load()
+            if not self.is_registered(plugin) and self.get_plugin(name) is None:
+                self.register(plugin, name=name)
+        except Exception as exc:  # an import error, or anything the plugin's module raises
+            self.plugin_failed(name, f"cannot be loaded ({source})", exc,
+                               hint=f"install the plugin's package, or fix {ENV_VAR} / the entry point")
+
+    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """(plugin name, result) of every implementation of a hook, in pluggy's calling order;
+        an implementation that raises goes to plugin_failed and gives no result."""
+        results = []
+        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception as exc:  # whatever a plugin's hook raises
+                self.plugin_failed(impl.plugin_name, f"failed in hook {hook_name}", exc)
+                continue
+            if result is not None:
+                results.append((impl.plugin_name, result))
+        return results
 
 
 @dataclass(frozen=True)
@@ -180,11 +223,10 @@ def _group_entries(text: str, group: str) -> list[tuple[str, str]]:
     return entries
 
 
-def create_plugin_manager(env: dict[str, str] | None = None) -> pluggy.PluginManager:
+def create_plugin_manager(env: dict[str, str] | None = None, strict: bool = False) -> PolykitPluginManager:
     """A plugin manager with built-ins, entry-point plugins and ``POLYKIT_PLUGINS`` loaded."""
     env = os.environ if env is None else env
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(HookSpecs)
+    pm = PolykitPluginManager(strict=strict)
     for name in BUILTIN_PLUGINS:
         try:
             module = importlib.import_module(name)
@@ -195,32 +237,22 @@ def create_plugin_manager(env: dict[str, str] | None = None) -> pluggy.PluginMan
         if not pm.is_registered(module):
             pm.register(module, name=name)
     for ep in _entry_points():
-        try:
-            plugin = ep.load()
-        except ImportError as exc:
-            raise PluginError(
-                f"cannot load plugin {ep.name!r} ({ep.value}): {exc}",
-                where=f"entry point group {ENTRY_POINT_GROUP!r}",
-                hint="reinstall the package that provides it, or uninstall it",
-            ) from exc
-        if not pm.is_registered(plugin) and pm.get_plugin(ep.name) is None:
-            pm.register(plugin, name=ep.name)
+        pm.register_module(ep.name, ep.load, f"entry point {ep.value!r} of {ep.dist}")
     for name in (n.strip() for n in env.get(ENV_VAR, "").split(",")):
         if name and pm.get_plugin(name) is None:
-            module = _import_plugin(name, f"${ENV_VAR}")
-            if not pm.is_registered(module):
-                pm.register(module, name=name)
+            pm.register_module(name, lambda name=name: importlib.import_module(name), f"${ENV_VAR}")
     return pm
 
 
-_MANAGER: pluggy.PluginManager | None = None
+_MANAGER: PolykitPluginManager | None = None
 
 
-def plugin_manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager (created on first use; a registry filled at plugin load)."""
+def plugin_manager(strict: bool | None = None) -> PolykitPluginManager:
+    """The process-wide plugin manager (created on first use; a registry filled at plugin load).
+    `strict` (the CLI's --strict-plugins) re-creates it when it was made with the other setting."""
     global _MANAGER
-    if _MANAGER is None:
-        _MANAGER = create_plugin_manager()
+    if _MANAGER is None or (strict is not None and _MANAGER.strict != strict):
+        _MANAGER = create_plugin_manager(strict=bool(strict))
     return _MANAGER
 
 
@@ -230,37 +262,42 @@ def reset_plugin_manager() -> None:
     _MANAGER = None
 
 
-def _collect(results: list[list[Any]], kind: str) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for specs in results:
-        for spec in specs or ():
+def _collect(pm: PolykitPluginManager, hook_name: str, kind: str) -> dict[str, tuple[str, Any]]:
+    """name -> (plugin, spec) from every plugin's hook (built-ins first); a malformed or
+    duplicate spec goes to plugin_failed."""
+    table: dict[str, tuple[str, Any]] = {}
+    for plugin, specs in reversed(pm.call_each(hook_name)):
+        if not isinstance(specs, (list, tuple)) or not all(isinstance(getattr(s, "name", None), str) for s in specs):
+            pm.plugin_failed(plugin, f"returned something other than a list of specs from {hook_name}")
+            continue
+        for spec in specs:
             if spec.name in table:
-                raise PluginError(
-                    f"two plugins register a {kind} named {spec.name!r}",
-                    hint="uninstall one of them or rename its spec",
-                )
-            table[spec.name] = spec
+                pm.plugin_failed(plugin, f"registers a {kind} named {spec.name!r}, which plugin "
+                                         f"{table[spec.name][0]!r} registered", hint="uninstall one of them")
+                continue
+            table[spec.name] = (plugin, spec)
     return table
 
 
-def runner_specs(pm: pluggy.PluginManager | None = None) -> "dict[str, RunnerSpec]":
+def runner_specs(pm: PolykitPluginManager | None = None) -> "dict[str, RunnerSpec]":
     """Runner name -> spec, from every registered plugin (built-ins first)."""
     pm = pm or plugin_manager()
-    table = _collect(list(reversed(pm.hook.polykit_runners())), "runner")
-    seen: dict[str, str] = {}
-    for spec in table.values():
-        for flag in spec.flags:
-            if flag in seen:
-                raise PluginError(f"runners {seen[flag]!r} and {spec.name!r} both claim the flag {flag}")
-            seen[flag] = spec.name
+    table: dict[str, Any] = {}
+    owner: dict[str, str] = {}  # flag -> plugin
+    for name, (plugin, spec) in _collect(pm, "polykit_runners", "runner").items():
+        clash = [flag for flag in spec.flags if flag in owner]
+        if clash:
+            pm.plugin_failed(plugin, f"gives runner {name!r} the flag {clash[0]}, which plugin {owner[clash[0]]!r} "
+                                     "claims", hint="uninstall one of them, or give the runner another flag")
+            continue
+        owner.update(dict.fromkeys(spec.flags, plugin))
+        table[name] = spec
     return table
 
 
-def compare_func_specs(pm: pluggy.PluginManager | None = None) -> "dict[str, CompareFuncSpec]":
-    pm = pm or plugin_manager()
-    return _collect(list(reversed(pm.hook.polykit_compare_funcs())), "compare function")
+def compare_func_specs(pm: PolykitPluginManager | None = None) -> "dict[str, CompareFuncSpec]":
+    return {n: spec for n, (_, spec) in _collect(pm or plugin_manager(), "polykit_compare_funcs", "compare function").items()}
 
 
-def data_loader_specs(pm: pluggy.PluginManager | None = None) -> "dict[str, DataLoaderSpec]":
-    pm = pm or plugin_manager()
-    return _collect(list(reversed(pm.hook.polykit_data_loaders())), "data loader")
+def data_loader_specs(pm: PolykitPluginManager | None = None) -> "dict[str, DataLoaderSpec]":
+    return {n: spec for n, (_, spec) in _collect(pm or plugin_manager(), "polykit_data_loaders", "data loader").items()}

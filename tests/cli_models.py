@@ -80,12 +80,12 @@ def dyn_model(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def wide_console(monkeypatch):
-    """A 200-column console and only the built-in plugins, fresh for each CLI test."""
+def fresh_plugins(monkeypatch):
+    """No plugin from the environment, a fresh plugin manager for the test, wide reports."""
     from polykit.plugins import reset_plugin_manager
 
-    monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
     reset_plugin_manager()
     yield
     reset_plugin_manager()

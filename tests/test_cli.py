@@ -14,14 +14,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.tools.cli import main
-from tests.cli_models import wide_console  # noqa: F401  (pytest fixture)
+from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = str(REPO / "examples" / "models" / "mlp.onnx")
 ADD_MUL = str(REPO / "examples" / "models" / "add_mul.onnx")
 
 
-pytestmark = pytest.mark.usefixtures("wide_console")
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture

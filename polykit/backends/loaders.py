@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from polykit.backends.base import resolve
 from polykit.errors import ModelLoadError, PlanError, PolykitError, UsageError
+from polykit.files import require_file
 
 #: ModifyOutputs(outputs=MARK_ALL) marks every intermediate tensor as a graph output.
 MARK_ALL = "mark-all"
@@ -274,10 +275,7 @@ class EngineBytesFromPath(BaseLoader):
         self.path = path
 
     def __call__(self) -> bytes:
-        path = Path(self.path)
-        if not path.is_file():
-            raise PlanError(f"plan file {str(path)!r} does not exist", hint="build one with `polykit convert`")
-        return path.read_bytes()
+        return require_file(self.path, "plan file", PlanError).read_bytes()
 
 
 class EngineFromPath(BaseLoader):

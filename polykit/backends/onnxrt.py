@@ -46,10 +46,11 @@ class SessionFromOnnx(BaseLoader):
 
             value = _model_proto(value).SerializeToString()
         where = value if isinstance(value, str) else "onnxruntime session"
-        if isinstance(value, str) and not os.path.isfile(value):
+        if isinstance(value, str):
             from polykit.errors import ModelLoadError
+            from polykit.files import require_file
 
-            raise ModelLoadError(f"model file {value!r} does not exist", hint="check the path")
+            require_file(value, "model file", ModelLoadError)
         options = ort.SessionOptions()
         options.log_severity_level = 3
         try:

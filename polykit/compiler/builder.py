@@ -8,6 +8,7 @@ kept) -> lower to layers -> select a tactic per layer -> plan the activation are
 from __future__ import annotations
 
 import inspect
+import math
 import logging
 from dataclasses import replace
 from typing import Any
@@ -21,6 +22,7 @@ from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.memory import compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
+from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
@@ -209,7 +211,10 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
         if dt == object:
             raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}")
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
-        nbytes = int(np.prod(v.shape, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(int(d) for d in v.shape) * dt.itemsize
+        if nbytes > MAX_BYTES or min(v.shape, default=0) < 0:
+            raise BuildError(f"tensor {name!r} has shape {_fmt(v.shape)}: {nbytes} bytes is beyond what a plan holds",
+                             where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
         tensors[name] = TensorDesc(name, dt.name, tuple(int(d) for d in v.shape), kind, -1, nbytes)
     return tensors
 

@@ -8,12 +8,14 @@ get an Identity layer so every engine output is produced by some layer or is an 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ops.fused import rename_fused_tensor
 from polykit.compiler.plan_records import LayerDesc
 from polykit.errors import BuildError
 
@@ -90,12 +92,22 @@ def lower(graph: Graph) -> Lowered:
         source = graph.fresh_name(f"{out}__const")
         constants[source] = constants[out]
         renamed[out] = source
-        layers = [replace(l, inputs=tuple(source if i == out else i for i in l.inputs)) for l in layers]
+        layers = [_read_renamed(l, out, source) for l in layers]
         layers.append(LayerDesc(name=_layer_name(Node("Identity", [], [], name=f"{out}__identity"), 0, used),
                                 kind="Identity", inputs=(source,), outputs=(out,), fused_nodes=()))
     read = {i for layer in layers for i in layer.inputs if i}
     weights = {name: np.asarray(arr) for name, arr in constants.items() if name in read}
     return Lowered(layers, weights, renamed)
+
+
+def _read_renamed(layer: LayerDesc, old: str, new: str) -> LayerDesc:
+    """`layer` reading tensor `new` where it read `old` (inside a fused layer's body too)."""
+    if old not in layer.inputs:
+        return layer
+    node = layer_as_node(layer)
+    node.attrs = copy.deepcopy(node.attrs)
+    rename_fused_tensor(node, old, new)
+    return replace(layer, inputs=tuple(node.inputs), attrs=node.attrs)
 
 
 def layer_as_node(layer: LayerDesc) -> Node:

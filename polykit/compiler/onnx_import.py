@@ -12,7 +12,8 @@ import numpy as np
 from polykit.compiler import dtypes
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_builtin_ops
-from polykit.errors import ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
+from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
+from polykit.files import require_file
 
 
 def read_model(source: "str | os.PathLike | Any") -> Any:
@@ -21,10 +22,9 @@ def read_model(source: "str | os.PathLike | Any") -> Any:
     from google.protobuf.message import DecodeError
 
     if isinstance(source, onnx.ModelProto):
+        check_model(source, f"model {source.graph.name!r}")
         return source
-    path = Path(source)
-    if not path.is_file():
-        raise ModelLoadError(f"model file {str(path)!r} does not exist", hint="check the path")
+    path = require_file(source, "model file", ModelLoadError)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
@@ -33,8 +33,47 @@ def read_model(source: "str | os.PathLike | Any") -> Any:
             where=str(path),
             hint="the file is not an ONNX model or is corrupt; re-export it",
         ) from exc
+    check_model(model, str(path))
     _load_external_data(model, path.parent)
     return model
+
+
+def check_model(model: Any, where: str) -> None:
+    """ModelLoadError with onnx.checker's message when it rejects the model's frame (IR version,
+    opset imports, the graph itself), or when the graph has no outputs.
+
+    The graph's contents are the importer's to check: it names the node for dangling or
+    duplicate names, bad attributes and tensor data, and it accepts what onnx.checker
+    refuses but polykit handles (nodes out of topological order, untyped value infos)."""
+    import onnx
+
+    frame = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    frame.graph.name = model.graph.name
+    try:
+        onnx.checker.check_model(frame)
+    except onnx.checker.ValidationError as exc:
+        raise ModelLoadError(f"the model is not valid ONNX: {str(exc).strip()}", where=where,
+                             hint="onnx.checker rejects it; fix the model or re-export it") from None
+    if not model.graph.output:
+        raise ModelLoadError("the model's graph has no outputs", where=where,
+                             hint="an engine of it would compute nothing; mark the tensors you need as graph outputs")
+    bad = next(_undecodable_text(model, "model"), None)
+    if bad is not None:
+        raise ModelLoadError(f"{bad} is not valid UTF-8 text", where=where, hint="the file is corrupt; re-export it")
+
+
+def _undecodable_text(message: Any, path: str) -> Any:
+    """Paths of string fields protobuf left as bytes (ONNX's proto2 strings with invalid UTF-8)."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            items = value if field.is_repeated else [value]
+            if any(isinstance(v, bytes) for v in items):
+                yield f"{path}.{field.name}"
+        elif field.type == field.TYPE_MESSAGE and field.is_repeated:
+            for i, child in enumerate(value):
+                yield from _undecodable_text(child, f"{path}.{field.name}[{i}]")
+        elif field.type == field.TYPE_MESSAGE:
+            yield from _undecodable_text(value, f"{path}.{field.name}")
 
 
 def _load_external_data(model: Any, base_dir: Path) -> None:
@@ -46,14 +85,18 @@ def _load_external_data(model: Any, base_dir: Path) -> None:
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
         file = base_dir / location
+        if location and not file.resolve().is_relative_to(base_dir.resolve()):
+            raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} lies outside the "
+                                 "model's folder", where=str(base_dir),
+                                 hint="external data files must sit in the model's folder (or below it)")
         if not location or not file.is_file():
             raise ModelLoadError(
                 f"external data file {location!r} for tensor {tensor.name!r} is missing",
                 where=str(file),
                 hint="keep the .data file next to the .onnx file it was saved with",
             )
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else None
+        offset = _external_int(info, "offset", 0, tensor.name, file)
+        length = _external_int(info, "length", None, tensor.name, file)
         with open(file, "rb") as fh:
             fh.seek(offset)
             raw = fh.read() if length is None else fh.read(length)
@@ -68,9 +111,18 @@ def _load_external_data(model: Any, base_dir: Path) -> None:
         tensor.data_location = 0  # DEFAULT
 
 
+def _external_int(info: dict[str, str], key: str, default: int | None, tensor: str, file: Path) -> int | None:
+    if key not in info:
+        return default
+    text = info[key]
+    if not text.isdigit():
+        raise ModelLoadError(f"external data {key} {text!r} of tensor {tensor!r} is not a non-negative integer",
+                             where=str(file), hint="re-save the model with its external data")
+    return int(text)
+
+
 def _attr_value(attr: Any, where: str) -> Any:
     import onnx
-    from onnx import numpy_helper
 
     t = attr.type
     A = onnx.AttributeProto
@@ -91,19 +143,9 @@ def _attr_value(attr: Any, where: str) -> Any:
     if t == A.GRAPH:
         return attr.g  # subgraph kept as protobuf; exported unchanged
     if t == A.TENSORS:
-        return [numpy_helper.to_array(x) for x in attr.tensors]
+        return [_tensor_to_array(x, where) for x in attr.tensors]
     if t == A.SPARSE_TENSOR:
-        from onnx import numpy_helper as nh
-
-        dense = nh.to_array(attr.sparse_tensor.values)
-        shape = tuple(attr.sparse_tensor.dims)
-        out = np.zeros(shape, dtype=dense.dtype)
-        idx = nh.to_array(attr.sparse_tensor.indices)
-        if idx.ndim == 1:
-            out.reshape(-1)[idx] = dense
-        else:
-            out[tuple(idx.T)] = dense
-        return out
+        return _sparse_to_dense(attr.sparse_tensor, where)
     raise NodeAttributeError(f"attribute {attr.name!r} has an unsupported type {t}", where=where)
 
 
@@ -120,6 +162,22 @@ def _tensor_to_array(tensor: Any, where: str) -> np.ndarray:
     return np.array(arr)  # own, writable copy
 
 
+def _sparse_to_dense(sparse: Any, where: str) -> np.ndarray:
+    """The dense array of a SparseTensorProto; ModelLoadError when its parts do not fit together."""
+    values = _tensor_to_array(sparse.values, where)
+    indices = _tensor_to_array(sparse.indices, where)
+    try:
+        dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+        if indices.ndim == 1:
+            dense.reshape(-1)[indices] = values
+        else:
+            dense[tuple(indices.T)] = values
+    except (ValueError, IndexError, TypeError, MemoryError) as exc:
+        raise ModelLoadError(f"sparse tensor {sparse.values.name!r} does not decode: {exc}", where=where,
+                             hint="its dims, indices and values must agree") from None
+    return dense
+
+
 def _value_from_proto(vi: Any) -> Value:
     tt = vi.type.tensor_type
     dt = dtypes.ONNX_TO_NUMPY.get(tt.elem_type) if tt.elem_type else None
@@ -127,11 +185,11 @@ def _value_from_proto(vi: Any) -> Value:
     if tt.HasField("shape"):
         dims = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param:
                 dims.append(d.dim_param)
-            else:
+            else:  # unknown, or a negative dim_value (some exporters write -1 for "dynamic")
                 dims.append(None)
         shape = tuple(dims)
     return Value(vi.name, dt, shape)
@@ -177,22 +235,18 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     for t in g.initializer:
         initializers[t.name] = _tensor_to_array(t, where)
     for st in g.sparse_initializer:
-        from onnx import numpy_helper
-
-        vals = numpy_helper.to_array(st.values)
-        idx = numpy_helper.to_array(st.indices)
-        dense = np.zeros(tuple(st.dims), dtype=vals.dtype)
-        if idx.ndim == 1:
-            dense.reshape(-1)[idx] = vals
-        else:
-            dense[tuple(idx.T)] = vals
-        initializers[st.values.name] = dense
+        initializers[st.values.name] = _sparse_to_dense(st, where)
 
     values: dict[str, Value] = {}
     for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.HasField("tensor_type"):
+        if vi.type.HasField("tensor_type") and vi.name not in initializers:  # an initializer's array is its truth
             values[vi.name] = _value_from_proto(vi)
     inputs = [vi.name for vi in g.input if vi.name not in initializers]
+    for names, what in ((inputs, "input"), ([o.name for o in g.output], "output")):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise GraphError(f"graph {what} {twice[0]!r} is listed more than once", where=where,
+                             hint=f"give every graph {what} once")
 
     nodes: list[Node] = []
     used_names: set[str] = set()
@@ -222,6 +276,10 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     for name in inputs:
         if name not in graph.values:
             graph.values[name] = Value(name)
+    shadowed = sorted({o for n in nodes for o in n.outputs if o in initializers})
+    if shadowed:  # folding would read the initializer, shape inference the node's output
+        raise GraphError(f"tensor {shadowed[0]!r} is both an initializer and the output of a node", where=where,
+                         hint="rename one of them: an ONNX graph defines every name once")
     graph.validate()
     graph.toposort()
 

@@ -16,6 +16,8 @@ Binary layout (little-endian):
 
 No pickle: attributes that are arrays are stored as {"__ndarray__": dtype, shape, base64}.
 The same graph and config give byte-identical plans (nothing time- or host-dependent).
+Loading checks the header and checksum here, then the metadata's contents against one
+schema (plan_check) before any target sees the plan.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ import numpy as np
 
 import polykit
 from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align
+from polykit.compiler.plan_check import check_document, check_layers
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError
+from polykit.files import require_file
 
 MAGIC = b"PLYKPLAN"
 FORMAT_VERSION = 1
@@ -84,43 +88,26 @@ class Plan:
             "memory": self.memory.to_json(),
             "metadata": _jsonable(self.metadata, "metadata"),
         }
-        body_json = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        head = _FIXED.pack(MAGIC, FORMAT_VERSION)
-        for text in (polykit.__version__, self.target, self.gpu_arch):
-            raw = text.encode("utf-8")
-            head += struct.pack("<H", len(raw)) + raw
-        head += _LENGTHS.pack(len(body_json), len(blob))
-        start = len(head) + _CHECKSUM_BYTES + len(body_json)
-        padding = b"\0" * (align(start) - start)
-        digest = hashlib.sha256(head + body_json + padding + blob).digest()
-        return head + digest + body_json + padding + blob
+        return encode_plan(doc, blob, self.target, self.gpu_arch)
 
     @staticmethod
     def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
-        """Parse plan bytes; PlanError for truncated, corrupt, foreign-version or wrong-target data."""
-        data = bytes(data)
-        header = _read_header(data, where)
+        """Parse plan bytes; PlanError for truncated, corrupt, foreign-version or wrong-target data,
+        and for contents the schema check (polykit.compiler.plan_check) rejects."""
+        header, doc, blob = decode_plan(data, where)
         if expect_target is not None and header["target"] != expect_target:
             raise PlanError(
                 f"the plan was built for target {header['target']!r}, not {expect_target!r}",
                 where=where,
                 hint=f"rebuild the plan with --target {expect_target}, or load it with target {header['target']!r}",
             )
-        body_start = header["body_start"]
-        json_end = body_start + header["json_len"]
-        blob_start = align(json_end)
-        try:
-            doc = json.loads(data[body_start:json_end].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PlanError(f"the plan's metadata is corrupt: {exc}", where=where, hint="rebuild the plan") from exc
-        blob = memoryview(data)[blob_start:blob_start + header["weights_len"]]
-        try:
-            return _plan_from_json(doc, blob, header)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PlanError(
-                f"the plan's metadata is malformed ({type(exc).__name__}: {exc})", where=where,
-                hint="the file was not written by this polykit; rebuild the plan",
-            ) from exc
+        check_document(doc, header["weights_len"], where)
+        if doc["target"] != header["target"]:
+            raise PlanError(f"invalid plan field target: {doc['target']!r} differs from the header's "
+                            f"{header['target']!r}", where=where, hint="the file was edited; rebuild the plan")
+        plan = _plan_from_json(doc, blob)
+        check_layers(plan, where)
+        return plan
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
@@ -129,14 +116,41 @@ class Plan:
 
     @staticmethod
     def load(path: str | os.PathLike, expect_target: str | None = None) -> "Plan":
-        path = Path(path)
-        if not path.is_file():
-            raise PlanError(f"plan file {str(path)!r} does not exist", hint="check the path, or build it first")
+        path = require_file(path, "plan file", PlanError)
         return Plan.deserialize(path.read_bytes(), expect_target=expect_target, where=str(path))
 
     def __repr__(self) -> str:
         return (f"Plan(target={self.target!r}, {len(self.layers)} layers, inputs={self.inputs}, "
                 f"outputs={self.outputs}, arena={self.memory.arena_bytes} B, weights={self.weight_bytes} B)")
+
+
+# ---- bytes <-> (header, document, weight blob) -------------------------------------------------
+def encode_plan(doc: Mapping[str, Any], blob: bytes, target: str, gpu_arch: str) -> bytes:
+    """Plan bytes of a metadata document and a weight blob: header, lengths and checksum."""
+    body_json = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    head = _FIXED.pack(MAGIC, FORMAT_VERSION)
+    for text in (polykit.__version__, target, gpu_arch):
+        raw = text.encode("utf-8")
+        head += struct.pack("<H", len(raw)) + raw
+    head += _LENGTHS.pack(len(body_json), len(blob))
+    start = len(head) + _CHECKSUM_BYTES + len(body_json)
+    padding = b"\0" * (align(start) - start)
+    digest = hashlib.sha256(head + body_json + padding + blob).digest()
+    return head + digest + body_json + padding + blob
+
+
+def decode_plan(data: bytes, where: str = "plan") -> tuple[dict[str, Any], Any, memoryview]:
+    """(header, parsed JSON document, weight blob) of plan bytes whose header, lengths and
+    checksum are sound (PlanError otherwise); the document is not checked yet."""
+    data = bytes(data)
+    header = _read_header(data, where)
+    json_end = header["body_start"] + header["json_len"]
+    try:
+        doc = json.loads(data[header["body_start"]:json_end].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PlanError(f"the plan's metadata is corrupt: {exc}", where=where, hint="rebuild the plan") from exc
+    blob_start = align(json_end)
+    return header, doc, memoryview(data)[blob_start:blob_start + header["weights_len"]]
 
 
 # ---- header ----------------------------------------------------------------------------
@@ -231,8 +245,6 @@ def _unpack_weights(blob: memoryview, index: Mapping[str, Any]) -> dict[str, np.
     out: dict[str, np.ndarray] = {}
     for name, w in index.items():
         offset, nbytes = int(w["offset"]), int(w["nbytes"])
-        if offset < 0 or offset + nbytes > len(blob):
-            raise ValueError(f"weight {name!r} lies outside the weight blob")
         dtype = np.dtype(w["dtype"]).newbyteorder("<")
         arr = np.frombuffer(blob[offset: offset + nbytes], dtype=dtype).reshape(w["shape"])
         # A view into the plan bytes on little-endian hosts (read-only: weights are shared by contexts).
@@ -275,9 +287,8 @@ def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
     )
 
 
-def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, header: Mapping[str, Any]) -> Plan:
-    if doc["target"] != header["target"]:
-        raise ValueError("the header and metadata disagree on the target")
+def _plan_from_json(doc: Mapping[str, Any], blob: memoryview) -> Plan:
+    """The Plan of a document check_document accepted."""
     return Plan(
         target=doc["target"],
         layers=[_layer_from_json(x) for x in doc["layers"]],

@@ -7,6 +7,11 @@ from typing import Any
 
 import numpy as np
 
+#: TensorDesc.kind values
+TENSOR_KINDS = ("input", "output", "activation", "weight")
+#: LayerDesc.precision values: the precision a layer computes in (builder flags pick it)
+PRECISIONS = ("fp32", "fp16", "bf16", "tf32", "int8")
+
 
 @dataclass(frozen=True)
 class TensorDesc:

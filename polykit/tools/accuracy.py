@@ -88,6 +88,8 @@ def run_comparison(runners: Sequence[BaseRunner], settings: AccuracySettings = A
             results.add(name if name not in results.outputs else f"{name}-live", live.outputs[name], live.times[name])
     elif not results.outputs:
         raise UsageError("nothing to run or compare", hint="select runners (e.g. --trt --onnxrt) or --load-outputs")
+    settings.compare_options.check_output_names(
+        name for iterations in results.outputs.values() for outs in iterations for name in outs)
     report = Comparator.compare_accuracy(results, compare_func, validate=settings.validate)
     return results, report
 

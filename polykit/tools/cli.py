@@ -4,8 +4,10 @@ Start-up matters (`polykit run m.onnx --onnxrt` must start as fast as Polygraphy
 module and the command modules import only typer, rich and polykit's light modules;
 numpy, onnx, onnxruntime and the compiler are imported inside the commands.
 
-Exit codes: 0 success / comparison passed, 1 accuracy failure, 2 usage or model error
-(a PolykitError is printed without a traceback; with -v, with one).
+Exit codes (pytest's convention): 0 success / comparison passed, 1 accuracy failure only,
+2 usage, input or model error (a PolykitError, printed without a traceback; with -v, with
+one), 3 internal error (any other exception: a bug in polykit or a plugin; one line asking
+for a report, the traceback with -v).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from polykit.errors import PolykitError
 
 log = logging.getLogger("polykit")
 
-EXIT_OK, EXIT_ACCURACY, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ACCURACY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 def stderr_console():
@@ -70,10 +72,12 @@ def build_app(pm=None) -> typer.Typer:
         verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="more output (-vv: debug); tracebacks on errors"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="errors only"),
         version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="print the version"),
+        strict_plugins: bool = typer.Option(False, "--strict-plugins",
+                                            help="a plugin that fails to load or raises is an error, not a warning"),
     ) -> None:
         _configure_logging(verbose, quiet)
 
-    pm.hook.polykit_cli_commands(app=app)
+    pm.call_each("polykit_cli_commands", app=app)
     return app
 
 
@@ -86,7 +90,7 @@ def prepare_argv(argv: Sequence[str], pm=None) -> list[str]:
     return rewrite_runner_flags(expand_multi_values(list(argv)), flags)
 
 
-_GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet")
+_GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet", "--strict-plugins")
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
@@ -101,12 +105,17 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `polykit` console script; returns (and exits with) the exit code."""
+    from polykit.plugins import plugin_manager
+
     argv = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
-    verbose = any(a in ("-v", "-vv", "--verbose") for a in argv)
+    verbose = any(a in ("-v", "-vv", "-vvv", "--verbose") for a in argv)
+    _configure_logging(argv.count("-v") + 2 * argv.count("-vv") + 3 * argv.count("-vvv") + argv.count("--verbose"),
+                       any(a in ("-q", "--quiet") for a in argv))  # plugin warnings come before typer parses
     code = EXIT_OK
     try:
-        app = build_app()
-        result = app(args=prepare_argv(argv), prog_name="polykit", standalone_mode=False)
+        pm = plugin_manager(strict="--strict-plugins" in argv)
+        app = build_app(pm)
+        result = app(args=prepare_argv(argv, pm), prog_name="polykit", standalone_mode=False)
         code = result if isinstance(result, int) else EXIT_OK
     except PolykitError as exc:
         if verbose:
@@ -121,10 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         stderr_console().print("aborted")
         code = EXIT_USAGE
     except Exception as exc:
-        if not (hasattr(exc, "show") and hasattr(exc, "exit_code")):  # click's UsageError & co (vendored by typer)
-            raise
-        exc.show()
-        code = EXIT_USAGE
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # click's UsageError & co (vendored by typer)
+            exc.show()
+            return EXIT_USAGE
+        if verbose:
+            traceback.print_exc()
+        from rich.text import Text
+
+        stderr_console().print(
+            Text("internal error", style="bold red") + Text(f": {type(exc).__name__}: {exc}\n  this is a bug in "
+                                                             "polykit or a plugin: please report it with the command "
+                                                             "line" + ("" if verbose else " and the traceback of -v")),
+            soft_wrap=True)
+        code = EXIT_INTERNAL
     return code
 
 

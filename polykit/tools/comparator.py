@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from polykit.backends.base import BaseRunner
 from polykit.errors import UsageError
-from polykit.tools.compare_funcs import OutputComparison, failed
+from polykit.tools.compare_funcs import OutputComparison, failed, is_float_dtype
 
 log = logging.getLogger("polykit")
 
@@ -162,7 +162,7 @@ def validate_outputs(results: RunResults) -> list[str]:
         for i, outs in enumerate(iters):
             for name, value in outs.items():
                 arr = np.asarray(value)
-                if arr.dtype.kind not in "fc":
+                if arr.dtype.kind != "c" and not is_float_dtype(arr.dtype):
                     continue
                 nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
                 if nan or inf:

@@ -11,7 +11,7 @@ element and the smallest atol/rtol that would pass, so reports look alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from polykit.errors import UsageError
 
@@ -30,8 +30,41 @@ class CompareOptions:
     cosine_tol: float = 1e-6
     snr_min_db: float = 80.0
 
+    def __post_init__(self) -> None:
+        for option, table in (("--atol", self.atol), ("--rtol", self.rtol)):
+            for name, value in table.items():
+                if not value >= 0:  # also refuses NaN
+                    raise UsageError(f"{option} {_named(name, value)} is not a non-negative number")
+        for name, stat in self.check_error_stat.items():
+            if stat not in ERROR_STATS:
+                raise UsageError(f"--check-error-stat {_named(name, stat)} is not an error statistic",
+                                 hint=f"use one of: {', '.join(ERROR_STATS)}")
+        for option, value, low, high in (("--error-quantile", self.error_quantile, 0.0, 1.0),
+                                         ("--l2-tol", self.l2_tol, 0.0, float("inf")),
+                                         ("--cosine-tol", self.cosine_tol, 0.0, 2.0)):
+            if not low <= value <= high:
+                raise UsageError(f"{option} {value} is not in [{low:g}, {high:g}]")
+        if self.snr_min_db != self.snr_min_db:
+            raise UsageError("--snr-min is NaN")
+
     def per_output(self, table: Mapping[str, Any], name: str, fallback: Any) -> Any:
         return table.get(name, table.get("", fallback))
+
+    def check_output_names(self, outputs: Iterable[str]) -> None:
+        """UsageError when a per-output option names an output none of `outputs` is."""
+        known = set(outputs)
+        for option, table in (("--atol", self.atol), ("--rtol", self.rtol), ("--check-error-stat", self.check_error_stat)):
+            for name in table:
+                if name and name not in known:
+                    prefix = name.rpartition(":")[0]
+                    hint = (f"{option} takes NAME:VALUE with one value; {name!r} looks like {prefix!r} with an extra "
+                            "field" if prefix in known else f"outputs are: {', '.join(sorted(known)) or '(none)'}")
+                    raise UsageError(f"{option} {_named(name, table[name])} names no output of the model",
+                                     hint=hint)
+
+
+def _named(name: str, value: Any) -> str:
+    return f"{name}:{value}" if name else str(value)
 
 
 @dataclass(frozen=True)
@@ -76,16 +109,43 @@ def failed(name: str, func: str, message: str, **stats: Any) -> OutputComparison
     return OutputComparison(name=name, passed=False, func=func, message=message, **stats)
 
 
+def _as_float64(arr: Any) -> Any:
+    """A flat float64 copy of a numeric array (bool, ints, float16, bfloat16 & co, floats);
+    None for arrays that hold no numbers (strings, objects, structured types)."""
+    import numpy as np
+
+    if arr.dtype.kind not in "biu" and not is_float_dtype(arr.dtype):
+        return None
+    return arr.astype(np.float64).reshape(-1)
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """numpy's floats and ml_dtypes' bfloat16 / float8 / float4 (numpy calls their kind "V").
+    Only engines from polykit's compiler give the latter, so the compiler's dtype table is
+    imported only then (start-up of `polykit run m.onnx --onnxrt` stays free of it)."""
+    if dtype.kind == "f":
+        return True
+    if dtype.kind != "V":
+        return False
+    from polykit.compiler.dtypes import is_float
+
+    return is_float(dtype)
+
+
 def _errors(name: str, func: str, reference: Any, actual: Any) -> "tuple[dict[str, Any], Any, Any] | OutputComparison":
-    """Shared statistics: (stats, absdiff, reldiff), or a failed record when shapes/values cannot match."""
+    """Shared statistics: (stats, absdiff, reldiff), both flat float64, or a finished record when
+    shapes or dtypes cannot be compared numerically. Any rank (0-d included), any size."""
     import numpy as np
 
     ref = np.asarray(reference)
     act = np.asarray(actual)
     if ref.shape != act.shape:
         return failed(name, func, f"shape mismatch: reference {ref.shape} vs {act.shape}", shape=tuple(act.shape))
-    ref64 = ref.astype(np.float64)
-    act64 = act.astype(np.float64)
+    ref64, act64 = _as_float64(ref), _as_float64(act)
+    if ref64 is None or act64 is None:
+        same = ref.dtype == act.dtype and bool(np.array_equal(ref, act))
+        return OutputComparison(name, same, func, "" if same else f"{ref.dtype} and {act.dtype} values differ "
+                                "(compared for equality: not numbers)", shape=tuple(ref.shape), dtype=str(act.dtype))
     both_nan = np.isnan(ref64) & np.isnan(act64)
     same_inf = np.isinf(ref64) & (ref64 == act64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -98,12 +158,12 @@ def _errors(name: str, func: str, reference: Any, actual: Any) -> "tuple[dict[st
     reldiff[absdiff == 0] = 0.0
     stats: dict[str, Any] = {"shape": tuple(ref.shape), "dtype": str(act.dtype)}
     if absdiff.size:
-        worst = np.unravel_index(int(np.argmax(absdiff)), absdiff.shape)
+        flat = int(np.argmax(absdiff))
         stats.update(
             max_abs=float(absdiff.max()), mean_abs=float(absdiff.mean()), median_abs=float(np.median(absdiff)),
             max_rel=float(reldiff.max()), mean_rel=float(reldiff.mean()), median_rel=float(np.median(reldiff)),
-            worst_index=tuple(int(i) for i in worst),
-            worst_reference=float(ref64[worst]), worst_actual=float(act64[worst]),
+            worst_index=tuple(int(i) for i in np.unravel_index(flat, ref.shape)),
+            worst_reference=float(ref64[flat]), worst_actual=float(act64[flat]),
         )
     return stats, absdiff, reldiff
 
@@ -120,8 +180,6 @@ def simple(options: CompareOptions) -> Callable[[str, Any, Any], OutputCompariso
         atol = float(options.per_output(options.atol, name, 1e-5))
         rtol = float(options.per_output(options.rtol, name, 1e-5))
         stat = options.per_output(options.check_error_stat, name, "elemwise")
-        if stat not in ERROR_STATS:
-            raise UsageError(f"unknown error statistic {stat!r}", hint=f"use one of: {', '.join(ERROR_STATS)}")
         if absdiff.size == 0:
             return OutputComparison(name, True, "simple", atol=atol, rtol=rtol, stat=stat, **stats)
         if stat == "elemwise":
@@ -158,8 +216,7 @@ def _metric_func(func: str, metric: str, threshold_of: Callable[[CompareOptions]
             if isinstance(res, OutputComparison):
                 return res
             stats, absdiff, _ = res
-            ref = np.asarray(reference, dtype=np.float64)
-            act = np.asarray(actual, dtype=np.float64)
+            ref, act = _as_float64(np.asarray(reference)), _as_float64(np.asarray(actual))
             if not np.isfinite(absdiff).all():
                 return failed(name, func, "non-finite differences (NaN/Inf mismatch)", metric=metric, threshold=threshold, **stats)
             value = float(value_of(ref, act))

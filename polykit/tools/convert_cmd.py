@@ -26,6 +26,7 @@ def convert(
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
     from polykit.compiler.config import BuilderConfig
     from polykit.errors import UsageError
+    from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
     from polykit.tools.cli_args import parse_input_shapes
     from polykit.tools.run_cmd import resolve_target
@@ -33,6 +34,9 @@ def convert(
     if load_tactics and tactic_replay and load_tactics != tactic_replay:
         raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
                          hint="give one --load-tactics FILE")
+    require_output_folder(output, "--output")
+    if save_tactics:
+        require_output_folder(save_tactics, "--save-tactics")
     config = BuilderConfig(
         target=resolve_target(target, ["trt"]), fp16=fp16, channels_last=channels_last,
         input_shapes=parse_input_shapes(input_shapes),

@@ -8,13 +8,17 @@ same arrays.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import os
 import runpy
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from polykit.errors import UsageError
+from polykit.files import require_file
 
 log = logging.getLogger("polykit")
 
@@ -32,6 +36,18 @@ class DataLoaderOptions:
     val_ranges: Mapping[str, ValRange] = field(default_factory=dict)
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     script: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise UsageError(f"--seed {self.seed!r} is not a non-negative integer", hint="e.g. --seed 1")
+        if self.iterations < 1:
+            raise UsageError(f"--iterations {self.iterations} is less than 1")
+        for name, (low, high) in self.val_ranges.items():
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                raise UsageError(f"--val-range {_named(name, [low, high])} is not a finite range with low <= high")
+        for name, shape in self.input_shapes.items():
+            if any(int(d) < 0 for d in shape):
+                raise UsageError(f"--input-shapes {name}:{list(shape)} has a negative dim")
 
 
 @dataclass(frozen=True)
@@ -51,8 +67,6 @@ class DataLoader:
     def __init__(self, options: DataLoaderOptions | None = None, input_metadata: Mapping[str, Any] | None = None):
         self.options = options or DataLoaderOptions()
         self.input_metadata = dict(input_metadata or {})
-        if self.options.iterations < 1:
-            raise UsageError(f"iterations must be >= 1, got {self.options.iterations}")
 
     def bind(self, input_metadata: Mapping[str, Any]) -> None:
         if not self.input_metadata:
@@ -90,18 +104,31 @@ class DataLoader:
         return tuple(dims)
 
     def _generate(self, rng: Any, meta: Any) -> Any:
+        shape = self._shape(meta)
+        try:
+            return self._random(rng, meta, shape)
+        except MemoryError:
+            raise UsageError(f"input {meta.name!r} of shape {list(shape)} is too large to generate in host memory",
+                             hint=f"pass a smaller shape with --input-shapes {meta.name}:[...]") from None
+
+    def _random(self, rng: Any, meta: Any, shape: tuple[int, ...]) -> Any:
         import numpy as np
 
-        shape = self._shape(meta)
+        from polykit.tools.compare_funcs import is_float_dtype
+
         low, high = self.options.val_ranges.get(meta.name, self.options.val_ranges.get("", (0.0, 1.0)))
-        if low > high:
-            raise UsageError(f"value range for {meta.name!r} is empty: [{low}, {high}]")
         dtype = np.dtype(meta.dtype)
         if dtype == np.bool_:
             return rng.integers(0, 2, size=shape).astype(np.bool_)
         if dtype.kind in "iu":
-            return rng.integers(int(np.ceil(low)), int(np.floor(high)) + 1, size=shape).astype(dtype)
-        if dtype.kind == "f":
+            info = np.iinfo(dtype)
+            ilow, ihigh = max(int(np.ceil(low)), int(info.min)), min(int(np.floor(high)), int(info.max))
+            if ilow > ihigh:
+                raise UsageError(f"value range [{low}, {high}] holds no {dtype} value for input {meta.name!r}",
+                                 hint=f"widen it: --val-range {meta.name}:[LOW,HIGH]")
+            draw = np.uint64 if dtype == np.uint64 else np.int64
+            return rng.integers(ilow, ihigh, size=shape, endpoint=True, dtype=draw).astype(dtype)
+        if is_float_dtype(dtype):
             return rng.uniform(low, high, size=shape).astype(dtype)
         raise UsageError(f"cannot generate data for input {meta.name!r} of dtype {dtype}",
                          hint="supply inputs with --load-inputs or --data-loader-script")
@@ -119,18 +146,51 @@ class ScriptDataLoader:
         pass
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if not os.path.isfile(self.path):
-            raise UsageError(f"data loader script {self.path!r} does not exist")
-        namespace = runpy.run_path(self.path)
+        path = require_file(self.path, "data loader script")
+        namespace = self._run(lambda: runpy.run_path(str(path)))
         fn = namespace.get(self.func)
         if not callable(fn):
             raise UsageError(f"{self.path} defines no function {self.func!r}",
                              hint="define `def load_data(): yield {'input': array}`")
-        for i, feeds in enumerate(fn()):
-            if not isinstance(feeds, Mapping):
-                raise UsageError(f"{self.path}:{self.func} gave a {type(feeds).__name__} at iteration {i}, "
+        feeds = self._run(fn)
+        try:
+            iterator = iter(feeds)
+        except TypeError:
+            raise UsageError(f"{self.path}:{self.func}() returned a {type(feeds).__name__}, not an iterable of feed dicts",
+                             hint="return a list of dicts or yield dicts of input name -> array") from None
+        for i in itertools.count():
+            item = self._run(lambda: next(iterator, _END))
+            if item is _END:
+                return
+            if not isinstance(item, Mapping):
+                raise UsageError(f"{self.path}:{self.func} gave a {type(item).__name__} at iteration {i}, "
                                  "not a dict of input name -> array")
-            yield dict(feeds)
+            yield dict(item)
+
+    def _run(self, step: Callable[[], Any]) -> Any:
+        """Run user code; an exception it raises becomes a UsageError naming the script's line."""
+        try:
+            return step()
+        except Exception as exc:
+            raise UsageError(f"the data loader script raised {type(exc).__name__}: {exc}",
+                             where=f"{self.path}:{_script_line(exc, self.path)}",
+                             hint="fix the script (run it with python to debug it)") from exc
+
+
+_END = object()
+
+
+def _named(name: str, value: Any) -> str:
+    return f"{name}:{value}" if name else str(value)
+
+
+def _script_line(exc: BaseException, path: str) -> str:
+    """The line of `path` where `exc` was raised (the innermost frame in that file), or "?"."""
+    if isinstance(exc, SyntaxError) and exc.lineno is not None:
+        return str(exc.lineno)
+    target = os.path.realpath(path)
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.realpath(f.filename) == target]
+    return str(lines[-1]) if lines and lines[-1] is not None else "?"
 
 
 class FeedsDataLoader:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from polykit.errors import ModelLoadError, UsageError
+from polykit.files import require_file
 
 
 def _shape(shape: Any) -> str:
@@ -103,21 +103,8 @@ def model(
     from rich.console import Console
     from rich.table import Table
 
-    from polykit.backends.loaders import model_type
-
-    file = Path(path)
-    if not file.is_file():
-        raise ModelLoadError(f"{path!r} does not exist", hint="check the path")
-    is_plan = model_type(file) == "plan"
-    if profile and not is_plan:
-        raise UsageError("--profile times the layers of a plan; MODEL is an ONNX model",
-                         hint="build a plan with `polykit convert`, or use `polykit run MODEL --trt --profile`")
-    if is_plan:
-        from polykit.compiler.plan import Plan
-
-        info = describe_plan(Plan.load(path), profile_runs=iterations if profile else 0, seed=seed)
-    else:
-        info = describe_onnx(path)
+from polykit.errors import ModelLoadError, UsageError
+from polykit.files import require_file
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return 0

@@ -17,6 +17,7 @@ import typer
 
 from polykit.errors import UsageError
 from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option
+from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
 
@@ -119,6 +120,9 @@ def run(
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
+    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine)):
+        if path:
+            require_output_folder(path, option)
     reference = {}
     for path in load_outputs:
         for name, outs in results_io.load_outputs(path).items():

@@ -124,6 +124,96 @@ def test_truncated_external_data_is_a_model_load_error(tmp_path):
         load_onnx(path)
 
 
+@pytest.mark.parametrize("content, message", [
+    (b"", "does not have an ir_version set properly"),
+    (b"\x08\x07", "must specify opset_import"),
+])
+def test_a_file_onnx_checker_rejects_is_a_model_load_error_with_its_message(tmp_path, content, message):
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match=f"tiny.onnx: the model is not valid ONNX: .*{message}"):
+        load_onnx(path)
+
+
+def test_a_model_without_a_graph_is_rejected_with_the_checkers_message():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")])
+    m.ClearField("graph")
+    with pytest.raises(ModelLoadError, match="Field 'name' of 'graph' is required"):
+        load_onnx(m)
+
+
+def test_a_model_without_outputs_is_rejected():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [])
+    with pytest.raises(ModelLoadError, match="the model's graph has no outputs"):
+        load_onnx(m)
+
+
+def test_a_directory_given_as_the_model_is_named_a_directory(tmp_path):
+    with pytest.raises(ModelLoadError, match="is a directory, not a file"):
+        load_onnx(tmp_path)
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((4, 4)).astype(np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", (4, 4))], [_vi("y", (4, 4))], [w])
+    (tmp_path / "models").mkdir()
+    path = tmp_path / "models" / "m.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, location="m.weights", size_threshold=0)
+    (tmp_path / "models" / "m.weights").rename(tmp_path / "secret.bin")
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../secret.bin"
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelLoadError, match="lies outside the model's folder"):
+        load_onnx(path)
+
+
+def test_a_non_numeric_external_data_offset_is_a_model_load_error(tmp_path):
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", (4, 4))], [_vi("y", (4, 4))], [w])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, location="m.weights", size_threshold=0)
+    model = onnx.load(str(path), load_external_data=False)
+    model.graph.initializer[0].external_data.add(key="offset", value="-5")
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelLoadError, match="external data offset '-5' of tensor 'w' is not a non-negative integer"):
+        load_onnx(path)
+
+
+def test_a_graph_input_listed_twice_is_a_graph_error():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x"), _vi("x")], [_vi("y")])
+    with pytest.raises(GraphError, match="graph input 'x' is listed more than once"):
+        load_onnx(m)
+
+
+def test_a_node_output_that_is_also_an_initializer_is_a_graph_error():
+    c = numpy_helper.from_array(np.ones((2, 3), np.float32), "r")
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], [_vi("x")], [_vi("y")], [c])
+    with pytest.raises(GraphError, match="tensor 'r' is both an initializer and the output of a node"):
+        load_onnx(m)
+
+
+def test_a_negative_dim_value_is_an_unknown_dim():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", (-1, 3))], [_vi("y", (-1, 3))])
+    assert load_onnx(m).value("x").shape == (None, 3)
+
+
+def test_an_initializers_array_wins_over_a_conflicting_value_info():
+    c = numpy_helper.from_array(np.ones((5, 4), np.float32), "c")
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", (5, 4))], [_vi("y", (5, 4)), _vi("c", (3, 4))], [c])
+    assert load_onnx(m).value("c").shape == (5, 4)
+
+
+def test_a_name_that_is_not_utf8_is_a_model_load_error(tmp_path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x")], [_vi("y")])
+    data = m.SerializeToString().replace(b"relu", b"r\xe5lu")
+    path = tmp_path / "bad_text.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=r"model.graph.node\[0\].name is not valid UTF-8"):
+        load_onnx(path)
+
+
 def test_every_import_error_is_a_polykit_error_with_a_hint():
     node = helper.make_node("Add", ["x", "missing"], ["y"])
     with pytest.raises(PolykitError) as err:

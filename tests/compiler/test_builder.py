@@ -150,6 +150,29 @@ def test_constant_graph_output_is_copied_out_by_an_identity_layer():
     np.testing.assert_array_equal(out["y"], [4.0, 5.0])
 
 
+def test_a_constant_output_read_inside_a_fused_layer_is_renamed_in_its_body_too():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    c = helper.make_tensor_value_info("c", TensorProto.FLOAT, [])
+    nodes = [helper.make_node("Greater", ["x", "c"], ["m"], name="gt"),
+             helper.make_node("Where", ["m", "x", "c"], ["y"], name="where")]
+    graph = helper.make_graph(nodes, "g", [x], [y, c], [numpy_helper.from_array(np.array(0.5, np.float32), "c")])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), BuilderConfig(**CPU))
+    assert any(layer.kind == "Pointwise" for layer in plan.layers)
+    back = Plan.deserialize(plan.serialize())  # the plan check re-runs the fused body's shape rule
+    out = _run(back, x=np.array([0.2, 0.7, 1.5], np.float32))
+    np.testing.assert_array_equal(out["y"], np.array([0.5, 0.7, 1.5], np.float32))
+    assert out["c"] == np.float32(0.5)
+
+
+def test_a_tensor_too_large_for_a_plan_is_a_build_error():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**40, 2**20])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**40, 2**20])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    with pytest.raises(BuildError, match=r"tensor 'x' has shape \(1099511627776, 1048576\): .* beyond what a plan holds"):
+        build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), BuilderConfig(**CPU))
+
+
 def test_graph_input_that_is_also_an_output_is_returned():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])

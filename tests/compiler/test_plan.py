@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,6 @@ from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.memory import MemoryPlan
 from polykit.compiler.plan import FORMAT_VERSION, MAGIC, Plan
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError
 
 
@@ -101,11 +101,15 @@ def test_save_and_load_through_a_file(plan, tmp_path):
 
 
 def test_array_attributes_survive_the_round_trip():
-    value = np.array([1.5, -2.25], dtype=np.float32)
-    layer = LayerDesc("c", "ConstantOfShape", ("s",), ("o",), attrs={"value": value, "axes": [0, 1], "mode": "x"},
-                      tactic="cpu.reference")
-    plan = Plan("cpu", [layer], {"s": TensorDesc("s", "int64", (1,), "input", 0, 8)}, ["s"], ["o"])
-    back = Plan.deserialize(plan.serialize()).layers[0]
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [1])
+    o = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+    node = helper.make_node("ConstantOfShape", ["s"], ["o"], name="c",
+                            value=numpy_helper.from_array(np.array([1.5], np.float32)))
+    model = helper.make_model(helper.make_graph([node], "cos", [s], [o]), opset_imports=[helper.make_opsetid("", 21)])
+    built = build_plan(model, BuilderConfig(target="cpu", input_values={"s": np.array([3])}))
+    value = np.array([-2.25], dtype=np.float32)
+    built.layers[0] = replace(built.layers[0], attrs={"value": value, "axes": [0, 1], "mode": "x"})
+    back = Plan.deserialize(built.serialize()).layers[0]
     np.testing.assert_array_equal(back.attrs["value"], value)
     assert back.attrs["value"].dtype == np.float32
     assert back.attrs["axes"] == [0, 1] and back.attrs["mode"] == "x"

@@ -11,7 +11,7 @@ from polykit.tools.cli import main
 FAST = ["--warm-up", "0", "--duration", "0", "--iterations", "4"]
 
 
-pytestmark = pytest.mark.usefixtures("wide_console")
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 def test_bench_prints_throughput_and_latency_percentiles(mlp, capsys):

@@ -95,3 +95,25 @@ def test_no_runners_is_usage_error():
 def test_inference_times_are_recorded():
     results = Comparator.run([FakeRunner("a")], DataLoader(DataLoaderOptions(iterations=3)))
     assert len(results.times["a"]) == 3 and all(t >= 0 for t in results.times["a"])
+
+
+def test_validate_flags_nan_in_bfloat16_outputs():
+    import ml_dtypes
+
+    results = RunResults(feeds=[{}])
+    results.add("a", [{"y": np.array([1.0, np.nan], ml_dtypes.bfloat16)}])
+    report = Comparator.compare_accuracy(results, validate=True)
+    assert not report.passed and "1 NaN" in report.problems[0]
+
+
+def test_scalar_and_empty_outputs_are_compared_and_reported():
+    from polykit.tools.report import render_text, to_json
+
+    results = RunResults(feeds=[{}])
+    results.add("a", [{"s": np.float32(2.0), "e": np.zeros((0, 4), np.float32), "b": np.array(True)}])
+    results.add("b", [{"s": np.array(2.5, np.float32), "e": np.zeros((0, 4), np.float32), "b": np.array(True)}])
+    report = Comparator.compare_accuracy(results)
+    verdicts = {o.name: o.passed for o in report.pairs[0].outputs}
+    assert verdicts == {"s": False, "e": True, "b": True}
+    assert "worst element []: reference 2, b 2.5" in render_text(report, results)
+    assert to_json(report)["comparisons"][0]["outputs"][0]["worst_index"] == []

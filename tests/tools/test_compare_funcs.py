@@ -1,3 +1,4 @@
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -96,3 +97,67 @@ def test_snr_is_infinite_for_identical_outputs_and_low_for_noise():
     noisy = REF + 0.1 * rng.standard_normal(REF.shape).astype(np.float32)
     res = snr(CompareOptions(snr_min_db=40))("y", REF, noisy)
     assert not res.passed and 10 < res.metric_value < 40
+
+
+def _all_funcs():
+    from polykit.tools.compare_funcs import builtin_compare_funcs
+
+    return [spec.factory(CompareOptions()) for spec in builtin_compare_funcs()]
+
+
+@pytest.mark.parametrize("value", [
+    np.float32(1.5), np.array(2.0, np.float64), np.array(True), np.array(7, np.int64), np.zeros((0, 3), np.float32),
+    np.array([1, 2, 3], np.uint8), np.array([0.5, -1.25], np.float16), np.array([1.0, 2.5], ml_dtypes.bfloat16),
+    np.array([[True, False]]),
+], ids=["scalar-f32", "0d-f64", "0d-bool", "0d-int", "empty", "uint8", "float16", "bfloat16", "bool"])
+def test_every_compare_function_passes_equal_tensors_of_any_kind(value):
+    for compare in _all_funcs():
+        result = compare("out", value, np.array(value, copy=True))
+        assert result.passed, (compare, result)
+
+
+def test_a_differing_0d_output_fails_and_names_the_empty_index():
+    result = simple(CompareOptions())("s", np.array(1.0, np.float32), np.array(1.5, np.float32))
+    assert not result.passed and result.worst_index == () and result.max_abs == 0.5
+
+
+def test_differing_bfloat16_outputs_fail_with_their_float_values():
+    ref = np.array([1.0, 2.0], ml_dtypes.bfloat16)
+    act = np.array([1.0, 3.0], ml_dtypes.bfloat16)
+    result = simple(CompareOptions())("b", ref, act)
+    assert not result.passed and result.worst_index == (1,) and result.worst_actual == 3.0
+
+
+def test_differing_bool_outputs_fail():
+    result = simple(CompareOptions())("m", np.array([True, False]), np.array([True, True]))
+    assert not result.passed and result.worst_index == (1,)
+
+
+def test_string_outputs_compare_for_equality():
+    same = simple(CompareOptions())("t", np.array(["a", "b"]), np.array(["a", "b"]))
+    differ = simple(CompareOptions())("t", np.array(["a", "b"]), np.array(["a", "c"]))
+    assert same.passed and not differ.passed and "compared for equality" in differ.message
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(error_quantile=2.0), r"--error-quantile 2.0 is not in \[0, 1\]"),
+    (dict(atol={"": -1.0}), r"--atol -1.0 is not a non-negative number"),
+    (dict(rtol={"y": float("nan")}), r"--rtol y:nan is not a non-negative number"),
+    (dict(check_error_stat={"y": "p99"}), r"--check-error-stat y:p99 is not an error statistic"),
+    (dict(cosine_tol=3.0), r"--cosine-tol 3.0 is not in \[0, 2\]"),
+])
+def test_impossible_compare_options_are_usage_errors(options, message):
+    with pytest.raises(UsageError, match=message):
+        CompareOptions(**options)
+
+
+def test_a_per_output_option_naming_no_output_lists_the_outputs():
+    with pytest.raises(UsageError, match=r"--atol nosuch:0.001 names no output of the model") as info:
+        CompareOptions(atol={"": 1e-5, "nosuch": 1e-3}).check_output_names(["logits", "probs"])
+    assert info.value.hint == "outputs are: logits, probs"
+
+
+def test_a_per_output_option_with_an_extra_field_says_so():
+    with pytest.raises(UsageError, match=r"--rtol logits:1e-3:2.0 names no output") as info:
+        CompareOptions(rtol={"logits:1e-3": 2.0}).check_output_names(["logits"])
+    assert "one value" in info.value.hint

@@ -72,3 +72,49 @@ def test_script_without_function_is_usage_error(tmp_path):
     script.write_text("x = 1\n")
     with pytest.raises(UsageError):
         list(ScriptDataLoader(str(script)))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(seed=-1), r"--seed -1 is not a non-negative integer"),
+    (dict(iterations=0), r"--iterations 0 is less than 1"),
+    (dict(val_ranges={"x": (2.0, 1.0)}), r"--val-range x:\[2.0, 1.0\] is not a finite range"),
+    (dict(val_ranges={"": (0.0, float("inf"))}), r"--val-range \[0.0, inf\] is not a finite range"),
+    (dict(input_shapes={"x": (-1, 3)}), r"--input-shapes x:\[-1, 3\] has a negative dim"),
+])
+def test_impossible_options_are_usage_errors_naming_the_value(options, message):
+    with pytest.raises(UsageError, match=message):
+        DataLoaderOptions(**options)
+
+
+def test_an_int_range_without_integers_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"value range \[0.2, 0.8\] holds no int64 value for input 'i'"):
+        list(DataLoader(DataLoaderOptions(val_ranges={"i": (0.2, 0.8)}), META))
+
+
+def test_bfloat16_inputs_get_random_floats():
+    import ml_dtypes
+
+    feed = next(iter(DataLoader(DataLoaderOptions(), {"h": TensorMeta("h", ml_dtypes.bfloat16, (3,))})))
+    assert feed["h"].dtype == ml_dtypes.bfloat16 and np.all((feed["h"] >= 0) & (feed["h"] <= 1))
+
+
+@pytest.mark.parametrize("body, line, error", [
+    ("import numpy as np\n\ndef load_data():\n    raise ValueError('boom')\n", 4, "ValueError: boom"),
+    ("def load_data():\n    yield {'x': 1}\n    yield 1 / 0\n", 3, "ZeroDivisionError: division by zero"),
+    ("x = [\n", 1, "SyntaxError"),
+    ("import no_such_module_here\n", 1, "ModuleNotFoundError"),
+    ("def load_data():\n    return 5\n", None, "returned a int, not an iterable"),
+])
+def test_a_script_that_raises_is_a_usage_error_naming_script_line_and_exception(tmp_path, body, line, error):
+    script = tmp_path / "loader.py"
+    script.write_text(body)
+    with pytest.raises(UsageError) as info:
+        list(ScriptDataLoader(str(script)))
+    assert error in str(info.value)
+    if line is not None:
+        assert info.value.where == f"{script}:{line}"
+
+
+def test_a_missing_script_is_named(tmp_path):
+    with pytest.raises(UsageError, match="data loader script .*nope.py' does not exist"):
+        list(ScriptDataLoader(str(tmp_path / "nope.py")))

@@ -15,7 +15,7 @@ from polykit.tools.cli import main
 from polykit.tools.inspect_cmd import describe_plan
 
 
-pytestmark = pytest.mark.usefixtures("wide_console")
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture

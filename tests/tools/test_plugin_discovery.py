@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from polykit.plugins import (
-    PluginError, compare_func_specs, create_plugin_manager, data_loader_specs, reset_plugin_manager, runner_specs,
+    PluginError, compare_func_specs, create_plugin_manager, data_loader_specs, runner_specs,
 )
 from polykit.tools.cli import main
+from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "polykit-plugin-example"
@@ -60,13 +61,7 @@ def polykit_cli_commands(app):
 '''
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture
@@ -106,29 +101,95 @@ def test_entry_point_loads_example_plugin(tmp_path, monkeypatch):
     assert "numpy-ref" in runner_specs(pm)
 
 
-def test_missing_plugin_module_is_plugin_error():
+def test_missing_plugin_module_is_skipped_with_a_warning_naming_it(caplog):
+    pm = create_plugin_manager(env={"POLYKIT_PLUGINS": "no_such_polykit_plugin"})
+    assert "trt" in runner_specs(pm)
+    assert "plugin 'no_such_polykit_plugin' cannot be loaded ($POLYKIT_PLUGINS): ModuleNotFoundError" in caplog.text
+
+
+def test_missing_plugin_module_is_plugin_error_when_strict():
     with pytest.raises(PluginError, match="no_such_polykit_plugin"):
-        create_plugin_manager(env={"POLYKIT_PLUGINS": "no_such_polykit_plugin"})
+        create_plugin_manager(env={"POLYKIT_PLUGINS": "no_such_polykit_plugin"}, strict=True)
 
 
-def test_missing_plugin_exits_2_from_cli(monkeypatch, capsys):
+def test_missing_plugin_warns_and_the_run_still_works(monkeypatch, capsys):
     monkeypatch.setenv("POLYKIT_PLUGINS", "no_such_polykit_plugin")
-    assert main(["run", MLP, "--onnxrt"]) == 2
+    assert main(["run", MLP, "--onnxrt"]) == 0
+    assert "plugin 'no_such_polykit_plugin' cannot be loaded" in capsys.readouterr().err
+
+
+def test_missing_plugin_exits_2_from_cli_with_strict_plugins(monkeypatch, capsys):
+    monkeypatch.setenv("POLYKIT_PLUGINS", "no_such_polykit_plugin")
+    assert main(["run", MLP, "--onnxrt", "--strict-plugins"]) == 2
     assert "no_such_polykit_plugin" in capsys.readouterr().err
 
 
-def test_two_runners_claiming_one_flag_is_plugin_error(tmp_path, monkeypatch):
-    (tmp_path / "polykit_clash.py").write_text(textwrap.dedent('''
-        from polykit.backends.base import RunnerSpec
+def _plugin(tmp_path, monkeypatch, name, body):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+CLASH = """
+    from polykit.backends.base import RunnerSpec
+    from polykit.plugins import hookimpl
+
+    @hookimpl
+    def polykit_runners():
+        return [RunnerSpec("other", ("--trt",), lambda request: None)]
+"""
+
+
+def test_two_runners_claiming_one_flag_is_plugin_error_when_strict(tmp_path, monkeypatch):
+    _plugin(tmp_path, monkeypatch, "polykit_clash", CLASH)
+    with pytest.raises(PluginError, match="--trt"):
+        runner_specs(create_plugin_manager(env={"POLYKIT_PLUGINS": "polykit_clash"}, strict=True))
+
+
+def test_a_runner_claiming_a_taken_flag_is_skipped_and_the_first_keeps_it(tmp_path, monkeypatch, caplog):
+    _plugin(tmp_path, monkeypatch, "polykit_clash", CLASH)
+    specs = runner_specs(create_plugin_manager(env={"POLYKIT_PLUGINS": "polykit_clash"}))
+    assert specs["trt"].flags[0] == "--trt" and "other" not in specs
+    assert "plugin 'polykit_clash' gives runner 'other' the flag --trt" in caplog.text
+
+
+BROKEN = {
+    "raises at import": "raise RuntimeError('no licence server')\n",
+    "raises in a hook": """
         from polykit.plugins import hookimpl
 
         @hookimpl
         def polykit_runners():
-            return [RunnerSpec("other", ("--trt",), lambda request: None)]
-    '''))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(PluginError, match="--trt"):
-        runner_specs(create_plugin_manager(env={"POLYKIT_PLUGINS": "polykit_clash"}))
+            raise KeyError('config')
+
+        @hookimpl
+        def polykit_cli_commands(app):
+            raise ValueError('bad command table')
+    """,
+    "returns garbage": """
+        from polykit.plugins import hookimpl
+
+        @hookimpl
+        def polykit_compare_funcs():
+            return 42
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_plugin_is_a_warning_and_commands_still_work(tmp_path, monkeypatch, capsys, case):
+    monkeypatch.setenv("POLYKIT_PLUGINS", _plugin(tmp_path, monkeypatch, "polykit_broken", BROKEN[case]))
+    assert main(["--version"]) == 0
+    assert main(["run", MLP, "--onnxrt", "--onnxrt"]) == 0
+    err = capsys.readouterr().err
+    assert "plugin 'polykit_broken'" in err and "--strict-plugins" in err
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_plugin_is_an_error_with_strict_plugins(tmp_path, monkeypatch, capsys, case):
+    monkeypatch.setenv("POLYKIT_PLUGINS", _plugin(tmp_path, monkeypatch, "polykit_broken", BROKEN[case]))
+    assert main(["--strict-plugins", "run", MLP, "--onnxrt"]) == 2
+    assert "error: plugin 'polykit_broken'" in capsys.readouterr().err
 
 
 def test_example_plugin_runner_usable_from_polykit_run(tmp_path):

@@ -3,7 +3,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from polykit.errors import PolykitError
+from polykit.errors import DataFileError, PolykitError
 from polykit.tools.results_io import load_feeds, load_outputs, save_feeds, save_outputs
 
 rng = np.random.default_rng(0)
@@ -47,3 +47,123 @@ def test_corrupt_npz_is_polykit_error(tmp_path):
     path.write_bytes(b"not a zip")
     with pytest.raises(PolykitError):
         load_feeds(path)
+
+
+def _polygraphy_array(arr, legacy=False):
+    """An array as Polygraphy's JSON encoder writes it (polygraphy/json/serde.py)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    data = {"array": base64.b64encode(buf.getvalue()).decode()}
+    if legacy:
+        data["__polygraphy_encoded_ndarray"] = "polygraphy_serialized_json_type"
+    else:
+        data["polygraphy_class"] = "ndarray"
+    return data
+
+
+def test_polygraphy_saved_inputs_load_as_feeds(tmp_path):
+    import json
+
+    x = rng.random((2, 3), dtype=np.float32)
+    ids = np.arange(4, dtype=np.int64)
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps([{"x": _polygraphy_array(x), "ids": _polygraphy_array(ids, legacy=True)}]))
+    feeds = load_feeds(path)
+    np.testing.assert_array_equal(feeds[0]["x"], x)
+    assert feeds[0]["ids"].dtype == np.int64
+
+
+def test_polygraphy_run_results_load_as_outputs(tmp_path):
+    import json
+
+    y = rng.random((3,), dtype=np.float32)
+    lazy = {"values": _polygraphy_array(y), "polygraphy_class": "LazyArray"}
+    iteration = {"outputs": {"y": lazy}, "runtime": 0.1, "runner_name": "trt-runner", "polygraphy_class": "IterationResult"}
+    doc = {"lst": [["trt-runner", [iteration]], ["onnxrt-runner", [iteration]]], "polygraphy_class": "RunResults"}
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(doc))
+    outs = load_outputs(path)
+    assert list(outs) == ["trt-runner", "onnxrt-runner"]
+    np.testing.assert_array_equal(outs["trt-runner"][0]["y"], y)
+
+
+def test_a_truncated_npz_is_a_data_file_error_naming_the_file(tmp_path):
+    data = save_feeds(tmp_path / "in.npz", FEEDS).read_bytes()
+    path = tmp_path / "cut.npz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataFileError, match="cut.npz: .*cannot be read"):
+        load_feeds(path)
+
+
+def test_a_lone_npy_is_named_as_such(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.ones(3, np.float32))
+    with pytest.raises(DataFileError, match="x.npy: the file is a single .npy array, not an .npz archive"):
+        load_feeds(path)
+
+
+def test_a_text_file_named_npz_is_not_a_zip_archive(tmp_path):
+    path = tmp_path / "notes.npz"
+    path.write_text("hello\n")
+    with pytest.raises(DataFileError, match=r"notes.npz: the file is not an .npz \(zip\) archive"):
+        load_feeds(path)
+
+
+def test_an_object_array_in_an_npz_is_refused_not_unpickled(tmp_path):
+    path = tmp_path / "obj.npz"
+    np.savez(path, **{"0/x": np.array([{"a": 1}], dtype=object)})
+    with pytest.raises(DataFileError, match=r"obj.npz: array '0/x': the array holds Python objects .* never unpickles"):
+        load_feeds(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[{"x": [[1, 2], [3]]}]', r"feed 0: tensor 'x': the data is not a rectangular array"),
+    ('[{"x": {"dtype": "object", "data": [1]}}]', r"feed 0: tensor 'x': an array must be .*dtype 'object'"),
+    ('[{"x": ["a", "b"]}]', r"feed 0: tensor 'x': the data is not an array of numbers"),
+    ('[[1, 2]]', r"feed 0: a feed must be an object"),
+    ('{"x": {"polygraphy_class": "Tensor", "values": 1}}', r"Polygraphy class 'Tensor' is not one polykit reads"),
+    ('[{"x": {"polygraphy_class": "ndarray", "array": "AAAA"}}]', r"a Polygraphy array does not decode"),
+    ('"just text"', r"feeds must be a list"),
+    ('[{"x": ', r"cannot read JSON"),
+])
+def test_malformed_json_feeds_are_data_file_errors_naming_the_entry(tmp_path, text, message):
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(DataFileError, match=message):
+        load_feeds(path)
+
+
+def test_outputs_json_given_as_feeds_says_so(tmp_path):
+    path = save_outputs(tmp_path / "out.json", {"trt": [{"y": np.ones(2, np.float32)}]})
+    with pytest.raises(DataFileError, match="give it to --load-outputs"):
+        load_feeds(path)
+
+
+def test_an_npz_member_whose_header_claims_more_data_than_it_has_is_refused_before_allocating(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(4, np.float32))
+    raw = buf.getvalue().replace(b"(4,)", b"(1099511627776,)".ljust(4))
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("0/x.npy", raw)
+    with pytest.raises(DataFileError, match=r"huge.npz: array '0/x': the .npy header says float32\[1099511627776\]"):
+        load_feeds(path)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+def test_saving_into_a_missing_folder_names_the_file(tmp_path, suffix):
+    with pytest.raises(DataFileError, match=f"nodir/in{suffix}: cannot write the file: No such file"):
+        save_feeds(tmp_path / "nodir" / f"in{suffix}", FEEDS)
+
+
+def test_scalar_bfloat16_and_bool_outputs_round_trip_through_json(tmp_path):
+    import ml_dtypes
+
+    outs = {"trt": [{"s": np.float32(1.5), "b": np.array([True, False]), "h": np.array([1.5], ml_dtypes.bfloat16)}]}
+    back = load_outputs(save_outputs(tmp_path / "o.json", outs))["trt"][0]
+    assert back["s"].shape == () and back["b"].dtype == np.bool_ and back["h"].dtype == ml_dtypes.bfloat16

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from polykit.errors import PlanError
 from polykit.kernels.tactics import Tactic, register_tactic
 
 CUDA_DIR = Path(__file__).parent
@@ -39,7 +40,7 @@ class KernelSource:
 
     def render(self) -> str:
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
-        body = self.code if self.code is not None else (CUDA_DIR / self.file).read_text()
+        body = self.code if self.code is not None else kernel_file(self.file, self.name).read_text()
         return head + inline_includes(body)
 
     def key(self) -> str:
@@ -57,6 +58,19 @@ class KernelSource:
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])),
                             d.get("arch", ""))
+
+
+#: a kernel source file: the bare name of a .cu file in this folder (no folder part, no "..")
+KERNEL_FILE = re.compile(r"[A-Za-z0-9_]+\.cu")
+
+
+def kernel_file(file: str | None, kernel: str = "") -> Path:
+    """The path of kernel source `file` in this folder; PlanError for anything but the bare
+    name of a .cu file here (a plan's kernel table must not reach outside the folder)."""
+    if not isinstance(file, str) or not KERNEL_FILE.fullmatch(file) or not (CUDA_DIR / file).is_file():
+        raise PlanError(f"kernel {kernel!r} names source file {file!r}, which is not a .cu file of polykit's "
+                        "kernel folder", hint="the plan's kernel table is damaged or crafted; rebuild the plan")
+    return CUDA_DIR / file
 
 
 def pack_kernel_table(per_layer: Mapping[str, Sequence[KernelSource]]) -> dict[str, Any]:

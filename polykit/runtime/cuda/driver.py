@@ -78,14 +78,24 @@ _lock = threading.Lock()
 _primary: dict[int, tuple[Any, DeviceInfo]] = {}
 
 
+def _cu_init() -> Any:
+    """cuInit(0)'s status; DeviceError when the driver library itself cannot be loaded
+    (cuda.bindings loads libcuda on the first call: without an NVIDIA driver it raises there)."""
+    try:
+        (err,) = drv().cuInit(0)
+    except DeviceError:
+        raise
+    except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError, an OSError from dlopen, ...
+        raise DeviceError(f"no usable NVIDIA driver: {type(exc).__name__}: {exc}", hint=_NO_GPU_HINT) from None
+    return err
+
+
 def is_available() -> bool:
     """Whether a CUDA device is usable here (never raises)."""
     try:
-        d = drv()
-        (err,) = d.cuInit(0)
-        if int(err) != 0:
+        if int(_cu_init()) != 0:
             return False
-        err, count = d.cuDeviceGetCount()
+        err, count = drv().cuDeviceGetCount()
         return int(err) == 0 and count > 0
     except Exception:
         return False
@@ -96,7 +106,7 @@ def current_device(ordinal: int = 0) -> DeviceInfo:
     d = drv()
     with _lock:
         if ordinal not in _primary:
-            (err,) = d.cuInit(0)
+            err = _cu_init()
             if int(err) != 0:
                 raise DeviceError(f"no usable CUDA device: cuInit failed with {error_name(err)}", hint=_NO_GPU_HINT)
             count = call("cuDeviceGetCount")

@@ -67,6 +67,14 @@ def plan_kernels(plan: Any, layer: Any) -> list[KernelSource]:
     return recorded
 
 
+def _accepts(tactic: CudaTactic, layer: Any) -> bool:
+    """The tactic's own predicate on a loaded layer (one that raises on it does not accept it)."""
+    try:
+        return bool(tactic.supports(layer))
+    except Exception:  # a predicate fed a layer it was never meant for (a crafted plan)
+        return False
+
+
 class CudaEngine:
     """A plan on the GPU: tactics resolved, kernels loaded, weights in one device buffer."""
 
@@ -83,6 +91,10 @@ class CudaEngine:
             if not isinstance(tactic, CudaTactic):
                 raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cuda target does not have",
                                 where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
+            if not _accepts(tactic, layer):
+                raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer on this GPU "
+                                f"({self.info.arch}): its dtypes, shapes or attributes are not the tactic's",
+                                where=f"layer {layer.name!r}", hint="rebuild the plan on this machine")
             self.steps.append((layer, tactic))
             sources.extend(plan_kernels(plan, layer))
         self.modules = KernelModules(self.info.arch)

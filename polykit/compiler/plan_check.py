@@ -1,0 +1,328 @@
+"""The one check of a plan's contents, run by Plan.deserialize before any target sees the plan.
+
+The checksum catches a damaged file; this catches a well-formed one with impossible
+contents (edited and re-checksummed, or written by a foreign tool), which would otherwise
+crash a target, read or write outside device memory, or silently compute something else.
+It has two steps:
+
+- `check_document(doc, weights_len, where)`: the JSON document against the field tables
+  of plan_schema (types, enums, bounds), then the RULES that relate fields: byte sizes
+  are shape x itemsize, weights lie inside the weight blob, every non-weight tensor lies
+  inside the arena and no two tensors live at once in the same bytes, lifetimes cover
+  every use, layers read only tensors written before them, the kernel table is complete.
+- `check_layers(plan, where)`: the layers against the op registry (shape inference re-run
+  over the plan must give the plan's dtypes and shapes, so attributes pass the same rules
+  the importer applies) and against the target's tactics (each layer's is one its target has
+  for the layer's kind; whether it accepts the layer is the target's question at load time).
+
+Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from polykit.compiler.memory import ALIGNMENT
+from polykit.compiler.plan_schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
+from polykit.errors import PlanError, PolykitError, UnsupportedModelError
+
+_HINT = "the plan's contents are inconsistent (edited, or written by another tool); rebuild it with `polykit convert`"
+
+Doc = Mapping[str, Any]
+
+
+def check_document(doc: Any, weights_len: int, where: str = "plan") -> None:
+    """PlanError naming the first field of `doc` (the plan's parsed JSON) that is invalid."""
+    try:
+        record(DOCUMENT_FIELDS)(doc, "")
+        for rule in RULES:
+            rule(doc, weights_len)
+    except Invalid as bad:
+        raise PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT) from None
+
+
+# ---- rules over the whole document ------------------------------------------------------------
+def _tensor_sizes(doc: Doc, weights_len: int) -> None:
+    for name, t in doc["tensors"].items():
+        if t["name"] != name:
+            raise Invalid(f"tensors[{name!r}].name", f"{show(t['name'])} differs from its key")
+        need = nbytes_of(t["dtype"], t["shape"])
+        if t["nbytes"] != need:
+            raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {need} (shape {t['shape']} of {t['dtype']})")
+
+
+def _weights(doc: Doc, weights_len: int) -> None:
+    index = doc["weights"]
+    for name, w in index.items():
+        path = f"weights[{name!r}]"
+        need = nbytes_of(w["dtype"], w["shape"])
+        if w["nbytes"] != need:
+            raise Invalid(f"{path}.nbytes", f"{w['nbytes']} != {need} (shape {w['shape']} of {w['dtype']})")
+        if w["offset"] % ALIGNMENT:
+            raise Invalid(f"{path}.offset", f"{w['offset']} is not a multiple of {ALIGNMENT}")
+        if w["offset"] + w["nbytes"] > weights_len:
+            raise Invalid(f"{path}.offset", f"bytes {w['offset']}..{w['offset'] + w['nbytes']} lie outside the "
+                                            f"weight blob ({weights_len} bytes)")
+    for name, t in doc["tensors"].items():
+        if t["kind"] != "weight":
+            continue
+        w = index.get(name)
+        if w is None:
+            raise Invalid(f"tensors[{name!r}]", "is a weight the weight index does not list")
+        for key in ("dtype", "shape", "offset", "nbytes"):
+            if t[key] != w[key]:
+                raise Invalid(f"tensors[{name!r}].{key}", f"{show(t[key])} differs from weights[{name!r}].{key} "
+                                                          f"{show(w[key])}")
+
+
+def _io(doc: Doc, weights_len: int) -> None:
+    tensors = doc["tensors"]
+    for key, kinds in (("inputs", ("input",)), ("outputs", ("output", "input"))):
+        seen: set[str] = set()
+        for i, name in enumerate(doc[key]):
+            if name in seen:
+                raise Invalid(f"{key}[{i}]", f"{name!r} is listed twice")
+            seen.add(name)
+            if name not in tensors:
+                raise Invalid(f"{key}[{i}]", f"{name!r} is not a tensor of the plan")
+            if tensors[name]["kind"] not in kinds:
+                raise Invalid(f"tensors[{name!r}].kind", f"{tensors[name]['kind']!r} for an engine {key[:-1]}")
+    for name, t in tensors.items():
+        listed = {"input": doc["inputs"], "output": doc["outputs"]}.get(t["kind"])
+        if listed is not None and name not in listed:
+            raise Invalid(f"tensors[{name!r}].kind", f"{t['kind']!r} but {name!r} is not in {t['kind']}s")
+
+
+def _layer_io(doc: Doc, weights_len: int) -> None:
+    tensors = doc["tensors"]
+    available = set(doc["inputs"]) | {n for n, t in tensors.items() if t["kind"] == "weight"}
+    names: set[str] = set()
+    for layer in doc["layers"]:
+        path = f"layers[{layer['name']!r}]"
+        if layer["name"] in names:
+            raise Invalid(f"{path}.name", "is not unique")
+        names.add(layer["name"])
+        for i, name in enumerate(layer["inputs"]):
+            if name and name not in tensors:
+                raise Invalid(f"{path}.inputs[{i}]", f"{name!r} is not a tensor of the plan")
+            if name and name not in available:
+                raise Invalid(f"{path}.inputs[{i}]", f"{name!r} is read before any layer writes it")
+        for i, name in enumerate(layer["outputs"]):
+            if not name:
+                continue
+            if name not in tensors:
+                raise Invalid(f"{path}.outputs[{i}]", f"{name!r} is not a tensor of the plan")
+            if name in available or tensors[name]["kind"] in ("input", "weight"):
+                raise Invalid(f"{path}.outputs[{i}]", f"{name!r} is already written (an input, a weight or "
+                                                      "an earlier layer's output)")
+            available.add(name)
+        _stamps_agree(layer, path, tensors)
+    for i, name in enumerate(doc["outputs"]):
+        if name not in available:
+            raise Invalid(f"outputs[{i}]", f"{name!r} is written by no layer")
+
+
+#: what the builder stamps on a layer per input/output: (layer key, names key, tensor key, value of "")
+_STAMPS = (("in_dtypes", "inputs", "dtype", ""), ("out_dtypes", "outputs", "dtype", ""),
+           ("in_shapes", "inputs", "shape", []), ("out_shapes", "outputs", "shape", []))
+
+
+def _stamps_agree(layer: Doc, path: str, tensors: Doc) -> None:
+    """The dtypes/shapes stamped on a layer (tactics read them) are its tensors' own."""
+    for key, names_key, tensor_key, omitted in _STAMPS:
+        stamped = layer.get(key) or []
+        if stamped and len(stamped) != len(layer[names_key]):
+            raise Invalid(f"{path}.{key}", f"has {len(stamped)} items for {len(layer[names_key])} {names_key}")
+        for i, (value, name) in enumerate(zip(stamped, layer[names_key])):
+            if value != (tensors[name][tensor_key] if name else omitted):
+                raise Invalid(f"{path}.{key}[{i}]", f"{show(value)} differs from the {tensor_key} of {name!r}")
+
+
+def _arena(doc: Doc, weights_len: int) -> None:
+    memory = doc["memory"]
+    arena = memory["arena_bytes"]
+    alignment = memory.get("alignment", ALIGNMENT)
+    if alignment & (alignment - 1) or alignment < ALIGNMENT:
+        raise Invalid("memory.alignment", f"{alignment} is not a power of two >= {ALIGNMENT}")
+    for name, t in doc["tensors"].items():
+        if t["kind"] == "weight":
+            continue
+        path = f"tensors[{name!r}].offset"
+        if t["offset"] < 0:
+            raise Invalid(path, "is negative: the tensor has no place in the arena")
+        if t["offset"] % alignment:
+            raise Invalid(path, f"{t['offset']} is not a multiple of {alignment}")
+        if t["offset"] + t["nbytes"] > arena:
+            raise Invalid(path, f"bytes {t['offset']}..{t['offset'] + t['nbytes']} lie outside the arena "
+                                f"({arena} bytes)")
+        if memory["offsets"].get(name) != t["offset"]:
+            raise Invalid(f"memory.offsets[{name!r}]", f"{show(memory['offsets'].get(name))} differs from the "
+                                                       f"tensor's offset {t['offset']}")
+    for name in memory["offsets"]:
+        if name not in doc["tensors"] or doc["tensors"][name]["kind"] == "weight":
+            raise Invalid(f"memory.offsets[{name!r}]", "names no activation, input or output of the plan")
+
+
+def _lifetimes(doc: Doc, weights_len: int) -> None:
+    tensors, lifetimes = doc["tensors"], doc["memory"]["lifetimes"]
+    end = len(doc["layers"])
+    uses: dict[str, list[int]] = {n: [] for n, t in tensors.items() if t["kind"] != "weight"}
+    for idx, layer in enumerate(doc["layers"]):
+        for name in list(layer["inputs"]) + list(layer["outputs"]):
+            if name in uses:
+                uses[name].append(idx)
+    for name in doc["inputs"]:
+        uses[name].append(-1)
+    for name in doc["outputs"]:
+        uses[name].append(end)
+    for name in lifetimes:
+        if name not in uses:
+            raise Invalid(f"memory.lifetimes[{name!r}]", "names no activation, input or output of the plan")
+    for name, steps in uses.items():
+        path = f"memory.lifetimes[{name!r}]"
+        if name not in lifetimes:
+            raise Invalid(path, "is missing: every input, output and activation needs a lifetime")
+        first, last = lifetimes[name]
+        if not -1 <= first <= last <= end:
+            raise Invalid(path, f"[{first}, {last}] is not an interval within [-1, {end}]")
+        if steps and (first > min(steps) or last < max(steps)):
+            raise Invalid(path, f"[{first}, {last}] does not cover the layers that use it ({min(steps)}..{max(steps)})")
+    _no_shared_bytes(tensors, lifetimes)
+
+
+def _no_shared_bytes(tensors: Doc, lifetimes: Doc) -> None:
+    """No two tensors alive at the same layer step may share arena bytes (a sweep over steps
+    keeping the live byte ranges sorted: a new range only needs checking against neighbours)."""
+    births: dict[int, list[str]] = {}
+    for name, (first, _) in lifetimes.items():
+        if tensors[name]["nbytes"]:
+            births.setdefault(first, []).append(name)
+    live: list[tuple[int, int, str]] = []  # (start, end, name), sorted, disjoint
+    for step in sorted(births):
+        live = [r for r in live if lifetimes[r[2]][1] >= step]
+        for name in sorted(births[step]):
+            start = tensors[name]["offset"]
+            item = (start, start + tensors[name]["nbytes"], name)
+            pos = bisect.bisect_left(live, item)
+            for other in live[max(pos - 1, 0): pos + 1]:
+                if other[0] < item[1] and item[0] < other[1]:
+                    raise Invalid(f"tensors[{name!r}].offset", f"its bytes overlap {other[2]!r}'s while both are live "
+                                                               f"(layer step {step})")
+            live.insert(pos, item)
+
+
+def _kernel_table(doc: Doc, weights_len: int) -> None:
+    table = doc["metadata"].get("kernels")
+    layer_names = {layer["name"] for layer in doc["layers"]}
+    if table is None:
+        if doc["target"] == "cuda" and layer_names:
+            raise Invalid("metadata.kernels", "is missing: a cuda plan records the kernels of every layer")
+        return
+    from polykit.kernels.cuda.base import CUDA_DIR
+
+    for ref, code in table["code"].items():
+        if hashlib.sha256(code.encode()).hexdigest()[:24] != ref:
+            raise Invalid(f"metadata.kernels.code[{ref!r}]", "the text does not hash to its key")
+    for layer, rows in table["layers"].items():
+        if layer not in layer_names:
+            raise Invalid(f"metadata.kernels.layers[{layer!r}]", "names no layer of the plan")
+        for i, row in enumerate(rows):
+            path = f"metadata.kernels.layers[{layer!r}][{i}]"
+            file, ref = row.get("file"), row.get("code_ref")
+            if (file is None) == (ref is None):
+                raise Invalid(path, "needs exactly one of `file` and `code_ref`")
+            if file is not None and not (CUDA_DIR / file).is_file():
+                raise Invalid(f"{path}.file", f"{file!r} is not a kernel source of this polykit")
+            if ref is not None and ref not in table["code"]:
+                raise Invalid(f"{path}.code_ref", f"{ref!r} is not in metadata.kernels.code")
+    if doc["target"] == "cuda":
+        missing = sorted(layer_names - set(table["layers"]))
+        if missing:
+            raise Invalid(f"metadata.kernels.layers[{missing[0]!r}]", "is missing: the layer's kernels are not recorded")
+
+
+def _input_values(doc: Doc, weights_len: int) -> None:
+    for name, bound in (doc["metadata"].get("input_values") or {}).items():
+        path = f"metadata.input_values[{name!r}]"
+        t = doc["tensors"].get(name)
+        if name not in doc["inputs"] or t is None:
+            raise Invalid(path, f"{name!r} is not an engine input")
+        if bound["dtype"] != t["dtype"] or bound["shape"] != t["shape"]:
+            raise Invalid(path, f"{bound['dtype']}{bound['shape']} differs from the input's {t['dtype']}{t['shape']}")
+        try:
+            values = np.asarray(bound["values"], dtype=bound["dtype"])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise Invalid(f"{path}.values", f"are not {bound['dtype']} numbers ({exc})") from None
+        if values.shape != (nbytes_of(bound["dtype"], bound["shape"]) // values.dtype.itemsize,):
+            raise Invalid(f"{path}.values", f"has shape {values.shape}, not the input's element count")
+
+
+#: every rule over the whole document, in order (each assumes the ones before it passed)
+RULES: tuple[Callable[[Doc, int], None], ...] = (
+    _tensor_sizes, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
+)
+
+
+# ---- the layers against the op registry and the target's tactics ------------------------------
+def check_layers(plan: Any, where: str = "plan") -> None:
+    """PlanError when a layer fails its op's shape rule, disagrees with the plan's tensors, or
+    names a tactic its target does not have for its kind."""
+    try:
+        _shapes_agree(plan)
+        _tactics_exist(plan)
+    except Invalid as bad:
+        raise PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT) from None
+
+
+def _shapes_agree(plan: Any) -> None:
+    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.ir import Graph, Value
+    from polykit.compiler.lower import layer_as_node
+
+    values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in plan.inputs}
+    bound = {n: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
+             for n, v in (plan.metadata.get("input_values") or {}).items()}
+    weights = {n: plan.weights[n] for n, t in plan.tensors.items() if t.kind == "weight"}
+    nodes = [layer_as_node(layer) for layer in plan.layers]
+    graph = Graph(nodes, plan.inputs, plan.outputs, weights, values, metadata={"input_values": bound})
+    try:
+        infer_shapes(graph, strict=True)
+    except UnsupportedModelError as exc:
+        name, op, domain, _ = exc.unsupported[0]
+        raise Invalid(f"layers[{name!r}].kind", f"{op!r} (domain {domain or 'ai.onnx'!r}) is an op this polykit does "
+                                                "not know (a plugin's op needs the plugin installed)") from None
+    except PolykitError as exc:
+        failing = next((l for l in plan.layers if exc.where and f"node {l.name!r}" in exc.where), None)
+        path = f"layers[{failing.name!r}]" if failing is not None else "layers"
+        raise Invalid(path, f"fails its op's shape rule: {exc.what}") from None
+    for layer in plan.layers:
+        for name in layer.outputs:
+            if not name:
+                continue
+            desc, got = plan.tensors[name], graph.value(name)
+            if got.dtype is not None and np.dtype(got.dtype).name != desc.dtype:
+                raise Invalid(f"tensors[{name!r}].dtype", f"{desc.dtype!r}, but layer {layer.name!r} ({layer.kind}) "
+                                                          f"gives {np.dtype(got.dtype).name}")
+            if got.shape is not None and not _dims_agree(got.shape, desc.shape):
+                raise Invalid(f"tensors[{name!r}].shape", f"{list(desc.shape)}, but layer {layer.name!r} "
+                                                          f"({layer.kind}) gives {list(got.shape)}")
+
+
+def _dims_agree(inferred: tuple, stored: tuple) -> bool:
+    return len(inferred) == len(stored) and all(not isinstance(a, int) or a == b for a, b in zip(inferred, stored))
+
+
+def _tactics_exist(plan: Any) -> None:
+    """Every layer's tactic is one its target has for the layer's kind. Whether the tactic accepts
+    the layer (its `supports`) may depend on the device, so the target asks that when it loads
+    the plan (CudaEngine), not the schema check (which runs for `inspect` on any machine)."""
+    from polykit.kernels.tactics import find_tactic
+
+    for layer in plan.layers:
+        if find_tactic(plan.target, layer.kind, layer.tactic) is None:
+            raise Invalid(f"layers[{layer.name!r}].tactic", f"{layer.tactic!r} is not a {plan.target} tactic for "
+                                                          f"{layer.kind} layers")

@@ -1,0 +1,47 @@
+"""Reading .npy data (alone, inside an .npz, inside Polygraphy's JSON) without trusting it:
+the header's dtype and shape must account for exactly the bytes present, before anything
+is allocated (a header claiming 2**40 elements is an error, not a 4 TiB allocation), and
+object dtypes are refused (numpy would need pickle for them)."""
+
+from __future__ import annotations
+
+import tokenize
+from typing import IO, Any
+
+from polykit.errors import DataFileError
+
+_READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
+
+
+def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
+    """The array in the .npy stream `fh` of `size` bytes; DataFileError naming `where` if the
+    stream is not a well-formed, self-consistent .npy without Python objects."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    try:
+        version = npy.read_magic(fh)
+        reader = _READERS.get(version)
+        if reader is None:
+            raise DataFileError(f".npy format version {version} is not one polykit reads", where=where,
+                                hint="save arrays with numpy.save / numpy.savez")
+        shape, fortran_order, dtype = getattr(npy, reader)(fh)
+    except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError) as exc:  # numpy parses the header as Python
+        raise DataFileError(f"the .npy header is malformed: {exc}", where=where) from None
+    if dtype.hasobject:
+        raise DataFileError(f"the array holds Python objects ({dtype}), which polykit never unpickles", where=where,
+                            hint="store numbers, booleans or strings")
+    need = dtype.itemsize
+    for d in shape:
+        need *= d
+    have = size - fh.tell()
+    if need != have:
+        raise DataFileError(f"the .npy header says {dtype}{list(shape)} ({need} bytes), the data has {have} bytes",
+                            where=where, hint="the file is truncated or was edited")
+    raw = fh.read(have)
+    if len(raw) != have:
+        raise DataFileError(f"the array data ends after {len(raw)} of {have} bytes", where=where)
+    try:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran_order else "C").copy()
+    except ValueError as exc:  # e.g. a zero-size dtype
+        raise DataFileError(f"the array cannot be built from its header: {exc}", where=where) from None

@@ -1,0 +1,53 @@
+"""The cuda target asks each layer's tactic whether it accepts the layer when it loads a plan
+(the plan check only knows the tactic exists: acceptance may depend on the GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from onnx import TensorProto, helper
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.errors import PlanError
+from polykit.kernels.cuda.base import CudaTactic
+from polykit.kernels.tactics import TACTICS, find_tactic, register_tactic
+from polykit.runtime.cuda.target import _accepts
+
+
+def _never(layer):
+    return False
+
+
+def _raises(layer):
+    raise KeyError("axis")
+
+
+@pytest.mark.parametrize("predicate, accepted", [(lambda layer: True, True), (_never, False), (_raises, False)])
+def test_a_tactic_accepts_a_layer_only_when_its_predicate_says_so(predicate, accepted):
+    tactic = CudaTactic("cuda", "Abs", "test.accepts", supports=predicate)
+    assert _accepts(tactic, object()) is accepted
+
+
+@pytest.fixture
+def refusing_abs_tactic():
+    find_tactic("cuda", "Abs", "")  # load the cuda families first
+    real = next(t for t in TACTICS["cuda"]["Abs"] if t.name.startswith("cuda."))
+    tactic = register_tactic(replace(real, name="test.refuses", supports=_never))
+    yield tactic
+    TACTICS["cuda"]["Abs"].remove(tactic)
+
+
+@pytest.mark.gpu
+def test_loading_a_plan_whose_tactic_refuses_its_layer_is_a_plan_error(refusing_abs_tactic):
+    from polykit.runtime.engine import Runtime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Abs", ["x"], ["y"], name="abs")], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    plan = build_plan(model, BuilderConfig(target="cuda"))
+    plan.layers[0] = replace(plan.layers[0], tactic="test.refuses")
+    with pytest.raises(PlanError, match="tactic 'test.refuses' cannot run this Abs layer on this GPU"):
+        Runtime("cuda").deserialize_engine(plan)
