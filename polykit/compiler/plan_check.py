@@ -191,11 +191,30 @@ def _lifetimes(doc: Doc, weights_len: int) -> None:
             raise Invalid(path, f"[{first}, {last}] is not an interval within [-1, {end}]")
         if steps and (first > min(steps) or last < max(steps)):
             raise Invalid(path, f"[{first}, {last}] does not cover the layers that use it ({min(steps)}..{max(steps)})")
-    _no_shared_bytes(tensors, lifetimes)
+    _no_shared_bytes(tensors, _slot_lifetimes(doc, tensors, lifetimes))
+
+
+def _slot_lifetimes(doc: Doc, tensors: Doc, lifetimes: Doc) -> dict[str, tuple[int, int]]:
+    """Lifetimes of the arena slots: a view (memory.aliases) shares its source's slot, which
+    then lives until the view's last step. Checks that each view is one: same offset and
+    bytes as a source that is itself no view, neither of them a weight nor the view an engine
+    input or output."""
+    aliases = doc["memory"].get("aliases", {})
+    io = set(doc["inputs"]) | set(doc["outputs"])
+    slots = {n: tuple(v) for n, v in lifetimes.items() if n not in aliases}
+    for view, src in aliases.items():
+        path = f"memory.aliases[{view!r}]"
+        if view not in lifetimes or src not in slots or view in io:
+            raise Invalid(path, f"{view!r} -> {src!r} is not a view of one activation by another")
+        if (tensors[view]["offset"], tensors[view]["nbytes"]) != (tensors[src]["offset"], tensors[src]["nbytes"]):
+            raise Invalid(path, "a view must have its source's offset and byte size")
+        first, last = slots[src]
+        slots[src] = (min(first, lifetimes[view][0]), max(last, lifetimes[view][1]))
+    return slots
 
 
 def _no_shared_bytes(tensors: Doc, lifetimes: Doc) -> None:
-    """No two tensors alive at the same layer step may share arena bytes (a sweep over steps
+    """No two arena slots alive at the same layer step may share bytes (a sweep over steps
     keeping the live byte ranges sorted: a new range only needs checking against neighbours)."""
     births: dict[int, list[str]] = {}
     for name, (first, _) in lifetimes.items():

@@ -266,6 +266,7 @@ MEMORY_FIELDS = (
     Field("lifetimes", map_of(pair_of(integer(-1, 1 << 31)))),
     Field("alignment", integer(1, 1 << 20), required=False),
     Field("strategy", one_of(("best-fit", "first-fit", "none")), required=False),
+    Field("aliases", map_of(text()), required=False),
 )
 
 KERNEL_ROW_FIELDS = (

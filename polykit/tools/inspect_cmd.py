@@ -103,8 +103,19 @@ def model(
     from rich.console import Console
     from rich.table import Table
 
-from polykit.errors import ModelLoadError, UsageError
-from polykit.files import require_file
+    from polykit.backends.loaders import model_type
+
+    file = require_file(path, "model or plan file", ModelLoadError)
+    is_plan = model_type(file) == "plan" or file.suffix == ".plan"  # by magic, or by name (the plan reader says what is wrong)
+    if profile and not is_plan:
+        raise UsageError("--profile times the layers of a plan; MODEL is an ONNX model",
+                         hint="build a plan with `polykit convert`, or use `polykit run MODEL --trt --profile`")
+    if is_plan:
+        from polykit.compiler.plan import Plan
+
+        info = describe_plan(Plan.load(path), profile_runs=iterations if profile else 0, seed=seed)
+    else:
+        info = describe_onnx(path)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return 0

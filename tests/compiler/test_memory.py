@@ -148,14 +148,9 @@ def test_a_view_shares_its_source_slot_and_keeps_it_reserved_until_its_last_read
     assert MemoryPlan.from_json(plan.to_json()) == plan
 
 
-def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agrees():
-    import numpy as np
-    import onnx
+def _view_model():
+    """x -> Relu -> r -> Reshape -> v (a view) -> Sigmoid -> y."""
     from onnx import TensorProto, helper
-
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.runtime.engine import Engine
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("Reshape", ["r", "shape"], ["v"]),
@@ -163,8 +158,17 @@ def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agre
     graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
                               [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    plan = build_plan(model, BuilderConfig(target="cpu", fuse=False))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agrees():
+    import numpy as np
+
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+
+    plan = build_plan(_view_model(), BuilderConfig(target="cpu", fuse=False))
     assert plan.memory.aliases == {"v": "r"}
     assert plan.tensors["v"].offset == plan.tensors["r"].offset
     x = np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)

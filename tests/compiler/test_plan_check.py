@@ -119,12 +119,12 @@ def test_array_attribute_with_a_wrong_byte_count_is_named(cpu_bytes):
 
 
 def test_inspect_of_a_crafted_plan_is_a_plan_error(cpu_bytes, tmp_path):
-    from polykit.tools.inspect_cmd import describe_plan
+    from polykit.tools.inspect_cmd import model
 
     path = tmp_path / "m.plan"
     path.write_bytes(edited(cpu_bytes, lambda d: d["memory"]["lifetimes"].pop("t")))
     with pytest.raises(PlanError, match=r"memory\.lifetimes\['t'\]"):
-        describe_plan(str(path))
+        model(str(path), profile=False, iterations=1, seed=1, as_json=True)
 
 
 # ---- cuda plans (checked without a GPU: the check needs no device) ---------------------------
@@ -166,3 +166,18 @@ def test_a_cuda_tactic_of_another_layer_kind_is_rejected(cuda_bytes):
 def test_kernel_source_render_refuses_a_file_outside_the_kernel_folder(name):
     with pytest.raises(PlanError, match="not a .cu file of polykit's kernel folder"):
         KernelSource("k", file=name).render()
+
+
+def test_a_view_must_share_its_source_offset(tmp_path):
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from tests.compiler.test_memory import _view_model
+
+    data = build_plan(_view_model(), BuilderConfig(target="cpu", fuse=False)).serialize()
+    assert Plan.deserialize(data).memory.aliases == {"v": "r"}
+
+    def shift(d):  # onto the engine input's slot: inside the arena, but not the source's bytes
+        d["tensors"]["v"]["offset"] = d["tensors"]["x"]["offset"]
+
+    with pytest.raises(PlanError, match=r"memory\.aliases\['v'\]"):
+        Plan.deserialize(edited(data, shift))
