@@ -177,7 +177,7 @@ def test_a_view_must_share_its_source_offset(tmp_path):
     assert Plan.deserialize(data).memory.aliases == {"v": "r"}
 
     def shift(d):  # onto the engine input's slot: inside the arena, but not the source's bytes
-        d["tensors"]["v"]["offset"] = d["tensors"]["x"]["offset"]
+        d["tensors"]["v"]["offset"] = d["memory"]["offsets"]["v"] = d["tensors"]["x"]["offset"]
 
     with pytest.raises(PlanError, match=r"memory\.aliases\['v'\]"):
         Plan.deserialize(edited(data, shift))
