@@ -38,6 +38,9 @@ class RunnerRequest:
     save_engine: str | None = None
     #: polykit's engine records per-layer times (ExecutionContext profile) on every run
     profile: bool = False
+    #: more BuilderConfig fields for polykit's engine (precision, tuning, timing cache: the
+    #: shared builder options of polykit.tools.cli_args)
+    builder_options: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -19,6 +19,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
         mark_outputs=tuple(request.mark_outputs),
         mark_all=request.mark_all,
         fold_constants=request.fold_constants,
+        **dict(request.builder_options),
     )
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:

@@ -259,7 +259,8 @@ def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:
         "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}"), "domain": layer.domain, "tactic": layer.tactic,
         "tactic_params": _jsonable(layer.tactic_params, f"layer {layer.name!r}"), "precision": layer.precision,
         "fused_nodes": list(layer.fused_nodes), "in_dtypes": list(layer.in_dtypes),
-        "out_dtypes": list(layer.out_dtypes),
+        "out_dtypes": list(layer.out_dtypes), "in_shapes": [list(s) for s in layer.in_shapes],
+        "out_shapes": [list(s) for s in layer.out_shapes],
     }
 
 
@@ -270,6 +271,8 @@ def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
         tactic_params=_from_jsonable(d["tactic_params"]), precision=d["precision"],
         fused_nodes=tuple(d["fused_nodes"]), in_dtypes=tuple(d.get("in_dtypes", ())),
         out_dtypes=tuple(d.get("out_dtypes", ())),
+        in_shapes=tuple(tuple(int(x) for x in s) for s in d.get("in_shapes", ())),
+        out_shapes=tuple(tuple(int(x) for x in s) for s in d.get("out_shapes", ())),
     )
 
 
