@@ -17,6 +17,7 @@ which opset a model came from.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -120,6 +121,7 @@ class OpRegistry:
 
 
 _loaded_for: Any = None
+_load_lock = threading.RLock()
 
 
 def load_ops() -> None:
@@ -131,8 +133,10 @@ def load_ops() -> None:
     pm = plugin_manager()
     if _loaded_for is pm:
         return
-    _loaded_for = pm
-    pm.hook.polykit_ops(registry=OpRegistry())
+    with _load_lock:
+        if _loaded_for is not pm:
+            pm.hook.polykit_ops(registry=OpRegistry())
+            _loaded_for = pm
 
 
 def is_supported(domain: str, op_type: str) -> bool:

@@ -71,9 +71,10 @@ class TuningStats:
     time_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        """The deterministic part (counts): seconds stay in the log so plans do not vary by them."""
+        """The counts (the level is in the plan's builder_config; seconds stay in the log, so
+        plans do not vary by them)."""
         d = asdict(self)
-        del d["compile_s"], d["time_s"]
+        del d["level"], d["compile_s"], d["time_s"]
         return d
 
 

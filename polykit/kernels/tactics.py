@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -117,6 +118,7 @@ class _State:
     table: TacticTable = field(default_factory=TacticTable)
     manager: Any = None
     loaded: set[str] = field(default_factory=set)
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
 
 _STATE = _State()
@@ -146,12 +148,13 @@ def tactic_table(target: str) -> TacticTable:
     from polykit.plugins import plugin_manager
 
     pm = plugin_manager()
-    if _STATE.manager is not pm:
-        _STATE.table, _STATE.manager, _STATE.loaded = TacticTable(), pm, set()
-    if target not in _STATE.loaded:
-        _STATE.loaded.add(target)
-        pm.hook.polykit_tactics(registry=TacticRegistry(_STATE.table, target))
-    return _STATE.table
+    with _STATE.lock:
+        if _STATE.manager is not pm:
+            _STATE.table, _STATE.manager, _STATE.loaded = TacticTable(), pm, set()
+        if target not in _STATE.loaded:
+            pm.hook.polykit_tactics(registry=TacticRegistry(_STATE.table, target))
+            _STATE.loaded.add(target)
+        return _STATE.table
 
 
 def _candidates_of(target: str, layer: Any, kind: str) -> list[Tactic]:

@@ -39,7 +39,7 @@ def convert(
                   f"{plan.weight_bytes} weight bytes, arena {plan.memory.arena_bytes} bytes, "
                   f"workspace {memory.get('workspace_bytes', 0)} bytes, device memory {memory.get('total_bytes', 0)} bytes")
     if tuning.get("cache_hits") or tuning.get("cache_misses") or tuning.get("timed_tactics"):
-        console.print(f"tuning (level {tuning['level']}): {tuning['timed_tactics']} tactics of "
+        console.print(f"tuning (level {config.builder_optimization_level}): {tuning['timed_tactics']} tactics of "
                       f"{tuning['timed_layers']} layers timed; timing cache {tuning['cache_hits']} hits, "
                       f"{tuning['cache_misses']} misses")
     return 0

@@ -108,7 +108,7 @@ def _winograd_layer(layer: Any) -> bool:
             and win.dilations == (1, 1) and layer.in_shapes[1][1] >= WINOGRAD_MIN_CHANNELS)
 
 
-@cpu_tactic(["Conv"], "cpu.conv.winograd", supports=_winograd_layer, priority=3, params={"tile": 2})
+@cpu_tactic(["Conv"], "cpu.conv.winograd", supports=_winograd_layer, priority=3)
 def conv_winograd(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     x, w, b, win, group = _operands(node, inputs)
     n, c = x.shape[:2]
