@@ -4,9 +4,9 @@
                       accumulated; no column buffer (any rank, groups, strides, dilations)
   cpu.conv.im2col     im2col + GEMM over bands of output rows, so the column buffer stays
                       under `band_elements` (cpu.reference builds it whole)
-  cpu.conv.winograd   Winograd F(2x2, 3x3): 2-D 3x3 kernels, stride 1, dilation 1, 8+ input
-                      channels per group; 16 GEMMs on transformed 4x4 tiles, 2.25x fewer
-                      multiplies than direct
+  cpu.conv.winograd   Winograd F(2x2, 3x3) (Lavin & Gray: Y = AT [(G g GT) * (BT d B)] A):
+                      2-D 3x3 kernels, stride 1, dilation 1, 8+ input channels per group; 16
+                      GEMMs on transformed 4x4 tiles, 2.25x fewer multiplies than direct
   cpu.conv.pointwise  1x1 kernels, stride 1, no pads, group 1: one GEMM, no window view
 """
 
@@ -23,8 +23,6 @@ from polykit.errors import PolykitError
 from polykit.kernels.cpu.base import cpu_tactic, float_layer, plain_or_fused
 from polykit.kernels.reference.conv import accumulator_dtype, padded, sliding_windows
 
-#: Winograd F(2,3) filter transform (Lavin & Gray): Y = AT [(G g GT) * (BT d B)] A
-_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 #: cpu.conv.winograd: fewest input channels per group
 WINOGRAD_MIN_CHANNELS = 8
 #: cpu.conv.im2col: most elements of one band's column buffer
@@ -125,8 +123,11 @@ def conv_winograd(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.nd
     for a in range(4):
         v[a, 0], v[a, 1], v[a, 2], v[a, 3] = _bt_rows(rows[0][a], rows[1][a], rows[2][a], rows[3][a])
     v = v.reshape(16, group, cg, n * th * tw)
-    u = np.tensordot(np.tensordot(_G, w, axes=([1], [2])), _G, axes=([3], [1]))  # G g GT: (4, M, C/G, 4)
-    u = u.transpose(0, 3, 1, 2).reshape(16, group, m // group, cg)
+    u = np.empty((4, 4, m, cg), x.dtype)  # U = G g GT, one (M, C/G) plane per tile position
+    rows = _g_rows(w[:, :, 0, :], w[:, :, 1, :], w[:, :, 2, :])  # G along the kernel's rows: 4 x (M, C/G, 3)
+    for a in range(4):
+        u[a, 0], u[a, 1], u[a, 2], u[a, 3] = _g_rows(rows[a][..., 0], rows[a][..., 1], rows[a][..., 2])
+    u = u.reshape(16, group, m // group, cg)
     p = np.matmul(u, v).reshape(4, 4, m, n, th, tw)
     # Y = AT p A: AT's rows are (p0 + p1 + p2, p1 - p2 - p3)
     r0, r1 = p[0] + p[1] + p[2], p[1] - p[2] - p[3]
@@ -135,6 +136,12 @@ def conv_winograd(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.nd
         y[:, :, i::2, 0::2] = (r[0] + r[1] + r[2]).transpose(1, 0, 2, 3)
         y[:, :, i::2, 1::2] = (r[1] - r[2] - r[3]).transpose(1, 0, 2, 3)
     return _finish(y[:, :, :oh, :ow], b, inputs[0])
+
+
+def _g_rows(g0: np.ndarray, g1: np.ndarray, g2: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The Winograd filter transform G applied along one kernel axis."""
+    half = 0.5 * (g0 + g2)
+    return g0, half + 0.5 * g1, half - 0.5 * g1, g2
 
 
 def _bt_rows(d0: np.ndarray, d1: np.ndarray, d2: np.ndarray, d3: np.ndarray) -> tuple[np.ndarray, ...]:
