@@ -3,8 +3,8 @@
 It is what CI (no GPU) runs end to end and a fallback without a GPU. Each layer runs its
 tactic's numpy function (`cpu.reference`, the op's reference kernel, or an alternative the
 builder timed). An fp16/bf16 build stores its activations and weights in float16/bfloat16,
-so the kernels run on those arrays here too. Tensors are dropped after their last reader,
-following the memory plan's lifetimes. There are no streams: `launch` runs the layer.
+so the kernels run on those arrays here too. Activations are dropped after their last
+reader, following the memory plan's lifetimes. There are no streams: `launch` runs the layer.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class CpuEngine:
                 raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer",
                                 where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
             self.steps.append((layer, layer_as_node(layer), tactic))
-        keep = set(plan.outputs)
+        keep = set(plan.outputs) | set(plan.inputs)  # the caller holds the inputs anyway; timing relaunches layers
         self.free_after: list[list[str]] = [[] for _ in plan.layers]
         for name, (_, last) in plan.memory.lifetimes.items():
             if name not in keep and 0 <= last < len(plan.layers):

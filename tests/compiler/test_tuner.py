@@ -166,3 +166,10 @@ def test_optimization_levels_outside_0_to_5_are_usage_errors():
     for level in (-1, 6, True, 2.5):
         with pytest.raises(UsageError, match="optimization level"):
             BuilderConfig(builder_optimization_level=level)
+
+
+def test_thorough_cpu_timing_relaunches_every_candidate_without_failures(caplog):
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = _build(builder_optimization_level=5)
+    assert "failed while timing" not in caplog.text
+    assert plan.metadata["tuning"]["timed_tactics"] >= 7
