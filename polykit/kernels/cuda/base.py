@@ -1,9 +1,12 @@
 """The contract between CUDA kernel families and the cuda target.
 
-A kernel family is a `.cu` file in this folder plus a Python module here that registers
-its tactics. A CudaTactic says which layers it runs (`supports`), which kernels it needs
-compiled for a layer (`kernels`: KernelSource records, stored in the plan so loading it
-compiles or fetches exactly those), and how to launch them (`enqueue`). Nothing here
+A kernel family is a `.cu` file in this folder plus a Python module here that declares
+its tactics (`cuda_tactic`; the built-in plugin registers them through the
+`polykit_tactics` hook). A CudaTactic says which layers it runs (`supports`; `stored_as`
+for the storage dtypes its kernels take), the GPU archs it needs (`archs`), the workspace
+it borrows per layer (`workspace`), which kernels it needs compiled for a layer (`kernels`:
+KernelSource records, stored in the plan so loading it compiles or fetches exactly those),
+and how to launch them (`enqueue`). Nothing here
 imports cuda-python: the runtime passes in a Launcher that does the launching, so CI can
 import every tactic and compile every KernelSource with NVRTC without a GPU.
 """
