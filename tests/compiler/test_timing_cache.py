@@ -98,3 +98,13 @@ def test_any_json_loads_or_is_a_usage_error(entries):
         assert "fuzz.json" in str(exc)
     else:
         assert all(cache.lookup(k) >= 0 for k in entries)
+
+
+def test_the_reference_tactic_is_keyed_by_each_ops_own_kernel_source():
+    from polykit.compiler.plan_records import LayerDesc
+    from polykit.kernels.tactics import find_tactic
+
+    ref = find_tactic("cpu", "Conv", "cpu.reference")
+    conv, relu = LayerDesc("a", "Conv", ("x", "w"), ("y",)), LayerDesc("a", "Relu", ("x",), ("y",))
+    assert ref.source_key(conv) != ref.source_key(relu)
+    assert ref.source_key(conv) == ref.source_key(LayerDesc("b", "Conv", ("p", "q"), ("r",)))

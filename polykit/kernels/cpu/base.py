@@ -8,25 +8,36 @@ the tactic's own base computation, exactly as the reference does.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.kernels.tactics import ANY, Tactic
+from polykit.kernels.tactics import ANY, Tactic, function_source
 
 RunFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
 
 
 @dataclass(frozen=True)
 class CpuTactic(Tactic):
-    """A Tactic of the cpu target: `run_fn(node, inputs)` computes the layer's outputs."""
+    """A Tactic of the cpu target: `run_fn(node, inputs)` computes the layer's outputs;
+    `code_of(layer)`, when given, is the function that really runs a layer (whose source
+    keys the timing cache), for a tactic that dispatches per op."""
 
     run_fn: RunFn | None = field(default=None, hash=False, compare=False)
+    code_of: Callable[[Any], Any] | None = field(default=None, hash=False, compare=False)
 
     def run(self, node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         return self.run_fn(node, inputs)
+
+    def source_key(self, layer: Any) -> str:
+        key = super().source_key(layer)
+        code = self.code_of(layer) if self.code_of is not None else None
+        if code is None:
+            return key
+        return hashlib.sha256((key + function_source(code)).encode()).hexdigest()[:24]
 
 
 #: every CpuTactic the family modules declare; the built-in plugin registers them
@@ -55,8 +66,15 @@ def _run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.n
     return run_reference(node, inputs)
 
 
+def _reference_of(layer: Any) -> Any:
+    from polykit.kernels.registry import find_reference
+
+    return find_reference(layer.domain, layer.kind)
+
+
 #: the conservative tactic of every layer: the op's reference kernel
-REFERENCE = CpuTactic("cpu", ANY, "cpu.reference", supports=_reference_supports, priority=10, run_fn=_run_reference)
+REFERENCE = CpuTactic("cpu", ANY, "cpu.reference", supports=_reference_supports, priority=10, run_fn=_run_reference,
+                      code_of=_reference_of)
 DECLARED.append(REFERENCE)
 
 
