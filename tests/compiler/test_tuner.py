@@ -173,3 +173,12 @@ def test_thorough_cpu_timing_relaunches_every_candidate_without_failures(caplog)
         plan = _build(builder_optimization_level=5)
     assert "failed while timing" not in caplog.text
     assert plan.metadata["tuning"]["timed_tactics"] >= 7
+
+
+def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch, caplog):
+    monkeypatch.setattr(tuner_module, "time_candidates", lambda target, layer, pairs, *a: Measured(
+        [float("inf")] * len(pairs), ["boom"] * len(pairs)))
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = _build()
+    assert plan.layer("fc").tactic == "cpu.reference"
+    assert "layer 'fc': no candidate could be timed; took cpu.reference" in caplog.text
