@@ -1,7 +1,10 @@
 """The plugin contract: pluggy hook specifications for the polykit toolkit.
 
-polykit's own runners, compare functions, data loaders and CLI subcommands register
-through these hooks exactly like a third-party package does; there is no private path.
+polykit's own ops (importer, shape rule, reference kernel), tactics, runners, compare
+functions, data loaders and CLI subcommands register through these hooks exactly like a
+third-party package does; there is no private path. A hook implementation whose name
+matches no hook below is a PluginError (pluggy's check_pending), so a misspelt hook fails
+loudly instead of being ignored.
 
 Writing a plugin
 ----------------
@@ -42,6 +45,8 @@ from polykit.errors import PolykitError
 
 if TYPE_CHECKING:  # pragma: no cover
     from polykit.backends.base import RunnerSpec
+    from polykit.compiler.registry import OpRegistry
+    from polykit.kernels.tactics import TacticRegistry
     from polykit.tools.compare_funcs import CompareFuncSpec
     from polykit.tools.data_loader import DataLoaderSpec
 
@@ -54,9 +59,10 @@ ENV_VAR = "POLYKIT_PLUGINS"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-#: Modules that register polykit's own runners, compare functions, data loaders and commands.
-#: An entry whose module does not exist (yet) is skipped silently: optional built-ins.
+#: Modules that register polykit's own ops, tactics, runners, compare functions, data loaders
+#: and commands. An entry whose module does not exist (yet) is skipped silently: optional built-ins.
 BUILTIN_PLUGINS: tuple[str, ...] = (
+    "polykit.kernels.builtin",
     "polykit.backends.builtin",
     "polykit.tools.builtin",
     "polykit.tools.conformance",
@@ -70,6 +76,29 @@ class PluginError(PolykitError):
 
 class HookSpecs:
     """The hooks polykit calls. Each returns a list of specs (or registers commands)."""
+
+    @hookspec
+    def polykit_ops(self, registry: "OpRegistry") -> None:
+        """Register ops: importers, shape rules and reference kernels.
+
+        ``registry`` is a ``polykit.compiler.registry.OpRegistry`` whose ``importer(op,
+        since=, domain=)``, ``shape_rule(*ops, domain=)`` and ``reference(*ops, domain=)``
+        are decorators of the functions described in polykit.compiler.registry and
+        polykit.kernels.registry. Called once per plugin manager, before the first model is
+        imported or built (from the CLI and from Python alike); register module-level
+        functions (the same function registered again is a no-op, another one an error).
+        """
+
+    @hookspec
+    def polykit_tactics(self, registry: "TacticRegistry") -> None:
+        """Register tactics of ``registry.target`` ("cpu", "cuda") with ``registry.register``.
+
+        ``registry`` is a ``polykit.kernels.tactics.TacticRegistry``; a tactic is a
+        ``polykit.kernels.cpu.base.CpuTactic`` (``run_fn(node, inputs) -> outputs``) or a
+        ``polykit.kernels.cuda.base.CudaTactic`` (kernels + enqueue). Called the first time a
+        build or a plan needs the target's tactics; import heavy modules only for the target
+        asked. A name already taken for that (target, domain, kind) is an error.
+        """
 
     @hookspec
     def polykit_runners(self) -> "list[RunnerSpec]":
@@ -241,6 +270,11 @@ def create_plugin_manager(env: dict[str, str] | None = None, strict: bool = Fals
     for name in (n.strip() for n in env.get(ENV_VAR, "").split(",")):
         if name and pm.get_plugin(name) is None:
             pm.register_module(name, lambda name=name: importlib.import_module(name), f"${ENV_VAR}")
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"{exc}", where=f"plugin {pm.get_name(exc.plugin) or exc.plugin!r}",
+                          hint="hook implementations must be named after a polykit hook (see polykit.plugins)") from exc
     return pm
 
 

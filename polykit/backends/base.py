@@ -43,6 +43,9 @@ class RunnerRequest:
     #: a tactic replay file to force (BuilderConfig.tactic_replay) / to write (save_tactics)
     load_tactics: str | None = None
     save_tactics: str | None = None
+    #: more BuilderConfig fields for polykit's engine (precision, tuning, timing cache: the
+    #: shared builder options of polykit.tools.cli_args)
+    builder_options: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -15,10 +15,13 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     from polykit.compiler.config import BuilderConfig
 
     if model_type(request.model) == "plan":
+        defaults = BuilderConfig()
         refuse_build_options(request.model, {
             "--fp16": request.fp16, "--input-shapes": request.input_shapes, "--mark-outputs": request.mark_outputs,
             "--mark-all": request.mark_all, "--save-engine": request.save_engine,
-            "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics})
+            "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics,
+            "--channels-last/--no-channels-last": request.channels_last is not None,
+            **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()}})
         return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile)
     config = BuilderConfig(
         target=request.target,
@@ -30,6 +33,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
         fold_constants=request.fold_constants,
         tactic_replay=request.load_tactics,
         save_tactics=request.save_tactics,
+        **dict(request.builder_options),
     )
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:

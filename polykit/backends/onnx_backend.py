@@ -94,9 +94,9 @@ class PolykitBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
-        from polykit.compiler.registry import is_supported, load_builtin_ops
+        from polykit.compiler.registry import is_supported, load_ops
 
-        load_builtin_ops()
+        load_ops()
         return all(is_supported(n.domain, n.op_type) for n in model.graph.node)
 
     @classmethod

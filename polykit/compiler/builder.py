@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from polykit.compiler.config import BuilderConfig
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
-from polykit.compiler.memory import compute_lifetimes, plan_memory
+from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
@@ -28,8 +28,6 @@ from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_repla
 from polykit.errors import BuildError, UsageError
 
 log = logging.getLogger("polykit")
-
-_FLOAT_NAMES = ("float16", "float32", "float64")
 
 
 class Builder:
@@ -47,11 +45,9 @@ class Builder:
         infer_shapes(g)
         marked = marked_outputs(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g = run_passes(g, cfg, keep=list(g.outputs), target=target)
-        infer_shapes(g, strict=False)
-        lowered = lower(g)
-        tensors = describe_tensors(g, lowered)
-        layers, kernels = select_tactics(lowered.layers, target, cfg, tensors)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target)
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
+        layers = selection.layers
         inputs = list(g.inputs)
         outputs = list(dict.fromkeys(g.outputs))
         tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
@@ -61,13 +57,16 @@ class Builder:
             "builder_config": cfg.to_json(),
             "tactics": {layer.name: layer.tactic for layer in layers},
             "marked_outputs": [o for o in outputs if o in marked],
+            "tuning": selection.tuning,
+            "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
+            "device_memory": device_memory(memory.arena_bytes, lowered.weights, selection.workspace),
         }
         if cfg.input_values:
             metadata["input_values"] = cfg.to_json()["input_values"]
-        if kernels:
+        if selection.kernels:
             from polykit.kernels.cuda.base import pack_kernel_table
 
-            metadata["kernels"] = pack_kernel_table(kernels)
+            metadata["kernels"] = pack_kernel_table(selection.kernels)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=lowered.weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
         if cfg.save_tactics is not None:
@@ -97,17 +96,28 @@ def resolve_target(target: str | None) -> str:
     return name
 
 
-def target_arch(target: str) -> str:
-    """The GPU architecture a plan is built for ("" off-GPU); asked of the target if it knows."""
-    if target == "cpu":
-        return ""
-    try:
-        from polykit.runtime.target import get_target
+def build_device(target: str) -> Any:
+    """The device a build times on and sizes workspaces for (None for cuda without a usable GPU)."""
+    from polykit.runtime.target import get_target
 
-        arch = getattr(get_target(target), "gpu_arch", None)
-        return str(arch() if callable(arch) else arch or "")
-    except Exception:  # no usable device or target: the plan records no arch
-        return ""
+    try:
+        return get_target(target).device()
+    except Exception:  # no usable device: arch-specific tactics and split-K workspaces are left out
+        return None
+
+
+def target_arch(target: str) -> str:
+    """The GPU architecture a plan is built for ("" off-GPU or without a usable GPU)."""
+    device = build_device(target) if target != "cpu" else None
+    return device.arch if device is not None else ""
+
+
+def device_memory(arena: int, weights: dict[str, np.ndarray], workspace: dict[str, int]) -> dict[str, int]:
+    """Device bytes a context of the plan needs: arena + weights + the largest layer workspace."""
+    weight_bytes = sum(align(int(w.nbytes)) for w in weights.values())
+    largest = max(workspace.values(), default=0)
+    return {"arena_bytes": arena, "weight_bytes": weight_bytes, "workspace_bytes": largest,
+            "total_bytes": arena + weight_bytes + largest}
 
 
 def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -168,16 +178,21 @@ def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
     return [n for n in dict.fromkeys(names) if n not in g.outputs]
 
 
-def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str) -> Graph:
-    """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph."""
+def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = ()) -> Graph:
+    """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph.
+
+    `fp32_nodes`: nodes whose tensors stay float32 in an fp16/bf16 build, besides those the
+    config pins (fp32_layers, layer_precisions fp32/tf32)."""
     try:
         from polykit.compiler.passes import optimize
     except ImportError:
         log.debug("polykit.compiler.passes.optimize not available; building without passes")
         return g
+    reduced = not cfg.strongly_typed and (cfg.fp16 or cfg.bf16)
+    pinned = tuple(cfg.fp32_layers) + tuple(n for n, p in cfg.layer_precisions.items() if p in ("fp32", "tf32"))
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
-               "config": cfg, "fp16": cfg.fp16, "fp32_layers": cfg.fp32_layers,
-               "channels_last": cfg.channels_last_for(target)}
+               "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
+               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -185,6 +200,55 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str) -> Gr
         kwargs = {k: v for k, v in offered.items() if k in params}
     result = optimize(g, **kwargs)
     return result if isinstance(result, Graph) else g
+
+
+#: most rebuilds of the graph with half layers that have no tactic pinned to float32
+MAX_PRECISION_ROUNDS = 4
+
+
+def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
+    """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
+    half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
+    the graph optimized again), unless precision constraints are "obey": then a BuildError."""
+    from polykit.compiler.layer_precision import has_tactic, storage_precision
+
+    fp32_nodes: tuple[str, ...] = ()
+    keep = list(g.outputs)
+    device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
+    arch = device.arch if device is not None else ("" if target != "cpu" else None)
+    for _ in range(MAX_PRECISION_ROUNDS):
+        optimized = run_passes(g, cfg, keep, target, fp32_nodes)
+        infer_shapes(optimized, strict=False)
+        lowered = lower(optimized)
+        tensors = describe_tensors(optimized, lowered)
+        lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
+        if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):
+            break
+        stranded = [l for l in lowered.layers if storage_precision(l) != "fp32" and not has_tactic(l, target, arch)]
+        if not stranded:
+            break
+        names = ", ".join(f"{l.name!r} ({l.kind}, {storage_precision(l)})" for l in stranded[:5])
+        if cfg.precision_constraints == "obey":
+            raise BuildError(f"no {target} tactic runs these layers in their reduced precision: {names}",
+                             hint="use --precision-constraints prefer (they fall back to fp32) or --target cpu")
+        log.warning("no %s tactic runs %s in reduced precision; those layers fall back to fp32", target, names)
+        pinned = tuple(n for l in stranded for n in l.fused_nodes)
+        if set(pinned) <= set(fp32_nodes):
+            break
+        fp32_nodes += pinned
+    return optimized, lowered, tensors
+
+
+def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
+    """The layer with its inputs' and outputs' dtypes and shapes (what tactics judge it by)."""
+    def desc(names):
+        return [tensors[n] if n else None for n in names]
+
+    ins, outs = desc(layer.inputs), desc(layer.outputs)
+    return replace(layer, in_dtypes=tuple(t.dtype if t else "" for t in ins),
+                   out_dtypes=tuple(t.dtype if t else "" for t in outs),
+                   in_shapes=tuple(tuple(t.shape) if t else () for t in ins),
+                   out_shapes=tuple(tuple(t.shape) if t else () for t in outs))
 
 
 def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
@@ -219,55 +283,59 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
     return tensors
 
 
-def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig,
-                   tensors: dict[str, TensorDesc]) -> tuple[list[LayerDesc], dict[str, list]]:
-    """Pick a tactic for every layer: the replay's choice, else the first candidate."""
-    from polykit.compiler.passes.precision import layer_runs_in_half
-    from polykit.kernels.registry import find_reference
-    from polykit.kernels.tactics import candidates
+@dataclass
+class Selection:
+    """What select_tactics decided: layers with tactics, cuda kernels per layer, workspace
+    bytes per layer (non-zero only) for devices with `sm_count` SMs, the tuning record."""
+
+    layers: list[LayerDesc]
+    kernels: dict[str, list]
+    workspace: dict[str, int]
+    sm_count: int
+    tuning: dict[str, Any]
+
+
+def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, tensors: dict[str, TensorDesc],
+                   weights: dict[str, np.ndarray] | None = None) -> Selection:
+    """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates."""
+    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers)
+    device = build_device(target) if target != "cpu" else None
+    arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
+    tuner = Tuner(target, cfg, tensors, weights or {})
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
-    for layer in layers:
-        layer = replace(layer, in_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.inputs),
-                        out_dtypes=tuple(tensors[n].dtype if n else "" for n in layer.outputs),
-                        in_shapes=tuple(tensors[n].shape if n else () for n in layer.inputs),
-                        out_shapes=tuple(tensors[n].shape if n else () for n in layer.outputs))
-        # fp16 builds: the optimizer made float tensors float16 (passes.convert_to_fp16)
-        is_half = cfg.fp16 and layer_runs_in_half(layer.kind, layer.domain, layer.inputs, layer.outputs,
-                                                  lambda n: tensors[n].dtype if n in tensors else None)
-        tries = [replace(layer, precision="fp16"), layer] if is_half else [layer]
-        picked = None
-        forced = replay.forced_tactic(layer, target)
-        for candidate_layer in tries:
+    workspace: dict[str, int] = {}
+    with progress_bar(len(layers), f"building for {target}") as advance:
+        for layer in layers:
+            layer = stamp_layer(layer, tensors) if not layer.in_dtypes and layer.inputs else layer
+            forced = replay.forced_tactic(layer, target)
             if forced is not None:
-                if not forced.supports(candidate_layer):
-                    continue
-                tactic = forced
+                base, tactic = _replayed(layer, target, cfg, forced, replay)
             else:
-                found = candidates(target, layer.kind, candidate_layer)
-                if not found:
-                    continue
-                tactic = found[0]
-            picked = (candidate_layer, tactic)
-            break
-        if picked is not None and target == "cpu" and find_reference(layer.domain, layer.kind) is None:
-            picked = None
-        if picked is None and forced is not None:
-            raise replay.unsupported(layer, target)
-        if picked is None:
-            raise BuildError(f"no {target} tactic can run this {layer.kind} layer", where=f"layer {layer.name!r}",
-                             hint="try --target cpu, or report the layer's shapes and attributes")
-        base, tactic = picked
-        if target == "cpu" and is_half:
-            base = replace(base, precision="fp16")  # the reference kernels run it on float16 arrays
-        final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
-        if hasattr(tactic, "kernels"):
-            kernels[final.name] = tactic.kernels(final)
-        chosen.append(final)
-    return chosen, kernels
+                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count))
+            final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
+            if hasattr(tactic, "kernels"):
+                kernels[final.name] = tactic.kernels(final)
+            need = tactic.workspace(final, tensors, sm_count)
+            if need:
+                workspace[final.name] = need
+            chosen.append(final)
+            advance(layer.name)
+    return Selection(chosen, kernels, workspace, sm_count, tuner.finish())
+
+
+def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,
+              replay: TacticReplay) -> tuple[LayerDesc, Any]:
+    """The layer (in the first precision variant `tactic` supports) and the replay's tactic."""
+    from polykit.compiler.tuner import precision_variants
+
+    for variant in precision_variants(layer, cfg, target):
+        if tactic.supports(variant):
+            return variant, tactic
+    raise replay.unsupported(layer, target)
 
 
 #: layer kinds whose output is its input's bytes under another shape (views, no copy)

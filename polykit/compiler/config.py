@@ -19,7 +19,11 @@ from polykit.errors import UsageError
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
 #: fields naming files a build reads or writes besides the model; not recorded in plans
-SIDE_FILES = frozenset({"tactic_replay", "save_tactics"})
+SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache"})
+#: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
+PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
+#: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class BuilderConfig:
 
     target: "cpu", "cuda" or None (auto: cuda when a GPU is usable, else cpu).
     fp16: float32 tensors and weights become float16, engine I/O stays float32
-        (polykit.compiler.passes.convert_to_fp16); on cpu the reference kernels run in float16.
+        (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away).
@@ -44,7 +48,22 @@ class BuilderConfig:
         shape, Pad's pads, NonZero's count) become static; the engine then accepts only
         feeds equal to these values for those inputs.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
-        turns it on for fp16 builds of the cuda target (channels_last_for).
+        turns it on for fp16 and bf16 builds of the cuda target (channels_last_for).
+    builder_optimization_level: 0 (first candidate by priority, nothing timed) to 5 (every
+        candidate of every layer timed); 3, the default, times layers with several candidates,
+        the best few by priority (docs/TUNING.md).
+    workspace_limit: most scratch bytes one layer's tactic may borrow (None: no limit);
+        tactics that need more are declined (--memory-pool-limit workspace:N).
+    load_timing_cache / save_timing_cache: JSON timing caches read before timing and written
+        (merged into the file) after; error_on_timing_cache_miss: a layer to time that the
+        loaded cache lacks is a BuildError.
+    bf16: like fp16 with bfloat16 storage (ml_dtypes on cpu). tf32: float32 layers may use
+        tensor-core math that rounds operands to tf32 (tactics that read the layer precision).
+    layer_precisions: ONNX node name -> "fp32" | "tf32" | "fp16" | "bf16"; fp32/tf32 keep
+        the node's tensors float32; `precision_constraints` says how the request binds the
+        layer's math: "obey" (a BuildError when no tactic can), "prefer" (a warning and the
+        builder's choice), "none" (a hint: the builder chooses).
+    strongly_typed: layers run in the model's own dtypes (no fp16/bf16/tf32 flags allowed).
     """
 
     target: str | None = None
@@ -61,6 +80,16 @@ class BuilderConfig:
     fp32_layers: tuple[str, ...] = ()
     input_values: Mapping[str, Any] = field(default_factory=dict, hash=False)
     channels_last: bool | None = None
+    builder_optimization_level: int = 3
+    workspace_limit: int | None = None
+    load_timing_cache: str | os.PathLike | None = None
+    save_timing_cache: str | os.PathLike | None = None
+    error_on_timing_cache_miss: bool = False
+    bf16: bool = False
+    tf32: bool = False
+    precision_constraints: str = "none"
+    layer_precisions: Mapping[str, str] = field(default_factory=dict, hash=False)
+    strongly_typed: bool = False
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -91,6 +120,8 @@ class BuilderConfig:
         object.__setattr__(self, "input_values", values)
         if isinstance(self.tactic_replay, Mapping):
             object.__setattr__(self, "tactic_replay", TacticReplay.from_assignment(self.tactic_replay))
+        self._check_tuning()
+        self._check_precision()
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -101,7 +132,31 @@ class BuilderConfig:
         """Whether a build for `target` runs convolutions channels-last (None: fp16 cuda builds)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
-        return target == "cuda" and self.fp16
+        return target == "cuda" and (self.fp16 or self.bf16)
+
+    def _check_tuning(self) -> None:
+        level = self.builder_optimization_level
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 5:
+            raise UsageError(f"builder optimization level {level!r} is not an integer from 0 to 5",
+                             hint="0: no timing, 3: the default, 5: time every candidate")
+        limit = self.workspace_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise UsageError(f"workspace limit {limit!r} is not a byte count >= 0", hint="e.g. workspace_limit=1 << 30")
+
+    def _check_precision(self) -> None:
+        if self.precision_constraints not in PRECISION_CONSTRAINTS:
+            raise UsageError(f"unknown precision constraints {self.precision_constraints!r}",
+                             hint=f"use one of: {', '.join(PRECISION_CONSTRAINTS)}")
+        layers = {str(k): str(v) for k, v in dict(self.layer_precisions or {}).items()}
+        bad = {k: v for k, v in layers.items() if v not in PRECISIONS}
+        if bad:
+            name, value = next(iter(bad.items()))
+            raise UsageError(f"layer precision {value!r} for {name!r} is not one of {', '.join(PRECISIONS)}",
+                             hint="e.g. layer_precisions={'conv1': 'fp32'}")
+        object.__setattr__(self, "layer_precisions", dict(sorted(layers.items())))
+        if self.strongly_typed and (self.fp16 or self.bf16 or self.tf32):
+            raise UsageError("a strongly typed build follows the model's dtypes; it takes no --fp16/--bf16/--tf32",
+                             hint="drop --strongly-typed, or the precision flags")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (shapes as lists) for plan metadata. The side files a build reads or
@@ -113,6 +168,7 @@ class BuilderConfig:
                              for k, v in sorted(self.input_values.items())}
         d["mark_outputs"] = list(self.mark_outputs)
         d["fp32_layers"] = list(self.fp32_layers)
+        d["layer_precisions"] = dict(self.layer_precisions)
         return d
 
     @staticmethod

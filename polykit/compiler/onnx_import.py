@@ -11,7 +11,7 @@ import numpy as np
 
 from polykit.compiler import dtypes
 from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_builtin_ops
+from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_ops
 from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
 from polykit.files import require_file
 
@@ -222,7 +222,7 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     Raises ModelLoadError for unreadable files, GraphError for structural problems, and
     UnsupportedModelError listing every node whose op polykit does not implement.
     """
-    load_builtin_ops()
+    load_ops()
     model = read_model(source)
     where = str(source) if not hasattr(source, "graph") else f"model {model.graph.name!r}"
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}

@@ -47,6 +47,10 @@ _LENGTHS = struct.Struct("<QQ")
 _CHECKSUM_BYTES = 32
 
 
+#: metadata keys of a freshly built Plan that describe the build, not the plan: not serialized
+BUILD_REPORT_KEYS = frozenset({"tuning"})
+
+
 @dataclass
 class Plan:
     """A built engine: layers with tactics, tensor metadata, weights and the memory plan."""
@@ -74,7 +78,9 @@ class Plan:
 
     # ---- serialization --------------------------------------------------------------
     def serialize(self) -> bytes:
-        """The plan as bytes (see the module docstring for the layout)."""
+        """The plan as bytes (see the module docstring for the layout). Metadata that reports
+        how this one build went (BUILD_REPORT_KEYS: what was timed, cache hits) stays out, so
+        the same plan built again (a replay, a warm cache) has the same bytes."""
         blob, weight_index = _pack_weights(self.weights)
         doc = {
             "format": FORMAT_VERSION,
@@ -86,7 +92,7 @@ class Plan:
             "layers": [_layer_to_json(layer) for layer in self.layers],
             "weights": weight_index,
             "memory": self.memory.to_json(),
-            "metadata": _jsonable(self.metadata, "metadata"),
+            "metadata": _jsonable({k: v for k, v in self.metadata.items() if k not in BUILD_REPORT_KEYS}, "metadata"),
         }
         return encode_plan(doc, blob, self.target, self.gpu_arch)
 
@@ -282,7 +288,8 @@ def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
         attrs=_from_jsonable(d["attrs"]), domain=d["domain"], tactic=d["tactic"],
         tactic_params=_from_jsonable(d["tactic_params"]), precision=d["precision"],
         fused_nodes=tuple(d["fused_nodes"]), in_dtypes=tuple(d.get("in_dtypes", ())),
-        out_dtypes=tuple(d.get("out_dtypes", ())), in_shapes=tuple(tuple(int(x) for x in s) for s in d.get("in_shapes", ())),
+        out_dtypes=tuple(d.get("out_dtypes", ())),
+        in_shapes=tuple(tuple(int(x) for x in s) for s in d.get("in_shapes", ())),
         out_shapes=tuple(tuple(int(x) for x in s) for s in d.get("out_shapes", ())),
     )
 

@@ -43,11 +43,10 @@ class LayerDesc:
     implementation chosen for this layer on the plan's target; `fused_nodes` lists the
     original ONNX node names the layer covers (for inspect and layerwise debugging).
     `in_dtypes`/`out_dtypes` are the numpy dtype names of the inputs/outputs ("" for an
-    omitted optional input), stamped by the builder before tactic selection so a tactic can
-    refuse dtypes it has no kernel for at build time and compile exactly the kernels the
-    plan needs; empty for layers built by hand (tests), where tactics must not rely on them.
-    `in_shapes`/`out_shapes` likewise (() for an omitted input), so a tactic can refuse
-    shapes its kernel cannot take (alignment, sizes) at build time.
+    omitted optional input), and `in_shapes`/`out_shapes` their shapes (() for an omitted
+    one), stamped by the builder before tactic selection so a tactic can refuse dtypes or
+    shapes it has no kernel for at build time and compile exactly the kernels the plan
+    needs; empty for layers built by hand (tests), where tactics must not rely on them.
     """
 
     name: str

@@ -3,7 +3,11 @@
 Adding an op means: an `@importer` where its ONNX form changed across opsets (to bring
 every version to the one canonical form the rest of polykit knows), a `@shape_rule`
 (output dtypes and shapes), and a reference kernel (`polykit.kernels.registry.reference`).
-Plugins register through the same decorators.
+The tables are filled through the `polykit_ops` plugin hook (`load_ops`): polykit's own
+ops come from the built-in plugin (polykit.kernels.builtin), which imports the op modules
+whose decorators are these functions, and a plugin calls the same functions through the
+OpRegistry its hook receives. A second, different function for a taken (op, domain[,
+opset]) is a PluginError.
 
 Canonical form: after import, every node follows the semantics of the graph's opset,
 which is at least CANONICAL_OPSET. Importers for older versions rewrite the node (move
@@ -13,6 +17,7 @@ which opset a model came from.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -37,6 +42,23 @@ def _norm_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
+def refuse_duplicate(have: Any, fn: Any, what: str) -> bool:
+    """True when `fn` is already registered (`have` is it); PluginError when another is."""
+    if have is None:
+        return False
+    if have is fn:
+        return True
+    from polykit.plugins import PluginError
+
+    raise PluginError(f"two {what}s are registered ({_qualname(have)} and {_qualname(fn)})",
+                      hint="an op has one importer per opset, one shape rule and one reference kernel; "
+                           "give the plugin's op its own domain")
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 def importer(op_type: str, since: int = 1, domain: str = "") -> Callable[[ImporterFn], ImporterFn]:
     """Register `fn(node, ctx)` to canonicalize `op_type` nodes from models whose opset is
     >= `since` (and below the next registered `since`). It edits the node in place and
@@ -44,8 +66,10 @@ def importer(op_type: str, since: int = 1, domain: str = "") -> Callable[[Import
 
     def register(fn: ImporterFn) -> ImporterFn:
         entries = IMPORTERS.setdefault((_norm_domain(domain), op_type), [])
-        entries.append((since, fn))
-        entries.sort(key=lambda e: e[0])
+        have = next((f for s, f in entries if s == since), None)
+        if not refuse_duplicate(have, fn, f"importer of {domain or 'ai.onnx'}::{op_type} (opset {since})"):
+            entries.append((since, fn))
+            entries.sort(key=lambda e: e[0])
         return fn
 
     return register
@@ -64,28 +88,55 @@ def shape_rule(*op_types: str, domain: str = "") -> Callable[[ShapeRuleFn], Shap
 
     def register(fn: ShapeRuleFn) -> ShapeRuleFn:
         for op in op_types:
-            SHAPE_RULES[(_norm_domain(domain), op)] = fn
+            key = (_norm_domain(domain), op)
+            if not refuse_duplicate(SHAPE_RULES.get(key), fn, f"shape rule of {domain or 'ai.onnx'}::{op}"):
+                SHAPE_RULES[key] = fn
         return fn
 
     return register
 
 
 def find_shape_rule(domain: str, op_type: str) -> ShapeRuleFn | None:
-    load_builtin_ops()
+    load_ops()
     return SHAPE_RULES.get((_norm_domain(domain), op_type))
 
 
-_loaded = False
+class OpRegistry:
+    """What the `polykit_ops` hook receives: the decorators that register an op.
+
+        @hookimpl
+        def polykit_ops(registry):
+            registry.shape_rule("MyOp", domain="my.domain")(my_shape_rule)
+            registry.reference("MyOp", domain="my.domain")(my_reference_kernel)
+    """
+
+    importer = staticmethod(importer)
+    shape_rule = staticmethod(shape_rule)
+
+    @staticmethod
+    def reference(*op_types: str, domain: str = "") -> Callable[[Any], Any]:
+        from polykit.kernels.registry import reference
+
+        return reference(*op_types, domain=domain)
 
 
-def load_builtin_ops() -> None:
-    """Import the modules that fill the tables (once)."""
-    global _loaded
-    if _loaded:
+_loaded_for: Any = None
+_load_lock = threading.RLock()
+
+
+def load_ops() -> None:
+    """Fill the op tables through the `polykit_ops` hook of every plugin (built-ins first),
+    once per plugin manager: build_plan() from Python sees plugin ops as the CLI does."""
+    global _loaded_for
+    from polykit.plugins import plugin_manager
+
+    pm = plugin_manager()
+    if _loaded_for is pm:
         return
-    _loaded = True
-    import polykit.compiler.ops  # noqa: F401  (registers importers and shape rules)
-    import polykit.kernels.reference  # noqa: F401  (registers reference kernels)
+    with _load_lock:
+        if _loaded_for is not pm:
+            pm.hook.polykit_ops(registry=OpRegistry())
+            _loaded_for = pm
 
 
 def is_supported(domain: str, op_type: str) -> bool:

@@ -4,6 +4,7 @@ A reference kernel is `fn(node, inputs) -> list of outputs`: `inputs` holds one 
 array per node input (None for an omitted optional input), and attributes come from
 `node.attrs` (defaults applied by the kernel). It serves constant folding, the cpu target
 and every CUDA kernel test as the oracle, so it favours clarity and exactness over speed.
+Kernels register through the `polykit_ops` plugin hook (polykit.compiler.registry.load_ops).
 """
 
 from __future__ import annotations
@@ -22,18 +23,22 @@ REFERENCE: dict[tuple[str, str], ReferenceFn] = {}
 def reference(*op_types: str, domain: str = "") -> Callable[[ReferenceFn], ReferenceFn]:
     """Register `fn` as the reference kernel of each op in `op_types`."""
 
+    from polykit.compiler.registry import refuse_duplicate
+
     def register(fn: ReferenceFn) -> ReferenceFn:
         for op in op_types:
-            REFERENCE[("" if domain == "ai.onnx" else domain, op)] = fn
+            key = ("" if domain == "ai.onnx" else domain, op)
+            if not refuse_duplicate(REFERENCE.get(key), fn, f"reference kernel of {domain or 'ai.onnx'}::{op}"):
+                REFERENCE[key] = fn
         return fn
 
     return register
 
 
 def find_reference(domain: str, op_type: str) -> ReferenceFn | None:
-    from polykit.compiler.registry import load_builtin_ops
+    from polykit.compiler.registry import load_ops
 
-    load_builtin_ops()
+    load_ops()
     return REFERENCE.get(("" if domain == "ai.onnx" else domain, op_type))
 
 

@@ -1,69 +1,187 @@
 """The tactic table: named implementations of a layer kind on a target.
 
-A tactic is the unit of autotuning and of debugging. Each plan layer names the tactic it
-runs with; `select_tactics` in the builder looks candidates up here. On the cpu target the
-reference kernel is the one tactic of every kind ("cpu.reference"); the cuda target
-registers its kernels' tactics from polykit.kernels.cuda (descriptions only: sources and
-parameters, importable without cuda-python, so CI can compile every variant).
+A tactic is the unit of autotuning and of debugging: a named parameter set (tile sizes,
+algorithm, the GPU architectures it needs, the workspace it borrows) that runs one layer
+kind on one target. The table is keyed by (target, domain, kind); a tactic registered for
+domain "*" serves every domain (its `supports` decides), one for kind "*" every kind
+(cpu.reference). Tactics reach the table only through the `polykit_tactics` plugin hook
+(polykit.plugins), built-ins included, so a plugin's tactics are candidates exactly like
+polykit's own; registering a second tactic under a taken name is a PluginError.
+
+The table is filled per target on first use (the cuda tactics are descriptions only:
+sources and parameters, importable without cuda-python, so CI compiles every variant).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
-#: target -> layer kind -> tactics in priority order (first that supports a layer wins
-#: unless timing chooses otherwise)
-TACTICS: dict[str, dict[str, list["Tactic"]]] = {}
+#: `domain` / `kind` of a tactic that serves any domain / any kind
+ANY = "*"
+
+#: workspace(layer, tensors, sm_count) -> bytes; tensors maps names to TensorDesc-like records
+WorkspaceFn = Callable[[Any, Mapping[str, Any], int], int]
+
+
+def no_workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
 class Tactic:
-    """A named implementation of layer `kind` on `target`, with fixed parameters."""
+    """A named implementation of layer `kind` on `target`, with fixed parameters.
+
+    params: the values that shape its kernel (tile sizes, splits, algorithm): JSON-able
+        numbers and strings that code reads, recorded in the plan per layer.
+    supports(layer) -> bool: whether it can run the layer (shapes, dtypes, precision, attrs).
+    priority: higher first; the order of the heuristic (builder optimization level 0).
+    domain: the layer domain it serves ("*": any; `supports` then checks).
+    archs: GPU architectures it runs on (e.g. ("sm_90",)); empty: any.
+    workspace_fn(layer, tensors, sm_count) -> bytes of scratch memory it borrows for a layer.
+    """
 
     target: str
     kind: str
     name: str
-    params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    #: supports(layer) -> bool: whether this tactic can run the layer (shapes, dtypes, attrs)
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     supports: Callable[[Any], bool] = field(default=lambda layer: True, hash=False, compare=False)
     priority: int = 0
+    domain: str = ANY
+    archs: tuple[str, ...] = ()
+    workspace_fn: WorkspaceFn = field(default=no_workspace, hash=False, compare=False)
+
+    def runs_on(self, arch: str) -> bool:
+        """Whether the tactic runs on GPU architecture `arch` ("" = unknown: only arch-free tactics)."""
+        return not self.archs or arch in self.archs
+
+    def workspace(self, layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+        """Scratch bytes this tactic borrows to run `layer` on a device with `sm_count` SMs."""
+        return int(self.workspace_fn(layer, tensors, sm_count))
+
+    def source_key(self, layer: Any) -> str:
+        """Identity of the code that runs `layer` (timing-cache key): the implementation's
+        source text and the params; targets with generated kernels override it."""
+        fn = getattr(self, "run_fn", None) or getattr(self, "enqueue_fn", None)
+        text = f"{self.name}\n{sorted(self.params.items())!r}\n{function_source(fn) if fn is not None else ''}"
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def register_tactic(t: Tactic) -> Tactic:
-    bucket = TACTICS.setdefault(t.target, {}).setdefault(t.kind, [])
-    bucket[:] = [x for x in bucket if x.name != t.name] + [t]
-    bucket.sort(key=lambda x: -x.priority)
-    return t
+@functools.lru_cache(maxsize=4096)
+def function_source(fn: Callable[..., Any]) -> str:
+    """The source text of `fn` (its qualified name where the source is not available)."""
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", repr(fn))
 
 
-def candidates(target: str, kind: str, layer: Any) -> list[Tactic]:
-    """Tactics of `target` that can run `layer` (kind given separately for fused kinds)."""
-    _load_target_tactics(target)
-    out = [t for t in TACTICS.get(target, {}).get(kind, []) if t.supports(layer)]
-    if not out:
-        out = [t for t in TACTICS.get(target, {}).get("*", []) if t.supports(layer)]
-    return out
+class TacticTable:
+    """Tactics by (target, domain, kind), each bucket in priority order."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[str, str, str], list[Tactic]] = {}
+
+    def register(self, tactic: Tactic) -> Tactic:
+        """Add `tactic`; the same object again is a no-op, another under its name a PluginError."""
+        from polykit.plugins import PluginError
+
+        bucket = self._buckets.setdefault((tactic.target, tactic.domain, tactic.kind), [])
+        for have in bucket:
+            if have.name == tactic.name:
+                if have is tactic:
+                    return tactic
+                raise PluginError(
+                    f"two tactics named {tactic.name!r} for {tactic.target} {tactic.kind} layers "
+                    f"(domain {tactic.domain!r})",
+                    hint="each tactic of a layer kind needs its own name; rename the plugin's tactic")
+        bucket.append(tactic)
+        bucket.sort(key=lambda t: -t.priority)  # stable: registration order among equals
+        return tactic
+
+    def of_kind(self, target: str, domain: str, kind: str) -> list[Tactic]:
+        """Tactics registered for exactly this kind (domain-specific and any-domain), by priority."""
+        found = self._buckets.get((target, domain, kind), []) + (
+            self._buckets.get((target, ANY, kind), []) if domain != ANY else [])
+        return sorted(found, key=lambda t: -t.priority)
+
+    def of_target(self, target: str) -> list[Tactic]:
+        return [t for (tg, _, _), bucket in sorted(self._buckets.items()) if tg == target for t in bucket]
+
+
+@dataclass
+class _State:
+    table: TacticTable = field(default_factory=TacticTable)
+    manager: Any = None
+    loaded: set[str] = field(default_factory=set)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_STATE = _State()
+
+
+class TacticRegistry:
+    """What the `polykit_tactics` hook receives: the target whose tactics are wanted now and
+    `register(tactic)`. A hook registers only tactics of `registry.target` (the cuda
+    families are imported only when a cuda build or plan needs them)."""
+
+    def __init__(self, table: TacticTable, target: str):
+        self._table = table
+        self.target = target
+
+    def register(self, tactic: Tactic) -> Tactic:
+        return self._table.register(tactic)
+
+    def register_all(self, tactics: Iterable[Tactic]) -> None:
+        for t in tactics:
+            if t.target == self.target:
+                self.register(t)
+
+
+def tactic_table(target: str) -> TacticTable:
+    """The table with `target`'s tactics loaded through the plugin manager's hooks. A new
+    process-wide plugin manager (polykit.plugins.reset_plugin_manager) starts a new table."""
+    from polykit.plugins import plugin_manager
+
+    pm = plugin_manager()
+    with _STATE.lock:
+        if _STATE.manager is not pm:
+            _STATE.table, _STATE.manager, _STATE.loaded = TacticTable(), pm, set()
+        if target not in _STATE.loaded:
+            pm.hook.polykit_tactics(registry=TacticRegistry(_STATE.table, target))
+            _STATE.loaded.add(target)
+        return _STATE.table
+
+
+def _candidates_of(target: str, layer: Any, kind: str) -> list[Tactic]:
+    table = tactic_table(target)
+    domain = getattr(layer, "domain", "") or ""
+    found = table.of_kind(target, domain, kind)
+    if kind != ANY:
+        found += table.of_kind(target, domain, ANY)
+    return sorted(found, key=lambda t: -t.priority)
+
+
+def candidates(target: str, kind: str, layer: Any, *, arch: str | None = None) -> list[Tactic]:
+    """Tactics of `target` that can run `layer` (kind given separately for fused kinds), by
+    priority; with `arch`, only those that run on that GPU architecture."""
+    return [t for t in _candidates_of(target, layer, kind)
+            if (arch is None or t.runs_on(arch)) and t.supports(layer)]
 
 
 def find_tactic(target: str, kind: str, name: str) -> Tactic | None:
-    _load_target_tactics(target)
-    for t in TACTICS.get(target, {}).get(kind, []) + TACTICS.get(target, {}).get("*", []):
-        if t.name == name:
+    """The tactic called `name` that serves `kind` on `target` (any domain), else None."""
+    table = tactic_table(target)
+    for t in table.of_target(target):
+        if t.name == name and t.kind in (kind, ANY):
             return t
     return None
 
 
-_loaded: set[str] = set()
-
-
-def _load_target_tactics(target: str) -> None:
-    if target in _loaded:
-        return
-    _loaded.add(target)
-    if target == "cpu":
-        register_tactic(Tactic("cpu", "*", "cpu.reference"))
-    elif target == "cuda":
-        import importlib
-
-        importlib.import_module("polykit.kernels.cuda")
+def all_tactics(target: str) -> list[Tactic]:
+    """Every tactic registered for `target` (after loading them)."""
+    return tactic_table(target).of_target(target)

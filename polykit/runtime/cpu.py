@@ -1,22 +1,33 @@
-"""The cpu target: runs a plan's layers with the numpy reference kernels.
+"""The cpu target: runs a plan's layers with numpy cpu tactics (polykit.kernels.cpu).
 
-It is what CI (no GPU) runs end to end and a fallback without a GPU. Every layer's tactic
-is "cpu.reference". An fp16 build (BuilderConfig(fp16=True)) stores its activations and
-weights in float16, so the reference kernels run on float16 arrays here too. Tensors are
-dropped after their last reader, following the memory plan's lifetimes.
+It is what CI (no GPU) runs end to end and a fallback without a GPU. Each layer runs its
+tactic's numpy function (`cpu.reference`, the op's reference kernel, or an alternative the
+builder timed). An fp16/bf16 build stores its activations and weights in float16/bfloat16,
+so the kernels run on those arrays here too. Activations are dropped after their last
+reader, following the memory plan's lifetimes. There are no streams: `launch` runs the layer.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from polykit.compiler.lower import layer_as_node
-from polykit.errors import BuildError, PlanError, PolykitError
+from polykit.errors import PlanError, PolykitError
 
-CPU_TACTICS = ("cpu.reference",)
+
+@dataclass(frozen=True)
+class CpuDevice:
+    """The host as a timing device: its processor name and architecture (timing-cache key)."""
+
+    name: str
+    arch: str
+    sm_count: int
 
 
 class CpuTarget:
@@ -27,28 +38,43 @@ class CpuTarget:
     def available(self) -> bool:
         return True
 
+    def device(self) -> CpuDevice:
+        return CpuDevice(_processor_name(), platform.machine(), os.cpu_count() or 1)
+
     def load(self, plan: Any) -> "CpuEngine":
         return CpuEngine(plan)
 
 
+def _processor_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 class CpuEngine:
-    """A plan prepared for the cpu target: nodes built once, free lists precomputed."""
+    """A plan prepared for the cpu target: tactics resolved, nodes built once, free lists precomputed."""
 
     def __init__(self, plan: Any):
-        from polykit.kernels.registry import find_reference
+        from polykit.kernels.cpu.base import CpuTactic
+        from polykit.kernels.tactics import find_tactic
 
         self.plan = plan
-        self.steps = []
+        self.steps: list[tuple[Any, Any, CpuTactic]] = []
         for layer in plan.layers:
-            if layer.tactic not in CPU_TACTICS:
+            tactic = find_tactic("cpu", layer.kind, layer.tactic)
+            if not isinstance(tactic, CpuTactic):
                 raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cpu target does not have",
                                 where=f"layer {layer.name!r}", hint="rebuild the plan with --target cpu")
-            fn = find_reference(layer.domain, layer.kind)
-            if fn is None:
-                raise BuildError(f"no reference kernel for {layer.domain or 'ai.onnx'}::{layer.kind}",
-                                 where=f"layer {layer.name!r}", hint="install the plugin that provides this op")
-            self.steps.append((layer, layer_as_node(layer), fn))
-        keep = set(plan.outputs)
+            if not tactic.supports(layer):
+                raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer",
+                                where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
+            self.steps.append((layer, layer_as_node(layer), tactic))
+        keep = set(plan.outputs) | set(plan.inputs)  # the caller holds the inputs anyway; timing relaunches layers
         self.free_after: list[list[str]] = [[] for _ in plan.layers]
         for name, (_, last) in plan.memory.lifetimes.items():
             if name not in keep and 0 <= last < len(plan.layers):
@@ -57,49 +83,71 @@ class CpuEngine:
             names.sort()
 
     def create_context(self, **options: Any) -> "CpuContext":
-        return CpuContext(self, profile=bool(options.get("profile", False)))
+        return CpuContext(self)
 
     def close(self) -> None:
         self.steps = []
 
 
+class PerfTimer:
+    """perf_counter marks: on the cpu a launch is done when it returns."""
+
+    def begin(self, stream: Any, launches: int) -> None:
+        pass
+
+    def mark(self, stream: Any) -> float:
+        return time.perf_counter()
+
+    def end(self, stream: Any) -> bool:
+        return True
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+    def release(self, marks: list[Any]) -> None:
+        pass
+
+
 class CpuContext:
-    """Runs the plan; holds no state between calls but the last profile, so it is cheap."""
+    """The tensors of one run (weights, then each layer's outputs until their last reader)."""
 
-    def __init__(self, engine: CpuEngine, profile: bool = False):
+    stream = None
+
+    def __init__(self, engine: CpuEngine):
         self.engine = engine
-        self.profile = profile
-        #: per layer (name, milliseconds) of the last execute when profiling
-        self.last_profile: list[tuple[str, float]] = []
+        self.env: dict[str, np.ndarray] = dict(engine.plan.weights)
+        self._timer = PerfTimer()
 
-    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        plan = self.engine.plan
-        env: dict[str, np.ndarray] = dict(plan.weights)
-        env.update(feeds)
-        timings: list[tuple[str, float]] = []
-        for idx, (layer, node, fn) in enumerate(self.engine.steps):
-            args = [env[name] if name else None for name in layer.inputs]
-            start = time.perf_counter() if self.profile else 0.0
-            try:
-                results = fn(node, args)
-            except PolykitError:
-                raise
-            except Exception as exc:
-                raise PolykitError(f"the reference kernel failed: {type(exc).__name__}: {exc}",
-                                   where=f"layer {layer.name!r} ({layer.kind})",
-                                   hint="the inputs may be out of the op's domain; check the feeds") from exc
-            if self.profile:
-                timings.append((layer.name, (time.perf_counter() - start) * 1e3))
-            for name, value in zip(layer.outputs, results):
-                if name:
-                    env[name] = _conform(np.asarray(value), plan.tensors.get(name), layer.name)
-            for name in self.engine.free_after[idx]:
-                env.pop(name, None)
-        self.last_profile = timings
-        return {name: np.array(env[name], copy=True) for name in plan.outputs}
+    def begin(self) -> None:
+        pass
+
+    def copy_in(self, name: str, array: np.ndarray, stream: Any) -> None:
+        self.env[name] = array
+
+    def copy_out(self, name: str, stream: Any) -> np.ndarray:
+        return np.array(self.env[name], copy=True)
+
+    def launch(self, index: int, stream: Any) -> None:
+        layer, node, tactic = self.engine.steps[index]
+        env = self.env
+        results = tactic.run(node, [env[name] if name else None for name in layer.inputs])
+        for name, value in zip(layer.outputs, results):
+            if name:
+                env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name)
+        for name in self.engine.free_after[index]:
+            env.pop(name, None)
+
+    def synchronize(self, stream: Any) -> None:
+        pass
+
+    def timer(self) -> PerfTimer:
+        return self._timer
+
+    def capture(self, record: Callable[[Any], None]) -> None:
+        return None
 
     def close(self) -> None:
-        self.last_profile = []
+        self.env = {}
 
 
 def _conform(value: np.ndarray, desc: Any, layer: str) -> np.ndarray:

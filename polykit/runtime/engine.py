@@ -6,22 +6,68 @@
         outputs = ctx.execute({"x": x})
 
 The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
-polykit.runtime.target (get_target(name).load(plan) -> create_context() -> execute). An
-engine may have several contexts; each may run on its own thread at the same time.
+polykit.runtime.target: get_target(name).load(plan) -> create_context() -> copy_in /
+launch / copy_out. It owns the one layer loop (`run_layers`), its error wrapping, replay of
+a captured loop (CUDA graphs) and the profiler (`timed_pass`, which the builder's tuner uses
+too). An engine may have several contexts; each may run on its own thread at the same time.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from polykit.compiler.plan import Plan
-from polykit.compiler.plan_records import TensorDesc
-from polykit.errors import PlanError, RuntimeInputError, UsageError
-from polykit.runtime.target import get_target
+from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
+from polykit.runtime.target import TargetContext, get_target
+
+
+def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
+               marks: Callable[[Any], Any] | None = None, out: list | None = None,
+               indices: Sequence[int] | None = None) -> None:
+    """Launch `layers` (plan indices `indices`, default all in order) on `stream`; with
+    `marks`, append (layer name, mark before, mark after) to `out` for each launch. A
+    failure that is not a PolykitError is reported with the layer and its tactic."""
+    for index in range(len(layers)) if indices is None else indices:
+        layer = layers[index]
+        before = marks(stream) if marks else None
+        try:
+            ctx.launch(index, stream)
+        except PolykitError:
+            raise
+        except Exception as exc:
+            raise PolykitError(f"tactic {layer.tactic!r} failed: {type(exc).__name__}: {exc}",
+                               where=f"layer {layer.name!r} ({layer.kind})",
+                               hint="the inputs may be out of the op's domain (check the feeds); else rebuild "
+                                    "with another tactic for this layer or run it on --target cpu") from exc
+        if marks:
+            out.append((layer.name, before, marks(stream)))
+
+
+def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
+               indices: Sequence[int] | None = None) -> list[tuple[str, float]]:
+    """(layer name, milliseconds) of each launch of one pass over `indices` (default all
+    layers), timed with the context's timer; a pass whose timer says the host fell behind
+    is repeated once (the timer has learned the enqueue time by then)."""
+    timer = ctx.timer()
+    count = len(layers) if indices is None else len(indices)
+    times: list[tuple[str, float]] = []
+    for _ in range(2):
+        marked: list[tuple[str, Any, Any]] = []
+        timer.begin(stream, count)
+        try:
+            run_layers(ctx, layers, stream, timer.mark, marked, indices)
+        finally:
+            valid = timer.end(stream)
+            times = [(name, timer.elapsed_ms(a, b)) for name, a, b in marked]
+            timer.release([m for _, a, b in marked for m in (a, b)])
+        if valid:
+            break
+    return times
 
 
 class Runtime:
@@ -90,13 +136,18 @@ class Engine:
         return "input" if name in self.plan.inputs else "output"
 
     # ---- contexts ---------------------------------------------------------------------
-    def create_execution_context(self, **options: Any) -> "ExecutionContext":
-        """A context with its own working memory. Options go to the target (profile=True, ...)."""
+    def create_execution_context(self, *, profile: bool | None = None, cuda_graph: bool = True,
+                                 **options: Any) -> "ExecutionContext":
+        """A context with its own working memory. `profile`: time every layer of each run
+        (default: the plan's BuilderConfig.profile); `cuda_graph`: replay the layer loop as a
+        captured graph after the first run where the target can. Other options go to the target."""
         with self._lock:
             if self._closed:
                 raise UsageError("the engine is closed", hint="load the plan again")
-            options.setdefault("profile", bool(self.plan.metadata.get("builder_config", {}).get("profile", False)))
-            return ExecutionContext(self, self._target_engine.create_context(**options))
+            if profile is None:
+                profile = bool(self.plan.metadata.get("builder_config", {}).get("profile", False))
+            return ExecutionContext(self, self._target_engine.create_context(**options), profile=profile,
+                                    replay=cuda_graph and not profile)
 
     def close(self) -> None:
         with self._lock:
@@ -115,39 +166,89 @@ class Engine:
 
 
 class ExecutionContext:
-    """Runs the engine on host arrays: execute(feeds) -> outputs. One call at a time per context."""
+    """Runs the engine: execute(feeds) -> outputs on host arrays, enqueue(bindings, stream) on
+    device buffers. One call at a time per context."""
 
-    def __init__(self, engine: Engine, target_context: Any):
+    def __init__(self, engine: Engine, target_context: TargetContext, *, profile: bool = False, replay: bool = True):
         self.engine = engine
         self._ctx = target_context
         self._closed = False
+        self._profile = profile
+        self._replay_wanted = replay
+        self._replay: Any = None
+        self._runs = 0
+        self._last_profile: list[tuple[str, float]] = []
 
     @property
     def profile(self) -> list[tuple[str, float]]:
-        """(layer, milliseconds) of the last execute, when created with profile=True."""
-        return list(getattr(self._ctx, "last_profile", []))
+        """(layer, milliseconds) of the last run, when created with profile=True."""
+        return list(self._last_profile)
 
-    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, stream: Any) -> None:
+        """The layers on `stream`: timed when profiling; else eager the first time and then
+        a captured replay where the target offers one."""
+        layers = self.engine.plan.layers
+        if self._profile:
+            self._last_profile = timed_pass(self._ctx, layers, stream)
+        elif self._replay_wanted and self._runs > 0:
+            if self._replay is None:
+                self._replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s))
+                self._replay_wanted = self._replay is not None
+            if self._replay is not None:
+                self._replay.launch(stream)
+            else:
+                run_layers(self._ctx, layers, stream)
+        else:
+            run_layers(self._ctx, layers, stream)
+        self._runs += 1
+
+    def _check_open(self) -> None:
         if self._closed:
             raise UsageError("the execution context is closed", hint="create a new one from the engine")
-        checked = check_feeds(self.engine.plan, feeds)
-        return self._ctx.execute(checked)
+
+    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Host arrays in, host arrays out (the outputs are ready on return)."""
+        self._check_open()
+        plan = self.engine.plan
+        checked = check_feeds(plan, feeds)
+        ctx = self._ctx
+        ctx.begin()
+        for name in plan.inputs:
+            ctx.copy_in(name, checked[name], ctx.stream)
+        self._run(ctx.stream)
+        out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
+        ctx.synchronize(ctx.stream)
+        return out
 
     def enqueue(self, bindings: Mapping[str, Any], stream: Any = None) -> None:
         """Run on device buffers (DLPack / __cuda_array_interface__ objects or raw pointers),
         one per engine I/O tensor, on `stream` (a handle or stream object; None = the
         context's own), without synchronizing. Only targets with device memory have it."""
-        if self._closed:
-            raise UsageError("the execution context is closed", hint="create a new one from the engine")
-        enqueue = getattr(self._ctx, "enqueue", None)
-        if enqueue is None:
+        self._check_open()
+        ctx = self._ctx
+        if not hasattr(ctx, "copy_in_device"):
             raise UsageError(f"the {self.engine.target} target has no device buffers to enqueue on",
                              hint="use execute(feeds) with numpy arrays, or build for --target cuda")
-        enqueue(bindings, stream)
+        plan = self.engine.plan
+        missing = [n for n in list(plan.inputs) + list(plan.outputs) if n not in bindings]
+        if missing:
+            raise RuntimeInputError(f"enqueue needs a binding for every input and output; missing {missing}",
+                                    hint="pass {name: device buffer} for each engine I/O tensor")
+        ctx.begin()
+        user = ctx.borrow_stream(stream)
+        for name in plan.inputs:
+            ctx.copy_in_device(name, bindings[name], user)
+        self._run(user)
+        for name in plan.outputs:
+            ctx.copy_out_device(name, bindings[name], user)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._replay is not None:
+                self._ctx.synchronize(self._ctx.stream)
+                self._replay.close()
+                self._replay = None
             self._ctx.close()
 
     def __enter__(self) -> "ExecutionContext":

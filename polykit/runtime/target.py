@@ -1,16 +1,18 @@
 """The narrow interface every target implements; nothing above runtime/ knows which target runs.
 
 A target turns a loaded Plan into a TargetEngine (weights uploaded, kernels compiled or
-fetched from cache), which creates TargetContexts (one activation arena each) that run
-the plan's layers. The cpu target runs the reference kernels; the cuda target, polykit's
-own NVRTC-compiled kernels. Targets register in TARGETS by name and are imported lazily,
-so `import polykit` never imports cuda-python.
+fetched from cache: the "compile" step), which creates TargetContexts: one activation
+memory each ("allocate"), with `copy_in`/`copy_out` ("copy"), `launch(i)` of one layer
+("launch"), `synchronize` and a `timer`. The engine (polykit.runtime.engine) owns the one
+layer loop over them, the profiler and the error wrapping; the builder times single layers
+through the same protocol (polykit.compiler.tuner). Targets register in TARGETS by name and
+are imported lazily, so `import polykit` never imports cuda-python.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -23,9 +25,57 @@ TARGETS: dict[str, str] = {
 }
 
 
+class Timer(Protocol):
+    """Times work enqueued on a stream: marks around launches, read after the pass."""
+
+    def begin(self, stream: Any, launches: int) -> None:
+        """Before a timed pass of `launches` launches (cuda: hold the stream so they queue
+        back to back and the marks see device time, not the host's launch gaps)."""
+
+    def mark(self, stream: Any) -> Any:
+        """A point in the stream's work (a CUDA event; a perf_counter reading on cpu)."""
+
+    def end(self, stream: Any) -> bool:
+        """Wait for the pass; False if it must be repeated (the hold ended before the host
+        finished enqueueing, so the marks include launch gaps)."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
+
+    def release(self, marks: list[Any]) -> None:
+        """Free the marks of a pass."""
+
+
+class Replay(Protocol):
+    """Recorded layer launches replayed as one unit (a CUDA graph)."""
+
+    def launch(self, stream: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TargetContext(Protocol):
-    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the plan on host arrays (already checked against the engine's inputs)."""
+    #: the context's own stream (None where the target has none)
+    stream: Any
+
+    def begin(self) -> None:
+        """Make the context usable on the calling thread (before each execute/enqueue)."""
+
+    def copy_in(self, name: str, array: np.ndarray, stream: Any) -> None:
+        """Copy a host array into the engine input `name`."""
+
+    def copy_out(self, name: str, stream: Any) -> np.ndarray:
+        """A host copy of the engine output `name` once the stream's work before it is done."""
+
+    def launch(self, index: int, stream: Any) -> None:
+        """Enqueue plan layer `index` on `stream` (run it, on a target without streams)."""
+
+    def synchronize(self, stream: Any) -> None: ...
+
+    def timer(self) -> Timer:
+        """The context's timer (kept across passes: it learns how long the host takes)."""
+
+    def capture(self, record: Callable[[Any], None]) -> Replay | None:
+        """`record(stream)`'s launches captured for replay; None where the target cannot."""
 
     def close(self) -> None: ...
 
@@ -43,6 +93,15 @@ class Target(Protocol):
         """Prepare `plan` (a polykit.compiler.plan.Plan) to run on this target."""
 
     def available(self) -> bool: ...
+
+    def device(self) -> "DeviceDescription":
+        """The device a build for this target times on (name, arch, SM count)."""
+
+
+class DeviceDescription(Protocol):
+    name: str
+    arch: str
+    sm_count: int
 
 
 def get_target(name: str) -> Target:
@@ -67,3 +126,4 @@ def default_target() -> str:
         return "cuda" if get_target("cuda").available() else "cpu"
     except Exception:
         return "cpu"
+

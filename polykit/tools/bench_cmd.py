@@ -13,13 +13,13 @@ from typing import Any, List, Optional
 
 import typer
 
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
 
 
 def bench(
     model: str = typer.Argument(..., metavar="MODEL", help="an ONNX model or a polykit plan"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable; a plan: its own)"),
-    fp16: bool = typer.Option(False, "--fp16", help="let float layers run in half precision"),
+    channels_last: Optional[bool] = channels_last_option(),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
@@ -35,6 +35,7 @@ def bench(
     seed: int = typer.Option(1, "--seed", help="seed of the random inputs"),
     val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the measurements as JSON on stdout"),
+    builder_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import refuse_build_options
     from polykit.compiler.config import BuilderConfig
@@ -42,11 +43,15 @@ def bench(
     from polykit.tools.bench import BenchOptions, bench_model
     from polykit.tools.run_cmd import resolve_target
 
-    refuse_build_options(model, {"--fp16": fp16, "--input-shapes": input_shapes, "--load-tactics": load_tactics,
-                                 "--save-tactics": save_tactics, "--save-engine": save_engine})
-    config = BuilderConfig(target=resolve_target(target, ["trt"], model), fp16=fp16,
+    defaults = BuilderConfig()
+    refuse_build_options(model, {"--input-shapes": input_shapes, "--load-tactics": load_tactics,
+                                 "--save-tactics": save_tactics, "--save-engine": save_engine,
+                                 "--channels-last/--no-channels-last": channels_last is not None,
+                                 **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v)
+                                    for k, v in builder_options.items()}})
+    config = BuilderConfig(target=resolve_target(target, ["trt"], model), channels_last=channels_last,
                            input_shapes=cli_args.parse_input_shapes(input_shapes), tactic_replay=load_tactics,
-                           save_tactics=save_tactics)
+                           save_tactics=save_tactics, **builder_options)
     options = BenchOptions(warm_up_ms=warm_up, iterations=iterations, duration_s=duration,
                            data_transfers=data_transfers, cuda_graph=cuda_graph, profile_runs=iterations if profile else 0,
                            seed=seed, val_ranges=cli_args.parse_val_ranges(val_range))
@@ -93,4 +98,4 @@ def render(model: str, result: Any, profile_top: int = 15) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("bench", help="Time polykit's engine on a model or plan: latency percentiles, throughput, "
-                              "compute vs end-to-end, per-layer profile (trtexec's role).")(bench)
+                              "compute vs end-to-end, per-layer profile (trtexec's role).")(with_builder_options(bench))

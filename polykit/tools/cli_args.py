@@ -1,6 +1,7 @@
 """Parsing of the CLI's value syntaxes (Polygraphy's): `--atol 1e-4 logits:1e-3`,
-`--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`;
-and the build options several subcommands share (`channels_last_option`).
+`--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`,
+`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`; and the builder
+options run, convert and bench share (`with_builder_options`, `channels_last_option`).
 
 click takes one value per option occurrence, so `expand_multi_values` first rewrites
 `--atol 1e-4 logits:1e-3` into `--atol 1e-4 --atol logits:1e-3`, consuming only the
@@ -11,8 +12,10 @@ and `rewrite_runner_flags` turns plugin runner flags (`--trt`, `--onnxrt`) into 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import typer
 
@@ -34,6 +37,8 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--check-error-stat": _STAT,
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
+    "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
+    "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
 }
 
 
@@ -137,3 +142,89 @@ def channels_last_option() -> Any:
 
     return typer.Option(None, "--channels-last/--no-channels-last",
                         help="run 2-D convolutions in NHWC (default: on for fp16 cuda builds)")
+
+
+_SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMG]?)(?:i?B)?$", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_memory_pool_limits(values: Sequence[str]) -> dict[str, int]:
+    """['workspace:64M'] -> {'workspace': 67108864} (bytes; K/M/G are powers of 1024)."""
+    table: dict[str, int] = {}
+    for v in values:
+        pool, _, size = v.strip().partition(":")
+        m = _SIZE.match(size)
+        if pool != "workspace" or m is None:
+            raise UsageError(f"--memory-pool-limit {v!r} is not workspace:SIZE",
+                             hint="e.g. --memory-pool-limit workspace:64M (bytes, or K/M/G)")
+        table[pool] = int(float(m["n"]) * _UNITS[m["unit"].upper()])
+    return table
+
+
+def parse_layer_precisions(values: Sequence[str]) -> dict[str, str]:
+    """['conv1:fp32,fc:fp16'] -> {'conv1': 'fp32', 'fc': 'fp16'} (ONNX node names)."""
+    table: dict[str, str] = {}
+    for v in values:
+        for item in filter(None, (x.strip() for x in v.split(","))):
+            name, _, precision = item.rpartition(":")
+            if not name or precision not in ("fp32", "tf32", "fp16", "bf16"):
+                raise UsageError(f"--layer-precisions {item!r} is not NAME:fp32|tf32|fp16|bf16",
+                                 hint="e.g. --layer-precisions /conv1/Conv:fp32 (ONNX node names)")
+            table[name] = precision
+    return table
+
+
+#: (parameter, annotation, typer option) of the builder options shared by run, convert and bench
+BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("fp16", bool, typer.Option(False, "--fp16", help="let float layers run in half precision (float16)")),
+    ("bf16", bool, typer.Option(False, "--bf16", help="let float layers run in bfloat16")),
+    ("tf32", bool, typer.Option(False, "--tf32", help="let float32 layers use tensor-core math on tf32-rounded operands")),
+    ("precision_constraints", str, typer.Option("none", "--precision-constraints",
+                                                help="obey|prefer|none: how --layer-precisions binds")),
+    ("layer_precisions", List[str], typer.Option([], "--layer-precisions",
+                                                 help="per ONNX node: NAME:fp32|tf32|fp16|bf16[,...]")),
+    ("strongly_typed", bool, typer.Option(False, "--strongly-typed", help="run layers in the model's own dtypes")),
+    ("builder_optimization_level", int, typer.Option(3, "--builder-optimization-level",
+                                                     help="0 (no timing) .. 5 (time every tactic); default 3")),
+    ("memory_pool_limit", List[str], typer.Option([], "--memory-pool-limit",
+                                                  help="workspace:SIZE, most scratch bytes a layer's tactic may use")),
+    ("load_timing_cache", Optional[str], typer.Option(None, "--load-timing-cache", help="read tactic timings from this file")),
+    ("save_timing_cache", Optional[str], typer.Option(None, "--save-timing-cache",
+                                                      help="write the tactic timings (merged into the file)")),
+    ("error_on_timing_cache_miss", bool, typer.Option(False, "--error-on-timing-cache-miss",
+                                                      help="fail when a layer to time is not in the loaded cache")),
+]
+
+
+def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = False,
+                           precision_constraints: str = "none", layer_precisions: Sequence[str] = (),
+                           strongly_typed: bool = False, builder_optimization_level: int = 3,
+                           memory_pool_limit: Sequence[str] = (), load_timing_cache: str | None = None,
+                           save_timing_cache: str | None = None,
+                           error_on_timing_cache_miss: bool = False) -> dict[str, Any]:
+    """BuilderConfig keyword arguments from the shared builder options' CLI values."""
+    return {
+        "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
+        "layer_precisions": parse_layer_precisions(layer_precisions), "strongly_typed": strongly_typed,
+        "builder_optimization_level": builder_optimization_level,
+        "workspace_limit": parse_memory_pool_limits(memory_pool_limit).get("workspace"),
+        "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
+        "error_on_timing_cache_miss": error_on_timing_cache_miss,
+    }
+
+
+def with_builder_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command the shared builder options; it receives them as `builder_options`,
+    a dict of BuilderConfig fields (builder_config_options)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "builder_options"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+             for name, annotation, option in BUILDER_OPTIONS]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name, _, _ in BUILDER_OPTIONS}
+        return command(**kwargs, builder_options=builder_config_options(**values))
+
+    run.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    return run

@@ -159,10 +159,10 @@ def _ops_of(model: Any) -> tuple[str, ...]:
 def run_case(case: Case, target: str = "cpu") -> CaseResult:
     """Run one case; 'unsupported' when an op is missing from polykit's tables."""
     from polykit.backends.onnx_backend import PolykitBackend
-    from polykit.compiler.registry import is_supported, load_builtin_ops
+    from polykit.compiler.registry import is_supported, load_ops
     from polykit.errors import UnsupportedModelError
 
-    load_builtin_ops()
+    load_ops()
     ops = _ops_of(case.model)
     missing = [n.op_type for n in case.model.graph.node if not is_supported(n.domain, n.op_type)]
     start = time.perf_counter()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
 
 
 def convert(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
     output: str = typer.Option(..., "--output", "-o", help="where to write the plan"),
-    fp16: bool = typer.Option(False, "--fp16", help="let float layers run in half precision"),
     channels_last: Optional[bool] = channels_last_option(),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable)"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
@@ -22,6 +21,7 @@ def convert(
     save_tactics: Optional[str] = SAVE_TACTICS,
     tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", hidden=True,
                                                 help="the old name of --load-tactics"),
+    builder_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
     from polykit.compiler.config import BuilderConfig
@@ -38,16 +38,24 @@ def convert(
     if save_tactics:
         require_output_folder(save_tactics, "--save-tactics")
     config = BuilderConfig(
-        target=resolve_target(target, ["trt"]), fp16=fp16, channels_last=channels_last,
+        target=resolve_target(target, ["trt"]), channels_last=channels_last,
         input_shapes=parse_input_shapes(input_shapes),
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=load_tactics or tactic_replay,
-        save_tactics=save_tactics,
+        save_tactics=save_tactics, **builder_options,
     )
     plan = SaveEngine(PlanFromOnnx(model, config), output)()
-    stderr_console().print(f"wrote {output}: {len(plan.layers)} layers, target {plan.target}, "
-                           f"{plan.weight_bytes} weight bytes, arena {plan.memory.arena_bytes} bytes")
+    memory = plan.metadata.get("device_memory", {})
+    tuning = plan.metadata.get("tuning", {})
+    console = stderr_console()
+    console.print(f"wrote {output}: {len(plan.layers)} layers, target {plan.target}, "
+                  f"{plan.weight_bytes} weight bytes, arena {plan.memory.arena_bytes} bytes, "
+                  f"workspace {memory.get('workspace_bytes', 0)} bytes, device memory {memory.get('total_bytes', 0)} bytes")
+    if tuning.get("cache_hits") or tuning.get("cache_misses") or tuning.get("timed_tactics"):
+        console.print(f"tuning (level {config.builder_optimization_level}): {tuning['timed_tactics']} tactics of "
+                      f"{tuning['timed_layers']} layers timed; timing cache {tuning['cache_hits']} hits, "
+                      f"{tuning['cache_misses']} misses")
     return 0
 
 
 def register(app: typer.Typer) -> None:
-    app.command("convert", help="Build a polykit plan from an ONNX model and save it.")(convert)
+    app.command("convert", help="Build a polykit plan from an ONNX model and save it.")(with_builder_options(convert))

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
 from polykit.errors import UsageError
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option
+from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
 from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
@@ -57,7 +57,6 @@ def run(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model, or a polykit plan (--trt only)"),
     runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu for polykit's engine (default: cuda if usable)"),
-    fp16: bool = typer.Option(False, "--fp16", help="let polykit's engine use half precision"),
     channels_last: Optional[bool] = channels_last_option(),
     providers: List[str] = typer.Option([], "--providers", help="onnxruntime providers, e.g. cpu cuda"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
@@ -88,6 +87,7 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="time every layer of polykit's engine (CUDA events on cuda)"),
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
+    builder_options: Any = None,
 ) -> int:
     from rich.console import Console
 
@@ -113,10 +113,11 @@ def run(
                                        input_shapes=shapes, script=data_loader_script),
     )
     request = RunnerRequest(
-        model=model, target=resolve_target(target, runner, model), fp16=fp16, channels_last=channels_last,
-        input_shapes=shapes,
+        model=model, target=resolve_target(target, runner, model), fp16=builder_options["fp16"],
+        channels_last=channels_last, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
+        builder_options={k: v for k, v in builder_options.items() if k != "fp16"},
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
@@ -164,4 +165,4 @@ def register(app: typer.Typer) -> None:
         "run",
         help="Run MODEL through several runners on identical inputs and compare their outputs.",
         epilog=_runner_help(),
-    )(run)
+    )(with_builder_options(run))

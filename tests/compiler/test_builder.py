@@ -227,7 +227,7 @@ def test_fused_plan_round_trips_through_bytes_and_runs_the_same():
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_exported_transformer_builds_byte_identical_plans():
+def _bert_tiny():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "data" / "torch" / "bert_tiny_ts.onnx"
@@ -237,8 +237,23 @@ def test_exported_transformer_builds_byte_identical_plans():
 
     shapes = {i.name: tuple(d if isinstance(d, int) else 2 for d in i.shape)
               for i in ort.InferenceSession(str(path)).get_inputs()}
-    cfg = BuilderConfig(**CPU, input_shapes=shapes)
-    assert build_plan(str(path), cfg).serialize() == build_plan(str(path), cfg).serialize()
+    return str(path), shapes
+
+
+def test_exported_transformer_builds_byte_identical_plans_without_timing():
+    path, shapes = _bert_tiny()
+    cfg = BuilderConfig(**CPU, input_shapes=shapes, builder_optimization_level=0)
+    assert build_plan(path, cfg).serialize() == build_plan(path, cfg).serialize()
+
+
+def test_timed_builds_from_one_warm_timing_cache_are_byte_identical(tmp_path):
+    path, shapes = _bert_tiny()
+    cache = tmp_path / "timing.json"
+    build_plan(path, BuilderConfig(**CPU, input_shapes=shapes, save_timing_cache=cache))
+    cfg = BuilderConfig(**CPU, input_shapes=shapes, load_timing_cache=cache)
+    first = build_plan(path, cfg)
+    assert first.metadata["tuning"]["timed_tactics"] == 0 and first.metadata["tuning"]["cache_hits"] > 0
+    assert first.serialize() == build_plan(path, cfg).serialize()
 
 
 def test_cuda_plan_records_the_kernels_of_every_layer_without_a_gpu():

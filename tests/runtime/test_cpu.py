@@ -1,4 +1,4 @@
-"""The cpu target: runs plan layers with the reference kernels, frees dead tensors, profiles."""
+"""The cpu target: runs plan layers with its tactics through the engine's loop, frees dead tensors, profiles."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.errors import PlanError, PolykitError
 from polykit.runtime.cpu import CpuEngine, CpuTarget
+from polykit.runtime.engine import Engine
 from polykit.runtime.target import get_target
 
 
@@ -38,7 +39,7 @@ def test_cpu_target_is_registered_and_available():
 def test_context_runs_layers_in_order():
     x = np.abs(np.random.default_rng(0).standard_normal((2, 3))).astype(np.float32) + 0.1
     want = -(np.sqrt(x * np.array([1.0, 2.0, 3.0], np.float32)) + x)
-    out = CpuTarget().load(_plan()).create_context().execute({"x": x})
+    out = Engine(_plan()).create_execution_context().execute({"x": x})
     np.testing.assert_allclose(out["y"], want, rtol=1e-6)
 
 
@@ -52,10 +53,10 @@ def test_tensors_are_freed_after_their_last_reader():
 
 def test_profile_records_every_layer():
     plan = _plan()
-    ctx = CpuTarget().load(plan).create_context(profile=True)
+    ctx = Engine(plan).create_execution_context(profile=True)
     ctx.execute({"x": np.ones((2, 3), np.float32)})
-    assert [name for name, _ in ctx.last_profile] == [l.name for l in plan.layers]
-    assert all(ms >= 0 for _, ms in ctx.last_profile)
+    assert [name for name, _ in ctx.profile] == [l.name for l in plan.layers]
+    assert all(ms >= 0 for _, ms in ctx.profile)
 
 
 def test_plan_with_a_foreign_tactic_is_refused():
@@ -69,4 +70,4 @@ def test_kernel_output_that_disagrees_with_the_plan_is_reported():
     plan = _plan()
     plan.tensors["t0"] = replace(plan.tensors["t0"], shape=(3, 2))
     with pytest.raises(PolykitError, match="layer produced 't0'"):
-        CpuTarget().load(plan).create_context().execute({"x": np.ones((2, 3), np.float32)})
+        Engine(plan).create_execution_context().execute({"x": np.ones((2, 3), np.float32)})

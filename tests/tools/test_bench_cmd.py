@@ -39,7 +39,7 @@ def test_bench_runs_a_plan_file_on_its_own_target(mlp, tmp_path, capsys):
 
 
 def test_bench_profile_lists_every_layer(mlp, capsys):
-    assert main(["bench", mlp, "--target", "cpu", *FAST, "--profile"]) == 0
+    assert main(["bench", mlp, "--target", "cpu", *FAST, "--profile", "--builder-optimization-level", "0"]) == 0
     out = capsys.readouterr().out
     assert "per-layer profile" in out and "median of 4 run(s)" in out
     for layer in ("fc1", "fc2", "softmax"):
@@ -49,7 +49,7 @@ def test_bench_profile_lists_every_layer(mlp, capsys):
 def test_bench_saves_and_loads_tactics_and_saves_the_engine(mlp, tmp_path, capsys):
     tactics, plan = str(tmp_path / "t.json"), str(tmp_path / "m.plan")
     assert main(["bench", mlp, "--target", "cpu", *FAST, "--save-tactics", tactics, "--save-engine", plan]) == 0
-    assert json.loads(open(tactics).read())["layers"]["fc1"]["tactic"] == "cpu.reference"
+    assert json.loads(open(tactics).read())["layers"]["fc1"]["tactic"].startswith("cpu.")
     again = str(tmp_path / "again.plan")
     assert main(["bench", mlp, "--target", "cpu", *FAST, "--load-tactics", tactics, "--save-engine", again]) == 0
     assert open(plan, "rb").read() == open(again, "rb").read()

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 @pytest.fixture
 def plan_file(mlp, tmp_path):
-    path = str(tmp_path / "m.plan")
-    assert main(["convert", mlp, "-o", path, "--target", "cpu"]) == 0
+    path = str(tmp_path / "m.plan")  # level 0: priorities choose, so every layer is cpu.reference
+    assert main(["convert", mlp, "-o", path, "--target", "cpu", "--builder-optimization-level", "0"]) == 0
     return path
 
 
@@ -72,7 +72,8 @@ def test_layer_workspace_is_shown_when_the_plan_records_it(mlp):
 
 def test_inspect_tactics_prints_the_replay_table(mlp, tmp_path, capsys):
     tactics = str(tmp_path / "t.json")
-    assert main(["convert", mlp, "-o", str(tmp_path / "m.plan"), "--target", "cpu", "--save-tactics", tactics]) == 0
+    assert main(["convert", mlp, "-o", str(tmp_path / "m.plan"), "--target", "cpu", "--save-tactics", tactics,
+                 "--builder-optimization-level", "0"]) == 0
     capsys.readouterr()
     assert main(["inspect", "tactics", tactics]) == 0
     out = capsys.readouterr().out

@@ -28,7 +28,8 @@ def _already_canonical(node: Node, ctx: ImportContext) -> None:
 
 
 for _op in _LEGACY_CONSUMED_INPUTS:
-    importer(_op, since=1)(_drop_consumed_inputs)
+    if _op != "PRelu":  # PRelu's opset-1 importer (below) also reshapes a per-channel slope
+        importer(_op, since=1)(_drop_consumed_inputs)
     importer(_op, since=7 if _op == "PRelu" else 6)(_already_canonical)
 
 

@@ -25,7 +25,7 @@ from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.hoist_activations import hoist_activations
-from polykit.compiler.passes.precision import convert_to_fp16
+from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
@@ -35,8 +35,8 @@ from polykit.errors import GraphError, PolykitError
 __all__ = [
     "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
-    "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "fold_attention_layouts",
-    "to_channels_last",
+    "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
+    "fold_attention_layouts", "to_channels_last",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -90,15 +90,16 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
-             check: bool = True, fp16: bool = False, fp32_layers: Iterable[str] = (),
+             check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
              channels_last: bool = False) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
     outputs always do. `fold=False` skips constant folding, `fuse=False` the fusions
     (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
-    `fp16=True` converts the graph to half precision before fusion (convert_to_fp16; layers
-    named in `fp32_layers` stay float32), so the I/O Casts fuse with their neighbours.
+    `fp16=True` (or `bf16=True`) converts the graph to float16 (bfloat16) before fusion
+    (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
+    with their neighbours.
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
     layout group; cancel_transposes then removes the Transposes between them).
     """
@@ -120,8 +121,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
-    if fp16:
-        run_passes(g, [bind(convert_to_fp16, keep_fp32=frozenset(fp32_layers), keep=kept),
+    if fp16 or bf16:
+        run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=frozenset(fp32_layers), keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),

@@ -1,28 +1,31 @@
-"""convert_to_fp16: run a float32 graph in half precision (BuilderConfig(fp16=True)).
+"""convert_precision: run a float32 graph in half precision (BuilderConfig fp16 / bf16).
 
-As TensorRT does with fp16 enabled: float32 activations and weights become float16 (weights
-converted once, here, at build time; values beyond fp16's range clamp to +-65504 so masks
-built from float32's lowest value stay finite), while the engine's inputs and outputs stay
-float32: a Cast follows each float input and precedes each float output (graph outputs and
-`keep` tensors keep their names and their float32 type). Those Casts are ordinary
-elementwise nodes, so fuse_pointwise folds them into their neighbours.
+As TensorRT does with fp16 (or bf16) enabled: float32 activations and weights become
+float16 (bfloat16: ml_dtypes' type; weights converted once, here, at build time; values
+beyond fp16's range clamp to +-65504 so masks built from float32's lowest value stay
+finite, bfloat16 has float32's range), while the engine's inputs and outputs stay float32:
+a Cast follows each float input and precedes each float output (graph outputs and `keep`
+tensors keep their names and their float32 type). Those Casts are ordinary elementwise
+nodes, so fuse_pointwise folds them into their neighbours.
 
 Some inputs keep their type whatever the layer runs in (FP32_INPUTS: Resize's roi and
 scales); some ops always run in float32 (FP32_OPS: Range, NMS, quantization, control flow,
 ops of unknown domains); layers named in `keep_fp32` (node names, op types, or a fused
 node's original names) stay float32 with Casts around them. Every other node follows its
 inputs; attributes that name a float32 result (Cast `to`, EyeLike/Random* `dtype`,
-ConstantOfShape / Constant values) switch to float16, inside Pointwise bodies and
-epilogues too. Tensors that were not float32 (indices, shapes, masks, float64) are untouched.
+ConstantOfShape / Constant values) switch to the half type, inside Pointwise bodies and
+epilogues too. A node whose shape rule refuses the half type stays float32. Tensors that
+were not float32 (indices, shapes, masks, float64) are untouched.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
+from polykit.compiler.dtypes import EXTENDED_TYPES
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.ops.channels_last import NCHW_OPS
 from polykit.compiler.ops.fused import EPILOGUE_ARITY, rename_fused_tensor
@@ -32,9 +35,12 @@ from polykit.errors import PolykitError
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
+BF16 = EXTENDED_TYPES[16]
 #: ONNX TensorProto codes
-FLOAT, FLOAT16 = 1, 10
+FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
 FP16_MAX = float(np.finfo(np.float16).max)
+#: half dtype -> its ONNX code
+HALF_CODES = {F16: FLOAT16, BF16: BFLOAT16}
 
 #: default-domain ops that always run in float32 (their float inputs are cast back)
 FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
@@ -48,9 +54,12 @@ DTYPE_ATTR_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomN
                             "Bernoulli"})
 
 
-def to_half(arr: np.ndarray) -> np.ndarray:
-    """float32 -> float16 with finite values clamped to fp16's range (inf and NaN kept)."""
+def to_half(arr: np.ndarray, half: np.dtype = F16) -> np.ndarray:
+    """float32 -> float16 with finite values clamped to fp16's range (inf and NaN kept);
+    -> bfloat16 (float32's range) rounded to nearest even."""
     arr = np.asarray(arr)
+    if half != F16:
+        return arr.astype(half)
     finite = np.isfinite(arr)
     return np.where(finite, np.clip(arr, -FP16_MAX, FP16_MAX), arr).astype(F16)
 
@@ -73,52 +82,63 @@ def is_pinned(node: Node, keep_fp32: Iterable[str] = ()) -> bool:
     return False
 
 
-def _half_attrs(op: str, attrs: dict[str, Any], upcast: bool = False) -> bool:
-    """Switch a plain op's float32-naming attributes to float16 in place; True if any.
+def _half_attrs(op: str, attrs: dict[str, Any], upcast: bool = False, half: np.dtype = F16) -> bool:
+    """Switch a plain op's float32-naming attributes to `half` in place; True if any.
 
-    `upcast`: the op is a Cast from float16 (an explicit upcast, e.g. an output Cast), which stays."""
+    `upcast`: the op is a Cast from the half type (an explicit upcast, e.g. an output Cast), which stays."""
+    code = HALF_CODES[half]
     if op == "Cast" and int(attrs.get("to", 0)) == FLOAT and not upcast:
-        attrs["to"] = FLOAT16
+        attrs["to"] = code
         return True
     if op in DTYPE_ATTR_OPS and int(attrs.get("dtype", 0)) == FLOAT:
-        attrs["dtype"] = FLOAT16
+        attrs["dtype"] = code
         return True
     if op == "ConstantOfShape":
         value = attrs.get("value")
         if value is None:
-            attrs["value"] = np.zeros(1, F16)
+            attrs["value"] = np.zeros(1, half)
             return True
         if isinstance(value, np.ndarray) and value.dtype == F32:
-            attrs["value"] = to_half(value)
+            attrs["value"] = to_half(value, half)
             return True
     if op == "Constant" and isinstance(attrs.get("value"), np.ndarray) and attrs["value"].dtype == F32:
-        attrs["value"] = to_half(attrs["value"])
+        attrs["value"] = to_half(attrs["value"], half)
         return True
     return False
 
 
-def half_node_attrs(node: Node, upcast: bool = False) -> bool:
+def half_node_attrs(node: Node, upcast: bool = False, half: np.dtype = F16) -> bool:
     """`_half_attrs` for a node and every step of its Pointwise body or epilogue."""
-    changed = node.domain == "" and _half_attrs(node.op_type, node.attrs, upcast)
+    changed = node.domain == "" and _half_attrs(node.op_type, node.attrs, upcast, half)
     if node.domain == POLYKIT_DOMAIN:
         body = node.attrs.get("body") if node.op_type == "Pointwise" else None
         if node.op_type in EPILOGUE_ARITY and node.attrs.get("epilogue"):
             body = node.attrs["epilogue"]["body"]
         for step in body or ():
             step["attrs"] = dict(step.get("attrs") or {})
-            changed |= _half_attrs(step["op"], step["attrs"])
+            changed |= _half_attrs(step["op"], step["attrs"], half=half)
     return changed
+
+
+def convert_precision(graph: Graph, half: Any = F16, *, keep_fp32: Iterable[str] = frozenset(),
+                      keep: Iterable[str] = frozenset()) -> bool:
+    """Rewrite `graph` (in place, shape-inferred) to compute in `half` (float16 or bfloat16);
+    True if it changed."""
+    half = np.dtype(half)
+    if half not in HALF_CODES:
+        raise PolykitError(f"cannot convert a graph to {half.name}", hint="use float16 or bfloat16")
+    return _Converter(graph, half, frozenset(keep_fp32), protected(graph, keep)).run()
 
 
 def convert_to_fp16(graph: Graph, *, keep_fp32: Iterable[str] = frozenset(),
                     keep: Iterable[str] = frozenset()) -> bool:
-    """Rewrite `graph` (in place, shape-inferred) to compute in float16; True if it changed."""
-    return _Converter(graph, frozenset(keep_fp32), protected(graph, keep)).run()
+    """convert_precision to float16."""
+    return convert_precision(graph, F16, keep_fp32=keep_fp32, keep=keep)
 
 
 class _Converter:
-    def __init__(self, graph: Graph, keep_fp32: frozenset[str], fixed: set[str]):
-        self.g, self.keep_fp32, self.fixed = graph, keep_fp32, fixed
+    def __init__(self, graph: Graph, half: np.dtype, keep_fp32: frozenset[str], fixed: set[str]):
+        self.g, self.half, self.keep_fp32, self.fixed = graph, half, keep_fp32, fixed
         self.orig: dict[str, np.dtype | None] = {}
         #: tensor -> {dtype: name holding it in that dtype}
         self.avail: dict[str, dict[np.dtype, str]] = {}
@@ -147,7 +167,7 @@ class _Converter:
         fixed_slots = FP32_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
         any_slots = ANY_TYPE_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
         return [None if not t or self.orig.get(t) != F32 or i in any_slots else F32 if pinned or i in fixed_slots
-                else F16 for i, t in enumerate(node.inputs)]
+                else self.half for i, t in enumerate(node.inputs)]
 
     def _convert_weights(self) -> None:
         g = self.g
@@ -158,20 +178,20 @@ class _Converter:
                     wants.setdefault(t, set()).add(want)
         for name, arr in g.initializers.items():
             self.avail[name] = {arr.dtype: name}
-            if arr.dtype == F32 and wants.get(name) == {F16} and name not in self.fixed:
-                g.initializers[name] = to_half(arr)
-                self.avail[name] = {F16: name}
-                self.dtypes[name] = F16
+            if arr.dtype == F32 and wants.get(name) == {self.half} and name not in self.fixed:
+                g.initializers[name] = to_half(arr, self.half)
+                self.avail[name] = {self.half: name}
+                self.dtypes[name] = self.half
                 self.changed = True
 
     # ---- nodes ---------------------------------------------------------------------
     def _visit(self, node: Node) -> None:
         pinned = is_pinned(node, self.keep_fp32)
-        upcast = node.op_type == "Cast" and node.domain == "" and self.orig.get(node.input(0)) == F16
+        upcast = node.op_type == "Cast" and node.domain == "" and self.orig.get(node.input(0)) == self.half
         trial = None
         if not pinned:
             trial = copy.deepcopy(node)
-            half_node_attrs(trial, upcast)
+            half_node_attrs(trial, upcast, self.half)
             out_dtypes = self._infer(trial, self._wants(node, False))
             if out_dtypes is None:
                 pinned, trial = True, None
@@ -179,7 +199,7 @@ class _Converter:
             out_dtypes = self._infer(node, self._wants(node, True))
         wants = self._wants(node, pinned)
         if trial is not None:
-            self.changed |= half_node_attrs(node, upcast)
+            self.changed |= half_node_attrs(node, upcast, self.half)
         self._feed(node, wants)
         self.out.append(node)
         for k, out in enumerate(node.outputs):
@@ -233,11 +253,11 @@ class _Converter:
         g = self.g
         src_dtype, src = next(iter(have.items()))
         if src in g.initializers:
-            name = g.add_initializer(to_half(g.initializers[src]) if want == F16 else g.initializers[src].astype(want),
-                                     f"{t}_{want.name}")
+            name = g.add_initializer(to_half(g.initializers[src], want) if want == self.half
+                                     else g.initializers[src].astype(want), f"{t}_{want.name}")
         else:
             name = g.fresh_name(f"{t}_{want.name}")
-            to = FLOAT16 if want == F16 else FLOAT
+            to = HALF_CODES[want] if want == self.half else FLOAT
             self.out.append(Node("Cast", [src], [name], {"to": to}, name=g.fresh_name(f"cast_{t}_{want.name}")))
             g.set_value(Value(name, want, g.value(t).shape))
         self.dtypes[name] = want
@@ -258,14 +278,3 @@ class _Converter:
         self.dtypes[inner] = dt
         self.dtypes.pop(out, None)
         self.changed = True
-
-
-def layer_runs_in_half(kind: str, domain: str, inputs: Sequence[str], outputs: Sequence[str],
-                       dtype_of: Callable[[str], str | None]) -> bool:
-    """Whether a (lowered) layer computes in float16, for LayerDesc.precision.
-
-    An epilogue Conv/Gemm/MatMul is judged by its base op's inputs (a float32 layer kept by
-    keep_fp32 may end in a fused Cast to float16); any other layer by all its tensors."""
-    names = list(inputs[:EPILOGUE_ARITY[kind]]) if domain == POLYKIT_DOMAIN and kind in EPILOGUE_ARITY \
-        else [*inputs, *outputs]
-    return any(dtype_of(n) == "float16" for n in names if n)

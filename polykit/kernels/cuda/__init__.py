@@ -1,6 +1,7 @@
 """CUDA C kernel sources (.cu) and their tactic descriptions (importable without cuda-python).
 
-Importing this package imports every family module here, which registers its tactics.
+Importing this package imports every family module here, which declares its tactics
+(base.DECLARED); the built-in plugin (polykit.kernels.builtin) registers them.
 """
 
 import importlib

@@ -14,12 +14,14 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.pointwise import broadcast_geometry
 
 FILE = "attention.cu"
 VARIANTS = ("f32", "f32_b8", "f16", "f16_b8", "f64", "f64_b8")
 TILED = ("f32", "f32_b8", "f16", "f16_b8")
+#: storage dtype (numpy name) -> kernel code
+STORED = {"float32": "f32", "float16": "f16", "float64": "f64"}
 MAXR = 8
 #: tiled kernel: query rows per block, keys per shared-memory tile, largest D / Dv, block size
 QT, KT, TILED_MAX_D, TILED_BLOCK = 16, 32, 128, 128
@@ -39,7 +41,7 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     q, k, v = (tensors[n] for n in layer.inputs[:3])
     mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
     y = tensors[layer.outputs[0]]
-    code = {"float32": "f32", "float16": "f16", "float64": "f64"}.get(q.dtype.name)
+    code = STORED.get(q.dtype.name)
     if code is None or k.dtype != q.dtype or v.dtype != q.dtype:
         raise DeviceError(f"Attention on {q.dtype}/{k.dtype}/{v.dtype} has no CUDA kernel", where=where,
                           hint="use --target cpu")
@@ -80,7 +82,8 @@ def _default_layouts(layer) -> bool:
 
 
 cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels,
-            supports=lambda layer: layer.domain == "ai.polykit" and _default_layouts(layer))(enqueue_attention)
+            supports=stored_as(*STORED, then=lambda layer: layer.domain == "ai.polykit" and _default_layouts(layer)))(
+    enqueue_attention)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -1,9 +1,12 @@
 """The contract between CUDA kernel families and the cuda target.
 
-A kernel family is a `.cu` file in this folder plus a Python module here that registers
-its tactics. A CudaTactic says which layers it runs (`supports`), which kernels it needs
-compiled for a layer (`kernels`: KernelSource records, stored in the plan so loading it
-compiles or fetches exactly those), and how to launch them (`enqueue`). Nothing here
+A kernel family is a `.cu` file in this folder plus a Python module here that declares
+its tactics (`cuda_tactic`; the built-in plugin registers them through the
+`polykit_tactics` hook). A CudaTactic says which layers it runs (`supports`; `stored_as`
+for the storage dtypes its kernels take), the GPU archs it needs (`archs`), the workspace
+it borrows per layer (`workspace`), which kernels it needs compiled for a layer (`kernels`:
+KernelSource records, stored in the plan so loading it compiles or fetches exactly those),
+and how to launch them (`enqueue`). Nothing here
 imports cuda-python: the runtime passes in a Launcher that does the launching, so CI can
 import every tactic and compile every KernelSource with NVRTC without a GPU.
 """
@@ -20,7 +23,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from polykit.errors import PlanError
-from polykit.kernels.tactics import Tactic, register_tactic
+from polykit.kernels.tactics import Tactic, WorkspaceFn, no_workspace
 
 CUDA_DIR = Path(__file__).parent
 
@@ -195,22 +198,44 @@ class CudaTactic(Tactic):
     def enqueue(self, layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
         self.enqueue_fn(layer, launcher, tensors)
 
+    def source_key(self, layer: Any) -> str:
+        """The rendered sources of the layer's kernels (and the host code that launches them)."""
+        keys = "".join(sorted(k.key() for k in self.kernels(layer)))
+        return hashlib.sha256((super().source_key(layer) + keys).encode()).hexdigest()[:24]
+
+
+def stored_as(*dtypes: str, then: Any = None):
+    """supports(layer) of a family whose kernels take these storage dtypes (numpy names) for the
+    layer's first input (layers without stamped dtypes pass), and then `then(layer)` if given."""
+    allowed = frozenset(dtypes)
+
+    def supports(layer: Any) -> bool:
+        stored = layer.in_dtypes[0] if layer.in_dtypes else ""
+        return (not stored or stored in allowed) and (then is None or then(layer))
+
+    return supports
+
+
+#: every CudaTactic the family modules declare, in import order; the built-in plugin
+#: (polykit.kernels.builtin) registers them through the `polykit_tactics` hook
+DECLARED: list[CudaTactic] = []
+
 
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
-                params: Mapping[str, Any] | None = None):
-    """Decorator for an enqueue function: registers a CudaTactic for layer `kind`."""
+                params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
+                workspace: WorkspaceFn = no_workspace):
+    """Decorator for an enqueue function: declares a CudaTactic for layer `kind`."""
 
-    def register(enqueue_fn):
-        register_tactic(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority,
-                                   kernels_fn=kernels, enqueue_fn=enqueue_fn))
+    def declare(enqueue_fn):
+        DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
+                                   workspace_fn=workspace, kernels_fn=kernels, enqueue_fn=enqueue_fn))
         return enqueue_fn
 
-    return register
+    return declare
 
 
 def all_cuda_tactics() -> list[CudaTactic]:
     """Every registered cuda tactic (imports the families first)."""
-    from polykit.kernels.tactics import TACTICS, _load_target_tactics
+    from polykit.kernels.tactics import all_tactics
 
-    _load_target_tactics("cuda")
-    return [t for bucket in TACTICS.get("cuda", {}).values() for t in bucket]
+    return [t for t in all_tactics("cuda") if isinstance(t, CudaTactic)]

@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 from polykit.compiler.ops.conv import transpose_geometry, window_geometry
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
-from polykit.kernels.cuda.gemm import ELEMS, elem_of, launch_tiled
+from polykit.kernels.cuda.gemm import ELEMS, STORED, elem_of, launch_tiled, tile_params, tiled_workspace
 
 KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_splitk_reduce", "conv_direct", "conv_transpose_direct")
 BLOCK = 256
@@ -132,14 +132,26 @@ def group_of(layer: Any) -> int:
     return int(layer.attrs.get("group", 1))
 
 
+def igemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, int, list[Any]]:
+    """(elem, groups, M, N, K, args) of the implicit GEMM a Conv layer runs (per group)."""
+    elem, args, g = conv_args(layer, tensors)
+    k = 1
+    for d in tensors[layer.inputs[1]].shape[1:]:
+        k *= d
+    return elem, g["G"], g["M"] // g["G"], g["NB"] * g["OSP"], k, args
+
+
 cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=layer_variants("conv_igemm_mma"), priority=10,
-            supports=lambda layer: _plain(layer) and layer.precision == "fp16" and group_of(layer) == 1,
-            params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
+            supports=stored_as(*STORED, then=lambda layer: _plain(layer) and layer.precision == "fp16"
+                               and group_of(layer) == 1),
+            params=tile_params("conv_igemm_mma"), workspace=tiled_workspace("conv_igemm_mma", igemm_problem))(
     enqueue_igemm("conv_igemm_mma"))
 cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), priority=8,
-            supports=lambda layer: _plain(layer) and group_of(layer) > 1,
-            params={"math": "fp32 FMA, one thread per output"})(_enqueue_direct("conv_direct"))
+            supports=stored_as(*STORED, then=lambda layer: _plain(layer) and group_of(layer) > 1))(
+    _enqueue_direct("conv_direct"))
 cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
-            supports=_plain, params={"tile": "64x64x16", "math": "fp32 FMA"})(enqueue_igemm("conv_igemm_simt"))
+            supports=stored_as(*STORED, then=_plain), params=tile_params("conv_igemm_simt"),
+            workspace=tiled_workspace("conv_igemm_simt", igemm_problem))(enqueue_igemm("conv_igemm_simt"))
 cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),
-            supports=lambda layer: not layer.attrs.get("epilogue"), params={"math": "fp32 FMA, gather"})(_enqueue_direct("conv_transpose_direct", True))
+            supports=stored_as(*STORED, then=lambda layer: not layer.attrs.get("epilogue")))(
+    _enqueue_direct("conv_transpose_direct", True))

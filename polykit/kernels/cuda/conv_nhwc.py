@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic
-from polykit.kernels.cuda.conv import enqueue_igemm, group_of, layer_variants, variants
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, stored_as
+from polykit.kernels.cuda.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
 from polykit.kernels.cuda.epilogue import supports_epilogue
+from polykit.kernels.cuda.gemm import STORED, tile_params, tiled_workspace
 
 FILE = "conv_nhwc.cu"
 REDUCE = "conv_nhwc_splitk_reduce"
@@ -30,9 +31,7 @@ def _mma(layer: Any) -> bool:
     return supports_epilogue(layer) and layer.precision == "fp16" and group_of(layer) == 1
 
 
-cuda_tactic("ConvNHWC", "cuda.conv_nhwc.igemm_mma", kernels=layer_variants("conv_nhwc_igemm_mma", FILE), priority=10,
-            supports=_mma, params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(
-    enqueue_igemm("conv_nhwc_igemm_mma", REDUCE, FILE))
-cuda_tactic("ConvNHWC", "cuda.conv_nhwc.igemm_simt", kernels=layer_variants("conv_nhwc_igemm_simt", FILE), priority=5,
-            supports=supports_epilogue, params={"tile": "64x64x16", "math": "fp32 FMA"})(
-    enqueue_igemm("conv_nhwc_igemm_simt", REDUCE, FILE))
+for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_nhwc_igemm_simt", 5, supports_epilogue)):
+    cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
+                priority=_priority, supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
+                workspace=tiled_workspace(_kernel, igemm_problem))(enqueue_igemm(_kernel, REDUCE, FILE))

@@ -20,7 +20,7 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for, on_sm90
+from polykit.kernels.cuda.gemm_sm90 import ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
 
@@ -83,7 +83,7 @@ def _storage(layer: Any) -> str | None:
 
 
 def _supports(layer: Any) -> bool:
-    return _storage(layer) is not None and _geometry(layer) is not None and supports_epilogue(layer) and on_sm90()
+    return _storage(layer) is not None and _geometry(layer) is not None and supports_epilogue(layer)
 
 
 def _kernels(tile: Sm90Tile):
@@ -118,6 +118,6 @@ def compile_variants() -> list[KernelSource]:
 
 for _rank, _tile in enumerate(CONV_TILES):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                priority=30 - _rank,
+                priority=30 - _rank, archs=ARCHS,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
                         "stages": _tile.stages})(_enqueue(_tile))

@@ -129,4 +129,4 @@ def compile_variants() -> list[KernelSource]:
 
 
 cuda_tactic("Attention", "cuda.attention.flash", kernels=_kernels, supports=_supports, priority=20,
-            params={"block_q": BQ, "block_kv": 64, "warps": 4, "math": "mma.sync m16n8k16, fp32 softmax"})(enqueue_flash)
+            params={"block_q": BQ, "block_kv": 64, "warps": 4})(enqueue_flash)

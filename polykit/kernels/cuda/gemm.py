@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
 
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
@@ -206,8 +206,37 @@ def _enqueue_with(kernel_name: str):
     return enqueue
 
 
+def tiled_workspace(kernel: str, problem: Any):
+    """workspace_fn of a tactic that launches `kernel` through launch_tiled: the fp32 split-K
+    partials it asks for, from `problem(layer, tensors) -> (elem, items, M, N, K, args)` run
+    on shape-only tensors."""
+    bm, bn, bk = TILES[kernel]
+
+    def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+        shaped = {n: DeviceTensor(0, tuple(tensors[n].shape), np.dtype(tensors[n].dtype))
+                  for n in (*layer.inputs, *layer.outputs) if n in tensors}
+        try:
+            _, items, M, N, K, _ = problem(layer, shaped)
+        except (DeviceError, KeyError, IndexError, ValueError):
+            return 0  # the layer fails at enqueue with the problem's own error
+        splits = split_k(-(-N // bn) * -(-M // bm) * items, K, bk, sm_count, items)
+        return 4 * splits * items * M * N if splits > 1 else 0
+
+    return workspace
+
+
+def tile_params(kernel: str) -> dict[str, int]:
+    return dict(zip(("tile_m", "tile_n", "tile_k"), TILES[kernel]))
+
+
+#: numpy names of the storage dtypes of ELEMS (what the tactics take)
+STORED = tuple(d.name for d in ELEMS)
 for _kind in _PROBLEMS:
-    cuda_tactic(_kind, "cuda.gemm.mma", kernels=layer_variants("gemm_mma"), supports=_fp16, priority=10,
-                params={"tile": "128x128x32", "math": "fp16 mma.sync, fp32 accumulate"})(_enqueue_with("gemm_mma"))
-    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"), supports=supports_epilogue, priority=0,
-                params={"tile": "64x64x16", "math": "fp32 FMA"})(_enqueue_with("gemm_simt"))
+    cuda_tactic(_kind, "cuda.gemm.mma", kernels=layer_variants("gemm_mma"), supports=stored_as(*STORED, then=_fp16),
+                priority=10,
+                params=tile_params("gemm_mma"), workspace=tiled_workspace("gemm_mma", _PROBLEMS[_kind]))(
+        _enqueue_with("gemm_mma"))
+    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"),
+                supports=stored_as(*STORED, then=supports_epilogue), priority=0,
+                params=tile_params("gemm_simt"), workspace=tiled_workspace("gemm_simt", _PROBLEMS[_kind]))(
+        _enqueue_with("gemm_simt"))

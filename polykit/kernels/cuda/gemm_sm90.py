@@ -23,6 +23,8 @@ FILE = "gemm_sm90.cu"
 #: storage dtype -> the kernel's ELEM type
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 BK = 64  # K depth of a stage: one 128-byte swizzle row of 16-bit elements
+#: GPU architectures the tactics run on (their kernels compile for sm_90a)
+ARCHS = ("sm_90",)
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,7 @@ def on_sm90() -> bool:
 
 
 def _supports(layer: Any) -> bool:
-    return (_storage(layer) is not None and _layer_geometry(layer) is not None and supports_epilogue(layer)
-            and on_sm90())
+    return _storage(layer) is not None and _layer_geometry(layer) is not None and supports_epilogue(layer)
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90") -> KernelSource:
@@ -216,6 +217,6 @@ def compile_variants() -> list[KernelSource]:
 for _rank, _tile in enumerate(TILES):
     for _kind in ("MatMul", "Gemm"):
         cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                    priority=30 - _rank,
+                    priority=30 - _rank, archs=ARCHS,
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import CODE
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.pointwise import CODE, dtype_names
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "mathnorm.cu"
 DTYPES = ("f32", "f16", "f64")
+STORED = dtype_names(DTYPES)
 MAXD = 4
 MAX_GRID = 1 << 16
 COLS_MIN_GROUPS = 256
@@ -92,7 +93,7 @@ def enqueue_mathnorm(layer, launcher: Launcher, tensors: Mapping[str, DeviceTens
 
 
 for _kind in ("LpNormalization", "MeanVarianceNormalization"):
-    cuda_tactic(_kind, "cuda.mathnorm", kernels=_kernels)(enqueue_mathnorm)
+    cuda_tactic(_kind, "cuda.mathnorm", kernels=_kernels, supports=stored_as(*STORED))(enqueue_mathnorm)
 
 
 def compile_variants() -> list[KernelSource]:

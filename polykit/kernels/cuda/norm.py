@@ -8,12 +8,13 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import CODE, grid_for
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.pointwise import CODE, dtype_names, grid_for
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "norm.cu"
 DTYPES = ("f32", "f16", "f64")
+STORED = dtype_names(DTYPES)
 
 
 def _kernels(layer) -> list[KernelSource]:
@@ -81,9 +82,9 @@ def enqueue_batchnorm(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
 
 
 for _kind in ("LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization"):
-    cuda_tactic(_kind, "cuda.norm.rows", kernels=_kernels)(enqueue_rows)
+    cuda_tactic(_kind, "cuda.norm.rows", kernels=_kernels, supports=stored_as(*STORED))(enqueue_rows)
 cuda_tactic("BatchNormalization", "cuda.norm.batch", kernels=_kernels,
-            supports=lambda layer: not layer.attrs.get("training_mode", 0))(enqueue_batchnorm)
+            supports=stored_as(*STORED, then=lambda layer: not layer.attrs.get("training_mode", 0)))(enqueue_batchnorm)
 
 
 def compile_variants() -> list[KernelSource]:

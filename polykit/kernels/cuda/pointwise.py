@@ -51,6 +51,13 @@ CODE = {
     "uint16": "u16", "int32": "i32", "uint32": "u32", "int64": "i64", "uint64": "u64", "bool": "b8", "bfloat16": "bf16",
     **{name: code for name, (_, code) in LOWP.items()},
 }
+
+
+def dtype_names(codes: tuple[str, ...]) -> tuple[str, ...]:
+    """numpy dtype names whose CODE is one of `codes` (a family's storage types)."""
+    return tuple(name for name, code in CODE.items() if code in codes)
+
+
 #: ONNX TensorProto element type -> numpy dtype name (Cast "to")
 ONNX_DTYPE = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
               9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",

@@ -16,10 +16,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.conv import window_geometry
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.conv import _grid_1d, _to3
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.gemm import ELEMS, elem_of
+from polykit.kernels.cuda.gemm import ELEMS, STORED, elem_of
 
 MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2,
          "MaxPoolNHWC": 0, "AveragePoolNHWC": 1}
@@ -107,11 +107,10 @@ def enqueue_global(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor
 
 
 for _kind in ("MaxPool", "AveragePool", "LpPool"):
-    cuda_tactic(_kind, "cuda.pool.window", kernels=_window_kernels, supports=_supports_window,
-                params={"math": "fp32, one thread per output"})(enqueue_window)
+    cuda_tactic(_kind, "cuda.pool.window", kernels=_window_kernels,
+                supports=stored_as(*STORED, *(d.name for d in MAX_INT_ELEMS if _kind == "MaxPool"),
+                                   then=_supports_window))(enqueue_window)
 for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
-    cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels,
-                params={"math": "fp32, block tree reduction"})(enqueue_global)
+    cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels, supports=stored_as(*STORED))(enqueue_global)
 for _kind in NHWC_KINDS:
-    cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels,
-                params={"math": "fp32, one thread per output, channels fastest"})(enqueue_window_nhwc)
+    cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels, supports=stored_as(*STORED))(enqueue_window_nhwc)

@@ -8,12 +8,13 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import CODE
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.pointwise import CODE, dtype_names
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "softmax.cu"
 DTYPES = ("f32", "f16", "f64")
+STORED = dtype_names(DTYPES)
 MODES = {"Softmax": 0, "LogSoftmax": 1, "Hardmax": 2}
 
 
@@ -49,7 +50,7 @@ def enqueue_softmax(layer, launcher: Launcher, tensors: Mapping[str, DeviceTenso
 
 
 for _kind in MODES:
-    cuda_tactic(_kind, "cuda.softmax", kernels=_kernels)(enqueue_softmax)
+    cuda_tactic(_kind, "cuda.softmax", kernels=_kernels, supports=stored_as(*STORED))(enqueue_softmax)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -38,11 +38,12 @@ def pointwise(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
     return [env[name] for name in node.outputs]
 
 
-def run_epilogue(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """An epilogue node: its base op (base_node), then the body on the raw result."""
+def run_epilogue(node: Node, inputs: Sequence[np.ndarray | None], base_fn: Any = run_reference) -> list[np.ndarray]:
+    """An epilogue Conv/Gemm/MatMul: `base_fn(base node, inputs)` (the reference kernel, or a
+    cpu tactic's), then the epilogue body on its result."""
     arity = EPILOGUE_ARITY[node.op_type]
     base = base_node(node)
-    (raw,) = run_reference(base, list(inputs[: len(base.inputs)]))[:1]
+    (raw,) = base_fn(base, list(inputs[: len(base.inputs)]))[:1]
     env = _external(node, inputs, arity)
     env[node.attrs["epilogue"]["input"]] = raw
     env = evaluate_body(node.attrs["epilogue"]["body"], env)

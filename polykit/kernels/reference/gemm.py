@@ -3,7 +3,7 @@ MatMulInteger exact in int64)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -23,6 +23,11 @@ def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @reference("Gemm")
 def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    return gemm_with(node, inputs, _matmul)
+
+
+def gemm_with(node: Node, inputs: Sequence[np.ndarray | None], product: Any) -> list[np.ndarray]:
+    """Gemm (transA/B, alpha, beta, C) around `product(node, a, b)` in the accumulator dtype."""
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     acc = accumulator_dtype(a.dtype)
@@ -33,7 +38,7 @@ def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     if node.attrs.get("transB", 0):
         b2 = b2.T
     alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
-    y = _matmul(node, a2, b2)
+    y = product(node, a2, b2)
     if alpha != 1.0:
         y = y * alpha
     if c is not None and beta != 0.0:

@@ -22,7 +22,7 @@ from polykit.kernels.reference.conv import padded, sliding_windows
 from polykit.kernels.registry import reference
 
 
-def _geometry(node: Node, x: np.ndarray) -> Window:
+def pool_geometry(node: Node, x: np.ndarray) -> Window:
     ks = node.attrs.get("kernel_shape")
     if not ks:
         raise NodeAttributeError("required attribute 'kernel_shape' is missing", where=node.describe())
@@ -46,16 +46,16 @@ def reduce_windows(windows: np.ndarray, nd: int, ufunc: np.ufunc) -> np.ndarray:
     return out
 
 
-def _lowest(dtype: np.dtype):
+def lowest_value(dtype: np.dtype):
     return -np.inf if is_float(dtype) else np.iinfo(dtype).min
 
 
 @reference("MaxPool")
 def max_pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     x = inputs[0]
-    win = _geometry(node, x)
+    win = pool_geometry(node, x)
     nd = len(win.kernel)
-    windows = sliding_windows(padded(x, win, _lowest(x.dtype)), win)
+    windows = sliding_windows(padded(x, win, lowest_value(x.dtype)), win)
     y = reduce_windows(windows, nd, np.maximum)
     if len(node.outputs) < 2 or not node.outputs[1]:
         return [y]
@@ -78,7 +78,7 @@ def max_pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray
     return [y, index]
 
 
-def _window_counts(win: Window, spatial: Sequence[int], include_pad: bool) -> np.ndarray:
+def window_counts(win: Window, spatial: Sequence[int], include_pad: bool) -> np.ndarray:
     """How many positions of each output window fall inside the input (or its explicit pads)."""
     counts = np.ones((1, 1) + (1,) * len(spatial), dtype=np.float64)
     for i, size in enumerate(spatial):
@@ -93,7 +93,7 @@ def _window_counts(win: Window, spatial: Sequence[int], include_pad: bool) -> np
 
 
 def _window_sums(node: Node, x: np.ndarray) -> tuple[np.ndarray, Window]:
-    win = _geometry(node, x)
+    win = pool_geometry(node, x)
     windows = sliding_windows(padded(x.astype(np.float64), win, 0.0), win)
     return reduce_windows(windows, len(win.kernel), np.add), win
 
@@ -102,7 +102,7 @@ def _window_sums(node: Node, x: np.ndarray) -> tuple[np.ndarray, Window]:
 def average_pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     x = inputs[0]
     sums, win = _window_sums(node, x)
-    counts = _window_counts(win, x.shape[2:], bool(node.attrs.get("count_include_pad", 0)))
+    counts = window_counts(win, x.shape[2:], bool(node.attrs.get("count_include_pad", 0)))
     return [(sums / counts).astype(x.dtype)]
 
 

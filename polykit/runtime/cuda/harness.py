@@ -26,15 +26,16 @@ from polykit.runtime.cuda.stream import Stream
 OutputSpecs = Mapping[str, tuple[tuple[int, ...], Any]]
 
 
-def resolve_tactic(layer: Any, tactic: str | None = None) -> CudaTactic:
-    """The named tactic, else the layer's own, else the first cuda candidate for the layer."""
+def resolve_tactic(layer: Any, tactic: str | None = None, arch: str | None = None) -> CudaTactic:
+    """The named tactic, else the layer's own, else the first cuda candidate for the layer
+    (that runs on `arch` when given)."""
     name = tactic or getattr(layer, "tactic", "") or None
     if name:
         t = find_tactic("cuda", layer.kind, name)
         if t is None:
             raise BuildError(f"no cuda tactic named {name!r} for layer kind {layer.kind!r}", where=f"layer {layer.name!r}")
         return t  # type: ignore[return-value]
-    found = candidates("cuda", layer.kind, layer)
+    found = candidates("cuda", layer.kind, layer, arch=arch)
     if not found:
         raise BuildError(f"no cuda tactic supports layer kind {layer.kind!r} with these attributes",
                          where=f"layer {layer.name!r}", hint="run it on --target cpu, or add a tactic")
@@ -67,7 +68,7 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
               output_specs: OutputSpecs | None = None, cache: bool = True) -> dict[str, np.ndarray]:
     """Run `layer` (a LayerDesc) once on the GPU and return its outputs as host arrays."""
     info = driver.current_device()
-    chosen = resolve_tactic(layer, tactic)
+    chosen = resolve_tactic(layer, tactic, arch=info.arch)
     specs = dict(output_specs) if output_specs is not None else infer_output_specs(layer, inputs)
     missing = [n for n in layer.inputs if n and n not in inputs]
     if missing:

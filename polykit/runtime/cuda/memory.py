@@ -25,9 +25,11 @@ def align_up(n: int, a: int = ALIGN) -> int:
 class WorkspacePool:
     """Layer scratch memory: every `take(n)` of one layer gets its own region, valid until the
     layer's enqueue returns; `reset()` at the next layer reuses the regions (kernels on one
-    stream run in order). Chunks are only ever added, never reallocated, so a pointer handed
-    out earlier in the same layer stays valid; the first (eager) run sizes the pool and a
-    CUDA-graph capture, which must not allocate, raises through `frozen`."""
+    stream run in order). A context `reserve`s the workspace its plan records up front, so
+    layers take from that one chunk; a layer that asks for more (a plan built on a GPU with
+    another SM count) adds chunks on the first (eager) run. Chunks are only ever added, never
+    reallocated, so a pointer handed out earlier in the same layer stays valid; a CUDA-graph
+    capture, which must not allocate, raises through `frozen`."""
 
     MIN_CHUNK = 1 << 20
 
@@ -40,6 +42,11 @@ class WorkspacePool:
 
     def reset(self) -> None:
         self._chunk, self._offset = 0, 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Allocate `nbytes` now (one chunk), before any layer runs."""
+        if nbytes > 0 and not self.chunks:
+            self.chunks.append(self._alloc(align_up(int(nbytes))))
 
     def take(self, nbytes: int) -> int:
         need = align_up(max(int(nbytes), 1))

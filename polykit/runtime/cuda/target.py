@@ -1,29 +1,28 @@
 """The cuda target: CudaTarget -> CudaEngine (weights uploaded once, kernels compiled or
-fetched from the kernel cache) -> CudaContext (one activation arena, a stream, a CUDA graph).
-
-    engine = CudaTarget().load(plan)
-    ctx = engine.create_context(cuda_graph=True, profile=False)
-    outputs = ctx.execute({"x": x})            # host numpy in and out
-    ctx.enqueue({"x": x_dev, "y": y_dev}, stream)  # device buffers, no synchronization
+fetched from the kernel cache) -> CudaContext (one activation arena, a stream, the
+workspace the plan asks for) implementing polykit.runtime.target's protocol; the engine
+(polykit.runtime.engine) runs the layer loop over it.
 
 Static shapes: every layer's kernels and launch geometry are fixed at load, so the layer
-sequence is captured once into a CUDA graph (after one eager warm-up run that also sizes
-the workspace) and replayed; `cuda_graph=False` launches layer by layer. `profile=True`
-times each layer with CUDA events into `last_profile`: the layers are enqueued behind a
-kernel that holds the stream until they are all queued, so they run back to back and the
-events measure GPU time, not the host's launch gaps (if enqueueing outlasts the hold, the
-pass is repeated once with a hold sized from the measured enqueue time).
+sequence is captured once into a CUDA graph (`capture`, after one eager run) and replayed.
+The context's timer (`CudaTimer`) records CUDA events around launches; a timed pass is
+enqueued behind a kernel that holds the stream until every launch is queued, so the
+launches run back to back and the events measure GPU time, not the host's launch gaps (if
+enqueueing outlasts the hold, the engine repeats the pass once with a hold sized from the
+measured enqueue time). Each context allocates the largest workspace the plan records up
+front; a layer that asks for more (a plan built for a GPU with other SM counts) grows the
+pool on the first, eager run.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.errors import DeviceError, PlanError, RuntimeInputError
+from polykit.errors import DeviceError, PlanError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
@@ -42,16 +41,16 @@ class CudaTarget:
     name = "cuda"
 
     def __init__(self, device: int = 0):
-        self.device = device
+        self.ordinal = device
 
     def available(self) -> bool:
         return driver.is_available()
 
-    def gpu_arch(self) -> str:
-        return driver.current_device(self.device).arch
+    def device(self) -> driver.DeviceInfo:
+        return driver.current_device(self.ordinal)
 
     def load(self, plan: Any) -> "CudaEngine":
-        return CudaEngine(plan, self.device)
+        return CudaEngine(plan, self.ordinal)
 
 
 def plan_kernels(plan: Any, layer: Any) -> list[KernelSource]:
@@ -91,7 +90,7 @@ class CudaEngine:
             if not isinstance(tactic, CudaTactic):
                 raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cuda target does not have",
                                 where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
-            if not _accepts(tactic, layer):
+            if not tactic.runs_on(self.info.arch) or not _accepts(tactic, layer):
                 raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer on this GPU "
                                 f"({self.info.arch}): its dtypes, shapes or attributes are not the tactic's",
                                 where=f"layer {layer.name!r}", hint="rebuild the plan on this machine")
@@ -118,8 +117,7 @@ class CudaEngine:
             self.weight_tensors[name] = DeviceTensor(ptr, tuple(desc.shape), desc.np_dtype)
 
     def create_context(self, **options: Any) -> "CudaContext":
-        return CudaContext(self, cuda_graph=bool(options.get("cuda_graph", True)),
-                           profile=bool(options.get("profile", False)))
+        return CudaContext(self)
 
     def close(self) -> None:
         if self.weights is not None:
@@ -130,23 +128,17 @@ class CudaEngine:
 
 
 class CudaContext:
-    """One activation arena and stream; runs the engine's layers (eager, graph or profiled)."""
+    """One activation arena, stream and workspace; launches the engine's layers."""
 
-    def __init__(self, engine: CudaEngine, cuda_graph: bool = True, profile: bool = False):
+    def __init__(self, engine: CudaEngine):
         self.engine = engine
-        self.use_graph = cuda_graph and not profile
-        self.profile = profile
-        #: (layer, milliseconds) of the last run when profiling
-        self.last_profile: list[tuple[str, float]] = []
         plan = engine.plan
         driver.current_device(engine.info.ordinal)
         self.arena = Arena(plan.memory.arena_bytes)
         self.stream = Stream()
         self._workspace = WorkspacePool()
-        self._graph: CudaGraph | None = None
-        self._runs = 0
-        self._hold_ns = 0  # profiler: stream hold for the next pass (0: not measured yet)
-        self._hold_loaded = False
+        self._workspace.reserve(planned_workspace(plan))
+        self._timer = CudaTimer(engine.modules, self._workspace)
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
         for name, desc in plan.tensors.items():
             if desc.kind == "weight":
@@ -156,14 +148,21 @@ class CudaContext:
                                 hint="the plan's memory plan is incomplete; rebuild it")
             self.tensors[name] = DeviceTensor(self.arena.at(desc.offset), tuple(desc.shape), desc.np_dtype)
 
-    # ---- the layer sequence -------------------------------------------------------------
-    def _record_layers(self, stream: Any) -> None:
-        for layer, tactic in self.engine.steps:
-            self._run_layer(layer, tactic, stream)
+    # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
+    def begin(self) -> None:
+        driver.current_device(self.engine.info.ordinal)
 
-    def _run_layer(self, layer: Any, tactic: CudaTactic, stream: Any) -> None:
+    def copy_in(self, name: str, array: np.ndarray, stream: Stream) -> None:
+        upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
+
+    def copy_out(self, name: str, stream: Stream) -> np.ndarray:
+        t = self.tensors[name]
+        return download(t.ptr, t.shape, t.dtype, stream.handle)
+
+    def launch(self, index: int, stream: Stream) -> None:
+        layer, tactic = self.engine.steps[index]
         self._workspace.reset()
-        launcher = CudaLauncher(self.engine.modules, stream, self._workspace.take, layer.name,
+        launcher = CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, layer.name,
                                 sm_count=self.engine.info.sm_count)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
@@ -174,97 +173,88 @@ class CudaContext:
                               where=f"layer {layer.name!r} ({layer.kind})",
                               hint="rebuild with this layer's tactic excluded, or run it on --target cpu") from exc
 
-    def _profiled(self, stream: Stream) -> None:
-        # first guess: 50 us of host time per layer; afterwards what the last pass measured
-        hold_ns = self._hold_ns or 50_000 * len(self.engine.steps) + 1_000_000
-        for _ in range(2):
-            enqueue_ns = self._profiled_pass(stream, hold_ns)
-            self._hold_ns = int(enqueue_ns * 1.5) + 1_000_000
-            if enqueue_ns < hold_ns:
-                break
-            hold_ns = self._hold_ns
+    def synchronize(self, stream: Stream) -> None:
+        stream.synchronize()
 
-    def _profiled_pass(self, stream: Stream, hold_ns: int) -> int:
-        """One timed pass behind a `hold_ns` stream hold; returns the host's enqueue time in ns."""
-        if not self._hold_loaded:
-            self.engine.modules.load([HOLD])
-            self._hold_loaded = True
-        events = []
-        CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, "profiler hold").launch(
-            HOLD, (1,), (1,), [hold_ns])
-        t0 = time.perf_counter_ns()
+    def timer(self) -> "CudaTimer":
+        return self._timer
+
+    def capture(self, record: Callable[[Stream], None]) -> CudaGraph:
+        """`record`'s launches as a CUDA graph (the workspace may not grow while capturing)."""
+        self._workspace.frozen = True
         try:
-            for layer, tactic in self.engine.steps:
-                start, end = Event(), Event()
-                events.append((layer.name, start, end))
-                start.record(stream)
-                self._run_layer(layer, tactic, stream.handle)
-                end.record(stream)
-            enqueue_ns = time.perf_counter_ns() - t0
-            if events:
-                events[-1][2].synchronize()
-            self.last_profile = [(name, end.elapsed_ms(start)) for name, start, end in events]
+            return CudaGraph(self.stream, record)
         finally:
-            for _, start, end in events:
-                start.close()
-                end.close()
-        return enqueue_ns
+            self._workspace.frozen = False
 
-    def _run(self, stream: Stream) -> None:
-        """Enqueue the layers on `stream`: eager the first time, graph replay afterwards."""
-        if self.profile:
-            self._profiled(stream)
-        elif self.use_graph and self._runs > 0:
-            if self._graph is None:
-                self._workspace.frozen = True
-                try:
-                    self._graph = CudaGraph(self.stream, lambda s: self._record_layers(s.handle))
-                finally:
-                    self._workspace.frozen = False
-            self._graph.launch(stream)
-        else:
-            self._record_layers(stream.handle)
-        self._runs += 1
+    # ---- device buffers (ExecutionContext.enqueue) ------------------------------------------
+    def borrow_stream(self, stream: Any) -> Stream:
+        return Stream(stream_handle(stream))
 
-    # ---- public API -------------------------------------------------------------------------
-    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Host arrays in, host arrays out (synchronizes: the outputs are ready on return)."""
-        driver.current_device(self.engine.info.ordinal)
-        plan = self.engine.plan
-        for name in plan.inputs:
-            upload(self.tensors[name].ptr, np.ascontiguousarray(feeds[name]), self.stream.handle)
-        self._run(self.stream)
-        out = {}
-        for name in plan.outputs:
-            t = self.tensors[name]
-            out[name] = download(t.ptr, t.shape, t.dtype, self.stream.handle)
-        self.stream.synchronize()
-        return out
+    def copy_in_device(self, name: str, binding: Any, stream: Stream) -> None:
+        t = self.tensors[name]
+        copy_device(t.ptr, device_pointer(binding, name, t.shape), t.size * t.dtype.itemsize, stream.handle)
 
-    def enqueue(self, bindings: Mapping[str, Any], stream: Any = None) -> None:
-        """Run on device buffers: inputs are copied into the arena and outputs out of it on
-        `stream`, in order with the caller's other work; returns without synchronizing."""
-        driver.current_device(self.engine.info.ordinal)
-        plan = self.engine.plan
-        missing = [n for n in list(plan.inputs) + list(plan.outputs) if n not in bindings]
-        if missing:
-            raise RuntimeInputError(f"enqueue needs a binding for every input and output; missing {missing}",
-                                    hint="pass {name: device buffer} for each engine I/O tensor")
-        user = Stream(stream_handle(stream))
-        for name in plan.inputs:
-            t = self.tensors[name]
-            copy_device(t.ptr, device_pointer(bindings[name], name, t.shape), t.size * t.dtype.itemsize, user.handle)
-        self._run(user)
-        for name in plan.outputs:
-            t = self.tensors[name]
-            copy_device(device_pointer(bindings[name], name, t.shape), t.ptr, t.size * t.dtype.itemsize, user.handle)
+    def copy_out_device(self, name: str, binding: Any, stream: Stream) -> None:
+        t = self.tensors[name]
+        copy_device(device_pointer(binding, name, t.shape), t.ptr, t.size * t.dtype.itemsize, stream.handle)
 
     def close(self) -> None:
         if self.stream.handle is not None:
             self.stream.synchronize()
-        if self._graph is not None:
-            self._graph.close()
-            self._graph = None
         self._workspace.free()
         self.arena.free()
         self.stream.close()
+
+
+def planned_workspace(plan: Any) -> int:
+    """The largest per-layer workspace the plan records (0 for plans that record none)."""
+    layers = (plan.metadata.get("workspace") or {}).get("layers") or {}
+    return max((int(v) for v in layers.values()), default=0)
+
+
+class CudaTimer:
+    """CUDA events around launches, behind a stream hold sized from the last pass's host time."""
+
+    def __init__(self, modules: KernelModules, workspace: WorkspacePool):
+        self._modules = modules
+        self._workspace = workspace
+        self._hold_ns = 0  # 0: not measured yet
+        self._planned_ns = 0
+        self._t0 = 0
+        self._last: Event | None = None
+        self._loaded = False
+
+    def begin(self, stream: Stream, launches: int) -> None:
+        if not self._loaded:
+            self._modules.load([HOLD])
+            self._loaded = True
+        # first guess: 50 us of host time per launch; afterwards what the last pass measured
+        self._planned_ns = self._hold_ns or 50_000 * launches + 1_000_000
+        CudaLauncher(self._modules, stream.handle, self._workspace.take, "timer hold").launch(
+            HOLD, (1,), (1,), [self._planned_ns])
+        self._t0 = time.perf_counter_ns()
+        self._last = None
+
+    def mark(self, stream: Stream) -> Event:
+        event = Event()
+        event.record(stream)
+        self._last = event
+        return event
+
+    def end(self, stream: Stream) -> bool:
+        enqueue_ns = time.perf_counter_ns() - self._t0
+        if self._last is not None:
+            self._last.synchronize()
+        else:
+            stream.synchronize()
+        self._hold_ns = int(enqueue_ns * 1.5) + 1_000_000
+        return enqueue_ns < self._planned_ns
+
+    def elapsed_ms(self, start: Event, end: Event) -> float:
+        return end.elapsed_ms(start)
+
+    def release(self, marks: list[Event]) -> None:
+        for event in marks:
+            event.close()
+        self._last = None

@@ -12,7 +12,8 @@ from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import CudaTactic
-from polykit.kernels.tactics import TACTICS, find_tactic, register_tactic
+from polykit.kernels.tactics import find_tactic, tactic_table
+from polykit.plugins import reset_plugin_manager
 from polykit.runtime.cuda.target import _accepts
 
 
@@ -32,11 +33,11 @@ def test_a_tactic_accepts_a_layer_only_when_its_predicate_says_so(predicate, acc
 
 @pytest.fixture
 def refusing_abs_tactic():
-    find_tactic("cuda", "Abs", "")  # load the cuda families first
-    real = next(t for t in TACTICS["cuda"]["Abs"] if t.name.startswith("cuda."))
-    tactic = register_tactic(replace(real, name="test.refuses", supports=_never))
+    table = tactic_table("cuda")
+    real = next(t for t in table.of_kind("cuda", "", "Abs") if t.name.startswith("cuda."))
+    tactic = table.register(replace(real, name="test.refuses", supports=_never))
     yield tactic
-    TACTICS["cuda"]["Abs"].remove(tactic)
+    reset_plugin_manager()  # the next lookup builds a fresh table without it
 
 
 @pytest.mark.gpu

@@ -67,3 +67,21 @@ def test_free_releases_every_chunk():
     chunks = list(p.chunks)
     p.free()
     assert all(c.freed for c in chunks) and p.nbytes == 0
+
+
+def test_a_reserved_pool_serves_a_planned_layer_without_allocating():
+    allocations = []
+    p = WorkspacePool(alloc=lambda n: allocations.append(n) or FakeBuffer(n))
+    p.reserve(3 << 20)
+    assert allocations == [3 << 20]
+    p.frozen = True  # e.g. during CUDA-graph capture: what the plan asked for is there already
+    first, second = p.take(1 << 20), p.take(2 << 20)
+    assert second == first + (1 << 20) and allocations == [3 << 20]
+
+
+def test_a_layer_asking_more_than_reserved_grows_the_pool_when_not_frozen():
+    p = pool()
+    p.reserve(1024)
+    p.take(512)
+    p.take(4096)
+    assert len(p.chunks) == 2 and p.nbytes >= 1024 + 4096

@@ -1,0 +1,79 @@
+"""Which math precisions a layer may run in (LayerDesc.precision), by preference.
+
+Storage comes first: an fp16/bf16 build converts float32 tensors before lowering
+(polykit.compiler.passes.precision), so a layer's stamped dtypes say whether it stores
+float16, bfloat16 or float32. Its math then follows the builder flags, weakly typed as
+in TensorRT: a half layer may run "fp16"/"bf16" or, where only that has a tactic, "fp32"
+math on its half storage; a float32 layer may run "tf32" tensor-core math with --tf32, else
+"fp32". A strongly typed build, and the cpu (whose kernels compute on the arrays they get,
+floats in float64), take the storage precision. A precision requested for
+the layer's ONNX nodes (BuilderConfig.layer_precisions; a fused layer takes the highest its
+nodes ask for) binds as `precision_constraints` says: obey (that precision only), prefer
+(first, the others after), none (a hint the builder may ignore).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polykit.compiler.config import PRECISIONS, BuilderConfig
+from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ops.fused import EPILOGUE_ARITY
+
+_STORAGE = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def storage_precision(layer: Any) -> str:
+    """"fp16" / "bf16" when the layer computes on half tensors (an epilogue Conv/Gemm/MatMul is
+    judged by its base op's inputs), else "fp32" (also for layers without stamped dtypes)."""
+    if layer.domain == POLYKIT_DOMAIN and layer.kind in EPILOGUE_ARITY:
+        dtypes = layer.in_dtypes[:EPILOGUE_ARITY[layer.kind]]
+    else:
+        dtypes = (*layer.in_dtypes, *layer.out_dtypes)
+    for dtype in dtypes:
+        if dtype in _STORAGE:
+            return _STORAGE[dtype]
+    return "fp32"
+
+
+def requested_precision(layer: Any, cfg: BuilderConfig) -> str | None:
+    """The highest precision `layer_precisions` (or `fp32_layers`) asks for any of the layer's nodes."""
+    asked = [cfg.layer_precisions[n] for n in (*layer.fused_nodes, layer.name) if n in cfg.layer_precisions]
+    if any(n in cfg.fp32_layers for n in (*layer.fused_nodes, layer.name, layer.kind)):
+        asked.append("fp32")
+    return min(asked, key=PRECISIONS.index) if asked else None
+
+
+def allowed_precisions(layer: Any, cfg: BuilderConfig, target: str) -> list[str]:
+    """The precisions the builder may choose from for `layer`, lowest (fastest) first. The
+    cpu computes in the storage's precision (floats accumulate in float64): one choice."""
+    storage = storage_precision(layer)
+    if cfg.strongly_typed or target == "cpu":
+        return [storage]
+    if storage != "fp32":
+        return [storage, "fp32"]
+    return (["tf32"] if cfg.tf32 else []) + ["fp32"]
+
+
+def precision_options(layer: Any, cfg: BuilderConfig, target: str) -> tuple[list[str], str | None]:
+    """(precisions to try in order, the requested one that could not be honoured or None)."""
+    allowed = allowed_precisions(layer, cfg, target)
+    want = requested_precision(layer, cfg)
+    if want is None or cfg.precision_constraints == "none":
+        return allowed, None
+    if cfg.precision_constraints == "obey":
+        return [want], None
+    if want in allowed or (target == "cpu" and want == "fp32"):
+        return [want] + [p for p in allowed if p != want], None
+    return allowed, want
+
+
+def has_tactic(layer: Any, target: str, arch: str | None = None) -> bool:
+    """Whether some tactic of `target` runs the layer at a precision its storage allows (on
+    GPUs of `arch`, when given: the build's device)."""
+    from dataclasses import replace
+
+    from polykit.kernels.tactics import candidates
+
+    return any(candidates(target, layer.kind, replace(layer, precision=p), arch=arch)
+               for p in allowed_precisions(layer, BuilderConfig(), target))

@@ -1,0 +1,147 @@
+"""The timing cache: measured tactic times, reused by later builds (TensorRT's timing cache).
+
+A file is JSON (never pickle):
+
+    {"format": 1, "entries": {"<sha256 hex>": {"ms": 0.042, "tactic": "cpu.conv.winograd",
+                                               "kind": "Conv", "device": "..."}}}
+
+The key hashes everything a time depends on: the layer signature (kind, domain, attributes,
+input/output shapes, dtypes and formats, precision), the tactic's name, params and source
+hash (its kernel sources on cuda, its code on cpu), the device's name and compute
+capability, and the polykit version; the other fields are there for people reading it.
+Caches merge: entries of both, the one already held winning a clash. The file is untrusted:
+its structure is checked and every problem is a UsageError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+import polykit
+from polykit.errors import UsageError
+
+FORMAT = 1
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+#: entry field -> (python types, what it must be)
+_FIELDS = {"ms": ((int, float), "a number"), "tactic": (str, "a string"), "kind": (str, "a string"),
+           "device": (str, "a string")}
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-able form of layer attributes (arrays by dtype, shape and content hash)."""
+    if isinstance(value, np.ndarray):
+        return {"dtype": value.dtype.name, "shape": list(value.shape),
+                "sha256": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+def timing_key(layer: Any, tactic: Any, device: Any) -> str:
+    """The cache key of timing `tactic` on `layer` (a LayerDesc with stamped dtypes/shapes) on `device`."""
+    doc = {
+        "kind": layer.kind, "domain": layer.domain, "attrs": _canonical(layer.attrs),
+        "in_shapes": [list(s) for s in layer.in_shapes], "out_shapes": [list(s) for s in layer.out_shapes],
+        "in_dtypes": list(layer.in_dtypes), "out_dtypes": list(layer.out_dtypes),
+        "formats": _canonical(tactic.params.get("formats", "linear")), "precision": layer.precision,
+        "tactic": tactic.name, "params": _canonical(dict(tactic.params)), "source": tactic.source_key(layer),
+        "device": device.name, "arch": device.arch, "polykit": polykit.__version__,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class TimingCache:
+    """Key -> entry ({"ms", "tactic", "kind", "device"}); `hits`/`misses` count lookups."""
+
+    def __init__(self, entries: Mapping[str, Mapping[str, Any]] | None = None):
+        self.entries: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (entries or {}).items()}
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, key: str) -> float | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return float(entry["ms"])
+
+    def record(self, key: str, ms: float, tactic: str, kind: str, device: str) -> None:
+        if math.isfinite(ms):
+            self.entries[key] = {"ms": float(ms), "tactic": tactic, "kind": kind, "device": device}
+
+    def merge(self, other: "TimingCache") -> "TimingCache":
+        """Add `other`'s entries that this cache lacks; returns self."""
+        for key, entry in other.entries.items():
+            self.entries.setdefault(key, dict(entry))
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "entries": dict(sorted(self.entries.items()))}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the cache, merged into what `path` already holds (a valid cache file)."""
+        merged = TimingCache(self.entries)
+        if Path(path).is_file():
+            merged.merge(load_timing_cache(path))
+        try:
+            Path(path).write_text(json.dumps(merged.to_json(), indent=1, sort_keys=True) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write the timing cache: {exc}", where=str(path)) from exc
+
+    @staticmethod
+    def from_json(doc: Any, where: str = "timing cache") -> "TimingCache":
+        """Check a parsed cache document field by field; UsageError naming the first bad one."""
+
+        def bad(field: str, what: str) -> UsageError:
+            return UsageError(f"{field}: {what}", where=where,
+                              hint="a timing cache is written by --save-timing-cache; delete the file to start over")
+
+        if not isinstance(doc, dict):
+            raise bad("the document", f"is a {type(doc).__name__}, not an object")
+        if doc.get("format") != FORMAT:
+            raise bad("format", f"is {doc.get('format')!r}, this polykit reads format {FORMAT}")
+        entries = doc.get("entries")
+        if not isinstance(entries, dict):
+            raise bad("entries", "is missing or not an object")
+        for key, entry in entries.items():
+            if not _KEY.match(key):
+                raise bad(f"entries[{key[:80]!r}]", "is not a sha256 key (64 lowercase hex digits)")
+            if not isinstance(entry, dict):
+                raise bad(f"entries[{key!r}]", "is not an object")
+            for field, (types, what) in _FIELDS.items():
+                value = entry.get(field)
+                if not isinstance(value, types) or isinstance(value, bool):
+                    raise bad(f"entries[{key!r}].{field}", f"is {value!r}, not {what}")
+            if not (math.isfinite(entry["ms"]) and entry["ms"] >= 0):
+                raise bad(f"entries[{key!r}].ms", f"is {entry['ms']!r}, not a finite time >= 0")
+        return TimingCache(entries)
+
+
+def load_timing_cache(path: str | os.PathLike) -> TimingCache:
+    """Read and check a timing cache file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the timing cache: {exc}", where=str(path),
+                         hint="pass a file written by --save-timing-cache") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"the timing cache is not JSON: {exc}", where=str(path),
+                         hint="pass a file written by --save-timing-cache") from exc
+    return TimingCache.from_json(doc, where=str(path))

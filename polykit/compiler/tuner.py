@@ -1,0 +1,229 @@
+"""Choosing each layer's tactic: builder optimization levels, timing, the timing cache.
+
+Level (BuilderConfig.builder_optimization_level, TensorRT's 0-5):
+
+  0  the heuristic: the first candidate by priority; nothing is timed
+  1  layers with several candidates: time the best 2 by priority
+  2  ... the best 3 (cpu: 2)
+  3  ... the best 4 (cpu: 2), the default
+  4  ... the best 8 (cpu: 3), and the cpu times a median of three runs
+  5  every candidate of every layer, single-candidate layers included
+
+A layer is timed only when random inputs are valid for it (float or bool activations,
+layer_timing.timeable); any other takes its first candidate, and the log says so. Times
+come from the timing cache when it has them (hits) and are measured otherwise (misses);
+the choice minimizes the layer's time plus `reformat_ms` (nothing yet: every tactic reads
+and writes linear tensors).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.layer_precision import precision_options
+from polykit.compiler.layer_timing import runs_for, time_candidates, timeable
+from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.timing_cache import TimingCache, load_timing_cache, timing_key
+from polykit.errors import BuildError, PolykitError
+from polykit.kernels.tactics import candidates
+
+log = logging.getLogger("polykit")
+
+Pair = tuple[LayerDesc, Any]  # (the layer at one precision, a tactic that supports it)
+
+
+@dataclass(frozen=True)
+class Level:
+    """How much one optimization level times: at most `cap` candidates by priority (None:
+    all; `cpu_cap` on the cpu, whose numpy kernels are slow to time), and whether layers
+    with one candidate are timed too."""
+
+    cap: int | None
+    cpu_cap: int | None
+    time_single: bool = False
+
+    def limit(self, target: str) -> int | None:
+        return self.cpu_cap if target == "cpu" else self.cap
+
+
+LEVELS = {0: Level(0, 0), 1: Level(2, 2), 2: Level(3, 2), 3: Level(4, 2), 4: Level(8, 3), 5: Level(None, None, True)}
+
+
+@dataclass
+class TuningStats:
+    """What tuning did (plan metadata "tuning"; the build log says it too)."""
+
+    level: int
+    timed_layers: int = 0
+    timed_tactics: int = 0
+    untimeable_layers: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compile_s: float = 0.0
+    time_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts (the level is in the plan's builder_config; seconds stay in the log, so
+        plans do not vary by them)."""
+        d = asdict(self)
+        del d["level"], d["compile_s"], d["time_s"]
+        return d
+
+
+def reformat_ms(previous: Pair | None, pair: Pair) -> float:
+    """Cost of converting what the previous layer's tactic writes into what `pair` reads.
+
+    Every tactic reads and writes linear (NCHW) tensors today (params "formats" absent), so
+    nothing is priced. When layout-changing tactics arrive, time the reformat layer between
+    the two formats here (through layer_timing) and this sum makes the choice pay for it."""
+    return 0.0
+
+
+def precision_variants(layer: LayerDesc, cfg: BuilderConfig, target: str) -> list[LayerDesc]:
+    """The layer at each precision it may run in, in preference order (layer_precision)."""
+    precisions, unmet = precision_options(layer, cfg, target)
+    if unmet:
+        log.warning("layer %r asks for %s, which this build cannot give it; it runs in %s (precision "
+                    "constraints: prefer)", layer.name, unmet, precisions[0])
+    return [replace(layer, precision=p) for p in precisions]
+
+
+def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: Mapping[str, TensorDesc], arch: str,
+                    sm_count: int) -> list[Pair]:
+    """(layer at a precision, tactic) candidates in preference order; BuildError when none."""
+    pairs, declined = [], []
+    variants = precision_variants(layer, cfg, target)
+    for variant in variants:
+        for tactic in candidates(target, layer.kind, variant, arch=arch if target != "cpu" else None):
+            need = tactic.workspace(variant, tensors, sm_count)
+            if cfg.workspace_limit is not None and need > cfg.workspace_limit:
+                declined.append(f"{tactic.name} needs {need} workspace bytes")
+            else:
+                pairs.append((variant, tactic))
+    if not pairs:
+        detail = f" ({'; '.join(declined)}; --memory-pool-limit workspace:{cfg.workspace_limit})" if declined else ""
+        precisions = "/".join(v.precision for v in variants)
+        raise BuildError(f"no {target} tactic can run this {layer.kind} layer in {precisions}{detail}",
+                         where=f"layer {layer.name!r}",
+                         hint="raise the workspace limit" if declined else
+                         "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
+    return pairs
+
+
+class Tuner:
+    """Chooses among a layer's (precision, tactic) pairs for one build."""
+
+    def __init__(self, target: str, cfg: BuilderConfig, tensors: Mapping[str, TensorDesc],
+                 weights: Mapping[str, np.ndarray]):
+        self.target = target
+        self.cfg = cfg
+        self.level = LEVELS[cfg.builder_optimization_level]
+        self.tensors = tensors
+        self.weights = weights
+        self.cache = load_timing_cache(cfg.load_timing_cache) if cfg.load_timing_cache else TimingCache()
+        self.stats = TuningStats(cfg.builder_optimization_level)
+        self._device: Any = None
+        self._previous: Pair | None = None
+
+    def device(self) -> Any:
+        """The device layers are timed on; None when the target has none usable here (a cuda
+        plan built on a machine without a GPU: nothing can be timed, priorities decide)."""
+        if self._device is None:
+            from polykit.runtime.target import get_target
+
+            try:
+                self._device = get_target(self.target).device()
+            except PolykitError as exc:
+                log.warning("nothing can be timed for %s here (%s); tactics are chosen by priority",
+                            self.target, exc.what)
+                self._device = False
+        return self._device or None
+
+    def choose(self, layer: LayerDesc, pairs: Sequence[Pair]) -> Pair:
+        """The pair to build `layer` with (pairs in priority order, at least one)."""
+        level, cap = self.level, self.level.limit(self.target)
+        if cap == 0 or (len(pairs) == 1 and not level.time_single):
+            return self._chosen(pairs[0])
+        pairs = list(pairs[:cap]) if cap else list(pairs)
+        if not timeable(layer, self.tensors):
+            self.stats.untimeable_layers += 1
+            log.info("layer %r: not timed (integer inputs); took %s, the first candidate by priority",
+                     layer.name, pairs[0][1].name)
+            return self._chosen(pairs[0])
+        device = self.device()
+        if device is None:
+            return self._chosen(pairs[0])
+        keys = [timing_key(variant, tactic, device) for variant, tactic in pairs]
+        times = [self.cache.lookup(key) for key in keys]
+        missing = [i for i, ms in enumerate(times) if ms is None]
+        if missing and self.cfg.error_on_timing_cache_miss:
+            raise BuildError(f"the timing cache has no time for tactic {pairs[missing[0]][1].name!r}",
+                             where=f"layer {layer.name!r}",
+                             hint="build once without --error-on-timing-cache-miss and --save-timing-cache")
+        if missing:
+            self._measure(layer, pairs, keys, times, missing)
+        costs = [ms + reformat_ms(self._previous, pair) for ms, pair in zip(times, pairs)]
+        best = min(range(len(pairs)), key=lambda i: (costs[i], i))
+        if not math.isfinite(costs[best]):  # the layer cannot run on random inputs: keep the heuristic's choice
+            log.warning("layer %r: no candidate could be timed; took %s, the first by priority", layer.name,
+                        pairs[0][1].name)
+        log.debug("layer %r: %s", layer.name,
+                  ", ".join(f"{t.name}/{v.precision} {ms:.4f} ms" for (v, t), ms in zip(pairs, times)))
+        return self._chosen(pairs[best])
+
+    def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int]) -> None:
+        measured = time_candidates(self.target, layer, [pairs[i] for i in missing], self.tensors, self.weights,
+                                   runs_for(self.target, self.cfg.builder_optimization_level))
+        self.stats.timed_layers += 1
+        self.stats.timed_tactics += len(missing)
+        self.stats.compile_s += measured.compile_s
+        self.stats.time_s += measured.time_s
+        device = self.device()
+        for i, ms, error in zip(missing, measured.ms, measured.errors):
+            variant, tactic = pairs[i]
+            times[i] = ms
+            if error:
+                log.warning("layer %r: tactic %s failed while timing: %s", layer.name, tactic.name, error)
+            self.cache.record(keys[i], ms, tactic.name, layer.kind, device.name)
+
+    def _chosen(self, pair: Pair) -> Pair:
+        self._previous = pair
+        return pair
+
+    def finish(self) -> dict[str, Any]:
+        """Save the timing cache when asked, log what tuning did; the plan metadata record."""
+        s = self.stats
+        s.cache_hits, s.cache_misses = self.cache.hits, self.cache.misses
+        if self.cfg.save_timing_cache:
+            self.cache.save(self.cfg.save_timing_cache)
+        if s.cache_hits or s.cache_misses:
+            log.info("timing cache: %d hits, %d misses%s", s.cache_hits, s.cache_misses,
+                     "; nothing timed" if not s.timed_tactics else "")
+        if s.timed_layers:
+            log.info("tuning (level %d): timed %d tactics of %d layers; compiling took %.2f s, timing %.2f s",
+                     s.level, s.timed_tactics, s.timed_layers, s.compile_s, s.time_s)
+        return s.to_json()
+
+
+@contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Any]:
+    """advance(layer name) for a rich progress bar on stderr, shown only on a terminal or with -v."""
+    if total == 0 or not (sys.stderr.isatty() or log.getEffectiveLevel() <= logging.INFO):
+        yield lambda name: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[layer]}"))
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(description, total=total, layer="")
+        yield lambda name: progress.update(task, advance=1, layer=name)

@@ -1,0 +1,118 @@
+"""The contract of cpu tactics: `run(node, inputs) -> outputs`, the reference kernel's shape.
+
+A CpuTactic runs one layer as a numpy function of the layer's Node (polykit.compiler.lower.
+layer_as_node) and its input arrays. Tactics of the kinds that take an epilogue (Conv, Gemm,
+MatMul) also serve the fused ai.polykit layers: `cpu_tactic` runs the epilogue body after
+the tactic's own base computation, exactly as the reference does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.kernels.tactics import ANY, Tactic, function_source
+
+RunFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class CpuTactic(Tactic):
+    """A Tactic of the cpu target: `run_fn(node, inputs)` computes the layer's outputs;
+    `code_of(layer)`, when given, is the function that really runs a layer (whose source
+    keys the timing cache), for a tactic that dispatches per op."""
+
+    run_fn: RunFn | None = field(default=None, hash=False, compare=False)
+    code_of: Callable[[Any], Any] | None = field(default=None, hash=False, compare=False)
+
+    def run(self, node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return self.run_fn(node, inputs)
+
+    def source_key(self, layer: Any) -> str:
+        key = super().source_key(layer)
+        code = self.code_of(layer) if self.code_of is not None else None
+        if code is None:
+            return key
+        return hashlib.sha256((key + function_source(code)).encode()).hexdigest()[:24]
+
+
+#: every CpuTactic the family modules declare; the built-in plugin registers them
+DECLARED: list[CpuTactic] = []
+
+
+def computes_in_storage_precision(layer: Any) -> bool:
+    """cpu kernels compute on the arrays they get, floats in float64: a layer runs in its
+    storage's precision, or is labelled "fp32" when a build asks for that (its math is)."""
+    if not layer.in_dtypes:
+        return True  # a layer built by hand (tests): nothing stamped to judge by
+    from polykit.compiler.layer_precision import storage_precision
+
+    return layer.precision in (storage_precision(layer), "fp32")
+
+
+def _reference_supports(layer: Any) -> bool:
+    from polykit.kernels.registry import find_reference
+
+    return computes_in_storage_precision(layer) and find_reference(layer.domain, layer.kind) is not None
+
+
+def _run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    from polykit.kernels.registry import run_reference
+
+    return run_reference(node, inputs)
+
+
+def _reference_of(layer: Any) -> Any:
+    from polykit.kernels.registry import find_reference
+
+    return find_reference(layer.domain, layer.kind)
+
+
+#: the conservative tactic of every layer: the op's reference kernel
+REFERENCE = CpuTactic("cpu", ANY, "cpu.reference", supports=_reference_supports, priority=10, run_fn=_run_reference,
+                      code_of=_reference_of)
+DECLARED.append(REFERENCE)
+
+
+def _with_epilogue(fn: RunFn) -> RunFn:
+    def run(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        if node.domain != POLYKIT_DOMAIN:
+            return fn(node, inputs)
+        from polykit.kernels.reference.fused import run_epilogue
+
+        return run_epilogue(node, inputs, fn)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  (inspect.getsource keys the timing cache by fn's text)
+    return run
+
+
+def cpu_tactic(kinds: Sequence[str], name: str, *, supports: Callable[[Any], bool], priority: int = 0,
+               params: Mapping[str, Any] | None = None) -> Callable[[RunFn], RunFn]:
+    """Decorator for `fn(node, inputs) -> outputs`: declares a CpuTactic for each of `kinds`
+    (plain ONNX layers and their fused ai.polykit epilogue forms, `supports` permitting)."""
+
+    def declare(fn: RunFn) -> RunFn:
+        run = _with_epilogue(fn)
+        for kind in kinds:
+            DECLARED.append(CpuTactic("cpu", kind, name, dict(params or {}),
+                                      lambda layer: computes_in_storage_precision(layer) and supports(layer),
+                                      priority, run_fn=run))
+        return fn
+
+    return declare
+
+
+def plain_or_fused(layer: Any) -> bool:
+    """A plain ONNX layer, or a fused ai.polykit one (whose epilogue runs after the tactic)."""
+    return layer.domain in ("", POLYKIT_DOMAIN)
+
+
+def float_layer(layer: Any) -> bool:
+    """Float inputs and outputs (when the builder stamped them): the cpu tactics compute in float64."""
+    from polykit.compiler.dtypes import is_float
+
+    return all(is_float(np.dtype(d)) for d in (*layer.in_dtypes, *layer.out_dtypes) if d)

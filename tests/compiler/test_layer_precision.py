@@ -1,0 +1,133 @@
+"""Precision controls: --fp16/--bf16/--tf32, weak and strong typing, per-layer precisions
+by ONNX node name under obey/prefer/none, network outputs keeping their dtypes, and the
+fp32 fallback of half layers no tactic runs."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.layer_precision import requested_precision
+from polykit.compiler.plan_records import LayerDesc
+from polykit.errors import BuildError, UsageError
+from polykit.runtime.engine import Engine
+
+rng = np.random.default_rng(5)
+W = (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32)
+M = rng.standard_normal((4, 3)).astype(np.float32)
+
+
+def _model(x_type=TensorProto.FLOAT, w=W, m=M):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "m"], ["y"], name="mm"),
+             helper.make_node("ArgMax", ["y"], ["k"], axis=-1, name="argmax")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", x_type, [1, 8, 4, 3]),
+                               helper.make_tensor_value_info("k", TensorProto.INT64, [1, 8, 4, 1])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(m, "m")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _run(plan, x):
+    return Engine(plan).create_execution_context().execute({"x": x})
+
+
+def _x(dtype=np.float32):
+    return rng.standard_normal((1, 8, 4, 4)).astype(dtype)
+
+
+def test_bf16_on_cpu_matches_fp32_within_bf16_tolerance():
+    x = _x()
+    want = _run(build_plan(_model(), BuilderConfig(target="cpu")), x)["y"]
+    plan = build_plan(_model(), BuilderConfig(target="cpu", bf16=True))
+    got = _run(plan, x)["y"]
+    assert {l.precision for l in plan.layers if l.kind in ("Conv", "MatMul")} == {"bf16"}
+    assert plan.tensors["w"].dtype == "bfloat16"
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2 ** -7
+
+
+def test_reduced_precision_builds_keep_the_network_outputs_dtypes():
+    for flag in ("fp16", "bf16"):
+        plan = build_plan(_model(), BuilderConfig(target="cpu", **{flag: True}))
+        out = _run(plan, _x())
+        assert (out["y"].dtype, out["k"].dtype) == (np.float32, np.int64), flag
+        assert (plan.tensors["y"].dtype, plan.tensors["k"].dtype) == ("float32", "int64")
+
+
+def test_layer_precisions_keep_a_named_layer_in_fp32():
+    plan = build_plan(_model(), BuilderConfig(target="cpu", fp16=True, layer_precisions={"conv": "fp32"}))
+    conv = next(l for l in plan.layers if "conv" in l.fused_nodes)
+    assert conv.precision == "fp32" and set(conv.in_dtypes) - {""} == {"float32"}
+    assert plan.layer("mm").precision == "fp16"
+
+
+def test_a_fused_layer_takes_the_highest_precision_its_nodes_ask_for():
+    cfg = BuilderConfig(layer_precisions={"a": "bf16", "b": "fp32", "c": "fp16"})
+    layer = LayerDesc("fused", "Conv", ("x",), ("y",), fused_nodes=("a", "b", "c"))
+    assert requested_precision(layer, cfg) == "fp32"
+    assert requested_precision(LayerDesc("l", "Conv", ("x",), ("y",), fused_nodes=("a", "c")), cfg) == "fp16"
+
+
+def test_obey_fails_when_no_tactic_gives_the_requested_precision():
+    with pytest.raises(BuildError, match="tf32"):
+        build_plan(_model(), BuilderConfig(target="cpu", layer_precisions={"mm": "tf32"}, precision_constraints="obey"))
+
+
+def test_prefer_warns_and_lets_the_builder_choose(caplog):
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = build_plan(_model(), BuilderConfig(target="cpu", layer_precisions={"mm": "tf32"},
+                                                  precision_constraints="prefer"))
+    assert plan.layer("mm").precision == "fp32"
+    assert "layer 'mm' asks for tf32" in caplog.text
+
+
+def test_tf32_on_cpu_runs_float32_layers_in_fp32():
+    plan = build_plan(_model(), BuilderConfig(target="cpu", tf32=True))
+    assert {l.precision for l in plan.layers} == {"fp32"}
+
+
+def test_strongly_typed_follows_the_models_own_dtypes():
+    model = _model(TensorProto.FLOAT16, W.astype(np.float16), M.astype(np.float16))
+    plan = build_plan(model, BuilderConfig(target="cpu", strongly_typed=True))
+    assert plan.layer("mm").precision == "fp16" and plan.tensors["y"].dtype == "float16"
+    fp32 = build_plan(_model(), BuilderConfig(target="cpu", strongly_typed=True))
+    assert {l.precision for l in fp32.layers} == {"fp32"}
+
+
+def test_strongly_typed_takes_no_precision_flags():
+    with pytest.raises(UsageError, match="strongly typed"):
+        BuilderConfig(strongly_typed=True, fp16=True)
+
+
+def test_unknown_layer_precisions_and_constraints_are_usage_errors():
+    with pytest.raises(UsageError, match="fp8"):
+        BuilderConfig(layer_precisions={"conv": "fp8"})
+    with pytest.raises(UsageError, match="precision constraints"):
+        BuilderConfig(precision_constraints="always")
+
+
+def test_cuda_bf16_layers_without_a_kernel_fall_back_to_fp32(caplog):
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = build_plan(_model(), BuilderConfig(target="cuda", bf16=True, builder_optimization_level=0))
+    mm = plan.layer("mm")
+    assert mm.precision == "fp32" and mm.in_dtypes == ("float32", "float32") and mm.tactic == "cuda.gemm.simt"
+    assert "fall back to fp32" in caplog.text
+
+
+def test_cuda_bf16_without_a_kernel_under_obey_is_a_build_error():
+    with pytest.raises(BuildError, match="'mm' \\(MatMul, bf16\\)"):
+        build_plan(_model(), BuilderConfig(target="cuda", bf16=True, precision_constraints="obey"))
+
+
+def test_cuda_fp16_picks_tensor_core_tactics_and_a_pinned_layer_stays_simt():
+    plan = build_plan(_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    assert plan.layer("mm").tactic == "cuda.gemm.mma" and plan.layer("mm").precision == "fp16"
+    pinned = build_plan(_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
+                                                layer_precisions={"mm": "fp32"}, precision_constraints="obey"))
+    assert pinned.layer("mm").tactic == "cuda.gemm.simt" and pinned.layer("mm").precision == "fp32"

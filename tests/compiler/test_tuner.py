@@ -1,0 +1,182 @@
+"""The tuner on the cpu target: times the candidates of layers with several, keeps the
+fastest, honours levels, replays and the timing cache, says what it did."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from polykit.compiler import tuner as tuner_module
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.layer_timing import Measured
+from polykit.errors import BuildError, UsageError
+from polykit.runtime.engine import Engine
+
+rng = np.random.default_rng(11)
+W = rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2
+FC = rng.standard_normal((16 * 6 * 6, 5)).astype(np.float32) * 0.1
+
+
+def _model():
+    """conv (4 cpu candidates) -> relu -> flatten -> matmul (2) -> gather of an int input (not timeable)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fc"], ["y"], name="fc"),
+             helper.make_node("Gather", ["y", "i"], ["g"], axis=1, name="pick")]
+    graph = helper.make_graph(nodes, "tuned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6]),
+                                               helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5]),
+                               helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 2])],
+                              [numpy_helper.from_array(W, "w"), numpy_helper.from_array(FC, "fc")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _feeds():
+    return {"x": rng.standard_normal((1, 16, 6, 6)).astype(np.float32), "i": np.array([4, 0], np.int64)}
+
+
+def _build(**cfg):
+    return build_plan(_model(), BuilderConfig(target="cpu", **cfg))
+
+
+def test_level_0_takes_the_first_candidate_by_priority_and_times_nothing():
+    plan = _build(builder_optimization_level=0)
+    assert {l.tactic for l in plan.layers} == {"cpu.reference"}
+    assert plan.metadata["tuning"]["timed_tactics"] == 0
+
+
+def test_default_level_times_layers_with_several_candidates_and_keeps_the_fastest(monkeypatch):
+    seen = {}
+
+    def fake_time(target, layer, pairs, tensors, weights, runs):
+        names = [t.name for _, t in pairs]
+        seen[layer.name] = names
+        return Measured([10.0 - i for i in range(len(names))], [""] * len(names))  # the last is fastest
+
+    monkeypatch.setattr(tuner_module, "time_candidates", fake_time)
+    plan = _build()
+    conv = next(l for l in plan.layers if l.kind == "Conv")
+    assert seen[conv.name] == ["cpu.reference", "cpu.conv.winograd"]  # level 3 on cpu: the best 2 by priority
+    assert conv.tactic == "cpu.conv.winograd"
+    assert plan.layer("fc").tactic == "cpu.gemm.blocked"
+    assert plan.metadata["tuning"]["timed_layers"] == len(seen) == 2
+
+
+def test_a_timed_build_computes_the_model():
+    feeds = _feeds()
+    want = Engine(_build(builder_optimization_level=0)).create_execution_context().execute(feeds)
+    plan = _build(builder_optimization_level=5)
+    assert plan.metadata["tuning"]["timed_layers"] >= 3
+    got = Engine(plan).create_execution_context().execute(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_level_5_times_every_candidate_of_every_layer(monkeypatch):
+    timed = {}
+    monkeypatch.setattr(tuner_module, "time_candidates", lambda target, layer, pairs, *a: (
+        timed.setdefault(layer.name, len(pairs)), Measured([1.0] * len(pairs), [""] * len(pairs)))[1])
+    plan = _build(builder_optimization_level=5)
+    conv = next(l for l in plan.layers if l.kind == "Conv")
+    assert timed[conv.name] == 4 and timed["fc"] == 2
+    assert plan.metadata["tuning"]["untimeable_layers"] == 1  # the Gather reads int64 indices
+    assert "pick" not in timed and len(timed) == len(plan.layers) - 1
+
+
+def test_layers_with_integer_inputs_take_their_first_candidate_and_the_log_says_so(caplog):
+    with caplog.at_level(logging.INFO, logger="polykit"):
+        plan = _build(builder_optimization_level=5)
+    assert plan.layer("pick").tactic == "cpu.reference"
+    assert "layer 'pick': not timed (integer inputs)" in caplog.text
+    assert "compiling took" in caplog.text and "timing" in caplog.text
+
+
+def test_a_replay_forces_its_tactic_over_timing(tmp_path, monkeypatch):
+    plan = _build(builder_optimization_level=0)
+    conv = next(l for l in plan.layers if l.kind == "Conv")
+    replay = {conv.name: "cpu.conv.direct"}
+    monkeypatch.setattr(tuner_module, "time_candidates", lambda target, layer, pairs, *a: Measured(
+        [0.0 if t.name == "cpu.reference" else 1.0 for _, t in pairs], [""] * len(pairs)))
+    forced = _build(tactic_replay=replay)
+    assert forced.layer(conv.name).tactic == "cpu.conv.direct"
+    assert forced.layer("fc").tactic == "cpu.reference"
+
+
+def test_a_replayed_tactic_that_cannot_run_the_layer_is_a_build_error(tmp_path):
+    replay = {"fc": "cpu.conv.winograd"}
+    with pytest.raises(BuildError, match="cpu.conv.winograd"):
+        _build(tactic_replay=replay)
+
+
+def test_a_candidate_that_fails_while_timing_is_passed_over(monkeypatch, caplog):
+    monkeypatch.setattr(tuner_module, "time_candidates", lambda target, layer, pairs, *a: Measured(
+        [float("inf")] + [2.0] * (len(pairs) - 1), ["boom"] + [""] * (len(pairs) - 1)))
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = _build()
+    assert plan.layer("fc").tactic == "cpu.gemm.blocked"
+    assert "tactic cpu.reference failed while timing: boom" in caplog.text
+
+
+def test_a_second_build_with_a_warm_timing_cache_times_nothing(tmp_path, caplog):
+    cache = tmp_path / "timing.json"
+    first = _build(save_timing_cache=cache)
+    assert first.metadata["tuning"]["cache_misses"] > 0 and first.metadata["tuning"]["timed_tactics"] > 0
+    with caplog.at_level(logging.INFO, logger="polykit"):
+        second = _build(load_timing_cache=cache, error_on_timing_cache_miss=True)
+    tuning = second.metadata["tuning"]
+    assert tuning["timed_tactics"] == 0 and tuning["cache_misses"] == 0
+    assert tuning["cache_hits"] == first.metadata["tuning"]["cache_misses"]
+    assert "nothing timed" in caplog.text
+    assert [l.tactic for l in second.layers] == [l.tactic for l in first.layers]
+
+
+def test_a_timing_cache_miss_is_an_error_when_asked(tmp_path):
+    cache = tmp_path / "timing.json"
+    _build(save_timing_cache=cache, builder_optimization_level=1)
+    with pytest.raises(BuildError, match="timing cache has no time"):
+        _build(load_timing_cache=cache, builder_optimization_level=5, error_on_timing_cache_miss=True)
+
+
+def test_the_timing_cache_is_keyed_by_device_and_tactic_source(tmp_path, monkeypatch):
+    cache = tmp_path / "timing.json"
+    _build(save_timing_cache=cache)
+    from polykit.runtime.cpu import CpuDevice, CpuTarget
+
+    monkeypatch.setattr(CpuTarget, "device", lambda self: CpuDevice("another cpu", "x86_64", 4))
+    again = _build(load_timing_cache=cache)
+    assert again.metadata["tuning"]["cache_hits"] == 0 and again.metadata["tuning"]["timed_tactics"] > 0
+
+
+def test_an_unreadable_timing_cache_is_a_usage_error_naming_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="bad.json"):
+        _build(load_timing_cache=bad)
+
+
+def test_optimization_levels_outside_0_to_5_are_usage_errors():
+    for level in (-1, 6, True, 2.5):
+        with pytest.raises(UsageError, match="optimization level"):
+            BuilderConfig(builder_optimization_level=level)
+
+
+def test_thorough_cpu_timing_relaunches_every_candidate_without_failures(caplog):
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = _build(builder_optimization_level=5)
+    assert "failed while timing" not in caplog.text
+    assert plan.metadata["tuning"]["timed_tactics"] >= 7
+
+
+def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch, caplog):
+    monkeypatch.setattr(tuner_module, "time_candidates", lambda target, layer, pairs, *a: Measured(
+        [float("inf")] * len(pairs), ["boom"] * len(pairs)))
+    with caplog.at_level(logging.WARNING, logger="polykit"):
+        plan = _build()
+    assert plan.layer("fc").tactic == "cpu.reference"
+    assert "layer 'fc': no candidate could be timed; took cpu.reference" in caplog.text
