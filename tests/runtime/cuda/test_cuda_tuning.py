@@ -66,20 +66,22 @@ def test_time_candidates_measures_every_gemm_pair_on_the_gpu():
 
 def test_an_fp16_gemm_is_timed_and_the_chosen_tactic_computes_it():
     x = {"x": rng.standard_normal((64, 1024)).astype(np.float32)}
-    want = _run(_build(_gemm_model(), "cpu"), x)["y"]
-    plan = _build(_gemm_model(), "cuda", fp16=True)
+    model = _gemm_model()  # once: each call draws new weights
+    want = _run(_build(model, "cpu"), x)["y"]
+    plan = _build(model, "cuda", fp16=True)
     assert plan.metadata["tuning"]["timed_layers"] >= 1
-    assert plan.layer("mm").tactic in ("cuda.gemm.mma", "cuda.gemm.simt")
+    assert plan.layer("mm").tactic.startswith("cuda.gemm.")
     got = _run(plan, x)["y"]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
 def test_level_5_times_every_cuda_layer():
-    plan = _build(_cnn_model(), "cuda", builder_optimization_level=5)
+    model = _cnn_model()  # once: each call draws new weights
+    plan = _build(model, "cuda", builder_optimization_level=5)
     tuning = plan.metadata["tuning"]
     assert tuning["timed_layers"] + tuning["untimeable_layers"] == len(plan.layers)
     x = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
-    np.testing.assert_allclose(_run(plan, x)["y"], _run(_build(_cnn_model(), "cpu"), x)["y"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(plan, x)["y"], _run(_build(model, "cpu"), x)["y"], rtol=1e-4, atol=1e-4)
 
 
 def test_a_second_cuda_build_with_a_warm_timing_cache_times_nothing(tmp_path):
