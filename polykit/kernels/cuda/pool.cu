@@ -110,6 +110,76 @@ extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc(const ELEM* X
   }
 }
 
+// The same for 16-bit storage with C % 8 == 0 and every size < 2^31: one thread per output
+// pixel and 8 channels, 16-byte loads and stores, 32-bit index math (the window rules are
+// pool_one's, applied per channel). grid (ceil(NB*OH*OW*C/8 / 256)), block 256. Modules of
+// other storage types compile it empty (the enqueue takes it for half / bfloat16 only).
+template <class T> struct Is16 { enum { value = 0 }; };
+template <> struct Is16<half_t> { enum { value = 1 }; };
+template <> struct Is16<bf16_t> { enum { value = 1 }; };
+union Pack8 {
+  uint4 raw;
+  unsigned short h[8];
+};
+
+template <class T>
+__device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY) {
+  if constexpr (Is16<T>::value) {
+    const int groups = C / 8, total = NB * (int)OH * (int)OW * groups;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+      const int g = i % groups, pix = i / groups;
+      const int ohw = (int)(OH * OW), nb = pix / ohw, s = pix - nb * ohw;
+      const int oh = s / (int)OW, ow = s - oh * (int)OW;
+      const T* x = X + ((i64)nb * H * W) * C + g * 8;
+      float acc[8];
+      int inside = 0, padded = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = POOL_MODE == 0 ? Lim<float>::lo() : 0.f;
+      for (int kh = 0; kh < (int)KH; ++kh) {
+        const int ih = oh * (int)SH - (int)PH + kh * (int)DH;
+        for (int kw = 0; kw < (int)KW; ++kw) {
+          const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
+          padded += (ih >= -(int)PH && ih < (int)(H + EH) && iw >= -(int)PW && iw < (int)(W + EW)) ? 1 : 0;
+          if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
+          Pack8 v;
+          v.raw = *(const uint4*)(x + ((i64)ih * W + iw) * C);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            T e;
+            e.x = v.h[j];
+            const float f = (float)ld(&e, 0);
+#if POOL_MODE == 0
+            if (inside == 0 || f > acc[j]) acc[j] = f;  // pool_one: the first element, then strictly larger ones
+#else
+            acc[j] += f;
+#endif
+          }
+          ++inside;
+        }
+      }
+      Pack8 out;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#if POOL_MODE == 0
+        const float r = acc[j];
+#else
+        const int n = count_include_pad ? padded : inside;
+        const float r = n > 0 ? acc[j] / (float)n : 0.f;
+#endif
+        T e;
+        st(&e, 0, r);
+        out.h[j] = e.x;
+      }
+      *(uint4*)(Y + (i64)i * 8) = out.raw;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v8(const ELEM* X, ELEM* Y, int NB, int C,
+                                                                      POOL_GEOMETRY) {
+  pool_nhwc_v8<ELEM>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+}
+
 // Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree
 // reduction in shared memory (deterministic). grid (NC), block 256.
 extern "C" __global__ void __launch_bounds__(256) pool_global(const ELEM* X, ELEM* Y, i64 NC, i64 S, float p) {

@@ -1,0 +1,170 @@
+"""Every distinct GEMM / convolution of a model plan against torch's op, shape by shape.
+
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnet50:32:fp16,bert:8:fp16 [--out k.json]
+
+Builds the polykit plan of each case (as benchmarks/cuda_models.py does: torch export, random
+weights), then for every distinct (kind, input/output shapes, attributes) among its Conv /
+ConvNHWC / MatMul / Gemm layers times the layer's chosen tactic alone and torch's equivalent
+in the same process: torch.nn.functional.conv2d on channels_last tensors (cuDNN) for
+convolutions, torch.matmul for GEMMs, on random inputs of the layer's shapes and dtype. Both
+sides are timed as captured CUDA graphs (three calls per graph, inputs rotated over three
+buffer sets, median of --iters replays). Fused epilogues are timed as part of polykit's
+layer; torch's side is the bare op, plus the bias. Prints TFLOP/s per shape, the ratio to torch,
+and the totals (each shape weighted by how many layers share it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cuda_gemm import time_graph
+from cuda_models import export, make_inputs, make_model
+
+KINDS = ("Conv", "ConvNHWC", "MatMul", "Gemm")
+
+
+def layer_flops(layer, tensors) -> float:
+    out = tensors[layer.outputs[0]].shape
+    if layer.kind in ("Conv", "ConvNHWC"):
+        w = tensors[layer.inputs[1]].shape
+        per_out = int(np.prod(w[1:]))
+        return 2.0 * int(np.prod(out)) * per_out
+    a = tensors[layer.inputs[0]].shape
+    k = a[0] if layer.kind == "Gemm" and layer.attrs.get("transA") else a[-1]
+    return 2.0 * int(np.prod(out)) * k
+
+
+def torch_op(layer, tensors, dtype, torch):
+    """A callable(i) running torch's equivalent of `layer` on the i-th of three input sets."""
+    F = torch.nn.functional
+    shape = lambda n: tuple(tensors[n].shape)  # noqa: E731
+    if layer.kind in ("Conv", "ConvNHWC"):
+        nhwc = layer.kind == "ConvNHWC"
+        x_shape, w_shape = shape(layer.inputs[0]), shape(layer.inputs[1])
+        if nhwc:  # NHWC / KRSC -> logical NCHW / KCRS
+            x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+            w_shape = (w_shape[0], w_shape[3], w_shape[1], w_shape[2])
+        pads = layer.attrs.get("pads", [0, 0, 0, 0])
+        sets = [(torch.randn(*x_shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last),
+                 torch.randn(*w_shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last),
+                 torch.randn(w_shape[0], device="cuda", dtype=dtype)) for _ in range(3)]
+        kw = {"stride": tuple(layer.attrs.get("strides", [1, 1])), "padding": (pads[0], pads[1]),
+              "dilation": tuple(layer.attrs.get("dilations", [1, 1])), "groups": int(layer.attrs.get("group", 1))}
+        return lambda i: F.conv2d(sets[i][0], sets[i][1], sets[i][2], **kw)
+    a_shape, b_shape = shape(layer.inputs[0]), shape(layer.inputs[1])
+    sets = [(torch.randn(*a_shape, device="cuda", dtype=dtype), torch.randn(*b_shape, device="cuda", dtype=dtype))
+            for _ in range(3)]
+    if layer.kind == "Gemm":
+        ta, tb = layer.attrs.get("transA", 0), layer.attrs.get("transB", 0)
+        return lambda i: torch.matmul(sets[i][0].T if ta else sets[i][0], sets[i][1].T if tb else sets[i][1])
+    return lambda i: torch.matmul(sets[i][0], sets[i][1])
+
+
+def polykit_op(layer, plan, torch):
+    """A callable(i) enqueueing the layer's own tactic on random tensors of its shapes."""
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+    from polykit.runtime.cuda.target import plan_kernels
+
+    info = driver.current_device()
+    tactic = find_tactic("cuda", layer.kind, layer.tactic)
+    modules = KernelModules(info.arch)
+    modules.load(plan_kernels(plan, layer))
+    keep: list = []
+
+    def tensor(name):
+        desc = plan.tensors[name]
+        t = torch.randn(*desc.shape, device="cuda").to(getattr(torch, desc.dtype))
+        keep.append(t)
+        return DeviceTensor(t.data_ptr(), tuple(desc.shape), np.dtype(desc.dtype))
+
+    sets = [{n: tensor(n) for n in (*layer.inputs, *layer.outputs) if n} for _ in range(3)]
+
+    def take(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    def run(i):
+        stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+        tactic.enqueue(layer, CudaLauncher(modules, stream, take, layer.name, sm_count=info.sm_count), sets[i])
+
+    return run, modules, keep
+
+
+def bench_case(name, batch, precision, args, torch) -> list[dict]:
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    model = make_model(name, torch)
+    inputs = make_inputs(name, batch, torch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.onnx"
+        export(name, model, inputs, path, torch)
+        plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16"))
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    groups: dict = {}
+    for layer in plan.layers:
+        if layer.kind not in KINDS:
+            continue
+        key = (layer.kind, layer.tactic, tuple(tuple(plan.tensors[n].shape) if n else () for n in layer.inputs),
+               json.dumps({k: v for k, v in layer.attrs.items() if k != "epilogue"}, sort_keys=True, default=str),
+               bool(layer.attrs.get("epilogue")))
+        groups.setdefault(key, []).append(layer)
+    rows = []
+    for key, layers in groups.items():
+        layer = layers[0]
+        flops = layer_flops(layer, plan.tensors)
+        run, modules, keep = polykit_op(layer, plan, torch)
+        try:
+            ms = time_graph(run, torch, args.warmup, args.iters)
+        finally:
+            torch.cuda.synchronize()
+            modules.close()
+        tms = time_graph(torch_op(layer, plan.tensors, dtype, torch), torch, args.warmup, args.iters)
+        shapes = " ".join(str(tuple(plan.tensors[n].shape)) for n in (*layer.inputs[:2], *layer.outputs[:1]) if n)
+        rows.append({"kind": layer.kind, "tactic": layer.tactic, "shapes": shapes, "count": len(layers),
+                     "epilogue": bool(layer.attrs.get("epilogue")), "polykit_ms": ms, "torch_ms": tms,
+                     "tflops": flops / ms / 1e9, "torch_tflops": flops / tms / 1e9})
+        r = rows[-1]
+        print(f"{r['count']:3}x {r['kind']:9} {r['tactic']:27} {r['polykit_ms'] * 1e3:8.1f} us {r['tflops']:6.0f} TF | "
+              f"torch {r['torch_ms'] * 1e3:8.1f} us {r['torch_tflops']:6.0f} TF | {r['polykit_ms'] / r['torch_ms']:5.2f}x "
+              f"{'+epi ' if r['epilogue'] else ''}{shapes}", flush=True)
+    total = sum(r["polykit_ms"] * r["count"] for r in rows)
+    ttotal = sum(r["torch_ms"] * r["count"] for r in rows)
+    print(f"== {name} bs{batch} {precision}: polykit {total:.3f} ms vs torch {ttotal:.3f} ms over "
+          f"{sum(r['count'] for r in rows)} layers = {total / ttotal:.2f}x", flush=True)
+    return rows
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="resnet50:32:fp16,bert:8:fp16")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default="cuda_kernels.json")
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = True
+    results = {}
+    for case in args.cases.split(","):
+        name, batch, precision = case.split(":")
+        results[case] = bench_case(name, int(batch), precision, args, torch)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(meta)
+
+
+if __name__ == "__main__":
+    main()
