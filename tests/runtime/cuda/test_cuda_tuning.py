@@ -99,10 +99,11 @@ def test_split_k_workspace_is_planned_and_allocated_once_up_front():
     from polykit.runtime.engine import Engine
 
     x = {"x": rng.standard_normal((32, 4096)).astype(np.float32)}
-    plan = _build(_gemm_model(32, 4096, 64), "cuda", builder_optimization_level=0)
+    model = _gemm_model(32, 4096, 64)  # once: each call draws new weights
+    plan = _build(model, "cuda", builder_optimization_level=0)
     need = plan.metadata["workspace"]["layers"].get(plan.layers[0].name, 0)
     assert need > 0 and plan.metadata["device_memory"]["workspace_bytes"] == need
-    want = _run(_build(_gemm_model(32, 4096, 64), "cpu"), x)["y"]
+    want = _run(_build(model, "cpu"), x)["y"]
     with Engine(plan) as engine, engine.create_execution_context() as ctx:
         pool = ctx._ctx._workspace
         assert len(pool.chunks) == 1 and pool.nbytes >= need
