@@ -102,7 +102,7 @@ def _enqueue(tile: Sm90Tile):
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         kernel = kernel_for(layer, tile, ELEMS[np.dtype(Y.dtype).name], False, "conv_sm90")
         args = [tm_w, X, B if B is not None else 0, Y, *geo.args()] + epilogue_args(layer, tensors, Y.dtype)
-        launcher.launch(kernel, (min(tiles, launcher.sm_count),), (tile.threads,), args, shared_mem=tile.smem)
+        launcher.launch(kernel, (tile.grid(tiles, launcher.sm_count),), (tile.threads,), args, shared_mem=tile.smem)
 
     return enqueue
 

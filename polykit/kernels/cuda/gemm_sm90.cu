@@ -22,7 +22,9 @@
 // row-major GEMM output. A is gathered by the whole producer warpgroup with 16-byte cp.async
 // (8 channels of one (kh, kw) tap; zeros in the padding and past K), completion counted on the
 // stage's `full` barrier (cp.async.mbarrier.arrive.noinc). The conv bias is C (scn 1, beta 1).
-// Launch: grid (min(tiles, SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
+// BLOCKS 2 (one consumer warpgroup, few stages): two blocks share an SM, so one block's epilogue
+// runs while the other's wgmma do; they keep the launch register budget (no setmaxnreg).
+// Launch: grid (min(tiles, BLOCKS * SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
 // 1024 (alignment) + STAGES * (BM + BN) * 128 + 16 * STAGES bytes.
 // Deterministic: each output element is one fixed-order K loop in one thread.
 #include "sm90.cuh"
@@ -36,6 +38,9 @@
 #define BM (64 * MSUB * CONSUMERS)
 #define STAGE_BYTES ((BM + BN) * 128)
 #define GROUP 8
+#ifndef BLOCKS
+#define BLOCKS 1  // blocks an SM runs at once; 2: one block's epilogue overlaps the other's products
+#endif
 #define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
 
 struct OutP {
@@ -163,7 +168,7 @@ __device__ __forceinline__ void next_stage(int& stage, u32& phase) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90(
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm_sm90(
     const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
     i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -178,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
   const Stages st = setup_stages(smem_raw, 1);
 
   if (wg == 0) {  // ---- producer: TMA loads, one thread ------------------------------------
-    set_max_regs_dec<40>();
+    if (BLOCKS == 1) set_max_regs_dec<40>();
     int stage = 0;
     u32 phase = 0;
     for (int t = blockIdx.x; t < tiles && tid == 0; t += gridDim.x) {
@@ -200,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
       }
     }
   } else {  // ---- consumers (128 * 40 + 256 * 232 = 168 * 384: the launch allocation) --------------
-    set_max_regs_inc<232>();
+    if (BLOCKS == 1) set_max_regs_inc<232>();
     OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
 #if HAS_EPILOGUE
     out.epi = make_epi(EPI_ARGS);
@@ -216,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) gemm_sm90
 #define CONV_PRODUCER_REGS 56
 #define CONV_CONSUMER_REGS (CONSUMERS == 1 ? 240 : 224)
 
-extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) conv_sm90(
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv_sm90(
     const __grid_constant__ TmaDesc tm_w, const ELEM* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
     int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -228,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) conv_sm90
   const Stages st = setup_stages(smem_raw, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
 
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
-    set_max_regs_dec<CONV_PRODUCER_REGS>();
+    if (BLOCKS == 1) set_max_regs_dec<CONV_PRODUCER_REGS>();
     const int chunk = tid % 8, c8s = C / 8, kchunks = (int)(K / 8);
     int stage = 0;
     u32 phase = 0;
@@ -266,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1) conv_sm90
       }
     }
   } else {  // ---- consumers ---------------------------------------------------------------------
-    set_max_regs_inc<CONV_CONSUMER_REGS>();
+    if (BLOCKS == 1) set_max_regs_inc<CONV_CONSUMER_REGS>();
     OutP out = make_out(Y, Bias, M, N, 0, 1, 1.f, 1.f);
 #if HAS_EPILOGUE
     out.epi = make_epi(EPI_ARGS);

@@ -35,6 +35,7 @@ class Sm90Tile:
     consumers: int
     bn: int
     stages: int
+    blocks: int = 1  # blocks per SM (2: the epilogue of one overlaps the other's products)
 
     @property
     def bm(self) -> int:
@@ -51,15 +52,21 @@ class Sm90Tile:
 
     @property
     def label(self) -> str:
-        return f"{self.bm}x{self.bn}"
+        return f"{self.bm}x{self.bn}" + (f"x{self.blocks}" if self.blocks > 1 else "")
+
+    def grid(self, tiles: int, sm_count: int) -> int:
+        """Persistent blocks for `tiles` output tiles."""
+        return max(1, min(tiles, self.blocks * sm_count))
 
     def defines(self, b_mn: bool) -> tuple[tuple[str, str], ...]:
-        return defines(MSUB=self.msub, CONSUMERS=self.consumers, BN=self.bn, STAGES=self.stages, B_MN=int(b_mn))
+        return defines(MSUB=self.msub, CONSUMERS=self.consumers, BN=self.bn, STAGES=self.stages, B_MN=int(b_mn),
+                       BLOCKS=self.blocks)
 
 
 #: tile configurations, in the order a build without timing prefers them
 TILES = (Sm90Tile(1, 2, 128, 6), Sm90Tile(1, 2, 256, 4), Sm90Tile(2, 2, 128, 4), Sm90Tile(1, 1, 128, 8),
-         Sm90Tile(1, 2, 64, 8), Sm90Tile(1, 1, 64, 8))
+         Sm90Tile(1, 2, 64, 8), Sm90Tile(1, 1, 64, 8), Sm90Tile(1, 1, 128, 4, blocks=2),
+         Sm90Tile(1, 1, 64, 6, blocks=2))
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,7 @@ def _enqueue(tile: Sm90Tile):
         tm_a, tm_b = tensor_maps(geo, tile, A, B)
         alpha = float(layer.attrs.get("alpha", 1.0)) if layer.kind == "Gemm" else 1.0
         beta = float(layer.attrs.get("beta", 1.0)) if layer.kind == "Gemm" else 0.0
-        grid = min(tile_count(geo, tile), launcher.sm_count)
+        grid = tile.grid(tile_count(geo, tile), launcher.sm_count)
         args = [tm_a, tm_b, C if C is not None else 0, Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
                 np.float32(alpha), np.float32(beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1)]
         launcher.launch(kernel_for(layer, tile, elem, geo.b_mn), (grid,), (tile.threads,),

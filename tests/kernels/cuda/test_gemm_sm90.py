@@ -45,7 +45,8 @@ def test_plan_gemm_declines_what_the_kernel_cannot_take(kind, attrs, a, b):
 
 def test_tile_parameters_fit_the_chip():
     for t in TILES:
-        assert t.smem <= 227 * 1024 and t.bm <= 256 and t.bn <= 256
+        assert t.blocks * t.smem <= 227 * 1024 and t.bm <= 256 and t.bn <= 256
+        assert t.blocks == 1 or t.consumers == 1  # two blocks an SM: 128 registers a thread at most
         assert t.threads == 128 * (t.consumers + 1)
     assert tile_count(Sm90Gemm(300, 200, 64, 2, 2, 2, True), TILES[0]) == 3 * 2 * 2
 
