@@ -102,12 +102,14 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
     pairs, declined = [], []
     variants = precision_variants(layer, cfg, target)
     for variant in variants:
+        found = []
         for tactic in candidates(target, layer.kind, variant, arch=arch if target != "cpu" else None):
             need = tactic.workspace(variant, tensors, sm_count)
             if cfg.workspace_limit is not None and need > cfg.workspace_limit:
                 declined.append(f"{tactic.name} needs {need} workspace bytes")
             else:
-                pairs.append((variant, tactic))
+                found.append((variant, tactic))
+        pairs += by_estimate(found, sm_count)
     if not pairs:
         detail = f" ({'; '.join(declined)}; --memory-pool-limit workspace:{cfg.workspace_limit})" if declined else ""
         precisions = "/".join(v.precision for v in variants)
@@ -116,6 +118,14 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
                          hint="raise the workspace limit" if declined else
                          "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
     return pairs
+
+
+def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:
+    """Pairs whose tactic predicts its cost first, cheapest first, then the others in their
+    (priority) order; stable, so equal predictions keep the priority order."""
+    costs = [tactic.estimate(variant, sm_count) for variant, tactic in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: (costs[i] is None, costs[i] or 0.0, i))
+    return [pairs[i] for i in order]
 
 
 class Tuner:

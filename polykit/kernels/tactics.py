@@ -43,6 +43,9 @@ class Tactic:
     domain: the layer domain it serves ("*": any; `supports` then checks).
     archs: GPU architectures it runs on (e.g. ("sm_90",)); empty: any.
     workspace_fn(layer, tensors, sm_count) -> bytes of scratch memory it borrows for a layer.
+    estimate_fn(layer, sm_count) -> a predicted cost (any unit shared by a family; lower is
+        better) or None: candidates that have one are tried in its order, ahead of the others,
+        so a level-0 build takes the predicted best and a pruned level times the likeliest.
     """
 
     target: str
@@ -54,6 +57,11 @@ class Tactic:
     domain: str = ANY
     archs: tuple[str, ...] = ()
     workspace_fn: WorkspaceFn = field(default=no_workspace, hash=False, compare=False)
+    estimate_fn: Callable[[Any, int], float | None] | None = field(default=None, hash=False, compare=False)
+
+    def estimate(self, layer: Any, sm_count: int) -> float | None:
+        """The predicted cost of running `layer` (None when the tactic makes no prediction)."""
+        return None if self.estimate_fn is None else self.estimate_fn(layer, sm_count)
 
     def runs_on(self, arch: str) -> bool:
         """Whether the tactic runs on GPU architecture `arch` ("" = unknown: only arch-free tactics)."""

@@ -180,3 +180,24 @@ def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch,
         plan = _build()
     assert plan.layer("fc").tactic == "cpu.reference"
     assert "layer 'fc': no candidate could be timed; took cpu.reference" in caplog.text
+
+
+def test_candidates_with_a_cost_estimate_come_first_cheapest_first():
+    from polykit.compiler.tuner import by_estimate
+    from polykit.kernels.tactics import Tactic
+
+    def tactic(name, cost):
+        return Tactic("cpu", "MatMul", name, estimate_fn=None if cost is None else (lambda layer, sms: cost))
+
+    pairs = [(None, tactic("a", None)), (None, tactic("b", 5.0)), (None, tactic("c", 2.0)), (None, tactic("d", None))]
+    assert [t.name for _, t in by_estimate(pairs, 132)] == ["c", "b", "a", "d"]
+
+
+def test_sm90_tiles_predict_big_tiles_for_big_products_and_small_ones_for_small():
+    from polykit.kernels.cuda.gemm_sm90 import TILES, predicted_us
+
+    def best(M, N, K):
+        return min(TILES, key=lambda t: predicted_us(t, M, N, K, 1, 132)).label
+
+    assert best(4096, 4096, 4096) == "128x256"
+    assert best(128, 768, 3072) == "64x64"

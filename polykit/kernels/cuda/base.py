@@ -223,12 +223,13 @@ DECLARED: list[CudaTactic] = []
 
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
-                workspace: WorkspaceFn = no_workspace):
+                workspace: WorkspaceFn = no_workspace, estimate: Any = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind`."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
-                                   workspace_fn=workspace, kernels_fn=kernels, enqueue_fn=enqueue_fn))
+                                   workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
+                                   enqueue_fn=enqueue_fn))
         return enqueue_fn
 
     return declare

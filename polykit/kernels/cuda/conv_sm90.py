@@ -20,7 +20,7 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for
+from polykit.kernels.cuda.gemm_sm90 import ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for, predicted_us
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
 
@@ -90,6 +90,14 @@ def _kernels(tile: Sm90Tile):
     return lambda layer: [kernel_for(layer, tile, ELEMS[_storage(layer)], False, "conv_sm90")]
 
 
+def _estimate(tile: Sm90Tile):
+    def estimate(layer: Any, sm_count: int) -> float | None:
+        geo = _geometry(layer)
+        return None if geo is None or not sm_count else predicted_us(tile, geo.M, geo.N, geo.K, 1, sm_count)
+
+    return estimate
+
+
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
@@ -118,6 +126,6 @@ def compile_variants() -> list[KernelSource]:
 
 for _rank, _tile in enumerate(CONV_TILES):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                priority=30 - _rank, archs=ARCHS,
+                priority=30 - _rank, archs=ARCHS, estimate=_estimate(_tile),
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
                         "stages": _tile.stages})(_enqueue(_tile))

@@ -36,6 +36,8 @@ class Sm90Tile:
     bn: int
     stages: int
     blocks: int = 1  # blocks per SM (2: the epilogue of one overlaps the other's products)
+    #: whole-chip fp16 TFLOP/s of the tile when every SM is busy (measured, H100, large K)
+    tflops: float = 400.0
 
     @property
     def bm(self) -> int:
@@ -64,9 +66,19 @@ class Sm90Tile:
 
 
 #: tile configurations, in the order a build without timing prefers them
-TILES = (Sm90Tile(1, 2, 128, 6), Sm90Tile(1, 2, 256, 4), Sm90Tile(2, 2, 128, 4), Sm90Tile(1, 1, 128, 8),
-         Sm90Tile(1, 2, 64, 8), Sm90Tile(1, 1, 64, 8), Sm90Tile(1, 1, 128, 4, blocks=2),
-         Sm90Tile(1, 1, 64, 6, blocks=2))
+TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660), Sm90Tile(2, 2, 128, 4, tflops=630),
+         Sm90Tile(1, 1, 128, 8, tflops=430), Sm90Tile(1, 2, 64, 8, tflops=340), Sm90Tile(1, 1, 64, 8, tflops=330),
+         Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430), Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
+
+
+def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int) -> float:
+    """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of tiles at the tile's
+    full-chip rate, plus a fixed start per wave (pipeline fill, epilogue)."""
+    tiles = -(-M // tile.bm) * -(-N // tile.bn) * items
+    slots = max(1, tile.blocks * sm_count)
+    waves = -(-tiles // slots)
+    per_wave = 2.0 * tile.bm * tile.bn * max(K, 64) * slots / (tile.tflops * 1e6)
+    return waves * (per_wave + 2.0)
 
 
 @dataclass(frozen=True)
@@ -192,6 +204,14 @@ def _kernels(tile: Sm90Tile):
     return kernels
 
 
+def _estimate(tile: Sm90Tile):
+    def estimate(layer: Any, sm_count: int) -> float | None:
+        geo = _layer_geometry(layer)
+        return None if geo is None or not sm_count else predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count)
+
+    return estimate
+
+
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
@@ -224,6 +244,6 @@ def compile_variants() -> list[KernelSource]:
 for _rank, _tile in enumerate(TILES):
     for _kind in ("MatMul", "Gemm"):
         cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                    priority=30 - _rank, archs=ARCHS,
+                    priority=30 - _rank, archs=ARCHS, estimate=_estimate(_tile),
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))
