@@ -14,7 +14,8 @@ t1=$(date +%s.%N)
 pk convert "$work/resnet50.onnx" -o "$work/warm.plan" --target cuda --fp16 --load-timing-cache "$work/timing.json" \
   --error-on-timing-cache-miss 2>&1 | tee "$out/build_warm.log"
 t2=$(date +%s.%N)
-echo "resnet50 bs${BATCH:-32} fp16 convert: cold $(echo "$t1 - $t0" | bc) s (kernel and timing caches empty), warm $(echo "$t2 - $t1" | bc) s (both warm)" | tee "$out/build_times.txt"
+secs() { python3 -c "print(f'{$2 - $1:.1f}')"; }
+echo "resnet50 bs${BATCH:-32} fp16 convert: cold $(secs $t0 $t1) s (kernel and timing caches empty), warm $(secs $t1 $t2) s (both warm)" | tee "$out/build_times.txt"
 cmp "$work/cold.plan" "$work/warm.plan" && echo "cold and warm plans are byte-identical" | tee -a "$out/build_times.txt"
 pk bench "$work/warm.plan" --iterations 200 --duration 2 --json > "$out/bench_e2e.json"
 pk bench "$work/warm.plan" --iterations 200 --duration 2 --no-data-transfers --json > "$out/bench_compute.json"

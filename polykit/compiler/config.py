@@ -18,8 +18,10 @@ from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
-#: fields naming files a build reads or writes besides the model; not recorded in plans
-SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache"})
+#: fields naming files a build reads or writes besides the model, and switches of the build
+#: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
+SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
+                        "error_on_timing_cache_miss"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)

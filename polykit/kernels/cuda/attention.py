@@ -9,6 +9,7 @@ deterministic, and agree on rows whose softmax is undefined (NaN, or 0 with nan_
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -28,8 +29,12 @@ QT, KT, TILED_MAX_D, TILED_BLOCK = 16, 32, 128, 128
 
 
 def _kernels(layer) -> list[KernelSource]:
+    """The attention module, and the movement kernels that relay [B, S, H, D] tensors."""
+    from polykit.kernels.cuda import movement
+
+    relay = movement._kernels(None) if layer is not None and _relaid(layer) else []
     return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
-        [KernelSource(f"attention_tiled_{c}", FILE) for c in TILED]
+        [KernelSource(f"attention_tiled_{c}", FILE) for c in TILED] + relay
 
 
 def _pad(v, fill=0):
@@ -77,13 +82,55 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
                     shared_mem=(8 if wide else 4) * (D + Skv))
 
 
-def _default_layouts(layer) -> bool:
-    return all(layer.attrs.get(a, "bhsd") == "bhsd" for a in ("q_layout", "k_layout", "v_layout", "out_layout"))
+LAYOUTS = ("q_layout", "k_layout", "v_layout", "out_layout")
 
 
-cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels,
-            supports=stored_as(*STORED, then=lambda layer: layer.domain == "ai.polykit" and _default_layouts(layer)))(
-    enqueue_attention)
+def _relaid(layer) -> list[int]:
+    """Positions (0-2 inputs, 3 the output) stored [B, S, H, D] ("bshd", fold_attention_layouts)."""
+    return [i for i, a in enumerate(LAYOUTS) if layer.attrs.get(a, "bhsd") == "bshd"]
+
+
+def _swapped(shape) -> tuple[int, ...]:
+    return (shape[0], shape[2], shape[1], shape[3])
+
+
+def _relayout_bytes(layer, tensors, sm_count: int) -> int:
+    """Workspace: a [B, H, S, D] copy of every tensor stored [B, S, H, D] (256-byte slots)."""
+    names = [(layer.inputs + layer.outputs)[i] if i < 3 else layer.outputs[0] for i in _relaid(layer)]
+    sizes = [int(np.prod(tensors[n].shape)) * np.dtype(tensors[n].dtype).itemsize for n in names if n in tensors]
+    return sum(-(-b // 256) * 256 for b in sizes)
+
+
+def enqueue_relaid(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """enqueue_attention for layers with [B, S, H, D] tensors (fp32/fp64: the flash kernel reads
+    them directly in fp16/bf16): each is transposed into the workspace, the attention runs on
+    [B, H, S, D], and an output so stored is transposed back."""
+    from polykit.kernels.cuda.movement import contiguous_strides, launch_copy
+
+    relaid = _relaid(layer)
+    if not relaid:
+        return enqueue_attention(layer, launcher, tensors)
+    names = list(layer.inputs[:3]) + [layer.outputs[0]]
+    local = dict(tensors)
+    where = f"layer {layer.name!r}"
+    for i in relaid:
+        t = tensors[names[i]]
+        shape = _swapped(t.shape)
+        tmp = DeviceTensor(launcher.workspace(t.size * t.dtype.itemsize), shape, t.dtype)
+        if i < 3:  # [B, S, H, D] -> [B, H, S, D]
+            xs = contiguous_strides(t.shape)
+            launch_copy(launcher, t, tmp, shape, [xs[0], xs[2], xs[1], xs[3]], contiguous_strides(shape), where=where)
+        local[names[i]] = tmp
+    plain = replace(layer, attrs={k: v for k, v in layer.attrs.items() if k not in LAYOUTS})
+    enqueue_attention(plain, launcher, local)
+    if 3 in relaid:  # [B, H, S, D] -> [B, S, H, D]
+        y, tmp = tensors[names[3]], local[names[3]]
+        ts = contiguous_strides(tmp.shape)
+        launch_copy(launcher, tmp, y, y.shape, [ts[0], ts[2], ts[1], ts[3]], contiguous_strides(y.shape), where=where)
+
+
+cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels, workspace=_relayout_bytes,
+            supports=stored_as(*STORED, then=lambda layer: layer.domain == "ai.polykit"))(enqueue_relaid)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -137,3 +137,16 @@ def test_keys_and_values_shared_by_every_head_broadcast():
     inputs = {"Q": rand((2, 4, 33, 64), np.float16), "K": rand((2, 1, 50, 64), np.float16),
               "V": rand((2, 1, 50, 64), np.float16)}
     check(layer_for(inputs, (2, 4, 33, 64)), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fp32_and_fp64_attention_with_bshd_layouts_relays_through_the_workspace(dtype):
+    from polykit.runtime.cuda.harness import run_layer
+
+    B, S, H, D = 2, 37, 3, 16
+    inputs = _arrays((B, S, H, D), (B, S, H, D), dtype)
+    inputs["mask"] = (rng.standard_normal((B, 1, 1, S)) * 2).astype(dtype)
+    layer = layer_for(inputs, (B, S, H, D), layout="bshd", scale=0.3)
+    out = run_layer(layer, inputs, tactic="cuda.attention.simple", output_specs={"Y": ((B, S, H, D), np.dtype(dtype))})["Y"]
+    np.testing.assert_allclose(out, reference(layer, inputs), rtol=1e-5, atol=1e-5)
