@@ -43,6 +43,8 @@ class Tactic:
     domain: the layer domain it serves ("*": any; `supports` then checks).
     archs: GPU architectures it runs on (e.g. ("sm_90",)); empty: any.
     workspace_fn(layer, tensors, sm_count) -> bytes of scratch memory it borrows for a layer.
+    conservative: the kind's trusted choice (cpu.reference), which `conservative_tactic`
+        prefers to the plainest kernel when bisecting a wrong build.
     """
 
     target: str
@@ -54,6 +56,7 @@ class Tactic:
     domain: str = ANY
     archs: tuple[str, ...] = ()
     workspace_fn: WorkspaceFn = field(default=no_workspace, hash=False, compare=False)
+    conservative: bool = False
 
     def runs_on(self, arch: str) -> bool:
         """Whether the tactic runs on GPU architecture `arch` ("" = unknown: only arch-free tactics)."""
@@ -171,6 +174,14 @@ def candidates(target: str, kind: str, layer: Any, *, arch: str | None = None) -
     priority; with `arch`, only those that run on that GPU architecture."""
     return [t for t in _candidates_of(target, layer, kind)
             if (arch is None or t.runs_on(arch)) and t.supports(layer)]
+
+
+def conservative_tactic(target: str, kind: str, layer: Any, *, arch: str | None = None) -> Tactic | None:
+    """The tactic to trust for `layer` (`polykit debug tactics`' good side): the first candidate
+    marked `conservative` (cpu.reference), else the lowest-priority candidate, the plainest
+    kernel (the SIMT GEMM and convolution on cuda); None when no tactic runs the layer."""
+    found = candidates(target, kind, layer, arch=arch)
+    return next((t for t in found if t.conservative), found[-1] if found else None)
 
 
 def find_tactic(target: str, kind: str, name: str) -> Tactic | None:
