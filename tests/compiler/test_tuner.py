@@ -180,3 +180,40 @@ def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch,
         plan = _build()
     assert plan.layer("fc").tactic == "cpu.reference"
     assert "layer 'fc': no candidate could be timed; took cpu.reference" in caplog.text
+
+
+def test_build_progress_bar_shows_with_v_but_not_inside_another_progress_display(monkeypatch):
+    made = []
+
+    class Recorder:
+        def __init__(self, *columns, **kwargs):
+            made.append(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def add_task(self, *args, **kwargs):
+            return 0
+
+        def update(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr("rich.progress.Progress", Recorder)
+    level = tuner_module.log.level
+    tuner_module.log.setLevel(logging.INFO)
+    try:
+        with tuner_module.progress_bar(2, "building") as advance:
+            advance("conv")
+        assert len(made) == 1
+        token = tuner_module.SHOW_BUILD_PROGRESS.set(False)
+        try:
+            with tuner_module.progress_bar(2, "building") as advance:
+                advance("conv")
+        finally:
+            tuner_module.SHOW_BUILD_PROGRESS.reset(token)
+        assert len(made) == 1
+    finally:
+        tuner_module.log.setLevel(level)
