@@ -220,9 +220,9 @@ SHOW_BUILD_PROGRESS: ContextVar[bool] = ContextVar("polykit_show_build_progress"
 
 
 @contextmanager
-def progress_bar(total: int, description: str) -> Iterator[Any]:
-    """advance(layer name) for a rich progress bar on stderr, shown only on a terminal or with -v
-    (and not inside another command's progress display: SHOW_BUILD_PROGRESS)."""
+def progress_bar(total: int | None, description: str) -> Iterator[Any]:
+    """advance(text) for a rich progress bar on stderr (`total` steps, None: not known), shown only
+    on a terminal or with -v, and not inside another command's progress display (SHOW_BUILD_PROGRESS)."""
     wanted = sys.stderr.isatty() or log.getEffectiveLevel() <= logging.INFO
     if total == 0 or not wanted or not SHOW_BUILD_PROGRESS.get():
         yield lambda name: None
