@@ -39,6 +39,8 @@ SCALE = 1e-2
 CUDA_WRAPPED = {"Conv": "cuda.conv.igemm_simt", "MatMul": "cuda.gemm.simt", "Gemm": "cuda.gemm.simt"}
 #: threads of the one block that adds the error on cuda
 BLOCK = 256
+#: storage dtypes of the wrapped cuda tactics -> the error kernel's ELEM
+ELEMS = {"float32": "float", "float16": "half_t"}
 
 FAULT_CODE = """#include "blockreduce.cuh"
 // y[i] += scale * max|y| for the n elements of y (ELEM: float or half_t); one block, any size
@@ -97,16 +99,16 @@ def _cpu_tactics() -> list[Any]:
 
 
 # ---- cuda --------------------------------------------------------------------------------
-def fault_kernels() -> list[Any]:
-    """The error kernel for each storage dtype the wrapped tactics take (float32, float16)."""
+def fault_kernel(dtype: Any) -> Any:
+    """The error kernel for outputs of numpy `dtype`."""
     from polykit.kernels.cuda.base import KernelSource, defines
 
-    return [KernelSource("polykit_fault_add", code=FAULT_CODE, defines=defines(ELEM=elem))
-            for elem in ("float", "half_t")]
+    return KernelSource("polykit_fault_add", code=FAULT_CODE, defines=defines(ELEM=ELEMS[np.dtype(dtype).name]))
 
 
-def _fault_kernel(dtype: Any) -> Any:
-    return fault_kernels()[[np.dtype(np.float32), np.dtype(np.float16)].index(np.dtype(dtype))]
+def fault_kernels() -> list[Any]:
+    """The error kernel for each storage dtype the wrapped tactics take."""
+    return [fault_kernel(dtype) for dtype in ELEMS]
 
 
 def _cuda_tactic(kind: str) -> Any:
@@ -121,14 +123,14 @@ def _cuda_tactic(kind: str) -> Any:
         wrapped().enqueue(layer, launcher, tensors)
         if faulty(layer.name):
             y = tensors[layer.outputs[0]]
-            launcher.launch(_fault_kernel(y.dtype), (1,), (BLOCK,), [y, y.size, np.float32(SCALE)])
+            launcher.launch(fault_kernel(y.dtype), (1,), (BLOCK,), [y, y.size, np.float32(SCALE)])
 
     return CudaTactic("cuda", kind, f"fault.{kind}", supports=lambda layer: wrapped().supports(layer),
                       priority=PRIORITY, workspace_fn=lambda layer, tensors, sms: wrapped().workspace(layer, tensors, sms),
                       kernels_fn=lambda layer: wrapped().kernels(layer) + fault_kernels(), enqueue_fn=enqueue)
 
 
-_TACTICS = {"cpu": lambda: _cpu_tactics(), "cuda": lambda: [_cuda_tactic(kind) for kind in KINDS]}
+_TACTICS = {"cpu": _cpu_tactics, "cuda": lambda: [_cuda_tactic(kind) for kind in KINDS]}
 
 
 @hookimpl

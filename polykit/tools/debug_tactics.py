@@ -97,20 +97,22 @@ def debug_tactics(model: Any, config: BuilderConfig | None = None, options: Debu
                          where=str(model), hint="give the ONNX model the plan was built from")
     _refuse_conflicts(options)
     folder = _artifacts_folder(options.artifacts)
-    config = replace(config or BuilderConfig(), save_tactics=None, save_timing_cache=None)
-    graph = GraphFromOnnx(model)()
+    config = config or BuilderConfig()
     good_file = load_replay(options.good_tactics) if options.good_tactics is not None else None
+    if options.bad_tactics is not None:
+        config = replace(config, tactic_replay=load_replay(options.bad_tactics))
+    trial_config = replace(config, save_tactics=None, save_timing_cache=None)  # files only the bad build writes
+    graph = GraphFromOnnx(model)()
     with ExitStack() as stack:
         advance = stack.enter_context(progress_bar(None, "debug tactics"))
         stack.callback(SHOW_BUILD_PROGRESS.reset, SHOW_BUILD_PROGRESS.set(False))
-        bad_config = replace(config, tactic_replay=load_replay(options.bad_tactics)) if options.bad_tactics else config
-        bad_plan = build_plan(graph, bad_config)
+        bad_plan = build_plan(graph, config)
         good, bad = _assignments(bad_plan, good_file, config)
         advance(f"bad build: {len(bad_plan.layers)} layers, {sum(good[n] != bad[n] for n in bad)} with other tactics")
         if options.check is not None:
             trials = CommandTrials(options.check, bad_plan.layers, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         else:
-            trials = OutputTrials(model, graph, config, bad_plan, options)
+            trials = OutputTrials(model, graph, trial_config, bad_plan, options)
         result = bisect_tactics(good, bad, _Progress(trials, good, advance))
     report = DebugReport(result, result.checks + trials.extra_builds, _replay(good, bad_plan.layers, "good"),
                          _replay(bad, bad_plan.layers, "bad"), str(options.good_tactics or "conservative"))
@@ -279,15 +281,16 @@ class _Progress:
 
 
 def _assignments(bad_plan: Any, good_file: TacticReplay | None, config: BuilderConfig) -> tuple[dict, dict]:
+    """(good, bad): the good replay's tactic where it names a layer (checked as a build forcing it
+    checks: the layer exists, the tactic serves its kind, the dtypes match), else the conservative one."""
     bad = {layer.name: layer.tactic for layer in bad_plan.layers}
     good = conservative_assignment(bad_plan.layers, bad_plan.target, config)
     if good_file is not None:
-        unknown = sorted(set(good_file.layers) - set(bad))
-        if unknown:
-            raise UsageError(f"--good-tactics names {len(unknown)} layer(s) this build does not have: "
-                             f"{', '.join(map(repr, unknown[:5]))}", where=good_file.source,
-                             hint="save it with --save-tactics from a build of the same model and options")
-        good.update({name: choice.tactic for name, choice in good_file.layers.items()})
+        good_file.check_layers(bad_plan.layers)
+        for layer in bad_plan.layers:
+            tactic = good_file.forced_tactic(layer, bad_plan.target)
+            if tactic is not None:
+                good[layer.name] = tactic.name
     return good, bad
 
 

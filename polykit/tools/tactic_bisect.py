@@ -24,7 +24,7 @@ suspects: 10); interacting culprits cost O(g log n) more per group of g.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from polykit.errors import UsageError
@@ -67,7 +67,7 @@ class BisectResult:
     culprits: tuple[Culprit, ...]
     suspects: tuple[str, ...]
     bad: Verdict
-    trials: tuple[tuple[tuple[str, ...], Verdict], ...] = field(default=())
+    trials: tuple[tuple[tuple[str, ...], Verdict], ...] = ()
 
     @property
     def checks(self) -> int:

@@ -16,7 +16,7 @@ import pytest
 from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
-from polykit.errors import UsageError
+from polykit.errors import BuildError
 from polykit.tools.cli import main
 from polykit.tools.debug_tactics import DebugOptions, debug_tactics
 from tests.cli_models import FAULT_PLUGIN, REPO
@@ -135,8 +135,22 @@ def test_bad_input_exits_2_naming_the_problem(monkeypatch, capsys, args, message
 def test_a_good_replay_of_other_layers_is_a_usage_error(tmp_path):
     good = save_replay(tmp_path / "good.json", TacticReplay({"no_such_layer": LayerChoice("cpu.reference", ("float32",),
                                                                                          ("float32",))}))
-    with pytest.raises(UsageError, match="--good-tactics names 1 layer\\(s\\) this build does not have: 'no_such_layer'"):
+    with pytest.raises(BuildError, match="names 1 layer\\(s\\) this build does not have: 'no_such_layer'"):
         debug_tactics(MLP, BuilderConfig(target="cpu"), DebugOptions(good_tactics=good))
+
+
+def test_a_good_replay_for_other_dtypes_is_refused(tmp_path):
+    good = save_replay(tmp_path / "good.json", TacticReplay({"fc1": LayerChoice("cpu.reference", ("float16",) * 3,
+                                                                                ("float16",))}))
+    with pytest.raises(BuildError, match="chose tactic 'cpu.reference' for input dtypes \\['float16'"):
+        debug_tactics(MLP, BuilderConfig(target="cpu"), DebugOptions(good_tactics=good))
+
+
+def test_only_the_bad_build_writes_the_configs_replay_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "fc2")
+    saved = tmp_path / "bad.json"
+    report = debug_tactics(MLP, BuilderConfig(target="cpu", builder_optimization_level=0, save_tactics=saved))
+    assert report.builds > 1 and load_replay(saved).layers == report.bad.layers
 
 
 def test_a_plan_file_or_a_file_as_artifacts_folder_is_a_usage_error(tmp_path, capsys):
