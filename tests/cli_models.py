@@ -95,16 +95,10 @@ FAULT_PLUGIN = REPO / "examples" / "polykit-fault-plugin"
 
 
 @pytest.fixture
-def fault_plugin(monkeypatch):
+def fault_plugin(fresh_plugins, monkeypatch):
     """The example fault plugin registered through POLYKIT_PLUGINS (importable from sys.path, as
-    CI installs only polykit), a fresh plugin manager, and no faulty layer until a test sets
+    CI installs only polykit) in a fresh plugin manager, and no faulty layer until a test sets
     POLYKIT_FAULT_LAYERS."""
-    from polykit.plugins import reset_plugin_manager
-
     monkeypatch.syspath_prepend(str(FAULT_PLUGIN))
     monkeypatch.setenv("POLYKIT_PLUGINS", "polykit_fault")
     monkeypatch.delenv("POLYKIT_FAULT_LAYERS", raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
