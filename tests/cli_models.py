@@ -89,3 +89,16 @@ def fresh_plugins(monkeypatch):
     reset_plugin_manager()
     yield
     reset_plugin_manager()
+
+
+FAULT_PLUGIN = REPO / "examples" / "polykit-fault-plugin"
+
+
+@pytest.fixture
+def fault_plugin(fresh_plugins, monkeypatch):
+    """The example fault plugin registered through POLYKIT_PLUGINS (importable from sys.path, as
+    CI installs only polykit) in a fresh plugin manager, and no faulty layer until a test sets
+    POLYKIT_FAULT_LAYERS."""
+    monkeypatch.syspath_prepend(str(FAULT_PLUGIN))
+    monkeypatch.setenv("POLYKIT_PLUGINS", "polykit_fault")
+    monkeypatch.delenv("POLYKIT_FAULT_LAYERS", raising=False)

@@ -22,6 +22,7 @@ import logging
 import math
 import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -223,10 +224,17 @@ class Tuner:
         return s.to_json()
 
 
+#: False while a caller shows its own progress over many builds (polykit debug tactics): a
+#: build's bar would fight it for the terminal
+SHOW_BUILD_PROGRESS: ContextVar[bool] = ContextVar("polykit_show_build_progress", default=True)
+
+
 @contextmanager
-def progress_bar(total: int, description: str) -> Iterator[Any]:
-    """advance(layer name) for a rich progress bar on stderr, shown only on a terminal or with -v."""
-    if total == 0 or not (sys.stderr.isatty() or log.getEffectiveLevel() <= logging.INFO):
+def progress_bar(total: int | None, description: str) -> Iterator[Any]:
+    """advance(text) for a rich progress bar on stderr (`total` steps, None: not known), shown only
+    on a terminal or with -v, and not inside another command's progress display (SHOW_BUILD_PROGRESS)."""
+    wanted = sys.stderr.isatty() or log.getEffectiveLevel() <= logging.INFO
+    if total == 0 or not wanted or not SHOW_BUILD_PROGRESS.get():
         yield lambda name: None
         return
     from rich.console import Console

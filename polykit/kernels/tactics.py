@@ -46,6 +46,8 @@ class Tactic:
     estimate_fn(layer, sm_count) -> a predicted cost (any unit shared by a family; lower is
         better) or None: candidates that have one are tried in its order, ahead of the others,
         so a level-0 build takes the predicted best and a pruned level times the likeliest.
+    conservative: the kind's trusted choice (cpu.reference), which `conservative_tactic`
+        prefers to the plainest kernel when bisecting a wrong build.
     """
 
     target: str
@@ -62,6 +64,7 @@ class Tactic:
     def estimate(self, layer: Any, sm_count: int) -> float | None:
         """The predicted cost of running `layer` (None when the tactic makes no prediction)."""
         return None if self.estimate_fn is None else self.estimate_fn(layer, sm_count)
+    conservative: bool = False
 
     def runs_on(self, arch: str) -> bool:
         """Whether the tactic runs on GPU architecture `arch` ("" = unknown: only arch-free tactics)."""
@@ -179,6 +182,14 @@ def candidates(target: str, kind: str, layer: Any, *, arch: str | None = None) -
     priority; with `arch`, only those that run on that GPU architecture."""
     return [t for t in _candidates_of(target, layer, kind)
             if (arch is None or t.runs_on(arch)) and t.supports(layer)]
+
+
+def conservative_tactic(target: str, kind: str, layer: Any, *, arch: str | None = None) -> Tactic | None:
+    """The tactic to trust for `layer` (`polykit debug tactics`' good side): the first candidate
+    marked `conservative` (cpu.reference), else the lowest-priority candidate, the plainest
+    kernel (the SIMT GEMM and convolution on cuda); None when no tactic runs the layer."""
+    found = candidates(target, kind, layer, arch=arch)
+    return next((t for t in found if t.conservative), found[-1] if found else None)
 
 
 def find_tactic(target: str, kind: str, name: str) -> Tactic | None:

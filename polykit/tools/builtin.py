@@ -23,13 +23,14 @@ def polykit_data_loaders() -> list[DataLoaderSpec]:
 
 @hookimpl
 def polykit_cli_commands(app: Any) -> None:
-    from polykit.tools import bench_cmd, convert_cmd, inspect_cmd, run_cmd, surgeon_cmd
+    from polykit.tools import bench_cmd, convert_cmd, debug_cmd, inspect_cmd, run_cmd, surgeon_cmd
 
     run_cmd.register(app)
     convert_cmd.register(app)
     bench_cmd.register(app)
     inspect_cmd.register(app)
     surgeon_cmd.register(app)
+    debug_cmd.register(app)
     _register_module_commands(app, "polykit.tools.conformance")
 
 

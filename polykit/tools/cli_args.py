@@ -1,7 +1,8 @@
 """Parsing of the CLI's value syntaxes (Polygraphy's): `--atol 1e-4 logits:1e-3`,
 `--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`,
-`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`; and the builder
-options run, convert and bench share (`with_builder_options`, `channels_last_option`).
+`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`; the builder options
+run, convert, bench and debug tactics share (`with_builder_options`, `channels_last_option`)
+and the comparison options of run and debug tactics (`with_compare_options`).
 
 click takes one value per option occurrence, so `expand_multi_values` first rewrites
 `--atol 1e-4 logits:1e-3` into `--atol 1e-4 --atol logits:1e-3`, consuming only the
@@ -213,18 +214,59 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
     }
 
 
+#: (parameter, annotation, typer option) of the comparison options shared by run and debug tactics
+COMPARE_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("compare", str, typer.Option("simple", "--compare", "--compare-func", help="simple|l2|cosine|snr (plugins add more)")),
+    ("atol", List[str], typer.Option([], "--atol", help="absolute tolerance: 1e-5 and/or per output: logits:1e-3")),
+    ("rtol", List[str], typer.Option([], "--rtol", help="relative tolerance: 1e-5 and/or per output: logits:1e-3")),
+    ("check_error_stat", List[str], typer.Option([], "--check-error-stat",
+                                                 help="elemwise|max|mean|median|quantile, per output too")),
+    ("error_quantile", float, typer.Option(0.99, "--error-quantile", help="the quantile of --check-error-stat quantile")),
+    ("l2_tol", float, typer.Option(1e-5, "--l2-tol", help="largest relative L2 error for --compare l2")),
+    ("cosine_tol", float, typer.Option(1e-6, "--cosine-tol", help="largest 1 - cosine similarity for --compare cosine")),
+    ("snr_min", float, typer.Option(80.0, "--snr-min", help="smallest SNR in dB for --compare snr")),
+]
+
+
+def compare_settings(compare: str = "simple", atol: Sequence[str] = (), rtol: Sequence[str] = (),
+                     check_error_stat: Sequence[str] = (), error_quantile: float = 0.99, l2_tol: float = 1e-5,
+                     cosine_tol: float = 1e-6, snr_min: float = 80.0) -> dict[str, Any]:
+    """AccuracySettings keyword arguments (`compare`, `compare_options`) from the comparison options' CLI values."""
+    from polykit.tools.compare_funcs import CompareOptions
+
+    options = CompareOptions(
+        atol={"": 1e-5, **parse_tolerances(atol, "--atol")},
+        rtol={"": 1e-5, **parse_tolerances(rtol, "--rtol")},
+        check_error_stat={"": "elemwise", **parse_error_stats(check_error_stat)},
+        error_quantile=error_quantile, l2_tol=l2_tol, cosine_tol=cosine_tol, snr_min_db=snr_min,
+    )
+    return {"compare": compare, "compare_options": options}
+
+
 def with_builder_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared builder options; it receives them as `builder_options`,
     a dict of BuilderConfig fields (builder_config_options)."""
+    return _with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
+
+
+def with_compare_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command the shared comparison options; it receives them as `compare_settings`,
+    a dict of AccuracySettings fields (compare_settings)."""
+    return _with_options(command, COMPARE_OPTIONS, "compare_settings", compare_settings)
+
+
+def _with_options(command: Callable[..., Any], options: list[tuple[str, Any, Any]], param: str,
+                  convert: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` with `options` as keyword-only typer parameters, passed to it as `param=convert(**values)`."""
     signature = inspect.signature(command, eval_str=True)
-    own = [p for p in signature.parameters.values() if p.name != "builder_options"]
+    own = [p for p in signature.parameters.values() if p.name != param]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-             for name, annotation, option in BUILDER_OPTIONS]
+             for name, annotation, option in options]
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name) for name, _, _ in BUILDER_OPTIONS}
-        return command(**kwargs, builder_options=builder_config_options(**values))
+        values = {name: kwargs.pop(name) for name, _, _ in options}
+        return command(**kwargs, **{param: convert(**values)})
 
     run.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
     return run

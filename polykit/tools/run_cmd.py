@@ -16,7 +16,8 @@ from typing import Any, List, Optional
 import typer
 
 from polykit.errors import UsageError
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
+from polykit.tools.cli_args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
+                                   with_compare_options)
 from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
@@ -65,14 +66,6 @@ def run(
     iterations: int = typer.Option(1, "--iterations", help="how many feed dicts to run"),
     data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
     data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
-    compare: str = typer.Option("simple", "--compare", "--compare-func", help="simple|l2|cosine|snr (plugins add more)"),
-    atol: List[str] = typer.Option([], "--atol", help="absolute tolerance: 1e-5 and/or per output: logits:1e-3"),
-    rtol: List[str] = typer.Option([], "--rtol", help="relative tolerance: 1e-5 and/or per output: logits:1e-3"),
-    check_error_stat: List[str] = typer.Option([], "--check-error-stat", help="elemwise|max|mean|median|quantile, per output too"),
-    error_quantile: float = typer.Option(0.99, "--error-quantile", help="the quantile of --check-error-stat quantile"),
-    l2_tol: float = typer.Option(1e-5, "--l2-tol", help="largest relative L2 error for --compare l2"),
-    cosine_tol: float = typer.Option(1e-6, "--cosine-tol", help="largest 1 - cosine similarity for --compare cosine"),
-    snr_min: float = typer.Option(80.0, "--snr-min", help="smallest SNR in dB for --compare snr"),
     validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
     mark_all: bool = typer.Option(False, "--mark-all", help="compare every intermediate tensor too"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", help="intermediate tensors to compare too"),
@@ -88,27 +81,21 @@ def run(
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
     builder_options: Any = None,
+    compare_settings: Any = None,
 ) -> int:
     from rich.console import Console
 
     from polykit.backends.base import RunnerRequest
     from polykit.tools import cli_args, results_io
     from polykit.tools.accuracy import AccuracySettings, make_runners, run_comparison
-    from polykit.tools.compare_funcs import CompareOptions
     from polykit.tools.data_loader import DataLoaderOptions
     from polykit.tools.report import render, to_json
 
     shapes = cli_args.parse_input_shapes(input_shapes)
-    options = CompareOptions(
-        atol={"": 1e-5, **cli_args.parse_tolerances(atol, "--atol")},
-        rtol={"": 1e-5, **cli_args.parse_tolerances(rtol, "--rtol")},
-        check_error_stat={"": "elemwise", **cli_args.parse_error_stats(check_error_stat)},
-        error_quantile=error_quantile, l2_tol=l2_tol, cosine_tol=cosine_tol, snr_min_db=snr_min,
-    )
     if data_loader_script:
         data_loader = "script"
     settings = AccuracySettings(
-        compare=compare, compare_options=options, data_loader=data_loader, validate=validate, warm_up=warm_up,
+        **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
                                        input_shapes=shapes, script=data_loader_script),
     )
@@ -165,4 +152,4 @@ def register(app: typer.Typer) -> None:
         "run",
         help="Run MODEL through several runners on identical inputs and compare their outputs.",
         epilog=_runner_help(),
-    )(with_builder_options(run))
+    )(with_builder_options(with_compare_options(run)))

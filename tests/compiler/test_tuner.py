@@ -201,3 +201,40 @@ def test_sm90_tiles_predict_big_tiles_for_big_products_and_small_ones_for_small(
 
     assert best(4096, 4096, 4096) == "128x256"
     assert best(128, 768, 3072) == "64x64"
+
+
+def test_build_progress_bar_shows_with_v_but_not_inside_another_progress_display(monkeypatch):
+    made = []
+
+    class Recorder:
+        def __init__(self, *columns, **kwargs):
+            made.append(kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def add_task(self, *args, **kwargs):
+            return 0
+
+        def update(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr("rich.progress.Progress", Recorder)
+    level = tuner_module.log.level
+    tuner_module.log.setLevel(logging.INFO)
+    try:
+        with tuner_module.progress_bar(2, "building") as advance:
+            advance("conv")
+        assert len(made) == 1
+        token = tuner_module.SHOW_BUILD_PROGRESS.set(False)
+        try:
+            with tuner_module.progress_bar(2, "building") as advance:
+                advance("conv")
+        finally:
+            tuner_module.SHOW_BUILD_PROGRESS.reset(token)
+        assert len(made) == 1
+    finally:
+        tuner_module.log.setLevel(level)

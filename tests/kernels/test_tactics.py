@@ -10,7 +10,7 @@ import pytest
 
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.kernels.cpu.base import CpuTactic
-from polykit.kernels.tactics import Tactic, TacticTable, all_tactics, candidates, find_tactic
+from polykit.kernels.tactics import Tactic, TacticTable, all_tactics, candidates, conservative_tactic, find_tactic
 from polykit.plugins import PluginError
 
 
@@ -110,3 +110,30 @@ def test_cpu_reference_serves_every_kind_with_a_reference_kernel():
     assert isinstance(ref, CpuTactic)
     assert candidates("cpu", "Softmax", LayerDesc("s", "Softmax", ("x",), ("y",)))[0] is ref
     assert not candidates("cpu", "NoSuchOp", LayerDesc("n", "NoSuchOp", ("x",), ("y",)))
+
+
+def _conv(group=1, precision="fp32", dtype="float32"):
+    return LayerDesc("c", "Conv", ("x", "w"), ("y",), {"kernel_shape": [3, 3], "group": group}, precision=precision,
+                     in_dtypes=(dtype, dtype), out_dtypes=(dtype,), in_shapes=((1, 8, 9, 9), (8, 8 // group, 3, 3)),
+                     out_shapes=((1, 8, 7, 7),))
+
+
+def test_the_conservative_cpu_tactic_is_the_reference_kernel_not_the_lowest_priority_one():
+    layer = _conv()
+    assert candidates("cpu", "Conv", layer)[-1].name.startswith("cpu.conv.")
+    assert conservative_tactic("cpu", "Conv", layer).name == "cpu.reference"
+    assert conservative_tactic("cpu", "Softmax", LayerDesc("s", "Softmax", ("x",), ("y",))).name == "cpu.reference"
+
+
+@pytest.mark.parametrize("layer, kind, expected", [
+    (_conv(), "Conv", "cuda.conv.igemm_simt"),
+    (_conv(group=2), "Conv", "cuda.conv.igemm_simt"),  # not cuda.conv.direct, which the heuristic prefers
+    (_conv(precision="fp16", dtype="float16"), "Conv", "cuda.conv.igemm_simt"),  # not igemm_mma
+    (_matmul(precision="fp16", in_dtypes=("float16", "float16"), out_dtypes=("float16",)), "MatMul", "cuda.gemm.simt"),  # not sm90 or mma
+])
+def test_the_conservative_cuda_tactic_is_the_plainest_kernel_that_runs_the_layer(layer, kind, expected):
+    assert conservative_tactic("cuda", kind, layer, arch="sm_90").name == expected
+
+
+def test_a_layer_no_tactic_runs_has_no_conservative_tactic():
+    assert conservative_tactic("cpu", "NoSuchOp", LayerDesc("n", "NoSuchOp", ("x",), ("y",))) is None

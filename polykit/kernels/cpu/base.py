@@ -73,8 +73,8 @@ def _reference_of(layer: Any) -> Any:
 
 
 #: the conservative tactic of every layer: the op's reference kernel
-REFERENCE = CpuTactic("cpu", ANY, "cpu.reference", supports=_reference_supports, priority=10, run_fn=_run_reference,
-                      code_of=_reference_of)
+REFERENCE = CpuTactic("cpu", ANY, "cpu.reference", supports=_reference_supports, priority=10, conservative=True,
+                      run_fn=_run_reference, code_of=_reference_of)
 DECLARED.append(REFERENCE)
 
 
