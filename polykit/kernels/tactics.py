@@ -60,11 +60,11 @@ class Tactic:
     archs: tuple[str, ...] = ()
     workspace_fn: WorkspaceFn = field(default=no_workspace, hash=False, compare=False)
     estimate_fn: Callable[[Any, int], float | None] | None = field(default=None, hash=False, compare=False)
+    conservative: bool = False
 
     def estimate(self, layer: Any, sm_count: int) -> float | None:
         """The predicted cost of running `layer` (None when the tactic makes no prediction)."""
         return None if self.estimate_fn is None else self.estimate_fn(layer, sm_count)
-    conservative: bool = False
 
     def runs_on(self, arch: str) -> bool:
         """Whether the tactic runs on GPU architecture `arch` ("" = unknown: only arch-free tactics)."""
