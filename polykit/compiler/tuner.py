@@ -122,10 +122,10 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
 
 
 def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:
-    """Pairs whose tactic predicts its cost first, cheapest first, then the others in their
-    (priority) order; stable, so equal predictions keep the priority order."""
+    """Pairs by priority (highest first); within one priority, tactics that predict their
+    cost come first, cheapest first, the others after them in their order (stable)."""
     costs = [tactic.estimate(variant, sm_count) for variant, tactic in pairs]
-    order = sorted(range(len(pairs)), key=lambda i: (costs[i] is None, costs[i] or 0.0, i))
+    order = sorted(range(len(pairs)), key=lambda i: (-pairs[i][1].priority, costs[i] is None, costs[i] or 0.0, i))
     return [pairs[i] for i in order]
 
 

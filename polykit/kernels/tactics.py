@@ -44,8 +44,9 @@ class Tactic:
     archs: GPU architectures it runs on (e.g. ("sm_90",)); empty: any.
     workspace_fn(layer, tensors, sm_count) -> bytes of scratch memory it borrows for a layer.
     estimate_fn(layer, sm_count) -> a predicted cost (any unit shared by a family; lower is
-        better) or None: candidates that have one are tried in its order, ahead of the others,
-        so a level-0 build takes the predicted best and a pruned level times the likeliest.
+        better) or None: among candidates of one priority, those that have one are tried in its
+        order, ahead of the others, so a level-0 build takes the predicted best of a family
+        (tactics of one family share a priority) and a pruned level times the likeliest.
     conservative: the kind's trusted choice (cpu.reference), which `conservative_tactic`
         prefers to the plainest kernel when bisecting a wrong build.
     """

@@ -182,15 +182,17 @@ def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch,
     assert "layer 'fc': no candidate could be timed; took cpu.reference" in caplog.text
 
 
-def test_candidates_with_a_cost_estimate_come_first_cheapest_first():
+def test_priority_orders_candidates_and_cost_estimates_order_those_of_one_priority():
     from polykit.compiler.tuner import by_estimate
     from polykit.kernels.tactics import Tactic
 
-    def tactic(name, cost):
-        return Tactic("cpu", "MatMul", name, estimate_fn=None if cost is None else (lambda layer, sms: cost))
+    def tactic(name, cost, priority=0):
+        return Tactic("cpu", "MatMul", name, priority=priority,
+                      estimate_fn=None if cost is None else (lambda layer, sms: cost))
 
-    pairs = [(None, tactic("a", None)), (None, tactic("b", 5.0)), (None, tactic("c", 2.0)), (None, tactic("d", None))]
-    assert [t.name for _, t in by_estimate(pairs, 132)] == ["c", "b", "a", "d"]
+    pairs = [(None, tactic("a", None)), (None, tactic("b", 5.0)), (None, tactic("c", 2.0)), (None, tactic("d", None)),
+             (None, tactic("plugin", None, priority=1000)), (None, tactic("e", 1.0, priority=-1))]
+    assert [t.name for _, t in by_estimate(pairs, 132)] == ["plugin", "c", "b", "a", "d", "e"]
 
 
 def test_sm90_tiles_predict_big_tiles_for_big_products_and_small_ones_for_small():

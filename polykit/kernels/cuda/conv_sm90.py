@@ -124,8 +124,8 @@ def compile_variants() -> list[KernelSource]:
                                arch="sm_90a")]
 
 
-for _rank, _tile in enumerate(CONV_TILES):
+for _tile in CONV_TILES:
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                priority=30 - _rank, archs=ARCHS, estimate=_estimate(_tile),
+                priority=30, archs=ARCHS, estimate=_estimate(_tile),
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
                         "stages": _tile.stages})(_enqueue(_tile))

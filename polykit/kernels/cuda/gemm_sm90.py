@@ -241,9 +241,9 @@ def compile_variants() -> list[KernelSource]:
     return out
 
 
-for _rank, _tile in enumerate(TILES):
+for _tile in TILES:
     for _kind in ("MatMul", "Gemm"):
         cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                    priority=30 - _rank, archs=ARCHS, estimate=_estimate(_tile),
+                    priority=30, archs=ARCHS, estimate=_estimate(_tile),
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))
