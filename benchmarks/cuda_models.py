@@ -162,50 +162,6 @@ def print_profile(title: str, plan, engine, bindings, torch, top: int) -> None:
         print(f"   {ms:8.3f} ms  {lay.kind:12} {lay.tactic:20} {lname[:40]:40} {shapes}")
 
 
-def kernel_resources(modules, kernel) -> str:
-    """Registers per thread, local (spill) bytes per thread and static shared bytes of a kernel."""
-    from polykit.runtime.cuda import driver
-
-    attr = driver.drv().CUfunction_attribute
-    fn = modules.function(kernel)
-    get = lambda a: driver.call("cuFuncGetAttribute", a, fn)  # noqa: E731
-    return (f"{kernel.name}: {get(attr.CU_FUNC_ATTRIBUTE_NUM_REGS)} regs, "
-            f"{get(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)} B local, {get(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)} B shared")
-
-
-def gemm_micro(torch, size: int = 4096, iters: int = 10) -> None:
-    """Kernel-level check: polykit's GEMM tactics vs torch.matmul on one square product."""
-    from polykit.compiler.plan_records import LayerDesc
-    from polykit.kernels.cuda.base import DeviceTensor
-    from polykit.kernels.tactics import find_tactic
-    from polykit.runtime.cuda import driver
-    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
-
-    info = driver.current_device()
-    flops = 2 * size ** 3
-    for tactic_name, precision, dtype in (("cuda.gemm.simt", "fp32", torch.float32),
-                                          ("cuda.gemm.mma", "fp16", torch.float16)):
-        layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), precision=precision)
-        tactic = find_tactic("cuda", "MatMul", tactic_name)
-        modules = KernelModules(info.arch)
-        modules.load(tactic.kernels(layer))
-        a = torch.randn(size, size, device="cuda", dtype=dtype)
-        b = torch.randn(size, size, device="cuda", dtype=dtype)
-        y = torch.empty(size, size, device="cuda", dtype=dtype)
-        npd = np.dtype(str(dtype).split(".")[-1])
-        tensors = {n: DeviceTensor(t.data_ptr(), (size, size), npd) for n, t in (("A", a), ("B", b), ("Y", y))}
-        stream = torch.cuda.current_stream().cuda_stream
-        launcher = CudaLauncher(modules, driver.drv().CUstream(stream), lambda n: 0, "mm")
-        ms = time_cuda(lambda: tactic.enqueue(layer, launcher, tensors), torch, 2, iters)
-        ref = a.float() @ b.float()
-        rel = float((y.float() - ref).norm() / ref.norm())
-        tms = time_cuda(lambda: a @ b, torch, 2, iters)
-        print(f"GEMM {size}^3 {tactic_name:15} {precision}: {ms:8.3f} ms = {flops / ms / 1e9:7.1f} TFLOP/s "
-              f"(rel err {rel:.1e}); torch.matmul {dtype}: {tms:7.3f} ms = {flops / tms / 1e9:7.1f} TFLOP/s"
-              f"; {kernel_resources(modules, tactic.kernels(layer)[0])}", flush=True)
-        modules.close()
-
-
 def main() -> None:
     import torch
 
@@ -218,12 +174,9 @@ def main() -> None:
     parser.add_argument("--no-fuse", action="store_true", help="build without the fusion passes")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print per-tactic totals and the N slowest layers of each case")
-    parser.add_argument("--gemm", action="store_true", help="also time the GEMM kernels alone (4096^3)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
     parser.add_argument("--cases", default="", help="only these cases, e.g. bert:8:fp16,resnet50:32:fp16")
     args = parser.parse_args()
-    if args.gemm:
-        gemm_micro(torch)
     rows = []
     todo = [(n, b, p) for n in args.models.split(",") for b in CASES[n] for p in args.precisions.split(",")]
     if args.cases:

@@ -32,7 +32,7 @@ def _kernels(layer) -> list[KernelSource]:
     """The attention module, and the movement kernels that relay [B, S, H, D] tensors."""
     from polykit.kernels.cuda import movement
 
-    relay = movement._kernels(None) if layer is not None and _relaid(layer) else []
+    relay = movement.copy_kernels(None) if layer is not None and _relaid(layer) else []
     return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
         [KernelSource(f"attention_tiled_{c}", FILE) for c in TILED] + relay
 

@@ -173,15 +173,6 @@ def _storage(layer: Any) -> str | None:
     return next(iter(used)) if len(used) == 1 and next(iter(used)) in ELEMS else None
 
 
-def on_sm90() -> bool:
-    """Whether the build's GPU is compute capability 9.0 (sm_90a kernels run only there)."""
-    try:
-        from polykit.runtime.cuda import driver
-
-        return driver.is_available() and driver.current_device().arch == "sm_90"
-    except Exception:  # no driver, no GPU: not this tactic
-        return False
-
 
 def _supports(layer: Any) -> bool:
     return _storage(layer) is not None and _layer_geometry(layer) is not None and supports_epilogue(layer)

@@ -113,7 +113,8 @@ def _src(prefix: str, es: int) -> KernelSource:
     return KernelSource(f"{prefix}_{es}", FILE, defines=unit(str(es)))
 
 
-def _kernels(layer) -> list[KernelSource]:
+def copy_kernels(layer) -> list[KernelSource]:
+    """The strided-copy and tiled-transpose kernels launch_copy may launch (every element size)."""
     return [KernelSource(f"{k}_{es}", FILE, defines=unit(str(es))) for es in (*SIZES, 16)
             for k in ("copy_strided", "transpose_tiled")]
 
@@ -250,11 +251,11 @@ def enqueue_tile(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
 
 
 for _kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-    cuda_tactic(_kind, "cuda.movement.copy", kernels=_kernels)(enqueue_copy)
+    cuda_tactic(_kind, "cuda.movement.copy", kernels=copy_kernels)(enqueue_copy)
 for _kind, _fn in (("Transpose", enqueue_transpose), ("Expand", enqueue_expand), ("Concat", enqueue_concat),
                    ("Split", enqueue_split), ("DepthToSpace", enqueue_depth_space),
                    ("SpaceToDepth", enqueue_depth_space)):
-    cuda_tactic(_kind, "cuda.movement.strided", kernels=_kernels)(_fn)
+    cuda_tactic(_kind, "cuda.movement.strided", kernels=copy_kernels)(_fn)
 cuda_tactic("Slice", "cuda.movement.slice", kernels=_shaped_kernels("slice"))(enqueue_slice)
 cuda_tactic("Pad", "cuda.movement.pad", kernels=_shaped_kernels("pad"),
             supports=lambda layer: layer.attrs.get("mode", "constant") in PAD_MODES)(enqueue_pad)
@@ -263,4 +264,4 @@ cuda_tactic("Tile", "cuda.movement.tile", kernels=_shaped_kernels("tile"))(enque
 
 def compile_variants() -> list[KernelSource]:
     """The one movement.cu module (every op and element size is an entry point in it)."""
-    return _kernels(None) + [k for p in ("slice", "pad", "tile") for k in _shaped_kernels(p)(None)]
+    return copy_kernels(None) + [k for p in ("slice", "pad", "tile") for k in _shaped_kernels(p)(None)]

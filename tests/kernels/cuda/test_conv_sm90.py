@@ -32,7 +32,7 @@ def test_plan_conv_declines_what_the_kernel_cannot_take(x, w, attrs):
 
 
 def require_sm90():
-    from polykit.kernels.cuda.gemm_sm90 import on_sm90
+    from tests.kernels.cuda import on_sm90
 
     if not on_sm90():
         pytest.skip("needs a compute capability 9.0 GPU")

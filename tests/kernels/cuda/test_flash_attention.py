@@ -3,7 +3,6 @@ against the float64 reference, [B, H, S, D] and [B, S, H, D] layouts, masks, und
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import ml_dtypes
 import numpy as np

@@ -55,7 +55,7 @@ def test_tile_parameters_fit_the_chip():
 
 def _sm90() -> bool:
     try:
-        from polykit.kernels.cuda.gemm_sm90 import on_sm90
+        from tests.kernels.cuda import on_sm90
 
         return on_sm90()
     except Exception:

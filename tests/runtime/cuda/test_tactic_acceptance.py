@@ -12,7 +12,7 @@ from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import CudaTactic
-from polykit.kernels.tactics import find_tactic, tactic_table
+from polykit.kernels.tactics import tactic_table
 from polykit.plugins import reset_plugin_manager
 from polykit.runtime.cuda.target import _accepts
 
