@@ -4,14 +4,17 @@ Run on a GPU machine with torch, torchvision and transformers installed:
 
     PYTHONPATH=. python3 benchmarks/cuda_models.py [--models resnet50,bert] [--out results.json]
 
-For each model, batch size and precision (fp32, fp16) it exports the torch model to ONNX
+For each model, batch size and precision (fp32, fp16, tf32) it exports the torch model to ONNX
 (opset 21, random weights, fixed seed), builds a polykit plan for --target cuda, checks the
 outputs against torch (fp32: max abs / relative error reported), then times both sides with
 CUDA events: warm-up, then the median of `--iters` runs. polykit runs through
 ExecutionContext.enqueue on torch tensors (CUDA-graph replay, no host copies); torch runs
 eager under torch.inference_mode (fp16: model.half()) and, with --compile, as
 torch.compile(mode="reduce-overhead") (its CUDA graphs) in the same process. Random weights,
-fixed seed. Prints a table and writes JSON.
+fixed seed. Prints a table and writes JSON. Precision fp32 is strict float32 on both sides
+(torch's allow_tf32 flags off, for cuDNN too); tf32 builds polykit with --tf32 and turns both of
+torch's allow_tf32 flags on. `--levels 0,3` builds each case at several builder optimization
+levels and times them in alternating rounds (`--rounds`).
 """
 
 from __future__ import annotations
@@ -95,13 +98,19 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}_bs{batch}.onnx"
         export(name, model, inputs, path, torch)
-        t0 = time.perf_counter()
-        plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16", fuse=not args.no_fuse))
-        build_s = time.perf_counter() - t0
+        plans, build_s = {}, {}
+        for level in args.levels:
+            t0 = time.perf_counter()
+            plans[level] = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16",
+                                                               tf32=precision == "tf32",
+                                                               fuse=not args.no_fuse,
+                                                               builder_optimization_level=level))
+            build_s[level] = round(time.perf_counter() - t0, 1)
     dev_model = model.cuda()
     if precision == "fp16":
         dev_model = dev_model.half()
     dev_inputs = {k: v.cuda() for k, v in inputs.items()}
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch_inputs = {k: (v.half() if v.is_floating_point() and precision == "fp16" else v) for k, v in dev_inputs.items()}
     with torch.inference_mode():
         call = (lambda: dev_model(torch_inputs["x"])) if name == "resnet50" else \
@@ -116,29 +125,40 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
             for _ in range(3):  # compile, record the graphs
                 ccall()
             compile_ms = time_cuda(ccall, torch, args.warmup, args.iters)
-    engine = Engine(plan)
-    ctx = engine.create_execution_context()
-    out_name = plan.outputs[0]
-    desc = plan.tensors[out_name]
-    out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
-    feeds = {n: dev_inputs[n].to(getattr(torch, plan.tensors[n].dtype)).contiguous() for n in plan.inputs}
-    bindings = dict(feeds, **{out_name: out})
     stream = torch.cuda.current_stream()
-    run = lambda: ctx.enqueue(bindings, stream)  # noqa: E731
-    run()
-    torch.cuda.synchronize()
-    err = (out.float() - ref).abs()
-    rel = float(err.norm() / ref.norm())
-    polykit_ms = time_cuda(run, torch, args.warmup, args.iters)
-    ctx.close()
-    if args.profile:
-        print_profile(f"{name} bs{batch} {precision}", plan, engine, bindings, torch, args.profile)
-    engine.close()
-    return {"model": name, "batch": batch, "precision": precision, "polykit_ms": round(polykit_ms, 3),
+    runs, errors, closers = {}, {}, []
+    for level, plan in plans.items():
+        engine = Engine(plan)
+        ctx = engine.create_execution_context()
+        out_name = plan.outputs[0]
+        desc = plan.tensors[out_name]
+        out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
+        feeds = {n: dev_inputs[n].to(getattr(torch, plan.tensors[n].dtype)).contiguous() for n in plan.inputs}
+        bindings = dict(feeds, **{out_name: out})
+        runs[level] = lambda ctx=ctx, bindings=bindings: ctx.enqueue(bindings, stream)
+        runs[level]()
+        torch.cuda.synchronize()
+        err = (out.float() - ref).abs()
+        errors[level] = (float(err.max()), float(err.norm() / ref.norm()))
+        if args.profile:
+            print_profile(f"{name} bs{batch} {precision} level {level}", plan, engine, bindings, torch, args.profile)
+        closers += [ctx.close, engine.close]
+    # levels timed in alternating rounds, so clock drift or a neighbour's load falls on all of them alike
+    samples = {level: [] for level in runs}
+    for _ in range(args.rounds):
+        for level, run in runs.items():
+            samples[level].append(time_cuda(run, torch, args.warmup, args.iters))
+    for close in closers:
+        close()
+    by_level = {level: round(statistics.median(ts), 3) for level, ts in samples.items()}
+    main_level = args.levels[-1]
+    polykit_ms = by_level[main_level]
+    return {"model": name, "batch": batch, "precision": precision, "polykit_ms": polykit_ms,
+            "polykit_ms_by_level": by_level, "spread_ms_by_level": {k: round(max(v) - min(v), 3) for k, v in samples.items()},
             "torch_eager_ms": round(torch_ms, 3), "speedup_vs_torch": round(torch_ms / polykit_ms, 3),
             "torch_compile_ms": None if compile_ms is None else round(compile_ms, 3),
-            "max_abs_err": float(err.max()), "rel_err": rel, "build_s": round(build_s, 1),
-            "layers": len(plan.layers)}
+            "max_abs_err": errors[main_level][0], "rel_err": errors[main_level][1], "build_s": build_s,
+            "layers": len(plans[main_level].layers)}
 
 
 def print_profile(title: str, plan, engine, bindings, torch, top: int) -> None:
@@ -176,7 +196,11 @@ def main() -> None:
                         help="also print per-tactic totals and the N slowest layers of each case")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
     parser.add_argument("--cases", default="", help="only these cases, e.g. bert:8:fp16,resnet50:32:fp16")
+    parser.add_argument("--levels", default="3", help="builder optimization levels to build and time, e.g. 0,3 "
+                        "(the last is the one reported as polykit_ms)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating timing rounds per level (median of rounds)")
     args = parser.parse_args()
+    args.levels = [int(x) for x in args.levels.split(",")]
     rows = []
     todo = [(n, b, p) for n in args.models.split(",") for b in CASES[n] for p in args.precisions.split(",")]
     if args.cases:
@@ -201,7 +225,7 @@ def main() -> None:
         else:
             cms = "-" if r.get("torch_compile_ms") is None else f"{r['torch_compile_ms']:.3f}"
             print(f"{r['model']:10} {r['batch']:>3} {r['precision']:5} {r['polykit_ms']:>11.3f} "
-                  f"{r['torch_eager_ms']:>9.3f} {cms:>10} {r['rel_err']:>9.2e}")
+                  f"{r['torch_eager_ms']:>9.3f} {cms:>10} {r['rel_err']:>9.2e}  by level {r['polykit_ms_by_level']}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 
 import polykit
 from polykit.compiler.config import BuilderConfig
+from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
@@ -48,6 +49,7 @@ class Builder:
         g, lowered, tensors = optimize_and_lower(g, cfg, target)
         selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
         layers = selection.layers
+        weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
         outputs = list(dict.fromkeys(g.outputs))
         tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
@@ -59,7 +61,7 @@ class Builder:
             "marked_outputs": [o for o in outputs if o in marked],
             "tuning": selection.tuning,
             "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
-            "device_memory": device_memory(memory.arena_bytes, lowered.weights, selection.workspace),
+            "device_memory": device_memory(memory.arena_bytes, weights, selection.workspace),
         }
         if cfg.input_values:
             metadata["input_values"] = cfg.to_json()["input_values"]
@@ -68,7 +70,7 @@ class Builder:
 
             metadata["kernels"] = pack_kernel_table(selection.kernels)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=lowered.weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
         if cfg.save_tactics is not None:
             save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)

@@ -134,7 +134,7 @@ class BuilderConfig:
         """Whether a build for `target` runs convolutions channels-last (None: fp16 cuda builds)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
-        return target == "cuda" and (self.fp16 or self.bf16)
+        return target == "cuda" and (self.fp16 or self.bf16 or self.tf32)
 
     def _check_tuning(self) -> None:
         level = self.builder_optimization_level

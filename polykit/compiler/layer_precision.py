@@ -14,7 +14,10 @@ nodes ask for) binds as `precision_constraints` says: obey (that precision only)
 
 from __future__ import annotations
 
-from typing import Any
+from collections import defaultdict
+from typing import Any, Mapping
+
+import numpy as np
 
 from polykit.compiler.config import PRECISIONS, BuilderConfig
 from polykit.compiler.ir import POLYKIT_DOMAIN
@@ -77,3 +80,30 @@ def has_tactic(layer: Any, target: str, arch: str | None = None) -> bool:
 
     return any(candidates(target, layer.kind, replace(layer, precision=p), arch=arch)
                for p in allowed_precisions(layer, BuilderConfig(), target))
+
+
+#: inputs of each layer kind that tensor cores read as tf32 (round_tf32_weights)
+MMA_OPERANDS = {"Conv": (1,), "ConvNHWC": (1,), "MatMul": (0, 1), "Gemm": (0, 1)}
+
+
+def to_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to tf32 (10 mantissa bits; nearest, ties away from zero, as
+    cvt.rna.tf32.f32), still stored as float32; NaN and infinities unchanged."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x).astype(np.float32)
+
+
+def round_tf32_weights(layers: list[Any], weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights with those that only tf32 layers read, and only as tensor-core operands,
+    rounded to tf32 once at build time. Tensor cores would drop the low 13 mantissa bits of
+    each operand (truncation): a bias toward zero that compounds over a deep network;
+    rounding keeps the error unbiased (the tf32 kernels round their float outputs too)."""
+    readers: dict[str, set[str]] = defaultdict(set)
+    for layer in layers:
+        operands = MMA_OPERANDS.get(layer.kind, ())
+        for i, name in enumerate(layer.inputs):
+            if name in weights:
+                readers[name].add(layer.precision if i in operands else "other")
+    return {name: to_tf32(w) if readers.get(name) == {"tf32"} and w.dtype == np.float32 else w
+            for name, w in weights.items()}

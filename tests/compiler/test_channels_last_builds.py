@@ -54,6 +54,26 @@ def test_channels_last_auto_is_on_for_fp16_cuda_builds_only(target, fp16, settin
     assert BuilderConfig(fp16=fp16, channels_last=setting).channels_last_for(target) is expected
 
 
+def test_channels_last_auto_is_on_for_tf32_cuda_builds():
+    assert BuilderConfig(tf32=True).channels_last_for("cuda") and not BuilderConfig(tf32=True).channels_last_for("cpu")
+
+
+@pytest.mark.gpu
+def test_tf32_cuda_plan_runs_convs_on_the_sm90_tensor_cores_close_to_fp32():
+    from tests.kernels.cuda import on_sm90
+
+    if not on_sm90():
+        pytest.skip("needs a compute capability 9.0 GPU")
+    image = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    model = resnet()
+    tf32 = build_plan(model, BuilderConfig(target="cuda", tf32=True))
+    exact = build_plan(model, BuilderConfig(target="cpu"))
+    tactics = Counter(layer.tactic for layer in tf32.layers if layer.kind == "ConvNHWC")
+    assert sum(n for t, n in tactics.items() if t.startswith("cuda.conv_nhwc.sm90_")) >= sum(tactics.values()) // 2
+    got, want = _run(tf32, image), _run(exact, image)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-3
+
+
 def test_config_json_keeps_the_channels_last_setting():
     for setting in (None, True, False):
         cfg = BuilderConfig(channels_last=setting)

@@ -131,3 +131,37 @@ def test_cuda_fp16_picks_tensor_core_tactics_and_a_pinned_layer_stays_simt():
     pinned = build_plan(_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
                                                 layer_precisions={"mm": "fp32"}, precision_constraints="obey"))
     assert pinned.layer("mm").tactic == "cuda.gemm.simt" and pinned.layer("mm").precision == "fp32"
+
+
+def test_to_tf32_rounds_to_ten_mantissa_bits_nearest_ties_away():
+    from polykit.compiler.layer_precision import to_tf32
+
+    ulp = 2.0 ** -10  # tf32 spacing in [1, 2)
+    x = np.array([1.0, 1.0 + ulp / 2, 1.0 + ulp / 2 - 2.0 ** -23, -(1.0 + ulp / 2), 3.0 + 0.3 * ulp, np.inf, np.nan],
+                 np.float32)
+    got = to_tf32(x)
+    np.testing.assert_array_equal(got[:6], np.array([1.0, 1.0 + ulp, 1.0, -(1.0 + ulp), 3.0, np.inf], np.float32))
+    assert np.isnan(got[6])
+    values = np.random.default_rng(0).standard_normal(10000).astype(np.float32)
+    rounded = to_tf32(values)
+    assert np.all(rounded.view(np.uint32) & 0x1FFF == 0)
+    assert np.max(np.abs(rounded - values) / np.abs(values)) <= 2.0 ** -11
+    assert abs(np.mean((rounded - values) / np.abs(values))) < 1e-5  # unbiased, unlike truncation
+
+
+def test_round_tf32_weights_rounds_only_tensor_core_operands_of_tf32_layers():
+    from dataclasses import replace
+
+    from polykit.compiler.layer_precision import round_tf32_weights
+    from polykit.compiler.plan_records import LayerDesc
+
+    rng = np.random.default_rng(1)
+    w = {n: rng.standard_normal(8).astype(np.float32) for n in ("w", "bias", "shared", "other")}
+    layers = [replace(LayerDesc("c", "ConvNHWC", ("x", "w", "bias"), ("y",), {}), precision="tf32"),
+              replace(LayerDesc("g", "Gemm", ("y", "shared"), ("z",), {}), precision="tf32"),
+              replace(LayerDesc("a", "Add", ("z", "shared"), ("u",), {}), precision="fp32"),
+              replace(LayerDesc("m", "MatMul", ("u", "other"), ("v",), {}), precision="fp32")]
+    out = round_tf32_weights(layers, w)
+    assert np.any(out["w"] != w["w"]) and np.all(out["w"].view(np.uint32) & 0x1FFF == 0)
+    for kept in ("bias", "shared", "other"):  # epilogue input, read by an fp32 layer too, fp32 layer
+        np.testing.assert_array_equal(out[kept], w[kept])

@@ -1,11 +1,13 @@
 """Channels-last convolution on Hopper tensor cores: `conv_sm90` in gemm_sm90.cu.
 
 Tactics `cuda.conv_nhwc.sm90_<BM>x<BN>` (kind ConvNHWC, compute capability 9.0) run a
-group-1 2-D ai.polykit ConvNHWC with float16/bfloat16 storage and C % 8 == 0 (the
+group-1 2-D ai.polykit ConvNHWC with float16/bfloat16 storage, or float32 storage in a layer of
+precision "tf32" (--tf32: tf32 wgmma on the same tiles, half the K elements per stage), and
+C % 8 == 0 (the
 to_channels_last pass pads the 3-channel stem to 8) as an implicit GEMM on the same
 warp-specialized wgmma consumers as the GEMM tactics: GEMM M = NB * OH * OW output pixels,
 N = output channels, K = KH * KW * C. The KRSC weight is B, read by TMA; the producer
-warpgroup gathers A (im2col rows, 16 bytes = 8 channels of one tap at a time) with cp.async.
+warpgroup gathers A (im2col rows, 16 bytes = 8 (tf32: 4) channels of one tap at a time) with cp.async.
 Tiles are gemm_sm90's with BM <= 128 (a 256-row tile would make each producer thread track 16
 rows, more registers than a producer has).
 """
@@ -20,7 +22,8 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, kernel_for, predicted_us
+from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, bk_of, kernel_for, predicted_us,
+                                            storage_of)
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
 
@@ -78,8 +81,7 @@ def _geometry(layer: Any) -> ConvGemm | None:
 
 
 def _storage(layer: Any) -> str | None:
-    dtypes = [d for d in tuple(getattr(layer, "in_dtypes", ()))[:3] + tuple(getattr(layer, "out_dtypes", ()))[:1] if d]
-    return dtypes[0] if dtypes and len(set(dtypes)) == 1 and dtypes[0] in ELEMS else None
+    return storage_of(layer, 3)
 
 
 def _supports(layer: Any) -> bool:
@@ -93,7 +95,9 @@ def _kernels(tile: Sm90Tile):
 def _estimate(tile: Sm90Tile):
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _geometry(layer)
-        return None if geo is None or not sm_count else predicted_us(tile, geo.M, geo.N, geo.K, 1, sm_count)
+        if geo is None or not sm_count:
+            return None
+        return predicted_us(tile, geo.M, geo.N, geo.K, 1, sm_count, _storage(layer) == "float32")
 
     return estimate
 
@@ -106,7 +110,8 @@ def _enqueue(tile: Sm90Tile):
         if geo is None:
             raise ValueError(f"shapes {X.shape} * {Wt.shape} do not fit the sm90 convolution kernel")
         es = np.dtype(Wt.dtype).itemsize
-        tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es), (BK, tile.bn, 1))
+        tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
+                             (bk_of(Wt.dtype), tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         kernel = kernel_for(layer, tile, ELEMS[np.dtype(Y.dtype).name], False, "conv_sm90")
         args = [tm_w, X, B if B is not None else 0, Y, *geo.args()] + epilogue_args(layer, tensors, Y.dtype)
@@ -116,12 +121,12 @@ def _enqueue(tile: Sm90Tile):
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 for every tile (fp16) and the first tile (bf16); gemm_sm90.py compiles the module's
-    GEMM entry point with the same defines, so these units add no new compiles for fp16."""
+    """conv_sm90 for every tile (fp16) and the first tile (bf16, float/tf32); gemm_sm90.py compiles
+    the module's GEMM entry point with the same defines, so these units add no new compiles for fp16."""
     out = [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(False), arch="sm_90a")
            for t in CONV_TILES]
-    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="bf16_t") + CONV_TILES[0].defines(False),
-                               arch="sm_90a")]
+    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
+                               arch="sm_90a") for e in ("bf16_t", "float")]
 
 
 for _tile in CONV_TILES:

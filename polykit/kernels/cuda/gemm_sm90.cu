@@ -1,6 +1,7 @@
 // MatMul / Gemm and channels-last convolution on Hopper tensor cores (sm_90a):
 // Y[z] = alpha * A[z] (M x K) * B[z] + beta * C, fp16 or bf16 storage (ELEM = half_t | bf16_t),
-// fp32 accumulation.
+// or float storage with tf32 math (ELEM = float: wgmma k8, operands' low mantissa bits
+// ignored; B must be [N, K], B_MN 0), fp32 accumulation.
 //
 // A is row-major [M, K] (K contiguous); B is [K, N] row-major (B_MN 1: N contiguous) or
 // [N, K] (B_MN 0: a transposed Gemm operand, K contiguous). Both are read through TMA tensor
@@ -9,18 +10,19 @@
 // over the batch uses coordinate 0 (a_batched / b_batched 0). Y is contiguous (z, M, N); C
 // (Gemm only, may be null) is broadcast to (M, N) through element strides (scm, scn).
 //
-// Tile BM x BN x 64 with BM = 64 * MSUB * CONSUMERS. Warp-specialized and persistent:
+// Tile BM x BN x KE with BM = 64 * MSUB * CONSUMERS and KE = 128 bytes of K (64 16-bit
+// elements, 32 floats): every shared-memory row is one 128-byte swizzle row whatever ELEM is. Warp-specialized and persistent:
 // warpgroup 0 is the producer (one thread issues the TMA loads of STAGES stages, each stage
 // guarded by a `full` and an `empty` mbarrier); warpgroups 1..CONSUMERS each own MSUB x 64
 // rows of the tile and run wgmma on every stage, then the epilogue (alpha, beta*C, the fused
 // epilogue, fp16/bf16 store of column pairs). Blocks loop over tiles t = blockIdx.x, +gridDim.x
 // (grid = min(tiles, SMs)), tiles ordered by tile_of (GROUP tile rows at a time).
 //
-// conv_sm90: ai.polykit ConvNHWC (group 1, C % 8 == 0) as an implicit GEMM with the same
+// conv_sm90: ai.polykit ConvNHWC (group 1, C % VEC == 0) as an implicit GEMM with the same
 // consumers: M = NB * OH * OW output pixels, N = output channels, K = KH * KW * C in (kh, kw, c)
 // order, so the KRSC weight is B ([N, K], B_MN 0, through TMA) and Y [NB, OH, OW, N] is the
 // row-major GEMM output. A is gathered by the whole producer warpgroup with 16-byte cp.async
-// (8 channels of one (kh, kw) tap; zeros in the padding and past K), completion counted on the
+// (VEC channels of one (kh, kw) tap; zeros in the padding and past K), completion counted on the
 // stage's `full` barrier (cp.async.mbarrier.arrive.noinc). The conv bias is C (scn 1, beta 1).
 // BLOCKS 2 (one consumer warpgroup, few stages): two blocks share an SM, so one block's epilogue
 // runs while the other's wgmma do; they keep the launch register budget (no setmaxnreg).
@@ -42,6 +44,9 @@
 #define BLOCKS 1  // blocks an SM runs at once; 2: one block's epilogue overlaps the other's products
 #endif
 #define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
+constexpr int KE = 128 / sizeof(ELEM);  // K elements of one stage (one 128-byte row)
+constexpr int VEC = 16 / sizeof(ELEM);  // elements of one 16-byte chunk
+static_assert(sizeof(ELEM) == 2 || B_MN == 0, "tf32 wgmma reads B K-major only");
 
 struct OutP {
   ELEM* Y;
@@ -59,16 +64,22 @@ struct OutP {
 #endif
     return v;
   }
-  // columns n, n + 1 of row m (n even), values already final; pairs need N even (4-byte aligned)
+  // columns n, n + 1 of row m (n even), values already final; pairs need N even (aligned pairs).
+  // float storage (tf32 layers) stores tf32-rounded values: the next tf32 layer reads them
+  // exactly instead of truncating their low mantissa bits (a bias that compounds over layers).
   __device__ __forceinline__ void store2(i64 z, i64 m, i64 n, float a, float b) const {
     if (m >= M || n >= N) return;
+    if (sizeof(ELEM) == 4) {
+      a = tf32_round(a);
+      b = tf32_round(b);
+    }
     ELEM* y = Y + (z * M + m) * N + n;
     if (n + 1 < N) {
       if ((N & 1) == 0) {
-        ELEM pair[2];
-        st(pair, 0, a);
-        st(pair, 1, b);
-        *(u32*)y = *(const u32*)pair;
+        struct __align__(2 * sizeof(ELEM)) Pair { ELEM v[2]; } pair;
+        st(pair.v, 0, a);
+        st(pair.v, 1, b);
+        *(Pair*)y = pair;
         return;
       }
       st(y, 1, b);
@@ -175,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
   const int tiles = tiles_m * tiles_n * (int)items;
-  const int ktiles = (int)((K + 63) / 64);
+  const int ktiles = (int)((K + KE - 1) / KE);
   if (threadIdx.x == 0) {
     tma_prefetch_desc(&tm_a);
     tma_prefetch_desc(&tm_b);
@@ -194,13 +205,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
         unsigned char* a = st.smem + stage * STAGE_BYTES;
         unsigned char* b = a + BM * 128;
         bar_expect_tx(&st.full[stage], STAGE_BYTES);
-        tma_load_3d(a, &tm_a, &st.full[stage], kt * 64, ti.tm * BM, za);
+        tma_load_3d(a, &tm_a, &st.full[stage], kt * KE, ti.tm * BM, za);
 #if B_MN
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j)
-          tma_load_3d(b + j * 8192, &tm_b, &st.full[stage], ti.tn * BN + j * 64, kt * 64, zb);
+          tma_load_3d(b + j * 8192, &tm_b, &st.full[stage], ti.tn * BN + j * 64, kt * KE, zb);
 #else
-        tma_load_3d(b, &tm_b, &st.full[stage], kt * 64, ti.tn * BN, zb);
+        tma_load_3d(b, &tm_b, &st.full[stage], kt * KE, ti.tn * BN, zb);
 #endif
       }
     }
@@ -228,13 +239,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
   const int tiles = tiles_m * tiles_n;
-  const int ktiles = (int)((K + 63) / 64);
+  const int ktiles = (int)((K + KE - 1) / KE);
   if (threadIdx.x == 0) tma_prefetch_desc(&tm_w);
   const Stages st = setup_stages(smem_raw, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
 
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
     if (BLOCKS == 1) set_max_regs_dec<CONV_PRODUCER_REGS>();
-    const int chunk = tid % 8, c8s = C / 8, kchunks = (int)(K / 8);
+    const int chunk = tid % 8, c8s = C / VEC, kchunks = (int)(K / VEC);
     int stage = 0;
     u32 phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -255,16 +266,16 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
         unsigned char* a = st.smem + stage * STAGE_BYTES;
         if (tid == 0) {
           bar_expect_tx(&st.full[stage], BN * 128);
-          tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * 64, ti.tn * BN, 0);
+          tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * KE, ti.tn * BN, 0);
         }
-        const int q = kt * 8 + chunk;  // this thread's 16-byte chunk of K: tap (kh, kw), channels c8 * 8..
+        const int q = kt * 8 + chunk;  // this thread's 16-byte chunk of K: tap (kh, kw), channels c8 * VEC..
         const int tap = q / c8s, c8 = q - tap * c8s, kh = tap / KW, kw = tap - kh * KW;
 #pragma unroll
         for (int i = 0; i < ROWS_PER_THREAD; ++i) {
           const int r = tid / 8 + 16 * i;
           const int ih = ih0[i] + kh * DH, iw = iw0[i] + kw * DW;
           const bool ok = base[i] >= 0 && q < kchunks && ih >= 0 && ih < H && iw >= 0 && iw < W;
-          const ELEM* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * 8 : 0);
+          const ELEM* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * VEC : 0);
           cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), src, ok);
         }
         bar_arrive_cp_async(&st.full[stage]);

@@ -1,8 +1,9 @@
 """GEMM on Hopper tensor cores (gemm_sm90.cu): wgmma + TMA, warp-specialized, persistent.
 
 Tactics `cuda.gemm.sm90_<BM>x<BN>` (kinds MatMul and Gemm, GPUs of compute capability 9.0)
-for layers whose A, B (and C, Y) are all float16 or all bfloat16 with TMA-friendly
-geometry: A row-major with K % 8 == 0 (16-byte rows), B [K, N] with N % 8 == 0 or a
+for layers whose A, B (and C, Y) are all float16 or all bfloat16, or all float32 in a layer
+built with precision "tf32" (--tf32; then B must be a transposed Gemm B [N, K]: wgmma reads
+tf32 operands K-major only), with TMA-friendly geometry: A row-major with K % 8 == 0 (16-byte rows), B [K, N] with N % 8 == 0 or a
 transposed Gemm B [N, K] with K % 8 == 0, no transA, batch dims that are either absent on B
 (folded into M) or the same on both operands (or absent on A). Other GEMMs keep the mma.sync
 and SIMT tactics (gemm.py). The tile parameters below are the one source of each kernel's
@@ -20,9 +21,15 @@ from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, Tens
 from polykit.kernels.cuda.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
 
 FILE = "gemm_sm90.cu"
-#: storage dtype -> the kernel's ELEM type
-ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
-BK = 64  # K depth of a stage: one 128-byte swizzle row of 16-bit elements
+#: storage dtype -> the kernel's ELEM type (float32: tf32 math)
+ELEMS = {"float16": "half_t", "bfloat16": "bf16_t", "float32": "float"}
+ROW_BYTES = 128  # a shared-memory tile row: one 128-byte swizzle row of K (the stage's depth)
+BK = 64  # K depth of a stage for 16-bit elements (32 for float32)
+
+
+def bk_of(dtype: Any) -> int:
+    """K elements of one stage for operands of `dtype`."""
+    return ROW_BYTES // np.dtype(dtype).itemsize
 #: GPU architectures the tactics run on (their kernels compile for sm_90a)
 ARCHS = ("sm_90",)
 
@@ -50,7 +57,7 @@ class Sm90Tile:
     @property
     def smem(self) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, the stages, two mbarriers a stage."""
-        return 1024 + self.stages * (self.bm + self.bn) * 2 * BK + 16 * self.stages
+        return 1024 + self.stages * (self.bm + self.bn) * ROW_BYTES + 16 * self.stages
 
     @property
     def label(self) -> str:
@@ -71,13 +78,15 @@ TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660),
          Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430), Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
 
 
-def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int) -> float:
+def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False) -> float:
     """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of tiles at the tile's
-    full-chip rate, plus a fixed start per wave (pipeline fill, epilogue)."""
+    full-chip rate (tf32: half the fp16 rate, as the chip's peaks), plus a fixed start per wave
+    (pipeline fill, epilogue)."""
     tiles = -(-M // tile.bm) * -(-N // tile.bn) * items
     slots = max(1, tile.blocks * sm_count)
     waves = -(-tiles // slots)
-    per_wave = 2.0 * tile.bm * tile.bn * max(K, 64) * slots / (tile.tflops * 1e6)
+    rate = tile.tflops / (2 if tf32 else 1)
+    per_wave = 2.0 * tile.bm * tile.bn * max(K, 64) * slots / (rate * 1e6)
     return waves * (per_wave + 2.0)
 
 
@@ -138,15 +147,16 @@ def plan_gemm(kind: str, attrs: Mapping[str, Any], a: Sequence[int], b: Sequence
 
 
 def tensor_maps(geo: Sm90Gemm, tile: Sm90Tile, a: DeviceTensor, b: DeviceTensor) -> tuple[TensorMapSpec, TensorMapSpec]:
-    """TMA maps of A (box 64 K x BM rows) and B (box 64 x 64 MN-major, or 64 K x BN rows)."""
-    es = np.dtype(a.dtype).itemsize
+    """TMA maps of A (box KE K x BM rows) and B (box 64 x 64 MN-major, or KE K x BN rows), KE
+    the stage depth of the dtype (bk_of)."""
+    es, ke = np.dtype(a.dtype).itemsize, bk_of(a.dtype)
     tm_a = TensorMapSpec(a.ptr, a.dtype, (geo.K, geo.M, geo.a_items), (geo.K * es, geo.M * geo.K * es),
-                         (BK, tile.bm, 1))
+                         (ke, tile.bm, 1))
     if geo.b_mn:
-        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.N, geo.K, geo.b_items), (geo.N * es, geo.K * geo.N * es), (64, BK, 1))
+        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.N, geo.K, geo.b_items), (geo.N * es, geo.K * geo.N * es), (64, ke, 1))
     else:
         tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.K, geo.N, geo.b_items), (geo.K * es, geo.N * geo.K * es),
-                             (BK, tile.bn, 1))
+                             (ke, tile.bn, 1))
     return tm_a, tm_b
 
 
@@ -162,20 +172,29 @@ def _layer_geometry(layer: Any) -> Sm90Gemm | None:
     return plan_gemm(layer.kind, layer.attrs, shapes[0], shapes[1], c)
 
 
-def _storage(layer: Any) -> str | None:
-    """The one 16-bit storage dtype of the layer's GEMM operands and output, else None."""
+def storage_of(layer: Any, operands: int) -> str | None:
+    """The one storage dtype of the layer's first `operands` inputs and its output when the sm90
+    kernels take it: float16 / bfloat16, or float32 in a layer of precision "tf32"; else None."""
     dtypes = getattr(layer, "in_dtypes", ())
     outs = getattr(layer, "out_dtypes", ())
     if not dtypes or not outs:
         return None
-    n = 3 if layer.kind == "Gemm" else 2
-    used = {d for d in tuple(dtypes[:n]) + tuple(outs[:1]) if d}
-    return next(iter(used)) if len(used) == 1 and next(iter(used)) in ELEMS else None
+    used = {d for d in tuple(dtypes[:operands]) + tuple(outs[:1]) if d}
+    if len(used) != 1 or next(iter(used)) not in ELEMS:
+        return None
+    storage = next(iter(used))
+    return None if storage == "float32" and getattr(layer, "precision", None) != "tf32" else storage
 
+
+def _storage(layer: Any) -> str | None:
+    return storage_of(layer, 3 if layer.kind == "Gemm" else 2)
 
 
 def _supports(layer: Any) -> bool:
-    return _storage(layer) is not None and _layer_geometry(layer) is not None and supports_epilogue(layer)
+    storage, geo = _storage(layer), _layer_geometry(layer)
+    if storage is None or geo is None or (storage == "float32" and geo.b_mn):
+        return False
+    return supports_epilogue(layer)
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90") -> KernelSource:
@@ -198,7 +217,9 @@ def _kernels(tile: Sm90Tile):
 def _estimate(tile: Sm90Tile):
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _layer_geometry(layer)
-        return None if geo is None or not sm_count else predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count)
+        if geo is None or not sm_count:
+            return None
+        return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, _storage(layer) == "float32")
 
     return estimate
 
@@ -224,12 +245,14 @@ def _enqueue(tile: Sm90Tile):
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every tile with both B layouts for fp16, and the default tile for bf16 (CI: sm_90a)."""
+    """Every tile with both B layouts for fp16, the default tile for bf16, and for tf32 (B [N, K]),
+    the default tile and a 2-blocks-per-SM one (CI: sm_90a)."""
     out = [KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(b_mn), arch="sm_90a")
            for t in TILES for b_mn in (True, False)]
     out.append(KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="bf16_t") + TILES[0].defines(True),
                             arch="sm_90a"))
-    return out
+    return out + [KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="float") + t.defines(False), arch="sm_90a")
+                  for t in (TILES[0], TILES[-1])]
 
 
 for _tile in TILES:

@@ -42,7 +42,7 @@ def rand(shape, dtype):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None):
+def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp16"):
     from polykit.kernels.registry import run_reference
     from polykit.runtime.cuda.harness import infer_output_specs, run_layer
 
@@ -54,7 +54,7 @@ def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None):
     attrs = dict(attrs, kernel_shape=list(w[1:3]))
     if epilogue:
         attrs["epilogue"] = epilogue
-    layer = LayerDesc("conv", "ConvNHWC", names, ("Y",), attrs, domain=POLYKIT_DOMAIN, precision="fp16")
+    layer = LayerDesc("conv", "ConvNHWC", names, ("Y",), attrs, domain=POLYKIT_DOMAIN, precision=precision)
     specs = infer_output_specs(layer, inputs)
     layer = replace(layer, in_dtypes=tuple(np.dtype(inputs[n].dtype).name for n in names),
                     out_dtypes=(np.dtype(dtype).name,), in_shapes=tuple(tuple(inputs[n].shape) for n in names),
@@ -84,6 +84,26 @@ CASES = [  # (x NHWC, w KRSC, attrs)
 def test_sm90_conv_matches_float64_reference(tile, x, w, attrs):
     require_sm90()
     assert run_case(tile, x, w, attrs, np.float16) <= 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", CONV_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("x,w,attrs", CASES)
+def test_sm90_conv_tf32_matches_float64_reference(tile, x, w, attrs):
+    """float32 storage, tf32 math (the operands' low 13 mantissa bits ignored): 4 channels a chunk."""
+    require_sm90()
+    assert run_case(tile, x, w, attrs, np.float32, precision="tf32") <= 3e-3
+
+
+def test_sm90_conv_takes_float32_only_in_tf32_layers():
+    from polykit.kernels.cuda.conv_sm90 import _supports
+
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    base = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN,
+                     in_dtypes=("float32",) * 3, out_dtypes=("float32",),
+                     in_shapes=((1, 8, 8, 16), (32, 3, 3, 16), (32,)), out_shapes=((1, 8, 8, 32),))
+    assert _supports(replace(base, precision="tf32"))
+    assert not _supports(replace(base, precision="fp32"))
 
 
 @pytest.mark.gpu

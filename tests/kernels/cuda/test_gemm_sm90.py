@@ -149,3 +149,29 @@ def test_sm90_matmul_with_bias_gelu_and_residual_epilogue(tile):
     ref = gelu + res.astype(np.float64)
     out = run(layer, {"A": a, "B": b, "bias": bias, "res": res}, f"cuda.gemm.sm90_{tile.label}", ref.shape, np.float16)
     assert rel_err(out, ref) <= 3e-3
+
+
+def _gemm_layer(kind, attrs, a, b, precision):
+    return LayerDesc("g", kind, ("A", "B"), ("Y",), attrs, precision=precision, in_dtypes=("float32", "float32"),
+                     out_dtypes=("float32",), in_shapes=(a, b), out_shapes=((a[0], b[0] if attrs.get("transB") else b[1]),))
+
+
+def test_sm90_takes_float32_only_as_tf32_with_b_k_major():
+    from polykit.kernels.cuda.gemm_sm90 import _supports
+
+    assert _supports(_gemm_layer("Gemm", {"transB": 1}, (64, 96), (128, 96), "tf32"))
+    assert not _supports(_gemm_layer("Gemm", {"transB": 1}, (64, 96), (128, 96), "fp32"))
+    assert not _supports(_gemm_layer("MatMul", {}, (64, 96), (96, 128), "tf32"))  # B [K, N]: N-major
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("M,K,N", [(77, 96, 136), (300, 1000, 520), (1, 8, 8), (2048, 256, 1024)])
+def test_sm90_tf32_gemm_matches_float64_reference(tile, M, K, N):
+    """float32 storage, tf32 math: B transposed ([N, K], K-major), bias C, alpha."""
+    require_sm90()
+    a, b, c = rand((M, K), np.float32), rand((N, K), np.float32), rand((N,), np.float32)
+    ref = 0.5 * (a.astype(np.float64) @ b.T.astype(np.float64)) + c.astype(np.float64)
+    layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
+    out = run(layer, {"A": a, "B": b, "C": c}, f"cuda.gemm.sm90_{tile.label}", (M, N), np.float32)
+    assert rel_err(out, ref) <= 3e-3
