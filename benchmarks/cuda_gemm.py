@@ -75,7 +75,8 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args, epilogu
     from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 
     info = driver.current_device()
-    npd = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    npd = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    precision = args.precision
     sets = [(torch.randn(M, K, device="cuda").to(dtype),
              torch.randn(*((K, N) if layout == "kn" else (N, K)), device="cuda").to(dtype)) for _ in range(3)]
     y = torch.empty(M, N, device="cuda", dtype=dtype)
@@ -84,10 +85,10 @@ def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args, epilogu
     epi = {"epilogue": {"input": "raw", "body": body}} if body else {}
     domain = "ai.polykit" if body else ""
     if layout == "kn":
-        layer = LayerDesc("mm", "MatMul", ("A", "B", *extras), ("Y",), dict(epi), domain=domain, precision="fp16")
+        layer = LayerDesc("mm", "MatMul", ("A", "B", *extras), ("Y",), dict(epi), domain=domain, precision=precision)
     else:
         layer = LayerDesc("mm", "Gemm", ("A", "B", "", *extras) if extras else ("A", "B"), ("Y",),
-                          {"transB": 1, **epi}, domain=domain, precision="fp16")
+                          {"transB": 1, **epi}, domain=domain, precision=precision)
     ins = [tuple(sets[0][0].shape), tuple(sets[0][1].shape)] + ([()] if layout != "kn" and extras else [])
     ins += [tuple(t.shape) for t in extras.values()]
     layer = replace(layer, in_dtypes=tuple(npd if i else "" for i in layer.inputs), out_dtypes=(npd,),
@@ -143,7 +144,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="square,bert")
     parser.add_argument("--layouts", default="kn,nk")
-    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32", "tf32"],
+                        help="fp32: float32 storage, strict fp32 math (torch's allow_tf32 off); tf32: float32 "
+                        "storage, tf32 tensor-core math (torch's allow_tf32 on)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--tactics", default="", help="comma-separated tactic name prefixes to time (default all)")
@@ -151,7 +154,9 @@ def main() -> None:
     parser.add_argument("--only", default="", help="only these MxNxK shapes, comma-separated")
     parser.add_argument("--out", default="cuda_gemm.json")
     args = parser.parse_args()
-    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.dtype, torch.float32)
+    args.precision = {"bf16": "bf16", "fp32": "fp32", "tf32": "tf32"}.get(args.dtype, "fp16")
+    torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     results = []
     only = {tuple(int(x) for x in s.split("x")) for s in args.only.split(",") if s}
     for group in args.shapes.split(","):

@@ -80,6 +80,9 @@ __device__ __forceinline__ ConvP conv_problem(CONV_IGEMM_PARAMS) {
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt(CONV_IGEMM_PARAMS) {
   igemm_simt(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }
+extern "C" __global__ void __launch_bounds__(256) conv_igemm_simt_wide(CONV_IGEMM_PARAMS) {
+  igemm_simt_wide(conv_problem(CONV_IGEMM_ARGS), splits, partial);
+}
 extern "C" __global__ void __launch_bounds__(256) conv_igemm_mma(CONV_IGEMM_PARAMS) {
   igemm_mma(conv_problem(CONV_IGEMM_ARGS), splits, partial);
 }

@@ -11,7 +11,8 @@ the GPU (gemm.split_k; `conv_splitk_reduce` sums the slices in a fixed order).
 Tactics, kind "Conv" (first supporting one wins; the builder may time them):
   cuda.conv.igemm_mma   precision fp16, group 1: implicit GEMM on mma.sync (fp32 accumulate)
   cuda.conv.direct      group > 1 (depthwise and grouped): one thread per output element
-  cuda.conv.igemm_simt  any conv: implicit GEMM with fp32 FMA tiles (groups on grid z)
+  cuda.conv.igemm_simt_wide  any conv: implicit GEMM, fp32 FMA 128x128 tiles, 8x8 outputs a thread
+  cuda.conv.igemm_simt  any conv: implicit GEMM with fp32 FMA 64x64 tiles (groups on grid z)
 kind "ConvTranspose":
   cuda.conv_transpose.direct  gather form, one thread per output element
 """
@@ -26,7 +27,8 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, d
 from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
 from polykit.kernels.cuda.gemm import ELEMS, STORED, elem_of, launch_tiled, tile_params, tiled_workspace
 
-KERNELS = ("conv_igemm_simt", "conv_igemm_mma", "conv_splitk_reduce", "conv_direct", "conv_transpose_direct")
+KERNELS = ("conv_igemm_simt", "conv_igemm_simt_wide", "conv_igemm_mma", "conv_splitk_reduce", "conv_direct",
+           "conv_transpose_direct")
 BLOCK = 256
 
 
@@ -149,6 +151,9 @@ cuda_tactic("Conv", "cuda.conv.igemm_mma", kernels=layer_variants("conv_igemm_mm
 cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), priority=8,
             supports=stored_as(*STORED, then=lambda layer: _plain(layer) and group_of(layer) > 1))(
     _enqueue_direct("conv_direct"))
+cuda_tactic("Conv", "cuda.conv.igemm_simt_wide", kernels=layer_variants("conv_igemm_simt_wide"), priority=4,
+            supports=stored_as(*STORED, then=_plain), params=tile_params("conv_igemm_simt_wide"),
+            workspace=tiled_workspace("conv_igemm_simt_wide", igemm_problem))(enqueue_igemm("conv_igemm_simt_wide"))
 cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
             supports=stored_as(*STORED, then=_plain), params=tile_params("conv_igemm_simt"),
             workspace=tiled_workspace("conv_igemm_simt", igemm_problem))(enqueue_igemm("conv_igemm_simt"))

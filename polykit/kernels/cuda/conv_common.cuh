@@ -34,6 +34,12 @@ __device__ __forceinline__ void igemm_simt(const P& p, i64 splits, float* partia
   simt_gemm<P, 64, 64, 16, 4, 4>(p, k_slice(p.K, splits, 16), splits > 1 ? partial : nullptr);
 }
 
+// grid (ceil(N/128), ceil(M/128), G * splits), block 256: fp32 FMA tiles, 8 x 8 outputs a thread
+template <class P>
+__device__ __forceinline__ void igemm_simt_wide(const P& p, i64 splits, float* partial) {
+  simt_gemm<P, 128, 128, 16, 8, 8>(p, k_slice(p.K, splits, 16), splits > 1 ? partial : nullptr);
+}
+
 // grid (ceil(N/128), ceil(M/128), G * splits), block 256: fp16 operands on tensor cores
 template <class P>
 __device__ __forceinline__ void igemm_mma(const P& p, i64 splits, float* partial) {

@@ -4,7 +4,8 @@ split-K launch and epilogue.
 
 Tactics, kind "ConvNHWC" (first supporting one wins; the builder may time them):
   cuda.conv_nhwc.igemm_mma   precision fp16, group 1: mma.sync m16n8k16, fp32 accumulate
-  cuda.conv_nhwc.igemm_simt  any ConvNHWC: fp32 FMA tiles (groups on grid z)
+  cuda.conv_nhwc.igemm_simt_wide  any ConvNHWC: fp32 FMA 128x128 tiles, 8x8 outputs a thread
+  cuda.conv_nhwc.igemm_simt  any ConvNHWC: fp32 FMA 64x64 tiles (groups on grid z)
 These are the simple, correct baseline: they load one element at a time like the NCHW kernels;
 vectorized loads over the channel axis (C % 8 == 0 from to_channels_last) are for tactics to come.
 """
@@ -20,7 +21,7 @@ from polykit.kernels.cuda.gemm import STORED, tile_params, tiled_workspace
 
 FILE = "conv_nhwc.cu"
 REDUCE = "conv_nhwc_splitk_reduce"
-KERNELS = ("conv_nhwc_igemm_simt", "conv_nhwc_igemm_mma", REDUCE)
+KERNELS = ("conv_nhwc_igemm_simt", "conv_nhwc_igemm_simt_wide", "conv_nhwc_igemm_mma", REDUCE)
 
 
 def compile_variants() -> list[KernelSource]:
@@ -31,7 +32,8 @@ def _mma(layer: Any) -> bool:
     return supports_epilogue(layer) and layer.precision == "fp16" and group_of(layer) == 1
 
 
-for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_nhwc_igemm_simt", 5, supports_epilogue)):
+for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_nhwc_igemm_simt", 5, supports_epilogue),
+                                      ("conv_nhwc_igemm_simt_wide", 4, supports_epilogue)):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
                 priority=_priority, supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
                 workspace=tiled_workspace(_kernel, igemm_problem))(enqueue_igemm(_kernel, REDUCE, FILE))

@@ -6,6 +6,7 @@
 // (d0 implied, d1..d3 innermost last) with per-operand batch strides (0 = broadcast);
 // Y is contiguous (z, M, N). C (Gemm only, may be null) is broadcast to (M, N) by strides.
 // Launch: gemm_simt  grid (ceil(N/64), ceil(M/64), batch * splits), block 256 (64x64x16 tiles, 4x4/thread)
+//         gemm_simt_wide  grid (ceil(N/128), ceil(M/128), batch * splits), block 256 (128x128x16, 8x8/thread)
 //         gemm_mma   grid (ceil(N/128), ceil(M/128), batch * splits), block 256 (mma.sync m16n8k16)
 //         gemm_splitk_reduce  grid (ceil(M*N/256) capped, 1, batch), block 256, after either of
 //                    them ran with splits > 1 into `partial` (fp32, batch * splits * M * N)
@@ -78,6 +79,12 @@ __device__ __forceinline__ GemmP problem_of(i64 z, GEMM_PARAMS) {
 extern "C" __global__ void __launch_bounds__(256) gemm_simt(GEMM_PARAMS) {
   const KSlice t = k_slice(K, splits, 16);
   simt_gemm<GemmP, 64, 64, 16, 4, 4>(problem_of(t.z, ALL_ARGS), t, splits > 1 ? partial : nullptr);
+}
+
+// 128 x 128 x 16 tiles, 8 x 8 outputs a thread: twice the FMAs per shared-memory load of gemm_simt
+extern "C" __global__ void __launch_bounds__(256) gemm_simt_wide(GEMM_PARAMS) {
+  const KSlice t = k_slice(K, splits, 16);
+  simt_gemm<GemmP, 128, 128, 16, 8, 8>(problem_of(t.z, ALL_ARGS), t, splits > 1 ? partial : nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_mma(GEMM_PARAMS) {

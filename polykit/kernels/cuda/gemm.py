@@ -1,6 +1,9 @@
 """GEMM family: MatMul (batched, broadcasting, 1-D operands) and Gemm (transA/B, alpha, beta, C).
 
 Tactics (kinds "MatMul" and "Gemm"):
+  cuda.gemm.simt_wide  tiled fp32 FMA kernel, 128x128x16 tiles, 8x8 outputs a thread; as simt
+                  (timed against it: faster on large products, 27 vs 22 TFLOP/s at 4096^3; slower on
+                  small ones, so below simt in the level-0 order)
   cuda.gemm.simt  tiled fp32 FMA kernel (64x64x16 tiles); any precision, float/half storage
   cuda.gemm.mma   tensor-core kernel (mma.sync m16n8k16, fp16 operands, fp32 accumulation);
                   only for layers built with precision "fp16" (storage may stay float32: the
@@ -28,9 +31,10 @@ from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 MAX_GRID_Z = 65535
 #: kernel name -> (block tile M, block tile N, block tile K)
-TILES = {"gemm_simt": (64, 64, 16), "gemm_mma": (128, 128, 32),
-         "conv_igemm_simt": (64, 64, 16), "conv_igemm_mma": (128, 128, 32),
-         "conv_nhwc_igemm_simt": (64, 64, 16), "conv_nhwc_igemm_mma": (128, 128, 32)}
+TILES = {"gemm_simt": (64, 64, 16), "gemm_simt_wide": (128, 128, 16), "gemm_mma": (128, 128, 32),
+         "conv_igemm_simt": (64, 64, 16), "conv_igemm_simt_wide": (128, 128, 16), "conv_igemm_mma": (128, 128, 32),
+         "conv_nhwc_igemm_simt": (64, 64, 16), "conv_nhwc_igemm_simt_wide": (128, 128, 16),
+         "conv_nhwc_igemm_mma": (128, 128, 32)}
 #: most K slices of one launch, and the fewest K tiles a slice gets
 MAX_SPLITS, MIN_SLICE_TILES = 32, 4
 
@@ -74,7 +78,7 @@ def variants(kernel: str, file: str = "gemm.cu") -> list[KernelSource]:
 
 
 def compile_variants() -> list[KernelSource]:
-    return variants("gemm_simt") + variants("gemm_mma") + variants("gemm_splitk_reduce")
+    return variants("gemm_simt") + variants("gemm_simt_wide") + variants("gemm_mma") + variants("gemm_splitk_reduce")
 
 
 def layer_variants(kernel: str):
@@ -236,6 +240,10 @@ for _kind in _PROBLEMS:
                 priority=10,
                 params=tile_params("gemm_mma"), workspace=tiled_workspace("gemm_mma", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_mma"))
+    cuda_tactic(_kind, "cuda.gemm.simt_wide", kernels=layer_variants("gemm_simt_wide"),
+                supports=stored_as(*STORED, then=supports_epilogue), priority=-1,  # the tuner's choice, not level 0's
+                params=tile_params("gemm_simt_wide"), workspace=tiled_workspace("gemm_simt_wide", _PROBLEMS[_kind]))(
+        _enqueue_with("gemm_simt_wide"))
     cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"),
                 supports=stored_as(*STORED, then=supports_epilogue), priority=0,
                 params=tile_params("gemm_simt"), workspace=tiled_workspace("gemm_simt", _PROBLEMS[_kind]))(

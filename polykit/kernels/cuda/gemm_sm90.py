@@ -3,8 +3,8 @@
 Tactics `cuda.gemm.sm90_<BM>x<BN>` (kinds MatMul and Gemm, GPUs of compute capability 9.0)
 for layers whose A, B (and C, Y) are all float16 or all bfloat16, or all float32 in a layer
 built with precision "tf32" (--tf32; then B must be a transposed Gemm B [N, K]: wgmma reads
-tf32 operands K-major only), with TMA-friendly geometry: A row-major with K % 8 == 0 (16-byte rows), B [K, N] with N % 8 == 0 or a
-transposed Gemm B [N, K] with K % 8 == 0, no transA, batch dims that are either absent on B
+tf32 operands K-major only), with TMA-friendly geometry: A row-major with K % 8 == 0
+(16-byte rows), B [K, N] with N % 8 == 0 or a transposed Gemm B [N, K] with K % 8 == 0, no transA, batch dims that are either absent on B
 (folded into M) or the same on both operands (or absent on A). Other GEMMs keep the mma.sync
 and SIMT tactics (gemm.py). The tile parameters below are the one source of each kernel's
 shape: they become the kernel's defines and its launch geometry.

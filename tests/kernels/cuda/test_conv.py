@@ -43,9 +43,10 @@ GROUP_CASES = [
 ]
 
 
+@pytest.mark.parametrize("tactic", ["cuda.conv.igemm_simt", "cuda.conv.igemm_simt_wide"])
 @pytest.mark.parametrize("x,w,attrs", CONV_CASES + GROUP_CASES)
-def test_igemm_simt_conv_matches_reference(x, w, attrs):
-    check(conv_layer(attrs), {"X": rand(*x), "W": rand(*w), "B": rand(w[0])}, "cuda.conv.igemm_simt",
+def test_igemm_simt_conv_matches_reference(x, w, attrs, tactic):
+    check(conv_layer(attrs), {"X": rand(*x), "W": rand(*w), "B": rand(w[0])}, tactic,
           rtol=1e-4, atol=1e-4)
 
 

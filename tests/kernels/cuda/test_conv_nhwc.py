@@ -51,9 +51,10 @@ SPLIT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("tactic", [SIMT, SIMT + "_wide"])
 @pytest.mark.parametrize("x,w,attrs", CASES + SPLIT_CASES)
-def test_igemm_simt_matches_reference(x, w, attrs):
-    check(conv_layer(attrs), conv_inputs(x, w), SIMT, rtol=1e-4, atol=2e-4)
+def test_igemm_simt_matches_reference(x, w, attrs, tactic):
+    check(conv_layer(attrs), conv_inputs(x, w), tactic, rtol=1e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("x,w,attrs", CASES + SPLIT_CASES)

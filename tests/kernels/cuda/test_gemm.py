@@ -42,15 +42,20 @@ def _check(layer, inputs, tactic, **tol):
     return assert_matches_reference(layer, inputs, tactic=tactic, **tol)
 
 
+SIMT_TACTICS = ("cuda.gemm.simt", "cuda.gemm.simt_wide")
+
+
+@pytest.mark.parametrize("tactic", SIMT_TACTICS)
 @pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
-def test_simt_matmul_matches_reference_fp32(a_shape, b_shape):
-    _check(matmul_layer(), {"A": rand(*a_shape), "B": rand(*b_shape)}, "cuda.gemm.simt", rtol=1e-4, atol=1e-4)
+def test_simt_matmul_matches_reference_fp32(a_shape, b_shape, tactic):
+    _check(matmul_layer(), {"A": rand(*a_shape), "B": rand(*b_shape)}, tactic, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tactic", SIMT_TACTICS)
 @pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES[1:5])
-def test_simt_matmul_matches_reference_fp16_storage(a_shape, b_shape):
+def test_simt_matmul_matches_reference_fp16_storage(a_shape, b_shape, tactic):
     inputs = {"A": rand(*a_shape, dtype=np.float16), "B": rand(*b_shape, dtype=np.float16)}
-    _check(matmul_layer(), inputs, "cuda.gemm.simt", rel=2e-3)
+    _check(matmul_layer(), inputs, tactic, rel=2e-3)
 
 
 @pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
@@ -66,12 +71,13 @@ def test_mma_matmul_matches_reference_fp16_storage(a_shape, b_shape):
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("c_shape", [(), (37,), (1, 37), (19, 1), (19, 37)])
-def test_simt_gemm_with_transposes_alpha_beta_and_broadcast_c(ta, tb, c_shape):
+@pytest.mark.parametrize("tactic", SIMT_TACTICS)
+def test_simt_gemm_with_transposes_alpha_beta_and_broadcast_c(ta, tb, c_shape, tactic):
     M, K, N = 19, 23, 37
     a = rand(K, M) if ta else rand(M, K)
     b = rand(N, K) if tb else rand(K, N)
     layer = gemm_layer({"transA": ta, "transB": tb, "alpha": 0.7, "beta": -1.3})
-    _check(layer, {"A": a, "B": b, "C": rand(*c_shape)}, "cuda.gemm.simt", rtol=1e-4, atol=1e-4)
+    _check(layer, {"A": a, "B": b, "C": rand(*c_shape)}, tactic, rtol=1e-4, atol=1e-4)
 
 
 def test_simt_gemm_without_c():
