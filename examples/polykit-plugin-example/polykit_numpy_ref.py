@@ -45,9 +45,9 @@ class NumpyRefRunner(BaseRunner):
         return meta
 
     def infer_impl(self, feed_dict: dict[str, Any]) -> dict[str, Any]:
-        from polykit.compiler.passes.evaluate import evaluate
+        from polykit.compiler.evaluator import evaluate_graph
 
-        return evaluate(self.graph, feed_dict)
+        return evaluate_graph(self.graph, feed_dict)
 
 
 def make_runner(request: RunnerRequest) -> BaseRunner:

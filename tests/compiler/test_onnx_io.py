@@ -95,7 +95,8 @@ def test_unsorted_nodes_are_put_in_topological_order():
 
 
 def test_channels_last_graph_round_trips_through_onnx():
-    from polykit.compiler.passes import evaluate, optimize
+    from polykit.compiler.evaluator import evaluate_graph
+    from polykit.compiler.passes import optimize
     from tests.conv_models import resnet
 
     g = optimize(load_onnx(resnet(depths=(1, 1))), channels_last=True)
@@ -105,4 +106,4 @@ def test_channels_last_graph_round_trips_through_onnx():
     assert [(n.domain, n.op_type) for n in back.nodes] == [(n.domain, n.op_type) for n in g.nodes]
     assert {"ConvNHWC", "MaxPoolNHWC"} <= {n.op_type for n in back.nodes}
     feeds = {"image": np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32)}
-    np.testing.assert_array_equal(evaluate(back, feeds)["logits"], evaluate(g, feeds)["logits"])
+    np.testing.assert_array_equal(evaluate_graph(back, feeds)["logits"], evaluate_graph(g, feeds)["logits"])

@@ -18,7 +18,6 @@ from polykit.compiler.ir import Graph
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
-from polykit.compiler.passes.evaluate import evaluate
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
@@ -33,7 +32,7 @@ from polykit.compiler.passes.remove_identity import remove_identity
 from polykit.errors import GraphError, PolykitError
 
 __all__ = [
-    "Pass", "run_passes", "optimize", "evaluate", "fold_constants", "eliminate_dead_code", "remove_identity",
+    "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last",

@@ -14,9 +14,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError
-from polykit.kernels.registry import run_reference
 
 RNG = np.random.default_rng(11)
 F32 = onnx.TensorProto.FLOAT
@@ -35,13 +35,7 @@ def make_model(nodes, inputs, outputs, opset, initializers=()):
 
 
 def run_polykit(graph, feeds):
-    env = dict(graph.initializers)
-    env.update(feeds)
-    for node in graph.nodes:
-        for name, arr in zip(node.outputs, run_reference(node, [env[i] if i else None for i in node.inputs])):
-            if name:
-                env[name] = arr
-    return [env[o] for o in graph.outputs]
+    return list(evaluate_graph(graph, feeds).values())
 
 
 def run_ort(model, feeds):

@@ -18,10 +18,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_import import load_onnx
 from polykit.compiler.registry import is_supported
 from polykit.errors import PolykitError
-from polykit.kernels.registry import run_reference
 
 CASE_MODULES = (
     "argmax argmin batch_normalization celu clip cumsum dequantizelinear dynamicquantizelinear einsum elu gelu "
@@ -54,17 +54,6 @@ def _as_array(value):
     return np.asarray(value)
 
 
-def _evaluate(graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    env = dict(graph.initializers)
-    env.update(feeds)
-    for node in graph.nodes:
-        outs = run_reference(node, [env[i] if i else None for i in node.inputs])
-        for name, arr in zip(node.outputs, outs):
-            if name:
-                env[name] = arr
-    return env
-
-
 def _needs_other_families(model) -> list[str]:
     return sorted({n.op_type for n in model.graph.node if not is_supported(n.domain, n.op_type)})
 
@@ -92,7 +81,7 @@ def test_node_case_matches_onnx_expected_outputs(name):
     inputs, expected = case.data_sets[0]
     real_inputs = [vi.name for vi in case.model.graph.input]
     feeds = {n: _as_array(v) for n, v in zip(real_inputs, inputs)}
-    env = _evaluate(graph, feeds)
+    env = evaluate_graph(graph, feeds)
     for out_name, want in zip(graph.outputs, expected):
         want = _as_array(want)
         got = env[out_name]

@@ -20,9 +20,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_import import load_onnx
 from polykit.compiler.registry import is_supported
-from polykit.kernels.registry import run_reference
 
 CASE_MODULES = (
     "averagepool causal_conv_with_state conv convinteger convtranspose depthtospace gemm globalaveragepool "
@@ -131,20 +131,17 @@ def _as_array(value):
 
 
 def _evaluate(graph, feeds):
-    env = dict(graph.initializers)
-    env.update(feeds)
-    for node in graph.nodes:
-        outs = run_reference(node, [env[i] if i else None for i in node.inputs])
-        for name, arr in zip(node.outputs, outs):
-            if name:
-                env[name] = arr
-                inferred = graph.value(name)
-                if inferred.shape is not None:
-                    assert len(inferred.shape) == arr.ndim, f"{name}: rule rank {inferred.shape} vs {arr.shape}"
-                    for rule_dim, real in zip(inferred.shape, arr.shape):
-                        assert not isinstance(rule_dim, int) or rule_dim == real, f"{name}: {inferred.shape} vs {arr.shape}"
-                assert inferred.dtype is None or inferred.dtype == arr.dtype, f"{name}: dtype {inferred.dtype} vs {arr.dtype}"
-    return env
+    """The graph's outputs, every tensor checked against what its shape rule inferred."""
+
+    def check_rule(name, arr, node):
+        inferred = graph.value(name)
+        if inferred.shape is not None:
+            assert len(inferred.shape) == arr.ndim, f"{name}: rule rank {inferred.shape} vs {arr.shape}"
+            for rule_dim, real in zip(inferred.shape, arr.shape):
+                assert not isinstance(rule_dim, int) or rule_dim == real, f"{name}: {inferred.shape} vs {arr.shape}"
+        assert inferred.dtype is None or inferred.dtype == arr.dtype, f"{name}: dtype {inferred.dtype} vs {arr.dtype}"
+
+    return evaluate_graph(graph, feeds, on_tensor=check_rule)
 
 
 def _check_case(case) -> None:

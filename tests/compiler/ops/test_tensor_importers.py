@@ -9,10 +9,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 from polykit.compiler import dtypes
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_export import to_onnx
 from polykit.compiler.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError, PolykitError
-from polykit.kernels.registry import run_reference
 
 RNG = np.random.default_rng(21)
 
@@ -30,12 +30,7 @@ def make_model(nodes, feeds: dict, outputs, opset: int, initializers: dict | Non
 
 def run_polykit(model, feeds: dict):
     graph = load_onnx(model)
-    env = dict(graph.initializers)
-    env.update(feeds)
-    for node in graph.nodes:
-        outs = run_reference(node, [env[i] if i else None for i in node.inputs])
-        env.update(zip(node.outputs, outs))
-    return graph, [env[o] for o in graph.outputs]
+    return graph, list(evaluate_graph(graph, feeds).values())
 
 
 def run_ort(model, feeds: dict):

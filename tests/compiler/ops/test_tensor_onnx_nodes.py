@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from polykit.compiler import dtypes
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_import import load_onnx
 from polykit.errors import PolykitError
-from polykit.kernels.registry import run_reference
 
 # onnx.backend.test.case.node modules holding the cases of the ops this family implements
 CASE_MODULES = (
@@ -97,15 +97,6 @@ def _arrays(values) -> list:
     return [numpy_helper.to_array(v) if hasattr(v, "data_type") else np.asarray(v) for v in values]
 
 
-def _run_graph(graph, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-    env = dict(zip(graph.inputs, inputs))
-    env.update(graph.initializers)
-    for node in graph.nodes:
-        outs = run_reference(node, [env[i] if i else None for i in node.inputs])
-        env.update((name, arr) for name, arr in zip(node.outputs, outs) if name)
-    return env
-
-
 def _skip_reason(tc) -> str | None:
     if tc.name in NOT_RUN:
         return NOT_RUN[tc.name]
@@ -125,7 +116,7 @@ def test_node_case_matches_onnx_expected_outputs(tc):
     with np.errstate(all="ignore"):
         graph = load_onnx(tc.model)
         for inputs, expected in tc.data_sets:
-            env = _run_graph(graph, _arrays(inputs))
+            env = evaluate_graph(graph, dict(zip(graph.inputs, _arrays(inputs))))
             for name, want in zip(graph.outputs, _arrays(expected)):
                 got = env[name]
                 assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, got.dtype)

@@ -7,9 +7,9 @@ from typing import Iterable
 
 import numpy as np
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.passes import evaluate
 
 F32 = np.dtype(np.float32)
 
@@ -55,13 +55,13 @@ def feeds_for(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def run_and_compare(g: Graph, rewrite, *, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6) -> tuple[Graph, bool]:
     """Apply `rewrite(copy) -> bool` and assert the outputs are unchanged; (rewritten, changed)."""
     feeds = feeds_for(g, seed)
-    before = evaluate(g, feeds)
+    before = evaluate_graph(g, feeds)
     after_graph = g.copy()
     changed = rewrite(after_graph)
     after_graph.validate()
     after_graph.toposort()
     infer_shapes(after_graph, strict=False)
-    after = evaluate(after_graph, feeds)
+    after = evaluate_graph(after_graph, feeds)
     assert list(after) == list(before)
     for name in before:
         assert after[name].dtype == before[name].dtype, name

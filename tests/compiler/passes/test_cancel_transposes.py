@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.passes import cancel_transposes, evaluate, optimize, run_passes
+from polykit.compiler.passes import cancel_transposes, optimize, run_passes
 
 from .passes_testkit import feeds_for, graph, node, op_counts, run_and_compare
 from .test_pass_manager import DATA
@@ -153,7 +154,7 @@ def test_torch_exports_are_numerically_unchanged_by_cancel_transposes(name):
     feeds = {k: np.abs(v) % 4 if v.dtype.kind in "iu" else v for k, v in feeds_for(g, 2).items()}
     h = optimize(g, fuse=False)
     run_passes(h, [cancel_transposes])
-    before, after = evaluate(g, feeds), evaluate(h, feeds)
+    before, after = evaluate_graph(g, feeds), evaluate_graph(h, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-4, atol=1e-5, err_msg=key)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.ir import POLYKIT_DOMAIN
 from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.passes import evaluate, optimize, to_channels_last
+from polykit.compiler.passes import optimize, to_channels_last
 
 from tests.conv_models import resnet
 
@@ -134,8 +135,8 @@ def test_resnet50_like_graph_keeps_one_transpose_at_the_entry(fp16):
     assert "Add" not in counts and "Relu" not in counts and "ai.polykit:Pointwise" not in counts
     feeds = feeds_for(g)
     rtol, atol = (1e-2, 1e-2) if fp16 else (1e-5, 1e-5)
-    nchw = evaluate(optimize(g, keep=g.outputs, fp16=fp16), feeds)["logits"]
-    np.testing.assert_allclose(evaluate(out, feeds)["logits"], nchw, rtol=rtol, atol=atol)
+    nchw = evaluate_graph(optimize(g, keep=g.outputs, fp16=fp16), feeds)["logits"]
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], nchw, rtol=rtol, atol=atol)
 
 
 def test_fp32_layers_naming_conv_keep_the_nhwc_convs_in_float32():
@@ -153,4 +154,4 @@ def test_torch_exported_convnets_keep_one_transpose(model):
     g, out = _optimized(DATA / model, channels_last=True)
     assert op_counts(out)["Transpose"] == 1 and op_counts(out)[CONV_NHWC] == 6
     feeds = feeds_for(g)
-    np.testing.assert_allclose(evaluate(out, feeds)["logits"], evaluate(g, feeds)["logits"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], evaluate_graph(g, feeds)["logits"], rtol=1e-5, atol=1e-5)

@@ -85,8 +85,9 @@ def test_a_reshape_of_a_graph_input_is_left_alone():
 def test_gpt2_gelus_join_the_gemm_epilogues_and_outputs_are_unchanged():
     import pytest
 
+    from polykit.compiler.evaluator import evaluate_graph
     from polykit.compiler.onnx_import import load_onnx
-    from polykit.compiler.passes import evaluate, optimize
+    from polykit.compiler.passes import optimize
 
     from .passes_testkit import feeds_for
     from .test_pass_manager import DATA
@@ -100,6 +101,6 @@ def test_gpt2_gelus_join_the_gemm_epilogues_and_outputs_are_unchanged():
                   and any(s["op"] == "Gelu" for s in n.attrs["epilogue"]["body"])]
     assert len(gelu_gemms) == 2 and not any(n.op_type == "Gelu" for n in out.nodes)
     feeds = {k: np.abs(v) % 4 if v.dtype.kind in "iu" else v for k, v in feeds_for(g, 4).items()}
-    before, after = evaluate(g, feeds), evaluate(out, feeds)
+    before, after = evaluate_graph(g, feeds), evaluate_graph(out, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-4, atol=1e-5)

@@ -6,9 +6,10 @@ import pytest
 
 from .passes_testkit import feeds_for, graph, node, op_counts
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.ir import POLYKIT_DOMAIN
 from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.passes import evaluate, fold_constants, optimize, run_passes
+from polykit.compiler.passes import fold_constants, optimize, run_passes
 from polykit.errors import GraphError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "torch"
@@ -73,8 +74,8 @@ def test_optimize_keeps_marked_tensors_under_their_names():
     g = _small()
     feeds = feeds_for(g)
     out = optimize(g, keep={"m", "i"})
-    values = evaluate(out, feeds, keep_all=True)
-    reference = evaluate(g, feeds, keep_all=True)
+    values = evaluate_graph(out, feeds, keep_all=True)
+    reference = evaluate_graph(g, feeds, keep_all=True)
     for name in ("m", "i", "y"):
         np.testing.assert_allclose(values[name], reference[name], rtol=1e-6)
 
@@ -110,7 +111,7 @@ def test_optimize_keeps_torch_exports_numerically_equal_and_fuses_them(name, exp
     for n in out.nodes:
         counts[n.op_type] = counts.get(n.op_type, 0) + 1
     assert {k: counts.get(k, 0) for k in expected} == expected
-    before, after = evaluate(g, feeds), evaluate(out, feeds)
+    before, after = evaluate_graph(g, feeds), evaluate_graph(out, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-4, atol=1e-5)
     for n in out.nodes:
@@ -126,7 +127,7 @@ def test_an_optimized_graph_survives_an_onnx_round_trip(tmp_path):
     back = load_onnx(path)
     assert [n.op_type for n in back.nodes] == [n.op_type for n in out.nodes]
     feeds = {k: np.abs(v) % 4 if v.dtype.kind in "iu" else v for k, v in feeds_for(g).items()}
-    before, after = evaluate(out, feeds), evaluate(back, feeds)
+    before, after = evaluate_graph(out, feeds), evaluate_graph(back, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-6)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph
-from polykit.compiler.passes import convert_to_fp16, evaluate, fuse_bias_activation, fuse_pointwise, optimize, run_passes
+from polykit.compiler.passes import convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize, run_passes
 from polykit.compiler.passes.precision import to_half
 
 from .passes_testkit import feeds_for, graph, node
@@ -33,7 +34,7 @@ def _converted(g: Graph, **kw) -> tuple[Graph, bool]:
 
 def _assert_close_to_fp32(g: Graph, h: Graph, tol: float = 3e-3) -> None:
     feeds = feeds_for(g, seed=3)
-    want, got = evaluate(g, feeds), evaluate(h, feeds)
+    want, got = evaluate_graph(g, feeds), evaluate_graph(h, feeds)
     for name in want:
         assert got[name].dtype == want[name].dtype, name
         np.testing.assert_allclose(got[name], want[name], rtol=tol, atol=tol, err_msg=name)
@@ -143,7 +144,7 @@ def test_integer_and_float64_tensors_are_untouched():
     assert h.value("ids").dtype == np.int64 and h.value("d2").dtype == np.float64
     assert h.value("e").dtype == F16 and h.value("y").dtype == F32
     feeds = {"ids": np.array([4, 1]), "d": rng.standard_normal((2, 3))}
-    want, got = evaluate(g, feeds), evaluate(h, feeds)
+    want, got = evaluate_graph(g, feeds), evaluate_graph(h, feeds)
     np.testing.assert_array_equal(got["d2"], want["d2"])
     np.testing.assert_allclose(got["y"], want["y"], rtol=3e-3, atol=3e-3)
 
@@ -157,7 +158,7 @@ def test_out_of_range_weights_clamp_so_masks_stay_finite():
               {"x": (2, 4), "keep": (2, 4)}, ["y"], {"one": np.array(1, np.float32), "low": np.array(lowest)})
     h, _ = _converted(g)
     feeds = {"x": _w(2, 4), "keep": np.array([[1, 1, 0, 1], [0, 1, 1, 1]], np.float32)}
-    got, want = evaluate(h, feeds)["y"], evaluate(g, feeds)["y"]
+    got, want = evaluate_graph(h, feeds)["y"], evaluate_graph(g, feeds)["y"]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=3e-3, atol=3e-3)
 
@@ -176,7 +177,7 @@ def test_kept_tensors_keep_their_name_and_float32():
     h, _ = _converted(g, keep={"a"})
     assert h.value("a").dtype == F32 and "a" in h.producers()
     feeds = feeds_for(g, seed=3)
-    np.testing.assert_allclose(evaluate(h, feeds, keep_all=True)["a"], evaluate(g, feeds, keep_all=True)["a"],
+    np.testing.assert_allclose(evaluate_graph(h, feeds, keep_all=True)["a"], evaluate_graph(g, feeds, keep_all=True)["a"],
                                rtol=3e-3, atol=3e-3)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from polykit.compiler.evaluator import evaluate_graph
 from polykit.compiler.ir import Node
 from polykit.compiler.onnx_import import load_onnx
 from polykit.errors import ShapeError
@@ -39,12 +40,7 @@ def ort(op, inputs, opset=19, **attrs):
 def ours(op, inputs, opset=19, **attrs):
     """Import the one-node model (importers run) and evaluate it with the reference kernels."""
     graph = load_onnx(_model(op, inputs, opset, **attrs))
-    env = dict(graph.initializers)
-    env["x"] = inputs[0]
-    for node in graph.nodes:
-        for name, value in zip(node.outputs, run_reference(node, [env[i] if i else None for i in node.inputs])):
-            env[name] = value
-    y = env[graph.outputs[0]]
+    (y,) = evaluate_graph(graph, {"x": inputs[0]}).values()
     assert graph.value(graph.outputs[0]).shape == y.shape
     return y
 
