@@ -89,6 +89,8 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="time every layer of polykit's engine (CUDA events on cuda)"),
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
+    report_html: Optional[str] = typer.Option(None, "--report", metavar="FILE.html",
+                                              help="write a self-contained HTML report (charts, histograms)"),
     builder_options: Any = None,
     compare_settings: Any = None,
 ) -> int:
@@ -118,7 +120,8 @@ def run(
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
-    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine)):
+    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine),
+                         ("--report", report_html)):
         if path:
             require_output_folder(path, option)
     order = graph_order(model) if mark_all or mark_outputs or len(runner) + len(load_outputs) > 1 else None
@@ -141,6 +144,10 @@ def run(
         doc = to_json(report, results, layerwise)
         if profile:
             doc["profile"] = {name: summary.to_json() for name, summary in profiles.items()}
+    if report_html:
+        from polykit.tools.html_report import save_html
+
+        save_html(report_html, {"title": f"polykit run {Path(model).name}", **doc})
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
