@@ -203,7 +203,7 @@ def test_data_loader_script_feeds_the_runners(tmp_path, capsys):
 
 
 def test_mark_all_compares_intermediate_tensors(capsys):
-    assert cli("run", MLP, "--trt", "--onnxrt", "--target", "cpu", "--mark-all") == 0
+    assert cli("run", MLP, "--trt", "--onnxrt", "--target", "cpu", "--mark-all", "-v") == 0
     assert "h_relu: PASSED" in capsys.readouterr().out
 
 

@@ -52,7 +52,7 @@ def test_a_scalar_output_compares_between_runners(capsys, tmp_path):
 
 def test_mark_all_compares_a_scalar_intermediate(capsys, tmp_path):
     code, out, _ = run(capsys, "run", scalar_intermediate_model(tmp_path / "m.onnx"), "--trt", "--onnxrt",
-                       "--target", "cpu", "--mark-all")
+                       "--target", "cpu", "--mark-all", "-v")
     assert code == 0 and "s: PASSED" in out and "y: PASSED" in out
 
 

@@ -8,7 +8,10 @@ from polykit.plugins import hookimpl
 
 def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     """A PolykitRunner over EngineFromPlan(PlanFromOnnx(model, BuilderConfig(...))), the plan
-    optionally saved; over EngineFromPath(model) when the model is a plan file already."""
+    optionally saved; over EngineFromPath(model) when the model is a plan file already.
+
+    Marked tensors (mark_outputs, mark_all) are observed, not forced: the engine is the unmarked
+    one, exposing the marked tensors that lie between its layers (polykit.compiler.marking)."""
     from polykit.backends.loaders import (EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type,
                                           refuse_build_options)
     from polykit.backends.polykit_runner import PolykitRunner
@@ -28,7 +31,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
         fp16=request.fp16,
         channels_last=request.channels_last,
         input_shapes=dict(request.input_shapes),
-        mark_outputs=tuple(request.mark_outputs),
+        expose_tensors=tuple(request.mark_outputs),
         mark_all=request.mark_all,
         fold_constants=request.fold_constants,
         tactic_replay=request.load_tactics,

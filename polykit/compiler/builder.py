@@ -1,8 +1,9 @@
 """The builder: Graph -> Plan (TensorRT's model: optimize, lower, pick tactics, plan memory).
 
 Pipeline: copy the graph -> apply input shapes (every input must end up static) ->
-infer shapes -> mark extra outputs -> optimizer passes (folding, fusion; marked outputs
-kept) -> lower to layers -> select a tactic per layer -> plan the activation arena -> Plan.
+infer shapes -> mark forced outputs -> optimizer passes (folding, fusion; forced outputs
+kept) -> lower to layers -> select a tactic per layer -> expose observed tensors that lie
+between layers (polykit.compiler.marking) -> plan the activation arena -> Plan.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
+from polykit.compiler.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
@@ -44,14 +46,18 @@ class Builder:
         apply_input_shapes(g, cfg.input_shapes)
         apply_input_values(g, cfg.input_values)
         infer_shapes(g)
-        marked = marked_outputs(g, cfg)
+        marked = forced_outputs(g, cfg)
+        observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
         g, lowered, tensors = optimize_and_lower(g, cfg, target)
         selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
-        outputs = list(dict.fromkeys(g.outputs))
+        exposure = expose(observed, layers, {n: t.shape for n, t in tensors.items()})
+        marked += exposure.exposed
+        outputs = list(dict.fromkeys(list(g.outputs) + list(exposure.exposed)))
+        tensors = {n: replace(t, kind="output") if n in exposure.exposed else t for n, t in tensors.items()}
         tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
         metadata: dict[str, Any] = {
             "polykit_version": polykit.__version__,
@@ -63,6 +69,8 @@ class Builder:
             "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
             "device_memory": device_memory(memory.arena_bytes, weights, selection.workspace),
         }
+        if observed:
+            metadata["fused_away"] = list(exposure.fused_away)
         if cfg.input_values:
             metadata["input_values"] = cfg.to_json()["input_values"]
         if selection.kernels:
@@ -164,20 +172,6 @@ def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
                              where=f"graph {g.name!r}", hint="give a value of the input's dtype and shape")
     if values:
         g.metadata["input_values"] = dict(values)
-
-
-def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
-    """Intermediate tensors to make engine outputs (mark_outputs, or every one for mark_all)."""
-    produced = [o for n in g.nodes for o in n.outputs if o]
-    known = set(produced) | set(g.inputs)
-    for name in cfg.mark_outputs:
-        if name not in known:
-            raise BuildError(f"cannot mark {name!r} as an output: no node produces it", where=f"graph {g.name!r}",
-                             hint="list tensor names with `polykit inspect model`")
-    names = list(cfg.mark_outputs)
-    if cfg.mark_all:
-        names += [o for n in g.nodes if not (n.op_type == "Constant" and n.domain == "") for o in n.outputs if o]
-    return [n for n in dict.fromkeys(names) if n not in g.outputs]
 
 
 def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = ()) -> Graph:

@@ -37,8 +37,12 @@ class BuilderConfig:
         (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
-    mark_outputs: intermediate tensors to make plan outputs (kept from being fused away).
-    mark_all: mark every intermediate tensor as an output (layerwise debugging).
+    mark_outputs: intermediate tensors to make plan outputs (kept from being fused away: the
+        layers may differ from the unmarked build's; polykit.compiler.marking).
+    mark_all / expose_tensors: every intermediate tensor / these ones become plan outputs where
+        a layer of the unmarked build already writes them (layerwise debugging: the layers and
+        tactics stay those of the unmarked build; the rest are listed in the plan's metadata
+        as "fused_away").
     fold_constants / fuse: switch the optimizer's folding and fusion passes.
     tactic_replay: tactic choices to force (polykit.compiler.tactic_replay): a replay file
         written by save_tactics, a TacticReplay, or {layer name: tactic name} in process.
@@ -92,6 +96,7 @@ class BuilderConfig:
     precision_constraints: str = "none"
     layer_precisions: Mapping[str, str] = field(default_factory=dict, hash=False)
     strongly_typed: bool = False
+    expose_tensors: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -107,10 +112,9 @@ class BuilderConfig:
             if any(d < 0 for d in shapes[str(name)]):
                 raise UsageError(f"input shape for {name!r} has a negative dim: {shape!r}")
         object.__setattr__(self, "input_shapes", shapes)
-        if isinstance(self.mark_outputs, str):
-            object.__setattr__(self, "mark_outputs", (self.mark_outputs,))
-        else:
-            object.__setattr__(self, "mark_outputs", tuple(self.mark_outputs))
+        for key in ("mark_outputs", "expose_tensors"):
+            names = getattr(self, key)
+            object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))
         layers = self.fp32_layers
         object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
         values = {}
@@ -169,6 +173,7 @@ class BuilderConfig:
         d["input_values"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
                              for k, v in sorted(self.input_values.items())}
         d["mark_outputs"] = list(self.mark_outputs)
+        d["expose_tensors"] = list(self.expose_tensors)
         d["fp32_layers"] = list(self.fp32_layers)
         d["layer_precisions"] = dict(self.layer_precisions)
         return d
@@ -179,8 +184,9 @@ class BuilderConfig:
         if "input_values" in known:
             known["input_values"] = {k: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
                                      for k, v in known["input_values"].items()}
-        if "mark_outputs" in known:
-            known["mark_outputs"] = tuple(known["mark_outputs"])
+        for key in ("mark_outputs", "expose_tensors"):
+            if key in known:
+                known[key] = tuple(known[key])
         if "fp32_layers" in known:
             known["fp32_layers"] = tuple(known["fp32_layers"])
         return BuilderConfig(**known)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import pluggy
 
@@ -63,12 +63,16 @@ def make_compare_func(name: str, options: CompareOptions, pm: pluggy.PluginManag
 
 def run_comparison(runners: Sequence[BaseRunner], settings: AccuracySettings = AccuracySettings(), *,
                    feeds: list[dict[str, Any]] | None = None,
-                   reference_outputs: Mapping[str, list[dict[str, Any]]] | None = None,
-                   pm: pluggy.PluginManager | None = None) -> tuple[RunResults, AccuracyReport]:
+                   reference_outputs: Mapping[str, list[Mapping[str, Any]]] | None = None,
+                   pm: pluggy.PluginManager | None = None, store: Any = None,
+                   optional: Collection[str] = frozenset()) -> tuple[RunResults, AccuracyReport]:
     """Run `runners` on the same feeds (given, or from the settings' data loader) and compare.
 
     `reference_outputs` ({name: outputs per iteration}, e.g. from --load-outputs) come first,
-    so live runners are compared against them.
+    so live runners are compared against them. Layerwise runs pass `store` (an OutputStore:
+    live outputs go to disk as they are produced and are compared one tensor at a time) and
+    `optional` (marked intermediate tensors, which a runner may have fused away:
+    divergence.GraphOrder.intermediates).
     """
     from polykit.plugins import data_loader_specs
 
@@ -82,7 +86,7 @@ def run_comparison(runners: Sequence[BaseRunner], settings: AccuracySettings = A
     for name, outs in (reference_outputs or {}).items():
         results.add(name, list(outs))
     if runners:
-        live = Comparator.run(runners, loader, warm_up=settings.warm_up)
+        live = Comparator.run(runners, loader, warm_up=settings.warm_up, store=store)
         results.feeds = live.feeds
         for name in live.runners:
             results.add(name if name not in results.outputs else f"{name}-live", live.outputs[name], live.times[name])
@@ -90,7 +94,7 @@ def run_comparison(runners: Sequence[BaseRunner], settings: AccuracySettings = A
         raise UsageError("nothing to run or compare", hint="select runners (e.g. --trt --onnxrt) or --load-outputs")
     settings.compare_options.check_output_names(
         name for iterations in results.outputs.values() for outs in iterations for name in outs)
-    report = Comparator.compare_accuracy(results, compare_func, validate=settings.validate)
+    report = Comparator.compare_accuracy(results, compare_func, validate=settings.validate, optional=optional)
     return results, report
 
 

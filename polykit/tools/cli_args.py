@@ -38,6 +38,7 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--check-error-stat": _STAT,
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
+    "--mark": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
     "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
     "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
 }

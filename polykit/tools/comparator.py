@@ -5,15 +5,18 @@ against the first one's (the reference), output by output, paired by exact name.
     report = Comparator.compare_accuracy(results, compare_func=simple(CompareOptions()))
     assert report.passed
 
-An output the reference has and a runner lacks (or the reverse) fails explicitly; nothing
-is ever paired by position.
+An output the reference has and a runner lacks (or the reverse) fails explicitly, except
+the `optional` ones (marked intermediate tensors: one runner fuses some away), which are
+listed as not compared; nothing is ever paired by position. With an OutputStore, each
+runner's outputs go to disk as they are produced and comparisons read them back one tensor
+at a time (layerwise runs: polykit.tools.output_store).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from polykit.backends.base import BaseRunner
 from polykit.errors import UsageError
@@ -24,13 +27,14 @@ log = logging.getLogger("polykit")
 
 @dataclass
 class RunResults:
-    """Feeds and each runner's outputs per iteration (runner names are unique)."""
+    """Feeds and each runner's outputs per iteration (runner names are unique). Outputs are
+    dicts, or mappings that read each array from disk on access (output_store.LazyOutputs)."""
 
     feeds: list[dict[str, Any]] = field(default_factory=list)
-    outputs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    outputs: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
     times: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, runner: str, outputs: list[dict[str, Any]], times: Sequence[float] = ()) -> None:
+    def add(self, runner: str, outputs: list[Mapping[str, Any]], times: Sequence[float] = ()) -> None:
         if runner in self.outputs:
             raise UsageError(f"two result sets are named {runner!r}", hint="give runners distinct names")
         self.outputs[runner] = outputs
@@ -43,12 +47,14 @@ class RunResults:
 
 @dataclass(frozen=True)
 class PairResult:
-    """One runner vs the reference on one iteration."""
+    """One runner vs the reference on one iteration; `not_compared`: optional tensors only one
+    of them has (fused away by the runner or by the reference)."""
 
     reference: str
     runner: str
     iteration: int
     outputs: tuple[OutputComparison, ...]
+    not_compared: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -80,11 +86,13 @@ def _unique_names(runners: Sequence[BaseRunner]) -> list[str]:
 class Comparator:
     @staticmethod
     def run(runners: Sequence[BaseRunner], data_loader: Iterable[dict[str, Any]] | None = None,
-            *, feeds: list[dict[str, Any]] | None = None, warm_up: int = 0) -> RunResults:
+            *, feeds: list[dict[str, Any]] | None = None, warm_up: int = 0, store: Any = None) -> RunResults:
         """Activate each runner in turn, feed it the same inputs, collect outputs and times.
 
         The data loader is bound to the first runner's input metadata and iterated once;
-        every runner sees copies of the same arrays.
+        every runner sees copies of the same arrays. With `store` (an OutputStore), each
+        iteration's outputs are spilled to disk as soon as the runner returns them; the store
+        is sealed at the end, so the results read them back lazily.
         """
         import numpy as np
 
@@ -110,15 +118,20 @@ class Comparator:
                 for i, feed in enumerate(results.feeds):
                     log.info("running %s, iteration %d", name, i)
                     out = runner.infer({k: np.array(v, copy=True) for k, v in feed.items()})
-                    outs.append({k: np.asarray(v) for k, v in out.items()})
                     times.append(runner.last_inference_time() or 0.0)
+                    outs.append(store.spill(name, i, out) if store is not None else
+                                {k: np.asarray(v) for k, v in out.items()})
+                    del out
                 results.add(name, outs, times)
+        if store is not None:
+            store.seal()
         return results
 
     @staticmethod
     def compare_accuracy(results: RunResults, compare_func: Callable[[str, Any, Any], OutputComparison] | None = None,
-                         *, validate: bool = False) -> AccuracyReport:
-        """Compare every runner after the first with the first, per iteration and output name."""
+                         *, validate: bool = False, optional: Collection[str] = frozenset()) -> AccuracyReport:
+        """Compare every runner after the first with the first, per iteration and output name
+        (`optional` names missing on one side are not compared rather than failed)."""
         if compare_func is None:
             from polykit.tools.compare_funcs import CompareOptions, simple
 
@@ -134,23 +147,33 @@ class Comparator:
             if len(ref_iters) != len(iters):
                 problems += (f"{name} has {len(iters)} iteration(s), {ref_name} has {len(ref_iters)}",)
             for i, (ref, act) in enumerate(zip(ref_iters, iters)):
-                pairs.append(PairResult(ref_name, name, i, tuple(compare_outputs(ref, act, ref_name, name, compare_func))))
+                compared, skipped = compare_outputs(ref, act, ref_name, name, compare_func, optional)
+                pairs.append(PairResult(ref_name, name, i, tuple(compared), tuple(skipped)))
         return AccuracyReport(tuple(pairs), problems)
 
 
-def compare_outputs(ref: dict[str, Any], act: dict[str, Any], ref_name: str, name: str,
-                    compare_func: Callable[[str, Any, Any], OutputComparison]) -> list[OutputComparison]:
-    """Pair outputs by exact name; a name only one side has is a failure of its own."""
-    out = []
+def compare_outputs(ref: Mapping[str, Any], act: Mapping[str, Any], ref_name: str, name: str,
+                    compare_func: Callable[[str, Any, Any], OutputComparison],
+                    optional: Collection[str] = frozenset()) -> tuple[list[OutputComparison], list[str]]:
+    """Pair outputs by exact name: (comparisons, names not compared). A name only one side has
+    is a failure of its own, unless it is `optional`. Each pair of arrays is read, compared
+    and dropped before the next (lazy mappings never load more than two)."""
+    out, skipped = [], []
     for key in ref:
-        if key not in act:
-            out.append(failed(key, "pairing", f"missing: {ref_name} produced {key!r} but {name} did not"))
-        else:
+        if key in act:
             out.append(compare_func(key, ref[key], act[key]))
+        elif key in optional:
+            skipped.append(key)
+        else:
+            out.append(failed(key, "pairing", f"missing: {ref_name} produced {key!r} but {name} did not"))
     for key in act:
-        if key not in ref:
+        if key in ref:
+            continue
+        if key in optional:
+            skipped.append(key)
+        else:
             out.append(failed(key, "pairing", f"extra: {name} produced {key!r} but {ref_name} did not"))
-    return out
+    return out, skipped
 
 
 def validate_outputs(results: RunResults) -> list[str]:

@@ -5,7 +5,9 @@
 `quantile`: the statistic of the errors must be within atol OR rtol); `l2` (relative L2
 error), `cosine` (1 - cosine similarity) and `snr` (signal-to-noise ratio in dB) check one
 metric of the whole tensor. Every function reports the same error statistics, the worst
-element and the smallest atol/rtol that would pass, so reports look alike.
+elements, a histogram of the absolute errors and the smallest atol/rtol that would pass, so
+reports (text, JSON, HTML) look alike. Histogram and worst elements have a fixed size, so a
+record stays small whatever the tensor's size.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Any, Callable, Iterable, Mapping
 from polykit.errors import UsageError
 
 ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
+#: bins of an ErrorHistogram (log10-spaced between the smallest and the largest non-zero error)
+HISTOGRAM_BINS = 20
+#: elements an OutputComparison lists in `worst`
+WORST_ELEMENTS = 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,28 @@ def _named(name: str, value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class ErrorHistogram:
+    """How the absolute errors of one output spread: `zeros` exact matches, `counts[i]` errors in
+    [edges[i], edges[i + 1]) (the last bin closed; edges log10-spaced), `nonfinite` NaN/Inf errors."""
+
+    edges: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+    zeros: int = 0
+    nonfinite: int = 0
+
+
+@dataclass(frozen=True)
+class WorstElement:
+    """One of the elements with the largest absolute error."""
+
+    index: tuple[int, ...]
+    reference: float
+    actual: float
+    abs_error: float
+    rel_error: float
+
+
+@dataclass(frozen=True)
 class OutputComparison:
     """The verdict and error statistics for one output (all errors in float64)."""
 
@@ -94,6 +122,8 @@ class OutputComparison:
     metric: str = ""
     metric_value: float | None = None
     threshold: float | None = None
+    histogram: ErrorHistogram | None = None
+    worst: tuple[WorstElement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,20 +182,52 @@ def _errors(name: str, func: str, reference: Any, actual: Any) -> "tuple[dict[st
         absdiff = np.abs(ref64 - act64)
     absdiff[both_nan | same_inf] = 0.0
     absdiff[np.isnan(absdiff)] = np.inf  # NaN against a number is as wrong as it gets
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         reldiff = absdiff / np.maximum(np.abs(ref64), np.finfo(np.float64).tiny)
     reldiff[np.isnan(reldiff)] = np.inf
     reldiff[absdiff == 0] = 0.0
     stats: dict[str, Any] = {"shape": tuple(ref.shape), "dtype": str(act.dtype)}
     if absdiff.size:
         flat = int(np.argmax(absdiff))
-        stats.update(
-            max_abs=float(absdiff.max()), mean_abs=float(absdiff.mean()), median_abs=float(np.median(absdiff)),
-            max_rel=float(reldiff.max()), mean_rel=float(reldiff.mean()), median_rel=float(np.median(reldiff)),
-            worst_index=tuple(int(i) for i in np.unravel_index(flat, ref.shape)),
-            worst_reference=float(ref64[flat]), worst_actual=float(act64[flat]),
-        )
+        with np.errstate(over="ignore"):  # relative errors against zeros are huge: their mean may be inf
+            stats.update(
+                max_abs=float(absdiff.max()), mean_abs=float(absdiff.mean()), median_abs=float(np.median(absdiff)),
+                max_rel=float(reldiff.max()), mean_rel=float(reldiff.mean()), median_rel=float(np.median(reldiff)),
+                worst_index=tuple(int(i) for i in np.unravel_index(flat, ref.shape)),
+                worst_reference=float(ref64[flat]), worst_actual=float(act64[flat]),
+                histogram=error_histogram(absdiff), worst=worst_elements(ref.shape, ref64, act64, absdiff, reldiff),
+            )
     return stats, absdiff, reldiff
+
+
+def error_histogram(absdiff: Any, bins: int = HISTOGRAM_BINS) -> ErrorHistogram:
+    """Histogram of flat absolute errors over log10-spaced bins (zeros and NaN/Inf counted apart)."""
+    import numpy as np
+
+    finite = np.isfinite(absdiff)
+    positive = absdiff[finite & (absdiff > 0)]
+    zeros, nonfinite = int(np.count_nonzero(absdiff == 0)), int(absdiff.size - np.count_nonzero(finite))
+    if positive.size == 0:
+        return ErrorHistogram(zeros=zeros, nonfinite=nonfinite)
+    low, high = float(positive.min()), float(positive.max())
+    if low == high:
+        return ErrorHistogram((low, high), (int(positive.size),), zeros, nonfinite)
+    counts, edges = np.histogram(np.log10(positive), bins=bins, range=(np.log10(low), np.log10(high)))
+    return ErrorHistogram(tuple(float(10.0 ** e) for e in edges), tuple(int(c) for c in counts), zeros, nonfinite)
+
+
+def worst_elements(shape: tuple[int, ...], ref64: Any, act64: Any, absdiff: Any, reldiff: Any,
+                   count: int = WORST_ELEMENTS) -> tuple[WorstElement, ...]:
+    """The (at most) `count` elements with the largest non-zero absolute error, largest first."""
+    import numpy as np
+
+    k = min(count, int(np.count_nonzero(absdiff)))
+    if k == 0:
+        return ()
+    picked = np.argpartition(absdiff, absdiff.size - k)[absdiff.size - k:]
+    picked = picked[np.lexsort((picked, -absdiff[picked]))]
+    return tuple(WorstElement(tuple(int(i) for i in np.unravel_index(int(f), shape)), float(ref64[f]), float(act64[f]),
+                              float(absdiff[f]), float(reldiff[f])) for f in picked)
 
 
 def simple(options: CompareOptions) -> Callable[[str, Any, Any], OutputComparison]:

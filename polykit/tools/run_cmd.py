@@ -5,12 +5,19 @@ Runner flags come from the polykit_runners hook (built-ins: --trt/--polykit, --o
 the CLI rewrites each into `--runner NAME` so their order is kept (the first runner is
 the reference). Everything here is assembled from the Python API: a script that builds
 the same runners and calls polykit.tools.accuracy.run_comparison does the same thing.
+
+Layerwise runs (--mark-all, --mark NAME..., or --load-outputs of saved marked tensors) compare
+in the ONNX graph's topological order and name the first divergence (polykit.tools.divergence);
+live outputs go to an .npz on disk as they are produced (the --save-outputs file, else a
+temporary one) and are compared one tensor at a time (polykit.tools.output_store).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
@@ -67,8 +74,10 @@ def run(
     data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
     data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
     validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
-    mark_all: bool = typer.Option(False, "--mark-all", help="compare every intermediate tensor too"),
-    mark_outputs: List[str] = typer.Option([], "--mark-outputs", help="intermediate tensors to compare too"),
+    mark_all: bool = typer.Option(False, "--mark-all",
+                                  help="compare every intermediate tensor polykit's layers write too; names the first divergence"),
+    mark_outputs: List[str] = typer.Option([], "--mark-outputs", "--mark",
+                                           help="intermediate tensors to compare too (where polykit's layers write them)"),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="write the feeds (.npz or .json)"),
     load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
@@ -80,6 +89,8 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="time every layer of polykit's engine (CUDA events on cuda)"),
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
+    report_html: Optional[str] = typer.Option(None, "--report", metavar="FILE.html",
+                                              help="write a self-contained HTML report (charts, histograms)"),
     builder_options: Any = None,
     compare_settings: Any = None,
 ) -> int:
@@ -89,6 +100,7 @@ def run(
     from polykit.tools import cli_args, results_io
     from polykit.tools.accuracy import AccuracySettings, make_runners, run_comparison
     from polykit.tools.data_loader import DataLoaderOptions
+    from polykit.tools.divergence import analyze
     from polykit.tools.report import render, to_json
 
     shapes = cli_args.parse_input_shapes(input_shapes)
@@ -108,36 +120,96 @@ def run(
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
-    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine)):
+    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine),
+                         ("--report", report_html)):
         if path:
             require_output_folder(path, option)
-    reference = {}
-    for path in load_outputs:
-        for name, outs in results_io.load_outputs(path).items():
-            reference[name if name not in reference else f"{name}-{len(reference)}"] = outs
+    order = graph_order(model) if mark_all or mark_outputs or len(runner) + len(load_outputs) > 1 else None
     feeds = results_io.load_feeds(load_inputs) if load_inputs else None
     runners = make_runners(runner, request)
-    results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference)
-    if save_inputs:
-        results_io.save_feeds(save_inputs, results.feeds)
-    if save_outputs:
-        results_io.save_outputs(save_outputs, {k: v for k, v in results.outputs.items() if k not in reference})
-    profiles = _profiles(runners) if profile else {}
-    if as_json:
-        doc = to_json(report, results)
+    with ExitStack() as stack:
+        reference = load_reference(load_outputs, stack)
+        store = None
+        if runners and (mark_all or mark_outputs):
+            store = stack.enter_context(_output_store(save_outputs, load_outputs, stack))
+        results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference, store=store,
+                                          optional=order.intermediates if order else frozenset())
+        layerwise = analyze(report, order) if order else None
+        if save_inputs:
+            results_io.save_feeds(save_inputs, results.feeds)
+        if save_outputs and (store is None or store.path != Path(save_outputs)):
+            results_io.save_outputs(save_outputs, {k: [dict(o) for o in v] for k, v in results.outputs.items()
+                                                   if k not in reference})
+        profiles = _profiles(runners) if profile else {}
+        doc = to_json(report, results, layerwise)
         if profile:
             doc["profile"] = {name: summary.to_json() for name, summary in profiles.items()}
+    if report_html:
+        from polykit.tools.html_report import save_html
+
+        save_html(report_html, {"title": f"polykit run {Path(model).name}", **doc})
+    if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
         console = Console(highlight=False)
-        render(console, report, results)
-        if profile and not profiles:
-            console.print("--profile: no polykit engine ran (add --trt)")
-        for name, summary in profiles.items():
-            from polykit.tools.profile_report import render as render_profile
-
-            render_profile(console, f"{name} per-layer profile", summary, top=profile_top)
+        detail = "quiet" if not log.isEnabledFor(logging.WARNING) else "verbose" if log.isEnabledFor(logging.INFO) else "normal"
+        render(console, report, results, layerwise, detail)
+        if profile and detail != "quiet":
+            _render_profiles(console, profiles, profile_top)
     return 0 if report.passed else 1
+
+
+def _render_profiles(console: Any, profiles: dict, top: int) -> None:
+    from polykit.tools.profile_report import render as render_profile
+
+    if not profiles:
+        console.print("--profile: no polykit engine ran (add --trt)")
+    for name, summary in profiles.items():
+        render_profile(console, f"{name} per-layer profile", summary, top=top)
+
+
+def graph_order(model: str) -> Any:
+    """The ONNX model's GraphOrder; None for a plan file (no ONNX graph to order tensors by) or a
+    model onnx cannot read (the runners report why)."""
+    from polykit.backends.loaders import model_type
+    from polykit.tools.divergence import GraphOrder
+
+    if model_type(model) != "onnx":
+        return None
+    try:
+        return GraphOrder.from_onnx(model)
+    except Exception:  # onnx raises protobuf's and its own errors; the runner's loader explains them
+        return None
+
+
+def load_reference(paths: List[str], stack: ExitStack) -> dict[str, list]:
+    """{runner: outputs per iteration} of --load-outputs files; polykit .npz files are read lazily
+    (one tensor at a time, when compared), their archives closed by `stack`."""
+    from polykit.tools import results_io
+    from polykit.tools.output_store import open_outputs
+
+    reference: dict[str, list] = {}
+    for path in paths:
+        opened = open_outputs(path)
+        if opened is not None:
+            stack.callback(opened[0].close)
+        for name, outs in (opened[1] if opened else results_io.load_outputs(path)).items():
+            reference[name if name not in reference else f"{name}-{len(reference)}"] = outs
+    return reference
+
+
+def _output_store(save_outputs: Optional[str], load_outputs: List[str], stack: ExitStack) -> Any:
+    """An OutputStore writing to the --save-outputs .npz (unless a --load-outputs file is read
+    from there: it is saved after the comparison), else to a temporary file."""
+    import tempfile
+
+    from polykit.tools.output_store import OutputStore
+
+    if save_outputs and Path(save_outputs).suffix != ".json" and \
+            Path(save_outputs).resolve() not in {Path(p).resolve() for p in load_outputs}:
+        return OutputStore(save_outputs)
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="polykit-layerwise-"))
+    return OutputStore(Path(folder) / "outputs.npz", keep=False)
 
 
 def _profiles(runners) -> dict:

@@ -115,12 +115,18 @@ def test_marking_an_unknown_tensor_is_an_error():
         build_plan(_chain_model(2), BuilderConfig(**CPU, mark_outputs=("nope",)))
 
 
-def test_mark_all_exposes_every_intermediate():
-    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, mark_all=True))
+def test_mark_all_exposes_every_intermediate_of_an_unfused_build():
+    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, mark_all=True, fuse=False))
     assert plan.outputs[0] == "y" and set(plan.outputs) == {"y", "s", "p", "a"}
     x = _x(2, seed=3)
     out = _run(plan, x=x)
     np.testing.assert_allclose(out["a"], np.abs((x + B) * x), rtol=1e-6)
+
+
+def test_mark_all_leaves_fusion_alone_and_lists_the_fused_tensors():
+    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, mark_all=True))
+    assert plan.outputs == ["y"] and len(plan.layers) == 1
+    assert plan.metadata["fused_away"] == ["s", "p", "a"]
 
 
 def test_every_layer_gets_the_cpu_reference_tactic():

@@ -161,3 +161,37 @@ def test_a_per_output_option_with_an_extra_field_says_so():
     with pytest.raises(UsageError, match=r"--rtol logits:1e-3:2.0 names no output") as info:
         CompareOptions(rtol={"logits:1e-3": 2.0}).check_output_names(["logits"])
     assert "one value" in info.value.hint
+
+
+def test_every_comparison_carries_a_bounded_error_histogram():
+    ref = rng.standard_normal(10_000).astype(np.float32)
+    act = ref.copy()
+    act[:100] += np.float32(1e-3)
+    act[100:110] += np.float32(1.0)
+    act[110] = np.nan
+    for func in (simple, l2):
+        hist = func(CompareOptions())("y", ref, act).histogram
+        if func is l2:  # the metric functions stop at non-finite differences, with the same statistics
+            assert hist.nonfinite == 1
+            continue
+        assert len(hist.counts) == 20 and len(hist.edges) == 21
+        assert hist.zeros == 10_000 - 111 and hist.nonfinite == 1 and sum(hist.counts) == 110
+        assert hist.edges[0] == pytest.approx(1e-3, rel=1e-3) and hist.edges[-1] == pytest.approx(1.0, rel=1e-3)
+        assert hist.counts[0] + hist.counts[1] == 100 and hist.counts[-1] == 10
+
+
+def test_the_worst_elements_are_the_largest_errors_largest_first():
+    act = REF.copy()
+    act[1, 1] += 0.5
+    act[3, 4] -= 0.25
+    act[0, 2] += 0.125
+    worst = simple(CompareOptions())("y", REF, act).worst
+    assert [w.index for w in worst] == [(1, 1), (3, 4), (0, 2)]
+    assert worst[0].reference == pytest.approx(float(REF[1, 1])) and worst[0].actual == pytest.approx(float(act[1, 1]))
+    assert worst[1].abs_error == pytest.approx(0.25, rel=1e-5)
+    assert worst[1].rel_error == pytest.approx(0.25 / abs(float(REF[3, 4])), rel=1e-4)
+
+
+def test_identical_outputs_have_no_worst_elements_and_only_exact_matches():
+    res = simple(CompareOptions())("y", REF, REF.copy())
+    assert res.worst == () and res.histogram.zeros == REF.size and res.histogram.counts == ()
