@@ -73,6 +73,10 @@ def run(
     load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
+    save_format: str = typer.Option("polykit", "--format", help="of --save-inputs/--save-outputs: polykit (.npz, "
+                                    ".json by suffix) or polygraphy (Polygraphy's JSON; no suffix: a folder)"),
+    gen_script: Optional[str] = typer.Option(None, "--gen-script", metavar="FILE",
+                                             help="write a Python script that does what this command does, and exit"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
@@ -100,7 +104,7 @@ def run(
                                        input_shapes=shapes, script=data_loader_script),
     )
     request = RunnerRequest(
-        model=model, target=resolve_target(target, runner, model), fp16=builder_options["fp16"],
+        model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],
         channels_last=channels_last, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
@@ -108,20 +112,29 @@ def run(
     )
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
-    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine)):
+    for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine),
+                         ("--gen-script", gen_script)):
         if path:
             require_output_folder(path, option)
-    reference = {}
-    for path in load_outputs:
-        for name, outs in results_io.load_outputs(path).items():
-            reference[name if name not in reference else f"{name}-{len(reference)}"] = outs
-    feeds = results_io.load_feeds(load_inputs) if load_inputs else None
+    if save_format not in results_io.SAVE_FORMATS:
+        raise UsageError(f"--format {save_format!r} is not one of {', '.join(results_io.SAVE_FORMATS)}")
     runners = make_runners(runner, request)
+    if gen_script:
+        from polykit.tools.gen_script import RunScript, write_script
+
+        write_script(gen_script, RunScript(
+            tuple(runner), request, settings, load_inputs, tuple(load_outputs), save_inputs, save_outputs, save_format,
+            as_json, profile_top))
+        typer.echo(f"wrote {gen_script}: run it with python to do what this command does")
+        return 0
+    reference = results_io.load_reference_outputs(load_outputs)
+    feeds = results_io.load_feeds(load_inputs) if load_inputs else None
     results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference)
     if save_inputs:
-        results_io.save_feeds(save_inputs, results.feeds)
+        results_io.save_feeds(save_inputs, results.feeds, save_format)
     if save_outputs:
-        results_io.save_outputs(save_outputs, {k: v for k, v in results.outputs.items() if k not in reference})
+        results_io.save_outputs(save_outputs, {k: v for k, v in results.outputs.items() if k not in reference},
+                                save_format, results.times)
     profiles = _profiles(runners) if profile else {}
     if as_json:
         doc = to_json(report, results)
