@@ -145,7 +145,7 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
             raise BuildError(
                 f"input {name!r} has dynamic shape {_fmt(v.shape)}; plans are built for concrete shapes",
                 where=f"graph {g.name!r}",
-                hint=f"pass --input-shapes {name}:1x... (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
+                hint=f"pass --input-shapes {name}:[...] (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
             )
 
 
@@ -171,7 +171,7 @@ def marked_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
     for name in cfg.mark_outputs:
         if name not in known:
             raise BuildError(f"cannot mark {name!r} as an output: no node produces it", where=f"graph {g.name!r}",
-                             hint="list tensor names with `polykit inspect model`")
+                             hint="list tensor names with `polykit inspect model MODEL --show layers`")
     names = list(cfg.mark_outputs)
     if cfg.mark_all:
         names += [o for n in g.nodes if not (n.op_type == "Constant" and n.domain == "") for o in n.outputs if o]
