@@ -130,3 +130,13 @@ def test_the_script_builds_runners_from_loaders_with_only_the_options_given(tmp_
 def test_gen_script_into_a_missing_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["run", MLP, "--onnxrt", "--gen-script", str(tmp_path / "nodir" / "gen.py")]) == 2
     assert "--gen-script" in capsys.readouterr().err
+
+
+def test_generated_script_prints_the_profile_in_json_as_the_command_does(tmp_path, capsys):
+    (cli_code, cli_out), (code, out) = _cli_and_script(
+        tmp_path, capsys, [MLP, "--trt", "--target", "cpu", "--profile", "--json", "--warm-up", "1", "--validate"])
+    assert code == cli_code == 0, out
+    cli_doc, doc = json.loads(cli_out), json.loads(out)
+    assert set(doc) == set(cli_doc) and list(doc["profile"]) == ["trt"]
+    assert [l["name"] for l in doc["profile"]["trt"]["layers"]] != [] and doc["profile"]["trt"]["runs"] == 2
+    assert {l["name"] for l in doc["profile"]["trt"]["layers"]} == {l["name"] for l in cli_doc["profile"]["trt"]["layers"]}
