@@ -143,8 +143,10 @@ class TensorStats:
 def tensor_stats(name: str, array: Any, bins: int = BINS) -> TensorStats:
     import numpy as np
 
+    from polykit.tools.compare_funcs import is_float_dtype
+
     arr = np.asarray(array)
-    values = arr.astype(np.float64) if arr.dtype.kind in "biuf" or arr.dtype.kind == "V" else None
+    values = arr.astype(np.float64) if arr.dtype.kind in "biu" or is_float_dtype(arr.dtype) else None
     if values is None:
         raise DataFileError(f"tensor {name!r} has dtype {arr.dtype}, which has no statistics",
                             hint="inspect numeric data (numbers or booleans)")

@@ -98,6 +98,14 @@ def test_an_npy_with_only_nan_has_no_statistics_but_counts(tmp_path, capsys):
     assert t["nan"] == 3 and t["min"] is None and t["counts"] == []
 
 
+def test_bfloat16_arrays_have_statistics(tmp_path):
+    import ml_dtypes
+
+    path = save_outputs(tmp_path / "out.json", {"trt": [{"h": np.array([1.5, -2.0, np.inf], ml_dtypes.bfloat16)}]})
+    t = describe_data(path)["groups"][0]["tensors"][0]
+    assert t["dtype"] == "bfloat16" and (t["min"], t["max"], t["inf"]) == (-2.0, 1.5, 1)
+
+
 def test_saved_outputs_through_describe_data(tmp_path):
     path = save_outputs(tmp_path / "out.json", {"trt": [{"y": np.array([True, False, True])}]})
     (group,) = describe_data(path)["groups"]
@@ -125,6 +133,7 @@ def test_reader_option_forces_a_reader(tmp_path, capsys):
     ("notes.txt", "hello", "no data reader recognizes the file"),
     ("missing.npz", None, "missing.npz' does not exist"),
     ("words.npy", np.array(["a", "b"]), "has dtype <U1, which has no statistics"),
+    ("raw.npy", np.zeros(2, "V2"), "has dtype |V2, which has no statistics"),
 ])
 def test_unreadable_data_is_exit_2_naming_the_file(tmp_path, capsys, name, content, message):
     path = tmp_path / name
