@@ -1,10 +1,10 @@
 """The plugin contract: pluggy hook specifications for the polykit toolkit.
 
 polykit's own ops (importer, shape rule, reference kernel), tactics, runners, compare
-functions, data loaders and CLI subcommands register through these hooks exactly like a
-third-party package does; there is no private path. A hook implementation whose name
-matches no hook below is a PluginError (pluggy's check_pending), so a misspelt hook fails
-loudly instead of being ignored.
+functions, data loaders, data readers and CLI subcommands register through these hooks
+exactly like a third-party package does; there is no private path. A hook implementation
+whose name matches no hook below is a PluginError (pluggy's check_pending), so a misspelt
+hook fails loudly instead of being ignored.
 
 Writing a plugin
 ----------------
@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from polykit.kernels.tactics import TacticRegistry
     from polykit.tools.compare_funcs import CompareFuncSpec
     from polykit.tools.data_loader import DataLoaderSpec
+    from polykit.tools.inspect_data import DataReaderSpec
 
 log = logging.getLogger("polykit")
 
@@ -128,6 +129,16 @@ class HookSpecs:
         Each ``polykit.tools.data_loader.DataLoaderSpec(name, factory, help)`` has
         ``factory(options: DataLoaderOptions) -> iterable of feed dicts``; the loader may
         also define ``bind(input_metadata)`` to learn the model's inputs before iteration.
+        """
+
+    @hookspec
+    def polykit_data_readers(self) -> "list[DataReaderSpec]":
+        """Return readers of data file formats for ``polykit inspect data FILE`` (``--reader NAME``).
+
+        Each ``polykit.tools.inspect_data.DataReaderSpec(name, matches, read, help)`` has
+        ``matches(path) -> bool`` (a cheap look: suffix, magic bytes) and ``read(path) ->
+        DataSet`` (groups of name -> numpy array; a DataFileError for a malformed file). A
+        plugin's reader is asked before the built-ins, so it may claim a suffix they read.
         """
 
     @hookspec
@@ -335,3 +346,8 @@ def compare_func_specs(pm: PolykitPluginManager | None = None) -> "dict[str, Com
 
 def data_loader_specs(pm: PolykitPluginManager | None = None) -> "dict[str, DataLoaderSpec]":
     return {n: spec for n, (_, spec) in _collect(pm or plugin_manager(), "polykit_data_loaders", "data loader").items()}
+
+
+def data_reader_specs(pm: PolykitPluginManager | None = None) -> "dict[str, DataReaderSpec]":
+    """Data reader name -> spec (built-ins first, then plugins')."""
+    return {n: spec for n, (_, spec) in _collect(pm or plugin_manager(), "polykit_data_readers", "data reader").items()}

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from polykit.backends.base import BaseRunner, RunnerRequest, RunnerSpec
 from polykit.plugins import hookimpl
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polykit.compiler.config import BuilderConfig
 
 
 def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
@@ -26,7 +31,17 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
             "--channels-last/--no-channels-last": request.channels_last is not None,
             **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()}})
         return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile)
-    config = BuilderConfig(
+    plan = PlanFromOnnx(request.model, builder_config(request))
+    if request.save_engine:
+        plan = SaveEngine(plan, request.save_engine)
+    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile)
+
+
+def builder_config(request: RunnerRequest) -> "BuilderConfig":
+    """The BuilderConfig polykit's engine is built with for `request`."""
+    from polykit.compiler.config import BuilderConfig
+
+    return BuilderConfig(
         target=request.target,
         fp16=request.fp16,
         channels_last=request.channels_last,
@@ -38,10 +53,6 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
         save_tactics=request.save_tactics,
         **dict(request.builder_options),
     )
-    plan = PlanFromOnnx(request.model, config)
-    if request.save_engine:
-        plan = SaveEngine(plan, request.save_engine)
-    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile)
 
 
 def make_onnxrt_runner(request: RunnerRequest) -> BaseRunner:

@@ -155,7 +155,7 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
             raise BuildError(
                 f"input {name!r} has dynamic shape {_fmt(v.shape)}; plans are built for concrete shapes",
                 where=f"graph {g.name!r}",
-                hint=f"pass --input-shapes {name}:1x... (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
+                hint=f"pass --input-shapes {name}:[...] (BuilderConfig(input_shapes={{{name!r}: (...)}}))",
             )
 
 

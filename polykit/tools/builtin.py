@@ -1,5 +1,5 @@
-"""polykit's own compare functions, data loaders and CLI subcommands, registered through
-the same hooks a third-party plugin uses (see polykit.plugins)."""
+"""polykit's own compare functions, data loaders, data readers and CLI subcommands, registered
+through the same hooks a third-party plugin uses (see polykit.plugins)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ def polykit_compare_funcs() -> list[CompareFuncSpec]:
 @hookimpl
 def polykit_data_loaders() -> list[DataLoaderSpec]:
     return builtin_data_loaders()
+
+
+@hookimpl
+def polykit_data_readers() -> list[Any]:
+    from polykit.tools.inspect_data import builtin_data_readers
+
+    return builtin_data_readers()
 
 
 @hookimpl

@@ -41,6 +41,7 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--mark": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
     "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
     "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
+    "--show": re.compile(r"^(io|ops|layers|attrs|weights)$"),
 }
 
 

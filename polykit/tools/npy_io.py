@@ -6,11 +6,18 @@ object dtypes are refused (numpy would need pickle for them)."""
 from __future__ import annotations
 
 import tokenize
+import zipfile
+import zlib
 from typing import IO, Any
 
 from polykit.errors import DataFileError
 
 _READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
+NPY_MAGIC = b"\x93NUMPY"
+#: a zip archive starts with a local file header, or (empty) with the end of its central directory
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+#: what reading a damaged zip archive raises (bad structure, bad compressed data, encryption)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
 
 
 def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
@@ -45,3 +52,20 @@ def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
         return np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran_order else "C").copy()
     except ValueError as exc:  # e.g. a zero-size dtype
         raise DataFileError(f"the array cannot be built from its header: {exc}", where=where) from None
+
+
+def read_npz(source: Any, where: str, hint: str = "save arrays with numpy.savez") -> dict[str, Any]:
+    """name -> array of the .npz archive `source` (a path or a binary file object), each member
+    read by read_npy; DataFileError naming `where` for a damaged archive."""
+    arrays: dict[str, Any] = {}
+    try:
+        with zipfile.ZipFile(source) as zf:
+            for info in zf.infolist():
+                key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with zf.open(info) as fh:
+                    arrays[key] = read_npy(fh, info.file_size, f"{where}: array {key!r}")
+    except DataFileError:
+        raise
+    except _ZIP_ERRORS as exc:
+        raise DataFileError(f"the archive cannot be read: {exc}", where=where, hint=hint) from None
+    return arrays

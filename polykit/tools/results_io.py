@@ -1,11 +1,14 @@
 """Saving and loading feeds and outputs: .npz (numpy's zip of .npy files), never pickle.
 
-Feeds: one feed dict per iteration, stored under keys "<iteration>/<tensor name>".
-Outputs: per runner, keys "<runner>/<iteration>/<tensor name>". Tensor names may contain
-"/" (they are split off at the first one or two slashes only). Small data may be JSON:
-feeds as a list of {name: nested list or {"dtype": ..., "data": nested list}}, outputs
-as {runner: that list}. Polygraphy's JSON files (`--save-inputs/--save-outputs` of
-`polygraphy run`) load too (polygraphy_json).
+polykit's .npz: feeds (one feed dict per iteration) under keys "<iteration>/<tensor name>",
+outputs per runner under "<runner>/<iteration>/<tensor name>". Tensor names may contain "/"
+(they are split off at the first one or two slashes only). A plain name-keyed .npz
+(`numpy.savez("in.npz", x=...)`, keys that are not all of one of these forms) is one
+iteration: a feed dict, or the outputs of one runner named after the file.
+Small data may be JSON: feeds as a list of {name: nested list or {"dtype": ..., "data":
+nested list}}, outputs as {runner: that list}. Polygraphy's JSON (`--save-inputs/--save-outputs`
+of `polygraphy run`: one file, or a folder of per-iteration files) loads too, and
+`format="polygraphy"` writes it (polygraphy_json).
 
 Every file is checked as it is read: a DataFileError names the file and the entry that is
 wrong (not a zip, a lone .npy, a truncated archive, an object array, a ragged list).
@@ -15,48 +18,49 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
-import zlib
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
-from polykit.errors import DataFileError
+from polykit.errors import DataFileError, UsageError
 from polykit.files import require_file
 from polykit.tools import polygraphy_json
-from polykit.tools.npy_io import read_npy
+from polykit.tools.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npz
 
-_ZIP_MAGIC = b"PK\x03\x04"
-_NPY_MAGIC = b"\x93NUMPY"
-#: what reading a damaged zip archive raises (bad structure, bad compressed data, encryption)
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
+#: what --format names: polykit's .npz/.json (chosen by suffix), or Polygraphy's JSON
+SAVE_FORMATS = ("polykit", "polygraphy")
+_FEED_KEY = re.compile(r"^\d+/.")
+_OUTPUT_KEY = re.compile(r"^[^/]+/\d+/.")
 
 
 def _open_npz(path: Path) -> dict[str, Any]:
     """name -> array of an .npz (each member read by npy_io: header checked against its bytes)."""
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
-        head = fh.read(len(_NPY_MAGIC))
+        head = fh.read(len(NPY_MAGIC))
     hint = "expected an .npz written by polykit (--save-inputs/--save-outputs) or numpy.savez"
-    if head.startswith(_NPY_MAGIC):
+    if head.startswith(NPY_MAGIC):
         raise DataFileError("the file is a single .npy array, not an .npz archive of named arrays", where=str(path),
-                            hint="save feeds with numpy.savez(path, **{'0/<input name>': array}) or --save-inputs")
-    if not head.startswith(_ZIP_MAGIC):
+                            hint="save feeds with numpy.savez(path, **{'<input name>': array}) or --save-inputs")
+    if not head.startswith(ZIP_MAGICS):
         raise DataFileError("the file is not an .npz (zip) archive", where=str(path), hint=hint)
-    arrays: dict[str, Any] = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-                with zf.open(info) as fh:
-                    arrays[key] = read_npy(fh, info.file_size, f"{path}: array {key!r}")
-    except DataFileError:
-        raise
-    except _ZIP_ERRORS as exc:
-        raise DataFileError(f"the archive cannot be read: {exc}", where=str(path), hint=hint) from None
+    arrays = read_npz(path, str(path), hint)
+    if not arrays:
+        raise DataFileError("the archive holds no arrays", where=str(path), hint=hint)
     return arrays
 
 
-def _write(path: Path, write: Any) -> Path:
+def npz_layout(keys: Iterable[str]) -> str:
+    """"feeds" ("<iteration>/<name>" keys), "outputs" ("<runner>/<iteration>/<name>") or "plain"."""
+    keys = list(keys)
+    if keys and all(_FEED_KEY.match(k) for k in keys):
+        return "feeds"
+    if keys and all(_OUTPUT_KEY.match(k) for k in keys):
+        return "outputs"
+    return "plain"
+
+
+def _write(path: Path, write: Callable[[Path], Any]) -> Path:
     try:
         write(path)
     except OSError as exc:
@@ -75,12 +79,10 @@ def _write_npz(path: Path, arrays: dict[str, Any]) -> Path:
     return _write(path, write)
 
 
-def _split_iterations(flat: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _split_iterations(flat: dict[str, Any]) -> list[dict[str, Any]]:
     iters: dict[int, dict[str, Any]] = {}
     for key, arr in flat.items():
-        index, sep, name = key.partition("/")
-        if not sep or not index.isdigit():
-            raise DataFileError(f"unexpected key {key!r}", where=where, hint="keys must be '<iteration>/<tensor name>'")
+        index, _, name = key.partition("/")
         iters.setdefault(int(index), {})[name] = arr
     return [iters[i] for i in sorted(iters)]
 
@@ -149,25 +151,12 @@ def _write_json(path: Path, doc: Any) -> Path:
     return _write(path, lambda p: p.write_text(json.dumps(doc)))
 
 
-def save_feeds(path: str | os.PathLike, feeds: list[dict[str, Any]]) -> Path:
-    path = Path(path)
-    if path.suffix == ".json":
-        return _write_json(path, [{k: _to_json(v) for k, v in f.items()} for f in feeds])
-    return _write_npz(path, {f"{i}/{name}": arr for i, f in enumerate(feeds) for name, arr in f.items()})
-
-
-def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Feeds from .npz or JSON (polykit's or Polygraphy's); DataFileError naming file and entry."""
-    path = Path(path)
-    if path.suffix != ".json":
-        return _split_iterations(_open_npz(path), str(path))
-    doc = _read_json(path)
-    if isinstance(doc, dict) and polygraphy_json.polygraphy_class(doc) is None and not _looks_like_outputs(doc):
-        doc = [doc]
-    if not isinstance(doc, list):
-        raise DataFileError("feeds must be a list of {input name: array} objects", where=str(path),
-                            hint="this may be a file of outputs: give it to --load-outputs")
-    return [_feed_dict(f, f"{path}: feed {i}") for i, f in enumerate(doc)]
+def _json_kind(doc: Any) -> str:
+    """"outputs" for a RunResults or {runner: [{name: array}, ...]}, else "feeds"."""
+    cls = polygraphy_json.polygraphy_class(doc)
+    if cls is not None:
+        return "outputs" if cls == "RunResults" else "feeds"
+    return "outputs" if isinstance(doc, dict) and _looks_like_outputs(doc) else "feeds"
 
 
 def _looks_like_outputs(doc: dict) -> bool:
@@ -175,33 +164,151 @@ def _looks_like_outputs(doc: dict) -> bool:
     return bool(doc) and all(isinstance(v, list) and v and all(isinstance(o, dict) for o in v) for v in doc.values())
 
 
-def save_outputs(path: str | os.PathLike, outputs: dict[str, list[dict[str, Any]]]) -> Path:
-    """Save {runner name: [outputs per iteration]}."""
+def _json_feeds(doc: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(doc, dict) and _json_kind(doc) == "feeds":
+        doc = [doc]
+    if not isinstance(doc, list):
+        raise DataFileError("feeds must be a list of {input name: array} objects", where=where,
+                            hint="this may be a file of outputs: give it to --load-outputs")
+    return [_feed_dict(f, f"{where}: feed {i}") for i, f in enumerate(doc)]
+
+
+def _json_outputs(doc: Any, where: str) -> dict[str, list[dict[str, Any]]]:
+    if polygraphy_json.polygraphy_class(doc) == "RunResults":
+        doc = polygraphy_json.decode(doc, where)
+    elif not isinstance(doc, dict) or not all(isinstance(its, list) for its in doc.values()):
+        raise DataFileError("outputs must be an object of runner name -> list of {output name: array}",
+                            where=where, hint="this may be a file of inputs: give it to --load-inputs")
+    return {r: [_feed_dict(o, f"{where}: runner {r!r} iteration {i}") for i, o in enumerate(its)]
+            for r, its in doc.items()}
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    files = polygraphy_json.iteration_files(folder)
+    if not files:
+        raise DataFileError("the folder holds no per-iteration .json files", where=str(folder),
+                            hint="give a data file, or a folder Polygraphy saved with --save-inputs/--save-outputs DIR")
+    return files
+
+
+def _npz_outputs(path: Path) -> dict[str, list[dict[str, Any]]]:
+    flat = _open_npz(path)
+    layout = npz_layout(flat)
+    if layout == "plain":
+        return {path.stem: [flat]}
+    if layout == "feeds":
+        raise DataFileError("the archive holds saved inputs (keys '<iteration>/<name>'), not outputs",
+                            where=str(path), hint="give it to --load-inputs")
+    per_runner: dict[str, dict[str, Any]] = {}
+    for key, arr in flat.items():
+        runner, _, rest = key.partition("/")
+        per_runner.setdefault(runner, {})[rest] = arr
+    return {r: _split_iterations(rest) for r, rest in per_runner.items()}
+
+
+def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Feeds from polykit's or a plain .npz, JSON (polykit's or Polygraphy's), or a folder of
+    Polygraphy's per-iteration files; DataFileError naming file and entry."""
     path = Path(path)
+    if path.is_dir():
+        return [feed for f in _folder_files(path) for feed in _json_feeds(_read_json(f), str(f))]
+    if path.suffix == ".json":
+        return _json_feeds(_read_json(path), str(path))
+    flat = _open_npz(path)
+    layout = npz_layout(flat)
+    if layout == "outputs":
+        raise DataFileError("the archive holds saved outputs (keys '<runner>/<iteration>/<name>'), not inputs",
+                            where=str(path), hint="give it to --load-outputs")
+    return _split_iterations(flat) if layout == "feeds" else [flat]
+
+
+def load_outputs(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """{runner: [outputs per iteration]} from polykit's or a plain .npz (one runner named after
+    the file), JSON (polykit's or Polygraphy's RunResults) or a folder of Polygraphy's
+    per-iteration RunResults (iterations joined per runner)."""
+    path = Path(path)
+    if path.is_dir():
+        joined: dict[str, list[dict[str, Any]]] = {}
+        for f in _folder_files(path):
+            for runner, its in _json_outputs(_read_json(f), str(f)).items():
+                joined.setdefault(runner, []).extend(its)
+        return joined
+    if path.suffix == ".json":
+        return _json_outputs(_read_json(path), str(path))
+    return _npz_outputs(path)
+
+
+def load_data(path: str | os.PathLike) -> tuple[str, Any]:
+    """("feeds", [feed dict per iteration]), ("outputs", {runner: [...]}) or ("arrays", {name:
+    array}) for a plain .npz: whatever a data file holds, told by its contents."""
+    path = Path(path)
+    if path.is_dir():
+        kind = _json_kind(_read_json(_folder_files(path)[0]))
+    elif path.suffix == ".json":
+        kind = _json_kind(_read_json(path))
+    else:
+        flat = _open_npz(path)
+        kind = {"plain": "arrays", "feeds": "feeds", "outputs": "outputs"}[npz_layout(flat)]
+        if kind == "arrays":
+            return kind, flat
+    return kind, load_feeds(path) if kind == "feeds" else load_outputs(path)
+
+
+def load_reference_outputs(paths: Iterable[str | os.PathLike]) -> dict[str, list[dict[str, Any]]]:
+    """Saved outputs of several files (--load-outputs A --load-outputs B), in order; a runner
+    name seen before gets a "-<n>" suffix."""
+    reference: dict[str, list[dict[str, Any]]] = {}
+    for path in paths:
+        for name, outs in load_outputs(path).items():
+            reference[name if name not in reference else f"{name}-{len(reference)}"] = outs
+    return reference
+
+
+def _check_format(format: str) -> None:
+    if format not in SAVE_FORMATS:
+        raise UsageError(f"--format {format!r} is not one of {', '.join(SAVE_FORMATS)}",
+                         hint="polykit: .npz or .json by the file's suffix; polygraphy: Polygraphy's JSON")
+
+
+def _save_polygraphy(path: Path, whole: Callable[[], Any], iterations: Callable[[], list[Any]]) -> Path:
+    """Polygraphy's rule: a path with a suffix is one file (`whole()`); one without is a folder
+    (new or empty) of per-iteration files (`iterations()`, one item each)."""
+    if path.suffix:
+        return _write_json(path, whole())
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise DataFileError("a path without a suffix is a folder of per-iteration files; this one exists and is "
+                            "not an empty folder", where=str(path), hint="give a new or empty folder, or a .json file")
+    _write(path, lambda p: p.mkdir(parents=False, exist_ok=True))
+    for i, item in enumerate(iterations()):
+        _write_json(path / polygraphy_json.iteration_file_name(i), item)
+    return path
+
+
+def save_feeds(path: str | os.PathLike, feeds: list[dict[str, Any]], format: str = "polykit") -> Path:
+    """Write feeds as polykit's .npz (.json by suffix) or, with format="polygraphy", Polygraphy's JSON."""
+    _check_format(format)
+    path = Path(path)
+    if format == "polygraphy":
+        encoded = lambda: polygraphy_json.encode_feeds(feeds)  # noqa: E731
+        return _save_polygraphy(path, encoded, encoded)
+    if path.suffix == ".json":
+        return _write_json(path, [{k: _to_json(v) for k, v in f.items()} for f in feeds])
+    return _write_npz(path, {f"{i}/{name}": arr for i, f in enumerate(feeds) for name, arr in f.items()})
+
+
+def save_outputs(path: str | os.PathLike, outputs: Mapping[str, list[dict[str, Any]]], format: str = "polykit",
+                 times: Mapping[str, list[float]] | None = None) -> Path:
+    """Save {runner name: [outputs per iteration]} (Polygraphy's RunResults with format="polygraphy",
+    `times` its runtimes in seconds)."""
+    _check_format(format)
+    path = Path(path)
+    if format == "polygraphy":
+        count = max((len(its) for its in outputs.values()), default=0)
+        return _save_polygraphy(path, lambda: polygraphy_json.encode_run_results(outputs, times), lambda: [
+            polygraphy_json.encode_run_results({r: its[i:i + 1] for r, its in outputs.items() if i < len(its)},
+                                               {r: list(t)[i:i + 1] for r, t in (times or {}).items()})
+            for i in range(count)])
     if path.suffix == ".json":
         return _write_json(path, {r: [{k: _to_json(v) for k, v in o.items()} for o in its] for r, its in outputs.items()})
     return _write_npz(path, {f"{r}/{i}/{name}": arr for r, its in outputs.items()
                              for i, o in enumerate(its) for name, arr in o.items()})
-
-
-def load_outputs(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
-    """{runner: [outputs per iteration]} from .npz or JSON (polykit's or Polygraphy's RunResults)."""
-    path = Path(path)
-    if path.suffix == ".json":
-        doc = _read_json(path)
-        if polygraphy_json.polygraphy_class(doc) == "RunResults":
-            runs = polygraphy_json.decode(doc, str(path))
-            return {r: [_feed_dict(o, f"{path}: runner {r!r} iteration {i}") for i, o in enumerate(its)]
-                    for r, its in runs.items()}
-        if not isinstance(doc, dict) or not all(isinstance(its, list) for its in doc.values()):
-            raise DataFileError("outputs must be an object of runner name -> list of {output name: array}",
-                                where=str(path), hint="this may be a file of inputs: give it to --load-inputs")
-        return {r: [_feed_dict(o, f"{path}: runner {r!r} iteration {i}") for i, o in enumerate(its)]
-                for r, its in doc.items()}
-    per_runner: dict[str, dict[str, Any]] = {}
-    for key, arr in _open_npz(path).items():
-        runner, sep, rest = key.partition("/")
-        if not sep:
-            raise DataFileError(f"unexpected key {key!r}", where=str(path), hint="keys must be '<runner>/<iteration>/<name>'")
-        per_runner.setdefault(runner, {})[rest] = arr
-    return {r: _split_iterations(flat, str(path)) for r, flat in per_runner.items()}

@@ -82,6 +82,10 @@ def run(
     load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
+    save_format: str = typer.Option("polykit", "--format", help="of --save-inputs/--save-outputs: polykit (.npz, "
+                                    ".json by suffix) or polygraphy (Polygraphy's JSON; no suffix: a folder)"),
+    gen_script: Optional[str] = typer.Option(None, "--gen-script", metavar="FILE",
+                                             help="write a Python script that does what this command does, and exit"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
@@ -112,7 +116,7 @@ def run(
                                        input_shapes=shapes, script=data_loader_script),
     )
     request = RunnerRequest(
-        model=model, target=resolve_target(target, runner, model), fp16=builder_options["fp16"],
+        model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],
         channels_last=channels_last, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
@@ -121,25 +125,36 @@ def run(
     if not runner and not load_outputs:
         raise UsageError("no runner selected", hint="add runner flags, e.g. `polykit run MODEL --trt --onnxrt`")
     for option, path in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs), ("--save-engine", save_engine),
-                         ("--report", report_html)):
+                         ("--report", report_html), ("--gen-script", gen_script)):
         if path:
             require_output_folder(path, option)
+    if save_format not in results_io.SAVE_FORMATS:
+        raise UsageError(f"--format {save_format!r} is not one of {', '.join(results_io.SAVE_FORMATS)}")
+    runners = make_runners(runner, request)
+    if gen_script:
+        from polykit.tools.gen_script import RunScript, write_script
+
+        write_script(gen_script, RunScript(
+            tuple(runner), request, settings, load_inputs, tuple(load_outputs), save_inputs, save_outputs, save_format,
+            as_json, profile_top))
+        typer.echo(f"wrote {gen_script}: run it with python to do what this command does")
+        return 0
     order = graph_order(model) if mark_all or mark_outputs or len(runner) + len(load_outputs) > 1 else None
     feeds = results_io.load_feeds(load_inputs) if load_inputs else None
-    runners = make_runners(runner, request)
     with ExitStack() as stack:
         reference = load_reference(load_outputs, stack)
         store = None
         if runners and (mark_all or mark_outputs):
-            store = stack.enter_context(_output_store(save_outputs, load_outputs, stack))
+            spill = save_outputs if save_format == "polykit" else None
+            store = stack.enter_context(_output_store(spill, load_outputs, stack))
         results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference, store=store,
                                           optional=order.intermediates if order else frozenset())
         layerwise = analyze(report, order) if order else None
         if save_inputs:
-            results_io.save_feeds(save_inputs, results.feeds)
+            results_io.save_feeds(save_inputs, results.feeds, save_format)
         if save_outputs and (store is None or store.path != Path(save_outputs)):
             results_io.save_outputs(save_outputs, {k: [dict(o) for o in v] for k, v in results.outputs.items()
-                                                   if k not in reference})
+                                                   if k not in reference}, save_format, results.times)
         profiles = _profiles(runners) if profile else {}
         doc = to_json(report, results, layerwise)
         if profile:

@@ -124,7 +124,7 @@ def test_inspect_of_a_crafted_plan_is_a_plan_error(cpu_bytes, tmp_path):
     path = tmp_path / "m.plan"
     path.write_bytes(edited(cpu_bytes, lambda d: d["memory"]["lifetimes"].pop("t")))
     with pytest.raises(PlanError, match=r"memory\.lifetimes\['t'\]"):
-        model(str(path), profile=False, iterations=1, seed=1, as_json=True)
+        model(str(path), show=[], profile=False, iterations=1, seed=1, as_json=True)
 
 
 # ---- cuda plans (checked without a GPU: the check needs no device) ---------------------------

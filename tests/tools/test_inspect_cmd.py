@@ -133,3 +133,60 @@ def test_run_a_plan_against_saved_onnxrt_outputs(mlp, plan_file, tmp_path, capsy
 def test_run_a_plan_with_onnxrt_is_a_usage_error(plan_file, capsys):
     assert main(["run", plan_file, "--trt", "--onnxrt"]) == 2
     assert "onnxrt runner cannot run" in capsys.readouterr().err
+
+
+def test_show_layers_lists_every_onnx_node_with_its_tensors(mlp, capsys):
+    capsys.readouterr()
+    assert main(["inspect", "model", mlp, "--show", "layers"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "│ fc1 " in line)
+    assert "Gemm" in row and "x: float32[1, 16]" in row and "h: float32[1, 32]" in row
+    assert "w1: float32[16, 32] (weight)" in out and "probs: float32[1, 10]" in out
+    assert "I/O" not in out  # --show names the sections
+
+
+def test_show_layers_json_carries_names_dtypes_shapes_and_attrs(mlp, capsys):
+    capsys.readouterr()
+    assert main(["inspect", "model", mlp, "--show", "io", "layers", "attrs", "weights", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    softmax = doc["layers"][-1]
+    assert softmax["op"] == "Softmax" and softmax["attrs"] == {"axis": -1}
+    assert softmax["inputs"] == [{"name": "logits", "kind": "activation", "dtype": "float32", "shape": [1, 10]}]
+    assert {"name": "w2", "dtype": "float32", "shape": [32, 10]} in doc["weights"] and doc["inputs"][0]["name"] == "x"
+
+
+def test_show_layers_of_a_model_polykit_cannot_import_lists_nodes_without_shapes(tmp_path, capsys, caplog, monkeypatch):
+    import logging
+
+    from polykit.tools.inspect_cmd import describe_onnx
+
+    from onnx import TensorProto, helper
+
+    from tests.cli_models import save
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"), helper.make_node("Concat", ["y", "y"], ["s"], name="cat")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [4])])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "no_axis.onnx")
+    capsys.readouterr()
+    assert main(["inspect", "model", path, "--show", "layers", "--json"]) == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    assert [l["name"] for l in layers] == ["relu", "cat"] and layers[1]["inputs"][0]["shape"] is None
+    monkeypatch.setattr(logging.getLogger("polykit"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="polykit")
+    assert describe_onnx(path, ("layers",))["layers"][0]["outputs"][0]["dtype"] is None
+    assert "shapes unknown: polykit cannot import the model" in caplog.text and "'axis' is missing" in caplog.text
+
+
+def test_plan_show_weights_and_attrs(plan_file, capsys):
+    capsys.readouterr()
+    assert main(["inspect", "model", plan_file, "--show", "weights", "attrs", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {w["name"] for w in doc["weights"]} == {"w1", "b1", "w2", "b2"}
+    assert main(["inspect", "model", plan_file, "--show", "layers", "attrs"]) == 0
+    assert "tactic parameters" in capsys.readouterr().out
+
+
+def test_an_unknown_show_value_is_a_usage_error(mlp, capsys):
+    assert main(["inspect", "model", mlp, "--show", "tensors"]) == 2
+    assert "--show 'tensors' is not one of io, ops, layers, attrs, weights" in capsys.readouterr().err

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from polykit.errors import DataFileError, PolykitError
-from polykit.tools.results_io import load_feeds, load_outputs, save_feeds, save_outputs
+from polykit.tools.results_io import (load_data, load_feeds, load_outputs, load_reference_outputs, save_feeds,
+                                      save_outputs)
 
 rng = np.random.default_rng(0)
 FEEDS = [{"x": rng.random((2, 3), dtype=np.float32), "/enc/ids:0": np.arange(4)} for _ in range(2)]
@@ -124,7 +125,8 @@ def test_an_object_array_in_an_npz_is_refused_not_unpickled(tmp_path):
     ('[{"x": {"dtype": "object", "data": [1]}}]', r"feed 0: tensor 'x': an array must be .*dtype 'object'"),
     ('[{"x": ["a", "b"]}]', r"feed 0: tensor 'x': the data is not an array of numbers"),
     ('[[1, 2]]', r"feed 0: a feed must be an object"),
-    ('{"x": {"polygraphy_class": "Tensor", "values": 1}}', r"Polygraphy class 'Tensor' is not one polykit reads"),
+    ('{"x": {"polygraphy_class": "Tensor", "tensor": "AAAA"}}', r"tensor 'x': the file holds a torch tensor .*pickle"),
+    ('{"x": {"polygraphy_class": "FormattedArray", "array": 1}}', r"Polygraphy class 'FormattedArray' is not one"),
     ('[{"x": {"polygraphy_class": "ndarray", "array": "AAAA"}}]', r"a Polygraphy array does not decode"),
     ('"just text"', r"feeds must be a list"),
     ('[{"x": ', r"cannot read JSON"),
@@ -167,3 +169,65 @@ def test_scalar_bfloat16_and_bool_outputs_round_trip_through_json(tmp_path):
     outs = {"trt": [{"s": np.float32(1.5), "b": np.array([True, False]), "h": np.array([1.5], ml_dtypes.bfloat16)}]}
     back = load_outputs(save_outputs(tmp_path / "o.json", outs))["trt"][0]
     assert back["s"].shape == () and back["b"].dtype == np.bool_ and back["h"].dtype == ml_dtypes.bfloat16
+
+
+def test_a_plain_name_keyed_npz_is_one_feed(tmp_path):
+    x, ids = rng.random((1, 16), dtype=np.float32), np.arange(3)
+    np.savez(tmp_path / "in.npz", x=x, **{"/enc/ids:0": ids})
+    (feed,) = load_feeds(tmp_path / "in.npz")
+    np.testing.assert_array_equal(feed["x"], x)
+    np.testing.assert_array_equal(feed["/enc/ids:0"], ids)
+
+
+def test_a_plain_name_keyed_npz_is_the_outputs_of_one_runner_named_after_the_file(tmp_path):
+    y = rng.random(10, dtype=np.float32)
+    np.savez(tmp_path / "golden.npz", logits=y)
+    assert list(load_outputs(tmp_path / "golden.npz")) == ["golden"]
+    np.testing.assert_array_equal(load_outputs(tmp_path / "golden.npz")["golden"][0]["logits"], y)
+
+
+def test_saved_outputs_given_as_inputs_and_the_reverse_say_so(tmp_path):
+    outs = save_outputs(tmp_path / "out.npz", {"trt": [{"y": np.ones(2, np.float32)}]})
+    feeds = save_feeds(tmp_path / "in.npz", FEEDS)
+    with pytest.raises(DataFileError, match=r"out.npz: the archive holds saved outputs (?s:.*) give it to --load-outputs"):
+        load_feeds(outs)
+    with pytest.raises(DataFileError, match=r"in.npz: the archive holds saved inputs (?s:.*) give it to --load-inputs"):
+        load_outputs(feeds)
+
+
+def test_an_empty_npz_is_a_data_file_error(tmp_path):
+    np.savez(tmp_path / "empty.npz")
+    with pytest.raises(DataFileError, match="empty.npz: the archive holds no arrays"):
+        load_feeds(tmp_path / "empty.npz")
+
+
+def test_load_data_tells_feeds_outputs_and_plain_arrays_apart(tmp_path):
+    np.savez(tmp_path / "plain.npz", a=np.ones(2))
+    assert load_data(save_feeds(tmp_path / "in.npz", FEEDS))[0] == "feeds"
+    assert load_data(save_outputs(tmp_path / "o.json", {"trt": [{"y": np.ones(2, np.float32)}]}))[0] == "outputs"
+    kind, arrays = load_data(tmp_path / "plain.npz")
+    assert kind == "arrays" and list(arrays) == ["a"]
+
+
+def test_reference_outputs_of_several_files_keep_every_runner(tmp_path):
+    a = save_outputs(tmp_path / "a.npz", {"trt": [{"y": np.ones(2, np.float32)}]})
+    b = save_outputs(tmp_path / "b.npz", {"trt": [{"y": np.zeros(2, np.float32)}]})
+    reference = load_reference_outputs([a, b])
+    assert list(reference) == ["trt", "trt-1"]
+    np.testing.assert_array_equal(reference["trt-1"][0]["y"], np.zeros(2, np.float32))
+
+
+def test_run_takes_plain_npz_inputs_and_outputs(tmp_path, capsys):
+    from polykit.tools.cli import main
+    from tests.cli_models import MLP
+
+    assert main(["run", str(MLP), "--onnxrt", "--save-inputs", str(tmp_path / "in.npz"),
+                 "--save-outputs", str(tmp_path / "ref.npz")]) == 0
+    feed, ref = load_feeds(tmp_path / "in.npz")[0], load_outputs(tmp_path / "ref.npz")["onnxrt"][0]
+    np.savez(tmp_path / "plain_in.npz", **feed)
+    np.savez(tmp_path / "golden.npz", **ref)
+    capsys.readouterr()
+    assert main(["run", str(MLP), "--trt", "--target", "cpu", "--load-inputs", str(tmp_path / "plain_in.npz"),
+                 "--load-outputs", str(tmp_path / "golden.npz"), "--atol", "1e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "trt vs golden (reference)" in out and "PASSED" in out

@@ -1,0 +1,107 @@
+"""`polykit inspect capability MODEL`: which nodes run on a target, why the others do not, the
+supported partitions, and -o writing them as ONNX models that onnx.checker and onnxruntime take."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from polykit.tools.capability import check_capability
+from polykit.tools.cli import main
+from tests.cli_models import MLP, dynamic_model, save
+
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
+vi = helper.make_tensor_value_info
+
+
+def _double_model(path) -> str:
+    """y = Tanh(Relu(x) + Relu(x) @ Relu(x)) in float64: the cuda target has no float64 MatMul, so the
+    supported Relu and Add must not share a partition (the path Relu -> MatMul -> Add would leave it)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("MatMul", ["a", "a"], ["u"], name="matmul"),
+             helper.make_node("Add", ["a", "u"], ["b"], name="add"), helper.make_node("Tanh", ["b"], ["y"], name="tanh")]
+    graph = helper.make_graph(nodes, "double", [vi("x", TensorProto.DOUBLE, [4, 4])], [vi("y", TensorProto.DOUBLE, [4, 4])])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _custom_op_model(path) -> str:
+    """Relu -> my.domain::Foo (no implementation) -> Relu."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"),
+             helper.make_node("Foo", ["a"], ["b"], name="foo", domain="my.domain"),
+             helper.make_node("Relu", ["b"], ["y"], name="second")]
+    graph = helper.make_graph(nodes, "custom", [vi("x", TensorProto.FLOAT, [4])], [vi("y", TensorProto.FLOAT, [4])])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("my.domain", 1)]),
+                path)
+
+
+def test_every_mlp_node_runs_on_both_targets_in_one_partition():
+    for target in ("cpu", "cuda"):
+        report, _ = check_capability(str(MLP), target)
+        assert report.supported == len(report.nodes) == 4
+        (part,) = report.partitions
+        assert part.nodes == ("fc1", "relu1", "fc2", "softmax") and part.inputs == ("x",)
+        assert part.outputs == ("logits", "probs")
+        assert all(n.tactics for n in report.nodes)
+
+
+def test_a_node_without_a_tactic_names_the_reason_and_splits_the_partitions(tmp_path):
+    report, _ = check_capability(_double_model(tmp_path / "d.onnx"), "cuda")
+    matmul = next(n for n in report.nodes if n.name == "matmul")
+    assert not matmul.supported and "no cuda tactic accepts it (inputs float64[4, 4], float64[4, 4])" in matmul.reason
+    assert [p.nodes for p in report.partitions] == [("relu",), ("add", "tanh")]
+    assert report.partitions[1].inputs == ("a", "u") and report.partitions[1].outputs == ("y",)
+    cpu, _ = check_capability(_double_model(tmp_path / "d.onnx"), "cpu")
+    assert cpu.supported == 4 and len(cpu.partitions) == 1
+
+
+def test_written_partitions_pass_the_checker_and_compute_the_models_values_in_onnxruntime(tmp_path, capsys):
+    model = _double_model(tmp_path / "d.onnx")
+    assert main(["inspect", "capability", model, "--target", "cuda", "-o", str(tmp_path / "parts"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    files = [p["file"] for p in doc["partitions"]]
+    assert files == [str(tmp_path / "parts" / f"partition_{i}.onnx") for i in range(2)]
+    x = np.random.default_rng(2).normal(size=(4, 4))
+    a = np.maximum(x, 0)
+    for path in files:
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+    (first,) = ort.InferenceSession(files[0]).run(None, {"x": x})
+    (y,) = ort.InferenceSession(files[1]).run(None, {"a": a, "u": a @ a})
+    np.testing.assert_array_equal(first, a)
+    np.testing.assert_allclose(y, np.tanh(a + a @ a), rtol=1e-12)
+
+
+def test_an_op_polykit_lacks_is_named_and_what_follows_it_cannot_be_judged(tmp_path, capsys):
+    model = _custom_op_model(tmp_path / "c.onnx")
+    assert main(["inspect", "capability", model, "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 3 node(s)" in out and "polykit does not implement my.domain::Foo" in out
+    assert "shape inference cannot tell tensor 'b'" in out
+
+
+def test_json_lists_each_nodes_verdict_and_the_folded_count(capsys):
+    assert main(["inspect", "capability", str(MLP), "--target", "cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["target"] == "cpu" and doc["supported"] == doc["nodes_checked"] == 4 and doc["folded"] == 0
+    assert doc["nodes"][0] == {"name": "fc1", "op": "Gemm", "domain": "", "supported": True, "reason": "",
+                               "tactics": doc["nodes"][0]["tactics"]} and doc["nodes"][0]["tactics"]
+
+
+def test_dynamic_inputs_take_input_shapes_or_1(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("polykit"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="polykit")
+    model = dynamic_model(tmp_path / "dyn.onnx")
+    report, graph = check_capability(model, "cpu", {"x": (3, 4)})
+    assert report.supported == 2 and graph.value("y").shape == (3, 4)
+    report, graph = check_capability(model, "cpu")
+    assert graph.value("y").shape == (1, 4) and "dynamic shape" in caplog.text
+
+
+def test_output_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    assert main(["inspect", "capability", str(MLP), "--target", "cpu", "-o", str(tmp_path / "f")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
