@@ -155,7 +155,14 @@ def render_script(script: RunScript) -> str:
         body.append(f"reference = {imports.use('polykit.tools', 'results_io')}.load_reference_outputs("
                     f"{list(script.load_outputs)!r})")
         data += ", reference_outputs=reference"
+    layerwise = bool(script.request.mark_all or script.request.mark_outputs)
+    if layerwise:  # marked tensors a runner fused away are not failures; name the first divergence
+        order = imports.use("polykit.tools.divergence", "GraphOrder")
+        body.append(f"order = {order}.from_onnx({script.request.model!r})")
+        data += ", optional=order.intermediates"
     body.append(f"results, report = {run}(runners, settings{data})")
+    if layerwise:
+        body.append(f"layerwise = {imports.use('polykit.tools.divergence', 'analyze')}(report, order)")
     fmt = f", format={script.save_format!r}" if script.save_format != "polykit" else ""
     if script.save_inputs:
         body.append(f"{imports.use('polykit.tools', 'results_io')}.save_feeds({script.save_inputs!r}, results.feeds{fmt})")
@@ -176,16 +183,17 @@ def render_script(script: RunScript) -> str:
 
 def _report_lines(script: RunScript, imports: _Imports) -> list[str]:
     """Print the report as the command does: JSON, or rich tables; with per-layer profiles."""
+    layerwise = ", layerwise" if script.request.mark_all or script.request.mark_outputs else ""
     profiled = "[runner for runner in runners if getattr(runner, 'layer_times', None)]"
     if script.request.profile:
         summarize = imports.use("polykit.tools.profile_report", "summarize")
     if script.as_json:
-        lines = [f"doc = {imports.use('polykit.tools.report', 'to_json')}(report, results)"]
+        lines = [f"doc = {imports.use('polykit.tools.report', 'to_json')}(report, results{layerwise})"]
         if script.request.profile:
             lines.append(f"doc['profile'] = {{r.name: {summarize}(r.layer_times, r.layers).to_json() for r in {profiled}}}")
         return lines + ["print(json.dumps(doc, indent=2))"]
     lines = [f"console = {imports.use('rich.console', 'Console')}(highlight=False)",
-             f"{imports.use('polykit.tools.report', 'render')}(console, report, results)"]
+             f"{imports.use('polykit.tools.report', 'render')}(console, report, results{layerwise})"]
     if script.request.profile:
         render = imports.use("polykit.tools.profile_report", "render", alias="render_profile")
         lines += [f"for r in {profiled}:",
