@@ -46,7 +46,6 @@ def _value_info(v: Value) -> Any:
 
 def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
     """Build an onnx.ModelProto from `graph` (opset = the graph's canonical opsets)."""
-    import onnx
     from onnx import helper, numpy_helper
 
     nodes = []

@@ -250,17 +250,17 @@ def compare_settings(compare: str = "simple", atol: Sequence[str] = (), rtol: Se
 def with_builder_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared builder options; it receives them as `builder_options`,
     a dict of BuilderConfig fields (builder_config_options)."""
-    return _with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
+    return with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
 
 
 def with_compare_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared comparison options; it receives them as `compare_settings`,
     a dict of AccuracySettings fields (compare_settings)."""
-    return _with_options(command, COMPARE_OPTIONS, "compare_settings", compare_settings)
+    return with_options(command, COMPARE_OPTIONS, "compare_settings", compare_settings)
 
 
-def _with_options(command: Callable[..., Any], options: list[tuple[str, Any, Any]], param: str,
-                  convert: Callable[..., Any]) -> Callable[..., Any]:
+def with_options(command: Callable[..., Any], options: list[tuple[str, Any, Any]], param: str,
+                 convert: Callable[..., Any]) -> Callable[..., Any]:
     """`command` with `options` as keyword-only typer parameters, passed to it as `param=convert(**values)`."""
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != param]
