@@ -125,18 +125,10 @@ def artifacts_folder(path: str | os.PathLike | None) -> Path | None:
     return folder
 
 
-def write_text(path: Path, text: str, what: str) -> Path:
-    """Write a text file; UsageError naming `what` when it cannot be written."""
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write the {what}: {exc}", where=str(path),
-                         hint="check that the folder exists and is writable") from exc
-    return path
-
-
 def write_json(path: Path, doc: Any, what: str) -> Path:
-    """Write a JSON document (write_text)."""
+    """Write a JSON document (polykit.files.write_text)."""
     import json
+
+    from polykit.files import write_text
 
     return write_text(path, json.dumps(doc, indent=2) + "\n", what)

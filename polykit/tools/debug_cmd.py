@@ -163,10 +163,7 @@ def precision(
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from pathlib import Path
-
-    from polykit.files import require_output_folder
-    from polykit.tools.debug_check import write_text
+    from polykit.files import require_output_folder, write_text
     from polykit.tools.debug_precision import PrecisionOptions, debug_precision
     from polykit.tools.debug_render import render_precision
 
@@ -177,7 +174,7 @@ def precision(
                                timing_iterations=timing_iterations)
     report = debug_precision(model, setup.config(model, builder_options), options)
     if output:
-        write_text(Path(output), report.layer_precisions() + "\n", "--layer-precisions file")
+        write_text(output, report.layer_precisions() + "\n", "--layer-precisions file")
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:

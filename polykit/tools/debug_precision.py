@@ -49,8 +49,8 @@ class PrecisionOptions:
 @dataclass(frozen=True)
 class PrecisionReport:
     """The nodes to keep in fp32 (topological order) with their ops, every candidate's ranking
-    score, the verdicts and latencies (ms, None when not timed) before and after, and the
-    counts of candidates, checks and plans built."""
+    score, the verdicts and latencies (ms, None when not timed) before and after, the checks
+    made (ranking and search) and the plans built."""
 
     precision: str
     nodes: tuple[str, ...]
@@ -107,10 +107,11 @@ def debug_precision(model: Any, config: BuilderConfig, options: PrecisionOptions
         search = find_fp32_set(rank(scores, candidates), trials)
         chosen = set(search.nodes)
         nodes = tuple(n for n in candidates if n in chosen)
-        before, after = (trials.latency(trials.plan(s), options.timing_iterations) for s in ((), nodes))
+        plans = (trials.low_plan, trials.plan(nodes) if nodes else trials.low_plan)
+        before, after = (trials.latency(plan, options.timing_iterations) for plan in plans)
     ops = {n.name: n.op_type for n in graph.nodes}
     return PrecisionReport("fp16" if config.fp16 else "bf16", nodes, tuple(ops[n] for n in nodes), scores, search.low,
-                           search.verdict, before, after, options.rank, search.checks, trials.builds)
+                           search.verdict, before, after, options.rank, trials.checks, trials.builds)
 
 
 def fp32_candidates(graph: Any) -> list[str]:
@@ -144,7 +145,7 @@ class PrecisionTrials:
         self.model, self.graph, self.providers, self.advance = model, graph, options.providers, advance
         self.config = replace(config, save_tactics=None, save_timing_cache=None, tactic_replay=None)
         self.compare, self.validate = make_compare_func(settings.compare, settings.compare_options), settings.validate
-        self.builds = 0
+        self.builds = self.checks = 0
         feeds = results_io.load_feeds(options.load_inputs) if options.load_inputs else None
         loader = None if feeds else make_data_loader(settings.data_loader, settings.data_options, data_loader_specs())
         self.low_plan = self.plan(())
@@ -170,6 +171,7 @@ class PrecisionTrials:
         return results.feeds, results.outputs["trt"]
 
     def __call__(self, fp32: frozenset[str]) -> Verdict:
+        self.checks += 1
         outputs = self.low_outputs if not fp32 else self.run(self.plan(fp32))[1]
         result = verdict(self.feeds, self.reference, outputs, self.compare, self.validate)
         self.advance(f"{len(fp32)} node(s) in fp32: {'pass' if result.passed else 'fail'}")

@@ -1,8 +1,8 @@
 """`polykit debug reduce`: shrink a failing model to a minimal failing subgraph.
 
     report = debug_reduce("model.onnx", BuilderConfig(target="cpu"))
-    onnx.save(report.model, "reduced.onnx")
-    print(report.nodes, report.checks)
+    onnx.save(report.reduced.model, "reduced.onnx")
+    print(report.reduced.nodes, report.verdict.max_abs, report.checks)
 
 The full model runs once in onnxruntime with every intermediate tensor marked as an output;
 those values (on the data loader's feeds, or `load_inputs`; a `load_outputs` file's tensors
@@ -22,7 +22,6 @@ failure. With `check`, a command runs instead: {model} becomes the path of the c
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from contextlib import ExitStack
@@ -38,8 +37,6 @@ from polykit.tools.debug_check import (check_argv, error_json, refuse_check_conf
 from polykit.tools.reduce_search import reduce_nodes
 from polykit.tools.subgraph import Extractor, TensorSpec, outer_names
 from polykit.tools.tactic_bisect import Verdict
-
-log = logging.getLogger("polykit")
 
 MODEL_PLACEHOLDER, INPUTS_PLACEHOLDER = "{model}", "{inputs}"
 CHECK_EXAMPLE = "polykit run {model} --trt --onnxrt --load-inputs {inputs}"
@@ -82,7 +79,7 @@ class ReduceReport:
     builds: int
 
     def to_json(self) -> dict[str, Any]:
-        from polykit.tools.surgeon_cmd import describe_io
+        from polykit.tools.subgraph import describe_io
 
         def subgraph(candidate: Candidate, v: Verdict) -> dict[str, Any]:
             return {**describe_io(candidate.model), "ops": [n.op_type for n in candidate.model.graph.node],
@@ -120,7 +117,7 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
     near = result.nearest_passing(lambda nodes: nodes not in check.unchecked)
     return ReduceReport(subgraphs.candidate(result.nodes), result.verdict,
                         None if near is None else subgraphs.candidate(near[0]), None if near is None else near[1],
-                        len(subgraphs.order), result.checks, getattr(check, "builds", 0))
+                        len(subgraphs.order), result.checks, check.builds)
 
 
 class Subgraphs:
@@ -178,15 +175,12 @@ class Subgraphs:
 
     def candidate(self, nodes: Sequence[int]) -> Candidate:
         """The subgraph of `nodes` (indices into `order`) with its feeds (none without cached values)."""
-        from onnx import numpy_helper
-
         inputs, outputs = self.io(nodes)
         values = self.values or []
         baked = [t for t in inputs if values and t not in self.graph_inputs and _constant(values, t)]
         specs = [TensorSpec(t, tuple(values[0][t].shape), values[0][t].dtype) if values else TensorSpec(t)
                  for t in inputs if t not in baked]
-        sub = self.extractor.extract(specs, outputs)
-        sub.graph.initializer.extend(numpy_helper.from_array(values[0][t], t) for t in baked)
+        sub = self.extractor.extract(specs, outputs, {t: values[0][t] for t in baked})
         feeds = tuple({s.name: v[s.name] for s in specs} for v in values)
         return Candidate(tuple(self.nodes[self.order[i]].name for i in nodes), sub, feeds)
 
@@ -239,6 +233,8 @@ class BuiltinCheck:
 
 class CommandCheck:
     """`--check CMD`: each candidate written to `folder` ({model}), its feeds too ({inputs})."""
+
+    builds = 0  # the command builds what it runs
 
     def __init__(self, subgraphs: Subgraphs, command: str, folder: Path):
         self.subgraphs, self.folder, self.count = subgraphs, folder, 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -88,9 +88,26 @@ def _is_dtype(text: str) -> bool:
         return False
 
 
-def extract(model: Any, inputs: Sequence[TensorSpec | str], outputs: Sequence[TensorSpec | str]) -> Any:
-    """The subgraph of `model` (a path or onnx.ModelProto) from `inputs` to `outputs` (module docstring)."""
-    return Extractor(model).extract(inputs, outputs)
+def extract(model: Any, inputs: Sequence[TensorSpec | str], outputs: Sequence[TensorSpec | str],
+            constants: Mapping[str, np.ndarray] | None = None) -> Any:
+    """The subgraph of `model` (a path or onnx.ModelProto) from `inputs` to `outputs` (module
+    docstring; `constants`: Extractor.extract)."""
+    return Extractor(model).extract(inputs, outputs, constants)
+
+
+def describe_io(model: Any) -> dict[str, Any]:
+    """{"nodes": [names], "inputs"/"outputs": [{"name", "dtype", "shape"}]} of an onnx.ModelProto."""
+    from polykit.compiler import dtypes
+
+    def io(vi) -> dict:
+        t = vi.type.tensor_type
+        dtype = dtypes.ONNX_TO_NUMPY.get(t.elem_type)
+        shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in t.shape.dim] \
+            if t.HasField("shape") else None
+        return {"name": vi.name, "dtype": None if dtype is None else dtype.name, "shape": shape}
+
+    return {"nodes": [n.name for n in model.graph.node], "inputs": [io(i) for i in model.graph.input],
+            "outputs": [io(o) for o in model.graph.output]}
 
 
 class Extractor:
@@ -135,13 +152,18 @@ class Extractor:
                 stack.extend((t, False) for t in reversed([*node.input, *outer_names(node)]))
         return list(dict.fromkeys(order))
 
-    def extract(self, inputs: Sequence[TensorSpec | str], outputs: Sequence[TensorSpec | str]) -> Any:
-        from onnx import helper
+    def extract(self, inputs: Sequence[TensorSpec | str], outputs: Sequence[TensorSpec | str],
+                constants: Mapping[str, np.ndarray] | None = None) -> Any:
+        """The subgraph from `inputs` to `outputs` (module docstring); `constants` name tensors
+        that it holds as initializers of the given values instead of computing them."""
+        from onnx import helper, numpy_helper
 
         ins = [TensorSpec(s) if isinstance(s, str) else s for s in inputs]
         outs = [TensorSpec(s) if isinstance(s, str) else s for s in outputs]
+        constants = dict(constants or {})
         self._check_names(ins, outs)
-        nodes = [self.model.graph.node[i] for i in self.nodes_between([s.name for s in ins], [s.name for s in outs])]
+        stops = [s.name for s in ins] + list(constants)
+        nodes = [self.model.graph.node[i] for i in self.nodes_between(stops, [s.name for s in outs])]
         read = {t for node in nodes for t in (*node.input, *outer_names(node))}
         unused = [s.name for s in ins if s.name not in read and s.name not in {o.name for o in outs}]
         if unused:
@@ -153,7 +175,8 @@ class Extractor:
         graph = helper.make_graph(
             nodes, self.model.graph.name, [self._value_info(s, "input") for s in ins],
             [self._value_info(s, "output") for s in outs],
-            [t for name, t in self.initializers.items() if name in kept and name not in input_names],
+            [t for name, t in self.initializers.items() if name in kept and name not in input_names]
+            + [numpy_helper.from_array(np.asarray(value), name) for name, value in constants.items() if name in kept],
             value_info=inner)
         m = self.model
         sub = helper.make_model(graph, opset_imports=list(m.opset_import), functions=list(m.functions),
@@ -167,9 +190,8 @@ class Extractor:
         known = self.tensor_names()
         for specs, option in ((ins, "--inputs"), (outs, "--outputs")):
             names = [s.name for s in specs]
-            if not names:
-                raise UsageError(f"a subgraph needs at least one tensor in {option}",
-                                 hint="e.g. --inputs x:auto:auto --outputs y:auto")
+            if not names and option == "--outputs":
+                raise UsageError("a subgraph needs at least one output", hint="e.g. --outputs y:auto")
             twice = sorted({n for n in names if names.count(n) > 1})
             missing = [n for n in names if n not in known]
             if twice or missing:

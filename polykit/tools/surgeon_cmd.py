@@ -49,22 +49,28 @@ def sanitize(
 def extract(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
     output: str = typer.Option(..., "--output", "-o", help="where to write the subgraph"),
-    inputs: List[str] = typer.Option(..., "--inputs", metavar="NAME:SHAPE|auto:DTYPE|auto",
-                                     help="the subgraph's inputs, e.g. x:[1,3,224,224]:float32 h:auto:auto"),
-    outputs: List[str] = typer.Option(..., "--outputs", metavar="NAME:DTYPE|auto",
-                                      help="the subgraph's outputs, e.g. logits:auto"),
+    inputs: List[str] = typer.Option([], "--inputs", metavar="NAME:SHAPE|auto:DTYPE|auto",
+                                     help="the subgraph's inputs, e.g. x:[1,3,224,224]:float32 h:auto:auto "
+                                          "(default: the model's inputs)"),
+    outputs: List[str] = typer.Option([], "--outputs", metavar="NAME:DTYPE|auto",
+                                      help="the subgraph's outputs, e.g. logits:auto (default: the model's outputs)"),
     external_data: bool = EXTERNAL_DATA,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
     as_json: bool = typer.Option(False, "--json", help="print the subgraph's nodes, inputs and outputs as JSON"),
 ) -> int:
     from polykit.compiler.onnx_export import save_model
+    from polykit.errors import UsageError
     from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
-    from polykit.tools.subgraph import extract as extract_subgraph
-    from polykit.tools.subgraph import parse_input_spec, parse_output_spec
+    from polykit.tools.subgraph import Extractor, describe_io, parse_input_spec, parse_output_spec
 
+    if not inputs and not outputs:
+        raise UsageError("give the subgraph's --inputs, its --outputs or both (the other defaults to the model's)",
+                         hint="e.g. --inputs h:auto:auto --outputs logits:auto")
     require_output_folder(output, "--output")
-    sub = extract_subgraph(model, [parse_input_spec(s) for s in inputs], [parse_output_spec(s) for s in outputs])
+    extractor = Extractor(model)
+    sub = extractor.extract([parse_input_spec(s) for s in inputs] or extractor.graph_inputs,
+                            [parse_output_spec(s) for s in outputs] or [o.name for o in extractor.model.graph.output])
     save_model(sub, output, external_data=external_data or None, size_threshold=external_data_threshold)
     if as_json:
         typer.echo(json.dumps(describe_io(sub), indent=2))
@@ -73,21 +79,6 @@ def extract(
                                f"{', '.join(i.name for i in sub.graph.input)}, outputs "
                                f"{', '.join(o.name for o in sub.graph.output)}")
     return 0
-
-
-def describe_io(model) -> dict:
-    """{"nodes": [names], "inputs"/"outputs": [{"name", "dtype", "shape"}]} of an onnx.ModelProto."""
-    from polykit.compiler import dtypes
-
-    def io(vi) -> dict:
-        t = vi.type.tensor_type
-        dtype = dtypes.ONNX_TO_NUMPY.get(t.elem_type)
-        shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in t.shape.dim] \
-            if t.HasField("shape") else None
-        return {"name": vi.name, "dtype": None if dtype is None else dtype.name, "shape": shape}
-
-    return {"nodes": [n.name for n in model.graph.node], "inputs": [io(i) for i in model.graph.input],
-            "outputs": [io(o) for o in model.graph.output]}
 
 
 def register(app: typer.Typer) -> None:

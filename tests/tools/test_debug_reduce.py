@@ -14,15 +14,19 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from polykit.backends.loaders import MARK_ALL, ModifyOutputs
+from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
+from polykit.runtime.engine import Engine
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.cli import main
 from polykit.tools.cli_args import compare_settings
+from polykit.tools.data_loader import DataLoaderOptions
 from polykit.tools.debug_check import onnxrt_outputs
 from polykit.tools.debug_reduce import ReduceOptions, Subgraphs, debug_reduce
-from tests.cli_models import REPO, perturbed_mlp
+from tests.cli_models import REPO, perturbed_mlp, save
 
 CONVNET = str(REPO / "tests" / "data" / "torch" / "convnet_ts.onnx")
 MLP = str(REPO / "examples" / "models" / "mlp.onnx")
@@ -81,6 +85,47 @@ def test_subgraph_inputs_are_fed_the_values_they_have_in_the_full_model():
         assert np.abs(full[name]).max() > 0
         np.testing.assert_array_equal(candidate.feeds[0][name], full[name])
     assert [o.name for o in candidate.model.graph.output] == ["/blocks/blocks.2/Add_output_0"]
+
+
+def _shape_chain_model(path) -> str:
+    """x[2,3,4] -> relu -> reshape to [Gather(Shape(r), 0), -1] (a shape chain) -> mm (MatMul) -> y[2,5]."""
+    w = np.random.default_rng(3).standard_normal((12, 5)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Shape", ["r"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["g"], name="gather", axis=0),
+             helper.make_node("Concat", ["g", "minus_one"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["flat"], name="reshape"),
+             helper.make_node("MatMul", ["flat", "w"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+                              [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                               numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+                               numpy_helper.from_array(w, "w")])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_integer_intermediate_inputs_are_baked_in_so_the_subgraph_builds(tmp_path):
+    model = _shape_chain_model(tmp_path / "chain.onnx")
+    subgraphs = Subgraphs(onnx.load(model))
+    subgraphs.cache_values(ReduceOptions(accuracy=AccuracySettings(data_options=DataLoaderOptions(
+        val_ranges={"": (-1.0, 1.0)}))))
+    position = [subgraphs.nodes[i].name for i in subgraphs.order].index("reshape")
+    candidate = subgraphs.candidate((position, position + 1))
+    assert candidate.nodes == ("reshape", "mm") and [i.name for i in candidate.model.graph.input] == ["r"]
+    baked = {t.name: numpy_helper.to_array(t) for t in candidate.model.graph.initializer}
+    np.testing.assert_array_equal(baked["target"], [2, -1])
+    onnx.checker.check_model(candidate.model, full_check=True)
+    plan = build_plan(candidate.model, BuilderConfig(target="cpu"))
+    with Engine(plan) as engine, engine.create_execution_context() as context:
+        got = context.execute(candidate.feeds[0])["y"]
+    np.testing.assert_allclose(got, subgraphs.values[0]["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_fault_behind_a_shape_chain_reduces_to_its_matmul(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "^mm$")
+    model = _shape_chain_model(tmp_path / "chain.onnx")
+    doc = _reduce_json(capsys, model, "-o", str(tmp_path / "r.onnx"), *LEVEL0, *TOL, "--val-range", "[-1,1]")
+    assert doc["reduced"]["nodes"] == ["mm"] and doc["total_nodes"] == 6
 
 
 def test_min_good_writes_the_nearest_passing_subgraph(monkeypatch, capsys, tmp_path):

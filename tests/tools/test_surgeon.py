@@ -189,6 +189,27 @@ def test_the_cli_writes_the_subgraph_and_reports_it_as_json(tmp_path, capsys):
     assert main(["run", str(out), "--trt", "--onnxrt", "--target", "cpu", "--atol", "1e-4", "--rtol", "1e-4"]) == 0
 
 
+def test_left_out_inputs_or_outputs_default_to_the_models(tmp_path, capsys):
+    out = tmp_path / "head.onnx"
+    assert main(["surgeon", "extract", CONVNET, "--outputs", BLOCK_OUT, "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [i["name"] for i in doc["inputs"]] == ["image"] and len(doc["nodes"]) == 6
+    assert main(["surgeon", "extract", CONVNET, "--inputs", BLOCK_IN, "-o", str(out), "--json"]) == 0
+    assert [o["name"] for o in json.loads(capsys.readouterr().out)["outputs"]] == ["logits"]
+    assert main(["surgeon", "extract", CONVNET, "-o", str(out)]) == 2
+    assert "give the subgraph's --inputs, its --outputs or both" in capsys.readouterr().err
+
+
+def test_constants_stop_the_walk_and_become_initializers():
+    value = np.random.default_rng(5).uniform(0, 1, (2, 16, 16, 16)).astype(np.float32)
+    sub = extract(CONVNET, [], [BLOCK_OUT], constants={BLOCK_IN: value})
+    assert not sub.graph.input and len(sub.graph.node) == 4
+    onnx.checker.check_model(sub, full_check=True)
+    (got,) = _session(sub).run(None, {})
+    (want,) = _session(extract(CONVNET, [BLOCK_IN], [BLOCK_OUT])).run(None, {BLOCK_IN: value})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # onnxruntime folds the constant part its own way
+
+
 def test_a_graph_input_the_outputs_need_must_be_among_the_inputs(tmp_path):
     with pytest.raises(UsageError, match="needs the graph input 'image'") as info:
         extract(CONVNET, [BLOCK_IN], ["/blocks/blocks.0/c2/Conv_output_0", "/stem/stem.0/Conv_output_0"])
