@@ -30,3 +30,15 @@ def require_output_folder(path: "str | os.PathLike[str]", option: str) -> Path:
         raise UsageError(f"{option} {str(p)!r}: the folder {str(p.parent)!r} does not exist",
                          hint="create the folder first, or choose another path")
     return p
+
+
+def write_text(path: "str | os.PathLike[str]", text: str, what: str) -> Path:
+    """Write `text` (UTF-8) to `path`; UsageError naming `what` (e.g. "tactic replay file") when
+    it cannot be written."""
+    p = Path(path)
+    try:
+        p.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what}: {exc}", where=str(p),
+                         hint="check that the folder exists and is writable") from exc
+    return p

@@ -210,18 +210,10 @@ class SaveOnnx(BaseLoader):
         self.external_data = external_data
 
     def __call__(self) -> Any:
-        import onnx
+        from polykit.compiler.onnx_export import save_model
 
         model = _model_proto(self.model)
-        path = Path(self.path)
-        try:
-            if self.external_data:
-                onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=path.name + ".data")
-            else:
-                onnx.save_model(model, str(path))
-        except (OSError, ValueError) as exc:
-            raise PolykitError(f"cannot save the model: {exc}", where=str(path), hint="check the directory is writable") from exc
+        save_model(model, self.path, external_data=self.external_data)
         return model
 
 

@@ -46,7 +46,6 @@ def _value_info(v: Value) -> Any:
 
 def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
     """Build an onnx.ModelProto from `graph` (opset = the graph's canonical opsets)."""
-    import onnx
     from onnx import helper, numpy_helper
 
     nodes = []
@@ -79,7 +78,7 @@ def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
         producer_name=md.get("producer_name") or "polykit",
         producer_version=md.get("producer_version") or "",
     )
-    model.ir_version = max(int(md.get("ir_version", 0)), _min_ir_version(opsets.get("", 21)))
+    model.ir_version = max(int(md.get("ir_version", 0)), min_ir_version(opsets.get("", 21)))
     if md.get("doc_string"):
         model.doc_string = md["doc_string"]
     if md.get("model_version"):
@@ -91,7 +90,8 @@ def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
     return model
 
 
-def _min_ir_version(opset: int) -> int:
+def min_ir_version(opset: int) -> int:
+    """The oldest IR version that supports default-domain opset `opset`."""
     from onnx import helper
 
     for row in helper.VERSION_TABLE:
@@ -103,23 +103,30 @@ def _min_ir_version(opset: int) -> int:
 
 def save_onnx(graph: Graph, path: "str | os.PathLike", *, external_data: bool | None = None,
               size_threshold: int = 1024) -> Path:
-    """Write `graph` as an ONNX file; weights go to `<name>.data` beside it when
-    `external_data` is True (default: when the model would exceed protobuf's 2 GiB limit)."""
+    """Write `graph` as an ONNX file (see save_model)."""
+    return save_model(to_onnx(graph), path, external_data=external_data, size_threshold=size_threshold)
+
+
+def save_model(model: Any, path: "str | os.PathLike", *, external_data: bool | None = None,
+               size_threshold: int = 1024) -> Path:
+    """Write an onnx.ModelProto; with `external_data` True, tensors of `size_threshold` bytes
+    or more go to `<name>.data` beside it, and that file is written even when none is that large
+    (default: external data when the model would exceed protobuf's 2 GiB limit)."""
     import onnx
 
     path = Path(path)
-    model = to_onnx(graph)
-    total = sum(a.nbytes for a in graph.initializers.values())
+    data = path.with_name(path.name + ".data")
     if external_data is None:
-        external_data = total > 1_800_000_000
+        external_data = sum(len(t.raw_data) for t in model.graph.initializer) > 1_800_000_000
     try:
         if external_data:
-            onnx.save_model(
-                model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                location=path.name + ".data", size_threshold=size_threshold,
-            )
+            data.unlink(missing_ok=True)  # onnx appends to an existing data file
+            onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data.name, size_threshold=size_threshold)
+            data.touch()
         else:
             onnx.save_model(model, str(path))
-    except OSError as exc:
-        raise PolykitError(f"cannot write the model: {exc}", where=str(path), hint="check the directory exists and is writable") from exc
+    except (OSError, ValueError) as exc:
+        raise PolykitError(f"cannot write the model: {exc}", where=str(path),
+                           hint="check the directory exists and is writable") from exc
     return path

@@ -181,13 +181,9 @@ def save_replay(path: str | os.PathLike, replay: TacticReplay) -> Path:
     rows = [f"    {json.dumps(name)}: {json.dumps(entry, sort_keys=True)}" for name, entry in doc["layers"].items()]
     layers = "{\n" + ",\n".join(rows) + "\n  }" if rows else "{}"
     text = f'{{\n  "format": {doc["format"]},\n  "layers": {layers}\n}}\n'
-    path = Path(path)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write the tactic replay file: {exc}", where=str(path),
-                         hint="check that the folder exists and is writable") from exc
-    return path
+    from polykit.files import write_text
+
+    return write_text(path, text, "tactic replay file")
 
 
 def build_with_tactics(model: Any, tactics: "Mapping[str, str] | TacticReplay", config: Any = None) -> Any:

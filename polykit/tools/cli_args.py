@@ -1,7 +1,7 @@
 """Parsing of the CLI's value syntaxes (Polygraphy's): `--atol 1e-4 logits:1e-3`,
 `--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`,
-`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`; the builder options
-run, convert, bench and debug tactics share (`with_builder_options`, `channels_last_option`)
+`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`, `--inputs x:auto:auto`; the
+builder options run, convert, bench and debug tactics share (`with_builder_options`, `channels_last_option`)
 and the comparison options of run and debug tactics (`with_compare_options`).
 
 click takes one value per option occurrence, so `expand_multi_values` first rewrites
@@ -27,6 +27,8 @@ _NAME = r"[^\s\[\]]+"
 _TOL = re.compile(rf"^(?:(?P<name>{_NAME}):)?(?P<value>{_NUM})$")
 _RANGE = re.compile(rf"^(?:(?P<name>{_NAME}):)?\[\s*(?P<low>{_NUM})\s*,\s*(?P<high>{_NUM})\s*\]$")
 _SHAPE = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[\d\s,]*)\]$")
+#: a tensor name (or NAME:SPEC) that is neither an option nor a model file
+_TENSOR_NAME = re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$")
 _STAT = re.compile(r"^(?:(?P<name>.+):)?(?P<stat>elemwise|max|mean|median|quantile)$")
 
 #: option -> pattern its values must match (what expand_multi_values may consume)
@@ -37,8 +39,10 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--input-shapes": _SHAPE,
     "--check-error-stat": _STAT,
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
-    "--mark-outputs": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
-    "--mark": re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$"),
+    "--mark-outputs": _TENSOR_NAME,
+    "--mark": _TENSOR_NAME,
+    "--inputs": _TENSOR_NAME,
+    "--outputs": _TENSOR_NAME,
     "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
     "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
     "--show": re.compile(r"^(io|ops|layers|attrs|weights)$"),
@@ -248,17 +252,17 @@ def compare_settings(compare: str = "simple", atol: Sequence[str] = (), rtol: Se
 def with_builder_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared builder options; it receives them as `builder_options`,
     a dict of BuilderConfig fields (builder_config_options)."""
-    return _with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
+    return with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
 
 
 def with_compare_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared comparison options; it receives them as `compare_settings`,
     a dict of AccuracySettings fields (compare_settings)."""
-    return _with_options(command, COMPARE_OPTIONS, "compare_settings", compare_settings)
+    return with_options(command, COMPARE_OPTIONS, "compare_settings", compare_settings)
 
 
-def _with_options(command: Callable[..., Any], options: list[tuple[str, Any, Any]], param: str,
-                  convert: Callable[..., Any]) -> Callable[..., Any]:
+def with_options(command: Callable[..., Any], options: list[tuple[str, Any, Any]], param: str,
+                 convert: Callable[..., Any]) -> Callable[..., Any]:
     """`command` with `options` as keyword-only typer parameters, passed to it as `param=convert(**values)`."""
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != param]

@@ -1,22 +1,88 @@
-"""`polykit debug ...`: tools that find what makes a build wrong. `debug tactics` is a thin layer
-over polykit.tools.debug_tactics (whose docstring defines the good and bad assignments, the
-trials and the check): parse the options, call debug_tactics, print the culprits."""
+"""`polykit debug ...`: tools that find what makes a build wrong, each a thin layer over its
+Python API (whose docstring defines the search and the check): `debug tactics`
+(polykit.tools.debug_tactics), `debug reduce` (polykit.tools.debug_reduce), `debug precision`
+(polykit.tools.debug_precision). They share the options of the built-in check
+(CHECK_OPTIONS), the builder options and the comparison options; the renderers live in
+polykit.tools.debug_render."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Mapping, Optional
 
 import typer
 
-from polykit.tools.cli_args import channels_last_option, with_builder_options, with_compare_options
+from polykit.tools.cli_args import channels_last_option, with_builder_options, with_compare_options, with_options
+
+
+@dataclass(frozen=True)
+class CheckSetup:
+    """The values of CHECK_OPTIONS: the target and the build's inputs, and the built-in check's
+    feeds and reference."""
+
+    target: Optional[str] = None
+    channels_last: Optional[bool] = None
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    providers: tuple[str, ...] = ()
+    load_inputs: Optional[str] = None
+    load_outputs: Optional[str] = None
+    data_options: Any = None
+    validate: bool = False
+
+    def accuracy(self, compare_settings: Mapping[str, Any]) -> Any:
+        """AccuracySettings of the built-in check with the comparison options' values."""
+        from polykit.tools.accuracy import AccuracySettings
+
+        return AccuracySettings(**compare_settings, validate=self.validate, data_options=self.data_options)
+
+    def config(self, model: str, builder_options: Mapping[str, Any]) -> Any:
+        """The BuilderConfig of the build to debug (target: --target, else cuda when usable)."""
+        from polykit.compiler.config import BuilderConfig
+        from polykit.tools.run_cmd import resolve_target
+
+        return BuilderConfig(target=resolve_target(self.target, ["trt"], model), channels_last=self.channels_last,
+                             input_shapes=self.input_shapes, **builder_options)
+
+
+def check_setup(target: Optional[str] = None, channels_last: Optional[bool] = None, input_shapes: List[str] = (),
+                providers: List[str] = (), load_inputs: Optional[str] = None, load_outputs: Optional[str] = None,
+                seed: int = 1, val_range: List[str] = (), iterations: int = 1, validate: bool = False) -> CheckSetup:
+    from polykit.tools import cli_args
+    from polykit.tools.data_loader import DataLoaderOptions
+
+    shapes = cli_args.parse_input_shapes(input_shapes)
+    data = DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
+                             input_shapes=shapes)
+    return CheckSetup(target, channels_last, shapes, tuple(providers), load_inputs, load_outputs, data, validate)
+
+
+#: (parameter, annotation, typer option) of the options every debug command shares
+CHECK_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("target", Optional[str], typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable)")),
+    ("channels_last", Optional[bool], channels_last_option()),
+    ("input_shapes", List[str], typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]")),
+    ("providers", List[str], typer.Option([], "--providers", help="onnxruntime providers of the reference, e.g. cpu")),
+    ("load_inputs", Optional[str], typer.Option(None, "--load-inputs", help="the feeds (.npz or .json)")),
+    ("load_outputs", Optional[str], typer.Option(None, "--load-outputs",
+                                                 help="reference outputs instead of onnxruntime's")),
+    ("seed", int, typer.Option(1, "--seed", help="seed of the random data loader")),
+    ("val_range", List[str], typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs")),
+    ("iterations", int, typer.Option(1, "--iterations", help="how many feed dicts each check runs")),
+    ("validate", bool, typer.Option(False, "--validate", help="a NaN or Inf in an output fails a check")),
+]
+
+
+def with_debug_options(command: Any) -> Any:
+    """The builder, comparison and check options (`builder_options`, `compare_settings`, `setup`)."""
+    return with_builder_options(with_compare_options(with_options(command, CHECK_OPTIONS, "setup", check_setup)))
+
+
+JSON = typer.Option(False, "--json", help="print the result as JSON on stdout")
 
 
 def tactics(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
-    target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable)"),
-    channels_last: Optional[bool] = channels_last_option(),
-    input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     good_tactics: Optional[str] = typer.Option(None, "--good-tactics", metavar="FILE",
                                                help="a replay of a good build (default: each layer's conservative tactic)"),
     bad_tactics: Optional[str] = typer.Option(None, "--bad-tactics", metavar="FILE",
@@ -24,81 +90,107 @@ def tactics(
     check: Optional[str] = typer.Option(None, "--check", metavar="CMD",
                                         help="judge each trial by CMD's exit code (0: good); {tactics} becomes the path "
                                              "of a replay file of the trial's tactics"),
-    providers: List[str] = typer.Option([], "--providers", help="onnxruntime providers of the reference, e.g. cpu cuda"),
-    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="the feeds (.npz or .json)"),
-    load_outputs: Optional[str] = typer.Option(None, "--load-outputs", help="reference outputs instead of onnxruntime's"),
-    seed: int = typer.Option(1, "--seed", help="seed of the random data loader"),
-    val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
-    iterations: int = typer.Option(1, "--iterations", help="how many feed dicts each trial runs"),
-    validate: bool = typer.Option(False, "--validate", help="a NaN or Inf in an output fails a trial"),
     artifacts: Optional[str] = typer.Option(None, "--artifacts", metavar="DIR",
                                             help="write good.json, bad.json, fixed.json (replays) and culprits.json here"),
-    as_json: bool = typer.Option(False, "--json", help="print the culprits and the build count as JSON on stdout"),
+    as_json: bool = JSON,
     builder_options: Any = None,
     compare_settings: Any = None,
+    setup: Any = None,
 ) -> int:
-    from polykit.compiler.config import BuilderConfig
-    from polykit.tools import cli_args
-    from polykit.tools.accuracy import AccuracySettings
-    from polykit.tools.data_loader import DataLoaderOptions
+    from polykit.tools.debug_render import render_tactics
     from polykit.tools.debug_tactics import DebugOptions, debug_tactics
-    from polykit.tools.run_cmd import resolve_target
 
-    shapes = cli_args.parse_input_shapes(input_shapes)
-    accuracy = AccuracySettings(**compare_settings, validate=validate, data_options=DataLoaderOptions(
-        seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range), input_shapes=shapes))
-    options = DebugOptions(good_tactics=good_tactics, bad_tactics=bad_tactics, check=check, accuracy=accuracy,
-                           load_inputs=load_inputs, load_outputs=load_outputs, providers=tuple(providers),
-                           artifacts=artifacts)
-    config = BuilderConfig(target=resolve_target(target, ["trt"], model), channels_last=channels_last,
-                           input_shapes=shapes, **builder_options)
-    report = debug_tactics(model, config, options)
+    options = DebugOptions(good_tactics=good_tactics, bad_tactics=bad_tactics, check=check,
+                           accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
+                           load_outputs=setup.load_outputs, providers=setup.providers, artifacts=artifacts)
+    report = debug_tactics(model, setup.config(model, builder_options), options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        render(report, artifacts)
+        render_tactics(report, artifacts)
     return 0
 
 
-def render(report: Any, artifacts: Optional[str]) -> None:
-    """The bad build's verdict, then the culprits as a table (or that there are none)."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+def reduce(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model that fails"),
+    output: str = typer.Option(..., "--output", "-o", help="where to write the minimal failing subgraph"),
+    min_good: Optional[str] = typer.Option(None, "--min-good", metavar="FILE",
+                                           help="also write the passing subgraph nearest to the reduced one"),
+    check: Optional[str] = typer.Option(None, "--check", metavar="CMD",
+                                        help="judge each subgraph by CMD's exit code (0: passes); {model} becomes its "
+                                             "path, {inputs} that of an .npz of its feeds"),
+    as_json: bool = JSON,
+    builder_options: Any = None,
+    compare_settings: Any = None,
+    setup: Any = None,
+) -> int:
+    from polykit.compiler.onnx_export import save_model
+    from polykit.files import require_output_folder
+    from polykit.tools.debug_reduce import ReduceOptions, debug_reduce
+    from polykit.tools.debug_render import render_reduce
 
-    console = Console(highlight=False)
-    result = report.result
-    bad = result.bad
-    console.print(f"[bold]debug tactics[/]: {len(result.suspects)} layer(s) have other tactics in the bad build than in "
-                  f"the good one ({escape(report.good_source)})")
-    console.print(f"bad build: {'passes' if bad.passed else 'FAILS'}{_numbers(bad)}"
-                  + (f" ({escape(bad.detail)})" if bad.detail else ""))
-    if not result.culprits:
-        console.print(f"no culprits: the bad build passes the check ({report.builds} build(s))")
+    for option, path in (("--output", output), ("--min-good", min_good)):
+        if path:
+            require_output_folder(path, option)
+    options = ReduceOptions(check=check, accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
+                            load_outputs=setup.load_outputs, providers=setup.providers)
+    report = debug_reduce(model, setup.config(model, builder_options), options)
+    save_model(report.reduced.model, output)
+    wrote_good = bool(min_good and report.min_good is not None)
+    if wrote_good:
+        save_model(report.min_good.model, min_good)
+    if as_json:
+        doc = report.to_json()
+        doc["reduced"]["path"] = output
+        if doc["min_good"] is not None:
+            doc["min_good"]["path"] = min_good if wrote_good else None
+        typer.echo(json.dumps(doc, indent=2))
     else:
-        console.print(f"{len(result.culprits)} culprit(s) found in {report.builds} builds; with them on their good "
-                      "tactics the build passes. The error each introduces alone:")
-        grouped = any(c.group for c in result.culprits)
-        table = Table(show_edge=False, box=None)
-        table.add_column("layer", no_wrap=True)
-        for column in ("tactic", "good tactic", "max abs", "max rel") + (("fails only with",) if grouped else ()):
-            table.add_column(column, overflow="fold")
-        for c in result.culprits:
-            table.add_row(escape(c.layer), escape(c.tactic), escape(c.good_tactic),
-                          *(f"{v:.3g}" if v is not None else "-" for v in (c.alone.max_abs, c.alone.max_rel)),
-                          *((escape(", ".join(c.group)) or "-",) if grouped else ()))
-        console.print(table)
-    if artifacts:
-        console.print(f"wrote good.json, bad.json, fixed.json and culprits.json to {escape(artifacts)}")
+        render_reduce(report, output, min_good if wrote_good else None, bool(min_good))
+    return 0
 
 
-def _numbers(verdict: Any) -> str:
-    return f": max abs {verdict.max_abs:.3g}, max rel {verdict.max_rel:.3g}" if verdict.max_abs is not None else ""
+def precision(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE",
+                                         help="write the --layer-precisions value found to FILE"),
+    rank: str = typer.Option("layerwise", "--rank", help="how candidate nodes are ranked: layerwise (one build with "
+                                                         "every tensor marked) or isolated (one build per node)"),
+    timing_iterations: int = typer.Option(10, "--timing-iterations", min=0,
+                                          help="timed runs of each latency measurement (0: no timing)"),
+    as_json: bool = JSON,
+    builder_options: Any = None,
+    compare_settings: Any = None,
+    setup: Any = None,
+) -> int:
+    from polykit.files import require_output_folder, write_text
+    from polykit.tools.debug_precision import PrecisionOptions, debug_precision
+    from polykit.tools.debug_render import render_precision
+
+    if output:
+        require_output_folder(output, "--output")
+    options = PrecisionOptions(accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
+                               load_outputs=setup.load_outputs, providers=setup.providers, rank=rank,
+                               timing_iterations=timing_iterations)
+    report = debug_precision(model, setup.config(model, builder_options), options)
+    if output:
+        write_text(output, report.layer_precisions() + "\n", "--layer-precisions file")
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        render_precision(report, model, output)
+    return 0
 
 
 def register(app: typer.Typer) -> None:
     debug = typer.Typer(help="Find what makes a build wrong.", no_args_is_help=True)
     debug.command("tactics", help="Find the layers whose tactics make a build wrong: bisect between a good and a bad "
                                   "tactic assignment and name each culprit with the error it introduces.")(
-        with_builder_options(with_compare_options(tactics)))
+        with_debug_options(tactics))
+    debug.command("reduce", help="Shrink a failing model to a minimal failing subgraph: bisect over its nodes, then "
+                                 "drop them one by one; subgraph inputs are fed the values they have in the model.")(
+        with_debug_options(reduce))
+    debug.command("precision", help="Find a small set of ONNX nodes to keep in fp32 so that an --fp16/--bf16 build "
+                                    "meets the tolerances; print it as a --layer-precisions value.")(
+        with_debug_options(precision))
     app.add_typer(debug, name="debug")

@@ -18,11 +18,8 @@ built, the bad one included.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shlex
-import subprocess
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -33,12 +30,15 @@ from polykit.compiler.config import BuilderConfig
 from polykit.compiler.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
 from polykit.errors import UsageError
 from polykit.tools.accuracy import AccuracySettings
+from polykit.tools.debug_check import (artifacts_folder, check_argv, error_json, onnxrt_outputs, refuse_check_conflicts,
+                                       run_check, saved_reference, verdict, write_json)
 from polykit.tools.tactic_bisect import BisectResult, Verdict, bisect_tactics
 
 log = logging.getLogger("polykit")
 
 #: the placeholder of `check` that becomes the path of a replay file
 TACTICS_PLACEHOLDER = "{tactics}"
+CHECK_EXAMPLE = "polykit run MODEL --trt --onnxrt --load-tactics {tactics}"
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ class DebugReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "culprits": [{"layer": c.layer, "tactic": c.tactic, "good_tactic": c.good_tactic, "error": _error(c.alone),
+            "culprits": [{"layer": c.layer, "tactic": c.tactic, "good_tactic": c.good_tactic, "error": error_json(c.alone),
                           "group": list(c.group)} for c in self.result.culprits],
             "builds": self.builds,
             "suspects": list(self.result.suspects),
             "good": self.good_source,
-            "bad": {"passed": self.result.bad.passed, "error": _error(self.result.bad), "detail": self.result.bad.detail},
+            "bad": {"passed": self.result.bad.passed, "error": error_json(self.result.bad), "detail": self.result.bad.detail},
         }
 
 
@@ -95,8 +95,9 @@ def debug_tactics(model: Any, config: BuilderConfig | None = None, options: Debu
     if model_type(model) == "plan":
         raise UsageError("debug tactics builds the model again and again: it needs the ONNX model, not a plan",
                          where=str(model), hint="give the ONNX model the plan was built from")
-    _refuse_conflicts(options)
-    folder = _artifacts_folder(options.artifacts)
+    refuse_check_conflicts(options.check, TACTICS_PLACEHOLDER, CHECK_EXAMPLE, load_outputs=options.load_outputs,
+                           load_inputs=options.load_inputs)
+    folder = artifacts_folder(options.artifacts)
     config = config or BuilderConfig()
     good_file = load_replay(options.good_tactics) if options.good_tactics is not None else None
     if options.bad_tactics is not None:
@@ -145,15 +146,9 @@ def write_artifacts(folder: Path, report: DebugReport) -> list[Path]:
     """good.json, bad.json, fixed.json (replays) and culprits.json (the report and every trial)."""
     paths = [save_replay(folder / f"{name}.json", replay)
              for name, replay in (("good", report.good), ("bad", report.bad), ("fixed", report.fixed()))]
-    doc = {**report.to_json(), "trials": [{"bad_layers": list(on_bad), "passed": v.passed, "error": _error(v),
+    doc = {**report.to_json(), "trials": [{"bad_layers": list(on_bad), "passed": v.passed, "error": error_json(v),
                                            "detail": v.detail} for on_bad, v in report.result.trials]}
-    path = folder / "culprits.json"
-    try:
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write the culprits file: {exc}", where=str(path),
-                         hint="check that the --artifacts folder is writable") from exc
-    return paths + [path]
+    return paths + [write_json(folder / "culprits.json", doc, "culprits file")]
 
 
 class OutputTrials:
@@ -197,36 +192,12 @@ class OutputTrials:
         return results.feeds, results.outputs["trt"]
 
     def _reference(self, model: Any, options: DebugOptions) -> list[dict[str, Any]]:
-        from polykit.backends.onnxrt import OnnxrtRunner, SessionFromOnnx
-        from polykit.tools import results_io
-        from polykit.tools.comparator import Comparator
-
         if options.load_outputs is None:
-            runner = OnnxrtRunner(SessionFromOnnx(model, options.providers))
-            return Comparator.run([runner], feeds=self.feeds).outputs["onnxrt"]
-        saved = results_io.load_outputs(options.load_outputs)
-        name = next(iter(saved)) if len(saved) == 1 else "onnxrt" if "onnxrt" in saved else None
-        if name is None:
-            raise UsageError(f"the outputs file holds several runners' outputs ({', '.join(saved)}) and none named "
-                             "onnxrt", where=str(options.load_outputs),
-                             hint="save the reference alone: polykit run MODEL --onnxrt --save-outputs FILE")
-        if len(saved[name]) != len(self.feeds):
-            raise UsageError(f"the outputs file holds {len(saved[name])} iteration(s) of {name!r}, the feeds "
-                             f"{len(self.feeds)}", where=str(options.load_outputs),
-                             hint="give the inputs they were made from (--load-inputs) or the same --iterations")
-        return saved[name]
+            return onnxrt_outputs(model, self.feeds, options.providers)
+        return saved_reference(options.load_outputs, len(self.feeds))
 
     def _verdict(self, outputs: list[dict[str, Any]]) -> Verdict:
-        from polykit.tools.comparator import Comparator, RunResults
-
-        results = RunResults(feeds=self.feeds)
-        results.add("reference", self.reference)
-        results.add("trt", outputs)
-        report = Comparator.compare_accuracy(results, self.compare, validate=self.validate)
-        compared = [o for pair in report.pairs for o in pair.outputs]
-        detail = "; ".join([f"{o.name}: {o.message}" for _, o in report.failures()[:3]] + list(report.problems))
-        return Verdict(report.passed, max((o.max_abs for o in compared), default=0.0),
-                       max((o.max_rel for o in compared), default=0.0), detail)
+        return verdict(self.feeds, self.reference, outputs, self.compare, self.validate)
 
 
 class CommandTrials:
@@ -237,33 +208,13 @@ class CommandTrials:
     extra_builds = 1
 
     def __init__(self, command: str, layers: Sequence[Any], folder: Path):
-        self.argv, self.layers, self.folder, self.count = check_argv(command), layers, folder, 0
+        self.argv = check_argv(command, TACTICS_PLACEHOLDER, CHECK_EXAMPLE)
+        self.layers, self.folder, self.count = layers, folder, 0
 
     def __call__(self, assignment: Mapping[str, str]) -> Verdict:
         self.count += 1
         path = save_replay(self.folder / f"trial-{self.count}.json", _replay(assignment, self.layers, "trial"))
-        argv = [arg.replace(TACTICS_PLACEHOLDER, str(path)) for arg in self.argv]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True)
-        except OSError as exc:
-            raise UsageError(f"--check cannot run {argv[0]!r}: {exc.strerror or exc}",
-                             hint="give a command found on PATH, e.g. --check 'polykit run MODEL --trt --onnxrt "
-                                  "--load-tactics {tactics}'") from exc
-        log.debug("--check %s: exit code %d\n%s%s", shlex.join(argv), done.returncode, done.stdout, done.stderr)
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:]
-        return Verdict(done.returncode == 0, detail=f"exit code {done.returncode}" + (f": {last[0]}" if last else ""))
-
-
-def check_argv(command: str) -> list[str]:
-    """The words of a --check command; UsageError unless one holds {tactics}."""
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise UsageError(f"--check {command!r} is not a command line: {exc}") from None
-    if not any(TACTICS_PLACEHOLDER in arg for arg in argv):
-        raise UsageError(f"--check {command!r} has no {TACTICS_PLACEHOLDER}, so it cannot see the tactics to check",
-                         hint="e.g. --check 'polykit run MODEL --trt --onnxrt --load-tactics {tactics}'")
-    return argv
+        return run_check(self.argv, {TACTICS_PLACEHOLDER: str(path)}, CHECK_EXAMPLE)
 
 
 class _Progress:
@@ -298,36 +249,3 @@ def _replay(assignment: Mapping[str, str], layers: Sequence[Any], source: str) -
     """`assignment` forced on every layer, with the dtypes the bad build gave the layers."""
     return TacticReplay({layer.name: LayerChoice(assignment[layer.name], tuple(layer.in_dtypes), tuple(layer.out_dtypes))
                          for layer in layers}, source)
-
-
-def _refuse_conflicts(options: DebugOptions) -> None:
-    if options.check is None:
-        return
-    check_argv(options.check)
-    given = [flag for flag, value in (("--load-outputs", options.load_outputs), ("--load-inputs", options.load_inputs))
-             if value is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)} steer(s) the built-in check, which --check replaces",
-                         hint="give the inputs and outputs to the --check command instead")
-
-
-def _artifacts_folder(path: str | os.PathLike | None) -> Path | None:
-    """The --artifacts folder, made when missing (its parent must exist), checked before any build."""
-    if path is None:
-        return None
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--artifacts {str(folder)!r} is a file, not a folder", hint="give a folder to write into")
-    if not folder.parent.is_dir():
-        raise UsageError(f"--artifacts {str(folder)!r}: the folder {str(folder.parent)!r} does not exist",
-                         hint="create the parent folder first, or choose another path")
-    folder.mkdir(exist_ok=True)
-    return folder
-
-
-def _error(verdict: Verdict) -> dict[str, Any] | None:
-    """{"max_abs", "max_rel"} of a verdict (None when the check gave no numbers); inf/nan as strings."""
-    if verdict.max_abs is None:
-        return None
-    return {key: value if value == value and abs(value) != float("inf") else str(value)
-            for key, value in (("max_abs", verdict.max_abs), ("max_rel", verdict.max_rel))}
