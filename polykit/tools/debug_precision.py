@@ -190,10 +190,15 @@ class PrecisionTrials:
 
 
 def layerwise_ranking(trials: PrecisionTrials, candidates: list[str]) -> dict[str, float]:
-    """One low-precision build with every tensor marked, against onnxruntime's values of them."""
+    """One low-precision build with every tensor marked, against onnxruntime's values of them.
+    The marks are forced (BuilderConfig.mark_outputs), not observed: each node is scored on
+    its own outputs, so no fusion may hide them."""
     from polykit.backends.loaders import MARK_ALL, ModifyOutputs
 
-    plan = trials.plan((), mark_all=True)
+    g = trials.graph
+    names = tuple(dict.fromkeys(o for n in g.nodes if not (n.op_type == "Constant" and n.domain == "")
+                                for o in n.outputs if o and o not in g.outputs))
+    plan = trials.plan((), mark_outputs=names)
     feeds = trials.feeds[:1]
     actual = {**feeds[0], **trials.run(plan, feeds=feeds)[1][0]}
     reference = {**feeds[0], **onnxrt_outputs(ModifyOutputs(trials.model, outputs=MARK_ALL), feeds, trials.providers)[0]}
