@@ -223,13 +223,14 @@ DECLARED: list[CudaTactic] = []
 
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
-                workspace: WorkspaceFn = no_workspace, estimate: Any = None):
-    """Decorator for an enqueue function: declares a CudaTactic for layer `kind`."""
+                workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False):
+    """Decorator for an enqueue function: declares a CudaTactic for layer `kind` (`conservative`:
+    the kind's trusted plain kernel, `polykit debug tactics`' good side)."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
-                                   enqueue_fn=enqueue_fn))
+                                   enqueue_fn=enqueue_fn, conservative=conservative))
         return enqueue_fn
 
     return declare

@@ -154,7 +154,7 @@ cuda_tactic("Conv", "cuda.conv.direct", kernels=layer_variants("conv_direct"), p
 cuda_tactic("Conv", "cuda.conv.igemm_simt_wide", kernels=layer_variants("conv_igemm_simt_wide"), priority=4,
             supports=stored_as(*STORED, then=_plain), params=tile_params("conv_igemm_simt_wide"),
             workspace=tiled_workspace("conv_igemm_simt_wide", igemm_problem))(enqueue_igemm("conv_igemm_simt_wide"))
-cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5,
+cuda_tactic("Conv", "cuda.conv.igemm_simt", kernels=layer_variants("conv_igemm_simt"), priority=5, conservative=True,
             supports=stored_as(*STORED, then=_plain), params=tile_params("conv_igemm_simt"),
             workspace=tiled_workspace("conv_igemm_simt", igemm_problem))(enqueue_igemm("conv_igemm_simt"))
 cuda_tactic("ConvTranspose", "cuda.conv_transpose.direct", kernels=lambda layer: variants("conv_transpose_direct"),

@@ -35,5 +35,5 @@ def _mma(layer: Any) -> bool:
 for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_nhwc_igemm_simt", 5, supports_epilogue),
                                       ("conv_nhwc_igemm_simt_wide", 4, supports_epilogue)):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
-                priority=_priority, supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
+                priority=_priority, conservative=_kernel == "conv_nhwc_igemm_simt", supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
                 workspace=tiled_workspace(_kernel, igemm_problem))(enqueue_igemm(_kernel, REDUCE, FILE))

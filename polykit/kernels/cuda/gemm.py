@@ -245,6 +245,6 @@ for _kind in _PROBLEMS:
                 params=tile_params("gemm_simt_wide"), workspace=tiled_workspace("gemm_simt_wide", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt_wide"))
     cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"),
-                supports=stored_as(*STORED, then=supports_epilogue), priority=0,
+                supports=stored_as(*STORED, then=supports_epilogue), priority=0, conservative=True,
                 params=tile_params("gemm_simt"), workspace=tiled_workspace("gemm_simt", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt"))
