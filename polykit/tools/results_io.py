@@ -31,8 +31,9 @@ _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
 
 
-def _open_npz(path: Path) -> dict[str, Any]:
-    """name -> array of an .npz (each member read by npy_io: header checked against its bytes)."""
+def read_npz(path: Path) -> dict[str, Any]:
+    """name -> array of an .npz (each member read by npy_io: header checked against its bytes);
+    also the reader of INT8 calibration batches (polykit.compiler.calibrate)."""
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
         head = fh.read(len(_NPY_MAGIC))
@@ -160,7 +161,7 @@ def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Feeds from .npz or JSON (polykit's or Polygraphy's); DataFileError naming file and entry."""
     path = Path(path)
     if path.suffix != ".json":
-        return _split_iterations(_open_npz(path), str(path))
+        return _split_iterations(read_npz(path), str(path))
     doc = _read_json(path)
     if isinstance(doc, dict) and polygraphy_json.polygraphy_class(doc) is None and not _looks_like_outputs(doc):
         doc = [doc]
@@ -199,7 +200,7 @@ def load_outputs(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
         return {r: [_feed_dict(o, f"{path}: runner {r!r} iteration {i}") for i, o in enumerate(its)]
                 for r, its in doc.items()}
     per_runner: dict[str, dict[str, Any]] = {}
-    for key, arr in _open_npz(path).items():
+    for key, arr in read_npz(path).items():
         runner, sep, rest = key.partition("/")
         if not sep:
             raise DataFileError(f"unexpected key {key!r}", where=str(path), hint="keys must be '<runner>/<iteration>/<name>'")

@@ -98,7 +98,7 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     for base in graph.nodes:
         if not _takes_epilogue(base) or len(base.outputs) != 1:
             continue
-        chain = _chain(graph, base, readers, fixed)
+        chain = epilogue_chain(graph, base, readers, fixed)
         if not chain or any(id(n) in claimed for n in chain):
             continue
         try:
@@ -114,7 +114,9 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     return True
 
 
-def _chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
+def epilogue_chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
+    """The elementwise nodes after `base` an epilogue can take (each the sole reader of the one
+    before, same shape and dtype as base's output); also the INT8 layers' epilogue (fold_qdq)."""
     shape = graph.value(base.outputs[0]).shape
     if shape is None or any(d is None for d in shape):
         return []
