@@ -125,3 +125,14 @@ def test_cuda_builds_fall_back_to_float_until_its_int8_tactics_exist(caplog):
                                                               tensor_ranges={"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}))
     assert "cuda target has no INT8 tactics" in caplog.text
     assert not INT8_KINDS & {layer.kind for layer in plan.layers}
+
+
+@pytest.mark.parametrize("half", ["fp16", "bf16"])
+def test_int8_with_half_precision_keeps_int8_layers_float32_and_the_rest_half(half):
+    ranges = {"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}
+    plan = build_plan(load_onnx(convnet()), BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges, **{half: True}))
+    layers = {layer.name: layer for layer in plan.layers}
+    assert layers["conv2"].kind == "QConv" and layers["conv2"].out_dtypes == ("float32",)
+    assert layers["pool"].out_dtypes == ("float16" if half == "fp16" else "bfloat16",)
+    feeds = feeds_for(convnet(), 2)
+    assert cosine(run(plan, feeds), run(build_plan(load_onnx(convnet()), BuilderConfig(target="cpu")), feeds)) >= 0.99

@@ -158,3 +158,28 @@ def test_without_int8_tactics_the_model_runs_in_float_with_a_warning(tmp_path, c
     feeds = feeds_for(mlp(), 3)
     (ours,), (theirs,) = run_plan(plan, feeds).values(), run_onnxruntime(path, feeds).values()
     assert np.abs(ours - theirs).max() <= output_step(path) * 1.001
+
+
+def test_constant_node_scales_and_a_quantized_float_weight_fold_too(tmp_path):
+    # as a QAT export writes it: scales in Constant nodes, the weight QuantizeLinear'd from float
+    rng = np.random.default_rng(6)
+    scalar = lambda name, value: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))  # noqa: E731
+    nodes = [scalar("xs", np.array(0.02, np.float32)), scalar("xz", np.array(3, np.int8)),
+             scalar("ys", np.array(0.05, np.float32)), scalar("yz", np.array(0, np.int8)),
+             helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xdq"),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wq", axis=0),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wdq", axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["rq"], name="rq"),
+             helper.make_node("DequantizeLinear", ["rq", "ys", "yz"], ["y"], name="rdq")]
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
+             "ws": rng.uniform(0.002, 0.004, 4).astype(np.float32), "wz": np.zeros(4, np.int8)}
+    path = tmp_path / "qat.onnx"
+    onnx.save(_qdq_model(nodes, inits, [1, 3, 8, 8], [1, 4, 8, 8]), str(path))
+    plan = build_plan(str(path), BuilderConfig(target="cpu"))
+    conv = next(layer for layer in plan.layers if layer.name == "conv")
+    assert conv.kind == "QConv" and conv.out_dtypes == ("int8",)
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(run_plan(plan, feeds)["y"], run_onnxruntime(path, feeds)["y"])

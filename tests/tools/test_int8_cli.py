@@ -12,7 +12,6 @@ import pytest
 from polykit.compiler.calibration_cache import read_calibration_cache
 from polykit.compiler.plan import Plan
 from polykit.errors import UsageError
-from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import main
 from polykit.tools.cli_args import builder_config_options, calibration_source, parse_tensor_ranges
 from polykit.tools.data_loader import ScriptDataLoader
@@ -22,13 +21,7 @@ from tests.compiler.int8_models import feeds_for, small_resnet
 INT8_VS_FP32 = ["--compare", "cosine", "--cosine-tol", "0.01"]
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("POLYKIT_PLUGINS", raising=False)
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()
+pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ float32 epilogue, and a QuantizeLinear that is the chain's sole reader becomes i
 requantization (else the layer writes float32). What a layer takes: X per tensor; W constant
 for Conv and Gemm (per tensor, or per output channel: axis 0 of Conv's W, Gemm's N axis, the
 last axis of MatMul's B), a MatMul's B may be an activation quantized per tensor; int8 or
-uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0); a
-DequantizeLinear of constants as a bias is evaluated. Anything else (blocked scales, float16
+uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0). Constants
+are initializers, Constant nodes or Q/DQ of those (a QAT export's QuantizeLinear of a float
+weight, a DequantizeLinear of an int32 bias), evaluated here. Anything else (blocked scales, float16
 scales, per-axis activations, non-constant biases) stays as written: Q and DQ run as their own
 layers and the op in float, which computes exactly what the model says.
 
@@ -28,10 +29,12 @@ from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.int8 import F32, INT8_DTYPES
 from polykit.compiler.passes.fuse_bias_activation import epilogue_chain
 from polykit.compiler.passes.fuse_pointwise import body_step
-from polykit.compiler.passes.rewrite import const, json_safe, protected, sole_reader
+from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
 #: float op -> INT8 kind it folds into
 FOLDS = {"Conv": "QConv", "Gemm": "QMatMul", "MatMul": "QMatMul"}
+#: ops whose constant outputs the pass evaluates (it runs before constant folding)
+CONSTANT_OPS = frozenset({"Constant", "QuantizeLinear", "DequantizeLinear"})
 #: ONNX TensorProto codes a QuantizeLinear's output_dtype may name for a fused requantization
 _Q_CODES = {0: np.dtype(np.uint8), 2: np.dtype(np.uint8), 3: np.dtype(np.int8)}
 
@@ -53,11 +56,11 @@ def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequanti
     if node is None or node.op_type != "DequantizeLinear" or node.domain != "":
         return None
     source = graph.value(node.input(0))
-    scale = const(graph, node.input(1))
+    scale = constant_value(graph, node.input(1), producers)
     if (source.dtype not in INT8_DTYPES or source.shape is None or scale is None or scale.dtype != F32
             or int(node.attrs.get("block_size", 0)) > 0 or int(node.attrs.get("output_dtype", 0)) not in (0, 1)):
         return None
-    zero = const(graph, node.input(2)) if node.input(2) else np.zeros(scale.shape, source.dtype)
+    zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros(scale.shape, source.dtype)
     if zero is None or zero.dtype != source.dtype or zero.size != scale.size:
         return None
     if scale.size == 1:
@@ -66,17 +69,17 @@ def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequanti
     return Dequantized(node, node.input(0), scale.reshape(-1), zero.reshape(-1), axis)
 
 
-def requantizer(graph: Graph, node: Node | None) -> tuple[np.ndarray, np.ndarray] | None:
+def requantizer(graph: Graph, node: Node | None, producers: dict[str, Node]) -> tuple[np.ndarray, np.ndarray] | None:
     """(scale, zero point) of a per-tensor QuantizeLinear to int8/uint8, or None."""
     if node is None or node.op_type != "QuantizeLinear" or node.domain != "":
         return None
-    scale = const(graph, node.input(1))
+    scale = constant_value(graph, node.input(1), producers)
     code = int(node.attrs.get("output_dtype", 0))
     if scale is None or scale.dtype != F32 or scale.size != 1 or code not in _Q_CODES:
         return None
     if int(node.attrs.get("precision", 0)) not in (0, 1) or int(node.attrs.get("block_size", 0)) > 0:
         return None
-    zero = const(graph, node.input(2)) if node.input(2) else np.zeros((), _Q_CODES[code])
+    zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros((), _Q_CODES[code])
     if zero is None or zero.size != 1 or zero.dtype not in INT8_DTYPES:
         return None
     return scale.reshape(()), zero.reshape(())
@@ -102,7 +105,7 @@ def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: I
             chain = []
         last = chain[-1].outputs[0] if chain else base.outputs[0]
         q = sole_reader(graph, last, readers, fixed)
-        requant = requantizer(graph, q)
+        requant = requantizer(graph, q, producers)
         tail = chain + ([q] if requant is not None else [])
         node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant)
         if node is None:
@@ -110,11 +113,7 @@ def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: I
         replacements[id(tail[-1] if tail else base)] = node
         claimed.update(id(n) for n in tail)
         dead.extend([base, *tail[:-1]])
-    if not replacements:
-        return False
-    graph.nodes = [replacements.get(id(n), n) for n in graph.nodes]
-    graph.remove_nodes(dead)
-    return True
+    return replace_nodes(graph, replacements, dead)
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def _operands(graph: Graph, base: Node, producers: dict[str, Node]) -> _Operands
     w = dequantized(graph, base.input(1), producers)
     if x is None or w is None or x.axis is not None:
         return None
-    wq = const(graph, w.source)
+    wq = constant_value(graph, w.source, producers)
     rank = len(graph.value(w.source).shape)
     if base.op_type == "Conv":
         if wq is None or w.axis not in (None, 0):
@@ -156,19 +155,22 @@ def _with_bias(graph: Graph, base: Node, x: Dequantized, w: Dequantized, weight:
                bias_name: str, beta: float, channels: int, producers: dict[str, Node]) -> _Operands | None:
     if not bias_name:
         return _Operands(x, w, weight, attrs, alpha, None)
-    bias = _constant(graph, bias_name, producers)
+    bias = constant_value(graph, bias_name, producers)
     if bias is None or bias.dtype != F32 or bias.size not in (1, channels) or (bias.ndim == 2 and bias.shape[0] != 1):
         return None
     return _Operands(x, w, weight, attrs, alpha, np.broadcast_to(bias.reshape(-1) * np.float32(beta), (channels,)))
 
 
-def _constant(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
-    """An initializer, or the value of a DequantizeLinear of initializers (a quantized bias)."""
+def constant_value(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
+    """An initializer, a Constant node's value, or a QuantizeLinear / DequantizeLinear of those
+    (a quantized weight or bias), evaluated: this pass runs before constant folding."""
     value = const(graph, name)
-    node = producers.get(name)
-    if value is not None or node is None or node.op_type != "DequantizeLinear" or node.domain:
+    node = producers.get(name) if name else None
+    if value is not None or node is None or node.domain or node.op_type not in CONSTANT_OPS:
         return value
-    args = [const(graph, n) if n else None for n in node.inputs]
+    if node.op_type == "Constant":
+        return np.asarray(node.attrs["value"]) if "value" in node.attrs else None
+    args = [constant_value(graph, n, producers) if n else None for n in node.inputs]
     if any(a is None for n, a in zip(node.inputs, args) if n):
         return None
     from polykit.kernels.registry import run_reference
