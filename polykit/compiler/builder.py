@@ -1,9 +1,10 @@
 """The builder: Graph -> Plan (TensorRT's model: optimize, lower, pick tactics, plan memory).
 
 Pipeline: copy the graph -> apply input shapes (every input must end up static) ->
-infer shapes -> mark forced outputs -> optimizer passes (folding, fusion; forced outputs
-kept) -> lower to layers -> select a tactic per layer -> expose observed tensors that lie
-between layers (polykit.compiler.marking) -> plan the activation arena -> Plan.
+infer shapes -> mark forced outputs -> INT8 scales (calibration, polykit.compiler.quantize) ->
+optimizer passes (folding, fusion, quantization; forced outputs kept) -> lower to layers ->
+select a tactic per layer -> expose observed tensors that lie between layers
+(polykit.compiler.marking) -> plan the activation arena -> Plan.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
 
@@ -49,7 +51,7 @@ class Builder:
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g, lowered, tensors = optimize_and_lower(g, cfg, target)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target))
         selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
@@ -174,11 +176,12 @@ def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
         g.metadata["input_values"] = dict(values)
 
 
-def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = ()) -> Graph:
+def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = (),
+               int8: Int8Setup = Int8Setup()) -> Graph:
     """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph.
 
     `fp32_nodes`: nodes whose tensors stay float32 in an fp16/bf16 build, besides those the
-    config pins (fp32_layers, layer_precisions fp32/tf32)."""
+    config pins (fp32_layers, layer_precisions fp32/tf32). `int8`: what is quantized."""
     try:
         from polykit.compiler.passes import optimize
     except ImportError:
@@ -188,7 +191,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
     pinned = tuple(cfg.fp32_layers) + tuple(n for n, p in cfg.layer_precisions.items() if p in ("fp32", "tf32"))
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
-               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target)}
+               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target),
+               "int8": int8.fold, "int8_scales": dict(int8.scales)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -202,7 +206,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
 MAX_PRECISION_ROUNDS = 4
 
 
-def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
+def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
+                       int8: Int8Setup = Int8Setup()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
     """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
     half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
     the graph optimized again), unless precision constraints are "obey": then a BuildError."""
@@ -213,7 +218,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str) -> tuple[Graph
     device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
-        optimized = run_passes(g, cfg, keep, target, fp32_nodes)
+        optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
         infer_shapes(optimized, strict=False)
         lowered = lower(optimized)
         tensors = describe_tensors(optimized, lowered)

@@ -7,12 +7,14 @@ says how it was built.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from polykit.compiler.calibrate import CALIBRATORS
 from polykit.compiler.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
@@ -21,7 +23,7 @@ MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
 #: fields naming files a build reads or writes besides the model, and switches of the build
 #: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
 SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
-                        "error_on_timing_cache_miss"})
+                        "error_on_timing_cache_miss", "calibration_cache", "calibration_data"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
@@ -70,6 +72,16 @@ class BuilderConfig:
         layer's math: "obey" (a BuildError when no tactic can), "prefer" (a warning and the
         builder's choice), "none" (a hint: the builder chooses).
     strongly_typed: layers run in the model's own dtypes (no fp16/bf16/tf32 flags allowed).
+    int8: quantize Conv/Gemm/MatMul with float weights to INT8 layers from calibrated activation
+        scales (docs/INT8.md; a model carrying Q/DQ is folded into INT8 layers without it).
+    calibrator: "entropy" (TensorRT's KL-divergence threshold), "minmax" or "percentile"
+        (`percentile` percent of |x|, default 99.99).
+    calibration_data: the batches calibration runs: a folder of .npz files (or one .npz) of input
+        name -> array, or an iterable of feed dicts that can be iterated twice (a data loader).
+    calibration_cache: a calibration cache file: read when it exists (calibration skipped),
+        written after calibrating otherwise (polykit.compiler.calibration_cache).
+    tensor_ranges: tensor name -> (min, max): per-tensor dynamic ranges that override calibration
+        (the scale is max(|min|, |max|) / 127).
     """
 
     target: str | None = None
@@ -97,6 +109,12 @@ class BuilderConfig:
     layer_precisions: Mapping[str, str] = field(default_factory=dict, hash=False)
     strongly_typed: bool = False
     expose_tensors: tuple[str, ...] = ()
+    int8: bool = False
+    calibrator: str = "entropy"
+    percentile: float = 99.99
+    calibration_data: str | os.PathLike | Iterable[Mapping[str, Any]] | None = field(default=None, compare=False)
+    calibration_cache: str | os.PathLike | None = None
+    tensor_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -128,6 +146,7 @@ class BuilderConfig:
             object.__setattr__(self, "tactic_replay", TacticReplay.from_assignment(self.tactic_replay))
         self._check_tuning()
         self._check_precision()
+        self._check_int8()
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -164,11 +183,30 @@ class BuilderConfig:
             raise UsageError("a strongly typed build follows the model's dtypes; it takes no --fp16/--bf16/--tf32",
                              hint="drop --strongly-typed, or the precision flags")
 
+    def _check_int8(self) -> None:
+        if self.calibrator not in CALIBRATORS:
+            raise UsageError(f"unknown calibrator {self.calibrator!r}", hint=f"use one of: {', '.join(sorted(CALIBRATORS))}")
+        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)) \
+                or not 0 < self.percentile <= 100:
+            raise UsageError(f"percentile {self.percentile!r} is not a number in (0, 100]", hint="e.g. 99.99")
+        ranges = {}
+        for name, pair in dict(self.tensor_ranges or {}).items():
+            try:
+                low, high = (float(v) for v in pair)
+            except (TypeError, ValueError):
+                raise UsageError(f"the range of {name!r} is not (min, max): {pair!r}",
+                                 hint="e.g. tensor_ranges={'conv1_out': (-4.0, 6.0)}") from None
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high and max(-low, high) > 0):
+                raise UsageError(f"the range of {name!r} is not finite min <= max around a non-zero value: "
+                                 f"({low}, {high})")
+            ranges[str(name)] = (low, high)
+        object.__setattr__(self, "tensor_ranges", dict(sorted(ranges.items())))
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (shapes as lists) for plan metadata. The side files a build reads or
         writes (SIDE_FILES) are left out: they are not what the plan is, so a build that saves
         its tactics and one that replays them give the same plan bytes."""
-        d = {k: v for k, v in asdict(self).items() if k not in SIDE_FILES}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SIDE_FILES}
         d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
         d["input_values"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
                              for k, v in sorted(self.input_values.items())}
@@ -176,6 +214,7 @@ class BuilderConfig:
         d["expose_tensors"] = list(self.expose_tensors)
         d["fp32_layers"] = list(self.fp32_layers)
         d["layer_precisions"] = dict(self.layer_precisions)
+        d["tensor_ranges"] = {k: list(v) for k, v in self.tensor_ranges.items()}
         return d
 
     @staticmethod
@@ -189,4 +228,6 @@ class BuilderConfig:
                 known[key] = tuple(known[key])
         if "fp32_layers" in known:
             known["fp32_layers"] = tuple(known["fp32_layers"])
+        if "tensor_ranges" in known:
+            known["tensor_ranges"] = {k: tuple(v) for k, v in known["tensor_ranges"].items()}
         return BuilderConfig(**known)

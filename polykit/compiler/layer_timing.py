@@ -20,6 +20,7 @@ import numpy as np
 from polykit.compiler.dtypes import is_float
 from polykit.compiler.lower import layer_as_node
 from polykit.compiler.ops.fused import rename_fused_tensor
+from polykit.compiler.ops.int8 import INT8_DTYPES, is_int8_layer
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 
@@ -62,20 +63,26 @@ class Measured:
 
 def timeable(layer: LayerDesc, tensors: Mapping[str, TensorDesc]) -> bool:
     """Whether random inputs are valid for the layer: its non-weight inputs are all float or
-    bool (integer inputs index or give shapes; random ones could be out of range)."""
+    bool (integer inputs index or give shapes; random ones could be out of range), or it is an
+    INT8 layer (any int8/uint8 value is a valid quantized activation)."""
+    int8 = is_int8_layer(layer)
     for name in layer.inputs:
         t = tensors.get(name) if name else None
         if t is None or t.kind == "weight":
             continue
-        if not (is_float(t.np_dtype) or t.np_dtype == np.bool_):
+        if not (is_float(t.np_dtype) or t.np_dtype == np.bool_ or int8 and t.np_dtype in INT8_DTYPES):
             return False
     return True
 
 
 def random_input(desc: TensorDesc, rng: np.random.Generator) -> np.ndarray:
-    """Non-zero values of the tensor's shape and dtype, inside most ops' domains (0.5..1.5)."""
+    """Non-zero values of the tensor's shape and dtype, inside most ops' domains (0.5..1.5);
+    int8/uint8 over most of their range."""
     if desc.np_dtype == np.bool_:
         return rng.random(desc.shape) < 0.5
+    if desc.np_dtype in INT8_DTYPES:
+        low = 1 if desc.np_dtype == np.uint8 else -100
+        return rng.integers(low, 101, desc.shape).astype(desc.np_dtype)
     return rng.uniform(0.5, 1.5, desc.shape).astype(desc.np_dtype)
 
 

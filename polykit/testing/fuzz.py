@@ -1,15 +1,16 @@
-"""Structure-aware fuzzing of the files polykit reads: plans, ONNX models, saved data.
+"""Structure-aware fuzzing of the files polykit reads: plans, ONNX models, saved data,
+INT8 calibration caches.
 
-    python -m polykit.testing.fuzz --cases 1000            # per file type; --kind plan|onnx|data
+    python -m polykit.testing.fuzz --cases 1000            # per file type; --kind plan|onnx|data|calibration
     python -m polykit.testing.fuzz --cases 200 --json      # a machine-readable report
 
 A case takes a valid file from a small corpus built here, changes it field by field
 (polykit.testing.mutate) -- a plan's JSON metadata with its lengths and checksum
 recomputed, an ONNX protobuf field, a member or header of an .npz, a value of a JSON data
-file -- and gives it to polykit the way a user would: a plan is loaded (its schema check)
+file, a line of a calibration cache -- and gives it to polykit the way a user would: a plan is loaded (its schema check)
 and run on the cpu target (a cuda plan: its kernel sources rendered); a model is imported,
 built, its plan round-tripped through the loader, and run; a data file is loaded, then
-compared and fed to an engine. The outcome must be success or a PolykitError. Anything
+compared and fed to an engine; a calibration cache builds the INT8 plan it is read for. The outcome must be success or a PolykitError. Anything
 else is a crash, a case that runs past `timeout` seconds a hang, and a plan the builder
 wrote that the loader then rejects a self-check failure. The process runs under a memory
 limit (RLIMIT_AS) so that a mutated shape of 2**40 fails fast instead of swapping.
@@ -33,10 +34,11 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.errors import PlanError, PolykitError
+from polykit.testing.fuzz_calibration import calibration_corpus, mutate_calibration
 from polykit.testing.fuzz_corpus import DataFile, data_corpus, mutate_data, plan_corpus, seed_models
 from polykit.testing.mutate import pick, mutate_bytes, mutate_json, mutate_proto
 
-KINDS = ("plan", "onnx", "data")
+KINDS = ("plan", "onnx", "data", "calibration")
 #: outcomes that fail a fuzz run
 FAILURES = ("crash", "hang", "self-check")
 
@@ -169,6 +171,15 @@ def _run_data_file(file: DataFile, data: bytes, workdir: Path, engine_plan: Any)
                 ctx.execute(feed)
 
 
+def _run_calibration_cache(data: bytes, workdir: Path, model: Any) -> None:
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    path = workdir / "fuzz.cache"
+    path.write_bytes(data)
+    _execute(build_plan(model, BuilderConfig(target="cpu", int8=True, calibration_cache=str(path))))
+
+
 # ---- the run -------------------------------------------------------------------------------------
 def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: float = 20.0,
          progress: Callable[[str], None] | None = None) -> FuzzReport:
@@ -187,6 +198,7 @@ def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: flo
                 "plan": plan_corpus(models),
                 "onnx": [(name, m.SerializeToString()) for name, m in models.items()],
                 "data": data_corpus(workdir, mlp_plan),
+                "calibration": calibration_corpus(),
             }
             for kind in kinds:
                 rng = np.random.default_rng([seed, KINDS.index(kind)])
@@ -198,6 +210,7 @@ def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: flo
                         "plan": lambda: _run_plan_bytes(data),
                         "onnx": lambda: _run_model_bytes(data, workdir),
                         "data": lambda: _run_data_file(original, data, workdir, mlp_plan),
+                        "calibration": lambda: _run_calibration_cache(data, workdir, models["mlp"]),
                     }[kind]
                     outcome, detail = run_case(action, timeout)
                     report.results.append(CaseResult(kind, index, source, mutation, outcome, detail))
@@ -239,6 +252,8 @@ def _mutate(kind: str, original: Any, rng: np.random.Generator) -> tuple[bytes, 
             model, note = mutate_proto(model, rng)
             notes.append(note)
         return model.SerializeToString(), "; ".join(notes)
+    if kind == "calibration":
+        return mutate_calibration(original, rng, steps)
     return mutate_data(original, rng, steps)
 
 

@@ -1,7 +1,8 @@
 """Parsing of the CLI's value syntaxes (Polygraphy's): `--atol 1e-4 logits:1e-3`,
 `--val-range x:[-1,1]`, `--input-shapes x:[1,3,224,224]`, `--check-error-stat out:max`,
-`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`, `--inputs x:auto:auto`; the
-builder options run, convert, bench and debug tactics share (`with_builder_options`, `channels_last_option`)
+`--layer-precisions conv1:fp32`, `--memory-pool-limit workspace:64M`, `--inputs x:auto:auto`,
+`--tensor-ranges x:-1,1`; the builder options run, convert, bench and debug tactics share
+(`with_builder_options`, `channels_last_option`)
 and the comparison options of run and debug tactics (`with_compare_options`).
 
 click takes one value per option occurrence, so `expand_multi_values` first rewrites
@@ -46,6 +47,7 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
     "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
     "--show": re.compile(r"^(io|ops|layers|attrs|weights)$"),
+    "--tensor-ranges": re.compile(rf"^.+:(?:{_NUM}),(?:{_NUM})$"),
 }
 
 
@@ -181,6 +183,30 @@ def parse_layer_precisions(values: Sequence[str]) -> dict[str, str]:
     return table
 
 
+_TENSOR_RANGE = re.compile(rf"^(?P<name>.+):(?P<low>{_NUM}),(?P<high>{_NUM})$")
+
+
+def parse_tensor_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """['x:-1,1', '/conv1/Conv_output_0:0,6.5'] -> {'x': (-1.0, 1.0), ...} (a name may hold ':')."""
+    table: dict[str, tuple[float, float]] = {}
+    for v in values:
+        m = _TENSOR_RANGE.match(v.strip())
+        if m is None:
+            raise UsageError(f"--tensor-ranges {v!r} is not NAME:MIN,MAX", hint="e.g. --tensor-ranges input:-2.5,2.5")
+        table[m["name"]] = (_num(m["low"]), _num(m["high"]))
+    return table
+
+
+def calibration_source(value: str | None) -> Any:
+    """--calibration-data: a folder of .npz batches or one .npz (the path), or a data loader
+    script FILE.py[:FUNC] (a ScriptDataLoader)."""
+    if value is None or not re.search(r"\.py(:[A-Za-z_][A-Za-z0-9_]*)?$", value):
+        return value
+    from polykit.tools.data_loader import ScriptDataLoader
+
+    return ScriptDataLoader(value)
+
+
 #: (parameter, annotation, typer option) of the builder options shared by run, convert and bench
 BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("fp16", bool, typer.Option(False, "--fp16", help="let float layers run in half precision (float16)")),
@@ -200,6 +226,16 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                       help="write the tactic timings (merged into the file)")),
     ("error_on_timing_cache_miss", bool, typer.Option(False, "--error-on-timing-cache-miss",
                                                       help="fail when a layer to time is not in the loaded cache")),
+    ("int8", bool, typer.Option(False, "--int8", help="quantize Conv/Gemm/MatMul to INT8 from calibrated ranges")),
+    ("calibrator", str, typer.Option("entropy", "--calibrator", help="entropy|minmax|percentile (with --int8)")),
+    ("percentile", float, typer.Option(99.99, "--percentile", help="percent of |x| --calibrator percentile keeps")),
+    ("calibration_data", Optional[str], typer.Option(None, "--calibration-data", metavar="DIR",
+                                                     help="calibration batches: a folder of .npz (input name -> "
+                                                          "array), one .npz, or a FILE.py[:FUNC] data loader")),
+    ("calibration_cache", Optional[str], typer.Option(None, "--calibration-cache", metavar="FILE",
+                                                      help="read INT8 scales from FILE if it exists, else calibrate "
+                                                           "and write them there")),
+    ("tensor_ranges", List[str], typer.Option([], "--tensor-ranges", help="dynamic range per tensor: NAME:MIN,MAX")),
 ]
 
 
@@ -207,8 +243,10 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            precision_constraints: str = "none", layer_precisions: Sequence[str] = (),
                            strongly_typed: bool = False, builder_optimization_level: int = 3,
                            memory_pool_limit: Sequence[str] = (), load_timing_cache: str | None = None,
-                           save_timing_cache: str | None = None,
-                           error_on_timing_cache_miss: bool = False) -> dict[str, Any]:
+                           save_timing_cache: str | None = None, error_on_timing_cache_miss: bool = False,
+                           int8: bool = False, calibrator: str = "entropy", percentile: float = 99.99,
+                           calibration_data: str | None = None, calibration_cache: str | None = None,
+                           tensor_ranges: Sequence[str] = ()) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -217,6 +255,9 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "workspace_limit": parse_memory_pool_limits(memory_pool_limit).get("workspace"),
         "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
         "error_on_timing_cache_miss": error_on_timing_cache_miss,
+        "int8": int8, "calibrator": calibrator, "percentile": percentile,
+        "calibration_data": calibration_source(calibration_data), "calibration_cache": calibration_cache,
+        "tensor_ranges": parse_tensor_ranges(tensor_ranges),
     }
 
 

@@ -33,8 +33,9 @@ _FEED_KEY = re.compile(r"^\d+/.")
 _OUTPUT_KEY = re.compile(r"^[^/]+/\d+/.")
 
 
-def _open_npz(path: Path) -> dict[str, Any]:
-    """name -> array of an .npz (each member read by npy_io: header checked against its bytes)."""
+def open_npz(path: Path) -> dict[str, Any]:
+    """name -> array of an .npz (each member read by npy_io: header checked against its bytes);
+    also the reader of INT8 calibration batches (polykit.compiler.calibrate)."""
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
         head = fh.read(len(NPY_MAGIC))
@@ -192,7 +193,7 @@ def _folder_files(folder: Path) -> list[Path]:
 
 
 def _npz_outputs(path: Path) -> dict[str, list[dict[str, Any]]]:
-    flat = _open_npz(path)
+    flat = open_npz(path)
     layout = npz_layout(flat)
     if layout == "plain":
         return {path.stem: [flat]}
@@ -214,7 +215,7 @@ def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [feed for f in _folder_files(path) for feed in _json_feeds(_read_json(f), str(f))]
     if path.suffix == ".json":
         return _json_feeds(_read_json(path), str(path))
-    flat = _open_npz(path)
+    flat = open_npz(path)
     layout = npz_layout(flat)
     if layout == "outputs":
         raise DataFileError("the archive holds saved outputs (keys '<runner>/<iteration>/<name>'), not inputs",
@@ -247,7 +248,7 @@ def load_data(path: str | os.PathLike) -> tuple[str, Any]:
     elif path.suffix == ".json":
         kind = _json_kind(_read_json(path))
     else:
-        flat = _open_npz(path)
+        flat = open_npz(path)
         kind = {"plain": "arrays", "feeds": "feeds", "outputs": "outputs"}[npz_layout(flat)]
         if kind == "arrays":
             return kind, flat

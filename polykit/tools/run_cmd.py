@@ -110,6 +110,10 @@ def run(
     shapes = cli_args.parse_input_shapes(input_shapes)
     if data_loader_script:
         data_loader = "script"
+        if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
+            from polykit.tools.data_loader import ScriptDataLoader
+
+            builder_options = {**builder_options, "calibration_data": ScriptDataLoader(data_loader_script)}
     settings = AccuracySettings(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),

@@ -86,7 +86,7 @@ def _body_of(node: Node) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | 
     if node.op_type == "Pointwise":
         return node.attrs.get("body"), None
     epi = node.attrs.get("epilogue")
-    if node.op_type in EPILOGUE_ARITY and epi:
+    if epi:  # the float kinds of EPILOGUE_ARITY and the INT8 layers (ops/int8.py)
         return epi["body"], epi
     return None, None
 
@@ -134,7 +134,7 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
     return results
 
 
-def _decode_json_attrs(node: Node, ctx: ImportContext) -> None:
+def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
     for key in ("body", "epilogue"):
         if isinstance(node.attrs.get(key), str):
@@ -142,7 +142,7 @@ def _decode_json_attrs(node: Node, ctx: ImportContext) -> None:
 
 
 for _op in ("Pointwise", "Attention", *EPILOGUE_ARITY):
-    importer(_op, since=1, domain=POLYKIT_DOMAIN)(_decode_json_attrs)
+    importer(_op, since=1, domain=POLYKIT_DOMAIN)(decode_json_attrs)
 
 
 @shape_rule("Pointwise", domain=POLYKIT_DOMAIN)

@@ -1,6 +1,7 @@
 """QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear: shape/dtype rules.
 
-Granularity follows the scale's shape: scalar (per tensor), 1-D (per `axis`) or, with
+Granularity follows the scale's shape: scalar or one value (per tensor: `axis` is ignored, as
+onnxruntime's quantizer relies on for rank-1 biases), 1-D (per `axis`) or, with
 block_size > 0, the input's rank (blocked along `axis`). Every opset form (10..25) reads
 the same in this canonical form, so no importer is needed; float8, 4-bit and 2-bit types
 are numpy dtypes through ml_dtypes (polykit.compiler.dtypes).
@@ -40,7 +41,7 @@ def _check_scale(ctx: InferContext) -> None:
     if len(scale) > 1:
         raise ctx.fail(f"scale must be a scalar or 1-D (per axis), got shape {scale}",
                        hint="set block_size for blocked quantization")
-    if len(scale) == 1 and len(x) > 0:
+    if len(scale) == 1 and len(x) > 0 and scale[0] != 1:  # one value is per tensor: `axis` is not read
         axis = ctx.normalize_axis(int(ctx.attr("axis", 1)), len(x))
         if isinstance(scale[0], int) and isinstance(x[axis], int) and scale[0] not in (1, x[axis]):
             raise ctx.fail(f"per-axis scale has {scale[0]} entries, axis {axis} of X has {x[axis]}")

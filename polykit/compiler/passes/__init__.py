@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph
@@ -21,9 +21,11 @@ from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
+from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.hoist_activations import hoist_activations
+from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
@@ -35,7 +37,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last",
+    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -90,7 +92,7 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
-             channels_last: bool = False) -> Graph:
+             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -101,6 +103,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     with their neighbours.
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
     layout group; cancel_transposes then removes the Transposes between them).
+    `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
+    Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
+    scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -108,11 +113,18 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
         cleanup.insert(0, bind(fold_constants, keep=kept))
+    fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers))
+    if int8 and fuse:
+        run_passes(g, [fold_int8], check)
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
+    if int8 and int8_scales:
+        quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers))
+        if run_passes(g, [quantize, fold_int8], check):
+            run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
         layout.insert(0, bind(to_channels_last, keep=kept))

@@ -15,7 +15,7 @@ import numpy as np
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.fused import EPILOGUE_ARITY, POLYKIT_BASES
 from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
-from polykit.compiler.passes.rewrite import const, json_safe, protected, sole_reader
+from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
 
 def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
@@ -98,7 +98,7 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     for base in graph.nodes:
         if not _takes_epilogue(base) or len(base.outputs) != 1:
             continue
-        chain = _chain(graph, base, readers, fixed)
+        chain = epilogue_chain(graph, base, readers, fixed)
         if not chain or any(id(n) in claimed for n in chain):
             continue
         try:
@@ -107,14 +107,12 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
             continue
         claimed.update(id(n) for n in chain)
         dead.extend([base, *chain[:-1]])
-    if not replacements:
-        return False
-    graph.nodes = [replacements.get(id(n), n) for n in graph.nodes]
-    graph.remove_nodes(dead)
-    return True
+    return replace_nodes(graph, replacements, dead)
 
 
-def _chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
+def epilogue_chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
+    """The elementwise nodes after `base` an epilogue can take (each the sole reader of the one
+    before, same shape and dtype as base's output); also the INT8 layers' epilogue (fold_qdq)."""
     shape = graph.value(base.outputs[0]).shape
     if shape is None or any(d is None for d in shape):
         return []

@@ -13,7 +13,7 @@ import json
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.fused import POINTWISE_OPS
-from polykit.compiler.passes.rewrite import json_safe, protected
+from polykit.compiler.passes.rewrite import json_safe, protected, replace_nodes
 from polykit.compiler.registry import is_supported
 
 
@@ -59,11 +59,7 @@ def fuse_pointwise(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
         assigned.update(id(n) for n in group)
         replacements[id(root)] = _pointwise_node(graph, root, group, fixed)
         dead.extend(n for n in group if n is not root)
-    if not replacements:
-        return False
-    graph.nodes = [replacements.get(id(n), n) for n in graph.nodes]
-    graph.remove_nodes(dead)
-    return True
+    return replace_nodes(graph, replacements, dead)
 
 
 def _grow(graph: Graph, root: Node, producers: dict[str, Node], readers: dict[str, list[Node]],

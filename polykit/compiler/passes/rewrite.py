@@ -36,6 +36,16 @@ def rename_produced(graph: Graph, old: str, new: str) -> None:
         graph.values[new] = graph.values.pop(old).with_(name=new)
 
 
+def replace_nodes(graph: Graph, replacements: dict[int, Node], dead: list[Node]) -> bool:
+    """Put each replacement where the node of its key (`id(node)`) stands and drop `dead`;
+    True if anything was replaced (the fusion passes' last step)."""
+    if not replacements:
+        return False
+    graph.nodes = [replacements.get(id(n), n) for n in graph.nodes]
+    graph.remove_nodes(dead)
+    return True
+
+
 def const(graph: Graph, name: str) -> np.ndarray | None:
     """The constant value of `name` (an initializer), or None."""
     return graph.initializers.get(name) if name else None

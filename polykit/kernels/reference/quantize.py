@@ -13,10 +13,10 @@ from polykit.kernels.registry import reference
 def _broadcast_param(p: np.ndarray, x: np.ndarray, node) -> np.ndarray:
     """A scale / zero point shaped to broadcast against x (per tensor, axis or block)."""
     p = np.asarray(p)
-    if p.ndim == 0 or p.size == 1 and x.ndim == 0:
+    block = int(node.attrs.get("block_size", 0))
+    if p.size == 1 and block <= 0 or x.ndim == 0:  # per tensor: `axis` is not read
         return p.reshape(())
     axis = int(node.attrs.get("axis", 1)) % x.ndim
-    block = int(node.attrs.get("block_size", 0))
     if block > 0:
         return np.repeat(p, block, axis=axis)[tuple(slice(0, n) for n in x.shape)]
     return p.reshape([-1 if i == axis else 1 for i in range(x.ndim)])

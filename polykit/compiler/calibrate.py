@@ -1,0 +1,213 @@
+"""INT8 calibration: activation thresholds from representative data (TensorRT's calibrators).
+
+The fp32 engine of the graph *before fusion* runs over the data (`calibration_engine`: a plan
+built with fusion off and every calibrated tensor marked as an output, so the names are the
+model's own and a cache stays valid across builds), on the build's target. Memory stays
+bounded: the first pass keeps each tensor's max |x|, the second (entropy and percentile) a
+histogram of |x| in HIST_BINS bins over [0, max |x|]; no activation is stored.
+
+Calibrators (CALIBRATORS; a threshold t gives the symmetric int8 scale t / 127):
+
+  minmax      t = max |x|
+  percentile  t = the upper edge of the first bin where the cumulative share of |x| reaches
+              `percentile` percent
+  entropy     TensorRT's, as NVIDIA's pytorch-quantization writes it: the first bin (where
+              ReLU's zeros land) takes the second's count; then for each candidate i = 128 ..
+              2048 kept bins, P = the first i bins with the outliers (every count beyond) added
+              to the last kept bin; Q = the first i bins (outliers not folded) merged into 128
+              levels (bin b in level b * 128 // i), each level's count spread evenly over the
+              bins of its level that are non-zero, expanded back to i bins; KL(P || Q) of the
+              normalized P and Q (infinite where Q is 0 and P is not). t = i * bin width for
+              the largest i of least divergence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from polykit.errors import DataFileError, UsageError
+
+log = logging.getLogger("polykit")
+
+HIST_BINS = 2048
+QUANT_LEVELS = 128
+QMAX = 127
+
+
+def entropy_threshold(hist: np.ndarray, bin_width: float) -> float:
+    """TensorRT's entropy threshold of a |x| histogram (module docstring)."""
+    hist = np.asarray(hist, np.float64).copy()
+    hist[0] = hist[1]  # ReLU's zeros would weigh on every candidate alike
+    outliers = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # outliers[i] = sum(hist[i:])
+    best, best_kl = len(hist), np.inf
+    for i in range(QUANT_LEVELS, len(hist) + 1):
+        sliced = hist[:i]
+        p = sliced.copy()
+        p[-1] += outliers[i]
+        level = np.arange(i) * QUANT_LEVELS // i
+        nonzero = sliced > 0
+        level_sum = np.bincount(level, weights=sliced, minlength=QUANT_LEVELS)
+        level_nonzero = np.bincount(level, weights=nonzero, minlength=QUANT_LEVELS)
+        q = np.where(nonzero, level_sum[level] / np.maximum(level_nonzero[level], 1), 0.0)
+        kl = _kl_divergence(p, q)
+        if kl <= best_kl:
+            best, best_kl = i, kl
+    return best * bin_width
+
+
+def _kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    p_total, q_total = p.sum(), q.sum()
+    if p_total == 0:
+        return 0.0
+    mask = p > 0
+    if q_total == 0 or np.any(q[mask] == 0):
+        return np.inf
+    pn, qn = p[mask] / p_total, q[mask] / q_total
+    return float(np.sum(pn * np.log(pn / qn)))
+
+
+def percentile_threshold(hist: np.ndarray, bin_width: float, percentile: float) -> float:
+    """The upper edge of the first bin where the cumulative share of counts reaches `percentile` %."""
+    cumulative = np.cumsum(np.asarray(hist, np.float64))
+    if cumulative[-1] == 0:
+        return 0.0
+    k = int(np.searchsorted(cumulative, cumulative[-1] * percentile / 100.0))
+    return min(k + 1, len(hist)) * bin_width
+
+
+@dataclass(frozen=True)
+class Calibrator:
+    """A threshold from max |x| and, when `histogram`, the |x| histogram over [0, max |x|]."""
+
+    name: str
+    histogram: bool
+    threshold: Callable[[float, np.ndarray | None, float], float]  # (amax, hist, percentile) -> t
+
+
+CALIBRATORS = {c.name: c for c in (
+    Calibrator("minmax", False, lambda amax, hist, pct: amax),
+    Calibrator("entropy", True, lambda amax, hist, pct: entropy_threshold(hist, amax / HIST_BINS)),
+    Calibrator("percentile", True, lambda amax, hist, pct: percentile_threshold(hist, amax / HIST_BINS, pct)),
+)}
+
+
+def scale_of(threshold: float) -> float:
+    """The int8 scale of a symmetric threshold (1 for a tensor that is always zero)."""
+    return float(np.float32(threshold / QMAX)) if threshold > 0 else 1.0
+
+
+@dataclass
+class _Stats:
+    amax: dict[str, float] = field(default_factory=dict)
+    hist: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def calibrate(graph: Any, names: list[str], data: Any, target: str, calibrator: str = "entropy",
+              percentile: float = 99.99) -> dict[str, float]:
+    """Scale of each tensor in `names` (graph inputs or node outputs of the unfused graph)
+    over the batches of `data` (calibration_batches), on `target`."""
+    chosen = CALIBRATORS[calibrator]
+    batches = calibration_batches(data)
+    stats = _Stats({n: 0.0 for n in names})
+    with calibration_engine(graph, names, target) as engine:
+        _run(engine, batches, names, "calibrating: ranges", lambda name, x: _update_amax(stats, name, x))
+        if chosen.histogram:
+            stats.hist = {n: np.zeros(HIST_BINS, np.int64) for n in names}
+            _run(engine, batches, names, "calibrating: histograms", lambda name, x: _update_hist(stats, name, x))
+    return {n: scale_of(chosen.threshold(stats.amax[n], stats.hist.get(n), percentile)) for n in names}
+
+
+def _finite_abs(x: np.ndarray) -> np.ndarray:
+    a = np.abs(x.ravel())
+    return a[np.isfinite(a)]
+
+
+def _update_amax(stats: _Stats, name: str, x: np.ndarray) -> None:
+    a = _finite_abs(x)
+    if a.size:
+        stats.amax[name] = max(stats.amax[name], float(np.max(a)))
+
+
+def _update_hist(stats: _Stats, name: str, x: np.ndarray) -> None:
+    amax = stats.amax[name]
+    a = _finite_abs(x)
+    if amax > 0 and a.size:  # data beyond the first pass's max (a loader that changed) counts in the last bin
+        counts, _ = np.histogram(np.minimum(a, amax), bins=HIST_BINS, range=(0.0, amax))
+        stats.hist[name] += counts
+
+
+def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[str], what: str,
+         update: Callable[[str, np.ndarray], None]) -> None:
+    from polykit.compiler.tuner import progress_bar
+
+    total = len(batches) if hasattr(batches, "__len__") else None
+    context = engine.create_execution_context()
+    seen = 0
+    try:
+        with progress_bar(total, what) as advance:
+            for seen, feeds in enumerate(batches, start=1):
+                outputs = context.execute(feeds)
+                for name in names:
+                    value = outputs[name] if name in outputs else feeds[name]
+                    update(name, np.asarray(value, np.float32))
+                advance(f"batch {seen}")
+    finally:
+        context.close()
+    if not seen:
+        raise UsageError("the calibration data holds no batch", hint="give at least one batch of inputs")
+
+
+def calibration_engine(graph: Any, names: list[str], target: str) -> Any:
+    """The fp32 engine of `graph` unfused, with `names` (but graph inputs) marked as outputs."""
+    from polykit.compiler.builder import Builder
+    from polykit.compiler.config import BuilderConfig
+    from polykit.runtime.engine import Runtime
+
+    marked = tuple(n for n in names if n not in graph.inputs)
+    config = BuilderConfig(target=target, mark_outputs=marked, fuse=False, builder_optimization_level=0,
+                           channels_last=False, input_values=graph.metadata.get("input_values", {}))
+    return Runtime(target).deserialize_engine(Builder(config).build(graph))
+
+
+def calibration_batches(data: Any) -> Iterable[Mapping[str, np.ndarray]]:
+    """The batches of calibration data: a folder of .npz files (sorted by name), one .npz file,
+    or an iterable of feed dicts that can be iterated twice."""
+    if data is None:
+        raise UsageError("INT8 calibration needs data", hint="pass --calibration-data DIR (a folder of .npz "
+                         "batches), --data-loader-script, a --calibration-cache, or --tensor-ranges")
+    if isinstance(data, (str, os.PathLike)):
+        return NpzBatches(Path(data))
+    if iter(data) is data:
+        raise UsageError("calibration data must be iterable twice (ranges, then histograms); got an iterator",
+                         hint="pass a list of feed dicts or a data loader object")
+    return data
+
+
+class NpzBatches:
+    """Feed dicts from .npz files (input name -> array; numpy.savez(path, **feeds))."""
+
+    def __init__(self, path: Path):
+        if path.is_dir():
+            self.files = sorted(p for p in path.iterdir() if p.suffix == ".npz" and p.is_file())
+            if not self.files:
+                raise DataFileError("the calibration data folder holds no .npz file", where=str(path),
+                                    hint="save batches with numpy.savez(f'{i}.npz', **{input_name: array})")
+        elif path.is_file():
+            self.files = [path]
+        else:
+            raise DataFileError("the calibration data folder does not exist", where=str(path), hint="check the path")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        from polykit.tools.results_io import open_npz
+
+        for path in self.files:
+            yield open_npz(path)

@@ -1,0 +1,113 @@
+"""polykit's INT8 layers (domain ai.polykit): QConv and QMatMul, shape rules and the record.
+
+The Q/DQ folding pass (polykit.compiler.passes.fold_qdq) makes them from DequantizeLinear ->
+Conv/Gemm/MatMul -> [elementwise epilogue] -> [QuantizeLinear]; docs/INT8.md is the contract
+every target's tactics implement. Inputs, in this order (QUANT_ARITY slots, then the epilogue's
+extra inputs, as in docs/FUSION.md):
+
+  0 X             int8/uint8 activation (QConv: N, C, *spatial; QMatMul: [..., M, K])
+  1 X_zero_point  scalar of X's dtype
+  2 W             int8/uint8 (QConv: constant M, C/group, *kernel; QMatMul: [..., K, N], constant or not)
+  3 W_zero_point  scalar or one per output channel (QConv: M; QMatMul: N), W's dtype
+  4 scale         float32, scalar or one per output channel: the accumulator's dequantization
+                  multiplier, x_scale * w_scale (Gemm's alpha folded in)
+  5 B             float32 bias, one per output channel, or ""
+  6 Y_scale       float32 scalar, or "": the output stays float32 (dequantized)
+  7 Y_zero_point  int8/uint8 scalar (the output's dtype), "" exactly when Y_scale is
+
+  acc = sum (X - X_zero_point) * (W - W_zero_point)           exact, in int32
+  v   = epilogue(acc * scale + B)                             float32, per output channel
+  Y   = saturate(round_half_even(v / Y_scale) + Y_zero_point)  or v when Y_scale is ""
+
+attrs: the base op's attributes (QConv: Conv's strides/pads/dilations/group/...; QMatMul:
+none), optionally "epilogue" {"input", "body"} as in FUSION.md (its result is the last step's
+output: the layer's output, or with Y_scale a body-local name that is requantized), and
+"fused_from".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.fused import decode_json_attrs, infer_body
+from polykit.compiler.registry import InferContext, find_shape_rule, importer, shape_rule
+
+#: INT8 layer kind -> the float op whose shape rule gives its raw output
+INT8_KINDS = {"QConv": "Conv", "QMatMul": "MatMul"}
+#: fixed input slots before the epilogue's extra inputs
+QUANT_ARITY = 8
+X, X_ZERO_POINT, W, W_ZERO_POINT, SCALE, BIAS, Y_SCALE, Y_ZERO_POINT = range(QUANT_ARITY)
+INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+F32 = np.dtype(np.float32)
+
+
+def is_int8_layer(layer: Any) -> bool:
+    """Whether a layer or node is one of the INT8 kinds (a LayerDesc's `kind` or a Node's `op_type`)."""
+    kind = getattr(layer, "kind", None) or getattr(layer, "op_type", "")
+    return layer.domain == POLYKIT_DOMAIN and kind in INT8_KINDS
+
+
+def epilogue_result(epilogue: dict[str, Any]) -> str:
+    """The name of an epilogue's float32 result: its last step's output."""
+    return epilogue["body"][-1]["outputs"][0]
+
+
+def base_of(node: Node) -> Node:
+    """The float op a QConv/QMatMul's integer product follows (X and W; Conv's attributes)."""
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from")}
+    return Node(INT8_KINDS[node.op_type], [node.inputs[X], node.inputs[W]], ["acc"], attrs, name=node.name)
+
+
+def _per_channel(ctx: InferContext, slot: int, channels: Any, what: str) -> None:
+    shape = ctx.shape(slot)
+    if shape is None:
+        return
+    size = int(np.prod(shape)) if all(isinstance(d, int) for d in shape) else None
+    if len(shape) > 1 or (size is not None and isinstance(channels, int) and size not in (1, channels)):
+        raise ctx.fail(f"{what} has shape {tuple(shape)}; it must be a scalar or one value per output "
+                       f"channel ({channels})", hint="docs/INT8.md lists the INT8 layers' inputs")
+
+
+@shape_rule(*INT8_KINDS, domain=POLYKIT_DOMAIN)
+def infer_int8(ctx: InferContext):
+    node = ctx.node
+    if ctx.n_inputs < QUANT_ARITY:
+        raise ctx.fail(f"an INT8 layer has {QUANT_ARITY} fixed inputs, this one {ctx.n_inputs}")
+    for slot, what in ((X, "X"), (W, "W")):
+        if ctx.dtype(slot) is not None and ctx.dtype(slot) not in INT8_DTYPES:
+            raise ctx.fail(f"{what} is {ctx.dtype(slot)}, not int8 or uint8")
+    for slot, of in ((X_ZERO_POINT, X), (W_ZERO_POINT, W)):
+        if ctx.dtype(slot) is not None and ctx.dtype(slot) != ctx.dtype(of):
+            raise ctx.fail(f"input {slot}'s zero point is {ctx.dtype(slot)}, its tensor {ctx.dtype(of)}")
+    if any(ctx.has(s) and ctx.dtype(s) not in (None, F32) for s in (SCALE, BIAS, Y_SCALE)):
+        raise ctx.fail("scale, bias and Y_scale must be float32")
+    if ctx.has(Y_SCALE) != ctx.has(Y_ZERO_POINT):
+        raise ctx.fail("Y_scale and Y_zero_point come together (requantized output) or not at all")
+    base = base_of(node)
+    rule = find_shape_rule("", base.op_type)
+    base_ctx = InferContext(base, [F32, F32], [ctx.shape(X), ctx.shape(W)], [None, None])
+    (_, shape), *_ = rule(base_ctx)
+    if shape is not None and len(shape) >= 2:
+        channels = shape[1] if node.op_type == "QConv" else shape[-1]
+        for slot, what in ((W_ZERO_POINT, "W_zero_point"), (SCALE, "scale"), (BIAS, "B")):
+            _per_channel(ctx, slot, channels, what)
+    out: tuple = (F32, shape)
+    epilogue = node.attrs.get("epilogue")
+    if epilogue:
+        env = {ctx.node.inputs[i]: (ctx.dtype(i), ctx.shape(i), ctx.const(i))
+               for i in range(QUANT_ARITY, ctx.n_inputs) if ctx.has(i)}
+        env[epilogue["input"]] = (F32, shape, None)
+        env = infer_body(ctx, epilogue["body"], env)
+        out = env[epilogue_result(epilogue)][:2]
+        if out[0] not in (None, F32):
+            raise ctx.fail(f"the epilogue ends in {out[0]}; an INT8 layer's epilogue computes float32")
+    if ctx.has(Y_SCALE):
+        return [(ctx.dtype(Y_ZERO_POINT), out[1])]
+    return [out]
+
+
+for _kind in INT8_KINDS:
+    importer(_kind, since=1, domain=POLYKIT_DOMAIN)(decode_json_attrs)

@@ -1,0 +1,204 @@
+"""fold_qdq: explicit quantization into INT8 layers (ai.polykit QConv / QMatMul, docs/INT8.md).
+
+    DequantizeLinear(Xq) ─┐
+    DequantizeLinear(Wq) ─┴▶ Conv | Gemm | MatMul ─▶ [elementwise chain] ─▶ [QuantizeLinear]
+
+becomes one INT8 layer reading Xq and Wq: the product accumulates in integers, the chain is its
+float32 epilogue, and a QuantizeLinear that is the chain's sole reader becomes its fused
+requantization (else the layer writes float32). What a layer takes: X per tensor; W constant
+for Conv and Gemm (per tensor, or per output channel: axis 0 of Conv's W, Gemm's N axis, the
+last axis of MatMul's B), a MatMul's B may be an activation quantized per tensor; int8 or
+uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0). Constants
+are initializers, Constant nodes or Q/DQ of those (a QAT export's QuantizeLinear of a float
+weight, a DequantizeLinear of an int32 bias), evaluated here. Anything else (blocked scales, float16
+scales, per-axis activations, non-constant biases) stays as written: Q and DQ run as their own
+layers and the op in float, which computes exactly what the model says.
+
+It runs before constant folding (which would turn weight DQs into float weights) and again
+after insert_qdq has quantized a calibrated graph (polykit.compiler.quantize).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.int8 import F32, INT8_DTYPES
+from polykit.compiler.passes.fuse_bias_activation import epilogue_chain
+from polykit.compiler.passes.fuse_pointwise import body_step
+from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
+
+#: float op -> INT8 kind it folds into
+FOLDS = {"Conv": "QConv", "Gemm": "QMatMul", "MatMul": "QMatMul"}
+#: ops whose constant outputs the pass evaluates (it runs before constant folding)
+CONSTANT_OPS = frozenset({"Constant", "QuantizeLinear", "DequantizeLinear"})
+#: ONNX TensorProto codes a QuantizeLinear's output_dtype may name for a fused requantization
+_Q_CODES = {0: np.dtype(np.uint8), 2: np.dtype(np.uint8), 3: np.dtype(np.int8)}
+
+
+@dataclass(frozen=True)
+class Dequantized:
+    """A tensor read through a DequantizeLinear: its int8/uint8 source, float32 scale and
+    zero point (both scalars, or 1-D along `axis`; axis None: per tensor)."""
+
+    node: Node
+    source: str
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None
+
+
+def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequantized | None:
+    node = producers.get(name)
+    if node is None or node.op_type != "DequantizeLinear" or node.domain != "":
+        return None
+    source = graph.value(node.input(0))
+    scale = constant_value(graph, node.input(1), producers)
+    if (source.dtype not in INT8_DTYPES or source.shape is None or scale is None or scale.dtype != F32
+            or int(node.attrs.get("block_size", 0)) > 0 or int(node.attrs.get("output_dtype", 0)) not in (0, 1)):
+        return None
+    zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros(scale.shape, source.dtype)
+    if zero is None or zero.dtype != source.dtype or zero.size != scale.size:
+        return None
+    if scale.size == 1:
+        return Dequantized(node, node.input(0), scale.reshape(()), zero.reshape(()), None)
+    axis = int(node.attrs.get("axis", 1)) % len(source.shape)
+    return Dequantized(node, node.input(0), scale.reshape(-1), zero.reshape(-1), axis)
+
+
+def requantizer(graph: Graph, node: Node | None, producers: dict[str, Node]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, zero point) of a per-tensor QuantizeLinear to int8/uint8, or None."""
+    if node is None or node.op_type != "QuantizeLinear" or node.domain != "":
+        return None
+    scale = constant_value(graph, node.input(1), producers)
+    code = int(node.attrs.get("output_dtype", 0))
+    if scale is None or scale.dtype != F32 or scale.size != 1 or code not in _Q_CODES:
+        return None
+    if int(node.attrs.get("precision", 0)) not in (0, 1) or int(node.attrs.get("block_size", 0)) > 0:
+        return None
+    zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros((), _Q_CODES[code])
+    if zero is None or zero.size != 1 or zero.dtype not in INT8_DTYPES:
+        return None
+    return scale.reshape(()), zero.reshape(())
+
+
+def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: Iterable[str] = ()) -> bool:
+    """Replace every foldable Q/DQ pattern by an INT8 layer; True if any. Ops named in
+    `fp32_layers` (node names or op types) stay float."""
+    fixed = protected(graph, keep)
+    pinned = set(fp32_layers)
+    producers, readers = graph.producers(), graph.consumers()
+    replacements: dict[int, Node] = {}
+    dead: list[Node] = []
+    claimed: set[int] = set()
+    for base in graph.nodes:
+        if base.domain or base.op_type not in FOLDS or {base.name, base.op_type} & pinned or len(base.outputs) != 1:
+            continue
+        operands = _operands(graph, base, producers)
+        if operands is None:
+            continue
+        chain = epilogue_chain(graph, base, readers, fixed)
+        if any(id(n) in claimed for n in chain):  # a residual Add another layer's epilogue took
+            chain = []
+        last = chain[-1].outputs[0] if chain else base.outputs[0]
+        q = sole_reader(graph, last, readers, fixed)
+        requant = requantizer(graph, q, producers)
+        tail = chain + ([q] if requant is not None else [])
+        node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant)
+        if node is None:
+            continue
+        replacements[id(tail[-1] if tail else base)] = node
+        claimed.update(id(n) for n in tail)
+        dead.extend([base, *tail[:-1]])
+    return replace_nodes(graph, replacements, dead)
+
+
+@dataclass(frozen=True)
+class _Operands:
+    x: Dequantized
+    w: Dequantized
+    weight: str  # the int8 tensor the layer reads (Gemm's transB: a transposed copy)
+    attrs: dict
+    alpha: float
+    bias: np.ndarray | None
+
+
+def _operands(graph: Graph, base: Node, producers: dict[str, Node]) -> _Operands | None:
+    x = dequantized(graph, base.input(0), producers)
+    w = dequantized(graph, base.input(1), producers)
+    if x is None or w is None or x.axis is not None:
+        return None
+    wq = constant_value(graph, w.source, producers)
+    rank = len(graph.value(w.source).shape)
+    if base.op_type == "Conv":
+        if wq is None or w.axis not in (None, 0):
+            return None
+        return _with_bias(graph, base, x, w, w.source, dict(base.attrs), 1.0, base.input(2), 1.0, wq.shape[0], producers)
+    x_rank = len(graph.value(x.source).shape or ())
+    if base.op_type == "MatMul":
+        if x_rank < 2 or rank < 2 or w.axis not in (None, rank - 1) or (wq is None and w.axis is not None):
+            return None
+        return _Operands(x, w, w.source, {}, 1.0, None)
+    trans_b = int(base.attrs.get("transB", 0))
+    if wq is None or int(base.attrs.get("transA", 0)) or x_rank != 2 or w.axis not in (None, 0 if trans_b else 1):
+        return None
+    weight = graph.add_initializer(np.ascontiguousarray(wq.T), f"{base.name}_Bt") if trans_b else w.source
+    n = wq.shape[0 if trans_b else 1]
+    return _with_bias(graph, base, x, w, weight, {}, float(base.attrs.get("alpha", 1.0)), base.input(2),
+                      float(base.attrs.get("beta", 1.0)), n, producers)
+
+
+def _with_bias(graph: Graph, base: Node, x: Dequantized, w: Dequantized, weight: str, attrs: dict, alpha: float,
+               bias_name: str, beta: float, channels: int, producers: dict[str, Node]) -> _Operands | None:
+    if not bias_name:
+        return _Operands(x, w, weight, attrs, alpha, None)
+    bias = constant_value(graph, bias_name, producers)
+    if bias is None or bias.dtype != F32 or bias.size not in (1, channels) or (bias.ndim == 2 and bias.shape[0] != 1):
+        return None
+    return _Operands(x, w, weight, attrs, alpha, np.broadcast_to(bias.reshape(-1) * np.float32(beta), (channels,)))
+
+
+def constant_value(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
+    """An initializer, a Constant node's value, or a QuantizeLinear / DequantizeLinear of those
+    (a quantized weight or bias), evaluated: this pass runs before constant folding."""
+    value = const(graph, name)
+    node = producers.get(name) if name else None
+    if value is not None or node is None or node.domain or node.op_type not in CONSTANT_OPS:
+        return value
+    if node.op_type == "Constant":
+        return np.asarray(node.attrs["value"]) if "value" in node.attrs else None
+    args = [constant_value(graph, n, producers) if n else None for n in node.inputs]
+    if any(a is None for n, a in zip(node.inputs, args) if n):
+        return None
+    from polykit.kernels.registry import run_reference
+
+    return run_reference(node, args)[0]
+
+
+def _int8_node(graph: Graph, base: Node, ops: _Operands, chain: list[Node], q: Node | None,
+               requant: tuple[np.ndarray, np.ndarray] | None) -> Node | None:
+    try:
+        attrs = json_safe(ops.attrs)
+        body = [body_step(n) for n in chain]
+    except TypeError:  # an attribute a plan cannot store
+        return None
+
+    def add(array: np.ndarray, role: str) -> str:
+        return graph.add_initializer(np.ascontiguousarray(array), f"{base.name}_{role}")
+
+    scale = (ops.x.scale * ops.w.scale * np.float32(ops.alpha)).astype(np.float32)
+    inputs = [ops.x.source, add(ops.x.zero_point, "x_zero_point"), ops.weight, add(ops.w.zero_point, "w_zero_point"),
+              add(scale, "scale"), add(ops.bias.astype(np.float32), "bias") if ops.bias is not None else "",
+              add(requant[0], "y_scale") if requant else "", add(requant[1], "y_zero_point") if requant else ""]
+    inside = {base.outputs[0]} | {n.outputs[0] for n in chain}
+    for n in chain:
+        inputs += [name for name in n.inputs if name and name not in inside and name not in inputs[8:]]
+    if chain:
+        attrs["epilogue"] = {"input": base.outputs[0], "body": body}
+    tail = chain + ([q] if q is not None else [])
+    attrs["fused_from"] = [ops.x.node.name, ops.w.node.name, base.name, *(n.name for n in tail)]
+    output = tail[-1].outputs[0] if tail else base.outputs[0]
+    return Node(FOLDS[base.op_type], inputs, [output], attrs, name=base.name, domain=POLYKIT_DOMAIN)

@@ -1,0 +1,108 @@
+"""insert_qdq: quantize a float graph from calibrated scales (implicit INT8, BuilderConfig.int8).
+
+Every Conv, Gemm (transA=0) and MatMul whose weight is a float32 constant (rank 2 for Gemm and
+MatMul) and whose activation input has a scale gets QuantizeLinear -> DequantizeLinear on that
+input (int8, symmetric: zero point 0; one pair per tensor, shared by its readers) and its
+weight quantized symmetrically per output channel from the channel's max-abs (int8 in
+[-127, 127], scale max|w| / 127) behind a DequantizeLinear. fold_qdq, which runs right after,
+folds them into INT8 layers; a layer's output is requantized when its sole reader is the next
+layer's QuantizeLinear (TensorRT's int8 in, int8 out).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ops.int8 import F32
+from polykit.compiler.evaluator import RANDOM_OPS
+from polykit.compiler.passes.rewrite import const
+
+#: op -> the axis of its weight that holds the output channels (Gemm: with transB=0)
+WEIGHT_AXIS = {"Conv": 0, "Gemm": 1, "MatMul": 1}
+QMAX = 127
+
+
+def constant_tensors(graph: Graph) -> set[str]:
+    """Initializers and what nodes compute from them alone (folding will make them initializers)."""
+    known = set(graph.initializers)
+    for node in graph.nodes:
+        if node.op_type not in RANDOM_OPS and all(not n or n in known for n in node.inputs):
+            known.update(o for o in node.outputs if o)
+    return known
+
+
+def int8_candidates(graph: Graph, constants: set[str]) -> list[tuple[Node, str]]:
+    """(node, its float32 activation input) of every op insert_qdq quantizes, in graph order."""
+    found = []
+    for node in graph.nodes:
+        if node.domain or node.op_type not in WEIGHT_AXIS:
+            continue
+        x, w, b = graph.value(node.input(0)), graph.value(node.input(1)), node.input(2)
+        if x.dtype != F32 or w.dtype != F32 or x.name in constants or w.name not in constants or w.shape is None:
+            continue
+        if b and b not in constants:
+            continue
+        rank = len(w.shape)
+        if node.op_type == "Conv" and rank < 3 or node.op_type != "Conv" and rank != 2:
+            continue
+        if node.op_type == "Gemm" and int(node.attrs.get("transA", 0)):
+            continue
+        if node.op_type != "Conv" and len(x.shape or ()) < 2:
+            continue
+        found.append((node, x.name))
+    return found
+
+
+def weight_axis(node: Node) -> int:
+    """The output-channel axis of the node's weight."""
+    if node.op_type == "Gemm" and int(node.attrs.get("transB", 0)):
+        return 0
+    return WEIGHT_AXIS[node.op_type]
+
+
+def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weight, float32 scale per channel of `axis`): symmetric, scale = max|w| / 127
+    (1 for an all-zero channel), values rounded half to even."""
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.max(np.abs(w.astype(np.float64)), axis=others)
+    scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+    shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+    q = np.clip(np.rint(w.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
+    return q.astype(np.int8), scale
+
+
+def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str] = frozenset(),
+               fp32_layers: Iterable[str] = ()) -> bool:
+    """Quantize the candidates whose activation has a scale; True if any. `fp32_layers` (node
+    names or op types) stay float."""
+    pinned = set(fp32_layers)
+    shared: dict[str, str] = {}
+    added: list[Node] = []
+    for node, x in int8_candidates(graph, set(graph.initializers)):
+        if {node.name, node.op_type} & pinned or x not in scales:
+            continue
+        if x not in shared:
+            shared[x] = _fake_quantize(graph, x, float(scales[x]), added)
+        axis = weight_axis(node)
+        wq, w_scale = quantize_weight(const(graph, node.input(1)), axis)
+        w_out = graph.fresh_name(f"{node.input(1)}_dq")
+        added.append(Node("DequantizeLinear", [graph.add_initializer(wq, f"{node.input(1)}_int8"),
+                                               graph.add_initializer(w_scale, f"{node.input(1)}_scale"),
+                                               graph.add_initializer(np.zeros(w_scale.shape, np.int8), "zero")],
+                          [w_out], {"axis": axis}, name=graph.fresh_name(f"{node.name}_weight_dq")))
+        node.inputs = [shared[x], w_out] + node.inputs[2:]
+    graph.nodes += added
+    return bool(added)
+
+
+def _fake_quantize(graph: Graph, x: str, scale: float, added: list[Node]) -> str:
+    """QuantizeLinear -> DequantizeLinear of `x` (int8, zero point 0); the dequantized name."""
+    s = graph.add_initializer(np.array(scale, np.float32), f"{x}_scale")
+    zero = graph.add_initializer(np.array(0, np.int8), f"{x}_zero_point")
+    q, dq = graph.fresh_name(f"{x}_int8"), graph.fresh_name(f"{x}_dq")
+    added.append(Node("QuantizeLinear", [x, s, zero], [q], name=graph.fresh_name(f"{x}_quantize")))
+    added.append(Node("DequantizeLinear", [q, s, zero], [dq], name=graph.fresh_name(f"{x}_dequantize")))
+    return dq

@@ -1,0 +1,103 @@
+"""What a build quantizes to INT8 (docs/INT8.md): the builder's one call, `plan_int8`.
+
+Explicit quantization: a model that carries QuantizeLinear/DequantizeLinear is folded into INT8
+layers as written (passes.fold_qdq), with or without BuilderConfig.int8. Implicit: with int8,
+every Conv/Gemm/MatMul with float weights whose activation has a scale is quantized
+(passes.insert_qdq). Scales come from `tensor_ranges` first, then from a calibration cache that
+exists, else from calibrating the unfused graph (polykit.compiler.calibrate; the cache is then
+written). The activation tensors that need a scale are named on the graph as imported (input
+shapes applied), before any pass, so the same names serve every build of the model.
+
+A target without INT8 tactics (cuda, until its kernels land) builds float: the model's Q/DQ run
+as written and --int8 is ignored, each with a logged warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from polykit.compiler.calibrate import calibrate, scale_of
+from polykit.compiler.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph
+from polykit.compiler.ops.int8 import INT8_KINDS
+from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
+from polykit.errors import BuildError, DataFileError
+
+log = logging.getLogger("polykit")
+
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+@dataclass(frozen=True)
+class Int8Setup:
+    """What the optimizer does about INT8: fold Q/DQ into INT8 layers (`fold`), and quantize the
+    activations named in `scales` (tensor -> int8 scale) with their layers' weights."""
+
+    fold: bool = False
+    scales: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+
+def target_runs_int8(target: str) -> bool:
+    """Whether `target` has tactics for the INT8 layer kinds."""
+    from polykit.kernels.tactics import tactic_table
+
+    table = tactic_table(target)
+    return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in INT8_KINDS)
+
+
+def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
+    """The INT8 setup of a build of `g` (input shapes applied, shapes inferred)."""
+    explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
+    runs = target_runs_int8(target)
+    if not runs and (explicit or cfg.int8):
+        log.warning("the %s target has no INT8 tactics yet: %s", target,
+                    "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
+        return Int8Setup()
+    if not cfg.int8:
+        return Int8Setup(fold=runs)
+    if explicit:
+        log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
+        return Int8Setup(fold=True)
+    needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
+    if not needed:
+        log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target))
+
+
+def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str) -> dict[str, float]:
+    """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration."""
+    known = set(g.inputs) | {o for n in g.nodes for o in n.outputs if o}
+    unknown = [name for name in cfg.tensor_ranges if name not in known]
+    if unknown:
+        raise BuildError(f"tensor_ranges names tensors the model does not have: {_names(unknown)}",
+                         where=f"graph {g.name!r}", hint="list tensor names with `polykit inspect model`")
+    scales = {name: scale_of(max(-low, high)) for name, (low, high) in cfg.tensor_ranges.items()}
+    missing = [name for name in needed if name not in scales]
+    if not missing:
+        return {name: scales[name] for name in needed}
+    path = cfg.calibration_cache
+    if path is not None and Path(path).is_file():
+        cache = read_calibration_cache(path)
+        absent = [name for name in missing if name not in cache.scales]
+        if absent:
+            raise DataFileError(f"the calibration cache does not match the network: it has no scale for "
+                                f"{len(absent)} tensor(s): {_names(absent)}", where=str(path),
+                                hint="calibrate again: remove the cache file and build with calibration data")
+        if cache.calibrator != cfg.calibrator:
+            log.info("calibration cache %s was made by the %s calibrator; using it as it is", path, cache.calibrator)
+        calibrated = dict(cache.scales)
+    else:
+        calibrated = calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+        if path is not None:
+            write_calibration_cache(path, CalibrationCache(cfg.calibrator, calibrated))
+            log.info("wrote calibration cache %s (%d tensors, %s)", path, len(calibrated), cfg.calibrator)
+    return {name: scales.get(name, calibrated.get(name)) for name in needed}
+
+
+def _names(names: list[str], most: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -1,0 +1,69 @@
+"""Reference kernels of the INT8 layers (ai.polykit QConv, QMatMul; polykit.compiler.ops.int8).
+
+Exact: the zero points are subtracted and the products summed in int64 (the int32 accumulator
+of a GPU kernel, without its overflow), then the accumulator is dequantized per output channel
+in float64 and rounded once to float32, the float32 epilogue runs, and QuantizeLinear's own
+reference requantizes (round half to even, saturate). `run_int8` takes the integer product as
+a function so the cpu tactics share everything but the product (kernels/cpu/int8.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.int8 import (BIAS, INT8_KINDS, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
+                                       Y_SCALE, Y_ZERO_POINT, base_of, epilogue_result)
+from polykit.kernels.reference.conv import conv_accumulate
+from polykit.kernels.reference.fused import evaluate_body
+from polykit.kernels.reference.quantize import quantize_linear
+from polykit.kernels.registry import reference
+
+#: product(base node, centered X, centered W) -> the accumulator (integers, in X's dtype)
+Product = Callable[[Node, np.ndarray, np.ndarray], np.ndarray]
+
+
+def integer_product(base: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Conv or matmul of int64 operands, in int64 (no BLAS: slow and exact)."""
+    if base.op_type == "Conv":
+        return conv_accumulate(base, x, w)
+    return np.matmul(x, w)
+
+
+def channel_param(p: np.ndarray, rank: int, axis: int) -> np.ndarray:
+    """A scalar or per-channel parameter shaped to broadcast along `axis` of a rank-`rank` array."""
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    return p.reshape([-1 if i == axis % rank else 1 for i in range(rank)])
+
+
+def run_int8(node: Node, inputs: Sequence[np.ndarray | None], product: Product, acc: type = np.int64
+             ) -> list[np.ndarray]:
+    """An INT8 layer with `product` computing the accumulator from operands centered in `acc`."""
+    x, w = inputs[X], inputs[W]
+    conv = node.op_type == "QConv"
+    x = x.astype(acc) - np.asarray(inputs[X_ZERO_POINT]).astype(acc).reshape(())
+    w = w.astype(acc) - channel_param(inputs[W_ZERO_POINT], w.ndim, 0 if conv else -1).astype(acc)
+    raw = product(base_of(node), x, w)
+    axis = 1 if conv else -1
+    value = raw.astype(np.float64) * channel_param(inputs[SCALE], raw.ndim, axis).astype(np.float64)
+    if inputs[BIAS] is not None:
+        value = value + channel_param(inputs[BIAS], raw.ndim, axis).astype(np.float64)
+    value = value.astype(np.float32)
+    epilogue = node.attrs.get("epilogue")
+    if epilogue:
+        env = {name: arr for name, arr in zip(node.inputs[QUANT_ARITY:], inputs[QUANT_ARITY:]) if name}
+        env[epilogue["input"]] = value
+        value = evaluate_body(epilogue["body"], env)[epilogue_result(epilogue)]
+    if inputs[Y_SCALE] is None:
+        return [value]
+    requantize = Node("QuantizeLinear", ["v", "y_scale", "y_zero_point"], [node.outputs[0]], name=node.name)
+    return quantize_linear(requantize, [value, inputs[Y_SCALE], inputs[Y_ZERO_POINT]])
+
+
+@reference(*INT8_KINDS, domain=POLYKIT_DOMAIN)
+def int8_layer(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    return run_int8(node, inputs, integer_product)
