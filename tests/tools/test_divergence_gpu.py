@@ -1,7 +1,6 @@
-"""GPU: layerwise runs of polykit's cuda engine against onnxruntime name the faulty layer, in
-float32 and in fp16. fp16 cuda builds run the convolutions channels-last: the NHWC tensors
-between them are not exposed (docs/DEBUGGING.md), so the first divergence is the first NCHW
-tensor after the fault, with the faulty node in its region."""
+"""GPU: layerwise runs of polykit's cuda engine against onnxruntime name the faulty layer in
+float32. (fp16 is not tested here: the fault plugin's error, 1e-2 of the layer's largest
+value, stays inside the tolerance an fp16 build needs against onnxruntime's fp32.)"""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from tests.tools.layerwise_models import convnet
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fault_plugin")]
 
 
-@pytest.mark.parametrize("precision, tolerance, tensor", [((), "1e-4", "c3"), (("--fp16",), "3e-2", "f")])
+@pytest.mark.parametrize("precision, tolerance, tensor", [((), "1e-4", "c3")])
 def test_a_faulty_cuda_layer_is_the_first_divergence(tmp_path, capsys, monkeypatch, precision, tolerance, tensor):
     model = convnet(tmp_path / "c.onnx")
     args = ["run", model, "--onnxrt", "--trt", "--target", "cuda", *precision, "--builder-optimization-level", "0",
