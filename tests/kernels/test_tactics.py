@@ -130,6 +130,10 @@ def test_the_conservative_cpu_tactic_is_the_reference_kernel_not_the_lowest_prio
     (_conv(group=2), "Conv", "cuda.conv.igemm_simt"),  # not cuda.conv.direct, which the heuristic prefers
     (_conv(precision="fp16", dtype="float16"), "Conv", "cuda.conv.igemm_simt"),  # not igemm_mma
     (_matmul(precision="fp16", in_dtypes=("float16", "float16"), out_dtypes=("float16",)), "MatMul", "cuda.gemm.simt"),  # not sm90 or mma
+    (_matmul(), "MatMul", "cuda.gemm.simt"),  # not simt_wide, which sits below it in priority
+    (LayerDesc("c", "ConvNHWC", ("x", "w"), ("y",), {"kernel_shape": [3, 3]}, domain="ai.polykit", precision="fp32",
+               in_dtypes=("float32", "float32"), out_dtypes=("float32",), in_shapes=((1, 9, 9, 8), (8, 3, 3, 8)),
+               out_shapes=((1, 7, 7, 8),)), "ConvNHWC", "cuda.conv_nhwc.igemm_simt"),  # not the wide tile
 ])
 def test_the_conservative_cuda_tactic_is_the_plainest_kernel_that_runs_the_layer(layer, kind, expected):
     assert conservative_tactic("cuda", kind, layer, arch="sm_90").name == expected
