@@ -2,7 +2,8 @@
 
 Tactics `cuda.conv_nhwc.sm90_<BM>x<BN>` (kind ConvNHWC, compute capability 9.0) run a
 group-1 2-D ai.polykit ConvNHWC with float16/bfloat16 storage, or float32 storage in a layer of
-precision "tf32" (--tf32: tf32 wgmma on the same tiles, half the K elements per stage), and
+precision "tf32" (--tf32: tf32 wgmma on the same tiles, half the K elements per stage) or, as
+`cuda.conv_nhwc.sm90x3_<BM>x<BN>`, of precision "fp32" (3xTF32: fp32 accuracy, gemm_sm90.py), and
 C % 8 == 0 (the
 to_channels_last pass pads the 3-channel stem to 8) as an implicit GEMM on the same
 warp-specialized wgmma consumers as the GEMM tactics: GEMM M = NB * OH * OW output pixels,
@@ -22,10 +23,11 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, Sm90Tile, bk_of, kernel_for, predicted_us,
-                                            storage_of)
+from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
+                                            predicted_us, storage_of)
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
+X3_CONV_TILES = tuple(t for t in X3_TILES if t.bm <= 128)
 
 
 @dataclass(frozen=True)
@@ -80,29 +82,34 @@ def _geometry(layer: Any) -> ConvGemm | None:
     return plan_conv(layer.attrs, tuple(shapes[0]), tuple(shapes[1]), tuple(outs[0]))
 
 
-def _storage(layer: Any) -> str | None:
-    return storage_of(layer, 3)
+def _storage(layer: Any, split3: bool = False) -> str | None:
+    return storage_of(layer, 3, split3)
 
 
-def _supports(layer: Any) -> bool:
-    return _storage(layer) is not None and _geometry(layer) is not None and supports_epilogue(layer)
+def _supports(tile: Sm90Tile, split3: bool):
+    def supports(layer: Any) -> bool:
+        storage = _storage(layer, split3)
+        return (storage is not None and tile.fits(storage, False, split3) and _geometry(layer) is not None
+                and supports_epilogue(layer))
+
+    return supports
 
 
-def _kernels(tile: Sm90Tile):
-    return lambda layer: [kernel_for(layer, tile, ELEMS[_storage(layer)], False, "conv_sm90")]
+def _kernels(tile: Sm90Tile, split3: bool):
+    return lambda layer: [kernel_for(layer, tile, ELEMS[_storage(layer, split3)], False, "conv_sm90", split3)]
 
 
-def _estimate(tile: Sm90Tile):
+def _estimate(tile: Sm90Tile, split3: bool):
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _geometry(layer)
         if geo is None or not sm_count:
             return None
-        return predicted_us(tile, geo.M, geo.N, geo.K, 1, sm_count, _storage(layer) == "float32")
+        return predicted_us(tile, geo.M, geo.N, geo.K, 1, sm_count, _storage(layer, split3) == "float32", split3)
 
     return estimate
 
 
-def _enqueue(tile: Sm90Tile):
+def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
         B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
@@ -113,24 +120,30 @@ def _enqueue(tile: Sm90Tile):
         tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
                              (bk_of(Wt.dtype), tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-        kernel = kernel_for(layer, tile, ELEMS[np.dtype(Y.dtype).name], False, "conv_sm90")
+        storage = np.dtype(Y.dtype).name
+        kernel = kernel_for(layer, tile, ELEMS[storage], False, "conv_sm90", split3)
         args = [tm_w, X, B if B is not None else 0, Y, *geo.args()] + epilogue_args(layer, tensors, Y.dtype)
-        launcher.launch(kernel, (tile.grid(tiles, launcher.sm_count),), (tile.threads,), args, shared_mem=tile.smem)
+        launcher.launch(kernel, (tile.grid(tiles, launcher.sm_count),), (tile.threads,), args,
+                        shared_mem=tile.smem_for(storage, False, split3))
 
     return enqueue
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 for every tile (fp16) and the first tile (bf16, float/tf32); gemm_sm90.py compiles
-    the module's GEMM entry point with the same defines, so these units add no new compiles for fp16."""
+    """conv_sm90 for every tile (fp16), the first tile (bf16, float/tf32) and every 3xTF32 tile;
+    gemm_sm90.py compiles the module's GEMM entry point with the same defines, so these units add
+    no new compiles for fp16."""
     out = [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(False), arch="sm_90a")
            for t in CONV_TILES]
-    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
-                               arch="sm_90a") for e in ("bf16_t", "float")]
+    out += [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
+                         arch="sm_90a") for e in ("bf16_t", "float")]
+    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="float") + t.defines(False, True),
+                               arch="sm_90a") for t in X3_CONV_TILES]
 
 
-for _tile in CONV_TILES:
-    cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                priority=30, archs=ARCHS, estimate=_estimate(_tile),
-                params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
-                        "stages": _tile.stages})(_enqueue(_tile))
+for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "sm90x3", True)):
+    for _tile in _tiles:
+        cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
+                    supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
+                    params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
+                            "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))

@@ -1,7 +1,8 @@
 // MatMul / Gemm and channels-last convolution on Hopper tensor cores (sm_90a):
 // Y[z] = alpha * A[z] (M x K) * B[z] + beta * C, fp16 or bf16 storage (ELEM = half_t | bf16_t),
 // or float storage with tf32 math (ELEM = float: wgmma k8, operands' low mantissa bits
-// ignored; B must be [N, K], B_MN 0), fp32 accumulation.
+// ignored), fp32 accumulation; SPLIT3 1 (float only): fp32 accuracy from three tf32 products
+// per element pair (3xTF32, sm90.cuh: wgmma_stage_3xtf32).
 //
 // A is row-major [M, K] (K contiguous); B is [K, N] row-major (B_MN 1: N contiguous) or
 // [N, K] (B_MN 0: a transposed Gemm operand, K contiguous). Both are read through TMA tensor
@@ -27,7 +28,13 @@
 // BLOCKS 2 (one consumer warpgroup, few stages): two blocks share an SM, so one block's epilogue
 // runs while the other's wgmma do; they keep the launch register budget (no setmaxnreg).
 // Launch: grid (min(tiles, BLOCKS * SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
-// 1024 (alignment) + STAGES * (BM + BN) * 128 + 16 * STAGES bytes.
+// 1024 (alignment) + STAGES * (BM + BN) * 128 + SCRATCH_BUFS * SCRATCH_BYTES + 16 * STAGES bytes.
+// Float B through a scratch ring (B_SCRATCH): tf32 wgmma reads B K-major only, so a [K, N] B
+// (B_MN 1, loaded as BN/32 boxes of 32 K rows x 32 floats) is transposed by the consumers into
+// K-major rows, and with SPLIT3 B's small part is written beside its big part (a K-major B is
+// rounded in place). The consumers share that work and meet at a named barrier once a stage;
+// SCRATCH_BUFS 3 buffers make that one barrier enough (a buffer is rewritten two stages after
+// the stage whose wgmma read it last, and every consumer has waited for those by then).
 // Deterministic: each output element is one fixed-order K loop in one thread.
 #include "sm90.cuh"
 
@@ -43,10 +50,17 @@
 #ifndef BLOCKS
 #define BLOCKS 1  // blocks an SM runs at once; 2: one block's epilogue overlaps the other's products
 #endif
+#ifndef SPLIT3
+#define SPLIT3 0
+#endif
 #define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
 constexpr int KE = 128 / sizeof(ELEM);  // K elements of one stage (one 128-byte row)
 constexpr int VEC = 16 / sizeof(ELEM);  // elements of one 16-byte chunk
-static_assert(sizeof(ELEM) == 2 || B_MN == 0, "tf32 wgmma reads B K-major only");
+static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
+constexpr bool B_SCRATCH = sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
+constexpr int SCRATCH_BUFS = 3;
+constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
+constexpr int SCRATCH_BYTES = B_SCRATCH ? (B_MN + SPLIT3) * BN * 128 : 0;
 
 struct OutP {
   ELEM* Y;
@@ -69,7 +83,7 @@ struct OutP {
   // exactly instead of truncating their low mantissa bits (a bias that compounds over layers).
   __device__ __forceinline__ void store2(i64 z, i64 m, i64 n, float a, float b) const {
     if (m >= M || n >= N) return;
-    if (sizeof(ELEM) == 4) {
+    if (sizeof(ELEM) == 4 && !SPLIT3) {
       a = tf32_round(a);
       b = tf32_round(b);
     }
@@ -88,35 +102,150 @@ struct OutP {
   }
 };
 
+// ---- float B of one stage -> K-major tf32 parts in scratch (B_SCRATCH; all consumer threads) ------
+__device__ __forceinline__ void prepare_b(unsigned char* b, unsigned char* scr, int t) {
+  constexpr int NT = 128 * CONSUMERS;
+  if constexpr (B_MN) {
+    // 4 K x 4 N blocks: read rows k0..k0+3 of N chunk n0 / 4 (box n0 / 32), write rows n0..n0+3 of
+    // K chunk k0 / 4. Consecutive threads take consecutive n0 (conflict-free reads); each writes
+    // its four rows starting at row (ng / 2) % 4, so the 8 threads of a 128-byte write phase hit
+    // 8 different chunk slots (row n's chunk c sits at c ^ (n % 8)): conflict-free writes.
+#pragma unroll 1
+    for (int u = t; u < BN * 2; u += NT) {
+      const int ng = u % (BN / 4), kg = u / (BN / 4), n0 = ng * 4, c = ng % 8, rot = (ng / 2) % 4;
+      const unsigned char* box = b + (n0 / 32) * 4096;
+      float v[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = kg * 4 + i;
+        const float4 x = *(const float4*)(box + k * 128 + ((c ^ (k & 7)) << 4));
+        v[i][0] = x.x; v[i][1] = x.y; v[i][2] = x.z; v[i][3] = x.w;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = (jj + rot) % 4, n = n0 + j, off = n * 128 + ((kg ^ (n & 7)) << 4);
+        u32 big[4], small[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = j == 0 ? v[i][0] : j == 1 ? v[i][1] : j == 2 ? v[i][2] : v[i][3];
+          split_tf32(x, big[i], small[i]);
+        }
+        *(uint4*)(scr + off) = make_uint4(big[0], big[1], big[2], big[3]);
+        if (SPLIT3) *(uint4*)(scr + SMALL_OFF + off) = make_uint4(small[0], small[1], small[2], small[3]);
+      }
+    }
+  } else {  // already K-major: big part in place, small part at the same offset in scratch
+#pragma unroll 1
+    for (int u = t; u < BN * 8; u += NT) {
+      uint4* p = (uint4*)(b + u * 16);
+      const uint4 x = *p;
+      uint4 big, small;
+      split_tf32(__uint_as_float(x.x), big.x, small.x);
+      split_tf32(__uint_as_float(x.y), big.y, small.y);
+      split_tf32(__uint_as_float(x.z), big.z, small.z);
+      split_tf32(__uint_as_float(x.w), big.w, small.w);
+      *p = big;
+      *(uint4*)(scr + SMALL_OFF + u * 16) = small;
+    }
+  }
+  fence_proxy_async();
+  named_barrier<1, NT>();
+}
+
 // ---- consumers: wgmma over the stages, then the epilogue (both kernels) -----------------------
-__device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, u64* full, u64* empty, int tiles_m,
-                                        int tiles_n, int tiles, int ktiles, int wg, int tid) {
-  const int row0 = (wg - 1) * MSUB * 64;
-  float acc[MSUB][BN / 2];
-  int stage = 0;
+// Where the consumers are in the stage ring and the float-B scratch ring.
+struct Ring {
+  int stage = 0, scratch = 0;
   u32 phase = 0;
+  __device__ __forceinline__ void next_stage() {
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  __device__ __forceinline__ unsigned char* next_scratch(unsigned char* base) {
+    unsigned char* p = base + scratch * SCRATCH_BYTES;
+    scratch = scratch == SCRATCH_BUFS - 1 ? 0 : scratch + 1;
+    return p;
+  }
+};
+
+// One tile's K loop: wgmma on every stage, one stage's wgmma in flight while the next is issued.
+__device__ __forceinline__ void mainloop(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
+                                         unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0, int ct,
+                                         int tid) {
+  int prev = -1;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    bar_wait(&full[r.stage], r.phase);
+    unsigned char* st = smem + r.stage * STAGE_BYTES;
+    const u32 a = smem_addr(st);
+    u32 b = a + BM * 128;
+    if constexpr (B_SCRATCH) {  // a [K, N] float B: tf32 wgmma on its K-major copy
+      unsigned char* scr = r.next_scratch(scratch);
+      prepare_b(st + BM * 128, scr, ct);
+      b = smem_addr(scr);
+    }
+    wgmma_fence();
+    wgmma_stage<BN, MSUB, B_SCRATCH ? 0 : B_MN, ELEM>(acc, a, b, row0, kt == 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmma are done: hand its buffers back
+    if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
+    prev = r.stage;
+    r.next_stage();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s) fence_regs<BN / 2>(acc[s]);
+  if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
+}
+
+// The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
+// (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
+// K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
+// wgmma before the next stage's fragments are written is also what keeps the A registers of an
+// in-flight wgmma unchanged.
+__device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
+                                                unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0,
+                                                int ct, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[s][i] = 0.f;
+  for (int kt = 0; kt < ktiles; ++kt, r.next_stage()) {
+    bar_wait(&full[r.stage], r.phase);
+    unsigned char* st = smem + r.stage * STAGE_BYTES;
+    unsigned char* scr = r.next_scratch(scratch);
+    prepare_b(st + BM * 128, scr, ct);
+    const u32 b_big = B_MN ? smem_addr(scr) : smem_addr(st + BM * 128);
+    float part[MSUB][BN / 2];
+    wgmma_stage_3xtf32<BN, MSUB>(part, st, b_big, smem_addr(scr + SMALL_OFF), row0, warp, lane);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int s = 0; s < MSUB; ++s) {
+      fence_regs<BN / 2>(part[s]);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[s][i] += part[s][i];
+    }
+    if (tid == 0) bar_arrive(&empty[r.stage]);
+  }
+}
+
+__device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, unsigned char* scratch, u64* full,
+                                        u64* empty, int tiles_m, int tiles_n, int tiles, int ktiles, int wg,
+                                        int tid) {
+  const int row0 = (wg - 1) * MSUB * 64, ct = (wg - 1) * 128 + tid;  // ct: index among all consumer threads
+  float acc[MSUB][BN / 2];
+  Ring ring;
   const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
-    int prev = -1;
-    for (int kt = 0; kt < ktiles; ++kt) {
-      bar_wait(&full[stage], phase);
-      const u32 a = smem_addr(smem + stage * STAGE_BYTES);
-      wgmma_fence();
-      wgmma_stage<BN, MSUB, B_MN, ELEM>(acc, a, a + BM * 128, row0, kt == 0);
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmma are done: hand its buffers back
-      if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
-      prev = stage;
-      if (++stage == STAGES) {
-        stage = 0;
-        phase ^= 1;
-      }
+    if constexpr (SPLIT3) {
+      mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
+    } else {
+      mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int s = 0; s < MSUB; ++s) fence_regs<BN / 2>(acc[s]);
-    if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
     // accumulator layout (m64nNk16): row = 16 * warp + lane / 4 (+8), column = 8 * j + 2 * (lane % 4) (+1).
     // EPI_GROUP column blocks at a time: their epilogue values first (the loads of C and of the
     // epilogue inputs are in flight together: no store can alias them yet), then their stores.
@@ -146,12 +275,14 @@ __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, u6
 // shared-memory layout, barrier set-up (full: `arrivals` per phase; empty: one per consumer)
 struct Stages {
   unsigned char* smem;
+  unsigned char* scratch;  // SCRATCH_BUFS * SCRATCH_BYTES after the stages
   u64 *full, *empty;
 };
 __device__ __forceinline__ Stages setup_stages(unsigned char* raw, u32 arrivals) {
   Stages st;
   st.smem = (unsigned char*)(((u64)raw + 1023) & ~(u64)1023);
-  st.full = (u64*)(st.smem + STAGES * STAGE_BYTES);
+  st.scratch = st.smem + STAGES * STAGE_BYTES;
+  st.full = (u64*)(st.scratch + SCRATCH_BUFS * SCRATCH_BYTES);
   st.empty = st.full + STAGES;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -208,8 +339,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
         tma_load_3d(a, &tm_a, &st.full[stage], kt * KE, ti.tm * BM, za);
 #if B_MN
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j)
-          tma_load_3d(b + j * 8192, &tm_b, &st.full[stage], ti.tn * BN + j * 64, kt * KE, zb);
+        for (int j = 0; j < BN / KE; ++j)  // boxes of KE N (128 bytes) by KE K rows
+          tma_load_3d(b + j * KE * 128, &tm_b, &st.full[stage], ti.tn * BN + j * KE, kt * KE, zb);
 #else
         tma_load_3d(b, &tm_b, &st.full[stage], kt * KE, ti.tn * BN, zb);
 #endif
@@ -221,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
 #if HAS_EPILOGUE
     out.epi = make_epi(EPI_ARGS);
 #endif
-    consume(out, st.smem, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
+    consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
   }
 }
 
@@ -287,6 +418,6 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
 #if HAS_EPILOGUE
     out.epi = make_epi(EPI_ARGS);
 #endif
-    consume(out, st.smem, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
+    consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
   }
 }

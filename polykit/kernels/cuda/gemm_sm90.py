@@ -2,8 +2,10 @@
 
 Tactics `cuda.gemm.sm90_<BM>x<BN>` (kinds MatMul and Gemm, GPUs of compute capability 9.0)
 for layers whose A, B (and C, Y) are all float16 or all bfloat16, or all float32 in a layer
-built with precision "tf32" (--tf32; then B must be a transposed Gemm B [N, K]: wgmma reads
-tf32 operands K-major only), with TMA-friendly geometry: A row-major with K % 8 == 0
+built with precision "tf32" (--tf32; a [K, N] B is transposed in shared memory: wgmma reads
+tf32 operands K-major only). Tactics `cuda.gemm.sm90x3_<BM>x<BN>` run float32 layers of
+precision "fp32" at fp32 accuracy on the same tensor cores (3xTF32: each operand split into two
+tf32 parts, three products, docs/CUDA_NOTES.md). TMA-friendly geometry: A row-major with K % 8 == 0
 (16-byte rows), B [K, N] with N % 8 == 0 or a transposed Gemm B [N, K] with K % 8 == 0, no transA, batch dims that are either absent on B
 (folded into M) or the same on both operands (or absent on A). Other GEMMs keep the mma.sync
 and SIMT tactics (gemm.py). The tile parameters below are the one source of each kernel's
@@ -24,6 +26,7 @@ FILE = "gemm_sm90.cu"
 #: storage dtype -> the kernel's ELEM type (float32: tf32 math)
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t", "float32": "float"}
 ROW_BYTES = 128  # a shared-memory tile row: one 128-byte swizzle row of K (the stage's depth)
+SMEM_PER_SM, SMEM_PER_BLOCK = 228 * 1024, 227 * 1024  # compute capability 9.0
 BK = 64  # K depth of a stage for 16-bit elements (32 for float32)
 
 
@@ -67,25 +70,47 @@ class Sm90Tile:
         """Persistent blocks for `tiles` output tiles."""
         return max(1, min(tiles, self.blocks * sm_count))
 
-    def defines(self, b_mn: bool) -> tuple[tuple[str, str], ...]:
+    def defines(self, b_mn: bool, split3: bool = False) -> tuple[tuple[str, str], ...]:
         return defines(MSUB=self.msub, CONSUMERS=self.consumers, BN=self.bn, STAGES=self.stages, B_MN=int(b_mn),
-                       BLOCKS=self.blocks)
+                       BLOCKS=self.blocks) + (defines(SPLIT3=1) if split3 else ())
+
+    def scratch(self, storage: str, b_mn: bool, split3: bool) -> int:
+        """Bytes of the float-B scratch ring (gemm_sm90.cu B_SCRATCH): 3 buffers of B's K-major
+        big part (a [K, N] B) and its small part (3xTF32)."""
+        if storage != "float32" or not (b_mn or split3):
+            return 0
+        return 3 * (int(b_mn) + int(split3)) * self.bn * ROW_BYTES
+
+    def smem_for(self, storage: str, b_mn: bool, split3: bool) -> int:
+        return self.smem + self.scratch(storage, b_mn, split3)
+
+    def fits(self, storage: str, b_mn: bool, split3: bool) -> bool:
+        """Whether `blocks` blocks of this tile's shared memory fit one SM (228 KiB, 1 KiB of it
+        reserved per block; at most 227 KiB a block)."""
+        need = self.smem_for(storage, b_mn, split3)
+        return need <= SMEM_PER_BLOCK and self.blocks * (need + 1024) <= SMEM_PER_SM
 
 
 #: tile configurations, in the order a build without timing prefers them
 TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660), Sm90Tile(2, 2, 128, 4, tflops=630),
          Sm90Tile(1, 1, 128, 8, tflops=430), Sm90Tile(1, 2, 64, 8, tflops=340), Sm90Tile(1, 1, 64, 8, tflops=330),
          Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430), Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
+#: 3xTF32 tiles (fewer stages: the float B scratch ring shares the shared memory; one warpgroup
+#: tile of rows each: a stage's partial sums need as many registers again as the accumulators);
+#: rates are fp16-equivalent guesses (the cost model divides them by 6)
+X3_TILES = (Sm90Tile(1, 2, 128, 4, tflops=500), Sm90Tile(1, 1, 128, 4, tflops=430),
+            Sm90Tile(1, 2, 64, 4, tflops=340), Sm90Tile(1, 1, 64, 4, blocks=2, tflops=330))
 
 
-def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False) -> float:
+def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False,
+                 split3: bool = False) -> float:
     """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of tiles at the tile's
-    full-chip rate (tf32: half the fp16 rate, as the chip's peaks), plus a fixed start per wave
-    (pipeline fill, epilogue)."""
+    full-chip rate (tf32: half the fp16 rate, as the chip's peaks; 3xTF32 a third of that),
+    plus a fixed start per wave (pipeline fill, epilogue)."""
     tiles = -(-M // tile.bm) * -(-N // tile.bn) * items
     slots = max(1, tile.blocks * sm_count)
     waves = -(-tiles // slots)
-    rate = tile.tflops / (2 if tf32 else 1)
+    rate = tile.tflops / (2 if tf32 or split3 else 1) / (3 if split3 else 1)
     per_wave = 2.0 * tile.bm * tile.bn * max(K, 64) * slots / (rate * 1e6)
     return waves * (per_wave + 2.0)
 
@@ -147,13 +172,13 @@ def plan_gemm(kind: str, attrs: Mapping[str, Any], a: Sequence[int], b: Sequence
 
 
 def tensor_maps(geo: Sm90Gemm, tile: Sm90Tile, a: DeviceTensor, b: DeviceTensor) -> tuple[TensorMapSpec, TensorMapSpec]:
-    """TMA maps of A (box KE K x BM rows) and B (box 64 x 64 MN-major, or KE K x BN rows), KE
-    the stage depth of the dtype (bk_of)."""
+    """TMA maps of A (box KE K x BM rows) and B (box KE x KE MN-major, or KE K x BN rows), KE
+    the stage depth of the dtype (bk_of: 128 bytes of elements)."""
     es, ke = np.dtype(a.dtype).itemsize, bk_of(a.dtype)
     tm_a = TensorMapSpec(a.ptr, a.dtype, (geo.K, geo.M, geo.a_items), (geo.K * es, geo.M * geo.K * es),
                          (ke, tile.bm, 1))
     if geo.b_mn:
-        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.N, geo.K, geo.b_items), (geo.N * es, geo.K * geo.N * es), (64, ke, 1))
+        tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.N, geo.K, geo.b_items), (geo.N * es, geo.K * geo.N * es), (ke, ke, 1))
     else:
         tm_b = TensorMapSpec(b.ptr, b.dtype, (geo.K, geo.N, geo.b_items), (geo.K * es, geo.N * geo.K * es),
                              (ke, tile.bn, 1))
@@ -172,9 +197,10 @@ def _layer_geometry(layer: Any) -> Sm90Gemm | None:
     return plan_gemm(layer.kind, layer.attrs, shapes[0], shapes[1], c)
 
 
-def storage_of(layer: Any, operands: int) -> str | None:
+def storage_of(layer: Any, operands: int, split3: bool = False) -> str | None:
     """The one storage dtype of the layer's first `operands` inputs and its output when the sm90
-    kernels take it: float16 / bfloat16, or float32 in a layer of precision "tf32"; else None."""
+    kernels take it: float16 / bfloat16, or float32 in a layer of precision "tf32"; with
+    `split3` (the 3xTF32 kernels), float32 in a layer of precision "fp32"; else None."""
     dtypes = getattr(layer, "in_dtypes", ())
     outs = getattr(layer, "out_dtypes", ())
     if not dtypes or not outs:
@@ -183,81 +209,100 @@ def storage_of(layer: Any, operands: int) -> str | None:
     if len(used) != 1 or next(iter(used)) not in ELEMS:
         return None
     storage = next(iter(used))
-    return None if storage == "float32" and getattr(layer, "precision", None) != "tf32" else storage
+    precision = getattr(layer, "precision", None)
+    if storage == "float32" and precision != ("fp32" if split3 else "tf32"):
+        return None
+    return None if split3 and storage != "float32" else storage
 
 
-def _storage(layer: Any) -> str | None:
-    return storage_of(layer, 3 if layer.kind == "Gemm" else 2)
+def _storage(layer: Any, split3: bool = False) -> str | None:
+    return storage_of(layer, 3 if layer.kind == "Gemm" else 2, split3)
 
 
-def _supports(layer: Any) -> bool:
-    storage, geo = _storage(layer), _layer_geometry(layer)
-    if storage is None or geo is None or (storage == "float32" and geo.b_mn):
-        return False
-    return supports_epilogue(layer)
+def _supports(tile: Sm90Tile, split3: bool):
+    def supports(layer: Any) -> bool:
+        storage, geo = _storage(layer, split3), _layer_geometry(layer)
+        if storage is None or geo is None or not tile.fits(storage, geo.b_mn, split3):
+            return False
+        return supports_epilogue(layer)
+
+    return supports
 
 
-def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90") -> KernelSource:
+def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
+               split3: bool = False) -> KernelSource:
     """The layer's kernel `name` (gemm_sm90 or conv_sm90): the .cu with the tile's defines, plus
     the layer's epilogue when it has one."""
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
-                            defines=tile.defines(b_mn), arch="sm_90a")
-    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn), arch="sm_90a")
+                            defines=tile.defines(b_mn, split3), arch="sm_90a")
+    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn, split3), arch="sm_90a")
 
 
-def _kernels(tile: Sm90Tile):
+def _kernels(tile: Sm90Tile, split3: bool):
     def kernels(layer: Any) -> list[KernelSource]:
         geo = _layer_geometry(layer)
-        return [kernel_for(layer, tile, ELEMS[_storage(layer)], geo.b_mn)]
+        return [kernel_for(layer, tile, ELEMS[_storage(layer, split3)], geo.b_mn, split3=split3)]
 
     return kernels
 
 
-def _estimate(tile: Sm90Tile):
+def _estimate(tile: Sm90Tile, split3: bool):
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _layer_geometry(layer)
         if geo is None or not sm_count:
             return None
-        return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, _storage(layer) == "float32")
+        return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, _storage(layer, split3) == "float32",
+                            split3)
 
     return estimate
 
 
-def _enqueue(tile: Sm90Tile):
+def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
         C = tensors.get(layer.inputs[2]) if layer.kind == "Gemm" and len(layer.inputs) > 2 and layer.inputs[2] else None
         geo = plan_gemm(layer.kind, layer.attrs, A.shape, B.shape, C.shape if C is not None else None)
         if geo is None:
             raise ValueError(f"shapes {A.shape} x {B.shape} do not fit the sm90 GEMM kernel")
-        elem = ELEMS[np.dtype(Y.dtype).name]
+        storage = np.dtype(Y.dtype).name
         tm_a, tm_b = tensor_maps(geo, tile, A, B)
         alpha = float(layer.attrs.get("alpha", 1.0)) if layer.kind == "Gemm" else 1.0
         beta = float(layer.attrs.get("beta", 1.0)) if layer.kind == "Gemm" else 0.0
         grid = tile.grid(tile_count(geo, tile), launcher.sm_count)
         args = [tm_a, tm_b, C if C is not None else 0, Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
                 np.float32(alpha), np.float32(beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1)]
-        launcher.launch(kernel_for(layer, tile, elem, geo.b_mn), (grid,), (tile.threads,),
-                        args + epilogue_args(layer, tensors, Y.dtype), shared_mem=tile.smem)
+        launcher.launch(kernel_for(layer, tile, ELEMS[storage], geo.b_mn, split3=split3), (grid,), (tile.threads,),
+                        args + epilogue_args(layer, tensors, Y.dtype),
+                        shared_mem=tile.smem_for(storage, geo.b_mn, split3))
 
     return enqueue
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every tile with both B layouts for fp16, the default tile for bf16, and for tf32 (B [N, K]),
-    the default tile and a 2-blocks-per-SM one (CI: sm_90a)."""
-    out = [KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(b_mn), arch="sm_90a")
-           for t in TILES for b_mn in (True, False)]
-    out.append(KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="bf16_t") + TILES[0].defines(True),
-                            arch="sm_90a"))
-    return out + [KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM="float") + t.defines(False), arch="sm_90a")
-                  for t in (TILES[0], TILES[-1])]
+    """Every tile with both B layouts for fp16, the default tile for bf16, for tf32 the default
+    tile and a 2-blocks-per-SM one with both B layouts, and every 3xTF32 tile with each B layout it
+    fits (CI: sm_90a)."""
+    def unit(elem: str, tile: Sm90Tile, b_mn: bool, split3: bool = False) -> KernelSource:
+        return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn, split3),
+                            arch="sm_90a")
+
+    out = [unit("half_t", t, b_mn) for t in TILES for b_mn in (True, False)]
+    out.append(unit("bf16_t", TILES[0], True))
+    out += [unit("float", t, b_mn) for t in (TILES[0], TILES[5], TILES[-1]) for b_mn in (False, True)
+            if t.fits("float32", b_mn, False)]
+    return out + [unit("float", t, b_mn, True) for t in X3_TILES for b_mn in (False, True)
+                  if t.fits("float32", b_mn, True)]
 
 
-for _tile in TILES:
-    for _kind in ("MatMul", "Gemm"):
-        cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports,
-                    priority=30, archs=ARCHS, estimate=_estimate(_tile),
-                    params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
-                            "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))
+def _register(tiles: tuple[Sm90Tile, ...], prefix: str, split3: bool) -> None:
+    for tile in tiles:
+        for kind in ("MatMul", "Gemm"):
+            cuda_tactic(kind, f"cuda.gemm.{prefix}_{tile.label}", kernels=_kernels(tile, split3),
+                        supports=_supports(tile, split3), priority=30, archs=ARCHS, estimate=_estimate(tile, split3),
+                        params={"bm": tile.bm, "bn": tile.bn, "bk": BK, "msub": tile.msub,
+                                "consumers": tile.consumers, "stages": tile.stages})(_enqueue(tile, split3))
+
+
+_register(TILES, "sm90", False)
+_register(X3_TILES, "sm90x3", True)

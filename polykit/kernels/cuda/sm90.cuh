@@ -106,6 +106,59 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[WSUB][WN / 2], u32 a, u
   }
 }
 
+// ---- fp32 on tf32 tensor cores (3xTF32) ----------------------------------------------------
+// x = big + small with both parts tf32 values (big = x rounded to tf32, small = the rest rounded
+// to tf32); a * b ~ a_small * b_big + a_big * b_small + a_big * b_big, the dropped a_small *
+// b_small is below 2^-22 |a b| and unbiased (both parts are rounded, not truncated).
+__device__ __forceinline__ void split_tf32(float x, u32& big, u32& small) {
+  const float b = tf32_round(x);
+  big = __float_as_uint(b);
+  small = __float_as_uint(tf32_round(x - b));
+}
+// generic-proxy shared-memory writes -> visible to wgmma (async proxy) reads
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// barrier `id` (not 0: __syncthreads' own) over `threads` threads of the block
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_barrier() { asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory"); }
+
+// One stage of 3xTF32 wgmma into `part` (zeroed by the first wgmma): A (float, K-major rows, 32
+// deep) split into big and small parts in registers (the m64nNk8 tf32 A fragment: rows g, g + 8
+// by columns t, t + 4 of the warp's 16 rows, g = lane / 4, t = lane % 4); B's big and small parts
+// K-major in shared memory at b_big and b_small. Every fragment and descriptor is made before the
+// one wgmma.fence and none is written again until the caller's wgmma.wait: registers an
+// in-flight wgmma reads must not change (PTX ISA: wgmma register operands).
+template <int WN, int WSUB>
+__device__ __forceinline__ void wgmma_stage_3xtf32(float (&part)[WSUB][WN / 2], const unsigned char* a, u32 b_big,
+                                                   u32 b_small, int row0, int warp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  u32 big[4][WSUB][4], small[4][WSUB][4];
+  u64 db_big[4], db_small[4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    db_big[kk] = smem_desc(b_big + kk * 32, 16, 1024);
+    db_small[kk] = smem_desc(b_small + kk * 32, 16, 1024);
+#pragma unroll
+    for (int s = 0; s < WSUB; ++s) {
+      // row r = row0 + 64 s + 16 warp + g has r % 8 == g: chunk c of it sits at chunk c ^ g
+      const unsigned char* row = a + (row0 + s * 64 + warp * 16 + g) * 128 + t * 4;
+      const int c0 = ((2 * kk) ^ g) << 4, c1 = ((2 * kk + 1) ^ g) << 4;
+      split_tf32(*(const float*)(row + c0), big[kk][s][0], small[kk][s][0]);
+      split_tf32(*(const float*)(row + 1024 + c0), big[kk][s][1], small[kk][s][1]);
+      split_tf32(*(const float*)(row + c1), big[kk][s][2], small[kk][s][2]);
+      split_tf32(*(const float*)(row + 1024 + c1), big[kk][s][3], small[kk][s][3]);
+    }
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int s = 0; s < WSUB; ++s) {
+      WgmmaTf32RA<WN>::run(part[s], small[kk][s], db_big[kk], kk == 0 ? 0 : 1);
+      WgmmaTf32RA<WN>::run(part[s], big[kk][s], db_small[kk], 1);
+      WgmmaTf32RA<WN>::run(part[s], big[kk][s], db_big[kk], 1);
+    }
+}
+
 // Linear tile index -> (item, tile row, tile column), GROUP tile rows at a time so that
 // neighbouring blocks share A and B tiles in L2.
 struct TileIdx {

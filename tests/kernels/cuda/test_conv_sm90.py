@@ -11,7 +11,7 @@ import pytest
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
 from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.conv_sm90 import CONV_TILES, X3_CONV_TILES, plan_conv
 
 rng = np.random.default_rng(23)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -42,7 +42,7 @@ def rand(shape, dtype):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp16"):
+def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp16", prefix="sm90"):
     from polykit.kernels.registry import run_reference
     from polykit.runtime.cuda.harness import infer_output_specs, run_layer
 
@@ -59,7 +59,7 @@ def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp1
     layer = replace(layer, in_dtypes=tuple(np.dtype(inputs[n].dtype).name for n in names),
                     out_dtypes=(np.dtype(dtype).name,), in_shapes=tuple(tuple(inputs[n].shape) for n in names),
                     out_shapes=(specs["Y"][0],))
-    out = run_layer(layer, inputs, tactic=f"cuda.conv_nhwc.sm90_{tile.label}", output_specs=specs)["Y"]
+    out = run_layer(layer, inputs, tactic=f"cuda.conv_nhwc.{prefix}_{tile.label}", output_specs=specs)["Y"]
     node = Node("ConvNHWC", list(names), ["Y"], dict(layer.attrs), "conv", POLYKIT_DOMAIN)
     ref = run_reference(node, [inputs[n].astype(np.float64) for n in names])[0]
     out = np.asarray(out, np.float64)
@@ -95,15 +95,28 @@ def test_sm90_conv_tf32_matches_float64_reference(tile, x, w, attrs):
     assert run_case(tile, x, w, attrs, np.float32, precision="tf32") <= 3e-3
 
 
-def test_sm90_conv_takes_float32_only_in_tf32_layers():
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", X3_CONV_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("x,w,attrs", CASES)
+def test_sm90x3_conv_has_fp32_accuracy(tile, x, w, attrs):
+    """float32 layers of precision fp32 on tf32 tensor cores, each operand split in two (3xTF32):
+    the error stays at float32's level (tf32 alone: ~1e-3)."""
+    require_sm90()
+    assert run_case(tile, x, w, attrs, np.float32, precision="fp32", prefix="sm90x3") <= 2e-6
+
+
+def test_sm90_conv_takes_float32_as_tf32_or_fp32_by_tactic():
     from polykit.kernels.cuda.conv_sm90 import _supports
 
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     base = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN,
                      in_dtypes=("float32",) * 3, out_dtypes=("float32",),
                      in_shapes=((1, 8, 8, 16), (32, 3, 3, 16), (32,)), out_shapes=((1, 8, 8, 32),))
-    assert _supports(replace(base, precision="tf32"))
-    assert not _supports(replace(base, precision="fp32"))
+    tf32, x3 = _supports(CONV_TILES[0], False), _supports(X3_CONV_TILES[0], True)
+    assert tf32(replace(base, precision="tf32")) and not tf32(replace(base, precision="fp32"))
+    assert x3(replace(base, precision="fp32")) and not x3(replace(base, precision="tf32"))
+    half = replace(base, precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",))
+    assert not x3(half) and tf32(half)
 
 
 @pytest.mark.gpu

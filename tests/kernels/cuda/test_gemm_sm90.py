@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.gemm_sm90 import TILES, Sm90Gemm, plan_gemm, tile_count
+from polykit.kernels.cuda.gemm_sm90 import TILES, X3_TILES, Sm90Gemm, plan_gemm, tile_count
 
 rng = np.random.default_rng(11)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -45,7 +45,7 @@ def test_plan_gemm_declines_what_the_kernel_cannot_take(kind, attrs, a, b):
 
 def test_tile_parameters_fit_the_chip():
     for t in TILES:
-        assert t.blocks * t.smem <= 227 * 1024 and t.bm <= 256 and t.bn <= 256
+        assert t.fits("float16", True, False) and t.fits("float16", False, False) and t.bm <= 256 and t.bn <= 256
         assert t.blocks == 1 or t.consumers == 1  # two blocks an SM: 128 registers a thread at most
         assert t.threads == 128 * (t.consumers + 1)
     assert tile_count(Sm90Gemm(300, 200, 64, 2, 2, 2, True), TILES[0]) == 3 * 2 * 2
@@ -156,12 +156,27 @@ def _gemm_layer(kind, attrs, a, b, precision):
                      out_dtypes=("float32",), in_shapes=(a, b), out_shapes=((a[0], b[0] if attrs.get("transB") else b[1]),))
 
 
-def test_sm90_takes_float32_only_as_tf32_with_b_k_major():
+def test_3xtf32_tiles_fit_with_their_scratch_ring():
+    """Every 3xTF32 tile fits with a K-major B (convolutions, transposed Gemm B); the scratch ring
+    of a [K, N] B (its big part too) is 3 x 2 x BN rows: the largest tiles take only K-major B."""
+    for t in X3_TILES:
+        assert t.fits("float32", False, True)
+        assert t.scratch("float32", True, True) == 2 * t.scratch("float32", False, True) == 6 * t.bn * 128
+    assert X3_TILES[0].fits("float32", True, True)
+    assert not X3_TILES[3].fits("float32", True, True)  # two blocks an SM: 2 x (64 KiB + 48 KiB) + reserve
+    assert TILES[0].scratch("float16", True, False) == 0 and TILES[0].scratch("float32", False, False) == 0
+
+
+def test_sm90_takes_float32_as_tf32_or_3xtf32_by_tactic():
     from polykit.kernels.cuda.gemm_sm90 import _supports
 
-    assert _supports(_gemm_layer("Gemm", {"transB": 1}, (64, 96), (128, 96), "tf32"))
-    assert not _supports(_gemm_layer("Gemm", {"transB": 1}, (64, 96), (128, 96), "fp32"))
-    assert not _supports(_gemm_layer("MatMul", {}, (64, 96), (96, 128), "tf32"))  # B [K, N]: N-major
+    tf32, small_tf32, x3 = _supports(TILES[0], False), _supports(TILES[5], False), _supports(X3_TILES[0], True)
+    gemm_t = ("Gemm", {"transB": 1}, (64, 96), (128, 96))
+    assert tf32(_gemm_layer(*gemm_t, "tf32")) and not tf32(_gemm_layer(*gemm_t, "fp32"))
+    assert x3(_gemm_layer(*gemm_t, "fp32")) and not x3(_gemm_layer(*gemm_t, "tf32"))
+    mm = ("MatMul", {}, (64, 96), (96, 128))  # B [K, N]: transposed in shared memory, if the scratch fits
+    assert small_tf32(_gemm_layer(*mm, "tf32")) and not tf32(_gemm_layer(*mm, "tf32"))
+    assert x3(_gemm_layer(*mm, "fp32")) and not _supports(X3_TILES[3], True)(_gemm_layer(*mm, "fp32"))
 
 
 @pytest.mark.gpu
@@ -175,3 +190,45 @@ def test_sm90_tf32_gemm_matches_float64_reference(tile, M, K, N):
     layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
     out = run(layer, {"A": a, "B": b, "C": c}, f"cuda.gemm.sm90_{tile.label}", (M, N), np.float32)
     assert rel_err(out, ref) <= 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [TILES[5], TILES[4]], ids=lambda t: t.label)
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
+def test_sm90_tf32_matmul_with_b_k_by_n(tile, a_shape, b_shape):
+    """tf32 math on a [K, N] B: the consumers transpose each stage of B into K-major rows."""
+    require_sm90()
+    a, b = rand(a_shape, np.float32), rand(b_shape, np.float32)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}, precision="tf32")
+    out = run(layer, {"A": a, "B": b}, f"cuda.gemm.sm90_{tile.label}", ref.shape, np.float32)
+    assert rel_err(out, ref) <= 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", X3_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
+def test_sm90x3_matmul_has_fp32_accuracy(tile, a_shape, b_shape):
+    """3xTF32 (precision fp32 on tf32 tensor cores): the error is float32's (the SIMT kernel's
+    on the same data, within a small factor), not tf32's ~1e-3."""
+    require_sm90()
+    if not tile.fits("float32", True, True):
+        pytest.skip("this tile takes only a K-major B")
+    a, b = rand(a_shape, np.float32), rand(b_shape, np.float32)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}, precision="fp32")
+    out = run(layer, {"A": a, "B": b}, f"cuda.gemm.sm90x3_{tile.label}", ref.shape, np.float32)
+    simt = run(layer, {"A": a, "B": b}, "cuda.gemm.simt", ref.shape, np.float32)
+    assert rel_err(out, ref) <= max(2e-6, 4 * rel_err(simt, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", X3_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("M,K,N", [(77, 96, 136), (300, 1000, 520), (1, 8, 8), (2048, 768, 1024)])
+def test_sm90x3_gemm_with_transposed_b_and_bias(tile, M, K, N):
+    require_sm90()
+    a, b, c = rand((M, K), np.float32), rand((N, K), np.float32), rand((N,), np.float32)
+    ref = 0.5 * (a.astype(np.float64) @ b.T.astype(np.float64)) + c.astype(np.float64)
+    layer = LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}, precision="fp32")
+    out = run(layer, {"A": a, "B": b, "C": c}, f"cuda.gemm.sm90x3_{tile.label}", (M, N), np.float32)
+    assert rel_err(out, ref) <= 2e-6
