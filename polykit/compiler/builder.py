@@ -99,6 +99,18 @@ def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
 
 
 # ---- steps -------------------------------------------------------------------------------
+def conv_pixels(graph: Graph) -> list[int]:
+    """N * OH * OW of each 2-D Conv whose output shape is known (channels_last_for's measure)."""
+    out = []
+    for node in graph.nodes:
+        if node.op_type == "Conv" and node.outputs:
+            shape = graph.value(node.outputs[0]).shape
+            if shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape):
+                out.append(shape[0] * shape[2] * shape[3])
+    return out
+
+
+
 def resolve_target(target: str | None) -> str:
     from polykit.runtime.target import TARGETS, default_target
 
@@ -191,7 +203,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
     pinned = tuple(cfg.fp32_layers) + tuple(n for n, p in cfg.layer_precisions.items() if p in ("fp32", "tf32"))
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
-               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target),
+               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target, conv_pixels(g)),
                "int8": int8.fold, "int8_scales": dict(int8.scales)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):

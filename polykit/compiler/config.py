@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
+#: median output pixels of a model's 2-D convolutions from which an fp32 cuda build runs them
+#: channels-last (BuilderConfig.channels_last_for): ResNet-50 has 196 at batch 1, 6272 at batch 32
+FP32_NHWC_PIXELS = 4096
 #: fields naming files a build reads or writes besides the model, and switches of the build
 #: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
 SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
@@ -56,7 +59,9 @@ class BuilderConfig:
         shape, Pad's pads, NonZero's count) become static; the engine then accepts only
         feeds equal to these values for those inputs.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
-        turns it on for fp16 and bf16 builds of the cuda target (channels_last_for).
+        turns it on for the cuda target's fp16, bf16 and tf32 builds, and its fp32 builds of
+        large convolutions (channels_last_for): its tensor-core convolutions (fp32 as 3xTF32)
+        are NHWC implicit GEMMs.
     builder_optimization_level: 0 (first candidate by priority, nothing timed) to 5 (every
         candidate of every layer timed); 3, the default, times layers with several candidates,
         the best few by priority (docs/TUNING.md).
@@ -153,11 +158,19 @@ class BuilderConfig:
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
 
-    def channels_last_for(self, target: str) -> bool:
-        """Whether a build for `target` runs convolutions channels-last (None: fp16 cuda builds)."""
+    def channels_last_for(self, target: str, conv_pixels: Sequence[int] = ()) -> bool:
+        """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda
+        target's half and tf32 builds, and its fp32 builds whose convolutions are large (median
+        output pixels N * OH * OW of the 2-D convolutions, `conv_pixels`, at least
+        FP32_NHWC_PIXELS): the NHWC 3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs
+        18.5 ms on the H100), the NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
-        return target == "cuda" and (self.fp16 or self.bf16 or self.tf32)
+        if target != "cuda":
+            return False
+        if self.fp16 or self.bf16 or self.tf32:
+            return True
+        return bool(conv_pixels) and sorted(conv_pixels)[len(conv_pixels) // 2] >= FP32_NHWC_PIXELS
 
     def _check_tuning(self) -> None:
         level = self.builder_optimization_level

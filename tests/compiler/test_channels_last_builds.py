@@ -54,6 +54,25 @@ def test_channels_last_auto_is_on_for_fp16_cuda_builds_only(target, fp16, settin
     assert BuilderConfig(fp16=fp16, channels_last=setting).channels_last_for(target) is expected
 
 
+def test_channels_last_auto_for_fp32_cuda_builds_follows_the_convolution_sizes():
+    """fp32 cuda builds go channels-last (the 3xTF32 tensor-core convolutions) when the median
+    convolution output is large; small ones keep the NCHW kernels."""
+    from polykit.compiler.builder import conv_pixels
+    from polykit.compiler.config import FP32_NHWC_PIXELS
+    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.onnx_import import load_onnx
+
+    cfg = BuilderConfig()
+    assert cfg.channels_last_for("cuda", [FP32_NHWC_PIXELS] * 3 + [1])
+    assert not cfg.channels_last_for("cuda", [FP32_NHWC_PIXELS - 1] * 3 + [10**6])
+    assert not cfg.channels_last_for("cuda", []) and not cfg.channels_last_for("cpu", [10**6])
+    assert not BuilderConfig(channels_last=False).channels_last_for("cuda", [10**6])
+    g = load_onnx(resnet(depths=(1, 1)))
+    infer_shapes(g)
+    pixels = conv_pixels(g)
+    assert pixels and all(p > 0 for p in pixels)
+
+
 def test_channels_last_auto_is_on_for_tf32_cuda_builds():
     assert BuilderConfig(tf32=True).channels_last_for("cuda") and not BuilderConfig(tf32=True).channels_last_for("cpu")
 
