@@ -93,7 +93,9 @@ __device__ void attention(const T* __restrict__ q, const T* __restrict__ k, cons
 // result is deterministic. A row whose softmax is undefined in the simple kernel (every score
 // -inf, or a NaN/+inf score: l ends NaN or m stays -inf) gives NaN, or 0 with nan_to_zero,
 // exactly as there. Dynamic shared memory: 4 * (AT_QT*D + AT_KT*(D+1) + AT_KT*Dv) bytes.
-// Grid min(nb * ceil(S / AT_QT), 2^20), block 128.
+// Grid min(nb * ceil(S / AT_QT), 2^20), block 128. HD > 0: D == Dv == HD known at compile time
+// (the _h64 / _h128 kernels: unrolled dot products, shifts instead of divisions), else both
+// taken at run time.
 #define AT_QT 16
 #define AT_KT 32
 #define AT_RW 4  // rows per warp (AT_QT / 4 warps)
@@ -110,11 +112,12 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-template <class T, class M>
+template <class T, class M, int HD>
 __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const M* __restrict__ mask, T* __restrict__ y, i64 nb, i64 nbd, const i64* bd,
                                 const i64* qs, const i64* ks, const i64* vs, const i64* ms, i64 ms_s, i64 ms_j,
-                                i64 S, i64 Skv, i64 D, i64 Dv, float scale, i64 nan_to_zero) {
+                                i64 S, i64 Skv, i64 D_, i64 Dv_, float scale, i64 nan_to_zero) {
+  const int D = HD ? HD : (int)D_, Dv = HD ? HD : (int)Dv_;
   extern __shared__ __align__(8) unsigned char att_sh[];
   float* Qs = (float*)att_sh;        // [AT_QT][D]
   float* Ks = Qs + AT_QT * D;        // [AT_KT][D + 1] (odd pitch: lanes read different rows)
@@ -131,8 +134,8 @@ __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k
       r = qq;
     }
     __syncthreads();  // the previous block-iteration is done with shared memory
-    for (i64 i = threadIdx.x; i < AT_QT * D; i += blockDim.x) {
-      const i64 row = i / D;
+    for (int i = threadIdx.x; i < AT_QT * D; i += blockDim.x) {
+      const int row = i / D;
       Qs[i] = s0 + row < S ? (float)ld(q + qo, (s0 + row) * D + (i - row * D)) : 0.f;
     }
     float m[AT_RW], l[AT_RW], acc[AT_RW][AT_CU];
@@ -144,12 +147,12 @@ __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k
     }
     for (i64 j0 = 0; j0 < Skv; j0 += AT_KT) {
       __syncthreads();  // the previous tile is consumed
-      for (i64 i = threadIdx.x; i < AT_KT * D; i += blockDim.x) {
-        const i64 row = i / D, t = i - row * D;
+      for (int i = threadIdx.x; i < AT_KT * D; i += blockDim.x) {
+        const int row = i / D, t = i - row * D;
         Ks[row * (D + 1) + t] = j0 + row < Skv ? (float)ld(k + ko, (j0 + row) * D + t) : 0.f;
       }
-      for (i64 i = threadIdx.x; i < AT_KT * Dv; i += blockDim.x) {
-        const i64 row = i / Dv;
+      for (int i = threadIdx.x; i < AT_KT * Dv; i += blockDim.x) {
+        const int row = i / Dv;
         Vs[i] = j0 + row < Skv ? (float)ld(v + vo, (j0 + row) * Dv + (i - row * Dv)) : 0.f;
       }
       __syncthreads();
@@ -164,7 +167,8 @@ __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k
         const float* qv = Qs + qrow * D;
         const float* kv = Ks + lane * (D + 1);
         float sc = 0.f;
-        for (int t = 0; t < (int)D; ++t) sc += qv[t] * kv[t];
+#pragma unroll(HD ? 16 : 1)
+        for (int t = 0; t < D; ++t) sc += qv[t] * kv[t];
         sc *= scale;
         if (mask && jok) sc = MaskOp<float, M>::apply(sc, mask[mo + s * ms_s + j * ms_j]);
         if (!jok) sc = ninf;
@@ -178,6 +182,7 @@ __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k
         m[rr] = mn;
 #pragma unroll
         for (int u = 0; u < AT_CU; ++u) acc[rr][u] *= alpha;
+#pragma unroll(HD ? 4 : 1)
         for (int jj = 0; jj < nk; ++jj) {
           const float pj = __shfl_sync(0xffffffffu, p, jj);
           const float* vr = Vs + jj * Dv;
@@ -205,13 +210,17 @@ __device__ void attention_tiled(const T* __restrict__ q, const T* __restrict__ k
   }
 }
 
-#define ATTN_TILED(T, M, code)                                                                                    \
+#define ATTN_TILED_HD(T, M, code, HD)                                                                             \
   extern "C" __global__ void __launch_bounds__(128) attention_tiled_##code(                                       \
       const T* q, const T* k, const T* v, const M* mask, T* y, i64 nb, i64 nbd, STR8(b), STR8(q), STR8(k), STR8(v), \
       STR8(m), i64 ms_s, i64 ms_j, i64 S, i64 Skv, i64 D, i64 Dv, float scale, i64 nz) {                           \
     ARR8(bd, b); ARR8(qs, q); ARR8(ks, k); ARR8(vs, v); ARR8(ms, m);                                               \
-    attention_tiled<T, M>(q, k, v, mask, y, nb, nbd, bd, qs, ks, vs, ms, ms_s, ms_j, S, Skv, D, Dv, scale, nz);   \
+    attention_tiled<T, M, HD>(q, k, v, mask, y, nb, nbd, bd, qs, ks, vs, ms, ms_s, ms_j, S, Skv, D, Dv, scale, nz); \
   }
+#define ATTN_TILED(T, M, code)          \
+  ATTN_TILED_HD(T, M, code, 0)          \
+  ATTN_TILED_HD(T, M, code##_h64, 64)   \
+  ATTN_TILED_HD(T, M, code##_h128, 128)
 ATTN_TILED(float, float, f32)
 ATTN_TILED(float, bool, f32_b8)
 ATTN_TILED(half_t, half_t, f16)

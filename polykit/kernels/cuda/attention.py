@@ -34,7 +34,7 @@ def _kernels(layer) -> list[KernelSource]:
 
     relay = movement.copy_kernels(None) if layer is not None and _relaid(layer) else []
     return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
-        [KernelSource(f"attention_tiled_{c}", FILE) for c in TILED] + relay
+        [KernelSource(f"attention_tiled_{c}{h}", FILE) for c in TILED for h in ("", "_h64", "_h128")] + relay
 
 
 def _pad(v, fill=0):
@@ -74,7 +74,8 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
             ms_s, ms_j, S, Skv, D, Dv, np.float64(scale) if wide else np.float32(scale),
             int(layer.attrs.get("nan_probs_to_zero", 0))]
     if not wide and D <= TILED_MAX_D and Dv <= TILED_MAX_D:
-        launcher.launch(KernelSource(f"attention_tiled_{code}", FILE), (min(nb * -(-S // QT), 1 << 20), 1, 1),
+        head = f"_h{D}" if D == Dv and D in (64, 128) else ""  # head size compiled in
+        launcher.launch(KernelSource(f"attention_tiled_{code}{head}", FILE), (min(nb * -(-S // QT), 1 << 20), 1, 1),
                         (TILED_BLOCK, 1, 1), args, shared_mem=4 * (QT * D + KT * (D + 1) + KT * Dv))
         return
     block = 128 if max(Skv, Dv) > 64 else 64

@@ -133,9 +133,11 @@ def test_float_attention_with_small_heads_launches_the_tiled_kernel():
         def launch(self, kernel, grid, block, args, shared_mem=0):
             launches.append((kernel.name, tuple(grid), tuple(block), shared_mem))
 
-    for d, dv in ((64, 64), (160, 64)):
+    for d, dv in ((64, 64), (160, 64), (96, 64)):
         t = {n: DeviceTensor(4096, s, np.dtype(np.float16)) for n, s in
              (("Q", (3, 37, d)), ("K", (3, 50, d)), ("V", (3, 50, dv)), ("Y", (3, 37, dv)))}
         enqueue_attention(attn("QKV"), Recorder(), t)
-    assert launches[0] == ("attention_tiled_f16", (3 * 3, 1, 1), (128, 1, 1), 4 * (16 * 64 + 32 * 65 + 32 * 64))
+    # heads of 64 (and 128) have their size compiled in; other sizes <= 128 take it at run time
+    assert launches[0] == ("attention_tiled_f16_h64", (3 * 3, 1, 1), (128, 1, 1), 4 * (16 * 64 + 32 * 65 + 32 * 64))
     assert launches[1][0] == "attention_f16"
+    assert launches[2][0] == "attention_tiled_f16"
