@@ -217,20 +217,6 @@ def check_capability(model: Any, target: str, input_shapes: Mapping[str, tuple[i
     return report, graph
 
 
-def extract_partition(graph: "Graph", part: Partition) -> Any:
-    """The partition as an onnx.ModelProto (polykit's export of the judged graph's nodes)."""
-    from polykit.compiler.ir import Graph
-    from polykit.compiler.onnx_export import to_onnx
-
-    names = set(part.nodes)
-    nodes = [n for n in graph.nodes if n.name in names]
-    used = {t for n in nodes for t in (*n.inputs, *n.outputs) if t}
-    sub = Graph(nodes, part.inputs, part.outputs, {k: v for k, v in graph.initializers.items() if k in used},
-                {k: v for k, v in graph.values.items() if k in used}, graph.opsets,
-                f"{graph.name}_partition", graph.metadata)
-    return to_onnx(sub)
-
-
 def to_json(report: Capability) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -240,7 +226,8 @@ def to_json(report: Capability) -> dict[str, Any]:
 
 
 def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[str]:
-    """Write each partition as `partition_<i>.onnx` into `folder` (made if missing); the paths."""
+    """Write each partition as `partition_<i>.onnx` into `folder` (made if missing), cut by
+    polykit.tools.subgraph.Extractor from the graph judged; the paths."""
     from pathlib import Path
 
     from polykit.compiler.onnx_import import check_model
@@ -256,8 +243,12 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     paths = []
     import onnx
 
+    from polykit.compiler.onnx_export import to_onnx
+    from polykit.tools.subgraph import Extractor
+
+    extractor = Extractor(to_onnx(graph), graph)  # the graph judged: inputs static, constants folded
     for i, part in enumerate(report.partitions):
-        model = extract_partition(graph, part)
+        model = extractor.extract(part.inputs, part.outputs)
         check_model(model, f"partition {i}")
         path = out / f"partition_{i}.onnx"
         onnx.save_model(model, str(path))

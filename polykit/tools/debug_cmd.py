@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 import typer
@@ -36,13 +37,15 @@ class CheckSetup:
 
         return AccuracySettings(**compare_settings, validate=self.validate, data_options=self.data_options)
 
-    def config(self, model: str, builder_options: Mapping[str, Any]) -> Any:
-        """The BuilderConfig of the build to debug (target: --target, else cuda when usable)."""
+    def config(self, model: str, builder_options: Mapping[str, Any], resolve: bool = True) -> Any:
+        """The BuilderConfig of the build to debug (target: --target, else cuda when usable; with
+        `resolve` False, a target not given stays None: the build picks it when it runs)."""
         from polykit.compiler.config import BuilderConfig
         from polykit.tools.run_cmd import resolve_target
 
-        return BuilderConfig(target=resolve_target(self.target, ["trt"], model), channels_last=self.channels_last,
-                             input_shapes=self.input_shapes, **builder_options)
+        target = resolve_target(self.target, ["trt"], model) if resolve else self.target
+        return BuilderConfig(target=target, channels_last=self.channels_last, input_shapes=self.input_shapes,
+                             **builder_options)
 
 
 def check_setup(target: Optional[str] = None, channels_last: Optional[bool] = None, input_shapes: List[str] = (),
@@ -79,6 +82,37 @@ def with_debug_options(command: Any) -> Any:
 
 
 JSON = typer.Option(False, "--json", help="print the result as JSON on stdout")
+REPORT = typer.Option(None, "--report", metavar="FILE.html",
+                      help="also write a self-contained HTML report (every search step, the result, charts)")
+GEN_SCRIPT = typer.Option(None, "--gen-script", metavar="FILE",
+                          help="write a Python script that does what this command does, and exit")
+
+
+def _writable(*paths: tuple[str, Optional[str]]) -> None:
+    """Refuse (option, path) pairs whose folder does not exist before any work is done."""
+    from polykit.files import require_output_folder
+
+    for option, path in paths:
+        if path:
+            require_output_folder(path, option)
+
+
+def _gen_script(script: Any, path: str) -> int:
+    from polykit.tools.gen_script import write_script
+
+    write_script(path, script)
+    typer.echo(f"wrote {path}: run it with python to do what this command does")
+    return 0
+
+
+def _report(doc: Mapping[str, Any], path: Optional[str], tool: str, model: str, as_json: bool) -> None:
+    """Write the HTML report when asked; print the JSON document with --json."""
+    if path:
+        from polykit.tools.debug_pages import save_debug_report
+
+        save_debug_report(path, doc, f"polykit debug {tool} {Path(model).name}")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
 
 
 def tactics(
@@ -93,6 +127,7 @@ def tactics(
     artifacts: Optional[str] = typer.Option(None, "--artifacts", metavar="DIR",
                                             help="write good.json, bad.json, fixed.json (replays) and culprits.json here"),
     as_json: bool = JSON,
+    report_html: Optional[str] = REPORT,
     builder_options: Any = None,
     compare_settings: Any = None,
     setup: Any = None,
@@ -100,13 +135,13 @@ def tactics(
     from polykit.tools.debug_render import render_tactics
     from polykit.tools.debug_tactics import DebugOptions, debug_tactics
 
+    _writable(("--report", report_html))
     options = DebugOptions(good_tactics=good_tactics, bad_tactics=bad_tactics, check=check,
                            accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
                            load_outputs=setup.load_outputs, providers=setup.providers, artifacts=artifacts)
     report = debug_tactics(model, setup.config(model, builder_options), options)
-    if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
-    else:
+    _report(report.to_json(), report_html, "tactics", model, as_json)
+    if not as_json:
         render_tactics(report, artifacts)
     return 0
 
@@ -120,33 +155,28 @@ def reduce(
                                         help="judge each subgraph by CMD's exit code (0: passes); {model} becomes its "
                                              "path, {inputs} that of an .npz of its feeds"),
     as_json: bool = JSON,
+    report_html: Optional[str] = REPORT,
+    gen_script: Optional[str] = GEN_SCRIPT,
     builder_options: Any = None,
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from polykit.compiler.onnx_export import save_model
-    from polykit.files import require_output_folder
     from polykit.tools.debug_reduce import ReduceOptions, debug_reduce
     from polykit.tools.debug_render import render_reduce
+    from polykit.tools.gen_script import DebugScript
 
-    for option, path in (("--output", output), ("--min-good", min_good)):
-        if path:
-            require_output_folder(path, option)
+    _writable(("--output", output), ("--min-good", min_good), ("--report", report_html), ("--gen-script", gen_script))
     options = ReduceOptions(check=check, accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
                             load_outputs=setup.load_outputs, providers=setup.providers)
-    report = debug_reduce(model, setup.config(model, builder_options), options)
-    save_model(report.reduced.model, output)
-    wrote_good = bool(min_good and report.min_good is not None)
-    if wrote_good:
-        save_model(report.min_good.model, min_good)
-    if as_json:
-        doc = report.to_json()
-        doc["reduced"]["path"] = output
-        if doc["min_good"] is not None:
-            doc["min_good"]["path"] = min_good if wrote_good else None
-        typer.echo(json.dumps(doc, indent=2))
-    else:
-        render_reduce(report, output, min_good if wrote_good else None, bool(min_good))
+    config = setup.config(model, builder_options, resolve=not gen_script)
+    if gen_script:
+        return _gen_script(DebugScript("reduce", model, config, options, output, min_good, as_json, report_html),
+                           gen_script)
+    report = debug_reduce(model, config, options)
+    doc = report.save(output, min_good)
+    _report(doc, report_html, "reduce", model, as_json)
+    if not as_json:
+        render_reduce(report, output, doc["min_good"] and doc["min_good"]["path"], bool(min_good))
     return 0
 
 
@@ -159,25 +189,29 @@ def precision(
     timing_iterations: int = typer.Option(10, "--timing-iterations", min=0,
                                           help="timed runs of each latency measurement (0: no timing)"),
     as_json: bool = JSON,
+    report_html: Optional[str] = REPORT,
+    gen_script: Optional[str] = GEN_SCRIPT,
     builder_options: Any = None,
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from polykit.files import require_output_folder, write_text
     from polykit.tools.debug_precision import PrecisionOptions, debug_precision
     from polykit.tools.debug_render import render_precision
+    from polykit.tools.gen_script import DebugScript
 
-    if output:
-        require_output_folder(output, "--output")
+    _writable(("--output", output), ("--report", report_html), ("--gen-script", gen_script))
     options = PrecisionOptions(accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
                                load_outputs=setup.load_outputs, providers=setup.providers, rank=rank,
                                timing_iterations=timing_iterations)
-    report = debug_precision(model, setup.config(model, builder_options), options)
+    config = setup.config(model, builder_options, resolve=not gen_script)
+    if gen_script:
+        return _gen_script(DebugScript("precision", model, config, options, output, None, as_json, report_html),
+                           gen_script)
+    report = debug_precision(model, config, options)
     if output:
-        write_text(output, report.layer_precisions() + "\n", "--layer-precisions file")
-    if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
-    else:
+        report.save(output)
+    _report(report.to_json(), report_html, "precision", model, as_json)
+    if not as_json:
         render_precision(report, model, output)
     return 0
 

@@ -22,6 +22,7 @@ import math
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from polykit.compiler.config import BuilderConfig
@@ -50,7 +51,8 @@ class PrecisionOptions:
 class PrecisionReport:
     """The nodes to keep in fp32 (topological order) with their ops, every candidate's ranking
     score, the verdicts and latencies (ms, None when not timed) before and after, the checks
-    made (ranking and search) and the plans built."""
+    made (ranking and search) and the plans built; every candidate's op (topological order) and
+    every check of the search in order (the nodes it kept in fp32, in ranking order)."""
 
     precision: str
     nodes: tuple[str, ...]
@@ -63,10 +65,18 @@ class PrecisionReport:
     rank: str
     checks: int
     builds: int
+    candidate_ops: Mapping[str, str] = field(default_factory=dict)
+    steps: tuple[tuple[tuple[str, ...], Verdict], ...] = ()
 
     def layer_precisions(self) -> str:
         """The result as a value of --layer-precisions ("" when no node needs fp32)."""
         return ",".join(f"{name}:fp32" for name in self.nodes)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write layer_precisions() and a newline to `path` (the file `debug precision -o` writes)."""
+        from polykit.files import write_text
+
+        return write_text(path, self.layer_precisions() + "\n", "--layer-precisions file")
 
     def to_json(self) -> dict[str, Any]:
         def number(value: float | None) -> Any:
@@ -80,6 +90,9 @@ class PrecisionReport:
             "after": {"passed": self.after.passed, "error": error_json(self.after), "detail": self.after.detail,
                       "latency_ms": self.latency_after_ms},
             "rank": self.rank, "candidates": len(self.scores), "checks": self.checks, "builds": self.builds,
+            "scores": [{"name": n, "op": op, "score": number(self.scores.get(n))} for n, op in self.candidate_ops.items()],
+            "steps": [{"fp32": list(fp32), "passed": v.passed, "error": error_json(v), "detail": v.detail}
+                      for fp32, v in self.steps],
         }
 
 
@@ -104,14 +117,17 @@ def debug_precision(model: Any, config: BuilderConfig, options: PrecisionOptions
         stack.callback(SHOW_BUILD_PROGRESS.reset, SHOW_BUILD_PROGRESS.set(False))
         trials = PrecisionTrials(model, graph, config, options, advance)
         scores = RANKERS[options.rank](trials, candidates)
-        search = find_fp32_set(rank(scores, candidates), trials)
+        ranked = rank(scores, candidates)
+        search = find_fp32_set(ranked, trials)
         chosen = set(search.nodes)
         nodes = tuple(n for n in candidates if n in chosen)
         plans = (trials.low_plan, trials.plan(nodes) if nodes else trials.low_plan)
         before, after = (trials.latency(plan, options.timing_iterations) for plan in plans)
     ops = {n.name: n.op_type for n in graph.nodes}
+    steps = tuple((tuple(n for n in ranked if n in fp32), v) for fp32, v in search.trials)
     return PrecisionReport("fp16" if config.fp16 else "bf16", nodes, tuple(ops[n] for n in nodes), scores, search.low,
-                           search.verdict, before, after, options.rank, trials.checks, trials.builds)
+                           search.verdict, before, after, options.rank, trials.checks, trials.builds,
+                           {n: ops[n] for n in candidates}, steps)
 
 
 def fp32_candidates(graph: Any) -> list[str]:

@@ -65,10 +65,34 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class ReduceStep:
+    """One check of the search: a set of nodes given as the span of the model's topological
+    order from `first` to `last` without the nodes `left_out`, and its verdict."""
+
+    nodes: int
+    first: str
+    last: str
+    left_out: tuple[str, ...]
+    verdict: Verdict
+
+    @classmethod
+    def of(cls, indices: Sequence[int], names: Sequence[str], verdict: Verdict) -> "ReduceStep":
+        """The step that checked `indices` (ascending, into `names`: the nodes in order)."""
+        kept = set(indices)
+        span = range(indices[0], indices[-1] + 1)
+        return cls(len(indices), names[indices[0]], names[indices[-1]], tuple(names[i] for i in span if i not in kept),
+                   verdict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "first": self.first, "last": self.last, "left_out": list(self.left_out),
+                "passed": self.verdict.passed, "error": error_json(self.verdict), "detail": self.verdict.detail}
+
+
+@dataclass(frozen=True)
 class ReduceReport:
     """The minimal failing subgraph and its verdict, the nearest passing subgraph the search
-    met (None when it met none) and its verdict, the model's node count, the checks made and
-    the plans built in process (0 with `check`)."""
+    met (None when it met none) and its verdict, the model's node count, the checks made, the
+    plans built in process (0 with `check`) and every check in order."""
 
     reduced: Candidate
     verdict: Verdict
@@ -77,6 +101,7 @@ class ReduceReport:
     total_nodes: int
     checks: int
     builds: int
+    steps: tuple[ReduceStep, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         from polykit.tools.subgraph import describe_io
@@ -88,7 +113,21 @@ class ReduceReport:
         good = self.min_good
         return {"tool": "debug reduce", "total_nodes": self.total_nodes, "reduced": subgraph(self.reduced, self.verdict),
                 "min_good": None if good is None else subgraph(good, self.min_good_verdict),
-                "checks": self.checks, "builds": self.builds}
+                "checks": self.checks, "builds": self.builds, "steps": [step.to_json() for step in self.steps]}
+
+    def save(self, output: str | os.PathLike, min_good: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Write the reduced model to `output` and, when asked and found, the nearest passing one
+        to `min_good`; to_json() with the paths written ("path"; None where nothing was)."""
+        from polykit.compiler.onnx_export import save_model
+
+        doc = self.to_json()
+        save_model(self.reduced.model, output)
+        doc["reduced"]["path"] = os.fspath(output)
+        if doc["min_good"] is not None:
+            if min_good is not None:
+                save_model(self.min_good.model, min_good)
+            doc["min_good"]["path"] = None if min_good is None else os.fspath(min_good)
+        return doc
 
 
 def debug_reduce(model: Any, config: BuilderConfig | None = None, options: ReduceOptions = ReduceOptions()
@@ -115,9 +154,11 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
             check = BuiltinCheck(subgraphs, config, options.accuracy)
         result = reduce_nodes(len(subgraphs.order), _Progress(check, advance))
     near = result.nearest_passing(lambda nodes: nodes not in check.unchecked)
+    names = [subgraphs.nodes[i].name for i in subgraphs.order]
     return ReduceReport(subgraphs.candidate(result.nodes), result.verdict,
                         None if near is None else subgraphs.candidate(near[0]), None if near is None else near[1],
-                        len(subgraphs.order), result.checks, check.builds)
+                        len(subgraphs.order), result.checks, check.builds,
+                        tuple(ReduceStep.of(nodes, names, v) for nodes, v in result.trials))
 
 
 class Subgraphs:

@@ -76,13 +76,18 @@ class DebugReport:
                              for name, choice in self.bad.layers.items()}, "fixed")
 
     def to_json(self) -> dict[str, Any]:
+        """The culprits, the plans built, the suspects, the good side's source, the bad build's
+        verdict and every trial in order (the suspects it put on their bad tactics, its verdict)."""
         return {
+            "tool": "debug tactics",
             "culprits": [{"layer": c.layer, "tactic": c.tactic, "good_tactic": c.good_tactic, "error": error_json(c.alone),
                           "group": list(c.group)} for c in self.result.culprits],
             "builds": self.builds,
             "suspects": list(self.result.suspects),
             "good": self.good_source,
             "bad": {"passed": self.result.bad.passed, "error": error_json(self.result.bad), "detail": self.result.bad.detail},
+            "trials": [{"bad_layers": list(on_bad), "passed": v.passed, "error": error_json(v), "detail": v.detail}
+                       for on_bad, v in self.result.trials],
         }
 
 
@@ -146,9 +151,7 @@ def write_artifacts(folder: Path, report: DebugReport) -> list[Path]:
     """good.json, bad.json, fixed.json (replays) and culprits.json (the report and every trial)."""
     paths = [save_replay(folder / f"{name}.json", replay)
              for name, replay in (("good", report.good), ("bad", report.bad), ("fixed", report.fixed()))]
-    doc = {**report.to_json(), "trials": [{"bad_layers": list(on_bad), "passed": v.passed, "error": error_json(v),
-                                           "detail": v.detail} for on_bad, v in report.result.trials]}
-    return paths + [write_json(folder / "culprits.json", doc, "culprits file")]
+    return paths + [write_json(folder / "culprits.json", report.to_json(), "culprits file")]
 
 
 class OutputTrials:

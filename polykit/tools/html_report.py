@@ -22,7 +22,8 @@ in this order (each optional; others are ignored):
   an output table per pair, then error histograms and worst elements of up to MAX_DETAILED
   outputs (failures first).
 - "histograms": [{"title", "edges", "counts", "zeros", "nonfinite"}]; "tables": [{"title",
-  "columns": [str], "rows": [[cell]]}]: more of each, as given.
+  "columns": [str], "rows": [[cell]], "failed": [bool] (optional: rows shown red)}]: more of
+  each, as given.
 - "fused_away": [tensor name]: listed, folded.
 """
 
@@ -38,6 +39,8 @@ from polykit.errors import DataFileError
 
 #: outputs per comparison pair shown with their histogram and worst elements
 MAX_DETAILED = 24
+#: bars a chart numbers below them
+MAX_INDEXED = 40
 _W, _H, _PAD = 1000, 260, 48
 
 _STYLE = """
@@ -67,7 +70,8 @@ def _num(value: Any) -> float | None:
         return None
 
 
-def _fmt(value: Any) -> str:
+def format_number(value: Any) -> str:
+    """A JSON number as the page shows it (3 significant digits; "-" for null)."""
     x = _num(value)
     if x is None:
         return "-" if value is None else str(value)
@@ -89,7 +93,8 @@ def _verdict(passed: Any) -> str:
 def bar_chart(title: str, labels: Sequence[str], values: Sequence[Any], failed: Sequence[bool] = (),
               marked: int | None = None, unit: str = "max abs error") -> str:
     """An SVG bar chart on a log10 scale (zero at the bottom, non-finite at the top); `marked`
-    (an index) gets the dashed first-divergence line."""
+    (an index) gets the dashed first-divergence line. Up to MAX_INDEXED bars carry their index
+    (the "#" of the table beside the chart) below them."""
     nums = [_num(v) for v in values]
     positive = [v for v in nums if v is not None and math.isfinite(v) and v > 0]
     low = math.floor(math.log10(min(positive))) if positive else -12
@@ -116,7 +121,11 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[Any], failed: 
         y = y_of(v)
         cls = "fail" if i < len(failed) and failed[i] else "pass"
         parts.append(f'<rect class="{cls}" x="{_PAD + i * step:.2f}" y="{y:.1f}" width="{max(step * 0.8, 0.5):.2f}" '
-                     f'height="{max(_H - _PAD - y, 1):.1f}"><title>{_e(label)}: {_e(_fmt(values[i]))}</title></rect>')
+                     f'height="{max(_H - _PAD - y, 1):.1f}"><title>{_e(label)}: {_e(format_number(values[i]))}'
+                     "</title></rect>")
+        if len(values) <= MAX_INDEXED:
+            parts.append(f'<text class="index" x="{_PAD + (i + 0.4) * step:.1f}" y="{_H - _PAD + 13}" '
+                         f'text-anchor="middle">{i}</text>')
     if marked is not None and 0 <= marked < len(values):
         x = _PAD + (marked + 0.4) * step
         parts.append(f'<line id="first-divergence-marker" class="first-divergence" x1="{x:.1f}" x2="{x:.1f}" '
@@ -141,10 +150,10 @@ def histogram_chart(title: str, hist: Mapping[str, Any]) -> str:
             h = (height - 2 * _PAD) * c / top
             lo, hi = (edges[i], edges[i + 1]) if i + 1 < len(edges) else (None, None)
             parts.append(f'<rect class="hist" x="{_PAD + i * step:.1f}" y="{height - _PAD - h:.1f}" '
-                         f'width="{max(step - 1, 0.5):.1f}" height="{h:.1f}"><title>[{_e(_fmt(lo))}, {_e(_fmt(hi))}): '
-                         f"{c}</title></rect>")
-        parts.append(f'<text x="{_PAD}" y="{height - _PAD + 14}">{_e(_fmt(edges[0]))}</text>'
-                     f'<text x="{width - _PAD - 40}" y="{height - _PAD + 14}">{_e(_fmt(edges[-1]))}</text>')
+                         f'width="{max(step - 1, 0.5):.1f}" height="{h:.1f}"><title>'
+                         f"[{_e(format_number(lo))}, {_e(format_number(hi))}): {c}</title></rect>")
+        parts.append(f'<text x="{_PAD}" y="{height - _PAD + 14}">{_e(format_number(edges[0]))}</text>'
+                     f'<text x="{width - _PAD - 40}" y="{height - _PAD + 14}">{_e(format_number(edges[-1]))}</text>')
     parts.append(f'<text x="{_PAD}" y="16">|error| histogram, {_e(notes)}</text></svg>')
     return "".join(parts)
 
@@ -164,14 +173,16 @@ def _summary(doc: Mapping[str, Any]) -> str:
 
 def _first_divergence(first: Mapping[str, Any]) -> str:
     error = first.get("error") or {}
-    inputs = [(i.get("name"), i.get("state"), _fmt((i.get("error") or {}).get("max_abs"))) for i in first.get("inputs", ())]
+    inputs = [(i.get("name"), i.get("state"), format_number((i.get("error") or {}).get("max_abs")))
+              for i in first.get("inputs", ())]
     region = ", ".join(f"{r.get('node')} ({r.get('op')})" for r in first.get("region", ()))
     return ('<section id="first-divergence"><h2>First divergence</h2>'
             f"<p>tensor <b>{_e(first.get('tensor'))}</b> from node <b>{_e(first.get('node'))}</b> "
             f"({_e(first.get('op'))}), {_e(first.get('runner', ''))} vs {_e(first.get('reference', ''))}, "
             f"iteration {_e(first.get('iteration', 0))}</p><p>{_e(error.get('message', ''))}</p>"
             + _table(("max abs", "mean abs", "max rel", "mean rel", "atol", "rtol"),
-                     [[_fmt(error.get(k)) for k in ("max_abs", "mean_abs", "max_rel", "mean_rel", "atol", "rtol")]])
+                     [[format_number(error.get(k))
+                       for k in ("max_abs", "mean_abs", "max_rel", "mean_rel", "atol", "rtol")]])
             + (f"<p>computed together (nothing between them compared): {_e(region)}</p>" if region else "")
             + "<p>inputs:</p>" + _table(("input", "state", "max abs error"), inputs) + "</section>")
 
@@ -180,9 +191,10 @@ def _layers(doc: Mapping[str, Any], layers: Sequence[Mapping[str, Any]]) -> str:
     first = doc.get("first_divergence") or {}
     marked = next((i for i, r in enumerate(layers) if r.get("tensor") == first.get("tensor")), None)
     chart = bar_chart("error per layer", [str(r.get("tensor")) for r in layers],
-                      [(r.get("error") or {}).get("max_abs") for r in layers], [not r.get("passed") for r in layers], marked)
+                      [(r.get("error") or {}).get("max_abs") for r in layers], [not r.get("passed") for r in layers],
+                      marked)
     rows = [(i, r.get("tensor"), r.get("node"), r.get("op"), "PASSED" if r.get("passed") else "FAILED",
-             _fmt((r.get("error") or {}).get("max_abs")), _fmt((r.get("error") or {}).get("max_rel")))
+             format_number((r.get("error") or {}).get("max_abs")), format_number((r.get("error") or {}).get("max_rel")))
             for i, r in enumerate(layers)]
     classes = ["fail" if not r.get("passed") else "" for r in layers]
     return ("<h2>Error per layer</h2>" + chart
@@ -193,8 +205,9 @@ def _layers(doc: Mapping[str, Any], layers: Sequence[Mapping[str, Any]]) -> str:
 def _comparison(pair: Mapping[str, Any], order: Mapping[str, int]) -> str:
     """A pair's outputs (in `order`: tensor -> topological index, when known) and details."""
     outputs = sorted(pair.get("outputs") or (), key=lambda o: order.get(o.get("name"), len(order)))
-    rows = [(o.get("name"), "PASSED" if o.get("passed") else "FAILED", _fmt(o.get("max_abs")), _fmt(o.get("mean_abs")),
-             _fmt(o.get("max_rel")), o.get("message", "")) for o in outputs]
+    rows = [(o.get("name"), "PASSED" if o.get("passed") else "FAILED",
+             *(format_number(o.get(k)) for k in ("max_abs", "mean_abs", "max_rel")), o.get("message", ""))
+            for o in outputs]
     out = (f"<h2>{_e(pair.get('runner'))} vs {_e(pair.get('reference'))} (reference), iteration "
            f"{_e(pair.get('iteration', 0))}: {_verdict(pair.get('passed'))}</h2>"
            + _table(("output", "verdict", "max abs", "mean abs", "max rel", "message"), rows,
@@ -204,8 +217,8 @@ def _comparison(pair: Mapping[str, Any], order: Mapping[str, int]) -> str:
         out += f"<h3>{_e(o.get('name'))}</h3>"
         if o.get("histogram"):
             out += histogram_chart(f"{o.get('name')} error histogram", o["histogram"])
-        worst = [(w.get("index"), _fmt(w.get("reference")), _fmt(w.get("actual")), _fmt(w.get("abs_error")),
-                  _fmt(w.get("rel_error"))) for w in o.get("worst") or ()]
+        worst = [(w.get("index"), *(format_number(w.get(k)) for k in ("reference", "actual", "abs_error", "rel_error")))
+                 for w in o.get("worst") or ()]
         if worst:
             out += _table(("index", "reference", "actual", "abs error", "rel error"), worst)
     if len(outputs) > len(detailed):
@@ -236,7 +249,9 @@ def render_html(doc: Mapping[str, Any]) -> str:
     for hist in doc.get("histograms") or ():
         parts.append(f"<h2>{_e(hist.get('title', ''))}</h2>" + histogram_chart(str(hist.get("title", "")), hist))
     for table in doc.get("tables") or ():
-        parts.append(f"<h2>{_e(table.get('title', ''))}</h2>" + _table(table.get("columns", ()), table.get("rows", ())))
+        classes = ["fail" if failed else "" for failed in table.get("failed", ())]
+        parts.append(f"<h2>{_e(table.get('title', ''))}</h2>"
+                     + _table(table.get("columns", ()), table.get("rows", ()), classes))
     fused = list(doc.get("fused_away") or ())
     if fused:
         parts.append(f"<h2>Not compared</h2><details><summary>{len(fused)} ONNX tensor(s) fused away inside polykit "

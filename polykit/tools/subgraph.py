@@ -111,13 +111,16 @@ def describe_io(model: Any) -> dict[str, Any]:
 
 
 class Extractor:
-    """One model read and shape-inferred once; `extract` cuts subgraphs of it."""
+    """One model read and shape-inferred once; `extract` cuts subgraphs of it.
 
-    def __init__(self, model: Any):
+    `graph`: polykit's graph of `model` with its shapes already inferred (`inspect capability`
+    exports the graph it judged and passes it), so it is not imported again."""
+
+    def __init__(self, model: Any, graph: Any = None):
         from polykit.backends.loaders import GraphFromOnnx, _model_proto
 
         self.model = _model_proto(model)
-        self.graph = GraphFromOnnx(self.model, check_supported=False)()
+        self.graph = graph if graph is not None else GraphFromOnnx(self.model, check_supported=False)()
         g = self.model.graph
         self.producers = {out: i for i, node in enumerate(g.node) for out in node.output if out}
         self.initializers = {t.name: t for t in g.initializer}

@@ -1,6 +1,8 @@
-"""Every hint polykit prints names options that exist: each `--option` in a hint string anywhere
-in polykit/ is an option of some command (of the command it names, for `polykit CMD ... --opt`),
-and a value it shows for an option with a syntax of its own (--input-shapes x:[1,3]) parses."""
+"""Every hint and error message polykit prints names options and commands that exist: each
+`--option` in a hint string or in the message of a PolykitError anywhere in polykit/ is an
+option of some command (of the command it names, for `polykit CMD ... --opt`), each quoted
+`polykit CMD` is a command, and a value a hint shows for an option with a syntax of its own
+(--input-shapes x:[1,3]) parses."""
 
 from __future__ import annotations
 
@@ -43,20 +45,61 @@ def _strings(node: ast.AST) -> list[str]:
     return [s for child in ast.iter_child_nodes(node) for s in _strings(child)]
 
 
-def _hints() -> list[tuple[str, str]]:
-    """(file:line, text) of every `hint=...` argument and `hint = ...` assignment in polykit/."""
+def _error_classes() -> set[str]:
+    """The names of PolykitError and every subclass of it polykit defines."""
+    import polykit.backends.base  # noqa: F401  (RunnerError)
+    import polykit.plugins  # noqa: F401  (PluginError)
+    from polykit.errors import PolykitError
+
+    names, todo = set(), [PolykitError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names
+
+
+def _scan(wanted: Any) -> list[tuple[str, str]]:
+    """(file:line, text) of every string expression `wanted(node)` picks from a node of polykit/."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            values = []
-            if isinstance(node, ast.Call):
-                values = [kw.value for kw in node.keywords if kw.arg == "hint"]
-            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "hint" for t in node.targets):
-                values = [node.value]
-            for value in values:
+            for value in wanted(node):
                 found += [(f"{path.relative_to(PACKAGE.parent)}:{value.lineno}", text) for text in _strings(value)]
     return found
+
+
+def _hints() -> list[tuple[str, str]]:
+    """Every `hint=...` argument and `hint = ...` assignment in polykit/."""
+    def hints(node: ast.AST) -> list[ast.AST]:
+        if isinstance(node, ast.Call):
+            return [kw.value for kw in node.keywords if kw.arg == "hint"]
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "hint" for t in node.targets):
+            return [node.value]
+        return []
+
+    return _scan(hints)
+
+
+def _messages() -> list[tuple[str, str]]:
+    """The message (first argument, or what=) of every PolykitError polykit makes."""
+    classes = _error_classes()
+
+    def messages(node: ast.AST) -> list[ast.AST]:
+        if not isinstance(node, ast.Call):
+            return []
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in classes:
+            return []
+        return node.args[:1] + [kw.value for kw in node.keywords if kw.arg == "what"]
+
+    return _scan(messages)
+
+
+def _texts() -> list[tuple[str, str]]:
+    return _hints() + _messages()
 
 
 def _commands() -> dict[tuple[str, ...], Any]:
@@ -87,22 +130,25 @@ def cli() -> tuple[dict[tuple[str, ...], Any], set[str]]:
     return commands, runner_flags | _options(commands[()])
 
 
-def test_the_scan_finds_the_hints():
+def test_the_scan_finds_the_hints_and_the_error_messages():
     texts = [text for _, text in _hints()]
     assert len(texts) > 100 and any("--input-shapes" in t for t in texts) and any("polykit run" in t for t in texts)
+    messages = dict(_messages())
+    assert len(messages) > 300 and "--format NAME is not one of NAME" in messages.values()
+    assert any(where.startswith("polykit/compiler/") for where in messages)
 
 
-def test_every_option_a_hint_names_exists_on_some_command(cli):
+def test_every_option_a_hint_or_an_error_names_exists_on_some_command(cli):
     commands, everywhere = cli
     known = everywhere | {opt for cmd in commands.values() for opt in _options(cmd)}
-    missing = [(where, opt, text) for where, text in _hints() for opt in OPTION.findall(text) if opt not in known]
-    assert not missing, "hints name options no command has:\n" + "\n".join(map(str, missing))
+    missing = [(where, opt, text) for where, text in _texts() for opt in OPTION.findall(text) if opt not in known]
+    assert not missing, "hints and errors name options no command has:\n" + "\n".join(map(str, missing))
 
 
-def test_options_after_polykit_cmd_in_a_hint_are_that_commands(cli):
+def test_options_after_polykit_cmd_in_a_hint_or_an_error_are_that_commands(cli):
     commands, everywhere = cli
     wrong = []
-    for where, text in _hints():
+    for where, text in _texts():
         for match in COMMAND.finditer(text):
             words = match["words"].split()
             path: tuple[str, ...] = ()
@@ -114,10 +160,11 @@ def test_options_after_polykit_cmd_in_a_hint_are_that_commands(cli):
             rest = text[match.end():].split("`")[0].split("'")[0]
             wrong += [(where, " ".join(path), opt) for opt in OPTION.findall(rest)
                       if opt not in _options(commands[path]) | everywhere]
-    assert not wrong, "hints give commands options they do not have:\n" + "\n".join(map(str, wrong))
+    assert not wrong, "hints and errors give commands options they do not have:\n" + "\n".join(map(str, wrong))
 
 
 def test_values_hints_show_for_options_with_a_syntax_parse():
+    """(Error messages quote the user's value, which need not parse: only hints are examples.)"""
     bad = []
     for where, text in _hints():
         for match in re.finditer(r"(--[a-z-]+) (\S+)", text):

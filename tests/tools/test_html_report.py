@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 
 from polykit.tools.cli import main
 from polykit.tools.html_report import render_html
+from tests.tools.browser import assert_self_contained, dump_dom, needs_chromium
 from tests.tools.layerwise_models import convnet
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture
@@ -32,19 +29,10 @@ def diverging_run(tmp_path, capsys):
     return page, json.loads(capsys.readouterr().out)
 
 
-def _dump_dom(page, tmp_path) -> str:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-           "--dump-dom", page.as_uri()]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+@needs_chromium
 def test_the_report_renders_in_headless_chromium_with_the_chart_and_the_first_divergence(diverging_run, tmp_path):
     page, _ = diverging_run
-    dom = _dump_dom(page, tmp_path)
+    dom = dump_dom(page, tmp_path)
     assert re.search(r'<svg[^>]*class="chart"', dom) and dom.count("<rect") > 7
     assert 'id="first-divergence-marker"' in dom and "first divergence: c3" in dom
     assert '<section id="first-divergence">' in dom and "<b>conv3</b>" in dom
@@ -53,10 +41,7 @@ def test_the_report_renders_in_headless_chromium_with_the_chart_and_the_first_di
 
 def test_the_report_is_self_contained(diverging_run):
     page, _ = diverging_run
-    text = page.read_text(encoding="utf-8")
-    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", text, re.I)
-    assert "http://" not in text and "https://" not in text
-    assert "<script" not in text and "<link" not in text and "@import" not in text and "url(" not in text
+    assert_self_contained(page.read_text(encoding="utf-8"))
 
 
 def test_the_report_shows_every_section_of_the_json_document(diverging_run):

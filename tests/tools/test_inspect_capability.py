@@ -67,12 +67,35 @@ def test_written_partitions_pass_the_checker_and_compute_the_models_values_in_on
     assert files == [str(tmp_path / "parts" / f"partition_{i}.onnx") for i in range(2)]
     x = np.random.default_rng(2).normal(size=(4, 4))
     a = np.maximum(x, 0)
-    for path in files:
+    for path, part in zip(files, doc["partitions"]):
         onnx.checker.check_model(onnx.load(path), full_check=True)
+        assert [n.name for n in onnx.load(path).graph.node] == part["nodes"]
     (first,) = ort.InferenceSession(files[0]).run(None, {"x": x})
     (y,) = ort.InferenceSession(files[1]).run(None, {"a": a, "u": a @ a})
     np.testing.assert_array_equal(first, a)
     np.testing.assert_allclose(y, np.tanh(a + a @ a), rtol=1e-12)
+
+
+def test_a_written_partition_reads_folded_constants_as_initializers_at_the_shapes_judged(tmp_path, capsys):
+    """y = Reshape(Relu(x), Shape(x) * 1) with x [N, 4]: at --input-shapes x:[3,4] the shape
+    subgraph folds, so the partition is Relu + Reshape with the shape [3, 4] as a weight."""
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"), helper.make_node("Mul", ["s", "one"], ["s1"], name="mul"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Reshape", ["r", "s1"], ["y"], name="reshape")]
+    graph = helper.make_graph(nodes, "fold", [vi("x", TensorProto.FLOAT, ["N", 4])], [vi("y", TensorProto.FLOAT, ["N", 4])],
+                              [one])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "f.onnx")
+    assert main(["inspect", "capability", model, "--target", "cpu", "--input-shapes", "x:[3,4]", "-o",
+                 str(tmp_path / "parts"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["folded"] == 2 and [p["nodes"] for p in doc["partitions"]] == [["relu", "reshape"]]
+    part = onnx.load(doc["partitions"][0]["file"])
+    onnx.checker.check_model(part, full_check=True)
+    assert [n.name for n in part.graph.node] == ["relu", "reshape"] and [i.name for i in part.graph.input] == ["x"]
+    assert [d.dim_value for d in part.graph.input[0].type.tensor_type.shape.dim] == [3, 4]
+    x = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)
+    (y,) = ort.InferenceSession(doc["partitions"][0]["file"]).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
 
 
 def test_an_op_polykit_lacks_is_named_and_what_follows_it_cannot_be_judged(tmp_path, capsys):
@@ -81,6 +104,10 @@ def test_an_op_polykit_lacks_is_named_and_what_follows_it_cannot_be_judged(tmp_p
     out = capsys.readouterr().out
     assert "1 of 3 node(s)" in out and "polykit does not implement my.domain::Foo" in out
     assert "shape inference cannot tell tensor 'b'" in out
+    assert main(["inspect", "capability", model, "--target", "cpu", "-o", str(tmp_path / "parts")]) == 0
+    part = onnx.load(str(tmp_path / "parts" / "partition_0.onnx"))  # cut from a graph with an op polykit lacks
+    onnx.checker.check_model(part, full_check=True)
+    assert [n.name for n in part.graph.node] == ["first"] and [o.name for o in part.graph.output] == ["a"]
 
 
 def test_json_lists_each_nodes_verdict_and_the_folded_count(capsys):
