@@ -1,0 +1,121 @@
+"""ONNX Attention on cuda: the generic kernel on every variant and the fused path on the ones it
+takes, against the reference (outputs poisoned); which tactic may run which layer (no GPU needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc
+from polykit.kernels.cuda import attention_onnx
+
+rng = np.random.default_rng(29)
+NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+OUTS = ("Y", "present_key", "present_value", "qk")
+
+
+def rand(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def layer(feeds, attrs, n_out=1, stamped=False):
+    names = tuple(n if n in feeds else "" for n in NAMES)
+    while not names[-1]:
+        names = names[:-1]
+    extra = {}
+    if stamped:
+        extra = {"in_dtypes": tuple(feeds[n].dtype.name if n else "" for n in names),
+                 "in_shapes": tuple(tuple(feeds[n].shape) if n else () for n in names)}
+    return LayerDesc("att", "Attention", names, OUTS[:n_out], dict(attrs), **extra)
+
+
+VARIANTS = {
+    "gqa_causal_past_qk_bias": (dict(Q=rand(2, 6, 3, 8), K=rand(2, 2, 3, 8), V=rand(2, 2, 3, 5),
+                                     attn_mask=rand(2, 1, 3, 7), past_key=rand(2, 2, 4, 8),
+                                     past_value=rand(2, 2, 4, 5)), dict(is_causal=1, qk_matmul_output_mode=2), 4),
+    "3d_softcap_bool_mask_probs": (dict(Q=rand(2, 5, 32), K=rand(2, 7, 16), V=rand(2, 7, 12),
+                                        attn_mask=rng.random((5, 7)) > 0.3),
+                                   dict(q_num_heads=4, kv_num_heads=2, softcap=1.5, qk_matmul_output_mode=3), 4),
+    "short_mask_nonpad_causal": (dict(Q=rand(3, 2, 2, 8), K=rand(3, 2, 6, 8), V=rand(3, 2, 6, 8),
+                                      attn_mask=rand(3, 1, 2, 4), nonpad_kv_seqlen=np.array([6, 3, 1], np.int64)),
+                                 dict(is_causal=1), 1),
+    "window_with_past": (dict(Q=rand(1, 2, 4, 8), K=rand(1, 2, 4, 8), V=rand(1, 2, 4, 8),
+                              past_key=rand(1, 2, 3, 8), past_value=rand(1, 2, 3, 8)),
+                         dict(left_window_size=2, right_window_size=1), 3),
+    "fully_masked_row": (dict(Q=rand(1, 1, 3, 4), K=rand(1, 1, 3, 4), V=rand(1, 1, 3, 4),
+                              attn_mask=np.array([[True, False, True], [False] * 3, [True] * 3])),
+                         dict(qk_matmul_output_mode=3), 4),
+    "float64_long_keys": (dict(Q=rand(1, 2, 3, 16, dtype=np.float64), K=rand(1, 2, 300, 16, dtype=np.float64),
+                               V=rand(1, 2, 300, 7, dtype=np.float64)), dict(scale=0.3), 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(VARIANTS))
+def test_generic_kernel_matches_reference(case):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    feeds, attrs, n_out = VARIANTS[case]
+    tol = 1e-12 if feeds["Q"].dtype == np.float64 else 1e-4
+    assert_matches_reference(layer(feeds, attrs, n_out), feeds, tactic="cuda.attention_onnx.generic", rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_generic_kernel_16bit_types_round_each_stage_like_the_reference(dtype):
+    from polykit.compiler.dtypes import to_numpy
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    dt = np.dtype(np.float16) if dtype is np.float16 else np.dtype(to_numpy(16))
+    feeds = {"Q": rand(2, 4, 5, 8).astype(dt), "K": rand(2, 2, 6, 8).astype(dt), "V": rand(2, 2, 6, 8).astype(dt)}
+    assert_matches_reference(layer(feeds, {"is_causal": 1}), feeds, tactic="cuda.attention_onnx.generic",
+                             rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attrs,with_mask,with_past", [({}, True, False), ({"is_causal": 1}, False, True),
+                                                       ({"scale": 0.2}, False, False)])
+def test_fused_path_matches_reference(attrs, with_mask, with_past):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    feeds = {"Q": rand(2, 4, 33, 64), "K": rand(2, 4, 20, 64), "V": rand(2, 4, 20, 64)}
+    skv = 20 + (5 if with_past else 0)
+    if with_mask:
+        feeds["attn_mask"] = rng.random((2, 1, 33, skv)) > 0.2
+    if with_past:
+        feeds["past_key"], feeds["past_value"] = rand(2, 4, 5, 64), rand(2, 4, 5, 64)
+    lay = layer(feeds, attrs, 3 if with_past else 1, stamped=True)
+    assert attention_onnx._fits_fused(lay)
+    assert_matches_reference(lay, feeds, tactic="cuda.attention_onnx.fused", rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_attention_gets_its_own_tactics_and_not_the_fused_layers():
+    from polykit.kernels.tactics import candidates
+
+    feeds, attrs, n_out = VARIANTS["gqa_causal_past_qk_bias"]
+    names = [t.name for t in candidates("cuda", "Attention", layer(feeds, attrs, n_out, stamped=True))]
+    assert names == ["cuda.attention_onnx.generic"]
+    plain = {"Q": rand(1, 2, 3, 8), "K": rand(1, 2, 4, 8), "V": rand(1, 2, 4, 8)}
+    names = [t.name for t in candidates("cuda", "Attention", layer(plain, {"is_causal": 1}, stamped=True))]
+    assert names == ["cuda.attention_onnx.fused", "cuda.attention_onnx.generic"]
+
+
+@pytest.mark.parametrize("change", ["softcap", "gqa", "short_mask", "qk_output", "window", "fp64", "wide_head"])
+def test_fused_path_refuses_variants_its_kernel_does_not_compute(change):
+    feeds = {"Q": rand(1, 2, 3, 8), "K": rand(1, 2, 4, 8), "V": rand(1, 2, 4, 8)}
+    attrs, n_out = {}, 1
+    if change == "softcap":
+        attrs["softcap"] = 2.0
+    elif change == "gqa":
+        feeds["K"], feeds["V"] = rand(1, 1, 4, 8), rand(1, 1, 4, 8)
+    elif change == "short_mask":
+        feeds["attn_mask"] = rand(3, 2)
+    elif change == "qk_output":
+        n_out = 4
+    elif change == "window":
+        attrs["left_window_size"] = 1
+    elif change == "fp64":
+        feeds = {k: v.astype(np.float64) for k, v in feeds.items()}
+    else:
+        feeds = {"Q": rand(1, 2, 3, 160), "K": rand(1, 2, 4, 160), "V": rand(1, 2, 4, 8)}
+    assert not attention_onnx._fits_fused(layer(feeds, attrs, n_out, stamped=True))
