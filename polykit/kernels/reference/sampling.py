@@ -53,7 +53,7 @@ def grid_sample_nd(x: np.ndarray, grid: np.ndarray, mode: str, padding: str, ali
         c = (g + 1) / 2 * (L - 1) if align else ((g + 1) * L - 1) / 2
         c = np.rint(c) if mode == "nearest" else c
         lo, hi = borders[i]
-        if padding == "border":  # only coordinates outside [lo, hi] move (as onnxruntime does)
+        if padding == "border" and mode != "cubic":  # outside [lo, hi] only; cubic clamps its taps alone
             c = np.where((c < lo) | (c > hi), np.clip(c, 0, L - 1), c).astype(np.float32)
         elif padding == "reflection":
             c = reflect(c, lo, hi).astype(np.float32)
