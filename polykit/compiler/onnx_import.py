@@ -141,7 +141,9 @@ def _attr_value(attr: Any, where: str) -> Any:
     if t == A.STRINGS:
         return [s.decode("utf-8", errors="replace") for s in attr.strings]
     if t == A.GRAPH:
-        return attr.g  # subgraph kept as protobuf; exported unchanged
+        return attr.g  # subgraph kept as protobuf (If/Loop/Scan importers turn it into a Graph)
+    if t == A.TYPE_PROTO:
+        return attr.tp  # a type (Optional's); kept as protobuf, exported unchanged
     if t == A.TENSORS:
         return [_tensor_to_array(x, where) for x in attr.tensors]
     if t == A.SPARSE_TENSOR:
