@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import polykit
+from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
@@ -232,6 +233,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
         infer_shapes(optimized, strict=False)
+        build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
         tensors = describe_tensors(optimized, lowered)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]

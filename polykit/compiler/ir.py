@@ -237,5 +237,17 @@ class Graph:
         )
         return g
 
+    def __deepcopy__(self, memo: dict) -> "Graph":  # a body in a node's attrs (If/Loop/Scan) copies with it
+        return self.copy()
+
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={self.inputs}, outputs={self.outputs})"
+
+
+def subgraphs(node: Node) -> list[tuple[str, Graph]]:
+    """(attribute, body) of each graph a node holds (If branches, Loop and Scan bodies), by attribute name."""
+    return [(key, value) for key, value in sorted(node.attrs.items()) if isinstance(value, Graph)]
+
+
+def has_subgraphs(node: Node) -> bool:
+    return any(isinstance(value, Graph) for value in node.attrs.values())

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from polykit.compiler import dtypes
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Value
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.errors import PolykitError
 
 
@@ -36,7 +36,7 @@ def _is_plain_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, (int, float, str, bool)) for v in value)
 
 
-def _value_info(v: Value) -> Any:
+def value_info(v: Value) -> Any:
     from onnx import helper
 
     elem = dtypes.to_onnx(v.dtype) if v.dtype is not None else 0
@@ -44,29 +44,32 @@ def _value_info(v: Value) -> Any:
     return helper.make_tensor_value_info(v.name, elem, shape)
 
 
+def exported_node(n: Node) -> Any:
+    """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: polykit.compiler.subgraphs)."""
+    from onnx import helper
+
+    from polykit.compiler.subgraphs import export_attrs, onnx_inputs
+
+    proto = helper.make_node(n.op_type, onnx_inputs(n), n.outputs, name=n.name or None, domain=n.domain or None)
+    proto.attribute.extend(_make_attr(k, v) for k, v in sorted(export_attrs(n).items()))
+    return proto
+
+
 def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
     """Build an onnx.ModelProto from `graph` (opset = the graph's canonical opsets)."""
     from onnx import helper, numpy_helper
 
-    nodes = []
-    for n in graph.nodes:
-        nodes.append(
-            helper.make_node(
-                n.op_type, n.inputs, n.outputs, name=n.name or None, domain=n.domain or None,
-                **{},
-            )
-        )
-        nodes[-1].attribute.extend(_make_attr(k, v) for k, v in sorted(n.attrs.items()))
+    nodes = [exported_node(n) for n in graph.nodes]
     inits = [numpy_helper.from_array(np.asarray(arr), name) for name, arr in graph.initializers.items()]
-    inputs = [_value_info(graph.value(n)) for n in graph.inputs]
-    outputs = [_value_info(graph.value(n)) for n in graph.outputs]
+    inputs = [value_info(graph.value(n)) for n in graph.inputs]
+    outputs = [value_info(graph.value(n)) for n in graph.outputs]
     io = set(graph.inputs) | set(graph.outputs) | set(graph.initializers)
-    value_info = []
+    infos = []
     if keep_value_info:
         for name, v in graph.values.items():
             if name not in io and v.dtype is not None and v.dtype != np.dtype(object):
-                value_info.append(_value_info(v))
-    g = helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=value_info)
+                infos.append(value_info(v))
+    g = helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=infos)
     opsets = dict(graph.opsets)
     if any(n.domain == POLYKIT_DOMAIN for n in graph.nodes):
         opsets.setdefault(POLYKIT_DOMAIN, 1)

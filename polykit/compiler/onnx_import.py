@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from polykit.compiler import dtypes
-from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.ir import Graph, Node, Value, has_subgraphs
 from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_ops
 from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
 from polykit.files import require_file
@@ -141,7 +141,9 @@ def _attr_value(attr: Any, where: str) -> Any:
     if t == A.STRINGS:
         return [s.decode("utf-8", errors="replace") for s in attr.strings]
     if t == A.GRAPH:
-        return attr.g  # subgraph kept as protobuf; exported unchanged
+        return attr.g  # subgraph kept as protobuf (If/Loop/Scan importers turn it into a Graph)
+    if t == A.TYPE_PROTO:
+        return attr.tp  # a type (Optional's); kept as protobuf, exported unchanged
     if t == A.TENSORS:
         return [_tensor_to_array(x, where) for x in attr.tensors]
     if t == A.SPARSE_TENSOR:
@@ -229,8 +231,40 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     if not opsets:
         opsets[""] = 1
     original = opsets.get("", CANONICAL_OPSET)
-    g = model.graph
+    metadata = {
+        "ir_version": int(model.ir_version),
+        "producer_name": model.producer_name,
+        "producer_version": model.producer_version,
+        "domain": model.domain,
+        "model_version": int(model.model_version),
+        "doc_string": model.doc_string,
+        "metadata_props": {p.key: p.value for p in model.metadata_props},
+        "original_opset": original,
+    }
+    graph = graph_from_proto(model.graph, opsets, original, where)
+    graph.metadata = metadata
+    canonicalize(graph, original)
+    if any(has_subgraphs(n) for n in graph.nodes):  # bodies' outer reads became node inputs
+        graph.validate()
+        graph.toposort()
+    if check_supported:
+        unsupported = [
+            (n.name, n.op_type, n.domain, opsets.get(n.domain, original))
+            for n in graph.nodes
+            if not is_supported(n.domain, n.op_type)
+        ]
+        if unsupported:
+            raise UnsupportedModelError(unsupported, where=where)
+    from polykit.compiler.infer import infer_shapes
 
+    infer_shapes(graph, strict=check_supported)
+    return graph
+
+
+def graph_from_proto(g: Any, opsets: dict[str, int], original: int, where: str, captures: Sequence[str] = ()) -> Graph:
+    """The Graph of a GraphProto (a model's graph, or an If/Loop/Scan body whose reads of the
+    enclosing scope, `captures`, become extra inputs after its own), checked and sorted but
+    not canonicalized."""
     initializers: dict[str, np.ndarray] = {}
     for t in g.initializer:
         initializers[t.name] = _tensor_to_array(t, where)
@@ -241,7 +275,7 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         if vi.type.HasField("tensor_type") and vi.name not in initializers:  # an initializer's array is its truth
             values[vi.name] = _value_from_proto(vi)
-    inputs = [vi.name for vi in g.input if vi.name not in initializers]
+    inputs = [vi.name for vi in g.input if vi.name not in initializers] + list(captures)
     for names, what in ((inputs, "input"), ([o.name for o in g.output], "output")):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -261,18 +295,7 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
         nodes.append(
             Node(np_.op_type, list(np_.input), list(np_.output), attrs, name, "" if np_.domain == "ai.onnx" else np_.domain)
         )
-
-    metadata = {
-        "ir_version": int(model.ir_version),
-        "producer_name": model.producer_name,
-        "producer_version": model.producer_version,
-        "domain": model.domain,
-        "model_version": int(model.model_version),
-        "doc_string": model.doc_string,
-        "metadata_props": {p.key: p.value for p in model.metadata_props},
-        "original_opset": original,
-    }
-    graph = Graph(nodes, inputs, [o.name for o in g.output], initializers, values, opsets, g.name or "graph", metadata)
+    graph = Graph(nodes, inputs, [o.name for o in g.output], initializers, values, opsets, g.name or "graph")
     for name in inputs:
         if name not in graph.values:
             graph.values[name] = Value(name)
@@ -282,19 +305,6 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
                          hint="rename one of them: an ONNX graph defines every name once")
     graph.validate()
     graph.toposort()
-
-    canonicalize(graph, original)
-    if check_supported:
-        unsupported = [
-            (n.name, n.op_type, n.domain, opsets.get(n.domain, original))
-            for n in graph.nodes
-            if not is_supported(n.domain, n.op_type)
-        ]
-        if unsupported:
-            raise UnsupportedModelError(unsupported, where=where)
-    from polykit.compiler.infer import infer_shapes
-
-    infer_shapes(graph, strict=check_supported)
     return graph
 
 

@@ -81,20 +81,26 @@ class Plan:
         """The plan as bytes (see the module docstring for the layout). Metadata that reports
         how this one build went (BUILD_REPORT_KEYS: what was timed, cache hits) stays out, so
         the same plan built again (a replay, a warm cache) has the same bytes."""
-        blob, weight_index = _pack_weights(self.weights)
-        doc = {
+        packer = _WeightPacker()
+        doc = self.to_document(packer)
+        return encode_plan(doc, packer.blob(), self.target, self.gpu_arch)
+
+    def to_document(self, packer: "_WeightPacker") -> dict[str, Any]:
+        """The plan's JSON document; its weights (and those of the plans nested in control-flow
+        layers, each a document of its own in its layer's attrs) go to `packer`'s one blob."""
+        weight_index = packer.add(self.weights)
+        return {
             "format": FORMAT_VERSION,
             "target": self.target,
             "gpu_arch": self.gpu_arch,
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "tensors": {name: _tensor_to_json(t) for name, t in sorted(self.tensors.items())},
-            "layers": [_layer_to_json(layer) for layer in self.layers],
+            "layers": [_layer_to_json(layer, packer) for layer in self.layers],
             "weights": weight_index,
             "memory": self.memory.to_json(),
             "metadata": _jsonable({k: v for k, v in self.metadata.items() if k not in BUILD_REPORT_KEYS}, "metadata"),
         }
-        return encode_plan(doc, blob, self.target, self.gpu_arch)
 
     @staticmethod
     def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
@@ -107,11 +113,17 @@ class Plan:
                 where=where,
                 hint=f"rebuild the plan with --target {expect_target}, or load it with target {header['target']!r}",
             )
-        check_document(doc, header["weights_len"], where)
-        if doc["target"] != header["target"]:
+        return Plan.from_document(doc, blob, header["target"], where)
+
+    @staticmethod
+    def from_document(doc: Any, blob: memoryview, target: str, where: str = "plan") -> "Plan":
+        """The Plan of a JSON document (a file's, or one nested in a control-flow layer) whose
+        weights lie in `blob`, after the schema check (PlanError naming the field otherwise)."""
+        check_document(doc, len(blob), where)
+        if doc["target"] != target:
             raise PlanError(f"invalid plan field target: {doc['target']!r} differs from the header's "
-                            f"{header['target']!r}", where=where, hint="the file was edited; rebuild the plan")
-        plan = _plan_from_json(doc, blob)
+                            f"{target!r}", where=where, hint="the file was edited; rebuild the plan")
+        plan = _plan_from_json(doc, blob, where)
         check_layers(plan, where)
         return plan
 
@@ -230,10 +242,27 @@ def weight_offsets(sizes: Mapping[str, int]) -> dict[str, int]:
     return offsets
 
 
-def _pack_weights(weights: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, Any]]:
+class _WeightPacker:
+    """The one weight blob of a plan file: the plan's weights, then those of nested plans."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._pos = 0
+
+    def add(self, weights: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """Append `weights` (sorted by name, 256-aligned); their index into the blob."""
+        blob, index = _pack_weights(weights, self._pos)
+        self._parts.append(blob)
+        self._pos += len(blob)
+        return index
+
+    def blob(self) -> bytes:
+        return b"".join(self._parts)
+
+
+def _pack_weights(weights: Mapping[str, np.ndarray], pos: int = 0) -> tuple[bytes, dict[str, Any]]:
     parts: list[bytes] = []
     index: dict[str, Any] = {}
-    pos = 0
     for name in sorted(weights):
         arr = np.asarray(weights[name], order="C")
         if arr.dtype == object:
@@ -271,10 +300,10 @@ def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
                       int(d["nbytes"]))
 
 
-def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:
+def _layer_to_json(layer: LayerDesc, packer: _WeightPacker) -> dict[str, Any]:
     return {
         "name": layer.name, "kind": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs),
-        "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}"), "domain": layer.domain, "tactic": layer.tactic,
+        "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}", packer), "domain": layer.domain, "tactic": layer.tactic,
         "tactic_params": _jsonable(layer.tactic_params, f"layer {layer.name!r}"), "precision": layer.precision,
         "fused_nodes": list(layer.fused_nodes), "in_dtypes": list(layer.in_dtypes),
         "out_dtypes": list(layer.out_dtypes), "in_shapes": [list(s) for s in layer.in_shapes],
@@ -282,10 +311,10 @@ def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:
     }
 
 
-def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
+def _layer_from_json(d: Mapping[str, Any], nested: "_Nested") -> LayerDesc:
     return LayerDesc(
         name=d["name"], kind=d["kind"], inputs=tuple(d["inputs"]), outputs=tuple(d["outputs"]),
-        attrs=_from_jsonable(d["attrs"]), domain=d["domain"], tactic=d["tactic"],
+        attrs=_from_jsonable(d["attrs"], nested.at(f"layers[{d['name']!r}].attrs")), domain=d["domain"], tactic=d["tactic"],
         tactic_params=_from_jsonable(d["tactic_params"]), precision=d["precision"],
         fused_nodes=tuple(d["fused_nodes"]), in_dtypes=tuple(d.get("in_dtypes", ())),
         out_dtypes=tuple(d.get("out_dtypes", ())),
@@ -294,11 +323,24 @@ def _layer_from_json(d: Mapping[str, Any]) -> LayerDesc:
     )
 
 
-def _plan_from_json(doc: Mapping[str, Any], blob: memoryview) -> Plan:
+@dataclass(frozen=True)
+class _Nested:
+    """What decoding a plan nested in a layer's attrs needs: the file's blob and target."""
+
+    blob: memoryview
+    target: str
+    where: str
+
+    def at(self, path: str) -> "_Nested":
+        return _Nested(self.blob, self.target, f"{self.where}: {path}")
+
+
+def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan") -> Plan:
     """The Plan of a document check_document accepted."""
+    nested = _Nested(blob, doc["target"], where)
     return Plan(
         target=doc["target"],
-        layers=[_layer_from_json(x) for x in doc["layers"]],
+        layers=[_layer_from_json(x, nested) for x in doc["layers"]],
         tensors={name: _tensor_from_json(t) for name, t in doc["tensors"].items()},
         inputs=list(doc["inputs"]),
         outputs=list(doc["outputs"]),
@@ -310,10 +352,14 @@ def _plan_from_json(doc: Mapping[str, Any], blob: memoryview) -> Plan:
 
 
 _ND = "__ndarray__"
+_PLAN = "__plan__"
 
 
-def _jsonable(value: Any, where: str) -> Any:
-    """Attributes and metadata as JSON values; numpy arrays/scalars tagged so they come back."""
+def _jsonable(value: Any, where: str, packer: _WeightPacker | None = None) -> Any:
+    """Attributes and metadata as JSON values; numpy arrays/scalars tagged so they come back,
+    and plans (control-flow bodies) as their documents, their weights packed by `packer`."""
+    if isinstance(value, Plan) and packer is not None:
+        return {_PLAN: value.to_document(packer)}
     if isinstance(value, np.ndarray):
         arr = np.asarray(value, order="C")
         if arr.dtype == object:
@@ -324,30 +370,32 @@ def _jsonable(value: Any, where: str) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, where) for k, v in value.items()}
+        return {str(k): _jsonable(v, where, packer) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v, where) for v in value]
+        return [_jsonable(v, where, packer) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise PlanError(
         f"a value of type {type(value).__name__} cannot be stored in a plan", where=where,
-        hint="subgraph attributes (If/Loop/Scan bodies) are not supported by the builder",
+        hint="layer attributes hold JSON values, arrays and (control-flow bodies) plans",
     )
 
 
-def _from_jsonable(value: Any) -> Any:
+def _from_jsonable(value: Any, nested: _Nested | None = None) -> Any:
     if isinstance(value, dict):
+        if set(value) == {_PLAN} and nested is not None:
+            return Plan.from_document(value[_PLAN], nested.blob, nested.target, nested.where)
         if set(value) == {_ND}:
             spec = value[_ND]
             raw = base64.b64decode(spec["data"])
             dtype = np.dtype(spec["dtype"]).newbyteorder("<")
             arr = np.frombuffer(raw, dtype=dtype).reshape(spec["shape"])
             return arr.astype(arr.dtype.newbyteorder("="), copy=True)
-        return {k: _from_jsonable(v) for k, v in value.items()}
+        return {k: _from_jsonable(v, nested and nested.at(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_from_jsonable(v) for v in value]
+        return [_from_jsonable(v, nested) for v in value]
     return value
 
 

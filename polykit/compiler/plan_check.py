@@ -280,9 +280,16 @@ def _input_values(doc: Doc, weights_len: int) -> None:
             raise Invalid(f"{path}.values", f"has shape {values.shape}, not the input's element count")
 
 
+def _body_outputs(doc: Doc, weights_len: int) -> None:
+    """A control-flow body's plan lists its outputs in the body's order (polykit.compiler.bodies)."""
+    for i, name in enumerate(doc["metadata"].get("body_outputs") or ()):
+        if name not in doc["outputs"]:
+            raise Invalid(f"metadata.body_outputs[{i}]", f"{name!r} is not an output of the plan")
+
+
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
-    _tensor_sizes, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
+    _tensor_sizes, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values, _body_outputs,
 )
 
 

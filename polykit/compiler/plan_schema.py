@@ -174,6 +174,10 @@ def json_value(value: Any, path: str, depth: int = 0) -> None:
                 raise Invalid(path, "an array tag must be the object's only key")
             ndarray_tag(value["__ndarray__"], f"{path}.__ndarray__")
             return
+        if "__plan__" in value:  # a control-flow body: checked as a whole plan when it is decoded
+            if len(value) != 1 or type(value["__plan__"]) is not dict:
+                raise Invalid(path, "a plan tag must be the object's only key and hold a plan document")
+            return
         for k, v in value.items():
             json_value(v, f"{path}[{k!r}]", depth + 1)
     elif isinstance(value, list):
@@ -295,6 +299,7 @@ METADATA_FIELDS = (
     Field("input_values", map_of(record(INPUT_VALUE_FIELDS)), required=False),
     Field("builder_config", map_of(json_value), required=False),
     Field("tactics", map_of(text(empty=True)), required=False),
+    Field("body_outputs", list_of(text()), required=False),
 )
 
 DOCUMENT_FIELDS = (

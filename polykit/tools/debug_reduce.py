@@ -35,7 +35,8 @@ from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.debug_check import (check_argv, error_json, refuse_check_conflicts, run_check, saved_reference,
                                        verdict)
 from polykit.tools.reduce_search import reduce_nodes
-from polykit.tools.subgraph import Extractor, TensorSpec, outer_names
+from polykit.compiler.subgraphs import outer_names
+from polykit.tools.subgraph import Extractor, TensorSpec
 from polykit.tools.tactic_bisect import Verdict
 
 MODEL_PLACEHOLDER, INPUTS_PLACEHOLDER = "{model}", "{inputs}"

@@ -25,7 +25,7 @@ def sanitize(model: Any, *, fold_constants: bool = False, upgrade_opset: int | N
     from onnx import numpy_helper
 
     from polykit.backends.loaders import GraphFromOnnx, _model_proto, fold_graph_constants
-    from polykit.tools.subgraph import outer_names
+    from polykit.compiler.subgraphs import outer_names
 
     original = _model_proto(model)
     graph = GraphFromOnnx(original, check_supported=False)().copy()

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir import Shape
+from polykit.compiler.subgraphs import outer_names
 from polykit.errors import UsageError
 
 log = logging.getLogger("polykit")
@@ -215,17 +216,3 @@ class Extractor:
                              hint=f"give it: --{role}s {spec.name}:" + ("auto:float32" if role == "input" else "float32"))
         return helper.make_tensor_value_info(spec.name, dtypes.to_onnx(dtype), None if shape is None else list(shape))
 
-
-def outer_names(node: Any) -> list[str]:
-    """The outer-scope tensors a node's subgraph attributes (If/Loop/Scan bodies) read."""
-    import onnx
-
-    names: list[str] = []
-    for attr in node.attribute:
-        for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
-                     list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []):
-            defined = {i.name for i in body.input} | {t.name for t in body.initializer}
-            defined |= {o for n in body.node for o in n.output}
-            for n in body.node:
-                names += [t for t in (*n.input, *outer_names(n)) if t and t not in defined]
-    return list(dict.fromkeys(names))

@@ -14,7 +14,7 @@ import logging
 from typing import Callable, Iterable, Mapping, Sequence
 
 from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph
+from polykit.compiler.ir import Graph, subgraphs
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -76,6 +76,9 @@ def run_passes(graph: Graph, passes: Sequence[Pass], check: bool = True, *, fixe
         changed_any |= changed_round
         if not changed_round:
             break
+    for node in graph.nodes:  # If/Loop/Scan bodies: the same passes, inside (their outputs are their roots)
+        for _, body in subgraphs(node):
+            changed_any |= run_passes(body, passes, check, fixed_point=fixed_point)
     return changed_any
 
 

@@ -191,6 +191,9 @@ class CudaTactic(Tactic):
     kernels_fn: Any = field(default=None, hash=False, compare=False)
     #: enqueue(layer, launcher, tensors: dict[name, DeviceTensor], weights: dict) -> None
     enqueue_fn: Any = field(default=None, hash=False, compare=False)
+    #: drives the layer from the host (control flow: launcher.bodies runs its body plans and
+    #: reads values back), so a context with such a layer is not captured as a CUDA graph
+    host_driven: bool = False
 
     def kernels(self, layer: Any) -> list[KernelSource]:
         return list(self.kernels_fn(layer))

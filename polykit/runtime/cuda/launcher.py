@@ -133,6 +133,9 @@ class KernelModules:
 class CudaLauncher:
     """Launches a layer's kernels on one stream; errors name the layer."""
 
+    #: a host-driven tactic's BodyDriver (polykit.runtime.cuda.bodies); None for every other tactic
+    bodies: Any = None
+
     def __init__(self, modules: KernelModules, stream: Any, workspace: Callable[[int], int],
                  layer_name: str = "", check_each: bool = False, sm_count: int = 0):
         self._sm_count = sm_count

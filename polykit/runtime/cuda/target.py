@@ -28,6 +28,7 @@ from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, stream_handle
+from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
@@ -139,6 +140,7 @@ class CudaContext:
         self._workspace = WorkspacePool()
         self._workspace.reserve(planned_workspace(plan))
         self._timer = CudaTimer(engine.modules, self._workspace)
+        self._bodies = BodyContexts()
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
         for name, desc in plan.tensors.items():
             if desc.kind == "weight":
@@ -164,6 +166,8 @@ class CudaContext:
         self._workspace.reset()
         launcher = CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, layer.name,
                                 sm_count=self.engine.info.sm_count)
+        if tactic.host_driven:
+            launcher.bodies = BodyDriver(self._bodies, stream.handle)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
         except DeviceError:
@@ -179,8 +183,11 @@ class CudaContext:
     def timer(self) -> "CudaTimer":
         return self._timer
 
-    def capture(self, record: Callable[[Stream], None]) -> CudaGraph:
-        """`record`'s launches as a CUDA graph (the workspace may not grow while capturing)."""
+    def capture(self, record: Callable[[Stream], None]) -> CudaGraph | None:
+        """`record`'s launches as a CUDA graph (the workspace may not grow while capturing); None
+        when a layer is driven from the host (control flow reads values back while it runs)."""
+        if any(tactic.host_driven for _, tactic in self.engine.steps):
+            return None
         self._workspace.frozen = True
         try:
             return CudaGraph(self.stream, record)
@@ -202,6 +209,7 @@ class CudaContext:
     def close(self) -> None:
         if self.stream.handle is not None:
             self.stream.synchronize()
+        self._bodies.close()
         self._workspace.free()
         self.arena.free()
         self.stream.close()

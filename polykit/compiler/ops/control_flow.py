@@ -1,0 +1,186 @@
+"""Control flow: If, Loop, Scan — importers and shape rules (bodies: polykit.compiler.subgraphs).
+
+Canonical forms, after import (captured outer tensors, C of them, close every input list):
+
+- If:   inputs [cond, captures...];            then_branch / else_branch inputs [captures...]
+- Loop: inputs [M, cond, v..., captures...];   body inputs [iter, cond, v..., captures...],
+        body outputs [cond, v..., scan...];    node outputs [v..., scan...]
+- Scan (opset >= 9): inputs [state..., scan..., captures...];  body inputs alike (a scan input's
+        slice); body outputs [state..., scan...]. Scan-8 (a batch axis and sequence_lens) is
+        rewritten to a Scan over the batch whose body is the Scan-9 form.
+
+Shape rules infer the bodies in place from the node's input metadata. A Loop's scan outputs
+have the trip count as their first dim when it is known at build time (a constant M and a
+condition the body passes through unchanged); otherwise the dim is unknown, and the graph
+evaluator fills it when the node's inputs are known (build-time input values).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
+from polykit.errors import ShapeError
+
+#: op -> the attributes that hold its bodies
+BODY_ATTRS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+
+
+def _import(node: Node, ctx: ImportContext) -> None:
+    import_bodies(node, BODY_ATTRS[node.op_type], ctx.graph.opsets, ctx.opset)
+
+
+for _op in ("If", "Loop"):
+    importer(_op)(_import)
+
+
+@importer("Scan", since=9)
+def _import_scan(node: Node, ctx: ImportContext) -> None:
+    _import(node, ctx)
+
+
+@importer("Scan", since=8)
+def _import_scan8(node: Node, ctx: ImportContext) -> list[Node] | None:
+    """Scan-8 iterates axis 1 of [batch, seq, ...] inputs for each batch item: a Scan-9 over the
+    batch (every input scanned, the states too) whose body is the Scan-9 form of the node."""
+    if node.input(0):
+        raise ShapeError("Scan-8 with sequence_lens is not supported", where=node.describe(),
+                         hint="export the model at opset >= 9 (sequence_lens was removed there)")
+    _import(node, ctx)
+    body: Graph = node.attrs["body"]
+    n_in = len(node.inputs) - 1 - captured(node)
+    inner = Node("Scan", [f"{n}__item" for n in node.inputs[1:]], [f"{o}__item" for o in node.outputs],
+                 {k: v for k, v in node.attrs.items() if k != "directions"}, f"{node.name}__item")
+    if "directions" in node.attrs:
+        inner.attrs["scan_input_directions"] = node.attrs["directions"]
+    outer_body = Graph([inner], inner.inputs, inner.outputs, opsets=body.opsets, name=f"{node.name}__batch")
+    attrs = {"body": outer_body, "num_scan_inputs": n_in}
+    if captured(node):
+        attrs[CAPTURES] = captured(node)
+    return [Node("Scan", node.inputs[1:], node.outputs, attrs, node.name)]
+
+
+# ---- shape rules -------------------------------------------------------------------------------
+def _inputs(ctx: InferContext, start: int, stop: int) -> list[tuple[Any, Any]]:
+    return [(ctx.dtype(i), ctx.shape(i)) for i in range(start, stop)]
+
+
+def _consts(ctx: InferContext, start: int, stop: int) -> list[np.ndarray | None]:
+    return [ctx.const(i) for i in range(start, stop)]
+
+
+@shape_rule("If")
+def _if_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
+    n = ctx.n_inputs
+    branches = [ctx.attr("then_branch"), ctx.attr("else_branch")]
+    for branch in branches:
+        annotate(branch, _inputs(ctx, 1, n), _consts(ctx, 1, n))
+    then, other = (output_values(b) for b in branches)
+    if len(then) != len(other) or len(then) < ctx.n_outputs:
+        raise ctx.fail(f"the branches give {len(then)} and {len(other)} outputs for the node's {ctx.n_outputs}",
+                       hint="both branches of an If must produce one output per node output")
+    cond = ctx.const(0)
+    if cond is not None:
+        chosen = then if bool(np.asarray(cond).reshape(-1)[0]) else other
+        return [(v.dtype, v.shape) for v in chosen]
+    out = []
+    for a, b in zip(then, other):
+        if a.dtype is not None and b.dtype is not None and a.dtype != b.dtype:
+            raise ctx.fail(f"output {a.name!r} is {a.dtype} in then_branch and {b.dtype} in else_branch",
+                           hint="both branches must give each output one element type")
+        out.append((a.dtype or b.dtype, merge_shapes(a.shape, b.shape)))
+    return out
+
+
+def _settle(body: Graph, lead: list, state: list, rest: list, known: list, out0: int) -> list[tuple[Any, Any]]:
+    """Annotate a body with inputs lead + state + rest whose outputs [out0, out0 + len(state))
+    are the next state; a state that changes shape across iterations gets unknown dims.
+    Returns the state's (dtype, shape) as the body keeps it."""
+    for _ in range(3):
+        annotate(body, lead + state + rest, [None] * (len(lead) + len(state)) + known)
+        outs = output_values(body)[out0: out0 + len(state)]
+        merged = [(dt, merge_shapes(shape, o.shape)) for (dt, shape), o in zip(state, outs)]
+        if merged == state:
+            break
+        state = merged
+    return state
+
+
+@shape_rule("Loop")
+def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
+    body: Graph = ctx.attr("body")
+    c = captured(ctx.node)
+    n = ctx.n_inputs - 2 - c
+    lead = [(np.dtype(np.int64), ()), (np.dtype(np.bool_), ())]
+    state = _settle(body, lead, _inputs(ctx, 2, 2 + n), _inputs(ctx, 2 + n, ctx.n_inputs),
+                    _consts(ctx, 2 + n, ctx.n_inputs), 1)
+    outs = output_values(body)
+    if len(outs) < 1 + n or len(outs) - 1 - n != ctx.n_outputs - n:
+        raise ctx.fail(f"the body gives {len(outs)} outputs; a Loop with {n} carried values and {ctx.n_outputs} "
+                       f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
+    trip = _trip_count(ctx, body)
+    scans = [(v.dtype, None if v.shape is None else (trip, *v.shape)) for v in outs[1 + n:]]
+    return [(dt, shape) for dt, shape in state] + scans
+
+
+def _trip_count(ctx: InferContext, body: Graph) -> int | None:
+    """The loop's iteration count when the build knows it: M constant, and the condition given
+    as a constant true (or absent) that the body passes through unchanged."""
+    m, cond = ctx.const(0), ctx.const(1) if ctx.has(1) else np.array(True)
+    if not isinstance(body, Graph):  # a built body: the plan's tensors say the count
+        return None
+    if m is None or cond is None or not bool(np.asarray(cond).reshape(-1)[0]):
+        return None if m is None or cond is None else 0
+    producers = body.producers()
+    name = body.outputs[0]
+    while name in producers and producers[name].op_type == "Identity":
+        name = producers[name].inputs[0]
+    return int(np.asarray(m).reshape(-1)[0]) if name == body.inputs[1] else None
+
+
+def scan_axes(node: Node, key: str, count: int) -> list[int]:
+    """A Scan's per-input or per-output axes/directions attribute (zeros when absent)."""
+    values = list(node.attrs.get(key) or [0] * count)
+    if len(values) != count:
+        raise ShapeError(f"{key} has {len(values)} entries for {count} tensors", where=node.describe(),
+                         hint=f"give {key} one entry per scan input/output")
+    return [int(v) for v in values]
+
+
+@shape_rule("Scan")
+def _scan_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
+    body: Graph = ctx.attr("body")
+    m, c = int(ctx.attr("num_scan_inputs")), captured(ctx.node)
+    n = ctx.n_inputs - m - c
+    if n < 0 or m < 1:
+        raise ctx.fail(f"num_scan_inputs {m} does not fit the node's {ctx.n_inputs} inputs")
+    axes = scan_axes(ctx.node, "scan_input_axes", m)
+    slices, length = [], None
+    for i, axis in enumerate(axes):
+        dt, shape = ctx.dtype(n + i), ctx.shape(n + i)
+        if shape is None:
+            slices.append((dt, None))
+            continue
+        a = ctx.normalize_axis(axis, len(shape))
+        length = shape[a] if length is None or not isinstance(length, int) else length
+        slices.append((dt, shape[:a] + shape[a + 1:]))
+    rest = slices + _inputs(ctx, n + m, ctx.n_inputs)
+    state = _settle(body, [], _inputs(ctx, 0, n), rest, [None] * m + _consts(ctx, n + m, ctx.n_inputs), 0)
+    outs = output_values(body)
+    if len(outs) != ctx.n_outputs or len(outs) < n:
+        raise ctx.fail(f"the body gives {len(outs)} outputs for the node's {ctx.n_outputs}",
+                       hint="body outputs are [state..., scan...], one per node output")
+    out_axes = scan_axes(ctx.node, "scan_output_axes", len(outs) - n)
+    scans = []
+    for v, axis in zip(outs[n:], out_axes):
+        if v.shape is None:
+            scans.append((v.dtype, None))
+            continue
+        a = ctx.normalize_axis(axis, len(v.shape) + 1)
+        scans.append((v.dtype, v.shape[:a] + (length,) + v.shape[a:]))
+    return state + scans
+

@@ -1,0 +1,127 @@
+"""Reference kernels: If, Loop, Scan (canonical forms: polykit.compiler.ops.control_flow).
+
+The iteration is written once, over host arrays, for both kinds of body a node may hold: a
+Graph (imported models, folding, shape inference: the graph evaluator runs it) and a Plan (a
+built control-flow layer: polykit.compiler.bodies; an execution context of the plan's target
+runs it, which is how the cpu target runs If/Loop/Scan layers).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+from polykit.compiler.subgraphs import captured
+from polykit.errors import PolykitError
+from polykit.kernels.registry import reference
+
+BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
+
+
+@contextmanager
+def body_runner(body: Any) -> Iterator[BodyFn]:
+    """A function of the body's inputs (positional) returning its outputs (positional)."""
+    if isinstance(body, Graph):
+        from polykit.compiler.evaluator import evaluate_graph
+
+        def run_graph(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+            out = evaluate_graph(body, dict(zip(body.inputs, values)), outputs=body.outputs)
+            return [out[name] for name in body.outputs]
+
+        yield run_graph
+        return
+    from polykit.runtime.engine import Engine
+
+    names = list(body.metadata["body_outputs"])
+    with Engine(body) as engine, engine.create_execution_context() as ctx:
+        def run_plan(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+            out = ctx.execute({name: np.asarray(v) for name, v in zip(body.inputs, values)})
+            return [out[name] for name in names]
+
+        yield run_plan
+
+
+def output_shape(body: Any, index: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The static shape and dtype of body output `index` (for a scan output of zero iterations)."""
+    if isinstance(body, Graph):
+        v = body.value(body.outputs[index])
+        shape, dtype = v.shape, v.dtype
+    else:
+        desc = body.tensors[body.metadata["body_outputs"][index]]
+        shape, dtype = desc.shape, desc.np_dtype
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise PolykitError("a scan output of a loop that ran no iteration has no known shape",
+                           where=f"body {getattr(body, 'name', '')!r}", hint="give the body's outputs static shapes")
+    return tuple(shape), dtype
+
+
+def _stack(parts: list[np.ndarray], body: Any, index: int) -> np.ndarray:
+    if parts:
+        return np.stack(parts)
+    shape, dtype = output_shape(body, index)
+    return np.zeros((0, *shape), dtype)
+
+
+def _scalar(value: np.ndarray | None, default: Any) -> Any:
+    return default if value is None else np.asarray(value).reshape(-1)[0].item()
+
+
+@reference("If")
+def if_(node: Node, inputs):
+    branch = node.attrs["then_branch" if bool(_scalar(inputs[0], False)) else "else_branch"]
+    with body_runner(branch) as run:
+        return [np.asarray(o) for o in run(list(inputs[1:]))]
+
+
+@reference("Loop")
+def loop(node: Node, inputs):
+    body = node.attrs["body"]
+    c = captured(node)
+    n = len(inputs) - 2 - c
+    trip = _scalar(inputs[0], None)
+    go = bool(_scalar(inputs[1], True))
+    state, rest = list(inputs[2:2 + n]), list(inputs[2 + n:])
+    scans: list[list[np.ndarray]] = [[] for _ in range(len(node.outputs) - n)]
+    i = 0
+    with body_runner(body) as run:
+        while go and (trip is None or i < trip):
+            outs = run([np.array(i, np.int64), np.array(go), *state, *rest])
+            go = bool(_scalar(outs[0], True))
+            state = outs[1:1 + n]
+            for k, part in enumerate(outs[1 + n:]):
+                scans[k].append(part)
+            i += 1
+    return state + [_stack(parts, body, 1 + n + k) for k, parts in enumerate(scans)]
+
+
+@reference("Scan")
+def scan(node: Node, inputs):
+    from polykit.compiler.ops.control_flow import scan_axes
+
+    body = node.attrs["body"]
+    m, c = int(node.attrs["num_scan_inputs"]), captured(node)
+    n = len(inputs) - m - c
+    xs = [np.moveaxis(x, a % x.ndim, 0) for x, a in zip(inputs[n:n + m], scan_axes(node, "scan_input_axes", m))]
+    xs = [x[::-1] if d else x for x, d in zip(xs, scan_axes(node, "scan_input_directions", m))]
+    length = xs[0].shape[0]
+    if any(x.shape[0] != length for x in xs):
+        raise PolykitError(f"the scan inputs have lengths {[x.shape[0] for x in xs]} along their scan axes",
+                           where=node.describe(), hint="every scan input must have the same sequence length")
+    state, rest = list(inputs[:n]), list(inputs[n + m:])
+    k = len(node.outputs) - n
+    scans: list[list[np.ndarray]] = [[] for _ in range(k)]
+    with body_runner(body) as run:
+        for t in range(length):
+            outs = run([*state, *(x[t] for x in xs), *rest])
+            state = outs[:n]
+            for j, part in enumerate(outs[n:]):
+                scans[j].append(part)
+    out = list(state)
+    for j, (parts, axis, direction) in enumerate(zip(scans, scan_axes(node, "scan_output_axes", k),
+                                                     scan_axes(node, "scan_output_directions", k))):
+        stacked = _stack(parts[::-1] if direction else parts, body, n + j)
+        out.append(np.moveaxis(stacked, 0, axis % stacked.ndim))
+    return out

@@ -1,0 +1,77 @@
+"""What the cuda target lends control-flow tactics (polykit.kernels.cuda.control_flow).
+
+An If/Loop/Scan layer holds its bodies as plans (polykit.compiler.bodies). A CudaContext
+keeps one execution context per body plan (`BodyContexts`: made on the layer's first run,
+closed with the context), and the layer's tactic drives them from the host through a
+`BodyDriver`: it runs a body on device buffers (ExecutionContext.enqueue on the layer's
+stream: inputs copied into the body's own arena, outputs copied out; a body replays as a CUDA
+graph after its first run), copies between device buffers, writes small host arrays (loop
+indices) and reads scalars back (an If's condition, a Loop's trip count and, once per
+iteration, its condition when the body can change it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.runtime.cuda.memory import copy_device, download, upload
+
+
+class BodyContexts:
+    """Execution contexts of the body plans one CudaContext runs, by plan identity."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, tuple[Any, Any, Any]] = {}
+
+    def context(self, plan: Any) -> Any:
+        held = self._open.get(id(plan))
+        if held is None:
+            from polykit.runtime.engine import Engine
+
+            engine = Engine(plan)
+            held = (plan, engine, engine.create_execution_context())
+            self._open[id(plan)] = held
+        return held[2]
+
+    def close(self) -> None:
+        for _, engine, ctx in self._open.values():
+            ctx.close()
+            engine.close()
+        self._open = {}
+
+
+class BodyDriver:
+    """Host-side operations of a control-flow layer on one stream (module docstring)."""
+
+    def __init__(self, bodies: BodyContexts, stream: Any):
+        self._bodies = bodies
+        self.stream = stream
+        self._held: list[np.ndarray] = []  # host arrays of async uploads, alive until the next read
+
+    def run(self, plan: Any, bindings: Mapping[str, int]) -> None:
+        """Run body `plan` once on device pointers (one per plan input and output)."""
+        self._bodies.context(plan).enqueue(dict(bindings), self.stream)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        copy_device(dst, src, nbytes, self.stream)
+
+    def write(self, ptr: int, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        self._held.append(array)
+        upload(ptr, array, self.stream)
+
+    def read(self, tensor: DeviceTensor) -> np.ndarray:
+        """The tensor's value on the host, once the stream's work before it is done."""
+        value = download(tensor.ptr, tensor.shape, tensor.dtype, self.stream)
+        self._held = []
+        return value
+
+    def finish(self) -> None:
+        """Wait for the stream (the uploads' host arrays may then go)."""
+        from polykit.runtime.cuda import driver
+
+        driver.call("cuStreamSynchronize", self.stream, what="stream synchronize")
+        self._held = []

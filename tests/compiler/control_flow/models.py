@@ -1,0 +1,91 @@
+"""Models with If, Loop and Scan built with onnx.helper (real bodies, outer-scope reads)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+VOCAB, DIM, STEPS = 11, 8, 4
+
+
+def _model(graph, opset: int = 17) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def greedy_decode(seed: int = 0, steps: int = STEPS) -> onnx.ModelProto:
+    """A Loop of `steps` greedy decode steps: embed the last token, project to logits with a
+    MatMul (weights read from the outer scope), ArgMax the next token, collect it as a scan
+    output; the tokens are the start token Concat'ed with the collected ones."""
+    rng = np.random.default_rng(seed)
+    emb = numpy_helper.from_array(rng.standard_normal((VOCAB, DIM)).astype(np.float32), "emb")
+    proj = numpy_helper.from_array(rng.standard_normal((DIM, VOCAB)).astype(np.float32), "proj")
+    trip = numpy_helper.from_array(np.array(steps, np.int64), "trip")
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "tok_in"], ["e"], axis=0),
+         helper.make_node("Add", ["e", "state_in"], ["h0"]),
+         helper.make_node("Tanh", ["h0"], ["h"]),
+         helper.make_node("MatMul", ["h", "proj"], ["logits"]),
+         helper.make_node("ArgMax", ["logits"], ["tok_out"], axis=1, keepdims=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["tok_out"], ["tok_scan"])],
+        "step",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", B, []),
+         helper.make_tensor_value_info("tok_in", I64, [1]), helper.make_tensor_value_info("state_in", F, [1, DIM])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("tok_out", I64, [1]),
+         helper.make_tensor_value_info("h", F, [1, DIM]), helper.make_tensor_value_info("tok_scan", I64, [1])])
+    nodes = [helper.make_node("Loop", ["trip", "", "start", "state"], ["last", "final_state", "gen"], body=body),
+             helper.make_node("Reshape", ["gen", "flat"], ["gen_flat"]),
+             helper.make_node("Concat", ["start", "gen_flat"], ["tokens"], axis=0)]
+    flat = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    graph = helper.make_graph(nodes, "greedy_decode",
+                              [helper.make_tensor_value_info("start", I64, [1]),
+                               helper.make_tensor_value_info("state", F, [1, DIM])],
+                              [helper.make_tensor_value_info("tokens", I64, [steps + 1]),
+                               helper.make_tensor_value_info("final_state", F, [1, DIM])],
+                              [emb, proj, trip, flat])
+    return _model(graph)
+
+
+def branchy(opset: int = 17) -> onnx.ModelProto:
+    """y = If(sum(x) > 0, x * w, x - w): both branches read x and w from the outer scope."""
+    w = numpy_helper.from_array(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "w")
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    out = [helper.make_tensor_value_info("r", F, [2, 3])]
+    then = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["r"])], "then", [], out)
+    other = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["r"])], "else", [], out)
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("x", F, [2, 3])],
+                              [helper.make_tensor_value_info("y", F, [2, 3])], [w, zero])
+    return _model(graph, opset)
+
+
+def cumulative(axis: int = 0, reverse: int = 0) -> onnx.ModelProto:
+    """Scan: running sum and running max over `axis` of x (4 x 5 x 3), scan output on `axis`
+    too, with a scale read from the outer scope."""
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["xi", "scale"], ["xs"]),
+         helper.make_node("Add", ["acc_in", "xs"], ["acc_out"]),
+         helper.make_node("Max", ["mx_in", "xi"], ["mx_out"]),
+         helper.make_node("Identity", ["acc_out"], ["y"])],
+        "cum", [helper.make_tensor_value_info(n, F, None) for n in ("acc_in", "mx_in", "xi")],
+        [helper.make_tensor_value_info(n, F, None) for n in ("acc_out", "mx_out", "y")])
+    shape = [4, 5, 3]
+    slice_shape = shape[:axis] + shape[axis + 1:]
+    nodes = [helper.make_node("Scan", ["acc0", "mx0", "x"], ["acc", "mx", "ys"], body=body, num_scan_inputs=1,
+                              scan_input_axes=[axis], scan_output_axes=[axis],
+                              scan_input_directions=[reverse], scan_output_directions=[reverse])]
+    graph = helper.make_graph(nodes, "cumulative",
+                              [helper.make_tensor_value_info("acc0", F, slice_shape),
+                               helper.make_tensor_value_info("mx0", F, slice_shape),
+                               helper.make_tensor_value_info("x", F, shape)],
+                              [helper.make_tensor_value_info("acc", F, slice_shape),
+                               helper.make_tensor_value_info("mx", F, slice_shape),
+                               helper.make_tensor_value_info("ys", F, shape)], [scale])
+    return _model(graph)
