@@ -8,8 +8,10 @@ exists, else from calibrating the unfused graph (polykit.compiler.calibrate; the
 written). The activation tensors that need a scale are named on the graph as imported (input
 shapes applied), before any pass, so the same names serve every build of the model.
 
-A target without INT8 tactics (cuda, until its kernels land) builds float: the model's Q/DQ run
-as written and --int8 is ignored, each with a logged warning.
+A target without INT8 tactics (a plugin's) builds float: the model's Q/DQ run as written and
+--int8 is ignored, each with a logged warning. An INT8 layer that the target's tactics refuse
+(cuda: grouped convolutions, batched MatMul operands) falls back the same way, alone
+(builder.optimize_and_lower).
 """
 
 from __future__ import annotations
