@@ -191,7 +191,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
     pinned = tuple(cfg.fp32_layers) + tuple(n for n, p in cfg.layer_precisions.items() if p in ("fp32", "tf32"))
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
-               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target),
+               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target, int8.layers),
                "int8": int8.fold, "int8_scales": dict(int8.scales)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):

@@ -56,7 +56,7 @@ class BuilderConfig:
         shape, Pad's pads, NonZero's count) become static; the engine then accepts only
         feeds equal to these values for those inputs.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
-        turns it on for fp16, bf16, tf32 and int8 builds of the cuda target (channels_last_for).
+        turns it on for cuda builds in fp16, bf16, tf32 or with INT8 layers (channels_last_for).
     builder_optimization_level: 0 (first candidate by priority, nothing timed) to 5 (every
         candidate of every layer timed); 3, the default, times layers with several candidates,
         the best few by priority (docs/TUNING.md).
@@ -153,11 +153,12 @@ class BuilderConfig:
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
 
-    def channels_last_for(self, target: str) -> bool:
-        """Whether a build for `target` runs convolutions channels-last (None: fp16 cuda builds)."""
+    def channels_last_for(self, target: str, int8_layers: bool = False) -> bool:
+        """Whether a build for `target` runs convolutions channels-last (None: cuda builds in fp16,
+        bf16, tf32 or with INT8 layers: `int8`, or `int8_layers` when the model's Q/DQ fold)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
-        return target == "cuda" and (self.fp16 or self.bf16 or self.tf32 or self.int8)
+        return target == "cuda" and (self.fp16 or self.bf16 or self.tf32 or self.int8 or int8_layers)
 
     def _check_tuning(self) -> None:
         level = self.builder_optimization_level

@@ -37,10 +37,13 @@ QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 @dataclass(frozen=True)
 class Int8Setup:
     """What the optimizer does about INT8: fold Q/DQ into INT8 layers (`fold`), and quantize the
-    activations named in `scales` (tensor -> int8 scale) with their layers' weights."""
+    activations named in `scales` (tensor -> int8 scale) with their layers' weights. `layers`:
+    the build makes INT8 layers (the model has Q/DQ, or int8 is on), which a cuda build runs
+    channels-last."""
 
     fold: bool = False
     scales: Mapping[str, float] = field(default_factory=dict, hash=False)
+    layers: bool = False
 
 
 def target_runs_int8(target: str) -> bool:
@@ -60,14 +63,14 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
                     "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
         return Int8Setup()
     if not cfg.int8:
-        return Int8Setup(fold=runs)
+        return Int8Setup(fold=runs, layers=runs and explicit)
     if explicit:
         log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
-        return Int8Setup(fold=True)
+        return Int8Setup(fold=True, layers=True)
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
         log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target))
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target), layers=True)
 
 
 def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str) -> dict[str, float]:
