@@ -59,7 +59,7 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
     if not runs and (explicit or cfg.int8):
-        log.warning("the %s target has no INT8 tactics yet: %s", target,
+        log.warning("the %s target has no INT8 tactics: %s", target,
                     "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
         return Int8Setup()
     if not cfg.int8:
