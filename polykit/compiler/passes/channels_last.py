@@ -101,20 +101,33 @@ class _Rewriter:
         if (weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype
                 or int(node.attrs.get("group", 1)) != 1):
             return None
+        attrs = self.nhwc_attrs(node, weight)
+        if attrs is None:
+            return None
+        prefix: list[Node] = []
+        xt, channels = self.nhwc_input(x, int(weight.shape[1]), CHANNEL_ALIGN, node, prefix)
+        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
+        return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
+
+    def nhwc_attrs(self, node: Node, weight: np.ndarray) -> dict | None:
+        """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, group 1), or None
+        when its pads depend on unknown dims."""
         kernel = [int(k) for k in weight.shape[2:]]
         pads = self.explicit_pads(node, kernel)
         if pads is None:
             return None
-        c = int(weight.shape[1])
-        channels = -(-c // CHANNEL_ALIGN) * CHANNEL_ALIGN
-        prefix: list[Node] = []
-        xt = self.to_nhwc(x, node, prefix)
-        if channels != c:
-            xt = self.padded_channels(xt, channels - c, node, prefix)
         attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
         attrs.update(pads=pads, kernel_shape=kernel, group=1)
-        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
-        return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
+        return attrs
+
+    def nhwc_input(self, x: str, c: int, align: int, node: Node, prefix: list[Node],
+                   value: str = "") -> tuple[str, int]:
+        """(x in NHWC with its c channels padded to a multiple of `align` with `value`, that channel count)."""
+        channels = -(-c // align) * align
+        xt = self.to_nhwc(x, node, prefix)
+        if channels != c:
+            xt = self.padded_channels(xt, channels - c, node, prefix, value)
+        return xt, channels
 
     def qconv(self, node: Node) -> list[Node] | None:
         """An INT8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
@@ -128,9 +141,8 @@ class _Rewriter:
                 or xv.dtype not in INT8_DTYPES or xv.shape is None or len(xv.shape) != 4
                 or int(node.attrs.get("group", 1)) != 1):
             return None
-        kernel = [int(k) for k in weight.shape[2:]]
-        pads = self.explicit_pads(node, kernel)
-        if pads is None:
+        attrs = self.nhwc_attrs(node, weight)
+        if attrs is None:
             return None
         prefix: list[Node] = []
         extras = {}
@@ -138,13 +150,8 @@ class _Rewriter:
             extras[name] = self.nhwc_operand(name, node, prefix)
             if extras[name] is None:
                 return None
-        c = int(weight.shape[1])
-        channels = -(-c // INT8_CHANNEL_ALIGN) * INT8_CHANNEL_ALIGN
-        xt = self.to_nhwc(x, node, prefix)
-        if channels != c:
-            xt = self.padded_channels(xt, channels - c, node, prefix, value=node.input(X_ZERO_POINT))
-        attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
-        attrs.update(pads=pads, kernel_shape=kernel, group=1)
+        xt, channels = self.nhwc_input(x, int(weight.shape[1]), INT8_CHANNEL_ALIGN, node, prefix,
+                                       value=node.input(X_ZERO_POINT))
         if "epilogue" in attrs:
             body = [dict(step, inputs=[extras.get(n, n) for n in step["inputs"]]) for step in attrs["epilogue"]["body"]]
             attrs["epilogue"] = dict(attrs["epilogue"], body=body)

@@ -105,18 +105,7 @@ __device__ __forceinline__ Common common_of(INT8_PARAMS) {
 
 // B of QMatMul: [K, N] row-major, gathered down a column
 __device__ __forceinline__ uint4 column16(const u8* B, i64 N, i64 K, i64 n, i64 k, u32 fill) {
-  u32 w[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    u32 v = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const i64 kk = k + q * 4 + b;
-      v |= (kk < K ? (u32)B[kk * N + n] : (fill & 0xff)) << (8 * b);
-    }
-    w[q] = v;
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return bytes16([&](int i) { return k + i < K ? (u32)B[(k + i) * N + n] : fill; });
 }
 
 struct MatmulP {
@@ -154,7 +143,10 @@ struct ConvGeometry {
   }
 };
 
-struct ConvNhwcP {
+// the implicit GEMM of a 2-D convolution; NHWC: X [NB, H, W, C] with C % 16 == 0 (a 16-byte chunk
+// of K is 16 channels of one tap), else X [NB, C, H, W] gathered byte by byte
+template <bool NHWC>
+struct ConvP {
   const u8 *X, *Wt;
   i64 M, N, K;
   ConvGeometry g;
@@ -163,52 +155,33 @@ struct ConvNhwcP {
   Out o;
   typedef Pixel Row;
   __device__ __forceinline__ Row arow(i64 m) const { return g.pixel(X, m, M); }
-  // C % 16 == 0: the chunk's 16 channels share one tap
-  __device__ __forceinline__ uint4 a16(const Row& px, i64 k) const {
-    if (!px.ok || k >= K) return make_uint4(afill, afill, afill, afill);
-    const u32 tap = (u32)k / (u32)g.C, c = (u32)k - tap * (u32)g.C;
-    const u32 r = tap / (u32)g.KW, s = tap - r * (u32)g.KW;
-    const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
-    if (ih < 0 || ih >= (int)g.H || iw < 0 || iw >= (int)g.W) return make_uint4(zfill, zfill, zfill, zfill);
-    return *(const uint4*)(px.image + ((i64)ih * g.W + iw) * g.C + c);
+  __device__ __forceinline__ bool inside(int ih, int iw) const {
+    return ih >= 0 && ih < (int)g.H && iw >= 0 && iw < (int)g.W;
   }
-  __device__ __forceinline__ uint4 b16(i64 n, i64 k) const { return row16(Wt + n * K, k, K, vec, bfill); }
-  __device__ __forceinline__ void store(i64 m, i64 n, int acc) const { o.put(m * N + n, n, n, acc); }
-};
-
-struct ConvNchwP {
-  const u8 *X, *Wt;
-  i64 M, N, K;
-  ConvGeometry g;
-  bool vec;
-  u32 afill, bfill, zfill;
-  Out o;
-  typedef Pixel Row;
-  __device__ __forceinline__ Row arow(i64 m) const { return g.pixel(X, m, M); }
   __device__ __forceinline__ uint4 a16(const Row& px, i64 k) const {
-    const u32 taps = (u32)(g.KH * g.KW);
-    u32 w[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      u32 v = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const i64 kk = k + q * 4 + b;
-        u32 byte = afill & 0xff;
-        if (px.ok && kk < K) {
-          const u32 c = (u32)kk / taps, t = (u32)kk - c * taps, r = t / (u32)g.KW, s = t - r * (u32)g.KW;
-          const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
-          byte = (ih < 0 || ih >= (int)g.H || iw < 0 || iw >= (int)g.W)
-                     ? (zfill & 0xff) : (u32)px.image[((i64)c * g.H + ih) * g.W + iw];
-        }
-        v |= byte << (8 * b);
-      }
-      w[q] = v;
+    if (NHWC) {
+      if (!px.ok || k >= K) return make_uint4(afill, afill, afill, afill);
+      const u32 tap = (u32)k / (u32)g.C, c = (u32)k - tap * (u32)g.C;
+      const u32 r = tap / (u32)g.KW, s = tap - r * (u32)g.KW;
+      const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
+      if (!inside(ih, iw)) return make_uint4(zfill, zfill, zfill, zfill);
+      return *(const uint4*)(px.image + ((i64)ih * g.W + iw) * g.C + c);
     }
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    const u32 taps = (u32)(g.KH * g.KW);
+    return bytes16([&](int i) {
+      const i64 kk = k + i;
+      if (!px.ok || kk >= K) return afill;
+      const u32 c = (u32)kk / taps, t = (u32)kk - c * taps, r = t / (u32)g.KW, s = t - r * (u32)g.KW;
+      const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
+      return inside(ih, iw) ? (u32)px.image[((i64)c * g.H + ih) * g.W + iw] : zfill;
+    });
   }
   __device__ __forceinline__ uint4 b16(i64 n, i64 k) const { return row16(Wt + n * K, k, K, vec, bfill); }
   __device__ __forceinline__ void store(i64 m, i64 n, int acc) const {
+    if (NHWC) {
+      o.put(m * N + n, n, n, acc);
+      return;
+    }
     const i64 osp = g.OH * g.OW, nb = m / osp, s = m - nb * osp;
     o.put((nb * N + n) * osp + s, s % g.OW, n, acc);
   }
@@ -217,7 +190,7 @@ struct ConvNchwP {
 #define INT8_SETUP                                                                                       \
   const Common cm = common_of(X, Wt, XZ, WZ, Scale, Bias, YScale, YZ, Y, M, N, K, C, H, W, OH, OW, KH, KW, \
                               SH, SW, PH, PW, DH, DW, flags, wz_step, scale_step, bias_step EPI_COMMA_ARGS)
-#define CONV_GEOMETRY {C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW}
+#define CONV_GEOMETRY ConvGeometry{C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW}
 
 extern "C" __global__ void __launch_bounds__(256) int8_matmul(INT8_PARAMS) {
   INT8_SETUP;
@@ -225,16 +198,19 @@ extern "C" __global__ void __launch_bounds__(256) int8_matmul(INT8_PARAMS) {
   int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
 }
 
+template <bool NHWC>
+__device__ __forceinline__ void conv(const Common& cm, const u8* X, const u8* Wt, i64 M, i64 N, i64 K,
+                                     const ConvGeometry& g, bool vec) {
+  const ConvP<NHWC> p = {X, Wt, M, N, K, g, vec, cm.amask, cm.bmask, splat(cm.xz), cm.out};
+  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+}
+
 extern "C" __global__ void __launch_bounds__(256) int8_conv_nhwc(INT8_PARAMS) {
   INT8_SETUP;
-  const ConvNhwcP p = {X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0, cm.amask, cm.bmask, splat(cm.xz),
-                       cm.out};
-  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+  conv<true>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
 }
 
 extern "C" __global__ void __launch_bounds__(256) int8_conv_nchw(INT8_PARAMS) {
   INT8_SETUP;
-  const ConvNchwP p = {X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0, cm.amask, cm.bmask, splat(cm.xz),
-                       cm.out};
-  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+  conv<false>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
 }

@@ -48,22 +48,25 @@ __device__ __forceinline__ uint4 xor16(uint4 v, u32 mask) {
   return v;
 }
 
-// 16 bytes of a K-contiguous row at k (row points at the row's k = 0): one 16-byte load when the
-// whole chunk lies inside K and `vec` (row and k 16-byte aligned), else byte by byte; past K: fill.
-__device__ __forceinline__ uint4 row16(const u8* row, i64 k, i64 K, bool vec, u32 fill) {
-  if (vec && k + 16 <= K) return *(const uint4*)(row + k);
+// 16 bytes from byte_at(0..15) (each a value in 0..255), packed little-endian
+template <class F>
+__device__ __forceinline__ uint4 bytes16(const F& byte_at) {
   u32 w[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     u32 v = 0;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const i64 kk = k + q * 4 + b;
-      v |= (kk < K ? (u32)row[kk] : (fill & 0xff)) << (8 * b);
-    }
+    for (int b = 0; b < 4; ++b) v |= (byte_at(q * 4 + b) & 0xffu) << (8 * b);
     w[q] = v;
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16 bytes of a K-contiguous row at k (row points at the row's k = 0): one 16-byte load when the
+// whole chunk lies inside K and `vec` (row and k 16-byte aligned), else byte by byte; past K: fill.
+__device__ __forceinline__ uint4 row16(const u8* row, i64 k, i64 K, bool vec, u32 fill) {
+  if (vec && k + 16 <= K) return *(const uint4*)(row + k);
+  return bytes16([&](int i) { return k + i < K ? (u32)row[k + i] : fill; });
 }
 
 // the centered-sum corrections of one output element, in the signed domain (wrapping int32)
