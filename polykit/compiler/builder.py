@@ -204,7 +204,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
     pinned = tuple(cfg.fp32_layers) + tuple(n for n, p in cfg.layer_precisions.items() if p in ("fp32", "tf32"))
     offered = {"keep": keep, "fold": cfg.fold_constants, "fold_constants": cfg.fold_constants, "fuse": cfg.fuse,
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
-               "fp32_layers": pinned + tuple(fp32_nodes), "channels_last": cfg.channels_last_for(target, conv_pixels(g)),
+               "fp32_layers": pinned + tuple(fp32_nodes),
+               "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
                "int8": int8.fold, "int8_scales": dict(int8.scales)}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
@@ -223,8 +224,11 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
                        int8: Int8Setup = Int8Setup()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
     """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
     half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
-    the graph optimized again), unless precision constraints are "obey": then a BuildError."""
+    the graph optimized again), unless precision constraints are "obey": then a BuildError.
+    INT8 layers no tactic runs (shapes a target's kernels refuse) are pinned the same way: their
+    Q/DQ then run as written and the op in float, with a logged warning."""
     from polykit.compiler.layer_precision import has_tactic, storage_precision
+    from polykit.compiler.ops.int8 import is_int8_layer
 
     fp32_nodes: tuple[str, ...] = ()
     keep = list(g.outputs)
@@ -237,6 +241,12 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
         lowered = lower(optimized)
         tensors = describe_tensors(optimized, lowered)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
+        unrun = [l for l in lowered.layers if is_int8_layer(l) and not has_tactic(l, target, arch)]
+        if unrun and not {l.name for l in unrun} <= set(fp32_nodes):
+            log.warning("no %s INT8 tactic runs %s; they run in float (their Q/DQ as written)", target,
+                        ", ".join(f"{l.name!r} ({l.kind} {_fmt(l.in_shapes[2])})" for l in unrun[:5]))
+            fp32_nodes += tuple(l.name for l in unrun)
+            continue
         if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):
             break
         stranded = [l for l in lowered.layers if storage_precision(l) != "fp32" and not has_tactic(l, target, arch)]

@@ -59,9 +59,9 @@ class BuilderConfig:
         shape, Pad's pads, NonZero's count) become static; the engine then accepts only
         feeds equal to these values for those inputs.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
-        turns it on for the cuda target's fp16, bf16 and tf32 builds, and its fp32 builds of
-        large convolutions (channels_last_for): its tensor-core convolutions (fp32 as 3xTF32)
-        are NHWC implicit GEMMs.
+        turns it on for the cuda target's fp16, bf16 and tf32 builds, builds with INT8 layers,
+        and fp32 builds of large convolutions (channels_last_for): its tensor-core convolutions
+        (fp32 as 3xTF32) are NHWC implicit GEMMs.
     builder_optimization_level: 0 (first candidate by priority, nothing timed) to 5 (every
         candidate of every layer timed); 3, the default, times layers with several candidates,
         the best few by priority (docs/TUNING.md).
@@ -158,17 +158,18 @@ class BuilderConfig:
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
 
-    def channels_last_for(self, target: str, conv_pixels: Sequence[int] = ()) -> bool:
+    def channels_last_for(self, target: str, conv_pixels: Sequence[int] = (), int8_layers: bool = False) -> bool:
         """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda
-        target's half and tf32 builds, and its fp32 builds whose convolutions are large (median
-        output pixels N * OH * OW of the 2-D convolutions, `conv_pixels`, at least
-        FP32_NHWC_PIXELS): the NHWC 3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs
-        18.5 ms on the H100), the NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
+        target's half and tf32 builds, builds with INT8 layers (`int8`, or `int8_layers` when the
+        model's Q/DQ fold), and fp32 builds whose convolutions are large (median output pixels
+        N * OH * OW of the 2-D convolutions, `conv_pixels`, at least FP32_NHWC_PIXELS): the NHWC
+        3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs 18.5 ms on the H100), the
+        NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
         if target != "cuda":
             return False
-        if self.fp16 or self.bf16 or self.tf32:
+        if self.fp16 or self.bf16 or self.tf32 or self.int8 or int8_layers:
             return True
         return bool(conv_pixels) and sorted(conv_pixels)[len(conv_pixels) // 2] >= FP32_NHWC_PIXELS
 

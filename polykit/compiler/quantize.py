@@ -8,8 +8,10 @@ exists, else from calibrating the unfused graph (polykit.compiler.calibrate; the
 written). The activation tensors that need a scale are named on the graph as imported (input
 shapes applied), before any pass, so the same names serve every build of the model.
 
-A target without INT8 tactics (cuda, until its kernels land) builds float: the model's Q/DQ run
-as written and --int8 is ignored, each with a logged warning.
+A target without INT8 tactics (a plugin's) builds float: the model's Q/DQ run as written and
+--int8 is ignored, each with a logged warning. An INT8 layer that the target's tactics refuse
+(cuda: grouped convolutions, batched MatMul operands) falls back the same way, alone
+(builder.optimize_and_lower).
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 @dataclass(frozen=True)
 class Int8Setup:
     """What the optimizer does about INT8: fold Q/DQ into INT8 layers (`fold`), and quantize the
-    activations named in `scales` (tensor -> int8 scale) with their layers' weights."""
+    activations named in `scales` (tensor -> int8 scale) with their layers' weights. `layers`:
+    the build makes INT8 layers (the model has Q/DQ, or int8 is on), which a cuda build runs
+    channels-last."""
 
     fold: bool = False
     scales: Mapping[str, float] = field(default_factory=dict, hash=False)
+    layers: bool = False
 
 
 def target_runs_int8(target: str) -> bool:
@@ -54,18 +59,18 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
     if not runs and (explicit or cfg.int8):
-        log.warning("the %s target has no INT8 tactics yet: %s", target,
+        log.warning("the %s target has no INT8 tactics: %s", target,
                     "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
         return Int8Setup()
     if not cfg.int8:
-        return Int8Setup(fold=runs)
+        return Int8Setup(fold=runs, layers=runs and explicit)
     if explicit:
         log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
-        return Int8Setup(fold=True)
+        return Int8Setup(fold=True, layers=True)
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
         log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target))
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target), layers=True)
 
 
 def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str) -> dict[str, float]:

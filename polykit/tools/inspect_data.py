@@ -4,8 +4,9 @@ counts, a text histogram, and with --show-values the values (numpy's printing, b
 
 Files are read by data readers, a registry filled through the `polykit_data_readers` plugin
 hook like runners and data loaders are: built-ins read polykit's and Polygraphy's saved
-inputs and outputs, plain .npz archives and lone .npy arrays; another format (a calibration
-cache, a framework's dump) is one DataReaderSpec more, and this command needs no change.
+inputs and outputs, plain .npz archives, lone .npy arrays and INT8 calibration caches (their
+scales and thresholds per tensor); another format (a framework's dump) is one DataReaderSpec
+more, and this command needs no change.
 """
 
 from __future__ import annotations
@@ -44,10 +45,14 @@ class DataGroup:
 
 @dataclass(frozen=True)
 class DataSet:
-    """What a reader found: `kind` ("feeds", "outputs", "arrays" or the reader's own) and groups."""
+    """What a reader found: `kind` ("feeds", "outputs", "arrays" or the reader's own) and groups.
+    A file of per-tensor records rather than arrays (a calibration cache) gives `rows` instead:
+    one mapping per tensor, shown as one table, and `notes` (its header's fields)."""
 
     kind: str
-    groups: tuple[DataGroup, ...]
+    groups: tuple[DataGroup, ...] = ()
+    rows: tuple[Mapping[str, Any], ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,20 @@ def _starts_with(path: Path, magic: bytes) -> bool:
         return False
 
 
+def _calibration_cache(path: Path) -> DataSet:
+    """Per tensor its INT8 scale and the threshold it implies (|x| that maps to 127), widest first."""
+    from polykit.compiler.calibration_cache import read_calibration_cache
+
+    cache = read_calibration_cache(path)
+    order = sorted(cache.scales.items(), key=lambda item: (-item[1], item[0]))
+    rows = tuple({"tensor": name, "scale": scale, "scale_hex": float(scale).hex(), "threshold": 127.0 * scale}
+                 for name, scale in order)
+    return DataSet("calibration cache", rows=rows,
+                   notes={"calibrator": cache.calibrator, "polykit_version": cache.polykit_version})
+
+
 def builtin_data_readers() -> list[DataReaderSpec]:
+    from polykit.compiler.calibration_cache import MAGIC
     from polykit.tools.npy_io import NPY_MAGIC
 
     return [
@@ -98,6 +116,8 @@ def builtin_data_readers() -> list[DataReaderSpec]:
                        "saved inputs/outputs: polykit's .npz/.json, Polygraphy's JSON file or folder, a plain .npz"),
         DataReaderSpec("npy", lambda p: p.suffix == ".npy" or _starts_with(p, NPY_MAGIC), _npy_file,
                        "one numpy .npy array"),
+        DataReaderSpec("calibration-cache", lambda p: p.is_file() and _starts_with(p, MAGIC.encode()),
+                       _calibration_cache, "polykit's INT8 calibration cache: scale and threshold per tensor"),
     ]
 
 
@@ -172,6 +192,9 @@ def describe_data(path: str | Path, reader: str | None = None, show_values: bool
     from dataclasses import asdict
 
     name, dataset = read_data(path, reader)
+    if dataset.rows:
+        return {"file": str(path), "reader": name, "kind": dataset.kind, **dict(dataset.notes),
+                "rows": [dict(row) for row in dataset.rows]}
     groups = []
     for group in dataset.groups:
         tensors = []
@@ -197,7 +220,8 @@ def histogram_lines(edges: Sequence[float], counts: Sequence[int], width: int = 
 
 
 def data(
-    path: str = typer.Argument(..., metavar="FILE", help="saved inputs/outputs (.npz, .json, a Polygraphy folder) or .npy"),
+    path: str = typer.Argument(..., metavar="FILE", help="saved inputs/outputs (.npz, .json, a Polygraphy folder), "
+                                                        ".npy, or a calibration cache"),
     show_values: bool = typer.Option(False, "--show-values", help=f"print the values too (numpy's printing; past "
                                                                   f"{VALUES_THRESHOLD} elements the middle is elided)"),
     reader: Optional[str] = typer.Option(None, "--reader", help="read the file with this data reader (default: by its "
@@ -213,6 +237,9 @@ def data(
         typer.echo(json.dumps(info, indent=2))
         return 0
     console = Console(highlight=False)
+    if "rows" in info:
+        _print_rows(console, info)
+        return 0
     count = sum(len(g["tensors"]) for g in info["groups"])
     console.print(f"[bold]{escape(info['kind'])}[/] {escape(path)} (reader {info['reader']}): "
                   f"{len(info['groups'])} group(s), {count} tensor(s)")
@@ -232,3 +259,20 @@ def data(
             if show_values:
                 console.print(escape(t["values"]), soft_wrap=True)
     return 0
+
+
+def _print_rows(console: Any, info: Mapping[str, Any]) -> None:
+    """A reader's per-tensor records as one table (numbers to 6 significant digits), its notes above."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    notes = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("file", "reader", "kind", "rows"))
+    console.print(f"[bold]{escape(info['kind'])}[/] {escape(info['file'])} (reader {info['reader']}): "
+                  f"{len(info['rows'])} tensor(s){', ' + escape(notes) if notes else ''}")
+    table = Table()
+    columns = list(info["rows"][0])
+    for col in columns:
+        table.add_column(col, justify="right" if isinstance(info["rows"][0][col], float) else "left", overflow="fold")
+    for row in info["rows"]:
+        table.add_row(*(f"{v:.6g}" if isinstance(v, float) else escape(str(v)) for v in row.values()))
+    console.print(table)

@@ -110,3 +110,9 @@ def test_fp16_cuda_plan_runs_convs_and_pools_on_the_nhwc_tactics_without_a_gpu()
 def test_fp32_cuda_plan_with_channels_last_uses_the_simt_tactic():
     plan = build_plan(resnet(depths=(1,)), BuilderConfig(target="cuda", channels_last=True))
     assert {layer.tactic for layer in plan.layers if layer.kind == "ConvNHWC"} == {"cuda.conv_nhwc.igemm_simt"}
+
+
+def test_channels_last_auto_is_on_for_cuda_builds_with_int8_layers():
+    assert BuilderConfig(int8=True).channels_last_for("cuda") and not BuilderConfig(int8=True).channels_last_for("cpu")
+    assert BuilderConfig().channels_last_for("cuda", int8_layers=True)  # a model's own Q/DQ fold
+    assert not BuilderConfig(channels_last=False).channels_last_for("cuda", int8_layers=True)

@@ -118,13 +118,17 @@ def test_a_target_without_int8_tactics_ignores_int8_with_a_warning(caplog, monke
     assert not INT8_KINDS & {layer.kind for layer in plan.layers}
 
 
-def test_cuda_builds_fall_back_to_float_until_its_int8_tactics_exist(caplog):
-    # a cuda plan builds without a GPU (priorities choose); the cuda target has no INT8 tactic yet
+def test_cuda_builds_int8_layers_and_runs_the_ones_its_kernels_refuse_in_float(caplog):
+    # a cuda plan builds without a GPU (priorities choose); convnet's conv2 is grouped, which the
+    # cuda INT8 kernels refuse: it alone runs in float, with a warning naming it
     with caplog.at_level(logging.WARNING, logger="polykit"):
         plan = build_plan(load_onnx(convnet()), BuilderConfig(target="cuda", int8=True,
                                                               tensor_ranges={"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}))
-    assert "cuda target has no INT8 tactics" in caplog.text
-    assert not INT8_KINDS & {layer.kind for layer in plan.layers}
+    layers = {layer.name: layer for layer in plan.layers}
+    assert "no cuda INT8 tactic runs 'conv2'" in caplog.text
+    assert layers["conv1"].kind == "QConvNHWC" and layers["conv1"].tactic == "cuda.int8.mma_conv_nhwc"
+    assert layers["conv2"].kind == "Conv"  # grouped: float, and NCHW (to_channels_last keeps groups NCHW)
+    assert any(layer.kind == "QMatMul" and layer.tactic == "cuda.int8.mma_matmul" for layer in plan.layers)
 
 
 @pytest.mark.parametrize("half", ["fp16", "bf16"])

@@ -149,3 +149,33 @@ def test_an_unknown_reader_is_a_usage_error(tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.ones(2))
     assert main(["inspect", "data", str(tmp_path / "x.npy"), "--reader", "hdf5"]) == 2
     assert "unknown data reader 'hdf5'" in capsys.readouterr().err
+
+
+def _cache(tmp_path):
+    from polykit.compiler.calibration_cache import CalibrationCache, write_calibration_cache
+
+    path = tmp_path / "model.cache"
+    write_calibration_cache(path, CalibrationCache("entropy", {"x": 0.0125, "conv1: out": 0.25, "relu": 0.0125}))
+    return path
+
+
+def test_a_calibration_cache_shows_scale_and_threshold_per_tensor_widest_first(tmp_path, capsys):
+    doc = _inspect_json(capsys, str(_cache(tmp_path)))
+    assert doc["reader"] == "calibration-cache" and doc["calibrator"] == "entropy"
+    assert [r["tensor"] for r in doc["rows"]] == ["conv1: out", "relu", "x"]  # by scale, then name
+    top = doc["rows"][0]
+    assert top["scale"] == float(np.float32(0.25)) and top["threshold"] == pytest.approx(127 * 0.25)
+    assert float.fromhex(top["scale_hex"]) == top["scale"]
+
+
+def test_a_calibration_cache_prints_as_one_table(tmp_path, capsys):
+    assert main(["inspect", "data", str(_cache(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "calibration cache" in out and "calibrator entropy" in out and "31.75" in out  # 127 * 0.25
+
+
+def test_a_damaged_calibration_cache_is_a_data_error_naming_the_line(tmp_path, capsys):
+    path = _cache(tmp_path)
+    path.write_text(path.read_text() + "bad line\n")
+    assert main(["inspect", "data", str(path)]) == 2
+    assert "model.cache:5" in capsys.readouterr().err

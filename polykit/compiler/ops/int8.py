@@ -5,9 +5,10 @@ Conv/Gemm/MatMul -> [elementwise epilogue] -> [QuantizeLinear]; docs/INT8.md is 
 every target's tactics implement. Inputs, in this order (QUANT_ARITY slots, then the epilogue's
 extra inputs, as in docs/FUSION.md):
 
-  0 X             int8/uint8 activation (QConv: N, C, *spatial; QMatMul: [..., M, K])
+  0 X             int8/uint8 activation (QConv: N, C, *spatial; QMatMul: [..., M, K]; QConvNHWC: N, H, W, C)
   1 X_zero_point  scalar of X's dtype
-  2 W             int8/uint8 (QConv: constant M, C/group, *kernel; QMatMul: [..., K, N], constant or not)
+  2 W             int8/uint8 (QConv: constant M, C/group, *kernel; QMatMul: [..., K, N], constant or not;
+                  QConvNHWC: constant M, kH, kW, C)
   3 W_zero_point  scalar or one per output channel (QConv: M; QMatMul: N), W's dtype
   4 scale         float32, scalar or one per output channel: the accumulator's dequantization
                   multiplier, x_scale * w_scale (Gemm's alpha folded in)
@@ -32,11 +33,15 @@ from typing import Any
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.channels_last import TO_NCHW, TO_NHWC, permuted
 from polykit.compiler.ops.fused import decode_json_attrs, infer_body
 from polykit.compiler.registry import InferContext, find_shape_rule, importer, shape_rule
 
 #: INT8 layer kind -> the float op whose shape rule gives its raw output
-INT8_KINDS = {"QConv": "Conv", "QMatMul": "MatMul"}
+INT8_KINDS = {"QConv": "Conv", "QMatMul": "MatMul", "QConvNHWC": "Conv"}
+#: the channels-last INT8 kind (to_channels_last makes it from QConv): X [N, H, W, C], W KRSC
+#: [M, kH, kW, C], Y and the epilogue's extra inputs [N, OH, OW, M]; the record is QConv's otherwise
+NHWC_KIND = "QConvNHWC"
 #: fixed input slots before the epilogue's extra inputs
 QUANT_ARITY = 8
 X, X_ZERO_POINT, W, W_ZERO_POINT, SCALE, BIAS, Y_SCALE, Y_ZERO_POINT = range(QUANT_ARITY)
@@ -88,8 +93,16 @@ def infer_int8(ctx: InferContext):
         raise ctx.fail("Y_scale and Y_zero_point come together (requantized output) or not at all")
     base = base_of(node)
     rule = find_shape_rule("", base.op_type)
-    base_ctx = InferContext(base, [F32, F32], [ctx.shape(X), ctx.shape(W)], [None, None])
+    nhwc = node.op_type == NHWC_KIND
+    operands = [ctx.shape(X), ctx.shape(W)]
+    if nhwc:
+        if any(s is not None and len(s) != 4 for s in operands):
+            raise ctx.fail(f"{NHWC_KIND} is 2-D: X and W have rank 4, not {[len(s) for s in operands if s]}")
+        operands = [permuted(s, TO_NCHW) for s in operands]
+    base_ctx = InferContext(base, [F32, F32], operands, [None, None])
     (_, shape), *_ = rule(base_ctx)
+    if nhwc:
+        shape = permuted(shape, TO_NHWC)
     if shape is not None and len(shape) >= 2:
         channels = shape[1] if node.op_type == "QConv" else shape[-1]
         for slot, what in ((W_ZERO_POINT, "W_zero_point"), (SCALE, "scale"), (BIAS, "B")):

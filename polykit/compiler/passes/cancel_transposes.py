@@ -2,7 +2,8 @@
 
 1. `Transpose(Transpose(x, p), q)` -> `Transpose(x, p[q])`; an identity result reads `x`
    directly (the first Transpose goes when nothing else reads it).
-2. An elementwise op (fuse_pointwise.is_fusable) whose non-constant inputs are all
+2. An elementwise op (fuse_pointwise.is_fusable, or a per-tensor QuantizeLinear / DequantizeLinear
+   with constant parameters) whose non-constant inputs are all
    `Transpose(., p)` with one perm and full rank, read by nothing else but Transposes, becomes
    `Transpose(op(inputs untransposed, constants transposed by p^-1), p)` when that removes a
    Transpose: two or more transposed inputs, or an output that flows (through any of its
@@ -120,9 +121,19 @@ def _sink_through_elementwise(graph: Graph, fixed: set[str]) -> bool:
     return changed
 
 
+def elementwise(graph: Graph, node: Node) -> bool:
+    """Whether `node` computes each output element from the same element of its inputs: a fusable
+    op, or a per-tensor Q/DQ (INT8 graphs keep them between channels-last layers)."""
+    if node.domain == "" and node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        params = [graph.initializers.get(n) for n in node.inputs[1:] if n]
+        return (len(node.outputs) == 1 and not int(node.attrs.get("block_size", 0))
+                and all(p is not None and p.size == 1 for p in params))
+    return is_fusable(graph, node)
+
+
 def _sink_plan(graph: Graph, op: Node, producers: dict[str, Node], readers: dict[str, list[Node]],
                fixed: set[str]) -> tuple[list[int], dict[str, str]] | None:
-    if not is_fusable(graph, op):
+    if not elementwise(graph, op):
         return None
     out_shape = graph.value(op.outputs[0]).shape
     perm: list[int] | None = None
@@ -160,7 +171,7 @@ def _reaches_transpose(graph: Graph, op: Node, perm: list[int], producers: dict[
         for user in readers.get(name, []):
             if perm_of(graph, user) is not None or (user.domain == "" and user.op_type in REDUCE_OPS):
                 return True
-            if is_fusable(graph, user) and all(_sinks_beside(graph, n, perm, producers)
+            if elementwise(graph, user) and all(_sinks_beside(graph, n, perm, producers)
                                                 for n in user.inputs if n and n != name):
                 todo.append(user)
     return False

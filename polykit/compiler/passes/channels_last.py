@@ -10,6 +10,10 @@
 Pads are resolved (auto_pad folded in), so the new nodes carry explicit pads; a node whose pads
 depend on unknown dims stays. The NHWC node keeps the original node's name. cancel_transposes
 then cancels the Transposes between neighbours, leaving reformats at the chain's entry and exit.
+- ai.polykit QConv (INT8, 2-D, group 1, constant W and zero points) -> QConvNHWC the same way, its
+  channels padded to a multiple of INT8_CHANNEL_ALIGN with X's zero point (a real zero of the
+  centered product), W repacked KRSC (padded with W's zero points), the epilogue's extra inputs
+  transposed to NHWC (constants here, rank-4 tensors through Transposes).
 Grouped and depthwise convolutions stay NCHW for now.
 """
 
@@ -22,10 +26,13 @@ import numpy as np
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.conv import AUTO_PADS, window_geometry
+from polykit.compiler.ops.int8 import INT8_DTYPES, NHWC_KIND, QUANT_ARITY, W, W_ZERO_POINT, X, X_ZERO_POINT
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
 FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
+#: QConvNHWC's channel multiple: the cuda INT8 kernel loads 16 channels (bytes) at a time
+INT8_CHANNEL_ALIGN = 16
 
 
 class _Rewriter:
@@ -66,19 +73,25 @@ class _Rewriter:
         back = Node("Transpose", [raw], [out], {"perm": list(TO_NCHW)}, name=self.graph.fresh_name(f"{node.name}_to_nchw"))
         return prefix + [Node(op, inputs, [raw], attrs, name=node.name, domain=domain), back]
 
-    def padded_channels(self, x: str, extra: int, node: Node, prefix: list[Node]) -> str:
+    def padded_channels(self, x: str, extra: int, node: Node, prefix: list[Node], value: str = "") -> str:
+        """x padded with `extra` channels of `value` (a scalar tensor; "" pads zeros)."""
         pads = self.graph.add_initializer(np.array([0, 0, 0, 0, 0, 0, 0, extra], dtype=np.int64), f"{node.name}_cpad")
         out = self.graph.fresh_name(f"{x}_cpad")
-        prefix.append(Node("Pad", [x, pads], [out], {}, name=self.graph.fresh_name(f"{node.name}_pad_channels")))
+        prefix.append(Node("Pad", [x, pads] + ([value] if value else []), [out], {},
+                           name=self.graph.fresh_name(f"{node.name}_pad_channels")))
         return out
 
-    def krsc(self, w: str, channels: int) -> str:
-        """W [M, C, kH, kW] as [M, kH, kW, channels] (zero channels past C), one initializer per use."""
+    def krsc(self, w: str, channels: int, fill: np.ndarray | None = None) -> str:
+        """W [M, C, kH, kW] as [M, kH, kW, channels], one initializer per use; the channels past C
+        hold `fill` (per output channel, or a scalar; zeros without it)."""
         key = (w, channels)
         if key not in self.repacked:
             arr = np.transpose(self.graph.initializers[w], TO_NHWC)
-            arr = np.pad(arr, [(0, 0)] * 3 + [(0, channels - arr.shape[3])])
-            self.repacked[key] = self.graph.add_initializer(np.ascontiguousarray(arr), f"{w}_krsc")
+            packed = np.zeros(arr.shape[:3] + (channels,), arr.dtype)
+            if fill is not None:
+                packed[...] = np.asarray(fill, arr.dtype).reshape(-1, 1, 1, 1)
+            packed[..., :arr.shape[3]] = arr
+            self.repacked[key] = self.graph.add_initializer(packed, f"{w}_krsc")
         return self.repacked[key]
 
     # ---- one rewrite per op: the replacement nodes, or None to leave the node ----------------
@@ -88,20 +101,75 @@ class _Rewriter:
         if (weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype
                 or int(node.attrs.get("group", 1)) != 1):
             return None
+        attrs = self.nhwc_attrs(node, weight)
+        if attrs is None:
+            return None
+        prefix: list[Node] = []
+        xt, channels = self.nhwc_input(x, int(weight.shape[1]), CHANNEL_ALIGN, node, prefix)
+        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
+        return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
+
+    def nhwc_attrs(self, node: Node, weight: np.ndarray) -> dict | None:
+        """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, group 1), or None
+        when its pads depend on unknown dims."""
         kernel = [int(k) for k in weight.shape[2:]]
         pads = self.explicit_pads(node, kernel)
         if pads is None:
             return None
-        c = int(weight.shape[1])
-        channels = -(-c // CHANNEL_ALIGN) * CHANNEL_ALIGN
-        prefix: list[Node] = []
-        xt = self.to_nhwc(x, node, prefix)
-        if channels != c:
-            xt = self.padded_channels(xt, channels - c, node, prefix)
         attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
         attrs.update(pads=pads, kernel_shape=kernel, group=1)
-        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
-        return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
+        return attrs
+
+    def nhwc_input(self, x: str, c: int, align: int, node: Node, prefix: list[Node],
+                   value: str = "") -> tuple[str, int]:
+        """(x in NHWC with its c channels padded to a multiple of `align` with `value`, that channel count)."""
+        channels = -(-c // align) * align
+        xt = self.to_nhwc(x, node, prefix)
+        if channels != c:
+            xt = self.padded_channels(xt, channels - c, node, prefix, value)
+        return xt, channels
+
+    def qconv(self, node: Node) -> list[Node] | None:
+        """An INT8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
+        INT8_CHANNEL_ALIGN with the activation's zero point (a real zero), W repacked KRSC, the
+        epilogue's extra inputs transposed to NHWC."""
+        x, w = node.input(X), node.input(W)
+        init = self.graph.initializers
+        weight, w_zero = init.get(w), init.get(node.input(W_ZERO_POINT))
+        xv = self.graph.value(x)
+        if (weight is None or weight.ndim != 4 or w_zero is None or node.input(X_ZERO_POINT) not in init
+                or xv.dtype not in INT8_DTYPES or xv.shape is None or len(xv.shape) != 4
+                or int(node.attrs.get("group", 1)) != 1):
+            return None
+        attrs = self.nhwc_attrs(node, weight)
+        if attrs is None:
+            return None
+        prefix: list[Node] = []
+        extras = {}
+        for name in dict.fromkeys(node.inputs[QUANT_ARITY:]):
+            extras[name] = self.nhwc_operand(name, node, prefix)
+            if extras[name] is None:
+                return None
+        xt, channels = self.nhwc_input(x, int(weight.shape[1]), INT8_CHANNEL_ALIGN, node, prefix,
+                                       value=node.input(X_ZERO_POINT))
+        if "epilogue" in attrs:
+            body = [dict(step, inputs=[extras.get(n, n) for n in step["inputs"]]) for step in attrs["epilogue"]["body"]]
+            attrs["epilogue"] = dict(attrs["epilogue"], body=body)
+        inputs = [xt, node.input(X_ZERO_POINT), self.krsc(w, channels, w_zero)] + list(node.inputs[W_ZERO_POINT:QUANT_ARITY])
+        inputs += [extras[n] for n in node.inputs[QUANT_ARITY:]]
+        return self.wrapped(node, NHWC_KIND, inputs, attrs, prefix)
+
+    def nhwc_operand(self, name: str, node: Node, prefix: list[Node]) -> str | None:
+        """An epilogue input of an NCHW output in NHWC: a constant transposed here (broadcast shapes
+        ranked up to 4 first), a rank-4 tensor through a Transpose; None for anything else."""
+        value = self.graph.initializers.get(name)
+        if value is not None and value.ndim <= 4:
+            arr = np.transpose(value.reshape((1,) * (4 - value.ndim) + value.shape), TO_NHWC)
+            return self.graph.add_initializer(np.ascontiguousarray(arr), f"{name}_nhwc")
+        v = self.graph.value(name)
+        if value is None and v.shape is not None and len(v.shape) == 4:
+            return self.to_nhwc(name, node, prefix)
+        return None
 
     def pool(self, node: Node) -> list[Node] | None:
         x = node.input(0)
@@ -139,12 +207,17 @@ REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
 }
 
 
+#: rewrites of ai.polykit nodes
+POLYKIT_REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {"QConv": _Rewriter.qconv}
+
+
 def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Wrap every eligible conv / pool as an NHWC op between Transposes; True if any."""
     r = _Rewriter(graph, protected(graph, keep))
     nodes: list[Node] = []
     for node in graph.nodes:
-        rewrite = REWRITES.get(node.op_type) if node.domain == "" else None
+        table = REWRITES if node.domain == "" else POLYKIT_REWRITES if node.domain == POLYKIT_DOMAIN else {}
+        rewrite = table.get(node.op_type)
         new = rewrite(r, node) if rewrite is not None else None
         if new is not None:
             nodes.extend(new)

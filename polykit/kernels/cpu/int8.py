@@ -40,7 +40,7 @@ def _exact_in_float64(layer: Any) -> bool:
     if len(layer.in_shapes) < 3 or not layer.in_shapes[2]:
         return True  # a layer built by hand: nothing stamped to judge by
     w = layer.in_shapes[2]
-    reduction = int(np.prod(w[1:])) if layer.kind == "QConv" else int(w[-2])
+    reduction = int(np.prod(w[1:])) if layer.kind != "QMatMul" else int(w[-2])
     return reduction <= EXACT_REDUCTION
 
 

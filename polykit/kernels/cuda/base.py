@@ -23,7 +23,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from polykit.errors import PlanError
-from polykit.kernels.tactics import Tactic, WorkspaceFn, no_workspace
+from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
 
 CUDA_DIR = Path(__file__).parent
 
@@ -226,14 +226,15 @@ DECLARED: list[CudaTactic] = []
 
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
-                workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False):
-    """Decorator for an enqueue function: declares a CudaTactic for layer `kind` (`conservative`:
-    the kind's trusted plain kernel, `polykit debug tactics`' good side)."""
+                workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
+                domain: str = ANY):
+    """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
+    by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side)."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
-                                   enqueue_fn=enqueue_fn, conservative=conservative))
+                                   enqueue_fn=enqueue_fn, conservative=conservative, domain=domain))
         return enqueue_fn
 
     return declare

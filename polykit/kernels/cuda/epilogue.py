@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.fused import EPILOGUE_ARITY
+from polykit.compiler.ops.int8 import QUANT_ARITY, epilogue_result, is_int8_layer
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, defines
 
@@ -29,7 +30,8 @@ def has_epilogue(layer: Any) -> bool:
 
 
 def extra_inputs(layer: Any) -> list[str]:
-    return [n for n in layer.inputs[EPILOGUE_ARITY[layer.kind]:]]
+    arity = QUANT_ARITY if is_int8_layer(layer) else EPILOGUE_ARITY[layer.kind]
+    return list(layer.inputs[arity:])
 
 
 def _body_code(layer: Any) -> tuple[str, str]:
@@ -40,7 +42,8 @@ def _body_code(layer: Any) -> tuple[str, str]:
     for j, name in enumerate(extra_inputs(layer)):
         values[name] = f"ld(E.e{j}, off{j})"
     code, env = emit_expression(epi["body"], values, prefix="t")
-    return code, env[layer.outputs[0]]
+    # an INT8 layer's epilogue ends in a body-local name when its output is requantized
+    return code, env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
 
 
 def supports_epilogue(layer: Any) -> bool:

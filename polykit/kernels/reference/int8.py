@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.int8 import (BIAS, INT8_KINDS, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
+from polykit.compiler.ops.channels_last import TO_NCHW, TO_NHWC
+from polykit.compiler.ops.int8 import (BIAS, INT8_KINDS, NHWC_KIND, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
                                        Y_SCALE, Y_ZERO_POINT, base_of, epilogue_result)
 from polykit.kernels.reference.conv import conv_accumulate
 from polykit.kernels.reference.fused import evaluate_body
@@ -44,11 +45,14 @@ def run_int8(node: Node, inputs: Sequence[np.ndarray | None], product: Product, 
              ) -> list[np.ndarray]:
     """An INT8 layer with `product` computing the accumulator from operands centered in `acc`."""
     x, w = inputs[X], inputs[W]
-    conv = node.op_type == "QConv"
+    conv, nhwc = node.op_type != "QMatMul", node.op_type == NHWC_KIND
     x = x.astype(acc) - np.asarray(inputs[X_ZERO_POINT]).astype(acc).reshape(())
     w = w.astype(acc) - channel_param(inputs[W_ZERO_POINT], w.ndim, 0 if conv else -1).astype(acc)
-    raw = product(base_of(node), x, w)
-    axis = 1 if conv else -1
+    if nhwc:  # the product of the NCHW operands, its result back in NHWC
+        raw = np.transpose(product(base_of(node), np.transpose(x, TO_NCHW), np.transpose(w, TO_NCHW)), TO_NHWC)
+    else:
+        raw = product(base_of(node), x, w)
+    axis = 1 if conv and not nhwc else -1
     value = raw.astype(np.float64) * channel_param(inputs[SCALE], raw.ndim, axis).astype(np.float64)
     if inputs[BIAS] is not None:
         value = value + channel_param(inputs[BIAS], raw.ndim, axis).astype(np.float64)

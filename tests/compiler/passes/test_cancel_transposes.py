@@ -172,3 +172,21 @@ def test_the_optimized_bert_keeps_no_head_transposes_they_fold_into_attention():
     assert len(attention) == 2
     for node in attention:
         assert [node.attrs.get(a) for a in ("q_layout", "k_layout", "v_layout", "out_layout")] == ["bshd"] * 4
+
+
+def test_transposes_sink_through_per_tensor_quantize_and_dequantize():
+    # NHWC -> Q -> DQ -> NCHW -> NHWC: the INT8 chain between two channels-last layers keeps its layout
+    inits = {"s": np.array(0.05, np.float32), "z": np.array(3, np.uint8)}
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 3, 1, 2]), node("QuantizeLinear", ["t", "s", "z"], "q"),
+               node("DequantizeLinear", ["q", "s", "z"], "d"), node("Transpose", ["d"], "y", perm=[0, 2, 3, 1])],
+              {"x": (2, 4, 5, 3)}, ["y"], inits)
+    out, changed = run_and_compare(g, cancel_transposes)
+    assert changed and op_counts(out) == {"QuantizeLinear": 1, "DequantizeLinear": 1}
+
+
+def test_per_axis_quantize_blocks_the_sinking():
+    inits = {"s": np.full(3, 0.05, np.float32), "z": np.zeros(3, np.uint8)}
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 3, 1, 2]), node("QuantizeLinear", ["t", "s", "z"], "q", axis=1),
+               node("Transpose", ["q"], "y", perm=[0, 2, 3, 1])], {"x": (2, 4, 5, 3)}, ["y"], inits)
+    out, _ = run_and_compare(g, cancel_transposes)
+    assert op_counts(out)["Transpose"] == 2

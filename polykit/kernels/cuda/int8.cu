@@ -1,0 +1,216 @@
+// INT8 layers (ai.polykit QMatMul, QConv, QConvNHWC; docs/INT8.md) on the mma.sync s8 main loop
+// of int8_mma.cuh: exact int32 centered sums, then per output channel n
+//   v = float(double(acc) * scale[n] + bias[n])        (one float64 product and sum, rounded once:
+//                                                       the cpu reference's arithmetic, bit for bit)
+//   v = epilogue(v)                                    (float32, epilogue.py, when HAS_EPILOGUE)
+//   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
+// GEMM view: M = rows of the activation (QMatMul: every row of X [..., M, K]; convolutions: output
+// pixels (nb, oh, ow)), N = output channels, K = the reduction.
+//   int8_matmul     X [M, K] row-major, W [K, N] row-major (QMatMul's B, a constant or not), Y [M, N]
+//   int8_conv_nhwc  X [NB, H, W, C] with C % 16 == 0 (to_channels_last pads it), W [N, KH, KW, C] (KRSC,
+//                   a K-major [N, K] matrix), Y [NB, OH, OW, N]; K = KH * KW * C, 16 bytes a load
+//   int8_conv_nchw  X [NB, C, H, W], W [N, C, KH, KW] ([N, K]), Y [NB, N, OH, OW]; X gathered byte by byte
+// Zero points, scale, bias and the requantization parameters are read on the device: XZ, YZ one
+// byte; WZ, Scale, Bias one value, or one per channel (step 1). flags: FLAG_* below.
+// Launch: grid (ceil(N/128), ceil(M/128), 1), block 256.
+#include "int8_mma.cuh"
+
+#ifndef HAS_EPILOGUE
+#define HAS_EPILOGUE 0
+#define EPI_PARAMS
+#define EPI_COMMA_ARGS
+#endif
+
+enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
+
+#define INT8_PARAMS                                                                                       \
+  const u8 *X, const u8 *Wt, const u8 *XZ, const u8 *WZ, const float *Scale, const float *Bias,            \
+      const float *YScale, const u8 *YZ, void *Y, i64 M, i64 N, i64 K, i64 C, i64 H, i64 W, i64 OH, i64 OW, \
+      i64 KH, i64 KW, i64 SH, i64 SW, i64 PH, i64 PW, i64 DH, i64 DW, int flags, int wz_step, int scale_step, \
+      int bias_step EPI_PARAMS
+
+// byte b of a zero-point word, 4 copies
+__device__ __forceinline__ u32 splat(u32 b) { return (b & 0xff) * 0x01010101u; }
+
+// the weight zero point of column n, in the signed domain
+struct WeightZero {
+  const u8* p;
+  int step;
+  bool u8_;
+  __device__ __forceinline__ int operator()(i64 n) const {
+    const u8 b = p[n * step];
+    return u8_ ? (int)b - 128 : (int)(i8)b;
+  }
+};
+
+// what every problem stores through: dequantize, epilogue, requantize
+struct Out {
+  const float *scale, *bias;
+  void* Y;
+  int scale_step, bias_step;
+  bool yint, yu8;
+  float ys, yz, lo, hi;
+#if HAS_EPILOGUE
+  EpiState epi;
+#endif
+  __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
+    double d = __dmul_rn((double)acc, (double)scale[n * scale_step]);
+    if (bias) d = __dadd_rn(d, (double)bias[n * bias_step]);
+    float v = __double2float_rn(d);
+#if HAS_EPILOGUE
+    v = apply_epilogue(epi, v, oi, col);
+#endif
+    if (!yint) {
+      ((float*)Y)[oi] = v;
+      return;
+    }
+    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, ys)) + yz, lo), hi);
+    if (yu8)
+      ((u8*)Y)[oi] = (u8)(int)q;
+    else
+      ((i8*)Y)[oi] = (i8)(int)q;
+  }
+};
+
+// the shared part of every entry point's setup; `afill` / `bfill`: the raw bytes that are 0 in the
+// signed domain, `xz`: the activation zero point's raw byte
+struct Common {
+  Out out;
+  WeightZero zw;
+  int za;
+  u32 amask, bmask, xz;
+};
+
+__device__ __forceinline__ Common common_of(INT8_PARAMS) {
+  Common c;
+  const bool xu8 = flags & FLAG_X_U8, wu8 = flags & FLAG_W_U8;
+  c.xz = XZ[0];
+  c.za = xu8 ? (int)c.xz - 128 : (int)(i8)c.xz;
+  c.amask = xu8 ? 0x80808080u : 0u;
+  c.bmask = wu8 ? 0x80808080u : 0u;
+  c.zw.p = WZ; c.zw.step = wz_step; c.zw.u8_ = wu8;
+  Out& o = c.out;
+  o.scale = Scale; o.bias = Bias; o.Y = Y; o.scale_step = scale_step; o.bias_step = bias_step;
+  o.yint = flags & FLAG_Y_INT;
+  o.yu8 = flags & FLAG_Y_U8;
+  o.ys = o.yint ? YScale[0] : 1.f;
+  o.yz = !o.yint ? 0.f : o.yu8 ? (float)YZ[0] : (float)(i8)YZ[0];
+  o.lo = o.yu8 ? 0.f : -128.f;
+  o.hi = o.yu8 ? 255.f : 127.f;
+#if HAS_EPILOGUE
+  o.epi = make_epi(EPI_ARGS);
+#endif
+  return c;
+}
+
+// B of QMatMul: [K, N] row-major, gathered down a column
+__device__ __forceinline__ uint4 column16(const u8* B, i64 N, i64 K, i64 n, i64 k, u32 fill) {
+  return bytes16([&](int i) { return k + i < K ? (u32)B[(k + i) * N + n] : fill; });
+}
+
+struct MatmulP {
+  const u8 *X, *B;
+  i64 M, N, K;
+  bool vec;
+  u32 afill, bfill;
+  Out o;
+  typedef const u8* Row;
+  __device__ __forceinline__ Row arow(i64 m) const { return m < M ? X + m * K : nullptr; }
+  __device__ __forceinline__ uint4 a16(Row row, i64 k) const {
+    return row ? row16(row, k, K, vec, afill) : make_uint4(afill, afill, afill, afill);
+  }
+  __device__ __forceinline__ uint4 b16(i64 n, i64 k) const { return column16(B, N, K, n, k, bfill); }
+  __device__ __forceinline__ void store(i64 m, i64 n, int acc) const { o.put(m * N + n, n, n, acc); }
+};
+
+// a convolution's output pixel: its image and window origin (ok = false past the last pixel)
+struct Pixel {
+  const u8* image;
+  int ih0, iw0;
+  bool ok;
+};
+
+struct ConvGeometry {
+  i64 C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW;
+  __device__ __forceinline__ Pixel pixel(const u8* X, i64 m, i64 M) const {
+    Pixel p;
+    p.ok = m < M;
+    const i64 mm = p.ok ? m : 0, osp = OH * OW, nb = mm / osp, s = mm - nb * osp, oh = s / OW, ow = s - oh * OW;
+    p.image = X + nb * C * H * W;
+    p.ih0 = (int)(oh * SH - PH);
+    p.iw0 = (int)(ow * SW - PW);
+    return p;
+  }
+};
+
+// the implicit GEMM of a 2-D convolution; NHWC: X [NB, H, W, C] with C % 16 == 0 (a 16-byte chunk
+// of K is 16 channels of one tap), else X [NB, C, H, W] gathered byte by byte
+template <bool NHWC>
+struct ConvP {
+  const u8 *X, *Wt;
+  i64 M, N, K;
+  ConvGeometry g;
+  bool vec;
+  u32 afill, bfill, zfill;
+  Out o;
+  typedef Pixel Row;
+  __device__ __forceinline__ Row arow(i64 m) const { return g.pixel(X, m, M); }
+  __device__ __forceinline__ bool inside(int ih, int iw) const {
+    return ih >= 0 && ih < (int)g.H && iw >= 0 && iw < (int)g.W;
+  }
+  __device__ __forceinline__ uint4 a16(const Row& px, i64 k) const {
+    if (NHWC) {
+      if (!px.ok || k >= K) return make_uint4(afill, afill, afill, afill);
+      const u32 tap = (u32)k / (u32)g.C, c = (u32)k - tap * (u32)g.C;
+      const u32 r = tap / (u32)g.KW, s = tap - r * (u32)g.KW;
+      const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
+      if (!inside(ih, iw)) return make_uint4(zfill, zfill, zfill, zfill);
+      return *(const uint4*)(px.image + ((i64)ih * g.W + iw) * g.C + c);
+    }
+    const u32 taps = (u32)(g.KH * g.KW);
+    return bytes16([&](int i) {
+      const i64 kk = k + i;
+      if (!px.ok || kk >= K) return afill;
+      const u32 c = (u32)kk / taps, t = (u32)kk - c * taps, r = t / (u32)g.KW, s = t - r * (u32)g.KW;
+      const int ih = px.ih0 + (int)r * (int)g.DH, iw = px.iw0 + (int)s * (int)g.DW;
+      return inside(ih, iw) ? (u32)px.image[((i64)c * g.H + ih) * g.W + iw] : zfill;
+    });
+  }
+  __device__ __forceinline__ uint4 b16(i64 n, i64 k) const { return row16(Wt + n * K, k, K, vec, bfill); }
+  __device__ __forceinline__ void store(i64 m, i64 n, int acc) const {
+    if (NHWC) {
+      o.put(m * N + n, n, n, acc);
+      return;
+    }
+    const i64 osp = g.OH * g.OW, nb = m / osp, s = m - nb * osp;
+    o.put((nb * N + n) * osp + s, s % g.OW, n, acc);
+  }
+};
+
+#define INT8_SETUP                                                                                       \
+  const Common cm = common_of(X, Wt, XZ, WZ, Scale, Bias, YScale, YZ, Y, M, N, K, C, H, W, OH, OW, KH, KW, \
+                              SH, SW, PH, PW, DH, DW, flags, wz_step, scale_step, bias_step EPI_COMMA_ARGS)
+#define CONV_GEOMETRY ConvGeometry{C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW}
+
+extern "C" __global__ void __launch_bounds__(256) int8_matmul(INT8_PARAMS) {
+  INT8_SETUP;
+  const MatmulP p = {X, Wt, M, N, K, (flags & FLAG_VEC_X) != 0, cm.amask, cm.bmask, cm.out};
+  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+}
+
+template <bool NHWC>
+__device__ __forceinline__ void conv(const Common& cm, const u8* X, const u8* Wt, i64 M, i64 N, i64 K,
+                                     const ConvGeometry& g, bool vec) {
+  const ConvP<NHWC> p = {X, Wt, M, N, K, g, vec, cm.amask, cm.bmask, splat(cm.xz), cm.out};
+  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+}
+
+extern "C" __global__ void __launch_bounds__(256) int8_conv_nhwc(INT8_PARAMS) {
+  INT8_SETUP;
+  conv<true>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
+}
+
+extern "C" __global__ void __launch_bounds__(256) int8_conv_nchw(INT8_PARAMS) {
+  INT8_SETUP;
+  conv<false>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
+}
