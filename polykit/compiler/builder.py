@@ -13,7 +13,7 @@ import inspect
 import math
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.profiles import apply_profiles, check_corners, profile_set
+from polykit.compiler.symbolic import ShapeEvalError, evaluate, is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
@@ -45,14 +47,22 @@ class Builder:
         cfg = self.config
         target = resolve_target(cfg.target)
         g = graph.copy()
-        apply_input_shapes(g, cfg.input_shapes)
+        profiles = profile_set(g, cfg.profiles, cfg.input_shapes) if cfg.profiles else None
+        if profiles is not None:
+            apply_profiles(g, profiles, cfg.input_shapes)
+        named = {n for p in cfg.profiles for n in p.shapes}
+        apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
+                           dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
         infer_shapes(g)
+        corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
+        if profiles is not None:
+            check_corners(graph, g, profiles, cfg.input_values)
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target))
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, corners)
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
@@ -80,7 +90,8 @@ class Builder:
 
             metadata["kernels"] = pack_kernel_table(selection.kernels)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
+                    profiles=profiles)
         if cfg.save_tactics is not None:
             save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)
@@ -132,8 +143,9 @@ def device_memory(arena: int, weights: dict[str, np.ndarray], workspace: dict[st
             "total_bytes": arena + weight_bytes + largest}
 
 
-def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Give inputs their concrete shapes; BuildError if an input stays dynamic."""
+def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]], dynamic: bool = False) -> None:
+    """Give inputs their concrete shapes; BuildError if an input stays dynamic (unless
+    `dynamic`: a build for profiles, whose inputs have SymInt dims)."""
     for name, shape in shapes.items():
         if name not in g.inputs:
             raise BuildError(f"input_shapes names {name!r}, which is not a graph input",
@@ -153,7 +165,7 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
         if v.dtype is None:
             raise BuildError(f"input {name!r} has no known element type", where=f"graph {g.name!r}",
                              hint="give the input a tensor type in the model")
-        if not v.is_static:
+        if not v.is_static and not (dynamic and v.shape is not None and all(isinstance(d, int) for d in v.shape)):
             raise BuildError(
                 f"input {name!r} has dynamic shape {_fmt(v.shape)}; plans are built for concrete shapes",
                 where=f"graph {g.name!r}",
@@ -206,8 +218,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
 MAX_PRECISION_ROUNDS = 4
 
 
-def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
-                       int8: Int8Setup = Int8Setup()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
+def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setup = Int8Setup(),
+                       corners: Sequence[Mapping[str, int]] = ()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
     """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
     half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
     the graph optimized again), unless precision constraints are "obey": then a BuildError."""
@@ -221,7 +233,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
         infer_shapes(optimized, strict=False)
         lowered = lower(optimized)
-        tensors = describe_tensors(optimized, lowered)
+        tensors = describe_tensors(optimized, lowered, corners)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):
             break
@@ -252,8 +264,10 @@ def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
                    out_shapes=tuple(tuple(t.shape) if t else () for t in outs))
 
 
-def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
-    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory)."""
+def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = ()) -> dict[str, TensorDesc]:
+    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
+    tensor with SymInt dims gets their expressions and its largest size at the profile
+    `corners` (symbol values)."""
     names: list[str] = list(g.inputs)
     for layer in lowered.layers:
         names += [n for n in layer.inputs + layer.outputs if n]
@@ -266,7 +280,8 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
             tensors[name] = TensorDesc(name, arr.dtype.name, tuple(arr.shape), "weight", -1, int(arr.nbytes))
             continue
         v = g.value(name)
-        if v.dtype is None or not v.is_static:
+        dynamic = is_dynamic(v.shape) and all(isinstance(d, int) for d in v.shape)
+        if v.dtype is None or not (v.is_static or dynamic):
             raise BuildError(
                 f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}",
                 where=f"graph {g.name!r}",
@@ -276,12 +291,34 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
         if dt == object:
             raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}")
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
-        nbytes = math.prod(int(d) for d in v.shape) * dt.itemsize
-        if nbytes > MAX_BYTES or min(v.shape, default=0) < 0:
-            raise BuildError(f"tensor {name!r} has shape {_fmt(v.shape)}: {nbytes} bytes is beyond what a plan holds",
+        shape = tuple(int(d) for d in v.shape)
+        dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
+        nbytes = max([math.prod(shape)] + [_corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
+        if nbytes > MAX_BYTES or min(shape, default=0) < 0:
+            raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
-        tensors[name] = TensorDesc(name, dt.name, tuple(int(d) for d in v.shape), kind, -1, nbytes)
+        tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims)
     return tensors
+
+
+def _corner_size(name: str, dims: tuple, env: Mapping[str, int]) -> int:
+    try:
+        shape = [evaluate(d, env) for d in dims]
+    except ShapeEvalError as exc:
+        raise BuildError(f"the shape of tensor {name!r} cannot be evaluated at a profile corner: {exc}") from None
+    if min(shape, default=0) < 0:
+        raise BuildError(f"tensor {name!r} has shape {shape} at a profile corner ({_fmt_env(env)})",
+                         hint="the profile reaches dims the model cannot take; narrow it")
+    return math.prod(shape)
+
+
+def _fmt_env(env: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
+def at_corner(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
+    """The dynamic tensors of `tensors` with their shapes at symbol values `env`."""
+    return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
 
 
 @dataclass
@@ -297,8 +334,10 @@ class Selection:
 
 
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, tensors: dict[str, TensorDesc],
-                   weights: dict[str, np.ndarray] | None = None) -> Selection:
-    """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates."""
+                   weights: dict[str, np.ndarray] | None = None,
+                   corners: Sequence[Mapping[str, int]] = ()) -> Selection:
+    """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
+    (those that serve the layer at every profile corner where its shapes are dynamic)."""
     from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar
 
     replay = load_replay(cfg.tactic_replay)
@@ -316,7 +355,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
             if forced is not None:
                 base, tactic = _replayed(layer, target, cfg, forced, replay)
             else:
-                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count))
+                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count,
+                                                                   [at_corner(tensors, env) for env in corners]))
             final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
             if hasattr(tactic, "kernels"):
                 kernels[final.name] = tactic.kernels(final)

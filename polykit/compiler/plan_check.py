@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from polykit.compiler.memory import ALIGNMENT
+from polykit.compiler.plan_dims import check_dims
 from polykit.compiler.plan_schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
@@ -51,7 +52,7 @@ def _tensor_sizes(doc: Doc, weights_len: int) -> None:
         if t["name"] != name:
             raise Invalid(f"tensors[{name!r}].name", f"{show(t['name'])} differs from its key")
         need = nbytes_of(t["dtype"], t["shape"])
-        if t["nbytes"] != need:
+        if t["nbytes"] != need and "dims" not in t:  # a dynamic tensor's size: plan_dims.check_dims
             raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {need} (shape {t['shape']} of {t['dtype']})")
 
 
@@ -282,7 +283,7 @@ def _input_values(doc: Doc, weights_len: int) -> None:
 
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
-    _tensor_sizes, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
+    _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
 )
 
 

@@ -98,27 +98,48 @@ def precision_variants(layer: LayerDesc, cfg: BuilderConfig, target: str) -> lis
 
 
 def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: Mapping[str, TensorDesc], arch: str,
-                    sm_count: int) -> list[Pair]:
-    """(layer at a precision, tactic) candidates in preference order; BuildError when none."""
+                    sm_count: int, corners: Sequence[Mapping[str, TensorDesc]] = ()) -> list[Pair]:
+    """(layer at a precision, tactic) candidates in preference order; BuildError when none.
+    `corners`: the dynamic tensors at each profile corner; a layer that reads or writes one
+    takes only tactics with dynamic_sizes that support it at every corner."""
     pairs, declined = [], []
     variants = precision_variants(layer, cfg, target)
+    dynamic = any(n in corner for corner in corners[:1] for n in layer.inputs + layer.outputs if n)
     for variant in variants:
         found = []
         for tactic in candidates(target, layer.kind, variant, arch=arch if target != "cpu" else None):
             need = tactic.workspace(variant, tensors, sm_count)
-            if cfg.workspace_limit is not None and need > cfg.workspace_limit:
+            if dynamic and not serves_corners(tactic, variant, corners):
+                declined.append(f"{tactic.name} cannot serve the profile's shapes")
+            elif cfg.workspace_limit is not None and need > cfg.workspace_limit:
                 declined.append(f"{tactic.name} needs {need} workspace bytes")
             else:
                 found.append((variant, tactic))
         pairs += by_estimate(found, sm_count)
     if not pairs:
         detail = f" ({'; '.join(declined)}; --memory-pool-limit workspace:{cfg.workspace_limit})" if declined else ""
+        if dynamic:
+            detail = f" for dynamic shapes ({'; '.join(declined)})"
         precisions = "/".join(v.precision for v in variants)
         raise BuildError(f"no {target} tactic can run this {layer.kind} layer in {precisions}{detail}",
                          where=f"layer {layer.name!r}",
                          hint="raise the workspace limit" if declined else
                          "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
     return pairs
+
+
+def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str, TensorDesc]]) -> bool:
+    """Whether `tactic` takes sizes at run time and supports `layer` at every profile corner."""
+    if not tactic.dynamic_sizes:
+        return False
+    for corner in corners:
+        def shapes(names, stamped):
+            return tuple(corner[n].shape if n in corner else s for n, s in zip(names, stamped))
+        at = replace(layer, in_shapes=shapes(layer.inputs, layer.in_shapes),
+                     out_shapes=shapes(layer.outputs, layer.out_shapes))
+        if not tactic.supports(at):
+            return False
+    return True
 
 
 def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:

@@ -1,0 +1,247 @@
+"""Optimization profiles: min/opt/max shapes of the dynamic inputs a plan serves.
+
+    BuilderConfig(profiles=[Profile({"x": ((1, 3, 32, 32), (4, 3, 64, 64), (8, 3, 128, 128))})])
+
+A build for profiles (TensorRT's model) gives each dynamic input dim a symbol: the ONNX
+dim_param when the model names it (inputs sharing a name share the symbol and must agree),
+else "input[axis]". Shape inference runs once with SymInt dims at the first profile's opt
+shape (what tactics are chosen and timed at), so every tensor's shape becomes an expression
+of the symbols; `check_corners` then infers the graph concretely at every profile's min, opt
+and max and refuses (BuildError naming the node) a tensor whose expression disagrees.
+
+`ProfileSet` is what a plan records (its "profiles" field): per profile, each symbol's
+(min, opt, max); the runtime binds feeds' shapes to symbols through it (`bind_shapes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from polykit.compiler.ir import Graph, Value
+from polykit.compiler.symbolic import SymInt, evaluate, symbol, term_of
+from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
+
+Range = tuple[int, int, int]  # (min, opt, max)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """min/opt/max shapes by input name: {"x": (min_shape, opt_shape, max_shape)}."""
+
+    shapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict,
+                                                                                         hash=False)
+
+    def __post_init__(self) -> None:
+        norm = {}
+        for name, triple in dict(self.shapes or {}).items():
+            try:
+                low, opt, high = (tuple(int(d) for d in s) for s in triple)
+            except (TypeError, ValueError):
+                raise UsageError(f"the profile of input {name!r} is not (min shape, opt shape, max shape): {triple!r}",
+                                 hint="e.g. Profile({'x': ((1, 3), (4, 3), (8, 3))})") from None
+            if not len(low) == len(opt) == len(high):
+                raise UsageError(f"the profile of input {name!r} has min/opt/max shapes of ranks "
+                                 f"{len(low)}/{len(opt)}/{len(high)}", hint="give the three shapes the input's rank")
+            for axis, (a, b, c) in enumerate(zip(low, opt, high)):
+                if not 0 <= a <= b <= c:
+                    raise UsageError(f"the profile of input {name!r} has dim {axis} min {a}, opt {b}, max {c}",
+                                     hint="each dim needs 0 <= min <= opt <= max")
+            norm[str(name)] = (low, opt, high)
+        object.__setattr__(self, "shapes", dict(sorted(norm.items())))
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: [list(s) for s in triple] for name, triple in self.shapes.items()}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "Profile":
+        return Profile({name: tuple(tuple(s) for s in triple) for name, triple in d.items()})
+
+
+@dataclass(frozen=True)
+class ProfileSet:
+    """The profiles of a plan as symbol ranges: `ranges[i][symbol] = (min, opt, max)`, and
+    where each symbol comes from (`inputs[name]`: a symbol name or None per axis)."""
+
+    ranges: tuple[dict[str, Range], ...]
+    inputs: dict[str, tuple[str | None, ...]]
+
+    @property
+    def symbols(self) -> set[str]:
+        return {s for dims in self.inputs.values() for s in dims if s is not None}
+
+    def corners(self) -> list[tuple[int, str, dict[str, int]]]:
+        """(profile index, "min"/"opt"/"max", symbol values) of every profile corner."""
+        return [(i, label, {s: r[k] for s, r in ranges.items()})
+                for i, ranges in enumerate(self.ranges) for k, label in enumerate(("min", "opt", "max"))]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ranges": [{s: list(r) for s, r in sorted(p.items())} for p in self.ranges],
+                "inputs": {n: list(d) for n, d in sorted(self.inputs.items())}}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "ProfileSet":
+        return ProfileSet(tuple({s: tuple(r) for s, r in p.items()} for p in d["ranges"]),
+                          {n: tuple(dims) for n, dims in d["inputs"].items()})
+
+    def bind_shapes(self, shapes: Mapping[str, Sequence[int]], static: Mapping[str, Sequence[int]],
+                    profile: int) -> dict[str, int]:
+        """Symbol values of input `shapes` (all inputs), checked against profile `profile` and
+        the inputs' static dims; RuntimeInputError naming the input, the dim and the range."""
+        ranges = self.ranges[profile]
+        env: dict[str, int] = {}
+        origin: dict[str, str] = {}
+        for name, dims in self.inputs.items():
+            shape = tuple(shapes[name])
+            want = static[name]
+            if len(shape) != len(dims):
+                raise RuntimeInputError(f"input {name!r} has shape {shape} of rank {len(shape)}, the engine's "
+                                        f"input has rank {len(dims)}", where=f"tensor {name!r}")
+            for axis, (got, sym) in enumerate(zip(shape, dims)):
+                if sym is None:
+                    if got != want[axis]:
+                        raise RuntimeInputError(f"input {name!r} has dim {axis} = {got}; the engine's input has "
+                                                f"static dim {want[axis]} there", where=f"tensor {name!r}",
+                                                hint=f"feed shape {tuple(want)} with dim {axis} = {want[axis]}")
+                    continue
+                low, _, high = ranges[sym]
+                if not low <= got <= high:
+                    raise RuntimeInputError(
+                        f"input {name!r} has dim {axis} = {got}, outside optimization profile {profile}'s range "
+                        f"[{low}, {high}] for that dim", where=f"tensor {name!r}",
+                        hint="feed a shape inside the profile, pick another profile, or rebuild with a wider "
+                             "--trt-min-shapes/--trt-max-shapes")
+                if sym in env and env[sym] != got:
+                    raise RuntimeInputError(f"input {name!r} has dim {axis} = {got}, but {origin[sym]} gives "
+                                            f"{env[sym]} for the same model dim {sym!r}", where=f"tensor {name!r}",
+                                            hint="the model says these dims are equal; feed equal sizes")
+                env[sym] = got
+                origin[sym] = f"input {name!r}"
+        return env
+
+
+def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple[int, ...]]) -> ProfileSet:
+    """The ProfileSet of `profiles` for graph `g`, validated against its inputs; `fixed`
+    (BuilderConfig.input_shapes) pins inputs a profile leaves out."""
+    where = f"graph {g.name!r}"
+    per_input: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
+    for i, prof in enumerate(profiles):
+        for name in prof.shapes:
+            if name not in g.inputs:
+                raise BuildError(f"profile {i} names {name!r}, which is not a graph input", where=where,
+                                 hint=f"graph inputs are: {', '.join(g.inputs)}")
+    for name in g.inputs:
+        model = g.value(name).shape
+        for i, prof in enumerate(profiles):
+            triple = prof.shapes.get(name)
+            if triple is None:
+                if name in fixed:
+                    triple = (tuple(fixed[name]),) * 3
+                elif model is not None and all(isinstance(d, int) for d in model):
+                    triple = (tuple(model),) * 3
+                else:
+                    raise BuildError(f"profile {i} gives no shapes for dynamic input {name!r} {_fmt(model)}",
+                                     where=where, hint=f"pass --trt-min-shapes/--trt-opt-shapes/--trt-max-shapes "
+                                                       f"{name}:[...] (or --input-shapes {name}:[...] to pin it)")
+            _check_against_model(name, model, triple, i, where)
+            per_input.setdefault(name, []).append(triple)
+    ranges: list[dict[str, Range]] = [{} for _ in profiles]
+    inputs: dict[str, tuple[str | None, ...]] = {}
+    for name, triples in per_input.items():
+        model = g.value(name).shape
+        syms: list[str | None] = []
+        for axis in range(len(triples[0][0])):
+            values = {(t[0][axis], t[1][axis], t[2][axis]) for t in triples}
+            if len(values) == 1 and len({*next(iter(values))}) == 1:
+                syms.append(None)
+                continue
+            dim = model[axis] if model is not None else None
+            sym = dim if isinstance(dim, str) and dim else f"{name}[{axis}]"
+            for i, t in enumerate(triples):
+                r = (t[0][axis], t[1][axis], t[2][axis])
+                if ranges[i].setdefault(sym, r) != r:
+                    raise BuildError(f"profile {i} gives input {name!r} dim {axis} the range {r}, but another input "
+                                     f"with the same model dim {sym!r} has {ranges[i][sym]}", where=where,
+                                     hint="give dims that the model names alike the same min/opt/max")
+            syms.append(sym)
+        inputs[name] = tuple(syms)
+    return ProfileSet(tuple(ranges), inputs)
+
+
+def _check_against_model(name: str, model: Any, triple: tuple, index: int, where: str) -> None:
+    if model is None:
+        return
+    if len(model) != len(triple[0]):
+        raise BuildError(f"profile {index} gives input {name!r} rank {len(triple[0])}; the model's input has rank "
+                         f"{len(model)} {_fmt(model)}", where=where, hint="give shapes of the input's rank")
+    for axis, dim in enumerate(model):
+        if isinstance(dim, int) and any(s[axis] != dim for s in triple):
+            raise BuildError(f"profile {index} gives input {name!r} dim {axis} the range "
+                             f"{[s[axis] for s in triple]}; the model fixes that dim to {dim}", where=where,
+                             hint=f"use {dim} for dim {axis} in min, opt and max")
+
+
+def apply_profiles(g: Graph, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> None:
+    """Give the inputs their shapes at profile 0's opt: SymInts for dynamic dims."""
+    env = profiles.corners()[1][2]
+    for name, syms in profiles.inputs.items():
+        old = g.value(name)
+        static = _static_shape(g, name, profiles, fixed)
+        dims = tuple(SymInt(env[s], symbol(s)) if s is not None else static[axis] for axis, s in enumerate(syms))
+        g.set_value(Value(name, old.dtype, dims))
+
+
+def _static_shape(g: Graph, name: str, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> tuple:
+    """The input's dims where they are static (others: their opt value, unused)."""
+    model = g.value(name).shape
+    if name in fixed:
+        return tuple(fixed[name])
+    return tuple(d if isinstance(d, int) else 0 for d in model) if model is not None else ()
+
+
+def corner_shapes(g: Graph, profiles: ProfileSet, env: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """Concrete input shapes of graph `g` (inputs with SymInt dims) at symbol values `env`."""
+    return {name: tuple(evaluate(term_of(d), env) for d in g.value(name).shape) for name in profiles.inputs}
+
+
+def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values: Mapping[str, Any]) -> None:
+    """Infer `original` concretely at every profile corner; BuildError naming the node whose
+    output's shape expression (in `symbolic`) disagrees there, or that fails there."""
+    from polykit.compiler.infer import infer_shapes
+
+    producers = symbolic.producers()
+    for index, label, env in profiles.corners():
+        g = original.copy()
+        for name, shape in corner_shapes(symbolic, profiles, env).items():
+            g.set_value(Value(name, symbolic.value(name).dtype, shape))
+        if values:
+            g.metadata["input_values"] = dict(values)
+        at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
+        try:
+            infer_shapes(g)
+        except PolykitError as exc:
+            raise BuildError(f"{exc.what} {at}", where=exc.where,
+                             hint="the model does not hold for every shape in the profile; narrow the profile"
+                             ) from None
+        for name, sym_value in symbolic.values.items():
+            got = g.values.get(name)
+            if sym_value.shape is None or got is None or got.shape is None or name in symbolic.inputs:
+                continue
+            want = tuple(evaluate(term_of(d), env) if isinstance(d, int) else d for d in sym_value.shape)
+            if len(got.shape) != len(want) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                                  for a, b in zip(got.shape, want)):
+                node = producers.get(name)
+                raise BuildError(
+                    f"tensor {name!r} has shape {_fmt(got.shape)} {at}, but its expression "
+                    f"{_fmt(tuple(term_of(d) if isinstance(d, int) else d for d in sym_value.shape))} gives {_fmt(want)}",
+                    where=node.describe() if node else f"graph {symbolic.name!r}",
+                    hint="the node's shape depends on the input dims in a way polykit cannot express "
+                         "(or the profile crosses a boundary where it changes); pin those dims or narrow the profile")
+
+
+def _fmt(shape: Any) -> str:
+    return "None" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _fmt_env(env: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
