@@ -75,6 +75,12 @@ class ProfileSet:
         return [(i, label, {s: r[k] for s, r in ranges.items()})
                 for i, ranges in enumerate(self.ranges) for k, label in enumerate(("min", "opt", "max"))]
 
+    def input_shapes(self, profile: int, name: str, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """(min, opt, max) shapes of input `name` (`shape`: its static dims) in profile `profile`."""
+        ranges = self.ranges[profile]
+        syms = self.inputs[name]
+        return tuple(tuple(ranges[s][k] if s is not None else d for s, d in zip(syms, shape)) for k in range(3))
+
     def to_json(self) -> dict[str, Any]:
         return {"ranges": [{s: list(r) for s, r in sorted(p.items())} for p in self.ranges],
                 "inputs": {n: list(d) for n, d in sorted(self.inputs.items())}}
@@ -91,8 +97,8 @@ class ProfileSet:
         ranges = self.ranges[profile]
         env: dict[str, int] = {}
         origin: dict[str, str] = {}
-        for name, dims in self.inputs.items():
-            shape = tuple(shapes[name])
+        for name in shapes:  # in the caller's (the engine's input) order
+            dims, shape = self.inputs[name], tuple(shapes[name])
             want = static[name]
             if len(shape) != len(dims):
                 raise RuntimeInputError(f"input {name!r} has shape {shape} of rank {len(shape)}, the engine's "

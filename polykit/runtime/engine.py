@@ -154,9 +154,7 @@ class Engine:
         shape = self.plan.tensors[name].shape
         if self.plan.profiles is None:
             return (tuple(shape),) * 3
-        syms = self.plan.profiles.inputs[name]
-        ranges = self.plan.profiles.ranges[profile]
-        return tuple(tuple(ranges[s][k] if s is not None else d for s, d in zip(syms, shape)) for k in range(3))
+        return self.plan.profiles.input_shapes(profile, name, shape)
 
     def get_tensor_dtype(self, name: str) -> np.dtype:
         return self._desc(name).np_dtype

@@ -38,6 +38,9 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--rtol": _TOL,
     "--val-range": _RANGE,
     "--input-shapes": _SHAPE,
+    "--trt-min-shapes": _SHAPE,
+    "--trt-opt-shapes": _SHAPE,
+    "--trt-max-shapes": _SHAPE,
     "--check-error-stat": _STAT,
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": _TENSOR_NAME,
@@ -125,6 +128,45 @@ def parse_input_shapes(values: Sequence[str]) -> dict[str, tuple[int, ...]]:
         dims = [d.strip() for d in m["dims"].split(",") if d.strip()]
         table[m["name"]] = tuple(int(d) for d in dims)
     return table
+
+
+PROFILE_OPTIONS = ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")
+
+
+def parse_profiles(min_shapes: Sequence[str], opt_shapes: Sequence[str], max_shapes: Sequence[str]) -> tuple:
+    """Optimization profiles from Polygraphy's --trt-min/opt/max-shapes NAME:[dims] values: an
+    input named again in one option starts the next profile (`--trt-min-shapes x:[1,3]
+    --trt-min-shapes x:[8,3]` gives two); each profile needs all three shapes of its inputs."""
+    from polykit.compiler.profiles import Profile
+
+    per_option = []
+    for option, values in zip(PROFILE_OPTIONS, (min_shapes, opt_shapes, max_shapes)):
+        profiles: list[dict[str, tuple[int, ...]]] = [{}]
+        for value in values:
+            ((name, shape),) = parse_input_shapes([value]).items()
+            if name in profiles[-1]:
+                profiles.append({})
+            profiles[-1][name] = shape
+        per_option.append(profiles if values else [])
+    counts = {len(p) for p in per_option}
+    if counts == {0}:
+        return ()
+    if len(counts) != 1:
+        raise UsageError(f"--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes give {'/'.join(str(len(p)) for p in per_option)} "
+                         "profiles", hint="give each profile's min, opt and max shapes for the same inputs")
+    out = []
+    for i, (low, opt, high) in enumerate(zip(*per_option)):
+        if not set(low) == set(opt) == set(high):
+            odd = sorted((set(low) | set(opt) | set(high)) - (set(low) & set(opt) & set(high)))
+            raise UsageError(f"profile {i} lacks the min, opt or max shape of input(s) {odd}",
+                             hint="give --trt-min-shapes, --trt-opt-shapes and --trt-max-shapes for every input")
+        out.append(Profile({name: (low[name], opt[name], high[name]) for name in low}))
+    return tuple(out)
+
+
+def opt_shapes(profiles: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+    """The first profile's opt shape of each input (what feeds default to)."""
+    return {name: triple[1] for name, triple in profiles[0].shapes.items()} if profiles else {}
 
 
 def parse_error_stats(values: Sequence[str]) -> dict[str, str]:
@@ -236,6 +278,11 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                       help="read INT8 scales from FILE if it exists, else calibrate "
                                                            "and write them there")),
     ("tensor_ranges", List[str], typer.Option([], "--tensor-ranges", help="dynamic range per tensor: NAME:MIN,MAX")),
+    ("trt_min_shapes", List[str], typer.Option([], "--trt-min-shapes",
+                                               help="optimization profile min shapes: x:[1,3,32,32] (again per profile)")),
+    ("trt_opt_shapes", List[str], typer.Option([], "--trt-opt-shapes",
+                                               help="optimization profile opt shapes (tactics are timed at them)")),
+    ("trt_max_shapes", List[str], typer.Option([], "--trt-max-shapes", help="optimization profile max shapes")),
 ]
 
 
@@ -246,7 +293,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            save_timing_cache: str | None = None, error_on_timing_cache_miss: bool = False,
                            int8: bool = False, calibrator: str = "entropy", percentile: float = 99.99,
                            calibration_data: str | None = None, calibration_cache: str | None = None,
-                           tensor_ranges: Sequence[str] = ()) -> dict[str, Any]:
+                           tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
+                           trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = ()) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -258,6 +306,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "int8": int8, "calibrator": calibrator, "percentile": percentile,
         "calibration_data": calibration_source(calibration_data), "calibration_cache": calibration_cache,
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
+        "profiles": parse_profiles(trt_min_shapes, trt_opt_shapes, trt_max_shapes),
     }
 
 
