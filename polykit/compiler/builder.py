@@ -29,6 +29,7 @@ from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.compiler.profiles import apply_profiles, check_corners, profile_set
+from polykit.compiler.shape_values import host_values
 from polykit.compiler.symbolic import ShapeEvalError, evaluate, is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
@@ -54,10 +55,10 @@ class Builder:
         apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
                            dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
-        infer_shapes(g)
+        known = infer_shapes(g)
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
         if profiles is not None:
-            check_corners(graph, g, profiles, cfg.input_values)
+            check_corners(graph, g, profiles, cfg.input_values, host_values(known))
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
@@ -231,9 +232,13 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
-        infer_shapes(optimized, strict=False)
+        host = host_values(infer_shapes(optimized, strict=False))
         lowered = lower(optimized)
-        tensors = describe_tensors(optimized, lowered, corners)
+        if host:  # shape tensors the engine writes: their layers, and weights only they read, go
+            lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]
+            read = {n for l in lowered.layers for n in l.inputs} | set(optimized.outputs)
+            lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
+        tensors = describe_tensors(optimized, lowered, corners, host)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):
             break
@@ -264,10 +269,11 @@ def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
                    out_shapes=tuple(tuple(t.shape) if t else () for t in outs))
 
 
-def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = ()) -> dict[str, TensorDesc]:
+def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = (),
+                     host: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
     """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
     tensor with SymInt dims gets their expressions and its largest size at the profile
-    `corners` (symbol values)."""
+    `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's."""
     names: list[str] = list(g.inputs)
     for layer in lowered.layers:
         names += [n for n in layer.inputs + layer.outputs if n]
@@ -297,7 +303,8 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         if nbytes > MAX_BYTES or min(shape, default=0) < 0:
             raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
-        tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims)
+        value = tuple(term_of(v) for v in host[name].ravel()) if host and name in host else ()
+        tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims, value)
     return tensors
 
 
@@ -402,6 +409,7 @@ def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], input
                   strategy: str):
     """Plan the arena and write each tensor's offset into its TensorDesc."""
     weights = {n for n, t in tensors.items() if t.kind == "weight"}
+    inputs = list(inputs) + [n for n, t in tensors.items() if t.value and n not in inputs]  # set before the launches
     lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
     sizes = {n: tensors[n].nbytes for n in lifetimes}
     aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}

@@ -271,12 +271,15 @@ def _tensor_to_json(t: TensorDesc) -> dict[str, Any]:
          "nbytes": t.nbytes}
     if t.dims:
         d["dims"] = [expr_to_json(x) for x in t.dims]
+    if t.value:
+        d["value"] = [expr_to_json(x) for x in t.value]
     return d
 
 
 def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
     return TensorDesc(d["name"], str(d["dtype"]), tuple(int(x) for x in d["shape"]), d["kind"], int(d["offset"]),
-                      int(d["nbytes"]), tuple(expr_from_json(x) for x in d.get("dims", ())))
+                      int(d["nbytes"]), tuple(expr_from_json(x) for x in d.get("dims", ())),
+                      tuple(expr_from_json(x) for x in d.get("value", ())))
 
 
 def _layer_to_json(layer: LayerDesc) -> dict[str, Any]:

@@ -36,14 +36,17 @@ def check_dims(doc: Doc, weights_len: int) -> None:
     tensors = doc["tensors"]
     if profiles is None:
         for name, t in tensors.items():
-            if "dims" in t:
-                raise Invalid(f"tensors[{name!r}].dims", "a plan without profiles has no dynamic dims")
+            for key in ("dims", "value"):
+                if key in t:
+                    raise Invalid(f"tensors[{name!r}].{key}", "a plan without profiles has no dynamic dims")
         return
     symbols = _check_profiles(doc, profiles)
     corners = [{s: r[k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
     for name, t in tensors.items():
         if "dims" in t:
             _check_tensor(name, t, symbols, corners)
+        if "value" in t:
+            _check_value(name, t, symbols, corners, doc["inputs"])
 
 
 def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
@@ -66,6 +69,28 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
         if any(s is not None for s in syms) and t.get("dims") != want:
             raise Invalid(path, f"{t.get('dims')} differs from the input's symbols {want}")
     return symbols
+
+
+def host_written(doc: Doc) -> set[str]:
+    """Tensors the engine writes before the launches: the inputs and the shape tensors with a value."""
+    return set(doc["inputs"]) | {n for n, t in doc["tensors"].items() if "value" in t}
+
+
+def _check_value(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]], inputs: list) -> None:
+    path = f"tensors[{name!r}].value"
+    if t["kind"] == "weight" or name in inputs or "dims" in t:
+        raise Invalid(path, "only a statically shaped activation or output has a value computed from the dims")
+    if t["dtype"] not in ("int64", "int32"):
+        raise Invalid(path, f"a {t['dtype']} tensor holds no dims")
+    if type(t["value"]) is not list or len(t["value"]) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
+        raise Invalid(path, f"must be a list of one expression per element of shape {t['shape']}")
+    try:
+        value = [expr_from_json(v, symbols) for v in t["value"]]
+        for env in corners:
+            for v in value:
+                evaluate(v, env)
+    except (ValueError, ShapeEvalError) as exc:
+        raise Invalid(path, str(exc)) from None
 
 
 def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]]) -> None:

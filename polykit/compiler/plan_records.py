@@ -22,7 +22,9 @@ class TensorDesc:
     the plan's weight blob. In a plan built for optimization profiles a tensor whose shape
     depends on the input dims has `dims`: one expression per dim (polykit.compiler.symbolic
     Terms of the input dims' symbols); its `shape` is then the shape at the first profile's opt
-    and `nbytes` its largest size at any profile's min/opt/max (what the arena reserves).
+    and `nbytes` its largest size at any profile's min/opt/max (what the arena reserves). A
+    shape tensor computed from the input dims (Shape -> Gather -> Concat) has `value`: one
+    expression per element; the engine writes it before the launches (no layer computes it).
     """
 
     name: str
@@ -32,6 +34,7 @@ class TensorDesc:
     offset: int = -1
     nbytes: int = 0
     dims: tuple = ()
+    value: tuple = ()
 
     @property
     def np_dtype(self) -> np.dtype:

@@ -233,6 +233,7 @@ TENSOR_FIELDS = (
     Field("offset", integer(-1, MAX_BYTES)),
     Field("nbytes", BYTES),
     Field("dims", _any, required=False),  # expressions, checked by plan_dims.check_dims
+    Field("value", _any, required=False),  # expressions, checked by plan_dims.check_dims
 )
 
 LAYER_FIELDS = (

@@ -210,9 +210,11 @@ def corner_shapes(g: Graph, profiles: ProfileSet, env: Mapping[str, int]) -> dic
     return {name: tuple(evaluate(term_of(d), env) for d in g.value(name).shape) for name in profiles.inputs}
 
 
-def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values: Mapping[str, Any]) -> None:
+def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values: Mapping[str, Any],
+                  host: Mapping[str, Any] | None = None) -> None:
     """Infer `original` concretely at every profile corner; BuildError naming the node whose
-    output's shape expression (in `symbolic`) disagrees there, or that fails there."""
+    output's shape expression (in `symbolic`) disagrees there, or that fails there; and so for
+    the shape tensors `host` (symbolic values) whose value expressions disagree."""
     from polykit.compiler.infer import infer_shapes
 
     producers = symbolic.producers()
@@ -224,7 +226,7 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
             g.metadata["input_values"] = dict(values)
         at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
         try:
-            infer_shapes(g)
+            known = infer_shapes(g)
         except PolykitError as exc:
             raise BuildError(f"{exc.what} {at}", where=exc.where,
                              hint="the model does not hold for every shape in the profile; narrow the profile"
@@ -243,6 +245,17 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
                     where=node.describe() if node else f"graph {symbolic.name!r}",
                     hint="the node's shape depends on the input dims in a way polykit cannot express "
                          "(or the profile crosses a boundary where it changes); pin those dims or narrow the profile")
+        for name, value in (host or {}).items():
+            want = [evaluate(term_of(v), env) for v in value.ravel()]
+            got = known.get(name)
+            if got is not None and [int(v) for v in got.ravel()] != want:
+                node = producers.get(name)
+                raise BuildError(
+                    f"shape tensor {name!r} holds {[int(v) for v in got.ravel()]} {at}, but its expressions "
+                    f"{[str(term_of(v)) for v in value.ravel()]} give {want}",
+                    where=node.describe() if node else f"graph {symbolic.name!r}",
+                    hint="a value of this shape computation depends on the dims in a way decided at the opt "
+                         "shape; pin those dims or narrow the profile")
 
 
 def _fmt(shape: Any) -> str:

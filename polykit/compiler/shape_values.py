@@ -36,12 +36,19 @@ def is_symbolic(value: np.ndarray | None) -> bool:
     return value is not None and value.dtype == object
 
 
-def settle(value: np.ndarray) -> np.ndarray:
-    """An object array without SymInts becomes int64; with them it stays an object array."""
+def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """An object array without SymInts becomes a `dtype` (default int64) array; with them it
+    stays an object array."""
     arr = np.asarray(value, dtype=object)
     if not any(isinstance(v, SymInt) for v in arr.ravel()):
-        return np.asarray(arr.astype(np.int64))
+        return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
     return arr
+
+
+def host_values(known: dict) -> dict[str, np.ndarray]:
+    """The symbolic values among `known` (infer_shapes' result): tensors a plan computes on the
+    host from the input dims at run time instead of running their layers."""
+    return {name: value for name, value in known.items() if is_symbolic(value)}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
@@ -52,7 +59,7 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
         shape = graph.value(node.input(0)).shape
         if not is_dynamic(shape) or not all(isinstance(d, int) for d in shape):
             return None
-        return _shape_or_size(node, list(shape))
+        return _shape_or_size(node, list(shape))  # int64 by the ONNX spec
     fn = SHAPE_VALUE_OPS.get(node.op_type)
     args = [known.get(n) if n else None for n in node.inputs]
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
@@ -62,7 +69,9 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
                          for a in args])
     except (ValueError, IndexError, TypeError, ZeroDivisionError):
         return None
-    return None if outs is None else [settle(o) for o in outs]
+    if outs is None:
+        return None
+    return [settle(o, graph.value(name).dtype) for o, name in zip(outs, node.outputs)]
 
 
 def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:

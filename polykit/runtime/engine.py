@@ -298,6 +298,8 @@ class ExecutionContext:
         self._bind()
         for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)
+        for name, value in self._shapes.values.items():
+            ctx.copy_in(name, value, ctx.stream)
         self._run(ctx.stream)
         out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
         ctx.synchronize(ctx.stream)
@@ -322,6 +324,8 @@ class ExecutionContext:
         user = ctx.borrow_stream(stream)
         for name in plan.inputs:
             ctx.copy_in_device(name, bindings[name], user)
+        for name, value in self._shapes.values.items():
+            ctx.copy_in(name, value, user)
         self._run(user)
         for name in plan.outputs:
             ctx.copy_out_device(name, bindings[name], user)

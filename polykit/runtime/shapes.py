@@ -3,7 +3,7 @@
 `ShapeBinder(plan).bind(input_shapes, profile)` checks the input shapes against the profile
 (polykit.compiler.profiles.ProfileSet.bind_shapes), evaluates every tensor's dim expressions
 on the host and returns a `ShapeSet`: the concrete shape of each tensor of the plan for this
-run, and a key that names the set (equal input shapes, equal key: CUDA-graph replays and
+run, the values of its shape tensors (Shape -> Gather -> Concat chains, which no layer runs), and a key that names the set (equal input shapes, equal key: CUDA-graph replays and
 per-shape launch parameters are cached by it). A tensor whose shape would need more bytes
 than the plan reserved for it (its size at the profile's corners) is refused.
 
@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from polykit.compiler.symbolic import ShapeEvalError, evaluate
 from polykit.errors import RuntimeInputError, UsageError
 
@@ -27,11 +29,13 @@ MAX_CACHED_SHAPE_SETS = 64
 
 @dataclass(frozen=True)
 class ShapeSet:
-    """The shapes of one run: `key` (profile, input shapes) and every tensor's shape by name."""
+    """The shapes of one run: `key` (profile, input shapes), every dynamic tensor's shape by
+    name, the symbol values and the shape tensors' values (written before the launches)."""
 
     key: tuple
     shapes: Mapping[str, tuple[int, ...]] = field(hash=False)
-    dims: Mapping[str, int] = field(hash=False)  # symbol values
+    dims: Mapping[str, int] = field(hash=False)
+    values: Mapping[str, np.ndarray] = field(default_factory=dict, hash=False)
 
 
 class ShapeBinder:
@@ -42,6 +46,7 @@ class ShapeBinder:
         self.profiles = plan.profiles
         self._static = {n: tuple(plan.tensors[n].shape) for n in plan.inputs}
         self._dynamic = {n: t for n, t in plan.tensors.items() if t.dims}
+        self._host = {n: t for n, t in plan.tensors.items() if t.value}
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property
@@ -70,11 +75,23 @@ class ShapeBinder:
             found = ShapeSet(key, {}, {})
         else:
             dims = self.profiles.bind_shapes(input_shapes, self._static, profile)
-            found = ShapeSet(key, self._evaluate(dims), dims)
+            found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
         self._cache[key] = found
         if len(self._cache) > MAX_CACHED_SHAPE_SETS:
             self._cache.popitem(last=False)
         return found
+
+    def _values(self, dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, t in self._host.items():
+            try:
+                value = np.asarray([evaluate(v, dims) for v in t.value], dtype=t.np_dtype).reshape(t.shape)
+            except (ShapeEvalError, OverflowError) as exc:
+                raise RuntimeInputError(f"shape tensor {name!r} cannot be computed for these input shapes: {exc}",
+                                        hint="feed shapes inside the optimization profile") from None
+            value.setflags(write=False)
+            out[name] = value
+        return out
 
     def _evaluate(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}

@@ -59,3 +59,29 @@ def test_crafted_dynamic_plan_is_refused_naming_the_field(dynamic_bytes, edit, p
 
 def test_untouched_dynamic_plan_passes_the_check(dynamic_bytes):
     assert Plan.deserialize(edited(dynamic_bytes, lambda doc: None)).profiles is not None
+
+
+def _edit_value(change: Callable[[dict], None]) -> Callable[[dict], None]:
+    def edit(doc):
+        (t,) = [t for t in doc["tensors"].values() if "value" in t]
+        change(t)
+    return edit
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda t: t.update(value=["batch", "rows", 8]), "symbol 'rows' is not a dim of an engine input"),
+    (lambda t: t.update(value=["batch"]), "one expression per element"),
+    (lambda t: t.update(dtype="float32", nbytes=12), "a float32 tensor holds no dims"),
+    (lambda t: t.update(kind="weight"), "only a statically shaped activation"),
+])
+def test_crafted_shape_tensor_value_is_refused(dynamic_bytes, change, what):
+    with pytest.raises(PlanError, match="invalid plan field tensors\\[.*\\]") as err:
+        Plan.deserialize(edited(dynamic_bytes, _edit_value(change)))
+    assert what in err.value.what, err.value.what
+
+
+def test_shape_tensor_values_are_written_by_the_engine_not_a_layer(dynamic_bytes):
+    plan = Plan.deserialize(dynamic_bytes)
+    (name,) = [n for n, t in plan.tensors.items() if t.value]
+    assert [str(v) for v in plan.tensors[name].value] == ["batch", "tokens", "8"]
+    assert not any(name in layer.outputs for layer in plan.layers)

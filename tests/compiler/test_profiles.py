@@ -108,3 +108,35 @@ def test_cuda_tactics_that_bake_sizes_are_not_eligible_for_dynamic_layers():
     gemm = next(l for l in plan.layers if l.kind == "Gemm")
     baked = [t for t in all_tactics("cuda") if t.kind == "Gemm" and not t.dynamic_sizes]
     assert baked and not any(serves_corners(t, gemm, [{}]) for t in baked)
+
+
+def test_shape_chains_become_values_the_engine_writes_instead_of_layers():
+    plan = build_plan(encoder(layers=1), _cfg(Profile({"x": ((1, 1, 32), (2, 8, 32), (4, 40, 32)),
+                                                       "mask": ((1, 1), (2, 8), (4, 40))})))
+    assert not {"Shape", "Gather", "Concat"} & {l.kind for l in plan.layers}
+    values = sorted(tuple(map(str, t.value)) for t in plan.tensors.values() if t.value)
+    assert ("batch", "seq", "4", "8") in values and ("batch", "seq", "32") in values
+
+
+def _max_of_batch_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape", end=1),
+             helper.make_node("Max", ["s", "three"], ["y"], name="max_with_3")]
+    three = numpy_helper.from_array(np.array([3], dtype=np.int64), "three")
+    graph = helper.make_graph(nodes, "g", [x], [y], [three])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_value_decided_at_opt_that_differs_at_a_corner_is_a_build_error_naming_the_node():
+    with pytest.raises(BuildError, match=r"shape tensor 'y' holds \[3\] at profile 0's min shape") as err:
+        build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((1, 4), (4, 4), (8, 4))})))
+    assert "max_with_3" in err.value.where
+
+
+def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
+    from polykit.runtime.engine import Runtime
+
+    plan = build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((3, 4), (4, 4), (8, 4))})))
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
