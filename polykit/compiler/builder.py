@@ -323,7 +323,13 @@ def _fmt_env(env: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
-def at_corner(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
+def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+    """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.tuner.serves_corners)."""
+    high = {s: max(env[s] for env in corners) for s in (corners[0] if corners else {})}
+    return [{s: max(v, min(2, high[s])) for s, v in env.items()} for env in corners]
+
+
+def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
     """The dynamic tensors of `tensors` with their shapes at symbol values `env`."""
     return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
 
@@ -345,13 +351,15 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
                    corners: Sequence[Mapping[str, int]] = ()) -> Selection:
     """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
     (those that serve the layer at every profile corner where its shapes are dynamic)."""
-    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar
+    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers)
     device = build_device(target) if target != "cpu" else None
     arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
+    corner_tensors = [tensors_at(tensors, env) for env in corners]
+    generic = [tensors_at(tensors, env) for env in generic_corners(corners)]
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     workspace: dict[str, int] = {}
@@ -363,11 +371,11 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
                 base, tactic = _replayed(layer, target, cfg, forced, replay)
             else:
                 base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count,
-                                                                   [at_corner(tensors, env) for env in corners]))
+                                                                   corner_tensors, generic))
             final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
             if hasattr(tactic, "kernels"):
                 kernels[final.name] = tactic.kernels(final)
-            need = tactic.workspace(final, tensors, sm_count)
+            need = workspace_over(tactic, final, tensors, corner_tensors, sm_count)
             if need:
                 workspace[final.name] = need
             chosen.append(final)

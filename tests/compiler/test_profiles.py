@@ -100,14 +100,24 @@ def test_two_profiles_reserve_the_largest_corner_of_either():
     assert plan.tensors["y"].shape == (2, 2, 8)  # the first profile's opt
 
 
-def test_cuda_tactics_that_bake_sizes_are_not_eligible_for_dynamic_layers():
+def test_tactic_whose_kernels_bake_a_size_is_not_eligible_for_a_dynamic_layer():
+    from dataclasses import replace
+
+    from polykit.compiler.builder import generic_corners, tensors_at
     from polykit.compiler.tuner import serves_corners
+    from polykit.kernels.cuda.base import KernelSource
     from polykit.kernels.tactics import all_tactics
 
     plan = build_plan(mlp(), _cfg(MLP_PROFILE))
     gemm = next(l for l in plan.layers if l.kind == "Gemm")
-    baked = [t for t in all_tactics("cuda") if t.kind == "Gemm" and not t.dynamic_sizes]
-    assert baked and not any(serves_corners(t, gemm, [{}]) for t in baked)
+    corners = [env for _, _, env in plan.profiles.corners()]
+    exact = [tensors_at(plan.tensors, env) for env in corners]
+    generic = [tensors_at(plan.tensors, env) for env in generic_corners(corners)]
+    simt = next(t for t in all_tactics("cuda") if t.name == "cuda.gemm.simt" and t.kind == "Gemm")
+    assert serves_corners(simt, gemm, exact, generic)
+    baked = replace(simt, kernels_fn=lambda layer: [KernelSource("gemm", defines=(("M", str(layer.in_shapes[0][0])),))])
+    assert not serves_corners(baked, gemm, exact, generic)
+    assert not serves_corners(replace(simt, dynamic_sizes=False), gemm, exact, generic)
 
 
 def test_shape_chains_become_values_the_engine_writes_instead_of_layers():
@@ -140,3 +150,15 @@ def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
     plan = build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((3, 4), (4, 4), (8, 4))})))
     with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
         assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
+
+
+@pytest.mark.parametrize("case", ["encoder", "convnet", "mlp"])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_cuda_plans_for_profiles_build_with_kernels_that_take_sizes_at_run_time(case, fp16):
+    from tests.runtime.test_dynamic_shapes import CASES
+
+    make, profile, _, _ = CASES[case]
+    plan = build_plan(make(), BuilderConfig(target="cuda", profiles=[profile], fp16=fp16))
+    back = Plan.deserialize(plan.serialize())
+    assert back.profiles == plan.profiles and any(t.dims for t in back.tensors.values())
+    assert all(layer.tactic.startswith("cuda.") for layer in back.layers)

@@ -185,12 +185,18 @@ class Launcher(Protocol):
 
 @dataclass(frozen=True)
 class CudaTactic(Tactic):
-    """A Tactic of the cuda target with the two hooks the runtime calls."""
+    """A Tactic of the cuda target with the two hooks the runtime calls.
+
+    Kernel families take sizes at run time: `enqueue` reads them from the DeviceTensors it
+    gets (a plan built for optimization profiles binds each run's shapes there), so a tactic
+    serves dynamic layers where its `kernels` are the same at every profile corner (sizes
+    baked into defines are not; polykit.compiler.tuner.serves_corners checks)."""
 
     #: kernels(layer) -> list[KernelSource] to compile for this layer
     kernels_fn: Any = field(default=None, hash=False, compare=False)
     #: enqueue(layer, launcher, tensors: dict[name, DeviceTensor], weights: dict) -> None
     enqueue_fn: Any = field(default=None, hash=False, compare=False)
+    dynamic_sizes: bool = True
 
     def kernels(self, layer: Any) -> list[KernelSource]:
         return list(self.kernels_fn(layer))
