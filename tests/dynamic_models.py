@@ -6,6 +6,9 @@
 - `mlp`: an MLP over [batch, tokens, features] that flattens the leading dims (Reshape -1)
   and restores them from Shape -> Slice -> Concat.
 - `convnet`: tests.conv_models.resnet with a dynamic batch, height and width.
+- `embedding`: token and position embeddings as exports build them: Range over the sequence
+  length, Expand to the ids' shape, a Slice of the position table ending at the length, and a
+  ConstantOfShape of the ids' shape.
 """
 
 from __future__ import annotations
@@ -108,3 +111,21 @@ def convnet(seed: int = 0) -> onnx.ModelProto:
     for out in model.graph.output:
         out.type.tensor_type.ClearField("shape")
     return model
+
+
+def embedding(vocab: int = 100, positions: int = 64, d: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """Input "ids" int64 [batch, seq] (seq <= positions); output "y" float [batch, seq, d]."""
+    g = _Graph(seed)
+    shape = g.op("Shape", "ids")
+    seq = g.op("Gather", shape, g.const(np.int64(1)), axis=0)
+    table = g.weight(positions, d)
+    pos = g.op("Range", g.const(np.int64(0)), seq, g.const(np.int64(1)))
+    pos = g.op("Expand", g.op("Unsqueeze", pos, g.const(np.array([0]))), shape)
+    h = g.op("Add", g.op("Gather", g.weight(vocab, d), "ids"), g.op("Gather", table, pos))
+    window = g.op("Slice", table, g.const(np.array([0])), g.op("Unsqueeze", seq, g.const(np.array([0]))),
+                  g.const(np.array([0])))
+    ones = g.op("ConstantOfShape", shape, value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+    scale = g.op("Transpose", g.op("Unsqueeze", ones, g.const(np.array([1]))), perm=[0, 2, 1])
+    g.nodes.append(helper.make_node("Mul", [g.op("Add", h, window), scale], ["y"], name="y_node"))
+    inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])]
+    return g.model(inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], "embedding")

@@ -152,7 +152,7 @@ def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
         assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
 
 
-@pytest.mark.parametrize("case", ["encoder", "convnet", "mlp"])
+@pytest.mark.parametrize("case", ["embedding", "encoder", "convnet", "mlp"])
 @pytest.mark.parametrize("fp16", [False, True])
 def test_cuda_plans_for_profiles_build_with_kernels_that_take_sizes_at_run_time(case, fp16):
     from tests.runtime.test_dynamic_shapes import CASES

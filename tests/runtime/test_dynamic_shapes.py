@@ -12,11 +12,12 @@ from polykit.compiler.config import BuilderConfig
 from polykit.compiler.profiles import Profile
 from polykit.errors import RuntimeInputError, UsageError
 from polykit.runtime.engine import Runtime
-from tests.dynamic_models import convnet, encoder, mlp
+from tests.dynamic_models import convnet, embedding, encoder, mlp
 
 ENCODER_PROFILE = Profile({"x": ((1, 1, 32), (2, 16, 32), (4, 40, 32)), "mask": ((1, 1), (2, 16), (4, 40))})
 CONV_PROFILE = Profile({"image": ((1, 3, 16, 16), (2, 3, 32, 32), (4, 3, 64, 64))})
 MLP_PROFILE = Profile({"x": ((1, 1, 16), (4, 8, 16), (8, 32, 16))})
+EMBEDDING_PROFILE = Profile({"ids": ((1, 1), (2, 8), (4, 64))})
 
 
 def _encoder_feeds(rng, b, s):
@@ -28,6 +29,8 @@ CASES = {
     "encoder": (encoder, ENCODER_PROFILE, [(1, 7), (2, 13), (3, 33), (4, 40), (1, 1)], _encoder_feeds),
     "convnet": (convnet, CONV_PROFILE, [(1, 16, 16), (3, 40, 24), (4, 64, 64), (2, 17, 33)],
                 lambda rng, b, h, w: {"image": rng.standard_normal((b, 3, h, w)).astype(np.float32)}),
+    "embedding": (embedding, EMBEDDING_PROFILE, [(1, 1), (3, 17), (4, 64)],
+                  lambda rng, b, s: {"ids": rng.integers(0, 100, (b, s)).astype(np.int64)}),
     "mlp": (mlp, MLP_PROFILE, [(1, 1), (3, 7), (8, 32), (5, 13)],
             lambda rng, b, t: {"x": rng.standard_normal((b, t, 16)).astype(np.float32)}),
 }
