@@ -235,27 +235,27 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
             got = g.values.get(name)
             if sym_value.shape is None or got is None or got.shape is None or name in symbolic.inputs:
                 continue
-            want = tuple(evaluate(term_of(d), env) if isinstance(d, int) else d for d in sym_value.shape)
+            exprs = tuple(term_of(d) if isinstance(d, int) else d for d in sym_value.shape)
+            want = tuple(evaluate(d, env) if not isinstance(d, str) and d is not None else d for d in exprs)
             if len(got.shape) != len(want) or any(isinstance(a, int) and isinstance(b, int) and a != b
                                                   for a, b in zip(got.shape, want)):
-                node = producers.get(name)
-                raise BuildError(
-                    f"tensor {name!r} has shape {_fmt(got.shape)} {at}, but its expression "
-                    f"{_fmt(tuple(term_of(d) if isinstance(d, int) else d for d in sym_value.shape))} gives {_fmt(want)}",
-                    where=node.describe() if node else f"graph {symbolic.name!r}",
-                    hint="the node's shape depends on the input dims in a way polykit cannot express "
-                         "(or the profile crosses a boundary where it changes); pin those dims or narrow the profile")
+                raise _disagreement(symbolic, producers, name, f"has shape {_fmt(got.shape)} {at}, but its expression "
+                                                             f"{_fmt(exprs)} gives {_fmt(want)}")
         for name, value in (host or {}).items():
             want = [evaluate(term_of(v), env) for v in value.ravel()]
             got = known.get(name)
             if got is not None and [int(v) for v in got.ravel()] != want:
-                node = producers.get(name)
-                raise BuildError(
-                    f"shape tensor {name!r} holds {[int(v) for v in got.ravel()]} {at}, but its expressions "
-                    f"{[str(term_of(v)) for v in value.ravel()]} give {want}",
-                    where=node.describe() if node else f"graph {symbolic.name!r}",
-                    hint="a value of this shape computation depends on the dims in a way decided at the opt "
-                         "shape; pin those dims or narrow the profile")
+                raise _disagreement(symbolic, producers, name, f"holds {[int(v) for v in got.ravel()]} {at}, but its "
+                                                             f"expressions {[str(term_of(v)) for v in value.ravel()]} "
+                                                             f"give {want}", "shape tensor")
+
+
+def _disagreement(symbolic: Graph, producers: Mapping[str, Any], name: str, what: str,
+                  kind: str = "tensor") -> BuildError:
+    node = producers.get(name)
+    return BuildError(f"{kind} {name!r} {what}", where=node.describe() if node else f"graph {symbolic.name!r}",
+                      hint="the node's output depends on the input dims in a way polykit cannot express (or decided "
+                           "at the opt shape); pin those dims or narrow the profile")
 
 
 def _fmt(shape: Any) -> str:

@@ -16,7 +16,9 @@ from typing import Callable
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node
+from polykit.errors import PolykitError
 from polykit.compiler.symbolic import SymInt, is_dynamic
+from polykit.kernels.registry import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
 
@@ -61,13 +63,14 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
             return None
         return _shape_or_size(node, list(shape))  # int64 by the ONNX spec
     fn = SHAPE_VALUE_OPS.get(node.op_type)
+    if fn is None and node.op_type in MOVEMENT_OPS:
+        fn = find_reference("", node.op_type)
     args = [known.get(n) if n else None for n in node.inputs]
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
         return None
     try:
-        outs = fn(node, [None if a is None else np.asarray(a, dtype=object) if a.dtype.kind in "iu" else a
-                         for a in args])
-    except (ValueError, IndexError, TypeError, ZeroDivisionError):
+        outs = fn(node, args)
+    except (ValueError, IndexError, TypeError, ZeroDivisionError, PolykitError):
         return None
     if outs is None:
         return None
@@ -86,15 +89,6 @@ def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
     return [settle(out)]
 
 
-def _ints(value: np.ndarray | None) -> list[int]:
-    return [int(v) for v in np.asarray(value).ravel()]
-
-
-@value_op("Identity")
-def _identity(node: Node, args: list) -> list[np.ndarray]:
-    return [args[0]]
-
-
 @value_op("Cast")
 def _cast(node: Node, args: list) -> list[np.ndarray] | None:
     return [args[0]] if int(node.attrs.get("to", 0)) in (6, 7) else None  # int32 / int64 stay dims
@@ -102,45 +96,12 @@ def _cast(node: Node, args: list) -> list[np.ndarray] | None:
 
 @value_op("Gather")
 def _gather(node: Node, args: list) -> list[np.ndarray]:
-    return [np.take(args[0], np.asarray(args[1]).astype(np.int64), axis=int(node.attrs.get("axis", 0)))]
+    return [np.asarray(np.take(args[0], np.asarray(args[1]).astype(np.int64), axis=int(node.attrs.get("axis", 0))),
+                       dtype=object)]
 
 
-@value_op("Unsqueeze")
-def _unsqueeze(node: Node, args: list) -> list[np.ndarray]:
-    out = args[0]
-    rank = out.ndim + len(_ints(args[1]))
-    for axis in sorted(a % rank for a in _ints(args[1])):
-        out = np.expand_dims(out, axis)
-    return [out]
-
-
-@value_op("Squeeze")
-def _squeeze(node: Node, args: list) -> list[np.ndarray]:
-    axes = None if len(args) < 2 or args[1] is None else tuple(_ints(args[1]))
-    return [np.squeeze(args[0], axis=axes)]
-
-
-@value_op("Concat")
-def _concat(node: Node, args: list) -> list[np.ndarray]:
-    return [np.concatenate([np.asarray(a, dtype=object) for a in args if a is not None],
-                           axis=int(node.attrs.get("axis", 0)))]
-
-
-@value_op("Reshape")
-def _reshape(node: Node, args: list) -> list[np.ndarray]:
-    return [args[0].reshape(_ints(args[1]))]
-
-
-@value_op("Slice")
-def _slice(node: Node, args: list) -> list[np.ndarray] | None:
-    data = args[0]
-    starts, ends = _ints(args[1]), _ints(args[2])
-    axes = _ints(args[3]) if len(args) > 3 and args[3] is not None else list(range(len(starts)))
-    steps = _ints(args[4]) if len(args) > 4 and args[4] is not None else [1] * len(starts)
-    index = [slice(None)] * data.ndim
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        index[a % data.ndim] = slice(s, e, st)
-    return [data[tuple(index)]]
+#: ops that only move elements: their reference kernels run on object arrays as they are
+MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice"})
 
 
 def _elementwise(fn: Callable) -> ValueFn:
