@@ -28,9 +28,10 @@ from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profiles import apply_profiles, check_corners, profile_set
+from polykit.compiler.profiles import apply_profiles, check_corners, corner_size, generic_corners, profile_set, \
+    tensors_at
 from polykit.compiler.shape_values import host_values
-from polykit.compiler.symbolic import ShapeEvalError, evaluate, is_dynamic, term_of
+from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
@@ -299,39 +300,13 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
         shape = tuple(int(d) for d in v.shape)
         dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
-        nbytes = max([math.prod(shape)] + [_corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
+        nbytes = max([math.prod(shape)] + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
         if nbytes > MAX_BYTES or min(shape, default=0) < 0:
             raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
         value = tuple(term_of(v) for v in host[name].ravel()) if host and name in host else ()
         tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims, value)
     return tensors
-
-
-def _corner_size(name: str, dims: tuple, env: Mapping[str, int]) -> int:
-    try:
-        shape = [evaluate(d, env) for d in dims]
-    except ShapeEvalError as exc:
-        raise BuildError(f"the shape of tensor {name!r} cannot be evaluated at a profile corner: {exc}") from None
-    if min(shape, default=0) < 0:
-        raise BuildError(f"tensor {name!r} has shape {shape} at a profile corner ({_fmt_env(env)})",
-                         hint="the profile reaches dims the model cannot take; narrow it")
-    return math.prod(shape)
-
-
-def _fmt_env(env: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
-
-
-def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
-    """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.tuner.serves_corners)."""
-    high = {s: max(env[s] for env in corners) for s in (corners[0] if corners else {})}
-    return [{s: max(v, min(2, high[s])) for s, v in env.items()} for env in corners]
-
-
-def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
-    """The dynamic tensors of `tensors` with their shapes at symbol values `env`."""
-    return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
 
 
 @dataclass

@@ -15,11 +15,13 @@ and max and refuses (BuildError naming the node) a tensor whose expression disag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from polykit.compiler.ir import Graph, Value
-from polykit.compiler.symbolic import SymInt, evaluate, symbol, term_of
+from polykit.compiler.plan_records import TensorDesc
+from polykit.compiler.symbolic import ShapeEvalError, SymInt, evaluate, symbol, term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
 
 Range = tuple[int, int, int]  # (min, opt, max)
@@ -256,6 +258,29 @@ def _disagreement(symbolic: Graph, producers: Mapping[str, Any], name: str, what
     return BuildError(f"{kind} {name!r} {what}", where=node.describe() if node else f"graph {symbolic.name!r}",
                       hint="the node's output depends on the input dims in a way polykit cannot express (or decided "
                            "at the opt shape); pin those dims or narrow the profile")
+
+
+def corner_size(name: str, dims: tuple, env: Mapping[str, int]) -> int:
+    """Elements of a tensor with dim expressions `dims` at symbol values `env` (BuildError if none)."""
+    try:
+        shape = [evaluate(d, env) for d in dims]
+    except ShapeEvalError as exc:
+        raise BuildError(f"the shape of tensor {name!r} cannot be evaluated at a profile corner: {exc}") from None
+    if min(shape, default=0) < 0:
+        raise BuildError(f"tensor {name!r} has shape {shape} at a profile corner ({_fmt_env(env)})",
+                         hint="the profile reaches dims the model cannot take; narrow it")
+    return math.prod(shape)
+
+
+def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+    """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.tuner.serves_corners)."""
+    high = {s: max(env[s] for env in corners) for s in (corners[0] if corners else {})}
+    return [{s: max(v, min(2, high[s])) for s, v in env.items()} for env in corners]
+
+
+def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
+    """The dynamic tensors of `tensors` with their shapes at symbol values `env`."""
+    return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
 
 
 def _fmt(shape: Any) -> str:
