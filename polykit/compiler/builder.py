@@ -59,7 +59,7 @@ class Builder:
         known = infer_shapes(g)
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
         if profiles is not None:
-            check_corners(graph, g, profiles, cfg.input_values, host_values(known))
+            check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
@@ -186,8 +186,12 @@ def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
             raise BuildError(f"the value given for input {name!r} is {arr.dtype.name}{list(arr.shape)}, the input is "
                              f"{np.dtype(v.dtype).name if v.dtype is not None else '?'}{_fmt(v.shape)}",
                              where=f"graph {g.name!r}", hint="give a value of the input's dtype and shape")
+    taken = set(values) & set(g.metadata.get("input_values", {}))
+    if taken:
+        raise BuildError(f"input {sorted(taken)[0]!r} has both input_values and profile values", where=f"graph {g.name!r}",
+                         hint="give a shape-tensor input one value (input_values) or a range (profiles), not both")
     if values:
-        g.metadata["input_values"] = dict(values)
+        g.metadata.setdefault("input_values", {}).update(values)
 
 
 def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = (),
@@ -233,7 +237,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
-        host = host_values(infer_shapes(optimized, strict=False))
+        host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
         lowered = lower(optimized)
         if host:  # shape tensors the engine writes: their layers, and weights only they read, go
             lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]

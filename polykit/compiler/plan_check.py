@@ -308,6 +308,10 @@ def _shapes_agree(plan: Any) -> None:
     values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in list(plan.inputs) + host}
     bound = {n: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
              for n, v in (plan.metadata.get("input_values") or {}).items()}
+    if plan.profiles is not None:  # shape-tensor inputs at the first profile's opt
+        opt = plan.profiles.corners()[1][2]
+        bound.update({n: np.asarray([opt[s] if isinstance(s, str) else s for s in syms], plan.tensors[n].np_dtype)
+                      .reshape(plan.tensors[n].shape) for n, syms in plan.profiles.values.items()})
     if host:  # shape tensors the engine writes: their values at the first profile's opt
         opt = plan.profiles.corners()[1][2]
         bound.update({n: np.asarray([evaluate(v, opt) for v in plan.tensors[n].value], plan.tensors[n].np_dtype)

@@ -24,9 +24,15 @@ def _triple(value: Any, path: str) -> None:
         raise Invalid(path, f"{value} is not [min, opt, max] with min <= opt <= max")
 
 
+def _symbol_or_int(value: Any, path: str) -> None:
+    if type(value) is not str:
+        integer(-MAX_BYTES, MAX_BYTES)(value, path)
+
+
 PROFILE_FIELDS = (
     Field("ranges", list_of(map_of(_triple), max_len=1 << 10)),
     Field("inputs", map_of(list_of(nullable(text())))),
+    Field("values", map_of(list_of(_symbol_or_int)), required=False),
 )
 
 
@@ -56,6 +62,12 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
     if sorted(inputs) != sorted(doc["inputs"]):
         raise Invalid("profiles.inputs", f"names {sorted(inputs)}, the engine inputs are {sorted(doc['inputs'])}")
     symbols = {s for dims in inputs.values() for s in dims if s is not None}
+    for name, syms in profiles.get("values", {}).items():
+        t = doc["tensors"].get(name)
+        if name not in doc["inputs"] or t is None or t["dtype"] not in ("int64", "int32") or "dims" in t \
+                or len(syms) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
+            raise Invalid(f"profiles.values[{name!r}]", "names no static integer engine input of that many elements")
+        symbols |= {s for s in syms if type(s) is str}
     for i, ranges in enumerate(profiles["ranges"]):
         if set(ranges) != symbols:
             raise Invalid(f"profiles.ranges[{i}]", f"gives ranges for {sorted(ranges)}, the inputs' symbols are "

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.plan_records import TensorDesc
 from polykit.compiler.symbolic import ShapeEvalError, SymInt, evaluate, symbol, term_of
@@ -29,48 +31,65 @@ Range = tuple[int, int, int]  # (min, opt, max)
 
 @dataclass(frozen=True)
 class Profile:
-    """min/opt/max shapes by input name: {"x": (min_shape, opt_shape, max_shape)}."""
+    """min/opt/max shapes by input name: {"x": (min_shape, opt_shape, max_shape)}; `values`:
+    min/opt/max values of shape-tensor inputs (1-D int inputs whose values set shapes, e.g.
+    a Reshape's target), {"shape": ((1, 16), (8, 128), (8, 512))}."""
 
     shapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict,
                                                                                          hash=False)
+    values: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict,
+                                                                                         hash=False)
 
     def __post_init__(self) -> None:
-        norm = {}
-        for name, triple in dict(self.shapes or {}).items():
-            try:
-                low, opt, high = (tuple(int(d) for d in s) for s in triple)
-            except (TypeError, ValueError):
-                raise UsageError(f"the profile of input {name!r} is not (min shape, opt shape, max shape): {triple!r}",
-                                 hint="e.g. Profile({'x': ((1, 3), (4, 3), (8, 3))})") from None
-            if not len(low) == len(opt) == len(high):
-                raise UsageError(f"the profile of input {name!r} has min/opt/max shapes of ranks "
-                                 f"{len(low)}/{len(opt)}/{len(high)}", hint="give the three shapes the input's rank")
-            for axis, (a, b, c) in enumerate(zip(low, opt, high)):
-                if not 0 <= a <= b <= c:
-                    raise UsageError(f"the profile of input {name!r} has dim {axis} min {a}, opt {b}, max {c}",
-                                     hint="each dim needs 0 <= min <= opt <= max")
-            norm[str(name)] = (low, opt, high)
-        object.__setattr__(self, "shapes", dict(sorted(norm.items())))
+        for key, what in (("shapes", "shape"), ("values", "value")):
+            norm = {str(name): _triple(str(name), triple, what) for name, triple in dict(getattr(self, key) or {}).items()}
+            object.__setattr__(self, key, dict(sorted(norm.items())))
+        both = sorted(set(self.shapes) & set(self.values))
+        if both:
+            raise UsageError(f"the profile gives input {both[0]!r} both shapes and values",
+                             hint="values are for shape-tensor inputs, whose own shape is static")
 
     def to_json(self) -> dict[str, Any]:
-        return {name: [list(s) for s in triple] for name, triple in self.shapes.items()}
+        return {key: {name: [list(s) for s in triple] for name, triple in getattr(self, key).items()}
+                for key in ("shapes", "values")}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Profile":
-        return Profile({name: tuple(tuple(s) for s in triple) for name, triple in d.items()})
+        return Profile(*({name: tuple(tuple(s) for s in triple) for name, triple in d.get(key, {}).items()}
+                         for key in ("shapes", "values")))
+
+
+def _triple(name: str, triple: Any, what: str) -> tuple[tuple[int, ...], ...]:
+    """(min, opt, max) of one input's shape or values, checked: one length, min <= opt <= max."""
+    try:
+        low, opt, high = (tuple(int(d) for d in s) for s in triple)
+    except (TypeError, ValueError):
+        raise UsageError(f"the profile of input {name!r} is not (min {what}, opt {what}, max {what}): {triple!r}",
+                         hint="e.g. Profile({'x': ((1, 3), (4, 3), (8, 3))})") from None
+    if not len(low) == len(opt) == len(high):
+        raise UsageError(f"the profile of input {name!r} has min/opt/max {what}s of ranks "
+                         f"{len(low)}/{len(opt)}/{len(high)}", hint=f"give the three {what}s one length")
+    for axis, (a, b, c) in enumerate(zip(low, opt, high)):
+        if not (a <= b <= c and (a >= 0 or a == c)):
+            label = "dim" if what == "shape" else "element"
+            raise UsageError(f"the profile of input {name!r} has {label} {axis} min {a}, opt {b}, max {c}",
+                             hint="each needs 0 <= min <= opt <= max (a fixed value may be negative)"
+                             if what == "value" else "each dim needs 0 <= min <= opt <= max")
+    if what == "shape" and min(low, default=0) < 0:
+        raise UsageError(f"the profile of input {name!r} has a negative dim: {low}", hint="dims are >= 0")
+    return (low, opt, high)
 
 
 @dataclass(frozen=True)
 class ProfileSet:
     """The profiles of a plan as symbol ranges: `ranges[i][symbol] = (min, opt, max)`, and
-    where each symbol comes from (`inputs[name]`: a symbol name or None per axis)."""
+    where each symbol comes from: `inputs[name]` a symbol name or None per axis of every input,
+    `values[name]` one per element of a shape-tensor input: a symbol "value(name)[i]", or the
+    int the element is fixed to."""
 
     ranges: tuple[dict[str, Range], ...]
     inputs: dict[str, tuple[str | None, ...]]
-
-    @property
-    def symbols(self) -> set[str]:
-        return {s for dims in self.inputs.values() for s in dims if s is not None}
+    values: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
 
     def corners(self) -> list[tuple[int, str, dict[str, int]]]:
         """(profile index, "min"/"opt"/"max", symbol values) of every profile corner."""
@@ -84,21 +103,45 @@ class ProfileSet:
         return tuple(tuple(ranges[s][k] if s is not None else d for s, d in zip(syms, shape)) for k in range(3))
 
     def to_json(self) -> dict[str, Any]:
-        return {"ranges": [{s: list(r) for s, r in sorted(p.items())} for p in self.ranges],
-                "inputs": {n: list(d) for n, d in sorted(self.inputs.items())}}
+        d = {"ranges": [{s: list(r) for s, r in sorted(p.items())} for p in self.ranges],
+             "inputs": {n: list(dims) for n, dims in sorted(self.inputs.items())}}
+        if self.values:
+            d["values"] = {n: list(syms) for n, syms in sorted(self.values.items())}
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "ProfileSet":
         return ProfileSet(tuple({s: tuple(r) for s, r in p.items()} for p in d["ranges"]),
-                          {n: tuple(dims) for n, dims in d["inputs"].items()})
+                          {n: tuple(dims) for n, dims in d["inputs"].items()},
+                          {n: tuple(syms) for n, syms in d.get("values", {}).items()})
 
     def bind_shapes(self, shapes: Mapping[str, Sequence[int]], static: Mapping[str, Sequence[int]],
-                    profile: int) -> dict[str, int]:
-        """Symbol values of input `shapes` (all inputs), checked against profile `profile` and
-        the inputs' static dims; RuntimeInputError naming the input, the dim and the range."""
+                    profile: int, values: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
+        """Symbol values of input `shapes` (all inputs) and of the shape-tensor inputs' `values`,
+        checked against profile `profile` and the inputs' static dims; RuntimeInputError naming
+        the input, the dim (element) and the range."""
         ranges = self.ranges[profile]
         env: dict[str, int] = {}
         origin: dict[str, str] = {}
+        for name, syms in self.values.items():
+            given = [int(v) for v in (values or {}).get(name, ())]
+            if len(given) != len(syms):
+                raise RuntimeInputError(f"shape-tensor input {name!r} needs {len(syms)} host values, got {len(given)}",
+                                        where=f"tensor {name!r}", hint="feed it (execute) or set_input_values(name, ...)")
+            for i, (got, sym) in enumerate(zip(given, syms)):
+                if not isinstance(sym, str):
+                    if got != sym:
+                        raise RuntimeInputError(f"shape-tensor input {name!r} has element {i} = {got}; the plan was "
+                                                f"built for {sym} there", where=f"tensor {name!r}")
+                else:
+                    low, _, high = ranges[sym]
+                    if not low <= got <= high:
+                        raise RuntimeInputError(
+                            f"shape-tensor input {name!r} has element {i} = {got}, outside optimization profile "
+                            f"{profile}'s range [{low}, {high}]", where=f"tensor {name!r}",
+                            hint="feed values inside the profile, or rebuild with wider --trt-min-shape-values/"
+                                 "--trt-max-shape-values")
+                    env[sym] = got
         for name in shapes:  # in the caller's (the engine's input) order
             dims, shape = self.inputs[name], tuple(shapes[name])
             want = static[name]
@@ -134,7 +177,7 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
     where = f"graph {g.name!r}"
     per_input: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
     for i, prof in enumerate(profiles):
-        for name in prof.shapes:
+        for name in list(prof.shapes) + list(prof.values):
             if name not in g.inputs:
                 raise BuildError(f"profile {i} names {name!r}, which is not a graph input", where=where,
                                  hint=f"graph inputs are: {', '.join(g.inputs)}")
@@ -154,6 +197,7 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
             _check_against_model(name, model, triple, i, where)
             per_input.setdefault(name, []).append(triple)
     ranges: list[dict[str, Range]] = [{} for _ in profiles]
+    value_syms = _value_symbols(g, profiles, ranges)
     inputs: dict[str, tuple[str | None, ...]] = {}
     for name, triples in per_input.items():
         model = g.value(name).shape
@@ -173,7 +217,42 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
                                      hint="give dims that the model names alike the same min/opt/max")
             syms.append(sym)
         inputs[name] = tuple(syms)
-    return ProfileSet(tuple(ranges), inputs)
+    return ProfileSet(tuple(ranges), inputs, value_syms)
+
+
+def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str, Range]]) -> dict[str, tuple]:
+    """Per shape-tensor input of `profiles`: a symbol per element whose value varies (its
+    ranges added to `ranges`), else the element's fixed value."""
+    where = f"graph {g.name!r}"
+    out: dict[str, tuple] = {}
+    for name in sorted({n for p in profiles for n in p.values}):
+        v = g.value(name)
+        if name not in g.inputs or v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static \
+                or len(v.shape) > 1:
+            raise BuildError(f"profile values are given for {name!r}, which is not a static 1-D integer graph input",
+                             where=where, hint="--trt-*-shape-values are for shape-tensor inputs (e.g. a Reshape's "
+                                               "target fed as an input)")
+        count = math.prod(v.shape)
+        triples = []
+        for i, prof in enumerate(profiles):
+            triple = prof.values.get(name)
+            if triple is None or len(triple[0]) != count:
+                raise BuildError(f"profile {i} gives {'no' if triple is None else len(triple[0])} values for "
+                                 f"shape-tensor input {name!r}, which holds {count}", where=where,
+                                 hint=f"give every profile {count} min/opt/max values for {name!r}")
+            triples.append(triple)
+        syms: list[str | int] = []
+        for k in range(count):
+            per = [(t[0][k], t[1][k], t[2][k]) for t in triples]
+            if len(set(per)) == 1 and len(set(per[0])) == 1:
+                syms.append(per[0][0])
+                continue
+            sym = f"value({name})[{k}]"
+            for i, r in enumerate(per):
+                ranges[i][sym] = r
+            syms.append(sym)
+        out[name] = tuple(syms)
+    return out
 
 
 def _check_against_model(name: str, model: Any, triple: tuple, index: int, where: str) -> None:
@@ -190,13 +269,18 @@ def _check_against_model(name: str, model: Any, triple: tuple, index: int, where
 
 
 def apply_profiles(g: Graph, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> None:
-    """Give the inputs their shapes at profile 0's opt: SymInts for dynamic dims."""
+    """Give the inputs their shapes at profile 0's opt (SymInts for dynamic dims) and the
+    shape-tensor inputs their values (SymInts for varying elements; graph.metadata["input_values"])."""
     env = profiles.corners()[1][2]
     for name, syms in profiles.inputs.items():
         old = g.value(name)
         static = _static_shape(g, name, profiles, fixed)
         dims = tuple(SymInt(env[s], symbol(s)) if s is not None else static[axis] for axis, s in enumerate(syms))
         g.set_value(Value(name, old.dtype, dims))
+    for name, syms in profiles.values.items():
+        value = np.empty(len(syms), dtype=object)
+        value[:] = [SymInt(env[s], symbol(s)) if isinstance(s, str) else s for s in syms]
+        g.metadata.setdefault("input_values", {})[name] = value.reshape(g.value(name).shape)
 
 
 def _static_shape(g: Graph, name: str, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> tuple:
@@ -225,7 +309,7 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
         for name, shape in corner_shapes(symbolic, profiles, env).items():
             g.set_value(Value(name, symbolic.value(name).dtype, shape))
         if values:
-            g.metadata["input_values"] = dict(values)
+            g.metadata["input_values"] = {name: value_at(v, env) for name, v in values.items()}
         at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
         try:
             known = infer_shapes(g)
@@ -281,6 +365,13 @@ def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]
 def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:
     """The dynamic tensors of `tensors` with their shapes at symbol values `env`."""
     return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
+
+
+def value_at(value: np.ndarray, env: Mapping[str, int]) -> np.ndarray:
+    """A (possibly symbolic) int array with its SymInts evaluated at symbol values `env`."""
+    if value.dtype != object:
+        return value
+    return np.asarray([evaluate(term_of(v), env) for v in value.ravel()], dtype=np.int64).reshape(value.shape)
 
 
 def _fmt(shape: Any) -> str:

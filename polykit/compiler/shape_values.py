@@ -47,10 +47,10 @@ def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     return arr
 
 
-def host_values(known: dict) -> dict[str, np.ndarray]:
-    """The symbolic values among `known` (infer_shapes' result): tensors a plan computes on the
-    host from the input dims at run time instead of running their layers."""
-    return {name: value for name, value in known.items() if is_symbolic(value)}
+def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict[str, np.ndarray]:
+    """The symbolic values among `known` (infer_shapes' result) but `inputs`: tensors a plan
+    computes on the host from the input dims at run time instead of running their layers."""
+    return {name: value for name, value in known.items() if is_symbolic(value) and name not in inputs}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:

@@ -209,6 +209,7 @@ class ExecutionContext:
         self._binder = ShapeBinder(engine.plan)
         self._profile_index = 0
         self._input_shapes = {n: tuple(engine.plan.tensors[n].shape) for n in engine.plan.inputs}
+        self._input_values: dict[str, np.ndarray] = {}
         self._shapes: ShapeSet | None = None
         self._last_profile: list[tuple[str, float]] = []
 
@@ -237,6 +238,14 @@ class ExecutionContext:
         except (TypeError, ValueError):
             raise UsageError(f"the shape of input {name!r} must be a sequence of ints, not {shape!r}") from None
 
+    def set_input_values(self, name: str, values: Any) -> None:
+        """The host values shape-tensor input `name` has in the next enqueue (execute takes
+        them from the feeds): they set shapes, so the host needs them before the launches."""
+        if name not in self._binder.value_inputs:
+            raise UsageError(f"{name!r} is not a shape-tensor input of the engine",
+                             hint=f"shape-tensor inputs are: {', '.join(self._binder.value_inputs) or 'none'}")
+        self._input_values[name] = np.array(values)
+
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
         """The shape tensor `name` has in this context's current shapes."""
         desc = self.engine._desc(name)
@@ -244,7 +253,7 @@ class ExecutionContext:
         return tuple(shapes.get(name, desc.shape))
 
     def _bind(self) -> ShapeSet:
-        self._shapes = self._binder.bind(self._input_shapes, self._profile_index)
+        self._shapes = self._binder.bind(self._input_shapes, self._profile_index, self._input_values)
         if self.engine.plan.profiles is not None:
             self._ctx.bind_shapes(self._shapes)
         return self._shapes
@@ -295,6 +304,7 @@ class ExecutionContext:
         ctx.begin()
         for name in plan.inputs:
             self._input_shapes[name] = tuple(checked[name].shape)
+        self._input_values.update({name: checked[name] for name in self._binder.value_inputs})
         self._bind()
         for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)

@@ -50,6 +50,11 @@ class ShapeBinder:
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """Shape-tensor inputs: their host values take part in the shapes."""
+        return tuple(self.profiles.values) if self.profiles is not None else ()
+
+    @property
     def num_profiles(self) -> int:
         return len(self.profiles.ranges) if self.profiles is not None else 1
 
@@ -59,8 +64,12 @@ class ShapeBinder:
                              hint=f"the engine has {self.num_profiles} profile(s): 0..{self.num_profiles - 1}")
         return index
 
-    def bind(self, input_shapes: Mapping[str, tuple[int, ...]], profile: int = 0) -> ShapeSet:
-        key = (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs)
+    def bind(self, input_shapes: Mapping[str, tuple[int, ...]], profile: int = 0,
+             values: Mapping[str, Any] | None = None) -> ShapeSet:
+        """The ShapeSet of `input_shapes` (every input) and the shape-tensor inputs' host
+        `values` in optimization profile `profile`."""
+        given = {n: tuple(int(v) for v in np.asarray(values[n]).ravel()) for n in self.value_inputs if n in (values or {})}
+        key = (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs) + tuple(sorted(given.items()))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -74,7 +83,7 @@ class ShapeBinder:
                                                  "(--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes)")
             found = ShapeSet(key, {}, {})
         else:
-            dims = self.profiles.bind_shapes(input_shapes, self._static, profile)
+            dims = self.profiles.bind_shapes(input_shapes, self._static, profile, given)
             found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
         self._cache[key] = found
         if len(self._cache) > MAX_CACHED_SHAPE_SETS:

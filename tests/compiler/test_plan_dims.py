@@ -85,3 +85,11 @@ def test_shape_tensor_values_are_written_by_the_engine_not_a_layer(dynamic_bytes
     (name,) = [n for n, t in plan.tensors.items() if t.value]
     assert [str(v) for v in plan.tensors[name].value] == ["batch", "tokens", "8"]
     assert not any(name in layer.outputs for layer in plan.layers)
+
+
+def test_crafted_shape_tensor_input_profile_is_refused(dynamic_bytes):
+    def edit(doc):
+        doc["profiles"]["values"] = {"x": ["batch"]}
+
+    with pytest.raises(PlanError, match=r"profiles.values\['x'\]: names no static integer engine input"):
+        Plan.deserialize(edited(dynamic_bytes, edit))

@@ -114,3 +114,41 @@ def test_each_context_serves_its_own_optimization_profile():
         assert np.array_equal(ctx.execute({"x": x})["y"], _run_static(model, {"x": x})["y"])
         with pytest.raises(UsageError, match="profile 2 does not exist"):
             ctx.set_optimization_profile(2)
+
+
+def _reshape_by_input():
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1, name="softmax")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+                                           helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+VALUES_PROFILE = Profile(shapes={"x": ((1,), (32,), (256,))}, values={"shape": ((1, 1), (4, 8), (16, 16))})
+
+
+def test_shape_tensor_input_values_set_the_shapes_of_one_plan():
+    model = _reshape_by_input()
+    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[VALUES_PROFILE]))
+    assert [str(d) for d in plan.tensors["y"].dims] == ["value(shape)[0]", "value(shape)[1]"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        for rows, cols in ((5, 6), (1, 1), (16, 16), (3, 10)):
+            feeds = {"x": np.random.default_rng(rows).standard_normal(rows * cols).astype(np.float32),
+                     "shape": np.array([rows, cols])}
+            got = ctx.execute(feeds)["y"]
+            assert got.shape == (rows, cols)
+            np.testing.assert_allclose(got, session.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_shape_tensor_value_outside_the_profile_names_the_input_and_element():
+    plan = build_plan(_reshape_by_input(), BuilderConfig(target="cpu", profiles=[VALUES_PROFILE]))
+    with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
+        with pytest.raises(RuntimeInputError, match=r"input 'shape' has element 1 = 17, outside optimization "
+                                                    r"profile 0's range \[1, 16\]"):
+            ctx.execute({"x": np.zeros(34, np.float32), "shape": np.array([2, 17])})
+        with pytest.raises(UsageError, match="not a shape-tensor input"):
+            ctx.set_input_values("x", [1])

@@ -42,7 +42,7 @@ def test_repeated_profile_flags_give_one_profile_per_repetition():
 
 
 def test_profile_flags_without_every_shape_name_the_input():
-    with pytest.raises(UsageError, match=r"lacks the min, opt or max shape of input\(s\) \['y'\]"):
+    with pytest.raises(UsageError, match=r"lacks the min, opt or max of input\(s\) \['y'\]"):
         parse_profiles(["x:[1]", "y:[1]"], ["x:[2]"], ["x:[4]", "y:[4]"])
 
 
@@ -102,3 +102,10 @@ def test_bench_times_a_profile_plan_at_the_given_shape(encoder_plan, capsys):
     assert main(["bench", encoder_plan, "--input-shapes", "x:[3,13,32]", "mask:[3,13]", "--warm-up", "0",
                  "--iterations", "2", "--duration", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batch"] == 3
+
+
+def test_shape_value_flags_give_profile_values_of_shape_tensor_inputs():
+    (profile,) = parse_profiles(["x:[1]"], ["x:[32]"], ["x:[256]"], ["shape:[1,-1]"], ["shape:[4,-1]"],
+                                ["shape:[16,-1]"])
+    assert profile.values == {"shape": ((1, -1), (4, -1), (16, -1))}
+    assert profile.shapes == {"x": ((1,), (32,), (256,))}
