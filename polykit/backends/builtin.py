@@ -25,7 +25,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     if model_type(request.model) == "plan":
         defaults = BuilderConfig()
         refuse_build_options(request.model, {
-            "--fp16": request.fp16, "--input-shapes": request.input_shapes, "--mark-outputs": request.mark_outputs,
+            "--fp16": request.fp16, "--mark-outputs": request.mark_outputs,
             "--mark-all": request.mark_all, "--save-engine": request.save_engine,
             "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics,
             "--channels-last/--no-channels-last": request.channels_last is not None,

@@ -13,7 +13,7 @@ import inspect
 import math
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,10 @@ from polykit.compiler.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.profiles import apply_profiles, check_corners, corner_size, generic_corners, profile_set, \
+    tensors_at
+from polykit.compiler.shape_values import host_values
+from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError, UsageError
@@ -46,14 +50,22 @@ class Builder:
         cfg = self.config
         target = resolve_target(cfg.target)
         g = graph.copy()
-        apply_input_shapes(g, cfg.input_shapes)
+        profiles = profile_set(g, cfg.profiles, cfg.input_shapes) if cfg.profiles else None
+        if profiles is not None:
+            apply_profiles(g, profiles, cfg.input_shapes)
+        named = {n for p in cfg.profiles for n in p.shapes}
+        apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
+                           dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
-        infer_shapes(g)
+        known = infer_shapes(g)
+        corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
+        if profiles is not None:
+            check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target))
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, corners)
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
@@ -81,7 +93,8 @@ class Builder:
 
             metadata["kernels"] = pack_kernel_table(selection.kernels)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target))
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
+                    profiles=profiles)
         if cfg.save_tactics is not None:
             save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)
@@ -145,8 +158,9 @@ def device_memory(arena: int, weights: dict[str, np.ndarray], workspace: dict[st
             "total_bytes": arena + weight_bytes + largest}
 
 
-def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Give inputs their concrete shapes; BuildError if an input stays dynamic."""
+def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]], dynamic: bool = False) -> None:
+    """Give inputs their concrete shapes; BuildError if an input stays dynamic (unless
+    `dynamic`: a build for profiles, whose inputs have SymInt dims)."""
     for name, shape in shapes.items():
         if name not in g.inputs:
             raise BuildError(f"input_shapes names {name!r}, which is not a graph input",
@@ -166,7 +180,7 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]]) -> None:
         if v.dtype is None:
             raise BuildError(f"input {name!r} has no known element type", where=f"graph {g.name!r}",
                              hint="give the input a tensor type in the model")
-        if not v.is_static:
+        if not v.is_static and not (dynamic and v.shape is not None and all(isinstance(d, int) for d in v.shape)):
             raise BuildError(
                 f"input {name!r} has dynamic shape {_fmt(v.shape)}; plans are built for concrete shapes",
                 where=f"graph {g.name!r}",
@@ -185,8 +199,12 @@ def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
             raise BuildError(f"the value given for input {name!r} is {arr.dtype.name}{list(arr.shape)}, the input is "
                              f"{np.dtype(v.dtype).name if v.dtype is not None else '?'}{_fmt(v.shape)}",
                              where=f"graph {g.name!r}", hint="give a value of the input's dtype and shape")
+    taken = set(values) & set(g.metadata.get("input_values", {}))
+    if taken:
+        raise BuildError(f"input {sorted(taken)[0]!r} has both input_values and profile values", where=f"graph {g.name!r}",
+                         hint="give a shape-tensor input one value (input_values) or a range (profiles), not both")
     if values:
-        g.metadata["input_values"] = dict(values)
+        g.metadata.setdefault("input_values", {}).update(values)
 
 
 def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = (),
@@ -220,8 +238,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
 MAX_PRECISION_ROUNDS = 4
 
 
-def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
-                       int8: Int8Setup = Int8Setup()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
+def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setup = Int8Setup(),
+                       corners: Sequence[Mapping[str, int]] = ()) -> tuple[Graph, Lowered, dict[str, TensorDesc]]:
     """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
     half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
     the graph optimized again), unless precision constraints are "obey": then a BuildError.
@@ -236,10 +254,14 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str,
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
-        infer_shapes(optimized, strict=False)
+        host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
         build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
-        tensors = describe_tensors(optimized, lowered)
+        if host:  # shape tensors the engine writes: their layers, and weights only they read, go
+            lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]
+            read = {n for l in lowered.layers for n in l.inputs} | set(optimized.outputs)
+            lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
+        tensors = describe_tensors(optimized, lowered, corners, host)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         unrun = [l for l in lowered.layers if is_int8_layer(l) and not has_tactic(l, target, arch)]
         if unrun and not {l.name for l in unrun} <= set(fp32_nodes):
@@ -276,8 +298,11 @@ def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
                    out_shapes=tuple(tuple(t.shape) if t else () for t in outs))
 
 
-def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
-    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory)."""
+def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = (),
+                     host: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
+    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
+    tensor with SymInt dims gets their expressions and its largest size at the profile
+    `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's."""
     names: list[str] = list(g.inputs)
     for layer in lowered.layers:
         names += [n for n in layer.inputs + layer.outputs if n]
@@ -290,7 +315,8 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
             tensors[name] = TensorDesc(name, arr.dtype.name, tuple(arr.shape), "weight", -1, int(arr.nbytes))
             continue
         v = g.value(name)
-        if v.dtype is None or not v.is_static:
+        dynamic = is_dynamic(v.shape) and all(isinstance(d, int) for d in v.shape)
+        if v.dtype is None or not (v.is_static or dynamic):
             raise BuildError(
                 f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}",
                 where=f"graph {g.name!r}",
@@ -300,11 +326,14 @@ def describe_tensors(g: Graph, lowered: Lowered) -> dict[str, TensorDesc]:
         if dt == object:
             raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}")
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
-        nbytes = math.prod(int(d) for d in v.shape) * dt.itemsize
-        if nbytes > MAX_BYTES or min(v.shape, default=0) < 0:
-            raise BuildError(f"tensor {name!r} has shape {_fmt(v.shape)}: {nbytes} bytes is beyond what a plan holds",
+        shape = tuple(int(d) for d in v.shape)
+        dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
+        nbytes = max([math.prod(shape)] + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
+        if nbytes > MAX_BYTES or min(shape, default=0) < 0:
+            raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
-        tensors[name] = TensorDesc(name, dt.name, tuple(int(d) for d in v.shape), kind, -1, nbytes)
+        value = tuple(term_of(v) for v in host[name].ravel()) if host and name in host else ()
+        tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims, value)
     return tensors
 
 
@@ -321,15 +350,19 @@ class Selection:
 
 
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, tensors: dict[str, TensorDesc],
-                   weights: dict[str, np.ndarray] | None = None) -> Selection:
-    """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates."""
-    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar
+                   weights: dict[str, np.ndarray] | None = None,
+                   corners: Sequence[Mapping[str, int]] = ()) -> Selection:
+    """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
+    (those that serve the layer at every profile corner where its shapes are dynamic)."""
+    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers)
     device = build_device(target) if target != "cpu" else None
     arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
+    corner_tensors = [tensors_at(tensors, env) for env in corners]
+    generic = [tensors_at(tensors, env) for env in generic_corners(corners)]
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     workspace: dict[str, int] = {}
@@ -340,11 +373,12 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
             if forced is not None:
                 base, tactic = _replayed(layer, target, cfg, forced, replay)
             else:
-                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count))
+                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count,
+                                                                   corner_tensors, generic))
             final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
             if hasattr(tactic, "kernels"):
                 kernels[final.name] = tactic.kernels(final)
-            need = tactic.workspace(final, tensors, sm_count)
+            need = workspace_over(tactic, final, tensors, corner_tensors, sm_count)
             if need:
                 workspace[final.name] = need
             chosen.append(final)
@@ -386,6 +420,7 @@ def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], input
                   strategy: str):
     """Plan the arena and write each tensor's offset into its TensorDesc."""
     weights = {n for n, t in tensors.items() if t.kind == "weight"}
+    inputs = list(inputs) + [n for n, t in tensors.items() if t.value and n not in inputs]  # set before the launches
     lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
     sizes = {n: tensors[n].nbytes for n in lifetimes}
     aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.calibrate import CALIBRATORS
+from polykit.compiler.profiles import Profile
 from polykit.compiler.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
@@ -42,6 +43,10 @@ class BuilderConfig:
         (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
+    profiles: optimization profiles (polykit.compiler.profiles.Profile: min/opt/max shapes per
+        dynamic input): the plan serves every shape inside one of them; tactics are chosen at the
+        first profile's opt shape and must serve every profile's min and max (docs/DYNAMIC_SHAPES.md).
+        An input a profile leaves out takes its input_shapes value (or its static model shape).
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away: the
         layers may differ from the unmarked build's; polykit.compiler.marking).
     mark_all / expose_tensors: every intermediate tensor / these ones become plan outputs where
@@ -120,6 +125,7 @@ class BuilderConfig:
     calibration_data: str | os.PathLike | Iterable[Mapping[str, Any]] | None = field(default=None, compare=False)
     calibration_cache: str | os.PathLike | None = None
     tensor_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
+    profiles: tuple[Profile, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -135,6 +141,8 @@ class BuilderConfig:
             if any(d < 0 for d in shapes[str(name)]):
                 raise UsageError(f"input shape for {name!r} has a negative dim: {shape!r}")
         object.__setattr__(self, "input_shapes", shapes)
+        profiles = (self.profiles,) if isinstance(self.profiles, (Profile, Mapping)) else tuple(self.profiles or ())
+        object.__setattr__(self, "profiles", tuple(p if isinstance(p, Profile) else Profile(p) for p in profiles))
         for key in ("mark_outputs", "expose_tensors"):
             names = getattr(self, key)
             object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))
@@ -229,6 +237,7 @@ class BuilderConfig:
         d["fp32_layers"] = list(self.fp32_layers)
         d["layer_precisions"] = dict(self.layer_precisions)
         d["tensor_ranges"] = {k: list(v) for k, v in self.tensor_ranges.items()}
+        d["profiles"] = [p.to_json() for p in self.profiles]
         return d
 
     @staticmethod
@@ -242,6 +251,8 @@ class BuilderConfig:
                 known[key] = tuple(known[key])
         if "fp32_layers" in known:
             known["fp32_layers"] = tuple(known["fp32_layers"])
+        if "profiles" in known:
+            known["profiles"] = tuple(Profile.from_json(p) for p in known["profiles"])
         if "tensor_ranges" in known:
             known["tensor_ranges"] = {k: tuple(v) for k, v in known["tensor_ranges"].items()}
         return BuilderConfig(**known)

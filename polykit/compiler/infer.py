@@ -6,6 +6,8 @@ evaluated on the way with the reference kernels (the graph evaluator's partial e
 polykit.compiler.evaluator.try_node), so rules that read a shape from an input (Reshape,
 Expand, Slice, ...) see it as a constant and give exact shapes, and a node whose output
 shape depends on values (NonZero, Unique, ...) gets the shape of its evaluated output.
+In a build for optimization profiles, shape chains over SymInt dims are followed with
+symbolic values (polykit.compiler.shape_values) instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.shape_values import is_symbolic, symbolic_values
+from polykit.compiler.symbolic import is_dynamic
 from polykit.errors import PolykitError, ShapeError, UnsupportedModelError
 
 #: Tensors up to this many elements are evaluated during inference when their inputs are known.
@@ -64,7 +68,11 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
         for out, (dt, shape) in zip(node.outputs, results):
             if out:
                 graph.set_value(Value(out, None if dt is None else np.dtype(dt), None if shape is None else tuple(shape)))
-        _learn_values(node, graph, known, try_node(node, known, partial))
+        symbolic = symbolic_values(node, known, graph)
+        if symbolic is not None or any(is_symbolic(c) for c in consts):
+            _learn_values(node, graph, known, symbolic)
+        else:
+            _learn_values(node, graph, known, try_node(node, known, partial))
     if missing and strict:
         raise UnsupportedModelError(missing, where=f"graph {graph.name!r}")
     return known
@@ -76,7 +84,7 @@ def _learn_values(node: Node, graph: Graph, known: dict[str, np.ndarray], outs: 
     for name, arr in zip(node.outputs, outs or ()):
         if not name:
             continue
-        if not graph.value(name).is_static:
+        if not graph.value(name).is_static and not is_dynamic(graph.value(name).shape):
             graph.set_value(Value(name, graph.value(name).dtype or arr.dtype, tuple(arr.shape)))
         if arr.size <= PROPAGATE_MAX_ELEMENTS:
             known[name] = arr

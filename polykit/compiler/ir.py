@@ -6,7 +6,9 @@ tensor it knows. Passes are plain functions that edit a Graph in place; `Graph.c
 gives an independent graph when the caller must keep the original.
 
 Shapes: a tuple of dims, each an int (static), a str (symbolic, e.g. "batch") or None
-(unknown); the whole shape is None when even the rank is unknown.
+(unknown); the whole shape is None when even the rank is unknown. In a build for
+optimization profiles a dynamic dim is a SymInt (polykit.compiler.symbolic): an int at the
+profile's opt shape that carries its expression of the input dims.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from polykit.compiler.symbolic import SymInt
 from polykit.errors import GraphError
 
 Dim = int | str | None
@@ -37,7 +40,8 @@ class Value:
 
     @property
     def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+        """Every dim a plain int (a SymInt, a profile build's dynamic dim, is not static)."""
+        return self.shape is not None and all(isinstance(d, int) and not isinstance(d, SymInt) for d in self.shape)
 
     def with_(self, **changes: Any) -> "Value":
         return replace(self, **changes)

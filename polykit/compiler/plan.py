@@ -37,6 +37,8 @@ import polykit
 from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align
 from polykit.compiler.plan_check import check_document, check_layers
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.profiles import ProfileSet
+from polykit.compiler.symbolic import expr_from_json, expr_to_json
 from polykit.errors import PlanError
 from polykit.files import require_file
 
@@ -64,6 +66,7 @@ class Plan:
     memory: MemoryPlan = field(default_factory=MemoryPlan)
     metadata: dict[str, Any] = field(default_factory=dict)
     gpu_arch: str = ""
+    profiles: ProfileSet | None = None  # optimization profiles of a plan with dynamic shapes
 
     # ---- conveniences ---------------------------------------------------------------
     def layer(self, name: str) -> LayerDesc:
@@ -89,7 +92,7 @@ class Plan:
         """The plan's JSON document; its weights (and those of the plans nested in control-flow
         layers, each a document of its own in its layer's attrs) go to `packer`'s one blob."""
         weight_index = packer.add(self.weights)
-        return {
+        doc = {
             "format": FORMAT_VERSION,
             "target": self.target,
             "gpu_arch": self.gpu_arch,
@@ -101,6 +104,9 @@ class Plan:
             "memory": self.memory.to_json(),
             "metadata": _jsonable({k: v for k, v in self.metadata.items() if k not in BUILD_REPORT_KEYS}, "metadata"),
         }
+        if self.profiles is not None:
+            doc["profiles"] = self.profiles.to_json()
+        return doc
 
     @staticmethod
     def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
@@ -291,13 +297,19 @@ def _unpack_weights(blob: memoryview, index: Mapping[str, Any]) -> dict[str, np.
 
 # ---- records <-> JSON ------------------------------------------------------------------
 def _tensor_to_json(t: TensorDesc) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "kind": t.kind, "offset": t.offset,
-            "nbytes": t.nbytes}
+    d = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "kind": t.kind, "offset": t.offset,
+         "nbytes": t.nbytes}
+    if t.dims:
+        d["dims"] = [expr_to_json(x) for x in t.dims]
+    if t.value:
+        d["value"] = [expr_to_json(x) for x in t.value]
+    return d
 
 
 def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
     return TensorDesc(d["name"], str(d["dtype"]), tuple(int(x) for x in d["shape"]), d["kind"], int(d["offset"]),
-                      int(d["nbytes"]))
+                      int(d["nbytes"]), tuple(expr_from_json(x) for x in d.get("dims", ())),
+                      tuple(expr_from_json(x) for x in d.get("value", ())))
 
 
 def _layer_to_json(layer: LayerDesc, packer: _WeightPacker) -> dict[str, Any]:
@@ -348,6 +360,7 @@ def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan
         memory=MemoryPlan.from_json(doc["memory"]),
         metadata=_from_jsonable(doc["metadata"]),
         gpu_arch=doc.get("gpu_arch", ""),
+        profiles=ProfileSet.from_json(doc["profiles"]) if "profiles" in doc else None,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from polykit.compiler.memory import ALIGNMENT
+from polykit.compiler.plan_dims import check_dims, host_written
 from polykit.compiler.plan_schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
@@ -51,7 +52,7 @@ def _tensor_sizes(doc: Doc, weights_len: int) -> None:
         if t["name"] != name:
             raise Invalid(f"tensors[{name!r}].name", f"{show(t['name'])} differs from its key")
         need = nbytes_of(t["dtype"], t["shape"])
-        if t["nbytes"] != need:
+        if t["nbytes"] != need and "dims" not in t:  # a dynamic tensor's size: plan_dims.check_dims
             raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {need} (shape {t['shape']} of {t['dtype']})")
 
 
@@ -99,7 +100,7 @@ def _io(doc: Doc, weights_len: int) -> None:
 
 def _layer_io(doc: Doc, weights_len: int) -> None:
     tensors = doc["tensors"]
-    available = set(doc["inputs"]) | {n for n, t in tensors.items() if t["kind"] == "weight"}
+    available = host_written(doc) | {n for n, t in tensors.items() if t["kind"] == "weight"}
     names: set[str] = set()
     for layer in doc["layers"]:
         path = f"layers[{layer['name']!r}]"
@@ -116,7 +117,7 @@ def _layer_io(doc: Doc, weights_len: int) -> None:
                 continue
             if name not in tensors:
                 raise Invalid(f"{path}.outputs[{i}]", f"{name!r} is not a tensor of the plan")
-            if name in available or tensors[name]["kind"] in ("input", "weight"):
+            if name in available or tensors[name]["kind"] in ("input", "weight") or "value" in tensors[name]:
                 raise Invalid(f"{path}.outputs[{i}]", f"{name!r} is already written (an input, a weight or "
                                                       "an earlier layer's output)")
             available.add(name)
@@ -175,7 +176,7 @@ def _lifetimes(doc: Doc, weights_len: int) -> None:
         for name in list(layer["inputs"]) + list(layer["outputs"]):
             if name in uses:
                 uses[name].append(idx)
-    for name in doc["inputs"]:
+    for name in host_written(doc):
         uses[name].append(-1)
     for name in doc["outputs"]:
         uses[name].append(end)
@@ -289,7 +290,8 @@ def _body_outputs(doc: Doc, weights_len: int) -> None:
 
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
-    _tensor_sizes, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values, _body_outputs,
+    _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
+    _body_outputs,
 )
 
 
@@ -308,13 +310,23 @@ def _shapes_agree(plan: Any) -> None:
     from polykit.compiler.infer import infer_shapes
     from polykit.compiler.ir import Graph, Value
     from polykit.compiler.lower import layer_as_node
+    from polykit.compiler.symbolic import evaluate
 
-    values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in plan.inputs}
+    host = [n for n, t in plan.tensors.items() if t.value]
+    values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in list(plan.inputs) + host}
     bound = {n: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
              for n, v in (plan.metadata.get("input_values") or {}).items()}
+    if plan.profiles is not None:  # shape-tensor inputs at the first profile's opt
+        opt = plan.profiles.corners()[1][2]
+        bound.update({n: np.asarray([opt[s] if isinstance(s, str) else s for s in syms], plan.tensors[n].np_dtype)
+                      .reshape(plan.tensors[n].shape) for n, syms in plan.profiles.values.items()})
+    if host:  # shape tensors the engine writes: their values at the first profile's opt
+        opt = plan.profiles.corners()[1][2]
+        bound.update({n: np.asarray([evaluate(v, opt) for v in plan.tensors[n].value], plan.tensors[n].np_dtype)
+                      .reshape(plan.tensors[n].shape) for n in host})
     weights = {n: plan.weights[n] for n, t in plan.tensors.items() if t.kind == "weight"}
     nodes = [layer_as_node(layer) for layer in plan.layers]
-    graph = Graph(nodes, plan.inputs, plan.outputs, weights, values, metadata={"input_values": bound})
+    graph = Graph(nodes, list(plan.inputs) + host, plan.outputs, weights, values, metadata={"input_values": bound})
     try:
         infer_shapes(graph, strict=True)
     except UnsupportedModelError as exc:

@@ -19,7 +19,12 @@ class TensorDesc:
 
     `kind` is "input", "output", "activation" or "weight". Activations (and outputs, which
     live in the arena too until copied out) have an arena `offset`; weights an offset into
-    the plan's weight blob. Shapes are static: plans are built for concrete shapes.
+    the plan's weight blob. In a plan built for optimization profiles a tensor whose shape
+    depends on the input dims has `dims`: one expression per dim (polykit.compiler.symbolic
+    Terms of the input dims' symbols); its `shape` is then the shape at the first profile's opt
+    and `nbytes` its largest size at any profile's min/opt/max (what the arena reserves). A
+    shape tensor computed from the input dims (Shape -> Gather -> Concat) has `value`: one
+    expression per element; the engine writes it before the launches (no layer computes it).
     """
 
     name: str
@@ -28,6 +33,8 @@ class TensorDesc:
     kind: str
     offset: int = -1
     nbytes: int = 0
+    dims: tuple = ()
+    value: tuple = ()
 
     @property
     def np_dtype(self) -> np.dtype:

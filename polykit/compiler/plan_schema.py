@@ -236,6 +236,8 @@ TENSOR_FIELDS = (
     Field("kind", one_of(TENSOR_KINDS)),
     Field("offset", integer(-1, MAX_BYTES)),
     Field("nbytes", BYTES),
+    Field("dims", _any, required=False),  # expressions, checked by plan_dims.check_dims
+    Field("value", _any, required=False),  # expressions, checked by plan_dims.check_dims
 )
 
 LAYER_FIELDS = (
@@ -313,4 +315,11 @@ DOCUMENT_FIELDS = (
     Field("weights", map_of(record(WEIGHT_FIELDS))),
     Field("memory", record(MEMORY_FIELDS)),
     Field("metadata", all_of(json_value, record(METADATA_FIELDS))),
+    Field("profiles", lambda value, path: _profiles(value, path), required=False),
 )
+
+
+def _profiles(value: Any, path: str) -> None:
+    from polykit.compiler.plan_dims import PROFILE_FIELDS
+
+    record(PROFILE_FIELDS)(value, path)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from polykit.compiler.ir import Dim, Graph, Node, Shape
+from polykit.compiler.symbolic import SymInt
 from polykit.errors import NodeAttributeError, ShapeError
 
 #: Nodes are brought to (at least) this default-domain opset on import.
@@ -230,9 +231,9 @@ def broadcast_shapes(ctx: InferContext, *shapes: Shape) -> Shape:
         dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
         result: Dim = 1
         for d in dims:
-            if d == 1:
+            if _is_one(d):
                 continue
-            if result == 1:
+            if _is_one(result):
                 result = d
             elif d == result:
                 continue
@@ -241,7 +242,7 @@ def broadcast_shapes(ctx: InferContext, *shapes: Shape) -> Shape:
                     f"cannot broadcast shapes {', '.join(str(tuple(s)) for s in shapes)} (dim {d} vs {result})",
                     hint="the inputs' shapes must be numpy-broadcastable",
                 )
-            elif isinstance(result, int) and result != 1:
+            elif isinstance(result, int) and not _is_one(result):
                 pass  # symbolic d must equal result at run time
             elif isinstance(d, int):
                 result = d
@@ -249,3 +250,8 @@ def broadcast_shapes(ctx: InferContext, *shapes: Shape) -> Shape:
                 result = None if result != d else result
         out.append(result)
     return tuple(out)
+
+
+def _is_one(d: Dim) -> bool:
+    """A static 1 (a SymInt that is 1 at opt is a dynamic dim, not a broadcast 1)."""
+    return d == 1 and not isinstance(d, SymInt)

@@ -98,27 +98,78 @@ def precision_variants(layer: LayerDesc, cfg: BuilderConfig, target: str) -> lis
 
 
 def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: Mapping[str, TensorDesc], arch: str,
-                    sm_count: int) -> list[Pair]:
-    """(layer at a precision, tactic) candidates in preference order; BuildError when none."""
+                    sm_count: int, corners: Sequence[Mapping[str, TensorDesc]] = (),
+                    generic: Sequence[Mapping[str, TensorDesc]] = ()) -> list[Pair]:
+    """(layer at a precision, tactic) candidates in preference order; BuildError when none.
+    `corners` / `generic`: the dynamic tensors at each profile corner, exact and with dims of
+    1 raised (serves_corners); a layer that reads or writes one takes only the tactics that
+    serve it at every corner."""
     pairs, declined = [], []
     variants = precision_variants(layer, cfg, target)
+    dynamic = any(n in corner for corner in corners[:1] for n in layer.inputs + layer.outputs if n)
     for variant in variants:
         found = []
         for tactic in candidates(target, layer.kind, variant, arch=arch if target != "cpu" else None):
-            need = tactic.workspace(variant, tensors, sm_count)
-            if cfg.workspace_limit is not None and need > cfg.workspace_limit:
+            need = workspace_over(tactic, variant, tensors, corners if dynamic else (), sm_count)
+            if dynamic and not serves_corners(tactic, variant, corners, generic):
+                declined.append(f"{tactic.name} cannot serve the profile's shapes")
+            elif cfg.workspace_limit is not None and need > cfg.workspace_limit:
                 declined.append(f"{tactic.name} needs {need} workspace bytes")
             else:
                 found.append((variant, tactic))
         pairs += by_estimate(found, sm_count)
     if not pairs:
         detail = f" ({'; '.join(declined)}; --memory-pool-limit workspace:{cfg.workspace_limit})" if declined else ""
+        if dynamic:
+            detail = f" for dynamic shapes ({'; '.join(declined)})"
+            raise BuildError(f"no {target} tactic can run this {layer.kind} layer{detail}", where=f"layer {layer.name!r}",
+                             hint="narrow the profile (or pin the dims this layer depends on), or use --target cpu")
         precisions = "/".join(v.precision for v in variants)
         raise BuildError(f"no {target} tactic can run this {layer.kind} layer in {precisions}{detail}",
                          where=f"layer {layer.name!r}",
                          hint="raise the workspace limit" if declined else
                          "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
     return pairs
+
+
+def at_corner(layer: LayerDesc, corner: Mapping[str, TensorDesc]) -> LayerDesc:
+    """`layer` stamped with the shapes of its dynamic tensors at one profile corner."""
+    def shapes(names, stamped):
+        return tuple(corner[n].shape if n in corner else s for n, s in zip(names, stamped))
+    return replace(layer, in_shapes=shapes(layer.inputs, layer.in_shapes),
+                   out_shapes=shapes(layer.outputs, layer.out_shapes))
+
+
+def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str, TensorDesc]],
+                   generic: Sequence[Mapping[str, TensorDesc]] = ()) -> bool:
+    """Whether `tactic` takes sizes at run time, supports `layer` at every profile corner and
+    compiles the same kernels at every `generic` corner (the corners with dynamic dims of 1
+    raised to 2, where a family may pick an equivalent variant for a size-1 broadcast) as at
+    opt: no size baked into its code."""
+    if not tactic.dynamic_sizes:
+        return False
+    kernels = getattr(tactic, "kernels", None)
+    try:
+        opt = kernels(layer) if kernels is not None and tactic.supports(layer) else None
+        for corner in corners:
+            if not tactic.supports(at_corner(layer, corner)):
+                return False
+        for corner in generic if kernels is not None else ():
+            if kernels(at_corner(layer, corner)) != opt:
+                return False
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return False  # a family's geometry helper refusing the corner's shapes
+    return True
+
+
+def workspace_over(tactic: Any, layer: LayerDesc, tensors: Mapping[str, TensorDesc],
+                   corners: Sequence[Mapping[str, TensorDesc]], sm_count: int) -> int:
+    """The most workspace `tactic` borrows for `layer` at its shapes or any profile corner."""
+    need = tactic.workspace(layer, tensors, sm_count)
+    for corner in corners:
+        if any(n in corner for n in layer.inputs + layer.outputs if n):
+            need = max(need, tactic.workspace(at_corner(layer, corner), {**tensors, **corner}, sm_count))
+    return need
 
 
 def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:

@@ -49,6 +49,9 @@ class Tactic:
         (tactics of one family share a priority) and a pruned level times the likeliest.
     conservative: the kind's trusted choice (cpu.reference), which `conservative_tactic`
         prefers to the plainest kernel when bisecting a wrong build.
+    dynamic_sizes: it reads the layer's sizes at run time, so it may serve a layer of a plan
+        built for optimization profiles whose shapes change between runs (polykit.compiler.profiles);
+        a tactic whose kernel bakes sizes in at build time is not eligible for such a layer.
     """
 
     target: str
@@ -62,6 +65,7 @@ class Tactic:
     workspace_fn: WorkspaceFn = field(default=no_workspace, hash=False, compare=False)
     estimate_fn: Callable[[Any, int], float | None] | None = field(default=None, hash=False, compare=False)
     conservative: bool = False
+    dynamic_sizes: bool = False
 
     def estimate(self, layer: Any, sm_count: int) -> float | None:
         """The predicted cost of running `layer` (None when the tactic makes no prediction)."""

@@ -117,6 +117,10 @@ class CpuContext:
         self.engine = engine
         self.env: dict[str, np.ndarray] = dict(engine.plan.weights)
         self._timer = PerfTimer()
+        self._shapes: Any = {}
+
+    def bind_shapes(self, shapes: Any) -> None:
+        self._shapes = shapes.shapes
 
     def begin(self) -> None:
         pass
@@ -133,7 +137,8 @@ class CpuContext:
         results = tactic.run(node, [env[name] if name else None for name in layer.inputs])
         for name, value in zip(layer.outputs, results):
             if name:
-                env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name)
+                env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,
+                                     self._shapes.get(name))
         for name in self.engine.free_after[index]:
             env.pop(name, None)
 
@@ -150,14 +155,16 @@ class CpuContext:
         self.env = {}
 
 
-def _conform(value: np.ndarray, desc: Any, layer: str) -> np.ndarray:
-    """Check a layer output against the plan's TensorDesc (a kernel bug otherwise)."""
+def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None) -> np.ndarray:
+    """Check a layer output against the plan's TensorDesc and, for a dynamic tensor, the
+    shape its expression gives for this run (a kernel or shape-rule bug otherwise)."""
     if desc is None:
         return value
-    if value.dtype.name != desc.dtype or tuple(value.shape) != tuple(desc.shape):
+    want = tuple(desc.shape) if shape is None else tuple(shape)
+    if value.dtype.name != desc.dtype or tuple(value.shape) != want:
         raise PolykitError(
             f"layer produced {desc.name!r} as {value.dtype.name}{list(value.shape)}, the plan says "
-            f"{desc.dtype}{list(desc.shape)}",
+            f"{desc.dtype}{list(want)}",
             where=f"layer {layer!r}",
             hint="the op's shape rule and reference kernel disagree; please report this",
         )

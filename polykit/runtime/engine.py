@@ -5,7 +5,10 @@
     with engine.create_execution_context() as ctx:
         outputs = ctx.execute({"x": x})
 
-The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
+A plan built for optimization profiles takes any input shape inside the context's profile
+(`set_optimization_profile`); `execute` takes the shapes from the feeds, `enqueue` from
+`set_input_shape`, and every tensor's shape is evaluated on the host before the launches
+(polykit.runtime.shapes). The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
 polykit.runtime.target: get_target(name).load(plan) -> create_context() -> copy_in /
 launch / copy_out. It owns the one layer loop (`run_layers`), its error wrapping, replay of
 a captured loop (CUDA graphs) and the profiler (`timed_pass`, which the builder's tuner uses
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -23,7 +27,11 @@ import numpy as np
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
+from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.target import TargetContext, get_target
+
+#: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
+MAX_REPLAYS = 8
 
 
 def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
@@ -125,7 +133,28 @@ class Engine:
         return self.plan.tensors[name]
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape (at the first profile's opt where it is dynamic)."""
         return tuple(self._desc(name).shape)
+
+    def get_tensor_dims(self, name: str) -> tuple[str, ...]:
+        """Each dim of an I/O tensor as text: a number, or its expression of the input dims."""
+        desc = self._desc(name)
+        return tuple(str(d) for d in desc.dims) if desc.dims else tuple(str(d) for d in desc.shape)
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self.plan.profiles.ranges) if self.plan.profiles is not None else 1
+
+    def get_profile_shape(self, profile: int, name: str) -> tuple[tuple[int, ...], ...]:
+        """(min, opt, max) shapes of input `name` in optimization profile `profile`."""
+        ShapeBinder(self.plan).check_profile(profile)
+        if self.get_tensor_mode(name) != "input":
+            raise UsageError(f"{name!r} is an output; profiles give shapes of inputs",
+                             hint=f"inputs are: {', '.join(self.plan.inputs)}")
+        shape = self.plan.tensors[name].shape
+        if self.plan.profiles is None:
+            return (tuple(shape),) * 3
+        return self.plan.profiles.input_shapes(profile, name, shape)
 
     def get_tensor_dtype(self, name: str) -> np.dtype:
         return self._desc(name).np_dtype
@@ -175,8 +204,13 @@ class ExecutionContext:
         self._closed = False
         self._profile = profile
         self._replay_wanted = replay
-        self._replay: Any = None
-        self._runs = 0
+        self._replays: OrderedDict[tuple, Any] = OrderedDict()
+        self._runs: dict[tuple, int] = {}
+        self._binder = ShapeBinder(engine.plan)
+        self._profile_index = 0
+        self._input_shapes = {n: tuple(engine.plan.tensors[n].shape) for n in engine.plan.inputs}
+        self._input_values: dict[str, np.ndarray] = {}
+        self._shapes: ShapeSet | None = None
         self._last_profile: list[tuple[str, float]] = []
 
     @property
@@ -184,23 +218,78 @@ class ExecutionContext:
         """(layer, milliseconds) of the last run, when created with profile=True."""
         return list(self._last_profile)
 
+    # ---- shapes -----------------------------------------------------------------------
+    @property
+    def optimization_profile(self) -> int:
+        return self._profile_index
+
+    def set_optimization_profile(self, index: int) -> None:
+        """Serve the shapes of optimization profile `index` (one profile per context)."""
+        self._profile_index = self._binder.check_profile(index)
+
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> None:
+        """The shape input `name` has in the next enqueue (execute takes it from the feeds);
+        checked against the context's profile when the shapes are bound."""
+        if name not in self.engine.plan.inputs:
+            raise UsageError(f"{name!r} is not an input of the engine", hint=f"inputs are: "
+                                                                            f"{', '.join(self.engine.plan.inputs)}")
+        try:
+            self._input_shapes[name] = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise UsageError(f"the shape of input {name!r} must be a sequence of ints, not {shape!r}") from None
+
+    def set_input_values(self, name: str, values: Any) -> None:
+        """The host values shape-tensor input `name` has in the next enqueue (execute takes
+        them from the feeds): they set shapes, so the host needs them before the launches."""
+        if name not in self._binder.value_inputs:
+            raise UsageError(f"{name!r} is not a shape-tensor input of the engine",
+                             hint=f"shape-tensor inputs are: {', '.join(self._binder.value_inputs) or 'none'}")
+        self._input_values[name] = np.array(values)
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The shape tensor `name` has in this context's current shapes."""
+        desc = self.engine._desc(name)
+        shapes = self._bind().shapes
+        return tuple(shapes.get(name, desc.shape))
+
+    def _bind(self) -> ShapeSet:
+        self._shapes = self._binder.bind(self._input_shapes, self._profile_index, self._input_values)
+        if self.engine.plan.profiles is not None:
+            self._ctx.bind_shapes(self._shapes)
+        return self._shapes
+
     def _run(self, stream: Any) -> None:
-        """The layers on `stream`: timed when profiling; else eager the first time and then
-        a captured replay where the target offers one."""
+        """The layers on `stream`: timed when profiling; else eager the first time for a set
+        of shapes and then a replay captured for that set (a bounded cache) where the target
+        offers one."""
         layers = self.engine.plan.layers
+        key = self._shapes.key if self._shapes is not None else ()
+        runs = self._runs.get(key, 0)
         if self._profile:
             self._last_profile = timed_pass(self._ctx, layers, stream)
-        elif self._replay_wanted and self._runs > 0:
-            if self._replay is None:
-                self._replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s))
-                self._replay_wanted = self._replay is not None
-            if self._replay is not None:
-                self._replay.launch(stream)
+        elif self._replay_wanted and runs > 0:
+            replay = self._replays.get(key)
+            if replay is None:
+                replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s))
+                self._replay_wanted = replay is not None
+                if replay is not None:
+                    self._keep_replay(key, replay)
+            else:
+                self._replays.move_to_end(key)
+            if replay is not None:
+                replay.launch(stream)
             else:
                 run_layers(self._ctx, layers, stream)
         else:
             run_layers(self._ctx, layers, stream)
-        self._runs += 1
+        self._runs[key] = runs + 1
+
+    def _keep_replay(self, key: tuple, replay: Any) -> None:
+        self._replays[key] = replay
+        if len(self._replays) > MAX_REPLAYS:
+            _, old = self._replays.popitem(last=False)
+            self._ctx.synchronize(self._ctx.stream)
+            old.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -214,7 +303,13 @@ class ExecutionContext:
         ctx = self._ctx
         ctx.begin()
         for name in plan.inputs:
+            self._input_shapes[name] = tuple(checked[name].shape)
+        self._input_values.update({name: checked[name] for name in self._binder.value_inputs})
+        self._bind()
+        for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)
+        for name, value in self._shapes.values.items():
+            ctx.copy_in(name, value, ctx.stream)
         self._run(ctx.stream)
         out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
         ctx.synchronize(ctx.stream)
@@ -235,9 +330,12 @@ class ExecutionContext:
             raise RuntimeInputError(f"enqueue needs a binding for every input and output; missing {missing}",
                                     hint="pass {name: device buffer} for each engine I/O tensor")
         ctx.begin()
+        self._bind()
         user = ctx.borrow_stream(stream)
         for name in plan.inputs:
             ctx.copy_in_device(name, bindings[name], user)
+        for name, value in self._shapes.values.items():
+            ctx.copy_in(name, value, user)
         self._run(user)
         for name in plan.outputs:
             ctx.copy_out_device(name, bindings[name], user)
@@ -245,10 +343,11 @@ class ExecutionContext:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._replay is not None:
+            if self._replays:
                 self._ctx.synchronize(self._ctx.stream)
-                self._replay.close()
-                self._replay = None
+                for replay in self._replays.values():
+                    replay.close()
+                self._replays.clear()
             self._ctx.close()
 
     def __enter__(self) -> "ExecutionContext":
@@ -282,7 +381,7 @@ def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if value.dtype.name != desc.dtype:
             raise RuntimeInputError(f"input {name!r} has dtype {value.dtype.name}, the engine expects {desc.dtype}",
                                     where=f"tensor {name!r}", hint=f"convert it with .astype(np.{desc.dtype})")
-        if tuple(value.shape) != tuple(desc.shape):
+        if not desc.dims and tuple(value.shape) != tuple(desc.shape):  # dynamic: ShapeBinder checks
             raise RuntimeInputError(
                 f"input {name!r} has shape {tuple(value.shape)}, the engine expects {tuple(desc.shape)}",
                 where=f"tensor {name!r}", hint="rebuild the plan with --input-shapes for other shapes")

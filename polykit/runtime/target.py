@@ -69,6 +69,10 @@ class TargetContext(Protocol):
     def launch(self, index: int, stream: Any) -> None:
         """Enqueue plan layer `index` on `stream` (run it, on a target without streams)."""
 
+    def bind_shapes(self, shapes: Any) -> None:
+        """The tensor shapes of the next launches (a polykit.runtime.shapes.ShapeSet), before
+        copy_in, for a plan built for optimization profiles (its shapes change between runs)."""
+
     def synchronize(self, stream: Any) -> None: ...
 
     def timer(self) -> Timer:

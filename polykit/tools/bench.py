@@ -50,6 +50,8 @@ class BenchOptions:
     profile_runs: int = 0
     seed: int = 1
     val_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
+    #: feed shapes (a plan built for optimization profiles runs at them; default its opt shapes)
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name, flag, low in (("warm_up_ms", "--warm-up", 0), ("iterations", "--iterations", 1),
@@ -154,6 +156,8 @@ class _CudaLoop:
         self.stream = self.start = self.end = None
         try:
             self.context = engine.create_execution_context(profile=False, cuda_graph=options.cuda_graph)
+            for name, array in feeds.items():
+                self.context.set_input_shape(name, array.shape)
             for name in engine.io_tensors:
                 self.buffers[name] = DeviceBuffer(engine.plan.tensors[name].nbytes, what=f"bench binding {name!r}")
             for name, array in feeds.items():
@@ -177,7 +181,7 @@ class _CudaLoop:
         if self.data_transfers:
             for name in self.engine.plan.outputs:
                 desc = self.engine.plan.tensors[name]
-                download(self.bindings[name], desc.shape, desc.np_dtype, self.stream.handle)
+                download(self.bindings[name], self.context.get_tensor_shape(name), desc.np_dtype, self.stream.handle)
         self.stream.synchronize()
         return (time.perf_counter() - t0) * 1e3, self.end.elapsed_ms(self.start)
 
@@ -194,12 +198,14 @@ LOOPS: dict[str, type] = {"cpu": _CpuLoop, "cuda": _CudaLoop}
 
 
 # ---- the API ------------------------------------------------------------------------------------
-def random_feeds(engine: Any, seed: int = 1, val_ranges: Mapping[str, tuple[float, float]] | None = None
-                 ) -> dict[str, np.ndarray]:
-    """One feed dict of the engine's input shapes and dtypes from the default data loader."""
+def random_feeds(engine: Any, seed: int = 1, val_ranges: Mapping[str, tuple[float, float]] | None = None,
+                 input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """One feed dict of the engine's input dtypes and shapes (`input_shapes` where given, else
+    the engine's: a dynamic input's opt shape) from the default data loader."""
     from polykit.tools.data_loader import DataLoader, DataLoaderOptions
 
-    loader = DataLoader(DataLoaderOptions(seed=seed, val_ranges=dict(val_ranges or {})), engine.input_metadata)
+    options = DataLoaderOptions(seed=seed, val_ranges=dict(val_ranges or {}), input_shapes=dict(input_shapes or {}))
+    loader = DataLoader(options, engine.input_metadata)
     return next(iter(loader))
 
 
@@ -209,7 +215,8 @@ def benchmark(engine: Any, options: BenchOptions = BenchOptions(),
     loop_type = LOOPS.get(engine.target)
     if loop_type is None:
         raise UsageError(f"polykit bench cannot time the {engine.target!r} target", hint=f"targets: {', '.join(LOOPS)}")
-    feeds = dict(feeds) if feeds is not None else random_feeds(engine, options.seed, options.val_ranges)
+    feeds = dict(feeds) if feeds is not None else random_feeds(engine, options.seed, options.val_ranges,
+                                                               options.input_shapes)
     loop = loop_type(engine, options, feeds)
     try:
         warm_up_runs = 0
@@ -226,8 +233,8 @@ def benchmark(engine: Any, options: BenchOptions = BenchOptions(),
         wall_s = time.perf_counter() - start
     finally:
         loop.close()
-    first = engine.input_metadata[engine.plan.inputs[0]] if engine.plan.inputs else None
-    batch = int(first.shape[0]) if first is not None and len(first.shape) else 1
+    first = feeds.get(engine.plan.inputs[0]) if engine.plan.inputs else None
+    batch = int(first.shape[0]) if first is not None and first.ndim else 1
     profile = profile_engine(engine, feeds, options.profile_runs) if options.profile_runs else None
     return BenchResult(engine.target, batch, warm_up_runs, len(latency), wall_s, Stats.of(latency), Stats.of(compute),
                        loop.data_transfers, loop.cuda_graph, profile=profile)

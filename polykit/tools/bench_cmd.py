@@ -20,7 +20,8 @@ def bench(
     model: str = typer.Argument(..., metavar="MODEL", help="an ONNX model or a polykit plan"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable; a plan: its own)"),
     channels_last: Optional[bool] = channels_last_option(),
-    input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
+    input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224] "
+                                                                      "(a profile-built plan runs at them)"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write the plan built for the benchmark"),
@@ -44,7 +45,7 @@ def bench(
     from polykit.tools.run_cmd import resolve_target
 
     defaults = BuilderConfig()
-    refuse_build_options(model, {"--input-shapes": input_shapes, "--load-tactics": load_tactics,
+    refuse_build_options(model, {"--load-tactics": load_tactics,
                                  "--save-tactics": save_tactics, "--save-engine": save_engine,
                                  "--channels-last/--no-channels-last": channels_last is not None,
                                  **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v)
@@ -54,7 +55,8 @@ def bench(
                            save_tactics=save_tactics, **builder_options)
     options = BenchOptions(warm_up_ms=warm_up, iterations=iterations, duration_s=duration,
                            data_transfers=data_transfers, cuda_graph=cuda_graph, profile_runs=iterations if profile else 0,
-                           seed=seed, val_ranges=cli_args.parse_val_ranges(val_range))
+                           seed=seed, val_ranges=cli_args.parse_val_ranges(val_range),
+                           input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes})
     result = bench_model(model, config, options, save_engine=save_engine)
     if as_json:
         typer.echo(json.dumps({"model": model, **result.to_json()}, indent=2))

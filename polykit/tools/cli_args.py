@@ -28,6 +28,7 @@ _NAME = r"[^\s\[\]]+"
 _TOL = re.compile(rf"^(?:(?P<name>{_NAME}):)?(?P<value>{_NUM})$")
 _RANGE = re.compile(rf"^(?:(?P<name>{_NAME}):)?\[\s*(?P<low>{_NUM})\s*,\s*(?P<high>{_NUM})\s*\]$")
 _SHAPE = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[\d\s,]*)\]$")
+_VALUES = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[-\d\s,]*)\]$")
 #: a tensor name (or NAME:SPEC) that is neither an option nor a model file
 _TENSOR_NAME = re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$")
 _STAT = re.compile(r"^(?:(?P<name>.+):)?(?P<stat>elemwise|max|mean|median|quantile)$")
@@ -38,6 +39,12 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--rtol": _TOL,
     "--val-range": _RANGE,
     "--input-shapes": _SHAPE,
+    "--trt-min-shapes": _SHAPE,
+    "--trt-opt-shapes": _SHAPE,
+    "--trt-max-shapes": _SHAPE,
+    "--trt-min-shape-values": _VALUES,
+    "--trt-opt-shape-values": _VALUES,
+    "--trt-max-shape-values": _VALUES,
     "--check-error-stat": _STAT,
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": _TENSOR_NAME,
@@ -115,16 +122,70 @@ def parse_val_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
     return table
 
 
-def parse_input_shapes(values: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """['x:[1,3,224,224]'] -> {'x': (1, 3, 224, 224)}."""
+def parse_input_shapes(values: Sequence[str], option: str = "--input-shapes") -> dict[str, tuple[int, ...]]:
+    """['x:[1,3,224,224]'] -> {'x': (1, 3, 224, 224)} (also the values of `option`, same syntax)."""
     table: dict[str, tuple[int, ...]] = {}
     for v in values:
-        m = _SHAPE.match(v.strip())
+        m = (_VALUES if option in VALUE_OPTIONS else _SHAPE).match(v.strip())
         if m is None:
-            raise UsageError(f"--input-shapes {v!r} is not NAME:[D0,D1,...]", hint="e.g. --input-shapes x:[1,3,224,224]")
+            raise UsageError(f"{option} {v!r} is not NAME:[D0,D1,...]", hint=f"e.g. {option} x:[1,3,224,224]")
         dims = [d.strip() for d in m["dims"].split(",") if d.strip()]
         table[m["name"]] = tuple(int(d) for d in dims)
     return table
+
+
+PROFILE_OPTIONS = ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")
+VALUE_OPTIONS = ("--trt-min-shape-values", "--trt-opt-shape-values", "--trt-max-shape-values")
+
+
+def parse_profiles(min_shapes: Sequence[str], opt_shapes: Sequence[str], max_shapes: Sequence[str],
+                   min_values: Sequence[str] = (), opt_values: Sequence[str] = (), max_values: Sequence[str] = ()
+                   ) -> tuple:
+    """Optimization profiles from Polygraphy's --trt-min/opt/max-shapes NAME:[dims] values (and
+    --trt-min/opt/max-shape-values NAME:[values] for shape-tensor inputs): an input named again
+    in one option starts the next profile (`--trt-min-shapes x:[1,3] --trt-min-shapes x:[8,3]`
+    gives two); each profile needs all three of its inputs' shapes (values)."""
+    from polykit.compiler.profiles import Profile
+
+    shapes = _profile_triples(PROFILE_OPTIONS, (min_shapes, opt_shapes, max_shapes))
+    values = _profile_triples(VALUE_OPTIONS, (min_values, opt_values, max_values))
+    if shapes and values and len(shapes) != len(values):
+        raise UsageError(f"the shape flags give {len(shapes)} profile(s), the shape-value flags {len(values)}",
+                         hint="give each profile's shapes and shape-tensor values")
+    count = max(len(shapes), len(values))
+    return tuple(Profile(shapes[i] if shapes else {}, values[i] if values else {}) for i in range(count))
+
+
+def _profile_triples(options: Sequence[str], per_option_values: Sequence[Sequence[str]]) -> list[dict]:
+    """Per profile, {input: (min, opt, max)} from three options' NAME:[...] values."""
+    per_option = []
+    for values in per_option_values:
+        profiles: list[dict[str, tuple[int, ...]]] = [{}]
+        for value in values:
+            ((name, dims),) = parse_input_shapes([value], option=options[len(per_option)]).items()
+            if name in profiles[-1]:
+                profiles.append({})
+            profiles[-1][name] = dims
+        per_option.append(profiles if values else [])
+    counts = {len(p) for p in per_option}
+    if counts == {0}:
+        return []
+    if len(counts) != 1:
+        raise UsageError(f"{'/'.join(options)} give {'/'.join(str(len(p)) for p in per_option)} profiles",
+                         hint="give each profile's min, opt and max for the same inputs")
+    out = []
+    for i, (low, opt, high) in enumerate(zip(*per_option)):
+        if not set(low) == set(opt) == set(high):
+            odd = sorted((set(low) | set(opt) | set(high)) - (set(low) & set(opt) & set(high)))
+            raise UsageError(f"profile {i} lacks the min, opt or max of input(s) {odd}",
+                             hint=f"give {', '.join(options)} for every input")
+        out.append({name: (low[name], opt[name], high[name]) for name in low})
+    return out
+
+
+def opt_shapes(profiles: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+    """The first profile's opt shape of each input (what feeds default to)."""
+    return {name: triple[1] for name, triple in profiles[0].shapes.items()} if profiles else {}
 
 
 def parse_error_stats(values: Sequence[str]) -> dict[str, str]:
@@ -236,6 +297,17 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                       help="read INT8 scales from FILE if it exists, else calibrate "
                                                            "and write them there")),
     ("tensor_ranges", List[str], typer.Option([], "--tensor-ranges", help="dynamic range per tensor: NAME:MIN,MAX")),
+    ("trt_min_shapes", List[str], typer.Option([], "--trt-min-shapes",
+                                               help="optimization profile min shapes: x:[1,3,32,32] (again per profile)")),
+    ("trt_opt_shapes", List[str], typer.Option([], "--trt-opt-shapes",
+                                               help="optimization profile opt shapes (tactics are timed at them)")),
+    ("trt_max_shapes", List[str], typer.Option([], "--trt-max-shapes", help="optimization profile max shapes")),
+    ("trt_min_shape_values", List[str], typer.Option([], "--trt-min-shape-values",
+                                                     help="shape-tensor input min values: shape:[1,16] (per profile)")),
+    ("trt_opt_shape_values", List[str], typer.Option([], "--trt-opt-shape-values",
+                                                     help="shape-tensor input opt values")),
+    ("trt_max_shape_values", List[str], typer.Option([], "--trt-max-shape-values",
+                                                     help="shape-tensor input max values")),
 ]
 
 
@@ -246,7 +318,10 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            save_timing_cache: str | None = None, error_on_timing_cache_miss: bool = False,
                            int8: bool = False, calibrator: str = "entropy", percentile: float = 99.99,
                            calibration_data: str | None = None, calibration_cache: str | None = None,
-                           tensor_ranges: Sequence[str] = ()) -> dict[str, Any]:
+                           tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
+                           trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
+                           trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
+                           trt_max_shape_values: Sequence[str] = ()) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -258,6 +333,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "int8": int8, "calibrator": calibrator, "percentile": percentile,
         "calibration_data": calibration_source(calibration_data), "calibration_cache": calibration_cache,
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
+        "profiles": parse_profiles(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
+                                   trt_opt_shape_values, trt_max_shape_values),
     }
 
 

@@ -115,7 +115,7 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
     random inputs; with `weights`, the weight tensors."""
     def io(name: str) -> dict[str, Any]:
         t = plan.tensors[name]
-        return {"name": name, "dtype": t.dtype, "shape": list(t.shape)}
+        return {"name": name, "dtype": t.dtype, "shape": [str(d) for d in t.dims] if t.dims else list(t.shape)}
 
     def formats(names: Any) -> list[dict[str, Any]]:  # an omitted optional input: None
         return [{**io(n), "kind": plan.tensors[n].kind} if n else None for n in names]
@@ -147,6 +147,9 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
     }
     if weights:
         info["weights"] = [io(n) for n, t in plan.tensors.items() if t.kind == "weight"]
+    if plan.profiles is not None:
+        info["profiles"] = [{n: dict(zip(("min", "opt", "max"), plan.profiles.input_shapes(i, n, plan.tensors[n].shape)))
+                             for n in plan.inputs} for i in range(len(plan.profiles.ranges))]
     return info
 
 
@@ -199,6 +202,9 @@ def model(
     if is_plan:
         console.print(f"[bold]plan[/] {path}: target {info['target']}{' ' + info['gpu_arch'] if info['gpu_arch'] else ''}, "
                       f"{len(info['layers'])} layers, arena {info['arena_bytes']} B, weights {info['weight_bytes']} B")
+        for i, ranges in enumerate(info.get("profiles", ())):
+            shapes = "; ".join(f"{n}: min {s['min']}, opt {s['opt']}, max {s['max']}" for n, s in ranges.items())
+            console.print(f"optimization profile {i}: {shapes}")
     else:
         opsets = ", ".join(f"{d} {v}" for d, v in info["opsets"].items())
         console.print(f"[bold]onnx model[/] {path}: graph {info['name']!r}, opsets {opsets}, "
@@ -210,6 +216,7 @@ def model(
 
 
 def _io_table(info: dict[str, Any], *_: Any) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     io = Table(title="I/O", title_justify="left")
@@ -217,7 +224,7 @@ def _io_table(info: dict[str, Any], *_: Any) -> Any:
         io.add_column(col)
     for kind in ("inputs", "outputs"):
         for t in info[kind]:
-            io.add_row(kind[:-1], t["name"], t["dtype"], _shape(t["shape"]))
+            io.add_row(kind[:-1], escape(t["name"]), t["dtype"], escape(_shape(t["shape"])))
     return io
 
 

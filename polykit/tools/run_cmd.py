@@ -117,7 +117,8 @@ def run(
     settings = AccuracySettings(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
-                                       input_shapes=shapes, script=data_loader_script),
+                                       input_shapes={**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
+                                       script=data_loader_script),
     )
     request = RunnerRequest(
         model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],

@@ -51,8 +51,7 @@ def test_onnxrt_cannot_run_a_plan(mlp_plan):
 
 
 @pytest.mark.parametrize("options, flag", [(dict(fp16=True), "--fp16"), (dict(mark_all=True), "--mark-all"),
-                                           (dict(load_tactics="t.json"), "--load-tactics"),
-                                           (dict(input_shapes={"x": (2, 16)}), "--input-shapes")])
+                                           (dict(load_tactics="t.json"), "--load-tactics")])
 def test_build_options_with_a_plan_are_refused(mlp_plan, options, flag):
     with pytest.raises(UsageError, match=f"{flag} steer"):
         make_runners(["trt"], RunnerRequest(model=mlp_plan, **options))

@@ -12,6 +12,7 @@ import numpy as np
 from polykit.compiler import dtypes
 from polykit.compiler.ir import Node
 from polykit.compiler.ops.shape_ops import const_ints, fresh_dim, unknown_dims
+from polykit.compiler.symbolic import SymInt, ceil_div
 from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
@@ -70,7 +71,12 @@ def _constant_of_shape(ctx: InferContext):
 
 
 def range_length(start, limit, delta) -> int:
-    """Elements of Range: max(ceil((limit - start) / delta), 0)."""
+    """Elements of Range: max(ceil((limit - start) / delta), 0); integer operands of a dim
+    expression (SymInt) keep it."""
+    items = [np.asarray(v).reshape(-1)[0] for v in (start, limit, delta)]
+    items = [v.item() if isinstance(v, np.generic) else v for v in items]
+    if any(isinstance(v, SymInt) for v in items) and all(isinstance(v, int) for v in items):
+        return max(ceil_div(items[1] - items[0], items[2]), 0)
     return max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from polykit.compiler.ir import Dim, Node
 from polykit.compiler.ops.shape_ops import attr_to_input, canonical, const_ints, merge_dims, unknown_dims
 from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
+from polykit.compiler.symbolic import ceil_div
 from polykit.errors import NodeAttributeError
 
 
@@ -124,7 +125,8 @@ def slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
 def slice_length(dim: int, start: int, end: int, step: int) -> int:
     """How many elements ONNX Slice keeps along an axis of length `dim`."""
     start, end = slice_bounds(dim, start, end, step)
-    return len(range(start, end, step))
+    # len(range(start, end, step)) in arithmetic that keeps a dim expression (SymInt)
+    return max(ceil_div(end - start, step) if step > 0 else ceil_div(start - end, -step), 0)
 
 
 _HUGE = 2**31 - 1

@@ -7,12 +7,14 @@ result is exactly that symbol and fall back to None where it is not known.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 from polykit.compiler.ir import Dim, Node
+from polykit.compiler.symbolic import SymInt
 from polykit.compiler.registry import InferContext, ImportContext, broadcast_shapes, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
@@ -25,7 +27,7 @@ def const_ints(ctx: InferContext, i: int) -> list[int] | None:
     value = ctx.const(i)
     if value is None:
         return None
-    return [int(v) for v in np.asarray(value).reshape(-1)]
+    return [v if isinstance(v, SymInt) else int(v) for v in np.asarray(value).reshape(-1)]
 
 
 def dim_product(dims: Sequence[Dim]) -> Dim:
@@ -53,8 +55,8 @@ def dim_quotient(numerator: Sequence[Dim], denominator: Sequence[Dim]) -> Dim:
     den_syms = Counter(d for d in denominator if isinstance(d, str))
     common = num_syms & den_syms
     num_syms, den_syms = num_syms - common, den_syms - common
-    num = int(np.prod([d for d in numerator if isinstance(d, int)], dtype=np.int64))
-    den = int(np.prod([d for d in denominator if isinstance(d, int)], dtype=np.int64))
+    num = math.prod(d for d in numerator if isinstance(d, int))
+    den = math.prod(d for d in denominator if isinstance(d, int))
     if den_syms or den == 0:
         return None
     if not num_syms:

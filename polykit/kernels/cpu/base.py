@@ -27,6 +27,7 @@ class CpuTactic(Tactic):
     keys the timing cache), for a tactic that dispatches per op."""
 
     run_fn: RunFn | None = field(default=None, hash=False, compare=False)
+    dynamic_sizes: bool = True  # numpy kernels take their sizes from the arrays they get
     code_of: Callable[[Any], Any] | None = field(default=None, hash=False, compare=False)
 
     def run(self, node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:

@@ -185,7 +185,12 @@ class Launcher(Protocol):
 
 @dataclass(frozen=True)
 class CudaTactic(Tactic):
-    """A Tactic of the cuda target with the two hooks the runtime calls."""
+    """A Tactic of the cuda target with the two hooks the runtime calls.
+
+    Kernel families take sizes at run time: `enqueue` reads them from the DeviceTensors it
+    gets (a plan built for optimization profiles binds each run's shapes there), so a tactic
+    serves dynamic layers where its `kernels` are the same at every profile corner (sizes
+    baked into defines are not; polykit.compiler.tuner.serves_corners checks)."""
 
     #: kernels(layer) -> list[KernelSource] to compile for this layer
     kernels_fn: Any = field(default=None, hash=False, compare=False)
@@ -194,6 +199,7 @@ class CudaTactic(Tactic):
     #: drives the layer from the host (control flow: launcher.bodies runs its body plans and
     #: reads values back), so a context with such a layer is not captured as a CUDA graph
     host_driven: bool = False
+    dynamic_sizes: bool = True
 
     def kernels(self, layer: Any) -> list[KernelSource]:
         return list(self.kernels_fn(layer))

@@ -154,6 +154,13 @@ class CudaContext:
     def begin(self) -> None:
         driver.current_device(self.engine.info.ordinal)
 
+    def bind_shapes(self, shapes: Any) -> None:
+        """Dynamic tensors take this run's shapes at their arena offsets (sized for the
+        profiles' largest); kernels of tactics with dynamic_sizes read them at launch."""
+        for name, shape in shapes.shapes.items():
+            t = self.tensors[name]
+            self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
+
     def copy_in(self, name: str, array: np.ndarray, stream: Stream) -> None:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
 

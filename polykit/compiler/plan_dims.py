@@ -1,0 +1,130 @@
+"""The plan check of dynamic shapes: optimization profiles and tensors' dim expressions.
+
+One rule of plan_check's RULES: a plan's "profiles" field (ProfileSet's JSON form) names
+every engine input and gives each symbol min <= opt <= max in every profile; an input's
+dynamic dims are exactly its symbols; every tensor's "dims" are expressions of those symbols
+(polykit.compiler.symbolic) that give the tensor's `shape` at the first profile's opt, and its
+`nbytes` is the largest size they give at any profile corner (what the arena reserves).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from polykit.compiler.plan_schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
+    record, text
+from polykit.compiler.symbolic import ShapeEvalError, evaluate, expr_from_json
+
+Doc = Mapping[str, Any]
+
+
+def _triple(value: Any, path: str) -> None:
+    list_of(integer(0, MAX_BYTES), max_len=3)(value, path)
+    if len(value) != 3 or not value[0] <= value[1] <= value[2]:
+        raise Invalid(path, f"{value} is not [min, opt, max] with min <= opt <= max")
+
+
+def _symbol_or_int(value: Any, path: str) -> None:
+    if type(value) is not str:
+        integer(-MAX_BYTES, MAX_BYTES)(value, path)
+
+
+PROFILE_FIELDS = (
+    Field("ranges", list_of(map_of(_triple), max_len=1 << 10)),
+    Field("inputs", map_of(list_of(nullable(text())))),
+    Field("values", map_of(list_of(_symbol_or_int)), required=False),
+)
+
+
+def check_dims(doc: Doc, weights_len: int) -> None:
+    """Invalid naming the first profile or dims field that does not hold."""
+    profiles = doc.get("profiles")
+    tensors = doc["tensors"]
+    if profiles is None:
+        for name, t in tensors.items():
+            for key in ("dims", "value"):
+                if key in t:
+                    raise Invalid(f"tensors[{name!r}].{key}", "a plan without profiles has no dynamic dims")
+        return
+    symbols = _check_profiles(doc, profiles)
+    corners = [{s: r[k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
+    for name, t in tensors.items():
+        if "dims" in t:
+            _check_tensor(name, t, symbols, corners)
+        if "value" in t:
+            _check_value(name, t, symbols, corners, doc["inputs"])
+
+
+def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
+    inputs = profiles["inputs"]
+    if not profiles["ranges"]:
+        raise Invalid("profiles.ranges", "is empty: a plan with profiles has at least one")
+    if sorted(inputs) != sorted(doc["inputs"]):
+        raise Invalid("profiles.inputs", f"names {sorted(inputs)}, the engine inputs are {sorted(doc['inputs'])}")
+    symbols = {s for dims in inputs.values() for s in dims if s is not None}
+    for name, syms in profiles.get("values", {}).items():
+        t = doc["tensors"].get(name)
+        if name not in doc["inputs"] or t is None or t["dtype"] not in ("int64", "int32") or "dims" in t \
+                or len(syms) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
+            raise Invalid(f"profiles.values[{name!r}]", "names no static integer engine input of that many elements")
+        symbols |= {s for s in syms if type(s) is str}
+    for i, ranges in enumerate(profiles["ranges"]):
+        if set(ranges) != symbols:
+            raise Invalid(f"profiles.ranges[{i}]", f"gives ranges for {sorted(ranges)}, the inputs' symbols are "
+                                                   f"{sorted(symbols)}")
+    for name, syms in inputs.items():
+        t = doc["tensors"][name]
+        path = f"tensors[{name!r}].dims"
+        want = [s if s is not None else d for s, d in zip(syms, t["shape"])]
+        if len(syms) != len(t["shape"]):
+            raise Invalid(f"profiles.inputs[{name!r}]", f"has {len(syms)} dims, the input has rank {len(t['shape'])}")
+        if any(s is not None for s in syms) and t.get("dims") != want:
+            raise Invalid(path, f"{t.get('dims')} differs from the input's symbols {want}")
+    return symbols
+
+
+def host_written(doc: Doc) -> set[str]:
+    """Tensors the engine writes before the launches: the inputs and the shape tensors with a value."""
+    return set(doc["inputs"]) | {n for n, t in doc["tensors"].items() if "value" in t}
+
+
+def _check_value(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]], inputs: list) -> None:
+    path = f"tensors[{name!r}].value"
+    if t["kind"] == "weight" or name in inputs or "dims" in t:
+        raise Invalid(path, "only a statically shaped activation or output has a value computed from the dims")
+    if t["dtype"] not in ("int64", "int32"):
+        raise Invalid(path, f"a {t['dtype']} tensor holds no dims")
+    if type(t["value"]) is not list or len(t["value"]) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
+        raise Invalid(path, f"must be a list of one expression per element of shape {t['shape']}")
+    try:
+        value = [expr_from_json(v, symbols) for v in t["value"]]
+        for env in corners:
+            for v in value:
+                evaluate(v, env)
+    except (ValueError, ShapeEvalError) as exc:
+        raise Invalid(path, str(exc)) from None
+
+
+def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]]) -> None:
+    path = f"tensors[{name!r}].dims"
+    if t["kind"] == "weight":
+        raise Invalid(path, "a weight has static dims")
+    if type(t["dims"]) is not list or len(t["dims"]) != len(t["shape"]):
+        raise Invalid(path, f"must be a list of one expression per dim of shape {t['shape']}")
+    try:
+        dims = [expr_from_json(d, symbols) for d in t["dims"]]
+    except ValueError as exc:
+        raise Invalid(path, str(exc)) from None
+    largest = 0
+    for k, env in enumerate(corners):
+        try:
+            shape = [evaluate(d, env) for d in dims]
+        except ShapeEvalError as exc:
+            raise Invalid(path, f"cannot be evaluated at a profile corner: {exc}") from None
+        if min(shape, default=0) < 0:
+            raise Invalid(path, f"gives the negative shape {shape} at a profile corner")
+        if k == 1 and shape != t["shape"]:
+            raise Invalid(path, f"gives {shape} at the first profile's opt, the tensor's shape is {t['shape']}")
+        largest = max(largest, nbytes_of(t["dtype"], shape))
+    if t["nbytes"] != largest:
+        raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {largest}, its largest size at a profile corner")

@@ -1,0 +1,126 @@
+"""Shape tensors with symbolic values: Shape -> Gather -> Concat -> Reshape chains of a
+build for optimization profiles.
+
+Shape of a tensor with SymInt dims gives an object array of SymInts; the few ops shape
+chains are made of (SHAPE_VALUE_OPS) compute on such arrays with numpy, so a Reshape, Expand
+or ConstantOfShape downstream reads its target as SymInts (`InferContext.const`) and its
+output dims become expressions. Values stay int64 arrays where no SymInt is left. The plan
+still runs these nodes as layers (their kernels see concrete shapes at run time); this only
+lets shape inference see through them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+from polykit.errors import PolykitError
+from polykit.compiler.symbolic import SymInt, is_dynamic
+from polykit.kernels.registry import find_reference
+
+ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
+
+#: op type -> fn(node, args) computing outputs on object arrays of ints and SymInts
+SHAPE_VALUE_OPS: dict[str, ValueFn] = {}
+
+
+def value_op(*ops: str) -> Callable[[ValueFn], ValueFn]:
+    def register(fn: ValueFn) -> ValueFn:
+        for op in ops:
+            SHAPE_VALUE_OPS[op] = fn
+        return fn
+    return register
+
+
+def is_symbolic(value: np.ndarray | None) -> bool:
+    return value is not None and value.dtype == object
+
+
+def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """An object array without SymInts becomes a `dtype` (default int64) array; with them it
+    stays an object array."""
+    arr = np.asarray(value, dtype=object)
+    if not any(isinstance(v, SymInt) for v in arr.ravel()):
+        return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
+    return arr
+
+
+def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict[str, np.ndarray]:
+    """The symbolic values among `known` (infer_shapes' result) but `inputs`: tensors a plan
+    computes on the host from the input dims at run time instead of running their layers."""
+    return {name: value for name, value in known.items() if is_symbolic(value) and name not in inputs}
+
+
+def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
+    """`node`'s outputs when it is a shape-chain op over symbolic values; None otherwise."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in ("Shape", "Size"):
+        shape = graph.value(node.input(0)).shape
+        if not is_dynamic(shape) or not all(isinstance(d, int) for d in shape):
+            return None
+        return _shape_or_size(node, list(shape))  # int64 by the ONNX spec
+    fn = SHAPE_VALUE_OPS.get(node.op_type)
+    if fn is None and node.op_type in MOVEMENT_OPS:
+        fn = find_reference("", node.op_type)
+    args = [known.get(n) if n else None for n in node.inputs]
+    if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
+        return None
+    try:
+        outs = fn(node, args)
+    except (ValueError, IndexError, TypeError, ZeroDivisionError, PolykitError):
+        return None
+    if outs is None:
+        return None
+    return [settle(o, graph.value(name).dtype) for o, name in zip(outs, node.outputs)]
+
+
+def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
+    if node.op_type == "Size":
+        total = 1
+        for d in dims:
+            total = total * d
+        return [settle(np.array(total, dtype=object))]
+    start, end = node.attrs.get("start", 0), node.attrs.get("end", len(dims))
+    out = np.empty(len(dims[start:end]), dtype=object)
+    out[:] = dims[start:end]
+    return [settle(out)]
+
+
+@value_op("Cast")
+def _cast(node: Node, args: list) -> list[np.ndarray] | None:
+    return [args[0]] if int(node.attrs.get("to", 0)) in (6, 7) else None  # int32 / int64 stay dims
+
+
+@value_op("Gather")
+def _gather(node: Node, args: list) -> list[np.ndarray]:
+    return [np.asarray(np.take(args[0], np.asarray(args[1]).astype(np.int64), axis=int(node.attrs.get("axis", 0))),
+                       dtype=object)]
+
+
+#: ops that only move elements: their reference kernels run on object arrays as they are
+MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice"})
+
+
+def _elementwise(fn: Callable) -> ValueFn:
+    def run(node: Node, args: list) -> list[np.ndarray]:
+        a, b = (np.asarray(x, dtype=object) for x in args[:2])
+        return [np.asarray(np.vectorize(fn, otypes=[object])(a, b), dtype=object)]
+    return run
+
+
+SHAPE_VALUE_OPS.update({
+    "Add": _elementwise(lambda a, b: a + b),
+    "Sub": _elementwise(lambda a, b: a - b),
+    "Mul": _elementwise(lambda a, b: a * b),
+    # ONNX integer Div truncates; dims are >= 0, and a negative operand is left unevaluated
+    "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
+    "Max": _elementwise(max),
+    "Min": _elementwise(min),
+})
+
+
+def _no_value():
+    raise ValueError("not a dim quotient")

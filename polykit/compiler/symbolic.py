@@ -1,0 +1,311 @@
+"""Symbolic dims: shapes as small expressions of the engine's input dims.
+
+A plan built for optimization profiles keeps every dynamic dim as an expression of the
+input dims (sums, products, floor and ceiling divisions, remainders, min/max of symbols and
+constants), evaluated on the host for each set of input shapes at run time.
+
+During a build a dynamic dim is a `SymInt`: an int whose value is the dim at the profile's
+opt shape (what tactics are chosen and timed at) and which carries its `expr`. Every shape
+rule keeps working on it unchanged (SymInt passes `isinstance(d, int)` and its arithmetic
+builds the expression as it computes the opt value); what a rule decides by comparing dims
+is decided at opt, so the builder re-infers the graph concretely at the profile's corners
+and refuses a tensor whose expression disagrees there (polykit.compiler.profiles).
+
+`Expr` nodes are (op, args) records; `expr_to_json` / `expr_from_json` are their plan form:
+an int, a symbol name, or [op, arg, ...] with op one of OPS. Loading validates the form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Union
+
+import numpy as np
+
+#: bound of constants in an expression and of the values it evaluates to (plan_schema.MAX_BYTES)
+MAX_VALUE = 1 << 48
+#: deepest expression a plan may hold
+MAX_DEPTH = 64
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+#: op -> (fewest args, evaluation of the arg values); "+"/"*"/"min"/"max" take two or more
+OPS: dict[str, tuple[int, Callable[..., int]]] = {
+    "+": (2, lambda *a: sum(a)),
+    "*": (2, lambda *a: math.prod(a)),
+    "//": (2, lambda a, b: a // b),
+    "cdiv": (2, _cdiv),
+    "%": (2, lambda a, b: a % b),
+    "min": (2, lambda *a: min(a)),
+    "max": (2, lambda *a: max(a)),
+}
+_BINARY = {"//", "cdiv", "%"}
+
+Term = Union[int, "Expr"]
+
+
+class ShapeEvalError(ValueError):
+    """An expression cannot be evaluated (unbound symbol, division by zero, bound exceeded)."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    """One expression node: op "sym" with args (name,), or an op of OPS over Terms."""
+
+    op: str
+    args: tuple
+
+    def __str__(self) -> str:
+        if self.op == "sym":
+            return self.args[0]
+        if self.op in ("+", "*"):
+            return "(" + self.op.join(_text(a) for a in self.args) + ")"
+        if self.op in ("//", "%"):
+            return f"({_text(self.args[0])}{self.op}{_text(self.args[1])})"
+        return f"{self.op}({', '.join(_text(a) for a in self.args)})"
+
+    def symbols(self) -> set[str]:
+        if self.op == "sym":
+            return {self.args[0]}
+        return set().union(*(a.symbols() for a in self.args if isinstance(a, Expr)))
+
+
+def _text(term: Term) -> str:
+    return str(term)
+
+
+def symbol(name: str) -> Expr:
+    return Expr("sym", (str(name),))
+
+
+def _key(term: Term) -> str:
+    return json.dumps(expr_to_json(term))
+
+
+def _flatten(op: str, terms: tuple[Term, ...]) -> list[Term]:
+    out: list[Term] = []
+    for t in terms:
+        out.extend(t.args if isinstance(t, Expr) and t.op == op else [t])
+    return out
+
+
+def add(*terms: Term) -> Term:
+    const, rest = 0, []
+    for t in _flatten("+", terms):
+        if isinstance(t, Expr):
+            rest.append(t)
+        else:
+            const += int(t)
+    if not rest:
+        return const
+    rest.sort(key=_key)
+    args = tuple(rest) + ((const,) if const else ())
+    return args[0] if len(args) == 1 else Expr("+", args)
+
+
+def mul(*terms: Term) -> Term:
+    const, rest = 1, []
+    for t in _flatten("*", terms):
+        if isinstance(t, Expr):
+            rest.append(t)
+        else:
+            const *= int(t)
+    if not rest or const == 0:
+        return const
+    rest.sort(key=_key)
+    args = ((const,) if const != 1 else ()) + tuple(rest)
+    if len(args) == 1:
+        return args[0]
+    if const != 1 and len(rest) == 1 and isinstance(rest[0], Expr) and rest[0].op == "+":
+        return add(*(mul(const, t) for t in rest[0].args))  # distribute a constant over a sum
+    return Expr("*", args)
+
+
+def _factors(term: Term) -> list[Term]:
+    if isinstance(term, Expr) and term.op == "*":
+        return list(term.args)
+    return [term]
+
+
+def _cancel(a: Term, b: Term) -> tuple[Term, Term]:
+    """a / b with common factors removed (exact integer constants divided out)."""
+    num, den = _factors(a), _factors(b)
+    for f in list(den):
+        if isinstance(f, Expr) and f in num:
+            num.remove(f)
+            den.remove(f)
+    n_const = math.prod(int(f) for f in num if not isinstance(f, Expr))
+    d_const = math.prod(int(f) for f in den if not isinstance(f, Expr))
+    g = math.gcd(n_const, d_const) or 1
+    if d_const < 0:
+        g = -g
+    num = [n_const // g] + [f for f in num if isinstance(f, Expr)]
+    den = [d_const // g] + [f for f in den if isinstance(f, Expr)]
+    return mul(*num), mul(*den)
+
+
+def divide(op: str, a: Term, b: Term) -> Term:
+    """a // b, ceil(a / b) or a % b, simplified where the divisor cancels."""
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        return OPS[op][1](int(a), int(b))
+    if op == "%":
+        num, den = _cancel(a, b)
+        return 0 if den == 1 else Expr("%", (a, b))
+    num, den = _cancel(a, b)
+    if den == 1:
+        return num
+    return Expr(op, (num, den))
+
+
+def extreme(op: str, *terms: Term) -> Term:
+    consts = [int(t) for t in terms if not isinstance(t, Expr)]
+    rest = sorted(dict.fromkeys(t for t in terms if isinstance(t, Expr)), key=_key)
+    if not rest:
+        return OPS[op][1](*consts)
+    args = tuple(rest) + ((OPS[op][1](*consts),) if consts else ())
+    return args[0] if len(args) == 1 else Expr(op, args)
+
+
+def evaluate(term: Term, dims: Mapping[str, int]) -> int:
+    """The value of `term` for symbol values `dims`; ShapeEvalError when it has none."""
+    if not isinstance(term, Expr):
+        return int(term)
+    if term.op == "sym":
+        try:
+            return int(dims[term.args[0]])
+        except KeyError:
+            raise ShapeEvalError(f"symbol {term.args[0]!r} is not bound") from None
+    values = [evaluate(a, dims) for a in term.args]
+    if term.op in _BINARY and values[1] == 0:
+        raise ShapeEvalError(f"division by zero in {term}")
+    value = OPS[term.op][1](*values)
+    if abs(value) > MAX_VALUE:
+        raise ShapeEvalError(f"{term} = {value} is beyond {MAX_VALUE}")
+    return value
+
+
+# ---- plan form ------------------------------------------------------------------------------
+def expr_to_json(term: Term) -> Any:
+    if not isinstance(term, Expr):
+        return int(term)
+    if term.op == "sym":
+        return term.args[0]
+    return [term.op] + [expr_to_json(a) for a in term.args]
+
+
+def expr_from_json(value: Any, symbols: "set[str] | None" = None, depth: int = 0) -> Term:
+    """The Term of a plan's JSON form; ValueError (what is wrong) when it is not one, or
+    names a symbol outside `symbols` (when given)."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
+    if type(value) is int:
+        if abs(value) > MAX_VALUE:
+            raise ValueError(f"constant {value} is beyond {MAX_VALUE}")
+        return value
+    if type(value) is str:
+        if not value:
+            raise ValueError("a symbol name is empty")
+        if symbols is not None and value not in symbols:
+            raise ValueError(f"symbol {value!r} is not a dim of an engine input")
+        return symbol(value)
+    if type(value) is not list or not value or value[0] not in OPS:
+        raise ValueError(f"{str(value)[:60]} is not an int, a symbol or [op, args...] with op in {sorted(OPS)}")
+    op, args = value[0], value[1:]
+    least = OPS[op][0]
+    if len(args) < least or (op in _BINARY and len(args) != 2):
+        raise ValueError(f"{op!r} takes {'2' if op in _BINARY else f'{least} or more'} args, not {len(args)}")
+    return Expr(op, tuple(expr_from_json(a, symbols, depth + 1) for a in args))
+
+
+# ---- SymInt ------------------------------------------------------------------------------------
+class SymInt(int):
+    """A dynamic dim during a build: its int value is the dim at opt, `expr` its expression."""
+
+    expr: Expr
+
+    def __new__(cls, value: int, expr: Term) -> "int | SymInt":
+        if not isinstance(expr, Expr):
+            return int(expr)
+        obj = super().__new__(cls, int(value))
+        obj.expr = expr
+        return obj
+
+    def __repr__(self) -> str:
+        return f"SymInt({int(self)}, {self.expr})"
+
+    __str__ = __repr__
+
+    def __hash__(self) -> int:
+        return int.__hash__(self)
+
+    def __reduce__(self):  # copy.deepcopy keeps the expression
+        return SymInt, (int(self), self.expr)
+
+    def __add__(self, o):
+        return _lift(o, lambda a, b: a + b, lambda a, b: add(a, b), self) if _is_int(o) else NotImplemented
+
+    def __radd__(self, o):
+        return _lift(o, lambda a, b: b + a, lambda a, b: add(b, a), self) if _is_int(o) else NotImplemented
+
+    def __sub__(self, o):
+        return _lift(o, lambda a, b: a - b, lambda a, b: add(a, mul(-1, b)), self) if _is_int(o) else NotImplemented
+
+    def __rsub__(self, o):
+        return _lift(o, lambda a, b: b - a, lambda a, b: add(b, mul(-1, a)), self) if _is_int(o) else NotImplemented
+
+    def __mul__(self, o):
+        return _lift(o, lambda a, b: a * b, lambda a, b: mul(a, b), self) if _is_int(o) else NotImplemented
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return _lift(o, lambda a, b: a // b, lambda a, b: divide("//", a, b), self) if _is_int(o) else NotImplemented
+
+    def __rfloordiv__(self, o):
+        return _lift(o, lambda a, b: b // a, lambda a, b: divide("//", b, a), self) if _is_int(o) else NotImplemented
+
+    def __mod__(self, o):
+        return _lift(o, lambda a, b: a % b, lambda a, b: divide("%", a, b), self) if _is_int(o) else NotImplemented
+
+    def __rmod__(self, o):
+        return _lift(o, lambda a, b: b % a, lambda a, b: divide("%", b, a), self) if _is_int(o) else NotImplemented
+
+    def __neg__(self):
+        return SymInt(-int(self), mul(-1, self.expr))
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self if int(self) >= 0 else -self
+
+
+def _is_int(o: Any) -> bool:
+    return isinstance(o, (int, np.integer)) and not isinstance(o, bool)
+
+
+def term_of(d: int) -> Term:
+    """The expression of a dim (its int value when it is static)."""
+    return d.expr if isinstance(d, SymInt) else int(d)
+
+
+def _lift(other: Any, value: Callable[[int, int], int], expr: Callable[[Term, Term], Term], self: SymInt) -> Any:
+    o = int(other)
+    return SymInt(value(int(self), o), expr(self.expr, term_of(other) if isinstance(other, int) else o))
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) that keeps a SymInt's expression."""
+    if isinstance(a, SymInt) or isinstance(b, SymInt):
+        return SymInt(_cdiv(int(a), int(b)), divide("cdiv", term_of(a), term_of(b)))
+    return _cdiv(a, b)
+
+
+def is_dynamic(dims: Any) -> bool:
+    """Whether a shape holds a SymInt."""
+    return dims is not None and any(isinstance(d, SymInt) for d in dims)

@@ -1,0 +1,119 @@
+"""Run-time shape binding of a plan built for optimization profiles.
+
+`ShapeBinder(plan).bind(input_shapes, profile)` checks the input shapes against the profile
+(polykit.compiler.profiles.ProfileSet.bind_shapes), evaluates every tensor's dim expressions
+on the host and returns a `ShapeSet`: the concrete shape of each tensor of the plan for this
+run, the values of its shape tensors (Shape -> Gather -> Concat chains, which no layer runs), and a key that names the set (equal input shapes, equal key: CUDA-graph replays and
+per-shape launch parameters are cached by it). A tensor whose shape would need more bytes
+than the plan reserved for it (its size at the profile's corners) is refused.
+
+The same mechanism serves anything that learns shapes at run time: a ShapeSet is a plain
+record a target reads in `TargetContext.bind_shapes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.symbolic import ShapeEvalError, evaluate
+from polykit.errors import RuntimeInputError, UsageError
+
+#: distinct input shape sets whose evaluated shapes a binder keeps
+MAX_CACHED_SHAPE_SETS = 64
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    """The shapes of one run: `key` (profile, input shapes), every dynamic tensor's shape by
+    name, the symbol values and the shape tensors' values (written before the launches)."""
+
+    key: tuple
+    shapes: Mapping[str, tuple[int, ...]] = field(hash=False)
+    dims: Mapping[str, int] = field(hash=False)
+    values: Mapping[str, np.ndarray] = field(default_factory=dict, hash=False)
+
+
+class ShapeBinder:
+    """Evaluates a plan's tensor shapes for given input shapes (cached per shape set)."""
+
+    def __init__(self, plan: Any):
+        self.plan = plan
+        self.profiles = plan.profiles
+        self._static = {n: tuple(plan.tensors[n].shape) for n in plan.inputs}
+        self._dynamic = {n: t for n, t in plan.tensors.items() if t.dims}
+        self._host = {n: t for n, t in plan.tensors.items() if t.value}
+        self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
+
+    @property
+    def value_inputs(self) -> tuple[str, ...]:
+        """Shape-tensor inputs: their host values take part in the shapes."""
+        return tuple(self.profiles.values) if self.profiles is not None else ()
+
+    @property
+    def num_profiles(self) -> int:
+        return len(self.profiles.ranges) if self.profiles is not None else 1
+
+    def check_profile(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_profiles:
+            raise UsageError(f"optimization profile {index!r} does not exist",
+                             hint=f"the engine has {self.num_profiles} profile(s): 0..{self.num_profiles - 1}")
+        return index
+
+    def bind(self, input_shapes: Mapping[str, tuple[int, ...]], profile: int = 0,
+             values: Mapping[str, Any] | None = None) -> ShapeSet:
+        """The ShapeSet of `input_shapes` (every input) and the shape-tensor inputs' host
+        `values` in optimization profile `profile`."""
+        given = {n: tuple(int(v) for v in np.asarray(values[n]).ravel()) for n in self.value_inputs if n in (values or {})}
+        key = (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs) + tuple(sorted(given.items()))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        if self.profiles is None:
+            for name in self.plan.inputs:
+                if tuple(input_shapes[name]) != self._static[name]:
+                    raise RuntimeInputError(f"input {name!r} has shape {tuple(input_shapes[name])}, the engine "
+                                            f"expects {self._static[name]}", where=f"tensor {name!r}",
+                                            hint="rebuild the plan with --input-shapes, or with profiles "
+                                                 "(--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes)")
+            found = ShapeSet(key, {}, {})
+        else:
+            dims = self.profiles.bind_shapes(input_shapes, self._static, profile, given)
+            found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
+        self._cache[key] = found
+        if len(self._cache) > MAX_CACHED_SHAPE_SETS:
+            self._cache.popitem(last=False)
+        return found
+
+    def _values(self, dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, t in self._host.items():
+            try:
+                value = np.asarray([evaluate(v, dims) for v in t.value], dtype=t.np_dtype).reshape(t.shape)
+            except (ShapeEvalError, OverflowError) as exc:
+                raise RuntimeInputError(f"shape tensor {name!r} cannot be computed for these input shapes: {exc}",
+                                        hint="feed shapes inside the optimization profile") from None
+            value.setflags(write=False)
+            out[name] = value
+        return out
+
+    def _evaluate(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, t in self._dynamic.items():
+            try:
+                shape = tuple(evaluate(d, dims) for d in t.dims)
+            except ShapeEvalError as exc:
+                raise RuntimeInputError(f"the shape of tensor {name!r} cannot be computed for these input shapes: "
+                                        f"{exc}", hint="feed shapes inside the optimization profile") from None
+            if min(shape, default=0) < 0 or math.prod(shape) * t.np_dtype.itemsize > t.nbytes:
+                raise RuntimeInputError(
+                    f"tensor {name!r} would have shape {shape} for these input shapes, beyond what the plan "
+                    f"reserved for it ({t.nbytes} bytes)", where=f"tensor {name!r}",
+                    hint="feed shapes inside the optimization profile, or rebuild with a wider profile")
+            shapes[name] = shape
+        return shapes

@@ -1,0 +1,164 @@
+"""Optimization profiles at build time: validation, symbolic plan tensors, corner checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.plan import Plan
+from polykit.compiler.profiles import Profile
+from polykit.errors import BuildError, UsageError
+from tests.dynamic_models import encoder, mlp
+
+MLP_PROFILE = Profile({"x": ((1, 1, 16), (4, 8, 16), (8, 32, 16))})
+
+
+def _cfg(*profiles, **kw):
+    return BuilderConfig(target="cpu", profiles=list(profiles), **kw)
+
+
+@pytest.mark.parametrize("triple, what", [
+    (((2, 16), (1, 16), (4, 16)), "dim 0 min 2, opt 1, max 4"),
+    (((1, 16), (2, 16, 1), (4, 16)), "ranks 2/3/2"),
+    ("nope", "not \\(min shape, opt shape, max shape\\)"),
+])
+def test_malformed_profile_names_the_input_and_dim(triple, what):
+    with pytest.raises(UsageError, match=what) as err:
+        Profile({"x": triple})
+    assert "'x'" in err.value.what
+
+
+def test_profile_of_another_rank_than_the_model_names_the_input():
+    with pytest.raises(BuildError, match="input 'x' rank 2; the model's input has rank 3"):
+        build_plan(mlp(), _cfg(Profile({"x": ((1, 16), (2, 16), (4, 16))})))
+
+
+def test_profile_that_moves_a_static_model_dim_names_the_dim():
+    with pytest.raises(BuildError, match="dim 2 the range \\[16, 16, 17\\]; the model fixes that dim to 16"):
+        build_plan(mlp(), _cfg(Profile({"x": ((1, 1, 16), (2, 2, 16), (4, 4, 17))})))
+
+
+def test_profile_without_a_dynamic_input_says_what_to_pass():
+    with pytest.raises(BuildError, match="no shapes for dynamic input 'mask'") as err:
+        build_plan(encoder(layers=1), _cfg(Profile({"x": ((1, 1, 32), (2, 8, 32), (4, 16, 32))})))
+    assert "--trt-min-shapes" in err.value.hint
+
+
+def test_dims_the_model_names_alike_must_get_the_same_range():
+    prof = Profile({"x": ((1, 1, 32), (2, 8, 32), (4, 16, 32)), "mask": ((1, 1), (2, 8), (4, 17))})
+    with pytest.raises(BuildError, match="same model dim 'seq'"):
+        build_plan(encoder(layers=1), _cfg(prof))
+
+
+def test_profile_build_records_dim_expressions_opt_shapes_and_max_bytes():
+    plan = build_plan(mlp(), _cfg(MLP_PROFILE))
+    y = plan.tensors["y"]
+    assert [str(d) for d in y.dims] == ["batch", "tokens", "8"]
+    assert y.shape == (4, 8, 8)  # opt
+    assert y.nbytes == 8 * 32 * 8 * 4  # max
+    assert plan.profiles.ranges == ({"batch": (1, 4, 8), "tokens": (1, 8, 32)},)
+    flat = next(t for t in plan.tensors.values() if t.dims and len(t.dims) == 2)
+    assert str(flat.dims[0]) == "(batch*tokens)"
+
+
+def test_profile_plan_round_trips_through_its_bytes():
+    plan = build_plan(mlp(), _cfg(MLP_PROFILE))
+    back = Plan.deserialize(plan.serialize())
+    assert back.profiles == plan.profiles
+    assert back.tensors == plan.tensors
+    assert back.serialize() == plan.serialize()
+
+
+def test_profile_with_equal_min_opt_max_builds_the_static_plan():
+    shape = (2, 5, 16)
+    static = build_plan(mlp(), BuilderConfig(target="cpu", input_shapes={"x": shape}))
+    pinned = build_plan(mlp(), _cfg(Profile({"x": (shape, shape, shape)})))
+    assert not any(t.dims for t in pinned.tensors.values())
+    assert [l.kind for l in pinned.layers] == [l.kind for l in static.layers]
+
+
+def test_reshape_that_cannot_hold_across_the_profile_is_a_build_error_naming_the_node():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = numpy_helper.from_array(np.array([4, 3], dtype=np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="fixed_reshape")], "g", [x], [y],
+                              [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(BuildError, match="cannot reshape .* at profile 0's min shape") as err:
+        build_plan(model, _cfg(Profile({"x": ((1, 6), (2, 6), (4, 6))})))
+    assert "fixed_reshape" in err.value.where
+
+
+def test_two_profiles_reserve_the_largest_corner_of_either():
+    small = Profile({"x": ((1, 1, 16), (2, 2, 16), (2, 4, 16))})
+    large = Profile({"x": ((4, 4, 16), (8, 8, 16), (8, 64, 16))})
+    plan = build_plan(mlp(), _cfg(small, large))
+    assert plan.tensors["y"].nbytes == 8 * 64 * 8 * 4
+    assert plan.tensors["y"].shape == (2, 2, 8)  # the first profile's opt
+
+
+def test_tactic_whose_kernels_bake_a_size_is_not_eligible_for_a_dynamic_layer():
+    from dataclasses import replace
+
+    from polykit.compiler.builder import generic_corners, tensors_at
+    from polykit.compiler.tuner import serves_corners
+    from polykit.kernels.cuda.base import KernelSource
+    from polykit.kernels.tactics import all_tactics
+
+    plan = build_plan(mlp(), _cfg(MLP_PROFILE))
+    gemm = next(l for l in plan.layers if l.kind == "Gemm")
+    corners = [env for _, _, env in plan.profiles.corners()]
+    exact = [tensors_at(plan.tensors, env) for env in corners]
+    generic = [tensors_at(plan.tensors, env) for env in generic_corners(corners)]
+    simt = next(t for t in all_tactics("cuda") if t.name == "cuda.gemm.simt" and t.kind == "Gemm")
+    assert serves_corners(simt, gemm, exact, generic)
+    baked = replace(simt, kernels_fn=lambda layer: [KernelSource("gemm", defines=(("M", str(layer.in_shapes[0][0])),))])
+    assert not serves_corners(baked, gemm, exact, generic)
+    assert not serves_corners(replace(simt, dynamic_sizes=False), gemm, exact, generic)
+
+
+def test_shape_chains_become_values_the_engine_writes_instead_of_layers():
+    plan = build_plan(encoder(layers=1), _cfg(Profile({"x": ((1, 1, 32), (2, 8, 32), (4, 40, 32)),
+                                                       "mask": ((1, 1), (2, 8), (4, 40))})))
+    assert not {"Shape", "Gather", "Concat"} & {l.kind for l in plan.layers}
+    values = sorted(tuple(map(str, t.value)) for t in plan.tensors.values() if t.value)
+    assert ("batch", "seq", "4", "8") in values and ("batch", "seq", "32") in values
+
+
+def _max_of_batch_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape", end=1),
+             helper.make_node("Max", ["s", "three"], ["y"], name="max_with_3")]
+    three = numpy_helper.from_array(np.array([3], dtype=np.int64), "three")
+    graph = helper.make_graph(nodes, "g", [x], [y], [three])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_value_decided_at_opt_that_differs_at_a_corner_is_a_build_error_naming_the_node():
+    with pytest.raises(BuildError, match=r"shape tensor 'y' holds \[3\] at profile 0's min shape") as err:
+        build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((1, 4), (4, 4), (8, 4))})))
+    assert "max_with_3" in err.value.where
+
+
+def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
+    from polykit.runtime.engine import Runtime
+
+    plan = build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((3, 4), (4, 4), (8, 4))})))
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
+
+
+@pytest.mark.parametrize("case", ["embedding", "encoder", "convnet", "mlp"])
+@pytest.mark.parametrize("fp16", [False, True])
+def test_cuda_plans_for_profiles_build_with_kernels_that_take_sizes_at_run_time(case, fp16):
+    from tests.runtime.test_dynamic_shapes import CASES
+
+    make, profile, _, _ = CASES[case]
+    plan = build_plan(make(), BuilderConfig(target="cuda", profiles=[profile], fp16=fp16))
+    back = Plan.deserialize(plan.serialize())
+    assert back.profiles == plan.profiles and any(t.dims for t in back.tensors.values())
+    assert all(layer.tactic.startswith("cuda.") for layer in back.layers)

@@ -1,0 +1,84 @@
+"""Symbolic dims: SymInt arithmetic builds expressions that evaluate to what ints compute."""
+
+from __future__ import annotations
+
+import json
+import operator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polykit.compiler.symbolic import (SymInt, ceil_div, evaluate, expr_from_json, expr_to_json, symbol, term_of)
+
+OPS = [operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod]
+
+
+@st.composite
+def programs(draw):
+    """A random straight-line dim computation over symbols a, b and small constants."""
+    steps = draw(st.lists(st.tuples(st.sampled_from(range(len(OPS) + 1)), st.integers(0, 5), st.integers(0, 5),
+                                    st.integers(1, 9)), min_size=1, max_size=8))
+    return steps
+
+
+def _run(steps, a, b):
+    vals = [a, b]
+    for op, i, j, k in steps:
+        x, y = vals[i % len(vals)], vals[j % len(vals)]
+        if op == len(OPS):
+            vals.append(ceil_div(x, k))
+        elif OPS[op] in (operator.floordiv, operator.mod):
+            vals.append(OPS[op](x, k))
+        else:
+            vals.append(OPS[op](x, y))
+    return vals[-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(programs(), st.integers(1, 50), st.integers(1, 50), st.integers(1, 50), st.integers(1, 50))
+def test_expression_of_a_computation_evaluates_to_the_computation_at_any_dims(steps, a_opt, b_opt, a, b):
+    sym = _run(steps, SymInt(a_opt, symbol("a")), SymInt(b_opt, symbol("b")))
+    assert int(sym) == _run(steps, a_opt, b_opt)
+    assert evaluate(term_of(sym), {"a": a, "b": b}) == _run(steps, a, b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(programs(), st.integers(1, 50), st.integers(1, 50))
+def test_expression_survives_its_json_form(steps, a, b):
+    term = term_of(_run(steps, SymInt(3, symbol("a")), SymInt(5, symbol("b"))))
+    back = expr_from_json(json.loads(json.dumps(expr_to_json(term))), {"a", "b"})
+    assert back == term
+    assert evaluate(back, {"a": a, "b": b}) == evaluate(term, {"a": a, "b": b})
+
+
+def test_reshape_quotient_cancels_to_the_remaining_symbol():
+    b, s = SymInt(8, symbol("batch")), SymInt(128, symbol("seq"))
+    assert expr_to_json(term_of(b * s * 768 // (b * 12))) == ["*", 64, "seq"]
+    assert term_of(b * s // b) == symbol("seq")
+
+
+def test_a_symbolic_dim_is_no_longer_symbolic_once_it_cancels_to_a_constant():
+    b = SymInt(8, symbol("batch"))
+    assert type(b * 4 // b) is int and b * 4 // b == 4
+
+
+@pytest.mark.parametrize("bad, what", [
+    (["pow", 1, 2], "not an int, a symbol"),
+    (["//", 1], "takes 2 args"),
+    ("z", "is not a dim of an engine input"),
+    (1 << 60, "beyond"),
+    (True, "not an int"),
+    ([], "not an int"),
+])
+def test_malformed_expression_is_refused_with_what_is_wrong(bad, what):
+    with pytest.raises(ValueError, match=what):
+        expr_from_json(bad, {"a"})
+
+
+def test_deeply_nested_expression_is_refused():
+    value = "a"
+    for _ in range(100):
+        value = ["+", value, 1]
+    with pytest.raises(ValueError, match="deeper"):
+        expr_from_json(value, {"a"})
