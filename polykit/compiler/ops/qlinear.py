@@ -15,36 +15,16 @@ Per-row scales of `a` ([M]) and per-output-channel scales of `w` ([M]) are resha
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
 from polykit.compiler.ir import Node
+from polykit.compiler.ops.node_emitter import NodeEmitter
 from polykit.compiler.registry import ImportContext, importer
-from polykit.errors import UnsupportedModelError
+from polykit.errors import ShapeError
 
 CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-class _Emitter:
-    """Appends nodes with fresh names to a replacement list."""
-
-    def __init__(self, node: Node, ctx: ImportContext):
-        self.node, self.ctx, self.nodes = node, ctx, []
-
-    def __call__(self, op: str, inputs: list[str], output: str | None = None, **attrs) -> str:
-        g = self.ctx.graph
-        base = self.node.name or self.node.op_type
-        out = output or g.fresh_name(f"{base}_{op}")
-        self.nodes.append(Node(op, inputs, [out], attrs, name=g.fresh_name(f"{base}_{op}")))
-        return out
-
-    def const(self, value, prefix: str) -> str:
-        return self.ctx.add_constant(np.asarray(value), prefix=f"{self.node.name}_{prefix}")
-
-    def double(self, name: str) -> str:
-        return self("Cast", [name], to=TensorProto.DOUBLE)
-
-
-def _requantize(emit: _Emitter, product: str, scale_a: str, scale_b: str, y_scale: str, y_zp: str) -> list[Node]:
+def _requantize(emit: NodeEmitter, product: str, scale_a: str, scale_b: str, y_scale: str, y_zp: str) -> list[Node]:
     """y = QuantizeLinear(double(product) * (scale_a * scale_b / y_scale in double), 1.0, y_zp)
     into the node's output."""
     factor = emit("Div", [emit("Mul", [emit.double(scale_a), emit.double(scale_b)]), emit.double(y_scale)])
@@ -56,7 +36,7 @@ def _requantize(emit: _Emitter, product: str, scale_a: str, scale_b: str, y_scal
 @importer("QLinearMatMul", since=10)
 def _qlinear_matmul(node: Node, ctx: ImportContext) -> list[Node]:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = (list(node.inputs) + [""] * 8)[:8]
-    emit = _Emitter(node, ctx)
+    emit = NodeEmitter(node, ctx)
     product = emit("MatMulInteger", [a, b, a_zp, b_zp])
     rows = emit("Unsqueeze", [a_scale, emit.const(np.array([-1], np.int64), "rows")])  # [M] -> [M, 1]
     return _requantize(emit, product, rows, b_scale, y_scale, y_zp)
@@ -68,14 +48,14 @@ def _conv_rank(node: Node, ctx: ImportContext, w: str) -> int:
         return len(shape)
     if "kernel_shape" in node.attrs:
         return len(node.attrs["kernel_shape"]) + 2
-    raise UnsupportedModelError("QLinearConv whose weight rank is unknown at import", where=node.describe(),
+    raise ShapeError("QLinearConv whose weight rank is unknown at import", where=node.describe(),
                                 hint="give the weight a static shape or set kernel_shape")
 
 
 @importer("QLinearConv", since=10)
 def _qlinear_conv(node: Node, ctx: ImportContext) -> list[Node]:
     x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias = (list(node.inputs) + [""] * 9)[:9]
-    emit = _Emitter(node, ctx)
+    emit = NodeEmitter(node, ctx)
     rank = _conv_rank(node, ctx, w)
     per_channel = emit.const(np.array([1, -1] + [1] * (rank - 2), np.int64), "per_channel")
     attrs = {k: v for k, v in node.attrs.items() if k in CONV_ATTRS}
