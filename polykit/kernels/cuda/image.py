@@ -13,7 +13,7 @@ import numpy as np
 
 from polykit.compiler.ops.image import crop_pad_axes, crop_pad_offsets
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.pointwise import BLOCK, CODE, dtype_names, grid_for
 
 FILE = "image.cu"
@@ -55,9 +55,7 @@ def _col2im_kernels(layer) -> list[KernelSource]:
 def enqueue_col2im(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x, block, y = tensors[layer.inputs[0]], tensors[layer.inputs[2]], tensors[layer.outputs[0]]
     where = _where(layer)
-    code = CODE.get(x.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"Col2Im has no CUDA kernel for {x.dtype}", where=where, hint="use --target cpu")
+    code = storage_code(layer, x, CODE, DTYPES)
     if block.dtype != np.int64:
         raise DeviceError(f"Col2Im block_shape of dtype {block.dtype} (int64 expected)", where=where)
     image = list(y.shape[2:])

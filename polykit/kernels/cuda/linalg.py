@@ -7,8 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.pointwise import CODE, dtype_names
 
 FILE = "linalg.cu"
@@ -27,10 +26,7 @@ def _lu_bytes(layer, tensors, sm_count: int) -> int:
 
 def enqueue_det(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
-    code = CODE.get(x.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"Det has no CUDA kernel for {x.dtype}", where=f"layer {layer.name!r}",
-                          hint="use --target cpu")
+    code = storage_code(layer, x, CODE, DTYPES)
     batch, m = y.size, x.shape[-1]
     if batch == 0:
         return

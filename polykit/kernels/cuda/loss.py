@@ -13,7 +13,7 @@ import numpy as np
 
 from polykit.compiler.ops.loss import loss_reduction
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.pointwise import CODE, dtype_names, grid_for
 from polykit.kernels.cuda.softmax import MODES, launch_softmax, softmax_kernels
 
@@ -39,10 +39,7 @@ def launch_nll(layer, launcher: Launcher, log_prob: DeviceTensor, target: Device
                weight: DeviceTensor | None, out: DeviceTensor) -> None:
     """out = the NLL loss of `log_prob` [N, C, ...] against `target`, reduced per the layer's attributes."""
     where = _where(layer)
-    code = CODE.get(log_prob.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"{layer.kind} has no CUDA kernel for {log_prob.dtype}", where=where,
-                          hint="use --target cpu")
+    code = storage_code(layer, log_prob, CODE, DTYPES)
     if target.dtype.name not in ("int32", "int64"):
         raise DeviceError(f"{layer.kind} target of dtype {target.dtype} (int32/int64 expected)", where=where)
     if weight is not None and weight.dtype != log_prob.dtype:

@@ -9,7 +9,7 @@ import numpy as np
 
 from polykit.compiler.ops.optimizer import GROUPS, TRAINING_DOMAIN, grouped
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
 
 FILE = "optimizer.cu"
@@ -45,10 +45,7 @@ def enqueue_optimizer(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     kind, consts = _constants(layer)
     for i in range(n):
         x = ins["X"][i]
-        code = CODE.get(x.dtype.name)
-        if code not in DTYPES:
-            raise DeviceError(f"{layer.kind} of {x.dtype} tensors has no CUDA kernel", where=where,
-                              hint="use --target cpu")
+        code = storage_code(layer, x, CODE, DTYPES)
         if x.size == 0:
             continue
         state = [ins[g][i] if g in ins else 0 for g in "GVH"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from polykit.compiler.ops.random import random_key
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
 
 FILE = "random.cu"
@@ -24,21 +24,13 @@ def _kernels(layer) -> list[KernelSource]:
     return [KernelSource(f"{p}_{c}", FILE) for p in ("random", "bernoulli") for c in DTYPES]
 
 
-def _code(layer, t: DeviceTensor, what: str) -> str:
-    code = CODE.get(t.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"{layer.kind} {what} of dtype {t.dtype} has no CUDA kernel", where=f"layer {layer.name!r}",
-                          hint="use --target cpu")
-    return code
-
-
 def _key(layer) -> np.uint64:
     return np.uint64(random_key(layer.attrs, layer.outputs[0]))
 
 
 def enqueue_random(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     y = tensors[layer.outputs[0]]
-    code = _code(layer, y, "output")
+    code = storage_code(layer, y, CODE, DTYPES, "output")
     if y.size == 0:
         return
     attrs = layer.attrs
@@ -52,7 +44,7 @@ def enqueue_random(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
 
 def enqueue_bernoulli(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     p, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
-    code = _code(layer, p, "input")
+    code = storage_code(layer, p, CODE, DTYPES, "input")
     if y.dtype.name not in OUT_CODES:
         raise DeviceError(f"Bernoulli output of dtype {y.dtype} has no CUDA kernel", where=f"layer {layer.name!r}",
                           hint="use --target cpu")

@@ -12,7 +12,7 @@ import numpy as np
 
 from polykit.compiler.ops.signal import WINDOW_COEFFS, WINDOW_OPS
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.pointwise import BLOCK, CODE, dtype_names, grid_for
 
 FILE = "signal.cu"
@@ -28,11 +28,7 @@ def _where(layer) -> str:
 
 
 def _code(layer, t: DeviceTensor) -> str:
-    code = CODE.get(t.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"{layer.kind} has no CUDA kernel for {t.dtype}", where=_where(layer),
-                          hint="use --target cpu")
-    return code
+    return storage_code(layer, t, CODE, DTYPES)
 
 
 def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:

@@ -9,15 +9,9 @@ from polykit.compiler.plan_records import LayerDesc
 from polykit.kernels.cuda import image
 from polykit.kernels.cuda.base import DeviceTensor
 
+from .recording_launcher import RecordingLauncher
+
 rng = np.random.default_rng(61)
-
-
-class RecordingLauncher:
-    def __init__(self):
-        self.launches = []
-
-    def launch(self, kernel, grid, block, args, shared_mem=0):
-        self.launches.append((kernel.name, list(args)))
 
 
 def check(layer, inputs, **tol):
