@@ -1,9 +1,10 @@
-"""Cast and CastLike.
+"""Cast, CastLike and BitCast.
 
 Canonical Cast: `to` is an int (TensorProto.DataType). Cast-1..5 named the type with a
 string; the importer maps it. A target type polykit does not run (bfloat16, float8, int4,
 ...) is a PolykitError at import, naming the node. `saturate` only affects float8 targets,
-which polykit does not run, so it is kept and has no effect.
+which polykit does not run, so it is kept and has no effect. BitCast (opset 26) reinterprets
+the bytes of each element as `to`, a type of the same width.
 """
 
 from __future__ import annotations
@@ -44,3 +45,13 @@ def _cast(ctx: InferContext):
 @shape_rule("CastLike")
 def _cast_like(ctx: InferContext):
     return [(ctx.dtype(1), ctx.shape(0))]
+
+
+@shape_rule("BitCast")
+def _bit_cast(ctx: InferContext):
+    to = cast_target(ctx.node)
+    have = ctx.dtype(0)
+    if have is not None and (have.itemsize != to.itemsize or have == object or to == object):
+        raise ctx.fail(f"BitCast from {have} ({8 * have.itemsize} bits) to {to} ({8 * to.itemsize} bits)",
+                       hint="BitCast needs numeric types of the same bit width; use Cast to convert values")
+    return [(to, ctx.shape(0))]

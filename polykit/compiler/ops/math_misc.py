@@ -1,4 +1,4 @@
-"""CumSum, TopK, Trilu, Einsum: importers (TopK's k attribute -> input) and shape rules."""
+"""CumSum, CumProd, TopK, Trilu, Einsum: importers (TopK's k attribute -> input) and shape rules."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from polykit.compiler.registry import ImportContext, InferContext, broadcast_sha
 INT64 = np.dtype(np.int64)
 
 
-@shape_rule("CumSum")
-def _cumsum(ctx: InferContext):
+@shape_rule("CumSum", "CumProd")
+def _cumulative(ctx: InferContext):
     axis = ctx.const(1)
     if axis is not None and ctx.rank(0) is not None:
         if np.asarray(axis).size != 1:
-            raise ctx.fail(f"CumSum axis must be a scalar, got {np.asarray(axis).tolist()}")
+            raise ctx.fail(f"{ctx.node.op_type} axis must be a scalar, got {np.asarray(axis).tolist()}")
         ctx.normalize_axis(int(np.asarray(axis).reshape(())), ctx.rank(0))
     return [(ctx.dtype(0), ctx.shape(0))]
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from polykit.errors import PlanError
+from polykit.errors import DeviceError, PlanError
 from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
 
 CUDA_DIR = Path(__file__).parent
@@ -211,6 +211,17 @@ class CudaTactic(Tactic):
         """The rendered sources of the layer's kernels (and the host code that launches them)."""
         keys = "".join(sorted(k.key() for k in self.kernels(layer)))
         return hashlib.sha256((super().source_key(layer) + keys).encode()).hexdigest()[:24]
+
+
+def storage_code(layer: Any, t: DeviceTensor, codes: Mapping[str, str], allowed: Sequence[str],
+                 what: str = "") -> str:
+    """The kernel-name suffix of `t`'s storage type (`codes`: numpy dtype name -> suffix) when
+    the family has a kernel for it (`allowed`); a DeviceError naming the layer otherwise."""
+    code = codes.get(t.dtype.name)
+    if code not in allowed:
+        raise DeviceError(f"{layer.kind}{' ' + what if what else ''} has no CUDA kernel for {t.dtype}",
+                          where=f"layer {layer.name!r}", hint="use --target cpu")
+    return code
 
 
 def stored_as(*dtypes: str, then: Any = None):

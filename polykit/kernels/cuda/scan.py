@@ -1,4 +1,4 @@
-"""CumSum tactic (scan.cu): block scan of innermost rows, thread-per-column scan otherwise.
+"""CumSum / CumProd tactics (scan.cu): block scan of innermost rows, thread-per-column scan otherwise.
 
 The axis input is read by the kernel on the device (plans keep no host copy of it); the
 host only passes the input's dims. Deterministic: fixed summation order for a given shape.
@@ -19,8 +19,13 @@ BLOCK = 256
 MAX_GRID = 65535
 
 
+#: layer kind -> kernel name prefix in scan.cu
+PREFIX = {"CumSum": "cumsum", "CumProd": "cumprod"}
+
+
 def _kernels(layer) -> list[KernelSource]:
-    return [KernelSource(f"cumsum_{c}", FILE) for c in DTYPES]
+    kinds = [layer.kind] if layer is not None else list(PREFIX)
+    return [KernelSource(f"{PREFIX[k]}_{c}", FILE) for k in kinds for c in DTYPES]
 
 
 def scan_grid(size: int) -> int:
@@ -29,17 +34,17 @@ def scan_grid(size: int) -> int:
     return max(1, min(-(-size // 64), MAX_GRID))
 
 
-def enqueue_cumsum(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+def enqueue_scan(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     where = f"layer {layer.name!r}"
     x, axis, y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     code = CODE.get(x.dtype.name)
     if code not in DTYPES:
-        raise DeviceError(f"CumSum has no CUDA kernel for {x.dtype}", where=where, hint="use --target cpu")
+        raise DeviceError(f"{layer.kind} has no CUDA kernel for {x.dtype}", where=where, hint="use --target cpu")
     if axis.dtype.name not in ("int32", "int64") or axis.size != 1:
-        raise DeviceError(f"CumSum axis must be one int32/int64 value, got {axis.dtype} of shape {axis.shape}",
+        raise DeviceError(f"{layer.kind} axis must be one int32/int64 value, got {axis.dtype} of shape {axis.shape}",
                           where=where)
     if len(x.shape) > MAXR:
-        raise DeviceError(f"CumSum of a rank-{len(x.shape)} tensor (at most {MAXR})", where=where,
+        raise DeviceError(f"{layer.kind} of a rank-{len(x.shape)} tensor (at most {MAXR})", where=where,
                           hint="use --target cpu")
     if x.size == 0:
         return
@@ -47,12 +52,13 @@ def enqueue_cumsum(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
     dims = list(shape) + [1] * (MAXR - len(shape))
     args = [x, y, axis, int(axis.dtype.name == "int64"), int(bool(layer.attrs.get("exclusive", 0))),
             int(bool(layer.attrs.get("reverse", 0))), len(shape), *dims]
-    launcher.launch(KernelSource(f"cumsum_{code}", FILE), (scan_grid(x.size), 1, 1), (BLOCK, 1, 1), args)
+    launcher.launch(KernelSource(f"{PREFIX[layer.kind]}_{code}", FILE), (scan_grid(x.size), 1, 1), (BLOCK, 1, 1), args)
 
 
-cuda_tactic("CumSum", "cuda.scan", kernels=_kernels)(enqueue_cumsum)
+for _kind in PREFIX:
+    cuda_tactic(_kind, "cuda.scan", kernels=_kernels)(enqueue_scan)
 
 
 def compile_variants() -> list[KernelSource]:
-    """The one scan.cu module (every dtype is an entry point in it)."""
+    """The one scan.cu module (every op and dtype is an entry point in it)."""
     return _kernels(None)

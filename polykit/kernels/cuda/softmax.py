@@ -18,7 +18,7 @@ STORED = dtype_names(DTYPES)
 MODES = {"Softmax": 0, "LogSoftmax": 1, "Hardmax": 2}
 
 
-def _kernels(layer) -> list[KernelSource]:
+def softmax_kernels(layer) -> list[KernelSource]:
     return [KernelSource(f"softmax_{p}_{c}", FILE) for p in ("row", "col") for c in DTYPES]
 
 
@@ -29,17 +29,14 @@ def split_at_axis(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     return outer, (shape[axis] if shape else 1), inner
 
 
-def enqueue_softmax(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
-    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+def launch_softmax(launcher: Launcher, x: DeviceTensor, y: DeviceTensor, axis: int, mode: int, where: str) -> None:
+    """y = Softmax / LogSoftmax / Hardmax (`mode`, see MODES) of x over `axis` (non-negative)."""
     code = CODE.get(x.dtype.name)
     if code not in DTYPES:
-        raise DeviceError(f"{layer.kind} has no CUDA kernel for {x.dtype}", where=f"layer {layer.name!r}",
-                          hint="use --target cpu")
+        raise DeviceError(f"softmax has no CUDA kernel for {x.dtype}", where=where, hint="use --target cpu")
     if x.size == 0:
         return
-    axis = int(layer.attrs.get("axis", -1)) % max(len(x.shape), 1)
     outer, r, inner = split_at_axis(x.shape, axis)
-    mode = MODES[layer.kind]
     if inner == 1 and mode != 2:
         launcher.launch(KernelSource(f"softmax_row_{code}", FILE), (min(outer, 1 << 20), 1, 1), (block_for(r), 1, 1),
                         [x, y, outer, r, mode])
@@ -49,9 +46,15 @@ def enqueue_softmax(layer, launcher: Launcher, tensors: Mapping[str, DeviceTenso
                         [x, y, outer, r, inner, mode])
 
 
+def enqueue_softmax(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    axis = int(layer.attrs.get("axis", -1)) % max(len(x.shape), 1)
+    launch_softmax(launcher, x, y, axis, MODES[layer.kind], f"layer {layer.name!r}")
+
+
 for _kind in MODES:
-    cuda_tactic(_kind, "cuda.softmax", kernels=_kernels, supports=stored_as(*STORED))(enqueue_softmax)
+    cuda_tactic(_kind, "cuda.softmax", kernels=softmax_kernels, supports=stored_as(*STORED))(enqueue_softmax)
 
 
 def compile_variants() -> list[KernelSource]:
-    return _kernels(None)
+    return softmax_kernels(None)

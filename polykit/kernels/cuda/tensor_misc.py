@@ -1,5 +1,5 @@
 """Small tensor tactics (tensor_misc.cu): Constant, ConstantOfShape, Shape, Size, Dropout
-(inference), EyeLike, OneHot, Range, ReverseSequence, CastLike.
+(inference), EyeLike, OneHot, Range, ReverseSequence, CastLike, BitCast (a byte copy).
 
 Shapes are static in a plan, so Shape and Size write values known at build time, and
 Constant / ConstantOfShape write their attribute: the bytes travel as kernel arguments
@@ -209,6 +209,13 @@ def enqueue_cast_like(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     launcher.launch(_src("cast_any"), grid_for(x.size), (BLOCK, 1, 1), args)
 
 
+def enqueue_bit_cast(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """The input's bytes copied as they are (the output's dtype has the same width)."""
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    if x.ptr != y.ptr:
+        launch_copy(launcher, x, y, [x.size], [1], [1], where=_where(layer))
+
+
 def _plain(layer) -> bool:
     return layer.domain in ("", "ai.onnx")
 
@@ -231,6 +238,7 @@ cuda_tactic("Range", "cuda.misc.range", kernels=lambda layer: [_src(f"range_{c}"
             supports=_plain)(enqueue_range)
 cuda_tactic("ReverseSequence", "cuda.misc.reverse_sequence", kernels=lambda layer: _sized("reverse_sequence"),
             supports=_plain)(enqueue_reverse_sequence)
+cuda_tactic("BitCast", "cuda.misc.bit_cast", kernels=copy_kernels, supports=_plain)(enqueue_bit_cast)
 cuda_tactic("CastLike", "cuda.misc.cast_like", kernels=lambda layer: [_src("cast_any")],
             supports=_plain)(enqueue_cast_like)
 

@@ -42,11 +42,7 @@ def _where(layer) -> str:
 
 
 def _code(layer, t: DeviceTensor) -> str:
-    code = CODE.get(t.dtype.name)
-    if code not in DTYPES:
-        raise DeviceError(f"{layer.kind} has no CUDA kernel for {t.dtype}", where=_where(layer),
-                          hint="use --target cpu")
-    return code
+    return storage_code(layer, t, CODE, DTYPES)
 
 
 def _real_code(layer, t: DeviceTensor | None, what: str) -> np.int32:

@@ -1,4 +1,4 @@
-"""Reference kernels: Cast and CastLike (numpy conversion; strings parse and print)."""
+"""Reference kernels: Cast and CastLike (numpy conversion; strings parse and print), BitCast."""
 
 from __future__ import annotations
 
@@ -75,3 +75,9 @@ def cast_like(node, inputs):
         raise PolykitError(f"cannot cast to {like}: polykit does not run that element type",
                            where=node.describe(), hint="polykit runs float16/32/64, (u)int8-64, bool and string tensors")
     return [convert(inputs[0], like, bool(node.attrs.get("saturate", 1)), str(node.attrs.get("round_mode", "up")))]
+
+
+@reference("BitCast")
+def bit_cast(node, inputs):
+    """The same bytes read as `to` (a type of the input's width; the shape rule checks it)."""
+    return [np.asarray(inputs[0], order="C").view(cast_target(node))]

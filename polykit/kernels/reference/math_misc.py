@@ -1,4 +1,4 @@
-"""Reference kernels: CumSum, TopK (stable ties), Trilu, Einsum (float64 accumulation)."""
+"""Reference kernels: CumSum, CumProd, TopK (stable ties), Trilu, Einsum (float64 accumulation)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,25 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
-@reference("CumSum")
-def cumsum(node, inputs):
+@reference("CumSum", "CumProd")
+def cumulative(node, inputs):
+    """Running sum / product along the axis in the accumulation dtype (integer products wrap
+    modulo 2**64 before the cast back, as the cuda kernels' do)."""
     x, axis = inputs
     a = int(np.asarray(axis).reshape(())) % max(x.ndim, 1)
     w = _wide(x)
     if node.attrs.get("reverse", 0):
         w = np.flip(w, axis=a)
-    out = np.cumsum(w, axis=a)
-    if node.attrs.get("exclusive", 0):
-        out = out - w
+    if node.op_type == "CumSum":
+        out = np.cumsum(w, axis=a)
+        if node.attrs.get("exclusive", 0):
+            out = out - w
+    else:
+        if node.attrs.get("exclusive", 0):  # a 1 in front, the last element dropped (no division by zero)
+            pad = [(0, 0)] * w.ndim
+            pad[a] = (1, 0)
+            w = np.take(np.pad(w, pad, constant_values=1), np.arange(w.shape[a]), axis=a)
+        out = np.cumprod(w, axis=a)
     if node.attrs.get("reverse", 0):
         out = np.flip(out, axis=a)
     return [out.astype(x.dtype)]

@@ -28,7 +28,7 @@ def test_scan_grid_covers_a_row_per_block_and_is_capped():
 
 
 def test_cumsum_declares_one_kernel_per_dtype_in_one_module():
-    names = {k.name for k in scan.compile_variants()}
+    names = {k.name for k in scan._kernels(cumsum_layer())}
     assert names == {f"cumsum_{c}" for c in scan.DTYPES}
     assert len({k.key() for k in scan.compile_variants()}) == 1
 
@@ -64,3 +64,29 @@ def test_cumsum_long_row_is_deterministic():
     first = run_layer(cumsum_layer(), inputs)["Y"]
     np.testing.assert_array_equal(first, run_layer(cumsum_layer(), inputs)["Y"])
     check(cumsum_layer(), inputs, rel=1e-5)
+
+
+def cumprod_layer(**attrs):
+    return LayerDesc("cumprod", "CumProd", ("X", "axis"), ("Y",), dict(attrs))
+
+
+def test_cumprod_kernels_share_the_scan_module():
+    names = {k.name for k in scan.compile_variants()}
+    assert {f"cumprod_{c}" for c in scan.DTYPES} <= names
+    assert {k.name for k in scan._kernels(cumprod_layer())} == {f"cumprod_{c}" for c in scan.DTYPES}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,axis", [((7,), 0), ((3, 700), 1), ((5, 37, 3), 1), ((2, 300), 0)])
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_float32_matches_reference(shape, axis, exclusive, reverse):
+    # factors near 1 keep long products finite; the row path multiplies in a tree order
+    x = rng.uniform(0.99, 1.01, shape).astype(np.float32)
+    check(cumprod_layer(exclusive=exclusive, reverse=reverse), {"X": x, "axis": np.array(axis, np.int64)}, rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_cumprod_integers_wrap_exactly(dtype):
+    x = rng.choice(np.array([-3, -2, -1, 1, 2, 3]), size=(3, 200)).astype(dtype)  # no zero: the products wrap
+    check(cumprod_layer(exclusive=1, reverse=1), {"X": x, "axis": np.array(1, np.int64)}, rtol=0, atol=0)

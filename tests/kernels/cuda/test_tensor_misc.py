@@ -37,7 +37,7 @@ def test_every_small_tensor_kind_has_a_cuda_tactic():
     from polykit.kernels.tactics import candidates
 
     kinds = ["Constant", "ConstantOfShape", "Shape", "Size", "Dropout", "EyeLike", "OneHot", "Range",
-             "ReverseSequence", "CastLike"]
+             "ReverseSequence", "CastLike", "BitCast"]
     lay = lambda kind: LayerDesc("l", kind, ("x",), ("y",), {"value": np.ones(2, np.float32)})  # noqa: E731
     assert [k for k in kinds if not candidates("cuda", k, lay(k))] == []
 
@@ -164,3 +164,10 @@ def test_cast_like(src, dst):
         x = (np.abs(x) if np.issubdtype(dst, np.unsignedinteger) else x).astype(src)
         x[0, :3] = 0
     check(LayerDesc("c", "CastLike", ("x", "t"), ("y",)), {"x": x, "t": np.zeros(1, dst)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("src,to", [(np.float32, 6), (np.float64, 7), (np.uint16, 5), (np.bool_, 2)])
+def test_bit_cast_copies_the_bytes(src, to):
+    x = (rng.standard_normal((3, 37)) * 1000).astype(src)
+    check(LayerDesc("b", "BitCast", ("x",), ("y",), {"to": to}), {"x": x})

@@ -65,3 +65,27 @@ def test_cast_like_takes_the_dtype_of_its_second_input():
 def test_cast_like_to_an_unsupported_dtype_is_a_polykit_error():
     with pytest.raises(PolykitError, match="element type"):
         run("CastLike", [np.ones(2, np.float32), np.ones(2, np.complex64)])
+
+
+@pytest.mark.parametrize("src,to,want", [(np.float32, 6, np.int32), (np.int64, 11, np.float64),
+                                         (np.bool_, 2, np.uint8), (np.uint16, 10, np.float16)])
+def test_bit_cast_reinterprets_the_bytes_and_keeps_the_shape(src, to, want):
+    x = (RNG.standard_normal((2, 3)) * 1000).astype(src)
+    (got,) = run("BitCast", [x], to=to)
+    assert got.dtype == want and got.shape == x.shape
+    assert got.tobytes() == x.tobytes()
+
+
+def test_bit_cast_of_a_scalar_stays_a_scalar():
+    (got,) = run("BitCast", [np.array(1.0, np.float32)], to=6)
+    assert got.shape == () and int(got) == 0x3F800000
+
+
+def test_bit_cast_between_widths_is_a_shape_error():
+    from polykit.compiler.ir import Node
+    from polykit.compiler.registry import InferContext, find_shape_rule
+    from polykit.errors import ShapeError
+
+    node = Node("BitCast", ["x"], ["y"], {"to": 7}, name="bc")
+    with pytest.raises(ShapeError, match="same bit width"):
+        find_shape_rule("", "BitCast")(InferContext(node, [np.dtype(np.float32)], [(3,)], [None]))

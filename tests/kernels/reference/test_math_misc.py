@@ -99,3 +99,22 @@ def test_einsum_on_int64():
     b = RNG.integers(-5, 5, (4, 2)).astype(np.int64)
     (got,) = ours("Einsum", [a, b], {"equation": "ij,jk->ik"})
     np.testing.assert_array_equal(got, a @ b)
+
+
+@pytest.mark.parametrize("exclusive,reverse,want", [
+    (0, 0, [[1, 2, 6, 24], [0, 0, 0, 0]]),
+    (1, 0, [[1, 1, 2, 6], [1, 0, 0, 0]]),
+    (0, 1, [[24, 24, 12, 4], [0, 6, 6, 3]]),
+    (1, 1, [[24, 12, 4, 1], [6, 6, 3, 1]]),
+])
+def test_cumprod_modes_with_a_zero_along_the_axis(exclusive, reverse, want):
+    x = np.array([[1, 2, 3, 4], [0, 1, 2, 3]], np.int32)
+    (got,) = ours("CumProd", [x, np.array(1, np.int64)], {"exclusive": exclusive, "reverse": reverse})
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cumprod_float32_along_axis_0_matches_numpy():
+    x = RNG.uniform(0.5, 1.5, (6, 3)).astype(np.float32)
+    (got,) = ours("CumProd", [x, np.array(-2, np.int32)])
+    np.testing.assert_allclose(got, np.cumprod(x.astype(np.float64), axis=0), rtol=1e-6)

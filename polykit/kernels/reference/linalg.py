@@ -1,0 +1,13 @@
+"""Reference kernel: Det (LU with partial pivoting in float64, numpy.linalg.det)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polykit.kernels.registry import reference
+
+
+@reference("Det")
+def det(node, inputs):
+    x = inputs[0]
+    return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
