@@ -2,7 +2,8 @@
 tinygrad's PatternMatcher and torch.fx's replace_pattern): the recognizers' rules.
 
     HALF_X_CORE = Prod(Const(near(0.5)), Var("x"), Op("Add", (Const(near(1.0)), ERF), commutative=True))
-    recognize = Rule(HALF_X_CORE, lambda m: [Node("Gelu", [m["x"]], [m.root.outputs[0]])])
+    GELU = Rule(HALF_X_CORE, lambda m: [Node("Gelu", [m["x"]], [m.root.outputs[0]])])
+    rewrite(graph, [GELU])
 
 A pattern describes the tensor a subgraph computes:
 
@@ -14,6 +15,8 @@ A pattern describes the tensor a subgraph computes:
 - `Prod(*factors)`: a product in any association and order (Mul nodes, Pow by 2..4; see
   products.factors), its constant operands multiplied into the one `Const` factor, each tensor
   operand matched by one other factor;
+- `Scaled(inner, name)`: `inner` times / divided by a chain of one-element constants (none
+  too), the total factor bound to `name`;
 - `OneOf(*options)`: the first option that matches.
 
 A match spans the nodes it walked; it holds only when every spanned node's outputs, except
@@ -21,7 +24,7 @@ the root's, are read by spanned nodes alone and are neither graph outputs nor ke
 rewrite never drops a tensor someone else reads). `rewrite(graph, rules)` tries the rules
 (indexed by their root's op) at each node from the last to the first, so a larger match
 claims its nodes before a smaller one inside it, and puts the nodes a rule builds where the
-root stood.
+root stood (rules whose `accept` refuses a match leave the node to the next rule).
 """
 
 from __future__ import annotations
@@ -179,6 +182,37 @@ class Prod(Pattern):
 
 
 @dataclass(frozen=True)
+class Scaled(Pattern):
+    """`inner` multiplied and/or divided by one-element constants (none, one or a chain):
+    peels Mul/Div-by-constant nodes while their output is read by the next alone, binds the total
+    factor to `name` (in `values`), and matches what is left with `inner`."""
+
+    inner: Pattern
+    name: str
+
+    def match(self, tensor: str, m: Match) -> bool:
+        factor = 1.0
+        while True:
+            node = m.producers.get(tensor)
+            own = m.root is not None and node is m.root  # the root's output may be read anywhere
+            if (node is None or node.domain != "" or node.op_type not in ("Mul", "Div") or len(node.inputs) != 2
+                    or not (own or (tensor not in m.fixed and len(m.readers.get(tensor, [])) == 1))):
+                break
+            a, b = scalar(m.graph, node.inputs[0]), scalar(m.graph, node.inputs[1])
+            if node.op_type == "Div" and b is not None and b != 0.0:
+                factor, tensor = factor / b, node.inputs[0]
+            elif node.op_type == "Mul" and b is not None:
+                factor, tensor = factor * b, node.inputs[0]
+            elif node.op_type == "Mul" and a is not None:
+                factor, tensor = factor * a, node.inputs[1]
+            else:
+                break
+            m.span(node)
+        m.values[self.name] = factor
+        return self.inner.match(tensor, m)
+
+
+@dataclass(frozen=True)
 class OneOf(Pattern):
     options: tuple[Pattern, ...]
 
@@ -195,6 +229,8 @@ def root_ops(pattern: Pattern) -> tuple[str, ...]:
         return pattern.ops
     if isinstance(pattern, Prod):
         return ("Mul", "Pow")
+    if isinstance(pattern, Scaled):
+        return ("Mul", "Div", *root_ops(pattern.inner))
     if isinstance(pattern, OneOf):
         return tuple(dict.fromkeys(op for p in pattern.options for op in root_ops(p)))
     return ()
@@ -202,10 +238,12 @@ def root_ops(pattern: Pattern) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Rule:
-    """`pattern` rooted at a node -> the nodes `build(match)` returns (None: leave it)."""
+    """`pattern` rooted at a node, where `accept(match)` holds (it may span more nodes: ones
+    the rewrite drops too) -> the nodes `build(match)` returns in the root's place."""
 
     pattern: Pattern
-    build: Callable[[Match], "list[Node] | None"]
+    build: Callable[[Match], list[Node]]
+    accept: Callable[[Match], bool] = lambda m: True
 
 
 def match_at(graph: Graph, pattern: Pattern, node: Node, *, keep: Iterable[str] = (),
@@ -219,33 +257,37 @@ def match_at(graph: Graph, pattern: Pattern, node: Node, *, keep: Iterable[str] 
 
 
 def rewrite(graph: Graph, rules: Iterable[Rule], *, keep: Iterable[str] = ()) -> bool:
-    """Replace each match of `rules` (first rule first, at each node from the last to the
-    first) by the nodes its rule builds; True if any."""
+    """Replace each match of `rules` by the nodes its rule builds; True if any. Matches are
+    claimed from the last node to the first (first rule first), so a larger match takes its
+    nodes before a smaller one inside it; they are built in graph order (fresh names follow
+    the graph)."""
     index: dict[str, list[Rule]] = {}
     for rule in rules:
         for op in root_ops(rule.pattern):
             index.setdefault(op, []).append(rule)
     producers, readers = graph.producers(), graph.consumers()
-    replaced: dict[int, list[Node]] = {}
-    dead: list[Node] = []
+    found: dict[int, tuple[Rule, Match]] = {}
     taken: set[int] = set()
     for node in reversed(graph.nodes):
         if node.domain != "" or id(node) in taken:
             continue
         for rule in index.get(node.op_type, ()):
             m = match_at(graph, rule.pattern, node, keep=keep, producers=producers, readers=readers)
-            if m is None or any(id(n) in taken for n in m.nodes):
+            if m is None or any(id(n) in taken for n in m.nodes) or not rule.accept(m):
                 continue
-            new = rule.build(m)
-            if new is None:
+            if any(id(n) in taken for n in m.nodes):  # accept spanned a node taken already
                 continue
             taken.update(id(n) for n in m.nodes)
-            replaced[id(node)] = new
-            dead.extend(n for n in m.nodes if n is not node)
+            found[id(node)] = (rule, m)
             break
-    if not replaced:
+    if not found:
         return False
-    graph.nodes = [new for n in graph.nodes for new in replaced.get(id(n), [n])]
-    graph.remove_nodes(dead)
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        if id(n) in found:
+            rule, m = found[id(n)]
+            nodes.extend(rule.build(m))
+        elif id(n) not in taken:
+            nodes.append(n)
+    graph.nodes = nodes
     return True
-

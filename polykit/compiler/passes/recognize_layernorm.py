@@ -78,47 +78,56 @@ def _param(graph: Graph, name: str, norm_shape: tuple, dtype) -> tuple[bool, np.
     return True, np.broadcast_to(value, norm_shape).astype(dtype)
 
 
-def _layernorm(gamma: bool, beta: bool):
-    def build(m: Match) -> list[Node] | None:
-        graph, x = m.graph, m["x"]
-        xv = graph.value(x)
-        if xv.shape is None or xv.dtype is None:
+def _operands(m: Match, gamma: bool, beta: bool):
+    """(axes, norm_shape, {"gamma"/"beta": (name, constant value or None)}) when the match is a
+    layer norm over trailing axes with usable gamma/beta, else None."""
+    graph, x = m.graph, m["x"]
+    xv = graph.value(x)
+    if xv.shape is None or xv.dtype is None:
+        return None
+    rank = len(xv.shape)
+    axes = _axes(graph, m.named["mean"], rank)
+    if not axes or _axes(graph, m.named["var"], rank) != axes:
+        return None
+    norm_shape = tuple(xv.shape[rank - len(axes):])
+    if not gamma and not all(isinstance(k, int) for k in norm_shape):
+        return None
+    found = {}
+    for key in [k for k, wanted in (("gamma", gamma), ("beta", beta)) if wanted]:
+        usable, value = _param(graph, m[key], norm_shape, xv.dtype)
+        producer = m.producers.get(m[key])
+        if not usable or any(producer is n for n in m.nodes):
             return None
-        rank = len(xv.shape)
-        axes = _axes(graph, m.named["mean"], rank)
-        if not axes or _axes(graph, m.named["var"], rank) != axes:
-            return None
-        norm_shape = tuple(xv.shape[rank - len(axes):])
-        params = [(key, prefix) for key, prefix, wanted in (("gamma", "ln_scale", gamma), ("beta", "ln_bias", beta))
-                  if wanted]
-        found = {}
-        for key, prefix in params:
-            usable, value = _param(graph, m[key], norm_shape, xv.dtype)
-            producer = m.producers.get(m[key])
-            if not usable or any(producer is n for n in m.nodes):
-                return None
-            found[key] = (m[key], value, prefix)
-        if not gamma and not all(isinstance(k, int) for k in norm_shape):
-            return None
+        found[key] = (m[key], value)
+    return axes, norm_shape, found
 
-        def operand(key: str) -> str:
-            name, value, prefix = found[key]
+
+def _layernorm(gamma: bool, beta: bool):
+    """(build, accept) of the rule whose pattern has gamma / beta as given."""
+    def build(m: Match) -> list[Node]:
+        graph, x = m.graph, m["x"]
+        axes, norm_shape, found = _operands(m, gamma, beta)
+
+        def operand(key: str, prefix: str) -> str:
+            name, value = found[key]
             return name if value is None else graph.add_initializer(value, prefix)
 
-        scale = operand("gamma") if gamma else graph.add_initializer(np.ones(norm_shape, xv.dtype), "ln_scale")
-        inputs = [x, scale] + ([operand("beta")] if beta else [])
+        dtype = graph.value(x).dtype
+        scale = operand("gamma", "ln_scale") if gamma else graph.add_initializer(np.ones(norm_shape, dtype), "ln_scale")
+        inputs = [x, scale] + ([operand("beta", "ln_bias")] if beta else [])
         return [Node("LayerNormalization", inputs, [m.root.outputs[0]],
                      {"axis": -len(axes), "epsilon": float(m.values["eps"])}, name=f"{m.named['mean'].name}_layernorm")]
-    return build
+
+    return build, lambda m: _operands(m, gamma, beta) is not None
 
 
 RULES = (
-    Rule(_shifted(_scaled(NORM)), _layernorm(True, True)),
-    Rule(_shifted(NORM), _layernorm(False, True)),
-    Rule(_tf(R_SCALED), _layernorm(True, True)),
-    Rule(_tf(R_PLAIN), _layernorm(False, True)),
-    Rule(_scaled(NORM), _layernorm(True, False)),
-    Rule(NORM, _layernorm(False, False)),
+    Rule(_shifted(_scaled(NORM)), *_layernorm(True, True)),
+    Rule(_shifted(NORM), *_layernorm(False, True)),
+    Rule(_tf(R_SCALED), *_layernorm(True, True)),
+    Rule(_tf(R_PLAIN), *_layernorm(False, True)),
+    Rule(_scaled(NORM), *_layernorm(True, False)),
+    Rule(NORM, *_layernorm(False, False)),
 )
 
 
