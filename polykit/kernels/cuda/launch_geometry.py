@@ -1,5 +1,6 @@
 """Launch geometry shared by the elementwise-style families: the block size, the grid for n
-elements, and the collapsed broadcast iteration space of a set of tensors."""
+elements, and iteration spaces with size-1 dims dropped and contiguous neighbours merged
+(a set of broadcast tensors, or a copy's source and destination strides)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,25 @@ from typing import Sequence
 import numpy as np
 
 BLOCK = 256
+
+
+def merge_dims(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
+    keep = [k for k, d in enumerate(dims) if d != 1]
+    dims = [dims[k] for k in keep]
+    strides = [[s[k] for k in keep] for s in strides]
+    k = len(dims) - 1
+    while k > 0:
+        if all(s[k - 1] == s[k] * dims[k] for s in strides):
+            dims[k - 1] *= dims[k]
+            for s in strides:
+                s[k - 1] = s[k]
+                del s[k]
+            del dims[k]
+        k -= 1
+    if not dims:
+        return [1], [[0] for _ in strides]
+    return dims, strides
 
 
 def broadcast_geometry(shapes: Sequence[tuple[int, ...]], n_out: int):
@@ -29,20 +49,7 @@ def broadcast_geometry(shapes: Sequence[tuple[int, ...]], n_out: int):
             st[k] = 0 if padded[k] == 1 else acc
             acc *= padded[k]
         per.append(st)
-    keep = [k for k in range(rank) if full[k] != 1]
-    dims = [full[k] for k in keep]
-    strides = [[st[k] for k in keep] for st in per]
-    k = len(dims) - 1
-    while k > 0:
-        if all(st[k - 1] == st[k] * dims[k] for st in strides):
-            dims[k - 1] *= dims[k]
-            for st in strides:
-                st[k - 1] = st[k]
-                del st[k]
-            del dims[k]
-        k -= 1
-    if not dims:
-        dims, strides = [1], [[0] for _ in shapes]
+    dims, strides = merge_dims(full, per)
     zm = [sum(1 << d for d in range(len(dims)) if strides[len(shapes) - n_out + j][d] == 0 and dims[d] > 1)
           for j in range(n_out)]
     return n, dims, strides, zm
