@@ -21,29 +21,10 @@ import numpy as np
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import CANONICAL_OPSET, InferContext, find_shape_rule
 from polykit.errors import GraphError, UnsupportedModelError, UsageError
+from polykit.kernels.elementwise import api_table
 
 TensorLike = str | np.ndarray | float | int
 
-ELEMENTWISE_OPS = {
-    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "max": "Max", "min": "Min",
-    "mod": "Mod", "equal": "Equal", "less": "Less", "greater": "Greater", "less_equal": "LessOrEqual",
-    "greater_equal": "GreaterOrEqual", "and": "And", "or": "Or", "xor": "Xor",
-}
-UNARY_OPS = {
-    name.lower(): name for name in (
-        "Abs", "Neg", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
-        "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Not")
-}
-#: activation kind -> (op type, {param name: attribute name})
-ACTIVATIONS: dict[str, tuple[str, dict[str, str]]] = {
-    "relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "tanh": ("Tanh", {}),
-    "leaky_relu": ("LeakyRelu", {"alpha": "alpha"}), "elu": ("Elu", {"alpha": "alpha"}),
-    "selu": ("Selu", {"alpha": "alpha", "gamma": "gamma"}), "celu": ("Celu", {"alpha": "alpha"}),
-    "softplus": ("Softplus", {}), "softsign": ("Softsign", {}),
-    "hard_sigmoid": ("HardSigmoid", {"alpha": "alpha", "beta": "beta"}), "hard_swish": ("HardSwish", {}),
-    "gelu": ("Gelu", {"approximate": "approximate"}), "mish": ("Mish", {}),
-    "thresholded_relu": ("ThresholdedRelu", {"alpha": "alpha"}),
-}
 REDUCE_OPS = {
     "sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd",
     "l1": "ReduceL1", "l2": "ReduceL2", "sum_square": "ReduceSumSquare", "log_sum": "ReduceLogSum",
@@ -113,13 +94,16 @@ class NetworkDefinition:
 
     # ---- layers --------------------------------------------------------------------------
     def add_elementwise(self, a: TensorLike, b: TensorLike, op: str, name: str | None = None) -> str:
-        return self._add(_pick(ELEMENTWISE_OPS, op, "elementwise op"), [a, b], name=name)
+        """add, sub, mul, div, pow, max, min, mod, equal, less, ..., bitwise_and, ... (api_table("binary"))."""
+        return self._add(_pick(api_table("binary"), op, "elementwise op").name, [a, b], name=name)
 
     def add_unary(self, x: TensorLike, op: str, name: str | None = None) -> str:
-        return self._add(_pick(UNARY_OPS, op, "unary op"), [x], name=name)
+        """abs, neg, sqrt, exp, log, erf, ..., not (api_table("unary"))."""
+        return self._add(_pick(api_table("unary"), op, "unary op").name, [x], name=name)
 
     def add_activation(self, x: TensorLike, kind: str, name: str | None = None, **params: Any) -> str:
-        """relu, sigmoid, tanh, leaky_relu(alpha), elu(alpha), gelu(approximate), clip(min, max), prelu(slope), ..."""
+        """relu, sigmoid, tanh, leaky_relu(alpha), elu(alpha), gelu(approximate), ... (api_table("activation")),
+        clip(min, max), prelu(slope)."""
         kind = kind.lower()
         if kind == "clip":
             lo, hi = params.pop("min", None), params.pop("max", None)
@@ -129,10 +113,10 @@ class NetworkDefinition:
             return self._add("Clip", ins, name=name)
         if kind == "prelu":
             return self._add("PRelu", [x, params.pop("slope")], name=name)
-        op, names = _pick(ACTIVATIONS, kind, "activation")
-        attrs = {names[k]: params.pop(k) for k in list(params) if k in names}
+        row = _pick(api_table("activation"), kind, "activation")
+        attrs = {k: params.pop(k) for k in list(params) if k in row.api_params}
         self._no_extra(params, kind)
-        return self._add(op, [x], attrs, name=name)
+        return self._add(row.name, [x], attrs, name=name)
 
     def add_conv(self, x: TensorLike, weight: TensorLike, bias: TensorLike | None = None, strides=None, pads=None,
                  dilations=None, groups: int = 1, name: str | None = None) -> str:

@@ -1,19 +1,14 @@
-"""Activation ops: importers (old attribute forms -> canonical inputs) and shape rules.
+"""Activation ops: importers (old attribute forms -> canonical inputs), and the shape rules of
+Clip (optional min/max inputs) and PRelu (its slope broadcast onto X, unidirectionally).
 
-Every activation keeps its input's dtype and shape; PRelu broadcasts its slope onto X
-(unidirectionally, so the output has X's shape) and Clip reads optional min/max inputs.
+The other activations keep X's dtype and shape: their rows of the elementwise op table
+(polykit.kernels.reference.activation) register that rule.
 """
 
 from __future__ import annotations
 
 from polykit.compiler.ir import Node
 from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
-
-#: Activations whose output is elementwise f(x) with attribute parameters only.
-UNARY_ACTIVATIONS = (
-    "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu",
-    "Gelu", "Softplus", "Softsign", "Mish", "ThresholdedRelu", "Shrink", "Swish",
-)
 
 #: Ops whose opset-1 form carried the legacy `consumed_inputs` attribute (dropped in opset 6).
 _LEGACY_CONSUMED_INPUTS = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Selu", "PRelu")
@@ -73,11 +68,6 @@ def _clip_attrs_to_inputs(node: Node, ctx: ImportContext) -> list[Node] | None:
         bounds.pop()
     node.inputs = [x, *bounds]
     return [*extra, node] if extra else None
-
-
-@shape_rule(*UNARY_ACTIVATIONS)
-def _activation(ctx: InferContext):
-    return [(ctx.dtype(0), ctx.shape(0))]
 
 
 @shape_rule("Clip")

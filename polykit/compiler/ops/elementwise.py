@@ -1,50 +1,41 @@
-"""Elementwise ops: unary math, broadcasting binary arithmetic, comparisons, logic, variadic."""
+"""Shape rules of elementwise ops, by form. The elementwise op table
+(polykit.kernels.elementwise) registers them: each row names its form."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.registry import InferContext, broadcast_shapes, shape_rule
+from polykit.compiler.registry import InferContext, broadcast_shapes
 
-UNARY_SAME = (
-    "Abs", "Neg", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sign",
-    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Not",
-    "Identity", "BitwiseNot",
-)
-BINARY_SAME = ("Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-               "BitShift")
-COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
-LOGIC = ("And", "Or", "Xor")
-VARIADIC = ("Min", "Max", "Sum", "Mean")
 BOOL = np.dtype(np.bool_)
 
 
-@shape_rule(*UNARY_SAME)
-def _unary(ctx: InferContext):
+def same_as_input(ctx: InferContext):
+    """Unary: X's dtype and shape."""
     return [(ctx.dtype(0), ctx.shape(0))]
 
 
-@shape_rule(*BINARY_SAME)
-def _binary(ctx: InferContext):
+def broadcast_first(ctx: InferContext):
+    """Binary with broadcasting: the first input's dtype."""
     return [(ctx.dtype(0), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))]
 
 
-@shape_rule(*COMPARE, *LOGIC)
-def _compare(ctx: InferContext):
+def broadcast_bool(ctx: InferContext):
+    """Comparison / logic with broadcasting: bool."""
     return [(BOOL, broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1)))]
 
 
-@shape_rule(*VARIADIC)
-def _variadic(ctx: InferContext):
+def variadic(ctx: InferContext):
+    """Min / Max / Sum / Mean: every present input broadcast, the first input's dtype."""
     shapes = [ctx.shape(i) for i in range(ctx.n_inputs) if ctx.has(i)]
     return [(ctx.dtype(0), broadcast_shapes(ctx, *shapes))]
 
 
-@shape_rule("Where")
-def _where(ctx: InferContext):
+def where(ctx: InferContext):
+    """Where(cond, a, b): a's dtype, the three shapes broadcast."""
     return [(ctx.dtype(1), broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)))]
 
 
-@shape_rule("IsNaN", "IsInf")
-def _is_special(ctx: InferContext):
+def predicate(ctx: InferContext):
+    """IsNaN / IsInf: bool of X's shape."""
     return [(BOOL, ctx.shape(0))]

@@ -16,21 +16,6 @@ import numpy as np
 from polykit.compiler.ir import POLYKIT_DOMAIN, Node
 from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
 
-#: ONNX ops (default domain) a Pointwise body or an epilogue may hold, when registered.
-POINTWISE_OPS = frozenset({
-    # unary math
-    "Abs", "Neg", "Sqrt", "Exp", "Log", "Erf", "Reciprocal", "Floor", "Ceil", "Round", "Sign",
-    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Not",
-    "IsNaN", "IsInf",
-    # binary / variadic with broadcasting
-    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Min", "Max", "Sum", "Mean",
-    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
-    "Where", "Cast", "Clip",
-    # activations
-    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu",
-    "Softplus", "Softsign", "Gelu", "Mish", "ThresholdedRelu",
-})
-
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
 EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, "ConvNHWC": 3}
 #: Epilogue bases that are ai.polykit ops of their own (valid without an epilogue too,

@@ -1,8 +1,8 @@
 """fuse_pointwise: merge groups of elementwise ops into one `Pointwise` node (docs/FUSION.md).
 
-Groups grow backwards from a root (the last op of a group): a producer joins when it is an
-elementwise op (POINTWISE_OPS, registered) and every reader of its output is already in
-the group, so the intermediates disappear. A graph output or kept tensor may sit inside a
+Groups grow backwards from a root (the last op of a group): a producer joins when it is a
+fusable op of the elementwise op table (polykit.kernels.elementwise) and every reader of its
+output is already in the group, so the intermediates disappear. A graph output or kept tensor may sit inside a
 group only when its shape is the group's shape; it becomes an extra output. Groups of one
 op stay as they are.
 """
@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.fused import POINTWISE_OPS
 from polykit.compiler.passes.rewrite import json_safe, protected, replace_nodes
-from polykit.compiler.registry import is_supported
+from polykit.kernels.elementwise import fusable_ops
 
 
 def is_fusable(graph: Graph, node: Node) -> bool:
     """Whether `node` may become a step of a Pointwise body or an epilogue."""
-    if node.domain != "" or node.op_type not in POINTWISE_OPS or not is_supported("", node.op_type):
+    if node.domain != "" or node.op_type not in fusable_ops():
         return False
     if len(node.outputs) != 1 or not node.outputs[0]:
         return False

@@ -1,4 +1,4 @@
-"""Matching helpers for the recognizers: flatten products and sums into their operands.
+"""Flatten a product into its operands (the `Prod` pattern of patterns.py).
 
 `factors(graph, name)` sees through single-reader Mul nodes (and Pow by a small integer)
 so `(x * 0.5) * y`, `x * (0.5 * y)` and `0.5 * (y * x)` all give {x, 0.5, y}; the nodes seen
@@ -56,16 +56,3 @@ def factors(graph: Graph, name: str, producers: dict[str, Node], readers: dict[s
         prod.tensors.append(name)
     return prod
 
-
-def sum_operands(graph: Graph, node: Node) -> tuple[list[str], list[float]] | None:
-    """(tensor operands, constant operands) of a two-operand Add/Sum node, or None."""
-    if node.op_type not in ("Add", "Sum") or node.domain != "" or len(node.inputs) != 2:
-        return None
-    tensors, consts = [], []
-    for name in node.inputs:
-        value = scalar(graph, name)
-        if value is None:
-            tensors.append(name)
-        else:
-            consts.append(value)
-    return tensors, consts

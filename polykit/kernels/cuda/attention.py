@@ -16,7 +16,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
-from polykit.kernels.cuda.pointwise import broadcast_geometry
+from polykit.kernels.cuda.launch_geometry import broadcast_geometry
 
 FILE = "attention.cu"
 VARIANTS = ("f32", "f32_b8", "f16", "f16_b8", "f64", "f64_b8")

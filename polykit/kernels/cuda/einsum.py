@@ -16,7 +16,7 @@ import numpy as np
 from polykit.compiler.ops.math_misc import parse_einsum
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import CODE
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "einsum.cu"
 DTYPES = ("f32", "f16", "bf16", "f64", "i32", "i64")

@@ -35,7 +35,7 @@ def extra_inputs(layer: Any) -> list[str]:
 
 
 def _body_code(layer: Any) -> tuple[str, str]:
-    from polykit.kernels.cuda.pointwise import emit_expression
+    from polykit.kernels.cuda.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
     values = {epi["input"]: "v"}

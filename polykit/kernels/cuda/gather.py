@@ -8,7 +8,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
 FILE = "gather.cu"
 SIZES = (1, 2, 4, 8)

@@ -10,7 +10,7 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
 FILE = "intmath.cu"
 TILE = 16

@@ -8,7 +8,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
 FILE = "lrn.cu"
 CODES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.float64): "f64"}

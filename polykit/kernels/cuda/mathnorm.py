@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
-from polykit.kernels.cuda.pointwise import CODE, dtype_names
+from polykit.kernels.cuda.storage_types import CODE, dtype_names
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "mathnorm.cu"

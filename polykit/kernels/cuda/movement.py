@@ -15,7 +15,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for, merge_dims
 from polykit.kernels.cuda.reduce import unit
 
 FILE = "movement.cu"
@@ -29,25 +29,6 @@ def contiguous_strides(shape: Sequence[int]) -> list[int]:
         st[k] = acc
         acc *= shape[k]
     return st
-
-
-def merge_dims(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
-    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
-    keep = [k for k, d in enumerate(dims) if d != 1]
-    dims = [dims[k] for k in keep]
-    strides = [[s[k] for k in keep] for s in strides]
-    k = len(dims) - 1
-    while k > 0:
-        if all(s[k - 1] == s[k] * dims[k] for s in strides):
-            dims[k - 1] *= dims[k]
-            for s in strides:
-                s[k - 1] = s[k]
-                del s[k]
-            del dims[k]
-        k -= 1
-    if not dims:
-        return [1], [[0] for _ in strides]
-    return dims, strides
 
 
 def _es(t: DeviceTensor, where: str) -> int:

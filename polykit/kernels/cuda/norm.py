@@ -9,7 +9,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
-from polykit.kernels.cuda.pointwise import CODE, dtype_names, grid_for
+from polykit.kernels.cuda.launch_geometry import grid_for
+from polykit.kernels.cuda.storage_types import CODE, dtype_names
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "norm.cu"

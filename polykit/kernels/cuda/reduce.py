@@ -10,7 +10,7 @@ from typing import Mapping
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
-from polykit.kernels.cuda.pointwise import CODE
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "reduce.cu"
 MAXR = 8

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
 FILE = "reformat.cu"
 SIZES = (1, 2, 4, 8)

@@ -15,7 +15,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
-from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "resize.cu"
 #: dtype code -> CUDA storage type (dtypes.cuh)

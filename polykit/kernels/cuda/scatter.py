@@ -17,7 +17,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.movement import launch_copy
 from polykit.kernels.tactics import find_tactic
-from polykit.kernels.cuda.pointwise import BLOCK, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
 FILE = "scatter.cu"
 SIZES = (1, 2, 4, 8)

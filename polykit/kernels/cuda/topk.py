@@ -14,7 +14,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.pointwise import CODE
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "topk.cu"
 DTYPES = ("f32", "f16", "f64", "i32", "i64", "u64", "u32", "i16", "u16", "i8", "u8")

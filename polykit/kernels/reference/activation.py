@@ -1,4 +1,5 @@
-"""Reference kernels: activations (float math in float64, cast back to X's dtype)."""
+"""Activations: numpy reference kernels (float math in float64, cast back to X's dtype) and their
+rows of the elementwise op table (polykit.kernels.elementwise)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.elementwise import same_as_input
+from polykit.kernels.elementwise import NUMERIC, ElementwiseOp, call, register_elementwise
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
 
 
 def _in_float64(fn: Callable[..., np.ndarray]):
@@ -40,8 +45,8 @@ def _elu(x, node):
 
 
 def _selu(x, node):
-    alpha = node.attrs.get("alpha", 1.67326319217681884765625)
-    gamma = node.attrs.get("gamma", 1.05070102214813232421875)
+    alpha = node.attrs.get("alpha", SELU_ALPHA)
+    gamma = node.attrs.get("gamma", SELU_GAMMA)
     return gamma * np.where(x <= 0, alpha * np.expm1(x), x)
 
 
@@ -82,34 +87,44 @@ def _swish(x, node):
     return x * _sigmoid(node.attrs.get("alpha", 1.0) * x)
 
 
-FLOAT_ACTIVATIONS: dict[str, Callable[[np.ndarray, object], np.ndarray]] = {
-    "Sigmoid": lambda x, node: _sigmoid(x),
-    "Tanh": lambda x, node: np.tanh(x),
-    "Softplus": lambda x, node: _softplus(x),
-    "Softsign": lambda x, node: x / (1.0 + np.abs(x)),
-    "Mish": lambda x, node: x * np.tanh(_softplus(x)),
-    "Elu": _elu,
-    "Selu": _selu,
-    "Celu": _celu,
-    "HardSigmoid": _hard_sigmoid,
-    "HardSwish": _hard_swish,
-    "Gelu": _gelu,
-    "LeakyRelu": _leaky_relu,
-    "ThresholdedRelu": _thresholded_relu,
-    "Shrink": _shrink,
-    "Swish": _swish,
-}
-for _op, _fn in FLOAT_ACTIVATIONS.items():
-    reference(_op)(_in_float64(_fn))
+def _cuda_gelu(a, at):
+    return f"pk_gelu_tanh({a[0]})" if at.get("approximate", "none") == "tanh" else f"pk_gelu({a[0]})"
 
 
-@reference("Relu")
+def _cuda_clip(a, at):
+    x, lo, hi = (a + [None, None, None])[:3]
+    if lo and hi:
+        return f"pk_clip({x}, {lo}, {hi})"
+    if lo:
+        return f"pk_clip_lo({x}, {lo})"
+    return f"pk_clip_hi({x}, {hi})" if hi else x
+
+
+#: float activations computed in float64: (op, f(x64, node), CUDA emitter); NetworkDefinition's
+#: add_activation takes each under its snake-case name, with the emitter's attributes
+FLOAT_ACTIVATIONS = (
+    ("Sigmoid", lambda x, node: _sigmoid(x), call("pk_sigmoid")),
+    ("Tanh", lambda x, node: np.tanh(x), call("pk_tanh")),
+    ("Softplus", lambda x, node: _softplus(x), call("pk_softplus")),
+    ("Softsign", lambda x, node: x / (1.0 + np.abs(x)), call("pk_softsign")),
+    ("Mish", lambda x, node: x * np.tanh(_softplus(x)), call("pk_mish")),
+    ("Elu", _elu, call("pk_elu", alpha=1.0)),
+    ("Selu", _selu, call("pk_selu", alpha=SELU_ALPHA, gamma=SELU_GAMMA)),
+    ("Celu", _celu, call("pk_celu", alpha=1.0)),
+    ("HardSigmoid", _hard_sigmoid, call("pk_hard_sigmoid", alpha=0.2, beta=0.5)),
+    ("HardSwish", _hard_swish, call("pk_hard_swish")),
+    ("LeakyRelu", _leaky_relu, call("pk_leaky_relu", alpha=0.01)),
+    ("ThresholdedRelu", _thresholded_relu, call("pk_thresholded_relu", alpha=1.0)),
+    ("Shrink", _shrink, call("pk_shrink", bias=0.0, lambd=0.5)),
+    ("Swish", _swish, call("pk_swish", alpha=1.0)),
+)
+
+
 def relu(node, inputs):
     x = inputs[0]
     return [np.maximum(x, np.zeros((), x.dtype))]
 
 
-@reference("PRelu")
 def prelu(node, inputs):
     x, slope = inputs
     if np.issubdtype(x.dtype, np.integer):
@@ -119,7 +134,6 @@ def prelu(node, inputs):
     return [np.broadcast_to(y, x.shape).astype(x.dtype)]
 
 
-@reference("Clip")
 def clip(node, inputs):
     x = inputs[0]
     lo = inputs[1] if len(inputs) > 1 else None
@@ -131,3 +145,17 @@ def clip(node, inputs):
     if hi is not None:
         y = np.minimum(y, np.asarray(hi).reshape(()).astype(x.dtype))
     return [np.asarray(y, dtype=x.dtype)]
+
+
+ROWS = [
+    *(ElementwiseOp(op, same_as_input, _in_float64(fn), cuda, api="activation") for op, fn, cuda in FLOAT_ACTIVATIONS),
+    ElementwiseOp("Gelu", same_as_input, _in_float64(_gelu), _cuda_gelu, api="activation", params=("approximate",),
+                  variants=({}, {"approximate": "tanh"})),
+    ElementwiseOp("Relu", same_as_input, relu, call("pk_relu"), NUMERIC, api="activation"),
+    # PRelu and Clip: shape rules with their importers (compiler/ops/activation.py); add_activation
+    # takes them as prelu(slope) and clip(min, max), inputs rather than attributes
+    ElementwiseOp("PRelu", None, prelu, call("pk_prelu"), arity=2),
+    ElementwiseOp("Clip", None, clip, _cuda_clip, NUMERIC, arity=3),
+]
+for _row in ROWS:
+    register_elementwise(_row)

@@ -1,4 +1,5 @@
-"""Reference kernels: Cast and CastLike (numpy conversion; strings parse and print), BitCast."""
+"""Reference kernels: Cast (a row of the elementwise op table), CastLike (numpy conversion;
+strings parse and print), BitCast."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 from polykit.compiler import dtypes
 from polykit.compiler.ops.cast import cast_target
 from polykit.errors import PolykitError
+from polykit.kernels.elementwise import ANY_KIND, ElementwiseOp, register_elementwise
 from polykit.kernels.registry import reference
 
 _STRING = np.dtype(object)
@@ -62,10 +64,20 @@ def _format(v) -> str:
     return str(v.item() if hasattr(v, "item") else v)
 
 
-@reference("Cast")
 def cast(node, inputs):
     return [convert(inputs[0], cast_target(node), bool(node.attrs.get("saturate", 1)),
                     str(node.attrs.get("round_mode", "up")))]
+
+
+def _cuda_cast(args, attrs):
+    from polykit.kernels.cuda.storage_types import cast_expression  # with the CUDA storage types
+
+    return cast_expression(args, attrs)
+
+
+# shape rule and importers: compiler/ops/cast.py
+register_elementwise(ElementwiseOp("Cast", None, cast, _cuda_cast, ANY_KIND, "cast", ("cast",),
+                                   variants=({"to": 10}, {"to": 1})))
 
 
 @reference("CastLike")

@@ -15,6 +15,7 @@ import pytest
 
 from polykit.compiler.plan_records import LayerDesc
 from polykit.kernels.cuda import pointwise as pw
+from polykit.kernels.cuda.pointwise_expr import emit_expression
 from polykit.kernels.cuda import quantize as qk
 from polykit.kernels.cuda import tensor_misc as tm
 from polykit.kernels.reference.cast import convert
@@ -240,7 +241,7 @@ def test_pointwise_tactic_declines_a_stamped_string_cast_at_build_time():
                                      ("int4", "pk_to_intn<i4_t>(x0)"),
                                      ("float8_e8m0fnu", "pk_to_e8m0(x0, false, 2)")])
 def test_cast_to_lowp_types_emits_their_conversion_with_the_attributes(to, call):
-    code, env = pw.emit_expression([{"op": "Cast", "inputs": ["x"], "outputs": ["y"],
+    code, env = emit_expression([{"op": "Cast", "inputs": ["x"], "outputs": ["y"],
                                      "attrs": {"to": ONNX_CODE[to], "saturate": 0, "round_mode": "nearest"}}],
                                    {"x": "x0"})
     assert call in code

@@ -8,6 +8,8 @@ import pytest
 
 from polykit.compiler.plan_records import LayerDesc
 from polykit.kernels.cuda import pointwise as pw
+from polykit.kernels.cuda import pointwise_signatures as pws
+from polykit.kernels.cuda.pointwise_expr import emit_expression
 
 rng = np.random.default_rng(11)
 
@@ -43,7 +45,7 @@ def test_broadcast_geometry_masks_output_smaller_than_iteration_space():
 def test_emit_expression_chains_body_values_in_order():
     body = [{"op": "Mul", "inputs": ["a", "b"], "outputs": ["t"], "attrs": {}},
             {"op": "Gelu", "inputs": ["t"], "outputs": ["y"], "attrs": {"approximate": "tanh"}}]
-    code, env = pw.emit_expression(body, {"a": "A", "b": "B"})
+    code, env = emit_expression(body, {"a": "A", "b": "B"})
     assert "auto v0 = pk_mul(A, B);" in code and "auto v1 = pk_gelu_tanh(v0);" in code
     assert env["y"] == "v1"
 
@@ -52,7 +54,7 @@ def test_emit_expression_rejects_unknown_op_with_polykit_error():
     from polykit.errors import PolykitError
 
     with pytest.raises(PolykitError, match="Conv"):
-        pw.emit_expression([{"op": "Conv", "inputs": ["a"], "outputs": ["y"]}], {"a": "A"})
+        emit_expression([{"op": "Conv", "inputs": ["a"], "outputs": ["y"]}], {"a": "A"})
 
 
 def test_candidate_signatures_put_plan_float_type_first():
@@ -88,7 +90,7 @@ def test_candidate_signatures_cover_bfloat16_storage():
 
 
 def test_cast_to_bfloat16_rounds_in_the_float_compute_type():
-    code, env = pw.emit_expression([{"op": "Cast", "inputs": ["x"], "outputs": ["y"], "attrs": {"to": 16}}],
+    code, env = emit_expression([{"op": "Cast", "inputs": ["x"], "outputs": ["y"], "attrs": {"to": 16}}],
                                    {"x": "a"})
     assert "pk_to_bf16(a)" in code
 
@@ -111,7 +113,7 @@ def test_inputs_reaching_an_output_keep_the_data_type():
     body = MASK_BODY[:2] + [{"op": "Where", "inputs": ["m", "p", "f"], "outputs": ["y"], "attrs": {}}]
     lay = LayerDesc("m2", "Pointwise", ("r", "o", "n", "f"), ("y",), {"body": body}, domain="ai.polykit")
     assert (("int64", "int64", "int64", "float32"), ("int64",)) not in pw.candidate_signatures(lay)
-    assert pw._compare_only_inputs(body, ["r", "o", "n", "f"], ["y"], pw._input_roles(body, ["r", "o", "n", "f"])) \
+    assert pws._compare_only_inputs(body, ["r", "o", "n", "f"], ["y"], pws._input_roles(body, ["r", "o", "n", "f"])) \
         == ["n"]
 
 

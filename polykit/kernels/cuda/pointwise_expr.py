@@ -1,0 +1,60 @@
+"""A fused body (ONNX elementwise ops in topological order, docs/FUSION.md) as C statements
+over pointwise.cuh, and the dtype of each of its values. The expression of each op comes
+from its row of the elementwise op table (polykit.kernels.elementwise); used by the
+pointwise generator and by the GEMM/conv epilogues."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from polykit.errors import NodeAttributeError
+from polykit.kernels.cuda.storage_types import ONNX_DTYPE
+from polykit.kernels.elementwise import elementwise_op
+
+
+def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str], *,
+                    prefix: str = "v") -> tuple[str, dict[str, str]]:
+    """C statements that evaluate `body` (ONNX elementwise ops in topological order).
+
+    `values` maps each external name the body reads to a C expression in its compute type
+    (float for fp16/fp32 storage). Returns (code, env): `code` declares one `auto` local per
+    body output (named `<prefix><k>`), `env` maps every name (external and body) to its C
+    expression, so a caller stores env[output] with `st(ptr, index, env[output])`.
+    """
+    env = dict(values)
+    lines = []
+    for k, op in enumerate(body):
+        row = elementwise_op(op["op"])
+        if row is None:
+            raise NodeAttributeError(f"op {op['op']} cannot run inside a CUDA pointwise kernel",
+                                     hint="use --target cpu, or keep the op out of the fused body")
+        args = []
+        for name in op["inputs"]:
+            if name and name not in env:
+                raise NodeAttributeError(f"pointwise body reads {name!r} before it is defined")
+            args.append(env[name] if name else "")
+        var = f"{prefix}{k}"
+        lines.append(f"    auto {var} = {row.cuda(args, op.get('attrs', {}))};")
+        for out in op["outputs"]:
+            env[out] = var
+    return "\n".join(lines), env
+
+
+def body_dtypes(body: Sequence[Mapping[str, Any]], dtypes: Mapping[str, str]) -> dict[str, str]:
+    """numpy dtype names of every body value, given the external inputs' (ONNX typing rules)."""
+    env = dict(dtypes)
+    for op in body:
+        ins = [env.get(n) for n in op["inputs"]]
+        row = elementwise_op(op["op"])
+        result = row.result if row is not None else "first"
+        if result == "bool":
+            dt = "bool"
+        elif result == "cast":
+            dt = ONNX_DTYPE.get(int(op.get("attrs", {}).get("to", 1)), "float32")
+        elif result == "second":
+            dt = ins[1]
+        else:
+            dt = ins[0]
+        for out in op["outputs"]:
+            env[out] = dt
+    return env
