@@ -11,7 +11,7 @@ VOCAB, DIM, STEPS = 11, 8, 4
 
 
 def _model(graph, opset: int = 17) -> onnx.ModelProto:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     onnx.checker.check_model(model, full_check=True)
     return model
 

@@ -160,7 +160,7 @@ def test_a_loop_state_that_changes_shape_is_a_build_error_naming_the_node():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [onnx.numpy_helper.from_array(np.array(3, np.int64), "n"),
                                onnx.numpy_helper.from_array(np.ones(1, np.float32), "one")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     np.testing.assert_array_equal(evaluate_model(model, {"x": np.zeros(1, np.float32)})["y"], [0, 1, 1, 1])
     with pytest.raises(BuildError, match="grower.*changes across iterations"):
         build_plan(model, BuilderConfig(target="cpu"))

@@ -98,8 +98,9 @@ def test_a_second_cuda_build_with_a_warm_timing_cache_times_nothing(tmp_path):
 def test_split_k_workspace_is_planned_and_allocated_once_up_front():
     from polykit.runtime.engine import Engine
 
-    x = {"x": rng.standard_normal((32, 4096)).astype(np.float32)}
-    model = _gemm_model(32, 4096, 64)  # once: each call draws new weights
+    # K % 8 != 0: no TMA (sm90) tactic takes it, so the SIMT split-K kernels run it
+    x = {"x": rng.standard_normal((32, 4100)).astype(np.float32)}
+    model = _gemm_model(32, 4100, 64)  # once: each call draws new weights
     plan = _build(model, "cuda", builder_optimization_level=0)
     need = plan.metadata["workspace"]["layers"].get(plan.layers[0].name, 0)
     assert need > 0 and plan.metadata["device_memory"]["workspace_bytes"] == need
@@ -116,6 +117,7 @@ def test_split_k_workspace_is_planned_and_allocated_once_up_front():
 def test_a_workspace_limit_declines_split_k_tactics():
     from polykit.errors import BuildError
 
-    # on a GPU with many SMs every GEMM tactic splits K for this shape: none fits in no workspace
+    # on a GPU with many SMs every GEMM tactic splits K for this shape (K % 8 != 0: no sm90
+    # tactic, which needs no workspace, takes it): none fits in no workspace
     with pytest.raises(BuildError, match="workspace:0"):
-        _build(_gemm_model(32, 4096, 64), "cuda", builder_optimization_level=0, workspace_limit=0)
+        _build(_gemm_model(32, 4100, 64), "cuda", builder_optimization_level=0, workspace_limit=0)
