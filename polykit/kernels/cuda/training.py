@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.pointwise import CODE, grid_for
 from polykit.kernels.cuda.reduce import block_for
 
