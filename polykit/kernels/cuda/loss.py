@@ -76,7 +76,7 @@ def _sce_workspace(layer, tensors, sm_count: int) -> int:
     if _wants_log_prob(layer) or layer.inputs[0] not in tensors:
         return 0
     x = tensors[layer.inputs[0]]
-    return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return max(int(np.prod(x.shape, dtype=np.int64)), 1) * np.dtype(x.dtype).itemsize
 
 
 def enqueue_sce(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:

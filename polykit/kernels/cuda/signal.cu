@@ -120,7 +120,7 @@ __device__ void window(T* y, i64 size, double a0, double a1, double a2, double d
 __device__ __forceinline__ i64 mel_edge(i64 e, i64 bins, double dft_length, double rate, double lower, double upper) {
   const double ln10 = 2.302585092994045684;
   const double low = 2595.0 * log1p(lower / 700.0) / ln10, high = 2595.0 * log1p(upper / 700.0) / ln10;
-  const double mel = (double)e * ((high - low) / (double)(bins + 2)) + low;
+  const double mel = __dadd_rn(__dmul_rn((double)e, (high - low) / (double)(bins + 2)), low);  // no FMA: numpy's roundings
   const double hz = 700.0 * expm1(mel / 2595.0 * ln10);
   return (i64)floor((dft_length + 1.0) * hz / rate);
 }
