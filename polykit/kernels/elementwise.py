@@ -114,14 +114,12 @@ class ElementwiseOp:
     def __post_init__(self) -> None:
         from polykit.plugins import PluginError
 
-        bad = [(what, v) for what, v, allowed in (
-            ("result", self.result, RESULTS), ("api", self.api, (None, *APIS)),
-            *(("role", r, ROLES) for r in self.roles), *(("kind", k, ANY_KIND) for k in self.kinds))
-            if v not in allowed]
-        if bad or not self.kinds:
-            raise PluginError(f"elementwise op {self.name!r} has an invalid {bad[0][0] if bad else 'kinds'} "
-                              f"{bad[0][1] if bad else '(empty)'!r}",
-                              hint=f"results {RESULTS}, roles {ROLES}, kinds {sorted(ANY_KIND)}, apis {APIS}")
+        for what, values, allowed in (("result", (self.result,), RESULTS), ("api", (self.api,), (None, *APIS)),
+                                      ("role", self.roles, ROLES), ("kind", tuple(self.kinds) or ("(none)",), ANY_KIND)):
+            bad = [v for v in values if v not in allowed]
+            if bad:
+                raise PluginError(f"elementwise op {self.name!r}: {what} {bad[0]!r} is not one of "
+                                  f"{sorted(allowed, key=str)}", hint="fix the row given to register_elementwise")
 
     def role(self, slot: int) -> str:
         return self.roles[slot] if slot < len(self.roles) else "data"
