@@ -230,8 +230,8 @@ def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str,
         if name not in g.inputs or v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static \
                 or len(v.shape) > 1:
             raise BuildError(f"profile values are given for {name!r}, which is not a static 1-D integer graph input",
-                             where=where, hint="--trt-*-shape-values are for shape-tensor inputs (e.g. a Reshape's "
-                                               "target fed as an input)")
+                             where=where, hint="--trt-min-shape-values/--trt-max-shape-values are for shape-tensor "
+                                               "inputs (e.g. a Reshape's target fed as an input)")
         count = math.prod(v.shape)
         triples = []
         for i, prof in enumerate(profiles):
