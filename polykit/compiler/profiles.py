@@ -134,14 +134,8 @@ class ProfileSet:
                         raise RuntimeInputError(f"shape-tensor input {name!r} has element {i} = {got}; the plan was "
                                                 f"built for {sym} there", where=f"tensor {name!r}")
                 else:
-                    low, _, high = ranges[sym]
-                    if not low <= got <= high:
-                        raise RuntimeInputError(
-                            f"shape-tensor input {name!r} has element {i} = {got}, outside optimization profile "
-                            f"{profile}'s range [{low}, {high}]", where=f"tensor {name!r}",
-                            hint="feed values inside the profile, or rebuild with wider --trt-min-shape-values/"
-                                 "--trt-max-shape-values")
-                    env[sym] = got
+                    env[sym] = _in_range(ranges[sym], got, profile, f"shape-tensor input {name!r} has element {i}",
+                                         name, "values", "--trt-min-shape-values/--trt-max-shape-values")
         for name in shapes:  # in the caller's (the engine's input) order
             dims, shape = self.inputs[name], tuple(shapes[name])
             want = static[name]
@@ -155,13 +149,8 @@ class ProfileSet:
                                                 f"static dim {want[axis]} there", where=f"tensor {name!r}",
                                                 hint=f"feed shape {tuple(want)} with dim {axis} = {want[axis]}")
                     continue
-                low, _, high = ranges[sym]
-                if not low <= got <= high:
-                    raise RuntimeInputError(
-                        f"input {name!r} has dim {axis} = {got}, outside optimization profile {profile}'s range "
-                        f"[{low}, {high}] for that dim", where=f"tensor {name!r}",
-                        hint="feed a shape inside the profile, pick another profile, or rebuild with a wider "
-                             "--trt-min-shapes/--trt-max-shapes")
+                _in_range(ranges[sym], got, profile, f"input {name!r} has dim {axis}", name, "a shape",
+                          "--trt-min-shapes/--trt-max-shapes")
                 if sym in env and env[sym] != got:
                     raise RuntimeInputError(f"input {name!r} has dim {axis} = {got}, but {origin[sym]} gives "
                                             f"{env[sym]} for the same model dim {sym!r}", where=f"tensor {name!r}",
@@ -169,6 +158,15 @@ class ProfileSet:
                 env[sym] = got
                 origin[sym] = f"input {name!r}"
         return env
+
+
+def _in_range(r: Range, got: int, profile: int, what: str, name: str, feed: str, flags: str) -> int:
+    """`got` when it lies in range `r` of optimization profile `profile`; else a RuntimeInputError."""
+    if not r[0] <= got <= r[2]:
+        raise RuntimeInputError(f"{what} = {got}, outside optimization profile {profile}'s range [{r[0]}, {r[2]}]",
+                                where=f"tensor {name!r}", hint=f"feed {feed} inside the profile, pick another "
+                                                               f"profile, or rebuild with a wider {flags}")
+    return got
 
 
 def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple[int, ...]]) -> ProfileSet:
@@ -230,9 +228,8 @@ def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str,
         if name not in g.inputs or v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static \
                 or len(v.shape) > 1:
             raise BuildError(f"profile values are given for {name!r}, which is not a static 1-D integer graph input",
-                             where=where, hint="--trt-min-shape-values / --trt-opt-shape-values / "
-                                               "--trt-max-shape-values are for shape-tensor inputs (e.g. a "
-                                               "Reshape's target fed as an input)")
+                             where=where, hint="--trt-min-shape-values/--trt-max-shape-values are for shape-tensor "
+                                               "inputs (e.g. a Reshape's target fed as an input)")
         count = math.prod(v.shape)
         triples = []
         for i, prof in enumerate(profiles):

@@ -145,12 +145,12 @@ def parse_profiles(min_shapes: Sequence[str], opt_shapes: Sequence[str], max_sha
     --trt-min/opt/max-shape-values NAME:[values] for shape-tensor inputs): an input named again
     in one option starts the next profile (`--trt-min-shapes x:[1,3] --trt-min-shapes x:[8,3]`
     gives two); each profile needs all three of its inputs' shapes (values)."""
-    if not any((min_shapes, opt_shapes, max_shapes, min_values, opt_values, max_values)):
-        return ()  # no profile flags: the compiler is not imported (runs without --trt stay light)
-    from polykit.compiler.profiles import Profile
-
     shapes = _profile_triples(PROFILE_OPTIONS, (min_shapes, opt_shapes, max_shapes))
     values = _profile_triples(VALUE_OPTIONS, (min_values, opt_values, max_values))
+    if not shapes and not values:
+        return ()
+    from polykit.compiler.profiles import Profile  # only then: `run --onnxrt` loads no compiler
+
     if shapes and values and len(shapes) != len(values):
         raise UsageError(f"the shape flags give {len(shapes)} profile(s), the shape-value flags {len(values)}",
                          hint="give each profile's shapes and shape-tensor values")
