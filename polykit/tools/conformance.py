@@ -4,6 +4,8 @@ Runs the cases `onnx.backend.test` ships (node, simple, pytorch-converted,
 pytorch-operator, and the light_* real models) through polykit's ONNX backend on a target
 and compares with the expected outputs exactly as onnx's BackendTest does
 (np.testing.assert_allclose with each case's rtol/atol, shapes and dtypes equal).
+`runner="onnxrt"` runs the same cases through onnxruntime (CPU) under the same comparison, so
+the two pass counts are measured alike, in one process (a case onnxruntime cannot load fails).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator", "light")
+RUNNERS = ("polykit", "onnxrt")
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,29 @@ def _ops_of(model: Any) -> tuple[str, ...]:
     return tuple(sorted({n.op_type for n in model.graph.node}))
 
 
+def run_onnxrt_case(case: Case) -> CaseResult:
+    """Run one case through onnxruntime (CPU provider): passed, or failed with the first error."""
+    import onnxruntime as ort
+
+    ops = _ops_of(case.model)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            ort.set_default_logger_severity(4)  # its failures are recorded here, not logged
+            options = ort.SessionOptions()
+            options.log_severity_level = 4
+            sess = ort.InferenceSession(case.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            names = [i.name for i in sess.get_inputs()]
+            for inputs, expected in case.data_sets:
+                outputs = sess.run(None, {n: _as_array(x) for n, x in zip(names, inputs)})
+                _assert_similar([_as_array(x) for x in expected], tuple(outputs), case.rtol, case.atol)
+    except Exception as exc:  # onnxruntime's errors are this case's failure, whatever their kind
+        msg = f"{type(exc).__name__}: {str(exc).strip()}"
+        return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
+    return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start)
+
+
 def run_case(case: Case, target: str = "cpu") -> CaseResult:
     """Run one case; 'unsupported' when an op is missing from polykit's tables."""
     from polykit.backends.onnx_backend import PolykitBackend
@@ -215,11 +241,12 @@ def _assert_similar(expected: list, outputs: tuple, rtol: float, atol: float) ->
 
 
 def run_conformance(kinds: Iterable[str] = KINDS, target: str = "cpu", pattern: str | None = None,
-                    progress: Any = None) -> ConformanceReport:
-    report = ConformanceReport(target)
+                    progress: Any = None, runner: str = "polykit") -> ConformanceReport:
+    """The suite's cases through polykit on `target`, or (runner "onnxrt") through onnxruntime."""
+    report = ConformanceReport(target if runner == "polykit" else "onnxrt")
     cases = collect_cases(kinds, pattern)
     for case in cases:
-        report.results.append(run_case(case, target))
+        report.results.append(run_case(case, target) if runner == "polykit" else run_onnxrt_case(case))
         if progress:
             progress(report.results[-1])
     return report
@@ -264,6 +291,7 @@ def conformance_cmd(
     save: "str | None" = None,
     failures: bool = False,
     baseline: "str | None" = None,
+    runner: str = "polykit",
 ) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -277,7 +305,9 @@ def conformance_cmd(
         raise UsageError(f"unknown kind {unknown[0]!r}", hint=f"kinds are: {', '.join(KINDS)}")
     if target not in ("cpu", "cuda"):
         raise UsageError(f"--target {target!r} is not cpu or cuda")
-    report = run_conformance(kinds, target, filter)
+    if runner not in RUNNERS:
+        raise UsageError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}")
+    report = run_conformance(kinds, target, filter, runner=runner)
     if save:
         save_report(report, save)
     lost = regressions(report, load_baseline(baseline)) if baseline else []
@@ -290,7 +320,13 @@ def conformance_cmd(
         print(json.dumps(doc, indent=1, sort_keys=True))
         return 1 if lost else 0
     console = Console(highlight=False)
-    table = Table(title=f"ONNX backend test suite on polykit ({target})")
+    if runner == "onnxrt":
+        import onnxruntime
+
+        title = f"ONNX backend test suite on onnxruntime {onnxruntime.__version__} (CPU)"
+    else:
+        title = f"ONNX backend test suite on polykit ({target})"
+    table = Table(title=title)
     for col in ("kind", "passed", "failed", "unsupported", "total"):
         table.add_column(col, justify="left" if col == "kind" else "right")
     for k in (*kinds, None):
@@ -326,8 +362,10 @@ def register(app: Any) -> None:
         save: "str | None" = typer.Option(None, "--save", help="write the full report as JSON to this file"),
         failures: bool = typer.Option(False, "--failures", help="list failing cases with their first error line"),
         baseline: "str | None" = typer.Option(None, "--baseline", help="JSON list of passing cases; exit 1 if one fails"),
+        runner: str = typer.Option("polykit", "--runner", help="polykit, or onnxrt: the same cases and comparison "
+                                                                "through onnxruntime (CPU), for a like-for-like count"),
     ) -> None:
-        code = conformance_cmd(kind, target, filter, as_json, save, failures, baseline)
+        code = conformance_cmd(kind, target, filter, as_json, save, failures, baseline, runner)
         if code:
             raise typer.Exit(code)
 

@@ -68,3 +68,30 @@ def test_the_cli_prints_counts_and_the_pass_rate_for_a_filtered_run():
     result = CliRunner().invoke(build_app(), ["conformance", "--kind", "node", "--filter", "^test_abs$", "--failures"])
     assert result.exit_code == 0, result.output
     assert "node pass rate over cases whose ops are all supported: 100.0%" in result.output
+
+
+def test_the_onnxrt_runner_runs_the_same_cases_under_the_same_comparison():
+    """--runner onnxrt: onnxruntime on the suite's cases, judged as polykit is (a like-for-like
+    count); a case it refuses (batchwise GRU, layout 1) is a failure, polykit passes it."""
+    pattern = "^test_(abs|relu|gru_batchwise)$"
+    ort = {r.name: r for r in run_conformance(("node",), pattern=pattern, runner="onnxrt").results}
+    ours = {r.name: r for r in run_conformance(("node",), pattern=pattern).results}
+    assert set(ort) == set(ours) == {"test_abs", "test_relu", "test_gru_batchwise"}
+    assert ort["test_abs"].status == ort["test_relu"].status == "passed"
+    assert ort["test_gru_batchwise"].status == "failed" and "layout" in ort["test_gru_batchwise"].message
+    assert ours["test_gru_batchwise"].status == "passed"
+
+
+def test_the_cli_names_onnxruntime_and_its_version_for_the_onnxrt_runner():
+    import onnxruntime
+    from typer.testing import CliRunner
+
+    from polykit.tools.cli import build_app
+
+    app = build_app()
+    result = CliRunner().invoke(app, ["conformance", "--kind", "node", "--filter", "^test_abs$", "--runner", "onnxrt"])
+    assert result.exit_code == 0, result.output
+    assert f"onnxruntime {onnxruntime.__version__}" in result.output
+    from polykit.tools.cli import main
+
+    assert main(["conformance", "--runner", "tensorrt"]) == 2  # a usage error, before any case runs
