@@ -14,7 +14,8 @@ import numpy as np
 from polykit.compiler.ops.image import crop_pad_axes, crop_pad_offsets
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
-from polykit.kernels.cuda.pointwise import BLOCK, CODE, dtype_names, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.storage_types import CODE, dtype_names
 
 FILE = "image.cu"
 SIZES = (1, 2, 4, 8)

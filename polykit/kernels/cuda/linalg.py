@@ -8,7 +8,7 @@ from typing import Mapping
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
-from polykit.kernels.cuda.pointwise import CODE, dtype_names
+from polykit.kernels.cuda.storage_types import CODE, dtype_names
 
 FILE = "linalg.cu"
 DTYPES = ("f32", "f16", "f64")

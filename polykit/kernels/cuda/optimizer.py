@@ -10,7 +10,8 @@ import numpy as np
 from polykit.compiler.ops.optimizer import GROUPS, TRAINING_DOMAIN, grouped
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
-from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "optimizer.cu"
 DTYPES = ("f32", "f64")

@@ -14,13 +14,8 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
 from polykit.kernels.cuda.pointwise_codegen import MAXR, VEC, _base_name, _canonical, pointwise_kernels
 from polykit.kernels.cuda.pointwise_signatures import candidate_signatures, layer_body, sig_name
-from polykit.kernels.cuda.storage_types import CODE, CTYPE, LOWP, ONNX_DTYPE, dtype_names
+from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.kernels.elementwise import elementwise_op, elementwise_ops
-
-#: Transitional: families on branches in flight import these from here; their homes are
-#: storage_types (CODE, dtype_names) and launch_geometry (BLOCK, grid_for, broadcast_geometry).
-REEXPORTED = (CODE, dtype_names, BLOCK, grid_for, broadcast_geometry)
-
 
 @functools.lru_cache(maxsize=4096)
 def _entry(layer, sig) -> tuple[KernelSource, KernelSource]:

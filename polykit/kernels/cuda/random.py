@@ -10,7 +10,8 @@ import numpy as np
 from polykit.compiler.ops.random import random_key
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
-from polykit.kernels.cuda.pointwise import BLOCK, CODE, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.storage_types import CODE
 
 FILE = "random.cu"
 DTYPES = ("f32", "f16", "f64", "bf16")

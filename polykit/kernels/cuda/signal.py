@@ -13,7 +13,8 @@ import numpy as np
 from polykit.compiler.ops.signal import WINDOW_COEFFS, WINDOW_OPS
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
-from polykit.kernels.cuda.pointwise import BLOCK, CODE, dtype_names, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.storage_types import CODE, dtype_names
 
 FILE = "signal.cu"
 DTYPES = ("f32", "f16", "f64")
