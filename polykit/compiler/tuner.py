@@ -283,8 +283,9 @@ SHOW_BUILD_PROGRESS: ContextVar[bool] = ContextVar("polykit_show_build_progress"
 @contextmanager
 def progress_bar(total: int | None, description: str) -> Iterator[Any]:
     """advance(text) for a rich progress bar on stderr (`total` steps, None: not known), shown only
-    on a terminal or with -v, and not inside another command's progress display (SHOW_BUILD_PROGRESS)."""
-    wanted = sys.stderr.isatty() or log.getEffectiveLevel() <= logging.INFO
+    on a terminal (not with -q) or with -v, and not inside another command's progress display (SHOW_BUILD_PROGRESS)."""
+    level = log.getEffectiveLevel()
+    wanted = (sys.stderr.isatty() and level <= logging.WARNING) or level <= logging.INFO  # none under -q
     if total == 0 or not wanted or not SHOW_BUILD_PROGRESS.get():
         yield lambda name: None
         return

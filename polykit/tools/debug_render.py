@@ -1,10 +1,19 @@
 """The text reports of `polykit debug tactics`, `debug reduce` and `debug precision` (rich, on
-stdout); `--json` prints each report's `to_json()` instead."""
+stdout); `--json` prints each report's `to_json()` instead. Under the CLI's `-q` each prints only
+its summary line, unwrapped (what was found, and the file written); errors still go to stderr."""
 
 from __future__ import annotations
 
+import logging
 import shlex
 from typing import Any, Optional
+
+log = logging.getLogger("polykit")
+
+
+def _quiet() -> bool:
+    """-q: the CLI set the polykit logger to errors only."""
+    return not log.isEnabledFor(logging.WARNING)
 
 
 def _console() -> Any:
@@ -41,6 +50,11 @@ def render_tactics(report: Any, artifacts: Optional[str]) -> None:
 
     console = _console()
     result = report.result
+    if _quiet():
+        names = ", ".join(c.layer for c in result.culprits)
+        console.print(f"debug tactics: {len(result.culprits)} culprit(s) in {report.builds} build(s)"
+                      + (f": {escape(names)}" if names else f"; bad build {_verdict(result.bad)}"), soft_wrap=True)
+        return
     console.print(f"[bold]debug tactics[/]: {len(result.suspects)} layer(s) have other tactics in the bad build than in "
                   f"the good one ({escape(report.good_source)})")
     console.print(f"bad build: {_verdict(result.bad)}")
@@ -67,6 +81,10 @@ def render_reduce(report: Any, output: str, min_good: Optional[str], asked_min_g
 
     console = _console()
     graph = report.reduced.model.graph
+    if _quiet():
+        console.print(f"debug reduce: {report.total_nodes} node(s) -> {len(graph.node)}; reduced model "
+                      f"{_verdict(report.verdict)}; wrote {escape(output)}" + (f" and {escape(min_good)}" if min_good else ""), soft_wrap=True)
+        return
     console.print(f"[bold]debug reduce[/]: {report.total_nodes} node(s) -> {len(graph.node)} in {report.checks} "
                   f"check(s) ({report.builds} build(s))")
     table = _table("node", "op")
@@ -90,6 +108,12 @@ def render_precision(report: Any, model: str, output: Optional[str]) -> None:
 
     console = _console()
     low = report.precision
+    if _quiet():
+        value = report.layer_precisions() if report.nodes else ""
+        console.print(f"debug precision ({low}): " + (f"--layer-precisions {escape(value)}; after {_verdict(report.after)}"
+                                                      if value else f"no node needs fp32; {_verdict(report.before)}")
+                      + (f"; wrote {escape(output)}" if output else ""), soft_wrap=True)
+        return
     console.print(f"[bold]debug precision[/] ({low}): {len(report.nodes)} of {len(report.scores)} candidate node(s) "
                   f"must stay in fp32 ({report.checks} check(s), {report.builds} build(s); ranked {report.rank})")
     if report.nodes:
