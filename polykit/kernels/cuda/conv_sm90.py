@@ -26,7 +26,7 @@ from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
 
-CONV_TILES = tuple(t for t in TILES if t.bm <= 128)
+CONV_TILES = tuple(t for t in TILES if t.bm <= 128 and t.bn != 192)  # 128x192 serves GEMMs whose N/192 tiles fill the chip
 X3_CONV_TILES = tuple(t for t in X3_TILES if t.bm <= 128)
 
 

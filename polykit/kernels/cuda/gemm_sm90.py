@@ -94,7 +94,8 @@ class Sm90Tile:
 #: tile configurations, in the order a build without timing prefers them
 TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660), Sm90Tile(2, 2, 128, 4, tflops=630),
          Sm90Tile(1, 1, 128, 8, tflops=430), Sm90Tile(1, 2, 64, 8, tflops=340), Sm90Tile(1, 1, 64, 8, tflops=330),
-         Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430), Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
+         Sm90Tile(1, 2, 192, 5, tflops=600), Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430),
+         Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
 #: 3xTF32 tiles (fewer stages: the float B scratch ring shares the shared memory; one warpgroup
 #: tile of rows each: a stage's partial sums need as many registers again as the accumulators);
 #: rates are fp16-equivalent guesses (the cost model divides them by 6)

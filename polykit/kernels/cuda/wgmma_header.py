@@ -12,7 +12,7 @@ from pathlib import Path
 
 #: wgmma N sizes the kernels use, and the PTX type names of their inputs (float storage runs
 #: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate)
-N_SIZES = (64, 128, 256)
+N_SIZES = (64, 128, 192, 256)
 INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float"}
 HEADER = Path(__file__).with_name("wgmma.cuh")
 
