@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import provenance
 
 SHAPES = {
     "square": [(4096, 4096, 4096), (8192, 8192, 8192)],
@@ -179,8 +180,8 @@ def main() -> None:
                         print(f"   {r['tactic']:26} ERROR {r['error'][:160]}")
                     else:
                         print(f"   {r['tactic']:26} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s rel {r['rel_err']:.1e}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+    commit = provenance.commit()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
             "torch": torch.__version__, "dtype": args.dtype}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(meta)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import provenance
 
 from cuda_gemm import time_graph
 from cuda_models import export, make_inputs, make_model
@@ -159,8 +160,8 @@ def main() -> None:
     for case in args.cases.split(","):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+    commit = provenance.commit()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
             "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(meta)

@@ -23,12 +23,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import provenance
 
 CASES = {"resnet50": [1, 32], "bert": [1, 8]}
 SEQ = 128
@@ -212,8 +213,8 @@ def main() -> None:
             rows.append({"model": name, "batch": batch, "precision": precision,
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
         print(json.dumps(rows[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit or "unknown",
+    commit = provenance.commit()
+    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
             "command": "PYTHONPATH=. python3 benchmarks/cuda_models.py " + " ".join(os.sys.argv[1:]),
             "torch": torch.__version__}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))

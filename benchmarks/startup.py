@@ -42,10 +42,9 @@ def wall_time(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    except OSError:
-        return "?"
+    from benchmarks.provenance import commit as tree_commit
+
+    return tree_commit()
 
 
 def main() -> None:
