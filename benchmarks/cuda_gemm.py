@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--tactics", default="", help="comma-separated tactic name prefixes to time (default all)")
     parser.add_argument("--epilogues", default="none", help=f"comma-separated, of {', '.join(EPILOGUES)}")
-    parser.add_argument("--only", default="", help="only these MxNxK shapes, comma-separated")
+    parser.add_argument("--only", default="", help="these MxNxK shapes (comma-separated) instead of --shapes")
     parser.add_argument("--out", default="cuda_gemm.json")
     args = parser.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.dtype, torch.float32)
@@ -160,12 +160,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     results = []
     only = {tuple(int(x) for x in s.split("x")) for s in args.only.split(",") if s}
-    for group in args.shapes.split(","):
-        for M, N, K in SHAPES[group]:
-            if only and (M, N, K) not in only:
-                continue
-            for layout in args.layouts.split(","):
-              for epilogue in args.epilogues.split(","):
+    shapes = sorted(only) if only else [shape for group in args.shapes.split(",") for shape in SHAPES[group]]
+    for M, N, K in shapes:
+        for layout in args.layouts.split(","):
+            for epilogue in args.epilogues.split(","):
                 rows = bench_shape(M, N, K, layout, dtype, torch, args, epilogue)
                 results.append({"M": M, "N": N, "K": K, "layout": layout, "epilogue": epilogue, "rows": rows})
                 ok = [r for r in rows if "ms" in r and r["tactic"] != "torch.matmul"]
