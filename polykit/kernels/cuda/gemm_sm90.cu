@@ -57,6 +57,7 @@
 constexpr int KE = 128 / sizeof(ELEM);  // K elements of one stage (one 128-byte row)
 constexpr int VEC = 16 / sizeof(ELEM);  // elements of one 16-byte chunk
 static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
+static_assert(EPI_GROUP == 4, "store_quads transposes the pairs of a quad of lanes: 4 column blocks");
 constexpr bool B_SCRATCH = sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
@@ -101,6 +102,36 @@ struct OutP {
     st(y, 0, a);
   }
 };
+
+// 16-bit storage: two values packed as the 32-bit word a pair store would write
+__device__ __forceinline__ u32 pack2(float a, float b) {
+  struct __align__(4) Pair { ELEM v[2]; } pair;
+  st(pair.v, 0, a);
+  st(pair.v, 1, b);
+  return *reinterpret_cast<const u32*>(&pair);
+}
+__device__ __forceinline__ u32 pick4(const u32 (&w)[4], int i) {
+  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+// One row's final values of EPI_GROUP (4) 8-column blocks, 16-bit storage, N % 8 == 0: lane q of
+// each quad holds columns 2q, 2q + 1 of every block, packed (w[j]: block j); a 4 x 4 transpose of
+// the packed pairs (4 shuffles) gives lane q all 8 columns of block q: one 16-byte store instead of
+// four 4-byte ones (full 32-byte sectors; the pair stores wrote half of each).
+__device__ __forceinline__ void store_quad_row(const OutP& out, i64 z, i64 m, i64 n_block0, const u32 (&w)[4],
+                                               int lane) {
+  const int q = lane & 3;
+  u32 o[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its pair of block (q - r) & 3 to lane (q - r) & 3
+    const int from = (q + r) & 3;
+    const u32 got = __shfl_sync(0xffffffffu, pick4(w, (q - r) & 3), (lane & ~3) | from);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[i] = i == from ? got : o[i];
+  }
+  const i64 n = n_block0 + 8 * q;
+  if (m < out.M && n < out.N) *(uint4*)(out.Y + (z * out.M + m) * out.N + n) = make_uint4(o[0], o[1], o[2], o[3]);
+}
 
 // ---- float B of one stage -> K-major tf32 parts in scratch (B_SCRATCH; all consumer threads) ------
 __device__ __forceinline__ void prepare_b(unsigned char* b, unsigned char* scr, int t) {
@@ -262,6 +293,21 @@ __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, un
             const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
             if (m < out.M && n < out.N) acc[s][4 * j + e] = out.value(ti.z, m, n, acc[s][4 * j + e]);
           }
+        // uniform across the warp. Not with two m64 subtiles a warpgroup (256x128): there the bf16
+        // kernel's first subtile came out wrong on the H100 (fp16 right; cause not found), so it
+        // keeps the pair stores.
+        if (MSUB == 1 && sizeof(ELEM) == 2 && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0) {
+          u32 top[4], bottom[4];  // rows m, m + 8
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            top[j] = pack2(acc[s][4 * (j0 + j)], acc[s][4 * (j0 + j) + 1]);
+            bottom[j] = pack2(acc[s][4 * (j0 + j) + 2], acc[s][4 * (j0 + j) + 3]);
+          }
+          const i64 m = m_base + s * 64, n_block0 = (i64)ti.tn * BN + j0 * 8;
+          store_quad_row(out, ti.z, m, n_block0, top, lane);
+          store_quad_row(out, ti.z, m + 8, n_block0, bottom, lane);
+          continue;
+        }
 #pragma unroll
         for (int j = j0; j < j0 + EPI_GROUP; ++j) {
           const i64 m = m_base + s * 64, n = n_base + j * 8;
