@@ -94,6 +94,35 @@ _OFFSET = {
 }
 
 
+def _vector_epilogue(layer: Any, classes: list[str]) -> str:
+    """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
+    (oi, col multiples of 8), each "full" / "last" input read with one 16-byte load, and
+    `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. The sm90 kernels use them
+    for 16-bit outputs (8 elements: one 16-byte load) whose rows are a multiple of 8 long
+    (EPI_VEC 1; 0 when an input is read through a general broadcast)."""
+    from polykit.kernels.cuda.pointwise_expr import emit_expression
+
+    epi = layer.attrs["epilogue"]
+    values = {epi["input"]: "v[i]"}
+    loads, aligned = [], []
+    for j, (name, c) in enumerate(zip(extra_inputs(layer), classes)):
+        if c == "scalar":
+            values[name] = f"ld(E.e{j}, 0)"
+            continue
+        values[name] = f"ld(x{j}, i)"
+        loads.append(f"  ELEM x{j}[8];\n  *(uint4*)x{j} = *(const uint4*)(E.e{j} + {_OFFSET[c]});\n")
+        aligned.append(f"((u64)E.e{j} & 15) == 0")
+    code, env = emit_expression(epi["body"], values, prefix="t")
+    result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
+    return (
+        "#define EPI_VEC 1\n"
+        "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, float (&v)[8], i64 oi, i64 col) {\n"
+        + "".join(loads)
+        + f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
+        f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {' && '.join(aligned) or 'true'}; }}\n"
+    )
+
+
 def epilogue_prelude(layer: Any, elem: str) -> str:
     """C text that defines the epilogue a GEMM/conv kernel calls on each fp32 result:
     `apply_epilogue(E, v, oi, col)` (oi the output's flat index, col its index along the output's
@@ -127,6 +156,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     # offset chain out of line (inlined into an unrolled store loop it made NVRTC very slow).
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
+    vector = _vector_epilogue(layer, classes) if not general else "#define EPI_VEC 0\n"
     return (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
@@ -137,7 +167,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
         f"__device__ __forceinline__ EpiState make_epi({', '.join(params)}) {{\n  EpiState E;\n{init}  return E;\n}}\n"
         f"__device__ {inline} float apply_epilogue(const EpiState& E, float v, i64 oi, i64 col) {{\n"
         f"{offsets}{code}\n  return (float)({result});\n}}\n"
-    )
+    ) + vector
 
 
 def kernel_source(layer: Any, kernel: str, file: str, elem: str) -> KernelSource:

@@ -43,6 +43,9 @@
 #define EPI_PARAMS
 #define EPI_COMMA_ARGS
 #endif
+#ifndef EPI_VEC
+#define EPI_VEC 1  // the epilogue (if any) has apply_epilogue8: 8 columns of a row at once
+#endif
 
 #define BM (64 * MSUB * CONSUMERS)
 #define STAGE_BYTES ((BM + BN) * 128)
@@ -57,7 +60,7 @@
 constexpr int KE = 128 / sizeof(ELEM);  // K elements of one stage (one 128-byte row)
 constexpr int VEC = 16 / sizeof(ELEM);  // elements of one 16-byte chunk
 static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
-static_assert(EPI_GROUP == 4, "store_quads transposes the pairs of a quad of lanes: 4 column blocks");
+static_assert(EPI_GROUP == 4, "finish_quad_row transposes across a quad of lanes: 4 column blocks");
 constexpr bool B_SCRATCH = sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
@@ -114,23 +117,47 @@ __device__ __forceinline__ u32 pick4(const u32 (&w)[4], int i) {
   return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
 }
 
-// One row's final values of EPI_GROUP (4) 8-column blocks, 16-bit storage, N % 8 == 0: lane q of
-// each quad holds columns 2q, 2q + 1 of every block, packed (w[j]: block j); a 4 x 4 transpose of
-// the packed pairs (4 shuffles) gives lane q all 8 columns of block q: one 16-byte store instead of
-// four 4-byte ones (full 32-byte sectors; the pair stores wrote half of each).
-__device__ __forceinline__ void store_quad_row(const OutP& out, i64 z, i64 m, i64 n_block0, const u32 (&w)[4],
-                                               int lane) {
+// A 4 x 4 transpose of 32-bit words across each quad of lanes (4 shuffles): lane q's w[j] is
+// block j's word from lane q; afterwards o[u] is block q's word from lane u.
+__device__ __forceinline__ void transpose_quad(const u32 (&w)[4], u32 (&o)[4], int lane) {
   const int q = lane & 3;
-  u32 o[4] = {0, 0, 0, 0};
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its pair of block (q - r) & 3 to lane (q - r) & 3
+  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its word of block (q - r) & 3 to lane (q - r) & 3
     const int from = (q + r) & 3;
     const u32 got = __shfl_sync(0xffffffffu, pick4(w, (q - r) & 3), (lane & ~3) | from);
 #pragma unroll
     for (int i = 0; i < 4; ++i) o[i] = i == from ? got : o[i];
   }
-  const i64 n = n_block0 + 8 * q;
-  if (m < out.M && n < out.N) *(uint4*)(out.Y + (z * out.M + m) * out.N + n) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// The accumulators of EPI_GROUP (4) 8-column blocks of one row, 16-bit storage, N % 8 == 0: lane
+// q of each quad holds columns 2q, 2q + 1 of every block (lo[j], hi[j]: block j). Transposed
+// across the quad, lane q holds the 8 columns of block q: it finishes them (alpha, the epilogue
+// with 16-byte loads of its inputs) and writes them with one 16-byte store — full 32-byte
+// sectors where the pair loads and stores touched half of each.
+__device__ __forceinline__ void finish_quad_row(const OutP& out, i64 z, i64 m, i64 n_block0, const float (&lo)[4],
+                                                const float (&hi)[4], int lane) {
+  u32 wl[4], wh[4], ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    wl[j] = __float_as_uint(lo[j]);
+    wh[j] = __float_as_uint(hi[j]);
+  }
+  transpose_quad(wl, ol, lane);
+  transpose_quad(wh, oh, lane);
+  const i64 n = n_block0 + 8 * (lane & 3);
+  if (m >= out.M || n >= out.N) return;
+  float v[8];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    v[2 * u] = out.alpha * __uint_as_float(ol[u]);
+    v[2 * u + 1] = out.alpha * __uint_as_float(oh[u]);
+  }
+  const i64 oi = (z * out.M + m) * out.N + n;
+#if HAS_EPILOGUE && EPI_VEC
+  apply_epilogue8(out.epi, v, oi, n);
+#endif
+  *(uint4*)(out.Y + oi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
 }
 
 // ---- float B of one stage -> K-major tf32 parts in scratch (B_SCRATCH; all consumer threads) ------
@@ -263,6 +290,18 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
   }
 }
 
+// whether finish_quad_row serves this output: 16-bit storage, rows a multiple of 8 long, Y, C
+// (none) and the epilogue's inputs 16-byte aligned; one m64 subtile a warpgroup (with two,
+// 256x128, the bf16 kernel's first subtile came out wrong on the H100 — fp16 right, cause not
+// found — so it keeps the pair stores)
+__device__ __forceinline__ bool vector_ok(const OutP& out) {
+  bool ok = MSUB == 1 && EPI_VEC && sizeof(ELEM) == 2 && !out.C && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0;
+#if HAS_EPILOGUE && EPI_VEC
+  ok = ok && epi_vec_ok(out.epi);
+#endif
+  return ok;
+}
+
 __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, unsigned char* scratch, u64* full,
                                         u64* empty, int tiles_m, int tiles_n, int tiles, int ktiles, int wg,
                                         int tid) {
@@ -281,11 +320,26 @@ __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, un
     // EPI_GROUP column blocks at a time: their epilogue values first (the loads of C and of the
     // epilogue inputs are in flight together: no store can alias them yet), then their stores.
     const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
+    const bool vector_rows = vector_ok(out);
     const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
 #pragma unroll
     for (int s = 0; s < MSUB; ++s)
 #pragma unroll
       for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+        if (vector_rows) {  // the same for every lane: the shuffles see the whole warp
+          float lo[4], hi[4], lo8[4], hi8[4];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            lo[j] = acc[s][4 * (j0 + j)];
+            hi[j] = acc[s][4 * (j0 + j) + 1];
+            lo8[j] = acc[s][4 * (j0 + j) + 2];
+            hi8[j] = acc[s][4 * (j0 + j) + 3];
+          }
+          const i64 m = m_base + s * 64, n_block0 = (i64)ti.tn * BN + j0 * 8;
+          finish_quad_row(out, ti.z, m, n_block0, lo, hi, lane);
+          finish_quad_row(out, ti.z, m + 8, n_block0, lo8, hi8, lane);
+          continue;
+        }
 #pragma unroll
         for (int j = j0; j < j0 + EPI_GROUP; ++j)
 #pragma unroll
@@ -293,21 +347,6 @@ __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, un
             const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
             if (m < out.M && n < out.N) acc[s][4 * j + e] = out.value(ti.z, m, n, acc[s][4 * j + e]);
           }
-        // uniform across the warp. Not with two m64 subtiles a warpgroup (256x128): there the bf16
-        // kernel's first subtile came out wrong on the H100 (fp16 right; cause not found), so it
-        // keeps the pair stores.
-        if (MSUB == 1 && sizeof(ELEM) == 2 && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0) {
-          u32 top[4], bottom[4];  // rows m, m + 8
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            top[j] = pack2(acc[s][4 * (j0 + j)], acc[s][4 * (j0 + j) + 1]);
-            bottom[j] = pack2(acc[s][4 * (j0 + j) + 2], acc[s][4 * (j0 + j) + 3]);
-          }
-          const i64 m = m_base + s * 64, n_block0 = (i64)ti.tn * BN + j0 * 8;
-          store_quad_row(out, ti.z, m, n_block0, top, lane);
-          store_quad_row(out, ti.z, m + 8, n_block0, bottom, lane);
-          continue;
-        }
 #pragma unroll
         for (int j = j0; j < j0 + EPI_GROUP; ++j) {
           const i64 m = m_base + s * 64, n = n_base + j * 8;
