@@ -194,3 +194,25 @@ def test_expand_to_a_where_of_dims_keeps_its_dim_expressions():
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
         np.testing.assert_array_equal(ctx.execute({"x": x})["y"], x + np.linspace(-1, 1, 8, dtype=np.float32)[:5])
+
+
+def test_tactics_are_timed_at_the_first_profiles_opt_shape(monkeypatch):
+    import polykit.compiler.tuner as tuner
+    from polykit.compiler.symbolic import evaluate
+
+    timed: dict[str, tuple] = {}
+    real = tuner.time_candidates
+
+    def spy(target, layer, pairs, tensors, *args):
+        timed.update(zip(layer.inputs, layer.in_shapes))
+        timed.update({n: tensors[n].shape for n in layer.inputs + layer.outputs if n})
+        return real(target, layer, pairs, tensors, *args)
+
+    monkeypatch.setattr(tuner, "time_candidates", spy)
+    plan = build_plan(mlp(), _cfg(MLP_PROFILE, Profile({"x": ((1, 1, 16), (2, 2, 16), (2, 2, 16))}),
+                                  builder_optimization_level=5))
+    dynamic = {n for n in timed if plan.tensors.get(n) is not None and plan.tensors[n].dims}
+    assert dynamic, "the cpu build timed no layer with dynamic tensors"
+    opt = {"batch": 4, "tokens": 8}  # profile 0's opt; profile 1 has no say
+    for name in dynamic:
+        assert timed[name] == tuple(evaluate(d, opt) for d in plan.tensors[name].dims) == plan.tensors[name].shape
