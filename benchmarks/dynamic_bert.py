@@ -6,11 +6,21 @@ Run on a GPU machine with torch and transformers installed:
 
 It exports BERT-base (random weights, fixed seed) to ONNX with dynamic batch and sequence axes,
 builds one cuda plan for the profile batch 1-8 / sequence 16-512 / opt 8x128 and one static plan
-for 8x128 (benchmarks/cuda_models.py's export and timing helpers), checks both against torch at
-8x128, then times both at 8x128 in alternating rounds in one process (ExecutionContext.enqueue on
-torch tensors, CUDA-graph replay; the median of --iters runs per round, the median of the
-rounds reported), and the dynamic plan alone at other shapes of the profile. Prints the numbers
-and writes JSON: the acceptance bar is dynamic within 10 % of static at 8x128.
+for 8x128 (benchmarks/cuda_models.py's export and timing helpers), checks both against
+onnxruntime at 8x128, then times both at 8x128 in alternating rounds in one process
+(ExecutionContext.enqueue on torch tensors, CUDA-graph replay; the median of --iters runs per
+round, the median of the rounds reported), and the dynamic plan alone at other shapes of the
+profile. Prints the numbers and writes JSON: the acceptance bar is dynamic within 10 % of static
+at 8x128.
+
+`--model PATH` takes an exported dynamic BERT instead (inputs input_ids, attention_mask with
+dynamic batch/seq, output out; `--vocab` its vocabulary size), and `--target cpu` runs the same
+steps on the cpu target without torch (ExecutionContext.execute, host timing): a check of the
+whole path on a machine without a GPU, e.g. with the test suite's tiny BERT:
+
+    PYTHONPATH=. python3 benchmarks/dynamic_bert.py --target cpu --vocab 1000 --iters 3 --rounds 1 \
+        --model tiny_bert.onnx     # python3 -c "from tests.dynamic_models import tiny_bert; import onnx; \
+                                   #   onnx.save(tiny_bert(), 'tiny_bert.onnx')"
 """
 
 from __future__ import annotations
@@ -22,22 +32,25 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.cuda_models import _BertOut, make_model, time_cuda
 
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))
 OTHER_SHAPES = ((1, 16), (1, 128), (4, 77), (8, 512))
+VOCAB = 30522
 
 
 def export_dynamic(model, path: Path, torch) -> None:
-    ids = torch.randint(0, 30522, OPT, generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, VOCAB, OPT, generator=torch.Generator().manual_seed(0))
     axes = {0: "batch", 1: "seq"}
     torch.onnx.export(_BertOut(model, torch), (ids, torch.ones_like(ids)), str(path),
                       input_names=["input_ids", "attention_mask"], output_names=["out"], opset_version=21,
                       dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes}, dynamo=False)
 
 
-def build(path: Path, precision: str, dynamic: bool):
+def build(path: Path, target: str, precision: str, dynamic: bool):
     from polykit.compiler.builder import build_plan
     from polykit.compiler.config import BuilderConfig
     from polykit.compiler.profiles import Profile
@@ -45,83 +58,128 @@ def build(path: Path, precision: str, dynamic: bool):
     shapes = {"input_ids": OPT, "attention_mask": OPT}
     extra = ({"profiles": [Profile({n: PROFILE for n in shapes})]} if dynamic else {"input_shapes": shapes})
     start = time.perf_counter()
-    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=precision == "fp16", **extra))
+    plan = build_plan(str(path), BuilderConfig(target=target, fp16=precision == "fp16", **extra))
     return plan, round(time.perf_counter() - start, 1)
 
 
-class Runner:
-    """A context of `plan` bound to torch tensors of one shape: run() enqueues on torch's stream."""
+def feeds_for(shape: tuple[int, int], vocab: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    return {"input_ids": rng.integers(0, vocab, shape).astype(np.int64),
+            "attention_mask": np.ones(shape, dtype=np.int64)}
 
-    def __init__(self, plan, shape: tuple[int, int], torch):
+
+class Runner:
+    """A context of `plan` with feeds of one shape; run() runs it once: on cuda, enqueue on
+    torch tensors on torch's stream; on cpu, execute."""
+
+    def __init__(self, plan, shape: tuple[int, int], vocab: int, torch=None):
         from polykit.runtime.engine import Engine
 
         self.engine = Engine(plan)
         self.ctx = self.engine.create_execution_context()
-        g = torch.Generator().manual_seed(shape[0] * 1000 + shape[1])
-        self.feeds = {"input_ids": torch.randint(0, 30522, shape, generator=g).cuda(),
-                      "attention_mask": torch.ones(shape, dtype=torch.int64).cuda()}
+        self.feeds = feeds_for(shape, vocab)
+        self.torch = torch
+        self.name = plan.outputs[0]
+        if torch is None:
+            return
+        self.bindings = {k: torch.from_numpy(v).cuda() for k, v in self.feeds.items()}
         for name, value in self.feeds.items():
-            self.ctx.set_input_shape(name, tuple(value.shape))
-        out = plan.outputs[0]
-        self.out = torch.empty(self.ctx.get_tensor_shape(out), dtype=getattr(torch, plan.tensors[out].dtype),
+            self.ctx.set_input_shape(name, value.shape)
+        self.out = torch.empty(self.ctx.get_tensor_shape(self.name), dtype=getattr(torch, plan.tensors[self.name].dtype),
                                device="cuda")
-        self.bindings = {**self.feeds, out: self.out}
+        self.bindings[self.name] = self.out
         self.stream = torch.cuda.current_stream()
 
     def run(self) -> None:
-        self.ctx.enqueue(self.bindings, self.stream)
+        if self.torch is None:
+            self.out = self.ctx.execute(self.feeds)[self.name]
+        else:
+            self.ctx.enqueue(self.bindings, self.stream)
+
+    def output(self) -> np.ndarray:
+        self.run()
+        if self.torch is None:
+            return np.asarray(self.out, dtype=np.float32)
+        self.torch.cuda.synchronize()
+        return self.out.float().cpu().numpy()
 
     def close(self) -> None:
         self.ctx.close()
         self.engine.close()
 
 
-def main() -> None:
-    import torch
+def time_host(fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
+
+def reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
+    parser.add_argument("--target", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--model", default=None, help="an exported dynamic BERT instead of BERT-base's export")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="the vocabulary size of --model")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="dynamic_bert.json")
     args = parser.parse_args()
-    model = make_model("bert", torch)
+    torch = None
+    if args.target == "cuda":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bert_dynamic.onnx"
-        export_dynamic(model, path, torch)
-        (dynamic, dynamic_build_s), (static, static_build_s) = build(path, args.precision, True), \
-            build(path, args.precision, False)
-    runners = {"dynamic": Runner(dynamic, OPT, torch), "static": Runner(static, OPT, torch)}
-    dev_model = model.cuda().half() if args.precision == "fp16" else model.cuda()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    with torch.inference_mode():
-        ref = dev_model(**runners["static"].feeds).last_hidden_state.float()
-    errors = {}
-    for name, runner in runners.items():
-        runner.run()
-        torch.cuda.synchronize()
-        errors[name] = float((runner.out.float() - ref).abs().max())
+        path = Path(args.model) if args.model else Path(tmp) / "bert_dynamic.onnx"
+        if not args.model:
+            import torch as exporter
+
+            export_dynamic(make_model("bert", exporter), path, exporter)
+        (dynamic, dynamic_build_s), (static, static_build_s) = build(path, args.target, args.precision, True), \
+            build(path, args.target, args.precision, False)
+        runners = {"dynamic": Runner(dynamic, OPT, args.vocab, torch), "static": Runner(static, OPT, args.vocab, torch)}
+        ref = reference(path, runners["static"].feeds)
+    errors = {name: float(np.abs(runner.output() - ref).max()) for name, runner in runners.items()}
+
+    def timed(runner: Runner) -> float:
+        if torch is None:
+            return time_host(runner.run, args.warmup, args.iters)
+        return time_cuda(runner.run, torch, args.warmup, args.iters)
+
     samples = {name: [] for name in runners}
     for _ in range(args.rounds):  # alternating, so drift or a neighbour's load falls on both alike
         for name, runner in runners.items():
-            samples[name].append(time_cuda(runner.run, torch, args.warmup, args.iters))
+            samples[name].append(timed(runner))
     at_opt = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
     others = {}
     for shape in OTHER_SHAPES:
-        runner = Runner(dynamic, shape, torch)
-        others[f"{shape[0]}x{shape[1]}"] = round(time_cuda(runner.run, torch, args.warmup, args.iters), 3)
+        runner = Runner(dynamic, shape, args.vocab, torch)
+        others[f"{shape[0]}x{shape[1]}"] = round(timed(runner), 3)
         runner.close()
     for runner in runners.values():
         runner.close()
     result = {
-        "precision": args.precision, "profile": {"min": PROFILE[0], "opt": PROFILE[1], "max": PROFILE[2]},
+        "target": args.target, "model": args.model or "bert-base", "precision": args.precision,
+        "profile": {"min": PROFILE[0], "opt": PROFILE[1], "max": PROFILE[2]},
         "ms_at_8x128": at_opt, "dynamic_over_static": round(at_opt["dynamic"] / at_opt["static"], 3),
         "spread_ms": {k: round(max(v) - min(v), 3) for k, v in samples.items()},
-        "dynamic_ms_at": others, "max_abs_err_vs_torch": errors,
+        "dynamic_ms_at": others, "max_abs_err_vs_onnxruntime": errors,
         "build_s": {"dynamic": dynamic_build_s, "static": static_build_s},
         "layers": {"dynamic": len(dynamic.layers), "static": len(static.layers)},
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if torch is not None else "cpu",
     }
     print(json.dumps(result, indent=2))
     Path(args.out).write_text(json.dumps(result, indent=2))

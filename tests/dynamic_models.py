@@ -9,9 +9,14 @@
 - `embedding`: token and position embeddings as exports build them: Range over the sequence
   length, Expand to the ids' shape, a Slice of the position table ending at the length, and a
   ConstantOfShape of the ids' shape.
+- `tiny_bert`: a real exporter's graph: torch.onnx.export of a 2-layer HF BertModel (hidden 64,
+  vocab 1000, opset 21, dynamic batch/seq), stored without its large weights
+  (tests/data/tiny_bert_dynamic_graph.onnx), which get seeded random values here.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -51,7 +56,7 @@ class _Graph:
 
     def model(self, inputs, outputs, name: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _dim(g: _Graph, shape: str, axis: int) -> str:
@@ -129,3 +134,19 @@ def embedding(vocab: int = 100, positions: int = 64, d: int = 8, seed: int = 0) 
     g.nodes.append(helper.make_node("Mul", [g.op("Add", h, window), scale], ["y"], name="y_node"))
     inputs = [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])]
     return g.model(inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], "embedding")
+
+
+TINY_BERT = Path(__file__).parent / "data" / "tiny_bert_dynamic_graph.onnx"
+
+
+def tiny_bert(seed: int = 0) -> onnx.ModelProto:
+    """Inputs "input_ids" and "attention_mask" int64 [batch, seq] (seq <= 512, ids < 1000);
+    output "out" float [batch, seq, 64]. The stored graph's weights without data get
+    N(0, 0.05) values (BERT's own init is N(0, 0.02); larger makes the layers matter)."""
+    model = onnx.load(str(TINY_BERT))
+    rng = np.random.default_rng(seed)
+    for i, init in enumerate(model.graph.initializer):
+        if not init.HasField("raw_data") and not init.float_data:
+            values = (rng.standard_normal(tuple(init.dims)) * 0.05).astype(np.float32)
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(values, init.name))
+    return model

@@ -35,6 +35,8 @@ class PolykitRep(BackendRep):
         self.config = config
         self._engines: dict[tuple, Any] = {}
         self._by_value: dict[tuple, list[str]] = {}  # shape key -> inputs whose values engines bind
+        #: engines built so far (failed tries included): what conformance reports as rebuilds
+        self.builds = 0
 
     def _engine_for(self, feeds: dict[str, np.ndarray]) -> Any:
         """The engine for these feeds' shapes; when a build fails because shapes depend on input
@@ -73,6 +75,7 @@ class PolykitRep(BackendRep):
 
         cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
                             input_values=values, **self.config)
+        self.builds += 1
         return Runtime(self.target).deserialize_engine(build_plan(self.graph, cfg))
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:

@@ -79,11 +79,13 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
 
 
 def _learn_values(node: Node, graph: Graph, known: dict[str, np.ndarray], outs: list[np.ndarray] | None) -> None:
-    """Keep the small values of an evaluated node; a shape its rule could not know (NonZero,
-    Unique, ...) is the shape of the value."""
+    """Keep the small values of an evaluated node (not of a tensor with dynamic dims); a shape
+    its rule could not know (NonZero, Unique, ...) is the shape of the value."""
     for name, arr in zip(node.outputs, outs or ()):
         if not name:
             continue
+        if is_dynamic(graph.value(name).shape):
+            continue  # its value at opt (a Slice of a table up to a dim) holds at opt only
         if not graph.value(name).is_static and not is_dynamic(graph.value(name).shape):
             graph.set_value(Value(name, graph.value(name).dtype or arr.dtype, tuple(arr.shape)))
         if arr.size <= PROPAGATE_MAX_ELEMENTS:

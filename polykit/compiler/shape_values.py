@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.errors import PolykitError
 from polykit.compiler.symbolic import SymInt, is_dynamic
 from polykit.kernels.registry import find_reference
@@ -54,12 +54,15 @@ def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
-    """`node`'s outputs when it is a shape-chain op over symbolic values; None otherwise."""
+    """`node`'s outputs when it is a shape-chain op (or a fused Pointwise group of them) over
+    symbolic values; None otherwise."""
+    if node.domain == POLYKIT_DOMAIN and node.op_type == "Pointwise":
+        return _fused(node, known, graph)
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type in ("Shape", "Size"):
-        shape = graph.value(node.input(0)).shape
-        if not is_dynamic(shape) or not all(isinstance(d, int) for d in shape):
+        shape = graph.value(node.input(0)).shape  # static or not: its input may be a symbolic value
+        if shape is None or not all(isinstance(d, int) for d in shape):
             return None
         return _shape_or_size(node, list(shape))  # int64 by the ONNX spec
     fn = SHAPE_VALUE_OPS.get(node.op_type)
@@ -75,6 +78,21 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
     if outs is None:
         return None
     return [settle(o, graph.value(name).dtype) for o, name in zip(outs, node.outputs)]
+
+
+def _fused(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
+    """A Pointwise node's outputs, its body steps run as shape-chain ops (fuse_pointwise may
+    group an Equal -> Where chain of dims)."""
+    local = {name: known.get(name) for name in node.inputs if name}
+    if not any(map(is_symbolic, local.values())):
+        return None
+    for step in node.attrs.get("body", ()):
+        out = symbolic_values(Node(step["op"], list(step["inputs"]), list(step["outputs"]), dict(step["attrs"])),
+                              local, graph)
+        if out is None:
+            return None
+        local.update(zip(step["outputs"], out))
+    return [local[name] for name in node.outputs]
 
 
 def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
@@ -119,7 +137,17 @@ SHAPE_VALUE_OPS.update({
     "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
     "Max": _elementwise(max),
     "Min": _elementwise(min),
+    # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
+    "Equal": _elementwise(lambda a, b: int(a) == int(b)),
+    "Less": _elementwise(lambda a, b: int(a) < int(b)),
+    "Greater": _elementwise(lambda a, b: int(a) > int(b)),
 })
+
+
+@value_op("Where")
+def _where(node: Node, args: list) -> list[np.ndarray]:
+    cond, x, y = (np.asarray(a, dtype=object) for a in args)
+    return [np.asarray(np.where(cond.astype(bool), x, y), dtype=object)]
 
 
 def _no_value():

@@ -42,6 +42,7 @@ class CaseResult:
     status: str  # passed | failed | unsupported
     message: str = ""
     seconds: float = 0.0
+    builds: int = 0  # engines the case's backend rep built (more than one: rebuilt per input value)
 
 
 @dataclass
@@ -71,12 +72,17 @@ class ConformanceReport:
     def failures(self) -> list[CaseResult]:
         return [r for r in self.results if r.status == "failed"]
 
+    def rebuilt(self) -> list[str]:
+        """Passing cases whose rep built more than one engine (shapes bound to input values)."""
+        return sorted(r.name for r in self.results if r.status == "passed" and r.builds > 1)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "target": self.target,
             "counts": {k or "all": dict(self.counts(k)) for k in (None, *KINDS)},
             "node_pass_rate_supported": self.pass_rate_supported("node"),
             "per_op": {op: dict(c) for op, c in self.per_op().items()},
+            "rebuilt_per_value": len(self.rebuilt()),
             "results": [asdict(r) for r in self.results],
         }
 
@@ -206,7 +212,7 @@ def run_case(case: Case, target: str = "cpu") -> CaseResult:
     except Exception as exc:  # a failure of this case, whatever its kind, is recorded and counted
         msg = f"{type(exc).__name__}: {str(exc).strip()}"
         return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
-    return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start)
+    return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start, rep.builds)
 
 
 def _as_array(item: Any) -> np.ndarray:
@@ -339,6 +345,8 @@ def conformance_cmd(
     for op, c in report.per_op().items():
         ops.add_row(op, str(c["passed"]), str(c["failed"]), str(c["unsupported"]))
     console.print(ops)
+    if runner == "polykit":
+        console.print(f"passing cases whose engine was rebuilt per input value: {len(report.rebuilt())}")
     if "node" in kinds:
         console.print(f"node pass rate over cases whose ops are all supported: {report.pass_rate_supported('node'):.1%}")
     if failures:

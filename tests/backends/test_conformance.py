@@ -95,3 +95,12 @@ def test_the_cli_names_onnxruntime_and_its_version_for_the_onnxrt_runner():
     from polykit.tools.cli import main
 
     assert main(["conformance", "--runner", "tensorrt"]) == 2  # a usage error, before any case runs
+
+
+def test_the_report_counts_cases_whose_engine_was_rebuilt_per_input_value():
+    """A Reshape to a shape fed as an input is built for that input's value (a second build);
+    an Abs is built once."""
+    report = run_conformance(("node",), pattern="^test_(abs|reshape_reduced_dims)$")
+    builds = {r.name: r.builds for r in report.results}
+    assert builds == {"test_abs": 1, "test_reshape_reduced_dims": 2}
+    assert report.rebuilt() == ["test_reshape_reduced_dims"] and report.to_json()["rebuilt_per_value"] == 1

@@ -152,7 +152,7 @@ def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
         assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
 
 
-@pytest.mark.parametrize("case", ["embedding", "encoder", "convnet", "mlp"])
+@pytest.mark.parametrize("case", ["embedding", "encoder", "convnet", "mlp", "tiny_bert"])
 @pytest.mark.parametrize("fp16", [False, True])
 def test_cuda_plans_for_profiles_build_with_kernels_that_take_sizes_at_run_time(case, fp16):
     from tests.runtime.test_dynamic_shapes import CASES
@@ -162,3 +162,57 @@ def test_cuda_plans_for_profiles_build_with_kernels_that_take_sizes_at_run_time(
     back = Plan.deserialize(plan.serialize())
     assert back.profiles == plan.profiles and any(t.dims for t in back.tensors.values())
     assert all(layer.tactic.startswith("cuda.") for layer in back.layers)
+
+
+def _expand_to_where_of_dims_model():
+    """Expand to Where(Equal(shape, -1), 1, shape), the HF exporter's guard for -1 dims (Equal and
+    Where fuse into a Pointwise node)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "m"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(np.array([-1, -1], dtype=np.int64), "minus"),
+             numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "ones"),
+             numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8), "row")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Equal", ["s", "minus"], ["is_free"], name="equal"),
+             helper.make_node("Where", ["is_free", "ones", "s"], ["target"], name="where"),
+             helper.make_node("Slice", ["row", "zero", "m1", "one"], ["cols"], name="cols"),
+             helper.make_node("Expand", ["cols", "target"], ["e"], name="expand"),
+             helper.make_node("Add", ["e", "x"], ["y"], name="add")]
+    inits += [numpy_helper.from_array(np.array([0], dtype=np.int64), "zero"),
+              numpy_helper.from_array(np.array([1], dtype=np.int64), "one")]
+    nodes.insert(3, helper.make_node("Slice", ["s", "one", "two"], ["m1"], name="m_of_shape"))
+    inits.append(numpy_helper.from_array(np.array([2], dtype=np.int64), "two"))
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_expand_to_a_where_of_dims_keeps_its_dim_expressions():
+    from polykit.runtime.engine import Runtime
+
+    plan = build_plan(_expand_to_where_of_dims_model(), _cfg(Profile({"x": ((1, 1), (2, 4), (4, 8))})))
+    assert [str(d) for d in plan.tensors["e"].dims] == ["n", "m"]
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        np.testing.assert_array_equal(ctx.execute({"x": x})["y"], x + np.linspace(-1, 1, 8, dtype=np.float32)[:5])
+
+
+def test_tactics_are_timed_at_the_first_profiles_opt_shape(monkeypatch):
+    import polykit.compiler.tuner as tuner
+    from polykit.compiler.symbolic import evaluate
+
+    timed: dict[str, tuple] = {}
+    real = tuner.time_candidates
+
+    def spy(target, layer, pairs, tensors, *args):
+        timed.update(zip(layer.inputs, layer.in_shapes))
+        timed.update({n: tensors[n].shape for n in layer.inputs + layer.outputs if n})
+        return real(target, layer, pairs, tensors, *args)
+
+    monkeypatch.setattr(tuner, "time_candidates", spy)
+    plan = build_plan(mlp(), _cfg(MLP_PROFILE, Profile({"x": ((1, 1, 16), (2, 2, 16), (2, 2, 16))}),
+                                  builder_optimization_level=5))
+    dynamic = {n for n in timed if plan.tensors.get(n) is not None and plan.tensors[n].dims}
+    assert dynamic, "the cpu build timed no layer with dynamic tensors"
+    opt = {"batch": 4, "tokens": 8}  # profile 0's opt; profile 1 has no say
+    for name in dynamic:
+        assert timed[name] == tuple(evaluate(d, opt) for d in plan.tensors[name].dims) == plan.tensors[name].shape

@@ -12,12 +12,14 @@ from polykit.compiler.config import BuilderConfig
 from polykit.compiler.profiles import Profile
 from polykit.errors import RuntimeInputError, UsageError
 from polykit.runtime.engine import Runtime
-from tests.dynamic_models import convnet, embedding, encoder, mlp
+from tests.dynamic_models import convnet, embedding, encoder, mlp, tiny_bert
 
 ENCODER_PROFILE = Profile({"x": ((1, 1, 32), (2, 16, 32), (4, 40, 32)), "mask": ((1, 1), (2, 16), (4, 40))})
 CONV_PROFILE = Profile({"image": ((1, 3, 16, 16), (2, 3, 32, 32), (4, 3, 64, 64))})
 MLP_PROFILE = Profile({"x": ((1, 1, 16), (4, 8, 16), (8, 32, 16))})
 EMBEDDING_PROFILE = Profile({"ids": ((1, 1), (2, 8), (4, 64))})
+BERT_RANGE = ((1, 16), (4, 64), (8, 512))
+BERT_PROFILE = Profile({"input_ids": BERT_RANGE, "attention_mask": BERT_RANGE})
 
 
 def _encoder_feeds(rng, b, s):
@@ -25,7 +27,14 @@ def _encoder_feeds(rng, b, s):
             "mask": np.where(rng.random((b, s)) < 0.2, -1e4, 0).astype(np.float32)}
 
 
+def _bert_feeds(rng, b, s):
+    mask = np.ones((b, s), dtype=np.int64)
+    mask[:, s - s // 4:] = 0  # padded tails
+    return {"input_ids": rng.integers(0, 1000, (b, s)).astype(np.int64), "attention_mask": mask}
+
+
 CASES = {
+    "tiny_bert": (tiny_bert, BERT_PROFILE, [(1, 16), (3, 77), (8, 512), (2, 129)], _bert_feeds),
     "encoder": (encoder, ENCODER_PROFILE, [(1, 7), (2, 13), (3, 33), (4, 40), (1, 1)], _encoder_feeds),
     "convnet": (convnet, CONV_PROFILE, [(1, 16, 16), (3, 40, 24), (4, 64, 64), (2, 17, 33)],
                 lambda rng, b, h, w: {"image": rng.standard_normal((b, 3, h, w)).astype(np.float32)}),
