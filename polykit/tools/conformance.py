@@ -110,16 +110,35 @@ def _dir_case(tc: Any, kind: str) -> list[Case]:
     from onnx import numpy_helper
 
     model = onnx.load(os.path.join(tc.model_dir, "model.onnx"))
+    inits = {t.name for t in model.graph.initializer}
+    in_types = [vi.type for vi in model.graph.input if vi.name not in inits]
+    out_types = [vi.type for vi in model.graph.output]
     data_sets = []
     for ds in sorted(glob.glob(os.path.join(tc.model_dir, "test_data_set_*"))):
-        ins = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "input_*.pb")), key=_num)]
-        outs = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "output_*.pb")), key=_num)]
+        ins = [_read_value(p, t) for p, t in zip(sorted(glob.glob(os.path.join(ds, "input_*.pb")), key=_num), in_types)]
+        outs = [_read_value(p, t) for p, t in zip(sorted(glob.glob(os.path.join(ds, "output_*.pb")), key=_num),
+                                                   out_types)]
         data_sets.append((ins, outs))
     return [Case(tc.name, kind, model, data_sets, tc.rtol, tc.atol)]
 
 
 def _num(path: str) -> int:
     return int(re.findall(r"(\d+)\.pb$", path)[0])
+
+
+def _read_value(path: str, type_proto: Any) -> Any:
+    """A data-set file as the value its model type says: an array, a list of arrays (a
+    SequenceProto) or None / the element (an OptionalProto), as onnx's BackendTest reads it."""
+    import onnx
+    from onnx import numpy_helper
+
+    kind = type_proto.WhichOneof("value")
+    if kind not in ("sequence_type", "optional_type"):
+        return numpy_helper.to_array(_read_tensor(path))
+    proto = onnx.SequenceProto() if kind == "sequence_type" else onnx.OptionalProto()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    return numpy_helper.to_list(proto) if kind == "sequence_type" else numpy_helper.to_optional(proto)
 
 
 def _read_tensor(path: str) -> Any:
