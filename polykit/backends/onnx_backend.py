@@ -13,7 +13,9 @@ from typing import Any, Sequence
 import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
+from polykit.compiler.sequences import runtime_form
 from polykit.errors import BuildError, DeviceError
+from polykit.runtime.sequences import flatten_value
 
 _DEVICE_TARGETS = {"CPU": "cpu", "CUDA": "cuda"}
 
@@ -80,16 +82,25 @@ class PolykitRep(BackendRep):
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         names = list(self.graph.inputs)
-        if isinstance(inputs, dict):
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
-        else:
+        if not isinstance(inputs, dict):
             if not isinstance(inputs, (list, tuple)):
                 inputs = [inputs]
-            feeds = {name: np.asarray(x) for name, x in zip(names, inputs)}
-        engine = self._engine_for(feeds)
+            inputs = dict(zip(names, inputs))
+        feeds = {k: self._feed(k, v) for k, v in inputs.items()}
+        flat: dict[str, np.ndarray] = {}
+        for name, value in feeds.items():  # a sequence's elements, as the build names them (s/0, s/1, ...)
+            flat.update(flatten_value(name, self.graph.value(name).wrap, value))
+        engine = self._engine_for(flat)
         with engine.create_execution_context() as ctx:
             out = ctx.execute(feeds)
         return tuple(out[name] for name in self.graph.outputs)
+
+    def _feed(self, name: str, value: Any) -> Any:
+        """A feed as an array, or as a list of arrays / None where the input is a sequence/optional."""
+        wrap = self.graph.value(name).wrap
+        if not wrap:
+            return np.asarray(value)
+        return runtime_form(value, self.graph.value(name), f"tensor {name!r}")
 
 
 class PolykitBackend(Backend):

@@ -26,6 +26,7 @@ from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches_sequences
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
@@ -50,6 +51,7 @@ class Builder:
         cfg = self.config
         target = resolve_target(cfg.target)
         g = graph.copy()
+        sequence_io = resolve_sequences(g, cfg.input_shapes, cfg.input_values) if touches_sequences(g) else None
         profiles = profile_set(g, cfg.profiles, cfg.input_shapes) if cfg.profiles else None
         if profiles is not None:
             apply_profiles(g, profiles, cfg.input_shapes)
@@ -86,6 +88,8 @@ class Builder:
         }
         if observed:
             metadata["fused_away"] = list(exposure.fused_away)
+        if sequence_io is not None:
+            metadata["sequence_io"] = sequence_io
         if cfg.input_values:
             metadata["input_values"] = cfg.to_json()["input_values"]
         if selection.kernels:

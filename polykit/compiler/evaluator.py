@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node
+from polykit.compiler.sequences import runtime_form
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
 from polykit.kernels.registry import run_reference
 
@@ -117,6 +118,8 @@ def _known_args(node: Node, known: Mapping[str, np.ndarray], graph: Graph) -> li
     dtype is read); None when something it reads is unknown or it must not run ahead."""
     if node.op_type in RANDOM_OPS or not node.outputs:
         return None
+    if any(name and graph.value(name).wrap for name in (*node.inputs, *node.outputs)):
+        return None  # sequences and optionals run with the graph, never ahead
     if node.domain == "" and node.op_type == "Dropout" and node.input(2):
         return None  # training_mode given as an input: may be random
     if node.domain == "" and node.op_type in ("Shape", "Size"):
@@ -231,8 +234,11 @@ def _checked_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarr
                                 hint=f"inputs are: {', '.join(graph.inputs)}")
     checked: dict[str, np.ndarray] = {}
     for name, value in feeds.items():
-        arr = np.asarray(value)
         v = graph.value(name)
+        if v.wrap:  # a sequence (list of arrays) or an optional (None or its element)
+            checked[name] = runtime_form(value, v, f"tensor {name!r}")
+            continue
+        arr = np.asarray(value)
         if v.dtype == np.dtype(object) and arr.dtype.kind in "US":
             arr = arr.astype(object)  # ONNX strings are object arrays
         if v.dtype is not None and arr.dtype != v.dtype:

@@ -43,13 +43,14 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
         if rule is None:
             missing.append((node.name, node.op_type, node.domain, graph.opsets.get(node.domain, graph.opset)))
             continue
-        dtypes, shapes, consts = [], [], []
+        dtypes, shapes, consts, values = [], [], [], []
         for name in node.inputs:
             v = graph.value(name) if name else Value("")
             dtypes.append(v.dtype)
             shapes.append(v.shape)
             consts.append(known.get(name) if name else None)
-        ctx = InferContext(node, dtypes, shapes, consts)
+            values.append(v)
+        ctx = InferContext(node, dtypes, shapes, consts, values)
         try:
             results = rule(ctx)
         except PolykitError:
@@ -65,9 +66,9 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
                 f"shape rule gave {len(results)} outputs for {len(node.outputs)} declared",
                 where=node.describe(),
             )
-        for out, (dt, shape) in zip(node.outputs, results):
+        for out, result in zip(node.outputs, results):
             if out:
-                graph.set_value(Value(out, None if dt is None else np.dtype(dt), None if shape is None else tuple(shape)))
+                graph.set_value(result_value(out, result))
         symbolic = symbolic_values(node, known, graph)
         if symbolic is not None or any(is_symbolic(c) for c in consts):
             _learn_values(node, graph, known, symbolic)
@@ -76,6 +77,14 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
     if missing and strict:
         raise UnsupportedModelError(missing, where=f"graph {graph.name!r}")
     return known
+
+
+def result_value(name: str, result: "tuple | Value") -> Value:
+    """The Value a shape rule's result gives output `name`: (dtype, shape), or a Value."""
+    if isinstance(result, Value):
+        return result.with_(name=name)
+    dt, shape = result
+    return Value(name, None if dt is None else np.dtype(dt), None if shape is None else tuple(shape))
 
 
 def _learn_values(node: Node, graph: Graph, known: dict[str, np.ndarray], outs: list[np.ndarray] | None) -> None:

@@ -26,22 +26,38 @@ from polykit.errors import GraphError
 Dim = int | str | None
 Shape = tuple[Dim, ...] | None
 
+#: Value.wrap entries: a value that is not a plain tensor (polykit.compiler.sequences)
+SEQUENCE, OPTIONAL = "sequence", "optional"
+
 #: The domain of polykit's own fused ops (Pointwise, Attention, ...).
 POLYKIT_DOMAIN = "ai.polykit"
 
 
 @dataclass(frozen=True)
 class Value:
-    """Metadata of one tensor: name, numpy dtype (None if unknown) and shape."""
+    """Metadata of one value: name, numpy dtype (None if unknown) and shape.
+
+    Most values are tensors. `wrap` names the containers around the element tensor,
+    outermost first: ("sequence",) a sequence of tensors, ("optional",) an optional tensor,
+    ("optional", "sequence") an optional sequence. For those, dtype and shape describe the
+    element tensor (the shape every element fits), and `elements` gives each element's shape
+    of a sequence whose length the build knows (None when it does not).
+    """
 
     name: str
     dtype: np.dtype | None = None
     shape: Shape = None
+    wrap: tuple[str, ...] = ()
+    elements: tuple[Shape, ...] | None = None
 
     @property
     def is_static(self) -> bool:
         """Every dim a plain int (a SymInt, a profile build's dynamic dim, is not static)."""
         return self.shape is not None and all(isinstance(d, int) and not isinstance(d, SymInt) for d in self.shape)
+
+    @property
+    def is_tensor(self) -> bool:
+        return not self.wrap
 
     def with_(self, **changes: Any) -> "Value":
         return replace(self, **changes)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.infer import result_value
 from polykit.compiler.registry import CANONICAL_OPSET, InferContext, find_shape_rule
 from polykit.errors import GraphError, UnsupportedModelError, UsageError
 from polykit.kernels.elementwise import api_table
@@ -250,10 +251,10 @@ class NetworkDefinition:
             raise UnsupportedModelError([(layer, op_type, domain, CANONICAL_OPSET)], where=f"network {g.name!r}")
         values = [g.value(n) if n else Value("") for n in names]
         consts = [g.initializers.get(n) if n else None for n in names]
-        results = rule(InferContext(node, [v.dtype for v in values], [v.shape for v in values], consts))
+        results = rule(InferContext(node, [v.dtype for v in values], [v.shape for v in values], consts, values))
         g.nodes.append(node)
-        for out, (dt, shape) in zip(outputs, results):
-            g.set_value(Value(out, None if dt is None else np.dtype(dt), None if shape is None else tuple(shape)))
+        for out, result in zip(outputs, results):
+            g.set_value(result_value(out, result))
         return outputs
 
     def _tensor(self, t: Any) -> str:

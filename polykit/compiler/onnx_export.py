@@ -39,6 +39,10 @@ def _is_plain_list(value: Any) -> bool:
 def value_info(v: Value) -> Any:
     from onnx import helper
 
+    if v.wrap:
+        from polykit.compiler.sequences import type_of_value
+
+        return helper.make_value_info(v.name, type_of_value(v))
     elem = dtypes.to_onnx(v.dtype) if v.dtype is not None else 0
     shape = None if v.shape is None else [d if d is not None else None for d in v.shape]
     return helper.make_tensor_value_info(v.name, elem, shape)

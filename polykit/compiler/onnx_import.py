@@ -181,20 +181,10 @@ def _sparse_to_dense(sparse: Any, where: str) -> np.ndarray:
 
 
 def _value_from_proto(vi: Any) -> Value:
-    tt = vi.type.tensor_type
-    dt = dtypes.ONNX_TO_NUMPY.get(tt.elem_type) if tt.elem_type else None
-    shape = None
-    if tt.HasField("shape"):
-        dims = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value >= 0:
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param") and d.dim_param:
-                dims.append(d.dim_param)
-            else:  # unknown, or a negative dim_value (some exporters write -1 for "dynamic")
-                dims.append(None)
-        shape = tuple(dims)
-    return Value(vi.name, dt, shape)
+    """A ValueInfoProto's metadata: a tensor, or a sequence/optional of one (Value.wrap)."""
+    from polykit.compiler.sequences import value_of_type
+
+    return value_of_type(vi.name, vi.type)
 
 
 def _check_attr_types(node_proto: Any, opset: int, where: str) -> None:
@@ -273,7 +263,7 @@ def graph_from_proto(g: Any, opsets: dict[str, int], original: int, where: str, 
 
     values: dict[str, Value] = {}
     for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.HasField("tensor_type") and vi.name not in initializers:  # an initializer's array is its truth
+        if vi.type.WhichOneof("value") is not None and vi.name not in initializers:  # an initializer's array is its truth
             values[vi.name] = _value_from_proto(vi)
     inputs = [vi.name for vi in g.input if vi.name not in initializers] + list(captures)
     for names, what in ((inputs, "input"), ([o.name for o in g.output], "output")):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Graph, Node, Shape
+from polykit.compiler.ir import Dim, Graph, Node, Shape, Value
 from polykit.compiler.symbolic import SymInt
 from polykit.errors import NodeAttributeError, ShapeError
 
@@ -33,7 +33,8 @@ CANONICAL_OPSET = 21
 OpKey = tuple[str, str]  # (domain, op_type); domain "" is ai.onnx
 
 ImporterFn = Callable[[Node, "ImportContext"], "list[Node] | None"]
-ShapeRuleFn = Callable[["InferContext"], "list[tuple[np.dtype | None, Shape]]"]
+#: a shape rule gives each output's (dtype, shape), or its Value (sequences, optionals: wrap)
+ShapeRuleFn = Callable[["InferContext"], "list[tuple[np.dtype | None, Shape] | Value]"]
 
 IMPORTERS: dict[OpKey, list[tuple[int, ImporterFn]]] = {}
 SHAPE_RULES: dict[OpKey, ShapeRuleFn] = {}
@@ -168,11 +169,12 @@ class InferContext:
     """What a shape rule sees of one node: input metadata, constant inputs, attributes."""
 
     def __init__(self, node: Node, dtypes: Sequence[np.dtype | None], shapes: Sequence[Shape],
-                 consts: Sequence[np.ndarray | None]):
+                 consts: Sequence[np.ndarray | None], values: Sequence[Value] = ()):
         self.node = node
         self._dtypes = list(dtypes)
         self._shapes = list(shapes)
         self._consts = list(consts)
+        self._values = list(values)
 
     @property
     def n_inputs(self) -> int:
@@ -191,6 +193,12 @@ class InferContext:
 
     def shape(self, i: int) -> Shape:
         return self._shapes[i] if self.has(i) else None
+
+    def value(self, i: int) -> Value:
+        """Input i's whole metadata (wrap and per-element shapes of a sequence included)."""
+        if i < len(self._values) and self.has(i):
+            return self._values[i]
+        return Value(self.node.input(i), self.dtype(i), self.shape(i))
 
     def rank(self, i: int) -> int | None:
         s = self.shape(i)

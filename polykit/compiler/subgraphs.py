@@ -117,15 +117,19 @@ def body_to_proto(body: Graph, node: Node) -> Any:
 
 
 # ---- inference -------------------------------------------------------------------------------
-def annotate(body: Graph, values: Sequence[tuple[Any, Any]], known: Sequence[np.ndarray | None] = ()) -> None:
-    """Give the body's inputs the (dtype, shape) of `values` (positional) and infer the rest of
+def annotate(body: Graph, values: Sequence[tuple[Any, Any] | Value], known: Sequence[np.ndarray | None] = ()) -> None:
+    """Give the body's inputs the (dtype, shape) or Value of `values` (positional) and infer the rest of
     the body; `known` are build-time values of inputs (captured constants) shape rules may read."""
     from polykit.compiler.infer import infer_shapes
 
     if not isinstance(body, Graph):
         _check_plan_inputs(body, values)
         return
-    for name, (dtype, shape) in zip(body.inputs, values):
+    for name, given in zip(body.inputs, values):
+        if isinstance(given, Value):  # a sequence or optional: its whole metadata
+            body.set_value(given.with_(name=name))
+            continue
+        dtype, shape = given
         have = body.value(name)
         body.set_value(Value(name, have.dtype if dtype is None else np.dtype(dtype),
                              None if shape is None else tuple(shape)))

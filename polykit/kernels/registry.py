@@ -49,4 +49,12 @@ def run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.nd
     fn = find_reference(node.domain, node.op_type)
     if fn is None:
         raise UnsupportedModelError([(node.name, node.op_type, node.domain, 0)])
-    return [np.asarray(o) for o in fn(node, inputs)]
+    return [as_value(o) for o in fn(node, inputs)]
+
+
+def as_value(value: object) -> object:
+    """A kernel's output as a runtime value: an array, or a sequence (a list of arrays) or an
+    empty optional (None) as they are (polykit.compiler.sequences)."""
+    if value is None or isinstance(value, list):
+        return value
+    return np.asarray(value)

@@ -27,6 +27,7 @@ import numpy as np
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
+from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.target import TargetContext, get_target
 
@@ -100,6 +101,7 @@ class Engine:
 
     def __init__(self, plan: Plan):
         self.plan = plan
+        self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
         self._target_engine = get_target(plan.target).load(plan)
         self._closed = False
         self._lock = threading.Lock()
@@ -295,11 +297,12 @@ class ExecutionContext:
         if self._closed:
             raise UsageError("the execution context is closed", hint="create a new one from the engine")
 
-    def execute(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Host arrays in, host arrays out (the outputs are ready on return)."""
+    def execute(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Host arrays in, host arrays out (the outputs are ready on return); a sequence input
+        or output is a list of arrays, an optional one None or its value."""
         self._check_open()
         plan = self.engine.plan
-        checked = check_feeds(plan, feeds)
+        checked = check_feeds(plan, flatten_feeds(self.engine.sequence_io, feeds))
         ctx = self._ctx
         ctx.begin()
         for name in plan.inputs:
@@ -313,7 +316,7 @@ class ExecutionContext:
         self._run(ctx.stream)
         out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
         ctx.synchronize(ctx.stream)
-        return out
+        return pack_outputs(self.engine.sequence_io, out)
 
     def enqueue(self, bindings: Mapping[str, Any], stream: Any = None) -> None:
         """Run on device buffers (DLPack / __cuda_array_interface__ objects or raw pointers),

@@ -116,16 +116,35 @@ def _dir_case(tc: Any, kind: str) -> list[Case]:
     from onnx import numpy_helper
 
     model = onnx.load(os.path.join(tc.model_dir, "model.onnx"))
+    inits = {t.name for t in model.graph.initializer}
+    in_types = [vi.type for vi in model.graph.input if vi.name not in inits]
+    out_types = [vi.type for vi in model.graph.output]
     data_sets = []
     for ds in sorted(glob.glob(os.path.join(tc.model_dir, "test_data_set_*"))):
-        ins = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "input_*.pb")), key=_num)]
-        outs = [numpy_helper.to_array(_read_tensor(p)) for p in sorted(glob.glob(os.path.join(ds, "output_*.pb")), key=_num)]
+        ins = [_read_value(p, t) for p, t in zip(sorted(glob.glob(os.path.join(ds, "input_*.pb")), key=_num), in_types)]
+        outs = [_read_value(p, t) for p, t in zip(sorted(glob.glob(os.path.join(ds, "output_*.pb")), key=_num),
+                                                   out_types)]
         data_sets.append((ins, outs))
     return [Case(tc.name, kind, model, data_sets, tc.rtol, tc.atol)]
 
 
 def _num(path: str) -> int:
     return int(re.findall(r"(\d+)\.pb$", path)[0])
+
+
+def _read_value(path: str, type_proto: Any) -> Any:
+    """A data-set file as the value its model type says: an array, a list of arrays (a
+    SequenceProto) or None / the element (an OptionalProto), as onnx's BackendTest reads it."""
+    import onnx
+    from onnx import numpy_helper
+
+    kind = type_proto.WhichOneof("value")
+    if kind not in ("sequence_type", "optional_type"):
+        return numpy_helper.to_array(_read_tensor(path))
+    proto = onnx.SequenceProto() if kind == "sequence_type" else onnx.OptionalProto()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    return numpy_helper.to_list(proto) if kind == "sequence_type" else numpy_helper.to_optional(proto)
 
 
 def _read_tensor(path: str) -> Any:
@@ -180,8 +199,8 @@ def run_onnxrt_case(case: Case) -> CaseResult:
             sess = ort.InferenceSession(case.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
             names = [i.name for i in sess.get_inputs()]
             for inputs, expected in case.data_sets:
-                outputs = sess.run(None, {n: _as_array(x) for n, x in zip(names, inputs)})
-                _assert_similar([_as_array(x) for x in expected], tuple(outputs), case.rtol, case.atol)
+                outputs = sess.run(None, {n: _as_value(x) for n, x in zip(names, inputs)})
+                _assert_similar([_as_value(x) for x in expected], tuple(outputs), case.rtol, case.atol)
     except Exception as exc:  # onnxruntime's errors are this case's failure, whatever their kind
         msg = f"{type(exc).__name__}: {str(exc).strip()}"
         return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
@@ -205,14 +224,23 @@ def run_case(case: Case, target: str = "cpu") -> CaseResult:
             warnings.simplefilter("ignore")
             rep = PolykitBackend.prepare(case.model, "CUDA" if target == "cuda" else "CPU")
             for inputs, expected in case.data_sets:
-                outputs = rep.run([_as_array(x) for x in inputs])
-                _assert_similar([_as_array(x) for x in expected], outputs, case.rtol, case.atol)
+                outputs = rep.run([_as_value(x) for x in inputs])
+                _assert_similar([_as_value(x) for x in expected], outputs, case.rtol, case.atol)
     except UnsupportedModelError as exc:
         return CaseResult(case.name, case.kind, ops, "unsupported", str(exc).splitlines()[0], time.perf_counter() - start)
     except Exception as exc:  # a failure of this case, whatever its kind, is recorded and counted
         msg = f"{type(exc).__name__}: {str(exc).strip()}"
         return CaseResult(case.name, case.kind, ops, "failed", msg[:500], time.perf_counter() - start)
     return CaseResult(case.name, case.kind, ops, "passed", "", time.perf_counter() - start, rep.builds)
+
+
+def _as_value(item: Any) -> Any:
+    """A data-set value: an array, a list of them (a sequence) or None (an empty optional)."""
+    if item is None:
+        return None
+    if isinstance(item, list):
+        return [_as_value(x) for x in item]
+    return _as_array(item)
 
 
 def _as_array(item: Any) -> np.ndarray:
@@ -234,6 +262,14 @@ def _assert_similar(expected: list, outputs: tuple, rtol: float, atol: float) ->
     if len(outputs) != len(expected):
         raise AssertionError(f"{len(outputs)} outputs, expected {len(expected)}")
     for i, (ref, out) in enumerate(zip(expected, outputs)):
+        if isinstance(ref, list) or ref is None:  # a sequence (element-wise) or an empty optional
+            if not isinstance(out, list) if ref is not None else out is not None:
+                raise AssertionError(f"output {i}: {type(out).__name__}, expected {type(ref).__name__}")
+            if ref is not None:
+                if len(out) != len(ref):
+                    raise AssertionError(f"output {i}: a sequence of {len(out)} elements, expected {len(ref)}")
+                _assert_similar(ref, tuple(out), rtol, atol)
+            continue
         ref = np.asarray(ref)
         out = np.asarray(out)
         if out.shape != ref.shape:

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.sequences import merge_values
 from polykit.compiler.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
 from polykit.errors import ShapeError
 
@@ -65,8 +66,13 @@ def _import_scan8(node: Node, ctx: ImportContext) -> list[Node] | None:
 
 
 # ---- shape rules -------------------------------------------------------------------------------
-def _inputs(ctx: InferContext, start: int, stop: int) -> list[tuple[Any, Any]]:
-    return [(ctx.dtype(i), ctx.shape(i)) for i in range(start, stop)]
+def _inputs(ctx: InferContext, start: int, stop: int) -> list[Any]:
+    """(dtype, shape) of each input; a sequence's or optional's whole Value."""
+    return [_result(ctx.value(i)) for i in range(start, stop)]
+
+
+def _result(v: Value) -> Any:
+    return v if v.wrap else (v.dtype, v.shape)
 
 
 def _consts(ctx: InferContext, start: int, stop: int) -> list[np.ndarray | None]:
@@ -86,9 +92,12 @@ def _if_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
     cond = ctx.const(0)
     if cond is not None:
         chosen = then if bool(np.asarray(cond).reshape(-1)[0]) else other
-        return [(v.dtype, v.shape) for v in chosen]
-    out = []
+        return [_result(v) for v in chosen]
+    out: list[Any] = []
     for a, b in zip(then, other):
+        if a.wrap or b.wrap:
+            out.append(merge_values(a, b))
+            continue
         if a.dtype is not None and b.dtype is not None and a.dtype != b.dtype:
             raise ctx.fail(f"output {a.name!r} is {a.dtype} in then_branch and {b.dtype} in else_branch",
                            hint="both branches must give each output one element type")
@@ -103,7 +112,8 @@ def _settle(body: Graph, lead: list, state: list, rest: list, known: list, out0:
     for _ in range(3):
         annotate(body, lead + state + rest, [None] * (len(lead) + len(state)) + known)
         outs = output_values(body)[out0: out0 + len(state)]
-        merged = [(dt, merge_shapes(shape, o.shape)) for (dt, shape), o in zip(state, outs)]
+        merged = [merge_values(s, o) if isinstance(s, Value) else (s[0], merge_shapes(s[1], o.shape))
+                  for s, o in zip(state, outs)]
         if merged == state:
             break
         state = merged
@@ -124,7 +134,7 @@ def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
                        f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
     trip = _trip_count(ctx, body)
     scans = [(v.dtype, None if v.shape is None else (trip, *v.shape)) for v in outs[1 + n:]]
-    return [(dt, shape) for dt, shape in state] + scans
+    return list(state) + scans
 
 
 def _trip_count(ctx: InferContext, body: Graph) -> int | None:

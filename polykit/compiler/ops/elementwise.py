@@ -11,8 +11,9 @@ BOOL = np.dtype(np.bool_)
 
 
 def same_as_input(ctx: InferContext):
-    """Unary: X's dtype and shape."""
-    return [(ctx.dtype(0), ctx.shape(0))]
+    """Unary: X's dtype and shape (Identity: a sequence's or optional's whole Value)."""
+    v = ctx.value(0)
+    return [v if v.wrap else (ctx.dtype(0), ctx.shape(0))]
 
 
 def broadcast_first(ctx: InferContext):

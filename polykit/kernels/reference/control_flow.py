@@ -16,7 +16,7 @@ import numpy as np
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.subgraphs import captured
 from polykit.errors import PolykitError
-from polykit.kernels.registry import reference
+from polykit.kernels.registry import as_value, reference
 
 BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -73,7 +73,7 @@ def _scalar(value: np.ndarray | None, default: Any) -> Any:
 def if_(node: Node, inputs):
     branch = node.attrs["then_branch" if bool(_scalar(inputs[0], False)) else "else_branch"]
     with body_runner(branch) as run:
-        return [np.asarray(o) for o in run(list(inputs[1:]))]
+        return [as_value(o) for o in run(list(inputs[1:]))]
 
 
 @reference("Loop")

@@ -1,0 +1,398 @@
+"""Resolve sequences and optionals away at build time: a plan runs tensors only.
+
+A plan is built for known input shapes; for a sequence input that means its length and each
+element's shape, given as input_shapes of the flattened names `s/0`, `s/1`, ... (an optional
+input `o` holds `o/0` when it has an element; an optional sequence `o/0/0`, ...). With those,
+every sequence the graph makes has a length the build knows, as long as the positions,
+trip counts and conditions that shape it are build-time constants. This pass walks the graph
+in order and keeps each sequence as the list of the tensor names it holds (an optional as
+None or its element), so:
+
+- SequenceConstruct/Empty/Insert/Erase, Optional, Identity on them only move names;
+- SequenceAt, OptionalGetElement become an Identity of the element; SequenceLength and
+  OptionalHasElement constants; SplitToSequence a Split (+ Squeeze); ConcatFromSequence a
+  Concat (+ Unsqueeze with new_axis);
+- SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
+  unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations);
+  an If that gives or takes them inlines the branch its constant condition picks;
+- sequence/optional graph outputs become their elements' tensors `s/0`, `s/1`, ...
+
+`resolve_sequences` returns the layout of the sequence inputs and outputs (the runtime form,
+polykit.compiler.sequences, with flattened tensor names where the arrays go) for the engine,
+which flattens feeds and packs outputs with it. What a build cannot resolve (a position
+computed from data, a loop whose trip count depends on data) is a BuildError; such models run
+in the graph evaluator (`evaluate_model`), which handles sequences of any length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from polykit.compiler.evaluator import RANDOM_OPS, run_node
+from polykit.compiler.infer import result_value
+from polykit.compiler.ir import OPTIONAL, SEQUENCE, Graph, Node, Value, has_subgraphs, subgraphs
+from polykit.compiler.ops.sequence import split_to_sequence_sizes
+from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.subgraphs import captured
+from polykit.errors import BuildError
+
+#: a Loop over sequences is unrolled up to this many iterations
+MAX_UNROLL = 1024
+#: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
+CONST_MAX_ELEMENTS = 4096
+
+Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional)
+
+
+def touches_sequences(graph: Graph) -> bool:
+    """Whether any value of the graph (bodies included) is a sequence or an optional."""
+    if any(v.wrap for v in graph.values.values()):
+        return True
+    return any(touches_sequences(body) for n in graph.nodes for _, body in subgraphs(n))
+
+
+def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
+                      input_values: Mapping[str, np.ndarray] | None = None) -> dict[str, dict[str, Layout]]:
+    """Rewrite `graph` (shape-inferred) in place to tensors only; returns {"inputs": {name:
+    layout}, "outputs": {name: layout}} for its sequence/optional inputs and outputs.
+    `input_values` are build-time values of inputs (BuilderConfig.input_values): trip counts,
+    conditions and positions fed as inputs."""
+    walk = _Walk(graph)
+    walk.consts.update({k: np.asarray(v) for k, v in (input_values or {}).items()})
+    inputs: list[str] = []
+    for name in graph.inputs:  # plain inputs at their build shapes: the walk infers exact shapes
+        v = graph.value(name)
+        if not v.wrap and name in input_shapes:
+            graph.set_value(v.with_(shape=tuple(input_shapes[name])))
+    layouts: dict[str, dict[str, Layout]] = {"inputs": {}, "outputs": {}}
+    for name in graph.inputs:
+        v = graph.value(name)
+        if not v.wrap:
+            inputs.append(name)
+            continue
+        layout = _input_layout(name, v.wrap, input_shapes)
+        layouts["inputs"][name] = layout
+        for flat in _names(layout):
+            inputs.append(flat)
+            graph.set_value(Value(flat, v.dtype, tuple(input_shapes[flat])))
+        walk.structs[name] = layout
+    graph.inputs = inputs
+    walk.run(graph.nodes)
+    outputs: list[str] = []
+    for name in graph.outputs:
+        if not graph.value(name).wrap:
+            outputs.append(name)
+            continue
+        layout = _flatten_output(walk, name, walk.struct(name))
+        layouts["outputs"][name] = layout
+        outputs.extend(_names(layout))
+    graph.nodes, graph.outputs = walk.emitted, outputs
+    graph.values = {k: v for k, v in graph.values.items() if not v.wrap}
+    return layouts
+
+
+def _input_layout(name: str, wrap: tuple[str, ...], shapes: Mapping[str, Any]) -> Layout:
+    """The layout input_shapes give a sequence/optional input (module docstring)."""
+    if not wrap:
+        if name not in shapes:
+            raise BuildError(f"no shape for {name!r}", where=f"tensor {name!r}",
+                             hint="give input_shapes for each element of a sequence input: 's/0', 's/1', ...")
+        return name
+    if wrap[0] == OPTIONAL:
+        present = any(k == f"{name}/0" or k.startswith(f"{name}/0/") for k in shapes)
+        return _input_layout(f"{name}/0", wrap[1:], shapes) if present else None
+    items = []
+    while any(k == f"{name}/{len(items)}" or k.startswith(f"{name}/{len(items)}/") for k in shapes):
+        items.append(_input_layout(f"{name}/{len(items)}", wrap[1:], shapes))
+    return items
+
+
+def _names(layout: Layout) -> list[str]:
+    if layout is None:
+        return []
+    if isinstance(layout, list):
+        return [n for item in layout for n in _names(item)]
+    return [layout]
+
+
+def _flatten_output(walk: "_Walk", name: str, struct: Layout) -> Layout:
+    """Identity layers that give a sequence output's elements the names `name/i`."""
+    if struct is None:
+        return None
+    if isinstance(struct, list):
+        return [_flatten_output(walk, f"{name}/{i}", item) for i, item in enumerate(struct)]
+    walk.emit(Node("Identity", [struct], [name], name=f"{name}__element"))
+    return name
+
+
+class _Walk:
+    """The pass's state: nodes emitted so far, the structure of each sequence, known constants."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.emitted: list[Node] = []
+        self.structs: dict[str, Layout] = {}
+        self.consts: dict[str, np.ndarray] = {k: v for k, v in graph.initializers.items()
+                                              if v.size <= CONST_MAX_ELEMENTS}
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def fail(self, node: Node, what: str) -> BuildError:
+        return BuildError(f"{what}: a plan needs every sequence's length at build time", where=node.describe(),
+                          hint="make it a constant, or run the model in the graph evaluator "
+                               "(polykit.compiler.evaluator.evaluate_model), which runs sequences of any length")
+
+    def struct(self, name: str) -> Layout:
+        return self.structs[name]
+
+    def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
+        name = node.input(i)
+        if not name:
+            return None
+        if name not in self.consts:
+            raise self.fail(node, f"its {what} ({name!r}) is not known at build time")
+        return self.consts[name]
+
+    def add_const(self, array: np.ndarray, name: str | None = None) -> str:
+        name = name or self.graph.fresh_name("seq_const")
+        self.graph.initializers[name] = np.asarray(array)
+        self.graph.set_value(Value(name, np.asarray(array).dtype, np.shape(array)))
+        self.consts[name] = np.asarray(array)
+        return name
+
+    def emit(self, node: Node) -> None:
+        """Append a tensor node, infer its outputs (exact: the walk knows every shape) and
+        evaluate it when it reads constants only."""
+        self.emitted.append(node)
+        for _, body in subgraphs(node):
+            if touches_sequences(body):
+                resolve_sequences(body, {})
+        rule = find_shape_rule(node.domain, node.op_type)
+        values = [self.graph.value(n) if n else Value("") for n in node.inputs]
+        if rule is not None:
+            ctx = InferContext(node, [v.dtype for v in values], [v.shape for v in values],
+                               [self.consts.get(n) for n in node.inputs], values)
+            for out, result in zip(node.outputs, rule(ctx)):
+                if out:
+                    self.graph.set_value(result_value(out, result))
+        if node.op_type in RANDOM_OPS or has_subgraphs(node) or any(n and n not in self.consts for n in node.inputs):
+            return
+        if any(self.consts[n].size > CONST_MAX_ELEMENTS for n in node.inputs if n):
+            return
+        for out, value in zip(node.outputs, run_node(node, [self.consts[n] if n else None for n in node.inputs])):
+            if out and isinstance(value, np.ndarray) and value.size <= CONST_MAX_ELEMENTS:
+                self.consts[out] = value
+
+    def alias(self, src: Layout, out: str) -> None:
+        """`out` holds what `src` holds: a tensor gets an Identity, a sequence/optional its structure."""
+        if isinstance(src, str) and not self.graph.value(out).wrap:
+            self.emit(Node("Identity", [src], [out], name=f"{out}__alias"))
+        else:
+            self.structs[out] = src
+
+    # ---- the walk --------------------------------------------------------------------------
+    def run(self, nodes: list[Node]) -> None:
+        for node in nodes:
+            wrapped = any(n and self.graph.value(n).wrap for n in (*node.inputs, *node.outputs))
+            handler = _RESOLVERS.get(node.op_type) if node.domain == "" else None
+            if handler is not None and (wrapped or node.op_type not in ("If", "Loop", "Identity")):
+                handler(self, node)
+            else:
+                self.emit(node)
+
+    def inline(self, body: Graph, node: Node, bound: list[str], tag: str) -> list[Layout]:
+        """Run `body`'s nodes in the outer graph with its inputs bound to `bound` (names) and
+        its captures to the node's; returns what its outputs hold."""
+        c = captured(node)
+        names = dict(zip(body.inputs, bound + (list(node.inputs[len(node.inputs) - c:]) if c else [])))
+        for name, arr in body.initializers.items():
+            names[name] = self.add_const(arr, self.graph.fresh_name(f"{tag}/{name}"))
+        for n in body.nodes:
+            for out in n.outputs:
+                if out:
+                    names[out] = self.graph.fresh_name(f"{tag}/{out}")
+        for old, new in names.items():
+            if old not in body.inputs and old not in body.initializers:
+                self.graph.set_value(body.value(old).with_(name=new))
+        self.run([Node(n.op_type, [names.get(i, i) if i else "" for i in n.inputs],
+                       [names[o] if o else "" for o in n.outputs], dict(n.attrs), f"{tag}/{n.name}", n.domain)
+                  for n in body.nodes])
+        return [self.struct(names.get(o, o)) if self.graph.value(names.get(o, o)).wrap else names.get(o, o)
+                for o in body.outputs]
+
+
+def _position(walk: _Walk, node: Node, i: int, length: int, default: int, insert: bool = False) -> int:
+    pos = walk.const(node, i, "position")
+    if pos is None:
+        return default
+    p = int(pos.reshape(-1)[0])
+    top = length if insert else length - 1
+    if not -length <= p <= top:
+        raise BuildError(f"position {p} is out of range for a sequence of {length} element(s)",
+                         where=node.describe(), hint=f"positions lie in [-{length}, {top}]")
+    return p + length if p < 0 else p
+
+
+def _empty(walk: _Walk, node: Node) -> None:
+    walk.structs[node.outputs[0]] = []
+
+
+def _construct(walk: _Walk, node: Node) -> None:
+    walk.structs[node.outputs[0]] = list(node.inputs)
+
+
+def _insert(walk: _Walk, node: Node) -> None:
+    seq = list(walk.struct(node.input(0)))
+    seq.insert(_position(walk, node, 2, len(seq), len(seq), insert=True), node.input(1))
+    walk.structs[node.outputs[0]] = seq
+
+
+def _erase(walk: _Walk, node: Node) -> None:
+    seq = list(walk.struct(node.input(0)))
+    if not seq:
+        raise BuildError("SequenceErase of an empty sequence", where=node.describe())
+    del seq[_position(walk, node, 1, len(seq), len(seq) - 1)]
+    walk.structs[node.outputs[0]] = seq
+
+
+def _at(walk: _Walk, node: Node) -> None:
+    seq = walk.struct(node.input(0))
+    if not seq:
+        raise BuildError("SequenceAt of an empty sequence", where=node.describe())
+    walk.alias(seq[_position(walk, node, 1, len(seq), 0)], node.outputs[0])
+
+
+def _length(walk: _Walk, node: Node) -> None:
+    walk.add_const(np.array(len(walk.struct(node.input(0))), np.int64), node.outputs[0])
+
+
+def _split(walk: _Walk, node: Node) -> None:
+    shape = walk.graph.value(node.input(0)).shape
+    axis = int(node.attrs.get("axis", 0))
+    if shape is None or not isinstance(shape[axis], int):
+        raise walk.fail(node, "the split axis has no known length")
+    axis %= len(shape)
+    split = walk.const(node, 1, "split")
+    sizes = split_to_sequence_sizes(shape[axis], split)
+    if sizes is None:
+        raise BuildError(f"cannot split dim {shape[axis]} by {np.asarray(split).tolist()}", where=node.describe())
+    parts = [walk.graph.fresh_name(f"{node.outputs[0]}/part") for _ in sizes]
+    walk.emit(Node("Split", [node.input(0), walk.add_const(np.array(sizes, np.int64))], parts, {"axis": axis},
+                   f"{node.name}__split"))
+    if split is None and not node.attrs.get("keepdims", 1):
+        axes = walk.add_const(np.array([axis], np.int64))
+        squeezed = [walk.graph.fresh_name(f"{p}/squeezed") for p in parts]
+        for p, s in zip(parts, squeezed):
+            walk.emit(Node("Squeeze", [p, axes], [s], name=f"{s}__squeeze"))
+        parts = squeezed
+    walk.structs[node.outputs[0]] = parts
+
+
+def _concat(walk: _Walk, node: Node) -> None:
+    seq = walk.struct(node.input(0))
+    if not seq:
+        raise BuildError("ConcatFromSequence of an empty sequence", where=node.describe())
+    axis = int(node.attrs["axis"])
+    if node.attrs.get("new_axis", 0):
+        axes = walk.add_const(np.array([axis], np.int64))
+        parts = [walk.graph.fresh_name(f"{node.outputs[0]}/item") for _ in seq]
+        for src, dst in zip(seq, parts):
+            walk.emit(Node("Unsqueeze", [src, axes], [dst], name=f"{dst}__unsqueeze"))
+        seq = parts
+    walk.emit(Node("Concat", list(seq), [node.outputs[0]], {"axis": axis}, node.name))
+
+
+def _map(walk: _Walk, node: Node) -> None:
+    n = len(node.inputs) - captured(node)
+    seqs = {i: walk.struct(node.inputs[i]) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
+    length = len(seqs[0])
+    outs: list[list[Layout]] = [[] for _ in node.outputs]
+    for k in range(length):
+        bound = [seqs[i][k] if i in seqs else node.inputs[i] for i in range(n)]
+        for j, item in enumerate(walk.inline(node.attrs["body"], node, bound, f"{node.name}/{k}")):
+            outs[j].append(item)
+    for name, items in zip(node.outputs, outs):
+        walk.structs[name] = items
+
+
+def _optional(walk: _Walk, node: Node) -> None:
+    walk.structs[node.outputs[0]] = walk.struct(node.input(0)) if node.input(0) in walk.structs else (
+        node.input(0) or None)
+
+
+def _has_element(walk: _Walk, node: Node) -> None:
+    name = node.input(0)
+    present = bool(name) and (walk.struct(name) is not None if walk.graph.value(name).wrap else True)
+    walk.add_const(np.array(present), node.outputs[0])
+
+
+def _get_element(walk: _Walk, node: Node) -> None:
+    name = node.input(0)
+    src = walk.struct(name) if walk.graph.value(name).wrap else name
+    if src is None:
+        raise BuildError("OptionalGetElement of an empty optional", where=node.describe(),
+                         hint="check OptionalHasElement first")
+    walk.alias(src, node.outputs[0])
+
+
+def _identity(walk: _Walk, node: Node) -> None:
+    walk.alias(walk.struct(node.input(0)), node.outputs[0])
+
+
+def _if(walk: _Walk, node: Node) -> None:
+    key = "then_branch" if bool(walk.const(node, 0, "condition").reshape(-1)[0]) else "else_branch"
+    for out, item in zip(node.outputs, walk.inline(node.attrs[key], node, [], f"{node.name}/{key}")):
+        walk.alias(item, out)
+
+
+def _loop(walk: _Walk, node: Node) -> None:
+    """Unroll the loop: its trip count and every iteration's condition must be constants."""
+    trip = walk.const(node, 0, "trip count")
+    go = walk.const(node, 1, "condition")
+    limit = MAX_UNROLL if trip is None else int(trip.reshape(-1)[0])
+    n = len(node.inputs) - 2 - captured(node)
+    state: list[Layout] = [walk.struct(x) if walk.graph.value(x).wrap else x for x in node.inputs[2:2 + n]]
+    scans: list[list[str]] = [[] for _ in node.outputs[n:]]
+    i = 0
+    while (go is None or bool(go.reshape(-1)[0])) and i < limit:
+        if i == MAX_UNROLL:
+            raise walk.fail(node, f"it runs more than {MAX_UNROLL} iterations")
+        tag = f"{node.name}/{i}"
+        bound = [walk.add_const(np.array(i, np.int64)), walk.add_const(np.array(True))]
+        for k, item in enumerate(state):
+            if isinstance(item, str) or not walk.graph.value(node.inputs[2 + k]).wrap:
+                bound.append(item)
+            else:  # a sequence state: a name that holds its structure for the body
+                holder = walk.graph.fresh_name(f"{tag}/state{k}")
+                walk.graph.set_value(walk.graph.value(node.inputs[2 + k]).with_(name=holder))
+                walk.structs[holder] = item
+                bound.append(holder)
+        outs = walk.inline(node.attrs["body"], node, bound, tag)
+        cond = outs[0]
+        if cond not in walk.consts:
+            raise walk.fail(node, "its condition depends on data")
+        go = walk.consts[cond]
+        state = outs[1:1 + n]
+        for k, part in enumerate(outs[1 + n:]):
+            scans[k].append(part)
+        i += 1
+    for out, item in zip(node.outputs[:n], state):
+        walk.alias(item, out)
+    for out, parts in zip(node.outputs[n:], scans):
+        if not parts:
+            raise walk.fail(node, "it runs no iteration, so its scan outputs have no known shape")
+        axes = walk.add_const(np.array([0], np.int64))
+        items = [walk.graph.fresh_name(f"{out}/item") for _ in parts]
+        for src, dst in zip(parts, items):
+            walk.emit(Node("Unsqueeze", [src, axes], [dst], name=f"{dst}__unsqueeze"))
+        walk.emit(Node("Concat", items, [out], {"axis": 0}, f"{out}__stack"))
+
+
+_RESOLVERS: dict[str, Callable[[_Walk, Node], None]] = {
+    "SequenceEmpty": _empty, "SequenceConstruct": _construct, "SequenceInsert": _insert,
+    "SequenceErase": _erase, "SequenceAt": _at, "SequenceLength": _length, "SplitToSequence": _split,
+    "ConcatFromSequence": _concat, "SequenceMap": _map, "Optional": _optional,
+    "OptionalHasElement": _has_element, "OptionalGetElement": _get_element, "Identity": _identity,
+    "If": _if, "Loop": _loop,
+}
