@@ -95,7 +95,8 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
-             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None) -> Graph:
+             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None,
+             int8_unfolded: Iterable[str] = ()) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -109,6 +110,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
     Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
+    `int8_unfolded` names ops that stay quantized but are not folded (no INT8 tactic of the target
+    runs them): their Q/DQ run as layers and the op in float32, as the INT8 layer would compute.
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -116,7 +119,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
         cleanup.insert(0, bind(fold_constants, keep=kept))
-    fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers))
+    unfolded = tuple(int8_unfolded)
+    fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)
     if int8 and fuse:
         run_passes(g, [fold_int8], check)
     run_passes(g, cleanup, check, fixed_point=True)
@@ -136,7 +140,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:
-        run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=frozenset(fp32_layers), keep=kept),
+        keep_fp32 = frozenset(fp32_layers) | set(unfolded)
+        run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=keep_fp32, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
