@@ -26,6 +26,7 @@ from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.insert_qdq import insert_qdq
+from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
@@ -37,7 +38,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq",
+    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -121,8 +122,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         cleanup.insert(0, bind(fold_constants, keep=kept))
     unfolded = tuple(int8_unfolded)
     fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)
+    int8_pools = bind(quantize_pools, keep=kept)
     if int8 and fuse:
-        run_passes(g, [fold_int8], check)
+        run_passes(g, [int8_pools, fold_int8], check)
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
@@ -130,7 +132,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:
         quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers))
-        if run_passes(g, [quantize, fold_int8], check):
+        if run_passes(g, [quantize, int8_pools, fold_int8], check):
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
