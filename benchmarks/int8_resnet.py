@@ -2,7 +2,7 @@
 
 Run on a GPU machine with torch and torchvision installed:
 
-    PYTHONPATH=. python3 benchmarks/int8_resnet.py [--batch 32] [--calibrator entropy] [--out int8.json]
+    PYTHONPATH=. python3 benchmarks/int8_resnet.py [--batch 32] [--calibrator entropy] [--out int8.json] [--profile 15]
 
 Exports torchvision's ResNet-50 (random weights, fixed seed; cuda_models.py's export), calibrates on
 smooth structured images (bilinear upsamplings of coarse random grids, ImageNet-normalized: non-zero
@@ -11,7 +11,9 @@ layers that are not quantized in fp16, as TensorRT's int8+fp16 builds) and an fp
 batch, checks both against torch's strict fp32 output on a held-out batch (cosine similarity, the
 acceptance needs >= 0.99 for INT8) and times them with CUDA events (median of --iters, alternating
 --rounds so drift falls on both). Prints JSON (and writes it with --out): times, speedup, cosines,
-INT8 layer counts by tactic, build seconds. The calibration cache is kept with --cache.
+INT8 layer counts by tactic, build seconds. The calibration cache is kept with --cache. --profile N
+also prints, for both plans, per-tactic totals and the N slowest layers of one eager profiled run
+(cuda_models.py's print_profile).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import export, make_model, time_cuda
+from benchmarks.cuda_models import export, make_model, print_profile, time_cuda
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
@@ -52,7 +54,7 @@ def cosine(a, b) -> float:
 
 
 def bind(plan, x, torch):
-    """(engine, context, run, output) of a plan over device input `x` (CUDA-graph replay on enqueue)."""
+    """(engine, context, run, output, bindings) of a plan over device input `x` (CUDA-graph replay on enqueue)."""
     from polykit.runtime.engine import Engine
 
     engine = Engine(plan)
@@ -62,7 +64,7 @@ def bind(plan, x, torch):
     bindings = {plan.inputs[0]: x.to(getattr(torch, plan.tensors[plan.inputs[0]].dtype)).contiguous(),
                 plan.outputs[0]: out}
     stream = torch.cuda.current_stream()
-    return engine, ctx, (lambda: ctx.enqueue(bindings, stream)), out
+    return engine, ctx, (lambda: ctx.enqueue(bindings, stream)), out, bindings
 
 
 def main() -> None:
@@ -81,6 +83,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cache", type=Path, default=None, help="calibration cache to read or write")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print per-tactic totals and the N slowest layers of each plan")
     args = parser.parse_args()
 
     model = make_model("resnet50", torch)
@@ -104,15 +108,18 @@ def main() -> None:
         ref = model.cuda()(dev_x).float()
     bound = {name: bind(plan, dev_x, torch) for name, plan in plans.items()}
     cosines = {}
-    for name, (_, _, run, out) in bound.items():
+    for name, (_, _, run, out, _) in bound.items():
         run()
         torch.cuda.synchronize()
         cosines[name] = round(cosine(out.float(), ref), 6)
     samples = {name: [] for name in bound}
     for _ in range(args.rounds):
-        for name, (_, _, run, _) in bound.items():
+        for name, (_, _, run, _, _) in bound.items():
             samples[name].append(time_cuda(run, torch, args.warmup, args.iters))
-    for engine, ctx, _, _ in bound.values():
+    if args.profile:
+        for name, (engine, _, _, _, bindings) in bound.items():
+            print_profile(f"{name} bs{args.batch}", plans[name], engine, bindings, torch, args.profile)
+    for engine, ctx, _, _, _ in bound.values():
         ctx.close()
         engine.close()
     ms = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}

@@ -212,11 +212,12 @@ def apply_input_values(g: Graph, values: dict[str, np.ndarray]) -> None:
 
 
 def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_nodes: tuple[str, ...] = (),
-               int8: Int8Setup = Int8Setup()) -> Graph:
+               int8: Int8Setup = Int8Setup(), int8_unfolded: tuple[str, ...] = ()) -> Graph:
     """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph.
 
     `fp32_nodes`: nodes whose tensors stay float32 in an fp16/bf16 build, besides those the
-    config pins (fp32_layers, layer_precisions fp32/tf32). `int8`: what is quantized."""
+    config pins (fp32_layers, layer_precisions fp32/tf32). `int8`: what is quantized;
+    `int8_unfolded`: quantized ops no INT8 tactic runs (their Q/DQ run as layers, the op in float)."""
     try:
         from polykit.compiler.passes import optimize
     except ImportError:
@@ -228,7 +229,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
                "fp32_layers": pinned + tuple(fp32_nodes),
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
-               "int8": int8.fold, "int8_scales": dict(int8.scales)}
+               "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -247,17 +248,19 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     """Optimize, lower and describe the graph's tensors. In an fp16/bf16 build, layers whose
     half storage no tactic of the target runs fall back to float32 (their nodes are pinned and
     the graph optimized again), unless precision constraints are "obey": then a BuildError.
-    INT8 layers no tactic runs (shapes a target's kernels refuse) are pinned the same way: their
-    Q/DQ then run as written and the op in float, with a logged warning."""
+    INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
+    quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
+    op in float32, with a logged warning, so they compute what the INT8 layer would."""
     from polykit.compiler.layer_precision import has_tactic, storage_precision
     from polykit.compiler.ops.int8 import is_int8_layer
 
     fp32_nodes: tuple[str, ...] = ()
+    unfolded: tuple[str, ...] = ()
     keep = list(g.outputs)
     device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
-        optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8)
+        optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
         host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
         build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
@@ -268,10 +271,10 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
         tensors = describe_tensors(optimized, lowered, corners, host)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         unrun = [l for l in lowered.layers if is_int8_layer(l) and not has_tactic(l, target, arch)]
-        if unrun and not {l.name for l in unrun} <= set(fp32_nodes):
+        if unrun and not {l.name for l in unrun} <= set(unfolded):
             log.warning("no %s INT8 tactic runs %s; they run in float (their Q/DQ as written)", target,
                         ", ".join(f"{l.name!r} ({l.kind} {_fmt(l.in_shapes[2])})" for l in unrun[:5]))
-            fp32_nodes += tuple(l.name for l in unrun)
+            unfolded += tuple(l.name for l in unrun)
             continue
         if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):
             break

@@ -10,8 +10,8 @@ shapes applied), before any pass, so the same names serve every build of the mod
 
 A target without INT8 tactics (a plugin's) builds float: the model's Q/DQ run as written and
 --int8 is ignored, each with a logged warning. An INT8 layer that the target's tactics refuse
-(cuda: grouped convolutions, batched MatMul operands) falls back the same way, alone
-(builder.optimize_and_lower).
+(cuda: grouped convolutions, batched MatMul operands) stays quantized but unfolded: its Q/DQ
+run as layers and the op in float (builder.optimize_and_lower).
 """
 
 from __future__ import annotations

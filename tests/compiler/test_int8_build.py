@@ -131,6 +131,27 @@ def test_cuda_builds_int8_layers_and_runs_the_ones_its_kernels_refuse_in_float(c
     assert any(layer.kind == "QMatMul" and layer.tactic == "cuda.int8.mma_matmul" for layer in plan.layers)
 
 
+def test_an_int8_layer_no_tactic_runs_stays_quantized_and_equals_the_int8_layer(monkeypatch):
+    # cpu stands in for cuda, whose kernels refuse grouped convs: the refused conv2 must still read
+    # r1 and w2 quantized (its Q/DQ as layers, the conv in float), not the float model's r1 and w2,
+    # which put every output ~1 % off the INT8 plan (the cuda-vs-cpu mismatch of test_int8_gpu.py)
+    import polykit.compiler.layer_precision as layer_precision
+
+    ranges = {"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}
+    int8_plan = build_plan(load_onnx(convnet()), BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges))
+    runs = layer_precision.has_tactic
+    monkeypatch.setattr(layer_precision, "has_tactic",
+                        lambda layer, *a, **k: int(layer.attrs.get("group", 1)) == 1 and runs(layer, *a, **k))
+    refused = build_plan(load_onnx(convnet()), BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges))
+    layers = {layer.name: layer for layer in refused.layers}
+    assert layers["conv2"].kind == "Conv" and layers["conv1"].kind == "QConv"
+    assert layers["conv1"].out_dtypes == ("int8",)  # requantized for conv2's DequantizeLinear
+    assert "DequantizeLinear" in {layer.kind for layer in refused.layers}
+    for seed in (1, 2):
+        feeds = feeds_for(convnet(), seed)
+        np.testing.assert_allclose(run(refused, feeds), run(int8_plan, feeds), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("half", ["fp16", "bf16"])
 def test_int8_with_half_precision_keeps_int8_layers_float32_and_the_rest_half(half):
     ranges = {"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}

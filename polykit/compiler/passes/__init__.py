@@ -26,6 +26,7 @@ from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.insert_qdq import insert_qdq
+from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
@@ -37,7 +38,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq",
+    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -95,7 +96,8 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
-             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None) -> Graph:
+             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None,
+             int8_unfolded: Iterable[str] = ()) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -109,6 +111,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
     Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
+    `int8_unfolded` names ops that stay quantized but are not folded (no INT8 tactic of the target
+    runs them): their Q/DQ run as layers and the op in float32, as the INT8 layer would compute.
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -116,9 +120,11 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
         cleanup.insert(0, bind(fold_constants, keep=kept))
-    fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers))
+    unfolded = tuple(int8_unfolded)
+    fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)
+    int8_pools = bind(quantize_pools, keep=kept)
     if int8 and fuse:
-        run_passes(g, [fold_int8], check)
+        run_passes(g, [int8_pools, fold_int8], check)
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
@@ -126,7 +132,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:
         quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers))
-        if run_passes(g, [quantize, fold_int8], check):
+        if run_passes(g, [quantize, int8_pools, fold_int8], check):
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
@@ -136,7 +142,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:
-        run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=frozenset(fp32_layers), keep=kept),
+        keep_fp32 = frozenset(fp32_layers) | set(unfolded)
+        run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=keep_fp32, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),

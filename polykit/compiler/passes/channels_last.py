@@ -3,7 +3,8 @@
 - Conv (2-D, float16/float32, constant W, group 1) -> Transpose(X, 0231) [-> Pad of the channel
   axis with zeros up to a multiple of CHANNEL_ALIGN] -> ai.polykit ConvNHWC(X', W repacked as
   KRSC with as many zero channels, B) -> Transpose(0312) writing the Conv's output name.
-- MaxPool (its Indices unused) / AveragePool (2-D, float16/float32) and GlobalAveragePool (rank 4)
+- MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
+  (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
   MaxPoolNHWC / AveragePoolNHWC / ReduceMean(axes=[1, 2], keepdims=1). A pool elsewhere stays NCHW
   (two reformats to save none).
@@ -45,9 +46,9 @@ class _Rewriter:
         self.nhwc: set[str] = set()  # NCHW names of tensors an NHWC op computes
         self.repacked: dict[tuple[str, int], str] = {}
 
-    def floats_4d(self, name: str) -> bool:
+    def floats_4d(self, name: str, also: tuple[np.dtype, ...] = ()) -> bool:
         v = self.graph.value(name)
-        return v.dtype in FLOATS and v.shape is not None and len(v.shape) == 4
+        return v.dtype in FLOATS + also and v.shape is not None and len(v.shape) == 4
 
     def explicit_pads(self, node: Node, kernel: list[int]) -> list[int] | None:
         """The node's pads with auto_pad resolved, or None when they depend on unknown dims."""
@@ -175,7 +176,8 @@ class _Rewriter:
         x = node.input(0)
         indices = node.outputs[1] if len(node.outputs) > 1 else ""
         kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
-        if (x not in self.nhwc or not self.floats_4d(x) or len(kernel) != 2
+        eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
+        if (x not in self.nhwc or not self.floats_4d(x, eight_bit) or len(kernel) != 2
                 or (indices and (indices in self.fixed or self.readers.get(indices)))):
             return None
         pads = self.explicit_pads(node, kernel)

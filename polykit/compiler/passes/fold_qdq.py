@@ -5,7 +5,9 @@
 
 becomes one INT8 layer reading Xq and Wq: the product accumulates in integers, the chain is its
 float32 epilogue, and a QuantizeLinear that is the chain's sole reader becomes its fused
-requantization (else the layer writes float32). What a layer takes: X per tensor; W constant
+requantization (else the layer writes float32). A chain input read through a per-tensor
+DequantizeLinear of an 8-bit activation (a residual) is read as the 8-bit tensor and dequantized
+in the epilogue (`dequantizing_steps`). What a layer takes: X per tensor; W constant
 for Conv and Gemm (per tensor, or per output channel: axis 0 of Conv's W, Gemm's N axis, the
 last axis of MatMul's B), a MatMul's B may be an activation quantized per tensor; int8 or
 uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0). Constants
@@ -107,7 +109,7 @@ def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: I
         q = sole_reader(graph, last, readers, fixed)
         requant = requantizer(graph, q, producers)
         tail = chain + ([q] if requant is not None else [])
-        node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant)
+        node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant, producers)
         if node is None:
             continue
         replacements[id(tail[-1] if tail else base)] = node
@@ -178,11 +180,34 @@ def constant_value(graph: Graph, name: str, producers: dict[str, Node]) -> np.nd
     return run_reference(node, args)[0]
 
 
+def dequantizing_steps(graph: Graph, chain: list[Node], producers: dict[str, Node]) -> list[Node]:
+    """Epilogue steps that dequantize the 8-bit activations the chain reads through a per-tensor
+    DequantizeLinear (a residual Add's other input): Cast to float32, Sub the zero point (when not 0),
+    Mul the scale, which is DequantizeLinear's value exactly (an integer below 2^9 times a float32
+    scale, rounded once), under the DQ output's own name. The layer then reads the 8-bit tensor."""
+    inside = {n.outputs[0] for n in chain}
+    steps: list[Node] = []
+    for name in dict.fromkeys(x for n in chain for x in n.inputs if x and x not in inside):
+        dq = dequantized(graph, name, producers)
+        if dq is None or dq.axis is not None or constant_value(graph, dq.source, producers) is not None:
+            continue
+        value = graph.fresh_name(f"{name}_float")
+        steps.append(Node("Cast", [dq.source], [value], {"to": 1}))
+        if int(dq.zero_point) != 0:
+            centered = graph.fresh_name(f"{name}_centered")
+            zero = graph.add_initializer(dq.zero_point.astype(F32), f"{name}_zero_point_float")
+            steps.append(Node("Sub", [value, zero], [centered]))
+            value = centered
+        steps.append(Node("Mul", [value, graph.add_initializer(dq.scale.astype(F32), f"{name}_scale")], [name]))
+    return steps
+
+
 def _int8_node(graph: Graph, base: Node, ops: _Operands, chain: list[Node], q: Node | None,
-               requant: tuple[np.ndarray, np.ndarray] | None) -> Node | None:
+               requant: tuple[np.ndarray, np.ndarray] | None, producers: dict[str, Node]) -> Node | None:
+    steps = dequantizing_steps(graph, chain, producers) + chain
     try:
         attrs = json_safe(ops.attrs)
-        body = [body_step(n) for n in chain]
+        body = [body_step(n) for n in steps]
     except TypeError:  # an attribute a plan cannot store
         return None
 
@@ -193,8 +218,8 @@ def _int8_node(graph: Graph, base: Node, ops: _Operands, chain: list[Node], q: N
     inputs = [ops.x.source, add(ops.x.zero_point, "x_zero_point"), ops.weight, add(ops.w.zero_point, "w_zero_point"),
               add(scale, "scale"), add(ops.bias.astype(np.float32), "bias") if ops.bias is not None else "",
               add(requant[0], "y_scale") if requant else "", add(requant[1], "y_zero_point") if requant else ""]
-    inside = {base.outputs[0]} | {n.outputs[0] for n in chain}
-    for n in chain:
+    inside = {base.outputs[0]} | {n.outputs[0] for n in steps}
+    for n in steps:
         inputs += [name for name in n.inputs if name and name not in inside and name not in inputs[8:]]
     if chain:
         attrs["epilogue"] = {"input": base.outputs[0], "body": body}

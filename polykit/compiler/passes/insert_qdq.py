@@ -6,7 +6,9 @@ input (int8, symmetric: zero point 0; one pair per tensor, shared by its readers
 weight quantized symmetrically per output channel from the channel's max-abs (int8 in
 [-127, 127], scale max|w| / 127) behind a DequantizeLinear. fold_qdq, which runs right after,
 folds them into INT8 layers; a layer's output is requantized when its sole reader is the next
-layer's QuantizeLinear (TensorRT's int8 in, int8 out).
+layer's QuantizeLinear (TensorRT's int8 in, int8 out). A residual Add that joins a quantized
+tensor to a quantized layer's output reads the tensor dequantized too (TensorRT's int8 residual):
+the tensor's producer then writes int8 alone, and the Add's layer reads it as int8.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str
     names or op types) stay float."""
     pinned = set(fp32_layers)
     shared: dict[str, str] = {}
+    quantized: set[str] = set()
     added: list[Node] = []
     for node, x in int8_candidates(graph, set(graph.initializers)):
         if {node.name, node.op_type} & pinned or x not in scales:
@@ -94,8 +97,22 @@ def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str
                                                graph.add_initializer(np.zeros(w_scale.shape, np.int8), "zero")],
                           [w_out], {"axis": axis}, name=graph.fresh_name(f"{node.name}_weight_dq")))
         node.inputs = [shared[x], w_out] + node.inputs[2:]
+        quantized.add(node.outputs[0])
     graph.nodes += added
+    _quantize_residuals(graph, shared, quantized)
     return bool(added)
+
+
+def _quantize_residuals(graph: Graph, shared: Mapping[str, str], quantized: set[str]) -> None:
+    """Make each Add of a quantized tensor and a quantized layer's output read the tensor's DQ."""
+    for node in graph.nodes:
+        if node.op_type != "Add" or node.domain or len(node.inputs) != 2:
+            continue
+        a, b = node.inputs
+        if a in shared and b in quantized:
+            node.inputs = [shared[a], b]
+        elif b in shared and a in quantized:
+            node.inputs = [a, shared[b]]
 
 
 def _fake_quantize(graph: Graph, x: str, scale: float, added: list[Node]) -> str:

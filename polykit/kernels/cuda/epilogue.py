@@ -34,6 +34,18 @@ def extra_inputs(layer: Any) -> list[str]:
     return list(layer.inputs[arity:])
 
 
+#: 8-bit extra inputs an INT8 layer's epilogue dequantizes itself (fold_qdq.dequantizing_steps)
+_EIGHT_BIT = {"int8": "i8", "uint8": "u8"}
+
+
+def extra_types(layer: Any, elem: str) -> list[str]:
+    """The C storage type of each extra input: `elem`, or i8 / u8 for an INT8 layer's 8-bit input
+    (a residual read as int8), judged from the stamped dtypes."""
+    stamped = dict(zip(layer.inputs, getattr(layer, "in_dtypes", ()) or ()))
+    eight_bit = is_int8_layer(layer)
+    return [_EIGHT_BIT.get(stamped.get(name, ""), elem) if eight_bit else elem for name in extra_inputs(layer)]
+
+
 def _body_code(layer: Any) -> tuple[str, str]:
     from polykit.kernels.cuda.pointwise_expr import emit_expression
 
@@ -131,12 +143,13 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     read (a pointer, the strides for "general"), so it stays small."""
     n = len(extra_inputs(layer))
     classes = input_classes(layer)
+    types = [t if t in _EIGHT_BIT.values() else "ELEM" for t in extra_types(layer, elem)]
     general = [j for j, c in enumerate(classes) if c == "general"]
-    params = [p for j in range(n) for p in [f"const ELEM* e{j}"] + [f"i64 e{j}s{d}" for d in range(MAXR)]]
+    params = [p for j in range(n) for p in [f"const {types[j]}* e{j}"] + [f"i64 e{j}s{d}" for d in range(MAXR)]]
     if n:
         params += [f"i64 od{d}" for d in range(MAXR)] + ["i64 orank"]
     names = [p.split()[-1] for p in params]
-    fields = "".join(f"  const ELEM* e{j};\n" for j in range(n))
+    fields = "".join(f"  const {types[j]}* e{j};\n" for j in range(n))
     fields += "".join(f"  i64 s{j}[{MAXR}]; bool full{j};\n" for j in general)
     init = "".join(f"  E.e{j} = e{j};\n" for j in range(n))
     init += "".join(f"  E.s{j}[{d}] = e{j}s{d};" for j in general for d in range(MAXR))
@@ -186,10 +199,12 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
     if len(out) > MAXR:
         raise DeviceError(f"epilogue output of rank {len(out)} (the cuda epilogue takes at most {MAXR})", where=where)
     args: list[Any] = []
-    for name in extra_inputs(layer):
+    declared = [np.dtype(np.int8 if c == "i8" else np.uint8) if c in _EIGHT_BIT.values() else np.dtype(elem_dtype)
+                for c in extra_types(layer, "")]
+    for name, want in zip(extra_inputs(layer), declared):
         t = tensors[name]
-        if np.dtype(t.dtype) != np.dtype(elem_dtype):
-            raise DeviceError(f"epilogue input {name!r} is {t.dtype}, the layer computes in {elem_dtype}",
+        if np.dtype(t.dtype) != want:
+            raise DeviceError(f"epilogue input {name!r} is {t.dtype}, the kernel was made for {want}",
                               where=where, hint="run this layer on --target cpu")
         shape = (1,) * (len(out) - len(t.shape)) + tuple(t.shape)
         strides, acc = [], 1

@@ -38,17 +38,34 @@ MAX_GRID_Y = 65535
 FLAG_X_U8, FLAG_W_U8, FLAG_Y_INT, FLAG_Y_U8, FLAG_VEC_X, FLAG_VEC_W = 1, 2, 4, 8, 16, 32
 
 
-def compile_variants() -> list[KernelSource]:
-    """Every entry point plain, and with an epilogue (residual Add + Relu)."""
+#: the epilogues compile_variants builds in: a float32 residual, and an int8 one dequantized in the
+#: epilogue (fold_qdq.dequantizing_steps) with a requantized output
+RESIDUALS = {
+    "float32": [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+                {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}],
+    "int8": [{"op": "Cast", "inputs": ["skip"], "outputs": ["f"], "attrs": {"to": 1}},
+             {"op": "Mul", "inputs": ["f", "skip_scale"], "outputs": ["d"], "attrs": {}},
+             {"op": "Add", "inputs": ["raw", "d"], "outputs": ["s"], "attrs": {}},
+             {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}],
+}
+
+
+def residual_layer(kind: str, residual: str) -> Any:
+    """A stamped-enough INT8 layer of `kind` with one of RESIDUALS' epilogues (compile variants)."""
     from polykit.compiler.plan_records import LayerDesc
 
-    body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
-            {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
+    extra = ("skip",) if residual == "float32" else ("skip", "skip_scale")
+    dtypes = ("int8", "int8", "int8", "int8", "float32", "", "", "", residual, "float32")[:8 + len(extra)]
+    return LayerDesc("epi", kind, ("x", "xz", "w", "wz", "s", "", "", "", *extra), ("y",),
+                     {"epilogue": {"input": "raw", "body": RESIDUALS[residual]}}, domain=POLYKIT_DOMAIN,
+                     in_dtypes=dtypes)
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every entry point plain, and with each residual epilogue (RESIDUALS)."""
     out = [KernelSource(k, file=FILE, defines=defines(ELEM="float")) for k in KERNELS.values()]
     for kind, kernel in KERNELS.items():
-        layer = LayerDesc("epi", kind, ("x", "xz", "w", "wz", "s", "", "", "", "skip"), ("y",),
-                          {"epilogue": {"input": "raw", "body": body}}, domain=POLYKIT_DOMAIN)
-        out.append(kernel_source(layer, kernel, FILE, "float"))
+        out += [kernel_source(residual_layer(kind, r), kernel, FILE, "float") for r in RESIDUALS]
     return out
 
 

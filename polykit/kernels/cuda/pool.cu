@@ -180,6 +180,48 @@ extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v8(const ELEM
   pool_nhwc_v8<ELEM>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
 }
 
+// 8-bit MaxPool channels last (int8 / uint8 between INT8 layers: max commutes with the
+// quantization) with C % 16 == 0 and every size < 2^31: one thread per output pixel and 16
+// channels, 16-byte loads and stores, the byte-wise max of four 32-bit words (__vmaxs4 /
+// __vmaxu4). A window with no element inside the input gives the type's lowest value (pool_one's
+// -inf, saturated). grid (ceil(NB*OH*OW*C/16 / 256)), block 256. Other modules compile it empty.
+template <class T> struct Is8 { enum { value = 0 }; };
+template <> struct Is8<i8> { enum { value = 1 }; };
+template <> struct Is8<u8> { enum { value = 2 }; };
+
+extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELEM* X, ELEM* Y, int NB, int C,
+                                                                       POOL_GEOMETRY) {
+#if POOL_MODE == 0
+  if constexpr (Is8<ELEM>::value != 0) {
+    constexpr bool is_signed = Is8<ELEM>::value == 1;
+    const u32 lo = is_signed ? 0x80808080u : 0u;
+    const int groups = C / 16, total = NB * (int)OH * (int)OW * groups;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+      const int g = i % groups, pix = i / groups;
+      const int ohw = (int)(OH * OW), nb = pix / ohw, s = pix - nb * ohw;
+      const int oh = s / (int)OW, ow = s - oh * (int)OW;
+      const ELEM* x = X + ((i64)nb * H * W) * C + g * 16;
+      uint4 acc = make_uint4(lo, lo, lo, lo);
+      for (int kh = 0; kh < (int)KH; ++kh) {
+        const int ih = oh * (int)SH - (int)PH + kh * (int)DH;
+        if (ih < 0 || ih >= (int)H) continue;
+        for (int kw = 0; kw < (int)KW; ++kw) {
+          const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
+          if (iw < 0 || iw >= (int)W) continue;
+          const uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * C);
+          if (is_signed) {
+            acc = make_uint4(__vmaxs4(acc.x, v.x), __vmaxs4(acc.y, v.y), __vmaxs4(acc.z, v.z), __vmaxs4(acc.w, v.w));
+          } else {
+            acc = make_uint4(__vmaxu4(acc.x, v.x), __vmaxu4(acc.y, v.y), __vmaxu4(acc.z, v.z), __vmaxu4(acc.w, v.w));
+          }
+        }
+      }
+      *(uint4*)(Y + (i64)i * 16) = acc;
+    }
+  }
+#endif
+}
+
 // Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree
 // reduction in shared memory (deterministic). grid (NC), block 256.
 extern "C" __global__ void __launch_bounds__(256) pool_global(const ELEM* X, ELEM* Y, i64 NC, i64 S, float p) {

@@ -6,7 +6,8 @@ window_geometry, so auto_pad / ceil_mode / dilations match the shape rules), one
 (n, c) row with a deterministic shared-memory tree reduction for global pools. fp32 compute
 for float and half storage. Tactics: cuda.pool.window (kinds MaxPool, AveragePool, LpPool),
 cuda.pool.global (GlobalMaxPool, GlobalAveragePool, GlobalLpPool), cuda.pool_nhwc.window
-(MaxPoolNHWC, AveragePoolNHWC: one thread per output, channels fastest).
+(MaxPoolNHWC, AveragePoolNHWC: one thread per output, channels fastest; MaxPoolNHWC also on
+int8/uint8, 16 channels a thread when C % 16 == 0: the pool between INT8 layers).
 """
 
 from __future__ import annotations
@@ -29,17 +30,25 @@ BLOCK = 256
 MAX_INT_ELEMS = {np.dtype(np.uint8): "u8", np.dtype(np.int8): "i8"}
 
 
+#: storage -> the channels-last kernel that moves 16 bytes a thread, and its channels a thread
+NHWC_VECTOR = {"half_t": ("pool_window_nhwc_v8", 8), "i8": ("pool_window_nhwc_v16", 16),
+               "u8": ("pool_window_nhwc_v16", 16)}
+#: the max pools that also take 8-bit integers
+INT_MAX_POOLS = ("MaxPool", "MaxPoolNHWC")
+
+
 def _elems(kind: str) -> list[str]:
-    return list(ELEMS.values()) + (list(MAX_INT_ELEMS.values()) if kind == "MaxPool" else [])
+    return list(ELEMS.values()) + (list(MAX_INT_ELEMS.values()) if kind in INT_MAX_POOLS else [])
 
 
 def window_elem(kind: str, t: DeviceTensor, where: str) -> str:
-    """The ELEM define for a windowed pool's input (MaxPool: float32/float16/uint8/int8)."""
-    elem = MAX_INT_ELEMS.get(np.dtype(t.dtype)) if kind == "MaxPool" else None
+    """The ELEM define for a windowed pool's input (max pools: float32/float16/uint8/int8)."""
+    ints = kind in INT_MAX_POOLS
+    elem = MAX_INT_ELEMS.get(np.dtype(t.dtype)) if ints else None
     if elem is not None:
         return elem
     if np.dtype(t.dtype) not in ELEMS:
-        raise DeviceError(f"cuda {kind} takes float32 or float16{' or 8-bit integer' if kind == 'MaxPool' else ''} "
+        raise DeviceError(f"cuda {kind} takes float32 or float16{' or 8-bit integer' if ints else ''} "
                           f"tensors, not {t.dtype}", where=where, hint="run this layer on --target cpu")
     return elem_of(t, where)
 
@@ -52,7 +61,8 @@ def compile_variants() -> list[KernelSource]:
     return [kernel_for(n, kind, e) for kind in ("MaxPool", "AveragePool", "LpPool") for e in ELEMS.values()
             for n in ("pool_window", "pool_global")] + \
         [kernel_for("pool_window", "MaxPool", e) for e in MAX_INT_ELEMS.values()] + \
-        [kernel_for("pool_window_nhwc", kind, e) for kind in NHWC_KINDS for e in ELEMS.values()]
+        [kernel_for("pool_window_nhwc", kind, e) for kind in NHWC_KINDS for e in ELEMS.values()] + \
+        [kernel_for(n, "MaxPoolNHWC", e) for e in MAX_INT_ELEMS.values() for n in ("pool_window_nhwc", "pool_window_nhwc_v16")]
 
 
 def _window_kernels(layer: Any) -> list[KernelSource]:
@@ -64,7 +74,9 @@ def _global_kernels(layer: Any) -> list[KernelSource]:
 
 
 def _nhwc_kernels(layer: Any) -> list[KernelSource]:
-    return [kernel_for("pool_window_nhwc", layer.kind, e) for e in ELEMS.values()]
+    eight_bit = [kernel_for(n, layer.kind, e) for e in MAX_INT_ELEMS.values()
+                 for n in ("pool_window_nhwc", "pool_window_nhwc_v16")] if layer.kind in INT_MAX_POOLS else []
+    return [kernel_for("pool_window_nhwc", layer.kind, e) for e in ELEMS.values()] + eight_bit
 
 
 def _supports_window(layer: Any) -> bool:
@@ -84,10 +96,11 @@ def enqueue_window(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor
 def enqueue_window_nhwc(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     where = f"layer {layer.name!r}"
     X, Y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
-    elem, C = elem_of(X, where), X.shape[3]
+    elem, C = window_elem(layer.kind, X, where), X.shape[3]
     geometry = _geometry_args(layer, X.shape[1:3], Y.shape[1:3], where)
-    if elem == "half_t" and C % 8 == 0 and max(X.size, Y.size) < 2**31:  # 8 channels a thread, 16-byte loads
-        launcher.launch(kernel_for("pool_window_nhwc_v8", layer.kind, elem), _grid_1d(Y.size // 8), (BLOCK,),
+    vector, width = NHWC_VECTOR.get(elem, ("", 0))
+    if vector and C % width == 0 and max(X.size, Y.size) < 2**31:  # `width` channels a thread, 16-byte loads
+        launcher.launch(kernel_for(vector, layer.kind, elem), _grid_1d(Y.size // width), (BLOCK,),
                         [X, Y, np.int32(X.shape[0]), np.int32(C), *geometry])
         return
     args = [X, Y, X.shape[0] * C, C, *geometry]
@@ -119,4 +132,5 @@ for _kind in ("MaxPool", "AveragePool", "LpPool"):
 for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
     cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels, supports=stored_as(*STORED))(enqueue_global)
 for _kind in NHWC_KINDS:
-    cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels, supports=stored_as(*STORED))(enqueue_window_nhwc)
+    cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels,
+                supports=stored_as(*STORED, *(d.name for d in MAX_INT_ELEMS if _kind in INT_MAX_POOLS)))(enqueue_window_nhwc)

@@ -125,3 +125,18 @@ def test_average_pool_nhwc_counting_pads_matches_reference(shape, attrs, dtype):
                       domain=POLYKIT_DOMAIN)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-3, "atol": 1e-3}
     check(layer, {"X": rand(*shape, dtype=dtype)}, "cuda.pool_nhwc.window", **tol)
+
+
+# 8-bit max pools (between INT8 layers): C % 16 == 0 takes the 16-channel kernel, the rest the scalar one
+INT8_POOLS = [((2, 9, 9, 32), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's
+              ((1, 7, 6, 48), {"kernel_shape": [2, 3], "pads": [0, 1, 1, 0], "dilations": [2, 1]}),
+              ((1, 6, 5, 24), {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]})]
+
+
+@pytest.mark.parametrize("shape,attrs", INT8_POOLS)
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_max_pool_nhwc_on_8_bit_integers_equals_the_reference_exactly(shape, attrs, dtype):
+    layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), dict(attrs), domain=POLYKIT_DOMAIN)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, int(info.max) + 1, size=shape).astype(dtype)
+    check(layer, {"X": x}, "cuda.pool_nhwc.window", rtol=0, atol=0)

@@ -138,3 +138,40 @@ def test_qmatmul_with_a_float_output_epilogue():
     body = {"input": "raw", "body": [{"op": "Relu", "inputs": ["raw"], "outputs": ["Y"], "attrs": {}}]}
     inputs = {"X": q((33, 80), np.int8), "W": q((80, 50), np.int8), **params(50, np.int8, np.int8, True, None)}
     check(layer_of("QMatMul", inputs, epilogue=body), inputs, MATMUL)
+
+
+def int8_residual(zero_point: bool):
+    """fold_qdq's epilogue of a residual read as 8-bit (dequantizing_steps), then Add + Relu."""
+    steps = [{"op": "Cast", "inputs": ["skip"], "outputs": ["f"], "attrs": {"to": 1}}]
+    if zero_point:
+        steps.append({"op": "Sub", "inputs": ["f", "skip_zero"], "outputs": ["c"], "attrs": {}})
+    steps += [{"op": "Mul", "inputs": [steps[-1]["outputs"][0], "skip_scale"], "outputs": ["d"], "attrs": {}},
+              {"op": "Add", "inputs": ["raw", "d"], "outputs": ["s"], "attrs": {}},
+              {"op": "Relu", "inputs": ["s"], "outputs": ["r"], "attrs": {}}]
+    return {"input": "raw", "body": steps}
+
+
+def stamped(layer, inputs):
+    """The layer with the dtypes and shapes a build stamps (the 8-bit residual's kernel is chosen by them)."""
+    from dataclasses import replace
+
+    from polykit.runtime.cuda.harness import reference_layer
+
+    out = reference_layer(layer, inputs)["Y"]
+    ins = [inputs.get(n) for n in layer.inputs]
+    return replace(layer, in_dtypes=tuple(a.dtype.name if a is not None else "" for a in ins),
+                   in_shapes=tuple(a.shape if a is not None else () for a in ins),
+                   out_dtypes=(out.dtype.name,), out_shapes=(out.shape,))
+
+
+@pytest.mark.parametrize("skip_dtype,zero_point", [(np.int8, False), (np.uint8, True)])
+@pytest.mark.parametrize("y_dtype", [np.int8, None])
+def test_qconv_nhwc_reads_an_8_bit_residual_and_dequantizes_it_in_the_epilogue(skip_dtype, zero_point, y_dtype):
+    # an identity block's last conv: int8 in, the block's int8 input as residual, int8 out
+    inputs = to_nhwc(conv_inputs((2, 32, 10, 9), (24, 32, 1, 1), np.int8, np.int8, True, y_dtype))
+    inputs.update(skip=q((2, 10, 9, 24), skip_dtype), skip_scale=np.float32(0.037),
+                  **({"skip_zero": np.float32(q((), skip_dtype))} if zero_point else {}))
+    extra = ("skip", "skip_zero", "skip_scale") if zero_point else ("skip", "skip_scale")
+    layer = stamped(layer_of("QConvNHWC", inputs, {}, int8_residual(zero_point), extra), inputs)
+    assert layer.in_dtypes[8] == np.dtype(skip_dtype).name
+    check(layer, inputs, NHWC)
