@@ -169,7 +169,8 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     # offset chain out of line (inlined into an unrolled store loop it made NVRTC very slow).
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
-    vector = _vector_epilogue(layer, classes) if not general else "#define EPI_VEC 0\n"
+    # the 8-wide path reads inputs of the output's own 16-bit type (not an INT8 layer's 8-bit ones)
+    vector = _vector_epilogue(layer, classes) if not general and not is_int8_layer(layer) else "#define EPI_VEC 0\n"
     return (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
