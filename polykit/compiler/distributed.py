@@ -27,7 +27,6 @@ import numpy as np
 
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.ops.collective import collective_node, is_collective
-from polykit.errors import BuildError
 
 #: a tensor's layout on a rank: absent = replicated; ("split", axis); ("partial",)
 State = tuple
@@ -54,8 +53,11 @@ class Partition:
 class Partitioner:
     """The state of one rank's rewrite: the nodes emitted so far and each tensor's local form."""
 
-    def __init__(self, graph: Graph, ranks: int, rank: int):
+    def __init__(self, graph: Graph, ranks: int, rank: int, veto: frozenset[str] = frozenset()):
         self.src = graph
+        self.veto = veto  # nodes to leave replicated: their column split had to be gathered again
+        self.undo: set[str] = set()  # column-split nodes whose split a non-output reader gathered
+        self._origins: dict[str, frozenset[str]] = {}  # split tensor -> the column splits it comes from
         self.ranks, self.rank = ranks, rank
         self.nodes: list[Node] = []
         self.local: dict[str, str] = {}  # original tensor -> its name on this rank
@@ -82,6 +84,7 @@ class Partitioner:
         if not name or st is None:
             return self.local.get(name, name)
         if name not in self._full:
+            self.undo |= self._origins.get(name, frozenset())
             full = self.src.fresh_name(f"{name}__full")
             self._full[name] = full
             self._collect(name, full, st)
@@ -132,12 +135,17 @@ class Partitioner:
         return name
 
     # ---- nodes --------------------------------------------------------------------------------
-    def emit(self, node: Node, inputs: list[str], states: list[State | None]) -> None:
+    def emit(self, node: Node, inputs: list[str], states: list[State | None], column_split: bool = False) -> None:
         """Append a copy of `node` reading `inputs`; its outputs take `states` (split or partial
-        outputs get a local name, so the original name always means the whole tensor)."""
+        outputs get a local name, so the original name always means the whole tensor).
+        `column_split`: the node splits a weight's columns (a split to undo if it is gathered)."""
+        origins = frozenset().union(*(self._origins.get(i, frozenset()) for i in node.inputs))
+        origins |= {node.name} if column_split else set()
         outs = []
         for out, st in zip(node.outputs, states):
             if out and st is not None:
+                if st[0] == "split":
+                    self._origins[out] = origins
                 self.state[out] = st
                 self.local[out] = self.src.fresh_name(f"{out}__tp")
                 outs.append(self.local[out])
@@ -151,7 +159,7 @@ class Partitioner:
 
     def finish(self) -> Graph:
         """The rank's graph: outputs gathered under their own names, unused weights dropped."""
-        for out in self.src.outputs:
+        for out in self.src.outputs:  # a gathered output is the point of a split (a vocabulary's)
             st = self.state.get(out)
             if st is not None:
                 self._collect(out, out, st)
@@ -164,15 +172,26 @@ class Partitioner:
         return g
 
 
+#: most partitions of a graph, each leaving replicated the column splits the one before gathered again
+MAX_ROUNDS = 8
+
+
 def partition(graph: Graph, ranks: int, rank: int) -> tuple[Graph, Partition]:
-    """Rank `rank`'s graph of `graph` split over `ranks` ranks (the graph itself is left alone)."""
+    """Rank `rank`'s graph of `graph` split over `ranks` ranks (the graph itself is left alone).
+    A column-parallel MatMul whose split output an inner reader must all-gather (a head count the
+    ranks do not divide, a Split of fused QKV) is left replicated, and the graph partitioned again."""
     from polykit.compiler.partition_rules import rule_for
 
-    p = Partitioner(graph.copy(), ranks, rank)
-    for node in graph.nodes:
-        rule = rule_for(node)
-        if rule is None or not rule(p, node):
-            p.emit_replicated(node)
+    veto: frozenset[str] = frozenset()
+    for _ in range(MAX_ROUNDS):
+        p = Partitioner(graph.copy(), ranks, rank, veto)
+        for node in graph.nodes:
+            rule = rule_for(node)
+            if rule is None or not rule(p, node):
+                p.emit_replicated(node)
+        if p.undo <= veto:
+            break
+        veto |= p.undo
     return p.finish(), p.summary
 
 
@@ -192,11 +211,7 @@ def distribute(g: Graph, cfg: Any) -> dict[str, Any]:
         return {"rank": cfg.rank, "ranks": cfg.ranks}
     if cfg.ranks == 1:
         return {}
-    run_passes(g, [fold_constants, eliminate_dead_code])
-    dynamic = [n for n in g.inputs if not g.value(n).is_static]
-    if dynamic:
-        raise BuildError(f"a build over {cfg.ranks} ranks needs static input shapes; {dynamic[0]!r} is dynamic",
-                         where=f"graph {g.name!r}", hint="pass --input-shapes (profiles are not split)")
+    run_passes(g, [fold_constants, eliminate_dead_code])  # shapes are static (BuilderConfig takes no profiles)
     split, summary = partition(g, cfg.ranks, cfg.rank)
     g.nodes, g.initializers, g.values = split.nodes, split.initializers, split.values
     return summary.metadata()

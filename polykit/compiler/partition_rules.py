@@ -44,8 +44,8 @@ def _matmul(p, node: Node) -> bool:
         if _split_axis(p, a) == rank_a - 1 and p.shape(b)[0] % p.ranks == 0:  # row-parallel
             p.emit(node, [p.local[a], p.split(b, 0)], [("partial",)])
             return True
-        if p.shape(b)[1] % p.ranks == 0:  # column-parallel
-            p.emit(node, [p.replicated(a), p.split(b, 1)], [("split", len(p.shape(node.outputs[0])) - 1)])
+        if p.shape(b)[1] % p.ranks == 0 and node.name not in p.veto:  # column-parallel
+            p.emit(node, [p.replicated(a), p.split(b, 1)], [("split", len(p.shape(node.outputs[0])) - 1)], True)
             return True
         return False
     return _batched(p, node)
@@ -103,7 +103,7 @@ def _gemm(p, node: Node) -> bool:
             p.local[node.outputs[0]], p.state[node.outputs[0]] = p.local[partial.outputs[0]], ("partial",)
             return True
         return _bias_once(p, node, p.replicated(partial.outputs[0]), float(node.attrs.get("beta", 1.0)))
-    if p.shape(b)[n_axis] % p.ranks:
+    if p.shape(b)[n_axis] % p.ranks or node.name in p.veto:
         return False
     inputs = [p.replicated(a), p.split(b, n_axis)]
     if c:
@@ -111,7 +111,7 @@ def _gemm(p, node: Node) -> bool:
         inputs.append(p.replicated(c) if not c_shape or c_shape[-1] == 1 else p.split(c, len(c_shape) - 1))
         if inputs[-1] is None:
             return False
-    p.emit(node, inputs, [("split", 1)])
+    p.emit(node, inputs, [("split", 1)], True)
     return True
 
 
@@ -203,13 +203,17 @@ RULES["LayerNormalization"] = _normalizing("axis", -1, True)
 
 @rule("Gather")
 def _gather(p, node: Node) -> bool:
-    """An embedding lookup: the table's columns split, the looked-up rows split on their last axis."""
+    """An embedding lookup: the table's columns split, the looked-up rows all-gathered at once (a
+    residual stream that stayed split would be gathered again before every normalization)."""
     table, ids = node.inputs
     if int(node.attrs.get("axis", 0)) != 0 or not _weight_2d(p, table) or p.of(ids) is not None:
         return False
     if p.shape(table)[1] % p.ranks:
         return False
-    p.emit(node, [p.split(table, 1), p.replicated(ids)], [("split", len(p.shape(node.outputs[0])) - 1)])
+    out = node.outputs[0]
+    p.emit(node, [p.split(table, 1), p.replicated(ids)], [("split", len(p.shape(out)) - 1)])
+    p.local[out] = p.replicated(out)
+    del p.state[out]
     return True
 
 
