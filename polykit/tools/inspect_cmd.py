@@ -184,7 +184,7 @@ def model(
     from polykit.backends.loaders import model_type
 
     file = require_file(path, "model or plan file", ModelLoadError)
-    if ranks > 1 and model_type(file) == "onnx":
+    if isinstance(ranks, int) and ranks > 1 and model_type(file) == "onnx":  # (called from Python: OptionInfo)
         from polykit.tools.cli_args import parse_input_shapes
         from polykit.tools.inspect_ranks import describe_ranks, render_ranks
 
