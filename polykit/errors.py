@@ -86,3 +86,7 @@ class AccuracyError(PolykitError):
 
     exit_code = 1
 
+
+
+class RankError(PolykitError):
+    """A rank of a distributed run failed, timed out or disagrees with the others; names the rank."""

@@ -31,7 +31,16 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
             "--channels-last/--no-channels-last": request.channels_last is not None,
             **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()}})
         return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile)
-    plan = PlanFromOnnx(request.model, builder_config(request))
+    config = builder_config(request)
+    if config.ranks > 1:
+        from polykit.backends.ranks_runner import RanksRunner
+        from polykit.errors import UsageError
+
+        if request.save_engine or request.profile:
+            raise UsageError("--ranks runs one plan per rank: --save-engine and --profile are not offered with it",
+                             hint="write the rank plans with `polykit convert MODEL --ranks N -o model.plan`")
+        return RanksRunner(request.model, config, name="trt")
+    plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
         plan = SaveEngine(plan, request.save_engine)
     return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile)

@@ -20,6 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
+from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Value
@@ -60,6 +61,8 @@ class Builder:
                            dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
         known = infer_shapes(g)
+        distributed = distribute(g, cfg)
+        known = infer_shapes(g) if distributed else known
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
         if profiles is not None:
             check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))
@@ -86,6 +89,7 @@ class Builder:
             "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
             "device_memory": device_memory(memory.arena_bytes, weights, selection.workspace),
         }
+        metadata.update(distributed)
         if observed:
             metadata["fused_away"] = list(exposure.fused_away)
         if sequence_io is not None:

@@ -92,6 +92,8 @@ class BuilderConfig:
         written after calibrating otherwise (polykit.compiler.calibration_cache).
     tensor_ranges: tensor name -> (min, max): per-tensor dynamic ranges that override calibration
         (the scale is max(|min|, |max|) / 127).
+    ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
+        (polykit.compiler.distributed; build_rank_plans builds every rank's).
     """
 
     target: str | None = None
@@ -126,6 +128,8 @@ class BuilderConfig:
     calibration_cache: str | os.PathLike | None = None
     tensor_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
     profiles: tuple[Profile, ...] = ()
+    ranks: int = 1
+    rank: int = 0
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -160,6 +164,7 @@ class BuilderConfig:
         self._check_tuning()
         self._check_precision()
         self._check_int8()
+        self._check_ranks()
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -189,6 +194,16 @@ class BuilderConfig:
         limit = self.workspace_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise UsageError(f"workspace limit {limit!r} is not a byte count >= 0", hint="e.g. workspace_limit=1 << 30")
+
+    def _check_ranks(self) -> None:
+        ranks, rank = self.ranks, self.rank
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise UsageError(f"ranks {ranks!r} is not an integer >= 1", hint="e.g. --ranks 2")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
+            raise UsageError(f"rank {rank!r} is not in 0..{ranks - 1}")
+        if ranks > 1 and (self.profiles or self.int8 or self.mark_outputs or self.mark_all or self.expose_tensors):
+            raise UsageError("a build split over ranks takes static input shapes and no profiles, INT8 or marked "
+                             "outputs", hint="drop --ranks, or those options")
 
     def _check_precision(self) -> None:
         if self.precision_constraints not in PRECISION_CONSTRAINTS:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from polykit.compiler import dtypes
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ir import Graph, Node, Value
 from polykit.errors import PolykitError
 
 
@@ -52,8 +52,10 @@ def exported_node(n: Node) -> Any:
     """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: polykit.compiler.subgraphs)."""
     from onnx import helper
 
+    from polykit.compiler.ops.collective import is_collective, onnx_form
     from polykit.compiler.subgraphs import export_attrs, onnx_inputs
 
+    n = onnx_form(n) if is_collective(n) else n
     proto = helper.make_node(n.op_type, onnx_inputs(n), n.outputs, name=n.name or None, domain=n.domain or None)
     proto.attribute.extend(_make_attr(k, v) for k, v in sorted(export_attrs(n).items()))
     return proto
@@ -75,8 +77,8 @@ def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:
                 infos.append(value_info(v))
     g = helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=infos)
     opsets = dict(graph.opsets)
-    if any(n.domain == POLYKIT_DOMAIN for n in graph.nodes):
-        opsets.setdefault(POLYKIT_DOMAIN, 1)
+    for domain in {exported.domain for exported in nodes} - {"", "ai.onnx"}:
+        opsets.setdefault(domain, 1)
     opset_imports = [helper.make_opsetid(d, v) for d, v in sorted(opsets.items())]
     md = graph.metadata
     model = helper.make_model(

@@ -288,10 +288,32 @@ def _body_outputs(doc: Doc, weights_len: int) -> None:
             raise Invalid(f"metadata.body_outputs[{i}]", f"{name!r} is not an output of the plan")
 
 
+def _collectives(doc: Doc, weights_len: int) -> None:
+    """The plan's rank is one of its ranks; every collective layer's attributes are valid for its
+    input (polykit.compiler.ops.collective) and name ranks of the plan's group."""
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.compiler.ops.collective import KIND, attr_problem, group_of
+
+    meta = doc["metadata"]
+    ranks = meta.get("ranks", 1)
+    if meta.get("rank", 0) >= ranks:
+        raise Invalid("metadata.rank", f"{meta['rank']} is not below metadata.ranks {ranks}")
+    for layer in doc["layers"]:
+        if layer["kind"] != KIND or layer.get("domain") != POLYKIT_DOMAIN:
+            continue
+        path = f"layers[{layer['name']!r}].attrs"
+        x = layer["inputs"][0] if layer["inputs"] else ""
+        problem = attr_problem(layer["attrs"], len(doc["tensors"][x]["shape"]) if x in doc["tensors"] else None)
+        if problem is None and max(group_of(layer["attrs"])) >= ranks:
+            problem = f"group {list(group_of(layer['attrs']))} names ranks the plan's {ranks} do not have"
+        if problem:
+            raise Invalid(path, problem)
+
+
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
     _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
-    _body_outputs,
+    _body_outputs, _collectives,
 )
 
 

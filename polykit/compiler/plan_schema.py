@@ -302,6 +302,8 @@ METADATA_FIELDS = (
     Field("builder_config", map_of(json_value), required=False),
     Field("tactics", map_of(text(empty=True)), required=False),
     Field("body_outputs", list_of(text()), required=False),
+    Field("rank", integer(0, 1 << 20), required=False),
+    Field("ranks", integer(1, 1 << 20), required=False),
 )
 
 DOCUMENT_FIELDS = (

@@ -82,8 +82,8 @@ class CpuEngine:
         for names in self.free_after:
             names.sort()
 
-    def create_context(self, **options: Any) -> "CpuContext":
-        return CpuContext(self)
+    def create_context(self, communicator: Any = None, **options: Any) -> "CpuContext":
+        return CpuContext(self, communicator)
 
     def close(self) -> None:
         self.steps = []
@@ -113,8 +113,9 @@ class CpuContext:
 
     stream = None
 
-    def __init__(self, engine: CpuEngine):
+    def __init__(self, engine: CpuEngine, communicator: Any = None):
         self.engine = engine
+        self.communicator = communicator  # collective layers exchange through it (runtime.collectives)
         self.env: dict[str, np.ndarray] = dict(engine.plan.weights)
         self._timer = PerfTimer()
         self._shapes: Any = {}
@@ -134,7 +135,7 @@ class CpuContext:
     def launch(self, index: int, stream: Any) -> None:
         layer, node, tactic = self.engine.steps[index]
         env = self.env
-        results = tactic.run(node, [env[name] if name else None for name in layer.inputs])
+        results = tactic.run(node, [env[name] if name else None for name in layer.inputs], self.communicator)
         for name, value in zip(layer.outputs, results):
             if name:
                 env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,

@@ -27,6 +27,7 @@ import numpy as np
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
+from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.target import TargetContext, get_target
@@ -168,15 +169,20 @@ class Engine:
 
     # ---- contexts ---------------------------------------------------------------------
     def create_execution_context(self, *, profile: bool | None = None, cuda_graph: bool = True,
-                                 **options: Any) -> "ExecutionContext":
+                                 communicator: Any = None, **options: Any) -> "ExecutionContext":
         """A context with its own working memory. `profile`: time every layer of each run
         (default: the plan's BuilderConfig.profile); `cuda_graph`: replay the layer loop as a
-        captured graph after the first run where the target can. Other options go to the target."""
+        captured graph after the first run where the target can; `communicator`: this rank's
+        end of its group (polykit.runtime.collectives), which a plan with collective layers over
+        several ranks needs. Other options go to the target."""
         with self._lock:
             if self._closed:
                 raise UsageError("the engine is closed", hint="load the plan again")
             if profile is None:
                 profile = bool(self.plan.metadata.get("builder_config", {}).get("profile", False))
+            if communicator is not None or needs_communicator(self.plan):
+                check_communicator(self.plan, communicator)
+                options["communicator"] = communicator
             return ExecutionContext(self, self._target_engine.create_context(**options), profile=profile,
                                     replay=cuda_graph and not profile)
 

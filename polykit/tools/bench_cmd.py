@@ -57,6 +57,15 @@ def bench(
                            data_transfers=data_transfers, cuda_graph=cuda_graph, profile_runs=iterations if profile else 0,
                            seed=seed, val_ranges=cli_args.parse_val_ranges(val_range),
                            input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes})
+    if config.ranks > 1:
+        from polykit.tools.bench_ranks import bench_ranks, render_ranks_bench
+
+        ranked = bench_ranks(model, config, options)
+        if as_json:
+            typer.echo(json.dumps({"model": model, **ranked}, indent=2))
+        else:
+            render_ranks_bench(model, ranked)
+        return 0
     result = bench_model(model, config, options, save_engine=save_engine)
     if as_json:
         typer.echo(json.dumps({"model": model, **result.to_json()}, indent=2))

@@ -310,6 +310,8 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                      help="shape-tensor input opt values")),
     ("trt_max_shape_values", List[str], typer.Option([], "--trt-max-shape-values",
                                                      help="shape-tensor input max values")),
+    ("ranks", int, typer.Option(1, "--ranks", help="split the model tensor-parallel over N ranks (cpu: simulated "
+                                                  "ranks; cuda: one process per GPU)")),
 ]
 
 
@@ -323,7 +325,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
-                           trt_max_shape_values: Sequence[str] = ()) -> dict[str, Any]:
+                           trt_max_shape_values: Sequence[str] = (), ranks: int = 1) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -337,6 +339,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
         "profiles": parse_profiles(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
                                    trt_opt_shape_values, trt_max_shape_values),
+        "ranks": ranks,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
@@ -45,6 +46,8 @@ def convert(
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=load_tactics or tactic_replay,
         save_tactics=save_tactics, **builder_options,
     )
+    if config.ranks > 1:
+        return _convert_ranks(model, config, output)
     plan = SaveEngine(PlanFromOnnx(model, config), output)()
     memory = plan.metadata.get("device_memory", {})
     tuning = plan.metadata.get("tuning", {})
@@ -56,6 +59,25 @@ def convert(
         console.print(f"tuning (level {config.builder_optimization_level}): {tuning['timed_tactics']} tactics of "
                       f"{tuning['timed_layers']} layers timed; timing cache {tuning['cache_hits']} hits, "
                       f"{tuning['cache_misses']} misses")
+    return 0
+
+
+def rank_plan_paths(output: str, ranks: int) -> list[Path]:
+    """model.plan -> model.rank0.plan, model.rank1.plan, ... (one per rank)."""
+    path = Path(output)
+    return [path.with_name(f"{path.stem}.rank{r}{path.suffix or '.plan'}") for r in range(ranks)]
+
+
+def _convert_ranks(model: str, config: Any, output: str) -> int:
+    from polykit.compiler.distributed import build_rank_plans
+    from polykit.tools.cli import stderr_console
+
+    console = stderr_console()
+    for plan, path in zip(build_rank_plans(model, config), rank_plan_paths(output, config.ranks)):
+        plan.save(path)
+        collectives = sum(1 for layer in plan.layers if layer.kind == "DistCollective")
+        console.print(f"wrote {path}: rank {plan.metadata['rank']} of {plan.metadata['ranks']}, {len(plan.layers)} "
+                      f"layers ({collectives} collectives), target {plan.target}, {plan.weight_bytes} weight bytes")
     return 0
 
 

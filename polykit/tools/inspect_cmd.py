@@ -147,6 +147,10 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
     }
     if weights:
         info["weights"] = [io(n) for n, t in plan.tensors.items() if t.kind == "weight"]
+    from polykit.tools.inspect_ranks import collectives_of
+
+    if collectives_of(plan) is not None:
+        info["distributed"] = collectives_of(plan)
     if plan.profiles is not None:
         info["profiles"] = [{n: dict(zip(("min", "opt", "max"), plan.profiles.input_shapes(i, n, plan.tensors[n].shape)))
                              for n in plan.inputs} for i in range(len(plan.profiles.ranges))]
@@ -172,12 +176,24 @@ def model(
     iterations: int = typer.Option(10, "--iterations", help="how many profiled runs --profile takes the median of"),
     seed: int = typer.Option(1, "--seed", help="seed of --profile's random inputs"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+    ranks: int = typer.Option(1, "--ranks", help="ONNX model: show what each of N tensor-parallel ranks holds"),
+    input_shapes: List[str] = typer.Option([], "--input-shapes", help="with --ranks: shapes for dynamic inputs"),
 ) -> int:
     from rich.console import Console
 
     from polykit.backends.loaders import model_type
 
     file = require_file(path, "model or plan file", ModelLoadError)
+    if isinstance(ranks, int) and ranks > 1 and model_type(file) == "onnx":  # (called from Python: OptionInfo)
+        from polykit.tools.cli_args import parse_input_shapes
+        from polykit.tools.inspect_ranks import describe_ranks, render_ranks
+
+        info = describe_ranks(path, ranks, parse_input_shapes(input_shapes))
+        if as_json:
+            typer.echo(json.dumps(info, indent=2))
+        else:
+            render_ranks(Console(highlight=False), info)
+        return 0
     is_plan = model_type(file) == "plan" or file.suffix == ".plan"  # by magic, or by name (the plan reader says what is wrong)
     unknown = [s for s in show if s not in SHOW]
     if unknown:
@@ -202,6 +218,10 @@ def model(
     if is_plan:
         console.print(f"[bold]plan[/] {path}: target {info['target']}{' ' + info['gpu_arch'] if info['gpu_arch'] else ''}, "
                       f"{len(info['layers'])} layers, arena {info['arena_bytes']} B, weights {info['weight_bytes']} B")
+        if "distributed" in info:
+            dist = info["distributed"]
+            console.print(f"rank {dist['rank']} of {dist['ranks']}: collectives "
+                          + (", ".join(f"{c['layer']} ({c['op']})" for c in dist["collectives"]) or "none"))
         for i, ranges in enumerate(info.get("profiles", ())):
             shapes = "; ".join(f"{n}: min {s['min']}, opt {s['opt']}, max {s['max']}" for n, s in ranges.items())
             console.print(f"optimization profile {i}: {shapes}")

@@ -29,9 +29,10 @@ class CpuTactic(Tactic):
     run_fn: RunFn | None = field(default=None, hash=False, compare=False)
     dynamic_sizes: bool = True  # numpy kernels take their sizes from the arrays they get
     code_of: Callable[[Any], Any] | None = field(default=None, hash=False, compare=False)
+    communicates: bool = False  # run_fn takes the context's communicator as a third argument
 
-    def run(self, node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return self.run_fn(node, inputs)
+    def run(self, node: Node, inputs: Sequence[np.ndarray | None], communicator: Any = None) -> list[np.ndarray]:
+        return self.run_fn(node, inputs, communicator) if self.communicates else self.run_fn(node, inputs)
 
     def source_key(self, layer: Any) -> str:
         key = super().source_key(layer)
@@ -56,9 +57,12 @@ def computes_in_storage_precision(layer: Any) -> bool:
 
 
 def _reference_supports(layer: Any) -> bool:
+    """Layers the op's reference runs alone (a collective needs its rank's communicator: cpu.collective)."""
+    from polykit.compiler.ops.collective import is_collective
     from polykit.kernels.registry import find_reference
 
-    return computes_in_storage_precision(layer) and find_reference(layer.domain, layer.kind) is not None
+    return computes_in_storage_precision(layer) and find_reference(layer.domain, layer.kind) is not None \
+        and not is_collective(layer)
 
 
 def _run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
