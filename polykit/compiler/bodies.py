@@ -7,6 +7,11 @@ node lowers to carries its bodies as plans: optimized (folding, dead code, fusio
 body), with tactics chosen and an arena of their own. The runtime runs a sub-plan once per
 iteration (polykit.kernels.reference.control_flow on cpu, polykit.kernels.cuda.control_flow).
 
+Captured outer tensors that are constants of the outer graph (after its folding) become
+constants of the body before it is built (`inline_constant_captures`): the body's own
+inference and folding then see their values (an Unsqueeze whose axes the body reads from
+the outer scope gets a static shape), and the layer binds only the captures that vary.
+
 A sub-plan's metadata "body_outputs" lists the body's outputs in order (a plan lists each
 output once; a body may return one tensor twice).
 """
@@ -18,6 +23,7 @@ from typing import Any
 
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.ir import Graph, Node, subgraphs
+from polykit.compiler.subgraphs import CAPTURES, captured
 from polykit.errors import BuildError
 
 #: configuration a body does not inherit: marking, side files, build-time input values
@@ -29,8 +35,36 @@ _OWN = {"mark_outputs": (), "mark_all": False, "expose_tensors": (), "tactic_rep
 def build_bodies(graph: Graph, cfg: BuilderConfig, target: str) -> None:
     """Replace the body Graphs of `graph`'s control-flow nodes by plans built for `target`."""
     for node in graph.nodes:
+        inline_constant_captures(graph, node)
         for key, body in subgraphs(node):
             node.attrs[key] = build_body(body, node, key, cfg, target)
+
+
+def inline_constant_captures(graph: Graph, node: Node) -> None:
+    """Make each captured outer tensor of `node` that is a constant of `graph` a constant of
+    every body instead (dropping the node input and the body inputs bound to it)."""
+    c = captured(node)
+    bodies = [body for _, body in subgraphs(node)]
+    if not c or not bodies:
+        return
+    first = len(node.inputs) - c
+    keep = []
+    for i, outer in enumerate(node.inputs[first:]):
+        slot = len(bodies[0].inputs) - c + i
+        names = [body.inputs[slot] for body in bodies]
+        if outer in graph.initializers and not any(n in b.outputs for n, b in zip(names, bodies)):
+            for name, body in zip(names, bodies):
+                body.initializers[name] = graph.initializers[outer]
+        else:
+            keep.append(i)
+    for body in bodies:
+        lead = len(body.inputs) - c
+        body.inputs = body.inputs[:lead] + [body.inputs[lead + i] for i in keep]
+    node.inputs = node.inputs[:first] + [node.inputs[first + i] for i in keep]
+    if keep:
+        node.attrs[CAPTURES] = len(keep)
+    else:
+        node.attrs.pop(CAPTURES, None)
 
 
 def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: str) -> Any:

@@ -68,12 +68,16 @@ def _weights(doc: Doc, weights_len: int) -> None:
         if w["offset"] + w["nbytes"] > weights_len:
             raise Invalid(f"{path}.offset", f"bytes {w['offset']}..{w['offset'] + w['nbytes']} lie outside the "
                                             f"weight blob ({weights_len} bytes)")
+    # a tensor's offset is into its own plan's weights; the index's into the file's one blob, where
+    # a nested plan's weights follow those packed before them
+    base = min((w["offset"] for w in index.values()), default=0)
     for name, t in doc["tensors"].items():
         if t["kind"] != "weight":
             continue
         w = index.get(name)
         if w is None:
             raise Invalid(f"tensors[{name!r}]", "is a weight the weight index does not list")
+        w = {**w, "offset": w["offset"] - base}
         for key in ("dtype", "shape", "offset", "nbytes"):
             if t[key] != w[key]:
                 raise Invalid(f"tensors[{name!r}].{key}", f"{show(t[key])} differs from weights[{name!r}].{key} "

@@ -7,6 +7,8 @@ sparse_value (made dense on import) the model used.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from polykit.compiler import dtypes
@@ -72,12 +74,18 @@ def _constant_of_shape(ctx: InferContext):
 
 def range_length(start, limit, delta) -> int:
     """Elements of Range: max(ceil((limit - start) / delta), 0); integer operands of a dim
-    expression (SymInt) keep it."""
-    items = [np.asarray(v).reshape(-1)[0] for v in (start, limit, delta)]
-    items = [v.item() if isinstance(v, np.generic) else v for v in items]
+    expression (SymInt) keep it. Operands are scalars or one-element tensors (function-expanded
+    graphs pass the [1]-shaped outputs of Split, as ONNX's reference accepts)."""
+    items = [range_scalar(v) for v in (start, limit, delta)]
     if any(isinstance(v, SymInt) for v in items) and all(isinstance(v, int) for v in items):
         return max(ceil_div(items[1] - items[0], items[2]), 0)
-    return max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return max(int(np.ceil((float(items[1]) - float(items[0])) / float(items[2]))), 0)
+
+
+def range_scalar(value) -> Any:
+    """The one element of a Range operand (a scalar or a one-element tensor), as a Python number."""
+    item = np.asarray(value).reshape(-1)[0]
+    return item.item() if isinstance(item, np.generic) else item
 
 
 @shape_rule("Range")
@@ -85,7 +93,9 @@ def _range(ctx: InferContext):
     start, limit, delta = ctx.const(0), ctx.const(1), ctx.const(2)
     if start is None or limit is None or delta is None:
         return [(ctx.dtype(0), (fresh_dim(ctx, "range"),))]
-    if float(delta) == 0:
+    if any(np.size(v) != 1 for v in (start, limit, delta)):
+        raise ctx.fail("start, limit and delta must be scalars", hint="give Range 0-D (or one-element) operands")
+    if range_scalar(delta) == 0:
         raise ctx.fail("delta is 0", hint="Range needs a non-zero delta")
     return [(ctx.dtype(0), (range_length(start, limit, delta),))]
 

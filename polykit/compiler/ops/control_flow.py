@@ -83,16 +83,21 @@ def _consts(ctx: InferContext, start: int, stop: int) -> list[np.ndarray | None]
 def _if_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
     n = ctx.n_inputs
     branches = [ctx.attr("then_branch"), ctx.attr("else_branch")]
+    cond = ctx.const(0)
+    if cond is not None:  # only the taken branch must make sense (function expansions guard on rank)
+        chosen = branches[0 if bool(np.asarray(cond).reshape(-1)[0]) else 1]
+        annotate(chosen, _inputs(ctx, 1, n), _consts(ctx, 1, n))
+        outs = output_values(chosen)
+        if len(outs) < ctx.n_outputs:
+            raise ctx.fail(f"the taken branch gives {len(outs)} outputs for the node's {ctx.n_outputs}",
+                           hint="both branches of an If must produce one output per node output")
+        return [_result(v) for v in outs]
     for branch in branches:
         annotate(branch, _inputs(ctx, 1, n), _consts(ctx, 1, n))
     then, other = (output_values(b) for b in branches)
     if len(then) != len(other) or len(then) < ctx.n_outputs:
         raise ctx.fail(f"the branches give {len(then)} and {len(other)} outputs for the node's {ctx.n_outputs}",
                        hint="both branches of an If must produce one output per node output")
-    cond = ctx.const(0)
-    if cond is not None:
-        chosen = then if bool(np.asarray(cond).reshape(-1)[0]) else other
-        return [_result(v) for v in chosen]
     out: list[Any] = []
     for a, b in zip(then, other):
         if a.wrap or b.wrap:

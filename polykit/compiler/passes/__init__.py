@@ -25,6 +25,7 @@ from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.hoist_activations import hoist_activations
+from polykit.compiler.passes.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
@@ -38,7 +39,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools",
+    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -119,7 +120,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     bind = functools.partial
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
-        cleanup.insert(0, bind(fold_constants, keep=kept))
+        cleanup[:0] = [bind(fold_constants, keep=kept), inline_constant_if]
     unfolded = tuple(int8_unfolded)
     fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)
     int8_pools = bind(quantize_pools, keep=kept)

@@ -13,6 +13,8 @@
 // Precision: float accumulation (double for float64). For 16-bit T each stage the
 // spec computes in T rounds to T (scaled Q and K, scores, softcap, biased scores,
 // probabilities, Y); the softmax rounds to half (sm = 1), bfloat16 (sm = 2) or not (sm = 0).
+// Sums follow numpy's order for the type: float (rounded once) for half, one rounded addition
+// at a time in key order for bfloat16 (thread 0 of the block: O(Skv) serial, bf16 only).
 // Geometry: one block per (batch, head, query row), grid-stride, blockDim.x a multiple of 32;
 // dynamic shared memory holds the scaled query row (D values) and the row's scores (Skv
 // values) in the compute type A. Scores: thread per key (dot over D); output: thread per Dv
@@ -38,9 +40,7 @@ template <> __device__ __forceinline__ double mask_bias<double, bool>(const bool
   return m[i] ? 0.0 : -(double)__int_as_float(0x7f800000);
 }
 
-template <class T, class A> __device__ __forceinline__ A rt(A x) { return x; }
-template <> __device__ __forceinline__ float rt<half_t, float>(float x) { return r_half(x); }
-template <> __device__ __forceinline__ float rt<bf16_t, float>(float x) { return r_bf16(x); }
+template <class T, class A> __device__ __forceinline__ A rt(A x) { return round_as<T>(x); }
 
 template <class T, class M, class A>
 __device__ void attention_onnx(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -93,7 +93,8 @@ __device__ void attention_onnx(const T* __restrict__ q, const T* __restrict__ k,
       score[j] = e;
       sum += e;
     }
-    sum = r_sm(block_reduce(sum, OpSum(), (A)0, red), sm);
+    // numpy sums the reference's bfloat16 probabilities one rounded addition at a time
+    sum = sm == 2 ? serial_sum_as<bf16_t>(score, Skv, red) : r_sm(block_reduce(sum, OpSum(), (A)0, red), sm);
     const A total = sum == (A)0 ? (A)1 : sum;
     const bool hidden = btop == ninf;
     for (i64 j = threadIdx.x; j < Skv; j += blockDim.x) {

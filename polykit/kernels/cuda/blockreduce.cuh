@@ -33,3 +33,19 @@ __device__ __forceinline__ T block_reduce(T v, Op op, T identity, T* smem) {
   __syncthreads();
   return smem[0];
 }
+
+// v[0] + v[1] + ... + v[n-1], one addition at a time in index order, each rounded to storage
+// type T (numpy's order for bfloat16, SumRoundsEachStep): thread 0 adds, every thread gets it
+template <class T, class A>
+__device__ __forceinline__ A serial_sum_as(const A* v, i64 n, A* smem) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    A s = 0;
+    for (i64 j = 0; j < n; ++j) s = round_as<T>(s + v[j]);
+    smem[0] = s;
+  }
+  __syncthreads();
+  const A s = smem[0];
+  __syncthreads();
+  return s;
+}

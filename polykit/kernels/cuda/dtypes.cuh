@@ -75,6 +75,16 @@ template <class V> __device__ __forceinline__ void st(half_t* p, i64 i, V v) { p
 __device__ __forceinline__ void st(half_t* p, i64 i, double v) { p[i] = d2h(v); }
 template <class V> __device__ __forceinline__ void st(bf16_t* p, i64 i, V v) { p[i] = f2b(cvt<float>(v)); }
 
+// round_as<T>(x): compute value x rounded to storage type T and back (identity unless T is
+// 16-bit): where a computation the spec writes in T rounds each stage
+template <class T, class A> __device__ __forceinline__ A round_as(A x) { return x; }
+template <> __device__ __forceinline__ float round_as<half_t, float>(float x) { return h2f(f2h(x)); }
+template <> __device__ __forceinline__ float round_as<bf16_t, float>(float x) { return b2f(f2b(x)); }
+// numpy's sum of a 16-bit array: float16 accumulates in float and rounds once, bfloat16
+// (ml_dtypes) rounds every addition, in index order
+template <class T> struct SumRoundsEachStep { static const bool value = false; };
+template <> struct SumRoundsEachStep<bf16_t> { static const bool value = true; };
+
 // numeric limits used by reductions (lowest / highest finite or infinite value per type)
 template <class T> struct Lim;
 template <> struct Lim<float> { __device__ static float lo() { return -__int_as_float(0x7f800000); } __device__ static float hi() { return __int_as_float(0x7f800000); } };

@@ -6,12 +6,20 @@
 // softmax_col_<T> (inner > 1, and every Hardmax): one thread per (outer, inner) column,
 //   serial loop over R; consecutive threads read consecutive inner elements (coalesced).
 // mode: 0 Softmax, 1 LogSoftmax, 2 Hardmax (first maximal index wins). Math in fp32 (fp64 for double).
+// A 16-bit Softmax computes as the spec's function body and the reference do: x - max, exp and
+// the quotient each rounded to T, the sum as numpy sums T (float16: in float, rounded once;
+// bfloat16: one rounded addition at a time in index order, by thread 0 of the row's block).
 #include "blockreduce.cuh"
 
 __device__ __forceinline__ float sm_exp(float v) { return expf(v); }
 __device__ __forceinline__ double sm_exp(double v) { return exp(v); }
 __device__ __forceinline__ float sm_log(float v) { return logf(v); }
 __device__ __forceinline__ double sm_log(double v) { return log(v); }
+
+// exp(x - shift) with the difference and the exponential rounded to T (16-bit Softmax stages)
+template <class T, class C> __device__ __forceinline__ C staged_exp(C x, C shift) {
+  return round_as<T>(sm_exp(round_as<T>(x - shift)));
+}
 
 template <class T>
 __device__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 R, i64 mode) {
@@ -25,6 +33,25 @@ __device__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, i64 rows
     for (i64 j = threadIdx.x; j < R; j += blockDim.x) m = OpMax()(m, ld(xr, j));
     m = block_reduce(m, OpMax(), ninf, smem);
     const C shift = (m - m == (C)0) ? m : (C)0;  // all -inf row: no shift
+    if (mode == 0 && sizeof(T) == 2) {  // 16-bit Softmax: stages in T (file comment)
+      C s = 0;
+      if (SumRoundsEachStep<T>::value) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          s = 0;
+          for (i64 j = 0; j < R; ++j) s = round_as<T>(s + staged_exp<T>(ld(xr, j), shift));
+          smem[0] = s;
+        }
+        __syncthreads();
+        s = smem[0];
+        __syncthreads();
+      } else {
+        for (i64 j = threadIdx.x; j < R; j += blockDim.x) s += staged_exp<T>(ld(xr, j), shift);
+        s = round_as<T>(block_reduce(s, OpSum(), (C)0, smem));
+      }
+      for (i64 j = threadIdx.x; j < R; j += blockDim.x) st(yr, j, staged_exp<T>(ld(xr, j), shift) / s);
+      continue;
+    }
     C s = 0;
     for (i64 j = threadIdx.x; j < R; j += blockDim.x) s += sm_exp(ld(xr, j) - shift);
     s = block_reduce(s, OpSum(), (C)0, smem);
@@ -57,6 +84,16 @@ __device__ void softmax_col(const T* __restrict__ x, T* __restrict__ y, i64 oute
       continue;
     }
     const C shift = (m - m == (C)0) ? m : (C)0;
+    if (mode == 0 && sizeof(T) == 2) {  // 16-bit Softmax: stages in T (file comment)
+      C s = 0;
+      for (i64 j = 0; j < R; ++j) {
+        s += staged_exp<T>(ld(xc, j * inner), shift);
+        if (SumRoundsEachStep<T>::value) s = round_as<T>(s);
+      }
+      s = round_as<T>(s);
+      for (i64 j = 0; j < R; ++j) st(yc, j * inner, staged_exp<T>(ld(xc, j * inner), shift) / s);
+      continue;
+    }
     C s = 0;
     for (i64 j = 0; j < R; ++j) s += sm_exp(ld(xc, j * inner) - shift);
     const C lse = sm_log(s), inv = (C)1 / s;
@@ -77,4 +114,5 @@ __device__ void softmax_col(const T* __restrict__ x, T* __restrict__ y, i64 oute
   }
 SOFTMAX(float, f32)
 SOFTMAX(half_t, f16)
+SOFTMAX(bf16_t, bf16)
 SOFTMAX(double, f64)

@@ -13,7 +13,7 @@ from polykit.kernels.cuda.storage_types import CODE, dtype_names
 from polykit.kernels.cuda.reduce import block_for
 
 FILE = "softmax.cu"
-DTYPES = ("f32", "f16", "f64")
+DTYPES = ("f32", "f16", "bf16", "f64")
 STORED = dtype_names(DTYPES)
 MODES = {"Softmax": 0, "LogSoftmax": 1, "Hardmax": 2}
 

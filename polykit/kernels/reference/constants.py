@@ -26,7 +26,7 @@ def constant_of_shape(node, inputs):
 
 @reference("Range")
 def range_(node, inputs):
-    start, limit, delta = (np.asarray(x) for x in inputs)
+    start, limit, delta = (np.asarray(x).reshape(()) for x in inputs)
     if float(delta) == 0:
         raise RuntimeInputError("delta is 0", where=node.describe(), hint="Range needs a non-zero delta")
     n = range_length(start, limit, delta)

@@ -1,4 +1,12 @@
-"""Reference kernels: Softmax, LogSoftmax, Hardmax along one axis (opset-13 form)."""
+"""Reference kernels: Softmax, LogSoftmax, Hardmax along one axis (opset-13 form).
+
+Softmax of float32/float64 computes in float64 and rounds once. float16/bfloat16 compute stage
+by stage in their own type, as the spec's function body does (ReduceMax, Sub, Exp, ReduceSum,
+Div, each giving T), with numpy's arithmetic for that type: numpy sums float16 in float32 and
+rounds once, and bfloat16 (ml_dtypes) one addition at a time in bfloat16, in index order. That
+is what ONNX's expected outputs hold (the 16-bit Attention expansions, bit for bit), and what
+polykit's ONNX Attention reference does for its softmax stage.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +37,9 @@ def _empty_passthrough(kernel):
 def softmax(node, inputs):
     x = inputs[0]
     a = _axis(node, x)
+    if x.dtype.itemsize < 4:
+        e = np.exp(x - np.max(x, axis=a, keepdims=True))
+        return [(e / np.sum(e, axis=a, keepdims=True)).astype(x.dtype)]
     x64 = x.astype(np.float64)
     e = np.exp(x64 - np.max(x64, axis=a, keepdims=True))
     return [(e / np.sum(e, axis=a, keepdims=True)).astype(x.dtype)]

@@ -89,3 +89,54 @@ def cumulative(axis: int = 0, reverse: int = 0) -> onnx.ModelProto:
                                helper.make_tensor_value_info("mx", F, slice_shape),
                                helper.make_tensor_value_info("ys", F, shape)], [scale])
     return _model(graph)
+
+
+def outer_axes_scan(seed: int = 0) -> onnx.ModelProto:
+    """Scan over rows of k and v (6 x 4 each) accumulating outer products, as the expansion of
+    LinearAttention does: the body's Unsqueeze reads its axes from outer-scope constants."""
+    rng = np.random.default_rng(seed)
+    col = numpy_helper.from_array(np.array([-1], np.int64), "col_axis")
+    row = numpy_helper.from_array(np.array([-2], np.int64), "row_axis")
+    scale = numpy_helper.from_array(rng.uniform(0.5, 1.5, (4, 4)).astype(np.float32), "scale")
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["k_t", "col_axis"], ["k_col"]),
+         helper.make_node("Unsqueeze", ["v_t", "row_axis"], ["v_row"]),
+         helper.make_node("MatMul", ["k_col", "v_row"], ["outer"]),
+         helper.make_node("Mul", ["outer", "scale"], ["scaled"]),
+         helper.make_node("Add", ["s_in", "scaled"], ["s_out"]),
+         helper.make_node("ReduceSum", ["s_out", "col_axis"], ["y_t"], keepdims=0)],
+        "step", [helper.make_tensor_value_info(n, F, None) for n in ("s_in", "k_t", "v_t")],
+        [helper.make_tensor_value_info(n, F, None) for n in ("s_out", "y_t")])
+    nodes = [helper.make_node("Scan", ["s0", "k", "v"], ["s", "ys"], body=body, num_scan_inputs=2)]
+    graph = helper.make_graph(nodes, "outer_axes_scan",
+                              [helper.make_tensor_value_info("s0", F, [4, 4]),
+                               helper.make_tensor_value_info("k", F, [6, 4]),
+                               helper.make_tensor_value_info("v", F, [6, 4])],
+                              [helper.make_tensor_value_info("s", F, [4, 4]),
+                               helper.make_tensor_value_info("ys", F, [6, 4])], [col, row, scale])
+    return _model(graph)
+
+
+def rank_guarded(rank: int = 4) -> onnx.ModelProto:
+    """An If on Size(dims) == 4, as AffineGrid's expansion guards on the rank it is given: the
+    then-branch splits dims (int64[rank]) into 4 parts, which only makes sense for rank 4; both
+    branches give the last two dims, whose Range(0, W) (a one-element W) scales x."""
+    four = numpy_helper.from_array(np.array(4, np.int64), "four")
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    outs = [helper.make_tensor_value_info(n, I64, None) for n in ("h", "w")]
+    then = helper.make_graph([helper.make_node("Split", ["dims"], ["n4", "c4", "h", "w"], num_outputs=4)],
+                             "then", [], outs)
+    other = helper.make_graph([helper.make_node("Split", ["dims"], ["n5", "c5", "d5", "h", "w"], num_outputs=5)],
+                              "else", [], outs)
+    nodes = [helper.make_node("Size", ["dims"], ["rank"]),
+             helper.make_node("Equal", ["rank", "four"], ["is4"]),
+             helper.make_node("If", ["is4"], ["H", "W"], then_branch=then, else_branch=other),
+             helper.make_node("Range", ["zero", "W", "one"], ["steps"]),
+             helper.make_node("Cast", ["steps"], ["steps_f"], to=F),
+             helper.make_node("Mul", ["x", "steps_f"], ["y"])]
+    graph = helper.make_graph(nodes, "rank_guarded",
+                              [helper.make_tensor_value_info("dims", I64, [rank]),
+                               helper.make_tensor_value_info("x", F, [3, 5])],
+                              [helper.make_tensor_value_info("y", F, [3, 5])], [four, zero, one])
+    return _model(graph, 18)

@@ -83,9 +83,17 @@ def test_lstm_input_forget_without_states_and_only_y_h():
 
 
 @pytest.mark.gpu
-def test_large_lstm_matches_reference():
+def test_large_lstm_matches_reference_to_fp32_rounding_over_a_long_sequence():
+    """W and R drawn as models initialize them, U(-1/sqrt(H), 1/sqrt(H)) (PyTorch's LSTM init).
+    With U(-1, 1) weights at H = 256 the recurrence has a gain near sqrt(H / 3) ~ 9 per step:
+    any float32 LSTM, numpy's included, then drifts from the float64 reference by ~1.4x per step
+    (3.5e-6 at step 1, 4.9e-4 at step 16 measured with a plain numpy float32 loop), which says
+    nothing about the kernel. At the models' scale the same numpy float32 loop stays within
+    4e-7 of the reference over 64 steps, so the tolerance is fp32 rounding."""
     from polykit.runtime.cuda.harness import assert_matches_reference
 
-    ins = recurrent_inputs("LSTM", T=16, N=32, I=256, H=256, dirs=2)
-    layer, feeds = layer_and_inputs("LSTM", {"direction": "bidirectional", "hidden_size": 256}, ins)
-    assert_matches_reference(layer, feeds, rtol=1e-3, atol=1e-4)
+    H = 256
+    ins = recurrent_inputs("LSTM", T=64, N=32, I=256, H=H, dirs=2)
+    ins[1], ins[2] = (ins[1] / np.sqrt(H)).astype(np.float32), (ins[2] / np.sqrt(H)).astype(np.float32)
+    layer, feeds = layer_and_inputs("LSTM", {"direction": "bidirectional", "hidden_size": H}, ins)
+    assert_matches_reference(layer, feeds, rtol=1e-5, atol=5e-6)

@@ -1,0 +1,53 @@
+"""inline_constant_if: an If whose condition is a constant becomes the nodes of its taken branch.
+
+Function-expanded graphs (AffineGrid, ...) branch on facts the build knows (the rank of an
+input): the untaken branch may not even make sense for the model's shapes, and a control-flow
+layer would run a body plan where the taken branch's nodes can fuse and fold with the rest.
+The branch's inputs (the node's captured tensors, polykit.compiler.subgraphs) are bound to the
+node's inputs, its tensors and constants are renamed where they would clash with the outer
+graph's, and an Identity per output writes the node's outputs (remove_identity drops them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+
+
+def inline_constant_if(graph: Graph) -> bool:
+    """Replace each If with an initializer condition by its taken branch; True if any was."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.op_type != "If" or node.domain or node.input(0) not in graph.initializers:
+            continue
+        taken = bool(np.asarray(graph.initializers[node.input(0)]).reshape(-1)[0])
+        branch = node.attrs["then_branch" if taken else "else_branch"]
+        if not isinstance(branch, Graph):
+            continue
+        at = graph.nodes.index(node)
+        graph.nodes[at:at + 1] = _branch_nodes(graph, node, branch)
+        changed = True
+    return changed
+
+
+def _branch_nodes(graph: Graph, node: Node, branch: Graph) -> list[Node]:
+    names = dict(zip(branch.inputs, node.inputs[1:]))
+    used = {t for x in graph.nodes for t in (*x.inputs, *x.outputs)} | set(graph.initializers) | set(graph.inputs)
+
+    def outer(name: str) -> str:
+        if not name:
+            return name
+        if name not in names:
+            names[name] = graph.fresh_name(name) if name in used else name
+            used.add(names[name])
+        return names[name]
+
+    for name, array in branch.initializers.items():
+        graph.initializers[outer(name)] = array
+    nodes = [Node(n.op_type, [outer(i) for i in n.inputs], [outer(o) for o in n.outputs], dict(n.attrs),
+                  n.name, n.domain) for n in branch.nodes]
+    for out, src in zip(node.outputs, branch.outputs):
+        if out:
+            nodes.append(Node("Identity", [outer(src)], [out], name=graph.fresh_name(f"{node.name or 'If'}_out")))
+    return nodes
