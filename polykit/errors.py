@@ -86,3 +86,8 @@ class AccuracyError(PolykitError):
 
     exit_code = 1
 
+
+
+class RankError(PolykitError):
+    """A rank of a distributed run failed, timed out or does not match its peers; the
+    message names the rank (and the collective layer where one was running)."""
