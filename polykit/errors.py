@@ -89,5 +89,4 @@ class AccuracyError(PolykitError):
 
 
 class RankError(PolykitError):
-    """A rank of a distributed run failed, timed out or does not match its peers; the
-    message names the rank (and the collective layer where one was running)."""
+    """A rank of a distributed run failed, timed out or disagrees with the others; names the rank."""

@@ -10,7 +10,8 @@ copy. Where outer == 1 (axis 0, or leading dims of 1) NCCL reads and writes the 
 tensors. all_reduce, reduce and broadcast are elementwise over ranks and ignore the axis.
 all_to_all, gather and scatter are grouped ncclSend/ncclRecv (every NCCL 2.x has them).
 On non-root ranks a reduce's or gather's output is left as it was (its contents are
-unspecified). Only the whole communicator in rank order serves as a group (`group` must be
+unspecified; the cpu target writes zeros). A group of one rank without a communicator copies
+the input to the output (what every collective of one rank computes). Only the whole communicator in rank order serves as a group (`group` must be
 0..ranks-1): sub-groups would need communicators split per group.
 """
 
@@ -139,8 +140,10 @@ def supports_collective(layer: Any) -> bool:
 
 
 def collective_kernels(layer: Any) -> list:
-    """The strided copies an axial collective may reorder through (none for the others)."""
-    return copy_kernels(layer) if Collective.of(layer).op in AXIAL else []
+    """The strided copies an axial collective may reorder through, or a group of one copies
+    its input with (none for the others)."""
+    c = Collective.of(layer)
+    return copy_kernels(layer) if c.op in AXIAL or c.ranks == 1 else []
 
 
 def _check(c: Collective, comm: Any, x: DeviceTensor, where: str) -> None:
@@ -222,6 +225,9 @@ def enqueue_collective(layer, launcher: Launcher, tensors: Mapping[str, DeviceTe
     comm = launcher.communicator
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     where = f"layer {layer.name!r}"
+    if comm is None and c.ranks == 1:  # a group of one: every collective returns its input
+        launch_copy(launcher, x, y, [x.size], [1], [1], where=where)
+        return
     _check(c, comm, x, where)
     steps = schedule(c.op, tuple(x.shape), c.axis, c.ranks)
     region = _region(max(x.size, y.size) * x.dtype.itemsize)

@@ -82,8 +82,10 @@ def _call(fn: Callable[..., Any], *args: Any, what: str) -> Any:
 
 def check_communicator(plan: Any, communicator: Any, device: int) -> Any:
     """The communicator a context of `plan` on CUDA device `device` runs with: required when
-    the plan has collective layers, and of the plan's rank and group size (metadata)."""
-    layers = [layer.name for layer in plan.layers if layer.kind == COLLECTIVE_KIND]
+    the plan has collective layers over several ranks (over one, each copies its input), and
+    of the plan's rank and group size (metadata)."""
+    layers = [layer.name for layer in plan.layers
+              if layer.kind == COLLECTIVE_KIND and int(layer.attrs.get("ranks", 1)) > 1]
     if communicator is None:
         if layers:
             raise UsageError(f"the plan has {len(layers)} collective layer(s) (first {layers[0]!r}) and the "

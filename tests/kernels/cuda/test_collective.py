@@ -255,7 +255,7 @@ def test_workspace_covers_one_region_per_reorder_buffer():
 
 
 def test_only_axial_collectives_declare_the_copy_kernels():
-    assert collective_kernels(layer("all_reduce", (4, 3))[0]) == []
+    assert collective_kernels(layer("all_reduce", (4, 3), ranks=2)[0]) == []
     names = {k.name for k in collective_kernels(layer("all_gather", (4, 3), axis=1)[0])}
     assert "copy_strided_4" in names and "transpose_tiled_4" in names
 
@@ -276,6 +276,14 @@ def test_supports_takes_a_movement_collective_of_any_dtype():
 def tensors_of(shape, out):
     return {"x": DeviceTensor(0x10000, tuple(shape), np.dtype(np.float32)),
             "y": DeviceTensor(0x20000, tuple(out), np.dtype(np.float32))}
+
+
+def test_a_group_of_one_without_a_communicator_copies_its_input():
+    lay, out = layer("all_reduce", (4, 3), ranks=1)
+    launcher = RecordingLauncher()
+    enqueue_collective(lay, launcher, tensors_of((4, 3), out))
+    assert len(launcher.launches) == 1 and launcher.launches[0][0].startswith("copy_strided_")
+    assert [k.name for k in collective_kernels(lay)] == [k.name for k in collective_kernels(layer("gather", (4, 3))[0])]
 
 
 def test_enqueue_without_a_communicator_says_how_to_attach_one():
