@@ -155,19 +155,24 @@ class NcclCommunicator:
 
     def _settle(self, what: str) -> None:
         """Poll until the communicator leaves ncclInProgress; RankError on an error or timeout."""
+        success = int(self._nc.Result.Success)
+        self._poll(lambda state: state == success, f"timed out after {self.timeout_s:g} s waiting to {what}")
+
+    def _poll(self, done: Callable[[int], bool], late: str) -> None:
+        """Until done(NCCL's state), checking the state for errors; RankError saying `late` once
+        timeout_s has passed (the communicator is aborted then)."""
         deadline = time.monotonic() + self.timeout_s
-        pause = 1e-4
+        pause = 1e-5
         while True:
             state = self._state()
             self._check(state)
-            if state == int(self._nc.Result.Success):
+            if done(state):
                 return
             if time.monotonic() > deadline:
-                raise self._fail(f"timed out after {self.timeout_s:g} s waiting to {what}",
-                                 "a peer rank did not arrive (crashed, hung, or runs another plan); check "
-                                 "every rank, or raise the timeout")
+                raise self._fail(late, "a peer rank did not arrive (crashed, hung, or runs another plan); check "
+                                       "every rank, or raise the timeout")
             time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+            pause = min(pause * 2, 0.002)
 
     def _live(self) -> Any:
         if self._comm is None:
@@ -242,16 +247,8 @@ class NcclCommunicator:
         event = Event()
         try:
             event.record(stream if isinstance(stream, Stream) else Stream(stream))
-            deadline = time.monotonic() + self.timeout_s
-            pause = 1e-5
-            while not event.query():
-                self._check(self._state())
-                if time.monotonic() > deadline:
-                    raise self._fail(f"the enqueued collectives did not complete within {self.timeout_s:g} s",
-                                     "a peer rank did not reach the same collective (crashed, hung, or runs "
-                                     "another plan); check every rank, or raise the timeout")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.002)
+            self._poll(lambda state: event.query(),
+                       f"the enqueued collectives did not complete within {self.timeout_s:g} s")
         finally:
             event.close()
 
