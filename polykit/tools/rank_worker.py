@@ -62,7 +62,7 @@ def communicator(args: argparse.Namespace, plan: Any) -> Any:
     if args.target == "cpu":
         if args.ranks != 1:
             raise UsageError(f"rank {args.rank}: cpu ranks in separate processes have no communicator between them",
-                             hint="simulate the cpu ranks in one process (polykit run --ranks N --target cpu)")
+                             hint="simulate the cpu ranks in one process (polykit.runtime.collectives.SimulatedGroup)")
         from polykit.runtime.collectives import SimulatedGroup
 
         return SimulatedGroup(1, timeout_s=args.timeout).communicator(0)

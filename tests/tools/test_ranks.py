@@ -122,3 +122,14 @@ def test_arrays_without_their_dtype_list_are_a_data_file_error(tmp_path):
     (tmp_path / "x.npz.json").unlink()
     with pytest.raises(DataFileError, match="dtype list"):
         read_arrays(tmp_path / "x.npz")
+
+
+def test_an_engine_refuses_a_target_instance_of_another_kind(tmp_path):
+    from polykit.compiler.plan import Plan
+    from polykit.errors import PlanError
+    from polykit.runtime.cuda.target import CudaTarget
+    from polykit.runtime.engine import Engine
+
+    plan = Plan.load(cpu_plan(tmp_path, "r0"))
+    with pytest.raises(PlanError, match="built for target 'cpu', not 'cuda'"):
+        Engine(plan, CudaTarget(device=1))
