@@ -219,7 +219,7 @@ def run_steps(steps: Sequence[Step], c: Collective, comm: Any, ptrs: Mapping[str
 
 
 @cuda_tactic("DistCollective", "cuda.collective.nccl", kernels=collective_kernels, supports=supports_collective,
-             workspace=collective_workspace, params={"library": "nccl"})
+             workspace=collective_workspace)
 def enqueue_collective(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     c = Collective.of(layer)
     comm = launcher.communicator
