@@ -30,7 +30,7 @@ from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageErro
 from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
-from polykit.runtime.target import TargetContext, get_target
+from polykit.runtime.target import Target, TargetContext, get_target
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
 MAX_REPLAYS = 8
@@ -100,10 +100,15 @@ class Runtime:
 class Engine:
     """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, target: Target | None = None):
+        """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
+        default: a new one of the plan's target."""
+        if target is not None and target.name != plan.target:
+            raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
+                            hint=f"rebuild the plan with --target {target.name}")
         self.plan = plan
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
-        self._target_engine = get_target(plan.target).load(plan)
+        self._target_engine = (target or get_target(plan.target)).load(plan)
         self._closed = False
         self._lock = threading.Lock()
 

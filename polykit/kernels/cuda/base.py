@@ -168,6 +168,11 @@ class DeviceTensor:
 class Launcher(Protocol):
     """What the cuda target lends a tactic at enqueue time."""
 
+    #: the stream the layer's work goes on (a CUstream; collective tactics enqueue NCCL there)
+    stream: Any
+    #: the execution context's communicator (polykit.runtime.cuda.nccl), None without one
+    communicator: Any
+
     def launch(self, kernel: KernelSource, grid: Sequence[int], block: Sequence[int],
                args: Sequence[Any], shared_mem: int = 0) -> None:
         """Launch `kernel` (compiled at load time) on the context's stream. `args` are

@@ -92,13 +92,18 @@ def _cu_init() -> Any:
 
 def is_available() -> bool:
     """Whether a CUDA device is usable here (never raises)."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """CUDA devices usable here (0 without a driver or GPU; never raises)."""
     try:
         if int(_cu_init()) != 0:
-            return False
+            return 0
         err, count = drv().cuDeviceGetCount()
-        return int(err) == 0 and count > 0
+        return int(count) if int(err) == 0 else 0
     except Exception:
-        return False
+        return 0
 
 
 def current_device(ordinal: int = 0) -> DeviceInfo:

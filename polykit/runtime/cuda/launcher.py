@@ -135,6 +135,8 @@ class CudaLauncher:
 
     #: a host-driven tactic's BodyDriver (polykit.runtime.cuda.bodies); None for every other tactic
     bodies: Any = None
+    #: the context's communicator (polykit.runtime.cuda.nccl) for collective tactics; None without one
+    communicator: Any = None
 
     def __init__(self, modules: KernelModules, stream: Any, workspace: Callable[[int], int],
                  layer_name: str = "", check_each: bool = False, sm_count: int = 0):

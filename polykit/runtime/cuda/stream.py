@@ -40,6 +40,15 @@ class Event:
     def synchronize(self) -> None:
         driver.call("cuEventSynchronize", self.handle, what="event synchronize")
 
+    def query(self) -> bool:
+        """Whether the work before the event is done (a wait that can give up: NCCL peers)."""
+        (err,) = driver.drv().cuEventQuery(self.handle)
+        if int(err) == int(driver.drv().CUresult.CUDA_ERROR_NOT_READY):
+            return False
+        if int(err) != 0:
+            driver.call("cuEventQuery", self.handle, what="event query")
+        return True
+
     def elapsed_ms(self, start: "Event") -> float:
         return float(driver.call("cuEventElapsedTime", start.handle, self.handle, what="event elapsed time"))
 

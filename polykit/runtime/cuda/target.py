@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polykit.errors import DeviceError, PlanError
+from polykit.errors import DeviceError, PlanError, RankError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
@@ -31,6 +31,7 @@ from polykit.runtime.cuda.bindings import device_pointer, stream_handle
 from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
+from polykit.runtime.cuda.nccl import check_communicator
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
 log = logging.getLogger("polykit")
@@ -117,8 +118,10 @@ class CudaEngine:
             upload(ptr, arr)
             self.weight_tensors[name] = DeviceTensor(ptr, tuple(desc.shape), desc.np_dtype)
 
-    def create_context(self, **options: Any) -> "CudaContext":
-        return CudaContext(self)
+    def create_context(self, *, communicator: Any = None, **options: Any) -> "CudaContext":
+        """A context; `communicator` (an NcclCommunicator on this engine's device) is required
+        by a plan with collective layers (a rank's plan) and lent to their tactic."""
+        return CudaContext(self, check_communicator(self.plan, communicator, self.info.ordinal))
 
     def close(self) -> None:
         if self.weights is not None:
@@ -131,8 +134,9 @@ class CudaEngine:
 class CudaContext:
     """One activation arena, stream and workspace; launches the engine's layers."""
 
-    def __init__(self, engine: CudaEngine):
+    def __init__(self, engine: CudaEngine, communicator: Any = None):
         self.engine = engine
+        self.communicator = communicator
         plan = engine.plan
         driver.current_device(engine.info.ordinal)
         self.arena = Arena(plan.memory.arena_bytes)
@@ -165,6 +169,7 @@ class CudaContext:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
 
     def copy_out(self, name: str, stream: Stream) -> np.ndarray:
+        self._settle(stream)
         t = self.tensors[name]
         return download(t.ptr, t.shape, t.dtype, stream.handle)
 
@@ -175,6 +180,7 @@ class CudaContext:
                                 sm_count=self.engine.info.sm_count)
         if tactic.host_driven:
             launcher.bodies = BodyDriver(self._bodies, stream.handle)
+        launcher.communicator = self.communicator
         try:
             tactic.enqueue(layer, launcher, self.tensors)
         except DeviceError:
@@ -185,7 +191,14 @@ class CudaContext:
                               hint="rebuild with this layer's tactic excluded, or run it on --target cpu") from exc
 
     def synchronize(self, stream: Stream) -> None:
+        self._settle(stream)
         stream.synchronize()
+
+    def _settle(self, stream: Stream) -> None:
+        """With a communicator, wait for `stream` with its deadline first (a peer that never
+        arrives is a RankError, not a hang)."""
+        if self.communicator is not None:
+            self.communicator.wait(stream)
 
     def timer(self) -> "CudaTimer":
         return self._timer
@@ -215,6 +228,10 @@ class CudaContext:
 
     def close(self) -> None:
         if self.stream.handle is not None:
+            try:
+                self._settle(self.stream)
+            except RankError:  # the communicator is aborted: its kernels end, the stream drains
+                pass
             self.stream.synchronize()
         self._bodies.close()
         self._workspace.free()

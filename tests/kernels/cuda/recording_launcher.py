@@ -5,6 +5,9 @@ from __future__ import annotations
 
 
 class RecordingLauncher:
+    stream = None
+    communicator = None
+
     def __init__(self, sm_count: int = 132, workspace_ptr: int = 0x1000):
         self.sm_count = sm_count
         self.launches: list[tuple[str, list]] = []  # (kernel name, args)
