@@ -159,20 +159,12 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   }
 
   // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-  ELEM* out = O + b * ob + h * oh;
-  const float nan = __int_as_float(0x7fffffff);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = row_a + 8 * i;
-    if (row >= S) continue;
-    const bool undefined = rows.undefined(i);
-    const float inv = 1.f / rows.l[i];
+    if (row_a + 8 * i >= S) continue;
+    ELEM* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 2 * t4;
 #pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float x0 = o[j][2 * i] * inv, x1 = o[j][2 * i + 1] * inv;
-      if (undefined) x0 = x1 = nan_to_zero ? 0.f : nan;
-      const u32 packed = Mma::pack(x0, x1);
-      *(u32*)(out + (i64)row * os + j * 8 + 2 * t4) = packed;
-    }
+    for (int j = 0; j < HD / 8; ++j)
+      *(u32*)(dst + j * 8) = Mma::pack(rows.out(i, o[j][2 * i], nan_to_zero), rows.out(i, o[j][2 * i + 1], nan_to_zero));
   }
 }

@@ -182,24 +182,19 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
 
-  // normalize and store rows row_a, row_a + 8 (16 bytes at d 32q + 8t and + 4); undefined -> NaN (or 0)
-  float* out = O + b * ob + h * oh;
-  const float nan = __int_as_float(0x7fffffff);
+  // normalize and store rows row_a, row_a + 8, 16 bytes at d 32q + 8t and + 4; undefined -> NaN (or 0)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = row_a + 8 * i;
-    if (row >= S) continue;
-    const bool undefined = rows.undefined(i);
-    const float inv = 1.f / rows.l[i];
-    float* dst = out + (i64)row * os + 8 * t4;
+    if (row_a + 8 * i >= S) continue;
+    float* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 8 * t4;
 #pragma unroll
     for (int q = 0; q < HD / 32; ++q)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float4 y = make_float4(o[4 * q][2 * i + e] * inv, o[4 * q + 1][2 * i + e] * inv,
-                               o[4 * q + 2][2 * i + e] * inv, o[4 * q + 3][2 * i + e] * inv);
-        if (undefined) y.x = y.y = y.z = y.w = nan_to_zero ? 0.f : nan;
-        *(float4*)(dst + 32 * q + 4 * e) = y;
+        const int c = 2 * i + e;
+        *(float4*)(dst + 32 * q + 4 * e) =
+            make_float4(rows.out(i, o[4 * q][c], nan_to_zero), rows.out(i, o[4 * q + 1][c], nan_to_zero),
+                        rows.out(i, o[4 * q + 2][c], nan_to_zero), rows.out(i, o[4 * q + 3][c], nan_to_zero));
       }
   }
 }

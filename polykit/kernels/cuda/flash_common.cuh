@@ -39,6 +39,10 @@ struct FlashRows {
     bad[0] = bad[1] = false;
   }
   __device__ __forceinline__ bool undefined(int i) const { return bad[i] || m[i] == fa_neg_inf(); }
+  // row i's output from its accumulator: acc / l, or NaN (0 with nan_to_zero) when undefined
+  __device__ __forceinline__ float out(int i, float acc, int nan_to_zero) const {
+    return undefined(i) ? (nan_to_zero ? 0.f : __int_as_float(0x7fffffff)) : acc * (1.f / l[i]);
+  }
 };
 
 // One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scale, mask, keys past Skv
