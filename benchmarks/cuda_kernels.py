@@ -1,6 +1,7 @@
 """Every distinct GEMM / convolution of a model plan against torch's op, shape by shape.
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnet50:32:fp16,bert:8:fp16 [--out k.json]
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention 8,12,128,64
 
 Builds the polykit plan of each case (as benchmarks/cuda_models.py does: torch export, random
 weights), then for every distinct (kind, input/output shapes, attributes) among its Conv /
@@ -11,6 +12,11 @@ sides are timed as captured CUDA graphs (three calls per graph, inputs rotated o
 buffer sets, median of --iters replays). Fused epilogues are timed as part of polykit's
 layer; torch's side is the bare op, plus the bias. Prints TFLOP/s per shape, the ratio to torch,
 and the totals (each shape weighted by how many layers share it).
+
+--attention B,H,S,D times every cuda tactic of an fp32 self-attention layer of that shape
+(precision fp32, and tf32 for the --tf32 variants), its tensors stored [B, H, S, D] and
+[B, S, H, D] (BERT's folded head transposes), against torch's scaled_dot_product_attention in
+fp32 (TF32 off), the same way; each prints its relative error against torch in float64.
 """
 
 from __future__ import annotations
@@ -146,6 +152,77 @@ def bench_case(name, batch, precision, args, torch) -> list[dict]:
     return rows
 
 
+def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
+    """cuda Attention tactics on fp32 [B, H, S, D] (both layouts) vs torch SDPA, in one process."""
+    from dataclasses import replace
+
+    from polykit.compiler.plan_records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import candidates
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    B, H, S, D = shape
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    F = torch.nn.functional
+    sets = [[torch.randn(B, H, S, D, device="cuda") for _ in range(3)] for _ in range(3)]  # 3 x (q, k, v)
+    want = F.scaled_dot_product_attention(*(t.double() for t in sets[0]))
+    flops = 4.0 * B * H * S * S * D
+    info = driver.current_device()
+    keep: list = []
+
+    def take(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    def report(name: str, ms: float, got) -> dict:
+        err = float(torch.linalg.norm(got.double() - want) / torch.linalg.norm(want))
+        row = {"tactic": name, "shape": list(shape), "ms": ms, "tflops": flops / ms / 1e9, "rel_err": err}
+        print(f"{name:40} {ms * 1e3:8.1f} us {row['tflops']:6.1f} TF  rel err {err:.2e}", flush=True)
+        return row
+
+    rows = [report("torch sdpa fp32", time_graph(lambda i: F.scaled_dot_product_attention(*sets[i]), torch,
+                                                  args.warmup, args.iters),
+                   F.scaled_dot_product_attention(*sets[0]))]
+    for layout in ("bhsd", "bshd"):
+        bshd = layout == "bshd"
+        stored = (B, S, H, D) if bshd else (B, H, S, D)
+        attrs = {a: "bshd" for a in ("q_layout", "k_layout", "v_layout", "out_layout")} if bshd else {}
+        layer = LayerDesc("att", "Attention", ("Q", "K", "V"), ("Y",), attrs, domain="ai.polykit",
+                          in_dtypes=("float32",) * 3, out_dtypes=("float32",), in_shapes=(stored,) * 3,
+                          out_shapes=(stored,))
+        tensors, outs = [], []
+        for qkv in sets:
+            ts = [t.transpose(1, 2).contiguous() if bshd else t for t in qkv] + [torch.empty(stored, device="cuda")]
+            keep.extend(ts)
+            outs.append(ts[-1])
+            tensors.append({n: DeviceTensor(t.data_ptr(), stored, np.dtype(np.float32)) for n, t in zip("QKVY", ts)})
+        seen = set()
+        for variant in (layer, replace(layer, precision="tf32")):
+            for tactic in candidates("cuda", "Attention", variant, arch=info.arch):
+                if tactic.name in seen:
+                    continue
+                seen.add(tactic.name)
+                modules = KernelModules(info.arch)
+                modules.load(tactic.kernels(variant))
+
+                def run(i, tactic=tactic, variant=variant, modules=modules):
+                    stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+                    tactic.enqueue(variant, CudaLauncher(modules, stream, take, "att", sm_count=info.sm_count),
+                                   tensors[i])
+
+                try:
+                    ms = time_graph(run, torch, args.warmup, args.iters)
+                    run(0)
+                    torch.cuda.synchronize()
+                finally:
+                    modules.close()
+                rows.append(report(f"{tactic.name} {variant.precision} {layout}", ms,
+                                   outs[0].transpose(1, 2) if bshd else outs[0]))
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -154,10 +231,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="cuda_kernels.json")
+    parser.add_argument("--attention", default="", help="B,H,S,D: time the fp32 Attention tactics at this shape")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
-    for case in args.cases.split(","):
+    if args.attention:
+        shape = tuple(int(x) for x in args.attention.split(","))
+        results[f"attention:{args.attention}"] = bench_attention(shape, args, torch)
+    for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)
     commit = provenance.commit()

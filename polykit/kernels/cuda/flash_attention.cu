@@ -15,7 +15,7 @@
 // 4 threads of a row combine through shuffles in a fixed order), O += P V (P re-packed from
 // the score accumulators as the A operand). Deterministic.
 // Launch: grid (ceil(S / 64), H, B), block 128, dynamic shared memory (64 + 4 * 64) * HD * 2 B.
-#include "dtypes.cuh"
+#include "flash_common.cuh"
 
 #define BQ 64
 #define BKV 64
@@ -46,7 +46,6 @@ template <> struct MmaName<bf16_t> {
 };
 typedef MmaName<ELEM> Mma;
 
-__device__ __forceinline__ u32 fa_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 // byte offset of 16-byte chunk c of row r in a tile of HD-wide rows (XOR swizzle on the low 3 bits)
 __device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4)); }
 
@@ -58,13 +57,6 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void cp16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 // rows [row0, row0 + 64) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
 __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base, i64 ss, int row0, int rows) {
   for (int i = threadIdx.x; i < 64 * CHUNKS; i += 128) {
@@ -111,11 +103,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   float o[HD / 8][4];
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  const float NEG_INF = -__int_as_float(0x7f800000);
-  float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
-  bool bad[2] = {false, false};
-  const float log2e = 1.4426950408889634f;
-  const int row_a = q0 + warp * 16 + g, row_b = row_a + 8;  // this thread's two query rows
+  FlashRows rows;
+  rows.init();
+  const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};
+  const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
 
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
@@ -144,60 +135,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
         Mma::mma(s[2 * np + 1], qf[kk], bf + 2);
       }
 
-    // scale, mask, bounds; online softmax (row a: s[.][0..1], row b: s[.][2..3])
-    const int kbase = t * BKV;
-    float tmax[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-    for (int nb = 0; nb < BKV / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
-        const int row = e < 2 ? row_a : row_b;
-        float x = s[nb][e] * scale;
-        if (key >= Skv) {
-          x = NEG_INF;
-        } else if (mask_kind != 0 && row < S) {
-          const i64 mi = b * mb + h * mh + (i64)row * mq + (i64)key * mk;
-          if (mask_kind == 1)
-            x += (float)ld((const ELEM*)mask, mi);
-          else if (((const unsigned char*)mask)[mi] == 0)
-            x = NEG_INF;
-        }
-        bad[e >> 1] |= (x != x) || (x == -NEG_INF);  // NaN or +inf: the row's softmax is NaN
-        s[nb][e] = x;
-        tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
-      }
-    float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-      tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-      const float m_new = fmaxf(m_run[i], tmax[i]);
-      // rows still all -inf keep a zero correction and zero probabilities
-      corr[i] = m_new == NEG_INF ? 1.f : exp2f((m_run[i] - m_new) * log2e);
-      m_run[i] = m_new;
-    }
-    float psum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nb = 0; nb < BKV / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float m = m_run[e >> 1];
-        const float p = m == NEG_INF ? 0.f : exp2f((s[nb][e] - m) * log2e);
-        s[nb][e] = p;
-        psum[e >> 1] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
-      psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
-      l_run[i] = l_run[i] * corr[i] + psum[i];
-    }
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      o[j][0] *= corr[0]; o[j][1] *= corr[0];
-      o[j][2] *= corr[1]; o[j][3] *= corr[1];
-    }
+    // scale, mask, bounds; online softmax; o rescaled (flash_common.cuh)
+    flash_softmax_tile<ELEM, false>(s, o, rows, t * BKV, Skv, row_a, S, fmask, scale, t4);
 
     // O += P V: P (16 x 64 keys) as A fragments, V tile (64 keys x HD) through ldmatrix.trans
 #pragma unroll
@@ -219,21 +158,13 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
 
-  // normalize and store rows row_a / row_b; undefined rows -> NaN (or 0)
-  ELEM* out = O + b * ob + h * oh;
-  const float nan = __int_as_float(0x7fffffff);
+  // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = i == 0 ? row_a : row_b;
-    if (row >= S) continue;
-    const bool undefined = bad[i] || m_run[i] == NEG_INF || tiles == 0;
-    const float inv = 1.f / l_run[i];
+    if (row_a + 8 * i >= S) continue;
+    ELEM* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 2 * t4;
 #pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      float x0 = o[j][2 * i] * inv, x1 = o[j][2 * i + 1] * inv;
-      if (undefined) x0 = x1 = nan_to_zero ? 0.f : nan;
-      const u32 packed = Mma::pack(x0, x1);
-      *(u32*)(out + (i64)row * os + j * 8 + 2 * t4) = packed;
-    }
+    for (int j = 0; j < HD / 8; ++j)
+      *(u32*)(dst + j * 8) = Mma::pack(rows.out(i, o[j][2 * i], nan_to_zero), rows.out(i, o[j][2 * i + 1], nan_to_zero));
   }
 }

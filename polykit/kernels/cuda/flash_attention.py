@@ -11,6 +11,7 @@ the fold_attention_layouts pass): the head transposes around attention disappear
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -62,12 +63,13 @@ def _layouts(layer: Any) -> list[str]:
     return [str(layer.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
 
 
-def _geometry(layer: Any) -> tuple[str, int] | None:
-    """(storage dtype, head size) when the kernel can run the layer, else None."""
+def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS) -> tuple[str, int] | None:
+    """(storage dtype, head size) when a flash kernel taking the storage dtypes `elems` (numpy
+    name -> kernel ELEM) can run the layer, else None."""
     dtypes, shapes = getattr(layer, "in_dtypes", ()), getattr(layer, "in_shapes", ())
     if len(shapes) < 3 or len(dtypes) < 3 or layer.domain != "ai.polykit":
         return None
-    if len({dtypes[0], dtypes[1], dtypes[2]}) != 1 or dtypes[0] not in ELEMS:
+    if len({dtypes[0], dtypes[1], dtypes[2]}) != 1 or dtypes[0] not in elems:
         return None
     layouts = _layouts(layer)
     if any(x not in ("bhsd", "bshd") for x in layouts) or any(len(s) not in (3, 4) for s in shapes[:3]):
@@ -88,7 +90,7 @@ def _geometry(layer: Any) -> tuple[str, int] | None:
 
 
 def _supports(layer: Any) -> bool:
-    return _geometry(layer) is not None
+    return flash_geometry(layer) is not None
 
 
 def kernel_for(elem: str, head: int) -> KernelSource:
@@ -96,11 +98,23 @@ def kernel_for(elem: str, head: int) -> KernelSource:
 
 
 def _kernels(layer: Any) -> list[KernelSource]:
-    dtype, head = _geometry(layer)
+    dtype, head = flash_geometry(layer)
     return [kernel_for(ELEMS[dtype], head)]
 
 
-def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+@dataclass(frozen=True)
+class FlashLaunch:
+    """What every flash kernel takes for one layer: grid, head size and the argument list
+    (Q, K, V, O, mask, S, Skv, (batch, head, seq) strides of Q, K, V, O, mask strides, scale,
+    mask kind, nan_probs_to_zero)."""
+
+    grid: tuple[int, int, int]
+    head: int
+    args: tuple[Any, ...]
+
+
+def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch | None:
+    """The layer's flash launch, None when its output is empty."""
     q, k, v = (tensors[n] for n in layer.inputs[:3])
     mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
     y = tensors[layer.outputs[0]]
@@ -110,18 +124,25 @@ def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
     B, H = max(B, kshape[0], oshape[0]), max(H, kshape[1], oshape[1])
     Skv = kshape[2]
     if y.size == 0:
-        return
+        return None
     if mask is None:
         mptr, ms, kind = 0, (0, 0, 0, 0), 0
     else:
         mptr, ms = mask, mask_strides(mask.shape)
         kind = 2 if mask.dtype == np.bool_ else 1
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
-    args = [q, k, v, y, mptr, np.int32(S), np.int32(Skv), *head_strides(q.shape, lq), *head_strides(k.shape, lk),
+    args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *head_strides(q.shape, lq), *head_strides(k.shape, lk),
             *head_strides(v.shape, lv), *head_strides(y.shape, lo), *ms, np.float32(scale), np.int32(kind),
-            np.int32(int(layer.attrs.get("nan_probs_to_zero", 0)))]
-    launcher.launch(kernel_for(ELEMS[np.dtype(q.dtype).name], D), (-(-S // BQ), H, B), (128,), args,
-                    shared_mem=(BQ + 4 * 64) * D * 2)
+            np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))))
+    return FlashLaunch((-(-S // BQ), H, B), D, args)
+
+
+def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+    run = flash_launch(layer, tensors)
+    if run is None:
+        return
+    elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
+    launcher.launch(kernel_for(elem, run.head), run.grid, (128,), list(run.args), shared_mem=(BQ + 4 * 64) * run.head * 2)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -1,0 +1,110 @@
+// Shared by the flash attention kernels (flash_attention.cu: fp16/bf16 on m16n8k16;
+// flash_attention_f32.cu: fp32 on m16n8k8 tf32): 16-byte cp.async staging and FlashAttention-2's
+// online softmax over one key tile.
+//
+// Score and output fragments have the m16n8 accumulator layout of both mma shapes: lane
+// (g = lane / 4, t4 = lane % 4) of a warp holds rows g ("row a") and g + 8 ("row b") of the
+// warp's 16 query rows and columns 2 t4, 2 t4 + 1 of each 8-wide block: x[j][0..1] row a,
+// x[j][2..3] row b. The four lanes of a row combine through shuffles in a fixed order.
+#pragma once
+#include "dtypes.cuh"
+
+__device__ __forceinline__ u32 fa_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float fa_neg_inf() { return -__int_as_float(0x7f800000); }
+
+// The optional mask, [b][h][q][k] through element strides: kind 1 additive (type M, added to
+// the scaled scores), 2 bool keep-mask (0 -> -inf); `base` is b * mb + h * mh.
+struct FlashMask {
+  const void* ptr;
+  i64 base, mq, mk;
+  int kind;
+};
+
+// Running softmax statistics of a thread's two rows. A row whose softmax is undefined (every
+// score -inf, or a NaN / +inf score) is `undefined()`: the caller writes NaN, or 0 with
+// nan_probs_to_zero (the unfused graph's Where(IsNaN)).
+struct FlashRows {
+  float m[2], l[2];
+  bool bad[2];
+  __device__ __forceinline__ void init() {
+    m[0] = m[1] = fa_neg_inf();
+    l[0] = l[1] = 0.f;
+    bad[0] = bad[1] = false;
+  }
+  __device__ __forceinline__ bool undefined(int i) const { return bad[i] || m[i] == fa_neg_inf(); }
+  // row i's output from its accumulator: acc / l, or NaN (0 with nan_to_zero) when undefined
+  __device__ __forceinline__ float out(int i, float acc, int nan_to_zero) const {
+    return undefined(i) ? (nan_to_zero ? 0.f : __int_as_float(0x7fffffff)) : acc * (1.f / l[i]);
+  }
+};
+
+// One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scale, mask, keys past Skv
+// -> -inf; the running max and sum of each row advance, the output accumulators o are
+// rescaled, and s becomes the tile's unnormalized probabilities. EXACT: expf (fp32 accuracy),
+// else exp2f of log2e-scaled differences (enough for half outputs).
+template <class M, bool EXACT, int NB, int NO>
+__device__ __forceinline__ void flash_softmax_tile(float (&s)[NB][4], float (&o)[NO][4], FlashRows& r, int kbase,
+                                                   int Skv, int row_a, int S, const FlashMask& mask, float scale,
+                                                   int t4) {
+  const float NEG_INF = fa_neg_inf();
+  const float log2e = 1.4426950408889634f;
+  float tmax[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
+      const int row = e < 2 ? row_a : row_a + 8;
+      float x = s[nb][e] * scale;
+      if (key >= Skv) {
+        x = NEG_INF;
+      } else if (mask.kind != 0 && row < S) {
+        const i64 mi = mask.base + (i64)row * mask.mq + (i64)key * mask.mk;
+        if (mask.kind == 1)
+          x += (float)ld((const M*)mask.ptr, mi);
+        else if (((const unsigned char*)mask.ptr)[mi] == 0)
+          x = NEG_INF;
+      }
+      r.bad[e >> 1] |= (x != x) || (x == -NEG_INF);  // NaN or +inf: the row's softmax is NaN
+      s[nb][e] = x;
+      tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+    }
+  float corr[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+    const float m_new = fmaxf(r.m[i], tmax[i]);
+    // rows still all -inf keep a unit correction and zero probabilities
+    corr[i] = m_new == NEG_INF ? 1.f : EXACT ? expf(r.m[i] - m_new) : exp2f((r.m[i] - m_new) * log2e);
+    r.m[i] = m_new;
+  }
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float m = r.m[e >> 1];
+      const float p = m == NEG_INF ? 0.f : EXACT ? expf(s[nb][e] - m) : exp2f((s[nb][e] - m) * log2e);
+      s[nb][e] = p;
+      psum[e >> 1] += p;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
+    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
+    r.l[i] = r.l[i] * corr[i] + psum[i];
+  }
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    o[j][0] *= corr[0]; o[j][1] *= corr[0];
+    o[j][2] *= corr[1]; o[j][3] *= corr[1];
+  }
+}
