@@ -174,4 +174,12 @@ def test_qconv_nhwc_reads_an_8_bit_residual_and_dequantizes_it_in_the_epilogue(s
     extra = ("skip", "skip_zero", "skip_scale") if zero_point else ("skip", "skip_scale")
     layer = stamped(layer_of("QConvNHWC", inputs, {}, int8_residual(zero_point), extra), inputs)
     assert layer.in_dtypes[8] == np.dtype(skip_dtype).name
-    check(layer, inputs, NHWC)
+    if y_dtype is not None:
+        check(layer, inputs, NHWC)
+        return
+    # float output: the kernel may contract the residual's dequantize-multiply and the add into one
+    # fma (one rounding fewer than the reference's separate steps): within an ulp of the largest
+    # intermediate (|y| up to ~70: 7.6e-6), which the H100 showed; int8 outputs above stay exact
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    assert_matches_reference(layer, inputs, tactic=NHWC, rtol=1e-6, atol=2e-5)
