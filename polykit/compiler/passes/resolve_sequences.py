@@ -46,9 +46,16 @@ CONST_MAX_ELEMENTS = 4096
 Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional)
 
 
+#: ops only this pass lowers, even on plain tensors (OptionalGetElement of a tensor is its input)
+_OPTIONAL_OPS = ("Optional", "OptionalHasElement", "OptionalGetElement")
+
+
 def touches_sequences(graph: Graph) -> bool:
-    """Whether any value of the graph (bodies included) is a sequence or an optional."""
+    """Whether any value of the graph (bodies included) is a sequence or an optional, or a node
+    is an optional op (which no target runs as a layer)."""
     if any(v.wrap for v in graph.values.values()):
+        return True
+    if any(n.op_type in _OPTIONAL_OPS and n.domain == "" for n in graph.nodes):
         return True
     return any(touches_sequences(body) for n in graph.nodes for _, body in subgraphs(n))
 

@@ -158,3 +158,17 @@ def test_cuda_plan_of_a_loop_growing_a_sequence_and_concat_from_sequence_matches
         got = ctx.execute(feeds)
     for name in want:
         assert_same(got[name], want[name], f"cuda: {name}")
+
+
+def test_optional_get_element_of_a_plain_tensor_lowers_to_an_identity_for_every_target():
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    graph = helper.make_graph([helper.make_node("OptionalGetElement", ["x"], ["y"], name="get")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    plan = build_plan(model, BuilderConfig(target="cpu"))
+    assert [layer.kind for layer in plan.layers] == ["Identity"]  # a kind the cuda target runs too
