@@ -7,12 +7,16 @@ tests check which layers the tactics take, on hand-made records and on a real --
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from polykit.compiler.builder import build_plan
+from polykit.compiler.calibrate import calibrate
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.kernels.cuda import int8_sm90
 from polykit.runtime.engine import Runtime
 
@@ -136,19 +140,20 @@ def run_plan(plan, feeds):
 
 @gpu
 def test_an_int8_resnet_on_the_sm90_tactics_equals_the_mma_plan_and_the_cpu_plan():
-    model = load_onnx(small_resnet())
-    calib = [feeds_for(small_resnet(), s) for s in range(2)]
-    cpu = build_plan(model, BuilderConfig(target="cpu", int8=True, channels_last=True, calibration_data=calib))
-    names = [layer.name for layer in cpu.layers if layer.kind == "QConvNHWC"]
-    plans = {}
-    for label, pick in (("sm90", lambda i: TACTICS[i % len(TACTICS)]), ("mma", lambda i: "cuda.int8.mma_conv_nhwc")):
-        replay = {name: pick(i) for i, name in enumerate(names)}
-        # level 0: the other layers take the same (first) tactics in both plans
-        plans[label] = build_plan(model, BuilderConfig(target="cuda", int8=True, calibration_data=calib,
-                                                       tactic_replay=replay, builder_optimization_level=0))
-        got = {layer.name: layer.tactic for layer in plans[label].layers if layer.kind == "QConvNHWC"}
-        assert got == replay, f"{label}: tactics not forced: {got}"
+    graph = load_onnx(small_resnet())
+    names = list(dict.fromkeys(x for _, x in int8_candidates(graph, constant_tensors(graph))))
+    ranges = calibrate(graph, names, [feeds_for(small_resnet(), s) for s in range(2)], "cpu", "minmax")
+    # level 0: the first tactic by priority everywhere (mma.sync for QConvNHWC), nothing timed
+    cfg = BuilderConfig(target="cuda", int8=True, tensor_ranges=ranges, builder_optimization_level=0)
+    mma = build_plan(graph, cfg)
+    convs = {layer.name: layer.tactic for layer in mma.layers if layer.kind == "QConvNHWC"}
+    assert len(convs) == 17 and set(convs.values()) == {"cuda.int8.mma_conv_nhwc"}, convs
+    replay = {name: TACTICS[i % len(TACTICS)] for i, name in enumerate(convs)}
+    sm90 = build_plan(graph, replace(cfg, tactic_replay=replay))
+    got = {layer.name: layer.tactic for layer in sm90.layers if layer.kind == "QConvNHWC"}
+    assert got == replay, f"tactics not forced: {got}"
+    cpu = build_plan(graph, BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges, channels_last=True))
     feeds = feeds_for(small_resnet(), 5)
-    sm90, mma, want = run_plan(plans["sm90"], feeds), run_plan(plans["mma"], feeds), run_plan(cpu, feeds)
-    np.testing.assert_array_equal(sm90, mma, err_msg="sm90 INT8 convs differ from the mma.sync ones")
-    np.testing.assert_allclose(sm90, want, rtol=1e-4, atol=1e-4, err_msg="cuda INT8 plan vs the cpu plan")
+    got, want, exact = run_plan(sm90, feeds), run_plan(cpu, feeds), run_plan(mma, feeds)
+    np.testing.assert_array_equal(got, exact, err_msg="the sm90 INT8 convolutions differ from the mma.sync ones")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg="cuda INT8 plan vs the cpu plan")
