@@ -22,8 +22,9 @@ extra inputs, as in docs/FUSION.md):
 
 attrs: the base op's attributes (QConv: Conv's strides/pads/dilations/group/...; QMatMul:
 none), optionally "epilogue" {"input", "body"} as in FUSION.md (its result is the last step's
-output: the layer's output, or with Y_scale a body-local name that is requantized), and
-"fused_from".
+output: the layer's output, or with Y_scale a body-local name that is requantized),
+"fused_from", and "symmetric" (1: int8 X and W whose constant zero points are all 0, stamped by
+to_channels_last on QConvNHWC; kernels that skip the zero-point terms require it).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def is_int8_layer(layer: Any) -> bool:
     return layer.domain == POLYKIT_DOMAIN and kind in INT8_KINDS
 
 
+#: the attribute saying X and W are int8 with zero points 0 (module docstring)
+SYMMETRIC = "symmetric"
+
+
 def epilogue_result(epilogue: dict[str, Any]) -> str:
     """The name of an epilogue's float32 result: its last step's output."""
     return epilogue["body"][-1]["outputs"][0]
@@ -62,7 +67,7 @@ def epilogue_result(epilogue: dict[str, Any]) -> str:
 
 def base_of(node: Node) -> Node:
     """The float op a QConv/QMatMul's integer product follows (X and W; Conv's attributes)."""
-    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from")}
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from", SYMMETRIC)}
     return Node(INT8_KINDS[node.op_type], [node.inputs[X], node.inputs[W]], ["acc"], attrs, name=node.name)
 
 

@@ -14,7 +14,8 @@ then cancels the Transposes between neighbours, leaving reformats at the chain's
 - ai.polykit QConv (INT8, 2-D, group 1, constant W and zero points) -> QConvNHWC the same way, its
   channels padded to a multiple of INT8_CHANNEL_ALIGN with X's zero point (a real zero of the
   centered product), W repacked KRSC (padded with W's zero points), the epilogue's extra inputs
-  transposed to NHWC (constants here, rank-4 tensors through Transposes).
+  transposed to NHWC (constants here, rank-4 tensors through Transposes); "symmetric" 1 when X and W
+  are int8 with zero points 0.
 Grouped and depthwise convolutions stay NCHW for now.
 """
 
@@ -27,7 +28,8 @@ import numpy as np
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.conv import AUTO_PADS, window_geometry
-from polykit.compiler.ops.int8 import INT8_DTYPES, NHWC_KIND, QUANT_ARITY, W, W_ZERO_POINT, X, X_ZERO_POINT
+from polykit.compiler.ops.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, SYMMETRIC, W, W_ZERO_POINT, X,
+                                      X_ZERO_POINT)
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
@@ -156,6 +158,9 @@ class _Rewriter:
         if "epilogue" in attrs:
             body = [dict(step, inputs=[extras.get(n, n) for n in step["inputs"]]) for step in attrs["epilogue"]["body"]]
             attrs["epilogue"] = dict(attrs["epilogue"], body=body)
+        x_zero = init[node.input(X_ZERO_POINT)]
+        if x_zero.dtype == weight.dtype == np.int8 and not np.any(x_zero) and not np.any(w_zero):
+            attrs[SYMMETRIC] = 1  # the kernels that skip the zero-point terms (int8_sm90.py) may take it
         inputs = [xt, node.input(X_ZERO_POINT), self.krsc(w, channels, w_zero)] + list(node.inputs[W_ZERO_POINT:QUANT_ARITY])
         inputs += [extras[n] for n in node.inputs[QUANT_ARITY:]]
         return self.wrapped(node, NHWC_KIND, inputs, attrs, prefix)

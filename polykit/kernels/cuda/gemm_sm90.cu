@@ -36,6 +36,10 @@
 // SCRATCH_BUFS 3 buffers make that one barrier enough (a buffer is rewritten two stages after
 // the stage whose wgmma read it last, and every consumer has waited for those by then).
 // Deterministic: each output element is one fixed-order K loop in one thread.
+// I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
+// K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize: int8.cu's
+// arithmetic bit for bit); ELEM is then the epilogue's float. Symmetric only (zero points 0: the
+// zero-filled padding and past-K chunks are real zeros, the sums need no correction).
 #include "sm90.cuh"
 
 #ifndef HAS_EPILOGUE
@@ -45,6 +49,20 @@
 #endif
 #ifndef EPI_VEC
 #define EPI_VEC 1  // the epilogue (if any) has apply_epilogue8: 8 columns of a row at once
+#endif
+#ifndef I8
+#define I8 0
+#endif
+#if I8
+#include "int8_out.cuh"
+#define OPER i8
+typedef int acc_t;
+#define I8_PARAMS , const float *Scale, const float *QBias, const float *YScale, const u8 *YZ, int flags, \
+                  int scale_step, int bias_step
+#else
+#define OPER ELEM  // the operands' storage type
+typedef float acc_t;
+#define I8_PARAMS
 #endif
 
 #define BM (64 * MSUB * CONSUMERS)
@@ -57,11 +75,12 @@
 #define SPLIT3 0
 #endif
 #define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
-constexpr int KE = 128 / sizeof(ELEM);  // K elements of one stage (one 128-byte row)
-constexpr int VEC = 16 / sizeof(ELEM);  // elements of one 16-byte chunk
+constexpr int KE = 128 / sizeof(OPER);  // K elements of one stage (one 128-byte row)
+constexpr int VEC = 16 / sizeof(OPER);  // elements of one 16-byte chunk
 static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
+static_assert(!I8 || (!SPLIT3 && !B_MN), "s8 wgmma reads both operands K-major");
 static_assert(EPI_GROUP == 4, "finish_quad_row transposes across a quad of lanes: 4 column blocks");
-constexpr bool B_SCRATCH = sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
+constexpr bool B_SCRATCH = !I8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
 constexpr int SCRATCH_BYTES = B_SCRATCH ? (B_MN + SPLIT3) * BN * 128 : 0;
@@ -229,7 +248,7 @@ struct Ring {
 };
 
 // One tile's K loop: wgmma on every stage, one stage's wgmma in flight while the next is issued.
-__device__ __forceinline__ void mainloop(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
+__device__ __forceinline__ void mainloop(acc_t (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
                                          unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0, int ct,
                                          int tid) {
   int prev = -1;
@@ -244,7 +263,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[MSUB][BN / 2], Ring& r, un
       b = smem_addr(scr);
     }
     wgmma_fence();
-    wgmma_stage<BN, MSUB, B_SCRATCH ? 0 : B_MN, ELEM>(acc, a, b, row0, kt == 0);
+    wgmma_stage<BN, MSUB, B_SCRATCH ? 0 : B_MN, OPER>(acc, a, b, row0, kt == 0);
     wgmma_commit();
     wgmma_wait<1>();  // the previous stage's wgmma are done: hand its buffers back
     if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
@@ -302,20 +321,55 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
   return ok;
 }
 
-__device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, unsigned char* scratch, u64* full,
+#if I8
+// the INT8 output: int8_out.cuh's Out over the row-major (items, M, N) result
+struct OutI8 {
+  Out q;
+  i64 M, N;
+};
+typedef OutI8 OutT;
+// (the kernel's own INT8 arguments; C, alpha, beta are unused)
+#define MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta) \
+  OutI8{int8_out(Scale, QBias, YScale, YZ, Y, flags, scale_step, bias_step), M, N}
+#define EPI_OF(out) out.q.epi
+// s32 m64nNk32 accumulators lie as the f32 ones: row 16 * warp + lane / 4 (+8), column
+// 8 * j + 2 * (lane % 4) (+1)
+__device__ __forceinline__ void finish_i8(const OutI8& out, const TileIdx& ti, const int (&acc)[MSUB][BN / 2],
+                                          int row0, int warp, int lane) {
+  const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4, n_base = (i64)ti.tn * BN + 2 * (lane % 4);
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
+        if (m < out.M && n < out.N) out.q.put((ti.z * out.M + m) * out.N + n, n, n, acc[s][4 * j + e]);
+      }
+}
+#else
+typedef OutP OutT;
+#define MAKE_OUT make_out
+#define EPI_OF(out) out.epi
+#endif
+
+__device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, unsigned char* scratch, u64* full,
                                         u64* empty, int tiles_m, int tiles_n, int tiles, int ktiles, int wg,
                                         int tid) {
   const int row0 = (wg - 1) * MSUB * 64, ct = (wg - 1) * 128 + tid;  // ct: index among all consumer threads
-  float acc[MSUB][BN / 2];
+  acc_t acc[MSUB][BN / 2];
   Ring ring;
   const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
-    if constexpr (SPLIT3) {
-      mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
-    } else {
-      mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
-    }
+#if SPLIT3
+    mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
+#else
+    mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
+#endif
+#if I8
+    finish_i8(out, ti, acc, row0, warp, lane);
+#else
     // accumulator layout (m64nNk16): row = 16 * warp + lane / 4 (+8), column = 8 * j + 2 * (lane % 4) (+1).
     // EPI_GROUP column blocks at a time: their epilogue values first (the loads of C and of the
     // epilogue inputs are in flight together: no store can alias them yet), then their stores.
@@ -354,6 +408,7 @@ __device__ __forceinline__ void consume(const OutP& out, unsigned char* smem, un
           out.store2(ti.z, m + 8, n, acc[s][4 * j + 2], acc[s][4 * j + 3]);
         }
       }
+#endif
   }
 }
 
@@ -397,7 +452,8 @@ __device__ __forceinline__ void next_stage(int& stage, u32& phase) {
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm_sm90(
     const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
-    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched EPI_PARAMS) {
+    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched I8_PARAMS
+        EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
@@ -433,9 +489,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
     }
   } else {  // ---- consumers (128 * 40 + 256 * 232 = 168 * 384: the launch allocation) --------------
     if (BLOCKS == 1) set_max_regs_inc<232>();
-    OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
+    OutT out = MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta);
 #if HAS_EPILOGUE
-    out.epi = make_epi(EPI_ARGS);
+    EPI_OF(out) = make_epi(EPI_ARGS);
 #endif
     consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
   }
@@ -449,8 +505,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
 #define CONV_CONSUMER_REGS (CONSUMERS == 1 ? 240 : 224)
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv_sm90(
-    const __grid_constant__ TmaDesc tm_w, const ELEM* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
-    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW EPI_PARAMS) {
+    const __grid_constant__ TmaDesc tm_w, const OPER* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
+    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW I8_PARAMS EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
@@ -491,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
           const int r = tid / 8 + 16 * i;
           const int ih = ih0[i] + kh * DH, iw = iw0[i] + kw * DW;
           const bool ok = base[i] >= 0 && q < kchunks && ih >= 0 && ih < H && iw >= 0 && iw < W;
-          const ELEM* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * VEC : 0);
+          const OPER* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * VEC : 0);
           cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), src, ok);
         }
         bar_arrive_cp_async(&st.full[stage]);
@@ -499,9 +555,9 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
     }
   } else {  // ---- consumers ---------------------------------------------------------------------
     if (BLOCKS == 1) set_max_regs_inc<CONV_CONSUMER_REGS>();
-    OutP out = make_out(Y, Bias, M, N, 0, 1, 1.f, 1.f);
+    OutT out = MAKE_OUT(Y, Bias, M, N, 0, 1, 1.f, 1.f);
 #if HAS_EPILOGUE
-    out.epi = make_epi(EPI_ARGS);
+    EPI_OF(out) = make_epi(EPI_ARGS);
 #endif
     consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
   }

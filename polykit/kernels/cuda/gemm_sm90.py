@@ -231,13 +231,15 @@ def _supports(tile: Sm90Tile, split3: bool):
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
-               split3: bool = False) -> KernelSource:
+               split3: bool = False, int8: bool = False) -> KernelSource:
     """The layer's kernel `name` (gemm_sm90 or conv_sm90): the .cu with the tile's defines, plus
-    the layer's epilogue when it has one."""
+    the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands, `elem` the
+    epilogue's float)."""
+    tile_defines = tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ())
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
-                            defines=tile.defines(b_mn, split3), arch="sm_90a")
-    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn, split3), arch="sm_90a")
+                            defines=tile_defines, arch="sm_90a")
+    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
 
 
 def _kernels(tile: Sm90Tile, split3: bool):

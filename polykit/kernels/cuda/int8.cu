@@ -11,7 +11,7 @@
 //                   a K-major [N, K] matrix), Y [NB, OH, OW, N]; K = KH * KW * C, 16 bytes a load
 //   int8_conv_nchw  X [NB, C, H, W], W [N, C, KH, KW] ([N, K]), Y [NB, N, OH, OW]; X gathered byte by byte
 // Zero points, scale, bias and the requantization parameters are read on the device: XZ, YZ one
-// byte; WZ, Scale, Bias one value, or one per channel (step 1). flags: FLAG_* below.
+// byte; WZ, Scale, Bias one value, or one per channel (step 1). flags: FLAG_* of int8_out.cuh.
 // Launch: grid (ceil(N/128), ceil(M/128), 1), block 256.
 #include "int8_mma.cuh"
 
@@ -20,8 +20,7 @@
 #define EPI_PARAMS
 #define EPI_COMMA_ARGS
 #endif
-
-enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
+#include "int8_out.cuh"
 
 #define INT8_PARAMS                                                                                       \
   const u8 *X, const u8 *Wt, const u8 *XZ, const u8 *WZ, const float *Scale, const float *Bias,            \
@@ -43,35 +42,6 @@ struct WeightZero {
   }
 };
 
-// what every problem stores through: dequantize, epilogue, requantize
-struct Out {
-  const float *scale, *bias;
-  void* Y;
-  int scale_step, bias_step;
-  bool yint, yu8;
-  float ys, yz, lo, hi;
-#if HAS_EPILOGUE
-  EpiState epi;
-#endif
-  __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
-    double d = __dmul_rn((double)acc, (double)scale[n * scale_step]);
-    if (bias) d = __dadd_rn(d, (double)bias[n * bias_step]);
-    float v = __double2float_rn(d);
-#if HAS_EPILOGUE
-    v = apply_epilogue(epi, v, oi, col);
-#endif
-    if (!yint) {
-      ((float*)Y)[oi] = v;
-      return;
-    }
-    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, ys)) + yz, lo), hi);
-    if (yu8)
-      ((u8*)Y)[oi] = (u8)(int)q;
-    else
-      ((i8*)Y)[oi] = (i8)(int)q;
-  }
-};
-
 // the shared part of every entry point's setup; `afill` / `bfill`: the raw bytes that are 0 in the
 // signed domain, `xz`: the activation zero point's raw byte
 struct Common {
@@ -89,16 +59,9 @@ __device__ __forceinline__ Common common_of(INT8_PARAMS) {
   c.amask = xu8 ? 0x80808080u : 0u;
   c.bmask = wu8 ? 0x80808080u : 0u;
   c.zw.p = WZ; c.zw.step = wz_step; c.zw.u8_ = wu8;
-  Out& o = c.out;
-  o.scale = Scale; o.bias = Bias; o.Y = Y; o.scale_step = scale_step; o.bias_step = bias_step;
-  o.yint = flags & FLAG_Y_INT;
-  o.yu8 = flags & FLAG_Y_U8;
-  o.ys = o.yint ? YScale[0] : 1.f;
-  o.yz = !o.yint ? 0.f : o.yu8 ? (float)YZ[0] : (float)(i8)YZ[0];
-  o.lo = o.yu8 ? 0.f : -128.f;
-  o.hi = o.yu8 ? 255.f : 127.f;
+  c.out = int8_out(Scale, Bias, YScale, YZ, Y, flags, scale_step, bias_step);
 #if HAS_EPILOGUE
-  o.epi = make_epi(EPI_ARGS);
+  c.out.epi = make_epi(EPI_ARGS);
 #endif
   return c;
 }

@@ -84,6 +84,11 @@ __device__ __forceinline__ void fence_regs(float* d) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int R>
+__device__ __forceinline__ void fence_regs(int* d) {  // int32 accumulators (s8 wgmma)
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 template <int REGS>
 __device__ __forceinline__ void set_max_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS)); }
 template <int REGS>
@@ -92,9 +97,10 @@ __device__ __forceinline__ void set_max_regs_dec() { asm volatile("setmaxnreg.de
 // ---- consumer: one stage of wgmma ----------------------------------------------------------
 // Warpgroup tile: WSUB x 64 rows (rows `row0 + s*64 ..`) by WN columns; the stage holds A
 // (K-major rows) at `a` and B (WN rows K-major, or MN-major boxes when MN_B) at `b`, 64 K deep.
-// `first` zeroes the accumulators (scale_d 0 on the first k step).
-template <int WN, int WSUB, int MN_B, class T>
-__device__ __forceinline__ void wgmma_stage(float (&acc)[WSUB][WN / 2], u32 a, u32 b, int row0, bool first) {
+// `first` zeroes the accumulators (scale_d 0 on the first k step). ACC: float, or int for T = i8
+// (s8 k32: four 32-byte k steps a stage, like the 16-bit types' k16).
+template <int WN, int WSUB, int MN_B, class T, class ACC>
+__device__ __forceinline__ void wgmma_stage(ACC (&acc)[WSUB][WN / 2], u32 a, u32 b, int row0, bool first) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const u64 db = MN_B ? smem_desc(b + kk * 2048, 8192, 1024) : smem_desc(b + kk * 32, 16, 1024);

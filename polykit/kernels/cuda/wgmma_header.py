@@ -11,28 +11,35 @@ from __future__ import annotations
 from pathlib import Path
 
 #: wgmma N sizes the kernels use, and the PTX type names of their inputs (float storage runs
-#: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate)
+#: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate; s8: INT8 layers)
 N_SIZES = (64, 128, 192, 256)
-INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float"}
+INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8"}
 HEADER = Path(__file__).with_name("wgmma.cuh")
 
 
 def _wrapper(n: int, ptx_type: str) -> str:
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
-    operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     a, b, s = regs, regs + 1, regs + 2
-    k, trans = (8, "") if ptx_type == "tf32" else (16, f", 0, %{s + 1}")
+    if ptx_type == "s8":  # int32 accumulators ("+r"); integer wgmma has no scale / transpose immediates
+        k, shape, dtype, reg, tail, check = 32, "s32.s8.s8", "int", "r", "", (
+            '    static_assert(TRANS_B == 0, "s8 wgmma reads B K-major only");\n')
+    else:
+        k, shape, dtype, reg, check = (8 if ptx_type == "tf32" else 16), f"f32.{ptx_type}.{ptx_type}", "float", "f", ""
+        tail = ", 1, 1" if ptx_type == "tf32" else f", 1, 1, 0, %{s + 1}"
+    operands = ", ".join(f'"+{reg}"(d[{i}])' for i in range(regs))
+    trans = "" if ptx_type == "s8" else ', "n"(TRANS_B)'
     return (
         f"template <> struct Wgmma<{n}, {INPUT_TYPES[ptx_type]}> {{\n"
         f"  template <int TRANS_B>\n"
-        f"  __device__ static __forceinline__ void run(float* d, u64 desc_a, u64 desc_b, int scale_d) {{\n"
+        f"  __device__ static __forceinline__ void run({dtype}* d, u64 desc_a, u64 desc_b, int scale_d) {{\n"
+        f"{check}"
         f"    asm volatile(\n"
         f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{s}, 0;\\n"\n'
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx_type}.{ptx_type} "\n'
-        f'        "{{{acc}}}, %{a}, %{b}, p, 1, 1{trans};\\n}}\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.{shape} "\n'
+        f'        "{{{acc}}}, %{a}, %{b}, p{tail};\\n}}\\n"\n'
         f"        : {operands}\n"
-        f'        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));\n'
+        f'        : "l"(desc_a), "l"(desc_b), "r"(scale_d){trans});\n'
         f"  }}\n}};\n"
     )
 
@@ -65,6 +72,7 @@ def render() -> str:
         "// wgmma.mma_async m64nNk16 (tf32: k8, 32 bytes of K either way) with fp32 accumulators d[N/2]\n",
         "// (scale_d 0: d = A*B, else d += A*B); A and B come from shared memory through matrix\n",
         "// descriptors; TRANS_B 1 reads B MN-major (16-bit types only: tf32 reads both K-major).\n",
+        "// Wgmma<N, i8>: s8 x s8 m64nNk32 (32 bytes of K), int32 accumulators d[N/2], both K-major.\n",
         "// Needs sm_90a.\n",
         "#pragma once\n#include \"dtypes.cuh\"\n\n",
         "template <int N, class T> struct Wgmma;\n\n",

@@ -28,7 +28,9 @@ _CTYPES: dict[np.dtype, Any] = {
 
 
 _TMA_DTYPES = {np.dtype(np.float16): "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-               np.dtype(np.float32): "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+               np.dtype(np.float32): "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+               # 8-bit operands are copied as bytes (the tensor-map type only matters for the OOB fill)
+               np.dtype(np.int8): "CU_TENSOR_MAP_DATA_TYPE_UINT8", np.dtype(np.uint8): "CU_TENSOR_MAP_DATA_TYPE_UINT8"}
 
 
 #: a CUtensorMap as the kernel parameter receives it (128 bytes; the driver copies it into

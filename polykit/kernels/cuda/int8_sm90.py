@@ -1,0 +1,106 @@
+"""INT8 convolutions on Hopper tensor cores: gemm_sm90.cu's `conv_sm90` with I8 1 (docs/INT8.md).
+
+Tactics `cuda.int8.sm90_<BM>x<BN>` (kind QConvNHWC, compute capability 9.0): the fp16 sm90
+implicit GEMM (warp-specialized, TMA weights, cp.async im2col rows, persistent) on
+`wgmma.mma_async m64nNk32.s32.s8.s8` (twice fp16's rate), 128 K a stage (16 channels a 16-byte
+chunk: QConvNHWC's C % 16), int32 accumulators, and int8.cu's output (int8_out.cuh): the float64
+dequantization rounded once, the epilogue, requantization; results equal `cpu.reference` bit for bit.
+Taken: int8 X and W with zero points 0 (the layer's `symmetric` attribute, stamped by
+to_channels_last from the constant zero points: what `--int8` builds make), group 1, per-tensor or
+per-channel scale / bias, float32 / int8 / uint8 output, an epilogue epilogue.py compiles.
+The rest (uint8, asymmetric, QMatMul's [K, N] weights) stays with `cuda.int8.mma_*`. Priority 5,
+below the mma tactic's 10: level 0 keeps mma.sync, the tuner times it against the best sm90 tiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ops.int8 import SYMMETRIC
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
+from polykit.kernels.cuda.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.epilogue import epilogue_args
+from polykit.kernels.cuda.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
+from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
+
+KIND = "QConvNHWC"
+#: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 two blocks an SM)
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2"))
+#: s8 wgmma runs twice fp16's rate: the cost model sees half the K
+RATE = 2
+
+
+def _geometry(layer: Any):
+    shapes, outs = getattr(layer, "in_shapes", ()), getattr(layer, "out_shapes", ())
+    if len(shapes) < 3 or not outs:
+        return None
+    return plan_conv(layer.attrs, tuple(shapes[0]), tuple(shapes[2]), tuple(outs[0]))
+
+
+def _supports(tile: Sm90Tile):
+    def supported(layer: Any) -> bool:
+        if layer.kind != KIND or not layer.in_dtypes or not supports(layer) or not layer.attrs.get(SYMMETRIC):
+            return False
+        geo = _geometry(layer)
+        return (layer.in_dtypes[0] == "int8" and layer.in_dtypes[2] == "int8" and geo is not None
+                and geo.C % NHWC_CHANNELS == 0 and geo.K <= MAX_INT8_K and tile.fits("int8", False, False))
+
+    return supported
+
+
+def _kernels(tile: Sm90Tile):
+    return lambda layer: [kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)]
+
+
+def _estimate(tile: Sm90Tile):
+    def estimate(layer: Any, sm_count: int) -> float | None:
+        geo = _geometry(layer)
+        if geo is None or not sm_count:
+            return None
+        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count)
+
+    return estimate
+
+
+def _enqueue(tile: Sm90Tile):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        g, args = int8_args(layer, tensors)  # checks dtypes, shapes, per-channel sizes
+        x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
+        flags, _wz_step, scale_step, bias_step = args[-4:]
+        if g["M"] == 0 or g["N"] == 0:
+            return
+        geo = plan_conv(layer.attrs, x.shape, w.shape, y.shape)
+        if geo is None or x.dtype != np.int8 or w.dtype != np.int8:
+            raise DeviceError(f"X {x.shape} {x.dtype} * W {w.shape} {w.dtype} does not fit the sm90 INT8 kernel "
+                              "(int8 NHWC X, KRSC W, group 1)", where=f"layer {layer.name!r}",
+                              hint="the cuda.int8.mma_* tactics take it")
+        tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
+        tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
+        out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
+        launcher.launch(_kernels(tile)(layer)[0], (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+                        [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
+                        shared_mem=tile.smem_for("int8", False, False))
+
+    return enqueue
+
+
+def compile_variants() -> list[KernelSource]:
+    """conv_sm90 I8 for every tile, and the first tile with each residual epilogue int8.py builds in
+    (CI: sm_90a)."""
+    from dataclasses import replace
+
+    plain = replace(residual_layer(KIND, "int8"), attrs={})
+    out = [kernel_for(plain, t, "float", False, "conv_sm90", int8=True) for t in TILES]
+    return out + [kernel_for(residual_layer(KIND, r), TILES[0], "float", False, "conv_sm90", int8=True)
+                  for r in ("float32", "int8")]
+
+
+for _tile in TILES:
+    cuda_tactic(KIND, f"cuda.int8.sm90_{_tile.label}", kernels=_kernels(_tile), supports=_supports(_tile),
+                priority=5, archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub,
+                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))

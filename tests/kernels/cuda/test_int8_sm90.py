@@ -1,0 +1,159 @@
+"""The sm_90a INT8 convolution (`cuda.int8.sm90_*`, int8_sm90.py: conv_sm90 on s8 wgmma).
+
+GPU tests (H100) compare against the exact cpu reference with outputs poisoned first: INT8 results are
+exact (the int32 sum, then int8.cu's float64 dequantization rounded once), so equality is exact. CPU
+tests check which layers the tactics take, on hand-made records and on a real --int8 ResNet plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.calibrate import calibrate
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
+from polykit.kernels.cuda import int8_sm90
+from polykit.runtime.engine import Runtime
+
+from ...compiler.int8_models import feeds_for, quantize_with_onnxruntime, small_resnet
+from .test_int8 import RESIDUAL, check, int8_residual, layer_of, q, rng, stamped
+
+gpu = pytest.mark.gpu
+TACTICS = [f"cuda.int8.sm90_{t.label}" for t in int8_sm90.TILES]
+SUPPORTS = {f"cuda.int8.sm90_{t.label}": int8_sm90._supports(t) for t in int8_sm90.TILES}
+
+# (NHWC X, KRSC W, attrs): C and N not multiples of the tiles, N*OH*OW not a multiple of BM, 1x1 / 3x3 /
+# 7x7 stride 2, dilation, asymmetric pads, K over several stages (ring wrap), more tiles than SMs
+CASES = [
+    ((2, 7, 9, 48), (130, 1, 1, 48), {}),
+    ((2, 15, 15, 256), (96, 1, 1, 256), {"strides": [2, 2]}),
+    ((3, 14, 14, 64), (64, 3, 3, 64), {"pads": [1, 1, 1, 1]}),
+    ((1, 13, 10, 32), (200, 3, 3, 32), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 17, 16, 16), (24, 7, 7, 16), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ((1, 13, 10, 32), (9, 3, 2, 32), {"strides": [2, 3], "pads": [0, 1, 2, 0], "dilations": [2, 1]}),
+    ((1, 8, 8, 512), (72, 3, 3, 512), {"pads": [1, 1, 1, 1]}),
+    ((16, 28, 28, 64), (160, 3, 3, 64), {"pads": [1, 1, 1, 1]}),
+]
+
+
+def sym_inputs(x, w, per_channel=True, y_dtype=None, bias=True):
+    """Symmetric int8 operands (zero points 0: what --int8 builds make) and random scale / bias."""
+    n = w[0]
+    out = {"X": q(x, np.int8), "XZ": np.int8(0), "W": q(w, np.int8),
+           "WZ": np.zeros((n,) if per_channel else (), np.int8),
+           "S": rng.uniform(1e-4, 2e-3, (n,) if per_channel else ()).astype(np.float32)}
+    if bias:
+        out["B"] = rng.standard_normal(n).astype(np.float32)
+    if y_dtype is not None:
+        out.update(YS=np.float32(rng.uniform(0.05, 0.2)), YZ=q((), y_dtype))
+    return out
+
+
+def sym_layer(inputs, attrs, epilogue=None, extra=()):
+    layer = layer_of("QConvNHWC", inputs, {**attrs, "symmetric": 1}, epilogue, extra)
+    return stamped(layer, inputs)
+
+
+def run_sm90(layer, inputs, tactic):
+    assert SUPPORTS[tactic](layer), f"{tactic} refuses {layer.in_dtypes} {layer.in_shapes} {layer.attrs}"
+    check(layer, inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("x,w,attrs", CASES)
+def test_sm90_qconv_float_output_equals_the_reference(x, w, attrs, tactic):
+    inputs = sym_inputs(x, w)
+    run_sm90(sym_layer(inputs, attrs), inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("x,w,attrs", [CASES[1], CASES[3], CASES[4]])
+def test_sm90_qconv_requantized_output_equals_the_reference(x, w, attrs, y_dtype, tactic):
+    inputs = sym_inputs(x, w, per_channel=False, y_dtype=y_dtype, bias=False)
+    run_sm90(sym_layer(inputs, attrs), inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("y_dtype", [np.int8, None])
+def test_sm90_qconv_with_a_float_residual_and_relu(tactic, y_dtype):
+    inputs = sym_inputs((2, 10, 9, 32), (24, 3, 3, 32), y_dtype=y_dtype)
+    inputs["skip"] = rng.standard_normal((2, 10, 9, 24)).astype(np.float32)
+    run_sm90(sym_layer(inputs, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",)), inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("y_dtype", [np.int8, None])
+def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype):
+    # an identity block's last conv: the block's int8 input as residual, int8 (or float) out
+    inputs = sym_inputs((2, 10, 9, 64), (136, 1, 1, 64), y_dtype=y_dtype)
+    inputs.update(skip=q((2, 10, 9, 136), np.int8), skip_scale=np.float32(0.037))
+    layer = sym_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale"))
+    assert layer.in_dtypes[8] == "int8"
+    run_sm90(layer, inputs, tactic)
+
+
+def test_the_sm90_tactics_refuse_what_they_do_not_compute():
+    inputs = sym_inputs((1, 6, 6, 32), (16, 3, 3, 32))
+    layer = sym_layer(inputs, {"pads": [1, 1, 1, 1]})
+    assert all(s(layer) for s in SUPPORTS.values())
+    no_attr = stamped(layer_of("QConvNHWC", inputs, {"pads": [1, 1, 1, 1]}), inputs)
+    u8 = dict(inputs, X=q((1, 6, 6, 32), np.uint8), XZ=np.uint8(128))
+    nchw = sym_inputs((1, 32, 6, 6), (16, 32, 3, 3))
+    refused = {"no symmetric attribute": no_attr, "uint8 X": sym_layer(u8, {"pads": [1, 1, 1, 1]}),
+               "hand-built (unstamped)": layer_of("QConvNHWC", inputs, {"symmetric": 1}),
+               "NCHW QConv": stamped(layer_of("QConv", nchw, {"symmetric": 1}), nchw)}
+    for what, bad in refused.items():
+        assert not any(s(bad) for s in SUPPORTS.values()), what
+
+
+def test_an_int8_resnet_plan_marks_its_convolutions_symmetric_and_the_sm90_tactics_take_them():
+    model = load_onnx(small_resnet())
+    cfg = BuilderConfig(target="cpu", int8=True, channels_last=True,
+                        calibration_data=[feeds_for(small_resnet(), s) for s in range(2)])
+    convs = [layer for layer in build_plan(model, cfg).layers if layer.kind == "QConvNHWC"]
+    assert len(convs) == 17
+    assert [c.name for c in convs if not c.attrs.get("symmetric")] == []
+    assert [c.name for c in convs if not SUPPORTS[TACTICS[0]](c)] == []
+
+
+def test_an_onnxruntime_uint8_plan_is_not_symmetric(tmp_path):
+    path = quantize_with_onnxruntime(small_resnet(), tmp_path / "q.onnx", activations="uint8", per_channel=True)
+    convs = [layer for layer in build_plan(path, BuilderConfig(target="cpu", channels_last=True)).layers
+             if layer.kind == "QConvNHWC"]
+    assert convs and not any(c.attrs.get("symmetric") or SUPPORTS[TACTICS[0]](c) for c in convs)
+
+
+def run_plan(plan, feeds):
+    with Runtime(plan.target).deserialize_engine(plan) as engine:
+        return next(iter(engine.create_execution_context().execute(feeds).values()))
+
+
+@gpu
+def test_an_int8_resnet_on_the_sm90_tactics_equals_the_mma_plan_and_the_cpu_plan():
+    graph = load_onnx(small_resnet())
+    names = list(dict.fromkeys(x for _, x in int8_candidates(graph, constant_tensors(graph))))
+    ranges = calibrate(graph, names, [feeds_for(small_resnet(), s) for s in range(2)], "cpu", "minmax")
+    # level 0: the first tactic by priority everywhere (mma.sync for QConvNHWC), nothing timed
+    cfg = BuilderConfig(target="cuda", int8=True, tensor_ranges=ranges, builder_optimization_level=0)
+    mma = build_plan(graph, cfg)
+    convs = {layer.name: layer.tactic for layer in mma.layers if layer.kind == "QConvNHWC"}
+    assert len(convs) == 17 and set(convs.values()) == {"cuda.int8.mma_conv_nhwc"}, convs
+    replay = {name: TACTICS[i % len(TACTICS)] for i, name in enumerate(convs)}
+    sm90 = build_plan(graph, replace(cfg, tactic_replay=replay))
+    got = {layer.name: layer.tactic for layer in sm90.layers if layer.kind == "QConvNHWC"}
+    assert got == replay, f"tactics not forced: {got}"
+    cpu = build_plan(graph, BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges, channels_last=True))
+    feeds = feeds_for(small_resnet(), 5)
+    got, want, exact = run_plan(sm90, feeds), run_plan(cpu, feeds), run_plan(mma, feeds)
+    np.testing.assert_array_equal(got, exact, err_msg="the sm90 INT8 convolutions differ from the mma.sync ones")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg="cuda INT8 plan vs the cpu plan")
