@@ -412,6 +412,24 @@ def test_a_cuda_plan_with_bound_values_picks_the_select_tactic(op, tactic):
     assert [layer.tactic for layer in plan.layers] == [tactic]
 
 
+@pytest.mark.parametrize("op,tactic", [("NonZero", "cuda.select.nonzero"), ("Compress", "cuda.select.compress"),
+                                       ("Unique", "cuda.select.unique")])
+def test_a_cuda_plan_without_values_picks_the_select_tactic_for_a_run_time_size(op, tactic):
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    f, b = TensorProto.FLOAT, TensorProto.BOOL
+    if op == "Compress":
+        graph = _model(helper.make_node(op, ["x", "c"], ["y"], axis=1), [("x", f, [2, 3]), ("c", b, [3])], [("y", f)])
+    else:
+        out_type = TensorProto.INT64 if op == "NonZero" else f
+        graph = _model(helper.make_node(op, ["x"], ["y"]), [("x", f, [2, 3])], [("y", out_type)])
+    plan = build_plan(graph, BuilderConfig(target="cuda"))
+    assert [layer.tactic for layer in plan.layers] == [tactic]
+    axis = 1 if op != "Unique" else 0
+    assert plan.profiles.data == {f"data(y)[{axis}]": 6 if op != "Compress" else 3}
+
+
 # ---- on the GPU: every output against the reference ----
 
 def check(layer, inputs):
