@@ -20,7 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols, small_data_corners
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
 from polykit.compiler.ir import Graph, Value
@@ -70,7 +70,8 @@ class Builder:
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
         g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, corners)
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights,
+                                   corners + small_data_corners(corners, profiles.data if profiles else {}))
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)

@@ -13,7 +13,7 @@ surgeon tools) these rules keep a named dim_param (`fresh_dim`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from polykit.compiler.symbolic import SymInt, Term, evaluate, symbol, term_of
 
@@ -70,3 +70,12 @@ def data_symbols(g: "Graph") -> dict[str, Term]:
 def with_data(env: Mapping[str, int], data: Mapping[str, Term]) -> dict[str, int]:
     """Symbol values `env` of the input symbols plus each data symbol at its bound there."""
     return {**env, **{s: evaluate(b, env) for s, b in data.items()}}
+
+
+def small_data_corners(corners: Sequence[Mapping[str, int]], data: Mapping[str, Term]) -> list[dict[str, int]]:
+    """The profile `corners` with every data symbol at 2 (or its bound when smaller): where tactics
+    must serve a layer too, with the kernels they compile at the bound (a tactic that bakes a
+    data-dependent size into its kernels is refused, as for an input dim)."""
+    if not data:
+        return []
+    return [{**env, **{s: min(2, env[s]) for s in data}} for env in corners]
