@@ -20,6 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols, small_data_corners
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
@@ -31,8 +32,8 @@ from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profiles import apply_profiles, check_corners, corner_size, generic_corners, profile_set, \
-    tensors_at
+from polykit.compiler.profiles import ProfileSet, apply_profiles, check_corners, corner_size, generic_corners, \
+    profile_set, tensors_at
 from polykit.compiler.shape_values import host_values
 from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
@@ -60,17 +61,22 @@ class Builder:
         apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
                            dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
+        g.metadata[DATA_DIMS] = True
         known = infer_shapes(g)
         distributed = distribute(g, cfg)
         known = infer_shapes(g) if distributed else known
+        data = data_symbols(g)
+        if data:  # output sizes the input values decide: bound at run time
+            profiles = replace(profiles or ProfileSet.static(g), data=data)
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
-        if profiles is not None:
+        if cfg.profiles:
             check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
         g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, corners)
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights,
+                                   corners + small_data_corners(corners, profiles.data if profiles else {}))
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)

@@ -61,7 +61,7 @@ class BuilderConfig:
     memory_strategy: "best-fit" (default), "first-fit" or "none" (no arena reuse).
     input_values: build-time values of graph inputs, by name (TensorRT's shape-tensor inputs):
         shape inference sees them, so shapes that depend on an input's data (a Reshape's
-        shape, Pad's pads, NonZero's count) become static; the engine then accepts only
+        shape, Pad's pads) become static; the engine then accepts only
         feeds equal to these values for those inputs.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
         turns it on for the cuda target's fp16, bf16 and tf32 builds, builds with INT8 layers,

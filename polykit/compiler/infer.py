@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from polykit.compiler.data_dims import DATA_DIMS
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
@@ -37,6 +38,7 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
         if name in graph.inputs:
             known[name] = np.asarray(arr)
     partial = Partial(graph, PROPAGATE_MAX_ELEMENTS)
+    data_dims = bool(graph.metadata.get(DATA_DIMS))
     missing: list[tuple[str, str, str, int]] = []
     for node in graph.nodes:
         rule = find_shape_rule(node.domain, node.op_type)
@@ -50,7 +52,7 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             shapes.append(v.shape)
             consts.append(known.get(name) if name else None)
             values.append(v)
-        ctx = InferContext(node, dtypes, shapes, consts, values)
+        ctx = InferContext(node, dtypes, shapes, consts, values, data_dims=data_dims)
         try:
             results = rule(ctx)
         except PolykitError:

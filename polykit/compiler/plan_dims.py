@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 from polykit.compiler.plan_schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
     record, text
-from polykit.compiler.symbolic import ShapeEvalError, evaluate, expr_from_json
+from polykit.compiler.data_dims import with_data
+from polykit.compiler.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
 
 Doc = Mapping[str, Any]
 
@@ -29,10 +30,18 @@ def _symbol_or_int(value: Any, path: str) -> None:
         integer(-MAX_BYTES, MAX_BYTES)(value, path)
 
 
+def _expr(value: Any, path: str) -> None:
+    try:
+        expr_from_json(value)
+    except ValueError as exc:
+        raise Invalid(path, str(exc)) from None
+
+
 PROFILE_FIELDS = (
     Field("ranges", list_of(map_of(_triple), max_len=1 << 10)),
     Field("inputs", map_of(list_of(nullable(text())))),
     Field("values", map_of(list_of(_symbol_or_int)), required=False),
+    Field("data", map_of(_expr), required=False),
 )
 
 
@@ -48,6 +57,9 @@ def check_dims(doc: Doc, weights_len: int) -> None:
         return
     symbols = _check_profiles(doc, profiles)
     corners = [{s: r[k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
+    data = _check_data(profiles.get("data", {}), symbols, corners)
+    corners = [with_data(env, data) for env in corners]
+    symbols |= set(data)
     for name, t in tensors.items():
         if "dims" in t:
             _check_tensor(name, t, symbols, corners)
@@ -81,6 +93,22 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
         if any(s is not None for s in syms) and t.get("dims") != want:
             raise Invalid(path, f"{t.get('dims')} differs from the input's symbols {want}")
     return symbols
+
+
+def _check_data(data: Doc, symbols: set[str], corners: list[dict[str, int]]) -> dict[str, Term]:
+    """The data symbols' bounds: expressions of the input symbols, non-negative at every corner."""
+    out: dict[str, Term] = {}
+    for name, bound in data.items():
+        path = f"profiles.data[{name!r}]"
+        if not name.startswith("data(") or name in symbols:
+            raise Invalid(path, "a data symbol is named data(tensor)[axis] and is no input symbol")
+        try:
+            out[name] = expr_from_json(bound, symbols)
+            if min((evaluate(out[name], env) for env in corners), default=0) < 0:
+                raise Invalid(path, f"bound {bound} is negative at a profile corner")
+        except (ValueError, ShapeEvalError) as exc:
+            raise Invalid(path, str(exc)) from None
+    return out
 
 
 def host_written(doc: Doc) -> set[str]:

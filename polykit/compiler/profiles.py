@@ -23,7 +23,9 @@ import numpy as np
 
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.plan_records import TensorDesc
-from polykit.compiler.symbolic import ShapeEvalError, SymInt, evaluate, symbol, term_of
+from polykit.compiler.data_dims import DATA_DIMS, with_data
+from polykit.compiler.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
+    term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
 
 Range = tuple[int, int, int]  # (min, opt, max)
@@ -85,15 +87,17 @@ class ProfileSet:
     """The profiles of a plan as symbol ranges: `ranges[i][symbol] = (min, opt, max)`, and
     where each symbol comes from: `inputs[name]` a symbol name or None per axis of every input,
     `values[name]` one per element of a shape-tensor input: a symbol "value(name)[i]", or the
-    int the element is fixed to."""
+    int the element is fixed to; `data[symbol]` the bound (an expression of the other symbols)
+    of each data-dependent dim (polykit.compiler.data_dims), which corners give their bound."""
 
     ranges: tuple[dict[str, Range], ...]
     inputs: dict[str, tuple[str | None, ...]]
     values: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
+    data: dict[str, Term] = field(default_factory=dict)
 
     def corners(self) -> list[tuple[int, str, dict[str, int]]]:
         """(profile index, "min"/"opt"/"max", symbol values) of every profile corner."""
-        return [(i, label, {s: r[k] for s, r in ranges.items()})
+        return [(i, label, with_data({s: r[k] for s, r in ranges.items()}, self.data))
                 for i, ranges in enumerate(self.ranges) for k, label in enumerate(("min", "opt", "max"))]
 
     def input_shapes(self, profile: int, name: str, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -107,13 +111,22 @@ class ProfileSet:
              "inputs": {n: list(dims) for n, dims in sorted(self.inputs.items())}}
         if self.values:
             d["values"] = {n: list(syms) for n, syms in sorted(self.values.items())}
+        if self.data:
+            d["data"] = {s: expr_to_json(b) for s, b in sorted(self.data.items())}
         return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "ProfileSet":
         return ProfileSet(tuple({s: tuple(r) for s, r in p.items()} for p in d["ranges"]),
                           {n: tuple(dims) for n, dims in d["inputs"].items()},
-                          {n: tuple(syms) for n, syms in d.get("values", {}).items()})
+                          {n: tuple(syms) for n, syms in d.get("values", {}).items()},
+                          {s: expr_from_json(b) for s, b in d.get("data", {}).items()})
+
+    @staticmethod
+    def static(g: Graph) -> "ProfileSet":
+        """The one-profile set of a build without profiles: static inputs, no ranges (data
+        symbols are added with `replace(..., data=...)`)."""
+        return ProfileSet(({},), {n: (None,) * len(g.value(n).shape or ()) for n in g.inputs})
 
     def bind_shapes(self, shapes: Mapping[str, Sequence[int]], static: Mapping[str, Sequence[int]],
                     profile: int, values: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
@@ -304,6 +317,7 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
     producers = symbolic.producers()
     for index, label, env in profiles.corners():
         g = original.copy()
+        g.metadata[DATA_DIMS] = bool(profiles.data)
         for name, shape in corner_shapes(symbolic, profiles, env).items():
             g.set_value(Value(name, symbolic.value(name).dtype, shape))
         if values:

@@ -169,8 +169,9 @@ class InferContext:
     """What a shape rule sees of one node: input metadata, constant inputs, attributes."""
 
     def __init__(self, node: Node, dtypes: Sequence[np.dtype | None], shapes: Sequence[Shape],
-                 consts: Sequence[np.ndarray | None], values: Sequence[Value] = ()):
+                 consts: Sequence[np.ndarray | None], values: Sequence[Value] = (), data_dims: bool = False):
         self.node = node
+        self.data_dims = data_dims  # a build: data-dependent dims become DataDims (polykit.compiler.data_dims)
         self._dtypes = list(dtypes)
         self._shapes = list(shapes)
         self._consts = list(consts)

@@ -123,6 +123,10 @@ class CpuContext:
     def bind_shapes(self, shapes: Any) -> None:
         self._shapes = shapes.shapes
 
+    def data_sizes(self, outputs: Any, stream: Any) -> dict[str, int]:
+        """{symbol: size} of the data-dependent dims a layer just wrote (runtime.output_alloc.DataOutput)."""
+        return {o.symbol: int(self.env[o.tensor].shape[o.axis]) for o in outputs}
+
     def begin(self) -> None:
         pass
 
@@ -161,6 +165,8 @@ def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None) -> np.
     shape its expression gives for this run (a kernel or shape-rule bug otherwise)."""
     if desc is None:
         return value
+    if shape is None and desc.dims:  # a data-dependent size, bound after the layer (runtime.output_alloc)
+        return _conform_rank(value, desc, layer)
     want = tuple(desc.shape) if shape is None else tuple(shape)
     if value.dtype.name != desc.dtype or tuple(value.shape) != want:
         raise PolykitError(
@@ -169,4 +175,14 @@ def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None) -> np.
             where=f"layer {layer!r}",
             hint="the op's shape rule and reference kernel disagree; please report this",
         )
+    return value
+
+
+def _conform_rank(value: np.ndarray, desc: Any, layer: str) -> np.ndarray:
+    """Check a data-dependent output's dtype, rank and reserved bytes (its sizes are bound from it)."""
+    if value.dtype.name != desc.dtype or value.ndim != len(desc.shape) or value.nbytes > desc.nbytes:
+        raise PolykitError(f"layer produced {desc.name!r} as {value.dtype.name}{list(value.shape)}, the plan "
+                           f"reserves {desc.dtype} of rank {len(desc.shape)} in {desc.nbytes} bytes",
+                           where=f"layer {layer!r}", hint="the op's shape rule and reference kernel disagree; "
+                                                          "please report this")
     return value

@@ -28,6 +28,7 @@ from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
+from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.target import Target, TargetContext, get_target
@@ -216,14 +217,16 @@ class ExecutionContext:
         self._ctx = target_context
         self._closed = False
         self._profile = profile
-        self._replay_wanted = replay
         self._replays: OrderedDict[tuple, Any] = OrderedDict()
         self._runs: dict[tuple, int] = {}
         self._binder = ShapeBinder(engine.plan)
+        self._sizes = OutputSizes(engine.plan)
+        self._replay_wanted = replay and not self._sizes  # launches that follow a read-back are not captured
         self._profile_index = 0
         self._input_shapes = {n: tuple(engine.plan.tensors[n].shape) for n in engine.plan.inputs}
         self._input_values: dict[str, np.ndarray] = {}
         self._shapes: ShapeSet | None = None
+        self._ran: Mapping[str, tuple[int, ...]] = {}  # the shapes of the last run with data-dependent sizes
         self._last_profile: list[tuple[str, float]] = []
 
     @property
@@ -263,7 +266,7 @@ class ExecutionContext:
         """The shape tensor `name` has in this context's current shapes."""
         desc = self.engine._desc(name)
         shapes = self._bind().shapes
-        return tuple(shapes.get(name, desc.shape))
+        return tuple(shapes.get(name, self._ran.get(name, desc.shape)))  # a data-dependent size: the last run's
 
     def _bind(self) -> ShapeSet:
         self._shapes = self._binder.bind(self._input_shapes, self._profile_index, self._input_values)
@@ -278,7 +281,9 @@ class ExecutionContext:
         layers = self.engine.plan.layers
         key = self._shapes.key if self._shapes is not None else ()
         runs = self._runs.get(key, 0)
-        if self._profile:
+        if self._sizes:
+            self._run_segments(stream)
+        elif self._profile:
             self._last_profile = timed_pass(self._ctx, layers, stream)
         elif self._replay_wanted and runs > 0:
             replay = self._replays.get(key)
@@ -296,6 +301,21 @@ class ExecutionContext:
         else:
             run_layers(self._ctx, layers, stream)
         self._runs[key] = runs + 1
+
+    def _run_segments(self, stream: Any) -> None:
+        """The layers of a plan with data-dependent sizes: bound after each layer that decides one."""
+        layers, times = self.engine.plan.layers, []
+
+        def segment(indices: Sequence[int]) -> None:
+            if self._profile:
+                times.extend(timed_pass(self._ctx, layers, stream, indices))
+            else:
+                run_layers(self._ctx, layers, stream, indices=indices)
+
+        self._shapes = self._sizes.run(self._ctx, self._binder, self._shapes, stream, segment)
+        self._ran = self._shapes.shapes
+        if self._profile:
+            self._last_profile = times
 
     def _keep_replay(self, key: tuple, replay: Any) -> None:
         self._replays[key] = replay

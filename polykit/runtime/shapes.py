@@ -8,7 +8,9 @@ per-shape launch parameters are cached by it). A tensor whose shape would need m
 than the plan reserved for it (its size at the profile's corners) is refused.
 
 The same mechanism serves anything that learns shapes at run time: a ShapeSet is a plain
-record a target reads in `TargetContext.bind_shapes`.
+record a target reads in `TargetContext.bind_shapes`. Tensors whose shapes name a data symbol
+(an output size a layer decides from values, polykit.compiler.data_dims) wait: `bind_data`
+evaluates them once the layer has reported the size (polykit.runtime.output_alloc).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.symbolic import ShapeEvalError, evaluate
-from polykit.errors import RuntimeInputError, UsageError
+from polykit.compiler.symbolic import Expr, ShapeEvalError, Term, evaluate
+from polykit.errors import PolykitError, RuntimeInputError, UsageError
 
 #: distinct input shape sets whose evaluated shapes a binder keeps
 MAX_CACHED_SHAPE_SETS = 64
@@ -47,6 +49,10 @@ class ShapeBinder:
         self._static = {n: tuple(plan.tensors[n].shape) for n in plan.inputs}
         self._dynamic = {n: t for n, t in plan.tensors.items() if t.dims}
         self._host = {n: t for n, t in plan.tensors.items() if t.value}
+        data = set(self.profiles.data) if self.profiles is not None else set()
+        #: data symbols each tensor's dims or value name: it waits for them (polykit.runtime.output_alloc)
+        self._waits = {n: frozenset(data & set().union(*(_symbols(e) for e in t.dims + t.value)))
+                       for n, t in plan.tensors.items() if t.dims or t.value}
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property
@@ -90,9 +96,32 @@ class ShapeBinder:
             self._cache.popitem(last=False)
         return found
 
-    def _values(self, dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+    def bind_data(self, shapes: ShapeSet, sizes: Mapping[str, int]) -> ShapeSet:
+        """`shapes` with data symbols bound to the `sizes` a layer reported: the shapes and
+        shape-tensor values that waited for them are evaluated (RuntimeInputError past the
+        reserved bytes; a size above its symbol's bound is a kernel bug, a PolykitError)."""
+        dims = dict(shapes.dims)
+        for name, size in sizes.items():
+            bound = evaluate(self.profiles.data[name], dims)
+            if not 0 <= size <= bound:
+                raise PolykitError(f"a layer reported size {size} for {name}, outside [0, {bound}]",
+                                   where=f"symbol {name!r}", hint="a kernel miscounted its output; please report this")
+            dims[name] = int(size)
+        key = shapes.key + tuple(sorted(sizes.items()))
+        ready = {n for n, w in self._waits.items() if w and w <= set(dims) and not w <= set(shapes.dims)}
+        return ShapeSet(key, {**shapes.shapes, **self._evaluate(dims, ready)}, dims,
+                        {**shapes.values, **self._values(dims, ready)})
+
+    def _ready(self, names: Any, dims: Mapping[str, int], only: "set[str] | None") -> list[str]:
+        """Of `names`, those to evaluate: in `only` when given, else those waiting for no unbound symbol."""
+        if only is not None:
+            return [n for n in names if n in only]
+        return [n for n in names if self._waits[n] <= set(dims)]
+
+    def _values(self, dims: Mapping[str, int], only: "set[str] | None" = None) -> dict[str, np.ndarray]:
         out = {}
-        for name, t in self._host.items():
+        for name in self._ready(self._host, dims, only):
+            t = self._host[name]
             try:
                 value = np.asarray([evaluate(v, dims) for v in t.value], dtype=t.np_dtype).reshape(t.shape)
             except (ShapeEvalError, OverflowError) as exc:
@@ -102,9 +131,10 @@ class ShapeBinder:
             out[name] = value
         return out
 
-    def _evaluate(self, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    def _evaluate(self, dims: Mapping[str, int], only: "set[str] | None" = None) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}
-        for name, t in self._dynamic.items():
+        for name in self._ready(self._dynamic, dims, only):
+            t = self._dynamic[name]
             try:
                 shape = tuple(evaluate(d, dims) for d in t.dims)
             except ShapeEvalError as exc:
@@ -117,3 +147,7 @@ class ShapeBinder:
                     hint="feed shapes inside the optimization profile, or rebuild with a wider profile")
             shapes[name] = shape
         return shapes
+
+
+def _symbols(term: Term) -> set[str]:
+    return term.symbols() if isinstance(term, Expr) else set()

@@ -80,6 +80,23 @@ def test_a_rep_binds_shape_inputs_when_shapes_depend_on_their_values():
     assert rep.builds == 3  # the first try without values fails; then [3, 4] and [4, 3]
 
 
+def test_a_rep_builds_one_engine_for_data_dependent_output_sizes():
+    g = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["i"]), helper.make_node("Unique", ["x"], ["u"])], "select",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("i", TensorProto.INT64, None),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, None)],
+    )
+    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), "CPU")
+    rng = np.random.default_rng(4)
+    for kept in (0.0, 0.3, 1.0):
+        x = (rng.integers(1, 4, (2, 5)) * (rng.random((2, 5)) < kept)).astype(np.float32)
+        i, u = rep.run([x])
+        np.testing.assert_array_equal(i, np.array(np.nonzero(x)))
+        np.testing.assert_array_equal(u, np.unique(x))
+    assert rep.builds == 1  # the sizes are bound at run time, not per input value
+
+
 def test_a_rep_built_once_serves_inputs_of_other_values():
     rep = backend.prepare(_add_model(), "CPU")
     rng = np.random.default_rng(3)

@@ -3,9 +3,10 @@
 RoiAlign-10 had no coordinate_transformation_mode; it behaved as "output_half_pixel" (opset 16's
 default is "half_pixel"), so the importer writes the old behaviour down for models below opset 16.
 
-NonMaxSuppression's output count depends on the boxes' values: its shape rule gives a symbolic
-count, and build-time evaluation fills it in when the inputs are known (constants, or the
-BuilderConfig.input_values that bake them, as for NonZero); the plan then runs with that count.
+NonMaxSuppression's output count depends on the boxes' values: its shape rule gives a data-dependent
+dim (polykit.compiler.data_dims) bounded by batch x classes x min(boxes, max_output_boxes_per_class),
+which the runtime binds after the layer runs; build-time evaluation fills it in when the inputs are
+constants.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import Node
-from polykit.compiler.ops.shape_ops import fresh_dim
+from polykit.compiler.data_dims import data_dim
+from polykit.compiler.ops.shape_ops import const_ints
+from polykit.compiler.symbolic import SymInt
 from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
@@ -64,4 +67,12 @@ def _nms(ctx: InferContext):
         raise ctx.fail(f"boxes of shape {boxes}, expected (batch, boxes, 4)")
     if scores is not None and len(scores) != 3:
         raise ctx.fail(f"scores of shape {scores}, expected (batch, classes, boxes)")
-    return [(np.dtype(np.int64), (fresh_dim(ctx, "nms"), 3))]
+    bound = None
+    if boxes is not None and scores is not None and all(isinstance(d, int) for d in scores):
+        per_class = scores[2]
+        limit = const_ints(ctx, 2) if ctx.has(2) else [0]
+        if limit is not None and len(limit) == 1 and not isinstance(per_class, SymInt) \
+                and not isinstance(limit[0], SymInt):
+            per_class = min(per_class, max(int(limit[0]), 0))
+        bound = scores[0] * scores[1] * per_class
+    return [(np.dtype(np.int64), (data_dim(ctx, "nms", bound, 0), 3))]

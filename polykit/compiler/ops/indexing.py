@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import Node
-from polykit.compiler.ops.shape_ops import const_ints, dim_product, fresh_dim
+from polykit.compiler.data_dims import data_dim
+from polykit.compiler.ops.shape_ops import const_ints, dim_product
 from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
@@ -85,14 +86,17 @@ def _non_zero(ctx: InferContext):
     if value is not None:
         value = np.asarray(value)
         return [(INT64, (value.ndim, int(np.count_nonzero(value))))]
-    return [(INT64, (ctx.rank(0), fresh_dim(ctx, "nonzero")))]
+    x = ctx.shape(0)
+    return [(INT64, (ctx.rank(0), data_dim(ctx, "nonzero", dim_product(x) if x is not None else None, 1)))]
 
 
 @shape_rule("Compress")
 def _compress(ctx: InferContext):
     data, cond = ctx.shape(0), ctx.const(1)
     axis = ctx.attr("axis", None)
-    count = fresh_dim(ctx, "compress")
+    bound = ctx.shape(1)[0] if ctx.shape(1) is not None and len(ctx.shape(1)) == 1 else None
+    count = data_dim(ctx, "compress", bound, 0 if axis is None or data is None else
+                     ctx.normalize_axis(axis, len(data)))
     if cond is not None:
         cond = np.asarray(cond).reshape(-1).astype(bool)
         length = dim_product(data) if axis is None and data is not None else None
@@ -114,7 +118,13 @@ def _compress(ctx: InferContext):
 def _unique(ctx: InferContext):
     data = ctx.shape(0)
     axis = ctx.attr("axis", None)
-    n = fresh_dim(ctx, "unique")
+    named = next((i for i, o in enumerate(ctx.node.outputs) if o), 0)
+    if data is None:
+        n = data_dim(ctx, "unique", None, 0, named)
+    else:
+        at = 0 if axis is None or named else ctx.normalize_axis(axis, len(data))
+        n = data_dim(ctx, "unique", dim_product(data) if axis is None else data[ctx.normalize_axis(axis, len(data))],
+                     at, named)
     value = ctx.const(0)
     if value is not None:
         value = np.asarray(value)

@@ -152,6 +152,12 @@ class TensorMapSpec:
     box: tuple[int, ...]
 
 
+def count_slot(layer: str) -> str:
+    """The key of a layer's count word among the tensors an enqueue gets: an int64 [1] device word
+    where a layer whose output size depends on values writes that size (polykit.runtime.output_alloc)."""
+    return f"{layer}#count"
+
+
 @dataclass(frozen=True)
 class DeviceTensor:
     """A tensor in device memory as a kernel sees it: pointer, shape, dtype (contiguous)."""

@@ -11,8 +11,9 @@
 //   is kept unless one hits, until max_output_boxes_per_class are kept. Kept indices go to
 //   sel (B*C, n) and their count to count (B*C).
 // nms_emit: grid-stride over (batch, class): rows (b, c, box) in (batch, class, kept order), each
-//   class's first row after the counts before it. The plan baked the total row count at build time
-//   (BuilderConfig.input_values), so no row count goes back to the host.
+//   class's first row after the counts before it; rows is the space the plan reserved (its bound).
+//   The last (batch, class) writes the row count to *total (null: not asked), which the host reads
+//   back after the layer (polykit.runtime.output_alloc).
 #include "dtypes.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) roi_align(
@@ -128,10 +129,12 @@ extern "C" __global__ void __launch_bounds__(256) nms_select(
 }
 
 extern "C" __global__ void __launch_bounds__(256) nms_emit(const i32* __restrict__ sel, const i32* __restrict__ count,
-                                                           i64* __restrict__ Y, i64 BC, i64 C, i64 n, i64 rows) {
+                                                           i64* __restrict__ Y, i64 BC, i64 C, i64 n, i64 rows,
+                                                           i64* __restrict__ total) {
   for (i64 p = blockIdx.x * (i64)blockDim.x + threadIdx.x; p < BC; p += (i64)gridDim.x * blockDim.x) {
     i64 start = 0;
     for (i64 q = 0; q < p; ++q) start += count[q];
+    if (total && p == BC - 1) *total = start + count[p] < rows ? start + count[p] : rows;
     for (i64 k = 0; k < count[p] && start + k < rows; ++k) {
       i64* row = Y + (start + k) * 3;
       row[0] = p / C, row[1] = p % C, row[2] = sel[p * n + k];

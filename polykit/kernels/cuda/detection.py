@@ -1,8 +1,8 @@
 """RoiAlign and NonMaxSuppression tactics (detection.cu).
 
 RoiAlign: one thread per output element. NonMaxSuppression: one block per (batch, class) ranks and
-greedily selects on the device, a second launch writes the rows; the row count was fixed at build
-time (the plan baked the values that decide it, as for NonZero), so nothing is read back to the host.
+greedily selects on the device, a second launch writes the rows and their count to the layer's count
+word (read back after the layer, polykit.runtime.output_alloc; without one, y's shape gives the rows).
 float32 boxes, scores and features.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from polykit.compiler.ops.detection import roi_align_attrs
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, count_slot, cuda_tactic, stored_as
 from polykit.kernels.cuda.sampling import BLOCK, check_f32, grid
 
 FILE = "detection.cu"
@@ -54,13 +54,15 @@ def enqueue_nms(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) 
     if max_out is not None and np.dtype(max_out.dtype) != np.int64:
         raise DeviceError(f"max_output_boxes_per_class is {max_out.dtype}, int64 expected", where=f"layer {layer.name!r}")
     b, c, n = _nms_sizes(layer, tensors)
-    if y.size == 0 or n == 0:
+    total = tensors.get(count_slot(layer.name))
+    rows = y.shape[0] if total is None else b * c * n  # with a count word y's shape is not bound yet
+    if b * c * n == 0 or (total is None and y.size == 0):  # nothing kept (a count word stays 0)
         return
     order, sel, count = (launcher.workspace(k) for k in (4 * b * c * n, 4 * b * c * n, 4 * b * c))
     launcher.launch(KernelSource("nms_select", FILE), (b * c,), (BLOCK,),
                     [boxes, scores, max_out or 0, iou or 0, score or 0, order, sel, count, c, n,
                      int(layer.attrs.get("center_point_box", 0))])
-    launcher.launch(KernelSource("nms_emit", FILE), grid(b * c), (BLOCK,), [sel, count, y, b * c, c, n, y.shape[0]])
+    launcher.launch(KernelSource("nms_emit", FILE), grid(b * c), (BLOCK,), [sel, count, y, b * c, c, n, rows, total if total is not None else 0])
 
 
 cuda_tactic("RoiAlign", "cuda.detection.roi_align", kernels=lambda layer: [KernelSource("roi_align", FILE)],

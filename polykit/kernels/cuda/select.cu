@@ -1,6 +1,8 @@
-// Data-dependent selection: NonZero, Compress, Unique. The plan bakes the values that decide
-// the output sizes, so every output already has its final size: these kernels only compute
-// the values. Simple and exact over fast: the sizes these ops see in models are small.
+// Data-dependent selection: NonZero, Compress, Unique. An output's size is decided here: the
+// plan reserves its bound, the kernels write the real count to a device word (`total`, null when
+// the caller knows the size) and the later kernels read it back from there (`live`, null: use
+// the size argument); the host reads the word after the layer (polykit.runtime.output_alloc).
+// Simple and exact over fast: the sizes these ops see in models are small.
 //
 // Raw element types R (u8/u16/u32/u64 by itemsize) serve everything that only tests for zero
 // or copies; Unique orders and compares by value through typed kernels (T = storage type,
@@ -8,7 +10,7 @@
 // order: NaN after everything else, NaNs equal to each other, -0.0 equal to 0.0.
 //
 // select_flags_<R>: ONE block of SF_THREADS threads. pos[j] = number of non-zero elements
-//   before j (exclusive prefix count) if element j is non-zero, else -1. An element is
+//   before j (exclusive prefix count) if element j is non-zero, else -1; *total = the count. An element is
 //   non-zero when (bits & keep) != 0 (keep clears the sign bit of float types, so -0.0 is
 //   zero and NaN is not). Each thread counts one contiguous chunk, thread 0 scans the
 //   SF_THREADS chunk counts serially in shared memory, then each thread writes its chunk.
@@ -27,14 +29,14 @@
 //   first occurrences write indices[rank] = i, counts[rank] = count[i]. A null (0) pointer
 //   skips an omitted output.
 //
-// Output sizes come from the plan (baked input values); a position past an output's end (a
-// feed that differs from the baked one) is dropped rather than written out of bounds.
+// A position past an output's size (the size argument when no live count is given) is dropped
+// rather than written out of bounds.
 #include "dtypes.cuh"
 
 #define SF_THREADS 1024
 
 template <class R>
-__device__ void select_flags(const R* __restrict__ x, i64 n, u64 keep, i64* __restrict__ pos) {
+__device__ void select_flags(const R* __restrict__ x, i64 n, u64 keep, i64* __restrict__ pos, i64* __restrict__ total) {
   __shared__ i64 sf_sums[SF_THREADS];
   const i64 chunk = (n + SF_THREADS - 1) / SF_THREADS;
   const i64 lo = threadIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
@@ -49,6 +51,7 @@ __device__ void select_flags(const R* __restrict__ x, i64 n, u64 keep, i64* __re
       sf_sums[t] = run;
       run += c;
     }
+    if (total) *total = run;
   }
   __syncthreads();
   i64 run = sf_sums[threadIdx.x];
@@ -60,7 +63,8 @@ __device__ void select_flags(const R* __restrict__ x, i64 n, u64 keep, i64* __re
 
 template <class R>
 __device__ void select_compress(const R* __restrict__ x, R* __restrict__ y, const i64* __restrict__ pos, i64 total,
-                                i64 n, i64 c, i64 inner, i64 m) {
+                                i64 n, i64 c, i64 inner, i64 m, const i64* __restrict__ live) {
+  if (live) m = *live;
   for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
     const i64 t = e / inner, in = e - t * inner;
     const i64 o = t / n, j = t - o * n;
@@ -71,10 +75,12 @@ __device__ void select_compress(const R* __restrict__ x, R* __restrict__ y, cons
   }
 }
 
-extern "C" __global__ void select_nonzero_emit(const i64* __restrict__ pos, i64 n, i64 nnz, i64 rank,
+extern "C" __global__ void select_nonzero_emit(const i64* __restrict__ pos, i64 n, i64 nnz,
+                                               const i64* __restrict__ live, i64 rank,
                                                i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5, i64 d6, i64 d7,
                                                i64* __restrict__ out) {
   const i64 dims[8] = {d0, d1, d2, d3, d4, d5, d6, d7};
+  if (live) nnz = *live;
   for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
     const i64 p = pos[e];
     if (p < 0 || p >= nnz) continue;
@@ -152,7 +158,9 @@ __device__ void unique_rank(const T* __restrict__ x, i64 n, i64 outer, i64 inner
 template <class R>
 __device__ void unique_emit(const R* __restrict__ x, R* __restrict__ y, const i64* __restrict__ first,
                             const i64* __restrict__ count, const i64* __restrict__ rank, i64 n, i64 inner, i64 total,
-                            i64 u, i64* __restrict__ indices, i64* __restrict__ inverse, i64* __restrict__ counts) {
+                            i64 u, const i64* __restrict__ live, i64* __restrict__ indices, i64* __restrict__ inverse,
+                            i64* __restrict__ counts) {
+  if (live) u = *live;
   const i64 stride = (i64)gridDim.x * blockDim.x, start = blockIdx.x * (i64)blockDim.x + threadIdx.x;
   if (y)
     for (i64 e = start; e < total; e += stride) {
@@ -170,18 +178,26 @@ __device__ void unique_emit(const R* __restrict__ x, R* __restrict__ y, const i6
   }
 }
 
+// unique_count: one thread: *total = number of distinct items (first[i] == i).
+extern "C" __global__ void unique_count(const i64* __restrict__ first, i64 n, i64* __restrict__ total) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  i64 u = 0;
+  for (i64 i = 0; i < n; ++i) u += first[i] == i;
+  *total = u;
+}
+
 #define SELECT_RAW(R)                                                                                          \
-  extern "C" __global__ void select_flags_##R(const R* x, i64 n, u64 keep, i64* pos) {                        \
-    select_flags<R>(x, n, keep, pos);                                                                          \
+  extern "C" __global__ void select_flags_##R(const R* x, i64 n, u64 keep, i64* pos, i64* total) {            \
+    select_flags<R>(x, n, keep, pos, total);                                                                   \
   }                                                                                                            \
   extern "C" __global__ void select_compress_##R(const R* x, R* y, const i64* pos, i64 total, i64 n, i64 c,   \
-                                                 i64 inner, i64 m) {                                           \
-    select_compress<R>(x, y, pos, total, n, c, inner, m);                                                      \
+                                                 i64 inner, i64 m, const i64* live) {                          \
+    select_compress<R>(x, y, pos, total, n, c, inner, m, live);                                                \
   }                                                                                                            \
   extern "C" __global__ void unique_emit_##R(const R* x, R* y, const i64* first, const i64* count,            \
-                                             const i64* rank, i64 n, i64 inner, i64 total, i64 u, i64* indices, \
-                                             i64* inverse, i64* counts) {                                      \
-    unique_emit<R>(x, y, first, count, rank, n, inner, total, u, indices, inverse, counts);                    \
+                                             const i64* rank, i64 n, i64 inner, i64 total, i64 u,             \
+                                             const i64* live, i64* indices, i64* inverse, i64* counts) {       \
+    unique_emit<R>(x, y, first, count, rank, n, inner, total, u, live, indices, inverse, counts);              \
   }
 
 SELECT_RAW(u8)

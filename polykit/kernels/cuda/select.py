@@ -1,7 +1,10 @@
 """NonZero, Compress and Unique tactics (select.cu): ops whose output sizes depend on values.
 
-The builder bakes the values that decide these layers' output shapes (BuilderConfig.input_values),
-so at enqueue every output already has its final size and the kernels only compute values:
+The plan reserves each output's bound (polykit.compiler.data_dims); the kernels decide the real
+size, write it to the layer's count word (`tensors[count_slot(layer.name)]`, which the cuda
+context provides and reads back after the layer: polykit.runtime.output_alloc) and lay the
+output out for that size. Without a count word (a harness run of a known size) the outputs'
+shapes give the sizes.
 
 - NonZero: a one-block prefix count marks each non-zero element with its output column, then
   one thread per element writes its coordinates (int64 [rank, nnz], row-major order).
@@ -24,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, count_slot, cuda_tactic
 
 FILE = "select.cu"
 RAW = {1: "u8", 2: "u16", 4: "u32", 8: "u64"}
@@ -45,7 +48,7 @@ def _kernels(layer) -> list[KernelSource]:
     names = [f"select_{stage}_{r}" for r in RAW.values() for stage in ("flags", "compress")]
     names += [f"unique_emit_{r}" for r in RAW.values()]
     names += [f"unique_{stage}_{c}" for c in sorted(set(ORDERED.values())) for stage in ("match", "rank")]
-    names.append("select_nonzero_emit")
+    names += ["select_nonzero_emit", "unique_count"]
     return [KernelSource(n, FILE) for n in names]
 
 
@@ -84,9 +87,14 @@ def axis_view(shape: tuple[int, ...], axis) -> tuple[int, int, int]:
             int(np.prod(shape[axis + 1:], dtype=np.int64)))
 
 
-def _flags(launcher: Launcher, t: DeviceTensor, pos: int, where: str) -> None:
+def _flags(launcher: Launcher, t: DeviceTensor, pos: int, where: str, total: DeviceTensor | None) -> None:
     launcher.launch(KernelSource(f"select_flags_{raw_code(t.dtype, where)}", FILE), (1, 1, 1), (FLAG_THREADS, 1, 1),
-                    [t, t.size, nonzero_mask(t.dtype), pos])
+                    [t, t.size, nonzero_mask(t.dtype), pos, _or_null(total)])
+
+
+def _or_null(t: DeviceTensor | None) -> DeviceTensor | int:
+    """A kernel argument: the tensor, or a null pointer for an absent one."""
+    return t if t is not None else 0
 
 
 def _output(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:
@@ -99,13 +107,14 @@ def enqueue_nonzero(layer, launcher: Launcher, tensors: Mapping[str, DeviceTenso
     if len(x.shape) > MAX_RANK:
         raise DeviceError(f"NonZero of a rank-{len(x.shape)} tensor (at most {MAX_RANK})", where=where,
                           hint="use --target cpu")
-    if out.size == 0:  # no non-zero element, or a scalar input
+    count = tensors.get(count_slot(layer.name))
+    if x.size == 0 or (count is None and out.size == 0):  # no element, or a known count of 0 (the word is 0)
         return
     pos = launcher.workspace(x.size * 8)
-    _flags(launcher, x, pos, where)
+    _flags(launcher, x, pos, where, count)
     dims = list(x.shape) + [1] * (MAX_RANK - len(x.shape))
     launcher.launch(KernelSource("select_nonzero_emit", FILE), grid(x.size), (BLOCK, 1, 1),
-                    [pos, x.size, out.shape[1], len(x.shape), *dims, out])
+                    [pos, x.size, out.shape[1], _or_null(count), len(x.shape), *dims, out])
 
 
 def enqueue_compress(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -116,13 +125,14 @@ def enqueue_compress(layer, launcher: Launcher, tensors: Mapping[str, DeviceTens
     if cond.size > n:
         raise DeviceError(f"condition has {cond.size} entries for an axis of {n}", where=where,
                           hint="the condition may not be longer than the axis")
-    if y.size == 0:
+    count = tensors.get(count_slot(layer.name))
+    if cond.size == 0 or (count is None and y.size == 0):
         return
     m = y.shape[0] if axis is None else y.shape[int(axis) % len(x.shape)]
     pos = launcher.workspace(cond.size * 8)
-    _flags(launcher, cond, pos, where)
+    _flags(launcher, cond, pos, where, count)
     launcher.launch(KernelSource(f"select_compress_{raw_code(x.dtype, where)}", FILE), grid(x.size), (BLOCK, 1, 1),
-                    [x, y, pos, x.size, n, cond.size, inner, m])
+                    [x, y, pos, x.size, n, cond.size, inner, m, _or_null(count)])
 
 
 def enqueue_unique(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -148,9 +158,12 @@ def enqueue_unique(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
                     [x, n, outer, inner, nan_equal, first, count])
     launcher.launch(KernelSource(f"unique_rank_{code}", FILE), grid(n), (BLOCK, 1, 1),
                     [x, n, outer, inner, nan_equal, sorted_, first, rank])
+    live = tensors.get(count_slot(layer.name))
+    if live is not None:
+        launcher.launch(KernelSource("unique_count", FILE), (1, 1, 1), (1, 1, 1), [first, n, live])
     launcher.launch(KernelSource(f"unique_emit_{RAW[x.dtype.itemsize]}", FILE), grid(max(x.size, n)), (BLOCK, 1, 1),
-                    [x, y if y is not None else 0, first, count, rank, n, inner, x.size, u,
-                     *(t if t is not None else 0 for t in (indices, inverse, counts))])
+                    [x, _or_null(y), first, count, rank, n, inner, x.size, u, _or_null(live),
+                     *(_or_null(t) for t in (indices, inverse, counts))])
 
 
 cuda_tactic("NonZero", "cuda.select.nonzero", kernels=_kernels, supports=_supports)(enqueue_nonzero)

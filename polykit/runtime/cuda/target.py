@@ -29,6 +29,7 @@ from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, stream_handle
 from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
+from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
@@ -153,6 +154,7 @@ class CudaContext:
                 raise PlanError(f"tensor {name!r} has no arena offset", where=f"tensor {name!r}",
                                 hint="the plan's memory plan is incomplete; rebuild it")
             self.tensors[name] = DeviceTensor(self.arena.at(desc.offset), tuple(desc.shape), desc.np_dtype)
+        self._counts = CountWords(plan, self.tensors)
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
     def begin(self) -> None:
@@ -164,6 +166,11 @@ class CudaContext:
         for name, shape in shapes.shapes.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
+
+    def data_sizes(self, outputs: Any, stream: Stream) -> dict[str, int]:
+        """{symbol: size} of the data-dependent dims a layer just decided: its count word, read
+        back (one synchronization of `stream`)."""
+        return self._counts.read(outputs, stream)
 
     def copy_in(self, name: str, array: np.ndarray, stream: Stream) -> None:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
@@ -181,6 +188,7 @@ class CudaContext:
         if tactic.host_driven:
             launcher.bodies = BodyDriver(self._bodies, stream.handle)
         launcher.communicator = self.communicator
+        self._counts.clear(index, stream)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
         except DeviceError:
@@ -234,6 +242,7 @@ class CudaContext:
                 pass
             self.stream.synchronize()
         self._bodies.close()
+        self._counts.free()
         self._workspace.free()
         self.arena.free()
         self.stream.close()

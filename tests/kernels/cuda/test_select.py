@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from polykit.compiler.plan_records import LayerDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda import select
-from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.base import DeviceTensor, count_slot
 from polykit.runtime.cuda.harness import infer_output_specs, reference_layer
 
 rng = np.random.default_rng(61)
@@ -77,21 +77,28 @@ class ModelLauncher:
         stem, code = kernel.name.rsplit("_", 1)
         getattr(self, stem)(code, *args)
 
-    def select_flags(self, r, x, n, keep, pos):
+    def _live(self, size, live):
+        return int(self.mem.view(live, np.int64, 1)[0]) if live else size
+
+    def select_flags(self, r, x, n, keep, pos, total):
         bits = self.mem.view(x, r.replace("u", "uint"), n)
         flags = (bits.astype(np.uint64) & np.uint64(keep)) != 0
         self.mem.view(pos, np.int64, n)[:] = np.where(flags, np.cumsum(flags) - 1, -1)
+        if total:
+            self.mem.view(total, np.int64, 1)[0] = int(flags.sum())
 
-    def select_compress(self, r, x, y, pos, total, n, c, inner, m):
+    def select_compress(self, r, x, y, pos, total, n, c, inner, m, live):
+        m = self._live(m, live)
         xs = self.mem.view(x, r.replace("u", "uint"), total).reshape(-1, n, inner)
         p = self.mem.view(pos, np.int64, c)
-        ys = self.mem.view(y, r.replace("u", "uint"), xs.shape[0] * m * inner).reshape(-1, m, inner)
+        ys = self.mem.view(y, r.replace("u", "uint"), xs.shape[0] * m * inner).reshape(xs.shape[0], m, inner)
         for j in range(c):
             if p[j] >= 0:
                 ys[:, p[j], :] = xs[:, j, :]
 
-    def select_nonzero(self, _emit, pos, n, nnz, rank, *rest):
+    def select_nonzero(self, _emit, pos, n, nnz, live, rank, *rest):
         dims, out = rest[:8], rest[8]
+        nnz = self._live(nnz, live)
         p, o = self.mem.view(pos, np.int64, n), self.mem.view(out, np.int64, rank * nnz).reshape(rank, nnz)
         for e in range(n):
             if p[e] >= 0:
@@ -124,12 +131,17 @@ class ModelLauncher:
             else:
                 rk[i] = sum(j < i for j in distinct)
 
-    def unique_emit(self, r, x, y, first, count, rank, n, inner, total, u, indices, inverse, counts):
+    def unique(self, _count, first, n, total):
+        f = self.mem.view(first, np.int64, n)
+        self.mem.view(total, np.int64, 1)[0] = int(sum(f[i] == i for i in range(n)))
+
+    def unique_emit(self, r, x, y, first, count, rank, n, inner, total, u, live, indices, inverse, counts):
         dt = r.replace("u", "uint")
+        u = self._live(u, live)
         f, c, rk = (self.mem.view(p, np.int64, n) for p in (first, count, rank))
         if y:
             xs = self.mem.view(x, dt, total).reshape(-1, n, inner)
-            ys = self.mem.view(y, dt, xs.shape[0] * u * inner).reshape(-1, u, inner)
+            ys = self.mem.view(y, dt, xs.shape[0] * u * inner).reshape(xs.shape[0], u, inner)
             for j in range(n):
                 if f[j] == j:
                     ys[:, rk[j], :] = xs[:, j, :]
@@ -143,8 +155,11 @@ class ModelLauncher:
                     self.mem.view(counts, np.int64, u)[rk[j]] = c[j]
 
 
-def run_model(layer, inputs):
-    """Enqueue `layer` with the model launcher on poisoned outputs; returns (outputs, launcher)."""
+def run_model(layer, inputs, reserved=None):
+    """Enqueue `layer` with the model launcher on poisoned outputs; returns (outputs, launcher).
+    With `reserved` (output -> (stale shape, data axis)), a run time plan's way: the outputs have
+    the stale shape and room for it, the layer gets a count word, and the outputs come back in
+    the shape the count word gives."""
     mem = Memory()
     launcher = ModelLauncher(mem)
     tensors = {}
@@ -154,19 +169,29 @@ def run_model(layer, inputs):
         mem.view(ptr, np.uint8, arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
         tensors[name] = DeviceTensor(ptr, arr.shape, arr.dtype)
     for name, (shape, dtype) in infer_output_specs(layer, inputs).items():
+        shape = reserved[name][0] if reserved and name in reserved else shape
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         ptr = mem.alloc(nbytes)
         mem.view(ptr, np.uint8, nbytes)[:] = 0xFF
         tensors[name] = DeviceTensor(ptr, shape, dtype)
+    if reserved:
+        word = mem.alloc(8)
+        mem.view(word, np.int64, 1)[0] = -7  # the context clears it before the launch; a kernel must set it
+        tensors[count_slot(layer.name)] = DeviceTensor(word, (1,), np.dtype(np.int64))
     {"NonZero": select.enqueue_nonzero, "Compress": select.enqueue_compress,
      "Unique": select.enqueue_unique}[layer.kind](layer, launcher, tensors)
+    if reserved:
+        count = int(mem.view(word, np.int64, 1)[0])
+        for name, (shape, axis) in reserved.items():
+            t = tensors[name]
+            tensors[name] = DeviceTensor(t.ptr, shape[:axis] + (count,) + shape[axis + 1:], t.dtype)
     outs = {n: mem.view(t.ptr, t.dtype, t.size).reshape(t.shape).copy()
             for n, t in tensors.items() if n in layer.outputs}
     return outs, launcher
 
 
-def assert_model_matches_reference(layer, inputs):
-    got, launcher = run_model(layer, inputs)
+def assert_model_matches_reference(layer, inputs, reserved=None):
+    got, launcher = run_model(layer, inputs, reserved)
     want = reference_layer(layer, inputs)
     for name, ref in want.items():
         assert got[name].dtype == ref.dtype and got[name].shape == ref.shape, name
@@ -332,6 +357,32 @@ def test_model_matches_the_onnx_backend_case(name):
                                       err_msg=f"{name} output {out}")
 
 
+# ---- run time sizes: the kernels write the count word and lay outputs out for that count ----
+
+@pytest.mark.parametrize("kept", [0.0, 0.3, 1.0])
+def test_nonzero_model_writes_its_count_and_lays_out_by_it(kept):
+    x = (rng.standard_normal((3, 5)) * (rng.random((3, 5)) < kept)).astype(np.float32)
+    assert_model_matches_reference(nonzero_layer(), {"X": x}, {"Y": ((2, x.size), 1)})
+
+
+@pytest.mark.parametrize("axis", [None, 1])
+@pytest.mark.parametrize("kept", [0.0, 0.5, 1.0])
+def test_compress_model_writes_its_count_and_lays_out_by_it(axis, kept):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    length = x.size if axis is None else 4
+    cond = rng.random(length) < kept
+    reserved = {"Y": ((length,), 0)} if axis is None else {"Y": ((3, 4), 1)}
+    assert_model_matches_reference(compress_layer(**({} if axis is None else {"axis": axis})), {"X": x, "C": cond},
+                                   reserved)
+
+
+@pytest.mark.parametrize("values", [1, 3, 9])
+def test_unique_model_writes_its_count_and_lays_out_by_it(values):
+    x = rng.integers(0, values, size=(12,)).astype(np.float32)
+    reserved = {"Y": ((12,), 0), "I": ((12,), 0), "N": ((12,), 0)}
+    assert_model_matches_reference(unique_layer(("Y", "I", "V", "N")), {"X": x}, reserved)
+
+
 # ---- cuda plans pick these tactics (no GPU needed to build one) ----
 
 def _model(node, inputs, outputs):
@@ -359,6 +410,24 @@ def test_a_cuda_plan_with_bound_values_picks_the_select_tactic(op, tactic):
         values = {"x": x}
     plan = build_plan(graph, BuilderConfig(target="cuda", input_values=values))
     assert [layer.tactic for layer in plan.layers] == [tactic]
+
+
+@pytest.mark.parametrize("op,tactic", [("NonZero", "cuda.select.nonzero"), ("Compress", "cuda.select.compress"),
+                                       ("Unique", "cuda.select.unique")])
+def test_a_cuda_plan_without_values_picks_the_select_tactic_for_a_run_time_size(op, tactic):
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+
+    f, b = TensorProto.FLOAT, TensorProto.BOOL
+    if op == "Compress":
+        graph = _model(helper.make_node(op, ["x", "c"], ["y"], axis=1), [("x", f, [2, 3]), ("c", b, [3])], [("y", f)])
+    else:
+        out_type = TensorProto.INT64 if op == "NonZero" else f
+        graph = _model(helper.make_node(op, ["x"], ["y"]), [("x", f, [2, 3])], [("y", out_type)])
+    plan = build_plan(graph, BuilderConfig(target="cuda"))
+    assert [layer.tactic for layer in plan.layers] == [tactic]
+    axis = 1 if op != "Unique" else 0
+    assert plan.profiles.data == {f"data(y)[{axis}]": 6 if op != "Compress" else 3}
 
 
 # ---- on the GPU: every output against the reference ----
