@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import _BertOut, make_model, time_cuda
+from benchmarks.cuda_models import _BertOut, make_model, print_profile, time_cuda
 
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))
@@ -136,6 +136,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="dynamic_bert.json")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="cuda: also print both plans' per-tactic totals and N slowest layers at 8x128, and "
+                        "the host time of one enqueue call (no sync) for each")
     args = parser.parse_args()
     torch = None
     if args.target == "cuda":
@@ -164,6 +167,12 @@ def main() -> None:
         for name, runner in runners.items():
             samples[name].append(timed(runner))
     at_opt = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
+    host_ms = {}
+    if args.profile and torch is not None:
+        for name, runner in runners.items():
+            print_profile(f"{name} 8x128", runner.engine.plan, runner.engine, runner.bindings, torch, args.profile)
+            host_ms[name] = round(time_host(runner.run, args.warmup, args.iters), 3)
+            torch.cuda.synchronize()
     others = {}
     for shape in OTHER_SHAPES:
         runner = Runner(dynamic, shape, args.vocab, torch)
@@ -179,6 +188,7 @@ def main() -> None:
         "dynamic_ms_at": others, "max_abs_err_vs_onnxruntime": errors,
         "build_s": {"dynamic": dynamic_build_s, "static": static_build_s},
         "layers": {"dynamic": len(dynamic.layers), "static": len(static.layers)},
+        "host_enqueue_ms_at_8x128": host_ms,
         "device": torch.cuda.get_device_name() if torch is not None else "cpu",
     }
     print(json.dumps(result, indent=2))

@@ -115,13 +115,15 @@ def test_unknown_layer_precisions_and_constraints_are_usage_errors():
 def test_cuda_bf16_layers_without_a_kernel_fall_back_to_fp32(caplog):
     with caplog.at_level(logging.WARNING, logger="polykit"):
         plan = build_plan(_model(), BuilderConfig(target="cuda", bf16=True, builder_optimization_level=0))
+    conv = plan.layer("conv")  # no cuda convolution takes bf16 storage; the SIMT GEMM does
+    assert conv.precision == "fp32" and conv.in_dtypes[0] == "float32"
+    assert "'conv' (ConvNHWC, bf16)" in caplog.text and "fall back to fp32" in caplog.text
     mm = plan.layer("mm")
-    assert mm.precision == "fp32" and mm.in_dtypes == ("float32", "float32") and mm.tactic == "cuda.gemm.simt"
-    assert "fall back to fp32" in caplog.text
+    assert mm.precision == "bf16" and mm.tactic == "cuda.gemm.simt"
 
 
 def test_cuda_bf16_without_a_kernel_under_obey_is_a_build_error():
-    with pytest.raises(BuildError, match="'mm' \\(MatMul, bf16\\)"):
+    with pytest.raises(BuildError, match="'conv' \\(Conv(NHWC)?, bf16\\)"):
         build_plan(_model(), BuilderConfig(target="cuda", bf16=True, precision_constraints="obey"))
 
 

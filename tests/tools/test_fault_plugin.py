@@ -132,7 +132,8 @@ def test_a_cuda_build_wraps_the_simt_kernels_and_adds_the_error_kernel():
     plan = build_plan(CONVNET, BuilderConfig(target="cuda", builder_optimization_level=0))
     assert {l.tactic for l in plan.layers if l.kind == "Conv"} == {"fault.Conv"}
     kernels = plan.metadata["kernels"]["layers"]
-    assert [k["name"] for k in kernels["/fc/Gemm"]] == ["gemm_simt", "gemm_simt", "polykit_fault_add", "polykit_fault_add"]
+    # the SIMT GEMM for each storage dtype (float32, float16, bfloat16), then the fault kernels
+    assert [k["name"] for k in kernels["/fc/Gemm"]] == ["gemm_simt"] * 3 + ["polykit_fault_add"] * 2
     assert {k["name"] for k in kernels["/blocks/blocks.0/c1/Conv"]} == {"conv_igemm_simt", "polykit_fault_add"}
     simt = find_tactic("cuda", "Conv", "cuda.conv.igemm_simt")
     layer = plan.layer("/blocks/blocks.0/c1/Conv")

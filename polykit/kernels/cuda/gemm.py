@@ -12,7 +12,7 @@ Both split K over several blocks when the output has too few tiles to fill the G
 `split_k`): the slices write fp32 partial tiles into a workspace and `gemm_splitk_reduce` (same
 module) sums them in a fixed order and applies alpha/beta/C/epilogue, so results stay
 deterministic.
-Storage dtype is a kernel variant (ELEM = float | half_t); both are compiled for a layer
+Storage dtype is a kernel variant (ELEM = float | half_t, and bf16_t for the SIMT kernels); all are compiled for a layer
 because a LayerDesc does not carry tensor dtypes; enqueue picks the one matching its tensors.
 Layers with an epilogue (ai.polykit Gemm/MatMul, docs/FUSION.md) run it inside the kernel
 (epilogue.py) on each fp32 result before the store.
@@ -24,11 +24,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.dtypes import to_numpy
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
 
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
+#: storage the SIMT GEMM kernels also take: bfloat16 (loaded as float, rounded once at the store);
+#: the conv/pool families and the fp16 mma kernel keep ELEMS
+SIMT_ELEMS = {**ELEMS, np.dtype(to_numpy(16)): "bf16_t"}
 MAX_GRID_Z = 65535
 #: kernel name -> (block tile M, block tile N, block tile K)
 TILES = {"gemm_simt": (64, 64, 16), "gemm_simt_wide": (128, 128, 16), "gemm_mma": (128, 128, 32),
@@ -65,25 +69,26 @@ def launch_tiled(launcher: Any, kernel: KernelSource, reduce_name: str, M: int, 
     return splits
 
 
-def elem_of(t: DeviceTensor, where: str) -> str:
-    elem = ELEMS.get(np.dtype(t.dtype))
+def elem_of(t: DeviceTensor, where: str, elems: Mapping[np.dtype, str] = ELEMS) -> str:
+    elem = elems.get(np.dtype(t.dtype))
     if elem is None:
-        raise DeviceError(f"the cuda GEMM/conv kernels take float32 or float16 tensors, not {t.dtype}",
+        raise DeviceError(f"these cuda kernels take {'/'.join(d.name for d in elems)} tensors, not {t.dtype}",
                           where=where, hint="run this layer on --target cpu")
     return elem
 
 
-def variants(kernel: str, file: str = "gemm.cu") -> list[KernelSource]:
-    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in ELEMS.values()]
+def variants(kernel: str, file: str = "gemm.cu", elems: Mapping[np.dtype, str] = ELEMS) -> list[KernelSource]:
+    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in elems.values()]
 
 
 def compile_variants() -> list[KernelSource]:
-    return variants("gemm_simt") + variants("gemm_simt_wide") + variants("gemm_mma") + variants("gemm_splitk_reduce")
+    return (variants("gemm_simt", elems=SIMT_ELEMS) + variants("gemm_simt_wide", elems=SIMT_ELEMS)
+            + variants("gemm_mma") + variants("gemm_splitk_reduce", elems=SIMT_ELEMS))
 
 
-def layer_variants(kernel: str):
+def layer_variants(kernel: str, elems: Mapping[np.dtype, str] = ELEMS):
     """kernels(layer) of a tactic: `kernel` for each storage dtype, with the layer's epilogue."""
-    return lambda layer: [kernel_source(layer, kernel, "gemm.cu", e) for e in ELEMS.values()]
+    return lambda layer: [kernel_source(layer, kernel, "gemm.cu", e) for e in elems.values()]
 
 
 def _fp16(layer: Any) -> bool:
@@ -151,7 +156,7 @@ def launch_gemm(launcher: Any, layer: Any, kernel_name: str, elem: str, count: i
 def matmul_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, int, int, int, list[Any]]:
     where = f"layer {layer.name!r}"
     A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
-    elem = elem_of(A, where)
+    elem = elem_of(A, where, SIMT_ELEMS)  # the tactics' `supports` narrow it (mma: float16)
     if len(A.shape) == 1:
         M, K, sam, sak, a_batch = 1, A.shape[0], 0, 1, ()
     else:
@@ -177,7 +182,7 @@ def gemm_problem(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[str, 
     where = f"layer {layer.name!r}"
     A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
     C = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
-    elem = elem_of(A, where)
+    elem = elem_of(A, where, SIMT_ELEMS)  # the tactics' `supports` narrow it (mma: float16)
     ta, tb = int(layer.attrs.get("transA", 0)), int(layer.attrs.get("transB", 0))
     M, K = (A.shape[1], A.shape[0]) if ta else A.shape
     sam, sak = (1, M) if ta else (K, 1)
@@ -204,7 +209,7 @@ _PROBLEMS = {"MatMul": matmul_problem, "Gemm": gemm_problem}
 def _enqueue_with(kernel_name: str):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         elem, count, M, N, K, args = _PROBLEMS[layer.kind](layer, tensors)
-        dtype = next(d for d, e in ELEMS.items() if e == elem)
+        dtype = next(d for d, e in SIMT_ELEMS.items() if e == elem)
         launch_gemm(launcher, layer, kernel_name, elem, count, M, N, K, args, epilogue_args(layer, tensors, dtype))
 
     return enqueue
@@ -235,16 +240,17 @@ def tile_params(kernel: str) -> dict[str, int]:
 
 #: numpy names of the storage dtypes of ELEMS (what the tactics take)
 STORED = tuple(d.name for d in ELEMS)
+SIMT_STORED = tuple(d.name for d in SIMT_ELEMS)
 for _kind in _PROBLEMS:
     cuda_tactic(_kind, "cuda.gemm.mma", kernels=layer_variants("gemm_mma"), supports=stored_as(*STORED, then=_fp16),
                 priority=10,
                 params=tile_params("gemm_mma"), workspace=tiled_workspace("gemm_mma", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_mma"))
-    cuda_tactic(_kind, "cuda.gemm.simt_wide", kernels=layer_variants("gemm_simt_wide"),
-                supports=stored_as(*STORED, then=supports_epilogue), priority=-1,  # the tuner's choice, not level 0's
+    cuda_tactic(_kind, "cuda.gemm.simt_wide", kernels=layer_variants("gemm_simt_wide", SIMT_ELEMS),
+                supports=stored_as(*SIMT_STORED, then=supports_epilogue), priority=-1,  # the tuner's choice, not level 0's
                 params=tile_params("gemm_simt_wide"), workspace=tiled_workspace("gemm_simt_wide", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt_wide"))
-    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt"),
-                supports=stored_as(*STORED, then=supports_epilogue), priority=0, conservative=True,
+    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt", SIMT_ELEMS),
+                supports=stored_as(*SIMT_STORED, then=supports_epilogue), priority=0, conservative=True,
                 params=tile_params("gemm_simt"), workspace=tiled_workspace("gemm_simt", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt"))
