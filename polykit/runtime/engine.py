@@ -342,8 +342,7 @@ class ExecutionContext:
         self._bind()
         for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)
-        for name, value in self._shapes.values.items():
-            ctx.copy_in(name, value, ctx.stream)
+        ctx.copy_values(self._shapes, ctx.stream)
         self._run(ctx.stream)
         out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
         ctx.synchronize(ctx.stream)
@@ -368,8 +367,7 @@ class ExecutionContext:
         user = ctx.borrow_stream(stream)
         for name in plan.inputs:
             ctx.copy_in_device(name, bindings[name], user)
-        for name, value in self._shapes.values.items():
-            ctx.copy_in(name, value, user)
+        ctx.copy_values(self._shapes, user)
         self._run(user)
         for name in plan.outputs:
             ctx.copy_out_device(name, bindings[name], user)

@@ -63,6 +63,9 @@ class TargetContext(Protocol):
     def copy_in(self, name: str, array: np.ndarray, stream: Any) -> None:
         """Copy a host array into the engine input `name`."""
 
+    def copy_values(self, shapes: Any, stream: Any) -> None:
+        """Write the shape-tensor values of ShapeSet `shapes` (host-computed) into their tensors."""
+
     def copy_out(self, name: str, stream: Any) -> np.ndarray:
         """A host copy of the engine output `name` once the stream's work before it is done."""
 

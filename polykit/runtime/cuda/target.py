@@ -33,6 +33,7 @@ from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
+from polykit.runtime.cuda.staging import StagedValues
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
 log = logging.getLogger("polykit")
@@ -146,6 +147,7 @@ class CudaContext:
         self._workspace.reserve(planned_workspace(plan))
         self._timer = CudaTimer(engine.modules, self._workspace)
         self._bodies = BodyContexts()
+        self._staged = StagedValues()
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
         for name, desc in plan.tensors.items():
             if desc.kind == "weight":
@@ -174,6 +176,11 @@ class CudaContext:
 
     def copy_in(self, name: str, array: np.ndarray, stream: Stream) -> None:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
+
+    def copy_values(self, shapes: Any, stream: Stream) -> None:
+        """From pinned memory staged once per shape set (polykit.runtime.cuda.staging): asynchronous."""
+        if shapes.values:
+            self._staged.copy(shapes.key, shapes.values, lambda name: self.tensors[name].ptr, stream.handle)
 
     def copy_out(self, name: str, stream: Stream) -> np.ndarray:
         self._settle(stream)
@@ -242,6 +249,7 @@ class CudaContext:
                 pass
             self.stream.synchronize()
         self._bodies.close()
+        self._staged.free()
         self._counts.free()
         self._workspace.free()
         self.arena.free()
