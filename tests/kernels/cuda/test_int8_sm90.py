@@ -150,7 +150,8 @@ def run_plan(plan, feeds):
 def test_an_int8_resnet_on_the_sm90_tactics_equals_the_mma_plan_and_the_cpu_plan():
     graph = load_onnx(small_resnet())
     names = list(dict.fromkeys(x for _, x in int8_candidates(graph, constant_tensors(graph))))
-    ranges = calibrate(graph, names, [feeds_for(small_resnet(), s) for s in range(2)], "cpu", "minmax")
+    scales = calibrate(graph, names, [feeds_for(small_resnet(), s) for s in range(2)], "cpu", "minmax")
+    ranges = {name: (-127.0 * s, 127.0 * s) for name, s in scales.items()}  # tensor_ranges take (min, max)
     # level 0: the first tactic by priority everywhere (mma.sync for QConvNHWC), nothing timed
     cfg = BuilderConfig(target="cuda", int8=True, tensor_ranges=ranges, builder_optimization_level=0)
     mma = build_plan(graph, cfg)
