@@ -161,3 +161,24 @@ def test_shape_tensor_value_outside_the_profile_names_the_input_and_element():
             ctx.execute({"x": np.zeros(34, np.float32), "shape": np.array([2, 17])})
         with pytest.raises(UsageError, match="not a shape-tensor input"):
             ctx.set_input_values("x", [1])
+
+
+def test_shape_values_get_one_region_slot_each_and_their_views_follow_them():
+    """polykit.runtime.cuda.staging's layout (no GPU needed): every host-computed value tensor
+    of a profile plan has a 16-byte aligned slot sized for its largest shape; a view of one reads
+    its source's slot."""
+    from polykit.runtime.cuda.staging import placed_root, value_layout
+
+    make, profile, _, _ = CASES["encoder"]
+    plan = build_plan(make(), BuilderConfig(target="cpu", profiles=[profile]))
+    values = [n for n, t in plan.tensors.items() if t.value]
+    assert values, "the encoder case must have host-computed shape values"
+    layout, nbytes = value_layout(plan.tensors, plan.memory.aliases)
+    assert set(layout) <= set(values) and all(off % 16 == 0 for off in layout.values())
+    slots = sorted((off, plan.tensors[n].nbytes) for n, off in layout.items())
+    assert all(a + size <= b for (a, size), (b, _) in zip(slots, slots[1:])) and slots[-1][0] + slots[-1][1] <= nbytes
+    for name in values:
+        assert placed_root(name, plan.memory.aliases, layout) in layout
+    aliases = {"v": values[0], "w": "v", "x": "not-a-value"}
+    assert placed_root("w", aliases, layout) == placed_root(values[0], aliases, layout)
+    assert placed_root("x", aliases, layout) is None

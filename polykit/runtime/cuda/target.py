@@ -33,7 +33,7 @@ from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
-from polykit.runtime.cuda.staging import StagedValues
+from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
 log = logging.getLogger("polykit")
@@ -147,7 +147,6 @@ class CudaContext:
         self._workspace.reserve(planned_workspace(plan))
         self._timer = CudaTimer(engine.modules, self._workspace)
         self._bodies = BodyContexts()
-        self._staged = StagedValues()
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
         for name, desc in plan.tensors.items():
             if desc.kind == "weight":
@@ -156,6 +155,11 @@ class CudaContext:
                 raise PlanError(f"tensor {name!r} has no arena offset", where=f"tensor {name!r}",
                                 hint="the plan's memory plan is incomplete; rebuild it")
             self.tensors[name] = DeviceTensor(self.arena.at(desc.offset), tuple(desc.shape), desc.np_dtype)
+        self._staged = StagedValues(*value_layout(plan.tensors, plan.memory.aliases))
+        for name, desc in plan.tensors.items():  # shape-tensor values and their views read the value region
+            root = placed_root(name, plan.memory.aliases, self._staged.layout) if desc.kind != "weight" else None
+            if root is not None:
+                self.tensors[name] = DeviceTensor(self._staged.pointer(root), tuple(desc.shape), desc.np_dtype)
         self._counts = CountWords(plan, self.tensors)
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
@@ -178,9 +182,9 @@ class CudaContext:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
 
     def copy_values(self, shapes: Any, stream: Stream) -> None:
-        """From pinned memory staged once per shape set (polykit.runtime.cuda.staging): asynchronous."""
+        """One asynchronous copy into the value region (polykit.runtime.cuda.staging)."""
         if shapes.values:
-            self._staged.copy(shapes.key, shapes.values, lambda name: self.tensors[name].ptr, stream.handle)
+            self._staged.copy(shapes.key, shapes.values, stream.handle)
 
     def copy_out(self, name: str, stream: Stream) -> np.ndarray:
         self._settle(stream)

@@ -1,6 +1,6 @@
-"""GPU: shape-tensor values go to the device from pinned blocks staged once per shape set
-(polykit.runtime.cuda.staging); the copies are asynchronous, so enqueue does not wait for the
-GPU, and an evicted block is freed only after its copies finished."""
+"""GPU: shape-tensor values go to their device region in one copy from pinned blocks staged once
+per shape set (polykit.runtime.cuda.staging); the copy is asynchronous, so enqueue does not wait
+for the GPU, and an evicted block is freed only after its copies finished."""
 
 from __future__ import annotations
 
@@ -10,28 +10,25 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def test_staged_values_reach_the_device_for_every_key_past_the_cache_bound():
+def test_staged_values_reach_the_region_for_every_key_past_the_cache_bound():
     from polykit.runtime.cuda import driver
-    from polykit.runtime.cuda.memory import DeviceBuffer, download
+    from polykit.runtime.cuda.memory import download
     from polykit.runtime.cuda.staging import MAX_STAGED, StagedValues
     from polykit.runtime.cuda.stream import Stream
 
     driver.current_device(0)
-    staged, stream = StagedValues(), Stream()
-    bufs = {"a": DeviceBuffer(64), "b": DeviceBuffer(64)}
+    staged, stream = StagedValues({"a": 0, "b": 48}, 64), Stream()
     try:
         for round_ in range(2):  # the second round re-stages keys evicted in the first
             for k in range(MAX_STAGED + 3):
                 values = {"a": np.arange(k, k + 5, dtype=np.int64), "b": np.full(3, -k - round_, dtype=np.float32)}
-                staged.copy(("shape", k), values, lambda n: bufs[n].ptr, stream.handle)
+                staged.copy(("shape", k), values, stream.handle)
                 stream.synchronize()
-                np.testing.assert_array_equal(download(bufs["a"].ptr, (5,), np.int64), values["a"])
-                np.testing.assert_array_equal(download(bufs["b"].ptr, (3,), np.float32), values["b"])
+                np.testing.assert_array_equal(download(staged.pointer("a"), (5,), np.int64), values["a"])
+                np.testing.assert_array_equal(download(staged.pointer("b"), (3,), np.float32), values["b"])
         assert len(staged._blocks) == MAX_STAGED
     finally:
         staged.free()
-        for b in bufs.values():
-            b.free()
         stream.close()
 
 
