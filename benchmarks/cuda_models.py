@@ -165,6 +165,8 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
 def print_profile(title: str, plan, engine, bindings, torch, top: int) -> None:
     """Per-layer CUDA-event times of one eager run: totals per tactic, then the slowest layers."""
     ctx = engine.create_execution_context(profile=True)
+    for name in plan.inputs:  # a plan built for profiles runs the bindings' shapes
+        ctx.set_input_shape(name, tuple(bindings[name].shape))
     ctx.enqueue(bindings, torch.cuda.current_stream())
     torch.cuda.synchronize()
     times = ctx.profile
