@@ -191,7 +191,7 @@ def inline_body(graph: Graph, body: Graph, bound: Sequence[str], prefix: str | N
         graph.initializers[outer(name)] = array
     defined = {o for n in body.nodes for o in n.outputs}
     nodes = [Node(n.op_type, [outer(i) if i in defined or i in names else i for i in n.inputs],
-                  [outer(o) for o in n.outputs], dict(n.attrs),
+                  [outer(o) for o in n.outputs], {k: v.copy() if isinstance(v, Graph) else v for k, v in n.attrs.items()},
                   n.name if prefix is None else graph.fresh_name(f"{prefix}/{n.name}"), n.domain)
              for n in body.nodes]
     return nodes, [outer(o) for o in body.outputs]
