@@ -76,8 +76,10 @@ def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: st
         if not v.is_static:
             raise BuildError(f"{key} input {name!r} has shape {v.shape}: it changes across iterations or depends "
                              "on data, and a body plan runs static shapes", where=node.describe(),
-                             hint="give the loop-carried values fixed shapes (collect growing results as scan "
-                                  "outputs), or run the model with `polykit run --onnxrt`")
+                             hint="a Loop like this is unrolled when the build knows its trip count and its body "
+                                  "passes the condition through: make the count a constant or give it in "
+                                  "BuilderConfig.input_values (polykit.compiler.passes.unroll_loops); else give the "
+                                  "loop-carried values fixed shapes (collect growing results as scan outputs)")
         shapes[name] = tuple(v.shape)
     sub = replace(cfg, target=target, input_shapes=shapes, **_OWN)
     g = body.copy()

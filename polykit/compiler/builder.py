@@ -341,7 +341,9 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
             )
         dt = np.dtype(v.dtype)
         if dt == object:
-            raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}")
+            raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}",
+                             hint="no target runs string tensors (docs/CONFORMANCE.md says why): do the string "
+                                  "work before the engine, or evaluate the graph with evaluate_model")
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
         shape = tuple(int(d) for d in v.shape)
         dims = tuple(term_of(d) for d in v.shape) if dynamic else ()

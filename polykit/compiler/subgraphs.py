@@ -164,3 +164,34 @@ def _check_plan_inputs(plan: Any, values: Sequence[tuple[Any, Any]]) -> None:
             raise ShapeError(f"body input {name!r} is {desc.dtype}{list(desc.shape)} in the body's plan, the node "
                              f"gives {dtype}{list(shape or ())}", where="control-flow body",
                              hint="the plan is inconsistent; rebuild it")
+
+
+# ---- inlining --------------------------------------------------------------------------------
+def inline_body(graph: Graph, body: Graph, bound: Sequence[str], prefix: str | None = None,
+                used: set[str] | None = None) -> tuple[list[Node], list[str]]:
+    """`body`'s nodes as nodes of `graph`, its inputs (positional, captures included) read as the
+    outer tensors `bound`; returns the nodes and the outer names of the body's outputs. Its
+    initializers join `graph`'s. With `prefix`, every tensor and node the body defines gets a
+    fresh name under it (a body inlined more than once: loop iterations, repeated ops); without,
+    a name keeps itself unless it is in `used` (the outer graph's names; a fresh one then)."""
+    names = dict(zip(body.inputs, bound))
+    used = set(used or ())
+
+    def outer(name: str) -> str:
+        if not name or name in names:
+            return names.get(name, name)
+        if prefix is not None:
+            names[name] = graph.fresh_name(f"{prefix}/{name}")
+        else:
+            names[name] = graph.fresh_name(name) if name in used else name
+            used.add(names[name])
+        return names[name]
+
+    for name, array in body.initializers.items():
+        graph.initializers[outer(name)] = array
+    defined = {o for n in body.nodes for o in n.outputs}
+    nodes = [Node(n.op_type, [outer(i) if i in defined or i in names else i for i in n.inputs],
+                  [outer(o) for o in n.outputs], {k: v.copy() if isinstance(v, Graph) else v for k, v in n.attrs.items()},
+                  n.name if prefix is None else graph.fresh_name(f"{prefix}/{n.name}"), n.domain)
+             for n in body.nodes]
+    return nodes, [outer(o) for o in body.outputs]

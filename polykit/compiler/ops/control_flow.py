@@ -150,11 +150,17 @@ def _trip_count(ctx: InferContext, body: Graph) -> int | None:
         return None
     if m is None or cond is None or not bool(np.asarray(cond).reshape(-1)[0]):
         return None if m is None or cond is None else 0
+    return int(np.asarray(m).reshape(-1)[0]) if passes_condition(body) else None
+
+
+def passes_condition(body: Graph) -> bool:
+    """Whether a Loop body's condition output is its condition input (through Identities): the
+    body never stops the loop, which runs its trip count."""
     producers = body.producers()
     name = body.outputs[0]
     while name in producers and producers[name].op_type == "Identity":
         name = producers[name].inputs[0]
-    return int(np.asarray(m).reshape(-1)[0]) if name == body.inputs[1] else None
+    return name == body.inputs[1]
 
 
 def scan_axes(node: Node, key: str, count: int) -> list[int]:

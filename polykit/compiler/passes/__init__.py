@@ -33,6 +33,7 @@ from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
 from polykit.compiler.passes.remove_identity import remove_identity
+from polykit.compiler.passes.unroll_loops import unroll_loops
 from polykit.errors import GraphError, PolykitError
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
+    "unroll_loops",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -120,7 +122,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     bind = functools.partial
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
-        cleanup[:0] = [bind(fold_constants, keep=kept), inline_constant_if]
+        cleanup[:0] = [bind(fold_constants, keep=kept), inline_constant_if, unroll_loops]
     unfolded = tuple(int8_unfolded)
     fold_int8 = bind(fold_qdq, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)
     int8_pools = bind(quantize_pools, keep=kept)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node
+from polykit.compiler.subgraphs import inline_body
 
 
 def inline_constant_if(graph: Graph) -> bool:
@@ -32,22 +33,9 @@ def inline_constant_if(graph: Graph) -> bool:
 
 
 def _branch_nodes(graph: Graph, node: Node, branch: Graph) -> list[Node]:
-    names = dict(zip(branch.inputs, node.inputs[1:]))
     used = {t for x in graph.nodes for t in (*x.inputs, *x.outputs)} | set(graph.initializers) | set(graph.inputs)
-
-    def outer(name: str) -> str:
-        if not name:
-            return name
-        if name not in names:
-            names[name] = graph.fresh_name(name) if name in used else name
-            used.add(names[name])
-        return names[name]
-
-    for name, array in branch.initializers.items():
-        graph.initializers[outer(name)] = array
-    nodes = [Node(n.op_type, [outer(i) for i in n.inputs], [outer(o) for o in n.outputs], dict(n.attrs),
-                  n.name, n.domain) for n in branch.nodes]
-    for out, src in zip(node.outputs, branch.outputs):
+    nodes, outs = inline_body(graph, branch, node.inputs[1:], used=used)
+    for out, src in zip(node.outputs, outs):
         if out:
-            nodes.append(Node("Identity", [outer(src)], [out], name=graph.fresh_name(f"{node.name or 'If'}_out")))
+            nodes.append(Node("Identity", [src], [out], name=graph.fresh_name(f"{node.name or 'If'}_out")))
     return nodes

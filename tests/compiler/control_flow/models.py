@@ -140,3 +140,42 @@ def rank_guarded(rank: int = 4) -> onnx.ModelProto:
                                helper.make_tensor_value_info("x", F, [3, 5])],
                               [helper.make_tensor_value_info("y", F, [3, 5])], [four, zero, one])
     return _model(graph, 18)
+
+
+def growing_decode(seed: int = 0, steps: int = STEPS, trip_as_input: bool = False) -> onnx.ModelProto:
+    """A greedy decode whose Loop carries the whole token history: each step embeds the last
+    token (Gather of the history's last element), mixes in the mean of the history's
+    embeddings, ArgMaxes the next token and Concats it, so the carried tokens grow [1] -> [2]
+    -> ... The trip count is a constant, or the graph input `n` with `trip_as_input`."""
+    rng = np.random.default_rng(seed)
+    emb = numpy_helper.from_array(rng.standard_normal((VOCAB, DIM)).astype(np.float32), "emb")
+    proj = numpy_helper.from_array(rng.standard_normal((DIM, VOCAB)).astype(np.float32), "proj")
+    last = numpy_helper.from_array(np.array([-1], np.int64), "last")
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "toks_in"], ["all_e"], axis=0),
+         helper.make_node("ReduceMean", ["all_e"], ["mean_e"], axes=[0], keepdims=1),
+         helper.make_node("Gather", ["toks_in", "last"], ["tok"], axis=0),
+         helper.make_node("Gather", ["emb", "tok"], ["e"], axis=0),
+         helper.make_node("Add", ["e", "mean_e"], ["e2"]),
+         helper.make_node("Add", ["e2", "state_in"], ["h0"]),
+         helper.make_node("Tanh", ["h0"], ["h"]),
+         helper.make_node("MatMul", ["h", "proj"], ["logits"]),
+         helper.make_node("ArgMax", ["logits"], ["next"], axis=1, keepdims=0),
+         helper.make_node("Concat", ["toks_in", "next"], ["toks_out"], axis=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "grow_step",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", B, []),
+         helper.make_tensor_value_info("toks_in", I64, ["t"]), helper.make_tensor_value_info("state_in", F, [1, DIM])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("toks_out", I64, ["t1"]),
+         helper.make_tensor_value_info("h", F, [1, DIM])], [last])
+    inits = [emb, proj]
+    inputs = [helper.make_tensor_value_info("start", I64, [1]), helper.make_tensor_value_info("state", F, [1, DIM])]
+    if trip_as_input:
+        inputs.append(helper.make_tensor_value_info("n", I64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(steps, np.int64), "n"))
+    graph = helper.make_graph([helper.make_node("Loop", ["n", "", "start", "state"], ["tokens", "final_state"],
+                                                body=body, name="decoder")], "growing_decode", inputs,
+                              [helper.make_tensor_value_info("tokens", I64, ["T"]),
+                               helper.make_tensor_value_info("final_state", F, [1, DIM])], inits)
+    return _model(graph)
