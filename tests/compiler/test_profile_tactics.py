@@ -227,3 +227,19 @@ def test_a_malformed_profiles_entry_in_a_replay_file_is_a_usage_error(tmp_path, 
     path.write_text(json.dumps({"format": 1, "layers": {"gemm9_node": entry}}))
     with pytest.raises(UsageError, match=what):
         load_replay(path)
+
+
+def test_inspect_shows_each_profiles_tactic_where_they_differ(calls, tmp_path, capsys, monkeypatch):
+    from polykit.tools.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")
+    path = tmp_path / "m.plan"
+    _build(profiles=[SMALL, LARGE], save_tactics=str(tmp_path / "t.json")).save(path)
+    assert main(["inspect", "model", str(path), "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["layers"]}
+    assert rows["gemm9_node"]["profile_tactics"] == list(BOTH)
+    assert "profile_tactics" not in rows["y_node"]
+    assert main(["inspect", "model", str(path)]) == 0
+    assert "profile 0: plugin.rows.few, profile 1: plugin.rows.many" in capsys.readouterr().out
+    assert main(["inspect", "tactics", str(tmp_path / "t.json")]) == 0
+    assert "profile 0: plugin.rows.few, profile 1: plugin.rows.many" in capsys.readouterr().out
