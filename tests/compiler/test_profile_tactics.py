@@ -243,3 +243,28 @@ def test_inspect_shows_each_profiles_tactic_where_they_differ(calls, tmp_path, c
     assert "profile 0: plugin.rows.few, profile 1: plugin.rows.many" in capsys.readouterr().out
     assert main(["inspect", "tactics", str(tmp_path / "t.json")]) == 0
     assert "profile 0: plugin.rows.few, profile 1: plugin.rows.many" in capsys.readouterr().out
+
+
+def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
+    """Built without a GPU for an sm_90 device (priority and estimates decide): for each profile the
+    layers as the runtime runs them (its tactic, stamped at its opt) compile only recorded kernels."""
+    import polykit.compiler.builder as builder
+    from polykit.compiler.profile_tactics import profile_layers
+    from polykit.kernels.cuda.base import unpack_kernel_rows
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.cuda.driver import DeviceInfo
+    from tests.dynamic_models import tiny_bert
+
+    monkeypatch.setattr(builder, "build_device", lambda target: DeviceInfo(0, "sm_90 device", "sm_90", 132, 80 << 30,
+                                                                           227 << 10))
+    ranges = (((1, 16), (1, 128), (2, 128)), ((4, 64), (8, 256), (8, 512)))
+    profiles = [Profile({"input_ids": r, "attention_mask": r}) for r in ranges]
+    plan = Plan.deserialize(build_plan(tiny_bert(), BuilderConfig(target="cuda", profiles=profiles)).serialize())
+    table = plan.metadata["kernels"]
+    assert any(t.startswith("cuda.gemm.sm90") for t in plan.metadata["tactics"].values())
+    for profile in (0, 1):
+        for ran in profile_layers(plan, profile):
+            tactic = find_tactic("cuda", ran.kind, ran.tactic)
+            recorded = unpack_kernel_rows(table, ran.name)
+            missing = [k.name for k in tactic.kernels(ran) if k not in recorded]
+            assert not missing, (profile, ran.name, ran.tactic, missing)
