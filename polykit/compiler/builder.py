@@ -389,9 +389,11 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
 
     def forced(layer: LayerDesc, profile: int) -> Any:
         tactic = replay.forced_tactic(layer, target, profile)
-        if tactic is None or profile == 0:
-            return tactic and _replayed(layer, target, cfg, tactic, replay)
-        if not tactic.supports(layer):
+        if tactic is None:
+            return None
+        if profile == 0:  # the layer at the first precision the tactic supports
+            return _replayed(layer, target, cfg, tactic, replay)
+        if not tactic.supports(layer):  # later profiles: at profile 0's precision
             raise replay.unsupported(layer, target, profile)
         return layer, tactic
 

@@ -268,3 +268,17 @@ def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
             recorded = unpack_kernel_rows(table, ran.name)
             missing = [k.name for k in tactic.kernels(ran) if k not in recorded]
             assert not missing, (profile, ran.name, ran.tactic, missing)
+
+
+def test_debug_tactics_trials_keep_the_bad_builds_per_profile_tactics_where_a_layer_stays_bad(calls):
+    from polykit.tools.debug_tactics import _replay
+
+    plan = _build(profiles=[SMALL, LARGE])
+    bad = {l.name: l.tactic for l in plan.layers}
+    kept = _replay(bad, plan.layers, "trial")
+    assert kept.layers["gemm9_node"].profiles == BOTH
+    rebuilt = _build(profiles=[SMALL, LARGE], tactic_replay=kept, builder_optimization_level=3)
+    assert rebuilt.layer("gemm9_node").profile_tactics == BOTH
+    swapped = _replay({**bad, "gemm9_node": "cpu.reference"}, plan.layers, "trial")
+    assert swapped.layers["gemm9_node"].profiles == ()
+    assert _build(profiles=[SMALL, LARGE], tactic_replay=swapped).layer("gemm9_node").tactic == "cpu.reference"
