@@ -165,7 +165,8 @@ def two_profiles(path: Path, args, torch, timed) -> dict:
         result["build_s"][f"static {shape[0]}x{shape[1]}"] = static_build_s
         if args.profile and torch is not None:
             for name, runner in runners.items():
-                print_profile(f"{name} {key}", runner.engine.plan, runner.engine, runner.bindings, torch, args.profile)
+                print_profile(f"{name} {key}", runner.engine.plan, runner.engine, runner.bindings, torch, args.profile,
+                              profile if name == "dynamic" else 0)
         for runner in runners.values():
             runner.close()
     return result
