@@ -162,16 +162,18 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
             "layers": len(plans[main_level].layers)}
 
 
-def print_profile(title: str, plan, engine, bindings, torch, top: int) -> None:
-    """Per-layer CUDA-event times of one eager run: totals per tactic, then the slowest layers."""
+def print_profile(title: str, plan, engine, bindings, torch, top: int, profile: int = 0) -> None:
+    """Per-layer CUDA-event times of one eager run on optimization profile `profile`: totals per
+    tactic (that profile's), then the slowest layers."""
     ctx = engine.create_execution_context(profile=True)
+    ctx.set_optimization_profile(profile)
     for name in plan.inputs:  # a plan built for profiles runs the bindings' shapes
         ctx.set_input_shape(name, tuple(bindings[name].shape))
     ctx.enqueue(bindings, torch.cuda.current_stream())
     torch.cuda.synchronize()
     times = ctx.profile
     ctx.close()
-    layers = {lay.name: lay for lay in plan.layers}
+    layers = {lay.name: lay for lay in engine.profile_layers[profile]}
     total = sum(ms for _, ms in times)
     per_tactic: dict[str, list[float]] = {}
     for lname, ms in times:

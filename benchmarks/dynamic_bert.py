@@ -13,6 +13,11 @@ round, the median of the rounds reported), and the dynamic plan alone at other s
 profile. Prints the numbers and writes JSON: the acceptance bar is dynamic within 10 % of static
 at 8x128.
 
+`--profiles two` builds one plan for two optimization profiles instead (profile 0: batch 1-2 x
+sequence 16-512, opt 1x128; profile 1: batch 1-8 x sequence 16-512, opt 8x128), whose layers
+get a tactic per profile (polykit.compiler.profile_tactics), and times 1x128 on profile 0 and 8x128
+on profile 1 against the static plans of those shapes (the same alternating rounds).
+
 `--model PATH` takes an exported dynamic BERT instead (inputs input_ids, attention_mask with
 dynamic batch/seq, output out; `--vocab` its vocabulary size), and `--target cpu` runs the same
 steps on the cpu target without torch (ExecutionContext.execute, host timing): a check of the
@@ -39,6 +44,8 @@ from benchmarks.cuda_models import _BertOut, make_model, print_profile, time_cud
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))
 OTHER_SHAPES = ((1, 16), (1, 128), (4, 77), (8, 512))
+#: --profiles two: (min, opt, max) of each profile, and the shape timed on each (its opt)
+TWO_PROFILES = (((1, 16), (1, 128), (2, 512)), ((1, 16), OPT, (8, 512)))
 VOCAB = 30522
 
 
@@ -50,13 +57,14 @@ def export_dynamic(model, path: Path, torch) -> None:
                       dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes}, dynamo=False)
 
 
-def build(path: Path, target: str, precision: str, dynamic: bool):
+def build(path: Path, target: str, precision: str, profiles=None, shape=OPT):
+    """A plan for `profiles` ((min, opt, max) of (batch, seq) each), or static for `shape` (None)."""
     from polykit.compiler.builder import build_plan
     from polykit.compiler.config import BuilderConfig
     from polykit.compiler.profiles import Profile
 
-    shapes = {"input_ids": OPT, "attention_mask": OPT}
-    extra = ({"profiles": [Profile({n: PROFILE for n in shapes})]} if dynamic else {"input_shapes": shapes})
+    shapes = {"input_ids": shape, "attention_mask": shape}
+    extra = ({"profiles": [Profile({n: r for n in shapes}) for r in profiles]} if profiles else {"input_shapes": shapes})
     start = time.perf_counter()
     plan = build_plan(str(path), BuilderConfig(target=target, fp16=precision == "fp16", **extra))
     return plan, round(time.perf_counter() - start, 1)
@@ -72,11 +80,12 @@ class Runner:
     """A context of `plan` with feeds of one shape; run() runs it once: on cuda, enqueue on
     torch tensors on torch's stream; on cpu, execute."""
 
-    def __init__(self, plan, shape: tuple[int, int], vocab: int, torch=None):
+    def __init__(self, plan, shape: tuple[int, int], vocab: int, torch=None, profile: int = 0):
         from polykit.runtime.engine import Engine
 
         self.engine = Engine(plan)
         self.ctx = self.engine.create_execution_context()
+        self.ctx.set_optimization_profile(profile)
         self.feeds = feeds_for(shape, vocab)
         self.torch = torch
         self.name = plan.outputs[0]
@@ -126,6 +135,43 @@ def reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return session.run(None, feeds)[0]
 
 
+def alternate(runners: dict, rounds: int, timed) -> tuple[dict, dict]:
+    """(median ms, spread ms) per runner over `rounds` alternating rounds, so drift or a
+    neighbour's load falls on all alike."""
+    samples = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            samples[name].append(timed(runner))
+    return ({name: round(statistics.median(ts), 3) for name, ts in samples.items()},
+            {name: round(max(ts) - min(ts), 3) for name, ts in samples.items()})
+
+
+def two_profiles(path: Path, args, torch, timed) -> dict:
+    """--profiles two: one plan for TWO_PROFILES against the static plan of each profile's opt."""
+    dynamic, dynamic_build_s = build(path, args.target, args.precision, TWO_PROFILES)
+    result = {"profiles": [{"min": r[0], "opt": r[1], "max": r[2]} for r in TWO_PROFILES],
+              "layers_with_per_profile_tactics": sum(bool(l.profile_tactics) for l in dynamic.layers),
+              "layers": len(dynamic.layers), "build_s": {"dynamic": dynamic_build_s}, "ms": {}, "spread_ms": {},
+              "dynamic_over_static": {}, "max_abs_err_vs_onnxruntime": {}}
+    for profile, (_, shape, _) in enumerate(TWO_PROFILES):
+        static, static_build_s = build(path, args.target, args.precision, None, shape)
+        runners = {"dynamic": Runner(dynamic, shape, args.vocab, torch, profile),
+                   "static": Runner(static, shape, args.vocab, torch)}
+        ref = reference(path, runners["static"].feeds)
+        key = f"{shape[0]}x{shape[1]} on profile {profile}"
+        result["max_abs_err_vs_onnxruntime"][key] = {n: float(np.abs(r.output() - ref).max()) for n, r in runners.items()}
+        result["ms"][key], result["spread_ms"][key] = alternate(runners, args.rounds, timed)
+        result["dynamic_over_static"][key] = round(result["ms"][key]["dynamic"] / result["ms"][key]["static"], 3)
+        result["build_s"][f"static {shape[0]}x{shape[1]}"] = static_build_s
+        if args.profile and torch is not None:
+            for name, runner in runners.items():
+                print_profile(f"{name} {key}", runner.engine.plan, runner.engine, runner.bindings, torch, args.profile,
+                              profile if name == "dynamic" else 0)
+        for runner in runners.values():
+            runner.close()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", default="fp32", choices=("fp32", "fp16"))
@@ -136,6 +182,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="dynamic_bert.json")
+    parser.add_argument("--profiles", default="one", choices=("one", "two"),
+                        help="two: one plan for two profiles, each timed at its opt against a static plan")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="cuda: also print both plans' per-tactic totals and N slowest layers at 8x128, and "
                         "the host time of one enqueue call (no sync) for each")
@@ -145,28 +193,31 @@ def main() -> None:
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.model) if args.model else Path(tmp) / "bert_dynamic.onnx"
-        if not args.model:
-            import torch as exporter
-
-            export_dynamic(make_model("bert", exporter), path, exporter)
-        (dynamic, dynamic_build_s), (static, static_build_s) = build(path, args.target, args.precision, True), \
-            build(path, args.target, args.precision, False)
-        runners = {"dynamic": Runner(dynamic, OPT, args.vocab, torch), "static": Runner(static, OPT, args.vocab, torch)}
-        ref = reference(path, runners["static"].feeds)
-    errors = {name: float(np.abs(runner.output() - ref).max()) for name, runner in runners.items()}
 
     def timed(runner: Runner) -> float:
         if torch is None:
             return time_host(runner.run, args.warmup, args.iters)
         return time_cuda(runner.run, torch, args.warmup, args.iters)
 
-    samples = {name: [] for name in runners}
-    for _ in range(args.rounds):  # alternating, so drift or a neighbour's load falls on both alike
-        for name, runner in runners.items():
-            samples[name].append(timed(runner))
-    at_opt = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.model) if args.model else Path(tmp) / "bert_dynamic.onnx"
+        if not args.model:
+            import torch as exporter
+
+            export_dynamic(make_model("bert", exporter), path, exporter)
+        if args.profiles == "two":
+            result = {"target": args.target, "model": args.model or "bert-base", "precision": args.precision,
+                      **two_profiles(path, args, torch, timed),
+                      "device": torch.cuda.get_device_name() if torch is not None else "cpu"}
+            print(json.dumps(result, indent=2))
+            Path(args.out).write_text(json.dumps(result, indent=2))
+            return
+        (dynamic, dynamic_build_s), (static, static_build_s) = build(path, args.target, args.precision, [PROFILE]), \
+            build(path, args.target, args.precision)
+        runners = {"dynamic": Runner(dynamic, OPT, args.vocab, torch), "static": Runner(static, OPT, args.vocab, torch)}
+        ref = reference(path, runners["static"].feeds)
+    errors = {name: float(np.abs(runner.output() - ref).max()) for name, runner in runners.items()}
+    at_opt, spread = alternate(runners, args.rounds, timed)
     host_ms = {}
     if args.profile and torch is not None:
         for name, runner in runners.items():
@@ -184,7 +235,7 @@ def main() -> None:
         "target": args.target, "model": args.model or "bert-base", "precision": args.precision,
         "profile": {"min": PROFILE[0], "opt": PROFILE[1], "max": PROFILE[2]},
         "ms_at_8x128": at_opt, "dynamic_over_static": round(at_opt["dynamic"] / at_opt["static"], 3),
-        "spread_ms": {k: round(max(v) - min(v), 3) for k, v in samples.items()},
+        "spread_ms": spread,
         "dynamic_ms_at": others, "max_abs_err_vs_onnxruntime": errors,
         "build_s": {"dynamic": dynamic_build_s, "static": static_build_s},
         "layers": {"dynamic": len(dynamic.layers), "static": len(static.layers)},

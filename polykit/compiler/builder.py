@@ -20,7 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols, small_data_corners
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
@@ -32,8 +32,8 @@ from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profiles import ProfileSet, apply_profiles, check_corners, corner_size, generic_corners, \
-    profile_set, tensors_at
+from polykit.compiler.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
+from polykit.compiler.profiles import ProfileSet, apply_profiles, check_corners, corner_size, profile_set
 from polykit.compiler.shape_values import host_values
 from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
@@ -75,8 +75,7 @@ class Builder:
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
         g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights,
-                                   corners + small_data_corners(corners, profiles.data if profiles else {}))
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
@@ -370,34 +369,54 @@ class Selection:
 
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, tensors: dict[str, TensorDesc],
                    weights: dict[str, np.ndarray] | None = None,
-                   corners: Sequence[Mapping[str, int]] = ()) -> Selection:
+                   groups: Sequence[Sequence[Mapping[str, int]]] = ()) -> Selection:
     """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
-    (those that serve the layer at every profile corner where its shapes are dynamic)."""
+    (those that serve the layer at every profile corner where its shapes are dynamic); with
+    several profiles (`groups`: each one's corners, profile_tactics.profile_groups), a layer whose
+    shapes they change gets a tactic per profile (polykit.compiler.profile_tactics)."""
     from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
 
     replay = load_replay(cfg.tactic_replay)
-    replay.check_layers(layers)
+    replay.check_layers(layers, max(len(groups), 1))
     device = build_device(target) if target != "cpu" else None
     arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
-    corner_tensors = [tensors_at(tensors, env) for env in corners]
-    generic = [tensors_at(tensors, env) for env in generic_corners(corners)]
+    every, views = profile_views(tensors, groups)
+
+    def candidates_at(layer: LayerDesc, view: ProfileShapes) -> list:
+        return candidate_pairs(layer, target, cfg, tensors, arch, sm_count, view.corners, view.generic)
+
+    def choose(layer: LayerDesc, pairs: list, view: ProfileShapes) -> Any:
+        return tuner.choose(layer, pairs, {**tensors, **view.opt})
+
+    def forced(layer: LayerDesc, profile: int) -> Any:
+        tactic = replay.forced_tactic(layer, target, profile)
+        if tactic is None:
+            return None
+        if profile == 0:  # the layer at the first precision the tactic supports
+            return _replayed(layer, target, cfg, tactic, replay)
+        if not tactic.supports(layer):  # later profiles: at profile 0's precision
+            raise replay.unsupported(layer, target, profile)
+        return layer, tactic
+
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     workspace: dict[str, int] = {}
     with progress_bar(len(layers), f"building for {target}") as advance:
         for layer in layers:
             layer = stamp_layer(layer, tensors) if not layer.in_dtypes and layer.inputs else layer
-            forced = replay.forced_tactic(layer, target)
-            if forced is not None:
-                base, tactic = _replayed(layer, target, cfg, forced, replay)
-            else:
-                base, tactic = tuner.choose(layer, candidate_pairs(layer, target, cfg, tensors, arch, sm_count,
-                                                                   corner_tensors, generic))
-            final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params))
-            if hasattr(tactic, "kernels"):
-                kernels[final.name] = tactic.kernels(final)
-            need = workspace_over(tactic, final, tensors, corner_tensors, sm_count)
+            picks = pick_tactics(layer, every, views, candidates_at, choose, forced)
+            (base, tactic), _ = picks[0]
+            final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params),
+                            profile_tactics=recorded([t.name for (_, t), _ in picks]))
+            need = 0
+            for (variant, t), view in picks:
+                ran = replace(variant, tactic=t.name, tactic_params=dict(t.params), profile_tactics=())
+                if hasattr(t, "kernels"):  # every profile's, each kernel once
+                    have = kernels.get(final.name)
+                    kernels[final.name] = t.kernels(ran) if have is None else have + [
+                        k for k in t.kernels(ran) if k not in have]
+                need = max(need, workspace_over(t, ran, tensors, view.corners, sm_count))
             if need:
                 workspace[final.name] = need
             chosen.append(final)

@@ -44,8 +44,8 @@ class BuilderConfig:
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
     profiles: optimization profiles (polykit.compiler.profiles.Profile: min/opt/max shapes per
-        dynamic input): the plan serves every shape inside one of them; tactics are chosen at the
-        first profile's opt shape and must serve every profile's min and max (docs/DYNAMIC_SHAPES.md).
+        dynamic input): the plan serves every shape inside one of them; each profile's tactics are
+        chosen at its opt shape and serve its min and max (docs/DYNAMIC_SHAPES.md).
         An input a profile leaves out takes its input_shapes value (or its static model shape).
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away: the
         layers may differ from the unmarked build's; polykit.compiler.marking).

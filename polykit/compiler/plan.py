@@ -313,7 +313,7 @@ def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
 
 
 def _layer_to_json(layer: LayerDesc, packer: _WeightPacker) -> dict[str, Any]:
-    return {
+    d = {
         "name": layer.name, "kind": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs),
         "attrs": _jsonable(layer.attrs, f"layer {layer.name!r}", packer), "domain": layer.domain, "tactic": layer.tactic,
         "tactic_params": _jsonable(layer.tactic_params, f"layer {layer.name!r}"), "precision": layer.precision,
@@ -321,6 +321,9 @@ def _layer_to_json(layer: LayerDesc, packer: _WeightPacker) -> dict[str, Any]:
         "out_dtypes": list(layer.out_dtypes), "in_shapes": [list(s) for s in layer.in_shapes],
         "out_shapes": [list(s) for s in layer.out_shapes],
     }
+    if layer.profile_tactics:
+        d["profile_tactics"] = list(layer.profile_tactics)
+    return d
 
 
 def _layer_from_json(d: Mapping[str, Any], nested: "_Nested") -> LayerDesc:
@@ -332,6 +335,7 @@ def _layer_from_json(d: Mapping[str, Any], nested: "_Nested") -> LayerDesc:
         out_dtypes=tuple(d.get("out_dtypes", ())),
         in_shapes=tuple(tuple(int(x) for x in s) for s in d.get("in_shapes", ())),
         out_shapes=tuple(tuple(int(x) for x in s) for s in d.get("out_shapes", ())),
+        profile_tactics=tuple(d.get("profile_tactics", ())),
     )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from polykit.compiler.memory import ALIGNMENT
 from polykit.compiler.plan_dims import check_dims, host_written
 from polykit.compiler.plan_schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
+from polykit.compiler.profile_tactics import check_profile_tactics
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
 _HINT = "the plan's contents are inconsistent (edited, or written by another tool); rebuild it with `polykit convert`"
@@ -317,7 +318,7 @@ def _collectives(doc: Doc, weights_len: int) -> None:
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
     _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
-    _body_outputs, _collectives,
+    _body_outputs, _collectives, check_profile_tactics,
 )
 
 
@@ -390,3 +391,7 @@ def _tactics_exist(plan: Any) -> None:
         if find_tactic(plan.target, layer.kind, layer.tactic) is None:
             raise Invalid(f"layers[{layer.name!r}].tactic", f"{layer.tactic!r} is not a {plan.target} tactic for "
                                                           f"{layer.kind} layers")
+        for p, name in enumerate(layer.profile_tactics):
+            if find_tactic(plan.target, layer.kind, name) is None:
+                raise Invalid(f"layers[{layer.name!r}].profile_tactics[{p}]",
+                              f"{name!r} is not a {plan.target} tactic for {layer.kind} layers")

@@ -54,6 +54,9 @@ class LayerDesc:
     one), stamped by the builder before tactic selection so a tactic can refuse dtypes or
     shapes it has no kernel for at build time and compile exactly the kernels the plan
     needs; empty for layers built by hand (tests), where tactics must not rely on them.
+    In a plan built for several optimization profiles whose profiles chose different tactics
+    for the layer, `profile_tactics` names each profile's (`tactic` and `tactic_params` are
+    profile 0's, and `profile_tactics[0] == tactic`); empty when every profile runs `tactic`.
     """
 
     name: str
@@ -70,3 +73,4 @@ class LayerDesc:
     out_dtypes: tuple[str, ...] = ()
     in_shapes: tuple[tuple[int, ...], ...] = ()
     out_shapes: tuple[tuple[int, ...], ...] = ()
+    profile_tactics: tuple[str, ...] = ()

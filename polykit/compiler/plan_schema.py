@@ -255,6 +255,7 @@ LAYER_FIELDS = (
     Field("out_dtypes", list_of(dtype_or_empty), required=False),
     Field("in_shapes", list_of(SHAPE), required=False),
     Field("out_shapes", list_of(SHAPE), required=False),
+    Field("profile_tactics", list_of(text(), max_len=1 << 10), required=False),  # plan_check: one per profile
 )
 
 WEIGHT_FIELDS = (

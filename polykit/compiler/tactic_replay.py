@@ -3,6 +3,11 @@
     {"format": 1,
      "layers": {"<layer name>": {"tactic": "<tactic name>", "inputs": ["float32", ""], "outputs": ["float32"]}}}
 
+A layer whose optimization profiles chose different tactics (LayerDesc.profile_tactics) also
+has `"profiles": ["<profile 0's tactic>", "<profile 1's>", ...]` (its first entry is
+`tactic`); a replay forces those per profile, and a build with another number of profiles
+refuses it. An entry without `profiles` (every file before it) forces `tactic` in every profile.
+
 `inputs`/`outputs` are the numpy dtype names of the layer's tensors ("" for an omitted
 optional input), as the build saw them: a replay recorded for other dtypes (another
 precision, another model) is refused rather than silently applied. A replay file is
@@ -32,15 +37,21 @@ from polykit.errors import BuildError, UsageError
 FORMAT_VERSION = 1
 _TOP_KEYS = frozenset({"format", "layers"})
 _LAYER_KEYS = frozenset({"tactic", "inputs", "outputs"})
+_OPTIONAL_KEYS = frozenset({"profiles"})
 
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """The tactic of one layer and the dtypes it was chosen for (None: not recorded, not checked)."""
+    """The tactic of one layer and the dtypes it was chosen for (None: not recorded, not checked);
+    `profiles`: each optimization profile's tactic where they differ (empty: `tactic` in all)."""
 
     tactic: str
     inputs: tuple[str, ...] | None = None
     outputs: tuple[str, ...] | None = None
+    profiles: tuple[str, ...] = ()
+
+    def tactic_of(self, profile: int) -> str:
+        return self.profiles[profile] if self.profiles else self.tactic
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,8 @@ class TacticReplay:
     @staticmethod
     def from_layers(layers: Iterable[Any], source: str = "build") -> "TacticReplay":
         """The choices of built layers (LayerDescs with tactic and dtypes), e.g. `plan.layers`."""
-        return TacticReplay({layer.name: LayerChoice(layer.tactic, tuple(layer.in_dtypes), tuple(layer.out_dtypes))
-                             for layer in layers}, source)
+        return TacticReplay({layer.name: LayerChoice(layer.tactic, tuple(layer.in_dtypes), tuple(layer.out_dtypes),
+                                                     tuple(layer.profile_tactics)) for layer in layers}, source)
 
     @staticmethod
     def from_assignment(tactics: Mapping[str, str]) -> "TacticReplay":
@@ -71,6 +82,8 @@ class TacticReplay:
                 entry["inputs"] = list(choice.inputs)
             if choice.outputs is not None:
                 entry["outputs"] = list(choice.outputs)
+            if choice.profiles:
+                entry["profiles"] = list(choice.profiles)
             layers[name] = entry
         return {"format": FORMAT_VERSION, "layers": layers}
 
@@ -93,7 +106,7 @@ class TacticReplay:
         for name, entry in layers.items():
             path = f"layers[{name!r}]"
             _expect(isinstance(entry, dict), where, path, "an object with tactic, inputs and outputs", entry)
-            _no_unknown_keys(entry, _LAYER_KEYS, where, path)
+            _no_unknown_keys(entry, _LAYER_KEYS | _OPTIONAL_KEYS, where, path)
             missing = sorted(_LAYER_KEYS - set(entry))
             if missing:
                 raise UsageError(f"the tactic replay's {path} has no {missing[0]!r}", where=_field(where, path),
@@ -101,7 +114,8 @@ class TacticReplay:
             tactic = entry["tactic"]
             _expect(isinstance(tactic, str) and tactic != "", where, f"{path}.tactic", "a tactic name", tactic)
             choices[name] = LayerChoice(tactic, _dtypes(entry["inputs"], where, f"{path}.inputs"),
-                                        _dtypes(entry["outputs"], where, f"{path}.outputs"))
+                                        _dtypes(entry["outputs"], where, f"{path}.outputs"),
+                                        _profiles(entry.get("profiles"), tactic, where, f"{path}.profiles"))
         return TacticReplay(choices, where)
 
     # ---- forcing -----------------------------------------------------------------------
@@ -111,9 +125,17 @@ class TacticReplay:
     def __len__(self) -> int:
         return len(self.layers)
 
-    def check_layers(self, layers: Iterable[Any]) -> None:
-        """BuildError when the replay names a layer the build does not have."""
+    def check_layers(self, layers: Iterable[Any], profiles: int = 1) -> None:
+        """BuildError when the replay names a layer the build does not have, or gives a layer
+        tactics for another number of optimization profiles than the build's `profiles`."""
         names = [layer.name for layer in layers]
+        for name, choice in sorted(self.layers.items()):
+            if choice.profiles and len(choice.profiles) != profiles:
+                raise BuildError(f"the tactic replay gives layer {name!r} tactics for {len(choice.profiles)} "
+                                 f"optimization profiles; this build has {profiles}",
+                                 where=f"layer {name!r}, tactic replay {self.source}",
+                                 hint="save the replay again from a build with these profiles, or drop the "
+                                      "layer's \"profiles\" entry to force its tactic in every profile")
         unknown = sorted(set(self.layers) - set(names))
         if unknown:
             shown = ", ".join(repr(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -123,18 +145,19 @@ class TacticReplay:
                              hint="the replay was saved for another model or other builder options; "
                                   f"this build's layers include: {', '.join(names[:8])}")
 
-    def forced_tactic(self, layer: Any, target: str) -> Any:
-        """The Tactic the replay forces for `layer` (None when it names none); BuildError when the
-        tactic is unknown for the layer's kind on `target` or the dtypes differ from the recorded ones."""
+    def forced_tactic(self, layer: Any, target: str, profile: int = 0) -> Any:
+        """The Tactic the replay forces for `layer` in optimization profile `profile` (None when it
+        names none); BuildError when the tactic is unknown for the layer's kind on `target` or the
+        dtypes differ from the recorded ones."""
         from polykit.kernels.tactics import find_tactic
 
         choice = self.layers.get(layer.name)
         if choice is None:
             return None
         where = f"layer {layer.name!r}, tactic replay {self.source}"
-        tactic = find_tactic(target, layer.kind, choice.tactic)
+        tactic = find_tactic(target, layer.kind, choice.tactic_of(profile))
         if tactic is None:
-            raise BuildError(f"the tactic replay asks for tactic {choice.tactic!r}, which the {target} target does not "
+            raise BuildError(f"the tactic replay asks for tactic {choice.tactic_of(profile)!r}, which the {target} target does not "
                              f"have for {layer.kind} layers", where=where,
                              hint="save the replay again with this polykit version and target")
         for what, recorded, built in (("input", choice.inputs, layer.in_dtypes), ("output", choice.outputs, layer.out_dtypes)):
@@ -144,11 +167,12 @@ class TacticReplay:
                                  hint="the replay was saved with other precision flags or another model")
         return tactic
 
-    def unsupported(self, layer: Any, target: str) -> BuildError:
+    def unsupported(self, layer: Any, target: str, profile: int = 0) -> BuildError:
         """The error for a forced tactic that cannot run `layer` (shapes, dtypes or attributes)."""
-        tactic = self.layers[layer.name].tactic
+        tactic = self.layers[layer.name].tactic_of(profile)
+        at = f" at optimization profile {profile}'s shapes" if profile else ""
         return BuildError(f"the tactic replay forces tactic {tactic!r}, which cannot run this {layer.kind} layer on "
-                          f"{target} (its shapes, dtypes or attributes are outside what the tactic supports)",
+                          f"{target}{at} (its shapes, dtypes or attributes are outside what the tactic supports)",
                           where=f"layer {layer.name!r}, tactic replay {self.source}",
                           hint="remove the layer from the replay to let the builder choose")
 
@@ -219,6 +243,18 @@ def _dtypes(value: Any, where: str, path: str) -> tuple[str, ...]:
     for i, item in enumerate(value):
         _expect(isinstance(item, str) and item in known, where, f"{path}[{i}]",
                 "a dtype name (e.g. \"float32\") or \"\" for an omitted input", item)
+    return tuple(value)
+
+
+def _profiles(value: Any, tactic: str, where: str, path: str) -> tuple[str, ...]:
+    """A layer entry's per-profile tactics: two or more names, the first its `tactic`."""
+    if value is None:
+        return ()
+    _expect(isinstance(value, list) and len(value) >= 2, where, path,
+            "a list of two or more tactic names, one per optimization profile", value)
+    for i, item in enumerate(value):
+        _expect(isinstance(item, str) and item != "", where, f"{path}[{i}]", "a tactic name", item)
+    _expect(value[0] == tactic, where, f"{path}[0]", f"the entry's tactic {tactic!r} (profile 0's)", value[0])
     return tuple(value)
 
 

@@ -209,13 +209,16 @@ class Tuner:
                 self._device = False
         return self._device or None
 
-    def choose(self, layer: LayerDesc, pairs: Sequence[Pair]) -> Pair:
-        """The pair to build `layer` with (pairs in priority order, at least one)."""
+    def choose(self, layer: LayerDesc, pairs: Sequence[Pair], tensors: Mapping[str, TensorDesc] | None = None) -> Pair:
+        """The pair to build `layer` with (pairs in priority order, at least one), timed with
+        `tensors` (default the build's: shapes at the first profile's opt; profile_tactics
+        passes another profile's)."""
+        tensors = self.tensors if tensors is None else tensors
         level, cap = self.level, self.level.limit(self.target)
         if cap == 0 or (len(pairs) == 1 and not level.time_single):
             return self._chosen(pairs[0])
         pairs = list(pairs[:cap]) if cap else list(pairs)
-        if not timeable(layer, self.tensors):
+        if not timeable(layer, tensors):
             self.stats.untimeable_layers += 1
             log.info("layer %r: not timed (integer inputs); took %s, the first candidate by priority",
                      layer.name, pairs[0][1].name)
@@ -231,7 +234,7 @@ class Tuner:
                              where=f"layer {layer.name!r}",
                              hint="build once without --error-on-timing-cache-miss and --save-timing-cache")
         if missing:
-            self._measure(layer, pairs, keys, times, missing)
+            self._measure(layer, pairs, keys, times, missing, tensors)
         costs = [ms + reformat_ms(self._previous, pair) for ms, pair in zip(times, pairs)]
         best = min(range(len(pairs)), key=lambda i: (costs[i], i))
         if not math.isfinite(costs[best]):  # the layer cannot run on random inputs: keep the heuristic's choice
@@ -241,8 +244,9 @@ class Tuner:
                   ", ".join(f"{t.name}/{v.precision} {ms:.4f} ms" for (v, t), ms in zip(pairs, times)))
         return self._chosen(pairs[best])
 
-    def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int]) -> None:
-        measured = time_candidates(self.target, layer, [pairs[i] for i in missing], self.tensors, self.weights,
+    def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int],
+                 tensors: Mapping[str, TensorDesc]) -> None:
+        measured = time_candidates(self.target, layer, [pairs[i] for i in missing], tensors, self.weights,
                                    runs_for(self.target, self.cfg.builder_optimization_level))
         self.stats.timed_layers += 1
         self.stats.timed_tactics += len(missing)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.compiler.lower import layer_as_node
+from polykit.compiler.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError
 
 
@@ -57,23 +58,18 @@ def _processor_name() -> str:
 
 
 class CpuEngine:
-    """A plan prepared for the cpu target: tactics resolved, nodes built once, free lists precomputed."""
+    """A plan prepared for the cpu target: tactics resolved (per optimization profile where the
+    plan chose them per profile), nodes built once, free lists precomputed."""
 
     def __init__(self, plan: Any):
-        from polykit.kernels.cpu.base import CpuTactic
-        from polykit.kernels.tactics import find_tactic
-
         self.plan = plan
-        self.steps: list[tuple[Any, Any, CpuTactic]] = []
-        for layer in plan.layers:
-            tactic = find_tactic("cpu", layer.kind, layer.tactic)
-            if not isinstance(tactic, CpuTactic):
-                raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cpu target does not have",
-                                where=f"layer {layer.name!r}", hint="rebuild the plan with --target cpu")
-            if not tactic.supports(layer):
-                raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer",
-                                where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
-            self.steps.append((layer, layer_as_node(layer), tactic))
+        count = len(plan.profiles.ranges) if plan.profiles is not None else 1
+        #: each profile's (layer, node, tactic) per layer; a context runs those of its shapes' profile
+        if any(layer.profile_tactics for layer in plan.layers):
+            self.profile_steps = [_steps(profile_layers(plan, p)) for p in range(count)]
+        else:  # numpy kernels read no stamped shape: one list serves every profile
+            self.profile_steps = [_steps(plan.layers)] * count
+        self.steps = self.profile_steps[0]
         keep = set(plan.outputs) | set(plan.inputs)  # the caller holds the inputs anyway; timing relaunches layers
         self.free_after: list[list[str]] = [[] for _ in plan.layers]
         for name, (_, last) in plan.memory.lifetimes.items():
@@ -87,6 +83,25 @@ class CpuEngine:
 
     def close(self) -> None:
         self.steps = []
+        self.profile_steps = []
+
+
+def _steps(layers: Any) -> list[tuple[Any, Any, Any]]:
+    """(layer, node, cpu tactic) per layer; PlanError for a tactic the cpu lacks or that refuses its layer."""
+    from polykit.kernels.cpu.base import CpuTactic
+    from polykit.kernels.tactics import find_tactic
+
+    steps = []
+    for layer in layers:
+        tactic = find_tactic("cpu", layer.kind, layer.tactic)
+        if not isinstance(tactic, CpuTactic):
+            raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cpu target does not have",
+                            where=f"layer {layer.name!r}", hint="rebuild the plan with --target cpu")
+        if not tactic.supports(layer):
+            raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer",
+                            where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
+        steps.append((layer, layer_as_node(layer), tactic))
+    return steps
 
 
 class PerfTimer:
@@ -119,9 +134,11 @@ class CpuContext:
         self.env: dict[str, np.ndarray] = dict(engine.plan.weights)
         self._timer = PerfTimer()
         self._shapes: Any = {}
+        self._steps = engine.steps
 
     def bind_shapes(self, shapes: Any) -> None:
         self._shapes = shapes.shapes
+        self._steps = self.engine.profile_steps[shapes.key[0]]  # the key starts with the profile index
 
     def data_sizes(self, outputs: Any, stream: Any) -> dict[str, int]:
         """{symbol: size} of the data-dependent dims a layer just wrote (runtime.output_alloc.DataOutput)."""
@@ -140,7 +157,7 @@ class CpuContext:
         return np.array(self.env[name], copy=True)
 
     def launch(self, index: int, stream: Any) -> None:
-        layer, node, tactic = self.engine.steps[index]
+        layer, node, tactic = self._steps[index]
         env = self.env
         results = tactic.run(node, [env[name] if name else None for name in layer.inputs], self.communicator)
         for name, value in zip(layer.outputs, results):

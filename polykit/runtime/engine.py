@@ -26,6 +26,7 @@ import numpy as np
 
 from polykit.compiler.plan import Plan
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.output_alloc import OutputSizes
@@ -109,6 +110,8 @@ class Engine:
                             hint=f"rebuild the plan with --target {target.name}")
         self.plan = plan
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
+        #: the layers each optimization profile runs (their tactics may differ: profile_tactics)
+        self.profile_layers = [profile_layers(plan, p) for p in range(self.num_optimization_profiles)]
         self._target_engine = (target or get_target(plan.target)).load(plan)
         self._closed = False
         self._lock = threading.Lock()
@@ -278,7 +281,7 @@ class ExecutionContext:
         """The layers on `stream`: timed when profiling; else eager the first time for a set
         of shapes and then a replay captured for that set (a bounded cache) where the target
         offers one."""
-        layers = self.engine.plan.layers
+        layers = self.engine.profile_layers[self._profile_index]
         key = self._shapes.key if self._shapes is not None else ()
         runs = self._runs.get(key, 0)
         if self._sizes:
@@ -304,7 +307,7 @@ class ExecutionContext:
 
     def _run_segments(self, stream: Any) -> None:
         """The layers of a plan with data-dependent sizes: bound after each layer that decides one."""
-        layers, times = self.engine.plan.layers, []
+        layers, times = self.engine.profile_layers[self._profile_index], []
 
         def segment(indices: Sequence[int]) -> None:
             if self._profile:

@@ -240,7 +240,7 @@ def _assignments(bad_plan: Any, good_file: TacticReplay | None, config: BuilderC
     bad = {layer.name: layer.tactic for layer in bad_plan.layers}
     good = conservative_assignment(bad_plan.layers, bad_plan.target, config)
     if good_file is not None:
-        good_file.check_layers(bad_plan.layers)
+        good_file.check_layers(bad_plan.layers, len(bad_plan.profiles.ranges) if bad_plan.profiles is not None else 1)
         for layer in bad_plan.layers:
             tactic = good_file.forced_tactic(layer, bad_plan.target)
             if tactic is not None:
@@ -249,6 +249,9 @@ def _assignments(bad_plan: Any, good_file: TacticReplay | None, config: BuilderC
 
 
 def _replay(assignment: Mapping[str, str], layers: Sequence[Any], source: str) -> TacticReplay:
-    """`assignment` forced on every layer, with the dtypes the bad build gave the layers."""
-    return TacticReplay({layer.name: LayerChoice(assignment[layer.name], tuple(layer.in_dtypes), tuple(layer.out_dtypes))
+    """`assignment` forced on every layer, with the dtypes the bad build gave the layers; a layer
+    left on its bad tactic keeps the bad build's tactic per optimization profile (profile_tactics)."""
+    return TacticReplay({layer.name: LayerChoice(assignment[layer.name], tuple(layer.in_dtypes), tuple(layer.out_dtypes),
+                                                 tuple(layer.profile_tactics) if assignment[layer.name] == layer.tactic
+                                                 else ())
                          for layer in layers}, source)

@@ -128,6 +128,8 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
         row = {"name": l.name, "kind": l.kind, "tactic": l.tactic, "precision": l.precision,
                "fused_nodes": list(l.fused_nodes), "inputs": formats(l.inputs), "outputs": formats(l.outputs),
                "tactic_params": dict(l.tactic_params)}
+        if l.profile_tactics:  # optimization profiles that chose different tactics
+            row["profile_tactics"] = list(l.profile_tactics)
         workspace = getattr(l, "workspace_bytes", None)  # recorded by plans whose tactics declare workspace
         if workspace is not None:
             row["workspace_bytes"] = int(workspace)
@@ -315,10 +317,16 @@ def _layer_table(layers: list[dict[str, Any]], profiled: bool, attrs: bool = Fal
     for col in ("layer", "kind", "tactic", "precision", "inputs", "outputs", *(c[1] for c in extra), "fused nodes", *params):
         table.add_column(col, overflow="fold", justify="right" if col in ("ms", "workspace B") else "left")
     for l in layers:
-        table.add_row(l["name"], l["kind"], l["tactic"], l["precision"], _formats(l["inputs"]), _formats(l["outputs"]),
+        table.add_row(l["name"], l["kind"], _tactic_cell(l["tactic"], l.get("profile_tactics")), l["precision"],
+                      _formats(l["inputs"]), _formats(l["outputs"]),
                       *(text(l[key]) if key in l else "-" for key, _, text in extra), ", ".join(l["fused_nodes"]),
                       *([", ".join(f"{k}={v}" for k, v in l["tactic_params"].items())] if attrs else []))
     return table
+
+
+def _tactic_cell(tactic: str, per_profile: Any) -> str:
+    """The tactic, or each optimization profile's where they differ ("profile 0: a, profile 1: b")."""
+    return ", ".join(f"profile {p}: {t}" for p, t in enumerate(per_profile)) if per_profile else tactic
 
 
 def _formats(tensors: list[dict[str, Any] | None]) -> str:
@@ -347,7 +355,7 @@ def tactics(
     for col in ("layer", "tactic", "inputs", "outputs"):
         table.add_column(col, overflow="fold")
     for name, choice in sorted(replay.layers.items()):
-        table.add_row(name, choice.tactic, ", ".join(d or "-" for d in choice.inputs or ()),
+        table.add_row(name, _tactic_cell(choice.tactic, choice.profiles), ", ".join(d or "-" for d in choice.inputs or ()),
                       ", ".join(choice.outputs or ()))
     console.print(table)
     return 0

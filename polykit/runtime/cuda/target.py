@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from polykit.compiler.profile_tactics import profile_layers
 from polykit.errors import DeviceError, PlanError, RankError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.cuda.hold import HOLD
@@ -87,19 +88,12 @@ class CudaEngine:
         if plan.gpu_arch and plan.gpu_arch != self.info.arch:
             log.warning("plan was built for %s, this GPU is %s: kernels are compiled for %s",
                         plan.gpu_arch, self.info.arch, self.info.arch)
-        self.steps: list[tuple[Any, CudaTactic]] = []
-        sources: list[KernelSource] = []
-        for layer in plan.layers:
-            tactic = find_tactic("cuda", layer.kind, layer.tactic)
-            if not isinstance(tactic, CudaTactic):
-                raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cuda target does not have",
-                                where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
-            if not tactic.runs_on(self.info.arch) or not _accepts(tactic, layer):
-                raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer on this GPU "
-                                f"({self.info.arch}): its dtypes, shapes or attributes are not the tactic's",
-                                where=f"layer {layer.name!r}", hint="rebuild the plan on this machine")
-            self.steps.append((layer, tactic))
-            sources.extend(plan_kernels(plan, layer))
+        count = len(plan.profiles.ranges) if plan.profiles is not None else 1
+        #: each optimization profile's (layer, tactic) per layer (profile_tactics.profile_layers: its
+        #: tactic, stamped at its opt); a context launches those of the profile its shapes are bound to
+        self.profile_steps = [self._steps(profile_layers(plan, p)) for p in range(count)]
+        self.steps = self.profile_steps[0]
+        sources = [source for layer in plan.layers for source in plan_kernels(plan, layer)]  # every profile's
         self.modules = KernelModules(self.info.arch)
         self.weights: DeviceBuffer | None = None
         try:
@@ -108,6 +102,20 @@ class CudaEngine:
         except BaseException:
             self.close()
             raise
+
+    def _steps(self, layers: Any) -> list[tuple[Any, CudaTactic]]:
+        steps = []
+        for layer in layers:
+            tactic = find_tactic("cuda", layer.kind, layer.tactic)
+            if not isinstance(tactic, CudaTactic):
+                raise PlanError(f"layer uses tactic {layer.tactic!r}, which the cuda target does not have",
+                                where=f"layer {layer.name!r}", hint="rebuild the plan with this polykit version")
+            if not tactic.runs_on(self.info.arch) or not _accepts(tactic, layer):
+                raise PlanError(f"tactic {layer.tactic!r} cannot run this {layer.kind} layer on this GPU "
+                                f"({self.info.arch}): its dtypes, shapes or attributes are not the tactic's",
+                                where=f"layer {layer.name!r}", hint="rebuild the plan on this machine")
+            steps.append((layer, tactic))
+        return steps
 
     def _upload_weights(self) -> None:
         descs = {n: t for n, t in self.plan.tensors.items() if t.kind == "weight"}
@@ -131,6 +139,7 @@ class CudaEngine:
             self.weights = None
         self.modules.close()
         self.steps = []
+        self.profile_steps = []
 
 
 class CudaContext:
@@ -161,6 +170,7 @@ class CudaContext:
             if root is not None:
                 self.tensors[name] = DeviceTensor(self._staged.pointer(root), tuple(desc.shape), desc.np_dtype)
         self._counts = CountWords(plan, self.tensors)
+        self._steps = engine.steps
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
     def begin(self) -> None:
@@ -168,7 +178,9 @@ class CudaContext:
 
     def bind_shapes(self, shapes: Any) -> None:
         """Dynamic tensors take this run's shapes at their arena offsets (sized for the
-        profiles' largest); kernels of tactics with dynamic_sizes read them at launch."""
+        profiles' largest); kernels of tactics with dynamic_sizes read them at launch. The
+        layers launch with the tactics of the shapes' profile (the key starts with its index)."""
+        self._steps = self.engine.profile_steps[shapes.key[0]]
         for name, shape in shapes.shapes.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
@@ -192,7 +204,7 @@ class CudaContext:
         return download(t.ptr, t.shape, t.dtype, stream.handle)
 
     def launch(self, index: int, stream: Stream) -> None:
-        layer, tactic = self.engine.steps[index]
+        layer, tactic = self._steps[index]
         self._workspace.reset()
         launcher = CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, layer.name,
                                 sm_count=self.engine.info.sm_count)
@@ -225,7 +237,7 @@ class CudaContext:
     def capture(self, record: Callable[[Stream], None]) -> CudaGraph | None:
         """`record`'s launches as a CUDA graph (the workspace may not grow while capturing); None
         when a layer is driven from the host (control flow reads values back while it runs)."""
-        if any(tactic.host_driven for _, tactic in self.engine.steps):
+        if any(tactic.host_driven for _, tactic in self._steps):
             return None
         self._workspace.frozen = True
         try:
