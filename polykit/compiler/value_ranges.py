@@ -4,9 +4,9 @@ A small integer graph input whose values decide shapes (a Reshape target, TopK's
 of a reduction, Slice's starts...) needs a range before one engine can serve every value.
 `value_ranges(graph)` gives, per such input, a (low, high) per element implied by its
 consumers: Reshape targets [-1, numel(data)], TopK's k [0, dim], axes [-rank, rank-1], Split
-sizes [0, dim]; operands ONNX accepts at any size (Pad's pads, Expand/Tile/ConstantOfShape/
-Range/Resize sizes, OneHot's depth, Slice's starts and ends, which ONNX clamps) get the widest
-range a plan holds (UNBOUNDED). An input used by several consumers gets the intersection.
+sizes [0, dim]; operands ONNX accepts at any size (Pad's pads, Slice's starts and ends, which ONNX
+clamps, Range's limits) get the widest range a plan holds (UNBOUNDED), and sizes (Expand/Tile/
+ConstantOfShape/Resize sizes, OneHot's depth, window lengths...) [0, UNBOUNDED]. An input used by several consumers gets the intersection.
 
 Such ranges are validity domains, not corners (Reshape at [-1, -1] is no valid target), so
 `ruled_profile` builds a Profile whose `ruled` inputs make their consumers' shapes shape rules
@@ -86,6 +86,7 @@ for _op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "
     range_rule(_op, 1)(_axes())
 range_rule("Slice", 3)(_axes())
 range_rule("Pad", 3)(_axes())
+range_rule("DFT", 2)(_axes())
 
 
 @range_rule("Unsqueeze", 1)
@@ -105,7 +106,9 @@ def _sizes(node: Node, graph: Graph) -> Bounds:
 for _op, _operands in (("Slice", (1, 2, 4)), ("Pad", (1,)), ("Range", (0, 1, 2))):
     range_rule(_op, *_operands)(_any)
 for _op, _operands in (("Expand", (1,)), ("Tile", (1,)), ("ConstantOfShape", (0,)), ("Resize", (3,)),
-                       ("OneHot", (1,)), ("CenterCropPad", (1,))):
+                       ("OneHot", (1,)), ("CenterCropPad", (1,)), ("Col2Im", (1, 2)), ("AffineGrid", (1,)),
+                       ("BlackmanWindow", (0,)), ("HammingWindow", (0,)), ("HannWindow", (0,)), ("DFT", (1,)),
+                       ("STFT", (1, 3)), ("MelWeightMatrix", (0, 1, 2)), ("MaxUnpool", (2,))):
     range_rule(_op, *_operands)(_sizes)
 
 
