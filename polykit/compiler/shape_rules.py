@@ -195,7 +195,8 @@ def refuse_ruled_target(target: str) -> None:
     if target not in RUN_TIME_SIZED_TARGETS:
         raise BuildError(f"the plan has tensors whose shapes shape-tensor input values decide, which the {target} "
                          f"target cannot size at run time yet", where=f"target {target!r}",
-                         hint="give those inputs values ranges whose corners hold (--trt-*-shape-values) or fixed "
+                         hint="give those inputs values ranges whose corners hold (--trt-min-shape-values/"
+                              "--trt-max-shape-values) or fixed "
                               "values (input_values)")
 
 
