@@ -14,7 +14,7 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from polykit.compiler.sequences import runtime_form
-from polykit.errors import BuildError, DeviceError
+from polykit.errors import BuildError, DeviceError, PolykitError
 from polykit.runtime.sequences import flatten_value
 
 _DEVICE_TARGETS = {"CPU": "cpu", "CUDA": "cuda"}
@@ -41,14 +41,20 @@ class PolykitRep(BackendRep):
         self.builds = 0
 
     def _engine_for(self, feeds: dict[str, np.ndarray]) -> Any:
-        """The engine for these feeds' shapes; when a build fails because shapes depend on input
-        data, the small inputs' values are bound too (TensorRT's shape-tensor inputs)."""
+        """The engine for these feeds' shapes. Shape-tensor inputs (a Reshape target, TopK's k...)
+        range over what their consumers allow, one engine serving every value (value_ranges);
+        only when that build fails are the small inputs' values bound too, an engine per value."""
         from polykit.compiler.infer import PROPAGATE_MAX_ELEMENTS
 
         key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
         engine = self._engines.get(key)
         if engine is not None:
             return engine
+        if key not in self._by_value:
+            engine = self._ruled(feeds)
+            if engine is not None:
+                self._engines[key] = engine
+                return engine
         bound = self._by_value.get(key)
         if bound is not None:  # shapes here depend on input data: engines are built per input value
             value_key = key + tuple(feeds[k].tobytes() for k in bound)
@@ -70,13 +76,29 @@ class PolykitRep(BackendRep):
         self._engines[key] = engine
         return engine
 
-    def _build(self, feeds: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> Any:
+    def _ruled(self, feeds: dict[str, np.ndarray]) -> Any:
+        """The engine whose shape-tensor inputs range over their value_ranges (None without such
+        inputs, on a target that cannot size tensors at run time, or when the build fails)."""
+        from polykit.compiler.shape_rules import RUN_TIME_SIZED_TARGETS
+        from polykit.compiler.value_ranges import ruled_profile
+
+        if self.target not in RUN_TIME_SIZED_TARGETS or set(feeds) != set(self.graph.inputs):
+            return None  # (a sequence input's feeds are its elements)
+        profile = ruled_profile(self.graph, {k: tuple(v.shape) for k, v in feeds.items()}, feeds)
+        if profile is None:
+            return None
+        try:
+            return self._build(feeds, {}, [profile])
+        except PolykitError:  # a shape the plan cannot record (a pass, a body): built per value instead
+            return None
+
+    def _build(self, feeds: dict[str, np.ndarray], values: dict[str, np.ndarray], profiles: list | None = None) -> Any:
         from polykit.compiler.builder import build_plan
         from polykit.compiler.config import BuilderConfig
         from polykit.runtime.engine import Runtime
 
         cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
-                            input_values=values, **self.config)
+                            input_values=values, profiles=profiles or [], **self.config)
         self.builds += 1
         return Runtime(self.target).deserialize_engine(build_plan(self.graph, cfg))
 

@@ -21,6 +21,7 @@ import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.data_dims import DATA_DIMS, data_symbols
+from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
@@ -62,12 +63,17 @@ class Builder:
                            dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
         g.metadata[DATA_DIMS] = True
+        if profiles is not None and profiles.ruled:
+            g.metadata[RULED] = set(profiles.ruled)
         known = infer_shapes(g)
         distributed = distribute(g, cfg)
         known = infer_shapes(g) if distributed else known
         data = data_symbols(g)
         if data:  # output sizes the input values decide: bound at run time
             profiles = replace(profiles or ProfileSet.static(g), data=data)
+        if g.metadata.get(RULES):  # shapes the shape-tensor values decide: their rules run at bind time
+            profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
+            refuse_ruled_target(target)
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
         if cfg.profiles:
             check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))

@@ -18,6 +18,7 @@ from polykit.compiler.data_dims import DATA_DIMS
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.shape_rules import RULED, RULES, at_opt, reads_ruled, record_rule
 from polykit.compiler.shape_values import is_symbolic, symbolic_values
 from polykit.compiler.symbolic import is_dynamic
 from polykit.errors import PolykitError, ShapeError, UnsupportedModelError
@@ -39,6 +40,9 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             known[name] = np.asarray(arr)
     partial = Partial(graph, PROPAGATE_MAX_ELEMENTS)
     data_dims = bool(graph.metadata.get(DATA_DIMS))
+    ruled = graph.metadata.get(RULED) or set()
+    if ruled:
+        graph.metadata[RULES] = []
     missing: list[tuple[str, str, str, int]] = []
     for node in graph.nodes:
         rule = find_shape_rule(node.domain, node.op_type)
@@ -52,7 +56,8 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             shapes.append(v.shape)
             consts.append(known.get(name) if name else None)
             values.append(v)
-        ctx = InferContext(node, dtypes, shapes, consts, values, data_dims=data_dims)
+        by_rule = bool(ruled) and reads_ruled(consts, ruled)  # its shapes: its rule at bind time
+        ctx = InferContext(node, dtypes, shapes, at_opt(consts) if by_rule else consts, values, data_dims=data_dims)
         try:
             results = rule(ctx)
         except PolykitError:
@@ -72,6 +77,8 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             if out:
                 graph.set_value(result_value(out, result))
         symbolic = symbolic_values(node, known, graph)
+        if by_rule:
+            record_rule(node, graph, consts, symbolic is not None)
         if symbolic is not None or any(is_symbolic(c) for c in consts):
             _learn_values(node, graph, known, symbolic)
         else:

@@ -14,13 +14,14 @@ from typing import Any, Mapping
 from polykit.compiler.plan_schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
     record, text
 from polykit.compiler.data_dims import with_data
+from polykit.compiler.shape_rules import ShapeRule
 from polykit.compiler.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
 
 Doc = Mapping[str, Any]
 
 
 def _triple(value: Any, path: str) -> None:
-    list_of(integer(0, MAX_BYTES), max_len=3)(value, path)
+    list_of(integer(-MAX_BYTES, MAX_BYTES), max_len=3)(value, path)  # a ruled value range may be negative
     if len(value) != 3 or not value[0] <= value[1] <= value[2]:
         raise Invalid(path, f"{value} is not [min, opt, max] with min <= opt <= max")
 
@@ -37,11 +38,20 @@ def _expr(value: Any, path: str) -> None:
         raise Invalid(path, str(exc)) from None
 
 
+def _rule(value: Any, path: str) -> None:
+    try:
+        ShapeRule.from_json(value)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Invalid(path, f"is no shape rule record: {type(exc).__name__}: {exc}") from None
+
+
 PROFILE_FIELDS = (
     Field("ranges", list_of(map_of(_triple), max_len=1 << 10)),
     Field("inputs", map_of(list_of(nullable(text())))),
     Field("values", map_of(list_of(_symbol_or_int)), required=False),
     Field("data", map_of(_expr), required=False),
+    Field("ruled", list_of(text()), required=False),
+    Field("rules", list_of(_rule, max_len=1 << 12), required=False),
 )
 
 
@@ -56,10 +66,17 @@ def check_dims(doc: Doc, weights_len: int) -> None:
                     raise Invalid(f"tensors[{name!r}].{key}", "a plan without profiles has no dynamic dims")
         return
     symbols = _check_profiles(doc, profiles)
-    corners = [{s: r[k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
+    ruled = set(profiles.get("ruled", ()))
+    if not ruled <= symbols:
+        raise Invalid("profiles.ruled", f"names {sorted(ruled - symbols)[0]!r}, which is no value symbol")
+    corners = [{s: r[1 if s in ruled else k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
     data = _check_data(profiles.get("data", {}), symbols, corners)
     corners = [with_data(env, data) for env in corners]
     symbols |= set(data)
+    rules = _check_rules(profiles.get("rules", ()), symbols)
+    at_opt = {s: d for r in rules for s, d in r.symbols_at_opt().items()}
+    corners = [{**env, **at_opt} for env in corners]
+    symbols |= set(at_opt)
     for name, t in tensors.items():
         if "dims" in t:
             _check_tensor(name, t, symbols, corners)
@@ -108,6 +125,23 @@ def _check_data(data: Doc, symbols: set[str], corners: list[dict[str, int]]) -> 
                 raise Invalid(path, f"bound {bound} is negative at a profile corner")
         except (ValueError, ShapeEvalError) as exc:
             raise Invalid(path, str(exc)) from None
+    return out
+
+
+def _check_rules(rules: Any, symbols: set[str]) -> list[ShapeRule]:
+    """The shape rules, in order: each names only input symbols and earlier rules' symbols."""
+    out: list[ShapeRule] = []
+    known = set(symbols)
+    for i, d in enumerate(rules):
+        try:
+            rule = ShapeRule.from_json(d, known)
+        except ValueError as exc:
+            raise Invalid(f"profiles.rules[{i}]", str(exc)) from None
+        fresh = set(rule.symbols_at_opt())
+        if fresh & known:
+            raise Invalid(f"profiles.rules[{i}]", f"defines {sorted(fresh & known)[0]!r} again")
+        known |= fresh
+        out.append(rule)
     return out
 
 

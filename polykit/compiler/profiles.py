@@ -24,6 +24,7 @@ import numpy as np
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.plan_records import TensorDesc
 from polykit.compiler.data_dims import DATA_DIMS, with_data
+from polykit.compiler.shape_rules import ShapeRule
 from polykit.compiler.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
     term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
@@ -41,27 +42,39 @@ class Profile:
                                                                                          hash=False)
     values: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict,
                                                                                          hash=False)
+    #: shape-tensor inputs of `values` whose (min, max) is a validity domain, not corners: the shapes
+    #: they decide are computed at bind time by their consumers' shape rules (polykit.compiler.shape_rules)
+    ruled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ruled", tuple(sorted(str(n) for n in self.ruled)))
         for key, what in (("shapes", "shape"), ("values", "value")):
-            norm = {str(name): _triple(str(name), triple, what) for name, triple in dict(getattr(self, key) or {}).items()}
+            norm = {str(name): _triple(str(name), triple, what, str(name) in self.ruled)
+                    for name, triple in dict(getattr(self, key) or {}).items()}
             object.__setattr__(self, key, dict(sorted(norm.items())))
+        stray = sorted(set(self.ruled) - set(self.values))
+        if stray:
+            raise UsageError(f"the profile rules input {stray[0]!r} but gives it no values",
+                             hint="ruled inputs are shape-tensor inputs with values ranges")
         both = sorted(set(self.shapes) & set(self.values))
         if both:
             raise UsageError(f"the profile gives input {both[0]!r} both shapes and values",
                              hint="values are for shape-tensor inputs, whose own shape is static")
 
     def to_json(self) -> dict[str, Any]:
-        return {key: {name: [list(s) for s in triple] for name, triple in getattr(self, key).items()}
-                for key in ("shapes", "values")}
+        d: dict[str, Any] = {key: {name: [list(s) for s in triple] for name, triple in getattr(self, key).items()}
+                             for key in ("shapes", "values")}
+        if self.ruled:
+            d["ruled"] = list(self.ruled)
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Profile":
         return Profile(*({name: tuple(tuple(s) for s in triple) for name, triple in d.get(key, {}).items()}
-                         for key in ("shapes", "values")))
+                         for key in ("shapes", "values")), tuple(d.get("ruled", ())))
 
 
-def _triple(name: str, triple: Any, what: str) -> tuple[tuple[int, ...], ...]:
+def _triple(name: str, triple: Any, what: str, ruled: bool = False) -> tuple[tuple[int, ...], ...]:
     """(min, opt, max) of one input's shape or values, checked: one length, min <= opt <= max."""
     try:
         low, opt, high = (tuple(int(d) for d in s) for s in triple)
@@ -72,7 +85,7 @@ def _triple(name: str, triple: Any, what: str) -> tuple[tuple[int, ...], ...]:
         raise UsageError(f"the profile of input {name!r} has min/opt/max {what}s of ranks "
                          f"{len(low)}/{len(opt)}/{len(high)}", hint=f"give the three {what}s one length")
     for axis, (a, b, c) in enumerate(zip(low, opt, high)):
-        if not (a <= b <= c and (a >= 0 or a == c)):
+        if not (a <= b <= c and (a >= 0 or a == c or ruled)):
             label = "dim" if what == "shape" else "element"
             raise UsageError(f"the profile of input {name!r} has {label} {axis} min {a}, opt {b}, max {c}",
                              hint="each needs 0 <= min <= opt <= max (a fixed value may be negative)"
@@ -94,10 +107,16 @@ class ProfileSet:
     inputs: dict[str, tuple[str | None, ...]]
     values: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
     data: dict[str, Term] = field(default_factory=dict)
+    #: value symbols whose range is a domain (Profile.ruled), and the shape rules evaluated at bind time
+    ruled: frozenset = frozenset()
+    rules: tuple[ShapeRule, ...] = ()
 
     def corners(self) -> list[tuple[int, str, dict[str, int]]]:
-        """(profile index, "min"/"opt"/"max", symbol values) of every profile corner."""
-        return [(i, label, with_data({s: r[k] for s, r in ranges.items()}, self.data))
+        """(profile index, "min"/"opt"/"max", symbol values) of every profile corner (ruled value
+        symbols and rule symbols at their opt values)."""
+        at_opt = {s: d for r in self.rules for s, d in r.symbols_at_opt().items()}
+        return [(i, label, {**with_data({s: r[1 if s in self.ruled else k] for s, r in ranges.items()}, self.data),
+                            **at_opt})
                 for i, ranges in enumerate(self.ranges) for k, label in enumerate(("min", "opt", "max"))]
 
     def input_shapes(self, profile: int, name: str, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
@@ -113,6 +132,10 @@ class ProfileSet:
             d["values"] = {n: list(syms) for n, syms in sorted(self.values.items())}
         if self.data:
             d["data"] = {s: expr_to_json(b) for s, b in sorted(self.data.items())}
+        if self.ruled:
+            d["ruled"] = sorted(self.ruled)
+        if self.rules:
+            d["rules"] = [r.to_json() for r in self.rules]
         return d
 
     @staticmethod
@@ -120,7 +143,8 @@ class ProfileSet:
         return ProfileSet(tuple({s: tuple(r) for s, r in p.items()} for p in d["ranges"]),
                           {n: tuple(dims) for n, dims in d["inputs"].items()},
                           {n: tuple(syms) for n, syms in d.get("values", {}).items()},
-                          {s: expr_from_json(b) for s, b in d.get("data", {}).items()})
+                          {s: expr_from_json(b) for s, b in d.get("data", {}).items()},
+                          frozenset(d.get("ruled", ())), tuple(ShapeRule.from_json(r) for r in d.get("rules", ())))
 
     @staticmethod
     def static(g: Graph) -> "ProfileSet":
@@ -209,6 +233,7 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
             per_input.setdefault(name, []).append(triple)
     ranges: list[dict[str, Range]] = [{} for _ in profiles]
     value_syms = _value_symbols(g, profiles, ranges)
+    ruled = frozenset(s for p in profiles for n in p.ruled for s in value_syms[n] if isinstance(s, str))
     inputs: dict[str, tuple[str | None, ...]] = {}
     for name, triples in per_input.items():
         model = g.value(name).shape
@@ -228,7 +253,7 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
                                      hint="give dims that the model names alike the same min/opt/max")
             syms.append(sym)
         inputs[name] = tuple(syms)
-    return ProfileSet(tuple(ranges), inputs, value_syms)
+    return ProfileSet(tuple(ranges), inputs, value_syms, ruled=ruled)
 
 
 def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str, Range]]) -> dict[str, tuple]:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.shape_rules import evaluate_rules, rule_symbols
 from polykit.compiler.symbolic import Expr, ShapeEvalError, Term, evaluate
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
 
@@ -53,6 +54,9 @@ class ShapeBinder:
         #: data symbols each tensor's dims or value name: it waits for them (polykit.runtime.output_alloc)
         self._waits = {n: frozenset(data & set().union(*(_symbols(e) for e in t.dims + t.value)))
                        for n, t in plan.tensors.items() if t.dims or t.value}
+        ruled = rule_symbols(self.profiles.rules) if self.profiles is not None else set()
+        #: tensors a shape rule sizes at bind time (polykit.compiler.shape_rules): no reserved bytes bound them
+        self._run_time_sized = {n for n, t in self._dynamic.items() if ruled & set().union(*map(_symbols, t.dims))}
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property
@@ -90,6 +94,8 @@ class ShapeBinder:
             found = ShapeSet(key, {}, {})
         else:
             dims = self.profiles.bind_shapes(input_shapes, self._static, profile, given)
+            if self.profiles.rules:
+                dims = evaluate_rules(self.profiles.rules, dims)
             found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
         self._cache[key] = found
         if len(self._cache) > MAX_CACHED_SHAPE_SETS:
@@ -140,7 +146,8 @@ class ShapeBinder:
             except ShapeEvalError as exc:
                 raise RuntimeInputError(f"the shape of tensor {name!r} cannot be computed for these input shapes: "
                                         f"{exc}", hint="feed shapes inside the optimization profile") from None
-            if min(shape, default=0) < 0 or math.prod(shape) * t.np_dtype.itemsize > t.nbytes:
+            if min(shape, default=0) < 0 or (math.prod(shape) * t.np_dtype.itemsize > t.nbytes
+                                             and name not in self._run_time_sized):
                 raise RuntimeInputError(
                     f"tensor {name!r} would have shape {shape} for these input shapes, beyond what the plan "
                     f"reserved for it ({t.nbytes} bytes)", where=f"tensor {name!r}",

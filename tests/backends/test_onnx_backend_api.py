@@ -65,7 +65,7 @@ def test_onnx_backend_test_suite_passes_selected_node_cases(selected_suite):
     assert result.testsRun - len(result.skipped) == len(SELECTED)
 
 
-def test_a_rep_binds_shape_inputs_when_shapes_depend_on_their_values():
+def test_a_rep_builds_one_engine_for_every_value_of_a_shape_tensor_input():
     g = helper.make_graph(
         [helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
@@ -74,10 +74,25 @@ def test_a_rep_binds_shape_inputs_when_shapes_depend_on_their_values():
     )
     rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), "CPU")
     x = np.random.default_rng(2).standard_normal((2, 6)).astype(np.float32)
-    for target in ([3, 4], [4, 3], [3, 4]):  # one engine per value; the first is reused
+    for target in ([3, 4], [4, 3], [-1, 2], [0, -1], [3, 4]):
         (y,) = rep.run([x, np.array(target, np.int64)])
-        np.testing.assert_array_equal(y, x.reshape(target))
-    assert rep.builds == 3  # the first try without values fails; then [3, 4] and [4, 3]
+        np.testing.assert_array_equal(y, x.reshape(target if target != [0, -1] else [2, 6]))
+    assert rep.builds == 1  # the target ranges over [-1, 12] per element (value_ranges)
+
+
+def test_a_rep_binds_float_shape_inputs_per_value():
+    g = helper.make_graph(  # Resize's scales are floats: no value symbols, an engine per value
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2]),
+         helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    rep = backend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]), "CPU")
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    for scale, again in ((2.0, False), (3.0, False), (2.0, True)):
+        (y,) = rep.run([x, np.array([1, 1, scale, scale], np.float32)])
+        np.testing.assert_array_equal(y, x.repeat(int(scale), 2).repeat(int(scale), 3))
+    assert rep.builds == 3  # the first try without values fails; then 2.0 and 3.0 (2.0 reused)
 
 
 def test_a_rep_builds_one_engine_for_data_dependent_output_sizes():

@@ -1,0 +1,179 @@
+"""Value ranges of shape-tensor inputs, read from the ops that consume them.
+
+A small integer graph input whose values decide shapes (a Reshape target, TopK's k, the axes
+of a reduction, Slice's starts...) needs a range before one engine can serve every value.
+`value_ranges(graph)` gives, per such input, a (low, high) per element implied by its
+consumers: Reshape targets [-1, numel(data)], TopK's k [0, dim], axes [-rank, rank-1], Split
+sizes [0, dim]; operands ONNX accepts at any size (Pad's pads, Slice's starts and ends, which ONNX
+clamps, Range's limits) get the widest range a plan holds (UNBOUNDED), and sizes (Expand/Tile/
+ConstantOfShape/Resize sizes, OneHot's depth, window lengths...) [0, UNBOUNDED]. An input used by several consumers gets the intersection.
+
+Such ranges are validity domains, not corners (Reshape at [-1, -1] is no valid target), so
+`ruled_profile` builds a Profile whose `ruled` inputs make their consumers' shapes shape rules
+evaluated at bind time (polykit.compiler.shape_rules); the ranges are checked per run and a
+value outside one is a RuntimeInputError naming the input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir import Graph, Node
+from polykit.compiler.profiles import Profile
+from polykit.compiler.shape_values import MOVEMENT_OPS, SHAPE_VALUE_OPS
+from polykit.compiler.symbolic import MAX_VALUE
+from polykit.errors import PolykitError
+
+Bounds = tuple[int, int]
+#: the widest range: what a plan's expressions hold
+UNBOUNDED: Bounds = (-MAX_VALUE, MAX_VALUE)
+#: shape-tensor inputs up to this many elements take ranges (infer.PROPAGATE_MAX_ELEMENTS)
+MAX_ELEMENTS = 4096
+
+#: fn(node, graph) -> the range of every element of the operand
+RangeFn = Callable[[Node, Graph], Bounds]
+#: (op type, operand index) -> its range
+RANGE_RULES: dict[tuple[str, int], RangeFn] = {}
+
+
+def range_rule(op: str, *operands: int) -> Callable[[RangeFn], RangeFn]:
+    def register(fn: RangeFn) -> RangeFn:
+        for i in operands:
+            if (op, i) in RANGE_RULES:
+                raise ValueError(f"range rule for {op} operand {i} registered twice")
+            RANGE_RULES[(op, i)] = fn
+        return fn
+    return register
+
+
+def _shape(node: Node, graph: Graph, i: int = 0) -> "tuple[int, ...] | None":
+    v = graph.value(node.input(i))
+    return tuple(v.shape) if v.is_static else None
+
+
+def _axis_dim(node: Node, graph: Graph) -> Bounds:
+    """[0, dim] along the node's `axis` attribute (TopK's k, Split's sizes)."""
+    shape = _shape(node, graph)
+    if shape is None or not shape:
+        return (0, MAX_VALUE)
+    return (0, shape[int(node.attrs.get("axis", -1 if node.op_type == "TopK" else 0)) % len(shape)])
+
+
+def _axes(extra: int = 0) -> RangeFn:
+    """Axes of the data operand (its rank plus `extra`): [-rank, rank-1]."""
+    def fn(node: Node, graph: Graph) -> Bounds:
+        shape = graph.value(node.input(0)).shape
+        if shape is None:
+            return UNBOUNDED
+        rank = len(shape) + extra
+        return (-rank, rank - 1)
+    return fn
+
+
+@range_rule("Reshape", 1)
+def _reshape(node: Node, graph: Graph) -> Bounds:
+    shape = _shape(node, graph)
+    return (-1, math.prod(shape)) if shape is not None else (-1, MAX_VALUE)
+
+
+range_rule("TopK", 1)(_axis_dim)
+range_rule("Split", 1)(_axis_dim)
+for _op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+            "ReduceLogSumExp", "ReduceSumSquare", "Squeeze"):
+    range_rule(_op, 1)(_axes())
+range_rule("Slice", 3)(_axes())
+range_rule("Pad", 3)(_axes())
+range_rule("DFT", 2)(_axes())
+
+
+@range_rule("Unsqueeze", 1)
+def _unsqueeze(node: Node, graph: Graph) -> Bounds:
+    count = graph.value(node.input(1)).shape
+    return _axes(math.prod(count) if count is not None and all(isinstance(d, int) for d in count) else 0)(node, graph)
+
+
+def _any(node: Node, graph: Graph) -> Bounds:
+    return UNBOUNDED
+
+
+def _sizes(node: Node, graph: Graph) -> Bounds:
+    return (0, MAX_VALUE)
+
+
+for _op, _operands in (("Slice", (1, 2, 4)), ("Pad", (1,)), ("Range", (0, 1, 2))):
+    range_rule(_op, *_operands)(_any)
+for _op, _operands in (("Expand", (1,)), ("Tile", (1,)), ("ConstantOfShape", (0,)), ("Resize", (3,)),
+                       ("OneHot", (1,)), ("CenterCropPad", (1,)), ("Col2Im", (1, 2)), ("AffineGrid", (1,)),
+                       ("BlackmanWindow", (0,)), ("HammingWindow", (0,)), ("HannWindow", (0,)), ("DFT", (1,)),
+                       ("STFT", (1, 3)), ("MelWeightMatrix", (0, 1, 2)), ("MaxUnpool", (2,))):
+    range_rule(_op, *_operands)(_sizes)
+
+
+def value_ranges(graph: Graph) -> dict[str, tuple[Bounds, ...]]:
+    """Per shape-tensor input of `graph` (a static integer input of at most MAX_ELEMENTS values,
+    0-d or 1-D, all of whose uses decide shapes), (low, high) per element. `graph` has its
+    inputs' shapes inferred (its values: shapes of the consumers' data operands)."""
+    consumers = graph.consumers()
+    out: dict[str, tuple[Bounds, ...]] = {}
+    for name in graph.inputs:
+        v = graph.value(name)
+        if v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static or len(v.shape) > 1 \
+                or not v.is_tensor or math.prod(v.shape) > MAX_ELEMENTS:
+            continue
+        bounds = _uses(name, consumers, graph, depth=0)
+        if bounds is not None:
+            out[name] = (bounds,) * math.prod(v.shape)
+    return out
+
+
+def _uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph, depth: int) -> "Bounds | None":
+    """The intersection of the ranges `name`'s uses allow; None when one use does not decide a shape.
+    A use through a host shape-chain op (Cast, Add, Concat...) allows any value its consumers check."""
+    uses = consumers.get(name, [])
+    if not uses or depth > 8:
+        return None
+    low, high = UNBOUNDED
+    for node in uses:
+        for i, inp in enumerate(node.inputs):
+            if inp != name:
+                continue
+            fn = RANGE_RULES.get((node.op_type, i)) if node.domain in ("", "ai.onnx") else None
+            if fn is not None:
+                lo, hi = fn(node, graph)
+            elif node.op_type in SHAPE_VALUE_OPS or node.op_type in MOVEMENT_OPS:
+                if any(_uses(o, consumers, graph, depth + 1) is None for o in node.outputs if o):
+                    return None
+                lo, hi = UNBOUNDED
+            else:
+                return None
+            low, high = max(low, lo), min(high, hi)
+    return (low, high) if low <= high else None
+
+
+def ruled_profile(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
+                  values: Mapping[str, np.ndarray]) -> "Profile | None":
+    """A one-profile Profile for static input `shapes` whose shape-tensor inputs range over their
+    value_ranges with opt at `values` (ruled); None when the graph has none or a value lies
+    outside its range."""
+    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.builder import apply_input_shapes
+
+    g = graph.copy()
+    apply_input_shapes(g, dict(shapes))
+    try:
+        infer_shapes(g, strict=False)  # without the values: a data operand's dims a value decides stay unknown
+    except PolykitError:
+        pass  # the shapes before the failing node are known; later operands get the widest ranges
+    ranges = value_ranges(g)
+    if not ranges or any(n not in values for n in ranges):
+        return None
+    triples = {}
+    for name, bounds in ranges.items():
+        opt = tuple(int(x) for x in np.asarray(values[name]).ravel())
+        if len(opt) != len(bounds) or not all(lo <= x <= hi for x, (lo, hi) in zip(opt, bounds)):
+            return None
+        triples[name] = (tuple(lo for lo, _ in bounds), opt, tuple(hi for _, hi in bounds))
+    return Profile(values=triples, ruled=tuple(triples))

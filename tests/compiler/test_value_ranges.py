@@ -1,0 +1,55 @@
+"""value_ranges reads each shape-tensor input's range from the ops that consume it."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from polykit.compiler.builder import apply_input_shapes
+from polykit.compiler.infer import infer_shapes
+from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.value_ranges import UNBOUNDED, ruled_profile, value_ranges
+
+
+def _graph(nodes, ints: dict[str, list[int]]):
+    g = helper.make_graph(nodes, "ranges",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])]
+                          + [helper.make_tensor_value_info(n, TensorProto.INT64, s) for n, s in ints.items()],
+                          [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for n in nodes for o in n.output])
+    graph = load_onnx(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]))
+    apply_input_shapes(graph, {})
+    infer_shapes(graph, strict=False)
+    return graph
+
+
+def test_each_consumer_gives_its_operand_range():
+    graph = _graph([helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                    helper.make_node("TopK", ["x", "k"], ["t", "i"], axis=1),
+                    helper.make_node("ReduceSum", ["x", "axes"], ["s"]),
+                    helper.make_node("Unsqueeze", ["x", "uaxes"], ["u"]),
+                    helper.make_node("Split", ["x", "split"], ["a", "b"], axis=2),
+                    helper.make_node("Pad", ["x", "pads"], ["p"])],
+                   {"shape": [2], "k": [1], "axes": [2], "uaxes": [2], "split": [2], "pads": [6]})
+    assert value_ranges(graph) == {"shape": ((-1, 24),) * 2, "k": ((0, 3),), "axes": ((-3, 2),) * 2,
+                                   "uaxes": ((-5, 4),) * 2, "split": ((0, 4),) * 2, "pads": (UNBOUNDED,) * 6}
+
+
+def test_an_input_used_twice_gets_the_intersection():
+    graph = _graph([helper.make_node("TopK", ["x", "k"], ["t", "i"], axis=0),
+                    helper.make_node("TopK", ["x", "k"], ["t2", "i2"], axis=2)], {"k": [1]})
+    assert value_ranges(graph) == {"k": ((0, 2),)}
+
+
+def test_an_integer_input_used_as_data_is_no_shape_tensor_input():
+    graph = _graph([helper.make_node("Reshape", ["x", "shape"], ["r"]),
+                    helper.make_node("Cast", ["shape"], ["f"], to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["f", "x"], ["m"])], {"shape": [4]})
+    assert value_ranges(graph) == {}
+
+
+def test_ruled_profile_puts_opt_at_the_feed_and_refuses_a_value_outside_the_range():
+    graph = _graph([helper.make_node("TopK", ["x", "k"], ["t", "i"], axis=-1)], {"k": [1]})
+    shapes = {"x": (2, 3, 4), "k": (1,)}
+    profile = ruled_profile(graph, shapes, {"k": np.array([3])})
+    assert profile.values == {"k": ((0,), (3,), (4,))} and profile.ruled == ("k",)
+    assert ruled_profile(graph, shapes, {"k": np.array([7])}) is None

@@ -1,0 +1,144 @@
+"""One plan serves every value of a shape-tensor input: its consumers' shapes are their shape
+rules evaluated at bind time (polykit.compiler.shape_rules), with ranges read from the model
+(polykit.compiler.value_ranges); outputs equal onnxruntime's bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from polykit.compiler.builder import build_plan
+from polykit.compiler.config import BuilderConfig
+from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.plan import Plan
+from polykit.compiler.value_ranges import ruled_profile
+from polykit.errors import BuildError, PlanError, RuntimeInputError
+from polykit.runtime.engine import Runtime
+from tests.compiler.test_plan_check import edited
+
+X_SHAPE = (2, 3, 4)
+
+
+def _model(node, second: str, count: int, outputs=("y",)):
+    g = helper.make_graph([node], "ruled",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X_SHAPE)),
+                           helper.make_tensor_value_info(second, TensorProto.INT64, [count])],
+                          [helper.make_tensor_value_info(o, TensorProto.INT64 if o == "i" else TensorProto.FLOAT, None)
+                           for o in outputs])
+    return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+
+
+#: (model, the shape-tensor input, its values: the first is opt, every one runs on that plan)
+CASES = {
+    "reshape": (_model(helper.make_node("Reshape", ["x", "shape"], ["y"]), "shape", 2), "shape",
+                [[4, 6], [-1, 2], [0, -1], [24, 1], [1, 24]]),
+    "topk": (_model(helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1), "k", 1, ("y", "i")), "k",
+             [[2], [0], [4], [1]]),
+    "reduce_axes": (_model(helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0), "axes", 2), "axes",
+                    [[0, 2], [1, 2], [-1, 0], [-2, -3]]),
+    "pad": (_model(helper.make_node("Pad", ["x", "pads"], ["y"]), "pads", 6), "pads",
+            [[0, 1, 0, 0, 2, 1], [1, 0, 3, 1, 0, 0], [0, -1, 0, 0, 0, -2], [4, 4, 4, 4, 4, 4]]),
+    "expand": (_model(helper.make_node("Expand", ["x", "shape"], ["y"]), "shape", 4), "shape",
+               [[1, 2, 3, 4], [5, 2, 1, 1], [3, 1, 3, 4], [1, 1, 1, 4]]),
+}
+
+SUMMED = {"reduce_axes"}
+
+
+def _slice_model():  # Slice's ends: a second shape-tensor input of the same node
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"])
+    g = helper.make_graph([node], "ruled",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X_SHAPE))]
+                          + [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in ("starts", "ends", "axes")],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _engine(model, feeds):
+    graph = load_onnx(model)
+    shapes = {k: v.shape for k, v in feeds.items()}
+    profile = ruled_profile(graph, shapes, feeds)
+    assert profile is not None and profile.ruled, "the model's shape-tensor inputs got no ranges"
+    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target="cpu", input_shapes=shapes,
+                                                            profiles=[profile])).serialize())
+    assert plan.profiles.rules, "no shape rule was recorded: the plan bakes the opt values"
+    return Runtime("cpu").deserialize_engine(plan)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_plan_serves_every_shape_tensor_value_like_onnxruntime(case):
+    model, name, values = CASES[case]
+    x = np.random.default_rng(3).standard_normal(X_SHAPE).astype(np.float32)
+    feeds = [{"x": x, name: np.array(v, np.int64)} for v in values]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    engine = _engine(model, feeds[0])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)
+        want = session.run(None, feed)
+        for out, ref in zip(model.graph.output, want):
+            assert got[out.name].shape == ref.shape, f"{case} {feed[name].tolist()}: shape of {out.name}"
+            if case in SUMMED:  # onnxruntime sums in another order
+                np.testing.assert_allclose(got[out.name], ref, rtol=1e-6, err_msg=f"{case} {feed[name].tolist()}")
+            else:
+                np.testing.assert_array_equal(got[out.name], ref, err_msg=f"{case} {feed[name].tolist()}: {out.name}")
+
+
+def test_slice_with_starts_ends_and_axes_inputs_clamps_at_run_time():
+    model = _slice_model()
+    x = np.random.default_rng(5).standard_normal(X_SHAPE).astype(np.float32)
+    feeds = [{"x": x, "starts": np.array([s]), "ends": np.array([e]), "axes": np.array([a])}
+             for s, e, a in ((0, 2, 0), (1, 100, 2), (-3, -1, 1), (-100, 2, -1), (3, 1, 2))]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    engine = _engine(model, feeds[0])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)["y"]
+        np.testing.assert_array_equal(got, session.run(None, feed)[0], err_msg=str(feed))
+
+
+@pytest.mark.parametrize("case, value, what", [
+    ("reshape", [25, 1], "shape-tensor input 'shape' has element 0 = 25, outside"),
+    ("topk", [5], "shape-tensor input 'k' has element 0 = 5, outside"),
+    ("reduce_axes", [0, 3], "shape-tensor input 'axes' has element 1 = 3, outside"),
+    ("reshape", [5, 5], "cannot reshape"),
+])
+def test_a_value_the_model_does_not_allow_is_a_runtime_input_error(case, value, what):
+    model, name, values = CASES[case]
+    x = np.ones(X_SHAPE, np.float32)
+    engine = _engine(model, {"x": x, name: np.array(values[0], np.int64)})
+    with engine.create_execution_context() as ctx, pytest.raises(RuntimeInputError) as err:
+        ctx.execute({"x": x, name: np.array(value, np.int64)})
+    assert what in err.value.what, err.value.what
+
+
+def test_a_ruled_plan_is_refused_on_a_target_that_sizes_tensors_at_build_time():
+    model, name, values = CASES["reshape"]
+    graph = load_onnx(model)
+    feeds = {"x": np.ones(X_SHAPE, np.float32), name: np.array(values[0])}
+    profile = ruled_profile(graph, {k: v.shape for k, v in feeds.items()}, feeds)
+    with pytest.raises(BuildError, match="cannot size at run time"):
+        build_plan(graph, BuilderConfig(target="cuda", input_shapes={k: v.shape for k, v in feeds.items()},
+                                        profiles=[profile]))
+
+
+def test_a_crafted_shape_rule_record_is_refused_naming_the_field():
+    model, name, values = CASES["topk"]
+    graph = load_onnx(model)
+    feeds = {"x": np.ones(X_SHAPE, np.float32), name: np.array(values[0])}
+    shapes = {k: v.shape for k, v in feeds.items()}
+    data = build_plan(graph, BuilderConfig(target="cpu", input_shapes=shapes,
+                                           profiles=[ruled_profile(graph, shapes, feeds)])).serialize()
+
+    def unknown_op(doc):
+        doc["profiles"]["rules"][0]["op"] = "NoSuchOp"
+
+    def stray_symbol(doc):
+        doc["profiles"]["rules"][0]["inputs"][1]["value"] = ["value(q)[0]"]
+
+    for edit, what in ((unknown_op, "has no shape rule"), (stray_symbol, "symbol 'value(q)[0]'")):
+        with pytest.raises(PlanError) as err:
+            Plan.deserialize(edited(data, edit))
+        assert "profiles.rules[0]" in err.value.what and what in err.value.what, err.value.what
