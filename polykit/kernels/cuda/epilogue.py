@@ -6,11 +6,12 @@ generated module is the family's .cu text preceded by HAS_EPILOGUE 1, the extra 
 parameters (each extra input's pointer and its element strides over the output's dims, 0
 on broadcast dims; up to MAXR output dims) and `apply_epilogue(E, v, out_index, col)`, which
 the kernels call on each fp32 result before the store. Extra inputs must have the output's
-storage dtype (float32 or float16). As the reference (and ONNX) compute the fused nodes one by
-one, each giving the output's type, a 16-bit result is rounded to that type before the body and
-each body op's result after it (`round_as`, a no-op for float32). Where the builder stamped shapes on the layer, each extra
-input is read by its class (`input_classes`): at the output index, at the column, or once;
-only other broadcasts pay the strided offset.
+storage dtype (float32, float16 or bfloat16). As the reference (and ONNX) compute the fused
+nodes one by one, each giving the output's type, a 16-bit result is rounded to that type
+before the body and each body op's result after it (`round_as`, a no-op for float32). Where
+the builder stamped shapes on the layer, each extra input is read by its class
+(`input_classes`): at the output index, at the column, or once; only other broadcasts pay the
+strided offset.
 """
 
 from __future__ import annotations

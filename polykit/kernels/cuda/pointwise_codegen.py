@@ -12,8 +12,8 @@ every candidate signature), two entry points:
 
 Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
 (as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
-like ONNX. The low-precision storage types of lowp.cuh (float8,
-float4, int4/int2) load as float / i32; they only get signatures from stamped layers.
+like ONNX. The low-precision storage types of lowp.cuh (float8, float4, int4/int2) load as
+float / i32 and round only at the store; they only get signatures from stamped layers.
 """
 
 from __future__ import annotations

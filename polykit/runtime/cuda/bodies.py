@@ -6,8 +6,9 @@ closed with the context), and the layer's tactic drives them from the host throu
 `BodyDriver`: it runs a body on device buffers (ExecutionContext.enqueue on the layer's
 stream: inputs copied into the body's own arena, outputs copied out; a body replays as a CUDA
 graph after its first run), copies between device buffers (strided ones too: a Scan's slices
-along an axis other than 0), writes small host arrays (loop indices) and reads scalars back (an If's condition, a Loop's trip count and, once per
-iteration, its condition when the body can change it).
+along an axis other than 0), writes small host arrays (loop indices) and reads scalars back
+(an If's condition, a Loop's trip count and, once per iteration, its condition when the body
+can change it).
 """
 
 from __future__ import annotations

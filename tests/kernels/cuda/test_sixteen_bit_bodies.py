@@ -87,11 +87,12 @@ def test_16bit_pointwise_chain_equals_the_reference_bit_for_bit(dtype, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_gemm_epilogue_rounds_the_product_to_T_like_the_reference_on_every_tactic(dtype):
-    """A @ B + mask with A, B entries k/16 and K = 8: every product and partial sum is a multiple
-    of 2^-8 below 2^4, exact in fp32 whatever the order, so each tactic must give the
-    reference's bits: the float64 product rounded to T, plus mask, rounded to T. The mask
-    cancels most of the product, so rounding the sum once (the product unrounded, as before)
-    gives other bits; the inputs are checked to tell the two apart."""
+    """A @ B + mask with A, B entries k/64 (|k| <= 64, exact in both types) and K = 8: every
+    product and partial sum is a multiple of 2^-12 below 2^4 (16 bits), exact in fp32 whatever
+    the order, so each tactic must give the reference's bits: the float64 product rounded to T
+    (it needs rounding in both types), plus mask, rounded to T. The mask cancels most of the
+    product, so rounding the sum once (the product unrounded, as before) gives other bits; the
+    inputs are checked to tell the two apart."""
     from polykit.kernels.tactics import candidates
     from polykit.runtime.cuda import driver
     from polykit.runtime.cuda.harness import reference_layer, run_layer
@@ -99,8 +100,8 @@ def test_gemm_epilogue_rounds_the_product_to_T_like_the_reference_on_every_tacti
 
     dt = DTYPES[dtype]
     m, k, n = 16, 8, 24
-    a = (rng.integers(-16, 17, (2, m, k)) / 16).astype(dt)
-    b = (rng.integers(-16, 17, (k, n)) / 16).astype(dt)
+    a = (rng.integers(-64, 65, (2, m, k)) / 64).astype(dt)
+    b = (rng.integers(-64, 65, (k, n)) / 64).astype(dt)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     mask = (-exact + rng.uniform(-0.25, 0.25, exact.shape)).astype(np.float32).astype(dt)
     feeds = {"A": a, "B": b, "mask": mask}
