@@ -12,13 +12,17 @@ on device buffers only. What the host reads back:
 
 Loop-carried values and Scan states live in the layer's output buffers: each iteration reads
 and writes them in place (the body copies its inputs into its own arena before it runs and its
-outputs out after). Scan slices are read and scan outputs written at byte offsets, so the
-scan axes must be 0 (the reference and cpu run any axes). A Loop's scan outputs have the shape
-the plan was built for; a run whose iteration count differs is a DeviceError.
+outputs out after). A Scan slice along axis 0 is contiguous: the body reads it (and writes a
+scan output's) at a byte offset. Along any other axis a slice is `rows` blocks of `width` bytes
+(the dims before the axis times the bytes after it), one per row of the tensor: it is gathered
+into, or scattered from, a workspace buffer with one strided copy per iteration
+(BodyDriver.copy_rows). A Loop's scan outputs have the shape the plan was built for; a run whose
+iteration count differs is a DeviceError.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -116,6 +120,61 @@ def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
                                "(BuilderConfig.input_values) or run it on --target cpu")
 
 
+@dataclass(frozen=True)
+class ScanSlices:
+    """Slice t of a tensor along its scan axis: `rows` blocks of `width` bytes starting t * width
+    bytes in, length * width bytes apart (the module docstring); contiguous when rows == 1."""
+
+    ptr: int
+    length: int
+    rows: int
+    width: int
+    reverse: bool
+
+    @staticmethod
+    def of(t: DeviceTensor, axis: int, reverse: int) -> "ScanSlices":
+        a = axis % max(len(t.shape), 1)
+        rows = int(np.prod(t.shape[:a], dtype=np.int64))
+        width = int(np.prod(t.shape[a + 1:], dtype=np.int64)) * t.dtype.itemsize
+        return ScanSlices(t.ptr, int(t.shape[a]), rows, width, bool(reverse))
+
+    @property
+    def strided(self) -> bool:
+        return self.rows > 1
+
+    @property
+    def pitch(self) -> int:
+        return self.length * self.width
+
+    def at(self, t: int) -> int:
+        """The address iteration t's slice starts at."""
+        return self.ptr + (self.length - 1 - t if self.reverse else t) * self.width
+
+
+def _scan_slices(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[list[ScanSlices], list[ScanSlices]]:
+    """The slices of a Scan layer's scan inputs and of its scan outputs."""
+    m = int(layer.attrs["num_scan_inputs"])
+    n = len(layer.inputs) - m - _captured(layer)
+    k = len(layer.outputs) - n
+    xs = [ScanSlices.of(tensors[i], a, d) for i, a, d in zip(layer.inputs[n:n + m], _attr(layer, "scan_input_axes", m),
+                                                             _attr(layer, "scan_input_directions", m))]
+    ys = [ScanSlices.of(tensors[o], a, d) for o, a, d in zip(layer.outputs[n:], _attr(layer, "scan_output_axes", k),
+                                                             _attr(layer, "scan_output_directions", k))]
+    return xs, ys
+
+
+def _scan_workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+    """Bytes of the staging buffers of the strided slices (each taken 256-byte aligned); 0 where
+    shapes are not known here (a pool of the context grows on the first run instead)."""
+    names = [n for n in (*layer.inputs, *layer.outputs) if n]
+    if layer.kind != "Scan" or not all(n in tensors and all(isinstance(d, int) for d in tensors[n].shape)
+                                       for n in names):
+        return 0
+    shaped = {n: DeviceTensor(0, tuple(tensors[n].shape), np.dtype(tensors[n].dtype)) for n in names}
+    xs, ys = _scan_slices(layer, shaped)
+    return sum(-(-s.rows * s.width // 256) * 256 for s in (*xs, *ys) if s.strided)
+
+
 def _enqueue_scan(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     bodies, plan = launcher.bodies, layer.attrs["body"]
     m = int(layer.attrs["num_scan_inputs"])
@@ -123,31 +182,26 @@ def _enqueue_scan(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
     state = [tensors[o] for o in layer.outputs[:n]]
     for t, src in zip(state, layer.inputs[:n]):
         bodies.copy(t.ptr, tensors[src].ptr, _nbytes(t))
-    xs = [tensors[i] for i in layer.inputs[n:n + m]]
-    scans = [tensors[o] for o in layer.outputs[n:]]
-    length = xs[0].shape[0]
-    in_dirs = list(layer.attrs.get("scan_input_directions") or [0] * m)
-    out_dirs = list(layer.attrs.get("scan_output_directions") or [0] * len(scans))
+    xs, ys = _scan_slices(layer, tensors)
+    staged_x = [launcher.workspace(x.rows * x.width) if x.strided else 0 for x in xs]
+    staged_y = [launcher.workspace(y.rows * y.width) if y.strided else 0 for y in ys]
     captures = [tensors[i].ptr for i in layer.inputs[n + m:]]
-    for t in range(length):
-        slices = [x.ptr + (length - 1 - t if d else t) * (_nbytes(x) // length) for x, d in zip(xs, in_dirs)]
-        outs = [s.ptr + (length - 1 - t if d else t) * (_nbytes(s) // length) for s, d in zip(scans, out_dirs)]
-        sizes = [_nbytes(x) for x in state] + [_nbytes(s) // length for s in scans]
+    sizes = [_nbytes(x) for x in state] + [y.rows * y.width for y in ys]
+    for t in range(xs[0].length):
+        for x, buf in zip(xs, staged_x):
+            if x.strided:
+                bodies.copy_rows(buf, x.width, x.at(t), x.pitch, x.width, x.rows)
+        slices = [buf if x.strided else x.at(t) for x, buf in zip(xs, staged_x)]
+        outs = [buf if y.strided else y.at(t) for y, buf in zip(ys, staged_y)]
         _run(bodies, plan, [*(x.ptr for x in state), *slices, *captures], [x.ptr for x in state] + outs, sizes)
+        for y, buf in zip(ys, staged_y):
+            if y.strided:
+                bodies.copy_rows(y.at(t), y.pitch, buf, y.width, y.width, y.rows)
 
 
-def _axes_zero(layer: Any) -> bool:
-    """Scan reads slices and writes outputs along axis 0 only (see the module docstring)."""
-    if layer.kind != "Scan":
-        return True
-    m = int(layer.attrs.get("num_scan_inputs", 0))
-    n = len(layer.inputs) - m - _captured(layer)
-    ranks_in = [len(s) for s in layer.in_shapes[n:n + m]] if layer.in_shapes else [1] * m
-    ranks_out = [len(s) for s in layer.out_shapes[n:]] if layer.out_shapes else []
-    axes_in = list(layer.attrs.get("scan_input_axes") or [0] * m)
-    axes_out = list(layer.attrs.get("scan_output_axes") or [0] * len(ranks_out))
-    return all(a % max(r, 1) == 0 for a, r in zip(axes_in, ranks_in)) and \
-        all(a % max(r, 1) == 0 for a, r in zip(axes_out, ranks_out))
+def _attr(layer: Any, key: str, count: int) -> list[int]:
+    """A Scan's per-input or per-output axes / directions (zeros when absent)."""
+    return [int(v) for v in (layer.attrs.get(key) or [0] * count)]
 
 
 _ENQUEUE = {"If": _enqueue_if, "Loop": _enqueue_loop, "Scan": _enqueue_scan}
@@ -160,5 +214,5 @@ def _bodies_built(layer: Any) -> bool:
 
 for _kind in KINDS:
     DECLARED.append(CudaTactic("cuda", _kind, "cuda.control_flow", {},
-                               lambda layer: _bodies_built(layer) and _axes_zero(layer), priority=0,
+                               _bodies_built, priority=0, workspace_fn=_scan_workspace,
                                kernels_fn=lambda layer: [], enqueue_fn=_ENQUEUE[_kind], host_driven=True))

@@ -6,9 +6,12 @@ generated module is the family's .cu text preceded by HAS_EPILOGUE 1, the extra 
 parameters (each extra input's pointer and its element strides over the output's dims, 0
 on broadcast dims; up to MAXR output dims) and `apply_epilogue(E, v, out_index, col)`, which
 the kernels call on each fp32 result before the store. Extra inputs must have the output's
-storage dtype (float32 or float16). Where the builder stamped shapes on the layer, each extra
-input is read by its class (`input_classes`): at the output index, at the column, or once;
-only other broadcasts pay the strided offset.
+storage dtype (float32, float16 or bfloat16). As the reference (and ONNX) compute the fused
+nodes one by one, each giving the output's type, a 16-bit result is rounded to that type
+before the body and each body op's result after it (`round_as`, a no-op for float32). Where
+the builder stamped shapes on the layer, each extra input is read by its class
+(`input_classes`): at the output index, at the column, or once; only other broadcasts pay the
+strided offset.
 """
 
 from __future__ import annotations
@@ -50,12 +53,20 @@ def _body_code(layer: Any) -> tuple[str, str]:
     from polykit.kernels.cuda.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
-    values = {epi["input"]: "v"}
+    values = {epi["input"]: "round_as<ELEM>(v)"}
     for j, name in enumerate(extra_inputs(layer)):
         values[name] = f"ld(E.e{j}, off{j})"
-    code, env = emit_expression(epi["body"], values, prefix="t")
+    code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
     # an INT8 layer's epilogue ends in a body-local name when its output is requantized
     return code, env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
+
+
+def _value_types(layer: Any) -> dict[str, str]:
+    """The C storage type of each value the epilogue body reads: the GEMM/conv result is of the
+    output's type (ELEM), as the node it fused stored it; the extra inputs as extra_types says."""
+    types = dict(zip(extra_inputs(layer), extra_types(layer, "ELEM")))
+    types[layer.attrs["epilogue"]["input"]] = "ELEM"
+    return types
 
 
 def supports_epilogue(layer: Any) -> bool:
@@ -115,7 +126,7 @@ def _vector_epilogue(layer: Any, classes: list[str]) -> str:
     from polykit.kernels.cuda.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
-    values = {epi["input"]: "v[i]"}
+    values = {epi["input"]: "round_as<ELEM>(v[i])"}
     loads, aligned = [], []
     for j, (name, c) in enumerate(zip(extra_inputs(layer), classes)):
         if c == "scalar":
@@ -124,7 +135,7 @@ def _vector_epilogue(layer: Any, classes: list[str]) -> str:
         values[name] = f"ld(x{j}, i)"
         loads.append(f"  ELEM x{j}[8];\n  *(uint4*)x{j} = *(const uint4*)(E.e{j} + {_OFFSET[c]});\n")
         aligned.append(f"((u64)E.e{j} & 15) == 0")
-    code, env = emit_expression(epi["body"], values, prefix="t")
+    code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
     result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
     return (
         "#define EPI_VEC 1\n"

@@ -10,9 +10,10 @@ every candidate signature), two entry points:
 - `<base>__<sig>_v`: contiguous path, 4 elements per thread with aligned vector loads/stores;
   every input is either the full-size contiguous tensor or a scalar (loaded once).
 
-Compute types: fp16 storage is computed in fp32 (rounded once on store); arithmetic keeps
-the type of its first operand like ONNX. The low-precision storage types of lowp.cuh (float8,
-float4, int4/int2) load as float / i32; they only get signatures from stamped layers.
+Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
+(as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
+like ONNX. The low-precision storage types of lowp.cuh (float8, float4, int4/int2) load as
+float / i32 and round only at the store; they only get signatures from stamped layers.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _module_code(body, ins, outs, sigs, base) -> str:
     ptrs = [f"const {tin[i]}* __restrict__ x{i}" for i in range(nin)] + \
            [f"{tout[j]}* __restrict__ y{j}" for j in range(nout)]
     # strided path: loads at per-tensor offsets
-    code_s, env_s = emit_expression(body, {n: f"ld(x{i}, o_x{i})" for i, n in enumerate(ins)})
+    types = {n: tin[i] for i, n in enumerate(ins)}
+    code_s, env_s = emit_expression(body, {n: f"ld(x{i}, o_x{i})" for i, n in enumerate(ins)}, types)
     geo = ["i64 n", "i64 rank"] + [f"i64 d{d}" for d in range(MAXR)] + \
           [f"i64 s{t}_{d}" for t in range(nin + nout) for d in range(MAXR)] + [f"i64 zm{j}" for j in range(nout)]
     lines = ['#include "pointwise.cuh"', ""]
@@ -68,7 +70,7 @@ def _module_code(body, ins, outs, sigs, base) -> str:
         lines.append(f"    if (!skip[{j}]) st(y{j}, o{nin + j}, {env_s[name]});")
     lines.append("  }\n}\n")
     # vector path: each input full-size contiguous (sc=0) or a scalar (sc=1); n % VEC == 0
-    code_v, env_v = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)})
+    code_v, env_v = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
     vgeo = ["i64 n"] + [f"i64 sc{i}" for i in range(nin)]
     lines.append(f"template <{tparams}>")
     lines.append(f"__device__ __forceinline__ void {base}_v({', '.join(ptrs + vgeo)}) {{")

@@ -8,20 +8,24 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from polykit.errors import NodeAttributeError
-from polykit.kernels.cuda.storage_types import ONNX_DTYPE
+from polykit.kernels.cuda.storage_types import CTYPE, ONNX_DTYPE
 from polykit.kernels.elementwise import elementwise_op
 
 
-def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str], *,
-                    prefix: str = "v") -> tuple[str, dict[str, str]]:
+def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str],
+                    types: Mapping[str, str] | None = None, *, prefix: str = "v") -> tuple[str, dict[str, str]]:
     """C statements that evaluate `body` (ONNX elementwise ops in topological order).
 
     `values` maps each external name the body reads to a C expression in its compute type
-    (float for fp16/fp32 storage). Returns (code, env): `code` declares one `auto` local per
-    body output (named `<prefix><k>`), `env` maps every name (external and body) to its C
-    expression, so a caller stores env[output] with `st(ptr, index, env[output])`.
+    (float for fp16/bf16/fp32 storage). `types`, given, maps it to its C storage type
+    ("half_t", or a template parameter "T0"): each arithmetic op's result is then rounded to
+    its ONNX type (`round_as`, dtypes.cuh: a float16/bfloat16 value rounds, any other is
+    unchanged), as the reference evaluates a body op by op, each output of type T; without
+    it nothing is rounded before the store. Returns (code, env): `code` declares one `auto`
+    local per body output (named `<prefix><k>`), `env` maps every name (external and body) to
+    its C expression, so a caller stores env[output] with `st(ptr, index, env[output])`.
     """
-    env = dict(values)
+    env, ctypes = dict(values), dict(types or {})
     lines = []
     for k, op in enumerate(body):
         row = elementwise_op(op["op"])
@@ -34,10 +38,24 @@ def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str]
                 raise NodeAttributeError(f"pointwise body reads {name!r} before it is defined")
             args.append(env[name] if name else "")
         var = f"{prefix}{k}"
-        lines.append(f"    auto {var} = {row.cuda(args, op.get('attrs', {}))};")
+        expr = row.cuda(args, op.get("attrs", {}))
+        ctype = _result_ctype(row.result, op, ctypes) if types is not None else None
+        rounds = ctype is not None and row.result in ("first", "second")  # bool is exact, Cast rounds itself
+        lines.append(f"    auto {var} = {f'round_as<{ctype}>({expr})' if rounds else expr};")
         for out in op["outputs"]:
             env[out] = var
+            if ctype is not None:
+                ctypes[out] = ctype
     return "\n".join(lines), env
+
+
+def _result_ctype(result: str, op: Mapping[str, Any], ctypes: Mapping[str, str]) -> str:
+    """The C storage type of an op's result (ONNX typing: `result` of its elementwise row)."""
+    if result == "bool":
+        return "bool"
+    if result == "cast":
+        return CTYPE[ONNX_DTYPE.get(int(op.get("attrs", {}).get("to", 1)), "float32")]
+    return ctypes[op["inputs"][1 if result == "second" else 0]]
 
 
 def body_dtypes(body: Sequence[Mapping[str, Any]], dtypes: Mapping[str, str]) -> dict[str, str]:

@@ -7,11 +7,14 @@
 // {32..256} chosen from the reduction length R; threads stride over the R reduced elements
 // (consecutive threads -> consecutive innermost reduced offsets: coalesced when the last
 // axis is reduced), then a deterministic block reduction (blockreduce.cuh). Float sums
-// accumulate in fp32 (fp64 for double), integer sums in 64 bits.
+// accumulate in fp32 (fp64 for double), integer sums in 64 bits. bfloat16 accumulates in fp64:
+// sums of its 8-bit significands are then exact in any order, so the result is the reference's
+// (a float64 sum rounded once, through float as ml_dtypes rounds) bit for bit.
 #include "blockreduce.cuh"
 
 template <class T> struct Acc { typedef i64 type; };
 template <> struct Acc<half_t> { typedef float type; };
+template <> struct Acc<bf16_t> { typedef double type; };
 template <> struct Acc<float> { typedef float type; };
 template <> struct Acc<double> { typedef double type; };
 template <> struct Acc<u8> { typedef u64 type; };
@@ -24,6 +27,7 @@ template <> struct IsFloatAcc<float> { enum { value = 1 }; };
 template <> struct IsFloatAcc<double> { enum { value = 1 }; };
 template <class T> struct LimOf : Lim<T> {};
 template <> struct LimOf<half_t> : Lim<float> {};
+template <> struct LimOf<bf16_t> : Lim<float> {};
 template <class T, class A> __device__ __forceinline__ A lo_of() { return (A)LimOf<T>::lo(); }
 template <class T, class A> __device__ __forceinline__ A hi_of() { return (A)LimOf<T>::hi(); }
 __device__ __forceinline__ float acc_exp(float v) { return expf(v); }
@@ -183,6 +187,10 @@ ARG(float, f32)
 #if !defined(PK_SPLIT) || defined(PK_ONLY_f16)
 REDUCE(half_t, f16)
 ARG(half_t, f16)
+#endif
+#if !defined(PK_SPLIT) || defined(PK_ONLY_bf16)
+REDUCE(bf16_t, bf16)
+ARG(bf16_t, bf16)
 #endif
 #if !defined(PK_SPLIT) || defined(PK_ONLY_f64)
 REDUCE(double, f64)

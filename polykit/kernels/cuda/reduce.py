@@ -16,8 +16,8 @@ FILE = "reduce.cu"
 MAXR = 8
 OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceProd": 4, "ReduceL1": 5,
        "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9}
-REDUCE_DTYPES = ("f32", "f16", "f64", "i32", "i64", "b8")
-ARG_DTYPES = ("f32", "f16", "f64", "i32", "i64")
+REDUCE_DTYPES = ("f32", "f16", "bf16", "f64", "i32", "i64", "b8")
+ARG_DTYPES = ("f32", "f16", "bf16", "f64", "i32", "i64")
 
 
 def unit(code: str) -> tuple[tuple[str, str], ...]:

@@ -7,8 +7,10 @@
 //   serial loop over R; consecutive threads read consecutive inner elements (coalesced).
 // mode: 0 Softmax, 1 LogSoftmax, 2 Hardmax (first maximal index wins). Math in fp32 (fp64 for double).
 // A 16-bit Softmax computes as the spec's function body and the reference do: x - max, exp and
-// the quotient each rounded to T, the sum as numpy sums T (float16: in float, rounded once;
-// bfloat16: one rounded addition at a time in index order, by thread 0 of the row's block).
+// the quotient each rounded to T, the sum as numpy sums T: over the innermost axis, float16 in
+// float rounded once and bfloat16 one rounded addition at a time in index order (by thread 0
+// of the row's block); over any other axis (the column kernel) numpy adds whole rows, so both
+// types round every addition to T, in index order.
 #include "blockreduce.cuh"
 
 __device__ __forceinline__ float sm_exp(float v) { return expf(v); }
@@ -86,11 +88,7 @@ __device__ void softmax_col(const T* __restrict__ x, T* __restrict__ y, i64 oute
     const C shift = (m - m == (C)0) ? m : (C)0;
     if (mode == 0 && sizeof(T) == 2) {  // 16-bit Softmax: stages in T (file comment)
       C s = 0;
-      for (i64 j = 0; j < R; ++j) {
-        s += staged_exp<T>(ld(xc, j * inner), shift);
-        if (SumRoundsEachStep<T>::value) s = round_as<T>(s);
-      }
-      s = round_as<T>(s);
+      for (i64 j = 0; j < R; ++j) s = round_as<T>(s + staged_exp<T>(ld(xc, j * inner), shift));
       for (i64 j = 0; j < R; ++j) st(yc, j * inner, staged_exp<T>(ld(xc, j * inner), shift) / s);
       continue;
     }

@@ -5,9 +5,10 @@ keeps one execution context per body plan (`BodyContexts`: made on the layer's f
 closed with the context), and the layer's tactic drives them from the host through a
 `BodyDriver`: it runs a body on device buffers (ExecutionContext.enqueue on the layer's
 stream: inputs copied into the body's own arena, outputs copied out; a body replays as a CUDA
-graph after its first run), copies between device buffers, writes small host arrays (loop
-indices) and reads scalars back (an If's condition, a Loop's trip count and, once per
-iteration, its condition when the body can change it).
+graph after its first run), copies between device buffers (strided ones too: a Scan's slices
+along an axis other than 0), writes small host arrays (loop indices) and reads scalars back
+(an If's condition, a Loop's trip count and, once per iteration, its condition when the body
+can change it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor
+from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.memory import copy_device, download, upload
 
 
@@ -58,6 +60,19 @@ class BodyDriver:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         copy_device(dst, src, nbytes, self.stream)
 
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        """Copy `rows` blocks of `width` bytes, `src_pitch` bytes apart at src, to `dst_pitch`
+        bytes apart at dst (cuMemcpy2DAsync, device to device, on the stream)."""
+        if width == 0 or rows == 0:
+            return
+        d = driver.drv()
+        params = d.CUDA_MEMCPY2D()
+        params.srcMemoryType = params.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        params.srcDevice, params.srcPitch = src, src_pitch
+        params.dstDevice, params.dstPitch = dst, dst_pitch
+        params.WidthInBytes, params.Height = width, rows
+        driver.call("cuMemcpy2DAsync", params, self.stream, what="strided device-to-device copy")
+
     def write(self, ptr: int, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)
         self._held.append(array)
@@ -71,7 +86,5 @@ class BodyDriver:
 
     def finish(self) -> None:
         """Wait for the stream (the uploads' host arrays may then go)."""
-        from polykit.runtime.cuda import driver
-
         driver.call("cuStreamSynchronize", self.stream, what="stream synchronize")
         self._held = []

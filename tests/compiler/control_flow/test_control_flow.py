@@ -176,7 +176,7 @@ def test_polykit_run_compares_the_greedy_decode_loop_with_onnxruntime(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", sorted(set(CASES) - {"scan_axis1_reverse", "scan_axis2"}))
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_cuda_plan_runs_bodies_on_the_device_and_matches_onnxruntime(case):
     make, feeds_of = CASES[case]
     model, feeds = make(), feeds_of()

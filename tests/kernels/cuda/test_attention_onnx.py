@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from polykit.compiler.plan_records import LayerDesc
+from polykit.errors import PolykitError
 from polykit.kernels.cuda import attention_onnx
 
 rng = np.random.default_rng(29)
@@ -121,20 +122,54 @@ def test_fused_path_refuses_variants_its_kernel_does_not_compute(change):
     assert not attention_onnx._fits_fused(layer(feeds, attrs, n_out, stamped=True))
 
 
-#: ONNX's bfloat16 / float16 Attention cases (the op, and its function expansion whose Softmax
-#: and MatMuls run as layers of their own): the expected outputs round every stage to T
+#: ONNX's bfloat16 / float16 Attention cases (the op, and its function expansion whose Softmax,
+#: ReduceMax and MatMuls run as layers of their own): the expected outputs round every stage to T
 SIXTEEN_BIT_CASES = (r"^test_attention_(4d_causal|4d_padded_kv|4d_causal_padded_kv|4d_attn_mask_causal|3d_causal)"
-                     r"_bf16(_expanded)?$|^test_attention_4d_causal_fp16(_expanded)?$")
+                     r"_bf16(_expanded)?$|^test_attention_4d_(causal|gqa_with_past_and_present)_fp16(_expanded)?$")
 
 
 @pytest.mark.gpu
 def test_16bit_attention_conformance_cases_match_onnx_expected_outputs_on_cuda():
     """The generic kernel's bf16 softmax sums its probabilities as numpy does (one bf16-rounded
     addition at a time, in key order); the cuda Softmax rounds its 16-bit stages like the
-    reference. Each case fails with polykit's message (e.g. the mismatch report)."""
+    reference; the expansions' ReduceMax takes bf16; the MatMul + mask Add fused into one GEMM
+    rounds the product to T before adding, as the two nodes do (test_sixteen_bit_bodies). Each
+    case fails with polykit's message (e.g. the mismatch report)."""
     from polykit.tools.conformance import run_conformance
 
     report = run_conformance(["node"], "cuda", SIXTEEN_BIT_CASES)
-    assert len(report.results) == 12
+    assert len(report.results) == 14
     failed = {r.name: r.message for r in report.results if r.status != "passed"}
     assert failed == {}
+
+
+def test_every_layer_of_the_16bit_attention_cases_has_a_cuda_kernel():
+    """Built for cuda without a GPU (tactics by priority), every layer of these cases' plans
+    enqueues on a recording launcher: no layer refuses its storage type (the expansions'
+    ReduceMax over a bf16 mask did)."""
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.onnx_import import load_onnx
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+    from polykit.tools.conformance import collect_cases
+
+    from .recording_launcher import RecordingLauncher
+
+    def device_tensor(shape, dtype):
+        return DeviceTensor(0x1000, tuple(shape), np.dtype(to_numpy(16) if dtype == "bfloat16" else dtype))
+
+    refused = {}
+    for case in collect_cases(["node"], SIXTEEN_BIT_CASES):
+        graph = load_onnx(case.model)
+        shapes = {name: tuple(np.shape(x)) for name, x in zip(graph.inputs, case.data_sets[0][0])}
+        plan = build_plan(graph, BuilderConfig(target="cuda", input_shapes=shapes, builder_optimization_level=0))
+        for lay in plan.layers:
+            tensors = {n: device_tensor(s, d) for n, s, d in zip(lay.inputs + lay.outputs, lay.in_shapes + lay.out_shapes,
+                                                                 lay.in_dtypes + lay.out_dtypes) if n}
+            try:
+                find_tactic("cuda", lay.kind, lay.tactic).enqueue(lay, RecordingLauncher(), tensors)
+            except PolykitError as exc:
+                refused[f"{case.name}/{lay.name}"] = exc.what
+    assert refused == {}

@@ -84,3 +84,60 @@ def test_arg_extremes_with_ties(op, shape, axis, last):
     x = rng.integers(-3, 4, size=shape).astype(np.float32)  # many ties
     lay = LayerDesc("a", op, ("X",), ("Y",), {"axis": axis, "keepdims": 1, "select_last_index": last})
     check(lay, {"X": x}, rtol=0, atol=0)
+
+
+BF16_CASES = [((4, 300), [1]), ((3, 5, 17), [0, 2]), ((2, 3, 4, 5), [1]), ((64, 9), [0]), ((5, 33, 7), None)]
+#: bfloat16 reductions whose device result is the reference's bit for bit (module docstring of reduce.cu)
+BF16_EXACT = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", list(red.OPS))
+@pytest.mark.parametrize("shape,axes", BF16_CASES)
+def test_reduce_bfloat16_equals_the_float64_reference_rounded_once(op, shape, axes):
+    """bf16 accumulates in fp64 on the device: a sum of bf16 values (8-bit significands) is exact
+    in any order, so sums, means, extremes and norms are the reference's float64 result rounded
+    once to bf16 (through float, as ml_dtypes casts), bit for bit. ReduceProd (300 factors round
+    in fp64, in another order than numpy's) and the log/exp ones (the device's double log/exp
+    and numpy's may differ by an ulp of double) may move a result next to a bf16 rounding
+    boundary by one bf16 ulp: at most one element in 20, one ulp each."""
+    from polykit.compiler.dtypes import to_numpy
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+    from tests.kernels.cuda.ulps import bit_mismatches, ulps_apart
+
+    x = rand(shape, to_numpy(16), lo=0.5, hi=1.5) if op in POSITIVE else rand(shape, to_numpy(16))
+    feeds = {"X": x} if axes is None else {"X": x, "axes": np.array(axes, np.int64)}
+    lay = LayerDesc("r", op, tuple(feeds), ("Y",), {"keepdims": 1})
+    got, want = run_layer(lay, feeds)["Y"], reference_layer(lay, feeds)["Y"]
+    if op in BF16_EXACT:
+        assert bit_mismatches(got, want) == "", op
+        return
+    apart = ulps_apart(got, want)
+    assert apart.max() <= 1, f"{op}: {apart.max():.0f} bf16 ulps apart at {np.unravel_index(apart.argmax(), want.shape)}"
+    assert (apart > 0).mean() <= 0.05, f"{op}: {(apart > 0).sum()} of {apart.size} elements one ulp apart"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("last", [0, 1])
+def test_arg_extremes_of_bfloat16_with_ties(op, last):
+    from polykit.compiler.dtypes import to_numpy
+
+    x = rng.integers(-3, 4, size=(5, 40, 3)).astype(to_numpy(16))  # many ties
+    lay = LayerDesc("a", op, ("X",), ("Y",), {"axis": 1, "keepdims": 1, "select_last_index": last})
+    check(lay, {"X": x}, rtol=0, atol=0)
+
+
+def test_reduce_and_arg_kernels_take_bfloat16_storage():
+    """The layers ONNX's bf16 Attention expansions hit (ReduceMax over a bf16 mask) get a bf16 kernel."""
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.compiler.dtypes import to_numpy
+    from tests.kernels.cuda.recording_launcher import RecordingLauncher
+
+    bf16 = np.dtype(to_numpy(16))
+    rec = RecordingLauncher()
+    tensors = {"X": DeviceTensor(0x1000, (4, 18), bf16), "axes": DeviceTensor(0x2000, (1,), np.dtype(np.int64)),
+               "Y": DeviceTensor(0x3000, (4, 1), bf16), "I": DeviceTensor(0x4000, (4, 1), np.dtype(np.int64))}
+    red.enqueue_reduce(LayerDesc("r", "ReduceMax", ("X", "axes"), ("Y",), {"keepdims": 1}), rec, tensors)
+    red.enqueue_arg(LayerDesc("a", "ArgMax", ("X",), ("I",), {"axis": 1}), rec, tensors)
+    assert [name for name, _ in rec.launches] == ["reduce_bf16", "argmax_bf16"]

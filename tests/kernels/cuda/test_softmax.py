@@ -48,29 +48,26 @@ def test_softmax_handles_minus_inf_masked_entries():
     check(LayerDesc("s", "Softmax", ("X",), ("Y",), {"axis": -1}), {"X": x}, rtol=1e-6, atol=1e-7)
 
 
-def _ulps_apart(got: np.ndarray, want: np.ndarray, mantissa_bits: int) -> np.ndarray:
-    """|got - want| in units of the last place of T (mantissa_bits explicit bits) at `want`."""
-    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(w), 1e-30))) - mantissa_bits)
-    return np.abs(g - w) / ulp
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,bits", [("float16", 10), ("bfloat16", 7)])
-@pytest.mark.parametrize("shape,axis", [((6, 7), -1), ((4, 300), -1), ((3, 9, 5), 1)])
-def test_16bit_softmax_rounds_its_stages_like_the_reference(dtype, bits, shape, axis):
-    """x - max, exp and the quotient rounded to T, the sum as numpy sums T (bf16: one rounded
-    addition at a time). expf on the device and numpy's exp may differ by an ulp of float, which
-    moves a 16-bit result by one ulp only for values next to a rounding boundary: at most 1 % of
-    the elements, one ulp each."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape,axis", [((6, 7), -1), ((4, 300), -1), ((3, 9, 5), 1), ((64, 40, 3), 1), ((30, 9, 1), 1)])
+def test_16bit_softmax_rounds_its_stages_like_the_reference(dtype, shape, axis):
+    """x - max, exp and the quotient rounded to T, the sum as numpy sums T: over the innermost
+    axis float16 in float rounded once, bfloat16 one rounded addition at a time; over another
+    axis (the column kernel: (3, 9, 5) and (64, 40, 3) on axis 1) both one rounded addition at a
+    time, as numpy adds whole rows; (30, 9, 1) on axis 1 is innermost for numpy and the row
+    kernel alike. expf on the device and numpy's exp may differ by an ulp of float, which moves
+    a 16-bit result by one ulp only for values next to a rounding boundary: at most 1 % of the
+    elements, one ulp each (a sum rounded otherwise than numpy's is off by many ulps)."""
     from polykit.compiler.dtypes import to_numpy
     from polykit.runtime.cuda.harness import reference_layer, run_layer
+    from tests.kernels.cuda.ulps import ulps_apart
 
     dt = np.dtype(np.float16) if dtype == "float16" else np.dtype(to_numpy(16))
     x = (rng.standard_normal(shape) * 3).astype(dt)
     lay = LayerDesc("s", "Softmax", ("X",), ("Y",), {"axis": axis})
     got, want = run_layer(lay, {"X": x})["Y"], reference_layer(lay, {"X": x})["Y"]
     assert got.dtype == want.dtype == dt
-    apart = _ulps_apart(got, want, bits)
+    apart = ulps_apart(got, want)
     assert apart.max() <= 1, f"{dtype}: {apart.max():.0f} ulps apart at {np.unravel_index(apart.argmax(), shape)}"
     assert (apart > 0).mean() <= 0.01, f"{dtype}: {(apart > 0).sum()} of {apart.size} elements one ulp apart"
