@@ -192,9 +192,8 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
         print(f"{name:40} {ms * 1e3:8.1f} us {row['tflops']:6.1f} TF  rel err {err:.2e}", flush=True)
         return row
 
-    rows = [report(f"torch sdpa {args.attention_dtype}", time_graph(lambda i: F.scaled_dot_product_attention(*sets[i]), torch,
-                                                  args.warmup, args.iters),
-                   F.scaled_dot_product_attention(*sets[0]))]
+    sdpa_ms = time_graph(lambda i: F.scaled_dot_product_attention(*sets[i]), torch, args.warmup, args.iters)
+    rows = [report(f"torch sdpa {args.attention_dtype}", sdpa_ms, F.scaled_dot_product_attention(*sets[0]))]
     for layout in ("bhsd", "bshd"):
         bshd = layout == "bshd"
         stored = (B, S, H, D) if bshd else (B, H, S, D)
