@@ -229,7 +229,8 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
                     torch.cuda.synchronize()
                 finally:
                     modules.close()
-                rows.append(report(f"{tactic.name} {variant.precision} {layout}", ms,
+                label = variant.precision if storage == "float32" else args.attention_dtype
+                rows.append(report(f"{tactic.name} {label} {layout}", ms,
                                    outs[0].transpose(1, 2) if bshd else outs[0]))
     return rows
 

@@ -1,6 +1,7 @@
 """ai.polykit Attention on Hopper tensor cores (flash_attention_sm90.cu): tactics
-`cuda.attention.flash_sm90` (one consumer warpgroup, 64 query rows a block) and
-`cuda.attention.flash_sm90_2wg` (two, 128 rows), GPUs of compute capability 9.0.
+`cuda.attention.flash_sm90` (one consumer warpgroup, 64 query rows a block, key tiles of 64),
+`cuda.attention.flash_sm90_kv128` (key tiles of 128) and `cuda.attention.flash_sm90_2wg` (two
+warpgroups, 128 rows), GPUs of compute capability 9.0.
 
 They take the layers `cuda.attention.flash` takes (flash_attention.flash_geometry: float16 /
 bfloat16, head size 64 or 128, [B, H, S, D] or [B, S, H, D] layouts, broadcast batch / head
@@ -22,15 +23,16 @@ from polykit.kernels.cuda.flash_attention import ELEMS, HEAD_SIZES, LAYOUT_ATTRS
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
-BKV = 64  # keys a tile
 BOX_D = 64  # head elements of one TMA box (128 bytes)
 
 
 @dataclass(frozen=True)
 class Sm90Flash:
-    """One block shape: `consumers` warpgroups of 64 query rows, a producer warp."""
+    """One block shape: `consumers` warpgroups of 64 query rows, key tiles of `block_kv`, a
+    producer warp."""
 
     consumers: int
+    block_kv: int = 64
 
     @property
     def block_q(self) -> int:
@@ -42,19 +44,20 @@ class Sm90Flash:
 
     def smem(self, head: int) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, Q, two stages of K and V, 5 mbarriers."""
-        return 1024 + (self.block_q + 4 * BKV) * head * 2 + 64
+        return 1024 + (self.block_q + 4 * self.block_kv) * head * 2 + 64
 
     @property
     def name(self) -> str:
-        return "cuda.attention.flash_sm90" + ("_2wg" if self.consumers == 2 else "")
+        return ("cuda.attention.flash_sm90" + ("_2wg" if self.consumers == 2 else "")
+                + (f"_kv{self.block_kv}" if self.block_kv != 64 else ""))
 
 
-SHAPES = (Sm90Flash(1), Sm90Flash(2))
+SHAPES = (Sm90Flash(1), Sm90Flash(1, 128), Sm90Flash(2))
 
 
 def kernel_for(shape: Sm90Flash, elem: str, head: int) -> KernelSource:
-    return KernelSource("flash_attention_sm90", file=FILE, defines=defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers),
-                        arch="sm_90a")
+    tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv)
+    return KernelSource("flash_attention_sm90", file=FILE, defines=tile, arch="sm_90a")
 
 
 def tensor_map(x: DeviceTensor, layout: str, rows: int) -> tuple[TensorMapSpec, int]:
@@ -92,7 +95,7 @@ def _enqueue(shape: Sm90Flash):
             return
         layouts = [str(layer.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
         maps, geo = [], 0
-        for i, (name, rows) in enumerate(zip(layer.inputs[:3], (shape.block_q, BKV, BKV))):
+        for i, (name, rows) in enumerate(zip(layer.inputs[:3], (shape.block_q, shape.block_kv, shape.block_kv))):
             spec, bits = tensor_map(tensors[name], layouts[i], rows)
             maps.append(spec)
             geo |= bits << (3 * i)
@@ -113,5 +116,5 @@ def compile_variants() -> list[KernelSource]:
 
 for _shape in SHAPES:
     cuda_tactic("Attention", _shape.name, kernels=_kernels(_shape), supports=_supports, priority=20, archs=ARCHS,
-                params={"block_q": _shape.block_q, "block_kv": BKV, "consumers": _shape.consumers, "stages": 2})(
+                params={"block_q": _shape.block_q, "block_kv": _shape.block_kv, "consumers": _shape.consumers, "stages": 2})(
         _enqueue(_shape))

@@ -55,13 +55,15 @@ def test_registered_for_compute_capability_9_only_and_every_variant_targets_sm_9
         assert tactics[name].archs == ("sm_90",)
         assert tactics[name].runs_on("sm_90") and not tactics[name].runs_on("sm_80") and not tactics[name].runs_on("sm_100")
     units = compile_variants()
-    assert len(units) == 2 * 2 * 2 and all(u.arch == "sm_90a" for u in units)
+    assert len(units) == len(SHAPES) * 2 * 2 and all(u.arch == "sm_90a" for u in units)
 
 
 def test_block_shapes_fit_the_shared_memory_of_one_sm():
     for s in SHAPES:
         assert s.threads == 128 * s.consumers + 32
         assert s.smem(128) <= 227 * 1024
+    assert [s.name for s in SHAPES] == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_kv128",
+                                        "cuda.attention.flash_sm90_2wg"]
 
 
 # ---- GPU ------------------------------------------------------------------------------------
