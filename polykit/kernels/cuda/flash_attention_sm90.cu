@@ -141,8 +141,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int row_a = q0 + 64 * wg + 16 * warp + g;  // this thread's two query rows: row_a, row_a + 8
   float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  flash_zero(o);
   FlashRows rows;
   rows.init();
   const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};
@@ -189,12 +188,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   }
 
   // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (row_a + 8 * i >= S) continue;
-    ELEM* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j)
-      *(u32*)(dst + j * 8) = pack_elems(rows.out(i, o[j][2 * i], nan_to_zero), rows.out(i, o[j][2 * i + 1], nan_to_zero));
-  }
+  flash_store_pairs(O + b * ob + h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
 }

@@ -45,6 +45,34 @@ struct FlashRows {
   }
 };
 
+// zeroed output accumulators
+template <int NO>
+__device__ __forceinline__ void flash_zero(float (&o)[NO][4]) {
+#pragma unroll
+  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+}
+
+// A 16-bit output's rows row_a, row_a + 8 (those < S; `head` is the (b, h) slice, rows os apart):
+// acc / l, or NaN (0 with nan_to_zero) for undefined rows, as column pairs 2 t4, 2 t4 + 1 of
+// every 8-wide block (one 4-byte store each)
+template <class T, int NO>
+__device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRows& rows, const float (&o)[NO][4],
+                                                  int row_a, int S, int t4, int nan_to_zero) {
+  struct __align__(2 * sizeof(T)) Pair { T v[2]; };
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row_a + 8 * i >= S) continue;
+    T* dst = head + (i64)(row_a + 8 * i) * os + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      Pair pair;
+      st(pair.v, 0, rows.out(i, o[j][2 * i], nan_to_zero));
+      st(pair.v, 1, rows.out(i, o[j][2 * i + 1], nan_to_zero));
+      *(Pair*)(dst + j * 8) = pair;
+    }
+  }
+}
+
 // One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scale, mask, keys past Skv
 // -> -inf; the running max and sum of each row advance, s becomes the tile's unnormalized
 // probabilities and corr the factor by which each row's output accumulators must be rescaled
