@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnet50:32:fp16,bert:8:fp16 [--out k.json]
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention 8,12,128,64
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention-dtype fp16 \
+        --attention 8,12,128,64 --attention 1,12,512,64
 
 Builds the polykit plan of each case (as benchmarks/cuda_models.py does: torch export, random
 weights), then for every distinct (kind, input/output shapes, attributes) among its Conv /
@@ -17,6 +19,9 @@ and the totals (each shape weighted by how many layers share it).
 (precision fp32, and tf32 for the --tf32 variants), its tensors stored [B, H, S, D] and
 [B, S, H, D] (BERT's folded head transposes), against torch's scaled_dot_product_attention in
 fp32 (TF32 off), the same way; each prints its relative error against torch in float64.
+--attention-dtype fp16 / bf16 does the same in that storage type (torch's SDPA then picks its own
+flash kernel; the polykit candidates include cuda.attention.flash and, on sm_90,
+cuda.attention.flash_sm90 / _2wg). --attention may be given several times.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from benchmarks import provenance
@@ -153,7 +159,8 @@ def bench_case(name, batch, precision, args, torch) -> list[dict]:
 
 
 def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
-    """cuda Attention tactics on fp32 [B, H, S, D] (both layouts) vs torch SDPA, in one process."""
+    """cuda Attention tactics on [B, H, S, D] of --attention-dtype (both layouts) vs torch SDPA,
+    in one process."""
     from dataclasses import replace
 
     from polykit.compiler.plan_records import LayerDesc
@@ -166,7 +173,10 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     F = torch.nn.functional
-    sets = [[torch.randn(B, H, S, D, device="cuda") for _ in range(3)] for _ in range(3)]  # 3 x (q, k, v)
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.attention_dtype]
+    storage = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[args.attention_dtype]
+    np_storage = np.dtype(ml_dtypes.bfloat16) if storage == "bfloat16" else np.dtype(storage)
+    sets = [[torch.randn(B, H, S, D, device="cuda", dtype=tdtype) for _ in range(3)] for _ in range(3)]  # 3 x (q, k, v)
     want = F.scaled_dot_product_attention(*(t.double() for t in sets[0]))
     flops = 4.0 * B * H * S * S * D
     info = driver.current_device()
@@ -182,24 +192,25 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
         print(f"{name:40} {ms * 1e3:8.1f} us {row['tflops']:6.1f} TF  rel err {err:.2e}", flush=True)
         return row
 
-    rows = [report("torch sdpa fp32", time_graph(lambda i: F.scaled_dot_product_attention(*sets[i]), torch,
-                                                  args.warmup, args.iters),
-                   F.scaled_dot_product_attention(*sets[0]))]
+    sdpa_ms = time_graph(lambda i: F.scaled_dot_product_attention(*sets[i]), torch, args.warmup, args.iters)
+    rows = [report(f"torch sdpa {args.attention_dtype}", sdpa_ms, F.scaled_dot_product_attention(*sets[0]))]
     for layout in ("bhsd", "bshd"):
         bshd = layout == "bshd"
         stored = (B, S, H, D) if bshd else (B, H, S, D)
         attrs = {a: "bshd" for a in ("q_layout", "k_layout", "v_layout", "out_layout")} if bshd else {}
         layer = LayerDesc("att", "Attention", ("Q", "K", "V"), ("Y",), attrs, domain="ai.polykit",
-                          in_dtypes=("float32",) * 3, out_dtypes=("float32",), in_shapes=(stored,) * 3,
+                          in_dtypes=(storage,) * 3, out_dtypes=(storage,), in_shapes=(stored,) * 3,
                           out_shapes=(stored,))
         tensors, outs = [], []
         for qkv in sets:
-            ts = [t.transpose(1, 2).contiguous() if bshd else t for t in qkv] + [torch.empty(stored, device="cuda")]
+            ts = [t.transpose(1, 2).contiguous() if bshd else t for t in qkv] + [torch.empty(stored, device="cuda",
+                                                                                              dtype=tdtype)]
             keep.extend(ts)
             outs.append(ts[-1])
-            tensors.append({n: DeviceTensor(t.data_ptr(), stored, np.dtype(np.float32)) for n, t in zip("QKVY", ts)})
+            tensors.append({n: DeviceTensor(t.data_ptr(), stored, np_storage) for n, t in zip("QKVY", ts)})
         seen = set()
-        for variant in (layer, replace(layer, precision="tf32")):
+        variants = (layer, replace(layer, precision="tf32")) if storage == "float32" else (layer,)
+        for variant in variants:
             for tactic in candidates("cuda", "Attention", variant, arch=info.arch):
                 if tactic.name in seen:
                     continue
@@ -218,7 +229,8 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
                     torch.cuda.synchronize()
                 finally:
                     modules.close()
-                rows.append(report(f"{tactic.name} {variant.precision} {layout}", ms,
+                label = variant.precision if storage == "float32" else args.attention_dtype
+                rows.append(report(f"{tactic.name} {label} {layout}", ms,
                                    outs[0].transpose(1, 2) if bshd else outs[0]))
     return rows
 
@@ -231,13 +243,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default="cuda_kernels.json")
-    parser.add_argument("--attention", default="", help="B,H,S,D: time the fp32 Attention tactics at this shape")
+    parser.add_argument("--attention", action="append", default=[],
+                        help="B,H,S,D: time the Attention tactics at this shape (repeatable)")
+    parser.add_argument("--attention-dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
-    if args.attention:
-        shape = tuple(int(x) for x in args.attention.split(","))
-        results[f"attention:{args.attention}"] = bench_attention(shape, args, torch)
+    for spec in args.attention:
+        shape = tuple(int(x) for x in spec.split(","))
+        results[f"attention:{args.attention_dtype}:{spec}"] = bench_attention(shape, args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)

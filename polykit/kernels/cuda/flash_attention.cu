@@ -101,8 +101,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   }
 
   float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  flash_zero(o);
   FlashRows rows;
   rows.init();
   const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};
@@ -159,12 +158,5 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   }
 
   // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (row_a + 8 * i >= S) continue;
-    ELEM* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j)
-      *(u32*)(dst + j * 8) = Mma::pack(rows.out(i, o[j][2 * i], nan_to_zero), rows.out(i, o[j][2 * i + 1], nan_to_zero));
-  }
+  flash_store_pairs(O + b * ob + h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
 }

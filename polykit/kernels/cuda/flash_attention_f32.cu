@@ -109,8 +109,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
   cp_commit();
 
   float o[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  flash_zero(o);
   FlashRows rows;
   rows.init();
   const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};

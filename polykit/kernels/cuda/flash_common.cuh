@@ -45,14 +45,43 @@ struct FlashRows {
   }
 };
 
+// zeroed output accumulators
+template <int NO>
+__device__ __forceinline__ void flash_zero(float (&o)[NO][4]) {
+#pragma unroll
+  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+}
+
+// A 16-bit output's rows row_a, row_a + 8 (those < S; `head` is the (b, h) slice, rows os apart):
+// acc / l, or NaN (0 with nan_to_zero) for undefined rows, as column pairs 2 t4, 2 t4 + 1 of
+// every 8-wide block (one 4-byte store each)
+template <class T, int NO>
+__device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRows& rows, const float (&o)[NO][4],
+                                                  int row_a, int S, int t4, int nan_to_zero) {
+  struct __align__(2 * sizeof(T)) Pair { T v[2]; };
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row_a + 8 * i >= S) continue;
+    T* dst = head + (i64)(row_a + 8 * i) * os + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      Pair pair;
+      st(pair.v, 0, rows.out(i, o[j][2 * i], nan_to_zero));
+      st(pair.v, 1, rows.out(i, o[j][2 * i + 1], nan_to_zero));
+      *(Pair*)(dst + j * 8) = pair;
+    }
+  }
+}
+
 // One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scale, mask, keys past Skv
-// -> -inf; the running max and sum of each row advance, the output accumulators o are
-// rescaled, and s becomes the tile's unnormalized probabilities. EXACT: expf (fp32 accuracy),
-// else exp2f of log2e-scaled differences (enough for half outputs).
-template <class M, bool EXACT, int NB, int NO>
-__device__ __forceinline__ void flash_softmax_tile(float (&s)[NB][4], float (&o)[NO][4], FlashRows& r, int kbase,
-                                                   int Skv, int row_a, int S, const FlashMask& mask, float scale,
-                                                   int t4) {
+// -> -inf; the running max and sum of each row advance, s becomes the tile's unnormalized
+// probabilities and corr the factor by which each row's output accumulators must be rescaled
+// (flash_rescale; apart so that a caller can do it once a product still reading them is done).
+// EXACT: expf (fp32 accuracy), else exp2f of log2e-scaled differences (enough for half outputs).
+template <class M, bool EXACT, int NB>
+__device__ __forceinline__ void flash_scores_tile(float (&s)[NB][4], float (&corr)[2], FlashRows& r, int kbase,
+                                                  int Skv, int row_a, int S, const FlashMask& mask, float scale,
+                                                  int t4) {
   const float NEG_INF = fa_neg_inf();
   const float log2e = 1.4426950408889634f;
   float tmax[2] = {NEG_INF, NEG_INF};
@@ -76,7 +105,6 @@ __device__ __forceinline__ void flash_softmax_tile(float (&s)[NB][4], float (&o)
       s[nb][e] = x;
       tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
     }
-  float corr[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
@@ -102,9 +130,24 @@ __device__ __forceinline__ void flash_softmax_tile(float (&s)[NB][4], float (&o)
     psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
     r.l[i] = r.l[i] * corr[i] + psum[i];
   }
+}
+
+// the output accumulators of a thread's rows a and b times corr[0] and corr[1]
+template <int NO>
+__device__ __forceinline__ void flash_rescale(float (&o)[NO][4], const float (&corr)[2]) {
 #pragma unroll
   for (int j = 0; j < NO; ++j) {
     o[j][0] *= corr[0]; o[j][1] *= corr[0];
     o[j][2] *= corr[1]; o[j][3] *= corr[1];
   }
+}
+
+// flash_scores_tile, then the output accumulators o rescaled at once
+template <class M, bool EXACT, int NB, int NO>
+__device__ __forceinline__ void flash_softmax_tile(float (&s)[NB][4], float (&o)[NO][4], FlashRows& r, int kbase,
+                                                   int Skv, int row_a, int S, const FlashMask& mask, float scale,
+                                                   int t4) {
+  float corr[2];
+  flash_scores_tile<M, EXACT>(s, corr, r, kbase, Skv, row_a, S, mask, scale, t4);
+  flash_rescale(o, corr);
 }

@@ -56,6 +56,14 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDesc* map, u64* 
       : "memory");
 }
 
+// box at element coordinates (c0 innermost, .., c3) of a 4-D tensor map -> dst, counted on bar
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc* map, u64* bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+      ::"r"(smem_addr(dst)), "l"((u64)map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
 // ---- cp.async (implicit-GEMM producers) ------------------------------------------------
 // 16 bytes global -> shared; `valid` false writes zeros (padding, out-of-range rows)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {

@@ -14,6 +14,8 @@ from pathlib import Path
 #: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate; s8: INT8 layers)
 N_SIZES = (64, 128, 192, 256)
 INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8"}
+#: N sizes of the 16-bit register-A wrappers (the flash attention head sizes)
+RA_N_SIZES = (64, 128)
 HEADER = Path(__file__).with_name("wgmma.cuh")
 
 
@@ -44,23 +46,32 @@ def _wrapper(n: int, ptx_type: str) -> str:
     )
 
 
-def _register_a_wrapper(n: int) -> str:
-    """tf32 wgmma with A from registers (four .b32 per thread: rows g, g + 8 by columns t, t + 4
-    of the warp's 16 x 8 slice, g = lane / 4, t = lane % 4) and B K-major from shared memory."""
+def _register_a_wrapper(n: int, ptx_type: str = "tf32") -> str:
+    """wgmma with A from registers (four .b32 per thread) and B from shared memory. tf32
+    (WgmmaTf32RA<N>): rows g, g + 8 by columns t, t + 4 of the warp's 16 x 8 slice, B K-major.
+    f16 / bf16 (WgmmaRA<N, T>::run<TRANS_B>): two elements a register, rows g, g + 8 by columns
+    2t, 2t + 1 and 2t + 8, 2t + 9 of the warp's 16 x 16 slice (the m64nNk16 accumulator layout
+    of those columns, so a product's fp32 result packs straight into the next A); B K-major or,
+    TRANS_B 1, MN-major. g = lane / 4, t = lane % 4."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
     b, s = regs + 4, regs + 5
+    if ptx_type == "tf32":
+        head, k, tail, trans = f"template <> struct WgmmaTf32RA<{n}> {{\n", 8, "", ""
+    else:
+        head = f"template <> struct WgmmaRA<{n}, {INPUT_TYPES[ptx_type]}> {{\n  template <int TRANS_B>\n"
+        k, tail, trans = 16, f", %{s + 1}", ', "n"(TRANS_B)'
     return (
-        f"template <> struct WgmmaTf32RA<{n}> {{\n"
+        head +
         f"  __device__ static __forceinline__ void run(float* d, const u32* a, u64 desc_b, int scale_d) {{\n"
         f"    asm volatile(\n"
         f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{s}, 0;\\n"\n'
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "\n'
-        f'        "{{{acc}}}, {{{a}}}, %{b}, p, 1, 1;\\n}}\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx_type}.{ptx_type} "\n'
+        f'        "{{{acc}}}, {{{a}}}, %{b}, p, 1, 1{tail};\\n}}\\n"\n'
         f"        : {operands}\n"
-        f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n'
+        f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d){trans});\n'
         f"  }}\n}};\n"
     )
 
@@ -85,6 +96,12 @@ def render() -> str:
                  "template <int N> struct WgmmaTf32RA;\n\n")
     for n in N_SIZES:
         parts.append(_register_a_wrapper(n))
+    parts.append("\n// WgmmaRA<N, T>::run<TRANS_B>(d, a[4], desc_b, scale_d): f16 / bf16 m64nNk16 with A from\n"
+                 "// registers (flash_attention_sm90.cu: P = softmax(S) packed from S's accumulators).\n"
+                 "template <int N, class T> struct WgmmaRA;\n\n")
+    for ptx_type in ("f16", "bf16"):
+        for n in RA_N_SIZES:
+            parts.append(_register_a_wrapper(n, ptx_type))
     return "".join(parts)
 
 
