@@ -16,8 +16,10 @@
 // warpgroup 0 is the producer (one thread issues the TMA loads of STAGES stages, each stage
 // guarded by a `full` and an `empty` mbarrier); warpgroups 1..CONSUMERS each own MSUB x 64
 // rows of the tile and run wgmma on every stage, then the epilogue (alpha, beta*C, the fused
-// epilogue, fp16/bf16 store of column pairs). Blocks loop over tiles t = blockIdx.x, +gridDim.x
-// (grid = min(tiles, SMs)), tiles ordered by tile_of (GROUP tile rows at a time).
+// epilogue, the store): column pairs as the accumulators lie, or, where vector_ok allows, 8
+// consecutive columns a lane after a transpose across each quad (quad_row: 16-byte loads and
+// stores). Blocks loop over tiles t = blockIdx.x, +gridDim.x (grid = min(tiles, SMs)), tiles
+// ordered by tile_of (GROUP tile rows at a time).
 //
 // conv_sm90: ai.polykit ConvNHWC (group 1, C % VEC == 0) as an implicit GEMM with the same
 // consumers: M = NB * OH * OW output pixels, N = output channels, K = KH * KW * C in (kh, kw, c)
@@ -38,7 +40,7 @@
 // Deterministic: each output element is one fixed-order K loop in one thread.
 // I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
 // K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize: int8.cu's
-// arithmetic bit for bit); ELEM is then the epilogue's float. Symmetric only (zero points 0: the
+// arithmetic bit for bit; Out::put8 on the 8-column path); ELEM is then the epilogue's float. Symmetric only (zero points 0: the
 // zero-filled padding and past-K chunks are real zeros, the sums need no correction).
 #include "sm90.cuh"
 
@@ -79,7 +81,7 @@ constexpr int KE = 128 / sizeof(OPER);  // K elements of one stage (one 128-byte
 constexpr int VEC = 16 / sizeof(OPER);  // elements of one 16-byte chunk
 static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
 static_assert(!I8 || (!SPLIT3 && !B_MN), "s8 wgmma reads both operands K-major");
-static_assert(EPI_GROUP == 4, "finish_quad_row transposes across a quad of lanes: 4 column blocks");
+static_assert(EPI_GROUP == 4, "quad_row transposes across a quad of lanes: 4 column blocks");
 constexpr bool B_SCRATCH = !I8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
@@ -93,9 +95,12 @@ struct OutP {
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
+  // alpha * acc (+ beta * c) with explicit roundings (one fma with C): the pair stores and the
+  // 16-byte path (finish8) compute every element alike, bit for bit
+  __device__ __forceinline__ float scaled(float acc) const { return __fmul_rn(alpha, acc); }
+  __device__ __forceinline__ float scaled(float acc, float c) const { return __fmaf_rn(beta, c, __fmul_rn(alpha, acc)); }
   __device__ __forceinline__ float value(i64 z, i64 m, i64 n, float acc) const {
-    float v = alpha * acc;
-    if (C) v += beta * (float)ld(C, m * scm + n * scn);
+    float v = C ? scaled(acc, (float)ld(C, m * scm + n * scn)) : scaled(acc);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, (z * M + m) * N + n, n);
 #endif
@@ -135,6 +140,9 @@ __device__ __forceinline__ u32 pack2(float a, float b) {
 __device__ __forceinline__ u32 pick4(const u32 (&w)[4], int i) {
   return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
 }
+// an accumulator as the 32-bit word the quad transpose moves (f32 or s32)
+__device__ __forceinline__ u32 word(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ u32 word(int x) { return (u32)x; }
 
 // A 4 x 4 transpose of 32-bit words across each quad of lanes (4 shuffles): lane q's w[j] is
 // block j's word from lane q; afterwards o[u] is block q's word from lane u.
@@ -149,28 +157,36 @@ __device__ __forceinline__ void transpose_quad(const u32 (&w)[4], u32 (&o)[4], i
   }
 }
 
-// The accumulators of EPI_GROUP (4) 8-column blocks of one row, 16-bit storage, N % 8 == 0: lane
-// q of each quad holds columns 2q, 2q + 1 of every block (lo[j], hi[j]: block j). Transposed
-// across the quad, lane q holds the 8 columns of block q: it finishes them (alpha, the epilogue
-// with 16-byte loads of its inputs) and writes them with one 16-byte store — full 32-byte
-// sectors where the pair loads and stores touched half of each.
-__device__ __forceinline__ void finish_quad_row(const OutP& out, i64 z, i64 m, i64 n_block0, const float (&lo)[4],
-                                                const float (&hi)[4], int lane) {
-  u32 wl[4], wh[4], ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    wl[j] = __float_as_uint(lo[j]);
-    wh[j] = __float_as_uint(hi[j]);
-  }
-  transpose_quad(wl, ol, lane);
-  transpose_quad(wh, oh, lane);
-  const i64 n = n_block0 + 8 * (lane & 3);
-  if (m >= out.M || n >= out.N) return;
-  float v[8];
+// The accumulators of EPI_GROUP (4) 8-column blocks of one row: lane q of each quad holds columns
+// 2q, 2q + 1 of every block (lo[j], hi[j]: block j). Transposed across the quad, lane q holds the
+// 8 columns of block q in order (w[0..7]), so its epilogue reads its inputs with 16-byte loads and
+// writes one 16-byte store — full 32-byte sectors where the pair loads and stores touched half of
+// each. Every lane of the warp must call it (the shuffles).
+__device__ __forceinline__ void quad_row(const u32 (&lo)[4], const u32 (&hi)[4], u32 (&w)[8], int lane) {
+  u32 ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
+  transpose_quad(lo, ol, lane);
+  transpose_quad(hi, oh, lane);
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    v[2 * u] = out.alpha * __uint_as_float(ol[u]);
-    v[2 * u + 1] = out.alpha * __uint_as_float(oh[u]);
+    w[2 * u] = ol[u];
+    w[2 * u + 1] = oh[u];
+  }
+}
+
+// columns n..n + 7 of row m after quad_row (16-bit storage, N % 8 == 0, vector_ok): alpha, a
+// row-broadcast C (a conv's bias) read with one 16-byte load, the epilogue (apply_epilogue8), one
+// 16-byte store
+__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const u32 (&w)[8]) {
+  if (m >= out.M || n >= out.N) return;
+  float v[8];
+  if (out.C) {
+    __align__(16) ELEM c[8];
+    *(uint4*)c = *(const uint4*)(out.C + n);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = out.scaled(__uint_as_float(w[i]), ld(c, i));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = out.scaled(__uint_as_float(w[i]));
   }
   const i64 oi = (z * out.M + m) * out.N + n;
 #if HAS_EPILOGUE && EPI_VEC
@@ -309,16 +325,36 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
   }
 }
 
-// whether finish_quad_row serves this output: 16-bit storage, rows a multiple of 8 long, Y, C
-// (none) and the epilogue's inputs 16-byte aligned; one m64 subtile a warpgroup (with two,
-// 256x128, the bf16 kernel's first subtile came out wrong on the H100 — fp16 right, cause not
-// found — so it keeps the pair stores)
+// whether finish8 serves this output: 16-bit storage, rows a multiple of 8 long, Y, C (none, or
+// a row-broadcast bias: scm 0, scn 1) and the epilogue's inputs 16-byte aligned; one m64 subtile a
+// warpgroup (with two, 256x128, the bf16 kernel's first subtile came out wrong on the H100 — fp16
+// right, cause not found — so it keeps the pair stores)
 __device__ __forceinline__ bool vector_ok(const OutP& out) {
-  bool ok = MSUB == 1 && EPI_VEC && sizeof(ELEM) == 2 && !out.C && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0;
+  const bool c_ok = !out.C || (out.scm == 0 && out.scn == 1 && ((u64)out.C & 15) == 0);
+  bool ok = MSUB == 1 && EPI_VEC && sizeof(ELEM) == 2 && c_ok && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0;
 #if HAS_EPILOGUE && EPI_VEC
   ok = ok && epi_vec_ok(out.epi);
 #endif
   return ok;
+}
+
+// The pair path of EPI_GROUP column blocks j0.. of subtile rows m, m + 8 (accumulator layout
+// m64nNk16: row 16 * warp + lane / 4 (+8), column 8 * j + 2 * (lane % 4) (+1), n the lane's first
+// column): their epilogue values first (the loads of C and of the epilogue inputs are in flight
+// together: no store can alias them yet), then their stores.
+__device__ __forceinline__ void finish_pairs(const OutP& out, i64 z, float (&acc)[BN / 2], i64 m, i64 n, int j0) {
+#pragma unroll
+  for (int j = j0; j < j0 + EPI_GROUP; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const i64 mr = m + (e >= 2 ? 8 : 0), nc = n + j * 8 + (e & 1);
+      if (mr < out.M && nc < out.N) acc[4 * j + e] = out.value(z, mr, nc, acc[4 * j + e]);
+    }
+#pragma unroll
+  for (int j = j0; j < j0 + EPI_GROUP; ++j) {
+    out.store2(z, m, n + j * 8, acc[4 * j], acc[4 * j + 1]);
+    out.store2(z, m + 8, n + j * 8, acc[4 * j + 2], acc[4 * j + 3]);
+  }
 }
 
 #if I8
@@ -332,20 +368,26 @@ typedef OutI8 OutT;
 #define MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta) \
   OutI8{int8_out(Scale, QBias, YScale, YZ, Y, flags, scale_step, bias_step), M, N}
 #define EPI_OF(out) out.q.epi
-// s32 m64nNk32 accumulators lie as the f32 ones: row 16 * warp + lane / 4 (+8), column
-// 8 * j + 2 * (lane % 4) (+1)
-__device__ __forceinline__ void finish_i8(const OutI8& out, const TileIdx& ti, const int (&acc)[MSUB][BN / 2],
-                                          int row0, int warp, int lane) {
-  const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4, n_base = (i64)ti.tn * BN + 2 * (lane % 4);
+// whether Out::put8 serves this output: rows a multiple of 8 long, one m64 subtile a warpgroup
+// (as vector_ok), aligned pointers (Out::vec_ok)
+__device__ __forceinline__ bool vector_ok(const OutI8& out) { return MSUB == 1 && (out.N & 7) == 0 && out.q.vec_ok(); }
+// s32 accumulators lie as the f32 ones: Out::put, one element at a time
+__device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const int (&acc)[BN / 2], i64 m, i64 n, int j0) {
 #pragma unroll
-  for (int s = 0; s < MSUB; ++s)
+  for (int j = j0; j < j0 + EPI_GROUP; ++j)
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const i64 mr = m + (e >= 2 ? 8 : 0), nc = n + j * 8 + (e & 1);
+      if (mr < out.M && nc < out.N) out.q.put((z * out.M + mr) * out.N + nc, nc, nc, acc[4 * j + e]);
+    }
+}
+// columns n..n + 7 of row m after quad_row: Out::put8 (put's arithmetic, vector loads and stores)
+__device__ __forceinline__ void finish8(const OutI8& out, i64 z, i64 m, i64 n, const u32 (&w)[8]) {
+  if (m >= out.M || n >= out.N) return;
+  int a[8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
-        if (m < out.M && n < out.N) out.q.put((ti.z * out.M + m) * out.N + n, n, n, acc[s][4 * j + e]);
-      }
+  for (int i = 0; i < 8; ++i) a[i] = (int)w[i];
+  out.q.put8((z * out.M + m) * out.N + n, n, a);
 }
 #else
 typedef OutP OutT;
@@ -367,48 +409,31 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #else
     mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #endif
-#if I8
-    finish_i8(out, ti, acc, row0, warp, lane);
-#else
-    // accumulator layout (m64nNk16): row = 16 * warp + lane / 4 (+8), column = 8 * j + 2 * (lane % 4) (+1).
-    // EPI_GROUP column blocks at a time: their epilogue values first (the loads of C and of the
-    // epilogue inputs are in flight together: no store can alias them yet), then their stores.
     const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
-    const bool vector_rows = vector_ok(out);
     const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
+    const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
 #pragma unroll
     for (int s = 0; s < MSUB; ++s)
 #pragma unroll
       for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
-        if (vector_rows) {  // the same for every lane: the shuffles see the whole warp
-          float lo[4], hi[4], lo8[4], hi8[4];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+        if (vector_rows) {
+          u32 lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            lo[j] = acc[s][4 * (j0 + j)];
-            hi[j] = acc[s][4 * (j0 + j) + 1];
-            lo8[j] = acc[s][4 * (j0 + j) + 2];
-            hi8[j] = acc[s][4 * (j0 + j) + 3];
+            lo[j] = word(acc[s][4 * (j0 + j)]);
+            hi[j] = word(acc[s][4 * (j0 + j) + 1]);
+            lo8[j] = word(acc[s][4 * (j0 + j) + 2]);
+            hi8[j] = word(acc[s][4 * (j0 + j) + 3]);
           }
-          const i64 m = m_base + s * 64, n_block0 = (i64)ti.tn * BN + j0 * 8;
-          finish_quad_row(out, ti.z, m, n_block0, lo, hi, lane);
-          finish_quad_row(out, ti.z, m + 8, n_block0, lo8, hi8, lane);
+          const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
+          quad_row(lo, hi, w, lane);
+          finish8(out, ti.z, m, n, w);
+          quad_row(lo8, hi8, w, lane);
+          finish8(out, ti.z, m + 8, n, w);
           continue;
         }
-#pragma unroll
-        for (int j = j0; j < j0 + EPI_GROUP; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const i64 m = m_base + s * 64 + (e >= 2 ? 8 : 0), n = n_base + j * 8 + (e & 1);
-            if (m < out.M && n < out.N) acc[s][4 * j + e] = out.value(ti.z, m, n, acc[s][4 * j + e]);
-          }
-#pragma unroll
-        for (int j = j0; j < j0 + EPI_GROUP; ++j) {
-          const i64 m = m_base + s * 64, n = n_base + j * 8;
-          out.store2(ti.z, m, n, acc[s][4 * j], acc[s][4 * j + 1]);
-          out.store2(ti.z, m + 8, n, acc[s][4 * j + 2], acc[s][4 * j + 3]);
-        }
+        finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
       }
-#endif
   }
 }
 
