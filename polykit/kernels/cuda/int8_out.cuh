@@ -1,4 +1,4 @@
-// The output side of every INT8 kernel (int8.cu on mma.sync, gemm_sm90.cu's I8 variant on wgmma):
+// The output side of every INT8 kernel (int8.cu on mma.sync, conv_sm90.cu's I8 variant on wgmma):
 // the exact int32 centered sum of output (m, n) -> per output channel n
 //   v = float(double(acc) * scale[n] + bias[n])   (float64, rounded once: the cpu reference's arithmetic)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)

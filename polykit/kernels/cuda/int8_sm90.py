@@ -1,4 +1,4 @@
-"""INT8 convolutions on Hopper tensor cores: gemm_sm90.cu's `conv_sm90` with I8 1 (docs/INT8.md).
+"""INT8 convolutions on Hopper tensor cores: conv_sm90.cu's `conv_sm90` with I8 1 (docs/INT8.md).
 
 Tactics `cuda.int8.sm90_<BM>x<BN>` (kind QConvNHWC, compute capability 9.0): the fp16 sm90
 implicit GEMM (warp-specialized, TMA weights, cp.async im2col rows, persistent) on

@@ -167,7 +167,7 @@ PATH_CASES = ([(t, FP16, None) for t in CONV_TILES]
     for t, d, e in PATH_CASES])
 def test_sm90_conv_bias_on_the_16_byte_path_equals_the_pair_path_bit_for_bit(tile, dtype, epilogue):
     """136 output channels: the bias (the GEMM's C, row-broadcast) read 8 at a time, 16-byte
-    stores (gemm_sm90.cu finish8). One channel more (137, not a multiple of 8) sends every element
+    stores (gemm_sm90_epilogue.cuh finish8). One channel more (137, not a multiple of 8) sends every element
     down the pair path; the same 136 channels come out of the same accumulators, so both paths
     must give the same bits. Both also match the float64 reference."""
     require_sm90()
