@@ -110,7 +110,7 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
     (oi, col multiples of 8), each "full" / "last" input (of C type `types[j]`) read with
     vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. The
-    sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's put8) whose
+    sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's value8) whose
     rows are a multiple of 8 long (EPI_VEC 1; 0 when an input is read through a general
     broadcast). Each element's arithmetic is apply_epilogue's."""
     from polykit.kernels.cuda.pointwise_expr import emit_expression

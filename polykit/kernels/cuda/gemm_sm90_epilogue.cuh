@@ -157,7 +157,7 @@ typedef OutI8 OutT;
 #define MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta) \
   OutI8{int8_out(Scale, QBias, YScale, YZ, Y, flags, scale_step, bias_step), M, N}
 #define EPI_OF(out) out.q.epi
-// whether Out::put8 serves this output: rows a multiple of 8 long, one m64 subtile a warpgroup
+// whether finish_rows (Out::value8 / store8) serves this output: rows a multiple of 8 long, one m64 subtile a warpgroup
 // (as vector_ok), aligned pointers (Out::vec_ok)
 __device__ __forceinline__ bool vector_ok(const OutI8& out) { return MSUB == 1 && (out.N & 7) == 0 && out.q.vec_ok(); }
 // s32 accumulators lie as the f32 ones: Out::put, one element at a time
@@ -170,13 +170,43 @@ __device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const int 
       if (mr < out.M && nc < out.N) out.q.put((z * out.M + mr) * out.N + nc, nc, nc, acc[4 * j + e]);
     }
 }
-// columns n..n + 7 of row m after quad_row: Out::put8 (put's arithmetic, vector loads and stores)
-__device__ __forceinline__ void finish8(const OutI8& out, i64 z, i64 m, i64 n, const u32 (&w)[8]) {
+// row m (or m + 8: oi8) and columns n..n + 7 after quad_row: Out::value8, then Out::store8
+__device__ __forceinline__ void finish8(const OutI8& out, i64 m, i64 n, i64 oi, const u32 (&w)[8]) {
   if (m >= out.M || n >= out.N) return;
   int a[8];
+  float v[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = (int)w[i];
-  out.q.put8((z * out.M + m) * out.N + n, n, a);
+  out.q.value8(oi, n, a, v);
+  out.q.store8(oi, v);
+}
+// rows m and m + 8, columns n..n + 7. With one block an SM (registers to spare): value8 of both
+// rows (their loads in flight together: no store can alias them yet), then both stores; with
+// two (128 registers a thread) that spilled, so one row after the other.
+__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 n, const u32 (&lo)[4],
+                                            const u32 (&hi)[4], const u32 (&lo8)[4], const u32 (&hi8)[4], int lane) {
+  const i64 oi = (z * out.M + m) * out.N + n, oi8 = oi + 8 * out.N;
+  u32 w[8], w8[8];
+  quad_row(lo, hi, w, lane);
+#if BLOCKS == 1
+  quad_row(lo8, hi8, w8, lane);
+  const bool row0 = m < out.M && n < out.N, row8 = m + 8 < out.M && n < out.N;
+  int a[8], a8[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    a[i] = (int)w[i];
+    a8[i] = (int)w8[i];
+  }
+  float v[8], v8[8];
+  if (row0) out.q.value8(oi, n, a, v);
+  if (row8) out.q.value8(oi8, n, a8, v8);
+  if (row0) out.q.store8(oi, v);
+  if (row8) out.q.store8(oi8, v8);
+#else
+  finish8(out, m, n, oi, w);
+  quad_row(lo8, hi8, w8, lane);
+  finish8(out, m + 8, n, oi8, w8);
+#endif
 }
 #else
 typedef OutP OutT;
@@ -215,10 +245,14 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
             hi8[j] = word(acc[s][4 * (j0 + j) + 3]);
           }
           const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
+#if I8
+          finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
+#else
           quad_row(lo, hi, w, lane);
           finish8(out, ti.z, m, n, w);
           quad_row(lo8, hi8, w, lane);
           finish8(out, ti.z, m + 8, n, w);
+#endif
           continue;
         }
         finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);

@@ -3,8 +3,8 @@
 //   v = float(double(acc) * scale[n] + bias[n])   (float64, rounded once: the cpu reference's arithmetic)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
-// Out::put stores one element; Out::put8 eight consecutive channels of one row with the same
-// arithmetic per element (the sm90 kernel's 16-byte epilogue, where Out::vec_ok allows it).
+// Out::put stores one element; Out::value8 / store8 eight consecutive channels of one row with
+// the same arithmetic per element (the sm90 kernel's 16-byte epilogue, where Out::vec_ok allows it).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
@@ -27,7 +27,7 @@ struct Out {
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
-  // the arithmetic of one element (put and put8 alike): the float64 dequantization rounded once,
+  // the arithmetic of one element (put and value8 alike): the float64 dequantization rounded once,
   // QuantizeLinear's rounding and saturation
   __device__ __forceinline__ float dequantize(int acc, float s, float b) const {
     double d = __dmul_rn((double)acc, (double)s);
@@ -52,7 +52,7 @@ struct Out {
     else
       ((i8*)Y)[oi] = (i8)(int)q;
   }
-  // whether put8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
+  // whether value8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
   // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
   __device__ __forceinline__ bool vec_ok() const {
     bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
@@ -65,9 +65,9 @@ struct Out {
     return ok;
   }
   // outputs oi..oi + 7 = channels n..n + 7 of one row (vec_ok): put's arithmetic per element,
-  // scale / bias read with 16-byte loads, one 8-byte store (int8 / uint8) or two 16-byte ones (float)
-  __device__ __forceinline__ void put8(i64 oi, i64 n, const int (&acc)[8]) const {
-    float v[8];
+  // scale / bias read with 16-byte loads (value8), then one 8-byte store (int8 / uint8) or two
+  // 16-byte ones (float: store8). Split so a caller can have two rows' loads in flight at once.
+  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], float (&v)[8]) const {
 #pragma unroll
     for (int h = 0; h < 8; h += 4) {  // four channels at a time: fewer registers live
       const float4 s = channels4(scale, n + h, scale_step);
@@ -80,6 +80,8 @@ struct Out {
 #if HAS_EPILOGUE && EPI_VEC
     apply_epilogue8(epi, v, oi, n);
 #endif
+  }
+  __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
     if (!yint) {
       float4* y = (float4*)((float*)Y + oi);
       y[0] = make_float4(v[0], v[1], v[2], v[3]);

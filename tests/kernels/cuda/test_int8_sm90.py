@@ -77,7 +77,7 @@ def test_sm90_qconv_float_output_equals_the_reference(x, w, attrs, tactic):
 @pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
 def test_sm90_qconv_requantized_output_equals_the_reference(x, w, attrs, y_dtype, tactic):
-    """N 96, 200, 24: the 8-channel epilogue (int8_out.cuh put8, one 8-byte store); N 130: put."""
+    """N 96, 200, 24: the 8-channel epilogue (int8_out.cuh value8 / store8, one 8-byte store); N 130: put."""
     inputs = sym_inputs(x, w, per_channel=False, y_dtype=y_dtype, bias=False)
     run_sm90(sym_layer(inputs, attrs), inputs, tactic)
 
@@ -123,7 +123,7 @@ def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype
 def test_sm90_qconv_int8_residual_float_output_is_the_same_bits_on_both_epilogue_paths(tactic):
     """Float output with an int8 residual is the one case checked with a tolerance (an fma may
     contract the residual's dequantization into the add), so check the 8-channel path against
-    the per-element one directly: 136 channels take put8, one more (137) sends every element
+    the per-element one directly: 136 channels take value8 / store8, one more (137) sends every element
     through put; the shared 136 channels come from the same accumulators and must be the same
     bits."""
     from polykit.runtime.cuda.harness import run_layer
