@@ -1,8 +1,9 @@
 """GPU: `polykit debug precision --fp16` on the cuda target. The cuda engine fuses the
-overflowing MatMul with the scale that follows it into one GEMM whose epilogue runs in fp32
-before the fp16 store, so the fp16 build of the overflow model already passes on cuda (on the
-cpu target, which stores the MatMul's fp16 output, it fails: tests/tools/test_debug_precision.py).
-debug precision then reports that no node needs fp32, with the latency of the build."""
+overflowing MatMul with the scale that follows it into one GEMM, and its epilogue rounds the
+product to fp16 before the scale, as the op-by-op reference and ONNX do (each node's output is of
+type T; since the cuda16 round of 2026-11-24 — before it, the epilogue kept the product in fp32
+and this build passed). So the fp16 build fails on cuda as it does on cpu
+(tests/tools/test_debug_precision.py), and debug precision names the MatMul on cuda too."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ CUDA_FP16 = ["--target", "cuda", "--fp16", "--atol", "1e-2", "--rtol", "1e-2"]
 
 
 @pytest.mark.parametrize("rank", ["layerwise", "isolated"])
-def test_the_fused_cuda_fp16_build_needs_no_fp32_node(capsys, tmp_path, rank):
+def test_the_fused_cuda_fp16_build_overflows_like_cpu_and_the_matmul_is_named(capsys, tmp_path, rank):
     model = overflow_model(tmp_path / "overflow.onnx")
-    assert main(["run", model, "--trt", "--onnxrt", *CUDA_FP16]) == 0
+    assert main(["run", model, "--trt", "--onnxrt", *CUDA_FP16]) == 1
     capsys.readouterr()
     assert main(["debug", "precision", model, *CUDA_FP16, "--rank", rank, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["nodes"] == [] and doc["layer_precisions"] == "" and doc["before"]["passed"] is True
+    names = [n["name"] for n in doc["nodes"]]
+    assert "big_mm" in names and len(names) <= 3, names
+    assert doc["before"]["passed"] is False and doc["after"]["passed"] is True
+    value = doc["layer_precisions"]
+    assert main(["run", model, "--trt", "--onnxrt", *CUDA_FP16, "--layer-precisions", value]) == 0
