@@ -39,7 +39,7 @@ from polykit.compiler.shape_values import host_values
 from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
-from polykit.errors import BuildError, UsageError
+from polykit.errors import BuildError, PolykitError, UsageError
 
 log = logging.getLogger("polykit")
 
@@ -405,12 +405,14 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
             raise replay.unsupported(layer, target, profile)
         return layer, tactic
 
+    layers = [stamp_layer(layer, tensors) if not layer.in_dtypes and layer.inputs else layer for layer in layers]
+    if target != "cpu" and not replay.layers and len(views) < 2:
+        tuner.prefetch(_candidates_or_none(layers, lambda layer: candidates_at(layer, every)))
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     workspace: dict[str, int] = {}
     with progress_bar(len(layers), f"building for {target}") as advance:
         for layer in layers:
-            layer = stamp_layer(layer, tensors) if not layer.in_dtypes and layer.inputs else layer
             picks = pick_tactics(layer, every, views, candidates_at, choose, forced)
             (base, tactic), _ = picks[0]
             final = replace(base, tactic=tactic.name, tactic_params=dict(tactic.params),
@@ -428,6 +430,18 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
             chosen.append(final)
             advance(layer.name)
     return Selection(chosen, kernels, workspace, sm_count, tuner.finish())
+
+
+def _candidates_or_none(layers: Sequence[LayerDesc], candidates_at: Any) -> list[tuple[LayerDesc, list]]:
+    """(layer, its candidates) for the layers that have some; a layer without (a BuildError)
+    is left for the selection loop to report."""
+    jobs = []
+    for layer in layers:
+        try:
+            jobs.append((layer, candidates_at(layer)))
+        except PolykitError:
+            continue
+    return jobs
 
 
 def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, replace
@@ -243,6 +244,39 @@ class Tuner:
         log.debug("layer %r: %s", layer.name,
                   ", ".join(f"{t.name}/{v.precision} {ms:.4f} ms" for (v, t), ms in zip(pairs, times)))
         return self._chosen(pairs[best])
+
+    def to_time(self, layer: LayerDesc, pairs: Sequence[Pair], tensors: Mapping[str, TensorDesc]) -> list[Pair]:
+        """The pairs `choose` would time for `layer` (missing from the timing cache); none when
+        it would take the first by priority. Counts no cache hits or misses."""
+        level, cap = self.level, self.level.limit(self.target)
+        if cap == 0 or (len(pairs) == 1 and not level.time_single) or not timeable(layer, tensors):
+            return []
+        device = self.device()
+        if device is None:
+            return []
+        pairs = list(pairs[:cap]) if cap else list(pairs)
+        return [pair for pair in pairs if timing_key(pair[0], pair[1], device) not in self.cache.entries]
+
+    def prefetch(self, jobs: Sequence[tuple[LayerDesc, Sequence[Pair]]]) -> None:
+        """Compile, in parallel and before any timing, the kernels of every pair `choose` will
+        time for `jobs` ((stamped layer, candidates) per layer): a layer's timing plan then loads
+        them from the kernel cache. Layers are otherwise timed one by one, each compiling its few
+        candidates, which leaves most of the build machine's cores idle."""
+        if self.target != "cuda" or not jobs:
+            return
+        sources = []
+        for layer, pairs in jobs:
+            for variant, tactic in self.to_time(layer, pairs, self.tensors):
+                kernels = getattr(tactic, "kernels", None)
+                if kernels is not None:
+                    sources += kernels(replace(variant, tactic=tactic.name, tactic_params=dict(tactic.params)))
+        if not sources:
+            return
+        from polykit.runtime.cuda.nvrtc import compile_many
+
+        t0 = time.perf_counter()
+        compile_many(sources, self.device().arch)
+        self.stats.compile_s += time.perf_counter() - t0
 
     def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int],
                  tensors: Mapping[str, TensorDesc]) -> None:

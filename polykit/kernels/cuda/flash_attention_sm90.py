@@ -1,7 +1,8 @@
-"""ai.polykit Attention on Hopper tensor cores (flash_attention_sm90.cu): tactics
+"""ai.polykit Attention on Hopper tensor cores (flash_attention_sm90.cu): tactic
 `cuda.attention.flash_sm90` (one consumer warpgroup, 64 query rows a block, key tiles of 64),
-`cuda.attention.flash_sm90_kv128` (key tiles of 128) and `cuda.attention.flash_sm90_2wg` (two
-warpgroups, 128 rows), GPUs of compute capability 9.0.
+GPUs of compute capability 9.0. The kernel also takes key tiles of 128 (BKV) and two consumer
+warpgroups (CONSUMERS); both measured slower than this shape on every shape tried on the H100
+(2026-11-24, docs/PERFORMANCE.md), so they are not registered: timing them only lengthened builds.
 
 They take the layers `cuda.attention.flash` takes (flash_attention.flash_geometry: float16 /
 bfloat16, head size 64 or 128, [B, H, S, D] or [B, S, H, D] layouts, broadcast batch / head
@@ -52,7 +53,7 @@ class Sm90Flash:
                 + (f"_kv{self.block_kv}" if self.block_kv != 64 else ""))
 
 
-SHAPES = (Sm90Flash(1), Sm90Flash(1, 128), Sm90Flash(2))
+SHAPES = (Sm90Flash(1),)
 
 
 def kernel_for(shape: Sm90Flash, elem: str, head: int) -> KernelSource:

@@ -1,4 +1,4 @@
-"""The Hopper attention tactics (cuda.attention.flash_sm90, _2wg): TMA maps, registration and
+"""The Hopper attention tactics (cuda.attention.flash_sm90): TMA maps, registration and
 geometry (CPU); results against the float64 reference on random data with outputs poisoned,
 masks (padding, causal, additive), layouts and broadcast heads, and against cuda.attention.flash
 (GPU, compute capability 9.0)."""
@@ -62,8 +62,7 @@ def test_block_shapes_fit_the_shared_memory_of_one_sm():
     for s in SHAPES:
         assert s.threads == 128 * s.consumers + 32
         assert s.smem(128) <= 227 * 1024
-    assert [s.name for s in SHAPES] == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_kv128",
-                                        "cuda.attention.flash_sm90_2wg"]
+    assert [s.name for s in SHAPES] == ["cuda.attention.flash_sm90"]
 
 
 # ---- GPU ------------------------------------------------------------------------------------
