@@ -1,13 +1,21 @@
-// The output side of every INT8 kernel (int8.cu on mma.sync, gemm_sm90.cu's I8 variant on wgmma):
+// The output side of every INT8 kernel (int8.cu on mma.sync, conv_sm90.cu's I8 variant on wgmma):
 // the exact int32 centered sum of output (m, n) -> per output channel n
 //   v = float(double(acc) * scale[n] + bias[n])   (float64, rounded once: the cpu reference's arithmetic)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
+// Out::put stores one element; Out::value8 / store8 eight consecutive channels of one row with
+// the same arithmetic per element (the sm90 kernel's 16-byte epilogue, where Out::vec_ok allows it).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
+
+// 4 per-channel values from channel n (step 1: one 16-byte load, p + n 16-byte aligned) or one
+// value for all (step 0)
+__device__ __forceinline__ float4 channels4(const float* p, i64 n, int step) {
+  return step ? *(const float4*)(p + n) : make_float4(p[0], p[0], p[0], p[0]);
+}
 
 // what every problem stores through: dequantize, epilogue, requantize
 struct Out {
@@ -19,10 +27,18 @@ struct Out {
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
+  // the arithmetic of one element (put and value8 alike): the float64 dequantization rounded once,
+  // QuantizeLinear's rounding and saturation
+  __device__ __forceinline__ float dequantize(int acc, float s, float b) const {
+    double d = __dmul_rn((double)acc, (double)s);
+    if (bias) d = __dadd_rn(d, (double)b);
+    return __double2float_rn(d);
+  }
+  __device__ __forceinline__ float requantize(float v) const {
+    return fminf(fmaxf(rintf(__fdiv_rn(v, ys)) + yz, lo), hi);
+  }
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
-    double d = __dmul_rn((double)acc, (double)scale[n * scale_step]);
-    if (bias) d = __dadd_rn(d, (double)bias[n * bias_step]);
-    float v = __double2float_rn(d);
+    float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
@@ -30,11 +46,52 @@ struct Out {
       ((float*)Y)[oi] = v;
       return;
     }
-    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, ys)) + yz, lo), hi);
+    const float q = requantize(v);
     if (yu8)
       ((u8*)Y)[oi] = (u8)(int)q;
     else
       ((i8*)Y)[oi] = (i8)(int)q;
+  }
+  // whether value8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
+  // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
+  __device__ __forceinline__ bool vec_ok() const {
+    bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
+              (!bias || !bias_step || ((u64)bias & 15) == 0);
+#if HAS_EPILOGUE && EPI_VEC
+    ok = ok && epi_vec_ok(epi);
+#elif HAS_EPILOGUE
+    ok = false;
+#endif
+    return ok;
+  }
+  // outputs oi..oi + 7 = channels n..n + 7 of one row (vec_ok): put's arithmetic per element,
+  // scale / bias read with 16-byte loads (value8), then one 8-byte store (int8 / uint8) or two
+  // 16-byte ones (float: store8). Split so a caller can have two rows' loads in flight at once.
+  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], float (&v)[8]) const {
+#pragma unroll
+    for (int h = 0; h < 8; h += 4) {  // four channels at a time: fewer registers live
+      const float4 s = channels4(scale, n + h, scale_step);
+      const float4 b = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[h] = dequantize(acc[h], s.x, b.x);
+      v[h + 1] = dequantize(acc[h + 1], s.y, b.y);
+      v[h + 2] = dequantize(acc[h + 2], s.z, b.z);
+      v[h + 3] = dequantize(acc[h + 3], s.w, b.w);
+    }
+#if HAS_EPILOGUE && EPI_VEC
+    apply_epilogue8(epi, v, oi, n);
+#endif
+  }
+  __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
+    if (!yint) {
+      float4* y = (float4*)((float*)Y + oi);
+      y[0] = make_float4(v[0], v[1], v[2], v[3]);
+      y[1] = make_float4(v[4], v[5], v[6], v[7]);
+      return;
+    }
+    struct __align__(8) Bytes { u8 b[8]; } q;  // (u8)(int) keeps an int8's two's-complement byte
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q.b[i] = (u8)(int)requantize(v[i]);
+    *(Bytes*)((u8*)Y + oi) = q;
   }
 };
 
