@@ -56,23 +56,25 @@ __device__ __forceinline__ u32 pack2(float a, float b) {
   st(pair.v, 1, b);
   return *reinterpret_cast<const u32*>(&pair);
 }
-__device__ __forceinline__ acc_t pick4(const acc_t (&w)[4], int i) {
-  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
-
-// A 4 x 4 transpose of accumulators (f32 or s32) across each quad of lanes (4 shuffles): lane q's
-// w[j] is block j's value from lane q; afterwards o[u] is block q's value from lane u. The values
-// move in their own type: reinterpreting f32 accumulators as u32 words here let NVVM keep the
-// whole accumulator array as b32 integers, copied to and from f32 registers around every wgmma of
-// the K loop — reads of in-flight accumulators, so ptxas serialized the wgmma pipeline (C7514).
-__device__ __forceinline__ void transpose_quad(const acc_t (&w)[4], acc_t (&o)[4], int lane) {
-  const int q = lane & 3;
+// A 4 x 4 transpose of accumulators (f32 or s32) across each quad of lanes: lane q's w[j] is
+// block j's value from lane q; afterwards w[u] is block q's value from lane u. Two butterfly steps
+// (lane q ^ 1, then q ^ 2), each swapping the 2 x 2 sub-blocks whose row and column bit differ:
+// 4 shuffles and 12 selects on the lane's bits (a shuffle of w[(q - r) & 3] compiled to a branch
+// per value). The values move in their own type: reinterpreting f32 accumulators as u32 words
+// here let NVVM keep the whole accumulator array as b32 integers, copied to and from f32
+// registers around every wgmma of the K loop — reads of in-flight accumulators, so ptxas
+// serialized the wgmma pipeline (C7514).
+__device__ __forceinline__ void transpose_quad(acc_t (&w)[4], int lane) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its value of block (q - r) & 3 to lane (q - r) & 3
-    const int from = (q + r) & 3;
-    const acc_t got = __shfl_sync(0xffffffffu, pick4(w, (q - r) & 3), (lane & ~3) | from);
+  for (int bit = 1; bit <= 2; bit <<= 1) {
+    const bool hi = lane & bit;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) o[i] = i == from ? got : o[i];
+    for (int j = 0; j < 4; ++j) {
+      if (j & bit) continue;  // the pair (j, j | bit): a lane keeps the slot of its own bit, sends the other
+      const acc_t got = __shfl_xor_sync(0xffffffffu, hi ? w[j] : w[j | bit], bit);
+      w[j] = hi ? got : w[j];
+      w[j | bit] = hi ? w[j | bit] : got;
+    }
   }
 }
 
@@ -82,9 +84,9 @@ __device__ __forceinline__ void transpose_quad(const acc_t (&w)[4], acc_t (&o)[4
 // writes one 16-byte store — full 32-byte sectors where the pair loads and stores touched half of
 // each. Every lane of the warp must call it (the shuffles).
 __device__ __forceinline__ void quad_row(const acc_t (&lo)[4], const acc_t (&hi)[4], acc_t (&w)[8], int lane) {
-  acc_t ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
-  transpose_quad(lo, ol, lane);
-  transpose_quad(hi, oh, lane);
+  acc_t ol[4] = {lo[0], lo[1], lo[2], lo[3]}, oh[4] = {hi[0], hi[1], hi[2], hi[3]};
+  transpose_quad(ol, lane);
+  transpose_quad(oh, lane);
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     w[2 * u] = ol[u];
@@ -177,8 +179,9 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 m, i64 n, i64 oi, 
   out.q.value8(oi, n, w, v);
   out.q.store8(oi, v);
 }
-// rows m and m + 8, columns n..n + 7. With one block an SM (registers to spare): value8 of both
-// rows (their loads in flight together: no store can alias them yet), then both stores; with
+// rows m and m + 8, columns n..n + 7. With one block an SM (registers to spare): the channels'
+// scale and bias once, value8 of both rows (their loads in flight together: no store can alias
+// them yet), then both stores; with
 // two (128 registers a thread) that spilled, so one row after the other.
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 n, const int (&lo)[4],
                                             const int (&hi)[4], const int (&lo8)[4], const int (&hi8)[4], int lane) {
@@ -188,9 +191,11 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 
 #if BLOCKS == 1
   quad_row(lo8, hi8, w8, lane);
   const bool row0 = m < out.M && n < out.N, row8 = m + 8 < out.M && n < out.N;
+  double s[8], b[8];  // the channels' scale and bias, widened once for both rows
   float v[8], v8[8];
-  if (row0) out.q.value8(oi, n, w, v);
-  if (row8) out.q.value8(oi8, n, w8, v8);
+  if (row0 || row8) out.q.channels8(n, s, b);
+  if (row0) out.q.value8(oi, n, w, s, b, v);
+  if (row8) out.q.value8(oi8, n, w8, s, b, v8);
   if (row0) out.q.store8(oi, v);
   if (row8) out.q.store8(oi8, v8);
 #else

@@ -28,8 +28,9 @@ from polykit.kernels.cuda.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_fo
 from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
 
 KIND = "QConvNHWC"
-#: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 two blocks an SM)
-TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2"))
+#: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
+#: the 64-channel convolutions, where fp16 takes it too)
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2"))
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
 

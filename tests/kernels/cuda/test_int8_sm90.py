@@ -92,6 +92,37 @@ def test_sm90_qconv_with_a_float_residual_and_relu(tactic, y_dtype, n):
     run_sm90(sym_layer(inputs, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",)), inputs, tactic)
 
 
+
+def near_tie_inputs(n, y_dtype):
+    """Small int8 operands (|acc| < 2^8) and scale = y_scale / 2 per tensor, no bias: v / y_scale is
+    acc / 2 up to float rounding, so every odd acc lands within a few ulps of a half-integer, where
+    int8_out.cuh's requantize must leave v * (1 / y_scale) for the IEEE division."""
+    small = lambda shape: rng.integers(-3, 4, shape).astype(np.int8)
+    ys = np.float32(0.037)  # v * (1 / ys) rounds ~6 % of odd-acc quotients across the tie (0.1: none)
+    return {"X": small((2, 7, 9, 48)), "XZ": np.int8(0), "W": small((n, 1, 1, 48)), "WZ": np.int8(0),
+            "S": np.float32(ys * np.float32(0.5)), "YS": ys, "YZ": q((), y_dtype)}
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS + ["cuda.int8.mma_conv_nhwc"])
+@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("n", [96, 130], ids=["8_channels_a_lane", "per_element"])
+def test_requantization_at_half_integer_quotients_equals_the_reference(tactic, y_dtype, n):
+    """Round half to even of v / y_scale where v / y_scale sits on or next to a tie, for a third or more
+    of the outputs: the reciprocal product alone would round some of them the other way."""
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    inputs = near_tie_inputs(n, y_dtype)
+    layer = sym_layer(inputs, {})
+    ref = reference_layer(layer, inputs)["Y"]
+    x, w = inputs["X"].astype(np.int64), inputs["W"].astype(np.int64)
+    acc = np.einsum("bhwc,nc->bhwn", x, w[:, 0, 0, :])
+    assert (acc % 2 == 1).mean() > 0.3 and np.abs(acc).max() < 256, "the case has too few ties"
+    got = run_layer(layer, inputs, tactic=tactic)["Y"]
+    differ = np.argwhere(got != ref)
+    assert differ.size == 0, (f"{len(differ)} of {got.size} outputs differ from the reference, first at "
+                              f"{differ[:3].tolist()}: acc {[int(acc[tuple(i)]) for i in differ[:3]]}")
+
 def int8_residual_inputs(n, y_dtype):
     """An identity block's last conv: the block's int8 input as residual, int8 (or float) out."""
     inputs = sym_inputs((2, 10, 9, 64), (n, 1, 1, 64), y_dtype=y_dtype)
