@@ -1,8 +1,18 @@
 """Achieved bandwidth of the memory-bound CUDA kernel families (pointwise, softmax, norm, reduce,
 movement, gather, attention) on the device: `PYTHONPATH=. python3 benchmarks/cuda_kernel_families.py`.
-Kernel time = CUDA-graph replays of 20 enqueues; numbers are recorded in docs/CUDA_KERNELS.md."""
+Kernel time = CUDA-graph replays of 20 enqueues; numbers are recorded in docs/CUDA_KERNELS.md.
+
+`--int8-conv NB,H,W,C,N,K [--tactic NAME]` times only one INT8 convolution as an --int8 ResNet
+runs it (QConvNHWC, symmetric int8 X and W, per-channel scale and bias, an int8 residual
+dequantized in the epilogue, Relu, int8 output; K x K kernel, stride 1, same padding), e.g. for
+ncu: `ncu --kernel-name conv_sm90 --launch-skip 3 --launch-count 1 python3
+benchmarks/cuda_kernel_families.py --int8-conv 32,56,56,64,256,1 --tactic cuda.int8.sm90_128x128`."""
+import argparse
+
 import numpy as np
+from polykit.compiler.ir import POLYKIT_DOMAIN
 from polykit.compiler.plan_records import LayerDesc
+from polykit.kernels.cuda.int8 import RESIDUALS
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.harness import resolve_tactic, infer_output_specs
@@ -19,8 +29,8 @@ def timed(fn, reps=30):
         a, b = Event(), Event(); a.record(stream); fn(); b.record(stream); b.synchronize(); ts.append(b.elapsed_ms(a))
     return float(np.median(ts))
 
-def bench(name, layer, feeds, nbytes_fn=None):
-    t = resolve_tactic(layer); mods = KernelModules(info.arch); mods.load(t.kernels(layer))
+def bench(name, layer, feeds, nbytes_fn=None, tactic=None):
+    t = resolve_tactic(layer, tactic); mods = KernelModules(info.arch); mods.load(t.kernels(layer))
     specs = infer_output_specs(layer, feeds); bufs = []; tens = {}
     for n, a in feeds.items():
         b = DeviceBuffer(a.nbytes); upload(b.ptr, np.ascontiguousarray(a)); bufs.append(b); tens[n] = DeviceTensor(b.ptr, a.shape, a.dtype)
@@ -35,10 +45,37 @@ def bench(name, layer, feeds, nbytes_fn=None):
     print(f"{name:36s} {ms*1e3:8.1f} us {nbytes/1e6:7.1f} MB {nbytes/ms/1e6:6.0f} GB/s  (eager enqueue {host*1e3:7.1f} us)")
     for b in bufs: b.free()
 
+def int8_conv(nb, h, w, c, n, k):
+    """(layer, feeds) of an --int8 ResNet bottleneck's last conv: int8 residual + Relu, int8 out."""
+    i8 = lambda *s: rng.integers(-128, 128, s).astype(np.int8)
+    feeds = {"X": i8(nb, h, w, c), "XZ": np.int8(0), "W": i8(n, k, k, c), "WZ": np.zeros(n, np.int8),
+             "S": rng.uniform(1e-4, 2e-3, n).astype(np.float32), "B": rng.standard_normal(n).astype(np.float32),
+             "YS": np.float32(0.1), "YZ": np.int8(0), "skip": i8(nb, h, w, n), "skip_scale": np.float32(0.037)}
+    body = [dict(step, outputs=["Y"]) if i == len(RESIDUALS["int8"]) - 1 else step
+            for i, step in enumerate(RESIDUALS["int8"])]
+    attrs = {"kernel_shape": [k, k], "pads": [k // 2] * 4, "symmetric": 1, "epilogue": {"input": "raw", "body": body}}
+    layer = LayerDesc("qconv", "QConvNHWC", tuple(feeds), ("Y",), attrs, domain=POLYKIT_DOMAIN, precision="int8",
+                      in_dtypes=tuple(np.asarray(a).dtype.name for a in feeds.values()),
+                      in_shapes=tuple(np.shape(a) for a in feeds.values()), out_dtypes=("int8",),
+                      out_shapes=((nb, h, w, n),))
+    return layer, feeds
+
+
 def main():
     global info, stream
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--int8-conv", default="", metavar="NB,H,W,C,N,K", help="time only this INT8 convolution")
+    parser.add_argument("--tactic", default=None, help="the tactic --int8-conv runs (default: the first eligible)")
+    args = parser.parse_args()
     info = driver.current_device()
     stream = Stream()
+    if args.int8_conv:
+        nb, h, w, c, n, k = (int(v) for v in args.int8_conv.split(","))
+        layer, feeds = int8_conv(nb, h, w, c, n, k)
+        macs = nb * h * w * n * k * k * c
+        print(f"int8 conv {args.int8_conv} ({args.tactic or 'default tactic'}): {2 * macs / 1e9:.2f} GOP")
+        bench(f"QConvNHWC {args.int8_conv}", layer, feeds, tactic=args.tactic)
+        return
     n = 1 << 24
     a = DeviceBuffer(4 * n); b = DeviceBuffer(4 * n)
     ms = timed(lambda: copy_device(b.ptr, a.ptr, 4 * n, stream.handle))

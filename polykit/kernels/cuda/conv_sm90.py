@@ -1,4 +1,4 @@
-"""Channels-last convolution on Hopper tensor cores: `conv_sm90` in gemm_sm90.cu.
+"""Channels-last convolution on Hopper tensor cores: `conv_sm90` (conv_sm90.cu).
 
 Tactics `cuda.conv_nhwc.sm90_<BM>x<BN>` (kind ConvNHWC, compute capability 9.0) run a
 group-1 2-D ai.polykit ConvNHWC with float16/bfloat16 storage, or float32 storage in a layer of
@@ -23,7 +23,7 @@ import numpy as np
 from polykit.compiler.ops.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
+from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128 and t.bn != 192)  # 128x192 serves GEMMs whose N/192 tiles fill the chip
@@ -130,14 +130,13 @@ def _enqueue(tile: Sm90Tile, split3: bool):
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 for every tile (fp16), the first tile (bf16, float/tf32) and every 3xTF32 tile;
-    gemm_sm90.py compiles the module's GEMM entry point with the same defines, so these units add
-    no new compiles for fp16."""
-    out = [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="half_t") + t.defines(False), arch="sm_90a")
+    """conv_sm90 for every tile (fp16), the first tile (bf16, float/tf32) and every 3xTF32 tile."""
+    file = FILES["conv_sm90"]
+    out = [KernelSource("conv_sm90", file=file, defines=defines(ELEM="half_t") + t.defines(False), arch="sm_90a")
            for t in CONV_TILES]
-    out += [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
+    out += [KernelSource("conv_sm90", file=file, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
                          arch="sm_90a") for e in ("bf16_t", "float")]
-    return out + [KernelSource("conv_sm90", file=FILE, defines=defines(ELEM="float") + t.defines(False, True),
+    return out + [KernelSource("conv_sm90", file=file, defines=defines(ELEM="float") + t.defines(False, True),
                                arch="sm_90a") for t in X3_CONV_TILES]
 
 

@@ -117,12 +117,13 @@ _OFFSET = {
 }
 
 
-def _vector_epilogue(layer: Any, classes: list[str]) -> str:
+def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
-    (oi, col multiples of 8), each "full" / "last" input read with one 16-byte load, and
-    `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. The sm90 kernels use them
-    for 16-bit outputs (8 elements: one 16-byte load) whose rows are a multiple of 8 long
-    (EPI_VEC 1; 0 when an input is read through a general broadcast)."""
+    (oi, col multiples of 8), each "full" / "last" input (of C type `types[j]`) read with
+    vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. The
+    sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's value8) whose
+    rows are a multiple of 8 long (EPI_VEC 1; 0 when an input is read through a general
+    broadcast). Each element's arithmetic is apply_epilogue's."""
     from polykit.kernels.cuda.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
@@ -133,12 +134,12 @@ def _vector_epilogue(layer: Any, classes: list[str]) -> str:
             values[name] = f"ld(E.e{j}, 0)"
             continue
         values[name] = f"ld(x{j}, i)"
-        loads.append(f"  ELEM x{j}[8];\n  *(uint4*)x{j} = *(const uint4*)(E.e{j} + {_OFFSET[c]});\n")
+        loads.append(f"  __align__(16) {types[j]} x{j}[8];\n  load8(x{j}, E.e{j} + {_OFFSET[c]});\n")
         aligned.append(f"((u64)E.e{j} & 15) == 0")
     code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
     result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
     return (
-        "#define EPI_VEC 1\n"
+        '#define EPI_VEC 1\n#include "vector8.cuh"\n'
         "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, float (&v)[8], i64 oi, i64 col) {\n"
         + "".join(loads)
         + f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
@@ -180,8 +181,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     # offset chain out of line (inlined into an unrolled store loop it made NVRTC very slow).
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
-    # the 8-wide path reads inputs of the output's own 16-bit type (not an INT8 layer's 8-bit ones)
-    vector = _vector_epilogue(layer, classes) if not general and not is_int8_layer(layer) else "#define EPI_VEC 0\n"
+    vector = _vector_epilogue(layer, classes, types) if not general else "#define EPI_VEC 0\n"
     return (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"

@@ -1,4 +1,5 @@
-"""GEMM on Hopper tensor cores (gemm_sm90.cu): wgmma + TMA, warp-specialized, persistent.
+"""GEMM on Hopper tensor cores (gemm_sm90.cu; its pipeline and epilogue, shared with conv_sm90.cu:
+gemm_sm90_core.cuh, gemm_sm90_epilogue.cuh): wgmma + TMA, warp-specialized, persistent.
 
 Tactics `cuda.gemm.sm90_<BM>x<BN>` (kinds MatMul and Gemm, GPUs of compute capability 9.0)
 for layers whose A, B (and C, Y) are all float16 or all bfloat16, or all float32 in a layer
@@ -23,6 +24,8 @@ from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, Tens
 from polykit.kernels.cuda.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
 
 FILE = "gemm_sm90.cu"
+#: each entry point's source (both share gemm_sm90_core.cuh and gemm_sm90_epilogue.cuh)
+FILES = {"gemm_sm90": FILE, "conv_sm90": "conv_sm90.cu"}
 #: storage dtype -> the kernel's ELEM type (float32: tf32 math)
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t", "float32": "float"}
 ROW_BYTES = 128  # a shared-memory tile row: one 128-byte swizzle row of K (the stage's depth)
@@ -75,7 +78,7 @@ class Sm90Tile:
                        BLOCKS=self.blocks) + (defines(SPLIT3=1) if split3 else ())
 
     def scratch(self, storage: str, b_mn: bool, split3: bool) -> int:
-        """Bytes of the float-B scratch ring (gemm_sm90.cu B_SCRATCH): 3 buffers of B's K-major
+        """Bytes of the float-B scratch ring (gemm_sm90_core.cuh B_SCRATCH): 3 buffers of B's K-major
         big part (a [K, N] B) and its small part (3xTF32)."""
         if storage != "float32" or not (b_mn or split3):
             return 0
@@ -232,14 +235,14 @@ def _supports(tile: Sm90Tile, split3: bool):
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
                split3: bool = False, int8: bool = False) -> KernelSource:
-    """The layer's kernel `name` (gemm_sm90 or conv_sm90): the .cu with the tile's defines, plus
-    the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands, `elem` the
-    epilogue's float)."""
+    """The layer's kernel `name` (gemm_sm90 or conv_sm90): its .cu (FILES) with the tile's
+    defines, plus the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands,
+    `elem` the epilogue's float)."""
     tile_defines = tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ())
     if has_epilogue(layer):
-        return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(),
+        return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
                             defines=tile_defines, arch="sm_90a")
-    return KernelSource(name, file=FILE, defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
+    return KernelSource(name, file=FILES[name], defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
 
 
 def _kernels(tile: Sm90Tile, split3: bool):

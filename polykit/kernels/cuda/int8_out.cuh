@@ -1,13 +1,28 @@
-// The output side of every INT8 kernel (int8.cu on mma.sync, gemm_sm90.cu's I8 variant on wgmma):
+// The output side of every INT8 kernel (int8.cu on mma.sync, conv_sm90.cu's I8 variant on wgmma):
 // the exact int32 centered sum of output (m, n) -> per output channel n
 //   v = float(double(acc) * scale[n] + bias[n])   (float64, rounded once: the cpu reference's arithmetic)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
-//   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
+//   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding,
+//       computed as v * (1 / y_scale) where that provably rounds to the same integer: requantize)
+// Out::put stores one element; Out::value8 / store8 eight consecutive channels of one row with
+// the same arithmetic per element (the sm90 kernel's 16-byte epilogue, where Out::vec_ok allows it).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
+
+// acc as a double, exactly, without the conversion pipe's I2F.F64: 1.5 * 2^52 + 2^31 + acc has acc +
+// 2^31 (acc ^ 0x80000000) in its low word, and the subtraction is exact
+__device__ __forceinline__ double exact_double(int acc) {
+  return __dsub_rn(__hiloint2double(0x43380000, acc ^ 0x80000000), 0x1.800008p52);
+}
+
+// 4 per-channel values from channel n (step 1: one 16-byte load, p + n 16-byte aligned) or one
+// value for all (step 0)
+__device__ __forceinline__ float4 channels4(const float* p, i64 n, int step) {
+  return step ? *(const float4*)(p + n) : make_float4(p[0], p[0], p[0], p[0]);
+}
 
 // what every problem stores through: dequantize, epilogue, requantize
 struct Out {
@@ -15,14 +30,37 @@ struct Out {
   void* Y;
   int scale_step, bias_step;
   bool yint, yu8;
-  float ys, yz, lo, hi;
+  bool rcp_ok;  // 1 / ys is a normal float (ys in [2^-125, 2^125]): requantize's product bound holds
+  float ys, rys;
+  int yz, lo, hi;
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
+  // the arithmetic of one element (put and value8 alike): the float64 dequantization rounded once
+  // (s, b: the channel's float32 scale and bias, widened), QuantizeLinear's rounding and saturation
+  __device__ __forceinline__ float dequantize(int acc, double s, double b) const {
+    double d = __dmul_rn(exact_double(acc), s);
+    if (bias) d = __dadd_rn(d, b);
+    return __double2float_rn(d);
+  }
+  // saturate(rint(v / ys) + yz), exactly, without the division where it cannot matter: t = v * rys
+  // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
+  // quotient's own), so rint(t) is rint(v / ys) unless t lies within that of a half-integer; there
+  // (about 2^-19 of uniform values) the IEEE division decides. |t| is clamped to 1024 first: past
+  // it every result saturates (|yz| <= 255), and NaN becomes -1024 (saturating to lo, as
+  // fmaxf(NaN, lo) did). rint by the 1.5 * 2^23 shifter: t + 1.5 * 2^23 rounds t to an integer
+  // (half to even) and holds it in its low mantissa bits.
+  __device__ __forceinline__ int requantize(float v) const {
+    const float t = fminf(fmaxf(__fmul_rn(v, rys), -1024.f), 1024.f);
+    const float shifted = __fadd_rn(t, 0x1.8p23f);
+    int q = __float_as_int(shifted) - 0x4B400000;
+    const float off = fabsf(__fsub_rn(t, __fsub_rn(shifted, 0x1.8p23f)));  // |t - rint(t)|, exact
+    if (!rcp_ok || fabsf(off - 0.5f) <= fabsf(t) * 0x1p-20f)
+      q = __float2int_rn(fminf(fmaxf(__fdiv_rn(v, ys), -1024.f), 1024.f));
+    return min(max(q + yz, lo), hi);
+  }
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
-    double d = __dmul_rn((double)acc, (double)scale[n * scale_step]);
-    if (bias) d = __dadd_rn(d, (double)bias[n * bias_step]);
-    float v = __double2float_rn(d);
+    float v = dequantize(acc, (double)scale[n * scale_step], bias ? (double)bias[n * bias_step] : 0.0);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
@@ -30,11 +68,73 @@ struct Out {
       ((float*)Y)[oi] = v;
       return;
     }
-    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, ys)) + yz, lo), hi);
+    const int q = requantize(v);
     if (yu8)
-      ((u8*)Y)[oi] = (u8)(int)q;
+      ((u8*)Y)[oi] = (u8)q;
     else
-      ((i8*)Y)[oi] = (i8)(int)q;
+      ((i8*)Y)[oi] = (i8)q;
+  }
+  // whether value8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
+  // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
+  __device__ __forceinline__ bool vec_ok() const {
+    bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
+              (!bias || !bias_step || ((u64)bias & 15) == 0);
+#if HAS_EPILOGUE && EPI_VEC
+    ok = ok && epi_vec_ok(epi);
+#elif HAS_EPILOGUE
+    ok = false;
+#endif
+    return ok;
+  }
+  // outputs oi..oi + 7 = channels n..n + 7 of one row (vec_ok): put's arithmetic per element,
+  // scale / bias read with 16-byte loads and widened once (channels8: rows of the same channels
+  // share them), then one 8-byte store (int8 / uint8) or two 16-byte ones (float: store8). Split so
+  // a caller can have two rows' loads in flight at once.
+  __device__ __forceinline__ void channels8(i64 n, double (&s)[8], double (&b)[8]) const {
+#pragma unroll
+    for (int h = 0; h < 8; h += 4) {
+      const float4 s4 = channels4(scale, n + h, scale_step);
+      const float4 b4 = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+      s[h] = s4.x; s[h + 1] = s4.y; s[h + 2] = s4.z; s[h + 3] = s4.w;
+      b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
+    }
+  }
+  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], const double (&s)[8],
+                                         const double (&b)[8], float (&v)[8]) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
+    epilogue8(oi, n, v);
+  }
+  // the same, widening four channels at a time (fewer registers live: two blocks an SM spilled
+  // with the eight doubles of channels8)
+  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], float (&v)[8]) const {
+#pragma unroll
+    for (int h = 0; h < 8; h += 4) {
+      const float4 s = channels4(scale, n + h, scale_step);
+      const float4 b = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[h] = dequantize(acc[h], s.x, b.x);
+      v[h + 1] = dequantize(acc[h + 1], s.y, b.y);
+      v[h + 2] = dequantize(acc[h + 2], s.z, b.z);
+      v[h + 3] = dequantize(acc[h + 3], s.w, b.w);
+    }
+    epilogue8(oi, n, v);
+  }
+  __device__ __forceinline__ void epilogue8(i64 oi, i64 n, float (&v)[8]) const {
+#if HAS_EPILOGUE && EPI_VEC
+    apply_epilogue8(epi, v, oi, n);
+#endif
+  }
+  __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
+    if (!yint) {
+      float4* y = (float4*)((float*)Y + oi);
+      y[0] = make_float4(v[0], v[1], v[2], v[3]);
+      y[1] = make_float4(v[4], v[5], v[6], v[7]);
+      return;
+    }
+    struct __align__(8) Bytes { u8 b[8]; } q;  // (u8) keeps an int8's two's-complement byte
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize(v[i]);
+    *(Bytes*)((u8*)Y + oi) = q;
   }
 };
 
@@ -47,8 +147,10 @@ __device__ __forceinline__ Out int8_out(const float* Scale, const float* Bias, c
   o.yint = flags & FLAG_Y_INT;
   o.yu8 = flags & FLAG_Y_U8;
   o.ys = o.yint ? YScale[0] : 1.f;
-  o.yz = !o.yint ? 0.f : o.yu8 ? (float)YZ[0] : (float)(i8)YZ[0];
-  o.lo = o.yu8 ? 0.f : -128.f;
-  o.hi = o.yu8 ? 255.f : 127.f;
+  o.rys = __frcp_rn(o.ys);
+  o.rcp_ok = o.ys >= 0x1p-125f && o.ys <= 0x1p125f;
+  o.yz = !o.yint ? 0 : o.yu8 ? (int)YZ[0] : (int)(i8)YZ[0];
+  o.lo = o.yu8 ? 0 : -128;
+  o.hi = o.yu8 ? 255 : 127;
   return o;
 }

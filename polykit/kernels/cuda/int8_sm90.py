@@ -1,4 +1,4 @@
-"""INT8 convolutions on Hopper tensor cores: gemm_sm90.cu's `conv_sm90` with I8 1 (docs/INT8.md).
+"""INT8 convolutions on Hopper tensor cores: conv_sm90.cu's `conv_sm90` with I8 1 (docs/INT8.md).
 
 Tactics `cuda.int8.sm90_<BM>x<BN>` (kind QConvNHWC, compute capability 9.0): the fp16 sm90
 implicit GEMM (warp-specialized, TMA weights, cp.async im2col rows, persistent) on
@@ -28,8 +28,9 @@ from polykit.kernels.cuda.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_fo
 from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
 
 KIND = "QConvNHWC"
-#: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 two blocks an SM)
-TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2"))
+#: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
+#: the 64-channel convolutions, where fp16 takes it too)
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2"))
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
 
@@ -88,15 +89,26 @@ def _enqueue(tile: Sm90Tile):
     return enqueue
 
 
+def _shaped_residual_layer(residual: str) -> Any:
+    """residual_layer with the shapes a build stamps (a 1x1 conv of 16 channels): its residual is
+    read at the output index, so the kernel gets the 16-byte epilogue (apply_epilogue8)."""
+    from dataclasses import replace
+
+    layer = residual_layer(KIND, residual)
+    shapes = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16)}
+    return replace(layer, in_shapes=tuple(shapes.get(n, ()) for n in layer.inputs), out_shapes=(shapes["x"],))
+
+
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 I8 for every tile, and the first tile with each residual epilogue int8.py builds in
-    (CI: sm_90a)."""
+    """conv_sm90 I8 for every tile; the first tile with each residual epilogue int8.py builds in,
+    read 8 at a time (shapes stamped), and with its int8 residual read through a general broadcast
+    (shapes unknown: the per-element path only) (CI: sm_90a)."""
     from dataclasses import replace
 
     plain = replace(residual_layer(KIND, "int8"), attrs={})
     out = [kernel_for(plain, t, "float", False, "conv_sm90", int8=True) for t in TILES]
-    return out + [kernel_for(residual_layer(KIND, r), TILES[0], "float", False, "conv_sm90", int8=True)
-                  for r in ("float32", "int8")]
+    epilogues = [_shaped_residual_layer(r) for r in ("float32", "int8")] + [residual_layer(KIND, "int8")]
+    return out + [kernel_for(layer, TILES[0], "float", False, "conv_sm90", int8=True) for layer in epilogues]
 
 
 for _tile in TILES:

@@ -65,8 +65,12 @@ def infer_output_specs(layer: Any, inputs: Mapping[str, np.ndarray]) -> dict[str
 
 
 def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None = None, poison: bool = True,
-              output_specs: OutputSpecs | None = None, cache: bool = True) -> dict[str, np.ndarray]:
-    """Run `layer` (a LayerDesc) once on the GPU and return its outputs as host arrays."""
+              output_specs: OutputSpecs | None = None, cache: bool = True,
+              misalign: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Run `layer` (a LayerDesc) once on the GPU and return its outputs as host arrays.
+    `misalign` places the named tensors that many bytes past their allocation's (256-byte
+    aligned) start: kernels' alignment guards and fallbacks get tested on real pointers."""
+    shift = dict(misalign or {})
     info = driver.current_device()
     chosen = resolve_tactic(layer, tactic, arch=info.arch)
     specs = dict(output_specs) if output_specs is not None else infer_output_specs(layer, inputs)
@@ -81,18 +85,18 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
         stream = Stream()
         tensors: dict[str, DeviceTensor] = {}
         for name in dict.fromkeys(n for n in layer.inputs if n):
-            arr = np.ascontiguousarray(inputs[name])
-            buf = DeviceBuffer(arr.nbytes, what=f"input {name!r}")
+            arr, off = np.ascontiguousarray(inputs[name]), shift.get(name, 0)
+            buf = DeviceBuffer(arr.nbytes + off, what=f"input {name!r}")
             buffers.append(buf)
-            upload(buf.ptr, arr)
-            tensors[name] = DeviceTensor(buf.ptr, tuple(arr.shape), arr.dtype)
+            upload(buf.ptr + off, arr)
+            tensors[name] = DeviceTensor(buf.ptr + off, tuple(arr.shape), arr.dtype)
         for name, (shape, dtype) in specs.items():
-            dt = np.dtype(dtype)
+            dt, off = np.dtype(dtype), shift.get(name, 0)
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            buf = DeviceBuffer(nbytes, what=f"output {name!r}")
+            buf = DeviceBuffer(nbytes + off, what=f"output {name!r}")
             buffers.append(buf)
-            fill_bytes(buf.ptr, nbytes, 0xFF if poison else 0)
-            tensors[name] = DeviceTensor(buf.ptr, tuple(shape), dt)
+            fill_bytes(buf.ptr + off, nbytes, 0xFF if poison else 0)
+            tensors[name] = DeviceTensor(buf.ptr + off, tuple(shape), dt)
 
         def workspace(nbytes: int) -> int:
             buf = DeviceBuffer(nbytes, what=f"workspace of layer {layer.name!r}")

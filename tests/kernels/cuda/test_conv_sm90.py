@@ -15,6 +15,7 @@ from polykit.kernels.cuda.conv_sm90 import CONV_TILES, X3_CONV_TILES, plan_conv
 
 rng = np.random.default_rng(23)
 BF16 = np.dtype(ml_dtypes.bfloat16)
+TOL = {np.dtype(np.float16): 2e-3, BF16: 1e-2}
 
 
 def test_plan_conv_maps_nhwc_convolutions_onto_the_gemm():
@@ -42,15 +43,14 @@ def rand(shape, dtype):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp16", prefix="sm90"):
+def run_conv(tile, inputs, attrs, dtype, epilogue=None, precision="fp16", prefix="sm90", misalign=None):
+    """(GPU output, float64 reference) of a ConvNHWC over `inputs` (X, W, B, then the epilogue's
+    extra inputs in order); `misalign`: bytes to shift tensors from their aligned allocations."""
     from polykit.kernels.registry import run_reference
     from polykit.runtime.cuda.harness import infer_output_specs, run_layer
 
-    inputs = {"X": rand(x, dtype), "W": rand(w, dtype), "B": rand((w[0],), dtype)}
-    names = ("X", "W", "B")
-    if extra:
-        inputs.update(extra)
-        names += tuple(extra)
+    names = tuple(inputs)
+    w = inputs["W"].shape
     attrs = dict(attrs, kernel_shape=list(w[1:3]))
     if epilogue:
         attrs["epilogue"] = epilogue
@@ -59,13 +59,27 @@ def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp1
     layer = replace(layer, in_dtypes=tuple(np.dtype(inputs[n].dtype).name for n in names),
                     out_dtypes=(np.dtype(dtype).name,), in_shapes=tuple(tuple(inputs[n].shape) for n in names),
                     out_shapes=(specs["Y"][0],))
-    out = run_layer(layer, inputs, tactic=f"cuda.conv_nhwc.{prefix}_{tile.label}", output_specs=specs)["Y"]
+    out = run_layer(layer, inputs, tactic=f"cuda.conv_nhwc.{prefix}_{tile.label}", output_specs=specs,
+                    misalign=misalign)["Y"]
     node = Node("ConvNHWC", list(names), ["Y"], dict(layer.attrs), "conv", POLYKIT_DOMAIN)
     ref = run_reference(node, [inputs[n].astype(np.float64) for n in names])[0]
+    assert not np.isnan(np.asarray(out, np.float64)).any(), "unwritten (NaN) elements"
+    return out, ref
+
+
+def rel_err(out, ref):
     out = np.asarray(out, np.float64)
-    assert not np.isnan(out).any(), "unwritten (NaN) elements"
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
+
+def run_case(tile, x, w, attrs, dtype, epilogue=None, extra=None, precision="fp16", prefix="sm90"):
+    inputs = {"X": rand(x, dtype), "W": rand(w, dtype), "B": rand((w[0],), dtype), **(extra or {})}
+    return rel_err(*run_conv(tile, inputs, attrs, dtype, epilogue, precision, prefix))
+
+
+RESIDUAL_RELU = {"input": "raw", "body": [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+                                          {"op": "Relu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]}
+RELU = {"input": "raw", "body": [{"op": "Relu", "inputs": ["raw"], "outputs": ["Y"], "attrs": {}}]}
 
 CASES = [  # (x NHWC, w KRSC, attrs)
     ((2, 9, 11, 8), (5, 3, 3, 8), {"pads": [1, 1, 1, 1]}),
@@ -129,9 +143,59 @@ def test_sm90_conv_bf16():
 @pytest.mark.parametrize("tile", CONV_TILES[:2], ids=lambda t: t.label)
 def test_sm90_conv_with_residual_relu_epilogue(tile):
     require_sm90()
-    body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
-            {"op": "Relu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
     extra = {"skip": rand((2, 14, 14, 96), np.float16)}
     err = run_case(tile, (2, 14, 14, 32), (96, 3, 3, 32), {"pads": [1, 1, 1, 1]}, np.float16,
-                   epilogue={"input": "raw", "body": body}, extra=extra)
+                   epilogue=RESIDUAL_RELU, extra=extra)
     assert err <= 2e-3
+
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+FP16 = np.dtype(np.float16)
+#: (tile, storage, epilogue): every tile with the bias alone, then bf16 and the epilogues on a few
+PATH_CASES = ([(t, FP16, None) for t in CONV_TILES]
+              + [(CONV_TILES[0], BF16, None), (CONV_TILES[0], FP16, RELU), (CONV_TILES[0], FP16, RESIDUAL_RELU),
+                 (CONV_TILES[-1], FP16, RESIDUAL_RELU), (CONV_TILES[0], BF16, RESIDUAL_RELU)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile,dtype,epilogue", PATH_CASES, ids=[
+    f"{t.label}-{d.name}-{'bias' if e is None else 'bias_relu' if e is RELU else 'bias_residual_relu'}"
+    for t, d, e in PATH_CASES])
+def test_sm90_conv_bias_on_the_16_byte_path_equals_the_pair_path_bit_for_bit(tile, dtype, epilogue):
+    """136 output channels: the bias (the GEMM's C, row-broadcast) read 8 at a time, 16-byte
+    stores (gemm_sm90_epilogue.cuh finish8). One channel more (137, not a multiple of 8) sends every element
+    down the pair path; the same 136 channels come out of the same accumulators, so both paths
+    must give the same bits. Both also match the float64 reference."""
+    require_sm90()
+    x, w, bias = rand((2, 9, 11, 32), dtype), rand((137, 3, 3, 32), dtype), rand((137,), dtype)
+    skip = rand((2, 9, 11, 137), dtype)
+    attrs = {"pads": [1, 1, 1, 1]}
+
+    def inputs(n):
+        extra = {"skip": np.ascontiguousarray(skip[..., :n])} if epilogue is RESIDUAL_RELU else {}
+        return {"X": x, "W": np.ascontiguousarray(w[:n]), "B": np.ascontiguousarray(bias[:n]), **extra}
+
+    pairs, ref = run_conv(tile, inputs(137), attrs, dtype, epilogue)
+    vector, _ = run_conv(tile, inputs(136), attrs, dtype, epilogue)
+    assert rel_err(pairs, ref) <= TOL[dtype] and rel_err(vector, ref[..., :136]) <= TOL[dtype]
+    differ = np.argwhere(bits(vector) != bits(pairs[..., :136]))
+    assert differ.size == 0, f"{len(differ)} elements differ between the paths, first at {differ[:3].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [{"Y": 4}, {"B": 2}, {"skip": 4}], ids=["Y", "bias", "residual"])
+def test_sm90_conv_with_unaligned_tensors_takes_the_pair_path(misalign):
+    """Y, the bias or the residual off 16-byte alignment (element-aligned): vector_ok refuses the
+    16-byte path, and the pair path's result equals the aligned run's bit for bit."""
+    require_sm90()
+    inputs = {"X": rand((2, 9, 11, 32), np.float16), "W": rand((136, 3, 3, 32), np.float16),
+              "B": rand((136,), np.float16), "skip": rand((2, 9, 11, 136), np.float16)}
+    attrs = {"pads": [1, 1, 1, 1]}
+    aligned, ref = run_conv(CONV_TILES[0], inputs, attrs, np.float16, RESIDUAL_RELU)
+    shifted, _ = run_conv(CONV_TILES[0], inputs, attrs, np.float16, RESIDUAL_RELU, misalign=misalign)
+    assert rel_err(aligned, ref) <= 2e-3
+    np.testing.assert_array_equal(bits(shifted), bits(aligned))

@@ -232,3 +232,29 @@ def test_sm90x3_gemm_with_transposed_b_and_bias(tile, M, K, N):
     layer = LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}, precision="fp32")
     out = run(layer, {"A": a, "B": b, "C": c}, f"cuda.gemm.sm90x3_{tile.label}", (M, N), np.float32)
     assert rel_err(out, ref) <= 2e-6
+
+
+GEMM_PATH_CASES = [(TILES[0], np.dtype(np.float16)), (TILES[6], np.dtype(np.float16)),
+                   (TILES[-1], np.dtype(np.float16)), (TILES[0], BF16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile,dtype", GEMM_PATH_CASES, ids=[f"{t.label}-{d.name}" for t, d in GEMM_PATH_CASES])
+def test_sm90_gemm_bias_c_on_the_16_byte_path_equals_the_pair_path_bit_for_bit(tile, dtype):
+    """A Gemm's C of shape (N,) (scm 0, scn 1) with alpha and beta: at N 136 it is read 8 at a time
+    on the 16-byte path, at N 137 (one more row of the transposed B) every element takes the pair
+    path; the shared 136 columns must be the same bits."""
+    require_sm90()
+    M, K = 77, 96
+    a, b, c = rand((M, K), dtype), rand((137, K), dtype), rand((137,), dtype)
+    attrs = {"transB": 1, "alpha": 0.75, "beta": -1.5}
+    out = {}
+    for n in (136, 137):
+        inputs = {"A": a, "B": np.ascontiguousarray(b[:n]), "C": np.ascontiguousarray(c[:n])}
+        out[n] = run(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), attrs), inputs,
+                     f"cuda.gemm.sm90_{tile.label}", (M, n), dtype)
+    ref = 0.75 * (a.astype(np.float64) @ b.T.astype(np.float64)) - 1.5 * c.astype(np.float64)
+    assert rel_err(out[137], ref) <= TOL[dtype]
+    vector, pairs = out[136].view(np.uint16), np.ascontiguousarray(out[137][:, :136]).view(np.uint16)
+    differ = np.argwhere(vector != pairs)
+    assert differ.size == 0, f"{len(differ)} elements differ between the paths, first at {differ[:3].tolist()}"

@@ -75,8 +75,9 @@ def test_sm90_qconv_float_output_equals_the_reference(x, w, attrs, tactic):
 @gpu
 @pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
-@pytest.mark.parametrize("x,w,attrs", [CASES[1], CASES[3], CASES[4]])
+@pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
 def test_sm90_qconv_requantized_output_equals_the_reference(x, w, attrs, y_dtype, tactic):
+    """N 96, 200, 24: the 8-channel epilogue (int8_out.cuh value8 / store8, one 8-byte store); N 130: put."""
     inputs = sym_inputs(x, w, per_channel=False, y_dtype=y_dtype, bias=False)
     run_sm90(sym_layer(inputs, attrs), inputs, tactic)
 
@@ -84,19 +85,57 @@ def test_sm90_qconv_requantized_output_equals_the_reference(x, w, attrs, y_dtype
 @gpu
 @pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("y_dtype", [np.int8, None])
-def test_sm90_qconv_with_a_float_residual_and_relu(tactic, y_dtype):
-    inputs = sym_inputs((2, 10, 9, 32), (24, 3, 3, 32), y_dtype=y_dtype)
-    inputs["skip"] = rng.standard_normal((2, 10, 9, 24)).astype(np.float32)
+@pytest.mark.parametrize("n", [24, 27], ids=["8_channels_a_lane", "per_element"])
+def test_sm90_qconv_with_a_float_residual_and_relu(tactic, y_dtype, n):
+    inputs = sym_inputs((2, 10, 9, 32), (n, 3, 3, 32), y_dtype=y_dtype)
+    inputs["skip"] = rng.standard_normal((2, 10, 9, n)).astype(np.float32)
     run_sm90(sym_layer(inputs, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",)), inputs, tactic)
+
+
+
+def near_tie_inputs(n, y_dtype):
+    """Small int8 operands (|acc| < 2^8) and scale = y_scale / 2 per tensor, no bias: v / y_scale is
+    acc / 2 up to float rounding, so every odd acc lands within a few ulps of a half-integer, where
+    int8_out.cuh's requantize must leave v * (1 / y_scale) for the IEEE division."""
+    small = lambda shape: rng.integers(-3, 4, shape).astype(np.int8)
+    ys = np.float32(0.037)  # v * (1 / ys) rounds ~6 % of odd-acc quotients across the tie (0.1: none)
+    return {"X": small((2, 7, 9, 48)), "XZ": np.int8(0), "W": small((n, 1, 1, 48)), "WZ": np.int8(0),
+            "S": np.float32(ys * np.float32(0.5)), "YS": ys, "YZ": q((), y_dtype)}
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS + ["cuda.int8.mma_conv_nhwc"])
+@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("n", [96, 130], ids=["8_channels_a_lane", "per_element"])
+def test_requantization_at_half_integer_quotients_equals_the_reference(tactic, y_dtype, n):
+    """Round half to even of v / y_scale where v / y_scale sits on or next to a tie, for a third or more
+    of the outputs: the reciprocal product alone would round some of them the other way."""
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    inputs = near_tie_inputs(n, y_dtype)
+    layer = sym_layer(inputs, {})
+    ref = reference_layer(layer, inputs)["Y"]
+    x, w = inputs["X"].astype(np.int64), inputs["W"].astype(np.int64)
+    acc = np.einsum("bhwc,nc->bhwn", x, w[:, 0, 0, :])
+    assert (acc % 2 == 1).mean() > 0.3 and np.abs(acc).max() < 256, "the case has too few ties"
+    got = run_layer(layer, inputs, tactic=tactic)["Y"]
+    differ = np.argwhere(got != ref)
+    assert differ.size == 0, (f"{len(differ)} of {got.size} outputs differ from the reference, first at "
+                              f"{differ[:3].tolist()}: acc {[int(acc[tuple(i)]) for i in differ[:3]]}")
+
+def int8_residual_inputs(n, y_dtype):
+    """An identity block's last conv: the block's int8 input as residual, int8 (or float) out."""
+    inputs = sym_inputs((2, 10, 9, 64), (n, 1, 1, 64), y_dtype=y_dtype)
+    inputs.update(skip=q((2, 10, 9, n), np.int8), skip_scale=np.float32(0.037))
+    return inputs
 
 
 @gpu
 @pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("y_dtype", [np.int8, None])
-def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype):
-    # an identity block's last conv: the block's int8 input as residual, int8 (or float) out
-    inputs = sym_inputs((2, 10, 9, 64), (136, 1, 1, 64), y_dtype=y_dtype)
-    inputs.update(skip=q((2, 10, 9, 136), np.int8), skip_scale=np.float32(0.037))
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype, n):
+    inputs = int8_residual_inputs(n, y_dtype)
     layer = sym_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale"))
     assert layer.in_dtypes[8] == "int8"
     if y_dtype is not None:
@@ -108,6 +147,50 @@ def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype
 
     assert SUPPORTS[tactic](layer)
     assert_matches_reference(layer, inputs, tactic=tactic, rtol=1e-6, atol=4e-5)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", [TACTICS[0], TACTICS[-1]])
+def test_sm90_qconv_int8_residual_float_output_is_the_same_bits_on_both_epilogue_paths(tactic):
+    """Float output with an int8 residual is the one case checked with a tolerance (an fma may
+    contract the residual's dequantization into the add), so check the 8-channel path against
+    the per-element one directly: 136 channels take value8 / store8, one more (137) sends every element
+    through put; the shared 136 channels come from the same accumulators and must be the same
+    bits."""
+    from polykit.runtime.cuda.harness import run_layer
+
+    full = int8_residual_inputs(137, None)
+    per_channel = ("W", "WZ", "S", "B")
+    narrow = {k: (np.ascontiguousarray(v[:136]) if k in per_channel else v) for k, v in full.items()}
+    narrow["skip"] = np.ascontiguousarray(full["skip"][..., :136])
+    out = {}
+    for n, inputs in ((137, full), (136, narrow)):
+        layer = sym_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale"))
+        assert SUPPORTS[tactic](layer)
+        out[n] = run_layer(layer, inputs, tactic=tactic)["Y"]
+    pairs, vector = np.ascontiguousarray(out[137][..., :136]).view(np.uint32), out[136].view(np.uint32)
+    differ = np.argwhere(vector != pairs)
+    assert differ.size == 0, f"{len(differ)} elements differ between the paths, first at {differ[:3].tolist()}"
+
+
+@gpu
+@pytest.mark.parametrize("misalign,y_dtype", [({"Y": 1}, np.int8), ({"Y": 4}, None), ({"S": 4}, np.int8),
+                                              ({"B": 4}, np.int8), ({"skip": 1}, np.int8)],
+                         ids=["int8_Y", "float_Y", "scale", "bias", "residual"])
+def test_sm90_qconv_with_unaligned_tensors_falls_back_to_put(misalign, y_dtype):
+    """Out::vec_ok refuses the 8-channel path when Y, the per-channel scale / bias or the
+    residual is off 16-byte alignment (element-aligned): the per-element path still equals the
+    reference exactly."""
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    inputs = int8_residual_inputs(136, y_dtype)
+    epilogue, extra = (int8_residual(False), ("skip", "skip_scale")) if y_dtype else (None, ())
+    if not y_dtype:
+        del inputs["skip"], inputs["skip_scale"]
+    layer = sym_layer(inputs, {}, epilogue, extra)
+    assert SUPPORTS[TACTICS[0]](layer)
+    got = run_layer(layer, inputs, tactic=TACTICS[0], misalign=misalign)["Y"]
+    np.testing.assert_array_equal(got, reference_layer(layer, inputs)["Y"])
 
 
 def test_the_sm90_tactics_refuse_what_they_do_not_compute():
@@ -166,3 +249,17 @@ def test_an_int8_resnet_on_the_sm90_tactics_equals_the_mma_plan_and_the_cpu_plan
     got, want, exact = run_plan(sm90, feeds), run_plan(cpu, feeds), run_plan(mma, feeds)
     np.testing.assert_array_equal(got, exact, err_msg="the sm90 INT8 convolutions differ from the mma.sync ones")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg="cuda INT8 plan vs the cpu plan")
+
+
+def test_the_8_channel_epilogue_reads_each_residual_in_its_own_type():
+    """With stamped shapes the residual is read at the output index: apply_epilogue8 loads 8
+    int8 (one 8-byte load) or 8 float residual values; without shapes the epilogue has no
+    8-wide form (EPI_VEC 0) and the kernel keeps Out::put."""
+    from polykit.kernels.cuda.epilogue import epilogue_prelude
+    from polykit.kernels.cuda.int8 import residual_layer
+
+    int8_code = epilogue_prelude(int8_sm90._shaped_residual_layer("int8"), "float")
+    float_code = epilogue_prelude(int8_sm90._shaped_residual_layer("float32"), "float")
+    assert "#define EPI_VEC 1" in int8_code and "i8 x0[8];\n  load8(x0, E.e0 + oi);" in int8_code
+    assert "#define EPI_VEC 1" in float_code and "ELEM x0[8];\n  load8(x0, E.e0 + oi);" in float_code
+    assert "#define EPI_VEC 0" in epilogue_prelude(residual_layer(int8_sm90.KIND, "int8"), "float")

@@ -1,0 +1,235 @@
+// The Hopper GEMM family's pipeline (gemm_sm90.cu and conv_sm90.cu, through
+// gemm_sm90_epilogue.cuh): tile configuration, the consumers' wgmma K loops, the stage ring.
+// Operands are fp16 or bf16 (ELEM = half_t | bf16_t), or float with tf32 math (ELEM = float:
+// wgmma k8, operands' low mantissa bits ignored), fp32 accumulation; SPLIT3 1 (float only): fp32
+// accuracy from three tf32 products per element pair (3xTF32, sm90.cuh: wgmma_stage_3xtf32).
+//
+// Tile BM x BN x KE with BM = 64 * MSUB * CONSUMERS and KE = 128 bytes of K (64 16-bit
+// elements, 32 floats): every shared-memory row is one 128-byte swizzle row whatever ELEM is.
+// Warp-specialized and persistent: warpgroup 0 is the producer (it fills STAGES stages, each
+// stage guarded by a `full` and an `empty` mbarrier); warpgroups 1..CONSUMERS each own MSUB x 64
+// rows of the tile and run wgmma on every stage, then the epilogue (gemm_sm90_epilogue.cuh).
+// Blocks loop over tiles t = blockIdx.x, +gridDim.x (grid = min(tiles, BLOCKS * SMs)), tiles
+// ordered by tile_of (GROUP tile rows at a time).
+// BLOCKS 2 (one consumer warpgroup, few stages): two blocks share an SM, so one block's epilogue
+// runs while the other's wgmma do; they keep the launch register budget (no setmaxnreg).
+// Launch: grid (min(tiles, BLOCKS * SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
+// 1024 (alignment) + STAGES * (BM + BN) * 128 + SCRATCH_BUFS * SCRATCH_BYTES + 16 * STAGES bytes.
+// Float B through a scratch ring (B_SCRATCH): tf32 wgmma reads B K-major only, so a [K, N] B
+// (B_MN 1, loaded as BN/32 boxes of 32 K rows x 32 floats) is transposed by the consumers into
+// K-major rows, and with SPLIT3 B's small part is written beside its big part (a K-major B is
+// rounded in place). The consumers share that work and meet at a named barrier once a stage;
+// SCRATCH_BUFS 3 buffers make that one barrier enough (a buffer is rewritten two stages after
+// the stage whose wgmma read it last, and every consumer has waited for those by then).
+// Deterministic: each output element is one fixed-order K loop in one thread.
+// I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
+// K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize:
+// int8.cu's arithmetic bit for bit; Out::value8 / store8 on the 8-column path); ELEM is then the epilogue's
+// float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
+// zeros, the sums need no correction).
+#pragma once
+#include "sm90.cuh"
+
+#ifndef HAS_EPILOGUE
+#define HAS_EPILOGUE 0
+#define EPI_PARAMS
+#define EPI_COMMA_ARGS
+#endif
+#ifndef EPI_VEC
+#define EPI_VEC 1  // the epilogue (if any) has apply_epilogue8: 8 columns of a row at once
+#endif
+#ifndef I8
+#define I8 0
+#endif
+#if I8
+#include "int8_out.cuh"
+#define OPER i8
+typedef int acc_t;
+#define I8_PARAMS , const float *Scale, const float *QBias, const float *YScale, const u8 *YZ, int flags, \
+                  int scale_step, int bias_step
+#else
+#define OPER ELEM  // the operands' storage type
+typedef float acc_t;
+#define I8_PARAMS
+#endif
+
+#define BM (64 * MSUB * CONSUMERS)
+#define STAGE_BYTES ((BM + BN) * 128)
+#define GROUP 8
+#ifndef BLOCKS
+#define BLOCKS 1  // blocks an SM runs at once; 2: one block's epilogue overlaps the other's products
+#endif
+#ifndef SPLIT3
+#define SPLIT3 0
+#endif
+#define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
+constexpr int KE = 128 / sizeof(OPER);  // K elements of one stage (one 128-byte row)
+constexpr int VEC = 16 / sizeof(OPER);  // elements of one 16-byte chunk
+static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
+static_assert(!I8 || (!SPLIT3 && !B_MN), "s8 wgmma reads both operands K-major");
+static_assert(EPI_GROUP == 4, "quad_row transposes across a quad of lanes: 4 column blocks");
+constexpr bool B_SCRATCH = !I8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
+constexpr int SCRATCH_BUFS = 3;
+constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
+constexpr int SCRATCH_BYTES = B_SCRATCH ? (B_MN + SPLIT3) * BN * 128 : 0;
+
+// ---- float B of one stage -> K-major tf32 parts in scratch (B_SCRATCH; all consumer threads) ------
+__device__ __forceinline__ void prepare_b(unsigned char* b, unsigned char* scr, int t) {
+  constexpr int NT = 128 * CONSUMERS;
+  if constexpr (B_MN) {
+    // 4 K x 4 N blocks: read rows k0..k0+3 of N chunk n0 / 4 (box n0 / 32), write rows n0..n0+3 of
+    // K chunk k0 / 4. Consecutive threads take consecutive n0 (conflict-free reads); each writes
+    // its four rows starting at row (ng / 2) % 4, so the 8 threads of a 128-byte write phase hit
+    // 8 different chunk slots (row n's chunk c sits at c ^ (n % 8)): conflict-free writes.
+#pragma unroll 1
+    for (int u = t; u < BN * 2; u += NT) {
+      const int ng = u % (BN / 4), kg = u / (BN / 4), n0 = ng * 4, c = ng % 8, rot = (ng / 2) % 4;
+      const unsigned char* box = b + (n0 / 32) * 4096;
+      float v[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = kg * 4 + i;
+        const float4 x = *(const float4*)(box + k * 128 + ((c ^ (k & 7)) << 4));
+        v[i][0] = x.x; v[i][1] = x.y; v[i][2] = x.z; v[i][3] = x.w;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = (jj + rot) % 4, n = n0 + j, off = n * 128 + ((kg ^ (n & 7)) << 4);
+        u32 big[4], small[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x = j == 0 ? v[i][0] : j == 1 ? v[i][1] : j == 2 ? v[i][2] : v[i][3];
+          split_tf32(x, big[i], small[i]);
+        }
+        *(uint4*)(scr + off) = make_uint4(big[0], big[1], big[2], big[3]);
+        if (SPLIT3) *(uint4*)(scr + SMALL_OFF + off) = make_uint4(small[0], small[1], small[2], small[3]);
+      }
+    }
+  } else {  // already K-major: big part in place, small part at the same offset in scratch
+#pragma unroll 1
+    for (int u = t; u < BN * 8; u += NT) {
+      uint4* p = (uint4*)(b + u * 16);
+      const uint4 x = *p;
+      uint4 big, small;
+      split_tf32(__uint_as_float(x.x), big.x, small.x);
+      split_tf32(__uint_as_float(x.y), big.y, small.y);
+      split_tf32(__uint_as_float(x.z), big.z, small.z);
+      split_tf32(__uint_as_float(x.w), big.w, small.w);
+      *p = big;
+      *(uint4*)(scr + SMALL_OFF + u * 16) = small;
+    }
+  }
+  fence_proxy_async();
+  named_barrier<1, NT>();
+}
+
+// ---- consumers: wgmma over the stages, then the epilogue (both kernels) -----------------------
+// Where the consumers are in the stage ring and the float-B scratch ring.
+struct Ring {
+  int stage = 0, scratch = 0;
+  u32 phase = 0;
+  __device__ __forceinline__ void next_stage() {
+    if (++stage == STAGES) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  __device__ __forceinline__ unsigned char* next_scratch(unsigned char* base) {
+    unsigned char* p = base + scratch * SCRATCH_BYTES;
+    scratch = scratch == SCRATCH_BUFS - 1 ? 0 : scratch + 1;
+    return p;
+  }
+};
+
+// One tile's K loop: wgmma on every stage, one stage's wgmma in flight while the next is issued.
+__device__ __forceinline__ void mainloop(acc_t (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
+                                         unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0, int ct,
+                                         int tid) {
+  int prev = -1;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    bar_wait(&full[r.stage], r.phase);
+    unsigned char* st = smem + r.stage * STAGE_BYTES;
+    const u32 a = smem_addr(st);
+    u32 b = a + BM * 128;
+    if constexpr (B_SCRATCH) {  // a [K, N] float B: tf32 wgmma on its K-major copy
+      unsigned char* scr = r.next_scratch(scratch);
+      prepare_b(st + BM * 128, scr, ct);
+      b = smem_addr(scr);
+    }
+    wgmma_fence();
+    wgmma_stage<BN, MSUB, B_SCRATCH ? 0 : B_MN, OPER>(acc, a, b, row0, kt == 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmma are done: hand its buffers back
+    if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
+    prev = r.stage;
+    r.next_stage();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s) fence_regs<BN / 2>(acc[s]);
+  if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
+}
+
+// The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
+// (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
+// K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
+// wgmma before the next stage's fragments are written is also what keeps the A registers of an
+// in-flight wgmma unchanged.
+__device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
+                                                unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0,
+                                                int ct, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[s][i] = 0.f;
+  for (int kt = 0; kt < ktiles; ++kt, r.next_stage()) {
+    bar_wait(&full[r.stage], r.phase);
+    unsigned char* st = smem + r.stage * STAGE_BYTES;
+    unsigned char* scr = r.next_scratch(scratch);
+    prepare_b(st + BM * 128, scr, ct);
+    const u32 b_big = B_MN ? smem_addr(scr) : smem_addr(st + BM * 128);
+    float part[MSUB][BN / 2];
+    wgmma_stage_3xtf32<BN, MSUB>(part, st, b_big, smem_addr(scr + SMALL_OFF), row0, warp, lane);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int s = 0; s < MSUB; ++s) {
+      fence_regs<BN / 2>(part[s]);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[s][i] += part[s][i];
+    }
+    if (tid == 0) bar_arrive(&empty[r.stage]);
+  }
+}
+
+// shared-memory layout, barrier set-up (full: `arrivals` per phase; empty: one per consumer)
+struct Stages {
+  unsigned char* smem;
+  unsigned char* scratch;  // SCRATCH_BUFS * SCRATCH_BYTES after the stages
+  u64 *full, *empty;
+};
+__device__ __forceinline__ Stages setup_stages(unsigned char* raw, u32 arrivals) {
+  Stages st;
+  st.smem = (unsigned char*)(((u64)raw + 1023) & ~(u64)1023);
+  st.scratch = st.smem + STAGES * STAGE_BYTES;
+  st.full = (u64*)(st.scratch + SCRATCH_BUFS * SCRATCH_BYTES);
+  st.empty = st.full + STAGES;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      bar_init(&st.full[s], arrivals);
+      bar_init(&st.empty[s], CONSUMERS);
+    }
+    bar_fence_init();
+  }
+  __syncthreads();
+  return st;
+}
+
+// advance a (stage, phase) ring position
+__device__ __forceinline__ void next_stage(int& stage, u32& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1;
+  }
+}
