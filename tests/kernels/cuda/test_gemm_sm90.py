@@ -168,15 +168,15 @@ def test_3xtf32_tiles_fit_with_their_scratch_ring():
 
 
 def test_sm90_takes_float32_as_tf32_or_3xtf32_by_tactic():
-    from polykit.kernels.cuda.gemm_sm90 import _supports
+    from polykit.kernels.cuda.gemm_sm90 import tile_supports
 
-    tf32, small_tf32, x3 = _supports(TILES[0], False), _supports(TILES[5], False), _supports(X3_TILES[0], True)
+    tf32, small_tf32, x3 = tile_supports(TILES[0], False), tile_supports(TILES[5], False), tile_supports(X3_TILES[0], True)
     gemm_t = ("Gemm", {"transB": 1}, (64, 96), (128, 96))
     assert tf32(_gemm_layer(*gemm_t, "tf32")) and not tf32(_gemm_layer(*gemm_t, "fp32"))
     assert x3(_gemm_layer(*gemm_t, "fp32")) and not x3(_gemm_layer(*gemm_t, "tf32"))
     mm = ("MatMul", {}, (64, 96), (96, 128))  # B [K, N]: transposed in shared memory, if the scratch fits
     assert small_tf32(_gemm_layer(*mm, "tf32")) and not tf32(_gemm_layer(*mm, "tf32"))
-    assert x3(_gemm_layer(*mm, "fp32")) and not _supports(X3_TILES[3], True)(_gemm_layer(*mm, "fp32"))
+    assert x3(_gemm_layer(*mm, "fp32")) and not tile_supports(X3_TILES[3], True)(_gemm_layer(*mm, "fp32"))
 
 
 @pytest.mark.gpu

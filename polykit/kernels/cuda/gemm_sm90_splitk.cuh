@@ -1,0 +1,93 @@
+// Split-K for the Hopper GEMM (gemm_sm90.cu with SPLITK 1; gemm_sm90_splitk.py): the consumers of
+// the persistent kernel run each work unit (tile, K slice: unit_of) through the tile's K loop and
+// store its fp32 accumulators to `partial`; gemm_sm90_splitk_reduce then sums the slices of each
+// element in slice order and applies alpha, beta * C and the fused epilogue through OutP, as the
+// unsplit kernel's epilogue does. Deterministic: every sum has the same operands in the same order
+// whichever block ran which unit.
+//
+// partial: fp32, row-major [splits][items][M][NP] with NP = ceil(N / BN) * BN, so every column a
+// fragment holds is inside its row (no column bounds at the stores) and each 8-column group of
+// the reduce is two aligned 16-byte loads a slice.
+// Reduce launch: grid (min(ceil(items * M * ceil(N / 8) / 256), cap)), block 256 (grid-stride: one
+// thread per 8 consecutive columns of a row).
+#pragma once
+#include "gemm_sm90_epilogue.cuh"
+
+#if SPLITK
+#define SPLITK_PARAMS , float *partial, i64 splits
+static_assert(!I8, "split-K serves the float-accumulating GEMMs");
+
+__device__ __forceinline__ i64 partial_cols(i64 N) { return (N + BN - 1) / BN * BN; }
+
+// The consumers of a split-K launch: each unit's K range, then its accumulators to its slice of
+// `partial` (a lane holds columns 2q, 2q + 1 of each 8-column block of rows m and m + 8: 8-byte
+// stores, a quad filling one 32-byte sector; kept in L2 for the reduce).
+__device__ __forceinline__ void consume_partials(float* partial, i64 M, i64 N, int items, unsigned char* smem,
+                                                 unsigned char* scratch, u64* full, u64* empty, int tiles_m,
+                                                 int tiles_n, int tiles, int ktiles, int splits, int wg, int tid) {
+  const int row0 = (wg - 1) * MSUB * 64, ct = (wg - 1) * 128 + tid;
+  const int warp = tid / 32, lane = tid % 32;
+  const i64 np = partial_cols(N);
+  float acc[MSUB][BN / 2];
+  Ring ring;
+  for (int u = blockIdx.x; u < tiles * splits; u += gridDim.x) {
+    const Unit w = unit_of(u, tiles_m, tiles_n, tiles, ktiles, splits);
+#if SPLIT3
+    mainloop_3xtf32(acc, ring, smem, scratch, full, empty, w.k1 - w.k0, row0, ct, tid);
+#else
+    mainloop(acc, ring, smem, scratch, full, empty, w.k1 - w.k0, row0, ct, tid);
+#endif
+    float* p = partial + ((i64)w.slice * items + w.ti.z) * M * np + (i64)w.ti.tn * BN + 2 * (lane % 4);
+    const i64 m_base = (i64)w.ti.tm * BM + row0 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int s = 0; s < MSUB; ++s) {
+      const i64 m = m_base + s * 64;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        if (m < M) __stcg((float2*)(p + m * np + 8 * j), make_float2(acc[s][4 * j], acc[s][4 * j + 1]));
+        if (m + 8 < M) __stcg((float2*)(p + (m + 8) * np + 8 * j), make_float2(acc[s][4 * j + 2], acc[s][4 * j + 3]));
+      }
+    }
+  }
+}
+
+// 8 consecutive columns of one row of slice 0, then of slices 1.. added in order
+__device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
+  float4 lo = __ldcg((const float4*)p), hi = __ldcg((const float4*)p + 1);
+  v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+  for (int s = 1; s < splits; ++s) {
+    p += slice_stride;
+    lo = __ldcg((const float4*)p);
+    hi = __ldcg((const float4*)p + 1);
+    v[0] += lo.x; v[1] += lo.y; v[2] += lo.z; v[3] += lo.w; v[4] += hi.x; v[5] += hi.y; v[6] += hi.z; v[7] += hi.w;
+  }
+}
+
+// The reduce: the slices' sum of each element, then OutP's epilogue (finish8 where vector_ok
+// allows, else value + store2 a column pair at a time).
+__device__ __forceinline__ void reduce_partials(const OutP& out, const float* partial, int items, int splits) {
+  const i64 np = partial_cols(out.N), groups = (out.N + 7) / 8, rows = (i64)items * out.M;
+  const bool vector_rows = vector_ok(out);
+  for (i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x; g < rows * groups; g += (i64)gridDim.x * blockDim.x) {
+    const i64 r = g / groups, n = (g - r * groups) * 8, z = r / out.M, m = r - z * out.M;
+    float v[8];
+    sum_slices(partial + r * np + n, rows * np, splits, v);
+    if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
+      u32 w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __float_as_uint(v[i]);
+      finish8(out, z, m, n, w);
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i += 2)
+      if (n + i < out.N) {
+        const float a = out.value(z, m, n + i, v[i]);
+        const float b = n + i + 1 < out.N ? out.value(z, m, n + i + 1, v[i + 1]) : 0.f;
+        out.store2(z, m, n + i, a, b);
+      }
+  }
+}
+#else
+#define SPLITK_PARAMS
+#endif
