@@ -104,12 +104,17 @@ MATMUL_SHAPES = [((128, 64), (64, 128)), ((77, 72), (72, 264)), ((1, 8), (8, 8))
 def test_sm90_matmul_matches_float64_reference(tile, a_shape, b_shape, dtype):
     if dtype == BF16 and tile is not TILES[0] and a_shape != (77, 72):
         pytest.skip("bf16 runs on the default tile and one odd shape per tile")
+    check_matmul(f"cuda.gemm.sm90_{tile.label}", a_shape, b_shape, dtype)
+
+
+def check_matmul(tactic: str, a_shape, b_shape, dtype) -> None:
+    """MatMul of random a_shape x b_shape operands by `tactic` against float64 (GPU)."""
     require_sm90()
     a, b = rand(a_shape, dtype), rand(b_shape, dtype)
     ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, f"cuda.gemm.sm90_{tile.label}",
-              ref.shape, dtype)
-    assert rel_err(out, ref) <= TOL[dtype]
+    out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, tactic, ref.shape, dtype)
+    err = rel_err(out, ref)
+    assert err <= TOL[dtype], f"{tactic} {a_shape} x {b_shape} {np.dtype(dtype).name}: relative error {err:.2e}"
 
 
 @pytest.mark.gpu

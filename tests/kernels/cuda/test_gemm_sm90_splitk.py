@@ -15,7 +15,7 @@ from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm
 from polykit.kernels.cuda.gemm_sm90_splitk import (SPLIT_TILES, SPLITS, X3_SPLIT_TILES, compile_variants,
                                                    partial_bytes, slices)
-from tests.kernels.cuda.test_gemm_sm90 import BF16, TOL, rand, rel_err, require_sm90, run, stamped
+from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run, stamped
 
 GELU_RES = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
             {"op": "Gelu", "inputs": ["s"], "outputs": ["g"], "attrs": {}},
@@ -127,12 +127,7 @@ SHAPES = [((128, 768), (768, 768)), ((128, 3072), (3072, 768)), ((128, 768), (76
 def test_split_k_matmul_matches_float64_reference(name, a_shape, b_shape, dtype):
     if dtype == BF16 and name != "128x128_sk4" and a_shape != (77, 200):
         pytest.skip("bf16 runs on one split tactic and one odd shape per tactic")
-    require_sm90()
-    a, b = rand(a_shape, dtype), rand(b_shape, dtype)
-    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, f"cuda.gemm.sm90_{name}",
-              ref.shape, dtype)
-    assert rel_err(out, ref) <= TOL[dtype], f"{name} {a_shape} x {b_shape}"
+    check_matmul(f"cuda.gemm.sm90_{name}", a_shape, b_shape, dtype)
 
 
 @pytest.mark.gpu
