@@ -51,15 +51,27 @@ __device__ __forceinline__ void consume_partials(float* partial, i64 M, i64 N, i
   }
 }
 
-// 8 consecutive columns of one row of slice 0, then of slices 1.. added in order
+// 8 consecutive columns of one row summed over the slices in slice order, their loads issued
+// SLICE_BATCH slices at a time (one L2 round trip a batch, not one a slice)
+constexpr int SLICE_BATCH = 4;
 __device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
-  float4 lo = __ldcg((const float4*)p), hi = __ldcg((const float4*)p + 1);
-  v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-  for (int s = 1; s < splits; ++s) {
-    p += slice_stride;
-    lo = __ldcg((const float4*)p);
-    hi = __ldcg((const float4*)p + 1);
-    v[0] += lo.x; v[1] += lo.y; v[2] += lo.z; v[3] += lo.w; v[4] += hi.x; v[5] += hi.y; v[6] += hi.z; v[7] += hi.w;
+  for (int s0 = 0; s0 < splits; s0 += SLICE_BATCH) {
+    float4 q[2 * SLICE_BATCH];
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float4* at = (const float4*)(p + (s0 + b) * slice_stride);
+        q[2 * b] = __ldcg(at);
+        q[2 * b + 1] = __ldcg(at + 1);
+      }
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float w[8] = {q[2 * b].x, q[2 * b].y, q[2 * b].z, q[2 * b].w,
+                            q[2 * b + 1].x, q[2 * b + 1].y, q[2 * b + 1].z, q[2 * b + 1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = s0 + b == 0 ? w[i] : v[i] + w[i];
+      }
   }
 }
 
