@@ -56,21 +56,21 @@ __device__ __forceinline__ u32 pack2(float a, float b) {
   st(pair.v, 1, b);
   return *reinterpret_cast<const u32*>(&pair);
 }
-__device__ __forceinline__ u32 pick4(const u32 (&w)[4], int i) {
+__device__ __forceinline__ acc_t pick4(const acc_t (&w)[4], int i) {
   return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
 }
-// an accumulator as the 32-bit word the quad transpose moves (f32 or s32)
-__device__ __forceinline__ u32 word(float x) { return __float_as_uint(x); }
-__device__ __forceinline__ u32 word(int x) { return (u32)x; }
 
-// A 4 x 4 transpose of 32-bit words across each quad of lanes (4 shuffles): lane q's w[j] is
-// block j's word from lane q; afterwards o[u] is block q's word from lane u.
-__device__ __forceinline__ void transpose_quad(const u32 (&w)[4], u32 (&o)[4], int lane) {
+// A 4 x 4 transpose of accumulators (f32 or s32) across each quad of lanes (4 shuffles): lane q's
+// w[j] is block j's value from lane q; afterwards o[u] is block q's value from lane u. The values
+// move in their own type: reinterpreting f32 accumulators as u32 words here let NVVM keep the
+// whole accumulator array as b32 integers, copied to and from f32 registers around every wgmma of
+// the K loop — reads of in-flight accumulators, so ptxas serialized the wgmma pipeline (C7514).
+__device__ __forceinline__ void transpose_quad(const acc_t (&w)[4], acc_t (&o)[4], int lane) {
   const int q = lane & 3;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its word of block (q - r) & 3 to lane (q - r) & 3
+  for (int r = 0; r < 4; ++r) {  // round r: lane q sends its value of block (q - r) & 3 to lane (q - r) & 3
     const int from = (q + r) & 3;
-    const u32 got = __shfl_sync(0xffffffffu, pick4(w, (q - r) & 3), (lane & ~3) | from);
+    const acc_t got = __shfl_sync(0xffffffffu, pick4(w, (q - r) & 3), (lane & ~3) | from);
 #pragma unroll
     for (int i = 0; i < 4; ++i) o[i] = i == from ? got : o[i];
   }
@@ -81,8 +81,8 @@ __device__ __forceinline__ void transpose_quad(const u32 (&w)[4], u32 (&o)[4], i
 // 8 columns of block q in order (w[0..7]), so its epilogue reads its inputs with 16-byte loads and
 // writes one 16-byte store — full 32-byte sectors where the pair loads and stores touched half of
 // each. Every lane of the warp must call it (the shuffles).
-__device__ __forceinline__ void quad_row(const u32 (&lo)[4], const u32 (&hi)[4], u32 (&w)[8], int lane) {
-  u32 ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
+__device__ __forceinline__ void quad_row(const acc_t (&lo)[4], const acc_t (&hi)[4], acc_t (&w)[8], int lane) {
+  acc_t ol[4] = {0, 0, 0, 0}, oh[4] = {0, 0, 0, 0};
   transpose_quad(lo, ol, lane);
   transpose_quad(hi, oh, lane);
 #pragma unroll
@@ -95,17 +95,17 @@ __device__ __forceinline__ void quad_row(const u32 (&lo)[4], const u32 (&hi)[4],
 // columns n..n + 7 of row m after quad_row (16-bit storage, N % 8 == 0, vector_ok): alpha, a
 // row-broadcast C (a conv's bias) read with one 16-byte load, the epilogue (apply_epilogue8), one
 // 16-byte store
-__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const u32 (&w)[8]) {
+__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8]) {
   if (m >= out.M || n >= out.N) return;
   float v[8];
   if (out.C) {
     __align__(16) ELEM c[8];
     *(uint4*)c = *(const uint4*)(out.C + n);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = out.scaled(__uint_as_float(w[i]), ld(c, i));
+    for (int i = 0; i < 8; ++i) v[i] = out.scaled(w[i], ld(c, i));
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = out.scaled(__uint_as_float(w[i]));
+    for (int i = 0; i < 8; ++i) v[i] = out.scaled(w[i]);
   }
   const i64 oi = (z * out.M + m) * out.N + n;
 #if HAS_EPILOGUE && EPI_VEC
@@ -171,35 +171,26 @@ __device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const int 
     }
 }
 // row m (or m + 8: oi8) and columns n..n + 7 after quad_row: Out::value8, then Out::store8
-__device__ __forceinline__ void finish8(const OutI8& out, i64 m, i64 n, i64 oi, const u32 (&w)[8]) {
+__device__ __forceinline__ void finish8(const OutI8& out, i64 m, i64 n, i64 oi, const int (&w)[8]) {
   if (m >= out.M || n >= out.N) return;
-  int a[8];
   float v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) a[i] = (int)w[i];
-  out.q.value8(oi, n, a, v);
+  out.q.value8(oi, n, w, v);
   out.q.store8(oi, v);
 }
 // rows m and m + 8, columns n..n + 7. With one block an SM (registers to spare): value8 of both
 // rows (their loads in flight together: no store can alias them yet), then both stores; with
 // two (128 registers a thread) that spilled, so one row after the other.
-__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 n, const u32 (&lo)[4],
-                                            const u32 (&hi)[4], const u32 (&lo8)[4], const u32 (&hi8)[4], int lane) {
+__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 n, const int (&lo)[4],
+                                            const int (&hi)[4], const int (&lo8)[4], const int (&hi8)[4], int lane) {
   const i64 oi = (z * out.M + m) * out.N + n, oi8 = oi + 8 * out.N;
-  u32 w[8], w8[8];
+  int w[8], w8[8];
   quad_row(lo, hi, w, lane);
 #if BLOCKS == 1
   quad_row(lo8, hi8, w8, lane);
   const bool row0 = m < out.M && n < out.N, row8 = m + 8 < out.M && n < out.N;
-  int a[8], a8[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    a[i] = (int)w[i];
-    a8[i] = (int)w8[i];
-  }
   float v[8], v8[8];
-  if (row0) out.q.value8(oi, n, a, v);
-  if (row8) out.q.value8(oi8, n, a8, v8);
+  if (row0) out.q.value8(oi, n, w, v);
+  if (row8) out.q.value8(oi8, n, w8, v8);
   if (row0) out.q.store8(oi, v);
   if (row8) out.q.store8(oi8, v8);
 #else
@@ -236,13 +227,13 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #pragma unroll
       for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
         if (vector_rows) {
-          u32 lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+          acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            lo[j] = word(acc[s][4 * (j0 + j)]);
-            hi[j] = word(acc[s][4 * (j0 + j) + 1]);
-            lo8[j] = word(acc[s][4 * (j0 + j) + 2]);
-            hi8[j] = word(acc[s][4 * (j0 + j) + 3]);
+            lo[j] = acc[s][4 * (j0 + j)];
+            hi[j] = acc[s][4 * (j0 + j) + 1];
+            lo8[j] = acc[s][4 * (j0 + j) + 2];
+            hi8[j] = acc[s][4 * (j0 + j) + 3];
           }
           const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
 #if I8
