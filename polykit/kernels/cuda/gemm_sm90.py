@@ -15,6 +15,7 @@ shape: they become the kernel's defines and its launch geometry.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -106,8 +107,10 @@ X3_TILES = (Sm90Tile(1, 2, 128, 4, tflops=500), Sm90Tile(1, 1, 128, 4, tflops=43
             Sm90Tile(1, 2, 64, 4, tflops=340), Sm90Tile(1, 1, 64, 4, blocks=2, tflops=330))
 
 
-#: split-K's reduce: a second launch (us) and the rate its fp32 partials move through L2 (bytes/us)
-REDUCE_US, PARTIAL_BYTES_PER_US = 1.5, 3e6
+#: split-K's cost past its units' K loops: a second launch (us), more per doubling of the slices
+#: (fitted to H100 timings of 64x128 on 16x768x3072: 11.8 / 9.9 / 9.3 / 9.5 us at 2 / 4 / 8 / 16
+#: slices), and the rate its fp32 partials move through L2 (bytes/us)
+REDUCE_US, PER_DOUBLING_US, PARTIAL_BYTES_PER_US = 1.5, 1.0, 3e6
 
 
 def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False,
@@ -125,7 +128,7 @@ def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: i
     if splits == 1:
         return waves * (per_wave + 2.0)
     partials = 8.0 * splits * items * M * -(-N // tile.bn) * tile.bn
-    return waves * (per_wave + 2.0) + REDUCE_US + partials / PARTIAL_BYTES_PER_US
+    return waves * (per_wave + 2.0) + REDUCE_US + PER_DOUBLING_US * math.log2(splits) + partials / PARTIAL_BYTES_PER_US
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 // partial: fp32, row-major [splits][items][M][NP] with NP = ceil(N / BN) * BN, so every column a
 // fragment holds is inside its row (no column bounds at the stores) and each 8-column group of
 // the reduce is two aligned 16-byte loads a slice.
-// Reduce launch: grid (min(ceil(items * M * ceil(N / 8) / 256), cap)), block 256 (grid-stride: one
+// Reduce launch: grid (min(ceil(items * M * ceil(N / 8) / block), cap)), block <= 256 (grid-stride: one
 // thread per 8 consecutive columns of a row).
 #pragma once
 #include "gemm_sm90_epilogue.cuh"
@@ -85,10 +85,7 @@ __device__ __forceinline__ void reduce_partials(const OutP& out, const float* pa
     float v[8];
     sum_slices(partial + r * np + n, rows * np, splits, v);
     if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
-      u32 w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = __float_as_uint(v[i]);
-      finish8(out, z, m, n, w);
+      finish8(out, z, m, n, v);
       continue;
     }
 #pragma unroll

@@ -29,7 +29,7 @@ SPLITS = (2, 4, 8, 16)
 #: tiles with split-K tactics: 128x128 and 64x128 (fp16 / bf16 / tf32), the 3xTF32 ones alike
 SPLIT_TILES = tuple(t for t in TILES if t.label in ("128x128", "64x128"))
 X3_SPLIT_TILES = tuple(t for t in X3_TILES if t.label in ("128x128", "64x128"))
-REDUCE_BLOCK = 256
+REDUCE_BLOCK = 64  # threads of a reduce block: small, so a small output still spreads over many SMs
 
 
 def slices(geo: Sm90Gemm, splits: int, storage: str) -> int:
