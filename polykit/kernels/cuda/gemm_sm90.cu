@@ -8,17 +8,24 @@
 // over the batch uses coordinate 0 (a_batched / b_batched 0). Y is contiguous (z, M, N); C
 // (Gemm only, may be null) is broadcast to (M, N) through element strides (scm, scn).
 // The producer warpgroup's one thread issues the TMA loads of A and B.
+// SPLITK 1 (gemm_sm90_splitk.cuh): the units are (tile, K slice) pairs, `splits` slices a tile, and
+// the consumers store fp32 partials to `partial` instead of Y; gemm_sm90_splitk_reduce (this module)
+// sums them and writes Y through the epilogue (C, Y and the epilogue inputs are its arguments).
 #include "gemm_sm90_epilogue.cuh"
+#include "gemm_sm90_splitk.cuh"
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm_sm90(
     const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
-    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched I8_PARAMS
-        EPI_PARAMS) {
+    i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched SPLITK_PARAMS
+        I8_PARAMS EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
   const int tiles = tiles_m * tiles_n * (int)items;
   const int ktiles = (int)((K + KE - 1) / KE);
+#if !SPLITK
+  constexpr i64 splits = 1;
+#endif
   if (threadIdx.x == 0) {
     tma_prefetch_desc(&tm_a);
     tma_prefetch_desc(&tm_b);
@@ -29,10 +36,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
     if (BLOCKS == 1) set_max_regs_dec<40>();
     int stage = 0;
     u32 phase = 0;
-    for (int t = blockIdx.x; t < tiles && tid == 0; t += gridDim.x) {
-      const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
+    for (int u = blockIdx.x; u < tiles * (int)splits && tid == 0; u += gridDim.x) {
+      const Unit w = unit_of(u, tiles_m, tiles_n, tiles, ktiles, (int)splits);
+      const TileIdx ti = w.ti;
       const int za = a_batched ? ti.z : 0, zb = b_batched ? ti.z : 0;
-      for (int kt = 0; kt < ktiles; ++kt, next_stage(stage, phase)) {
+      for (int kt = w.k0; kt < w.k1; ++kt, next_stage(stage, phase)) {
         bar_wait(&st.empty[stage], phase ^ 1);
         unsigned char* a = st.smem + stage * STAGE_BYTES;
         unsigned char* b = a + BM * 128;
@@ -49,10 +57,28 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
     }
   } else {  // ---- consumers (128 * 40 + 256 * 232 = 168 * 384: the launch allocation) --------------
     if (BLOCKS == 1) set_max_regs_inc<232>();
+#if SPLITK
+    consume_partials(partial, M, N, (int)items, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles,
+                     ktiles, (int)splits, wg, tid);
+#else
     OutT out = MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta);
 #if HAS_EPILOGUE
     EPI_OF(out) = make_epi(EPI_ARGS);
 #endif
     consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
+#endif
   }
 }
+
+#if SPLITK
+extern "C" __global__ void __launch_bounds__(256) gemm_sm90_splitk_reduce(const ELEM* C, ELEM* Y, i64 M, i64 N,
+                                                                           i64 scm, i64 scn, float alpha, float beta,
+                                                                           i64 items, const float* partial,
+                                                                           i64 splits EPI_PARAMS) {
+  OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
+#if HAS_EPILOGUE
+  out.epi = make_epi(EPI_ARGS);
+#endif
+  reduce_partials(out, partial, (int)items, (int)splits);
+}
+#endif

@@ -15,6 +15,7 @@ shape: they become the kernel's defines and its launch geometry.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -106,17 +107,28 @@ X3_TILES = (Sm90Tile(1, 2, 128, 4, tflops=500), Sm90Tile(1, 1, 128, 4, tflops=43
             Sm90Tile(1, 2, 64, 4, tflops=340), Sm90Tile(1, 1, 64, 4, blocks=2, tflops=330))
 
 
+#: split-K's cost past its units' K loops: a second launch (us), more per doubling of the slices
+#: (fitted to H100 timings of 64x128 on 16x768x3072: 11.8 / 9.9 / 9.3 / 9.5 us at 2 / 4 / 8 / 16
+#: slices), and the rate its fp32 partials move through L2 (bytes/us)
+REDUCE_US, PER_DOUBLING_US, PARTIAL_BYTES_PER_US = 1.5, 1.0, 3e6
+
+
 def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False,
-                 split3: bool = False) -> float:
-    """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of tiles at the tile's
-    full-chip rate (tf32: half the fp16 rate, as the chip's peaks; 3xTF32 a third of that),
-    plus a fixed start per wave (pipeline fill, epilogue)."""
-    tiles = -(-M // tile.bm) * -(-N // tile.bn) * items
+                 split3: bool = False, splits: int = 1) -> float:
+    """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of work units (tiles, or
+    with `splits` > 1 tiles x K slices) at the tile's full-chip rate (tf32: half the fp16 rate, as
+    the chip's peaks; 3xTF32 a third of that), plus a fixed start per wave (pipeline fill,
+    epilogue); split-K adds its reduce (a launch, the partials written and read once)."""
+    splits = max(1, min(splits, -(-K // bk_of("float32" if tf32 or split3 else "float16"))))
+    units = -(-M // tile.bm) * -(-N // tile.bn) * items * splits
     slots = max(1, tile.blocks * sm_count)
-    waves = -(-tiles // slots)
+    waves = -(-units // slots)
     rate = tile.tflops / (2 if tf32 or split3 else 1) / (3 if split3 else 1)
-    per_wave = 2.0 * tile.bm * tile.bn * max(K, 64) * slots / (rate * 1e6)
-    return waves * (per_wave + 2.0)
+    per_wave = 2.0 * tile.bm * tile.bn * max(-(-K // splits), 64) * slots / (rate * 1e6)
+    if splits == 1:
+        return waves * (per_wave + 2.0)
+    partials = 8.0 * splits * items * M * -(-N // tile.bn) * tile.bn
+    return waves * (per_wave + 2.0) + REDUCE_US + PER_DOUBLING_US * math.log2(splits) + partials / PARTIAL_BYTES_PER_US
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ def tile_count(geo: Sm90Gemm, tile: Sm90Tile) -> int:
     return -(-geo.M // tile.bm) * -(-geo.N // tile.bn) * geo.items
 
 
-def _layer_geometry(layer: Any) -> Sm90Gemm | None:
+def layer_geometry(layer: Any) -> Sm90Gemm | None:
     shapes = getattr(layer, "in_shapes", ())
     if len(shapes) < 2:
         return None
@@ -219,13 +231,13 @@ def storage_of(layer: Any, operands: int, split3: bool = False) -> str | None:
     return None if split3 and storage != "float32" else storage
 
 
-def _storage(layer: Any, split3: bool = False) -> str | None:
+def layer_storage(layer: Any, split3: bool = False) -> str | None:
     return storage_of(layer, 3 if layer.kind == "Gemm" else 2, split3)
 
 
-def _supports(tile: Sm90Tile, split3: bool):
+def tile_supports(tile: Sm90Tile, split3: bool):
     def supports(layer: Any) -> bool:
-        storage, geo = _storage(layer, split3), _layer_geometry(layer)
+        storage, geo = layer_storage(layer, split3), layer_geometry(layer)
         if storage is None or geo is None or not tile.fits(storage, geo.b_mn, split3):
             return False
         return supports_epilogue(layer)
@@ -234,32 +246,32 @@ def _supports(tile: Sm90Tile, split3: bool):
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
-               split3: bool = False, int8: bool = False) -> KernelSource:
+               split3: bool = False, int8: bool = False, splitk: bool = False) -> KernelSource:
     """The layer's kernel `name` (gemm_sm90 or conv_sm90): its .cu (FILES) with the tile's
     defines, plus the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands,
-    `elem` the epilogue's float)."""
-    tile_defines = tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ())
+    `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py)."""
+    tile_defines = tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
                             defines=tile_defines, arch="sm_90a")
     return KernelSource(name, file=FILES[name], defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
 
 
-def _kernels(tile: Sm90Tile, split3: bool):
+def tile_kernels(tile: Sm90Tile, split3: bool, splitk: bool = False):
     def kernels(layer: Any) -> list[KernelSource]:
-        geo = _layer_geometry(layer)
-        return [kernel_for(layer, tile, ELEMS[_storage(layer, split3)], geo.b_mn, split3=split3)]
+        geo = layer_geometry(layer)
+        return [kernel_for(layer, tile, ELEMS[layer_storage(layer, split3)], geo.b_mn, split3=split3, splitk=splitk)]
 
     return kernels
 
 
-def _estimate(tile: Sm90Tile, split3: bool):
+def tile_estimate(tile: Sm90Tile, split3: bool, splits: int = 1):
     def estimate(layer: Any, sm_count: int) -> float | None:
-        geo = _layer_geometry(layer)
+        geo = layer_geometry(layer)
         if geo is None or not sm_count:
             return None
-        return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, _storage(layer, split3) == "float32",
-                            split3)
+        return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, layer_storage(layer, split3) == "float32",
+                            split3, splits)
 
     return estimate
 
@@ -304,8 +316,8 @@ def compile_variants() -> list[KernelSource]:
 def _register(tiles: tuple[Sm90Tile, ...], prefix: str, split3: bool) -> None:
     for tile in tiles:
         for kind in ("MatMul", "Gemm"):
-            cuda_tactic(kind, f"cuda.gemm.{prefix}_{tile.label}", kernels=_kernels(tile, split3),
-                        supports=_supports(tile, split3), priority=30, archs=ARCHS, estimate=_estimate(tile, split3),
+            cuda_tactic(kind, f"cuda.gemm.{prefix}_{tile.label}", kernels=tile_kernels(tile, split3),
+                        supports=tile_supports(tile, split3), priority=30, archs=ARCHS, estimate=tile_estimate(tile, split3),
                         params={"bm": tile.bm, "bn": tile.bn, "bk": BK, "msub": tile.msub,
                                 "consumers": tile.consumers, "stages": tile.stages})(_enqueue(tile, split3))
 

@@ -9,8 +9,9 @@
 // Warp-specialized and persistent: warpgroup 0 is the producer (it fills STAGES stages, each
 // stage guarded by a `full` and an `empty` mbarrier); warpgroups 1..CONSUMERS each own MSUB x 64
 // rows of the tile and run wgmma on every stage, then the epilogue (gemm_sm90_epilogue.cuh).
-// Blocks loop over tiles t = blockIdx.x, +gridDim.x (grid = min(tiles, BLOCKS * SMs)), tiles
-// ordered by tile_of (GROUP tile rows at a time).
+// Blocks loop over work units u = blockIdx.x, +gridDim.x (grid = min(units, BLOCKS * SMs)): the
+// output tiles, ordered by tile_of (GROUP tile rows at a time), or with SPLITK (split-K, for grids
+// too small to fill the SMs) each tile's K cut into slices (unit_of; gemm_sm90_splitk.cuh).
 // BLOCKS 2 (one consumer warpgroup, few stages): two blocks share an SM, so one block's epilogue
 // runs while the other's wgmma do; they keep the launch register budget (no setmaxnreg).
 // Launch: grid (min(tiles, BLOCKS * SMs)), block 128 * (CONSUMERS + 1), dynamic shared memory
@@ -61,6 +62,9 @@ typedef float acc_t;
 #endif
 #ifndef SPLIT3
 #define SPLIT3 0
+#endif
+#ifndef SPLITK
+#define SPLITK 0  // 1: work units are (tile, K slice) pairs whose fp32 partials a reduce kernel sums
 #endif
 #define EPI_GROUP 4  // column blocks (8 columns each) whose epilogue loads are batched
 constexpr int KE = 128 / sizeof(OPER);  // K elements of one stage (one 128-byte row)
@@ -224,6 +228,22 @@ __device__ __forceinline__ Stages setup_stages(unsigned char* raw, u32 arrivals)
   }
   __syncthreads();
   return st;
+}
+
+// A persistent block's work unit: output tile `ti` over K tiles [k0, k1). SPLITK: unit u is slice
+// u / tiles of tile u % tiles, the slices `splits` near-equal K ranges (none empty: splits <= ktiles);
+// else the whole K of tile u (splits 1).
+struct Unit {
+  TileIdx ti;
+  int slice, k0, k1;
+};
+__device__ __forceinline__ Unit unit_of(int u, int tiles_m, int tiles_n, int tiles, int ktiles, int splits) {
+  Unit w;
+  w.slice = SPLITK ? u / tiles : 0;
+  w.ti = tile_of(SPLITK ? u - w.slice * tiles : u, tiles_m, tiles_n, GROUP);
+  w.k0 = SPLITK ? (int)((i64)w.slice * ktiles / splits) : 0;
+  w.k1 = SPLITK ? (int)((i64)(w.slice + 1) * ktiles / splits) : ktiles;
+  return w;
 }
 
 // advance a (stage, phase) ring position

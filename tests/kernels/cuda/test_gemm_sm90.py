@@ -104,12 +104,17 @@ MATMUL_SHAPES = [((128, 64), (64, 128)), ((77, 72), (72, 264)), ((1, 8), (8, 8))
 def test_sm90_matmul_matches_float64_reference(tile, a_shape, b_shape, dtype):
     if dtype == BF16 and tile is not TILES[0] and a_shape != (77, 72):
         pytest.skip("bf16 runs on the default tile and one odd shape per tile")
+    check_matmul(f"cuda.gemm.sm90_{tile.label}", a_shape, b_shape, dtype)
+
+
+def check_matmul(tactic: str, a_shape, b_shape, dtype) -> None:
+    """MatMul of random a_shape x b_shape operands by `tactic` against float64 (GPU)."""
     require_sm90()
     a, b = rand(a_shape, dtype), rand(b_shape, dtype)
     ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, f"cuda.gemm.sm90_{tile.label}",
-              ref.shape, dtype)
-    assert rel_err(out, ref) <= TOL[dtype]
+    out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, tactic, ref.shape, dtype)
+    err = rel_err(out, ref)
+    assert err <= TOL[dtype], f"{tactic} {a_shape} x {b_shape} {np.dtype(dtype).name}: relative error {err:.2e}"
 
 
 @pytest.mark.gpu
@@ -168,15 +173,15 @@ def test_3xtf32_tiles_fit_with_their_scratch_ring():
 
 
 def test_sm90_takes_float32_as_tf32_or_3xtf32_by_tactic():
-    from polykit.kernels.cuda.gemm_sm90 import _supports
+    from polykit.kernels.cuda.gemm_sm90 import tile_supports
 
-    tf32, small_tf32, x3 = _supports(TILES[0], False), _supports(TILES[5], False), _supports(X3_TILES[0], True)
+    tf32, small_tf32, x3 = tile_supports(TILES[0], False), tile_supports(TILES[5], False), tile_supports(X3_TILES[0], True)
     gemm_t = ("Gemm", {"transB": 1}, (64, 96), (128, 96))
     assert tf32(_gemm_layer(*gemm_t, "tf32")) and not tf32(_gemm_layer(*gemm_t, "fp32"))
     assert x3(_gemm_layer(*gemm_t, "fp32")) and not x3(_gemm_layer(*gemm_t, "tf32"))
     mm = ("MatMul", {}, (64, 96), (96, 128))  # B [K, N]: transposed in shared memory, if the scratch fits
     assert small_tf32(_gemm_layer(*mm, "tf32")) and not tf32(_gemm_layer(*mm, "tf32"))
-    assert x3(_gemm_layer(*mm, "fp32")) and not _supports(X3_TILES[3], True)(_gemm_layer(*mm, "fp32"))
+    assert x3(_gemm_layer(*mm, "fp32")) and not tile_supports(X3_TILES[3], True)(_gemm_layer(*mm, "fp32"))
 
 
 @pytest.mark.gpu
