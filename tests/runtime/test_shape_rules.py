@@ -56,15 +56,20 @@ def _slice_model():  # Slice's ends: a second shape-tensor input of the same nod
     return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def _engine(model, feeds):
+def ruled_plan(model, feeds, target="cpu"):
+    """The plan (through its bytes) whose shape-tensor inputs range over their value_ranges, opt at `feeds`."""
     graph = load_onnx(model)
     shapes = {k: v.shape for k, v in feeds.items()}
     profile = ruled_profile(graph, shapes, feeds)
     assert profile is not None and profile.ruled, "the model's shape-tensor inputs got no ranges"
-    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target="cpu", input_shapes=shapes,
+    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target=target, input_shapes=shapes,
                                                             profiles=[profile])).serialize())
     assert plan.profiles.rules, "no shape rule was recorded: the plan bakes the opt values"
-    return Runtime("cpu").deserialize_engine(plan)
+    return plan
+
+
+def _engine(model, feeds):
+    return Runtime("cpu").deserialize_engine(ruled_plan(model, feeds))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

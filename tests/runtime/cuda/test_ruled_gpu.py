@@ -11,12 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan
-from polykit.compiler.value_ranges import ruled_profile
 from polykit.runtime.engine import MAX_REPLAYS, Runtime
+from tests.runtime.test_shape_rules import ruled_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -60,15 +56,7 @@ GROWING = ("topk", "pad", "expand", "tile")
 
 
 def _plan(model, name, opt, target):
-    graph = load_onnx(model)
-    feeds = {"x": np.zeros(X_SHAPE, np.float32), name: np.array(opt, np.int64)}
-    shapes = {k: v.shape for k, v in feeds.items()}
-    profile = ruled_profile(graph, shapes, feeds)
-    assert profile is not None and profile.ruled, "the model's shape-tensor input got no range"
-    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target=target, input_shapes=shapes,
-                                                            profiles=[profile])).serialize())
-    assert plan.profiles.rules, "no shape rule recorded: the plan bakes the opt value"
-    return plan
+    return ruled_plan(model, {"x": np.zeros(X_SHAPE, np.float32), name: np.array(opt, np.int64)}, target)
 
 
 def _check(got, want, what):
