@@ -40,13 +40,16 @@ class ProfileShapes:
 
 def profile_groups(profiles: Any) -> list[list[dict[str, int]]]:
     """Per profile of a ProfileSet (None: a static build, no profile), the symbol values of its
-    corners (min, opt, max, then those with data symbols small: data_dims.small_data_corners)."""
+    corners (min, opt, max, then those with data symbols small: data_dims.small_data_corners, and
+    those with rule symbols at other values: shape_rules.small_rule_corners)."""
     if profiles is None:
         return []
     from polykit.compiler.data_dims import small_data_corners
+    from polykit.compiler.shape_rules import small_rule_corners
 
     groups = [[env for i, _, env in profiles.corners() if i == p] for p in range(len(profiles.ranges))]
-    return [group + small_data_corners(group, profiles.data) for group in groups]
+    return [group + small_data_corners(group, profiles.data) + small_rule_corners(group, profiles.rules)
+            for group in groups]
 
 
 def profile_views(tensors: Mapping[str, TensorDesc], groups: Sequence[Sequence[Mapping[str, int]]]

@@ -21,15 +21,19 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.symbolic import SymInt, evaluate, expr_from_json, expr_to_json, symbol, term_of
+from polykit.compiler.symbolic import Expr, SymInt, evaluate, expr_from_json, expr_to_json, symbol, term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError
 
 #: graph.metadata keys of a build: ruled value symbols (set) and the ShapeRules found (list)
 RULED = "ruled_symbols"
 RULES = "shape_rules"
 
-#: targets that allocate a tensor when a layer produces it, so rule-sized tensors need no arena slot
-RUN_TIME_SIZED_TARGETS = frozenset({"cpu"})
+#: targets that size rule-sized tensors at bind time: cpu allocates each output as a layer returns it,
+#: cuda gives them device memory per shape set (polykit.runtime.cuda.sized)
+RUN_TIME_SIZED_TARGETS = frozenset({"cpu", "cuda"})
+
+#: values every rule symbol takes at the extra corners tactics must serve (small_rule_corners)
+RULE_CORNER_VALUES = (2, 3)
 
 #: attribute value kinds a record keeps (a node with a graph or tensor attribute is not ruled)
 _SCALARS = (int, float, str)
@@ -244,4 +248,20 @@ def _one_node(rule: ShapeRule, env: Mapping[str, int]) -> Graph:
 
 def rule_symbols(rules: "tuple[ShapeRule, ...]") -> set[str]:
     return {s for r in rules for s in r.symbols_at_opt()}
+
+
+def run_time_sized(tensors: Mapping[str, Any], rules: "tuple[ShapeRule, ...]") -> frozenset[str]:
+    """The tensors (name -> TensorDesc) whose dims name a rule symbol: no reserved bytes bound them."""
+    ruled = rule_symbols(rules)
+    return frozenset(n for n, t in tensors.items()
+                     if any(isinstance(d, Expr) and d.symbols() & ruled for d in t.dims))
+
+
+def small_rule_corners(corners: "list[Mapping[str, int]]", rules: "tuple[ShapeRule, ...]") -> list[dict[str, int]]:
+    """The profile `corners` with every rule symbol at each of RULE_CORNER_VALUES: where tactics
+    must serve a layer too, with the kernels they compile at opt (a tactic that bakes a size a
+    shape-tensor value decides into its kernels, or needs it aligned, is refused there, as for an
+    input dim; polykit.compiler.tuner.serves_corners). Corners give rule symbols their opt values."""
+    ruled = rule_symbols(rules)
+    return [{**env, **{s: v for s in ruled}} for v in RULE_CORNER_VALUES for env in corners] if ruled else []
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.shape_rules import evaluate_rules, rule_symbols
+from polykit.compiler.shape_rules import evaluate_rules, run_time_sized
 from polykit.compiler.symbolic import Expr, ShapeEvalError, Term, evaluate
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
 
@@ -54,9 +54,8 @@ class ShapeBinder:
         #: data symbols each tensor's dims or value name: it waits for them (polykit.runtime.output_alloc)
         self._waits = {n: frozenset(data & set().union(*(_symbols(e) for e in t.dims + t.value)))
                        for n, t in plan.tensors.items() if t.dims or t.value}
-        ruled = rule_symbols(self.profiles.rules) if self.profiles is not None else set()
         #: tensors a shape rule sizes at bind time (polykit.compiler.shape_rules): no reserved bytes bound them
-        self._run_time_sized = {n for n, t in self._dynamic.items() if ruled & set().union(*map(_symbols, t.dims))}
+        self._run_time_sized = run_time_sized(self._dynamic, self.profiles.rules) if self.profiles is not None else set()
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property

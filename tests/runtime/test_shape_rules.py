@@ -56,15 +56,20 @@ def _slice_model():  # Slice's ends: a second shape-tensor input of the same nod
     return helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def _engine(model, feeds):
+def ruled_plan(model, feeds, target="cpu"):
+    """The plan (through its bytes) whose shape-tensor inputs range over their value_ranges, opt at `feeds`."""
     graph = load_onnx(model)
     shapes = {k: v.shape for k, v in feeds.items()}
     profile = ruled_profile(graph, shapes, feeds)
     assert profile is not None and profile.ruled, "the model's shape-tensor inputs got no ranges"
-    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target="cpu", input_shapes=shapes,
+    plan = Plan.deserialize(build_plan(graph, BuilderConfig(target=target, input_shapes=shapes,
                                                             profiles=[profile])).serialize())
     assert plan.profiles.rules, "no shape rule was recorded: the plan bakes the opt values"
-    return Runtime("cpu").deserialize_engine(plan)
+    return plan
+
+
+def _engine(model, feeds):
+    return Runtime("cpu").deserialize_engine(ruled_plan(model, feeds))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -114,13 +119,33 @@ def test_a_value_the_model_does_not_allow_is_a_runtime_input_error(case, value, 
     assert what in err.value.what, err.value.what
 
 
-def test_a_ruled_plan_is_refused_on_a_target_that_sizes_tensors_at_build_time():
+def test_a_reshape_that_is_a_no_op_at_opt_stays_for_the_other_values():
+    """remove_identity compares dim expressions, not their opt values: Reshape(x, [2, 3, 4]) is
+    a no-op only at that value."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "noop_at_opt", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X_SHAPE)),
+                                                helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(7).standard_normal(X_SHAPE).astype(np.float32)
+    engine = _engine(model, {"x": x, "shape": np.array(X_SHAPE, np.int64)})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for value in ([4, 3, 2], [2, 3, 4], [1, -1, 6]):
+        feed = {"x": x, "shape": np.array(value, np.int64)}
+        with engine.create_execution_context() as ctx:
+            np.testing.assert_array_equal(ctx.execute(feed)["y"], session.run(None, feed)[0], err_msg=str(value))
+
+
+def test_a_ruled_plan_is_refused_on_a_target_that_sizes_tensors_at_build_time(monkeypatch):
+    from polykit.runtime import target as targets
+
+    monkeypatch.setitem(targets.TARGETS, "fixed", "polykit.runtime.cpu:CpuTarget")  # a target that plans every byte
     model, name, values = CASES["reshape"]
     graph = load_onnx(model)
     feeds = {"x": np.ones(X_SHAPE, np.float32), name: np.array(values[0])}
     profile = ruled_profile(graph, {k: v.shape for k, v in feeds.items()}, feeds)
-    with pytest.raises(BuildError, match="cannot size at run time"):
-        build_plan(graph, BuilderConfig(target="cuda", input_shapes={k: v.shape for k, v in feeds.items()},
+    with pytest.raises(BuildError, match="fixed target cannot size at run time"):
+        build_plan(graph, BuilderConfig(target="fixed", input_shapes={k: v.shape for k, v in feeds.items()},
                                         profiles=[profile]))
 
 

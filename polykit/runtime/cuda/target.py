@@ -34,6 +34,7 @@ from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
+from polykit.runtime.cuda.sized import HeldReplay, SizedRegions
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
@@ -170,6 +171,7 @@ class CudaContext:
             if root is not None:
                 self.tensors[name] = DeviceTensor(self._staged.pointer(root), tuple(desc.shape), desc.np_dtype)
         self._counts = CountWords(plan, self.tensors)
+        self._sized = SizedRegions(plan)  # tensors shape-tensor values size: device memory per size set
         self._steps = engine.steps
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
@@ -184,6 +186,10 @@ class CudaContext:
         for name, shape in shapes.shapes.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
+        if self._sized:  # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized)
+            for name, ptr in self._sized.bind(shapes.dims).items():
+                t = self.tensors[name]
+                self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
 
     def data_sizes(self, outputs: Any, stream: Stream) -> dict[str, int]:
         """{symbol: size} of the data-dependent dims a layer just decided: its count word, read
@@ -234,16 +240,18 @@ class CudaContext:
     def timer(self) -> "CudaTimer":
         return self._timer
 
-    def capture(self, record: Callable[[Stream], None]) -> CudaGraph | None:
-        """`record`'s launches as a CUDA graph (the workspace may not grow while capturing); None
-        when a layer is driven from the host (control flow reads values back while it runs)."""
+    def capture(self, record: Callable[[Stream], None]) -> CudaGraph | HeldReplay | None:
+        """`record`'s launches as a CUDA graph (the workspace may not grow while capturing), which
+        holds the run-time-sized region it points into; None when a layer is driven from the host
+        (control flow reads values back while it runs)."""
         if any(tactic.host_driven for _, tactic in self._steps):
             return None
         self._workspace.frozen = True
         try:
-            return CudaGraph(self.stream, record)
+            graph = CudaGraph(self.stream, record)
         finally:
             self._workspace.frozen = False
+        return HeldReplay(graph, self._sized.hold()) if self._sized else graph
 
     # ---- device buffers (ExecutionContext.enqueue) ------------------------------------------
     def borrow_stream(self, stream: Any) -> Stream:
@@ -266,6 +274,7 @@ class CudaContext:
             self.stream.synchronize()
         self._bodies.close()
         self._staged.free()
+        self._sized.free()
         self._counts.free()
         self._workspace.free()
         self.arena.free()
