@@ -57,7 +57,8 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             consts.append(known.get(name) if name else None)
             values.append(v)
         by_rule = bool(ruled) and reads_ruled(consts, ruled)  # its shapes: its rule at bind time
-        ctx = InferContext(node, dtypes, shapes, at_opt(consts) if by_rule else consts, values, data_dims=data_dims)
+        ctx = InferContext(node, dtypes, shapes, at_opt(consts, dtypes) if by_rule else consts, values,
+                           data_dims=data_dims)
         try:
             results = rule(ctx)
         except PolykitError:

@@ -1,12 +1,14 @@
 """Value ranges of shape-tensor inputs, read from the ops that consume them.
 
 A small integer graph input whose values decide shapes (a Reshape target, TopK's k, the axes
-of a reduction, Slice's starts...) needs a range before one engine can serve every value.
-`value_ranges(graph)` gives, per such input, a (low, high) per element implied by its
+of a reduction, Slice's starts...), or a float one that only ops' shape rules read (Resize's
+scales, OneHot's depth, Range's operands: its range is a float domain), needs a range before
+one engine can serve every value. `value_ranges(graph)` gives, per such input, a (low, high) per element implied by its
 consumers: Reshape targets [-1, numel(data)], TopK's k [0, dim], axes [-rank, rank-1], Split
 sizes [0, dim]; operands ONNX accepts at any size (Pad's pads, Slice's starts and ends, which ONNX
 clamps, Range's limits) get the widest range a plan holds (UNBOUNDED), and sizes (Expand/Tile/
-ConstantOfShape/Resize sizes, OneHot's depth, window lengths...) [0, UNBOUNDED]. An input used by several consumers gets the intersection.
+ConstantOfShape/Resize sizes and scales, OneHot's depth, window lengths...) [0, UNBOUNDED]. An
+input used by several consumers gets the intersection.
 
 Such ranges are validity domains, not corners (Reshape at [-1, -1] is no valid target), so
 `ruled_profile` builds a Profile whose `ruled` inputs make their consumers' shapes shape rules
@@ -21,6 +23,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.profiles import Profile
 from polykit.compiler.shape_values import MOVEMENT_OPS, SHAPE_VALUE_OPS
@@ -75,8 +78,9 @@ def _axes(extra: int = 0) -> RangeFn:
 
 @range_rule("Reshape", 1)
 def _reshape(node: Node, graph: Graph) -> Bounds:
+    """[-1, numel(data)]; any size when the data is empty (a target with a 0 fits any other dims)."""
     shape = _shape(node, graph)
-    return (-1, math.prod(shape)) if shape is not None else (-1, MAX_VALUE)
+    return (-1, math.prod(shape)) if shape is not None and math.prod(shape) else (-1, MAX_VALUE)
 
 
 range_rule("TopK", 1)(_axis_dim)
@@ -105,7 +109,7 @@ def _sizes(node: Node, graph: Graph) -> Bounds:
 
 for _op, _operands in (("Slice", (1, 2, 4)), ("Pad", (1,)), ("Range", (0, 1, 2))):
     range_rule(_op, *_operands)(_any)
-for _op, _operands in (("Expand", (1,)), ("Tile", (1,)), ("ConstantOfShape", (0,)), ("Resize", (3,)),
+for _op, _operands in (("Expand", (1,)), ("Tile", (1,)), ("ConstantOfShape", (0,)), ("Resize", (2, 3)),
                        ("OneHot", (1,)), ("CenterCropPad", (1,)), ("Col2Im", (1, 2)), ("AffineGrid", (1,)),
                        ("BlackmanWindow", (0,)), ("HammingWindow", (0,)), ("HannWindow", (0,)), ("DFT", (1,)),
                        ("STFT", (1, 3)), ("MelWeightMatrix", (0, 1, 2)), ("MaxUnpool", (2,))):
@@ -120,13 +124,30 @@ def value_ranges(graph: Graph) -> dict[str, tuple[Bounds, ...]]:
     out: dict[str, tuple[Bounds, ...]] = {}
     for name in graph.inputs:
         v = graph.value(name)
-        if v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static or len(v.shape) > 1 \
-                or not v.is_tensor or math.prod(v.shape) > MAX_ELEMENTS:
+        if v.dtype is None or not (np.dtype(v.dtype).kind in "iu" or is_float(v.dtype)) or not v.is_static \
+                or len(v.shape) > 1 or not v.is_tensor or math.prod(v.shape) > MAX_ELEMENTS:
             continue
-        bounds = _uses(name, consumers, graph, depth=0)
+        if is_float(v.dtype):  # a float shape operand: only ops' shape rules may read it
+            bounds = _direct_uses(name, consumers, graph)
+            bounds = None if bounds is None else (float(bounds[0]), float(bounds[1]))
+        else:
+            bounds = _uses(name, consumers, graph, depth=0)
         if bounds is not None:
             out[name] = (bounds,) * math.prod(v.shape)
     return out
+
+
+def _direct_uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph) -> "Bounds | None":
+    """The intersection of the ranges of `name`'s uses when every one is an operand RANGE_RULES
+    knows (Resize's scales, OneHot's depth, Range's operands); else None."""
+    uses = [(node, i) for node in consumers.get(name, []) for i, inp in enumerate(node.inputs) if inp == name]
+    if not uses or any(node.domain not in ("", "ai.onnx") or (node.op_type, i) not in RANGE_RULES for node, i in uses):
+        return None
+    low, high = UNBOUNDED
+    for node, i in uses:
+        lo, hi = RANGE_RULES[(node.op_type, i)](node, graph)
+        low, high = max(low, lo), min(high, hi)
+    return (low, high) if low <= high else None
 
 
 def _uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph, depth: int) -> "Bounds | None":
@@ -172,7 +193,7 @@ def ruled_profile(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         return None
     triples = {}
     for name, bounds in ranges.items():
-        opt = tuple(int(x) for x in np.asarray(values[name]).ravel())
+        opt = tuple(np.asarray(values[name]).ravel().tolist())
         if len(opt) != len(bounds) or not all(lo <= x <= hi for x, (lo, hi) in zip(opt, bounds)):
             return None
         triples[name] = (tuple(lo for lo, _ in bounds), opt, tuple(hi for _, hi in bounds))
