@@ -272,7 +272,8 @@ def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str,
     for name in sorted({n for p in profiles for n in p.values}):
         v = g.value(name)
         # a float shape operand (Resize's scales) takes a domain only: ruled in every profile
-        floats = v.dtype is not None and is_float(v.dtype) and all(name in p.ruled for p in profiles if name in p.values)
+        floats = v.dtype is not None and is_float(v.dtype) \
+            and all(name in p.ruled for p in profiles if name in p.values)
         if name not in g.inputs or v.dtype is None or not (np.dtype(v.dtype).kind in "iu" or floats) \
                 or not v.is_static or len(v.shape) > 1:
             raise BuildError(f"profile values are given for {name!r}, which is not a static 1-D integer graph input",
