@@ -17,7 +17,7 @@ import numpy as np
 
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
 from polykit.errors import PolykitError
-from polykit.compiler.symbolic import SymInt, is_dynamic
+from polykit.compiler.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
 from polykit.kernels.registry import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
@@ -135,8 +135,8 @@ SHAPE_VALUE_OPS.update({
     "Mul": _elementwise(lambda a, b: a * b),
     # ONNX integer Div truncates; dims are >= 0, and a negative operand is left unevaluated
     "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
-    "Max": _elementwise(max),
-    "Min": _elementwise(min),
+    "Max": _elementwise(lambda a, b: _extreme("max", a, b)),
+    "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
     # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
     "Equal": _elementwise(lambda a, b: int(a) == int(b)),
     "Less": _elementwise(lambda a, b: int(a) < int(b)),
@@ -148,6 +148,12 @@ SHAPE_VALUE_OPS.update({
 def _where(node: Node, args: list) -> list[np.ndarray]:
     cond, x, y = (np.asarray(a, dtype=object) for a in args)
     return [np.asarray(np.where(cond.astype(bool), x, y), dtype=object)]
+
+
+def _extreme(op: str, a: int, b: int) -> int:
+    """max/min of two dims, an expression when one is a SymInt (not decided at opt: a ruled
+    value symbol's corners are its opt, so nothing would check the choice)."""
+    return SymInt(OPS[op][1](int(a), int(b)), extreme(op, term_of(a), term_of(b)))
 
 
 def _no_value():

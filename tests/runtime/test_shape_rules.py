@@ -142,3 +142,22 @@ def test_a_crafted_shape_rule_record_is_refused_naming_the_field():
         with pytest.raises(PlanError) as err:
             Plan.deserialize(edited(data, edit))
         assert "profiles.rules[0]" in err.value.what and what in err.value.what, err.value.what
+
+
+def test_max_of_dims_and_values_keeps_an_expression_for_every_value():
+    """Max(Shape(x), target) -> Expand: the host chain's max is an expression of the value
+    symbols, not decided at opt (a ruled symbol's corners are its opt: nothing would check it)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Max", ["s", "target"], ["m"]),
+             helper.make_node("Expand", ["x", "m"], ["y"])]
+    g = helper.make_graph(nodes, "ruled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 1]),
+                                           helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(6).standard_normal((1, 3, 1)).astype(np.float32)
+    feeds = [{"x": x, "target": np.array(t, np.int64)} for t in ([1, 3, 1], [2, 1, 5], [4, 3, 2], [1, 1, 1])]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)["y"]
+        np.testing.assert_array_equal(got, session.run(None, feed)[0], err_msg=str(feed["target"]))
