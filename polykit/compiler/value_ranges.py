@@ -19,7 +19,7 @@ value outside one is a RuntimeInputError naming the input.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from polykit.compiler.ir import Graph, Node
 from polykit.compiler.profiles import Profile
 from polykit.compiler.shape_values import MOVEMENT_OPS, SHAPE_VALUE_OPS
 from polykit.compiler.symbolic import MAX_VALUE
-from polykit.errors import PolykitError
+from polykit.errors import BuildError, PolykitError, UsageError
 
 Bounds = tuple[int, int]
 #: the widest range: what a plan's expressions hold
@@ -179,6 +179,76 @@ def ruled_profile(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
     """A one-profile Profile for static input `shapes` whose shape-tensor inputs range over their
     value_ranges with opt at `values` (ruled); None when the graph has none or a value lies
     outside its range."""
+    ranges = value_ranges(_inferred(graph, shapes))
+    if not ranges or any(n not in values for n in ranges):
+        return None
+    triples = {name: _triple(bounds, values[name]) for name, bounds in ranges.items()}
+    if any(t is None for t in triples.values()):
+        return None
+    return Profile(values=triples, ruled=tuple(triples))
+
+
+def derive_profiles(graph: Graph, profiles: Sequence[Profile], shapes: Mapping[str, tuple[int, ...]],
+                    opt_values: Mapping[str, np.ndarray], fixed: Collection[str] = ()) -> tuple[Profile, ...]:
+    """`profiles` (one with `shapes` when none) with every shape-tensor input of `graph` that
+    neither they nor `fixed` (BuilderConfig.input_values) give values ranging over its
+    value_ranges with opt at `opt_values` (ruled: BuilderConfig.shape_values). Ranges are read at
+    each profile's max shapes. `opt_values` of inputs that decide no shape are not used.
+    BuildError naming a shape-tensor input that has no value at all; UsageError for an opt value
+    outside its range or naming no graph input."""
+    stray = sorted(set(opt_values) - set(graph.inputs))
+    if stray:
+        raise UsageError(f"shape values are given for {stray[0]!r}, which is not a graph input",
+                         hint=f"graph inputs are: {', '.join(graph.inputs)}")
+    if not any(_may_decide_shapes(graph.value(n)) for n in graph.inputs if n not in fixed) \
+            or any(n not in graph.inputs for n in fixed):  # (the builder names a stray input_values entry)
+        return tuple(profiles)
+    out = []
+    for index, profile in enumerate(profiles or [Profile()]):
+        at_max = {**shapes, **{name: triple[2] for name, triple in profile.shapes.items()}}
+        ranges = value_ranges(_inferred(graph, at_max))
+        if not ranges:
+            out.append(profile)
+            continue
+        varying = sorted(name for name, (low, _, high) in profile.shapes.items() if low != high)
+        if varying and any(n in opt_values and n not in profile.values for n in ranges):
+            raise UsageError(f"profile {index} varies the shape of input {varying[0]!r}, and shape-tensor inputs "
+                             f"take only opt values (ranges from the model): a plan cannot hold both yet",
+                             hint="give the shape-tensor inputs min/opt/max values (--trt-min/opt/max-shape-values), "
+                                  "or fix the shapes (--input-shapes)")
+        missing = sorted(n for n in ranges if n not in fixed and n not in profile.values and n not in opt_values)
+        if missing:
+            raise BuildError(f"input {missing[0]!r} is a shape-tensor input (its values decide shapes) and has "
+                             f"no value",
+                             where=f"tensor {missing[0]!r}",
+                             hint=f"give its opt values: --trt-opt-shape-values {missing[0]}:[...] (shape_values); "
+                                  "`run` takes them from --load-inputs or a --data-loader-script; or fix them "
+                                  "(input_values) or give a min/opt/max range (--trt-min/opt/max-shape-values)")
+        triples = {}
+        for name in sorted(n for n in ranges if n in opt_values and n not in fixed and n not in profile.values):
+            triple = _triple(ranges[name], opt_values[name])
+            if triple is None:
+                opt = np.asarray(opt_values[name]).ravel().tolist()
+                bad = next((i for i, (x, (lo, hi)) in enumerate(zip(opt, ranges[name])) if not lo <= x <= hi), None)
+                what = (f"{len(opt)} values; it holds {len(ranges[name])}" if bad is None else
+                        f"element {bad} = {opt[bad]}, outside [{ranges[name][bad][0]}, {ranges[name][bad][1]}] "
+                        f"(what the model's ops allow)")
+                raise UsageError(f"the opt values {opt} of shape-tensor input {name!r} give {what}",
+                                 where=f"tensor {name!r}", hint="give values the model's ops accept")
+            triples[name] = triple
+        out.append(Profile(profile.shapes, {**profile.values, **triples}, profile.ruled + tuple(triples)))
+    return tuple(out)
+
+
+def _may_decide_shapes(v: Any) -> bool:
+    """Whether an input could be a shape-tensor input (value_ranges reads it): a small 0-d/1-D number tensor."""
+    return v.dtype is not None and (np.dtype(v.dtype).kind in "iu" or is_float(v.dtype)) and v.is_tensor \
+        and v.shape is not None and len(v.shape) <= 1 and all(isinstance(d, int) for d in v.shape) \
+        and math.prod(v.shape) <= MAX_ELEMENTS
+
+
+def _inferred(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
+    """A copy of `graph` with input `shapes` and every shape inferred that needs no input value."""
     from polykit.compiler.infer import infer_shapes
     from polykit.compiler.builder import apply_input_shapes
 
@@ -188,13 +258,12 @@ def ruled_profile(graph: Graph, shapes: Mapping[str, tuple[int, ...]],
         infer_shapes(g, strict=False)  # without the values: a data operand's dims a value decides stay unknown
     except PolykitError:
         pass  # the shapes before the failing node are known; later operands get the widest ranges
-    ranges = value_ranges(g)
-    if not ranges or any(n not in values for n in ranges):
+    return g
+
+
+def _triple(bounds: tuple[Bounds, ...], values: Any) -> "tuple | None":
+    """(lows, opt, highs) of an input with per-element `bounds` and opt `values`; None when a value lies outside."""
+    opt = tuple(np.asarray(values).ravel().tolist())
+    if len(opt) != len(bounds) or not all(lo <= x <= hi for x, (lo, hi) in zip(opt, bounds)):
         return None
-    triples = {}
-    for name, bounds in ranges.items():
-        opt = tuple(np.asarray(values[name]).ravel().tolist())
-        if len(opt) != len(bounds) or not all(lo <= x <= hi for x, (lo, hi) in zip(opt, bounds)):
-            return None
-        triples[name] = (tuple(lo for lo, _ in bounds), opt, tuple(hi for _, hi in bounds))
-    return Profile(values=triples, ruled=tuple(triples))
+    return (tuple(lo for lo, _ in bounds), opt, tuple(hi for _, hi in bounds))
