@@ -161,6 +161,18 @@ def reads_ruled(consts: list, ruled: "set[str]") -> bool:
         isinstance(v, (SymInt, RuledFloat)) and v.expr.symbols() & ruled for v in c.ravel()) for c in consts)
 
 
+def value_blind(node: Node) -> bool:
+    """Whether `node`'s output shapes never read its operands' values: an elementwise op (the one
+    table, polykit.kernels.elementwise) or a fused Pointwise group of them (a window's angles
+    computed from its ruled length need no record)."""
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.kernels.elementwise import ELEMENTWISE
+
+    if node.domain == POLYKIT_DOMAIN:
+        return node.op_type == "Pointwise"
+    return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE
+
+
 def at_opt(consts: list, dtypes: list) -> list:
     """The operands with their SymInts and RuledFloats at their opt values, in the operands'
     dtypes (what the rule decides at opt)."""

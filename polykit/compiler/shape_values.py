@@ -15,7 +15,9 @@ from typing import Callable
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
 from polykit.compiler.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
 from polykit.kernels.registry import find_reference
@@ -38,19 +40,25 @@ def is_symbolic(value: np.ndarray | None) -> bool:
     return value is not None and value.dtype == object
 
 
+def _ruled_floats(value: np.ndarray | None) -> bool:
+    return is_symbolic(value) and any(isinstance(v, RuledFloat) for v in value.ravel())
+
+
 def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """An object array without SymInts becomes a `dtype` (default int64) array; with them it
-    stays an object array."""
+    """An object array without SymInts (or RuledFloats) becomes a `dtype` (default int64) array;
+    with them it stays an object array."""
     arr = np.asarray(value, dtype=object)
-    if not any(isinstance(v, SymInt) for v in arr.ravel()):
+    if not any(isinstance(v, (SymInt, RuledFloat)) for v in arr.ravel()):
         return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
     return arr
 
 
 def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict[str, np.ndarray]:
     """The symbolic values among `known` (infer_shapes' result) but `inputs`: tensors a plan
-    computes on the host from the input dims at run time instead of running their layers."""
-    return {name: value for name, value in known.items() if is_symbolic(value) and name not in inputs}
+    computes on the host from the input dims at run time instead of running their layers (not a
+    float cast of a ruled value: its layer runs; only shape rules read it)."""
+    return {name: value for name, value in known.items()
+            if is_symbolic(value) and not _ruled_floats(value) and name not in inputs}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
@@ -69,6 +77,10 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
     if fn is None and node.op_type in MOVEMENT_OPS:
         fn = find_reference("", node.op_type)
     args = [known.get(n) if n else None for n in node.inputs]
+    if node.op_type == "Cast" and args and is_symbolic(args[0]):
+        return _float_cast(node, args[0], graph)
+    if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
+        return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
         return None
     try:
@@ -110,6 +122,22 @@ def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
 @value_op("Cast")
 def _cast(node: Node, args: list) -> list[np.ndarray] | None:
     return [args[0]] if int(node.attrs.get("to", 0)) in (6, 7) else None  # int32 / int64 stay dims
+
+
+def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray] | None:
+    """Cast of dims: int32/int64 stay dims; a float type of values over ruled symbols gives
+    RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
+    to = int(node.attrs.get("to", 0))
+    if to in (6, 7):
+        return [settle(value, graph.value(node.outputs[0]).dtype)]
+    dtype = graph.value(node.outputs[0]).dtype
+    ruled = graph.metadata.get(RULED) or set()
+    if dtype is None or not is_float(dtype) or not ruled or \
+            not all(isinstance(v, SymInt) and v.expr.symbols() & ruled for v in value.ravel()):
+        return None
+    out = np.empty(value.shape, dtype=object)
+    out.ravel()[:] = [RuledFloat(float(v), v.expr) for v in value.ravel()]
+    return [out]
 
 
 @value_op("Gather")

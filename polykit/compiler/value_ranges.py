@@ -118,7 +118,8 @@ for _op, _operands in (("Expand", (1,)), ("Tile", (1,)), ("ConstantOfShape", (0,
 
 def value_ranges(graph: Graph) -> dict[str, tuple[Bounds, ...]]:
     """Per shape-tensor input of `graph` (a static integer input of at most MAX_ELEMENTS values,
-    0-d or 1-D, all of whose uses decide shapes), (low, high) per element. `graph` has its
+    0-d or 1-D, some of whose uses decide shapes; a float one all of whose uses are shape rules'
+    operands), (low, high) per element. `graph` has its
     inputs' shapes inferred (its values: shapes of the consumers' data operands)."""
     consumers = graph.consumers()
     out: dict[str, tuple[Bounds, ...]] = {}
@@ -151,27 +152,27 @@ def _direct_uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph) -
 
 
 def _uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph, depth: int) -> "Bounds | None":
-    """The intersection of the ranges `name`'s uses allow; None when one use does not decide a shape.
-    A use through a host shape-chain op (Cast, Add, Concat...) allows any value its consumers check."""
-    uses = consumers.get(name, [])
-    if not uses or depth > 8:
+    """The intersection of the ranges of `name`'s uses that decide shapes, directly or through host
+    shape-chain ops (Cast, Add, Concat...: any value, which their consumers check); None when no
+    use does. Uses as data are allowed (a window's length also scales its angles): the engine
+    still reads the input as a tensor, and no value computed from it is decided at opt."""
+    if depth > 8:
         return None
-    low, high = UNBOUNDED
-    for node in uses:
+    found, low, high = False, *UNBOUNDED
+    for node in consumers.get(name, []):
         for i, inp in enumerate(node.inputs):
             if inp != name:
                 continue
             fn = RANGE_RULES.get((node.op_type, i)) if node.domain in ("", "ai.onnx") else None
             if fn is not None:
                 lo, hi = fn(node, graph)
-            elif node.op_type in SHAPE_VALUE_OPS or node.op_type in MOVEMENT_OPS:
-                if any(_uses(o, consumers, graph, depth + 1) is None for o in node.outputs if o):
-                    return None
+            elif (node.op_type in SHAPE_VALUE_OPS or node.op_type in MOVEMENT_OPS) and \
+                    any(_uses(o, consumers, graph, depth + 1) is not None for o in node.outputs if o):
                 lo, hi = UNBOUNDED
             else:
-                return None
-            low, high = max(low, lo), min(high, hi)
-    return (low, high) if low <= high else None
+                continue  # a use as data
+            found, low, high = True, max(low, lo), min(high, hi)
+    return (low, high) if found and low <= high else None
 
 
 def ruled_profile(graph: Graph, shapes: Mapping[str, tuple[int, ...]],

@@ -40,11 +40,13 @@ def test_an_input_used_twice_gets_the_intersection():
     assert value_ranges(graph) == {"k": ((0, 2),)}
 
 
-def test_an_integer_input_used_as_data_is_no_shape_tensor_input():
+def test_an_integer_input_used_only_as_data_is_no_shape_tensor_input():
     graph = _graph([helper.make_node("Reshape", ["x", "shape"], ["r"]),
                     helper.make_node("Cast", ["shape"], ["f"], to=TensorProto.FLOAT),
-                    helper.make_node("Mul", ["f", "x"], ["m"])], {"shape": [4]})
-    assert value_ranges(graph) == {}
+                    helper.make_node("Mul", ["f", "x"], ["m"]),
+                    helper.make_node("Cast", ["data"], ["g"], to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["g", "x"], ["n"])], {"shape": [4], "data": [4]})
+    assert value_ranges(graph) == {"shape": ((-1, 24),) * 4}  # data uses of a shape-tensor input are allowed
 
 
 def test_ruled_profile_puts_opt_at_the_feed_and_refuses_a_value_outside_the_range():

@@ -161,3 +161,23 @@ def test_max_of_dims_and_values_keeps_an_expression_for_every_value():
         with engine.create_execution_context() as ctx:
             got = ctx.execute(feed)["y"]
         np.testing.assert_array_equal(got, session.run(None, feed)[0], err_msg=str(feed["target"]))
+
+
+def test_a_length_used_as_data_too_serves_every_value_like_onnxruntime():
+    """A window's length: a float Range's limit (its rule at bind time, through Cast) and the
+    divisor of its angles (data: the layers compute it from the feed, nothing decided at opt)."""
+    nodes = [helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0])),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("o", TensorProto.FLOAT, [], [1.0])),
+             helper.make_node("Range", ["zero", "nf", "one"], ["r"]),
+             helper.make_node("Div", ["r", "nf"], ["q"]), helper.make_node("Cos", ["q"], ["y"])]
+    g = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("n", TensorProto.INT32, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = [{"n": np.array(v, np.int32)} for v in (10, 3, 1, 17, 0)]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)["y"]
+        np.testing.assert_allclose(got, session.run(None, feed)[0], rtol=1e-6, err_msg=str(feed["n"]))
