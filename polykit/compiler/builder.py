@@ -29,6 +29,7 @@ from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.passes.inline_if import inline_known_ifs
 from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches_sequences
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
@@ -68,6 +69,7 @@ class Builder:
         g.metadata[DATA_DIMS] = True
         if profiles is not None and profiles.ruled:
             g.metadata[RULED] = set(profiles.ruled)
+            inline_known_ifs(g)  # their branches' rules read the ruled values a capture carries
         known = infer_shapes(g)
         distributed = distribute(g, cfg)
         known = infer_shapes(g) if distributed else known

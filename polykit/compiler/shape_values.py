@@ -77,7 +77,7 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
     if fn is None and node.op_type in MOVEMENT_OPS:
         fn = find_reference("", node.op_type)
     args = [known.get(n) if n else None for n in node.inputs]
-    if node.op_type == "Cast" and args and is_symbolic(args[0]):
+    if node.op_type in CAST_OPS and args and is_symbolic(args[0]):
         return _float_cast(node, args[0], graph)
     if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
         return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
@@ -119,18 +119,16 @@ def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
     return [settle(out)]
 
 
-@value_op("Cast")
-def _cast(node: Node, args: list) -> list[np.ndarray] | None:
-    return [args[0]] if int(node.attrs.get("to", 0)) in (6, 7) else None  # int32 / int64 stay dims
+#: casts of shape values (symbolic_values: _float_cast)
+CAST_OPS = frozenset({"Cast", "CastLike"})
 
 
 def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray] | None:
-    """Cast of dims: int32/int64 stay dims; a float type of values over ruled symbols gives
-    RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
-    to = int(node.attrs.get("to", 0))
-    if to in (6, 7):
-        return [settle(value, graph.value(node.outputs[0]).dtype)]
+    """Cast (CastLike) of dims: int32/int64 stay dims; a float type of values over ruled symbols
+    gives RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
     dtype = graph.value(node.outputs[0]).dtype
+    if dtype is not None and np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64)):
+        return [settle(value, dtype)]
     ruled = graph.metadata.get(RULED) or set()
     if dtype is None or not is_float(dtype) or not ruled or \
             not all(isinstance(v, SymInt) and v.expr.symbols() & ruled for v in value.ravel()):
@@ -147,7 +145,7 @@ def _gather(node: Node, args: list) -> list[np.ndarray]:
 
 
 #: ops that only move elements: their reference kernels run on object arrays as they are
-MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice"})
+MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Split"})
 
 
 def _elementwise(fn: Callable) -> ValueFn:

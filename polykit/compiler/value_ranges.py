@@ -26,7 +26,7 @@ import numpy as np
 from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.profiles import Profile
-from polykit.compiler.shape_values import MOVEMENT_OPS, SHAPE_VALUE_OPS
+from polykit.compiler.shape_values import CAST_OPS, MOVEMENT_OPS, SHAPE_VALUE_OPS
 from polykit.compiler.symbolic import MAX_VALUE
 from polykit.errors import BuildError, PolykitError, UsageError
 
@@ -166,7 +166,7 @@ def _uses(name: str, consumers: Mapping[str, list[Node]], graph: Graph, depth: i
             fn = RANGE_RULES.get((node.op_type, i)) if node.domain in ("", "ai.onnx") else None
             if fn is not None:
                 lo, hi = fn(node, graph)
-            elif (node.op_type in SHAPE_VALUE_OPS or node.op_type in MOVEMENT_OPS) and \
+            elif (node.op_type in SHAPE_VALUE_OPS or node.op_type in MOVEMENT_OPS or node.op_type in CAST_OPS) and \
                     any(_uses(o, consumers, graph, depth + 1) is not None for o in node.outputs if o):
                 lo, hi = UNBOUNDED
             else:
@@ -252,9 +252,11 @@ def _inferred(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
     """A copy of `graph` with input `shapes` and every shape inferred that needs no input value."""
     from polykit.compiler.infer import infer_shapes
     from polykit.compiler.builder import apply_input_shapes
+    from polykit.compiler.passes.inline_if import inline_known_ifs
 
     g = graph.copy()
     apply_input_shapes(g, dict(shapes))
+    inline_known_ifs(g)  # as a ruled build does: the taken branches' uses of a captured input count
     try:
         infer_shapes(g, strict=False)  # without the values: a data operand's dims a value decides stay unknown
     except PolykitError:

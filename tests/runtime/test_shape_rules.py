@@ -181,3 +181,31 @@ def test_a_length_used_as_data_too_serves_every_value_like_onnxruntime():
         with engine.create_execution_context() as ctx:
             got = ctx.execute(feed)["y"]
         np.testing.assert_allclose(got, session.run(None, feed)[0], rtol=1e-6, err_msg=str(feed["n"]))
+
+
+def test_an_if_on_a_known_rank_is_inlined_so_its_branch_rules_read_the_captured_values():
+    """AffineGrid's expansion: If(Size(size) == 4) splits the captured `size` in its taken branch;
+    the build inlines it (the condition folds), so the ConstantOfShape downstream is ruled."""
+    def branch(name, count):
+        outs = [f"{name}{i}" for i in range(count)]
+        node = helper.make_node("Split", ["size"], outs, axis=0, num_outputs=count)
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(o, TensorProto.INT64, [1])
+                                                    for o in outs])
+
+    then, other = branch("t", 4), branch("e", 4)
+    nodes = [helper.make_node("Size", ["size"], ["rank"]),
+             helper.make_node("Constant", [], ["four"], value=helper.make_tensor("f", TensorProto.INT64, [], [4])),
+             helper.make_node("Equal", ["rank", "four"], ["is4"]),
+             helper.make_node("If", ["is4"], ["n", "c", "h", "w"], then_branch=then, else_branch=other),
+             helper.make_node("Concat", ["h", "w"], ["hw"], axis=0),
+             helper.make_node("ConstantOfShape", ["hw"], ["y"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]))]
+    g = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("size", TensorProto.INT64, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = [{"size": np.array(s, np.int64)} for s in ([1, 2, 3, 4], [2, 1, 5, 1], [1, 1, 0, 7])]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            np.testing.assert_array_equal(ctx.execute(feed)["y"], session.run(None, feed)[0], err_msg=str(feed))
