@@ -29,6 +29,7 @@ from polykit.compiler.ir import Graph, Value
 from polykit.compiler.lower import Lowered, lower
 from polykit.compiler.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.passes.inline_if import inline_known_ifs
 from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches_sequences
 from polykit.compiler.plan import Plan, weight_offsets
 from polykit.compiler.plan_schema import MAX_BYTES
@@ -39,6 +40,7 @@ from polykit.compiler.shape_values import host_values
 from polykit.compiler.symbolic import is_dynamic, term_of
 from polykit.compiler.quantize import Int8Setup, plan_int8
 from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
+from polykit.compiler.value_ranges import derive_profiles
 from polykit.errors import BuildError, PolykitError, UsageError
 
 log = logging.getLogger("polykit")
@@ -55,16 +57,19 @@ class Builder:
         target = resolve_target(cfg.target)
         g = graph.copy()
         sequence_io = resolve_sequences(g, cfg.input_shapes, cfg.input_values) if touches_sequences(g) else None
-        profiles = profile_set(g, cfg.profiles, cfg.input_shapes) if cfg.profiles else None
+        # shape-tensor inputs without values range over what the model allows (BuilderConfig.shape_values)
+        given = derive_profiles(g, cfg.profiles, cfg.input_shapes, cfg.shape_values, cfg.input_values)
+        profiles = profile_set(g, given, cfg.input_shapes) if given else None
         if profiles is not None:
             apply_profiles(g, profiles, cfg.input_shapes)
-        named = {n for p in cfg.profiles for n in p.shapes}
+        named = {n for p in given for n in p.shapes}
         apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
                            dynamic=profiles is not None)
         apply_input_values(g, cfg.input_values)
         g.metadata[DATA_DIMS] = True
         if profiles is not None and profiles.ruled:
             g.metadata[RULED] = set(profiles.ruled)
+            inline_known_ifs(g)  # their branches' rules read the ruled values a capture carries
         known = infer_shapes(g)
         distributed = distribute(g, cfg)
         known = infer_shapes(g) if distributed else known
@@ -75,7 +80,7 @@ class Builder:
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
             refuse_ruled_target(target)
         corners = [env for _, _, env in profiles.corners()] if profiles is not None else []
-        if cfg.profiles:
+        if given:
             check_corners(graph, g, profiles, g.metadata.get("input_values", {}), host_values(known, g.inputs))
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)

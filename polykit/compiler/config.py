@@ -63,6 +63,11 @@ class BuilderConfig:
         shape inference sees them, so shapes that depend on an input's data (a Reshape's
         shape, Pad's pads) become static; the engine then accepts only
         feeds equal to these values for those inputs.
+    shape_values: opt values of shape-tensor inputs (a Reshape target, Resize's scales fed as
+        inputs) that no profile gives values: each ranges over what the model allows
+        (polykit.compiler.value_ranges, ruled), so one plan serves every value; values of inputs
+        that decide no shape are not used. A shape-tensor input with no value at all (here,
+        in input_values or in the profiles) is a BuildError naming it.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
         turns it on for the cuda target's fp16, bf16 and tf32 builds, builds with INT8 layers,
         and fp32 builds of large convolutions (channels_last_for): its tensor-core convolutions
@@ -109,6 +114,7 @@ class BuilderConfig:
     memory_strategy: str = "best-fit"
     fp32_layers: tuple[str, ...] = ()
     input_values: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    shape_values: Mapping[str, Any] = field(default_factory=dict, hash=False)
     channels_last: bool | None = None
     builder_optimization_level: int = 3
     workspace_limit: int | None = None
@@ -152,13 +158,18 @@ class BuilderConfig:
             object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))
         layers = self.fp32_layers
         object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
-        values = {}
-        for name, value in dict(self.input_values or {}).items():
-            arr = np.asarray(value)
-            if arr.dtype == object:
-                raise UsageError(f"input value for {name!r} must be a numeric array")
-            values[str(name)] = arr
-        object.__setattr__(self, "input_values", values)
+        for key in ("input_values", "shape_values"):
+            values = {}
+            for name, value in dict(getattr(self, key) or {}).items():
+                arr = np.asarray(value)
+                if arr.dtype == object:
+                    raise UsageError(f"{key} for {name!r} must be a numeric array")
+                values[str(name)] = arr
+            object.__setattr__(self, key, values)
+        both = sorted(set(self.input_values) & set(self.shape_values))
+        if both:
+            raise UsageError(f"input {both[0]!r} has both input_values (fixed) and shape_values (opt of a range)",
+                             hint="give a shape-tensor input one of them")
         if isinstance(self.tactic_replay, Mapping):
             object.__setattr__(self, "tactic_replay", TacticReplay.from_assignment(self.tactic_replay))
         self._check_tuning()
@@ -245,8 +256,9 @@ class BuilderConfig:
         its tactics and one that replays them give the same plan bytes."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SIDE_FILES}
         d["input_shapes"] = {k: list(v) for k, v in sorted(self.input_shapes.items())}
-        d["input_values"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
-                             for k, v in sorted(self.input_values.items())}
+        for key in ("input_values", "shape_values"):
+            d[key] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
+                      for k, v in sorted(getattr(self, key).items())}
         d["mark_outputs"] = list(self.mark_outputs)
         d["expose_tensors"] = list(self.expose_tensors)
         d["fp32_layers"] = list(self.fp32_layers)
@@ -258,9 +270,10 @@ class BuilderConfig:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "BuilderConfig":
         known = {k: v for k, v in d.items() if k in BuilderConfig.__dataclass_fields__}
-        if "input_values" in known:
-            known["input_values"] = {k: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
-                                     for k, v in known["input_values"].items()}
+        for key in ("input_values", "shape_values"):
+            if key in known:
+                known[key] = {k: np.asarray(v["values"], dtype=v["dtype"]).reshape(v["shape"])
+                              for k, v in known[key].items()}
         for key in ("mark_outputs", "expose_tensors"):
             if key in known:
                 known[key] = tuple(known[key])

@@ -18,7 +18,7 @@ from polykit.compiler.data_dims import DATA_DIMS
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
-from polykit.compiler.shape_rules import RULED, RULES, at_opt, reads_ruled, record_rule
+from polykit.compiler.shape_rules import RULED, RULES, at_opt, reads_ruled, record_rule, value_blind
 from polykit.compiler.shape_values import is_symbolic, symbolic_values
 from polykit.compiler.symbolic import is_dynamic
 from polykit.errors import PolykitError, ShapeError, UnsupportedModelError
@@ -56,8 +56,9 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             shapes.append(v.shape)
             consts.append(known.get(name) if name else None)
             values.append(v)
-        by_rule = bool(ruled) and reads_ruled(consts, ruled)  # its shapes: its rule at bind time
-        ctx = InferContext(node, dtypes, shapes, at_opt(consts) if by_rule else consts, values, data_dims=data_dims)
+        by_rule = bool(ruled) and reads_ruled(consts, ruled) and not value_blind(node)  # its rule at bind time
+        ctx = InferContext(node, dtypes, shapes, at_opt(consts, dtypes) if by_rule else consts, values,
+                           data_dims=data_dims)
         try:
             results = rule(ctx)
         except PolykitError:

@@ -18,17 +18,28 @@ from polykit.compiler.shape_rules import ShapeRule
 from polykit.compiler.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
 
 Doc = Mapping[str, Any]
+#: dtypes of float shape-tensor inputs (ruled: Resize's scales, OneHot's depth, Range's operands)
+FLOAT_VALUES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _number(value: Any, path: str) -> None:
+    """An int, or a finite float (an element of a float shape-tensor input's domain)."""
+    if type(value) is float:
+        if not abs(value) <= MAX_BYTES:
+            raise Invalid(path, f"{value} is not a number in [-{MAX_BYTES}, {MAX_BYTES}]")
+        return
+    integer(-MAX_BYTES, MAX_BYTES)(value, path)
 
 
 def _triple(value: Any, path: str) -> None:
-    list_of(integer(-MAX_BYTES, MAX_BYTES), max_len=3)(value, path)  # a ruled value range may be negative
+    list_of(_number, max_len=3)(value, path)  # a ruled value range may be negative
     if len(value) != 3 or not value[0] <= value[1] <= value[2]:
         raise Invalid(path, f"{value} is not [min, opt, max] with min <= opt <= max")
 
 
 def _symbol_or_int(value: Any, path: str) -> None:
     if type(value) is not str:
-        integer(-MAX_BYTES, MAX_BYTES)(value, path)
+        _number(value, path)
 
 
 def _expr(value: Any, path: str) -> None:
@@ -91,11 +102,17 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
     if sorted(inputs) != sorted(doc["inputs"]):
         raise Invalid("profiles.inputs", f"names {sorted(inputs)}, the engine inputs are {sorted(doc['inputs'])}")
     symbols = {s for dims in inputs.values() for s in dims if s is not None}
+    ruled = set(profiles.get("ruled", ()))
     for name, syms in profiles.get("values", {}).items():
         t = doc["tensors"].get(name)
-        if name not in doc["inputs"] or t is None or t["dtype"] not in ("int64", "int32") or "dims" in t \
-                or len(syms) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
-            raise Invalid(f"profiles.values[{name!r}]", "names no static integer engine input of that many elements")
+        # a float input's elements are ruled symbols (domains for the shape rules that read them)
+        floats = t is not None and t["dtype"] in FLOAT_VALUES and all(s in ruled for s in syms if type(s) is str)
+        if name not in doc["inputs"] or t is None or t["dtype"] not in ("int64", "int32") and not floats \
+                or "dims" in t or len(syms) != nbytes_of(t["dtype"], t["shape"]) // nbytes_of(t["dtype"], []):
+            raise Invalid(f"profiles.values[{name!r}]", "names no static integer engine input of that many elements "
+                                                        "(nor a float one whose elements are all ruled)")
+        if not floats and any(type(s) is float for s in syms):
+            raise Invalid(f"profiles.values[{name!r}]", "fixes an integer input's element to a float")
         symbols |= {s for s in syms if type(s) is str}
     for i, ranges in enumerate(profiles["ranges"]):
         if set(ranges) != symbols:

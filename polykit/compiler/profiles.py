@@ -24,7 +24,8 @@ import numpy as np
 from polykit.compiler.ir import Graph, Value
 from polykit.compiler.plan_records import TensorDesc
 from polykit.compiler.data_dims import DATA_DIMS, with_data
-from polykit.compiler.shape_rules import ShapeRule
+from polykit.compiler.dtypes import is_float
+from polykit.compiler.shape_rules import RuledFloat, ShapeRule
 from polykit.compiler.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
     term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
@@ -77,7 +78,7 @@ class Profile:
 def _triple(name: str, triple: Any, what: str, ruled: bool = False) -> tuple[tuple[int, ...], ...]:
     """(min, opt, max) of one input's shape or values, checked: one length, min <= opt <= max."""
     try:
-        low, opt, high = (tuple(int(d) for d in s) for s in triple)
+        low, opt, high = (tuple(_number(d, ruled) for d in s) for s in triple)
     except (TypeError, ValueError):
         raise UsageError(f"the profile of input {name!r} is not (min {what}, opt {what}, max {what}): {triple!r}",
                          hint="e.g. Profile({'x': ((1, 3), (4, 3), (8, 3))})") from None
@@ -93,6 +94,13 @@ def _triple(name: str, triple: Any, what: str, ruled: bool = False) -> tuple[tup
     if what == "shape" and min(low, default=0) < 0:
         raise UsageError(f"the profile of input {name!r} has a negative dim: {low}", hint="dims are >= 0")
     return (low, opt, high)
+
+
+def _number(d: Any, ruled: bool) -> "int | float":
+    """An element of a profile: an int; a ruled input's (a float shape operand's domain) may be a float."""
+    if ruled and isinstance(d, (float, np.floating)):
+        return float(d)
+    return int(d)
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ class ProfileSet:
         env: dict[str, int] = {}
         origin: dict[str, str] = {}
         for name, syms in self.values.items():
-            given = [int(v) for v in (values or {}).get(name, ())]
+            given = list((values or {}).get(name, ()))
             if len(given) != len(syms):
                 raise RuntimeInputError(f"shape-tensor input {name!r} needs {len(syms)} host values, got {len(given)}",
                                         where=f"tensor {name!r}", hint="feed it (execute) or set_input_values(name, ...)")
@@ -263,11 +271,15 @@ def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str,
     out: dict[str, tuple] = {}
     for name in sorted({n for p in profiles for n in p.values}):
         v = g.value(name)
-        if name not in g.inputs or v.dtype is None or np.dtype(v.dtype).kind not in "iu" or not v.is_static \
-                or len(v.shape) > 1:
+        # a float shape operand (Resize's scales) takes a domain only: ruled in every profile
+        floats = v.dtype is not None and is_float(v.dtype) \
+            and all(name in p.ruled for p in profiles if name in p.values)
+        if name not in g.inputs or v.dtype is None or not (np.dtype(v.dtype).kind in "iu" or floats) \
+                or not v.is_static or len(v.shape) > 1:
             raise BuildError(f"profile values are given for {name!r}, which is not a static 1-D integer graph input",
                              where=where, hint="--trt-min-shape-values/--trt-max-shape-values are for shape-tensor "
                                                "inputs (e.g. a Reshape's target fed as an input)")
+        cast = float if floats else int
         count = math.prod(v.shape)
         triples = []
         for i, prof in enumerate(profiles):
@@ -279,7 +291,7 @@ def _value_symbols(g: Graph, profiles: Sequence[Profile], ranges: list[dict[str,
             triples.append(triple)
         syms: list[str | int] = []
         for k in range(count):
-            per = [(t[0][k], t[1][k], t[2][k]) for t in triples]
+            per = [(cast(t[0][k]), cast(t[1][k]), cast(t[2][k])) for t in triples]
             if len(set(per)) == 1 and len(set(per[0])) == 1:
                 syms.append(per[0][0])
                 continue
@@ -314,8 +326,9 @@ def apply_profiles(g: Graph, profiles: ProfileSet, fixed: Mapping[str, tuple[int
         dims = tuple(SymInt(env[s], symbol(s)) if s is not None else static[axis] for axis, s in enumerate(syms))
         g.set_value(Value(name, old.dtype, dims))
     for name, syms in profiles.values.items():
+        num = RuledFloat if is_float(g.value(name).dtype) else SymInt
         value = np.empty(len(syms), dtype=object)
-        value[:] = [SymInt(env[s], symbol(s)) if isinstance(s, str) else s for s in syms]
+        value[:] = [num(env[s], symbol(s)) if isinstance(s, str) else s for s in syms]
         g.metadata.setdefault("input_values", {})[name] = value.reshape(g.value(name).shape)
 
 
@@ -346,7 +359,8 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
         for name, shape in corner_shapes(symbolic, profiles, env).items():
             g.set_value(Value(name, symbolic.value(name).dtype, shape))
         if values:
-            g.metadata["input_values"] = {name: value_at(v, env) for name, v in values.items()}
+            g.metadata["input_values"] = {name: value_at(v, env, symbolic.value(name).dtype)
+                                          for name, v in values.items()}
         at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
         try:
             known = infer_shapes(g)
@@ -404,11 +418,14 @@ def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dic
     return {n: replace(t, shape=tuple(evaluate(d, env) for d in t.dims)) for n, t in tensors.items() if t.dims}
 
 
-def value_at(value: np.ndarray, env: Mapping[str, int]) -> np.ndarray:
-    """A (possibly symbolic) int array with its SymInts evaluated at symbol values `env`."""
+def value_at(value: np.ndarray, env: Mapping[str, int], dtype: Any = None) -> np.ndarray:
+    """A (possibly symbolic) array with its SymInts evaluated at symbol values `env` (as int64
+    unless `dtype`); a RuledFloat takes its symbol's value."""
     if value.dtype != object:
         return value
-    return np.asarray([evaluate(term_of(v), env) for v in value.ravel()], dtype=np.int64).reshape(value.shape)
+    return np.asarray([env[v.expr.args[0]] if isinstance(v, RuledFloat) else evaluate(term_of(v), env)
+                       for v in value.ravel()], dtype=np.dtype(dtype) if dtype is not None else np.int64
+                      ).reshape(value.shape)
 
 
 def _fmt(shape: Any) -> str:

@@ -35,12 +35,33 @@ RUN_TIME_SIZED_TARGETS = frozenset({"cpu", "cuda"})
 #: values every rule symbol takes at the extra corners tactics must serve (small_rule_corners)
 RULE_CORNER_VALUES = (2, 3)
 
-#: attribute value kinds a record keeps (a node with a graph or tensor attribute is not ruled)
+#: attribute value kinds a record keeps, besides small numeric tensors (a node with a graph attribute is not ruled)
 _SCALARS = (int, float, str)
+#: the most elements of a tensor attribute a record keeps (ConstantOfShape's fill value)
+MAX_TENSOR_ATTR = 64
 
 
 def rule_symbol(tensor: str, axis: int) -> str:
     return f"rule({tensor})[{axis}]"
+
+
+class RuledFloat(float):
+    """An element of a ruled float shape-tensor input during a build (Resize's scales, OneHot's
+    depth, Range's start/limit/delta): its value at opt, `expr` its value symbol. Arithmetic gives
+    plain floats: value_ranges admits such inputs only as direct operands of ops' shape rules."""
+
+    expr: Expr
+
+    def __new__(cls, value: float, expr: Expr) -> "RuledFloat":
+        obj = super().__new__(cls, float(value))
+        obj.expr = expr
+        return obj
+
+    def __repr__(self) -> str:
+        return f"RuledFloat({float(self)}, {self.expr})"
+
+    def __reduce__(self):  # copy.deepcopy keeps the symbol
+        return RuledFloat, (float(self), self.expr)
 
 
 @dataclass(frozen=True)
@@ -71,7 +92,8 @@ class ShapeRule:
         return {rule_symbol(o, a): d for o, shape in zip(self.outputs, self.opt) if o for a, d in enumerate(shape)}
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "domain": self.domain, "opset": self.opset, "attrs": dict(self.attrs),
+        return {"op": self.op, "domain": self.domain, "opset": self.opset,
+                "attrs": {k: _attr_json(v) for k, v in self.attrs.items()},
                 "inputs": [{"name": i.name, "dtype": i.dtype, "dims": [expr_to_json(d) for d in i.dims],
                             **({"value": [_value_json(v) for v in i.value]} if i.value is not None else {})}
                            for i in self.inputs],
@@ -84,8 +106,7 @@ class ShapeRule:
 
         if find_shape_rule(d["domain"], d["op"]) is None:
             raise ValueError(f"op {d['domain']}::{d['op']} has no shape rule")
-        if not all(type(v) in _SCALARS or _scalar_list(v) for v in d["attrs"].values()):
-            raise ValueError("attributes must be numbers, strings or lists of them")
+        attrs = {str(k): _attr_from_json(v) for k, v in d["attrs"].items()}
         inputs = tuple(RuleInput(str(i["name"]), str(i["dtype"]), tuple(expr_from_json(e, symbols) for e in i["dims"]),
                                  None if "value" not in i else tuple(_value_from_json(v, symbols) for v in i["value"]))
                        for i in d["inputs"])
@@ -95,12 +116,38 @@ class ShapeRule:
         opt = tuple(tuple(int(x) for x in s) for s in d["opt"])
         if len(opt) != len(d["outputs"]):
             raise ValueError("needs one opt shape per output")
-        return ShapeRule(str(d["op"]), str(d["domain"]), int(d["opset"]), dict(d["attrs"]), inputs,
+        return ShapeRule(str(d["op"]), str(d["domain"]), int(d["opset"]), attrs, inputs,
                          tuple(str(o) for o in d["outputs"]), opt)
 
 
 def _scalar_list(v: Any) -> bool:
     return type(v) is list and all(type(x) in _SCALARS for x in v)
+
+
+def _small_tensor(v: Any) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind in "biuf" and v.size <= MAX_TENSOR_ATTR
+
+
+def _attr_json(v: Any) -> Any:
+    """An attribute's plan form: a scalar, a list, or a small tensor as {"dtype", "shape", "values"}."""
+    if isinstance(v, np.ndarray):
+        return {"dtype": v.dtype.name, "shape": list(v.shape), "values": v.ravel().tolist()}
+    return v
+
+
+def _attr_from_json(v: Any) -> Any:
+    """An attribute of a plan's record; ValueError when it is none of the forms `_attr_json` writes."""
+    if type(v) in _SCALARS or _scalar_list(v):
+        return v
+    if type(v) is not dict or set(v) != {"dtype", "shape", "values"}:
+        raise ValueError("attributes must be numbers, strings, lists of them or small tensors")
+    dtype, shape, values = np.dtype(v["dtype"]), v["shape"], v["values"]
+    if dtype.kind not in "biuf" or not _scalar_list(shape) or not _scalar_list(values) \
+            or not all(type(d) is int and d >= 0 for d in shape) or len(values) > MAX_TENSOR_ATTR \
+            or int(np.prod(shape)) != len(values):
+        raise ValueError(f"a tensor attribute needs a numeric dtype, a shape and as many values "
+                         f"(at most {MAX_TENSOR_ATTR})")
+    return np.asarray(values, dtype=dtype).reshape(shape)
 
 
 def _value_json(v: Any) -> Any:
@@ -113,21 +160,34 @@ def _value_from_json(v: Any, symbols: "set[str] | None") -> Any:
 
 # ---- build ---------------------------------------------------------------------------------------
 def reads_ruled(consts: list, ruled: "set[str]") -> bool:
-    """Whether one of a node's known operands holds a SymInt over a ruled value symbol."""
+    """Whether one of a node's known operands holds a SymInt or RuledFloat over a ruled value symbol."""
     return any(c is not None and c.dtype == object and any(
-        isinstance(v, SymInt) and v.expr.symbols() & ruled for v in c.ravel()) for c in consts)
+        isinstance(v, (SymInt, RuledFloat)) and v.expr.symbols() & ruled for v in c.ravel()) for c in consts)
 
 
-def at_opt(consts: list) -> list:
-    """The operands with their SymInts at their opt values (what the rule decides at opt)."""
-    return [np.asarray([int(v) for v in c.ravel()], dtype=np.int64).reshape(c.shape)
-            if c is not None and c.dtype == object else c for c in consts]
+def value_blind(node: Node) -> bool:
+    """Whether `node`'s output shapes never read its operands' values: an elementwise op (the one
+    table, polykit.kernels.elementwise) or a fused Pointwise group of them (a window's angles
+    computed from its ruled length need no record)."""
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.kernels.elementwise import ELEMENTWISE
+
+    if node.domain == POLYKIT_DOMAIN:
+        return node.op_type == "Pointwise"
+    return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE
+
+
+def at_opt(consts: list, dtypes: list) -> list:
+    """The operands with their SymInts and RuledFloats at their opt values, in the operands'
+    dtypes (what the rule decides at opt)."""
+    return [np.asarray([v for v in c.ravel()], dtype=np.dtype(dt) if dt is not None else np.int64).reshape(c.shape)
+            if c is not None and c.dtype == object else c for c, dt in zip(consts, dtypes)]
 
 
 def capture(node: Node, graph: Graph, consts: list) -> "ShapeRule | None":
     """The ShapeRule of `node` (its outputs' inferred shapes in `graph` are its opt shapes), or
     None when a record cannot hold it (a graph or tensor attribute, an output of unknown rank)."""
-    if not all(type(v) in _SCALARS or _scalar_list(_listed(v)) for v in node.attrs.values()):
+    if not all(type(v) in _SCALARS or _scalar_list(_listed(v)) or _small_tensor(v) for v in node.attrs.values()):
         return None
     outs = [graph.value(o) if o else None for o in node.outputs]
     if any(v is not None and (v.shape is None or v.dtype is None) for v in outs):
@@ -150,7 +210,7 @@ def capture(node: Node, graph: Graph, consts: list) -> "ShapeRule | None":
 
 
 #: op -> operand indices whose values decide a movement op's output shape (polykit.compiler.shape_values)
-_SHAPE_OPERANDS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,)}
+_SHAPE_OPERANDS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,)}
 
 
 def record_rule(node: Node, graph: Graph, consts: list, host: bool) -> None:
@@ -170,15 +230,21 @@ def record_rule(node: Node, graph: Graph, consts: list, host: bool) -> None:
 
 
 def _const_terms(const: np.ndarray) -> "tuple | None":
-    """A known operand's elements as terms (ints, SymInt expressions) or floats; None for strings."""
+    """A known operand's elements as terms (ints, SymInt expressions, a RuledFloat's symbol) or
+    floats; None for strings."""
     if const.dtype == object:
-        return tuple(term_of(x) for x in const.ravel()) if all(isinstance(x, int) for x in const.ravel()) else None
+        if not all(isinstance(x, (int, float)) for x in const.ravel()):
+            return None
+        return tuple(x.expr if isinstance(x, RuledFloat) else x if isinstance(x, float) else term_of(x)
+                     for x in const.ravel())
     if const.dtype.kind == "f":
         return tuple(float(x) for x in const.ravel())
     return tuple(int(x) for x in const.ravel()) if const.dtype.kind in "iub" else None
 
 
 def _listed(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v
     if isinstance(v, (list, tuple)):
         return [x.item() if isinstance(x, np.generic) else x for x in v]
     return v.item() if isinstance(v, np.generic) else v
@@ -237,13 +303,20 @@ def _one_node(rule: ShapeRule, env: Mapping[str, int]) -> Graph:
         shape = tuple(evaluate(d, env) for d in i.dims)
         values[i.name] = Value(i.name, np.dtype(i.dtype), shape)
         if i.value is not None:
-            flat = [v if isinstance(v, float) else evaluate(v, env) for v in i.value]
+            flat = [_operand(v, env) for v in i.value]
             known[i.name] = np.asarray(flat, dtype=np.dtype(i.dtype)).reshape(shape)
     names = list(dict.fromkeys(i.name for i in rule.inputs if i.name))
     node = Node(rule.op, [i.name for i in rule.inputs], list(rule.outputs), dict(rule.attrs), "", rule.domain)
     return Graph([node], names, [o for o in rule.outputs if o], values=values,
                  opsets={"": rule.opset, rule.domain: rule.opset} if rule.domain else {"": rule.opset},
                  metadata={"input_values": known})
+
+
+def _operand(v: Any, env: Mapping[str, Any]) -> Any:
+    """An operand element's value: a float, a float input's symbol (its float value), or an int expression."""
+    if isinstance(v, Expr) and v.op == "sym" and isinstance(env.get(v.args[0]), float):
+        return env[v.args[0]]
+    return v if isinstance(v, float) else evaluate(v, env)
 
 
 def rule_symbols(rules: "tuple[ShapeRule, ...]") -> set[str]:

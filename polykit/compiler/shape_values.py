@@ -15,9 +15,11 @@ from typing import Callable
 
 import numpy as np
 
+from polykit.compiler.dtypes import is_float
 from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
-from polykit.compiler.symbolic import SymInt, is_dynamic
+from polykit.compiler.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
 from polykit.kernels.registry import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
@@ -38,19 +40,25 @@ def is_symbolic(value: np.ndarray | None) -> bool:
     return value is not None and value.dtype == object
 
 
+def _ruled_floats(value: np.ndarray | None) -> bool:
+    return is_symbolic(value) and any(isinstance(v, RuledFloat) for v in value.ravel())
+
+
 def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """An object array without SymInts becomes a `dtype` (default int64) array; with them it
-    stays an object array."""
+    """An object array without SymInts (or RuledFloats) becomes a `dtype` (default int64) array;
+    with them it stays an object array."""
     arr = np.asarray(value, dtype=object)
-    if not any(isinstance(v, SymInt) for v in arr.ravel()):
+    if not any(isinstance(v, (SymInt, RuledFloat)) for v in arr.ravel()):
         return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
     return arr
 
 
 def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict[str, np.ndarray]:
     """The symbolic values among `known` (infer_shapes' result) but `inputs`: tensors a plan
-    computes on the host from the input dims at run time instead of running their layers."""
-    return {name: value for name, value in known.items() if is_symbolic(value) and name not in inputs}
+    computes on the host from the input dims at run time instead of running their layers (not a
+    float cast of a ruled value: its layer runs; only shape rules read it)."""
+    return {name: value for name, value in known.items()
+            if is_symbolic(value) and not _ruled_floats(value) and name not in inputs}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
@@ -69,6 +77,10 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
     if fn is None and node.op_type in MOVEMENT_OPS:
         fn = find_reference("", node.op_type)
     args = [known.get(n) if n else None for n in node.inputs]
+    if node.op_type in CAST_OPS and args and is_symbolic(args[0]):
+        return _float_cast(node, args[0], graph)
+    if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
+        return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
         return None
     try:
@@ -107,9 +119,23 @@ def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
     return [settle(out)]
 
 
-@value_op("Cast")
-def _cast(node: Node, args: list) -> list[np.ndarray] | None:
-    return [args[0]] if int(node.attrs.get("to", 0)) in (6, 7) else None  # int32 / int64 stay dims
+#: casts of shape values (symbolic_values: _float_cast)
+CAST_OPS = frozenset({"Cast", "CastLike"})
+
+
+def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray] | None:
+    """Cast (CastLike) of dims: int32/int64 stay dims; a float type of values over ruled symbols
+    gives RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
+    dtype = graph.value(node.outputs[0]).dtype
+    if dtype is not None and np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64)):
+        return [settle(value, dtype)]
+    ruled = graph.metadata.get(RULED) or set()
+    if dtype is None or not is_float(dtype) or not ruled or \
+            not all(isinstance(v, SymInt) and v.expr.symbols() & ruled for v in value.ravel()):
+        return None
+    out = np.empty(value.shape, dtype=object)
+    out.ravel()[:] = [RuledFloat(float(v), v.expr) for v in value.ravel()]
+    return [out]
 
 
 @value_op("Gather")
@@ -119,7 +145,7 @@ def _gather(node: Node, args: list) -> list[np.ndarray]:
 
 
 #: ops that only move elements: their reference kernels run on object arrays as they are
-MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice"})
+MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Split"})
 
 
 def _elementwise(fn: Callable) -> ValueFn:
@@ -135,8 +161,8 @@ SHAPE_VALUE_OPS.update({
     "Mul": _elementwise(lambda a, b: a * b),
     # ONNX integer Div truncates; dims are >= 0, and a negative operand is left unevaluated
     "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
-    "Max": _elementwise(max),
-    "Min": _elementwise(min),
+    "Max": _elementwise(lambda a, b: _extreme("max", a, b)),
+    "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
     # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
     "Equal": _elementwise(lambda a, b: int(a) == int(b)),
     "Less": _elementwise(lambda a, b: int(a) < int(b)),
@@ -148,6 +174,12 @@ SHAPE_VALUE_OPS.update({
 def _where(node: Node, args: list) -> list[np.ndarray]:
     cond, x, y = (np.asarray(a, dtype=object) for a in args)
     return [np.asarray(np.where(cond.astype(bool), x, y), dtype=object)]
+
+
+def _extreme(op: str, a: int, b: int) -> int:
+    """max/min of two dims, an expression when one is a SymInt (not decided at opt: a ruled
+    value symbol's corners are its opt, so nothing would check the choice)."""
+    return SymInt(OPS[op][1](int(a), int(b)), extreme(op, term_of(a), term_of(b)))
 
 
 def _no_value():

@@ -77,7 +77,7 @@ class ShapeBinder:
              values: Mapping[str, Any] | None = None) -> ShapeSet:
         """The ShapeSet of `input_shapes` (every input) and the shape-tensor inputs' host
         `values` in optimization profile `profile`."""
-        given = {n: tuple(int(v) for v in np.asarray(values[n]).ravel()) for n in self.value_inputs if n in (values or {})}
+        given = {n: tuple(np.asarray(values[n]).ravel().tolist()) for n in self.value_inputs if n in (values or {})}
         key = (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs) + tuple(sorted(given.items()))
         hit = self._cache.get(key)
         if hit is not None:

@@ -28,7 +28,7 @@ _NAME = r"[^\s\[\]]+"
 _TOL = re.compile(rf"^(?:(?P<name>{_NAME}):)?(?P<value>{_NUM})$")
 _RANGE = re.compile(rf"^(?:(?P<name>{_NAME}):)?\[\s*(?P<low>{_NUM})\s*,\s*(?P<high>{_NUM})\s*\]$")
 _SHAPE = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[\d\s,]*)\]$")
-_VALUES = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[-\d\s,]*)\]$")
+_VALUES = re.compile(rf"^(?P<name>{_NAME}):\[(?P<dims>[-+\d\s,.eE]*)\]$")  # floats: a float shape operand's opt
 #: a tensor name (or NAME:SPEC) that is neither an option nor a model file
 _TENSOR_NAME = re.compile(r"^(?!-)(?!.*\.(onnx|plan)$).+$")
 _STAT = re.compile(r"^(?:(?P<name>.+):)?(?P<stat>elemwise|max|mean|median|quantile)$")
@@ -130,8 +130,17 @@ def parse_input_shapes(values: Sequence[str], option: str = "--input-shapes") ->
         if m is None:
             raise UsageError(f"{option} {v!r} is not NAME:[D0,D1,...]", hint=f"e.g. {option} x:[1,3,224,224]")
         dims = [d.strip() for d in m["dims"].split(",") if d.strip()]
-        table[m["name"]] = tuple(int(d) for d in dims)
+        try:
+            table[m["name"]] = tuple(_number(d) if option in VALUE_OPTIONS else int(d) for d in dims)
+        except ValueError:
+            raise UsageError(f"{option} {v!r} holds something that is not a number",
+                             hint=f"e.g. {option} x:[1,3,224,224]") from None
     return table
+
+
+def _number(text: str) -> "int | float":
+    """An int, or a float where the text has a point or an exponent (Resize's scales)."""
+    return float(text) if any(c in text for c in ".eE") else int(text)
 
 
 PROFILE_OPTIONS = ("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes")
@@ -183,6 +192,20 @@ def _profile_triples(options: Sequence[str], per_option_values: Sequence[Sequenc
                              hint=f"give {', '.join(options)} for every input")
         out.append({name: (low[name], opt[name], high[name]) for name in low})
     return out
+
+
+def shape_value_options(min_shapes: Sequence[str], opt_shapes: Sequence[str], max_shapes: Sequence[str],
+                        min_values: Sequence[str], opt_values: Sequence[str], max_values: Sequence[str]) -> dict:
+    """BuilderConfig's `profiles` of the profile flags, and its `shape_values` when only
+    --trt-opt-shape-values are given: opt values whose ranges the builder reads from the model."""
+    if opt_values and not min_values and not max_values:
+        values = parse_input_shapes(opt_values, option="--trt-opt-shape-values")
+        if len(values) != len(opt_values):
+            raise UsageError("--trt-opt-shape-values names an input twice without --trt-min/max-shape-values",
+                             hint="give each shape-tensor input's opt values once (one profile), or min/opt/max "
+                                  "values per profile")
+        return {"profiles": parse_profiles(min_shapes, opt_shapes, max_shapes), "shape_values": values}
+    return {"profiles": parse_profiles(min_shapes, opt_shapes, max_shapes, min_values, opt_values, max_values)}
 
 
 def opt_shapes(profiles: Sequence[Any]) -> dict[str, tuple[int, ...]]:
@@ -307,7 +330,8 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("trt_min_shape_values", List[str], typer.Option([], "--trt-min-shape-values",
                                                      help="shape-tensor input min values: shape:[1,16] (per profile)")),
     ("trt_opt_shape_values", List[str], typer.Option([], "--trt-opt-shape-values",
-                                                     help="shape-tensor input opt values")),
+                                                     help="shape-tensor input opt values (alone: the model's "
+                                                          "ops give the ranges)")),
     ("trt_max_shape_values", List[str], typer.Option([], "--trt-max-shape-values",
                                                      help="shape-tensor input max values")),
     ("ranks", int, typer.Option(1, "--ranks", help="split the model tensor-parallel over N ranks (cpu: simulated "
@@ -337,8 +361,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "int8": int8, "calibrator": calibrator, "percentile": percentile,
         "calibration_data": calibration_source(calibration_data), "calibration_cache": calibration_cache,
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
-        "profiles": parse_profiles(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
-                                   trt_opt_shape_values, trt_max_shape_values),
+        **shape_value_options(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
+                              trt_opt_shape_values, trt_max_shape_values),
         "ranks": ranks,
     }
 

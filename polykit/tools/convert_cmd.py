@@ -20,6 +20,8 @@ def convert(
                                            help="intermediate tensors to make outputs (kept from fusion)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="expose every intermediate tensor a layer writes as an output (fusion unchanged)"),
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="feeds (.npz or .json): the opt values of "
+                                              "shape-tensor inputs, whose ranges the model's ops give"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
     tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", hidden=True,
@@ -32,7 +34,8 @@ def convert(
     from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
     from polykit.tools.cli_args import parse_input_shapes
-    from polykit.tools.run_cmd import resolve_target
+    from polykit.tools.results_io import load_feeds
+    from polykit.tools.run_cmd import feed_shape_values, resolve_target
 
     if load_tactics and tactic_replay and load_tactics != tactic_replay:
         raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
@@ -40,6 +43,8 @@ def convert(
     require_output_folder(output, "--output")
     if save_tactics:
         require_output_folder(save_tactics, "--save-tactics")
+    if load_inputs:
+        builder_options = feed_shape_values(model, builder_options, None, None, load_feeds(load_inputs))
     config = BuilderConfig(
         target=resolve_target(target, ["trt"]), channels_last=channels_last,
         input_shapes=parse_input_shapes(input_shapes),

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from polykit.backends.base import RunnerRequest
 from polykit.errors import DataFileError, UsageError
 from polykit.tools.accuracy import AccuracySettings
@@ -95,6 +97,8 @@ def _literal(value: Any, imports: _Imports, where: str) -> str:
         return "{" + ", ".join(f"{_literal(k, imports, where)}: {_literal(v, imports, where)}" for k, v in value.items()) + "}"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _record(value, imports, where)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":  # shape-tensor input values
+        return f"{imports.use('numpy', 'array')}({value.tolist()!r}, dtype={value.dtype.name!r})"
     raise UsageError(f"--gen-script cannot write {where} ({type(value).__name__} value {value!r}) as Python source",
                      hint="run the command itself, or build that value in the script by hand")
 

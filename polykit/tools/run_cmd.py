@@ -61,6 +61,36 @@ def resolve_target(target: Optional[str], runners: List[str], model: Optional[st
     return chosen
 
 
+def feed_shape_values(model: str, builder_options: dict, load_inputs: Optional[str], script: Optional[str],
+                      feeds: "list | None" = None) -> dict:
+    """`builder_options` with `shape_values` from the first feed (of `feeds`, else the
+    --load-inputs file when it exists, else the --data-loader-script's first) when MODEL is ONNX
+    and no flag gives shape-tensor values: the builder ranges its shape-tensor inputs over what
+    the model allows, opt at these values (it does not use the values of inputs that decide no shape)."""
+    import numpy as np
+
+    from polykit.backends.loaders import model_type
+    from polykit.compiler.value_ranges import MAX_ELEMENTS
+    from polykit.tools.results_io import load_feeds
+
+    if builder_options.get("shape_values") or any(p.values for p in builder_options["profiles"]) \
+            or model_type(model) != "onnx":
+        return builder_options
+    if not feeds and load_inputs and Path(load_inputs).exists():  # (--gen-script: the file may come later)
+        feeds = load_feeds(load_inputs)
+    if feeds:
+        first = feeds[0]
+    elif script:
+        from polykit.tools.data_loader import ScriptDataLoader
+
+        first = next(iter(ScriptDataLoader(script)), {})
+    else:
+        return builder_options
+    values = {name: np.asarray(v) for name, v in first.items() if isinstance(v, (np.ndarray, np.generic, int, float))}
+    values = {name: v for name, v in values.items() if v.ndim <= 1 and v.size <= MAX_ELEMENTS and v.dtype.kind in "iuf"}
+    return {**builder_options, "shape_values": values} if values else builder_options
+
+
 def run(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model, or a polykit plan (--trt only)"),
     runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
@@ -108,6 +138,9 @@ def run(
     from polykit.tools.report import render, to_json
 
     shapes = cli_args.parse_input_shapes(input_shapes)
+    feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
+    if "trt" in runner:
+        builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
         data_loader = "script"
         if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
@@ -145,7 +178,6 @@ def run(
         typer.echo(f"wrote {gen_script}: run it with python to do what this command does")
         return 0
     order = graph_order(model) if mark_all or mark_outputs or len(runner) + len(load_outputs) > 1 else None
-    feeds = results_io.load_feeds(load_inputs) if load_inputs else None
     with ExitStack() as stack:
         reference = load_reference(load_outputs, stack)
         store = None

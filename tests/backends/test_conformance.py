@@ -98,10 +98,14 @@ def test_the_cli_names_onnxruntime_and_its_version_for_the_onnxrt_runner():
 
 
 def test_the_report_counts_cases_whose_engine_was_rebuilt_per_input_value():
-    """A Resize to float scales fed as an input is built for that input's value (a second build);
-    a Reshape to a shape fed as an input ranges over the targets the data allows (one build);
-    an Abs is built once."""
-    report = run_conformance(("node",), pattern="^test_(abs|reshape_reduced_dims|resize_upsample_scales_nearest)$")
+    """A Range expanded into a Loop whose trip count its inputs' values decide is built for those
+    values (a second build); a Reshape to a shape fed as an input ranges over the targets the data
+    allows, a Resize to float scales fed as an input over positive scales (one build each); an Abs
+    is built once."""
+    expanded = "test_range_int32_type_negative_delta_expanded"
+    report = run_conformance(("node",), pattern=f"^test_(abs|reshape_reduced_dims|resize_upsample_scales_nearest|"
+                                                f"{expanded[5:]})$")
     builds = {r.name: r.builds for r in report.results}
-    assert builds == {"test_abs": 1, "test_reshape_reduced_dims": 1, "test_resize_upsample_scales_nearest": 2}
-    assert report.rebuilt() == ["test_resize_upsample_scales_nearest"] and report.to_json()["rebuilt_per_value"] == 1
+    assert builds == {"test_abs": 1, "test_reshape_reduced_dims": 1, "test_resize_upsample_scales_nearest": 1,
+                      expanded: 2}
+    assert report.rebuilt() == [expanded] and report.to_json()["rebuilt_per_value"] == 1

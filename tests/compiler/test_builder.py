@@ -306,9 +306,10 @@ def test_cuda_plan_with_a_dangling_code_ref_is_a_plan_error():
 
 def test_shape_from_a_non_constant_value_is_a_build_error_naming_the_tensor():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
-    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])  # data cast to a shape: no shape-tensor input
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    graph = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g", [x, s], [y])
+    graph = helper.make_graph([helper.make_node("Cast", ["s"], ["si"], to=TensorProto.INT64),
+                               helper.make_node("Reshape", ["x", "si"], ["y"])], "g", [x, s], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(BuildError, match="tensor 'y' has non-static shape"):
         build_plan(model, BuilderConfig(**CPU))

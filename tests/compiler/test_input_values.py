@@ -43,8 +43,8 @@ def test_the_engine_refuses_a_feed_that_differs_from_the_bound_value():
             ctx.execute({"x": x, "shape": np.array([4, 3])})
 
 
-def test_without_the_value_the_data_dependent_shape_is_a_build_error():
-    with pytest.raises(BuildError, match="non-static"):
+def test_without_a_value_the_shape_tensor_input_is_a_build_error_naming_it_and_the_flag():
+    with pytest.raises(BuildError, match="(?s)input 'shape' is a shape-tensor input .*--trt-opt-shape-values"):
         build_plan(_reshape_graph(), BuilderConfig(target="cpu"))
 
 

@@ -128,11 +128,17 @@ def test_shape_chains_become_values_the_engine_writes_instead_of_layers():
     assert ("batch", "seq", "4", "8") in values and ("batch", "seq", "32") in values
 
 
-def _max_of_batch_model():
+def _max_of_batch_model(decided: bool = False):
+    """y = max(batch, 3): a Max node (an expression of the batch), or Where(Greater(batch, 3), batch, 3),
+    whose comparison a build decides at opt."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, None)
-    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape", end=1),
-             helper.make_node("Max", ["s", "three"], ["y"], name="max_with_3")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape", end=1)]
+    if decided:
+        nodes += [helper.make_node("Greater", ["s", "three"], ["g"], name="greater_than_3"),
+                  helper.make_node("Where", ["g", "s", "three"], ["y"], name="max_with_3")]
+    else:
+        nodes += [helper.make_node("Max", ["s", "three"], ["y"], name="max_with_3")]
     three = numpy_helper.from_array(np.array([3], dtype=np.int64), "three")
     graph = helper.make_graph(nodes, "g", [x], [y], [three])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -140,16 +146,19 @@ def _max_of_batch_model():
 
 def test_shape_value_decided_at_opt_that_differs_at_a_corner_is_a_build_error_naming_the_node():
     with pytest.raises(BuildError, match=r"shape tensor 'y' holds \[3\] at profile 0's min shape") as err:
-        build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((1, 4), (4, 4), (8, 4))})))
+        build_plan(_max_of_batch_model(decided=True), _cfg(Profile({"x": ((1, 4), (4, 4), (8, 4))})))
     assert "max_with_3" in err.value.where
 
 
-def test_shape_value_that_holds_over_the_profile_is_an_engine_output():
+@pytest.mark.parametrize("decided, low", [(True, 3), (False, 1)])
+def test_shape_value_that_holds_over_the_profile_is_an_engine_output(decided, low):
+    """A comparison holds over [3, 8]; Max, an expression, over any batch."""
     from polykit.runtime.engine import Runtime
 
-    plan = build_plan(_max_of_batch_model(), _cfg(Profile({"x": ((3, 4), (4, 4), (8, 4))})))
+    plan = build_plan(_max_of_batch_model(decided), _cfg(Profile({"x": ((low, 4), (4, 4), (8, 4))})))
     with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
-        assert ctx.execute({"x": np.zeros((6, 4), np.float32)})["y"].tolist() == [6]
+        for batch in range(low, 9):
+            assert ctx.execute({"x": np.zeros((batch, 4), np.float32)})["y"].tolist() == [max(batch, 3)]
 
 
 @pytest.mark.parametrize("case", ["embedding", "encoder", "convnet", "mlp", "tiny_bert"])

@@ -167,3 +167,70 @@ def test_a_crafted_shape_rule_record_is_refused_naming_the_field():
         with pytest.raises(PlanError) as err:
             Plan.deserialize(edited(data, edit))
         assert "profiles.rules[0]" in err.value.what and what in err.value.what, err.value.what
+
+
+def test_max_of_dims_and_values_keeps_an_expression_for_every_value():
+    """Max(Shape(x), target) -> Expand: the host chain's max is an expression of the value
+    symbols, not decided at opt (a ruled symbol's corners are its opt: nothing would check it)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Max", ["s", "target"], ["m"]),
+             helper.make_node("Expand", ["x", "m"], ["y"])]
+    g = helper.make_graph(nodes, "ruled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 1]),
+                                           helper.make_tensor_value_info("target", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(6).standard_normal((1, 3, 1)).astype(np.float32)
+    feeds = [{"x": x, "target": np.array(t, np.int64)} for t in ([1, 3, 1], [2, 1, 5], [4, 3, 2], [1, 1, 1])]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)["y"]
+        np.testing.assert_array_equal(got, session.run(None, feed)[0], err_msg=str(feed["target"]))
+
+
+def test_a_length_used_as_data_too_serves_every_value_like_onnxruntime():
+    """A window's length: a float Range's limit (its rule at bind time, through Cast) and the
+    divisor of its angles (data: the layers compute it from the feed, nothing decided at opt)."""
+    nodes = [helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+             helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0])),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("o", TensorProto.FLOAT, [], [1.0])),
+             helper.make_node("Range", ["zero", "nf", "one"], ["r"]),
+             helper.make_node("Div", ["r", "nf"], ["q"]), helper.make_node("Cos", ["q"], ["y"])]
+    g = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("n", TensorProto.INT32, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = [{"n": np.array(v, np.int32)} for v in (10, 3, 1, 17, 0)]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            got = ctx.execute(feed)["y"]
+        np.testing.assert_allclose(got, session.run(None, feed)[0], rtol=1e-6, err_msg=str(feed["n"]))
+
+
+def test_an_if_on_a_known_rank_is_inlined_so_its_branch_rules_read_the_captured_values():
+    """AffineGrid's expansion: If(Size(size) == 4) splits the captured `size` in its taken branch;
+    the build inlines it (the condition folds), so the ConstantOfShape downstream is ruled."""
+    def branch(name, count):
+        outs = [f"{name}{i}" for i in range(count)]
+        node = helper.make_node("Split", ["size"], outs, axis=0, num_outputs=count)
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(o, TensorProto.INT64, [1])
+                                                    for o in outs])
+
+    then, other = branch("t", 4), branch("e", 4)
+    nodes = [helper.make_node("Size", ["size"], ["rank"]),
+             helper.make_node("Constant", [], ["four"], value=helper.make_tensor("f", TensorProto.INT64, [], [4])),
+             helper.make_node("Equal", ["rank", "four"], ["is4"]),
+             helper.make_node("If", ["is4"], ["n", "c", "h", "w"], then_branch=then, else_branch=other),
+             helper.make_node("Concat", ["h", "w"], ["hw"], axis=0),
+             helper.make_node("ConstantOfShape", ["hw"], ["y"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]))]
+    g = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("size", TensorProto.INT64, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = [{"size": np.array(s, np.int64)} for s in ([1, 2, 3, 4], [2, 1, 5, 1], [1, 1, 0, 7])]
+    engine = _engine(model, feeds[0])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        with engine.create_execution_context() as ctx:
+            np.testing.assert_array_equal(ctx.execute(feed)["y"], session.run(None, feed)[0], err_msg=str(feed))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.evaluator import Partial, evaluate_nodes
-from polykit.compiler.ir import Graph
+from polykit.compiler.ir import Graph, Value
 
 #: default cap on the elements of a folded output that grows beyond its inputs
 MAX_ELEMENTS = 16 * 1024 * 1024
@@ -28,5 +28,7 @@ def fold_constants(graph: Graph, *, keep: frozenset[str] = frozenset(), max_elem
                    on_tensor=lambda name, value, node: folded.__setitem__(name, value))
     done = [node for node in graph.nodes if any(name in folded for name in node.outputs)]
     graph.initializers.update(folded)
+    for name, value in folded.items():  # what a shape rule said before (perhaps unknown) gives way to the value
+        graph.set_value(Value(name, value.dtype, tuple(value.shape)))
     graph.remove_nodes(done)
     return bool(done)

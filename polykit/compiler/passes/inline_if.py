@@ -39,3 +39,21 @@ def _branch_nodes(graph: Graph, node: Node, branch: Graph) -> list[Node]:
         if out:
             nodes.append(Node("Identity", [src], [out], name=graph.fresh_name(f"{node.name or 'If'}_out")))
     return nodes
+
+
+def inline_known_ifs(graph: Graph, max_rounds: int = 8) -> bool:
+    """Before a build's first shape inference: fold what constants and static input shapes decide
+    and inline the Ifs that then branch on a constant, until none is left (True if any was). A
+    ruled build (polykit.compiler.shape_rules) then sees the taken branches' nodes, whose shape
+    rules read the captured shape-tensor values (AffineGrid's expansion tests the rank of `size`)."""
+    from polykit.compiler.passes.fold_constants import fold_constants
+
+    changed = False
+    for _ in range(max_rounds):
+        if not any(n.op_type == "If" and not n.domain for n in graph.nodes):
+            break
+        fold_constants(graph, keep=frozenset(graph.outputs))
+        if not inline_constant_if(graph):
+            break
+        changed = True
+    return changed

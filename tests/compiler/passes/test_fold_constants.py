@@ -78,3 +78,16 @@ def test_castlike_of_a_constant_folds_to_the_target_dtype():
               {"half": np.array(0.5, np.float64)})
     out, _ = run_and_compare(g, fold_constants)
     assert op_counts(out) == {"Mul": 1} and out.initializers["h"].dtype == np.float16
+
+
+def test_a_folded_tensor_takes_its_values_shape_over_a_stale_unknown_one():
+    """A shape rule that knew nothing earlier (an If's branch output, before the If was inlined)
+    leaves no unknown shape behind: readers of the initializer see (3,)."""
+    from polykit.compiler.ir import Value
+
+    g = graph([node("Mul", ["a", "b"], "ab"), node("Add", ["x", "ab"], "y")], {"x": (2, 3)}, ["y"],
+              {"a": np.full((3,), 2.0, np.float32), "b": np.arange(3, dtype=np.float32)})
+    g.set_value(Value("ab", np.dtype(np.float32), None))
+    assert fold_constants(g)
+    assert g.value("ab").shape == (3,)
+    np.testing.assert_array_equal(g.initializers["ab"], [0.0, 2.0, 4.0])
