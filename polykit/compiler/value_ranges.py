@@ -215,7 +215,7 @@ def derive_profiles(graph: Graph, profiles: Sequence[Profile], shapes: Mapping[s
         if varying and any(n in opt_values and n not in profile.values for n in ranges):
             raise UsageError(f"profile {index} varies the shape of input {varying[0]!r}, and shape-tensor inputs "
                              f"take only opt values (ranges from the model): a plan cannot hold both yet",
-                             hint="give the shape-tensor inputs min/opt/max values (--trt-min/opt/max-shape-values), "
+                             hint="give the shape-tensor inputs min/opt/max values (--trt-min-shape-values, --trt-opt-shape-values, --trt-max-shape-values), "
                                   "or fix the shapes (--input-shapes)")
         missing = sorted(n for n in ranges if n not in fixed and n not in profile.values and n not in opt_values)
         if missing:
@@ -224,7 +224,7 @@ def derive_profiles(graph: Graph, profiles: Sequence[Profile], shapes: Mapping[s
                              where=f"tensor {missing[0]!r}",
                              hint=f"give its opt values: --trt-opt-shape-values {missing[0]}:[...] (shape_values); "
                                   "`run` takes them from --load-inputs or a --data-loader-script; or fix them "
-                                  "(input_values) or give a min/opt/max range (--trt-min/opt/max-shape-values)")
+                                  "(input_values) or give a min/opt/max range (--trt-min-shape-values, --trt-opt-shape-values, --trt-max-shape-values)")
         triples = {}
         for name in sorted(n for n in ranges if n in opt_values and n not in fixed and n not in profile.values):
             triple = _triple(ranges[name], opt_values[name])

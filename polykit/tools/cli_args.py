@@ -201,7 +201,7 @@ def shape_value_options(min_shapes: Sequence[str], opt_shapes: Sequence[str], ma
     if opt_values and not min_values and not max_values:
         values = parse_input_shapes(opt_values, option="--trt-opt-shape-values")
         if len(values) != len(opt_values):
-            raise UsageError("--trt-opt-shape-values names an input twice without --trt-min/max-shape-values",
+            raise UsageError("--trt-opt-shape-values names an input twice without --trt-min-shape-values and --trt-max-shape-values",
                              hint="give each shape-tensor input's opt values once (one profile), or min/opt/max "
                                   "values per profile")
         return {"profiles": parse_profiles(min_shapes, opt_shapes, max_shapes), "shape_values": values}
