@@ -112,8 +112,9 @@ extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc(const ELEM* X
 
 // The same for 16-bit storage with C % 8 == 0 and every size < 2^31: one thread per output
 // pixel and 8 channels, 16-byte loads and stores, 32-bit index math (the window rules are
-// pool_one's, applied per channel). grid (ceil(NB*OH*OW*C/8 / 256)), block 256. Modules of
-// other storage types compile it empty (the enqueue takes it for half / bfloat16 only).
+// pool_one's, applied per channel). K = 3: the 3x3 window unrolled (its 9 loads in flight at
+// once), K = 0: any window. grid (ceil(NB*OH*OW*C/8 / 256)), block 256. Modules of other storage
+// types compile it empty (the enqueue takes it for half / bfloat16 only).
 template <class T> struct Is16 { enum { value = 0 }; };
 template <> struct Is16<half_t> { enum { value = 1 }; };
 template <> struct Is16<bf16_t> { enum { value = 1 }; };
@@ -122,7 +123,7 @@ union Pack8 {
   unsigned short h[8];
 };
 
-template <class T>
+template <class T, int K>
 __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY) {
   if constexpr (Is16<T>::value) {
     const int groups = C / 8, total = NB * (int)OH * (int)OW * groups;
@@ -135,9 +136,11 @@ __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, PO
       int inside = 0, padded = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] = POOL_MODE == 0 ? Lim<float>::lo() : 0.f;
-      for (int kh = 0; kh < (int)KH; ++kh) {
+#pragma unroll
+      for (int kh = 0; kh < (K ? K : (int)KH); ++kh) {
         const int ih = oh * (int)SH - (int)PH + kh * (int)DH;
-        for (int kw = 0; kw < (int)KW; ++kw) {
+#pragma unroll
+        for (int kw = 0; kw < (K ? K : (int)KW); ++kw) {
           const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
           padded += (ih >= -(int)PH && ih < (int)(H + EH) && iw >= -(int)PW && iw < (int)(W + EW)) ? 1 : 0;
           if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
@@ -177,37 +180,40 @@ __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, PO
 
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v8(const ELEM* X, ELEM* Y, int NB, int C,
                                                                       POOL_GEOMETRY) {
-  pool_nhwc_v8<ELEM>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+  if (KH == 3 && KW == 3) pool_nhwc_v8<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+  else pool_nhwc_v8<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
 }
 
 // 8-bit MaxPool channels last (int8 / uint8 between INT8 layers: max commutes with the
 // quantization) with C % 16 == 0 and every size < 2^31: one thread per output pixel and 16
 // channels, 16-byte loads and stores, the byte-wise max of four 32-bit words (__vmaxs4 /
 // __vmaxu4). A window with no element inside the input gives the type's lowest value (pool_one's
-// -inf, saturated). grid (ceil(NB*OH*OW*C/16 / 256)), block 256. Other modules compile it empty.
+// -inf, saturated). K as for pool_nhwc_v8. grid (ceil(NB*OH*OW*C/16 / 256)), block 256. Other
+// modules compile it empty.
 template <class T> struct Is8 { enum { value = 0 }; };
 template <> struct Is8<i8> { enum { value = 1 }; };
 template <> struct Is8<u8> { enum { value = 2 }; };
 
-extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELEM* X, ELEM* Y, int NB, int C,
-                                                                       POOL_GEOMETRY) {
+template <class T, int K>
+__device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY) {
 #if POOL_MODE == 0
-  if constexpr (Is8<ELEM>::value != 0) {
-    constexpr bool is_signed = Is8<ELEM>::value == 1;
+  if constexpr (Is8<T>::value != 0) {
+    constexpr bool is_signed = Is8<T>::value == 1;
     const u32 lo = is_signed ? 0x80808080u : 0u;
     const int groups = C / 16, total = NB * (int)OH * (int)OW * groups;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
       const int g = i % groups, pix = i / groups;
       const int ohw = (int)(OH * OW), nb = pix / ohw, s = pix - nb * ohw;
       const int oh = s / (int)OW, ow = s - oh * (int)OW;
-      const ELEM* x = X + ((i64)nb * H * W) * C + g * 16;
+      const T* x = X + ((i64)nb * H * W) * C + g * 16;
       uint4 acc = make_uint4(lo, lo, lo, lo);
-      for (int kh = 0; kh < (int)KH; ++kh) {
+#pragma unroll
+      for (int kh = 0; kh < (K ? K : (int)KH); ++kh) {
         const int ih = oh * (int)SH - (int)PH + kh * (int)DH;
-        if (ih < 0 || ih >= (int)H) continue;
-        for (int kw = 0; kw < (int)KW; ++kw) {
+#pragma unroll
+        for (int kw = 0; kw < (K ? K : (int)KW); ++kw) {
           const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
-          if (iw < 0 || iw >= (int)W) continue;
+          if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
           const uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * C);
           if (is_signed) {
             acc = make_uint4(__vmaxs4(acc.x, v.x), __vmaxs4(acc.y, v.y), __vmaxs4(acc.z, v.z), __vmaxs4(acc.w, v.w));
@@ -220,6 +226,12 @@ extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELE
     }
   }
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELEM* X, ELEM* Y, int NB, int C,
+                                                                       POOL_GEOMETRY) {
+  if (KH == 3 && KW == 3) pool_nhwc_v16<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+  else pool_nhwc_v16<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
 }
 
 // Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree

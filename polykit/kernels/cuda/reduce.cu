@@ -1,4 +1,5 @@
-// Reduce* and ArgMax/ArgMin over any set of axes of a contiguous tensor (rank <= 8).
+// Reduce* and ArgMax/ArgMin over any set of axes of a contiguous tensor (rank <= 8); and the
+// span kernels (reduce_rows / reduce_cols, further down) for axes that form one run.
 //
 // Layout: x contiguous with dims d0..d7 (rank used); the reduced set is `mask` (bit k =
 // axis k) or, when mask < 0, read on the device from the int64 `axes` tensor (negative
@@ -93,13 +94,35 @@ __device__ __noinline__ i64 offset_of(i64 i, int n, const i64* dims, const i64* 
   }                                                                            \
   __syncthreads();
 
+// one reduction step, the join of two partials, the final transform (every op but LogSumExp,
+// whose shift by the peak reduce_impl adds)
+template <class T, class A> __device__ __forceinline__ A reduce_init(int OP) {
+  return (OP == R_MAX) ? lo_of<T, A>() : (OP == R_MIN) ? hi_of<T, A>() : (OP == R_PROD) ? (A)1 : (A)0;
+}
+template <class A> __device__ __forceinline__ A reduce_step(int OP, A acc, A v) {
+  if (OP == R_MAX) return OpMax()(acc, v);
+  if (OP == R_MIN) return OpMin()(acc, v);
+  if (OP == R_PROD) return acc * v;
+  if (OP == R_L1) return acc + (v < (A)0 ? (A)(-v) : v);
+  if (OP == R_L2 || OP == R_SUMSQ) return acc + v * v;
+  return acc + v;
+}
+template <class A> __device__ __forceinline__ A reduce_join(int OP, A a, A b) {
+  return (OP == R_MAX) ? OpMax()(a, b) : (OP == R_MIN) ? OpMin()(a, b) : (OP == R_PROD) ? a * b : a + b;
+}
+template <class A> __device__ __forceinline__ A reduce_finish(int OP, A total, i64 R) {
+  if (OP == R_MEAN) return IsFloatAcc<A>::value ? total / (A)R : (A)(total / (A)R);
+  if (OP == R_L2) return (A)acc_sqrt(total);
+  if (OP == R_LOGSUM) return (A)acc_log(total);
+  return total;
+}
+
 template <class T>
 __device__ void reduce_impl(const T* __restrict__ x, T* __restrict__ y, const int OP, GEO_ARGS) {
   typedef typename Acc<T>::type A;
   typedef typename Compute<T>::type C;
   __shared__ A smem[32];
   GEO_SETUP
-  const bool is_float = IsFloatAcc<A>::value;
   for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {
     const i64 base = offset_of(o, g.nk, g.kd, g.ks);
     A peak = 0;
@@ -109,17 +132,11 @@ __device__ void reduce_impl(const T* __restrict__ x, T* __restrict__ y, const in
       peak = block_reduce(m, OpMax(), (A)Lim<A>::lo(), smem);
       if (!(peak - peak == 0)) peak = 0;  // +-inf or NaN peak: reduce without shifting
     }
-    A init = (OP == R_MAX) ? (A)lo_of<T, A>() : (OP == R_MIN) ? (A)hi_of<T, A>() : (OP == R_PROD) ? (A)1 : (A)0;
+    const A init = reduce_init<T, A>(OP);
     A acc = init;
     for (i64 r = threadIdx.x; r < R; r += blockDim.x) {
       A v = (A)ld(x, base + offset_of(r, g.nr, g.rd, g.rs));
-      if (OP == R_MAX) acc = OpMax()(acc, v);
-      else if (OP == R_MIN) acc = OpMin()(acc, v);
-      else if (OP == R_PROD) acc = acc * v;
-      else if (OP == R_L1) acc += v < (A)0 ? (A)(-v) : v;
-      else if (OP == R_L2 || OP == R_SUMSQ) acc += v * v;
-      else if (OP == R_LOGSUMEXP) acc += (A)acc_exp(v - peak);
-      else acc += v;
+      acc = OP == R_LOGSUMEXP ? acc + (A)acc_exp(v - peak) : reduce_step(OP, acc, v);
     }
     A total;
     if (OP == R_MAX) total = block_reduce(acc, OpMax(), init, smem);
@@ -127,10 +144,7 @@ __device__ void reduce_impl(const T* __restrict__ x, T* __restrict__ y, const in
     else if (OP == R_PROD) total = block_reduce(acc, OpProd(), init, smem);
     else total = block_reduce(acc, OpSum(), init, smem);
     if (threadIdx.x == 0) {
-      if (OP == R_MEAN) total = is_float ? total / (A)R : (A)(total / (A)R);
-      if (OP == R_L2) total = (A)acc_sqrt(total);
-      if (OP == R_LOGSUM) total = (A)acc_log(total);
-      if (OP == R_LOGSUMEXP) total = peak + (A)acc_log(total);
+      total = OP == R_LOGSUMEXP ? peak + (A)acc_log(total) : reduce_finish(OP, total, R);
       st(y, o, (C)total);
     }
     __syncthreads();
@@ -172,9 +186,93 @@ __device__ void arg_impl(const T* __restrict__ x, i64* __restrict__ y, i64 selec
   }
 }
 
+// ---- span reductions (reduce_span.py): the reduced axes are one run of adjacent axes, so x
+// is [O, R, I] (O kept outer, R reduced, I kept inner; sizes from the host). Deterministic: the
+// order of every sum depends only on (O, R, I) and the launch geometry the host derives from them.
+// V elements a thread load: 16 bytes at once when the host passes vec (I or R a multiple of V,
+// 16-byte aligned x and y), else V = 1.
+template <class T, int V> struct alignas(sizeof(T) * V) Pack { T e[V]; };
+
+// rows (I == 1): one warp per output row, 8 rows a block (grid-stride); lane l reads chunks
+// l, l + 32, ... of V elements, then a fixed butterfly over the lanes.
+template <class T, int V>
+__device__ void span_rows(const T* __restrict__ x, T* __restrict__ y, const int OP, i64 O, i64 R) {
+  typedef typename Acc<T>::type A;
+  typedef typename Compute<T>::type C;
+  const int lane = threadIdx.x & 31, per_block = blockDim.x >> 5;
+  for (i64 o = (i64)blockIdx.x * per_block + (threadIdx.x >> 5); o < O; o += (i64)gridDim.x * per_block) {
+    const T* row = x + o * R;
+    A acc = reduce_init<T, A>(OP);
+    for (i64 r = (i64)lane * V; r < R; r += 32 * V) {
+      const Pack<T, V> p = *(const Pack<T, V>*)(row + r);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc = reduce_step(OP, acc, (A)ld(p.e, j));
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc = reduce_join(OP, acc, shfl_xor(acc, m));
+    if (lane == 0) st(y, o, (C)reduce_finish(OP, acc, R));
+  }
+}
+
+// columns (I > 1): block (TX, TY, TZ), TY a power of two; thread (tx, ty, tz) owns the V outputs
+// (o, i0 .. i0 + V) with i0 = (blockIdx.x * TX + tx) * V, o = TZ * og + tz, and reduces rows
+// r = ty, ty + TY, ...; the TY partials meet in a fixed tree in shared memory (TX*TY*TZ*V accs).
+template <class T, int V>
+__device__ void span_cols(const T* __restrict__ x, T* __restrict__ y, const int OP, i64 O, i64 R, i64 I) {
+  typedef typename Acc<T>::type A;
+  typedef typename Compute<T>::type C;
+  extern __shared__ __align__(16) unsigned char span_smem[];
+  A* part = (A*)span_smem;
+  const int TX = blockDim.x, TY = blockDim.y, TZ = blockDim.z;
+  const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
+  const i64 i0 = ((i64)blockIdx.x * TX + tx) * V;
+  A* mine = part + ((i64)(tz * TY + ty) * TX + tx) * V;
+  for (i64 og = blockIdx.y; og * TZ < O; og += gridDim.y) {  // uniform over the block
+    const i64 o = og * TZ + tz;
+    const bool live = o < O && i0 < I;
+    A acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = reduce_init<T, A>(OP);
+    if (live) {
+      const T* col = x + o * R * I + i0;
+      for (i64 r = ty; r < R; r += TY) {
+        const Pack<T, V> p = *(const Pack<T, V>*)(col + r * I);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = reduce_step(OP, acc[j], (A)ld(p.e, j));
+      }
+    }
+    for (int half = TY >> 1; half > 0; half >>= 1) {
+      if (ty >= half && ty < 2 * half) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) mine[j] = acc[j];
+      }
+      __syncthreads();
+      if (ty < half) {
+        const A* other = mine + (i64)half * TX * V;
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = reduce_join(OP, acc[j], other[j]);
+      }
+      __syncthreads();
+    }
+    if (ty == 0 && live) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) st(y, o * I + i0 + j, (C)reduce_finish(OP, acc[j], R));
+    }
+  }
+}
+
+// V for 16-byte loads of T
+template <class T> struct Wide { enum { value = 16 / sizeof(T) }; };
+
 #define GEO_NAMES axes, n_axes, mask, rank, d0, d1, d2, d3, d4, d5, d6, d7, n_out, R
-#define REDUCE(T, code) \
-  extern "C" __global__ void reduce_##code(const T* x, T* y, i64 op, GEO_ARGS) { reduce_impl<T>(x, y, (int)op, GEO_NAMES); }
+#define REDUCE(T, code)                                                                                      \
+  extern "C" __global__ void reduce_##code(const T* x, T* y, i64 op, GEO_ARGS) { reduce_impl<T>(x, y, (int)op, GEO_NAMES); } \
+  extern "C" __global__ void reduce_rows_##code(const T* x, T* y, i64 op, i64 O, i64 R, i64 vec) {            \
+    if (vec) span_rows<T, Wide<T>::value>(x, y, (int)op, O, R); else span_rows<T, 1>(x, y, (int)op, O, R);    \
+  }                                                                                                            \
+  extern "C" __global__ void reduce_cols_##code(const T* x, T* y, i64 op, i64 O, i64 R, i64 I, i64 vec) {     \
+    if (vec) span_cols<T, Wide<T>::value>(x, y, (int)op, O, R, I); else span_cols<T, 1>(x, y, (int)op, O, R, I); \
+  }
 #define ARG(T, code) \
   extern "C" __global__ void argmax_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 1>(x, y, select_last, GEO_NAMES); } \
   extern "C" __global__ void argmin_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 0>(x, y, select_last, GEO_NAMES); }

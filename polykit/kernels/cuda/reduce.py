@@ -50,10 +50,16 @@ def _arg_kernels(layer) -> list[KernelSource]:
     return [KernelSource(f"{layer.kind.lower()}_{c}", FILE, defines=unit(c)) for c in ARG_DTYPES]
 
 
-def _kernel(prefix: str, t: DeviceTensor, allowed, where: str) -> KernelSource:
+def dtype_code(prefix: str, t: DeviceTensor, allowed, where: str) -> str:
+    """reduce.cu's name suffix for `t`'s dtype (one of `allowed`)."""
     code = CODE.get(t.dtype.name)
     if code not in allowed:
         raise DeviceError(f"{prefix} has no CUDA kernel for {t.dtype}", where=where, hint="use --target cpu")
+    return code
+
+
+def _kernel(prefix: str, t: DeviceTensor, allowed, where: str) -> KernelSource:
+    code = dtype_code(prefix, t, allowed, where)
     return KernelSource(f"{prefix}_{code}", FILE, defines=unit(code))
 
 

@@ -4,7 +4,8 @@ model's image input: Transpose 0231, then Pad of the channels to a multiple of 8
 
   cuda.movement.to_nhwc    Transpose perm (0, 2, 3, 1) of a rank-4 tensor with C <= MAX_C
   cuda.movement.from_nhwc  Transpose perm (0, 3, 1, 2) of a rank-4 tensor with C <= MAX_C
-  cuda.movement.pad_last   constant Pad (no `axes` input) that grows only the last axis
+  cuda.movement.pad_last   constant Pad (no `axes` input) that grows only the last axis; a thread
+                           writes 4-16 bytes of an output row when the row and pointer allow
 The generic movement kernels (movement.py) run every other case; these outrank them.
 """
 
@@ -65,14 +66,28 @@ def _pads_last_only(layer: Any) -> bool:
             and np.dtype(layer.in_dtypes[0]).itemsize in SIZES)
 
 
+def chunk_bytes(itemsize: int, cout: int, y_ptr: int) -> int:
+    """pad_chunks' bytes a thread (16, 8 or 4): more than one element, a divisor of the output row,
+    y aligned to it; 0 when none fits (pad_last's element loop then)."""
+    for w in (16, 8, 4):
+        if w > itemsize and cout % (w // itemsize) == 0 and y_ptr % w == 0:
+            return w
+    return 0
+
+
 def enqueue_pad_last(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     pads = tensors[layer.inputs[1]]
     cval = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
-    rows = y.size // y.shape[-1]
-    launcher.launch(KernelSource(f"pad_last_{x.dtype.itemsize}", FILE), grid_for(rows), (BLOCK,),
-                    [x, y, cval if cval is not None and cval.size else 0, np.int32(rows), np.int32(x.shape[-1]),
-                     np.int32(y.shape[-1]), pads, np.int32(len(x.shape)), np.int32(int(pads.dtype.itemsize == 8))])
+    es, cout = x.dtype.itemsize, y.shape[-1]
+    rows = y.size // cout
+    args = [x, y, cval if cval is not None and cval.size else 0, np.int32(rows), np.int32(x.shape[-1]),
+            np.int32(cout), pads, np.int32(len(x.shape)), np.int32(int(pads.dtype.itemsize == 8))]
+    w = chunk_bytes(es, cout, y.ptr)
+    if w:
+        launcher.launch(KernelSource(f"pad_chunks_{es}", FILE), grid_for(y.size * es // w), (BLOCK,), [*args, np.int32(w)])
+    else:
+        launcher.launch(KernelSource(f"pad_last_{es}", FILE), grid_for(rows), (BLOCK,), args)
 
 
 def compile_variants() -> list[KernelSource]:

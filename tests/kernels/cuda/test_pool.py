@@ -16,10 +16,10 @@ def rand(*shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def check(layer, inputs, **tol):
+def check(layer, inputs, tactic=None, **tol):
     from polykit.runtime.cuda.harness import assert_matches_reference
 
-    return assert_matches_reference(layer, inputs, **tol)
+    return assert_matches_reference(layer, inputs, tactic=tactic, **tol)
 
 
 WINDOWS = [
@@ -72,3 +72,29 @@ def test_global_pool_matches_reference(kind, shape):
 def test_max_pool_on_8bit_integers_matches_reference(dtype, shape, attrs):
     x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, size=shape).astype(dtype)
     check(LayerDesc("pool", "MaxPool", ("X",), ("Y",), dict(attrs)), {"X": x}, rtol=0, atol=0)
+
+
+#: 3x3 windows, which the 16-byte channels-last kernels unroll: ResNet's stem pool, a dilated one with
+#: uneven pads, one whose ceil_mode windows hang past the input, and windows mostly in the padding
+UNROLLED_3X3 = [((2, 15, 13, 16), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                ((1, 9, 8, 32), {"dilations": [2, 2], "pads": [2, 0, 1, 2]}),
+                ((3, 8, 10, 16), {"strides": [2, 3], "ceil_mode": 1}),
+                ((1, 2, 2, 16), {"pads": [2, 2, 0, 0]})]
+
+
+@pytest.mark.parametrize("kind", ["MaxPoolNHWC", "AveragePoolNHWC"])
+@pytest.mark.parametrize("shape,attrs", UNROLLED_3X3)
+def test_unrolled_3x3_nhwc_pools_on_16_bit_storage_match_reference(kind, shape, attrs):
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+
+    layer = LayerDesc("pool", kind, ("X",), ("Y",), dict(attrs, kernel_shape=[3, 3]), domain=POLYKIT_DOMAIN)
+    check(layer, {"X": rand(*shape, dtype=np.float16)}, tactic="cuda.pool_nhwc.window", rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape,attrs", UNROLLED_3X3)
+def test_unrolled_3x3_nhwc_max_pool_on_int8_equals_the_reference(shape, attrs):
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+
+    layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), dict(attrs, kernel_shape=[3, 3]), domain=POLYKIT_DOMAIN)
+    check(layer, {"X": rng.integers(-128, 128, size=shape).astype(np.int8)}, tactic="cuda.pool_nhwc.window",
+          rtol=0, atol=0)

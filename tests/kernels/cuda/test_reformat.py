@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.reformat import _pads_last_only, _transposes
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.reformat import _pads_last_only, _transposes, chunk_bytes, enqueue_pad_last
+from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 rng = np.random.default_rng(29)
 
@@ -70,3 +72,48 @@ def test_pad_last_matches_numpy(pads, value):
     out = run_layer(layer, inputs, tactic="cuda.movement.pad_last")["y"]
     want = np.pad(x, list(zip(pads[:4], pads[4:])), constant_values=0 if value is None else value)
     np.testing.assert_array_equal(out, want)
+
+
+def test_pad_chunks_write_a_whole_padded_stem_pixel_a_thread():
+    assert chunk_bytes(2, 8, 0x1000) == 16  # fp16 3 -> 8
+    assert chunk_bytes(1, 16, 0x1000) == 16  # int8 3 -> 16
+    assert chunk_bytes(2, 6, 0x1000) == 4
+    assert chunk_bytes(2, 8, 0x1008) == 8  # y aligned to 8 bytes only
+    assert chunk_bytes(2, 7, 0x1000) == 0  # an odd row: the element loop
+    assert chunk_bytes(8, 3, 0x1000) == 0
+
+
+def test_pad_last_enqueue_takes_pad_chunks_when_a_chunk_fits():
+    def launched(cout, y_ptr):
+        rec = RecordingLauncher()
+        tensors = {"x": DeviceTensor(0x1000, (4, 5, 3), np.dtype(np.float16)),
+                   "pads": DeviceTensor(0x2000, (6,), np.dtype(np.int64)),
+                   "y": DeviceTensor(y_ptr, (4, 5, cout), np.dtype(np.float16))}
+        enqueue_pad_last(LayerDesc("p", "Pad", ("x", "pads"), ("y",), {"mode": "constant"}), rec, tensors)
+        (name, args), = rec.launches
+        return name, args[-1]
+
+    assert launched(8, 0x4000) == ("pad_chunks_2", 16)
+    assert launched(7, 0x4000)[0] == "pad_last_2"
+
+
+#: (input shape, dtype, pads of the last axis (begin, end), fill): every chunk width, odd row counts
+PAD_CASES = [((3, 17, 19, 3), np.float16, (0, 5), None), ((2, 7, 9, 3), np.int8, (0, 13), 3),
+             ((5, 11, 3), np.float32, (1, 0), 1.5), ((33, 5), np.float16, (0, 1), None),
+             ((4, 9, 2), np.float16, (3, 3), -2.0), ((7, 6), np.float64, (1, 1), 0.5), ((13, 1), np.uint8, (2, 5), 7)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [0, 2])
+@pytest.mark.parametrize("shape,dtype,last,value", PAD_CASES)
+def test_pad_last_chunks_match_numpy(shape, dtype, last, value, misalign):
+    from polykit.runtime.cuda.harness import run_layer
+
+    x = (rng.standard_normal(shape) * 20).astype(dtype)
+    x[x == 0] = 1
+    pads = [0] * len(shape) + [0] * len(shape)
+    pads[len(shape) - 1], pads[-1] = last
+    layer, inputs = pad(x, pads, value)
+    out = run_layer(layer, inputs, tactic="cuda.movement.pad_last", misalign={"y": misalign * x.itemsize})["y"]
+    want = np.pad(x, list(zip(pads[:len(shape)], pads[len(shape):])), constant_values=0 if value is None else value)
+    np.testing.assert_array_equal(out, want, err_msg=f"{shape} {np.dtype(dtype)} pads {last} misalign {misalign}")

@@ -1,0 +1,190 @@
+"""cuda.reduce.span: the [O, R, I] view it derives from shapes (CPU) and its kernels against the reference (GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc
+from polykit.kernels.cuda import reduce_span as rs
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.reduce import OPS
+from polykit.kernels.cuda.reduce_span import Span, cols_block, span_geometry
+from tests.kernels.cuda.recording_launcher import RecordingLauncher
+
+rng = np.random.default_rng(41)
+
+
+def test_keepdims_views_follow_the_axes_the_output_shrinks():
+    assert span_geometry((32, 7, 7, 2048), (32, 1, 1, 2048)) == Span(32, 49, 2048)
+    assert span_geometry((8, 128, 768), (8, 128, 1)) == Span(1024, 768, 1)
+    assert span_geometry((5, 1, 6), (1, 1, 1)) == Span(1, 30, 1)
+
+
+def test_size_one_axes_do_not_split_a_run():
+    assert span_geometry((3, 4, 1, 5, 2), (3, 1, 1, 1, 2)) == Span(3, 20, 2)
+
+
+def test_axes_that_are_not_one_run_have_no_span():
+    assert span_geometry((3, 4, 5, 6), (1, 4, 1, 6)) is None
+
+
+def test_without_keepdims_a_unique_way_to_drop_axes_gives_the_span():
+    assert span_geometry((32, 7, 7, 2048), (32, 2048)) == Span(32, 49, 2048)
+    assert span_geometry((8, 128, 768), (8, 128)) == Span(1024, 768, 1)
+    assert span_geometry((4, 5), ()) == Span(1, 20, 1)
+
+
+def test_without_keepdims_ambiguous_drops_have_no_span():
+    assert span_geometry((4, 4), (4,)) is None  # axis 0 or axis 1
+    assert span_geometry((2, 3, 3, 2), (2, 3)) is None
+
+
+def test_shapes_that_are_no_reduction_have_no_span():
+    assert span_geometry((3, 4), (3, 5)) is None
+    assert span_geometry((3, 0, 4), (3, 1, 4)) is None
+
+
+def test_cols_block_splits_short_grids_along_the_reduced_rows():
+    grid, block = cols_block(Span(32, 49, 2048), 8)
+    assert block == (8, 32, 1) and grid == (32, 32, 1)
+    grid, block = cols_block(Span(100000, 3, 2), 1)
+    assert block[0] * block[1] * block[2] <= rs.BLOCK and block[2] > 1 and grid[1] <= rs.MAX_GRID_Y
+
+
+def _layer(op, x_shape, y_shape, dtype="float16"):
+    return LayerDesc("r", op, ("X", "axes"), ("Y",), {"keepdims": 1}, in_dtypes=(dtype, "int64"),
+                     in_shapes=(x_shape, (2,)), out_dtypes=(dtype,), out_shapes=(y_shape,))
+
+
+def test_span_takes_resnet_pool_and_bert_rows_but_not_logsumexp_or_few_long_rows():
+    assert rs.supports(_layer("ReduceMean", (32, 7, 7, 2048), (32, 1, 1, 2048)))
+    assert rs.supports(_layer("ReduceSum", (8, 128, 768), (8, 128, 1)))
+    assert not rs.supports(_layer("ReduceLogSumExp", (32, 7, 7, 2048), (32, 1, 1, 2048)))
+    assert not rs.supports(_layer("ReduceSum", (4, 100000), (4, 1)))
+    assert not rs.supports(LayerDesc("r", "ReduceSum", ("X",), ("Y",)))  # no stamped shapes
+
+
+def _enqueue(x_shape, y_shape, x_ptr=0x1000, dtype=np.float16, op="ReduceMean"):
+    rec = RecordingLauncher()
+    tensors = {"X": DeviceTensor(x_ptr, x_shape, np.dtype(dtype)), "axes": DeviceTensor(0x9000, (2,), np.dtype(np.int64)),
+               "Y": DeviceTensor(0x20000, y_shape, np.dtype(dtype))}
+    rs.enqueue_span(_layer(op, x_shape, y_shape), rec, tensors)
+    return rec.launches
+
+
+def test_enqueue_loads_16_bytes_only_from_aligned_pointers():
+    (name, args), = _enqueue((32, 7, 7, 2048), (32, 1, 1, 2048))
+    assert name == "reduce_cols_f16" and args[2:] == [OPS["ReduceMean"], 32, 49, 2048, 1]
+    (name, args), = _enqueue((32, 7, 7, 2048), (32, 1, 1, 2048), x_ptr=0x1002)
+    assert name == "reduce_cols_f16" and args[-1] == 0
+    (name, args), = _enqueue((8, 128, 768), (8, 128, 1))
+    assert name == "reduce_rows_f16" and args[2:] == [OPS["ReduceMean"], 1024, 768, 1]
+
+
+def test_enqueue_runs_the_general_kernel_where_no_span_fits():
+    (name, _), = _enqueue((3, 4, 5, 6), (1, 4, 1, 6))
+    assert name == "reduce_f16"
+    (name, _), = _enqueue((32, 7, 7, 64), (32, 1, 1, 64), op="ReduceLogSumExp")
+    assert name == "reduce_f16"
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+POSITIVE = {"ReduceLogSum", "ReduceProd"}
+#: odd sizes, size-1 axes inside the run, rows shorter and longer than a warp's 16-byte chunk
+SHAPES = [((3, 5, 7, 24), [1, 2]), ((2, 9, 40), [1]), ((5, 3, 3, 13), [1, 2]), ((7, 1, 6, 1, 3), [1, 2]),
+          ((33, 100), [1]), ((6, 17), [1]), ((4, 3, 1030), [2]), ((2, 49, 2048), [1])]
+
+
+def _feeds(op, shape, axes, dtype):
+    x = rng.uniform(0.5, 1.5, shape) if op in POSITIVE else rng.uniform(-2, 2, shape)
+    return {"X": x.astype(dtype), "axes": np.array(axes, np.int64)}
+
+
+def _stamped(op, feeds, keepdims=1, precision="fp32"):
+    from polykit.runtime.cuda.harness import reference_layer
+
+    lay = LayerDesc("r", op, ("X", "axes"), ("Y",), {"keepdims": keepdims}, precision=precision)
+    y = reference_layer(lay, feeds)["Y"]
+    return replace(lay, in_dtypes=(feeds["X"].dtype.name, "int64"), in_shapes=(feeds["X"].shape, (len(feeds["axes"]),)),
+                   out_dtypes=(y.dtype.name,), out_shapes=(y.shape,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [k for k in OPS if k != "ReduceLogSumExp"])
+@pytest.mark.parametrize("shape,axes", SHAPES)
+def test_span_matches_reference_fp32(op, shape, axes):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    feeds = _feeds(op, shape, axes, np.float32)
+    lay = _stamped(op, feeds)
+    assert span_geometry(feeds["X"].shape, lay.out_shapes[0]) is not None, "the case must take the span kernels"
+    assert_matches_reference(lay, feeds, tactic="cuda.reduce.span", rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [0, 2])
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2"])
+@pytest.mark.parametrize("shape,axes", SHAPES)
+def test_span_fp16_with_and_without_16_byte_loads(op, shape, axes, misalign):
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    feeds = _feeds(op, shape, axes, np.float16)
+    lay = _stamped(op, feeds, keepdims=0, precision="fp16")
+    assert span_geometry(feeds["X"].shape, lay.out_shapes[0]) is not None, "the case must take the span kernels"
+    got = run_layer(lay, feeds, tactic="cuda.reduce.span", misalign={"X": misalign})["Y"]
+    want = reference_layer(lay, feeds)["Y"]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=3e-3, atol=3e-3,
+                               err_msg=f"{op} {shape} axes {axes} misalign {misalign}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,axes", SHAPES)
+def test_span_bfloat16_sums_are_the_reference_bit_for_bit(shape, axes):
+    from polykit.compiler.dtypes import to_numpy
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+    from tests.kernels.cuda.ulps import bit_mismatches
+
+    for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceSumSquare"):
+        feeds = _feeds(op, shape, axes, to_numpy(16))
+        lay = _stamped(op, feeds)
+        got = run_layer(lay, feeds, tactic="cuda.reduce.span")["Y"]
+        assert bit_mismatches(got, reference_layer(lay, feeds)["Y"]) == "", f"{op} {shape} axes {axes}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceMean"])
+def test_span_integers_and_doubles_exactly(dtype, op):
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    x = rng.integers(-4, 5, size=(3, 3, 2, 4)).astype(dtype)
+    x[x == 0] = 1
+    feeds = {"X": x, "axes": np.array([1, 2], np.int64)}
+    assert_matches_reference(_stamped(op, feeds), feeds, tactic="cuda.reduce.span", rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_span_max_propagates_nan_like_the_reference():
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    feeds = _feeds("ReduceMax", (2, 9, 40), [1], np.float32)
+    feeds["X"][1, 4, 7] = np.nan
+    feeds["X"][0, 3, :] = np.nan
+    assert_matches_reference(_stamped("ReduceMax", feeds), feeds, tactic="cuda.reduce.span", rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_span_resnet_global_pool_equals_the_general_kernel_within_fp32_rounding():
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    feeds = _feeds("ReduceMean", (32, 7, 7, 2048), [1, 2], np.float16)
+    lay = _stamped("ReduceMean", feeds, precision="fp16")
+    fast = run_layer(lay, feeds, tactic="cuda.reduce.span")["Y"]
+    general = run_layer(lay, feeds, tactic="cuda.reduce")["Y"]
+    want = reference_layer(lay, feeds)["Y"].astype(np.float32)
+    assert np.abs(fast.astype(np.float32) - want).max() <= 1e-3
+    assert np.abs(fast.astype(np.float32) - general.astype(np.float32)).max() <= 1e-3
