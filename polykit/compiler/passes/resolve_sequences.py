@@ -280,6 +280,9 @@ def _split(walk: _Walk, node: Node) -> None:
     if shape is None or not isinstance(shape[axis], int):
         raise walk.fail(node, "the split axis has no known length")
     axis %= len(shape)
+    if node.input(1) and node.input(1) not in walk.consts and _split_length(walk, node) is not None:
+        _split_at_run_time(walk, node, axis)
+        return
     split = walk.const(node, 1, "split")
     sizes = split_to_sequence_sizes(shape[axis], split)
     if sizes is None:
@@ -293,6 +296,21 @@ def _split(walk: _Walk, node: Node) -> None:
         for p, s in zip(parts, squeezed):
             walk.emit(Node("Squeeze", [p, axes], [s], name=f"{s}__squeeze"))
         parts = squeezed
+    walk.structs[node.outputs[0]] = parts
+
+
+def _split_length(walk: _Walk, node: Node) -> int | None:
+    """The number of pieces a 1-D split of a static length gives (None for a scalar chunk size, whose
+    value decides the sequence's length)."""
+    shape = walk.graph.value(node.input(1)).shape
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+
+
+def _split_at_run_time(walk: _Walk, node: Node, axis: int) -> None:
+    """A split whose sizes are known only at run time: as many pieces as it has entries, a Split that
+    reads the sizes (a ruled build binds the pieces' dims per run: polykit.compiler.shape_rules)."""
+    parts = [walk.graph.fresh_name(f"{node.outputs[0]}/part") for _ in range(_split_length(walk, node))]
+    walk.emit(Node("Split", [node.input(0), node.input(1)], parts, {"axis": axis}, f"{node.name}__split"))
     walk.structs[node.outputs[0]] = parts
 
 
