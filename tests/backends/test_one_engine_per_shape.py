@@ -60,3 +60,43 @@ def test_a_ruled_split_read_through_identities_builds_once(device):
     x = np.random.default_rng(1).standard_normal((3, 6)).astype(np.float32)
     feeds = [{"x": x, "split": np.array(s, np.int64)} for s in ([1, 2], [3, 0], [0, 3])]
     _run_values(model, device, feeds, "Split + Identity")
+
+
+@pytest.mark.parametrize("device", TARGETS)
+def test_an_if_on_an_input_condition_whose_branches_give_sequences_builds_once(device):
+    def branch(name, op):  # a sequence of two elements computed from the captured x
+        return helper.make_graph(
+            [helper.make_node(op, ["x"], [f"{name}_a"]), helper.make_node("Neg", ["x"], [f"{name}_b"]),
+             helper.make_node("SequenceConstruct", [f"{name}_a", f"{name}_b"], [f"{name}_out"])], name, [],
+            [helper.make_tensor_sequence_value_info(f"{name}_out", TensorProto.FLOAT, [2, 3])])
+
+    model = _model([helper.make_node("If", ["cond"], ["res"], then_branch=branch("then", "Relu"),
+                                     else_branch=branch("else", "Abs"))],
+                   [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   [helper.make_tensor_sequence_value_info("res", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    feeds = [{"cond": np.array(c), "x": x} for c in (True, False, True)]
+    _run_values(model, device, feeds, "If over sequences")
+
+
+def test_an_if_whose_branches_give_sequences_of_other_lengths_still_runs_per_value():
+    def branch(name, count):
+        items = [f"{name}_{i}" for i in range(count)]
+        return helper.make_graph(
+            [helper.make_node("Relu", ["x"], [i]) for i in items] +
+            [helper.make_node("SequenceConstruct", items, [f"{name}_out"])], name, [],
+            [helper.make_tensor_sequence_value_info(f"{name}_out", TensorProto.FLOAT, [2])])
+
+    model = _model([helper.make_node("If", ["cond"], ["res"], then_branch=branch("then", 1),
+                                     else_branch=branch("else", 2))],
+                   [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                   [helper.make_tensor_sequence_value_info("res", TensorProto.FLOAT, None)])
+    rep = backend.prepare(model, "CPU")
+    x = np.array([1.5, -2.0], np.float32)
+    for cond, length in ((True, 1), (False, 2)):
+        (res,) = rep.run({"cond": np.array(cond), "x": x})
+        assert len(res) == length, f"cond={cond}: {len(res)} elements"
+        np.testing.assert_array_equal(res[0], np.maximum(x, 0))
+    assert rep.builds == 3  # the sequence's length is the condition's: a failed try, then an engine per value

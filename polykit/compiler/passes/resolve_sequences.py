@@ -366,9 +366,49 @@ def _identity(walk: _Walk, node: Node) -> None:
 
 
 def _if(walk: _Walk, node: Node) -> None:
+    if node.input(0) not in walk.consts and _if_at_run_time(walk, node):
+        return
     key = "then_branch" if bool(walk.const(node, 0, "condition").reshape(-1)[0]) else "else_branch"
     for out, item in zip(node.outputs, walk.inline(node.attrs[key], node, [], f"{node.name}/{key}")):
         walk.alias(item, out)
+
+
+def _if_at_run_time(walk: _Walk, node: Node) -> bool:
+    """An If whose condition is known only at run time and whose branches give sequences/optionals
+    of one structure (lengths, presence) stays an If over their elements' tensors; False (nothing
+    emitted) when the structures differ or a branch reads an outer sequence."""
+    if any(walk.graph.value(n).wrap for n in node.inputs[1:] if n):
+        return False
+    keys = ("then_branch", "else_branch")
+    branches = {k: node.attrs[k].copy() for k in keys}
+    layouts = {k: resolve_sequences(b, {})["outputs"] for k, b in branches.items()}
+    wrapped = [o for o in node.attrs[keys[0]].outputs if node.attrs[keys[0]].value(o).wrap]
+    shapes = [[_skeleton(layouts[k].get(o)) for o in node.attrs[k].outputs] for k in keys]
+    if shapes[0] != shapes[1] or not wrapped:
+        return False
+    outputs: list[str] = []
+    for out, skeleton in zip(node.outputs, shapes[0]):
+        if skeleton is None and not walk.graph.value(out).wrap:
+            outputs.append(out)
+            continue
+        walk.structs[out] = _fresh(walk, out, skeleton)
+        outputs += _names(walk.structs[out])
+    walk.emit(Node("If", list(node.inputs), outputs, {**node.attrs, **branches}, node.name))
+    return True
+
+
+def _skeleton(layout: Layout) -> Any:
+    """A layout's structure without its names (None for a plain tensor output)."""
+    if isinstance(layout, list):
+        return [_skeleton(item) if isinstance(item, list) or item is None else "" for item in layout]
+    return layout if layout is None else ""
+
+
+def _fresh(walk: _Walk, name: str, skeleton: Any) -> Layout:
+    """A layout of `skeleton`'s structure with new tensor names for its elements."""
+    if skeleton is None or skeleton == "":
+        return None if skeleton is None else walk.graph.fresh_name(f"{name}/item")
+    return [_fresh(walk, f"{name}/{i}", item) for i, item in enumerate(skeleton)]
 
 
 def _loop(walk: _Walk, node: Node) -> None:
