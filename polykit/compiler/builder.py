@@ -20,7 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols
 from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
@@ -75,7 +75,8 @@ class Builder:
         known = infer_shapes(g) if distributed else known
         data = data_symbols(g)
         if data:  # output sizes the input values decide: bound at run time
-            profiles = replace(profiles or ProfileSet.static(g), data=data)
+            profiles = replace(profiles or ProfileSet.static(g), data=data, sized=sized_symbols(g))
+            refuse_sized_target(profiles.sized, target)
         if g.metadata.get(RULES):  # shapes the shape-tensor values decide: their rules run at bind time
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
             refuse_ruled_target(target)

@@ -100,3 +100,65 @@ def test_an_if_whose_branches_give_sequences_of_other_lengths_still_runs_per_val
         assert len(res) == length, f"cond={cond}: {len(res)} elements"
         np.testing.assert_array_equal(res[0], np.maximum(x, 0))
     assert rep.builds == 3  # the sequence's length is the condition's: a failed try, then an engine per value
+
+
+def _range_loop_model(dtype=TensorProto.FLOAT):
+    """ONNX's Range function body: a Loop whose trip count ceil((limit - start) / delta) is computed
+    from the inputs, whose scan output collects start, start + delta, ..."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["prev", "delta"], ["current"]),
+         helper.make_node("Identity", ["prev"], ["item"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("prev", dtype, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("current", dtype, []),
+         helper.make_tensor_value_info("item", dtype, [])])
+    nodes = [helper.make_node("Sub", ["limit", "start"], ["span"]),
+             helper.make_node("Cast", ["span"], ["span_f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["delta"], ["delta_f"], to=TensorProto.FLOAT),
+             helper.make_node("Div", ["span_f", "delta_f"], ["steps"]),
+             helper.make_node("Ceil", ["steps"], ["ceil"]), helper.make_node("Relu", ["ceil"], ["count"]),
+             helper.make_node("Cast", ["count"], ["trip"], to=TensorProto.INT64),
+             helper.make_node("Cast", ["count"], ["go"], to=TensorProto.BOOL),
+             helper.make_node("Loop", ["trip", "go", "start"], ["last", "out"], body=body)]
+    return _model(nodes, [helper.make_tensor_value_info(n, dtype, []) for n in ("start", "limit", "delta")],
+                  [helper.make_tensor_value_info("out", dtype, None)], opset=21)
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.INT32], ids=["float32", "int32"])
+def test_a_loop_whose_trip_count_is_computed_from_inputs_builds_once(dtype):
+    model = _range_loop_model(dtype)
+    np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.int32
+    values = [(1, 5, 2), (10, 4, -3), (0.5 if dtype == TensorProto.FLOAT else 0, 40, 3), (3, 3, 1), (7, 2, 1)]
+    feeds = [{k: np.array(v, np_dtype) for k, v in zip(("start", "limit", "delta"), triple)} for triple in values]
+    _run_values(model, "CPU", feeds, "Range's Loop")  # 2, 2, 14, 0 and 0 iterations
+
+
+def test_a_loop_output_the_run_sizes_survives_the_plan_file_and_is_held_to_no_reserved_bytes():
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.plan import Plan
+    from polykit.runtime.engine import Runtime
+
+    plan = build_plan(_range_loop_model(), BuilderConfig(target="cpu"))
+    assert plan.profiles.sized == frozenset({"data(out)[0]"}), plan.profiles
+    assert plan.tensors["out"].nbytes == 4  # the build plans one element; the run sizes it
+    loaded = Plan.deserialize(plan.serialize())
+    assert loaded.profiles.sized == plan.profiles.sized
+    with Runtime("cpu").deserialize_engine(loaded) as engine, engine.create_execution_context() as ctx:
+        for start, limit, delta in ((0, 100, 1), (2, 3, 0.25)):
+            feeds = {"start": np.float32(start), "limit": np.float32(limit), "delta": np.float32(delta)}
+            out = ctx.execute({k: np.array(v) for k, v in feeds.items()})["out"]
+            np.testing.assert_allclose(out, np.arange(start, limit, delta, dtype=np.float32), rtol=1e-6)
+            assert ctx.get_tensor_shape("out") == out.shape
+
+
+def test_a_target_that_cannot_size_outputs_at_run_time_refuses_such_a_loop():
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.errors import BuildError
+
+    with pytest.raises(BuildError, match=r"data\(out\)\[0\].*cuda target cannot allocate"):
+        build_plan(_range_loop_model(), BuilderConfig(target="cuda"))

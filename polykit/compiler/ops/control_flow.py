@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from polykit.compiler.data_dims import sized_dim
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.compiler.sequences import merge_values
@@ -138,7 +139,8 @@ def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
         raise ctx.fail(f"the body gives {len(outs)} outputs; a Loop with {n} carried values and {ctx.n_outputs} "
                        f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
     trip = _trip_count(ctx, body)
-    scans = [(v.dtype, None if v.shape is None else (trip, *v.shape)) for v in outs[1 + n:]]
+    scans = [(v.dtype, None if v.shape is None else
+              (trip if trip is not None else sized_dim(ctx, 0, n + k), *v.shape)) for k, v in enumerate(outs[1 + n:])]
     return list(state) + scans
 
 
