@@ -10,17 +10,22 @@ None or its element), so:
 
 - SequenceConstruct/Empty/Insert/Erase, Optional, Identity on them only move names;
 - SequenceAt, OptionalGetElement become an Identity of the element; SequenceLength and
-  OptionalHasElement constants; SplitToSequence a Split (+ Squeeze); ConcatFromSequence a
+  OptionalHasElement constants; SplitToSequence a Split (+ Squeeze) -- one reading the sizes
+  when a 1-D split is known only at run time (its length is the sequence's; a ruled build
+  binds the pieces' dims per run, polykit.compiler.shape_rules); ConcatFromSequence a
   Concat (+ Unsqueeze with new_axis);
 - SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
   unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations);
-  an If that gives or takes them inlines the branch its constant condition picks;
+  an If that gives or takes them inlines the branch its constant condition picks, and one on
+  a run-time condition whose branches give sequences of one structure (lengths, optionals'
+  presence) stays an If over their elements' tensors;
 - sequence/optional graph outputs become their elements' tensors `s/0`, `s/1`, ...
 
 `resolve_sequences` returns the layout of the sequence inputs and outputs (the runtime form,
 polykit.compiler.sequences, with flattened tensor names where the arrays go) for the engine,
 which flattens feeds and packs outputs with it. What a build cannot resolve (a position
-computed from data, a loop whose trip count depends on data) is a BuildError; such models run
+computed from data, a loop whose trip count depends on data, a sequence whose length a
+run-time value decides) is a BuildError; such models run
 in the graph evaluator (`evaluate_model`), which handles sequences of any length.
 """
 
@@ -30,20 +35,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.evaluator import RANDOM_OPS, run_node
-from polykit.compiler.infer import result_value
-from polykit.compiler.ir import OPTIONAL, SEQUENCE, Graph, Node, Value, has_subgraphs, subgraphs
+from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.passes.sequence_walk import Layout, Walk, layout_names
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
 
 #: a Loop over sequences is unrolled up to this many iterations
 MAX_UNROLL = 1024
-#: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
-CONST_MAX_ELEMENTS = 4096
-
-Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional)
 
 
 #: ops only this pass lowers, even on plain tensors (OptionalGetElement of a tensor is its input)
@@ -66,7 +65,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
     layout}, "outputs": {name: layout}} for its sequence/optional inputs and outputs.
     `input_values` are build-time values of inputs (BuilderConfig.input_values): trip counts,
     conditions and positions fed as inputs."""
-    walk = _Walk(graph)
+    walk = Walk(graph, _RESOLVERS)
     walk.consts.update({k: np.asarray(v) for k, v in (input_values or {}).items()})
     inputs: list[str] = []
     for name in graph.inputs:  # plain inputs at their build shapes: the walk infers exact shapes
@@ -81,7 +80,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
             continue
         layout = _input_layout(name, v.wrap, input_shapes)
         layouts["inputs"][name] = layout
-        for flat in _names(layout):
+        for flat in layout_names(layout):
             inputs.append(flat)
             graph.set_value(Value(flat, v.dtype, tuple(input_shapes[flat])))
         walk.structs[name] = layout
@@ -94,7 +93,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
             continue
         layout = _flatten_output(walk, name, walk.struct(name))
         layouts["outputs"][name] = layout
-        outputs.extend(_names(layout))
+        outputs.extend(layout_names(layout))
     graph.nodes, graph.outputs = walk.emitted, outputs
     graph.values = {k: v for k, v in graph.values.items() if not v.wrap}
     return layouts
@@ -116,15 +115,7 @@ def _input_layout(name: str, wrap: tuple[str, ...], shapes: Mapping[str, Any]) -
     return items
 
 
-def _names(layout: Layout) -> list[str]:
-    if layout is None:
-        return []
-    if isinstance(layout, list):
-        return [n for item in layout for n in _names(item)]
-    return [layout]
-
-
-def _flatten_output(walk: "_Walk", name: str, struct: Layout) -> Layout:
+def _flatten_output(walk: "Walk", name: str, struct: Layout) -> Layout:
     """Identity layers that give a sequence output's elements the names `name/i`."""
     if struct is None:
         return None
@@ -134,102 +125,7 @@ def _flatten_output(walk: "_Walk", name: str, struct: Layout) -> Layout:
     return name
 
 
-class _Walk:
-    """The pass's state: nodes emitted so far, the structure of each sequence, known constants."""
-
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.emitted: list[Node] = []
-        self.structs: dict[str, Layout] = {}
-        self.consts: dict[str, np.ndarray] = {k: v for k, v in graph.initializers.items()
-                                              if v.size <= CONST_MAX_ELEMENTS}
-
-    # ---- helpers ---------------------------------------------------------------------------
-    def fail(self, node: Node, what: str) -> BuildError:
-        return BuildError(f"{what}: a plan needs every sequence's length at build time", where=node.describe(),
-                          hint="make it a constant, or run the model in the graph evaluator "
-                               "(polykit.compiler.evaluator.evaluate_model), which runs sequences of any length")
-
-    def struct(self, name: str) -> Layout:
-        return self.structs[name]
-
-    def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
-        name = node.input(i)
-        if not name:
-            return None
-        if name not in self.consts:
-            raise self.fail(node, f"its {what} ({name!r}) is not known at build time")
-        return self.consts[name]
-
-    def add_const(self, array: np.ndarray, name: str | None = None) -> str:
-        name = name or self.graph.fresh_name("seq_const")
-        self.graph.initializers[name] = np.asarray(array)
-        self.graph.set_value(Value(name, np.asarray(array).dtype, np.shape(array)))
-        self.consts[name] = np.asarray(array)
-        return name
-
-    def emit(self, node: Node) -> None:
-        """Append a tensor node, infer its outputs (exact: the walk knows every shape) and
-        evaluate it when it reads constants only."""
-        self.emitted.append(node)
-        for _, body in subgraphs(node):
-            if touches_sequences(body):
-                resolve_sequences(body, {})
-        rule = find_shape_rule(node.domain, node.op_type)
-        values = [self.graph.value(n) if n else Value("") for n in node.inputs]
-        if rule is not None:
-            ctx = InferContext(node, [v.dtype for v in values], [v.shape for v in values],
-                               [self.consts.get(n) for n in node.inputs], values)
-            for out, result in zip(node.outputs, rule(ctx)):
-                if out:
-                    self.graph.set_value(result_value(out, result))
-        if node.op_type in RANDOM_OPS or has_subgraphs(node) or any(n and n not in self.consts for n in node.inputs):
-            return
-        if any(self.consts[n].size > CONST_MAX_ELEMENTS for n in node.inputs if n):
-            return
-        for out, value in zip(node.outputs, run_node(node, [self.consts[n] if n else None for n in node.inputs])):
-            if out and isinstance(value, np.ndarray) and value.size <= CONST_MAX_ELEMENTS:
-                self.consts[out] = value
-
-    def alias(self, src: Layout, out: str) -> None:
-        """`out` holds what `src` holds: a tensor gets an Identity, a sequence/optional its structure."""
-        if isinstance(src, str) and not self.graph.value(out).wrap:
-            self.emit(Node("Identity", [src], [out], name=f"{out}__alias"))
-        else:
-            self.structs[out] = src
-
-    # ---- the walk --------------------------------------------------------------------------
-    def run(self, nodes: list[Node]) -> None:
-        for node in nodes:
-            wrapped = any(n and self.graph.value(n).wrap for n in (*node.inputs, *node.outputs))
-            handler = _RESOLVERS.get(node.op_type) if node.domain == "" else None
-            if handler is not None and (wrapped or node.op_type not in ("If", "Loop", "Identity")):
-                handler(self, node)
-            else:
-                self.emit(node)
-
-    def inline(self, body: Graph, node: Node, bound: list[str], tag: str) -> list[Layout]:
-        """Run `body`'s nodes in the outer graph with its inputs bound to `bound` (names) and
-        its captures to the node's; returns what its outputs hold."""
-        c = captured(node)
-        names = dict(zip(body.inputs, bound + (list(node.inputs[len(node.inputs) - c:]) if c else [])))
-        for name, arr in body.initializers.items():
-            names[name] = self.add_const(arr, self.graph.fresh_name(f"{tag}/{name}"))
-        for n in body.nodes:
-            for out in n.outputs:
-                if out:
-                    names[out] = self.graph.fresh_name(f"{tag}/{out}")
-        for old, new in names.items():
-            if old not in body.inputs and old not in body.initializers:
-                self.graph.set_value(body.value(old).with_(name=new))
-        self.run([Node(n.op_type, [names.get(i, i) if i else "" for i in n.inputs],
-                       [names[o] if o else "" for o in n.outputs], dict(n.attrs), f"{tag}/{n.name}", n.domain)
-                  for n in body.nodes])
-        return [self.struct(names.get(o, o)) if self.graph.value(names.get(o, o)).wrap else names.get(o, o)
-                for o in body.outputs]
-
-
-def _position(walk: _Walk, node: Node, i: int, length: int, default: int, insert: bool = False) -> int:
+def _position(walk: Walk, node: Node, i: int, length: int, default: int, insert: bool = False) -> int:
     pos = walk.const(node, i, "position")
     if pos is None:
         return default
@@ -241,21 +137,21 @@ def _position(walk: _Walk, node: Node, i: int, length: int, default: int, insert
     return p + length if p < 0 else p
 
 
-def _empty(walk: _Walk, node: Node) -> None:
+def _empty(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = []
 
 
-def _construct(walk: _Walk, node: Node) -> None:
+def _construct(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = list(node.inputs)
 
 
-def _insert(walk: _Walk, node: Node) -> None:
+def _insert(walk: Walk, node: Node) -> None:
     seq = list(walk.struct(node.input(0)))
     seq.insert(_position(walk, node, 2, len(seq), len(seq), insert=True), node.input(1))
     walk.structs[node.outputs[0]] = seq
 
 
-def _erase(walk: _Walk, node: Node) -> None:
+def _erase(walk: Walk, node: Node) -> None:
     seq = list(walk.struct(node.input(0)))
     if not seq:
         raise BuildError("SequenceErase of an empty sequence", where=node.describe())
@@ -263,18 +159,18 @@ def _erase(walk: _Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = seq
 
 
-def _at(walk: _Walk, node: Node) -> None:
+def _at(walk: Walk, node: Node) -> None:
     seq = walk.struct(node.input(0))
     if not seq:
         raise BuildError("SequenceAt of an empty sequence", where=node.describe())
     walk.alias(seq[_position(walk, node, 1, len(seq), 0)], node.outputs[0])
 
 
-def _length(walk: _Walk, node: Node) -> None:
+def _length(walk: Walk, node: Node) -> None:
     walk.add_const(np.array(len(walk.struct(node.input(0))), np.int64), node.outputs[0])
 
 
-def _split(walk: _Walk, node: Node) -> None:
+def _split(walk: Walk, node: Node) -> None:
     shape = walk.graph.value(node.input(0)).shape
     axis = int(node.attrs.get("axis", 0))
     if shape is None or not isinstance(shape[axis], int):
@@ -299,14 +195,14 @@ def _split(walk: _Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = parts
 
 
-def _split_length(walk: _Walk, node: Node) -> int | None:
+def _split_length(walk: Walk, node: Node) -> int | None:
     """The number of pieces a 1-D split of a static length gives (None for a scalar chunk size, whose
     value decides the sequence's length)."""
     shape = walk.graph.value(node.input(1)).shape
     return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
 
 
-def _split_at_run_time(walk: _Walk, node: Node, axis: int) -> None:
+def _split_at_run_time(walk: Walk, node: Node, axis: int) -> None:
     """A split whose sizes are known only at run time: as many pieces as it has entries, a Split that
     reads the sizes (a ruled build binds the pieces' dims per run: polykit.compiler.shape_rules)."""
     parts = [walk.graph.fresh_name(f"{node.outputs[0]}/part") for _ in range(_split_length(walk, node))]
@@ -314,7 +210,7 @@ def _split_at_run_time(walk: _Walk, node: Node, axis: int) -> None:
     walk.structs[node.outputs[0]] = parts
 
 
-def _concat(walk: _Walk, node: Node) -> None:
+def _concat(walk: Walk, node: Node) -> None:
     seq = walk.struct(node.input(0))
     if not seq:
         raise BuildError("ConcatFromSequence of an empty sequence", where=node.describe())
@@ -328,7 +224,7 @@ def _concat(walk: _Walk, node: Node) -> None:
     walk.emit(Node("Concat", list(seq), [node.outputs[0]], {"axis": axis}, node.name))
 
 
-def _map(walk: _Walk, node: Node) -> None:
+def _map(walk: Walk, node: Node) -> None:
     n = len(node.inputs) - captured(node)
     seqs = {i: walk.struct(node.inputs[i]) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
     length = len(seqs[0])
@@ -341,18 +237,18 @@ def _map(walk: _Walk, node: Node) -> None:
         walk.structs[name] = items
 
 
-def _optional(walk: _Walk, node: Node) -> None:
+def _optional(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = walk.struct(node.input(0)) if node.input(0) in walk.structs else (
         node.input(0) or None)
 
 
-def _has_element(walk: _Walk, node: Node) -> None:
+def _has_element(walk: Walk, node: Node) -> None:
     name = node.input(0)
     present = bool(name) and (walk.struct(name) is not None if walk.graph.value(name).wrap else True)
     walk.add_const(np.array(present), node.outputs[0])
 
 
-def _get_element(walk: _Walk, node: Node) -> None:
+def _get_element(walk: Walk, node: Node) -> None:
     name = node.input(0)
     src = walk.struct(name) if walk.graph.value(name).wrap else name
     if src is None:
@@ -361,11 +257,11 @@ def _get_element(walk: _Walk, node: Node) -> None:
     walk.alias(src, node.outputs[0])
 
 
-def _identity(walk: _Walk, node: Node) -> None:
+def _identity(walk: Walk, node: Node) -> None:
     walk.alias(walk.struct(node.input(0)), node.outputs[0])
 
 
-def _if(walk: _Walk, node: Node) -> None:
+def _if(walk: Walk, node: Node) -> None:
     if node.input(0) not in walk.consts and _if_at_run_time(walk, node):
         return
     key = "then_branch" if bool(walk.const(node, 0, "condition").reshape(-1)[0]) else "else_branch"
@@ -373,7 +269,7 @@ def _if(walk: _Walk, node: Node) -> None:
         walk.alias(item, out)
 
 
-def _if_at_run_time(walk: _Walk, node: Node) -> bool:
+def _if_at_run_time(walk: Walk, node: Node) -> bool:
     """An If whose condition is known only at run time and whose branches give sequences/optionals
     of one structure (lengths, presence) stays an If over their elements' tensors; False (nothing
     emitted) when the structures differ or a branch reads an outer sequence."""
@@ -392,7 +288,7 @@ def _if_at_run_time(walk: _Walk, node: Node) -> bool:
             outputs.append(out)
             continue
         walk.structs[out] = _fresh(walk, out, skeleton)
-        outputs += _names(walk.structs[out])
+        outputs += layout_names(walk.structs[out])
     walk.emit(Node("If", list(node.inputs), outputs, {**node.attrs, **branches}, node.name))
     return True
 
@@ -404,14 +300,14 @@ def _skeleton(layout: Layout) -> Any:
     return layout if layout is None else ""
 
 
-def _fresh(walk: _Walk, name: str, skeleton: Any) -> Layout:
+def _fresh(walk: Walk, name: str, skeleton: Any) -> Layout:
     """A layout of `skeleton`'s structure with new tensor names for its elements."""
     if skeleton is None or skeleton == "":
         return None if skeleton is None else walk.graph.fresh_name(f"{name}/item")
     return [_fresh(walk, f"{name}/{i}", item) for i, item in enumerate(skeleton)]
 
 
-def _loop(walk: _Walk, node: Node) -> None:
+def _loop(walk: Walk, node: Node) -> None:
     """Unroll the loop: its trip count and every iteration's condition must be constants."""
     trip = walk.const(node, 0, "trip count")
     go = walk.const(node, 1, "condition")
@@ -454,7 +350,7 @@ def _loop(walk: _Walk, node: Node) -> None:
         walk.emit(Node("Concat", items, [out], {"axis": 0}, f"{out}__stack"))
 
 
-_RESOLVERS: dict[str, Callable[[_Walk, Node], None]] = {
+_RESOLVERS: dict[str, Callable[[Walk, Node], None]] = {
     "SequenceEmpty": _empty, "SequenceConstruct": _construct, "SequenceInsert": _insert,
     "SequenceErase": _erase, "SequenceAt": _at, "SequenceLength": _length, "SplitToSequence": _split,
     "ConcatFromSequence": _concat, "SequenceMap": _map, "Optional": _optional,
