@@ -162,3 +162,16 @@ def test_a_target_that_cannot_size_outputs_at_run_time_refuses_such_a_loop():
 
     with pytest.raises(BuildError, match=r"data\(out\)\[0\].*cuda target cannot allocate"):
         build_plan(_range_loop_model(), BuilderConfig(target="cuda"))
+
+
+def test_layers_after_a_loop_output_the_run_sizes_get_its_real_size():
+    model = _range_loop_model()
+    nodes = list(model.graph.node) + [helper.make_node("Mul", ["out", "out"], ["sq"]),
+                                      helper.make_node("ReduceSum", ["sq"], ["total"], keepdims=0),
+                                      helper.make_node("Shape", ["out"], ["n"])]
+    model = _model(nodes, list(model.graph.input),
+                   [helper.make_tensor_value_info("total", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("n", TensorProto.INT64, None)], opset=21)
+    feeds = [{"start": np.float32(a), "limit": np.float32(b), "delta": np.float32(c)}
+             for a, b, c in ((0.5, 9, 0.5), (1, 2, 1), (4, 1, 1), (-3, 30, 2))]
+    _run_values(model, "CPU", [{k: np.array(v) for k, v in f.items()} for f in feeds], "Loop -> Mul/ReduceSum/Shape")
