@@ -175,3 +175,27 @@ def test_layers_after_a_loop_output_the_run_sizes_get_its_real_size():
     feeds = [{"start": np.float32(a), "limit": np.float32(b), "delta": np.float32(c)}
              for a, b, c in ((0.5, 9, 0.5), (1, 2, 1), (4, 1, 1), (-3, 30, 2))]
     _run_values(model, "CPU", [{k: np.array(v) for k, v in f.items()} for f in feeds], "Loop -> Mul/ReduceSum/Shape")
+
+
+def _if_of_shapes_model():
+    """If(cond) gives x's first two rows, else x's transpose: each branch a shape of its own."""
+    def branch(name, node):
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)])
+
+    starts = helper.make_tensor("starts", TensorProto.INT64, [1], [0])
+    ends = helper.make_tensor("ends", TensorProto.INT64, [1], [2])
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=branch(
+                        "then", helper.make_node("Slice", ["x", "starts", "ends"], ["then_y"])),
+                                     else_branch=branch("else", helper.make_node("Transpose", ["x"], ["else_y"]))),
+                    helper.make_node("Relu", ["y"], ["z"])],
+                   [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model.graph.initializer.extend([starts, ends])
+    return model
+
+
+def test_an_if_whose_branches_give_other_shapes_builds_once_on_cpu():
+    x = np.random.default_rng(5).standard_normal((3, 5)).astype(np.float32)
+    feeds = [{"cond": np.array(c), "x": x} for c in (True, False, True)]
+    _run_values(_if_of_shapes_model(), "CPU", feeds, "If of two shapes")  # [2, 5], then [5, 3]
