@@ -199,3 +199,31 @@ def test_an_if_whose_branches_give_other_shapes_builds_once_on_cpu():
     x = np.random.default_rng(5).standard_normal((3, 5)).astype(np.float32)
     feeds = [{"cond": np.array(c), "x": x} for c in (True, False, True)]
     _run_values(_if_of_shapes_model(), "CPU", feeds, "If of two shapes")  # [2, 5], then [5, 3]
+
+
+@pytest.mark.parametrize("device", TARGETS)
+def test_split_to_sequence_of_a_chunk_size_fed_as_an_input_builds_once(device):
+    # the chunk size decides the sequence's length: the plan holds 6 pieces and a length computed per run
+    model = _model([helper.make_node("SplitToSequence", ["x", "chunk"], ["seq"], axis=1),
+                    helper.make_node("SequenceLength", ["seq"], ["n"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6]),
+                    helper.make_tensor_value_info("chunk", TensorProto.INT64, [])],
+                   [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("n", TensorProto.INT64, None)])
+    x = np.random.default_rng(6).standard_normal((3, 6)).astype(np.float32)
+    feeds = [{"x": x, "chunk": np.array(c, np.int64)} for c in (2, 4, 1, 6, 9, 2)]
+    _run_values(model, device, feeds, "SplitToSequence by chunks")
+
+
+def test_a_chunk_size_outside_its_domain_is_refused_naming_the_input():
+    from polykit.errors import RuntimeInputError
+
+    model = _model([helper.make_node("SplitToSequence", ["x", "chunk"], ["seq"], axis=0)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2]),
+                    helper.make_tensor_value_info("chunk", TensorProto.INT64, [])],
+                   [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)])
+    rep = backend.prepare(model, "CPU")
+    x = np.ones((4, 2), np.float32)
+    assert [p.shape for p in rep.run({"x": x, "chunk": np.array(3)})[0]] == [(3, 2), (1, 2)]
+    with pytest.raises(RuntimeInputError, match="chunk"):
+        rep.run({"x": x, "chunk": np.array(0)})

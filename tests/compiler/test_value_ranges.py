@@ -89,9 +89,9 @@ def test_a_float_input_read_by_a_shape_chain_or_as_data_is_no_shape_tensor_input
     assert sorted(value_ranges(graph)) == ["b", "c"]
 
 
-def test_a_1d_split_to_sequence_split_ranges_over_its_axis_and_a_chunk_size_does_not():
+def test_split_to_sequence_sizes_range_over_the_axis_and_a_chunk_size_over_positive_ints():
     # the pieces of a 1-D split are as many as its entries (a ruled Split); a scalar chunk size decides
-    # how many pieces there are, which no plan holds
+    # how many pieces there are (the plan holds the axis' length of them and a run-time length)
     nodes = [helper.make_node("SplitToSequence", ["x", "sizes"], ["s1"], axis=2),
              helper.make_node("SplitToSequence", ["x", "chunk"], ["s2"], axis=1)]
     g = helper.make_graph(nodes, "ranges",
@@ -102,4 +102,4 @@ def test_a_1d_split_to_sequence_split_ranges_over_its_axis_and_a_chunk_size_does
     graph = load_onnx(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]))
     apply_input_shapes(graph, {})
     infer_shapes(graph, strict=False)
-    assert value_ranges(graph) == {"sizes": ((0, 4),) * 3}
+    assert value_ranges(graph) == {"sizes": ((0, 4),) * 3, "chunk": ((1, UNBOUNDED[1]),)}

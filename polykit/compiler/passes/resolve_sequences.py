@@ -37,7 +37,7 @@ import numpy as np
 
 from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.passes.sequence_walk import Layout, Walk, layout_names
+from polykit.compiler.passes.sequence_walk import RUN_LENGTH, Layout, Walk, layout_names
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
 
@@ -121,6 +121,9 @@ def _flatten_output(walk: "Walk", name: str, struct: Layout) -> Layout:
         return None
     if isinstance(struct, list):
         return [_flatten_output(walk, f"{name}/{i}", item) for i, item in enumerate(struct)]
+    if isinstance(struct, dict):  # a run-time length: its elements, and the length as `name/length`
+        return {RUN_LENGTH: _flatten_output(walk, f"{name}/{RUN_LENGTH}", struct[RUN_LENGTH]),
+                "items": _flatten_output(walk, name, struct["items"])}
     walk.emit(Node("Identity", [struct], [name], name=f"{name}__element"))
     return name
 
@@ -146,13 +149,13 @@ def _construct(walk: Walk, node: Node) -> None:
 
 
 def _insert(walk: Walk, node: Node) -> None:
-    seq = list(walk.struct(node.input(0)))
+    seq = list(walk.items(node))
     seq.insert(_position(walk, node, 2, len(seq), len(seq), insert=True), node.input(1))
     walk.structs[node.outputs[0]] = seq
 
 
 def _erase(walk: Walk, node: Node) -> None:
-    seq = list(walk.struct(node.input(0)))
+    seq = list(walk.items(node))
     if not seq:
         raise BuildError("SequenceErase of an empty sequence", where=node.describe())
     del seq[_position(walk, node, 1, len(seq), len(seq) - 1)]
@@ -160,14 +163,18 @@ def _erase(walk: Walk, node: Node) -> None:
 
 
 def _at(walk: Walk, node: Node) -> None:
-    seq = walk.struct(node.input(0))
+    seq = walk.items(node)
     if not seq:
         raise BuildError("SequenceAt of an empty sequence", where=node.describe())
     walk.alias(seq[_position(walk, node, 1, len(seq), 0)], node.outputs[0])
 
 
 def _length(walk: Walk, node: Node) -> None:
-    walk.add_const(np.array(len(walk.struct(node.input(0))), np.int64), node.outputs[0])
+    seq = walk.struct(node.input(0))
+    if isinstance(seq, dict):  # known at run time
+        walk.emit(Node("Identity", [seq[RUN_LENGTH]], [node.outputs[0]], name=f"{node.name}__length"))
+        return
+    walk.add_const(np.array(len(seq), np.int64), node.outputs[0])
 
 
 def _split(walk: Walk, node: Node) -> None:
@@ -176,9 +183,13 @@ def _split(walk: Walk, node: Node) -> None:
     if shape is None or not isinstance(shape[axis], int):
         raise walk.fail(node, "the split axis has no known length")
     axis %= len(shape)
-    if node.input(1) and node.input(1) not in walk.consts and _split_length(walk, node) is not None:
-        _split_at_run_time(walk, node, axis)
-        return
+    if node.input(1) and node.input(1) not in walk.consts:
+        if _split_length(walk, node) is not None:
+            _split_at_run_time(walk, node, axis)
+            return
+        if shape[axis] <= MAX_UNROLL:
+            _chunks_at_run_time(walk, node, axis, shape[axis])
+            return
     split = walk.const(node, 1, "split")
     sizes = split_to_sequence_sizes(shape[axis], split)
     if sizes is None:
@@ -210,8 +221,27 @@ def _split_at_run_time(walk: Walk, node: Node, axis: int) -> None:
     walk.structs[node.outputs[0]] = parts
 
 
+def _chunks_at_run_time(walk: Walk, node: Node, axis: int, dim: int) -> None:
+    """Chunks of a scalar size `s` known only at run time: a Split into `dim` pieces of sizes
+    max(0, min(s, dim - i*s)) and a sequence of the first ceil(dim / s) of them (a run-time length;
+    in a ruled build the sizes and the length are host values of the ruled `s`)."""
+    split, name = node.input(1), node.outputs[0]
+    steps = walk.add_const(np.arange(dim, dtype=np.int64))
+    names = {k: walk.graph.fresh_name(f"{name}/{k}") for k in ("starts", "left", "capped", "sizes", "span", "length")}
+    for op, inputs, out in (("Mul", [steps, split], "starts"),
+                            ("Sub", [walk.add_const(np.array(dim, np.int64)), names["starts"]], "left"),
+                            ("Min", [names["left"], split], "capped"),
+                            ("Max", [names["capped"], walk.add_const(np.array(0, np.int64))], "sizes"),
+                            ("Add", [split, walk.add_const(np.array(dim - 1, np.int64))], "span"),
+                            ("Div", [names["span"], split], "length")):
+        walk.emit(Node(op, inputs, [names[out]], name=f"{names[out]}__{op.lower()}"))
+    parts = [walk.graph.fresh_name(f"{name}/part") for _ in range(dim)]
+    walk.emit(Node("Split", [node.input(0), names["sizes"]], parts, {"axis": axis}, f"{node.name}__split"))
+    walk.structs[name] = {RUN_LENGTH: names["length"], "items": parts}
+
+
 def _concat(walk: Walk, node: Node) -> None:
-    seq = walk.struct(node.input(0))
+    seq = walk.items(node)
     if not seq:
         raise BuildError("ConcatFromSequence of an empty sequence", where=node.describe())
     axis = int(node.attrs["axis"])
@@ -226,7 +256,7 @@ def _concat(walk: Walk, node: Node) -> None:
 
 def _map(walk: Walk, node: Node) -> None:
     n = len(node.inputs) - captured(node)
-    seqs = {i: walk.struct(node.inputs[i]) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
+    seqs = {i: walk.items(node, i) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
     length = len(seqs[0])
     outs: list[list[Layout]] = [[] for _ in node.outputs]
     for k in range(length):
@@ -278,6 +308,8 @@ def _if_at_run_time(walk: Walk, node: Node) -> bool:
     keys = ("then_branch", "else_branch")
     branches = {k: node.attrs[k].copy() for k in keys}
     layouts = {k: resolve_sequences(b, {})["outputs"] for k, b in branches.items()}
+    if any(_run_length(layout) for layout in layouts.values()):
+        return False  # (a branch's sequence whose length the run decides)
     wrapped = [o for o in node.attrs[keys[0]].outputs if node.attrs[keys[0]].value(o).wrap]
     shapes = [[_skeleton(layouts[k].get(o)) for o in node.attrs[k].outputs] for k in keys]
     if shapes[0] != shapes[1] or not wrapped:
@@ -291,6 +323,13 @@ def _if_at_run_time(walk: Walk, node: Node) -> bool:
         outputs += layout_names(walk.structs[out])
     walk.emit(Node("If", list(node.inputs), outputs, {**node.attrs, **branches}, node.name))
     return True
+
+
+def _run_length(layout: Any) -> bool:
+    """Whether a layout (or a {name: layout} map) holds a sequence whose length the run decides."""
+    if isinstance(layout, dict):
+        return RUN_LENGTH in layout or any(_run_length(v) for v in layout.values())
+    return isinstance(layout, list) and any(_run_length(item) for item in layout)
 
 
 def _skeleton(layout: Layout) -> Any:

@@ -18,7 +18,10 @@ from polykit.errors import BuildError
 #: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
 CONST_MAX_ELEMENTS = 4096
 
-Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional)
+Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional), or RUN_LENGTH's dict
+#: layout key of a sequence whose length only the run knows: {"length": a 0-d int64 tensor, "items": [its
+#: elements, as many as it can hold]} (runtime.sequences packs the first `length`)
+RUN_LENGTH = "length"
 
 
 def layout_names(layout: Layout) -> list[str]:
@@ -27,6 +30,8 @@ def layout_names(layout: Layout) -> list[str]:
         return []
     if isinstance(layout, list):
         return [n for item in layout for n in layout_names(item)]
+    if isinstance(layout, dict):
+        return layout_names(layout["items"]) + [layout[RUN_LENGTH]]
     return [layout]
 
 
@@ -49,6 +54,13 @@ class Walk:
 
     def struct(self, name: str) -> Layout:
         return self.structs[name]
+
+    def items(self, node: Node, i: int = 0) -> list[Layout]:
+        """The elements of the sequence input `i` of `node` (BuildError when the run decides its length)."""
+        seq = self.structs[node.input(i)]
+        if isinstance(seq, dict):
+            raise self.fail(node, f"the length of its sequence ({node.input(i)!r}) is known only at run time")
+        return seq
 
     def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
         name = node.input(i)
