@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 DATA_DIMS = "data_dims"
 #: the size a build plans for a sized data dim (module docstring)
 SIZED_BOUND = 1
-#: targets that run plans with sized data dims: the cpu target allocates every output as its layer returns it
-SIZED_TARGETS = frozenset({"cpu"})
+#: targets that run plans with sized data dims: the cpu target allocates every output as its layer returns
+#: it; cuda's control-flow layers allocate them once they know the sizes (polykit.runtime.cuda.layer_outputs)
+SIZED_TARGETS = frozenset({"cpu", "cuda"})
 
 
 class DataDim(SymInt):

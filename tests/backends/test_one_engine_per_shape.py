@@ -127,13 +127,15 @@ def _range_loop_model(dtype=TensorProto.FLOAT):
                   [helper.make_tensor_value_info("out", dtype, None)], opset=21)
 
 
+@pytest.mark.parametrize("device", TARGETS)
 @pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.INT32], ids=["float32", "int32"])
-def test_a_loop_whose_trip_count_is_computed_from_inputs_builds_once(dtype):
+def test_a_loop_whose_trip_count_is_computed_from_inputs_builds_once(dtype, device):
     model = _range_loop_model(dtype)
     np_dtype = np.float32 if dtype == TensorProto.FLOAT else np.int32
-    values = [(1, 5, 2), (10, 4, -3), (0.5 if dtype == TensorProto.FLOAT else 0, 40, 3), (3, 3, 1), (7, 2, 1)]
+    values = [(1, 5, 2), (10, 4, -3), (0.5 if dtype == TensorProto.FLOAT else 0, 40, 3), (3, 3, 1), (7, 2, 1),
+              (-100, 100, 1), (2, 9, 2)]  # a long run, then a short one: the outputs are the run's, no stale rows
     feeds = [{k: np.array(v, np_dtype) for k, v in zip(("start", "limit", "delta"), triple)} for triple in values]
-    _run_values(model, "CPU", feeds, "Range's Loop")  # 2, 2, 14, 0 and 0 iterations
+    _run_values(model, device, feeds, "Range's Loop")  # 2, 2, 14, 0, 0, 200 and 4 iterations
 
 
 def test_a_loop_output_the_run_sizes_survives_the_plan_file_and_is_held_to_no_reserved_bytes():
@@ -155,16 +157,20 @@ def test_a_loop_output_the_run_sizes_survives_the_plan_file_and_is_held_to_no_re
             assert ctx.get_tensor_shape("out") == out.shape
 
 
-def test_a_target_that_cannot_size_outputs_at_run_time_refuses_such_a_loop():
+def test_a_target_that_cannot_size_outputs_at_run_time_would_refuse_such_a_loop():
     from polykit.compiler.builder import build_plan
     from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.data_dims import refuse_sized_target
     from polykit.errors import BuildError
 
-    with pytest.raises(BuildError, match=r"data\(out\)\[0\].*cuda target cannot allocate"):
-        build_plan(_range_loop_model(), BuilderConfig(target="cuda"))
+    plan = build_plan(_range_loop_model(), BuilderConfig(target="cuda"))  # cuda's Loop sizes it
+    assert plan.profiles.sized == frozenset({"data(out)[0]"}) and plan.tensors["out"].nbytes == 4
+    with pytest.raises(BuildError, match=r"data\(out\)\[0\].*other target cannot allocate"):
+        refuse_sized_target(plan.profiles.sized, "other")
 
 
-def test_layers_after_a_loop_output_the_run_sizes_get_its_real_size():
+@pytest.mark.parametrize("device", TARGETS)
+def test_layers_after_a_loop_output_the_run_sizes_get_its_real_size(device):
     model = _range_loop_model()
     nodes = list(model.graph.node) + [helper.make_node("Mul", ["out", "out"], ["sq"]),
                                       helper.make_node("ReduceSum", ["sq"], ["total"], keepdims=0),
@@ -173,8 +179,8 @@ def test_layers_after_a_loop_output_the_run_sizes_get_its_real_size():
                    [helper.make_tensor_value_info("total", TensorProto.FLOAT, None),
                     helper.make_tensor_value_info("n", TensorProto.INT64, None)], opset=21)
     feeds = [{"start": np.float32(a), "limit": np.float32(b), "delta": np.float32(c)}
-             for a, b, c in ((0.5, 9, 0.5), (1, 2, 1), (4, 1, 1), (-3, 30, 2))]
-    _run_values(model, "CPU", [{k: np.array(v) for k, v in f.items()} for f in feeds], "Loop -> Mul/ReduceSum/Shape")
+             for a, b, c in ((0.5, 9, 0.5), (1, 2, 1), (4, 1, 1), (-3, 30, 2), (0, 3, 1), (-3, 30, 2))]
+    _run_values(model, device, [{k: np.array(v) for k, v in f.items()} for f in feeds], "Loop -> Mul/ReduceSum/Shape")
 
 
 def _if_of_shapes_model():
@@ -195,10 +201,11 @@ def _if_of_shapes_model():
     return model
 
 
-def test_an_if_whose_branches_give_other_shapes_builds_once_on_cpu():
+@pytest.mark.parametrize("device", TARGETS)
+def test_an_if_whose_branches_give_other_shapes_builds_once(device):
     x = np.random.default_rng(5).standard_normal((3, 5)).astype(np.float32)
-    feeds = [{"cond": np.array(c), "x": x} for c in (True, False, True)]
-    _run_values(_if_of_shapes_model(), "CPU", feeds, "If of two shapes")  # [2, 5], then [5, 3]
+    feeds = [{"cond": np.array(c), "x": x} for c in (True, False, True, False)]
+    _run_values(_if_of_shapes_model(), device, feeds, "If of two shapes")  # [2, 5], then [5, 3]
 
 
 @pytest.mark.parametrize("device", TARGETS)
