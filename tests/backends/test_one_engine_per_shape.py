@@ -234,3 +234,57 @@ def test_a_chunk_size_outside_its_domain_is_refused_naming_the_input():
     assert [p.shape for p in rep.run({"x": x, "chunk": np.array(3)})[0]] == [(3, 2), (1, 2)]
     with pytest.raises(RuntimeInputError, match="chunk"):
         rep.run({"x": x, "chunk": np.array(0)})
+
+
+def _if_of_an_optional_model():
+    """test_if_opt's form with data: then gives an empty optional, else an optional sequence of
+    Relu(x) and x's first row; a second output, Relu(x) + 1, both branches give."""
+    seq_type = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    opt_type = helper.make_optional_type_proto(seq_type)
+    then = helper.make_graph([helper.make_node("Optional", [], ["none"], type=seq_type),
+                              helper.make_node("Relu", ["x"], ["r1"]), helper.make_node("Add", ["r1", "one"], ["t2"])],
+                             "then", [], [helper.make_value_info("none", opt_type),
+                                          helper.make_tensor_value_info("t2", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                               helper.make_node("Gather", ["x", "zero"], ["row"], axis=0),
+                               helper.make_node("SequenceConstruct", ["r", "row"], ["s"]),
+                               helper.make_node("Optional", ["s"], ["some"]),
+                               helper.make_node("Add", ["r", "one"], ["e2"])],
+                              "else", [], [helper.make_value_info("some", opt_type),
+                                           helper.make_tensor_value_info("e2", TensorProto.FLOAT, None)])
+    model = _model([helper.make_node("If", ["cond"], ["opt", "y"], then_branch=then, else_branch=other)],
+                   [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                   [helper.make_value_info("opt", opt_type), helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model.graph.initializer.extend([helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+                                    helper.make_tensor("zero", TensorProto.INT64, [], [0])])
+    return model
+
+
+@pytest.mark.parametrize("device", TARGETS)
+def test_an_if_that_gives_an_optional_in_one_branch_only_builds_once(device):
+    # the run decides the optional's presence: a flag and placeholder elements (passes.sequence_if)
+    x = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+    rep = backend.prepare(_if_of_an_optional_model(), device)
+    for cond in (True, False, True, False):
+        opt, y = rep.run({"cond": np.array(cond), "x": x})
+        np.testing.assert_allclose(y, np.maximum(x, 0) + 1, rtol=1e-6, err_msg=f"cond={cond}: y")
+        if cond:
+            assert opt is None, f"cond=True gives an empty optional, got {opt!r}"
+        else:
+            assert isinstance(opt, list) and [a.shape for a in opt] == [(3, 4), (4,)], f"cond=False: {opt!r}"
+            np.testing.assert_allclose(opt[0], np.maximum(x, 0), rtol=1e-6, err_msg="cond=False: element 0")
+            np.testing.assert_allclose(opt[1], x[0], rtol=1e-6, err_msg="cond=False: element 1")
+    assert rep.builds == 1, f"{rep.builds} engines built for two conditions (one expected)"
+
+
+def test_an_optional_whose_presence_the_run_decides_cannot_be_unwrapped_at_build_time():
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.errors import BuildError
+
+    model = _if_of_an_optional_model()
+    model.graph.node.append(helper.make_node("OptionalGetElement", ["opt"], ["seq"]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None))
+    with pytest.raises(BuildError, match="whether .opt. holds an element is known only at run time"):
+        build_plan(model, BuilderConfig(target="cpu", input_shapes={"cond": (), "x": (3, 4)}))

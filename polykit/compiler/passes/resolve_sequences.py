@@ -37,7 +37,8 @@ import numpy as np
 
 from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.passes.sequence_walk import RUN_LENGTH, Layout, Walk, layout_names
+from polykit.compiler.passes.sequence_if import if_at_run_time
+from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
 
@@ -121,6 +122,9 @@ def _flatten_output(walk: "Walk", name: str, struct: Layout) -> Layout:
         return None
     if isinstance(struct, list):
         return [_flatten_output(walk, f"{name}/{i}", item) for i, item in enumerate(struct)]
+    if isinstance(struct, dict) and PRESENT in struct:  # a run-time presence: `name/present`, its elements
+        return {PRESENT: _flatten_output(walk, f"{name}/{PRESENT}", struct[PRESENT]),
+                "item": _flatten_output(walk, name, struct["item"])}
     if isinstance(struct, dict):  # a run-time length: its elements, and the length as `name/length`
         return {RUN_LENGTH: _flatten_output(walk, f"{name}/{RUN_LENGTH}", struct[RUN_LENGTH]),
                 "items": _flatten_output(walk, name, struct["items"])}
@@ -274,6 +278,10 @@ def _optional(walk: Walk, node: Node) -> None:
 
 def _has_element(walk: Walk, node: Node) -> None:
     name = node.input(0)
+    held = walk.structs.get(name)
+    if isinstance(held, dict) and PRESENT in held:  # the run decides: its flag
+        walk.emit(Node("Identity", [held[PRESENT]], [node.outputs[0]], name=f"{node.outputs[0]}__present"))
+        return
     present = bool(name) and (walk.struct(name) is not None if walk.graph.value(name).wrap else True)
     walk.add_const(np.array(present), node.outputs[0])
 
@@ -284,6 +292,8 @@ def _get_element(walk: Walk, node: Node) -> None:
     if src is None:
         raise BuildError("OptionalGetElement of an empty optional", where=node.describe(),
                          hint="check OptionalHasElement first")
+    if isinstance(src, dict) and PRESENT in src:
+        raise walk.fail(node, f"whether {name!r} holds an element is known only at run time")
     walk.alias(src, node.outputs[0])
 
 
@@ -292,58 +302,11 @@ def _identity(walk: Walk, node: Node) -> None:
 
 
 def _if(walk: Walk, node: Node) -> None:
-    if node.input(0) not in walk.consts and _if_at_run_time(walk, node):
+    if node.input(0) not in walk.consts and if_at_run_time(walk, node):
         return
     key = "then_branch" if bool(walk.const(node, 0, "condition").reshape(-1)[0]) else "else_branch"
     for out, item in zip(node.outputs, walk.inline(node.attrs[key], node, [], f"{node.name}/{key}")):
         walk.alias(item, out)
-
-
-def _if_at_run_time(walk: Walk, node: Node) -> bool:
-    """An If whose condition is known only at run time and whose branches give sequences/optionals
-    of one structure (lengths, presence) stays an If over their elements' tensors; False (nothing
-    emitted) when the structures differ or a branch reads an outer sequence."""
-    if any(walk.graph.value(n).wrap for n in node.inputs[1:] if n):
-        return False
-    keys = ("then_branch", "else_branch")
-    branches = {k: node.attrs[k].copy() for k in keys}
-    layouts = {k: resolve_sequences(b, {})["outputs"] for k, b in branches.items()}
-    if any(_run_length(layout) for layout in layouts.values()):
-        return False  # (a branch's sequence whose length the run decides)
-    wrapped = [o for o in node.attrs[keys[0]].outputs if node.attrs[keys[0]].value(o).wrap]
-    shapes = [[_skeleton(layouts[k].get(o)) for o in node.attrs[k].outputs] for k in keys]
-    if shapes[0] != shapes[1] or not wrapped:
-        return False
-    outputs: list[str] = []
-    for out, skeleton in zip(node.outputs, shapes[0]):
-        if skeleton is None and not walk.graph.value(out).wrap:
-            outputs.append(out)
-            continue
-        walk.structs[out] = _fresh(walk, out, skeleton)
-        outputs += layout_names(walk.structs[out])
-    walk.emit(Node("If", list(node.inputs), outputs, {**node.attrs, **branches}, node.name))
-    return True
-
-
-def _run_length(layout: Any) -> bool:
-    """Whether a layout (or a {name: layout} map) holds a sequence whose length the run decides."""
-    if isinstance(layout, dict):
-        return RUN_LENGTH in layout or any(_run_length(v) for v in layout.values())
-    return isinstance(layout, list) and any(_run_length(item) for item in layout)
-
-
-def _skeleton(layout: Layout) -> Any:
-    """A layout's structure without its names (None for a plain tensor output)."""
-    if isinstance(layout, list):
-        return [_skeleton(item) if isinstance(item, list) or item is None else "" for item in layout]
-    return layout if layout is None else ""
-
-
-def _fresh(walk: Walk, name: str, skeleton: Any) -> Layout:
-    """A layout of `skeleton`'s structure with new tensor names for its elements."""
-    if skeleton is None or skeleton == "":
-        return None if skeleton is None else walk.graph.fresh_name(f"{name}/item")
-    return [_fresh(walk, f"{name}/{i}", item) for i, item in enumerate(skeleton)]
 
 
 def _loop(walk: Walk, node: Node) -> None:

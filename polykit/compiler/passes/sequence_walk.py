@@ -18,10 +18,13 @@ from polykit.errors import BuildError
 #: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
 CONST_MAX_ELEMENTS = 4096
 
-Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional), or RUN_LENGTH's dict
+Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional), or a dict below
 #: layout key of a sequence whose length only the run knows: {"length": a 0-d int64 tensor, "items": [its
 #: elements, as many as it can hold]} (runtime.sequences packs the first `length`)
 RUN_LENGTH = "length"
+#: layout key of an optional whose presence only the run knows: {"present": a 0-d bool tensor, "item": its
+#: element's layout} (runtime.sequences packs the item when the flag is set, else None)
+PRESENT = "present"
 
 
 def layout_names(layout: Layout) -> list[str]:
@@ -30,6 +33,8 @@ def layout_names(layout: Layout) -> list[str]:
         return []
     if isinstance(layout, list):
         return [n for item in layout for n in layout_names(item)]
+    if isinstance(layout, dict) and PRESENT in layout:
+        return [layout[PRESENT]] + layout_names(layout["item"])
     if isinstance(layout, dict):
         return layout_names(layout["items"]) + [layout[RUN_LENGTH]]
     return [layout]
@@ -59,7 +64,8 @@ class Walk:
         """The elements of the sequence input `i` of `node` (BuildError when the run decides its length)."""
         seq = self.structs[node.input(i)]
         if isinstance(seq, dict):
-            raise self.fail(node, f"the length of its sequence ({node.input(i)!r}) is known only at run time")
+            what = "whether its optional holds" if PRESENT in seq else "the length of its sequence"
+            raise self.fail(node, f"{what} ({node.input(i)!r}) is known only at run time")
         return seq
 
     def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
