@@ -152,3 +152,19 @@ def test_an_if_whose_branches_give_other_shapes_allocates_the_taken_branch_shape
     assert data_sized_members(plan, LayerOutputs(plan).axes) == {"z": "z"}, "Relu(y) sized once the If ran"
     layer, outputs, host, _ = _layer_run(plan, "If", {"cond": np.array(cond), "x": x})
     np.testing.assert_array_equal(_read(plan, layer, outputs, host, layer.outputs[0]), x[:2] if cond else x.T)
+
+
+@pytest.mark.gpu
+def test_cuda_loop_its_body_ends_serves_every_length_from_one_engine():
+    import polykit.backends.onnx_backend as backend
+
+    model = _counting_loop()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rep = backend.prepare(model, "CUDA")
+    for limit in (9, 1, 40, 3, 70):  # growing past the first room, then shorter runs reusing the buffer
+        values = {"go": np.array(True), "acc0": np.array(4), "limit": np.array(limit)}
+        (got,) = rep.run(values)
+        want = session.run(None, values)[0]
+        assert got.shape == want.shape, f"limit={limit}: rows {got.shape}, onnxruntime {want.shape}"
+        np.testing.assert_array_equal(got, want, err_msg=f"limit={limit}")
+    assert rep.builds == 1, f"{rep.builds} engines built (one expected)"
