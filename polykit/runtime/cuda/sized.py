@@ -16,8 +16,9 @@ so a replay never reads freed memory, and binding those sizes again finds the sa
 
 The tensors computed from an output whose size only its layer's run decides (a *sized* data symbol,
 polykit.compiler.data_dims: a Loop's scan outputs of a run-time iteration count) get regions of
-their own (`data_sized_members`), keyed by the sized symbols too: bound once the layer has run and
-reported its sizes (before that, `bind` gives nothing; those tensors are not read yet). The layer's
+their own (`data_sized_groups`: one family per set of sized symbols they name), keyed by the sized
+symbols too: bound once the layers have run and reported those sizes (before that, `bind` gives
+nothing; those tensors are not read yet). The layer's
 outputs themselves are the layer's to allocate (polykit.runtime.cuda.layer_outputs).
 """
 
@@ -62,6 +63,17 @@ def data_sized_members(plan: Any, layer_sized: Any = ()) -> dict[str, str]:
     and their views, but for the `layer_sized` outputs their layer allocates (and their views)."""
     roots = view_roots(plan, sized_tensors(plan))
     return _placed(plan, {n: r for n, r in roots.items() if r not in frozenset(layer_sized)})
+
+
+def data_sized_groups(plan: Any, layer_sized: Any = ()) -> list[dict[str, str]]:
+    """`data_sized_members` by the sized symbols their root names: one region family per group, so a
+    tensor that one layer's size decides is placed before a later layer decides another's."""
+    sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    groups: dict[frozenset, dict[str, str]] = {}
+    for name, root in data_sized_members(plan, layer_sized).items():
+        named = set().union(*(d.symbols() for d in plan.tensors[root].dims if isinstance(d, Expr)))
+        groups.setdefault(frozenset(named & sized), {})[name] = root
+    return [groups[k] for k in sorted(groups, key=sorted)]
 
 
 def _placed(plan: Any, roots: Mapping[str, str]) -> dict[str, str]:

@@ -35,7 +35,7 @@ from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
 from polykit.runtime.cuda.layer_outputs import LayerOutputs
-from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_members
+from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_groups
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
@@ -175,7 +175,7 @@ class CudaContext:
         self._sized = SizedRegions(plan)  # tensors shape-tensor values size: device memory per size set
         self._outputs = LayerOutputs(plan)  # outputs their layer sizes as it runs (a Loop's scan outputs)
         #: tensors computed from those outputs: device memory per set of their sizes, once decided
-        self._data_sized = SizedRegions(plan, members=data_sized_members(plan, self._outputs.axes))
+        self._data_sized = [SizedRegions(plan, members=m) for m in data_sized_groups(plan, self._outputs.axes)]
         self._steps = engine.steps
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
@@ -192,7 +192,7 @@ class CudaContext:
             self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
         # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized), outputs a
         # layer sized to the buffer it wrote (polykit.runtime.cuda.layer_outputs)
-        placed = {n: p for regions in (self._sized, self._data_sized) if regions
+        placed = {n: p for regions in (self._sized, *self._data_sized) if regions
                   for n, p in regions.bind(shapes.dims).items()}
         placed.update(self._outputs.pointers())
         for name, ptr in placed.items():
@@ -286,7 +286,8 @@ class CudaContext:
         self._bodies.close()
         self._staged.free()
         self._sized.free()
-        self._data_sized.free()
+        for regions in self._data_sized:
+            regions.free()
         self._outputs.free()
         self._counts.free()
         self._workspace.free()

@@ -168,3 +168,24 @@ def test_cuda_loop_its_body_ends_serves_every_length_from_one_engine():
         assert got.shape == want.shape, f"limit={limit}: rows {got.shape}, onnxruntime {want.shape}"
         np.testing.assert_array_equal(got, want, err_msg=f"limit={limit}")
     assert rep.builds == 1, f"{rep.builds} engines built (one expected)"
+
+
+def test_tensors_two_loops_size_are_placed_as_soon_as_the_loop_they_need_has_run():
+    from polykit.runtime.cuda.sized import SizedRegions, data_sized_groups
+
+    first = _range_loop_model()
+    loop2 = helper.make_node("Loop", ["trip", "go", "limit"], ["last2", "out2"], body=first.graph.node[-1].attribute[0].g)
+    nodes = list(first.graph.node) + [loop2, helper.make_node("Relu", ["out"], ["a"]),
+                                      helper.make_node("Neg", ["out2"], ["b"]),
+                                      helper.make_node("Concat", ["a", "b"], ["c"], axis=0)]
+    model = _model(nodes, list(first.graph.input), [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)], opset=21)
+    plan = build_plan(model, BuilderConfig(target="cuda", fuse=False))
+    assert plan.profiles.sized == frozenset({"data(out)[0]", "data(out2)[0]"}), plan.profiles.sized
+    groups = data_sized_groups(plan, LayerOutputs(plan).axes)
+    assert groups == [{"a": "a"}, {"c": "c"}, {"b": "b"}], groups
+    host = HostBodies()
+    regions = [SizedRegions(plan, HostBuffers(host).alloc, lambda: None, members=m) for m in groups]
+    after_first = [r.bind({"data(out)[0]": 3}) for r in regions]
+    assert set(after_first[0]) == {"a"} and after_first[1] == {} and after_first[2] == {}
+    after_both = [r.bind({"data(out)[0]": 3, "data(out2)[0]": 5}) for r in regions]
+    assert after_both[0] == after_first[0] and set(after_both[1]) == {"c"} and set(after_both[2]) == {"b"}
