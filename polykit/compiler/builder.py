@@ -20,8 +20,8 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols
-from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols
+from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
 from polykit.compiler.infer import infer_shapes
@@ -75,7 +75,8 @@ class Builder:
         known = infer_shapes(g) if distributed else known
         data = data_symbols(g)
         if data:  # output sizes the input values decide: bound at run time
-            profiles = replace(profiles or ProfileSet.static(g), data=data)
+            profiles = replace(profiles or ProfileSet.static(g), data=data, sized=sized_symbols(g))
+            refuse_sized_target(profiles.sized, target)
         if g.metadata.get(RULES):  # shapes the shape-tensor values decide: their rules run at bind time
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
             refuse_ruled_target(target)
@@ -86,6 +87,8 @@ class Builder:
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
         g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
+        if g.metadata.get(RULES):  # the optimized graph's records: a pass may have renamed a ruled node's outputs
+            profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
         selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
@@ -282,6 +285,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
         host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
+        corners = with_rule_symbols(corners, optimized.metadata.get(RULES, ()))
         build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
         if host:  # shape tensors the engine writes: their layers, and weights only they read, go

@@ -9,19 +9,30 @@ bound (an expression of the input symbols, ProfileSet.data), the profile corners
 bound, so the arena reserves the largest output. At run time the layer reports the real size
 and the runtime binds the symbol (polykit.runtime.output_alloc). Outside a build (inspection,
 surgeon tools) these rules keep a named dim_param (`fresh_dim`).
+
+A dim no expression bounds (a Loop's scan outputs when the build does not know its iteration
+count: the trip count is computed from input values) is **sized** (`sized_dim`): its bound is
+SIZED_BOUND, what the build plans and stamps tactics at, which the run does not hold it to; the
+plan lists it in `profiles.sized`. Only targets that allocate a layer's output as the layer
+returns it (SIZED_TARGETS) run such a plan; others refuse the build.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from polykit.compiler.symbolic import SymInt, Term, evaluate, symbol, term_of
+from polykit.compiler.symbolic import Expr, SymInt, Term, evaluate, symbol, term_of
 
 if TYPE_CHECKING:
     from polykit.compiler.ir import Graph
     from polykit.compiler.registry import InferContext
 #: graph.metadata key that asks shape rules for DataDims (set by the builder)
 DATA_DIMS = "data_dims"
+#: the size a build plans for a sized data dim (module docstring)
+SIZED_BOUND = 1
+#: targets that run plans with sized data dims: the cpu target allocates every output as its layer returns
+#: it; cuda's control-flow layers allocate them once they know the sizes (polykit.runtime.cuda.layer_outputs)
+SIZED_TARGETS = frozenset({"cpu", "cuda"})
 
 
 class DataDim(SymInt):
@@ -29,15 +40,18 @@ class DataDim(SymInt):
     bound's expression of the input symbols, `expr` its own symbol."""
 
     bound: Term
+    #: no expression bounds it: the run sizes it (module docstring)
+    sized: bool
 
-    def __new__(cls, name: str, value: int, bound: Term) -> "DataDim":
+    def __new__(cls, name: str, value: int, bound: Term, sized: bool = False) -> "DataDim":
         obj = int.__new__(cls, int(value))
         obj.expr = symbol(name)
         obj.bound = bound
+        obj.sized = sized
         return obj
 
-    def __reduce__(self):  # copy.deepcopy keeps the symbol and the bound
-        return DataDim, (self.expr.args[0], int(self), self.bound)
+    def __reduce__(self):  # copy.deepcopy keeps the symbol, the bound and whether it is sized
+        return DataDim, (self.expr.args[0], int(self), self.bound, self.sized)
 
 
 def data_symbol(tensor: str, axis: int) -> str:
@@ -55,6 +69,39 @@ def data_dim(ctx: "InferContext", tag: str, bound: object, axis: int, output: in
         return 0
     name = ctx.node.outputs[output] if output < len(ctx.node.outputs) else ctx.node.name
     return DataDim(data_symbol(name, axis), int(bound), term_of(bound))
+
+
+def sized_dim(ctx: "InferContext", axis: int, output: int) -> "DataDim | None":
+    """Dim `axis` of output `output`, whose size only the run knows and nothing bounds: a sized
+    DataDim in a build, else None (unknown)."""
+    if not ctx.data_dims:
+        return None
+    name = ctx.node.outputs[output] if output < len(ctx.node.outputs) else ctx.node.name
+    return DataDim(data_symbol(name, axis), SIZED_BOUND, SIZED_BOUND, sized=True)
+
+
+def sized_symbols(g: "Graph") -> frozenset[str]:
+    """The graph's sized data symbols (sized_dim)."""
+    return frozenset(d.expr.args[0] for v in g.values.values() for d in v.shape or ()
+                     if isinstance(d, DataDim) and d.sized)
+
+
+def sized_tensors(plan: Any) -> frozenset[str]:
+    """The plan's tensors whose dims name a sized data symbol: no reserved bytes bound them."""
+    sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    return frozenset(n for n, t in plan.tensors.items()
+                     if sized and any(isinstance(d, Expr) and d.symbols() & sized for d in t.dims))
+
+
+def refuse_sized_target(sized: "frozenset[str]", target: str) -> None:
+    """BuildError when a target outside SIZED_TARGETS would run sized data dims."""
+    if sized and target not in SIZED_TARGETS:
+        from polykit.errors import BuildError
+
+        raise BuildError(f"the size of {sorted(sized)[0]} is known only when its layer has run, and nothing bounds "
+                         f"it: the {target} target cannot allocate it then", where=f"target {target!r}",
+                         hint="give the values that decide it (a Loop's trip count: input_values), or build for "
+                              f"{', '.join(sorted(SIZED_TARGETS))}")
 
 
 def data_symbols(g: "Graph") -> dict[str, Term]:

@@ -63,6 +63,7 @@ PROFILE_FIELDS = (
     Field("data", map_of(_expr), required=False),
     Field("ruled", list_of(text()), required=False),
     Field("rules", list_of(_rule, max_len=1 << 12), required=False),
+    Field("sized", list_of(text()), required=False),
 )
 
 
@@ -82,6 +83,9 @@ def check_dims(doc: Doc, weights_len: int) -> None:
         raise Invalid("profiles.ruled", f"names {sorted(ruled - symbols)[0]!r}, which is no value symbol")
     corners = [{s: r[1 if s in ruled else k] for s, r in p.items()} for p in profiles["ranges"] for k in range(3)]
     data = _check_data(profiles.get("data", {}), symbols, corners)
+    stray = sorted(set(profiles.get("sized", ())) - set(data))
+    if stray:
+        raise Invalid("profiles.sized", f"names {stray[0]!r}, which is no data symbol")
     corners = [with_data(env, data) for env in corners]
     symbols |= set(data)
     rules = _check_rules(profiles.get("rules", ()), symbols)

@@ -118,6 +118,8 @@ class ProfileSet:
     #: value symbols whose range is a domain (Profile.ruled), and the shape rules evaluated at bind time
     ruled: frozenset = frozenset()
     rules: tuple[ShapeRule, ...] = ()
+    #: data symbols no expression bounds, which the run sizes (polykit.compiler.data_dims.sized_dim)
+    sized: frozenset = frozenset()
 
     def corners(self) -> list[tuple[int, str, dict[str, int]]]:
         """(profile index, "min"/"opt"/"max", symbol values) of every profile corner (ruled value
@@ -144,6 +146,8 @@ class ProfileSet:
             d["ruled"] = sorted(self.ruled)
         if self.rules:
             d["rules"] = [r.to_json() for r in self.rules]
+        if self.sized:
+            d["sized"] = sorted(self.sized)
         return d
 
     @staticmethod
@@ -152,7 +156,8 @@ class ProfileSet:
                           {n: tuple(dims) for n, dims in d["inputs"].items()},
                           {n: tuple(syms) for n, syms in d.get("values", {}).items()},
                           {s: expr_from_json(b) for s, b in d.get("data", {}).items()},
-                          frozenset(d.get("ruled", ())), tuple(ShapeRule.from_json(r) for r in d.get("rules", ())))
+                          frozenset(d.get("ruled", ())), tuple(ShapeRule.from_json(r) for r in d.get("rules", ())),
+                          frozenset(d.get("sized", ())))
 
     @staticmethod
     def static(g: Graph) -> "ProfileSet":

@@ -16,7 +16,7 @@ is produced). Profile corners give a ruled value symbol and a rule symbol their 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -328,6 +328,14 @@ def run_time_sized(tensors: Mapping[str, Any], rules: "tuple[ShapeRule, ...]") -
     ruled = rule_symbols(rules)
     return frozenset(n for n, t in tensors.items()
                      if any(isinstance(d, Expr) and d.symbols() & ruled for d in t.dims))
+
+
+def with_rule_symbols(corners: Sequence[Mapping[str, int]], rules: Sequence[ShapeRule]) -> list[dict[str, int]]:
+    """The `corners` with every rule symbol of `rules` at its opt value. Passes rename tensors (an
+    Identity after a ruled Split leaves: remove_identity), and the optimized graph's records name
+    the rule symbols after the outputs' new names."""
+    at_opt = {s: d for r in rules for s, d in r.symbols_at_opt().items()}
+    return [{**env, **at_opt} for env in corners]
 
 
 def small_rule_corners(corners: "list[Mapping[str, int]]", rules: "tuple[ShapeRule, ...]") -> list[dict[str, int]]:

@@ -85,6 +85,15 @@ def _reshape(node: Node, graph: Graph) -> Bounds:
 
 range_rule("TopK", 1)(_axis_dim)
 range_rule("Split", 1)(_axis_dim)
+
+
+@range_rule("SplitToSequence", 1)
+def _split_sizes(node: Node, graph: Graph) -> Bounds:
+    """A 1-D split's sizes [0, dim] (the sequence's length is its element count: a Split of ruled
+    sizes); a scalar chunk size [1, UNBOUNDED] (the sizes and the length are host values of it:
+    passes.resolve_sequences)."""
+    split = graph.value(node.input(1)).shape
+    return _axis_dim(node, graph) if split is not None and len(split) == 1 else (1, MAX_VALUE)
 for _op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
             "ReduceLogSumExp", "ReduceSumSquare", "Squeeze"):
     range_rule(_op, 1)(_axes())

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from polykit.compiler.data_dims import sized_tensors
 from polykit.compiler.lower import layer_as_node
 from polykit.compiler.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError
@@ -63,6 +64,8 @@ class CpuEngine:
 
     def __init__(self, plan: Any):
         self.plan = plan
+        #: outputs whose size only the run decides, past any reserved bytes (compiler.data_dims.sized_dim)
+        self.sized = sized_tensors(plan)
         count = len(plan.profiles.ranges) if plan.profiles is not None else 1
         #: each profile's (layer, node, tactic) per layer; a context runs those of its shapes' profile
         if any(layer.profile_tactics for layer in plan.layers):
@@ -163,7 +166,7 @@ class CpuContext:
         for name, value in zip(layer.outputs, results):
             if name:
                 env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,
-                                     self._shapes.get(name))
+                                     self._shapes.get(name), name in self.engine.sized)
         for name in self.engine.free_after[index]:
             env.pop(name, None)
 
@@ -180,13 +183,14 @@ class CpuContext:
         self.env = {}
 
 
-def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None) -> np.ndarray:
+def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None, sized: bool = False) -> np.ndarray:
     """Check a layer output against the plan's TensorDesc and, for a dynamic tensor, the
-    shape its expression gives for this run (a kernel or shape-rule bug otherwise)."""
+    shape its expression gives for this run (a kernel or shape-rule bug otherwise); a `sized`
+    one is held to no reserved bytes."""
     if desc is None:
         return value
     if shape is None and desc.dims:  # a data-dependent size, bound after the layer (runtime.output_alloc)
-        return _conform_rank(value, desc, layer)
+        return _conform_rank(value, desc, layer, sized)
     want = tuple(desc.shape) if shape is None else tuple(shape)
     if value.dtype.name != desc.dtype or tuple(value.shape) != want:
         raise PolykitError(
@@ -198,9 +202,9 @@ def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None) -> np.
     return value
 
 
-def _conform_rank(value: np.ndarray, desc: Any, layer: str) -> np.ndarray:
+def _conform_rank(value: np.ndarray, desc: Any, layer: str, sized: bool) -> np.ndarray:
     """Check a data-dependent output's dtype, rank and reserved bytes (its sizes are bound from it)."""
-    if value.dtype.name != desc.dtype or value.ndim != len(desc.shape) or value.nbytes > desc.nbytes:
+    if value.dtype.name != desc.dtype or value.ndim != len(desc.shape) or value.nbytes > desc.nbytes and not sized:
         raise PolykitError(f"layer produced {desc.name!r} as {value.dtype.name}{list(value.shape)}, the plan "
                            f"reserves {desc.dtype} of rank {len(desc.shape)} in {desc.nbytes} bytes",
                            where=f"layer {layer!r}", hint="the op's shape rule and reference kernel disagree; "

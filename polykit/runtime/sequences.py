@@ -2,8 +2,10 @@
 resolve_sequences flattens them at build time); the engine flattens such feeds into the
 plan's element inputs and packs the element outputs back, by the layouts the plan records
 in metadata["sequence_io"] (a tensor name per element; lists for sequences, None for an
-empty optional). The flattened names, `s/0`, `s/1`, ..., are also how `.npz` files name a
-sequence's elements."""
+empty optional; `{"length": tensor, "items": [...]}` for an output sequence whose length the
+run decides: the first `length` of the items; `{"present": tensor, "item": ...}` for an output
+optional whose presence the run decides: the item, or None when the flag is false). The flattened names, `s/0`, `s/1`, ..., are also
+how `.npz` files name a sequence's elements."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir import OPTIONAL
+from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH
 from polykit.errors import PlanError, RuntimeInputError
 
 Layout = Any
@@ -34,6 +37,11 @@ def flat_names(layout: Layout) -> list[str]:
         return []
     if isinstance(layout, list):
         return [n for item in layout for n in flat_names(item)]
+    if isinstance(layout, dict) and set(layout) == {PRESENT, "item"} and isinstance(layout[PRESENT], str):
+        return [layout[PRESENT]] + flat_names(layout["item"])
+    if isinstance(layout, dict) and set(layout) == {RUN_LENGTH, "items"} and isinstance(layout[RUN_LENGTH], str) \
+            and isinstance(layout["items"], list):
+        return flat_names(layout["items"]) + [layout[RUN_LENGTH]]
     if not isinstance(layout, str):
         raise PlanError(f"a sequence layout holds {type(layout).__name__}", where="plan metadata.sequence_io",
                         hint="rebuild the plan with `polykit convert`")
@@ -103,6 +111,15 @@ def _pack(layout: Layout, outputs: Mapping[str, np.ndarray]) -> Any:
         return None
     if isinstance(layout, list):
         return [_pack(item, outputs) for item in layout]
+    if isinstance(layout, dict) and PRESENT in layout:
+        return _pack(layout["item"], outputs) if bool(np.asarray(outputs[layout[PRESENT]]).reshape(-1)[0]) else None
+    if isinstance(layout, dict):
+        items = layout["items"]
+        length = int(np.asarray(outputs[layout[RUN_LENGTH]]).reshape(-1)[0])
+        if not 0 <= length <= len(items):
+            raise PlanError(f"a sequence output's length is {length}; the plan holds {len(items)} elements for it",
+                            where=f"tensor {layout[RUN_LENGTH]!r}", hint="rebuild the plan with this polykit version")
+        return [_pack(item, outputs) for item in items[:length]]
     return outputs[layout]
 
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.data_dims import sized_tensors
 from polykit.compiler.shape_rules import evaluate_rules, run_time_sized
 from polykit.compiler.symbolic import Expr, ShapeEvalError, Term, evaluate
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
@@ -54,8 +55,10 @@ class ShapeBinder:
         #: data symbols each tensor's dims or value name: it waits for them (polykit.runtime.output_alloc)
         self._waits = {n: frozenset(data & set().union(*(_symbols(e) for e in t.dims + t.value)))
                        for n, t in plan.tensors.items() if t.dims or t.value}
-        #: tensors a shape rule sizes at bind time (polykit.compiler.shape_rules): no reserved bytes bound them
-        self._run_time_sized = run_time_sized(self._dynamic, self.profiles.rules) if self.profiles is not None else set()
+        #: tensors a shape rule sizes at bind time (polykit.compiler.shape_rules), or whose dims name a sized
+        #: data symbol (polykit.compiler.data_dims.sized_dim): no reserved bytes bound them
+        self._run_time_sized = run_time_sized(self._dynamic, self.profiles.rules) | sized_tensors(plan) \
+            if self.profiles is not None else set()
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
 
     @property
@@ -107,7 +110,7 @@ class ShapeBinder:
         reserved bytes; a size above its symbol's bound is a kernel bug, a PolykitError)."""
         dims = dict(shapes.dims)
         for name, size in sizes.items():
-            bound = evaluate(self.profiles.data[name], dims)
+            bound = evaluate(self.profiles.data[name], dims) if name not in self.profiles.sized else size
             if not 0 <= size <= bound:
                 raise PolykitError(f"a layer reported size {size} for {name}, outside [0, {bound}]",
                                    where=f"symbol {name!r}", hint="a kernel miscounted its output; please report this")

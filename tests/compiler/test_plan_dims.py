@@ -46,6 +46,7 @@ CRAFTED = [
     (_profiles(lambda p: p.update(ranges=[])), "profiles.ranges", "is empty"),
     (_profiles(lambda p: p["inputs"].update(x=["tokens", "batch", None])), "tensors['x'].dims", "differs from"),
     (lambda doc: doc.pop("profiles"), "tensors[", "a plan without profiles has no dynamic dims"),
+    (_profiles(lambda p: p.update(sized=["data(y)[0]"])), "profiles.sized", "which is no data symbol"),
 ]
 
 

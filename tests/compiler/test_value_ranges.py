@@ -87,3 +87,19 @@ def test_a_float_input_read_by_a_shape_chain_or_as_data_is_no_shape_tensor_input
                           helper.make_node("Cast", ["a"], ["i"], to=TensorProto.INT64)],
                          {"scales": [4], "a": [], "b": [], "c": []})
     assert sorted(value_ranges(graph)) == ["b", "c"]
+
+
+def test_split_to_sequence_sizes_range_over_the_axis_and_a_chunk_size_over_positive_ints():
+    # the pieces of a 1-D split are as many as its entries (a ruled Split); a scalar chunk size decides
+    # how many pieces there are (the plan holds the axis' length of them and a run-time length)
+    nodes = [helper.make_node("SplitToSequence", ["x", "sizes"], ["s1"], axis=2),
+             helper.make_node("SplitToSequence", ["x", "chunk"], ["s2"], axis=1)]
+    g = helper.make_graph(nodes, "ranges",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                           helper.make_tensor_value_info("sizes", TensorProto.INT64, [3]),
+                           helper.make_tensor_value_info("chunk", TensorProto.INT64, [])],
+                          [helper.make_tensor_sequence_value_info(o, TensorProto.FLOAT, None) for o in ("s1", "s2")])
+    graph = load_onnx(helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 18)]))
+    apply_input_shapes(graph, {})
+    infer_shapes(graph, strict=False)
+    assert value_ranges(graph) == {"sizes": ((0, 4),) * 3, "chunk": ((1, UNBOUNDED[1]),)}

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from polykit.compiler.data_dims import DataDim, sized_dim
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.symbolic import SymInt
 from polykit.compiler.sequences import merge_values
 from polykit.compiler.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
 from polykit.errors import ShapeError
@@ -106,8 +108,25 @@ def _if_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
         if a.dtype is not None and b.dtype is not None and a.dtype != b.dtype:
             raise ctx.fail(f"output {a.name!r} is {a.dtype} in then_branch and {b.dtype} in else_branch",
                            hint="both branches must give each output one element type")
-        out.append((a.dtype or b.dtype, merge_shapes(a.shape, b.shape)))
+        out.append((a.dtype or b.dtype, _branch_shape(ctx, len(out), a.shape, b.shape)))
     return out
+
+
+def _branch_shape(ctx: InferContext, output: int, a: Any, b: Any) -> Any:
+    """The shape of an If output whose branches give shapes `a` and `b`: dims they agree on kept;
+    in a build, a dim they may disagree on (the branch taken decides it) is sized at run time
+    (data_dims.sized_dim); else unknown."""
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return tuple(x if _same_dim(x, y) else sized_dim(ctx, axis, output) for axis, (x, y) in enumerate(zip(a, b)))
+
+
+def _same_dim(x: Any, y: Any) -> bool:
+    """Whether dims `x` and `y` are one size: equal ints, or one expression (a data-dependent dim
+    only with itself; an input dim against an int is compared at opt, as shape rules do)."""
+    if isinstance(x, DataDim) or isinstance(y, DataDim) or isinstance(x, SymInt) and isinstance(y, SymInt):
+        return isinstance(x, SymInt) and isinstance(y, SymInt) and x.expr == y.expr
+    return x is not None and x == y
 
 
 def _settle(body: Graph, lead: list, state: list, rest: list, known: list, out0: int) -> list[tuple[Any, Any]]:
@@ -138,7 +157,8 @@ def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
         raise ctx.fail(f"the body gives {len(outs)} outputs; a Loop with {n} carried values and {ctx.n_outputs} "
                        f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
     trip = _trip_count(ctx, body)
-    scans = [(v.dtype, None if v.shape is None else (trip, *v.shape)) for v in outs[1 + n:]]
+    scans = [(v.dtype, None if v.shape is None else
+              (trip if trip is not None else sized_dim(ctx, 0, n + k), *v.shape)) for k, v in enumerate(outs[1 + n:])]
     return list(state) + scans
 
 

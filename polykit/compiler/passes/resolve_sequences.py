@@ -10,17 +10,22 @@ None or its element), so:
 
 - SequenceConstruct/Empty/Insert/Erase, Optional, Identity on them only move names;
 - SequenceAt, OptionalGetElement become an Identity of the element; SequenceLength and
-  OptionalHasElement constants; SplitToSequence a Split (+ Squeeze); ConcatFromSequence a
+  OptionalHasElement constants; SplitToSequence a Split (+ Squeeze) -- one reading the sizes
+  when a 1-D split is known only at run time (its length is the sequence's; a ruled build
+  binds the pieces' dims per run, polykit.compiler.shape_rules); ConcatFromSequence a
   Concat (+ Unsqueeze with new_axis);
 - SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
   unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations);
-  an If that gives or takes them inlines the branch its constant condition picks;
+  an If that gives or takes them inlines the branch its constant condition picks, and one on
+  a run-time condition whose branches give sequences of one structure (lengths, optionals'
+  presence) stays an If over their elements' tensors;
 - sequence/optional graph outputs become their elements' tensors `s/0`, `s/1`, ...
 
 `resolve_sequences` returns the layout of the sequence inputs and outputs (the runtime form,
 polykit.compiler.sequences, with flattened tensor names where the arrays go) for the engine,
 which flattens feeds and packs outputs with it. What a build cannot resolve (a position
-computed from data, a loop whose trip count depends on data) is a BuildError; such models run
+computed from data, a loop whose trip count depends on data, a sequence whose length a
+run-time value decides) is a BuildError; such models run
 in the graph evaluator (`evaluate_model`), which handles sequences of any length.
 """
 
@@ -30,20 +35,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.evaluator import RANDOM_OPS, run_node
-from polykit.compiler.infer import result_value
-from polykit.compiler.ir import OPTIONAL, SEQUENCE, Graph, Node, Value, has_subgraphs, subgraphs
+from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.passes.sequence_if import if_at_run_time
+from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
 
 #: a Loop over sequences is unrolled up to this many iterations
 MAX_UNROLL = 1024
-#: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
-CONST_MAX_ELEMENTS = 4096
-
-Layout = Any  # a tensor name, a list of layouts (sequence) or None (an empty optional)
 
 
 #: ops only this pass lowers, even on plain tensors (OptionalGetElement of a tensor is its input)
@@ -66,7 +66,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
     layout}, "outputs": {name: layout}} for its sequence/optional inputs and outputs.
     `input_values` are build-time values of inputs (BuilderConfig.input_values): trip counts,
     conditions and positions fed as inputs."""
-    walk = _Walk(graph)
+    walk = Walk(graph, _RESOLVERS)
     walk.consts.update({k: np.asarray(v) for k, v in (input_values or {}).items()})
     inputs: list[str] = []
     for name in graph.inputs:  # plain inputs at their build shapes: the walk infers exact shapes
@@ -81,7 +81,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
             continue
         layout = _input_layout(name, v.wrap, input_shapes)
         layouts["inputs"][name] = layout
-        for flat in _names(layout):
+        for flat in layout_names(layout):
             inputs.append(flat)
             graph.set_value(Value(flat, v.dtype, tuple(input_shapes[flat])))
         walk.structs[name] = layout
@@ -94,7 +94,7 @@ def resolve_sequences(graph: Graph, input_shapes: Mapping[str, Any],
             continue
         layout = _flatten_output(walk, name, walk.struct(name))
         layouts["outputs"][name] = layout
-        outputs.extend(_names(layout))
+        outputs.extend(layout_names(layout))
     graph.nodes, graph.outputs = walk.emitted, outputs
     graph.values = {k: v for k, v in graph.values.items() if not v.wrap}
     return layouts
@@ -116,120 +116,23 @@ def _input_layout(name: str, wrap: tuple[str, ...], shapes: Mapping[str, Any]) -
     return items
 
 
-def _names(layout: Layout) -> list[str]:
-    if layout is None:
-        return []
-    if isinstance(layout, list):
-        return [n for item in layout for n in _names(item)]
-    return [layout]
-
-
-def _flatten_output(walk: "_Walk", name: str, struct: Layout) -> Layout:
+def _flatten_output(walk: "Walk", name: str, struct: Layout) -> Layout:
     """Identity layers that give a sequence output's elements the names `name/i`."""
     if struct is None:
         return None
     if isinstance(struct, list):
         return [_flatten_output(walk, f"{name}/{i}", item) for i, item in enumerate(struct)]
+    if isinstance(struct, dict) and PRESENT in struct:  # a run-time presence: `name/present`, its elements
+        return {PRESENT: _flatten_output(walk, f"{name}/{PRESENT}", struct[PRESENT]),
+                "item": _flatten_output(walk, name, struct["item"])}
+    if isinstance(struct, dict):  # a run-time length: its elements, and the length as `name/length`
+        return {RUN_LENGTH: _flatten_output(walk, f"{name}/{RUN_LENGTH}", struct[RUN_LENGTH]),
+                "items": _flatten_output(walk, name, struct["items"])}
     walk.emit(Node("Identity", [struct], [name], name=f"{name}__element"))
     return name
 
 
-class _Walk:
-    """The pass's state: nodes emitted so far, the structure of each sequence, known constants."""
-
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.emitted: list[Node] = []
-        self.structs: dict[str, Layout] = {}
-        self.consts: dict[str, np.ndarray] = {k: v for k, v in graph.initializers.items()
-                                              if v.size <= CONST_MAX_ELEMENTS}
-
-    # ---- helpers ---------------------------------------------------------------------------
-    def fail(self, node: Node, what: str) -> BuildError:
-        return BuildError(f"{what}: a plan needs every sequence's length at build time", where=node.describe(),
-                          hint="make it a constant, or run the model in the graph evaluator "
-                               "(polykit.compiler.evaluator.evaluate_model), which runs sequences of any length")
-
-    def struct(self, name: str) -> Layout:
-        return self.structs[name]
-
-    def const(self, node: Node, i: int, what: str) -> np.ndarray | None:
-        name = node.input(i)
-        if not name:
-            return None
-        if name not in self.consts:
-            raise self.fail(node, f"its {what} ({name!r}) is not known at build time")
-        return self.consts[name]
-
-    def add_const(self, array: np.ndarray, name: str | None = None) -> str:
-        name = name or self.graph.fresh_name("seq_const")
-        self.graph.initializers[name] = np.asarray(array)
-        self.graph.set_value(Value(name, np.asarray(array).dtype, np.shape(array)))
-        self.consts[name] = np.asarray(array)
-        return name
-
-    def emit(self, node: Node) -> None:
-        """Append a tensor node, infer its outputs (exact: the walk knows every shape) and
-        evaluate it when it reads constants only."""
-        self.emitted.append(node)
-        for _, body in subgraphs(node):
-            if touches_sequences(body):
-                resolve_sequences(body, {})
-        rule = find_shape_rule(node.domain, node.op_type)
-        values = [self.graph.value(n) if n else Value("") for n in node.inputs]
-        if rule is not None:
-            ctx = InferContext(node, [v.dtype for v in values], [v.shape for v in values],
-                               [self.consts.get(n) for n in node.inputs], values)
-            for out, result in zip(node.outputs, rule(ctx)):
-                if out:
-                    self.graph.set_value(result_value(out, result))
-        if node.op_type in RANDOM_OPS or has_subgraphs(node) or any(n and n not in self.consts for n in node.inputs):
-            return
-        if any(self.consts[n].size > CONST_MAX_ELEMENTS for n in node.inputs if n):
-            return
-        for out, value in zip(node.outputs, run_node(node, [self.consts[n] if n else None for n in node.inputs])):
-            if out and isinstance(value, np.ndarray) and value.size <= CONST_MAX_ELEMENTS:
-                self.consts[out] = value
-
-    def alias(self, src: Layout, out: str) -> None:
-        """`out` holds what `src` holds: a tensor gets an Identity, a sequence/optional its structure."""
-        if isinstance(src, str) and not self.graph.value(out).wrap:
-            self.emit(Node("Identity", [src], [out], name=f"{out}__alias"))
-        else:
-            self.structs[out] = src
-
-    # ---- the walk --------------------------------------------------------------------------
-    def run(self, nodes: list[Node]) -> None:
-        for node in nodes:
-            wrapped = any(n and self.graph.value(n).wrap for n in (*node.inputs, *node.outputs))
-            handler = _RESOLVERS.get(node.op_type) if node.domain == "" else None
-            if handler is not None and (wrapped or node.op_type not in ("If", "Loop", "Identity")):
-                handler(self, node)
-            else:
-                self.emit(node)
-
-    def inline(self, body: Graph, node: Node, bound: list[str], tag: str) -> list[Layout]:
-        """Run `body`'s nodes in the outer graph with its inputs bound to `bound` (names) and
-        its captures to the node's; returns what its outputs hold."""
-        c = captured(node)
-        names = dict(zip(body.inputs, bound + (list(node.inputs[len(node.inputs) - c:]) if c else [])))
-        for name, arr in body.initializers.items():
-            names[name] = self.add_const(arr, self.graph.fresh_name(f"{tag}/{name}"))
-        for n in body.nodes:
-            for out in n.outputs:
-                if out:
-                    names[out] = self.graph.fresh_name(f"{tag}/{out}")
-        for old, new in names.items():
-            if old not in body.inputs and old not in body.initializers:
-                self.graph.set_value(body.value(old).with_(name=new))
-        self.run([Node(n.op_type, [names.get(i, i) if i else "" for i in n.inputs],
-                       [names[o] if o else "" for o in n.outputs], dict(n.attrs), f"{tag}/{n.name}", n.domain)
-                  for n in body.nodes])
-        return [self.struct(names.get(o, o)) if self.graph.value(names.get(o, o)).wrap else names.get(o, o)
-                for o in body.outputs]
-
-
-def _position(walk: _Walk, node: Node, i: int, length: int, default: int, insert: bool = False) -> int:
+def _position(walk: Walk, node: Node, i: int, length: int, default: int, insert: bool = False) -> int:
     pos = walk.const(node, i, "position")
     if pos is None:
         return default
@@ -241,45 +144,56 @@ def _position(walk: _Walk, node: Node, i: int, length: int, default: int, insert
     return p + length if p < 0 else p
 
 
-def _empty(walk: _Walk, node: Node) -> None:
+def _empty(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = []
 
 
-def _construct(walk: _Walk, node: Node) -> None:
+def _construct(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = list(node.inputs)
 
 
-def _insert(walk: _Walk, node: Node) -> None:
-    seq = list(walk.struct(node.input(0)))
+def _insert(walk: Walk, node: Node) -> None:
+    seq = list(walk.items(node))
     seq.insert(_position(walk, node, 2, len(seq), len(seq), insert=True), node.input(1))
     walk.structs[node.outputs[0]] = seq
 
 
-def _erase(walk: _Walk, node: Node) -> None:
-    seq = list(walk.struct(node.input(0)))
+def _erase(walk: Walk, node: Node) -> None:
+    seq = list(walk.items(node))
     if not seq:
         raise BuildError("SequenceErase of an empty sequence", where=node.describe())
     del seq[_position(walk, node, 1, len(seq), len(seq) - 1)]
     walk.structs[node.outputs[0]] = seq
 
 
-def _at(walk: _Walk, node: Node) -> None:
-    seq = walk.struct(node.input(0))
+def _at(walk: Walk, node: Node) -> None:
+    seq = walk.items(node)
     if not seq:
         raise BuildError("SequenceAt of an empty sequence", where=node.describe())
     walk.alias(seq[_position(walk, node, 1, len(seq), 0)], node.outputs[0])
 
 
-def _length(walk: _Walk, node: Node) -> None:
-    walk.add_const(np.array(len(walk.struct(node.input(0))), np.int64), node.outputs[0])
+def _length(walk: Walk, node: Node) -> None:
+    seq = walk.struct(node.input(0))
+    if isinstance(seq, dict):  # known at run time
+        walk.emit(Node("Identity", [seq[RUN_LENGTH]], [node.outputs[0]], name=f"{node.name}__length"))
+        return
+    walk.add_const(np.array(len(seq), np.int64), node.outputs[0])
 
 
-def _split(walk: _Walk, node: Node) -> None:
+def _split(walk: Walk, node: Node) -> None:
     shape = walk.graph.value(node.input(0)).shape
     axis = int(node.attrs.get("axis", 0))
     if shape is None or not isinstance(shape[axis], int):
         raise walk.fail(node, "the split axis has no known length")
     axis %= len(shape)
+    if node.input(1) and node.input(1) not in walk.consts:
+        if _split_length(walk, node) is not None:
+            _split_at_run_time(walk, node, axis)
+            return
+        if shape[axis] <= MAX_UNROLL:
+            _chunks_at_run_time(walk, node, axis, shape[axis])
+            return
     split = walk.const(node, 1, "split")
     sizes = split_to_sequence_sizes(shape[axis], split)
     if sizes is None:
@@ -296,8 +210,42 @@ def _split(walk: _Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = parts
 
 
-def _concat(walk: _Walk, node: Node) -> None:
-    seq = walk.struct(node.input(0))
+def _split_length(walk: Walk, node: Node) -> int | None:
+    """The number of pieces a 1-D split of a static length gives (None for a scalar chunk size, whose
+    value decides the sequence's length)."""
+    shape = walk.graph.value(node.input(1)).shape
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+
+
+def _split_at_run_time(walk: Walk, node: Node, axis: int) -> None:
+    """A split whose sizes are known only at run time: as many pieces as it has entries, a Split that
+    reads the sizes (a ruled build binds the pieces' dims per run: polykit.compiler.shape_rules)."""
+    parts = [walk.graph.fresh_name(f"{node.outputs[0]}/part") for _ in range(_split_length(walk, node))]
+    walk.emit(Node("Split", [node.input(0), node.input(1)], parts, {"axis": axis}, f"{node.name}__split"))
+    walk.structs[node.outputs[0]] = parts
+
+
+def _chunks_at_run_time(walk: Walk, node: Node, axis: int, dim: int) -> None:
+    """Chunks of a scalar size `s` known only at run time: a Split into `dim` pieces of sizes
+    max(0, min(s, dim - i*s)) and a sequence of the first ceil(dim / s) of them (a run-time length;
+    in a ruled build the sizes and the length are host values of the ruled `s`)."""
+    split, name = node.input(1), node.outputs[0]
+    steps = walk.add_const(np.arange(dim, dtype=np.int64))
+    names = {k: walk.graph.fresh_name(f"{name}/{k}") for k in ("starts", "left", "capped", "sizes", "span", "length")}
+    for op, inputs, out in (("Mul", [steps, split], "starts"),
+                            ("Sub", [walk.add_const(np.array(dim, np.int64)), names["starts"]], "left"),
+                            ("Min", [names["left"], split], "capped"),
+                            ("Max", [names["capped"], walk.add_const(np.array(0, np.int64))], "sizes"),
+                            ("Add", [split, walk.add_const(np.array(dim - 1, np.int64))], "span"),
+                            ("Div", [names["span"], split], "length")):
+        walk.emit(Node(op, inputs, [names[out]], name=f"{names[out]}__{op.lower()}"))
+    parts = [walk.graph.fresh_name(f"{name}/part") for _ in range(dim)]
+    walk.emit(Node("Split", [node.input(0), names["sizes"]], parts, {"axis": axis}, f"{node.name}__split"))
+    walk.structs[name] = {RUN_LENGTH: names["length"], "items": parts}
+
+
+def _concat(walk: Walk, node: Node) -> None:
+    seq = walk.items(node)
     if not seq:
         raise BuildError("ConcatFromSequence of an empty sequence", where=node.describe())
     axis = int(node.attrs["axis"])
@@ -310,9 +258,9 @@ def _concat(walk: _Walk, node: Node) -> None:
     walk.emit(Node("Concat", list(seq), [node.outputs[0]], {"axis": axis}, node.name))
 
 
-def _map(walk: _Walk, node: Node) -> None:
+def _map(walk: Walk, node: Node) -> None:
     n = len(node.inputs) - captured(node)
-    seqs = {i: walk.struct(node.inputs[i]) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
+    seqs = {i: walk.items(node, i) for i in range(n) if walk.graph.value(node.inputs[i]).wrap}
     length = len(seqs[0])
     outs: list[list[Layout]] = [[] for _ in node.outputs]
     for k in range(length):
@@ -323,37 +271,45 @@ def _map(walk: _Walk, node: Node) -> None:
         walk.structs[name] = items
 
 
-def _optional(walk: _Walk, node: Node) -> None:
+def _optional(walk: Walk, node: Node) -> None:
     walk.structs[node.outputs[0]] = walk.struct(node.input(0)) if node.input(0) in walk.structs else (
         node.input(0) or None)
 
 
-def _has_element(walk: _Walk, node: Node) -> None:
+def _has_element(walk: Walk, node: Node) -> None:
     name = node.input(0)
+    held = walk.structs.get(name)
+    if isinstance(held, dict) and PRESENT in held:  # the run decides: its flag
+        walk.emit(Node("Identity", [held[PRESENT]], [node.outputs[0]], name=f"{node.outputs[0]}__present"))
+        return
     present = bool(name) and (walk.struct(name) is not None if walk.graph.value(name).wrap else True)
     walk.add_const(np.array(present), node.outputs[0])
 
 
-def _get_element(walk: _Walk, node: Node) -> None:
+def _get_element(walk: Walk, node: Node) -> None:
     name = node.input(0)
     src = walk.struct(name) if walk.graph.value(name).wrap else name
     if src is None:
         raise BuildError("OptionalGetElement of an empty optional", where=node.describe(),
                          hint="check OptionalHasElement first")
+    if isinstance(src, dict) and PRESENT in src:
+        raise walk.fail(node, f"whether {name!r} holds an element is known only at run time")
     walk.alias(src, node.outputs[0])
 
 
-def _identity(walk: _Walk, node: Node) -> None:
+def _identity(walk: Walk, node: Node) -> None:
     walk.alias(walk.struct(node.input(0)), node.outputs[0])
 
 
-def _if(walk: _Walk, node: Node) -> None:
+def _if(walk: Walk, node: Node) -> None:
+    if node.input(0) not in walk.consts and if_at_run_time(walk, node):
+        return
     key = "then_branch" if bool(walk.const(node, 0, "condition").reshape(-1)[0]) else "else_branch"
     for out, item in zip(node.outputs, walk.inline(node.attrs[key], node, [], f"{node.name}/{key}")):
         walk.alias(item, out)
 
 
-def _loop(walk: _Walk, node: Node) -> None:
+def _loop(walk: Walk, node: Node) -> None:
     """Unroll the loop: its trip count and every iteration's condition must be constants."""
     trip = walk.const(node, 0, "trip count")
     go = walk.const(node, 1, "condition")
@@ -396,7 +352,7 @@ def _loop(walk: _Walk, node: Node) -> None:
         walk.emit(Node("Concat", items, [out], {"axis": 0}, f"{out}__stack"))
 
 
-_RESOLVERS: dict[str, Callable[[_Walk, Node], None]] = {
+_RESOLVERS: dict[str, Callable[[Walk, Node], None]] = {
     "SequenceEmpty": _empty, "SequenceConstruct": _construct, "SequenceInsert": _insert,
     "SequenceErase": _erase, "SequenceAt": _at, "SequenceLength": _length, "SplitToSequence": _split,
     "ConcatFromSequence": _concat, "SequenceMap": _map, "Optional": _optional,

@@ -16,8 +16,11 @@ outputs out after). A Scan slice along axis 0 is contiguous: the body reads it (
 scan output's) at a byte offset. Along any other axis a slice is `rows` blocks of `width` bytes
 (the dims before the axis times the bytes after it), one per row of the tensor: it is gathered
 into, or scattered from, a workspace buffer with one strided copy per iteration
-(BodyDriver.copy_rows). A Loop's scan outputs have the shape the plan was built for; a run whose
-iteration count differs is a DeviceError.
+(BodyDriver.copy_rows). A Loop's scan outputs have the shape the plan was built for (a run whose
+iteration count differs is a DeviceError), or, when the plan leaves their length to the run (a
+sized data dim), buffers the layer allocates once it has read the trip count (growing by doubling
+while the body's condition decides) and sizes (polykit.runtime.cuda.layer_outputs); an If's
+outputs of branch-dependent shapes likewise take the taken branch's output shapes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DECLARED, CudaTactic, DeviceTensor
 
 KINDS = ("If", "Loop", "Scan")
+#: a Loop whose scan outputs the run sizes takes its trip count's rows at once up to these bytes, else
+#: grows them by doubling (a trip count of INT64_MAX with a condition that ends the loop is common)
+FIRST_ROOM_BYTES = 1 << 26
 
 
 def compile_variants() -> list:
@@ -71,8 +77,23 @@ def _enqueue_if(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) 
     bodies = launcher.bodies
     cond = bool(bodies.read(tensors[layer.inputs[0]]).reshape(-1)[0])
     plan = layer.attrs["then_branch" if cond else "else_branch"]
-    outs = [tensors[o] for o in layer.outputs]
+    outs = [_branch_output(layer, launcher.outputs, plan, k, tensors[o]) for k, o in enumerate(layer.outputs)]
     _run(bodies, plan, [tensors[i].ptr for i in layer.inputs[1:]], [t.ptr for t in outs], [_nbytes(t) for t in outs])
+
+
+def _branch_output(layer: Any, outputs: Any, plan: Any, k: int, planned: DeviceTensor) -> DeviceTensor:
+    """Where the branch `plan` writes the If's output k: its planned tensor, or, for an output the
+    run sizes (branches of other shapes), room of the branch's output shape."""
+    name = layer.outputs[k]
+    if outputs is None or not outputs.sizes(name):
+        return planned
+    desc = plan.tensors[plan.metadata["body_outputs"][k]]
+    if desc.dims:
+        raise DeviceError(f"the branch's output {k} has a shape its own run decides", where=f"layer {layer.name!r} (If)",
+                          hint="run this model on --target cpu, or give the values that decide it (input_values)")
+    room = outputs.allocate(name, desc.shape, desc.np_dtype)
+    outputs.done(name, desc.shape)
+    return room
 
 
 def _passes_condition(plan: Any) -> bool:
@@ -80,18 +101,51 @@ def _passes_condition(plan: Any) -> bool:
     return plan.metadata["body_outputs"][0] == plan.inputs[1]
 
 
+class _ScanRoom:
+    """A Loop's scan outputs: `room` iterations' rows. Those of the plan's shape, or, when the run
+    sizes them (an iteration count only the run knows), buffers of `launcher.outputs` that grow by
+    doubling; `sized` says which."""
+
+    def __init__(self, launcher: Any, scans: list[DeviceTensor], names: Sequence[str], room: int | None):
+        self.names, self.outputs, self.stream = names, launcher.outputs, launcher.stream
+        self.rows = [int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in scans]
+        self.sized = bool(scans) and self.outputs is not None and all(self.outputs.sizes(o) for o in names)
+        self.scans = scans
+        self.room = scans[0].shape[0] if scans else None
+        if self.sized:  # the trip count's rows when they fit FIRST_ROOM_BYTES (a body may stop sooner)
+            fits = room is not None and room * sum(self.rows) <= FIRST_ROOM_BYTES
+            self._resize(max(room if fits else self.room, 1), 0)
+
+    def _resize(self, room: int, kept: int) -> None:
+        self.room = room
+        self.scans = [self.outputs.allocate(o, (room, *s.shape[1:]), s.dtype, self.stream, keep=kept * r)
+                      for o, s, r in zip(self.names, self.scans, self.rows)]
+
+    def full(self, i: int) -> bool:
+        """Whether iteration i has no row left (a sized room doubles first)."""
+        if self.scans and i == self.room and self.sized:
+            self._resize(2 * self.room, i)
+        return bool(self.scans) and i == self.room
+
+    def at(self, i: int) -> list[int]:
+        return [s.ptr + i * r for s, r in zip(self.scans, self.rows)]
+
+    def done(self, i: int) -> None:
+        for o, s in zip(self.names, self.scans):
+            self.outputs.done(o, (i, *s.shape[1:]))
+
+
 def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     bodies, plan = launcher.bodies, layer.attrs["body"]
     n = len(layer.inputs) - 2 - _captured(layer)
     m_name, c_name = layer.inputs[0], layer.inputs[1]
-    trip = int(bodies.read(tensors[m_name]).reshape(-1)[0]) if m_name else None
+    trip = max(int(bodies.read(tensors[m_name]).reshape(-1)[0]), 0) if m_name else None
     go = bool(bodies.read(tensors[c_name]).reshape(-1)[0]) if c_name else True
     state = [tensors[o] for o in layer.outputs[:n]]
     for t, src in zip(state, layer.inputs[2:2 + n]):
         bodies.copy(t.ptr, tensors[src].ptr, _nbytes(t))
-    scans = [tensors[o] for o in layer.outputs[n:]]
-    planned = scans[0].shape[0] if scans else None
     fixed = trip is not None and _passes_condition(plan)
+    scans = _ScanRoom(launcher, [tensors[o] for o in layer.outputs[n:]], layer.outputs[n:], trip)
     indices = launcher.workspace(8 * max(trip, 1) if fixed else 8)
     if fixed:
         bodies.write(indices, np.arange(trip, dtype=np.int64))
@@ -101,20 +155,22 @@ def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
     flag = DeviceTensor(cond_out, (1,), np.dtype(np.bool_))
     i = 0
     while go and (trip is None or i < trip):
-        if scans and i == planned:
-            break  # one more iteration than the scan outputs hold: reported below
+        if scans.full(i):
+            break  # one more iteration than the plan's scan outputs hold: reported below
         if not fixed:
             bodies.write(indices, np.array([i], np.int64))
-        outs = [cond_out] + [t.ptr for t in state] + [s.ptr + i * _nbytes(s) // planned for s in scans]
-        sizes = [1] + [_nbytes(t) for t in state] + [_nbytes(s) // planned for s in scans]
+        outs = [cond_out] + [t.ptr for t in state] + scans.at(i)
+        sizes = [1] + [_nbytes(t) for t in state] + scans.rows
         _run(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *outs[1:1 + n], *captures], outs, sizes)
         i += 1
         if not fixed:
             go = bool(bodies.read(flag).reshape(-1)[0])
     bodies.finish()
-    if scans and (i != planned or go and (trip is None or i < trip)):
-        ran = f"{i}" if i != planned else f"more than {i}"
-        raise DeviceError(f"the loop ran {ran} iterations; the plan's scan outputs hold {planned}",
+    if scans.sized:
+        scans.done(i)
+    elif scans.scans and (i != scans.room or go and (trip is None or i < trip)):
+        ran = f"{i}" if i != scans.room else f"more than {i}"
+        raise DeviceError(f"the loop ran {ran} iterations; the plan's scan outputs hold {scans.room}",
                           where=f"layer {layer.name!r} (Loop)",
                           hint="the trip count depends on data: rebuild the plan for these inputs' values "
                                "(BuilderConfig.input_values) or run it on --target cpu")

@@ -137,6 +137,8 @@ class CudaLauncher:
 
     #: a host-driven tactic's BodyDriver (polykit.runtime.cuda.bodies); None for every other tactic
     bodies: Any = None
+    #: a host-driven tactic's allocator of the outputs it sizes (polykit.runtime.cuda.layer_outputs)
+    outputs: Any = None
     #: the context's communicator (polykit.runtime.cuda.nccl) for collective tactics; None without one
     communicator: Any = None
 

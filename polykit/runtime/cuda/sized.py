@@ -13,6 +13,13 @@ Regions are cached per size set, bounded (MAX_SIZED_SETS; the least recently bou
 and freed once the device drained, as runtime/cuda/staging.py's pinned blocks). A CUDA graph
 captured with a region's pointers holds the region (`HeldReplay`) until the graph is closed,
 so a replay never reads freed memory, and binding those sizes again finds the same region.
+
+The tensors computed from an output whose size only its layer's run decides (a *sized* data symbol,
+polykit.compiler.data_dims: a Loop's scan outputs of a run-time iteration count) get regions of
+their own (`data_sized_groups`: one family per set of sized symbols they name), keyed by the sized
+symbols too: bound once the layers have run and reported those sizes (before that, `bind` gives
+nothing; those tensors are not read yet). The layer's
+outputs themselves are the layer's to allocate (polykit.runtime.cuda.layer_outputs).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from polykit.compiler.data_dims import sized_tensors
 from polykit.compiler.memory import plan_memory
 from polykit.compiler.shape_rules import run_time_sized
 from polykit.compiler.symbolic import Expr, evaluate
@@ -42,25 +50,49 @@ class SizedLayout:
 
 
 def sized_members(plan: Any) -> dict[str, str]:
-    """{tensor: the root whose bytes it is} of the tensors a region holds: every run-time-sized
-    tensor and every view of one (not weights, not host-computed shape tensors)."""
+    """{tensor: the root whose bytes it is} of the tensors a rule region holds: every tensor a shape
+    rule sizes and every view of one (not weights, not host-computed shape tensors, not those naming
+    a sized data symbol: `data_sized_members`)."""
     if plan.profiles is None or not plan.profiles.rules:
         return {}
-    sized = run_time_sized(plan.tensors, plan.profiles.rules)
-    members = {}
-    for name, desc in plan.tensors.items():
-        root = _root(name, plan.memory.aliases)
-        if desc.kind != "weight" and not desc.value and root in sized and not plan.tensors[root].value:
-            members[name] = root
-    return members
+    return _placed(plan, view_roots(plan, run_time_sized(plan.tensors, plan.profiles.rules) - sized_tensors(plan)))
 
 
-def _root(name: str, aliases: Mapping[str, str]) -> str:
-    seen = set()
-    while name in aliases and name not in seen:
-        seen.add(name)
-        name = aliases[name]
-    return name
+def data_sized_members(plan: Any, layer_sized: Any = ()) -> dict[str, str]:
+    """{tensor: root} of the tensors whose dims name a sized data symbol (polykit.compiler.data_dims),
+    and their views, but for the `layer_sized` outputs their layer allocates (and their views)."""
+    roots = view_roots(plan, sized_tensors(plan))
+    return _placed(plan, {n: r for n, r in roots.items() if r not in frozenset(layer_sized)})
+
+
+def data_sized_groups(plan: Any, layer_sized: Any = ()) -> list[dict[str, str]]:
+    """`data_sized_members` by the sized symbols their root names: one region family per group, so a
+    tensor that one layer's size decides is placed before a later layer decides another's."""
+    sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    groups: dict[frozenset, dict[str, str]] = {}
+    for name, root in data_sized_members(plan, layer_sized).items():
+        named = set().union(*(d.symbols() for d in plan.tensors[root].dims if isinstance(d, Expr)))
+        groups.setdefault(frozenset(named & sized), {})[name] = root
+    return [groups[k] for k in sorted(groups, key=sorted)]
+
+
+def _placed(plan: Any, roots: Mapping[str, str]) -> dict[str, str]:
+    """`roots` but weights and host-computed shape tensors (which live elsewhere)."""
+    return {n: r for n, r in roots.items()
+            if plan.tensors[n].kind != "weight" and not plan.tensors[n].value and not plan.tensors[r].value}
+
+
+def view_roots(plan: Any, roots: Any) -> dict[str, str]:
+    """{tensor: root} of the tensors whose bytes (plan.memory.aliases, followed) are one of `roots`."""
+    out = {}
+    for name in plan.tensors:
+        root, seen = name, set()
+        while root in plan.memory.aliases and root not in seen:
+            seen.add(root)
+            root = plan.memory.aliases[root]
+        if root in roots:
+            out[name] = root
+    return out
 
 
 def sized_layout(members: Mapping[str, str], sizes: Mapping[str, int], lifetimes: Mapping[str, tuple[int, int]],
@@ -87,18 +119,21 @@ class SizedRegions:
     """The regions of one context, per size set: `bind(dims)` gives each member's pointer."""
 
     def __init__(self, plan: Any, alloc: Callable[[int], Any] | None = None,
-                 drain: Callable[[], None] | None = None):
+                 drain: Callable[[], None] | None = None, members: Mapping[str, str] | None = None):
         """`alloc(nbytes)`: a buffer with `ptr` and `free()` (a DeviceBuffer by default);
-        `drain()`: wait until the device finished with every region (cuCtxSynchronize)."""
-        self.members = sized_members(plan)
+        `drain()`: wait until the device finished with every region (cuCtxSynchronize);
+        `members`: {tensor: root} the regions hold (sized_members by default)."""
+        self.members = sized_members(plan) if members is None else dict(members)
         self._plan = plan
         self._alloc = alloc or (lambda n: DeviceBuffer(n, what="run-time-sized tensors"))
         self._drain = drain or (lambda: driver.call("cuCtxSynchronize", what="drain run-time-sized tensors"))
         roots = sorted(set(self.members.values()))
         self._roots = {r: plan.tensors[r] for r in roots}
         named = set().union(*(d.symbols() for t in self._roots.values() for d in t.dims if isinstance(d, Expr)))
-        data = plan.profiles.data if plan.profiles is not None else {}
+        profiles = plan.profiles
+        data = {s: b for s, b in profiles.data.items() if s not in profiles.sized} if profiles is not None else {}
         #: data symbols the roots name: sized at their bound, so a data-dependent size never moves a region
+        #: (a sized one, which nothing bounds, is part of the key: `bind` waits for it)
         self._bounds = {s: data[s] for s in sorted(named & set(data))}
         bound_syms = set().union(*(b.symbols() for b in self._bounds.values() if isinstance(b, Expr)))
         #: the symbols whose values decide the region (its key)
@@ -116,7 +151,10 @@ class SizedRegions:
         return len(self._regions)
 
     def bind(self, dims: Mapping[str, int]) -> Mapping[str, int]:
-        """{member: device pointer} in the region of these symbol values (a ShapeSet's dims)."""
+        """{member: device pointer} in the region of these symbol values (a ShapeSet's dims); {} while
+        a sized data symbol the region depends on is undecided (its layer has not run)."""
+        if not set(self._symbols) <= set(dims):
+            return {}
         key = tuple(int(dims[s]) for s in self._symbols)
         region = self._regions.get(key)
         if region is None:

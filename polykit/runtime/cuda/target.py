@@ -34,7 +34,8 @@ from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
 from polykit.runtime.cuda.nccl import check_communicator
-from polykit.runtime.cuda.sized import HeldReplay, SizedRegions
+from polykit.runtime.cuda.layer_outputs import LayerOutputs
+from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_groups
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 
@@ -172,6 +173,9 @@ class CudaContext:
                 self.tensors[name] = DeviceTensor(self._staged.pointer(root), tuple(desc.shape), desc.np_dtype)
         self._counts = CountWords(plan, self.tensors)
         self._sized = SizedRegions(plan)  # tensors shape-tensor values size: device memory per size set
+        self._outputs = LayerOutputs(plan)  # outputs their layer sizes as it runs (a Loop's scan outputs)
+        #: tensors computed from those outputs: device memory per set of their sizes, once decided
+        self._data_sized = [SizedRegions(plan, members=m) for m in data_sized_groups(plan, self._outputs.axes)]
         self._steps = engine.steps
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
@@ -186,15 +190,21 @@ class CudaContext:
         for name, shape in shapes.shapes.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
-        if self._sized:  # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized)
-            for name, ptr in self._sized.bind(shapes.dims).items():
-                t = self.tensors[name]
-                self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
+        # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized), outputs a
+        # layer sized to the buffer it wrote (polykit.runtime.cuda.layer_outputs)
+        placed = {n: p for regions in (self._sized, *self._data_sized) if regions
+                  for n, p in regions.bind(shapes.dims).items()}
+        placed.update(self._outputs.pointers())
+        for name, ptr in placed.items():
+            t = self.tensors[name]
+            self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
 
     def data_sizes(self, outputs: Any, stream: Stream) -> dict[str, int]:
         """{symbol: size} of the data-dependent dims a layer just decided: its count word, read
-        back (one synchronization of `stream`)."""
-        return self._counts.read(outputs, stream)
+        back (one synchronization of `stream`), or the sizes a host-driven layer gave its outputs."""
+        mine = [o for o in outputs if self._outputs.sizes(o.tensor)]
+        counted = [o for o in outputs if not self._outputs.sizes(o.tensor)]
+        return {**self._outputs.read(mine), **(self._counts.read(counted, stream) if counted else {})}
 
     def copy_in(self, name: str, array: np.ndarray, stream: Stream) -> None:
         upload(self.tensors[name].ptr, np.ascontiguousarray(array), stream.handle)
@@ -216,6 +226,7 @@ class CudaContext:
                                 sm_count=self.engine.info.sm_count)
         if tactic.host_driven:
             launcher.bodies = BodyDriver(self._bodies, stream.handle)
+            launcher.outputs = self._outputs
         launcher.communicator = self.communicator
         self._counts.clear(index, stream)
         try:
@@ -275,6 +286,9 @@ class CudaContext:
         self._bodies.close()
         self._staged.free()
         self._sized.free()
+        for regions in self._data_sized:
+            regions.free()
+        self._outputs.free()
         self._counts.free()
         self._workspace.free()
         self.arena.free()
