@@ -13,6 +13,22 @@
 #pragma once
 #include "gemm_sm90_epilogue.cuh"
 
+// The epilogue of 8 summed columns n..n + 7 of row m (a reduce kernel's thread: split-K's, stream-K's):
+// finish8 where vector_ok allows (`vector_rows`), else value + store2 a column pair at a time.
+__device__ __forceinline__ void finish_sum(const OutP& out, i64 z, i64 m, i64 n, const float (&v)[8], bool vector_rows) {
+  if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
+    finish8(out, z, m, n, v);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i += 2)
+    if (n + i < out.N) {
+      const float a = out.value(z, m, n + i, v[i]);
+      const float b = n + i + 1 < out.N ? out.value(z, m, n + i + 1, v[i + 1]) : 0.f;
+      out.store2(z, m, n + i, a, b);
+    }
+}
+
 #if SPLITK
 #define SPLITK_PARAMS , float *partial, i64 splits
 static_assert(!I8, "split-K serves the float-accumulating GEMMs");
@@ -75,8 +91,7 @@ __device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int
   }
 }
 
-// The reduce: the slices' sum of each element, then OutP's epilogue (finish8 where vector_ok
-// allows, else value + store2 a column pair at a time).
+// The reduce: the slices' sum of each element, then OutP's epilogue (finish_sum).
 __device__ __forceinline__ void reduce_partials(const OutP& out, const float* partial, int items, int splits) {
   const i64 np = partial_cols(out.N), groups = (out.N + 7) / 8, rows = (i64)items * out.M;
   const bool vector_rows = vector_ok(out);
@@ -84,17 +99,7 @@ __device__ __forceinline__ void reduce_partials(const OutP& out, const float* pa
     const i64 r = g / groups, n = (g - r * groups) * 8, z = r / out.M, m = r - z * out.M;
     float v[8];
     sum_slices(partial + r * np + n, rows * np, splits, v);
-    if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
-      finish8(out, z, m, n, v);
-      continue;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i += 2)
-      if (n + i < out.N) {
-        const float a = out.value(z, m, n + i, v[i]);
-        const float b = n + i + 1 < out.N ? out.value(z, m, n + i + 1, v[i + 1]) : 0.f;
-        out.store2(z, m, n + i, a, b);
-      }
+    finish_sum(out, z, m, n, v, vector_rows);
   }
 }
 #else

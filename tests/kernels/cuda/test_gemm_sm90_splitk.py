@@ -71,11 +71,16 @@ def _first_sm90(M, N, K):
     return next(t.name for _, t in pairs if t.name.startswith("cuda.gemm.sm90"))
 
 
-def test_an_untimed_build_takes_split_k_where_the_tiles_leave_sms_idle_and_not_elsewhere():
-    assert "_sk" in _first_sm90(128, 768, 3072)  # BERT-base bs1 FFN2: 6 tiles of 128x128 for 132 SMs
-    assert "_sk" in _first_sm90(16, 768, 3072)
-    assert "_sk" not in _first_sm90(4096, 4096, 4096)
-    assert "_sk" not in _first_sm90(1024, 3072, 768)  # BERT-base bs8 FFN1: 192 tiles
+def _splits_k(name: str) -> bool:
+    """Whether a tactic cuts tiles' K between blocks: split-K (_sk<S>) or stream-K (_streamk)."""
+    return "_sk" in name or name.endswith("_streamk")
+
+
+def test_an_untimed_build_splits_k_where_the_tiles_leave_sms_idle_and_not_elsewhere():
+    assert _splits_k(_first_sm90(128, 768, 3072))  # BERT-base bs1 FFN2: 6 tiles of 128x128 for 132 SMs
+    assert _splits_k(_first_sm90(16, 768, 3072))
+    assert not _splits_k(_first_sm90(4096, 4096, 4096))
+    assert not _splits_k(_first_sm90(1024, 3072, 768))  # BERT-base bs8 FFN1: 192 tiles
 
 
 @pytest.mark.parametrize("tile", SPLIT_TILES, ids=lambda t: t.label)

@@ -1,0 +1,216 @@
+"""Stream-K on the Hopper GEMM (gemm_sm90_streamk): the hybrid schedule, workspace and cost model
+(CPU), ptxas on the stream-K units (NVRTC, no GPU), and every stream-K tactic against a float64
+reference on random data with outputs poisoned, run-to-run bit equality (GPU, compute capability 9.0)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm, predicted_us
+from polykit.kernels.cuda.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
+                                                    schedule, schedule_of, streamk_us)
+from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run
+from tests.kernels.cuda.test_gemm_sm90_splitk import GELU_RES
+from tests.kernels.cuda.test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
+
+H100_SMS = 132
+
+
+# ---- schedule, workspace, cost model (no GPU) ----------------------------------------------
+
+def test_every_streamk_tile_has_a_tactic_for_matmul_and_gemm():
+    from polykit.kernels.tactics import find_tactic
+
+    assert [t.label for t in STREAMK_TILES] == ["128x128", "128x256", "256x128", "64x128", "128x192"]
+    for tile in STREAMK_TILES:
+        for kind in ("MatMul", "Gemm"):
+            tactic = find_tactic("cuda", kind, f"cuda.gemm.sm90_{tile.label}_streamk")
+            assert tactic is not None and tactic.params["streamk"] == 1 and tactic.params["bn"] == tile.bn
+
+
+@pytest.mark.parametrize("tiles,ktiles,want", [
+    (264, 12, StreamKSchedule(132, 264, 0, 12)),   # whole waves: all data-parallel, nothing split
+    (192, 12, StreamKSchedule(132, 0, 192, 12)),   # 1.45 waves: the partial wave and the one before
+    (400, 4, StreamKSchedule(132, 264, 136, 4)),   # 3.03 waves: two whole waves unsplit
+    (48, 48, StreamKSchedule(132, 0, 48, 48)),     # under a wave: every tile by K steps
+    (6, 12, StreamKSchedule(72, 0, 6, 12)),        # fewer K steps than SMs: one block a step
+])
+def test_schedule_runs_whole_waves_unsplit_and_spreads_the_rest(tiles, ktiles, want):
+    assert schedule(tiles, ktiles, H100_SMS) == want
+
+
+@pytest.mark.parametrize("tiles,ktiles", [(192, 12), (133, 5), (200, 2), (400, 4), (48, 48), (6, 12), (3, 1)])
+def test_block_ranges_cover_the_stream_k_steps_once_in_near_equal_shares(tiles, ktiles):
+    sched = schedule(tiles, ktiles, H100_SMS)
+    ranges = [sched.block_range(b) for b in range(sched.grid)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == sched.sk_tiles * ktiles
+    assert all(r[1] == n[0] for r, n in zip(ranges, ranges[1:]))
+    assert max(e - s for s, e in ranges) - min(e - s for s, e in ranges) <= 1
+    assert min(e - s for s, e in ranges) >= 1 or not sched.sk_tiles
+
+
+@pytest.mark.parametrize("tiles,ktiles", [(192, 12), (133, 5), (200, 2), (400, 4), (48, 48), (6, 12)])
+def test_pieces_count_the_tiles_parts_that_blocks_share(tiles, ktiles):
+    """Brute force: a tile's part in a block is a piece when the tile's steps span two blocks."""
+    sched = schedule(tiles, ktiles, H100_SMS)
+    owner = [b for b in range(sched.grid) for _ in range(*sched.block_range(b))]
+    want = 0
+    for t in range(sched.sk_tiles):
+        blocks = set(owner[t * ktiles:(t + 1) * ktiles])
+        want += len(blocks) if len(blocks) > 1 else 0
+    assert sched.pieces() == want
+
+
+def test_workspace_is_two_fp32_tiles_a_block_and_none_for_whole_waves():
+    from polykit.kernels.tactics import find_tactic
+
+    tactic = find_tactic("cuda", "MatMul", "cuda.gemm.sm90_128x128_streamk")
+    layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {})
+
+    def tensors(M, N, K):
+        return {"A": TensorDesc("A", "float16", (M, K), "input"), "B": TensorDesc("B", "float16", (K, N), "weight")}
+
+    # 1024 x 3072: 192 tiles of 128x128 for 132 SMs
+    assert tactic.workspace(layer, tensors(1024, 3072, 768), H100_SMS) == 132 * 2 * 128 * 128 * 4
+    assert tactic.workspace(layer, tensors(1408, 3072, 768), H100_SMS) == 0  # 11 x 24 = 264 tiles: two waves
+    geo = plan_gemm("MatMul", {}, (1024, 768), (768, 3072))
+    assert partial_bytes(STREAMK_TILES[0], schedule_of(geo, STREAMK_TILES[0], "float16", H100_SMS)) > 0
+
+
+def test_cost_model_prices_stream_k_below_the_unsplit_tile_only_where_the_last_wave_idles():
+    tile = STREAMK_TILES[0]  # 128x128
+    ffn2 = Sm90Gemm(1024, 768, 3072, 1, 1, 1, True)  # 48 tiles, 48 K steps: under half a wave
+    assert streamk_us(tile, ffn2, H100_SMS) < predicted_us(tile, 1024, 768, 3072, 1, H100_SMS)
+    assert streamk_us(tile, Sm90Gemm(1408, 3072, 768, 1, 1, 1, True), H100_SMS) == predicted_us(
+        tile, 1408, 3072, 768, 1, H100_SMS)  # exactly two waves: the same kernel as unsplit
+
+
+# ---- compile (NVRTC, no GPU) ---------------------------------------------------------------
+
+def test_streamk_compile_variants_cover_each_tile_dtype_and_b_layout():
+    units = compile_variants()
+    keys = {(dict(u.defines)["ELEM"], dict(u.defines)["BN"], dict(u.defines)["B_MN"]) for u in units}
+    assert {("half_t", str(t.bn), b) for t in STREAMK_TILES for b in "01"} <= keys
+    assert {("bf16_t", "128", "1"), ("float", "128", "0")} <= keys
+    assert all(dict(u.defines)["STREAMK"] == "1" and u.arch == "sm_90a" for u in units)
+
+
+@pytest.mark.parametrize("tile", [t for t in STREAMK_TILES if t.label in ("128x128", "128x256", "128x192")],
+                         ids=lambda t: t.label)
+def test_the_fused_streamk_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile):
+    pytest.importorskip("cuda.core")
+    from polykit.kernels.cuda.gemm_sm90 import kernel_for
+
+    M, N, K = 1024, 3072, 768  # BERT-base bs8's FFN1 with a bias + GELU + residual epilogue
+    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
+                      domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
+                      in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
+    text = ptxas_report(kernel_for(layer, tile, "half_t", True, streamk=True), "gemm_sm90.cu")
+    assert text.count("Used") == 2, f"expected the kernel and its reduce in the report:\n{text}"
+    assert_pipelined(text, f"stream-K tile {tile.label}")
+    assert text.count(" 0 bytes spill stores") == 2, f"tile {tile.label} stream-K spills:\n{text}"
+
+
+# ---- GPU ----------------------------------------------------------------------------------
+
+TACTICS = [f"{t.label}_streamk" for t in STREAMK_TILES]
+SHAPES = [((896, 768), (768, 2432)),      # 7 x 19 = 133 tiles of 128x128: one over a wave
+          ((1280, 200), (200, 2560)),     # 200 tiles, K 200: 4 K steps, the last partial
+          ((1280, 72), (72, 2560)),       # K 72: 2 steps, a block's share spans several tiles
+          ((2560, 256), (256, 2560)),     # 400 tiles: two whole waves data-parallel, then stream-K
+          ((1024, 768), (768, 3072)), ((1024, 3072), (3072, 768)), ((128, 3072), (3072, 768)),  # BERT
+          ((1, 768), (768, 768)), ((17, 3072), (3072, 768)),                                    # M 1, M 17
+          ((3, 40, 136), (136, 200)),     # batch folded into M (B broadcast)
+          ((4, 65, 136), (4, 136, 24)),   # batched A and B
+          ((33, 264), (5, 264, 16))]      # A broadcast over B's batch
+
+
+def test_the_gpu_shapes_reach_every_path_of_the_schedule():
+    """On 132 SMs the shapes above split tiles (pieces), finish tiles whole inside a block's range,
+    and run whole data-parallel waves."""
+    tile = STREAMK_TILES[0]
+    scheds = [schedule_of(plan_gemm("MatMul", {}, a, b), tile, "float16", H100_SMS) for a, b in SHAPES]
+    assert all(s.pieces() for s in scheds[:2])
+    assert any(s.dp_tiles for s in scheds)
+    assert any(s.sk_tiles * s.ktiles > 2 * s.pieces() for s in scheds)  # whole tiles inside a range
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TACTICS)
+@pytest.mark.parametrize("a_shape,b_shape", SHAPES)
+def test_streamk_matmul_matches_float64_reference(name, a_shape, b_shape):
+    check_matmul(f"cuda.gemm.sm90_{name}", a_shape, b_shape, np.dtype(np.float16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_shape,b_shape", [((896, 768), (768, 2432)), ((77, 200), (200, 264))])
+def test_bf16_streamk_matmul_matches_float64_reference(a_shape, b_shape):
+    check_matmul("cuda.gemm.sm90_128x128_streamk", a_shape, b_shape, BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["128x128_streamk", "128x192_streamk"])
+@pytest.mark.parametrize("trans_b,c_shape", [(1, (2433,)), (0, (896, 1)), (1, (896, 2433)), (1, None)])
+def test_streamk_gemm_applies_alpha_beta_and_broadcast_c(name, trans_b, c_shape):
+    """N 2433 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 2432 else."""
+    require_sm90()
+    M, K, N = 896, 1000, 2433 if trans_b else 2432
+    a = rand((M, K), np.float16)
+    b = rand((N, K) if trans_b else (K, N), np.float16)
+    inputs = {"A": a, "B": b}
+    ref = 0.75 * (a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64))
+    if c_shape is not None:
+        c_shape = tuple(N if d == 2433 else d for d in c_shape)
+        inputs["C"] = rand(c_shape, np.float16)
+        ref = ref - 1.5 * inputs["C"].astype(np.float64)
+    layer = LayerDesc("gemm", "Gemm", tuple(inputs), ("Y",), {"transB": trans_b, "alpha": 0.75, "beta": -1.5})
+    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
+    assert rel_err(out, ref) <= 2e-3
+
+
+def _fused(M, N, K, dtype):
+    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
+                      domain="ai.polykit")
+    inputs = {"A": rand((M, K), dtype), "B": rand((K, N), dtype), "bias": rand((N,), dtype), "res": rand((M, N), dtype)}
+    return layer, inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["128x128_streamk", "128x256_streamk", "64x128_streamk"])
+@pytest.mark.parametrize("M,N,K", [(1024, 3072, 768), (896, 2432, 200), (17, 136, 768)])
+def test_streamk_runs_the_fused_bias_gelu_residual_epilogue_once_on_every_tile(name, M, N, K):
+    """Whole tiles take the epilogue in the kernel, split ones in the reduce: both against float64."""
+    require_sm90()
+    from math import erf
+
+    layer, inputs = _fused(M, N, K, np.float16)
+    s = inputs["A"].astype(np.float64) @ inputs["B"].astype(np.float64) + inputs["bias"].astype(np.float64)
+    ref = 0.5 * s * (1.0 + np.vectorize(erf)(s / np.sqrt(2.0))) + inputs["res"].astype(np.float64)
+    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
+    assert rel_err(out, ref) <= 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["128x128_streamk", "64x128_streamk"])
+def test_streamk_results_are_the_same_bits_run_to_run(name):
+    require_sm90()
+    layer, inputs = _fused(1024, 3072, 768, np.float16)
+    runs = [run(layer, inputs, f"cuda.gemm.sm90_{name}", (1024, 3072), np.float16).view(np.uint16) for _ in range(3)]
+    for i in (1, 2):
+        differ = np.argwhere(runs[i] != runs[0])
+        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(896, 2432, 768), (1, 264, 72)])
+def test_tf32_streamk_gemm_with_bias(M, N, K):
+    require_sm90()
+    a, b, c = rand((M, K), np.float32), rand((N, K), np.float32), rand((N,), np.float32)
+    ref = 0.5 * (a.astype(np.float64) @ b.T.astype(np.float64)) + c.astype(np.float64)
+    layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
+    out = run(layer, {"A": a, "B": b, "C": c}, "cuda.gemm.sm90_128x128_streamk", (M, N), np.float32)
+    assert rel_err(out, ref) <= 3e-3
