@@ -135,24 +135,29 @@ def test_split_k_matmul_matches_float64_reference(name, a_shape, b_shape, dtype)
     check_matmul(f"cuda.gemm.sm90_{name}", a_shape, b_shape, dtype)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["128x128_sk4", "64x128_sk8"])
-@pytest.mark.parametrize("trans_b,c_shape", [(1, (137,)), (0, (77, 1)), (1, (77, 137)), (1, None)])
-def test_split_k_gemm_applies_alpha_beta_and_broadcast_c_in_the_reduce(name, trans_b, c_shape):
-    """N 137 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 136 else."""
+def check_gemm(tactic: str, M: int, K: int, N: int, trans_b: int, c_shape) -> None:
+    """Gemm alpha 0.75, beta -1.5 with C of `c_shape` (None: no C) by `tactic` against float64 (GPU)."""
     require_sm90()
-    M, K, N = 77, 1000, 137 if trans_b else 136
     a = rand((M, K), np.float16)
     b = rand((N, K) if trans_b else (K, N), np.float16)
     inputs = {"A": a, "B": b}
     ref = 0.75 * (a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64))
     if c_shape is not None:
-        c_shape = tuple(N if d == 137 else d for d in c_shape)
         inputs["C"] = rand(c_shape, np.float16)
         ref = ref - 1.5 * inputs["C"].astype(np.float64)
     layer = LayerDesc("gemm", "Gemm", tuple(inputs), ("Y",), {"transB": trans_b, "alpha": 0.75, "beta": -1.5})
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 2e-3
+    out = run(layer, inputs, tactic, (M, N), np.float16)
+    err = rel_err(out, ref)
+    assert err <= 2e-3, f"{tactic} Gemm {M}x{N}x{K} transB {trans_b} C {c_shape}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["128x128_sk4", "64x128_sk8"])
+@pytest.mark.parametrize("trans_b,c_shape", [(1, (137,)), (0, (77, 1)), (1, (77, 137)), (1, None)])
+def test_split_k_gemm_applies_alpha_beta_and_broadcast_c_in_the_reduce(name, trans_b, c_shape):
+    """N 137 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 136 else."""
+    N = 137 if trans_b else 136
+    check_gemm(f"cuda.gemm.sm90_{name}", 77, 1000, N, trans_b, c_shape and tuple(N if d == 137 else d for d in c_shape))
 
 
 def _fused(M, N, K, dtype):
@@ -162,29 +167,39 @@ def _fused(M, N, K, dtype):
     return layer, inputs
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", SPLIT_TACTICS)
-@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (17, 136, 768)])
-def test_split_k_runs_the_fused_bias_gelu_residual_epilogue_once_on_the_sum(name, M, N, K):
+def check_fused(tactic: str, M: int, N: int, K: int) -> None:
+    """MatMul + bias + GELU + residual (fused epilogue) by `tactic` against float64 (GPU)."""
     require_sm90()
     from math import erf
 
     layer, inputs = _fused(M, N, K, np.float16)
     s = inputs["A"].astype(np.float64) @ inputs["B"].astype(np.float64) + inputs["bias"].astype(np.float64)
     ref = 0.5 * s * (1.0 + np.vectorize(erf)(s / np.sqrt(2.0))) + inputs["res"].astype(np.float64)
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 3e-3
+    err = rel_err(run(layer, inputs, tactic, (M, N), np.float16), ref)
+    assert err <= 3e-3, f"{tactic} fused {M}x{N}x{K}: relative error {err:.2e}"
+
+
+def check_same_bits(tactic: str, M: int, N: int, K: int) -> None:
+    """Three runs of the fused MatMul by `tactic` on the same inputs give the same bits (GPU)."""
+    require_sm90()
+    layer, inputs = _fused(M, N, K, np.float16)
+    runs = [run(layer, inputs, tactic, (M, N), np.float16).view(np.uint16) for _ in range(3)]
+    for i in (1, 2):
+        differ = np.argwhere(runs[i] != runs[0])
+        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SPLIT_TACTICS)
+@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (17, 136, 768)])
+def test_split_k_runs_the_fused_bias_gelu_residual_epilogue_once_on_the_sum(name, M, N, K):
+    check_fused(f"cuda.gemm.sm90_{name}", M, N, K)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["128x128_sk8", "64x128_sk16"])
 def test_split_k_results_are_the_same_bits_run_to_run(name):
-    require_sm90()
-    layer, inputs = _fused(128, 768, 3072, np.float16)
-    runs = [run(layer, inputs, f"cuda.gemm.sm90_{name}", (128, 768), np.float16).view(np.uint16) for _ in range(3)]
-    for i in (1, 2):
-        differ = np.argwhere(runs[i] != runs[0])
-        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+    check_same_bits(f"cuda.gemm.sm90_{name}", 128, 768, 3072)
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm, predicted_us
 from polykit.kernels.cuda.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
                                                     schedule, schedule_of, streamk_us)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run
-from tests.kernels.cuda.test_gemm_sm90_splitk import GELU_RES
+from tests.kernels.cuda.test_gemm_sm90_splitk import GELU_RES, check_fused, check_gemm, check_same_bits
 from tests.kernels.cuda.test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 H100_SMS = 132
@@ -157,26 +157,8 @@ def test_bf16_streamk_matmul_matches_float64_reference(a_shape, b_shape):
 @pytest.mark.parametrize("trans_b,c_shape", [(1, (2433,)), (0, (896, 1)), (1, (896, 2433)), (1, None)])
 def test_streamk_gemm_applies_alpha_beta_and_broadcast_c(name, trans_b, c_shape):
     """N 2433 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 2432 else."""
-    require_sm90()
-    M, K, N = 896, 1000, 2433 if trans_b else 2432
-    a = rand((M, K), np.float16)
-    b = rand((N, K) if trans_b else (K, N), np.float16)
-    inputs = {"A": a, "B": b}
-    ref = 0.75 * (a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64))
-    if c_shape is not None:
-        c_shape = tuple(N if d == 2433 else d for d in c_shape)
-        inputs["C"] = rand(c_shape, np.float16)
-        ref = ref - 1.5 * inputs["C"].astype(np.float64)
-    layer = LayerDesc("gemm", "Gemm", tuple(inputs), ("Y",), {"transB": trans_b, "alpha": 0.75, "beta": -1.5})
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 2e-3
-
-
-def _fused(M, N, K, dtype):
-    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
-                      domain="ai.polykit")
-    inputs = {"A": rand((M, K), dtype), "B": rand((K, N), dtype), "bias": rand((N,), dtype), "res": rand((M, N), dtype)}
-    return layer, inputs
+    N = 2433 if trans_b else 2432
+    check_gemm(f"cuda.gemm.sm90_{name}", 896, 1000, N, trans_b, c_shape and tuple(N if d == 2433 else d for d in c_shape))
 
 
 @pytest.mark.gpu
@@ -184,25 +166,13 @@ def _fused(M, N, K, dtype):
 @pytest.mark.parametrize("M,N,K", [(1024, 3072, 768), (896, 2432, 200), (17, 136, 768)])
 def test_streamk_runs_the_fused_bias_gelu_residual_epilogue_once_on_every_tile(name, M, N, K):
     """Whole tiles take the epilogue in the kernel, split ones in the reduce: both against float64."""
-    require_sm90()
-    from math import erf
-
-    layer, inputs = _fused(M, N, K, np.float16)
-    s = inputs["A"].astype(np.float64) @ inputs["B"].astype(np.float64) + inputs["bias"].astype(np.float64)
-    ref = 0.5 * s * (1.0 + np.vectorize(erf)(s / np.sqrt(2.0))) + inputs["res"].astype(np.float64)
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 3e-3
+    check_fused(f"cuda.gemm.sm90_{name}", M, N, K)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["128x128_streamk", "64x128_streamk"])
 def test_streamk_results_are_the_same_bits_run_to_run(name):
-    require_sm90()
-    layer, inputs = _fused(1024, 3072, 768, np.float16)
-    runs = [run(layer, inputs, f"cuda.gemm.sm90_{name}", (1024, 3072), np.float16).view(np.uint16) for _ in range(3)]
-    for i in (1, 2):
-        differ = np.argwhere(runs[i] != runs[0])
-        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+    check_same_bits(f"cuda.gemm.sm90_{name}", 1024, 3072, 768)
 
 
 @pytest.mark.gpu
