@@ -29,6 +29,31 @@ __device__ __forceinline__ void finish_sum(const OutP& out, i64 z, i64 m, i64 n,
     }
 }
 
+// 8 consecutive columns of one row summed over `splits` fp32 slices `slice_stride` apart, in slice
+// order, their loads issued SLICE_BATCH slices at a time (one L2 round trip a batch, not one a
+// slice); split-K's reduce and stream-K's
+constexpr int SLICE_BATCH = 4;
+__device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
+  for (int s0 = 0; s0 < splits; s0 += SLICE_BATCH) {
+    float4 q[2 * SLICE_BATCH];
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float4* at = (const float4*)(p + (s0 + b) * slice_stride);
+        q[2 * b] = __ldcg(at);
+        q[2 * b + 1] = __ldcg(at + 1);
+      }
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float w[8] = {q[2 * b].x, q[2 * b].y, q[2 * b].z, q[2 * b].w,
+                            q[2 * b + 1].x, q[2 * b + 1].y, q[2 * b + 1].z, q[2 * b + 1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = s0 + b == 0 ? w[i] : v[i] + w[i];
+      }
+  }
+}
+
 #if SPLITK
 #define SPLITK_PARAMS , float *partial, i64 splits
 static_assert(!I8, "split-K serves the float-accumulating GEMMs");
@@ -64,30 +89,6 @@ __device__ __forceinline__ void consume_partials(float* partial, i64 M, i64 N, i
         if (m + 8 < M) __stcg((float2*)(p + (m + 8) * np + 8 * j), make_float2(acc[s][4 * j + 2], acc[s][4 * j + 3]));
       }
     }
-  }
-}
-
-// 8 consecutive columns of one row summed over the slices in slice order, their loads issued
-// SLICE_BATCH slices at a time (one L2 round trip a batch, not one a slice)
-constexpr int SLICE_BATCH = 4;
-__device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
-  for (int s0 = 0; s0 < splits; s0 += SLICE_BATCH) {
-    float4 q[2 * SLICE_BATCH];
-#pragma unroll
-    for (int b = 0; b < SLICE_BATCH; ++b)
-      if (s0 + b < splits) {
-        const float4* at = (const float4*)(p + (s0 + b) * slice_stride);
-        q[2 * b] = __ldcg(at);
-        q[2 * b + 1] = __ldcg(at + 1);
-      }
-#pragma unroll
-    for (int b = 0; b < SLICE_BATCH; ++b)
-      if (s0 + b < splits) {
-        const float w[8] = {q[2 * b].x, q[2 * b].y, q[2 * b].z, q[2 * b].w,
-                            q[2 * b + 1].x, q[2 * b + 1].y, q[2 * b + 1].z, q[2 * b + 1].w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = s0 + b == 0 ? w[i] : v[i] + w[i];
-      }
   }
 }
 

@@ -8,8 +8,8 @@
 // tiles: a tile whose K steps all lie in one block is finished by that block (finish_tile, the
 // plain epilogue); the other tiles' pieces go to `partial` as fp32 (a block has at most two: the
 // one holding its first step, slot 0, and the one holding its last, slot 1), and
-// gemm_sm90_streamk_reduce sums each split tile's pieces in block order (= K order) and runs the
-// epilogue through OutP (finish_sum). Deterministic: the split depends only on the shapes and the
+// gemm_sm90_streamk_reduce sums each split tile's pieces in a fixed order (the first block's piece
+// plus the sum of the later blocks' in block order) and runs the epilogue through OutP (finish_sum). Deterministic: the split depends only on the shapes and the
 // grid (BLOCKS * SMs of the device), so every run adds the same operands in the same order.
 //
 // partial: fp32 [grid][2][BM][BN], each slot a whole tile row-major (no bounds at the stores).
@@ -104,15 +104,15 @@ __device__ __forceinline__ void reduce_streamk(const OutP& out, const float* par
     const TileIdx ti = tile_of(dp_tiles + t, tiles_m, tiles_n, GROUP);
     const i64 m = (i64)ti.tm * BM + r, n = (i64)ti.tn * BN + c;
     if (m >= out.M || n >= out.N) continue;
+    // b0's piece is its last (slot 1) unless its range starts at the tile; then the later
+    // blocks' first pieces (slot 0, 2 * BM * BN floats apart) in block order
+    const float4* at = (const float4*)(partial_slot(partial, b0, sk_begin(b0, iters, grid) < first ? 1 : 0) + r * BN + c);
+    const float4 x = __ldcg(at), y = __ldcg(at + 1);
     float v[8];
-    for (int b = b0; b <= b1; ++b) {  // b0's piece is its last (slot 1) unless its range starts at the tile
-      const int slot = b == b0 && sk_begin(b, iters, grid) < first ? 1 : 0;
-      const float4* at = (const float4*)(partial_slot(partial, b, slot) + r * BN + c);
-      const float4 x = __ldcg(at), y = __ldcg(at + 1);
-      const float q[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    sum_slices(partial_slot(partial, b0 + 1, 0) + r * BN + c, 2 * BM * BN, b1 - b0, v);
+    const float q[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = b == b0 ? q[k] : v[k] + q[k];
-    }
+    for (int k = 0; k < 8; ++k) v[k] = q[k] + v[k];
     finish_sum(out, ti.z, m, n, v, vector_rows);
   }
 }

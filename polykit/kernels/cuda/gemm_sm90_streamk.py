@@ -28,6 +28,10 @@ REDUCE = "gemm_sm90_streamk_reduce"
 REDUCE_BLOCK = 64  # threads of a reduce block (as split-K's)
 #: tiles with a stream-K tactic: one block an SM, the shapes whose waves are coarse
 STREAMK_TILES = tuple(t for t in TILES if t.label in ("128x128", "128x256", "256x128", "128x192", "64x128"))
+#: the hybrid's cost past its blocks' K steps where tiles are split, beside split-K's REDUCE_US and
+#: the pieces' traffic: fitted to the H100 timings of the five tiles on the six BERT-base GEMMs
+#: (docs/CUDA_NOTES.md), 10 us in all with the start and the reduce's launch
+PIECES_US = 6.5
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def streamk_us(tile: Sm90Tile, geo: Sm90Gemm, sm_count: int, tf32: bool = False)
     pieces = sched.pieces()
     if not pieces:
         return dp_us + share_us
-    return dp_us + share_us + REDUCE_US + 2 * 4 * tile.bm * tile.bn * pieces / PARTIAL_BYTES_PER_US
+    return dp_us + share_us + REDUCE_US + PIECES_US + 2 * 4 * tile.bm * tile.bn * pieces / PARTIAL_BYTES_PER_US
 
 
 def _estimate(tile: Sm90Tile):
