@@ -12,7 +12,8 @@
 // the consumers store fp32 partials to `partial` instead of Y; gemm_sm90_splitk_reduce (this module)
 // sums them and writes Y through the epilogue (C, Y and the epilogue inputs are its arguments).
 // STREAMK 1 (gemm_sm90_streamk.cuh): whole waves of tiles unsplit, the rest spread over the blocks
-// by K steps; pieces of split tiles go to `partial`, summed by gemm_sm90_streamk_reduce (this module).
+// by K steps; a tile split between blocks is summed in the kernel by the block holding its last
+// steps, from the others' fp32 pieces in `partial` (flag-ordered fixup: one launch).
 #include "gemm_sm90_epilogue.cuh"
 #include "gemm_sm90_splitk.cuh"
 #include "gemm_sm90_streamk.cuh"
@@ -99,21 +100,5 @@ extern "C" __global__ void __launch_bounds__(256) gemm_sm90_splitk_reduce(const 
   out.epi = make_epi(EPI_ARGS);
 #endif
   reduce_partials(out, partial, (int)items, (int)splits);
-}
-#endif
-
-#if STREAMK
-// grid_k: the stream-K kernel's grid (its split of the K steps)
-extern "C" __global__ void __launch_bounds__(256) gemm_sm90_streamk_reduce(const ELEM* C, ELEM* Y, i64 M, i64 N,
-                                                                            i64 K, i64 scm, i64 scn, float alpha,
-                                                                            float beta, const float* partial,
-                                                                            i64 dp_tiles, i64 sk_tiles,
-                                                                            i64 grid_k EPI_PARAMS) {
-  OutP out = make_out(Y, C, M, N, scm, scn, alpha, beta);
-#if HAS_EPILOGUE
-  out.epi = make_epi(EPI_ARGS);
-#endif
-  reduce_streamk(out, partial, (int)((M + BM - 1) / BM), (int)((N + BN - 1) / BN), (int)((K + KE - 1) / KE),
-                 (int)dp_tiles, (int)sk_tiles, (int)grid_k);
 }
 #endif

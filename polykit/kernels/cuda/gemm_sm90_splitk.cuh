@@ -13,47 +13,6 @@
 #pragma once
 #include "gemm_sm90_epilogue.cuh"
 
-// The epilogue of 8 summed columns n..n + 7 of row m (a reduce kernel's thread: split-K's, stream-K's):
-// finish8 where vector_ok allows (`vector_rows`), else value + store2 a column pair at a time.
-__device__ __forceinline__ void finish_sum(const OutP& out, i64 z, i64 m, i64 n, const float (&v)[8], bool vector_rows) {
-  if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
-    finish8(out, z, m, n, v);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; i += 2)
-    if (n + i < out.N) {
-      const float a = out.value(z, m, n + i, v[i]);
-      const float b = n + i + 1 < out.N ? out.value(z, m, n + i + 1, v[i + 1]) : 0.f;
-      out.store2(z, m, n + i, a, b);
-    }
-}
-
-// 8 consecutive columns of one row summed over `splits` fp32 slices `slice_stride` apart, in slice
-// order, their loads issued SLICE_BATCH slices at a time (one L2 round trip a batch, not one a
-// slice); split-K's reduce and stream-K's
-constexpr int SLICE_BATCH = 4;
-__device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
-  for (int s0 = 0; s0 < splits; s0 += SLICE_BATCH) {
-    float4 q[2 * SLICE_BATCH];
-#pragma unroll
-    for (int b = 0; b < SLICE_BATCH; ++b)
-      if (s0 + b < splits) {
-        const float4* at = (const float4*)(p + (s0 + b) * slice_stride);
-        q[2 * b] = __ldcg(at);
-        q[2 * b + 1] = __ldcg(at + 1);
-      }
-#pragma unroll
-    for (int b = 0; b < SLICE_BATCH; ++b)
-      if (s0 + b < splits) {
-        const float w[8] = {q[2 * b].x, q[2 * b].y, q[2 * b].z, q[2 * b].w,
-                            q[2 * b + 1].x, q[2 * b + 1].y, q[2 * b + 1].z, q[2 * b + 1].w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = s0 + b == 0 ? w[i] : v[i] + w[i];
-      }
-  }
-}
-
 #if SPLITK
 #define SPLITK_PARAMS , float *partial, i64 splits
 static_assert(!I8, "split-K serves the float-accumulating GEMMs");
@@ -92,7 +51,32 @@ __device__ __forceinline__ void consume_partials(float* partial, i64 M, i64 N, i
   }
 }
 
-// The reduce: the slices' sum of each element, then OutP's epilogue (finish_sum).
+// 8 consecutive columns of one row summed over the slices in slice order, their loads issued
+// SLICE_BATCH slices at a time (one L2 round trip a batch, not one a slice)
+constexpr int SLICE_BATCH = 4;
+__device__ __forceinline__ void sum_slices(const float* p, i64 slice_stride, int splits, float (&v)[8]) {
+  for (int s0 = 0; s0 < splits; s0 += SLICE_BATCH) {
+    float4 q[2 * SLICE_BATCH];
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float4* at = (const float4*)(p + (s0 + b) * slice_stride);
+        q[2 * b] = __ldcg(at);
+        q[2 * b + 1] = __ldcg(at + 1);
+      }
+#pragma unroll
+    for (int b = 0; b < SLICE_BATCH; ++b)
+      if (s0 + b < splits) {
+        const float w[8] = {q[2 * b].x, q[2 * b].y, q[2 * b].z, q[2 * b].w,
+                            q[2 * b + 1].x, q[2 * b + 1].y, q[2 * b + 1].z, q[2 * b + 1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = s0 + b == 0 ? w[i] : v[i] + w[i];
+      }
+  }
+}
+
+// The reduce: the slices' sum of each element, then OutP's epilogue (finish8 where vector_ok
+// allows, else value + store2 a column pair at a time).
 __device__ __forceinline__ void reduce_partials(const OutP& out, const float* partial, int items, int splits) {
   const i64 np = partial_cols(out.N), groups = (out.N + 7) / 8, rows = (i64)items * out.M;
   const bool vector_rows = vector_ok(out);
@@ -100,7 +84,17 @@ __device__ __forceinline__ void reduce_partials(const OutP& out, const float* pa
     const i64 r = g / groups, n = (g - r * groups) * 8, z = r / out.M, m = r - z * out.M;
     float v[8];
     sum_slices(partial + r * np + n, rows * np, splits, v);
-    finish_sum(out, z, m, n, v, vector_rows);
+    if (vector_rows) {  // N % 8 == 0: the 8 columns are in the row
+      finish8(out, z, m, n, v);
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i += 2)
+      if (n + i < out.N) {
+        const float a = out.value(z, m, n + i, v[i]);
+        const float b = n + i + 1 < out.N ? out.value(z, m, n + i + 1, v[i + 1]) : 0.f;
+        out.store2(z, m, n + i, a, b);
+      }
   }
 }
 #else

@@ -1,6 +1,7 @@
-"""Stream-K on the Hopper GEMM (gemm_sm90_streamk): the hybrid schedule, workspace and cost model
-(CPU), ptxas on the stream-K units (NVRTC, no GPU), and every stream-K tactic against a float64
-reference on random data with outputs poisoned, run-to-run bit equality (GPU, compute capability 9.0)."""
+"""Stream-K on the Hopper GEMM (gemm_sm90_streamk): the hybrid schedules, workspace and cost model
+(CPU), ptxas on the stream-K kernels (NVRTC, no GPU), and every stream-K tactic against a float64
+reference on random data with outputs poisoned (tiles fixed up in the kernel from 1 to ~11 other
+blocks' pieces), run-to-run bit equality (GPU, compute capability 9.0)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm, predicted_us
-from polykit.kernels.cuda.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
-                                                    schedule, schedule_of, streamk_us)
+from polykit.kernels.cuda.gemm_sm90_streamk import (SCHEDULES, STREAMK_TILES, StreamKSchedule, compile_variants,
+                                                    partial_bytes, schedule, schedule_of, streamk_us)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run
 from tests.kernels.cuda.test_gemm_sm90_splitk import GELU_RES, check_fused, check_gemm, check_same_bits
 from tests.kernels.cuda.test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
@@ -28,8 +29,9 @@ def test_every_streamk_tile_has_a_tactic_for_matmul_and_gemm():
     assert [t.label for t in STREAMK_TILES] == ["128x128", "128x256", "256x128", "64x128", "128x192"]
     for tile in STREAMK_TILES:
         for kind in ("MatMul", "Gemm"):
-            tactic = find_tactic("cuda", kind, f"cuda.gemm.sm90_{tile.label}_streamk")
-            assert tactic is not None and tactic.params["streamk"] == 1 and tactic.params["bn"] == tile.bn
+            for suffix, streamk in (("streamk", 1), ("streamk1", 2)):
+                tactic = find_tactic("cuda", kind, f"cuda.gemm.sm90_{tile.label}_{suffix}")
+                assert tactic is not None and tactic.params["streamk"] == streamk and tactic.params["bn"] == tile.bn
 
 
 @pytest.mark.parametrize("tiles,ktiles,want", [
@@ -43,9 +45,24 @@ def test_schedule_runs_whole_waves_unsplit_and_spreads_the_rest(tiles, ktiles, w
     assert schedule(tiles, ktiles, H100_SMS) == want
 
 
-@pytest.mark.parametrize("tiles,ktiles", [(192, 12), (133, 5), (200, 2), (400, 4), (48, 48), (6, 12), (3, 1)])
-def test_block_ranges_cover_the_stream_k_steps_once_in_near_equal_shares(tiles, ktiles):
-    sched = schedule(tiles, ktiles, H100_SMS)
+@pytest.mark.parametrize("tiles,ktiles,want", [
+    (192, 12, StreamKSchedule(132, 132, 60, 12)),   # the partial wave alone: 720 steps, 5-6 a block
+    (400, 40, StreamKSchedule(132, 396, 4, 40)),    # 160 steps: one or two a block
+    (400, 4, StreamKSchedule(132, 264, 136, 4)),    # 16 steps for 132 blocks: the wave before joins
+    (48, 48, StreamKSchedule(132, 0, 48, 48)),      # under a wave: as the default schedule
+])
+def test_the_partial_wave_schedule_splits_it_alone_where_every_block_gets_a_step(tiles, ktiles, want):
+    assert SCHEDULES == {"streamk": True, "streamk1": False}
+    assert schedule(tiles, ktiles, H100_SMS, extra_wave=False) == want
+
+
+SCHEDULE_CASES = [(192, 12, True), (133, 5, True), (200, 2, True), (400, 4, True), (48, 48, True), (6, 12, True),
+                  (3, 1, True), (192, 12, False), (400, 40, False), (133, 200, False)]
+
+
+@pytest.mark.parametrize("tiles,ktiles,extra", SCHEDULE_CASES)
+def test_block_ranges_cover_the_stream_k_steps_once_in_near_equal_shares(tiles, ktiles, extra):
+    sched = schedule(tiles, ktiles, H100_SMS, extra)
     ranges = [sched.block_range(b) for b in range(sched.grid)]
     assert ranges[0][0] == 0 and ranges[-1][1] == sched.sk_tiles * ktiles
     assert all(r[1] == n[0] for r, n in zip(ranges, ranges[1:]))
@@ -53,19 +70,19 @@ def test_block_ranges_cover_the_stream_k_steps_once_in_near_equal_shares(tiles, 
     assert min(e - s for s, e in ranges) >= 1 or not sched.sk_tiles
 
 
-@pytest.mark.parametrize("tiles,ktiles", [(192, 12), (133, 5), (200, 2), (400, 4), (48, 48), (6, 12)])
-def test_pieces_count_the_tiles_parts_that_blocks_share(tiles, ktiles):
-    """Brute force: a tile's part in a block is a piece when the tile's steps span two blocks."""
-    sched = schedule(tiles, ktiles, H100_SMS)
+@pytest.mark.parametrize("tiles,ktiles,extra", SCHEDULE_CASES)
+def test_stored_pieces_are_a_split_tiles_parts_but_the_fixup_blocks(tiles, ktiles, extra):
+    """Brute force: a tile whose steps span n blocks has n - 1 pieces stored (its last block keeps
+    its own in registers), and a block stores at most one (its slot and flag)."""
+    sched = schedule(tiles, ktiles, H100_SMS, extra)
     owner = [b for b in range(sched.grid) for _ in range(*sched.block_range(b))]
-    want = 0
-    for t in range(sched.sk_tiles):
-        blocks = set(owner[t * ktiles:(t + 1) * ktiles])
-        want += len(blocks) if len(blocks) > 1 else 0
-    assert sched.pieces() == want
+    spans = [sorted(set(owner[t * ktiles:(t + 1) * ktiles])) for t in range(sched.sk_tiles)]
+    assert sched.stored() == sum(len(s) - 1 for s in spans)
+    storers = [b for s in spans for b in s[:-1]]
+    assert len(storers) == len(set(storers))
 
 
-def test_workspace_is_two_fp32_tiles_a_block_and_none_for_whole_waves():
+def test_workspace_is_an_fp32_tile_and_a_flag_a_block_and_none_for_whole_waves():
     from polykit.kernels.tactics import find_tactic
 
     tactic = find_tactic("cuda", "MatMul", "cuda.gemm.sm90_128x128_streamk")
@@ -75,7 +92,7 @@ def test_workspace_is_two_fp32_tiles_a_block_and_none_for_whole_waves():
         return {"A": TensorDesc("A", "float16", (M, K), "input"), "B": TensorDesc("B", "float16", (K, N), "weight")}
 
     # 1024 x 3072: 192 tiles of 128x128 for 132 SMs
-    assert tactic.workspace(layer, tensors(1024, 3072, 768), H100_SMS) == 132 * 2 * 128 * 128 * 4
+    assert tactic.workspace(layer, tensors(1024, 3072, 768), H100_SMS) == 132 * (128 * 128 + 1) * 4
     assert tactic.workspace(layer, tensors(1408, 3072, 768), H100_SMS) == 0  # 11 x 24 = 264 tiles: two waves
     geo = plan_gemm("MatMul", {}, (1024, 768), (768, 3072))
     assert partial_bytes(STREAMK_TILES[0], schedule_of(geo, STREAMK_TILES[0], "float16", H100_SMS)) > 0
@@ -110,14 +127,14 @@ def test_the_fused_streamk_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile
                       domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
                       in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
     text = ptxas_report(kernel_for(layer, tile, "half_t", True, streamk=True), "gemm_sm90.cu")
-    assert text.count("Used") == 2, f"expected the kernel and its reduce in the report:\n{text}"
+    assert text.count("Used") == 1, f"expected the one kernel in the report (no reduce):\n{text}"
     assert_pipelined(text, f"stream-K tile {tile.label}")
-    assert text.count(" 0 bytes spill stores") == 2, f"tile {tile.label} stream-K spills:\n{text}"
+    assert text.count(" 0 bytes spill stores") == 1, f"tile {tile.label} stream-K spills:\n{text}"
 
 
 # ---- GPU ----------------------------------------------------------------------------------
 
-TACTICS = [f"{t.label}_streamk" for t in STREAMK_TILES]
+TACTICS = [f"{t.label}_streamk" for t in STREAMK_TILES] + ["128x128_streamk1", "64x128_streamk1"]
 SHAPES = [((896, 768), (768, 2432)),      # 7 x 19 = 133 tiles of 128x128: one over a wave
           ((1280, 200), (200, 2560)),     # 200 tiles, K 200: 4 K steps, the last partial
           ((1280, 72), (72, 2560)),       # K 72: 2 steps, a block's share spans several tiles
@@ -130,13 +147,13 @@ SHAPES = [((896, 768), (768, 2432)),      # 7 x 19 = 133 tiles of 128x128: one o
 
 
 def test_the_gpu_shapes_reach_every_path_of_the_schedule():
-    """On 132 SMs the shapes above split tiles (pieces), finish tiles whole inside a block's range,
-    and run whole data-parallel waves."""
+    """On 132 SMs the shapes above split tiles (stored pieces), finish tiles whole inside a block's
+    range, and run whole data-parallel waves."""
     tile = STREAMK_TILES[0]
     scheds = [schedule_of(plan_gemm("MatMul", {}, a, b), tile, "float16", H100_SMS) for a, b in SHAPES]
-    assert all(s.pieces() for s in scheds[:2])
+    assert all(s.stored() for s in scheds[:2])
     assert any(s.dp_tiles for s in scheds)
-    assert any(s.sk_tiles * s.ktiles > 2 * s.pieces() for s in scheds)  # whole tiles inside a range
+    assert any(s.sk_tiles * s.ktiles > 2 * s.stored() for s in scheds)  # whole tiles inside a range
 
 
 @pytest.mark.gpu
@@ -170,9 +187,11 @@ def test_streamk_runs_the_fused_bias_gelu_residual_epilogue_once_on_every_tile(n
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["128x128_streamk", "64x128_streamk"])
-def test_streamk_results_are_the_same_bits_run_to_run(name):
-    check_same_bits(f"cuda.gemm.sm90_{name}", 1024, 3072, 768)
+@pytest.mark.parametrize("name,M,N,K", [("128x128_streamk", 1024, 3072, 768), ("128x128_streamk1", 1024, 3072, 768),
+                                         ("64x128_streamk", 128, 768, 3072)])  # the last: tiles of ~11 blocks
+def test_streamk_results_are_the_same_bits_run_to_run(name, M, N, K):
+    """Three runs (each workspace fresh: stale flags of the run before unless the memset zeroes them)."""
+    check_same_bits(f"cuda.gemm.sm90_{name}", M, N, K)
 
 
 @pytest.mark.gpu
