@@ -203,3 +203,37 @@ def test_tf32_streamk_gemm_with_bias(M, N, K):
     layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
     out = run(layer, {"A": a, "B": b, "C": c}, "cuda.gemm.sm90_128x128_streamk", (M, N), np.float32)
     assert rel_err(out, ref) <= 3e-3
+
+
+@pytest.mark.gpu
+def test_two_streamk_layers_of_one_engine_share_the_workspace_through_graph_replays():
+    """fp16 engine x @ W1 @ W2 (1024x3072x768 then 1024x768x3072), both layers forced to the
+    128x128 stream-K tactic: the second borrows the workspace the first left its flags released
+    in, and the CUDA graph replays both three times; only the memset before each launch keeps a
+    fixup from reading stale pieces. Each run against float64 (h rounded to fp16), all bit-equal."""
+    require_sm90()
+    from onnx import TensorProto, helper, numpy_helper
+
+    from polykit.compiler.builder import build_plan
+    from polykit.compiler.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+
+    x, w1, w2 = rand((1024, 768), np.float32), rand((768, 3072), np.float32) / 16, rand((3072, 768), np.float32) / 32
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 768])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 768])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    tactic = "cuda.gemm.sm90_128x128_streamk"
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, fuse=False,
+                                           tactic_replay={"mm1": tactic, "mm2": tactic}))
+    assert sorted(layer.tactic for layer in plan.layers if layer.kind == "MatMul") == [tactic, tactic]
+    f16 = [a.astype(np.float16).astype(np.float64) for a in (x, w1, w2)]
+    ref = (f16[0] @ f16[1]).astype(np.float16).astype(np.float64) @ f16[2]
+    with Engine(plan) as engine, engine.create_execution_context(cuda_graph=True) as ctx:
+        runs = [np.asarray(ctx.execute({"x": x})["y"]) for _ in range(3)]
+    for i, out in enumerate(runs):
+        err = rel_err(out, ref)
+        assert err <= 3e-3, f"run {i}: relative error {err:.2e} (a stale flag lets a fixup add an old piece)"
+        assert np.array_equal(out.view(np.uint32), runs[0].view(np.uint32)), f"run {i} differs from run 0"
