@@ -5,8 +5,6 @@ blocks' pieces), run-to-run bit equality (GPU, compute capability 9.0)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,9 @@ from polykit.compiler.plan_records import LayerDesc, TensorDesc
 from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm, predicted_us
 from polykit.kernels.cuda.gemm_sm90_streamk import (SCHEDULES, STREAMK_TILES, StreamKSchedule, compile_variants,
                                                     partial_bytes, schedule, schedule_of, streamk_us)
-from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run
-from tests.kernels.cuda.test_gemm_sm90_splitk import GELU_RES, check_fused, check_gemm, check_same_bits
+from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90
+from tests.kernels.cuda.test_gemm_sm90_splitk import (GELU_RES, check_fused, check_gemm, check_same_bits,
+                                                      check_tf32_gemm)
 from tests.kernels.cuda.test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 H100_SMS = 132
@@ -197,12 +196,7 @@ def test_streamk_results_are_the_same_bits_run_to_run(name, M, N, K):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", [(896, 2432, 768), (1, 264, 72)])
 def test_tf32_streamk_gemm_with_bias(M, N, K):
-    require_sm90()
-    a, b, c = rand((M, K), np.float32), rand((N, K), np.float32), rand((N,), np.float32)
-    ref = 0.5 * (a.astype(np.float64) @ b.T.astype(np.float64)) + c.astype(np.float64)
-    layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
-    out = run(layer, {"A": a, "B": b, "C": c}, "cuda.gemm.sm90_128x128_streamk", (M, N), np.float32)
-    assert rel_err(out, ref) <= 3e-3
+    check_tf32_gemm("cuda.gemm.sm90_128x128_streamk", M, N, K)
 
 
 @pytest.mark.gpu
