@@ -2,15 +2,15 @@
 wave quantization, grids of output tiles that leave SMs idle in their last wave (BERT-base bs8
 FFN1: 192 tiles of 128x128 for 132 SMs, 1.45 waves).
 
-Tactics `cuda.gemm.sm90_<BM>x<BN>_streamk` (fp16 / bf16 / tf32) take the layers their unsplit tile
-takes. CUTLASS's data-parallel + stream-K hybrid (`schedule`): whole waves of tiles unsplit, the
-rest spread over every persistent block by K steps, each block the same share: `_streamk` splits
-the partial wave and the whole wave before it (CUTLASS's choice: every block's share is one to
-two tiles), `_streamk1` the partial wave alone where each block then gets a K step. A tile split
-between blocks is summed in the kernel by the block holding its last K steps (CUTLASS's fixup):
-the others leave fp32 pieces in the layer's workspace and release a flag (zeroed by a memset
-before the launch); one launch, no reduce kernel. Deterministic: bit for bit run to run on one
-device (the split depends on its SM count).
+The tactic `cuda.gemm.sm90_128x128_streamk` (fp16 / bf16 / tf32) takes the layers the unsplit
+128x128 tile takes. CUTLASS's data-parallel + stream-K hybrid (`schedule`): whole waves of tiles
+unsplit, the rest spread over every persistent block by K steps, each block the same share. A tile
+split between blocks is summed in the kernel by the block holding its last K steps (CUTLASS's
+fixup): the others leave fp32 pieces in the layer's workspace and release a flag (zeroed by a
+memset before the launch); one launch, no reduce kernel. Deterministic: bit for bit run to run on
+one device (the split depends on its SM count). Measured (docs/CUDA_NOTES.md) it beats every
+unsplit and split-K tactic only on long-K grids just over a wave (896x4864x4096: 60.3 us against
+71.1), so only the 128x128 tile (the best stream-K tile there) is registered.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from typing import Any, Mapping
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, PARTIAL_BYTES_PER_US, TILES, Sm90Gemm, Sm90Tile,
-                                            bk_of, kernel_for, layer_geometry, layer_storage, operands_of,
+from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, Sm90Gemm, Sm90Tile, bk_of, kernel_for, layer_geometry, layer_storage, operands_of,
                                             predicted_us, tile_count, tile_kernels, tile_supports, workspace_geometry)
 
-#: tiles with a stream-K tactic: one block an SM, the shapes whose waves are coarse
-STREAMK_TILES = tuple(t for t in TILES if t.label in ("128x128", "128x256", "256x128", "128x192", "64x128"))
-#: the fixup's cost past its pieces' traffic: the flags' memset and the wait at a split tile (us)
-FIXUP_US = 2.0
-#: tactic suffix -> whether the schedule also splits the whole wave before the partial one
-SCHEDULES = {"streamk": True, "streamk1": False}
+#: tiles with a stream-K tactic (the 128x256, 256x128, 128x192 and 64x128 ones, measured, won nowhere)
+STREAMK_TILES = tuple(t for t in TILES if t.label == "128x128")
+#: the fixup's cost where tiles are split (us): FIXUP_US (the flags' memset, 1.8 us as a graph
+#: node, the pieces' stores and the waits) and SPAN_US for each block the most split tile spans
+#: (its fixup block reads their pieces one after another), fitted to the H100 timings of 128x128
+#: on nine GEMMs (docs/CUDA_NOTES.md)
+FIXUP_US, SPAN_US = 4.0, 1.0
 
 
 @dataclass(frozen=True)
@@ -53,24 +53,34 @@ class StreamKSchedule:
         inside a tile (each written and read once)."""
         return sum(self.block_range(b)[1] % self.ktiles != 0 for b in range(self.grid if self.sk_tiles else 0))
 
+    def span(self) -> int:
+        """The most blocks any stream-K tile's steps lie in (1: no tile split; 0: no stream-K tiles)."""
+        iters = self.sk_tiles * self.ktiles
 
-def schedule(tiles: int, ktiles: int, slots: int, extra_wave: bool = True) -> StreamKSchedule:
-    """The hybrid split: whole waves unsplit; with a partial last wave, it and (extra_wave, or when
-    the partial wave alone has fewer K steps than slots) the wave before, so each block's share is
-    one to two tiles of K steps; or every tile when there is less than a wave (then at most one
-    block a K step)."""
+        def block_of(x: int) -> int:  # gemm_sm90_streamk.cuh sk_block_of
+            return ((x + 1) * self.grid + iters - 1) // iters - 1
+
+        return max((block_of((t + 1) * self.ktiles - 1) - block_of(t * self.ktiles) + 1 for t in range(self.sk_tiles)),
+                   default=0)
+
+
+def schedule(tiles: int, ktiles: int, slots: int) -> StreamKSchedule:
+    """The hybrid split: whole waves unsplit; a partial last wave spread alone where that gives
+    every block a K step, else with the whole wave before (CUTLASS's choice always, each block's
+    share one to two tiles: on the H100 never faster beyond the 0.5 us noise, 5 us slower on
+    1280x2560x3072); every tile when there is less than a wave (then at most one block a K step)."""
     waves, rest = divmod(tiles, slots)
     if rest == 0:
         return StreamKSchedule(slots, tiles, 0, ktiles)
     if waves == 0:
         return StreamKSchedule(min(slots, tiles * ktiles), 0, tiles, ktiles)
-    if not extra_wave and rest * ktiles >= slots:
+    if rest * ktiles >= slots:
         return StreamKSchedule(slots, waves * slots, rest, ktiles)
     return StreamKSchedule(slots, (waves - 1) * slots, slots + rest, ktiles)
 
 
-def schedule_of(geo: Sm90Gemm, tile: Sm90Tile, storage: str, sm_count: int, extra_wave: bool = True) -> StreamKSchedule:
-    return schedule(tile_count(geo, tile), -(-geo.K // bk_of(storage)), tile.blocks * sm_count, extra_wave)
+def schedule_of(geo: Sm90Gemm, tile: Sm90Tile, storage: str, sm_count: int) -> StreamKSchedule:
+    return schedule(tile_count(geo, tile), -(-geo.K // bk_of(storage)), tile.blocks * sm_count)
 
 
 def partial_bytes(tile: Sm90Tile, sched: StreamKSchedule) -> int:
@@ -79,49 +89,47 @@ def partial_bytes(tile: Sm90Tile, sched: StreamKSchedule) -> int:
     return 4 * sched.grid * (tile.bm * tile.bn + 1) if sched.stored() else 0
 
 
-def streamk_us(tile: Sm90Tile, geo: Sm90Gemm, sm_count: int, tf32: bool = False, extra_wave: bool = True) -> float:
+def streamk_us(tile: Sm90Tile, geo: Sm90Gemm, sm_count: int, tf32: bool = False) -> float:
     """predicted_us for the hybrid: the whole waves as the unsplit kernel prices them, then each
     block's share of the stream-K steps at the tile's rate and a start, and with split tiles the
-    fixup (the memset and a wait, the stored pieces written and read once)."""
+    fixup (FIXUP_US, SPAN_US a block of the widest split)."""
     storage = "float32" if tf32 else "float16"
-    sched = schedule_of(geo, tile, storage, sm_count, extra_wave)
+    sched = schedule_of(geo, tile, storage, sm_count)
     if not sched.sk_tiles:
         return predicted_us(tile, geo.M, geo.N, geo.K, geo.items, sm_count, tf32)
     rate = tile.tflops / (2 if tf32 else 1)
     step_us = 2.0 * tile.bm * tile.bn * bk_of(storage) * tile.blocks * sm_count / (rate * 1e6)
     dp_us = sched.dp_tiles // sched.grid * (sched.ktiles * step_us + 2.0)
     share_us = -(-sched.sk_tiles * sched.ktiles // sched.grid) * step_us + 2.0
-    stored = sched.stored()
-    if not stored:
-        return dp_us + share_us
-    return dp_us + share_us + FIXUP_US + 2 * 4 * tile.bm * tile.bn * stored / PARTIAL_BYTES_PER_US
+    span = sched.span()
+    return dp_us + share_us + (FIXUP_US + SPAN_US * span if span > 1 else 0.0)
 
 
-def _estimate(tile: Sm90Tile, extra_wave: bool):
+def _estimate(tile: Sm90Tile):
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = layer_geometry(layer)
         if geo is None or not sm_count:
             return None
-        return streamk_us(tile, geo, sm_count, layer_storage(layer) == "float32", extra_wave)
+        return streamk_us(tile, geo, sm_count, layer_storage(layer) == "float32")
 
     return estimate
 
 
-def _workspace(tile: Sm90Tile, extra_wave: bool):
+def _workspace(tile: Sm90Tile):
     def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
         found = workspace_geometry(layer, tensors)
         if found is None or not sm_count:
             return 0
-        return partial_bytes(tile, schedule_of(found[0], tile, found[1], sm_count, extra_wave))
+        return partial_bytes(tile, schedule_of(found[0], tile, found[1], sm_count))
 
     return workspace
 
 
-def _enqueue(tile: Sm90Tile, extra_wave: bool):
+def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         ops = operands_of(layer, tensors, "sm90 stream-K GEMM kernel")
         geo = ops.geo
-        sched = schedule_of(geo, tile, ops.storage, launcher.sm_count, extra_wave)
+        sched = schedule_of(geo, tile, ops.storage, launcher.sm_count)
         need = partial_bytes(tile, sched)
         partial = launcher.workspace(need) if need else 0
         if need and not partial:
@@ -141,7 +149,7 @@ def _enqueue(tile: Sm90Tile, extra_wave: bool):
 
 def compile_variants() -> list[KernelSource]:
     """The stream-K kernel of each stream-K tile with both B layouts for fp16, the 128x128 one for
-    bf16 and for tf32 (CI: sm_90a; both schedules run the same kernel)."""
+    bf16 and for tf32 (CI: sm_90a)."""
     def unit(elem: str, tile: Sm90Tile, b_mn: bool) -> KernelSource:
         return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem, STREAMK=1) + tile.defines(b_mn),
                             arch="sm_90a")
@@ -151,11 +159,9 @@ def compile_variants() -> list[KernelSource]:
 
 
 for _tile in STREAMK_TILES:
-    for _suffix, _extra in SCHEDULES.items():
-        for _kind in ("MatMul", "Gemm"):
-            cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}_{_suffix}", kernels=tile_kernels(_tile, False, streamk=True),
-                        supports=tile_supports(_tile, False), priority=30, archs=ARCHS,
-                        estimate=_estimate(_tile, _extra), workspace=_workspace(_tile, _extra),
-                        params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
-                                "consumers": _tile.consumers, "stages": _tile.stages, "streamk": 1 + int(not _extra)})(
-                _enqueue(_tile, _extra))
+    for _kind in ("MatMul", "Gemm"):
+        cuda_tactic(_kind, f"cuda.gemm.sm90_{_tile.label}_streamk", kernels=tile_kernels(_tile, False, streamk=True),
+                    supports=tile_supports(_tile, False), priority=30, archs=ARCHS, estimate=_estimate(_tile),
+                    workspace=_workspace(_tile),
+                    params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "consumers": _tile.consumers,
+                            "stages": _tile.stages, "streamk": 1})(_enqueue(_tile))
