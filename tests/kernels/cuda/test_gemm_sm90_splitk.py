@@ -5,7 +5,6 @@ capability 9.0)."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +15,7 @@ from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm
 from polykit.kernels.cuda.gemm_sm90_splitk import (SPLIT_TILES, SPLITS, X3_SPLIT_TILES, compile_variants,
                                                    partial_bytes, slices)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run, stamped
+from tests.kernels.cuda.test_sm90_wgmma_pipeline import ptxas_report
 
 GELU_RES = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
             {"op": "Gelu", "inputs": ["s"], "outputs": ["g"], "attrs": {}},
@@ -83,23 +83,20 @@ def test_an_untimed_build_splits_k_where_the_tiles_leave_sms_idle_and_not_elsewh
     assert not _splits_k(_first_sm90(1024, 3072, 768))  # BERT-base bs8 FFN1: 192 tiles
 
 
+def fused_fp16_desc(M: int, N: int, K: int) -> LayerDesc:
+    """An fp16 MatMul M x N x K with a bias + GELU + residual epilogue, shapes stamped (ptxas tests)."""
+    return LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
+                     domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
+                     in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
+
+
 @pytest.mark.parametrize("tile", SPLIT_TILES, ids=lambda t: t.label)
 def test_the_fused_split_k_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile):
     pytest.importorskip("cuda.core")
-    from cuda.core import Program, ProgramOptions
-
     from polykit.kernels.cuda.gemm_sm90 import kernel_for
-    from polykit.runtime.cuda import nvrtc
 
-    M, N, K = 128, 768, 3072  # BERT-base bs1's FFN2 with a bias + GELU + residual epilogue
-    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
-                      domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
-                      in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
-    options = ProgramOptions(arch="sm_90a", name="gemm_sm90.cu", include_path=[str(nvrtc.CUDA_DIR)],
-                             ptxas_options="-v", **dict(nvrtc.BASE_OPTIONS))
-    log = io.StringIO()
-    Program(kernel_for(layer, tile, "half_t", True, splitk=True).render(), "c++", options).compile("cubin", logs=log)
-    text = log.getvalue()
+    # BERT-base bs1's FFN2 with a bias + GELU + residual epilogue
+    text = ptxas_report(kernel_for(fused_fp16_desc(128, 768, 3072), tile, "half_t", True, splitk=True), "gemm_sm90.cu")
     assert text.count("Used") == 2, f"expected the kernel and its reduce in the report:\n{text}"
     assert "C7514" not in text, f"ptxas serializes the split-K wgmma pipeline of tile {tile.label}:\n{text}"
     assert text.count(" 0 bytes spill stores") == 2, f"tile {tile.label} split-K spills:\n{text}"

@@ -14,8 +14,8 @@ from polykit.kernels.cuda.gemm_sm90_splitk import SPLIT_TILES, SPLITS
 from polykit.kernels.cuda.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
                                                     schedule, schedule_of, streamk_us)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90
-from tests.kernels.cuda.test_gemm_sm90_splitk import (GELU_RES, check_fused, check_gemm, check_same_bits,
-                                                      check_tf32_gemm)
+from tests.kernels.cuda.test_gemm_sm90_splitk import (check_fused, check_gemm, check_same_bits, check_tf32_gemm,
+                                                      fused_fp16_desc)
 from tests.kernels.cuda.test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 H100_SMS = 132
@@ -127,11 +127,8 @@ def test_the_fused_streamk_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile
     pytest.importorskip("cuda.core")
     from polykit.kernels.cuda.gemm_sm90 import kernel_for
 
-    M, N, K = 1024, 3072, 768  # BERT-base bs8's FFN1 with a bias + GELU + residual epilogue
-    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
-                      domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
-                      in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
-    text = ptxas_report(kernel_for(layer, tile, "half_t", True, streamk=True), "gemm_sm90.cu")
+    # BERT-base bs8's FFN1 with a bias + GELU + residual epilogue
+    text = ptxas_report(kernel_for(fused_fp16_desc(1024, 3072, 768), tile, "half_t", True, streamk=True), "gemm_sm90.cu")
     assert text.count("Used") == 1, f"expected the one kernel in the report (no reduce):\n{text}"
     assert_pipelined(text, f"stream-K tile {tile.label}")
     assert text.count(" 0 bytes spill stores") == 1, f"tile {tile.label} stream-K spills:\n{text}"
