@@ -189,6 +189,10 @@ class Launcher(Protocol):
         """A device pointer to `nbytes` of scratch memory (256-byte aligned) valid until the
         layer's enqueue returns; each call of one layer gets its own region."""
 
+    def zero(self, ptr: int, nbytes: int) -> None:
+        """Set `nbytes` at device pointer `ptr` to zero on the context's stream, ordered before
+        the layer's next launch (a memset; a captured graph holds it as a memset node)."""
+
     @property
     def sm_count(self) -> int:
         """Streaming multiprocessors of the device the stream runs on (launch sizing)."""

@@ -11,13 +11,38 @@
 // SPLITK 1 (gemm_sm90_splitk.cuh): the units are (tile, K slice) pairs, `splits` slices a tile, and
 // the consumers store fp32 partials to `partial` instead of Y; gemm_sm90_splitk_reduce (this module)
 // sums them and writes Y through the epilogue (C, Y and the epilogue inputs are its arguments).
+// STREAMK 1 (gemm_sm90_streamk.cuh): whole waves of tiles unsplit, the rest spread over the blocks
+// by K steps; a tile split between blocks is summed in the kernel by the block holding its last
+// steps, from the others' fp32 pieces in `partial` (flag-ordered fixup: one launch).
 #include "gemm_sm90_epilogue.cuh"
 #include "gemm_sm90_splitk.cuh"
+#include "gemm_sm90_streamk.cuh"
+
+// The producer's TMA loads of one work unit's K steps into the stage ring
+__device__ __forceinline__ void produce(const Stages& st, const TmaDesc* tm_a, const TmaDesc* tm_b, const Unit& w,
+                                        i64 a_batched, i64 b_batched, int& stage, u32& phase) {
+  const TileIdx ti = w.ti;
+  const int za = a_batched ? ti.z : 0, zb = b_batched ? ti.z : 0;
+  for (int kt = w.k0; kt < w.k1; ++kt, next_stage(stage, phase)) {
+    bar_wait(&st.empty[stage], phase ^ 1);
+    unsigned char* a = st.smem + stage * STAGE_BYTES;
+    unsigned char* b = a + BM * 128;
+    bar_expect_tx(&st.full[stage], STAGE_BYTES);
+    tma_load_3d(a, tm_a, &st.full[stage], kt * KE, ti.tm * BM, za);
+#if B_MN
+#pragma unroll
+    for (int j = 0; j < BN / KE; ++j)  // boxes of KE N (128 bytes) by KE K rows
+      tma_load_3d(b + j * KE * 128, tm_b, &st.full[stage], ti.tn * BN + j * KE, kt * KE, zb);
+#else
+    tma_load_3d(b, tm_b, &st.full[stage], kt * KE, ti.tn * BN, zb);
+#endif
+  }
+}
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm_sm90(
     const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
     i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, i64 a_batched, i64 b_batched SPLITK_PARAMS
-        I8_PARAMS EPI_PARAMS) {
+        STREAMK_PARAMS I8_PARAMS EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
@@ -36,25 +61,15 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
     if (BLOCKS == 1) set_max_regs_dec<40>();
     int stage = 0;
     u32 phase = 0;
-    for (int u = blockIdx.x; u < tiles * (int)splits && tid == 0; u += gridDim.x) {
-      const Unit w = unit_of(u, tiles_m, tiles_n, tiles, ktiles, (int)splits);
-      const TileIdx ti = w.ti;
-      const int za = a_batched ? ti.z : 0, zb = b_batched ? ti.z : 0;
-      for (int kt = w.k0; kt < w.k1; ++kt, next_stage(stage, phase)) {
-        bar_wait(&st.empty[stage], phase ^ 1);
-        unsigned char* a = st.smem + stage * STAGE_BYTES;
-        unsigned char* b = a + BM * 128;
-        bar_expect_tx(&st.full[stage], STAGE_BYTES);
-        tma_load_3d(a, &tm_a, &st.full[stage], kt * KE, ti.tm * BM, za);
-#if B_MN
-#pragma unroll
-        for (int j = 0; j < BN / KE; ++j)  // boxes of KE N (128 bytes) by KE K rows
-          tma_load_3d(b + j * KE * 128, &tm_b, &st.full[stage], ti.tn * BN + j * KE, kt * KE, zb);
+#if STREAMK
+    Unit w;
+    for (int i = 0; tid == 0 && streamk_unit(i, tiles_m, tiles_n, ktiles, (int)dp_tiles, (int)sk_tiles, w); ++i)
+      produce(st, &tm_a, &tm_b, w, a_batched, b_batched, stage, phase);
 #else
-        tma_load_3d(b, &tm_b, &st.full[stage], kt * KE, ti.tn * BN, zb);
+    for (int u = blockIdx.x; u < tiles * (int)splits && tid == 0; u += gridDim.x)
+      produce(st, &tm_a, &tm_b, unit_of(u, tiles_m, tiles_n, tiles, ktiles, (int)splits), a_batched, b_batched,
+              stage, phase);
 #endif
-      }
-    }
   } else {  // ---- consumers (128 * 40 + 256 * 232 = 168 * 384: the launch allocation) --------------
     if (BLOCKS == 1) set_max_regs_inc<232>();
 #if SPLITK
@@ -65,7 +80,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
 #if HAS_EPILOGUE
     EPI_OF(out) = make_epi(EPI_ARGS);
 #endif
+#if STREAMK
+    consume_streamk(out, partial, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, ktiles, (int)dp_tiles,
+                    (int)sk_tiles, wg, tid);
+#else
     consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
+#endif
 #endif
   }
 }

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
 
@@ -246,21 +247,24 @@ def tile_supports(tile: Sm90Tile, split3: bool):
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
-               split3: bool = False, int8: bool = False, splitk: bool = False) -> KernelSource:
+               split3: bool = False, int8: bool = False, splitk: bool = False, streamk: bool = False) -> KernelSource:
     """The layer's kernel `name` (gemm_sm90 or conv_sm90): its .cu (FILES) with the tile's
     defines, plus the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands,
-    `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py)."""
-    tile_defines = tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
+    `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py); `streamk`:
+    the stream-K variant (gemm_sm90_streamk.py)."""
+    tile_defines = (tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
+                    + (defines(STREAMK=1) if streamk else ()))
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
                             defines=tile_defines, arch="sm_90a")
     return KernelSource(name, file=FILES[name], defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
 
 
-def tile_kernels(tile: Sm90Tile, split3: bool, splitk: bool = False):
+def tile_kernels(tile: Sm90Tile, split3: bool, splitk: bool = False, streamk: bool = False):
     def kernels(layer: Any) -> list[KernelSource]:
         geo = layer_geometry(layer)
-        return [kernel_for(layer, tile, ELEMS[layer_storage(layer, split3)], geo.b_mn, split3=split3, splitk=splitk)]
+        return [kernel_for(layer, tile, ELEMS[layer_storage(layer, split3)], geo.b_mn, split3=split3, splitk=splitk,
+                           streamk=streamk)]
 
     return kernels
 
@@ -276,23 +280,66 @@ def tile_estimate(tile: Sm90Tile, split3: bool, splits: int = 1):
     return estimate
 
 
+@dataclass(frozen=True)
+class Sm90Operands:
+    """A layer's device tensors as the sm90 GEMM kernels take them (every variant's enqueue)."""
+
+    geo: Sm90Gemm
+    A: DeviceTensor
+    B: DeviceTensor
+    Y: DeviceTensor
+    C: DeviceTensor | None
+    alpha: float
+    beta: float
+
+    @property
+    def storage(self) -> str:
+        return np.dtype(self.Y.dtype).name
+
+    @property
+    def c_arg(self) -> DeviceTensor | int:
+        return self.C if self.C is not None else 0
+
+    def kernel_args(self, tile: Sm90Tile) -> list[Any]:
+        """gemm_sm90's arguments up to its variant's own (tensor maps, C, Y, sizes, alpha, beta, batching)."""
+        geo = self.geo
+        tm_a, tm_b = tensor_maps(geo, tile, self.A, self.B)
+        return [tm_a, tm_b, self.c_arg, self.Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
+                np.float32(self.alpha), np.float32(self.beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1)]
+
+
+def operands_of(layer: Any, tensors: Mapping[str, DeviceTensor], what: str) -> Sm90Operands:
+    """The layer's operands for the sm90 kernel `what` (a DeviceError when their shapes do not fit it)."""
+    A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+    C = tensors.get(layer.inputs[2]) if layer.kind == "Gemm" and len(layer.inputs) > 2 and layer.inputs[2] else None
+    geo = plan_gemm(layer.kind, layer.attrs, A.shape, B.shape, C.shape if C is not None else None)
+    if geo is None:
+        raise DeviceError(f"shapes {A.shape} x {B.shape} do not fit the {what}", where=f"layer {layer.name!r}",
+                          hint="rebuild the plan: the tactic was chosen for other shapes")
+    gemm = layer.kind == "Gemm"
+    return Sm90Operands(geo, A, B, Y, C, float(layer.attrs.get("alpha", 1.0)) if gemm else 1.0,
+                        float(layer.attrs.get("beta", 1.0)) if gemm else 0.0)
+
+
+def workspace_geometry(layer: Any, tensors: Mapping[str, Any]) -> tuple[Sm90Gemm, str] | None:
+    """The geometry and storage of a layer from its tensors' descriptions (a variant's workspace
+    function), or None when they are unknown or do not fit (then `supports` declined the layer)."""
+    shapes = [tuple(tensors[n].shape) if n in tensors else None for n in layer.inputs[:3]]
+    if None in shapes[:2]:
+        return None
+    c = shapes[2] if layer.kind == "Gemm" and len(shapes) > 2 else None
+    geo = plan_gemm(layer.kind, layer.attrs, shapes[0], shapes[1], c)
+    return None if geo is None else (geo, np.dtype(tensors[layer.inputs[0]].dtype).name)
+
+
 def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
-        C = tensors.get(layer.inputs[2]) if layer.kind == "Gemm" and len(layer.inputs) > 2 and layer.inputs[2] else None
-        geo = plan_gemm(layer.kind, layer.attrs, A.shape, B.shape, C.shape if C is not None else None)
-        if geo is None:
-            raise ValueError(f"shapes {A.shape} x {B.shape} do not fit the sm90 GEMM kernel")
-        storage = np.dtype(Y.dtype).name
-        tm_a, tm_b = tensor_maps(geo, tile, A, B)
-        alpha = float(layer.attrs.get("alpha", 1.0)) if layer.kind == "Gemm" else 1.0
-        beta = float(layer.attrs.get("beta", 1.0)) if layer.kind == "Gemm" else 0.0
+        ops = operands_of(layer, tensors, "sm90 GEMM kernel")
+        geo = ops.geo
         grid = tile.grid(tile_count(geo, tile), launcher.sm_count)
-        args = [tm_a, tm_b, C if C is not None else 0, Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
-                np.float32(alpha), np.float32(beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1)]
-        launcher.launch(kernel_for(layer, tile, ELEMS[storage], geo.b_mn, split3=split3), (grid,), (tile.threads,),
-                        args + epilogue_args(layer, tensors, Y.dtype),
-                        shared_mem=tile.smem_for(storage, geo.b_mn, split3))
+        launcher.launch(kernel_for(layer, tile, ELEMS[ops.storage], geo.b_mn, split3=split3), (grid,), (tile.threads,),
+                        ops.kernel_args(tile) + epilogue_args(layer, tensors, ops.Y.dtype),
+                        shared_mem=tile.smem_for(ops.storage, geo.b_mn, split3))
 
     return enqueue
 

@@ -20,8 +20,8 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, ROW_BYTES, TILES, X3_TILES, Sm90Gemm, Sm90Tile,
-                                            kernel_for, plan_gemm, tensor_maps, tile_count, tile_estimate,
-                                            tile_kernels, tile_supports)
+                                            kernel_for, operands_of, tile_count, tile_estimate, tile_kernels,
+                                            tile_supports, workspace_geometry)
 
 REDUCE = "gemm_sm90_splitk_reduce"
 #: K slices of the tactics
@@ -46,50 +46,32 @@ def partial_bytes(geo: Sm90Gemm, tile: Sm90Tile, splits: int) -> int:
 
 def _workspace(tile: Sm90Tile, splits: int):
     def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
-        shapes = [tuple(tensors[n].shape) if n in tensors else None for n in layer.inputs[:3]]
-        if None in shapes[:2]:
-            return 0
-        c = shapes[2] if layer.kind == "Gemm" and len(shapes) > 2 else None
-        geo = plan_gemm(layer.kind, layer.attrs, shapes[0], shapes[1], c)
-        if geo is None:
-            return 0  # the layer fails at enqueue (and `supports` declined it)
-        return partial_bytes(geo, tile, slices(geo, splits, str(tensors[layer.inputs[0]].dtype)))
+        found = workspace_geometry(layer, tensors)
+        return 0 if found is None else partial_bytes(found[0], tile, slices(found[0], splits, found[1]))
 
     return workspace
 
 
 def _enqueue(tile: Sm90Tile, split3: bool, splits: int):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        where = f"layer {layer.name!r}"
-        A, B, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
-        C = tensors.get(layer.inputs[2]) if layer.kind == "Gemm" and len(layer.inputs) > 2 and layer.inputs[2] else None
-        geo = plan_gemm(layer.kind, layer.attrs, A.shape, B.shape, C.shape if C is not None else None)
-        if geo is None:
-            raise DeviceError(f"shapes {A.shape} x {B.shape} do not fit the sm90 split-K GEMM kernel", where=where,
-                              hint="rebuild the plan: the tactic was chosen for other shapes")
-        storage = np.dtype(Y.dtype).name
-        s = slices(geo, splits, storage)
+        ops = operands_of(layer, tensors, "sm90 split-K GEMM kernel")
+        geo = ops.geo
+        s = slices(geo, splits, ops.storage)
         partial = launcher.workspace(partial_bytes(geo, tile, s))
         if not partial:
             raise DeviceError(f"split-K needs {partial_bytes(geo, tile, s)} bytes of workspace, the launcher lent none",
-                              where=where, hint="run the layer through an engine or harness that lends workspace")
-        kernel = kernel_for(layer, tile, ELEMS[storage], geo.b_mn, split3=split3, splitk=True)
-        tm_a, tm_b = tensor_maps(geo, tile, A, B)
-        alpha = float(layer.attrs.get("alpha", 1.0)) if layer.kind == "Gemm" else 1.0
-        beta = float(layer.attrs.get("beta", 1.0)) if layer.kind == "Gemm" else 0.0
-        c_ptr = C if C is not None else 0
-        epi = epilogue_args(layer, tensors, Y.dtype)
+                              where=f"layer {layer.name!r}",
+                              hint="run the layer through an engine or harness that lends workspace")
+        kernel = kernel_for(layer, tile, ELEMS[ops.storage], geo.b_mn, split3=split3, splitk=True)
+        epi = epilogue_args(layer, tensors, ops.Y.dtype)
         grid = tile.grid(tile_count(geo, tile) * s, launcher.sm_count)
-        launcher.launch(kernel, (grid,), (tile.threads,),
-                        [tm_a, tm_b, c_ptr, Y, geo.M, geo.N, geo.K, geo.c_strides[0], geo.c_strides[1],
-                         np.float32(alpha), np.float32(beta), geo.items, int(geo.a_items > 1), int(geo.b_items > 1),
-                         partial, s] + epi,
-                        shared_mem=tile.smem_for(storage, geo.b_mn, split3))
+        launcher.launch(kernel, (grid,), (tile.threads,), ops.kernel_args(tile) + [partial, s] + epi,
+                        shared_mem=tile.smem_for(ops.storage, geo.b_mn, split3))
         groups = geo.items * geo.M * -(-geo.N // 8)
         reduce_grid = max(1, min(-(-groups // REDUCE_BLOCK), 16 * launcher.sm_count))
         launcher.launch(KernelSource(REDUCE, kernel.file, kernel.code, kernel.defines, kernel.arch), (reduce_grid,),
-                        (REDUCE_BLOCK,), [c_ptr, Y, geo.M, geo.N, geo.c_strides[0], geo.c_strides[1],
-                                          np.float32(alpha), np.float32(beta), geo.items, partial, s] + epi)
+                        (REDUCE_BLOCK,), [ops.c_arg, ops.Y, geo.M, geo.N, geo.c_strides[0], geo.c_strides[1],
+                                          np.float32(ops.alpha), np.float32(ops.beta), geo.items, partial, s] + epi)
 
     return enqueue
 

@@ -15,6 +15,7 @@ import numpy as np
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec
 from polykit.runtime.cuda import driver
+from polykit.runtime.cuda.memory import fill_bytes
 from polykit.runtime.cuda.nvrtc import compile_many
 
 _CTYPES: dict[np.dtype, Any] = {
@@ -172,6 +173,9 @@ class CudaLauncher:
 
     def workspace(self, nbytes: int) -> int:
         return self._workspace(int(nbytes))
+
+    def zero(self, ptr: int, nbytes: int) -> None:
+        fill_bytes(ptr, int(nbytes), 0, self.stream)
 
     @property
     def sm_count(self) -> int:

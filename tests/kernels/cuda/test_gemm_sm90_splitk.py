@@ -5,7 +5,6 @@ capability 9.0)."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +15,7 @@ from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm
 from polykit.kernels.cuda.gemm_sm90_splitk import (SPLIT_TILES, SPLITS, X3_SPLIT_TILES, compile_variants,
                                                    partial_bytes, slices)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run, stamped
+from tests.kernels.cuda.test_sm90_wgmma_pipeline import ptxas_report
 
 GELU_RES = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
             {"op": "Gelu", "inputs": ["s"], "outputs": ["g"], "attrs": {}},
@@ -71,30 +71,32 @@ def _first_sm90(M, N, K):
     return next(t.name for _, t in pairs if t.name.startswith("cuda.gemm.sm90"))
 
 
-def test_an_untimed_build_takes_split_k_where_the_tiles_leave_sms_idle_and_not_elsewhere():
-    assert "_sk" in _first_sm90(128, 768, 3072)  # BERT-base bs1 FFN2: 6 tiles of 128x128 for 132 SMs
-    assert "_sk" in _first_sm90(16, 768, 3072)
-    assert "_sk" not in _first_sm90(4096, 4096, 4096)
-    assert "_sk" not in _first_sm90(1024, 3072, 768)  # BERT-base bs8 FFN1: 192 tiles
+def _splits_k(name: str) -> bool:
+    """Whether a tactic cuts tiles' K between blocks: split-K (_sk<S>) or stream-K (_streamk)."""
+    return "_sk" in name or name.endswith("_streamk")
+
+
+def test_an_untimed_build_splits_k_where_the_tiles_leave_sms_idle_and_not_elsewhere():
+    assert _splits_k(_first_sm90(128, 768, 3072))  # BERT-base bs1 FFN2: 6 tiles of 128x128 for 132 SMs
+    assert _splits_k(_first_sm90(16, 768, 3072))
+    assert not _splits_k(_first_sm90(4096, 4096, 4096))
+    assert not _splits_k(_first_sm90(1024, 3072, 768))  # BERT-base bs8 FFN1: 192 tiles
+
+
+def fused_fp16_desc(M: int, N: int, K: int) -> LayerDesc:
+    """An fp16 MatMul M x N x K with a bias + GELU + residual epilogue, shapes stamped (ptxas tests)."""
+    return LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
+                     domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
+                     in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
 
 
 @pytest.mark.parametrize("tile", SPLIT_TILES, ids=lambda t: t.label)
 def test_the_fused_split_k_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile):
     pytest.importorskip("cuda.core")
-    from cuda.core import Program, ProgramOptions
-
     from polykit.kernels.cuda.gemm_sm90 import kernel_for
-    from polykit.runtime.cuda import nvrtc
 
-    M, N, K = 128, 768, 3072  # BERT-base bs1's FFN2 with a bias + GELU + residual epilogue
-    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": GELU_RES}},
-                      domain="ai.polykit", in_dtypes=("float16",) * 4, out_dtypes=("float16",),
-                      in_shapes=((M, K), (K, N), (N,), (M, N)), out_shapes=((M, N),))
-    options = ProgramOptions(arch="sm_90a", name="gemm_sm90.cu", include_path=[str(nvrtc.CUDA_DIR)],
-                             ptxas_options="-v", **dict(nvrtc.BASE_OPTIONS))
-    log = io.StringIO()
-    Program(kernel_for(layer, tile, "half_t", True, splitk=True).render(), "c++", options).compile("cubin", logs=log)
-    text = log.getvalue()
+    # BERT-base bs1's FFN2 with a bias + GELU + residual epilogue
+    text = ptxas_report(kernel_for(fused_fp16_desc(128, 768, 3072), tile, "half_t", True, splitk=True), "gemm_sm90.cu")
     assert text.count("Used") == 2, f"expected the kernel and its reduce in the report:\n{text}"
     assert "C7514" not in text, f"ptxas serializes the split-K wgmma pipeline of tile {tile.label}:\n{text}"
     assert text.count(" 0 bytes spill stores") == 2, f"tile {tile.label} split-K spills:\n{text}"
@@ -130,24 +132,29 @@ def test_split_k_matmul_matches_float64_reference(name, a_shape, b_shape, dtype)
     check_matmul(f"cuda.gemm.sm90_{name}", a_shape, b_shape, dtype)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["128x128_sk4", "64x128_sk8"])
-@pytest.mark.parametrize("trans_b,c_shape", [(1, (137,)), (0, (77, 1)), (1, (77, 137)), (1, None)])
-def test_split_k_gemm_applies_alpha_beta_and_broadcast_c_in_the_reduce(name, trans_b, c_shape):
-    """N 137 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 136 else."""
+def check_gemm(tactic: str, M: int, K: int, N: int, trans_b: int, c_shape) -> None:
+    """Gemm alpha 0.75, beta -1.5 with C of `c_shape` (None: no C) by `tactic` against float64 (GPU)."""
     require_sm90()
-    M, K, N = 77, 1000, 137 if trans_b else 136
     a = rand((M, K), np.float16)
     b = rand((N, K) if trans_b else (K, N), np.float16)
     inputs = {"A": a, "B": b}
     ref = 0.75 * (a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64))
     if c_shape is not None:
-        c_shape = tuple(N if d == 137 else d for d in c_shape)
         inputs["C"] = rand(c_shape, np.float16)
         ref = ref - 1.5 * inputs["C"].astype(np.float64)
     layer = LayerDesc("gemm", "Gemm", tuple(inputs), ("Y",), {"transB": trans_b, "alpha": 0.75, "beta": -1.5})
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 2e-3
+    out = run(layer, inputs, tactic, (M, N), np.float16)
+    err = rel_err(out, ref)
+    assert err <= 2e-3, f"{tactic} Gemm {M}x{N}x{K} transB {trans_b} C {c_shape}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["128x128_sk4", "64x128_sk8"])
+@pytest.mark.parametrize("trans_b,c_shape", [(1, (137,)), (0, (77, 1)), (1, (77, 137)), (1, None)])
+def test_split_k_gemm_applies_alpha_beta_and_broadcast_c_in_the_reduce(name, trans_b, c_shape):
+    """N 137 (odd: the reduce's pair path with a lone last column) where B is [N, K]; N 136 else."""
+    N = 137 if trans_b else 136
+    check_gemm(f"cuda.gemm.sm90_{name}", 77, 1000, N, trans_b, c_shape and tuple(N if d == 137 else d for d in c_shape))
 
 
 def _fused(M, N, K, dtype):
@@ -157,29 +164,39 @@ def _fused(M, N, K, dtype):
     return layer, inputs
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", SPLIT_TACTICS)
-@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (17, 136, 768)])
-def test_split_k_runs_the_fused_bias_gelu_residual_epilogue_once_on_the_sum(name, M, N, K):
+def check_fused(tactic: str, M: int, N: int, K: int) -> None:
+    """MatMul + bias + GELU + residual (fused epilogue) by `tactic` against float64 (GPU)."""
     require_sm90()
     from math import erf
 
     layer, inputs = _fused(M, N, K, np.float16)
     s = inputs["A"].astype(np.float64) @ inputs["B"].astype(np.float64) + inputs["bias"].astype(np.float64)
     ref = 0.5 * s * (1.0 + np.vectorize(erf)(s / np.sqrt(2.0))) + inputs["res"].astype(np.float64)
-    out = run(layer, inputs, f"cuda.gemm.sm90_{name}", (M, N), np.float16)
-    assert rel_err(out, ref) <= 3e-3
+    err = rel_err(run(layer, inputs, tactic, (M, N), np.float16), ref)
+    assert err <= 3e-3, f"{tactic} fused {M}x{N}x{K}: relative error {err:.2e}"
+
+
+def check_same_bits(tactic: str, M: int, N: int, K: int) -> None:
+    """Three runs of the fused MatMul by `tactic` on the same inputs give the same bits (GPU)."""
+    require_sm90()
+    layer, inputs = _fused(M, N, K, np.float16)
+    runs = [run(layer, inputs, tactic, (M, N), np.float16).view(np.uint16) for _ in range(3)]
+    for i in (1, 2):
+        differ = np.argwhere(runs[i] != runs[0])
+        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SPLIT_TACTICS)
+@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (17, 136, 768)])
+def test_split_k_runs_the_fused_bias_gelu_residual_epilogue_once_on_the_sum(name, M, N, K):
+    check_fused(f"cuda.gemm.sm90_{name}", M, N, K)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["128x128_sk8", "64x128_sk16"])
 def test_split_k_results_are_the_same_bits_run_to_run(name):
-    require_sm90()
-    layer, inputs = _fused(128, 768, 3072, np.float16)
-    runs = [run(layer, inputs, f"cuda.gemm.sm90_{name}", (128, 768), np.float16).view(np.uint16) for _ in range(3)]
-    for i in (1, 2):
-        differ = np.argwhere(runs[i] != runs[0])
-        assert differ.size == 0, f"run {i} differs from run 0 in {len(differ)} elements, first {differ[:3].tolist()}"
+    check_same_bits(f"cuda.gemm.sm90_{name}", 128, 768, 3072)
 
 
 @pytest.mark.gpu
@@ -208,15 +225,20 @@ def test_3xtf32_split_k_takes_a_k_by_n_b():
     assert rel_err(out, ref) <= 2e-6
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (1, 264, 72)])
-def test_tf32_split_k_gemm_with_bias(M, N, K):
+def check_tf32_gemm(tactic: str, M: int, N: int, K: int) -> None:
+    """A float32 Gemm (alpha 0.5, B [N, K], bias C) of precision tf32 by `tactic` against float64 (GPU)."""
     require_sm90()
     a, b, c = rand((M, K), np.float32), rand((N, K), np.float32), rand((N,), np.float32)
     ref = 0.5 * (a.astype(np.float64) @ b.T.astype(np.float64)) + c.astype(np.float64)
     layer = replace(LayerDesc("gemm", "Gemm", ("A", "B", "C"), ("Y",), {"transB": 1, "alpha": 0.5}), precision="tf32")
-    out = run(layer, {"A": a, "B": b, "C": c}, "cuda.gemm.sm90_128x128_sk4", (M, N), np.float32)
-    assert rel_err(out, ref) <= 3e-3
+    err = rel_err(run(layer, {"A": a, "B": b, "C": c}, tactic, (M, N), np.float32), ref)
+    assert err <= 3e-3, f"{tactic} tf32 Gemm {M}x{N}x{K}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(128, 768, 3072), (1, 264, 72)])
+def test_tf32_split_k_gemm_with_bias(M, N, K):
+    check_tf32_gemm("cuda.gemm.sm90_128x128_sk4", M, N, K)
 
 
 @pytest.mark.gpu
