@@ -1,7 +1,7 @@
 // INT8 layers (ai.polykit QMatMul, QConv, QConvNHWC; docs/INT8.md) on the mma.sync s8 main loop
 // of int8_mma.cuh: exact int32 centered sums, then per output channel n
-//   v = float(double(acc) * scale[n] + bias[n])        (one float64 product and sum, rounded once:
-//                                                       the cpu reference's arithmetic, bit for bit)
+//   v = float(acc) * scale[n] + bias[n]                (float32, each step rounded, no fma: the cpu
+//                                                       reference's arithmetic, bit for bit)
 //   v = epilogue(v)                                    (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
 // GEMM view: M = rows of the activation (QMatMul: every row of X [..., M, K]; convolutions: output
