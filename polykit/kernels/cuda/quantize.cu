@@ -13,7 +13,8 @@
 //               outputs saturate to their range like the 8/16-bit ones.
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
-// Geometry: quantize/dequantize one thread per element, grid-stride, blockDim.x = 256.
+// Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four), grid-stride,
+// blockDim.x = 256.
 // DynamicQuantizeLinear: dq_minmax (grid G, 256 threads) writes per-block (min, max) of x
 // (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
@@ -135,6 +136,30 @@ extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s,
     double q = qk_divide_round(qk_load(x, (int)xc, i), qk_load(s, (int)sc, qk_index(ps, i)), (int)precision);
     if (z) q += qk_load(z, (int)zc, qk_index(pz, i));
     qk_store_int(y, (int)yc, i, q < lo ? lo : (q > hi ? hi : q));
+  }
+}
+
+// The common case on its own path (a calibrated model's image input): float32 x, one float32 scale,
+// an int8 / uint8 output (u8out) with an optional zero point of its type, n % 4 == 0 and x, y 16- /
+// 4-byte aligned: four elements a thread, one 16-byte load and one 4-byte store; quantize_linear's
+// arithmetic (rintf of the IEEE float32 quotient, + zp, saturated).
+extern "C" __global__ void quantize_f32_8bit(const float4* x, const float* s, const void* z, u32* y, i64 n4,
+                                            i64 u8out) {
+  const float sc = s[0];
+  const float zp = !z ? 0.f : u8out ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0];
+  const float lo = u8out ? 0.f : -128.f, hi = u8out ? 255.f : 127.f;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
+    const float4 v = x[i];
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    u32 word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float q = rintf(__fdiv_rn(e[j], sc));
+      if (z) q += zp;  // rounds only past 2^24, where it saturates either way
+      q = q < lo ? lo : (q > hi ? hi : q);
+      word |= (u32)(u8)(int)q << (8 * j);  // the byte of q (two's complement for int8); NaN: 0 as there
+    }
+    y[i] = word;
   }
 }
 
