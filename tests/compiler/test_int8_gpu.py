@@ -62,7 +62,9 @@ def test_a_quantize_static_mlp_on_cuda_equals_the_cpu_target_exactly(tmp_path, a
     # Q, two INT8 layers (one requantizing), nothing in float between them: bit for bit
     path = quantize_with_onnxruntime(mlp(), tmp_path / "q.onnx", activations=activations, per_channel=True)
     plan = build_plan(path, BuilderConfig(target="cuda"))
-    assert [layer.tactic for layer in plan.layers if layer.kind == "QMatMul"] == ["cuda.int8.mma_matmul"] * 2
+    tactics = [layer.tactic for layer in plan.layers if layer.kind == "QMatMul"]
+    # the tuner may pick the split-K variant (int8_splitk.py); any INT8 tactic must give the cpu's bits
+    assert len(tactics) == 2 and all(t.startswith("cuda.int8.mma_matmul") for t in tactics), tactics
     cpu = build_plan(path, BuilderConfig(target="cpu"))
     for seed in (1, 2):
         feeds = feeds_for(mlp(), seed)
