@@ -29,8 +29,11 @@ from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, resi
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
-#: the 64-channel convolutions, where fp16 takes it too)
-TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2"))
+#: the 64-channel convolutions, where fp16 takes it too), and INT8's own 128x64 two blocks an SM: for
+#: the short-K 1x1 layers, whose time is the epilogue (one K stage a tile), four consumer warpgroups
+#: an SM where 128x128 has two (conv_sm90.cu moves the registers: no spill at 80 a thread)
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2")) + (
+    Sm90Tile(1, 2, 64, 4, blocks=2, tflops=340),)
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
 
