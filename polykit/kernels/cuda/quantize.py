@@ -1,4 +1,4 @@
-"""QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear tactics (quantize.cu).
+"""QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear and ai.polykit QuantizeNHWC tactics (quantize.cu).
 
 Element types are runtime codes, so one kernel per op covers every type combination the
 shape rules allow; the scale / zero point granularity (per tensor, per axis, blocked) is a
@@ -12,11 +12,13 @@ from typing import Mapping
 
 import numpy as np
 
+from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ops.quantize_nhwc import KIND
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 
 FILE = "quantize.cu"
-ENTRIES = ("quantize_linear", "quantize_f32_8bit", "dequantize_linear", "dq_minmax", "dq_params")
+ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "dequantize_linear", "dq_minmax", "dq_params")
 #: numpy dtype name -> the kernels' QK_* type code
 TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
              "int32": 7, "int64": 8, "float8_e4m3fn": 9, "float8_e4m3fnuz": 10, "float8_e5m2": 11,
@@ -134,7 +136,26 @@ def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, De
                      0, *none, *none, 1])
 
 
+def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): one pass from float32 NCHW to int8 NHWC, padded."""
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    s, z = _params(layer, tensors)
+    if (x.dtype != np.float32 or s.dtype != np.float32 or s.size != 1 or z is None or z.size != 1
+            or y.dtype.name not in ("int8", "uint8") or z.dtype != y.dtype or len(x.shape) != 4):
+        raise DeviceError(f"QuantizeNHWC of X {x.dtype} {x.shape}, scale {s.dtype} {s.shape}, zero point "
+                          f"{None if z is None else (z.dtype, z.shape)} -> {y.dtype}: the kernel takes float32 X "
+                          "[N, C, H, W], one float32 scale, one int8 / uint8 zero point", where=f"layer {layer.name!r}",
+                          hint="fuse_quantize_nhwc makes only that form; use --target cpu")
+    nb, c, h, w = x.shape
+    pixels, cp = nb * h * w, int(y.shape[-1])
+    if pixels == 0:
+        return
+    launcher.launch(KernelSource("quantize_nhwc", FILE), _grid(pixels * -(-cp // 4)), (BLOCK, 1, 1),
+                    [x, s, z, y, pixels, h * w, np.int32(c), np.int32(cp), int(y.dtype == np.uint8)])
+
+
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)
+cuda_tactic(KIND, "cuda.quantize", kernels=_kernels, domain=POLYKIT_DOMAIN)(enqueue_quantize_nhwc)
 cuda_tactic("DequantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dequantize)
 cuda_tactic("DynamicQuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dynamic_quantize)
 

@@ -129,3 +129,16 @@ def test_dynamic_quantize_matches_reference(shape, lo, hi):
     x = rng.uniform(lo, hi, size=shape).astype(np.float32)
     layer = LayerDesc("dq", "DynamicQuantizeLinear", ("X",), ("Y", "S", "Z"), {})
     check(layer, {"X": x})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zp", [np.int8(-3), np.uint8(120), np.int8(0)], ids=["int8", "uint8", "int8_zero"])
+@pytest.mark.parametrize("channels", [16, 3, 6], ids=["pad16", "no_pad", "pad6_bytewise"])
+def test_quantize_nhwc_of_an_image_equals_the_reference(zp, channels):
+    """ai.polykit QuantizeNHWC (quantize_nhwc): float32 NCHW -> 8-bit NHWC with the channels past X's
+    filled with the zero point; word stores (16, 3 channels: none padded) and byte stores (6)."""
+    x = rng.standard_normal((2, 3, 13, 11)).astype(np.float32) * 4
+    s = np.float32(0.031)
+    x.reshape(-1)[:8] = np.float32([0.5, 1.5, -2.5, 1e9, -1e9, np.inf, 127.5, -128.5]) * s
+    layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
+    check(layer, {"X": x, "S": np.array(s), "Z": np.array(zp)})
