@@ -14,6 +14,7 @@ below the mma tactic's 10: level 0 keeps mma.sync, the tuner times it against th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -36,6 +37,10 @@ TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64
     Sm90Tile(1, 2, 64, 4, blocks=2, tflops=340),)
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
+#: outputs a microsecond one SM's epilogue finishes (dequantize, residual, requantize: issue-bound),
+#: by consumer warpgroups an SM w, as EPI_RATE * sqrt(w): fitted to H100 timings of the 1x1 64 -> 256
+#: conv on 32x56x56 with an int8 residual (128x128, w 2: 121 us; 128x64x2, w 4: 95 us)
+EPI_RATE = 1130.0
 
 
 def _geometry(layer: Any):
@@ -65,7 +70,8 @@ def _estimate(tile: Sm90Tile):
         geo = _geometry(layer)
         if geo is None or not sm_count:
             return None
-        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count)
+        epilogue = geo.M * geo.N / (sm_count * EPI_RATE * math.sqrt(tile.consumers * tile.blocks))
+        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count) + epilogue
 
     return estimate
 
