@@ -14,8 +14,8 @@
 //               outputs saturate to their range like the 8/16-bit ones.
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
-// Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four; quantize_nhwc:
-// a pixel's 4 output channels), grid-stride, blockDim.x = 256.
+// Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four), grid-stride,
+// blockDim.x = 256; quantize_nhwc one thread a pixel, grid (pixel blocks, images).
 // DynamicQuantizeLinear: dq_minmax (grid G, 256 threads) writes per-block (min, max) of x
 // (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
@@ -169,28 +169,28 @@ extern "C" __global__ void quantize_f32_8bit(const float4* x, const float* s, co
 }
 
 // ai.polykit QuantizeNHWC: x [NB, C, HW] float32 -> y [NB, HW, CP] (CP >= C; channels C.. the zero
-// point), Q8's arithmetic. One thread a (pixel, 4 channels) word: reads of one channel are
-// consecutive pixels across the warp; CP % 4 == 0 stores the word at once, else byte by byte.
-extern "C" __global__ void quantize_nhwc(const float* x, const float* s, const void* z, u8* y, i64 pixels, i64 hw,
-                                         int C, int CP, i64 u8out) {
+// point), Q8's arithmetic. One thread a pixel, images in y of the grid: a channel's reads are
+// consecutive pixels across the warp (no index division); the pixel's CP bytes go out 16 at a time
+// (vec: CP % 16 == 0 and y 16-byte aligned), else byte by byte.
+extern "C" __global__ void quantize_nhwc(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C,
+                                         int CP, int vec, i64 u8out) {
   const Q8 q(s, z, u8out);
-  const int words = (CP + 3) / 4;
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < pixels * words; i += (i64)gridDim.x * blockDim.x) {
-    const i64 pix = i / words, img = pix / hw;
-    const int c0 = (int)(i - pix * words) * 4;
-    const float* xp = x + img * C * hw + (pix - img * hw);
-    u8* yp = y + pix * CP + c0;
-    u32 word = 0;
+  for (int img = blockIdx.y; img < nb; img += gridDim.y) {
+    const float* xi = x + (i64)img * C * hw;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < hw; p += gridDim.x * blockDim.x) {
+      u8* yp = y + ((i64)img * hw + p) * CP;
+      for (int c0 = 0; c0 < CP; c0 += 16) {
+        u32 w[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = c0 + j;
-      const u32 b = c < C ? q.byte(xp[(i64)c * hw]) : q.zero_byte();
-      if (CP % 4 == 0)
-        word |= b << (8 * j);
-      else if (c < CP)
-        yp[j] = (u8)b;
+        for (int j = 0; j < 16; ++j) {
+          const int c = c0 + j;
+          const u32 b = c < C ? q.byte(xi[(i64)c * hw + p]) : q.zero_byte();
+          w[j / 4] = (j % 4 ? w[j / 4] : 0u) | b << (8 * (j % 4));
+          if (!vec && c < CP) yp[c] = (u8)b;
+        }
+        if (vec) *(uint4*)(yp + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
-    if (CP % 4 == 0) *(u32*)yp = word;
   }
 }
 

@@ -147,11 +147,14 @@ def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, Devic
                           "[N, C, H, W], one float32 scale, one int8 / uint8 zero point", where=f"layer {layer.name!r}",
                           hint="fuse_quantize_nhwc makes only that form; use --target cpu")
     nb, c, h, w = x.shape
-    pixels, cp = nb * h * w, int(y.shape[-1])
-    if pixels == 0:
+    cp = int(y.shape[-1])
+    if nb * h * w == 0:
         return
-    launcher.launch(KernelSource("quantize_nhwc", FILE), _grid(pixels * -(-cp // 4)), (BLOCK, 1, 1),
-                    [x, s, z, y, pixels, h * w, np.int32(c), np.int32(cp), int(y.dtype == np.uint8)])
+    i32 = np.int32
+    grid = (_grid(h * w)[0], min(nb, MAX_GRID - 1), 1)
+    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1),
+                    [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp), i32(cp % 16 == 0 and y.ptr % 16 == 0),
+                     int(y.dtype == np.uint8)])
 
 
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)
