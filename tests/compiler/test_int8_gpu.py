@@ -44,7 +44,7 @@ def test_int8_on_cuda_runs_int8_layers_channels_last_and_equals_the_cpu_plan():
     tactics = {layer.kind: layer.tactic for layer in plan.layers}
     # the tuner times the mma.sync conv against the sm_90a ones (int8_sm90.py) where the GPU has them
     assert tactics["QConvNHWC"].startswith(("cuda.int8.mma_conv_nhwc", "cuda.int8.sm90_")), tactics
-    assert tactics["QMatMul"] == "cuda.int8.mma_matmul"
+    assert tactics["QMatMul"].startswith("cuda.int8.mma_matmul"), tactics  # or its split-K form
     # the grouped conv2 (no cuda INT8 tactic) must stay quantized: it reads DQ(r1 int8) and DQ(w2 int8),
     # as the cpu plan's INT8 conv2 does; reading float r1 and w2 put every output ~1 % off
     producers = {out: layer for layer in plan.layers for out in layer.outputs}
@@ -62,7 +62,9 @@ def test_a_quantize_static_mlp_on_cuda_equals_the_cpu_target_exactly(tmp_path, a
     # Q, two INT8 layers (one requantizing), nothing in float between them: bit for bit
     path = quantize_with_onnxruntime(mlp(), tmp_path / "q.onnx", activations=activations, per_channel=True)
     plan = build_plan(path, BuilderConfig(target="cuda"))
-    assert [layer.tactic for layer in plan.layers if layer.kind == "QMatMul"] == ["cuda.int8.mma_matmul"] * 2
+    tactics = [layer.tactic for layer in plan.layers if layer.kind == "QMatMul"]
+    # the tuner may pick the split-K variant (int8_splitk.py); any INT8 tactic must give the cpu's bits
+    assert len(tactics) == 2 and all(t.startswith("cuda.int8.mma_matmul") for t in tactics), tactics
     cpu = build_plan(path, BuilderConfig(target="cpu"))
     for seed in (1, 2):
         feeds = feeds_for(mlp(), seed)

@@ -44,12 +44,23 @@ def test_qmatmul_reference_is_the_integer_formula():
     x, xz, w, wz, scale, b, ys, yz = inputs
     (y,) = ours(run_reference, qnode("QMatMul"), inputs)
     acc = (x.astype(np.int64) - int(xz)) @ (w.astype(np.int64) - wz.astype(np.int64))
-    value = (acc * scale.astype(np.float64) + b).astype(np.float32)
+    value = acc.astype(np.float32) * scale + b  # float32, each operation rounded (no fma)
     want = np.clip(np.rint(value / ys) + int(yz), -128, 127).astype(np.int8)
     assert y.dtype == np.int8
     np.testing.assert_array_equal(y, want)
     (raw,) = ours(run_reference, qnode("QMatMul", requantize=False), inputs)
     np.testing.assert_array_equal(raw, value)
+
+
+@pytest.mark.parametrize("run", [run_reference, run_float64], ids=["reference", "float64"])
+def test_the_dequantization_rounds_the_sum_to_float32_then_each_operation(run):
+    # 127 * 127 * 1041 = 16790289 is odd and past 2**24: float32 holds it as 16790288 (nearest even);
+    # times 0.75 exactly 12592716, plus 0.5 a tie that rounds to even: 12592716 (float64 once: 12592717)
+    k = 1041
+    inputs = [np.full((1, k), 127, np.int8), np.array(0, np.int8), np.full((k, 1), 127, np.int8),
+              np.array(0, np.int8), np.array(0.75, np.float32), np.array([0.5], np.float32), None, None]
+    (y,) = ours(run, qnode("QMatMul", requantize=False), inputs)
+    assert y.dtype == np.float32 and y[0, 0] == 12592716
 
 
 def test_requantization_rounds_half_to_even_and_saturates():

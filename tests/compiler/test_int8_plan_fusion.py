@@ -48,9 +48,11 @@ def test_no_quantize_layer_sits_between_int8_convolutions(resnet_int8):
     _, _, plan = resnet_int8
     kinds = [layer.kind for layer in plan.layers]
     producers = {out: layer for layer in plan.layers for out in layer.outputs}
-    quantizers = [layer for layer in plan.layers if layer.kind == "QuantizeLinear"]
-    # only the image and the classifier's input (after the average pool) are quantized by a layer
-    assert [producers.get(q.inputs[0]) and producers[q.inputs[0]].kind for q in quantizers] == [None, "Flatten"]
+    quantizers = [layer for layer in plan.layers if layer.kind in ("QuantizeLinear", "QuantizeNHWC")]
+    # only the image (quantized to NHWC, padded: fuse_quantize_nhwc) and the classifier's input (after
+    # the average pool) are quantized by a layer
+    assert [(q.kind, producers.get(q.inputs[0]) and producers[q.inputs[0]].kind) for q in quantizers] == [
+        ("QuantizeNHWC", None), ("QuantizeLinear", "Flatten")]
     assert "DequantizeLinear" not in kinds and kinds.count("QConvNHWC") == 23
 
 

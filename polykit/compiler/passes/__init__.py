@@ -24,6 +24,7 @@ from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
+from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
@@ -40,7 +41,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
+    "fold_attention_layouts", "to_channels_last", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
     "unroll_loops",
 ]
 
@@ -141,7 +142,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if channels_last:
         layout.insert(0, bind(to_channels_last, keep=kept))
     if fuse:
-        layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept)]
+        layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
+                   bind(fuse_quantize_nhwc, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:

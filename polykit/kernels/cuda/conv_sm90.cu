@@ -11,9 +11,11 @@
 // rows of the A tile one producer thread gathers: rows tid / 8 + 16 * i, chunk tid % 8
 #define ROWS_PER_THREAD (BM / 16)
 // setmaxnreg moves registers only within the block's launch allocation (168 x 384 with two
-// consumers): 128 * 56 + 256 * 224 = 168 * 384. Asking for more than was released hangs.
+// consumers): 128 * 56 + 256 * 224 = 168 * 384. Asking for more than was released hangs. Two
+// blocks of two consumers (80 x 384 each): 128 * 56 + 256 * 88 <= 80 * 384.
+#define MOVE_REGS (BLOCKS == 1 || CONSUMERS == 2)
 #define CONV_PRODUCER_REGS 56
-#define CONV_CONSUMER_REGS (CONSUMERS == 1 ? 240 : 224)
+#define CONV_CONSUMER_REGS (BLOCKS == 1 ? (CONSUMERS == 1 ? 240 : 224) : 88)
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv_sm90(
     const __grid_constant__ TmaDesc tm_w, const OPER* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
@@ -27,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
   const Stages st = setup_stages(smem_raw, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
 
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
-    if (BLOCKS == 1) set_max_regs_dec<CONV_PRODUCER_REGS>();
+    if (MOVE_REGS) set_max_regs_dec<CONV_PRODUCER_REGS>();
     const int chunk = tid % 8, c8s = C / VEC, kchunks = (int)(K / VEC);
     int stage = 0;
     u32 phase = 0;
@@ -65,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
       }
     }
   } else {  // ---- consumers ---------------------------------------------------------------------
-    if (BLOCKS == 1) set_max_regs_inc<CONV_CONSUMER_REGS>();
+    if (MOVE_REGS) set_max_regs_inc<CONV_CONSUMER_REGS>();
     OutT out = MAKE_OUT(Y, Bias, M, N, 0, 1, 1.f, 1.f);
 #if HAS_EPILOGUE
     EPI_OF(out) = make_epi(EPI_ARGS);

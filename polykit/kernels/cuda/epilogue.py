@@ -120,7 +120,9 @@ _OFFSET = {
 def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
     (oi, col multiples of 8), each "full" / "last" input (of C type `types[j]`) read with
-    vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. The
+    vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. Split in
+    two for callers that issue the loads of several rows before the math (the INT8 sm90 epilogue):
+    `load_epilogue8(E, in, oi, col)` fills an `EpiIn8`, `apply_epilogue8(E, in, v)` computes. The
     sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's value8) whose
     rows are a multiple of 8 long (EPI_VEC 1; 0 when an input is read through a general
     broadcast). Each element's arithmetic is apply_epilogue's."""
@@ -128,21 +130,26 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
 
     epi = layer.attrs["epilogue"]
     values = {epi["input"]: "round_as<ELEM>(v[i])"}
-    loads, aligned = [], []
+    fields, loads, aligned = [], [], []
     for j, (name, c) in enumerate(zip(extra_inputs(layer), classes)):
         if c == "scalar":
             values[name] = f"ld(E.e{j}, 0)"
             continue
-        values[name] = f"ld(x{j}, i)"
-        loads.append(f"  __align__(16) {types[j]} x{j}[8];\n  load8(x{j}, E.e{j} + {_OFFSET[c]});\n")
+        values[name] = f"ld(in.x{j}, i)"
+        fields.append(f"  __align__(16) {types[j]} x{j}[8];\n")
+        loads.append(f"  load8(in.x{j}, E.e{j} + {_OFFSET[c]});\n")
         aligned.append(f"((u64)E.e{j} & 15) == 0")
     code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
     result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
     return (
         '#define EPI_VEC 1\n#include "vector8.cuh"\n'
+        f"struct EpiIn8 {{\n{''.join(fields)}  int unused;\n}};\n"
+        "__device__ __forceinline__ void load_epilogue8(const EpiState& E, EpiIn8& in, i64 oi, i64 col) {\n"
+        + "".join(loads) + "}\n"
+        "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiIn8& in, float (&v)[8]) {\n"
+        f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
         "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, float (&v)[8], i64 oi, i64 col) {\n"
-        + "".join(loads)
-        + f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
+        "  EpiIn8 in;\n  load_epilogue8(E, in, oi, col);\n  apply_epilogue8(E, in, v);\n}\n"
         f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {' && '.join(aligned) or 'true'}; }}\n"
     )
 

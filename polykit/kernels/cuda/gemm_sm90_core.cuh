@@ -25,7 +25,7 @@
 // Deterministic: each output element is one fixed-order K loop in one thread.
 // I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
 // K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize:
-// int8.cu's arithmetic bit for bit; Out::value8 / store8 on the 8-column path); ELEM is then the epilogue's
+// int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the 8-column path); ELEM is then the epilogue's
 // float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
 // zeros, the sums need no correction).
 #pragma once

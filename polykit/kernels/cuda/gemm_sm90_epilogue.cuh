@@ -159,7 +159,7 @@ typedef OutI8 OutT;
 #define MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta) \
   OutI8{int8_out(Scale, QBias, YScale, YZ, Y, flags, scale_step, bias_step), M, N}
 #define EPI_OF(out) out.q.epi
-// whether finish_rows (Out::value8 / store8) serves this output: rows a multiple of 8 long, one m64 subtile a warpgroup
+// whether finish_rows (Out::dequantize8 / store8) serves this output: rows a multiple of 8 long, one m64 subtile a warpgroup
 // (as vector_ok), aligned pointers (Out::vec_ok)
 __device__ __forceinline__ bool vector_ok(const OutI8& out) { return MSUB == 1 && (out.N & 7) == 0 && out.q.vec_ok(); }
 // s32 accumulators lie as the f32 ones: Out::put, one element at a time
@@ -172,37 +172,81 @@ __device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const int 
       if (mr < out.M && nc < out.N) out.q.put((z * out.M + mr) * out.N + nc, nc, nc, acc[4 * j + e]);
     }
 }
-// row m (or m + 8: oi8) and columns n..n + 7 after quad_row: Out::value8, then Out::store8
-__device__ __forceinline__ void finish8(const OutI8& out, i64 m, i64 n, i64 oi, const int (&w)[8]) {
+// What one 8-column group of rows m, m + 8 reads besides its accumulators: the channels' scale and
+// bias, both rows' epilogue inputs
+struct Group8 {
+  float s[8], b[8];
+#if HAS_EPILOGUE && EPI_VEC
+  EpiIn8 in, in8;
+#endif
+};
+// finish_rows issues group j + 1's loads before group j's math and stores with one block an SM (the
+// registers to spare), unless a 256-column tile's accumulators leave no room for two groups of float
+// residuals (spills)
+constexpr bool PREFETCH_GROUPS = BLOCKS == 1 && (BN <= 128 || sizeof(Group8) <= 128);
+// its loads (rows past M read nothing; row m + 8 < M implies m < M)
+__device__ __forceinline__ void load_group(const OutI8& out, Group8& g, i64 m, i64 n, i64 oi) {
   if (m >= out.M || n >= out.N) return;
+  out.q.channels8(n, g.s, g.b);
+#if HAS_EPILOGUE && EPI_VEC
+  load_epilogue8(out.q.epi, g.in, oi, n);
+  if (m + 8 < out.M) load_epilogue8(out.q.epi, g.in8, oi + 8 * out.N, n);
+#endif
+}
+// row m's (or m + 8's: second) 8 columns from the group's loads: dequantize, epilogue, requantize, store
+__device__ __forceinline__ void finish8(const OutI8& out, const Group8& g, bool second, i64 oi, const int (&w)[8]) {
   float v[8];
-  out.q.value8(oi, n, w, v);
+  out.q.dequantize8(w, g.s, g.b, v);
+#if HAS_EPILOGUE && EPI_VEC
+  apply_epilogue8(out.q.epi, second ? g.in8 : g.in, v);
+#endif
   out.q.store8(oi, v);
 }
-// rows m and m + 8, columns n..n + 7. With one block an SM (registers to spare): the channels'
-// scale and bias once, value8 of both rows (their loads in flight together: no store can alias
-// them yet), then both stores; with
-// two (128 registers a thread) that spilled, so one row after the other.
-__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, i64 m, i64 n, const int (&lo)[4],
-                                            const int (&hi)[4], const int (&lo8)[4], const int (&hi8)[4], int lane) {
-  const i64 oi = (z * out.M + m) * out.N + n, oi8 = oi + 8 * out.N;
-  int w[8], w8[8];
-  quad_row(lo, hi, w, lane);
-#if BLOCKS == 1
-  quad_row(lo8, hi8, w8, lane);
-  const bool row0 = m < out.M && n < out.N, row8 = m + 8 < out.M && n < out.N;
-  double s[8], b[8];  // the channels' scale and bias, widened once for both rows
-  float v[8], v8[8];
-  if (row0 || row8) out.q.channels8(n, s, b);
-  if (row0) out.q.value8(oi, n, w, s, b, v);
-  if (row8) out.q.value8(oi8, n, w8, s, b, v8);
-  if (row0) out.q.store8(oi, v);
-  if (row8) out.q.store8(oi8, v8);
-#else
-  finish8(out, m, n, oi, w);
-  quad_row(lo8, hi8, w8, lane);
-  finish8(out, m + 8, n, oi8, w8);
+// one row's 8 columns with their own loads (two blocks an SM: one row's values live at a time)
+__device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const int (&w)[8]) {
+  float s[8], b[8], v[8];
+  out.q.channels8(n, s, b);
+  out.q.dequantize8(w, s, b, v);
+#if HAS_EPILOGUE && EPI_VEC
+  EpiIn8 in;
+  load_epilogue8(out.q.epi, in, oi, n);
+  apply_epilogue8(out.q.epi, in, v);
 #endif
+  out.q.store8(oi, v);
+}
+// rows m, m + 8 of a subtile (n0: the lane's first column, 8 * (lane % 4) into the tile), EPI_GROUP
+// column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
+// columns. A group's loads cannot pass the stores before them (they may alias): PREFETCH_GROUPS
+// issues them a group early, so their latency overlaps the previous group's work.
+__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const int (&acc)[BN / 2], i64 m, i64 n0, int lane) {
+  const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
+  Group8 g[2];
+  if (PREFETCH_GROUPS) load_group(out, g[0], m, n0, row + n0);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+    const int c = (j0 / EPI_GROUP) & 1;
+    const i64 n = n0 + j0 * 8, next = n + EPI_GROUP * 8;
+    if (PREFETCH_GROUPS && j0 + EPI_GROUP < BN / 8) load_group(out, g[c ^ 1], m, next, row + next);
+    int lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lo[j] = acc[4 * (j0 + j)];
+      hi[j] = acc[4 * (j0 + j) + 1];
+      lo8[j] = acc[4 * (j0 + j) + 2];
+      hi8[j] = acc[4 * (j0 + j) + 3];
+    }
+    const bool row_ok = m < out.M && n < out.N, row8_ok = row_ok && m + 8 < out.M;
+    quad_row(lo, hi, w, lane);
+    if (PREFETCH_GROUPS) {
+      if (row_ok) finish8(out, g[c], false, row + n, w);
+      quad_row(lo8, hi8, w, lane);
+      if (row8_ok) finish8(out, g[c], true, row8 + n, w);
+    } else {
+      if (row_ok) finish8(out, row + n, n, w);
+      quad_row(lo8, hi8, w, lane);
+      if (row8_ok) finish8(out, row8 + n, n, w);
+    }
+  }
 }
 #else
 typedef OutP OutT;
@@ -217,9 +261,16 @@ __device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, 
   const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
   const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
 #pragma unroll
-  for (int s = 0; s < MSUB; ++s)
+  for (int s = 0; s < MSUB; ++s) {
+#if I8
+    if (vector_rows) {
+      finish_rows(out, ti.z, acc[s], m_base + s * 64, (i64)ti.tn * BN + 8 * (lane & 3), lane);
+      continue;
+    }
+#endif
 #pragma unroll
     for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+#if !I8
       if (vector_rows) {
         acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
 #pragma unroll
@@ -230,18 +281,16 @@ __device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, 
           hi8[j] = acc[s][4 * (j0 + j) + 3];
         }
         const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
-#if I8
-        finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
-#else
         quad_row(lo, hi, w, lane);
         finish8(out, ti.z, m, n, w);
         quad_row(lo8, hi8, w, lane);
         finish8(out, ti.z, m + 8, n, w);
-#endif
         continue;
       }
+#endif
       finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
     }
+  }
 }
 
 __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, unsigned char* scratch, u64* full,

@@ -1,7 +1,7 @@
 // INT8 layers (ai.polykit QMatMul, QConv, QConvNHWC; docs/INT8.md) on the mma.sync s8 main loop
 // of int8_mma.cuh: exact int32 centered sums, then per output channel n
-//   v = float(double(acc) * scale[n] + bias[n])        (one float64 product and sum, rounded once:
-//                                                       the cpu reference's arithmetic, bit for bit)
+//   v = float(acc) * scale[n] + bias[n]                (float32, each step rounded, no fma: the cpu
+//                                                       reference's arithmetic, bit for bit)
 //   v = epilogue(v)                                    (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding)
 // GEMM view: M = rows of the activation (QMatMul: every row of X [..., M, K]; convolutions: output
@@ -10,9 +10,15 @@
 //   int8_conv_nhwc  X [NB, H, W, C] with C % 16 == 0 (to_channels_last pads it), W [N, KH, KW, C] (KRSC,
 //                   a K-major [N, K] matrix), Y [NB, OH, OW, N]; K = KH * KW * C, 16 bytes a load
 //   int8_conv_nchw  X [NB, C, H, W], W [N, C, KH, KW] ([N, K]), Y [NB, N, OH, OW]; X gathered byte by byte
+//   int8_matmul_splitk / int8_splitk_reduce  int8_matmul split along K (int8_splitk.py: few output
+//                   tiles, a long K): slice z = blockIdx.z sums K range [z * kslice, (z + 1) * kslice)
+//                   centered (its own zero-point corrections: they are linear in the range) into
+//                   partial [splits, M, N] int32; the reduce adds the slices (integers: exact in any
+//                   order) and stores each element through Out::put, one thread an element.
 // Zero points, scale, bias and the requantization parameters are read on the device: XZ, YZ one
 // byte; WZ, Scale, Bias one value, or one per channel (step 1). flags: FLAG_* of int8_out.cuh.
-// Launch: grid (ceil(N/128), ceil(M/128), 1), block 256.
+// Launch: grid (ceil(N/128), ceil(M/128), 1), block 256 (the split-K kernel: splits in z; the reduce:
+// 1-D grid-stride, block 256).
 #include "int8_mma.cuh"
 
 #ifndef HAS_EPILOGUE
@@ -71,19 +77,27 @@ __device__ __forceinline__ uint4 column16(const u8* B, i64 N, i64 K, i64 n, i64 
   return bytes16([&](int i) { return k + i < K ? (u32)B[(k + i) * N + n] : fill; });
 }
 
+// X rows ldx bytes apart (K, or the whole reduction when this is one K slice of it: X and B then
+// start at the slice); the centered sums go to Y through Out, or to `partial` (split-K) as they are
 struct MatmulP {
   const u8 *X, *B;
-  i64 M, N, K;
+  i64 M, N, K, ldx;
   bool vec;
   u32 afill, bfill;
   Out o;
+  int* partial;
   typedef const u8* Row;
-  __device__ __forceinline__ Row arow(i64 m) const { return m < M ? X + m * K : nullptr; }
+  __device__ __forceinline__ Row arow(i64 m) const { return m < M ? X + m * ldx : nullptr; }
   __device__ __forceinline__ uint4 a16(Row row, i64 k) const {
     return row ? row16(row, k, K, vec, afill) : make_uint4(afill, afill, afill, afill);
   }
   __device__ __forceinline__ uint4 b16(i64 n, i64 k) const { return column16(B, N, K, n, k, bfill); }
-  __device__ __forceinline__ void store(i64 m, i64 n, int acc) const { o.put(m * N + n, n, n, acc); }
+  __device__ __forceinline__ void store(i64 m, i64 n, int acc) const {
+    if (partial)
+      partial[m * N + n] = acc;
+    else
+      o.put(m * N + n, n, n, acc);
+  }
 };
 
 // a convolution's output pixel: its image and window origin (ok = false past the last pixel)
@@ -157,8 +171,28 @@ struct ConvP {
 
 extern "C" __global__ void __launch_bounds__(256) int8_matmul(INT8_PARAMS) {
   INT8_SETUP;
-  const MatmulP p = {X, Wt, M, N, K, (flags & FLAG_VEC_X) != 0, cm.amask, cm.bmask, cm.out};
+  const MatmulP p = {X, Wt, M, N, K, K, (flags & FLAG_VEC_X) != 0, cm.amask, cm.bmask, cm.out, nullptr};
   int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+}
+
+// kslice: a multiple of the 64-byte K step (16-byte loads stay aligned within a slice)
+extern "C" __global__ void __launch_bounds__(256) int8_matmul_splitk(INT8_PARAMS, int* partial, i64 kslice) {
+  INT8_SETUP;
+  const i64 k0 = (i64)blockIdx.z * kslice, kz = min(kslice, K - k0);
+  const MatmulP p = {X + k0, Wt + k0 * N, M, N, kz, K, (flags & FLAG_VEC_X) != 0, cm.amask, cm.bmask, cm.out,
+                     partial + (i64)blockIdx.z * M * N};
+  int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
+}
+
+extern "C" __global__ void __launch_bounds__(256) int8_splitk_reduce(INT8_PARAMS, const int* partial, i64 splits) {
+  INT8_SETUP;
+  const i64 total = M * N;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    u32 acc = 0;  // wrapping: the slices' centered sums add up to the exact int32 total
+    for (i64 z = 0; z < splits; ++z) acc += (u32)partial[z * total + i];
+    const i64 n = i % N;
+    cm.out.put(i, n, n, (int)acc);
+  }
 }
 
 template <bool NHWC>

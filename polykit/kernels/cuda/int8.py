@@ -6,11 +6,12 @@ Tactics (one per kind, mma.sync m16n8k32 s8 with int32 accumulation, sm_80+):
   cuda.int8.mma_conv_nhwc  QConvNHWC: X NHWC with C % 16 == 0, W KRSC (to_channels_last makes both)
   cuda.int8.mma_conv_nchw  QConv: 2-D, group 1, X NCHW gathered byte by byte (a layout the
                            channels-last pass did not convert; slower than the NHWC kernel)
-(int8_sm90.py adds `cuda.int8.sm90_*` for symmetric int8 QConvNHWC on sm_90a: s8 wgmma.)
+(int8_sm90.py adds `cuda.int8.sm90_*` for symmetric int8 QConvNHWC on sm_90a: s8 wgmma;
+int8_splitk.py `cuda.int8.mma_matmul_sk*`, QMatMul split along K.)
 int8 and uint8 activations and weights, zero points per tensor or per channel, scale and bias per
 tensor or per channel, float32 output or fused requantization to int8/uint8, an epilogue compiled
 in (epilogue.py). Results equal the cpu reference (`cpu.reference`) bit for bit: the centered sum is
-exact and the dequantization runs in float64 rounded once, as the reference does.
+exact and the dequantization runs in float32 with the reference's roundings (int8_out.cuh).
 """
 
 from __future__ import annotations

@@ -1,21 +1,25 @@
 // The output side of every INT8 kernel (int8.cu on mma.sync, conv_sm90.cu's I8 variant on wgmma):
 // the exact int32 centered sum of output (m, n) -> per output channel n
-//   v = float(double(acc) * scale[n] + bias[n])   (float64, rounded once: the cpu reference's arithmetic)
+//   v = float(acc) * scale[n] + bias[n]           (float32, each step rounded, no fma: the cpu reference's
+//                                                  arithmetic, reference/int8.py's dequantize)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding,
 //       computed as v * (1 / y_scale) where that provably rounds to the same integer: requantize)
-// Out::put stores one element; Out::value8 / store8 eight consecutive channels of one row with
-// the same arithmetic per element (the sm90 kernel's 16-byte epilogue, where Out::vec_ok allows it).
+// Out::put stores one element; Out::channels8 / dequantize8 / store8 eight consecutive channels of
+// one row with the same arithmetic per element (the sm90 kernel's 16-byte epilogue, finish_rows in
+// gemm_sm90_epilogue.cuh, which runs the epilogue between them, where Out::vec_ok allows it).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
-// acc as a double, exactly, without the conversion pipe's I2F.F64: 1.5 * 2^52 + 2^31 + acc has acc +
-// 2^31 (acc ^ 0x80000000) in its low word, and the subtraction is exact
-__device__ __forceinline__ double exact_double(int acc) {
-  return __dsub_rn(__hiloint2double(0x43380000, acc ^ 0x80000000), 0x1.800008p52);
+// acc rounded to float (to nearest even, as numpy's astype): for |acc| < 2^22 exactly and without the
+// conversion pipe's I2F, the float 1.5 * 2^23 with acc added to its bits is 1.5 * 2^23 + acc (the
+// mantissa holds acc + 2^22 in [0, 2^23)), and the subtraction is exact; larger sums take I2F
+__device__ __forceinline__ float acc_float(int acc) {
+  if ((u32)acc + 0x400000u < 0x800000u) return __fsub_rn(__int_as_float(0x4B400000 + acc), 0x1.8p23f);
+  return __int2float_rn(acc);
 }
 
 // 4 per-channel values from channel n (step 1: one 16-byte load, p + n 16-byte aligned) or one
@@ -36,12 +40,11 @@ struct Out {
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
-  // the arithmetic of one element (put and value8 alike): the float64 dequantization rounded once
-  // (s, b: the channel's float32 scale and bias, widened), QuantizeLinear's rounding and saturation
-  __device__ __forceinline__ float dequantize(int acc, double s, double b) const {
-    double d = __dmul_rn(exact_double(acc), s);
-    if (bias) d = __dadd_rn(d, b);
-    return __double2float_rn(d);
+  // the arithmetic of one element (put and dequantize8 alike): the float32 dequantization, product and
+  // sum rounded separately (never contracted to an fma), then QuantizeLinear's rounding and saturation
+  __device__ __forceinline__ float dequantize(int acc, float s, float b) const {
+    const float v = __fmul_rn(acc_float(acc), s);
+    return bias ? __fadd_rn(v, b) : v;
   }
   // saturate(rint(v / ys) + yz), exactly, without the division where it cannot matter: t = v * rys
   // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
@@ -60,7 +63,7 @@ struct Out {
     return min(max(q + yz, lo), hi);
   }
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
-    float v = dequantize(acc, (double)scale[n * scale_step], bias ? (double)bias[n * bias_step] : 0.0);
+    float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
@@ -74,7 +77,7 @@ struct Out {
     else
       ((i8*)Y)[oi] = (i8)q;
   }
-  // whether value8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
+  // whether dequantize8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
   // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
   __device__ __forceinline__ bool vec_ok() const {
     bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
@@ -87,10 +90,10 @@ struct Out {
     return ok;
   }
   // outputs oi..oi + 7 = channels n..n + 7 of one row (vec_ok): put's arithmetic per element,
-  // scale / bias read with 16-byte loads and widened once (channels8: rows of the same channels
-  // share them), then one 8-byte store (int8 / uint8) or two 16-byte ones (float: store8). Split so
-  // a caller can have two rows' loads in flight at once.
-  __device__ __forceinline__ void channels8(i64 n, double (&s)[8], double (&b)[8]) const {
+  // scale / bias read with 16-byte loads (channels8: rows of the same channels share them), then one
+  // 8-byte store (int8 / uint8) or two 16-byte ones (float: store8). Split so a caller can have
+  // several rows' loads in flight at once.
+  __device__ __forceinline__ void channels8(i64 n, float (&s)[8], float (&b)[8]) const {
 #pragma unroll
     for (int h = 0; h < 8; h += 4) {
       const float4 s4 = channels4(scale, n + h, scale_step);
@@ -99,30 +102,10 @@ struct Out {
       b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
     }
   }
-  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], const double (&s)[8],
-                                         const double (&b)[8], float (&v)[8]) const {
+  __device__ __forceinline__ void dequantize8(const int (&acc)[8], const float (&s)[8], const float (&b)[8],
+                                              float (&v)[8]) const {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
-    epilogue8(oi, n, v);
-  }
-  // the same, widening four channels at a time (fewer registers live: two blocks an SM spilled
-  // with the eight doubles of channels8)
-  __device__ __forceinline__ void value8(i64 oi, i64 n, const int (&acc)[8], float (&v)[8]) const {
-#pragma unroll
-    for (int h = 0; h < 8; h += 4) {
-      const float4 s = channels4(scale, n + h, scale_step);
-      const float4 b = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
-      v[h] = dequantize(acc[h], s.x, b.x);
-      v[h + 1] = dequantize(acc[h + 1], s.y, b.y);
-      v[h + 2] = dequantize(acc[h + 2], s.z, b.z);
-      v[h + 3] = dequantize(acc[h + 3], s.w, b.w);
-    }
-    epilogue8(oi, n, v);
-  }
-  __device__ __forceinline__ void epilogue8(i64 oi, i64 n, float (&v)[8]) const {
-#if HAS_EPILOGUE && EPI_VEC
-    apply_epilogue8(epi, v, oi, n);
-#endif
   }
   __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
     if (!yint) {

@@ -14,6 +14,7 @@ below the mma tactic's 10: level 0 keeps mma.sync, the tuner times it against th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -29,10 +30,17 @@ from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, resi
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
-#: the 64-channel convolutions, where fp16 takes it too)
-TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2"))
+#: the 64-channel convolutions, where fp16 takes it too), and INT8's own 128x64 two blocks an SM: for
+#: the short-K 1x1 layers, whose time is the epilogue (one K stage a tile), four consumer warpgroups
+#: an SM where 128x128 has two (conv_sm90.cu moves the registers: no spill at 80 a thread)
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64", "64x128x2", "64x64x2")) + (
+    Sm90Tile(1, 2, 64, 4, blocks=2, tflops=340),)
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
+#: outputs a microsecond one SM's epilogue finishes (dequantize, residual, requantize: issue-bound),
+#: by consumer warpgroups an SM w, as EPI_RATE * sqrt(w): fitted to H100 timings of the 1x1 64 -> 256
+#: conv on 32x56x56 with an int8 residual (128x128, w 2: 121 us; 128x64x2, w 4: 95 us)
+EPI_RATE = 1130.0
 
 
 def _geometry(layer: Any):
@@ -62,7 +70,8 @@ def _estimate(tile: Sm90Tile):
         geo = _geometry(layer)
         if geo is None or not sm_count:
             return None
-        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count)
+        epilogue = geo.M * geo.N / (sm_count * EPI_RATE * math.sqrt(tile.consumers * tile.blocks))
+        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count) + epilogue
 
     return estimate
 

@@ -1,4 +1,5 @@
-// QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear (per tensor, per axis, blocked).
+// QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear (per tensor, per axis, blocked), and
+// ai.polykit QuantizeNHWC (quantize_nhwc: an --int8 plan's image input, quantized to NHWC, padded).
 //
 // Element types are runtime codes (QK_* below), not template arguments: one entry point per
 // op serves every (x, scale, zero point, output) type combination; the per-element type
@@ -13,7 +14,8 @@
 //               outputs saturate to their range like the 8/16-bit ones.
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
-// Geometry: quantize/dequantize one thread per element, grid-stride, blockDim.x = 256.
+// Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four), grid-stride,
+// blockDim.x = 256; quantize_nhwc one thread a pixel, grid (pixel blocks, images).
 // DynamicQuantizeLinear: dq_minmax (grid G, 256 threads) writes per-block (min, max) of x
 // (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
@@ -135,6 +137,60 @@ extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s,
     double q = qk_divide_round(qk_load(x, (int)xc, i), qk_load(s, (int)sc, qk_index(ps, i)), (int)precision);
     if (z) q += qk_load(z, (int)zc, qk_index(pz, i));
     qk_store_int(y, (int)yc, i, q < lo ? lo : (q > hi ? hi : q));
+  }
+}
+
+// The common case on its own path (a calibrated model's image input): float32 x, one float32 scale,
+// an int8 / uint8 output (u8out) with an optional zero point of its type. Q8 holds them;
+// Q8::byte is quantize_linear's arithmetic (rintf of the IEEE float32 quotient, + zp, saturated).
+struct Q8 {
+  float sc, zp, lo, hi;
+  bool has_z;
+  __device__ __forceinline__ Q8(const float* s, const void* z, i64 u8out)
+      : sc(s[0]), zp(!z ? 0.f : u8out ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0]),
+        lo(u8out ? 0.f : -128.f), hi(u8out ? 255.f : 127.f), has_z(z != nullptr) {}
+  __device__ __forceinline__ u32 byte(float x) const {
+    float q = rintf(__fdiv_rn(x, sc));
+    if (has_z) q += zp;  // rounds only past 2^24, where it saturates either way
+    q = q < lo ? lo : (q > hi ? hi : q);
+    return (u32)(u8)(int)q;  // the byte of q (two's complement for int8); NaN: 0 as there
+  }
+  __device__ __forceinline__ u32 zero_byte() const { return (u32)(u8)(int)zp; }
+};
+
+// n % 4 == 0, x 16- and y 4-byte aligned: four elements a thread, one 16-byte load, one 4-byte store
+extern "C" __global__ void quantize_f32_8bit(const float4* x, const float* s, const void* z, u32* y, i64 n4,
+                                            i64 u8out) {
+  const Q8 q(s, z, u8out);
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x) {
+    const float4 v = x[i];
+    y[i] = q.byte(v.x) | q.byte(v.y) << 8 | q.byte(v.z) << 16 | q.byte(v.w) << 24;
+  }
+}
+
+// ai.polykit QuantizeNHWC: x [NB, C, HW] float32 -> y [NB, HW, CP] (CP >= C; channels C.. the zero
+// point), Q8's arithmetic. One thread a pixel, images in y of the grid: a channel's reads are
+// consecutive pixels across the warp (no index division); the pixel's CP bytes go out 16 at a time
+// (vec: CP % 16 == 0 and y 16-byte aligned), else byte by byte.
+extern "C" __global__ void quantize_nhwc(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C,
+                                         int CP, int vec, i64 u8out) {
+  const Q8 q(s, z, u8out);
+  for (int img = blockIdx.y; img < nb; img += gridDim.y) {
+    const float* xi = x + (i64)img * C * hw;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < hw; p += gridDim.x * blockDim.x) {
+      u8* yp = y + ((i64)img * hw + p) * CP;
+      for (int c0 = 0; c0 < CP; c0 += 16) {
+        u32 w[4];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int c = c0 + j;
+          const u32 b = c < C ? q.byte(xi[(i64)c * hw + p]) : q.zero_byte();
+          w[j / 4] = (j % 4 ? w[j / 4] : 0u) | b << (8 * (j % 4));
+          if (!vec && c < CP) yp[c] = (u8)b;
+        }
+        if (vec) *(uint4*)(yp + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-"""QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear tactics (quantize.cu).
+"""QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear and ai.polykit QuantizeNHWC tactics (quantize.cu).
 
 Element types are runtime codes, so one kernel per op covers every type combination the
 shape rules allow; the scale / zero point granularity (per tensor, per axis, blocked) is a
@@ -12,11 +12,13 @@ from typing import Mapping
 
 import numpy as np
 
+from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ops.quantize_nhwc import KIND
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 
 FILE = "quantize.cu"
-ENTRIES = ("quantize_linear", "dequantize_linear", "dq_minmax", "dq_params")
+ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "dequantize_linear", "dq_minmax", "dq_params")
 #: numpy dtype name -> the kernels' QK_* type code
 TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
              "int32": 7, "int64": 8, "float8_e4m3fn": 9, "float8_e4m3fnuz": 10, "float8_e5m2": 11,
@@ -66,6 +68,16 @@ def _params(layer, tensors) -> tuple[DeviceTensor, DeviceTensor | None]:
     return s, z
 
 
+def _four_at_a_time(layer, x: DeviceTensor, s: DeviceTensor, z: DeviceTensor | None, y: DeviceTensor,
+                    precision: int) -> bool:
+    """Whether quantize_f32_8bit serves: float32 x and scale (per tensor, float32 precision), an int8 /
+    uint8 output, a per-tensor zero point or none, x.size % 4 == 0, x 16- and y 4-byte aligned."""
+    return (x.dtype == np.float32 and s.dtype == np.float32 and s.size == 1 and precision == PRECISION[1]
+            and int(layer.attrs.get("block_size", 0)) <= 0 and y.dtype.name in ("int8", "uint8")
+            and (z is None or (z.size == 1 and z.dtype == y.dtype)) and x.size % 4 == 0
+            and x.ptr % 16 == 0 and y.ptr % 4 == 0)
+
+
 def enqueue_quantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     where = f"layer {layer.name!r}"
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
@@ -79,6 +91,10 @@ def enqueue_quantize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTens
         raise DeviceError(f"QuantizeLinear precision type {code} has no CUDA kernel", where=where,
                           hint="use --target cpu")
     if x.size == 0:
+        return
+    if _four_at_a_time(layer, x, s, z, y, precision):
+        launcher.launch(KernelSource("quantize_f32_8bit", FILE), _grid(x.size // 4), (BLOCK, 1, 1),
+                        [x, s, z if z is not None else 0, y, x.size // 4, int(y.dtype == np.uint8)])
         return
     geo_z = param_geometry(layer.attrs, x.shape, z.shape) if z is not None else [0, 1, 1, 1, 1]
     launcher.launch(KernelSource("quantize_linear", FILE), _grid(x.size), (BLOCK, 1, 1),
@@ -120,7 +136,29 @@ def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, De
                      0, *none, *none, 1])
 
 
+def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): one pass from float32 NCHW to int8 NHWC, padded."""
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    s, z = _params(layer, tensors)
+    if (x.dtype != np.float32 or s.dtype != np.float32 or s.size != 1 or z is None or z.size != 1
+            or y.dtype.name not in ("int8", "uint8") or z.dtype != y.dtype or len(x.shape) != 4):
+        raise DeviceError(f"QuantizeNHWC of X {x.dtype} {x.shape}, scale {s.dtype} {s.shape}, zero point "
+                          f"{None if z is None else (z.dtype, z.shape)} -> {y.dtype}: the kernel takes float32 X "
+                          "[N, C, H, W], one float32 scale, one int8 / uint8 zero point", where=f"layer {layer.name!r}",
+                          hint="fuse_quantize_nhwc makes only that form; use --target cpu")
+    nb, c, h, w = x.shape
+    cp = int(y.shape[-1])
+    if nb * h * w == 0:
+        return
+    i32 = np.int32
+    grid = (_grid(h * w)[0], min(nb, MAX_GRID - 1), 1)
+    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1),
+                    [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp), i32(cp % 16 == 0 and y.ptr % 16 == 0),
+                     int(y.dtype == np.uint8)])
+
+
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)
+cuda_tactic(KIND, "cuda.quantize", kernels=_kernels, domain=POLYKIT_DOMAIN)(enqueue_quantize_nhwc)
 cuda_tactic("DequantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dequantize)
 cuda_tactic("DynamicQuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_dynamic_quantize)
 

@@ -2,9 +2,10 @@
 
 Exact: the zero points are subtracted and the products summed in int64 (the int32 accumulator
 of a GPU kernel, without its overflow), then the accumulator is dequantized per output channel
-in float64 and rounded once to float32, the float32 epilogue runs, and QuantizeLinear's own
-reference requantizes (round half to even, saturate). `run_int8` takes the integer product as
-a function so the cpu tactics share everything but the product (kernels/cpu/int8.py).
+in float32 (`dequantize`: three IEEE roundings, the GPU kernels' arithmetic), the float32
+epilogue runs, and QuantizeLinear's own reference requantizes (round half to even, saturate).
+`run_int8` takes the integer product as a function so the cpu tactics share everything but the
+product (kernels/cpu/int8.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def channel_param(p: np.ndarray, rank: int, axis: int) -> np.ndarray:
     return p.reshape([-1 if i == axis % rank else 1 for i in range(rank)])
 
 
+def dequantize(acc: np.ndarray, scale: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """float32(acc) * scale + bias in float32, each step rounded (no fused multiply-add): the
+    accumulator's integers (|acc| < 2**31) round once to float32, then the product, then the sum."""
+    value = acc.astype(np.float32) * np.asarray(scale, np.float32)
+    return value if bias is None else value + np.asarray(bias, np.float32)
+
+
 def run_int8(node: Node, inputs: Sequence[np.ndarray | None], product: Product, acc: type = np.int64
              ) -> list[np.ndarray]:
     """An INT8 layer with `product` computing the accumulator from operands centered in `acc`."""
@@ -53,10 +61,8 @@ def run_int8(node: Node, inputs: Sequence[np.ndarray | None], product: Product, 
     else:
         raw = product(base_of(node), x, w)
     axis = 1 if conv and not nhwc else -1
-    value = raw.astype(np.float64) * channel_param(inputs[SCALE], raw.ndim, axis).astype(np.float64)
-    if inputs[BIAS] is not None:
-        value = value + channel_param(inputs[BIAS], raw.ndim, axis).astype(np.float64)
-    value = value.astype(np.float32)
+    value = dequantize(raw, channel_param(inputs[SCALE], raw.ndim, axis),
+                       None if inputs[BIAS] is None else channel_param(inputs[BIAS], raw.ndim, axis))
     epilogue = node.attrs.get("epilogue")
     if epilogue:
         env = {name: arr for name, arr in zip(node.inputs[QUANT_ARITY:], inputs[QUANT_ARITY:]) if name}

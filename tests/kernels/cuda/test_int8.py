@@ -1,7 +1,8 @@
 """GPU: the INT8 tactics (int8.cu) against the exact cpu reference, outputs poisoned first.
 
 Equality is exact: the centered int32 sum is exact and the dequantization is the reference's
-float64 product rounded once, so float outputs match bit for bit and requantized ones step for step.
+float32 arithmetic (float(acc) * scale + bias, each step rounded, no fma), so float outputs match
+bit for bit and requantized ones step for step.
 """
 
 from __future__ import annotations

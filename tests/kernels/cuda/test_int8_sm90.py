@@ -1,7 +1,7 @@
 """The sm_90a INT8 convolution (`cuda.int8.sm90_*`, int8_sm90.py: conv_sm90 on s8 wgmma).
 
 GPU tests (H100) compare against the exact cpu reference with outputs poisoned first: INT8 results are
-exact (the int32 sum, then int8.cu's float64 dequantization rounded once), so equality is exact. CPU
+exact (the int32 sum, then the float32 dequantization the reference computes), so equality is exact. CPU
 tests check which layers the tactics take, on hand-made records and on a real --int8 ResNet plan.
 """
 
@@ -77,7 +77,7 @@ def test_sm90_qconv_float_output_equals_the_reference(x, w, attrs, tactic):
 @pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
 def test_sm90_qconv_requantized_output_equals_the_reference(x, w, attrs, y_dtype, tactic):
-    """N 96, 200, 24: the 8-channel epilogue (int8_out.cuh value8 / store8, one 8-byte store); N 130: put."""
+    """N 96, 200, 24: the 8-channel epilogue (int8_out.cuh dequantize8 / store8, one 8-byte store); N 130: put."""
     inputs = sym_inputs(x, w, per_channel=False, y_dtype=y_dtype, bias=False)
     run_sm90(sym_layer(inputs, attrs), inputs, tactic)
 
@@ -123,6 +123,40 @@ def test_requantization_at_half_integer_quotients_equals_the_reference(tactic, y
     assert differ.size == 0, (f"{len(differ)} of {got.size} outputs differ from the reference, first at "
                               f"{differ[:3].tolist()}: acc {[int(acc[tuple(i)]) for i in differ[:3]]}")
 
+
+def large_sum_inputs(n, y_dtype):
+    """int8 operands near +-127 whose signs agree along C = 1536 for half the pixels (|acc| from 18.6 M
+    to 24.8 M: past 2^22, where int8_out.cuh's acc_float leaves the 1.5 * 2^23 shifter for I2F, and
+    past 2^24, where float32 rounds the sum) and are random for the rest (small sums, the shifter)."""
+    pixels, c = (2, 6, 5), 1536
+    mag = lambda shape: rng.integers(110, 128, shape)
+    sign_x = np.where(rng.random(pixels + (1,)) < 0.5, 1, -1) * np.ones(pixels + (c,), np.int64)
+    sign_x[1] = np.where(rng.random((6, 5, c)) < 0.5, 1, -1)  # the second image: random signs
+    sign_w = np.where(rng.random((n, 1, 1, 1)) < 0.5, 1, -1)
+    inputs = sym_inputs(pixels + (c,), (n, 1, 1, c), y_dtype=y_dtype)
+    inputs.update(X=(sign_x * mag(pixels + (c,))).astype(np.int8), W=(sign_w * mag((n, 1, 1, c))).astype(np.int8))
+    return inputs
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS + ["cuda.int8.mma_conv_nhwc"])
+@pytest.mark.parametrize("y_dtype", [np.int8, None])
+@pytest.mark.parametrize("n", [96, 130], ids=["8_channels_a_lane", "per_element"])
+def test_sums_past_2_22_round_to_float_as_the_reference(tactic, y_dtype, n):
+    """float(acc) * scale + bias in float32 (reference/int8.py's dequantize): sums of 2^22 and more
+    take __int2float_rn, those past 2^24 round to nearest even there, as numpy's astype does."""
+    inputs = large_sum_inputs(n, y_dtype)
+    x, w = inputs["X"].astype(np.int64), inputs["W"].astype(np.int64)
+    acc = np.abs(np.einsum("bhwc,nc->bhwn", x, w[:, 0, 0, :]))
+    assert (acc > 1 << 24).mean() > 0.3 and (acc % 2 == 1).any() and (acc < 1 << 22).mean() > 0.3, \
+        "the case lacks large, odd or small sums"
+    layer = sym_layer(inputs, {})
+    if tactic.startswith("cuda.int8.sm90"):
+        run_sm90(layer, inputs, tactic)
+    else:
+        check(layer, inputs, tactic)
+
+
 def int8_residual_inputs(n, y_dtype):
     """An identity block's last conv: the block's int8 input as residual, int8 (or float) out."""
     inputs = sym_inputs((2, 10, 9, 64), (n, 1, 1, 64), y_dtype=y_dtype)
@@ -154,7 +188,7 @@ def test_sm90_qconv_dequantizes_an_int8_residual_in_the_epilogue(tactic, y_dtype
 def test_sm90_qconv_int8_residual_float_output_is_the_same_bits_on_both_epilogue_paths(tactic):
     """Float output with an int8 residual is the one case checked with a tolerance (an fma may
     contract the residual's dequantization into the add), so check the 8-channel path against
-    the per-element one directly: 136 channels take value8 / store8, one more (137) sends every element
+    the per-element one directly: 136 channels take dequantize8 / store8, one more (137) sends every element
     through put; the shared 136 channels come from the same accumulators and must be the same
     bits."""
     from polykit.runtime.cuda.harness import run_layer
@@ -260,6 +294,6 @@ def test_the_8_channel_epilogue_reads_each_residual_in_its_own_type():
 
     int8_code = epilogue_prelude(int8_sm90._shaped_residual_layer("int8"), "float")
     float_code = epilogue_prelude(int8_sm90._shaped_residual_layer("float32"), "float")
-    assert "#define EPI_VEC 1" in int8_code and "i8 x0[8];\n  load8(x0, E.e0 + oi);" in int8_code
-    assert "#define EPI_VEC 1" in float_code and "ELEM x0[8];\n  load8(x0, E.e0 + oi);" in float_code
+    for code, elem in ((int8_code, "i8"), (float_code, "ELEM")):
+        assert "#define EPI_VEC 1" in code and f"{elem} x0[8];" in code and "load8(in.x0, E.e0 + oi);" in code
     assert "#define EPI_VEC 0" in epilogue_prelude(residual_layer(int8_sm90.KIND, "int8"), "float")

@@ -52,6 +52,22 @@ def test_quantize_per_tensor_saturates_and_rounds_half_to_even(zp_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("zp_dtype", [np.int8, np.uint8, None])
+def test_quantize_of_a_float32_image_takes_four_elements_a_thread_and_equals_the_reference(zp_dtype):
+    """quantize_f32_8bit (float32 x and scale per tensor, 8-bit output, x.size % 4 == 0): quotients on
+    ties, past both saturation bounds and infinities, and a scale that makes every quotient inexact."""
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32) * 40
+    s = np.float32(0.37)
+    x.reshape(-1)[:12] = np.float32([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1e9, -1e9, np.inf, -np.inf, 127.5, 126.5]) * s
+    inputs = {"X": x, "S": np.array(s)}
+    if zp_dtype is not None:
+        inputs["Z"] = np.array(-3 if zp_dtype == np.int8 else 120, zp_dtype)
+    layer = _q_layer("QuantizeLinear", len(inputs))
+    assert qk.ENTRIES[1] == "quantize_f32_8bit"
+    check(layer, inputs)
+
+
+@pytest.mark.gpu
 def test_quantize_without_zero_point_gives_uint8():
     x = rng.uniform(-2, 300, size=(4, 7)).astype(np.float32)
     check(_q_layer("QuantizeLinear", 2), {"X": x, "S": np.array(0.7, np.float32)})
@@ -113,3 +129,16 @@ def test_dynamic_quantize_matches_reference(shape, lo, hi):
     x = rng.uniform(lo, hi, size=shape).astype(np.float32)
     layer = LayerDesc("dq", "DynamicQuantizeLinear", ("X",), ("Y", "S", "Z"), {})
     check(layer, {"X": x})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zp", [np.int8(-3), np.uint8(120), np.int8(0)], ids=["int8", "uint8", "int8_zero"])
+@pytest.mark.parametrize("channels", [16, 3, 6], ids=["pad16", "no_pad", "pad6_bytewise"])
+def test_quantize_nhwc_of_an_image_equals_the_reference(zp, channels):
+    """ai.polykit QuantizeNHWC (quantize_nhwc): float32 NCHW -> 8-bit NHWC with the channels past X's
+    filled with the zero point; word stores (16, 3 channels: none padded) and byte stores (6)."""
+    x = rng.standard_normal((2, 3, 13, 11)).astype(np.float32) * 4
+    s = np.float32(0.031)
+    x.reshape(-1)[:8] = np.float32([0.5, 1.5, -2.5, 1e9, -1e9, np.inf, 127.5, -128.5]) * s
+    layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
+    check(layer, {"X": x, "S": np.array(s), "Z": np.array(zp)})

@@ -6,7 +6,7 @@ warning on the 128x128 and 64x128 tiles on 2026-11-24 and fp16 BERT-base bs1 wen
 The cause was the 16-byte epilogue's quad transpose reading the f32 accumulators as u32 words:
 NVVM then kept the accumulators as b32 integers, moved to and from f32 registers around every
 wgmma. The fp16 GEMM with a fused epilogue, the fp16 convolution with a bias and a residual, and
-the INT8 convolution with an int8 residual each take the 16-byte epilogue here (before the fix the
+the INT8 convolution with an int8 or float32 residual each take the 16-byte epilogue here (before the fix the
 GEMM's three tiles and the conv's 128x128, 64x128, 128x64, 64x64 and 64x64x2 warned; the INT8
 kernels, int32 accumulators, did not)."""
 
@@ -74,9 +74,12 @@ def test_the_fp16_conv_with_bias_and_residual_keeps_its_wgmma_pipeline(tile):
     assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"fp16 conv tile {tile.label}")
 
 
+@pytest.mark.parametrize("residual", ["int8", "float32"])
 @pytest.mark.parametrize("tile", INT8_TILES, ids=lambda t: t.label)
-def test_the_int8_conv_with_an_int8_residual_keeps_its_wgmma_pipeline(tile):
-    """The --int8 ResNet's bottleneck output: s8 wgmma, int8 residual + Relu, int8 out (value8 / store8)."""
-    layer = replace(_shaped_residual_layer("int8"), precision="int8")
+def test_the_int8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spill(tile, residual):
+    """The --int8 ResNet's bottleneck output: s8 wgmma, an int8 residual (identity blocks) or a float32
+    one (the downsampling shortcut's output) + Relu, int8 out (finish_rows: the next column group's
+    loads in flight, with one block an SM)."""
+    layer = replace(_shaped_residual_layer(residual), precision="int8")
     source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
-    assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"int8 conv tile {tile.label}")
+    assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"int8 conv tile {tile.label}, {residual} residual")

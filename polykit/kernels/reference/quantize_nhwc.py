@@ -1,0 +1,24 @@
+"""Reference kernel of ai.polykit QuantizeNHWC: QuantizeLinear's reference, transposed to NHWC,
+the channels past X's filled with the zero point."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.channels_last import TO_NHWC
+from polykit.compiler.ops.quantize_nhwc import KIND
+from polykit.kernels.reference.quantize import quantize_linear
+from polykit.kernels.registry import reference
+
+
+@reference(KIND, domain=POLYKIT_DOMAIN)
+def quantize_nhwc(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    x, scale, zero = inputs[:3]
+    (q,) = quantize_linear(Node("QuantizeLinear", list(node.inputs[:3]), list(node.outputs)), [x, scale, zero])
+    n, c, h, w = x.shape
+    y = np.full((n, h, w, int(node.attrs["channels"])), np.asarray(zero).reshape(()), zero.dtype)
+    y[..., :c] = np.transpose(q, TO_NHWC)
+    return [y]
