@@ -210,13 +210,48 @@ typedef OutP OutT;
 #define EPI_OF(out) out.epi
 #endif
 
+// One tile's epilogue: the accumulators of the warpgroup's MSUB x 64 rows from row0 of tile ti
+// through the 16-byte path (vector_ok) or the pair stores.
+__device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, acc_t (&acc)[MSUB][BN / 2], int row0,
+                                            int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
+  const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
+  const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+      if (vector_rows) {
+        acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = acc[s][4 * (j0 + j)];
+          hi[j] = acc[s][4 * (j0 + j) + 1];
+          lo8[j] = acc[s][4 * (j0 + j) + 2];
+          hi8[j] = acc[s][4 * (j0 + j) + 3];
+        }
+        const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
+#if I8
+        finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
+#else
+        quad_row(lo, hi, w, lane);
+        finish8(out, ti.z, m, n, w);
+        quad_row(lo8, hi8, w, lane);
+        finish8(out, ti.z, m + 8, n, w);
+#endif
+        continue;
+      }
+      finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
+    }
+}
+
 __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, unsigned char* scratch, u64* full,
                                         u64* empty, int tiles_m, int tiles_n, int tiles, int ktiles, int wg,
                                         int tid) {
   const int row0 = (wg - 1) * MSUB * 64, ct = (wg - 1) * 128 + tid;  // ct: index among all consumer threads
   acc_t acc[MSUB][BN / 2];
   Ring ring;
-  const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
 #if SPLIT3
@@ -224,35 +259,7 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #else
     mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #endif
-    const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
-    const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
-    const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
-#pragma unroll
-    for (int s = 0; s < MSUB; ++s)
-#pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
-        if (vector_rows) {
-          acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            lo[j] = acc[s][4 * (j0 + j)];
-            hi[j] = acc[s][4 * (j0 + j) + 1];
-            lo8[j] = acc[s][4 * (j0 + j) + 2];
-            hi8[j] = acc[s][4 * (j0 + j) + 3];
-          }
-          const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
-#if I8
-          finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
-#else
-          quad_row(lo, hi, w, lane);
-          finish8(out, ti.z, m, n, w);
-          quad_row(lo8, hi8, w, lane);
-          finish8(out, ti.z, m + 8, n, w);
-#endif
-          continue;
-        }
-        finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
-      }
+    finish_tile(out, ti, acc, row0, tid);
   }
 }
 
