@@ -106,9 +106,10 @@ TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660),
          Sm90Tile(1, 2, 192, 5, tflops=600), Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430),
          Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
 #: ping-pong tiles (16-bit operands): 64-row tiles, so a GEMM of one wave of 128-row tiles gives
-#: each consumer warpgroup one tile and the second's K loop hides the first's epilogue
-PINGPONG_TILES = (Sm90Tile(1, 2, 192, 6, pingpong=True, tflops=600), Sm90Tile(1, 2, 128, 8, pingpong=True, tflops=560),
-                  Sm90Tile(1, 2, 256, 5, pingpong=True, tflops=640), Sm90Tile(1, 2, 64, 8, pingpong=True, tflops=400))
+#: each consumer warpgroup one tile and the second's K loop hides the first's epilogue; one
+#: warpgroup's wgmma at a time, so the rates are guesses near the one-warpgroup tiles' above
+PINGPONG_TILES = (Sm90Tile(1, 2, 192, 6, pingpong=True, tflops=540), Sm90Tile(1, 2, 128, 8, pingpong=True, tflops=450),
+                  Sm90Tile(1, 2, 256, 5, pingpong=True, tflops=580), Sm90Tile(1, 2, 64, 8, pingpong=True, tflops=340))
 #: 3xTF32 tiles (fewer stages: the float B scratch ring shares the shared memory; one warpgroup
 #: tile of rows each: a stage's partial sums need as many registers again as the accumulators);
 #: rates are fp16-equivalent guesses (the cost model divides them by 6)
@@ -135,8 +136,8 @@ def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: i
     waves = -(-units // slots)
     rate = tile.tflops / (2 if tf32 or split3 else 1) / (3 if split3 else 1)
     per_wave = 2.0 * tile.bm * tile.bn * max(-(-K // splits), 64) * slots / (rate * 1e6)
-    if tile.pingpong:
-        return waves * per_wave + 1.5  # the fill and the last 64-row tile's epilogue
+    if tile.pingpong:  # one tile a block runs as a one-warpgroup tile; with more, only the last epilogue shows
+        return waves * per_wave + (2.0 if waves == 1 else 1.5)
     if splits == 1:
         return waves * (per_wave + 2.0)
     partials = 8.0 * splits * items * M * -(-N // tile.bn) * tile.bn

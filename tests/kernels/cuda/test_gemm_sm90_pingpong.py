@@ -5,11 +5,13 @@ turns, an odd count) and with the fused bias + GELU + residual epilogue, run twi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.gemm_sm90 import PINGPONG_TILES, TILES, predicted_us
+from polykit.kernels.cuda.gemm_sm90 import PINGPONG_TILES, predicted_us
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run
 
 
@@ -21,11 +23,16 @@ def test_pingpong_tiles_are_one_warpgroup_of_rows_and_fit_the_chip():
         assert ("PINGPONG", "1") in t.defines(True)
 
 
-def test_pingpong_cost_hides_all_but_the_last_epilogue():
-    """BERT bs8's FFN1 (1024x3072x768): two 64x192 tiles a block cost less than one 128x192 tile's wave."""
+def test_pingpong_cost_counts_one_epilogue_a_block():
+    """As the one-warpgroup tile of its size, less the epilogues a block's later tiles hide."""
     pp = next(t for t in PINGPONG_TILES if t.label == "64x192p")
-    plain = next(t for t in TILES if t.label == "128x192")
-    assert predicted_us(pp, 1024, 3072, 768, 1, 132) < predicted_us(plain, 1024, 3072, 768, 1, 132)
+    one_wg = replace(pp, pingpong=False, consumers=1)
+    assert one_wg.bm == pp.bm
+    one_tile_a_block = (1024, 1536, 768)  # 16 x 8 tiles on 132 SMs
+    assert predicted_us(pp, *one_tile_a_block, 1, 132) == pytest.approx(predicted_us(one_wg, *one_tile_a_block, 1, 132))
+    two_tiles_a_block = (1024, 3072, 768)  # BERT bs8's FFN1: 16 x 16 tiles
+    assert predicted_us(pp, *two_tiles_a_block, 1, 132) == pytest.approx(
+        predicted_us(one_wg, *two_tiles_a_block, 1, 132) - 2 * 2.0 + 1.5)
 
 
 SHAPES = [((77, 72), (72, 264)), ((1, 8), (8, 8)), ((3, 100, 136), (136, 200)), ((4, 65, 40), (4, 40, 24)),
