@@ -8,14 +8,11 @@
 // over the batch uses coordinate 0 (a_batched / b_batched 0). Y is contiguous (z, M, N); C
 // (Gemm only, may be null) is broadcast to (M, N) through element strides (scm, scn).
 // The producer warpgroup's one thread issues the TMA loads of A and B.
-// PINGPONG 1 (gemm_sm90_pingpong.cuh): the two consumer warpgroups take whole tiles in turn, one's
-// epilogue overlapping the other's K loop.
 // SPLITK 1 (gemm_sm90_splitk.cuh): the units are (tile, K slice) pairs, `splits` slices a tile, and
 // the consumers store fp32 partials to `partial` instead of Y; gemm_sm90_splitk_reduce (this module)
 // sums them and writes Y through the epilogue (C, Y and the epilogue inputs are its arguments).
 #include "gemm_sm90_epilogue.cuh"
 #include "gemm_sm90_splitk.cuh"
-#include "gemm_sm90_pingpong.cuh"
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm_sm90(
     const __grid_constant__ TmaDesc tm_a, const __grid_constant__ TmaDesc tm_b, const ELEM* C, ELEM* Y, i64 M,
@@ -68,11 +65,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) gemm
 #if HAS_EPILOGUE
     EPI_OF(out) = make_epi(EPI_ARGS);
 #endif
-#if PINGPONG
-    consume_pingpong(out, st.smem, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
-#else
     consume(out, st.smem, st.scratch, st.full, st.empty, tiles_m, tiles_n, tiles, ktiles, wg, tid);
-#endif
 #endif
   }
 }

@@ -50,14 +50,12 @@ class Sm90Tile:
     bn: int
     stages: int
     blocks: int = 1  # blocks per SM (2: the epilogue of one overlaps the other's products)
-    #: the two consumer warpgroups take whole tiles of 64 * msub rows in turn (gemm_sm90_pingpong.cuh)
-    pingpong: bool = False
     #: whole-chip fp16 TFLOP/s of the tile when every SM is busy (measured, H100, large K)
     tflops: float = 400.0
 
     @property
     def bm(self) -> int:
-        return 64 * self.msub * (1 if self.pingpong else self.consumers)
+        return 64 * self.msub * self.consumers
 
     @property
     def threads(self) -> int:
@@ -70,7 +68,7 @@ class Sm90Tile:
 
     @property
     def label(self) -> str:
-        return f"{self.bm}x{self.bn}" + (f"x{self.blocks}" if self.blocks > 1 else "") + ("p" if self.pingpong else "")
+        return f"{self.bm}x{self.bn}" + (f"x{self.blocks}" if self.blocks > 1 else "")
 
     def grid(self, tiles: int, sm_count: int) -> int:
         """Persistent blocks for `tiles` output tiles."""
@@ -78,8 +76,7 @@ class Sm90Tile:
 
     def defines(self, b_mn: bool, split3: bool = False) -> tuple[tuple[str, str], ...]:
         return defines(MSUB=self.msub, CONSUMERS=self.consumers, BN=self.bn, STAGES=self.stages, B_MN=int(b_mn),
-                       BLOCKS=self.blocks) + (defines(SPLIT3=1) if split3 else ()) + \
-            (defines(PINGPONG=1) if self.pingpong else ())
+                       BLOCKS=self.blocks) + (defines(SPLIT3=1) if split3 else ())
 
     def scratch(self, storage: str, b_mn: bool, split3: bool) -> int:
         """Bytes of the float-B scratch ring (gemm_sm90_core.cuh B_SCRATCH): 3 buffers of B's K-major
@@ -94,8 +91,6 @@ class Sm90Tile:
     def fits(self, storage: str, b_mn: bool, split3: bool) -> bool:
         """Whether `blocks` blocks of this tile's shared memory fit one SM (228 KiB, 1 KiB of it
         reserved per block; at most 227 KiB a block)."""
-        if self.pingpong and (storage == "float32" or split3):
-            return False  # the float B scratch ring is shared by both consumer warpgroups' stages
         need = self.smem_for(storage, b_mn, split3)
         return need <= SMEM_PER_BLOCK and self.blocks * (need + 1024) <= SMEM_PER_SM
 
@@ -105,11 +100,6 @@ TILES = (Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 2, 256, 4, tflops=660),
          Sm90Tile(1, 1, 128, 8, tflops=430), Sm90Tile(1, 2, 64, 8, tflops=340), Sm90Tile(1, 1, 64, 8, tflops=330),
          Sm90Tile(1, 2, 192, 5, tflops=600), Sm90Tile(1, 1, 128, 4, blocks=2, tflops=430),
          Sm90Tile(1, 1, 64, 6, blocks=2, tflops=330))
-#: ping-pong tiles (16-bit operands): 64-row tiles, so a GEMM of one wave of 128-row tiles gives
-#: each consumer warpgroup one tile and the second's K loop hides the first's epilogue; one
-#: warpgroup's wgmma at a time, so the rates are guesses near the one-warpgroup tiles' above
-PINGPONG_TILES = (Sm90Tile(1, 2, 192, 6, pingpong=True, tflops=540), Sm90Tile(1, 2, 128, 8, pingpong=True, tflops=450),
-                  Sm90Tile(1, 2, 256, 5, pingpong=True, tflops=580), Sm90Tile(1, 2, 64, 8, pingpong=True, tflops=340))
 #: 3xTF32 tiles (fewer stages: the float B scratch ring shares the shared memory; one warpgroup
 #: tile of rows each: a stage's partial sums need as many registers again as the accumulators);
 #: rates are fp16-equivalent guesses (the cost model divides them by 6)
@@ -128,16 +118,13 @@ def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: i
     """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of work units (tiles, or
     with `splits` > 1 tiles x K slices) at the tile's full-chip rate (tf32: half the fp16 rate, as
     the chip's peaks; 3xTF32 a third of that), plus a fixed start per wave (pipeline fill,
-    epilogue); split-K adds its reduce (a launch, the partials written and read once). A ping-pong
-    tile runs a block's tiles back to back, all epilogues but the last hidden under K loops."""
+    epilogue); split-K adds its reduce (a launch, the partials written and read once)."""
     splits = max(1, min(splits, -(-K // bk_of("float32" if tf32 or split3 else "float16"))))
     units = -(-M // tile.bm) * -(-N // tile.bn) * items * splits
     slots = max(1, tile.blocks * sm_count)
     waves = -(-units // slots)
     rate = tile.tflops / (2 if tf32 or split3 else 1) / (3 if split3 else 1)
     per_wave = 2.0 * tile.bm * tile.bn * max(-(-K // splits), 64) * slots / (rate * 1e6)
-    if tile.pingpong:  # one tile a block runs as a one-warpgroup tile; with more, only the last epilogue shows
-        return waves * per_wave + (2.0 if waves == 1 else 1.5)
     if splits == 1:
         return waves * (per_wave + 2.0)
     partials = 8.0 * splits * items * M * -(-N // tile.bn) * tile.bn
@@ -311,15 +298,15 @@ def _enqueue(tile: Sm90Tile, split3: bool):
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every tile (ping-pong ones too) with both B layouts for fp16, the default and first ping-pong tile for bf16, for tf32 the default
+    """Every tile with both B layouts for fp16, the default tile for bf16, for tf32 the default
     tile and a 2-blocks-per-SM one with both B layouts, and every 3xTF32 tile with each B layout it
     fits (CI: sm_90a)."""
     def unit(elem: str, tile: Sm90Tile, b_mn: bool, split3: bool = False) -> KernelSource:
         return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn, split3),
                             arch="sm_90a")
 
-    out = [unit("half_t", t, b_mn) for t in TILES + PINGPONG_TILES for b_mn in (True, False)]
-    out += [unit("bf16_t", t, True) for t in (TILES[0], PINGPONG_TILES[0])]
+    out = [unit("half_t", t, b_mn) for t in TILES for b_mn in (True, False)]
+    out.append(unit("bf16_t", TILES[0], True))
     out += [unit("float", t, b_mn) for t in (TILES[0], TILES[5], TILES[-1]) for b_mn in (False, True)
             if t.fits("float32", b_mn, False)]
     return out + [unit("float", t, b_mn, True) for t in X3_TILES for b_mn in (False, True)
@@ -335,5 +322,5 @@ def _register(tiles: tuple[Sm90Tile, ...], prefix: str, split3: bool) -> None:
                                 "consumers": tile.consumers, "stages": tile.stages})(_enqueue(tile, split3))
 
 
-_register(TILES + PINGPONG_TILES, "sm90", False)
+_register(TILES, "sm90", False)
 _register(X3_TILES, "sm90x3", True)

@@ -54,10 +54,7 @@ typedef float acc_t;
 #define I8_PARAMS
 #endif
 
-#ifndef PINGPONG
-#define PINGPONG 0  // 1: each consumer warpgroup owns whole tiles, the warpgroups alternate (gemm_sm90_pingpong.cuh)
-#endif
-#define BM (64 * MSUB * (PINGPONG ? 1 : CONSUMERS))  // PINGPONG: one warpgroup's rows
+#define BM (64 * MSUB * CONSUMERS)
 #define STAGE_BYTES ((BM + BN) * 128)
 #define GROUP 8
 #ifndef BLOCKS
@@ -140,11 +137,6 @@ struct Ring {
       stage = 0;
       phase ^= 1;
     }
-  }
-  __device__ __forceinline__ void skip(int n) {  // n stages at once (PINGPONG: the other warpgroup's tile)
-    const int s = stage + n;
-    phase ^= (u32)(s / STAGES) & 1;
-    stage = s % STAGES;
   }
   __device__ __forceinline__ unsigned char* next_scratch(unsigned char* base) {
     unsigned char* p = base + scratch * SCRATCH_BYTES;
@@ -230,7 +222,7 @@ __device__ __forceinline__ Stages setup_stages(unsigned char* raw, u32 arrivals)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       bar_init(&st.full[s], arrivals);
-      bar_init(&st.empty[s], PINGPONG ? 1 : CONSUMERS);  // PINGPONG: one warpgroup reads a stage
+      bar_init(&st.empty[s], CONSUMERS);
     }
     bar_fence_init();
   }

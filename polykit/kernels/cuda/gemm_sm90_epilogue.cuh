@@ -1,7 +1,7 @@
 // The Hopper GEMM family's epilogue and consumer loop (gemm_sm90.cu, conv_sm90.cu): OutP (alpha,
 // beta * C, the fused epilogue, fp16 / bf16 / tf32-rounded float stores of column pairs as the
 // accumulators lie), the 16-byte path where vector_ok allows (a transpose across each quad of
-// lanes, quad_row, then 8 consecutive columns a lane: finish_rows), the INT8 output (OutI8 over
+// lanes, quad_row, then 8 consecutive columns a lane: finish8), the INT8 output (OutI8 over
 // int8_out.cuh's Out), and consume: each tile's K loop (gemm_sm90_core.cuh), then its epilogue.
 #pragma once
 #include "gemm_sm90_core.cuh"
@@ -15,7 +15,7 @@ struct OutP {
   EpiState epi;
 #endif
   // alpha * acc (+ beta * c) with explicit roundings (one fma with C): the pair stores and the
-  // 16-byte path (value8) compute every element alike, bit for bit
+  // 16-byte path (finish8) compute every element alike, bit for bit
   __device__ __forceinline__ float scaled(float acc) const { return __fmul_rn(alpha, acc); }
   __device__ __forceinline__ float scaled(float acc, float c) const { return __fmaf_rn(beta, c, __fmul_rn(alpha, acc)); }
   __device__ __forceinline__ float value(i64 z, i64 m, i64 n, float acc) const {
@@ -95,10 +95,11 @@ __device__ __forceinline__ void quad_row(const acc_t (&lo)[4], const acc_t (&hi)
 }
 
 // columns n..n + 7 of row m after quad_row (16-bit storage, N % 8 == 0, vector_ok): alpha, a
-// row-broadcast C (a conv's bias) read with one 16-byte load, the epilogue (apply_epilogue8) into
-// v; false past the output's edge (v unset)
-__device__ __forceinline__ bool value8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8], float (&v)[8]) {
-  if (m >= out.M || n >= out.N) return false;
+// row-broadcast C (a conv's bias) read with one 16-byte load, the epilogue (apply_epilogue8), one
+// 16-byte store
+__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8]) {
+  if (m >= out.M || n >= out.N) return;
+  float v[8];
   if (out.C) {
     __align__(16) ELEM c[8];
     *(uint4*)c = *(const uint4*)(out.C + n);
@@ -108,36 +109,14 @@ __device__ __forceinline__ bool value8(const OutP& out, i64 z, i64 m, i64 n, con
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = out.scaled(w[i]);
   }
+  const i64 oi = (z * out.M + m) * out.N + n;
 #if HAS_EPILOGUE && EPI_VEC
-  apply_epilogue8(out.epi, v, (z * out.M + m) * out.N + n, n);
+  apply_epilogue8(out.epi, v, oi, n);
 #endif
-  return true;
-}
-// one 16-byte store of row m's columns n..n + 7
-__device__ __forceinline__ void store8(const OutP& out, i64 z, i64 m, i64 n, const float (&v)[8]) {
-  *(uint4*)(out.Y + (z * out.M + m) * out.N + n) =
-      make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
-}
-// value8, then store8 (gemm_sm90_splitk.cuh's reduce: one row at a time)
-__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8]) {
-  float v[8];
-  if (value8(out, z, m, n, w, v)) store8(out, z, m, n, v);
-}
-// rows m and m + 8 (the lane's two rows of a column group): both rows' values before either
-// store, so their loads are in flight together and a column input (a bias) is read once for
-// both (a store in between may alias it: the compiler would read it again after the store)
-__device__ __forceinline__ void finish_rows(const OutP& out, i64 z, i64 m, i64 n, const float (&lo)[4],
-                                            const float (&hi)[4], const float (&lo8)[4], const float (&hi8)[4],
-                                            int lane) {
-  float w[8], w8[8], v[8], v8[8];
-  quad_row(lo, hi, w, lane);
-  quad_row(lo8, hi8, w8, lane);
-  const bool row0 = value8(out, z, m, n, w, v), row8 = value8(out, z, m + 8, n, w8, v8);
-  if (row0) store8(out, z, m, n, v);
-  if (row8) store8(out, z, m + 8, n, v8);
+  *(uint4*)(out.Y + oi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
 }
 
-// whether finish_rows serves this output: 16-bit storage, rows a multiple of 8 long, Y, C (none, or
+// whether finish8 serves this output: 16-bit storage, rows a multiple of 8 long, Y, C (none, or
 // a row-broadcast bias: scm 0, scn 1) and the epilogue's inputs 16-byte aligned; one m64 subtile a
 // warpgroup (with two, 256x128, the bf16 kernel's first subtile came out wrong on the H100 — fp16
 // right, cause not found — so it keeps the pair stores)
@@ -231,41 +210,13 @@ typedef OutP OutT;
 #define EPI_OF(out) out.epi
 #endif
 
-// One tile's epilogue: the accumulators of the warpgroup's MSUB x 64 rows from row0 of tile ti
-// through the 16-byte path (vector_ok) or the pair stores.
-__device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, acc_t (&acc)[MSUB][BN / 2], int row0,
-                                            int tid) {
-  const int warp = tid / 32, lane = tid % 32;
-  const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
-  const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
-  const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
-#pragma unroll
-  for (int s = 0; s < MSUB; ++s)
-#pragma unroll
-    for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
-      if (vector_rows) {
-        acc_t lo[4], hi[4], lo8[4], hi8[4];  // rows m (columns 2q, 2q + 1 of each block), m + 8
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          lo[j] = acc[s][4 * (j0 + j)];
-          hi[j] = acc[s][4 * (j0 + j) + 1];
-          lo8[j] = acc[s][4 * (j0 + j) + 2];
-          hi8[j] = acc[s][4 * (j0 + j) + 3];
-        }
-        const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
-        finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
-        continue;
-      }
-      finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
-    }
-}
-
 __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, unsigned char* scratch, u64* full,
                                         u64* empty, int tiles_m, int tiles_n, int tiles, int ktiles, int wg,
                                         int tid) {
   const int row0 = (wg - 1) * MSUB * 64, ct = (wg - 1) * 128 + tid;  // ct: index among all consumer threads
   acc_t acc[MSUB][BN / 2];
   Ring ring;
+  const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
 #if SPLIT3
@@ -273,7 +224,35 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #else
     mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #endif
-    finish_tile(out, ti, acc, row0, tid);
+    const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
+    const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
+    const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
+#pragma unroll
+    for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+      for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+        if (vector_rows) {
+          acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            lo[j] = acc[s][4 * (j0 + j)];
+            hi[j] = acc[s][4 * (j0 + j) + 1];
+            lo8[j] = acc[s][4 * (j0 + j) + 2];
+            hi8[j] = acc[s][4 * (j0 + j) + 3];
+          }
+          const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
+#if I8
+          finish_rows(out, ti.z, m, n, lo, hi, lo8, hi8, lane);
+#else
+          quad_row(lo, hi, w, lane);
+          finish8(out, ti.z, m, n, w);
+          quad_row(lo8, hi8, w, lane);
+          finish8(out, ti.z, m + 8, n, w);
+#endif
+          continue;
+        }
+        finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
+      }
   }
 }
 
