@@ -45,6 +45,10 @@ inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+struct float4 { float x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline void __syncthreads() {}
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int) { return v; }
 """

@@ -60,7 +60,7 @@ def test_gemm_epilogue_rounds_the_product_before_its_body():
     shapes = ((2, 16, 8), (8, 24), (2, 16, 24), (2, 16, 24))
     text = epilogue_prelude(_epilogue_matmul("float16", shapes), "half_t")
     assert "round_as<ELEM>(pk_add(round_as<ELEM>(v), ld(E.e0, off0)))" in text
-    assert "round_as<ELEM>(pk_add(round_as<ELEM>(v[i]), ld(x0, i)))" in text  # the 8-wide sm90 path
+    assert "round_as<ELEM>(pk_add(round_as<ELEM>(v[i]), ld(in.x0, i)))" in text  # the 8-wide sm90 path
 
 
 @pytest.mark.gpu
