@@ -143,6 +143,18 @@ def test_a_plan_whose_sequence_layout_names_a_missing_tensor_is_refused():
         Runtime("cpu").deserialize_engine(plan.serialize())
 
 
+@pytest.mark.parametrize("layout", [{"present": 3, "item": "ys/0"}, {"length": "ys/0", "items": "ys/1"},
+                                    {"present": "ys/0", "item": "ys/1", "extra": 1}, {"length": "nowhere", "items": []}])
+def test_a_plan_whose_run_sized_sequence_layout_is_malformed_is_refused(layout):
+    # the {"present", "item"} and {"length", "items"} layouts are checked for their keys and types
+    model, feeds = models.map_with_capture(), models.feeds_of()["map_with_capture"]
+    with cpu_engine(model, feeds) as engine:
+        plan = engine.plan
+    plan.metadata["sequence_io"]["outputs"]["ys"] = layout
+    with pytest.raises(PlanError, match="sequence"):
+        Runtime("cpu").deserialize_engine(plan.serialize())
+
+
 @pytest.mark.gpu
 def test_cuda_plan_of_a_loop_growing_a_sequence_and_concat_from_sequence_matches_onnxruntime():
     from polykit.runtime.target import get_target
