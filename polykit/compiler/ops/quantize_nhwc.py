@@ -24,7 +24,10 @@ def _quantize_nhwc(ctx: InferContext):
     if ctx.dtype(0) not in (None, np.dtype(np.float32)) or ctx.dtype(2) not in (None, *INT8_DTYPES):
         raise ctx.fail(f"X {ctx.dtype(0)} / zero point {ctx.dtype(2)}: float32 X and an int8 / uint8 zero point",
                        hint="other QuantizeLinear forms stay QuantizeLinear")
-    shape, channels = ctx.shape(0), int(ctx.attr("channels"))
+    shape, channels = ctx.shape(0), ctx.attr("channels")
+    if isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1:
+        raise ctx.fail(f"channels is {channels!r}: a positive integer, the padded output channels",
+                       hint="fuse_quantize_nhwc builds it")
     if shape is not None and len(shape) != 4:
         raise ctx.fail(f"X has rank {len(shape)}; QuantizeNHWC takes [N, C, H, W]")
     if shape is not None and isinstance(shape[1], int) and channels < shape[1]:

@@ -70,3 +70,14 @@ def test_an_int8_build_quantizes_its_image_input_in_one_layer_and_computes_the_s
         with Runtime(plan.target).deserialize_engine(plan) as engine:
             outs.append(next(iter(engine.create_execution_context().execute(feeds).values())))
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels", [0, 2, "16", 2.5])
+def test_a_quantize_nhwc_node_with_a_bad_channel_count_is_a_build_error(channels):
+    # a plan or model file may carry the node: channels must be an integer >= X's channels
+    from polykit.errors import PolykitError
+
+    inits = {"s": np.asarray(np.float32(0.02)), "z": scalar(np.int8(0), np.int8)}
+    bad = node("QuantizeNHWC", ["x", "s", "z"], "y", domain="ai.polykit", channels=channels)
+    with pytest.raises(PolykitError, match="channels"):
+        graph([bad], {"x": (2, 3, 9, 7)}, ["y"], inits)
