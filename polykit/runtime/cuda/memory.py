@@ -111,14 +111,13 @@ class DeviceBuffer:
 
 
 def upload(ptr: int, array: np.ndarray, stream: Any = None) -> None:
-    """Copy a host array into device memory at `ptr` (synchronous unless `stream` is given)."""
+    """Copy a host array into device memory at `ptr`: on `stream` when given, else finished on
+    return (see `_finished`)."""
     a = np.ascontiguousarray(array)
     if a.nbytes == 0:
         return
-    if stream is None:
-        driver.call("cuMemcpyHtoD", ptr, a.ctypes.data, a.nbytes, what="host-to-device copy")
-    else:
-        driver.call("cuMemcpyHtoDAsync", ptr, a.ctypes.data, a.nbytes, stream, what="host-to-device copy")
+    driver.call("cuMemcpyHtoDAsync", ptr, a.ctypes.data, a.nbytes, _on(stream), what="host-to-device copy")
+    _finished(stream)
 
 
 def download(ptr: int, shape: tuple[int, ...], dtype: Any, stream: Any = None) -> np.ndarray:
@@ -138,19 +137,29 @@ def fill_bytes(ptr: int, nbytes: int, value: int = 0xFF, stream: Any = None) -> 
     """Set `nbytes` at `ptr` to the byte `value` (0xFF poisons floats with NaN)."""
     if nbytes == 0:
         return
+    driver.call("cuMemsetD8Async", ptr, value, nbytes, _on(stream), what="memset")
+    _finished(stream)
+
+
+def _on(stream: Any) -> Any:
+    """`stream`, or the legacy default stream (handle 0) for a copy or memset without one."""
+    return driver.drv().CUstream(0) if stream is None else stream
+
+
+def _finished(stream: Any) -> None:
+    """Wait for a copy or memset issued without a stream. cuMemcpyHtoD from pageable memory may
+    return before its DMA lands, cuMemsetD8 and cuMemcpyDtoD return at once; the runtime's and users' streams
+    are non-blocking, so they do not wait for the legacy stream: a kernel enqueued next could
+    read the old bytes (weights, feeds) or have its outputs overwritten by a late poison fill."""
     if stream is None:
-        driver.call("cuMemsetD8", ptr, value, nbytes, what="memset")
-    else:
-        driver.call("cuMemsetD8Async", ptr, value, nbytes, stream, what="memset")
+        driver.call("cuStreamSynchronize", driver.drv().CUstream(0), what="stream synchronize")
 
 
 def copy_device(dst: int, src: int, nbytes: int, stream: Any = None) -> None:
     if nbytes == 0 or dst == src:
         return
-    if stream is None:
-        driver.call("cuMemcpyDtoD", dst, src, nbytes, what="device-to-device copy")
-    else:
-        driver.call("cuMemcpyDtoDAsync", dst, src, nbytes, stream, what="device-to-device copy")
+    driver.call("cuMemcpyDtoDAsync", dst, src, nbytes, _on(stream), what="device-to-device copy")
+    _finished(stream)
 
 
 class Arena:
