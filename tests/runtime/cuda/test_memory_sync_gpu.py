@@ -30,10 +30,11 @@ def test_a_streamless_copy_or_memset_has_landed_for_other_streams(op):
     from polykit.runtime.cuda import driver
     from polykit.runtime.cuda.memory import DeviceBuffer, copy_device, fill_bytes, upload
 
+    driver.current_device()
     with DeviceBuffer(NBYTES) as dst, DeviceBuffer(NBYTES) as src:
         fill_bytes(dst.ptr, NBYTES, 0x00)
         want = (np.arange(NBYTES, dtype=np.uint32) * 2654435761 >> 24).astype(np.uint8)
-        driver.call("cuCtxSynchronize")
+        driver.synchronize()
         if op == "fill_bytes":
             want[:] = 0xA5
             fill_bytes(dst.ptr, NBYTES, 0xA5)
