@@ -25,7 +25,7 @@ SHAPES = {"a": (2, 3), "b": (1, 3), "c": (4, 3), "t": (3, 3)}
 N = 3
 
 
-def _positional_model(op: str, out_seq: bool = True):
+def _positional_model(op: str, out_seq: bool = True, pos_type: int = TensorProto.INT64):
     """SequenceConstruct(a, b, c) then `op` at the input position `pos` (SequenceInsert adds t)."""
     inputs = ["s", "t", "pos"] if op == "SequenceInsert" else ["s", "pos"]
     out = (helper.make_tensor_sequence_value_info("out", TensorProto.FLOAT, None) if out_seq
@@ -33,15 +33,15 @@ def _positional_model(op: str, out_seq: bool = True):
     return _model([helper.make_node("SequenceConstruct", ["a", "b", "c"], ["s"]), helper.make_node(op, inputs, ["out"])],
                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in SHAPES.items()
                    if n in "abc" or op == "SequenceInsert"] +
-                  [helper.make_tensor_value_info("pos", TensorProto.INT64, [])], [out])
+                  [helper.make_tensor_value_info("pos", pos_type, [])], [out])
 
 
-def _feeds(op: str, pos: int) -> dict[str, np.ndarray]:
+def _feeds(op: str, pos: int, dtype=np.int64) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(13)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
     if op != "SequenceInsert":
         del feeds["t"]
-    return {**feeds, "pos": np.array(pos, np.int64)}
+    return {**feeds, "pos": np.array(pos, dtype)}
 
 
 #: op -> (whether it gives a sequence, ONNX's position range over N elements)
@@ -54,6 +54,13 @@ def test_every_position_in_range_runs_through_one_engine_as_onnxruntime(op, devi
     seq, (lo, hi) = OPS[op]
     positions = [hi, lo, 0, *range(lo + 1, hi)]  # each run changes the elements' shapes (stale buffers differ)
     _run_values(_positional_model(op, seq), device, [_feeds(op, p) for p in positions], f"{op} at a fed position")
+
+
+def test_an_int32_position_is_checked_and_widened():
+    model = _positional_model("SequenceInsert", pos_type=TensorProto.INT32)
+    _run_values(model, "CPU", [_feeds("SequenceInsert", p, np.int32) for p in (3, -3, 1)], "int32 position")
+    with pytest.raises(RuntimeInputError, match=r"is -4, outside its range \[-3, 3\]"):
+        backend.prepare(model, "CPU").run(_feeds("SequenceInsert", -4, np.int32))
 
 
 @pytest.mark.parametrize("device", TARGETS)
