@@ -20,7 +20,7 @@ import numpy as np
 import polykit
 from polykit.compiler.bodies import build_bodies
 from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols
+from polykit.compiler.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols, with_data
 from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
 from polykit.compiler.distributed import distribute
 from polykit.compiler.layer_precision import round_tf32_weights
@@ -89,6 +89,8 @@ class Builder:
         g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
         if g.metadata.get(RULES):  # the optimized graph's records: a pass may have renamed a ruled node's outputs
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
+        if data:  # the optimized graph's data symbols: a pass may have renamed their outputs (an Identity after NonZero)
+            profiles = replace(profiles, data=data_symbols(g), sized=sized_symbols(g))
         selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
         layers = selection.layers
         weights = round_tf32_weights(layers, lowered.weights)
@@ -285,7 +287,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
         host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
-        corners = with_rule_symbols(corners, optimized.metadata.get(RULES, ()))
+        data = data_symbols(optimized)  # named after the optimized graph's tensors: a pass may have renamed them
+        corners = [with_data(env, data) for env in with_rule_symbols(corners, optimized.metadata.get(RULES, ()))]
         build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
         if host:  # shape tensors the engine writes: their layers, and weights only they read, go

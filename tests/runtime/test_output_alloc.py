@@ -101,7 +101,11 @@ def feeds_cases():
         boxes, scores = _boxes(apart), rng.random((1, 2, 8)).astype(np.float32)
         scores[0, 1] *= low
         nms.append(({"boxes": boxes, "scores": scores}, nms_want(boxes, scores)))
+    # an Identity to the graph output, which remove_identity folds: the data symbol follows the new name
+    renamed = _model([helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Identity", ["nz"], ["idx"])],
+                     [("x", F, [3, 5])], [("idx", I64)])
     return [("nonzero", nonzero_chain(), [({"x": x}, w) for x, w in nz]), ("compress", compress_model(), cmp),
+            ("nonzero_to_output", renamed, [({"x": x}, {"idx": np.stack(np.nonzero(x))}) for x, _ in nz]),
             ("unique", unique_model(), uq), ("nms", nms_model(), nms)]
 
 

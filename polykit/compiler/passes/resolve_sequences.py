@@ -23,10 +23,11 @@ None or its element), so:
 
 `resolve_sequences` returns the layout of the sequence inputs and outputs (the runtime form,
 polykit.compiler.sequences, with flattened tensor names where the arrays go) for the engine,
-which flattens feeds and packs outputs with it. What a build cannot resolve (a position
-computed from data, a loop whose trip count depends on data, a sequence whose length a
-run-time value decides) is a BuildError; such models run
-in the graph evaluator (`evaluate_model`), which handles sequences of any length.
+which flattens feeds and packs outputs with it. A position known only at run time (an input,
+or computed from data) is checked and selects at run time (passes/sequence_positions.py).
+What a build cannot resolve (a loop whose trip count depends on data, a sequence whose length
+a run-time value decides) is a BuildError; such models run in the graph evaluator
+(`evaluate_model`), which handles sequences of any length.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import numpy as np
 from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
 from polykit.compiler.passes.sequence_if import if_at_run_time
+from polykit.compiler.passes.sequence_positions import (at_run_time, erase_at_run_time, insert_at_run_time,
+                                                        position_at_run_time)
 from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
@@ -153,12 +156,18 @@ def _construct(walk: Walk, node: Node) -> None:
 
 
 def _insert(walk: Walk, node: Node) -> None:
+    if position_at_run_time(walk, node, 2):
+        insert_at_run_time(walk, node)
+        return
     seq = list(walk.items(node))
     seq.insert(_position(walk, node, 2, len(seq), len(seq), insert=True), node.input(1))
     walk.structs[node.outputs[0]] = seq
 
 
 def _erase(walk: Walk, node: Node) -> None:
+    if position_at_run_time(walk, node, 1):
+        erase_at_run_time(walk, node)
+        return
     seq = list(walk.items(node))
     if not seq:
         raise BuildError("SequenceErase of an empty sequence", where=node.describe())
@@ -167,6 +176,9 @@ def _erase(walk: Walk, node: Node) -> None:
 
 
 def _at(walk: Walk, node: Node) -> None:
+    if position_at_run_time(walk, node, 1):
+        at_run_time(walk, node)
+        return
     seq = walk.items(node)
     if not seq:
         raise BuildError("SequenceAt of an empty sequence", where=node.describe())

@@ -84,7 +84,7 @@ def loop_grows_sequence(steps: int = 4) -> onnx.ModelProto:
 
 
 def sequence_at_input_position() -> onnx.ModelProto:
-    """SequenceAt at a position fed as an input: the general case a plan refuses."""
+    """SequenceAt at a position fed as an input: a plan checks and selects it at run time."""
     nodes = [helper.make_node("SequenceAt", ["xs", "pos"], ["y"])]
     return _model(nodes, [helper.make_value_info("xs", seq_type(F, [3])), helper.make_tensor_value_info("pos", I64, [])],
                   [helper.make_tensor_value_info("y", F, [3])])

@@ -118,15 +118,16 @@ def test_a_sequence_feed_of_another_length_is_refused_naming_the_input():
     assert "rebuild" in err.value.hint
 
 
-def test_a_position_known_only_at_run_time_is_a_build_error_and_runs_in_the_evaluator():
+def test_a_position_known_only_at_run_time_selects_in_one_plan_as_the_evaluator_does():
     model = models.sequence_at_input_position()
     xs = [np.full(3, k + 1, np.float32) for k in range(4)]
-    with pytest.raises(BuildError, match="position") as err:
-        build_plan(model, BuilderConfig(target="cpu", input_shapes={"xs/0": (3,), "xs/1": (3,), "xs/2": (3,),
-                                                                    "xs/3": (3,)}))
-    assert "SequenceAt" in err.value.where and "evaluate_model" in err.value.hint
-    out = evaluate_model(model, {"xs": xs, "pos": np.array(-2, np.int64)})
-    assert out["y"].tolist() == [3.0, 3.0, 3.0]
+    plan = build_plan(model, BuilderConfig(target="cpu", input_shapes={f"xs/{k}": (3,) for k in range(4)}))
+    with Runtime("cpu").deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
+        for pos in range(-4, 4):
+            feeds = {"xs": xs, "pos": np.array(pos, np.int64)}
+            assert ctx.execute(feeds)["y"].tolist() == evaluate_model(model, feeds)["y"].tolist() == [xs[pos][0]] * 3
+        with pytest.raises(RuntimeInputError, match=r"input 'pos'.* is 4, outside its range \[-4, 3\]"):
+            ctx.execute({"xs": xs, "pos": np.array(4, np.int64)})
 
 
 def test_a_sequence_feed_with_a_wrong_element_dtype_is_refused():

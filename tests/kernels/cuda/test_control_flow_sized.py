@@ -64,14 +64,20 @@ class HostBuffers:
                             lambda dst, src, n, stream: self.host.copy(dst, src, n))
 
 
-def _layer_run(plan, kind: str, values: dict[str, np.ndarray]):
-    """Run the plan's `kind` layer on emulated memory with its inputs from `values`: the
+def _layer_run(plan, kind: str, values: dict[str, np.ndarray], tactic: str = "cuda.control_flow"):
+    """Run the plan's `kind` layer (its `tactic`) on emulated memory with its inputs from `values`: the
     LayerOutputs it sized (and the host), after one enqueue."""
     (layer,) = [lay for lay in plan.layers if lay.kind == kind]
     host = LoopBodies()
     buffers = HostBuffers(host)
     launcher = HostLauncher(host)
     launcher.outputs = buffers.outputs(plan)
+    find_tactic("cuda", kind, tactic).enqueue(layer, launcher, layer_tensors(plan, layer, host, values))
+    return layer, launcher.outputs, host, buffers
+
+
+def layer_tensors(plan, layer, host: HostBodies, values: dict[str, np.ndarray]) -> dict[str, DeviceTensor]:
+    """The layer's tensors in `host` memory at their planned shapes, poisoned (NaN, -7), inputs from `values`."""
     tensors = {}
     for name in (*layer.inputs, *layer.outputs):
         if not name:
@@ -82,8 +88,7 @@ def _layer_run(plan, kind: str, values: dict[str, np.ndarray]):
         host.put(tensors[name].ptr, np.full(desc.shape, np.nan if desc.np_dtype.kind == "f" else -7, desc.np_dtype))
         if name in values:
             host.put(tensors[name].ptr, values[name].astype(desc.np_dtype))
-    find_tactic("cuda", kind, "cuda.control_flow").enqueue(layer, launcher, tensors)
-    return layer, launcher.outputs, host, buffers
+    return tensors
 
 
 def _read(plan, layer, outputs: LayerOutputs, host: HostBodies, name: str) -> np.ndarray:
