@@ -95,7 +95,8 @@ def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: st
     return plan
 
 
-def body_profile(body: Graph, node: Node, key: str, firsts: Mapping[str, tuple]) -> tuple[dict[str, tuple[int, ...]], tuple]:
+def body_profile(body: Graph, node: Node, key: str,
+                 firsts: Mapping[str, tuple]) -> tuple[dict[str, tuple[int, ...]], tuple]:
     """The body's static input shapes, and, when some input's shape changes across iterations, the
     one profile its plan is built for: each such dim a symbol over [0, its bound] (opt: the size the
     first iteration sees, or 1), and the iteration number (a Loop body's first input) a ruled value

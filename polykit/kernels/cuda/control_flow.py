@@ -271,7 +271,8 @@ def _bodies_built(layer: Any) -> bool:
 
 
 def _varying(plan: Any) -> bool:
-    return plan.profiles is not None and any(lo != hi for ranges in plan.profiles.ranges for lo, _, hi in ranges.values())
+    ranges = plan.profiles.ranges if plan.profiles is not None else ()
+    return any(lo != hi for profile in ranges for lo, _, hi in profile.values())
 
 
 for _kind in KINDS:
