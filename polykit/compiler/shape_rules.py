@@ -232,8 +232,12 @@ def record_rule(node: Node, graph: Graph, consts: list, host: bool) -> None:
 def broadcast_undecided(node: Node, shapes: list, graph: Graph) -> bool:
     """Whether elementwise `node` broadcasts a dim naming a rule symbol against another dim that is
     no static 1 and not the same expression: which one the output takes (x[i:i+1] is [1] or [0],
-    broadcast with [1]) is the run's, so the node's rule runs at bind time (`record_broadcast`)."""
-    if not value_blind(node) or not graph.metadata.get(RULES) or any(s is None for s in shapes):
+    broadcast with [1]) is the run's, so the node's rule runs at bind time (`record_broadcast`). A
+    fused Pointwise group (a graph attribute no record holds) keeps the broadcast decided at opt."""
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+
+    if node.domain == POLYKIT_DOMAIN or not value_blind(node) or not graph.metadata.get(RULES) \
+            or any(s is None for s in shapes):
         return False
     rules = rule_symbols(tuple(graph.metadata[RULES]))
     rank = max((len(s) for s in shapes), default=0)
