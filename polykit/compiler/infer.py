@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.data_dims import DATA_DIMS
+from polykit.compiler.data_dims import DATA_DIMS, keep_sized_dims
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
@@ -77,7 +77,7 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             )
         for out, result in zip(node.outputs, results):
             if out:
-                graph.set_value(result_value(out, result))
+                graph.set_value(keep_sized_dims(graph.values.get(out), result_value(out, result)))
         symbolic = symbolic_values(node, known, graph)
         if by_rule:
             record_rule(node, graph, consts, symbolic is not None)
