@@ -15,7 +15,9 @@ None or its element), so:
   binds the pieces' dims per run, polykit.compiler.shape_rules); ConcatFromSequence a
   Concat (+ Unsqueeze with new_axis);
 - SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
-  unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations);
+  unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations), unless
+  the run decides its count and its body only appends to its carried sequences: then it stays one
+  Loop whose sequences are ragged outputs (passes.sequence_loop);
   an If that gives or takes them inlines the branch its constant condition picks, and one on
   a run-time condition whose branches give sequences of one structure (lengths, optionals'
   presence) stays an If over their elements' tensors;
