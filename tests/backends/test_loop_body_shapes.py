@@ -90,3 +90,20 @@ def test_the_body_plan_of_run_time_shapes_survives_the_plan_file_and_inspect(tmp
     path = tmp_path / "loop.plan"
     path.write_bytes(plan.serialize())
     assert main(["inspect", "model", str(path), "-q"]) == 0
+
+
+def test_a_sized_scan_output_renamed_by_identity_removal_keeps_its_bound_symbol():
+    # remove_identity gives the Loop's output the graph output's name; re-inference keeps the symbol the
+    # build's profiles bound (a fresh data(final)[0] would be unbound at the corners: a BuildError)
+    model = _sliding_sum_model()
+    model.graph.node.append(helper.make_node("Identity", ["res_scan"], ["final"]))
+    del model.graph.output[1]
+    model.graph.output.append(helper.make_tensor_value_info("final", F, None))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    plan = build_plan(model, BuilderConfig(target="cpu", input_shapes={"n": (), "cond": (), "y": (1,)}))
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        for n in (0, 3, 5):
+            feed = _feed(n)
+            got, (_, want) = ctx.execute(dict(feed))["final"], session.run(None, feed)
+            assert got.shape == want.shape, f"n={n}: shape {got.shape}, onnxruntime {want.shape}"
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"n={n}")
