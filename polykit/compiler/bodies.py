@@ -2,7 +2,7 @@
 
 After the outer graph is optimized and shape-inferred, every body Graph in a node's attrs is
 built by the same Builder for the same target (its inputs' shapes are the ones shape
-inference gave it: every one must be static) and replaced by that sub-Plan, so the layer the
+inference gave it) and replaced by that sub-Plan, so the layer the
 node lowers to carries its bodies as plans: optimized (folding, dead code, fusion inside the
 body), with tactics chosen and an arena of their own. The runtime runs a sub-plan once per
 iteration (polykit.kernels.reference.control_flow on cpu, polykit.kernels.cuda.control_flow).
@@ -12,6 +12,13 @@ constants of the body before it is built (`inline_constant_captures`): the body'
 inference and folding then see their values (an Unsqueeze whose axes the body reads from
 the outer scope gets a static shape), and the layer binds only the captures that vary.
 
+A body input whose shape changes across iterations (a Loop-carried y = y_in + x[i:i+1], a growing
+history) makes the body plan one for a profile (`body_profile`): each such dim a symbol over [0, a
+bound], the iteration number a ruled value, so the shapes it decides are the ops' rules' at bind time
+(polykit.compiler.shape_rules) and the context binds each iteration's shapes when it runs; the Loop's
+outputs of those shapes are sized at run time (polykit.compiler.ops.control_flow). Such a body runs
+on cpu; the cuda Loop tactic takes static bodies only so far.
+
 A sub-plan's metadata "body_outputs" lists the body's outputs in order (a plan lists each
 output once; a body may return one tensor twice).
 """
@@ -19,7 +26,10 @@ output once; a body may return one tensor twice).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+import math
+from typing import Any, Mapping
+
+import numpy as np
 
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.ir import Graph, Node, subgraphs
@@ -38,7 +48,7 @@ def build_bodies(graph: Graph, cfg: BuilderConfig, target: str) -> None:
     for node in graph.nodes:
         inline_constant_captures(graph, node)
         for key, body in subgraphs(node):
-            node.attrs[key] = build_body(body, node, key, cfg, target)
+            node.attrs[key] = build_body(body, node, key, cfg, target, _first_shapes(graph, node, body))
 
 
 def inline_constant_captures(graph: Graph, node: Node) -> None:
@@ -68,21 +78,12 @@ def inline_constant_captures(graph: Graph, node: Node) -> None:
         node.attrs.pop(CAPTURES, None)
 
 
-def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: str) -> Any:
+def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: str,
+               firsts: Mapping[str, tuple] | None = None) -> Any:
     from polykit.compiler.builder import Builder
 
-    shapes = {}
-    for name in body.inputs:
-        v = body.value(name)
-        if not v.is_static:
-            raise BuildError(f"{key} input {name!r} has shape {v.shape}: it changes across iterations or depends "
-                             "on data, and a body plan runs static shapes", where=node.describe(),
-                             hint="a Loop like this is unrolled when the build knows its trip count and its body "
-                                  "passes the condition through: make the count a constant or give it in "
-                                  "BuilderConfig.input_values (polykit.compiler.passes.unroll_loops); else give the "
-                                  "loop-carried values fixed shapes (collect growing results as scan outputs)")
-        shapes[name] = tuple(v.shape)
-    sub = replace(cfg, target=target, input_shapes=shapes, **_OWN)
+    shapes, profiles = body_profile(body, node, key, firsts or {})
+    sub = replace(cfg, target=target, input_shapes=shapes, **{**_OWN, "profiles": profiles})
     g = body.copy()
     g.metadata.pop("input_values", None)
     try:
@@ -92,3 +93,60 @@ def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: st
     plan.metadata = {k: v for k, v in plan.metadata.items() if k not in ("builder_config", "source_model")}
     plan.metadata["body_outputs"] = list(body.outputs)
     return plan
+
+
+def body_profile(body: Graph, node: Node, key: str,
+                 firsts: Mapping[str, tuple]) -> tuple[dict[str, tuple[int, ...]], tuple]:
+    """The body's static input shapes, and, when some input's shape changes across iterations, the
+    one profile its plan is built for: each such dim a symbol over [0, its bound] (opt: the size the
+    first iteration sees, or 1), and the iteration number (a Loop body's first input) a ruled value
+    (polykit.compiler.value_ranges), so the shapes it decides (x[i:i+1]) are computed per iteration
+    by the ops' rules at bind time (polykit.compiler.shape_rules)."""
+    from polykit.compiler.profiles import Profile
+    from polykit.compiler.value_ranges import ruled_profile
+
+    static, varying = {}, {}
+    for name in body.inputs:
+        v = body.value(name)
+        if v.shape is None:
+            raise BuildError(f"{key} input {name!r} has no known rank", where=node.describe(),
+                             hint="give the loop-carried values a fixed rank")
+        if v.is_static:
+            static[name] = tuple(v.shape)
+            continue
+        first = firsts.get(name)
+        opt = tuple(d if isinstance(d, int) else (first[a] if first else 1) for a, d in enumerate(v.shape))
+        bound = _dim_bound(v.shape)
+        varying[name] = (tuple(d if isinstance(d, int) else 0 for d in v.shape), opt,
+                         tuple(d if isinstance(d, int) else max(bound, o) for d, o in zip(v.shape, opt)))
+    if not varying:
+        return static, ()
+    values = {body.inputs[0]: np.zeros(static.get(body.inputs[0], ()), np.int64)} if node.op_type == "Loop" else {}
+    ruled = ruled_profile(body, {**static, **{n: t[1] for n, t in varying.items()}}, values)
+    if ruled is None:
+        return static, (Profile(varying),)
+    return static, (Profile(varying, ruled.values, ruled.ruled),)
+
+
+#: the most elements a body input whose shape changes across iterations may reach: each varying dim
+#: ranges up to what keeps the input within it (a body plan's arena is planned for its profile's max)
+BODY_INPUT_ELEMENTS = 1 << 20
+
+
+def _dim_bound(shape: tuple) -> int:
+    fixed = math.prod(d for d in shape if isinstance(d, int)) or 1
+    free = sum(1 for d in shape if not isinstance(d, int))
+    return max(int((BODY_INPUT_ELEMENTS // fixed) ** (1.0 / free)), 1)
+
+
+def _first_shapes(graph: Graph, node: Node, body: Graph) -> dict[str, tuple]:
+    """{body input: the static shape of the outer value bound to it at the first iteration} (a Loop's
+    initial state: body input i >= 2 takes node input i)."""
+    if node.op_type != "Loop":
+        return {}
+    out = {}
+    for name, outer in zip(body.inputs[2:], node.inputs[2:]):
+        shape = graph.value(outer).shape if outer else None
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            out[name] = tuple(int(d) for d in shape)
+    return out

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from polykit.compiler.symbolic import Expr, SymInt, Term, evaluate, symbol, term_of
 
 if TYPE_CHECKING:
-    from polykit.compiler.ir import Graph
+    from polykit.compiler.ir import Graph, Value
     from polykit.compiler.registry import InferContext
 #: graph.metadata key that asks shape rules for DataDims (set by the builder)
 DATA_DIMS = "data_dims"
@@ -78,6 +78,17 @@ def sized_dim(ctx: "InferContext", axis: int, output: int) -> "DataDim | None":
         return None
     name = ctx.node.outputs[output] if output < len(ctx.node.outputs) else ctx.node.name
     return DataDim(data_symbol(name, axis), SIZED_BOUND, SIZED_BOUND, sized=True)
+
+
+def keep_sized_dims(old: "Value | None", new: "Value") -> "Value":
+    """`new` (a re-inferred value) with the sized dims `old` held at the same axes: a pass that renamed
+    the tensor (remove_identity giving a Loop's output the graph output's name) leaves the symbol the
+    build's profiles already bound (a fresh `data(new name)[axis]` would be unbound)."""
+    if old is None or old.shape is None or new.shape is None or len(old.shape) != len(new.shape) or \
+            not any(isinstance(d, DataDim) and d.sized for d in old.shape):
+        return new
+    return new.with_(shape=tuple(o if isinstance(o, DataDim) and o.sized and isinstance(d, DataDim) and d.sized else d
+                                 for o, d in zip(old.shape, new.shape)))
 
 
 def sized_symbols(g: "Graph") -> frozenset[str]:

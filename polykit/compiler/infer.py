@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.data_dims import DATA_DIMS
+from polykit.compiler.data_dims import DATA_DIMS, keep_sized_dims
 from polykit.compiler.evaluator import Partial, try_node
 from polykit.compiler.ir import Graph, Node, Value
 from polykit.compiler.registry import InferContext, find_shape_rule
-from polykit.compiler.shape_rules import RULED, RULES, at_opt, reads_ruled, record_rule, value_blind
+from polykit.compiler.shape_rules import (RULED, RULES, at_opt, broadcast_undecided, reads_ruled, record_broadcast,
+                                         record_rule, value_blind)
 from polykit.compiler.shape_values import is_symbolic, symbolic_values
 from polykit.compiler.symbolic import is_dynamic
 from polykit.errors import PolykitError, ShapeError, UnsupportedModelError
@@ -76,10 +77,12 @@ def infer_shapes(graph: Graph, strict: bool = True) -> dict[str, np.ndarray]:
             )
         for out, result in zip(node.outputs, results):
             if out:
-                graph.set_value(result_value(out, result))
+                graph.set_value(keep_sized_dims(graph.values.get(out), result_value(out, result)))
         symbolic = symbolic_values(node, known, graph)
         if by_rule:
             record_rule(node, graph, consts, symbolic is not None)
+        elif ruled and broadcast_undecided(node, shapes, graph):
+            record_broadcast(node, graph, consts)
         if symbolic is not None or any(is_symbolic(c) for c in consts):
             _learn_values(node, graph, known, symbolic)
         else:

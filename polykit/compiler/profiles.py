@@ -25,7 +25,7 @@ from polykit.compiler.ir import Graph, Value
 from polykit.compiler.plan_records import TensorDesc
 from polykit.compiler.data_dims import DATA_DIMS, with_data
 from polykit.compiler.dtypes import is_float
-from polykit.compiler.shape_rules import RuledFloat, ShapeRule
+from polykit.compiler.shape_rules import RuledFloat, ShapeRule, evaluate_rules
 from polykit.compiler.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
     term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
@@ -368,6 +368,7 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
                                           for name, v in values.items()}
         at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
         try:
+            env = evaluate_rules(profiles.rules, env)  # the rule symbols this corner's dims give
             known = infer_shapes(g)
         except PolykitError as exc:
             raise BuildError(f"{exc.what} {at}", where=exc.where,

@@ -221,11 +221,42 @@ def record_rule(node: Node, graph: Graph, consts: list, host: bool) -> None:
     deciding = [i for i in _SHAPE_OPERANDS.get(node.op_type, ()) if i < len(consts) and reads_ruled([consts[i]], ruled)]
     if host and not deciding:
         return
-    record = None if host else capture(node, graph, consts)
+    record = capture(node, graph, consts)  # (a host value whose shape a ruled operand decides: a layer computes it)
     if record is None:
         raise BuildError("its output shapes depend on shape-tensor input values in a way the plan cannot record",
                          where=node.describe(), hint="give those inputs fixed values (input_values)")
     graph.metadata.setdefault(RULES, []).append(record)
+    rule_dims(record, graph)
+
+
+def broadcast_undecided(node: Node, shapes: list, graph: Graph) -> bool:
+    """Whether elementwise `node` broadcasts a dim naming a rule symbol against another dim that is
+    no static 1 and not the same expression: which one the output takes (x[i:i+1] is [1] or [0],
+    broadcast with [1]) is the run's, so the node's rule runs at bind time (`record_broadcast`). A
+    fused Pointwise group (a graph attribute no record holds) keeps the broadcast decided at opt."""
+    from polykit.compiler.ir import POLYKIT_DOMAIN
+
+    if node.domain == POLYKIT_DOMAIN or not value_blind(node) or not graph.metadata.get(RULES) \
+            or any(s is None for s in shapes):
+        return False
+    rules = rule_symbols(tuple(graph.metadata[RULES]))
+    rank = max((len(s) for s in shapes), default=0)
+    for k in range(rank):
+        terms = {term_of(s[len(s) - rank + k]) for s in shapes if len(s) - rank + k >= 0}
+        terms.discard(1)
+        named = any(isinstance(t, Expr) and t.symbols() & rules for t in terms)
+        if named and len(terms) > 1 and not any(isinstance(t, int) for t in terms):
+            return True
+    return False
+
+
+def record_broadcast(node: Node, graph: Graph, consts: list) -> None:
+    """Make elementwise `node`'s output dims rule symbols (its record: `broadcast_undecided`)."""
+    record = capture(node, graph, consts)
+    if record is None:
+        raise BuildError("its broadcast compares dims that shape-tensor input values decide, in a node the plan "
+                         "cannot record", where=node.describe(), hint="give those inputs fixed values (input_values)")
+    graph.metadata[RULES].append(record)
     rule_dims(record, graph)
 
 

@@ -4,8 +4,10 @@ plan's element inputs and packs the element outputs back, by the layouts the pla
 in metadata["sequence_io"] (a tensor name per element; lists for sequences, None for an
 empty optional; `{"length": tensor, "items": [...]}` for an output sequence whose length the
 run decides: the first `length` of the items; `{"present": tensor, "item": ...}` for an output
-optional whose presence the run decides: the item, or None when the flag is false). The flattened names, `s/0`, `s/1`, ..., are also
-how `.npz` files name a sequence's elements."""
+optional whose presence the run decides: the item, or None when the flag is false; `{"ragged": tensor,
+"shapes": tensor, "prefix": [...]}` for an output sequence a Loop grew by run-time iterations: the prefix's
+elements, then the ragged tensor's values cut by the rows of `shapes`, one element per row). The flattened
+names, `s/0`, `s/1`, ..., are also how `.npz` files name a sequence's elements."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir import OPTIONAL
-from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH
+from polykit.compiler.passes.sequence_walk import PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH
 from polykit.errors import PlanError, RuntimeInputError
 
 Layout = Any
@@ -42,6 +44,10 @@ def flat_names(layout: Layout) -> list[str]:
     if isinstance(layout, dict) and set(layout) == {RUN_LENGTH, "items"} and isinstance(layout[RUN_LENGTH], str) \
             and isinstance(layout["items"], list):
         return flat_names(layout["items"]) + [layout[RUN_LENGTH]]
+    if isinstance(layout, dict) and set(layout) == {RAGGED, RAGGED_SHAPES, RAGGED_PREFIX} and \
+            isinstance(layout[RAGGED], str) and isinstance(layout[RAGGED_SHAPES], str) and \
+            isinstance(layout[RAGGED_PREFIX], list):
+        return flat_names(layout[RAGGED_PREFIX]) + [layout[RAGGED], layout[RAGGED_SHAPES]]
     if not isinstance(layout, str):
         raise PlanError(f"a sequence layout holds {type(layout).__name__}", where="plan metadata.sequence_io",
                         hint="rebuild the plan with `polykit convert`")
@@ -113,6 +119,8 @@ def _pack(layout: Layout, outputs: Mapping[str, np.ndarray]) -> Any:
         return [_pack(item, outputs) for item in layout]
     if isinstance(layout, dict) and PRESENT in layout:
         return _pack(layout["item"], outputs) if bool(np.asarray(outputs[layout[PRESENT]]).reshape(-1)[0]) else None
+    if isinstance(layout, dict) and RAGGED in layout:
+        return [_pack(item, outputs) for item in layout[RAGGED_PREFIX]] + _cut(layout, outputs)
     if isinstance(layout, dict):
         items = layout["items"]
         length = int(np.asarray(outputs[layout[RUN_LENGTH]]).reshape(-1)[0])
@@ -121,6 +129,19 @@ def _pack(layout: Layout, outputs: Mapping[str, np.ndarray]) -> Any:
                             where=f"tensor {layout[RUN_LENGTH]!r}", hint="rebuild the plan with this polykit version")
         return [_pack(item, outputs) for item in items[:length]]
     return outputs[layout]
+
+
+def _cut(layout: Mapping[str, Any], outputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """A loop-grown sequence's elements: its ragged values cut by its rows of shapes."""
+    data, shapes = np.asarray(outputs[layout[RAGGED]]), np.asarray(outputs[layout[RAGGED_SHAPES]])
+    sizes = np.prod(shapes, axis=1, dtype=np.int64) if shapes.ndim == 2 else None
+    if data.ndim != 1 or sizes is None or shapes.dtype.kind not in "iu" or (shapes < 0).any() \
+            or int(sizes.sum()) != data.size:
+        raise PlanError(f"a loop-grown sequence's values {data.shape} do not match its shapes {shapes.shape}: "
+                        f"{[] if sizes is None else sizes.tolist()[:4]} elements", where=f"tensor {layout[RAGGED]!r}",
+                        hint="rebuild the plan with this polykit version")
+    ends = np.cumsum(sizes)
+    return [data[end - size:end].reshape(tuple(int(d) for d in shape)) for end, size, shape in zip(ends, sizes, shapes)]
 
 
 def _count(value: Any) -> str:

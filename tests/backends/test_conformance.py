@@ -98,15 +98,17 @@ def test_the_cli_names_onnxruntime_and_its_version_for_the_onnxrt_runner():
 
 
 def test_the_report_counts_cases_whose_engine_was_rebuilt_per_input_value():
-    """A Loop whose body's shapes change with the iteration number (test_loop11) is built for its
-    trip count's value (a second build); a Reshape to a shape fed as an input ranges over the targets
-    the data allows, a Resize to float scales fed as an input over positive scales, a Range expanded
-    into a Loop whose trip count its inputs' values decide sizes its output at run time (one build
-    each); an Abs is built once."""
-    expanded, rebuilt = "test_range_int32_type_negative_delta_expanded", "test_loop11"
+    """A sequence insert whose position is fed as an input and whose elements differ in shape
+    (test_sequence_insert_at_front) is built for the position's value (a second build); a Loop whose
+    body's shapes change with the iteration number (test_loop11) runs its body plan for a profile, a
+    Loop that appends to its carried sequence (test_loop13_seq) gives it as a ragged output, a Reshape to a shape fed as an input ranges over
+    the targets the data allows, a Resize to float scales fed as an input over positive scales, a Range
+    expanded into a Loop whose trip count its inputs' values decide sizes its output at run time (one
+    build each); an Abs is built once."""
+    expanded, rebuilt = "test_range_int32_type_negative_delta_expanded", "test_sequence_insert_at_front"
     report = run_conformance(("node",), pattern=f"^test_(abs|reshape_reduced_dims|resize_upsample_scales_nearest|"
-                                                f"{expanded[5:]}|{rebuilt[5:]})$")
+                                                f"loop11|loop13_seq|{expanded[5:]}|{rebuilt[5:]})$")
     builds = {r.name: r.builds for r in report.results}
     assert builds == {"test_abs": 1, "test_reshape_reduced_dims": 1, "test_resize_upsample_scales_nearest": 1,
-                      expanded: 1, rebuilt: 2}
+                      "test_loop11": 1, "test_loop13_seq": 1, expanded: 1, rebuilt: 2}
     assert report.rebuilt() == [rebuilt] and report.to_json()["rebuilt_per_value"] == 1

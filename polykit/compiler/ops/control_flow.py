@@ -158,8 +158,17 @@ def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
                        f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
     trip = _trip_count(ctx, body)
     scans = [(v.dtype, None if v.shape is None else
-              (trip if trip is not None else sized_dim(ctx, 0, n + k), *v.shape)) for k, v in enumerate(outs[1 + n:])]
-    return list(state) + scans
+              (trip if trip is not None else sized_dim(ctx, 0, n + k), *_sized(ctx, v.shape, n + k, 1)))
+             for k, v in enumerate(outs[1 + n:])]
+    return [s if isinstance(s, Value) else (s[0], _sized(ctx, s[1], k)) for k, s in enumerate(state)] + scans
+
+
+def _sized(ctx: InferContext, shape: Any, output: int, first: int = 0) -> Any:
+    """`shape` (of output `output`, from axis `first` on) with the dims the iterations change (unknown
+    after _settle) sized at run time in a build (data_dims.sized_dim): the body's run decides them."""
+    if shape is None:
+        return None
+    return tuple(sized_dim(ctx, first + a, output) if d is None else d for a, d in enumerate(shape))
 
 
 def _trip_count(ctx: InferContext, body: Graph) -> int | None:

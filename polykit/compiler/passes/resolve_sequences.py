@@ -15,7 +15,9 @@ None or its element), so:
   binds the pieces' dims per run, polykit.compiler.shape_rules); ConcatFromSequence a
   Concat (+ Unsqueeze with new_axis);
 - SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
-  unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations);
+  unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations), unless
+  the run decides its count and its body only appends to its carried sequences: then it stays one
+  Loop whose sequences are ragged outputs (passes.sequence_loop);
   an If that gives or takes them inlines the branch its constant condition picks, and one on
   a run-time condition whose branches give sequences of one structure (lengths, optionals'
   presence) stays an If over their elements' tensors;
@@ -39,9 +41,11 @@ import numpy as np
 from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
 from polykit.compiler.ops.sequence import split_to_sequence_sizes
 from polykit.compiler.passes.sequence_if import if_at_run_time
+from polykit.compiler.passes.sequence_loop import loop_appending
 from polykit.compiler.passes.sequence_positions import (at_run_time, erase_at_run_time, insert_at_run_time,
                                                         position_at_run_time)
-from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
+from polykit.compiler.passes.sequence_walk import (PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH, Layout,
+                                                   Walk, layout_names)
 from polykit.compiler.subgraphs import captured
 from polykit.errors import BuildError
 
@@ -128,6 +132,10 @@ def _flatten_output(walk: "Walk", name: str, struct: Layout) -> Layout:
     if isinstance(struct, dict) and PRESENT in struct:  # a run-time presence: `name/present`, its elements
         return {PRESENT: _flatten_output(walk, f"{name}/{PRESENT}", struct[PRESENT]),
                 "item": _flatten_output(walk, name, struct["item"])}
+    if isinstance(struct, dict) and RAGGED in struct:  # grown by a loop: its prefix `name/i`, the rest ragged
+        return {RAGGED: _flatten_output(walk, f"{name}/{RAGGED}", struct[RAGGED]),
+                RAGGED_SHAPES: _flatten_output(walk, f"{name}/{RAGGED_SHAPES}", struct[RAGGED_SHAPES]),
+                RAGGED_PREFIX: _flatten_output(walk, name, struct[RAGGED_PREFIX])}
     if isinstance(struct, dict):  # a run-time length: its elements, and the length as `name/length`
         return {RUN_LENGTH: _flatten_output(walk, f"{name}/{RUN_LENGTH}", struct[RUN_LENGTH]),
                 "items": _flatten_output(walk, name, struct["items"])}
@@ -187,10 +195,10 @@ def _at(walk: Walk, node: Node) -> None:
 
 def _length(walk: Walk, node: Node) -> None:
     seq = walk.struct(node.input(0))
-    if isinstance(seq, dict):  # known at run time
+    if isinstance(seq, dict) and RUN_LENGTH in seq:  # known at run time
         walk.emit(Node("Identity", [seq[RUN_LENGTH]], [node.outputs[0]], name=f"{node.name}__length"))
         return
-    walk.add_const(np.array(len(seq), np.int64), node.outputs[0])
+    walk.add_const(np.array(len(walk.items(node)), np.int64), node.outputs[0])
 
 
 def _split(walk: Walk, node: Node) -> None:
@@ -322,7 +330,10 @@ def _if(walk: Walk, node: Node) -> None:
 
 
 def _loop(walk: Walk, node: Node) -> None:
-    """Unroll the loop: its trip count and every iteration's condition must be constants."""
+    """Unroll the loop: its trip count and every iteration's condition must be constants (or the
+    body only appends to its carried sequences: passes.sequence_loop)."""
+    if any(x and x not in walk.consts for x in node.inputs[:2]) and loop_appending(walk, node):
+        return
     trip = walk.const(node, 0, "trip count")
     go = walk.const(node, 1, "condition")
     limit = MAX_UNROLL if trip is None else int(trip.reshape(-1)[0])

@@ -25,6 +25,10 @@ RUN_LENGTH = "length"
 #: layout key of an optional whose presence only the run knows: {"present": a 0-d bool tensor, "item": its
 #: element's layout} (runtime.sequences packs the item when the flag is set, else None)
 PRESENT = "present"
+#: layout keys of a sequence a Loop grew by run-time iterations (passes.sequence_loop): {"ragged": a 1-D
+#: tensor of its appended elements' values, flattened and concatenated, "shapes": a [count, rank] int64
+#: tensor of their shapes, "prefix": [the layouts of the elements it started with]}
+RAGGED, RAGGED_SHAPES, RAGGED_PREFIX = "ragged", "shapes", "prefix"
 
 
 def layout_names(layout: Layout) -> list[str]:
@@ -35,6 +39,8 @@ def layout_names(layout: Layout) -> list[str]:
         return [n for item in layout for n in layout_names(item)]
     if isinstance(layout, dict) and PRESENT in layout:
         return [layout[PRESENT]] + layout_names(layout["item"])
+    if isinstance(layout, dict) and RAGGED in layout:
+        return layout_names(layout[RAGGED_PREFIX]) + [layout[RAGGED], layout[RAGGED_SHAPES]]
     if isinstance(layout, dict):
         return layout_names(layout["items"]) + [layout[RUN_LENGTH]]
     return [layout]
@@ -65,6 +71,7 @@ class Walk:
         seq = self.structs[node.input(i)]
         if isinstance(seq, dict):
             what = "whether its optional holds" if PRESENT in seq else "the length of its sequence"
+            what = "the elements of its loop-grown sequence" if RAGGED in seq else what
             raise self.fail(node, f"{what} ({node.input(i)!r}) is known only at run time")
         return seq
 

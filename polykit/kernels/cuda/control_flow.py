@@ -264,8 +264,15 @@ _ENQUEUE = {"If": _enqueue_if, "Loop": _enqueue_loop, "Scan": _enqueue_scan}
 
 
 def _bodies_built(layer: Any) -> bool:
-    """The layer carries its bodies as plans (a build's lowering made them)."""
-    return all(hasattr(v, "tensors") for k, v in layer.attrs.items() if k in ("then_branch", "else_branch", "body"))
+    """The layer carries its bodies as plans (a build's lowering made them) of static shapes (a body
+    whose shapes change across iterations, built for a profile, runs on cpu only so far)."""
+    bodies = [v for k, v in layer.attrs.items() if k in ("then_branch", "else_branch", "body")]
+    return all(hasattr(v, "tensors") and not _varying(v) for v in bodies)
+
+
+def _varying(plan: Any) -> bool:
+    ranges = plan.profiles.ranges if plan.profiles is not None else ()
+    return any(lo != hi for profile in ranges for lo, _, hi in profile.values())
 
 
 for _kind in KINDS:

@@ -15,7 +15,7 @@ import numpy as np
 
 from polykit.compiler.ir import Graph, Node
 from polykit.compiler.subgraphs import captured
-from polykit.errors import PolykitError
+from polykit.errors import PolykitError, RuntimeInputError
 from polykit.kernels.registry import as_value, reference
 
 BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
@@ -60,6 +60,12 @@ def output_shape(body: Any, index: int) -> tuple[tuple[int, ...], np.dtype]:
 
 def _stack(parts: list[np.ndarray], body: Any, index: int) -> np.ndarray:
     if parts:
+        odd = next((t for t, p in enumerate(parts) if p.shape != parts[0].shape), None)
+        if odd is not None:  # a body of run-time shapes (polykit.compiler.bodies) may give them
+            raise RuntimeInputError(f"iteration {odd} gives scan output {index} the shape {parts[odd].shape}; "
+                                    f"iteration 0 gave {parts[0].shape}", where=f"body {getattr(body, 'name', '')!r}",
+                                    hint="a scan output takes one shape in every iteration: feed values (e.g. a "
+                                         "trip count) for which the body's shapes stay the same")
         return np.stack(parts)
     shape, dtype = output_shape(body, index)
     return np.zeros((0, *shape), dtype)

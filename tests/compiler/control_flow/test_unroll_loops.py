@@ -12,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.evaluator import evaluate_model
-from polykit.errors import BuildError
 from polykit.runtime.engine import Engine
 from tests.compiler.control_flow.models import DIM, STEPS, growing_decode
 
@@ -79,13 +78,16 @@ def test_slice_bounds_from_the_iteration_number_unroll_with_input_values():
     np.testing.assert_array_equal(evaluate_model(model, feeds)["res_scan"], got["res_scan"])
 
 
-def test_a_growing_loop_whose_trip_count_is_unknown_at_build_time_is_a_build_error_naming_it():
+def test_a_growing_loop_whose_trip_count_is_unknown_at_build_time_runs_every_count_from_one_plan():
+    # not unrolled: the body plan is built for a profile (its growing dim a symbol: compiler/bodies.py)
     model = growing_decode(trip_as_input=True)
-    feeds = {**_feeds(), "n": np.array(2, np.int64)}
-    assert evaluate_model(model, feeds)["tokens"].shape == (3,)
-    with pytest.raises(BuildError, match="decoder.*changes across iterations") as info:
-        build_plan(model, BuilderConfig(target="cpu"))
-    assert "input_values" in info.value.hint
+    plan = build_plan(model, BuilderConfig(target="cpu"))
+    for n in (0, 1, 2, 6):
+        feeds = {**_feeds(), "n": np.array(n, np.int64)}
+        got, want = _run(plan, feeds), evaluate_model(model, feeds)
+        np.testing.assert_array_equal(got["tokens"], want["tokens"], err_msg=f"n={n}")
+        np.testing.assert_allclose(got["final_state"], want["final_state"], rtol=1e-6, atol=1e-6, err_msg=f"n={n}")
+    assert got["tokens"].shape == (7,)
 
 
 def test_the_growing_decode_passes_polykit_run_against_onnxruntime(tmp_path):
