@@ -117,40 +117,62 @@ _OFFSET = {
 }
 
 
+def _body8(layer: Any, refs: Mapping[str, str]) -> str:
+    """The loop of apply_epilogue8 over 8 values v[i], each extra input read as `refs` names it
+    (a scalar input at its one element)."""
+    from polykit.kernels.cuda.pointwise_expr import emit_expression
+
+    epi = layer.attrs["epilogue"]
+    values = {epi["input"]: "round_as<ELEM>(v[i])", **refs}
+    code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
+    result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
+    return f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n"
+
+
 def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
     (oi, col multiples of 8), each "full" / "last" input (of C type `types[j]`) read with
     vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. Split in
     two for callers that issue the loads of several rows before the math (the INT8 sm90 epilogue):
-    `load_epilogue8(E, in, oi, col)` fills an `EpiIn8`, `apply_epilogue8(E, in, v)` computes. The
-    sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's value8) whose
-    rows are a multiple of 8 long (EPI_VEC 1; 0 when an input is read through a general
-    broadcast). Each element's arithmetic is apply_epilogue's."""
-    from polykit.kernels.cuda.pointwise_expr import emit_expression
+    `load_epilogue8(E, in, oi, col)` fills an `EpiIn8`, `apply_epilogue8(E, in, v)` computes; and
+    split by what the loads depend on for callers that read a column input (a bias) once for
+    several rows (the 16-bit sm90 epilogue): `load_cols8(E, cols, col)` fills an `EpiCols8` with
+    the "last" inputs, `load_rows8(E, rows, oi)` an `EpiRows8` with the "full" ones,
+    `apply_epilogue8(E, cols, rows, v)` computes. The sm90 kernels use them for 16-bit outputs and
+    for INT8 layers (int8_out.cuh's value8) whose rows are a multiple of 8 long (EPI_VEC 1; 0 when
+    an input is read through a general broadcast). Each element's arithmetic is apply_epilogue's."""
+    names = extra_inputs(layer)
+    scalars = {name: f"ld(E.e{j}, 0)" for j, (name, c) in enumerate(zip(names, classes)) if c == "scalar"}
+    vec = [(j, name, c) for j, (name, c) in enumerate(zip(names, classes)) if c != "scalar"]
 
-    epi = layer.attrs["epilogue"]
-    values = {epi["input"]: "round_as<ELEM>(v[i])"}
-    fields, loads, aligned = [], [], []
-    for j, (name, c) in enumerate(zip(extra_inputs(layer), classes)):
-        if c == "scalar":
-            values[name] = f"ld(E.e{j}, 0)"
-            continue
-        values[name] = f"ld(in.x{j}, i)"
-        fields.append(f"  __align__(16) {types[j]} x{j}[8];\n")
-        loads.append(f"  load8(in.x{j}, E.e{j} + {_OFFSET[c]});\n")
-        aligned.append(f"((u64)E.e{j} & 15) == 0")
-    code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
-    result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
+    def fields(which) -> str:
+        return "".join(f"  __align__(16) {types[j]} x{j}[8];\n" for j, _, c in vec if c in which)
+
+    def loads(var: str, which) -> str:
+        return "".join(f"  load8({var}.x{j}, E.e{j} + {_OFFSET[c]});\n" for j, _, c in vec if c in which)
+
+    aligned = " && ".join(f"((u64)E.e{j} & 15) == 0" for j, _, _ in vec) or "true"
+    joined = _body8(layer, {**scalars, **{name: f"ld(in.x{j}, i)" for j, name, _ in vec}})
+    split = _body8(layer, {**scalars, **{name: f"ld({'cols' if c == 'last' else 'rows'}.x{j}, i)" for j, name, c in vec}})
     return (
         '#define EPI_VEC 1\n#include "vector8.cuh"\n'
-        f"struct EpiIn8 {{\n{''.join(fields)}  int unused;\n}};\n"
+        f"struct EpiIn8 {{\n{fields(('full', 'last'))}  int unused;\n}};\n"
         "__device__ __forceinline__ void load_epilogue8(const EpiState& E, EpiIn8& in, i64 oi, i64 col) {\n"
-        + "".join(loads) + "}\n"
+        + loads("in", ("full", "last")) + "}\n"
         "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiIn8& in, float (&v)[8]) {\n"
-        f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
+        f"{joined}}}\n"
         "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, float (&v)[8], i64 oi, i64 col) {\n"
         "  EpiIn8 in;\n  load_epilogue8(E, in, oi, col);\n  apply_epilogue8(E, in, v);\n}\n"
-        f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {' && '.join(aligned) or 'true'}; }}\n"
+        f"struct EpiCols8 {{\n{fields(('last',))}  int unused;\n}};\n"
+        f"struct EpiRows8 {{\n{fields(('full',))}  int unused;\n}};\n"
+        "__device__ __forceinline__ void load_cols8(const EpiState& E, EpiCols8& cols, i64 col) {\n"
+        + loads("cols", ("last",)) + "}\n"
+        "__device__ __forceinline__ void load_rows8(const EpiState& E, EpiRows8& rows, i64 oi) {\n"
+        + loads("rows", ("full",)) + "}\n"
+        "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiCols8& cols, const EpiRows8& rows,"
+        " float (&v)[8]) {\n"
+        f"{split}}}\n"
+        f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {aligned}; }}\n"
     )
 
 
