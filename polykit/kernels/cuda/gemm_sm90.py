@@ -252,10 +252,7 @@ def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "g
     defines, plus the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands,
     `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py); `streamk`:
     the stream-K variant (gemm_sm90_streamk.py)."""
-    import os  # round-1 experiment (removed after): how many groups' epilogue loads run ahead
-
-    ahead = defines(XAHEAD=int(os.environ["POLYKIT_SM90_AHEAD"])) if os.environ.get("POLYKIT_SM90_AHEAD") else ()
-    tile_defines = (tile.defines(b_mn, split3) + ahead + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
+    tile_defines = (tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
                     + (defines(STREAMK=1) if streamk else ()))
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
