@@ -126,7 +126,11 @@ constexpr int EPI_GROUPS = BN / (8 * EPI_GROUP);
 // all 6: 16.6 / 14.3); none with two blocks an SM or 256 columns (their registers: a group's loads
 // for both rows spilled there), which then finish a row at a time (finish8, its loads after the
 // previous row's store)
+#if STREAMK  // the stream-K kernel's own registers leave none to spare: 1 group ahead spilled on 128x128
+constexpr int GROUPS_AHEAD = 0;
+#else
 constexpr int GROUPS_AHEAD = BLOCKS == 1 && BN <= 192 ? 2 : 0;
+#endif
 __device__ __forceinline__ void load_cols(const OutP& out, ELEM (&c)[8], EpiCols8& cols, i64 n) {
   if (out.C) *(uint4*)c = *(const uint4*)(out.C + n);
 #if HAS_EPILOGUE && EPI_VEC
