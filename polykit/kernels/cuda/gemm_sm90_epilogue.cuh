@@ -112,10 +112,10 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
 struct EpiCols8 {};
 struct EpiRows8 {};
 #endif
-// What a lane's rows m, m + 8 of one EPI_GROUP (32-column) group read besides their accumulators:
-// the group's 8 columns of a row-broadcast C and of the epilogue's column inputs (a bias), read
-// once for both rows, and each row's epilogue inputs at the output index (a residual)
-struct Group16 {
+// What a lane's 8 columns of rows m, m + 8 in one column group (EPI_GROUP blocks) read besides their
+// accumulators: those columns of a row-broadcast C and of the epilogue's column inputs (a bias),
+// read once for both rows, and each row's epilogue inputs at the output index (a residual)
+struct Loads8 {
   __align__(16) ELEM c[8];
   EpiCols8 cols;
   EpiRows8 r, r8;
@@ -143,7 +143,7 @@ __device__ __forceinline__ void load_row(const OutP& out, EpiRows8& r, i64 oi) {
 #endif
 }
 // a group's loads; rows past M read nothing (row m + 8 < M implies m < M)
-__device__ __forceinline__ void load_group(const OutP& out, Group16& g, i64 m, i64 n, i64 oi) {
+__device__ __forceinline__ void load_group(const OutP& out, Loads8& g, i64 m, i64 n, i64 oi) {
   if (m >= out.M || n >= out.N) return;
   load_cols(out, g.c, g.cols, n);
   load_row(out, g.r, oi);
@@ -184,7 +184,7 @@ __device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, co
 __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
-  Group16 in[EPI_GROUPS];
+  Loads8 in[EPI_GROUPS];
 #pragma unroll
   for (int g = 0; g < GROUPS_AHEAD; ++g) load_group(out, in[g], m, n0 + 8 * EPI_GROUP * g, row + n0 + 8 * EPI_GROUP * g);
 #pragma unroll
