@@ -210,9 +210,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
     vector = _vector_epilogue(layer, classes, types) if not general else "#define EPI_VEC 0\n"
-    import os  # round-2 experiment (removed after): POLYKIT_EXACT_GELU=1 keeps erff's form
-
-    gelu16 = "#define PK_GELU16 1\n" if elem in _SIXTEEN_BIT and os.environ.get("POLYKIT_EXACT_GELU") != "1" else ""
+    gelu16 = "#define PK_GELU16 1\n" if elem in _SIXTEEN_BIT else ""
     return gelu16 + (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
