@@ -37,6 +37,9 @@ def extra_inputs(layer: Any) -> list[str]:
     return list(layer.inputs[arity:])
 
 
+#: 16-bit storage types: their epilogues compute Gelu with pointwise.cuh's pk_gelu16 (the result is
+#: rounded to 16 bits, so erff's full float accuracy is not needed; within 1 fp16 ulp, one MUFU)
+_SIXTEEN_BIT = ("half_t", "bf16_t")
 #: 8-bit extra inputs an INT8 layer's epilogue dequantizes itself (fold_qdq.dequantizing_steps)
 _EIGHT_BIT = {"int8": "i8", "uint8": "u8"}
 
@@ -117,41 +120,59 @@ _OFFSET = {
 }
 
 
-def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
-    """`apply_epilogue8(E, v, oi, col)`: the epilogue of 8 consecutive outputs of one row
-    (oi, col multiples of 8), each "full" / "last" input (of C type `types[j]`) read with
-    vector8.cuh's `load8`, and `epi_vec_ok(E)`: whether those inputs are 16-byte aligned. Split in
-    two for callers that issue the loads of several rows before the math (the INT8 sm90 epilogue):
-    `load_epilogue8(E, in, oi, col)` fills an `EpiIn8`, `apply_epilogue8(E, in, v)` computes. The
-    sm90 kernels use them for 16-bit outputs and for INT8 layers (int8_out.cuh's value8) whose
-    rows are a multiple of 8 long (EPI_VEC 1; 0 when an input is read through a general
-    broadcast). Each element's arithmetic is apply_epilogue's."""
+def _body8(layer: Any, refs: Mapping[str, str]) -> str:
+    """The loop of apply_epilogue8 over 8 values v[i], each extra input read as `refs` names it
+    (a scalar input at its one element)."""
     from polykit.kernels.cuda.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
-    values = {epi["input"]: "round_as<ELEM>(v[i])"}
-    fields, loads, aligned = [], [], []
-    for j, (name, c) in enumerate(zip(extra_inputs(layer), classes)):
-        if c == "scalar":
-            values[name] = f"ld(E.e{j}, 0)"
-            continue
-        values[name] = f"ld(in.x{j}, i)"
-        fields.append(f"  __align__(16) {types[j]} x{j}[8];\n")
-        loads.append(f"  load8(in.x{j}, E.e{j} + {_OFFSET[c]});\n")
-        aligned.append(f"((u64)E.e{j} & 15) == 0")
+    values = {epi["input"]: "round_as<ELEM>(v[i])", **refs}
     code, env = emit_expression(epi["body"], values, _value_types(layer), prefix="t")
     result = env[epilogue_result(epi) if is_int8_layer(layer) else layer.outputs[0]]
-    return (
-        '#define EPI_VEC 1\n#include "vector8.cuh"\n'
-        f"struct EpiIn8 {{\n{''.join(fields)}  int unused;\n}};\n"
-        "__device__ __forceinline__ void load_epilogue8(const EpiState& E, EpiIn8& in, i64 oi, i64 col) {\n"
-        + "".join(loads) + "}\n"
-        "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiIn8& in, float (&v)[8]) {\n"
-        f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n}}\n"
-        "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, float (&v)[8], i64 oi, i64 col) {\n"
-        "  EpiIn8 in;\n  load_epilogue8(E, in, oi, col);\n  apply_epilogue8(E, in, v);\n}\n"
-        f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {' && '.join(aligned) or 'true'}; }}\n"
-    )
+    lines = code.split("\n")
+    last = f"    auto {result} = round_as<ELEM>("
+    if not is_int8_layer(layer) and lines[-1].startswith(last):
+        # the store rounds the result to ELEM itself: rounding it here too is the same bits, two more cvt
+        lines[-1] = f"    auto {result} = {lines[-1][len(last):-2]};"
+    code = "\n".join(lines)
+    return f"#pragma unroll\n  for (int i = 0; i < 8; ++i) {{\n{code}\n    v[i] = (float)({result});\n  }}\n"
+
+
+def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
+    """The epilogue of 8 consecutive outputs of one row (oi, col multiples of 8), each "full" /
+    "last" input (of C type `types[j]`) read with vector8.cuh's `load8`, and `epi_vec_ok(E)`:
+    whether those inputs are 16-byte aligned; loads apart from the math, so callers issue the
+    loads of several rows or column groups before any math and store. An INT8 layer (int8_out.cuh's
+    value8): `load_epilogue8(E, in, oi, col)` fills an `EpiIn8`, `apply_epilogue8(E, in, v)`
+    computes. Other layers (the 16-bit sm90 epilogue, gemm_sm90_epilogue.cuh's finish_rows) split
+    the loads by what they depend on, so a column input (a bias) is read once for several rows:
+    `load_cols8(E, cols, col)` fills an `EpiCols8` with the "last" inputs, `load_rows8(E, rows,
+    oi)` an `EpiRows8` with the "full" ones, `apply_epilogue8(E, cols, rows, v)` computes. EPI_VEC 1
+    (0 when an input is read through a general broadcast). Each element's arithmetic is
+    apply_epilogue's."""
+    names = extra_inputs(layer)
+    scalars = {name: f"ld(E.e{j}, 0)" for j, (name, c) in enumerate(zip(names, classes)) if c == "scalar"}
+    vec = [(j, name, c) for j, (name, c) in enumerate(zip(names, classes)) if c != "scalar"]
+
+    def record(struct: str, var: str, load: str, index: str, which: tuple[str, ...]) -> str:
+        fields = "".join(f"  __align__(16) {types[j]} x{j}[8];\n" for j, _, c in vec if c in which)
+        loads = "".join(f"  load8({var}.x{j}, E.e{j} + {_OFFSET[c]});\n" for j, _, c in vec if c in which)
+        return (f"struct {struct} {{\n{fields}  int unused;\n}};\n"
+                f"__device__ __forceinline__ void {load}(const EpiState& E, {struct}& {var}, {index}) {{\n{loads}}}\n")
+
+    aligned = " && ".join(f"((u64)E.e{j} & 15) == 0" for j, _, _ in vec) or "true"
+    head = '#define EPI_VEC 1\n#include "vector8.cuh"\n'
+    tail = f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {aligned}; }}\n"
+    if is_int8_layer(layer):
+        body = _body8(layer, {**scalars, **{name: f"ld(in.x{j}, i)" for j, name, _ in vec}})
+        return (head + record("EpiIn8", "in", "load_epilogue8", "i64 oi, i64 col", ("full", "last"))
+                + "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiIn8& in, float (&v)[8]) {\n"
+                + body + "}\n" + tail)
+    body = _body8(layer, {**scalars, **{name: f"ld({'cols' if c == 'last' else 'rows'}.x{j}, i)" for j, name, c in vec}})
+    return (head + record("EpiCols8", "cols", "load_cols8", "i64 col", ("last",))
+            + record("EpiRows8", "rows", "load_rows8", "i64 oi", ("full",))
+            + "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiCols8& cols, "
+            "const EpiRows8& rows, float (&v)[8]) {\n" + body + "}\n" + tail)
 
 
 def epilogue_prelude(layer: Any, elem: str) -> str:
@@ -189,7 +210,8 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
     vector = _vector_epilogue(layer, classes, types) if not general else "#define EPI_VEC 0\n"
-    return (
+    gelu16 = "#define PK_GELU16 1\n" if elem in _SIXTEEN_BIT else ""
+    return gelu16 + (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
         f"#define EPI_ARGS {', '.join(names)}\n"

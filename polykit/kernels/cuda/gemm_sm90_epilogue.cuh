@@ -1,7 +1,7 @@
 // The Hopper GEMM family's epilogue and consumer loop (gemm_sm90.cu, conv_sm90.cu): OutP (alpha,
 // beta * C, the fused epilogue, fp16 / bf16 / tf32-rounded float stores of column pairs as the
 // accumulators lie), the 16-byte path where vector_ok allows (a transpose across each quad of
-// lanes, quad_row, then 8 consecutive columns a lane: finish8), the INT8 output (OutI8 over
+// lanes, quad_row, then 8 consecutive columns a lane: finish_rows), the INT8 output (OutI8 over
 // int8_out.cuh's Out), and consume: each tile's K loop (gemm_sm90_core.cuh), then its epilogue.
 #pragma once
 #include "gemm_sm90_core.cuh"
@@ -15,7 +15,7 @@ struct OutP {
   EpiState epi;
 #endif
   // alpha * acc (+ beta * c) with explicit roundings (one fma with C): the pair stores and the
-  // 16-byte path (finish8) compute every element alike, bit for bit
+  // 16-byte paths (finish8, finish_rows) compute every element alike, bit for bit
   __device__ __forceinline__ float scaled(float acc) const { return __fmul_rn(alpha, acc); }
   __device__ __forceinline__ float scaled(float acc, float c) const { return __fmaf_rn(beta, c, __fmul_rn(alpha, acc)); }
   __device__ __forceinline__ float value(i64 z, i64 m, i64 n, float acc) const {
@@ -94,29 +94,7 @@ __device__ __forceinline__ void quad_row(const acc_t (&lo)[4], const acc_t (&hi)
   }
 }
 
-// columns n..n + 7 of row m after quad_row (16-bit storage, N % 8 == 0, vector_ok): alpha, a
-// row-broadcast C (a conv's bias) read with one 16-byte load, the epilogue (apply_epilogue8), one
-// 16-byte store
-__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8]) {
-  if (m >= out.M || n >= out.N) return;
-  float v[8];
-  if (out.C) {
-    __align__(16) ELEM c[8];
-    *(uint4*)c = *(const uint4*)(out.C + n);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = out.scaled(w[i], ld(c, i));
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = out.scaled(w[i]);
-  }
-  const i64 oi = (z * out.M + m) * out.N + n;
-#if HAS_EPILOGUE && EPI_VEC
-  apply_epilogue8(out.epi, v, oi, n);
-#endif
-  *(uint4*)(out.Y + oi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
-}
-
-// whether finish8 serves this output: 16-bit storage, rows a multiple of 8 long, Y, C (none, or
+// whether finish_rows serves this output: 16-bit storage, rows a multiple of 8 long, Y, C (none, or
 // a row-broadcast bias: scm 0, scn 1) and the epilogue's inputs 16-byte aligned; one m64 subtile a
 // warpgroup (with two, 256x128, the bf16 kernel's first subtile came out wrong on the H100 — fp16
 // right, cause not found — so it keeps the pair stores)
@@ -128,6 +106,116 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
 #endif
   return ok;
 }
+
+#if !I8  // the 16-byte path of 16-bit outputs (float accumulators)
+#if !(HAS_EPILOGUE && EPI_VEC)
+struct EpiCols8 {};
+struct EpiRows8 {};
+#endif
+// What a lane's 8 columns of rows m, m + 8 in one column group (EPI_GROUP blocks) read besides their
+// accumulators: those columns of a row-broadcast C and of the epilogue's column inputs (a bias),
+// read once for both rows, and each row's epilogue inputs at the output index (a residual)
+struct Loads8 {
+  __align__(16) ELEM c[8];
+  EpiCols8 cols;
+  EpiRows8 r, r8;
+};
+constexpr int EPI_GROUPS = BN / (8 * EPI_GROUP);
+// the groups whose loads are issued ahead of the group being finished (H100, BERT-base FFN1 1024x3072x768
+// on 128x192, bias + GELU / bias + residual, us: 0 ahead 16.4 / 14.4, 1: 16.6 / 13.9, 2: 16.2 / 13.6,
+// all 6: 16.6 / 14.3); none with two blocks an SM or 256 columns (their registers: a group's loads
+// for both rows spilled there), which then finish a row at a time (finish8, its loads after the
+// previous row's store)
+#if STREAMK  // the stream-K kernel's own registers leave none to spare: 1 group ahead spilled on 128x128
+constexpr int GROUPS_AHEAD = 0;
+#else
+constexpr int GROUPS_AHEAD = BLOCKS == 1 && BN <= 192 ? 2 : 0;
+#endif
+__device__ __forceinline__ void load_cols(const OutP& out, ELEM (&c)[8], EpiCols8& cols, i64 n) {
+  if (out.C) *(uint4*)c = *(const uint4*)(out.C + n);
+#if HAS_EPILOGUE && EPI_VEC
+  load_cols8(out.epi, cols, n);
+#endif
+}
+__device__ __forceinline__ void load_row(const OutP& out, EpiRows8& r, i64 oi) {
+#if HAS_EPILOGUE && EPI_VEC
+  load_rows8(out.epi, r, oi);
+#endif
+}
+// a group's loads; rows past M read nothing (row m + 8 < M implies m < M)
+__device__ __forceinline__ void load_group(const OutP& out, Loads8& g, i64 m, i64 n, i64 oi) {
+  if (m >= out.M || n >= out.N) return;
+  load_cols(out, g.c, g.cols, n);
+  load_row(out, g.r, oi);
+  if (m + 8 < out.M) load_row(out, g.r8, oi + 8 * out.N);
+}
+// alpha, C, the epilogue of one row's 8 columns from its group's loads
+__device__ __forceinline__ void value8(const OutP& out, const ELEM (&c)[8], const EpiCols8& cols, const EpiRows8& r,
+                                       const float (&w)[8], float (&v)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = out.C ? out.scaled(w[i], ld(c, i)) : out.scaled(w[i]);
+#if HAS_EPILOGUE && EPI_VEC
+  apply_epilogue8(out.epi, cols, r, v);
+#endif
+}
+// one 16-byte store at output index oi
+__device__ __forceinline__ void store8(const OutP& out, i64 oi, const float (&v)[8]) {
+  *(uint4*)(out.Y + oi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+// columns n..n + 7 of row m on their own (16-bit storage, N % 8 == 0, vector_ok: the split-K
+// reduce's rows): their loads, value8, store8
+__device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, const float (&w)[8]) {
+  if (m >= out.M || n >= out.N) return;
+  const i64 oi = (z * out.M + m) * out.N + n;
+  __align__(16) ELEM c[8];
+  EpiCols8 cols;
+  EpiRows8 r;
+  float v[8];
+  load_cols(out, c, cols, n);
+  load_row(out, r, oi);
+  value8(out, c, cols, r, w, v);
+  store8(out, oi, v);
+}
+// Rows m, m + 8 of a subtile (n0: the lane's first column, 8 * (lane % 4) into the tile), EPI_GROUP
+// column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
+// columns. A load cannot pass a store before it (they may alias), so a group's loads (its column
+// inputs once for both rows, both rows' row inputs) are issued GROUPS_AHEAD groups early, before
+// the stores of the groups between. Every lane of the warp must call it.
+__device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float (&acc)[BN / 2], i64 m, i64 n0,
+                                            int lane) {
+  const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
+  Loads8 in[EPI_GROUPS];
+#pragma unroll
+  for (int g = 0; g < GROUPS_AHEAD; ++g) load_group(out, in[g], m, n0 + 8 * EPI_GROUP * g, row + n0 + 8 * EPI_GROUP * g);
+#pragma unroll
+  for (int g = 0; g < EPI_GROUPS; ++g) {
+    const i64 n = n0 + 8 * EPI_GROUP * g, ahead = n + 8 * EPI_GROUP * GROUPS_AHEAD;
+    if (GROUPS_AHEAD > 0 && g + GROUPS_AHEAD < EPI_GROUPS) load_group(out, in[g + GROUPS_AHEAD], m, ahead, row + ahead);
+    acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lo[j] = acc[4 * (g * EPI_GROUP + j)];
+      hi[j] = acc[4 * (g * EPI_GROUP + j) + 1];
+      lo8[j] = acc[4 * (g * EPI_GROUP + j) + 2];
+      hi8[j] = acc[4 * (g * EPI_GROUP + j) + 3];
+    }
+    const bool row_ok = m < out.M && n < out.N, row8_ok = row_ok && m + 8 < out.M;
+    quad_row(lo, hi, w, lane);
+    if (GROUPS_AHEAD == 0) {  // each row with its own loads after the previous row's store
+      finish8(out, z, m, n, w);
+      quad_row(lo8, hi8, w, lane);
+      finish8(out, z, m + 8, n, w);
+      continue;
+    }
+    value8(out, in[g].c, in[g].cols, in[g].r, w, v);
+    if (row_ok) store8(out, row + n, v);
+    quad_row(lo8, hi8, w, lane);
+    value8(out, in[g].c, in[g].cols, in[g].r8, w, v);
+    if (row8_ok) store8(out, row8 + n, v);
+  }
+}
+#endif
 
 // The pair path of EPI_GROUP column blocks j0.. of subtile rows m, m + 8 (accumulator layout
 // m64nNk16: row 16 * warp + lane / 4 (+8), column 8 * j + 2 * (lane % 4) (+1), n the lane's first
@@ -262,34 +350,12 @@ __device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, 
   const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
 #pragma unroll
   for (int s = 0; s < MSUB; ++s) {
-#if I8
     if (vector_rows) {
       finish_rows(out, ti.z, acc[s], m_base + s * 64, (i64)ti.tn * BN + 8 * (lane & 3), lane);
       continue;
     }
-#endif
 #pragma unroll
-    for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
-#if !I8
-      if (vector_rows) {
-        acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          lo[j] = acc[s][4 * (j0 + j)];
-          hi[j] = acc[s][4 * (j0 + j) + 1];
-          lo8[j] = acc[s][4 * (j0 + j) + 2];
-          hi8[j] = acc[s][4 * (j0 + j) + 3];
-        }
-        const i64 m = m_base + s * 64, n = (i64)ti.tn * BN + j0 * 8 + 8 * (lane & 3);
-        quad_row(lo, hi, w, lane);
-        finish8(out, ti.z, m, n, w);
-        quad_row(lo8, hi8, w, lane);
-        finish8(out, ti.z, m + 8, n, w);
-        continue;
-      }
-#endif
-      finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
-    }
+    for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) finish_pairs(out, ti.z, acc[s], m_base + s * 64, n_base, j0);
   }
 }
 

@@ -35,3 +35,30 @@ def test_known_classes_inline_and_read_at_the_index_or_column():
     assert "__forceinline__ float apply_epilogue" in code and "off0 = col;" in code
     general = epilogue_prelude(layer((2, 5, 3), (3, 7), (5, 7), (2, 5, 7)), "half_t")
     assert "__noinline__ float apply_epilogue" in general and "strided_offset" in general
+
+
+def gelu_layer(out_dtype: str = "float16"):
+    body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+            {"op": "Gelu", "inputs": ["s"], "outputs": ["g"], "attrs": {}},
+            {"op": "Add", "inputs": ["g", "res"], "outputs": ["Y"], "attrs": {}}]
+    return LayerDesc("mm", "MatMul", ("A", "B", "bias", "res"), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                     domain="ai.polykit", in_shapes=((4, 8), (8, 16), (16,), (4, 16)), out_shapes=((4, 16),))
+
+
+def test_the_8_wide_epilogue_reads_column_inputs_apart_from_row_inputs():
+    """load_cols8 reads the bias at the column, load_rows8 the residual at the output index: finish_rows
+    reads a bias once for a lane's two rows."""
+    code = epilogue_prelude(gelu_layer(), "half_t")
+    cols = code[code.index("void load_cols8"):code.index("struct EpiRows8")]
+    rows = code[code.index("void load_rows8"):code.index("void apply_epilogue8")]
+    assert "load8(cols.x0, E.e0 + col);" in cols and "e1" not in cols
+    assert "load8(rows.x1, E.e1 + oi);" in rows and "e0" not in rows
+    assert "EpiIn8" not in code, "the joined loads are the INT8 epilogue's"
+
+
+def test_16_bit_epilogues_take_the_16_bit_gelu_and_leave_the_last_rounding_to_the_store():
+    half, single = epilogue_prelude(gelu_layer(), "half_t"), epilogue_prelude(gelu_layer(), "float")
+    assert half.startswith("#define PK_GELU16 1\n") and "PK_GELU16" not in single
+    apply8 = half[half.index("void apply_epilogue8"):]
+    assert "auto t2 = pk_add(t1, ld(rows.x1, i));" in apply8, "the store rounds the result to ELEM"
+    assert "auto t1 = round_as<ELEM>(pk_gelu(t0));" in apply8, "a body op before the last keeps its rounding"

@@ -60,7 +60,8 @@ def test_gemm_epilogue_rounds_the_product_before_its_body():
     shapes = ((2, 16, 8), (8, 24), (2, 16, 24), (2, 16, 24))
     text = epilogue_prelude(_epilogue_matmul("float16", shapes), "half_t")
     assert "round_as<ELEM>(pk_add(round_as<ELEM>(v), ld(E.e0, off0)))" in text
-    assert "round_as<ELEM>(pk_add(round_as<ELEM>(v[i]), ld(in.x0, i)))" in text  # the 8-wide sm90 path
+    # the 8-wide sm90 path (its last op's rounding is the 16-byte store's)
+    assert "auto t0 = pk_add(round_as<ELEM>(v[i]), ld(rows.x0, i));" in text
 
 
 @pytest.mark.gpu

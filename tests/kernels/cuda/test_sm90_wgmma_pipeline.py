@@ -51,12 +51,19 @@ def assert_pipelined(text: str, what: str) -> None:
     assert "spill stores" not in text or " 0 bytes spill stores" in text, f"{what} spills:\n{text}"
 
 
-@pytest.mark.parametrize("tile_label", ["128x128", "64x128", "128x64"])
-def test_the_fused_fp16_gemm_keeps_its_wgmma_pipeline(tile_label):
-    M, N, K = 128, 3072, 768  # BERT-base bs1's FFN1 with its bias + GELU epilogue
-    layer = LayerDesc("mm", "MatMul", ("A", "B", "bias"), ("Y",), {"epilogue": {"input": "raw", "body": BIAS_GELU}},
-                      domain="ai.polykit", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
-                      in_shapes=((M, K), (K, N), (N,)), out_shapes=((M, N),))
+BIAS_RESIDUAL = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                 {"op": "Add", "inputs": ["s", "res"], "outputs": ["Y"], "attrs": {}}]
+
+
+@pytest.mark.parametrize("tile_label,body", [("128x128", BIAS_GELU), ("64x128", BIAS_GELU), ("128x64", BIAS_GELU),
+                                             ("128x192", BIAS_GELU), ("128x192", BIAS_RESIDUAL)])
+def test_the_fused_fp16_gemm_keeps_its_wgmma_pipeline(tile_label, body):
+    """BERT-base's FFN1 (bias + GELU) and FFN2 (bias + residual) epilogues; 128x192 is bs8's FFN1 tile."""
+    M, N, K = 128, 3072, 768
+    extra = ("bias", "res")[:len(body)]
+    layer = LayerDesc("mm", "MatMul", ("A", "B", *extra), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit", in_dtypes=("float16",) * (2 + len(extra)), out_dtypes=("float16",),
+                      in_shapes=((M, K), (K, N), (N,), (M, N))[:2 + len(extra)], out_shapes=((M, N),))
     tile = next(t for t in TILES if t.label == tile_label)
     assert_pipelined(ptxas_report(kernel_for(layer, tile, "half_t", True), "gemm_sm90.cu"), f"gemm tile {tile_label}")
 
