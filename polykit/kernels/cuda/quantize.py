@@ -31,6 +31,8 @@ PRECISION = {1: 0, 10: 1, 11: 2}
 BLOCK = 256
 MAX_GRID = 1 << 16
 MINMAX_BLOCKS = 1024
+#: pixels a quantize_nhwc thread owns (quantize.cu NHWC_PIX)
+NHWC_PIX = 4
 
 
 def _kernels(layer) -> list[KernelSource]:
@@ -151,7 +153,7 @@ def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, Devic
     if nb * h * w == 0:
         return
     i32 = np.int32
-    grid = (_grid(h * w)[0], min(nb, MAX_GRID - 1), 1)
+    grid = (_grid(-(-h * w // NHWC_PIX))[0], min(nb, MAX_GRID - 1), 1)
     launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1),
                     [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp), i32(cp % 16 == 0 and y.ptr % 16 == 0),
                      int(y.dtype == np.uint8)])
