@@ -2,6 +2,8 @@
 movement, gather, attention) on the device: `PYTHONPATH=. python3 benchmarks/cuda_kernel_families.py`.
 Kernel time = CUDA-graph replays of 20 enqueues; numbers are recorded in docs/CUDA_KERNELS.md.
 
+`--quantize-nhwc NB,C,H,W,CP` times only an --int8 plan's input layer (QuantizeNHWC, float32 NCHW
+to int8 NHWC padded to CP channels; ResNet-50 bs32: 32,3,224,224,16).
 `--int8-conv NB,H,W,C,N,K [--tactic NAME]` times only one INT8 convolution as an --int8 ResNet
 runs it (QConvNHWC, symmetric int8 X and W, per-channel scale and bias, an int8 residual
 dequantized in the epilogue, Relu, int8 output; K x K kernel, stride 1, same padding), e.g. for
@@ -66,6 +68,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--int8-conv", default="", metavar="NB,H,W,C,N,K", help="time only this INT8 convolution")
     parser.add_argument("--tactic", default=None, help="the tactic --int8-conv runs (default: the first eligible)")
+    parser.add_argument("--quantize-nhwc", default="", metavar="NB,C,H,W,CP",
+                        help="time only QuantizeNHWC of a float32 NB x C x H x W image to int8 NHWC with CP channels")
     args = parser.parse_args()
     info = driver.current_device()
     stream = Stream()
@@ -75,6 +79,12 @@ def main():
         macs = nb * h * w * n * k * k * c
         print(f"int8 conv {args.int8_conv} ({args.tactic or 'default tactic'}): {2 * macs / 1e9:.2f} GOP")
         bench(f"QConvNHWC {args.int8_conv}", layer, feeds, tactic=args.tactic)
+        return
+    if args.quantize_nhwc:
+        nb, c, h, w, cp = (int(v) for v in args.quantize_nhwc.split(","))
+        feeds = {"X": rng.standard_normal((nb, c, h, w)).astype(np.float32), "S": np.float32(0.02), "Z": np.int8(0)}
+        layer = LayerDesc("q", "QuantizeNHWC", tuple(feeds), ("Y",), {"channels": cp}, domain=POLYKIT_DOMAIN)
+        bench(f"QuantizeNHWC {args.quantize_nhwc}", layer, feeds)
         return
     n = 1 << 24
     a = DeviceBuffer(4 * n); b = DeviceBuffer(4 * n)

@@ -8,15 +8,8 @@
 #pragma once
 #include "gemm_core.cuh"
 
-// Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
-// kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
-// float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before the family's text
-// (col: the output element's index along the output's last axis).
-#ifndef HAS_EPILOGUE
-#define HAS_EPILOGUE 0
-#define EPI_PARAMS
-#define EPI_COMMA_ARGS
-#endif
+// the fused-epilogue hook (HAS_EPILOGUE, EPI_PARAMS, ...; epilogue_hook.cuh)
+#include "epilogue_hook.cuh"
 
 #define CONV_BASE_PARAMS                                                                                 \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, i64 NB, i64 C, i64 D, i64 H, i64 W, i64 M,     \

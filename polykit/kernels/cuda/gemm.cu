@@ -12,15 +12,8 @@
 //                    them ran with splits > 1 into `partial` (fp32, batch * splits * M * N)
 #include "gemm_core.cuh"
 
-// Epilogue hook: generated modules (epilogue.py) define HAS_EPILOGUE 1, EPI_PARAMS (extra
-// kernel parameters, leading comma), EPI_ARGS, struct EpiState, make_epi(...) and
-// float apply_epilogue(const EpiState&, float v, i64 out_index, i64 col) before this file's text
-// (col: the output element's index along the output's last axis).
-#ifndef HAS_EPILOGUE
-#define HAS_EPILOGUE 0
-#define EPI_PARAMS
-#define EPI_COMMA_ARGS
-#endif
+// the fused-epilogue hook (HAS_EPILOGUE, EPI_PARAMS, ...; epilogue_hook.cuh)
+#include "epilogue_hook.cuh"
 
 struct GemmP {
   const ELEM* A; const ELEM* B; const ELEM* C; ELEM* Y;

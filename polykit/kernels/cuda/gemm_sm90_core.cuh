@@ -31,11 +31,7 @@
 #pragma once
 #include "sm90.cuh"
 
-#ifndef HAS_EPILOGUE
-#define HAS_EPILOGUE 0
-#define EPI_PARAMS
-#define EPI_COMMA_ARGS
-#endif
+#include "epilogue_hook.cuh"
 #ifndef EPI_VEC
 #define EPI_VEC 1  // the epilogue (if any) has apply_epilogue8: 8 columns of a row at once
 #endif

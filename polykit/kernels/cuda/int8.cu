@@ -21,11 +21,7 @@
 // 1-D grid-stride, block 256).
 #include "int8_mma.cuh"
 
-#ifndef HAS_EPILOGUE
-#define HAS_EPILOGUE 0
-#define EPI_PARAMS
-#define EPI_COMMA_ARGS
-#endif
+#include "epilogue_hook.cuh"
 #include "int8_out.cuh"
 
 #define INT8_PARAMS                                                                                       \

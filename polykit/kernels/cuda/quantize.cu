@@ -15,7 +15,7 @@
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
 // Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four), grid-stride,
-// blockDim.x = 256; quantize_nhwc one thread a pixel, grid (pixel blocks, images).
+// blockDim.x = 256; quantize_nhwc(_image) 8 pixels a thread, grid (pixel blocks, images).
 // DynamicQuantizeLinear: dq_minmax (grid G, 256 threads) writes per-block (min, max) of x
 // (as fp32) to a workspace, dq_params (one block) folds them into the uint8 scale / zero
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
@@ -169,29 +169,96 @@ extern "C" __global__ void quantize_f32_8bit(const float4* x, const float* s, co
 }
 
 // ai.polykit QuantizeNHWC: x [NB, C, HW] float32 -> y [NB, HW, CP] (CP >= C; channels C.. the zero
-// point), Q8's arithmetic. One thread a pixel, images in y of the grid: a channel's reads are
-// consecutive pixels across the warp (no index division); the pixel's CP bytes go out 16 at a time
-// (vec: CP % 16 == 0 and y 16-byte aligned), else byte by byte.
-extern "C" __global__ void quantize_nhwc(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C,
-                                         int CP, int vec, i64 u8out) {
-  const Q8 q(s, z, u8out);
-  for (int img = blockIdx.y; img < nb; img += gridDim.y) {
-    const float* xi = x + (i64)img * C * hw;
-    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < hw; p += gridDim.x * blockDim.x) {
-      u8* yp = y + ((i64)img * hw + p) * CP;
-      for (int c0 = 0; c0 < CP; c0 += 16) {
-        u32 w[4];
+// point), Q8's arithmetic. A thread owns NHWC_PIX pixels NHWC_THREADS apart (images in y of the grid,
+// so no index division): a warp's load of a channel is 128 consecutive bytes, and a thread issues all
+// its loads of a word's (4 channels') pixels before the first division waits on one. Pixel bytes go
+// out 16 at a time (vec: CP % 16 == 0 and y 16-byte aligned; a warp's store is 512 consecutive bytes),
+// the words past C the zero point's; else byte by byte. quantize_nhwc takes any C, 4 pixels at a time
+// through every 16-channel group; quantize_nhwc_image an image (C <= 3, vec): one word of data a
+// pixel, so the 8 pixels' loads (24) are in flight at once, at fixed offsets from one pointer.
+#define NHWC_THREADS 256  // blockDim.x (quantize.py's BLOCK)
+#define NHWC_PIX 8        // quantize.py's NHWC_PIX
+__device__ __forceinline__ void nhwc_pixels(const Q8& q, const float* xi, u8* yi, int p0, int hw, int C, int CP,
+                                            int vec) {
+  const u32 zw = q.zero_byte() * 0x01010101u;
+  for (int c0 = 0; c0 < CP; c0 += 16) {
+    u32 w[4][4];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int c = c0 + j;
-          const u32 b = c < C ? q.byte(xi[(i64)c * hw + p]) : q.zero_byte();
-          w[j / 4] = (j % 4 ? w[j / 4] : 0u) | b << (8 * (j % 4));
-          if (!vec && c < CP) yp[c] = (u8)b;
+    for (int g = 0; g < 4; ++g) {
+      const int cg = c0 + 4 * g;
+      float v[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int p = p0 + k * NHWC_THREADS;
+          v[j][k] = cg + j < C && p < hw ? xi[(i64)(cg + j) * hw + p] : 0.f;
         }
-        if (vec) *(uint4*)(yp + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        w[g][k] = zw;
+        if (cg >= C) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (cg + j < C) w[g][k] = (w[g][k] & ~(0xffu << 8 * j)) | q.byte(v[j][k]) << 8 * j;
       }
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int p = p0 + k * NHWC_THREADS;
+      if (p >= hw) break;
+      u8* yp = yi + (i64)p * CP + c0;
+      if (vec) {
+        *(uint4*)yp = make_uint4(w[0][k], w[1][k], w[2][k], w[3][k]);
+        continue;
+      }
+      for (int j = 0; j < 16 && c0 + j < CP; ++j) yp[j] = (u8)(w[j / 4][k] >> 8 * (j % 4));
+    }
   }
+}
+__device__ __forceinline__ void nhwc_image_pixels(const Q8& q, const float* xi, u8* yi, int p0, int hw, int C,
+                                                  int CP) {
+  const u32 zw = q.zero_byte() * 0x01010101u;
+  const float* xp = xi + p0;
+  float v[3][NHWC_PIX];
+#pragma unroll
+  for (int j = 0; j < 3; ++j)
+#pragma unroll
+    for (int k = 0; k < NHWC_PIX; ++k)
+      v[j][k] = j < C && p0 + k * NHWC_THREADS < hw ? xp[(i64)j * hw + k * NHWC_THREADS] : 0.f;
+#pragma unroll
+  for (int k = 0; k < NHWC_PIX; ++k) {
+    const int p = p0 + k * NHWC_THREADS;
+    if (p >= hw) break;
+    u32 w = zw;
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+      if (j < C) w = (w & ~(0xffu << 8 * j)) | q.byte(v[j][k]) << 8 * j;
+    uint4* yp = (uint4*)(yi + (i64)p * CP);
+    yp[0] = make_uint4(w, zw, zw, zw);
+    for (int c0 = 16; c0 < CP; c0 += 16) *++yp = make_uint4(zw, zw, zw, zw);
+  }
+}
+// (4 blocks an SM: 64 registers, no spill; with fewer registers the division's slow path spills)
+extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
+    quantize_nhwc(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C, int CP, int vec,
+                  i64 u8out) {
+  const Q8 q(s, z, u8out);
+  const int step = gridDim.x * NHWC_THREADS * NHWC_PIX;
+  for (int img = blockIdx.y; img < nb; img += gridDim.y)
+    for (int p0 = blockIdx.x * NHWC_THREADS * NHWC_PIX + threadIdx.x; p0 < hw; p0 += step)
+#pragma unroll 1
+      for (int h = 0; h < NHWC_PIX; h += 4)
+        nhwc_pixels(q, x + (i64)img * C * hw, y + (i64)img * hw * CP, p0 + h * NHWC_THREADS, hw, C, CP, vec);
+}
+extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
+    quantize_nhwc_image(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C, int CP,
+                        i64 u8out) {
+  const Q8 q(s, z, u8out);
+  const int step = gridDim.x * NHWC_THREADS * NHWC_PIX;
+  for (int img = blockIdx.y; img < nb; img += gridDim.y)
+    for (int p0 = blockIdx.x * NHWC_THREADS * NHWC_PIX + threadIdx.x; p0 < hw; p0 += step)
+      nhwc_image_pixels(q, x + (i64)img * C * hw, y + (i64)img * hw * CP, p0, hw, C, CP);
 }
 
 extern "C" __global__ void dequantize_linear(const void* x, i64 xc, const void* s, i64 sc, const void* z, i64 zc,

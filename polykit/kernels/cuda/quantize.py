@@ -18,7 +18,8 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 
 FILE = "quantize.cu"
-ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "dequantize_linear", "dq_minmax", "dq_params")
+ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "quantize_nhwc_image", "dequantize_linear",
+           "dq_minmax", "dq_params")
 #: numpy dtype name -> the kernels' QK_* type code
 TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
              "int32": 7, "int64": 8, "float8_e4m3fn": 9, "float8_e4m3fnuz": 10, "float8_e5m2": 11,
@@ -31,6 +32,9 @@ PRECISION = {1: 0, 10: 1, 11: 2}
 BLOCK = 256
 MAX_GRID = 1 << 16
 MINMAX_BLOCKS = 1024
+#: pixels a quantize_nhwc(_image) thread owns (quantize.cu NHWC_PIX), and the image kernel's most channels
+NHWC_PIX = 8
+IMAGE_CHANNELS = 3
 
 
 def _kernels(layer) -> list[KernelSource]:
@@ -151,10 +155,13 @@ def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, Devic
     if nb * h * w == 0:
         return
     i32 = np.int32
-    grid = (_grid(h * w)[0], min(nb, MAX_GRID - 1), 1)
-    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1),
-                    [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp), i32(cp % 16 == 0 and y.ptr % 16 == 0),
-                     int(y.dtype == np.uint8)])
+    grid = (_grid(-(-h * w // NHWC_PIX))[0], min(nb, MAX_GRID - 1), 1)
+    vec = cp % 16 == 0 and y.ptr % 16 == 0
+    head, u8out = [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp)], int(y.dtype == np.uint8)
+    if vec and c <= IMAGE_CHANNELS:
+        launcher.launch(KernelSource("quantize_nhwc_image", FILE), grid, (BLOCK, 1, 1), head + [u8out])
+        return
+    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1), head + [i32(vec), u8out])
 
 
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)

@@ -33,7 +33,7 @@ PRELUDE = r"""
 #define __device__
 #define __global__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __restrict__
 #define __shared__ static

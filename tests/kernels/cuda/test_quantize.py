@@ -142,3 +142,17 @@ def test_quantize_nhwc_of_an_image_equals_the_reference(zp, channels):
     x.reshape(-1)[:8] = np.float32([0.5, 1.5, -2.5, 1e9, -1e9, np.inf, 127.5, -128.5]) * s
     layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
     check(layer, {"X": x, "S": np.array(s), "Z": np.array(zp)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c, channels", [(3, 16), (2, 32), (5, 32), (17, 32), (7, 20)],
+                         ids=["image_pad16", "image_pad32", "pad32_zero_group", "two_groups_of_x", "pad20_bytewise"])
+def test_quantize_nhwc_over_several_pixel_blocks_and_a_ragged_tail_equals_the_reference(c, channels):
+    """quantize_nhwc / quantize_nhwc_image (C <= 3, 16-byte stores), 8 pixels a thread: 3 images of 53 x 47
+    pixels (2491: one full 2048-pixel block and a tail where threads own 1 or 2 pixels), 16-channel groups
+    of X's channels, of zero points only, and a byte-stored group of 4 (20 channels)."""
+    x = rng.uniform(-6, 6, (3, c, 53, 47)).astype(np.float32)
+    s = np.float32(0.047)
+    x.reshape(-1)[-6:] = np.float32([0.5, 1.5, -2.5, 126.5, -127.5, 1e6]) * s
+    layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
+    check(layer, {"X": x, "S": np.array(s), "Z": np.array(np.int8(5))})
