@@ -4,8 +4,7 @@
 //                                                  arithmetic, reference/int8.py's dequantize)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
 //   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding,
-//       computed from v * (1 / y_scale) in fixed point where that provably rounds to the same integer:
-//       requantize)
+//       computed as v * (1 / y_scale) where that provably rounds to the same integer: requantize)
 // Out::put stores one element; Out::channels8 / dequantize8 / store8 eight consecutive channels of
 // one row with the same arithmetic per element (the sm90 kernel's 16-byte epilogue, finish_rows in
 // gemm_sm90_epilogue.cuh, which runs the epilogue between them, where Out::vec_ok allows it).
@@ -35,9 +34,9 @@ struct Out {
   void* Y;
   int scale_step, bias_step;
   bool yint, yu8;
-  bool rcp_ok;  // 2^-11 / ys is a normal float (ys in [2^-125, 2^114]): requantize's bound holds
-  float ys, rys11;  // rys11 = (1 / ys rounded) * 2^-11
-  int yz, lo, hi, qoff;  // qoff = yz - 1024 - 2^19 (requantize_fast)
+  bool rcp_ok;  // 1 / ys is a normal float (ys in [2^-125, 2^125]): requantize's product bound holds
+  float ys, rys;
+  int yz, lo, hi;
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
@@ -47,30 +46,21 @@ struct Out {
     const float v = __fmul_rn(acc_float(acc), s);
     return bias ? __fadd_rn(v, b) : v;
   }
-  // saturate(rint(v / ys) + yz), exactly (the IEEE quotient rounded half to even, as the reference)
-  __device__ __forceinline__ int requantize_exact(float v) const {
-    return min(max(__float2int_rn(fminf(fmaxf(__fdiv_rn(v, ys), -1024.f), 1024.f)) + yz, lo), hi);
-  }
-  // The same without the division, in fixed point; `tie` is set where it may differ (then
-  // requantize_exact decides). u = sat(v * rys11 + 0.5) (one fma: t = v / ys mapped from [-1024, 1024]
-  // to [0, 1]; past it every result saturates, |yz| <= 255; NaN gives 0, then lo, as the division's
-  // path), s = u + 2 puts round(u * 2^22) = round(t * 2^11) + 2^21 in the low bits of s, so
-  // H = bits(s) + 1025 holds t in 2^-11 steps, offset so that H >> 11 rounds half up. The three
-  // roundings (rys, the fma, s) and the quotient's own keep t within 7 * 2^-14 < 2^-11 of the
-  // reference's float quotient, so only a grid point on or next to a half-integer can round
-  // differently: H % 2048 < 3. FFMA.SAT, FADD, IADD, LOP3, ISETP, SHF and two integer min / max:
-  // no conversion, no branch (a caller tests `tie` once for several values).
-  __device__ __forceinline__ int requantize_fast(float v, bool& tie) const {
-    float u;
-    asm("fma.rn.sat.f32 %0, %1, %2, 0f3F000000;" : "=f"(u) : "f"(v), "f"(rys11));
-    const int h = __float_as_int(__fadd_rn(u, 2.f)) + 1025;
-    tie |= (h & 2047) < 3;
-    return min(max((h >> 11) + qoff, lo), hi);
-  }
+  // saturate(rint(v / ys) + yz), exactly, without the division where it cannot matter: t = v * rys
+  // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
+  // quotient's own), so rint(t) is rint(v / ys) unless t lies within that of a half-integer; there
+  // (about 2^-19 of uniform values) the IEEE division decides. |t| is clamped to 1024 first: past
+  // it every result saturates (|yz| <= 255), and NaN becomes -1024 (saturating to lo, as
+  // fmaxf(NaN, lo) did). rint by the 1.5 * 2^23 shifter: t + 1.5 * 2^23 rounds t to an integer
+  // (half to even) and holds it in its low mantissa bits.
   __device__ __forceinline__ int requantize(float v) const {
-    bool tie = !rcp_ok;
-    const int q = requantize_fast(v, tie);
-    return tie ? requantize_exact(v) : q;
+    const float t = fminf(fmaxf(__fmul_rn(v, rys), -1024.f), 1024.f);
+    const float shifted = __fadd_rn(t, 0x1.8p23f);
+    int q = __float_as_int(shifted) - 0x4B400000;
+    const float off = fabsf(__fsub_rn(t, __fsub_rn(shifted, 0x1.8p23f)));  // |t - rint(t)|, exact
+    if (!rcp_ok || fabsf(off - 0.5f) <= fabsf(t) * 0x1p-20f)
+      q = __float2int_rn(fminf(fmaxf(__fdiv_rn(v, ys), -1024.f), 1024.f));
+    return min(max(q + yz, lo), hi);
   }
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
     float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
@@ -125,13 +115,8 @@ struct Out {
       return;
     }
     struct __align__(8) Bytes { u8 b[8]; } q;  // (u8) keeps an int8's two's-complement byte
-    bool tie = !rcp_ok;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize_fast(v[i], tie);
-    if (tie) {  // rare (~3 / 2048 of the values): all 8 by the division
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize_exact(v[i]);
-    }
+    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize(v[i]);
     *(Bytes*)((u8*)Y + oi) = q;
   }
 };
@@ -145,11 +130,10 @@ __device__ __forceinline__ Out int8_out(const float* Scale, const float* Bias, c
   o.yint = flags & FLAG_Y_INT;
   o.yu8 = flags & FLAG_Y_U8;
   o.ys = o.yint ? YScale[0] : 1.f;
-  o.rys11 = __fmul_rn(__frcp_rn(o.ys), 0x1p-11f);
-  o.rcp_ok = o.ys >= 0x1p-125f && o.ys <= 0x1p114f;
+  o.rys = __frcp_rn(o.ys);
+  o.rcp_ok = o.ys >= 0x1p-125f && o.ys <= 0x1p125f;
   o.yz = !o.yint ? 0 : o.yu8 ? (int)YZ[0] : (int)(i8)YZ[0];
   o.lo = o.yu8 ? 0 : -128;
   o.hi = o.yu8 ? 255 : 127;
-  o.qoff = o.yz - 1024 - (1 << 19);
   return o;
 }
