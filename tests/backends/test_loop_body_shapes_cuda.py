@@ -10,13 +10,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import polykit.backends.onnx_backend as backend
 from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.compiler.plan import Plan
 from polykit.errors import RuntimeInputError
 from polykit.runtime.engine import Engine
-from tests.backends.test_loop_body_shapes import _feed, _sliding_sum_model
+from tests.backends.test_loop_body_shapes import _feed, _sliding_sum_model, check_every_trip_count, check_outputs
 from tests.kernels.cuda.test_control_flow_body_shapes import _history_model
 
 pytestmark = pytest.mark.gpu
@@ -46,22 +45,8 @@ def _cuda_loop(engine) -> None:
     assert layer.attrs["body"].profiles is not None, "the body plan should be built for a profile"
 
 
-def _check(got, want, what: str) -> None:
-    for g, w in zip(got, want):
-        assert g.shape == w.shape, f"{what}: shape {g.shape}, onnxruntime {w.shape}"
-        assert not np.isnan(g).any(), f"{what}: unwritten (NaN) elements {g}"
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=what)
-
-
 def test_cuda_loop_whose_carried_shape_changes_builds_once_for_every_trip_count():
-    model = _sliding_sum_model()
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rep = backend.prepare(model, "CUDA")
-    for n in (0, 1, 3, 5, 2):
-        feed = _feed(n)
-        _check(rep.run(dict(feed)), session.run(None, feed), f"n={n}")
-    assert rep.builds == 1, f"{rep.builds} engines built for 5 trip counts (one expected)"
-    _cuda_loop(next(iter(rep._engines.values())))
+    _cuda_loop(next(iter(check_every_trip_count("CUDA")._engines.values())))
 
 
 def test_cuda_loop_refuses_a_scan_of_two_shapes_and_serves_a_valid_count_after():
@@ -75,7 +60,7 @@ def test_cuda_loop_refuses_a_scan_of_two_shapes_and_serves_a_valid_count_after()
         out = ctx.execute(dict(feed))
     want = ort.InferenceSession(_sliding_sum_model().SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, feed)
-    _check([out["res_y"], out["res_scan"]], want, "n=5 after the refused counts")
+    check_outputs([out["res_y"], out["res_scan"]], want, "n=5 after the refused counts")
 
 
 def test_cuda_body_plan_of_run_time_shapes_survives_the_plan_file():
@@ -101,4 +86,4 @@ def test_cuda_loop_carrying_a_growing_history_matches_onnxruntime_across_runs():
             feed = {"n": np.array(n), "go": np.array(True), "h": rng.standard_normal((2, 3)).astype(np.float32),
                     "w": rng.standard_normal(3).astype(np.float32)}
             out = ctx.execute(dict(feed))
-            _check([out["hist"], out["rows"]], session.run(None, feed), f"n={n}")
+            check_outputs([out["hist"], out["rows"]], session.run(None, feed), f"n={n}")

@@ -14,14 +14,11 @@ from onnx import TensorProto, helper
 from polykit.compiler.builder import build_plan
 from polykit.compiler.config import BuilderConfig
 from polykit.errors import RuntimeInputError
-from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda.harness import reference_layer
 from polykit.runtime.shapes import ShapeBinder
 from tests.backends.test_loop_body_shapes import _feed, _sliding_sum_model
 from tests.backends.test_one_engine_per_shape import _model
-from tests.kernels.cuda.test_control_flow_sized import HostBuffers, LoopBodies, _read
-from tests.kernels.cuda.test_control_flow_scan import HostLauncher
+from tests.kernels.cuda.test_control_flow_sized import LoopBodies, _layer_run, _read
 
 
 class ShapedBodies(LoopBodies):
@@ -56,21 +53,7 @@ class ShapedBodies(LoopBodies):
 
 
 def _loop_run(plan, values):
-    (layer,) = [lay for lay in plan.layers if lay.kind == "Loop"]
-    host = ShapedBodies()
-    buffers = HostBuffers(host)
-    launcher = HostLauncher(host)
-    launcher.outputs = buffers.outputs(plan)
-    tensors = {}
-    for name in (*layer.inputs, *layer.outputs):
-        desc = plan.tensors[name]
-        shape = values[name].shape if name in values else tuple(desc.shape)
-        tensors[name] = DeviceTensor(host.alloc(max(desc.nbytes, 8)), shape, desc.np_dtype)
-        host.put(tensors[name].ptr, np.full(shape, np.nan if desc.np_dtype.kind == "f" else -7, desc.np_dtype))
-        if name in values:
-            host.put(tensors[name].ptr, values[name].astype(desc.np_dtype))
-    find_tactic("cuda", "Loop", "cuda.control_flow").enqueue(layer, launcher, tensors)
-    return layer, launcher.outputs, host, buffers
+    return _layer_run(plan, "Loop", values, ShapedBodies())
 
 
 def _cuda_plan(model, shapes):
