@@ -16,8 +16,9 @@ A body input whose shape changes across iterations (a Loop-carried y = y_in + x[
 history) makes the body plan one for a profile (`body_profile`): each such dim a symbol over [0, a
 bound], the iteration number a ruled value, so the shapes it decides are the ops' rules' at bind time
 (polykit.compiler.shape_rules) and the context binds each iteration's shapes when it runs; the Loop's
-outputs of those shapes are sized at run time (polykit.compiler.ops.control_flow). Such a body runs
-on cpu; the cuda Loop tactic takes static bodies only so far.
+outputs of those shapes are sized at run time (polykit.compiler.ops.control_flow). Such a Loop body
+runs on cpu and on cuda (polykit.kernels.cuda.control_flow binds each iteration); Scan/If bodies of
+run-time shapes run on cpu only.
 
 A sub-plan's metadata "body_outputs" lists the body's outputs in order (a plan lists each
 output once; a body may return one tensor twice).

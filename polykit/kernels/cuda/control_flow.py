@@ -21,16 +21,24 @@ iteration count differs is a DeviceError), or, when the plan leaves their length
 sized data dim), buffers the layer allocates once it has read the trip count (growing by doubling
 while the body's condition decides) and sizes (polykit.runtime.cuda.layer_outputs); an If's
 outputs of branch-dependent shapes likewise take the taken branch's output shapes.
+
+A Loop body whose shapes change across iterations (built for a profile: polykit.compiler.bodies)
+is bound before each iteration to its inputs' shapes and the iteration number (`_BodyShapes`, the
+host evaluating the body plan's shapes and rules) and runs uncaptured. Its carried values whose
+dims the run sizes live in buffers of `launcher.outputs` that grow (doubling, keeping the value) to
+the largest value carried (`_Carried`); its scan rows take iteration 0's shape, and an iteration
+giving another is a RuntimeInputError naming it (onnxruntime refuses those too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.errors import DeviceError
+from polykit.errors import DeviceError, RuntimeInputError
 from polykit.kernels.cuda.base import DECLARED, CudaTactic, DeviceTensor
 
 KINDS = ("If", "Loop", "Scan")
@@ -102,13 +110,15 @@ def _passes_condition(plan: Any) -> bool:
 
 
 class _ScanRoom:
-    """A Loop's scan outputs: `room` iterations' rows. Those of the plan's shape, or, when the run
-    sizes them (an iteration count only the run knows), buffers of `launcher.outputs` that grow by
-    doubling; `sized` says which."""
+    """A Loop's scan outputs: `room` iterations' rows of `row_shapes`. Those of the plan's shape, or,
+    when the run sizes them (an iteration count only the run knows, rows a body of run-time shapes
+    gives), buffers of `launcher.outputs` that grow by doubling; `sized` says which."""
 
-    def __init__(self, launcher: Any, scans: list[DeviceTensor], names: Sequence[str], room: int | None):
+    def __init__(self, launcher: Any, scans: list[DeviceTensor], names: Sequence[str], room: int | None,
+                 row_shapes: Sequence[tuple[int, ...]]):
         self.names, self.outputs, self.stream = names, launcher.outputs, launcher.stream
-        self.rows = [int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in scans]
+        self.row_shapes = [tuple(r) for r in row_shapes]
+        self.rows = [math.prod(r) * s.dtype.itemsize for s, r in zip(scans, self.row_shapes)]
         self.sized = bool(scans) and self.outputs is not None and all(self.outputs.sizes(o) for o in names)
         self.scans = scans
         self.room = scans[0].shape[0] if scans else None
@@ -118,8 +128,18 @@ class _ScanRoom:
 
     def _resize(self, room: int, kept: int) -> None:
         self.room = room
-        self.scans = [self.outputs.allocate(o, (room, *s.shape[1:]), s.dtype, self.stream, keep=kept * r)
-                      for o, s, r in zip(self.names, self.scans, self.rows)]
+        self.scans = [self.outputs.allocate(o, (room, *r), s.dtype, self.stream, keep=kept * b)
+                      for o, s, r, b in zip(self.names, self.scans, self.row_shapes, self.rows)]
+
+    def check(self, i: int, shapes: Sequence[tuple[int, ...]], first: int, where: str) -> None:
+        """RuntimeInputError when iteration i's rows (body outputs `first`...) are not of one shape
+        with the others (a body of run-time shapes may give them, as onnxruntime refuses too)."""
+        for k, (shape, row) in enumerate(zip(shapes, self.row_shapes)):
+            if tuple(shape) != row:
+                raise RuntimeInputError(f"iteration {i} gives scan output {first + k} the shape {tuple(shape)}; "
+                                        f"its rows have the shape {row}", where=where,
+                                        hint="a scan output takes one shape in every iteration: feed values "
+                                             "(e.g. a trip count) for which the body's shapes stay the same")
 
     def full(self, i: int) -> bool:
         """Whether iteration i has no row left (a sized room doubles first)."""
@@ -131,47 +151,122 @@ class _ScanRoom:
         return [s.ptr + i * r for s, r in zip(self.scans, self.rows)]
 
     def done(self, i: int) -> None:
-        for o, s in zip(self.names, self.scans):
-            self.outputs.done(o, (i, *s.shape[1:]))
+        for o, r in zip(self.names, self.row_shapes):
+            self.outputs.done(o, (i, *r))
+
+
+class _Carried:
+    """A Loop's carried values, read and written in place: the layer's planned outputs, or, for those
+    whose dims the run sizes (a body whose shapes change across iterations), buffers of
+    `launcher.outputs` holding the largest value carried so far (`sized` says which)."""
+
+    def __init__(self, launcher: Any, names: Sequence[str], planned: Sequence[DeviceTensor],
+                 initial: Sequence[DeviceTensor]):
+        self.names, self.outputs, self.stream = names, launcher.outputs, launcher.stream
+        self.sized = [self.outputs is not None and self.outputs.sizes(o) for o in names]
+        self.values = [self._room(k, t.shape, t.dtype, 0) if s else p
+                       for k, (s, p, t) in enumerate(zip(self.sized, planned, initial))]
+        for v, src in zip(self.values, initial):
+            launcher.bodies.copy(v.ptr, src.ptr, _nbytes(src))
+
+    def _room(self, k: int, shape: tuple[int, ...], dtype: np.dtype, keep: int) -> DeviceTensor:
+        room = self.outputs.allocate(self.names[k], (max(math.prod(shape), 1),), dtype, self.stream, keep=keep)
+        return DeviceTensor(room.ptr, tuple(shape), dtype)
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(v.shape) for v in self.values]
+
+    def make_room(self, i: int, shapes: Sequence[tuple[int, ...]], where: str) -> None:
+        """Room for iteration i's values of `shapes` where the current ones live (a sized buffer grows,
+        keeping the current value; a planned output takes only its plan's shape)."""
+        for k, (v, shape) in enumerate(zip(self.values, shapes)):
+            if tuple(shape) == tuple(v.shape):
+                continue
+            if not self.sized[k]:
+                raise RuntimeInputError(f"iteration {i} gives loop-carried value {k} the shape {tuple(shape)}; "
+                                        f"the plan's is {tuple(v.shape)}", where=where,
+                                        hint="feed values for which the body keeps the carried shapes")
+            if math.prod(shape) > math.prod(v.shape):
+                self.values[k] = DeviceTensor(self._room(k, tuple(shape), v.dtype, _nbytes(v)).ptr, v.shape, v.dtype)
+
+    def advance(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        self.values = [DeviceTensor(v.ptr, tuple(s), v.dtype) for v, s in zip(self.values, shapes)]
+
+    def done(self) -> None:
+        for name, v, sized in zip(self.names, self.values, self.sized):
+            if sized:
+                self.outputs.done(name, v.shape)
+
+
+class _BodyShapes:
+    """The shapes of a Loop body's outputs per iteration: a static body's are its plan's; a body built for
+    a profile (its shapes change across iterations: polykit.compiler.bodies) binds each iteration's
+    input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back."""
+
+    def __init__(self, bodies: Any, plan: Any):
+        self.bodies, self.plan = bodies, plan
+        self.names = list(plan.metadata["body_outputs"])
+        self.bound = _varying(plan)
+        self.values = tuple(plan.profiles.values) if self.bound else ()
+        self.static = [tuple(plan.tensors[o].shape) for o in self.names]
+
+    def bind(self, i: int, inputs: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Iteration i's output shapes (body output order), its inputs having the shapes `inputs`."""
+        if not self.bound:
+            return self.static
+        tensors = self.plan.tensors
+        shapes = {n: tuple(s) for n, s in zip(self.plan.inputs, inputs) if tensors[n].dims}
+        values = {n: np.full(tensors[n].shape, i, tensors[n].np_dtype) for n in self.values}
+        out = self.bodies.bind(self.plan, shapes, values)
+        return [tuple(out[n]) for n in self.names]
 
 
 def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     bodies, plan = launcher.bodies, layer.attrs["body"]
+    where = f"layer {layer.name!r} (Loop)"
     n = len(layer.inputs) - 2 - _captured(layer)
     m_name, c_name = layer.inputs[0], layer.inputs[1]
     trip = max(int(bodies.read(tensors[m_name]).reshape(-1)[0]), 0) if m_name else None
     go = bool(bodies.read(tensors[c_name]).reshape(-1)[0]) if c_name else True
-    state = [tensors[o] for o in layer.outputs[:n]]
-    for t, src in zip(state, layer.inputs[2:2 + n]):
-        bodies.copy(t.ptr, tensors[src].ptr, _nbytes(t))
+    state = _Carried(launcher, layer.outputs[:n], [tensors[o] for o in layer.outputs[:n]],
+                     [tensors[s] for s in layer.inputs[2:2 + n]])
+    captures = [tensors[i] for i in layer.inputs[2 + n:]]
+    body = _BodyShapes(bodies, plan)
+    shapes = body.bind(0, [(), (), *state.shapes, *(c.shape for c in captures)])
     fixed = trip is not None and _passes_condition(plan)
-    scans = _ScanRoom(launcher, [tensors[o] for o in layer.outputs[n:]], layer.outputs[n:], trip)
+    scans = _ScanRoom(launcher, [tensors[o] for o in layer.outputs[n:]], layer.outputs[n:], trip, shapes[1 + n:])
     indices = launcher.workspace(8 * max(trip, 1) if fixed else 8)
     if fixed:
         bodies.write(indices, np.arange(trip, dtype=np.int64))
     cond_in, cond_out = launcher.workspace(1), launcher.workspace(1)
     bodies.write(cond_in, np.ones(1, np.bool_))
-    captures = [tensors[i].ptr for i in layer.inputs[2 + n:]]
     flag = DeviceTensor(cond_out, (1,), np.dtype(np.bool_))
     i = 0
     while go and (trip is None or i < trip):
+        if i:
+            shapes = body.bind(i, [(), (), *state.shapes, *(c.shape for c in captures)])
+        scans.check(i, shapes[1 + n:], 1 + n, where)
         if scans.full(i):
             break  # one more iteration than the plan's scan outputs hold: reported below
+        state.make_room(i, shapes[1:1 + n], where)
         if not fixed:
             bodies.write(indices, np.array([i], np.int64))
-        outs = [cond_out] + [t.ptr for t in state] + scans.at(i)
-        sizes = [1] + [_nbytes(t) for t in state] + scans.rows
-        _run(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *outs[1:1 + n], *captures], outs, sizes)
+        carried = [t.ptr for t in state.values]
+        sizes = [1] + [math.prod(s) * t.dtype.itemsize for s, t in zip(shapes[1:1 + n], state.values)] + scans.rows
+        _run(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *carried, *(c.ptr for c in captures)],
+             [cond_out, *carried, *scans.at(i)], sizes)
+        state.advance(shapes[1:1 + n])
         i += 1
         if not fixed:
             go = bool(bodies.read(flag).reshape(-1)[0])
     bodies.finish()
+    state.done()
     if scans.sized:
         scans.done(i)
     elif scans.scans and (i != scans.room or go and (trip is None or i < trip)):
         ran = f"{i}" if i != scans.room else f"more than {i}"
-        raise DeviceError(f"the loop ran {ran} iterations; the plan's scan outputs hold {scans.room}",
-                          where=f"layer {layer.name!r} (Loop)",
+        raise DeviceError(f"the loop ran {ran} iterations; the plan's scan outputs hold {scans.room}", where=where,
                           hint="the trip count depends on data: rebuild the plan for these inputs' values "
                                "(BuilderConfig.input_values) or run it on --target cpu")
 
@@ -264,15 +359,22 @@ _ENQUEUE = {"If": _enqueue_if, "Loop": _enqueue_loop, "Scan": _enqueue_scan}
 
 
 def _bodies_built(layer: Any) -> bool:
-    """The layer carries its bodies as plans (a build's lowering made them) of static shapes (a body
-    whose shapes change across iterations, built for a profile, runs on cpu only so far)."""
+    """The layer carries its bodies as plans (a build's lowering made them) of static shapes, or a Loop
+    body built for a profile (its shapes change across iterations) whose one ruled value is the
+    iteration number and whose sizes no layer of its own decides (`_BodyShapes` binds them)."""
     bodies = [v for k, v in layer.attrs.items() if k in ("then_branch", "else_branch", "body")]
-    return all(hasattr(v, "tensors") and not _varying(v) for v in bodies)
+    return all(hasattr(v, "tensors") and (not _varying(v) or layer.kind == "Loop" and _bound_per_iteration(v))
+               for v in bodies)
 
 
 def _varying(plan: Any) -> bool:
     ranges = plan.profiles.ranges if plan.profiles is not None else ()
     return any(lo != hi for profile in ranges for lo, _, hi in profile.values())
+
+
+def _bound_per_iteration(plan: Any) -> bool:
+    profiles = plan.profiles
+    return len(profiles.ranges) == 1 and not profiles.data and set(profiles.values) <= {plan.inputs[0]}
 
 
 for _kind in KINDS:

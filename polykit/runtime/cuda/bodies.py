@@ -8,7 +8,9 @@ stream: inputs copied into the body's own arena, outputs copied out; a body repl
 graph after its first run), copies between device buffers (strided ones too: a Scan's slices
 along an axis other than 0), writes small host arrays (loop indices) and reads scalars back
 (an If's condition, a Loop's trip count and, once per iteration, its condition when the body
-can change it).
+can change it). A Loop body built for a profile (its shapes change across iterations) is bound to
+each iteration's input shapes and iteration number first (`bind`: the host evaluates its shapes,
+polykit.runtime.shapes) and runs uncaptured.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class BodyContexts:
         if held is None:
             from polykit.runtime.engine import Engine
 
-            engine = Engine(plan)
-            held = (plan, engine, engine.create_execution_context())
+            engine = Engine(plan)  # a body of run-time shapes binds new shapes every iteration: not captured
+            held = (plan, engine, engine.create_execution_context(cuda_graph=plan.profiles is None))
             self._open[id(plan)] = held
         return held[2]
 
@@ -56,6 +58,17 @@ class BodyDriver:
     def run(self, plan: Any, bindings: Mapping[str, int]) -> None:
         """Run body `plan` once on device pointers (one per plan input and output)."""
         self._bodies.context(plan).enqueue(dict(bindings), self.stream)
+
+    def bind(self, plan: Any, shapes: Mapping[str, tuple[int, ...]],
+             values: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """Give body `plan` (one built for a profile) the input `shapes` and shape-tensor input `values`
+        of its next run; {output: its shape} then (a RuntimeInputError past the profile)."""
+        ctx = self._bodies.context(plan)
+        for name, shape in shapes.items():
+            ctx.set_input_shape(name, shape)
+        for name, value in values.items():
+            ctx.set_input_values(name, value)
+        return {name: ctx.get_tensor_shape(name) for name in plan.outputs}
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         copy_device(dst, src, nbytes, self.stream)

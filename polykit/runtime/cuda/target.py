@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.compiler.profile_tactics import profile_layers
-from polykit.errors import DeviceError, PlanError, RankError, RuntimeInputError
+from polykit.errors import DeviceError, PlanError, PolykitError, RankError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
@@ -231,7 +231,7 @@ class CudaContext:
         self._counts.clear(index, stream)
         try:
             tactic.enqueue(layer, launcher, self.tensors)
-        except (DeviceError, RuntimeInputError):  # (a value the layer checks: CheckRange)
+        except PolykitError:  # a DeviceError, or a RuntimeInputError (CheckRange's value, a body's shape)
             raise
         except Exception as exc:
             raise DeviceError(f"tactic {tactic.name!r} failed to enqueue: {type(exc).__name__}: {exc}",

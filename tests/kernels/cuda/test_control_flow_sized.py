@@ -64,11 +64,12 @@ class HostBuffers:
                             lambda dst, src, n, stream: self.host.copy(dst, src, n))
 
 
-def _layer_run(plan, kind: str, values: dict[str, np.ndarray], tactic: str = "cuda.control_flow"):
-    """Run the plan's `kind` layer (its `tactic`) on emulated memory with its inputs from `values`: the
-    LayerOutputs it sized (and the host), after one enqueue."""
+def _layer_run(plan, kind: str, values: dict[str, np.ndarray], tactic: str = "cuda.control_flow",
+               host: "LoopBodies | None" = None):
+    """Run the plan's `kind` layer (its `tactic`) on emulated memory (`host`, a LoopBodies by default)
+    with its inputs from `values`: the LayerOutputs it sized (and the host), after one enqueue."""
     (layer,) = [lay for lay in plan.layers if lay.kind == kind]
-    host = LoopBodies()
+    host = host or LoopBodies()
     buffers = HostBuffers(host)
     launcher = HostLauncher(host)
     launcher.outputs = buffers.outputs(plan)
