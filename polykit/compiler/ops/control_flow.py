@@ -118,10 +118,10 @@ def _branch_shape(ctx: InferContext, output: int, a: Any, b: Any) -> Any:
     (data_dims.sized_dim); else unknown."""
     if a is None or b is None or len(a) != len(b):
         return None
-    return tuple(x if _same_dim(x, y) else sized_dim(ctx, axis, output) for axis, (x, y) in enumerate(zip(a, b)))
+    return tuple(x if same_dim(x, y) else sized_dim(ctx, axis, output) for axis, (x, y) in enumerate(zip(a, b)))
 
 
-def _same_dim(x: Any, y: Any) -> bool:
+def same_dim(x: Any, y: Any) -> bool:
     """Whether dims `x` and `y` are one size: equal ints, or one expression (a data-dependent dim
     only with itself; an input dim against an int is compared at opt, as shape rules do)."""
     if isinstance(x, DataDim) or isinstance(y, DataDim) or isinstance(x, SymInt) and isinstance(y, SymInt):

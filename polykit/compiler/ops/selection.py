@@ -24,7 +24,7 @@ import numpy as np
 
 from polykit.compiler.data_dims import sized_dim
 from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.control_flow import _same_dim
+from polykit.compiler.ops.control_flow import same_dim
 from polykit.compiler.registry import InferContext, shape_rule
 
 CHECK_RANGE = "CheckRange"
@@ -97,5 +97,5 @@ def _shape(ctx: InferContext, output: int, shapes: list) -> Any:
                            hint="a selection keeps its rank: the candidates of one output must share it")
         return None
     first = shapes[0]
-    return tuple(d if all(_same_dim(d, s[axis]) for s in shapes[1:]) else sized_dim(ctx, axis, output)
+    return tuple(d if all(same_dim(d, s[axis]) for s in shapes[1:]) else sized_dim(ctx, axis, output)
                  for axis, d in enumerate(first))
