@@ -87,7 +87,7 @@ EPILOGUE_REFS = {
 def bench_shape(M: int, N: int, K: int, layout: str, dtype, torch, args, epilogue: str = "none") -> list[dict]:
     from dataclasses import replace
 
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import candidates
     from polykit.runtime.cuda import driver

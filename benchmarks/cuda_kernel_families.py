@@ -12,9 +12,9 @@ benchmarks/cuda_kernel_families.py --int8-conv 32,56,56,64,256,1 --tactic cuda.i
 import argparse
 
 import numpy as np
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.int8 import RESIDUALS
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.int8.int8 import RESIDUALS
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.harness import resolve_tactic, infer_output_specs

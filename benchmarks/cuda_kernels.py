@@ -114,8 +114,8 @@ def polykit_op(layer, plan, torch):
 
 
 def bench_case(name, batch, precision, args, torch) -> list[dict]:
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     model = make_model(name, torch)
     inputs = make_inputs(name, batch, torch)
@@ -163,7 +163,7 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     in one process."""
     from dataclasses import replace
 
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import candidates
     from polykit.runtime.cuda import driver

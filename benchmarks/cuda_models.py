@@ -90,8 +90,8 @@ def time_cuda(fn, torch, warmup: int, iters: int) -> float:
 
 
 def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Engine
 
     model = make_model(name, torch)

@@ -18,8 +18,8 @@ from pathlib import Path
 def main() -> None:
     from cuda_gemm import EPILOGUES
 
-    from polykit.compiler.plan_records import LayerDesc
-    from polykit.kernels.cuda.gemm_sm90 import TILES, kernel_for
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, kernel_for
     from polykit.runtime.cuda.nvrtc import compile_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -10,8 +10,8 @@ import argparse
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.harness import infer_output_specs, resolve_tactic

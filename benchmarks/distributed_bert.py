@@ -8,7 +8,7 @@ transformers and nccl4py installed (pip install 'polykit[multi-gpu]'):
 
 For each model it exports the encoder (random weights, fixed seed; batch x 128 tokens) to ONNX,
 builds the 1-GPU cuda plan and the two rank plans (BuilderConfig(ranks=2): polykit.compiler.
-distributed), and runs them as rank processes (polykit.tools.ranks: one process per GPU, NCCL
+distributed), and runs them as rank processes (polykit.backends.rank_processes: one process per GPU, NCCL
 between them) in alternating rounds: 1 rank on GPU 0, then 2 ranks on GPUs 0 and 1. Reported:
 per-query latency (host to host, each round's median over --iters queries after warm-up; the
 median of the rounds), each rank's weight bytes, and rank 0's output against the 1-GPU plan's
@@ -53,9 +53,9 @@ def export(name: str, batch: int, path: Path) -> dict[str, np.ndarray]:
 
 def build(model: Path, folder: Path, precision: str, feeds: dict) -> tuple[list[Path], list[Path], float]:
     """(the 1-GPU plan, the rank plans, seconds the rank build took)."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.distributed import build_rank_plans
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.builder.distributed import build_rank_plans
 
     config = BuilderConfig(target="cuda", fp16=precision == "fp16",
                            input_shapes={n: tuple(a.shape) for n, a in feeds.items()})
@@ -75,7 +75,7 @@ def accuracy(got: np.ndarray, want: np.ndarray) -> dict:
 
 
 def bench_model(name: str, args, folder: Path) -> dict:
-    from polykit.tools.ranks import run_rank_processes
+    from polykit.backends.rank_processes import run_rank_processes
 
     model = folder / f"bert_{name}.onnx"
     feeds = export(name, args.batch, model)

@@ -15,7 +15,7 @@ at 8x128.
 
 `--profiles two` builds one plan for two optimization profiles instead (profile 0: batch 1-2 x
 sequence 16-512, opt 1x128; profile 1: batch 1-8 x sequence 16-512, opt 8x128), whose layers
-get a tactic per profile (polykit.compiler.profile_tactics), and times 1x128 on profile 0 and 8x128
+get a tactic per profile (polykit.kernels.profile_tactics), and times 1x128 on profile 0 and 8x128
 on profile 1 against the static plans of those shapes (the same alternating rounds).
 
 `--model PATH` takes an exported dynamic BERT instead (inputs input_ids, attention_mask with
@@ -59,9 +59,9 @@ def export_dynamic(model, path: Path, torch) -> None:
 
 def build(path: Path, target: str, precision: str, profiles=None, shape=OPT):
     """A plan for `profiles` ((min, opt, max) of (batch, seq) each), or static for `shape` (None)."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.profiles import Profile
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.profiles import Profile
 
     shapes = {"input_ids": shape, "attention_mask": shape}
     extra = ({"profiles": [Profile({n: r for n in shapes}) for r in profiles]} if profiles else {"input_shapes": shapes})

@@ -70,9 +70,9 @@ def bind(plan, x, torch):
 def main() -> None:
     import torch
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.ops.int8 import is_int8_layer
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.ops.quant.int8 import is_int8_layer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)

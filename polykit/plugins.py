@@ -45,7 +45,7 @@ from polykit.errors import PolykitError
 
 if TYPE_CHECKING:  # pragma: no cover
     from polykit.backends.base import RunnerSpec
-    from polykit.compiler.registry import OpRegistry
+    from polykit.compiler.ops.registry import OpRegistry
     from polykit.kernels.tactics import TacticRegistry
     from polykit.tools.compare_funcs import CompareFuncSpec
     from polykit.tools.data_loader import DataLoaderSpec
@@ -82,10 +82,10 @@ class HookSpecs:
     def polykit_ops(self, registry: "OpRegistry") -> None:
         """Register ops: importers, shape rules and reference kernels.
 
-        ``registry`` is a ``polykit.compiler.registry.OpRegistry`` whose ``importer(op,
+        ``registry`` is a ``polykit.compiler.ops.registry.OpRegistry`` whose ``importer(op,
         since=, domain=)``, ``shape_rule(*ops, domain=)`` and ``reference(*ops, domain=)``
-        are decorators of the functions described in polykit.compiler.registry and
-        polykit.kernels.registry. Called once per plugin manager, before the first model is
+        are decorators of the functions described in polykit.compiler.ops.registry and
+        polykit.compiler.ops.references. Called once per plugin manager, before the first model is
         imported or built (from the CLI and from Python alike); register module-level
         functions (the same function registered again is a no-op, another one an error).
         """

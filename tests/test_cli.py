@@ -124,8 +124,8 @@ def test_profile_lists_every_engine_layer_with_its_tactic(capsys):
 
 
 def test_profile_json_has_per_layer_medians_and_tactic_totals(capsys):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     assert cli("run", MLP, "--trt", "--target", "cpu", "--profile", "--iterations", "2", "--warm-up", "1", "--json",
                "--builder-optimization-level", "0") == 0  # one tactic for every layer: cpu.reference
@@ -313,7 +313,7 @@ def test_cli_and_python_api_do_the_same_thing(tmp_path):
     """The CLI only assembles loaders and runners: a short script gets the very same outputs."""
     from polykit.backends.loaders import EngineFromOnnx, OnnxFromPath
     from polykit.backends.polykit_runner import PolykitRunner
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.tools.comparator import Comparator
     from polykit.tools.data_loader import DataLoader, DataLoaderOptions
     from polykit.tools.results_io import load_outputs

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.plan import decode_plan, encode_plan
+from polykit.compiler.plan.file import decode_plan, encode_plan
 from polykit.tools.cli import EXIT_INTERNAL, main
 from tests import cli_models
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.plugins import PluginError, create_plugin_manager, reset_plugin_manager
 from polykit.runtime.engine import Engine
 
@@ -134,7 +134,7 @@ def test_a_plugin_registering_a_taken_tactic_name_is_a_plugin_error(tmp_path, mo
 
 
 def test_a_second_shape_rule_for_a_registered_op_is_a_plugin_error():
-    from polykit.compiler.registry import OpRegistry, find_shape_rule
+    from polykit.compiler.ops.registry import OpRegistry, find_shape_rule
 
     assert find_shape_rule("", "Relu") is not None
     with pytest.raises(PluginError, match="shape rule of ai.onnx::Relu"):

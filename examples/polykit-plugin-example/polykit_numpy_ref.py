@@ -26,8 +26,8 @@ class NumpyRefRunner(BaseRunner):
         self.graph: Any = None
 
     def activate_impl(self) -> None:
-        from polykit.compiler.infer import infer_shapes
-        from polykit.compiler.onnx_import import load_onnx
+        from polykit.compiler.graph.infer import infer_shapes
+        from polykit.compiler.graph.onnx_import import load_onnx
 
         self.graph = load_onnx(self.model)
         for name, shape in self.input_shapes.items():
@@ -45,7 +45,7 @@ class NumpyRefRunner(BaseRunner):
         return meta
 
     def infer_impl(self, feed_dict: dict[str, Any]) -> dict[str, Any]:
-        from polykit.compiler.evaluator import evaluate_graph
+        from polykit.compiler.graph.evaluator import evaluate_graph
 
         return evaluate_graph(self.graph, feed_dict)
 

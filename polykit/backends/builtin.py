@@ -8,7 +8,7 @@ from polykit.backends.base import BaseRunner, RunnerRequest, RunnerSpec
 from polykit.plugins import hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
 
 
 def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
@@ -16,11 +16,11 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     optionally saved; over EngineFromPath(model) when the model is a plan file already.
 
     Marked tensors (mark_outputs, mark_all) are observed, not forced: the engine is the unmarked
-    one, exposing the marked tensors that lie between its layers (polykit.compiler.marking)."""
+    one, exposing the marked tensors that lie between its layers (polykit.compiler.builder.marking)."""
     from polykit.backends.loaders import (EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type,
                                           refuse_build_options)
     from polykit.backends.polykit_runner import PolykitRunner
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
 
     if model_type(request.model) == "plan":
         defaults = BuilderConfig()
@@ -48,7 +48,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
 
 def builder_config(request: RunnerRequest) -> "BuilderConfig":
     """The BuilderConfig polykit's engine is built with for `request`."""
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
 
     return BuilderConfig(
         target=request.target,

@@ -22,7 +22,7 @@ from polykit.files import require_file
 
 #: ModifyOutputs(outputs=MARK_ALL) marks every intermediate tensor as a graph output.
 MARK_ALL = "mark-all"
-#: The first bytes of a plan file (polykit.compiler.plan.MAGIC, repeated here so that telling
+#: The first bytes of a plan file (polykit.compiler.plan.file.MAGIC, repeated here so that telling
 #: a plan from an ONNX model imports neither numpy nor the compiler).
 PLAN_MAGIC = b"PLYKPLAN"
 
@@ -68,7 +68,7 @@ def _model_proto(model: Any) -> Any:
     if isinstance(value, onnx.ModelProto):
         return value
     if isinstance(value, (str, os.PathLike)):
-        from polykit.compiler.onnx_import import read_model
+        from polykit.compiler.graph.onnx_import import read_model
 
         return read_model(value)
     if isinstance(value, (bytes, bytearray)):
@@ -76,10 +76,10 @@ def _model_proto(model: Any) -> Any:
             return onnx.load_model_from_string(bytes(value))
         except Exception as exc:
             raise ModelLoadError(f"cannot parse ONNX bytes: {exc}", hint="pass a valid serialized ModelProto") from exc
-    from polykit.compiler.ir import Graph
+    from polykit.compiler.ir.graph import Graph
 
     if isinstance(value, Graph):
-        from polykit.compiler.onnx_export import to_onnx
+        from polykit.compiler.graph.onnx_export import to_onnx
 
         return to_onnx(value)
     raise UsageError(f"expected an ONNX model (path, bytes, ModelProto or Graph), got {type(value).__name__}")
@@ -92,7 +92,7 @@ class OnnxFromPath(BaseLoader):
         self.path = path
 
     def __call__(self) -> Any:
-        from polykit.compiler.onnx_import import read_model
+        from polykit.compiler.graph.onnx_import import read_model
 
         return read_model(self.path)
 
@@ -105,8 +105,8 @@ class GraphFromOnnx(BaseLoader):
         self.check_supported = check_supported
 
     def __call__(self) -> Any:
-        from polykit.compiler.ir import Graph
-        from polykit.compiler.onnx_import import load_onnx
+        from polykit.compiler.ir.graph import Graph
+        from polykit.compiler.graph.onnx_import import load_onnx
 
         value = resolve(self.model)
         if isinstance(value, Graph):
@@ -121,7 +121,7 @@ class FoldConstants(BaseLoader):
         self.model = model
 
     def __call__(self) -> Any:
-        from polykit.compiler.onnx_export import to_onnx
+        from polykit.compiler.graph.onnx_export import to_onnx
 
         graph = GraphFromOnnx(self.model, check_supported=False)().copy()
         fold_graph_constants(graph)
@@ -130,7 +130,7 @@ class FoldConstants(BaseLoader):
 
 def fold_graph_constants(graph: Any) -> None:
     """The compiler's folding + dead-code passes to a fixed point, shapes re-inferred after each round."""
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.graph.infer import infer_shapes
     from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
     from polykit.compiler.passes.fold_constants import fold_constants
 
@@ -210,7 +210,7 @@ class SaveOnnx(BaseLoader):
         self.external_data = external_data
 
     def __call__(self) -> Any:
-        from polykit.compiler.onnx_export import save_model
+        from polykit.compiler.graph.onnx_export import save_model
 
         model = _model_proto(self.model)
         save_model(model, self.path, external_data=self.external_data)
@@ -225,8 +225,8 @@ class PlanFromOnnx(BaseLoader):
         self.config = config
 
     def __call__(self) -> Any:
-        from polykit.compiler.builder import build_plan
-        from polykit.compiler.ir import Graph
+        from polykit.compiler.builder.builder import build_plan
+        from polykit.compiler.ir.graph import Graph
 
         value = resolve(self.model)
         if not isinstance(value, Graph):
@@ -278,7 +278,7 @@ class EngineFromPath(BaseLoader):
         self.target = target
 
     def __call__(self) -> Any:
-        from polykit.compiler.plan import Plan
+        from polykit.compiler.plan.file import Plan
 
         plan = Plan.load(self.path, expect_target=self.target)
         return EngineFromPlan(plan, self.target)()

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
-from polykit.compiler.sequences import runtime_form
+from polykit.compiler.ir.sequences import runtime_form
 from polykit.errors import BuildError, DeviceError, PolykitError
 from polykit.runtime.sequences import flatten_value
 
@@ -44,7 +44,7 @@ class PolykitRep(BackendRep):
         """The engine for these feeds' shapes. Shape-tensor inputs (a Reshape target, TopK's k...)
         range over what their consumers allow, one engine serving every value (value_ranges);
         only when that build fails are the small inputs' values bound too, an engine per value."""
-        from polykit.compiler.infer import PROPAGATE_MAX_ELEMENTS
+        from polykit.compiler.graph.infer import PROPAGATE_MAX_ELEMENTS
 
         key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
         engine = self._engines.get(key)
@@ -79,8 +79,8 @@ class PolykitRep(BackendRep):
     def _ruled(self, feeds: dict[str, np.ndarray]) -> Any:
         """The engine whose shape-tensor inputs range over their value_ranges (None without such
         inputs, on a target that cannot size tensors at run time, or when the build fails)."""
-        from polykit.compiler.shape_rules import RUN_TIME_SIZED_TARGETS
-        from polykit.compiler.value_ranges import ruled_profile
+        from polykit.compiler.graph.shape_rules import RUN_TIME_SIZED_TARGETS
+        from polykit.compiler.builder.value_ranges import ruled_profile
 
         if self.target not in RUN_TIME_SIZED_TARGETS or set(feeds) != set(self.graph.inputs):
             return None  # (a sequence input's feeds are its elements)
@@ -93,8 +93,8 @@ class PolykitRep(BackendRep):
             return None
 
     def _build(self, feeds: dict[str, np.ndarray], values: dict[str, np.ndarray], profiles: list | None = None) -> Any:
-        from polykit.compiler.builder import build_plan
-        from polykit.compiler.config import BuilderConfig
+        from polykit.compiler.builder.builder import build_plan
+        from polykit.compiler.builder.config import BuilderConfig
         from polykit.runtime.engine import Runtime
 
         cfg = BuilderConfig(target=self.target, input_shapes={k: tuple(v.shape) for k, v in feeds.items()},
@@ -130,14 +130,14 @@ class PolykitBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
-        from polykit.compiler.registry import is_supported, load_ops
+        from polykit.compiler.ops.registry import is_supported, load_ops
 
         load_ops()
         return all(is_supported(n.domain, n.op_type) for n in model.graph.node)
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> PolykitRep:
-        from polykit.compiler.onnx_import import load_onnx
+        from polykit.compiler.graph.onnx_import import load_onnx
 
         target = _target_of(device)
         graph = load_onnx(model)
@@ -155,7 +155,7 @@ class PolykitBackend(Backend):
         """Run one NodeProto by wrapping it in a one-node model."""
         from onnx import helper
 
-        from polykit.compiler.dtypes import to_onnx
+        from polykit.compiler.ir.dtypes import to_onnx
 
         inputs = list(inputs)
         names = [n for n in node.input]

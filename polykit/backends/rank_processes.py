@@ -4,7 +4,7 @@ on the cuda target):
     outputs = run_ranks([Path("m.rank0.plan"), Path("m.rank1.plan")], feeds, target="cuda",
                         devices=[0, 1], timeout_s=120)        # one dict of outputs per rank
 
-Each rank is `python -m polykit.tools.rank_worker` on the CUDA device the explicit rank ->
+Each rank is `python -m polykit.backends.rank_worker` on the CUDA device the explicit rank ->
 device map gives it (`devices[i]`, an ordinal of the parent's view; CUDA_VISIBLE_DEVICES is
 passed through unchanged and named in errors). The parent makes the NCCL unique id and hands
 it over as hex; feeds go in and outputs come back as .npz files in a temporary folder, with a
@@ -98,7 +98,7 @@ def run_rank_processes(plan_paths: Sequence[Path], feeds: Mapping[str, np.ndarra
             for rank, plan in enumerate(plan_paths):
                 log = open(folder / f"stderr{rank}.txt", "w+b")
                 logs.append(log)
-                argv = [sys.executable, "-m", "polykit.tools.rank_worker", "--plan", str(Path(plan).resolve()),
+                argv = [sys.executable, "-m", "polykit.backends.rank_worker", "--plan", str(Path(plan).resolve()),
                         "--rank", str(rank), "--out", str(folder / f"out{rank}.npz"),
                         "--stats", str(folder / f"stats{rank}.json"), *common]
                 if devices[rank] is not None:

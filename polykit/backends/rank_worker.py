@@ -1,6 +1,6 @@
-"""One rank of a distributed run, as its own process (started by polykit.tools.ranks).
+"""One rank of a distributed run, as its own process (started by polykit.backends.rank_processes).
 
-    python -m polykit.tools.rank_worker --plan model.rank1.plan --rank 1 --ranks 2 --target cuda
+    python -m polykit.backends.rank_worker --plan model.rank1.plan --rank 1 --ranks 2 --target cuda
         --device 1 --nccl-id HEX --feeds feeds.npz --out out1.npz --stats stats1.json
 
 Loads the rank's plan on its CUDA device (the ordinal given, never a remapped one), joins
@@ -26,11 +26,11 @@ import numpy as np
 
 from polykit.errors import PolykitError, RankError, UsageError
 from polykit.runtime.cuda.nccl import COLLECTIVE_KIND, NCCL_ENV
-from polykit.tools.ranks import read_arrays, write_arrays
+from polykit.backends.rank_processes import read_arrays, write_arrays
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m polykit.tools.rank_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m polykit.backends.rank_worker", description=__doc__.splitlines()[0])
     p.add_argument("--plan", required=True, type=Path)
     p.add_argument("--rank", required=True, type=int)
     p.add_argument("--ranks", required=True, type=int)
@@ -68,7 +68,7 @@ def communicator(args: argparse.Namespace, plan: Any) -> Any:
         return SimulatedGroup(1, timeout_s=args.timeout).communicator(0)
     if not args.nccl_id:
         raise UsageError(f"rank {args.rank}: the plan has collective layers and no NCCL unique id was given",
-                         hint="start ranks with polykit.tools.ranks.run_ranks where NCCL is usable (it makes "
+                         hint="start ranks with polykit.backends.rank_processes.run_ranks where NCCL is usable (it makes "
                               "one): pip install 'polykit[multi-gpu]' and the NCCL library")
     from polykit.runtime.cuda.nccl import NcclCommunicator
 
@@ -76,7 +76,7 @@ def communicator(args: argparse.Namespace, plan: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> None:
-    from polykit.compiler.plan import Plan
+    from polykit.compiler.plan.file import Plan
     from polykit.runtime.engine import Engine
 
     plan = Plan.load(args.plan, expect_target=args.target)

@@ -1,9 +1,9 @@
 """The polykit engine split over ranks (`polykit run --trt --ranks N`): rank 0's outputs.
 
-It builds one plan per rank (polykit.compiler.distributed.build_rank_plans) and runs every rank
+It builds one plan per rank (polykit.compiler.builder.distributed.build_rank_plans) and runs every rank
 on each feed: on the cpu target as simulated ranks, threads of this process in one SimulatedGroup
 (polykit.runtime.collectives); on cuda as one process per GPU through
-polykit.tools.ranks.run_ranks (NCCL). Every rank gets the same feeds; the runner returns rank 0's
+polykit.backends.rank_processes.run_ranks (NCCL). Every rank gets the same feeds; the runner returns rank 0's
 outputs, which the comparator checks like any runner's.
 """
 
@@ -36,7 +36,7 @@ class RanksRunner(BaseRunner):
         return [p.weight_bytes for p in self.plans]
 
     def activate_impl(self) -> None:
-        from polykit.compiler.distributed import build_rank_plans
+        from polykit.compiler.builder.distributed import build_rank_plans
         from polykit.runtime.engine import Engine
 
         self.plans = build_rank_plans(self.model, self.config)
@@ -65,7 +65,7 @@ class RanksRunner(BaseRunner):
             from polykit.runtime.collectives import run_simulated_ranks
 
             return run_simulated_ranks(self._engines, [feed_dict] * len(self._engines), timeout_s=self.timeout_s)[0]
-        from polykit.tools.ranks import run_ranks  # dist-rt's process launcher (cuda: NCCL)
+        from polykit.backends.rank_processes import run_ranks  # dist-rt's process launcher (cuda: NCCL)
 
         return run_ranks(self._paths, feed_dict, target=self.plans[0].target, devices=None,
                          timeout_s=self.timeout_s)[0]

@@ -21,8 +21,7 @@ _TACTIC_FAMILIES = {
 @hookimpl
 def polykit_ops(registry: Any) -> None:
     # the op modules' decorators are the registry's functions (compiler.registry, kernels.registry)
-    importlib.import_module("polykit.compiler.ops")
-    importlib.import_module("polykit.kernels.reference")
+    importlib.import_module("polykit.compiler.ops").load_op_modules()
 
 
 @hookimpl

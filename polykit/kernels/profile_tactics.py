@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.plan_schema import Invalid
-from polykit.compiler.profiles import generic_corners, tensors_at
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.compiler.plan.schema import Invalid
+from polykit.compiler.plan.profiles import generic_corners, tensors_at
 from polykit.errors import BuildError
 
-Pair = tuple[LayerDesc, Any]  # (the layer at one precision, a tactic), as in polykit.compiler.tuner
+Pair = tuple[LayerDesc, Any]  # (the layer at one precision, a tactic), as in polykit.compiler.builder.tuner
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ def profile_groups(profiles: Any) -> list[list[dict[str, int]]]:
     those with rule symbols at other values: shape_rules.small_rule_corners)."""
     if profiles is None:
         return []
-    from polykit.compiler.data_dims import small_data_corners
-    from polykit.compiler.shape_rules import small_rule_corners
+    from polykit.compiler.ops.data_dims import small_data_corners
+    from polykit.compiler.graph.shape_rules import small_rule_corners
 
     groups = [[env for i, _, env in profiles.corners() if i == p] for p in range(len(profiles.ranges))]
     return [group + small_data_corners(group, profiles.data) + small_rule_corners(group, profiles.rules)
@@ -102,7 +102,7 @@ def pick_tactics(layer: LayerDesc, every: ProfileShapes, views: Sequence[Profile
 
 def at_opt(layer: LayerDesc, view: ProfileShapes) -> LayerDesc:
     """`layer` stamped with its dynamic tensors' shapes at the profile's opt."""
-    from polykit.compiler.tuner import at_corner
+    from polykit.compiler.builder.tuner import at_corner
 
     return at_corner(layer, view.opt)
 
@@ -143,7 +143,7 @@ def profile_layers(plan: Any, profile: int) -> list[LayerDesc]:
     its params) and stamped at that profile's opt shapes, as the builder judged them."""
     if plan.profiles is None or len(plan.profiles.ranges) < 2:
         return list(plan.layers)
-    from polykit.compiler.tuner import at_corner
+    from polykit.compiler.builder.tuner import at_corner
     from polykit.kernels.tactics import find_tactic
 
     env = next(env for p, label, env in plan.profiles.corners() if p == profile and label == "opt")

@@ -50,7 +50,7 @@ class Tactic:
     conservative: the kind's trusted choice (cpu.reference), which `conservative_tactic`
         prefers to the plainest kernel when bisecting a wrong build.
     dynamic_sizes: it reads the layer's sizes at run time, so it may serve a layer of a plan
-        built for optimization profiles whose shapes change between runs (polykit.compiler.profiles);
+        built for optimization profiles whose shapes change between runs (polykit.compiler.plan.profiles);
         a tactic whose kernel bakes sizes in at build time is not eligible for such a layer.
     """
 

@@ -157,7 +157,7 @@ def run_simulated_ranks(engines: Sequence[Any], feeds: Sequence[Mapping[str, np.
 
 def needs_communicator(plan: Any) -> bool:
     """Whether `plan` has a collective layer over more than one rank."""
-    from polykit.compiler.ops.collective import is_collective
+    from polykit.compiler.ops.models.collective import is_collective
 
     return any(is_collective(l) and int(l.attrs.get("ranks", 1)) > 1 for l in plan.layers)
 

@@ -24,9 +24,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.plan import Plan
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profile_tactics import profile_layers
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.output_alloc import OutputSizes

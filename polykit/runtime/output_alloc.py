@@ -2,7 +2,7 @@
 
 A layer whose output size depends on input values (NonZero, Compress, Unique,
 NonMaxSuppression) has a dim that is a data symbol `data(tensor)[axis]` in the plan
-(polykit.compiler.data_dims); its arena slot holds the symbol's bound. The engine runs the
+(polykit.compiler.ops.data_dims); its arena slot holds the symbol's bound. The engine runs the
 layers in segments that end at such a layer: after it, the target reports the sizes
 (`TargetContext.data_sizes`: cpu reads the array's shape; cuda reads back the count the
 kernel wrote to a device word, one synchronization), the ShapeBinder evaluates the shapes that
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from polykit.compiler.symbolic import Expr
+from polykit.compiler.ir.symbolic import Expr
 from polykit.errors import PlanError
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 

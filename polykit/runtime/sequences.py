@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import OPTIONAL
-from polykit.compiler.passes.sequence_walk import PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH
+from polykit.compiler.ir.graph import OPTIONAL
+from polykit.compiler.passes.control.sequence_walk import PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH
 from polykit.errors import PlanError, RuntimeInputError
 
 Layout = Any

@@ -1,7 +1,7 @@
 """Run-time shape binding of a plan built for optimization profiles.
 
 `ShapeBinder(plan).bind(input_shapes, profile)` checks the input shapes against the profile
-(polykit.compiler.profiles.ProfileSet.bind_shapes), evaluates every tensor's dim expressions
+(polykit.compiler.plan.profiles.ProfileSet.bind_shapes), evaluates every tensor's dim expressions
 on the host and returns a `ShapeSet`: the concrete shape of each tensor of the plan for this
 run, the values of its shape tensors (Shape -> Gather -> Concat chains, which no layer runs), and a key that names the set (equal input shapes, equal key: CUDA-graph replays and
 per-shape launch parameters are cached by it). A tensor whose shape would need more bytes
@@ -9,7 +9,7 @@ than the plan reserved for it (its size at the profile's corners) is refused.
 
 The same mechanism serves anything that learns shapes at run time: a ShapeSet is a plain
 record a target reads in `TargetContext.bind_shapes`. Tensors whose shapes name a data symbol
-(an output size a layer decides from values, polykit.compiler.data_dims) wait: `bind_data`
+(an output size a layer decides from values, polykit.compiler.ops.data_dims) wait: `bind_data`
 evaluates them once the layer has reported the size (polykit.runtime.output_alloc).
 """
 
@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.data_dims import sized_tensors
-from polykit.compiler.shape_rules import evaluate_rules, run_time_sized
-from polykit.compiler.symbolic import Expr, ShapeEvalError, Term, evaluate
+from polykit.compiler.ops.data_dims import sized_tensors
+from polykit.compiler.graph.shape_rules import evaluate_rules, run_time_sized
+from polykit.compiler.ir.symbolic import Expr, ShapeEvalError, Term, evaluate
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
 
 #: distinct input shape sets whose evaluated shapes a binder keeps
@@ -55,8 +55,8 @@ class ShapeBinder:
         #: data symbols each tensor's dims or value name: it waits for them (polykit.runtime.output_alloc)
         self._waits = {n: frozenset(data & set().union(*(_symbols(e) for e in t.dims + t.value)))
                        for n, t in plan.tensors.items() if t.dims or t.value}
-        #: tensors a shape rule sizes at bind time (polykit.compiler.shape_rules), or whose dims name a sized
-        #: data symbol (polykit.compiler.data_dims.sized_dim): no reserved bytes bound them
+        #: tensors a shape rule sizes at bind time (polykit.compiler.graph.shape_rules), or whose dims name a sized
+        #: data symbol (polykit.compiler.ops.data_dims.sized_dim): no reserved bytes bound them
         self._run_time_sized = run_time_sized(self._dynamic, self.profiles.rules) | sized_tensors(plan) \
             if self.profiles is not None else set()
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()

@@ -5,7 +5,7 @@ fetched from cache: the "compile" step), which creates TargetContexts: one activ
 memory each ("allocate"), with `copy_in`/`copy_out` ("copy"), `launch(i)` of one layer
 ("launch"), `synchronize` and a `timer`. The engine (polykit.runtime.engine) owns the one
 layer loop over them, the profiler and the error wrapping; the builder times single layers
-through the same protocol (polykit.compiler.tuner). Targets register in TARGETS by name and
+through the same protocol (polykit.compiler.builder.tuner). Targets register in TARGETS by name and
 are imported lazily, so `import polykit` never imports cuda-python.
 """
 
@@ -97,7 +97,7 @@ class Target(Protocol):
     name: str
 
     def load(self, plan: Any) -> TargetEngine:
-        """Prepare `plan` (a polykit.compiler.plan.Plan) to run on this target."""
+        """Prepare `plan` (a polykit.compiler.plan.file.Plan) to run on this target."""
 
     def available(self) -> bool: ...
 

@@ -110,7 +110,7 @@ def run_case(action: Callable[[], None], timeout: float) -> tuple[str, str]:
 
 # ---- what a case does with the mutated file ------------------------------------------------------
 def _run_plan_bytes(data: bytes) -> None:
-    from polykit.compiler.plan import Plan
+    from polykit.compiler.plan.file import Plan
 
     plan = Plan.deserialize(data, where="fuzz.plan")
     if plan.target == "cpu":
@@ -133,9 +133,9 @@ def _execute(plan: Any) -> None:
 
 
 def _run_model_bytes(data: bytes, workdir: Path) -> None:
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.plan import Plan
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.file import Plan
 
     path = workdir / "fuzz.onnx"
     path.write_bytes(data)
@@ -172,8 +172,8 @@ def _run_data_file(file: DataFile, data: bytes, workdir: Path, engine_plan: Any)
 
 
 def _run_calibration_cache(data: bytes, workdir: Path, model: Any) -> None:
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     path = workdir / "fuzz.cache"
     path.write_bytes(data)
@@ -184,8 +184,8 @@ def _run_calibration_cache(data: bytes, workdir: Path, model: Any) -> None:
 def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: float = 20.0,
          progress: Callable[[str], None] | None = None) -> FuzzReport:
     """Run `cases` cases of each kind; deterministic for a seed."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     report = FuzzReport(seed, cases)
     models = seed_models()
@@ -226,7 +226,7 @@ def _mutate(kind: str, original: Any, rng: np.random.Generator) -> tuple[bytes, 
     """One to three mutations of a corpus entry, as the bytes of the file."""
     steps = int(rng.integers(1, 4))
     if kind == "plan":
-        from polykit.compiler.plan import decode_plan, encode_plan
+        from polykit.compiler.plan.file import decode_plan, encode_plan
 
         header, doc, blob = decode_plan(original)
         blob, notes = bytes(blob), []

@@ -14,7 +14,7 @@ SCALE_EDGES = ("0x1.0p-7", "0x1.5555560000000p-2", "0x0p+0", "-0x1.0p-3", "0x1.0
 
 def calibration_corpus() -> list[tuple[str, bytes]]:
     """(name, cache bytes): the scales of the Gemm inputs of the seed "mlp" model (fuzz_corpus)."""
-    from polykit.compiler.calibration_cache import CalibrationCache
+    from polykit.compiler.builder.calibration_cache import CalibrationCache
 
     return [("mlp.cache", CalibrationCache("entropy", {"x": 0.021, "r": 0.047}).text().encode())]
 

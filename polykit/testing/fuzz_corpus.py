@@ -74,8 +74,8 @@ def seed_models() -> dict[str, Any]:
 def plan_corpus(models: dict[str, Any]) -> list[tuple[str, bytes]]:
     """(name, plan bytes): cpu plans of every seed model, unfused and fp16 variants, and a cuda
     plan (built without a GPU: the builder needs none; the fuzzer checks it without running)."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     configs = {"cpu": BuilderConfig(target="cpu"), "cpu-unfused": BuilderConfig(target="cpu", fuse=False),
                "cpu-fp16": BuilderConfig(target="cpu", fp16=True)}

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
 from polykit.tools.profile_report import ProfileSummary, summarize
 

@@ -39,7 +39,7 @@ def bench(
     builder_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import refuse_build_options
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.tools import cli_args
     from polykit.tools.bench import BenchOptions, bench_model
     from polykit.tools.run_cmd import resolve_target

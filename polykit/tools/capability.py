@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 import typer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from polykit.compiler.ir import Graph, Node
+    from polykit.compiler.ir.graph import Graph, Node
 
 log = logging.getLogger("polykit")
 
@@ -66,9 +66,9 @@ def prepare_graph(model: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> "t
     given becomes 1, with a notice) and constant subgraphs folded, as the builder sees it; and
     how many nodes folded away."""
     from polykit.backends.loaders import fold_graph_constants
-    from polykit.compiler.builder import apply_input_shapes
-    from polykit.compiler.infer import infer_shapes
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.builder.builder import apply_input_shapes
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.graph.onnx_import import load_onnx
 
     graph = load_onnx(model, check_supported=False)
     shapes = dict(input_shapes)
@@ -89,7 +89,7 @@ def _layer(node: "Node", graph: "Graph") -> Any:
     """The plain layer the node lowers to, stamped with its tensors' dtypes and shapes."""
     import numpy as np
 
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     def dtype(name: str) -> str:
         return np.dtype(graph.value(name).dtype).name if name else ""
@@ -113,10 +113,10 @@ def _unknown_tensor(node: "Node", graph: "Graph") -> str | None:
 
 def judge_node(node: "Node", graph: "Graph", target: str, arch: str | None) -> NodeSupport:
     """Whether `target` runs `node`, and which tactics accept it (or why none does)."""
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.layer_precision import allowed_precisions
-    from polykit.compiler.registry import find_shape_rule
-    from polykit.kernels.registry import find_reference
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.builder.layer_precision import allowed_precisions
+    from polykit.compiler.ops.registry import find_shape_rule
+    from polykit.compiler.ops.references import find_reference
     from polykit.kernels.tactics import candidates, tactic_table
 
     domain = node.domain or "ai.onnx"
@@ -204,7 +204,7 @@ def boundary(graph: "Graph", indices: list[int]) -> Partition:
 def check_capability(model: Any, target: str, input_shapes: Mapping[str, tuple[int, ...]] | None = None
                      ) -> "tuple[Capability, Graph]":
     """The capability report of `model` (a path or ModelProto) on `target`, and the graph judged."""
-    from polykit.compiler.builder import build_device, resolve_target
+    from polykit.compiler.builder.builder import build_device, resolve_target
 
     target = resolve_target(target)
     graph, folded = prepare_graph(model, input_shapes or {})
@@ -230,7 +230,7 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     polykit.tools.subgraph.Extractor from the graph judged; the paths."""
     from pathlib import Path
 
-    from polykit.compiler.onnx_import import check_model
+    from polykit.compiler.graph.onnx_import import check_model
     from polykit.errors import UsageError
 
     out = Path(folder)
@@ -243,7 +243,7 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     paths = []
     import onnx
 
-    from polykit.compiler.onnx_export import to_onnx
+    from polykit.compiler.graph.onnx_export import to_onnx
     from polykit.tools.subgraph import Extractor
 
     extractor = Extractor(to_onnx(graph), graph)  # the graph judged: inputs static, constants folded

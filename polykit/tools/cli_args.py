@@ -158,7 +158,7 @@ def parse_profiles(min_shapes: Sequence[str], opt_shapes: Sequence[str], max_sha
     values = _profile_triples(VALUE_OPTIONS, (min_values, opt_values, max_values))
     if not shapes and not values:
         return ()
-    from polykit.compiler.profiles import Profile  # only then: `run --onnxrt` loads no compiler
+    from polykit.compiler.plan.profiles import Profile  # only then: `run --onnxrt` loads no compiler
 
     if shapes and values and len(shapes) != len(values):
         raise UsageError(f"the shape flags give {len(shapes)} profile(s), the shape-value flags {len(values)}",

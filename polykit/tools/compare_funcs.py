@@ -157,7 +157,7 @@ def is_float_dtype(dtype: Any) -> bool:
         return True
     if dtype.kind != "V":
         return False
-    from polykit.compiler.dtypes import is_float
+    from polykit.compiler.ir.dtypes import is_float
 
     return is_float(dtype)
 

@@ -210,7 +210,7 @@ def run_onnxrt_case(case: Case) -> CaseResult:
 def run_case(case: Case, target: str = "cpu") -> CaseResult:
     """Run one case; 'unsupported' when an op is missing from polykit's tables."""
     from polykit.backends.onnx_backend import PolykitBackend
-    from polykit.compiler.registry import is_supported, load_ops
+    from polykit.compiler.ops.registry import is_supported, load_ops
     from polykit.errors import UnsupportedModelError
 
     load_ops()
@@ -253,7 +253,7 @@ def _as_array(item: Any) -> np.ndarray:
 
 def _has_importer(model: Any) -> bool:
     """Ops with only an importer (e.g. Upsample -> Resize) count as supported."""
-    from polykit.compiler.registry import IMPORTERS, is_supported
+    from polykit.compiler.ops.registry import IMPORTERS, is_supported
 
     return all(is_supported(n.domain, n.op_type) or (n.domain or "", n.op_type) in IMPORTERS for n in model.graph.node)
 

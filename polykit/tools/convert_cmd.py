@@ -29,7 +29,7 @@ def convert(
     builder_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.errors import UsageError
     from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
@@ -74,7 +74,7 @@ def rank_plan_paths(output: str, ranks: int) -> list[Path]:
 
 
 def _convert_ranks(model: str, config: Any, output: str) -> int:
-    from polykit.compiler.distributed import build_rank_plans
+    from polykit.compiler.builder.distributed import build_rank_plans
     from polykit.tools.cli import stderr_console
 
     console = stderr_console()

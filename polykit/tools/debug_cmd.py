@@ -40,7 +40,7 @@ class CheckSetup:
     def config(self, model: str, builder_options: Mapping[str, Any], resolve: bool = True) -> Any:
         """The BuilderConfig of the build to debug (target: --target, else cuda when usable; with
         `resolve` False, a target not given stays None: the build picks it when it runs)."""
-        from polykit.compiler.config import BuilderConfig
+        from polykit.compiler.builder.config import BuilderConfig
         from polykit.tools.run_cmd import resolve_target
 
         target = resolve_target(self.target, ["trt"], model) if resolve else self.target

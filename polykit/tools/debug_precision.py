@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.debug_check import error_json, onnxrt_outputs, saved_reference, verdict
@@ -100,7 +100,7 @@ def debug_precision(model: Any, config: BuilderConfig, options: PrecisionOptions
                     ) -> PrecisionReport:
     """Find the nodes of `model` (an ONNX path or ModelProto) to keep in fp32 (module docstring)."""
     from polykit.backends.loaders import GraphFromOnnx, model_type
-    from polykit.compiler.tuner import SHOW_BUILD_PROGRESS, progress_bar
+    from polykit.compiler.builder.tuner import SHOW_BUILD_PROGRESS, progress_bar
 
     if model_type(model) == "plan":
         raise UsageError("debug precision builds the model again and again: it needs the ONNX model, not a plan",
@@ -171,7 +171,7 @@ class PrecisionTrials:
         settings.compare_options.check_output_names(name for outs in self.reference for name in outs)
 
     def plan(self, fp32: Any, **changes: Any) -> Any:
-        from polykit.compiler.builder import build_plan
+        from polykit.compiler.builder.builder import build_plan
 
         self.builds += 1
         asked = {**self.config.layer_precisions, **{name: "fp32" for name in fp32}}

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PolykitError, UsageError
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.debug_check import (check_argv, error_json, refuse_check_conflicts, run_check, saved_reference,
                                        verdict)
 from polykit.tools.reduce_search import reduce_nodes
-from polykit.compiler.subgraphs import outer_names
+from polykit.compiler.ir.subgraphs import outer_names
 from polykit.tools.subgraph import Extractor, TensorSpec
 from polykit.tools.tactic_bisect import Verdict
 
@@ -119,7 +119,7 @@ class ReduceReport:
     def save(self, output: str | os.PathLike, min_good: str | os.PathLike | None = None) -> dict[str, Any]:
         """Write the reduced model to `output` and, when asked and found, the nearest passing one
         to `min_good`; to_json() with the paths written ("path"; None where nothing was)."""
-        from polykit.compiler.onnx_export import save_model
+        from polykit.compiler.graph.onnx_export import save_model
 
         doc = self.to_json()
         save_model(self.reduced.model, output)
@@ -135,7 +135,7 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
                  ) -> ReduceReport:
     """Reduce `model` (an ONNX path or ModelProto) that fails the check (module docstring)."""
     from polykit.backends.loaders import _model_proto, model_type
-    from polykit.compiler.tuner import SHOW_BUILD_PROGRESS, progress_bar
+    from polykit.compiler.builder.tuner import SHOW_BUILD_PROGRESS, progress_bar
 
     if model_type(model) == "plan":
         raise UsageError("debug reduce cuts subgraphs out of the ONNX model: it needs the ONNX model, not a plan",
@@ -256,7 +256,7 @@ class BuiltinCheck:
 
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
         from polykit.backends.polykit_runner import PolykitRunner
-        from polykit.compiler.builder import build_plan
+        from polykit.compiler.builder.builder import build_plan
         from polykit.tools.comparator import Comparator
 
         candidate = self.subgraphs.candidate(nodes)
@@ -284,7 +284,7 @@ class CommandCheck:
         self.unchecked: set[tuple[int, ...]] = set()
 
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
-        from polykit.compiler.onnx_export import save_model
+        from polykit.compiler.graph.onnx_export import save_model
         from polykit.tools import results_io
 
         self.count += 1

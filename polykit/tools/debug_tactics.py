@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
 from polykit.errors import UsageError
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.debug_check import (artifacts_folder, check_argv, error_json, onnxrt_outputs, refuse_check_conflicts,
@@ -94,8 +94,8 @@ class DebugReport:
 def debug_tactics(model: Any, config: BuilderConfig | None = None, options: DebugOptions = DebugOptions()) -> DebugReport:
     """Bisect the tactics of `model` (an ONNX path or ModelProto) built with `config` (module docstring)."""
     from polykit.backends.loaders import GraphFromOnnx, model_type
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.tuner import SHOW_BUILD_PROGRESS, progress_bar
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.tuner import SHOW_BUILD_PROGRESS, progress_bar
 
     if model_type(model) == "plan":
         raise UsageError("debug tactics builds the model again and again: it needs the ONNX model, not a plan",
@@ -130,8 +130,8 @@ def debug_tactics(model: Any, config: BuilderConfig | None = None, options: Debu
 def conservative_assignment(layers: Sequence[Any], target: str, config: BuilderConfig) -> dict[str, str]:
     """Layer name -> its conservative tactic (at the layer's precision, else at another one the
     build may give it); a layer none runs keeps its own tactic (it is then not bisected)."""
-    from polykit.compiler.builder import target_arch
-    from polykit.compiler.tuner import precision_variants
+    from polykit.compiler.builder.builder import target_arch
+    from polykit.compiler.builder.tuner import precision_variants
     from polykit.kernels.tactics import conservative_tactic
 
     arch = target_arch(target) if target != "cpu" else None
@@ -180,7 +180,7 @@ class OutputTrials:
         settings.compare_options.check_output_names(name for outs in self.reference for name in outs)
 
     def __call__(self, assignment: Mapping[str, str]) -> Verdict:
-        from polykit.compiler.builder import build_plan
+        from polykit.compiler.builder.builder import build_plan
 
         if dict(assignment) == self.bad:
             return self._verdict(self.bad_outputs)

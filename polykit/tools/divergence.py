@@ -8,7 +8,7 @@ which still agree.
     layerwise.first_divergence.node          # e.g. "/layer3/conv2/Conv"
 
 When a runner fused some ONNX tensors away (polykit compares at fused-layer boundaries, see
-polykit.compiler.marking), the tensors between the divergent one and the agreeing ones were
+polykit.compiler.builder.marking), the tensors between the divergent one and the agreeing ones were
 not compared: `region` lists the nodes that compute them (the fused layer, or the nodes no
 marked tensor observes), so the culprit is among them.
 """

@@ -30,8 +30,8 @@ def _shape(shape: Any) -> str:
 def describe_onnx(path: str, show: Sequence[str] = ("io", "ops")) -> dict[str, Any]:
     """Name, opsets, inputs/outputs (dtype, shape), op histogram, node and weight counts; with
     "layers" in `show` every node (and its attributes with "attrs"), with "weights" the initializers."""
-    from polykit.compiler.dtypes import ONNX_TYPE_NAMES
-    from polykit.compiler.onnx_import import read_model
+    from polykit.compiler.ir.dtypes import ONNX_TYPE_NAMES
+    from polykit.compiler.graph.onnx_import import read_model
 
     model = read_model(path)
     g = model.graph
@@ -64,7 +64,7 @@ def describe_nodes(model: Any, attrs: bool, layers: bool = True, weights: bool =
     import numpy as np
     from onnx import helper, numpy_helper
 
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.errors import PolykitError
 
     try:
@@ -207,7 +207,7 @@ def model(
         raise UsageError("--profile times the layers of a plan; MODEL is an ONNX model",
                          hint="build a plan with `polykit convert`, or use `polykit run MODEL --trt --profile`")
     if is_plan:
-        from polykit.compiler.plan import Plan
+        from polykit.compiler.plan.file import Plan
 
         info = describe_plan(Plan.load(path), profile_runs=iterations if profile else 0, seed=seed,
                              weights="weights" in sections)
@@ -341,7 +341,7 @@ def tactics(
     from rich.console import Console
     from rich.table import Table
 
-    from polykit.compiler.tactic_replay import load_replay
+    from polykit.compiler.builder.tactic_replay import load_replay
 
     replay = load_replay(path)
     if as_json:

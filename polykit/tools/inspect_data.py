@@ -80,7 +80,7 @@ def _saved_data(path: Path) -> DataSet:
 
 
 def _npy_file(path: Path) -> DataSet:
-    from polykit.tools.npy_io import read_npy
+    from polykit.npy_io import read_npy
 
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
@@ -97,7 +97,7 @@ def _starts_with(path: Path, magic: bytes) -> bool:
 
 def _calibration_cache(path: Path) -> DataSet:
     """Per tensor its INT8 scale and the threshold it implies (|x| that maps to 127), widest first."""
-    from polykit.compiler.calibration_cache import read_calibration_cache
+    from polykit.compiler.builder.calibration_cache import read_calibration_cache
 
     cache = read_calibration_cache(path)
     order = sorted(cache.scales.items(), key=lambda item: (-item[1], item[0]))
@@ -108,8 +108,8 @@ def _calibration_cache(path: Path) -> DataSet:
 
 
 def builtin_data_readers() -> list[DataReaderSpec]:
-    from polykit.compiler.calibration_cache import MAGIC
-    from polykit.tools.npy_io import NPY_MAGIC
+    from polykit.compiler.builder.calibration_cache import MAGIC
+    from polykit.npy_io import NPY_MAGIC
 
     return [
         DataReaderSpec("saved", lambda p: p.is_dir() or p.suffix in (".npz", ".json"), _saved_data,

@@ -18,8 +18,8 @@ def collectives_of(plan: Any) -> dict[str, Any] | None:
 
 def describe_ranks(model: str, ranks: int, input_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """Each rank's part of `model` split over `ranks` ranks (built for the cpu target)."""
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.distributed import build_rank_plans
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.builder.distributed import build_rank_plans
 
     plans = build_rank_plans(model, BuilderConfig(target="cpu", input_shapes=dict(input_shapes), ranks=ranks,
                                                   builder_optimization_level=0))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from polykit.errors import DataFileError, UsageError
-from polykit.tools.npy_io import read_npy
+from polykit.npy_io import read_npy
 
 _ZIP_MAGIC = b"PK\x03\x04"
 

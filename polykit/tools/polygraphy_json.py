@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from polykit.errors import DataFileError
-from polykit.tools.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npy, read_npz
+from polykit.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npy, read_npz
 
 TYPE_MARKER = "polygraphy_class"
 LEGACY_PREFIX = "__polygraphy_encoded_"

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping
 from polykit.errors import DataFileError, UsageError
 from polykit.files import require_file
 from polykit.tools import polygraphy_json
-from polykit.tools.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npz
+from polykit.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npz
 
 #: what --format names: polykit's .npz/.json (chosen by suffix), or Polygraphy's JSON
 SAVE_FORMATS = ("polykit", "polygraphy")
@@ -35,7 +35,7 @@ _OUTPUT_KEY = re.compile(r"^[^/]+/\d+/.")
 
 def open_npz(path: Path) -> dict[str, Any]:
     """name -> array of an .npz (each member read by npy_io: header checked against its bytes);
-    also the reader of INT8 calibration batches (polykit.compiler.calibrate)."""
+    also the reader of INT8 calibration batches (polykit.compiler.builder.calibrate)."""
     path = require_file(path, "data file", DataFileError)
     with open(path, "rb") as fh:
         head = fh.read(len(NPY_MAGIC))
@@ -93,7 +93,7 @@ def _json_array(value: Any, where: str) -> Any:
     (nested) list or number (float64 data becomes float32)."""
     import numpy as np
 
-    from polykit.compiler.plan_schema import DTYPES
+    from polykit.compiler.plan.schema import DTYPES
 
     if polygraphy_json.polygraphy_class(value) is not None:
         arr = polygraphy_json.decode(value, where)

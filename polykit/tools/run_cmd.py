@@ -70,7 +70,7 @@ def feed_shape_values(model: str, builder_options: dict, load_inputs: Optional[s
     import numpy as np
 
     from polykit.backends.loaders import model_type
-    from polykit.compiler.value_ranges import MAX_ELEMENTS
+    from polykit.compiler.builder.value_ranges import MAX_ELEMENTS
     from polykit.tools.results_io import load_feeds
 
     if builder_options.get("shape_values") or any(p.values for p in builder_options["profiles"]) \

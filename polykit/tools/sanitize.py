@@ -3,7 +3,7 @@
     clean = sanitize("model.onnx", fold_constants=True)            # same opset, same IR version
     clean = sanitize("model.onnx", upgrade_opset=21)
 
-polykit imports a model into its canonical opset form (polykit.compiler.onnx_import), where
+polykit imports a model into its canonical opset form (polykit.compiler.graph.onnx_import), where
 nodes of older opsets are rewritten. The sanitized model is not that form: it keeps every
 node of the original model whose outputs the compiler's folding and dead-code passes left
 to a node (as the original wrote it, so its opset and IR version stay valid), drops the
@@ -25,7 +25,7 @@ def sanitize(model: Any, *, fold_constants: bool = False, upgrade_opset: int | N
     from onnx import numpy_helper
 
     from polykit.backends.loaders import GraphFromOnnx, _model_proto, fold_graph_constants
-    from polykit.compiler.subgraphs import outer_names
+    from polykit.compiler.ir.subgraphs import outer_names
 
     original = _model_proto(model)
     graph = GraphFromOnnx(original, check_supported=False)().copy()
@@ -64,7 +64,7 @@ def sanitize(model: Any, *, fold_constants: bool = False, upgrade_opset: int | N
 def _convert(model: Any, opset: int, to: int) -> Any:
     from onnx import version_converter
 
-    from polykit.compiler.onnx_export import min_ir_version
+    from polykit.compiler.graph.onnx_export import min_ir_version
 
     ir_version = model.ir_version
     try:

@@ -9,7 +9,7 @@ output until an input or an initializer; a graph input met on the way that is no
 `inputs` is an error), copied as they are in the model, with the initializers they read,
 the model's opsets, IR version and metadata. Shapes and dtypes left out (None, "auto" on
 the command line) come from polykit's own shape inference of the whole model
-(polykit.compiler.infer through onnx_import.load_onnx), computed once per Extractor, so
+(polykit.compiler.graph.infer through onnx_import.load_onnx), computed once per Extractor, so
 `debug reduce` extracts many subgraphs of one model cheaply.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Shape
-from polykit.compiler.subgraphs import outer_names
+from polykit.compiler.ir.graph import Shape
+from polykit.compiler.ir.subgraphs import outer_names
 from polykit.errors import UsageError
 
 log = logging.getLogger("polykit")
@@ -98,7 +98,7 @@ def extract(model: Any, inputs: Sequence[TensorSpec | str], outputs: Sequence[Te
 
 def describe_io(model: Any) -> dict[str, Any]:
     """{"nodes": [names], "inputs"/"outputs": [{"name", "dtype", "shape"}]} of an onnx.ModelProto."""
-    from polykit.compiler import dtypes
+    from polykit.compiler.ir import dtypes
 
     def io(vi) -> dict:
         t = vi.type.tensor_type
@@ -206,7 +206,7 @@ class Extractor:
     def _value_info(self, spec: TensorSpec, role: str) -> Any:
         from onnx import helper
 
-        from polykit.compiler import dtypes
+        from polykit.compiler.ir import dtypes
 
         known = self.graph.value(spec.name)
         dtype = spec.dtype or known.dtype

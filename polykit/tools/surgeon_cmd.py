@@ -31,7 +31,7 @@ def sanitize(
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
 ) -> int:
     from polykit.backends.loaders import OnnxFromPath
-    from polykit.compiler.onnx_export import save_model
+    from polykit.compiler.graph.onnx_export import save_model
     from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console
     from polykit.tools.sanitize import sanitize as sanitize_model
@@ -58,7 +58,7 @@ def extract(
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
     as_json: bool = typer.Option(False, "--json", help="print the subgraph's nodes, inputs and outputs as JSON"),
 ) -> int:
-    from polykit.compiler.onnx_export import save_model
+    from polykit.compiler.graph.onnx_export import save_model
     from polykit.errors import UsageError
     from polykit.files import require_output_folder
     from polykit.tools.cli import stderr_console

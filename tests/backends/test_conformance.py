@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polykit.tools.conformance import (CaseResult, ConformanceReport, load_baseline, regressions, run_conformance)
+from polykit.tools.conformance import CaseResult, ConformanceReport, load_baseline, regressions, run_conformance
 
 BASELINE = Path(__file__).resolve().parents[1] / "data" / "conformance" / "cpu_passed.json"
 MIN_NODE_PASS_RATE = 0.90

@@ -6,7 +6,7 @@ from polykit.backends.loaders import (
     MARK_ALL, EngineBytesFromPath, EngineFromOnnx, EngineFromPath, EngineFromPlan, FoldConstants, GraphFromOnnx,
     ModifyOutputs, OnnxFromPath, PlanFromOnnx, SaveEngine, SaveOnnx,
 )
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import ModelLoadError, PlanError, UsageError
 
 CPU = BuilderConfig(target="cpu")

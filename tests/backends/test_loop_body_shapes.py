@@ -1,5 +1,5 @@
 """Loop bodies whose shapes change across iterations (issue 13): the body plan is built for a profile
-(the changing dims symbols, the iteration number a ruled value: polykit.compiler.bodies), so one engine
+(the changing dims symbols, the iteration number a ruled value: polykit.compiler.builder.bodies), so one engine
 serves every trip count; the Loop's outputs of those shapes are sized at run time."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import polykit.backends.onnx_backend as backend
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
 from polykit.errors import RuntimeInputError
 from polykit.runtime.engine import Engine
 

@@ -10,9 +10,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
 from polykit.errors import RuntimeInputError
 from polykit.runtime.engine import Engine
 from tests.backends.test_loop_body_shapes import _feed, _sliding_sum_model, check_every_trip_count, check_outputs

@@ -139,9 +139,9 @@ def test_a_loop_whose_trip_count_is_computed_from_inputs_builds_once(dtype, devi
 
 
 def test_a_loop_output_the_run_sizes_survives_the_plan_file_and_is_held_to_no_reserved_bytes():
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.plan import Plan
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.file import Plan
     from polykit.runtime.engine import Runtime
 
     plan = build_plan(_range_loop_model(), BuilderConfig(target="cpu"))
@@ -158,9 +158,9 @@ def test_a_loop_output_the_run_sizes_survives_the_plan_file_and_is_held_to_no_re
 
 
 def test_a_target_that_cannot_size_outputs_at_run_time_would_refuse_such_a_loop():
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.data_dims import refuse_sized_target
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.ops.data_dims import refuse_sized_target
     from polykit.errors import BuildError
 
     plan = build_plan(_range_loop_model(), BuilderConfig(target="cuda"))  # cuda's Loop sizes it
@@ -279,8 +279,8 @@ def test_an_if_that_gives_an_optional_in_one_branch_only_builds_once(device):
 
 
 def test_an_optional_whose_presence_the_run_decides_cannot_be_unwrapped_at_build_time():
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.errors import BuildError
 
     model = _if_of_an_optional_model()

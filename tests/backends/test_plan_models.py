@@ -8,9 +8,9 @@ import pytest
 
 from polykit.backends.base import RunnerRequest
 from polykit.backends.loaders import PLAN_MAGIC, model_type
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import MAGIC
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import MAGIC
 from polykit.errors import PlanError, UsageError
 from polykit.tools.accuracy import make_runners
 

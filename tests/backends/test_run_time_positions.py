@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import polykit.backends.onnx_backend as backend
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
 from polykit.errors import PlanError, RuntimeInputError
 from polykit.runtime.engine import Runtime
 from tests.backends.test_one_engine_per_shape import TARGETS, _model, _run_values

@@ -6,7 +6,7 @@ from polykit.backends.builtin import make_onnxrt_runner, make_polykit_runner
 from polykit.backends.loaders import EngineFromOnnx, OnnxFromPath
 from polykit.backends.onnxrt import OnnxrtRunner, SessionFromOnnx, provider_names
 from polykit.backends.polykit_runner import PolykitRunner
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import ModelLoadError, UsageError
 
 X = np.random.default_rng(3).random((1, 16), dtype=np.float32)
@@ -59,7 +59,7 @@ def test_runner_deactivate_releases_engine(mlp):
 
 
 def test_polykit_runner_accepts_a_plan(mlp):
-    from polykit.compiler.builder import build_plan
+    from polykit.compiler.builder.builder import build_plan
 
     with PolykitRunner(build_plan(mlp, BuilderConfig(target="cpu"))) as runner:
         assert list(runner.get_input_metadata()) == ["x"]

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import (
     GraphError,
     ModelLoadError,

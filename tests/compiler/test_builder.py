@@ -7,10 +7,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import Builder, build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan, weight_offsets
+from polykit.compiler.builder.builder import Builder, build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan, weight_offsets
 from polykit.errors import BuildError, UsageError
 from polykit.runtime.engine import Runtime
 

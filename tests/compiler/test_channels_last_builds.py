@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
 from polykit.runtime.engine import Runtime
 
 from tests.conv_models import resnet
@@ -57,10 +57,10 @@ def test_channels_last_auto_is_on_for_fp16_cuda_builds_only(target, fp16, settin
 def test_channels_last_auto_for_fp32_cuda_builds_follows_the_convolution_sizes():
     """fp32 cuda builds go channels-last (the 3xTF32 tensor-core convolutions) when the median
     convolution output is large; small ones keep the NCHW kernels."""
-    from polykit.compiler.builder import conv_pixels
-    from polykit.compiler.config import FP32_NHWC_PIXELS
-    from polykit.compiler.infer import infer_shapes
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.builder.builder import conv_pixels
+    from polykit.compiler.builder.config import FP32_NHWC_PIXELS
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.graph.onnx_import import load_onnx
 
     cfg = BuilderConfig()
     assert cfg.channels_last_for("cuda", [FP32_NHWC_PIXELS] * 3 + [1])

@@ -10,12 +10,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.distributed import build_rank_plans, partition
-from polykit.compiler.onnx_export import to_onnx
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.distributed import build_rank_plans, partition
+from polykit.compiler.graph.onnx_export import to_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan
 from polykit.errors import PlanError, ShapeError, UsageError
 from polykit.runtime.collectives import run_simulated_ranks
 from polykit.runtime.engine import Engine
@@ -71,8 +71,8 @@ def test_rank_plans_hold_only_their_weight_shards(ranks):
 
 def test_head_count_in_reshape_constants_is_divided_by_the_ranks():
     graph = load_onnx(encoder(layers=1, d=32, heads=4))
-    from polykit.compiler.builder import apply_input_shapes
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.builder.builder import apply_input_shapes
+    from polykit.compiler.graph.infer import infer_shapes
     from polykit.compiler.passes import fold_constants, run_passes
 
     apply_input_shapes(graph, SHAPES)

@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from onnx import shape_inference
 
-from polykit.compiler.evaluator import Partial, evaluate_graph, evaluate_model, evaluate_nodes, run_node, try_node
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.registry import SHAPE_RULES
+from polykit.compiler.graph.evaluator import Partial, evaluate_graph, evaluate_model, evaluate_nodes, run_node, try_node
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.ops.registry import SHAPE_RULES
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
-from polykit.kernels.registry import REFERENCE
+from polykit.compiler.ops.references import REFERENCE
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torch"
 F32 = np.dtype(np.float32)

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import assume, HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.registry import InferContext, broadcast_shapes, find_shape_rule
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ops.registry import InferContext, broadcast_shapes, find_shape_rule
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,9 +8,9 @@ import logging
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import quantize_weight
 from polykit.errors import BuildError, UsageError
 from polykit.runtime.engine import Runtime
@@ -109,7 +109,7 @@ def test_int8_plans_are_deterministic_and_record_the_calibrator():
 
 
 def test_a_target_without_int8_tactics_ignores_int8_with_a_warning(caplog, monkeypatch):
-    import polykit.compiler.quantize as quantize
+    import polykit.compiler.builder.quantize as quantize
 
     monkeypatch.setattr(quantize, "target_runs_int8", lambda target: False)
     with caplog.at_level(logging.WARNING, logger="polykit"):
@@ -135,7 +135,7 @@ def test_an_int8_layer_no_tactic_runs_stays_quantized_and_equals_the_int8_layer(
     # cpu stands in for cuda, whose kernels refuse grouped convs: the refused conv2 must still read
     # r1 and w2 quantized (its Q/DQ as layers, the conv in float), not the float model's r1 and w2,
     # which put every output ~1 % off the INT8 plan (the cuda-vs-cpu mismatch of test_int8_gpu.py)
-    import polykit.compiler.layer_precision as layer_precision
+    import polykit.compiler.builder.layer_precision as layer_precision
 
     ranges = {"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}
     int8_plan = build_plan(load_onnx(convnet()), BuilderConfig(target="cpu", int8=True, tensor_ranges=ranges))

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import polykit
-from polykit.compiler.builder import build_plan
-from polykit.compiler.calibration_cache import (CalibrationCache, parse_calibration_cache, read_calibration_cache,
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.calibration_cache import (CalibrationCache, parse_calibration_cache, read_calibration_cache,
                                                 write_calibration_cache)
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import DataFileError
 
 from .int8_models import convnet, feeds_for

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from polykit.compiler.calibrate import (CALIBRATORS, HIST_BINS, calibrate, calibration_batches, entropy_threshold,
+from polykit.compiler.builder.calibrate import (CALIBRATORS, HIST_BINS, calibrate, calibration_batches, entropy_threshold,
                                         percentile_threshold)
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.errors import DataFileError, UsageError
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import to_channels_last
 from polykit.compiler.passes.channels_last import INT8_CHANNEL_ALIGN
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 from polykit.runtime.engine import Runtime
 
 from .int8_models import feeds_for, quantize_with_onnxruntime, small_resnet

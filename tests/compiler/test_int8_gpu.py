@@ -7,12 +7,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.calibrate import calibrate
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.calibrate import calibrate
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
-from polykit.compiler.quantize import target_runs_int8
+from polykit.compiler.builder.quantize import target_runs_int8
 from polykit.runtime.engine import Runtime
 
 from .int8_models import convnet, feeds_for, mlp, quantize_with_onnxruntime, small_resnet

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.plan import Plan
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.plan.file import Plan
 from polykit.errors import ShapeError
 from polykit.kernels.cpu.int8 import run_float64
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(4)
 NAMES = ["x", "xz", "w", "wz", "scale", "b", "ys", "yz"]
@@ -167,8 +167,8 @@ def test_y_scale_and_zero_point_come_together():
 
 
 def test_int8_plans_survive_serialization(tmp_path):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Runtime
 
     from .int8_models import convnet, feeds_for

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.calibrate import calibrate
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.ir import Graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.calibrate import calibrate
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ir.graph import Graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.runtime.engine import Runtime
 from tests.conv_models import resnet
@@ -79,7 +79,7 @@ def test_the_fused_int8_plan_computes_the_quantized_model_as_written(resnet_int8
     # the reference: the same quantized graph with no INT8 layer folded (every Q and DQ a layer, the
     # convs in float); the INT8 layers' integer sums differ from float convs of dequantized values
     # only by float rounding, which may move a requantized value by one step now and then
-    import polykit.compiler.layer_precision as layer_precision
+    import polykit.compiler.builder.layer_precision as layer_precision
 
     graph, config, plan = resnet_int8
     runs = layer_precision.has_tactic

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.runtime.engine import Runtime
 
 from .int8_models import convnet, feeds_for, mlp, quantize_with_onnxruntime
@@ -147,7 +147,7 @@ def test_a_residual_add_between_quantized_convs_stays_float_and_correct(tmp_path
 
 
 def test_without_int8_tactics_the_model_runs_in_float_with_a_warning(tmp_path, caplog, monkeypatch):
-    import polykit.compiler.quantize as quantize
+    import polykit.compiler.builder.quantize as quantize
 
     path = quantize_with_onnxruntime(mlp(), tmp_path / "q.onnx", activations="uint8", per_channel=False)
     monkeypatch.setattr(quantize, "target_runs_int8", lambda target: False)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.layer_precision import requested_precision
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.layer_precision import requested_precision
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import BuildError, UsageError
 from polykit.runtime.engine import Engine
 
@@ -136,7 +136,7 @@ def test_cuda_fp16_picks_tensor_core_tactics_and_a_pinned_layer_stays_simt():
 
 
 def test_to_tf32_rounds_to_ten_mantissa_bits_nearest_ties_away():
-    from polykit.compiler.layer_precision import to_tf32
+    from polykit.compiler.builder.layer_precision import to_tf32
 
     ulp = 2.0 ** -10  # tf32 spacing in [1, 2)
     x = np.array([1.0, 1.0 + ulp / 2, 1.0 + ulp / 2 - 2.0 ** -23, -(1.0 + ulp / 2), 3.0 + 0.3 * ulp, np.inf, np.nan],
@@ -154,8 +154,8 @@ def test_to_tf32_rounds_to_ten_mantissa_bits_nearest_ties_away():
 def test_round_tf32_weights_rounds_only_tensor_core_operands_of_tf32_layers():
     from dataclasses import replace
 
-    from polykit.compiler.layer_precision import round_tf32_weights
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.builder.layer_precision import round_tf32_weights
+    from polykit.compiler.plan.records import LayerDesc
 
     rng = np.random.default_rng(1)
     w = {n: rng.standard_normal(8).astype(np.float32) for n in ("w", "bias", "shared", "other")}

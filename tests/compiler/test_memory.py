@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align, compute_lifetimes, plan_memory
+from polykit.compiler.plan.memory import ALIGNMENT, MemoryPlan, align, compute_lifetimes, plan_memory
 
 
 def _chain(n: int):
@@ -164,8 +164,8 @@ def _view_model():
 def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agrees():
     import numpy as np
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Engine
 
     plan = build_plan(_view_model(), BuilderConfig(target="cpu", fuse=False))

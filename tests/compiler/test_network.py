@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import Builder, build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.network import NetworkDefinition
+from polykit.compiler.builder.builder import Builder, build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.network import NetworkDefinition
 from polykit.errors import GraphError, ShapeError, UsageError
 from polykit.runtime.engine import Runtime
 

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.onnx_export import save_onnx, to_onnx
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.onnx_export import save_onnx, to_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 
 
 def _run_ort(model, feeds):
@@ -95,7 +95,7 @@ def test_unsorted_nodes_are_put_in_topological_order():
 
 
 def test_channels_last_graph_round_trips_through_onnx():
-    from polykit.compiler.evaluator import evaluate_graph
+    from polykit.compiler.graph.evaluator import evaluate_graph
     from polykit.compiler.passes import optimize
     from tests.conv_models import resnet
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.memory import MemoryPlan
-from polykit.compiler.plan import BUILD_REPORT_KEYS, FORMAT_VERSION, MAGIC, Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.memory import MemoryPlan
+from polykit.compiler.plan.file import BUILD_REPORT_KEYS, FORMAT_VERSION, MAGIC, Plan
 from polykit.errors import PlanError
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan, decode_plan, encode_plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan, decode_plan, encode_plan
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import KernelSource
 from polykit.runtime.engine import Engine
@@ -169,8 +169,8 @@ def test_kernel_source_render_refuses_a_file_outside_the_kernel_folder(name):
 
 
 def test_a_view_must_share_its_source_offset(tmp_path):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from tests.compiler.test_memory import _view_model
 
     data = build_plan(_view_model(), BuilderConfig(target="cpu", fuse=False)).serialize()

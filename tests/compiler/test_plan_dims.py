@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
-from polykit.compiler.profiles import Profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.profiles import Profile
 from polykit.errors import PlanError
 from tests.compiler.test_plan_check import edited
 from tests.dynamic_models import mlp

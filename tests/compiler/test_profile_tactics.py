@@ -10,13 +10,13 @@ import sys
 import numpy as np
 import pytest
 
-from polykit.compiler import tuner as tuner_module
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.layer_timing import Measured
-from polykit.compiler.plan import Plan, decode_plan
-from polykit.compiler.profiles import Profile
-from polykit.compiler.tactic_replay import load_replay
+from polykit.compiler.builder import tuner as tuner_module
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.layer_timing import Measured
+from polykit.compiler.plan.file import Plan, decode_plan
+from polykit.compiler.plan.profiles import Profile
+from polykit.compiler.builder.tactic_replay import load_replay
 from polykit.errors import BuildError, PlanError, UsageError
 from polykit.plugins import reset_plugin_manager
 from polykit.runtime.engine import Engine
@@ -28,7 +28,7 @@ from tests.dynamic_models import mlp
 PLUGIN = '''
 import numpy as np
 from polykit.kernels.cpu.base import CpuTactic
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 from polykit.plugins import hookimpl
 
 CALLS = []
@@ -248,8 +248,8 @@ def test_inspect_shows_each_profiles_tactic_where_they_differ(calls, tmp_path, c
 def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
     """Built without a GPU for an sm_90 device (priority and estimates decide): for each profile the
     layers as the runtime runs them (its tactic, stamped at its opt) compile only recorded kernels."""
-    import polykit.compiler.builder as builder
-    from polykit.compiler.profile_tactics import profile_layers
+    import polykit.compiler.builder.builder as builder
+    from polykit.kernels.profile_tactics import profile_layers
     from polykit.kernels.cuda.base import unpack_kernel_rows
     from polykit.kernels.tactics import find_tactic
     from polykit.runtime.cuda.driver import DeviceInfo

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
-from polykit.compiler.profiles import Profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.profiles import Profile
 from polykit.errors import BuildError, UsageError
 from tests.dynamic_models import encoder, mlp
 
@@ -103,8 +103,8 @@ def test_two_profiles_reserve_the_largest_corner_of_either():
 def test_tactic_whose_kernels_bake_a_size_is_not_eligible_for_a_dynamic_layer():
     from dataclasses import replace
 
-    from polykit.compiler.profiles import generic_corners, tensors_at
-    from polykit.compiler.tuner import serves_corners
+    from polykit.compiler.plan.profiles import generic_corners, tensors_at
+    from polykit.compiler.builder.tuner import serves_corners
     from polykit.kernels.cuda.base import KernelSource
     from polykit.kernels.tactics import all_tactics
 
@@ -206,8 +206,8 @@ def test_expand_to_a_where_of_dims_keeps_its_dim_expressions():
 
 
 def test_tactics_are_timed_at_each_profiles_opt_shape(monkeypatch):
-    import polykit.compiler.tuner as tuner
-    from polykit.compiler.symbolic import evaluate
+    import polykit.compiler.builder.tuner as tuner
+    from polykit.compiler.ir.symbolic import evaluate
 
     timed: dict[str, set] = {}
     real = tuner.time_candidates

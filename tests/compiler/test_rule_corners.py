@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.profile_tactics import profile_groups, profile_views
-from polykit.compiler.shape_rules import RULE_CORNER_VALUES
-from polykit.compiler.tuner import serves_corners
-from polykit.compiler.value_ranges import ruled_profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.kernels.profile_tactics import profile_groups, profile_views
+from polykit.compiler.graph.shape_rules import RULE_CORNER_VALUES
+from polykit.compiler.builder.tuner import serves_corners
+from polykit.compiler.builder.value_ranges import ruled_profile
 from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.tactics import all_tactics
 

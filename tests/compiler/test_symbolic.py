@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.symbolic import (MAX_VALUE, SymInt, ceil_div, evaluate, expr_from_json, expr_to_json, symbol, term_of)
+from polykit.compiler.ir.symbolic import MAX_VALUE, SymInt, ceil_div, evaluate, expr_from_json, expr_to_json, symbol, term_of
 
 OPS = [operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod]
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.tactic_replay import (LayerChoice, TacticReplay, build_with_tactics, load_replay,
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.tactic_replay import (LayerChoice, TacticReplay, build_with_tactics, load_replay,
                                             save_replay)
 from polykit.errors import BuildError, PolykitError, UsageError
 from polykit.runtime.engine import Runtime

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.timing_cache import TimingCache, load_timing_cache
+from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache
 from polykit.errors import UsageError
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
@@ -101,7 +101,7 @@ def test_any_json_loads_or_is_a_usage_error(entries):
 
 
 def test_the_reference_tactic_is_keyed_by_each_ops_own_kernel_source():
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
     from polykit.kernels.tactics import find_tactic
 
     ref = find_tactic("cpu", "Conv", "cpu.reference")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler import tuner as tuner_module
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.layer_timing import Measured
+from polykit.compiler.builder import tuner as tuner_module
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.layer_timing import Measured
 from polykit.errors import BuildError, UsageError
 from polykit.runtime.engine import Engine
 
@@ -183,7 +183,7 @@ def test_a_layer_no_candidate_of_which_can_be_timed_keeps_the_first(monkeypatch,
 
 
 def test_priority_orders_candidates_and_cost_estimates_order_those_of_one_priority():
-    from polykit.compiler.tuner import by_estimate
+    from polykit.compiler.builder.tuner import by_estimate
     from polykit.kernels.tactics import Tactic
 
     def tactic(name, cost, priority=0):
@@ -196,7 +196,7 @@ def test_priority_orders_candidates_and_cost_estimates_order_those_of_one_priori
 
 
 def test_sm90_tiles_predict_big_tiles_for_big_products_and_small_ones_for_small():
-    from polykit.kernels.cuda.gemm_sm90 import TILES, predicted_us
+    from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, predicted_us
 
     def best(M, N, K):
         return min(TILES, key=lambda t: predicted_us(t, M, N, K, 1, 132)).label

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler import builder as builder_module
-from polykit.compiler import tuner as tuner_module
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.layer_timing import Measured, timing_plan
+from polykit.compiler.builder import builder as builder_module
+from polykit.compiler.builder import tuner as tuner_module
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.layer_timing import Measured, timing_plan
 from polykit.runtime.cuda import nvrtc
 from polykit.runtime.cuda.driver import DeviceInfo
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import apply_input_shapes
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.value_ranges import UNBOUNDED, ruled_profile, value_ranges
+from polykit.compiler.builder.builder import apply_input_shapes
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.builder.value_ranges import UNBOUNDED, ruled_profile, value_ranges
 
 
 def _graph(nodes, ints: dict[str, list[int]]):

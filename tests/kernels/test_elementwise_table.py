@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import Builder
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.network import NetworkDefinition
-from polykit.compiler.ops.elementwise import same_as_input
-from polykit.compiler.registry import SHAPE_RULES
-from polykit.kernels import elementwise as table
-from polykit.kernels.cuda import pointwise as pw
-from polykit.kernels.cuda.pointwise_expr import emit_expression
-from polykit.kernels.elementwise import ElementwiseOp, elementwise_ops, fusable_ops, register_elementwise
-from polykit.kernels.registry import REFERENCE
+from polykit.compiler.builder.builder import Builder
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.network import NetworkDefinition
+from polykit.compiler.ops.math.elementwise import same_as_input
+from polykit.compiler.ops.registry import SHAPE_RULES
+from polykit.compiler.ops import elementwise_table as table
+from polykit.kernels.cuda.pointwise import pointwise as pw
+from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
+from polykit.compiler.ops.elementwise_table import ElementwiseOp, elementwise_ops, fusable_ops, register_elementwise
+from polykit.compiler.ops.references import REFERENCE
 from polykit.plugins import PluginError
 from polykit.runtime.engine import Runtime
 

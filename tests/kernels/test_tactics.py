@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.cpu.base import CpuTactic
 from polykit.kernels.tactics import Tactic, TacticTable, all_tactics, candidates, conservative_tactic, find_tactic
 from polykit.plugins import PluginError
@@ -85,7 +85,7 @@ def _tensors(**shapes):
 
 
 def test_split_k_gemm_declares_the_partials_it_asks_for():
-    from polykit.kernels.cuda.gemm import split_k
+    from polykit.kernels.cuda.gemm.gemm import split_k
 
     simt = find_tactic("cuda", "MatMul", "cuda.gemm.simt")
     tensors = _tensors(a=(32, 4096), b=(4096, 64), y=(32, 64))

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import Builder
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.network import NetworkDefinition
-from polykit.compiler.ops.collective import COLLECTIVE_OPS
+from polykit.compiler.builder.builder import Builder
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.network import NetworkDefinition
+from polykit.compiler.ops.models.collective import COLLECTIVE_OPS
 from polykit.errors import RankError, UsageError
 from polykit.runtime.collectives import SimulatedGroup, run_simulated_ranks
 from polykit.runtime.engine import Engine

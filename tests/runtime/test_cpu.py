@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PlanError, PolykitError
 from polykit.runtime.cpu import CpuEngine, CpuTarget
 from polykit.runtime.engine import Engine

@@ -7,9 +7,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.profiles import Profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.profiles import Profile
 from polykit.errors import RuntimeInputError, UsageError
 from polykit.runtime.engine import Runtime
 from tests.dynamic_models import convnet, embedding, encoder, mlp, tiny_bert

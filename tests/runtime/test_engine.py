@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PlanError, RuntimeInputError, UsageError
 from polykit.runtime.engine import Engine, Runtime
 
@@ -206,8 +206,8 @@ def test_enqueue_on_the_cpu_target_is_a_usage_error_pointing_to_execute():
     import pytest
     from onnx import TensorProto, helper
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.errors import UsageError
     from polykit.runtime.engine import Runtime
 

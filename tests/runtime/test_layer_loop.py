@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PolykitError
 from polykit.runtime.engine import Engine, run_layers, timed_pass
 

@@ -79,7 +79,7 @@ def gpu_count() -> int:
 
 
 def collective_layer(op: str, shape: tuple, dtype: str, axis: int, reduce: str = "sum"):
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     return LayerDesc("coll", "DistCollective", ("x",), ("y",),
                      {"op": op, "reduce": reduce, "ranks": 1, "group": [0], "root": 0, "axis": axis},
@@ -92,7 +92,7 @@ class OneLayer:
 
     def __init__(self, layer, x: np.ndarray, comm):
         from polykit.kernels.cuda.base import DeviceTensor
-        from polykit.kernels.cuda.collective import collective_kernels
+        from polykit.kernels.cuda.models.collective import collective_kernels
         from polykit.runtime.cuda import driver
         from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
         from polykit.runtime.cuda.memory import DeviceBuffer, fill_bytes, upload
@@ -123,7 +123,7 @@ class OneLayer:
         self.launcher.communicator = comm
 
     def enqueue(self, stream) -> None:
-        from polykit.kernels.cuda.collective import enqueue_collective
+        from polykit.kernels.cuda.models.collective import enqueue_collective
 
         self.taken = 0
         enqueue_collective(self.layer, self.launcher, self.tensors)
@@ -244,10 +244,10 @@ def test_joining_a_group_whose_peer_never_comes_is_a_rank_error_within_the_timeo
 
 @pytest.mark.gpu
 def test_a_collective_layer_in_a_plan_replays_as_a_cuda_graph(comm):
-    pytest.importorskip("polykit.compiler.ops.collective", reason="needs the DistCollective op (dist-core's branch)")
-    from polykit.compiler.builder import Builder
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.network import NetworkDefinition
+    pytest.importorskip("polykit.compiler.ops.models.collective", reason="needs the DistCollective op (dist-core's branch)")
+    from polykit.compiler.builder.builder import Builder
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.network import NetworkDefinition
     from polykit.runtime.engine import Engine
 
     net = NetworkDefinition("coll_plan")
@@ -270,10 +270,10 @@ def test_a_collective_layer_in_a_plan_replays_as_a_cuda_graph(comm):
 
 @pytest.mark.gpu
 def test_run_ranks_on_one_gpu_returns_the_plans_outputs(nccl, tmp_path):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Runtime
-    from polykit.tools.ranks import run_rank_processes
+    from polykit.backends.rank_processes import run_rank_processes
     from tests.tools.test_ranks import chain
 
     path = tmp_path / "m.plan"
@@ -289,11 +289,11 @@ def test_run_ranks_on_one_gpu_returns_the_plans_outputs(nccl, tmp_path):
 def test_two_ranks_all_reduce_across_two_gpus(nccl, tmp_path):
     if gpu_count() < 2:
         pytest.skip(f"{TWO_GPUS}; this machine has {gpu_count()}")
-    pytest.importorskip("polykit.compiler.ops.collective", reason="needs the DistCollective op (dist-core's branch)")
-    from polykit.compiler.builder import Builder
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.network import NetworkDefinition
-    from polykit.tools.ranks import run_ranks
+    pytest.importorskip("polykit.compiler.ops.models.collective", reason="needs the DistCollective op (dist-core's branch)")
+    from polykit.compiler.builder.builder import Builder
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.network import NetworkDefinition
+    from polykit.backends.rank_processes import run_ranks
 
     paths = []
     for rank in range(2):

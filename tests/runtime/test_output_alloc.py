@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
-from polykit.compiler.profiles import Profile
-from polykit.compiler.symbolic import symbol
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.profiles import Profile
+from polykit.compiler.ir.symbolic import symbol
 from polykit.errors import PlanError
 from polykit.runtime.engine import Runtime
 from polykit.runtime.output_alloc import data_outputs

@@ -1,6 +1,6 @@
 """Float shape operands (Resize's scales, OneHot's depth, Range's operands) range over float
 domains: one plan serves every value, each consumer's shape rule runs at bind time on the
-run's floats (polykit.compiler.shape_rules.RuledFloat); and records keep small tensor
+run's floats (polykit.compiler.graph.shape_rules.RuledFloat); and records keep small tensor
 attributes (ConstantOfShape's fill). Outputs match onnxruntime."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan
-from polykit.compiler.value_ranges import ruled_profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.builder.value_ranges import ruled_profile
 from polykit.errors import PlanError, RuntimeInputError
 from polykit.runtime.engine import Runtime
 from tests.compiler.test_plan_check import edited

@@ -1,6 +1,6 @@
 """One plan serves every value of a shape-tensor input: its consumers' shapes are their shape
-rules evaluated at bind time (polykit.compiler.shape_rules), with ranges read from the model
-(polykit.compiler.value_ranges); outputs equal onnxruntime's bit for bit."""
+rules evaluated at bind time (polykit.compiler.graph.shape_rules), with ranges read from the model
+(polykit.compiler.builder.value_ranges); outputs equal onnxruntime's bit for bit."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan
-from polykit.compiler.value_ranges import ruled_profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.builder.value_ranges import ruled_profile
 from polykit.errors import BuildError, PlanError, RuntimeInputError
 from polykit.runtime.engine import Runtime
 from tests.compiler.test_plan_check import edited

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from polykit.backends.loaders import EngineFromPlan, PlanFromOnnx
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
 from polykit.tools.bench import BenchOptions, Stats, bench_model, benchmark, random_feeds
 

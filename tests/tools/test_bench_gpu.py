@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.tools.bench import BenchOptions, bench_model
 from polykit.tools.cli import main
 

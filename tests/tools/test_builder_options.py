@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from polykit.compiler.plan import Plan
+from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
 from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli import main
@@ -43,7 +43,7 @@ def test_layer_precisions_parse_node_names_with_colons_and_slashes():
 
 
 def test_builder_config_options_are_builder_config_fields():
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
 
     options = builder_config_options(bf16=True, layer_precisions=["fc1:fp32"], memory_pool_limit=["workspace:1K"],
                                      builder_optimization_level=1)

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.cli import main
 from polykit.tools.cli_args import compare_settings

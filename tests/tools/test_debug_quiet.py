@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from polykit.compiler.tuner import progress_bar
+from polykit.compiler.builder.tuner import progress_bar
 from polykit.tools.cli import main
 from tests.tools.test_debug_precision import CPU, TOL as PRECISION_TOL, overflow_model
 from tests.tools.test_debug_reduce import CONVNET, LEVEL0, TOL

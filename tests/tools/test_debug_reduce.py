@@ -17,8 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.backends.loaders import MARK_ALL, ModifyOutputs
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.runtime.engine import Engine
 from polykit.tools.accuracy import AccuracySettings
 from polykit.tools.cli import main

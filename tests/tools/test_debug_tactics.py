@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError
 from polykit.tools.cli import main
 from polykit.tools.debug_tactics import DebugOptions, debug_tactics

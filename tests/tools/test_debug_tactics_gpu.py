@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.tactic_replay import TacticReplay
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.runtime.engine import Engine
 from polykit.tools import results_io
 from polykit.tools.cli import main

@@ -1,6 +1,6 @@
 """Marking for layerwise debugging observes the engine, it does not change it: mark_all and
 expose_tensors expose the ONNX tensors that lie between the layers of the unmarked build, list
-the others as fused away, and leave layers and tactics as they were (polykit.compiler.marking)."""
+the others as fused away, and leave layers and tactics as they were (polykit.compiler.builder.marking)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import onnxruntime as ort
 import pytest
 
 from polykit.backends.loaders import MARK_ALL, ModifyOutputs
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import BuildError
 from polykit.runtime.engine import Runtime
 from tests.tools.layerwise_models import convnet, gelu_mlp

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from polykit.compiler.plan import Plan
+from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
 from polykit.tools.cli import main
 from polykit.tools.cli_args import parse_profiles

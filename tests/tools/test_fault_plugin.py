@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.errors import UsageError
 from polykit.kernels.tactics import TacticRegistry, TacticTable, find_tactic
 from polykit.plugins import create_plugin_manager

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.records import LayerDesc
 from polykit.tools.cli import main
 from polykit.tools.inspect_cmd import describe_plan
 

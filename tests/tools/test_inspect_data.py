@@ -152,7 +152,7 @@ def test_an_unknown_reader_is_a_usage_error(tmp_path, capsys):
 
 
 def _cache(tmp_path):
-    from polykit.compiler.calibration_cache import CalibrationCache, write_calibration_cache
+    from polykit.compiler.builder.calibration_cache import CalibrationCache, write_calibration_cache
 
     path = tmp_path / "model.cache"
     write_calibration_cache(path, CalibrationCache("entropy", {"x": 0.0125, "conv1: out": 0.25, "relu": 0.0125}))

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 
-from polykit.compiler.calibration_cache import read_calibration_cache
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.calibration_cache import read_calibration_cache
+from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
 from polykit.tools.cli import main
 from polykit.tools.cli_args import builder_config_options, calibration_source, parse_tensor_ranges
@@ -101,7 +101,7 @@ def test_tensor_ranges_parse_names_with_colons():
 
 
 def test_int8_options_are_builder_config_fields(tmp_path):
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.config import BuilderConfig
 
     cfg = BuilderConfig(**builder_config_options(int8=True, calibrator="percentile", percentile=99.9,
                                                  calibration_data=str(tmp_path), tensor_ranges=["x:-1,1"],

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.tools.profile_report import render, summarize
 
 LAYERS = [LayerDesc("conv1", "Conv", ("x", "w"), ("c",), tactic="cuda.conv.igemm_simt"),

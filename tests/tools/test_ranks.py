@@ -1,4 +1,4 @@
-"""Rank processes (polykit.tools.ranks + rank_worker) on the cpu target, without GPUs: the
+"""Rank processes (polykit.backends.rank_processes + rank_worker) on the cpu target, without GPUs: the
 process plumbing (plans in, .npz feeds and outputs, bfloat16 kept, per-query times), and the
 error paths — a rank that fails names itself with its stderr, a rank that runs past the
 timeout is stopped and named, the other ranks are killed, nothing hangs."""
@@ -13,12 +13,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import DataFileError, RankError, UsageError
 from polykit.runtime.engine import Runtime
-from polykit.tools.rank_worker import check_rank
-from polykit.tools.ranks import read_arrays, run_rank_processes, run_ranks, write_arrays
+from polykit.backends.rank_worker import check_rank
+from polykit.backends.rank_processes import read_arrays, run_rank_processes, run_ranks, write_arrays
 
 rng = np.random.default_rng(5)
 
@@ -125,7 +125,7 @@ def test_arrays_without_their_dtype_list_are_a_data_file_error(tmp_path):
 
 
 def test_an_engine_refuses_a_target_instance_of_another_kind(tmp_path):
-    from polykit.compiler.plan import Plan
+    from polykit.compiler.plan.file import Plan
     from polykit.errors import PlanError
     from polykit.runtime.cuda.target import CudaTarget
     from polykit.runtime.engine import Engine

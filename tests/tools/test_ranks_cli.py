@@ -7,7 +7,7 @@ import json
 import onnx
 import pytest
 
-from polykit.compiler.plan import Plan
+from polykit.compiler.plan.file import Plan
 from polykit.tools.cli import main
 from tests.dynamic_models import encoder
 

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.plan import Plan
+from polykit.compiler.plan.file import Plan
 from polykit.runtime.engine import Runtime
 from polykit.tools.cli import main
 from polykit.tools.results_io import save_feeds

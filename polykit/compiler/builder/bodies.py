@@ -5,7 +5,7 @@ built by the same Builder for the same target (its inputs' shapes are the ones s
 inference gave it) and replaced by that sub-Plan, so the layer the
 node lowers to carries its bodies as plans: optimized (folding, dead code, fusion inside the
 body), with tactics chosen and an arena of their own. The runtime runs a sub-plan once per
-iteration (polykit.kernels.reference.control_flow on cpu, polykit.kernels.cuda.control_flow).
+iteration (polykit.compiler.ops.control.control_flow_reference on cpu, polykit.kernels.cuda.models.control_flow).
 
 Captured outer tensors that are constants of the outer graph (after its folding) become
 constants of the body before it is built (`inline_constant_captures`): the body's own
@@ -15,9 +15,9 @@ the outer scope gets a static shape), and the layer binds only the captures that
 A body input whose shape changes across iterations (a Loop-carried y = y_in + x[i:i+1], a growing
 history) makes the body plan one for a profile (`body_profile`): each such dim a symbol over [0, a
 bound], the iteration number a ruled value, so the shapes it decides are the ops' rules' at bind time
-(polykit.compiler.shape_rules) and the context binds each iteration's shapes when it runs; the Loop's
-outputs of those shapes are sized at run time (polykit.compiler.ops.control_flow). Such a Loop body
-runs on cpu and on cuda (polykit.kernels.cuda.control_flow binds each iteration); Scan/If bodies of
+(polykit.compiler.graph.shape_rules) and the context binds each iteration's shapes when it runs; the Loop's
+outputs of those shapes are sized at run time (polykit.compiler.ops.control.control_flow). Such a Loop body
+runs on cpu and on cuda (polykit.kernels.cuda.models.control_flow binds each iteration); Scan/If bodies of
 run-time shapes run on cpu only.
 
 A sub-plan's metadata "body_outputs" lists the body's outputs in order (a plan lists each
@@ -32,9 +32,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.ir import Graph, Node, subgraphs
-from polykit.compiler.subgraphs import CAPTURES, captured
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ir.graph import Graph, Node, subgraphs
+from polykit.compiler.ir.subgraphs import CAPTURES, captured
 from polykit.errors import BuildError
 
 #: configuration a body does not inherit: marking, side files, build-time input values (fixed or opt),
@@ -81,7 +81,7 @@ def inline_constant_captures(graph: Graph, node: Node) -> None:
 
 def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: str,
                firsts: Mapping[str, tuple] | None = None) -> Any:
-    from polykit.compiler.builder import Builder
+    from polykit.compiler.builder.builder import Builder
 
     shapes, profiles = body_profile(body, node, key, firsts or {})
     sub = replace(cfg, target=target, input_shapes=shapes, **{**_OWN, "profiles": profiles})
@@ -101,10 +101,10 @@ def body_profile(body: Graph, node: Node, key: str,
     """The body's static input shapes, and, when some input's shape changes across iterations, the
     one profile its plan is built for: each such dim a symbol over [0, its bound] (opt: the size the
     first iteration sees, or 1), and the iteration number (a Loop body's first input) a ruled value
-    (polykit.compiler.value_ranges), so the shapes it decides (x[i:i+1]) are computed per iteration
-    by the ops' rules at bind time (polykit.compiler.shape_rules)."""
-    from polykit.compiler.profiles import Profile
-    from polykit.compiler.value_ranges import ruled_profile
+    (polykit.compiler.builder.value_ranges), so the shapes it decides (x[i:i+1]) are computed per iteration
+    by the ops' rules at bind time (polykit.compiler.graph.shape_rules)."""
+    from polykit.compiler.plan.profiles import Profile
+    from polykit.compiler.builder.value_ranges import ruled_profile
 
     static, varying = {}, {}
     for name in body.inputs:

@@ -1,10 +1,10 @@
 """The builder: Graph -> Plan (TensorRT's model: optimize, lower, pick tactics, plan memory).
 
 Pipeline: copy the graph -> apply input shapes (every input must end up static) ->
-infer shapes -> mark forced outputs -> INT8 scales (calibration, polykit.compiler.quantize) ->
+infer shapes -> mark forced outputs -> INT8 scales (calibration, polykit.compiler.builder.quantize) ->
 optimizer passes (folding, fusion, quantization; forced outputs kept) -> lower to layers ->
 select a tactic per layer -> expose observed tensors that lie between layers
-(polykit.compiler.marking) -> plan the activation arena -> Plan.
+(polykit.compiler.builder.marking) -> plan the activation arena -> Plan.
 """
 
 from __future__ import annotations
@@ -18,29 +18,29 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 import polykit
-from polykit.compiler.bodies import build_bodies
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols, with_data
-from polykit.compiler.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
-from polykit.compiler.distributed import distribute
-from polykit.compiler.layer_precision import round_tf32_weights
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Value
-from polykit.compiler.lower import Lowered, lower
-from polykit.compiler.marking import expose, forced_outputs, observed_tensors
-from polykit.compiler.memory import align, compute_lifetimes, plan_memory
-from polykit.compiler.passes.inline_if import inline_known_ifs
-from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches_sequences
-from polykit.compiler.plan import Plan, weight_offsets
-from polykit.compiler.plan_schema import MAX_BYTES
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
-from polykit.compiler.profiles import ProfileSet, apply_profiles, check_corners, corner_size, profile_set
-from polykit.compiler.shape_values import host_values
-from polykit.compiler.symbolic import is_dynamic, term_of
-from polykit.compiler.quantize import Int8Setup, plan_int8
-from polykit.compiler.tactic_replay import TacticReplay, load_replay, save_replay
-from polykit.compiler.value_ranges import derive_profiles
+from polykit.compiler.builder.bodies import build_bodies
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ops.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols, with_data
+from polykit.compiler.graph.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
+from polykit.compiler.builder.distributed import distribute
+from polykit.compiler.builder.layer_precision import round_tf32_weights
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Value
+from polykit.compiler.builder.lower import Lowered, lower
+from polykit.compiler.builder.marking import expose, forced_outputs, observed_tensors
+from polykit.compiler.plan.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.passes.control.inline_if import inline_known_ifs
+from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
+from polykit.compiler.plan.file import Plan, weight_offsets
+from polykit.compiler.plan.schema import MAX_BYTES
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
+from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, corner_size, profile_set
+from polykit.compiler.graph.shape_values import host_values
+from polykit.compiler.ir.symbolic import is_dynamic, term_of
+from polykit.compiler.builder.quantize import Int8Setup, plan_int8
+from polykit.compiler.builder.tactic_replay import TacticReplay, load_replay, save_replay
+from polykit.compiler.builder.value_ranges import derive_profiles
 from polykit.errors import BuildError, PolykitError, UsageError
 
 log = logging.getLogger("polykit")
@@ -135,7 +135,7 @@ def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
     if isinstance(model, Graph):
         graph = model
     else:
-        from polykit.compiler.onnx_import import load_onnx
+        from polykit.compiler.graph.onnx_import import load_onnx
 
         graph = load_onnx(model)
     return Builder(config).build(graph)
@@ -276,8 +276,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
     quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
     op in float32, with a logged warning, so they compute what the INT8 layer would."""
-    from polykit.compiler.layer_precision import has_tactic, storage_precision
-    from polykit.compiler.ops.int8 import is_int8_layer
+    from polykit.compiler.builder.layer_precision import has_tactic, storage_precision
+    from polykit.compiler.ops.quant.int8 import is_int8_layer
 
     fp32_nodes: tuple[str, ...] = ()
     unfolded: tuple[str, ...] = ()
@@ -391,8 +391,8 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
     """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
     (those that serve the layer at every profile corner where its shapes are dynamic); with
     several profiles (`groups`: each one's corners, profile_tactics.profile_groups), a layer whose
-    shapes they change gets a tactic per profile (polykit.compiler.profile_tactics)."""
-    from polykit.compiler.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
+    shapes they change gets a tactic per profile (polykit.kernels.profile_tactics)."""
+    from polykit.compiler.builder.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers, max(len(groups), 1))
@@ -459,7 +459,7 @@ def _candidates_or_none(layers: Sequence[LayerDesc], candidates_at: Any) -> list
 def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,
               replay: TacticReplay) -> tuple[LayerDesc, Any]:
     """The layer (in the first precision variant `tactic` supports) and the replay's tactic."""
-    from polykit.compiler.tuner import precision_variants
+    from polykit.compiler.builder.tuner import precision_variants
 
     for variant in precision_variants(layer, cfg, target):
         if tactic.supports(variant):

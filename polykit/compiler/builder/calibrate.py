@@ -144,7 +144,7 @@ def _update_hist(stats: _Stats, name: str, x: np.ndarray) -> None:
 
 def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[str], what: str,
          update: Callable[[str, np.ndarray], None]) -> None:
-    from polykit.compiler.tuner import progress_bar
+    from polykit.compiler.builder.tuner import progress_bar
 
     total = len(batches) if hasattr(batches, "__len__") else None
     context = engine.create_execution_context()
@@ -165,8 +165,8 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
 
 def calibration_engine(graph: Any, names: list[str], target: str) -> Any:
     """The fp32 engine of `graph` unfused, with `names` (but graph inputs) marked as outputs."""
-    from polykit.compiler.builder import Builder
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import Builder
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Runtime
 
     marked = tuple(n for n in names if n not in graph.inputs)

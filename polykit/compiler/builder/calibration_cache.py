@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 import polykit
-from polykit.compiler.calibrate import CALIBRATORS
+from polykit.compiler.builder.calibrate import CALIBRATORS
 from polykit.errors import DataFileError
 from polykit.files import require_file
 

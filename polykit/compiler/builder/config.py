@@ -14,9 +14,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.calibrate import CALIBRATORS
-from polykit.compiler.profiles import Profile
-from polykit.compiler.tactic_replay import TacticReplay
+from polykit.compiler.builder.calibrate import CALIBRATORS
+from polykit.compiler.plan.profiles import Profile
+from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.memory.plan_memory
@@ -43,18 +43,18 @@ class BuilderConfig:
         (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
-    profiles: optimization profiles (polykit.compiler.profiles.Profile: min/opt/max shapes per
+    profiles: optimization profiles (polykit.compiler.plan.profiles.Profile: min/opt/max shapes per
         dynamic input): the plan serves every shape inside one of them; each profile's tactics are
         chosen at its opt shape and serve its min and max (docs/DYNAMIC_SHAPES.md).
         An input a profile leaves out takes its input_shapes value (or its static model shape).
     mark_outputs: intermediate tensors to make plan outputs (kept from being fused away: the
-        layers may differ from the unmarked build's; polykit.compiler.marking).
+        layers may differ from the unmarked build's; polykit.compiler.builder.marking).
     mark_all / expose_tensors: every intermediate tensor / these ones become plan outputs where
         a layer of the unmarked build already writes them (layerwise debugging: the layers and
         tactics stay those of the unmarked build; the rest are listed in the plan's metadata
         as "fused_away").
     fold_constants / fuse: switch the optimizer's folding and fusion passes.
-    tactic_replay: tactic choices to force (polykit.compiler.tactic_replay): a replay file
+    tactic_replay: tactic choices to force (polykit.compiler.builder.tactic_replay): a replay file
         written by save_tactics, a TacticReplay, or {layer name: tactic name} in process.
     save_tactics: write the chosen tactics to this file (a tactic replay file).
     profile: record per-layer timing while running (execution contexts honour it).
@@ -65,7 +65,7 @@ class BuilderConfig:
         feeds equal to these values for those inputs.
     shape_values: opt values of shape-tensor inputs (a Reshape target, Resize's scales fed as
         inputs) that no profile gives values: each ranges over what the model allows
-        (polykit.compiler.value_ranges, ruled), so one plan serves every value; values of inputs
+        (polykit.compiler.builder.value_ranges, ruled), so one plan serves every value; values of inputs
         that decide no shape are not used. A shape-tensor input with no value at all (here,
         in input_values or in the profiles) is a BuildError naming it.
     channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
@@ -94,11 +94,11 @@ class BuilderConfig:
     calibration_data: the batches calibration runs: a folder of .npz files (or one .npz) of input
         name -> array, or an iterable of feed dicts that can be iterated twice (a data loader).
     calibration_cache: a calibration cache file: read when it exists (calibration skipped),
-        written after calibrating otherwise (polykit.compiler.calibration_cache).
+        written after calibrating otherwise (polykit.compiler.builder.calibration_cache).
     tensor_ranges: tensor name -> (min, max): per-tensor dynamic ranges that override calibration
         (the scale is max(|min|, |max|) / 127).
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
-        (polykit.compiler.distributed; build_rank_plans builds every rank's).
+        (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
     """
 
     target: str | None = None

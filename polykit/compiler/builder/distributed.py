@@ -3,7 +3,7 @@
 `partition(graph, ranks, rank)` rewrites a folded, statically shaped graph into the graph rank
 `rank` runs, Megatron-style: it walks the nodes in order and tracks, for every tensor, whether the
 rank holds all of it (replicated), one of `ranks` equal contiguous chunks along an axis (split), or
-a summand of it (partial). The rules (polykit.compiler.partition_rules) make a MatMul or Gemm
+a summand of it (partial). The rules (polykit.compiler.builder.partition_rules) make a MatMul or Gemm
 whose input is replicated column-parallel (its weight's columns split: the output is split on its
 last axis) and one whose input is split on its last axis row-parallel (its weight's rows split: the
 output is partial); elementwise ops, Reshape (head counts in the shape constants divided by the
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.ops.collective import collective_node, is_collective
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.models.collective import collective_node, is_collective
 
 #: a tensor's layout on a rank: absent = replicated; ("split", axis); ("partial",)
 State = tuple
@@ -180,7 +180,7 @@ def partition(graph: Graph, ranks: int, rank: int) -> tuple[Graph, Partition]:
     """Rank `rank`'s graph of `graph` split over `ranks` ranks (the graph itself is left alone).
     A column-parallel MatMul whose split output an inner reader must all-gather (a head count the
     ranks do not divide, a Split of fused QKV) is left replicated, and the graph partitioned again."""
-    from polykit.compiler.partition_rules import rule_for
+    from polykit.compiler.builder.partition_rules import rule_for
 
     veto: frozenset[str] = frozenset()
     for _ in range(MAX_ROUNDS):
@@ -219,8 +219,8 @@ def distribute(g: Graph, cfg: Any) -> dict[str, Any]:
 
 def build_rank_plans(model: Any, config: Any) -> list:
     """One plan per rank of `config.ranks` (each built with config.rank set to it)."""
-    from polykit.compiler.builder import Builder
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.builder.builder import Builder
+    from polykit.compiler.graph.onnx_import import load_onnx
 
     graph = model if isinstance(model, Graph) else load_onnx(model)
     return [Builder(replace(config, rank=r)).build(graph) for r in range(config.ranks)]

@@ -19,10 +19,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.config import PRECISIONS, BuilderConfig
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.fused import EPILOGUE_ARITY
-from polykit.compiler.ops.int8 import is_int8_layer
+from polykit.compiler.builder.config import PRECISIONS, BuilderConfig
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
+from polykit.compiler.ops.quant.int8 import is_int8_layer
 
 _STORAGE = {"float16": "fp16", "bfloat16": "bf16"}
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.ops.fused import rename_fused_tensor
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.nn.fused import rename_fused_tensor
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import BuildError
 
 #: Constant node attribute -> how to turn it into an array (ONNX Constant's value_* forms)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.ir import Graph
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ir.graph import Graph
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import BuildError
 
 

@@ -1,4 +1,4 @@
-"""The tensor-parallel rules of polykit.compiler.distributed, one per ONNX op.
+"""The tensor-parallel rules of polykit.compiler.builder.distributed, one per ONNX op.
 
 A rule `fn(p, node) -> bool` emits the node's rank-local form through the Partitioner `p` and
 says True, or emits nothing and says False (the node then runs on whole inputs). Tensors split on
@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.kernels.elementwise import elementwise_op
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.elementwise_table import elementwise_op
 
 Rule = Callable[["object", Node], bool]
 RULES: dict[str, Rule] = {}

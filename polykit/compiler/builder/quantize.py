@@ -4,7 +4,7 @@ Explicit quantization: a model that carries QuantizeLinear/DequantizeLinear is f
 layers as written (passes.fold_qdq), with or without BuilderConfig.int8. Implicit: with int8,
 every Conv/Gemm/MatMul with float weights whose activation has a scale is quantized
 (passes.insert_qdq). Scales come from `tensor_ranges` first, then from a calibration cache that
-exists, else from calibrating the unfused graph (polykit.compiler.calibrate; the cache is then
+exists, else from calibrating the unfused graph (polykit.compiler.builder.calibrate; the cache is then
 written). The activation tensors that need a scale are named on the graph as imported (input
 shapes applied), before any pass, so the same names serve every build of the model.
 
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from polykit.compiler.calibrate import calibrate, scale_of
-from polykit.compiler.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph
-from polykit.compiler.ops.int8 import INT8_KINDS
+from polykit.compiler.builder.calibrate import calibrate, scale_of
+from polykit.compiler.builder.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
+from polykit.compiler.ops.quant.int8 import INT8_KINDS
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.errors import BuildError, DataFileError
 

@@ -212,8 +212,8 @@ def save_replay(path: str | os.PathLike, replay: TacticReplay) -> Path:
 
 def build_with_tactics(model: Any, tactics: "Mapping[str, str] | TacticReplay", config: Any = None) -> Any:
     """Build `model` (path, ModelProto or Graph) with the tactics of `tactics` forced; other layers as usual."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     return build_plan(model, replace(config or BuilderConfig(), tactic_replay=load_replay(tactics)))
 
@@ -259,7 +259,7 @@ def _profiles(value: Any, tactic: str, where: str, path: str) -> tuple[str, ...]
 
 
 def _dtype_names() -> frozenset[str]:
-    from polykit.compiler.dtypes import ONNX_TO_NUMPY
+    from polykit.compiler.ir.dtypes import ONNX_TO_NUMPY
 
     return frozenset({dt.name for dt in ONNX_TO_NUMPY.values() if dt.kind != "O"} | {""})
 

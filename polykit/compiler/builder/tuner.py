@@ -29,11 +29,11 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.layer_precision import precision_options
-from polykit.compiler.layer_timing import runs_for, time_candidates, timeable
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.timing_cache import TimingCache, load_timing_cache, timing_key
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.builder.layer_precision import precision_options
+from polykit.compiler.builder.layer_timing import runs_for, time_candidates, timeable
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, timing_key
 from polykit.errors import BuildError, PolykitError
 from polykit.kernels.tactics import candidates
 

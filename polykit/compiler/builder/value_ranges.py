@@ -12,7 +12,7 @@ input used by several consumers gets the intersection.
 
 Such ranges are validity domains, not corners (Reshape at [-1, -1] is no valid target), so
 `ruled_profile` builds a Profile whose `ruled` inputs make their consumers' shapes shape rules
-evaluated at bind time (polykit.compiler.shape_rules); the ranges are checked per run and a
+evaluated at bind time (polykit.compiler.graph.shape_rules); the ranges are checked per run and a
 value outside one is a RuntimeInputError naming the input.
 """
 
@@ -23,11 +23,11 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.profiles import Profile
-from polykit.compiler.shape_values import CAST_OPS, MOVEMENT_OPS, SHAPE_VALUE_OPS
-from polykit.compiler.symbolic import MAX_VALUE
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.plan.profiles import Profile
+from polykit.compiler.graph.shape_values import CAST_OPS, MOVEMENT_OPS, SHAPE_VALUE_OPS
+from polykit.compiler.ir.symbolic import MAX_VALUE
 from polykit.errors import BuildError, PolykitError, UsageError
 
 Bounds = tuple[int, int]
@@ -259,9 +259,9 @@ def _may_decide_shapes(v: Any) -> bool:
 
 def _inferred(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
     """A copy of `graph` with input `shapes` and every shape inferred that needs no input value."""
-    from polykit.compiler.infer import infer_shapes
-    from polykit.compiler.builder import apply_input_shapes
-    from polykit.compiler.passes.inline_if import inline_known_ifs
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.builder.builder import apply_input_shapes
+    from polykit.compiler.passes.control.inline_if import inline_known_ifs
 
     g = graph.copy()
     apply_input_shapes(g, dict(shapes))

@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.sequences import runtime_form
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.sequences import runtime_form
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 log = logging.getLogger("polykit.passes")
 
@@ -260,7 +260,7 @@ def evaluate_model(model: "Graph | str | os.PathLike | Any", feeds: Mapping[str,
     `on_tensor(name, value, node)` sees every tensor as it is produced, node being the
     imported node (ONNX name and op; an importer's canonicalization may add tensors of its own)."""
     if not isinstance(model, Graph):
-        from polykit.compiler.onnx_import import load_onnx
+        from polykit.compiler.graph.onnx_import import load_onnx
 
         model = load_onnx(model)
     return evaluate_graph(model, feeds, outputs=outputs, on_tensor=on_tensor)

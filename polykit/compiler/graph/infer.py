@@ -3,25 +3,25 @@
 Walks the graph in order and asks each op's shape rule for its outputs. Small tensors
 whose inputs are all known (shape chains: Shape -> Gather -> Concat -> Reshape) are
 evaluated on the way with the reference kernels (the graph evaluator's partial evaluation,
-polykit.compiler.evaluator.try_node), so rules that read a shape from an input (Reshape,
+polykit.compiler.graph.evaluator.try_node), so rules that read a shape from an input (Reshape,
 Expand, Slice, ...) see it as a constant and give exact shapes, and a node whose output
 shape depends on values (NonZero, Unique, ...) gets the shape of its evaluated output.
 In a build for optimization profiles, shape chains over SymInt dims are followed with
-symbolic values (polykit.compiler.shape_values) instead.
+symbolic values (polykit.compiler.graph.shape_values) instead.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.data_dims import DATA_DIMS, keep_sized_dims
-from polykit.compiler.evaluator import Partial, try_node
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.registry import InferContext, find_shape_rule
-from polykit.compiler.shape_rules import (RULED, RULES, at_opt, broadcast_undecided, reads_ruled, record_broadcast,
+from polykit.compiler.ops.data_dims import DATA_DIMS, keep_sized_dims
+from polykit.compiler.graph.evaluator import Partial, try_node
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
+from polykit.compiler.graph.shape_rules import (RULED, RULES, at_opt, broadcast_undecided, reads_ruled, record_broadcast,
                                          record_rule, value_blind)
-from polykit.compiler.shape_values import is_symbolic, symbolic_values
-from polykit.compiler.symbolic import is_dynamic
+from polykit.compiler.graph.shape_values import is_symbolic, symbolic_values
+from polykit.compiler.ir.symbolic import is_dynamic
 from polykit.errors import PolykitError, ShapeError, UnsupportedModelError
 
 #: Tensors up to this many elements are evaluated during inference when their inputs are known.

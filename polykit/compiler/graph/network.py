@@ -18,11 +18,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.infer import result_value
-from polykit.compiler.registry import CANONICAL_OPSET, InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.graph.infer import result_value
+from polykit.compiler.ops.registry import CANONICAL_OPSET, InferContext, find_shape_rule
 from polykit.errors import GraphError, UnsupportedModelError, UsageError
-from polykit.kernels.elementwise import api_table
+from polykit.compiler.ops.elementwise_table import api_table
 
 TensorLike = str | np.ndarray | float | int
 
@@ -86,7 +86,7 @@ class NetworkDefinition:
         if not self._graph.outputs:
             raise GraphError("the network has no outputs", where=f"network {self._graph.name!r}",
                              hint="call mark_output(tensor) for each result")
-        from polykit.compiler.infer import infer_shapes
+        from polykit.compiler.graph.infer import infer_shapes
 
         g = self._graph.copy()
         g.validate()
@@ -217,7 +217,7 @@ class NetworkDefinition:
         return self._add("Identity", [x], name=name)
 
     def add_cast(self, x: TensorLike, dtype: Any, name: str | None = None) -> str:
-        from polykit.compiler.dtypes import to_onnx
+        from polykit.compiler.ir.dtypes import to_onnx
 
         return self._add("Cast", [x], {"to": to_onnx(dtype)}, name=name)
 

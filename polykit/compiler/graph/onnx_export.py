@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.errors import PolykitError
 
 
@@ -40,7 +40,7 @@ def value_info(v: Value) -> Any:
     from onnx import helper
 
     if v.wrap:
-        from polykit.compiler.sequences import type_of_value
+        from polykit.compiler.ir.sequences import type_of_value
 
         return helper.make_value_info(v.name, type_of_value(v))
     elem = dtypes.to_onnx(v.dtype) if v.dtype is not None else 0
@@ -49,11 +49,11 @@ def value_info(v: Value) -> Any:
 
 
 def exported_node(n: Node) -> Any:
-    """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: polykit.compiler.subgraphs)."""
+    """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: polykit.compiler.ir.subgraphs)."""
     from onnx import helper
 
-    from polykit.compiler.ops.collective import is_collective, onnx_form
-    from polykit.compiler.subgraphs import export_attrs, onnx_inputs
+    from polykit.compiler.ops.models.collective import is_collective, onnx_form
+    from polykit.compiler.ir.subgraphs import export_attrs, onnx_inputs
 
     n = onnx_form(n) if is_collective(n) else n
     proto = helper.make_node(n.op_type, onnx_inputs(n), n.outputs, name=n.name or None, domain=n.domain or None)

@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Graph, Node, Value, has_subgraphs
-from polykit.compiler.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_ops
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Graph, Node, Value, has_subgraphs
+from polykit.compiler.ops.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_ops
 from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
 from polykit.files import require_file
 
@@ -182,7 +182,7 @@ def _sparse_to_dense(sparse: Any, where: str) -> np.ndarray:
 
 def _value_from_proto(vi: Any) -> Value:
     """A ValueInfoProto's metadata: a tensor, or a sequence/optional of one (Value.wrap)."""
-    from polykit.compiler.sequences import value_of_type
+    from polykit.compiler.ir.sequences import value_of_type
 
     return value_of_type(vi.name, vi.type)
 
@@ -245,7 +245,7 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
         ]
         if unsupported:
             raise UnsupportedModelError(unsupported, where=where)
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.graph.infer import infer_shapes
 
     infer_shapes(graph, strict=check_supported)
     return graph

@@ -1,13 +1,13 @@
 """Shapes a node's shape rule computes on the host at bind time, from shape-tensor input values.
 
-A shape-tensor input of a profile's `ruled` inputs (polykit.compiler.value_ranges gives their
+A shape-tensor input of a profile's `ruled` inputs (polykit.compiler.builder.value_ranges gives their
 ranges from the model) has value symbols whose range is a validity domain, not a set of corners:
 the output shape of a Reshape, TopK, Slice, Reduce... that reads such a value is no expression
 of the symbols (Reshape's -1 and 0, Slice's clamps, which axes a reduction removes). Instead,
 in a build each output dim of such a node becomes a *rule symbol* `rule(tensor)[axis]` and the
 plan records the node (`ShapeRule`: op, attributes, opset, each input's dtype, dim expressions
 and, for the small constant operands, value expressions). `ShapeBinder.bind` evaluates the
-records in order with the op's own shape rule (polykit.compiler.infer, the evaluator that
+records in order with the op's own shape rule (polykit.compiler.graph.infer, the evaluator that
 serves every build) for the run's input shapes and values, binding the rule symbols; the
 tensors whose dims name one are sized at run time (the cpu target allocates each output as it
 is produced). Profile corners give a ruled value symbol and a rule symbol their opt values.
@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.symbolic import Expr, SymInt, evaluate, expr_from_json, expr_to_json, symbol, term_of
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ir.symbolic import Expr, SymInt, evaluate, expr_from_json, expr_to_json, symbol, term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError
 
 #: graph.metadata keys of a build: ruled value symbols (set) and the ShapeRules found (list)
@@ -102,7 +102,7 @@ class ShapeRule:
     @staticmethod
     def from_json(d: Mapping[str, Any], symbols: "set[str] | None" = None) -> "ShapeRule":
         """The record of a plan's JSON form; ValueError (what is wrong) when it is not one."""
-        from polykit.compiler.registry import find_shape_rule
+        from polykit.compiler.ops.registry import find_shape_rule
 
         if find_shape_rule(d["domain"], d["op"]) is None:
             raise ValueError(f"op {d['domain']}::{d['op']} has no shape rule")
@@ -167,10 +167,10 @@ def reads_ruled(consts: list, ruled: "set[str]") -> bool:
 
 def value_blind(node: Node) -> bool:
     """Whether `node`'s output shapes never read its operands' values: an elementwise op (the one
-    table, polykit.kernels.elementwise) or a fused Pointwise group of them (a window's angles
+    table, polykit.compiler.ops.elementwise_table) or a fused Pointwise group of them (a window's angles
     computed from its ruled length need no record)."""
-    from polykit.compiler.ir import POLYKIT_DOMAIN
-    from polykit.kernels.elementwise import ELEMENTWISE
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.ops.elementwise_table import ELEMENTWISE
 
     if node.domain == POLYKIT_DOMAIN:
         return node.op_type == "Pointwise"
@@ -209,7 +209,7 @@ def capture(node: Node, graph: Graph, consts: list) -> "ShapeRule | None":
                      {k: _listed(v) for k, v in node.attrs.items()}, tuple(inputs), tuple(node.outputs), opt)
 
 
-#: op -> operand indices whose values decide a movement op's output shape (polykit.compiler.shape_values)
+#: op -> operand indices whose values decide a movement op's output shape (polykit.compiler.graph.shape_values)
 _SHAPE_OPERANDS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,)}
 
 
@@ -234,7 +234,7 @@ def broadcast_undecided(node: Node, shapes: list, graph: Graph) -> bool:
     no static 1 and not the same expression: which one the output takes (x[i:i+1] is [1] or [0],
     broadcast with [1]) is the run's, so the node's rule runs at bind time (`record_broadcast`). A
     fused Pointwise group (a graph attribute no record holds) keeps the broadcast decided at opt."""
-    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 
     if node.domain == POLYKIT_DOMAIN or not value_blind(node) or not graph.metadata.get(RULES) \
             or any(s is None for s in shapes):
@@ -305,7 +305,7 @@ def refuse_ruled_target(target: str) -> None:
 def evaluate_rules(rules: "tuple[ShapeRule, ...]", dims: Mapping[str, int]) -> dict[str, int]:
     """`dims` plus every rule symbol, each record's shape rule run on the concrete input shapes and
     values (RuntimeInputError naming the node when the values do not fit it)."""
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.graph.infer import infer_shapes
 
     env = dict(dims)
     for rule in rules:
@@ -373,7 +373,7 @@ def small_rule_corners(corners: "list[Mapping[str, int]]", rules: "tuple[ShapeRu
     """The profile `corners` with every rule symbol at each of RULE_CORNER_VALUES: where tactics
     must serve a layer too, with the kernels they compile at opt (a tactic that bakes a size a
     shape-tensor value decides into its kernels, or needs it aligned, is refused there, as for an
-    input dim; polykit.compiler.tuner.serves_corners). Corners give rule symbols their opt values."""
+    input dim; polykit.compiler.builder.tuner.serves_corners). Corners give rule symbols their opt values."""
     ruled = rule_symbols(rules)
     return [{**env, **{s: v for s in ruled}} for v in RULE_CORNER_VALUES for env in corners] if ruled else []
 

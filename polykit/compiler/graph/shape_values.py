@@ -15,12 +15,12 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.shape_rules import RULED, RuledFloat
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
-from polykit.compiler.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
-from polykit.kernels.registry import find_reference
+from polykit.compiler.ir.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
+from polykit.compiler.ops.references import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
 

@@ -7,7 +7,7 @@ gives an independent graph when the caller must keep the original.
 
 Shapes: a tuple of dims, each an int (static), a str (symbolic, e.g. "batch") or None
 (unknown); the whole shape is None when even the rank is unknown. In a build for
-optimization profiles a dynamic dim is a SymInt (polykit.compiler.symbolic): an int at the
+optimization profiles a dynamic dim is a SymInt (polykit.compiler.ir.symbolic): an int at the
 profile's opt shape that carries its expression of the input dims.
 """
 
@@ -20,13 +20,13 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from polykit.compiler.symbolic import SymInt
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.errors import GraphError
 
 Dim = int | str | None
 Shape = tuple[Dim, ...] | None
 
-#: Value.wrap entries: a value that is not a plain tensor (polykit.compiler.sequences)
+#: Value.wrap entries: a value that is not a plain tensor (polykit.compiler.ir.sequences)
 SEQUENCE, OPTIONAL = "sequence", "optional"
 
 #: The domain of polykit's own fused ops (Pointwise, Attention, ...).

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import OPTIONAL, SEQUENCE, Shape, Value
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import OPTIONAL, SEQUENCE, Shape, Value
 from polykit.errors import RuntimeInputError
 
 #: the ONNX TypeProto field of each container

@@ -9,7 +9,7 @@ positional, so passes that rename the outer tensor edit only the node's inputs, 
 pass, lifetime and memory plan sees the dependency as an ordinary input. Exporting to ONNX
 undoes it: the captured inputs are dropped and the body reads the outer names again.
 
-Shape inference of a control-flow node (polykit.compiler.ops.control_flow) annotates its
+Shape inference of a control-flow node (polykit.compiler.ops.control.control_flow) annotates its
 bodies in place: the body inputs get the dtypes and shapes the node gives them, and the
 body's own tensors are inferred from those.
 """
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node, Value, subgraphs
+from polykit.compiler.ir.graph import Graph, Node, Value, subgraphs
 from polykit.errors import GraphError, ShapeError
 
 #: node attribute: how many inputs at the end of a control-flow node are captured outer tensors
@@ -54,7 +54,7 @@ def import_bodies(node: Node, keys: Sequence[str], opsets: dict[str, int], opset
     outer reads are captured (module docstring); a node imported already is left as it is."""
     import onnx
 
-    from polykit.compiler.onnx_import import canonicalize, graph_from_proto
+    from polykit.compiler.graph.onnx_import import canonicalize, graph_from_proto
 
     protos = {k: node.attrs[k] for k in keys if isinstance(node.attrs.get(k), onnx.GraphProto)}
     if not protos:
@@ -97,7 +97,7 @@ def body_to_proto(body: Graph, node: Node) -> Any:
     tensors the node binds them to."""
     from onnx import helper, numpy_helper
 
-    from polykit.compiler.onnx_export import exported_node, value_info
+    from polykit.compiler.graph.onnx_export import exported_node, value_info
 
     c = captured(node)
     formal = body.inputs[: len(body.inputs) - c] if c else list(body.inputs)
@@ -120,7 +120,7 @@ def body_to_proto(body: Graph, node: Node) -> Any:
 def annotate(body: Graph, values: Sequence[tuple[Any, Any] | Value], known: Sequence[np.ndarray | None] = ()) -> None:
     """Give the body's inputs the (dtype, shape) or Value of `values` (positional) and infer the rest of
     the body; `known` are build-time values of inputs (captured constants) shape rules may read."""
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.graph.infer import infer_shapes
 
     if not isinstance(body, Graph):
         _check_plan_inputs(body, values)

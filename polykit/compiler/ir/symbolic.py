@@ -9,7 +9,7 @@ opt shape (what tactics are chosen and timed at) and which carries its `expr`. E
 rule keeps working on it unchanged (SymInt passes `isinstance(d, int)` and its arithmetic
 builds the expression as it computes the opt value); what a rule decides by comparing dims
 is decided at opt, so the builder re-infers the graph concretely at the profile's corners
-and refuses a tensor whose expression disagrees there (polykit.compiler.profiles).
+and refuses a tensor whose expression disagrees there (polykit.compiler.plan.profiles).
 
 `Expr` nodes are (op, args) records; `expr_to_json` / `expr_from_json` are their plan form:
 an int, a symbol name, or [op, arg, ...] with op one of OPS. Loading validates the form.

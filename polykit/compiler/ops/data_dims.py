@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from polykit.compiler.symbolic import Expr, SymInt, Term, evaluate, symbol, term_of
+from polykit.compiler.ir.symbolic import Expr, SymInt, Term, evaluate, symbol, term_of
 
 if TYPE_CHECKING:
-    from polykit.compiler.ir import Graph, Value
-    from polykit.compiler.registry import InferContext
+    from polykit.compiler.ir.graph import Graph, Value
+    from polykit.compiler.ops.registry import InferContext
 #: graph.metadata key that asks shape rules for DataDims (set by the builder)
 DATA_DIMS = "data_dims"
 #: the size a build plans for a sized data dim (module docstring)
@@ -61,7 +61,7 @@ def data_symbol(tensor: str, axis: int) -> str:
 def data_dim(ctx: "InferContext", tag: str, bound: object, axis: int, output: int = 0):
     """The dim `axis` of output `output` whose size the input values decide, at most `bound`:
     a DataDim in a build whose bound is known (0 stays 0), else a named symbolic dim."""
-    from polykit.compiler.ops.shape_ops import fresh_dim
+    from polykit.compiler.ops.tensor.shape_ops import fresh_dim
 
     if not ctx.data_dims or not isinstance(bound, int):
         return fresh_dim(ctx, tag, output)

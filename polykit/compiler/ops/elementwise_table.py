@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from polykit.compiler.registry import ShapeRuleFn, load_ops, refuse_duplicate, shape_rule
-from polykit.kernels.registry import ReferenceFn, reference
+from polykit.compiler.ops.registry import ShapeRuleFn, load_ops, refuse_duplicate, shape_rule
+from polykit.compiler.ops.references import ReferenceFn, reference
 
 #: dtype kinds an op computes on (the CUDA generator's signatures follow them)
 FLOAT = frozenset({"float"})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import ImportContext
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import ImportContext
 
 
 class NodeEmitter:

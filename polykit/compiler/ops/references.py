@@ -4,7 +4,7 @@ A reference kernel is `fn(node, inputs) -> list of outputs`: `inputs` holds one 
 array per node input (None for an omitted optional input), and attributes come from
 `node.attrs` (defaults applied by the kernel). It serves constant folding, the cpu target
 and every CUDA kernel test as the oracle, so it favours clarity and exactness over speed.
-Kernels register through the `polykit_ops` plugin hook (polykit.compiler.registry.load_ops).
+Kernels register through the `polykit_ops` plugin hook (polykit.compiler.ops.registry.load_ops).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 
 ReferenceFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
 
@@ -23,7 +23,7 @@ REFERENCE: dict[tuple[str, str], ReferenceFn] = {}
 def reference(*op_types: str, domain: str = "") -> Callable[[ReferenceFn], ReferenceFn]:
     """Register `fn` as the reference kernel of each op in `op_types`."""
 
-    from polykit.compiler.registry import refuse_duplicate
+    from polykit.compiler.ops.registry import refuse_duplicate
 
     def register(fn: ReferenceFn) -> ReferenceFn:
         for op in op_types:
@@ -36,7 +36,7 @@ def reference(*op_types: str, domain: str = "") -> Callable[[ReferenceFn], Refer
 
 
 def find_reference(domain: str, op_type: str) -> ReferenceFn | None:
-    from polykit.compiler.registry import load_ops
+    from polykit.compiler.ops.registry import load_ops
 
     load_ops()
     return REFERENCE.get(("" if domain == "ai.onnx" else domain, op_type))
@@ -54,7 +54,7 @@ def run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.nd
 
 def as_value(value: object) -> object:
     """A kernel's output as a runtime value: an array, or a sequence (a list of arrays) or an
-    empty optional (None) as they are (polykit.compiler.sequences)."""
+    empty optional (None) as they are (polykit.compiler.ir.sequences)."""
     if value is None or isinstance(value, list):
         return value
     return np.asarray(value)

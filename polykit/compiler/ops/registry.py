@@ -2,7 +2,7 @@
 
 Adding an op means: an `@importer` where its ONNX form changed across opsets (to bring
 every version to the one canonical form the rest of polykit knows), a `@shape_rule`
-(output dtypes and shapes), and a reference kernel (`polykit.kernels.registry.reference`).
+(output dtypes and shapes), and a reference kernel (`polykit.compiler.ops.references.reference`).
 The tables are filled through the `polykit_ops` plugin hook (`load_ops`): polykit's own
 ops come from the built-in plugin (polykit.kernels.builtin), which imports the op modules
 whose decorators are these functions, and a plugin calls the same functions through the
@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Graph, Node, Shape, Value
-from polykit.compiler.symbolic import SymInt
+from polykit.compiler.ir.graph import Dim, Graph, Node, Shape, Value
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.errors import NodeAttributeError, ShapeError
 
 #: Nodes are brought to (at least) this default-domain opset on import.
@@ -117,7 +117,7 @@ class OpRegistry:
 
     @staticmethod
     def reference(*op_types: str, domain: str = "") -> Callable[[Any], Any]:
-        from polykit.kernels.registry import reference
+        from polykit.compiler.ops.references import reference
 
         return reference(*op_types, domain=domain)
 
@@ -142,7 +142,7 @@ def load_ops() -> None:
 
 
 def is_supported(domain: str, op_type: str) -> bool:
-    from polykit.kernels.registry import find_reference
+    from polykit.compiler.ops.references import find_reference
 
     return find_shape_rule(domain, op_type) is not None and find_reference(domain, op_type) is not None
 
@@ -171,7 +171,7 @@ class InferContext:
     def __init__(self, node: Node, dtypes: Sequence[np.dtype | None], shapes: Sequence[Shape],
                  consts: Sequence[np.ndarray | None], values: Sequence[Value] = (), data_dims: bool = False):
         self.node = node
-        self.data_dims = data_dims  # a build: data-dependent dims become DataDims (polykit.compiler.data_dims)
+        self.data_dims = data_dims  # a build: data-dependent dims become DataDims (polykit.compiler.ops.data_dims)
         self._dtypes = list(dtypes)
         self._shapes = list(shapes)
         self._consts = list(consts)

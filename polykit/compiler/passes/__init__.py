@@ -13,8 +13,8 @@ import functools
 import logging
 from typing import Callable, Iterable, Mapping, Sequence
 
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, subgraphs
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -26,7 +26,7 @@ from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.hoist_activations import hoist_activations
-from polykit.compiler.passes.inline_if import inline_constant_if
+from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
@@ -34,7 +34,7 @@ from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
 from polykit.compiler.passes.remove_identity import remove_identity
-from polykit.compiler.passes.unroll_loops import unroll_loops
+from polykit.compiler.passes.control.unroll_loops import unroll_loops
 from polykit.errors import GraphError, PolykitError
 
 __all__ = [

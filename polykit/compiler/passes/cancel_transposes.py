@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.ops.reduce import REDUCE_OPS
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ops.math.reduce import REDUCE_OPS
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import const, protected, rename_produced, replace_tensor
 

@@ -25,10 +25,10 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
-from polykit.compiler.ops.conv import AUTO_PADS, window_geometry
-from polykit.compiler.ops.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, SYMMETRIC, W, W_ZERO_POINT, X,
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.nn.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
+from polykit.compiler.ops.nn.conv import AUTO_PADS, window_geometry
+from polykit.compiler.ops.quant.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, SYMMETRIC, W, W_ZERO_POINT, X,
                                       X_ZERO_POINT)
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected

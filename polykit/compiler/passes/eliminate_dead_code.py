@@ -6,7 +6,7 @@ Live roots are the graph outputs and the caller's `keep` names; graph inputs alw
 
 from __future__ import annotations
 
-from polykit.compiler.ir import Graph
+from polykit.compiler.ir.graph import Graph
 
 
 def eliminate_dead_code(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:

@@ -10,7 +10,7 @@ and merge the heads are views (no copy) already. Format: docs/FUSION.md.
 
 from __future__ import annotations
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
 from polykit.compiler.passes.cancel_transposes import perm_of
 from polykit.compiler.passes.rewrite import protected
 

@@ -7,15 +7,15 @@ ops never fold; CastLike of a constant folds once the target's dtype is known; a
 kernel fails stays as it is (the others still fold); an output larger than `max_elements`
 that is also larger than the node's inputs (Expand, Tile, ConstantOfShape of a huge shape)
 stays unmaterialized. The graph evaluator's partial evaluation does the work
-(polykit.compiler.evaluator.Partial with materialize=True).
+(polykit.compiler.graph.evaluator.Partial with materialize=True).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.evaluator import Partial, evaluate_nodes
-from polykit.compiler.ir import Graph, Value
+from polykit.compiler.graph.evaluator import Partial, evaluate_nodes
+from polykit.compiler.ir.graph import Graph, Value
 
 #: default cap on the elements of a folded output that grows beyond its inputs
 MAX_ELEMENTS = 16 * 1024 * 1024

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.rewrite import const, protected, sole_reader
 
 

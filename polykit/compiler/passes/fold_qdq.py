@@ -17,7 +17,7 @@ scales, per-axis activations, non-constant biases) stays as written: Q and DQ ru
 layers and the op in float, which computes exactly what the model says.
 
 It runs before constant folding (which would turn weight DQs into float weights) and again
-after insert_qdq has quantized a calibrated graph (polykit.compiler.quantize).
+after insert_qdq has quantized a calibrated graph (polykit.compiler.builder.quantize).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Iterable
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.int8 import F32, INT8_DTYPES
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.quant.int8 import F32, INT8_DTYPES
 from polykit.compiler.passes.fuse_bias_activation import epilogue_chain
 from polykit.compiler.passes.fuse_pointwise import body_step
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
@@ -175,7 +175,7 @@ def constant_value(graph: Graph, name: str, producers: dict[str, Node]) -> np.nd
     args = [constant_value(graph, n, producers) if n else None for n in node.inputs]
     if any(a is None for n, a in zip(node.inputs, args) if n):
         return None
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ops.references import run_reference
 
     return run_reference(node, args)[0]
 

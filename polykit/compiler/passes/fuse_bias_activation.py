@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.fused import EPILOGUE_ARITY, POLYKIT_BASES
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, POLYKIT_BASES
 from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 

@@ -1,7 +1,7 @@
 """fuse_pointwise: merge groups of elementwise ops into one `Pointwise` node (docs/FUSION.md).
 
 Groups grow backwards from a root (the last op of a group): a producer joins when it is a
-fusable op of the elementwise op table (polykit.kernels.elementwise) and every reader of its
+fusable op of the elementwise op table (polykit.compiler.ops.elementwise_table) and every reader of its
 output is already in the group, so the intermediates disappear. A graph output or kept tensor may sit inside a
 group only when its shape is the group's shape; it becomes an extra output. Groups of one
 op stay as they are.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.passes.rewrite import json_safe, protected, replace_nodes
-from polykit.kernels.elementwise import fusable_ops
+from polykit.compiler.ops.elementwise_table import fusable_ops
 
 
 def is_fusable(graph: Graph, node: Node) -> bool:

@@ -14,9 +14,9 @@ from typing import Iterable
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.channels_last import TO_NHWC
-from polykit.compiler.ops.quantize_nhwc import INT8_DTYPES, KIND
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.nn.channels_last import TO_NHWC
+from polykit.compiler.ops.quant.quantize_nhwc import INT8_DTYPES, KIND
 from polykit.compiler.passes.patterns import Match, Op, Rule, Var, rewrite
 from polykit.compiler.passes.rewrite import const
 

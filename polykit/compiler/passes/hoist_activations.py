@@ -11,8 +11,8 @@ op, and is read by nothing else; repeats so a whole chain of such ops moves up.
 
 from __future__ import annotations
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
-from polykit.compiler.ops.fused import EPILOGUE_ARITY
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected, sole_reader
 

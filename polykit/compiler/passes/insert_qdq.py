@@ -17,9 +17,9 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.ops.int8 import F32
-from polykit.compiler.evaluator import RANDOM_OPS
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.quant.int8 import F32
+from polykit.compiler.graph.evaluator import RANDOM_OPS
 from polykit.compiler.passes.rewrite import const
 
 #: op -> the axis of its weight that holds the output channels (Gemm: with transB=0)

@@ -33,7 +33,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.products import factors
 from polykit.compiler.passes.rewrite import close_to, protected, scalar
 

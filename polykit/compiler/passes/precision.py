@@ -25,12 +25,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from polykit.compiler.dtypes import EXTENDED_TYPES
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
-from polykit.compiler.ops.channels_last import NCHW_OPS
-from polykit.compiler.ops.fused import EPILOGUE_ARITY, rename_fused_tensor
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ops.nn.channels_last import NCHW_OPS
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, rename_fused_tensor
 from polykit.compiler.passes.rewrite import protected
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import PolykitError
 
 F32 = np.dtype(np.float32)

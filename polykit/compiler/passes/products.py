@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.rewrite import scalar
 
 

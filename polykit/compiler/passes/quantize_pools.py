@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.fold_qdq import dequantized, requantizer
 from polykit.compiler.passes.rewrite import protected, replace_tensor, sole_reader
 

@@ -12,7 +12,7 @@ module (patterns.py). Format: docs/FUSION.md.
 
 from __future__ import annotations
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.passes.patterns import Const, Match, OneOf, Op, Rule, Scaled, Var, rewrite
 from polykit.compiler.passes.rewrite import sole_reader
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.patterns import Const, Match, OneOf, Op, Prod, Rule, Var, near, rewrite
-from polykit.compiler.registry import is_supported
+from polykit.compiler.ops.registry import is_supported
 
 SQRT2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.patterns import Const, Match, OneOf, Op, Rule, Var, rewrite
 from polykit.compiler.passes.rewrite import const
-from polykit.compiler.registry import is_supported
+from polykit.compiler.ops.registry import is_supported
 
 X = Var("x")
 

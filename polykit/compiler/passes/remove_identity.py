@@ -14,10 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.dtypes import ONNX_TO_NUMPY
-from polykit.compiler.ir import Graph, Node
+from polykit.compiler.ir.dtypes import ONNX_TO_NUMPY
+from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.rewrite import const, protected, rename_produced, replace_tensor
-from polykit.compiler.symbolic import term_of
+from polykit.compiler.ir.symbolic import term_of
 
 NoOpTest = Callable[[Graph, Node], bool]
 

@@ -10,8 +10,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.ops.fused import rename_fused_tensor
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.nn.fused import rename_fused_tensor
 
 
 def protected(graph: Graph, keep: Iterable[str] = ()) -> set[str]:

@@ -26,10 +26,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.memory import ALIGNMENT
-from polykit.compiler.plan_dims import check_dims, host_written
-from polykit.compiler.plan_schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
-from polykit.compiler.profile_tactics import check_profile_tactics
+from polykit.compiler.plan.memory import ALIGNMENT
+from polykit.compiler.plan.dims import check_dims, host_written
+from polykit.compiler.plan.schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
+from polykit.kernels.profile_tactics import check_profile_tactics
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
 _HINT = "the plan's contents are inconsistent (edited, or written by another tool); rebuild it with `polykit convert`"
@@ -287,7 +287,7 @@ def _input_values(doc: Doc, weights_len: int) -> None:
 
 
 def _body_outputs(doc: Doc, weights_len: int) -> None:
-    """A control-flow body's plan lists its outputs in the body's order (polykit.compiler.bodies)."""
+    """A control-flow body's plan lists its outputs in the body's order (polykit.compiler.builder.bodies)."""
     for i, name in enumerate(doc["metadata"].get("body_outputs") or ()):
         if name not in doc["outputs"]:
             raise Invalid(f"metadata.body_outputs[{i}]", f"{name!r} is not an output of the plan")
@@ -295,9 +295,9 @@ def _body_outputs(doc: Doc, weights_len: int) -> None:
 
 def _collectives(doc: Doc, weights_len: int) -> None:
     """The plan's rank is one of its ranks; every collective layer's attributes are valid for its
-    input (polykit.compiler.ops.collective) and name ranks of the plan's group."""
-    from polykit.compiler.ir import POLYKIT_DOMAIN
-    from polykit.compiler.ops.collective import KIND, attr_problem, group_of
+    input (polykit.compiler.ops.models.collective) and name ranks of the plan's group."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.ops.models.collective import KIND, attr_problem, group_of
 
     meta = doc["metadata"]
     ranks = meta.get("ranks", 1)
@@ -334,10 +334,10 @@ def check_layers(plan: Any, where: str = "plan") -> None:
 
 
 def _shapes_agree(plan: Any) -> None:
-    from polykit.compiler.infer import infer_shapes
-    from polykit.compiler.ir import Graph, Value
-    from polykit.compiler.lower import layer_as_node
-    from polykit.compiler.symbolic import evaluate
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.ir.graph import Graph, Value
+    from polykit.compiler.builder.lower import layer_as_node
+    from polykit.compiler.ir.symbolic import evaluate
 
     host = [n for n, t in plan.tensors.items() if t.value]
     values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in list(plan.inputs) + host}

@@ -3,7 +3,7 @@
 One rule of plan_check's RULES: a plan's "profiles" field (ProfileSet's JSON form) names
 every engine input and gives each symbol min <= opt <= max in every profile; an input's
 dynamic dims are exactly its symbols; every tensor's "dims" are expressions of those symbols
-(polykit.compiler.symbolic) that give the tensor's `shape` at the first profile's opt, and its
+(polykit.compiler.ir.symbolic) that give the tensor's `shape` at the first profile's opt, and its
 `nbytes` is the largest size they give at any profile corner (what the arena reserves).
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from polykit.compiler.plan_schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
+from polykit.compiler.plan.schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
     record, text
-from polykit.compiler.data_dims import with_data
-from polykit.compiler.shape_rules import ShapeRule
-from polykit.compiler.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
+from polykit.compiler.ops.data_dims import with_data
+from polykit.compiler.graph.shape_rules import ShapeRule
+from polykit.compiler.ir.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
 
 Doc = Mapping[str, Any]
 #: dtypes of float shape-tensor inputs (ruled: Resize's scales, OneHot's depth, Range's operands)

@@ -34,11 +34,11 @@ from typing import Any, Mapping
 import numpy as np
 
 import polykit
-from polykit.compiler.memory import ALIGNMENT, MemoryPlan, align
-from polykit.compiler.plan_check import check_document, check_layers
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.compiler.profiles import ProfileSet
-from polykit.compiler.symbolic import expr_from_json, expr_to_json
+from polykit.compiler.plan.memory import ALIGNMENT, MemoryPlan, align
+from polykit.compiler.plan.check import check_document, check_layers
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.compiler.plan.profiles import ProfileSet
+from polykit.compiler.ir.symbolic import expr_from_json, expr_to_json
 from polykit.errors import PlanError
 from polykit.files import require_file
 
@@ -111,7 +111,7 @@ class Plan:
     @staticmethod
     def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
         """Parse plan bytes; PlanError for truncated, corrupt, foreign-version or wrong-target data,
-        and for contents the schema check (polykit.compiler.plan_check) rejects."""
+        and for contents the schema check (polykit.compiler.plan.check) rejects."""
         header, doc, blob = decode_plan(data, where)
         if expect_target is not None and header["target"] != expect_target:
             raise PlanError(

@@ -21,12 +21,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Value
-from polykit.compiler.plan_records import TensorDesc
-from polykit.compiler.data_dims import DATA_DIMS, with_data
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.shape_rules import RuledFloat, ShapeRule, evaluate_rules
-from polykit.compiler.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
+from polykit.compiler.ir.graph import Graph, Value
+from polykit.compiler.plan.records import TensorDesc
+from polykit.compiler.ops.data_dims import DATA_DIMS, with_data
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.graph.shape_rules import RuledFloat, ShapeRule, evaluate_rules
+from polykit.compiler.ir.symbolic import ShapeEvalError, SymInt, Term, evaluate, expr_from_json, expr_to_json, symbol, \
     term_of
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
 
@@ -44,7 +44,7 @@ class Profile:
     values: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict,
                                                                                          hash=False)
     #: shape-tensor inputs of `values` whose (min, max) is a validity domain, not corners: the shapes
-    #: they decide are computed at bind time by their consumers' shape rules (polykit.compiler.shape_rules)
+    #: they decide are computed at bind time by their consumers' shape rules (polykit.compiler.graph.shape_rules)
     ruled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -109,7 +109,7 @@ class ProfileSet:
     where each symbol comes from: `inputs[name]` a symbol name or None per axis of every input,
     `values[name]` one per element of a shape-tensor input: a symbol "value(name)[i]", or the
     int the element is fixed to; `data[symbol]` the bound (an expression of the other symbols)
-    of each data-dependent dim (polykit.compiler.data_dims), which corners give their bound."""
+    of each data-dependent dim (polykit.compiler.ops.data_dims), which corners give their bound."""
 
     ranges: tuple[dict[str, Range], ...]
     inputs: dict[str, tuple[str | None, ...]]
@@ -118,7 +118,7 @@ class ProfileSet:
     #: value symbols whose range is a domain (Profile.ruled), and the shape rules evaluated at bind time
     ruled: frozenset = frozenset()
     rules: tuple[ShapeRule, ...] = ()
-    #: data symbols no expression bounds, which the run sizes (polykit.compiler.data_dims.sized_dim)
+    #: data symbols no expression bounds, which the run sizes (polykit.compiler.ops.data_dims.sized_dim)
     sized: frozenset = frozenset()
 
     def corners(self) -> list[tuple[int, str, dict[str, int]]]:
@@ -355,7 +355,7 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
     """Infer `original` concretely at every profile corner; BuildError naming the node whose
     output's shape expression (in `symbolic`) disagrees there, or that fails there; and so for
     the shape tensors `host` (symbolic values) whose value expressions disagree."""
-    from polykit.compiler.infer import infer_shapes
+    from polykit.compiler.graph.infer import infer_shapes
 
     producers = symbolic.producers()
     for index, label, env in profiles.corners():
@@ -414,7 +414,7 @@ def corner_size(name: str, dims: tuple, env: Mapping[str, int]) -> int:
 
 
 def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
-    """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.tuner.serves_corners)."""
+    """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.builder.tuner.serves_corners)."""
     high = {s: max(env[s] for env in corners) for s in (corners[0] if corners else {})}
     return [{s: max(v, min(2, high[s])) for s, v in env.items()} for env in corners]
 

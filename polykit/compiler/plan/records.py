@@ -20,7 +20,7 @@ class TensorDesc:
     `kind` is "input", "output", "activation" or "weight". Activations (and outputs, which
     live in the arena too until copied out) have an arena `offset`; weights an offset into
     the plan's weight blob. In a plan built for optimization profiles a tensor whose shape
-    depends on the input dims has `dims`: one expression per dim (polykit.compiler.symbolic
+    depends on the input dims has `dims`: one expression per dim (polykit.compiler.ir.symbolic
     Terms of the input dims' symbols); its `shape` is then the shape at the first profile's opt
     and `nbytes` its largest size at any profile's min/opt/max (what the arena reserves). A
     shape tensor computed from the input dims (Shape -> Gather -> Concat) has `value`: one

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from polykit.compiler.dtypes import ONNX_TO_NUMPY
-from polykit.compiler.plan_records import PRECISIONS, TENSOR_KINDS
+from polykit.compiler.ir.dtypes import ONNX_TO_NUMPY
+from polykit.compiler.plan.records import PRECISIONS, TENSOR_KINDS
 
 #: Bounds of sizes and offsets: far beyond any device, far below int64 overflow.
 MAX_BYTES = 1 << 48
@@ -323,6 +323,6 @@ DOCUMENT_FIELDS = (
 
 
 def _profiles(value: Any, path: str) -> None:
-    from polykit.compiler.plan_dims import PROFILE_FIELDS
+    from polykit.compiler.plan.dims import PROFILE_FIELDS
 
     record(PROFILE_FIELDS)(value, path)

@@ -1,6 +1,6 @@
 """The contract of cpu tactics: `run(node, inputs) -> outputs`, the reference kernel's shape.
 
-A CpuTactic runs one layer as a numpy function of the layer's Node (polykit.compiler.lower.
+A CpuTactic runs one layer as a numpy function of the layer's Node (polykit.compiler.builder.lower.
 layer_as_node) and its input arrays. Tactics of the kinds that take an epilogue (Conv, Gemm,
 MatMul) also serve the fused ai.polykit layers: `cpu_tactic` runs the epilogue body after
 the tactic's own base computation, exactly as the reference does.
@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.kernels.tactics import ANY, Tactic, function_source
 
 RunFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
@@ -51,28 +51,28 @@ def computes_in_storage_precision(layer: Any) -> bool:
     storage's precision, or is labelled "fp32" when a build asks for that (its math is)."""
     if not layer.in_dtypes:
         return True  # a layer built by hand (tests): nothing stamped to judge by
-    from polykit.compiler.layer_precision import storage_precision
+    from polykit.compiler.builder.layer_precision import storage_precision
 
     return layer.precision in (storage_precision(layer), "fp32")
 
 
 def _reference_supports(layer: Any) -> bool:
     """Layers the op's reference runs alone (a collective needs its rank's communicator: cpu.collective)."""
-    from polykit.compiler.ops.collective import is_collective
-    from polykit.kernels.registry import find_reference
+    from polykit.compiler.ops.models.collective import is_collective
+    from polykit.compiler.ops.references import find_reference
 
     return computes_in_storage_precision(layer) and find_reference(layer.domain, layer.kind) is not None \
         and not is_collective(layer)
 
 
 def _run_reference(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ops.references import run_reference
 
     return run_reference(node, inputs)
 
 
 def _reference_of(layer: Any) -> Any:
-    from polykit.kernels.registry import find_reference
+    from polykit.compiler.ops.references import find_reference
 
     return find_reference(layer.domain, layer.kind)
 
@@ -87,7 +87,7 @@ def _with_epilogue(fn: RunFn) -> RunFn:
     def run(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         if node.domain != POLYKIT_DOMAIN:
             return fn(node, inputs)
-        from polykit.kernels.reference.fused import run_epilogue
+        from polykit.compiler.ops.nn.fused_reference import run_epilogue
 
         return run_epilogue(node, inputs, fn)
 
@@ -118,6 +118,6 @@ def plain_or_fused(layer: Any) -> bool:
 
 def float_layer(layer: Any) -> bool:
     """Float inputs and outputs (when the builder stamped them): the cpu tactics compute in float64."""
-    from polykit.compiler.dtypes import is_float
+    from polykit.compiler.ir.dtypes import is_float
 
     return all(is_float(np.dtype(d)) for d in (*layer.in_dtypes, *layer.out_dtypes) if d)

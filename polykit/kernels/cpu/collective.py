@@ -12,11 +12,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.collective import KIND, group_of
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.models.collective import KIND, group_of
 from polykit.errors import UsageError
 from polykit.kernels.cpu.base import DECLARED, CpuTactic
-from polykit.kernels.reference.collective import collective_result
+from polykit.compiler.ops.models.collective_reference import collective_result
 
 
 def run_collective(node: Node, inputs: Sequence[np.ndarray | None], communicator: Any) -> list[np.ndarray]:

@@ -17,11 +17,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.conv import Window, window_geometry
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.conv import Window, window_geometry
 from polykit.errors import PolykitError
 from polykit.kernels.cpu.base import cpu_tactic, float_layer, plain_or_fused
-from polykit.kernels.reference.conv import accumulator_dtype, padded, sliding_windows
+from polykit.compiler.ops.nn.conv_reference import accumulator_dtype, padded, sliding_windows
 
 #: cpu.conv.winograd: fewest input channels per group
 WINOGRAD_MIN_CHANNELS = 8

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.kernels.cpu.base import cpu_tactic, float_layer, plain_or_fused
-from polykit.kernels.reference.conv import accumulator_dtype
-from polykit.kernels.reference.gemm import gemm_with
+from polykit.compiler.ops.nn.conv_reference import accumulator_dtype
+from polykit.compiler.ops.math.gemm_reference import gemm_with
 
 BLOCK_M = 64
 

@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.int8 import INT8_KINDS, is_int8_layer
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.quant.int8 import INT8_KINDS, is_int8_layer
 from polykit.kernels.cpu.base import DECLARED, CpuTactic, computes_in_storage_precision
-from polykit.kernels.reference.int8 import run_int8
-from polykit.kernels.reference.conv import conv_accumulate
+from polykit.compiler.ops.quant.int8_reference import run_int8
+from polykit.compiler.ops.nn.conv_reference import conv_accumulate
 
 #: longest reduction (K, or C/group x kernel taps) whose float64 sums stay exact integers
 EXACT_REDUCTION = 1 << 37

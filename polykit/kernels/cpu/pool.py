@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.kernels.cpu.base import cpu_tactic, float_layer
-from polykit.kernels.reference.conv import padded, sliding_windows
-from polykit.kernels.reference.pool import lowest_value, pool_geometry, window_counts
+from polykit.compiler.ops.nn.conv_reference import padded, sliding_windows
+from polykit.compiler.ops.nn.pool_reference import lowest_value, pool_geometry, window_counts
 
 
 def _pool_layer(layer: Any) -> bool:

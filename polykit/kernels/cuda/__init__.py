@@ -1,6 +1,7 @@
-"""CUDA C kernel sources (.cu) and their tactic descriptions (importable without cuda-python).
+"""CUDA kernels: their C sources (src/, one family per .cu file) and their tactic descriptions,
+one sub-package per family (importable without cuda-python).
 
-Importing this package imports every family module here, which declares its tactics
+Importing this package imports every family module, which declares its tactics
 (base.DECLARED); the built-in plugin (polykit.kernels.builtin) registers them.
 """
 
@@ -11,6 +12,19 @@ import pkgutil
 NOT_FAMILIES = frozenset({"base", "wgmma_header", "storage_types", "launch_geometry", "pointwise_expr",
                           "pointwise_signatures", "pointwise_codegen"})
 
-for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _mod not in NOT_FAMILIES:
-        importlib.import_module(f"{__name__}.{_mod}")
+
+
+def kernel_modules() -> list[str]:
+    """Every module of the family sub-packages and this package, sorted by its own name (the family
+    folder does not count, so tactics declare in the same order wherever a module lives)."""
+    found = [m.name for m in pkgutil.walk_packages(__path__, prefix=f"{__name__}.") if not m.ispkg]
+    return sorted(found, key=lambda name: (name.rsplit(".", 1)[1], name))
+
+
+def family_modules() -> list[str]:
+    """The kernel family modules (each declares tactics or compile variants)."""
+    return [name for name in kernel_modules() if name.rsplit(".", 1)[1] not in NOT_FAMILIES]
+
+
+for _mod in family_modules():
+    importlib.import_module(_mod)

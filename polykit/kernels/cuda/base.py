@@ -25,7 +25,7 @@ import numpy as np
 from polykit.errors import DeviceError, PlanError
 from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
 
-CUDA_DIR = Path(__file__).parent
+CUDA_DIR = Path(__file__).parent / "src"
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class CudaTactic(Tactic):
     Kernel families take sizes at run time: `enqueue` reads them from the DeviceTensors it
     gets (a plan built for optimization profiles binds each run's shapes there), so a tactic
     serves dynamic layers where its `kernels` are the same at every profile corner (sizes
-    baked into defines are not; polykit.compiler.tuner.serves_corners checks)."""
+    baked into defines are not; polykit.compiler.builder.tuner.serves_corners checks)."""
 
     #: kernels(layer) -> list[KernelSource] to compile for this layer
     kernels_fn: Any = field(default=None, hash=False, compare=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from polykit.errors import NodeAttributeError
-from polykit.kernels.elementwise import literal
+from polykit.compiler.ops.elementwise_table import literal
 
 #: low-precision storage types (lowp.cuh; one byte per element, as ml_dtypes stores them):
 #: numpy dtype name -> (C storage type, signature code)

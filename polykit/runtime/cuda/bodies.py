@@ -1,6 +1,6 @@
-"""What the cuda target lends control-flow tactics (polykit.kernels.cuda.control_flow).
+"""What the cuda target lends control-flow tactics (polykit.kernels.cuda.models.control_flow).
 
-An If/Loop/Scan layer holds its bodies as plans (polykit.compiler.bodies). A CudaContext
+An If/Loop/Scan layer holds its bodies as plans (polykit.compiler.builder.bodies). A CudaContext
 keeps one execution context per body plan (`BodyContexts`: made on the layer's first run,
 closed with the context), and the layer's tactic drives them from the host through a
 `BodyDriver`: it runs a body on device buffers (ExecutionContext.enqueue on the layer's

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import BuildError, DeviceError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor
 from polykit.kernels.tactics import candidates, find_tactic
@@ -119,7 +119,7 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
 
 def reference_layer(layer: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The layer's outputs from its op's numpy reference kernel (the oracle of kernel tests)."""
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ops.references import run_reference
 
     node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
     outs = run_reference(node, [inputs[n] if n else None for n in layer.inputs])

@@ -1,9 +1,9 @@
 """Outputs a layer sizes while it runs, on cuda: the scan outputs of a Loop whose iteration count
 the run decides, the outputs of an If whose branches give other shapes (their dims are *sized*
-data symbols, polykit.compiler.data_dims.sized_dim: nothing bounds them, the plan reserves no
+data symbols, polykit.compiler.ops.data_dims.sized_dim: nothing bounds them, the plan reserves no
 bytes for them).
 
-The layer's host-driven tactic (polykit.kernels.cuda.control_flow) asks for device memory once it
+The layer's host-driven tactic (polykit.kernels.cuda.models.control_flow) asks for device memory once it
 knows a size (the Loop after reading its trip count back, or growing by doubling while its body's
 condition decides; the If after reading its condition: the branch plan's output shapes) through
 `LayerOutputs.allocate`, and records the size it wrote with `LayerOutputs.done`. The context then

@@ -91,7 +91,7 @@ def check_communicator(plan: Any, communicator: Any, device: int) -> Any:
             raise UsageError(f"the plan has {len(layers)} collective layer(s) (first {layers[0]!r}) and the "
                              "context no communicator",
                              hint="create it with communicator=NcclCommunicator(rank, ranks, uid, device), or run "
-                                  "the rank plans as processes with polykit.tools.ranks.run_ranks")
+                                  "the rank plans as processes with polykit.backends.rank_processes.run_ranks")
         return None
     for key in ("rank", "ranks"):
         want = plan.metadata.get(key)

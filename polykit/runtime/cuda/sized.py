@@ -1,10 +1,10 @@
 """Run-time-sized tensors on cuda: device memory per size set for tensors whose shapes a
-shape-tensor input's value decides (dims naming a rule symbol, polykit.compiler.shape_rules).
+shape-tensor input's value decides (dims naming a rule symbol, polykit.compiler.graph.shape_rules).
 
 The arena is planned at build time; these tensors have no bound (a Reshape target, TopK's k,
 Pad's pads or Expand's sizes fed as an input decide them). So each distinct set of their sizes
 gets ONE DeviceBuffer (a region) holding all of them at offsets planned like the arena's
-(polykit.compiler.memory.plan_memory over the plan's lifetimes, with the bound sizes): apart
+(polykit.compiler.plan.memory.plan_memory over the plan's lifetimes, with the bound sizes): apart
 from the arena, so they never alias an arena tensor, and sharing bytes among themselves only
 where lifetimes allow. A view (plan.memory.aliases) of such a tensor reads its bytes; a
 run-time-sized view of an arena tensor keeps its arena slot (a view has its source's bytes).
@@ -15,7 +15,7 @@ captured with a region's pointers holds the region (`HeldReplay`) until the grap
 so a replay never reads freed memory, and binding those sizes again finds the same region.
 
 The tensors computed from an output whose size only its layer's run decides (a *sized* data symbol,
-polykit.compiler.data_dims: a Loop's scan outputs of a run-time iteration count) get regions of
+polykit.compiler.ops.data_dims: a Loop's scan outputs of a run-time iteration count) get regions of
 their own (`data_sized_groups`: one family per set of sized symbols they name), keyed by the sized
 symbols too: bound once the layers have run and reported those sizes (before that, `bind` gives
 nothing; those tensors are not read yet). The layer's
@@ -29,10 +29,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from polykit.compiler.data_dims import sized_tensors
-from polykit.compiler.memory import plan_memory
-from polykit.compiler.shape_rules import run_time_sized
-from polykit.compiler.symbolic import Expr, evaluate
+from polykit.compiler.ops.data_dims import sized_tensors
+from polykit.compiler.plan.memory import plan_memory
+from polykit.compiler.graph.shape_rules import run_time_sized
+from polykit.compiler.ir.symbolic import Expr, evaluate
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.memory import DeviceBuffer
 
@@ -59,7 +59,7 @@ def sized_members(plan: Any) -> dict[str, str]:
 
 
 def data_sized_members(plan: Any, layer_sized: Any = ()) -> dict[str, str]:
-    """{tensor: root} of the tensors whose dims name a sized data symbol (polykit.compiler.data_dims),
+    """{tensor: root} of the tensors whose dims name a sized data symbol (polykit.compiler.ops.data_dims),
     and their views, but for the `layer_sized` outputs their layer allocates (and their views)."""
     roots = view_roots(plan, sized_tensors(plan))
     return _placed(plan, {n: r for n, r in roots.items() if r not in frozenset(layer_sized)})

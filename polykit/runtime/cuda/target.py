@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polykit.compiler.profile_tactics import profile_layers
+from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import DeviceError, PlanError, PolykitError, RankError
 from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
 from polykit.kernels.cuda.hold import HOLD

@@ -6,11 +6,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize
-from polykit.compiler.plan import Plan
+from polykit.compiler.plan.file import Plan
 from polykit.runtime.engine import Engine
 from tests.compiler.control_flow.models import outer_axes_scan, rank_guarded
 
@@ -53,8 +53,8 @@ def test_an_if_on_a_constant_condition_becomes_its_taken_branch_even_when_the_ot
 
 
 def test_range_takes_one_element_operands_as_its_scalars():
-    from polykit.kernels.reference.constants import range_
-    from polykit.compiler.ir import Node
+    from polykit.compiler.ops.tensor.constants_reference import range_
+    from polykit.compiler.ir.graph import Node
 
     node = Node("Range", ["a", "b", "c"], ["y"], name="r")
     out = range_(node, [np.array([2], np.int64), np.array([11], np.int64), np.array(3, np.int64)])[0]

@@ -9,13 +9,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.evaluator import evaluate_model
-from polykit.compiler.ir import Graph
-from polykit.compiler.onnx_export import to_onnx
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan, decode_plan, encode_plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.evaluator import evaluate_model
+from polykit.compiler.ir.graph import Graph
+from polykit.compiler.graph.onnx_export import to_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan, decode_plan, encode_plan
 from polykit.errors import PlanError
 from polykit.runtime.engine import Engine
 from tests.compiler.control_flow.models import DIM, STEPS, branchy, cumulative, greedy_decode

@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.evaluator import evaluate_model
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.evaluator import evaluate_model
 from polykit.runtime.engine import Engine
 from tests.compiler.control_flow.models import DIM, STEPS, growing_decode
 

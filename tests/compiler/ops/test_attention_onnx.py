@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 rng = np.random.default_rng(7)
 NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")

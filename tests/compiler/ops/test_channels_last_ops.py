@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import PolykitError
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)

@@ -8,11 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler import dtypes
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.evaluator import evaluate_model
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.ir import dtypes
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.evaluator import evaluate_model
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError
 from polykit.runtime.engine import Engine
 

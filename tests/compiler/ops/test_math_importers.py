@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError
 
 RNG = np.random.default_rng(11)

@@ -1,6 +1,6 @@
 """ONNX's own node test cases for the math op family, run through polykit.
 
-Each case is imported with polykit.compiler.onnx_import.load_onnx (importers + shape
+Each case is imported with polykit.compiler.graph.onnx_import.load_onnx (importers + shape
 rules), then evaluated node by node with the reference kernels; outputs must match ONNX's
 expected values (dtype and shape exactly, values at rtol 1e-3 / atol 1e-5) and the
 shape rules' static shapes must match the actual outputs.
@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.registry import is_supported
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.ops.registry import is_supported
 from polykit.errors import PolykitError
 
 CASE_MODULES = (

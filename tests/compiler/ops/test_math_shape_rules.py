@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
 

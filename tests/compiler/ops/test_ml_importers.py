@@ -8,9 +8,9 @@ import onnxruntime
 import pytest
 from onnx import helper
 
-from polykit.compiler import dtypes
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.ir import dtypes
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import ShapeError
 
 RNG = np.random.default_rng(23)

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -100,7 +100,7 @@ def test_light_model_imports_with_the_expected_output_shape(name):
 def test_light_squeezenet_runs_on_the_reference_kernels_to_its_expected_output():
     import time
 
-    from polykit.compiler.evaluator import evaluate_graph
+    from polykit.compiler.graph.evaluator import evaluate_graph
 
     graph = load_onnx(os.path.join(LIGHT_DIR, "light_squeezenet.onnx"))
     shape = graph.value(graph.inputs[0]).shape

@@ -20,9 +20,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.registry import is_supported
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.ops.registry import is_supported
 
 CASE_MODULES = (
     "averagepool causal_conv_with_state conv convinteger convtranspose depthtospace gemm globalaveragepool "

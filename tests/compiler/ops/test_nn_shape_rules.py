@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.errors import NodeAttributeError, ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 F32 = np.dtype(np.float32)
 

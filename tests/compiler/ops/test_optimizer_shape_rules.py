@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.optimizer import TRAINING_DOMAIN
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.models.optimizer import TRAINING_DOMAIN
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import NodeAttributeError, ShapeError
 
 F32, F64, I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import ShapeError
 
 

@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from polykit.compiler.ir import Node
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import ShapeError
 
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)

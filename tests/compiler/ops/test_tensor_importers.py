@@ -8,10 +8,10 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from polykit.compiler import dtypes
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_export import to_onnx
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.ir import dtypes
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_export import to_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import NodeAttributeError, PolykitError
 
 RNG = np.random.default_rng(21)

@@ -15,9 +15,9 @@ import warnings
 import numpy as np
 import pytest
 
-from polykit.compiler import dtypes
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.ir import dtypes
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import PolykitError
 
 # onnx.backend.test.case.node modules holding the cases of the ops this family implements

@@ -7,9 +7,9 @@ from typing import Iterable
 
 import numpy as np
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import Graph, Node, Value
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import Graph, Node, Value
 
 F32 = np.dtype(np.float32)
 

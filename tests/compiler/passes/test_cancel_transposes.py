@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import cancel_transposes, optimize, run_passes
 
 from .passes_testkit import feeds_for, graph, node, op_counts, run_and_compare

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize, to_channels_last
 
 from tests.conv_models import resnet

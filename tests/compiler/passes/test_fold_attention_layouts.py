@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.passes import fold_attention_layouts, run_passes
 
 rng = np.random.default_rng(5)

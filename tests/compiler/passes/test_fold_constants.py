@@ -3,8 +3,8 @@ import numpy as np
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
 from polykit.compiler.passes import fold_constants
-from polykit.compiler.registry import SHAPE_RULES
-from polykit.kernels.registry import REFERENCE
+from polykit.compiler.ops.registry import SHAPE_RULES
+from polykit.compiler.ops.references import REFERENCE
 
 
 def test_constant_chain_becomes_one_initializer():
@@ -83,7 +83,7 @@ def test_castlike_of_a_constant_folds_to_the_target_dtype():
 def test_a_folded_tensor_takes_its_values_shape_over_a_stale_unknown_one():
     """A shape rule that knew nothing earlier (an If's branch output, before the If was inlined)
     leaves no unknown shape behind: readers of the initializer see (3,)."""
-    from polykit.compiler.ir import Value
+    from polykit.compiler.ir.graph import Value
 
     g = graph([node("Mul", ["a", "b"], "ab"), node("Add", ["x", "ab"], "y")], {"x": (2, 3)}, ["y"],
               {"a": np.full((3,), 2.0, np.float32), "b": np.arange(3, dtype=np.float32)})

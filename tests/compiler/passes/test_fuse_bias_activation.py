@@ -4,7 +4,7 @@ import numpy as np
 
 from .passes_testkit import graph, node, op_counts, run_and_compare
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import fuse_bias_activation
 
 RNG = np.random.default_rng(5)
@@ -77,8 +77,8 @@ def test_two_convs_feeding_one_residual_add_fuse_only_one_epilogue():
     """ResNet's downsample block: both convs' sole reader is the same Add; only one may take it."""
     import numpy as np
 
-    from polykit.compiler.evaluator import evaluate_graph
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.evaluator import evaluate_graph
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.compiler.passes import optimize
     from onnx import TensorProto, helper, numpy_helper
 
@@ -106,7 +106,7 @@ def test_a_dtype_changing_cast_is_not_fused_into_an_epilogue():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.compiler.passes import optimize
 
     w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((8, 5)).astype(np.float16), "w")

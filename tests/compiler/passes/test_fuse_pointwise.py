@@ -4,7 +4,7 @@ import numpy as np
 
 from .passes_testkit import graph, node, op_counts, run_and_compare
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import fuse_pointwise
 
 PW = f"{POLYKIT_DOMAIN}:Pointwise"

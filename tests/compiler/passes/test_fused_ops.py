@@ -3,10 +3,10 @@ import pytest
 
 from .passes_testkit import graph, node
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.fused import rename_fused_tensor
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.fused import rename_fused_tensor
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(11)
 

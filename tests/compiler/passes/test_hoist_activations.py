@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import fuse_bias_activation, hoist_activations, run_passes
 
 from .passes_testkit import graph, node, run_and_compare
@@ -85,8 +85,8 @@ def test_a_reshape_of_a_graph_input_is_left_alone():
 def test_gpt2_gelus_join_the_gemm_epilogues_and_outputs_are_unchanged():
     import pytest
 
-    from polykit.compiler.evaluator import evaluate_graph
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.evaluator import evaluate_graph
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.compiler.passes import optimize
 
     from .passes_testkit import feeds_for

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize
 
 MODULES = ("gelu layernormalization rmsnormalization mish hardswish hardsigmoid celu softsign thresholdedrelu "

@@ -6,9 +6,9 @@ import pytest
 
 from .passes_testkit import feeds_for, graph, node, op_counts
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import fold_constants, optimize, run_passes
 from polykit.errors import GraphError
 
@@ -119,7 +119,7 @@ def test_optimize_keeps_torch_exports_numerically_equal_and_fuses_them(name, exp
 
 
 def test_an_optimized_graph_survives_an_onnx_round_trip(tmp_path):
-    from polykit.compiler.onnx_export import save_onnx
+    from polykit.compiler.graph.onnx_export import save_onnx
 
     g = _model("bert_tiny_ts.onnx")
     out = optimize(g)

@@ -2,7 +2,7 @@
 
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.compiler.passes.patterns import Const, OneOf, Op, Prod, Rule, Scaled, Var, match_at, near, rewrite
 
 SUB_XY = Op("Sub", (Var("x"), Var("y")))

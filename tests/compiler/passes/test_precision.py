@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.infer import infer_shapes
-from polykit.compiler.ir import POLYKIT_DOMAIN, Graph
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
 from polykit.compiler.passes import convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize, run_passes
 from polykit.compiler.passes.precision import to_half
 

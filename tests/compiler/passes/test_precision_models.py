@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.runtime.engine import Runtime
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "torch"

@@ -2,7 +2,7 @@ import numpy as np
 
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import recognize_attention
 
 ATT = f"{POLYKIT_DOMAIN}:Attention"

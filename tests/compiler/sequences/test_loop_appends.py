@@ -1,6 +1,6 @@
 """A Loop of run-time trip count that only appends to its carried sequence (test_loop13_seq,
 test_loop16_seq_none's forms, random data): one engine for every trip count, its sequence a ragged
-output (polykit.compiler.passes.sequence_loop) that the engine cuts into elements."""
+output (polykit.compiler.passes.control.sequence_loop) that the engine cuts into elements."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import polykit.backends.onnx_backend as backend
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
 from polykit.errors import BuildError, PlanError, RuntimeInputError
 from polykit.runtime.engine import Engine, Runtime
 from polykit.runtime.sequences import pack_outputs

@@ -7,12 +7,12 @@ import numpy as np
 import onnx
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.evaluator import evaluate_model
-from polykit.compiler.ir import OPTIONAL, SEQUENCE
-from polykit.compiler.onnx_export import to_onnx
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.evaluator import evaluate_model
+from polykit.compiler.ir.graph import OPTIONAL, SEQUENCE
+from polykit.compiler.graph.onnx_export import to_onnx
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import BuildError, PlanError, RuntimeInputError
 from polykit.runtime.engine import Runtime
 from polykit.runtime.sequences import flatten_value
@@ -176,8 +176,8 @@ def test_cuda_plan_of_a_loop_growing_a_sequence_and_concat_from_sequence_matches
 def test_optional_get_element_of_a_plain_tensor_lowers_to_an_identity_for_every_target():
     from onnx import TensorProto, helper
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])

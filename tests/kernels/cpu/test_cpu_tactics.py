@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.plan.records import LayerDesc
+from polykit.compiler.ops.references import run_reference
 from polykit.kernels.tactics import candidates, find_tactic
 
 rng = np.random.default_rng(7)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 
 rng = np.random.default_rng(23)
 
@@ -79,7 +79,7 @@ def test_attention_float64_with_additive_and_boolean_masks():
 
 
 def test_float64_attention_launches_the_double_kernel_with_a_double_scale_and_wide_shared_memory():
-    from polykit.kernels.cuda.attention import enqueue_attention
+    from polykit.kernels.cuda.attention.attention import enqueue_attention
     from polykit.kernels.cuda.base import DeviceTensor
 
     launches = []
@@ -124,7 +124,7 @@ def test_fully_masked_rows_are_nan_or_zero_like_the_reference(dtype, nan_to_zero
 
 
 def test_float_attention_with_small_heads_launches_the_tiled_kernel():
-    from polykit.kernels.cuda.attention import enqueue_attention
+    from polykit.kernels.cuda.attention.attention import enqueue_attention
     from polykit.kernels.cuda.base import DeviceTensor
 
     launches = []

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import PolykitError
-from polykit.kernels.cuda import attention_onnx
+from polykit.kernels.cuda.attention import attention_onnx
 
 rng = np.random.default_rng(29)
 NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
@@ -64,7 +64,7 @@ def test_generic_kernel_matches_reference(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_generic_kernel_16bit_types_round_each_stage_like_the_reference(dtype):
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
     from polykit.runtime.cuda.harness import assert_matches_reference
 
     dt = np.dtype(np.float16) if dtype is np.float16 else np.dtype(to_numpy(16))
@@ -147,10 +147,10 @@ def test_every_layer_of_the_16bit_attention_cases_has_a_cuda_kernel():
     """Built for cuda without a GPU (tactics by priority), every layer of these cases' plans
     enqueues on a recording launcher: no layer refuses its storage type (the expansions'
     ReduceMax over a bf16 mask did)."""
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.dtypes import to_numpy
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.ir.dtypes import to_numpy
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import find_tactic
     from polykit.tools.conformance import collect_cases

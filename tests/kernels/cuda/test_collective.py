@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.collective import (Collective, Reorder, collective_kernels, collective_workspace,
+from polykit.kernels.cuda.models.collective import (Collective, Reorder, collective_kernels, collective_workspace,
                                              enqueue_collective, run_steps, schedule, supports_collective)
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 

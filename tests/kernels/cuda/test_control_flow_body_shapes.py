@@ -1,4 +1,4 @@
-"""The cuda Loop over a body of run-time shapes (polykit.compiler.bodies.body_profile): each iteration
+"""The cuda Loop over a body of run-time shapes (polykit.compiler.builder.bodies.body_profile): each iteration
 binds the body's input shapes and iteration number, the carried values whose dims the run sizes live
 in buffers the layer grows (polykit.runtime.cuda.layer_outputs), and a scan output whose rows change
 shape is refused. Without a GPU the layer's host side runs over emulated memory (as in
@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import RuntimeInputError
 from polykit.runtime.cuda.harness import reference_layer
 from polykit.runtime.shapes import ShapeBinder

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
 
@@ -158,7 +158,7 @@ def test_scan_on_other_axes_slices_and_stacks_like_onnxruntime_on_emulated_memor
 def test_scan_workspace_holds_one_staging_buffer_per_strided_slice():
     """a (3, L, 4) on axis 1 and b (3, 4, L) on axis 2 are strided (3 x 4 floats, 48 bytes ->
     256 each); outputs on axes 1, 0, 2: two strided, the one on axis 0 is contiguous."""
-    from polykit.kernels.cuda.control_flow import _scan_workspace
+    from polykit.kernels.cuda.models.control_flow import _scan_workspace
 
     inputs = feeds()
     plan, layer = scan_layer(CASES["inputs_on_1_and_2_outputs_on_1_0_2"], inputs)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.plan.records import LayerDesc
 
 pytestmark = pytest.mark.gpu
 

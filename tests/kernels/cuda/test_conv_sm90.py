@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.conv_sm90 import CONV_TILES, X3_CONV_TILES, plan_conv
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, X3_CONV_TILES, plan_conv
 
 rng = np.random.default_rng(23)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -46,7 +46,7 @@ def rand(shape, dtype):
 def run_conv(tile, inputs, attrs, dtype, epilogue=None, precision="fp16", prefix="sm90", misalign=None):
     """(GPU output, float64 reference) of a ConvNHWC over `inputs` (X, W, B, then the epilogue's
     extra inputs in order); `misalign`: bytes to shift tensors from their aligned allocations."""
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ops.references import run_reference
     from polykit.runtime.cuda.harness import infer_output_specs, run_layer
 
     names = tuple(inputs)
@@ -120,7 +120,7 @@ def test_sm90x3_conv_has_fp32_accuracy(tile, x, w, attrs):
 
 
 def test_sm90_conv_takes_float32_as_tf32_or_fp32_by_tactic():
-    from polykit.kernels.cuda.conv_sm90 import _supports
+    from polykit.kernels.cuda.conv.conv_sm90 import _supports
 
     attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
     base = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN,

@@ -7,8 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import einsum as es
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.gemm import einsum as es
 
 rng = np.random.default_rng(53)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.epilogue import epilogue_prelude, input_classes
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.gemm.epilogue import epilogue_prelude, input_classes
 
 BODY = [{"op": "Add", "inputs": ["raw", "e"], "outputs": ["Y"], "attrs": {}}]
 

@@ -8,9 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.flash_attention import _supports, head_strides, logical_shape, mask_strides
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.attention.flash_attention import _supports, head_strides, logical_shape, mask_strides
 
 rng = np.random.default_rng(3)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -60,7 +60,7 @@ def test_supports_fp16_bf16_heads_64_and_128(case, ok):
 # ---- GPU ----------------------------------------------------------------------------------
 
 def reference(layer: LayerDesc, inputs: dict) -> np.ndarray:
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ops.references import run_reference
 
     node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
     wide = [a.astype(np.float64) if a.dtype != np.bool_ else a for a in inputs.values()]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
 

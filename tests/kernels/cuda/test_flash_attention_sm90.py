@@ -11,7 +11,7 @@ import pytest
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, all_cuda_tactics
-from polykit.kernels.cuda.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
+from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
 from tests.kernels.cuda.test_flash_attention import layer_for, rand, reference
 
 rng = np.random.default_rng(90)

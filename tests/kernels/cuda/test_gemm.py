@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 
 pytestmark = pytest.mark.gpu
 
@@ -62,7 +62,7 @@ def test_simt_matmul_matches_reference_fp16_storage(a_shape, b_shape, tactic):
 @pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES + [((2, 3, 4, 8), (2, 3, 8, 6))])
 def test_simt_matmul_matches_reference_bf16_storage(a_shape, b_shape, tactic):
     # the bf16 MatMuls of ONNX's Attention expansions (N = 6: rows too short for the sm90 kernels)
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
 
     bf16 = to_numpy(16)
     inputs = {"A": rand(*a_shape).astype(bf16), "B": rand(*b_shape).astype(bf16)}

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.gemm_sm90 import TILES, X3_TILES, Sm90Gemm, plan_gemm, tile_count
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, X3_TILES, Sm90Gemm, plan_gemm, tile_count
 
 rng = np.random.default_rng(11)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -173,7 +173,7 @@ def test_3xtf32_tiles_fit_with_their_scratch_ring():
 
 
 def test_sm90_takes_float32_as_tf32_or_3xtf32_by_tactic():
-    from polykit.kernels.cuda.gemm_sm90 import tile_supports
+    from polykit.kernels.cuda.gemm.gemm_sm90 import tile_supports
 
     tf32, small_tf32, x3 = tile_supports(TILES[0], False), tile_supports(TILES[5], False), tile_supports(X3_TILES[0], True)
     gemm_t = ("Gemm", {"transB": 1}, (64, 96), (128, 96))

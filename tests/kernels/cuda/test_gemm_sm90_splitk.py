@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.kernels.cuda.gemm_sm90 import Sm90Gemm, plan_gemm
-from polykit.kernels.cuda.gemm_sm90_splitk import (SPLIT_TILES, SPLITS, X3_SPLIT_TILES, compile_variants,
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.kernels.cuda.gemm.gemm_sm90 import Sm90Gemm, plan_gemm
+from polykit.kernels.cuda.gemm.gemm_sm90_splitk import (SPLIT_TILES, SPLITS, X3_SPLIT_TILES, compile_variants,
                                                    partial_bytes, slices)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90, run, stamped
 from tests.kernels.cuda.test_sm90_wgmma_pipeline import ptxas_report
@@ -62,7 +62,7 @@ def test_workspace_holds_the_fp32_partials_of_every_slice_with_rows_padded_to_th
 
 
 def _first_sm90(M, N, K):
-    from polykit.compiler.tuner import by_estimate
+    from polykit.compiler.builder.tuner import by_estimate
     from polykit.kernels.tactics import candidates
 
     layer = stamped(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}, precision="fp16"),
@@ -93,7 +93,7 @@ def fused_fp16_desc(M: int, N: int, K: int) -> LayerDesc:
 @pytest.mark.parametrize("tile", SPLIT_TILES, ids=lambda t: t.label)
 def test_the_fused_split_k_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile):
     pytest.importorskip("cuda.core")
-    from polykit.kernels.cuda.gemm_sm90 import kernel_for
+    from polykit.kernels.cuda.gemm.gemm_sm90 import kernel_for
 
     # BERT-base bs1's FFN2 with a bias + GELU + residual epilogue
     text = ptxas_report(kernel_for(fused_fp16_desc(128, 768, 3072), tile, "half_t", True, splitk=True), "gemm_sm90.cu")

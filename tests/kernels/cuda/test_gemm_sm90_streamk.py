@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.kernels.cuda.gemm_sm90 import TILES, Sm90Gemm, plan_gemm, predicted_us
-from polykit.kernels.cuda.gemm_sm90_splitk import SPLIT_TILES, SPLITS
-from polykit.kernels.cuda.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, Sm90Gemm, plan_gemm, predicted_us
+from polykit.kernels.cuda.gemm.gemm_sm90_splitk import SPLIT_TILES, SPLITS
+from polykit.kernels.cuda.gemm.gemm_sm90_streamk import (STREAMK_TILES, StreamKSchedule, compile_variants, partial_bytes,
                                                     schedule, schedule_of, streamk_us)
 from tests.kernels.cuda.test_gemm_sm90 import BF16, check_matmul, rand, rel_err, require_sm90
 from tests.kernels.cuda.test_gemm_sm90_splitk import (check_fused, check_gemm, check_same_bits, check_tf32_gemm,
@@ -125,7 +125,7 @@ def test_streamk_compile_variants_cover_each_tile_dtype_and_b_layout():
 @pytest.mark.parametrize("tile", STREAMK_TILES, ids=lambda t: t.label)
 def test_the_fused_streamk_unit_keeps_its_wgmma_pipeline_and_spills_nothing(tile):
     pytest.importorskip("cuda.core")
-    from polykit.kernels.cuda.gemm_sm90 import kernel_for
+    from polykit.kernels.cuda.gemm.gemm_sm90 import kernel_for
 
     # BERT-base bs8's FFN1 with a bias + GELU + residual epilogue
     text = ptxas_report(kernel_for(fused_fp16_desc(1024, 3072, 768), tile, "half_t", True, streamk=True), "gemm_sm90.cu")
@@ -212,8 +212,8 @@ def test_two_streamk_layers_of_one_engine_share_the_workspace_through_graph_repl
     require_sm90()
     from onnx import TensorProto, helper, numpy_helper
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Engine
 
     x, w1, w2 = rand((1024, 768), np.float32), rand((768, 3072), np.float32) / 16, rand((3072, 768), np.float32) / 32

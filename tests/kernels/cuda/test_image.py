@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import image
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.models import image
 from polykit.kernels.cuda.base import DeviceTensor
 
 from .recording_launcher import RecordingLauncher

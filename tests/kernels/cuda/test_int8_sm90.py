@@ -12,12 +12,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.calibrate import calibrate
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.calibrate import calibrate
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
-from polykit.kernels.cuda import int8_sm90
+from polykit.kernels.cuda.int8 import int8_sm90
 from polykit.runtime.engine import Runtime
 
 from ...compiler.int8_models import feeds_for, quantize_with_onnxruntime, small_resnet
@@ -289,8 +289,8 @@ def test_the_8_channel_epilogue_reads_each_residual_in_its_own_type():
     """With stamped shapes the residual is read at the output index: apply_epilogue8 loads 8
     int8 (one 8-byte load) or 8 float residual values; without shapes the epilogue has no
     8-wide form (EPI_VEC 0) and the kernel keeps Out::put."""
-    from polykit.kernels.cuda.epilogue import epilogue_prelude
-    from polykit.kernels.cuda.int8 import residual_layer
+    from polykit.kernels.cuda.gemm.epilogue import epilogue_prelude
+    from polykit.kernels.cuda.int8.int8 import residual_layer
 
     int8_code = epilogue_prelude(int8_sm90._shaped_residual_layer("int8"), "float")
     float_code = epilogue_prelude(int8_sm90._shaped_residual_layer("float32"), "float")

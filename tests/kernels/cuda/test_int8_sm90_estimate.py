@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.compiler.tuner import by_estimate
-from polykit.kernels.cuda import int8_sm90
+from polykit.compiler.plan.records import LayerDesc
+from polykit.compiler.builder.tuner import by_estimate
+from polykit.kernels.cuda.int8 import int8_sm90
 
 pytest.importorskip("cuda.core")
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polykit.kernels.cuda import int8_splitk
-from polykit.kernels.cuda.int8 import supports
+from polykit.kernels.cuda.int8 import int8_splitk
+from polykit.kernels.cuda.int8.int8 import supports
 from polykit.kernels.tactics import find_tactic
 
 from .test_int8 import DTYPES, check, layer_of, params, q, stamped

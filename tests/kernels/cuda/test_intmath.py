@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.intmath import batch_geometry
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.int8.intmath import batch_geometry
 
 rng = np.random.default_rng(9)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc, TensorDesc
-from polykit.kernels.cuda import linalg
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
+from polykit.kernels.cuda.gemm import linalg
 
 rng = np.random.default_rng(62)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import llm
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.models import llm
 
 rng = np.random.default_rng(31)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import loss
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.models import loss
 
 rng = np.random.default_rng(52)
 
@@ -35,7 +35,7 @@ def check(layer, inputs, **tol):
 
 
 def test_sce_borrows_scratch_log_probabilities_only_without_a_log_prob_output():
-    from polykit.compiler.plan_records import TensorDesc
+    from polykit.compiler.plan.records import TensorDesc
 
     tensors = {"X": TensorDesc("X", "float32", (4, 10, 3), "activation")}
     assert loss._sce_workspace(loss_layer("SoftmaxCrossEntropyLoss", False), tensors, 1) == 4 * 10 * 3 * 4

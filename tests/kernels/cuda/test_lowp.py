@@ -13,12 +13,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import pointwise as pw
-from polykit.kernels.cuda.pointwise_expr import emit_expression
-from polykit.kernels.cuda import quantize as qk
-from polykit.kernels.cuda import tensor_misc as tm
-from polykit.kernels.reference.cast import convert
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.pointwise import pointwise as pw
+from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
+from polykit.kernels.cuda.int8 import quantize as qk
+from polykit.kernels.cuda.movement import tensor_misc as tm
+from polykit.compiler.ops.tensor.cast_reference import convert
 
 rng = np.random.default_rng(83)
 

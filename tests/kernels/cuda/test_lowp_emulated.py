@@ -20,10 +20,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
-from polykit.kernels.cuda import pointwise as pw
+from polykit.compiler.ir.graph import Node
+from polykit.kernels.cuda.pointwise import pointwise as pw
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 from polykit.runtime.cuda.harness import infer_output_specs, resolve_tactic
 from tests.kernels.cuda.test_lowp import DENSE, FLOAT_TYPES, INT_TYPES, ONNX_CODE, cast_layer, same_bits
 
@@ -217,13 +217,13 @@ def test_castlike_to_and_from_every_lowp_type(launcher, src, saturate):
 
 
 def pw_free_castlike(saturate):
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     return LayerDesc("cl", "CastLike", ("X", "L"), ("Y",), {"saturate": saturate, "round_mode": "nearest"})
 
 
 def q_layer(kind, n_inputs=3, **attrs):
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     return LayerDesc("q", kind, ("X", "S", "Z")[:n_inputs], ("Y",), dict(attrs))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from polykit.kernels.cuda.base import CUDA_DIR
-from polykit.kernels.reference.cast import convert
+from polykit.compiler.ops.tensor.cast_reference import convert
 from tests.kernels.cuda.test_lowp import DENSE, E8M0, FLOAT_TYPES, same_bits
 
 SHIM = r"""

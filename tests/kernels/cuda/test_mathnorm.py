@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import mathnorm as mn
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.reduce import mathnorm as mn
 
 rng = np.random.default_rng(61)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.movement import contiguous_strides, merge_dims
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.movement.movement import contiguous_strides, merge_dims
 
 rng = np.random.default_rng(21)
 
@@ -39,9 +39,9 @@ DEPTH_SPACE_CASES = [("DepthToSpace", {"blocksize": 2, "mode": "DCR"}, (2, 8, 3,
 
 @pytest.mark.parametrize("kind,attrs,shape", DEPTH_SPACE_CASES)
 def test_depth_space_view_copies_to_the_reference_output(kind, attrs, shape):
-    from polykit.compiler.ir import Node
-    from polykit.kernels.cuda.movement import depth_space_view
-    from polykit.kernels.registry import run_reference
+    from polykit.compiler.ir.graph import Node
+    from polykit.kernels.cuda.movement.movement import depth_space_view
+    from polykit.compiler.ops.references import run_reference
 
     x = rand(shape)
     dims, src = depth_space_view(kind, attrs, shape)
@@ -153,13 +153,13 @@ def test_reshape_family_copies_bytes(n):
 
 
 def test_widen_moves_contiguous_inner_runs_in_16_byte_elements():
-    from polykit.kernels.cuda.movement import widen
+    from polykit.kernels.cuda.movement.movement import widen
 
     es, dims, ss, ds, bases = widen(4, [8, 12, 128, 64], [98304, 64, 768, 1], [98304, 8192, 64, 1], (0, 0), (256, 512))
     assert es == 16 and dims == [8, 12, 128, 16] and ss == [24576, 16, 192, 1] and ds == [24576, 2048, 16, 1]
 
 
 def test_widen_keeps_elements_when_the_inner_run_is_strided():
-    from polykit.kernels.cuda.movement import widen
+    from polykit.kernels.cuda.movement.movement import widen
 
     assert widen(4, [3, 5], [1, 3], [5, 1], (0, 0), (0, 0))[0] == 4

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 
 import pytest
 
@@ -14,17 +13,15 @@ from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
 def all_variants():
     out = []
-    for info in pkgutil.iter_modules(cuda_kernels.__path__):
-        module = importlib.import_module(f"{cuda_kernels.__name__}.{info.name}")
+    for name in cuda_kernels.kernel_modules():
+        module = importlib.import_module(name)
         if hasattr(module, "compile_variants"):
             out.extend(module.compile_variants())
     return out
 
 
 def test_every_family_module_declares_its_variants():
-    families = [i.name for i in pkgutil.iter_modules(cuda_kernels.__path__) if i.name not in cuda_kernels.NOT_FAMILIES]
-    missing = [f for f in families
-               if not hasattr(importlib.import_module(f"{cuda_kernels.__name__}.{f}"), "compile_variants")]
+    missing = [f for f in cuda_kernels.family_modules() if not hasattr(importlib.import_module(f), "compile_variants")]
     assert missing == []
 
 

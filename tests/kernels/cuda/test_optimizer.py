@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ops.optimizer import TRAINING_DOMAIN
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import optimizer
+from polykit.compiler.ops.models.optimizer import TRAINING_DOMAIN
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.models import optimizer
 
 rng = np.random.default_rng(65)
 

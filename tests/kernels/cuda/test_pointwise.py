@@ -6,10 +6,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import pointwise as pw
-from polykit.kernels.cuda import pointwise_signatures as pws
-from polykit.kernels.cuda.pointwise_expr import emit_expression
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.pointwise import pointwise as pw
+from polykit.kernels.cuda.pointwise import pointwise_signatures as pws
+from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 
 rng = np.random.default_rng(11)
 

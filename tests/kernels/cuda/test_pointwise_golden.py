@@ -10,9 +10,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from polykit.compiler.builder import describe_tensors, stamp_layer
-from polykit.compiler.lower import lower
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import describe_tensors, stamp_layer
+from polykit.compiler.builder.lower import lower
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize
 from polykit.kernels.tactics import candidates
 from tests.conv_models import resnet

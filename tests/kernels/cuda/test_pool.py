@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 
 pytestmark = pytest.mark.gpu
 
@@ -85,7 +85,7 @@ UNROLLED_3X3 = [((2, 15, 13, 16), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
 @pytest.mark.parametrize("kind", ["MaxPoolNHWC", "AveragePoolNHWC"])
 @pytest.mark.parametrize("shape,attrs", UNROLLED_3X3)
 def test_unrolled_3x3_nhwc_pools_on_16_bit_storage_match_reference(kind, shape, attrs):
-    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 
     layer = LayerDesc("pool", kind, ("X",), ("Y",), dict(attrs, kernel_shape=[3, 3]), domain=POLYKIT_DOMAIN)
     check(layer, {"X": rand(*shape, dtype=np.float16)}, tactic="cuda.pool_nhwc.window", rtol=1e-3, atol=1e-3)
@@ -93,7 +93,7 @@ def test_unrolled_3x3_nhwc_pools_on_16_bit_storage_match_reference(kind, shape, 
 
 @pytest.mark.parametrize("shape,attrs", UNROLLED_3X3)
 def test_unrolled_3x3_nhwc_max_pool_on_int8_equals_the_reference(shape, attrs):
-    from polykit.compiler.ir import POLYKIT_DOMAIN
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 
     layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), dict(attrs, kernel_shape=[3, 3]), domain=POLYKIT_DOMAIN)
     check(layer, {"X": rng.integers(-128, 128, size=shape).astype(np.int8)}, tactic="cuda.pool_nhwc.window",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.pool import _supports_window, _window_kernels, window_elem
+from polykit.kernels.cuda.conv.pool import _supports_window, _window_kernels, window_elem
 
 
 @pytest.mark.parametrize("dtype,elem", [(np.uint8, "u8"), (np.int8, "i8"), (np.float16, "half_t")])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import quantize as qk
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.int8 import quantize as qk
 
 rng = np.random.default_rng(59)
 

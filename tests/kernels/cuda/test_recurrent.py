@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from tests.kernels.reference.test_recurrent import n_outputs, recurrent_inputs
 
 NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")

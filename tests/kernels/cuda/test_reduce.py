@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import reduce as red
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.reduce import reduce as red
 
 rng = np.random.default_rng(5)
 
@@ -101,7 +101,7 @@ def test_reduce_bfloat16_equals_the_float64_reference_rounded_once(op, shape, ax
     in fp64, in another order than numpy's) and the log/exp ones (the device's double log/exp
     and numpy's may differ by an ulp of double) may move a result next to a bf16 rounding
     boundary by one bf16 ulp: at most one element in 20, one ulp each."""
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
     from polykit.runtime.cuda.harness import reference_layer, run_layer
     from tests.kernels.cuda.ulps import bit_mismatches, ulps_apart
 
@@ -121,7 +121,7 @@ def test_reduce_bfloat16_equals_the_float64_reference_rounded_once(op, shape, ax
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("last", [0, 1])
 def test_arg_extremes_of_bfloat16_with_ties(op, last):
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
 
     x = rng.integers(-3, 4, size=(5, 40, 3)).astype(to_numpy(16))  # many ties
     lay = LayerDesc("a", op, ("X",), ("Y",), {"axis": 1, "keepdims": 1, "select_last_index": last})
@@ -131,7 +131,7 @@ def test_arg_extremes_of_bfloat16_with_ties(op, last):
 def test_reduce_and_arg_kernels_take_bfloat16_storage():
     """The layers ONNX's bf16 Attention expansions hit (ReduceMax over a bf16 mask) get a bf16 kernel."""
     from polykit.kernels.cuda.base import DeviceTensor
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
     from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
     bf16 = np.dtype(to_numpy(16))

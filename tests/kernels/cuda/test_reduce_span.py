@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import reduce_span as rs
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.reduce import reduce_span as rs
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.reduce import OPS
-from polykit.kernels.cuda.reduce_span import Span, cols_block, span_geometry
+from polykit.kernels.cuda.reduce.reduce import OPS
+from polykit.kernels.cuda.reduce.reduce_span import Span, cols_block, span_geometry
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 rng = np.random.default_rng(41)
@@ -144,7 +144,7 @@ def test_span_fp16_with_and_without_16_byte_loads(op, shape, axes, misalign):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,axes", SHAPES)
 def test_span_bfloat16_sums_are_the_reference_bit_for_bit(shape, axes):
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
     from polykit.runtime.cuda.harness import reference_layer, run_layer
     from tests.kernels.cuda.ulps import bit_mismatches
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.reformat import _pads_last_only, _transposes, chunk_bytes, enqueue_pad_last
+from polykit.kernels.cuda.conv.reformat import _pads_last_only, _transposes, chunk_bytes, enqueue_pad_last
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 rng = np.random.default_rng(29)

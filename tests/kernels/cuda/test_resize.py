@@ -11,11 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.resize import COORD, NEAREST, compile_variants, resize_geometry, supports
-from polykit.kernels.registry import find_reference
+from polykit.kernels.cuda.movement.resize import COORD, NEAREST, compile_variants, resize_geometry, supports
+from polykit.compiler.ops.references import find_reference
 
 rng = np.random.default_rng(13)
 
@@ -157,7 +157,7 @@ BACKEND = _backend_cases()
 def test_kernel_model_matches_reference_on_onnx_backend_case(name):
     import onnx
 
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.onnx_import import load_onnx
 
     case = BACKEND[name]
     model = onnx.load(case.model) if isinstance(case.model, str) else case.model
@@ -181,11 +181,11 @@ def test_backend_case_builds_for_cuda_and_its_layer_gives_the_expected_output(na
     geometry and tensors through the kernel model."""
     import onnx
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.onnx_import import load_onnx
     from polykit.errors import BuildError
-    from polykit.kernels.cuda.resize import _optional
+    from polykit.kernels.cuda.movement.resize import _optional
 
     case = BACKEND[name]
     graph = load_onnx(onnx.load(case.model) if isinstance(case.model, str) else case.model)
@@ -272,7 +272,7 @@ def test_dtypes_without_a_kernel_are_refused_when_the_builder_stamps_them():
 
 
 def test_a_stamped_layer_compiles_only_its_own_kernel():
-    from polykit.kernels.cuda.resize import _kernels
+    from polykit.kernels.cuda.movement.resize import _kernels
 
     stamped = LayerDesc("r", "Resize", ("X", "", "S"), ("Y",), {"mode": "linear"}, in_dtypes=("float16", "", "float32"))
     assert [k.name for k in _kernels(stamped)] == ["resize_linear_f16"]

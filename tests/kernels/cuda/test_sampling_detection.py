@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from tests.kernels.reference.test_detection import nms_inputs, roi_inputs
 from tests.kernels.reference.test_sampling import deform_inputs, grid_sample_inputs
 
@@ -98,8 +98,8 @@ def test_roi_align(mode, coords, ratio):
 @pytest.mark.parametrize("n", [40, 700])
 def test_nms_selects_what_the_reference_selects(center, n):
     from polykit.runtime.cuda.harness import run_layer
-    from polykit.kernels.registry import run_reference
-    from polykit.compiler.ir import Node
+    from polykit.compiler.ops.references import run_reference
+    from polykit.compiler.ir.graph import Node
 
     ins = nms_inputs(n=n, center=bool(center))
     lay, feeds = layer("NonMaxSuppression", ins, {"center_point_box": center})
@@ -110,8 +110,8 @@ def test_nms_selects_what_the_reference_selects(center, n):
 
 @pytest.mark.gpu
 def test_nms_model_built_with_bound_inputs_runs_on_cuda():
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Runtime
     from tests.kernels.reference.oracle import ort_run
     from tests.kernels.reference.test_detection import nms_graph

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 
 rng = np.random.default_rng(41)
 
@@ -123,7 +123,7 @@ def test_scatter_elements_reductions_with_duplicate_indices(reduction, dtype, rt
 ])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
 def test_max_unpool_scatters_into_zeros(x_shape, attrs, output_shape, dtype):
-    from polykit.compiler.ops.pool import unpool_shape
+    from polykit.compiler.ops.nn.pool import unpool_shape
 
     unpooled = x_shape[:2] + unpool_shape(attrs, x_shape[2:])
     size = int(np.prod(unpooled))

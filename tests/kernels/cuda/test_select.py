@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
-from polykit.kernels.cuda import select
+from polykit.kernels.cuda.movement import select
 from polykit.kernels.cuda.base import DeviceTensor, count_slot
 from polykit.runtime.cuda.harness import infer_output_specs, reference_layer
 
@@ -386,7 +386,7 @@ def test_unique_model_writes_its_count_and_lays_out_by_it(values):
 # ---- cuda plans pick these tactics (no GPU needed to build one) ----
 
 def _model(node, inputs, outputs):
-    from polykit.compiler.onnx_import import load_onnx
+    from polykit.compiler.graph.onnx_import import load_onnx
 
     graph = helper.make_graph([node], "m", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                               [helper.make_tensor_value_info(n, t, None) for n, t in outputs])
@@ -396,8 +396,8 @@ def _model(node, inputs, outputs):
 @pytest.mark.parametrize("op,tactic", [("NonZero", "cuda.select.nonzero"), ("Compress", "cuda.select.compress"),
                                        ("Unique", "cuda.select.unique")])
 def test_a_cuda_plan_with_bound_values_picks_the_select_tactic(op, tactic):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     f, b = TensorProto.FLOAT, TensorProto.BOOL
     x = np.array([[1.0, 0.0, 2.0], [1.0, 0.0, 2.0]], np.float32)
@@ -415,8 +415,8 @@ def test_a_cuda_plan_with_bound_values_picks_the_select_tactic(op, tactic):
 @pytest.mark.parametrize("op,tactic", [("NonZero", "cuda.select.nonzero"), ("Compress", "cuda.select.compress"),
                                        ("Unique", "cuda.select.unique")])
 def test_a_cuda_plan_without_values_picks_the_select_tactic_for_a_run_time_size(op, tactic):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     f, b = TensorProto.FLOAT, TensorProto.BOOL
     if op == "Compress":

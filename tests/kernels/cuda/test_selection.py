@@ -1,4 +1,4 @@
-"""The cuda CheckRange and SelectByIndex tactics (polykit.kernels.cuda.selection), their host side on
+"""The cuda CheckRange and SelectByIndex tactics (polykit.kernels.cuda.movement.selection), their host side on
 emulated device memory (HostBodies, as the control-flow tests), outputs poisoned first: the
 selection copies the chosen element into room of its shape, or into the planned tensor when the
 candidates share a shape; the check writes the wrapped position or raises. The gpu-marked tests of
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import RuntimeInputError
 from polykit.kernels.tactics import find_tactic
 from tests.backends.test_run_time_positions import _feeds, _positional_model

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.dtypes import to_numpy
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.epilogue import epilogue_prelude
-from polykit.kernels.cuda.pointwise_expr import emit_expression
+from polykit.compiler.ir.dtypes import to_numpy
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.gemm.epilogue import epilogue_prelude
+from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 
 rng = np.random.default_rng(41)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(to_numpy(16))}

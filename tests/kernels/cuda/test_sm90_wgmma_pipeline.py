@@ -19,12 +19,12 @@ import pytest
 
 pytest.importorskip("cuda.core")
 
-from polykit.compiler.ir import POLYKIT_DOMAIN  # noqa: E402
-from polykit.compiler.plan_records import LayerDesc  # noqa: E402
-from polykit.kernels.cuda.conv_sm90 import CONV_TILES  # noqa: E402
-from polykit.kernels.cuda.gemm_sm90 import TILES, kernel_for  # noqa: E402
-from polykit.kernels.cuda.int8_sm90 import TILES as INT8_TILES  # noqa: E402
-from polykit.kernels.cuda.int8_sm90 import _shaped_residual_layer  # noqa: E402
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN  # noqa: E402
+from polykit.compiler.plan.records import LayerDesc  # noqa: E402
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES  # noqa: E402
+from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, kernel_for  # noqa: E402
+from polykit.kernels.cuda.int8.int8_sm90 import TILES as INT8_TILES  # noqa: E402
+from polykit.kernels.cuda.int8.int8_sm90 import _shaped_residual_layer  # noqa: E402
 
 BIAS_GELU = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
              {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda.softmax import split_at_axis
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.reduce.softmax import split_at_axis
 
 rng = np.random.default_rng(3)
 
@@ -59,7 +59,7 @@ def test_16bit_softmax_rounds_its_stages_like_the_reference(dtype, shape, axis):
     kernel alike. expf on the device and numpy's exp may differ by an ulp of float, which moves
     a 16-bit result by one ulp only for values next to a rounding boundary: at most 1 % of the
     elements, one ulp each (a sum rounded otherwise than numpy's is off by many ulps)."""
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
     from polykit.runtime.cuda.harness import reference_layer, run_layer
     from tests.kernels.cuda.ulps import ulps_apart
 

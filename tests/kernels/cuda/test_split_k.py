@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from polykit.kernels.cuda.base import KernelSource
-from polykit.kernels.cuda.gemm import MAX_SPLITS, launch_tiled, split_k
+from polykit.kernels.cuda.gemm.gemm import MAX_SPLITS, launch_tiled, split_k
 
 
 class RecordingLauncher:

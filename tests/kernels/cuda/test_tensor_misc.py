@@ -7,9 +7,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.tensor_misc import write_constant
+from polykit.kernels.cuda.movement.tensor_misc import write_constant
 
 rng = np.random.default_rng(33)
 
@@ -135,13 +135,13 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def test_range_has_kernels_for_16_bit_floats():
-    from polykit.kernels.cuda.tensor_misc import RANGE_CODES
+    from polykit.kernels.cuda.movement.tensor_misc import RANGE_CODES
 
     assert RANGE_CODES[np.dtype(np.float16)] == "f16" and RANGE_CODES[BF16] == "bf16"
 
 
 def test_cast_like_has_a_code_for_bfloat16():
-    from polykit.kernels.cuda.tensor_misc import CAST_CODES
+    from polykit.kernels.cuda.movement.tensor_misc import CAST_CODES
 
     assert CAST_CODES[BF16] == 12
 

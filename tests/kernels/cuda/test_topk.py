@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import topk
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.movement import topk
 
 rng = np.random.default_rng(47)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
-from polykit.compiler.plan_records import LayerDesc
-from polykit.kernels.cuda import training as tr
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.models import training as tr
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.registry import find_reference
+from polykit.compiler.ops.references import find_reference
 from polykit.kernels.tactics import candidates
 
 rng = np.random.default_rng(71)

@@ -8,8 +8,8 @@ import onnx
 import onnxruntime
 from onnx import helper
 
-from polykit.compiler.ir import Node
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.references import run_reference
 
 
 def run(op, inputs, n_out=1, **attrs):
@@ -18,7 +18,7 @@ def run(op, inputs, n_out=1, **attrs):
 
 
 def ort(op, inputs, n_out=1, opset=21, **attrs):
-    from polykit.compiler import dtypes
+    from polykit.compiler.ir import dtypes
 
     names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
     node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)

@@ -82,8 +82,8 @@ def test_bit_cast_of_a_scalar_stays_a_scalar():
 
 
 def test_bit_cast_between_widths_is_a_shape_error():
-    from polykit.compiler.ir import Node
-    from polykit.compiler.registry import InferContext, find_shape_rule
+    from polykit.compiler.ir.graph import Node
+    from polykit.compiler.ops.registry import InferContext, find_shape_rule
     from polykit.errors import ShapeError
 
     node = Node("BitCast", ["x"], ["y"], {"to": 7}, name="bc")

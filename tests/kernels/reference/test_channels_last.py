@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(13)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import ShapeError
 from polykit.runtime.engine import Runtime
 from tests.kernels.reference.oracle import ort_run, ours

@@ -8,9 +8,9 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.optimizer import TRAINING_DOMAIN
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.models.optimizer import TRAINING_DOMAIN
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(22)
 

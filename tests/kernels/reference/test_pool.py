@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.errors import NodeAttributeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(3)
 
@@ -23,7 +23,7 @@ def ort(op, inputs, n_out=1, opset=21, **attrs):
     import onnxruntime
     from onnx import helper
 
-    from polykit.compiler import dtypes
+    from polykit.compiler.ir import dtypes
 
     names = [f"x{i}" if v is not None else "" for i, v in enumerate(inputs)]
     node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)

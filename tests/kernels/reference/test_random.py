@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ops.random import random_key
-from polykit.kernels.reference.random import uniforms
+from polykit.compiler.ops.math.random import random_key
+from polykit.compiler.ops.math.random_reference import uniforms
 
 from .oracle import ours
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.evaluator import evaluate_graph
-from polykit.compiler.ir import Node
-from polykit.compiler.onnx_import import load_onnx
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(9)
 

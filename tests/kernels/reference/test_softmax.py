@@ -59,7 +59,7 @@ def test_16bit_softmax_equals_onnx_reference_evaluator_bit_for_bit(dtype):
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
-    from polykit.compiler.dtypes import to_numpy
+    from polykit.compiler.ir.dtypes import to_numpy
 
     code = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.BFLOAT16
     x = (RNG.standard_normal((8, 37)) * 3).astype(to_numpy(code))

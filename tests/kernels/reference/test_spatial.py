@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.errors import NodeAttributeError, ShapeError
-from polykit.kernels.registry import run_reference
+from polykit.compiler.ops.references import run_reference
 
 RNG = np.random.default_rng(2)
 

@@ -36,8 +36,8 @@ def small_cnn(fuse_friendly: bool = True) -> onnx.ModelProto:
 
 
 def build(model, target, **cfg):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     return build_plan(model, BuilderConfig(target=target, **cfg))
 

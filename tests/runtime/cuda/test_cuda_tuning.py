@@ -38,8 +38,8 @@ def _cnn_model():
 
 
 def _build(model, target, **cfg):
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
 
     return build_plan(model, BuilderConfig(target=target, **cfg))
 
@@ -52,7 +52,7 @@ def _run(plan, feeds):
 
 
 def test_time_candidates_measures_every_gemm_pair_on_the_gpu():
-    from polykit.compiler.layer_timing import RUNS, time_candidates
+    from polykit.compiler.builder.layer_timing import RUNS, time_candidates
     from polykit.kernels.tactics import find_tactic
 
     plan = _build(_gemm_model(), "cuda", fp16=True, builder_optimization_level=0, fuse=False)

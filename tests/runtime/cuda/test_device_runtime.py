@@ -98,7 +98,7 @@ def test_launching_an_undeclared_kernel_is_an_error(device):
 
 
 def test_run_layer_poisons_outputs_and_returns_them(device):
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
     from polykit.runtime.cuda.harness import run_layer
 
     layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",))

@@ -7,8 +7,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.runtime.engine import Runtime
 from tests.runtime.test_dynamic_shapes import CASES
 

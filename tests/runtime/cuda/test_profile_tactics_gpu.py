@@ -8,10 +8,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.plan import Plan
-from polykit.compiler.profiles import Profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.profiles import Profile
 from polykit.runtime.engine import Runtime
 from tests.dynamic_models import tiny_bert
 from tests.runtime.test_dynamic_shapes import _bert_feeds

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
-from polykit.compiler.onnx_import import load_onnx
-from polykit.compiler.plan import Plan
-from polykit.compiler.value_ranges import ruled_profile
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.plan.file import Plan
+from polykit.compiler.builder.value_ranges import ruled_profile
 from polykit.runtime.cuda.sized import MAX_SIZED_SETS, SizedRegions, sized_members
 from polykit.runtime.shapes import ShapeBinder
 

@@ -38,8 +38,8 @@ def test_a_dynamic_plan_enqueue_does_not_wait_for_the_stream():
     values waited for the stream to drain."""
     import time
 
-    from polykit.compiler.builder import build_plan
-    from polykit.compiler.config import BuilderConfig
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
     from polykit.kernels.cuda.hold import HOLD
     from polykit.runtime.cuda import driver
     from polykit.runtime.cuda.launcher import CudaLauncher

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.compiler.builder import build_plan
-from polykit.compiler.config import BuilderConfig
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import CudaTactic
 from polykit.kernels.tactics import tactic_table

@@ -1,4 +1,4 @@
-"""Control flow: If, Loop, Scan — importers and shape rules (bodies: polykit.compiler.subgraphs).
+"""Control flow: If, Loop, Scan — importers and shape rules (bodies: polykit.compiler.ir.subgraphs).
 
 Canonical forms, after import (captured outer tensors, C of them, close every input list):
 
@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.data_dims import DataDim, sized_dim
-from polykit.compiler.ir import Graph, Node, Value
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
-from polykit.compiler.symbolic import SymInt
-from polykit.compiler.sequences import merge_values
-from polykit.compiler.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
+from polykit.compiler.ops.data_dims import DataDim, sized_dim
+from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ir.sequences import merge_values
+from polykit.compiler.ir.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
 from polykit.errors import ShapeError
 
 #: op -> the attributes that hold its bodies

@@ -1,8 +1,8 @@
-"""Reference kernels: If, Loop, Scan (canonical forms: polykit.compiler.ops.control_flow).
+"""Reference kernels: If, Loop, Scan (canonical forms: polykit.compiler.ops.control.control_flow).
 
 The iteration is written once, over host arrays, for both kinds of body a node may hold: a
 Graph (imported models, folding, shape inference: the graph evaluator runs it) and a Plan (a
-built control-flow layer: polykit.compiler.bodies; an execution context of the plan's target
+built control-flow layer: polykit.compiler.builder.bodies; an execution context of the plan's target
 runs it, which is how the cpu target runs If/Loop/Scan layers).
 """
 
@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.subgraphs import captured
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.subgraphs import captured
 from polykit.errors import PolykitError, RuntimeInputError
-from polykit.kernels.registry import as_value, reference
+from polykit.compiler.ops.references import as_value, reference
 
 BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -25,7 +25,7 @@ BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 def body_runner(body: Any) -> Iterator[BodyFn]:
     """A function of the body's inputs (positional) returning its outputs (positional)."""
     if isinstance(body, Graph):
-        from polykit.compiler.evaluator import evaluate_graph
+        from polykit.compiler.graph.evaluator import evaluate_graph
 
         def run_graph(values: Sequence[np.ndarray]) -> list[np.ndarray]:
             out = evaluate_graph(body, dict(zip(body.inputs, values)), outputs=body.outputs)
@@ -61,7 +61,7 @@ def output_shape(body: Any, index: int) -> tuple[tuple[int, ...], np.dtype]:
 def _stack(parts: list[np.ndarray], body: Any, index: int) -> np.ndarray:
     if parts:
         odd = next((t for t, p in enumerate(parts) if p.shape != parts[0].shape), None)
-        if odd is not None:  # a body of run-time shapes (polykit.compiler.bodies) may give them
+        if odd is not None:  # a body of run-time shapes (polykit.compiler.builder.bodies) may give them
             raise RuntimeInputError(f"iteration {odd} gives scan output {index} the shape {parts[odd].shape}; "
                                     f"iteration 0 gave {parts[0].shape}", where=f"body {getattr(body, 'name', '')!r}",
                                     hint="a scan output takes one shape in every iteration: feed values (e.g. a "
@@ -105,7 +105,7 @@ def loop(node: Node, inputs):
 
 @reference("Scan")
 def scan(node: Node, inputs):
-    from polykit.compiler.ops.control_flow import scan_axes
+    from polykit.compiler.ops.control.control_flow import scan_axes
 
     body = node.attrs["body"]
     m, c = int(node.attrs["num_scan_inputs"]), captured(node)

@@ -1,4 +1,4 @@
-"""Sequence and optional ops: shape rules (values: polykit.compiler.sequences).
+"""Sequence and optional ops: shape rules (values: polykit.compiler.ir.sequences).
 
 A sequence's Value carries its elements' shapes while the build knows its length (a sequence
 built from tensors, split from a tensor of known shape, or fed with known element shapes),
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import OPTIONAL, SEQUENCE, Graph, Node, Shape, Value
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
-from polykit.compiler.sequences import merge_all, sequence_value, value_of_type
-from polykit.compiler.subgraphs import annotate, captured, import_bodies, output_values
+from polykit.compiler.ir.graph import OPTIONAL, SEQUENCE, Graph, Node, Shape, Value
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.sequences import merge_all, sequence_value, value_of_type
+from polykit.compiler.ir.subgraphs import annotate, captured, import_bodies, output_values
 
 INT64 = np.dtype(np.int64)
 
@@ -45,7 +45,7 @@ def _position(ctx: InferContext, i: int, length: int, default: int, insert: bool
 
 @shape_rule("SequenceEmpty")
 def _empty(ctx: InferContext) -> list[Value]:
-    from polykit.compiler import dtypes
+    from polykit.compiler.ir import dtypes
 
     return [sequence_value(dtypes.to_numpy(ctx.attr("dtype", 1), where=ctx.node.describe()), ())]
 

@@ -1,4 +1,4 @@
-"""Reference kernels: sequence and optional ops, over host values (polykit.compiler.sequences):
+"""Reference kernels: sequence and optional ops, over host values (polykit.compiler.ir.sequences):
 a sequence is a list of arrays, an optional None (empty) or its element."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.subgraphs import captured
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.control.sequence import split_to_sequence_sizes
+from polykit.compiler.ir.subgraphs import captured
 from polykit.errors import RuntimeInputError
-from polykit.kernels.reference.control_flow import body_runner
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.control.control_flow_reference import body_runner
+from polykit.compiler.ops.references import reference
 
 
 def _list(node: Node, value: Any, i: int = 0) -> list:

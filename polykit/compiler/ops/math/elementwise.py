@@ -1,11 +1,11 @@
 """Shape rules of elementwise ops, by form. The elementwise op table
-(polykit.kernels.elementwise) registers them: each row names its form."""
+(polykit.compiler.ops.elementwise_table) registers them: each row names its form."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.registry import InferContext, broadcast_shapes
+from polykit.compiler.ops.registry import InferContext, broadcast_shapes
 
 BOOL = np.dtype(np.bool_)
 

@@ -1,5 +1,5 @@
 """Elementwise math, comparisons, logic and variadic ops: numpy reference kernels and their
-rows of the elementwise op table (polykit.kernels.elementwise)."""
+rows of the elementwise op table (polykit.compiler.ops.elementwise_table)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ops.elementwise import broadcast_bool, broadcast_first, predicate, same_as_input, variadic, where
-from polykit.kernels.elementwise import (ANY_KIND, FLOAT, INT, NUMERIC, ElementwiseOp, Fold, Infix, call, literal,
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ops.math.elementwise import broadcast_bool, broadcast_first, predicate, same_as_input, variadic, where
+from polykit.compiler.ops.elementwise_table import (ANY_KIND, FLOAT, INT, NUMERIC, ElementwiseOp, Fold, Infix, call, literal,
                                          register_elementwise)
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])

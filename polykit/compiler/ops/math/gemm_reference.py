@@ -7,10 +7,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.errors import ShapeError
-from polykit.kernels.reference.conv import accumulator_dtype
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.nn.conv_reference import accumulator_dtype
+from polykit.compiler.ops.references import reference
 
 
 def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:

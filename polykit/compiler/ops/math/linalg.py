@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 
 @shape_rule("Det")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 @reference("Det")

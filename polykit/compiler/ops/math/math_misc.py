@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Node, Shape
-from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
+from polykit.compiler.ir.graph import Dim, Node, Shape
+from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
 

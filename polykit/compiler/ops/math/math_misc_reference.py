@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ops.math_misc import parse_einsum
-from polykit.kernels.registry import reference
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ops.math.math_misc import parse_einsum
+from polykit.compiler.ops.references import reference
 
 
 def _wide(x: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ import hashlib
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 GOLDEN = 0x9E3779B97F4A7C15
 MASK64 = (1 << 64) - 1

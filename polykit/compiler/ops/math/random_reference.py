@@ -1,13 +1,13 @@
 """Reference kernels: RandomUniform(Like), RandomNormal(Like), Bernoulli on polykit's
-counter-based generator (polykit.compiler.ops.random; the cuda kernels compute the same bits)."""
+counter-based generator (polykit.compiler.ops.math.random; the cuda kernels compute the same bits)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ops.random import GOLDEN, random_key
-from polykit.kernels.registry import reference
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.math.random import GOLDEN, random_key
+from polykit.compiler.ops.references import reference
 
 
 def uniforms(key: int, n: int, k: int) -> np.ndarray:

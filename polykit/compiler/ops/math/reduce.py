@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Node, Shape
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node, Shape
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 
 REDUCE_OPS = (
     "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -53,7 +53,7 @@ def _reduce(ctx: InferContext):
     if "axes" in ctx.node.attrs:
         raise ctx.fail(
             "the axes attribute is not part of this op's canonical form",
-            hint="import the model through polykit.compiler.onnx_import so axes becomes an input",
+            hint="import the model through polykit.compiler.graph.onnx_import so axes becomes an input",
         )
     if not ctx.has(1):
         axes = None

@@ -11,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.kernels.registry import reference
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ops.references import reference
 
 
 def _axes(node, inputs) -> tuple[int, ...] | None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.shape_ops import const_ints, unknown_dims
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.tensor.shape_ops import const_ints, unknown_dims
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 
 WINDOW_OPS = ("HannWindow", "HammingWindow", "BlackmanWindow")
 #: window -> (a0, a1, a2): w[n] = a0 - a1 cos(2 pi n / N) + a2 cos(4 pi n / N), N = size (periodic)

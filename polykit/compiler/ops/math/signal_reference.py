@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ops.signal import WINDOW_COEFFS, WINDOW_OPS, dft_geometry, output_dtype, stft_geometry
+from polykit.compiler.ops.math.signal import WINDOW_COEFFS, WINDOW_OPS, dft_geometry, output_dtype, stft_geometry
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _int(value) -> int:

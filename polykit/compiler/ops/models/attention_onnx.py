@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Dim
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ir.graph import Dim
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 #: input positions of the optional inputs
 MASK, PAST_KEY, PAST_VALUE, NONPAD = 3, 4, 5, 6

@@ -22,10 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ops.attention_onnx import MASK, NONPAD, PAST_KEY, PAST_VALUE, attention_geometry
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.models.attention_onnx import MASK, NONPAD, PAST_KEY, PAST_VALUE, attention_geometry
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _to_bhsd(x: np.ndarray, heads: int) -> np.ndarray:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 
 KIND = "DistCollective"
 #: onnxruntime's contrib domain of its collective ops

@@ -17,10 +17,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.collective import KIND
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.models.collective import KIND
 from polykit.errors import UsageError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _reduce(contributions: Sequence[np.ndarray], how: str) -> np.ndarray:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from polykit.compiler.dtypes import to_onnx
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.dtypes import to_onnx
+from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.node_emitter import NodeEmitter
-from polykit.compiler.registry import ImportContext, importer
-from polykit.compiler.subgraphs import inline_body
+from polykit.compiler.ops.registry import ImportContext, importer
+from polykit.compiler.ir.subgraphs import inline_body
 from polykit.errors import NodeAttributeError
 
 DOMAIN = "ai.onnx.preview"
@@ -46,8 +46,8 @@ def _apply_mod(emit: NodeEmitter, key: str, tensor: str) -> str:
     """`tensor` through the node's `key` subgraph (inlined), or unchanged when absent."""
     import onnx
 
-    from polykit.compiler.onnx_import import canonicalize, graph_from_proto
-    from polykit.compiler.subgraphs import outer_names
+    from polykit.compiler.graph.onnx_import import canonicalize, graph_from_proto
+    from polykit.compiler.ir.subgraphs import outer_names
 
     node, ctx = emit.node, emit.ctx
     proto = node.attrs.get(key)

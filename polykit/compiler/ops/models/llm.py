@@ -3,7 +3,7 @@ LinearAttention and CausalConvWithState (27), SwiGLU (28). Attention is attentio
 
 from __future__ import annotations
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 #: LinearAttention update rules -> (uses decay, uses beta)
 LINEAR_RULES = {"linear": (False, False), "gated": (True, False), "delta": (False, True), "gated_delta": (True, True)}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ops.llm import LINEAR_RULES, text_attr
+from polykit.compiler.ops.models.llm import LINEAR_RULES, text_attr
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 @reference("RotaryEmbedding")

@@ -8,7 +8,7 @@ also return its log-probabilities (the second output, shaped like the scores).
 
 from __future__ import annotations
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 REDUCTIONS = ("none", "sum", "mean")
 LOSS_OPS = ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")

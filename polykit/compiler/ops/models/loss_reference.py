@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ops.loss import loss_reduction
+from polykit.compiler.ops.models.loss import loss_reduction
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def nll_loss(node, log_prob: np.ndarray, target: np.ndarray, weight: np.ndarray | None) -> np.ndarray:

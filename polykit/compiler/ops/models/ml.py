@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.node_emitter import NodeEmitter
-from polykit.compiler.registry import ImportContext, importer
+from polykit.compiler.ops.registry import ImportContext, importer
 from polykit.errors import ShapeError
 
 ML_DOMAIN = "ai.onnx.ml"

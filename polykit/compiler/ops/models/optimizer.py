@@ -9,7 +9,7 @@ shaped and typed like its input.
 
 from __future__ import annotations
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 #: op -> (input groups after R and T, output groups)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ops.optimizer import GROUPS, TRAINING_DOMAIN, grouped
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.models.optimizer import GROUPS, TRAINING_DOMAIN, grouped
+from polykit.compiler.ops.references import reference
 
 
 def adagrad(a, r: float, t: int, x, g, h):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 from polykit.errors import NodeAttributeError
 
 #: op -> (gates, default activations per direction, state outputs)

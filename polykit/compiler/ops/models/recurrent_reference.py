@@ -12,10 +12,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.recurrent import Activation, RecurrentAttrs, recurrent_attrs
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.models.recurrent import Activation, RecurrentAttrs, recurrent_attrs
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 ACTIVATION_FNS: dict[str, Callable[[np.ndarray, float, float], np.ndarray]] = {
     "Relu": lambda x, a, b: np.maximum(x, 0),

@@ -2,13 +2,13 @@
 Clip (optional min/max inputs) and PRelu (its slope broadcast onto X, unidirectionally).
 
 The other activations keep X's dtype and shape: their rows of the elementwise op table
-(polykit.kernels.reference.activation) register that rule.
+(polykit.compiler.ops.nn.activation_reference) register that rule.
 """
 
 from __future__ import annotations
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
 
 #: Ops whose opset-1 form carried the legacy `consumed_inputs` attribute (dropped in opset 6).
 _LEGACY_CONSUMED_INPUTS = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Selu", "PRelu")

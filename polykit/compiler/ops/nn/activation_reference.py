@@ -1,5 +1,5 @@
 """Activations: numpy reference kernels (float math in float64, cast back to X's dtype) and their
-rows of the elementwise op table (polykit.kernels.elementwise)."""
+rows of the elementwise op table (polykit.compiler.ops.elementwise_table)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ops.elementwise import same_as_input
-from polykit.kernels.elementwise import NUMERIC, ElementwiseOp, call, register_elementwise
+from polykit.compiler.ops.math.elementwise import same_as_input
+from polykit.compiler.ops.elementwise_table import NUMERIC, ElementwiseOp, call, register_elementwise
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 

@@ -10,9 +10,9 @@ Shape rules run the ONNX op's rule on the transposed shapes, so the geometry is 
 
 from __future__ import annotations
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node, Shape
-from polykit.compiler.ops.fused import infer_epilogue
-from polykit.compiler.registry import InferContext, find_shape_rule, shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node, Shape
+from polykit.compiler.ops.nn.fused import infer_epilogue
+from polykit.compiler.ops.registry import InferContext, find_shape_rule, shape_rule
 
 #: NHWC op -> the ONNX op it transposes
 NCHW_OPS = {"ConvNHWC": "Conv", "MaxPoolNHWC": "MaxPool", "AveragePoolNHWC": "AveragePool"}

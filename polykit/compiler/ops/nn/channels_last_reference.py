@@ -8,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.channels_last import NCHW_OPS, TO_NCHW, TO_NHWC, nchw_node
-from polykit.kernels.reference.fused import run_epilogue
-from polykit.kernels.registry import reference, run_reference
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.channels_last import NCHW_OPS, TO_NCHW, TO_NHWC, nchw_node
+from polykit.compiler.ops.nn.fused_reference import run_epilogue
+from polykit.compiler.ops.references import reference, run_reference
 
 
 @reference(*NCHW_OPS, domain=POLYKIT_DOMAIN)

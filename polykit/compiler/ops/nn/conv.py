@@ -13,8 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Dim
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ir.graph import Dim
+from polykit.compiler.ops.registry import InferContext, shape_rule
 from polykit.errors import NodeAttributeError
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")

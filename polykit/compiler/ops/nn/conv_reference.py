@@ -15,11 +15,11 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.conv import Window, transpose_geometry, window_geometry
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.conv import Window, transpose_geometry, window_geometry
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def accumulator_dtype(dtype: np.dtype) -> np.dtype:

@@ -4,7 +4,7 @@ RoiAlign-10 had no coordinate_transformation_mode; it behaved as "output_half_pi
 default is "half_pixel"), so the importer writes the old behaviour down for models below opset 16.
 
 NonMaxSuppression's output count depends on the boxes' values: its shape rule gives a data-dependent
-dim (polykit.compiler.data_dims) bounded by batch x classes x min(boxes, max_output_boxes_per_class),
+dim (polykit.compiler.ops.data_dims) bounded by batch x classes x min(boxes, max_output_boxes_per_class),
 which the runtime binds after the layer runs; build-time evaluation fills it in when the inputs are
 constants.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.data_dims import data_dim
-from polykit.compiler.ops.shape_ops import const_ints
-from polykit.compiler.symbolic import SymInt
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.data_dims import data_dim
+from polykit.compiler.ops.tensor.shape_ops import const_ints
+from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 ROI_MODES = ("avg", "max")

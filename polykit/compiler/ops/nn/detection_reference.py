@@ -12,10 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.detection import roi_align_attrs
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.detection import roi_align_attrs
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _samples(start, bin_size, grid: int, pooled: int, f):

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
 
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
 EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, "ConvNHWC": 3}

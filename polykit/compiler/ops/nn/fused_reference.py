@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.fused import EPILOGUE_ARITY, POLYKIT_BASES, base_node, step_node
-from polykit.kernels.registry import reference, run_reference
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, POLYKIT_BASES, base_node, step_node
+from polykit.compiler.ops.references import reference, run_reference
 
 
 def evaluate_body(body: list[dict[str, Any]], env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

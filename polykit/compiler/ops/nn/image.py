@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from polykit.compiler.ops.shape_ops import const_ints, unknown_dims
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.tensor.shape_ops import const_ints, unknown_dims
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 
 def crop_pad_axes(attrs, rank: int) -> list[int]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ops.image import col2im_geometry, crop_pad_axes, crop_pad_offsets
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ops.nn.image import col2im_geometry, crop_pad_axes, crop_pad_offsets
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _ints(value) -> list[int]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.kernels.registry import reference
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.references import reference
 
 
 def _per_channel(p: np.ndarray, rank: int) -> np.ndarray:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.conv import check_spatial_input, window_geometry
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.conv import check_spatial_input, window_geometry
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 INT64 = np.dtype(np.int64)

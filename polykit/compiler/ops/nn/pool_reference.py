@@ -13,13 +13,13 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.dtypes import is_float
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.conv import Window, window_geometry
-from polykit.compiler.ops.pool import unpool_shape
+from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.conv import Window, window_geometry
+from polykit.compiler.ops.nn.pool import unpool_shape
 from polykit.errors import NodeAttributeError, ShapeError
-from polykit.kernels.reference.conv import padded, sliding_windows
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.nn.conv_reference import padded, sliding_windows
+from polykit.compiler.ops.references import reference
 
 
 def pool_geometry(node: Node, x: np.ndarray) -> Window:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Node
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Dim, Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 MODES = ("nearest", "linear", "cubic")

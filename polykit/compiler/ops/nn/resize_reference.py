@@ -14,10 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.resize import check_resize_attrs, output_sizes, resize_axes
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.resize import check_resize_attrs, output_sizes, resize_axes
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _present(a: np.ndarray | None) -> np.ndarray | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 GRID_MODES = ("linear", "nearest", "cubic")

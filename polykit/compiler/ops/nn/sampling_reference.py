@@ -12,10 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.sampling import deform_geometry, grid_sample_attrs
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.sampling import deform_geometry, grid_sample_attrs
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 CUBIC_A = -0.75
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import ImportContext, InferContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 
 SOFTMAX_OPS = ("Softmax", "LogSoftmax", "Hardmax")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _axis(node, x: np.ndarray) -> int:

@@ -6,7 +6,7 @@ SpaceToDepth gained `mode` in opset 28 (default DCR, the old behaviour).
 
 from __future__ import annotations
 
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.registry import InferContext, shape_rule
 from polykit.errors import NodeAttributeError
 
 BLOCK_MODES = ("DCR", "CRD")

@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.spatial import block_attrs
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.nn.spatial import block_attrs
 from polykit.errors import ShapeError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _check(node: Node, x: np.ndarray, ok: bool, what: str) -> None:

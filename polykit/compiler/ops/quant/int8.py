@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.channels_last import TO_NCHW, TO_NHWC, permuted
-from polykit.compiler.ops.fused import decode_json_attrs, infer_body
-from polykit.compiler.registry import InferContext, find_shape_rule, importer, shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.channels_last import TO_NCHW, TO_NHWC, permuted
+from polykit.compiler.ops.nn.fused import decode_json_attrs, infer_body
+from polykit.compiler.ops.registry import InferContext, find_shape_rule, importer, shape_rule
 
 #: INT8 layer kind -> the float op whose shape rule gives its raw output
 INT8_KINDS = {"QConv": "Conv", "QMatMul": "MatMul", "QConvNHWC": "Conv"}

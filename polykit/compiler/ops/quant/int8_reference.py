@@ -1,4 +1,4 @@
-"""Reference kernels of the INT8 layers (ai.polykit QConv, QMatMul; polykit.compiler.ops.int8).
+"""Reference kernels of the INT8 layers (ai.polykit QConv, QMatMul; polykit.compiler.ops.quant.int8).
 
 Exact: the zero points are subtracted and the products summed in int64 (the int32 accumulator
 of a GPU kernel, without its overflow), then the accumulator is dequantized per output channel
@@ -14,14 +14,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.channels_last import TO_NCHW, TO_NHWC
-from polykit.compiler.ops.int8 import (BIAS, INT8_KINDS, NHWC_KIND, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.channels_last import TO_NCHW, TO_NHWC
+from polykit.compiler.ops.quant.int8 import (BIAS, INT8_KINDS, NHWC_KIND, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
                                        Y_SCALE, Y_ZERO_POINT, base_of, epilogue_result)
-from polykit.kernels.reference.conv import conv_accumulate
-from polykit.kernels.reference.fused import evaluate_body
-from polykit.kernels.reference.quantize import quantize_linear
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.nn.conv_reference import conv_accumulate
+from polykit.compiler.ops.nn.fused_reference import evaluate_body
+from polykit.compiler.ops.quant.quantize_reference import quantize_linear
+from polykit.compiler.ops.references import reference
 
 #: product(base node, centered X, centered W) -> the accumulator (integers, in X's dtype)
 Product = Callable[[Node, np.ndarray, np.ndarray], np.ndarray]

@@ -4,15 +4,15 @@ Granularity follows the scale's shape: scalar or one value (per tensor: `axis` i
 onnxruntime's quantizer relies on for rank-1 biases), 1-D (per `axis`) or, with
 block_size > 0, the input's rank (blocked along `axis`). Every opset form (10..25) reads
 the same in this canonical form, so no importer is needed; float8, 4-bit and 2-bit types
-are numpy dtypes through ml_dtypes (polykit.compiler.dtypes).
+are numpy dtypes through ml_dtypes (polykit.compiler.ir.dtypes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 UINT8 = np.dtype(np.uint8)
 QUANT_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.int32))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 KIND = "QuantizeNHWC"
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))

@@ -7,11 +7,11 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.channels_last import TO_NHWC
-from polykit.compiler.ops.quantize_nhwc import KIND
-from polykit.kernels.reference.quantize import quantize_linear
-from polykit.kernels.registry import reference
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.channels_last import TO_NHWC
+from polykit.compiler.ops.quant.quantize_nhwc import KIND
+from polykit.compiler.ops.quant.quantize_reference import quantize_linear
+from polykit.compiler.ops.references import reference
 
 
 @reference(KIND, domain=POLYKIT_DOMAIN)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.kernels.registry import reference
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.references import reference
 
 
 def _broadcast_param(p: np.ndarray, x: np.ndarray, node) -> np.ndarray:

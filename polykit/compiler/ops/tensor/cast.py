@@ -9,9 +9,9 @@ the bytes of each element as `to`, a type of the same width.
 
 from __future__ import annotations
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Node
-from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.registry import InferContext, ImportContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 _TYPE_BY_NAME = {name: code for code, name in dtypes.ONNX_TYPE_NAMES.items()}

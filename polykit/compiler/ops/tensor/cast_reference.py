@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ops.cast import cast_target
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.tensor.cast import cast_target
 from polykit.errors import PolykitError
-from polykit.kernels.elementwise import ANY_KIND, ElementwiseOp, register_elementwise
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.elementwise_table import ANY_KIND, ElementwiseOp, register_elementwise
+from polykit.compiler.ops.references import reference
 
 _STRING = np.dtype(object)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ir import Node
-from polykit.compiler.ops.shape_ops import const_ints, fresh_dim, unknown_dims
-from polykit.compiler.symbolic import SymInt, ceil_div
-from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.tensor.shape_ops import const_ints, fresh_dim, unknown_dims
+from polykit.compiler.ir.symbolic import SymInt, ceil_div
+from polykit.compiler.ops.registry import InferContext, ImportContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
 #: Constant attribute -> numpy dtype of the array it makes

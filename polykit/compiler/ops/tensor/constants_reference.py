@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ops.constants import constant_of_shape_fill, constant_value, range_length
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.tensor.constants import constant_of_shape_fill, constant_value, range_length
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 @reference("Constant")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Node
-from polykit.compiler.data_dims import data_dim
-from polykit.compiler.ops.shape_ops import const_ints, dim_product
-from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.data_dims import data_dim
+from polykit.compiler.ops.tensor.shape_ops import const_ints, dim_product
+from polykit.compiler.ops.registry import InferContext, ImportContext, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 #: ScatterND / ScatterElements reduction -> numpy ufunc applied in place with `.at`
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}

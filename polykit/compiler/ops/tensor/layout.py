@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Node
-from polykit.compiler.ops.shape_ops import attr_to_input, canonical, const_ints, merge_dims, unknown_dims
-from polykit.compiler.registry import InferContext, ImportContext, importer, shape_rule
-from polykit.compiler.symbolic import ceil_div
+from polykit.compiler.ir.graph import Dim, Node
+from polykit.compiler.ops.tensor.shape_ops import attr_to_input, canonical, const_ints, merge_dims, unknown_dims
+from polykit.compiler.ops.registry import InferContext, ImportContext, importer, shape_rule
+from polykit.compiler.ir.symbolic import ceil_div
 from polykit.errors import NodeAttributeError
 
 

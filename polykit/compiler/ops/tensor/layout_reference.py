@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ops.layout import slice_bounds, split_sizes
+from polykit.compiler.ops.tensor.layout import slice_bounds, split_sizes
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _ints(value) -> list[int]:

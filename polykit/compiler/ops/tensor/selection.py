@@ -1,6 +1,6 @@
 """ai.polykit CheckRange and SelectByIndex: run-time index inputs that ONNX bounds, and tensors
 chosen by a run-time index (resolve_sequences lowers SequenceInsert / SequenceErase / SequenceAt at
-a position known only at run time to them: polykit.compiler.passes.sequence_positions).
+a position known only at run time to them: polykit.compiler.passes.control.sequence_positions).
 
 CheckRange(x) -> y. Attributes `lo`, `hi` (ints), `what` (the value's role, as an error names it:
 "input 'pos', the position of SequenceInsert 'n'"), `wrap` (int, default 0). Every element of the
@@ -11,7 +11,7 @@ the value and the range (ONNX's ops error there). y = x, with `wrap` added to it
 SelectByIndex(index, c_0, ..., c_{C-1}) -> y_0, ..., y_{m-1}. `index` holds m integers; y_j is a copy
 of c_{index[j]}. Attributes `width` (int >= 1) and `choices` (m * width ints, row j the candidates y_j
 may take, -1 padding): y_j's dtype is its candidates' (one dtype, one rank); a dim its candidates
-agree on is kept, one they differ in is sized by the run (polykit.compiler.data_dims.sized_dim), so
+agree on is kept, one they differ in is sized by the run (polykit.compiler.ops.data_dims.sized_dim), so
 an output whose candidates share a shape stays static. An index outside its row is a
 RuntimeInputError (a CheckRange before it names the model's value).
 """
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.data_dims import sized_dim
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.control_flow import same_dim
-from polykit.compiler.registry import InferContext, shape_rule
+from polykit.compiler.ops.data_dims import sized_dim
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.control.control_flow import same_dim
+from polykit.compiler.ops.registry import InferContext, shape_rule
 
 CHECK_RANGE = "CheckRange"
 SELECT_BY_INDEX = "SelectByIndex"

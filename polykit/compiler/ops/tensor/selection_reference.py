@@ -1,4 +1,4 @@
-"""Reference kernels of ai.polykit CheckRange and SelectByIndex (polykit.compiler.ops.selection)."""
+"""Reference kernels of ai.polykit CheckRange and SelectByIndex (polykit.compiler.ops.tensor.selection)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.selection import CHECK_RANGE, SELECT_BY_INDEX
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.tensor.selection import CHECK_RANGE, SELECT_BY_INDEX
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def checked(attrs: Mapping[str, Any], x: np.ndarray, where: str) -> np.ndarray:

@@ -13,9 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from polykit.compiler.ir import Dim, Node
-from polykit.compiler.symbolic import SymInt
-from polykit.compiler.registry import InferContext, ImportContext, broadcast_shapes, importer, shape_rule
+from polykit.compiler.ir.graph import Dim, Node
+from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ops.registry import InferContext, ImportContext, broadcast_shapes, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
 BOOL = np.dtype(np.bool_)

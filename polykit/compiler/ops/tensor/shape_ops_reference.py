@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.errors import RuntimeInputError
-from polykit.kernels.registry import reference
+from polykit.compiler.ops.references import reference
 
 
 def _ints(value) -> list[int]:

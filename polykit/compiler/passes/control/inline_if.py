@@ -3,7 +3,7 @@
 Function-expanded graphs (AffineGrid, ...) branch on facts the build knows (the rank of an
 input): the untaken branch may not even make sense for the model's shapes, and a control-flow
 layer would run a body plan where the taken branch's nodes can fuse and fold with the rest.
-The branch's inputs (the node's captured tensors, polykit.compiler.subgraphs) are bound to the
+The branch's inputs (the node's captured tensors, polykit.compiler.ir.subgraphs) are bound to the
 node's inputs, its tensors and constants are renamed where they would clash with the outer
 graph's, and an Identity per output writes the node's outputs (remove_identity drops them).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.subgraphs import inline_body
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.subgraphs import inline_body
 
 
 def inline_constant_if(graph: Graph) -> bool:
@@ -44,7 +44,7 @@ def _branch_nodes(graph: Graph, node: Node, branch: Graph) -> list[Node]:
 def inline_known_ifs(graph: Graph, max_rounds: int = 8) -> bool:
     """Before a build's first shape inference: fold what constants and static input shapes decide
     and inline the Ifs that then branch on a constant, until none is left (True if any was). A
-    ruled build (polykit.compiler.shape_rules) then sees the taken branches' nodes, whose shape
+    ruled build (polykit.compiler.graph.shape_rules) then sees the taken branches' nodes, whose shape
     rules read the captured shape-tensor values (AffineGrid's expansion tests the rank of `size`)."""
     from polykit.compiler.passes.fold_constants import fold_constants
 

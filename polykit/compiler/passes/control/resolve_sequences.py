@@ -12,7 +12,7 @@ None or its element), so:
 - SequenceAt, OptionalGetElement become an Identity of the element; SequenceLength and
   OptionalHasElement constants; SplitToSequence a Split (+ Squeeze) -- one reading the sizes
   when a 1-D split is known only at run time (its length is the sequence's; a ruled build
-  binds the pieces' dims per run, polykit.compiler.shape_rules); ConcatFromSequence a
+  binds the pieces' dims per run, polykit.compiler.graph.shape_rules); ConcatFromSequence a
   Concat (+ Unsqueeze with new_axis);
 - SequenceMap inlines its body once per element; a Loop that carries or builds sequences is
   unrolled (its trip count and condition must be constants; at most MAX_UNROLL iterations), unless
@@ -24,7 +24,7 @@ None or its element), so:
 - sequence/optional graph outputs become their elements' tensors `s/0`, `s/1`, ...
 
 `resolve_sequences` returns the layout of the sequence inputs and outputs (the runtime form,
-polykit.compiler.sequences, with flattened tensor names where the arrays go) for the engine,
+polykit.compiler.ir.sequences, with flattened tensor names where the arrays go) for the engine,
 which flattens feeds and packs outputs with it. A position known only at run time (an input,
 or computed from data) is checked and selects at run time (passes/sequence_positions.py).
 What a build cannot resolve (a loop whose trip count depends on data, a sequence whose length
@@ -38,15 +38,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import OPTIONAL, Graph, Node, Value, subgraphs
-from polykit.compiler.ops.sequence import split_to_sequence_sizes
-from polykit.compiler.passes.sequence_if import if_at_run_time
-from polykit.compiler.passes.sequence_loop import loop_appending
-from polykit.compiler.passes.sequence_positions import (at_run_time, erase_at_run_time, insert_at_run_time,
+from polykit.compiler.ir.graph import OPTIONAL, Graph, Node, Value, subgraphs
+from polykit.compiler.ops.control.sequence import split_to_sequence_sizes
+from polykit.compiler.passes.control.sequence_if import if_at_run_time
+from polykit.compiler.passes.control.sequence_loop import loop_appending
+from polykit.compiler.passes.control.sequence_positions import (at_run_time, erase_at_run_time, insert_at_run_time,
                                                         position_at_run_time)
-from polykit.compiler.passes.sequence_walk import (PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH, Layout,
+from polykit.compiler.passes.control.sequence_walk import (PRESENT, RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, RUN_LENGTH, Layout,
                                                    Walk, layout_names)
-from polykit.compiler.subgraphs import captured
+from polykit.compiler.ir.subgraphs import captured
 from polykit.errors import BuildError
 
 #: a Loop over sequences is unrolled up to this many iterations
@@ -239,7 +239,7 @@ def _split_length(walk: Walk, node: Node) -> int | None:
 
 def _split_at_run_time(walk: Walk, node: Node, axis: int) -> None:
     """A split whose sizes are known only at run time: as many pieces as it has entries, a Split that
-    reads the sizes (a ruled build binds the pieces' dims per run: polykit.compiler.shape_rules)."""
+    reads the sizes (a ruled build binds the pieces' dims per run: polykit.compiler.graph.shape_rules)."""
     parts = [walk.graph.fresh_name(f"{node.outputs[0]}/part") for _ in range(_split_length(walk, node))]
     walk.emit(Node("Split", [node.input(0), node.input(1)], parts, {"axis": axis}, f"{node.name}__split"))
     walk.structs[node.outputs[0]] = parts

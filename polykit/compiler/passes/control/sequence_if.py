@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from polykit.compiler.ir import OPTIONAL, Graph, Node, Value
-from polykit.compiler.passes.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
+from polykit.compiler.ir.graph import OPTIONAL, Graph, Node, Value
+from polykit.compiler.passes.control.sequence_walk import PRESENT, RUN_LENGTH, Layout, Walk, layout_names
 
 KEYS = ("then_branch", "else_branch")
 
@@ -25,7 +25,7 @@ KEYS = ("then_branch", "else_branch")
 def if_at_run_time(walk: Walk, node: Node) -> bool:
     """Emit `node` as an If over element tensors (module docstring); False (nothing emitted) when
     the branches' structures differ otherwise or a branch reads an outer sequence."""
-    from polykit.compiler.passes.resolve_sequences import resolve_sequences
+    from polykit.compiler.passes.control.resolve_sequences import resolve_sequences
 
     if any(walk.graph.value(n).wrap for n in node.inputs[1:] if n):
         return False

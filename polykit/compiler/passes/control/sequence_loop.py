@@ -6,7 +6,7 @@ SequenceInsert at the end per iteration, the carried sequence read by nothing el
 SequenceAt, SequenceLength, position, ...) needs none: it becomes a *ragged* output of one tensor
 Loop that serves every trip count. Each appended element is flattened and concatenated onto a
 carried 1-D buffer (its bytes in iteration order; a carried value whose length changes across
-iterations, which body plans run with a profile: polykit.compiler.bodies.body_profile), and its
+iterations, which body plans run with a profile: polykit.compiler.builder.bodies.body_profile), and its
 shape is a scan output (rows of the element's rank). The sequence's layout is
 `{"ragged": buffer, "shapes": rows, "prefix": [the initial elements]}` (sequence_walk.RAGGED);
 the engine slices the buffer into elements (polykit.runtime.sequences).
@@ -26,9 +26,9 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node, Value, subgraphs
-from polykit.compiler.passes.sequence_walk import RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, Layout, Walk
-from polykit.compiler.subgraphs import CAPTURES, captured
+from polykit.compiler.ir.graph import Graph, Node, Value, subgraphs
+from polykit.compiler.passes.control.sequence_walk import RAGGED, RAGGED_PREFIX, RAGGED_SHAPES, Layout, Walk
+from polykit.compiler.ir.subgraphs import CAPTURES, captured
 from polykit.errors import BuildError
 
 #: ops that may read a carried sequence (a sentinel) and still leave it appended-only

@@ -5,7 +5,7 @@ build knows.
 The position passes a CheckRange layer (ONNX's range: [-n, n] for an insert into n elements, [-n,
 n - 1] for erase and at; out of it the run stops with a RuntimeInputError naming the value; negative
 positions count from the end), and each output element becomes an output of one SelectByIndex
-layer among the elements it may be (polykit.compiler.ops.selection). Output k of an insert at p is
+layer among the elements it may be (polykit.compiler.ops.tensor.selection). Output k of an insert at p is
 sequence[k] (k < p), the tensor (k == p) or sequence[k - 1] (k > p); of an erase sequence[k] (k < p)
 or sequence[k + 1]; so its candidate is a table lookup at sign(k - p) + 1: one Sub, Sign, Add and
 Gather for all outputs. An element whose candidates share a shape stays static; one whose candidates
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.selection import CHECK_RANGE, SELECT_BY_INDEX
-from polykit.compiler.passes.sequence_walk import Walk
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.tensor.selection import CHECK_RANGE, SELECT_BY_INDEX
+from polykit.compiler.passes.control.sequence_walk import Walk
 from polykit.errors import BuildError
 
 #: candidates an insert's / erase's output element may take, by sign(k - p) + 1

@@ -1,4 +1,4 @@
-"""The state of resolve_sequences' walk over a graph (polykit.compiler.passes.resolve_sequences):
+"""The state of resolve_sequences' walk over a graph (polykit.compiler.passes.control.resolve_sequences):
 the nodes it emitted, what each sequence/optional holds (a *layout*: a tensor name, a list of
 layouts, or None for an empty optional) and the constants known on the way."""
 
@@ -8,11 +8,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.evaluator import RANDOM_OPS, run_node
-from polykit.compiler.infer import result_value
-from polykit.compiler.ir import Graph, Node, Value, has_subgraphs, subgraphs
-from polykit.compiler.registry import InferContext, find_shape_rule
-from polykit.compiler.subgraphs import captured
+from polykit.compiler.graph.evaluator import RANDOM_OPS, run_node
+from polykit.compiler.graph.infer import result_value
+from polykit.compiler.ir.graph import Graph, Node, Value, has_subgraphs, subgraphs
+from polykit.compiler.ops.registry import InferContext, find_shape_rule
+from polykit.compiler.ir.subgraphs import captured
 from polykit.errors import BuildError
 
 #: tensors up to this many elements are evaluated on the way (positions, trip counts, conditions)
@@ -61,7 +61,7 @@ class Walk:
     def fail(self, node: Node, what: str) -> BuildError:
         return BuildError(f"{what}: a plan needs every sequence's length at build time", where=node.describe(),
                           hint="make it a constant, or run the model in the graph evaluator "
-                               "(polykit.compiler.evaluator.evaluate_model), which runs sequences of any length")
+                               "(polykit.compiler.graph.evaluator.evaluate_model), which runs sequences of any length")
 
     def struct(self, name: str) -> Layout:
         return self.structs[name]
@@ -94,7 +94,7 @@ class Walk:
         """Append a tensor node, infer its outputs (exact: the walk knows every shape) and
         evaluate it when it reads constants only."""
         self.emitted.append(node)
-        from polykit.compiler.passes.resolve_sequences import resolve_sequences, touches_sequences
+        from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
 
         for _, body in subgraphs(node):
             if touches_sequences(body):

@@ -1,6 +1,6 @@
 """unroll_loops: a Loop whose body has no static shapes becomes the nodes of its iterations.
 
-A body plan (polykit.compiler.bodies) runs one set of static shapes: every body input keeps its
+A body plan (polykit.compiler.builder.bodies) runs one set of static shapes: every body input keeps its
 shape across iterations. A loop-carried value that grows per iteration (a decode appending a
 token) or that the body computes with shapes read from data (ONNX's test_loop11 slices a
 constant at the iteration number) has none. When the build knows the trip count (a constant,
@@ -10,16 +10,16 @@ as its iteration number and the previous copy's carried values, so every copy's 
 static and fold, fuse and run like any other nodes on every target. Scan outputs are stacked
 (Unsqueeze + Concat on axis 0). Loops whose body is static stay control-flow layers; a loop
 that would take more than MAX_UNROLL iterations, or whose count or condition the build does
-not know, is left as it is (building its body then names it: polykit.compiler.bodies).
+not know, is left as it is (building its body then names it: polykit.compiler.builder.bodies).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polykit.compiler.ir import Graph, Node
-from polykit.compiler.ops.control_flow import passes_condition
-from polykit.compiler.subgraphs import captured, inline_body
+from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.control.control_flow import passes_condition
+from polykit.compiler.ir.subgraphs import captured, inline_body
 
 #: a Loop is unrolled up to this many iterations
 MAX_UNROLL = 1024
@@ -50,7 +50,7 @@ def _unrollable(graph: Graph, node: Node) -> int | None:
     body = node.attrs.get("body")
     if node.op_type != "Loop" or node.domain or not isinstance(body, Graph):
         return None
-    if all(body.value(n).is_static for n in body.inputs):  # a body plan runs it (polykit.compiler.bodies)
+    if all(body.value(n).is_static for n in body.inputs):  # a body plan runs it (polykit.compiler.builder.bodies)
         return None
     trip, cond = _known(graph, node.input(0)), _known(graph, node.input(1))
     if trip is None or node.input(1) and cond is None or not passes_condition(body):

@@ -30,7 +30,7 @@ QT, KT, TILED_MAX_D, TILED_BLOCK = 16, 32, 128, 128
 
 def _kernels(layer) -> list[KernelSource]:
     """The attention module, and the movement kernels that relay [B, S, H, D] tensors."""
-    from polykit.kernels.cuda import movement
+    from polykit.kernels.cuda.movement import movement
 
     relay = movement.copy_kernels(None) if layer is not None and _relaid(layer) else []
     return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
@@ -106,7 +106,7 @@ def enqueue_relaid(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
     """enqueue_attention for layers with [B, S, H, D] tensors (fp32/fp64: the flash kernel reads
     them directly in fp16/bf16): each is transposed into the workspace, the attention runs on
     [B, H, S, D], and an output so stored is transposed back."""
-    from polykit.kernels.cuda.movement import contiguous_strides, launch_copy
+    from polykit.kernels.cuda.movement.movement import contiguous_strides, launch_copy
 
     relaid = _relaid(layer)
     if not relaid:

@@ -20,12 +20,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler import dtypes
-from polykit.compiler.ops.attention_onnx import MASK, NONPAD, PAST_KEY, PAST_VALUE, attention_geometry
+from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.models.attention_onnx import MASK, NONPAD, PAST_KEY, PAST_VALUE, attention_geometry
 from polykit.errors import DeviceError
-from polykit.kernels.cuda import attention, movement
+from polykit.kernels.cuda.attention import attention
+from polykit.kernels.cuda.movement import movement
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.flash_attention import mask_strides
+from polykit.kernels.cuda.attention.flash_attention import mask_strides
 
 FILE = "attention_onnx.cu"
 #: storage dtype (numpy name) -> kernel code, for Q/K/V/Y and for the mask

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.flash_attention import BQ, HEAD_SIZES, flash_geometry, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import BQ, HEAD_SIZES, flash_geometry, flash_launch
 
 FILE = "flash_attention_f32.cu"
 STORED = {"float32": "float"}

@@ -20,7 +20,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.flash_attention import ELEMS, HEAD_SIZES, LAYOUT_ATTRS, flash_geometry, flash_launch, logical_shape
+from polykit.kernels.cuda.attention.flash_attention import ELEMS, HEAD_SIZES, LAYOUT_ATTRS, flash_geometry, flash_launch, logical_shape
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)

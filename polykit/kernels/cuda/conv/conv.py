@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from polykit.compiler.ops.conv import transpose_geometry, window_geometry
+from polykit.compiler.ops.nn.conv import transpose_geometry, window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
-from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
-from polykit.kernels.cuda.gemm import ELEMS, STORED, elem_of, launch_tiled, tile_params, tiled_workspace
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, supports_epilogue
+from polykit.kernels.cuda.gemm.gemm import ELEMS, STORED, elem_of, launch_tiled, tile_params, tiled_workspace
 
 KERNELS = ("conv_igemm_simt", "conv_igemm_simt_wide", "conv_igemm_mma", "conv_splitk_reduce", "conv_direct",
            "conv_transpose_direct")

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from polykit.kernels.cuda.base import KernelSource, cuda_tactic, stored_as
-from polykit.kernels.cuda.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
-from polykit.kernels.cuda.epilogue import supports_epilogue
-from polykit.kernels.cuda.gemm import STORED, tile_params, tiled_workspace
+from polykit.kernels.cuda.conv.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
+from polykit.kernels.cuda.gemm.epilogue import supports_epilogue
+from polykit.kernels.cuda.gemm.gemm import STORED, tile_params, tiled_workspace
 
 FILE = "conv_nhwc.cu"
 REDUCE = "conv_nhwc_splitk_reduce"

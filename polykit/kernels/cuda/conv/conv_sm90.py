@@ -20,10 +20,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.conv import window_geometry
+from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.epilogue import epilogue_args, supports_epilogue
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
+from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
 
 CONV_TILES = tuple(t for t in TILES if t.bm <= 128 and t.bn != 192)  # 128x192 serves GEMMs whose N/192 tiles fill the chip

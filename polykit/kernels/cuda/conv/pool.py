@@ -16,11 +16,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.conv import window_geometry
+from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
-from polykit.kernels.cuda.conv import _grid_1d, _to3
+from polykit.kernels.cuda.conv.conv import _grid_1d, _to3
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.gemm import ELEMS, STORED, elem_of
+from polykit.kernels.cuda.gemm.gemm import ELEMS, STORED, elem_of
 
 MODES = {"MaxPool": 0, "AveragePool": 1, "LpPool": 2, "GlobalMaxPool": 0, "GlobalAveragePool": 1, "GlobalLpPool": 2,
          "MaxPoolNHWC": 0, "AveragePoolNHWC": 1}

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ops.math_misc import parse_einsum
+from polykit.compiler.ops.math.math_misc import parse_einsum
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.storage_types import CODE

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.fused import EPILOGUE_ARITY
-from polykit.compiler.ops.int8 import QUANT_ARITY, epilogue_result, is_int8_layer
+from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
+from polykit.compiler.ops.quant.int8 import QUANT_ARITY, epilogue_result, is_int8_layer
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, defines
 
@@ -53,7 +53,7 @@ def extra_types(layer: Any, elem: str) -> list[str]:
 
 
 def _body_code(layer: Any) -> tuple[str, str]:
-    from polykit.kernels.cuda.pointwise_expr import emit_expression
+    from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
     values = {epi["input"]: "round_as<ELEM>(v)"}
@@ -123,7 +123,7 @@ _OFFSET = {
 def _body8(layer: Any, refs: Mapping[str, str]) -> str:
     """The loop of apply_epilogue8 over 8 values v[i], each extra input read as `refs` names it
     (a scalar input at its one element)."""
-    from polykit.kernels.cuda.pointwise_expr import emit_expression
+    from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 
     epi = layer.attrs["epilogue"]
     values = {epi["input"]: "round_as<ELEM>(v[i])", **refs}
@@ -263,7 +263,7 @@ def compile_variants() -> list[KernelSource]:
     """A representative epilogue (residual add + Relu) on every epilogue kernel: conv.cu with
     float storage, gemm.cu and conv_nhwc.cu with half storage (the dtype only changes ELEM,
     kept cheap for CI)."""
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
             {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]

@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.dtypes import to_numpy
+from polykit.compiler.ir.dtypes import to_numpy
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
-from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, supports_epilogue
 
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 #: storage the SIMT GEMM kernels also take: bfloat16 (loaded as float, rounded once at the store);

@@ -23,7 +23,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
 
 FILE = "gemm_sm90.cu"
 #: each entry point's source (both share gemm_sm90_core.cuh and gemm_sm90_epilogue.cuh)

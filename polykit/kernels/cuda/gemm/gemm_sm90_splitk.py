@@ -18,8 +18,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.epilogue import epilogue_args
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, ROW_BYTES, TILES, X3_TILES, Sm90Gemm, Sm90Tile,
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args
+from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, ROW_BYTES, TILES, X3_TILES, Sm90Gemm, Sm90Tile,
                                             kernel_for, operands_of, tile_count, tile_estimate, tile_kernels,
                                             tile_supports, workspace_geometry)
 

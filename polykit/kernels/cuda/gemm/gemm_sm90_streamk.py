@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.epilogue import epilogue_args
-from polykit.kernels.cuda.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, Sm90Gemm, Sm90Tile, bk_of, kernel_for, layer_geometry, layer_storage, operands_of,
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args
+from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILE, TILES, Sm90Gemm, Sm90Tile, bk_of, kernel_for, layer_geometry, layer_storage, operands_of,
                                             predicted_us, tile_count, tile_kernels, tile_supports, workspace_geometry)
 
 #: tiles with a stream-K tactic (the 128x256, 256x128, 128x192 and 64x128 ones, measured, won nowhere)

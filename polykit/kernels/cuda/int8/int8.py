@@ -20,12 +20,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.conv import window_geometry
-from polykit.compiler.ops.int8 import BIAS, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT, Y_SCALE, Y_ZERO_POINT
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.conv import window_geometry
+from polykit.compiler.ops.quant.int8 import BIAS, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT, Y_SCALE, Y_ZERO_POINT
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source, supports_epilogue
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, supports_epilogue
 
 FILE = "int8.cu"
 #: kind -> its kernel
@@ -54,7 +54,7 @@ RESIDUALS = {
 
 def residual_layer(kind: str, residual: str) -> Any:
     """A stamped-enough INT8 layer of `kind` with one of RESIDUALS' epilogues (compile variants)."""
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     extra = ("skip",) if residual == "float32" else ("skip", "skip_scale")
     dtypes = ("int8", "int8", "int8", "int8", "float32", "", "", "", residual, "float32")[:8 + len(extra)]

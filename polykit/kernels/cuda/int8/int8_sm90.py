@@ -19,14 +19,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.int8 import SYMMETRIC
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.int8 import SYMMETRIC
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
-from polykit.kernels.cuda.conv_sm90 import CONV_TILES, plan_conv
-from polykit.kernels.cuda.epilogue import epilogue_args
-from polykit.kernels.cuda.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
-from polykit.kernels.cuda.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args
+from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
+from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for

@@ -17,11 +17,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
-from polykit.kernels.cuda.epilogue import epilogue_args, kernel_source
-from polykit.kernels.cuda.int8 import FILE, TILE, int8_args, residual_layer, supports
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source
+from polykit.kernels.cuda.int8.int8 import FILE, TILE, int8_args, residual_layer, supports
 
 KIND = "QMatMul"
 KERNEL, REDUCE = "int8_matmul_splitk", "int8_splitk_reduce"

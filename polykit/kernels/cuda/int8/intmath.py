@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.conv import window_geometry
+from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for

@@ -12,8 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.quantize_nhwc import KIND
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.quantize_nhwc import KIND
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 

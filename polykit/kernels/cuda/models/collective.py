@@ -24,7 +24,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, Launcher, cuda_tactic
-from polykit.kernels.cuda.movement import copy_kernels, launch_copy
+from polykit.kernels.cuda.movement.movement import copy_kernels, launch_copy
 
 #: ops whose attrs carry a reduction; ops that take a root; ops that split or join along `axis`
 REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})

@@ -1,6 +1,6 @@
 """If, Loop, Scan on the cuda target: host-driven layers that run their body plans on the device.
 
-No kernels of their own: a body is a plan of cuda layers (polykit.compiler.bodies), run once
+No kernels of their own: a body is a plan of cuda layers (polykit.compiler.builder.bodies), run once
 per iteration on the layer's stream through `launcher.bodies` (polykit.runtime.cuda.bodies),
 on device buffers only. What the host reads back:
 
@@ -22,7 +22,7 @@ sized data dim), buffers the layer allocates once it has read the trip count (gr
 while the body's condition decides) and sizes (polykit.runtime.cuda.layer_outputs); an If's
 outputs of branch-dependent shapes likewise take the taken branch's output shapes.
 
-A Loop body whose shapes change across iterations (built for a profile: polykit.compiler.bodies)
+A Loop body whose shapes change across iterations (built for a profile: polykit.compiler.builder.bodies)
 is bound before each iteration to its inputs' shapes and the iteration number (`_BodyShapes`, the
 host evaluating the body plan's shapes and rules) and runs uncaptured. Its carried values whose
 dims the run sizes live in buffers of `launcher.outputs` that grow (doubling, keeping the value) to
@@ -201,7 +201,7 @@ class _Carried:
 
 class _BodyShapes:
     """The shapes of a Loop body's outputs per iteration: a static body's are its plan's; a body built for
-    a profile (its shapes change across iterations: polykit.compiler.bodies) binds each iteration's
+    a profile (its shapes change across iterations: polykit.compiler.builder.bodies) binds each iteration's
     input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back."""
 
     def __init__(self, bodies: Any, plan: Any):

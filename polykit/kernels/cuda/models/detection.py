@@ -12,10 +12,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.detection import roi_align_attrs
+from polykit.compiler.ops.nn.detection import roi_align_attrs
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, count_slot, cuda_tactic, stored_as
-from polykit.kernels.cuda.sampling import BLOCK, check_f32, grid
+from polykit.kernels.cuda.models.sampling import BLOCK, check_f32, grid
 
 FILE = "detection.cu"
 

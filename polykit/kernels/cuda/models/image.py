@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.image import crop_pad_axes, crop_pad_offsets
+from polykit.compiler.ops.nn.image import crop_pad_axes, crop_pad_offsets
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for

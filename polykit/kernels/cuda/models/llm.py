@@ -8,9 +8,9 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.llm import text_attr
+from polykit.compiler.ops.models.llm import text_attr
 from polykit.errors import DeviceError
-from polykit.kernels.cuda import movement
+from polykit.kernels.cuda.movement import movement
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 
 FILE = "llm.cu"

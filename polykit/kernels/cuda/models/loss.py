@@ -11,12 +11,12 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.loss import loss_reduction
+from polykit.compiler.ops.models.loss import loss_reduction
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
 from polykit.kernels.cuda.storage_types import CODE, dtype_names
-from polykit.kernels.cuda.softmax import MODES, launch_softmax, softmax_kernels
+from polykit.kernels.cuda.reduce.softmax import MODES, launch_softmax, softmax_kernels
 
 FILE = "loss.cu"
 DTYPES = ("f32", "f16", "f64")

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.optimizer import GROUPS, TRAINING_DOMAIN, grouped
+from polykit.compiler.ops.models.optimizer import GROUPS, TRAINING_DOMAIN, grouped
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for

@@ -1,5 +1,5 @@
 """Random-op tactics (random.cu): RandomUniform(Like), RandomNormal(Like), Bernoulli on the
-counter-based generator of polykit.compiler.ops.random (the same bits as the cpu reference)."""
+counter-based generator of polykit.compiler.ops.math.random (the same bits as the cpu reference)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.random import random_key
+from polykit.compiler.ops.math.random import random_key
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for

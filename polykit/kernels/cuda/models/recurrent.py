@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.recurrent import ACTIVATIONS, CELLS, RecurrentAttrs, recurrent_attrs
+from polykit.compiler.ops.models.recurrent import ACTIVATIONS, CELLS, RecurrentAttrs, recurrent_attrs
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, stored_as
-from polykit.kernels.cuda.gemm import TILES, gemm_args, launch_tiled, split_k
+from polykit.kernels.cuda.gemm.gemm import TILES, gemm_args, launch_tiled, split_k
 
 FILE = "recurrent.cu"
 CELL_CODES = {"RNN": 0, "GRU": 1, "LSTM": 2}

@@ -13,11 +13,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.sampling import deform_geometry, grid_sample_attrs
+from polykit.compiler.ops.nn.sampling import deform_geometry, grid_sample_attrs
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
-from polykit.kernels.cuda.gemm import TILES, gemm_args, launch_tiled, split_k
-from polykit.kernels.cuda.recurrent import GEMM, GEMM_REDUCE
+from polykit.kernels.cuda.gemm.gemm import TILES, gemm_args, launch_tiled, split_k
+from polykit.kernels.cuda.models.recurrent import GEMM, GEMM_REDUCE
 
 FILE = "sampling.cu"
 MODES = {"nearest": 0, "linear": 1, "cubic": 2}

@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.signal import WINDOW_COEFFS, WINDOW_OPS
+from polykit.compiler.ops.math.signal import WINDOW_COEFFS, WINDOW_OPS
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code, stored_as
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
@@ -110,7 +110,7 @@ def enqueue_mel(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) 
 
 def _output_stored(layer) -> bool:
     """Windows and MelWeightMatrix: the output_datatype has a kernel (default float32)."""
-    from polykit.compiler import dtypes
+    from polykit.compiler.ir import dtypes
 
     return dtypes.ONNX_TO_NUMPY.get(int(layer.attrs.get("output_datatype", 1)), np.dtype(object)).name in STORED
 

@@ -17,7 +17,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, storage_code
 from polykit.kernels.cuda.launch_geometry import grid_for
 from polykit.kernels.cuda.storage_types import CODE
-from polykit.kernels.cuda.reduce import block_for
+from polykit.kernels.cuda.reduce.reduce import block_for
 
 FILE = "training.cu"
 DTYPES = ("f32", "f16", "bf16", "f64")

@@ -16,7 +16,7 @@ import numpy as np
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for, merge_dims
-from polykit.kernels.cuda.reduce import unit
+from polykit.kernels.cuda.reduce.reduce import unit
 
 FILE = "movement.cu"
 MAXR = 8

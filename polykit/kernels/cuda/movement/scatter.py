@@ -12,10 +12,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ops.pool import unpool_shape
+from polykit.compiler.ops.nn.pool import unpool_shape
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.movement import launch_copy
+from polykit.kernels.cuda.movement.movement import launch_copy
 from polykit.kernels.tactics import find_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 

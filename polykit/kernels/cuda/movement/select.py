@@ -1,6 +1,6 @@
 """NonZero, Compress and Unique tactics (select.cu): ops whose output sizes depend on values.
 
-The plan reserves each output's bound (polykit.compiler.data_dims); the kernels decide the real
+The plan reserves each output's bound (polykit.compiler.ops.data_dims); the kernels decide the real
 size, write it to the layer's count word (`tensors[count_slot(layer.name)]`, which the cuda
 context provides and reads back after the layer: polykit.runtime.output_alloc) and lay the
 output out for that size. Without a count word (a harness run of a known size) the outputs'

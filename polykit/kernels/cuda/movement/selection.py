@@ -1,4 +1,4 @@
-"""ai.polykit CheckRange and SelectByIndex on the cuda target (polykit.compiler.ops.selection):
+"""ai.polykit CheckRange and SelectByIndex on the cuda target (polykit.compiler.ops.tensor.selection):
 host-driven layers, no kernels of their own.
 
 - CheckRange reads its (small) value back once the stream reached it, raises the RuntimeInputError
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from polykit.compiler.ir import POLYKIT_DOMAIN
-from polykit.compiler.ops.selection import CHECK_RANGE, SELECT_BY_INDEX
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.tensor.selection import CHECK_RANGE, SELECT_BY_INDEX
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DECLARED, CudaTactic, DeviceTensor
-from polykit.kernels.reference.selection import checked, chosen
+from polykit.compiler.ops.tensor.selection_reference import checked, chosen
 
 
 def compile_variants() -> list:

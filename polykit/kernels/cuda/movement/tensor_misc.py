@@ -13,12 +13,12 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.dtypes import EXTENDED_TYPES
-from polykit.compiler.ops.constants import constant_of_shape_fill, constant_value
-from polykit.compiler.ir import Node
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES
+from polykit.compiler.ops.tensor.constants import constant_of_shape_fill, constant_value
+from polykit.compiler.ir.graph import Node
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.movement import launch_copy
+from polykit.kernels.cuda.movement.movement import launch_copy
 from polykit.kernels.tactics import find_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 

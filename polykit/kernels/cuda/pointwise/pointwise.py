@@ -1,5 +1,5 @@
 """The pointwise family: tactic `cuda.pointwise` runs a fused `Pointwise` layer, or one plain
-elementwise op (every op of the elementwise op table, polykit.kernels.elementwise), as the one
+elementwise op (every op of the elementwise op table, polykit.compiler.ops.elementwise_table), as the one
 kernel module pointwise_codegen generates, picking the contiguous vector entry point when
 every tensor allows it, else the strided broadcast one (launch_geometry).
 """
@@ -12,10 +12,10 @@ from typing import Mapping
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
-from polykit.kernels.cuda.pointwise_codegen import MAXR, VEC, _base_name, _canonical, pointwise_kernels
-from polykit.kernels.cuda.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _base_name, _canonical, pointwise_kernels
+from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
 from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
-from polykit.kernels.elementwise import elementwise_op, elementwise_ops
+from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
 def _entry(layer, sig) -> tuple[KernelSource, KernelSource]:
@@ -85,7 +85,7 @@ _register()
 def _chain(name: str, steps, precision: str = "fp32"):
     """A Pointwise layer over inputs x0, x1, x2: each step (op, attrs) reads the previous
     step's output first, then x1, x2 up to its arity (extra steps: (op, attrs, inputs))."""
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     body, last = [], "x0"
     for k, step in enumerate(steps):
@@ -120,7 +120,7 @@ def compile_variants() -> list[KernelSource]:
 def lowp_variant_layers() -> list:
     """Stamped layers that instantiate every low-precision encode (from float32, float64 and
     int64 sources, saturate on and off, every e8m0 round mode) and every decode."""
-    from polykit.compiler.plan_records import LayerDesc
+    from polykit.compiler.plan.records import LayerDesc
 
     codes = [k for k, d in ONNX_DTYPE.items() if d in LOWP]
     layers = []

@@ -23,8 +23,8 @@ import json
 
 from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.cuda.launch_geometry import BLOCK
-from polykit.kernels.cuda.pointwise_expr import emit_expression
-from polykit.kernels.cuda.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
+from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
 from polykit.kernels.cuda.storage_types import CTYPE
 
 #: most dims of the strided path (after collapsing)

@@ -1,6 +1,6 @@
 """A fused body (ONNX elementwise ops in topological order, docs/FUSION.md) as C statements
 over pointwise.cuh, and the dtype of each of its values. The expression of each op comes
-from its row of the elementwise op table (polykit.kernels.elementwise); used by the
+from its row of the elementwise op table (polykit.compiler.ops.elementwise_table); used by the
 pointwise generator and by the GEMM/conv epilogues."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from polykit.errors import NodeAttributeError
 from polykit.kernels.cuda.storage_types import CTYPE, ONNX_DTYPE
-from polykit.kernels.elementwise import elementwise_op
+from polykit.compiler.ops.elementwise_table import elementwise_op
 
 
 def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str],

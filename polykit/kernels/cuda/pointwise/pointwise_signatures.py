@@ -1,13 +1,13 @@
 """The dtype signatures a pointwise module is compiled for: (input dtypes, output dtypes) of a
 Pointwise layer (or of a plain elementwise op as a one-op body). Which dtype kinds each op
 runs on, how it types its result and how it uses each input come from the elementwise op
-table (polykit.kernels.elementwise)."""
+table (polykit.compiler.ops.elementwise_table)."""
 
 from __future__ import annotations
 
-from polykit.kernels.cuda.pointwise_expr import body_dtypes
+from polykit.kernels.cuda.pointwise.pointwise_expr import body_dtypes
 from polykit.kernels.cuda.storage_types import CODE, CTYPE, INT_DTYPES
-from polykit.kernels.elementwise import FLOAT, elementwise_op
+from polykit.compiler.ops.elementwise_table import FLOAT, elementwise_op
 
 #: dtypes an input used only by Cast or as an exponent may have besides the layer's type
 ALT_DTYPES = ("int64", "int32", "bool", "float32", "float16", "uint8", "int8", "float64")

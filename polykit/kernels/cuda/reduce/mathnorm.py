@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.storage_types import CODE, dtype_names
-from polykit.kernels.cuda.reduce import block_for
+from polykit.kernels.cuda.reduce.reduce import block_for
 
 FILE = "mathnorm.cu"
 DTYPES = ("f32", "f16", "f64")

@@ -11,7 +11,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
 from polykit.kernels.cuda.storage_types import CODE, dtype_names
-from polykit.kernels.cuda.reduce import block_for
+from polykit.kernels.cuda.reduce.reduce import block_for
 
 FILE = "norm.cu"
 DTYPES = ("f32", "f16", "f64")

@@ -22,7 +22,7 @@ from itertools import combinations
 from typing import Mapping, Sequence
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.reduce import FILE, OPS, REDUCE_DTYPES, dtype_code, enqueue_reduce, unit
+from polykit.kernels.cuda.reduce.reduce import FILE, OPS, REDUCE_DTYPES, dtype_code, enqueue_reduce, unit
 
 #: threads a block (both kernels)
 BLOCK = 256

@@ -10,7 +10,7 @@ import numpy as np
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.storage_types import CODE, dtype_names
-from polykit.kernels.cuda.reduce import block_for
+from polykit.kernels.cuda.reduce.reduce import block_for
 
 FILE = "softmax.cu"
 DTYPES = ("f32", "f16", "bf16", "f64")

@@ -1,0 +1,4 @@
+"""Tensor ops: shapes, layout, indexing, selection, constants, casts.
+
+Each op: `<op>.py` (importer, shape rule) and `<op>_reference.py` (the numpy oracle).
+"""

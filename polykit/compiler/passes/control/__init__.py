@@ -1,0 +1,2 @@
+"""Passes over control flow: sequences and optionals resolved at build time, If inlining, Loop unrolling.
+"""
