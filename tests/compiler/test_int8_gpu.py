@@ -1,4 +1,4 @@
-"""INT8 on the cuda target (gpu-marked): INT8 layers on the tensor-core tactics (kernels/cuda/int8.py),
+"""INT8 on the cuda target (gpu-marked): INT8 layers on the tensor-core tactics (kernels/cuda/int8/int8.py),
 equal to the cpu target's exact integer layers; calibration runs the fp32 engine on the GPU."""
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_slice_bounds_from_the_iteration_number_unroll_with_input_values():
 
 
 def test_a_growing_loop_whose_trip_count_is_unknown_at_build_time_runs_every_count_from_one_plan():
-    # not unrolled: the body plan is built for a profile (its growing dim a symbol: compiler/bodies.py)
+    # not unrolled: the body plan is built for a profile (its growing dim a symbol: compiler/builder/bodies.py)
     model = growing_decode(trip_as_input=True)
     plan = build_plan(model, BuilderConfig(target="cpu"))
     for n in (0, 1, 2, 6):
