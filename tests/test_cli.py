@@ -328,3 +328,23 @@ def test_cli_and_python_api_do_the_same_thing(tmp_path):
     for cli_out, api_out in zip(from_cli, results.outputs["trt"]):
         for name in ("logits", "probs"):
             np.testing.assert_array_equal(cli_out[name], api_out[name])
+
+
+@pytest.mark.parametrize("flags", [["-q"], ["-vv"], []])
+def test_a_command_run_in_process_leaves_the_logging_as_it_found_it(flags, caplog):
+    """main() and the typer app set the polykit logger's level and handler for -v/-q and put them
+    back: a -q left behind silenced the warnings later tests in the same process look for."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from polykit.plugins import create_plugin_manager
+    from polykit.tools.cli import build_app
+
+    logger = logging.getLogger("polykit")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert main([*flags, "--version"]) == 0
+    assert CliRunner().invoke(build_app(), [*flags, "inspect", "model", "--help"]).exit_code == 0
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
+    create_plugin_manager(env={"POLYKIT_PLUGINS": "no_such_polykit_plugin"})
+    assert "plugin 'no_such_polykit_plugin' cannot be loaded" in caplog.text
