@@ -310,7 +310,8 @@ def test_run_onnxrt_imports_no_heavy_modules_it_does_not_need(tmp_path):
 
 
 def test_cli_and_python_api_do_the_same_thing(tmp_path):
-    """The CLI only assembles loaders and runners: a short script gets the very same outputs."""
+    """The CLI only assembles loaders and runners: a short script gets the very same outputs
+    (both at builder optimization level 0: timed tactic choices could differ between the builds)."""
     from polykit.backends.loaders import EngineFromOnnx, OnnxFromPath
     from polykit.backends.polykit_runner import PolykitRunner
     from polykit.compiler.builder.config import BuilderConfig
@@ -319,10 +320,31 @@ def test_cli_and_python_api_do_the_same_thing(tmp_path):
     from polykit.tools.results_io import load_outputs
 
     saved = tmp_path / "cli.npz"
-    assert cli("run", MLP, "--trt", "--target", "cpu", "--seed", "4", "--iterations", "2", "--save-outputs", str(saved)) == 0
-    runner = PolykitRunner(EngineFromOnnx(OnnxFromPath(MLP), config=BuilderConfig(target="cpu")))
+    assert cli("run", MLP, "--trt", "--target", "cpu", "--builder-optimization-level", "0", "--seed", "4",
+               "--iterations", "2", "--save-outputs", str(saved)) == 0
+    runner = PolykitRunner(EngineFromOnnx(OnnxFromPath(MLP), config=BuilderConfig(target="cpu", builder_optimization_level=0)))
     results = Comparator.run([runner], DataLoader(DataLoaderOptions(seed=4, iterations=2)))
     from_cli = load_outputs(saved)["trt"]
     for cli_out, api_out in zip(from_cli, results.outputs["trt"]):
         for name in ("logits", "probs"):
             np.testing.assert_array_equal(cli_out[name], api_out[name])
+
+
+@pytest.mark.parametrize("flags", [["-q"], ["-vv"], []])
+def test_a_command_run_in_process_leaves_the_logging_as_it_found_it(flags, caplog):
+    """main() and the typer app set the polykit logger's level and handler for -v/-q and put them
+    back: a -q left behind silenced the warnings later tests in the same process look for."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from polykit.plugins import create_plugin_manager
+    from polykit.tools.cli import build_app
+
+    logger = logging.getLogger("polykit")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    assert main([*flags, "--version"]) == 0
+    assert CliRunner().invoke(build_app(), [*flags, "inspect", "model", "--help"]).exit_code == 0
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
+    create_plugin_manager(env={"POLYKIT_PLUGINS": "no_such_polykit_plugin"})
+    assert "plugin 'no_such_polykit_plugin' cannot be loaded" in caplog.text

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import typer
 
@@ -33,7 +33,11 @@ def stderr_console():
     return Console(stderr=True, highlight=False)
 
 
-def _configure_logging(verbose: int, quiet: bool) -> None:
+def _configure_logging(verbose: int, quiet: bool) -> Callable[[], None]:
+    """Set the polykit logger's level for -v/-q and give it a stderr handler; returns the undo,
+    so that a command run in-process (main() from a test or a script) leaves the process's
+    logging as it found it (a -q left behind silenced every later warning)."""
+    saved = (log.level, log.propagate, list(log.handlers))
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     log.setLevel(level)
     if not any(getattr(h, "_polykit_cli", False) for h in log.handlers):
@@ -42,6 +46,13 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
         handler._polykit_cli = True  # type: ignore[attr-defined]
         log.addHandler(handler)
         log.propagate = False
+
+    def restore() -> None:
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        log.handlers[:] = saved[2]
+
+    return restore
 
 
 def _version(value: bool) -> None:
@@ -69,13 +80,14 @@ def build_app(pm=None) -> typer.Typer:
 
     @app.callback()
     def root(
+        ctx: typer.Context,
         verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="more output (-vv: debug); tracebacks on errors"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="errors only"),
         version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="print the version"),
         strict_plugins: bool = typer.Option(False, "--strict-plugins",
                                             help="a plugin that fails to load or raises is an error, not a warning"),
     ) -> None:
-        _configure_logging(verbose, quiet)
+        ctx.call_on_close(_configure_logging(verbose, quiet))
 
     pm.call_each("polykit_cli_commands", app=app)
     return app
@@ -105,12 +117,19 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `polykit` console script; returns (and exits with) the exit code."""
+    argv = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
+    restore = _configure_logging(argv.count("-v") + 2 * argv.count("-vv") + 3 * argv.count("-vvv") +
+                                 argv.count("--verbose"), any(a in ("-q", "--quiet") for a in argv))
+    try:  # (configured here too: plugin warnings come before typer parses)
+        return _run(argv)
+    finally:
+        restore()
+
+
+def _run(argv: list[str]) -> int:
     from polykit.plugins import plugin_manager
 
-    argv = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     verbose = any(a in ("-v", "-vv", "-vvv", "--verbose") for a in argv)
-    _configure_logging(argv.count("-v") + 2 * argv.count("-vv") + 3 * argv.count("-vvv") + argv.count("--verbose"),
-                       any(a in ("-q", "--quiet") for a in argv))  # plugin warnings come before typer parses
     code = EXIT_OK
     try:
         pm = plugin_manager(strict="--strict-plugins" in argv)

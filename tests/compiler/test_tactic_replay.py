@@ -60,11 +60,14 @@ def test_plans_do_not_record_the_side_file_paths(tmp_path):
 
 
 def test_forced_plan_runs_and_matches_the_default_plan():
+    """The default plan's tactics are timed, so they differ between machines and loads (winograd,
+    im2col, blocked GEMM): they agree with the reference's within rounding, not bit for bit."""
     x = np.random.default_rng(2).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
     default = build_plan(CONVNET, BuilderConfig(target="cpu"))
     forced = build_with_tactics(CONVNET, {l.name: "cpu.reference" for l in default.layers}, BuilderConfig(target="cpu"))
+    assert {l.tactic for l in forced.layers} == {"cpu.reference"}
     run = lambda plan: Runtime().deserialize_engine(plan).create_execution_context().execute({plan.inputs[0]: x})  # noqa: E731
-    np.testing.assert_array_equal(run(forced)[forced.outputs[0]], run(default)[default.outputs[0]])
+    np.testing.assert_allclose(run(forced)[forced.outputs[0]], run(default)[default.outputs[0]], rtol=1e-5, atol=1e-6)
 
 
 def test_config_turns_a_dict_into_an_assignment():

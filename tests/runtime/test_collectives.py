@@ -92,13 +92,15 @@ def test_collective_in_fp16_rounds_once():
 
 
 def test_rank_that_never_arrives_is_named_within_the_timeout():
+    """It waits the group's 0.5 s, not the default 60 s: the bound is half the default, which no
+    load on the machine comes near."""
     engines = [Engine(collective_plan("all_reduce", 2, r, (4,), np.float32)) for r in range(2)]
     group = SimulatedGroup(2, timeout_s=0.5)
     start = time.monotonic()
     with engines[0].create_execution_context(communicator=group.communicator(0)) as ctx:
         with pytest.raises(RankError, match=r"rank 1 did not reach collective layer 'coll' within 0.5 s"):
             ctx.execute({"x": np.ones(4, np.float32)})
-    assert time.monotonic() - start < 5
+    assert 0.5 <= time.monotonic() - start < 30
 
 
 def test_failing_rank_stops_the_others_with_its_name():
@@ -106,8 +108,8 @@ def test_failing_rank_stops_the_others_with_its_name():
     feeds = [{"x": np.ones(4, np.float32)}, {"x": np.ones(5, np.float32)}]  # rank 1's feed is wrong
     start = time.monotonic()
     with pytest.raises(RankError, match=r"rank 1.*input 'x' has shape \(5,\)"):
-        run_simulated_ranks(engines, feeds, timeout_s=30)
-    assert time.monotonic() - start < 10  # rank 0 did not wait out the timeout
+        run_simulated_ranks(engines, feeds, timeout_s=600)
+    assert time.monotonic() - start < 300  # rank 0 did not wait out the timeout (half of it: any load)
 
 
 def test_plan_with_collectives_needs_a_communicator_of_its_rank():

@@ -113,7 +113,7 @@ def test_each_context_serves_its_own_optimization_profile():
     small = Profile({"x": ((1, 1, 16), (2, 2, 16), (2, 4, 16))})
     large = Profile({"x": ((4, 4, 16), (8, 8, 16), (8, 64, 16))})
     model = mlp()
-    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[small, large]))
+    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[small, large], builder_optimization_level=LEVEL))
     x = np.random.default_rng(0).standard_normal((6, 50, 16)).astype(np.float32)
     with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
         assert engine.num_optimization_profiles == 2

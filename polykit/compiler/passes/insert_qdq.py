@@ -67,13 +67,17 @@ def weight_axis(node: Node) -> int:
 
 def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """(int8 weight, float32 scale per channel of `axis`): symmetric, scale = max|w| / 127
-    (1 for an all-zero channel), values rounded half to even."""
+    (1 for an all-zero channel), values rounded half to even; a NaN weight becomes 0 (polykit's
+    float -> integer rule, kernels/reference/cast.py)."""
+    from polykit.compiler.ops.tensor.cast_reference import float_to_int
+
     others = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.max(np.abs(w.astype(np.float64)), axis=others)
     scale = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
     shape = [-1 if i == axis else 1 for i in range(w.ndim)]
-    q = np.clip(np.rint(w.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
-    return q.astype(np.int8), scale
+    with np.errstate(invalid="ignore"):
+        q = np.clip(np.rint(w.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
+    return float_to_int(q, np.int8), scale
 
 
 def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str] = frozenset(),

@@ -2,9 +2,11 @@
 e8m0fnu), float4_e2m1fn, int4/uint4, int2/uint2 in Cast, CastLike, QuantizeLinear and
 DequantizeLinear.
 
-Host side: a numpy model of lowp.cuh's integer encode / decode (the same algorithm, line for
+Host side: a numpy model of lowp.cuh's float encode / decode (the same algorithm, line for
 line) is checked bit-exactly against ml_dtypes and the reference Cast on every code and a dense
-set of floats; signature stamping and codegen. GPU: the same checks through real layers.
+set of floats; float -> 4/2-bit integers against an oracle of polykit's float -> integer rule
+(reference cast.py), and against ml_dtypes where ONNX defines the cast; signature stamping and
+codegen. GPU: the same checks through real layers.
 """
 
 from __future__ import annotations
@@ -111,12 +113,28 @@ def e8m0_decode(c):
     return bits.astype(np.uint32).view(np.float32)
 
 
-def int_encode_float(f, nbits):
-    """float/double -> intN/uintN bits: trunc through int32 (0 when NaN or out of int32's range)."""
-    f = np.asarray(f, np.float64)
-    ok = np.abs(f) < 2.0 ** 31
-    t = np.where(ok, np.trunc(np.where(ok, f, 0)), 0).astype(np.int64)
-    return (t & ((1 << nbits) - 1)).astype(np.uint8)
+def int_range(nbits, signed):
+    return (-(1 << nbits - 1), (1 << nbits - 1) - 1) if signed else (0, (1 << nbits) - 1)
+
+
+def rule_codes(f, nbits, signed):
+    """polykit's float -> integer rule (reference cast.py's docstring), written here on its own
+    from numpy operations defined for every input: NaN -> 0, truncate toward zero, saturate to
+    the type's range (Inf included); stored as the low nbits (two's complement)."""
+    lo, hi = int_range(nbits, signed)
+    with np.errstate(invalid="ignore"):  # a signalling NaN becomes a quiet one
+        f = np.asarray(f, np.float64)
+    t = np.clip(np.trunc(np.where(np.isnan(f), 0.0, f)), lo, hi)
+    return (t.astype(np.int64) & ((1 << nbits) - 1)).astype(np.uint8)
+
+
+def onnx_defined(f, nbits, signed):
+    """Where ONNX defines float -> intN (not NaN, truncation inside the type's range); elsewhere
+    only polykit's rule does, and ml_dtypes' C++ casts are undefined behaviour."""
+    lo, hi = int_range(nbits, signed)
+    with np.errstate(invalid="ignore"):
+        f = np.asarray(f, np.float64)
+        return (f > lo - 1) & (f < hi + 1)
 
 
 def int_decode(c, nbits, signed):
@@ -186,14 +204,41 @@ def test_model_int_decode_matches_ml_dtypes_on_every_code(name, nbits, signed):
     np.testing.assert_array_equal(int_decode(codes, nbits, signed), codes.view(getattr(ml_dtypes, name)).astype(np.int64))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # ml_dtypes' own NaN -> int cast warns
+#: DENSE as doubles (signalling NaNs become quiet), with values only a double holds (past int32
+#: and float32's integers)
+with np.errstate(invalid="ignore"):
+    DOUBLES = np.concatenate([DENSE.astype(np.float64), [100000003.0, -100000003.0, 2.0 ** 31 - 1, 3e9 + 3, -2.0 ** 31,
+                                                         2.0 ** 63, -2.0 ** 63 - 4096, 2.0 ** 64, 1e300, -1e300]])
+
+#: NaN, the infinities, and values truncating just inside / outside every integer type's range
+EDGES = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, -0.5, -1.0, 1.5, -1.5, 2.5, 3.5, 7.5, 8.0, -8.5, -9.0,
+                  15.5, 16.0, 127.5, 128.0, -128.5, -129.0, 255.5, 256.0, 32767.5, 32768.0, -32768.5, -32769.0,
+                  65535.5, 65536.0, 2.0 ** 31 - 0.5, 2.0 ** 31, -2.0 ** 31 - 0.5, -2.0 ** 31 - 1, 2.0 ** 32 - 0.5,
+                  2.0 ** 32, 2.0 ** 63, -2.0 ** 63, -2.0 ** 63 - 4096, 2.0 ** 64, 3e38, -3e38, 1e300, -1e300])
+
+
 @pytest.mark.parametrize("name,nbits,signed", INT_TYPES)
-def test_model_int_encode_truncates_floats_through_int32_like_the_reference(name, nbits, signed):
-    doubles = np.concatenate([DENSE.astype(np.float64), [100000003.0, -100000003.0, 2.0 ** 31 - 1, 3e9 + 3, -2.0 ** 31]])
-    for x in (DENSE, doubles):
-        with np.errstate(all="ignore"):
-            want = convert(x, np.dtype(getattr(ml_dtypes, name))).view(np.uint8)
-        np.testing.assert_array_equal(int_encode_float(x, nbits), want)
+def test_reference_float_to_intn_follows_polykits_rule_on_dense_floats(name, nbits, signed):
+    for x in (DENSE, DOUBLES):
+        got = convert(x, np.dtype(getattr(ml_dtypes, name))).view(np.uint8)
+        np.testing.assert_array_equal(got, rule_codes(x, nbits, signed))
+
+
+@pytest.mark.parametrize("name,nbits,signed", INT_TYPES)
+def test_rule_gives_ml_dtypes_bytes_on_every_code_where_onnx_defines_the_cast(name, nbits, signed):
+    """The rule agrees with ml_dtypes wherever the cast is defined (NaN and values truncating
+    outside the range are not: there ml_dtypes' result depends on the processor), and the
+    defined floats reach every code of the type."""
+    defined = DOUBLES[onnx_defined(DOUBLES, nbits, signed)]
+    want = defined.astype(np.dtype(getattr(ml_dtypes, name))).view(np.uint8)
+    np.testing.assert_array_equal(rule_codes(defined, nbits, signed), want)
+    assert set(want.tolist()) == set(range(1 << nbits))
+
+
+def test_rule_saturates_infinities_and_out_of_range_values_and_maps_nan_to_zero():
+    x = np.array([np.nan, -np.nan, np.inf, -np.inf, 8.0, 7.99, -8.99, -9.0, 1e10, -0.5, 15.5, 16.0, -1.0])
+    assert rule_codes(x, 4, True).tolist() == [0, 0, 7, 8, 7, 7, 8, 8, 7, 0, 7, 7, 15]
+    assert rule_codes(x, 4, False).tolist() == [0, 0, 15, 0, 8, 7, 0, 0, 15, 0, 15, 15, 0]
 
 
 @pytest.mark.parametrize("name,nbits,signed", INT_TYPES)
@@ -289,6 +334,19 @@ def test_cast_float32_to_lowp_matches_reference_bit_exactly(dst, saturate, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("src", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dst", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"])
+def test_cast_floats_to_every_integer_type_follows_polykits_rule(dst, src):
+    """NaN -> 0, truncated, saturated (reference cast.py): Cast (cvt) and CastLike (cast_any)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = np.concatenate([EDGES, DOUBLES[::5]]).astype(src)
+    got, want = run_and_reference(cast_layer(src, dst), {"X": x})
+    assert_same_bytes(got, want)
+    got, want = run_and_reference(cast_like_layer(), {"X": x, "L": np.zeros(1, dst)})
+    assert_same_bytes(got, want)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("saturate", [1, 0])
 @pytest.mark.parametrize("mode", ["up", "down", "nearest"])
 def test_cast_float32_to_e8m0_follows_round_mode_and_saturate(mode, saturate):
@@ -355,10 +413,7 @@ def test_castlike_to_lowp_matches_reference(src, dst, saturate):
 @pytest.mark.parametrize("src", FLOAT_TYPES + ["float8_e8m0fnu"] + [t[0] for t in INT_TYPES])
 def test_castlike_from_every_lowp_code_matches_reference(src, dst):
     n = 16 if src in ("float4_e2m1fn", "int4", "uint4") else (4 if src in ("int2", "uint2") else 256)
-    x = np.arange(n, dtype=np.uint8).view(np.dtype(getattr(ml_dtypes, src)))
-    if dst == "int32":  # NaN, Inf and values beyond int32's range -> int32 are undefined in ONNX (and C)
-        f = x.astype(np.float64)
-        x = x[np.isfinite(f) & (np.abs(f) < 2.0 ** 31)]
+    x = np.arange(n, dtype=np.uint8).view(np.dtype(getattr(ml_dtypes, src)))  # NaN, Inf, 2^127 -> int32 too
     like = np.zeros(1, np.dtype(getattr(ml_dtypes, dst, None) or dst))
     got, want = run_and_reference(cast_like_layer(), {"X": x, "L": like})
     if dst.startswith("float"):

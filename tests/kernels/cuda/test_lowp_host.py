@@ -1,5 +1,6 @@
 """lowp.cuh itself, compiled as host C++ (g++, no GPU): its encode / decode functions give the
-reference Cast's bytes on a dense set of floats and ml_dtypes' values on every code.
+reference Cast's bytes on a dense set of floats (4/2-bit integers: the bytes of polykit's float ->
+integer rule, reference cast.py) and ml_dtypes' values on every code.
 
 A shim stands in for dtypes.cuh (the real one holds PTX asm); lowp.cuh's code is used unchanged.
 """
@@ -15,7 +16,7 @@ import pytest
 
 from polykit.kernels.cuda.base import CUDA_DIR
 from polykit.compiler.ops.tensor.cast_reference import convert
-from tests.kernels.cuda.test_lowp import DENSE, E8M0, FLOAT_TYPES, same_bits
+from tests.kernels.cuda.test_lowp import DENSE, E8M0, FLOAT_TYPES, INT_TYPES, rule_codes, same_bits
 
 SHIM = r"""
 #pragma once
@@ -34,8 +35,8 @@ template <class T, class V> inline void st(T* p, i64 i, V v) { p[i] = cvt<T>(v);
 """
 
 # stdin: float32 values; stdout: encodes (5 float types, sat 1 then 0, each followed by e8m0 in
-# round modes up/down/nearest), intn_bits<4>/<2> of the floats, intn_bits<4> of them as double,
-# then the decode of all 256 codes of each float type (float32 bits) and of the 4 integer types (i32)
+# round modes up/down/nearest), intn_bits of the floats for int4, uint4, int2, uint2, then of
+# them as double for the same four types, then the decode of all 256 codes of each float type (float32 bits) and of the 4 integer types (i32)
 MAIN = r"""
 #include "lowp.cuh"
 #include <cstdio>
@@ -57,9 +58,14 @@ int main() {
     enc<f8e5m2fnuz_t>(x, sat, out); enc<f4e2m1_t>(x, sat, out);
     for (int mode = 0; mode < 3; ++mode) for (float v : x) out.push_back(e8m0_encode(v, sat, mode));
   }
-  for (float v : x) out.push_back(intn_bits<4>(v));
-  for (float v : x) out.push_back(intn_bits<2>(v));
-  for (float v : x) out.push_back(intn_bits<4>((double)v));
+  for (float v : x) out.push_back(intn_bits<4, true>(v));
+  for (float v : x) out.push_back(intn_bits<4, false>(v));
+  for (float v : x) out.push_back(intn_bits<2, true>(v));
+  for (float v : x) out.push_back(intn_bits<2, false>(v));
+  for (float v : x) out.push_back(intn_bits<4, true>((double)v));
+  for (float v : x) out.push_back(intn_bits<4, false>((double)v));
+  for (float v : x) out.push_back(intn_bits<2, true>((double)v));
+  for (float v : x) out.push_back(intn_bits<2, false>((double)v));
   dec<f8e4m3fn_t>(out); dec<f8e4m3fnuz_t>(out); dec<f8e5m2_t>(out); dec<f8e5m2fnuz_t>(out);
   dec<f4e2m1_t>(out); dec<f8e8m0_t>(out);
   for (unsigned c = 0; c < 256; ++c) {
@@ -96,8 +102,9 @@ def host_results(tmp_path_factory):
             out[name, sat] = take(n)
         for mode in ("up", "down", "nearest"):
             out["e8m0", mode, sat] = take(n)
-    for key in ("int4", "int2", "int4_from_double"):
-        out[key] = take(n)
+    for source in ("float", "double"):
+        for name, _, _ in INT_TYPES:
+            out[name, source] = take(n)
     for name in FLOAT_TYPES + ["float8_e8m0fnu"]:
         out["decode", name] = take(1024).view(np.float32)
     out["decode_ints"] = take(256 * 16).view(np.int32).reshape(256, 4)
@@ -119,10 +126,11 @@ def test_header_e8m0_encode_gives_reference_cast_bytes(host_results, mode, satur
     np.testing.assert_array_equal(host_results["e8m0", mode, saturate], convert(DENSE, E8M0, saturate, mode).view(np.uint8))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("key,name", [("int4", "int4"), ("int2", "int2"), ("int4_from_double", "int4")])
-def test_header_int_encode_gives_reference_cast_bytes(host_results, key, name):
-    np.testing.assert_array_equal(host_results[key], convert(DENSE, np.dtype(getattr(ml_dtypes, name))).view(np.uint8))
+@pytest.mark.parametrize("source", ["float", "double"])
+@pytest.mark.parametrize("name,nbits,signed", INT_TYPES)
+def test_header_int_encode_follows_polykits_float_to_integer_rule(host_results, name, nbits, signed, source):
+    """NaN -> 0, truncated, saturated (Inf included): every byte, not only where ONNX defines it."""
+    np.testing.assert_array_equal(host_results[name, source], rule_codes(DENSE, nbits, signed))
 
 
 @pytest.mark.parametrize("name", FLOAT_TYPES + ["float8_e8m0fnu"])

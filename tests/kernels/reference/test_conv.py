@@ -77,11 +77,14 @@ def test_conv_of_a_rank_2_input_is_a_shape_error():
         run("Conv", [rand(3, 4), rand(2, 3, 3)])
 
 
-def test_conv_of_a_resnet_sized_layer_takes_well_under_a_second():
+def test_conv_of_a_resnet_sized_layer_takes_well_under_a_second_of_cpu():
+    """The cost of the algorithm (vectorized, ~0.03 s), measured as this process's CPU time after
+    a warm-up: wall time also counts other processes on a loaded machine and first-call imports."""
     x, w = rand(1, 64, 56, 56), rand(64, 64, 3, 3)
-    start = time.perf_counter()
+    run("Conv", [x[:, :, :8, :8], w], pads=[1, 1, 1, 1])
+    start = time.process_time()
     run("Conv", [x, w], pads=[1, 1, 1, 1])
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 TRANSPOSE_CASES = {

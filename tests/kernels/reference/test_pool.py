@@ -135,9 +135,11 @@ def test_max_unpool_inverts_max_pool_indices_like_onnxruntime():
 
 
 def test_max_pool_of_a_resnet_sized_input_is_fast():
+    """This process's CPU time after a warm-up (not wall time, which a loaded machine stretches)."""
     import time
 
     x = rand(1, 64, 112, 112)
-    start = time.perf_counter()
+    run("MaxPool", [x[:, :, :8, :8]], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    start = time.process_time()
     run("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0

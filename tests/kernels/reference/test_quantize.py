@@ -35,6 +35,16 @@ def test_quantize_rounds_half_to_even_and_saturates():
     np.testing.assert_array_equal(got, [0, 2, 2, 0, -2, 127, -128])
 
 
+def test_quantize_saturates_infinities_and_maps_nan_to_zero_by_polykits_rule():
+    """NaN is where ONNX says nothing (onnxruntime gives the type's minimum): polykit's float ->
+    integer rule (reference cast.py) applies to rint(x / scale) + zero_point, so NaN -> 0."""
+    x = np.array([np.nan, np.inf, -np.inf, 1e30], np.float32)
+    (got,) = ours("QuantizeLinear", [x, np.array(1.0, np.float32), np.array(3, np.int8)])
+    np.testing.assert_array_equal(got, [0, 127, -128, 127])
+    (got,) = ours("QuantizeLinear", [x, np.array(0.0, np.float32), np.array(3, np.uint8)])
+    np.testing.assert_array_equal(got, [0, 255, 0, 255])
+
+
 def test_quantize_without_zero_point_gives_uint8():
     x = np.array([-1.0, 3.0, 300.0], np.float32)
     (got,) = ours("QuantizeLinear", [x, np.array(1.0, np.float32)])
@@ -89,3 +99,10 @@ def test_dynamic_quantize_of_all_positive_input_has_zero_point_zero():
     y, scale, zp = ours("DynamicQuantizeLinear", [x], n_out=3)
     assert int(zp) == 0 and y[-1] == 255
     np.testing.assert_allclose(scale, 0.01, rtol=1e-6)
+
+
+def test_dynamic_quantize_of_both_infinities_is_zero_by_polykits_rule():
+    """Both infinities make the scale inf and -min / scale NaN: zero point and values are 0."""
+    y, scale, zp = ours("DynamicQuantizeLinear", [np.array([-np.inf, 1.0, np.inf], np.float32)], n_out=3)
+    assert np.isinf(scale) and int(zp) == 0
+    np.testing.assert_array_equal(y, [0, 0, 0])

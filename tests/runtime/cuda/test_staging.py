@@ -32,28 +32,44 @@ def test_staged_values_reach_the_region_for_every_key_past_the_cache_bound():
         stream.close()
 
 
-def test_a_dynamic_plan_enqueue_does_not_wait_for_the_stream():
-    """Behind a 1 s hold kernel on the stream, a replayed dynamic-shape enqueue returns while
-    the hold still runs: before staging, the pageable copies of the shape
-    values waited for the stream to drain."""
-    import time
+#: one thread sleeps until *gate is nonzero, or `ns` have passed (only a gate never opened: an
+#: enqueue that waited for the stream returns then, and the check below fails instead of hanging)
+GATE = r"""
+typedef unsigned long long u64;
+extern "C" __global__ void hold_until_opened(const volatile unsigned* gate, u64 ns) {
+  u64 t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (*gate == 0 && t - t0 < ns);
+}
+"""
 
+
+def test_a_dynamic_plan_enqueue_does_not_wait_for_the_stream():
+    """Behind a kernel that holds the stream until the test opens its gate (from another stream,
+    after enqueue returned), a replayed dynamic-shape enqueue returns and the stream is still
+    busy: it did not wait for the stream (before staging, the pageable copies of the shape values
+    waited for it to drain). No clock decides: a waiting enqueue would only return once the
+    gate's 60 s bound passed, leaving the stream idle."""
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
-    from polykit.kernels.cuda.hold import HOLD
+    from polykit.kernels.cuda.base import KernelSource
     from polykit.runtime.cuda import driver
     from polykit.runtime.cuda.launcher import CudaLauncher
-    from polykit.runtime.cuda.memory import DeviceBuffer, download, upload
+    from polykit.runtime.cuda.memory import DeviceBuffer, download, fill_bytes, upload
     from polykit.runtime.cuda.stream import Stream
     from polykit.runtime.engine import Runtime
     from tests.runtime.test_dynamic_shapes import CASES
 
+    hold = KernelSource("hold_until_opened", code=GATE)
     make, profile, shapes, feeds_of = CASES["encoder"]
     plan = build_plan(make(), BuilderConfig(target="cuda", profiles=[profile]))
     feeds = feeds_of(np.random.default_rng(0), *shapes[2])
     with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
         assert any(t.value for t in engine.plan.tensors.values()), "the case must have host-computed shape values"
-        stream, bufs = Stream(), {}
+        stream, opener, bufs = Stream(), Stream(), {}
         for name, value in feeds.items():
             ctx.set_input_shape(name, value.shape)
             bufs[name] = DeviceBuffer(value.nbytes)
@@ -61,20 +77,26 @@ def test_a_dynamic_plan_enqueue_does_not_wait_for_the_stream():
         out = engine.plan.outputs[0]
         out_shape = ctx.get_tensor_shape(out)
         bufs[out] = DeviceBuffer(int(np.prod(out_shape)) * engine.get_tensor_dtype(out).itemsize)
+        gate = DeviceBuffer(4)
         ptrs = {n: b.ptr for n, b in bufs.items()}
         expected = ctx.execute(feeds)[out]
         engine_modules = ctx._ctx.engine.modules
-        engine_modules.load([HOLD])
-        for run in range(4):  # eager, capture, replays
-            CudaLauncher(engine_modules, stream.handle, lambda n: 0, "hold").launch(HOLD, (1,), (1,), [1_000_000_000])
-            start = time.perf_counter()
+        engine_modules.load([hold])
+        for run in range(4):  # eager and capture (which may wait for the stream), then replays
+            if run >= 2:
+                fill_bytes(gate.ptr, 4, 0)  # closed (finished on return; the stream is idle)
+                CudaLauncher(engine_modules, stream.handle, lambda n: 0, "hold").launch(
+                    hold, (1,), (1,), [gate.ptr, 60_000_000_000])
             ctx.enqueue(ptrs, stream.handle)
-            host_s = time.perf_counter() - start
             busy, = driver.drv().cuStreamQuery(stream.handle)
-            assert run < 2 or (int(busy) == int(driver.drv().CUresult.CUDA_ERROR_NOT_READY) and host_s < 0.5), \
-                f"enqueue took {host_s:.3f} s behind a 1 s hold: it waited for the stream"
+            if run >= 2:
+                fill_bytes(gate.ptr, 4, 1, opener.handle)  # open: the hold ends, the layers run
+                opener.synchronize()
+                assert int(busy) == int(driver.drv().CUresult.CUDA_ERROR_NOT_READY), \
+                    "the stream was idle when enqueue returned: enqueue waited for the stream"
             stream.synchronize()
             np.testing.assert_array_equal(download(bufs[out].ptr, out_shape, engine.get_tensor_dtype(out)), expected)
-        for b in bufs.values():
+        for b in (*bufs.values(), gate):
             b.free()
         stream.close()
+        opener.close()

@@ -11,6 +11,7 @@ from polykit.compiler.ir.dtypes import is_float
 from polykit.compiler.ops.math.elementwise import broadcast_bool, broadcast_first, predicate, same_as_input, variadic, where
 from polykit.compiler.ops.elementwise_table import (ANY_KIND, FLOAT, INT, NUMERIC, ElementwiseOp, Fold, Infix, call, literal,
                                          register_elementwise)
+from polykit.compiler.ops.tensor.cast_reference import float_to_int
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -42,17 +43,20 @@ def identity(node, inputs):
 def div(node, inputs):
     a, b = inputs
     if np.issubdtype(a.dtype, np.integer):
-        # ONNX integer division truncates toward zero (C semantics), numpy floors.
-        with np.errstate(divide="ignore"):
+        # ONNX integer division truncates toward zero (C semantics), numpy floors. By zero
+        # (undefined in ONNX) the quotient is +-inf or NaN, which polykit's float -> integer
+        # rule (reference/cast.py) makes the type's max / min or 0.
+        with np.errstate(divide="ignore", invalid="ignore"):
             q = np.trunc(a.astype(np.float64) / b.astype(np.float64))
-        return [q.astype(a.dtype)]
+        return [float_to_int(q, a.dtype)]
     return [np.divide(a, b).astype(a.dtype, copy=False)]
 
 
 def pow_(node, inputs):
     a, b = inputs
-    if np.issubdtype(a.dtype, np.integer):
-        return [np.power(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)]
+    if np.issubdtype(a.dtype, np.integer):  # a float exponent truncates (NaN -> 0: cast.py's rule)
+        e = float_to_int(b, np.int64) if is_float(b.dtype) else b.astype(np.int64)
+        return [np.power(a.astype(np.int64), e).astype(a.dtype)]
     return [np.power(a, b.astype(a.dtype) if is_float(b.dtype) else b).astype(a.dtype)]
 
 

@@ -1,5 +1,7 @@
 """Reference kernels: QuantizeLinear (round half to even, saturate), DequantizeLinear,
-DynamicQuantizeLinear (uint8, as ONNX defines it)."""
+DynamicQuantizeLinear (uint8, as ONNX defines it). An integer output is rint(x / scale) +
+zero_point converted by polykit's float -> integer rule (reference/cast.py): saturated to the
+type's range, as ONNX says, and NaN -> 0, where ONNX says nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from polykit.compiler.ir import dtypes
+from polykit.compiler.ops.tensor.cast_reference import float_to_int
 from polykit.compiler.ops.references import reference
 
 
@@ -50,8 +53,7 @@ def quantize_linear(node, inputs):
         return [y.astype(out)]
     if zp is not None:
         q = q + _broadcast_param(zp, x, node).astype(np.float64)
-    info = ml_dtypes.iinfo(out)
-    return [np.clip(q, int(info.min), int(info.max)).astype(out)]
+    return [float_to_int(q, out)]
 
 
 @reference("DequantizeLinear")
@@ -73,6 +75,7 @@ def dynamic_quantize_linear(node, inputs):
     hi = np.float32(max(0.0, float(np.max(x)))) if x.size else np.float32(0)
     lo = np.float32(min(0.0, float(np.min(x)))) if x.size else np.float32(0)
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
-    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
-    y = np.clip(np.rint(x / scale) + zp, 0, 255)
-    return [y.astype(np.uint8), np.array(scale, np.float32), np.array(zp, np.uint8)]
+    with np.errstate(invalid="ignore"):  # x holding both infinities: scale inf, -lo / scale NaN
+        zp = np.rint(np.float32(0) - lo / scale)
+        y = np.rint(x / scale) + float_to_int(zp, np.uint8)
+    return [float_to_int(y, np.uint8), np.array(scale, np.float32), float_to_int(zp, np.uint8)]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from polykit.compiler.ir.dtypes import is_float
 from polykit.errors import RuntimeInputError
+from polykit.compiler.ops.tensor.cast_reference import float_to_int
 from polykit.compiler.ops.references import reference
 
 #: ScatterND / ScatterElements reduction -> numpy ufunc applied in place with `.at`
@@ -85,7 +87,8 @@ def scatter_elements(node, inputs):
 def one_hot(node, inputs):
     idx, depth, values = inputs
     depth = int(np.asarray(depth).reshape(-1)[0])
-    idx = np.asarray(idx).astype(np.int64)
+    idx = np.asarray(idx)
+    idx = float_to_int(idx, np.int64) if is_float(idx.dtype) else idx.astype(np.int64)  # NaN -> 0 (cast.py)
     idx = np.where(idx < 0, idx + depth, idx)
     rank = idx.ndim + 1
     axis = node.attrs.get("axis", -1) % rank

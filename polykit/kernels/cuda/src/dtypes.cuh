@@ -54,17 +54,57 @@ template <class T> __device__ __forceinline__ typename Compute<T>::type ld(const
 template <> __device__ __forceinline__ float ld<half_t>(const half_t* p, i64 i) { return h2f(p[i]); }
 template <> __device__ __forceinline__ float ld<bf16_t>(const bf16_t* p, i64 i) { return b2f(p[i]); }
 
-// cvt<To>(x): ONNX Cast semantics between compute types (float->int truncates, x!=0 -> bool)
-template <class To, class From> struct Cvt {
+// numeric limits used by reductions (lowest / highest finite or infinite value per type)
+template <class T> struct Lim;
+template <> struct Lim<float> { __device__ static float lo() { return -__int_as_float(0x7f800000); } __device__ static float hi() { return __int_as_float(0x7f800000); } };
+template <> struct Lim<double> { __device__ static double lo() { return -__longlong_as_double(0x7ff0000000000000LL); } __device__ static double hi() { return __longlong_as_double(0x7ff0000000000000LL); } };
+template <> struct Lim<i8> { __device__ static i8 lo() { return -128; } __device__ static i8 hi() { return 127; } };
+template <> struct Lim<u8> { __device__ static u8 lo() { return 0; } __device__ static u8 hi() { return 255; } };
+template <> struct Lim<i16> { __device__ static i16 lo() { return -32768; } __device__ static i16 hi() { return 32767; } };
+template <> struct Lim<u16> { __device__ static u16 lo() { return 0; } __device__ static u16 hi() { return 65535; } };
+template <> struct Lim<i32> { __device__ static i32 lo() { return (i32)0x80000000; } __device__ static i32 hi() { return 0x7fffffff; } };
+template <> struct Lim<u32> { __device__ static u32 lo() { return 0; } __device__ static u32 hi() { return 0xffffffffu; } };
+template <> struct Lim<i64> { __device__ static i64 lo() { return (i64)0x8000000000000000ULL; } __device__ static i64 hi() { return 0x7fffffffffffffffLL; } };
+template <> struct Lim<u64> { __device__ static u64 lo() { return 0; } __device__ static u64 hi() { return 0xffffffffffffffffULL; } };
+template <> struct Lim<bool> { __device__ static bool lo() { return false; } __device__ static bool hi() { return true; } };
+
+template <class T> struct IsFloat { enum { value = 0 }; };
+template <> struct IsFloat<float> { enum { value = 1 }; };
+template <> struct IsFloat<double> { enum { value = 1 }; };
+template <class T> struct IsInt { enum { value = 0 }; };
+template <> struct IsInt<i8> { enum { value = 1 }; };
+template <> struct IsInt<u8> { enum { value = 1 }; };
+template <> struct IsInt<i16> { enum { value = 1 }; };
+template <> struct IsInt<u16> { enum { value = 1 }; };
+template <> struct IsInt<i32> { enum { value = 1 }; };
+template <> struct IsInt<u32> { enum { value = 1 }; };
+template <> struct IsInt<i64> { enum { value = 1 }; };
+template <> struct IsInt<u64> { enum { value = 1 }; };
+
+// cvt<To>(x): ONNX Cast semantics between compute types (x != 0 -> bool; integers wrap). A float
+// becomes an integer by polykit's rule (reference cast.py): NaN -> 0, truncated toward zero,
+// saturated to To's range -- what the GPU's cvt.rzi does, written out so that no C++ conversion
+// sees a value outside To's range (undefined behaviour, and a different result on the host).
+// (F)hi is hi, or the power of two above it, so x >= (F)hi holds exactly when trunc(x) >= hi
+// or trunc(x) is past the range; lo is 0 or -2^k, exact in F.
+template <class To, class From, bool F2I = IsFloat<From>::value && IsInt<To>::value> struct Cvt {
   __device__ static __forceinline__ To run(From x) { return (To)x; }
 };
-template <class From> struct Cvt<bool, From> {
+template <class To, class From> struct Cvt<To, From, true> {
+  __device__ static __forceinline__ To run(From x) {
+    if (x != x) return (To)0;
+    if (x >= (From)Lim<To>::hi()) return Lim<To>::hi();
+    if (x <= (From)Lim<To>::lo()) return Lim<To>::lo();
+    return (To)x;
+  }
+};
+template <class From> struct Cvt<bool, From, false> {
   __device__ static __forceinline__ bool run(From x) { return x != (From)0; }
 };
-template <class To> struct Cvt<To, bool> {
+template <class To> struct Cvt<To, bool, false> {
   __device__ static __forceinline__ To run(bool x) { return x ? (To)1 : (To)0; }
 };
-template <> struct Cvt<bool, bool> {
+template <> struct Cvt<bool, bool, false> {
   __device__ static __forceinline__ bool run(bool x) { return x; }
 };
 template <class To, class From> __device__ __forceinline__ To cvt(From x) { return Cvt<To, From>::run(x); }
@@ -84,20 +124,6 @@ template <> __device__ __forceinline__ float round_as<bf16_t, float>(float x) { 
 // (ml_dtypes) rounds every addition, in index order
 template <class T> struct SumRoundsEachStep { static const bool value = false; };
 template <> struct SumRoundsEachStep<bf16_t> { static const bool value = true; };
-
-// numeric limits used by reductions (lowest / highest finite or infinite value per type)
-template <class T> struct Lim;
-template <> struct Lim<float> { __device__ static float lo() { return -__int_as_float(0x7f800000); } __device__ static float hi() { return __int_as_float(0x7f800000); } };
-template <> struct Lim<double> { __device__ static double lo() { return -__longlong_as_double(0x7ff0000000000000LL); } __device__ static double hi() { return __longlong_as_double(0x7ff0000000000000LL); } };
-template <> struct Lim<i8> { __device__ static i8 lo() { return -128; } __device__ static i8 hi() { return 127; } };
-template <> struct Lim<u8> { __device__ static u8 lo() { return 0; } __device__ static u8 hi() { return 255; } };
-template <> struct Lim<i16> { __device__ static i16 lo() { return -32768; } __device__ static i16 hi() { return 32767; } };
-template <> struct Lim<u16> { __device__ static u16 lo() { return 0; } __device__ static u16 hi() { return 65535; } };
-template <> struct Lim<i32> { __device__ static i32 lo() { return (i32)0x80000000; } __device__ static i32 hi() { return 0x7fffffff; } };
-template <> struct Lim<u32> { __device__ static u32 lo() { return 0; } __device__ static u32 hi() { return 0xffffffffu; } };
-template <> struct Lim<i64> { __device__ static i64 lo() { return (i64)0x8000000000000000ULL; } __device__ static i64 hi() { return 0x7fffffffffffffffLL; } };
-template <> struct Lim<u64> { __device__ static u64 lo() { return 0; } __device__ static u64 hi() { return 0xffffffffffffffffULL; } };
-template <> struct Lim<bool> { __device__ static bool lo() { return false; } __device__ static bool hi() { return true; } };
 
 // offset of flat index `i` of a (collapsed) `rank`-D iteration space with sizes `dims`
 // in a tensor with element `strides` (0 on broadcast dims); dims/strides innermost last.

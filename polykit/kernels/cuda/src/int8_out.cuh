@@ -50,17 +50,20 @@ struct Out {
   // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
   // quotient's own), so rint(t) is rint(v / ys) unless t lies within that of a half-integer; there
   // (about 2^-19 of uniform values) the IEEE division decides. |t| is clamped to 1024 first: past
-  // it every result saturates (|yz| <= 255), and NaN becomes -1024 (saturating to lo, as
-  // fmaxf(NaN, lo) did). rint by the 1.5 * 2^23 shifter: t + 1.5 * 2^23 rounds t to an integer
-  // (half to even) and holds it in its low mantissa bits.
+  // it every result saturates (|yz| <= 255); NaN gives 0 (QuantizeLinear by polykit's float ->
+  // integer rule, reference cast.py). rint by the 1.5 * 2^23 shifter: t + 1.5 * 2^23 rounds t to
+  // an integer (half to even) and holds it in its low mantissa bits.
   __device__ __forceinline__ int requantize(float v) const {
     const float t = fminf(fmaxf(__fmul_rn(v, rys), -1024.f), 1024.f);
     const float shifted = __fadd_rn(t, 0x1.8p23f);
     int q = __float_as_int(shifted) - 0x4B400000;
     const float off = fabsf(__fsub_rn(t, __fsub_rn(shifted, 0x1.8p23f)));  // |t - rint(t)|, exact
-    if (!rcp_ok || fabsf(off - 0.5f) <= fabsf(t) * 0x1p-20f)
-      q = __float2int_rn(fminf(fmaxf(__fdiv_rn(v, ys), -1024.f), 1024.f));
-    return min(max(q + yz, lo), hi);
+    if (!rcp_ok || fabsf(off - 0.5f) <= fabsf(t) * 0x1p-20f) {
+      const float d = __fdiv_rn(v, ys);
+      if (d != d) return 0;
+      q = __float2int_rn(fminf(fmaxf(d, -1024.f), 1024.f));
+    }
+    return v != v ? 0 : min(max(q + yz, lo), hi);  // (with rcp_ok, v * rys is NaN only for a NaN v)
   }
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
     float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);

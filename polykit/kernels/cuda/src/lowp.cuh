@@ -5,9 +5,10 @@
 // Floats load as float (compute type) and store with encode(): round to nearest even, the
 // NaN / Inf / overflow rules of each type as ml_dtypes' astype (saturate = clip to the finite
 // range first, ONNX Cast-19). The 4/2-bit integers load as i32 (sign-extended) and store the
-// low bits: a float truncates through int32 (0 when NaN or outside int32, like numpy on x86),
-// an integer wraps. tests/kernels/cuda/test_lowp.py holds the numpy model of these functions,
-// checked bit-exactly against ml_dtypes on every code and a dense set of floats.
+// low bits: a float by polykit's float -> integer rule (reference cast.py: NaN -> 0, truncated,
+// saturated to the type's range), an integer wraps. tests/kernels/cuda/test_lowp.py holds the
+// numpy model of these functions, checked bit-exactly against ml_dtypes (float types: every code
+// and a dense set of floats) and against an oracle of the written rule (integer types).
 #pragma once
 #include "dtypes.cuh"
 
@@ -94,21 +95,24 @@ __device__ __forceinline__ u8 e8m0_encode(float f, bool sat, int mode) {
   return (u8)(e + (up ? 1u : 0u));
 }
 
-// 4/2-bit integers: the low NB bits
-template <int NB> __device__ __forceinline__ u8 intn_bits(double d) {
-  const bool ok = d > -2147483649.0 && d < 2147483648.0;  // false for NaN
-  return (u8)((ok ? (i32)d : 0) & ((1 << NB) - 1));
+// 4/2-bit integers: an integer keeps its low NB bits (wraps, as ONNX casts between integers); a
+// float goes by polykit's rule (reference cast.py): NaN -> 0, truncated toward zero, saturated
+// to [LO, HI] -- compared before any conversion, so only in-range values are converted
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(double d) {
+  const int LO = SIGNED ? -(1 << (NB - 1)) : 0, HI = SIGNED ? (1 << (NB - 1)) - 1 : (1 << NB) - 1;
+  const i32 v = d != d ? 0 : (d <= (double)LO ? LO : (d >= (double)HI ? HI : (i32)d));
+  return (u8)(v & ((1 << NB) - 1));
 }
-template <int NB> __device__ __forceinline__ u8 intn_bits(float f) { return intn_bits<NB>((double)f); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(i64 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(u64 v) { return (u8)(v & ((1u << NB) - 1u)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(i32 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(u32 v) { return (u8)(v & ((1u << NB) - 1u)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(i16 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(u16 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(i8 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(u8 v) { return (u8)(v & ((1 << NB) - 1)); }
-template <int NB> __device__ __forceinline__ u8 intn_bits(bool v) { return v ? 1 : 0; }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(float f) { return intn_bits<NB, SIGNED>((double)f); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(i64 v) { return (u8)((u64)v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(u64 v) { return (u8)(v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(i32 v) { return (u8)((u32)v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(u32 v) { return (u8)(v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(i16 v) { return (u8)((u32)v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(u16 v) { return (u8)(v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(i8 v) { return (u8)((u32)v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(u8 v) { return (u8)(v & ((1u << NB) - 1u)); }
+template <int NB, bool SIGNED> __device__ __forceinline__ u8 intn_bits(bool v) { return v ? 1 : 0; }
 template <int NB, bool SIGNED> __device__ __forceinline__ i32 intn_value(unsigned c) {
   c &= (1u << NB) - 1u;
   return SIGNED && c >= (1u << (NB - 1)) ? (i32)c - (1 << NB) : (i32)c;
@@ -146,7 +150,9 @@ template <class V> __device__ __forceinline__ void st(f8e8m0_t* p, i64 i, V v) {
   template <> __device__ __forceinline__ i32 ld<T>(const T* p, i64 i) {                                    \
     return intn_value<LowpInt<T>::NB, (bool)LowpInt<T>::SIGNED>(p[i].x);                                   \
   }                                                                                                         \
-  template <class V> __device__ __forceinline__ void st(T* p, i64 i, V v) { p[i].x = intn_bits<LowpInt<T>::NB>(v); }
+  template <class V> __device__ __forceinline__ void st(T* p, i64 i, V v) {                                \
+    p[i].x = intn_bits<LowpInt<T>::NB, (bool)LowpInt<T>::SIGNED>(v);                                       \
+  }
 LOWP_INT(i4_t)
 LOWP_INT(u4_t)
 LOWP_INT(i2_t)
@@ -161,5 +167,5 @@ template <class V> __device__ __forceinline__ float pk_to_e8m0(V x, bool sat, in
   return e8m0_decode(e8m0_encode(cvt<float>(x), sat, mode));
 }
 template <class T, class V> __device__ __forceinline__ i32 pk_to_intn(V x) {
-  return intn_value<LowpInt<T>::NB, (bool)LowpInt<T>::SIGNED>(intn_bits<LowpInt<T>::NB>(x));
+  return intn_value<LowpInt<T>::NB, (bool)LowpInt<T>::SIGNED>(intn_bits<LowpInt<T>::NB, (bool)LowpInt<T>::SIGNED>(x));
 }

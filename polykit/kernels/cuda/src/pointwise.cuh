@@ -5,10 +5,6 @@
 #include "dtypes.cuh"
 #include "lowp.cuh"
 
-template <class T> struct IsFloat { enum { value = 0 }; };
-template <> struct IsFloat<float> { enum { value = 1 }; };
-template <> struct IsFloat<double> { enum { value = 1 }; };
-
 // one-argument math: float overload, double overload, integer fallback through double
 #define PK_MATH1(name, ffn, dfn)                                                     \
   __device__ __forceinline__ float name(float x) { return ffn(x); }                   \
@@ -68,7 +64,7 @@ template <class A, class B> __device__ __forceinline__ A pk_mod(A a, B b) {  // 
 }
 template <class A, class B> __device__ __forceinline__ A pk_pow(A a, B b) {
   if (IsFloat<A>::value) return (A)pow((double)a, (double)b);
-  i64 e = (i64)b, r = 1, base = (i64)a;
+  i64 e = cvt<i64>(b), r = 1, base = (i64)a;
   if (e < 0) return (A)(base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0));
   while (e) { if (e & 1) r *= base; base *= base; e >>= 1; }
   return (A)r;

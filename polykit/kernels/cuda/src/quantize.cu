@@ -11,7 +11,8 @@
 //   float8 / float4 outputs (lowp.cuh): y = x / s in the precision type, no rounding to an
 //               integer (float4: + zp), then encoded (saturating when `saturate` is set; float4
 //               always); a float8 zero point only names the output type. 4/2-bit integer
-//               outputs saturate to their range like the 8/16-bit ones.
+//               outputs saturate to their range like the 8/16-bit ones; NaN gives 0 (polykit's
+//               float -> integer rule, reference cast.py), so no NaN reaches a conversion.
 // Parameter index of element i of x viewed as [outer, D, inner] around `axis`:
 //   mode 0 per tensor: 0; mode 1 per axis: d; mode 2 blocked: (o * Dp + d / block) * inner + in.
 // Geometry: quantize/dequantize one thread per element (quantize_f32_8bit: four), grid-stride,
@@ -136,7 +137,7 @@ extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s,
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     double q = qk_divide_round(qk_load(x, (int)xc, i), qk_load(s, (int)sc, qk_index(ps, i)), (int)precision);
     if (z) q += qk_load(z, (int)zc, qk_index(pz, i));
-    qk_store_int(y, (int)yc, i, q < lo ? lo : (q > hi ? hi : q));
+    qk_store_int(y, (int)yc, i, q != q ? 0.0 : (q < lo ? lo : (q > hi ? hi : q)));
   }
 }
 
@@ -152,8 +153,8 @@ struct Q8 {
   __device__ __forceinline__ u32 byte(float x) const {
     float q = rintf(__fdiv_rn(x, sc));
     if (has_z) q += zp;  // rounds only past 2^24, where it saturates either way
-    q = q < lo ? lo : (q > hi ? hi : q);
-    return (u32)(u8)(int)q;  // the byte of q (two's complement for int8); NaN: 0 as there
+    q = q != q ? 0.f : (q < lo ? lo : (q > hi ? hi : q));  // NaN: 0 as there
+    return (u32)(u8)(int)q;  // the byte of q (two's complement for int8)
   }
   __device__ __forceinline__ u32 zero_byte() const { return (u32)(u8)(int)zp; }
 };
@@ -301,8 +302,8 @@ extern "C" __global__ void dq_params(const float* partial, i64 blocks, float* sc
     hi = hi > 0.0f ? hi : 0.0f;
     lo = lo < 0.0f ? lo : 0.0f;
     const float s = (hi == lo ? 1.0f : hi - lo) / 255.0f;
-    float zp = 0.0f - lo / s;
-    zp = zp < 0.0f ? 0.0f : (zp > 255.0f ? 255.0f : zp);
+    float zp = 0.0f - lo / s;  // NaN when x holds both infinities: 0, as the reference's rule says
+    zp = zp != zp ? 0.0f : (zp < 0.0f ? 0.0f : (zp > 255.0f ? 255.0f : zp));
     *scale = s;
     *zero_point = (u8)rintf(zp);
   }

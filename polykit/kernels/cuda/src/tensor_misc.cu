@@ -32,9 +32,9 @@ __device__ __forceinline__ i64 load_any_index(const void* p, i64 i, int code) {
     case 5: return ((const u16*)p)[i];
     case 6: return ((const u32*)p)[i];
     case 7: return (i64)((const u64*)p)[i];
-    case 8: return (i64)((const float*)p)[i];
-    case 9: return (i64)((const double*)p)[i];
-    default: return (i64)h2f(((const half_t*)p)[i]);
+    case 8: return cvt<i64>(((const float*)p)[i]);
+    case 9: return cvt<i64>(((const double*)p)[i]);
+    default: return cvt<i64>(h2f(((const half_t*)p)[i]));
   }
 }
 
@@ -114,8 +114,8 @@ RANGE_NARROW(bf16_t, bf16, d2b)
 // `sat` (float8 saturate) and `rmode` (float8e8m0 round_mode: 0 up, 1 down, 2 nearest) are
 // CastLike's attributes; floats reach the 8/4-bit float types through float, as ml_dtypes does.
 // The source is loaded exactly as double (floats), i64 (signed ints, bool) or u64, then
-// converted once to the destination, so no value is rounded twice; floats reach narrow
-// integer types through i64 (wrapping as numpy does on x86, where the device would saturate).
+// converted once to the destination, so no value is rounded twice. A float becomes an integer
+// by polykit's rule (cvt, intn_bits: NaN -> 0, truncated, saturated); integers wrap.
 struct Scalar { double f; i64 s; u64 u; int kind; };  // kind 0: f, 1: s, 2: u
 
 __device__ __forceinline__ Scalar load_scalar(const void* x, i64 i, int code) {
@@ -156,14 +156,14 @@ __device__ __forceinline__ void store_as(void* y, i64 i, int code, V v, bool sat
     case 0: ((float*)y)[i] = (float)v; break;
     case 1: ((half_t*)y)[i] = d2h((double)v); break;
     case 2: ((double*)y)[i] = (double)v; break;
-    case 3: ((i8*)y)[i] = (i8)(i64)v; break;
-    case 4: ((u8*)y)[i] = (u8)(i64)v; break;
-    case 5: ((i16*)y)[i] = (i16)(i64)v; break;
-    case 6: ((u16*)y)[i] = (u16)(i64)v; break;
-    case 7: ((i32*)y)[i] = (i32)(i64)v; break;
-    case 8: ((u32*)y)[i] = (u32)(i64)v; break;
-    case 9: ((i64*)y)[i] = (i64)v; break;
-    case 10: ((u64*)y)[i] = (u64)v; break;
+    case 3: ((i8*)y)[i] = cvt<i8>(v); break;
+    case 4: ((u8*)y)[i] = cvt<u8>(v); break;
+    case 5: ((i16*)y)[i] = cvt<i16>(v); break;
+    case 6: ((u16*)y)[i] = cvt<u16>(v); break;
+    case 7: ((i32*)y)[i] = cvt<i32>(v); break;
+    case 8: ((u32*)y)[i] = cvt<u32>(v); break;
+    case 9: ((i64*)y)[i] = cvt<i64>(v); break;
+    case 10: ((u64*)y)[i] = cvt<u64>(v); break;
     case 12: ((bf16_t*)y)[i] = f2b((float)v); break;
     case 13: ((u8*)y)[i] = lowp_store<f8e4m3fn_t>((float)v, sat); break;
     case 14: ((u8*)y)[i] = lowp_store<f8e4m3fnuz_t>((float)v, sat); break;
@@ -171,8 +171,10 @@ __device__ __forceinline__ void store_as(void* y, i64 i, int code, V v, bool sat
     case 16: ((u8*)y)[i] = lowp_store<f8e5m2fnuz_t>((float)v, sat); break;
     case 17: ((u8*)y)[i] = e8m0_encode((float)v, sat, rmode); break;
     case 18: ((u8*)y)[i] = lowp_store<f4e2m1_t>((float)v, sat); break;
-    case 19: case 20: ((u8*)y)[i] = intn_bits<4>(v); break;
-    case 21: case 22: ((u8*)y)[i] = intn_bits<2>(v); break;
+    case 19: ((u8*)y)[i] = intn_bits<4, true>(v); break;
+    case 20: ((u8*)y)[i] = intn_bits<4, false>(v); break;
+    case 21: ((u8*)y)[i] = intn_bits<2, true>(v); break;
+    case 22: ((u8*)y)[i] = intn_bits<2, false>(v); break;
     default: ((bool*)y)[i] = v != (V)0; break;
   }
 }
