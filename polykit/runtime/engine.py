@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ops.control.bodies import BodyFn, register_body_runner
 from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import profile_layers
@@ -429,3 +431,20 @@ def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
                 f"input {name!r} differs from the value the plan was built for (BuilderConfig.input_values)",
                 where=f"tensor {name!r}", hint="rebuild the plan with this input's value")
     return out
+
+
+@contextmanager
+def run_body(body: Plan) -> Iterator[BodyFn]:
+    """A built control-flow body as a function of its inputs (positional) returning its outputs
+    (positional), run by an execution context of the plan's target: the Plan bodies' runner
+    (polykit.compiler.ops.control.bodies.body_runner; the cpu target runs If/Loop/Scan layers so)."""
+    names = list(body.metadata["body_outputs"])
+    with Engine(body) as engine, engine.create_execution_context() as ctx:
+        def run(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+            out = ctx.execute({name: np.asarray(v) for name, v in zip(body.inputs, values)})
+            return [out[name] for name in names]
+
+        yield run
+
+
+register_body_runner(Plan, run_body)
