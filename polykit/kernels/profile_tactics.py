@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.plan.schema import Invalid
-from polykit.compiler.plan.profiles import generic_corners, tensors_at
+from polykit.compiler.plan.profiles import at_corner, generic_corners, tensors_at
 from polykit.errors import BuildError
 
 Pair = tuple[LayerDesc, Any]  # (the layer at one precision, a tactic), as in polykit.compiler.builder.tuner
@@ -102,8 +102,6 @@ def pick_tactics(layer: LayerDesc, every: ProfileShapes, views: Sequence[Profile
 
 def at_opt(layer: LayerDesc, view: ProfileShapes) -> LayerDesc:
     """`layer` stamped with its dynamic tensors' shapes at the profile's opt."""
-    from polykit.compiler.builder.tuner import at_corner
-
     return at_corner(layer, view.opt)
 
 
@@ -143,7 +141,6 @@ def profile_layers(plan: Any, profile: int) -> list[LayerDesc]:
     its params) and stamped at that profile's opt shapes, as the builder judged them."""
     if plan.profiles is None or len(plan.profiles.ranges) < 2:
         return list(plan.layers)
-    from polykit.compiler.builder.tuner import at_corner
     from polykit.kernels.tactics import find_tactic
 
     env = next(env for p, label, env in plan.profiles.corners() if p == profile and label == "opt")

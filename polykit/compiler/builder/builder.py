@@ -276,7 +276,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
     quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
     op in float32, with a logged warning, so they compute what the INT8 layer would."""
-    from polykit.compiler.builder.layer_precision import has_tactic, storage_precision
+    from polykit.compiler.builder.layer_precision import has_tactic
+    from polykit.compiler.plan.records import storage_precision
     from polykit.compiler.ops.quant.int8 import is_int8_layer
 
     fp32_nodes: tuple[str, ...] = ()

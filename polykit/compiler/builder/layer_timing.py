@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir.dtypes import is_float
-from polykit.compiler.builder.lower import layer_as_node
+from polykit.compiler.plan.records import layer_as_node
 from polykit.compiler.ops.nn.fused import rename_fused_tensor
 from polykit.compiler.ops.quant.int8 import INT8_DTYPES, is_int8_layer
 from polykit.compiler.plan.file import Plan

@@ -28,6 +28,7 @@ import numpy as np
 
 from polykit.compiler.plan.memory import ALIGNMENT
 from polykit.compiler.plan.dims import check_dims, host_written
+from polykit.compiler.plan.records import layer_as_node
 from polykit.compiler.plan.schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
 from polykit.kernels.profile_tactics import check_profile_tactics
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
@@ -336,7 +337,6 @@ def check_layers(plan: Any, where: str = "plan") -> None:
 def _shapes_agree(plan: Any) -> None:
     from polykit.compiler.graph.infer import infer_shapes
     from polykit.compiler.ir.graph import Graph, Value
-    from polykit.compiler.builder.lower import layer_as_node
     from polykit.compiler.ir.symbolic import evaluate
 
     host = [n for n, t in plan.tensors.items() if t.value]
