@@ -34,6 +34,7 @@ from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
+from polykit.runtime.tactic_check import check_tactics
 from polykit.runtime.target import Target, TargetContext, get_target
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
@@ -98,18 +99,21 @@ class Runtime:
         return Engine(plan)
 
     def load_engine(self, path: str | os.PathLike) -> "Engine":
-        return Engine(Plan.load(path, expect_target=self.target))
+        return Engine(Plan.load(path, expect_target=self.target), where=str(path))
 
 
 class Engine:
     """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
 
-    def __init__(self, plan: Plan, target: Target | None = None):
+    def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan"):
         """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
-        default: a new one of the plan's target."""
+        default: a new one of the plan's target. The plan's tactics and kernel files are
+        checked against this polykit's first (polykit.runtime.tactic_check: PlanError naming
+        the field; `where` names the plan, e.g. its file)."""
         if target is not None and target.name != plan.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
                             hint=f"rebuild the plan with --target {target.name}")
+        check_tactics(plan, where)
         self.plan = plan
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
         #: the layers each optimization profile runs (their tactics may differ: profile_tactics)

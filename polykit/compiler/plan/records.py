@@ -10,6 +10,8 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 
+#: the targets a plan may be built for (polykit.runtime.target.TARGETS gives each its Target)
+TARGETS = ("cpu", "cuda")
 #: TensorDesc.kind values
 TENSOR_KINDS = ("input", "output", "activation", "weight")
 #: LayerDesc.precision values: the precision a layer computes in (builder flags pick it)
