@@ -8,7 +8,8 @@
   precisions every profile has a tactic for.
 - **Plan**: `LayerDesc.profile_tactics` names each profile's tactic where they differ (empty
   otherwise: single-profile plans are unchanged); the layer's kernel list holds the kernels of
-  every profile's tactic. `check_profile_tactics` (a plan_check rule) validates the field.
+  every profile's tactic. `check_profile_tactics` (a rule of polykit.compiler.plan.check) validates
+  the field; the runtime checks that each tactic exists (polykit.runtime.tactic_check).
 - **Run** (`profile_layers`): the layers as one profile runs them, each with that profile's
   tactic and stamped at that profile's opt shapes; the targets keep one step list per profile
   and launch the one of the shapes they are bound to (ShapeSet.key starts with the profile).
@@ -20,8 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
-from polykit.compiler.plan.schema import Invalid
-from polykit.compiler.plan.profiles import generic_corners, tensors_at
+from polykit.compiler.plan.profiles import at_corner, generic_corners, tensors_at
 from polykit.errors import BuildError
 
 Pair = tuple[LayerDesc, Any]  # (the layer at one precision, a tactic), as in polykit.compiler.builder.tuner
@@ -102,8 +102,6 @@ def pick_tactics(layer: LayerDesc, every: ProfileShapes, views: Sequence[Profile
 
 def at_opt(layer: LayerDesc, view: ProfileShapes) -> LayerDesc:
     """`layer` stamped with its dynamic tensors' shapes at the profile's opt."""
-    from polykit.compiler.builder.tuner import at_corner
-
     return at_corner(layer, view.opt)
 
 
@@ -117,33 +115,12 @@ def tactic_names(layer: LayerDesc, profiles: int) -> tuple[str, ...]:
     return tuple(layer.profile_tactics) or (layer.tactic,) * profiles
 
 
-# ---- the plan ----------------------------------------------------------------------------------
-def check_profile_tactics(doc: Mapping[str, Any], weights_len: int) -> None:
-    """Invalid when a layer's profile_tactics is not one tactic name per profile, starting with
-    its `tactic` and naming two or more tactics (a plan_check rule; that each tactic exists for
-    the layer's kind is plan_check.check_layers' question)."""
-    profiles = doc.get("profiles")
-    count = len(profiles["ranges"]) if profiles is not None else 1
-    for layer in doc["layers"]:
-        names = layer.get("profile_tactics")
-        if names is None:
-            continue
-        path = f"layers[{layer['name']!r}].profile_tactics"
-        if len(names) != count:
-            raise Invalid(path, f"names {len(names)} tactics; the plan has {count} optimization profile(s)")
-        if names[0] != layer["tactic"]:
-            raise Invalid(f"{path}[0]", f"{names[0]!r} differs from the layer's tactic {layer['tactic']!r} "
-                                        "(profile 0's)")
-        if len(set(names)) < 2:
-            raise Invalid(path, "names one tactic for every profile (a plan leaves the field out then)")
-
-
+# ---- the run ---------------------------------------------------------------------------------
 def profile_layers(plan: Any, profile: int) -> list[LayerDesc]:
     """`plan.layers` as optimization profile `profile` runs them: with that profile's tactic (and
     its params) and stamped at that profile's opt shapes, as the builder judged them."""
     if plan.profiles is None or len(plan.profiles.ranges) < 2:
         return list(plan.layers)
-    from polykit.compiler.builder.tuner import at_corner
     from polykit.kernels.tactics import find_tactic
 
     env = next(env for p, label, env in plan.profiles.corners() if p == profile and label == "opt")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.compiler.ops.data_dims import sized_tensors
-from polykit.compiler.builder.lower import layer_as_node
+from polykit.compiler.plan.records import layer_as_node
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ops.control.bodies import BodyFn, register_body_runner
 from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import profile_layers
@@ -32,6 +34,7 @@ from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
+from polykit.runtime.tactic_check import check_tactics
 from polykit.runtime.target import Target, TargetContext, get_target
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
@@ -96,18 +99,21 @@ class Runtime:
         return Engine(plan)
 
     def load_engine(self, path: str | os.PathLike) -> "Engine":
-        return Engine(Plan.load(path, expect_target=self.target))
+        return Engine(Plan.load(path, expect_target=self.target), where=str(path))
 
 
 class Engine:
     """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
 
-    def __init__(self, plan: Plan, target: Target | None = None):
+    def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan"):
         """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
-        default: a new one of the plan's target."""
+        default: a new one of the plan's target. The plan's tactics and kernel files are
+        checked against this polykit's first (polykit.runtime.tactic_check: PlanError naming
+        the field; `where` names the plan, e.g. its file)."""
         if target is not None and target.name != plan.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
                             hint=f"rebuild the plan with --target {target.name}")
+        check_tactics(plan, where)
         self.plan = plan
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
         #: the layers each optimization profile runs (their tactics may differ: profile_tactics)
@@ -429,3 +435,20 @@ def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
                 f"input {name!r} differs from the value the plan was built for (BuilderConfig.input_values)",
                 where=f"tensor {name!r}", hint="rebuild the plan with this input's value")
     return out
+
+
+@contextmanager
+def run_body(body: Plan) -> Iterator[BodyFn]:
+    """A built control-flow body as a function of its inputs (positional) returning its outputs
+    (positional), run by an execution context of the plan's target: the Plan bodies' runner
+    (polykit.compiler.ops.control.bodies.body_runner; the cpu target runs If/Loop/Scan layers so)."""
+    names = list(body.metadata["body_outputs"])
+    with Engine(body) as engine, engine.create_execution_context() as ctx:
+        def run(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+            out = ctx.execute({name: np.asarray(v) for name, v in zip(body.inputs, values)})
+            return [out[name] for name in names]
+
+        yield run
+
+
+register_body_runner(Plan, run_body)

@@ -18,7 +18,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 
-#: target name -> "module:attribute" of a Target factory (a class or function with no args)
+#: target name -> "module:attribute" of a Target factory (a class or function with no args); the
+#: names a plan may hold are polykit.compiler.plan.records.TARGETS
 TARGETS: dict[str, str] = {
     "cpu": "polykit.runtime.cpu:CpuTarget",
     "cuda": "polykit.runtime.cuda:CudaTarget",

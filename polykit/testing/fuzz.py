@@ -117,6 +117,9 @@ def _run_plan_bytes(data: bytes) -> None:
         _execute(plan)
         return
     from polykit.runtime.cuda.target import plan_kernels
+    from polykit.runtime.tactic_check import check_tactics
+
+    check_tactics(plan, where="fuzz.plan")  # what an Engine checks before the cuda target sees the plan
 
     for layer in plan.layers:
         for kernel in plan_kernels(plan, layer):

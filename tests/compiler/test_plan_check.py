@@ -16,6 +16,7 @@ from polykit.compiler.plan.file import Plan, decode_plan, encode_plan
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import KernelSource
 from polykit.runtime.engine import Engine
+from polykit.runtime.tactic_check import check_tactics
 
 
 def _model():
@@ -52,6 +53,12 @@ def layer(doc: dict, name: str) -> dict:
     return next(entry for entry in doc["layers"] if entry["name"] == name)
 
 
+def loaded(data: bytes, where: str = "plan") -> Engine:
+    """The plan as the runtime loads it: the plan's own check, then the tactic check (the kernel
+    files and tactics of this polykit), both before the target sees it."""
+    return Engine(Plan.deserialize(data, where=where), where=where)
+
+
 def test_an_untouched_plan_passes_and_runs(cpu_bytes):
     plan = Plan.deserialize(edited(cpu_bytes, lambda doc: None))
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
@@ -85,7 +92,7 @@ def test_an_untouched_plan_passes_and_runs(cpu_bytes):
 ])
 def test_a_crafted_field_is_a_plan_error_naming_it(cpu_bytes, edit, field):
     with pytest.raises(PlanError, match=field):
-        Plan.deserialize(edited(cpu_bytes, edit), where="m.plan")
+        loaded(edited(cpu_bytes, edit), where="m.plan")
 
 
 def test_the_error_names_the_file_and_says_to_rebuild(cpu_bytes):
@@ -129,7 +136,9 @@ def test_inspect_of_a_crafted_plan_is_a_plan_error(cpu_bytes, tmp_path):
 
 # ---- cuda plans (checked without a GPU: the check needs no device) ---------------------------
 def test_a_cuda_plan_passes_the_check(cuda_bytes):
-    assert Plan.deserialize(cuda_bytes).target == "cuda"
+    plan = Plan.deserialize(cuda_bytes)
+    check_tactics(plan)
+    assert plan.target == "cuda"
 
 
 def _first_file_row(doc: dict) -> dict:
@@ -139,7 +148,7 @@ def _first_file_row(doc: dict) -> dict:
 @pytest.mark.parametrize("name", ["../../../etc/hostname", "/etc/hostname", "nosuch.cu", "softmax.py"])
 def test_a_kernel_file_outside_the_kernel_folder_is_rejected(cuda_bytes, name):
     with pytest.raises(PlanError, match=r"metadata\.kernels\.layers\['\w+'\]\[\d+\]\.file"):
-        Plan.deserialize(edited(cuda_bytes, lambda d: _first_file_row(d).update(file=name)))
+        loaded(edited(cuda_bytes, lambda d: _first_file_row(d).update(file=name)))
 
 
 def test_inline_kernel_code_is_rejected(cuda_bytes):
@@ -159,7 +168,7 @@ def test_a_layer_without_kernels_in_a_cuda_plan_is_rejected(cuda_bytes):
 
 def test_a_cuda_tactic_of_another_layer_kind_is_rejected(cuda_bytes):
     with pytest.raises(PlanError, match=r"layers\['abs'\]\.tactic: 'cuda.softmax' is not a cuda tactic for Abs"):
-        Plan.deserialize(edited(cuda_bytes, lambda d: layer(d, "abs").update(tactic="cuda.softmax")))
+        loaded(edited(cuda_bytes, lambda d: layer(d, "abs").update(tactic="cuda.softmax")))
 
 
 @pytest.mark.parametrize("name", ["../../../etc/hostname", "sub/gemm.cu", None])

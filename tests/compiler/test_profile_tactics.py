@@ -20,7 +20,7 @@ from polykit.compiler.builder.tactic_replay import load_replay
 from polykit.errors import BuildError, PlanError, UsageError
 from polykit.plugins import reset_plugin_manager
 from polykit.runtime.engine import Engine
-from tests.compiler.test_plan_check import edited, layer
+from tests.compiler.test_plan_check import edited, layer, loaded
 from tests.dynamic_models import mlp
 
 #: two Gemm tactics of one priority whose estimates favour few rows (M <= 8) or many; each
@@ -180,7 +180,7 @@ def test_a_profiles_tactic_differs_from_the_others_where_they_round_differently(
 def test_a_corrupted_per_profile_entry_is_a_plan_error_naming_the_layer(calls, edit, field, what):
     data = _build(profiles=[SMALL, LARGE]).serialize()
     with pytest.raises(PlanError, match=rf"layers\['gemm9_node'\]\.{field}: .*{what}"):
-        Plan.deserialize(edited(data, lambda doc: edit(layer(doc, "gemm9_node"))))
+        loaded(edited(data, lambda doc: edit(layer(doc, "gemm9_node"))))
 
 
 def test_a_single_profile_plan_with_profile_tactics_is_a_plan_error(calls):

@@ -218,3 +218,10 @@ def test_enqueue_on_the_cpu_target_is_a_usage_error_pointing_to_execute():
     with Runtime("cpu").deserialize_engine(plan).create_execution_context() as ctx:
         with pytest.raises(UsageError, match="execute"):
             ctx.enqueue({"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32)})
+
+
+def test_the_targets_a_plan_may_name_are_the_runtimes_targets():
+    from polykit.compiler.plan.records import TARGETS as PLAN_TARGETS
+    from polykit.runtime.target import TARGETS
+
+    assert set(PLAN_TARGETS) == set(TARGETS)

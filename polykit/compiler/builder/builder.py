@@ -4,13 +4,14 @@ Pipeline: copy the graph -> apply input shapes (every input must end up static) 
 infer shapes -> mark forced outputs -> INT8 scales (calibration, polykit.compiler.builder.quantize) ->
 optimizer passes (folding, fusion, quantization; forced outputs kept) -> lower to layers ->
 select a tactic per layer -> expose observed tensors that lie between layers
-(polykit.compiler.builder.marking) -> plan the activation arena -> Plan.
+(polykit.compiler.builder.marking) -> plan the activation arena -> Plan. The plan's tensors
+(their descriptions, the layers stamped with them, their places in memory) are
+polykit.compiler.builder.plan_tensors' job.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import logging
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
@@ -28,16 +29,14 @@ from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import Graph, Value
 from polykit.compiler.builder.lower import Lowered, lower
 from polykit.compiler.builder.marking import expose, forced_outputs, observed_tensors
-from polykit.compiler.plan.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
-from polykit.compiler.plan.file import Plan, weight_offsets
-from polykit.compiler.plan.schema import MAX_BYTES
+from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
-from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, corner_size, profile_set
+from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, profile_set
 from polykit.compiler.graph.shape_values import host_values
-from polykit.compiler.ir.symbolic import is_dynamic, term_of
 from polykit.compiler.builder.quantize import Int8Setup, plan_int8
 from polykit.compiler.builder.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.compiler.builder.value_ranges import derive_profiles
@@ -153,7 +152,6 @@ def conv_pixels(graph: Graph) -> list[int]:
     return out
 
 
-
 def resolve_target(target: str | None) -> str:
     from polykit.runtime.target import TARGETS, default_target
 
@@ -177,14 +175,6 @@ def target_arch(target: str) -> str:
     """The GPU architecture a plan is built for ("" off-GPU or without a usable GPU)."""
     device = build_device(target) if target != "cpu" else None
     return device.arch if device is not None else ""
-
-
-def device_memory(arena: int, weights: dict[str, np.ndarray], workspace: dict[str, int]) -> dict[str, int]:
-    """Device bytes a context of the plan needs: arena + weights + the largest layer workspace."""
-    weight_bytes = sum(align(int(w.nbytes)) for w in weights.values())
-    largest = max(workspace.values(), default=0)
-    return {"arena_bytes": arena, "weight_bytes": weight_bytes, "workspace_bytes": largest,
-            "total_bytes": arena + weight_bytes + largest}
 
 
 def apply_input_shapes(g: Graph, shapes: dict[str, tuple[int, ...]], dynamic: bool = False) -> None:
@@ -276,7 +266,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
     quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
     op in float32, with a logged warning, so they compute what the INT8 layer would."""
-    from polykit.compiler.builder.layer_precision import has_tactic, storage_precision
+    from polykit.compiler.builder.layer_precision import has_tactic
+    from polykit.compiler.plan.records import storage_precision
     from polykit.compiler.ops.quant.int8 import is_int8_layer
 
     fp32_nodes: tuple[str, ...] = ()
@@ -318,59 +309,6 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
             break
         fp32_nodes += pinned
     return optimized, lowered, tensors
-
-
-def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
-    """The layer with its inputs' and outputs' dtypes and shapes (what tactics judge it by)."""
-    def desc(names):
-        return [tensors[n] if n else None for n in names]
-
-    ins, outs = desc(layer.inputs), desc(layer.outputs)
-    return replace(layer, in_dtypes=tuple(t.dtype if t else "" for t in ins),
-                   out_dtypes=tuple(t.dtype if t else "" for t in outs),
-                   in_shapes=tuple(tuple(t.shape) if t else () for t in ins),
-                   out_shapes=tuple(tuple(t.shape) if t else () for t in outs))
-
-
-def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = (),
-                     host: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
-    """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
-    tensor with SymInt dims gets their expressions and its largest size at the profile
-    `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's."""
-    names: list[str] = list(g.inputs)
-    for layer in lowered.layers:
-        names += [n for n in layer.inputs + layer.outputs if n]
-    names += list(g.outputs)
-    tensors: dict[str, TensorDesc] = {}
-    outputs, inputs = set(g.outputs), set(g.inputs)
-    for name in dict.fromkeys(names):
-        if name in lowered.weights:
-            arr = lowered.weights[name]
-            tensors[name] = TensorDesc(name, arr.dtype.name, tuple(arr.shape), "weight", -1, int(arr.nbytes))
-            continue
-        v = g.value(name)
-        dynamic = is_dynamic(v.shape) and all(isinstance(d, int) for d in v.shape)
-        if v.dtype is None or not (v.is_static or dynamic):
-            raise BuildError(
-                f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}",
-                where=f"graph {g.name!r}",
-                hint="its shape depends on data or on a dynamic input; fix the input shapes or fold the graph",
-            )
-        dt = np.dtype(v.dtype)
-        if dt == object:
-            raise BuildError(f"tensor {name!r} holds strings, which plans cannot run", where=f"graph {g.name!r}",
-                             hint="no target runs string tensors (docs/CONFORMANCE.md says why): do the string "
-                                  "work before the engine, or evaluate the graph with evaluate_model")
-        kind = "input" if name in inputs else "output" if name in outputs else "activation"
-        shape = tuple(int(d) for d in v.shape)
-        dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
-        nbytes = max([math.prod(shape)] + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
-        if nbytes > MAX_BYTES or min(shape, default=0) < 0:
-            raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
-                             where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")
-        value = tuple(term_of(v) for v in host[name].ravel()) if host and name in host else ()
-        tensors[name] = TensorDesc(name, dt.name, shape, kind, -1, nbytes, dims, value)
-    return tensors
 
 
 @dataclass
@@ -465,42 +403,6 @@ def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,
         if tactic.supports(variant):
             return variant, tactic
     raise replay.unsupported(layer, target)
-
-
-#: layer kinds whose output is its input's bytes under another shape (views, no copy)
-VIEW_KINDS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-
-
-def view_aliases(layers: list[LayerDesc], tensors: dict[str, TensorDesc], io: set[str]) -> dict[str, str]:
-    """View output -> the activation whose arena slot it shares (chains resolved to the root)."""
-    out: dict[str, str] = {}
-    for layer in layers:
-        if layer.domain or layer.kind not in VIEW_KINDS or not layer.inputs or not layer.outputs:
-            continue
-        src, dst = layer.inputs[0], layer.outputs[0]
-        if not src or not dst or dst in io or tensors[src].kind == "weight":
-            continue
-        if tensors[src].nbytes != tensors[dst].nbytes or tensors[src].dtype != tensors[dst].dtype:
-            continue
-        out[dst] = out.get(src, src)
-    return out
-
-
-def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], inputs: list[str], outputs: list[str],
-                  strategy: str):
-    """Plan the arena and write each tensor's offset into its TensorDesc."""
-    weights = {n for n, t in tensors.items() if t.kind == "weight"}
-    inputs = list(inputs) + [n for n, t in tensors.items() if t.value and n not in inputs]  # set before the launches
-    lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
-    sizes = {n: tensors[n].nbytes for n in lifetimes}
-    aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}
-    memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy,
-                         aliases=aliases)
-    blob = weight_offsets({n: tensors[n].nbytes for n in weights})
-    out = {}
-    for name, t in tensors.items():
-        out[name] = replace(t, offset=blob[name] if t.kind == "weight" else memory.offsets[name])
-    return out, memory
 
 
 def _fmt(shape: Any) -> str:

@@ -20,27 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.builder.config import PRECISIONS, BuilderConfig
-from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
-from polykit.compiler.ops.quant.int8 import is_int8_layer
-
-_STORAGE = {"float16": "fp16", "bfloat16": "bf16"}
-
-
-def storage_precision(layer: Any) -> str:
-    """"int8" for the INT8 layers (QConv, QMatMul); "fp16" / "bf16" when the layer computes on
-    half tensors (an epilogue Conv/Gemm/MatMul is judged by its base op's inputs), else "fp32"
-    (also for layers without stamped dtypes)."""
-    if is_int8_layer(layer):
-        return "int8"
-    if layer.domain == POLYKIT_DOMAIN and layer.kind in EPILOGUE_ARITY:
-        dtypes = layer.in_dtypes[:EPILOGUE_ARITY[layer.kind]]
-    else:
-        dtypes = (*layer.in_dtypes, *layer.out_dtypes)
-    for dtype in dtypes:
-        if dtype in _STORAGE:
-            return _STORAGE[dtype]
-    return "fp32"
+from polykit.compiler.plan.records import storage_precision
 
 
 def requested_precision(layer: Any, cfg: BuilderConfig) -> str | None:

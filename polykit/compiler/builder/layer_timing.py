@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir.dtypes import is_float
-from polykit.compiler.builder.lower import layer_as_node
+from polykit.compiler.plan.records import layer_as_node
 from polykit.compiler.ops.nn.fused import rename_fused_tensor
 from polykit.compiler.ops.quant.int8 import INT8_DTYPES, is_int8_layer
 from polykit.compiler.plan.file import Plan
@@ -90,7 +90,7 @@ def timing_plan(target: str, layer: LayerDesc, pairs: Sequence[tuple[LayerDesc, 
                 tensors: Mapping[str, TensorDesc], weights: Mapping[str, np.ndarray], runs: Runs,
                 seed: int = 0) -> tuple[Plan, dict[str, np.ndarray], int]:
     """(plan of every candidate x replica of `layer`, the plan's inputs, replicas)."""
-    from polykit.compiler.builder.builder import assign_memory
+    from polykit.compiler.builder.plan_tensors import assign_memory
 
     names = [n for n in dict.fromkeys((*layer.inputs, *layer.outputs)) if n]
     per_replica = sum(tensors[n].nbytes for n in names) or 1

@@ -16,7 +16,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.ops.nn.fused import rename_fused_tensor
-from polykit.compiler.plan.records import LayerDesc
+from polykit.compiler.plan.records import LayerDesc, layer_as_node
 from polykit.errors import BuildError
 
 #: Constant node attribute -> how to turn it into an array (ONNX Constant's value_* forms)
@@ -108,11 +108,6 @@ def _read_renamed(layer: LayerDesc, old: str, new: str) -> LayerDesc:
     node.attrs = copy.deepcopy(node.attrs)
     rename_fused_tensor(node, old, new)
     return replace(layer, inputs=tuple(node.inputs), attrs=node.attrs)
-
-
-def layer_as_node(layer: LayerDesc) -> Node:
-    """The Node a reference kernel expects for this layer."""
-    return Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
 
 
 def describe_layers(layers: list[LayerDesc]) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ import numpy as np
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.layer_precision import precision_options
 from polykit.compiler.builder.layer_timing import runs_for, time_candidates, timeable
+from polykit.compiler.plan.profiles import at_corner
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, timing_key
 from polykit.errors import BuildError, PolykitError
@@ -131,14 +132,6 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
                          hint="raise the workspace limit" if declined else
                          "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
     return pairs
-
-
-def at_corner(layer: LayerDesc, corner: Mapping[str, TensorDesc]) -> LayerDesc:
-    """`layer` stamped with the shapes of its dynamic tensors at one profile corner."""
-    def shapes(names, stamped):
-        return tuple(corner[n].shape if n in corner else s for n, s in zip(names, stamped))
-    return replace(layer, in_shapes=shapes(layer.inputs, layer.in_shapes),
-                   out_shapes=shapes(layer.outputs, layer.out_shapes))
 
 
 def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str, TensorDesc]],

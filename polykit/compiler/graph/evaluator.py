@@ -22,13 +22,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.ir.sequences import runtime_form
+from polykit.compiler.ops.control.bodies import BodyFn, register_body_runner
 from polykit.errors import PolykitError, RuntimeInputError, UsageError
 from polykit.compiler.ops.references import run_reference
 
@@ -264,3 +266,17 @@ def evaluate_model(model: "Graph | str | os.PathLike | Any", feeds: Mapping[str,
 
         model = load_onnx(model)
     return evaluate_graph(model, feeds, outputs=outputs, on_tensor=on_tensor)
+
+
+@contextmanager
+def run_body(body: Graph) -> Iterator[BodyFn]:
+    """A control-flow body as a function of its inputs (positional) returning its outputs
+    (positional): the Graph bodies' runner (polykit.compiler.ops.control.bodies.body_runner)."""
+    def run(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+        out = evaluate_graph(body, dict(zip(body.inputs, values)), outputs=body.outputs)
+        return [out[name] for name in body.outputs]
+
+    yield run
+
+
+register_body_runner(Graph, run_body)

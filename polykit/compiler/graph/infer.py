@@ -12,8 +12,11 @@ symbolic values (polykit.compiler.graph.shape_values) instead.
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
+from polykit.compiler.ops.control.bodies import register_body_inference
 from polykit.compiler.ops.data_dims import DATA_DIMS, keep_sized_dims
 from polykit.compiler.graph.evaluator import Partial, try_node
 from polykit.compiler.ir.graph import Graph, Node, Value
@@ -112,3 +115,23 @@ def _learn_values(node: Node, graph: Graph, known: dict[str, np.ndarray], outs: 
             graph.set_value(Value(name, graph.value(name).dtype or arr.dtype, tuple(arr.shape)))
         if arr.size <= PROPAGATE_MAX_ELEMENTS:
             known[name] = arr
+
+
+def infer_body(body: Graph, values: Sequence[Any], known: Sequence[np.ndarray | None] = ()) -> None:
+    """Give a control-flow body's inputs the (dtype, shape) or Value of `values` (positional) and
+    infer the rest of it; `known` are build-time values of inputs (captured constants) shape
+    rules may read (the Graph bodies' inference: polykit.compiler.ops.control.bodies.annotate)."""
+    for name, given in zip(body.inputs, values):
+        if isinstance(given, Value):  # a sequence or optional: its whole metadata
+            body.set_value(given.with_(name=name))
+            continue
+        dtype, shape = given
+        have = body.value(name)
+        body.set_value(Value(name, have.dtype if dtype is None else np.dtype(dtype),
+                             None if shape is None else tuple(shape)))
+    bound = {n: v for n, v in zip(body.inputs, known) if v is not None}
+    body.metadata["input_values"] = bound
+    infer_shapes(body, strict=True)
+
+
+register_body_inference(Graph, infer_body)

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from polykit.compiler.ir import dtypes
-from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ir.graph import Graph, Node, Value, subgraphs
+from polykit.compiler.ir.subgraphs import CAPTURES, captured, onnx_inputs
 from polykit.errors import PolykitError
 
 
@@ -49,16 +50,46 @@ def value_info(v: Value) -> Any:
 
 
 def exported_node(n: Node) -> Any:
-    """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: polykit.compiler.ir.subgraphs)."""
+    """The NodeProto of `n` (bodies of control-flow nodes as GraphProtos: `export_attrs`)."""
     from onnx import helper
 
     from polykit.compiler.ops.models.collective import is_collective, onnx_form
-    from polykit.compiler.ir.subgraphs import export_attrs, onnx_inputs
 
     n = onnx_form(n) if is_collective(n) else n
     proto = helper.make_node(n.op_type, onnx_inputs(n), n.outputs, name=n.name or None, domain=n.domain or None)
     proto.attribute.extend(_make_attr(k, v) for k, v in sorted(export_attrs(n).items()))
     return proto
+
+
+def export_attrs(node: Node) -> dict[str, Any]:
+    """`node.attrs` as ONNX has them: bodies as GraphProtos reading outer names again, without
+    the captures count (the caller drops the captured inputs: `onnx_inputs`)."""
+    out = {k: v for k, v in node.attrs.items() if k != CAPTURES}
+    for key, body in subgraphs(node):
+        out[key] = body_to_proto(body, node)
+    return out
+
+
+def body_to_proto(body: Graph, node: Node) -> Any:
+    """A body as a GraphProto: its captured inputs dropped (polykit.compiler.ir.subgraphs), reads
+    of them renamed to the outer tensors the node binds them to."""
+    from onnx import helper, numpy_helper
+
+    c = captured(node)
+    formal = body.inputs[: len(body.inputs) - c] if c else list(body.inputs)
+    outer = dict(zip(body.inputs[len(formal):], node.inputs[len(node.inputs) - c:])) if c else {}
+
+    def name(n: str) -> str:
+        return outer.get(n, n)
+
+    nodes = []
+    for n in body.nodes:
+        copy = Node(n.op_type, [name(i) for i in n.inputs], list(n.outputs), n.attrs, n.name, n.domain)
+        nodes.append(exported_node(copy))
+    inits = [numpy_helper.from_array(np.asarray(arr), k) for k, arr in body.initializers.items()]
+    inputs = [value_info(body.value(n)) for n in formal]
+    outputs = [value_info(body.value(n).with_(name=name(n))) for n in body.outputs]
+    return helper.make_graph(nodes, body.name, inputs, [o for o in outputs], inits)
 
 
 def to_onnx(graph: Graph, *, keep_value_info: bool = True) -> Any:

@@ -11,7 +11,8 @@ import numpy as np
 
 from polykit.compiler.ir import dtypes
 from polykit.compiler.ir.graph import Graph, Node, Value, has_subgraphs
-from polykit.compiler.ops.registry import CANONICAL_OPSET, ImportContext, find_importer, is_supported, load_ops
+from polykit.compiler.ops.registry import (CANONICAL_OPSET, GraphImporter, ImportContext, find_importer, is_supported,
+                                          load_ops)
 from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
 from polykit.files import require_file
 
@@ -300,7 +301,7 @@ def graph_from_proto(g: Any, opsets: dict[str, int], original: int, where: str, 
 
 def canonicalize(graph: Graph, original_opset: int) -> None:
     """Run each node's importer so the graph follows one opset form (>= CANONICAL_OPSET)."""
-    ctx = ImportContext(graph, original_opset)
+    ctx = ImportContext(graph, original_opset, _subgraph_importer(graph.opsets, original_opset))
     out: list[Node] = []
     for node in graph.nodes:
         fn = find_importer(node.domain, node.op_type, original_opset if node.domain == "" else graph.opsets.get(node.domain, 1))
@@ -320,3 +321,13 @@ def canonicalize(graph: Graph, original_opset: int) -> None:
         out.extend([node] if replaced is None else replaced)
     graph.nodes = out
     graph.opsets[""] = max(original_opset, CANONICAL_OPSET)
+
+
+def _subgraph_importer(opsets: dict[str, int], original_opset: int) -> GraphImporter:
+    """ImportContext.import_graph of a graph of `opsets` imported from `original_opset`."""
+    def import_graph(proto: Any, where: str, captures: Sequence[str] = ()) -> Graph:
+        body = graph_from_proto(proto, opsets, original_opset, where, captures=captures)
+        canonicalize(body, original_opset)
+        return body
+
+    return import_graph

@@ -1,4 +1,5 @@
-"""Nested graphs (If branches, Loop and Scan bodies) in the IR: import, export, inference.
+"""Nested graphs (If branches, Loop and Scan bodies) in the IR: the capture convention, and
+helpers over bodies (their outputs, merged shapes, inlining).
 
 A body is a polykit Graph held in its node's attrs ("then_branch"/"else_branch", "body").
 ONNX lets a body read tensors of the enclosing scopes by name; polykit makes those reads
@@ -7,21 +8,20 @@ the node, after its ONNX inputs, and an extra input of the body (every body of a
 the same list), and attrs["polykit_captures"] says how many there are. The binding is
 positional, so passes that rename the outer tensor edit only the node's inputs, and every
 pass, lifetime and memory plan sees the dependency as an ordinary input. Exporting to ONNX
-undoes it: the captured inputs are dropped and the body reads the outer names again.
+undoes it: the captured inputs are dropped and the body reads the outer names again
+(polykit.compiler.graph.onnx_export).
 
-Shape inference of a control-flow node (polykit.compiler.ops.control.control_flow) annotates its
-bodies in place: the body inputs get the dtypes and shapes the node gives them, and the
-body's own tensors are inferred from those.
+Importing, inferring and running a body are services of the layers above the IR; the
+control-flow ops reach them through polykit.compiler.ops.control.bodies. Shape inference of a
+control-flow node annotates its bodies in place: the body inputs get the dtypes and shapes
+the node gives them, and the body's own tensors are inferred from those.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
-from polykit.compiler.ir.graph import Graph, Node, Value, subgraphs
-from polykit.errors import GraphError, ShapeError
+from polykit.compiler.ir.graph import Graph, Node, Value
 
 #: node attribute: how many inputs at the end of a control-flow node are captured outer tensors
 CAPTURES = "polykit_captures"
@@ -49,95 +49,13 @@ def outer_names(node: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def import_bodies(node: Node, keys: Sequence[str], opsets: dict[str, int], opset: int) -> None:
-    """Turn the GraphProto attributes `keys` of an imported node into canonical Graphs whose
-    outer reads are captured (module docstring); a node imported already is left as it is."""
-    import onnx
-
-    from polykit.compiler.graph.onnx_import import canonicalize, graph_from_proto
-
-    protos = {k: node.attrs[k] for k in keys if isinstance(node.attrs.get(k), onnx.GraphProto)}
-    if not protos:
-        return
-    missing = [k for k in keys if k not in node.attrs]
-    if missing:
-        raise GraphError(f"the node has no {missing[0]!r} graph attribute", where=node.describe(),
-                         hint="add the body graph (see the ONNX operator spec)")
-    proto_node = onnx.NodeProto()
-    for key, proto in protos.items():
-        proto_node.attribute.append(onnx.helper.make_attribute(key, proto))
-    outer = outer_names(proto_node)
-    for key, proto in protos.items():
-        body = graph_from_proto(proto, opsets, opset, f"{node.describe()}: {key}", captures=outer)
-        canonicalize(body, opset)
-        body.opsets = dict(opsets)
-        node.attrs[key] = body
-    node.inputs = list(node.inputs) + outer
-    if outer:
-        node.attrs[CAPTURES] = len(outer)
-
-
-def export_attrs(node: Node) -> dict[str, Any]:
-    """`node.attrs` as ONNX has them: bodies as GraphProtos reading outer names again, without
-    the captures count (the caller drops the captured inputs: `onnx_inputs`)."""
-    out = {k: v for k, v in node.attrs.items() if k != CAPTURES}
-    for key, body in subgraphs(node):
-        out[key] = body_to_proto(body, node)
-    return out
-
-
 def onnx_inputs(node: Node) -> list[str]:
     """The node's inputs without its captured outer tensors."""
     c = captured(node)
     return list(node.inputs[: len(node.inputs) - c]) if c else list(node.inputs)
 
 
-def body_to_proto(body: Graph, node: Node) -> Any:
-    """A body as a GraphProto: its captured inputs dropped, reads of them renamed to the outer
-    tensors the node binds them to."""
-    from onnx import helper, numpy_helper
-
-    from polykit.compiler.graph.onnx_export import exported_node, value_info
-
-    c = captured(node)
-    formal = body.inputs[: len(body.inputs) - c] if c else list(body.inputs)
-    outer = dict(zip(body.inputs[len(formal):], node.inputs[len(node.inputs) - c:])) if c else {}
-
-    def name(n: str) -> str:
-        return outer.get(n, n)
-
-    nodes = []
-    for n in body.nodes:
-        copy = Node(n.op_type, [name(i) for i in n.inputs], list(n.outputs), n.attrs, n.name, n.domain)
-        nodes.append(exported_node(copy))
-    inits = [numpy_helper.from_array(np.asarray(arr), k) for k, arr in body.initializers.items()]
-    inputs = [value_info(body.value(n)) for n in formal]
-    outputs = [value_info(body.value(n).with_(name=name(n))) for n in body.outputs]
-    return helper.make_graph(nodes, body.name, inputs, [o for o in outputs], inits)
-
-
-# ---- inference -------------------------------------------------------------------------------
-def annotate(body: Graph, values: Sequence[tuple[Any, Any] | Value], known: Sequence[np.ndarray | None] = ()) -> None:
-    """Give the body's inputs the (dtype, shape) or Value of `values` (positional) and infer the rest of
-    the body; `known` are build-time values of inputs (captured constants) shape rules may read."""
-    from polykit.compiler.graph.infer import infer_shapes
-
-    if not isinstance(body, Graph):
-        _check_plan_inputs(body, values)
-        return
-    for name, given in zip(body.inputs, values):
-        if isinstance(given, Value):  # a sequence or optional: its whole metadata
-            body.set_value(given.with_(name=name))
-            continue
-        dtype, shape = given
-        have = body.value(name)
-        body.set_value(Value(name, have.dtype if dtype is None else np.dtype(dtype),
-                             None if shape is None else tuple(shape)))
-    bound = {n: v for n, v in zip(body.inputs, known) if v is not None}
-    body.metadata["input_values"] = bound
-    infer_shapes(body, strict=True)
-
-
+# ---- shapes ----------------------------------------------------------------------------------
 def merge_shapes(a: Any, b: Any) -> Any:
     """The shape both `a` and `b` fit: equal dims kept, others unknown (None when ranks differ)."""
     if a is None or b is None or len(a) != len(b):
@@ -150,20 +68,6 @@ def output_values(body: Any) -> list[Value]:
     if isinstance(body, Graph):
         return [body.value(n) for n in body.outputs]
     return [Value(n, body.tensors[n].np_dtype, tuple(body.tensors[n].shape)) for n in body.metadata["body_outputs"]]
-
-
-def _check_plan_inputs(plan: Any, values: Sequence[tuple[Any, Any]]) -> None:
-    """ShapeError unless the node gives a body plan the inputs it was built for."""
-    if len(values) != len(plan.inputs):
-        raise ShapeError(f"the node gives its body {len(values)} inputs, its plan takes {len(plan.inputs)}",
-                         where="control-flow body", hint="the plan is inconsistent; rebuild it")
-    for name, (dtype, shape) in zip(plan.inputs, values):
-        desc = plan.tensors[name]
-        if dtype is not None and np.dtype(dtype) != desc.np_dtype or shape is not None and (
-                len(shape) != len(desc.shape) or any(isinstance(a, int) and a != b for a, b in zip(shape, desc.shape))):
-            raise ShapeError(f"body input {name!r} is {desc.dtype}{list(desc.shape)} in the body's plan, the node "
-                             f"gives {dtype}{list(shape or ())}", where="control-flow body",
-                             hint="the plan is inconsistent; rebuild it")
 
 
 # ---- inlining --------------------------------------------------------------------------------

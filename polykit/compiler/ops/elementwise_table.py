@@ -92,7 +92,9 @@ class ElementwiseOp:
 
     `shape` None: the op's own module registers its shape rule (with its importers: Cast,
     Clip, PRelu). `cuda` turns (C expressions of the inputs, "" for omitted; attributes)
-    into a C expression over pointwise.cuh. `arity`: the inputs it takes (a variadic op: the
+    into a C expression over pointwise.cuh; None when the CUDA side supplies it (Cast, whose
+    expression needs the CUDA storage types: kernels/cuda/pointwise/pointwise_expr.py's
+    CUDA_EMITTERS, which the generator reads over this table). `arity`: the inputs it takes (a variadic op: the
     number its samples use); `variants`: attribute sets that take different code paths
     (compile checks and tests instantiate each). `params` are the attributes
     NetworkDefinition's add_activation takes (default: those of a `Call` emitter)."""
@@ -100,7 +102,7 @@ class ElementwiseOp:
     name: str
     shape: ShapeRuleFn | None
     reference: ReferenceFn
-    cuda: CudaEmitter
+    cuda: CudaEmitter | None
     kinds: frozenset[str] = FLOAT
     result: str = "first"
     roles: tuple[str, ...] = ()

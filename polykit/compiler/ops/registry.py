@@ -150,12 +150,21 @@ def is_supported(domain: str, op_type: str) -> bool:
 _REQUIRED = object()
 
 
+#: (GraphProto, where, captured outer names) -> the canonical Graph of a subgraph of the model
+GraphImporter = Callable[[Any, str, Sequence[str]], Graph]
+
+
 @dataclass
 class ImportContext:
-    """What an importer may use: the graph being built and the model's original opset."""
+    """What an importer may use: the graph being built, the model's original opset, and
+    `import_graph(proto, where, captures)`, which turns a subgraph (a control-flow body, a
+    FlexAttention modifier) into a canonical Graph of the model's opsets whose reads of the
+    enclosing scope, `captures`, are extra inputs after its own (polykit.compiler.graph.onnx_import
+    supplies it: the importer of the model is the importer of its subgraphs)."""
 
     graph: Graph
     opset: int  # the model's original default-domain opset
+    import_graph: GraphImporter
 
     def add_constant(self, array: Any, prefix: str = "const", dtype: Any = None) -> str:
         """Add an initializer and return its name (for moving an attribute to an input)."""

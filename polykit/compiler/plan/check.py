@@ -9,11 +9,15 @@ It has two steps:
   of plan_schema (types, enums, bounds), then the RULES that relate fields: byte sizes
   are shape x itemsize, weights lie inside the weight blob, every non-weight tensor lies
   inside the arena and no two tensors live at once in the same bytes, lifetimes cover
-  every use, layers read only tensors written before them, the kernel table is complete.
+  every use, layers read only tensors written before them, the kernel table is complete,
+  per-profile tactics name one tactic per profile.
 - `check_layers(plan, where)`: the layers against the op registry (shape inference re-run
   over the plan must give the plan's dtypes and shapes, so attributes pass the same rules
-  the importer applies) and against the target's tactics (each layer's is one its target has
-  for the layer's kind; whether it accepts the layer is the target's question at load time).
+  the importer applies).
+
+What needs the tactic table of this polykit (each layer's tactic is one its target has for
+the layer's kind; each kernel file is one of its sources) is the runtime's check when an
+Engine loads the plan (polykit.runtime.tactic_check), still before the target sees it.
 
 Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
 """
@@ -28,8 +32,8 @@ import numpy as np
 
 from polykit.compiler.plan.memory import ALIGNMENT
 from polykit.compiler.plan.dims import check_dims, host_written
+from polykit.compiler.plan.records import layer_as_node
 from polykit.compiler.plan.schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
-from polykit.kernels.profile_tactics import check_profile_tactics
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
 _HINT = "the plan's contents are inconsistent (edited, or written by another tool); rebuild it with `polykit convert`"
@@ -44,7 +48,12 @@ def check_document(doc: Any, weights_len: int, where: str = "plan") -> None:
         for rule in RULES:
             rule(doc, weights_len)
     except Invalid as bad:
-        raise PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT) from None
+        raise plan_error(bad, where) from None
+
+
+def plan_error(bad: Invalid, where: str) -> PlanError:
+    """The PlanError of one violation (polykit.runtime.tactic_check words its own so too)."""
+    return PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT)
 
 
 # ---- rules over the whole document ------------------------------------------------------------
@@ -247,8 +256,6 @@ def _kernel_table(doc: Doc, weights_len: int) -> None:
         if doc["target"] == "cuda" and layer_names:
             raise Invalid("metadata.kernels", "is missing: a cuda plan records the kernels of every layer")
         return
-    from polykit.kernels.cuda.base import CUDA_DIR
-
     for ref, code in table["code"].items():
         if hashlib.sha256(code.encode()).hexdigest()[:24] != ref:
             raise Invalid(f"metadata.kernels.code[{ref!r}]", "the text does not hash to its key")
@@ -260,8 +267,6 @@ def _kernel_table(doc: Doc, weights_len: int) -> None:
             file, ref = row.get("file"), row.get("code_ref")
             if (file is None) == (ref is None):
                 raise Invalid(path, "needs exactly one of `file` and `code_ref`")
-            if file is not None and not (CUDA_DIR / file).is_file():
-                raise Invalid(f"{path}.file", f"{file!r} is not a kernel source of this polykit")
             if ref is not None and ref not in table["code"]:
                 raise Invalid(f"{path}.code_ref", f"{ref!r} is not in metadata.kernels.code")
     if doc["target"] == "cuda":
@@ -315,6 +320,26 @@ def _collectives(doc: Doc, weights_len: int) -> None:
             raise Invalid(path, problem)
 
 
+def check_profile_tactics(doc: Doc, weights_len: int) -> None:
+    """A layer's profile_tactics (polykit.kernels.profile_tactics) is one tactic name per profile,
+    starting with its `tactic` and naming two or more tactics (that each exists for the layer's
+    kind is the runtime's question: polykit.runtime.tactic_check)."""
+    profiles = doc.get("profiles")
+    count = len(profiles["ranges"]) if profiles is not None else 1
+    for layer in doc["layers"]:
+        names = layer.get("profile_tactics")
+        if names is None:
+            continue
+        path = f"layers[{layer['name']!r}].profile_tactics"
+        if len(names) != count:
+            raise Invalid(path, f"names {len(names)} tactics; the plan has {count} optimization profile(s)")
+        if names[0] != layer["tactic"]:
+            raise Invalid(f"{path}[0]", f"{names[0]!r} differs from the layer's tactic {layer['tactic']!r} "
+                                        "(profile 0's)")
+        if len(set(names)) < 2:
+            raise Invalid(path, "names one tactic for every profile (a plan leaves the field out then)")
+
+
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
     _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
@@ -322,21 +347,18 @@ RULES: tuple[Callable[[Doc, int], None], ...] = (
 )
 
 
-# ---- the layers against the op registry and the target's tactics ------------------------------
+# ---- the layers against the op registry ---------------------------------------------------------
 def check_layers(plan: Any, where: str = "plan") -> None:
-    """PlanError when a layer fails its op's shape rule, disagrees with the plan's tensors, or
-    names a tactic its target does not have for its kind."""
+    """PlanError when a layer fails its op's shape rule or disagrees with the plan's tensors."""
     try:
         _shapes_agree(plan)
-        _tactics_exist(plan)
     except Invalid as bad:
-        raise PlanError(f"invalid plan field {bad.path}: {bad.what}", where=where, hint=_HINT) from None
+        raise plan_error(bad, where) from None
 
 
 def _shapes_agree(plan: Any) -> None:
     from polykit.compiler.graph.infer import infer_shapes
     from polykit.compiler.ir.graph import Graph, Value
-    from polykit.compiler.builder.lower import layer_as_node
     from polykit.compiler.ir.symbolic import evaluate
 
     host = [n for n, t in plan.tensors.items() if t.value]
@@ -379,19 +401,3 @@ def _shapes_agree(plan: Any) -> None:
 
 def _dims_agree(inferred: tuple, stored: tuple) -> bool:
     return len(inferred) == len(stored) and all(not isinstance(a, int) or a == b for a, b in zip(inferred, stored))
-
-
-def _tactics_exist(plan: Any) -> None:
-    """Every layer's tactic is one its target has for the layer's kind. Whether the tactic accepts
-    the layer (its `supports`) may depend on the device, so the target asks that when it loads
-    the plan (CudaEngine), not the schema check (which runs for `inspect` on any machine)."""
-    from polykit.kernels.tactics import find_tactic
-
-    for layer in plan.layers:
-        if find_tactic(plan.target, layer.kind, layer.tactic) is None:
-            raise Invalid(f"layers[{layer.name!r}].tactic", f"{layer.tactic!r} is not a {plan.target} tactic for "
-                                                          f"{layer.kind} layers")
-        for p, name in enumerate(layer.profile_tactics):
-            if find_tactic(plan.target, layer.kind, name) is None:
-                raise Invalid(f"layers[{layer.name!r}].profile_tactics[{p}]",
-                              f"{name!r} is not a {plan.target} tactic for {layer.kind} layers")

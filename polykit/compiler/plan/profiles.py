@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Value
-from polykit.compiler.plan.records import TensorDesc
+from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.ops.data_dims import DATA_DIMS, with_data
 from polykit.compiler.ir.dtypes import is_float
 from polykit.compiler.graph.shape_rules import RuledFloat, ShapeRule, evaluate_rules
@@ -417,6 +417,14 @@ def generic_corners(corners: Sequence[Mapping[str, int]]) -> list[dict[str, int]
     """The corners with each symbol of 1 raised to 2 where its range reaches 2 (polykit.compiler.builder.tuner.serves_corners)."""
     high = {s: max(env[s] for env in corners) for s in (corners[0] if corners else {})}
     return [{s: max(v, min(2, high[s])) for s, v in env.items()} for env in corners]
+
+
+def at_corner(layer: LayerDesc, corner: Mapping[str, TensorDesc]) -> LayerDesc:
+    """`layer` stamped with the shapes of its dynamic tensors at one profile corner."""
+    def shapes(names, stamped):
+        return tuple(corner[n].shape if n in corner else s for n, s in zip(names, stamped))
+    return replace(layer, in_shapes=shapes(layer.inputs, layer.in_shapes),
+                   out_shapes=shapes(layer.outputs, layer.out_shapes))
 
 
 def tensors_at(tensors: Mapping[str, TensorDesc], env: Mapping[str, int]) -> dict[str, TensorDesc]:

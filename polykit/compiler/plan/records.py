@@ -1,4 +1,5 @@
-"""Records a plan is made of: tensors, layers, the memory plan. Serialization: plan.py."""
+"""Records a plan is made of: tensors, layers, the memory plan (serialization: file.py), and
+what a layer's record says by itself (its Node, its storage precision)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+
+#: the targets a plan may be built for (polykit.runtime.target.TARGETS gives each its Target)
+TARGETS = ("cpu", "cuda")
 #: TensorDesc.kind values
 TENSOR_KINDS = ("input", "output", "activation", "weight")
 #: LayerDesc.precision values: the precision a layer computes in (builder flags pick it)
@@ -74,3 +79,30 @@ class LayerDesc:
     in_shapes: tuple[tuple[int, ...], ...] = ()
     out_shapes: tuple[tuple[int, ...], ...] = ()
     profile_tactics: tuple[str, ...] = ()
+
+
+def layer_as_node(layer: LayerDesc) -> Node:
+    """The Node a reference kernel expects for this layer."""
+    return Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, layer.domain)
+
+
+_STORAGE = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def storage_precision(layer: Any) -> str:
+    """"int8" for the INT8 layers (QConv, QMatMul); "fp16" / "bf16" when the layer computes on
+    half tensors (an epilogue Conv/Gemm/MatMul is judged by its base op's inputs), else "fp32"
+    (also for layers without stamped dtypes)."""
+    from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
+    from polykit.compiler.ops.quant.int8 import is_int8_layer
+
+    if is_int8_layer(layer):
+        return "int8"
+    if layer.domain == POLYKIT_DOMAIN and layer.kind in EPILOGUE_ARITY:
+        dtypes = layer.in_dtypes[:EPILOGUE_ARITY[layer.kind]]
+    else:
+        dtypes = (*layer.in_dtypes, *layer.out_dtypes)
+    for dtype in dtypes:
+        if dtype in _STORAGE:
+            return _STORAGE[dtype]
+    return "fp32"

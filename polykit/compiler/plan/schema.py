@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from polykit.compiler.ir.dtypes import ONNX_TO_NUMPY
-from polykit.compiler.plan.records import PRECISIONS, TENSOR_KINDS
+from polykit.compiler.plan.records import PRECISIONS, TARGETS, TENSOR_KINDS
 
 #: Bounds of sizes and offsets: far beyond any device, far below int64 overflow.
 MAX_BYTES = 1 << 48
@@ -32,6 +32,9 @@ MAX_DEPTH = 32
 DTYPES: dict[str, np.dtype] = {dt.name: dt for dt in ONNX_TO_NUMPY.values() if dt != np.dtype(object)}
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a kernel source file a plan may name: the bare name of a .cu file (no folder part, no "..");
+#: that it is one of this polykit's sources is the runtime's check (polykit.runtime.tactic_check)
+KERNEL_FILE = re.compile(r"[A-Za-z0-9_]+\.cu")
 
 Check = Callable[[Any, str], None]
 
@@ -83,9 +86,9 @@ def text(pattern: "re.Pattern[str] | None" = None, empty: bool = False) -> Check
     return check
 
 
-def one_of(choices: "Iterable[str] | Callable[[], Iterable[str]]") -> Check:
+def one_of(choices: Iterable[str]) -> Check:
     def check(value: Any, path: str) -> None:
-        known = sorted(choices() if callable(choices) else choices)
+        known = sorted(choices)
         if not isinstance(value, str) or value not in known:
             raise Invalid(path, f"{show(value)} is not one of {', '.join(map(repr, known))}")
     return check
@@ -208,8 +211,6 @@ def nbytes_of(dtype: str, shape: Sequence[int]) -> int:
 
 
 def _kernel_file_name(value: Any, path: str) -> None:
-    from polykit.kernels.cuda.base import KERNEL_FILE  # imported when a plan has kernels: it imports every family
-
     text(KERNEL_FILE)(value, path)
 
 
@@ -220,12 +221,6 @@ def _no_inline_code(value: Any, path: str) -> None:
 
 def _any(value: Any, path: str) -> None:
     """Any JSON value (lists of numbers are checked by the rule that reads them)."""
-
-
-def _targets() -> Iterable[str]:
-    from polykit.runtime.target import TARGETS
-
-    return TARGETS
 
 
 # ---- the records ------------------------------------------------------------------------------
@@ -309,7 +304,7 @@ METADATA_FIELDS = (
 
 DOCUMENT_FIELDS = (
     Field("format", integer(0, 1 << 31)),
-    Field("target", one_of(_targets)),
+    Field("target", one_of(TARGETS)),
     Field("gpu_arch", text(empty=True), required=False),
     Field("inputs", list_of(text())),
     Field("outputs", list_of(text())),

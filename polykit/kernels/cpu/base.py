@@ -1,6 +1,6 @@
 """The contract of cpu tactics: `run(node, inputs) -> outputs`, the reference kernel's shape.
 
-A CpuTactic runs one layer as a numpy function of the layer's Node (polykit.compiler.builder.lower.
+A CpuTactic runs one layer as a numpy function of the layer's Node (polykit.compiler.plan.records.
 layer_as_node) and its input arrays. Tactics of the kinds that take an epilogue (Conv, Gemm,
 MatMul) also serve the fused ai.polykit layers: `cpu_tactic` runs the epilogue body after
 the tactic's own base computation, exactly as the reference does.
@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.plan.records import storage_precision
 from polykit.kernels.tactics import ANY, Tactic, function_source
 
 RunFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
@@ -51,8 +52,6 @@ def computes_in_storage_precision(layer: Any) -> bool:
     storage's precision, or is labelled "fp32" when a build asks for that (its math is)."""
     if not layer.in_dtypes:
         return True  # a layer built by hand (tests): nothing stamped to judge by
-    from polykit.compiler.builder.layer_precision import storage_precision
-
     return layer.precision in (storage_precision(layer), "fp32")
 
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from polykit.compiler.plan.schema import KERNEL_FILE
 from polykit.errors import DeviceError, PlanError
 from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
 
@@ -61,10 +62,6 @@ class KernelSource:
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])),
                             d.get("arch", ""))
-
-
-#: a kernel source file: the bare name of a .cu file in this folder (no folder part, no "..")
-KERNEL_FILE = re.compile(r"[A-Za-z0-9_]+\.cu")
 
 
 def kernel_file(file: str | None, kernel: str = "") -> Path:

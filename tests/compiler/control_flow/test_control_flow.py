@@ -196,3 +196,13 @@ def test_polykit_run_compares_the_greedy_decode_loop_on_cuda(tmp_path):
     path = tmp_path / "decode.onnx"
     onnx.save(greedy_decode(), str(path))
     assert main(["run", str(path), "--trt", "--onnxrt", "--target", "cuda", "-q"]) == 0
+
+
+def test_a_body_whose_type_no_layer_serves_is_a_polykit_error_naming_the_type():
+    from polykit.compiler.ops.control.bodies import annotate, body_runner
+    from polykit.errors import PolykitError
+
+    with pytest.raises(PolykitError, match="nothing runs a control-flow body of type dict"):
+        body_runner({})
+    with pytest.raises(PolykitError, match="nothing infers a control-flow body of type dict"):
+        annotate({}, [])

@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from polykit.compiler.builder.builder import describe_tensors, stamp_layer
+from polykit.compiler.builder.plan_tensors import describe_tensors, stamp_layer
 from polykit.compiler.builder.lower import lower
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize

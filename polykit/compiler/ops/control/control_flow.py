@@ -1,4 +1,4 @@
-"""Control flow: If, Loop, Scan — importers and shape rules (bodies: polykit.compiler.ir.subgraphs).
+"""Control flow: If, Loop, Scan — importers and shape rules (bodies: polykit.compiler.ops.control.bodies).
 
 Canonical forms, after import (captured outer tensors, C of them, close every input list):
 
@@ -26,7 +26,8 @@ from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ir.sequences import merge_values
-from polykit.compiler.ir.subgraphs import CAPTURES, annotate, captured, import_bodies, merge_shapes, output_values
+from polykit.compiler.ir.subgraphs import CAPTURES, captured, merge_shapes, output_values
+from polykit.compiler.ops.control.bodies import annotate, import_bodies
 from polykit.errors import ShapeError
 
 #: op -> the attributes that hold its bodies
@@ -34,7 +35,7 @@ BODY_ATTRS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": (
 
 
 def _import(node: Node, ctx: ImportContext) -> None:
-    import_bodies(node, BODY_ATTRS[node.op_type], ctx.graph.opsets, ctx.opset)
+    import_bodies(node, BODY_ATTRS[node.op_type], ctx)
 
 
 for _op in ("If", "Loop"):

@@ -2,46 +2,22 @@
 
 The iteration is written once, over host arrays, for both kinds of body a node may hold: a
 Graph (imported models, folding, shape inference: the graph evaluator runs it) and a Plan (a
-built control-flow layer: polykit.compiler.builder.bodies; an execution context of the plan's target
-runs it, which is how the cpu target runs If/Loop/Scan layers).
+built control-flow layer: polykit.compiler.builder.bodies; an execution context of the plan's
+target runs it, which is how the cpu target runs If/Loop/Scan layers). Each runs through the
+runner its layer registers (polykit.compiler.ops.control.bodies.body_runner).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.ir.subgraphs import captured
+from polykit.compiler.ops.control.bodies import body_runner
 from polykit.errors import PolykitError, RuntimeInputError
 from polykit.compiler.ops.references import as_value, reference
-
-BodyFn = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
-
-
-@contextmanager
-def body_runner(body: Any) -> Iterator[BodyFn]:
-    """A function of the body's inputs (positional) returning its outputs (positional)."""
-    if isinstance(body, Graph):
-        from polykit.compiler.graph.evaluator import evaluate_graph
-
-        def run_graph(values: Sequence[np.ndarray]) -> list[np.ndarray]:
-            out = evaluate_graph(body, dict(zip(body.inputs, values)), outputs=body.outputs)
-            return [out[name] for name in body.outputs]
-
-        yield run_graph
-        return
-    from polykit.runtime.engine import Engine
-
-    names = list(body.metadata["body_outputs"])
-    with Engine(body) as engine, engine.create_execution_context() as ctx:
-        def run_plan(values: Sequence[np.ndarray]) -> list[np.ndarray]:
-            out = ctx.execute({name: np.asarray(v) for name, v in zip(body.inputs, values)})
-            return [out[name] for name in names]
-
-        yield run_plan
 
 
 def output_shape(body: Any, index: int) -> tuple[tuple[int, ...], np.dtype]:

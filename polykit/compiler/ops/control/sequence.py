@@ -15,7 +15,8 @@ import numpy as np
 from polykit.compiler.ir.graph import OPTIONAL, SEQUENCE, Graph, Node, Shape, Value
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.compiler.ir.sequences import merge_all, sequence_value, value_of_type
-from polykit.compiler.ir.subgraphs import annotate, captured, import_bodies, output_values
+from polykit.compiler.ir.subgraphs import captured, output_values
+from polykit.compiler.ops.control.bodies import annotate, import_bodies
 
 INT64 = np.dtype(np.int64)
 
@@ -166,7 +167,7 @@ def _concat_from_sequence(ctx: InferContext) -> list[tuple[Any, Shape]]:
 # ---- SequenceMap: a body applied to each element -------------------------------------------
 @importer("SequenceMap")
 def _import_map(node: Node, ctx: ImportContext) -> None:
-    import_bodies(node, ("body",), ctx.graph.opsets, ctx.opset)
+    import_bodies(node, ("body",), ctx)
 
 
 @shape_rule("SequenceMap")

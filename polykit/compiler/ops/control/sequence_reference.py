@@ -11,7 +11,7 @@ from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.control.sequence import split_to_sequence_sizes
 from polykit.compiler.ir.subgraphs import captured
 from polykit.errors import RuntimeInputError
-from polykit.compiler.ops.control.control_flow_reference import body_runner
+from polykit.compiler.ops.control.bodies import body_runner
 from polykit.compiler.ops.references import reference
 
 

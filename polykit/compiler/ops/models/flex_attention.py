@@ -24,7 +24,7 @@ from polykit.compiler.ir.dtypes import to_onnx
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.node_emitter import NodeEmitter
 from polykit.compiler.ops.registry import ImportContext, importer
-from polykit.compiler.ir.subgraphs import inline_body
+from polykit.compiler.ir.subgraphs import inline_body, outer_names
 from polykit.errors import NodeAttributeError
 
 DOMAIN = "ai.onnx.preview"
@@ -46,9 +46,6 @@ def _apply_mod(emit: NodeEmitter, key: str, tensor: str) -> str:
     """`tensor` through the node's `key` subgraph (inlined), or unchanged when absent."""
     import onnx
 
-    from polykit.compiler.graph.onnx_import import canonicalize, graph_from_proto
-    from polykit.compiler.ir.subgraphs import outer_names
-
     node, ctx = emit.node, emit.ctx
     proto = node.attrs.get(key)
     if proto is None:
@@ -60,8 +57,7 @@ def _apply_mod(emit: NodeEmitter, key: str, tensor: str) -> str:
     holder = onnx.NodeProto()
     holder.attribute.append(onnx.helper.make_attribute(key, proto))
     outer = outer_names(holder)
-    body = graph_from_proto(proto, ctx.graph.opsets, ctx.opset, f"{node.describe()}: {key}", captures=outer)
-    canonicalize(body, ctx.opset)
+    body = ctx.import_graph(proto, f"{node.describe()}: {key}", outer)
     nodes, outs = inline_body(ctx.graph, body, [tensor, *outer], prefix=f"{node.name or 'FlexAttention'}/{key}")
     emit.nodes.extend(nodes)
     return outs[0]

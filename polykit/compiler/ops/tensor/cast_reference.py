@@ -117,14 +117,9 @@ def cast(node, inputs):
                     str(node.attrs.get("round_mode", "up")))]
 
 
-def _cuda_cast(args, attrs):
-    from polykit.kernels.cuda.storage_types import cast_expression  # with the CUDA storage types
-
-    return cast_expression(args, attrs)
-
-
-# shape rule and importers: compiler/ops/cast.py
-register_elementwise(ElementwiseOp("Cast", None, cast, _cuda_cast, ANY_KIND, "cast", ("cast",),
+# shape rule and importers: compiler/ops/tensor/cast.py; the CUDA expression needs the CUDA storage
+# types, so the CUDA side supplies it (kernels/cuda/storage_types.py: cast_expression)
+register_elementwise(ElementwiseOp("Cast", None, cast, None, ANY_KIND, "cast", ("cast",),
                                    variants=({"to": 10}, {"to": 1})))
 
 

@@ -12,6 +12,7 @@ from typing import Mapping
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
+from polykit.kernels.cuda.pointwise.pointwise_expr import cuda_emitter
 from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _base_name, _canonical, pointwise_kernels
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
 from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
@@ -72,9 +73,11 @@ def _storable(layer) -> bool:
 
 def _register() -> None:
     cuda_tactic("Pointwise", "cuda.pointwise", kernels=pointwise_kernels,
-                supports=lambda layer: all(elementwise_op(op["op"]) is not None for op in layer.attrs.get("body", ()))
-                and _storable(layer))(enqueue_pointwise)
+                supports=lambda layer: all(cuda_emitter(elementwise_op(op["op"])) is not None
+                                           for op in layer.attrs.get("body", ())) and _storable(layer))(enqueue_pointwise)
     for op in elementwise_ops():
+        if cuda_emitter(op) is None:
+            continue
         cuda_tactic(op.name, "cuda.pointwise", kernels=pointwise_kernels,
                     supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer))(enqueue_pointwise)
 

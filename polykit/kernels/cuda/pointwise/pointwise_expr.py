@@ -1,15 +1,28 @@
 """A fused body (ONNX elementwise ops in topological order, docs/FUSION.md) as C statements
 over pointwise.cuh, and the dtype of each of its values. The expression of each op comes
-from its row of the elementwise op table (polykit.compiler.ops.elementwise_table); used by the
-pointwise generator and by the GEMM/conv epilogues."""
+from its row of the elementwise op table (polykit.compiler.ops.elementwise_table), or from
+CUDA_EMITTERS for a row that needs the CUDA storage types (Cast); used by the pointwise
+generator and by the GEMM/conv epilogues."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
 from polykit.errors import NodeAttributeError
-from polykit.kernels.cuda.storage_types import CTYPE, ONNX_DTYPE
-from polykit.compiler.ops.elementwise_table import elementwise_op
+from polykit.kernels.cuda.storage_types import CTYPE, ONNX_DTYPE, cast_expression
+from polykit.compiler.ops.elementwise_table import CudaEmitter, ElementwiseOp, elementwise_op
+
+#: C expressions of the rows that leave `cuda` None because they need the CUDA storage types
+#: (the table's own expressions otherwise; the generator reads these over the table)
+CUDA_EMITTERS: dict[str, CudaEmitter] = {"Cast": cast_expression}
+
+
+def cuda_emitter(row: ElementwiseOp | None) -> CudaEmitter | None:
+    """The C expression builder of an elementwise row; None when it has none (no row, or a
+    plugin's row without `cuda`)."""
+    if row is None:
+        return None
+    return row.cuda if row.cuda is not None else CUDA_EMITTERS.get(row.name)
 
 
 def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str],
@@ -29,7 +42,8 @@ def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str]
     lines = []
     for k, op in enumerate(body):
         row = elementwise_op(op["op"])
-        if row is None:
+        emit = cuda_emitter(row)
+        if emit is None:
             raise NodeAttributeError(f"op {op['op']} cannot run inside a CUDA pointwise kernel",
                                      hint="use --target cpu, or keep the op out of the fused body")
         args = []
@@ -38,7 +52,7 @@ def emit_expression(body: Sequence[Mapping[str, Any]], values: Mapping[str, str]
                 raise NodeAttributeError(f"pointwise body reads {name!r} before it is defined")
             args.append(env[name] if name else "")
         var = f"{prefix}{k}"
-        expr = row.cuda(args, op.get("attrs", {}))
+        expr = emit(args, op.get("attrs", {}))
         ctype = _result_ctype(row.result, op, ctypes) if types is not None else None
         rounds = ctype is not None and row.result in ("first", "second")  # bool is exact, Cast rounds itself
         lines.append(f"    auto {var} = {f'round_as<{ctype}>({expr})' if rounds else expr};")
