@@ -56,7 +56,7 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays `write_arrays` wrote (each .npy member checked; dtypes restored by name)."""
-    from polykit.tools.results_io import open_npz
+    from polykit.tools.data.results_io import open_npz
 
     try:
         manifest = json.loads(Path(f"{path}.json").read_text())

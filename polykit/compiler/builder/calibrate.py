@@ -207,7 +207,7 @@ class NpzBatches:
         return len(self.files)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        from polykit.tools.results_io import open_npz
+        from polykit.tools.data.results_io import open_npz
 
         for path in self.files:
             yield open_npz(path)

@@ -35,7 +35,7 @@ import numpy as np
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
-from polykit.tools.profile_report import ProfileSummary, summarize
+from polykit.tools.report.profile import ProfileSummary, summarize
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def random_feeds(engine: Any, seed: int = 1, val_ranges: Mapping[str, tuple[floa
                  input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
     """One feed dict of the engine's input dtypes and shapes (`input_shapes` where given, else
     the engine's: a dynamic input's opt shape) from the default data loader."""
-    from polykit.tools.data_loader import DataLoader, DataLoaderOptions
+    from polykit.tools.data.loaders import DataLoader, DataLoaderOptions
 
     options = DataLoaderOptions(seed=seed, val_ranges=dict(val_ranges or {}), input_shapes=dict(input_shapes or {}))
     loader = DataLoader(options, engine.input_metadata)

@@ -4,7 +4,7 @@ each rank's plan holds (weights and device memory).
 Each timed query runs every rank on the same random feeds (polykit.backends.ranks_runner: cpu
 ranks are threads of this process, cuda ranks one process per GPU) and ends when all ranks have
 finished, so the latency covers the collectives. Warm-up and the iteration/duration rule are
-BenchOptions' (polykit.tools.bench).
+BenchOptions' (polykit.tools.bench.benchmark).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from polykit.tools.bench import BenchOptions, Stats
+from polykit.tools.bench.benchmark import BenchOptions, Stats
 
 
 def bench_ranks(model: str, config: Any, options: BenchOptions) -> dict[str, Any]:
     """{"target", "ranks", "build_s", "warm_up_runs", "iterations", "latency_ms", "per_rank": [...]}."""
     from polykit.backends.ranks_runner import RanksRunner
-    from polykit.tools.data_loader import DataLoader, DataLoaderOptions
+    from polykit.tools.data.loaders import DataLoader, DataLoaderOptions
 
     runner = RanksRunner(model, config)
     start = time.perf_counter()

@@ -53,7 +53,7 @@ def _version(value: bool) -> None:
 def build_app(pm=None) -> typer.Typer:
     """The typer app with every plugin's subcommands registered."""
     from polykit.plugins import plugin_manager
-    from polykit.tools.cli_coercion import install
+    from polykit.tools.cli.coercion import install
 
     install()
     pm = pm or plugin_manager()
@@ -82,9 +82,9 @@ def build_app(pm=None) -> typer.Typer:
 
 
 def prepare_argv(argv: Sequence[str], pm=None) -> list[str]:
-    """Expand multi-value options and turn runner flags into `--runner NAME` (see cli_args)."""
+    """Expand multi-value options and turn runner flags into `--runner NAME` (see polykit.tools.cli.args)."""
     from polykit.plugins import runner_specs
-    from polykit.tools.cli_args import expand_multi_values, rewrite_runner_flags
+    from polykit.tools.cli.args import expand_multi_values, rewrite_runner_flags
 
     flags = {flag: spec.name for spec in runner_specs(pm).values() for flag in spec.flags}
     return rewrite_runner_flags(expand_multi_values(list(argv)), flags)

@@ -288,7 +288,7 @@ def calibration_source(value: str | None) -> Any:
     script FILE.py[:FUNC] (a ScriptDataLoader)."""
     if value is None or not re.search(r"\.py(:[A-Za-z_][A-Za-z0-9_]*)?$", value):
         return value
-    from polykit.tools.data_loader import ScriptDataLoader
+    from polykit.tools.data.loaders import ScriptDataLoader
 
     return ScriptDataLoader(value)
 
@@ -385,7 +385,7 @@ def compare_settings(compare: str = "simple", atol: Sequence[str] = (), rtol: Se
                      check_error_stat: Sequence[str] = (), error_quantile: float = 0.99, l2_tol: float = 1e-5,
                      cosine_tol: float = 1e-6, snr_min: float = 80.0) -> dict[str, Any]:
     """AccuracySettings keyword arguments (`compare`, `compare_options`) from the comparison options' CLI values."""
-    from polykit.tools.compare_funcs import CompareOptions
+    from polykit.tools.compare.funcs import CompareOptions
 
     options = CompareOptions(
         atol={"": 1e-5, **parse_tolerances(atol, "--atol")},

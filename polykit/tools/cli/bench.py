@@ -1,6 +1,6 @@
 """`polykit bench MODEL|PLAN`: how fast polykit's engine runs a model (trtexec's role).
 
-A thin layer over polykit.tools.bench (whose docstring defines warm-up, iterations,
+A thin layer over polykit.tools.bench.benchmark (whose docstring defines warm-up, iterations,
 duration, latency, compute time and throughput): build the plan (timed) or load a plan
 file, run it on random inputs, print latency percentiles, throughput, compute vs
 end-to-end time and, with --profile, the per-layer table of `polykit run --profile`.
@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
+from polykit.tools.cli.args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
 
 
 def bench(
@@ -40,9 +40,9 @@ def bench(
 ) -> int:
     from polykit.backends.loaders import refuse_build_options
     from polykit.compiler.builder.config import BuilderConfig
-    from polykit.tools import cli_args
-    from polykit.tools.bench import BenchOptions, bench_model
-    from polykit.tools.run_cmd import resolve_target
+    from polykit.tools.cli import args as cli_args
+    from polykit.tools.bench.benchmark import BenchOptions, bench_model
+    from polykit.tools.cli.run import resolve_target
 
     defaults = BuilderConfig()
     refuse_build_options(model, {"--load-tactics": load_tactics,
@@ -58,7 +58,7 @@ def bench(
                            seed=seed, val_ranges=cli_args.parse_val_ranges(val_range),
                            input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes})
     if config.ranks > 1:
-        from polykit.tools.bench_ranks import bench_ranks, render_ranks_bench
+        from polykit.tools.bench.ranks import bench_ranks, render_ranks_bench
 
         ranked = bench_ranks(model, config, options)
         if as_json:
@@ -102,7 +102,7 @@ def render(model: str, result: Any, profile_top: int = 15) -> None:
         table.add_row(label, *(f"{getattr(stats, c):.3f}" for c in ("min", "mean", "median", "p90", "p95", "p99", "max")))
     console.print(table)
     if result.profile is not None:
-        from polykit.tools.profile_report import render as render_profile
+        from polykit.tools.report.profile import render as render_profile
 
         render_profile(console, "per-layer profile", result.profile, top=profile_top)
 

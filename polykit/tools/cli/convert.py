@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from polykit.tools.cli_args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
+from polykit.tools.cli.args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
 
 
 def convert(
@@ -32,10 +32,10 @@ def convert(
     from polykit.compiler.builder.config import BuilderConfig
     from polykit.errors import UsageError
     from polykit.files import require_output_folder
-    from polykit.tools.cli import stderr_console
-    from polykit.tools.cli_args import parse_input_shapes
-    from polykit.tools.results_io import load_feeds
-    from polykit.tools.run_cmd import feed_shape_values, resolve_target
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.cli.args import parse_input_shapes
+    from polykit.tools.data.results_io import load_feeds
+    from polykit.tools.cli.run import feed_shape_values, resolve_target
 
     if load_tactics and tactic_replay and load_tactics != tactic_replay:
         raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
@@ -75,7 +75,7 @@ def rank_plan_paths(output: str, ranks: int) -> list[Path]:
 
 def _convert_ranks(model: str, config: Any, output: str) -> int:
     from polykit.compiler.builder.distributed import build_rank_plans
-    from polykit.tools.cli import stderr_console
+    from polykit.tools.cli.app import stderr_console
 
     console = stderr_console()
     for plan, path in zip(build_rank_plans(model, config), rank_plan_paths(output, config.ranks)):

@@ -1,9 +1,9 @@
 """`polykit debug ...`: tools that find what makes a build wrong, each a thin layer over its
 Python API (whose docstring defines the search and the check): `debug tactics`
-(polykit.tools.debug_tactics), `debug reduce` (polykit.tools.debug_reduce), `debug precision`
-(polykit.tools.debug_precision). They share the options of the built-in check
+(polykit.tools.debug.tactics), `debug reduce` (polykit.tools.debug.reduce), `debug precision`
+(polykit.tools.debug.precision). They share the options of the built-in check
 (CHECK_OPTIONS), the builder options and the comparison options; the renderers live in
-polykit.tools.debug_render."""
+polykit.tools.debug.render."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, List, Mapping, Optional
 
 import typer
 
-from polykit.tools.cli_args import channels_last_option, with_builder_options, with_compare_options, with_options
+from polykit.tools.cli.args import channels_last_option, with_builder_options, with_compare_options, with_options
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class CheckSetup:
 
     def accuracy(self, compare_settings: Mapping[str, Any]) -> Any:
         """AccuracySettings of the built-in check with the comparison options' values."""
-        from polykit.tools.accuracy import AccuracySettings
+        from polykit.tools.compare.accuracy import AccuracySettings
 
         return AccuracySettings(**compare_settings, validate=self.validate, data_options=self.data_options)
 
@@ -41,7 +41,7 @@ class CheckSetup:
         """The BuilderConfig of the build to debug (target: --target, else cuda when usable; with
         `resolve` False, a target not given stays None: the build picks it when it runs)."""
         from polykit.compiler.builder.config import BuilderConfig
-        from polykit.tools.run_cmd import resolve_target
+        from polykit.tools.cli.run import resolve_target
 
         target = resolve_target(self.target, ["trt"], model) if resolve else self.target
         return BuilderConfig(target=target, channels_last=self.channels_last, input_shapes=self.input_shapes,
@@ -51,8 +51,8 @@ class CheckSetup:
 def check_setup(target: Optional[str] = None, channels_last: Optional[bool] = None, input_shapes: List[str] = (),
                 providers: List[str] = (), load_inputs: Optional[str] = None, load_outputs: Optional[str] = None,
                 seed: int = 1, val_range: List[str] = (), iterations: int = 1, validate: bool = False) -> CheckSetup:
-    from polykit.tools import cli_args
-    from polykit.tools.data_loader import DataLoaderOptions
+    from polykit.tools.cli import args as cli_args
+    from polykit.tools.data.loaders import DataLoaderOptions
 
     shapes = cli_args.parse_input_shapes(input_shapes)
     data = DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
@@ -98,7 +98,7 @@ def _writable(*paths: tuple[str, Optional[str]]) -> None:
 
 
 def _gen_script(script: Any, path: str) -> int:
-    from polykit.tools.gen_script import write_script
+    from polykit.tools.cli.gen_script import write_script
 
     write_script(path, script)
     typer.echo(f"wrote {path}: run it with python to do what this command does")
@@ -108,7 +108,7 @@ def _gen_script(script: Any, path: str) -> int:
 def _report(doc: Mapping[str, Any], path: Optional[str], tool: str, model: str, as_json: bool) -> None:
     """Write the HTML report when asked; print the JSON document with --json."""
     if path:
-        from polykit.tools.debug_pages import save_debug_report
+        from polykit.tools.debug.pages import save_debug_report
 
         save_debug_report(path, doc, f"polykit debug {tool} {Path(model).name}")
     if as_json:
@@ -132,8 +132,8 @@ def tactics(
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from polykit.tools.debug_render import render_tactics
-    from polykit.tools.debug_tactics import DebugOptions, debug_tactics
+    from polykit.tools.debug.render import render_tactics
+    from polykit.tools.debug.tactics import DebugOptions, debug_tactics
 
     _writable(("--report", report_html))
     options = DebugOptions(good_tactics=good_tactics, bad_tactics=bad_tactics, check=check,
@@ -161,9 +161,9 @@ def reduce(
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from polykit.tools.debug_reduce import ReduceOptions, debug_reduce
-    from polykit.tools.debug_render import render_reduce
-    from polykit.tools.gen_script import DebugScript
+    from polykit.tools.debug.reduce import ReduceOptions, debug_reduce
+    from polykit.tools.debug.render import render_reduce
+    from polykit.tools.cli.gen_script import DebugScript
 
     _writable(("--output", output), ("--min-good", min_good), ("--report", report_html), ("--gen-script", gen_script))
     options = ReduceOptions(check=check, accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
@@ -195,9 +195,9 @@ def precision(
     compare_settings: Any = None,
     setup: Any = None,
 ) -> int:
-    from polykit.tools.debug_precision import PrecisionOptions, debug_precision
-    from polykit.tools.debug_render import render_precision
-    from polykit.tools.gen_script import DebugScript
+    from polykit.tools.debug.precision import PrecisionOptions, debug_precision
+    from polykit.tools.debug.render import render_precision
+    from polykit.tools.cli.gen_script import DebugScript
 
     _writable(("--output", output), ("--report", report_html), ("--gen-script", gen_script))
     options = PrecisionOptions(accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,

@@ -28,7 +28,7 @@ import numpy as np
 
 from polykit.backends.base import RunnerRequest
 from polykit.errors import DataFileError, UsageError
-from polykit.tools.accuracy import AccuracySettings
+from polykit.tools.compare.accuracy import AccuracySettings
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _runner_source(name: str, request: RunnerRequest, imports: _Imports) -> str:
     write = RUNNER_SOURCES.get(name)
     if write is not None:
         return write(request, imports)
-    make = imports.use("polykit.tools.accuracy", "make_runners")
+    make = imports.use("polykit.tools.compare.accuracy", "make_runners")
     return f"{make}([{name!r}], {_record(request, imports, 'the runner request')})[0]"
 
 
@@ -167,32 +167,32 @@ def render_script(script: RunScript) -> str:
     """The Python source of `script`."""
     imports = _Imports()
     imports.use("polykit.errors", "PolykitError")
-    run = imports.use("polykit.tools.accuracy", "run_comparison")
+    run = imports.use("polykit.tools.compare.accuracy", "run_comparison")
     body = ["runners = ["] + [f"    {_runner_source(n, script.request, imports)}," for n in script.runners] + ["]"]
     body.append(f"settings = {_record(script.settings, imports, 'the comparison settings')}")
     data = ""
     if script.load_inputs:
-        body.append(f"feeds = {imports.use('polykit.tools', 'results_io')}.load_feeds({script.load_inputs!r})")
+        body.append(f"feeds = {imports.use('polykit.tools.data', 'results_io')}.load_feeds({script.load_inputs!r})")
         data += ", feeds=feeds"
     if script.load_outputs:
-        body.append(f"reference = {imports.use('polykit.tools', 'results_io')}.load_reference_outputs("
+        body.append(f"reference = {imports.use('polykit.tools.data', 'results_io')}.load_reference_outputs("
                     f"{list(script.load_outputs)!r})")
         data += ", reference_outputs=reference"
     layerwise = bool(script.request.mark_all or script.request.mark_outputs)
     if layerwise:  # marked tensors a runner fused away are not failures; name the first divergence
-        order = imports.use("polykit.tools.divergence", "GraphOrder")
+        order = imports.use("polykit.tools.compare.divergence", "GraphOrder")
         body.append(f"order = {order}.from_onnx({script.request.model!r})")
         data += ", optional=order.intermediates"
     body.append(f"results, report = {run}(runners, settings{data})")
     if layerwise:
-        body.append(f"layerwise = {imports.use('polykit.tools.divergence', 'analyze')}(report, order)")
+        body.append(f"layerwise = {imports.use('polykit.tools.compare.divergence', 'analyze')}(report, order)")
     fmt = f", format={script.save_format!r}" if script.save_format != "polykit" else ""
     if script.save_inputs:
-        body.append(f"{imports.use('polykit.tools', 'results_io')}.save_feeds({script.save_inputs!r}, results.feeds{fmt})")
+        body.append(f"{imports.use('polykit.tools.data', 'results_io')}.save_feeds({script.save_inputs!r}, results.feeds{fmt})")
     if script.save_outputs:
         live = "{k: v for k, v in results.outputs.items() if k not in reference}" if script.load_outputs else "results.outputs"
         times = ", times=results.times" if fmt else ""
-        body.append(f"{imports.use('polykit.tools', 'results_io')}.save_outputs({script.save_outputs!r}, {live}{fmt}{times})")
+        body.append(f"{imports.use('polykit.tools.data', 'results_io')}.save_outputs({script.save_outputs!r}, {live}{fmt}{times})")
     body += _report_lines(script, imports)
     body.append("return 0 if report.passed else 1")
     return _module_source("polykit run --gen-script", imports, body, script.as_json)
@@ -203,16 +203,16 @@ def _report_lines(script: RunScript, imports: _Imports) -> list[str]:
     layerwise = ", layerwise" if script.request.mark_all or script.request.mark_outputs else ""
     profiled = "[runner for runner in runners if getattr(runner, 'layer_times', None)]"
     if script.request.profile:
-        summarize = imports.use("polykit.tools.profile_report", "summarize")
+        summarize = imports.use("polykit.tools.report.profile", "summarize")
     if script.as_json:
-        lines = [f"doc = {imports.use('polykit.tools.report', 'to_json')}(report, results{layerwise})"]
+        lines = [f"doc = {imports.use('polykit.tools.report.comparison', 'to_json')}(report, results{layerwise})"]
         if script.request.profile:
             lines.append(f"doc['profile'] = {{r.name: {summarize}(r.layer_times, r.layers).to_json() for r in {profiled}}}")
         return lines + ["print(json.dumps(doc, indent=2))"]
     lines = [f"console = {imports.use('rich.console', 'Console')}(highlight=False)",
-             f"{imports.use('polykit.tools.report', 'render')}(console, report, results{layerwise})"]
+             f"{imports.use('polykit.tools.report.comparison', 'render')}(console, report, results{layerwise})"]
     if script.request.profile:
-        render = imports.use("polykit.tools.profile_report", "render", alias="render_profile")
+        render = imports.use("polykit.tools.report.profile", "render", alias="render_profile")
         lines += [f"for r in {profiled}:",
                   f"    {render}(console, f'{{r.name}} per-layer profile', {summarize}(r.layer_times, r.layers), "
                   f"top={script.profile_top})"]
@@ -222,7 +222,7 @@ def _report_lines(script: RunScript, imports: _Imports) -> list[str]:
 def _reduce_lines(script: DebugScript, imports: _Imports) -> list[str]:
     """debug reduce: save the reduced (and nearest passing) model, keep the JSON with their paths."""
     doc = f"doc = report.save({script.output!r}, {script.min_good!r})"
-    render = (f"{imports.use('polykit.tools.debug_render', 'render_reduce')}(report, {script.output!r}, "
+    render = (f"{imports.use('polykit.tools.debug.render', 'render_reduce')}(report, {script.output!r}, "
               f"doc['min_good'] and doc['min_good']['path'], {bool(script.min_good)!r})")
     return [doc, render]
 
@@ -230,14 +230,14 @@ def _reduce_lines(script: DebugScript, imports: _Imports) -> list[str]:
 def _precision_lines(script: DebugScript, imports: _Imports) -> list[str]:
     """debug precision: save the --layer-precisions value when -o was given."""
     saved = [f"report.save({script.output!r})"] if script.output else []
-    render = f"{imports.use('polykit.tools.debug_render', 'render_precision')}(report, {script.model!r}, {script.output!r})"
+    render = f"{imports.use('polykit.tools.debug.render', 'render_precision')}(report, {script.model!r}, {script.output!r})"
     return [*saved, "doc = report.to_json()", render]
 
 
 #: debug tool -> (its API function's module, the lines that save its results and keep `doc`, then render text)
 DEBUG_TOOLS: dict[str, tuple[str, Callable[[DebugScript, _Imports], list[str]]]] = {
-    "reduce": ("polykit.tools.debug_reduce", _reduce_lines),
-    "precision": ("polykit.tools.debug_precision", _precision_lines),
+    "reduce": ("polykit.tools.debug.reduce", _reduce_lines),
+    "precision": ("polykit.tools.debug.precision", _precision_lines),
 }
 
 
@@ -253,7 +253,7 @@ def render_debug_script(script: DebugScript) -> str:
     body += save
     if script.report:
         title = f"polykit debug {script.tool} {Path(script.model).name}"
-        body.append(f"{imports.use('polykit.tools.debug_pages', 'save_debug_report')}({script.report!r}, doc, {title!r})")
+        body.append(f"{imports.use('polykit.tools.debug.pages', 'save_debug_report')}({script.report!r}, doc, {title!r})")
     body += ["print(json.dumps(doc, indent=2))"] if script.as_json else [render]
     body.append("return 0")
     return _module_source(f"polykit debug {script.tool} --gen-script", imports, body, script.as_json)

@@ -4,7 +4,8 @@ polykit's shape inference); for a plan (TensorRT's engine inspector), its layers
 nodes each one fuses, the tactic chosen, the precision, the I/O formats, the workspace and,
 with --profile, the time of each. `--show` picks the sections (io, ops, layers, attrs, weights).
 `polykit inspect tactics FILE`: the layers and tactics of a tactic replay file.
-`polykit inspect data FILE` (inspect_data) and `polykit inspect capability MODEL` (capability)."""
+`polykit inspect data FILE` (polykit.tools.data.inspect) and `polykit inspect capability MODEL`
+(polykit.tools.model.capability)."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
     }
     if weights:
         info["weights"] = [io(n) for n, t in plan.tensors.items() if t.kind == "weight"]
-    from polykit.tools.inspect_ranks import collectives_of
+    from polykit.tools.model.ranks import collectives_of
 
     if collectives_of(plan) is not None:
         info["distributed"] = collectives_of(plan)
@@ -160,9 +161,9 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
 
 
 def profile_plan(plan: Any, runs: int, seed: int = 1) -> Any:
-    """Per-layer profile (polykit.tools.profile_report.ProfileSummary) of `plan` on random inputs."""
+    """Per-layer profile (polykit.tools.report.profile.ProfileSummary) of `plan` on random inputs."""
     from polykit.runtime.engine import Engine
-    from polykit.tools.bench import profile_engine, random_feeds
+    from polykit.tools.bench.benchmark import profile_engine, random_feeds
 
     with Engine(plan) as engine:
         return profile_engine(engine, random_feeds(engine, seed), runs)
@@ -187,8 +188,8 @@ def model(
 
     file = require_file(path, "model or plan file", ModelLoadError)
     if isinstance(ranks, int) and ranks > 1 and model_type(file) == "onnx":  # (called from Python: OptionInfo)
-        from polykit.tools.cli_args import parse_input_shapes
-        from polykit.tools.inspect_ranks import describe_ranks, render_ranks
+        from polykit.tools.cli.args import parse_input_shapes
+        from polykit.tools.model.ranks import describe_ranks, render_ranks
 
         info = describe_ranks(path, ranks, parse_input_shapes(input_shapes))
         if as_json:
@@ -362,8 +363,8 @@ def tactics(
 
 
 def register(app: typer.Typer) -> None:
-    from polykit.tools.capability import capability
-    from polykit.tools.inspect_data import data
+    from polykit.tools.model.capability import capability
+    from polykit.tools.data.inspect import data
 
     inspect = typer.Typer(help="Show what a model, plan, tactic replay or data file contains.", no_args_is_help=True)
     inspect.command("model", help="I/O and op histogram of an ONNX model (--show layers: every node with its tensors); "

@@ -4,12 +4,12 @@ inputs and report, output by output, whether and where they disagree.
 Runner flags come from the polykit_runners hook (built-ins: --trt/--polykit, --onnxrt);
 the CLI rewrites each into `--runner NAME` so their order is kept (the first runner is
 the reference). Everything here is assembled from the Python API: a script that builds
-the same runners and calls polykit.tools.accuracy.run_comparison does the same thing.
+the same runners and calls polykit.tools.compare.accuracy.run_comparison does the same thing.
 
 Layerwise runs (--mark-all, --mark NAME..., or --load-outputs of saved marked tensors) compare
-in the ONNX graph's topological order and name the first divergence (polykit.tools.divergence);
+in the ONNX graph's topological order and name the first divergence (polykit.tools.compare.divergence);
 live outputs go to an .npz on disk as they are produced (the --save-outputs file, else a
-temporary one) and are compared one tensor at a time (polykit.tools.output_store).
+temporary one) and are compared one tensor at a time (polykit.tools.data.output_store).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, List, Optional
 import typer
 
 from polykit.errors import UsageError
-from polykit.tools.cli_args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
+from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
                                    with_compare_options)
 from polykit.files import require_output_folder
 
@@ -55,7 +55,7 @@ def resolve_target(target: Optional[str], runners: List[str], model: Optional[st
 
     chosen = default_target()
     if chosen == "cpu":
-        from polykit.tools.cli import stderr_console
+        from polykit.tools.cli.app import stderr_console
 
         stderr_console().print("notice: no usable CUDA GPU; polykit runs on the cpu target (reference kernels)")
     return chosen
@@ -71,7 +71,7 @@ def feed_shape_values(model: str, builder_options: dict, load_inputs: Optional[s
 
     from polykit.backends.loaders import model_type
     from polykit.compiler.builder.value_ranges import MAX_ELEMENTS
-    from polykit.tools.results_io import load_feeds
+    from polykit.tools.data.results_io import load_feeds
 
     if builder_options.get("shape_values") or any(p.values for p in builder_options["profiles"]) \
             or model_type(model) != "onnx":
@@ -81,7 +81,7 @@ def feed_shape_values(model: str, builder_options: dict, load_inputs: Optional[s
     if feeds:
         first = feeds[0]
     elif script:
-        from polykit.tools.data_loader import ScriptDataLoader
+        from polykit.tools.data.loaders import ScriptDataLoader
 
         first = next(iter(ScriptDataLoader(script)), {})
     else:
@@ -131,11 +131,12 @@ def run(
     from rich.console import Console
 
     from polykit.backends.base import RunnerRequest
-    from polykit.tools import cli_args, results_io
-    from polykit.tools.accuracy import AccuracySettings, make_runners, run_comparison
-    from polykit.tools.data_loader import DataLoaderOptions
-    from polykit.tools.divergence import analyze
-    from polykit.tools.report import render, to_json
+    from polykit.tools.cli import args as cli_args
+    from polykit.tools.data import results_io
+    from polykit.tools.compare.accuracy import AccuracySettings, make_runners, run_comparison
+    from polykit.tools.data.loaders import DataLoaderOptions
+    from polykit.tools.compare.divergence import analyze
+    from polykit.tools.report.comparison import render, to_json
 
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
@@ -144,7 +145,7 @@ def run(
     if data_loader_script:
         data_loader = "script"
         if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
-            from polykit.tools.data_loader import ScriptDataLoader
+            from polykit.tools.data.loaders import ScriptDataLoader
 
             builder_options = {**builder_options, "calibration_data": ScriptDataLoader(data_loader_script)}
     settings = AccuracySettings(
@@ -170,7 +171,7 @@ def run(
         raise UsageError(f"--format {save_format!r} is not one of {', '.join(results_io.SAVE_FORMATS)}")
     runners = make_runners(runner, request)
     if gen_script:
-        from polykit.tools.gen_script import RunScript, write_script
+        from polykit.tools.cli.gen_script import RunScript, write_script
 
         write_script(gen_script, RunScript(
             tuple(runner), request, settings, load_inputs, tuple(load_outputs), save_inputs, save_outputs, save_format,
@@ -197,7 +198,7 @@ def run(
         if profile:
             doc["profile"] = {name: summary.to_json() for name, summary in profiles.items()}
     if report_html:
-        from polykit.tools.html_report import save_html
+        from polykit.tools.report.html import save_html
 
         save_html(report_html, {"title": f"polykit run {Path(model).name}", **doc})
     if as_json:
@@ -212,7 +213,7 @@ def run(
 
 
 def _render_profiles(console: Any, profiles: dict, top: int) -> None:
-    from polykit.tools.profile_report import render as render_profile
+    from polykit.tools.report.profile import render as render_profile
 
     if not profiles:
         console.print("--profile: no polykit engine ran (add --trt)")
@@ -224,7 +225,7 @@ def graph_order(model: str) -> Any:
     """The ONNX model's GraphOrder; None for a plan file (no ONNX graph to order tensors by) or a
     model onnx cannot read (the runners report why)."""
     from polykit.backends.loaders import model_type
-    from polykit.tools.divergence import GraphOrder
+    from polykit.tools.compare.divergence import GraphOrder
 
     if model_type(model) != "onnx":
         return None
@@ -237,8 +238,8 @@ def graph_order(model: str) -> Any:
 def load_reference(paths: List[str], stack: ExitStack) -> dict[str, list]:
     """{runner: outputs per iteration} of --load-outputs files; polykit .npz files are read lazily
     (one tensor at a time, when compared), their archives closed by `stack`."""
-    from polykit.tools import results_io
-    from polykit.tools.output_store import open_outputs
+    from polykit.tools.data import results_io
+    from polykit.tools.data.output_store import open_outputs
 
     reference: dict[str, list] = {}
     for path in paths:
@@ -255,7 +256,7 @@ def _output_store(save_outputs: Optional[str], load_outputs: List[str], stack: E
     from there: it is saved after the comparison), else to a temporary file."""
     import tempfile
 
-    from polykit.tools.output_store import OutputStore
+    from polykit.tools.data.output_store import OutputStore
 
     if save_outputs and Path(save_outputs).suffix != ".json" and \
             Path(save_outputs).resolve() not in {Path(p).resolve() for p in load_outputs}:
@@ -266,7 +267,7 @@ def _output_store(save_outputs: Optional[str], load_outputs: List[str], stack: E
 
 def _profiles(runners) -> dict:
     """Per-layer profile summaries of the runners that recorded any (polykit's engine)."""
-    from polykit.tools.profile_report import summarize
+    from polykit.tools.report.profile import summarize
 
     return {r.name: summarize(r.layer_times, r.layers) for r in runners if getattr(r, "layer_times", None)}
 

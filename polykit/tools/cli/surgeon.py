@@ -1,9 +1,9 @@
 """`polykit surgeon ...`: edit ONNX models with polykit's compiler.
 
-- `sanitize MODEL -o OUT [--fold-constants]`: polykit.tools.sanitize: the compiler's folding
+- `sanitize MODEL -o OUT [--fold-constants]`: polykit.tools.model.sanitize: the compiler's folding
   and dead-code passes, the model kept at its own opset and IR version unless `--upgrade-opset N`;
 - `extract MODEL --inputs NAME:SHAPE|auto:DTYPE|auto ... --outputs NAME:DTYPE|auto ... -o OUT`:
-  polykit.tools.subgraph.extract, shapes and dtypes from polykit's shape inference.
+  polykit.tools.model.subgraph.extract, shapes and dtypes from polykit's shape inference.
 
 `--external-data` writes the weights of at least `--external-data-threshold` bytes to OUT.data,
 and writes that file even when every tensor is smaller.
@@ -33,8 +33,8 @@ def sanitize(
     from polykit.backends.loaders import OnnxFromPath
     from polykit.compiler.graph.onnx_export import save_model
     from polykit.files import require_output_folder
-    from polykit.tools.cli import stderr_console
-    from polykit.tools.sanitize import sanitize as sanitize_model
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.sanitize import sanitize as sanitize_model
 
     require_output_folder(output, "--output")
     proto = OnnxFromPath(model)()
@@ -61,8 +61,8 @@ def extract(
     from polykit.compiler.graph.onnx_export import save_model
     from polykit.errors import UsageError
     from polykit.files import require_output_folder
-    from polykit.tools.cli import stderr_console
-    from polykit.tools.subgraph import Extractor, describe_io, parse_input_spec, parse_output_spec
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.subgraph import Extractor, describe_io, parse_input_spec, parse_output_spec
 
     if not inputs and not outputs:
         raise UsageError("give the subgraph's --inputs, its --outputs or both (the other defaults to the model's)",

@@ -13,9 +13,9 @@ import pluggy
 
 from polykit.backends.base import BaseRunner, RunnerRequest
 from polykit.errors import UsageError
-from polykit.tools.comparator import AccuracyReport, Comparator, RunResults
-from polykit.tools.compare_funcs import CompareOptions
-from polykit.tools.data_loader import DataLoaderOptions, FeedsDataLoader, make_data_loader
+from polykit.tools.compare.comparator import AccuracyReport, Comparator, RunResults
+from polykit.tools.compare.funcs import CompareOptions
+from polykit.tools.data.loaders import DataLoaderOptions, FeedsDataLoader, make_data_loader
 
 
 @dataclass(frozen=True)

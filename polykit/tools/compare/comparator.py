@@ -9,7 +9,7 @@ An output the reference has and a runner lacks (or the reverse) fails explicitly
 the `optional` ones (marked intermediate tensors: one runner fuses some away), which are
 listed as not compared; nothing is ever paired by position. With an OutputStore, each
 runner's outputs go to disk as they are produced and comparisons read them back one tensor
-at a time (layerwise runs: polykit.tools.output_store).
+at a time (layerwise runs: polykit.tools.data.output_store).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from polykit.backends.base import BaseRunner
 from polykit.errors import UsageError
-from polykit.tools.compare_funcs import OutputComparison, failed, is_float_dtype
+from polykit.tools.compare.funcs import OutputComparison, failed, is_float_dtype
 
 log = logging.getLogger("polykit")
 
@@ -104,7 +104,7 @@ class Comparator:
                 if feeds is None and not results.feeds:
                     loader = data_loader
                     if loader is None:
-                        from polykit.tools.data_loader import DataLoader
+                        from polykit.tools.data.loaders import DataLoader
 
                         loader = DataLoader()
                     if hasattr(loader, "bind"):
@@ -133,7 +133,7 @@ class Comparator:
         """Compare every runner after the first with the first, per iteration and output name
         (`optional` names missing on one side are not compared rather than failed)."""
         if compare_func is None:
-            from polykit.tools.compare_funcs import CompareOptions, simple
+            from polykit.tools.compare.funcs import CompareOptions, simple
 
             compare_func = simple(CompareOptions())
         names = results.runners

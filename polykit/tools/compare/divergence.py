@@ -20,8 +20,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from polykit.tools.comparator import AccuracyReport, PairResult
-from polykit.tools.compare_funcs import OutputComparison
+from polykit.tools.compare.comparator import AccuracyReport, PairResult
+from polykit.tools.compare.funcs import OutputComparison
 
 #: InputState.state values
 INPUT_STATES = ("agrees", "diverges", "graph input", "weight", "not compared")

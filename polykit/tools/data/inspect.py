@@ -67,7 +67,7 @@ class DataReaderSpec:
 
 
 def _saved_data(path: Path) -> DataSet:
-    from polykit.tools.results_io import load_data
+    from polykit.tools.data.results_io import load_data
 
     kind, data = load_data(path)
     if kind == "feeds":
@@ -163,7 +163,7 @@ class TensorStats:
 def tensor_stats(name: str, array: Any, bins: int = BINS) -> TensorStats:
     import numpy as np
 
-    from polykit.tools.compare_funcs import is_float_dtype
+    from polykit.tools.compare.funcs import is_float_dtype
 
     arr = np.asarray(array)
     values = arr.astype(np.float64) if arr.dtype.kind in "biu" or is_float_dtype(arr.dtype) else None

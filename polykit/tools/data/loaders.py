@@ -114,7 +114,7 @@ class DataLoader:
     def _random(self, rng: Any, meta: Any, shape: tuple[int, ...]) -> Any:
         import numpy as np
 
-        from polykit.tools.compare_funcs import is_float_dtype
+        from polykit.tools.compare.funcs import is_float_dtype
 
         low, high = self.options.val_ranges.get(meta.name, self.options.val_ranges.get("", (0.0, 1.0)))
         dtype = np.dtype(meta.dtype)

@@ -140,7 +140,7 @@ def encode_array(arr: Any) -> dict[str, Any]:
     (every value exact)."""
     import numpy as np
 
-    from polykit.tools.compare_funcs import is_float_dtype
+    from polykit.tools.compare.funcs import is_float_dtype
 
     arr = np.asarray(arr)
     if arr.dtype.kind == "V" and is_float_dtype(arr.dtype):

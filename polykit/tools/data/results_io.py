@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from polykit.errors import DataFileError, UsageError
 from polykit.files import require_file
-from polykit.tools import polygraphy_json
+from polykit.tools.data import polygraphy_json
 from polykit.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npz
 
 #: what --format names: polykit's .npz/.json (chosen by suffix), or Polygraphy's JSON

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from polykit.errors import UsageError
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.debug.tactic_bisect import Verdict
 
 log = logging.getLogger("polykit")
 
@@ -25,7 +25,7 @@ log = logging.getLogger("polykit")
 def onnxrt_outputs(model: Any, feeds: list[dict[str, Any]], providers: Sequence[str] = ()) -> list[dict[str, Any]]:
     """onnxruntime's outputs of `model` (a path, ModelProto or loader) on each feed dict."""
     from polykit.backends.onnxrt import OnnxrtRunner, SessionFromOnnx
-    from polykit.tools.comparator import Comparator
+    from polykit.tools.compare.comparator import Comparator
 
     return Comparator.run([OnnxrtRunner(SessionFromOnnx(model, providers))], feeds=feeds).outputs["onnxrt"]
 
@@ -33,7 +33,7 @@ def onnxrt_outputs(model: Any, feeds: list[dict[str, Any]], providers: Sequence[
 def saved_reference(path: str | os.PathLike, iterations: int) -> list[dict[str, Any]]:
     """The reference outputs of a --load-outputs file: its only runner's, or onnxrt's; one
     dict per iteration, as many as the feeds (`iterations`)."""
-    from polykit.tools import results_io
+    from polykit.tools.data import results_io
 
     saved = results_io.load_outputs(path)
     name = next(iter(saved)) if len(saved) == 1 else "onnxrt" if "onnxrt" in saved else None
@@ -52,7 +52,7 @@ def verdict(feeds: list[dict[str, Any]], reference: list[dict[str, Any]], output
             compare: Any, validate: bool = False) -> Verdict:
     """`outputs` against `reference` (per iteration, by name) with `compare`: passed, the worst
     absolute and relative error, and what failed (the first three outputs)."""
-    from polykit.tools.comparator import Comparator, RunResults
+    from polykit.tools.compare.comparator import Comparator, RunResults
 
     results = RunResults(feeds=feeds)
     results.add("reference", reference)

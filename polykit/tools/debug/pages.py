@@ -3,7 +3,7 @@
     save_debug_report("reduce.html", report.to_json(), "polykit debug reduce model.onnx")
 
 Each page is drawn from the tool's `--json` document alone (PAGES, by its "tool" key): the
-keys polykit.tools.html_report.render_html reads (summary, tables with failed rows in red,
+keys polykit.tools.report.html.render_html reads (summary, tables with failed rows in red,
 bar charts), so the page shows the numbers the JSON holds.
 
 - debug tactics: the culprits with their bad and good tactics and the error each introduces
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from polykit.errors import UsageError
-from polykit.tools.html_report import format_number, save_html
+from polykit.tools.report.html import format_number, save_html
 
 #: names a table cell lists before it says "and N more"
 MAX_NAMES = 40
@@ -154,5 +154,5 @@ def debug_page(doc: Mapping[str, Any], title: str) -> dict[str, Any]:
 
 
 def save_debug_report(path: str | os.PathLike, doc: Mapping[str, Any], title: str) -> Path:
-    """Write the page of a debug tool's JSON `doc` to `path` (html_report.save_html)."""
+    """Write the page of a debug tool's JSON `doc` to `path` (polykit.tools.report.html.save_html)."""
     return save_html(path, debug_page(doc, title))

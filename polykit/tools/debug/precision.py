@@ -8,11 +8,11 @@ are the data loader's (or `load_inputs`); the reference outputs come from onnxru
 them, once (or from `load_outputs`). The candidates are the model's nodes (by the names
 `--layer-precisions` matches) that compute a float32 tensor and that the build may lower:
 not Constants, not nodes folded away, not nodes that stay in fp32 anyway. They are ranked
-(`rank`: RANKERS) by their measured error contribution, and polykit.tools.precision_search
+(`rank`: RANKERS) by their measured error contribution, and polykit.tools.debug.precision_search
 finds a small set of them to keep in fp32: each check builds the model in process with
 `layer_precisions` = that set in fp32 and compares its outputs with the reference (compare
 function and tolerances of `polykit run`). The error and the latency (median of a short
-timing loop of polykit's engine, polykit.tools.bench) are measured before (the
+timing loop of polykit's engine, polykit.tools.bench.benchmark) are measured before (the
 low-precision build) and after (with the set in fp32).
 """
 
@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
-from polykit.tools.accuracy import AccuracySettings
-from polykit.tools.debug_check import error_json, onnxrt_outputs, saved_reference, verdict
-from polykit.tools.precision_search import find_fp32_set, isolated_scores, layerwise_scores, rank
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.debug.check import error_json, onnxrt_outputs, saved_reference, verdict
+from polykit.tools.debug.precision_search import find_fp32_set, isolated_scores, layerwise_scores, rank
+from polykit.tools.debug.tactic_bisect import Verdict
 
 
 @dataclass(frozen=True)
@@ -153,9 +153,9 @@ class PrecisionTrials:
 
     def __init__(self, model: Any, graph: Any, config: BuilderConfig, options: PrecisionOptions, advance: Any):
         from polykit.plugins import data_loader_specs
-        from polykit.tools import results_io
-        from polykit.tools.accuracy import make_compare_func
-        from polykit.tools.data_loader import make_data_loader
+        from polykit.tools.data import results_io
+        from polykit.tools.compare.accuracy import make_compare_func
+        from polykit.tools.data.loaders import make_data_loader
 
         settings = options.accuracy
         self.model, self.graph, self.providers, self.advance = model, graph, options.providers, advance
@@ -179,7 +179,7 @@ class PrecisionTrials:
 
     def run(self, plan: Any, loader: Any = None, feeds: Any = None) -> tuple[list[dict], list[dict]]:
         from polykit.backends.polykit_runner import PolykitRunner
-        from polykit.tools.comparator import Comparator
+        from polykit.tools.compare.comparator import Comparator
 
         if loader is None and feeds is None:
             feeds = self.feeds
@@ -196,7 +196,7 @@ class PrecisionTrials:
     def latency(self, plan: Any, iterations: int) -> float | None:
         """The median latency in ms of `iterations` timed runs of `plan` on the first feeds (None for 0)."""
         from polykit.backends.loaders import EngineFromPlan
-        from polykit.tools.bench import BenchOptions, benchmark
+        from polykit.tools.bench.benchmark import BenchOptions, benchmark
 
         if iterations <= 0:
             return None

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.errors import UsageError
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.debug.tactic_bisect import Verdict
 
 #: check(nodes kept in fp32) -> Verdict (passed: the outputs meet the tolerance)
 SetCheck = Callable[[frozenset[str]], Verdict]

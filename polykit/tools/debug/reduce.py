@@ -7,8 +7,8 @@
 The full model runs once in onnxruntime with every intermediate tensor marked as an output;
 those values (on the data loader's feeds, or `load_inputs`; a `load_outputs` file's tensors
 take precedence where it has them) are cached. A candidate is a set of the model's nodes
-(polykit.tools.reduce_search picks them: bisection, then linear refinement): the subgraph
-they make (polykit.tools.subgraph) takes as inputs the tensors its nodes read and no node of
+(polykit.tools.debug.reduce_search picks them: bisection, then linear refinement): the subgraph
+they make (polykit.tools.model.subgraph) takes as inputs the tensors its nodes read and no node of
 it writes, fed with their cached values, so it sees real data; its outputs are the tensors
 it writes that the rest of the model reads, or the model's outputs. Intermediate non-float
 inputs (shapes, indices) are baked in as initializers, so shape inference sees them.
@@ -31,13 +31,13 @@ from typing import Any, Sequence
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PolykitError, UsageError
-from polykit.tools.accuracy import AccuracySettings
-from polykit.tools.debug_check import (check_argv, error_json, refuse_check_conflicts, run_check, saved_reference,
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.debug.check import (check_argv, error_json, refuse_check_conflicts, run_check, saved_reference,
                                        verdict)
-from polykit.tools.reduce_search import reduce_nodes
+from polykit.tools.debug.reduce_search import reduce_nodes
 from polykit.compiler.ir.subgraphs import outer_names
-from polykit.tools.subgraph import Extractor, TensorSpec
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.model.subgraph import Extractor, TensorSpec
+from polykit.tools.debug.tactic_bisect import Verdict
 
 MODEL_PLACEHOLDER, INPUTS_PLACEHOLDER = "{model}", "{inputs}"
 CHECK_EXAMPLE = "polykit run {model} --trt --onnxrt --load-inputs {inputs}"
@@ -105,7 +105,7 @@ class ReduceReport:
     steps: tuple[ReduceStep, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        from polykit.tools.subgraph import describe_io
+        from polykit.tools.model.subgraph import describe_io
 
         def subgraph(candidate: Candidate, v: Verdict) -> dict[str, Any]:
             return {**describe_io(candidate.model), "ops": [n.op_type for n in candidate.model.graph.node],
@@ -188,9 +188,9 @@ class Subgraphs:
         from polykit.backends.loaders import MARK_ALL, ModifyOutputs
         from polykit.backends.onnxrt import OnnxrtRunner, SessionFromOnnx
         from polykit.plugins import data_loader_specs
-        from polykit.tools import results_io
-        from polykit.tools.comparator import Comparator
-        from polykit.tools.data_loader import make_data_loader
+        from polykit.tools.data import results_io
+        from polykit.tools.compare.comparator import Comparator
+        from polykit.tools.data.loaders import make_data_loader
 
         settings = options.accuracy
         feeds = results_io.load_feeds(options.load_inputs) if options.load_inputs else None
@@ -243,7 +243,7 @@ class BuiltinCheck:
     """Build a candidate with polykit, run it on its feeds, compare with the cached values."""
 
     def __init__(self, subgraphs: Subgraphs, config: BuilderConfig, settings: AccuracySettings):
-        from polykit.tools.accuracy import make_compare_func
+        from polykit.tools.compare.accuracy import make_compare_func
 
         self.subgraphs, self.settings = subgraphs, settings
         self.config = replace(config, input_shapes={}, mark_outputs=(), mark_all=False, save_tactics=None,
@@ -257,7 +257,7 @@ class BuiltinCheck:
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
         from polykit.backends.polykit_runner import PolykitRunner
         from polykit.compiler.builder.builder import build_plan
-        from polykit.tools.comparator import Comparator
+        from polykit.tools.compare.comparator import Comparator
 
         candidate = self.subgraphs.candidate(nodes)
         try:
@@ -285,7 +285,7 @@ class CommandCheck:
 
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
         from polykit.compiler.graph.onnx_export import save_model
-        from polykit.tools import results_io
+        from polykit.tools.data import results_io
 
         self.count += 1
         candidate = self.subgraphs.candidate(nodes)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from polykit.errors import UsageError
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.debug.tactic_bisect import Verdict
 
 #: check(nodes: tuple of node indices, ascending) -> Verdict (passed: the failure is gone)
 NodeCheck = Callable[[tuple[int, ...]], Verdict]

@@ -7,7 +7,7 @@
 The bad assignment (layer -> tactic) is the build made now with `config`, or that build with
 `DebugOptions.bad_tactics` forced; the good one is `good_tactics` where that replay names a
 layer, else the layer's conservative tactic (polykit.kernels.tactics.conservative_tactic:
-cpu.reference on cpu, the plainest kernel on cuda). polykit.tools.tactic_bisect searches the
+cpu.reference on cpu, the plainest kernel on cuda). polykit.tools.debug.tactic_bisect searches the
 layers whose tactics differ. Each trial builds the model in process with an assignment forced
 on every layer (nothing is timed) and checks it: its outputs on fixed feeds against reference
 outputs computed once (onnxruntime in process, or `load_outputs`) with the compare function
@@ -29,10 +29,10 @@ from typing import Any, Mapping, Sequence
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
 from polykit.errors import UsageError
-from polykit.tools.accuracy import AccuracySettings
-from polykit.tools.debug_check import (artifacts_folder, check_argv, error_json, onnxrt_outputs, refuse_check_conflicts,
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.debug.check import (artifacts_folder, check_argv, error_json, onnxrt_outputs, refuse_check_conflicts,
                                        run_check, saved_reference, verdict, write_json)
-from polykit.tools.tactic_bisect import BisectResult, Verdict, bisect_tactics
+from polykit.tools.debug.tactic_bisect import BisectResult, Verdict, bisect_tactics
 
 log = logging.getLogger("polykit")
 
@@ -164,9 +164,9 @@ class OutputTrials:
 
     def __init__(self, model: Any, graph: Any, config: BuilderConfig, bad_plan: Any, options: DebugOptions):
         from polykit.plugins import data_loader_specs
-        from polykit.tools import results_io
-        from polykit.tools.accuracy import make_compare_func
-        from polykit.tools.data_loader import make_data_loader
+        from polykit.tools.data import results_io
+        from polykit.tools.compare.accuracy import make_compare_func
+        from polykit.tools.data.loaders import make_data_loader
 
         settings = options.accuracy
         self.graph, self.config, self.layers = graph, config, bad_plan.layers
@@ -189,7 +189,7 @@ class OutputTrials:
 
     def _run(self, plan: Any, loader: Any, feeds: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         from polykit.backends.polykit_runner import PolykitRunner
-        from polykit.tools.comparator import Comparator
+        from polykit.tools.compare.comparator import Comparator
 
         results = Comparator.run([PolykitRunner(plan)], loader, feeds=feeds)
         return results.feeds, results.outputs["trt"]

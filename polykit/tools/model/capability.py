@@ -227,7 +227,7 @@ def to_json(report: Capability) -> dict[str, Any]:
 
 def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[str]:
     """Write each partition as `partition_<i>.onnx` into `folder` (made if missing), cut by
-    polykit.tools.subgraph.Extractor from the graph judged; the paths."""
+    polykit.tools.model.subgraph.Extractor from the graph judged; the paths."""
     from pathlib import Path
 
     from polykit.compiler.graph.onnx_import import check_model
@@ -244,7 +244,7 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     import onnx
 
     from polykit.compiler.graph.onnx_export import to_onnx
-    from polykit.tools.subgraph import Extractor
+    from polykit.tools.model.subgraph import Extractor
 
     extractor = Extractor(to_onnx(graph), graph)  # the graph judged: inputs static, constants folded
     for i, part in enumerate(report.partitions):
@@ -271,7 +271,7 @@ def capability(
 
     from polykit.files import require_file
     from polykit.errors import ModelLoadError
-    from polykit.tools.cli_args import parse_input_shapes
+    from polykit.tools.cli.args import parse_input_shapes
 
     require_file(model, "model file", ModelLoadError)
     report, graph = check_capability(model, target, parse_input_shapes(input_shapes))

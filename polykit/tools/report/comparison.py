@@ -1,4 +1,4 @@
-"""Reports of a comparison: rich text for people, JSON for machines (and html_report for browsers).
+"""Reports of a comparison: rich text for people, JSON for machines (and report.html for browsers).
 
 Text has three levels of detail: "quiet" (the summary line), "normal" (per output tables;
 for a layerwise run, one line per runner pair and the first divergence instead of hundreds
@@ -11,9 +11,9 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from polykit.tools.comparator import AccuracyReport, RunResults
-from polykit.tools.compare_funcs import OutputComparison
-from polykit.tools.divergence import Divergence, LayerwiseReport
+from polykit.tools.compare.comparator import AccuracyReport, RunResults
+from polykit.tools.compare.funcs import OutputComparison
+from polykit.tools.compare.divergence import Divergence, LayerwiseReport
 
 #: render's levels of detail
 DETAILS = ("quiet", "normal", "verbose")

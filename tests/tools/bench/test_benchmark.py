@@ -1,4 +1,5 @@
-"""polykit.tools.bench: the measurement API behind `polykit bench` (cpu target here; cuda in test_bench_gpu.py)."""
+"""polykit.tools.bench.benchmark: the measurement API behind `polykit bench` (cpu target here; cuda in
+test_benchmark_gpu.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from polykit.backends.loaders import EngineFromPlan, PlanFromOnnx
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
-from polykit.tools.bench import BenchOptions, Stats, bench_model, benchmark, random_feeds
+from polykit.tools.bench.benchmark import BenchOptions, Stats, bench_model, benchmark, random_feeds
 
 FAST = dict(warm_up_ms=0, duration_s=0)
 

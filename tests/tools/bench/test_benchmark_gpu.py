@@ -7,8 +7,8 @@ import json
 import pytest
 
 from polykit.compiler.builder.config import BuilderConfig
-from polykit.tools.bench import BenchOptions, bench_model
-from polykit.tools.cli import main
+from polykit.tools.bench.benchmark import BenchOptions, bench_model
+from polykit.tools.cli.app import main
 
 pytestmark = pytest.mark.gpu
 

@@ -1,7 +1,7 @@
 import pytest
 
 from polykit.errors import UsageError
-from polykit.tools.cli_args import (
+from polykit.tools.cli.args import (
     expand_multi_values, parse_error_stats, parse_input_shapes, parse_tolerances, parse_val_ranges, rewrite_runner_flags,
 )
 

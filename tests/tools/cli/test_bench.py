@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 
 FAST = ["--warm-up", "0", "--duration", "0", "--iterations", "4"]
 

@@ -1,4 +1,4 @@
-"""The builder options run and convert share (tools/cli_args.with_builder_options): tuning
+"""The builder options run and convert share (tools/cli/args.with_builder_options): tuning
 level, timing caches, workspace limit and precision flags, from the command line."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
 from polykit.plugins import reset_plugin_manager
-from polykit.tools.cli import main
-from polykit.tools.cli_args import builder_config_options, parse_layer_precisions, parse_memory_pool_limits
+from polykit.tools.cli.app import main
+from polykit.tools.cli.args import builder_config_options, parse_layer_precisions, parse_memory_pool_limits
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MLP = str(REPO / "examples" / "models" / "mlp.onnx")
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
-from polykit.tools.cli import main
-from polykit.tools.cli_args import parse_profiles
+from polykit.tools.cli.app import main
+from polykit.tools.cli.args import parse_profiles
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 from tests.dynamic_models import encoder
 

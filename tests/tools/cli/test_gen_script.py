@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polykit.tools.cli import main
-from polykit.tools.results_io import load_feeds, load_outputs
+from polykit.tools.cli.app import main
+from polykit.tools.data.results_io import load_feeds, load_outputs
 from tests.cli_models import REPO, perturbed_mlp
 from tests.cli_models import MLP as MLP_PATH
 

@@ -12,10 +12,10 @@ import sys
 import onnx
 import pytest
 
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.cli_models import MLP, perturbed_mlp
-from tests.tools.test_debug_precision import overflow_model
-from tests.tools.test_gen_script import _script_env
+from tests.tools.debug.test_precision import overflow_model
+from tests.tools.cli.test_gen_script import _script_env
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
 

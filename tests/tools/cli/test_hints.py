@@ -15,11 +15,11 @@ import pytest
 import typer
 
 from polykit.plugins import runner_specs
-from polykit.tools.cli import build_app
-from polykit.tools.cli_args import MULTI_VALUE_OPTIONS
+from polykit.tools.cli.app import build_app
+from polykit.tools.cli.args import MULTI_VALUE_OPTIONS
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
-PACKAGE = Path(__file__).resolve().parents[2] / "polykit"
+PACKAGE = Path(__file__).resolve().parents[3] / "polykit"
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 COMMAND = re.compile(r"(?P<quote>[`']?)polykit(?P<words>(?: [a-z][a-z-]*)+)")
 PLACEHOLDER = "NAME"

@@ -11,8 +11,8 @@ import pytest
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.records import LayerDesc
-from polykit.tools.cli import main
-from polykit.tools.inspect_cmd import describe_plan
+from polykit.tools.cli.app import main
+from polykit.tools.cli.inspect import describe_plan
 
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
@@ -158,7 +158,7 @@ def test_show_layers_json_carries_names_dtypes_shapes_and_attrs(mlp, capsys):
 def test_show_layers_of_a_model_polykit_cannot_import_lists_nodes_without_shapes(tmp_path, capsys, caplog, monkeypatch):
     import logging
 
-    from polykit.tools.inspect_cmd import describe_onnx
+    from polykit.tools.cli.inspect import describe_onnx
 
     from onnx import TensorProto, helper
 

@@ -12,9 +12,9 @@ import pytest
 from polykit.compiler.builder.calibration_cache import read_calibration_cache
 from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
-from polykit.tools.cli import main
-from polykit.tools.cli_args import builder_config_options, calibration_source, parse_tensor_ranges
-from polykit.tools.data_loader import ScriptDataLoader
+from polykit.tools.cli.app import main
+from polykit.tools.cli.args import builder_config_options, calibration_source, parse_tensor_ranges
+from polykit.tools.data.loaders import ScriptDataLoader
 from tests.compiler.int8_models import feeds_for, small_resnet
 
 #: the tolerance INT8 against fp32 is held to (docs/INT8.md): cosine similarity >= 0.99

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from polykit.compiler.plan.file import Plan
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.dynamic_models import encoder
 
 SHAPES = ["--input-shapes", "x:[2,5,32]", "mask:[2,5]"]

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 from polykit.compiler.plan.file import Plan
 from polykit.runtime.engine import Runtime
-from polykit.tools.cli import main
-from polykit.tools.results_io import save_feeds
+from polykit.tools.cli.app import main
+from polykit.tools.data.results_io import save_feeds
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")

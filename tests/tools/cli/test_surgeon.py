@@ -1,6 +1,6 @@
 """`polykit surgeon sanitize` keeps the model's opset and IR version unless --upgrade-opset, and
 --external-data always writes the data file; `polykit surgeon extract` and
-polykit.tools.subgraph cut subgraphs that pass onnx.checker and run in onnxruntime on the
+polykit.tools.model.subgraph cut subgraphs that pass onnx.checker and run in onnxruntime on the
 values the full model gives their inputs."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from polykit.backends.loaders import MARK_ALL, ModifyOutputs
 from polykit.errors import UsageError
-from polykit.tools.cli import main
-from polykit.tools.subgraph import TensorSpec, extract, parse_input_spec, parse_output_spec
+from polykit.tools.cli.app import main
+from polykit.tools.model.subgraph import TensorSpec, extract, parse_input_spec, parse_output_spec
 from tests.cli_models import REPO, dynamic_model
 
 CONVNET = str(REPO / "tests" / "data" / "torch" / "convnet_ts.onnx")

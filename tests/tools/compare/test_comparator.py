@@ -3,8 +3,8 @@ import pytest
 
 from polykit.backends.base import BaseRunner, TensorMeta
 from polykit.errors import UsageError
-from polykit.tools.comparator import Comparator, RunResults
-from polykit.tools.data_loader import DataLoader, DataLoaderOptions
+from polykit.tools.compare.comparator import Comparator, RunResults
+from polykit.tools.data.loaders import DataLoader, DataLoaderOptions
 
 
 class FakeRunner(BaseRunner):
@@ -107,7 +107,7 @@ def test_validate_flags_nan_in_bfloat16_outputs():
 
 
 def test_scalar_and_empty_outputs_are_compared_and_reported():
-    from polykit.tools.report import render_text, to_json
+    from polykit.tools.report.comparison import render_text, to_json
 
     results = RunResults(feeds=[{}])
     results.add("a", [{"s": np.float32(2.0), "e": np.zeros((0, 4), np.float32), "b": np.array(True)}])

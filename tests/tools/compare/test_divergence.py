@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from polykit.tools.cli import main
-from tests.tools.layerwise_models import convnet
+from polykit.tools.cli.app import main
+from tests.tools.compare.layerwise_models import convnet
 
 CPU = ("--target", "cpu")
 
@@ -134,13 +134,13 @@ def _unsorted_model():
 
 
 def _compared(name: str, passed: bool):
-    from polykit.tools.compare_funcs import OutputComparison
+    from polykit.tools.compare.funcs import OutputComparison
 
     return OutputComparison(name, passed, "simple", max_abs=0.0 if passed else 1.0)
 
 
 def test_graph_order_sorts_nodes_topologically_and_names_unnamed_ones():
-    from polykit.tools.divergence import GraphOrder
+    from polykit.tools.compare.divergence import GraphOrder
 
     order = GraphOrder.from_onnx(_unsorted_model())
     assert [(p.tensor, p.node, p.op) for p in order.producers] == [("a", "relu", "Relu"), ("b", "Neg_2", "Neg"),
@@ -149,8 +149,8 @@ def test_graph_order_sorts_nodes_topologically_and_names_unnamed_ones():
 
 
 def test_analyze_walks_topological_order_and_back_through_tensors_not_compared():
-    from polykit.tools.comparator import AccuracyReport, PairResult
-    from polykit.tools.divergence import GraphOrder, analyze
+    from polykit.tools.compare.comparator import AccuracyReport, PairResult
+    from polykit.tools.compare.divergence import GraphOrder, analyze
 
     order = GraphOrder.from_onnx(_unsorted_model())
     pair = PairResult("ref", "act", 0, (_compared("y", False), _compared("c", False), _compared("a", True)), ("b",))
@@ -163,8 +163,8 @@ def test_analyze_walks_topological_order_and_back_through_tensors_not_compared()
 
 
 def test_analyze_reports_the_first_pair_that_diverges():
-    from polykit.tools.comparator import AccuracyReport, PairResult
-    from polykit.tools.divergence import GraphOrder, analyze
+    from polykit.tools.compare.comparator import AccuracyReport, PairResult
+    from polykit.tools.compare.divergence import GraphOrder, analyze
 
     order = GraphOrder.from_onnx(_unsorted_model())
     good = PairResult("ref", "one", 0, (_compared("a", True), _compared("y", True)))

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from polykit.tools.cli import main
-from tests.tools.layerwise_models import convnet
+from polykit.tools.cli.app import main
+from tests.tools.compare.layerwise_models import convnet
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fault_plugin")]
 

@@ -13,7 +13,7 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import BuildError
 from polykit.runtime.engine import Runtime
-from tests.tools.layerwise_models import convnet, gelu_mlp
+from tests.tools.compare.layerwise_models import convnet, gelu_mlp
 
 LEVEL0 = dict(target="cpu", builder_optimization_level=0)
 

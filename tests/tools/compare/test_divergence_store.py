@@ -14,12 +14,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from polykit.backends.base import RunnerRequest
 from polykit.errors import DataFileError, UsageError
-from polykit.tools import results_io
-from polykit.tools.accuracy import AccuracySettings, make_runners, run_comparison
-from polykit.tools.comparator import Comparator, RunResults
-from polykit.tools.divergence import GraphOrder
-from polykit.tools.output_store import OutputStore, open_outputs
-from polykit.tools.cli import main
+from polykit.tools.data import results_io
+from polykit.tools.compare.accuracy import AccuracySettings, make_runners, run_comparison
+from polykit.tools.compare.comparator import Comparator, RunResults
+from polykit.tools.compare.divergence import GraphOrder
+from polykit.tools.data.output_store import OutputStore, open_outputs
+from polykit.tools.cli.app import main
 from tests.cli_models import save
 
 RNG = np.random.default_rng(5)

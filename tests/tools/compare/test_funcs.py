@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from polykit.errors import UsageError
-from polykit.tools.compare_funcs import CompareOptions, cosine, l2, simple, snr
+from polykit.tools.compare.funcs import CompareOptions, cosine, l2, simple, snr
 
 rng = np.random.default_rng(0)
 REF = rng.standard_normal((4, 5)).astype(np.float32)
@@ -100,7 +100,7 @@ def test_snr_is_infinite_for_identical_outputs_and_low_for_noise():
 
 
 def _all_funcs():
-    from polykit.tools.compare_funcs import builtin_compare_funcs
+    from polykit.tools.compare.funcs import builtin_compare_funcs
 
     return [spec.factory(CompareOptions()) for spec in builtin_compare_funcs()]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polykit.tools.cli import main
-from polykit.tools.inspect_data import describe_data, tensor_stats
-from polykit.tools.results_io import save_feeds, save_outputs
+from polykit.tools.cli.app import main
+from polykit.tools.data.inspect import describe_data, tensor_stats
+from polykit.tools.data.results_io import save_feeds, save_outputs
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
-DATA = Path(__file__).resolve().parents[1] / "data" / "polygraphy"
+DATA = Path(__file__).resolve().parents[2] / "data" / "polygraphy"
 rng = np.random.default_rng(11)
 
 CACHE_READER_PLUGIN = '''
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from polykit.plugins import hookimpl
-from polykit.tools.inspect_data import DataGroup, DataReaderSpec, DataSet
+from polykit.tools.data.inspect import DataGroup, DataReaderSpec, DataSet
 
 
 def read_ranges(path):

@@ -3,7 +3,7 @@ import pytest
 
 from polykit.backends.base import TensorMeta
 from polykit.errors import UsageError
-from polykit.tools.data_loader import DataLoader, DataLoaderOptions, ScriptDataLoader
+from polykit.tools.data.loaders import DataLoader, DataLoaderOptions, ScriptDataLoader
 
 META = {"x": TensorMeta("x", "float32", (2, 3)), "i": TensorMeta("i", "int64", (4,)), "b": TensorMeta("b", "bool", (5,))}
 

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from polykit.errors import DataFileError
-from polykit.tools.cli import main
-from polykit.tools.results_io import load_feeds, load_outputs, save_feeds, save_outputs
+from polykit.tools.cli.app import main
+from polykit.tools.data.results_io import load_feeds, load_outputs, save_feeds, save_outputs
 from tests.cli_models import MLP
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
-DATA = Path(__file__).resolve().parents[1] / "data" / "polygraphy"
+DATA = Path(__file__).resolve().parents[2] / "data" / "polygraphy"
 rng = np.random.default_rng(3)
 
 

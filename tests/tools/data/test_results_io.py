@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from polykit.errors import DataFileError, PolykitError
-from polykit.tools.results_io import (load_data, load_feeds, load_outputs, load_reference_outputs, save_feeds,
+from polykit.tools.data.results_io import (load_data, load_feeds, load_outputs, load_reference_outputs, save_feeds,
                                       save_outputs)
 
 rng = np.random.default_rng(0)
@@ -218,7 +218,7 @@ def test_reference_outputs_of_several_files_keep_every_runner(tmp_path):
 
 
 def test_run_takes_plain_npz_inputs_and_outputs(tmp_path, capsys):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
     from tests.cli_models import MLP
 
     assert main(["run", str(MLP), "--onnxrt", "--save-inputs", str(tmp_path / "in.npz"),

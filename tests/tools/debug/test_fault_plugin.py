@@ -17,7 +17,7 @@ from polykit.errors import UsageError
 from polykit.kernels.tactics import TacticRegistry, TacticTable, find_tactic
 from polykit.plugins import create_plugin_manager
 from polykit.runtime.engine import Runtime
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.cli_models import FAULT_PLUGIN, REPO, save
 
 CONVNET = str(REPO / "tests" / "data" / "torch" / "convnet_ts.onnx")

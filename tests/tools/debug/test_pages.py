@@ -13,12 +13,12 @@ import re
 import pytest
 
 from polykit.errors import UsageError
-from polykit.tools.cli import main
-from polykit.tools.debug_pages import debug_page
-from polykit.tools.html_report import format_number
-from tests.tools.browser import assert_self_contained, dump_dom, needs_chromium
-from tests.tools.test_debug_precision import overflow_model
-from tests.tools.test_debug_reduce import CONVNET, LEVEL0, TOL
+from polykit.tools.cli.app import main
+from polykit.tools.debug.pages import debug_page
+from polykit.tools.report.html import format_number
+from tests.tools.report.browser import assert_self_contained, dump_dom, needs_chromium
+from tests.tools.debug.test_precision import overflow_model
+from tests.tools.debug.test_reduce import CONVNET, LEVEL0, TOL
 
 pytestmark = pytest.mark.usefixtures("fault_plugin")
 
@@ -173,8 +173,8 @@ def test_a_document_of_another_tool_has_no_debug_page():
 
 
 def test_a_reduce_step_is_a_span_of_the_order_and_the_nodes_left_out_of_it():
-    from polykit.tools.debug_reduce import ReduceStep
-    from polykit.tools.tactic_bisect import Verdict
+    from polykit.tools.debug.reduce import ReduceStep
+    from polykit.tools.debug.tactic_bisect import Verdict
 
     step = ReduceStep.of((1, 2, 4), ["a", "b", "c", "d", "e"], Verdict(False, 0.5, 2.0, "y differs"))
     assert step.to_json() == {"nodes": 3, "first": "b", "last": "e", "left_out": ["d"], "passed": False,

@@ -15,10 +15,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder.config import BuilderConfig
-from polykit.tools.accuracy import AccuracySettings
-from polykit.tools.cli import main
-from polykit.tools.cli_args import compare_settings
-from polykit.tools.debug_precision import PrecisionOptions, debug_precision, fp32_candidates
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.cli.app import main
+from polykit.tools.cli.args import compare_settings
+from polykit.tools.debug.precision import PrecisionOptions, debug_precision, fp32_candidates
 from tests.cli_models import REPO
 
 TOL = ["--atol", "1e-2", "--rtol", "1e-2"]

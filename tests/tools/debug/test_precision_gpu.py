@@ -3,7 +3,7 @@ overflowing MatMul with the scale that follows it into one GEMM, and its epilogu
 product to fp16 before the scale, as the op-by-op reference and ONNX do (each node's output is of
 type T; since the cuda16 round of 2026-11-24 — before it, the epilogue kept the product in fp32
 and this build passed). So the fp16 build fails on cuda as it does on cpu
-(tests/tools/test_debug_precision.py), and debug precision names the MatMul on cuda too."""
+(tests/tools/debug/test_precision.py), and debug precision names the MatMul on cuda too."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from polykit.tools.cli import main
-from tests.tools.test_debug_precision import overflow_model
+from polykit.tools.cli.app import main
+from tests.tools.debug.test_precision import overflow_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_plugins")]
 

@@ -1,4 +1,4 @@
-"""polykit.tools.precision_search with fake checks and arrays: the search finds the nodes a
+"""polykit.tools.debug.precision_search with fake checks and arrays: the search finds the nodes a
 build needs in fp32 (a set, not a prefix of the ranking) within its trial bound; the
 rankings score what each node adds to the error."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from polykit.errors import UsageError
-from polykit.tools.precision_search import (find_fp32_set, isolated_scores, layerwise_scores, rank, tensor_error,
+from polykit.tools.debug.precision_search import (find_fp32_set, isolated_scores, layerwise_scores, rank, tensor_error,
                                             verdict_score)
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.debug.tactic_bisect import Verdict
 
 NODES = [f"n{i}" for i in range(12)]
 

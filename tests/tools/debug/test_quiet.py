@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from polykit.compiler.builder.tuner import progress_bar
-from polykit.tools.cli import main
-from tests.tools.test_debug_precision import CPU, TOL as PRECISION_TOL, overflow_model
-from tests.tools.test_debug_reduce import CONVNET, LEVEL0, TOL
+from polykit.tools.cli.app import main
+from tests.tools.debug.test_precision import CPU, TOL as PRECISION_TOL, overflow_model
+from tests.tools.debug.test_reduce import CONVNET, LEVEL0, TOL
 
 
 def _lines(capsys) -> list[str]:

@@ -20,12 +20,12 @@ from polykit.backends.loaders import MARK_ALL, ModifyOutputs
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.runtime.engine import Engine
-from polykit.tools.accuracy import AccuracySettings
-from polykit.tools.cli import main
-from polykit.tools.cli_args import compare_settings
-from polykit.tools.data_loader import DataLoaderOptions
-from polykit.tools.debug_check import onnxrt_outputs
-from polykit.tools.debug_reduce import ReduceOptions, Subgraphs, debug_reduce
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.cli.app import main
+from polykit.tools.cli.args import compare_settings
+from polykit.tools.data.loaders import DataLoaderOptions
+from polykit.tools.debug.check import onnxrt_outputs
+from polykit.tools.debug.reduce import ReduceOptions, Subgraphs, debug_reduce
 from tests.cli_models import REPO, perturbed_mlp, save
 
 CONVNET = str(REPO / "tests" / "data" / "torch" / "convnet_ts.onnx")
@@ -151,7 +151,7 @@ def test_the_text_report_lists_the_nodes_and_the_files_written(monkeypatch, caps
 
 def test_a_check_command_judges_each_subgraph_on_its_real_inputs(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "blocks.1/Conv")
-    run = [sys.executable, "-m", "polykit.tools.cli", "run", "{model}", "--trt", "--onnxrt", *LEVEL0, *TOL,
+    run = [sys.executable, "-m", "polykit.tools.cli.app", "run", "{model}", "--trt", "--onnxrt", *LEVEL0, *TOL,
            "--load-inputs", "{inputs}"]
     monkeypatch.setenv("PYTHONPATH", str(REPO / "examples" / "polykit-fault-plugin"))
     doc = _reduce_json(capsys, CONVNET, "-o", str(tmp_path / "r.onnx"), "--check", shlex.join(run), "--target", "cpu")

@@ -8,7 +8,7 @@ import json
 import onnx
 import pytest
 
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.cli_models import REPO
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fault_plugin")]

@@ -1,4 +1,4 @@
-"""polykit.tools.reduce_search with fake checks: the bisection isolates any node, the first
+"""polykit.tools.debug.reduce_search with fake checks: the bisection isolates any node, the first
 included, linear refinement drops the nodes a failure does not need, within the trial bound."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 
 from polykit.errors import UsageError
-from polykit.tools.reduce_search import reduce_nodes
-from polykit.tools.tactic_bisect import Verdict
+from polykit.tools.debug.reduce_search import reduce_nodes
+from polykit.tools.debug.tactic_bisect import Verdict
 
 
 class FakeCheck:

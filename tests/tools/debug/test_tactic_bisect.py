@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polykit.errors import UsageError
-from polykit.tools.tactic_bisect import Verdict, bisect_tactics
+from polykit.tools.debug.tactic_bisect import Verdict, bisect_tactics
 
 
 def _assignments(n: int, same: int = 0) -> tuple[dict[str, str], dict[str, str]]:

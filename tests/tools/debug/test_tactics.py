@@ -17,8 +17,8 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.tactic_replay import LayerChoice, TacticReplay, load_replay, save_replay
 from polykit.errors import BuildError
-from polykit.tools.cli import main
-from polykit.tools.debug_tactics import DebugOptions, debug_tactics
+from polykit.tools.cli.app import main
+from polykit.tools.debug.tactics import DebugOptions, debug_tactics
 from tests.cli_models import FAULT_PLUGIN, REPO
 
 CONVNET = str(REPO / "tests" / "data" / "torch" / "convnet_ts.onnx")
@@ -108,7 +108,7 @@ def test_a_check_command_judges_each_trial_by_its_exit_code(monkeypatch, capsys,
     """The command here is `polykit run` itself, in a subprocess that finds the plugin the same way."""
     monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "fc2")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULT_PLUGIN), str(REPO)]))
-    polykit = shlex.join([sys.executable, "-c", "import sys; from polykit.tools.cli import main; sys.exit(main())"])
+    polykit = shlex.join([sys.executable, "-c", "import sys; from polykit.tools.cli.app import main; sys.exit(main())"])
     check = f"{polykit} run {MLP} --trt --onnxrt --target cpu --load-tactics {{tactics}}"
     doc = _debug_json(capsys, MLP, *LEVEL0, "--check", check)
     assert [(c["layer"], c["tactic"], c["error"]) for c in doc["culprits"]] == [("fc2", "fault.Gemm", None)]

@@ -13,9 +13,9 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.runtime.engine import Engine
-from polykit.tools import results_io
-from polykit.tools.cli import main
-from polykit.tools.debug_tactics import DebugOptions, conservative_assignment, debug_tactics
+from polykit.tools.data import results_io
+from polykit.tools.cli.app import main
+from polykit.tools.debug.tactics import DebugOptions, conservative_assignment, debug_tactics
 from tests.cli_models import REPO
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fault_plugin")]

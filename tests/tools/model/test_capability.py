@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from polykit.tools.capability import check_capability
-from polykit.tools.cli import main
+from polykit.tools.model.capability import check_capability
+from polykit.tools.cli.app import main
 from tests.cli_models import MLP, dynamic_model, save
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")

@@ -2,8 +2,8 @@ import json
 
 import numpy as np
 
-from polykit.tools.comparator import Comparator, RunResults
-from polykit.tools.report import render_text, to_json
+from polykit.tools.compare.comparator import Comparator, RunResults
+from polykit.tools.report.comparison import render_text, to_json
 
 
 def _report(delta):

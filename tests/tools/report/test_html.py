@@ -1,4 +1,4 @@
-"""`polykit run --report FILE.html` and html_report.render_html: one self-contained page (inline
+"""`polykit run --report FILE.html` and report.html.render_html: one self-contained page (inline
 SVG, nothing fetched) with the summary, error histograms, worst elements and the per-layer
 error chart with the first divergence marked; rendered by a real headless browser."""
 
@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from polykit.tools.cli import main
-from polykit.tools.html_report import render_html
-from tests.tools.browser import assert_self_contained, dump_dom, needs_chromium
-from tests.tools.layerwise_models import convnet
+from polykit.tools.cli.app import main
+from polykit.tools.report.html import render_html
+from tests.tools.report.browser import assert_self_contained, dump_dom, needs_chromium
+from tests.tools.compare.layerwise_models import convnet
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_report_to_a_missing_folder_is_a_usage_error(tmp_path, capsys):
 def test_ci_installs_chromium_before_the_tests_without_failing_when_it_cannot():
     from pathlib import Path
 
-    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    ci = (Path(__file__).resolve().parents[3] / ".ci" / "run").read_text()
     install = ci.index("apt-get install -y -qq chromium")
     assert install < ci.index(".venv/bin/python -m pytest -q")
     assert "|| echo" in ci[install:ci.index("fi", install)]  # a failed install only prints a line
@@ -84,7 +84,7 @@ def test_ci_installs_chromium_before_the_tests_without_failing_when_it_cannot():
 
 def test_save_html_writes_the_page_and_names_a_file_it_cannot_write(tmp_path):
     from polykit.errors import DataFileError
-    from polykit.tools.html_report import save_html
+    from polykit.tools.report.html import save_html
 
     doc = {"title": "t", "passed": True, "histograms": [{"title": "h", "edges": [1e-6, 1e-5], "counts": [3]}]}
     assert save_html(tmp_path / "r.html", doc).read_text(encoding="utf-8") == render_html(doc)

@@ -1,4 +1,4 @@
-"""polykit.tools.profile_report: per-layer medians, shares and tactic totals from run profiles."""
+"""polykit.tools.report.profile: per-layer medians, shares and tactic totals from run profiles."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from polykit.compiler.plan.records import LayerDesc
-from polykit.tools.profile_report import render, summarize
+from polykit.tools.report.profile import render, summarize
 
 LAYERS = [LayerDesc("conv1", "Conv", ("x", "w"), ("c",), tactic="cuda.conv.igemm_simt"),
           LayerDesc("relu", "Relu", ("c",), ("r",), tactic="cuda.pointwise"),
