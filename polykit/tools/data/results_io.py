@@ -24,31 +24,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from polykit.errors import DataFileError, UsageError
 from polykit.files import require_file
+from polykit.npy_io import open_npz
 from polykit.tools.data import polygraphy_json
-from polykit.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npz
 
 #: what --format names: polykit's .npz/.json (chosen by suffix), or Polygraphy's JSON
 SAVE_FORMATS = ("polykit", "polygraphy")
 _FEED_KEY = re.compile(r"^\d+/.")
 _OUTPUT_KEY = re.compile(r"^[^/]+/\d+/.")
-
-
-def open_npz(path: Path) -> dict[str, Any]:
-    """name -> array of an .npz (each member read by npy_io: header checked against its bytes);
-    also the reader of INT8 calibration batches (polykit.compiler.builder.calibrate)."""
-    path = require_file(path, "data file", DataFileError)
-    with open(path, "rb") as fh:
-        head = fh.read(len(NPY_MAGIC))
-    hint = "expected an .npz written by polykit (--save-inputs/--save-outputs) or numpy.savez"
-    if head.startswith(NPY_MAGIC):
-        raise DataFileError("the file is a single .npy array, not an .npz archive of named arrays", where=str(path),
-                            hint="save feeds with numpy.savez(path, **{'<input name>': array}) or --save-inputs")
-    if not head.startswith(ZIP_MAGICS):
-        raise DataFileError("the file is not an .npz (zip) archive", where=str(path), hint=hint)
-    arrays = read_npz(path, str(path), hint)
-    if not arrays:
-        raise DataFileError("the archive holds no arrays", where=str(path), hint=hint)
-    return arrays
 
 
 def npz_layout(keys: Iterable[str]) -> str:
@@ -193,7 +175,7 @@ def _folder_files(folder: Path) -> list[Path]:
 
 
 def _npz_outputs(path: Path) -> dict[str, list[dict[str, Any]]]:
-    flat = open_npz(path)
+    flat = open_npz(require_file(path, "data file", DataFileError))
     layout = npz_layout(flat)
     if layout == "plain":
         return {path.stem: [flat]}
@@ -215,7 +197,7 @@ def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [feed for f in _folder_files(path) for feed in _json_feeds(_read_json(f), str(f))]
     if path.suffix == ".json":
         return _json_feeds(_read_json(path), str(path))
-    flat = open_npz(path)
+    flat = open_npz(require_file(path, "data file", DataFileError))
     layout = npz_layout(flat)
     if layout == "outputs":
         raise DataFileError("the archive holds saved outputs (keys '<runner>/<iteration>/<name>'), not inputs",
@@ -248,7 +230,7 @@ def load_data(path: str | os.PathLike) -> tuple[str, Any]:
     elif path.suffix == ".json":
         kind = _json_kind(_read_json(path))
     else:
-        flat = open_npz(path)
+        flat = open_npz(require_file(path, "data file", DataFileError))
         kind = {"plain": "arrays", "feeds": "feeds", "outputs": "outputs"}[npz_layout(flat)]
         if kind == "arrays":
             return kind, flat
