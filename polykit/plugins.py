@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from polykit.kernels.tactics import TacticRegistry
     from polykit.tools.compare.funcs import CompareFuncSpec
     from polykit.tools.data.loaders import DataLoaderSpec
-    from polykit.tools.data.inspect import DataReaderSpec
+    from polykit.tools.data.dataset import DataReaderSpec
 
 log = logging.getLogger("polykit")
 
@@ -135,7 +135,7 @@ class HookSpecs:
     def polykit_data_readers(self) -> "list[DataReaderSpec]":
         """Return readers of data file formats for ``polykit inspect data FILE`` (``--reader NAME``).
 
-        Each ``polykit.tools.data.inspect.DataReaderSpec(name, matches, read, help)`` has
+        Each ``polykit.tools.data.dataset.DataReaderSpec(name, matches, read, help)`` has
         ``matches(path) -> bool`` (a cheap look: suffix, magic bytes) and ``read(path) ->
         DataSet`` (groups of name -> numpy array; a DataFileError for a malformed file). A
         plugin's reader is asked before the built-ins, so it may claim a suffix they read.

@@ -15,68 +15,23 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import typer
 
 from polykit.errors import DataFileError, UsageError
 from polykit.files import require_file
+from polykit.tools.data.dataset import DataGroup, DataReaderSpec, DataSet
 
 #: histogram bins of each tensor; elements --show-values prints before it elides (numpy's threshold)
 BINS = 10
 VALUES_THRESHOLD = 64
 
 
-@dataclass(frozen=True)
-class DataGroup:
-    """Tensors that belong together: one feed dict, one runner's outputs of one iteration, or a
-    file's arrays (runner and iteration None)."""
-
-    tensors: Mapping[str, Any]
-    runner: str | None = None
-    iteration: int | None = None
-
-    @property
-    def label(self) -> str:
-        parts = ([f"runner {self.runner!r}"] if self.runner is not None else []) + \
-                ([f"iteration {self.iteration}"] if self.iteration is not None else [])
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class DataSet:
-    """What a reader found: `kind` ("feeds", "outputs", "arrays" or the reader's own) and groups.
-    A file of per-tensor records rather than arrays (a calibration cache) gives `rows` instead:
-    one mapping per tensor, shown as one table, and `notes` (its header's fields)."""
-
-    kind: str
-    groups: tuple[DataGroup, ...] = ()
-    rows: tuple[Mapping[str, Any], ...] = ()
-    notes: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class DataReaderSpec:
-    """A data format `polykit inspect data` reads: `matches(path)` says whether a file looks like
-    it (cheaply: suffix, magic bytes), `read(path)` gives the DataSet (DataFileError if malformed)."""
-
-    name: str
-    matches: Callable[[Path], bool]
-    read: Callable[[Path], DataSet]
-    help: str = ""
-
-
 def _saved_data(path: Path) -> DataSet:
-    from polykit.tools.data.results_io import load_data
+    from polykit.tools.data.formats import read_saved
 
-    kind, data = load_data(path)
-    if kind == "feeds":
-        groups = tuple(DataGroup(feed, iteration=i) for i, feed in enumerate(data))
-    elif kind == "outputs":
-        groups = tuple(DataGroup(outs, runner=r, iteration=i) for r, its in data.items() for i, outs in enumerate(its))
-    else:
-        groups = (DataGroup(data),)
-    return DataSet(kind, groups)
+    return read_saved(path)[1]
 
 
 def _npy_file(path: Path) -> DataSet:

@@ -25,12 +25,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from polykit.errors import DataFileError
 from polykit.npy_io import NPY_MAGIC, ZIP_MAGICS, read_npy, read_npz
+from polykit.tools.data.dataset import DataSet, feeds_set, outputs_set, runnable_array
 
 TYPE_MARKER = "polygraphy_class"
 LEGACY_PREFIX = "__polygraphy_encoded_"
 LEGACY_MARKER = "polygraphy_serialized_json_type"
 #: digits of the zero-padded index in a per-iteration file name (Polygraphy's ITERATION_FILE_INDEX_WIDTH)
 ITERATION_FILE_DIGITS = 10
+#: how each kind lays out the document, for messages
+LAYOUTS = {"feeds": "a list of feed dicts of Polygraphy arrays", "outputs": "a Polygraphy RunResults"}
 
 
 def polygraphy_class(value: Any) -> str | None:
@@ -44,7 +47,46 @@ def polygraphy_class(value: Any) -> str | None:
     return legacy[0] if legacy else None
 
 
-def decode(value: Any, where: str) -> Any:
+def holds(doc: Any) -> bool:
+    """Whether a parsed JSON document is Polygraphy's: a tagged object (a RunResults), or feeds
+    (a list of feed dicts, or one) whose first array is tagged. Polygraphy tags every object it
+    writes, so the first one tells; polykit's JSON has no tags."""
+    if polygraphy_class(doc) is not None:
+        return True
+    feed = doc[0] if isinstance(doc, list) and doc else doc
+    return isinstance(feed, dict) and bool(feed) and polygraphy_class(next(iter(feed.values()))) is not None
+
+
+def from_document(doc: Any, where: str) -> DataSet:
+    """The feeds (a list of feed dicts, or one) or outputs (a RunResults) of a parsed document."""
+    cls = polygraphy_class(doc)
+    if cls == "RunResults":
+        return outputs_set(_run_results(doc, where))
+    if cls is not None:
+        raise DataFileError(f"the file holds a Polygraphy {cls}, not saved inputs (a list of feed dicts) or outputs "
+                            "(a RunResults)", where=where)
+    feeds = [doc] if isinstance(doc, dict) else doc
+    if not isinstance(feeds, list):
+        raise DataFileError(f"Polygraphy's saved inputs are a list of feed dicts, not {type(doc).__name__}", where=where)
+    return feeds_set([_feed(feed, f"{where}: feed {i}") for i, feed in enumerate(feeds)])
+
+
+def _feed(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise DataFileError(f"a feed must be an object of input name -> array, not {type(value).__name__}", where=where)
+    return {name: _array(v, f"{where}: tensor {name!r}") for name, v in value.items()}
+
+
+def _array(value: Any, where: str) -> Any:
+    import numpy as np
+
+    arr = _decode(value, where)
+    if not isinstance(arr, np.ndarray):
+        raise DataFileError("expected an array, found another Polygraphy object", where=where)
+    return runnable_array(arr, where)
+
+
+def _decode(value: Any, where: str) -> Any:
     """The array (or dict/list of arrays) a Polygraphy-encoded value holds."""
     cls = polygraphy_class(value)
     decoder = _DECODERS.get(cls or "")
@@ -94,14 +136,14 @@ def _torch_tensor(value: dict, where: str) -> Any:
 
 
 def _lazy_array(value: dict, where: str) -> Any:
-    return decode(_field(value, "values", where), where)
+    return _decode(_field(value, "values", where), where)
 
 
 def _iteration_result(value: dict, where: str) -> dict[str, Any]:
     outputs = _field(value, "outputs", where)
     if not isinstance(outputs, dict):
         raise DataFileError("a Polygraphy IterationResult's outputs are not a name -> array object", where=where)
-    return {name: decode(v, f"{where}: output {name!r}") for name, v in outputs.items()}
+    return {name: _array(v, f"{where}: output {name!r}") for name, v in outputs.items()}
 
 
 def _run_results(value: dict, where: str) -> dict[str, list[dict[str, Any]]]:
@@ -112,7 +154,7 @@ def _run_results(value: dict, where: str) -> dict[str, list[dict[str, Any]]]:
             raise DataFileError(f"entry {i} of a Polygraphy RunResults is not [runner name, [results...]]", where=where)
         runner, iterations = entry
         name = runner if runner not in out else f"{runner}-{len(out)}"
-        out[name] = [_outputs(decode(it, f"{where}: runner {runner!r}"), f"{where}: runner {runner!r}")
+        out[name] = [_outputs(_decode(it, f"{where}: runner {runner!r}"), f"{where}: runner {runner!r}")
                      for it in iterations]
     return out
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from polykit.plugins import hookimpl
-from polykit.tools.data.inspect import DataGroup, DataReaderSpec, DataSet
+from polykit.tools.data.dataset import DataGroup, DataReaderSpec, DataSet
 
 
 def read_ranges(path):
