@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
 from polykit.errors import DataFileError
 from polykit.files import require_file
 from polykit.npy_io import ZIP_MAGICS

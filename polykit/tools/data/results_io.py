@@ -42,7 +42,8 @@ def load_feeds(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Feeds (one dict per iteration) from any saved-data format; a plain .npz is one feed."""
     fmt, data = read_saved(path)
     if data.kind == "outputs":
-        raise DataFileError(f"{describe(fmt, 'outputs')}, not inputs", where=str(Path(path)), hint="give it to --load-outputs")
+        raise DataFileError(f"{describe(fmt, 'outputs')}, not inputs", where=str(Path(path)),
+                            hint="give it to --load-outputs")
     return _tensors(data) if data.kind == "feeds" else [_tensors(data)]
 
 
@@ -51,7 +52,8 @@ def load_outputs(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     of one runner named after the file, a folder's iterations are joined per runner."""
     fmt, data = read_saved(path)
     if data.kind == "feeds":
-        raise DataFileError(f"{describe(fmt, 'feeds')}, not outputs", where=str(Path(path)), hint="give it to --load-inputs")
+        raise DataFileError(f"{describe(fmt, 'feeds')}, not outputs", where=str(Path(path)),
+                            hint="give it to --load-inputs")
     return _tensors(data) if data.kind == "outputs" else {Path(path).stem: [_tensors(data)]}
 
 
