@@ -7,7 +7,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 work=$(mktemp -d)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 POLYKIT_CACHE_DIR="$work/cache"
 python3 benchmarks/export_models.py "$work" --batch "${BATCH:-32}" 2>&1 | grep -v -i warn > "$out/export.log"
-pk() { python3 -m polykit.tools.cli "$@"; }
+pk() { python3 -m polykit.tools.cli.app "$@"; }
 t0=$(date +%s.%N)
 pk convert "$work/resnet50.onnx" -o "$work/cold.plan" --target cuda --fp16 --save-timing-cache "$work/timing.json" 2>&1 | tee "$out/build_cold.log"
 t1=$(date +%s.%N)

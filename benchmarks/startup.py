@@ -6,7 +6,7 @@ interleaved (polykit, polygraphy, polykit, ...) so load on the machine hits both
 
     python3 benchmarks/startup.py [--model examples/models/mlp.onnx] [--runs 15] [--polygraphy "polygraphy"]
 
-polykit is run as `python3 -m polykit.tools.cli` (what the `polykit` console script calls).
+polykit is run as `python3 -m polykit.tools.cli.app` (what the `polykit` console script calls).
 Polygraphy is optional: without it only polykit's numbers are printed (compare them with the
 ~0.24 s Polygraphy baseline measured on the 2-core dev machine).
 """
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    commands = {"polykit": [sys.executable, "-m", "polykit.tools.cli", "run", args.model, "--onnxrt"]}
+    commands = {"polykit": [sys.executable, "-m", "polykit.tools.cli.app", "run", args.model, "--onnxrt"]}
     if args.polygraphy_path:
         hide = "".join(f"sys.modules[{m!r}] = None; " for m in args.hide)
         code = f"import sys; {hide}sys.argv[0] = 'polygraphy'; from polygraphy.tools import main; sys.exit(main())"

@@ -1,10 +1,14 @@
 """Reading .npy data (alone, inside an .npz, inside Polygraphy's JSON) without trusting it:
 the header's dtype and shape must account for exactly the bytes present, before anything
 is allocated (a header claiming 2**40 elements is an error, not a 4 TiB allocation), and
-object dtypes are refused (numpy would need pickle for them)."""
+object dtypes are refused (numpy would need pickle for them).
+
+The ground layer's reader of .npz files: the toolkit's data files, the builder's INT8
+calibration batches and the rank processes' feeds and outputs all go through `open_npz`."""
 
 from __future__ import annotations
 
+import os
 import tokenize
 import zipfile
 import zlib
@@ -18,6 +22,7 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 #: what reading a damaged zip archive raises (bad structure, bad compressed data, encryption)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
+NPZ_HINT = "expected an .npz written by polykit (--save-inputs/--save-outputs) or numpy.savez"
 
 
 def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
@@ -68,4 +73,25 @@ def read_npz(source: Any, where: str, hint: str = "save arrays with numpy.savez"
         raise
     except _ZIP_ERRORS as exc:
         raise DataFileError(f"the archive cannot be read: {exc}", where=where, hint=hint) from None
+    return arrays
+
+
+def open_npz(path: "str | os.PathLike[str]", hint: str = NPZ_HINT) -> dict[str, Any]:
+    """name -> array of the .npz file `path` (each member read by read_npy); DataFileError naming
+    the file for one that cannot be opened, a lone .npy, a file that is not a zip archive, a
+    damaged archive or one that holds no arrays."""
+    where = str(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(NPY_MAGIC))
+    except OSError as exc:
+        raise DataFileError(f"the file cannot be read: {exc.strerror or exc}", where=where, hint="check the path") from None
+    if head.startswith(NPY_MAGIC):
+        raise DataFileError("the file is a single .npy array, not an .npz archive of named arrays", where=where,
+                            hint="save feeds with numpy.savez(path, **{'<input name>': array}) or --save-inputs")
+    if not head.startswith(ZIP_MAGICS):
+        raise DataFileError("the file is not an .npz (zip) archive", where=where, hint=hint)
+    arrays = read_npz(path, where, hint)
+    if not arrays:
+        raise DataFileError("the archive holds no arrays", where=where, hint=hint)
     return arrays

@@ -47,9 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from polykit.backends.base import RunnerSpec
     from polykit.compiler.ops.registry import OpRegistry
     from polykit.kernels.tactics import TacticRegistry
-    from polykit.tools.compare_funcs import CompareFuncSpec
-    from polykit.tools.data_loader import DataLoaderSpec
-    from polykit.tools.inspect_data import DataReaderSpec
+    from polykit.tools.compare.funcs import CompareFuncSpec
+    from polykit.tools.data.loaders import DataLoaderSpec
+    from polykit.tools.data.dataset import DataReaderSpec
 
 log = logging.getLogger("polykit")
 
@@ -117,7 +117,7 @@ class HookSpecs:
     def polykit_compare_funcs(self) -> "list[CompareFuncSpec]":
         """Return compare functions selectable with ``polykit run --compare NAME``.
 
-        Each ``polykit.tools.compare_funcs.CompareFuncSpec(name, factory, help)`` has
+        Each ``polykit.tools.compare.funcs.CompareFuncSpec(name, factory, help)`` has
         ``factory(options: CompareOptions) -> fn`` and ``fn(name, reference, actual) ->
         OutputComparison`` (numpy arrays in; the record says passed/failed and the errors).
         """
@@ -126,7 +126,7 @@ class HookSpecs:
     def polykit_data_loaders(self) -> "list[DataLoaderSpec]":
         """Return data loaders selectable with ``polykit run --data-loader NAME``.
 
-        Each ``polykit.tools.data_loader.DataLoaderSpec(name, factory, help)`` has
+        Each ``polykit.tools.data.loaders.DataLoaderSpec(name, factory, help)`` has
         ``factory(options: DataLoaderOptions) -> iterable of feed dicts``; the loader may
         also define ``bind(input_metadata)`` to learn the model's inputs before iteration.
         """
@@ -135,7 +135,7 @@ class HookSpecs:
     def polykit_data_readers(self) -> "list[DataReaderSpec]":
         """Return readers of data file formats for ``polykit inspect data FILE`` (``--reader NAME``).
 
-        Each ``polykit.tools.inspect_data.DataReaderSpec(name, matches, read, help)`` has
+        Each ``polykit.tools.data.dataset.DataReaderSpec(name, matches, read, help)`` has
         ``matches(path) -> bool`` (a cheap look: suffix, magic bytes) and ``read(path) ->
         DataSet`` (groups of name -> numpy array; a DataFileError for a malformed file). A
         plugin's reader is asked before the built-ins, so it may claim a suffix they read.

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_run_trt_onnxrt_passes_with_exit_0(capsys):
 
 
 def test_perturbed_weight_fails_with_exit_1_naming_output_and_worst_element(bad_mlp, reference):
-    proc = subprocess.run([sys.executable, "-m", "polykit.tools.cli", "run", bad_mlp, "--trt", "--target", "cpu", *reference],
+    proc = subprocess.run([sys.executable, "-m", "polykit.tools.cli.app", "run", bad_mlp, "--trt", "--target", "cpu", *reference],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, cwd=REPO)
     assert proc.returncode == 1, proc.stderr
     assert "logits: FAILED" in proc.stdout
@@ -296,12 +296,12 @@ def test_help_lists_runner_flags(capsys):
 
 def test_console_script_points_at_main():
     text = (REPO / "pyproject.toml").read_text()
-    assert 'polykit = "polykit.tools.cli:main"' in text
+    assert 'polykit = "polykit.tools.cli.app:main"' in text
 
 
 def test_run_onnxrt_imports_no_heavy_modules_it_does_not_need(tmp_path):
     """Start-up budget: `polykit run m.onnx --onnxrt` loads neither pydantic, onnx, torch nor the compiler."""
-    code = ("import sys; from polykit.tools.cli import main; rc = main(['run', %r, '--onnxrt', '-q']); "
+    code = ("import sys; from polykit.tools.cli.app import main; rc = main(['run', %r, '--onnxrt', '-q']); "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'onnx', 'torch') "
             "or m.startswith('polykit.compiler')); print(rc, heavy)") % MLP
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
@@ -315,9 +315,9 @@ def test_cli_and_python_api_do_the_same_thing(tmp_path):
     from polykit.backends.loaders import EngineFromOnnx, OnnxFromPath
     from polykit.backends.polykit_runner import PolykitRunner
     from polykit.compiler.builder.config import BuilderConfig
-    from polykit.tools.comparator import Comparator
-    from polykit.tools.data_loader import DataLoader, DataLoaderOptions
-    from polykit.tools.results_io import load_outputs
+    from polykit.tools.compare.comparator import Comparator
+    from polykit.tools.data.loaders import DataLoader, DataLoaderOptions
+    from polykit.tools.data.results_io import load_outputs
 
     saved = tmp_path / "cli.npz"
     assert cli("run", MLP, "--trt", "--target", "cpu", "--builder-optimization-level", "0", "--seed", "4",

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from polykit.compiler.plan.file import decode_plan, encode_plan
-from polykit.tools.cli import EXIT_INTERNAL, main
+from polykit.tools.cli.app import EXIT_INTERNAL, main
 from tests import cli_models
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
@@ -190,7 +190,7 @@ def test_bad_values_exit_2_naming_the_value(capsys, tmp_path, monkeypatch, args,
 
 # ---- exit codes ---------------------------------------------------------------------------------
 def test_an_unexpected_exception_is_exit_3_with_one_line_asking_for_a_report(capsys, monkeypatch):
-    from polykit.tools import accuracy
+    from polykit.tools.compare import accuracy
 
     monkeypatch.setattr(accuracy.Comparator, "compare_accuracy", lambda *a, **k: {}["boom"])
     code, _, err = run(capsys, "run", MLP, "--onnxrt")
@@ -199,7 +199,7 @@ def test_an_unexpected_exception_is_exit_3_with_one_line_asking_for_a_report(cap
 
 
 def test_an_unexpected_exception_with_v_prints_the_traceback(capsys, monkeypatch):
-    from polykit.tools import accuracy
+    from polykit.tools.compare import accuracy
 
     monkeypatch.setattr(accuracy.Comparator, "compare_accuracy", lambda *a, **k: {}["boom"])
     code, _, err = run(capsys, "run", MLP, "--onnxrt", "-v")

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from polykit.plugins import reset_plugin_manager
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 
 LIGHT = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 ALL = sorted(p.name for p in LIGHT.glob("light_*.onnx"))

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.plugins import reset_plugin_manager
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 
 SEQ, BATCH, INPUT, HIDDEN = 7, 3, 10, 16
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from polykit.plugins import reset_plugin_manager
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 
 DATA = Path(__file__).parent / "data" / "torch"
 MODELS = sorted(p.name for p in DATA.glob("*.onnx"))

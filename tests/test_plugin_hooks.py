@@ -148,7 +148,7 @@ def test_polykit_help_imports_neither_cuda_python_nor_the_kernels(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    code = ("import sys; from polykit.tools.cli import main; main(['--help']); "
+    code = ("import sys; from polykit.tools.cli.app import main; main(['--help']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cuda' or m.startswith(('polykit.kernels.cpu', "
             "'polykit.kernels.cuda', 'polykit.compiler'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,

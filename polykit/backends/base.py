@@ -44,7 +44,7 @@ class RunnerRequest:
     load_tactics: str | None = None
     save_tactics: str | None = None
     #: more BuilderConfig fields for polykit's engine (precision, tuning, timing cache: the
-    #: shared builder options of polykit.tools.cli_args)
+    #: shared builder options of polykit.tools.cli.args)
     builder_options: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 

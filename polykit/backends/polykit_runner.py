@@ -17,7 +17,7 @@ class PolykitRunner(BaseRunner):
 
     With `profile=True` the context times every layer; `layer_times` keeps one profile per
     run ([(layer, ms)], warm-ups included) and `layers` the plan's layers, both kept after
-    deactivation for polykit.tools.profile_report."""
+    deactivation for polykit.tools.report.profile."""
 
     def __init__(self, engine: Any, name: str = "trt", profile: bool = False):
         super().__init__(name)

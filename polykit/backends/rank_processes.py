@@ -29,6 +29,7 @@ from typing import IO, Mapping, Sequence
 import numpy as np
 
 from polykit.errors import DataFileError, DeviceError, RankError, UsageError
+from polykit.npy_io import open_npz
 
 #: how much of a rank's stderr a RankError quotes
 STDERR_TAIL = 2000
@@ -56,8 +57,6 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays `write_arrays` wrote (each .npy member checked; dtypes restored by name)."""
-    from polykit.tools.results_io import open_npz
-
     try:
         manifest = json.loads(Path(f"{path}.json").read_text())
     except (OSError, ValueError) as exc:

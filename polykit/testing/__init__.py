@@ -43,10 +43,10 @@ def assert_accuracy(
     engine's target (default: cuda when usable, else cpu). Returns the AccuracyReport.
     """
     from polykit.backends.base import RunnerRequest
-    from polykit.tools.accuracy import AccuracySettings, check_accuracy
-    from polykit.tools.compare_funcs import CompareOptions
-    from polykit.tools.data_loader import DataLoaderOptions
-    from polykit.tools.report import render_text
+    from polykit.tools.compare.accuracy import AccuracySettings, check_accuracy
+    from polykit.tools.compare.funcs import CompareOptions
+    from polykit.tools.data.loaders import DataLoaderOptions
+    from polykit.tools.report.comparison import render_text
 
     def table(value: Any, default: Any) -> dict[str, Any]:
         return {"": default, **dict(value)} if isinstance(value, Mapping) else {"": value}

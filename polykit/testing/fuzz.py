@@ -128,7 +128,7 @@ def _run_plan_bytes(data: bytes) -> None:
 
 def _execute(plan: Any) -> None:
     from polykit.runtime.engine import Engine
-    from polykit.tools.data_loader import DataLoader, DataLoaderOptions
+    from polykit.tools.data.loaders import DataLoader, DataLoaderOptions
 
     with Engine(plan) as engine, engine.create_execution_context() as ctx:
         for feed in DataLoader(DataLoaderOptions(seed=0), engine.input_metadata):
@@ -152,10 +152,10 @@ def _run_model_bytes(data: bytes, workdir: Path) -> None:
 
 def _run_data_file(file: DataFile, data: bytes, workdir: Path, engine_plan: Any) -> None:
     from polykit.runtime.engine import Engine
-    from polykit.tools.comparator import Comparator, RunResults
-    from polykit.tools.compare_funcs import CompareOptions, builtin_compare_funcs
-    from polykit.tools.report import render_text, to_json
-    from polykit.tools.results_io import load_feeds, load_outputs
+    from polykit.tools.compare.comparator import Comparator, RunResults
+    from polykit.tools.compare.funcs import CompareOptions, builtin_compare_funcs
+    from polykit.tools.report.comparison import render_text, to_json
+    from polykit.tools.data.results_io import load_feeds, load_outputs
 
     path = workdir / f"fuzz{file.suffix}"
     path.write_bytes(data)

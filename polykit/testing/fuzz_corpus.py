@@ -96,7 +96,7 @@ class DataFile:
 def data_corpus(workdir: Path, plan: Any) -> list[tuple[str, DataFile]]:
     """(name, DataFile): feeds for `plan` and outputs of it, as .npz, polykit JSON and Polygraphy JSON,
     with 0-d, bool, integer and float16 tensors among them."""
-    from polykit.tools.results_io import save_feeds, save_outputs
+    from polykit.tools.data.results_io import save_feeds, save_outputs
 
     rng = np.random.default_rng(1)
     feeds = [{name: rng.standard_normal(t.shape).astype(t.dtype) for name, t in

@@ -7,8 +7,8 @@ import importlib
 from typing import Any
 
 from polykit.plugins import hookimpl
-from polykit.tools.compare_funcs import CompareFuncSpec, builtin_compare_funcs
-from polykit.tools.data_loader import DataLoaderSpec, builtin_data_loaders
+from polykit.tools.compare.funcs import CompareFuncSpec, builtin_compare_funcs
+from polykit.tools.data.loaders import DataLoaderSpec, builtin_data_loaders
 
 
 @hookimpl
@@ -23,21 +23,17 @@ def polykit_data_loaders() -> list[DataLoaderSpec]:
 
 @hookimpl
 def polykit_data_readers() -> list[Any]:
-    from polykit.tools.inspect_data import builtin_data_readers
+    from polykit.tools.data.inspect import builtin_data_readers
 
     return builtin_data_readers()
 
 
 @hookimpl
 def polykit_cli_commands(app: Any) -> None:
-    from polykit.tools import bench_cmd, convert_cmd, debug_cmd, inspect_cmd, run_cmd, surgeon_cmd
+    from polykit.tools.cli import bench, convert, debug, inspect, run, surgeon
 
-    run_cmd.register(app)
-    convert_cmd.register(app)
-    bench_cmd.register(app)
-    inspect_cmd.register(app)
-    surgeon_cmd.register(app)
-    debug_cmd.register(app)
+    for command in (run, convert, bench, inspect, surgeon, debug):
+        command.register(app)
     _register_module_commands(app, "polykit.tools.conformance")
 
 

@@ -118,7 +118,6 @@ def _dir_case(tc: Any, kind: str) -> list[Case]:
     import glob
 
     import onnx
-    from onnx import numpy_helper
 
     model = onnx.load(os.path.join(tc.model_dir, "model.onnx"))
     inits = {t.name for t in model.graph.initializer}

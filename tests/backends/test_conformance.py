@@ -90,7 +90,7 @@ def test_the_baseline_is_a_sorted_list_of_unique_case_names():
 def test_the_cli_prints_counts_and_the_pass_rate_for_a_filtered_run():
     from typer.testing import CliRunner
 
-    from polykit.tools.cli import build_app
+    from polykit.tools.cli.app import build_app
 
     result = CliRunner().invoke(build_app(), ["conformance", "--kind", "node", "--filter", "^test_abs$", "--failures"])
     assert result.exit_code == 0, result.output
@@ -113,13 +113,13 @@ def test_the_cli_names_onnxruntime_and_its_version_for_the_onnxrt_runner():
     import onnxruntime
     from typer.testing import CliRunner
 
-    from polykit.tools.cli import build_app
+    from polykit.tools.cli.app import build_app
 
     app = build_app()
     result = CliRunner().invoke(app, ["conformance", "--kind", "node", "--filter", "^test_abs$", "--runner", "onnxrt"])
     assert result.exit_code == 0, result.output
     assert f"onnxruntime {onnxruntime.__version__}" in result.output
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     assert main(["conformance", "--runner", "tensorrt"]) == 2  # a usage error, before any case runs
 

@@ -86,7 +86,7 @@ def test_past_the_slices_end_the_carried_value_goes_empty_and_a_scan_of_two_shap
 
 
 def test_the_body_plan_of_run_time_shapes_survives_the_plan_file_and_inspect(tmp_path):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     model = _sliding_sum_model()
     plan = build_plan(model, BuilderConfig(target="cpu", input_shapes={"n": (), "cond": (), "y": (1,)}))

@@ -12,7 +12,7 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.file import MAGIC
 from polykit.errors import PlanError, UsageError
-from polykit.tools.accuracy import make_runners
+from polykit.tools.compare.accuracy import make_runners
 
 
 @pytest.fixture

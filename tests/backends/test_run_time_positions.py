@@ -139,7 +139,7 @@ def test_a_plan_whose_select_layer_is_malformed_is_refused(choices):
 def test_polykit_run_with_a_position_out_of_range_exits_2_naming_it(tmp_path, capsys):
     import onnx
 
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     path = tmp_path / "at.onnx"
     onnx.save(_positional_model("SequenceAt", out_seq=False), path)

@@ -126,7 +126,7 @@ def test_array_attribute_with_a_wrong_byte_count_is_named(cpu_bytes):
 
 
 def test_inspect_of_a_crafted_plan_is_a_plan_error(cpu_bytes, tmp_path):
-    from polykit.tools.inspect_cmd import model
+    from polykit.tools.cli.inspect import model
 
     path = tmp_path / "m.plan"
     path.write_bytes(edited(cpu_bytes, lambda d: d["memory"]["lifetimes"].pop("t")))

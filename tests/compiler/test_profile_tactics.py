@@ -231,7 +231,7 @@ def test_a_malformed_profiles_entry_in_a_replay_file_is_a_usage_error(tmp_path, 
 
 
 def test_inspect_shows_each_profiles_tactic_where_they_differ(calls, tmp_path, capsys, monkeypatch):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     monkeypatch.setenv("COLUMNS", "300")
     path = tmp_path / "m.plan"
@@ -272,7 +272,7 @@ def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
 
 
 def test_debug_tactics_trials_keep_the_bad_builds_per_profile_tactics_where_a_layer_stays_bad(calls):
-    from polykit.tools.debug_tactics import _replay
+    from polykit.tools.debug.tactics import _replay
 
     plan = _build(profiles=[SMALL, LARGE])
     bad = {l.name: l.tactic for l in plan.layers}

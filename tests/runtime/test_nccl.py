@@ -274,7 +274,7 @@ def test_run_ranks_on_one_gpu_returns_the_plans_outputs(nccl, tmp_path):
     from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Runtime
     from polykit.backends.rank_processes import run_rank_processes
-    from tests.tools.test_ranks import chain
+    from tests.backends.test_rank_processes import chain
 
     path = tmp_path / "m.plan"
     build_plan(chain(8, 32, seed=1), BuilderConfig(target="cuda")).save(path)

@@ -14,7 +14,7 @@ import pytest
 from polykit.plugins import (
     PluginError, compare_func_specs, create_plugin_manager, data_loader_specs, runner_specs,
 )
-from polykit.tools.cli import main
+from polykit.tools.cli.app import main
 from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +24,8 @@ MLP = str(REPO / "examples" / "models" / "mlp.onnx")
 EXTRA_PLUGIN = '''
 import numpy as np
 from polykit.plugins import hookimpl
-from polykit.tools.compare_funcs import CompareFuncSpec, OutputComparison
-from polykit.tools.data_loader import DataLoaderSpec
+from polykit.tools.compare.funcs import CompareFuncSpec, OutputComparison
+from polykit.tools.data.loaders import DataLoaderSpec
 
 
 def _exact(options):
@@ -195,7 +195,7 @@ def test_a_broken_plugin_is_an_error_with_strict_plugins(tmp_path, monkeypatch, 
 def test_example_plugin_runner_usable_from_polykit_run(tmp_path):
     env = {**os.environ, "POLYKIT_PLUGINS": "polykit_numpy_ref", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "polykit.tools.cli", "run", MLP, "--numpy-ref", "--onnxrt"],
+    proc = subprocess.run([sys.executable, "-m", "polykit.tools.cli.app", "run", MLP, "--numpy-ref", "--onnxrt"],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "onnxrt vs numpy-ref (reference)" in proc.stdout and "PASSED" in proc.stdout

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from polykit.errors import DataFileError, UsageError
+from polykit.npy_io import open_npz
 
 log = logging.getLogger("polykit")
 
@@ -207,7 +208,5 @@ class NpzBatches:
         return len(self.files)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        from polykit.tools.results_io import open_npz
-
         for path in self.files:
             yield open_npz(path)

@@ -168,7 +168,7 @@ def test_a_loop_state_that_changes_shape_with_a_constant_trip_count_builds_unrol
 
 
 def test_polykit_run_compares_the_greedy_decode_loop_with_onnxruntime(tmp_path):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     path = tmp_path / "decode.onnx"
     onnx.save(greedy_decode(), str(path))
@@ -191,7 +191,7 @@ def test_cuda_plan_runs_bodies_on_the_device_and_matches_onnxruntime(case):
 
 @pytest.mark.gpu
 def test_polykit_run_compares_the_greedy_decode_loop_on_cuda(tmp_path):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     path = tmp_path / "decode.onnx"
     onnx.save(greedy_decode(), str(path))

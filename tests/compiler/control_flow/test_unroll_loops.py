@@ -91,7 +91,7 @@ def test_a_growing_loop_whose_trip_count_is_unknown_at_build_time_runs_every_cou
 
 
 def test_the_growing_decode_passes_polykit_run_against_onnxruntime(tmp_path):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     path = tmp_path / "grow.onnx"
     onnx.save(growing_decode(), str(path))
@@ -100,7 +100,7 @@ def test_the_growing_decode_passes_polykit_run_against_onnxruntime(tmp_path):
 
 @pytest.mark.gpu
 def test_the_unrolled_growing_decode_matches_onnxruntime_on_cuda(tmp_path):
-    from polykit.tools.cli import main
+    from polykit.tools.cli.app import main
 
     model, feeds = growing_decode(), _feeds()
     got, want = _run(build_plan(model, BuilderConfig(target="cuda")), feeds), _onnxrt(model, feeds)

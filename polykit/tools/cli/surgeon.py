@@ -1,0 +1,90 @@
+"""`polykit surgeon ...`: edit ONNX models with polykit's compiler.
+
+- `sanitize MODEL -o OUT [--fold-constants]`: polykit.tools.model.sanitize: the compiler's folding
+  and dead-code passes, the model kept at its own opset and IR version unless `--upgrade-opset N`;
+- `extract MODEL --inputs NAME:SHAPE|auto:DTYPE|auto ... --outputs NAME:DTYPE|auto ... -o OUT`:
+  polykit.tools.model.subgraph.extract, shapes and dtypes from polykit's shape inference.
+
+`--external-data` writes the weights of at least `--external-data-threshold` bytes to OUT.data,
+and writes that file even when every tensor is smaller.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+
+EXTERNAL_DATA = typer.Option(False, "--external-data", help="write the weights to OUT.data beside OUT")
+EXTERNAL_DATA_THRESHOLD = typer.Option(1024, "--external-data-threshold", metavar="BYTES", min=0,
+                                       help="with --external-data, tensors of this many bytes or more go to OUT.data")
+
+
+def sanitize(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    output: str = typer.Option(..., "--output", "-o", help="where to write the cleaned model"),
+    fold_constants: bool = typer.Option(False, "--fold-constants", help="fold constant subgraphs (and drop dead nodes)"),
+    upgrade_opset: Optional[int] = typer.Option(None, "--upgrade-opset", metavar="N",
+                                                help="write the model at default-domain opset N (default: its own)"),
+    external_data: bool = EXTERNAL_DATA,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> int:
+    from polykit.backends.loaders import OnnxFromPath
+    from polykit.compiler.graph.onnx_export import save_model
+    from polykit.files import require_output_folder
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.sanitize import sanitize as sanitize_model
+
+    require_output_folder(output, "--output")
+    proto = OnnxFromPath(model)()
+    clean = sanitize_model(proto, fold_constants=fold_constants, upgrade_opset=upgrade_opset)
+    save_model(clean, output, external_data=external_data or None, size_threshold=external_data_threshold)
+    opset = next(o.version for o in clean.opset_import if o.domain in ("", "ai.onnx"))
+    stderr_console().print(f"wrote {output}: {len(proto.graph.node)} -> {len(clean.graph.node)} nodes, opset {opset}, "
+                           f"IR version {clean.ir_version}")
+    return 0
+
+
+def extract(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    output: str = typer.Option(..., "--output", "-o", help="where to write the subgraph"),
+    inputs: List[str] = typer.Option([], "--inputs", metavar="NAME:SHAPE|auto:DTYPE|auto",
+                                     help="the subgraph's inputs, e.g. x:[1,3,224,224]:float32 h:auto:auto "
+                                          "(default: the model's inputs)"),
+    outputs: List[str] = typer.Option([], "--outputs", metavar="NAME:DTYPE|auto",
+                                      help="the subgraph's outputs, e.g. logits:auto (default: the model's outputs)"),
+    external_data: bool = EXTERNAL_DATA,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    as_json: bool = typer.Option(False, "--json", help="print the subgraph's nodes, inputs and outputs as JSON"),
+) -> int:
+    from polykit.compiler.graph.onnx_export import save_model
+    from polykit.errors import UsageError
+    from polykit.files import require_output_folder
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.subgraph import Extractor, describe_io, parse_input_spec, parse_output_spec
+
+    if not inputs and not outputs:
+        raise UsageError("give the subgraph's --inputs, its --outputs or both (the other defaults to the model's)",
+                         hint="e.g. --inputs h:auto:auto --outputs logits:auto")
+    require_output_folder(output, "--output")
+    extractor = Extractor(model)
+    sub = extractor.extract([parse_input_spec(s) for s in inputs] or extractor.graph_inputs,
+                            [parse_output_spec(s) for s in outputs] or [o.name for o in extractor.model.graph.output])
+    save_model(sub, output, external_data=external_data or None, size_threshold=external_data_threshold)
+    if as_json:
+        typer.echo(json.dumps(describe_io(sub), indent=2))
+    else:
+        stderr_console().print(f"wrote {output}: {len(sub.graph.node)} nodes, inputs "
+                               f"{', '.join(i.name for i in sub.graph.input)}, outputs "
+                               f"{', '.join(o.name for o in sub.graph.output)}")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    surgeon = typer.Typer(help="Edit ONNX models with polykit's compiler passes.", no_args_is_help=True)
+    surgeon.command("sanitize", help="Clean a model: fold constants, remove dead nodes, export at its own opset.")(
+        sanitize)
+    surgeon.command("extract", help="Cut the subgraph between named tensors out of a model; shapes and dtypes "
+                                    "left as auto come from polykit's shape inference.")(extract)
+    app.add_typer(surgeon, name="surgeon")
