@@ -19,7 +19,7 @@ from polykit.compiler.plan.profiles import Profile
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
-#: memory planning strategies understood by polykit.compiler.memory.plan_memory
+#: memory planning strategies understood by polykit.compiler.plan.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
 #: median output pixels of a model's 2-D convolutions from which an fp32 cuda build runs them
 #: channels-last (BuilderConfig.channels_last_for): ResNet-50 has 196 at batch 1, 6272 at batch 32
