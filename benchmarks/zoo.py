@@ -37,7 +37,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python3 benchmarks/zoo.py` as well as `python3 -m benchmarks.zoo`
@@ -259,6 +259,23 @@ def top_kinds(summary, n: int = 3) -> dict:
     return {"top_kinds": top("kind"), "top_tactics": top("tactic"), "profile_total_ms": round(summary.total_ms, 4)}
 
 
+def compile_runner(net, inputs: dict, torch, row: dict) -> Callable[[], Any] | None:
+    """torch.compile(net, mode="reduce-overhead") compiled and its CUDA graphs recorded (the time
+    it took in row["compile_first_s"]); None, with row["compile_error"], when torch cannot compile it."""
+    try:
+        compiled = torch.compile(net, mode="reduce-overhead")
+        t0 = time.perf_counter()
+        for _ in range(3):  # compile, then record its CUDA graphs
+            compiled(*inputs.values())
+        torch.cuda.synchronize()
+    except Exception as exc:  # torch's failure, not polykit's: the row keeps polykit and eager
+        traceback.print_exc()
+        row["compile_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        return None
+    row["compile_first_s"] = round(time.perf_counter() - t0, 1)
+    return lambda: compiled(*inputs.values())
+
+
 def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) -> None:
     """Fill `row` with the case's facts, stage by stage (row["stage"] names the one running)."""
     def stage(name: str) -> None:
@@ -297,13 +314,9 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
             row["eager_fp16_max_rel_err"] = errors(runners["eager"](), ref)["max_rel_err"]
             if not args.skip_compile:
                 stage("torch.compile")
-                compiled = torch.compile(net, mode="reduce-overhead")
-                runners["compile"] = lambda: compiled(*half_inputs.values())
-                t0 = time.perf_counter()
-                for _ in range(3):  # compile, then record its CUDA graphs
-                    runners["compile"]()
-                torch.cuda.synchronize()
-                row["compile_first_s"] = round(time.perf_counter() - t0, 1)
+                compiled = compile_runner(net, half_inputs, torch, row)
+                if compiled is not None:
+                    runners["compile"] = compiled
             stage("polykit")
             bound = bind_plan(plan, dev_inputs, torch)
             bound.run()

@@ -2,8 +2,9 @@
 
 One table row per case (model, batch), then per family the geometric means of polykit's speed
 (torch ms / polykit ms: above 1, polykit is faster) and the case furthest behind torch.compile,
-then the failed cases. Where several files hold a case, the later file's row counts. The
-provenance line lists every distinct (date, device, commit, torch) the rows came from.
+then the failed cases and those torch.compile could not compile. Where several files hold a
+case, the later file's row counts. The provenance lines list every distinct (date, device,
+commit, torch) the rows came from, and each file's command.
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def render(docs: Sequence[dict]) -> str:
     failed = [r for r in rows if "error" in r]
     if failed:
         out += ["Failed cases:", ""] + [f"- {r['model']} bs{r['batch']}: {r['error']}" for r in failed] + [""]
+    uncompiled = [r for r in rows if "compile_error" in r and "error" not in r]
+    if uncompiled:
+        out += ["torch.compile failed (no compile time):", ""] + \
+            [f"- {r['model']} bs{r['batch']}: {r['compile_error']}" for r in uncompiled] + [""]
     return "\n".join(out)
 
 

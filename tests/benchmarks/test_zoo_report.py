@@ -74,6 +74,12 @@ def test_failed_cases_are_listed_not_tabled(tmp_path):
     assert not any("swin_t" in line for line in table_rows(text))
 
 
+def test_cases_torch_compile_could_not_compile_are_listed(tmp_path):
+    path = results(tmp_path, "a.json", [row("swin_t", "transformer", 1, 1.0, 2.0, compile_error="Unsupported: roll")])
+    text = zoo_report.render_files([path])
+    assert "- swin_t bs1: Unsupported: roll" in text and "| swin_t | transformer | 1 | 1.000 | 2.000 | – |" in text
+
+
 def test_a_later_file_replaces_a_case_and_shared_kernel_cache_builds_are_marked(tmp_path):
     first = results(tmp_path, "a.json", [row("resnet18", "conv", 1, 1.0, 2.0), row("resnet18", "conv", 32, 4.0, 8.0)])
     second = results(tmp_path, "b.json", [row("resnet18", "conv", 1, 0.5, 2.0, kernel_cache="shared", commit="def5678")],
