@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -199,9 +198,7 @@ def main() -> None:
                         wrong = not r["rel_err"] <= WRONG_REL[args.dtype]  # NaN: unwritten elements
                         print(f"   {r['tactic']:26} {r['ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s rel {r['rel_err']:.1e}"
                               + ("  WRONG" if wrong else ""))
-    commit = provenance.commit()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
-            "torch": torch.__version__, "dtype": args.dtype}
+    meta = provenance.meta(torch, dtype=args.dtype)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(meta)
 

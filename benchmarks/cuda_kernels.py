@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import ml_dtypes
@@ -255,9 +254,7 @@ def main() -> None:
     for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)
-    commit = provenance.commit()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
-            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    meta = provenance.meta(torch, cudnn=torch.backends.cudnn.version())
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(meta)
 

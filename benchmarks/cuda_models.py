@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import provenance
+from benchmarks.cuda_timing import bind_plan, time_cuda
+from benchmarks.torch_export import export_onnx
 
 CASES = {"resnet50": [1, 32], "bert": [1, 8]}
 SEQ = 128
@@ -55,10 +57,7 @@ def make_inputs(name: str, batch: int, torch):
 
 
 def export(name: str, model, inputs, path: Path, torch) -> None:
-    args = tuple(inputs.values())
-    kwargs = {"input_names": list(inputs), "output_names": ["out"], "opset_version": 21, "dynamo": False}
-    wrapped = model if name == "resnet50" else _BertOut(model, torch)
-    torch.onnx.export(wrapped, args, str(path), **kwargs)
+    export_onnx(model if name == "resnet50" else _BertOut(model, torch), inputs, path, torch)
 
 
 class _BertOut:  # returns last_hidden_state only (a plain tensor output for ONNX)
@@ -74,25 +73,9 @@ class _BertOut:  # returns last_hidden_state only (a plain tensor output for ONN
         return Wrap().eval()
 
 
-def time_cuda(fn, torch, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
-    from polykit.runtime.engine import Engine
 
     model = make_model(name, torch)
     inputs = make_inputs(name, batch, torch)
@@ -126,24 +109,18 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
             for _ in range(3):  # compile, record the graphs
                 ccall()
             compile_ms = time_cuda(ccall, torch, args.warmup, args.iters)
-    stream = torch.cuda.current_stream()
     runs, errors, closers = {}, {}, []
     for level, plan in plans.items():
-        engine = Engine(plan)
-        ctx = engine.create_execution_context()
-        out_name = plan.outputs[0]
-        desc = plan.tensors[out_name]
-        out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
-        feeds = {n: dev_inputs[n].to(getattr(torch, plan.tensors[n].dtype)).contiguous() for n in plan.inputs}
-        bindings = dict(feeds, **{out_name: out})
-        runs[level] = lambda ctx=ctx, bindings=bindings: ctx.enqueue(bindings, stream)
-        runs[level]()
+        bound = bind_plan(plan, dev_inputs, torch)
+        runs[level] = bound.run
+        bound.run()
         torch.cuda.synchronize()
-        err = (out.float() - ref).abs()
+        err = (bound.out.float() - ref).abs()
         errors[level] = (float(err.max()), float(err.norm() / ref.norm()))
         if args.profile:
-            print_profile(f"{name} bs{batch} {precision} level {level}", plan, engine, bindings, torch, args.profile)
-        closers += [ctx.close, engine.close]
+            print_profile(f"{name} bs{batch} {precision} level {level}", plan, bound.engine, bound.bindings, torch,
+                          args.profile)
+        closers.append(bound.close)
     # levels timed in alternating rounds, so clock drift or a neighbour's load falls on all of them alike
     samples = {level: [] for level in runs}
     for _ in range(args.rounds):
@@ -217,10 +194,7 @@ def main() -> None:
             rows.append({"model": name, "batch": batch, "precision": precision,
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
         print(json.dumps(rows[-1]), flush=True)
-    commit = provenance.commit()
-    meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": commit,
-            "command": "PYTHONPATH=. python3 benchmarks/cuda_models.py " + " ".join(os.sys.argv[1:]),
-            "torch": torch.__version__}
+    meta = provenance.meta(torch, command="PYTHONPATH=. python3 benchmarks/cuda_models.py " + " ".join(os.sys.argv[1:]))
     Path(args.out).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     print(f"\n{meta}")
     print(f"{'model':10} {'bs':>3} {'prec':5} {'polykit ms':>11} {'eager ms':>9} {'compile ms':>10} {'rel err':>9}")

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import _BertOut, make_model, print_profile, time_cuda
+from benchmarks.cuda_models import _BertOut, make_model, print_profile
+from benchmarks.cuda_timing import time_cuda
 
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))

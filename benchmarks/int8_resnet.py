@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import export, make_model, print_profile, time_cuda
+from benchmarks.cuda_models import export, make_model, print_profile
+from benchmarks.cuda_timing import bind_plan, time_cuda
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
@@ -51,20 +52,6 @@ def smooth_images(seed: int, batch: int, size: int = 224, grid: int = 8) -> np.n
 def cosine(a, b) -> float:
     a, b = a.double().flatten(), b.double().flatten()
     return float((a @ b) / (a.norm() * b.norm()))
-
-
-def bind(plan, x, torch):
-    """(engine, context, run, output, bindings) of a plan over device input `x` (CUDA-graph replay on enqueue)."""
-    from polykit.runtime.engine import Engine
-
-    engine = Engine(plan)
-    ctx = engine.create_execution_context()
-    desc = plan.tensors[plan.outputs[0]]
-    out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
-    bindings = {plan.inputs[0]: x.to(getattr(torch, plan.tensors[plan.inputs[0]].dtype)).contiguous(),
-                plan.outputs[0]: out}
-    stream = torch.cuda.current_stream()
-    return engine, ctx, (lambda: ctx.enqueue(bindings, stream)), out, bindings
 
 
 def main() -> None:
@@ -106,22 +93,21 @@ def main() -> None:
     dev_x = x.cuda()
     with torch.inference_mode():
         ref = model.cuda()(dev_x).float()
-    bound = {name: bind(plan, dev_x, torch) for name, plan in plans.items()}
+    bound = {name: bind_plan(plan, {plan.inputs[0]: dev_x}, torch) for name, plan in plans.items()}
     cosines = {}
-    for name, (_, _, run, out, _) in bound.items():
-        run()
+    for name, b in bound.items():
+        b.run()
         torch.cuda.synchronize()
-        cosines[name] = round(cosine(out.float(), ref), 6)
+        cosines[name] = round(cosine(b.out.float(), ref), 6)
     samples = {name: [] for name in bound}
     for _ in range(args.rounds):
-        for name, (_, _, run, _, _) in bound.items():
-            samples[name].append(time_cuda(run, torch, args.warmup, args.iters))
+        for name, b in bound.items():
+            samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters))
     if args.profile:
-        for name, (engine, _, _, _, bindings) in bound.items():
-            print_profile(f"{name} bs{args.batch}", plans[name], engine, bindings, torch, args.profile)
-    for engine, ctx, _, _, _ in bound.values():
-        ctx.close()
-        engine.close()
+        for name, b in bound.items():
+            print_profile(f"{name} bs{args.batch}", plans[name], b.engine, b.bindings, torch, args.profile)
+    for b in bound.values():
+        b.close()
     ms = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
     int8_layers = [layer for layer in plans["int8"].layers if is_int8_layer(layer)]
     result = {

@@ -1,0 +1,61 @@
+"""What the model benchmarks share to time polykit and torch on one GPU in one process.
+
+`time_cuda` gives the median CUDA-event time of a callable (after warm-up runs); `bind_plan`
+loads a polykit plan on the cuda target and binds it to torch device tensors, so that one
+`run()` is one `ExecutionContext.enqueue` on torch's current stream (CUDA-graph replay after
+the first call, no host copies) writing the plan's first output into a torch tensor.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+def time_cuda(fn: Callable[[], Any], torch, warmup: int, iters: int) -> float:
+    """Median milliseconds of `iters` runs of `fn`, each between two CUDA events, after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+@dataclass
+class BoundPlan:
+    """A plan's engine and context over torch tensors: `run()` enqueues once, `out` holds the
+    first output, `bindings` every bound tensor by name."""
+
+    engine: Any
+    ctx: Any
+    run: Callable[[], None]
+    out: Any
+    bindings: dict[str, Any]
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.engine.close()
+
+
+def bind_plan(plan, inputs: Mapping[str, Any], torch) -> BoundPlan:
+    """Load `plan` (cuda target) and bind `inputs` (torch CUDA tensors by plan input name, cast to
+    the plan's input dtypes) and a new tensor for its first output."""
+    from polykit.runtime.engine import Engine
+
+    engine = Engine(plan)
+    ctx = engine.create_execution_context()
+    out_name = plan.outputs[0]
+    desc = plan.tensors[out_name]
+    out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
+    bindings = {name: inputs[name].to(getattr(torch, plan.tensors[name].dtype)).contiguous() for name in plan.inputs}
+    bindings[out_name] = out
+    stream = torch.cuda.current_stream()
+    return BoundPlan(engine, ctx, lambda: ctx.enqueue(bindings, stream), out, bindings)

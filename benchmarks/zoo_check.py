@@ -1,0 +1,109 @@
+"""Host-side check of the zoo, no GPU needed: does every model export, import, lower and run?
+
+    PYTHONPATH=. python3 benchmarks/zoo_check.py [--family conv|transformer|all] [--models a,b]
+        [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run]
+
+Per model at batch 1 (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
+nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 plan at builder
+level 0 (lowered and given first-priority tactics, nothing timed: no GPU needed), with --nvrtc
+the kernels that plan records compiled by NVRTC for that architecture, and a cpu-target fp32
+plan run once against torch fp32 (max abs error / max |ref|). A cuda plan built on the GPU at
+level 3 may pick other tactics, so this proves lowering and kernel sources, not the device run.
+Rows are written after every model; an existing --out is resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.zoo import exported, merge, pending, say, select_cases, write_results  # noqa: E402
+from benchmarks.zoo_models import FAMILIES, ZooModel  # noqa: E402
+from benchmarks.zoo_report import load_results  # noqa: E402
+
+
+def compile_kernels(plan, arch: str) -> int:
+    """Compile every kernel `plan` records with NVRTC for `arch` (through the kernel cache); how many."""
+    from polykit.runtime.cuda.nvrtc import compile_cached
+    from polykit.runtime.cuda.target import plan_kernels
+
+    sources = {s.key(): s for layer in plan.layers for s in plan_kernels(plan, layer)}
+    for source in sources.values():
+        compile_cached(source, arch)
+    return len(sources)
+
+
+def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
+    import torch
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+    from polykit.tools.capability import check_capability
+
+    row["stage"] = "export"
+    module, inputs, path, facts = exported(model, 1, Path(args.cache_dir), torch)
+    row.update(facts)
+    row["stage"] = "capability"
+    report, _ = check_capability(str(path), "cuda")
+    row["nodes"] = len(report.nodes)
+    row["unsupported"] = sorted({f"{n.op}: {n.reason}"[:200] for n in report.nodes if not n.supported})
+    row["stage"] = "cuda build (level 0)"
+    t0 = time.perf_counter()
+    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    row["cuda_build_s"] = round(time.perf_counter() - t0, 1)
+    row["cuda_layer_kinds"] = dict(collections.Counter(layer.kind for layer in plan.layers).most_common())
+    if args.nvrtc:
+        row["stage"] = f"nvrtc ({args.nvrtc})"
+        t0 = time.perf_counter()
+        row["kernels"] = compile_kernels(plan, args.nvrtc)
+        row["nvrtc_s"] = round(time.perf_counter() - t0, 1)
+    if not args.no_run:
+        row["stage"] = "cpu build and run"
+        cpu_plan = build_plan(str(path), BuilderConfig(target="cpu", builder_optimization_level=0))
+        with Engine(cpu_plan) as engine, engine.create_execution_context() as ctx:
+            out = ctx.execute({k: v.numpy() for k, v in inputs.items()})[cpu_plan.outputs[0]]
+        with torch.no_grad():
+            ref = module(*inputs.values()).float()
+        diff = (torch.from_numpy(out).float() - ref).abs()
+        row["cpu_max_rel_err"] = float(diff.max() / ref.abs().max())
+    del row["stage"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
+    p.add_argument("--models", default="")
+    p.add_argument("--out", default="zoo_check.json")
+    p.add_argument("--cache-dir", default=".zoo_cache")
+    p.add_argument("--nvrtc", default="", metavar="ARCH", help="also compile the cuda plan's kernels, e.g. sm_90")
+    p.add_argument("--no-run", action="store_true", help="skip the cpu-target run against torch")
+    args = p.parse_args()
+    args.batches = "1"
+    Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+    rows = load_results(args.out)["results"] if Path(args.out).exists() else []
+    for model, _ in pending(select_cases(args), rows):
+        say(f"{model.name}: checking")
+        row = {"model": model.name, "family": model.family, "batch": 1}
+        t0 = time.monotonic()
+        try:
+            check(model, args, row)
+        except Exception as exc:  # recorded: the check goes on to the next model
+            traceback.print_exc()
+            row["error"] = f"{row.pop('stage', '?')}: {type(exc).__name__}: {exc}"[:800]
+        row["check_s"] = round(time.monotonic() - t0, 1)
+        rows = merge(rows, row)
+        write_results(args.out, rows, {"check": vars(args)})
+        say(f"{model.name}: {row}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""benchmarks/zoo.py's driver: arguments, the case list, resume, incremental results, and one
+child process per case whose failure, crash or timeout becomes a row (no GPU, no torch needed:
+the children here are stand-ins)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import zoo
+from benchmarks.zoo_models import BY_NAME, CONV, MODELS, TRANSFORMER
+from benchmarks.zoo_report import load_results
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def names(cases):
+    return [(m.name, b) for m, b in cases]
+
+
+def test_defaults_run_every_model_at_batch_1_and_its_throughput_batch():
+    cases = zoo.select_cases(zoo.parse_args([]))
+    assert names(cases) == [(m.name, b) for m in MODELS for b in (1, max(m.batches))]
+
+
+def test_family_models_and_batches_narrow_the_cases():
+    conv = zoo.select_cases(zoo.parse_args(["--family", "conv", "--batches", "max"]))
+    assert {m.family for m, _ in conv} == {CONV} and all(b == max(m.batches) for m, b in conv)
+    picked = zoo.select_cases(zoo.parse_args(["--models", "gpt2,resnet50", "--batches", "1,4,1"]))
+    assert names(picked) == [("resnet50", 1), ("resnet50", 4), ("gpt2", 1), ("gpt2", 4)]  # table order, no repeats
+    assert zoo.select_cases(zoo.parse_args(["--models", "resnet50", "--family", "transformer"])) == []
+    assert {m.family for m, _ in zoo.select_cases(zoo.parse_args(["--family", "transformer"]))} == {TRANSFORMER}
+
+
+def test_unknown_model_names_are_refused_with_the_known_ones():
+    with pytest.raises(SystemExit, match="unknown zoo models: resnet5000.*resnet50"):
+        zoo.select_cases(zoo.parse_args(["--models", "resnet50,resnet5000"]))
+
+
+def test_into_needs_render():
+    with pytest.raises(SystemExit):
+        zoo.parse_args(["--into", "docs/ZOO.md"])
+
+
+def test_pending_skips_finished_cases_and_retries_failed_ones():
+    cases = zoo.select_cases(zoo.parse_args(["--models", "resnet18"]))
+    done = [{"model": "resnet18", "batch": 1, "polykit_ms": 1.0}, {"model": "resnet18", "batch": 32, "error": "x"}]
+    assert names(zoo.pending(cases, done)) == [("resnet18", 32)]
+
+
+def test_merge_replaces_the_row_of_the_same_case():
+    rows = [{"model": "a", "batch": 1, "v": 1}, {"model": "a", "batch": 8, "v": 2}]
+    assert zoo.merge(rows, {"model": "a", "batch": 1, "v": 3}) == [rows[1], {"model": "a", "batch": 1, "v": 3}]
+
+
+def test_results_file_round_trips_and_a_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "r.json"
+    zoo.write_results(path, [{"model": "a", "batch": 1}], {"rounds": 3})
+    assert load_results(path)["results"] == [{"model": "a", "batch": 1}]
+    assert not list(tmp_path.glob("*.tmp"))
+    path.write_text(json.dumps({"results": [{"batch": 1}]}))
+    with pytest.raises(SystemExit, match="not a zoo results file"):
+        load_results(path)
+    path.write_text("{")
+    with pytest.raises(SystemExit, match="cannot read"):
+        load_results(path)
+
+
+def test_child_command_carries_the_measurement_options():
+    args = zoo.parse_args(["--rounds", "5", "--iters", "7", "--skip-compile", "--kernel-cache", "shared"])
+    cmd = zoo.child_command(args, BY_NAME["gpt2"], 8, "row.json")
+    parsed = zoo.parse_args(cmd[2:])
+    assert parsed.case == "gpt2:8" and parsed.row_out == "row.json"
+    assert (parsed.rounds, parsed.iters, parsed.skip_compile, parsed.kernel_cache) == (5, 7, True, "shared")
+    assert Path(parsed.cache_dir).is_absolute()
+
+
+def test_run_child_kills_a_case_past_its_timeout():
+    t0 = time.monotonic()
+    assert zoo.run_child([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1) is None
+    assert time.monotonic() - t0 < 30
+    assert zoo.run_child([sys.executable, "-c", "raise SystemExit(3)"], timeout=30) == 3
+
+
+class FakeChildren:
+    """Stands in for zoo.run_child: per case, a row to write, an exit code, or a timeout (None)."""
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes
+        self.ran = []
+
+    def __call__(self, cmd, timeout):
+        case = cmd[cmd.index("--case") + 1]
+        self.ran.append(case)
+        outcome = self.outcomes.get(case, "ok")
+        if outcome == "ok":
+            model, batch = case.split(":")
+            row = {"model": model, "family": "conv", "batch": int(batch), "polykit_ms": 1.0, "eager_ms": 2.0,
+                   "speed_vs_eager": 2.0, "max_rel_err": 1e-3}
+            Path(cmd[cmd.index("--row-out") + 1]).write_text(json.dumps(row))
+            return 0
+        return outcome  # an exit code without a row, or None: timed out
+
+
+def run(monkeypatch, tmp_path, argv, outcomes=None):
+    fake = FakeChildren(outcomes or {})
+    monkeypatch.setattr(zoo, "run_child", fake)
+    rows = zoo.run_all(zoo.parse_args([*argv, "--cache-dir", str(tmp_path / "cache")]))
+    return fake, rows
+
+
+def test_every_case_is_written_as_it_finishes_and_failures_become_rows(monkeypatch, tmp_path):
+    out = tmp_path / "zoo.json"
+    fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18,resnet50", "--out", str(out)],
+                     {"resnet18:32": 1, "resnet50:1": None})
+    assert fake.ran == ["resnet18:1", "resnet18:32", "resnet50:1", "resnet50:32"]
+    saved = {(r["model"], r["batch"]): r for r in load_results(out)["results"]}
+    assert saved[("resnet18", 1)]["polykit_ms"] == 1.0 and "case_s" in saved[("resnet18", 1)]
+    assert saved[("resnet18", 32)]["error"] == "the case process exited 1"
+    assert saved[("resnet50", 1)]["error"].startswith("timed out after")
+    assert "error" not in saved[("resnet50", 32)] and len(rows) == 4
+
+
+def test_resume_runs_only_the_cases_not_finished(monkeypatch, tmp_path):
+    out = tmp_path / "zoo.json"
+    run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out)], {"resnet18:32": 1})
+    fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18,gpt2", "--out", str(out), "--resume", str(out)])
+    assert fake.ran == ["resnet18:32", "gpt2:1", "gpt2:8"]
+    assert sorted((r["model"], r["batch"]) for r in rows if "error" not in r) == \
+        [("gpt2", 1), ("gpt2", 8), ("resnet18", 1), ("resnet18", 32)]
+    fake, _ = run(monkeypatch, tmp_path, ["--models", "resnet18,gpt2", "--out", str(out), "--resume", str(out)])
+    assert fake.ran == []
+
+
+def test_deadline_stops_starting_cases_and_a_cut_case_is_not_recorded(monkeypatch, tmp_path):
+    out = tmp_path / "zoo.json"
+    monkeypatch.setattr(zoo, "START", time.monotonic())
+    fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out), "--deadline", "100"],
+                     {"resnet18:1": None})  # cut: its timeout was the deadline, not --case-timeout
+    assert fake.ran == ["resnet18:1"] and rows == [] and not out.exists()
+    monkeypatch.setattr(zoo, "START", time.monotonic() - 1000)
+    fake, _ = run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out), "--deadline", "100"])
+    assert fake.ran == []
+
+
+def test_a_failing_case_process_writes_its_error_row_and_exits_0(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")  # the ONNX cache cannot live under a file: the case fails whatever this machine has
+    row_file = tmp_path / "row.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "zoo.py"), "--case", "squeezenet1_1:1", "--row-out",
+           str(row_file), "--cache-dir", str(blocker / "cache"), "--skip-compile"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = json.loads(row_file.read_text())
+    assert (row["model"], row["batch"], row["inputs"]) == ("squeezenet1_1", 1, {"x": [1, 3, 224, 224]})
+    assert row["error"].split(":")[0] in ("setup", "export") and "stage" not in row
