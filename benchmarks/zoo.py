@@ -17,7 +17,7 @@ ExecutionContext.enqueue on torch tensors (CUDA-graph replay). The three are tim
 alternating --rounds (CUDA events, median of --iters after --warmup runs each), the reported time
 the median of the rounds. Accuracy: polykit's fp16 output against torch fp32 eager (TF32 off) on
 the same input (max abs error, max abs error / max |ref|, L2 relative), and torch's own fp16 error
-beside it. Then polykit's per-layer profile (polykit.tools.bench.profile_engine) gives the
+beside it. Then polykit's per-layer profile (polykit.tools.bench.benchmark.profile_engine) gives the
 layer kinds and tactics that take the time. Every finished case is written to --out at once;
 --resume skips the cases a results file holds; --deadline stops starting cases (and cuts the
 running one, which --resume then retries) so that a time-limited call keeps what it finished.
@@ -286,7 +286,7 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
     import torch
 
     from benchmarks.cuda_timing import bind_plan, time_cuda
-    from polykit.tools.bench import profile_engine
+    from polykit.tools.bench.benchmark import profile_engine
 
     row.update(provenance.meta(torch))
 

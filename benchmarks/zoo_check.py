@@ -47,7 +47,7 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
     from polykit.runtime.engine import Engine
-    from polykit.tools.capability import check_capability
+    from polykit.tools.model.capability import check_capability
 
     row["stage"] = "export"
     module, inputs, path, facts = exported(model, 1, Path(args.cache_dir), torch)
