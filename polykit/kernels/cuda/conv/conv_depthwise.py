@@ -128,9 +128,15 @@ def depthwise_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any
     return DepthwiseWindow(C, M, (KH, KW), strides, dilations)
 
 
-def fast_width(win: DepthwiseWindow) -> tuple[int, int]:
-    """(DW_KW, DW_SW) of the window's kernel: the compile-time variant, or (0, 1): run-time."""
-    kw, sw, dw = win.kernel[1], win.strides[1], win.dilations[1]
+def fast_width(attrs: Mapping[str, Any], w: Sequence[Any]) -> tuple[int, int]:
+    """(DW_KW, DW_SW) of a layer's kernel: the compile-time variant for its width, W stride and W
+    dilation, or (0, 1): the run-time one. From the attributes (kernel_shape, else W's shape
+    [M, KH, KW, 1]), so the plan's kernels and the enqueue agree whatever shapes each sees."""
+    try:
+        kernel = attrs.get("kernel_shape") or list(w[1:3])
+        kw, sw, dw = int(kernel[1]), int((attrs.get("strides") or (1, 1))[1]), int((attrs.get("dilations") or (1, 1))[1])
+    except (TypeError, ValueError, IndexError):
+        return 0, 1
     return (kw, sw) if kw in FAST_WIDTHS and sw in FAST_STRIDES and dw == 1 else (0, 1)
 
 
@@ -289,8 +295,7 @@ def kernel_source(layer: Any, elem: str, variant: DepthwiseVariant, kw: int, sw:
 def _kernels(variant: DepthwiseVariant):
     def kernels(layer: Any) -> list[KernelSource]:
         shapes = tuple(getattr(layer, "in_shapes", ()) or ())
-        win = depthwise_window(layer.attrs, shapes[0], shapes[1]) if len(shapes) >= 2 else None
-        kw, sw = fast_width(win) if win is not None else (0, 1)
+        kw, sw = fast_width(layer.attrs, shapes[1] if len(shapes) > 1 else ())
         storage = _storage(layer)
         elems = [ELEMS[storage][0]] if storage else [e for e, _ in ELEMS.values()]
         return [kernel_source(layer, e, variant, kw, sw) for e in elems]
@@ -333,8 +338,7 @@ def _enqueue(variant: DepthwiseVariant):
         if plan is None:
             raise DeviceError(f"shapes {X.shape} * {Wt.shape} -> {Y.shape} do not fit the depthwise kernel",
                               where=where, hint="run this layer with another ConvNHWC tactic")
-        win = depthwise_window(layer.attrs, X.shape, Wt.shape)
-        kw, sw = fast_width(win)
+        kw, sw = fast_width(layer.attrs, Wt.shape)
         kernel = kernel_source(layer, ELEMS[storage][0], variant, kw, sw)
         vec_in = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
         vec_out = plan.M % 8 == 0 and Y.ptr % 16 == 0

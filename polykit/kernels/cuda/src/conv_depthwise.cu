@@ -138,8 +138,8 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
   float* ws = (float*)dw_smem;                       // [KHW][2][VB][4] fp32 weights
   unsigned char* xs = dw_smem + (i64)KHW * CB * 4;  // NPL planes of `plane` 16-byte chunks
 
-  for (int i = t; i < KHW * CB; i += T) {  // tap fastest: consecutive threads read consecutive weights
-    const int tap = i % KHW, ch = i / KHW, co = m0 + ch;
+  for (int i = t; i < KHW * CB; i += T) {  // channel fastest: a warp's stores hit distinct banks (its
+    const int ch = i % CB, tap = i / CB, co = m0 + ch;  // loads, KHW apart, come from L1 after the first tap)
     ws[((tap * 2 + (ch & 7) / 4) * VB + ch / 8) * 4 + (ch & 3)] = co < M ? (float)ld(Wt, (i64)co * KHW + tap) : 0.f;
   }
 
