@@ -15,8 +15,9 @@
 //     two float4; lanes of one v read the same address: a broadcast), and
 //   - the input tile (output tile + halo: IH = (TH-1)*SH + (KH-1)*DH + 1 rows, IW = (TWT*DW_P-1)*SW
 //     + (KW-1)*DW + 1 columns) as 16-byte chunks of 8 channels (fp32: two planes of 4 channels),
-//     zeros outside the image, with 16-byte global loads (vec_in: KM == 1, C % 8 == 0, X 16-byte
-//     aligned; else element by element: tail channels, multipliers),
+//     zeros outside the image, with 16-byte cp.async copies, all of a thread's in flight at once
+//     (vec_in: KM == 1, C % 8 == 0, X 16-byte aligned; else element by element: tail channels,
+//     multipliers),
 // then each thread walks the kernel rows: with DW_KW > 0 (kernel width DW_KW, W stride DW_SW,
 // W dilation 1, all compile-time) it loads each of the (DW_P-1)*DW_SW + DW_KW input columns its
 // outputs touch once per row, converts it to fp32 once and feeds every output that uses it (the
@@ -48,7 +49,6 @@
 #ifndef DW_MIN_BLOCKS
 #define DW_MIN_BLOCKS 1
 #endif
-#define DW_UNROLL 4    // staging chunks a thread loads before it stores them
 
 #define DW_BASE_PARAMS                                                                                             \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int OH, int OW, int KH,   \
@@ -98,6 +98,14 @@ __device__ __forceinline__ void dw_load_w(const float* wt, int VB, int v, float 
   w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
 
+// 16 bytes global -> shared without a register round trip (cp.async, sm_80+); `ok` false writes
+// zeros and reads nothing
+__device__ __forceinline__ void dw_cp16(unsigned char* dst, const unsigned char* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src),
+               "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void dw_cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 __device__ __forceinline__ void dw_fma8(float (&acc)[8], const float (&x)[8], const float (&w)[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = fmaf(x[i], w[i], acc[i]);
@@ -138,45 +146,28 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
   float* ws = (float*)dw_smem;                       // [KHW][2][VB][4] fp32 weights
   unsigned char* xs = dw_smem + (i64)KHW * CB * 4;  // NPL planes of `plane` 16-byte chunks
 
-  for (int i = t; i < KHW * CB; i += T) {  // channel fastest: a warp's stores hit distinct banks (its
-    const int ch = i % CB, tap = i / CB, co = m0 + ch;  // loads, KHW apart, come from L1 after the first tap)
-    ws[((tap * 2 + (ch & 7) / 4) * VB + ch / 8) * 4 + (ch & 3)] = co < M ? (float)ld(Wt, (i64)co * KHW + tap) : 0.f;
-  }
-
   const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
   const ELEM* xn = X + (i64)n * H * W * C;
-  if (vec_in) {  // KM == 1, C % 8 == 0: a thread moves chunks of its own vector v, T / VB pixels apart
+  if (vec_in) {  // KM == 1, C % 8 == 0: a thread copies chunks of its own vector v, T / VB pixels apart
     const int npix = IH * IW, step = T / VB, sr = step / IW, sc = step % IW;
     const bool vec_ok = m0 + v * 8 < M;
-    int pix = t / VB, r = pix / IW, c = pix % IW;
-    while (pix < npix) {
-      uint4 buf[DW_UNROLL][NPL];
-      int dst[DW_UNROLL];
+    for (int pix = t / VB, r = pix / IW, c = pix % IW; pix < npix; pix += step, r += sr, c += sc) {
+      if (c >= IW) { c -= IW; ++r; }
+      const int ih = ih0 + r, iw = iw0 + c;
+      const bool ok = vec_ok && ih >= 0 && ih < H && iw >= 0 && iw < W;
+      const ELEM* src = ok ? xn + ((i64)ih * W + iw) * C + m0 + v * 8 : xn;
+      unsigned char* dst = xs + (i64)((r * IWP + c + c / G) * VB + v) * 16;
 #pragma unroll
-      for (int u = 0; u < DW_UNROLL; ++u) {
-#pragma unroll
-        for (int h = 0; h < NPL; ++h) buf[u][h] = make_uint4(0u, 0u, 0u, 0u);
-        dst[u] = -1;
-        if (pix < npix) {
-          const int ih = ih0 + r, iw = iw0 + c;
-          if (vec_ok && ih >= 0 && ih < H && iw >= 0 && iw < W) {
-            const uint4* src = (const uint4*)(xn + ((i64)ih * W + iw) * C + m0 + v * 8);
-#pragma unroll
-            for (int h = 0; h < NPL; ++h) buf[u][h] = src[h];
-          }
-          dst[u] = (r * IWP + c + c / G) * VB + v;
-        }
-        pix += step; r += sr; c += sc;
-        if (c >= IW) { c -= IW; ++r; }
-      }
-#pragma unroll
-      for (int u = 0; u < DW_UNROLL; ++u) {
-        if (dst[u] < 0) continue;
-#pragma unroll
-        for (int h = 0; h < NPL; ++h) *(uint4*)(xs + ((i64)h * plane + dst[u]) * 16) = buf[u][h];
-      }
+      for (int h = 0; h < NPL; ++h) dw_cp16(dst + (i64)h * plane * 16, (const unsigned char*)src + 16 * h, ok);
     }
-  } else {  // element by element: channel co of the slice reads input channel co / KM (0 past M)
+  }
+  // the weights while the copies fly; channel fastest: a warp's stores hit distinct banks (its
+  // loads, KHW elements apart, come from L1 after the first tap)
+  for (int i = t; i < KHW * CB; i += T) {
+    const int ch = i % CB, tap = i / CB, co = m0 + ch;
+    ws[((tap * 2 + (ch & 7) / 4) * VB + ch / 8) * 4 + (ch & 3)] = co < M ? (float)ld(Wt, (i64)co * KHW + tap) : 0.f;
+  }
+  if (!vec_in) {  // element by element: channel co of the slice reads input channel co / KM (0 past M)
     const int total = IH * IW * CB;
     for (int i = t; i < total; i += T) {
       const int e = i % CB, pix = i / CB, c = pix % IW, r = pix / IW;
@@ -187,6 +178,7 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
       *(ELEM*)(xs + ((i64)(byte / 16) * plane + (r * IWP + c + c / G) * VB + e / 8) * 16 + byte % 16) = val;
     }
   }
+  dw_cp_wait_all();
   __syncthreads();
 
   float acc[P][8];
