@@ -5,10 +5,8 @@
   ai.polykit ConvNHWC(X', W repacked as KRSC [with as many zero channels], B, its group kept) ->
   Transpose(0312) writing the Conv's output name. Classes (conv_class): "dense" (group 1),
   "depthwise" (group == C: one input channel a group, any channel multiplier), "grouped" (the
-  rest). The default converts dense and depthwise convs: the cuda target has NHWC kernels for
-  both (conv_nhwc, conv_sm90, conv_depthwise); grouped convs with several channels a group run
-  only on its SIMT implicit GEMM there, slower than NCHW's direct kernel, so the builder asks
-  for them on targets whose NHWC tactics serve them (polykit.compiler.builder.builder.nhwc_conv_classes).
+  rest). The default converts dense and depthwise convs; a build converts the classes its
+  target's NHWC tactics serve well (polykit.compiler.builder.builder.nhwc_conv_classes).
 - MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
@@ -48,6 +46,8 @@ def conv_class(group: int, channels: int) -> str:
     """A conv's class for to_channels_last: "dense" (group 1), "depthwise" (group == its input
     channels `channels`, so one channel a group), else "grouped"."""
     return "dense" if group == 1 else "depthwise" if group == channels else "grouped"
+
+
 #: QConvNHWC's channel multiple: the cuda INT8 kernel loads 16 channels (bytes) at a time
 INT8_CHANNEL_ALIGN = 16
 

@@ -1,6 +1,6 @@
 """Depthwise convolution channels last: ai.polykit ConvNHWC with group == C (any channel
 multiplier M / C) on conv_depthwise.cu, which stages an input tile (outputs + halo) x a slice of
-channels in shared memory with 16-byte loads and computes DW_P output pixels x 8 channels a
+channels in shared memory with 16-byte cp.async copies and computes DW_P output pixels x 8 channels a
 thread in fp32; float32 / float16 / bfloat16 storage, the bias and the layer's epilogue fused.
 
 Tactics, kind "ConvNHWC" (the builder times them against each other and the implicit GEMMs):
