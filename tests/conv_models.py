@@ -40,15 +40,19 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
         return out
 
-    def conv_bn(self, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> str:
-        w = self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
+    def conv_bn(self, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool | str = True,
+                group: int = 1) -> str:
+        """Conv (pads k // 2) + BatchNormalization [+ Relu, or the activation `relu` names]."""
+        w = self.rng.standard_normal((cout, cin // group, k, k)) * np.sqrt(2.0 / (cin // group * k * k))
         y = self.node("Conv", [x, self.init(w, "w")], kernel_shape=[k, k], strides=[stride, stride],
-                      pads=[k // 2] * 4)
+                      pads=[k // 2] * 4, group=group)
         gamma = self.rng.uniform(0.5, 1.5, cout) * (1.0 if relu else 0.3)  # residual branches stay small
         params = [gamma, self.rng.standard_normal(cout) * 0.1,
                   self.rng.standard_normal(cout) * 0.1, self.rng.uniform(0.5, 1.5, cout)]
         y = self.node("BatchNormalization", [y] + [self.init(p, "bn") for p in params], epsilon=1e-5)
-        return self.node("Relu", [y]) if relu else y
+        if not relu:
+            return y
+        return self.node("Relu" if relu is True else relu, [y])
 
     def bottleneck(self, x: str, cin: int, mid: int, stride: int) -> str:
         y = self.conv_bn(x, cin, mid, 1)
@@ -76,6 +80,84 @@ def resnet(depths: Sequence[int] = RESNET50_DEPTHS, width: int = 8, image: int =
                                     ["logits"], name="fc", transB=1))
     graph = helper.make_graph(b.nodes, "resnet", [helper.make_tensor_value_info("image", TensorProto.FLOAT,
                                                                                  [batch, 3, image, image])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+#: MobileNetV3-shaped inverted residual blocks: (expansion, out channels, kernel, stride, squeeze-excite)
+MOBILENET_BLOCKS = ((1, 16, 3, 1, False), (4, 24, 3, 2, False), (3, 24, 5, 1, True), (3, 20, 3, 1, False),
+                    (6, 40, 5, 2, True))
+
+
+def mobilenet(blocks: Sequence[tuple[int, int, int, int, bool]] = MOBILENET_BLOCKS, image: int = 32, batch: int = 2,
+              classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """A MobileNetV3-shaped model: 3x3/2 stem (16 channels, HardSwish), inverted residual blocks
+    (1x1 expansion, depthwise k x k with the stride, squeeze-excite on some, 1x1 projection, a
+    residual Add where shapes allow; 20 channels: not a multiple of 8), 1x1 head conv,
+    GlobalAveragePool, Flatten, Gemm. Input "image" [batch, 3, image, image], output "logits"."""
+    b = _Builder(seed)
+    x = b.conv_bn("image", 3, 16, 3, 2, relu="HardSwish")
+    cin = 16
+    for expansion, cout, k, stride, se in blocks:
+        mid = cin * expansion
+        y = b.conv_bn(x, cin, mid, 1, relu="HardSwish") if expansion != 1 else x
+        y = b.conv_bn(y, mid, mid, k, stride, relu="Relu", group=mid)
+        if se:
+            squeeze = max(8, mid // 4)
+            s = b.node("GlobalAveragePool", [y])
+            s = b.node("Relu", [b.node("Conv", [s, b.init(b.rng.standard_normal((squeeze, mid, 1, 1)) * 0.3, "se"),
+                                                 b.init(b.rng.standard_normal(squeeze) * 0.1, "seb")])])
+            s = b.node("Conv", [s, b.init(b.rng.standard_normal((mid, squeeze, 1, 1)) * 0.3, "se"),
+                                b.init(b.rng.standard_normal(mid) * 0.1, "seb")])
+            y = b.node("Mul", [y, b.node("HardSigmoid", [s], alpha=1.0 / 6, beta=0.5)])
+        y = b.conv_bn(y, mid, cout, 1, relu=False)
+        x = b.node("Add", [x, y]) if stride == 1 and cin == cout else y
+        cin = cout
+    x = b.conv_bn(x, cin, 64, 1, relu="HardSwish")
+    return _classifier(b, x, 64, "mobilenet", batch, image, classes)
+
+
+def convnext(width: int = 16, depths: Sequence[int] = (2, 1), image: int = 32, batch: int = 2, classes: int = 10,
+             seed: int = 0) -> onnx.ModelProto:
+    """A ConvNeXt-shaped model as torch exports it: 4x4/4 stem conv; blocks of a 7x7 depthwise
+    conv, Transpose to NHWC, LayerNormalization over channels, Linear (MatMul + Add) x4, Gelu,
+    Linear back, layer scale (Mul), Transpose to NCHW, residual Add; a 2x2/2 conv doubles the
+    width between stages; GlobalAveragePool, Flatten, Gemm."""
+    b = _Builder(seed)
+    x = b.node("Conv", ["image", b.init(b.rng.standard_normal((width, 3, 4, 4)) * 0.2, "w")], kernel_shape=[4, 4],
+               strides=[4, 4])
+    c = width
+    for stage, depth in enumerate(depths):
+        if stage:
+            x = b.node("Conv", [x, b.init(b.rng.standard_normal((2 * c, c, 2, 2)) / np.sqrt(4 * c), "w")],
+                       kernel_shape=[2, 2], strides=[2, 2])
+            c *= 2
+        for _ in range(depth):
+            w = b.rng.standard_normal((c, 1, 7, 7)) / 7
+            y = b.node("Conv", [x, b.init(w, "w"), b.init(b.rng.standard_normal(c) * 0.1, "b")], kernel_shape=[7, 7],
+                       pads=[3, 3, 3, 3], group=c)
+            y = b.node("Transpose", [y], perm=[0, 2, 3, 1])
+            y = b.node("LayerNormalization", [y, b.init(b.rng.uniform(0.5, 1.5, c), "ln"),
+                                              b.init(b.rng.standard_normal(c) * 0.1, "ln")], axis=-1, epsilon=1e-6)
+            y = b.node("Add", [b.node("MatMul", [y, b.init(b.rng.standard_normal((c, 4 * c)) / np.sqrt(c), "fc")]),
+                               b.init(b.rng.standard_normal(4 * c) * 0.1, "fcb")])
+            y = b.node("Gelu", [y])
+            y = b.node("Add", [b.node("MatMul", [y, b.init(b.rng.standard_normal((4 * c, c)) / np.sqrt(4 * c), "fc")]),
+                               b.init(b.rng.standard_normal(c) * 0.1, "fcb")])
+            y = b.node("Mul", [y, b.init(b.rng.uniform(0.1, 0.5, c), "gamma")])
+            x = b.node("Add", [x, b.node("Transpose", [y], perm=[0, 3, 1, 2])])
+    return _classifier(b, x, c, "convnext", batch, image, classes)
+
+
+def _classifier(b: _Builder, x: str, cin: int, name: str, batch: int, image: int, classes: int) -> onnx.ModelProto:
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
+    fc = b.init(b.rng.standard_normal((classes, cin)) / np.sqrt(cin), "fc")
+    b.nodes.append(helper.make_node("Gemm", [x, fc, b.init(b.rng.standard_normal(classes) * 0.1, "fcb")],
+                                    ["logits"], name="fc", transB=1))
+    graph = helper.make_graph(b.nodes, name, [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                                             [batch, 3, image, image])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10

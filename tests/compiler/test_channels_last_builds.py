@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.file import Plan
 from polykit.runtime.engine import Runtime
 
-from tests.conv_models import resnet
+from tests.conv_models import convnext, mobilenet, resnet
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torch"
 MODELS = {"resnet50_like": lambda: resnet(), "convnet_ts": lambda: str(DATA / "convnet_ts.onnx"),
@@ -116,3 +117,62 @@ def test_channels_last_auto_is_on_for_cuda_builds_with_int8_layers():
     assert BuilderConfig(int8=True).channels_last_for("cuda") and not BuilderConfig(int8=True).channels_last_for("cpu")
     assert BuilderConfig().channels_last_for("cuda", int8_layers=True)  # a model's own Q/DQ fold
     assert not BuilderConfig(channels_last=False).channels_last_for("cuda", int8_layers=True)
+
+
+DEPTHWISE_MODELS = {"mobilenet": mobilenet, "convnext": convnext}
+
+
+def _grouped_model():
+    """image [2, 8, 9, 9] -> Conv 3x3 group 4 (2 channels a group) -> Relu -> depthwise 3x3 -> logits."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w1", (8, 2, 3, 3)), ("w2", (8, 1, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["image", "w1"], ["c1"], group=4, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["logits"], group=8, pads=[1, 1, 1, 1], strides=[2, 2])]
+    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [2, 8, 9, 9])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 8, 5, 5])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("model", sorted(DEPTHWISE_MODELS))
+@pytest.mark.parametrize("fp16", [False, True])
+def test_cpu_plans_of_depthwise_models_with_and_without_channels_last_compute_the_same(model, fp16):
+    image = np.random.default_rng(7).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    nhwc = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
+    nchw = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=False))
+    assert not _kinds(nhwc)["Conv"] and any(int(layer.attrs.get("group", 1)) > 1 for layer in nhwc.layers
+                                            if layer.kind == "ConvNHWC")
+    tol = {"rtol": 2e-3, "atol": 2e-3} if fp16 else {"rtol": 1e-5, "atol": 1e-6}
+    np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), **tol)
+
+
+def test_cpu_plan_runs_grouped_convs_channels_last_and_cuda_plans_keep_them_nchw():
+    image = np.random.default_rng(4).standard_normal((2, 8, 9, 9)).astype(np.float32)
+    nhwc = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=True))
+    assert sorted(int(layer.attrs["group"]) for layer in nhwc.layers if layer.kind == "ConvNHWC") == [4, 8]
+    nchw = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=False))
+    np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), rtol=1e-5, atol=1e-5)
+    cuda = build_plan(_grouped_model(), BuilderConfig(target="cuda", fp16=True))
+    assert [(layer.kind, int(layer.attrs["group"])) for layer in cuda.layers if "Conv" in layer.kind] == \
+        [("Conv", 4), ("ConvNHWC", 8)]
+
+
+@pytest.mark.parametrize("model,depthwise", [("mobilenet", 5), ("convnext", 3)])
+def test_fp16_cuda_plan_runs_depthwise_convs_on_the_depthwise_tactics_without_a_gpu(model, depthwise):
+    plan = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
+    tactics = [layer.tactic for layer in plan.layers if layer.kind == "ConvNHWC" and int(layer.attrs["group"]) > 1]
+    assert len(tactics) == depthwise and all(t.startswith("cuda.conv_nhwc.depthwise_p") for t in tactics)
+    assert not _kinds(plan)["Conv"] and _kinds(plan)["Transpose"] == (1 if model == "mobilenet" else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", sorted(DEPTHWISE_MODELS))
+def test_fp16_cuda_plans_of_depthwise_models_match_the_cpu(model):
+    image = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    cuda = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
+    exact = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu"))
+    got, want = _run(cuda, image), _run(exact, image)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -141,6 +141,20 @@ def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
 
 
 # ---- steps -------------------------------------------------------------------------------
+#: conv classes (polykit.compiler.passes.channels_last.conv_class) a channels-last build of a target
+#: runs NHWC: those its ConvNHWC tactics serve at least as well as its NCHW ones. The cuda target
+#: has NHWC kernels for dense (conv_nhwc, conv_sm90) and depthwise convs (conv_depthwise); a grouped
+#: conv with several channels a group would run there only on the SIMT implicit GEMM, slower than
+#: the NCHW direct kernel, so it stays NCHW. The cpu runs every ConvNHWC (the reference kernel).
+NHWC_CONV_CLASSES = {"cuda": ("dense", "depthwise"), "cpu": ("dense", "depthwise", "grouped")}
+
+
+def nhwc_conv_classes(target: str) -> tuple[str, ...]:
+    """The conv classes a channels-last build for `target` converts (NHWC_CONV_CLASSES; dense and
+    depthwise for a target not listed)."""
+    return NHWC_CONV_CLASSES.get(target, ("dense", "depthwise"))
+
+
 def conv_pixels(graph: Graph) -> list[int]:
     """N * OH * OW of each 2-D Conv whose output shape is known (channels_last_for's measure)."""
     out = []
@@ -244,6 +258,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "config": cfg, "fp16": reduced and cfg.fp16, "bf16": reduced and cfg.bf16 and not cfg.fp16,
                "fp32_layers": pinned + tuple(fp32_nodes),
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
+               "channels_last_convs": nhwc_conv_classes(target),
                "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):

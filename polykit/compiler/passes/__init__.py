@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
-from polykit.compiler.passes.channels_last import to_channels_last
+from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
@@ -100,7 +100,8 @@ def _refresh(graph: Graph, name: str, check: bool) -> None:
 
 def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterable[str] = frozenset(),
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
-             channels_last: bool = False, int8: bool = False, int8_scales: Mapping[str, float] | None = None,
+             channels_last: bool = False, channels_last_convs: Iterable[str] = DEFAULT_CONV_CLASSES,
+             int8: bool = False, int8_scales: Mapping[str, float] | None = None,
              int8_unfolded: Iterable[str] = ()) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
@@ -111,7 +112,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
-    layout group; cancel_transposes then removes the Transposes between them).
+    layout group; cancel_transposes then removes the Transposes between them); of the convolutions,
+    those of the classes `channels_last_convs` names ("dense", "depthwise", "grouped").
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
     Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
@@ -140,7 +142,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
-        layout.insert(0, bind(to_channels_last, keep=kept))
+        layout.insert(0, bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)))
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
                    bind(fuse_quantize_nhwc, keep=kept)]

@@ -1,8 +1,12 @@
 """to_channels_last: run 2-D convolutions and pools channels-last (docs/FUSION.md, "Channels last").
 
-- Conv (2-D, float16/float32, constant W, group 1) -> Transpose(X, 0231) [-> Pad of the channel
-  axis with zeros up to a multiple of CHANNEL_ALIGN] -> ai.polykit ConvNHWC(X', W repacked as
-  KRSC with as many zero channels, B) -> Transpose(0312) writing the Conv's output name.
+- Conv (2-D, float16/float32, constant W) of a class in `conv_classes` -> Transpose(X, 0231)
+  [-> Pad of the channel axis with zeros up to a multiple of CHANNEL_ALIGN: dense convs only] ->
+  ai.polykit ConvNHWC(X', W repacked as KRSC [with as many zero channels], B, its group kept) ->
+  Transpose(0312) writing the Conv's output name. Classes (conv_class): "dense" (group 1),
+  "depthwise" (group == C: one input channel a group, any channel multiplier), "grouped" (the
+  rest). The default converts dense and depthwise convs; a build converts the classes its
+  target's NHWC tactics serve well (polykit.compiler.builder.builder.nhwc_conv_classes).
 - MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
@@ -16,12 +20,11 @@ then cancels the Transposes between neighbours, leaving reformats at the chain's
   centered product), W repacked KRSC (padded with W's zero points), the epilogue's extra inputs
   transposed to NHWC (constants here, rank-4 tensors through Transposes); "symmetric" 1 when X and W
   are int8 with zero points 0.
-Grouped and depthwise convolutions stay NCHW for now.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -34,6 +37,17 @@ from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
 FLOATS = (np.dtype(np.float16), np.dtype(np.float32))
+#: every conv class (conv_class); DEFAULT_CONV_CLASSES: those to_channels_last converts unless told
+CONV_CLASSES = ("dense", "depthwise", "grouped")
+DEFAULT_CONV_CLASSES = frozenset({"dense", "depthwise"})
+
+
+def conv_class(group: int, channels: int) -> str:
+    """A conv's class for to_channels_last: "dense" (group 1), "depthwise" (group == its input
+    channels `channels`, so one channel a group), else "grouped"."""
+    return "dense" if group == 1 else "depthwise" if group == channels else "grouped"
+
+
 #: QConvNHWC's channel multiple: the cuda INT8 kernel loads 16 channels (bytes) at a time
 INT8_CHANNEL_ALIGN = 16
 
@@ -41,9 +55,10 @@ INT8_CHANNEL_ALIGN = 16
 class _Rewriter:
     """One pass over the nodes in order: what is NHWC so far, weights repacked so far."""
 
-    def __init__(self, graph: Graph, fixed: set[str]):
+    def __init__(self, graph: Graph, fixed: set[str], conv_classes: frozenset[str] = DEFAULT_CONV_CLASSES):
         self.graph = graph
         self.fixed = fixed
+        self.conv_classes = conv_classes
         self.readers = graph.consumers()
         self.nhwc: set[str] = set()  # NCHW names of tensors an NHWC op computes
         self.repacked: dict[tuple[str, int], str] = {}
@@ -101,26 +116,31 @@ class _Rewriter:
     def conv(self, node: Node) -> list[Node] | None:
         x, w = node.input(0), node.input(1)
         weight = self.graph.initializers.get(w)
-        if (weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype
-                or int(node.attrs.get("group", 1)) != 1):
+        if weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype:
+            return None
+        group = int(node.attrs.get("group", 1))
+        if conv_class(group, int(weight.shape[1]) * group) not in self.conv_classes:
             return None
         attrs = self.nhwc_attrs(node, weight)
         if attrs is None:
             return None
         prefix: list[Node] = []
-        xt, channels = self.nhwc_input(x, int(weight.shape[1]), CHANNEL_ALIGN, node, prefix)
-        inputs = [xt, self.krsc(w, channels)] + ([node.input(2)] if node.input(2) else [])
+        # a dense conv's channels are padded for the 16-byte loads of its kernels; padding a grouped
+        # conv's would move channels between groups (its kernels take any count)
+        align = CHANNEL_ALIGN if group == 1 else 1
+        xt, channels = self.nhwc_input(x, int(weight.shape[1]) * group, align, node, prefix)
+        inputs = [xt, self.krsc(w, channels // group)] + ([node.input(2)] if node.input(2) else [])
         return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
 
     def nhwc_attrs(self, node: Node, weight: np.ndarray) -> dict | None:
-        """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, group 1), or None
-        when its pads depend on unknown dims."""
+        """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, its group), or
+        None when its pads depend on unknown dims."""
         kernel = [int(k) for k in weight.shape[2:]]
         pads = self.explicit_pads(node, kernel)
         if pads is None:
             return None
         attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
-        attrs.update(pads=pads, kernel_shape=kernel, group=1)
+        attrs.update(pads=pads, kernel_shape=kernel, group=int(node.attrs.get("group", 1)))
         return attrs
 
     def nhwc_input(self, x: str, c: int, align: int, node: Node, prefix: list[Node],
@@ -218,9 +238,14 @@ REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
 POLYKIT_REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {"QConv": _Rewriter.qconv}
 
 
-def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
-    """Wrap every eligible conv / pool as an NHWC op between Transposes; True if any."""
-    r = _Rewriter(graph, protected(graph, keep))
+def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset(),
+                     conv_classes: Iterable[str] = DEFAULT_CONV_CLASSES) -> bool:
+    """Wrap every eligible conv (of a class in `conv_classes`: "dense", "depthwise", "grouped") and
+    pool as an NHWC op between Transposes; True if any."""
+    classes = frozenset(conv_classes)
+    if not classes <= set(CONV_CLASSES):
+        raise ValueError(f"conv classes {sorted(classes - set(CONV_CLASSES))} are not among {CONV_CLASSES}")
+    r = _Rewriter(graph, protected(graph, keep), classes)
     nodes: list[Node] = []
     for node in graph.nodes:
         table = REWRITES if node.domain == "" else POLYKIT_REWRITES if node.domain == POLYKIT_DOMAIN else {}

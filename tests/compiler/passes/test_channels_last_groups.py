@@ -1,0 +1,119 @@
+"""to_channels_last on depthwise and grouped convolutions: ConvNHWC keeps their group, their channels
+are never padded, and chains of them stay channels-last (on the cpu target's reference kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.graph.evaluator import evaluate_graph
+from polykit.compiler.graph.onnx_import import load_onnx
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.passes import optimize, to_channels_last
+from polykit.compiler.passes.channels_last import conv_class
+
+from tests.conv_models import convnext, mobilenet
+
+from .passes_testkit import feeds_for, graph, node, op_counts, run_and_compare
+
+RNG = np.random.default_rng(5)
+CONV_NHWC = f"{POLYKIT_DOMAIN}:ConvNHWC"
+
+
+def _w(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _depthwise(x, m, k, **attrs):
+    """Conv (group = C) of an input of shape `x` into m = multiplier * C channels, then Relu."""
+    c = x[1]
+    return graph([node("Conv", ["x", "w", "b"], "c", name="dw", group=c, **attrs), node("Relu", ["c"], "y")],
+                 {"x": x}, ["y"], {"w": _w(m, 1, *k), "b": _w(m)})
+
+
+@pytest.mark.parametrize("group,channels,expected", [(1, 8, "dense"), (8, 8, "depthwise"), (13, 13, "depthwise"),
+                                                     (2, 8, "grouped"), (4, 16, "grouped")])
+def test_conv_class_names_dense_depthwise_and_grouped(group, channels, expected):
+    assert conv_class(group, channels) == expected
+
+
+# (x NCHW, out channels, kernel, attrs): odd sizes, tail channel counts, strides, dilations,
+# asymmetric and automatic pads, a channel multiplier, 1 x k and k x 1 kernels
+DEPTHWISE = [
+    ((2, 8, 9, 7), 8, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 13, 11, 10), 13, (5, 5), {"strides": [2, 2], "pads": [2, 1, 2, 3]}),
+    ((3, 24, 12, 13), 24, (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 8, 7, 7), 16, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 16, 9, 9), 16, (7, 7), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 24, 1, 17), 24, (1, 7), {"pads": [0, 3, 0, 3]}),
+    ((1, 12, 10, 9), 12, (7, 1), {"pads": [3, 0, 3, 0], "strides": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("x,m,k,attrs", DEPTHWISE)
+def test_depthwise_conv_becomes_conv_nhwc_with_its_group_and_unpadded_channels(x, m, k, attrs):
+    out, changed = run_and_compare(_depthwise(x, m, k, **attrs), to_channels_last)
+    assert changed and op_counts(out) == {"Transpose": 2, CONV_NHWC: 1, "Relu": 1}  # no channel Pad
+    conv = next(n for n in out.nodes if n.op_type == "ConvNHWC")
+    assert conv.name == "dw" and conv.attrs["group"] == x[1] and "auto_pad" not in conv.attrs
+    assert out.initializers[conv.inputs[1]].shape == (m, *k, 1)  # KRSC with one channel a group
+
+
+def test_grouped_conv_stays_nchw_unless_its_class_is_asked_for():
+    g = graph([node("Conv", ["x", "w"], "y", group=4, pads=[1, 1, 1, 1])], {"x": (2, 16, 7, 9)}, ["y"],
+              {"w": _w(8, 4, 3, 3)})
+    assert not to_channels_last(g.copy())
+    out, changed = run_and_compare(g, lambda h: to_channels_last(h, conv_classes=("dense", "grouped")))
+    conv = next(n for n in out.nodes if n.op_type == "ConvNHWC")
+    assert changed and conv.attrs["group"] == 4 and out.initializers[conv.inputs[1]].shape == (8, 3, 3, 4)
+    assert "Pad" not in op_counts(out)
+
+
+def test_depthwise_conv_stays_nchw_when_its_class_is_not_asked_for():
+    assert not to_channels_last(_depthwise((1, 8, 6, 6), 8, (3, 3), pads=[1, 1, 1, 1]), conv_classes=("dense",))
+
+
+def test_unknown_conv_class_is_refused():
+    with pytest.raises(ValueError, match="separable"):
+        to_channels_last(_depthwise((1, 8, 6, 6), 8, (3, 3)), conv_classes=("dense", "separable"))
+
+
+def _transposes_outside_the_chain(out) -> list[str]:
+    """Transposes that are not at the chain's entry (reading the image or its Cast)."""
+    producers = out.producers()
+    inner = []
+    for n in out.nodes:
+        if n.op_type != "Transpose":
+            continue
+        src = producers.get(n.inputs[0])
+        if not (n.inputs[0] == "image" or (src is not None and src.op_type == "Cast" and src.inputs[0] == "image")):
+            inner.append(f"{src.op_type if src else n.inputs[0]} -> {n.name}")
+    return inner
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_mobilenet_keeps_one_transpose_at_the_entry(fp16):
+    g = load_onnx(mobilenet())
+    out = optimize(g, keep=g.outputs, channels_last=True, fp16=fp16)
+    counts = op_counts(out)
+    assert "Conv" not in counts and counts[CONV_NHWC] == 20
+    assert counts["Transpose"] == 1 and not _transposes_outside_the_chain(out)
+    feeds = feeds_for(g)
+    nchw = evaluate_graph(optimize(g, keep=g.outputs, fp16=fp16), feeds)["logits"]
+    tol = {"rtol": 1e-2, "atol": 1e-2} if fp16 else {"rtol": 1e-5, "atol": 1e-5}
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], nchw, **tol)
+
+
+def test_convnext_blocks_run_channels_last_between_the_entry_and_the_pool():
+    """The model's own Transposes around LayerNormalization cancel against the depthwise conv's;
+    one Transpose stays at the entry and one before the NCHW GlobalAveragePool at the end."""
+    g = load_onnx(convnext())
+    out = optimize(g, keep=g.outputs, channels_last=True)
+    counts = op_counts(out)
+    assert "Conv" not in counts and counts[CONV_NHWC] == 5 and counts["Transpose"] == 2
+    (inner,) = _transposes_outside_the_chain(out)
+    assert out.consumers()[next(n for n in out.nodes if n.name == inner.split(" -> ")[1]).outputs[0]][0].op_type \
+        == "GlobalAveragePool"
+    feeds = feeds_for(g)
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], evaluate_graph(g, feeds)["logits"], rtol=1e-5,
+                               atol=1e-5)
