@@ -1,1 +1,3 @@
-"""Kernels: numpy reference implementations (the oracle) and CUDA C sources with their tactics."""
+"""Kernels: the tactic table and the cpu and cuda tactics (CUDA sources in cuda/src/).
+
+Imports compiler.plan and the layers below it; never runtime or builder."""
