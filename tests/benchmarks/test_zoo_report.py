@@ -25,7 +25,7 @@ def row(model, family, batch, polykit, eager, compiled=None, **extra):
 
 def results(tmp_path, name, rows, command="PYTHONPATH=. python3 benchmarks/zoo.py --family conv"):
     path = tmp_path / name
-    zoo.write_results(path, rows, {"command": command})
+    zoo.write_results(path, rows, {"commands": [command]})
     return str(path)
 
 
@@ -121,4 +121,4 @@ def test_docs_zoo_md_explains_the_method_and_has_the_section_to_fill():
 
 def test_results_files_are_json_with_format_settings_and_rows(tmp_path):
     doc = json.loads(Path(results(tmp_path, "a.json", [row("resnet18", "conv", 1, 1.0, 2.0)])).read_text())
-    assert doc["format"] == zoo.FORMAT and doc["settings"]["command"] and doc["results"][0]["model"] == "resnet18"
+    assert doc["format"] == zoo.FORMAT and doc["settings"]["commands"] and doc["results"][0]["model"] == "resnet18"
