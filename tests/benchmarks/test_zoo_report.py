@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import zoo, zoo_report
+from benchmarks.zoo_models import CONV, MODELS
 
 REPO = Path(__file__).resolve().parents[2]
 META = {"date": "2026-12-01", "device": "NVIDIA H200", "commit": "abc1234", "torch": "2.11.0"}
@@ -117,6 +118,8 @@ def test_docs_zoo_md_explains_the_method_and_has_the_section_to_fill():
     assert "benchmarks/zoo.py --render zoo.json --into docs/ZOO.md" in text
     for word in ("torch.compile", "POLYKIT_CACHE_DIR", "alternating", "fp32"):
         assert word in text
+    conv = sum(m.family == CONV for m in MODELS)
+    assert f"({conv} convolutional and\n{len(MODELS) - conv} transformer-family architectures" in text
 
 
 def test_results_files_are_json_with_format_settings_and_rows(tmp_path):
