@@ -150,11 +150,15 @@ def run_child(cmd: list[str], timeout: float) -> int | None:
         return None
 
 
-def run_all(args: argparse.Namespace) -> list[dict]:
-    rows = load_results(args.resume)["results"] if args.resume and Path(args.resume).exists() else []
+def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list[dict]:
+    """Run the pending cases one child process each, rewriting --out after every case; the rows.
+    `argv` (default sys.argv[1:]) is recorded as the command in the results file's settings."""
+    resumed = load_results(args.resume) if args.resume and Path(args.resume).exists() else {"results": []}
+    rows = resumed["results"]
     todo = pending(select_cases(args), rows)
-    settings = {k: getattr(args, k) for k in ("rounds", "iters", "warmup", "level", "kernel_cache", "skip_compile")}
-    settings["command"] = "PYTHONPATH=. python3 benchmarks/zoo.py " + shlex.join(sys.argv[1:])
+    command = "PYTHONPATH=. python3 benchmarks/zoo.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    commands = resumed.get("settings", {}).get("commands", [])
+    settings = {"commands": commands + [command] if command not in commands else commands}
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
     say(f"{len(todo)} cases to run ({len(rows)} rows resumed); results to {args.out}")
     for i, (model, batch) in enumerate(todo):
@@ -347,7 +351,8 @@ def run_case(args: argparse.Namespace) -> None:
     name, batch = args.case.rsplit(":", 1)
     model, batch = BY_NAME[name], int(batch)
     row: dict[str, Any] = {"model": model.name, "family": model.family, "batch": batch, "precision": "fp16",
-                           "inputs": {s.name: [batch, *s.shape] for s in model.inputs}}
+                           "inputs": {s.name: [batch, *s.shape] for s in model.inputs}, "level": args.level,
+                           "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup}
     try:
         measure(model, batch, args, row)
     except Exception as exc:  # recorded: one failing model must not stop the zoo
@@ -366,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.case:
         run_case(args)
     else:
-        run_all(args)
+        run_all(args, argv)
 
 
 if __name__ == "__main__":

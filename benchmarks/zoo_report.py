@@ -64,11 +64,8 @@ def provenance_lines(docs: Sequence[dict], rows: Sequence[dict]) -> list[str]:
     runs = sorted({(r.get("date", "?"), r.get("device", "?"), r.get("commit", "?"), r.get("torch", "?"))
                    for r in rows if "date" in r})
     lines = [f"Measured {date} on {device}, polykit commit {commit}, torch {torch}." for date, device, commit, torch in runs]
-    for doc in docs:
-        settings = doc.get("settings", {})
-        if settings.get("command"):
-            lines.append(f"Command: `{settings['command']}`")
-    return lines
+    commands = [c for doc in docs for c in doc.get("settings", {}).get("commands", [])]
+    return lines + [f"Command: `{c}`" for c in dict.fromkeys(commands)]
 
 
 def case_table(rows: Sequence[dict]) -> list[str]:

@@ -110,7 +110,8 @@ class FakeChildren:
 def run(monkeypatch, tmp_path, argv, outcomes=None):
     fake = FakeChildren(outcomes or {})
     monkeypatch.setattr(zoo, "run_child", fake)
-    rows = zoo.run_all(zoo.parse_args([*argv, "--cache-dir", str(tmp_path / "cache")]))
+    monkeypatch.chdir(tmp_path)  # the default cache dir, .zoo_cache, lands here
+    rows = zoo.run_all(zoo.parse_args(argv), argv)
     return fake, rows
 
 
@@ -135,6 +136,9 @@ def test_resume_runs_only_the_cases_not_finished(monkeypatch, tmp_path):
         [("gpt2", 1), ("gpt2", 8), ("resnet18", 1), ("resnet18", 32)]
     fake, _ = run(monkeypatch, tmp_path, ["--models", "resnet18,gpt2", "--out", str(out), "--resume", str(out)])
     assert fake.ran == []
+    commands = load_results(out)["settings"]["commands"]  # every run's command, once
+    assert commands == [f"PYTHONPATH=. python3 benchmarks/zoo.py --models resnet18 --out {out}",
+                        f"PYTHONPATH=. python3 benchmarks/zoo.py --models resnet18,gpt2 --out {out} --resume {out}"]
 
 
 def test_deadline_stops_starting_cases_and_a_cut_case_is_not_recorded(monkeypatch, tmp_path):

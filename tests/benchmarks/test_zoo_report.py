@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import zoo, zoo_report
+from benchmarks.zoo_models import CONV, MODELS
 
 REPO = Path(__file__).resolve().parents[2]
 META = {"date": "2026-12-01", "device": "NVIDIA H200", "commit": "abc1234", "torch": "2.11.0"}
@@ -25,7 +26,7 @@ def row(model, family, batch, polykit, eager, compiled=None, **extra):
 
 def results(tmp_path, name, rows, command="PYTHONPATH=. python3 benchmarks/zoo.py --family conv"):
     path = tmp_path / name
-    zoo.write_results(path, rows, {"command": command})
+    zoo.write_results(path, rows, {"commands": [command]})
     return str(path)
 
 
@@ -117,8 +118,10 @@ def test_docs_zoo_md_explains_the_method_and_has_the_section_to_fill():
     assert "benchmarks/zoo.py --render zoo.json --into docs/ZOO.md" in text
     for word in ("torch.compile", "POLYKIT_CACHE_DIR", "alternating", "fp32"):
         assert word in text
+    conv = sum(m.family == CONV for m in MODELS)
+    assert f"({conv} convolutional and\n{len(MODELS) - conv} transformer-family architectures" in text
 
 
 def test_results_files_are_json_with_format_settings_and_rows(tmp_path):
     doc = json.loads(Path(results(tmp_path, "a.json", [row("resnet18", "conv", 1, 1.0, 2.0)])).read_text())
-    assert doc["format"] == zoo.FORMAT and doc["settings"]["command"] and doc["results"][0]["model"] == "resnet18"
+    assert doc["format"] == zoo.FORMAT and doc["settings"]["commands"] and doc["results"][0]["model"] == "resnet18"
