@@ -19,6 +19,7 @@ from polykit.compiler.ir import dtypes
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import PolykitError
+from polykit.tools.conformance import undefined_elements
 
 # onnx.backend.test.case.node modules holding the cases of the ops this family implements
 CASE_MODULES = (
@@ -113,17 +114,21 @@ def test_pass_list_covers_the_tensor_op_cases():
 
 @pytest.mark.parametrize("tc", PASS_LIST, ids=[tc.name for tc in PASS_LIST])
 def test_node_case_matches_onnx_expected_outputs(tc):
+    """Elements ONNX leaves undefined (a float -> integer cast of NaN or out-of-range values,
+    whose expected values come from ml_dtypes' processor-dependent casts) are not compared."""
     with np.errstate(all="ignore"):
         graph = load_onnx(tc.model)
         for inputs, expected in tc.data_sets:
             env = evaluate_graph(graph, dict(zip(graph.inputs, _arrays(inputs))))
-            for name, want in zip(graph.outputs, _arrays(expected)):
+            undefined = undefined_elements(tc.model, _arrays(inputs))
+            for name, want, skip in zip(graph.outputs, _arrays(expected), undefined):
                 got = env[name]
                 assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, got.dtype)
+                seen, ref = (got, want) if skip is None else (got[~skip], want[~skip])
                 if want.dtype == object:
-                    np.testing.assert_array_equal(got, want)
+                    np.testing.assert_array_equal(seen, ref)
                 else:
-                    np.testing.assert_allclose(got, want, rtol=tc.rtol, atol=tc.atol, err_msg=name)
+                    np.testing.assert_allclose(seen, ref, rtol=tc.rtol, atol=tc.atol, err_msg=name)
                 inferred = graph.value(name)
                 assert inferred.dtype == got.dtype
                 assert inferred.shape is not None and len(inferred.shape) == got.ndim
