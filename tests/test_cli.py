@@ -339,7 +339,7 @@ def test_a_command_run_in_process_leaves_the_logging_as_it_found_it(flags, caplo
     from typer.testing import CliRunner
 
     from polykit.plugins import create_plugin_manager
-    from polykit.tools.cli import build_app
+    from polykit.tools.cli.app import build_app
 
     logger = logging.getLogger("polykit")
     before = (logger.level, logger.propagate, list(logger.handlers))
