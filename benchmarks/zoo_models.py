@@ -51,9 +51,11 @@ def image(size: int = 224) -> tuple[InputSpec, ...]:
     return (InputSpec("x", (3, size, size)),)
 
 
-def tokens(vocab: int, seq: int = 128, mask: bool = True) -> tuple[InputSpec, ...]:
-    ids = InputSpec("input_ids", (seq,), "ids", vocab)
-    return (ids, InputSpec("attention_mask", (seq,), "ones")) if mask else (ids,)
+def tokens(vocab: int, seq: int = 128) -> tuple[InputSpec, ...]:
+    """Token ids and an all-ones attention mask. Causal decoders get the mask too: without one,
+    transformers 5 looks for packed sequences in the position ids with torch.diff, which the
+    TorchScript exporter cannot export (GPT-2 and LLaMA failed so)."""
+    return InputSpec("input_ids", (seq,), "ids", vocab), InputSpec("attention_mask", (seq,), "ones")
 
 
 def torchvision_model(name: str, **kwargs: Any) -> Callable[[], Any]:
@@ -171,9 +173,9 @@ MODELS: tuple[ZooModel, ...] = (
     _transformer("bert_base", ("bert-encoder",), tokens(30522), transformers_model("BertModel", "BertConfig")),
     _transformer("distilbert", ("bert-encoder", "distilled"), tokens(30522),
                  transformers_model("DistilBertModel", "DistilBertConfig")),
-    _transformer("gpt2", ("causal-decoder",), tokens(50257, mask=False),
+    _transformer("gpt2", ("causal-decoder",), tokens(50257),
                  transformers_model("GPT2Model", "GPT2Config", use_cache=False)),
-    _transformer("llama_small", ("causal-decoder", "rmsnorm-rotary-swiglu-gqa"), tokens(32000, mask=False),
+    _transformer("llama_small", ("causal-decoder", "rmsnorm-rotary-swiglu-gqa"), tokens(32000),
                  transformers_model("LlamaModel", "LlamaConfig", **_LLAMA)),
     _transformer("t5_encoder", ("t5-encoder", "relative-position-bias"), tokens(32128),
                  transformers_model("T5EncoderModel", "T5Config", **_T5)),

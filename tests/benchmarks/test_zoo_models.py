@@ -48,6 +48,14 @@ def test_every_input_is_named_once_and_ids_have_a_vocabulary():
         assert {s.kind for s in m.inputs} <= {"normal", "ids", "ones"}, m.name
 
 
+def test_every_token_model_feeds_an_all_ones_attention_mask():
+    # causal decoders too: transformers 5 without a mask computes torch.diff, which does not export
+    for m in MODELS:
+        kinds = {s.name: s.kind for s in m.inputs}
+        if "input_ids" in kinds:
+            assert kinds.get("attention_mask") == "ones", m.name
+
+
 def test_first_tensor_picks_out_then_the_first_value():
     out, aux, hidden, pooled = object(), object(), object(), object()
     assert first_tensor({"aux": aux, "out": out}) is out  # torchvision segmentation
