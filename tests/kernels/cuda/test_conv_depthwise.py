@@ -150,8 +150,10 @@ def test_depthwise_tactics_lead_the_candidates_of_depthwise_layers_only():
 
 
 def test_every_variant_is_declared_for_the_nvrtc_compile_test():
+    variants = compile_variants()
     declared = {(dict(k.defines)["ELEM"], dict(k.defines)["DW_KW"], dict(k.defines)["DW_SW"], dict(k.defines)["DW_P"])
-                for k in compile_variants()}
+                for k in variants if k.code is None}
+    assert sum(k.code is not None and "apply_epilogue" in k.code for k in variants) == 2  # with an epilogue
     for v in VARIANTS:
         for kw in FAST_WIDTHS:
             for sw in (1, 2):

@@ -358,7 +358,21 @@ def compile_variants() -> list[KernelSource]:
         shapes = [(kw, sw) for kw in FAST_WIDTHS for sw in FAST_STRIDES] + [(0, 1)]
         out += [kernel_source(None, "half_t", variant, kw, sw) for kw, sw in shapes]
         out += [kernel_source(None, e, variant, kw, sw) for e in ("float", "bf16_t") for kw, sw in ((7, 1), (0, 1))]
-    return out
+    return out + _epilogue_variants()
+
+
+def _epilogue_variants() -> list[KernelSource]:
+    """A residual + Relu epilogue read with 16-byte loads (half, the residual of the output's
+    shape: EPI_VEC 1) and through strided offsets (float, shapes unknown: EPI_VEC 0)."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+            {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
+    attrs = {"group": 8, "kernel_shape": [3, 3], "epilogue": {"input": "raw", "body": body}}
+    shaped = LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit",
+                       in_shapes=((1, 8, 8, 8), (8, 3, 3, 1), (8,), (1, 8, 8, 8)), out_shapes=((1, 8, 8, 8),))
+    unshaped = LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit")
+    return [kernel_source(shaped, "half_t", VARIANTS[0], 3, 1), kernel_source(unshaped, "float", VARIANTS[0], 0, 1)]
 
 
 for _variant in VARIANTS:
