@@ -16,8 +16,9 @@ It has two steps:
   the importer applies).
 
 What needs the tactic table of this polykit (each layer's tactic is one its target has for
-the layer's kind; each kernel file is one of its sources) is the runtime's check when an
-Engine loads the plan (polykit.runtime.tactic_check), still before the target sees it.
+the layer's kind; a cuda plan's kernels, which it names but does not carry, regenerate from
+those tactics as recorded) is the runtime's check when an Engine loads the plan
+(polykit.runtime.tactic_check), still before the target sees it.
 
 Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
 """

@@ -67,10 +67,11 @@ class KernelSource:
 
 def kernel_file(file: str | None, kernel: str = "") -> Path:
     """The path of kernel source `file` in this folder; PlanError for anything but the bare
-    name of a .cu file here (a plan's kernel table must not reach outside the folder)."""
+    name of a .cu file here (a kernel generator, a plugin's too, must not reach outside the folder)."""
     if not isinstance(file, str) or not KERNEL_FILE.fullmatch(file) or not (CUDA_DIR / file).is_file():
         raise PlanError(f"kernel {kernel!r} names source file {file!r}, which is not a .cu file of polykit's "
-                        "kernel folder", hint="the plan's kernel table is damaged or crafted; rebuild the plan")
+                        "kernel folder", hint="the kernel generator (a plugin's?) names a file polykit does not ship; rebuild "
+                             "the plan, or fix the plugin")
     return CUDA_DIR / file
 
 
