@@ -165,6 +165,20 @@ class PolykitPluginManager(pluggy.PluginManager):
         self.strict = strict
         self.add_hookspecs(HookSpecs)
         self._warned: set[str] = set()  # hooks run more than once per command: warn once
+        self._versions: dict[str, str] = {}  # plugin name -> its distribution's version
+
+    def plugin_version(self, name: str) -> str:
+        """The version of plugin `name`: its installed distribution's (an entry-point plugin), else
+        its module's `__version__` ("" when it states none). A plan records it beside the plugin's
+        tactics, so loading the plan with another version of the plugin is refused."""
+        if name in self._versions:
+            return self._versions[name]
+        version = getattr(self.get_plugin(name), "__version__", "")
+        return version if isinstance(version, str) else ""
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether plugin `name` is part of polykit (BUILTIN_PLUGINS): versioned with polykit itself."""
+        return name in BUILTIN_PLUGINS
 
     def plugin_failed(self, plugin: str, what: str, exc: BaseException | None = None, hint: str | None = None) -> None:
         """Report that `plugin` failed (`what`, e.g. "cannot be imported"): PluginError when
@@ -178,12 +192,15 @@ class PolykitPluginManager(pluggy.PluginManager):
             self._warned.add(error.what)
             log.warning("%s (skipped; --strict-plugins makes this an error)", error.what)
 
-    def register_module(self, name: str, load: Callable[[], Any], source: str) -> None:
-        """Import a plugin with `load()` and register it under `name`; failures go to plugin_failed."""
+    def register_module(self, name: str, load: Callable[[], Any], source: str, version: str = "") -> None:
+        """Import a plugin with `load()` and register it under `name` (`version`: its distribution's);
+        failures go to plugin_failed."""
         try:
             plugin = load()
             if not self.is_registered(plugin) and self.get_plugin(name) is None:
                 self.register(plugin, name=name)
+                if version:
+                    self._versions[name] = version
         except Exception as exc:  # an import error, or anything the plugin's module raises
             self.plugin_failed(name, f"cannot be loaded ({source})", exc,
                                hint=f"install the plugin's package, or fix {ENV_VAR} / the entry point")
@@ -210,6 +227,7 @@ class PluginEntryPoint:
     name: str
     value: str
     dist: str
+    version: str = ""
 
     def load(self) -> Any:
         module, _, attr = self.value.partition(":")
@@ -235,7 +253,8 @@ def _entry_points() -> list[PluginEntryPoint]:
         for folder in names:
             if not folder.endswith((".dist-info", ".egg-info")):
                 continue
-            dist = folder.rsplit(".", 1)[0].split("-")[0].lower().replace("_", "-").replace(".", "-")
+            stem = folder.rsplit(".", 1)[0].split("-")
+            dist = stem[0].lower().replace("_", "-").replace(".", "-")
             if dist in seen:
                 continue
             seen.add(dist)
@@ -244,7 +263,8 @@ def _entry_points() -> list[PluginEntryPoint]:
                     text = fh.read()
             except OSError:
                 continue
-            found.extend(PluginEntryPoint(n, v, dist) for n, v in _group_entries(text, ENTRY_POINT_GROUP))
+            version = stem[1] if len(stem) > 1 else ""
+            found.extend(PluginEntryPoint(n, v, dist, version) for n, v in _group_entries(text, ENTRY_POINT_GROUP))
     return found
 
 
@@ -277,7 +297,7 @@ def create_plugin_manager(env: dict[str, str] | None = None, strict: bool = Fals
         if not pm.is_registered(module):
             pm.register(module, name=name)
     for ep in _entry_points():
-        pm.register_module(ep.name, ep.load, f"entry point {ep.value!r} of {ep.dist}")
+        pm.register_module(ep.name, ep.load, f"entry point {ep.value!r} of {ep.dist}", ep.version)
     for name in (n.strip() for n in env.get(ENV_VAR, "").split(",")):
         if name and pm.get_plugin(name) is None:
             pm.register_module(name, lambda name=name: importlib.import_module(name), f"${ENV_VAR}")

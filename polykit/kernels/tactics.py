@@ -96,14 +96,32 @@ def function_source(fn: Callable[..., Any]) -> str:
         return getattr(fn, "__qualname__", repr(fn))
 
 
+@dataclass(frozen=True)
+class PluginOrigin:
+    """The installed plugin a tactic comes from (polykit's own tactics have none): a cuda plan
+    records it beside the plugin's tactics (polykit.runtime.tactic_check compares at load)."""
+
+    plugin: str
+    version: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"plugin": self.plugin, "version": self.version}
+
+
 class TacticTable:
     """Tactics by (target, domain, kind), each bucket in priority order."""
 
     def __init__(self) -> None:
         self._buckets: dict[tuple[str, str, str], list[Tactic]] = {}
+        self._origins: dict[tuple[str, str, str, str], PluginOrigin] = {}
 
-    def register(self, tactic: Tactic) -> Tactic:
-        """Add `tactic`; the same object again is a no-op, another under its name a PluginError."""
+    def origin(self, tactic: Tactic) -> PluginOrigin | None:
+        """The plugin that registered `tactic` (None for polykit's own, or one registered directly)."""
+        return self._origins.get((tactic.target, tactic.domain, tactic.kind, tactic.name))
+
+    def register(self, tactic: Tactic, origin: PluginOrigin | None = None) -> Tactic:
+        """Add `tactic` (from plugin `origin`); the same object again is a no-op, another under its
+        name a PluginError."""
         from polykit.plugins import PluginError
 
         bucket = self._buckets.setdefault((tactic.target, tactic.domain, tactic.kind), [])
@@ -117,6 +135,8 @@ class TacticTable:
                     hint="each tactic of a layer kind needs its own name; rename the plugin's tactic")
         bucket.append(tactic)
         bucket.sort(key=lambda t: -t.priority)  # stable: registration order among equals
+        if origin is not None:
+            self._origins[(tactic.target, tactic.domain, tactic.kind, tactic.name)] = origin
         return tactic
 
     def of_kind(self, target: str, domain: str, kind: str) -> list[Tactic]:
@@ -145,12 +165,13 @@ class TacticRegistry:
     `register(tactic)`. A hook registers only tactics of `registry.target` (the cuda
     families are imported only when a cuda build or plan needs them)."""
 
-    def __init__(self, table: TacticTable, target: str):
+    def __init__(self, table: TacticTable, target: str, origin: PluginOrigin | None = None):
         self._table = table
         self.target = target
+        self._origin = origin  # the plugin whose hook is being called (None: polykit's own)
 
     def register(self, tactic: Tactic) -> Tactic:
-        return self._table.register(tactic)
+        return self._table.register(tactic, self._origin)
 
     def register_all(self, tactics: Iterable[Tactic]) -> None:
         for t in tactics:
@@ -168,9 +189,18 @@ def tactic_table(target: str) -> TacticTable:
         if _STATE.manager is not pm:
             _STATE.table, _STATE.manager, _STATE.loaded = TacticTable(), pm, set()
         if target not in _STATE.loaded:
-            pm.hook.polykit_tactics(registry=TacticRegistry(_STATE.table, target))
+            # each plugin's hook on its own (pluggy's calling order), so each tactic knows its plugin
+            for impl in reversed(pm.hook.polykit_tactics.get_hookimpls()):
+                origin = None if pm.is_builtin(impl.plugin_name) else PluginOrigin(
+                    impl.plugin_name, pm.plugin_version(impl.plugin_name))
+                impl.function(registry=TacticRegistry(_STATE.table, target, origin))
             _STATE.loaded.add(target)
         return _STATE.table
+
+
+def tactic_origin(tactic: Tactic) -> PluginOrigin | None:
+    """The installed plugin `tactic` comes from; None for polykit's own."""
+    return tactic_table(tactic.target).origin(tactic)
 
 
 def _candidates_of(target: str, layer: Any, kind: str) -> list[Tactic]:

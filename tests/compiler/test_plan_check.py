@@ -141,24 +141,29 @@ def test_a_cuda_plan_passes_the_check(cuda_bytes):
     assert plan.target == "cuda"
 
 
-def _first_file_row(doc: dict) -> dict:
-    return next(row for rows in doc["metadata"]["kernels"]["layers"].values() for row in rows if row.get("file"))
+def _first_row(doc: dict) -> dict:
+    return next(row for rows in doc["metadata"]["kernels"]["layers"].values() for row in rows)
 
 
-@pytest.mark.parametrize("name", ["../../../etc/hostname", "/etc/hostname", "nosuch.cu", "softmax.py"])
-def test_a_kernel_file_outside_the_kernel_folder_is_rejected(cuda_bytes, name):
-    with pytest.raises(PlanError, match=r"metadata\.kernels\.layers\['\w+'\]\[\d+\]\.file"):
-        loaded(edited(cuda_bytes, lambda d: _first_file_row(d).update(file=name)))
+@pytest.mark.parametrize("field, value", [
+    ("file", "../../../etc/hostname"), ("file", "softmax.cu"), ("code", '#include "/etc/passwd"\n'),
+    ("code_ref", "0" * 24), ("defines", [["X", "1\nint evil;"]]), ("defines", [["ELEM", "float"]])])
+def test_a_kernel_row_that_carries_source_is_rejected(cuda_bytes, field, value):
+    """A plan names its kernels (entry point, source key); any field that would hand source text,
+    a file or a define to NVRTC is refused, a well-formed one too."""
+    with pytest.raises(PlanError, match=rf"metadata\.kernels\.layers\['\w+'\]\[0\]\.{field}: a plan carries no "
+                                        "kernel source"):
+        Plan.deserialize(edited(cuda_bytes, lambda d: _first_row(d).update({field: value})))
 
 
-def test_inline_kernel_code_is_rejected(cuda_bytes):
-    with pytest.raises(PlanError, match=r"\.code: generated code must come from the plan's code table"):
-        Plan.deserialize(edited(cuda_bytes, lambda d: _first_file_row(d).update(code="__global__ void k(){}")))
+def test_a_code_table_is_rejected(cuda_bytes):
+    with pytest.raises(PlanError, match=r"metadata\.kernels\.code: a plan carries no kernel source"):
+        Plan.deserialize(edited(cuda_bytes, lambda d: d["metadata"]["kernels"].update(code={"a" * 24: "int x;"})))
 
 
-def test_a_define_that_spans_lines_is_rejected(cuda_bytes):
-    with pytest.raises(PlanError, match=r"\.defines\[0\]\[1\]"):
-        Plan.deserialize(edited(cuda_bytes, lambda d: _first_file_row(d).update(defines=[["X", "1\nint evil;"]])))
+def test_a_kernel_row_of_format_2_without_its_source_key_is_rejected(cuda_bytes):
+    with pytest.raises(PlanError, match=r"metadata\.kernels\.layers\['\w+'\]\[0\]\.key: is missing"):
+        Plan.deserialize(edited(cuda_bytes, lambda d: _first_row(d).pop("key")))
 
 
 def test_a_layer_without_kernels_in_a_cuda_plan_is_rejected(cuda_bytes):

@@ -251,8 +251,8 @@ def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
     layers as the runtime runs them (its tactic, stamped at its opt) compile only recorded kernels."""
     import polykit.compiler.builder.builder as builder
     from polykit.kernels.profile_tactics import profile_layers
-    from polykit.kernels.cuda.base import unpack_kernel_rows
     from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.tactic_check import check_tactics
     from polykit.runtime.cuda.driver import DeviceInfo
     from tests.dynamic_models import tiny_bert
 
@@ -263,11 +263,12 @@ def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
     plan = Plan.deserialize(build_plan(tiny_bert(), BuilderConfig(target="cuda", profiles=profiles)).serialize())
     table = plan.metadata["kernels"]
     assert any(t.startswith("cuda.gemm.sm90") for t in plan.metadata["tactics"].values())
+    check_tactics(plan)  # the runtime regenerates every profile's kernels as the plan records them
     for profile in (0, 1):
         for ran in profile_layers(plan, profile):
             tactic = find_tactic("cuda", ran.kind, ran.tactic)
-            recorded = unpack_kernel_rows(table, ran.name)
-            missing = [k.name for k in tactic.kernels(ran) if k not in recorded]
+            recorded = {(row["name"], row["key"]) for row in table["layers"][ran.name]}
+            missing = [k.name for k in tactic.kernels(ran) if (k.name, k.key()) not in recorded]
             assert not missing, (profile, ran.name, ran.tactic, missing)
 
 

@@ -119,7 +119,7 @@ class Builder:
         if selection.kernels:
             from polykit.kernels.cuda.base import pack_kernel_table
 
-            metadata["kernels"] = pack_kernel_table(selection.kernels)
+            metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
                     profiles=profiles)

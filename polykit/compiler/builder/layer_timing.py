@@ -124,7 +124,7 @@ def timing_plan(target: str, layer: LayerDesc, pairs: Sequence[tuple[LayerDesc, 
         from polykit.kernels.cuda.base import pack_kernel_table
 
         by_name = {tactic.name: tactic for _, tactic in pairs}
-        metadata["kernels"] = pack_kernel_table({l.name: by_name[l.tactic].kernels(l) for l in layers})
+        metadata["kernels"] = pack_kernel_table({l.name: by_name[l.tactic].kernels(l) for l in layers}, layers)
     plan = Plan(target=target, layers=layers, tensors=descs, inputs=inputs, outputs=outputs, weights=plan_weights,
                 memory=memory, metadata=metadata)
     return plan, feeds, replicas

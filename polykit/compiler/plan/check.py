@@ -16,8 +16,9 @@ It has two steps:
   the importer applies).
 
 What needs the tactic table of this polykit (each layer's tactic is one its target has for
-the layer's kind; each kernel file is one of its sources) is the runtime's check when an
-Engine loads the plan (polykit.runtime.tactic_check), still before the target sees it.
+the layer's kind; a cuda plan's kernels, which it names but does not carry, regenerate from
+those tactics as recorded) is the runtime's check when an Engine loads the plan
+(polykit.runtime.tactic_check), still before the target sees it.
 
 Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
 """
@@ -25,7 +26,6 @@ Every violation is a PlanError naming the field, e.g. `tensors['x'].offset`.
 from __future__ import annotations
 
 import bisect
-import hashlib
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -256,23 +256,33 @@ def _kernel_table(doc: Doc, weights_len: int) -> None:
         if doc["target"] == "cuda" and layer_names:
             raise Invalid("metadata.kernels", "is missing: a cuda plan records the kernels of every layer")
         return
-    for ref, code in table["code"].items():
-        if hashlib.sha256(code.encode()).hexdigest()[:24] != ref:
-            raise Invalid(f"metadata.kernels.code[{ref!r}]", "the text does not hash to its key")
     for layer, rows in table["layers"].items():
         if layer not in layer_names:
             raise Invalid(f"metadata.kernels.layers[{layer!r}]", "names no layer of the plan")
         for i, row in enumerate(rows):
-            path = f"metadata.kernels.layers[{layer!r}][{i}]"
-            file, ref = row.get("file"), row.get("code_ref")
-            if (file is None) == (ref is None):
-                raise Invalid(path, "needs exactly one of `file` and `code_ref`")
-            if ref is not None and ref not in table["code"]:
-                raise Invalid(f"{path}.code_ref", f"{ref!r} is not in metadata.kernels.code")
+            if "key" not in row and doc["format"] >= 2:
+                raise Invalid(f"metadata.kernels.layers[{layer!r}][{i}].key", "is missing")
     if doc["target"] == "cuda":
         missing = sorted(layer_names - set(table["layers"]))
         if missing:
             raise Invalid(f"metadata.kernels.layers[{missing[0]!r}]", "is missing: the layer's kernels are not recorded")
+
+
+def drop_code_table(doc: Any) -> Any:
+    """A format-1 document (its kernel table held CUDA source: a code table, `code_ref`, `file` and
+    `defines` rows) with that source dropped: each row keeps its kernel's name, and the runtime
+    regenerates the sources from the layers' tactics (polykit.runtime.tactic_check) as it does for
+    a format-2 plan, so no text of the old table reaches NVRTC. Other documents are returned as
+    they are; nothing here trusts the document's shape (the schema check comes next)."""
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        return doc
+    metadata = doc.get("metadata")
+    table = metadata.get("kernels") if isinstance(metadata, dict) else None
+    if not isinstance(table, dict) or not isinstance(table.get("layers"), dict):
+        return doc
+    layers = {name: [{"name": row.get("name")} if isinstance(row, dict) else row for row in rows]
+              if isinstance(rows, list) else rows for name, rows in table["layers"].items()}
+    return {**doc, "metadata": {**metadata, "kernels": {"layers": layers}}}
 
 
 def _input_values(doc: Doc, weights_len: int) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 
 import polykit
 from polykit.compiler.plan.memory import ALIGNMENT, MemoryPlan, align
-from polykit.compiler.plan.check import check_document, check_layers
+from polykit.compiler.plan.check import check_document, check_layers, drop_code_table
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.plan.profiles import ProfileSet
 from polykit.compiler.ir.symbolic import expr_from_json, expr_to_json
@@ -44,7 +44,11 @@ from polykit.errors import PlanError, ShapeError
 from polykit.files import require_file
 
 MAGIC = b"PLYKPLAN"
-FORMAT_VERSION = 1
+#: 2: the kernel table names kernels (entry point, source key) and carries no source text
+FORMAT_VERSION = 2
+#: versions this polykit reads: a format-1 plan's CUDA source is dropped and its kernels are
+#: regenerated (polykit.compiler.plan.check.drop_code_table; docs/HARDENING.md)
+READABLE_VERSIONS = (1, FORMAT_VERSION)
 _FIXED = struct.Struct("<8sI")
 _LENGTHS = struct.Struct("<QQ")
 _CHECKSUM_BYTES = 32
@@ -126,6 +130,7 @@ class Plan:
     def from_document(doc: Any, blob: memoryview, target: str, where: str = "plan") -> "Plan":
         """The Plan of a JSON document (a file's, or one nested in a control-flow layer) whose
         weights lie in `blob`, after the schema check (PlanError naming the field otherwise)."""
+        doc = drop_code_table(doc)
         check_document(doc, len(blob), where)
         if doc["target"] != target:
             raise PlanError(f"invalid plan field target: {doc['target']!r} differs from the header's "
@@ -191,9 +196,10 @@ def _read_header(data: bytes, where: str) -> dict[str, Any]:
     magic, version = _FIXED.unpack_from(data, 0)
     if magic != MAGIC:
         raise _not_a_plan(where)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise PlanError(
-            f"the plan has format version {version}; this polykit ({polykit.__version__}) reads version {FORMAT_VERSION}",
+            f"the plan has format version {version}; this polykit ({polykit.__version__}) reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
             where=where,
             hint="rebuild the plan with this polykit version",
         )

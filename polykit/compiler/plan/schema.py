@@ -210,13 +210,11 @@ def nbytes_of(dtype: str, shape: Sequence[int]) -> int:
     return n
 
 
-def _kernel_file_name(value: Any, path: str) -> None:
-    text(KERNEL_FILE)(value, path)
-
-
-def _no_inline_code(value: Any, path: str) -> None:
-    if value is not None:
-        raise Invalid(path, "generated code must come from the plan's code table (code_ref), not inline")
+def _no_source(value: Any, path: str) -> None:
+    """A field of format-1 kernel tables (source text, a file and defines to splice): a plan of
+    this format carries no code; the runtime regenerates every kernel from the layer's tactic."""
+    raise Invalid(path, "a plan carries no kernel source (its kernels are regenerated from the layers' tactics "
+                        "at load); a plan that holds source was edited or written by another tool")
 
 
 def _any(value: Any, path: str) -> None:
@@ -271,18 +269,25 @@ MEMORY_FIELDS = (
     Field("aliases", map_of(text()), required=False),
 )
 
+#: a kernel of a layer: its entry point and the key of its source text (polykit.kernels.cuda.base.
+#: kernel_rows); `key` is required from format 2 on (plan_check), a format-1 plan's rows keep the name
 KERNEL_ROW_FIELDS = (
     Field("name", text(_IDENTIFIER)),
-    Field("file", nullable(_kernel_file_name), required=False),
-    Field("code", _no_inline_code, required=False),
-    Field("code_ref", text(re.compile(r"[0-9a-f]{24}")), required=False),
+    Field("key", text(re.compile(r"[0-9a-f]{24}")), required=False),
     Field("arch", text(re.compile(r"sm_[0-9]+a?"), empty=True), required=False),
-    Field("defines", list_of(pair_of(text(re.compile(r"[^\n\r\0\\]*"), empty=True))), required=False),
+    *(Field(key, _no_source, required=False) for key in ("file", "code", "code_ref", "defines")),
+)
+
+#: the installed plugin a tactic of the plan comes from (polykit.kernels.tactics.PluginOrigin)
+PLUGIN_FIELDS = (
+    Field("plugin", text(re.compile(r"[A-Za-z0-9_.\-]+"))),
+    Field("version", text(re.compile(r"[A-Za-z0-9_.+!\-]+"), empty=True)),
 )
 
 KERNEL_TABLE_FIELDS = (
     Field("layers", map_of(list_of(record(KERNEL_ROW_FIELDS)))),
-    Field("code", map_of(text())),
+    Field("plugins", map_of(record(PLUGIN_FIELDS)), required=False),
+    Field("code", _no_source, required=False),
 )
 
 INPUT_VALUE_FIELDS = (

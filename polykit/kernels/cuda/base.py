@@ -5,7 +5,8 @@ its tactics (`cuda_tactic`; the built-in plugin registers them through the
 `polykit_tactics` hook). A CudaTactic says which layers it runs (`supports`; `stored_as`
 for the storage dtypes its kernels take), the GPU archs it needs (`archs`), the workspace
 it borrows per layer (`workspace`), which kernels it needs compiled for a layer (`kernels`:
-KernelSource records, stored in the plan so loading it compiles or fetches exactly those),
+KernelSource records; the plan stores only their names and source keys, and loading it
+regenerates them from the layer and compiles or fetches exactly those),
 and how to launch them (`enqueue`). Nothing here
 imports cuda-python: the runtime passes in a Launcher that does the launching, so CI can
 import every tactic and compile every KernelSource with NVRTC without a GPU.
@@ -66,46 +67,81 @@ class KernelSource:
 
 def kernel_file(file: str | None, kernel: str = "") -> Path:
     """The path of kernel source `file` in this folder; PlanError for anything but the bare
-    name of a .cu file here (a plan's kernel table must not reach outside the folder)."""
+    name of a .cu file here (a kernel generator, a plugin's too, must not reach outside the folder)."""
     if not isinstance(file, str) or not KERNEL_FILE.fullmatch(file) or not (CUDA_DIR / file).is_file():
         raise PlanError(f"kernel {kernel!r} names source file {file!r}, which is not a .cu file of polykit's "
-                        "kernel folder", hint="the plan's kernel table is damaged or crafted; rebuild the plan")
+                        "kernel folder", hint="the kernel generator (a plugin's?) names a file polykit does not ship; rebuild "
+                             "the plan, or fix the plugin")
     return CUDA_DIR / file
 
 
-def pack_kernel_table(per_layer: Mapping[str, Sequence[KernelSource]]) -> dict[str, Any]:
-    """The plan's kernel record: per layer its KernelSource JSON, generated code stored once.
-
-    A generated module holds every entry point of a layer (and identical bodies share one
-    module), so many KernelSources carry the same text: each `code` becomes a `code_ref`
-    into `code` (sha256 of the text -> text). Returns {"layers": {...}, "code": {...}}."""
-    code: dict[str, str] = {}
-    layers: dict[str, list[dict[str, Any]]] = {}
-    for name, sources in per_layer.items():
-        rows = []
-        for src in sources:
-            row = src.to_json()
-            if row["code"] is not None:
-                ref = hashlib.sha256(row["code"].encode()).hexdigest()[:24]
-                code[ref] = row.pop("code")
-                row["code_ref"] = ref
-            rows.append(row)
-        layers[name] = rows
-    return {"layers": layers, "code": dict(sorted(code.items()))}
+def pack_kernel_table(per_layer: Mapping[str, Sequence[KernelSource]], layers: Sequence[Any] = ()) -> dict[str, Any]:
+    """The plan's kernel record: per layer the name and source key of each kernel it compiles
+    (no source text: a plan carries no code; the runtime regenerates the sources from the layers'
+    tactics and compares keys, polykit.runtime.tactic_check), and the installed plugin (name,
+    version) of each tactic of `layers` that comes from one.
+    Returns {"layers": {...}} plus {"plugins": {tactic: {"plugin", "version"}}} when any."""
+    table: dict[str, Any] = {"layers": {name: kernel_rows(sources) for name, sources in per_layer.items()}}
+    plugins = plugin_tactics(layers)
+    if plugins:
+        table["plugins"] = plugins
+    return table
 
 
-def unpack_kernel_rows(table: Mapping[str, Any], layer_name: str) -> list[KernelSource] | None:
-    """The KernelSources `pack_kernel_table` recorded for one layer (None if it has none);
-    KeyError for a `code_ref` the table lacks (a damaged plan: callers turn it into PlanError)."""
-    rows = table.get("layers", {}).get(layer_name)
-    if rows is None:
-        return None
-    out = []
-    for row in rows:
-        if "code_ref" in row:
-            row = {**row, "code": table["code"][row["code_ref"]]}
-        out.append(KernelSource.from_json(row))
-    return out
+def kernel_rows(sources: Sequence[KernelSource]) -> list[dict[str, Any]]:
+    """A layer's rows of the kernel table: {"name", "key"} (and "arch" when pinned) per kernel."""
+    rows = []
+    for src in sources:
+        row: dict[str, Any] = {"name": src.name, "key": src.key()}
+        if src.arch:
+            row["arch"] = src.arch
+        rows.append(row)
+    return rows
+
+
+def plugin_tactics(layers: Sequence[Any]) -> dict[str, dict[str, str]]:
+    """{tactic name: {"plugin", "version"}} for the cuda tactics of `layers` (every profile's) that
+    an installed plugin registered (polykit's own are left out)."""
+    from polykit.kernels.tactics import find_tactic, tactic_origin
+
+    out: dict[str, dict[str, str]] = {}
+    for layer in layers:
+        for name in (layer.tactic, *layer.profile_tactics):
+            tactic = find_tactic("cuda", layer.kind, name)
+            origin = tactic_origin(tactic) if tactic is not None else None
+            if origin is not None:
+                out[name] = origin.to_json()
+    return dict(sorted(out.items()))
+
+
+#: what a generated kernel's entry point, define names and arch may look like, and a define's value
+#: (an integer or an identifier: a storage type, a mode): the generators' output schema
+_C_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFINE_VALUE = re.compile(r"-?[0-9]+|[A-Za-z_][A-Za-z0-9_]*")
+_ARCH = re.compile(r"(sm_[0-9]+a?)?")
+
+
+def check_generated(source: KernelSource, where: str) -> KernelSource:
+    """`source` when a kernel generator's output has the shape polykit's generators give it (a C
+    identifier for its entry point, identifiers defined to integers or identifiers, one of
+    polykit's own .cu files): the last guard between a plan's layer record and NVRTC, so a value
+    a generator passed through unchecked is a PlanError, not text in a kernel."""
+    def bad(what: str) -> PlanError:
+        return PlanError(f"a kernel generated for this layer {what}", where=where,
+                         hint="the layer's attributes are outside what its tactic generates kernels for (an edited "
+                              "plan); rebuild the plan with `polykit convert`")
+
+    if not isinstance(source.name, str) or not _C_NAME.fullmatch(source.name):
+        raise bad(f"has entry point {source.name!r}, which is not a C identifier")
+    if not isinstance(source.arch, str) or not _ARCH.fullmatch(source.arch):
+        raise bad(f"targets arch {source.arch!r}")
+    for key, value in source.defines:
+        if not (isinstance(key, str) and _C_NAME.fullmatch(key) and isinstance(value, str)
+                and _DEFINE_VALUE.fullmatch(value)):
+            raise bad(f"defines {key!r} as {value!r} (an identifier defined to an integer or identifier expected)")
+    if source.code is None:
+        kernel_file(source.file, source.name)
+    return source
 
 
 @functools.lru_cache(maxsize=1 << 16)

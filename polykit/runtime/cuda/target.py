@@ -24,7 +24,7 @@ import numpy as np
 
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import DeviceError, PlanError, PolykitError, RankError
-from polykit.kernels.cuda.base import CudaTactic, DeviceTensor, KernelSource, unpack_kernel_rows
+from polykit.kernels.cuda.base import CudaTactic, DeviceTensor
 from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
@@ -38,6 +38,9 @@ from polykit.runtime.cuda.layer_outputs import LayerOutputs
 from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_groups
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
+#: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
+#: text comes from a plan)
+from polykit.runtime.tactic_check import plan_kernels
 
 log = logging.getLogger("polykit")
 
@@ -58,19 +61,6 @@ class CudaTarget:
 
     def load(self, plan: Any) -> "CudaEngine":
         return CudaEngine(plan, self.ordinal)
-
-
-def plan_kernels(plan: Any, layer: Any) -> list[KernelSource]:
-    """The kernels the plan recorded for `layer` (PlanError when it recorded none)."""
-    try:
-        recorded = unpack_kernel_rows(plan.metadata.get("kernels", {}), layer.name)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise PlanError(f"the plan's kernel table is damaged ({exc!r})", where=f"layer {layer.name!r}",
-                        hint="rebuild the plan for --target cuda with this polykit version") from None
-    if recorded is None:
-        raise PlanError(f"the plan records no kernels for layer {layer.name!r}", where=f"layer {layer.name!r}",
-                        hint="rebuild the plan for --target cuda with this polykit version")
-    return recorded
 
 
 def _accepts(tactic: CudaTactic, layer: Any) -> bool:

@@ -209,8 +209,11 @@ def model(
                          hint="build a plan with `polykit convert`, or use `polykit run MODEL --trt --profile`")
     if is_plan:
         from polykit.compiler.plan.file import Plan
+        from polykit.runtime.tactic_check import check_tactics
 
-        info = describe_plan(Plan.load(path), profile_runs=iterations if profile else 0, seed=seed,
+        plan = Plan.load(path)
+        check_tactics(plan, path)  # what an Engine checks: tactics, plugins, regenerated kernels
+        info = describe_plan(plan, profile_runs=iterations if profile else 0, seed=seed,
                              weights="weights" in sections)
     else:
         info = describe_onnx(path, tuple(sections))
