@@ -1,13 +1,15 @@
 """Host-side check of the zoo, no GPU needed: does every model export, import, lower and run?
 
     PYTHONPATH=. python3 benchmarks/zoo_check.py [--family conv|transformer|all] [--models a,b]
-        [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run]
+        [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run] [--batch N]
 
-Per model at batch 1 (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
+Per model at batch 1 or --batch (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
 nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 plan at builder
 level 0 (lowered and given first-priority tactics, nothing timed: no GPU needed), with --nvrtc
 the kernels that plan records compiled by NVRTC for that architecture, and a cpu-target fp32
-plan run once against torch fp32 (max abs error / max |ref|). A cuda plan built on the GPU at
+plan run once against torch fp32 (max abs error / max |ref|), and the cuda plan's traffic: the
+bytes each layer kind reads and writes and the share of them movement layers move (`traffic`), a
+static yardstick for layout and view work that needs no GPU. A cuda plan built on the GPU at
 level 3 may pick other tactics, so this proves lowering and kernel sources, not the device run.
 Rows are written after every model; an existing --out is resumed.
 """
@@ -41,6 +43,30 @@ def compile_kernels(plan, arch: str) -> int:
     return len(sources)
 
 
+#: layer kinds that only move bytes (no arithmetic of the model): what issue #30 wants gone as views
+MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Expand", "Gather", "Tile", "Reshape",
+                            "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DepthToSpace", "SpaceToDepth",
+                            "GatherElements", "ScatterND", "Copy"})
+
+
+def traffic(plan) -> dict:
+    """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
+    writes (its inputs, weights included, and its outputs, each once; views cost nothing), in MB.
+    Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
+    a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
+    aliases = getattr(plan.memory, "aliases", {}) or {}
+    by_kind: dict[str, float] = collections.Counter()
+    for layer in plan.layers:
+        if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.outputs and layer.outputs[0] in aliases:
+            continue  # a view: the layer copies nothing
+        names = [n for n in (*layer.inputs, *layer.outputs) if n]
+        by_kind[layer.kind] += sum(plan.tensors[n].nbytes for n in names if n in plan.tensors) / 1e6
+    total = sum(by_kind.values()) or 1.0
+    moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)
+    return {"traffic_mb": round(total, 1), "movement_share": round(moved / total, 3),
+            "traffic_by_kind_mb": {k: round(v, 1) for k, v in by_kind.most_common()}}
+
+
 def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     import torch
 
@@ -50,7 +76,7 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     from polykit.tools.model.capability import check_capability
 
     row["stage"] = "export"
-    module, inputs, path, facts = exported(model, 1, Path(args.cache_dir), torch)
+    module, inputs, path, facts = exported(model, int(args.batches), Path(args.cache_dir), torch)
     row.update(facts)
     row["stage"] = "capability"
     report, _ = check_capability(str(path), "cuda")
@@ -61,6 +87,7 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     row["cuda_build_s"] = round(time.perf_counter() - t0, 1)
     row["cuda_layer_kinds"] = dict(collections.Counter(layer.kind for layer in plan.layers).most_common())
+    row.update(traffic(plan))
     if args.nvrtc:
         row["stage"] = f"nvrtc ({args.nvrtc})"
         t0 = time.perf_counter()
@@ -86,13 +113,14 @@ def main() -> None:
     p.add_argument("--cache-dir", default=".zoo_cache")
     p.add_argument("--nvrtc", default="", metavar="ARCH", help="also compile the cuda plan's kernels, e.g. sm_90")
     p.add_argument("--no-run", action="store_true", help="skip the cpu-target run against torch")
+    p.add_argument("--batch", type=int, default=1, help="the batch the plans are built for (default 1)")
     args = p.parse_args()
-    args.batches = "1"
+    args.batches = str(args.batch)
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
     rows = load_results(args.out)["results"] if Path(args.out).exists() else []
     for model, _ in pending(select_cases(args), rows):
         say(f"{model.name}: checking")
-        row = {"model": model.name, "family": model.family, "batch": 1}
+        row = {"model": model.name, "family": model.family, "batch": int(args.batches)}
         t0 = time.monotonic()
         try:
             check(model, args, row)
