@@ -10,8 +10,6 @@ Only the onnx case modules of these ops are imported (importing all 1884 cases t
 
 from __future__ import annotations
 
-import importlib
-import warnings
 
 import numpy as np
 import onnx
@@ -22,6 +20,7 @@ from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.ops.registry import is_supported
 from polykit.errors import PolykitError
+from tests.onnx_node_cases import node_cases
 
 CASE_MODULES = (
     "argmax argmin batch_normalization celu clip cumsum dequantizelinear dynamicquantizelinear einsum elu gelu "
@@ -35,17 +34,7 @@ CASE_MODULES = (
 UNSUPPORTED: dict[str, str] = {}  # bfloat16 / float8 / 4- and 2-bit types run through ml_dtypes now
 
 
-def _load_cases():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod in CASE_MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{mod}")
-    from onnx.backend.test.case.node import _NodeTestCases
-
-    return {c.name: c for c in _NodeTestCases if c.model is not None}
-
-
-CASES = _load_cases()
+CASES = node_cases(CASE_MODULES)
 
 
 def _as_array(value):

@@ -12,8 +12,6 @@ with slow python loops: ~15 s of this module's time).
 
 from __future__ import annotations
 
-import importlib
-import warnings
 
 import numpy as np
 import onnx
@@ -23,6 +21,7 @@ from onnx import numpy_helper
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.ops.registry import is_supported
+from tests.onnx_node_cases import node_cases
 
 CASE_MODULES = (
     "averagepool causal_conv_with_state conv convinteger convtranspose depthtospace gemm globalaveragepool "
@@ -36,20 +35,8 @@ NN_OPS = {
 }
 
 
-def _load_cases():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod in CASE_MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{mod}")
-    from onnx.backend.test.case.node import _NodeTestCases
-
-    return {
-        c.name: c for c in _NodeTestCases
-        if c.model is not None and any(n.op_type in NN_OPS for n in c.model.graph.node)
-    }
-
-
-CASES = _load_cases()
+CASES = {name: c for name, c in node_cases(CASE_MODULES).items()
+         if any(n.op_type in NN_OPS for n in c.model.graph.node)}
 
 #: Every case known to pass (all single-node cases of the family and the expanded cases whose
 #: other ops exist); written out so a regression or a vanished case is visible in review.

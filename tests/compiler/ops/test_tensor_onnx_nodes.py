@@ -9,8 +9,6 @@ refused with a PolykitError where polykit can see the type (a Cast target, an in
 from __future__ import annotations
 
 import copy
-import importlib
-import warnings
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.errors import PolykitError
 from polykit.tools.conformance import undefined_elements
+from tests.onnx_node_cases import node_cases
 
 # onnx.backend.test.case.node modules holding the cases of the ops this family implements
 CASE_MODULES = (
@@ -40,19 +39,7 @@ MIN_PASSING = 178
 
 
 def _load_cases():
-    import onnx.backend.test.case.node as node_cases
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod in CASE_MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{mod}")
-    seen, cases = set(), []
-    for tc in node_cases._NodeTestCases:
-        if tc.name in seen or not _is_ours(tc.name):
-            continue
-        seen.add(tc.name)
-        cases.append(tc)
-    return cases
+    return [tc for name, tc in node_cases(CASE_MODULES).items() if _is_ours(name)]
 
 
 _PREFIXES = (

@@ -2,8 +2,6 @@
 elementwise ops (the function bodies), so folding, recognizers and fusion all fire.
 Each case must still give ONNX's expected outputs after optimization."""
 
-import importlib
-import warnings
 
 import numpy as np
 import onnx
@@ -13,21 +11,16 @@ from onnx import numpy_helper
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes import optimize
+from tests.onnx_node_cases import node_cases
 
 MODULES = ("gelu layernormalization rmsnormalization mish hardswish hardsigmoid celu softsign thresholdedrelu "
            "elu selu leakyrelu prelu softplus swish meanvariancenormalization").split()
 
 
 def _load_cases():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod in MODULES:
-            importlib.import_module(f"onnx.backend.test.case.node.{mod}")
-    from onnx.backend.test.case.node import _NodeTestCases
-
     prefixes = tuple(f"test_{m}" for m in MODULES) + ("test_layer_normalization", "test_mvn", "test_rms_normalization")
-    return {c.name: c for c in _NodeTestCases
-            if c.model is not None and c.name.endswith("_expanded") and c.name.startswith(prefixes)
+    return {name: c for name, c in node_cases(MODULES).items()
+            if c.name.endswith("_expanded") and c.name.startswith(prefixes)
             and "bfloat16" not in c.name}  # bfloat16 is not a polykit dtype
 
 
