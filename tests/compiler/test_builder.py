@@ -142,6 +142,17 @@ def test_fp16_on_cpu_records_precision_and_runs_half():
     np.testing.assert_allclose(_run(plan, x=x)["y"], np.abs((x + B) * x) - B, rtol=2e-3, atol=2e-3)
 
 
+def test_fp16_build_of_a_pure_copy_is_exact():
+    """Polygraphy's run example: `run identity.onnx --trt --fp16` must not round an fp32 copy."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 4, 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 4, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    feed = np.random.default_rng(0).random((1, 2, 4, 4), dtype=np.float32)
+    plan = build_plan(model, BuilderConfig(**CPU, fp16=True))
+    np.testing.assert_array_equal(_run(plan, X=feed)["Y"], feed)
+
+
 def test_constant_graph_output_is_copied_out_by_an_identity_layer():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
