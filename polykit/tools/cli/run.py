@@ -104,6 +104,10 @@ def run(
     data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
     data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
     validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
+    strict_inputs: bool = typer.Option(False, "--strict-inputs",
+                                       help="a dynamic dim no shape gives, and a feed named for no model input, are "
+                                            "errors (default: 1 for the dim; a feed matching one input "
+                                            "case-insensitively is renamed, others ignored; one warning each)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="compare every intermediate tensor polykit's layers write too; names the first divergence"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", "--mark",
@@ -140,6 +144,9 @@ def run(
 
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
+    if ("trt" in runner or feeds) and not gen_script:
+        feeds, shapes = _model_feeds(model, feeds, {**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
+                                     strict_inputs, load_inputs)
     if "trt" in runner:
         builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
@@ -152,7 +159,7 @@ def run(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
                                        input_shapes={**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
-                                       script=data_loader_script),
+                                       script=data_loader_script, strict_inputs=strict_inputs),
     )
     request = RunnerRequest(
         model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],
@@ -219,6 +226,23 @@ def _render_profiles(console: Any, profiles: dict, top: int) -> None:
         console.print("--profile: no polykit engine ran (add --trt)")
     for name, summary in profiles.items():
         render_profile(console, f"{name} per-layer profile", summary, top=top)
+
+
+def _model_feeds(model: str, feeds: "list | None", given: dict, strict: bool,
+                 source: Optional[str]) -> tuple["list | None", dict]:
+    """Feeds matched to an ONNX model's inputs, and shapes for its dynamic inputs no option gives
+    (the feeds' shapes, else 1 per dim; polykit.tools.data.feeds): what polykit's engine is built
+    for. A plan file, or a model onnx cannot read, passes through unchanged."""
+    from polykit.backends.loaders import model_type
+    from polykit.tools.data.feeds import FeedMatcher, default_input_shapes, onnx_input_shapes
+
+    inputs = onnx_input_shapes(model) if model_type(model) == "onnx" else None
+    if inputs is None:
+        return feeds, given
+    if feeds:
+        match = FeedMatcher(inputs, strict=strict, source=source or "the feeds")
+        feeds = [match(f) for f in feeds]
+    return feeds, {**default_input_shapes(inputs, given, feeds, strict=strict), **given}
 
 
 def graph_order(model: str) -> Any:
