@@ -116,8 +116,10 @@ def run(
     load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
-    save_format: str = typer.Option("polykit", "--format", help="of --save-inputs/--save-outputs: polykit (.npz, "
-                                    ".json by suffix) or polygraphy (Polygraphy's JSON; no suffix: a folder)"),
+    save_format: Optional[str] = typer.Option(None, "--format", help="of --save-inputs/--save-outputs: by default "
+                                              "Polygraphy's JSON for a .json path, polykit's .npz otherwise; polykit "
+                                              "(.npz, or polykit's JSON for .json) or polygraphy (Polygraphy's JSON; "
+                                              "no suffix: a folder)"),
     gen_script: Optional[str] = typer.Option(None, "--gen-script", metavar="FILE",
                                              help="write a Python script that does what this command does, and exit"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
@@ -174,8 +176,8 @@ def run(
                          ("--report", report_html), ("--gen-script", gen_script)):
         if path:
             require_output_folder(path, option)
-    if save_format not in results_io.SAVE_FORMATS:
-        raise UsageError(f"--format {save_format!r} is not one of {', '.join(results_io.SAVE_FORMATS)}")
+    if save_format is not None:
+        results_io.check_format(save_format)
     runners = make_runners(runner, request)
     if gen_script:
         from polykit.tools.cli.gen_script import RunScript, write_script
@@ -190,7 +192,8 @@ def run(
         reference = load_reference(load_outputs, stack)
         store = None
         if runners and (mark_all or mark_outputs):
-            spill = save_outputs if save_format == "polykit" else None
+            spill = save_outputs if save_outputs and results_io.save_format(save_outputs, save_format) == "polykit" \
+                else None
             store = stack.enter_context(_output_store(spill, load_outputs, stack))
         results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference, store=store,
                                           optional=order.intermediates if order else frozenset())
