@@ -36,6 +36,9 @@ class RunnerRequest:
     providers: tuple[str, ...] = ()
     mark_outputs: tuple[str, ...] = ()
     mark_all: bool = False
+    #: polykit's engine is built with the marked tensors as outputs (BuilderConfig.force_marks), so
+    #: every one is compared; False: observed where the unmarked engine's layers write them
+    force_marks: bool = False
     fold_constants: bool = True
     save_engine: str | None = None
     #: polykit's engine records per-layer times (ExecutionContext profile) on every run

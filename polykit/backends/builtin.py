@@ -15,8 +15,9 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     """A PolykitRunner over EngineFromPlan(PlanFromOnnx(model, BuilderConfig(...))), the plan
     optionally saved; over EngineFromPath(model) when the model is a plan file already.
 
-    Marked tensors (mark_outputs, mark_all) are observed, not forced: the engine is the unmarked
-    one, exposing the marked tensors that lie between its layers (polykit.compiler.builder.marking)."""
+    Marked tensors (mark_outputs, mark_all) are forced plan outputs with request.force_marks;
+    otherwise observed: the engine is the unmarked one, exposing the marked tensors that lie
+    between its layers (polykit.compiler.builder.marking)."""
     from polykit.backends.loaders import (EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type,
                                           refuse_build_options)
     from polykit.backends.polykit_runner import PolykitRunner
@@ -57,6 +58,7 @@ def builder_config(request: RunnerRequest) -> "BuilderConfig":
         input_shapes=dict(request.input_shapes),
         expose_tensors=tuple(request.mark_outputs),
         mark_all=request.mark_all,
+        force_marks=request.force_marks,
         fold_constants=request.fold_constants,
         tactic_replay=request.load_tactics,
         save_tactics=request.save_tactics,

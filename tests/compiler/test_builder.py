@@ -129,6 +129,15 @@ def test_mark_all_leaves_fusion_alone_and_lists_the_fused_tensors():
     assert plan.metadata["fused_away"] == ["s", "p", "a"]
 
 
+def test_forced_mark_all_makes_every_intermediate_an_output_of_a_fused_build():
+    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, mark_all=True, force_marks=True))
+    assert set(plan.outputs) == {"y", "s", "p", "a"} and not plan.metadata.get("fused_away")
+    x = _x(2, seed=5)
+    out = _run(plan, x=x)
+    np.testing.assert_allclose(out["s"], x + B, rtol=1e-6)
+    np.testing.assert_allclose(out["p"], (x + B) * x, rtol=1e-6)
+
+
 def test_every_layer_gets_the_cpu_reference_tactic():
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU))
     assert plan.layers and all(layer.tactic == "cpu.reference" for layer in plan.layers)

@@ -49,6 +49,8 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": _TENSOR_NAME,
     "--mark": _TENSOR_NAME,
+    "--trt-outputs": _TENSOR_NAME,
+    "--onnx-outputs": _TENSOR_NAME,
     "--inputs": _TENSOR_NAME,
     "--outputs": _TENSOR_NAME,
     "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),

@@ -109,9 +109,17 @@ def run(
                                             "errors (default: 1 for the dim; a feed matching one input "
                                             "case-insensitively is renamed, others ignored; one warning each)"),
     mark_all: bool = typer.Option(False, "--mark-all",
-                                  help="compare every intermediate tensor polykit's layers write too; names the first divergence"),
+                                  help="compare every intermediate tensor too; names the first divergence"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", "--mark",
-                                           help="intermediate tensors to compare too (where polykit's layers write them)"),
+                                           help="intermediate tensors to compare too (polykit's engine is built with "
+                                                "them as outputs)"),
+    polygraphy_outputs: List[str] = typer.Option([], "--trt-outputs", "--onnx-outputs",
+                                                 help="Polygraphy's spelling: tensors to compare too (as --mark), "
+                                                      "'mark all' or '*' for every tensor (as --mark-all); either "
+                                                      "option marks them for every runner"),
+    observe_marks: bool = typer.Option(False, "--observe-marks",
+                                       help="with --mark-all/--mark: keep polykit's engine as unmarked and compare only "
+                                            "the marked tensors its layers write (the rest are listed as fused away)"),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="write the feeds (.npz or .json)"),
     load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
     save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
@@ -144,6 +152,7 @@ def run(
     from polykit.tools.compare.divergence import analyze
     from polykit.tools.report.comparison import render, to_json
 
+    mark_all, mark_outputs = _polygraphy_marks(mark_all, mark_outputs, polygraphy_outputs)
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
     if ("trt" in runner or feeds) and not gen_script:
@@ -166,7 +175,8 @@ def run(
     request = RunnerRequest(
         model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],
         channels_last=channels_last, input_shapes=shapes,
-        providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
+        providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all,
+        force_marks=bool(mark_all or mark_outputs) and not observe_marks, save_engine=save_engine,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
         builder_options={k: v for k, v in builder_options.items() if k != "fp16"},
     )
@@ -246,6 +256,18 @@ def _model_feeds(model: str, feeds: "list | None", given: dict, strict: bool,
         match = FeedMatcher(inputs, strict=strict, source=source or "the feeds")
         feeds = [match(f) for f in feeds]
     return feeds, {**default_input_shapes(inputs, given, feeds, strict=strict), **given}
+
+
+def _polygraphy_marks(mark_all: bool, mark_outputs: List[str], outputs: List[str]) -> tuple[bool, List[str]]:
+    """--mark-all / --mark-outputs with Polygraphy's --trt-outputs / --onnx-outputs values folded in
+    ("mark all", "mark-all" or "*": every tensor)."""
+    rest, i = [], 0
+    while i < len(outputs):
+        every = 2 if outputs[i:i + 2] == ["mark", "all"] else 1 if outputs[i] in ("*", "mark-all") else 0
+        mark_all = mark_all or every > 0
+        rest += [] if every else [outputs[i]]
+        i += every or 1
+    return mark_all, list(dict.fromkeys(list(mark_outputs) + rest))
 
 
 def graph_order(model: str) -> Any:
