@@ -43,6 +43,8 @@ class RunnerRequest:
     save_engine: str | None = None
     #: polykit's engine records per-layer times (ExecutionContext profile) on every run
     profile: bool = False
+    #: the optimization profile polykit's engine runs in (ExecutionContext.set_optimization_profile)
+    optimization_profile: int = 0
     #: a tactic replay file to force (BuilderConfig.tactic_replay) / to write (save_tactics)
     load_tactics: str | None = None
     save_tactics: str | None = None

@@ -25,6 +25,7 @@ import typer
 from polykit.errors import UsageError
 from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
                                    with_compare_options)
+from polykit.tools.cli.spellings import check_model_type, polygraphy_marks
 from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
@@ -121,8 +122,10 @@ def run(
                                        help="with --mark-all/--mark: keep polykit's engine as unmarked and compare only "
                                             "the marked tensors its layers write (the rest are listed as fused away)"),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="write the feeds (.npz or .json)"),
-    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
-    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", "--load-input-data",
+                                              help="read the feeds (.npz, .json or a folder)"),
+    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", "--save-results",
+                                               help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
     save_format: Optional[str] = typer.Option(None, "--format", help="of --save-inputs/--save-outputs: by default "
                                               "Polygraphy's JSON for a .json path, polykit's .npz otherwise; polykit "
@@ -139,6 +142,10 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
     report_html: Optional[str] = typer.Option(None, "--report", metavar="FILE.html",
                                               help="write a self-contained HTML report (charts, histograms)"),
+    optimization_profile: int = typer.Option(0, "--optimization-profile", metavar="N",
+                                             help="the optimization profile polykit's engine runs in (default 0)"),
+    model_type_name: Optional[str] = typer.Option(None, "--model-type", help="onnx or engine/plan (Polygraphy's "
+                                                  "option; polykit tells the kind from the file and checks it)"),
     builder_options: Any = None,
     compare_settings: Any = None,
 ) -> int:
@@ -152,12 +159,17 @@ def run(
     from polykit.tools.compare.divergence import analyze
     from polykit.tools.report.comparison import render, to_json
 
-    mark_all, mark_outputs = _polygraphy_marks(mark_all, mark_outputs, polygraphy_outputs)
+    check_model_type(model, model_type_name)
+    mark_all, mark_outputs = polygraphy_marks(mark_all, mark_outputs, polygraphy_outputs)
+    profiles = builder_options["profiles"]
+    if optimization_profile < 0 or profiles and optimization_profile >= len(profiles):
+        raise UsageError(f"--optimization-profile {optimization_profile} is not one of the {len(profiles)} "
+                         "profile(s) that --trt-min-shapes, --trt-opt-shapes and --trt-max-shapes give", hint=f"give 0 to {max(len(profiles) - 1, 0)}")
+    opt = cli_args.opt_shapes(profiles[optimization_profile:optimization_profile + 1])
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
     if ("trt" in runner or feeds) and not gen_script:
-        feeds, shapes = _model_feeds(model, feeds, {**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
-                                     strict_inputs, load_inputs)
+        feeds, shapes = _model_feeds(model, feeds, {**opt, **shapes}, strict_inputs, load_inputs)
     if "trt" in runner:
         builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
@@ -169,7 +181,7 @@ def run(
     settings = AccuracySettings(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
-                                       input_shapes={**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
+                                       input_shapes={**opt, **shapes},
                                        script=data_loader_script, strict_inputs=strict_inputs),
     )
     request = RunnerRequest(
@@ -177,6 +189,7 @@ def run(
         channels_last=channels_last, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all,
         force_marks=bool(mark_all or mark_outputs) and not observe_marks, save_engine=save_engine,
+        optimization_profile=optimization_profile,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
         builder_options={k: v for k, v in builder_options.items() if k != "fp16"},
     )
@@ -256,18 +269,6 @@ def _model_feeds(model: str, feeds: "list | None", given: dict, strict: bool,
         match = FeedMatcher(inputs, strict=strict, source=source or "the feeds")
         feeds = [match(f) for f in feeds]
     return feeds, {**default_input_shapes(inputs, given, feeds, strict=strict), **given}
-
-
-def _polygraphy_marks(mark_all: bool, mark_outputs: List[str], outputs: List[str]) -> tuple[bool, List[str]]:
-    """--mark-all / --mark-outputs with Polygraphy's --trt-outputs / --onnx-outputs values folded in
-    ("mark all", "mark-all" or "*": every tensor)."""
-    rest, i = [], 0
-    while i < len(outputs):
-        every = 2 if outputs[i:i + 2] == ["mark", "all"] else 1 if outputs[i] in ("*", "mark-all") else 0
-        mark_all = mark_all or every > 0
-        rest += [] if every else [outputs[i]]
-        i += every or 1
-    return mark_all, list(dict.fromkeys(list(mark_outputs) + rest))
 
 
 def graph_order(model: str) -> Any:
