@@ -147,17 +147,22 @@ def set_upper_bounds(model: Any, bounds: Mapping[str, int]) -> dict[str, int]:
     return applied
 
 
-def _toposort(graph: Any) -> None:
-    """Reorder graph.node so each node follows the producers of what it reads."""
-    nodes = list(graph.node)
+def toposorted(graph: Any) -> list[Any]:
+    """graph.node in an order where each node follows the producers of what it reads (a node
+    reading a name nothing makes comes where it stood)."""
     made = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    order, pending = [], nodes
+    order, pending = [], list(graph.node)
     while pending:
         ready = [n for n in pending if all(x in made for x in n.input)] or pending[:1]
         for n in ready:
             order.append(n)
             made.update(n.output)
         pending = [n for n in pending if all(n is not r for r in ready)]
+    return order
+
+
+def _toposort(graph: Any) -> None:
+    order = toposorted(graph)
     graph.ClearField("node")
     graph.node.extend(order)
 
