@@ -168,8 +168,13 @@ def run(
     opt = cli_args.opt_shapes(profiles[optimization_profile:optimization_profile + 1])
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
+    if data_loader_script and feeds is None and "trt" in runner and not gen_script:
+        from polykit.tools.data.loaders import ScriptDataLoader
+
+        # the script runs once: its feeds give the build's shapes, calibrate (--int8) and are compared
+        feeds = list(ScriptDataLoader(data_loader_script, strict_inputs))
     if ("trt" in runner or feeds) and not gen_script:
-        feeds, shapes = _model_feeds(model, feeds, {**opt, **shapes}, strict_inputs, load_inputs)
+        feeds, shapes = _model_feeds(model, feeds, {**opt, **shapes}, strict_inputs, load_inputs or data_loader_script)
     if "trt" in runner:
         builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
@@ -177,7 +182,8 @@ def run(
         if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
             from polykit.tools.data.loaders import ScriptDataLoader
 
-            builder_options = {**builder_options, "calibration_data": ScriptDataLoader(data_loader_script)}
+            builder_options = {**builder_options,
+                               "calibration_data": feeds if feeds is not None else ScriptDataLoader(data_loader_script)}
     settings = AccuracySettings(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),

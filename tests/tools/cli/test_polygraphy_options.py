@@ -194,3 +194,28 @@ def test_an_unknown_precision_name_says_which_names_work(capsys):
 
     assert main(["convert", str(MLP), "--layer-precisions", "fc1:int4", "-o", "x.plan"]) == 2
     assert "float32|float16|bfloat16" in capsys.readouterr().err
+
+
+# ---- --int8 and data loader scripts ------------------------------------------------------------
+def test_int8_with_nothing_to_quantize_still_writes_the_calibration_cache(tmp_path):
+    cache = tmp_path / "identity_calib.cache"
+    assert main(["convert", _identity(tmp_path), "--int8", "--calibration-cache", str(cache), "--target", "cpu",
+                 "-o", str(tmp_path / "identity.plan")]) == 0
+    assert cache.read_text().startswith("polykit-calibration-cache 1")
+    assert main(["convert", _identity(tmp_path), "--int8", "--calibration-cache", str(cache), "--target", "cpu",
+                 "-o", str(tmp_path / "again.plan")]) == 0
+
+
+def test_a_data_loader_script_runs_once_with_trt(tmp_path):
+    from tests.cli_models import MLP
+
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "data_loader.py"
+    script.write_text("import numpy as np\n"
+                      f"open({str(runs)!r}, 'a').write('x')\n"
+                      "def load_data():\n"
+                      "    for i in range(2):\n"
+                      "        yield {'X': np.random.default_rng(i).random((1, 16), dtype=np.float32)}\n")
+    assert main(["run", str(MLP), "--trt", "--onnxrt", "--target", "cpu", "--int8", "--data-loader-script",
+                 str(script), "--atol", "1", "--rtol", "1"]) == 0
+    assert runs.read_text() == "x"
