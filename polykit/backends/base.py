@@ -36,10 +36,15 @@ class RunnerRequest:
     providers: tuple[str, ...] = ()
     mark_outputs: tuple[str, ...] = ()
     mark_all: bool = False
+    #: polykit's engine is built with the marked tensors as outputs (BuilderConfig.force_marks), so
+    #: every one is compared; False: observed where the unmarked engine's layers write them
+    force_marks: bool = False
     fold_constants: bool = True
     save_engine: str | None = None
     #: polykit's engine records per-layer times (ExecutionContext profile) on every run
     profile: bool = False
+    #: the optimization profile polykit's engine runs in (ExecutionContext.set_optimization_profile)
+    optimization_profile: int = 0
     #: a tactic replay file to force (BuilderConfig.tactic_replay) / to write (save_tactics)
     load_tactics: str | None = None
     save_tactics: str | None = None

@@ -15,8 +15,9 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     """A PolykitRunner over EngineFromPlan(PlanFromOnnx(model, BuilderConfig(...))), the plan
     optionally saved; over EngineFromPath(model) when the model is a plan file already.
 
-    Marked tensors (mark_outputs, mark_all) are observed, not forced: the engine is the unmarked
-    one, exposing the marked tensors that lie between its layers (polykit.compiler.builder.marking)."""
+    Marked tensors (mark_outputs, mark_all) are forced plan outputs with request.force_marks;
+    otherwise observed: the engine is the unmarked one, exposing the marked tensors that lie
+    between its layers (polykit.compiler.builder.marking)."""
     from polykit.backends.loaders import (EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type,
                                           refuse_build_options)
     from polykit.backends.polykit_runner import PolykitRunner
@@ -30,7 +31,8 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
             "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics,
             "--channels-last/--no-channels-last": request.channels_last is not None,
             **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()}})
-        return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile)
+        return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile,
+                             optimization_profile=request.optimization_profile)
     config = builder_config(request)
     if config.ranks > 1:
         from polykit.backends.ranks_runner import RanksRunner
@@ -43,7 +45,8 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
         plan = SaveEngine(plan, request.save_engine)
-    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile)
+    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile,
+                         optimization_profile=request.optimization_profile)
 
 
 def builder_config(request: RunnerRequest) -> "BuilderConfig":
@@ -57,6 +60,7 @@ def builder_config(request: RunnerRequest) -> "BuilderConfig":
         input_shapes=dict(request.input_shapes),
         expose_tensors=tuple(request.mark_outputs),
         mark_all=request.mark_all,
+        force_marks=request.force_marks,
         fold_constants=request.fold_constants,
         tactic_replay=request.load_tactics,
         save_tactics=request.save_tactics,

@@ -15,12 +15,14 @@ from polykit.backends.base import BaseRunner, TensorMeta, resolve
 class PolykitRunner(BaseRunner):
     """Runs a polykit Engine. An engine the runner loaded itself is closed on deactivate.
 
+    `optimization_profile` selects the context's profile (Polygraphy's --optimization-profile).
     With `profile=True` the context times every layer; `layer_times` keeps one profile per
     run ([(layer, ms)], warm-ups included) and `layers` the plan's layers, both kept after
     deactivation for polykit.tools.report.profile."""
 
-    def __init__(self, engine: Any, name: str = "trt", profile: bool = False):
+    def __init__(self, engine: Any, name: str = "trt", profile: bool = False, optimization_profile: int = 0):
         super().__init__(name)
+        self.optimization_profile = optimization_profile
         self._engine_arg = engine
         self.engine: Any = None
         self.context: Any = None
@@ -38,6 +40,8 @@ class PolykitRunner(BaseRunner):
             self.engine = EngineFromPlan(self.engine)()
             self._owns_engine = True
         self.context = self.engine.create_execution_context(**({"profile": True} if self.profile else {}))
+        if self.optimization_profile:
+            self.context.set_optimization_profile(self.optimization_profile)
         self.layers = list(getattr(getattr(self.engine, "plan", None), "layers", []))
 
     def deactivate_impl(self) -> None:

@@ -105,8 +105,10 @@ def data_corpus(workdir: Path, plan: Any) -> list[tuple[str, DataFile]]:
                         "mask": np.array([True, False]), "ids": np.arange(3), "h": np.ones((2, 2), np.float16)}]}
     files = []
     for suffix in (".npz", ".json"):
-        files.append((f"feeds{suffix}", DataFile("feeds", suffix, save_feeds(workdir / f"corpus_in{suffix}", feeds).read_bytes())))
-        files.append((f"outputs{suffix}", DataFile("outputs", suffix, save_outputs(workdir / f"corpus_out{suffix}", outputs).read_bytes())))
+        files.append((f"feeds{suffix}", DataFile("feeds", suffix, save_feeds(
+            workdir / f"corpus_in{suffix}", feeds, "polykit").read_bytes())))
+        files.append((f"outputs{suffix}", DataFile("outputs", suffix, save_outputs(
+            workdir / f"corpus_out{suffix}", outputs, "polykit").read_bytes())))
     files.append(("polygraphy-feeds.json", DataFile("feeds", ".json", json.dumps(
         [{k: _polygraphy_array(v) for k, v in f.items()} for f in feeds]).encode())))
     iteration = {"outputs": {k: {"values": _polygraphy_array(v), "polygraphy_class": "LazyArray"}

@@ -129,6 +129,15 @@ def test_mark_all_leaves_fusion_alone_and_lists_the_fused_tensors():
     assert plan.metadata["fused_away"] == ["s", "p", "a"]
 
 
+def test_forced_mark_all_makes_every_intermediate_an_output_of_a_fused_build():
+    plan = build_plan(_chain_model(2), BuilderConfig(**CPU, mark_all=True, force_marks=True))
+    assert set(plan.outputs) == {"y", "s", "p", "a"} and not plan.metadata.get("fused_away")
+    x = _x(2, seed=5)
+    out = _run(plan, x=x)
+    np.testing.assert_allclose(out["s"], x + B, rtol=1e-6)
+    np.testing.assert_allclose(out["p"], (x + B) * x, rtol=1e-6)
+
+
 def test_every_layer_gets_the_cpu_reference_tactic():
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU))
     assert plan.layers and all(layer.tactic == "cpu.reference" for layer in plan.layers)
@@ -140,6 +149,17 @@ def test_fp16_on_cpu_records_precision_and_runs_half():
     plan = build_plan(_chain_model(2), BuilderConfig(**CPU, fp16=True))
     assert all(layer.precision == "fp16" for layer in plan.layers)
     np.testing.assert_allclose(_run(plan, x=x)["y"], np.abs((x + B) * x) - B, rtol=2e-3, atol=2e-3)
+
+
+def test_fp16_build_of_a_pure_copy_is_exact():
+    """Polygraphy's run example: `run identity.onnx --trt --fp16` must not round an fp32 copy."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 4, 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 4, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    feed = np.random.default_rng(0).random((1, 2, 4, 4), dtype=np.float32)
+    plan = build_plan(model, BuilderConfig(**CPU, fp16=True))
+    np.testing.assert_array_equal(_run(plan, X=feed)["Y"], feed)
 
 
 def test_constant_graph_output_is_copied_out_by_an_identity_layer():

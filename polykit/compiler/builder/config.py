@@ -53,6 +53,8 @@ class BuilderConfig:
         a layer of the unmarked build already writes them (layerwise debugging: the layers and
         tactics stay those of the unmarked build; the rest are listed in the plan's metadata
         as "fused_away").
+    force_marks: mark_all and expose_tensors are forced like mark_outputs (every marked tensor
+        becomes a plan output; fusions around them are given up): Polygraphy's marking.
     fold_constants / fuse: switch the optimizer's folding and fusion passes.
     tactic_replay: tactic choices to force (polykit.compiler.builder.tactic_replay): a replay file
         written by save_tactics, a TacticReplay, or {layer name: tactic name} in process.
@@ -127,6 +129,7 @@ class BuilderConfig:
     layer_precisions: Mapping[str, str] = field(default_factory=dict, hash=False)
     strongly_typed: bool = False
     expose_tensors: tuple[str, ...] = ()
+    force_marks: bool = False
     int8: bool = False
     calibrator: str = "entropy"
     percentile: float = 99.99

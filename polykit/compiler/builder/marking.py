@@ -3,6 +3,8 @@
 - **forced** (BuilderConfig.mark_outputs): the tensors become graph outputs before the passes,
   which keep them under their names. They are real engine outputs, at the price of the
   fusions that would have hidden them: the engine differs from the unmarked one.
+  With BuilderConfig.force_marks, mark_all and expose_tensors are forced too (Polygraphy's
+  marking: `polykit run --mark-all` builds so).
 - **observed** (BuilderConfig.mark_all, BuilderConfig.expose_tensors): the passes, lowering and
   tactic selection run as for the unmarked build; then the wanted ONNX tensors that a layer
   already writes, under their name and with their ONNX shape, become extra outputs. The layers
@@ -41,20 +43,30 @@ def _check_known(g: Graph, names: Iterable[str], option: str) -> None:
 
 
 def forced_outputs(g: Graph, cfg: BuilderConfig) -> list[str]:
-    """mark_outputs not already graph outputs: made graph outputs before the passes run."""
+    """mark_outputs (with force_marks, the tensors mark_all / expose_tensors name too) not already
+    graph outputs: made graph outputs before the passes run."""
     _check_known(g, cfg.mark_outputs, "mark_outputs")
-    return [n for n in dict.fromkeys(cfg.mark_outputs) if n not in g.outputs]
+    names = list(cfg.mark_outputs) + (_marked(g, cfg) if cfg.force_marks else [])
+    return [n for n in dict.fromkeys(names) if n not in g.outputs]
 
 
 def observed_tensors(g: Graph, cfg: BuilderConfig) -> dict[str, Any]:
     """Tensors to observe (expose_tensors, or every node output for mark_all; graph outputs and
-    forced marks left out) -> their shape in the unoptimized graph, in graph order."""
+    forced marks left out) -> their shape in the unoptimized graph, in graph order; none with
+    force_marks."""
+    if cfg.force_marks:
+        return {}
+    skip = set(g.outputs) | set(cfg.mark_outputs)
+    return {n: g.value(n).shape for n in dict.fromkeys(_marked(g, cfg)) if n not in skip}
+
+
+def _marked(g: Graph, cfg: BuilderConfig) -> list[str]:
+    """expose_tensors, and every node output (Constant nodes' aside) with mark_all."""
     _check_known(g, cfg.expose_tensors, "expose_tensors")
     names = list(cfg.expose_tensors)
     if cfg.mark_all:
         names += [o for n in g.nodes if not (n.op_type == "Constant" and n.domain == "") for o in n.outputs if o]
-    skip = set(g.outputs) | set(cfg.mark_outputs)
-    return {n: g.value(n).shape for n in dict.fromkeys(names) if n not in skip}
+    return names
 
 
 def expose(wanted: Mapping[str, Any], layers: list[LayerDesc], shapes: Mapping[str, tuple[int, ...]]) -> Exposure:

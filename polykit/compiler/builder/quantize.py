@@ -82,9 +82,12 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
                          where=f"graph {g.name!r}", hint="list tensor names with `polykit inspect model`")
     scales = {name: scale_of(max(-low, high)) for name, (low, high) in cfg.tensor_ranges.items()}
     missing = [name for name in needed if name not in scales]
+    path = cfg.calibration_cache
+    if not needed and path is not None and not Path(path).is_file():  # nothing to calibrate: an empty cache, as asked
+        write_calibration_cache(path, CalibrationCache(cfg.calibrator, {}))
+        log.info("wrote calibration cache %s (no tensor to quantize)", path)
     if not missing:
         return {name: scales[name] for name in needed}
-    path = cfg.calibration_cache
     if path is not None and Path(path).is_file():
         cache = read_calibration_cache(path)
         absent = [name for name in missing if name not in cache.scales]

@@ -16,6 +16,12 @@ inputs; attributes that name a float32 result (Cast `to`, EyeLike/Random* `dtype
 ConstantOfShape / Constant values) switch to the half type, inside Pointwise bodies and
 epilogues too. A node whose shape rule refuses the half type stays float32. Tensors that
 were not float32 (indices, shapes, masks, float64) are untouched.
+
+Data-movement ops (MOVE_OPS: Identity, Reshape, Transpose, Slice, Gather, Concat, ...) compute
+nothing; a chain of them that only carries float32 activations (no weights, nothing available
+in half yet) to float32 readers (graph outputs, kept tensors, float32 layers) stays float32, so
+a pure copy between float32 I/O is exact, as TensorRT keeps it. Every other movement runs in
+half like the rest (a Transpose feeding a half conv moves half the bytes).
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "Dequantiz
 FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 #: op -> input slots read in whatever type they come (no Cast inserted for them)
 ANY_TYPE_INPUTS = {"Cast": (0,), "CastLike": (0,), "Shape": (0,), "Size": (0,)}
+#: default-domain ops that only move or copy values (their data inputs come in the type they have)
+MOVE_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather",
+                      "GatherElements", "GatherND", "Expand", "Tile", "Split", "Concat", "DepthToSpace",
+                      "SpaceToDepth"})
 #: ops whose `dtype` attribute names their float result
 DTYPE_ATTR_OPS = frozenset({"EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                             "Bernoulli"})
@@ -144,6 +154,7 @@ class _Converter:
         self.avail: dict[str, dict[np.dtype, str]] = {}
         self.dtypes: dict[str, np.dtype] = {}
         self.out: list[Node] = []
+        self.copies: set[int] = set()
         self.changed = False
 
     def run(self) -> bool:
@@ -152,6 +163,7 @@ class _Converter:
         self.orig = {name: g.value(name).dtype for name in names}
         for name in g.inputs:
             self.avail[name] = {self.orig[name]: name}
+        self.copies = self._find_copies()
         self._convert_weights()
         for node in list(g.nodes):
             self._visit(node)
@@ -166,8 +178,33 @@ class _Converter:
         """Per input slot: the dtype a float32 tensor must arrive in (None: not float32)."""
         fixed_slots = FP32_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
         any_slots = ANY_TYPE_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
+        free = F32 if pinned or self._float32_copy(node) else self.half
         return [None if not t or self.orig.get(t) != F32 or i in any_slots else F32 if pinned or i in fixed_slots
-                else self.half for i, t in enumerate(node.inputs)]
+                else free for i, t in enumerate(node.inputs)]
+
+    def _float32_copy(self, node: Node) -> bool:
+        """Whether `node` is a float32 copy: in `copies` and no float input is available in half."""
+        return id(node) in self.copies and not any(self.half in self.avail.get(t, {}) for t in node.inputs if t)
+
+    def _find_copies(self) -> set[int]:
+        """ids of MOVE_OPS nodes that read no float32 weight and whose outputs only float32
+        readers read: graph outputs / kept tensors, pinned nodes, or other such copies."""
+        g = self.g
+        readers: dict[str, list[Node]] = {}
+        for node in g.nodes:
+            for t in node.inputs:
+                readers.setdefault(t, []).append(node)
+        copies: set[int] = set()
+        for node in reversed(g.nodes):
+            if node.domain != "" or node.op_type not in MOVE_OPS or is_pinned(node, self.keep_fp32):
+                continue
+            if any(t in g.initializers and self.orig.get(t) == F32 for t in node.inputs):
+                continue
+            outs = [o for o in node.outputs if o and self.orig.get(o) == F32]
+            if outs and all(all(id(r) in copies or is_pinned(r, self.keep_fp32) for r in readers.get(o, ()))
+                            and (o in self.fixed or readers.get(o)) for o in outs):
+                copies.add(id(node))
+        return copies
 
     def _convert_weights(self) -> None:
         g = self.g

@@ -86,6 +86,9 @@ def build_app(pm=None) -> typer.Typer:
         version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="print the version"),
         strict_plugins: bool = typer.Option(False, "--strict-plugins",
                                             help="a plugin that fails to load or raises is an error, not a warning"),
+        log_file: Optional[str] = typer.Option(None, "--log-file", metavar="FILE",
+                                               help="also write polykit's log messages to FILE (Polygraphy's option; "
+                                                    "it may follow the subcommand)"),
     ) -> None:
         ctx.call_on_close(_configure_logging(verbose, quiet))
 
@@ -106,13 +109,47 @@ _GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet", "--strict-pl
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """Let -v/-q appear anywhere (`polykit run m.onnx --onnxrt -v`): move them before the subcommand."""
+    """Let -v/-q and --log-file FILE appear anywhere (`polykit run m.onnx --onnxrt -v`): move them
+    before the subcommand."""
     if "--" in argv:
         head, tail = argv[: argv.index("--")], argv[argv.index("--"):]
     else:
         head, tail = argv, []
-    flags = [a for a in head if a in _GLOBAL_FLAGS]
-    return flags + [a for a in head if a not in _GLOBAL_FLAGS] + tail
+    flags, rest, i = [], [], 0
+    while i < len(head):
+        a = head[i]
+        if a in _GLOBAL_FLAGS or a.startswith("--log-file="):
+            flags.append(a)
+        elif a == "--log-file" and i + 1 < len(head):
+            flags += [a, head[i + 1]]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return flags + rest + tail
+
+
+def _log_file(argv: list[str]) -> Callable[[], None]:
+    """With --log-file FILE in `argv`, a handler writing polykit's log to FILE; returns its undo."""
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--log-file=")), None)
+    if "--log-file" in argv and argv.index("--log-file") + 1 < len(argv):
+        path = argv[argv.index("--log-file") + 1]
+    if not path:
+        return lambda: None
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        from polykit.errors import UsageError
+
+        raise UsageError(f"cannot open the log file: {exc.strerror or exc}", where=path) from None
+    handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+    log.addHandler(handler)
+
+    def close() -> None:
+        log.removeHandler(handler)
+        handler.close()
+
+    return close
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,8 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = _configure_logging(argv.count("-v") + 2 * argv.count("-vv") + 3 * argv.count("-vvv") +
                                  argv.count("--verbose"), any(a in ("-q", "--quiet") for a in argv))
     try:  # (configured here too: plugin warnings come before typer parses)
+        close = _log_file(argv)
+    except PolykitError as exc:
+        restore()
+        stderr_console().print(f"error: {exc}", soft_wrap=True)
+        return exc.exit_code
+    try:
         return _run(argv)
     finally:
+        close()
         restore()
 
 

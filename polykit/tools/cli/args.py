@@ -49,12 +49,16 @@ MULTI_VALUE_OPTIONS: dict[str, "re.Pattern[str]"] = {
     "--providers": re.compile(r"^[A-Za-z][A-Za-z0-9_]*$"),
     "--mark-outputs": _TENSOR_NAME,
     "--mark": _TENSOR_NAME,
+    "--trt-outputs": _TENSOR_NAME,
+    "--onnx-outputs": _TENSOR_NAME,
     "--inputs": _TENSOR_NAME,
     "--outputs": _TENSOR_NAME,
-    "--layer-precisions": re.compile(r"^[^\s\[\]]+:(fp32|tf32|fp16|bf16)(,[^\s\[\]]+:(fp32|tf32|fp16|bf16))*$"),
+    "--layer-precisions": re.compile(r"^[^\s\[\]]+:[A-Za-z0-9]+(,[^\s\[\]]+:[A-Za-z0-9]+)*$"),
     "--memory-pool-limit": re.compile(r"^workspace:\d+(\.\d+)?[KMG]?(i?B)?$", re.I),
     "--show": re.compile(r"^(io|ops|layers|attrs|weights)$"),
     "--tensor-ranges": re.compile(rf"^.+:(?:{_NUM}),(?:{_NUM})$"),
+    "--override-input-shapes": re.compile(rf"^{_NAME}:\[[^\]]*\]$"),
+    "--set-unbounded-dds-upper-bound": re.compile(r"^(?:[^\s]+:)?\d+$"),
 }
 
 
@@ -257,15 +261,19 @@ def parse_memory_pool_limits(values: Sequence[str]) -> dict[str, int]:
 
 
 def parse_layer_precisions(values: Sequence[str]) -> dict[str, str]:
-    """['conv1:fp32,fc:fp16'] -> {'conv1': 'fp32', 'fc': 'fp16'} (ONNX node names)."""
+    """['conv1:fp32,fc:float16'] -> {'conv1': 'fp32', 'fc': 'fp16'} (ONNX node names; Polygraphy's
+    float32/float16/bfloat16 spellings too: cli.spellings.precision_name)."""
+    from polykit.tools.cli.spellings import precision_name
+
     table: dict[str, str] = {}
     for v in values:
         for item in filter(None, (x.strip() for x in v.split(","))):
             name, _, precision = item.rpartition(":")
-            if not name or precision not in ("fp32", "tf32", "fp16", "bf16"):
-                raise UsageError(f"--layer-precisions {item!r} is not NAME:fp32|tf32|fp16|bf16",
-                                 hint="e.g. --layer-precisions /conv1/Conv:fp32 (ONNX node names)")
-            table[name] = precision
+            if not name or precision_name(precision) is None:
+                raise UsageError(f"--layer-precisions {item!r} is not NAME:PRECISION",
+                                 hint="PRECISION: fp32|tf32|fp16|bf16 or float32|float16|bfloat16; e.g. "
+                                      "--layer-precisions /conv1/Conv:fp32 (ONNX node names)")
+            table[name] = precision_name(precision)
     return table
 
 
@@ -301,7 +309,8 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("precision_constraints", str, typer.Option("none", "--precision-constraints",
                                                 help="obey|prefer|none: how --layer-precisions binds")),
     ("layer_precisions", List[str], typer.Option([], "--layer-precisions",
-                                                 help="per ONNX node: NAME:fp32|tf32|fp16|bf16[,...]")),
+                                                 help="per ONNX node: NAME:fp32|tf32|fp16|bf16[,...] (Polygraphy's "
+                                                      "float32|float16|bfloat16 too)")),
     ("strongly_typed", bool, typer.Option(False, "--strongly-typed", help="run layers in the model's own dtypes")),
     ("builder_optimization_level", int, typer.Option(3, "--builder-optimization-level",
                                                      help="0 (no timing) .. 5 (time every tactic); default 3")),

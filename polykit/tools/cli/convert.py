@@ -1,4 +1,6 @@
-"""`polykit convert MODEL -o model.plan`: build a plan with polykit's compiler and save it."""
+"""`polykit convert MODEL -o model.plan`: build a plan with polykit's compiler and save it.
+`polykit convert MODEL --fp-to-fp16 -o model_fp16.onnx`: write an ONNX model computing in float16
+(Polygraphy's --fp-to-fp16; polykit.tools.model.onnx_edits.to_fp16) instead."""
 
 from __future__ import annotations
 
@@ -20,8 +22,16 @@ def convert(
                                            help="intermediate tensors to make outputs (kept from fusion)"),
     mark_all: bool = typer.Option(False, "--mark-all",
                                   help="expose every intermediate tensor a layer writes as an output (fusion unchanged)"),
-    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="feeds (.npz or .json): the opt values of "
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", "--load-input-data",
+                                              help="feeds (.npz or .json): the opt values of "
                                               "shape-tensor inputs, whose ranges the model's ops give"),
+    fp_to_fp16: bool = typer.Option(False, "--fp-to-fp16", help="write an ONNX model computing in float16 (I/O "
+                                                                "stays float32) to --output instead of a plan"),
+    data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", metavar="FILE.py[:FUNC]",
+                                                     help="Polygraphy's spelling of --calibration-data FILE.py: "
+                                                          "the INT8 calibration batches"),
+    model_type_name: Optional[str] = typer.Option(None, "--model-type", help="onnx (Polygraphy's option; checked "
+                                                  "against the file)"),
     load_tactics: Optional[str] = LOAD_TACTICS,
     save_tactics: Optional[str] = SAVE_TACTICS,
     tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", hidden=True,
@@ -33,7 +43,8 @@ def convert(
     from polykit.errors import UsageError
     from polykit.files import require_output_folder
     from polykit.tools.cli.app import stderr_console
-    from polykit.tools.cli.args import parse_input_shapes
+    from polykit.tools.cli.args import calibration_source, parse_input_shapes
+    from polykit.tools.cli.spellings import check_model_type
     from polykit.tools.data.results_io import load_feeds
     from polykit.tools.cli.run import feed_shape_values, resolve_target
 
@@ -41,6 +52,14 @@ def convert(
         raise UsageError("--load-tactics and --tactic-replay (its old name) name different files",
                          hint="give one --load-tactics FILE")
     require_output_folder(output, "--output")
+    check_model_type(model, model_type_name)
+    if fp_to_fp16:
+        return _convert_fp16(model, output)
+    if data_loader_script:
+        if builder_options["calibration_data"] is not None:
+            raise UsageError("--data-loader-script and --calibration-data both give calibration data",
+                             hint="give one of them")
+        builder_options = {**builder_options, "calibration_data": calibration_source(data_loader_script)}
     if save_tactics:
         require_output_folder(save_tactics, "--save-tactics")
     if load_inputs:
@@ -64,6 +83,18 @@ def convert(
         console.print(f"tuning (level {config.builder_optimization_level}): {tuning['timed_tactics']} tactics of "
                       f"{tuning['timed_layers']} layers timed; timing cache {tuning['cache_hits']} hits, "
                       f"{tuning['cache_misses']} misses")
+    return 0
+
+
+def _convert_fp16(model: str, output: str) -> int:
+    from polykit.backends.loaders import OnnxFromPath
+    from polykit.compiler.graph.onnx_export import save_model
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.onnx_edits import to_fp16
+
+    converted = to_fp16(OnnxFromPath(model)())
+    save_model(converted, output)
+    stderr_console().print(f"wrote {output}: an ONNX model computing in float16 ({len(converted.graph.node)} nodes)")
     return 0
 
 

@@ -42,7 +42,7 @@ class RunScript:
     load_outputs: tuple[str, ...] = ()
     save_inputs: str | None = None
     save_outputs: str | None = None
-    save_format: str = "polykit"
+    save_format: str | None = None
     as_json: bool = False
     profile_top: int = 15
 
@@ -186,7 +186,7 @@ def render_script(script: RunScript) -> str:
     body.append(f"results, report = {run}(runners, settings{data})")
     if layerwise:
         body.append(f"layerwise = {imports.use('polykit.tools.compare.divergence', 'analyze')}(report, order)")
-    fmt = f", format={script.save_format!r}" if script.save_format != "polykit" else ""
+    fmt = f", format={script.save_format!r}" if script.save_format is not None else ""
     if script.save_inputs:
         body.append(f"{imports.use('polykit.tools.data', 'results_io')}.save_feeds({script.save_inputs!r}, results.feeds{fmt})")
     if script.save_outputs:

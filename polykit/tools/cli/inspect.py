@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import typer
 
@@ -181,12 +181,26 @@ def model(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
     ranks: int = typer.Option(1, "--ranks", help="ONNX model: show what each of N tensor-parallel ranks holds"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="with --ranks: shapes for dynamic inputs"),
+    output_format: str = typer.Option("table", "--format", help="table (default), text (Polygraphy's inspect model "
+                                                                "text: '[Op: Mul]' lines; ONNX models) or json"),
+    list_unbounded_dds: bool = typer.Option(False, "--list-unbounded-dds",
+                                            help="ONNX model: list the tensors that size an output without an upper "
+                                                 "bound (Range limit, Pad pads, ... computed at run time)"),
+    model_type_name: Optional[str] = typer.Option(None, "--model-type", help="onnx or engine/plan (Polygraphy's "
+                                                  "option; polykit tells the kind from the file and checks it)"),
 ) -> int:
     from rich.console import Console
 
     from polykit.backends.loaders import model_type
+    from polykit.tools.cli.spellings import check_model_type
 
     file = require_file(path, "model or plan file", ModelLoadError)
+    check_model_type(path, model_type_name)
+    if output_format not in ("table", "text", "json"):
+        raise UsageError(f"--format {output_format!r} is not table, text or json")
+    as_json = as_json or output_format == "json"
+    if list_unbounded_dds:
+        return _list_unbounded_dds(path, as_json)
     if isinstance(ranks, int) and ranks > 1 and model_type(file) == "onnx":  # (called from Python: OptionInfo)
         from polykit.tools.cli.args import parse_input_shapes
         from polykit.tools.model.ranks import describe_ranks, render_ranks
@@ -220,6 +234,11 @@ def model(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return 0
+    if output_format == "text" and not is_plan:
+        from polykit.tools.model.text_view import render_text
+
+        typer.echo(render_text(info), nl=False)
+        return 0
     console = Console(highlight=False)
     if is_plan:
         console.print(f"[bold]plan[/] {path}: target {info['target']}{' ' + info['gpu_arch'] if info['gpu_arch'] else ''}, "
@@ -238,6 +257,24 @@ def model(
     for section in SHOW:
         if section in sections and section != "attrs":
             console.print(_SECTIONS[section](info, is_plan, profile, "attrs" in sections))
+    return 0
+
+
+def _list_unbounded_dds(path: str, as_json: bool) -> int:
+    """Print the unbounded data-dependent-shape tensors (Polygraphy's wording: "Found tensors with
+    unbounded DDS: [...]")."""
+    from polykit.backends.loaders import OnnxFromPath
+    from polykit.tools.model.onnx_edits import unbounded_dds
+
+    found = unbounded_dds(OnnxFromPath(path)())
+    if as_json:
+        typer.echo(json.dumps(found, indent=2))
+    elif found:
+        typer.echo(f"Found tensors with unbounded DDS: {[f['tensor'] for f in found]}")
+        for f in found:
+            typer.echo(f"    {f['tensor']}: sizes the output of node {f['node']!r} ({f['op']})")
+    else:
+        typer.echo("No tensors with unbounded DDS found.")
     return 0
 
 

@@ -25,6 +25,7 @@ import typer
 from polykit.errors import UsageError
 from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
                                    with_compare_options)
+from polykit.tools.cli.spellings import check_model_type, polygraphy_marks
 from polykit.files import require_output_folder
 
 log = logging.getLogger("polykit")
@@ -104,16 +105,32 @@ def run(
     data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
     data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
     validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
+    strict_inputs: bool = typer.Option(False, "--strict-inputs",
+                                       help="a dynamic dim no shape gives, and a feed named for no model input, are "
+                                            "errors (default: 1 for the dim; a feed matching one input "
+                                            "case-insensitively is renamed, others ignored; one warning each)"),
     mark_all: bool = typer.Option(False, "--mark-all",
-                                  help="compare every intermediate tensor polykit's layers write too; names the first divergence"),
+                                  help="compare every intermediate tensor too; names the first divergence"),
     mark_outputs: List[str] = typer.Option([], "--mark-outputs", "--mark",
-                                           help="intermediate tensors to compare too (where polykit's layers write them)"),
+                                           help="intermediate tensors to compare too (polykit's engine is built with "
+                                                "them as outputs)"),
+    polygraphy_outputs: List[str] = typer.Option([], "--trt-outputs", "--onnx-outputs",
+                                                 help="Polygraphy's spelling: tensors to compare too (as --mark), "
+                                                      "'mark all' or '*' for every tensor (as --mark-all); either "
+                                                      "option marks them for every runner"),
+    observe_marks: bool = typer.Option(False, "--observe-marks",
+                                       help="with --mark-all/--mark: keep polykit's engine as unmarked and compare only "
+                                            "the marked tensors its layers write (the rest are listed as fused away)"),
     save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="write the feeds (.npz or .json)"),
-    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="read the feeds (.npz or .json)"),
-    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="write every runner's outputs (.npz or .json)"),
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", "--load-input-data",
+                                              help="read the feeds (.npz, .json or a folder)"),
+    save_outputs: Optional[str] = typer.Option(None, "--save-outputs", "--save-results",
+                                               help="write every runner's outputs (.npz or .json)"),
     load_outputs: List[str] = typer.Option([], "--load-outputs", help="compare runners against saved outputs"),
-    save_format: str = typer.Option("polykit", "--format", help="of --save-inputs/--save-outputs: polykit (.npz, "
-                                    ".json by suffix) or polygraphy (Polygraphy's JSON; no suffix: a folder)"),
+    save_format: Optional[str] = typer.Option(None, "--format", help="of --save-inputs/--save-outputs: by default "
+                                              "Polygraphy's JSON for a .json path, polykit's .npz otherwise; polykit "
+                                              "(.npz, or polykit's JSON for .json) or polygraphy (Polygraphy's JSON; "
+                                              "no suffix: a folder)"),
     gen_script: Optional[str] = typer.Option(None, "--gen-script", metavar="FILE",
                                              help="write a Python script that does what this command does, and exit"),
     save_engine: Optional[str] = typer.Option(None, "--save-engine", help="write polykit's plan to this file"),
@@ -125,6 +142,10 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable report on stdout"),
     report_html: Optional[str] = typer.Option(None, "--report", metavar="FILE.html",
                                               help="write a self-contained HTML report (charts, histograms)"),
+    optimization_profile: int = typer.Option(0, "--optimization-profile", metavar="N",
+                                             help="the optimization profile polykit's engine runs in (default 0)"),
+    model_type_name: Optional[str] = typer.Option(None, "--model-type", help="onnx or engine/plan (Polygraphy's "
+                                                  "option; polykit tells the kind from the file and checks it)"),
     builder_options: Any = None,
     compare_settings: Any = None,
 ) -> int:
@@ -138,8 +159,22 @@ def run(
     from polykit.tools.compare.divergence import analyze
     from polykit.tools.report.comparison import render, to_json
 
+    check_model_type(model, model_type_name)
+    mark_all, mark_outputs = polygraphy_marks(mark_all, mark_outputs, polygraphy_outputs)
+    profiles = builder_options["profiles"]
+    if optimization_profile < 0 or profiles and optimization_profile >= len(profiles):
+        raise UsageError(f"--optimization-profile {optimization_profile} is not one of the {len(profiles)} "
+                         "profile(s) that --trt-min-shapes, --trt-opt-shapes and --trt-max-shapes give", hint=f"give 0 to {max(len(profiles) - 1, 0)}")
+    opt = cli_args.opt_shapes(profiles[optimization_profile:optimization_profile + 1])
     shapes = cli_args.parse_input_shapes(input_shapes)
     feeds = results_io.load_feeds(load_inputs) if load_inputs and not gen_script else None
+    if data_loader_script and feeds is None and "trt" in runner and not gen_script:
+        from polykit.tools.data.loaders import ScriptDataLoader
+
+        # the script runs once: its feeds give the build's shapes, calibrate (--int8) and are compared
+        feeds = list(ScriptDataLoader(data_loader_script, strict_inputs))
+    if ("trt" in runner or feeds) and not gen_script:
+        feeds, shapes = _model_feeds(model, feeds, {**opt, **shapes}, strict_inputs, load_inputs or data_loader_script)
     if "trt" in runner:
         builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
@@ -147,17 +182,20 @@ def run(
         if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
             from polykit.tools.data.loaders import ScriptDataLoader
 
-            builder_options = {**builder_options, "calibration_data": ScriptDataLoader(data_loader_script)}
+            builder_options = {**builder_options,
+                               "calibration_data": feeds if feeds is not None else ScriptDataLoader(data_loader_script)}
     settings = AccuracySettings(
         **compare_settings, data_loader=data_loader, validate=validate, warm_up=warm_up,
         data_options=DataLoaderOptions(seed=seed, iterations=iterations, val_ranges=cli_args.parse_val_ranges(val_range),
-                                       input_shapes={**cli_args.opt_shapes(builder_options["profiles"]), **shapes},
-                                       script=data_loader_script),
+                                       input_shapes={**opt, **shapes},
+                                       script=data_loader_script, strict_inputs=strict_inputs),
     )
     request = RunnerRequest(
         model=model, target=target if gen_script else resolve_target(target, runner, model), fp16=builder_options["fp16"],
         channels_last=channels_last, input_shapes=shapes,
-        providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all, save_engine=save_engine,
+        providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all,
+        force_marks=bool(mark_all or mark_outputs) and not observe_marks, save_engine=save_engine,
+        optimization_profile=optimization_profile,
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
         builder_options={k: v for k, v in builder_options.items() if k != "fp16"},
     )
@@ -167,8 +205,8 @@ def run(
                          ("--report", report_html), ("--gen-script", gen_script)):
         if path:
             require_output_folder(path, option)
-    if save_format not in results_io.SAVE_FORMATS:
-        raise UsageError(f"--format {save_format!r} is not one of {', '.join(results_io.SAVE_FORMATS)}")
+    if save_format is not None:
+        results_io.check_format(save_format)
     runners = make_runners(runner, request)
     if gen_script:
         from polykit.tools.cli.gen_script import RunScript, write_script
@@ -183,7 +221,8 @@ def run(
         reference = load_reference(load_outputs, stack)
         store = None
         if runners and (mark_all or mark_outputs):
-            spill = save_outputs if save_format == "polykit" else None
+            spill = save_outputs if save_outputs and results_io.save_format(save_outputs, save_format) == "polykit" \
+                else None
             store = stack.enter_context(_output_store(spill, load_outputs, stack))
         results, report = run_comparison(runners, settings, feeds=feeds, reference_outputs=reference, store=store,
                                           optional=order.intermediates if order else frozenset())
@@ -219,6 +258,23 @@ def _render_profiles(console: Any, profiles: dict, top: int) -> None:
         console.print("--profile: no polykit engine ran (add --trt)")
     for name, summary in profiles.items():
         render_profile(console, f"{name} per-layer profile", summary, top=top)
+
+
+def _model_feeds(model: str, feeds: "list | None", given: dict, strict: bool,
+                 source: Optional[str]) -> tuple["list | None", dict]:
+    """Feeds matched to an ONNX model's inputs, and shapes for its dynamic inputs no option gives
+    (the feeds' shapes, else 1 per dim; polykit.tools.data.feeds): what polykit's engine is built
+    for. A plan file, or a model onnx cannot read, passes through unchanged."""
+    from polykit.backends.loaders import model_type
+    from polykit.tools.data.feeds import FeedMatcher, default_input_shapes, onnx_input_shapes
+
+    inputs = onnx_input_shapes(model) if model_type(model) == "onnx" else None
+    if inputs is None:
+        return feeds, given
+    if feeds:
+        match = FeedMatcher(inputs, strict=strict, source=source or "the feeds")
+        feeds = [match(f) for f in feeds]
+    return feeds, {**default_input_shapes(inputs, given, feeds, strict=strict), **given}
 
 
 def graph_order(model: str) -> Any:

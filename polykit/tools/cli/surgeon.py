@@ -27,6 +27,13 @@ def sanitize(
     fold_constants: bool = typer.Option(False, "--fold-constants", help="fold constant subgraphs (and drop dead nodes)"),
     upgrade_opset: Optional[int] = typer.Option(None, "--upgrade-opset", metavar="N",
                                                 help="write the model at default-domain opset N (default: its own)"),
+    override_input_shapes: List[str] = typer.Option([], "--override-input-shapes", metavar="NAME:[DIMS]",
+                                                    help="set graph input shapes, a dim a number or a name for a "
+                                                         "dynamic dim: x:[batch,1,2,2]"),
+    upper_bounds: List[str] = typer.Option([], "--set-unbounded-dds-upper-bound", metavar="[NAME:]N",
+                                           help="bound each tensor that sizes an output at run time without a bound "
+                                                "(a Min node; `inspect model --list-unbounded-dds` lists them): N for "
+                                                "all, NAME:N for one"),
     external_data: bool = EXTERNAL_DATA,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
 ) -> int:
@@ -34,16 +41,39 @@ def sanitize(
     from polykit.compiler.graph.onnx_export import save_model
     from polykit.files import require_output_folder
     from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model import onnx_edits
     from polykit.tools.model.sanitize import sanitize as sanitize_model
 
     require_output_folder(output, "--output")
+    bounds = onnx_edits.parse_upper_bounds(upper_bounds)
     proto = OnnxFromPath(model)()
+    nodes = len(proto.graph.node)
+    if override_input_shapes:
+        proto = onnx_edits.override_input_shapes(proto, _symbolic_shapes(override_input_shapes))
     clean = sanitize_model(proto, fold_constants=fold_constants, upgrade_opset=upgrade_opset)
+    console = stderr_console()
+    if bounds:
+        applied = onnx_edits.set_upper_bounds(clean, bounds)
+        console.print(f"upper bounds set: {applied or 'none (no tensor with an unbounded data-dependent shape)'}")
     save_model(clean, output, external_data=external_data or None, size_threshold=external_data_threshold)
     opset = next(o.version for o in clean.opset_import if o.domain in ("", "ai.onnx"))
-    stderr_console().print(f"wrote {output}: {len(proto.graph.node)} -> {len(clean.graph.node)} nodes, opset {opset}, "
-                           f"IR version {clean.ir_version}")
+    console.print(f"wrote {output}: {nodes} -> {len(clean.graph.node)} nodes, opset {opset}, IR version {clean.ir_version}")
     return 0
+
+
+def _symbolic_shapes(values: List[str]) -> dict:
+    """['x:[batch,1,2,2]'] (Polygraphy's x:['batch',1,2,2] once the shell took the quotes) ->
+    {'x': ('batch', 1, 2, 2)}."""
+    from polykit.errors import UsageError
+
+    shapes = {}
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name or not (rest.startswith("[") and rest.endswith("]")):
+            raise UsageError(f"--override-input-shapes {value!r} is not NAME:[DIM,...]", hint="e.g. x:[batch,3,224,224]")
+        dims = [d.strip().strip("'\"") for d in rest[1:-1].split(",") if d.strip()]
+        shapes[name] = tuple(int(d) if d.isdigit() else d for d in dims)
+    return shapes
 
 
 def extract(

@@ -81,7 +81,7 @@ def run_comparison(runners: Sequence[BaseRunner], settings: AccuracySettings = A
     if feeds is None:
         loader = make_data_loader(settings.data_loader, settings.data_options, data_loader_specs(pm))
     else:
-        loader = FeedsDataLoader(feeds)
+        loader = FeedsDataLoader(feeds, settings.data_options.strict_inputs)
     results = RunResults()
     for name, outs in (reference_outputs or {}).items():
         results.add(name, list(outs))

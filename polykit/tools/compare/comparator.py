@@ -60,15 +60,24 @@ class PairResult:
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
+    def __bool__(self) -> bool:
+        return self.passed
+
 
 @dataclass(frozen=True)
 class AccuracyReport:
+    """Every pair's comparisons; truthy exactly when the comparison passed, so Polygraphy's
+    `assert bool(Comparator.compare_accuracy(results))` gates as it does there."""
+
     pairs: tuple[PairResult, ...]
     problems: tuple[str, ...] = ()  # --validate findings and other run-level failures
 
     @property
     def passed(self) -> bool:
         return not self.problems and all(p.passed for p in self.pairs)
+
+    def __bool__(self) -> bool:
+        return self.passed
 
     def failures(self) -> list[tuple[PairResult, OutputComparison]]:
         return [(p, o) for p in self.pairs for o in p.outputs if not o.passed]

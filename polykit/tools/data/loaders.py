@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from polykit.errors import UsageError
 from polykit.files import require_file
+from polykit.tools.data.feeds import FeedMatcher
 
 log = logging.getLogger("polykit")
 
@@ -29,13 +30,16 @@ ValRange = tuple[float, float]
 class DataLoaderOptions:
     """seed; iterations; val_ranges: input name -> (low, high), key "" for every other input;
     input_shapes: concrete shapes for dynamic inputs; script: "file.py[:function]" for the
-    script loader (function defaults to load_data)."""
+    script loader (function defaults to load_data); strict_inputs: a dynamic dim no shape gives,
+    and a feed named for no input, are errors (else 1 / matched or ignored, with a warning:
+    polykit.tools.data.feeds)."""
 
     seed: int = 1
     iterations: int = 1
     val_ranges: Mapping[str, ValRange] = field(default_factory=dict)
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     script: str | None = None
+    strict_inputs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -86,25 +90,25 @@ class DataLoader:
                 hint=f"the model's inputs are: {list(self.input_metadata)}",
             )
         rng = np.random.default_rng(self.options.seed)
+        shapes = {name: self._shape(meta) for name, meta in self.input_metadata.items()}
         for _ in range(self.options.iterations):
-            yield {name: self._generate(rng, meta) for name, meta in self.input_metadata.items()}
+            yield {name: self._generate(rng, meta, shapes[name]) for name, meta in self.input_metadata.items()}
 
     def _shape(self, meta: Any) -> tuple[int, ...]:
         if meta.name in self.options.input_shapes:
             return tuple(int(d) for d in self.options.input_shapes[meta.name])
         if meta.shape is None:
             raise UsageError(f"input {meta.name!r} has an unknown rank", hint=f"pass --input-shapes {meta.name}:[...]")
-        dims = []
-        for d in meta.shape:
-            if isinstance(d, int) and d >= 0:
-                dims.append(d)
-            else:
-                log.warning("input %r has dynamic dim %r; using 1 (set it with --input-shapes)", meta.name, d)
-                dims.append(1)
-        return tuple(dims)
+        dynamic = [d for d in meta.shape if not (isinstance(d, int) and d >= 0)]
+        if dynamic and self.options.strict_inputs:
+            raise UsageError(f"input {meta.name!r} has dynamic dim(s) {', '.join(map(repr, dynamic))} and no shape "
+                             "is given (--strict-inputs)", hint=f"pass --input-shapes {meta.name}:[...]")
+        if dynamic:
+            log.warning("input %r has dynamic dim(s) %s; using 1 (set them with --input-shapes)",
+                        meta.name, ", ".join(map(repr, dynamic)))
+        return tuple(d if isinstance(d, int) and d >= 0 else 1 for d in meta.shape)
 
-    def _generate(self, rng: Any, meta: Any) -> Any:
-        shape = self._shape(meta)
+    def _generate(self, rng: Any, meta: Any, shape: tuple[int, ...]) -> Any:
         try:
             return self._random(rng, meta, shape)
         except MemoryError:
@@ -135,15 +139,17 @@ class DataLoader:
 
 
 class ScriptDataLoader:
-    """Feeds from a user script's function (default `load_data`) that returns or yields feed dicts."""
+    """Feeds from a user script's function (default `load_data`) that returns or yields feed dicts;
+    bound to the model's inputs, feed names are matched to them (polykit.tools.data.feeds)."""
 
-    def __init__(self, script: str):
+    def __init__(self, script: str, strict_inputs: bool = False):
         path, _, func = script.partition(":")
         self.path = path
         self.func = func or "load_data"
+        self.match = FeedMatcher((), strict=strict_inputs, source=path)
 
     def bind(self, input_metadata: Mapping[str, Any]) -> None:
-        pass
+        self.match = FeedMatcher(input_metadata, strict=self.match.strict, source=self.path)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         path = require_file(self.path, "data loader script")
@@ -165,7 +171,7 @@ class ScriptDataLoader:
             if not isinstance(item, Mapping):
                 raise UsageError(f"{self.path}:{self.func} gave a {type(item).__name__} at iteration {i}, "
                                  "not a dict of input name -> array")
-            yield dict(item)
+            yield self.match(item)
 
     def _run(self, step: Callable[[], Any]) -> Any:
         """Run user code; an exception it raises becomes a UsageError naming the script's line."""
@@ -194,16 +200,18 @@ def _script_line(exc: BaseException, path: str) -> str:
 
 
 class FeedsDataLoader:
-    """Feeds given up front (a list of feed dicts, e.g. from --load-inputs)."""
+    """Feeds given up front (a list of feed dicts, e.g. from --load-inputs); bound to the model's
+    inputs, feed names are matched to them (polykit.tools.data.feeds)."""
 
-    def __init__(self, feeds: list[dict[str, Any]]):
+    def __init__(self, feeds: list[dict[str, Any]], strict_inputs: bool = False, source: str = "the feeds"):
         self.feeds = list(feeds)
+        self.match = FeedMatcher((), strict=strict_inputs, source=source)
 
     def bind(self, input_metadata: Mapping[str, Any]) -> None:
-        pass
+        self.match = FeedMatcher(input_metadata, strict=self.match.strict, source=self.match.source)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter([dict(f) for f in self.feeds])
+        return iter([self.match(f) for f in self.feeds])
 
 
 def make_data_loader(name: str, options: DataLoaderOptions, specs: Mapping[str, DataLoaderSpec]) -> Iterable[dict[str, Any]]:
@@ -217,5 +225,6 @@ def make_data_loader(name: str, options: DataLoaderOptions, specs: Mapping[str, 
 def builtin_data_loaders() -> list[DataLoaderSpec]:
     return [
         DataLoaderSpec("default", lambda o: DataLoader(o), "random data from --seed, --val-range, --input-shapes"),
-        DataLoaderSpec("script", lambda o: ScriptDataLoader(o.script or ""), "load_data() from --data-loader-script"),
+        DataLoaderSpec("script", lambda o: ScriptDataLoader(o.script or "", o.strict_inputs),
+                       "load_data() from --data-loader-script"),
     ]

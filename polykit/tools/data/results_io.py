@@ -5,8 +5,10 @@ Loading reads a file or folder in any format polykit reads (formats.read_saved: 
 .npz, a plain name-keyed .npz, polykit's or Polygraphy's JSON, a folder of Polygraphy's
 per-iteration files), told once and read by that format's one reader, and checks that it holds
 what was asked for: saved outputs given as inputs, or the reverse, is a DataFileError saying so.
-Saving writes polykit's .npz (npz_format) or JSON (polykit_json) by the file's suffix, or with
-`format="polygraphy"` Polygraphy's JSON (polygraphy_json). Never pickle.
+Saving writes, by default, Polygraphy's JSON (polygraphy_json) to a `.json` path and polykit's
+.npz (npz_format) to any other; `format="polygraphy"` writes Polygraphy's JSON whatever the
+path (no suffix: a folder of per-iteration files), `format="polykit"` polykit's .npz, or its
+richer JSON (polykit_json: dtypes by name, plain lists) to a `.json` path. Never pickle.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from polykit.tools.data.formats import describe, read_saved
 
 #: what --format names: polykit's .npz/.json (chosen by suffix), or Polygraphy's JSON
 SAVE_FORMATS = ("polykit", "polygraphy")
+
+
+def save_format(path: str | os.PathLike, format: str | None = None) -> str:
+    """The format a save to `path` uses: `format`, else Polygraphy's for a .json path, else polykit's."""
+    if format is None:
+        return "polygraphy" if Path(path).suffix == ".json" else "polykit"
+    check_format(format)
+    return format
 
 
 def _tensors(data: DataSet) -> Any:
@@ -97,10 +107,11 @@ def _write_json(path: Path, doc: Any) -> Path:
     return _write(path, lambda p: p.write_text(json.dumps(doc)))
 
 
-def _check_format(format: str) -> None:
+def check_format(format: str) -> None:
     if format not in SAVE_FORMATS:
         raise UsageError(f"--format {format!r} is not one of {', '.join(SAVE_FORMATS)}",
-                         hint="polykit: .npz or .json by the file's suffix; polygraphy: Polygraphy's JSON")
+                         hint="polykit: .npz, or polykit's JSON for a .json path; polygraphy: Polygraphy's JSON "
+                              "(the default for a .json path)")
 
 
 def _save_polygraphy(path: Path, whole: Callable[[], Any], iterations: Callable[[], list[Any]]) -> Path:
@@ -117,11 +128,10 @@ def _save_polygraphy(path: Path, whole: Callable[[], Any], iterations: Callable[
     return path
 
 
-def save_feeds(path: str | os.PathLike, feeds: list[dict[str, Any]], format: str = "polykit") -> Path:
-    """Write feeds as polykit's .npz (.json by suffix) or, with format="polygraphy", Polygraphy's JSON."""
-    _check_format(format)
+def save_feeds(path: str | os.PathLike, feeds: list[dict[str, Any]], format: str | None = None) -> Path:
+    """Write feeds (a list of feed dicts) in `save_format(path, format)`."""
     path = Path(path)
-    if format == "polygraphy":
+    if save_format(path, format) == "polygraphy":
         encoded = lambda: polygraphy_json.encode_feeds(feeds)  # noqa: E731
         return _save_polygraphy(path, encoded, encoded)
     if path.suffix == ".json":
@@ -129,13 +139,12 @@ def save_feeds(path: str | os.PathLike, feeds: list[dict[str, Any]], format: str
     return _write_npz(path, npz_format.feed_members(feeds))
 
 
-def save_outputs(path: str | os.PathLike, outputs: Mapping[str, list[dict[str, Any]]], format: str = "polykit",
+def save_outputs(path: str | os.PathLike, outputs: Mapping[str, list[dict[str, Any]]], format: str | None = None,
                  times: Mapping[str, list[float]] | None = None) -> Path:
-    """Save {runner name: [outputs per iteration]} (Polygraphy's RunResults with format="polygraphy",
-    `times` its runtimes in seconds)."""
-    _check_format(format)
+    """Save {runner name: [outputs per iteration]} in `save_format(path, format)` (Polygraphy's:
+    a RunResults, `times` its runtimes in seconds)."""
     path = Path(path)
-    if format == "polygraphy":
+    if save_format(path, format) == "polygraphy":
         count = max((len(its) for its in outputs.values()), default=0)
         return _save_polygraphy(path, lambda: polygraphy_json.encode_run_results(outputs, times), lambda: [
             polygraphy_json.encode_run_results({r: its[i:i + 1] for r, its in outputs.items() if i < len(its)},

@@ -256,6 +256,10 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     return paths
 
 
+#: where --with-partitioning writes the partitions without -o (Polygraphy: polygraphy_capability_dumps)
+PARTITIONS_FOLDER = "polykit_capability_dumps"
+
+
 def capability(
     model: str = typer.Argument(..., metavar="MODEL", help="an ONNX model"),
     target: Optional[str] = typer.Option(None, "--target", help="cuda|cpu (default: cuda if usable)"),
@@ -264,6 +268,9 @@ def capability(
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="DIR",
                                          help="write each supported partition as DIR/partition_<i>.onnx"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+    with_partitioning: bool = typer.Option(False, "--with-partitioning",
+                                           help="Polygraphy's spelling: write the supported partitions (to -o DIR, "
+                                                "default polykit_capability_dumps)"),
 ) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -274,6 +281,8 @@ def capability(
     from polykit.tools.cli.args import parse_input_shapes
 
     require_file(model, "model file", ModelLoadError)
+    if with_partitioning and not output:
+        output = PARTITIONS_FOLDER
     report, graph = check_capability(model, target, parse_input_shapes(input_shapes))
     files = write_partitions(graph, report, output) if output else []
     if as_json:

@@ -218,3 +218,39 @@ def test_optimize_with_fp32_layers_keeps_them_float32():
     infer_shapes(out, strict=False)
     assert out.value(soft.inputs[0]).dtype == F32
     _assert_close_to_fp32(g, out)
+
+
+def test_a_copy_between_float32_input_and_output_stays_float32_and_exact():
+    g = graph([node("Identity", ["x"], "y")], {"x": (2, 8)}, ["y"])
+    h, _ = _converted(g)
+    assert all(n.op_type != "Cast" for n in h.nodes)
+    x = np.array([[0.961234567] * 8, [1e-7] * 8], np.float32)
+    np.testing.assert_array_equal(evaluate_graph(h, {"x": x})["y"], x)
+
+
+def test_a_reshape_of_a_half_activation_stays_half():
+    g = graph([node("Relu", ["x"], "r"), node("Reshape", ["r", "s"], "t"), node("Softmax", ["t"], "y", axis=-1)],
+              {"x": (2, 8)}, ["y"], {"s": np.array([4, 4], np.int64)})
+    h, _ = _converted(g)
+    assert h.value("r").dtype == F16 and h.value("t").dtype == F16
+    _assert_close_to_fp32(g, h)
+
+
+def test_a_reshape_chain_between_float32_input_and_output_stays_float32():
+    g = graph([node("Transpose", ["x"], "t", perm=[1, 0]), node("Reshape", ["t", "s"], "y")],
+              {"x": (2, 8)}, ["y"], {"s": np.array([4, 4], np.int64)})
+    h, _ = _converted(g)
+    assert all(n.op_type != "Cast" for n in h.nodes) and h.value("t").dtype == F32
+
+
+def test_a_transpose_feeding_a_half_layer_moves_half_values():
+    g = graph([node("Transpose", ["x"], "t", perm=[1, 0]), node("Relu", ["t"], "y")], {"x": (2, 8)}, ["y"])
+    h, _ = _converted(g)
+    assert h.value("t").dtype == F16
+
+
+def test_a_gathered_weight_still_becomes_half():
+    g = graph([node("Gather", ["w", "i"], "e"), node("Relu", ["e"], "y")],
+              {"i": ((3,), np.int64)}, ["y"], {"w": _w(10, 4)})
+    h, _ = _converted(g)
+    assert h.initializers["w"].dtype == F16 and h.value("e").dtype == F16

@@ -121,7 +121,7 @@ def test_the_script_builds_runners_from_loaders_with_only_the_options_given(tmp_
                  "h1", "--save-engine", str(tmp_path / "m.plan"), "--gen-script", str(script)]) == 0
     text = script.read_text()
     assert (f"PolykitRunner(EngineFromPlan(SaveEngine(PlanFromOnnx({MLP!r}, BuilderConfig(target='cpu', fp16=True, "
-            f"expose_tensors=('h1',))), {str(tmp_path / 'm.plan')!r})), name='trt')") in text
+            f"expose_tensors=('h1',), force_marks=True)), {str(tmp_path / 'm.plan')!r})), name='trt')") in text
     assert f"OnnxrtRunner(SessionFromOnnx(ModifyOutputs({MLP!r}, outputs=['h1'])), name='onnxrt')" in text
     assert "CompareOptions(atol={'': 0.001})" in text and "sys.exit(main())" in text
     assert not (tmp_path / "m.plan").exists()  # --gen-script writes the script and runs nothing

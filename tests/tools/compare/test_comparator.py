@@ -56,6 +56,22 @@ def test_differing_runner_fails_on_that_output():
     assert (pair.reference, pair.runner, out.name) == ("a", "b", "y")
 
 
+def test_report_is_truthy_exactly_when_the_comparison_passed():
+    """Polygraphy's accuracy gate, `assert bool(Comparator.compare_accuracy(results))`."""
+    passing = Comparator.compare_accuracy(Comparator.run([FakeRunner("a"), FakeRunner("b")]))
+    failing = Comparator.compare_accuracy(Comparator.run([FakeRunner("a"), FakeRunner("b", scale=1.1)]))
+    assert bool(passing) and bool(passing.pairs[0])
+    assert not bool(failing) and not bool(failing.pairs[0])
+    with pytest.raises(AssertionError):
+        assert bool(failing)
+
+
+def test_report_with_a_validate_problem_is_falsy():
+    results = RunResults(feeds=[{}])
+    results.add("a", [{"y": np.array([1.0, np.nan])}])
+    assert not Comparator.compare_accuracy(results, validate=True)
+
+
 def test_missing_output_is_an_explicit_failure():
     results = Comparator.run([FakeRunner("a", outputs=("y", "z")), FakeRunner("b", outputs=("y",))])
     [(_, out)] = Comparator.compare_accuracy(results).failures()

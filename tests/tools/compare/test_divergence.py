@@ -56,8 +56,8 @@ def test_a_perturbed_node_fused_with_its_activation_is_named_in_the_region(tmp_p
     model, bad = convnet(tmp_path / "good.onnx"), convnet(tmp_path / "bad.onnx", perturb="w2")
     out, feeds = str(tmp_path / "layers.npz"), str(tmp_path / "feeds.npz")
     assert _run(capsys, "run", model, "--onnxrt", "--mark-all", "--save-outputs", out, "--save-inputs", feeds)[0] == 0
-    code, doc = _run(capsys, "run", bad, "--trt", *CPU, "--mark-all", "--load-outputs", out, "--load-inputs", feeds,
-                     "--json")
+    code, doc = _run(capsys, "run", bad, "--trt", *CPU, "--mark-all", "--observe-marks", "--load-outputs", out,
+                     "--load-inputs", feeds, "--json")
     doc = json.loads(doc)
     assert code == 1 and doc["first_divergence"]["tensor"] == "r2"
     assert doc["first_divergence"]["region"] == [{"node": "conv2", "op": "Conv"}, {"node": "relu2", "op": "Relu"}]
@@ -67,7 +67,7 @@ def test_a_perturbed_node_fused_with_its_activation_is_named_in_the_region(tmp_p
 @pytest.mark.usefixtures("fault_plugin")
 def test_a_faulty_polykit_layer_is_the_first_divergence_against_onnxruntime(tmp_path, capsys, monkeypatch):
     model = convnet(tmp_path / "c.onnx")
-    args = ("run", model, "--onnxrt", "--trt", *CPU, "--builder-optimization-level", "0", "--mark-all")
+    args = ("run", model, "--onnxrt", "--trt", *CPU, "--builder-optimization-level", "0", "--mark-all", "--observe-marks")
     assert _run(capsys, *args)[0] == 0
     monkeypatch.setenv("POLYKIT_FAULT_LAYERS", "^conv3$")
     code, text = _run(capsys, *args)
@@ -82,7 +82,7 @@ def test_a_faulty_polykit_layer_is_the_first_divergence_against_onnxruntime(tmp_
 
 def test_default_text_is_a_line_per_pair_and_the_first_divergence_not_every_tensor(tmp_path, capsys):
     model = convnet(tmp_path / "c.onnx", size=8)
-    code, text = _run(capsys, "run", model, "--trt", *CPU, "--onnxrt", "--mark-all")
+    code, text = _run(capsys, "run", model, "--trt", *CPU, "--onnxrt", "--mark-all", "--observe-marks")
     assert code == 0
     assert "onnxrt vs trt (reference), iteration 0: 7 tensor(s) compared, 0 differ, 3 not compared" in text
     assert "r1: PASSED" not in text and "no divergence: every compared tensor agrees" in text
@@ -91,7 +91,7 @@ def test_default_text_is_a_line_per_pair_and_the_first_divergence_not_every_tens
 
 def test_verbose_lists_every_tensor_in_topological_order_and_the_fused_away_ones(tmp_path, capsys):
     model = convnet(tmp_path / "c.onnx", size=8)
-    code, text = _run(capsys, "run", model, "--trt", *CPU, "--onnxrt", "--mark-all", "-v")
+    code, text = _run(capsys, "run", model, "--trt", *CPU, "--onnxrt", "--mark-all", "--observe-marks", "-v")
     rows = [line.split(":")[0].strip() for line in text.splitlines() if line.endswith(": PASSED")]
     assert code == 0 and rows == ["r1", "r2", "c3", "g", "f", "logits", "probs"]
     assert "not compared: c1, c2, m" in text
@@ -106,10 +106,34 @@ def test_quiet_prints_only_the_summary_line(tmp_path, capsys, marked):
 
 def test_mark_names_tensors_and_a_fused_one_is_reported_not_compared(tmp_path, capsys):
     model = convnet(tmp_path / "c.onnx", size=8)
-    code, doc = _run(capsys, "run", model, "--onnxrt", "--trt", *CPU, "--mark", "c2", "c3", "--json")
+    code, doc = _run(capsys, "run", model, "--onnxrt", "--trt", *CPU, "--mark", "c2", "c3", "--observe-marks", "--json")
     doc = json.loads(doc)
     assert code == 0 and [l["tensor"] for l in doc["layers"]] == ["c3", "probs"]
     assert doc["fused_away"] == ["c2"] and doc["first_divergence"] is None
+
+
+def test_marks_are_forced_by_default_so_every_marked_tensor_is_compared(tmp_path, capsys):
+    """Polygraphy's `--trt-outputs mark all`: the plan is built with every tensor an output."""
+    model = convnet(tmp_path / "c.onnx", size=8)
+    code, doc = _run(capsys, "run", model, "--onnxrt", "--trt", *CPU, "--mark", "c2", "c3", "--json")
+    doc = json.loads(doc)
+    assert code == 0 and [l["tensor"] for l in doc["layers"]] == ["c2", "c3", "probs"] and doc["fused_away"] == []
+    for spelling in (["--trt-outputs", "mark", "all", "--onnx-outputs", "mark", "all"], ["--trt-outputs", "*"],
+                     ["--mark-all"]):
+        code, doc = _run(capsys, "run", model, "--trt", *CPU, "--onnxrt", *spelling, "--json")
+        doc = json.loads(doc)
+        assert code == 0 and doc["fused_away"] == [], spelling
+        assert [l["tensor"] for l in doc["layers"]] == ["c1", "r1", "c2", "r2", "c3", "g", "f", "m", "logits", "probs"]
+
+
+def test_a_perturbed_node_is_named_itself_when_marks_are_forced(tmp_path, capsys):
+    model, bad = convnet(tmp_path / "good.onnx"), convnet(tmp_path / "bad.onnx", perturb="w2")
+    out, feeds = str(tmp_path / "layers.npz"), str(tmp_path / "feeds.npz")
+    assert _run(capsys, "run", model, "--onnxrt", "--mark-all", "--save-outputs", out, "--save-inputs", feeds)[0] == 0
+    code, doc = _run(capsys, "run", bad, "--trt", *CPU, "--trt-outputs", "mark", "all", "--load-outputs", out,
+                     "--load-inputs", feeds, "--json")
+    doc = json.loads(doc)
+    assert code == 1 and doc["first_divergence"]["tensor"] == "c2" and doc["first_divergence"]["node"] == "conv2"
 
 
 def test_plain_outputs_keep_the_full_report_and_a_null_first_divergence(tmp_path, capsys):

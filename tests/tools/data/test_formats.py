@@ -30,9 +30,17 @@ def test_polygraphy_files_and_folders_are_told_apart_from_polykits(path, fmt, ki
 
 def test_polykit_files_are_read_by_their_own_reader(tmp_path):
     assert formats.read_saved(save_feeds(tmp_path / "in.npz", FEEDS))[0] == "npz"
-    assert formats.read_saved(save_feeds(tmp_path / "in.json", FEEDS))[0] == "polykit-json"
-    fmt, data = formats.read_saved(save_outputs(tmp_path / "out.json", {"trt": FEEDS}))
+    assert formats.read_saved(save_feeds(tmp_path / "in.json", FEEDS, "polykit"))[0] == "polykit-json"
+    fmt, data = formats.read_saved(save_outputs(tmp_path / "out.json", {"trt": FEEDS}, "polykit"))
     assert (fmt, data.kind, data.groups[0].runner) == ("polykit-json", "outputs", "trt")
+
+
+def test_a_json_path_gets_polygraphys_format_by_default(tmp_path):
+    fmt, data = formats.read_saved(save_feeds(tmp_path / "in.json", FEEDS))
+    assert (fmt, data.kind) == ("polygraphy-json", "feeds")
+    fmt, data = formats.read_saved(save_outputs(tmp_path / "out.json", {"trt": FEEDS}))
+    assert (fmt, data.kind, data.groups[0].runner) == ("polygraphy-json", "outputs", "trt")
+    assert formats.read_saved(save_feeds(tmp_path / "in.npz", FEEDS))[0] == "npz"
 
 
 def test_the_first_bytes_win_over_the_suffix(tmp_path):
@@ -58,7 +66,7 @@ def test_polykits_json_never_reaches_polygraphys_reader(monkeypatch, tmp_path):
         raise AssertionError("Polygraphy's reader was asked too")
 
     monkeypatch.setattr(polygraphy_json, "from_document", refuse)
-    assert formats.read_saved(save_feeds(tmp_path / "in.json", FEEDS))[0] == "polykit-json"
+    assert formats.read_saved(save_feeds(tmp_path / "in.json", FEEDS, "polykit"))[0] == "polykit-json"
 
 
 def test_a_polygraphy_array_among_polykits_says_the_file_mixes_formats(tmp_path):

@@ -101,7 +101,8 @@ def test_an_npy_with_only_nan_has_no_statistics_but_counts(tmp_path, capsys):
 def test_bfloat16_arrays_have_statistics(tmp_path):
     import ml_dtypes
 
-    path = save_outputs(tmp_path / "out.json", {"trt": [{"h": np.array([1.5, -2.0, np.inf], ml_dtypes.bfloat16)}]})
+    path = save_outputs(tmp_path / "out.json", {"trt": [{"h": np.array([1.5, -2.0, np.inf], ml_dtypes.bfloat16)}]},
+                        "polykit")
     t = describe_data(path)["groups"][0]["tensors"][0]
     assert t["dtype"] == "bfloat16" and (t["min"], t["max"], t["inf"]) == (-2.0, 1.5, 1)
 

@@ -167,8 +167,10 @@ def test_scalar_bfloat16_and_bool_outputs_round_trip_through_json(tmp_path):
     import ml_dtypes
 
     outs = {"trt": [{"s": np.float32(1.5), "b": np.array([True, False]), "h": np.array([1.5], ml_dtypes.bfloat16)}]}
-    back = load_outputs(save_outputs(tmp_path / "o.json", outs))["trt"][0]
+    back = load_outputs(save_outputs(tmp_path / "o.json", outs, "polykit"))["trt"][0]
     assert back["s"].shape == () and back["b"].dtype == np.bool_ and back["h"].dtype == ml_dtypes.bfloat16
+    exact = load_outputs(save_outputs(tmp_path / "p.json", outs))["trt"][0]  # Polygraphy's: bfloat16 as float32
+    assert exact["s"].shape == () and exact["b"].dtype == np.bool_ and exact["h"].dtype == np.float32
 
 
 def test_a_plain_name_keyed_npz_is_one_feed(tmp_path):
