@@ -66,6 +66,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "polykit.kernels.builtin",
     "polykit.backends.builtin",
     "polykit.tools.builtin",
+    "polykit.compat.builtin",
     "polykit.tools.conformance",
 )
 _OPTIONAL_BUILTINS = frozenset({"polykit.tools.conformance"})

@@ -154,7 +154,12 @@ def _log_file(argv: list[str]) -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `polykit` console script; returns (and exits with) the exit code."""
-    argv = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "debug" in argv:  # --check takes the rest of the line, as in Polygraphy: kept out of the rewriting below
+        from polykit.tools.cli.debug import fold_check_command
+
+        argv = fold_check_command(argv)
+    argv = hoist_global_options(argv)
     restore = _configure_logging(argv.count("-v") + 2 * argv.count("-vv") + 3 * argv.count("-vvv") +
                                  argv.count("--verbose"), any(a in ("-q", "--quiet") for a in argv))
     try:  # (configured here too: plugin warnings come before typer parses)

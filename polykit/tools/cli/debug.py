@@ -1,20 +1,56 @@
 """`polykit debug ...`: tools that find what makes a build wrong, each a thin layer over its
 Python API (whose docstring defines the search and the check): `debug tactics`
-(polykit.tools.debug.tactics), `debug reduce` (polykit.tools.debug.reduce), `debug precision`
-(polykit.tools.debug.precision). They share the options of the built-in check
-(CHECK_OPTIONS), the builder options and the comparison options; the renderers live in
-polykit.tools.debug.render."""
+(polykit.tools.debug.tactics), `debug reduce` (polykit.tools.debug.reduce), `debug build`
+(polykit.tools.debug.build), `debug precision` (polykit.tools.debug.precision). They share the
+options of the built-in check (CHECK_OPTIONS), the builder options and the comparison options;
+reduce and build also Polygraphy's iteration options (ITERATION_OPTIONS); the renderers live in
+polykit.tools.debug.render.
+
+`--check` takes the rest of the command line, as in Polygraphy (`--check polykit run
+polygraphy_debug.onnx --trt --onnxrt`), or one quoted word holding a space, polykit's form
+(`--check 'polykit run {model} --trt --onnxrt'`), after which other options may follow:
+`fold_check_command` turns the first form into the second before the app rewrites argv.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+import shlex
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional, Sequence
 
 import typer
 
-from polykit.tools.cli.args import channels_last_option, with_builder_options, with_compare_options, with_options
+from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, expand_multi_values,
+                                   with_builder_options, with_compare_options, with_options)
+
+CHECK_FLAGS = ("--check", "--check-inference")
+_WORD = re.compile(r"^(?!-)(?!.*\.onnx$).+$")
+_CODE = re.compile(r"^-?\d+$")
+#: debug options that take several values, as Polygraphy's (nargs="+")
+DEBUG_MULTI_VALUE_OPTIONS = {"--fail-regex": _WORD, "--fail-code": _CODE, "--fail-returncode": _CODE,
+                             "--ignore-fail-code": _CODE, "--ignore-fail-returncode": _CODE, "--artifacts": _WORD}
+
+
+def fold_check_command(argv: Sequence[str]) -> list[str]:
+    """`polykit [global flags] debug TOOL ... --check WORD...`: where WORD holds no space, the check
+    command is every word after --check (Polygraphy's form), given to typer as one shell-quoted
+    word so that nothing rewrites it (runner flags, -v); a WORD with a space is polykit's
+    one-word form and stays as it is. Also lets the debug options above take several values."""
+    argv = list(argv)
+    command = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if command is None or argv[command] != "debug":
+        return argv
+    at = next((i for i, word in enumerate(argv) if word in CHECK_FLAGS), None)
+    if at is None:
+        return expand_multi_values(argv, DEBUG_MULTI_VALUE_OPTIONS)
+    head = expand_multi_values(argv[:at], DEBUG_MULTI_VALUE_OPTIONS)
+    rest = argv[at + 1:]
+    if not rest or any(c.isspace() for c in rest[0]):
+        return head + argv[at:at + 2] + expand_multi_values(rest[1:], DEBUG_MULTI_VALUE_OPTIONS)
+    return head + ["--check", shlex.join(rest)]
 
 
 @dataclass(frozen=True)
@@ -76,12 +112,57 @@ CHECK_OPTIONS: list[tuple[str, Any, Any]] = [
 ]
 
 
+def iteration_setup(fail_codes: List[int] = (), ignore_fail_codes: List[int] = (), fail_regex: List[str] = (),
+                    show_output: bool = False, hide_fail_output: bool = False, artifacts: List[str] = (),
+                    artifacts_dir: str = "polygraphy_artifacts", iter_artifact: Optional[str] = None,
+                    remove_intermediate: bool = True) -> Any:
+    """(CheckRules, IterationFiles) of ITERATION_OPTIONS."""
+    from polykit.tools.debug.iteration import CheckRules, IterationFiles
+
+    return (CheckRules(tuple(fail_codes), tuple(ignore_fail_codes), tuple(fail_regex), show_output, hide_fail_output),
+            IterationFiles(iter_artifact, remove_intermediate, tuple(artifacts), artifacts_dir))
+
+
+#: (parameter, annotation, typer option) of Polygraphy's iterative-debugging options (reduce, build)
+ITERATION_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("fail_codes", List[int], typer.Option([], "--fail-code", "--fail-returncode", metavar="CODE",
+                                           help="exit codes of --check that count as failures (any other passes)")),
+    ("ignore_fail_codes", List[int], typer.Option([], "--ignore-fail-code", "--ignore-fail-returncode", metavar="CODE",
+                                                  help="exit codes of --check that count as passes")),
+    ("fail_regex", List[str], typer.Option([], "--fail-regex", metavar="REGEX",
+                                           help="a failure is a match in --check's output (stdout and stderr), "
+                                                "whatever its exit code (with --fail-code: those codes and a match)")),
+    ("show_output", bool, typer.Option(False, "--show-output", help="log --check's output for every iteration")),
+    ("hide_fail_output", bool, typer.Option(False, "--hide-fail-output",
+                                            help="do not log --check's output for failing iterations (shown with -v)")),
+    ("artifacts", List[str], typer.Option([], "--artifacts", metavar="FILE",
+                                          help="files to move after each check into good/ or bad/ under --artifacts-dir, "
+                                               "renamed with the date, time and iteration")),
+    ("artifacts_dir", str, typer.Option("polygraphy_artifacts", "--artifacts-dir", "--art-dir", metavar="DIR",
+                                        help="where --artifacts are sorted")),
+    ("iter_artifact", Optional[str], typer.Option(None, "--iter-artifact", "--intermediate-artifact", metavar="FILE",
+                                                  help="where each iteration writes the file a --check without "
+                                                       "{model} reads (reduce: polygraphy_debug.onnx, build: "
+                                                       "polygraphy_debug.engine)")),
+    ("remove_intermediate", bool, typer.Option(True, "--remove-intermediate/--no-remove-intermediate",
+                                               help="remove the --iter-artifact file after each iteration")),
+]
+
+
+def with_iteration_options(command: Any) -> Any:
+    """ITERATION_OPTIONS, received as `iteration`: (CheckRules, IterationFiles)."""
+    return with_options(command, ITERATION_OPTIONS, "iteration", iteration_setup)
+
+
 def with_debug_options(command: Any) -> Any:
     """The builder, comparison and check options (`builder_options`, `compare_settings`, `setup`)."""
     return with_builder_options(with_compare_options(with_options(command, CHECK_OPTIONS, "setup", check_setup)))
 
 
 JSON = typer.Option(False, "--json", help="print the result as JSON on stdout")
+CHECK_HELP = ("the rest of the command line (Polygraphy's form: it reads {artifact}), or one quoted command "
+              "holding {{model}}, which becomes the path of {what}; exit code 0 passes (see --fail-code, "
+              "--fail-regex)")
 REPORT = typer.Option(None, "--report", metavar="FILE.html",
                       help="also write a self-contained HTML report (every search step, the result, charts)")
 GEN_SCRIPT = typer.Option(None, "--gen-script", metavar="FILE",
@@ -149,25 +230,31 @@ def tactics(
 def reduce(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model that fails"),
     output: str = typer.Option(..., "--output", "-o", help="where to write the minimal failing subgraph"),
-    min_good: Optional[str] = typer.Option(None, "--min-good", metavar="FILE",
+    min_good: Optional[str] = typer.Option(None, "--min-good", "--minimal-good", metavar="FILE",
                                            help="also write the passing subgraph nearest to the reduced one"),
-    check: Optional[str] = typer.Option(None, "--check", metavar="CMD",
-                                        help="judge each subgraph by CMD's exit code (0: passes); {model} becomes its "
-                                             "path, {inputs} that of an .npz of its feeds"),
+    check: Optional[str] = typer.Option(None, *CHECK_FLAGS, metavar="CMD...",
+                                        help="judge each subgraph by a command: " + CHECK_HELP.format(
+                                            artifact="polygraphy_debug.onnx", what="the subgraph") +
+                                        "; {inputs} becomes that of an .npz of its feeds"),
+    mode: str = typer.Option("both", "--mode", help="bisect (binary search of the failing span, Polygraphy's "
+                                                    "default), linear (drop one node at a time) or both (polykit's "
+                                                    "default: bisect, then linear)"),
     as_json: bool = JSON,
     report_html: Optional[str] = REPORT,
     gen_script: Optional[str] = GEN_SCRIPT,
     builder_options: Any = None,
     compare_settings: Any = None,
     setup: Any = None,
+    iteration: Any = None,
 ) -> int:
     from polykit.tools.debug.reduce import ReduceOptions, debug_reduce
     from polykit.tools.debug.render import render_reduce
     from polykit.tools.cli.gen_script import DebugScript
 
     _writable(("--output", output), ("--min-good", min_good), ("--report", report_html), ("--gen-script", gen_script))
-    options = ReduceOptions(check=check, accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
-                            load_outputs=setup.load_outputs, providers=setup.providers)
+    rules, files = iteration
+    options = ReduceOptions(check=check, mode=mode, rules=rules, files=files, accuracy=setup.accuracy(compare_settings),
+                            load_inputs=setup.load_inputs, load_outputs=setup.load_outputs, providers=setup.providers)
     config = setup.config(model, builder_options, resolve=not gen_script)
     if gen_script:
         return _gen_script(DebugScript("reduce", model, config, options, output, min_good, as_json, report_html),
@@ -177,6 +264,39 @@ def reduce(
     _report(doc, report_html, "reduce", model, as_json)
     if not as_json:
         render_reduce(report, output, doc["min_good"] and doc["min_good"]["path"], bool(min_good))
+    return 0
+
+
+def build(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    until: str = typer.Option(..., "--until", help="when to stop: a number of builds, good (the first passing build) "
+                                                   "or bad (the first failing one)"),
+    check: Optional[str] = typer.Option(None, *CHECK_FLAGS, metavar="CMD...",
+                                        help="judge each build by a command: " + CHECK_HELP.format(
+                                            artifact="polygraphy_debug.engine", what="the plan") +
+                                        " (default: compare the plan's outputs with onnxruntime's)"),
+    save_tactics: Optional[str] = SAVE_TACTICS,
+    load_tactics: Optional[str] = LOAD_TACTICS,
+    as_json: bool = JSON,
+    builder_options: Any = None,
+    compare_settings: Any = None,
+    setup: Any = None,
+    iteration: Any = None,
+) -> int:
+    from polykit.tools.debug.build import BuildOptions, debug_build
+    from polykit.tools.debug.iteration import parse_until
+    from polykit.tools.debug.render import render_build
+
+    rules, files = iteration
+    options = BuildOptions(until=parse_until(until), check=check, rules=rules, files=files,
+                           accuracy=setup.accuracy(compare_settings), load_inputs=setup.load_inputs,
+                           load_outputs=setup.load_outputs, providers=setup.providers)
+    config = replace(setup.config(model, builder_options), save_tactics=save_tactics, tactic_replay=load_tactics)
+    report = debug_build(model, config, options)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        render_build(report)
     return 0
 
 
@@ -223,7 +343,11 @@ def register(app: typer.Typer) -> None:
         with_debug_options(tactics))
     debug.command("reduce", help="Shrink a failing model to a minimal failing subgraph: bisect over its nodes, then "
                                  "drop them one by one; subgraph inputs are fed the values they have in the model.")(
-        with_debug_options(reduce))
+        with_iteration_options(with_debug_options(reduce)))
+    debug.command("build", help="Build the model again and again (--until), judge each build (--check, else against "
+                                "onnxruntime) and sort --artifacts such as --save-tactics replays into good/ and bad/ "
+                                "for `polykit inspect diff-tactics`.")(
+        with_iteration_options(with_debug_options(build)))
     debug.command("precision", help="Find a small set of ONNX nodes to keep in fp32 so that an --fp16/--bf16 build "
                                     "meets the tolerances; print it as a --layer-precisions value.")(
         with_debug_options(precision))

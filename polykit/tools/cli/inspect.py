@@ -405,6 +405,7 @@ def tactics(
 def register(app: typer.Typer) -> None:
     from polykit.tools.model.capability import capability
     from polykit.tools.data.inspect import data
+    from polykit.tools.cli.diff_tactics import HELP as DIFF_TACTICS_HELP, diff_tactics
 
     inspect = typer.Typer(help="Show what a model, plan, tactic replay or data file contains.", no_args_is_help=True)
     inspect.command("model", help="I/O and op histogram of an ONNX model (--show layers: every node with its tensors); "
@@ -415,4 +416,5 @@ def register(app: typer.Typer) -> None:
                                  "shape, dtype, min/max/mean/std, NaN/Inf counts, a histogram.")(data)
     inspect.command("capability", help="Which nodes polykit's engine runs on a target, why the others not, and the "
                                        "supported partitions (-o writes each as an ONNX model).")(capability)
+    inspect.command("diff-tactics", help=DIFF_TACTICS_HELP)(diff_tactics)
     app.add_typer(inspect, name="inspect")

@@ -3,8 +3,11 @@
 The built-in check compares polykit's outputs with reference outputs computed once: from
 onnxruntime in process, or from a file of saved outputs (`--load-outputs`), with the compare
 function and tolerances of `polykit run` (`verdict`). `--check CMD` instead runs a command
-whose exit code 0 means good (`run_check`), with a placeholder such as {tactics} or {model}
-replaced by the path of the trial's file.
+whose exit code 0 means good (`run_check`; --fail-code, --fail-regex and the like change
+that: polykit.tools.debug.iteration.CheckRules), with a placeholder such as {tactics} or {model}
+replaced by the path of the trial's file. `debug reduce` and `debug build` also take a command
+without a placeholder, Polygraphy's form: it reads the file each iteration writes at a fixed
+path (`command_argv`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,31 @@ import logging
 import os
 import shlex
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from polykit.errors import UsageError
+from polykit.tools.compare.accuracy import AccuracySettings
+from polykit.tools.debug.iteration import CheckRules, IterationFiles
 from polykit.tools.debug.tactic_bisect import Verdict
 
 log = logging.getLogger("polykit")
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """The check of `debug reduce` and `debug build`: `check`, a command judged by `rules`, with
+    the iteration's files (`files`); else the built-in comparison steered by `accuracy` against
+    onnxruntime with `providers` (or `load_outputs`) on `load_inputs` or the data loader's feeds."""
+
+    check: str | None = None
+    rules: CheckRules = field(default_factory=CheckRules)
+    files: IterationFiles = field(default_factory=IterationFiles)
+    accuracy: AccuracySettings = field(default_factory=AccuracySettings)
+    load_inputs: str | os.PathLike | None = None
+    load_outputs: str | os.PathLike | None = None
+    providers: tuple[str, ...] = ()
 
 
 def onnxrt_outputs(model: Any, feeds: list[dict[str, Any]], providers: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -74,18 +95,29 @@ def error_json(verdict: Verdict) -> dict[str, Any] | None:
 
 def check_argv(command: str, placeholder: str, example: str) -> list[str]:
     """The words of a --check command; UsageError unless one holds `placeholder`."""
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise UsageError(f"--check {command!r} is not a command line: {exc}") from None
-    if not any(placeholder in arg for arg in argv):
+    argv, has_placeholder = command_argv(command, placeholder)
+    if not has_placeholder:
         raise UsageError(f"--check {command!r} has no {placeholder}, so it cannot see what to check",
                          hint=f"e.g. --check '{example}'")
     return argv
 
 
-def run_check(argv: Sequence[str], replacements: dict[str, str], example: str) -> Verdict:
-    """Run a --check command with each placeholder replaced; exit code 0 passes."""
+def command_argv(command: str, placeholder: str) -> tuple[list[str], bool]:
+    """The words of a --check command and whether it holds `placeholder` (else it reads the
+    iteration artifact at its fixed path, Polygraphy's form)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise UsageError(f"--check {command!r} is not a command line: {exc}") from None
+    if not argv:
+        raise UsageError("--check has no command", hint="e.g. --check polykit run polygraphy_debug.onnx --trt --onnxrt")
+    return argv, any(placeholder in arg for arg in argv)
+
+
+def run_check(argv: Sequence[str], replacements: dict[str, str], example: str, rules: CheckRules = CheckRules()
+              ) -> Verdict:
+    """Run a --check command with each placeholder replaced; judged by `rules` (by default exit
+    code 0 passes)."""
     args = list(argv)
     for placeholder, value in replacements.items():
         args = [arg.replace(placeholder, value) for arg in args]
@@ -94,17 +126,25 @@ def run_check(argv: Sequence[str], replacements: dict[str, str], example: str) -
     except OSError as exc:
         raise UsageError(f"--check cannot run {args[0]!r}: {exc.strerror or exc}",
                          hint=f"give a command found on PATH, e.g. --check '{example}'") from exc
+    passed = rules.passed(done.returncode, done.stdout + done.stderr)
     log.debug("--check %s: exit code %d\n%s%s", shlex.join(args), done.returncode, done.stdout, done.stderr)
-    last = (done.stderr or done.stdout).strip().splitlines()[-1:]
-    return Verdict(done.returncode == 0, detail=f"exit code {done.returncode}" + (f": {last[0]}" if last else ""))
+    rules.log_output(passed, shlex.join(args), done.stdout + done.stderr)
+    pattern = rules.matched(done.stdout + done.stderr)
+    last = [f"the output matches --fail-regex {pattern!r}"] if pattern else \
+        (done.stderr or done.stdout).strip().splitlines()[-1:]
+    return Verdict(passed, detail=f"exit code {done.returncode}" + (f": {last[0]}" if last else ""))
 
 
-def refuse_check_conflicts(check: str | None, placeholder: str, example: str, **given: Any) -> None:
-    """With --check: its command is valid, and no option of the built-in check (`given`:
-    option -> value, e.g. load_outputs=...) is set."""
+def refuse_check_conflicts(check: str | None, placeholder: str, example: str, placeholder_required: bool = True,
+                           **given: Any) -> None:
+    """With --check: its command is valid (holds `placeholder` where required), and no option of
+    the built-in check (`given`: option -> value, e.g. load_outputs=...) is set."""
     if check is None:
         return
-    check_argv(check, placeholder, example)
+    if placeholder_required:
+        check_argv(check, placeholder, example)
+    else:
+        command_argv(check, placeholder)
     flags = ["--" + name.replace("_", "-") for name, value in given.items() if value is not None]
     if flags:
         raise UsageError(f"{', '.join(flags)} steer(s) the built-in check, which --check replaces",

@@ -17,7 +17,11 @@ The built-in check builds each candidate with polykit in process (`config`; one 
 check) and compares its outputs with their cached reference values (compare function and
 tolerances of `polykit run`). A candidate polykit cannot build or run does not show the
 failure. With `check`, a command runs instead: {model} becomes the path of the candidate,
-{inputs} that of an .npz of its feeds (polykit's format), and exit code 0 means it passes.
+{inputs} that of an .npz of its feeds (polykit's format), and exit code 0 means it passes
+(`rules` change that). A command without {model} is Polygraphy's form: each candidate is
+written to the iteration artifact (`files.iter_artifact`, default polygraphy_debug.onnx) for it
+to read. After each check the files of `files.artifacts` are sorted into good/ and bad/
+(polykit.tools.debug.iteration).
 """
 
 from __future__ import annotations
@@ -25,35 +29,32 @@ from __future__ import annotations
 import os
 import tempfile
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import PolykitError, UsageError
 from polykit.tools.compare.accuracy import AccuracySettings
-from polykit.tools.debug.check import (check_argv, error_json, refuse_check_conflicts, run_check, saved_reference,
-                                       verdict)
-from polykit.tools.debug.reduce_search import reduce_nodes
+from polykit.tools.debug.check import (CheckOptions, command_argv, error_json, refuse_check_conflicts, run_check,
+                                       saved_reference, verdict)
+from polykit.tools.debug.iteration import IterationFiles
+from polykit.tools.debug.reduce_search import reduce_nodes, require_mode
 from polykit.compiler.ir.subgraphs import outer_names
 from polykit.tools.model.subgraph import Extractor, TensorSpec
 from polykit.tools.debug.tactic_bisect import Verdict
 
 MODEL_PLACEHOLDER, INPUTS_PLACEHOLDER = "{model}", "{inputs}"
 CHECK_EXAMPLE = "polykit run {model} --trt --onnxrt --load-inputs {inputs}"
+ITER_ARTIFACT = "polygraphy_debug.onnx"
 
 
 @dataclass(frozen=True)
-class ReduceOptions:
-    """check: a command with {model} (and optionally {inputs}), else the built-in comparison,
-    steered by `accuracy`, against onnxruntime with `providers` (and `load_outputs` where it
-    has a tensor), on `load_inputs` or the data loader's feeds."""
+class ReduceOptions(CheckOptions):
+    """The check (CheckOptions; a command: module docstring, with {model} and optionally
+    {inputs}, or reading the iteration artifact) and `mode`, the search (reduce_search.MODES)."""
 
-    check: str | None = None
-    accuracy: AccuracySettings = field(default_factory=AccuracySettings)
-    load_inputs: str | os.PathLike | None = None
-    load_outputs: str | os.PathLike | None = None
-    providers: tuple[str, ...] = ()
+    mode: str = "both"
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
     if model_type(model) == "plan":
         raise UsageError("debug reduce cuts subgraphs out of the ONNX model: it needs the ONNX model, not a plan",
                          where=str(model), hint="give the ONNX model the plan was built from")
-    refuse_check_conflicts(options.check, MODEL_PLACEHOLDER, CHECK_EXAMPLE, load_outputs=options.load_outputs)
+    require_mode(options.mode)
+    refuse_check_conflicts(options.check, MODEL_PLACEHOLDER, CHECK_EXAMPLE, placeholder_required=False,
+                           load_outputs=options.load_outputs)
     config = config or BuilderConfig()
     subgraphs = Subgraphs(_model_proto(model))
     needs_values = options.check is None or INPUTS_PLACEHOLDER in options.check
@@ -150,10 +153,10 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
         advance = stack.enter_context(progress_bar(None, "debug reduce"))
         stack.callback(SHOW_BUILD_PROGRESS.reset, SHOW_BUILD_PROGRESS.set(False))
         if options.check is not None:
-            check: Any = CommandCheck(subgraphs, options.check, Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            check: Any = CommandCheck(subgraphs, options, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         else:
             check = BuiltinCheck(subgraphs, config, options.accuracy)
-        result = reduce_nodes(len(subgraphs.order), _Progress(check, advance))
+        result = reduce_nodes(len(subgraphs.order), _Progress(check, advance, options.files), options.mode)
     near = result.nearest_passing(lambda nodes: nodes not in check.unchecked)
     names = [subgraphs.nodes[i].name for i in subgraphs.order]
     return ReduceReport(subgraphs.candidate(result.nodes), result.verdict,
@@ -274,13 +277,17 @@ class BuiltinCheck:
 
 
 class CommandCheck:
-    """`--check CMD`: each candidate written to `folder` ({model}), its feeds too ({inputs})."""
+    """`--check CMD`: each candidate written to `folder` ({model}) or to the iteration artifact
+    (a CMD without {model}, or --iter-artifact given), its feeds to `folder` ({inputs})."""
 
     builds = 0  # the command builds what it runs
 
-    def __init__(self, subgraphs: Subgraphs, command: str, folder: Path):
+    def __init__(self, subgraphs: Subgraphs, options: ReduceOptions, folder: Path):
         self.subgraphs, self.folder, self.count = subgraphs, folder, 0
-        self.argv = check_argv(command, MODEL_PLACEHOLDER, CHECK_EXAMPLE)
+        self.argv, placeholder = command_argv(options.check, MODEL_PLACEHOLDER)
+        self.rules, self.files = options.rules, options.files
+        fixed = not placeholder or options.files.iter_artifact is not None
+        self.artifact = options.files.claim(ITER_ARTIFACT) if fixed else None
         self.unchecked: set[tuple[int, ...]] = set()
 
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
@@ -289,22 +296,27 @@ class CommandCheck:
 
         self.count += 1
         candidate = self.subgraphs.candidate(nodes)
-        path = save_model(candidate.model, self.folder / f"candidate-{self.count}.onnx")
+        path = save_model(candidate.model, self.artifact or self.folder / f"candidate-{self.count}.onnx")
         replacements = {MODEL_PLACEHOLDER: str(path)}
         if candidate.feeds:
             replacements[INPUTS_PLACEHOLDER] = str(results_io.save_feeds(self.folder / f"candidate-{self.count}.npz",
                                                                          list(candidate.feeds)))
-        return run_check(self.argv, replacements, CHECK_EXAMPLE)
+        try:
+            return run_check(self.argv, replacements, CHECK_EXAMPLE, self.rules)
+        finally:
+            if self.artifact is not None:
+                self.files.done(self.artifact)
 
 
 class _Progress:
-    """A check that reports each trial to the progress display."""
+    """A check that reports each trial to the progress display and sorts the --artifacts files."""
 
-    def __init__(self, check: Any, advance: Any):
-        self.check, self.advance, self.count = check, advance, 0
+    def __init__(self, check: Any, advance: Any, files: IterationFiles):
+        self.check, self.advance, self.files, self.count = check, advance, files, 0
 
     def __call__(self, nodes: tuple[int, ...]) -> Verdict:
         verdict = self.check(nodes)
+        self.files.sort(verdict.passed, self.count)
         self.count += 1
         self.advance(f"check {self.count}: {len(nodes)} node(s) {'pass' if verdict.passed else 'fail'}")
         return verdict

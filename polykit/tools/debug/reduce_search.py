@@ -1,9 +1,12 @@
 """Delta debugging over the nodes of a model: a small set of nodes that still fails a check.
 
-`reduce_nodes(count, check)` takes the number of nodes (indices 0..count-1 in topological
-order) and a check of a set of them (the subgraph those nodes make, its inputs fed with the
-values they have in the full model): Verdict.passed False means the subgraph still shows the
-failure. The full set must fail. Then:
+`reduce_nodes(count, check, mode)` takes the number of nodes (indices 0..count-1 in
+topological order) and a check of a set of them (the subgraph those nodes make, its inputs fed
+with the values they have in the full model): Verdict.passed False means the subgraph still
+shows the failure. When the full set passes there is nothing to reduce: the result is the full
+set with its passing verdict (Polygraphy's `debug reduce` also ends normally then). Else, by
+`mode` ("bisect": steps 1 and 2, Polygraphy's default; "linear": step 3 over every node, one
+trial per node; "both", polykit's default: 1, 2 and 3):
 
 1. Bisection for the first node the failure needs: the largest `lo` such that nodes
    lo..count-1 fail (binary search: the nodes before a culprit see exact inputs, so a range
@@ -52,16 +55,36 @@ class ReduceResult:
         return min(passing, key=lambda t: (len(want.symmetric_difference(t[0])), len(t[0])), default=None)
 
 
-def reduce_nodes(count: int, check: NodeCheck) -> ReduceResult:
-    """The minimal failing set of nodes 0..count-1 (module docstring); UsageError when the
-    model has no nodes or the full set passes (there is no failure to reduce)."""
+#: the values of reduce_nodes' `mode` (and of `debug reduce --mode`)
+MODES = ("both", "bisect", "linear")
+
+
+def require_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise UsageError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+
+
+def reduce_nodes(count: int, check: NodeCheck, mode: str = "both") -> ReduceResult:
+    """The minimal failing set of nodes 0..count-1 (module docstring; the full set when it
+    passes); UsageError when the model has no nodes or `mode` is unknown."""
     if count < 1:
         raise UsageError("the model has no nodes to reduce")
+    require_mode(mode)
     search = _Search(check)
     full = search.trial(range(count))
     if full.passed:
-        raise UsageError(f"the model passes the check ({full.detail or 'no failure'}): there is nothing to reduce",
-                         hint="tighten the tolerances (--atol/--rtol), or give the --check command that fails")
+        return ReduceResult(tuple(range(count)), full, search.history())
+    kept = _bisect(search, count) if mode != "linear" else list(range(count))
+    if mode != "bisect":
+        for node in list(kept):
+            if len(kept) > 1 and not search.trial([n for n in kept if n != node]).passed:
+                kept.remove(node)
+    nodes = tuple(kept)
+    return ReduceResult(nodes, search.trial(nodes), search.history())
+
+
+def _bisect(search: "_Search", count: int) -> list[int]:
+    """Steps 1 and 2: the span lo..hi of the module docstring."""
     low, high = 0, count - 1
     while low < high:  # largest lo with lo..count-1 failing
         mid = (low + high + 1) // 2
@@ -71,12 +94,7 @@ def reduce_nodes(count: int, check: NodeCheck) -> ReduceResult:
     while low < high:  # smallest hi with lo..hi failing
         mid = (low + high) // 2
         low, high = (low, mid) if not search.trial(range(lo, mid + 1)).passed else (mid + 1, high)
-    kept = list(range(lo, low + 1))
-    for node in list(kept):
-        if len(kept) > 1 and not search.trial([n for n in kept if n != node]).passed:
-            kept.remove(node)
-    nodes = tuple(kept)
-    return ReduceResult(nodes, search.trial(nodes), search.history())
+    return list(range(lo, low + 1))
 
 
 class _Search:

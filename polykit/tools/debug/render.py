@@ -81,6 +81,10 @@ def render_reduce(report: Any, output: str, min_good: Optional[str], asked_min_g
 
     console = _console()
     graph = report.reduced.model.graph
+    if report.verdict.passed:
+        console.print(f"debug reduce: the model passes the check ({escape(report.verdict.detail or 'no failure')}): "
+                      f"nothing to reduce; wrote it unchanged to {escape(output)}", soft_wrap=True)
+        return
     if _quiet():
         console.print(f"debug reduce: {report.total_nodes} node(s) -> {len(graph.node)}; reduced model "
                       f"{_verdict(report.verdict)}; wrote {escape(output)}" + (f" and {escape(min_good)}" if min_good else ""), soft_wrap=True)
@@ -99,6 +103,19 @@ def render_reduce(report: Any, output: str, min_good: Optional[str], asked_min_g
                       f"{escape(min_good)}")
     elif asked_min_good:
         console.print("--min-good: no check passed a subgraph near the reduced one; nothing written")
+
+
+def render_build(report: Any) -> None:
+    """One line per build (passed or failed, and where its artifacts went), then the pass rate."""
+    from rich.markup import escape
+
+    console = _console()
+    for it in report.iterations:
+        if not _quiet():
+            moved = f"; {escape(', '.join(it.sorted))}" if it.sorted else ""
+            console.print(f"build {it.iteration + 1}: {_verdict(it.verdict)}{moved}", soft_wrap=True)
+    total = len(report.iterations)
+    console.print(f"debug build: {report.passed} of {total} build(s) passed")
 
 
 def render_precision(report: Any, model: str, output: Optional[str]) -> None:

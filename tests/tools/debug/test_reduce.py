@@ -179,8 +179,10 @@ def test_the_python_api_returns_the_reduced_model_and_its_feeds(monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "there is nothing to reduce"),
-    (["--check", "true"], "has no {model}"),
+    (["--mode", "fast"], "--mode 'fast' is not one of both, bisect, linear"),
+    (["--check", "run '{model}"], "is not a command line"),
+    (["--fail-regex", "(", "--check", "true"], "--fail-regex '(' is not a regular expression"),
+    (["--fail-code", "1", "--ignore-fail-code", "2", "--check", "true"], "--fail-code and --ignore-fail-code exclude"),
     (["--check", "run {model}", "--load-outputs", "x.npz"], "--load-outputs steer(s) the built-in check"),
 ])
 def test_bad_input_is_a_usage_error(tmp_path, capsys, args, message):
@@ -194,3 +196,53 @@ def test_a_plan_file_is_refused(tmp_path, capsys):
     assert main(["convert", MLP, "-o", str(plan), "--target", "cpu"]) == 0
     assert main(["debug", "reduce", str(plan), "-o", str(tmp_path / "r.onnx")]) == 2
     assert "needs the ONNX model, not a plan" in capsys.readouterr().err
+
+
+def _mul_add_add(path) -> str:
+    """Polygraphy's debug/02 model, small: Y = x0 + (a * x1 + b)."""
+    a, b = (numpy_helper.from_array(np.full((1, 3, 2, 2), v, np.float32), n) for n, v in (("a", 2.0), ("b", 1.0)))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 3, 2, 2]) for n in ("x0", "x1", "Y")]
+    nodes = [helper.make_node("Mul", ["a", "x1"], ["mul_out"]), helper.make_node("Add", ["mul_out", "b"], ["add_out"]),
+             helper.make_node("Add", ["x0", "add_out"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", io[:2], io[2:], [a, b])
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), path)
+
+
+#: prints the op of each node of polygraphy_debug.onnx, exits 0
+PRINT_OPS = [sys.executable, "-c", "import onnx; [print('Op:', n.op_type) for n in onnx.load("
+                                   "'polygraphy_debug.onnx').graph.node]"]
+
+
+@pytest.mark.parametrize("mode, checks", [("bisect", 4), ("linear", 4), ("both", 4)])
+def test_a_check_that_reads_polygraphy_debug_onnx_with_a_fail_regex_isolates_the_mul(tmp_path, monkeypatch, capsys,
+                                                                                    mode, checks):
+    monkeypatch.chdir(tmp_path)
+    model = _mul_add_add(tmp_path / "model.onnx")
+    assert main(["debug", "reduce", model, "-o", "reduced.onnx", f"--mode={mode}", "--fail-regex", "Op: Mul",
+                 "--json", "--check", *PRINT_OPS]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reduced"]["ops"] == ["Mul"] and doc["checks"] == checks and doc["builds"] == 0
+    assert "matches --fail-regex 'Op: Mul'" in doc["reduced"]["detail"]
+    assert [n.op_type for n in onnx.load("reduced.onnx").graph.node] == ["Mul"]
+    assert not (tmp_path / "polygraphy_debug.onnx").exists()  # removed after each iteration
+
+
+def test_artifacts_of_each_check_are_sorted_and_the_iteration_artifact_can_be_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    model = _mul_add_add(tmp_path / "model.onnx")
+    write_ops = [sys.executable, "-c", "import onnx, sys; ops = [n.op_type for n in onnx.load('it.onnx').graph.node]; "
+                                       "open('ops.txt', 'w').write(' '.join(ops)); sys.exit('Mul' in ops)"]
+    assert main(["debug", "reduce", model, "-o", "r.onnx", "--iter-artifact", "it.onnx", "--no-remove-intermediate",
+                 "--artifacts", "ops.txt", "--artifacts-dir", "arts", "--check", *write_ops]) == 0
+    bad = sorted(p.read_text() for p in (tmp_path / "arts" / "bad").iterdir())
+    good = sorted(p.read_text() for p in (tmp_path / "arts" / "good").iterdir())
+    assert "Mul Add Add" in bad and "Mul" in bad and good and all("Mul" not in ops for ops in good)
+    assert (tmp_path / "it.onnx").exists()
+
+
+def test_a_model_that_passes_exits_0_and_is_written_unchanged(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    model = _mul_add_add(tmp_path / "model.onnx")
+    assert main(["debug", "reduce", model, "-o", "r.onnx", "--check", *PRINT_OPS]) == 0
+    assert "the model passes the check" in capsys.readouterr().out
+    assert [n.op_type for n in onnx.load("r.onnx").graph.node] == ["Mul", "Add", "Add"]

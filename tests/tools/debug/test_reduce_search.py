@@ -56,8 +56,18 @@ def test_nearest_passing_leaves_out_trials_that_could_not_be_checked():
     assert result.nearest_passing(lambda nodes: False) is None
 
 
-def test_a_model_that_passes_has_nothing_to_reduce():
-    with pytest.raises(UsageError, match="nothing to reduce"):
-        reduce_nodes(8, lambda nodes: Verdict(True))
+def test_a_model_that_passes_is_returned_whole_with_its_passing_verdict():
+    result = reduce_nodes(8, lambda nodes: Verdict(True))
+    assert result.nodes == tuple(range(8)) and result.verdict.passed and result.checks == 1
     with pytest.raises(UsageError, match="no nodes"):
         reduce_nodes(0, FakeCheck(set()))
+
+
+def test_bisect_mode_stops_at_the_failing_span_and_linear_mode_drops_each_node_in_turn():
+    check = FakeCheck({3, 5})  # fails only when nodes 3 and 5 are both kept
+    assert reduce_nodes(8, check, "bisect").nodes == (3, 4, 5)
+    linear = reduce_nodes(8, FakeCheck({3, 5}), "linear")
+    assert linear.nodes == (3, 5) and linear.checks == 1 + 8  # the full set, then one trial per node
+    assert reduce_nodes(8, FakeCheck({3, 5})).nodes == (3, 5)
+    with pytest.raises(UsageError, match="--mode 'fast'"):
+        reduce_nodes(8, check, "fast")
