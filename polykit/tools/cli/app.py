@@ -55,6 +55,26 @@ def _configure_logging(verbose: int, quiet: bool) -> Callable[[], None]:
     return restore
 
 
+def _set_limits(specs: list[str]) -> Callable[[], None]:
+    """Put --limit NAME=VALUE options into POLYKIT_LIMITS (checked now: a bad one is a usage
+    error before any work); returns the undo, for commands run in-process."""
+    import os
+
+    from polykit import limits
+
+    saved = os.environ.get(limits.ENV)
+    values = {**limits.parse(saved or ""), **limits.parse(",".join(specs))}
+    os.environ[limits.ENV] = limits.encode(values)
+
+    def restore() -> None:
+        if saved is None:
+            os.environ.pop(limits.ENV, None)
+        else:
+            os.environ[limits.ENV] = saved
+
+    return restore
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"polykit {polykit.__version__}")
@@ -86,8 +106,13 @@ def build_app(pm=None) -> typer.Typer:
         version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True, help="print the version"),
         strict_plugins: bool = typer.Option(False, "--strict-plugins",
                                             help="a plugin that fails to load or raises is an error, not a warning"),
+        limit: list[str] = typer.Option([], "--limit", metavar="NAME=VALUE",
+                                        help="raise a resource limit, e.g. --limit data_bytes=4GiB (names and "
+                                             "defaults: docs/HARDENING.md; sets POLYKIT_LIMITS)"),
     ) -> None:
         ctx.call_on_close(_configure_logging(verbose, quiet))
+        if limit:
+            ctx.call_on_close(_set_limits(limit))
 
     pm.call_each("polykit_cli_commands", app=app)
     return app
@@ -106,13 +131,24 @@ _GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet", "--strict-pl
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """Let -v/-q appear anywhere (`polykit run m.onnx --onnxrt -v`): move them before the subcommand."""
+    """Let -v/-q and --limit appear anywhere (`polykit run m.onnx --onnxrt -v`): move them before
+    the subcommand."""
     if "--" in argv:
         head, tail = argv[: argv.index("--")], argv[argv.index("--"):]
     else:
         head, tail = argv, []
-    flags = [a for a in head if a in _GLOBAL_FLAGS]
-    return flags + [a for a in head if a not in _GLOBAL_FLAGS] + tail
+    flags, rest, i = [], [], 0
+    while i < len(head):
+        arg = head[i]
+        if arg in _GLOBAL_FLAGS or arg.startswith("--limit="):
+            flags.append(arg)
+        elif arg == "--limit" and i + 1 < len(head):
+            flags += head[i:i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return flags + rest + tail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
