@@ -158,3 +158,167 @@ CASES: list[Case] = [
     Case("polygraphy-lazy-nest", polygraphy_lazy_nest, _DATA),
     Case("polygraphy-huge-array", polygraphy_huge_array, _DATA),
 ]
+
+
+# ---- ONNX models --------------------------------------------------------------------------------
+def _model(nodes: list, inputs: list, outputs: list, inits: list = (), opset: int = 21) -> "onnx.ModelProto":  # noqa: F821
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "hostile", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _save(model: "onnx.ModelProto", path: Path) -> Path:  # noqa: F821
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _vi(name: str, shape: list, elem: int = 1) -> "onnx.ValueInfoProto":  # noqa: F821
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def valid_model(folder: Path) -> Path:
+    """y = Relu(x), x float[2]: the model a feed file or a cache is given with."""
+    from onnx import helper
+
+    return _save(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [2])], [_vi("y", [2])]),
+                 folder / "valid.onnx")
+
+
+def model_huge_shape(folder: Path) -> Path:
+    """Relu on float[1, 2**20, 2**20]: 4 TiB of activations declared in 150 bytes."""
+    from onnx import helper
+
+    return _save(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [1, 1 << 20, 1 << 20])],
+                        [_vi("y", [1, 1 << 20, 1 << 20])]), folder / "huge_shape.onnx")
+
+
+def model_conv_timing(folder: Path) -> Path:
+    """A Conv on [1, 2, 5, 2**40]: its tactics would be timed on inputs of 40 TiB."""
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "w")
+    return _save(_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+                        [_vi("x", [1, 2, 5, 1 << 40])], [_vi("y", [1, 3, 5, 1 << 40])], [w]),
+                 folder / "conv_timing.onnx")
+
+
+def _loop_model(trip: int, cond_from_input: bool) -> "onnx.ModelProto":  # noqa: F821
+    """y = x + the sum over `trip` iterations of 1 (a Loop whose condition is a constant true, or
+    x == x: true, but known only when the model runs)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going"),
+         helper.make_node("Add", ["s_in", "one"], ["s_out"], name="step")], "body",
+        [_vi("i", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("s_in", [1])],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("s_out", [1])],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    inits = [numpy_helper.from_array(np.array(trip, np.int64), "trip"),
+             numpy_helper.from_array(np.zeros(1, np.float32), "s0")]
+    nodes = []
+    if cond_from_input:
+        nodes.append(helper.make_node("Equal", ["x", "x"], ["go1"], name="same"))
+        nodes.append(helper.make_node("Squeeze", ["go1"], ["go"], name="scalar"))
+    else:
+        inits.append(numpy_helper.from_array(np.array(True), "go"))
+    nodes += [helper.make_node("Loop", ["trip", "go", "s0"], ["s"], name="loop", body=body),
+              helper.make_node("Add", ["s", "x"], ["y"], name="add")]
+    return _model(nodes, [_vi("x", [1])], [_vi("y", [1])], inits)
+
+
+def model_loop_constant(folder: Path) -> Path:
+    """A Loop of 2**62 iterations on constants (constant folding would run it)."""
+    return _save(_loop_model(1 << 62, cond_from_input=False), folder / "loop_constant.onnx")
+
+
+def model_loop_runtime(folder: Path) -> Path:
+    """A Loop of 2**62 iterations whose condition is an input (only a run executes it)."""
+    return _save(_loop_model(1 << 62, cond_from_input=True), folder / "loop_runtime.onnx")
+
+
+def model_nested_bodies(folder: Path, depth: int = 20) -> Path:
+    """If nodes nested `depth` deep (past the test's body_depth limit of 8; protobuf refuses ~33)."""
+    from onnx import TensorProto, helper
+
+    def leaf(d: int) -> "onnx.GraphProto":  # noqa: F821
+        return helper.make_graph([helper.make_node("Identity", ["x"], [f"y{d}"], name=f"leaf{d}")], f"leaf{d}", [],
+                                 [_vi(f"y{d}", [2])])
+
+    inner = leaf(0)
+    for d in range(1, depth):
+        node = helper.make_node("If", ["c"], [f"y{d}"], name=f"if{d}", then_branch=inner, else_branch=leaf(d))
+        inner = helper.make_graph([node], f"level{d}", [], [_vi(f"y{d}", [2])])
+    top = helper.make_node("If", ["c"], ["y"], name="top", then_branch=inner, else_branch=leaf(depth))
+    return _save(_model([top], [_vi("c", [], TensorProto.BOOL), _vi("x", [2])], [_vi("y", [2])]),
+                 folder / "nested_bodies.onnx")
+
+
+def model_negative_dims(folder: Path) -> Path:
+    """An initializer with dims [-3, 4] (read as (0, 4) by a trusting reader)."""
+    from onnx import TensorProto, helper
+
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[-3, 4])
+    return _save(_model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [_vi("x", [1, 4])],
+                        [_vi("y", [0, 4])], [w]), folder / "negative_dims.onnx")
+
+
+def model_opset_99(folder: Path) -> Path:
+    from onnx import helper
+
+    return _save(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [2])], [_vi("y", [2])],
+                        opset=99), folder / "opset_99.onnx")
+
+
+def _external(folder: Path, name: str, location: str, offset: str | None, length: str | None) -> Path:
+    """y = x + w, with w float[4] in external data at (location, offset, length)."""
+    from onnx import TensorProto, helper
+
+    (folder / "weights.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        if value is not None:
+            w.external_data.add(key=key, value=value)
+    return _save(_model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [_vi("x", [4])], [_vi("y", [4])],
+                        [w]), folder / f"{name}.onnx")
+
+
+def external_nul(folder: Path) -> Path:
+    return _external(folder, "external_nul", "weights.bin\0/etc/passwd", None, None)
+
+
+def external_offset_huge(folder: Path) -> Path:
+    return _external(folder, "external_offset", "weights.bin", str(10 ** 30), "16")
+
+
+def external_length_huge(folder: Path) -> Path:
+    return _external(folder, "external_length", "weights.bin", "0", str(10 ** 12))
+
+
+def external_length_2_63(folder: Path) -> Path:
+    return _external(folder, "external_length63", "weights.bin", "0", str(1 << 63))
+
+
+def external_unicode_digit(folder: Path) -> Path:
+    return _external(folder, "external_digit", "weights.bin", "0", "1²")
+
+
+_MODEL = ("inspect-model", "convert", "run-trt")
+
+CASES += [
+    Case("model-huge-shape", model_huge_shape, ("convert", "run-trt")),
+    Case("model-conv-timing", model_conv_timing, ("convert",)),
+    Case("model-loop-constant", model_loop_constant, ("convert", "run-trt")),
+    Case("model-loop-runtime", model_loop_runtime, ("run-trt",)),
+    Case("model-nested-bodies", model_nested_bodies, _MODEL, {**SMALL_LIMITS, "body_depth": 8}),
+    Case("model-negative-dims", model_negative_dims, _MODEL),
+    Case("model-opset-99", model_opset_99, _MODEL),
+    Case("external-nul", external_nul, _MODEL),
+    Case("external-offset-huge", external_offset_huge, _MODEL),
+    Case("external-length-huge", external_length_huge, _MODEL),
+    Case("external-length-2-63", external_length_2_63, _MODEL),
+    Case("external-unicode-digit", external_unicode_digit, _MODEL),
+]
