@@ -145,20 +145,6 @@ def polygraphy_huge_array(folder: Path) -> Path:
     return _json(folder / "polygraphy_huge.json", json.dumps(doc))
 
 
-_DATA = ("inspect-data", "load-inputs", "load-outputs")
-
-CASES: list[Case] = [
-    Case("npz-deflate-bomb", npz_deflate_bomb, _DATA),
-    Case("npz-bzip2-bomb", npz_bzip2_bomb, _DATA),
-    Case("npz-lying-size", npz_lying_size, _DATA),
-    Case("npy-huge-shape", npy_huge_shape, _DATA),
-    Case("json-deep", json_deep, _DATA),
-    Case("json-long-int", json_long_int, _DATA),
-    Case("json-float-overflow", json_float_overflow, _DATA),
-    Case("polygraphy-lazy-nest", polygraphy_lazy_nest, _DATA),
-    Case("polygraphy-huge-array", polygraphy_huge_array, _DATA),
-]
-
 
 # ---- ONNX models --------------------------------------------------------------------------------
 def _model(nodes: list, inputs: list, outputs: list, inits: list = (), opset: int = 21) -> "onnx.ModelProto":  # noqa: F821
@@ -180,11 +166,14 @@ def _vi(name: str, shape: list, elem: int = 1) -> "onnx.ValueInfoProto":  # noqa
 
 
 def valid_model(folder: Path) -> Path:
-    """y = Relu(x), x float[2]: the model a feed file or a cache is given with."""
-    from onnx import helper
+    """y = Relu(x @ w), x float[1, 2]: the model a feed file or a cache is given with (its MatMul
+    has weights, so an INT8 build reads a calibration cache)."""
+    from onnx import helper, numpy_helper
 
-    return _save(_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [2])], [_vi("y", [2])]),
-                 folder / "valid.onnx")
+    w = numpy_helper.from_array(np.eye(2, dtype=np.float32), "w")
+    return _save(_model([helper.make_node("MatMul", ["x", "w"], ["h"], name="matmul"),
+                         helper.make_node("Relu", ["h"], ["y"], name="relu")], [_vi("x", [1, 2])], [_vi("y", [1, 2])],
+                        [w]), folder / "valid.onnx")
 
 
 def model_huge_shape(folder: Path) -> Path:
@@ -306,19 +295,159 @@ def external_unicode_digit(folder: Path) -> Path:
     return _external(folder, "external_digit", "weights.bin", "0", "1²")
 
 
-_MODEL = ("inspect-model", "convert", "run-trt")
 
-CASES += [
-    Case("model-huge-shape", model_huge_shape, ("convert", "run-trt")),
-    Case("model-conv-timing", model_conv_timing, ("convert",)),
-    Case("model-loop-constant", model_loop_constant, ("convert", "run-trt")),
-    Case("model-loop-runtime", model_loop_runtime, ("run-trt",)),
-    Case("model-nested-bodies", model_nested_bodies, _MODEL, {**SMALL_LIMITS, "body_depth": 8}),
-    Case("model-negative-dims", model_negative_dims, _MODEL),
-    Case("model-opset-99", model_opset_99, _MODEL),
-    Case("external-nul", external_nul, _MODEL),
-    Case("external-offset-huge", external_offset_huge, _MODEL),
-    Case("external-length-huge", external_length_huge, _MODEL),
-    Case("external-length-2-63", external_length_2_63, _MODEL),
-    Case("external-unicode-digit", external_unicode_digit, _MODEL),
-]
+# ---- plans (edited documents, checksums recomputed: what a crafted plan looks like) --------------
+def _plan_of(model: "onnx.ModelProto", **config: object) -> tuple[dict, bytes]:  # noqa: F821
+    """(JSON document, weight blob) of the cpu plan of `model`."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.file import decode_plan
+
+    _, doc, blob = decode_plan(build_plan(model, BuilderConfig(target="cpu", **config)).serialize())
+    return doc, bytes(blob)
+
+
+def _write_plan(path: Path, doc: dict, blob: bytes) -> Path:
+    import sys
+
+    from polykit.compiler.plan.file import encode_plan
+
+    saved = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # a crafted plan may hold integers Python would refuse to print
+    try:
+        path.write_bytes(encode_plan(doc, blob, doc["target"], doc.get("gpu_arch", "")))
+    finally:
+        sys.set_int_max_str_digits(saved)
+    return path
+
+
+def _relu_model() -> "onnx.ModelProto":  # noqa: F821
+    from onnx import helper
+
+    return _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [2])], [_vi("y", [2])])
+
+
+def plan_long_int(folder: Path) -> Path:
+    doc, blob = _plan_of(_relu_model())
+    doc["memory"]["arena_bytes"] = 10 ** 5000
+    return _write_plan(folder / "long_int.plan", doc, blob)
+
+
+def plan_huge_arena(folder: Path) -> Path:
+    """A plan whose arena claims 2**46 bytes (64 TiB; its tensors unchanged)."""
+    doc, blob = _plan_of(_relu_model())
+    doc["memory"]["arena_bytes"] = 1 << 46
+    return _write_plan(folder / "huge_arena.plan", doc, blob)
+
+
+def plan_nested_bodies(folder: Path, depth: int = 150) -> Path:
+    """A plan whose layer attrs nest body plans `depth` deep."""
+    doc, blob = _plan_of(_relu_model())
+    inner = json.loads(json.dumps(doc))
+    for _ in range(depth):
+        outer = json.loads(json.dumps(doc))
+        outer["layers"][0]["attrs"]["body"] = {"__plan__": inner}
+        inner = outer
+    return _write_plan(folder / "nested_bodies.plan", inner, blob)
+
+
+def plan_profile_missing_tensor(folder: Path) -> Path:
+    """A plan with optimization profiles whose input's tensor record is deleted."""
+    from onnx import helper
+
+    from polykit.compiler.plan.profiles import Profile
+
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", ["n", 4])], [_vi("y", ["n", 4])])
+    doc, blob = _plan_of(model, profiles=(Profile({"x": ((1, 4), (2, 4), (8, 4))}),))
+    del doc["tensors"]["x"]
+    return _write_plan(folder / "profile_missing.plan", doc, blob)
+
+
+
+# ---- builder caches ---------------------------------------------------------------------------
+def _timing_cache(ms: str) -> str:
+    return '{"format": 1, "entries": {"%s": {"ms": %s, "tactic": "t", "kind": "k", "device": "d"}}}' % ("0" * 64, ms)
+
+
+def timing_cache_huge_ms(folder: Path) -> Path:
+    return _json(folder / "huge_ms.cache", _timing_cache("1" + "0" * 400))
+
+
+def timing_cache_float_overflow(folder: Path) -> Path:
+    return _json(folder / "overflow_ms.cache", _timing_cache("1e400"))
+
+
+def timing_cache_deep(folder: Path) -> Path:
+    return _json(folder / "deep.cache", "[" * 50_000 + "]" * 50_000)
+
+
+def replay_long_int(folder: Path) -> Path:
+    return _json(folder / "long_int.replay.json", '{"format": ' + "7" * 5000 + ', "layers": {}}')
+
+
+def replay_deep(folder: Path) -> Path:
+    return _json(folder / "deep.replay.json", '{"layers": ' + "[" * 50_000 + "]" * 50_000 + "}")
+
+
+def _calibration(path: Path, version: str, scale: str) -> Path:
+    import polykit
+    from polykit.compiler.builder.calibration_cache import MAGIC
+
+    return _json(path, f"{MAGIC} {version} polykit={polykit.__version__} calibrator=minmax\nx: {scale}\n")
+
+
+def calibration_scale_overflow(folder: Path) -> Path:
+    return _calibration(folder / "overflow.calib", "1", "0x1p99999")
+
+
+def calibration_long_version(folder: Path) -> Path:
+    return _calibration(folder / "long_version.calib", "1" * 5000, "0x1p-6")
+
+
+def calibration_unicode_version(folder: Path) -> Path:
+    return _calibration(folder / "unicode_version.calib", "²", "0x1p-6")
+
+
+_MODEL = ("inspect-model", "convert", "run-trt")
+_DATA = ("inspect-data", "load-inputs", "load-outputs")
+_PLAN = ("inspect-model", "run-trt")
+_CACHE = ("timing-cache",)
+_REPLAY = ("tactic-replay", "inspect-tactics")
+_CALIBRATION = ("calibration-cache", "inspect-data")
+
+#: every hostile case (name, builder, the commands that read it; limits: SMALL_LIMITS unless given)
+CASES: list[Case] = [Case(*row) for row in (
+    ("npz-deflate-bomb", npz_deflate_bomb, _DATA),
+    ("npz-bzip2-bomb", npz_bzip2_bomb, _DATA),
+    ("npz-lying-size", npz_lying_size, _DATA),
+    ("npy-huge-shape", npy_huge_shape, _DATA),
+    ("json-deep", json_deep, _DATA),
+    ("json-long-int", json_long_int, _DATA),
+    ("json-float-overflow", json_float_overflow, _DATA),
+    ("polygraphy-lazy-nest", polygraphy_lazy_nest, _DATA),
+    ("polygraphy-huge-array", polygraphy_huge_array, _DATA),
+    ("model-huge-shape", model_huge_shape, ("convert", "run-trt")),
+    ("model-conv-timing", model_conv_timing, ("convert",)),
+    ("model-loop-constant", model_loop_constant, ("convert", "run-trt")),
+    ("model-loop-runtime", model_loop_runtime, ("run-trt",)),
+    ("model-nested-bodies", model_nested_bodies, _MODEL, {**SMALL_LIMITS, "body_depth": 8}),
+    ("model-negative-dims", model_negative_dims, _MODEL),
+    ("model-opset-99", model_opset_99, _MODEL),
+    ("external-nul", external_nul, _MODEL),
+    ("external-offset-huge", external_offset_huge, _MODEL),
+    ("external-length-huge", external_length_huge, _MODEL),
+    ("external-length-2-63", external_length_2_63, _MODEL),
+    ("external-unicode-digit", external_unicode_digit, _MODEL),
+    ("plan-long-int", plan_long_int, _PLAN),
+    ("plan-huge-arena", plan_huge_arena, _PLAN),
+    ("plan-nested-bodies", plan_nested_bodies, _PLAN),
+    ("plan-profile-missing-tensor", plan_profile_missing_tensor, _PLAN),
+    ("timing-cache-huge-ms", timing_cache_huge_ms, _CACHE),
+    ("timing-cache-float-overflow", timing_cache_float_overflow, _CACHE),
+    ("timing-cache-deep", timing_cache_deep, _CACHE),
+    ("replay-long-int", replay_long_int, _REPLAY),
+    ("replay-deep", replay_deep, _REPLAY),
+    ("calibration-scale-overflow", calibration_scale_overflow, _CALIBRATION),
+    ("calibration-long-version", calibration_long_version, _CALIBRATION),
+    ("calibration-unicode-version", calibration_unicode_version, _CALIBRATION),
+)]
