@@ -102,7 +102,8 @@ class TimingCache:
         try:
             Path(path).write_text(json.dumps(merged.to_json(), indent=1, sort_keys=True) + "\n")
         except OSError as exc:
-            raise UsageError(f"cannot write the timing cache: {exc}", where=str(path)) from exc
+            raise UsageError(f"cannot write the timing cache: {exc}", where=str(path),
+                             hint="check that the folder exists and is writable") from exc
 
     @staticmethod
     def from_json(doc: Any, where: str = "timing cache") -> "TimingCache":

@@ -77,7 +77,8 @@ def check_argv(command: str, placeholder: str, example: str) -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise UsageError(f"--check {command!r} is not a command line: {exc}") from None
+        raise UsageError(f"--check {command!r} is not a command line: {exc}",
+                         hint="quote the command: --check 'polykit run m.onnx --trt --onnxrt'") from None
     if not any(placeholder in arg for arg in argv):
         raise UsageError(f"--check {command!r} has no {placeholder}, so it cannot see what to check",
                          hint=f"e.g. --check '{example}'")

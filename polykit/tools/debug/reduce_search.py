@@ -56,7 +56,7 @@ def reduce_nodes(count: int, check: NodeCheck) -> ReduceResult:
     """The minimal failing set of nodes 0..count-1 (module docstring); UsageError when the
     model has no nodes or the full set passes (there is no failure to reduce)."""
     if count < 1:
-        raise UsageError("the model has no nodes to reduce")
+        raise UsageError("the model has no nodes to reduce", hint="give a model with at least one node")
     search = _Search(check)
     full = search.trial(range(count))
     if full.passed:
