@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from polykit import limits
+from polykit.testing.fuzz import cap_address_space
 from polykit.testing.hostile import CASES, Case, valid_model
 
 
@@ -77,11 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a command may take")
     parser.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     args = parser.parse_args(argv)
-    if args.max_memory_gb > 0:
-        import resource
-
-        cap = int(args.max_memory_gb * (1 << 30))
-        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    cap_address_space(args.max_memory_gb)
     chosen = [c for c in CASES if not args.case or c.name in args.case]
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -130,17 +130,23 @@ def _load_external_data(model: Any, base_dir: Path, where: str) -> None:
             raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} holds a NUL byte",
                                  where=where, hint="the file is corrupt or crafted; re-export the model")
         file = base_dir / location
-        if location and not file.resolve().is_relative_to(base_dir.resolve()):
+        try:
+            inside = file.resolve().is_relative_to(base_dir.resolve())
+            size = file.stat().st_size if inside and location and file.is_file() else None
+        except OSError as exc:  # a name too long for the file system, a loop of links
+            raise ModelLoadError(f"external data location {location[:80]!r} of tensor {tensor.name!r} cannot be "
+                                 f"opened: {exc.strerror or exc}", where=where,
+                                 hint="keep the .data file next to the .onnx file it was saved with") from None
+        if location and not inside:
             raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} lies outside the "
                                  "model's folder", where=str(base_dir),
                                  hint="external data files must sit in the model's folder (or below it)")
-        if not location or not file.is_file():
+        if not location or size is None:
             raise ModelLoadError(
                 f"external data file {location!r} for tensor {tensor.name!r} is missing",
                 where=str(file),
                 hint="keep the .data file next to the .onnx file it was saved with",
             )
-        size = file.stat().st_size
         offset = _external_int(info, "offset", 0, tensor.name, file)
         length = _external_int(info, "length", None, tensor.name, file)
         if offset > size or (length is not None and offset + length > size):
