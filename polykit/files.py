@@ -108,6 +108,9 @@ def parse_json(text: "str | bytes", where: str, what: str = "JSON document", err
         raise _depth_error(where, what, error, "more levels than the parser can take") from None
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise error(f"the {what} is not valid JSON: {exc}", where=where, hint=hint) from None
+    except MemoryError:
+        raise error(f"the {what} does not fit in memory", where=where,
+                    hint=limits.raise_hint("data_bytes", len(text) // 2)) from None
     depth = json_depth(doc)
     if depth > limits.current().json_depth:
         raise _depth_error(where, what, error, f"{depth} levels deep")

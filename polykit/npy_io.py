@@ -55,7 +55,11 @@ def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
         raise DataFileError(f"the .npy header says {dtype}{list(shape)} ({need} bytes), the data has {have} bytes",
                             where=where, hint="the file is truncated or was edited")
     limits.check("data_bytes", need, f"the array {dtype}{list(shape)}", DataFileError, where)
-    raw = bytearray(have)  # filled in place and wrapped without a copy: the array costs its size once
+    try:
+        raw = bytearray(have)  # filled in place and wrapped without a copy: the array costs its size once
+    except MemoryError:
+        raise DataFileError(f"the array {dtype}{list(shape)} does not fit in memory", where=where,
+                            hint="free memory, or lower the data_bytes limit to refuse such files early") from None
     got = _read_into(fh, raw, where)
     if got != have:
         raise DataFileError(f"the array data ends after {got} of {have} bytes", where=where)
