@@ -3,9 +3,10 @@ or a careless user can hand polykit (zip bombs, sizes a file declares but does n
 numbers of 5,000 digits, JSON nested 10,000 deep, loops of 2**62 iterations, ...).
 
     for case in CASES:
-        path = case.build(folder)          # writes the file (and a small model it needs) into folder
-        for argv in case.commands(path):   # the CLI commands that read it
-            ...                            # run under case.limits (POLYKIT_LIMITS): exit 2, no traceback
+        path = case.build(folder)                          # writes the file into folder
+        for argv in case.commands(path, valid_model(folder)):  # the CLI commands that read it
+            ...                  # run under case.limits (POLYKIT_LIMITS): exit 2, no traceback
+                                 # (polykit.testing.hostile_run does this)
 
 Every case is a few KB on disk. Those whose harm is size (a bomb) are built against the small
 limits in `case.limits`, so a test proves the limit is checked before the allocation without
