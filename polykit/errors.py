@@ -81,6 +81,11 @@ class UsageError(PolykitError):
     """A command-line flag or API argument is malformed."""
 
 
+class LimitError(PolykitError):
+    """A model or run needs more than a limit of polykit.limits allows (loop iterations, memory);
+    the hint names the limit and how to raise it."""
+
+
 class AccuracyError(PolykitError):
     """A comparison between runners failed its tolerances."""
 

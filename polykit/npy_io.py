@@ -14,6 +14,7 @@ import zipfile
 import zlib
 from typing import IO, Any
 
+from polykit import limits
 from polykit.errors import DataFileError
 
 _READERS = {(1, 0): "read_array_header_1_0", (2, 0): "read_array_header_2_0"}
@@ -23,6 +24,9 @@ ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 #: what reading a damaged zip archive raises (bad structure, bad compressed data, encryption)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError, ValueError)
 NPZ_HINT = "expected an .npz written by polykit (--save-inputs/--save-outputs) or numpy.savez"
+#: the most bytes deflate can expand one byte into (its theoretical ratio is 1032:1): a member
+#: that declares more is damaged or built to exhaust memory
+_DEFLATE_RATIO = 1100
 
 
 def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
@@ -50,13 +54,34 @@ def read_npy(fh: IO[bytes], size: int, where: str) -> Any:
     if need != have:
         raise DataFileError(f"the .npy header says {dtype}{list(shape)} ({need} bytes), the data has {have} bytes",
                             where=where, hint="the file is truncated or was edited")
-    raw = fh.read(have)
-    if len(raw) != have:
-        raise DataFileError(f"the array data ends after {len(raw)} of {have} bytes", where=where)
+    limits.check("data_bytes", need, f"the array {dtype}{list(shape)}", DataFileError, where)
     try:
-        return np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran_order else "C").copy()
+        raw = bytearray(have)  # filled in place and wrapped without a copy: the array costs its size once
+    except MemoryError:
+        raise DataFileError(f"the array {dtype}{list(shape)} does not fit in memory", where=where,
+                            hint="free memory, or lower the data_bytes limit to refuse such files early") from None
+    got = _read_into(fh, raw, where)
+    if got != have:
+        raise DataFileError(f"the array data ends after {got} of {have} bytes", where=where)
+    try:
+        return np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
     except ValueError as exc:  # e.g. a zero-size dtype
         raise DataFileError(f"the array cannot be built from its header: {exc}", where=where) from None
+
+
+def _read_into(fh: IO[bytes], buf: bytearray, where: str) -> int:
+    """Bytes read from `fh` into `buf` (fewer if the stream ends first)."""
+    view, got = memoryview(buf), 0
+    try:
+        while got < len(buf):
+            chunk = fh.read(min(len(buf) - got, 1 << 24))
+            if not chunk:
+                break
+            view[got:got + len(chunk)] = chunk
+            got += len(chunk)
+    except _ZIP_ERRORS as exc:
+        raise DataFileError(f"the array data cannot be read: {exc}", where=where) from None
+    return got
 
 
 def read_npz(source: Any, where: str, hint: str = "save arrays with numpy.savez") -> dict[str, Any]:
@@ -65,6 +90,7 @@ def read_npz(source: Any, where: str, hint: str = "save arrays with numpy.savez"
     arrays: dict[str, Any] = {}
     try:
         with zipfile.ZipFile(source) as zf:
+            _check_members(zf.infolist(), _archive_size(source), where)
             for info in zf.infolist():
                 key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                 with zf.open(info) as fh:
@@ -74,6 +100,43 @@ def read_npz(source: Any, where: str, hint: str = "save arrays with numpy.savez"
     except _ZIP_ERRORS as exc:
         raise DataFileError(f"the archive cannot be read: {exc}", where=where, hint=hint) from None
     return arrays
+
+
+def _archive_size(source: Any) -> int:
+    if isinstance(source, (str, bytes, os.PathLike)):
+        return os.path.getsize(source)
+    end = source.seek(0, os.SEEK_END)
+    source.seek(0)
+    return end
+
+
+def _check_members(infos: list[zipfile.ZipInfo], archive: int, where: str) -> None:
+    """DataFileError unless every member's declared sizes are possible for an archive of
+    `archive` bytes (stored or deflated, inside the file, not overlapping) and their total is
+    within the data_bytes limit, before anything is decompressed."""
+    total, spans = 0, []
+    for info in infos:
+        name = f"{where}: member {info.filename!r}"
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise DataFileError(f"the member is compressed with method {info.compress_type}; polykit reads stored or "
+                                "deflated members (numpy.savez / savez_compressed)", where=name, hint=NPZ_HINT)
+        if info.header_offset + info.compress_size > archive:
+            raise DataFileError(f"the member claims {info.compress_size} compressed bytes at offset "
+                                f"{info.header_offset}, past the end of the {archive}-byte archive", where=name,
+                                hint="the archive is truncated or damaged")
+        most = info.compress_size if info.compress_type == zipfile.ZIP_STORED else info.compress_size * _DEFLATE_RATIO
+        if info.file_size > most:
+            raise DataFileError(f"the member claims {info.file_size} bytes from {info.compress_size} compressed bytes, "
+                                "more than its compression can produce", where=name,
+                                hint="the archive is damaged or built to exhaust memory (a zip bomb)")
+        spans.append((info.header_offset, info.header_offset + max(info.compress_size, 1)))
+        total += info.file_size
+    spans.sort()
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:
+            raise DataFileError("two members of the archive overlap", where=where,
+                                hint="the archive is damaged or built to exhaust memory (a zip bomb)")
+    limits.check("data_bytes", total, "the archive's uncompressed size", DataFileError, where)
 
 
 def open_npz(path: "str | os.PathLike[str]", hint: str = NPZ_HINT) -> dict[str, Any]:

@@ -162,7 +162,8 @@ class CpuContext:
     def launch(self, index: int, stream: Any) -> None:
         layer, node, tactic = self._steps[index]
         env = self.env
-        results = tactic.run(node, [env[name] if name else None for name in layer.inputs], self.communicator)
+        with np.errstate(all="ignore"):  # IEEE semantics: inf and NaN propagate as on the GPU, without warnings
+            results = tactic.run(node, [env[name] if name else None for name in layer.inputs], self.communicator)
         for name, value in zip(layer.outputs, results):
             if name:
                 env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,

@@ -1,16 +1,19 @@
 """Structure-aware fuzzing of the files polykit reads: plans, ONNX models, saved data,
-INT8 calibration caches.
+INT8 calibration caches, timing caches, tactic replays, ONNX external data.
 
-    python -m polykit.testing.fuzz --cases 1000            # per file type; --kind plan|onnx|data|calibration
+    python -m polykit.testing.fuzz --cases 1000            # per file type; --kind plan|onnx|data|calibration|...
     python -m polykit.testing.fuzz --cases 200 --json      # a machine-readable report
 
 A case takes a valid file from a small corpus built here, changes it field by field
 (polykit.testing.mutate) -- a plan's JSON metadata with its lengths and checksum
 recomputed, an ONNX protobuf field, a member or header of an .npz, a value of a JSON data
-file, a line of a calibration cache -- and gives it to polykit the way a user would: a plan is loaded (its schema check)
+file, a line of a calibration cache, a value or number of a timing cache or tactic
+replay, an external data entry of a model or its data file (fuzz_builder_files) -- and gives it to polykit the way a user would: a plan is loaded (its schema check)
 and run on the cpu target (a cuda plan: its kernel sources rendered); a model is imported,
 built, its plan round-tripped through the loader, and run; a data file is loaded, then
-compared and fed to an engine; a calibration cache builds the INT8 plan it is read for. The outcome must be success or a PolykitError. Anything
+compared and fed to an engine; a calibration cache builds the INT8 plan it is read for, a
+timing cache or replay the plan it is read for, a model with external data is imported, built
+and run. The outcome must be success or a PolykitError. Anything
 else is a crash, a case that runs past `timeout` seconds a hang, and a plan the builder
 wrote that the loader then rejects a self-check failure. The process runs under a memory
 limit (RLIMIT_AS) so that a mutated shape of 2**40 fails fast instead of swapping.
@@ -34,11 +37,12 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.errors import PlanError, PolykitError
+from polykit.testing.fuzz_builder_files import builder_file_corpus, mutate_external, mutate_json_file
 from polykit.testing.fuzz_calibration import calibration_corpus, mutate_calibration
 from polykit.testing.fuzz_corpus import DataFile, data_corpus, mutate_data, plan_corpus, seed_models
 from polykit.testing.mutate import pick, mutate_bytes, mutate_json, mutate_proto
 
-KINDS = ("plan", "onnx", "data", "calibration")
+KINDS = ("plan", "onnx", "data", "calibration", "timing-cache", "replay", "external")
 #: outcomes that fail a fuzz run
 FAILURES = ("crash", "hang", "self-check")
 
@@ -183,6 +187,33 @@ def _run_calibration_cache(data: bytes, workdir: Path, model: Any) -> None:
     _execute(build_plan(model, BuilderConfig(target="cpu", int8=True, calibration_cache=str(path))))
 
 
+def _run_builder_file(kind: str, data: bytes, workdir: Path, model: Any) -> None:
+    """Build (and run) the MLP reading a timing cache or a tactic replay."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    path = workdir / ("fuzz.cache" if kind == "timing-cache" else "fuzz.replay.json")
+    path.write_bytes(data)
+    option = {"load_timing_cache": str(path)} if kind == "timing-cache" else {"tactic_replay": str(path)}
+    _execute(build_plan(model, BuilderConfig(target="cpu", builder_optimization_level=5, **option)))
+
+
+def _run_external(files: tuple[bytes, bytes], workdir: Path) -> None:
+    folder = workdir / "external"
+    folder.mkdir(exist_ok=True)
+    (folder / "weights.bin").write_bytes(files[1])
+    _run_model_bytes(files[0], folder)
+
+
+def cap_address_space(gigabytes: float) -> None:
+    """Limit this process's address space (RLIMIT_AS) to `gigabytes` (0: leave it)."""
+    if gigabytes > 0:
+        import resource
+
+        limit = int(gigabytes * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
 # ---- the run -------------------------------------------------------------------------------------
 def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: float = 20.0,
          progress: Callable[[str], None] | None = None) -> FuzzReport:
@@ -202,6 +233,7 @@ def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: flo
                 "onnx": [(name, m.SerializeToString()) for name, m in models.items()],
                 "data": data_corpus(workdir, mlp_plan),
                 "calibration": calibration_corpus(),
+                **builder_file_corpus(models),
             }
             for kind in kinds:
                 rng = np.random.default_rng([seed, KINDS.index(kind)])
@@ -214,6 +246,9 @@ def fuzz(cases: int, kinds: tuple[str, ...] = KINDS, seed: int = 0, timeout: flo
                         "onnx": lambda: _run_model_bytes(data, workdir),
                         "data": lambda: _run_data_file(original, data, workdir, mlp_plan),
                         "calibration": lambda: _run_calibration_cache(data, workdir, models["mlp"]),
+                        "timing-cache": lambda: _run_builder_file(kind, data, workdir, models["mlp"]),
+                        "replay": lambda: _run_builder_file(kind, data, workdir, models["mlp"]),
+                        "external": lambda: _run_external(data, workdir),
                     }[kind]
                     outcome, detail = run_case(action, timeout)
                     report.results.append(CaseResult(kind, index, source, mutation, outcome, detail))
@@ -257,6 +292,10 @@ def _mutate(kind: str, original: Any, rng: np.random.Generator) -> tuple[bytes, 
         return model.SerializeToString(), "; ".join(notes)
     if kind == "calibration":
         return mutate_calibration(original, rng, steps)
+    if kind in ("timing-cache", "replay"):
+        return mutate_json_file(original, rng, steps)
+    if kind == "external":
+        return mutate_external(original, rng, steps)
     return mutate_data(original, rng, steps)
 
 
@@ -269,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-memory-gb", type=float, default=4.0, help="address-space limit of this process")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    if args.max_memory_gb > 0:
-        import resource
-
-        limit = int(args.max_memory_gb * (1 << 30))
-        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    cap_address_space(args.max_memory_gb)
     report = fuzz(args.cases, tuple(args.kind or KINDS), args.seed, args.timeout,
                   progress=None if args.json else lambda line: print(line, file=sys.stderr))
     if args.json:

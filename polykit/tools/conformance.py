@@ -348,9 +348,11 @@ def load_baseline(path: str | os.PathLike) -> list[str]:
     try:
         names = json.loads(open(path).read())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the conformance baseline: {exc}", where=str(path)) from exc
+        raise UsageError(f"cannot read the conformance baseline: {exc}", where=str(path),
+                         hint="check the path, or write the baseline again") from exc
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise UsageError("a conformance baseline is a JSON list of case names", where=str(path))
+        raise UsageError("a conformance baseline is a JSON list of case names", where=str(path),
+                         hint="give a JSON list of the names of the cases that pass")
     return names
 
 
@@ -385,9 +387,10 @@ def conformance_cmd(
     if unknown:
         raise UsageError(f"unknown kind {unknown[0]!r}", hint=f"kinds are: {', '.join(KINDS)}")
     if target not in ("cpu", "cuda"):
-        raise UsageError(f"--target {target!r} is not cpu or cuda")
+        raise UsageError(f"--target {target!r} is not cpu or cuda", hint="give --target cpu or --target cuda")
     if runner not in RUNNERS:
-        raise UsageError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}")
+        raise UsageError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}",
+                         hint="drop --runner for polykit's engine, or name one of those")
     report = run_conformance(kinds, target, filter, runner=runner)
     if save:
         save_report(report, save)

@@ -32,7 +32,7 @@ from polykit.compiler.builder.marking import expose, forced_outputs, observed_te
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
-from polykit.compiler.plan.file import Plan
+from polykit.compiler.plan.file import Plan, check_memory
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
 from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, profile_set
@@ -123,6 +123,7 @@ class Builder:
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
                     profiles=profiles)
+        check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
         if cfg.save_tactics is not None:
             save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)

@@ -14,6 +14,7 @@ Reading is strict: a DataFileError names the file and line of anything else.
 from __future__ import annotations
 
 import os
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +25,14 @@ import numpy as np
 import polykit
 from polykit.compiler.builder.calibrate import CALIBRATORS
 from polykit.errors import DataFileError
-from polykit.files import require_file
+from polykit.files import read_limited, require_file
 
 FORMAT_VERSION = 1
 MAGIC = "polykit-calibration-cache"
-_HEADER = re.compile(rf"^{MAGIC} (?P<version>\d+) polykit=(?P<polykit>\S+) "
+_HEADER = re.compile(rf"^{MAGIC} (?P<version>[0-9]{{1,9}}) polykit=(?P<polykit>\S+) "
                      rf"calibrator=(?P<calibrator>{'|'.join(sorted(CALIBRATORS))})$")
 #: float.hex of a positive finite number
-_HEX = re.compile(r"^0x[0-9a-f](\.[0-9a-f]*)?p[-+]?\d+$")
+_HEX = re.compile(r"^0x[0-9a-f](\.[0-9a-f]{0,40})?p[-+]?[0-9]{1,6}$")
 HINT = "write the cache again (build with --int8 and calibration data), or fix the line"
 
 
@@ -82,7 +83,10 @@ def parse_calibration_cache(text: str, where: str) -> CalibrationCache:
 def _scale(text: str, where: str) -> float:
     if not _HEX.match(text):
         raise DataFileError(f"scale {text[:40]!r} is not a hexadecimal float (like 0x1.8p-6)", where=where, hint=HINT)
-    value = float.fromhex(text)
+    try:
+        value = float.fromhex(text)
+    except OverflowError:
+        value = math.inf
     if not (0 < value < float(np.finfo(np.float32).max)) or float(np.float32(value)) != value:
         raise DataFileError(f"scale {text!r} is not a positive, finite float32", where=where, hint=HINT)
     return value
@@ -92,7 +96,7 @@ def read_calibration_cache(path: str | os.PathLike) -> CalibrationCache:
     """Read and check a cache file (for the builder and for `polykit inspect data`)."""
     path = require_file(path, "calibration cache", DataFileError)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_limited(path, "calibration cache", DataFileError).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataFileError(f"the calibration cache is not UTF-8 text ({exc.reason} at byte {exc.start})",
                             where=str(path), hint="is this a polykit calibration cache?") from None

@@ -152,7 +152,8 @@ class BuilderConfig:
                     hint="e.g. input_shapes={'x': (1, 3, 224, 224)}",
                 ) from None
             if any(d < 0 for d in shapes[str(name)]):
-                raise UsageError(f"input shape for {name!r} has a negative dim: {shape!r}")
+                raise UsageError(f"input shape for {name!r} has a negative dim: {shape!r}",
+                                 hint="dims are >= 0, e.g. --input-shapes x:[1,3,224,224]")
         object.__setattr__(self, "input_shapes", shapes)
         profiles = (self.profiles,) if isinstance(self.profiles, (Profile, Mapping)) else tuple(self.profiles or ())
         object.__setattr__(self, "profiles", tuple(p if isinstance(p, Profile) else Profile(p) for p in profiles))
@@ -166,7 +167,8 @@ class BuilderConfig:
             for name, value in dict(getattr(self, key) or {}).items():
                 arr = np.asarray(value)
                 if arr.dtype == object:
-                    raise UsageError(f"{key} for {name!r} must be a numeric array")
+                    raise UsageError(f"{key} for {name!r} must be a numeric array",
+                                     hint="give integers, e.g. --trt-opt-shape-values shape:[1,16]")
                 values[str(name)] = arr
             object.__setattr__(self, key, values)
         both = sorted(set(self.input_values) & set(self.shape_values))
@@ -214,7 +216,7 @@ class BuilderConfig:
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
             raise UsageError(f"ranks {ranks!r} is not an integer >= 1", hint="e.g. --ranks 2")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
-            raise UsageError(f"rank {rank!r} is not in 0..{ranks - 1}")
+            raise UsageError(f"rank {rank!r} is not in 0..{ranks - 1}", hint="ranks are numbered from 0")
         if ranks > 1 and (self.profiles or self.int8 or self.mark_outputs or self.mark_all or self.expose_tensors):
             raise UsageError("a build split over ranks takes static input shapes and no profiles, INT8 or marked "
                              "outputs", hint="drop --ranks, or those options")
@@ -249,7 +251,7 @@ class BuilderConfig:
                                  hint="e.g. tensor_ranges={'conv1_out': (-4.0, 6.0)}") from None
             if not (math.isfinite(low) and math.isfinite(high) and low <= high and max(-low, high) > 0):
                 raise UsageError(f"the range of {name!r} is not finite min <= max around a non-zero value: "
-                                 f"({low}, {high})")
+                                 f"({low}, {high})", hint="give min <= max, e.g. --tensor-ranges x:-4,4")
             ranges[str(name)] = (low, high)
         object.__setattr__(self, "tensor_ranges", dict(sorted(ranges.items())))
 

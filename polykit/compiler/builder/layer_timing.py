@@ -83,7 +83,8 @@ def random_input(desc: TensorDesc, rng: np.random.Generator) -> np.ndarray:
     if desc.np_dtype in INT8_DTYPES:
         low = 1 if desc.np_dtype == np.uint8 else -100
         return rng.integers(low, 101, desc.shape).astype(desc.np_dtype)
-    return rng.uniform(0.5, 1.5, desc.shape).astype(desc.np_dtype)
+    wide = np.float64 if desc.np_dtype == np.float64 else np.float32  # no float64 copy of a float32 input
+    return (rng.random(desc.shape, dtype=wide) + wide(0.5)).astype(desc.np_dtype, copy=False)
 
 
 def timing_plan(target: str, layer: LayerDesc, pairs: Sequence[tuple[LayerDesc, Any]],

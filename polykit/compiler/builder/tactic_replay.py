@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from polykit.errors import BuildError, UsageError
+from polykit.files import read_json
 
 FORMAT_VERSION = 1
 _TOP_KEYS = frozenset({"format", "layers"})
@@ -186,16 +187,7 @@ def load_replay(source: "str | os.PathLike | TacticReplay | Mapping[str, str] | 
     if isinstance(source, Mapping):
         return TacticReplay.from_assignment(source)
     where = os.fspath(source)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the tactic replay file: {exc}", where=where,
-                         hint="pass a file written by --save-tactics") from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"the tactic replay file is not JSON: {exc}", where=where,
-                         hint="pass a file written by --save-tactics") from exc
+    doc = read_json(source, "tactic replay file", UsageError, hint="pass a file written by --save-tactics")
     return TacticReplay.from_json(doc, where)
 
 

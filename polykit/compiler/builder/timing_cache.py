@@ -27,6 +27,7 @@ import numpy as np
 
 import polykit
 from polykit.errors import UsageError
+from polykit.files import read_json
 
 FORMAT = 1
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -101,7 +102,8 @@ class TimingCache:
         try:
             Path(path).write_text(json.dumps(merged.to_json(), indent=1, sort_keys=True) + "\n")
         except OSError as exc:
-            raise UsageError(f"cannot write the timing cache: {exc}", where=str(path)) from exc
+            raise UsageError(f"cannot write the timing cache: {exc}", where=str(path),
+                             hint="check that the folder exists and is writable") from exc
 
     @staticmethod
     def from_json(doc: Any, where: str = "timing cache") -> "TimingCache":
@@ -134,14 +136,5 @@ class TimingCache:
 
 def load_timing_cache(path: str | os.PathLike) -> TimingCache:
     """Read and check a timing cache file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the timing cache: {exc}", where=str(path),
-                         hint="pass a file written by --save-timing-cache") from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"the timing cache is not JSON: {exc}", where=str(path),
-                         hint="pass a file written by --save-timing-cache") from exc
+    doc = read_json(path, "timing cache", UsageError, hint="pass a file written by --save-timing-cache")
     return TimingCache.from_json(doc, where=str(path))

@@ -35,6 +35,7 @@ from polykit.compiler.builder.layer_timing import runs_for, time_candidates, tim
 from polykit.compiler.plan.profiles import at_corner
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, timing_key
+from polykit import limits
 from polykit.errors import BuildError, PolykitError
 from polykit.kernels.tactics import candidates
 
@@ -217,6 +218,12 @@ class Tuner:
             log.info("layer %r: not timed (integer inputs); took %s, the first candidate by priority",
                      layer.name, pairs[0][1].name)
             return self._chosen(pairs[0])
+        over = self.timing_over_budget(layer, tensors)
+        if over:
+            self.stats.untimeable_layers += 1
+            log.warning("layer %r: not timed: %s; took %s, the first candidate by priority", layer.name, over,
+                        pairs[0][1].name)
+            return self._chosen(pairs[0])
         device = self.device()
         if device is None:
             return self._chosen(pairs[0])
@@ -238,11 +245,27 @@ class Tuner:
                   ", ".join(f"{t.name}/{v.precision} {ms:.4f} ms" for (v, t), ms in zip(pairs, times)))
         return self._chosen(pairs[best])
 
+    def timing_over_budget(self, layer: LayerDesc, tensors: Mapping[str, TensorDesc]) -> str:
+        """Why timing `layer` would allocate too much ("" when it would not): its inputs and
+        outputs, allocated once to time it, must fit the workspace limit (when set) and the
+        memory limits (polykit.limits) of the host, which makes the inputs, and of the target."""
+        need = sum(tensors[n].nbytes for n in dict.fromkeys((*layer.inputs, *layer.outputs)) if n and n in tensors)
+        budgets = {"host_memory": limits.current().host_memory}
+        if self.target == "cuda":
+            budgets["device_memory"] = limits.current().device_memory
+        if self.cfg.workspace_limit is not None:
+            budgets["workspace limit"] = self.cfg.workspace_limit
+        name, budget = min(budgets.items(), key=lambda kv: kv[1])
+        if need <= budget:
+            return ""
+        return f"its tensors need {limits.size_text(need)}, more than the {name} ({limits.size_text(budget)})"
+
     def to_time(self, layer: LayerDesc, pairs: Sequence[Pair], tensors: Mapping[str, TensorDesc]) -> list[Pair]:
         """The pairs `choose` would time for `layer` (missing from the timing cache); none when
         it would take the first by priority. Counts no cache hits or misses."""
         level, cap = self.level, self.level.limit(self.target)
-        if cap == 0 or (len(pairs) == 1 and not level.time_single) or not timeable(layer, tensors):
+        if cap == 0 or (len(pairs) == 1 and not level.time_single) or not timeable(layer, tensors) \
+                or self.timing_over_budget(layer, tensors):
             return []
         device = self.device()
         if device is None:

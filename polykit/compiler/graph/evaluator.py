@@ -31,7 +31,8 @@ import numpy as np
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.ir.sequences import runtime_form
 from polykit.compiler.ops.control.bodies import BodyFn, register_body_runner
-from polykit.errors import PolykitError, RuntimeInputError, UsageError
+from polykit.compiler.ops.control.control_flow_reference import iteration_budget
+from polykit.errors import LimitError, PolykitError, RuntimeInputError, UsageError
 from polykit.compiler.ops.references import run_reference
 
 log = logging.getLogger("polykit.passes")
@@ -106,7 +107,13 @@ def try_node(node: Node, known: Mapping[str, np.ndarray], partial: Partial) -> l
             not node.inputs or any(a is not None and a.size > partial.max_elements for a in args)):
         return None
     try:
-        outs = run_node(node, args)
+        with iteration_budget("fold_iterations"):
+            outs = run_node(node, args)
+    except LimitError as exc:  # a loop on constants past the budget: folding says so, inference lets it be
+        if partial.materialize:
+            raise
+        log.debug("%s not evaluated ahead: %s", node.describe(), exc.what)
+        return None
     except PolykitError as exc:  # the node stays unevaluated; running the graph reports it with context
         log.debug("%s not evaluated ahead: %s", node.describe(), exc.what)
         return None

@@ -13,6 +13,7 @@ from polykit.compiler.ir import dtypes
 from polykit.compiler.ir.graph import Graph, Node, Value, has_subgraphs
 from polykit.compiler.ops.registry import (CANONICAL_OPSET, GraphImporter, ImportContext, find_importer, is_supported,
                                           load_ops)
+from polykit import limits
 from polykit.errors import GraphError, ModelLoadError, NodeAttributeError, PolykitError, UnsupportedModelError
 from polykit.files import require_file
 
@@ -35,7 +36,7 @@ def read_model(source: "str | os.PathLike | Any") -> Any:
             hint="the file is not an ONNX model or is corrupt; re-export it",
         ) from exc
     check_model(model, str(path))
-    _load_external_data(model, path.parent)
+    _load_external_data(model, path.parent, str(path))
     return model
 
 
@@ -61,6 +62,42 @@ def check_model(model: Any, where: str) -> None:
     bad = next(_undecodable_text(model, "model"), None)
     if bad is not None:
         raise ModelLoadError(f"{bad} is not valid UTF-8 text", where=where, hint="the file is corrupt; re-export it")
+    _check_opsets(model, where)
+    _check_body_depth(model.graph, where)
+    for t in model.graph.initializer:
+        _check_dims(t.dims, f"initializer {t.name!r}", where)
+
+
+def _check_opsets(model: Any, where: str) -> None:
+    """ModelLoadError for a default-domain opset newer than the ONNX specification polykit reads
+    models against (onnx.defs): its ops' semantics are unknown, so no answer could be trusted."""
+    import onnx
+
+    latest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > latest:
+            raise ModelLoadError(f"the model imports ONNX opset {o.version}; polykit implements opsets up to {latest}",
+                                 where=where, hint=f"export the model with opset {latest} or lower")
+
+
+def _check_body_depth(graph: Any, where: str) -> None:
+    """ModelLoadError when control-flow bodies (If/Loop/Scan graphs) nest deeper than the
+    body_depth limit: importing, inferring and building them recurses once per level."""
+    import onnx
+
+    limit = limits.current().body_depth
+    stack = [(graph, 0)]
+    while stack:
+        g, depth = stack.pop()
+        if depth > limit:
+            raise ModelLoadError(f"control-flow bodies nest more than {limit} deep (graph {g.name!r})", where=where,
+                                 hint=limits.raise_hint("body_depth"))
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append((attr.g, depth + 1))
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend((b, depth + 1) for b in attr.graphs)
 
 
 def _undecodable_text(message: Any, path: str) -> Any:
@@ -77,20 +114,34 @@ def _undecodable_text(message: Any, path: str) -> Any:
             yield from _undecodable_text(value, f"{path}.{field.name}")
 
 
-def _load_external_data(model: Any, base_dir: Path) -> None:
+def _load_external_data(model: Any, base_dir: Path, where: str) -> None:
+    """Read each tensor's external data after checking its location (inside the model's folder,
+    no NUL), offset and length (ASCII digits, inside the file) and the total against the
+    host_memory limit, before reading a byte."""
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
+    total = 0
     for tensor in _get_all_tensors(model):
         if not uses_external_data(tensor):
             continue
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
+        if "\0" in location:
+            raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} holds a NUL byte",
+                                 where=where, hint="the file is corrupt or crafted; re-export the model")
         file = base_dir / location
-        if location and not file.resolve().is_relative_to(base_dir.resolve()):
+        try:
+            inside = file.resolve().is_relative_to(base_dir.resolve())
+            size = file.stat().st_size if inside and location and file.is_file() else None
+        except OSError as exc:  # a name too long for the file system, a loop of links
+            raise ModelLoadError(f"external data location {location[:80]!r} of tensor {tensor.name!r} cannot be "
+                                 f"opened: {exc.strerror or exc}", where=where,
+                                 hint="keep the .data file next to the .onnx file it was saved with") from None
+        if location and not inside:
             raise ModelLoadError(f"external data location {location!r} of tensor {tensor.name!r} lies outside the "
                                  "model's folder", where=str(base_dir),
                                  hint="external data files must sit in the model's folder (or below it)")
-        if not location or not file.is_file():
+        if not location or size is None:
             raise ModelLoadError(
                 f"external data file {location!r} for tensor {tensor.name!r} is missing",
                 where=str(file),
@@ -98,10 +149,17 @@ def _load_external_data(model: Any, base_dir: Path) -> None:
             )
         offset = _external_int(info, "offset", 0, tensor.name, file)
         length = _external_int(info, "length", None, tensor.name, file)
+        if offset > size or (length is not None and offset + length > size):
+            end = "the end" if length is None else f"{offset + length}"
+            raise ModelLoadError(f"external data of tensor {tensor.name!r} (bytes {offset}..{end}) lies outside the "
+                                 f"{size}-byte file", where=str(file), hint="re-save the model with its external data")
+        length = size - offset if length is None else length
+        total += length
+        limits.check("host_memory", total, "the model's external data", ModelLoadError, where)
         with open(file, "rb") as fh:
             fh.seek(offset)
-            raw = fh.read() if length is None else fh.read(length)
-        if length is not None and len(raw) != length:
+            raw = fh.read(length)
+        if len(raw) != length:
             raise ModelLoadError(
                 f"external data for tensor {tensor.name!r} is truncated ({len(raw)} of {length} bytes)",
                 where=str(file),
@@ -116,9 +174,9 @@ def _external_int(info: dict[str, str], key: str, default: int | None, tensor: s
     if key not in info:
         return default
     text = info[key]
-    if not text.isdigit():
-        raise ModelLoadError(f"external data {key} {text!r} of tensor {tensor!r} is not a non-negative integer",
-                             where=str(file), hint="re-save the model with its external data")
+    if not (text.isascii() and text.isdigit()) or len(text) > 4000:  # (an int of more digits is a ValueError)
+        raise ModelLoadError(f"external data {key} {text[:40]!r} of tensor {tensor!r} is not a non-negative integer "
+                             "(ASCII digits)", where=str(file), hint="re-save the model with its external data")
     return int(text)
 
 
@@ -156,6 +214,7 @@ def _tensor_to_array(tensor: Any, where: str) -> np.ndarray:
     from onnx import numpy_helper
 
     dtypes.to_numpy(tensor.data_type, where=f"{where}: tensor {tensor.name!r}")
+    _check_dims(tensor.dims, f"tensor {tensor.name!r}", where)
     try:
         arr = numpy_helper.to_array(tensor)
     except Exception as exc:
@@ -169,6 +228,9 @@ def _sparse_to_dense(sparse: Any, where: str) -> np.ndarray:
     """The dense array of a SparseTensorProto; ModelLoadError when its parts do not fit together."""
     values = _tensor_to_array(sparse.values, where)
     indices = _tensor_to_array(sparse.indices, where)
+    _check_dims(sparse.dims, f"sparse tensor {sparse.values.name!r}", where)
+    limits.check("host_memory", int(np.prod(list(sparse.dims), dtype=object)) * values.dtype.itemsize,
+                 f"the dense form of sparse tensor {sparse.values.name!r}", ModelLoadError, where)
     try:
         dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
         if indices.ndim == 1:
@@ -179,6 +241,12 @@ def _sparse_to_dense(sparse: Any, where: str) -> np.ndarray:
         raise ModelLoadError(f"sparse tensor {sparse.values.name!r} does not decode: {exc}", where=where,
                              hint="its dims, indices and values must agree") from None
     return dense
+
+
+def _check_dims(dims: Sequence[int], what: str, where: str) -> None:
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{what} has dims {list(dims)}: a dim is negative", where=where,
+                             hint="the model is corrupt; re-export it")
 
 
 def _value_from_proto(vi: Any) -> Value:

@@ -123,7 +123,9 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
             raise Invalid(f"profiles.ranges[{i}]", f"gives ranges for {sorted(ranges)}, the inputs' symbols are "
                                                    f"{sorted(symbols)}")
     for name, syms in inputs.items():
-        t = doc["tensors"][name]
+        t = doc["tensors"].get(name)
+        if t is None:
+            raise Invalid(f"profiles.inputs[{name!r}]", "names an engine input that has no tensor record")
         path = f"tensors[{name!r}].dims"
         want = [s if s is not None else d for s, d in zip(syms, t["shape"])]
         if len(syms) != len(t["shape"]):

@@ -40,8 +40,9 @@ from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.plan.profiles import ProfileSet
 from polykit.compiler.ir.symbolic import expr_from_json, expr_to_json
 from polykit.compiler.ops.control.bodies import register_body_inference
-from polykit.errors import PlanError, ShapeError
-from polykit.files import require_file
+from polykit import limits
+from polykit.errors import PlanError, PolykitError, ShapeError
+from polykit.files import parse_json, require_file
 
 MAGIC = b"PLYKPLAN"
 #: 2: the kernel table names kernels (entry point, source key) and carries no source text
@@ -124,18 +125,24 @@ class Plan:
                 where=where,
                 hint=f"rebuild the plan with --target {expect_target}, or load it with target {header['target']!r}",
             )
-        return Plan.from_document(doc, blob, header["target"], where)
+        plan = Plan.from_document(doc, blob, header["target"], where)
+        check_memory(plan, where)
+        return plan
 
     @staticmethod
-    def from_document(doc: Any, blob: memoryview, target: str, where: str = "plan") -> "Plan":
-        """The Plan of a JSON document (a file's, or one nested in a control-flow layer) whose
-        weights lie in `blob`, after the schema check (PlanError naming the field otherwise)."""
+    def from_document(doc: Any, blob: memoryview, target: str, where: str = "plan", depth: int = 0) -> "Plan":
+        """The Plan of a JSON document (a file's, or one nested `depth` deep in control-flow
+        layers) whose weights lie in `blob`, after the schema check (PlanError naming the field
+        otherwise)."""
+        if depth > limits.current().body_depth:
+            raise PlanError(f"control-flow body plans nest more than {limits.current().body_depth} deep", where=where,
+                            hint=limits.raise_hint("body_depth"))
         doc = drop_code_table(doc)
         check_document(doc, len(blob), where)
         if doc["target"] != target:
             raise PlanError(f"invalid plan field target: {doc['target']!r} differs from the header's "
                             f"{target!r}", where=where, hint="the file was edited; rebuild the plan")
-        plan = _plan_from_json(doc, blob, where)
+        plan = _plan_from_json(doc, blob, where, depth)
         check_layers(plan, where)
         return plan
 
@@ -152,6 +159,42 @@ class Plan:
     def __repr__(self) -> str:
         return (f"Plan(target={self.target!r}, {len(self.layers)} layers, inputs={self.inputs}, "
                 f"outputs={self.outputs}, arena={self.memory.arena_bytes} B, weights={self.weight_bytes} B)")
+
+
+# ---- memory ------------------------------------------------------------------------------------
+#: the limit of polykit.limits that bounds a plan's memory, by target (cpu runs in host memory)
+MEMORY_LIMIT = {"cuda": "device_memory"}
+
+
+def requested_memory(plan: Plan) -> int:
+    """Bytes a plan asks its target for: its arena and weights, and those of the plans nested
+    in its control-flow layers."""
+    total, stack = 0, [plan]
+    while stack:
+        p = stack.pop()
+        total += p.memory.arena_bytes + p.weight_bytes
+        stack.extend(_nested_plans([layer.attrs for layer in p.layers]))
+    return total
+
+
+def _nested_plans(values: Any) -> list[Plan]:
+    found, stack = [], [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Plan):
+            found.append(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return found
+
+
+def check_memory(plan: Plan, where: str = "plan", error: type[PolykitError] = PlanError) -> None:
+    """`error` when the plan asks for more memory than the limit of its target allows (a plan
+    declares its arena; nothing may allocate 8 TB because a file says so)."""
+    limit = MEMORY_LIMIT.get(plan.target, "host_memory")
+    limits.check(limit, requested_memory(plan), f"the plan's arena and weights on target {plan.target!r}", error, where)
 
 
 # ---- bytes <-> (header, document, weight blob) -------------------------------------------------
@@ -175,10 +218,7 @@ def decode_plan(data: bytes, where: str = "plan") -> tuple[dict[str, Any], Any, 
     data = bytes(data)
     header = _read_header(data, where)
     json_end = header["body_start"] + header["json_len"]
-    try:
-        doc = json.loads(data[header["body_start"]:json_end].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise PlanError(f"the plan's metadata is corrupt: {exc}", where=where, hint="rebuild the plan") from exc
+    doc = parse_json(data[header["body_start"]:json_end], where, "plan's metadata", PlanError, hint="rebuild the plan")
     blob_start = align(json_end)
     return header, doc, memoryview(data)[blob_start:blob_start + header["weights_len"]]
 
@@ -353,14 +393,15 @@ class _Nested:
     blob: memoryview
     target: str
     where: str
+    depth: int  # of the plan whose attrs these are
 
     def at(self, path: str) -> "_Nested":
-        return _Nested(self.blob, self.target, f"{self.where}: {path}")
+        return _Nested(self.blob, self.target, f"{self.where}: {path}", self.depth)
 
 
-def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan") -> Plan:
+def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan", depth: int = 0) -> Plan:
     """The Plan of a document check_document accepted."""
-    nested = _Nested(blob, doc["target"], where)
+    nested = _Nested(blob, doc["target"], where, depth)
     return Plan(
         target=doc["target"],
         layers=[_layer_from_json(x, nested) for x in doc["layers"]],
@@ -410,7 +451,7 @@ def _jsonable(value: Any, where: str, packer: _WeightPacker | None = None) -> An
 def _from_jsonable(value: Any, nested: _Nested | None = None) -> Any:
     if isinstance(value, dict):
         if set(value) == {_PLAN} and nested is not None:
-            return Plan.from_document(value[_PLAN], nested.blob, nested.target, nested.where)
+            return Plan.from_document(value[_PLAN], nested.blob, nested.target, nested.where, nested.depth + 1)
         if set(value) == {_ND}:
             spec = value[_ND]
             raw = base64.b64decode(spec["data"])

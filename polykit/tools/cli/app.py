@@ -55,6 +55,26 @@ def _configure_logging(verbose: int, quiet: bool) -> Callable[[], None]:
     return restore
 
 
+def _set_limits(specs: list[str]) -> Callable[[], None]:
+    """Put --limit NAME=VALUE options into POLYKIT_LIMITS (checked now: a bad one is a usage
+    error before any work); returns the undo, for commands run in-process."""
+    import os
+
+    from polykit import limits
+
+    saved = os.environ.get(limits.ENV)
+    values = {**limits.parse(saved or ""), **limits.parse(",".join(specs))}
+    os.environ[limits.ENV] = limits.encode(values)
+
+    def restore() -> None:
+        if saved is None:
+            os.environ.pop(limits.ENV, None)
+        else:
+            os.environ[limits.ENV] = saved
+
+    return restore
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"polykit {polykit.__version__}")
@@ -89,8 +109,13 @@ def build_app(pm=None) -> typer.Typer:
         log_file: Optional[str] = typer.Option(None, "--log-file", metavar="FILE",
                                                help="also write polykit's log messages to FILE (Polygraphy's option; "
                                                     "it may follow the subcommand)"),
+        limit: list[str] = typer.Option([], "--limit", metavar="NAME=VALUE",
+                                        help="raise a resource limit, e.g. --limit data_bytes=4GiB (names and "
+                                             "defaults: docs/HARDENING.md; sets POLYKIT_LIMITS)"),
     ) -> None:
         ctx.call_on_close(_configure_logging(verbose, quiet))
+        if limit:
+            ctx.call_on_close(_set_limits(limit))
 
     pm.call_each("polykit_cli_commands", app=app)
     return app
@@ -109,8 +134,8 @@ _GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose", "-q", "--quiet", "--strict-pl
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """Let -v/-q and --log-file FILE appear anywhere (`polykit run m.onnx --onnxrt -v`): move them
-    before the subcommand."""
+    """Let -v/-q, --log-file FILE and --limit NAME=VALUE appear anywhere (`polykit run m.onnx
+    --onnxrt -v`): move them before the subcommand."""
     if "--" in argv:
         head, tail = argv[: argv.index("--")], argv[argv.index("--"):]
     else:
@@ -118,9 +143,9 @@ def hoist_global_options(argv: list[str]) -> list[str]:
     flags, rest, i = [], [], 0
     while i < len(head):
         a = head[i]
-        if a in _GLOBAL_FLAGS or a.startswith("--log-file="):
+        if a in _GLOBAL_FLAGS or a.startswith(("--log-file=", "--limit=")):
             flags.append(a)
-        elif a == "--log-file" and i + 1 < len(head):
+        elif a in ("--log-file", "--limit") and i + 1 < len(head):
             flags += [a, head[i + 1]]
             i += 1
         else:

@@ -107,7 +107,7 @@ def parse_tolerances(values: Sequence[str], option: str) -> dict[str, float]:
             raise UsageError(f"{option} {v!r} is not a number or NAME:NUMBER", hint=f"e.g. {option} 1e-4 logits:1e-3")
         value = _num(m["value"])
         if value < 0:
-            raise UsageError(f"{option} {v!r} is negative")
+            raise UsageError(f"{option} {v!r} is negative", hint=f"give a value >= 0, e.g. {option} 1e-4")
         table[m["name"] or ""] = value
     return table
 
@@ -121,7 +121,7 @@ def parse_val_ranges(values: Sequence[str]) -> dict[str, tuple[float, float]]:
             raise UsageError(f"--val-range {v!r} is not NAME:[LOW,HIGH] or [LOW,HIGH]", hint="e.g. --val-range x:[-1,1]")
         low, high = _num(m["low"]), _num(m["high"])
         if low > high:
-            raise UsageError(f"--val-range {v!r}: low > high")
+            raise UsageError(f"--val-range {v!r}: low > high", hint="write the range low first: --val-range x:[-1,1]")
         table[m["name"] or ""] = (low, high)
     return table
 
@@ -223,7 +223,8 @@ def parse_error_stats(values: Sequence[str]) -> dict[str, str]:
     for v in values:
         m = _STAT.match(v.strip())
         if m is None:
-            raise UsageError(f"--check-error-stat {v!r} is not [NAME:]elemwise|max|mean|median|quantile")
+            raise UsageError(f"--check-error-stat {v!r} is not [NAME:]elemwise|max|mean|median|quantile",
+                             hint="e.g. --check-error-stat mean, or --check-error-stat logits:max")
         table[m["name"] or ""] = m["stat"]
     return table
 

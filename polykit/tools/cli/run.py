@@ -43,7 +43,7 @@ def resolve_target(target: Optional[str], runners: List[str], model: Optional[st
     builds: a plan file runs on the target it was built for)."""
     if target is not None:
         if target not in ("cuda", "cpu"):
-            raise UsageError(f"--target {target!r} is not cuda or cpu")
+            raise UsageError(f"--target {target!r} is not cuda or cpu", hint="give --target cuda or --target cpu")
         return target
     if "trt" not in runners:
         return None
@@ -92,6 +92,19 @@ def feed_shape_values(model: str, builder_options: dict, load_inputs: Optional[s
     return {**builder_options, "shape_values": values} if values else builder_options
 
 
+def refuse_ignored_with_load_inputs(*, data_loader_script: Optional[str], seed: Optional[int],
+                                    iterations: Optional[int], val_range: List[str], data_loader: str) -> None:
+    """UsageError when --load-inputs comes with options that make feeds: the file gives the
+    feeds, so they would be silently ignored (a missing script included)."""
+    ignored = [option for option, given in (("--data-loader-script", data_loader_script is not None),
+                                            ("--data-loader", data_loader != "default"), ("--seed", seed is not None),
+                                            ("--iterations", iterations is not None), ("--val-range", bool(val_range)))
+               if given]
+    if ignored:
+        raise UsageError(f"--load-inputs reads the feeds from a file; {', '.join(ignored)} would make feeds that are "
+                         "never used", hint=f"drop {' and '.join(ignored)}, or drop --load-inputs to make feeds")
+
+
 def run(
     model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model, or a polykit plan (--trt only)"),
     runner: List[str] = typer.Option([], "--runner", help="runner by name (the runner flags map to this)"),
@@ -100,8 +113,8 @@ def run(
     providers: List[str] = typer.Option([], "--providers", help="onnxruntime providers, e.g. cpu cuda"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="shapes for dynamic inputs: x:[1,3,224,224]"),
     val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
-    seed: int = typer.Option(1, "--seed", help="seed of the random data loader"),
-    iterations: int = typer.Option(1, "--iterations", help="how many feed dicts to run"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the random data loader [default: 1]"),
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="how many feed dicts to run [default: 1]"),
     data_loader: str = typer.Option("default", "--data-loader", help="data loader by name (plugins add more)"),
     data_loader_script: Optional[str] = typer.Option(None, "--data-loader-script", help="file.py[:func] defining load_data()"),
     validate: bool = typer.Option(False, "--validate", help="fail on NaN or Inf in any output"),
@@ -159,6 +172,10 @@ def run(
     from polykit.tools.compare.divergence import analyze
     from polykit.tools.report.comparison import render, to_json
 
+    if load_inputs:
+        refuse_ignored_with_load_inputs(data_loader_script=data_loader_script, seed=seed, iterations=iterations,
+                                        val_range=val_range, data_loader=data_loader)
+    seed, iterations = 1 if seed is None else seed, 1 if iterations is None else iterations
     check_model_type(model, model_type_name)
     mark_all, mark_outputs = polygraphy_marks(mark_all, mark_outputs, polygraphy_outputs)
     profiles = builder_options["profiles"]

@@ -40,7 +40,8 @@ class CompareOptions:
         for option, table in (("--atol", self.atol), ("--rtol", self.rtol)):
             for name, value in table.items():
                 if not value >= 0:  # also refuses NaN
-                    raise UsageError(f"{option} {_named(name, value)} is not a non-negative number")
+                    raise UsageError(f"{option} {_named(name, value)} is not a non-negative number",
+                                     hint="tolerances are numbers >= 0, e.g. --atol 1e-5")
         for name, stat in self.check_error_stat.items():
             if stat not in ERROR_STATS:
                 raise UsageError(f"--check-error-stat {_named(name, stat)} is not an error statistic",
@@ -49,9 +50,10 @@ class CompareOptions:
                                          ("--l2-tol", self.l2_tol, 0.0, float("inf")),
                                          ("--cosine-tol", self.cosine_tol, 0.0, 2.0)):
             if not low <= value <= high:
-                raise UsageError(f"{option} {value} is not in [{low:g}, {high:g}]")
+                raise UsageError(f"{option} {value} is not in [{low:g}, {high:g}]",
+                                 hint="give a value inside that range")
         if self.snr_min_db != self.snr_min_db:
-            raise UsageError("--snr-min is NaN")
+            raise UsageError("--snr-min is NaN", hint="give a number, e.g. --snr-min 40")
 
     def per_output(self, table: Mapping[str, Any], name: str, fallback: Any) -> Any:
         return table.get(name, table.get("", fallback))

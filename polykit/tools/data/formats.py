@@ -11,12 +11,11 @@ which says what the file is instead (a lone .npy, text, a damaged archive).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from polykit.errors import DataFileError
-from polykit.files import require_file
+from polykit.files import read_json, require_file
 from polykit.npy_io import ZIP_MAGICS
 from polykit.tools.data import npz_format, polygraphy_json, polykit_json
 from polykit.tools.data.dataset import DataSet, feeds_set, outputs_set
@@ -57,10 +56,7 @@ def describe(fmt: str, kind: str) -> str:
 
 
 def _read_json(path: Path) -> tuple[str, DataSet]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DataFileError(f"cannot read JSON: {exc}", where=str(path)) from None
+    doc = read_json(path, "JSON data file", DataFileError)
     if polygraphy_json.holds(doc):
         return "polygraphy-json", polygraphy_json.from_document(doc, str(path))
     return "polykit-json", polykit_json.from_document(doc, str(path))

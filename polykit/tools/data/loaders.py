@@ -45,13 +45,16 @@ class DataLoaderOptions:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise UsageError(f"--seed {self.seed!r} is not a non-negative integer", hint="e.g. --seed 1")
         if self.iterations < 1:
-            raise UsageError(f"--iterations {self.iterations} is less than 1")
+            raise UsageError(f"--iterations {self.iterations} is less than 1",
+                             hint="run at least one iteration: --iterations 1")
         for name, (low, high) in self.val_ranges.items():
             if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-                raise UsageError(f"--val-range {_named(name, [low, high])} is not a finite range with low <= high")
+                raise UsageError(f"--val-range {_named(name, [low, high])} is not a finite range with low <= high",
+                                 hint="e.g. --val-range x:[-1,1]")
         for name, shape in self.input_shapes.items():
             if any(int(d) < 0 for d in shape):
-                raise UsageError(f"--input-shapes {name}:{list(shape)} has a negative dim")
+                raise UsageError(f"--input-shapes {name}:{list(shape)} has a negative dim",
+                                 hint="dims are >= 0, e.g. --input-shapes x:[1,3,224,224]")
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ class ScriptDataLoader:
                 return
             if not isinstance(item, Mapping):
                 raise UsageError(f"{self.path}:{self.func} gave a {type(item).__name__} at iteration {i}, "
-                                 "not a dict of input name -> array")
+                                 "not a dict of input name -> array",
+                                 hint="load_data() yields dicts of input name -> array")
             yield self.match(item)
 
     def _run(self, step: Callable[[], Any]) -> Any:

@@ -121,7 +121,8 @@ class OutputStore:
         from numpy.lib import format as npy
 
         if self._writer is None:
-            raise UsageError("the output store is sealed: no more outputs can be added", where=str(self.path))
+            raise UsageError("the output store is sealed: no more outputs can be added", where=str(self.path),
+                             hint="open a new store for more outputs")
         names = list(outputs)
         for name in names:
             arr = np.asarray(outputs.pop(name))
@@ -136,7 +137,8 @@ class OutputStore:
 
     def read(self, key: str) -> Any:
         if self._writer is not None:
-            raise UsageError("the output store is still being written; seal() it before reading", where=str(self.path))
+            raise UsageError("the output store is still being written; seal() it before reading", where=str(self.path),
+                             hint="call seal() after the last output")
         if self._archive is None:
             self._archive = NpzArchive(self.path)
         return self._archive.read(key)

@@ -68,7 +68,7 @@ def reduce_nodes(count: int, check: NodeCheck, mode: str = "both") -> ReduceResu
     """The minimal failing set of nodes 0..count-1 (module docstring; the full set when it
     passes); UsageError when the model has no nodes or `mode` is unknown."""
     if count < 1:
-        raise UsageError("the model has no nodes to reduce")
+        raise UsageError("the model has no nodes to reduce", hint="give a model with at least one node")
     require_mode(mode)
     search = _Search(check)
     full = search.trial(range(count))

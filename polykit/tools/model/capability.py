@@ -239,7 +239,8 @@ def write_partitions(graph: "Graph", report: Capability, folder: str) -> list[st
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot make the folder: {exc.strerror or exc}", where=folder) from None
+        raise UsageError(f"cannot make the folder: {exc.strerror or exc}", where=folder,
+                         hint="check that the parent folder exists and is writable") from None
     paths = []
     import onnx
 

@@ -129,7 +129,7 @@ def test_an_object_array_in_an_npz_is_refused_not_unpickled(tmp_path):
     ('{"x": {"polygraphy_class": "FormattedArray", "array": 1}}', r"Polygraphy class 'FormattedArray' is not one"),
     ('[{"x": {"polygraphy_class": "ndarray", "array": "AAAA"}}]', r"a Polygraphy array does not decode"),
     ('"just text"', r"feeds must be a list"),
-    ('[{"x": ', r"cannot read JSON"),
+    ('[{"x": ', r"is not valid JSON"),
 ])
 def test_malformed_json_feeds_are_data_file_errors_naming_the_entry(tmp_path, text, message):
     path = tmp_path / "in.json"

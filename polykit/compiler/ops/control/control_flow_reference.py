@@ -9,14 +9,19 @@ runner its layer registers (polykit.compiler.ops.control.bodies.body_runner).
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 
+from polykit import limits
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.ir.subgraphs import captured
 from polykit.compiler.ops.control.bodies import body_runner
-from polykit.errors import PolykitError, RuntimeInputError
+from polykit.compiler.ops.control.control_flow import passes_condition
+from polykit.errors import LimitError, PolykitError, RuntimeInputError
 from polykit.compiler.ops.references import as_value, reference
 
 
@@ -51,6 +56,38 @@ def _scalar(value: np.ndarray | None, default: Any) -> Any:
     return default if value is None else np.asarray(value).reshape(-1)[0].item()
 
 
+@dataclass
+class _Budget:
+    """Loop iterations left to one evaluation (shared by the loops nested in it)."""
+
+    limit: str  # the polykit.limits field: "fold_iterations" (build time) or "run_iterations"
+    left: int
+    spent: int = 0
+
+
+_BUDGET: ContextVar["_Budget | None"] = ContextVar("polykit loop budget", default=None)
+
+
+@contextmanager
+def iteration_budget(limit: str) -> Iterator[None]:
+    """Count the Loop iterations run inside the block against limit `limit` of polykit.limits
+    (constant folding: "fold_iterations"); outside any such block each outermost Loop gets
+    "run_iterations"."""
+    token = _BUDGET.set(_Budget(limit, getattr(limits.current(), limit)))
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def _over_budget(node: Node, budget: _Budget, iterations: str) -> LimitError:
+    when = "at build time (constant folding)" if budget.limit == "fold_iterations" else "in one run"
+    return LimitError(f"the loop runs {iterations} iterations {when}, more than the {budget.limit} limit "
+                      f"({getattr(limits.current(), budget.limit)}) allows", where=node.describe(),
+                      hint=limits.raise_hint(budget.limit) if budget.limit == "run_iterations" else
+                      f"{limits.raise_hint(budget.limit)}; or check the loop's trip count and condition")
+
+
 @reference("If")
 def if_(node: Node, inputs):
     branch = node.attrs["then_branch" if bool(_scalar(inputs[0], False)) else "else_branch"]
@@ -68,8 +105,18 @@ def loop(node: Node, inputs):
     state, rest = list(inputs[2:2 + n]), list(inputs[2 + n:])
     scans: list[list[np.ndarray]] = [[] for _ in range(len(node.outputs) - n)]
     i = 0
+    budget = _BUDGET.get()
+    if budget is None:
+        with iteration_budget("run_iterations"):
+            return loop(node, inputs)
+    if go and trip is not None and trip > budget.left and isinstance(body, Graph) and passes_condition(body):
+        raise _over_budget(node, budget, str(trip))  # known now: no need to run up to the limit
     with body_runner(body) as run:
         while go and (trip is None or i < trip):
+            if budget.left <= 0:
+                raise _over_budget(node, budget, f"more than {budget.spent}")
+            budget.left -= 1
+            budget.spent += 1
             outs = run([np.array(i, np.int64), np.array(go), *state, *rest])
             go = bool(_scalar(outs[0], True))
             state = outs[1:1 + n]
