@@ -36,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "tests" / "data" / "polygraphy_examples"
 EXAMPLES = DATA / "cli"
+API_EXAMPLES = DATA / "api"
 _BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 _MARK = re.compile(r"<!-- Polygraphy Test: (Ignore|XFAIL) (Start|End) -->")
 
@@ -149,16 +150,22 @@ GENERATED: dict[str, dict[str, tuple[Callable[[Path], None], str]]] = {
 }
 
 
+#: example -> other vendored folders (relative to DATA) its commands read
+ALSO_COPIED = {"convert/01_int8_calibration_in_tensorrt": ("api/04_int8_calibration_in_tensorrt",)}
+
+
 def git_blob_id(data: bytes) -> str:
     """The id git gives a file of these bytes (how the upstream tree names its files)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def copy_example(relative: str, workdir: Path) -> Path:
-    """A copy of the example's vendored folder in `workdir` (with its GENERATED models), to run its
-    commands in."""
-    target = workdir / relative
-    shutil.copytree(EXAMPLES / relative, target)
+def copy_example(relative: str, workdir: Path, root: Path = EXAMPLES) -> Path:
+    """A copy of the example's vendored folder (under `root`: EXAMPLES or API_EXAMPLES) in
+    `workdir`, with its GENERATED models, to run its commands in."""
+    target = workdir / root.name / relative  # the upstream layout: cli/convert/01's ../../../api/04 resolves
+    shutil.copytree(root / relative, target)
+    for other in ALSO_COPIED.get(relative, ()):
+        shutil.copytree(DATA / other, workdir / other)
     for name, (write, _) in GENERATED.get(relative, {}).items():
         write(target / name)
     return target

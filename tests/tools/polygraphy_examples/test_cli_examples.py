@@ -16,8 +16,6 @@ from tests.tools.polygraphy_examples.harness import (EXAMPLES, GENERATED, comman
 
 #: (example, command index) -> why the command does not run here (docs/POLYGRAPHY.md)
 EXCEPTIONS = {
-    ("convert/01_int8_calibration_in_tensorrt", 2): "its data loader is the API example's script (examples/api/04), "
-                                                   "which builds a TensorRT calibrator",
     **{("run/04_defining_a_tensorrt_network_or_config_manually", i): "TensorRT-only: `template trt-network/trt-config` "
        "and --model-type=trt-network-script write and run scripts against TensorRT's network and config API"
        for i in range(6)},
