@@ -1,14 +1,17 @@
 """Scripts written for Polygraphy, run without it.
 
-`polykit.compat.polygraphy` holds the few Polygraphy helpers that data-loader and data
-scripts use, on polykit's code: `polygraphy.json` (save_json, load_json: Polygraphy's JSON
-format), `polygraphy.comparator.RunResults` (add, save, load, items) and `polygraphy.func`
-(extend). `install_polygraphy_alias()` makes `import polygraphy...` resolve to them, only when
-Polygraphy itself cannot be imported, so a real install always wins:
+`polykit.compat.polygraphy` holds the part of Polygraphy's API that scripts and its API examples
+use, on polykit's code: `polygraphy.json` (save_json, load_json: Polygraphy's JSON format),
+`polygraphy.comparator` (RunResults, Comparator, CompareFunc, DataLoader), `polygraphy.backend.trt`
+(TrtRunner over polykit's engine, EngineFromNetwork(NetworkFromOnnxPath(...)), EngineFromBytes,
+SaveEngine, CreateConfig, Profile, Calibrator: polykit plans), `polygraphy.backend.onnxrt`,
+`polygraphy.backend.common`, `polygraphy.logger` and `polygraphy.func` (docs/POLYGRAPHY.md, API).
+`install_polygraphy_alias()` makes `import polygraphy...` resolve to them, only when Polygraphy
+itself cannot be imported, so a real install always wins:
 
     python -m polykit.compat data_loader.py [ARGS]     # runs the script with the alias
 
-Anything else of Polygraphy's (its TensorRT backend, its CLI internals) is not there: importing
+Anything else of Polygraphy's (TensorRT's network API, its CLI internals) is not there: importing
 it raises ModuleNotFoundError naming the module.
 """
 

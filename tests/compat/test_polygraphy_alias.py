@@ -71,6 +71,8 @@ def test_without_polygraphy_the_alias_gives_polykits_modules_and_only_those(tmp_
     code = ("from polykit.compat import install_polygraphy_alias; assert install_polygraphy_alias(); "
             "import polygraphy.json, polykit.compat.polygraphy.json as ours; assert polygraphy.json is ours; "
             "from polygraphy import func\n"
-            "try:\n    import polygraphy.backend.trt\nexcept ModuleNotFoundError as exc:\n    print(exc.name)")
+            "import polygraphy.backend.trt, polykit.compat.polygraphy.backend.trt as trt; "
+            "assert polygraphy.backend.trt is trt\n"
+            "try:\n    import polygraphy.tools.args\nexcept ModuleNotFoundError as exc:\n    print(exc.name)")
     done = _python(["-c", code], tmp_path)
-    assert done.returncode == 0 and done.stdout.strip() == "polygraphy.backend", done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "polygraphy.tools", done.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections import Counter
 from typing import Any, List, Optional, Sequence
 
@@ -181,8 +182,11 @@ def model(
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
     ranks: int = typer.Option(1, "--ranks", help="ONNX model: show what each of N tensor-parallel ranks holds"),
     input_shapes: List[str] = typer.Option([], "--input-shapes", help="with --ranks: shapes for dynamic inputs"),
-    output_format: str = typer.Option("table", "--format", help="table (default), text (Polygraphy's inspect model "
-                                                                "text: '[Op: Mul]' lines; ONNX models) or json"),
+    output_format: str = typer.Option("auto", "--format", help="table, text (Polygraphy's inspect model text: "
+                                                               "'[Op: Mul]' lines; ONNX models) or json. Default "
+                                                               "auto: a table on a terminal, an ONNX model's text "
+                                                               "when the output is piped or captured (what scripts "
+                                                               "and debug --fail-regex read)"),
     list_unbounded_dds: bool = typer.Option(False, "--list-unbounded-dds",
                                             help="ONNX model: list the tensors that size an output without an upper "
                                                  "bound (Range limit, Pad pads, ... computed at run time)"),
@@ -196,8 +200,10 @@ def model(
 
     file = require_file(path, "model or plan file", ModelLoadError)
     check_model_type(path, model_type_name)
-    if output_format not in ("table", "text", "json"):
+    if output_format not in ("auto", "table", "text", "json"):
         raise UsageError(f"--format {output_format!r} is not table, text or json")
+    if output_format == "auto":
+        output_format = "table" if sys.stdout.isatty() else "text"
     as_json = as_json or output_format == "json"
     if list_unbounded_dds:
         return _list_unbounded_dds(path, as_json)

@@ -61,6 +61,8 @@ def render_text(info: dict[str, Any]) -> str:
     else:
         body.append("")
     body.append(f"---- {info['nodes']} Node(s) ----")
+    if layers is None and info.get("ops"):  # polykit's default `ops` section, one line (Polygraphy has none)
+        body += ["Ops: " + ", ".join(f"{op} x{count}" for op, count in info["ops"].items()), ""]
     for index, layer in enumerate(layers or ()):
         body.append(f"Node {index:<4} | {layer['name']} [Op: {layer['op']}]")
         body.append(INDENT + _meta(_node_tensor(t) for t in layer["inputs"]))

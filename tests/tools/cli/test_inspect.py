@@ -137,7 +137,7 @@ def test_run_a_plan_with_onnxrt_is_a_usage_error(plan_file, capsys):
 
 def test_show_layers_lists_every_onnx_node_with_its_tensors(mlp, capsys):
     capsys.readouterr()
-    assert main(["inspect", "model", mlp, "--show", "layers"]) == 0
+    assert main(["inspect", "model", mlp, "--show", "layers", "--format", "table"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "│ fc1 " in line)
     assert "Gemm" in row and "x: float32[1, 16]" in row and "h: float32[1, 32]" in row
