@@ -209,7 +209,7 @@ def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> N
     graph.nodes.insert(graph.nodes.index(op) + 1, sink)
 
 
-def _reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
+def reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
     """The reduced axes (normalized, sorted) of a canonical Reduce* node; None if unknown or a no-op."""
     if not op.input(1):
         return None if op.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
@@ -231,7 +231,7 @@ def _sink_through_reductions(graph: Graph, fixed: set[str]) -> bool:
         perm = perm_of(graph, t) if t is not None else None
         if perm is None or name in fixed or len(readers.get(name, [])) != 1:
             continue
-        axes = _reduce_axes(graph, op, len(perm))
+        axes = reduce_axes(graph, op, len(perm))
         if axes is None:
             continue
         source_axes = sorted(perm[a] for a in axes)

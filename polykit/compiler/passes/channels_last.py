@@ -48,6 +48,39 @@ def conv_class(group: int, channels: int) -> str:
     return "dense" if group == 1 else "depthwise" if group == channels else "grouped"
 
 
+def explicit_pads(graph: Graph, node: Node, kernel: list[int]) -> list[int] | None:
+    """A conv's or pool's pads with auto_pad resolved, or None when they depend on unknown dims."""
+    auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
+    spatial = graph.value(node.input(0)).shape[2:]
+    if auto not in AUTO_PADS or (auto.startswith("SAME") and not all(isinstance(d, int) for d in spatial)):
+        return None
+    geo = window_geometry(node.attrs, spatial, kernel, ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
+                          where=node.describe())
+    return list(geo.pads_begin + geo.pads_end)
+
+
+def nhwc_pool(graph: Graph, node: Node, fixed: set[str]) -> tuple[str, dict] | None:
+    """The NHWC form (op type, attributes) of a 2-D MaxPool (its Indices unread; float16/float32, or
+    int8/uint8), AveragePool (float16/float32) or GlobalAveragePool (rank 4: ReduceMean over axes
+    [1, 2] given as an input), or None."""
+    x = graph.value(node.input(0))
+    eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
+    if x.dtype not in FLOATS + eight_bit or x.shape is None or len(x.shape) != 4:
+        return None
+    if node.op_type == "GlobalAveragePool":
+        return "ReduceMean", {"keepdims": 1}
+    indices = node.outputs[1] if len(node.outputs) > 1 else ""
+    kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
+    if len(kernel) != 2 or (indices and (indices in fixed or graph.consumers().get(indices))):
+        return None
+    pads = explicit_pads(graph, node, kernel)
+    if pads is None:
+        return None
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("auto_pad", "storage_order")}
+    attrs["pads"] = pads
+    return f"{node.op_type}NHWC", attrs
+
+
 #: QConvNHWC's channel multiple: the cuda INT8 kernel loads 16 channels (bytes) at a time
 INT8_CHANNEL_ALIGN = 16
 
@@ -59,23 +92,12 @@ class _Rewriter:
         self.graph = graph
         self.fixed = fixed
         self.conv_classes = conv_classes
-        self.readers = graph.consumers()
         self.nhwc: set[str] = set()  # NCHW names of tensors an NHWC op computes
         self.repacked: dict[tuple[str, int], str] = {}
 
     def floats_4d(self, name: str, also: tuple[np.dtype, ...] = ()) -> bool:
         v = self.graph.value(name)
         return v.dtype in FLOATS + also and v.shape is not None and len(v.shape) == 4
-
-    def explicit_pads(self, node: Node, kernel: list[int]) -> list[int] | None:
-        """The node's pads with auto_pad resolved, or None when they depend on unknown dims."""
-        auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
-        spatial = self.graph.value(node.input(0)).shape[2:]
-        if auto not in AUTO_PADS or (auto.startswith("SAME") and not all(isinstance(d, int) for d in spatial)):
-            return None
-        geo = window_geometry(node.attrs, spatial, kernel, ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
-                              where=node.describe())
-        return list(geo.pads_begin + geo.pads_end)
 
     def to_nhwc(self, name: str, node: Node, prefix: list[Node]) -> str:
         out = self.graph.fresh_name(f"{name}_nhwc")
@@ -136,7 +158,7 @@ class _Rewriter:
         """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, its group), or
         None when its pads depend on unknown dims."""
         kernel = [int(k) for k in weight.shape[2:]]
-        pads = self.explicit_pads(node, kernel)
+        pads = explicit_pads(self.graph, node, kernel)
         if pads is None:
             return None
         attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
@@ -199,28 +221,15 @@ class _Rewriter:
 
     def pool(self, node: Node) -> list[Node] | None:
         x = node.input(0)
-        indices = node.outputs[1] if len(node.outputs) > 1 else ""
-        kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
-        eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
-        if (x not in self.nhwc or not self.floats_4d(x, eight_bit) or len(kernel) != 2
-                or (indices and (indices in self.fixed or self.readers.get(indices)))):
+        form = nhwc_pool(self.graph, node, self.fixed)
+        if x not in self.nhwc or form is None:
             return None
-        pads = self.explicit_pads(node, kernel)
-        if pads is None:
-            return None
-        attrs = {k: v for k, v in node.attrs.items() if k not in ("auto_pad", "storage_order")}
-        attrs["pads"] = pads
+        op, attrs = form
         prefix: list[Node] = []
-        return self.wrapped(node, f"{node.op_type}NHWC", [self.to_nhwc(x, node, prefix)], attrs, prefix)
-
-    def global_average(self, node: Node) -> list[Node] | None:
-        x = node.input(0)
-        if x not in self.nhwc or not self.floats_4d(x):
-            return None
-        prefix: list[Node] = []
-        xt = self.to_nhwc(x, node, prefix)
-        axes = self.graph.add_initializer(np.array([1, 2], dtype=np.int64), f"{node.name}_axes")
-        return self.wrapped(node, "ReduceMean", [xt, axes], {"keepdims": 1}, prefix)
+        inputs = [self.to_nhwc(x, node, prefix)]
+        if op == "ReduceMean":
+            inputs.append(self.graph.add_initializer(np.array([1, 2], dtype=np.int64), f"{node.name}_axes"))
+        return self.wrapped(node, op, inputs, attrs, prefix)
 
     def follows_nhwc(self, node: Node) -> bool:
         """An elementwise op all of whose tensor inputs an NHWC op computes."""
@@ -230,7 +239,7 @@ class _Rewriter:
 
 REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
     "Conv": _Rewriter.conv, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
-    "GlobalAveragePool": _Rewriter.global_average,
+    "GlobalAveragePool": _Rewriter.pool,
 }
 
 
