@@ -15,7 +15,9 @@ at ops it has no rule for (BatchNormalization, Pad, Resize, Slice). This pass pl
    border output that only Transposes to NHWC and order-keeping reshapes read costs nothing,
    and those Transposes go; every other border input or output (graph outputs included) costs
    a Transpose of its size.
-3. A region flips when that removes more bytes than it adds: each node becomes its NHWC form,
+3. A region flips when that removes more bytes than it adds, or as many when every border input
+   is free (its ops then sit next to the NHWC producers, whose epilogues may take them, and the
+   Transpose moves to the NCHW reader): each node becomes its NHWC form,
    a Transpose to NHWC feeds each border input, a Transpose to NCHW writes each border output
    read outside under its own name; cancel_transposes (next in the pipeline) composes the pairs.
 Regions are separated by nodes of fixed layout, so one region's choice changes no other's price
@@ -303,6 +305,7 @@ class Region:
     outputs: list[str]
     added: int = 0
     removed: int = 0
+    free_entry: bool = True  # every input is read in NHWC without a new Transpose
 
 
 class _Planner:
@@ -351,6 +354,7 @@ class _Planner:
                     region.removed += size
             elif not any(_is_perm(self.graph, r, TO_NHWC) for r in readers):
                 region.added += size
+                region.free_entry = False
         for t in outputs:
             size = 2 * nbytes(self.graph, t)
             outside = [r for r in self.readers.get(t, []) if id(r) not in members]
@@ -385,12 +389,12 @@ class _Planner:
 
 
 def plan_layouts(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
-    """Run every region of layout-free ops NHWC where that moves fewer bytes through reformats
-    than it adds (module docstring); True if any region flipped."""
+    """Run every region of layout-free ops NHWC where that moves fewer bytes through reformats (or
+    as many, its inputs all NHWC already: module docstring); True if any region flipped."""
     planner = _Planner(graph, protected(graph, keep))
     replaced: dict[int, list[Node]] = {}
     for region in planner.regions():
-        if region.removed > region.added:
+        if region.removed > region.added or (region.removed == region.added and region.free_entry):
             replaced.update(planner.flip(region))
     if not replaced:
         return False

@@ -162,3 +162,19 @@ def test_pools_after_a_concat_run_as_their_nhwc_forms():
     out, changed = run_and_compare(g, _plan_then_cancel)
     counts = op_counts(out)
     assert changed and not _transposes(out) and counts[f"{POLYKIT_DOMAIN}:MaxPoolNHWC"] == 1 and counts["ReduceMean"] == 1
+
+
+def test_on_a_tie_ops_whose_inputs_are_nhwc_move_next_to_their_producer():
+    """NHWC source -> Relu -> an NCHW reader: one Transpose either way; the Relu flips, so it can
+    join the NHWC producer's epilogue, and the Transpose moves after it."""
+    to_nchw, shapes = _nhwc_source(c=6, h=4, w=3)
+    g = graph([to_nchw, node("Relu", ["t"], "r"), node("Softmax", ["r"], "y", axis=1)], shapes, ["y"])
+    out, changed = run_and_compare(g, _plan_then_cancel)
+    (back,) = _transposes(out)
+    assert changed and out.producers()[back.inputs[0]].op_type == "Relu" and out.producers()["r"] is back
+
+
+def test_on_a_tie_ops_reading_nchw_stay_by_their_nchw_producer():
+    """An NCHW input -> Relu -> Transpose to NHWC: the Relu stays where an NCHW conv's epilogue may take it."""
+    g = graph([node("Relu", ["x"], "r"), node("Transpose", ["r"], "y", perm=NHWC)], {"x": (2, 6, 4, 3)}, ["y"])
+    assert not plan_layouts(g)
