@@ -1,5 +1,5 @@
 """Small ONNX convnets (random weights, odd channel counts, H != W) whose layout-free ops sit between
-convolutions: the cases plan_layouts runs channels-last. Each takes "image" [2, 3, 13, 10] unless
+convolutions: the cases plan_layouts (and fold_axis_permutations) run channels-last. Each takes "image" [2, 3, 13, 10] unless
 told and has one output, "y"."""
 
 from __future__ import annotations
@@ -121,7 +121,26 @@ def spatial_mean_head(c: int = 5) -> onnx.ModelProto:
     return _model(b, b.node("Gemm", [x, fc], transB=1), (IMAGE[0], 4))
 
 
+def channel_shuffle(c: int = 10) -> onnx.ModelProto:
+    """ShuffleNet's unit: the channels split in halves, one half through 1x1 -> depthwise 3x3 -> 1x1,
+    concatenated with the other, shuffled (Reshape to [N, 2, c / 2, H, W], Transpose 1 <-> 2, Reshape
+    back); twice, then global pool, Flatten, Gemm."""
+    b = ModelBuilder(16)
+    x = b.node("Relu", [_conv(b, "image", 3, c, 3)])
+    half = c // 2
+    for _ in range(2):
+        keep = b.node("Slice", [x, _ints(b, "starts", [0]), _ints(b, "ends", [half]), _ints(b, "axes", [1])])
+        y = b.node("Slice", [x, _ints(b, "starts", [half]), _ints(b, "ends", [c]), _ints(b, "axes", [1])])
+        y = b.node("Relu", [_conv(b, _conv(b, b.node("Relu", [_conv(b, y, half, half)]), half, half, 3, group=half),
+                                  half, half)])
+        x = b.node("Concat", [keep, y], axis=1)
+        x = b.node("Reshape", [x, _ints(b, "grouped", [IMAGE[0], 2, half, *IMAGE[2:]])])
+        x = b.node("Reshape", [b.node("Transpose", [x], perm=[0, 2, 1, 3, 4]), _ints(b, "flat", [IMAGE[0], c, *IMAGE[2:]])])
+    return _pooled_logits(b, x, c)
+
+
 MODELS = {"squeeze_excitation": squeeze_excitation,
           "hard_sigmoid_gate": lambda: squeeze_excitation(c=16, squeeze=8, gate="HardSigmoid"),
           "dense_block": dense_block, "inception": inception, "upsampling_nearest": upsampling,
-          "upsampling_linear": lambda: upsampling("linear"), "spatial_mean_head": spatial_mean_head}
+          "upsampling_linear": lambda: upsampling("linear"), "spatial_mean_head": spatial_mean_head,
+          "channel_shuffle": channel_shuffle}

@@ -67,7 +67,7 @@ def test_cuda_plan_runs_the_layout_free_layers_on_the_last_axis_with_existing_ta
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_cuda_fp16_channels_last_plan_matches_the_cpu(name):
-    """On the device: the NHWC layers plan_layouts makes (Concat / Split / Slice on the last axis,
+    """On the device: the NHWC layers plan_layouts makes (Concat / Split / Slice / Gather on the last axis,
     Resize and Pad of axes 1 and 2, the squeeze's ReduceMean over axes 1 and 2, the gate broadcast
     over H and W, BatchNormalization as a last-axis scale and shift, the NHWC pools after a Concat)
     compute what the cpu's NCHW plan does."""

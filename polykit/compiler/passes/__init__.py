@@ -18,6 +18,7 @@ from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
+from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
@@ -42,7 +43,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "plan_layouts", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
+    "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
     "unroll_loops",
 ]
 
@@ -113,8 +114,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
-    layout group; plan_layouts then runs the regions of layout-free ops between them NHWC where
-    that moves fewer bytes, and cancel_transposes removes the Transposes left between them); of
+    layout group; fold_axis_permutations turns channel shuffles into Gathers, plan_layouts runs
+    the regions of layout-free ops between them NHWC where that moves fewer bytes, and
+    cancel_transposes removes the Transposes left between them); of
     the convolutions, those of the classes `channels_last_convs` names ("dense", "depthwise",
     "grouped").
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
@@ -146,7 +148,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
         layout[:0] = [bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)),
-                      bind(plan_layouts, keep=kept)]
+                      bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
                    bind(fuse_quantize_nhwc, keep=kept)]

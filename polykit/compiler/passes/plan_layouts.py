@@ -6,7 +6,8 @@ cancel_transposes sinks a Transpose one op at a time; that stops at a tensor two
 at ops it has no rule for (BatchNormalization, Pad, Resize, Slice). This pass plans by regions:
 
 1. A *region* is a maximal set of nodes that have an NHWC form (LAYOUT_RULES: elementwise ops,
-   Reduce*, Concat, Split, Slice, Pad, Resize, inference BatchNormalization as a per-channel
+   Reduce*, Concat, Split, Slice, Gather of a constant 1-D index (a channel shuffle, see
+   fold_axis_permutations), Pad, Resize, inference BatchNormalization as a per-channel
    Mul + Add on the last axis, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool) on
    rank-4 tensors, connected through the tensors they pass each other.
 2. Its *price* is what running it NHWC changes in the bytes reformats move (a Transpose reads
@@ -162,6 +163,7 @@ def _concat(ctx: _Flip, node: Node) -> list[Node]:
 
 
 def _split(ctx: _Flip, node: Node) -> list[Node]:
+    """Split, or a Gather of constant 1-D indices: the same op along the axis's NHWC position."""
     return [ctx.node(node, [ctx.nhwc(node.input(0))] + node.inputs[1:], axis=nhwc_axis(int(node.attrs.get("axis", 0))))]
 
 
@@ -185,6 +187,11 @@ def _slice(ctx: _Flip, node: Node) -> list[Node]:
     inputs = [ctx.nhwc(node.input(0)), node.input(1), node.input(2),
               ctx.ints([nhwc_axis(int(a)) for a in axes.reshape(-1)], f"{node.name}_axes")] + node.inputs[4:]
     return [ctx.node(node, inputs)]
+
+
+def _gather_ok(graph: Graph, node: Node) -> bool:
+    index = graph.initializers.get(node.input(1))
+    return _first_is_layout(graph, node) and index is not None and index.ndim == 1
 
 
 def _pad_ok(graph: Graph, node: Node) -> bool:
@@ -263,6 +270,7 @@ LAYOUT_RULES: dict[str, LayoutRule] = {
     **{op: LayoutRule(_reduce_ok, _reduce) for op in REDUCE_OPS},
     "Concat": LayoutRule(_concat_ok, _concat), "Split": LayoutRule(_split_ok, _split),
     "Slice": LayoutRule(_slice_ok, _slice), "Pad": LayoutRule(_pad_ok, _pad),
+    "Gather": LayoutRule(_gather_ok, _split),
     "Resize": LayoutRule(_resize_ok, _resize), "BatchNormalization": LayoutRule(_batchnorm_ok, _batchnorm),
     **{op: LayoutRule(_pool_ok, _pool) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
 }

@@ -178,3 +178,17 @@ def test_on_a_tie_ops_reading_nchw_stay_by_their_nchw_producer():
     """An NCHW input -> Relu -> Transpose to NHWC: the Relu stays where an NCHW conv's epilogue may take it."""
     g = graph([node("Relu", ["x"], "r"), node("Transpose", ["r"], "y", perm=NHWC)], {"x": (2, 6, 4, 3)}, ["y"])
     assert not plan_layouts(g)
+
+
+def test_channel_shuffle_between_nhwc_ops_gathers_along_the_last_axis():
+    """ShuffleNet: Concat of two branches, channel shuffle (a Gather once fold_axis_permutations ran),
+    channel Slice; all NHWC."""
+    g = graph([node("Transpose", ["x"], "t", perm=NCHW), node("Transpose", ["z"], "u", perm=NCHW),
+               node("Concat", ["t", "u"], "c", axis=1), node("Gather", ["c", "order"], "s", axis=1),
+               node("Slice", ["s", "starts", "ends", "axes"], "h"), node("Transpose", ["h"], "y", perm=NHWC)],
+              {"x": (2, 5, 3, 4), "z": (2, 5, 3, 4)}, ["y"],
+              {"order": np.array([0, 4, 1, 5, 2, 6, 3, 7], np.int64), "starts": np.array([4], np.int64),
+               "ends": np.array([8], np.int64), "axes": np.array([1], np.int64)})
+    out, changed = run_and_compare(g, _plan_then_cancel)
+    assert changed and not _transposes(out)
+    assert [n.attrs["axis"] for n in out.nodes if n.op_type == "Gather"] == [3]
