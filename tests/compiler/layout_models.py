@@ -112,6 +112,22 @@ def upsampling(mode: str = "nearest") -> onnx.ModelProto:
     return _model(b, x, (2, 3, 13, 12), image=(2, 3, 12, 10))
 
 
+def transposed_upsampling(kernel: int = 2) -> onnx.ModelProto:
+    """A UNet level on a [2, 3, 12, 10] image with a learned up-convolution: conv, 2x2 MaxPool, conv,
+    ConvTranspose (`kernel` x `kernel`, stride 2, bias; kernel 3 takes pads 1 and output_padding 1:
+    no pixel-shuffle form), Concat with the skip, 3x3 conv; a rank-4 output."""
+    b = ModelBuilder(17)
+    skip = b.node("Relu", [_conv(b, "image", 3, 5, 3)])
+    x = b.node("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2])
+    x = b.node("Relu", [_conv(b, x, 5, 9, 3)])
+    w = b.init(b.rng.standard_normal((9, 7, kernel, kernel)) / 3, "up")
+    pads = {"pads": [1, 1, 1, 1], "output_padding": [1, 1]} if kernel == 3 else {}
+    x = b.node("ConvTranspose", [x, w, b.init(b.rng.standard_normal(7) * 0.1, "upb")], kernel_shape=[kernel, kernel],
+               strides=[2, 2], **pads)
+    x = _conv(b, b.node("Concat", [x, skip], axis=1), 12, 3, 3)
+    return _model(b, x, (2, 3, 12, 10), image=(2, 3, 12, 10))
+
+
 def spatial_mean_head(c: int = 5) -> onnx.ModelProto:
     """A conv whose ReduceMean over H and W without keepdims feeds a Gemm (no Flatten)."""
     b = ModelBuilder(15)
@@ -143,4 +159,10 @@ MODELS = {"squeeze_excitation": squeeze_excitation,
           "hard_sigmoid_gate": lambda: squeeze_excitation(c=16, squeeze=8, gate="HardSigmoid"),
           "dense_block": dense_block, "inception": inception, "upsampling_nearest": upsampling,
           "upsampling_linear": lambda: upsampling("linear"), "spatial_mean_head": spatial_mean_head,
-          "channel_shuffle": channel_shuffle}
+          "channel_shuffle": channel_shuffle, "up_convolution": transposed_upsampling,
+          "up_convolution_padded": lambda: transposed_upsampling(3)}
+
+#: Transposes a channels-last graph (and a cuda plan) of each model keeps: the entry (1 unless
+#: listed), the exit of a rank-4 output, the pixel shuffle of an up-convolution, the two around a
+#: ConvTranspose with no NHWC form
+TRANSPOSES_KEPT = {"upsampling_nearest": 2, "upsampling_linear": 2, "up_convolution": 3, "up_convolution_padded": 4}

@@ -14,10 +14,7 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.runtime.engine import Runtime
 
-from tests.compiler.layout_models import MODELS
-
-#: Transposes of a cuda plan: the entry, and the exit of a rank-4 output
-KEPT = {"upsampling_nearest": 2, "upsampling_linear": 2}
+from tests.compiler.layout_models import MODELS, TRANSPOSES_KEPT
 
 
 def _image(model) -> np.ndarray:
@@ -36,7 +33,7 @@ def test_cpu_channels_last_plan_matches_onnxruntime(name, fp16):
     image = _image(model)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"image": image})[0]
     plan = build_plan(model, BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
-    assert Counter(layer.kind for layer in plan.layers)["Transpose"] == KEPT.get(name, 1)
+    assert Counter(layer.kind for layer in plan.layers)["Transpose"] == TRANSPOSES_KEPT.get(name, 1)
     got = _run(plan, image)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < (5e-3 if fp16 else 1e-5)
@@ -46,7 +43,7 @@ def test_cpu_channels_last_plan_matches_onnxruntime(name, fp16):
 def test_cuda_fp16_plan_reformats_only_at_entry_and_exit(name):
     plan = build_plan(MODELS[name](), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     kinds = Counter(layer.kind for layer in plan.layers)
-    assert kinds["Transpose"] == KEPT.get(name, 1)
+    assert kinds["Transpose"] == TRANSPOSES_KEPT.get(name, 1)
     assert not {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool"} & set(kinds)
     entry = next(layer for layer in plan.layers if layer.kind == "Transpose")
     assert entry.attrs["perm"] == [0, 2, 3, 1]

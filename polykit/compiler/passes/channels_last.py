@@ -7,6 +7,11 @@
   "depthwise" (group == C: one input channel a group, any channel multiplier), "grouped" (the
   rest). The default converts dense and depthwise convs; a build converts the classes its
   target's NHWC tactics serve well (polykit.compiler.builder.builder.nhwc_conv_classes).
+- ConvTranspose (2-D, constant W [C, M, kH, kW], one group) whose strides equal its kernel, with no
+  dilation, pads or output padding (each output pixel takes one input pixel: UNet's 2x2/2
+  up-convolution), when dense convs are converted: a 1x1 ConvNHWC giving kH * kW * M channels (W
+  repacked, the bias tiled) -> Reshape [N, H, W, kH, kW, M] -> Transpose (0, 1, 3, 2, 4, 5) -> Reshape
+  [N, H * kH, W * kW, M] (the pixel shuffle, one copy) -> Transpose(0312). Others stay NCHW.
 - MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
@@ -154,6 +159,42 @@ class _Rewriter:
         inputs = [xt, self.krsc(w, channels // group)] + ([node.input(2)] if node.input(2) else [])
         return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
 
+    def conv_transpose(self, node: Node) -> list[Node] | None:
+        """A ConvTranspose whose kernel equals its strides (one group, no dilation, no padding:
+        each output pixel takes one input pixel, as UNet's 2x2/2 up-convolution) as a 1x1 ConvNHWC
+        giving kH * kW * M channels, then the pixel shuffle Reshape [N, H, W, kH, kW, M] ->
+        Transpose (0, 1, 3, 2, 4, 5) -> Reshape [N, H * kH, W * kW, M]."""
+        x, w, b = node.input(0), node.input(1), node.input(2)
+        weight, xv = self.graph.initializers.get(w), self.graph.value(x)
+        if ("dense" not in self.conv_classes or weight is None or weight.ndim != 4 or not self.floats_4d(x)
+                or weight.dtype != xv.dtype or (b and b not in self.graph.initializers)
+                or not all(isinstance(d, int) for d in xv.shape)):
+            return None
+        (n, c, h, wd), (m, kh, kw) = xv.shape, weight.shape[1:]
+        a = node.attrs
+        if (int(a.get("group", 1)) != 1 or [int(v) for v in a.get("strides", [1, 1])] != [kh, kw]
+                or any(int(v) != 1 for v in a.get("dilations", [1, 1]))
+                or any(int(v) for v in list(a.get("pads", [])) + list(a.get("output_padding", [])))
+                or self.graph.value(node.outputs[0]).shape != (n, m, h * kh, wd * kw)):
+            return None
+        as_1x1 = np.ascontiguousarray(np.transpose(weight, (2, 3, 1, 0)).reshape(kh * kw * m, c, 1, 1))
+        prefix: list[Node] = []
+        xt, channels = self.nhwc_input(x, c, CHANNEL_ALIGN, node, prefix)
+        inputs = [xt, self.krsc(self.graph.add_initializer(as_1x1, f"{w}_1x1"), channels)]
+        if b:
+            inputs.append(self.graph.add_initializer(np.tile(self.graph.initializers[b], kh * kw), f"{b}_tiled"))
+        attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+        t = [self.graph.fresh_name(f"{node.outputs[0]}_{what}") for what in ("taps", "blocks", "shuffled", "nhwc")]
+        shapes = [self.graph.add_initializer(np.array(s, dtype=np.int64), f"{node.name}_shape")
+                  for s in ((n, h, wd, kh, kw, m), (n, h * kh, wd * kw, m))]
+        step = lambda what: self.graph.fresh_name(f"{node.name}_{what}")  # noqa: E731
+        return prefix + [
+            Node("ConvNHWC", inputs, [t[0]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
+            Node("Reshape", [t[0], shapes[0]], [t[1]], {}, name=step("taps")),
+            Node("Transpose", [t[1]], [t[2]], {"perm": [0, 1, 3, 2, 4, 5]}, name=step("shuffle")),
+            Node("Reshape", [t[2], shapes[1]], [t[3]], {}, name=step("pixels")),
+            Node("Transpose", [t[3]], [node.outputs[0]], {"perm": list(TO_NCHW)}, name=step("to_nchw"))]
+
     def nhwc_attrs(self, node: Node, weight: np.ndarray) -> dict | None:
         """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, its group), or
         None when its pads depend on unknown dims."""
@@ -238,7 +279,7 @@ class _Rewriter:
 
 
 REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
-    "Conv": _Rewriter.conv, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
+    "Conv": _Rewriter.conv, "ConvTranspose": _Rewriter.conv_transpose, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
     "GlobalAveragePool": _Rewriter.pool,
 }
 

@@ -254,11 +254,13 @@ def _batchnorm(ctx: _Flip, node: Node) -> list[Node]:
 
 
 def _pool_ok(graph: Graph, node: Node) -> bool:
-    return _first_is_layout(graph, node) and nhwc_pool(graph, node, protected(graph)) is not None
+    # a MaxPool's Indices output (kept or not) makes it stay: its NHWC form has none
+    return (_first_is_layout(graph, node) and not any(node.outputs[1:])
+            and nhwc_pool(graph, node, set()) is not None)
 
 
 def _pool(ctx: _Flip, node: Node) -> list[Node]:
-    op, attrs = nhwc_pool(ctx.graph, node, protected(ctx.graph))
+    op, attrs = nhwc_pool(ctx.graph, node, set())
     inputs = [ctx.nhwc(node.input(0))]
     if op.startswith("Reduce"):
         inputs.append(ctx.ints([1, 2], f"{node.name}_axes"))

@@ -10,7 +10,7 @@ from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import cancel_transposes, eliminate_dead_code, optimize, plan_layouts, run_passes
 
-from tests.compiler.layout_models import MODELS
+from tests.compiler.layout_models import MODELS, TRANSPOSES_KEPT
 
 from .passes_testkit import feeds_for, graph, node, op_counts, run_and_compare
 
@@ -29,16 +29,11 @@ def _plan_then_cancel(g) -> bool:
     return changed
 
 
-#: Transposes an optimized channels-last graph of each model keeps: the entry, and the exit of a
-#: rank-4 output
-KEPT = {"upsampling_nearest": 2, "upsampling_linear": 2}
-
-
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_channels_last_graphs_keep_transposes_only_at_entry_and_exit_and_compute_the_same(model):
     g = load_onnx(MODELS[model]())
     out = optimize(g, keep=g.outputs, channels_last=True)
-    assert len(_transposes(out)) == KEPT.get(model, 1)
+    assert len(_transposes(out)) == TRANSPOSES_KEPT.get(model, 1)
     assert _transposes(out)[0].inputs == ["image"]
     counts = op_counts(out)
     assert not {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool"} & set(counts)
