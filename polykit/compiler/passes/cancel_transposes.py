@@ -270,9 +270,12 @@ def _reads_flat(graph: Graph, reader: Node, name: str, source_shape) -> bool:
     if reader.op_type == "Reshape":
         target = const(graph, reader.input(1))
         return target is not None and (0 not in target.reshape(-1).tolist() or bool(reader.attrs.get("allowzero", 0)))
-    if reader.op_type != "Flatten" or not all(isinstance(d, int) for d in source_shape):
+    if reader.op_type != "Flatten":
         return False
     axis = int(reader.attrs.get("axis", 1)) % max(len(source_shape), 1)
+    if not all(isinstance(d, int) for d in source_shape):  # a dynamic batch: the same dims lead
+        shape = graph.value(name).shape
+        return shape is not None and [d for d in source_shape[:axis] if d != 1] == [d for d in shape[:axis] if d != 1]
     flat = (int(np.prod(source_shape[:axis])), int(np.prod(source_shape[axis:])))
     return graph.value(reader.outputs[0]).shape == flat
 

@@ -187,3 +187,16 @@ def test_channel_shuffle_between_nhwc_ops_gathers_along_the_last_axis():
     out, changed = run_and_compare(g, _plan_then_cancel)
     assert changed and not _transposes(out)
     assert [n.attrs["axis"] for n in out.nodes if n.op_type == "Gather"] == [3]
+
+
+@pytest.mark.parametrize("model", ["squeeze_excitation", "dense_block", "inception"])
+def test_a_dynamic_batch_keeps_only_the_entry_transpose(model):
+    """The pooled [N, 1, 1, C] feeds Flatten directly with N symbolic too (cancel_transposes' rule 4)."""
+    proto = MODELS[model]()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    g = load_onnx(proto)
+    out = optimize(g, keep=g.outputs, channels_last=True)
+    assert [t.inputs for t in _transposes(out)] == [["image"]]
+    feeds = {"image": RNG.standard_normal((3, 3, 13, 10)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["y"], evaluate_graph(g, feeds)["y"], rtol=1e-4, atol=1e-5)
