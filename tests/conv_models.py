@@ -19,7 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 RESNET50_DEPTHS = (3, 4, 6, 3)
 
 
-class _Builder:
+class ModelBuilder:
+    """Nodes and random initializers of an ONNX graph under construction (fresh names, fixed seed)."""
+
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
@@ -65,7 +67,7 @@ class _Builder:
 def resnet(depths: Sequence[int] = RESNET50_DEPTHS, width: int = 8, image: int = 32, batch: int = 2,
            classes: int = 10, seed: int = 0) -> onnx.ModelProto:
     """A ResNet-50-shaped model: input "image" [batch, 3, image, image], output "logits"."""
-    b = _Builder(seed)
+    b = ModelBuilder(seed)
     x = b.conv_bn("image", 3, width, 7, 2)
     x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = width
@@ -97,7 +99,7 @@ def mobilenet(blocks: Sequence[tuple[int, int, int, int, bool]] = MOBILENET_BLOC
     (1x1 expansion, depthwise k x k with the stride, squeeze-excite on some, 1x1 projection, a
     residual Add where shapes allow; 20 channels: not a multiple of 8), 1x1 head conv,
     GlobalAveragePool, Flatten, Gemm. Input "image" [batch, 3, image, image], output "logits"."""
-    b = _Builder(seed)
+    b = ModelBuilder(seed)
     x = b.conv_bn("image", 3, 16, 3, 2, relu="HardSwish")
     cin = 16
     for expansion, cout, k, stride, se in blocks:
@@ -125,7 +127,7 @@ def convnext(width: int = 16, depths: Sequence[int] = (2, 1), image: int = 32, b
     conv, Transpose to NHWC, LayerNormalization over channels, Linear (MatMul + Add) x4, Gelu,
     Linear back, layer scale (Mul), Transpose to NCHW, residual Add; a 2x2/2 conv doubles the
     width between stages; GlobalAveragePool, Flatten, Gemm."""
-    b = _Builder(seed)
+    b = ModelBuilder(seed)
     x = b.node("Conv", ["image", b.init(b.rng.standard_normal((width, 3, 4, 4)) * 0.2, "w")], kernel_shape=[4, 4],
                strides=[4, 4])
     c = width
@@ -151,7 +153,7 @@ def convnext(width: int = 16, depths: Sequence[int] = (2, 1), image: int = 32, b
     return _classifier(b, x, c, "convnext", batch, image, classes)
 
 
-def _classifier(b: _Builder, x: str, cin: int, name: str, batch: int, image: int, classes: int) -> onnx.ModelProto:
+def _classifier(b: ModelBuilder, x: str, cin: int, name: str, batch: int, image: int, classes: int) -> onnx.ModelProto:
     x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
     fc = b.init(b.rng.standard_normal((classes, cin)) / np.sqrt(cin), "fc")
     b.nodes.append(helper.make_node("Gemm", [x, fc, b.init(b.rng.standard_normal(classes) * 0.1, "fcb")],

@@ -165,7 +165,7 @@ def test_fp16_cuda_plan_runs_depthwise_convs_on_the_depthwise_tactics_without_a_
     plan = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
     tactics = [layer.tactic for layer in plan.layers if layer.kind == "ConvNHWC" and int(layer.attrs["group"]) > 1]
     assert len(tactics) == depthwise and all(t.startswith("cuda.conv_nhwc.depthwise_p") for t in tactics)
-    assert not _kinds(plan)["Conv"] and _kinds(plan)["Transpose"] == (1 if model == "mobilenet" else 2)
+    assert not _kinds(plan)["Conv"] and _kinds(plan)["Transpose"] == 1
 
 
 @pytest.mark.gpu

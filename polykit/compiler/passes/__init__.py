@@ -18,6 +18,7 @@ from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
+from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
 from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
@@ -26,6 +27,7 @@ from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.hoist_activations import hoist_activations
+from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.quantize_pools import quantize_pools
@@ -41,7 +43,7 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
+    "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
     "unroll_loops",
 ]
 
@@ -112,8 +114,11 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
-    layout group; cancel_transposes then removes the Transposes between them); of the convolutions,
-    those of the classes `channels_last_convs` names ("dense", "depthwise", "grouped").
+    layout group; fold_axis_permutations turns channel shuffles into Gathers, plan_layouts runs
+    the regions of layout-free ops between them NHWC where that moves fewer bytes, and
+    cancel_transposes removes the Transposes left between them); of
+    the convolutions, those of the classes `channels_last_convs` names ("dense", "depthwise",
+    "grouped").
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
     Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
@@ -142,7 +147,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
     if channels_last:
-        layout.insert(0, bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)))
+        layout[:0] = [bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)),
+                      bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
                    bind(fuse_quantize_nhwc, keep=kept)]

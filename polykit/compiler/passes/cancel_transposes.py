@@ -209,7 +209,7 @@ def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> N
     graph.nodes.insert(graph.nodes.index(op) + 1, sink)
 
 
-def _reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
+def reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
     """The reduced axes (normalized, sorted) of a canonical Reduce* node; None if unknown or a no-op."""
     if not op.input(1):
         return None if op.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
@@ -231,7 +231,7 @@ def _sink_through_reductions(graph: Graph, fixed: set[str]) -> bool:
         perm = perm_of(graph, t) if t is not None else None
         if perm is None or name in fixed or len(readers.get(name, [])) != 1:
             continue
-        axes = _reduce_axes(graph, op, len(perm))
+        axes = reduce_axes(graph, op, len(perm))
         if axes is None:
             continue
         source_axes = sorted(perm[a] for a in axes)
@@ -270,9 +270,12 @@ def _reads_flat(graph: Graph, reader: Node, name: str, source_shape) -> bool:
     if reader.op_type == "Reshape":
         target = const(graph, reader.input(1))
         return target is not None and (0 not in target.reshape(-1).tolist() or bool(reader.attrs.get("allowzero", 0)))
-    if reader.op_type != "Flatten" or not all(isinstance(d, int) for d in source_shape):
+    if reader.op_type != "Flatten":
         return False
     axis = int(reader.attrs.get("axis", 1)) % max(len(source_shape), 1)
+    if not all(isinstance(d, int) for d in source_shape):  # a dynamic batch: the same dims lead
+        shape = graph.value(name).shape
+        return shape is not None and [d for d in source_shape[:axis] if d != 1] == [d for d in shape[:axis] if d != 1]
     flat = (int(np.prod(source_shape[:axis])), int(np.prod(source_shape[axis:])))
     return graph.value(reader.outputs[0]).shape == flat
 

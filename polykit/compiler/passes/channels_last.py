@@ -7,6 +7,11 @@
   "depthwise" (group == C: one input channel a group, any channel multiplier), "grouped" (the
   rest). The default converts dense and depthwise convs; a build converts the classes its
   target's NHWC tactics serve well (polykit.compiler.builder.builder.nhwc_conv_classes).
+- ConvTranspose (2-D, constant W [C, M, kH, kW], one group) whose strides equal its kernel, with no
+  dilation, pads or output padding (each output pixel takes one input pixel: UNet's 2x2/2
+  up-convolution), when dense convs are converted: a 1x1 ConvNHWC giving kH * kW * M channels (W
+  repacked, the bias tiled) -> Reshape [N, H, W, kH, kW, M] -> Transpose (0, 1, 3, 2, 4, 5) -> Reshape
+  [N, H * kH, W * kW, M] (the pixel shuffle, one copy) -> Transpose(0312). Others stay NCHW.
 - MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
@@ -48,6 +53,39 @@ def conv_class(group: int, channels: int) -> str:
     return "dense" if group == 1 else "depthwise" if group == channels else "grouped"
 
 
+def explicit_pads(graph: Graph, node: Node, kernel: list[int]) -> list[int] | None:
+    """A conv's or pool's pads with auto_pad resolved, or None when they depend on unknown dims."""
+    auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
+    spatial = graph.value(node.input(0)).shape[2:]
+    if auto not in AUTO_PADS or (auto.startswith("SAME") and not all(isinstance(d, int) for d in spatial)):
+        return None
+    geo = window_geometry(node.attrs, spatial, kernel, ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
+                          where=node.describe())
+    return list(geo.pads_begin + geo.pads_end)
+
+
+def nhwc_pool(graph: Graph, node: Node, fixed: set[str]) -> tuple[str, dict] | None:
+    """The NHWC form (op type, attributes) of a 2-D MaxPool (its Indices unread; float16/float32, or
+    int8/uint8), AveragePool (float16/float32) or GlobalAveragePool (rank 4: ReduceMean over axes
+    [1, 2] given as an input), or None."""
+    x = graph.value(node.input(0))
+    eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
+    if x.dtype not in FLOATS + eight_bit or x.shape is None or len(x.shape) != 4:
+        return None
+    if node.op_type == "GlobalAveragePool":
+        return "ReduceMean", {"keepdims": 1}
+    indices = node.outputs[1] if len(node.outputs) > 1 else ""
+    kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
+    if len(kernel) != 2 or (indices and (indices in fixed or graph.consumers().get(indices))):
+        return None
+    pads = explicit_pads(graph, node, kernel)
+    if pads is None:
+        return None
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("auto_pad", "storage_order")}
+    attrs["pads"] = pads
+    return f"{node.op_type}NHWC", attrs
+
+
 #: QConvNHWC's channel multiple: the cuda INT8 kernel loads 16 channels (bytes) at a time
 INT8_CHANNEL_ALIGN = 16
 
@@ -59,23 +97,12 @@ class _Rewriter:
         self.graph = graph
         self.fixed = fixed
         self.conv_classes = conv_classes
-        self.readers = graph.consumers()
         self.nhwc: set[str] = set()  # NCHW names of tensors an NHWC op computes
         self.repacked: dict[tuple[str, int], str] = {}
 
     def floats_4d(self, name: str, also: tuple[np.dtype, ...] = ()) -> bool:
         v = self.graph.value(name)
         return v.dtype in FLOATS + also and v.shape is not None and len(v.shape) == 4
-
-    def explicit_pads(self, node: Node, kernel: list[int]) -> list[int] | None:
-        """The node's pads with auto_pad resolved, or None when they depend on unknown dims."""
-        auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
-        spatial = self.graph.value(node.input(0)).shape[2:]
-        if auto not in AUTO_PADS or (auto.startswith("SAME") and not all(isinstance(d, int) for d in spatial)):
-            return None
-        geo = window_geometry(node.attrs, spatial, kernel, ceil_mode=bool(node.attrs.get("ceil_mode", 0)),
-                              where=node.describe())
-        return list(geo.pads_begin + geo.pads_end)
 
     def to_nhwc(self, name: str, node: Node, prefix: list[Node]) -> str:
         out = self.graph.fresh_name(f"{name}_nhwc")
@@ -132,11 +159,47 @@ class _Rewriter:
         inputs = [xt, self.krsc(w, channels // group)] + ([node.input(2)] if node.input(2) else [])
         return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
 
+    def conv_transpose(self, node: Node) -> list[Node] | None:
+        """A ConvTranspose whose kernel equals its strides (one group, no dilation, no padding:
+        each output pixel takes one input pixel, as UNet's 2x2/2 up-convolution) as a 1x1 ConvNHWC
+        giving kH * kW * M channels, then the pixel shuffle Reshape [N, H, W, kH, kW, M] ->
+        Transpose (0, 1, 3, 2, 4, 5) -> Reshape [N, H * kH, W * kW, M]."""
+        x, w, b = node.input(0), node.input(1), node.input(2)
+        weight, xv = self.graph.initializers.get(w), self.graph.value(x)
+        if ("dense" not in self.conv_classes or weight is None or weight.ndim != 4 or not self.floats_4d(x)
+                or weight.dtype != xv.dtype or (b and b not in self.graph.initializers)
+                or not all(isinstance(d, int) for d in xv.shape)):
+            return None
+        (n, c, h, wd), (m, kh, kw) = xv.shape, weight.shape[1:]
+        a = node.attrs
+        if (int(a.get("group", 1)) != 1 or [int(v) for v in a.get("strides", [1, 1])] != [kh, kw]
+                or any(int(v) != 1 for v in a.get("dilations", [1, 1]))
+                or any(int(v) for v in list(a.get("pads", [])) + list(a.get("output_padding", [])))
+                or self.graph.value(node.outputs[0]).shape != (n, m, h * kh, wd * kw)):
+            return None
+        as_1x1 = np.ascontiguousarray(np.transpose(weight, (2, 3, 1, 0)).reshape(kh * kw * m, c, 1, 1))
+        prefix: list[Node] = []
+        xt, channels = self.nhwc_input(x, c, CHANNEL_ALIGN, node, prefix)
+        inputs = [xt, self.krsc(self.graph.add_initializer(as_1x1, f"{w}_1x1"), channels)]
+        if b:
+            inputs.append(self.graph.add_initializer(np.tile(self.graph.initializers[b], kh * kw), f"{b}_tiled"))
+        attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+        t = [self.graph.fresh_name(f"{node.outputs[0]}_{what}") for what in ("taps", "blocks", "shuffled", "nhwc")]
+        shapes = [self.graph.add_initializer(np.array(s, dtype=np.int64), f"{node.name}_shape")
+                  for s in ((n, h, wd, kh, kw, m), (n, h * kh, wd * kw, m))]
+        step = lambda what: self.graph.fresh_name(f"{node.name}_{what}")  # noqa: E731
+        return prefix + [
+            Node("ConvNHWC", inputs, [t[0]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
+            Node("Reshape", [t[0], shapes[0]], [t[1]], {}, name=step("taps")),
+            Node("Transpose", [t[1]], [t[2]], {"perm": [0, 1, 3, 2, 4, 5]}, name=step("shuffle")),
+            Node("Reshape", [t[2], shapes[1]], [t[3]], {}, name=step("pixels")),
+            Node("Transpose", [t[3]], [node.outputs[0]], {"perm": list(TO_NCHW)}, name=step("to_nchw"))]
+
     def nhwc_attrs(self, node: Node, weight: np.ndarray) -> dict | None:
         """A 2-D conv's attributes in the NHWC form (explicit pads, kernel shape, its group), or
         None when its pads depend on unknown dims."""
         kernel = [int(k) for k in weight.shape[2:]]
-        pads = self.explicit_pads(node, kernel)
+        pads = explicit_pads(self.graph, node, kernel)
         if pads is None:
             return None
         attrs = {k: v for k, v in node.attrs.items() if k != "auto_pad"}
@@ -199,28 +262,15 @@ class _Rewriter:
 
     def pool(self, node: Node) -> list[Node] | None:
         x = node.input(0)
-        indices = node.outputs[1] if len(node.outputs) > 1 else ""
-        kernel = [int(k) for k in node.attrs.get("kernel_shape") or []]
-        eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
-        if (x not in self.nhwc or not self.floats_4d(x, eight_bit) or len(kernel) != 2
-                or (indices and (indices in self.fixed or self.readers.get(indices)))):
+        form = nhwc_pool(self.graph, node, self.fixed)
+        if x not in self.nhwc or form is None:
             return None
-        pads = self.explicit_pads(node, kernel)
-        if pads is None:
-            return None
-        attrs = {k: v for k, v in node.attrs.items() if k not in ("auto_pad", "storage_order")}
-        attrs["pads"] = pads
+        op, attrs = form
         prefix: list[Node] = []
-        return self.wrapped(node, f"{node.op_type}NHWC", [self.to_nhwc(x, node, prefix)], attrs, prefix)
-
-    def global_average(self, node: Node) -> list[Node] | None:
-        x = node.input(0)
-        if x not in self.nhwc or not self.floats_4d(x):
-            return None
-        prefix: list[Node] = []
-        xt = self.to_nhwc(x, node, prefix)
-        axes = self.graph.add_initializer(np.array([1, 2], dtype=np.int64), f"{node.name}_axes")
-        return self.wrapped(node, "ReduceMean", [xt, axes], {"keepdims": 1}, prefix)
+        inputs = [self.to_nhwc(x, node, prefix)]
+        if op == "ReduceMean":
+            inputs.append(self.graph.add_initializer(np.array([1, 2], dtype=np.int64), f"{node.name}_axes"))
+        return self.wrapped(node, op, inputs, attrs, prefix)
 
     def follows_nhwc(self, node: Node) -> bool:
         """An elementwise op all of whose tensor inputs an NHWC op computes."""
@@ -229,8 +279,8 @@ class _Rewriter:
 
 
 REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
-    "Conv": _Rewriter.conv, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
-    "GlobalAveragePool": _Rewriter.global_average,
+    "Conv": _Rewriter.conv, "ConvTranspose": _Rewriter.conv_transpose, "MaxPool": _Rewriter.pool, "AveragePool": _Rewriter.pool,
+    "GlobalAveragePool": _Rewriter.pool,
 }
 
 

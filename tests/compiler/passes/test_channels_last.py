@@ -155,3 +155,27 @@ def test_torch_exported_convnets_keep_one_transpose(model):
     assert op_counts(out)["Transpose"] == 1 and op_counts(out)[CONV_NHWC] == 6
     feeds = feeds_for(g)
     np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], evaluate_graph(g, feeds)["logits"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel,bias", [(2, True), (3, False)])
+def test_up_convolution_with_kernel_equal_to_stride_becomes_a_1x1_conv_nhwc_and_a_pixel_shuffle(kernel, bias):
+    w = _w(5, 3, kernel, kernel + 1)  # ConvTranspose weight [C, M, kH, kW]
+    g = graph([node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), "u", name="up0",
+                    kernel_shape=[kernel, kernel + 1], strides=[kernel, kernel + 1]), node("Relu", ["u"], "y")],
+              {"x": (2, 5, 4, 3)}, ["y"], {"w": w, **({"b": _w(3)} if bias else {})})
+    out, changed = run_and_compare(g, to_channels_last)
+    conv = next(n for n in out.nodes if n.op_type == "ConvNHWC")
+    assert changed and conv.name == "up0" and conv.attrs["kernel_shape"] == [1, 1]
+    assert out.initializers[conv.inputs[1]].shape == (kernel * (kernel + 1) * 3, 1, 1, 8)  # taps x M, C padded
+    assert [n.op_type for n in out.nodes if n.op_type in ("Reshape", "Transpose")] == \
+        ["Transpose", "Reshape", "Transpose", "Reshape", "Transpose"]
+    assert out.value("u").shape == (2, 3, 4 * kernel, 3 * (kernel + 1))
+
+
+@pytest.mark.parametrize("attrs", [{"strides": [1, 1]}, {"strides": [2, 2], "pads": [1, 1, 0, 0]},
+                                   {"strides": [2, 2], "output_padding": [1, 1]}, {"strides": [2, 2], "group": 5}])
+def test_up_convolutions_whose_outputs_mix_input_pixels_stay(attrs):
+    w = _w(5, 1 if attrs.get("group") else 3, 2, 2)
+    g = graph([node("ConvTranspose", ["x", "w"], "y", kernel_shape=[2, 2], **attrs)], {"x": (2, 5, 4, 3)}, ["y"],
+              {"w": w})
+    assert not to_channels_last(g)
