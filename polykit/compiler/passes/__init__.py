@@ -23,6 +23,7 @@ from polykit.compiler.passes.fold_attention_layouts import fold_attention_layout
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
+from polykit.compiler.passes.fuse_movement import fuse_movement
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.hoist_activations import hoist_activations
@@ -42,7 +43,7 @@ __all__ = [
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
-    "unroll_loops",
+    "unroll_loops", "fuse_movement",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -145,7 +146,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         layout.insert(0, bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)))
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
-                   bind(fuse_quantize_nhwc, keep=kept)]
+                   bind(fuse_movement, keep=kept), bind(fuse_quantize_nhwc, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:

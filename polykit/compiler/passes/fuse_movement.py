@@ -1,0 +1,326 @@
+"""fuse_movement: rolls, windows and transposes between views become single PermutedCopy layers.
+
+Rules (static shapes only; format of the op: polykit.compiler.ops.tensor.permuted_copy):
+
+1. *Roll*: a Concat along axis a of step-1 Slices of one tensor x that keep all of x but axis a and
+   whose pieces follow each other cyclically (torch.roll exports Concat(x[k:], x[:k])) is one
+   PermutedCopy reading x from `starts_a` = the first piece's start, `window_a` = their total.
+2. *Window selection*: a Gather with a scalar constant index, or a step-1 Slice with constant
+   bounds, of the output of a Transpose or PermutedCopy (one that reshapes nothing between its
+   window and its output and rolls no output axis) reads its element range straight from the
+   producer's input: a PermutedCopy with that axis's start moved and window narrowed (Swin's q, k,
+   v = qkv[0], qkv[1], qkv[2] of a transposed projection: three copies of a third, no Transpose).
+3. *Compose with readers*: a Transpose or PermutedCopy reading the whole of its input, where that
+   input is (through Reshape / Flatten / Squeeze / Unsqueeze views) the output of a PermutedCopy that
+   only selects and rolls (no perm, no output roll), reads that copy's input instead (Swin's window
+   partition: roll, reshape, transpose, reshape is one copy). Two rolls of the same shape add up.
+4. *Compose with a following roll*: a PermutedCopy that only rolls its output, reading (through
+   views) the output of a Transpose or of a PermutedCopy that rolls no output axis, becomes that
+   producer with the roll on its output (the window merge: reshape, transpose, reshape, roll back).
+5. A PermutedCopy that reads its whole input, permutes nothing and rolls nothing is a Reshape (a view).
+
+The intermediate tensors of rules 3 and 4 must have no other reader and not be kept; the rules
+repeat until nothing changes, then what nobody reads any more (a roll's Slices) goes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.tensor.layout import slice_bounds
+from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, CopySpec, copy_spec
+from polykit.compiler.passes.cancel_transposes import perm_of
+from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
+from polykit.compiler.passes.rewrite import const, protected
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+#: sweeps over the graph before giving up (each applies every rule that matches)
+MAX_SWEEPS = 16
+
+
+def fuse_movement(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
+    """Apply the rules above until nothing changes; True if the graph changed."""
+    fixed = protected(graph, keep)
+    changed = False
+    for _ in range(MAX_SWEEPS):
+        step = False
+        for rule in (_rolls, _window_selections, _compose_readers, _compose_rolls, _plain_reshapes):
+            step |= rule(graph, fixed)
+        changed |= step
+        if not step:
+            break
+    if changed:  # the Slices of a roll, a Transpose whose selections all moved: nobody reads them now
+        eliminate_dead_code(graph, keep=keep)
+    return changed
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def _static(graph: Graph, name: str) -> tuple[int, ...] | None:
+    shape = graph.value(name).shape
+    if shape is None or not all(type(d) is int for d in shape):  # a SymInt is an int subclass
+        return None
+    return tuple(shape)
+
+
+def spec_of(graph: Graph, node: Node) -> CopySpec | None:
+    """A Transpose or PermutedCopy as a CopySpec over its static input shape (None otherwise)."""
+    shape = _static(graph, node.input(0)) if node.inputs else None
+    if shape is None:
+        return None
+    if node.domain == POLYKIT_DOMAIN and node.op_type == PERMUTED_COPY:
+        try:
+            return copy_spec(node.attrs, shape)
+        except ValueError:
+            return None
+    perm = perm_of(graph, node)
+    if perm is None or len(perm) != len(shape):
+        return None
+    return copy_spec({"perm": perm}, shape)
+
+
+def _attrs(spec: CopySpec) -> dict:
+    """A spec's attributes, defaults left out."""
+    attrs: dict = {"shape": list(spec.shape)}
+    if any(spec.starts):
+        attrs["starts"] = list(spec.starts)
+    if spec.window != spec.in_shape:
+        attrs["window"] = list(spec.window)
+    if spec.view != spec.window:
+        attrs["view"] = list(spec.view)
+    if list(spec.perm) != list(range(len(spec.view))):
+        attrs["perm"] = list(spec.perm)
+    if any(spec.out_shifts):
+        attrs["out_shifts"] = list(spec.out_shifts)
+    return attrs
+
+
+def _copy_node(graph: Graph, src: str, out: str, spec: CopySpec, like: Node) -> Node:
+    return Node(PERMUTED_COPY, [src], [out], _attrs(spec), name=graph.fresh_name(f"{like.name or 'movement'}_copy"),
+                domain=POLYKIT_DOMAIN)
+
+
+def _replace(graph: Graph, old: Node, new: Node) -> None:
+    graph.nodes[graph.nodes.index(old)] = new
+
+
+def _whole(spec: CopySpec) -> bool:
+    """Reads its whole input from the start (no window, no roll on the input side)."""
+    return not any(spec.starts) and spec.window == spec.in_shape
+
+
+def _selects_only(spec: CopySpec) -> bool:
+    """Selects (window, roll) and reshapes, but permutes and rolls no output axis."""
+    return list(spec.perm) == list(range(len(spec.perm))) and not any(spec.out_shifts)
+
+
+def _through_views(graph: Graph, name: str, producers: dict, readers: dict, fixed: set[str]) -> tuple[str, list[Node]]:
+    """Walk up from `name` through views whose output only the next step reads; (the tensor above
+    them, the views passed)."""
+    views: list[Node] = []
+    while True:
+        node = producers.get(name)
+        if node is None or node.domain or node.op_type not in VIEW_OPS or name in fixed \
+                or len(readers.get(name, [])) != 1 or _static(graph, node.input(0)) is None:
+            return name, views
+        views.append(node)
+        name = node.input(0)
+
+
+def _sole_producer(graph: Graph, name: str, producers: dict, readers: dict, fixed: set[str]) -> Node | None:
+    node = producers.get(name)
+    if node is None or name in fixed or len(readers.get(name, [])) != 1:
+        return None
+    return node
+
+
+# ---- rule 1: rolls ----------------------------------------------------------------------------
+def _slice_range(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of a step-1 constant Slice that keeps every axis but one whole."""
+    if node.domain or node.op_type != "Slice" or len(node.inputs) < 3:
+        return None
+    vals = [const(graph, node.input(i)) for i in range(1, 5)]
+    starts, ends, axes, steps = vals
+    if starts is None or ends is None or (node.input(3) and axes is None) or (node.input(4) and steps is None):
+        return None
+    n = starts.size
+    axes = [int(a) for a in axes.reshape(-1)] if axes is not None else list(range(n))
+    steps = [int(s) for s in steps.reshape(-1)] if steps is not None else [1] * n
+    cut = []
+    for a, s, e, st in zip(axes, starts.reshape(-1), ends.reshape(-1), steps):
+        a = a + len(shape) if a < 0 else a
+        if st != 1 or not 0 <= a < len(shape):
+            return None
+        lo, hi = slice_bounds(shape[a], int(s), int(e), 1)
+        if (lo, hi) != (0, shape[a]):
+            cut.append((a, lo, max(hi, lo)))
+    return cut[0] if len(cut) == 1 else None
+
+
+def _rolls(graph: Graph, fixed: set[str]) -> bool:
+    producers = graph.producers()
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain or node.op_type != "Concat" or len(node.inputs) < 2 or not all(node.inputs):
+            continue
+        pieces = [producers.get(name) for name in node.inputs]
+        if any(p is None for p in pieces) or len({p.input(0) for p in pieces}) != 1:
+            continue
+        src = pieces[0].input(0)
+        shape = _static(graph, src)
+        if shape is None or not shape:
+            continue
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        ranges = [_slice_range(graph, p, shape) for p in pieces]
+        if any(r is None or r[0] != axis or r[2] == r[1] for r in ranges):
+            continue
+        dim = shape[axis]
+        if any(ranges[i][2] % dim != ranges[i + 1][1] for i in range(len(ranges) - 1)):
+            continue
+        total = sum(hi - lo for _, lo, hi in ranges)
+        if total > dim:
+            continue
+        window = list(shape)
+        window[axis] = total
+        starts = [0] * len(shape)
+        starts[axis] = ranges[0][1] % dim
+        spec = copy_spec({"starts": starts, "window": window}, shape)
+        _replace(graph, node, _copy_node(graph, src, node.outputs[0], spec, node))
+        readers = graph.consumers()
+        graph.remove_nodes([p for p in {id(p): p for p in pieces}.values() if p.outputs[0] not in fixed
+                            and not readers.get(p.outputs[0])])
+        changed = True
+    return changed
+
+
+# ---- rule 2: window selections of a transposed tensor ----------------------------------------------
+def _selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[dict[int, tuple[int, int]], bool] | None:
+    """({output axis of the producer: (first, count)}, whether the axis is dropped) of a Gather with a
+    scalar constant index or a step-1 constant Slice (None otherwise)."""
+    if node.domain:
+        return None
+    if node.op_type == "Gather" and len(node.inputs) == 2:
+        index = const(graph, node.input(1))
+        if index is None or index.ndim != 0 or index.dtype.kind not in "iu":
+            return None
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        k = int(index)
+        k = k + shape[axis] if k < 0 else k
+        return ({axis: (k, 1)}, True) if 0 <= axis < len(shape) and 0 <= k < shape[axis] else None
+    if node.op_type == "Slice":
+        rng = _slice_range(graph, node, shape)
+        return ({rng[0]: (rng[1], rng[2] - rng[1])}, False) if rng is not None and rng[2] > rng[1] else None
+    return None
+
+
+def _window_selections(graph: Graph, fixed: set[str]) -> bool:
+    producers = graph.producers()
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain or node.op_type not in ("Gather", "Slice") or not node.inputs:
+            continue
+        prod = producers.get(node.input(0))
+        spec = spec_of(graph, prod) if prod is not None else None
+        out_shape = _static(graph, node.input(0))
+        if spec is None or out_shape is None or spec.view != spec.window or any(spec.out_shifts) \
+                or spec.shape != tuple(spec.view[p] for p in spec.perm):
+            continue
+        sel = _selection(graph, node, out_shape)
+        if sel is None:
+            continue
+        (axis, (first, count)), dropped = next(iter(sel[0].items())), sel[1]
+        b = spec.perm[axis]
+        starts, window = list(spec.starts), list(spec.window)
+        starts[b] = (starts[b] + first) % max(spec.in_shape[b], 1)
+        window[b] = count
+        shape = [window[p] for p in spec.perm]
+        if dropped:
+            del shape[axis]
+        new = copy_spec({"starts": starts, "window": window, "perm": list(spec.perm), "shape": shape}, spec.in_shape)
+        _replace(graph, node, _copy_node(graph, prod.input(0), node.outputs[0], new, node))
+        changed = True
+    return changed
+
+
+# ---- rules 3 and 4: composition through views ----------------------------------------------------
+def _compose_readers(graph: Graph, fixed: set[str]) -> bool:
+    producers, readers = graph.producers(), graph.consumers()
+    for node in graph.nodes:
+        spec = spec_of(graph, node)
+        if spec is None:
+            continue
+        top, views = _through_views(graph, node.input(0), producers, readers, fixed)
+        prod = _sole_producer(graph, top, producers, readers, fixed)
+        first = spec_of(graph, prod) if prod is not None and prod.op_type == PERMUTED_COPY else None
+        if first is None or not _selects_only(first):
+            continue
+        if _whole(spec):
+            new = CopySpec(first.in_shape, first.starts, first.window, spec.view, spec.perm, spec.shape,
+                           spec.out_shifts)
+        elif spec.in_shape == first.in_shape and first.window == first.in_shape and spec.window == spec.in_shape:
+            starts = tuple((a + b) % max(d, 1) for a, b, d in zip(first.starts, spec.starts, spec.in_shape))
+            new = CopySpec(first.in_shape, starts, spec.window, spec.view, spec.perm, spec.shape, spec.out_shifts)
+        else:
+            continue
+        _replace(graph, node, _copy_node(graph, prod.input(0), node.outputs[0], new, node))
+        graph.remove_nodes([prod, *views])
+        return True  # producers/readers are stale: the sweep comes back
+    return False
+
+
+def _as_output_roll(spec: CopySpec | None) -> CopySpec | None:
+    """`spec` as a roll of its (reshaped) input on the output side, when it is one: no window,
+    no perm, and input-side starts only where the output has the input's shape (then a start s is
+    an output shift of -s)."""
+    if spec is None or spec.window != spec.in_shape or list(spec.perm) != list(range(len(spec.perm))):
+        return None
+    if any(spec.starts):
+        if spec.shape != spec.in_shape:
+            return None
+        shifts = tuple((o - s) % max(d, 1) for o, s, d in zip(spec.out_shifts, spec.starts, spec.shape))
+        spec = CopySpec(spec.in_shape, (0,) * len(spec.starts), spec.window, spec.view, spec.perm, spec.shape,
+                        shifts)
+    return spec if any(spec.out_shifts) else None
+
+
+def _compose_rolls(graph: Graph, fixed: set[str]) -> bool:
+    producers, readers = graph.producers(), graph.consumers()
+    for node in graph.nodes:
+        spec = _as_output_roll(spec_of(graph, node)) if node.op_type == PERMUTED_COPY else None
+        if spec is None:
+            continue
+        top, views = _through_views(graph, node.input(0), producers, readers, fixed)
+        prod = _sole_producer(graph, top, producers, readers, fixed)
+        first = spec_of(graph, prod) if prod is not None else None
+        if first is None:
+            continue
+        if not any(first.out_shifts):
+            shifts = spec.out_shifts
+        elif first.shape == spec.shape:
+            shifts = tuple((a + b) % max(d, 1) for a, b, d in zip(first.out_shifts, spec.out_shifts, spec.shape))
+        else:
+            continue
+        new = CopySpec(first.in_shape, first.starts, first.window, first.view, first.perm, spec.shape, shifts)
+        _replace(graph, node, _copy_node(graph, prod.input(0), node.outputs[0], new, node))
+        graph.remove_nodes([prod, *views])
+        return True
+    return False
+
+
+# ---- rule 5 ---------------------------------------------------------------------------------------
+def _plain_reshapes(graph: Graph, fixed: set[str]) -> bool:
+    changed = False
+    for node in list(graph.nodes):
+        spec = spec_of(graph, node) if node.op_type == PERMUTED_COPY else None
+        if spec is None or not _whole(spec) or not _selects_only(spec):
+            continue
+        shape = graph.fresh_name(f"{node.name}_shape")
+        graph.initializers[shape] = np.array(spec.shape, np.int64)
+        _replace(graph, node, Node("Reshape", [node.input(0), shape], list(node.outputs), {}, name=node.name))
+        changed = True
+    return changed
+
