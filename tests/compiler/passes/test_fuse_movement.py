@@ -197,3 +197,53 @@ def test_optimize_fuses_a_shifted_window_block_and_the_values_hold():
     feeds = feeds_for(g)
     np.testing.assert_allclose(evaluate_graph(out, feeds)["y"], evaluate_graph(g, feeds)["y"], rtol=1e-6)
     assert op_counts(out)[COPY] == 2 and not {"Slice", "Concat", "Transpose"} & set(op_counts(out))
+
+
+def strided(b, x, out, starts, steps, axes):
+    n = len(axes)
+    ins = [x, b.const(f"{out}_s", starts), b.const(f"{out}_e", [INT_MAX] * n), b.const(f"{out}_a", axes),
+           b.const(f"{out}_t", steps)]
+    return b.add("Slice", ins, out)
+
+
+def test_swin_patch_merging_phases_are_one_copy():
+    """cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)."""
+    b = Nodes()
+    parts = [strided(b, "x", f"p{i}", [h, w], [2, 2], [1, 2]) for i, (h, w) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)])]
+    b.add("Concat", parts, "y", axis=-1)
+    out, changed = run_and_compare(b.graph({"x": (2, 6, 10, 3)}, ["y"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 1}
+
+
+def test_space_to_depth_phases_in_row_major_order_are_one_copy():
+    b = Nodes()
+    parts = [strided(b, "x", f"p{h}{w}", [h, w], [3, 2], [2, 3]) for h in range(3) for w in range(2)]
+    b.add("Concat", parts, "y", axis=1)
+    out, changed = run_and_compare(b.graph({"x": (1, 2, 9, 4)}, ["y"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 1}
+
+
+def test_phases_in_no_nesting_order_stay():
+    b = Nodes()
+    order = [(0, 0), (1, 1), (0, 1), (1, 0)]
+    parts = [strided(b, "x", f"p{i}", [h, w], [2, 2], [0, 1]) for i, (h, w) in enumerate(order)]
+    b.add("Concat", parts, "y", axis=2)
+    out, changed = run_and_compare(b.graph({"x": (4, 4, 3)}, ["y"]), fuse_movement)
+    assert not changed and op_counts(out)["Concat"] == 1
+
+
+def test_nested_strided_slices_as_torch_exports_them_meet_in_one_copy():
+    b = Nodes()
+    rows = [strided(b, "x", f"r{h}", [h], [2], [1]) for h in range(2)]
+    parts = [strided(b, rows[h], f"p{h}{w}", [w], [2], [2]) for w in range(2) for h in range(2)]
+    b.add("Concat", parts, "y", axis=-1)
+    out, changed = run_and_compare(b.graph({"x": (1, 6, 8, 5)}, ["y"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 1}
+
+
+def test_a_slice_of_a_slice_is_one_slice_and_the_inner_goes():
+    b = Nodes()
+    inner = strided(b, "x", "a", [1, 0], [2, 1], [0, 1])
+    b.slice(inner, "y", 1, 3, 1)
+    out, changed = run_and_compare(b.graph({"x": (9, 5)}, ["y"]), fuse_movement)
+    assert changed and op_counts(out) == {"Slice": 1} and out.nodes[0].inputs[0] == "x"
