@@ -6,6 +6,8 @@ Rules (static shapes only; format of the op: polykit.compiler.ops.tensor.permute
 1. *Roll*: a Concat along axis a of step-1 Slices of one tensor x that keep all of x but axis a and
    whose pieces follow each other cyclically (torch.roll exports Concat(x[k:], x[:k])) is one
    PermutedCopy reading x from `starts_a` = the first piece's start, `window_a` = their total.
+   Pieces may be negated (rotary embeddings' rotate_half: cat(-x[.., d/2:], x[.., :d/2])): the copy
+   is then multiplied by a constant of signs along the axis, an elementwise op that fuses onward.
    A Concat of every phase of a strided slicing (x[.., p::k, ..] for p < k on one or more axes, the
    phases in the order of some nesting of those axes: space-to-depth, Swin's patch merging) is one
    PermutedCopy of x viewed as [.., d/k, k, ..] with the phase dims moved next to the Concat axis.
@@ -201,13 +203,23 @@ def _slice_range(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, i
     return cut[0] if len(cut) == 1 else None
 
 
+def _sole_neg(graph: Graph, node: Node | None, readers: dict, fixed: set[str]) -> Node | None:
+    """`node` when it is a Neg whose output only the Concat reads."""
+    if node is None or node.domain or node.op_type != "Neg" or node.outputs[0] in fixed \
+            or len(readers.get(node.outputs[0], [])) != 1:
+        return None
+    return node
+
+
 def _rolls(graph: Graph, fixed: set[str]) -> bool:
-    producers = graph.producers()
+    producers, readers = graph.producers(), graph.consumers()
     changed = False
     for node in list(graph.nodes):
         if node.domain or node.op_type != "Concat" or len(node.inputs) < 2 or not all(node.inputs):
             continue
         pieces = [producers.get(name) for name in node.inputs]
+        negs = [_sole_neg(graph, p, readers, fixed) for p in pieces]
+        pieces = [producers.get(n.input(0)) if n is not None else p for p, n in zip(pieces, negs)]
         if any(p is None for p in pieces) or len({p.input(0) for p in pieces}) != 1:
             continue
         src = pieces[0].input(0)
@@ -218,7 +230,7 @@ def _rolls(graph: Graph, fixed: set[str]) -> bool:
         axis = axis + len(shape) if axis < 0 else axis
         ranges = [_slice_range(graph, p, shape) for p in pieces]
         if any(r is None or r[0] != axis or r[2] == r[1] for r in ranges):
-            spec = _phase_concat(graph, node, pieces, shape)
+            spec = _phase_concat(graph, node, pieces, shape) if not any(negs) else None
             if spec is not None:
                 _replace_concat(graph, node, pieces, src, spec, fixed)
                 changed = True
@@ -233,17 +245,32 @@ def _rolls(graph: Graph, fixed: set[str]) -> bool:
         window[axis] = total
         starts = [0] * len(shape)
         starts[axis] = ranges[0][1] % dim
-        _replace_concat(graph, node, pieces, src, copy_spec({"starts": starts, "window": window}, shape), fixed)
+        spec = copy_spec({"starts": starts, "window": window}, shape)
+        if any(negs):  # rotate_half: cat(-x2, x1) is roll(x) times a sign per position on the axis
+            sign = np.concatenate([np.full(hi - lo, -1 if n is not None else 1) for (_, lo, hi), n in zip(ranges, negs)])
+            signs = graph.fresh_name(f"{node.name}_signs")
+            graph.initializers[signs] = sign.reshape((-1,) + (1,) * (len(shape) - axis - 1)).astype(graph.value(src).dtype)
+            rolled = graph.fresh_name(f"{node.outputs[0]}_rolled")
+            copy = _replace_concat(graph, node, pieces, src, spec, fixed, rolled)
+            graph.nodes.insert(graph.nodes.index(copy) + 1,
+                               Node("Mul", [rolled, signs], [node.outputs[0]], {}, name=f"{node.name}_signs"))
+            graph.remove_nodes([n for n in negs if n is not None])
+        else:
+            _replace_concat(graph, node, pieces, src, spec, fixed)
         changed = True
     return changed
 
 
-def _replace_concat(graph: Graph, node: Node, pieces: list[Node], src: str, spec: CopySpec, fixed: set[str]) -> None:
-    """`node` (a Concat) becomes a PermutedCopy of `src`; its pieces go when nothing else reads them."""
-    _replace(graph, node, _copy_node(graph, src, node.outputs[0], spec, node))
+def _replace_concat(graph: Graph, node: Node, pieces: list[Node], src: str, spec: CopySpec, fixed: set[str],
+                    out: str = "") -> Node:
+    """`node` (a Concat) becomes a PermutedCopy of `src` (writing `out`, default the Concat's output),
+    returned; its pieces go when nothing else reads them."""
+    copy = _copy_node(graph, src, out or node.outputs[0], spec, node)
+    _replace(graph, node, copy)
     readers = graph.consumers()
     graph.remove_nodes([p for p in {id(p): p for p in pieces}.values() if p.outputs[0] not in fixed
                         and not readers.get(p.outputs[0])])
+    return copy
 
 
 # ---- rule 1b: every phase of a strided slicing, concatenated ------------------------------------

@@ -247,3 +247,18 @@ def test_a_slice_of_a_slice_is_one_slice_and_the_inner_goes():
     b.slice(inner, "y", 1, 3, 1)
     out, changed = run_and_compare(b.graph({"x": (9, 5)}, ["y"]), fuse_movement)
     assert changed and op_counts(out) == {"Slice": 1} and out.nodes[0].inputs[0] == "x"
+
+
+def test_rotate_half_is_a_roll_times_signs():
+    """Rotary embeddings: cat(-x[..., d/2:], x[..., :d/2]) * sin + x * cos."""
+    b = Nodes()
+    x2 = b.slice("x", "x2", 4, INT_MAX, -1)
+    x1 = b.slice("x", "x1", 0, 4, -1)
+    neg = b.add("Neg", [x2], "n")
+    rot = b.add("Concat", [neg, x1], "rot", axis=-1)
+    b.add("Mul", [rot, "sin"], "a")
+    b.add("Mul", ["x", "cos"], "c")
+    b.add("Add", ["a", "c"], "y")
+    g = b.graph({"x": (1, 2, 5, 8), "sin": (5, 8), "cos": (5, 8)}, ["y"])
+    out, changed = run_and_compare(g, fuse_movement)
+    assert changed and op_counts(out) == {COPY: 1, "Mul": 3, "Add": 1}
