@@ -19,7 +19,9 @@ Rules (static shapes only; format of the op: polykit.compiler.ops.tensor.permute
 3. *Compose with readers*: a Transpose or PermutedCopy reading the whole of its input, where that
    input is (through Reshape / Flatten / Squeeze / Unsqueeze views) the output of a PermutedCopy that
    only selects and rolls (no perm, no output roll), reads that copy's input instead (Swin's window
-   partition: roll, reshape, transpose, reshape is one copy). Two rolls of the same shape add up.
+   partition: roll, reshape, transpose, reshape is one copy). Two rolls of the same shape add up. A
+   Transpose directly after a PermutedCopy that ends in its permuted view composes the perms
+   (Swin's k^T of a selected k).
 4. *Compose with a following roll*: a PermutedCopy that only rolls its output, reading (through
    views) the output of a Transpose or of a PermutedCopy that rolls no output axis, becomes that
    producer with the roll on its output (the window merge: reshape, transpose, reshape, roll back).
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -117,6 +120,19 @@ def _replace(graph: Graph, old: Node, new: Node) -> None:
 def _whole(spec: CopySpec) -> bool:
     """Reads its whole input from the start (no window, no roll on the input side)."""
     return not any(spec.starts) and spec.window == spec.in_shape
+
+
+def _without_unit_dims(spec: CopySpec) -> CopySpec:
+    """`spec` with the size-1 dims of its view left out (a view is any reshape of the window)."""
+    keep = [i for i, d in enumerate(spec.view) if d != 1]
+    return replace(spec, view=tuple(spec.view[i] for i in keep),
+                   perm=tuple(keep.index(p) for p in spec.perm if spec.view[p] != 1))
+
+
+def _plain_transpose(spec: CopySpec) -> bool:
+    """A transpose of the whole input, nothing reshaped or rolled."""
+    return _whole(spec) and spec.view == spec.in_shape and not any(spec.out_shifts) \
+        and spec.shape == tuple(spec.view[p] for p in spec.perm)
 
 
 def _selects_only(spec: CopySpec) -> bool:
@@ -374,9 +390,16 @@ def _compose_readers(graph: Graph, fixed: set[str]) -> bool:
         top, views = _through_views(graph, node.input(0), producers, readers, fixed)
         prod = _sole_producer(graph, top, producers, readers, fixed)
         first = spec_of(graph, prod) if prod is not None and prod.op_type == PERMUTED_COPY else None
-        if first is None or not _selects_only(first):
+        if first is None:
             continue
-        if _whole(spec):
+        if not _selects_only(first):
+            first = _without_unit_dims(first)
+            if views or not _plain_transpose(spec) or any(first.out_shifts) \
+                    or first.shape != tuple(first.view[p] for p in first.perm):
+                continue
+            new = replace(first, perm=tuple(first.perm[q] for q in spec.perm), shape=spec.shape,
+                          out_shifts=(0,) * len(spec.shape))
+        elif _whole(spec):
             new = CopySpec(first.in_shape, first.starts, first.window, spec.view, spec.perm, spec.shape,
                            spec.out_shifts)
         elif spec.in_shape == first.in_shape and first.window == first.in_shape and spec.window == spec.in_shape:

@@ -262,3 +262,12 @@ def test_rotate_half_is_a_roll_times_signs():
     g = b.graph({"x": (1, 2, 5, 8), "sin": (5, 8), "cos": (5, 8)}, ["y"])
     out, changed = run_and_compare(g, fuse_movement)
     assert changed and op_counts(out) == {COPY: 1, "Mul": 3, "Add": 1}
+
+
+def test_a_transpose_of_a_selected_key_composes_into_the_selection():
+    b = Nodes()
+    t = b.add("Transpose", ["qkv"], "t", perm=[2, 0, 3, 1, 4])
+    k = b.add("Gather", [t, b.const("one", 1)], "k", axis=0)
+    b.add("Transpose", [k], "kt", perm=[0, 1, 3, 2])
+    out, changed = run_and_compare(b.graph({"qkv": (4, 7, 3, 2, 5)}, ["kt"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 1}
