@@ -10,6 +10,7 @@
 //   3. window: w -> coordinates over wd[nl] (the window), c' = (c + st) mod sd (the input dims),
 //      source offset = sum c' * ss (the input's strides).
 // Starts and offsets are in [0, dim) and c < window <= dim, so one conditional subtraction wraps.
+// The loops run over all 8 slots (unrolled, constant indices: the tables stay in registers).
 #include "dtypes.cuh"
 
 #define PC8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
@@ -29,7 +30,9 @@ __device__ void permuted_copy(const E* __restrict__ src, E* __restrict__ dst, i6
     if (nj) {
       i64 r = i, acc = 1;
       lin = 0;
-      for (int d = (int)nj - 1; d >= 0; --d) {
+#pragma unroll
+      for (int d = 7; d >= 0; --d) {
+        if (d >= nj) continue;
         const i64 q = d ? r / od[d] : 0;
         i64 c = r - q * od[d] + oo[d];
         if (c >= od[d]) c -= od[d];
@@ -42,7 +45,9 @@ __device__ void permuted_copy(const E* __restrict__ src, E* __restrict__ dst, i6
     if (nk) {
       i64 r = lin;
       w = 0;
-      for (int k = (int)nk - 1; k >= 0; --k) {
+#pragma unroll
+      for (int k = 7; k >= 0; --k) {
+        if (k >= nk) continue;
         const i64 q = k ? r / fd[k] : 0;
         w += (r - q * fd[k]) * fs[k];
         r = q;
@@ -52,7 +57,9 @@ __device__ void permuted_copy(const E* __restrict__ src, E* __restrict__ dst, i6
     if (nl) {
       i64 r = w;
       so = 0;
-      for (int a = (int)nl - 1; a >= 0; --a) {
+#pragma unroll
+      for (int a = 7; a >= 0; --a) {
+        if (a >= nl) continue;
         const i64 q = a ? r / wd[a] : 0;
         i64 c = r - q * wd[a] + st[a];
         if (c >= sd[a]) c -= sd[a];
