@@ -11,21 +11,25 @@ Rules (static shapes only; format of the op: polykit.compiler.ops.tensor.permute
    A Concat of every phase of a strided slicing (x[.., p::k, ..] for p < k on one or more axes, the
    phases in the order of some nesting of those axes: space-to-depth, Swin's patch merging) is one
    PermutedCopy of x viewed as [.., d/k, k, ..] with the phase dims moved next to the Concat axis.
-2. *Window selection*: a Gather with a scalar constant index, or a step-1 Slice with constant
-   bounds, of the output of a Transpose or PermutedCopy (one that reshapes nothing between its
-   window and its output and rolls no output axis) reads its element range straight from the
-   producer's input: a PermutedCopy with that axis's start moved and window narrowed (Swin's q, k,
-   v = qkv[0], qkv[1], qkv[2] of a transposed projection: three copies of a third, no Transpose).
+2. *Window selection*: a Gather with a scalar constant index, a step-1 Slice with constant bounds
+   or a Split (each of its outputs) of the output of a Transpose or PermutedCopy (one that reshapes
+   nothing between its window and its output and rolls no output axis; views that only add or
+   drop size-1 dims may sit between) reads its element range straight from the producer's input:
+   a PermutedCopy with that axis's start moved and window narrowed (Swin's and ViT's q, k, v =
+   qkv[0], qkv[1], qkv[2], timm's qkv.unbind(0) as a Split, of a transposed projection: three
+   copies of a third, no Transpose).
 3. *Compose with readers*: a Transpose or PermutedCopy reading the whole of its input, where that
    input is (through Reshape / Flatten / Squeeze / Unsqueeze views) the output of a PermutedCopy that
-   only selects and rolls (no perm, no output roll), reads that copy's input instead (Swin's window
-   partition: roll, reshape, transpose, reshape is one copy). Two rolls of the same shape add up. A
-   Transpose directly after a PermutedCopy that ends in its permuted view composes the perms
-   (Swin's k^T of a selected k).
+   only selects and rolls (no perm but of size-1 dims, no output roll), reads that copy's input
+   instead (Swin's window partition: roll, reshape, transpose, reshape is one copy; ViT's head
+   transposes of the selected q, k, v). Two rolls of the same shape add up. A Transpose directly
+   after a PermutedCopy that ends in its permuted view composes the perms (Swin's k^T of a
+   selected k).
 4. *Compose with a following roll*: a PermutedCopy that only rolls its output, reading (through
    views) the output of a Transpose or of a PermutedCopy that rolls no output axis, becomes that
    producer with the roll on its output (the window merge: reshape, transpose, reshape, roll back).
-5. A PermutedCopy that reads its whole input, permutes nothing and rolls nothing is a Reshape (a view).
+5. A PermutedCopy or Transpose that reads its whole input, rolls nothing and moves only size-1 dims
+   is a Reshape (a view: ViT's [1, S, D] <-> [S, 1, D] transposes).
 
 The intermediate tensors of rules 3 and 4 must have no other reader and not be kept; the rules
 repeat until nothing changes, then what nobody reads any more (a roll's Slices) goes.
@@ -41,7 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.tensor.layout import slice_bounds
+from polykit.compiler.ops.tensor.layout import slice_bounds, split_sizes
 from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, CopySpec, copy_spec
 from polykit.compiler.passes.cancel_transposes import perm_of
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -136,8 +140,9 @@ def _plain_transpose(spec: CopySpec) -> bool:
 
 
 def _selects_only(spec: CopySpec) -> bool:
-    """Selects (window, roll) and reshapes, but permutes and rolls no output axis."""
-    return list(spec.perm) == list(range(len(spec.perm))) and not any(spec.out_shifts)
+    """Selects (window, roll) and reshapes, but permutes (size-1 dims aside) and rolls no output axis."""
+    perm = _without_unit_dims(spec).perm
+    return list(perm) == list(range(len(perm))) and not any(spec.out_shifts)
 
 
 def _through_views(graph: Graph, name: str, producers: dict, readers: dict, fixed: set[str]) -> tuple[str, list[Node]]:
@@ -151,6 +156,15 @@ def _through_views(graph: Graph, name: str, producers: dict, readers: dict, fixe
             return name, views
         views.append(node)
         name = node.input(0)
+
+
+def _view_source(graph: Graph, name: str, producers: dict) -> str:
+    """The tensor above `name` and the views (of static shapes) that lead from it to `name`."""
+    node = producers.get(name)
+    while node is not None and not node.domain and node.op_type in VIEW_OPS and _static(graph, node.input(0)):
+        name = node.input(0)
+        node = producers.get(name)
+    return name
 
 
 def _sole_producer(graph: Graph, name: str, producers: dict, readers: dict, fixed: set[str]) -> Node | None:
@@ -331,11 +345,9 @@ def _phase_concat(graph: Graph, node: Node, pieces: list[Node], shape: tuple[int
 
 
 # ---- rule 2: window selections of a transposed tensor ----------------------------------------------
-def _selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[dict[int, tuple[int, int]], bool] | None:
-    """({output axis of the producer: (first, count)}, whether the axis is dropped) of a Gather with a
-    scalar constant index or a step-1 constant Slice (None otherwise)."""
-    if node.domain:
-        return None
+def _selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, list[tuple[int, int]]] | None:
+    """(axis, [(first, count) per output]) of a Gather with a scalar constant index, a step-1
+    constant Slice or a Split with constant sizes (None otherwise)."""
     if node.op_type == "Gather" and len(node.inputs) == 2:
         index = const(graph, node.input(1))
         if index is None or index.ndim != 0 or index.dtype.kind not in "iu":
@@ -343,11 +355,22 @@ def _selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[dict[int
         axis = int(node.attrs.get("axis", 0))
         axis = axis + len(shape) if axis < 0 else axis
         k = int(index)
-        k = k + shape[axis] if k < 0 else k
-        return ({axis: (k, 1)}, True) if 0 <= axis < len(shape) and 0 <= k < shape[axis] else None
+        k = k + shape[axis] if 0 <= axis < len(shape) and k < 0 else k
+        return (axis, [(k, 1)]) if 0 <= axis < len(shape) and 0 <= k < shape[axis] else None
     if node.op_type == "Slice":
         rng = _slice_range(graph, node, shape)
-        return ({rng[0]: (rng[1], rng[2] - rng[1])}, False) if rng is not None and rng[2] > rng[1] else None
+        return (rng[0], [(rng[1], rng[2] - rng[1])]) if rng is not None and rng[2] > rng[1] else None
+    if node.op_type == "Split" and all(node.outputs):
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        sizes = const(graph, node.input(1)) if node.input(1) else None
+        if not 0 <= axis < len(shape) or (node.input(1) and sizes is None):
+            return None
+        sizes = split_sizes(shape[axis], len(node.outputs), None if sizes is None else [int(v) for v in sizes])
+        if sizes is None or 0 in sizes:
+            return None
+        firsts = np.cumsum([0] + sizes[:-1])
+        return axis, [(int(f), n) for f, n in zip(firsts, sizes)]
     return None
 
 
@@ -355,27 +378,34 @@ def _window_selections(graph: Graph, fixed: set[str]) -> bool:
     producers = graph.producers()
     changed = False
     for node in list(graph.nodes):
-        if node.domain or node.op_type not in ("Gather", "Slice") or not node.inputs:
+        if node.domain or node.op_type not in ("Gather", "Slice", "Split") or not node.inputs:
             continue
-        prod = producers.get(node.input(0))
+        top = _view_source(graph, node.input(0), producers)
+        prod = producers.get(top)
         spec = spec_of(graph, prod) if prod is not None else None
-        out_shape = _static(graph, node.input(0))
-        if spec is None or out_shape is None or spec.view != spec.window or any(spec.out_shifts) \
+        seen = _static(graph, node.input(0))
+        if spec is None or seen is None or spec.view != spec.window or any(spec.out_shifts) \
                 or spec.shape != tuple(spec.view[p] for p in spec.perm):
             continue
-        sel = _selection(graph, node, out_shape)
-        if sel is None:
+        sel = _selection(graph, node, seen)
+        big = [a for a, d in enumerate(spec.shape) if d != 1]  # the views between add or drop size-1 dims only
+        outs = [_static(graph, o) for o in node.outputs]
+        if sel is None or [d for d in seen if d != 1] != [spec.shape[a] for a in big] or None in outs:
             continue
-        (axis, (first, count)), dropped = next(iter(sel[0].items())), sel[1]
-        b = spec.perm[axis]
-        starts, window = list(spec.starts), list(spec.window)
-        starts[b] = (starts[b] + first) % max(spec.in_shape[b], 1)
-        window[b] = count
-        shape = [window[p] for p in spec.perm]
-        if dropped:
-            del shape[axis]
-        new = copy_spec({"starts": starts, "window": window, "perm": list(spec.perm), "shape": shape}, spec.in_shape)
-        _replace(graph, node, _copy_node(graph, prod.input(0), node.outputs[0], new, node))
+        axis, pieces = sel
+        if seen[axis] == 1:
+            continue
+        b = spec.perm[big[sum(1 for d in seen[:axis] if d != 1)]]
+        copies = []
+        for out, shape, (first, count) in zip(node.outputs, outs, pieces):
+            starts, window = list(spec.starts), list(spec.window)
+            starts[b] = (starts[b] + first) % max(spec.in_shape[b], 1)
+            window[b] = count
+            new = copy_spec({"starts": starts, "window": window, "perm": list(spec.perm), "shape": list(shape)},
+                            spec.in_shape)
+            copies.append(_copy_node(graph, prod.input(0), out, new, node))
+        at = graph.nodes.index(node)
+        graph.nodes[at:at + 1] = copies
         changed = True
     return changed
 
@@ -456,7 +486,7 @@ def _compose_rolls(graph: Graph, fixed: set[str]) -> bool:
 def _plain_reshapes(graph: Graph, fixed: set[str]) -> bool:
     changed = False
     for node in list(graph.nodes):
-        spec = spec_of(graph, node) if node.op_type == PERMUTED_COPY else None
+        spec = spec_of(graph, node) if node.op_type in (PERMUTED_COPY, "Transpose") else None
         if spec is None or not _whole(spec) or not _selects_only(spec):
             continue
         shape = graph.fresh_name(f"{node.name}_shape")

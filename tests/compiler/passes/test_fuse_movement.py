@@ -271,3 +271,37 @@ def test_a_transpose_of_a_selected_key_composes_into_the_selection():
     b.add("Transpose", [k], "kt", perm=[0, 1, 3, 2])
     out, changed = run_and_compare(b.graph({"qkv": (4, 7, 3, 2, 5)}, ["kt"]), fuse_movement)
     assert changed and op_counts(out) == {COPY: 1}
+
+
+def test_a_transpose_that_moves_only_unit_dims_is_a_view():
+    b = Nodes()
+    b.add("Transpose", ["x"], "t", perm=[1, 0, 2])
+    b.add("Relu", ["t"], "y")
+    out, changed = run_and_compare(b.graph({"x": (1, 7, 5)}, ["y"]), fuse_movement)
+    assert changed and op_counts(out) == {"Reshape": 1, "Relu": 1}
+
+
+def test_vit_qkv_selections_through_squeeze_and_head_transposes_are_three_copies():
+    """torchvision MultiheadAttention: [S, 1, 3, D] -> unsqueeze, transpose, squeeze -> q, k, v = p[0..2],
+    each reshaped to heads and transposed."""
+    b = Nodes()
+    u = b.add("Unsqueeze", ["qkv", b.const("ax0", [0])], "u")
+    t = b.add("Transpose", [u], "t", perm=[3, 1, 2, 0, 4])
+    sq = b.add("Squeeze", [t, b.const("ax3", [3])], "sq")
+    for i, name in enumerate("qkv"):
+        g = b.add("Gather", [sq, b.const(f"i{i}", i)], f"{name}_g", axis=0)
+        r = b.reshape(g, f"{name}_r", [7, 2, 4])
+        b.add("Transpose", [r], name, perm=[1, 0, 2])
+    out, changed = run_and_compare(b.graph({"qkv": (7, 1, 3, 8)}, ["q", "k", "v"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 3, "Unsqueeze": 1}  # the copies read the (view) Unsqueeze
+
+
+def test_a_split_of_a_transpose_is_one_copy_per_output():
+    """timm's q, k, v = qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0), exported as Split."""
+    b = Nodes()
+    t = b.add("Transpose", ["qkv"], "t", perm=[2, 0, 3, 1, 4])
+    b.nodes.append(node("Split", [t], ["s0", "s1", "s2"], axis=0, num_outputs=3))
+    for i in range(3):
+        b.add("Squeeze", [f"s{i}", b.const(f"ax{i}", [0])], "qkv"[i])
+    out, changed = run_and_compare(b.graph({"qkv": (1, 7, 3, 2, 4)}, ["q", "k", "v"]), fuse_movement)
+    assert changed and op_counts(out) == {COPY: 3, "Squeeze": 3}
