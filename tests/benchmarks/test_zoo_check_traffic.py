@@ -28,3 +28,15 @@ def test_a_reshape_view_is_free_and_an_embedding_gather_reads_its_rows(tmp_path)
     assert "Reshape" in {l.kind for l in plan.layers} and "Reshape" not in t["traffic_by_kind_mb"]
     # the gathered rows (8 x 64 floats) twice and the ids, not the 256 KB table
     assert t["traffic_by_kind_mb"]["Gather"] < 0.01
+
+
+def test_a_slice_reads_only_its_window(tmp_path):
+    consts = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", 2), ("a", 0))]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Slice", ["r", "s", "e", "a"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1000, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], consts)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    t = traffic(build_plan(str(path), BuilderConfig(target="cuda", builder_optimization_level=0)))
+    assert t["traffic_by_kind_mb"]["Slice"] < 0.01  # 2 x 64 floats read and written, not the 256 KB input
