@@ -305,3 +305,13 @@ def test_a_split_of_a_transpose_is_one_copy_per_output():
         b.add("Squeeze", [f"s{i}", b.const(f"ax{i}", [0])], "qkv"[i])
     out, changed = run_and_compare(b.graph({"qkv": (1, 7, 3, 2, 4)}, ["q", "k", "v"]), fuse_movement)
     assert changed and op_counts(out) == {COPY: 3, "Squeeze": 3}
+
+
+def test_more_compositions_than_sweeps_all_happen():
+    b = Nodes()
+    for i in range(40):
+        r = b.roll("x", f"r{i}", 1 + i % 3, 0)
+        b.add("Transpose", [r], f"y{i}", perm=[1, 0])
+    g = b.graph({"x": (5, 3)}, [f"y{i}" for i in range(40)])
+    out, changed = run_and_compare(g, fuse_movement)
+    assert changed and op_counts(out) == {COPY: 40}
