@@ -46,12 +46,18 @@ def compile_kernels(plan, arch: str) -> int:
 #: layer kinds that only move bytes (no arithmetic of the model): what issue #30 wants gone as views
 MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Expand", "Gather", "Tile", "Reshape",
                             "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DepthToSpace", "SpaceToDepth",
-                            "GatherElements", "ScatterND", "Copy"})
+                            "GatherElements", "ScatterND", "Copy", "PermutedCopy"})
+
+
+#: layer kinds that read of their data input only what they write (an embedding table's rows, a
+#: Slice's or a PermutedCopy's window)
+SELECTS = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "PermutedCopy"})
 
 
 def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
-    writes (its inputs, weights included, and its outputs, each once; views cost nothing), in MB.
+    writes (its inputs, weights included, and its outputs, each once; views cost nothing; a gather's,
+    slice's or PermutedCopy's data input at most as much as it writes), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
@@ -59,8 +65,10 @@ def traffic(plan) -> dict:
     for layer in plan.layers:
         if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.outputs and layer.outputs[0] in aliases:
             continue  # a view: the layer copies nothing
-        names = [n for n in (*layer.inputs, *layer.outputs) if n]
-        by_kind[layer.kind] += sum(plan.tensors[n].nbytes for n in names if n in plan.tensors) / 1e6
+        sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
+        if layer.kind in SELECTS and layer.inputs and layer.outputs and layer.outputs[0] in plan.tensors:
+            sizes[0] = min(sizes[0], plan.tensors[layer.outputs[0]].nbytes)  # it reads what it selects
+        by_kind[layer.kind] += sum(sizes) / 1e6
     total = sum(by_kind.values()) or 1.0
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)
     return {"traffic_mb": round(total, 1), "movement_share": round(moved / total, 3),

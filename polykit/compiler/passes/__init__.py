@@ -24,6 +24,7 @@ from polykit.compiler.passes.fold_attention_layouts import fold_attention_layout
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
+from polykit.compiler.passes.fuse_movement import fuse_movement
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.hoist_activations import hoist_activations
@@ -43,8 +44,8 @@ __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
-    "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc", "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if",
-    "unroll_loops",
+    "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
+    "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -151,7 +152,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                       bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
-                   bind(fuse_quantize_nhwc, keep=kept)]
+                   bind(fuse_movement, keep=kept), bind(fuse_quantize_nhwc, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:

@@ -2,7 +2,7 @@
 
 Identity, inference Dropout (mask unused), Cast to the input's dtype, Reshape / Squeeze /
 Unsqueeze / Flatten to the input's shape, Transpose with the identity permutation, and
-Expand / Tile / Pad that change nothing. Readers of the output read the input instead;
+Expand / Tile / Pad / Slice (steps of 1) that change nothing. Readers of the output read the input instead;
 when the output is a graph output (or kept), the input's producer writes that name
 instead, so graph output names stay. A node whose input and output must both keep their
 names (e.g. a graph input copied to a graph output) stays.
@@ -59,6 +59,12 @@ def _transpose(graph: Graph, node: Node) -> bool:
     return list(perm) == list(range(len(perm)))
 
 
+def _slice(graph: Graph, node: Node) -> bool:
+    """Same shape with steps of 1 (constant or absent): every axis is kept whole from its start."""
+    steps = const(graph, node.input(4)) if node.input(4) else np.ones(1, np.int64)
+    return steps is not None and bool(np.all(steps == 1)) and _same_shape(graph, node)
+
+
 def _tile(graph: Graph, node: Node) -> bool:
     reps = const(graph, node.input(1))
     return reps is not None and bool(np.all(reps == 1))
@@ -81,6 +87,7 @@ NO_OP_TESTS: dict[str, NoOpTest] = {
     "Expand": _same_shape,
     "Tile": _tile,
     "Pad": _pad,
+    "Slice": _slice,
 }
 
 

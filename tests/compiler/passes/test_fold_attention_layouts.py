@@ -7,7 +7,7 @@ import pytest
 
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
-from polykit.compiler.passes import fold_attention_layouts, run_passes
+from polykit.compiler.passes import eliminate_dead_code, fold_attention_layouts, run_passes
 
 rng = np.random.default_rng(5)
 
@@ -58,3 +58,28 @@ def test_an_attention_output_with_other_readers_keeps_its_layout():
     run_passes(g, [fold_attention_layouts])
     att = next(n for n in g.nodes if n.op_type == "Attention")
     assert att.attrs.get("out_layout", "bhsd") == "bhsd" and att.attrs.get("q_layout") == "bshd"
+
+
+def test_an_output_transpose_that_also_moves_a_unit_batch_becomes_a_view_of_bshd():
+    """torchvision's MultiheadAttention: [1, H, S, D] -> Transpose(2, 0, 1, 3) -> [S, 1, H, D]."""
+    g = _block(False)
+    g.set_value(Value("x", np.dtype(np.float32), (1, 5, 12)))
+    g.initializers["split"] = np.array([1, 5, 3, 4], dtype=np.int64)
+    g.initializers["merge"] = np.array([5, 12], dtype=np.int64)
+    next(n for n in g.nodes if n.name == "o_heads").attrs["perm"] = [2, 0, 1, 3]
+    feeds = {"x": rng.standard_normal((1, 5, 12)).astype(np.float32)}
+    want = evaluate_graph(g, feeds)["y"]
+    h = g.copy()
+    assert run_passes(h, [fold_attention_layouts, eliminate_dead_code])
+    att = next(n for n in h.nodes if n.op_type == "Attention")
+    assert att.attrs.get("out_layout") == "bshd" and not any(n.op_type == "Transpose" for n in h.nodes)
+    np.testing.assert_allclose(evaluate_graph(h, feeds)["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_output_transpose_that_moves_real_dims_stays():
+    g = _block(False)
+    next(n for n in g.nodes if n.name == "o_heads").attrs["perm"] = [2, 0, 1, 3]  # batch 2 is not a unit dim
+    g.initializers["merge"] = np.array([5, 2, 12], dtype=np.int64)
+    run_passes(g, [fold_attention_layouts])
+    att = next(n for n in g.nodes if n.op_type == "Attention")
+    assert att.attrs.get("out_layout", "bhsd") == "bhsd"

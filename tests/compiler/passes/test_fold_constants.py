@@ -91,3 +91,16 @@ def test_a_folded_tensor_takes_its_values_shape_over_a_stale_unknown_one():
     assert fold_constants(g)
     assert g.value("ab").shape == (3,)
     np.testing.assert_array_equal(g.initializers["ab"], [0.0, 2.0, 4.0])
+
+
+def test_a_relative_position_bias_table_gathered_by_a_constant_index_folds():
+    """Swin's bias: table[index] (an output larger than the table) reshaped and transposed is a constant."""
+    rng = np.random.default_rng(0)
+    table, index = rng.standard_normal((169, 3)).astype(np.float32), rng.integers(0, 169, 49 * 49).astype(np.int64)
+    g = graph([node("Gather", ["table", "index"], "g"), node("Reshape", ["g", "shape"], "r"),
+               node("Transpose", ["r"], "bias", perm=[2, 0, 1]), node("Add", ["x", "bias"], "y")],
+              {"x": (2, 3, 49, 49)}, ["y"],
+              {"table": table, "index": index, "shape": np.array([49, 49, 3], np.int64)})
+    out, changed = run_and_compare(g, fold_constants)
+    assert changed and op_counts(out) == {"Add": 1}
+    np.testing.assert_array_equal(out.initializers["bias"], table[index].reshape(49, 49, 3).transpose(2, 0, 1))

@@ -72,6 +72,16 @@ def test_noop_expand_tile_and_pad_are_removed():
     assert op_counts(out) == {"Exp": 1}
 
 
+def test_a_slice_keeping_everything_goes_and_a_reversing_one_stays():
+    big = np.array([2**63 - 1], np.int64)
+    g = graph([node("Slice", ["x", "zero", "big", "ax"], "s"), node("Slice", ["s", "m1", "low", "ax", "m1"], "r"),
+               node("Exp", ["r"], "y")], {"x": (4, 3)}, ["y"],
+              {"zero": np.array([0], np.int64), "big": big, "ax": np.array([0], np.int64),
+               "m1": np.array([-1], np.int64), "low": -big})
+    out, _ = run_and_compare(g, remove_identity)
+    assert op_counts(out) == {"Slice": 1, "Exp": 1} and out.nodes[0].inputs[0] == "x"
+
+
 def test_fused_body_reading_a_removed_identity_is_renamed():
     body = [{"op": "Neg", "inputs": ["i"], "outputs": ["n"], "attrs": {}},
             {"op": "Exp", "inputs": ["n"], "outputs": ["y"], "attrs": {}}]
