@@ -2,14 +2,18 @@
 
 `base -> Reshape -> act` becomes `base -> act -> Reshape`, so the activation can join the
 base op's epilogue (GPT-2's `Gemm -> Reshape -> Gelu`) or a Pointwise group. Legal when
-`act` is elementwise with one tensor input (the reshaped one) and only one-element
-constants besides (Gelu, Relu, Mul by a scalar, Clip with scalar bounds, Cast...), so it
-commutes with any layout change. Applies to Reshape, Flatten, Squeeze and Unsqueeze whose
+`act` is elementwise and its other inputs are one-element constants (Gelu, Relu, Mul by a
+scalar, Clip with scalar bounds, Cast...), which commute with any layout change, or have the
+reshaped tensor's full shape: those are read under the source's shape, a constant re-laid out
+at build time, an activation through a new Reshape (a view, no copy). So GPT-2's residual
+`Gemm -> Reshape -> Add(residual)` becomes a Gemm epilogue too. Applies to Reshape, Flatten, Squeeze and Unsqueeze whose
 input comes from Conv / Gemm / MatMul (plain or with an epilogue) or from an elementwise
 op, and is read by nothing else; repeats so a whole chain of such ops moves up.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
@@ -39,21 +43,33 @@ def _feeds_fusion(graph: Graph, node: Node | None) -> bool:
     return is_fusable(graph, node) or (node.domain == POLYKIT_DOMAIN and node.op_type == "Pointwise")
 
 
-def _movable(graph: Graph, act: Node, src: str, reshaped: str) -> bool:
-    """`act` reads `reshaped` and otherwise only one-element constants whose rank does not
-    exceed either side's (a (1,1,1,1) constant would broadcast a rank-1 `src` up to rank 4)."""
+def _movable(graph: Graph, act: Node, src: str, reshaped: str, tensors: bool) -> bool:
+    """`act` reads `reshaped` and otherwise one-element constants whose rank does not exceed
+    either side's (a (1,1,1,1) constant would broadcast a rank-1 `src` up to rank 4) or, when
+    `tensors` (`src` comes straight from an op that takes epilogues: the move lets `act` join
+    it; elsewhere two such moves could undo each other forever), tensors of `reshaped`'s full
+    static shape (read under `src`'s shape, `_full_shape`); its output keeps that shape."""
     if not is_fusable(graph, act):
         return False
-    ranks = [len(s) for s in (graph.value(src).shape, graph.value(reshaped).shape) if s is not None]
-    if len(ranks) < 2:
+    shapes = [graph.value(n).shape for n in (src, reshaped, act.outputs[0])]
+    if any(s is None for s in shapes):
         return False
+    ranks = [len(s) for s in shapes[:2]]
     for name in act.inputs:
         if not name or name == reshaped:
             continue
         const = graph.initializers.get(name)
-        if const is None or const.size != 1 or const.ndim > min(ranks):
+        if const is not None and const.size == 1 and const.ndim <= min(ranks):
+            continue
+        if not tensors or not _full_shape(graph, name, reshaped) or tuple(shapes[2]) != tuple(shapes[1]):
             return False
     return True
+
+
+def _full_shape(graph: Graph, name: str, reshaped: str) -> bool:
+    """`name` has `reshaped`'s static shape and dtype (so it can be read under another shape)."""
+    v, r = graph.value(name), graph.value(reshaped)
+    return v.is_static and r.is_static and tuple(v.shape) == tuple(r.shape) and v.dtype == r.dtype
 
 
 def _move_one(graph: Graph, fixed: set[str]) -> bool:
@@ -66,7 +82,9 @@ def _move_one(graph: Graph, fixed: set[str]) -> bool:
         if not _feeds_fusion(graph, producers.get(src)) or sole_reader(graph, src, readers, fixed) is None:
             continue
         act = sole_reader(graph, mid, readers, fixed)
-        if act is None or not _movable(graph, act, src, mid):
+        base = producers[src]
+        takes_epilogue = base.op_type in EPILOGUE_ARITY and base.domain in ("", POLYKIT_DOMAIN)
+        if act is None or not _movable(graph, act, src, mid, takes_epilogue):
             continue
         _swap(graph, reshape, act)
         return True
@@ -77,12 +95,37 @@ def _swap(graph: Graph, reshape: Node, act: Node) -> None:
     """reshape(src) -> mid, act(mid) -> out  ==>  act(src) -> new, reshape(new) -> out."""
     src, mid, out = reshape.inputs[0], reshape.outputs[0], act.outputs[0]
     new = graph.fresh_name(f"{out}_before_{reshape.op_type.lower()}")
-    act.inputs = [src if n == mid else n for n in act.inputs]
+    src_shape = graph.value(src).shape
+    count = len(graph.nodes)
+    inputs = []
+    for name in act.inputs:
+        if name == mid:
+            inputs.append(src)
+        elif name and name != mid and _full_shape(graph, name, mid):
+            inputs.append(_as_shape(graph, name, src_shape, before=reshape))
+        else:
+            inputs.append(name)
+    act.inputs = inputs
     act.outputs = [new]
     reshape.inputs = [new] + reshape.inputs[1:]
     reshape.outputs = [out]
-    src_shape = graph.value(src).shape
     graph.set_value(Value(new, graph.value(out).dtype, src_shape))
     graph.values.pop(mid, None)
     graph.nodes.remove(act)
     graph.nodes.insert(graph.nodes.index(reshape), act)
+    if len(graph.nodes) != count:  # views of full-shape operands: their producers may come later
+        graph.toposort()
+
+
+def _as_shape(graph: Graph, name: str, shape: tuple, before: Node) -> str:
+    """`name` read under `shape` (same element count): a re-laid-out constant, or the output of
+    a new Reshape (a view) placed before `before`."""
+    const = graph.initializers.get(name)
+    if const is not None:
+        return graph.add_initializer(const.reshape(shape), f"{name}_as")
+    target = graph.add_initializer(np.array(shape, np.int64), f"{name}_shape")
+    out = graph.fresh_name(f"{name}_as")
+    graph.set_value(Value(out, graph.value(name).dtype, tuple(shape)))
+    view = Node("Reshape", [name, target], [out], {}, name=graph.fresh_name(f"{name}_view"))
+    graph.nodes.insert(graph.nodes.index(before), view)
+    return out

@@ -56,9 +56,9 @@ def test_a_one_element_constant_of_higher_rank_than_the_source_stays_after_the_r
     assert not changed and out.value("y").shape == (2, 1, 1, 1)
 
 
-def test_an_op_with_a_tensor_operand_stays_after_the_reshape():
+def test_an_op_with_a_broadcast_tensor_operand_stays_after_the_reshape():
     g = graph([node("Gemm", ["x", "w"], "g"), node("Reshape", ["g", "shape"], "r"), node("Add", ["r", "z"], "y")],
-              {"x": (6, 4), "z": (2, 3, 5)}, ["y"], {"w": rng.standard_normal((4, 5)).astype(np.float32),
+              {"x": (6, 4), "z": (3, 5)}, ["y"], {"w": rng.standard_normal((4, 5)).astype(np.float32),
                                                     "shape": SHAPE})
     _, changed = run_and_compare(g, hoist_activations)
     assert not changed
@@ -104,3 +104,41 @@ def test_gpt2_gelus_join_the_gemm_epilogues_and_outputs_are_unchanged():
     before, after = evaluate_graph(g, feeds), evaluate_graph(out, feeds)
     for key in before:
         np.testing.assert_allclose(after[key], before[key], rtol=1e-4, atol=1e-5)
+
+
+def _gemm_view_residual(*chain, residual_first=False):
+    """Gemm(x[6, 4]) -> Reshape [2, 3, 5] -> `chain`; "res" = Sigmoid(z[2, 3, 5]), computed before
+    or after the Gemm (so the hoisted op's new view of it must be ordered after its producer)."""
+    res = node("Sigmoid", ["z"], "res", name="res_producer")
+    body = [node("Gemm", ["x", "w", "b"], "g"), node("Reshape", ["g", "shape"], "r"), *chain]
+    nodes = [res, *body] if residual_first else [*body[:2], res, *body[2:]]
+    consts = {"w": rng.standard_normal((4, 5)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32),
+              "shape": SHAPE, "c": rng.standard_normal((2, 3, 5)).astype(np.float32)}
+    g = graph(nodes, {"x": (6, 4), "z": (2, 3, 5)}, ["y"], consts)
+    g.nodes = nodes  # keep the given order (graph() sorts it)
+    return g
+
+
+def test_a_residual_add_of_the_full_shape_moves_above_the_reshape_and_joins_the_epilogue():
+    for first in (False, True):
+        g = _gemm_view_residual(node("Add", ["r", "res"], "a"), node("Relu", ["a"], "y"), residual_first=first)
+
+        def rewrite(gr):
+            return run_passes(gr, [hoist_activations, fuse_bias_activation])
+
+        out, changed = run_and_compare(g, rewrite)
+        gemm = next(n for n in out.nodes if n.domain == POLYKIT_DOMAIN)
+        assert [s["op"] for s in gemm.attrs["epilogue"]["body"]] == ["Add", "Relu"]
+        assert out.value(gemm.outputs[0]).shape == (6, 5)
+        assert [n.op_type for n in out.nodes].count("Reshape") == 2  # the residual's view and the moved one
+
+
+def test_a_full_shape_constant_is_re_laid_out_and_a_broadcast_operand_stops_the_move():
+    g = _gemm_view_residual(node("Mul", ["r", "c"], "y"))
+    out, changed = run_and_compare(g, hoist_activations)
+    assert changed and [n.op_type for n in out.nodes if n.op_type != "Sigmoid"] == ["Gemm", "Mul", "Reshape"]
+    mul = next(n for n in out.nodes if n.op_type == "Mul")
+    assert out.initializers[mul.inputs[1]].shape == (6, 5)
+    row = _gemm_reshape(node("Add", ["r", "b"], "y"))  # b is [5]: broadcast, not the full shape
+    _, changed = run_and_compare(row, hoist_activations)
+    assert not changed
