@@ -166,7 +166,7 @@ def _log_file(argv: list[str]) -> Callable[[], None]:
     except OSError as exc:
         from polykit.errors import UsageError
 
-        raise UsageError(f"cannot open the log file: {exc.strerror or exc}", where=path) from None
+        raise UsageError(f"cannot open the log file: {exc.strerror or exc}", where=path, hint='give a writable path, e.g. --log-file polykit.log') from None
     handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
     log.addHandler(handler)
 

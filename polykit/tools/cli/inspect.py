@@ -201,7 +201,7 @@ def model(
     file = require_file(path, "model or plan file", ModelLoadError)
     check_model_type(path, model_type_name)
     if output_format not in ("auto", "table", "text", "json"):
-        raise UsageError(f"--format {output_format!r} is not table, text or json")
+        raise UsageError(f"--format {output_format!r} is not table, text or json", hint='give --format table, text or json')
     if output_format == "auto":
         output_format = "table" if sys.stdout.isatty() else "text"
     as_json = as_json or output_format == "json"

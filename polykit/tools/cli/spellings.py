@@ -41,7 +41,7 @@ def check_model_type(model: str, declared: str | None) -> None:
         raise UsageError(f"--model-type {declared}: {FOREIGN_MODEL_TYPES[key]} is not something polykit runs",
                          where=model, hint="polykit runs ONNX models and its own plans; export the model to ONNX")
     if key not in MODEL_TYPES:
-        raise UsageError(f"--model-type {declared!r} is not onnx or engine (plan)")
+        raise UsageError(f"--model-type {declared!r} is not onnx or engine (plan)", hint='give --model-type onnx, engine or plan, or leave it out: polykit tells the kind from the file')
     actual = model_type(model)
     if MODEL_TYPES[key] != actual:
         hint = ("polykit builds its own plans: `polykit convert MODEL.onnx -o MODEL.plan` (a TensorRT engine "

@@ -76,7 +76,7 @@ def debug_build(model: Any, config: BuilderConfig | None = None, options: BuildO
                          where=str(model), hint="give the ONNX model the plan was built from")
     if not (options.until in ("good", "bad") or isinstance(options.until, int) and 0 < options.until <= MAX_ITERATIONS):
         raise UsageError(f"until {options.until!r} is neither good, bad nor a number of iterations from 1 to "
-                         f"{MAX_ITERATIONS}")
+                         f"{MAX_ITERATIONS}", hint='give --until good, --until bad or a number of iterations')
     refuse_check_conflicts(options.check, PLAN_PLACEHOLDER, CHECK_EXAMPLE, placeholder_required=False,
                            load_outputs=options.load_outputs, load_inputs=options.load_inputs)
     config = config or BuilderConfig()

@@ -108,7 +108,7 @@ def command_argv(command: str, placeholder: str) -> tuple[list[str], bool]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise UsageError(f"--check {command!r} is not a command line: {exc}") from None
+        raise UsageError(f"--check {command!r} is not a command line: {exc}", hint="quote the command: --check 'polykit run polygraphy_debug.onnx --trt --onnxrt'") from None
     if not argv:
         raise UsageError("--check has no command", hint="e.g. --check polykit run polygraphy_debug.onnx --trt --onnxrt")
     return argv, any(placeholder in arg for arg in argv)

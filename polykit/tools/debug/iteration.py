@@ -49,7 +49,7 @@ class CheckRules:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise UsageError(f"--fail-regex {pattern!r} is not a regular expression: {exc}") from None
+                raise UsageError(f"--fail-regex {pattern!r} is not a regular expression: {exc}", hint="give a Python regular expression, e.g. --fail-regex 'Op: Mul'") from None
 
     def matched(self, output: str) -> str | None:
         """The first --fail-regex found in `output`."""
@@ -92,7 +92,7 @@ class IterationFiles:
             raise UsageError(f"{path} exists, and each iteration would overwrite and remove it",
                              hint="remove it, or choose another path with --iter-artifact")
         if not path.parent.is_dir():
-            raise UsageError(f"--iter-artifact {str(path)!r}: the folder {str(path.parent)!r} does not exist")
+            raise UsageError(f"--iter-artifact {str(path)!r}: the folder {str(path.parent)!r} does not exist", hint='create the folder first, or give a path in an existing folder')
         return path
 
     def done(self, path: Path) -> None:

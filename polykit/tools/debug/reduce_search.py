@@ -61,7 +61,7 @@ MODES = ("both", "bisect", "linear")
 
 def require_mode(mode: str) -> None:
     if mode not in MODES:
-        raise UsageError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+        raise UsageError(f"--mode {mode!r} is not one of {', '.join(MODES)}", hint='give --mode bisect, linear or both')
 
 
 def reduce_nodes(count: int, check: NodeCheck, mode: str = "both") -> ReduceResult:

@@ -110,14 +110,14 @@ def _polygraphy_choices(doc: dict[str, Any], where: str) -> dict[str, str]:
     "vectorized_dim", "components_per_element"}; written as Polygraphy's Algorithm.__str__."""
     replay = doc["replay"]
     if not isinstance(replay, dict):
-        raise UsageError("\"replay\" is not an object {layer: algorithm}", where=where)
+        raise UsageError("\"replay\" is not an object {layer: algorithm}", where=where, hint='give a tactic replay file written by polykit (--save-tactics) or Polygraphy')
     choices = {}
     for layer, algo in replay.items():
         if not isinstance(algo, dict) or not {"implementation", "tactic", "inputs", "outputs"} <= set(algo):
             raise UsageError(f"the algorithm of layer {layer!r} lacks implementation, tactic, inputs or outputs",
-                             where=where)
+                             where=where, hint='give a tactic replay file written by polykit (--save-tactics) or Polygraphy')
         if not all(isinstance(algo[k], int) and not isinstance(algo[k], bool) for k in ("implementation", "tactic")):
-            raise UsageError(f"the implementation and tactic of layer {layer!r} are not integers", where=where)
+            raise UsageError(f"the implementation and tactic of layer {layer!r} are not integers", where=where, hint='give a tactic replay file written by polykit (--save-tactics) or Polygraphy')
         inputs, outputs = (_tensor_infos(algo[k], where, f"{layer}.{k}") for k in ("inputs", "outputs"))
         choices[layer] = (f"(Implementation: {algo['implementation']}, Tactic: {algo['tactic']}) | "
                           f"Inputs: {inputs} | Outputs: {outputs}")
@@ -126,12 +126,12 @@ def _polygraphy_choices(doc: dict[str, Any], where: str) -> dict[str, str]:
 
 def _tensor_infos(infos: Any, where: str, what: str) -> str:
     if not isinstance(infos, list):
-        raise UsageError(f"{what} is not a list of tensor formats", where=where)
+        raise UsageError(f"{what} is not a list of tensor formats", where=where, hint='give a tactic replay file written by polykit (--save-tactics) or Polygraphy')
     text = []
     for info in infos:
         if not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or not isinstance(info.get("strides"),
                                                                                                  list):
-            raise UsageError(f"{what} holds a tensor format without dtype and strides", where=where)
+            raise UsageError(f"{what} holds a tensor format without dtype and strides", where=where, hint='give a tactic replay file written by polykit (--save-tactics) or Polygraphy')
         text.append(f"TensorInfo({info['dtype']}, {tuple(info['strides'])}, {info.get('vectorized_dim')}, "
                     f"{info.get('components_per_element')})")
     return f"({', '.join(text)}{',' if len(text) == 1 else ''})"

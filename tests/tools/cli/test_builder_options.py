@@ -38,8 +38,9 @@ def test_memory_pool_limits_parse_sizes():
 
 def test_layer_precisions_parse_node_names_with_colons_and_slashes():
     assert parse_layer_precisions(["/m/conv:fp32,fc:fp16", "a:b:bf16"]) == {"/m/conv": "fp32", "fc": "fp16", "a:b": "bf16"}
-    with pytest.raises(UsageError, match="NAME:fp32"):
+    with pytest.raises(UsageError, match="NAME:PRECISION") as bad:
         parse_layer_precisions(["conv:fp64"])
+    assert "/conv1/Conv:fp32" in bad.value.hint
 
 
 def test_builder_config_options_are_builder_config_fields():

@@ -122,7 +122,7 @@ def test_a_check_command_judges_each_trial_by_its_exit_code(monkeypatch, capsys,
     (["--check", "run {tactics}", "--load-outputs", "x.npz"], "--load-outputs steer(s) the built-in check"),
     (["--check", "'unclosed {tactics}"], "is not a command line"),
     (["--check", "no-such-polykit-check-command {tactics}"], "--check cannot run 'no-such-polykit-check-command'"),
-    (["--good-tactics", "missing.json"], "cannot read the tactic replay file"),
+    (["--good-tactics", "missing.json"], "tactic replay file 'missing.json' does not exist"),
     (["--atol", "-1"], "--atol '-1' is negative"),
     (["--atol", "0", "--rtol", "0"], "the good tactic assignment fails the check too"),
 ])

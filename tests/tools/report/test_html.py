@@ -22,7 +22,9 @@ def diverging_run(tmp_path, capsys):
     good, bad = convnet(tmp_path / "good.onnx"), convnet(tmp_path / "bad.onnx", perturb="w3")
     ref, feeds, page = tmp_path / "ref.npz", tmp_path / "feeds.npz", tmp_path / "report.html"
     assert main(["run", good, "--onnxrt", "--mark-all", "--save-outputs", str(ref), "--save-inputs", str(feeds)]) == 0
-    args = ["run", bad, "--trt", "--target", "cpu", "--mark-all", "--load-outputs", str(ref), "--load-inputs", str(feeds)]
+    # --observe-marks: the engine as built unmarked, so the report has tensors fused away to show
+    args = ["run", bad, "--trt", "--target", "cpu", "--mark-all", "--observe-marks", "--load-outputs", str(ref),
+            "--load-inputs", str(feeds)]
     assert main(args + ["--report", str(page), "-q"]) == 1
     capsys.readouterr()
     assert main(args + ["--json"]) == 1
