@@ -3,12 +3,15 @@
 1. Conv + Add(constant per-channel) -> the Conv's bias input (ai.polykit ConvNHWC likewise,
    its channels on the last axis).
 2. MatMul(2-D A, constant 2-D W) + Add(constant [N]) -> Gemm(A, W, bias).
-3. Conv / Gemm / MatMul / ConvNHWC followed by a chain of elementwise ops (activations, bias,
-   scale, residual Add, Clip...), each intermediate read only by the next -> one ai.polykit
-   node with an epilogue (docs/FUSION.md). Every chain step keeps the base op's output shape.
+3. Conv / Gemm / MatMul / ConvNHWC followed by elementwise ops (activations, bias, scale,
+   residual Add, Clip...) whose intermediates are read only among them, converging to one
+   output -> one ai.polykit node with an epilogue (docs/FUSION.md): a chain, or a diamond such
+   as SiLU's `Mul(x, Sigmoid(x))`. Every step keeps the base op's output shape.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
@@ -19,7 +22,7 @@ from polykit.compiler.passes.rewrite import const, json_safe, protected, replace
 
 
 def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
-    """Fold biases, then fuse epilogue chains; True if anything changed."""
+    """Fold biases, then fuse epilogue groups; True if anything changed."""
     changed = _fold_biases(graph, protected(graph, keep))
     return _fuse_epilogues(graph, protected(graph, keep)) or changed
 
@@ -110,27 +113,59 @@ def _fuse_epilogues(graph: Graph, fixed: set[str]) -> bool:
     return replace_nodes(graph, replacements, dead)
 
 
+#: The most elementwise nodes one epilogue takes (growth stops there; a bound on the search).
+MAX_EPILOGUE_NODES = 32
+
+
 def epilogue_chain(graph: Graph, base: Node, readers: dict[str, list[Node]], fixed: set[str]) -> list[Node]:
-    """The elementwise nodes after `base` an epilogue can take (each the sole reader of the one
-    before, same shape and dtype as base's output); also the INT8 layers' epilogue (fold_qdq)."""
-    shape = graph.value(base.outputs[0]).shape
-    if shape is None or any(d is None for d in shape):
+    """The elementwise nodes after `base` an epilogue can take, in graph order (the last one writes
+    the epilogue's output); also the INT8 layers' epilogue (fold_qdq).
+
+    Not only a chain: a group that reads base's output, or an intermediate, more than once (SiLU
+    as `Mul(x, Sigmoid(x))`, HardSwish as `x * HardSigmoid(x)`, GELU's unrecognized forms) fuses
+    too. Each node has base's output shape and dtype (so do its extra inputs); base's output and
+    every intermediate are read only inside the group and are neither graph outputs nor kept; the
+    group converges to one output, its last node's. The nodes are taken in graph order, each
+    reading a value already inside, until a reader of an inside value cannot join (that value
+    then leaves the group, so no later group is valid); the longest valid group wins."""
+    out = base.outputs[0]
+    shape = graph.value(out).shape
+    if shape is None or any(d is None for d in shape) or out in fixed:
         return []
-    dtype = graph.value(base.outputs[0]).dtype
-    chain: list[Node] = []
-    current = base.outputs[0]
-    while True:
-        nxt = sole_reader(graph, current, readers, fixed)
+    dtype = graph.value(out).dtype
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    # per inside value: how many of its readers are not in the group yet (0: read only inside)
+    pending = {out: len(readers.get(out, []))}
+    group: list[Node] = []
+    best = 0
+    heap = [(order[id(n)], n) for n in readers.get(out, [])]
+    heapq.heapify(heap)
+    seen = {id(n) for _, n in heap}
+    while heap and len(group) < MAX_EPILOGUE_NODES:
+        _, nxt = heapq.heappop(heap)
         # the epilogue writes the base op's output buffer: same shape and dtype (an fp16
         # build's closing Cast to float32 stays a Pointwise layer of its own)
         # ... and every extra input has that dtype too (kernels read them as their storage type:
         # a bool mask or an integer exponent keeps its op out of the epilogue)
-        if (nxt is None or not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape
+        if (not is_fusable(graph, nxt) or graph.value(nxt.outputs[0]).shape != shape
                 or graph.value(nxt.outputs[0]).dtype != dtype
-                or any(graph.value(n).dtype != dtype for n in nxt.inputs if n and n != current)):
-            return chain
-        chain.append(nxt)
-        current = nxt.outputs[0]
+                or any(graph.value(n).dtype != dtype for n in nxt.inputs if n and n not in pending)):
+            break
+        group.append(nxt)
+        for name in dict.fromkeys(nxt.inputs):
+            if name in pending:
+                pending[name] -= 1
+        result = nxt.outputs[0]
+        pending[result] = len(readers.get(result, []))
+        if all(count == 0 for name, count in pending.items() if name != result):
+            best = len(group)  # converged: only the newest value is read outside
+        if result in fixed:
+            break  # a graph output or kept tensor can only be the group's output
+        for n in readers.get(result, []):
+            if id(n) not in seen:
+                seen.add(id(n))
+                heapq.heappush(heap, (order[id(n)], n))
+    return group[:best]
 
 
 def _epilogue_node(base: Node, chain: list[Node]) -> Node:

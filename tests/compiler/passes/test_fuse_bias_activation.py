@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from .passes_testkit import graph, node, op_counts, run_and_compare
+from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import fuse_bias_activation
@@ -167,3 +167,122 @@ def test_conv_nhwc_relu_residual_becomes_one_nhwc_epilogue_node():
     assert (fused.op_type, fused.domain) == ("ConvNHWC", POLYKIT_DOMAIN)
     assert fused.inputs == ["x", "w", "", "skip"] and fused.attrs["epilogue"]["input"] == "c"
     assert fused.attrs["fused_from"] == ["conv0", "relu0", "add0"] and fused.attrs["kernel_shape"] == [3, 3]
+
+
+# Epilogue groups that read a value more than once (a diamond): SiLU as Mul(x, Sigmoid(x)),
+# HardSwish as x * HardSigmoid(x) or x * Clip(x + 3, 0, 6) / 6, GELU as x * Sigmoid(1.702 x).
+
+def _conv_silu(*after, keep_outputs=("y",), bias=False):
+    conv = node("Conv", ["x", "w"], "c", name="conv0", pads=[1, 1, 1, 1])
+    nodes = [conv]
+    if bias:
+        nodes.append(node("Add", ["c0", "bias"], "c", name="bias0"))
+        conv.outputs = ["c0"]
+    nodes += [node("Sigmoid", ["c"], "s", name="sig0"), node("Mul", ["c", "s"], "silu", name="mul0"), *after]
+    return graph(nodes, {"x": (2, 3, 5, 7), "skip": (2, 4, 5, 7)}, list(keep_outputs),
+                 {"w": _w(4, 3, 3, 3), "bias": _w(1, 4, 1, 1), "w2": _w(4, 4, 1, 1)})
+
+
+def _only_epilogue(out):
+    fused = [n for n in out.nodes if n.attrs.get("epilogue")]
+    assert len(fused) == 1
+    return fused[0], [s["op"] for s in fused[0].attrs["epilogue"]["body"]]
+
+
+def test_conv_silu_diamond_becomes_one_epilogue_node():
+    g = _conv_silu(keep_outputs=("silu",))
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert changed and (fused.op_type, fused.domain) == ("Conv", POLYKIT_DOMAIN)
+    assert fused.inputs == ["x", "w", ""] and fused.outputs == ["silu"]
+    assert fused.attrs["epilogue"] == {"input": "c", "body": [
+        {"op": "Sigmoid", "inputs": ["c"], "outputs": ["s"], "attrs": {}},
+        {"op": "Mul", "inputs": ["c", "s"], "outputs": ["silu"], "attrs": {}}]}
+    assert fused.attrs["fused_from"] == ["conv0", "sig0", "mul0"]
+    json.dumps(fused.attrs)
+
+
+def test_conv_bias_silu_and_residual_add_fuse_after_the_diamond():
+    g = _conv_silu(node("Add", ["silu", "skip"], "y", name="res0"), bias=True)
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert fused.inputs[3:] == ["skip"] and fused.inputs[2]  # the bias folded into the Conv
+    assert [s["op"] for s in fused.attrs["epilogue"]["body"]] == ["Sigmoid", "Mul", "Add"]
+
+
+def test_conv_nhwc_silu_diamond_becomes_an_nhwc_epilogue():
+    g = _conv_nhwc(node("Sigmoid", ["c"], "s"), node("Mul", ["s", "c"], "t"), node("Add", ["t", "skip"], "y"))
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert (fused.op_type, fused.inputs[3:]) == ("ConvNHWC", ["skip"])
+    assert [s["op"] for s in fused.attrs["epilogue"]["body"]] == ["Sigmoid", "Mul", "Add"]
+
+
+def test_gemm_hardswish_as_clip_over_six_becomes_one_epilogue():
+    g = graph([node("Gemm", ["x", "w", "b"], "m", transB=1), node("Add", ["m", "three"], "a"),
+               node("Clip", ["a", "zero", "six"], "r"), node("Mul", ["m", "r"], "p"), node("Div", ["p", "six"], "y")],
+              {"x": (5, 3)}, ["y"], {"w": _w(6, 3), "b": _w(6), "three": scalar(3.0), "zero": scalar(0.0),
+                                     "six": scalar(6.0)})
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    (fused,) = out.nodes
+    assert fused.op_type == "Gemm" and fused.inputs == ["x", "w", "b", "three", "zero", "six"]
+    assert [s["op"] for s in fused.attrs["epilogue"]["body"]] == ["Add", "Clip", "Mul", "Div"]
+
+
+def test_matmul_hardswish_as_hardsigmoid_and_sigmoid_gelu_fuse():
+    for steps, ops in (([node("HardSigmoid", ["m"], "h", alpha=1 / 6, beta=0.5), node("Mul", ["h", "m"], "y")],
+                        ["HardSigmoid", "Mul"]),
+                       ([node("Mul", ["m", "k"], "a"), node("Sigmoid", ["a"], "s"), node("Mul", ["m", "s"], "y")],
+                        ["Mul", "Sigmoid", "Mul"])):
+        g = graph([node("MatMul", ["x", "w"], "m"), *steps], {"x": (2, 3, 4)}, ["y"],
+                  {"w": _w(4, 5), "k": scalar(1.702)})
+        out, _ = run_and_compare(g, fuse_bias_activation)
+        (fused,) = out.nodes
+        assert fused.op_type == "MatMul" and [s["op"] for s in fused.attrs["epilogue"]["body"]] == ops
+
+
+def test_diamond_whose_intermediate_is_read_outside_does_not_fuse():
+    g = _conv_silu(node("GlobalAveragePool", ["s"], "gate"), keep_outputs=("silu", "gate"))
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert not changed and op_counts(out) == {"Conv": 1, "Sigmoid": 1, "Mul": 1, "GlobalAveragePool": 1}
+
+
+def test_diamond_whose_intermediate_is_a_graph_output_or_kept_does_not_fuse():
+    out, changed = run_and_compare(_conv_silu(keep_outputs=("silu", "s")), fuse_bias_activation)
+    assert not changed and op_counts(out)["Sigmoid"] == 1
+    g = _conv_silu(keep_outputs=("silu",))
+    assert not fuse_bias_activation(g, keep=frozenset({"s"}))
+    assert not fuse_bias_activation(_conv_silu(keep_outputs=("silu",)), keep=frozenset({"c"}))
+
+
+def test_diamond_whose_base_output_is_read_outside_does_not_fuse():
+    g = _conv_silu(node("Relu", ["c"], "r"), node("Add", ["silu", "r"], "y"), node("GlobalMaxPool", ["c"], "m"),
+                   keep_outputs=("y", "m"))
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert not changed and not any(n.attrs.get("epilogue") for n in out.nodes)
+
+
+def test_squeeze_excitation_silu_fuses_but_the_scale_does_not():
+    """EfficientNet's block: the SiLU output feeds both the squeeze (a pool) and the scale Mul, so
+    the conv's epilogue ends at the SiLU; the squeeze's 1x1 conv takes its own Sigmoid gate."""
+    g = _conv_silu(node("GlobalAveragePool", ["silu"], "p"), node("Conv", ["p", "w2"], "q", name="conv1"),
+                   node("Sigmoid", ["q"], "gate"), node("Mul", ["silu", "gate"], "y"))
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    epilogues = {n.name: [s["op"] for s in n.attrs["epilogue"]["body"]] for n in out.nodes if n.attrs.get("epilogue")}
+    assert epilogues == {"conv0": ["Sigmoid", "Mul"], "conv1": ["Sigmoid"]}
+    assert op_counts(out)["Mul"] == 1
+
+
+def test_an_int8_conv_takes_a_silu_diamond_into_its_epilogue():
+    """fold_qdq's INT8 layers take the same epilogue groups (epilogue_chain)."""
+    from polykit.compiler.passes.fold_qdq import fold_qdq
+
+    wq = RNG.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8)
+    g = graph([node("DequantizeLinear", ["xq", "xs", "xz"], "x"), node("DequantizeLinear", ["wq", "ws", "wz"], "w"),
+               node("Conv", ["x", "w"], "c", name="conv0", pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], "s"),
+               node("Mul", ["s", "c"], "y")],
+              {"xq": ((1, 3, 5, 6), np.int8)}, ["y"],
+              {"xs": scalar(0.05), "xz": np.array(0, np.int8), "wq": wq, "ws": scalar(0.01), "wz": np.array(0, np.int8)})
+    out, changed = run_and_compare(g, fold_qdq)
+    (layer,) = [n for n in out.nodes if n.op_type != "DequantizeLinear"]  # the DQs are dead code now
+    assert changed and layer.op_type == "QConv" and [s["op"] for s in layer.attrs["epilogue"]["body"]] == ["Sigmoid", "Mul"]
