@@ -1,8 +1,9 @@
-"""`polykit check lint` (a report shaped like Polygraphy's) and `polykit data to-input / merge`."""
+"""`polykit check lint` (a report shaped like Polygraphy's) and `polykit data merge / to-input / concat / join`."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,13 +71,66 @@ def test_to_input_combines_inputs_and_one_runners_outputs_per_iteration(tmp_path
     assert json.loads(out.read_text())[0]["x"]["polygraphy_class"] == "ndarray"  # Polygraphy's JSON
 
 
-def test_merge_joins_runners_and_refuses_mixed_kinds(tmp_path, capsys):
+WRITTEN = Path(__file__).parents[2] / "data" / "polygraphy_examples" / "written_by_polygraphy"
+
+
+def test_merge_writes_what_polygraphys_data_merge_writes(tmp_path):
+    out = tmp_path / "merged.json"
+    assert main(["data", "merge", str(WRITTEN / "layerwise_outputs.json"), "-o", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads((WRITTEN / "merged_layerwise.json").read_text())
+    again = tmp_path / "to_input.json"
+    assert main(["data", "to-input", str(WRITTEN / "layerwise_outputs.json"), "-o", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_merge_keeps_each_iteration_and_warns_on_overwrite(tmp_path, capsys):
+    inputs = load_feeds(WRITTEN / "inputs.json")
+    (runner, outputs), = load_outputs(WRITTEN / "outputs.json").items()
+    out = tmp_path / "merged.npz"
+    assert main(["data", "merge", str(WRITTEN / "inputs.json"), str(WRITTEN / "outputs.json"), "-o", str(out)]) == 0
+    merged = load_feeds(out)
+    assert len(merged) == 2 and not np.array_equal(merged[0]["x"], merged[1]["x"])
+    for i in range(2):
+        np.testing.assert_array_equal(merged[i]["x"], inputs[i]["x"])
+        np.testing.assert_array_equal(merged[i]["y"], outputs[i]["y"])
+    assert "overwriting" not in capsys.readouterr().err
+    assert main(["data", "merge", str(WRITTEN / "inputs.json"), str(WRITTEN / "inputs.json"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "overwriting input 'x'" in err and "data concat" in err
+
+
+def test_concat_matches_polygraphys_concat_of_outputs(tmp_path):
+    out = tmp_path / "concat.json"
+    outputs = str(WRITTEN / "outputs.json")
+    assert main(["data", "concat", outputs, outputs, "-o", str(out)]) == 0
+    ours, theirs = load_outputs(out), load_outputs(WRITTEN / "concat_outputs.json")
+    assert list(ours) == list(theirs) and len(ours[next(iter(ours))]) == 4
+    for mine, polygraphys in zip(*ours.values(), *theirs.values()):
+        np.testing.assert_array_equal(mine["y"], polygraphys["y"])
+
+
+def test_concat_of_inputs_and_runners_by_name(tmp_path, capsys):
+    a = save_feeds(tmp_path / "a.npz", [{"x": np.zeros(1, np.float32)}])
+    out = tmp_path / "inputs.json"
+    assert main(["data", "concat", str(a), str(WRITTEN / "inputs.json"), "-o", str(out)]) == 0
+    assert [f["x"].shape for f in load_feeds(out)] == [(1,), (1, 1, 2, 2), (1, 1, 2, 2)]
+    first = save_outputs(tmp_path / "1.json", {"trt": [{"y": np.zeros(1)}], "onnxrt": [{"y": np.ones(1)}]})
+    second = save_outputs(tmp_path / "2.npz", {"onnxrt": [{"y": np.full(1, 2.0)}], "new": [{"y": np.ones(1)}]})
+    assert main(["data", "concat", str(first), str(second), "-o", str(tmp_path / "o.json")]) == 0
+    runs = load_outputs(tmp_path / "o.json")
+    assert {k: [it["y"].tolist() for it in v] for k, v in runs.items()} == {
+        "trt": [[0]], "onnxrt": [[1], [2]], "new": [[1]]}
+    assert main(["data", "concat", str(first), str(a), "-o", str(tmp_path / "x.json")]) == 2
+    assert "cannot concatenate saved inputs with saved outputs" in capsys.readouterr().err
+
+
+def test_join_joins_runners_and_refuses_inputs(tmp_path, capsys):
     a = save_outputs(tmp_path / "a.npz", {"trt": [{"y": np.ones(2, np.float32)}]})
     b = save_outputs(tmp_path / "b.json", {"trt": [{"y": np.zeros(2, np.float32)}]})
     out = tmp_path / "both.json"
-    assert main(["data", "merge", str(a), str(b), "-o", str(out)]) == 0
-    merged = load_outputs(out)
-    assert list(merged) == ["trt", "trt-1"] and merged["trt-1"][0]["y"].tolist() == [0, 0]
+    assert main(["data", "join", str(a), str(b), "-o", str(out)]) == 0
+    joined = load_outputs(out)
+    assert list(joined) == ["trt", "trt-1"] and joined["trt-1"][0]["y"].tolist() == [0, 0]
     feeds = save_feeds(tmp_path / "in.npz", [{"x": np.ones(1, np.float32)}])
-    assert main(["data", "merge", str(a), str(feeds), "-o", str(tmp_path / "x.json")]) == 2
-    assert "one kind" in capsys.readouterr().err
+    assert main(["data", "join", str(a), str(feeds), "-o", str(tmp_path / "x.json")]) == 2
+    assert "saved inputs" in capsys.readouterr().err
