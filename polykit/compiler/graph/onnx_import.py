@@ -286,6 +286,7 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
     load_ops()
     model = read_model(source)
     where = str(source) if not hasattr(source, "graph") else f"model {model.graph.name!r}"
+    model = _inline_local_functions(model, where)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     if not opsets:
         opsets[""] = 1
@@ -318,6 +319,21 @@ def load_onnx(source: "str | os.PathLike | Any", *, check_supported: bool = True
 
     infer_shapes(graph, strict=check_supported)
     return graph
+
+
+def _inline_local_functions(model: Any, where: str) -> Any:
+    """The model with its local functions (ModelProto.functions, what exporters emit for
+    modules kept whole) expanded in place by onnx's inliner, so each call runs as the ops of its
+    body; the model itself when it defines none."""
+    if not model.functions:
+        return model
+    from onnx import inliner
+
+    try:
+        return inliner.inline_local_functions(model)
+    except Exception as exc:  # a malformed or recursive function body: onnx's inliner refuses it
+        raise GraphError(f"cannot expand the model's local functions: {exc}".splitlines()[0][:300], where=where,
+                         hint="check the functions with onnx.checker.check_model(model, full_check=True)") from None
 
 
 def graph_from_proto(g: Any, opsets: dict[str, int], original: int, where: str, captures: Sequence[str] = ()) -> Graph:
