@@ -196,26 +196,22 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
     def rel(got) -> float:
         return float(torch.linalg.norm(got.float() - want) / torch.linalg.norm(want))
 
+    def measure(graph, tactic: str, tensors, out: str) -> None:
+        """Time `tactic` on `graph`, then run it once more on poisoned output and record its error."""
+        op = Polykit(graph, tactic, torch)
+        try:
+            row[tactic] = time_graph(lambda i: op.run(tensors(i)), torch, args.warmup, args.iters) * 1e3
+            sets[0][out].fill_(float("nan"))
+            op.run(tensors(0))
+            torch.cuda.synchronize()
+            row[tactic + ":err"] = rel(sets[0][out])
+        finally:
+            op.close()
+
     for tactic in TACTICS:
-        op = Polykit(nhwc, tactic, torch)
-        try:
-            row[tactic] = time_graph(lambda i: op.run(nhwc_tensors(i)), torch, args.warmup, args.iters) * 1e3
-            sets[0]["y"].fill_(float("nan"))
-            op.run(nhwc_tensors(0))
-            torch.cuda.synchronize()
-            row[tactic + ":err"] = rel(sets[0]["y"])
-        finally:
-            op.close()
+        measure(nhwc, tactic, nhwc_tensors, "y")
     if not args.no_direct and args.dtype != "bf16":  # the NCHW conv kernels take float32 / float16
-        op = Polykit(nchw, DIRECT, torch)
-        try:
-            row[DIRECT] = time_graph(lambda i: op.run(nchw_tensors(i)), torch, args.warmup, args.iters) * 1e3
-            sets[0]["y_nchw"].fill_(float("nan"))
-            op.run(nchw_tensors(0))
-            torch.cuda.synchronize()
-            row[DIRECT + ":err"] = rel(sets[0]["y_nchw"])
-        finally:
-            op.close()
+        measure(nchw, DIRECT, nchw_tensors, "y_nchw")
     row["cudnn"] = time_graph(lambda i: F.conv2d(sets[i]["x"], sets[i]["w"], sets[i]["b"], stride=s, padding=pad,
                                                  groups=c), torch, args.warmup, args.iters) * 1e3
     best = min(TACTICS, key=lambda t: row[t])
