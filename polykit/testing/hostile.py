@@ -38,6 +38,17 @@ class Case:
     build: Callable[[Path], Path]
     readers: tuple[str, ...]  # keys of READERS
     limits: dict[str, int] = field(default_factory=lambda: dict(SMALL_LIMITS))
+    #: readers for which an exit code besides 2 is right, with the codes: a viewer may show a
+    #: file it need not decode (0), a comparison against outputs that name nothing the model
+    #: computes fails as a comparison (1)
+    accept: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def accepted(self, reader: str) -> tuple[int, ...]:
+        return dict(self.accept).get(reader, (2,))
+
+    def readings(self, path: Path, model: Path) -> list[tuple[str, list[str]]]:
+        """(reader, argv) of every command that reads `path`."""
+        return [(r, [part.format(path=path, model=model) for part in READERS[r]]) for r in self.readers]
 
     def commands(self, path: Path, model: Path) -> list[list[str]]:
         """The argv of every command that reads `path` (`model`: a valid model a feed file needs)."""

@@ -55,6 +55,11 @@ def _array(value: Any, where: str) -> Any:
                                 f"{sorted(value)} and dtype {dtype!r}", where=where,
                                 hint="the file mixes Polygraphy's arrays with polykit's: write it in one format"
                                 if polygraphy else None)
+        extra = sorted(str(k) for k in value if k not in ("dtype", "data"))
+        if extra:
+            raise DataFileError(f"an array object holds keys polykit's JSON format does not have: {extra}",
+                                where=where, hint="an array is {'dtype': ..., 'data': [...]}, its shape that of "
+                                "the nested lists; remove the other keys")
         arr = _as_array(value["data"], DTYPES[dtype], where)
     else:
         arr = _as_array(value, None, where)

@@ -135,6 +135,14 @@ def test_split_sizes_not_adding_up_is_a_shape_error():
         infer("Split", (F32, (5,)), c([2, 2]), n_out=2)
 
 
+def test_negative_split_sizes_are_a_shape_error_at_the_split():
+    # sizes that add up (9 - 5 == 4) but give a negative dim, found by the fresh hostile corpus
+    with pytest.raises(ShapeError, match="negative size"):
+        infer("Split", (F32, (4,)), c([9, -5]), n_out=2)
+    with pytest.raises(ShapeError, match="negative size"):
+        infer("Split", (F32, ("N",)), c([9, -5]), n_out=2)
+
+
 def test_slice_keeps_dims_of_axes_it_does_not_touch():
     args = [(F32, ("N", 10, 4)), c([1]), c([-1]), c([1])]
     assert infer("Slice", *args) == [(F32, ("N", 8, 4))]

@@ -87,6 +87,8 @@ def _split(ctx: InferContext):
     split = const_ints(ctx, 1)
     if split is not None and len(split) != n:
         raise ctx.fail(f"split {split} has {len(split)} entries for {n} outputs")
+    if split is not None and any(s < 0 for s in split):
+        raise ctx.fail(f"split {split} has a negative size", hint="split sizes are lengths: 0 or more each")
     num = ctx.attr("num_outputs", None)
     if num is not None and num != n:
         raise ctx.fail(f"num_outputs={num} but the node has {n} outputs")
