@@ -14,7 +14,7 @@ refuse with a PolykitError saying which limit and how to raise it.
 | json_digits        | 40         | digits of a JSON integer or float literal                               |
 | body_depth         | 32         | nesting depth of control-flow bodies (If/Loop/Scan in a model or plan)  |
 | fold_iterations    | 100000     | Loop iterations constant folding may evaluate in one build              |
-| run_iterations     | 1000000    | Loop iterations one run of an engine may execute                        |
+| run_iterations     | 100000     | Loop iterations one run of an engine may execute                        |
 
 Raise them with the environment variable ``POLYKIT_LIMITS`` ("host_memory=64GiB,json_depth=500";
 sizes take K/M/G/T/KiB/MiB/GiB/TiB suffixes), or with the CLI's global ``--limit NAME=VALUE``
@@ -48,7 +48,7 @@ class Limits:
     json_digits: int = 40
     body_depth: int = 32
     fold_iterations: int = 100_000
-    run_iterations: int = 1_000_000
+    run_iterations: int = 100_000
 
 
 NAMES = tuple(f.name for f in fields(Limits))

@@ -72,6 +72,10 @@ class BaseRunner:
     deactivate_impl / get_input_metadata_impl; this class adds the life cycle checks,
     context-manager use and `last_inference_time()` (seconds, wall clock of infer_impl)."""
 
+    #: whether infer_impl only reads its feed arrays: the Comparator then hands it read-only views
+    #: of the feeds (no copy; a GiB input stays a GiB), else a copy of each it may change
+    reads_feeds_only = False
+
     def __init__(self, name: str):
         self.name = name
         self.is_active = False

@@ -66,6 +66,8 @@ class SessionFromOnnx(BaseLoader):
 class OnnxrtRunner(BaseRunner):
     """Runs a model with ONNX Runtime. `sess` is an InferenceSession or a loader of one."""
 
+    reads_feeds_only = True  # (the Comparator need not copy its feeds)
+
     def __init__(self, sess: Any, name: str = "onnxrt"):
         super().__init__(name)
         self._sess_arg = sess

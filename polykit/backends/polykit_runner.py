@@ -20,6 +20,8 @@ class PolykitRunner(BaseRunner):
     run ([(layer, ms)], warm-ups included) and `layers` the plan's layers, both kept after
     deactivation for polykit.tools.report.profile."""
 
+    reads_feeds_only = True  # (the Comparator need not copy its feeds)
+
     def __init__(self, engine: Any, name: str = "trt", profile: bool = False, optimization_profile: int = 0):
         super().__init__(name)
         self.optimization_profile = optimization_profile

@@ -22,6 +22,8 @@ RANK_TIMEOUT_S = 120.0
 class RanksRunner(BaseRunner):
     """Runs `model` built with `config` (config.ranks > 1) on config.ranks ranks."""
 
+    reads_feeds_only = True  # (the Comparator need not copy its feeds)
+
     def __init__(self, model: Any, config: Any, name: str = "trt", timeout_s: float = RANK_TIMEOUT_S):
         super().__init__(name)
         self.model, self.config, self.timeout_s = model, config, timeout_s

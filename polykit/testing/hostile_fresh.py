@@ -13,6 +13,7 @@ runs them exactly like the first corpus: every command must exit 2 with no trace
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -223,6 +224,24 @@ def npz_many_members(folder: Path) -> Path:
     return path
 
 
+def npz_deflate_at_one_megabyte(folder: Path) -> Path:
+    """The largest deflate bomb under 1 MB (deflate's ratio is at most ~1032:1; polykit reads no
+    other compression): 960 MiB of float32 zeros in a ~975 KB archive, below the default
+    data_bytes limit (1 GiB), so the defaults let polykit read it. Only `hostile_run --isolated
+    --corpus at-defaults` uses it (about 1 GiB once read: the case measures what that costs)."""
+    count = (960 << 20) // 4
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (count,)})
+    path = folder / "deflate_960mib.npz"
+    chunk = bytes(1 << 24)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf, \
+            zf.open("x.npy", "w", force_zip64=True) as member:
+        member.write(buf.getvalue())
+        for _ in range(count * 4 // len(chunk)):
+            member.write(chunk)
+    return path
+
+
 def npz_climbing_name(folder: Path) -> Path:
     return _zip(folder / "climb.npz", {"../../../tmp/x.npy": npy_bytes(np.ones(2, np.float32))})
 
@@ -429,3 +448,9 @@ CASES: list[Case] = [Case(*row[:3], accept=row[3] if len(row) > 3 else ()) for r
     ("calibration-many-lines", calibration_many_lines, ("calibration-cache",)),
     ("calibration-binary", calibration_binary, ("calibration-cache", "inspect-data")),
 )]
+
+#: cases sized against the *default* limits (slow to build, large once read): run only by
+#: `hostile_run --isolated --corpus at-defaults`, where each command's peak memory is measured
+AT_DEFAULT_LIMITS: list[Case] = [
+    Case("npz-deflate-at-one-megabyte", npz_deflate_at_one_megabyte, _DATA, accept=_FOREIGN),
+]

@@ -180,6 +180,7 @@ def _log_file(argv: list[str]) -> Callable[[], None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `polykit` console script; returns (and exits with) the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _escape_unprintable_output()
     if "debug" in argv:  # --check takes the rest of the line, as in Polygraphy: kept out of the rewriting below
         from polykit.tools.cli.debug import fold_check_command
 
@@ -198,6 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         close()
         restore()
+
+
+def _escape_unprintable_output() -> None:
+    """Names read from files may hold what the terminal's encoding cannot show (a lone UTF-16
+    surrogate from JSON, say): print them escaped rather than fail while reporting."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def _run(argv: list[str]) -> int:

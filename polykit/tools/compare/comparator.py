@@ -99,7 +99,7 @@ class Comparator:
         """Activate each runner in turn, feed it the same inputs, collect outputs and times.
 
         The data loader is bound to the first runner's input metadata and iterated once;
-        every runner sees copies of the same arrays. With `store` (an OutputStore), each
+        no runner sees another's changes to them (`_feed_for`). With `store` (an OutputStore), each
         iteration's outputs are spilled to disk as soon as the runner returns them; the store
         is sealed at the end, so the results read them back lazily.
         """
@@ -123,10 +123,10 @@ class Comparator:
                         raise UsageError("the data loader gave no feeds", hint="check --iterations or load_data()")
                 outs, times = [], []
                 for _ in range(warm_up):
-                    runner.infer({k: np.array(v, copy=True) for k, v in results.feeds[0].items()})
+                    runner.infer(_feed_for(runner, results.feeds[0]))
                 for i, feed in enumerate(results.feeds):
                     log.info("running %s, iteration %d", name, i)
-                    out = runner.infer({k: np.array(v, copy=True) for k, v in feed.items()})
+                    out = runner.infer(_feed_for(runner, feed))
                     times.append(runner.last_inference_time() or 0.0)
                     outs.append(store.spill(name, i, out) if store is not None else
                                 {k: np.asarray(v) for k, v in out.items()})
@@ -200,3 +200,19 @@ def validate_outputs(results: RunResults) -> list[str]:
                 if nan or inf:
                     problems.append(f"{runner}: output {name!r} (iteration {i}) has {nan} NaN and {inf} Inf value(s)")
     return problems
+
+
+def _feed_for(runner: Any, feed: Mapping[str, Any]) -> dict[str, Any]:
+    """What `runner` is given of `feed`, so that no runner changes the next one's inputs: read-only
+    views for a runner that says it only reads (`reads_feeds_only`: the built-in runners; no copy,
+    so a GiB input stays a GiB), a copy of each array for any other."""
+    import numpy as np
+
+    if not getattr(runner, "reads_feeds_only", False):
+        return {k: np.array(v, copy=True) for k, v in feed.items()}
+    views = {}
+    for name, value in feed.items():
+        view = np.asarray(value).view()
+        view.flags.writeable = False
+        views[name] = view
+    return views

@@ -115,23 +115,47 @@ class TensorStats:
     counts: tuple[int, ...] = field(default=())
 
 
+#: elements one step of tensor_stats widens to float64: memory beyond the array stays ~32 MiB
+STATS_CHUNK = 1 << 22
+
+
 def tensor_stats(name: str, array: Any, bins: int = BINS) -> TensorStats:
+    """Statistics of `array` computed chunk by chunk, so a tensor of a GiB costs its own bytes and
+    not eight times them in float64 copies (a 1 MB .npz can hold a GiB of zeros)."""
     import numpy as np
 
     from polykit.tools.compare.funcs import is_float_dtype
 
     arr = np.asarray(array)
-    values = arr.astype(np.float64) if arr.dtype.kind in "biu" or is_float_dtype(arr.dtype) else None
-    if values is None:
+    if not (arr.dtype.kind in "biu" or is_float_dtype(arr.dtype)):
         raise DataFileError(f"tensor {name!r} has dtype {arr.dtype}, which has no statistics",
                             hint="inspect numeric data (numbers or booleans)")
-    finite = values[np.isfinite(values)]
-    nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    if not finite.size:
+    flat = arr.reshape(-1)
+    chunks = [flat[i:i + STATS_CHUNK].astype(np.float64) for i in range(0, flat.size, STATS_CHUNK)] \
+        if flat.size <= STATS_CHUNK else None
+
+    def each():  # the finite float64 values chunk by chunk, and the chunk's NaN / Inf counts
+        for i in range(0, flat.size, STATS_CHUNK):
+            values = chunks[i // STATS_CHUNK] if chunks is not None else flat[i:i + STATS_CHUNK].astype(np.float64)
+            ok = np.isfinite(values)
+            yield values[ok], int(np.isnan(values).sum()), int((~ok).sum()) - int(np.isnan(values).sum())
+
+    nan = inf = count = 0
+    low, high, total = np.inf, -np.inf, 0.0
+    for finite, n_nan, n_inf in each():
+        nan, inf, count = nan + n_nan, inf + n_inf, count + finite.size
+        if finite.size:
+            low, high, total = min(low, finite.min()), max(high, finite.max()), total + finite.sum()
+    if not count:
         return TensorStats(name, arr.dtype.name, tuple(arr.shape), None, None, None, None, nan, inf)
-    counts, edges = np.histogram(finite, bins=bins)
-    return TensorStats(name, arr.dtype.name, tuple(arr.shape), float(finite.min()), float(finite.max()),
-                       float(finite.mean()), float(finite.std()), nan, inf,
+    mean = total / count
+    squares, counts, edges = 0.0, np.zeros(bins, np.int64), None
+    for finite, _, _ in each():
+        squares += float(((finite - mean) ** 2).sum())
+        got, edges = np.histogram(finite, bins=bins, range=(low, high))
+        counts += got
+    return TensorStats(name, arr.dtype.name, tuple(arr.shape), float(low), float(high), float(mean),
+                       float(np.sqrt(squares / count)), nan, inf,
                        tuple(float(e) for e in edges), tuple(int(c) for c in counts))
 
 

@@ -190,3 +190,21 @@ def test_plan_show_weights_and_attrs(plan_file, capsys):
 def test_an_unknown_show_value_is_a_usage_error(mlp, capsys):
     assert main(["inspect", "model", mlp, "--show", "tensors"]) == 2
     assert "--show 'tensors' is not one of io, ops, layers, attrs, weights" in capsys.readouterr().err
+
+
+def test_a_name_the_terminal_cannot_encode_is_printed_escaped(tmp_path):
+    # a lone UTF-16 surrogate is valid JSON but no encoding can write it: printing it raised
+    # UnicodeEncodeError (exit 3) when stdout was a pipe (found by the fresh hostile corpus)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "surrogate.json"
+    path.write_text('[{"\\ud800": {"dtype": "float32", "data": [1.0]}}]')
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-m", "polykit.tools.cli.app", "inspect", "data", str(path)],
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(root), "PYTHONIOENCODING": "utf-8"},
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert b"\\ud800" in proc.stdout

@@ -42,6 +42,31 @@ def test_runner_mutating_its_feed_does_not_affect_the_next():
     assert b.seen[0].any()
 
 
+def test_a_runner_that_only_reads_gets_the_feeds_own_bytes_read_only():
+    class Reading(FakeRunner):
+        reads_feeds_only = True
+
+        def infer_impl(self, feed):
+            self.given = feed["x"]
+            return super().infer_impl(feed)
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    runner = Reading("a")
+    Comparator.run([runner], feeds=[{"x": x}])
+    assert np.shares_memory(runner.given, x) and not runner.given.flags.writeable  # no copy, and no writes
+    with pytest.raises(ValueError):
+        runner.given[...] = 0
+
+
+def test_the_built_in_runners_only_read_their_feeds():
+    from polykit.backends.onnxrt import OnnxrtRunner
+    from polykit.backends.polykit_runner import PolykitRunner
+    from polykit.backends.ranks_runner import RanksRunner
+
+    assert OnnxrtRunner.reads_feeds_only and PolykitRunner.reads_feeds_only and RanksRunner.reads_feeds_only
+    assert not BaseRunner.reads_feeds_only  # a plugin's runner gets copies unless it says otherwise
+
+
 def test_matching_runners_pass():
     results = Comparator.run([FakeRunner("a"), FakeRunner("b")])
     report = Comparator.compare_accuracy(results)
