@@ -24,7 +24,7 @@ def refit(
     new.save(output)
     changed = sum(1 for n, w in new.weights.items() if w.tobytes() != old.weights[n].tobytes())
     stderr_console().print(f"wrote {output}: {len(values)} initializers from {weights}, "
-                           f"{changed} of {len(new.weights)} plan weights changed")
+                           f"{changed} of {len(new.weights)} plan weights changed", soft_wrap=True)
     return 0
 
 
