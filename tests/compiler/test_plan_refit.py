@@ -189,3 +189,43 @@ def test_a_damaged_refit_record_is_a_plan_error():
     plan.metadata["refit"]["weights"]["fc1.bias"]["source"] = "elsewhere"
     with pytest.raises(PlanError, match="refit"):
         Plan.deserialize(plan.serialize())
+
+
+def test_a_plan_for_optimization_profiles_refits():
+    from polykit.compiler.plan.profiles import Profile
+
+    def dynamic(seed):
+        model = models.mlp(seed)
+        for value in (model.graph.input[0], model.graph.output[0]):
+            value.type.tensor_type.shape.dim[0].dim_param = "N"
+        return model
+
+    config = replace(CPU, fp16=True, profiles=(Profile({"x": ((1, 16), (4, 16), (8, 16))}),))
+    plan_a = build_plan(dynamic(0), config)
+    refitted = refit_plan(plan_a, refittable_values(plan_a, dynamic(1)))
+    plan_b = built_with_tactics_of(plan_a, dynamic(1), config)
+    feeds = {"x": np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)}  # not the opt shape
+    assert_same_bits(run(refitted, feeds), run(plan_b, feeds))
+
+
+def test_a_new_model_whose_structure_constants_differ_is_refused(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from polykit.compiler.builder.refit import weights_from_file
+
+    def model(shape):
+        w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                 helper.make_node("Reshape", ["m", "shape"], ["y"], name="reshape")]
+        graph = helper.make_graph(nodes, "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(shape), "shape")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    plan = build_plan(model([2, 16]), CPU)
+    onnx.save(model([16, 2]), str(tmp_path / "other.onnx"))
+    with pytest.raises(UsageError, match="'shape' .* differs from the built model's: it is structure"):
+        weights_from_file(tmp_path / "other.onnx", record_of(plan))
+    onnx.save(model([2, 16]), str(tmp_path / "same.onnx"))
+    assert set(weights_from_file(tmp_path / "same.onnx", record_of(plan))) == {"w"}
