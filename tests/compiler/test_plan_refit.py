@@ -229,3 +229,20 @@ def test_a_new_model_whose_structure_constants_differ_is_refused(tmp_path):
         weights_from_file(tmp_path / "other.onnx", record_of(plan))
     onnx.save(model([2, 16]), str(tmp_path / "same.onnx"))
     assert set(weights_from_file(tmp_path / "same.onnx", record_of(plan))) == {"w"}
+
+
+def test_a_model_with_control_flow_cannot_be_built_refittable():
+    from onnx import TensorProto, helper
+
+    def branch(op):
+        return helper.make_graph([helper.make_node(op, ["x"], ["b"])], op, [],
+                                 [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch("Identity"), else_branch=branch("Neg"))]
+    graph = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    build_plan(model, BuilderConfig(target="cpu"))  # it builds
+    with pytest.raises(BuildError, match="control flow .* cannot be built refittable"):
+        build_plan(model, CPU)

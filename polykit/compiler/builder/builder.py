@@ -26,7 +26,7 @@ from polykit.compiler.graph.shape_rules import RULED, RULES, refuse_ruled_target
 from polykit.compiler.builder.distributed import distribute
 from polykit.compiler.builder.layer_precision import round_tf32_weights
 from polykit.compiler.graph.infer import infer_shapes
-from polykit.compiler.ir.graph import Graph, Value
+from polykit.compiler.ir.graph import Graph, Value, has_subgraphs
 from polykit.compiler.builder.lower import Lowered, lower
 from polykit.compiler.builder.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
@@ -53,6 +53,9 @@ class Builder:
 
     def build(self, graph: Graph) -> Plan:
         cfg = self.config
+        if cfg.refittable and any(has_subgraphs(n) for n in graph.nodes):
+            raise BuildError("a model with control flow (If, Loop, Scan) cannot be built refittable: its bodies "
+                             "are plans of their own", where=f"graph {graph.name!r}", hint="build without --refittable")
         front = self.prepare(graph)
         target, g, lowered, tensors, profiles = front.target, front.graph, front.lowered, front.tensors, front.profiles
         marked, observed, sequence_io = front.marked, front.observed, front.sequence_io

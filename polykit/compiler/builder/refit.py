@@ -32,7 +32,7 @@ import numpy as np
 from polykit.compiler.builder.builder import Builder
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.layer_precision import round_tf32_weights
-from polykit.compiler.ir.graph import Graph, has_subgraphs
+from polykit.compiler.ir.graph import Graph
 from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import BuildError, PlanError, UsageError
@@ -55,13 +55,11 @@ def is_refittable(array: np.ndarray) -> bool:
 
 
 def refit_record(graph: Graph, plan: Plan) -> dict[str, Any]:
-    """The record a refittable plan carries: the source `graph` as ONNX bytes (its large
-    refittable initializers left out) and where each refittable initializer's value is."""
+    """The record a refittable plan carries: the source `graph` (no control flow: Builder.build
+    refuses it) as ONNX bytes, its large refittable initializers left out, and where each
+    refittable initializer's value is."""
     from polykit.compiler.graph.onnx_export import to_onnx
 
-    if any(has_subgraphs(n) for n in graph.nodes):
-        raise BuildError("a model with control flow (If, Loop, Scan) cannot be built refittable: its bodies are "
-                         "plans of their own", where=f"graph {graph.name!r}", hint="build without --refittable")
     weights: dict[str, dict[str, Any]] = {}
     kept: dict[str, np.ndarray] = {}
     for name, array in graph.initializers.items():
