@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -73,6 +74,8 @@ class CpuEngine:
         else:  # numpy kernels read no stamped shape: one list serves every profile
             self.profile_steps = [_steps(plan.layers)] * count
         self.steps = self.profile_steps[0]
+        #: the live contexts (a weight refit reaches their tensors: update_weights)
+        self.contexts: weakref.WeakSet[CpuContext] = weakref.WeakSet()
         keep = set(plan.outputs) | set(plan.inputs)  # the caller holds the inputs anyway; timing relaunches layers
         self.free_after: list[list[str]] = [[] for _ in plan.layers]
         for name, (_, last) in plan.memory.lifetimes.items():
@@ -82,7 +85,15 @@ class CpuEngine:
             names.sort()
 
     def create_context(self, communicator: Any = None, **options: Any) -> "CpuContext":
-        return CpuContext(self, communicator)
+        context = CpuContext(self, communicator)
+        self.contexts.add(context)
+        return context
+
+    def update_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """New weight values for the live contexts (each holds the weights in its tensors);
+        new contexts take them from the plan, which the engine updates."""
+        for context in list(self.contexts):
+            context.env.update(weights)
 
     def close(self) -> None:
         self.steps = []

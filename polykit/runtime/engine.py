@@ -182,6 +182,31 @@ class Engine:
         self._desc(name)
         return "input" if name in self.plan.inputs else "output"
 
+    # ---- weights ----------------------------------------------------------------------
+    def refit_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Replace weights of the plan in place, between inferences (a Refitter derives them from
+        new initializers: polykit.compiler.builder.refit). Each must be a weight of the plan with
+        its dtype and shape (UsageError naming it otherwise, and nothing changes); the target's
+        copies take the new values (device memory on cuda, after the device's work in flight),
+        so every context of the engine computes with them from its next run."""
+        new: dict[str, np.ndarray] = {}
+        for name, array in weights.items():
+            desc = self.plan.tensors.get(name)
+            if desc is None or desc.kind != "weight":
+                raise UsageError(f"the plan has no weight {name!r}", where="refit",
+                                 hint="refit the weights the plan's tensors list as kind 'weight'")
+            arr = np.asarray(array)
+            if arr.dtype != desc.np_dtype or tuple(arr.shape) != tuple(desc.shape):
+                raise UsageError(f"weight {name!r} is {arr.dtype.name}{list(arr.shape)}, the plan holds "
+                                 f"{desc.dtype}{list(desc.shape)}", where="refit",
+                                 hint="give the weight the plan's dtype and shape")
+            new[name] = np.ascontiguousarray(arr)
+        with self._lock:
+            if self._closed:
+                raise UsageError("the engine is closed", hint="load the plan again")
+            self._target_engine.update_weights(new)
+            self.plan.weights.update(new)
+
     # ---- contexts ---------------------------------------------------------------------
     def create_execution_context(self, *, profile: bool | None = None, cuda_graph: bool = True,
                                  communicator: Any = None, **options: Any) -> "ExecutionContext":

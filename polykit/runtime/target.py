@@ -91,6 +91,10 @@ class TargetContext(Protocol):
 class TargetEngine(Protocol):
     def create_context(self, **options: Any) -> TargetContext: ...
 
+    def update_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Give weights of the plan new values (same dtypes and shapes, checked by the engine)
+        in the engine's copies and those of its live contexts, after the work in flight."""
+
     def close(self) -> None: ...
 
 

@@ -30,9 +30,9 @@ def polykit_data_readers() -> list[Any]:
 
 @hookimpl
 def polykit_cli_commands(app: Any) -> None:
-    from polykit.tools.cli import bench, check, convert, data, debug, inspect, run, surgeon
+    from polykit.tools.cli import bench, check, convert, data, debug, inspect, refit, run, surgeon
 
-    for command in (run, convert, bench, inspect, surgeon, debug, check, data):
+    for command in (run, convert, refit, bench, inspect, surgeon, debug, check, data):
         command.register(app)
     _register_module_commands(app, "polykit.tools.conformance")
 

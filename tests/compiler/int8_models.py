@@ -25,6 +25,23 @@ def images(seed: int, batch: int = BATCH, size: int = 16, channels: int = 3) -> 
     return (out + 0.1 * rng.standard_normal(out.shape)).astype(np.float32)
 
 
+def qat_conv_nodes() -> list[onnx.NodeProto]:
+    """A QAT export's quantized conv, as it writes it: scales in Constant nodes, the float weight
+    "w" QuantizeLinear'd with per-channel scales "ws" and zero points "wz" (the model's
+    initializers), x -> Conv (pads 1) -> Relu -> y, activations Q/DQ'd per tensor."""
+    scalar = lambda name, value: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))  # noqa: E731
+    return [scalar("xs", np.array(0.02, np.float32)), scalar("xz", np.array(3, np.int8)),
+            scalar("ys", np.array(0.05, np.float32)), scalar("yz", np.array(0, np.int8)),
+            helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
+            helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xdq"),
+            helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wq", axis=0),
+            helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wdq", axis=0),
+            helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"], name="relu"),
+            helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["rq"], name="rq"),
+            helper.make_node("DequantizeLinear", ["rq", "ys", "yz"], ["y"], name="rdq")]
+
+
 def convnet(size: int = 16) -> onnx.ModelProto:
     """x[2,3,16,16] -> Conv 3x3 (bias) -> Relu -> Conv 3x3/2 grouped -> Relu -> GlobalAveragePool ->
     Flatten -> Gemm (transB) -> y[2,10]."""

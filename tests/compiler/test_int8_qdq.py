@@ -16,7 +16,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.runtime.engine import Runtime
 
-from .int8_models import convnet, feeds_for, mlp, quantize_with_onnxruntime
+from .int8_models import convnet, feeds_for, mlp, qat_conv_nodes, quantize_with_onnxruntime
 
 FLOAT_PRODUCTS = {"Conv", "Gemm", "MatMul"}
 
@@ -163,17 +163,7 @@ def test_without_int8_tactics_the_model_runs_in_float_with_a_warning(tmp_path, c
 def test_constant_node_scales_and_a_quantized_float_weight_fold_too(tmp_path):
     # as a QAT export writes it: scales in Constant nodes, the weight QuantizeLinear'd from float
     rng = np.random.default_rng(6)
-    scalar = lambda name, value: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))  # noqa: E731
-    nodes = [scalar("xs", np.array(0.02, np.float32)), scalar("xz", np.array(3, np.int8)),
-             scalar("ys", np.array(0.05, np.float32)), scalar("yz", np.array(0, np.int8)),
-             helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="xq"),
-             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xdq"),
-             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wq", axis=0),
-             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wdq", axis=0),
-             helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["rq"], name="rq"),
-             helper.make_node("DequantizeLinear", ["rq", "ys", "yz"], ["y"], name="rdq")]
+    nodes = qat_conv_nodes()
     inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
              "ws": rng.uniform(0.002, 0.004, 4).astype(np.float32), "wz": np.zeros(4, np.int8)}
     path = tmp_path / "qat.onnx"

@@ -26,7 +26,7 @@ from polykit.compiler.graph.shape_rules import RULED, RULES, refuse_ruled_target
 from polykit.compiler.builder.distributed import distribute
 from polykit.compiler.builder.layer_precision import round_tf32_weights
 from polykit.compiler.graph.infer import infer_shapes
-from polykit.compiler.ir.graph import Graph, Value
+from polykit.compiler.ir.graph import Graph, Value, has_subgraphs
 from polykit.compiler.builder.lower import Lowered, lower
 from polykit.compiler.builder.marking import expose, forced_outputs, observed_tensors
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
@@ -52,6 +52,59 @@ class Builder:
         self.config = config or BuilderConfig()
 
     def build(self, graph: Graph) -> Plan:
+        cfg = self.config
+        if cfg.refittable and any(has_subgraphs(n) for n in graph.nodes):
+            raise BuildError("a model with control flow (If, Loop, Scan) cannot be built refittable: its bodies "
+                             "are plans of their own", where=f"graph {graph.name!r}", hint="build without --refittable")
+        front = self.prepare(graph)
+        target, g, lowered, tensors, profiles = front.target, front.graph, front.lowered, front.tensors, front.profiles
+        marked, observed, sequence_io = front.marked, front.observed, front.sequence_io
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
+        layers = selection.layers
+        weights = round_tf32_weights(layers, lowered.weights)
+        inputs = list(g.inputs)
+        exposure = expose(observed, layers, {n: t.shape for n, t in tensors.items()})
+        marked += exposure.exposed
+        outputs = list(dict.fromkeys(list(g.outputs) + list(exposure.exposed)))
+        tensors = {n: replace(t, kind="output") if n in exposure.exposed else t for n, t in tensors.items()}
+        tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
+        metadata: dict[str, Any] = {
+            "polykit_version": polykit.__version__,
+            "source_model": graph.name,
+            "builder_config": cfg.to_json(),
+            "tactics": {layer.name: layer.tactic for layer in layers},
+            "marked_outputs": [o for o in outputs if o in marked],
+            "tuning": selection.tuning,
+            "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
+            "device_memory": device_memory(memory.arena_bytes, weights, selection.workspace),
+        }
+        metadata.update(front.distributed)
+        if observed:
+            metadata["fused_away"] = list(exposure.fused_away)
+        if sequence_io is not None:
+            metadata["sequence_io"] = sequence_io
+        if cfg.input_values:
+            metadata["input_values"] = cfg.to_json()["input_values"]
+        if selection.kernels:
+            from polykit.kernels.cuda.base import pack_kernel_table
+
+            metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
+        plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
+                    profiles=profiles)
+        check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
+        if cfg.refittable:  # how a refit re-derives the weights (polykit.compiler.builder.refit)
+            from polykit.compiler.builder.refit import refit_record
+
+            plan.metadata["refit"] = refit_record(graph, plan)
+        if cfg.save_tactics is not None:
+            save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
+        log.debug("built %r", plan)
+        return plan
+
+    def prepare(self, graph: Graph) -> "Front":
+        """Everything a build decides before tactics: shapes and profiles applied, the graph
+        optimized and lowered, its tensors described (what a refit re-derives weights by)."""
         cfg = self.config
         target = resolve_target(cfg.target)
         g = graph.copy()
@@ -90,44 +143,7 @@ class Builder:
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
         if data:  # the optimized graph's data symbols: a pass may have renamed their outputs (an Identity after NonZero)
             profiles = replace(profiles, data=data_symbols(g), sized=sized_symbols(g))
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
-        layers = selection.layers
-        weights = round_tf32_weights(layers, lowered.weights)
-        inputs = list(g.inputs)
-        exposure = expose(observed, layers, {n: t.shape for n, t in tensors.items()})
-        marked += exposure.exposed
-        outputs = list(dict.fromkeys(list(g.outputs) + list(exposure.exposed)))
-        tensors = {n: replace(t, kind="output") if n in exposure.exposed else t for n, t in tensors.items()}
-        tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
-        metadata: dict[str, Any] = {
-            "polykit_version": polykit.__version__,
-            "source_model": graph.name,
-            "builder_config": cfg.to_json(),
-            "tactics": {layer.name: layer.tactic for layer in layers},
-            "marked_outputs": [o for o in outputs if o in marked],
-            "tuning": selection.tuning,
-            "workspace": {"sm_count": selection.sm_count, "layers": selection.workspace},
-            "device_memory": device_memory(memory.arena_bytes, weights, selection.workspace),
-        }
-        metadata.update(distributed)
-        if observed:
-            metadata["fused_away"] = list(exposure.fused_away)
-        if sequence_io is not None:
-            metadata["sequence_io"] = sequence_io
-        if cfg.input_values:
-            metadata["input_values"] = cfg.to_json()["input_values"]
-        if selection.kernels:
-            from polykit.kernels.cuda.base import pack_kernel_table
-
-            metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
-        plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
-                    profiles=profiles)
-        check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
-        if cfg.save_tactics is not None:
-            save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
-        log.debug("built %r", plan)
-        return plan
+        return Front(target, g, lowered, tensors, profiles, marked, observed, sequence_io, distributed)
 
 
 def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
@@ -325,6 +341,23 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
             break
         fp32_nodes += pinned
     return optimized, lowered, tensors
+
+
+@dataclass
+class Front:
+    """What Builder.prepare decided: the target, the optimized graph, its layers and weights
+    (lowered, layers not yet given tactics), the tensors, the profiles, the outputs marked and
+    observed, the sequence I/O layout and the tensor-parallel record."""
+
+    target: str
+    graph: Graph
+    lowered: Lowered
+    tensors: dict[str, TensorDesc]
+    profiles: ProfileSet | None
+    marked: list[str]
+    observed: Any
+    sequence_io: Any
+    distributed: dict[str, Any]
 
 
 @dataclass

@@ -101,6 +101,9 @@ class BuilderConfig:
         (the scale is max(|min|, |max|) / 127).
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
         (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
+    refittable: the plan records how its weights derive from the model's initializers, so
+        `polykit refit` / Refitter replace them without a rebuild (polykit.compiler.builder.refit,
+        docs/REFIT.md); not with int8 calibration (its scales depend on the weights).
     """
 
     target: str | None = None
@@ -139,6 +142,7 @@ class BuilderConfig:
     profiles: tuple[Profile, ...] = ()
     ranks: int = 1
     rank: int = 0
+    refittable: bool = False
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -181,6 +185,9 @@ class BuilderConfig:
         self._check_precision()
         self._check_int8()
         self._check_ranks()
+        if self.refittable and self.int8:
+            raise UsageError("a refittable build cannot calibrate INT8: the calibrated scales depend on the weights "
+                             "a refit replaces", hint="drop --int8 (a model with Q/DQ is refittable), or --refittable")
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -270,6 +277,8 @@ class BuilderConfig:
         d["layer_precisions"] = dict(self.layer_precisions)
         d["tensor_ranges"] = {k: list(v) for k, v in self.tensor_ranges.items()}
         d["profiles"] = [p.to_json() for p in self.profiles]
+        if not self.refittable:  # recorded only when set: other plans' bytes stay as they were
+            del d["refittable"]
         return d
 
     @staticmethod

@@ -296,6 +296,20 @@ INPUT_VALUE_FIELDS = (
     Field("values", list_of(_any)),
 )
 
+#: one initializer a refit may replace: where its current value is (polykit.compiler.builder.refit)
+REFIT_WEIGHT_FIELDS = (
+    Field("dtype", dtype_name),
+    Field("shape", SHAPE),
+    Field("source", one_of(("plan", "model", "caller"))),
+)
+
+#: a refittable plan's record: the model it was built from (ONNX bytes) and its refittable initializers
+REFIT_FIELDS = (
+    Field("format", integer(1, 1)),
+    Field("model", json_value),  # an array tag of the ONNX bytes (uint8), checked when a refit reads it
+    Field("weights", map_of(record(REFIT_WEIGHT_FIELDS))),
+)
+
 #: metadata keys the runtime reads; every other key is free-form JSON
 METADATA_FIELDS = (
     Field("kernels", record(KERNEL_TABLE_FIELDS), required=False),
@@ -305,6 +319,7 @@ METADATA_FIELDS = (
     Field("body_outputs", list_of(text()), required=False),
     Field("rank", integer(0, 1 << 20), required=False),
     Field("ranks", integer(1, 1 << 20), required=False),
+    Field("refit", record(REFIT_FIELDS), required=False),
 )
 
 DOCUMENT_FIELDS = (

@@ -120,6 +120,15 @@ class CudaEngine:
             upload(ptr, arr)
             self.weight_tensors[name] = DeviceTensor(ptr, tuple(desc.shape), desc.np_dtype)
 
+    def update_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Copy new weight values over the old ones in the engine's weight buffer, once the
+        device's work in flight is done (contexts and captured graphs keep their pointers)."""
+        driver.current_device(self.info.ordinal)
+        driver.synchronize()
+        for name, arr in weights.items():
+            desc = self.plan.tensors[name]
+            upload(self.weights.ptr + desc.offset, np.ascontiguousarray(arr, dtype=desc.np_dtype).reshape(desc.shape))
+
     def create_context(self, *, communicator: Any = None, **options: Any) -> "CudaContext":
         """A context; `communicator` (an NcclCommunicator on this engine's device) is required
         by a plan with collective layers (a rank's plan) and lent to their tactic."""

@@ -36,6 +36,8 @@ def convert(
     save_tactics: Optional[str] = SAVE_TACTICS,
     tactic_replay: Optional[str] = typer.Option(None, "--tactic-replay", hidden=True,
                                                 help="the old name of --load-tactics"),
+    refittable: bool = typer.Option(False, "--refittable", help="record how the weights derive from the model's "
+                                    "initializers, so `polykit refit` can replace them (docs/REFIT.md)"),
     builder_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import PlanFromOnnx, SaveEngine
@@ -68,7 +70,7 @@ def convert(
         target=resolve_target(target, ["trt"]), channels_last=channels_last,
         input_shapes=parse_input_shapes(input_shapes),
         mark_outputs=tuple(mark_outputs), mark_all=mark_all, tactic_replay=load_tactics or tactic_replay,
-        save_tactics=save_tactics, **builder_options,
+        save_tactics=save_tactics, refittable=refittable, **builder_options,
     )
     if config.ranks > 1:
         return _convert_ranks(model, config, output)
