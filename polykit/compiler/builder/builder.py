@@ -60,7 +60,7 @@ class Builder:
         given = derive_profiles(g, cfg.profiles, cfg.input_shapes, cfg.shape_values, cfg.input_values)
         profiles = profile_set(g, given, cfg.input_shapes) if given else None
         if profiles is not None:
-            apply_profiles(g, profiles, cfg.input_shapes)
+            apply_profiles(g, profiles, given, cfg.input_shapes)
         named = {n for p in given for n in p.shapes}
         apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
                            dynamic=profiles is not None)
