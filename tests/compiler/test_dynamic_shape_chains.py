@@ -109,3 +109,89 @@ def test_resize_that_keeps_the_aspect_ratio_of_dynamic_dims_is_an_error_naming_t
     with pytest.raises(ShapeError) as info:
         build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": IMAGE_PROFILE})]))
     assert "Resize" in info.value.where and "keep_aspect_ratio_policy" in info.value.what
+
+
+# ---- cause 2, 3: every op of shape chains is evaluated over symbolic dims ---------------------------
+HWC = ["b", "h", "w"]
+HWC_PROFILE = ((1, 4, 6), (2, 8, 12), (3, 12, 20))
+HWC_SHAPES = [(1, 4, 6), (3, 5, 7)]
+
+
+def _op(op, inputs, out, **attrs):
+    return helper.make_node(op, inputs, [out], **attrs)
+
+
+#: op -> the nodes computing shape vector "v" (int64, elements >= 0) from "s" = Shape(x), x of dims (b, h, w)
+VALUE_CASES = {
+    "Shape": [],
+    "Identity": [_op("Identity", ["s"], "v")],
+    "Add": [_op("Add", ["s", "k123"], "v")],
+    "Sub": [_op("Sub", ["s", "k012"], "v")],
+    "Mul": [_op("Mul", ["s", "k213"], "v")],
+    "Div": [_op("Div", ["s", "k124"], "v")],
+    "Neg": [_op("Neg", ["s"], "n"), _op("Add", ["n", "k_big"], "v")],
+    "Abs": [_op("Neg", ["s"], "n"), _op("Abs", ["n"], "v")],
+    "Mod": [_op("Neg", ["s"], "n"), _op("Mod", ["n", "k7"], "v")],  # Swin's (-W) % window
+    "Max": [_op("Max", ["s", "k2_6_10", "k213"], "v")],
+    "Min": [_op("Min", ["s", "k2_6_10"], "v")],
+    "Equal": [_op("Equal", ["s", "km1"], "c"), _op("Where", ["c", "k123", "s"], "v")],
+    "Where": [_op("Greater", ["s", "k012"], "c"), _op("Where", ["c", "s", "k123"], "v")],
+    "Less": [_op("Less", ["s", "k0"], "c"), _op("Where", ["c", "k123", "s"], "v")],
+    "Greater": [_op("Greater", ["s", "k0"], "c"), _op("Where", ["c", "s", "k123"], "v")],
+    "LessOrEqual": [_op("LessOrEqual", ["s", "k0"], "c"), _op("Where", ["c", "k123", "s"], "v")],
+    "GreaterOrEqual": [_op("GreaterOrEqual", ["s", "k0"], "c"), _op("Where", ["c", "s", "k123"], "v")],
+    "Gather": [_op("Gather", ["s", "i20"], "v")],
+    "Slice": [_op("Slice", ["s", "k1", "k3"], "v")],
+    "Concat": [_op("Slice", ["s", "k0", "k1"], "b"), _op("Concat", ["b", "k5"], "v", axis=0)],
+    "Unsqueeze": [_op("Unsqueeze", ["s", "k0"], "u"), _op("Reshape", ["u", "km1"], "v")],
+    "Squeeze": [_op("Unsqueeze", ["s", "k0"], "u"), _op("Squeeze", ["u", "k0"], "v")],
+    "Reshape": [_op("Reshape", ["s", "k31"], "r"), _op("Reshape", ["r", "km1"], "v")],
+    "Transpose": [_op("Reshape", ["s", "k31"], "r"), _op("Transpose", ["r"], "t", perm=[1, 0]),
+                  _op("Reshape", ["t", "km1"], "v")],
+    "Flatten": [_op("Reshape", ["s", "k31"], "r"), _op("Flatten", ["r"], "f", axis=0),
+                _op("Reshape", ["f", "km1"], "v")],
+    "Split": [helper.make_node("Split", ["s", "k12"], ["first", "v"], axis=0)],
+    "Expand": [_op("Slice", ["s", "k0", "k1"], "b"), _op("Expand", ["b", "k2"], "v")],
+    "Tile": [_op("Slice", ["s", "k1", "k2"], "h"), _op("Tile", ["h", "k2"], "v")],
+    "Cast": [_op("Cast", ["s"], "c32", to=TensorProto.INT32), _op("Cast", ["c32"], "v", to=TensorProto.INT64)],
+    "CastLike": [_op("CastLike", ["s", "k0"], "v")],
+    "Size": [_op("Size", ["x"], "n"), _op("Unsqueeze", ["n", "k0"], "v")],
+    "ReduceProd": [_op("ReduceProd", ["s"], "v", axes=[0], keepdims=1)],
+    "ReduceSum": [_op("ReduceSum", ["s", "k0"], "v", keepdims=1)],
+    "ReduceMax": [_op("ReduceMax", ["s"], "v", axes=[0], keepdims=1)],
+    "ReduceMin": [_op("ReduceMin", ["s"], "v", axes=[0], keepdims=1)],
+}
+
+VALUE_CONSTS = {name: np.array(v, np.int64) for name, v in {
+    "k0": [0], "k1": [1], "k2": [2], "k3": [3], "k5": [5], "k7": [7], "km1": [-1], "k12": [1, 2], "k31": [3, 1],
+    "k123": [1, 2, 3], "k012": [0, 1, 2], "k213": [2, 1, 3], "k124": [1, 2, 4], "k2_6_10": [2, 6, 10],
+    "k_big": [20, 20, 30], "i20": [2, 0]}.items()}
+
+
+def _value_model(op: str) -> onnx.ModelProto:
+    """x (b, h, w) -> s = Shape(x) -> VALUE_CASES[op] -> v; y = ConstantOfShape(v, 1) * sum(x): a
+    tensor whose shape is v's values, which the build needs as expressions of b, h and w."""
+    nodes = [_op("Shape", ["x"], "s" if VALUE_CASES[op] else "v"), *VALUE_CASES[op],
+             _op("ConstantOfShape", ["v"], "ones", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])),
+             _op("ReduceSum", ["x"], "total", keepdims=0), _op("Mul", ["ones", "total"], "y")]
+    return _model(nodes, VALUE_CONSTS, x_dims=HWC, opset=17)
+
+
+@pytest.mark.parametrize("op", sorted(VALUE_CASES))
+def test_shape_chain_op_is_evaluated_over_dim_expressions(op):
+    _serves(_value_model(op), HWC_PROFILE, HWC_SHAPES, atol=1e-4)
+
+
+def test_the_table_of_evaluated_ops_is_the_set_tested_one_by_one():
+    from polykit.compiler.graph.shape_values import EVALUATED_OPS
+
+    assert EVALUATED_OPS == set(VALUE_CASES)
+
+
+def test_integer_div_truncates_toward_zero_and_mod_with_fmod_takes_the_dividends_sign():
+    nodes = [_op("Shape", ["x"], "s"), _op("Neg", ["s"], "n"),
+             _op("Div", ["n", "k124"], "q"), _op("Mod", ["n", "k124b"], "r", fmod=1),  # trunc(-h/2), fmod(-w, 5)
+             _op("Mul", ["q", "r"], "qr"), _op("Abs", ["qr"], "v"),
+             _op("ConstantOfShape", ["v"], "y", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))]
+    consts = {**VALUE_CONSTS, "k124b": np.array([3, 4, 5], np.int64)}
+    _serves(_model(nodes, consts, x_dims=HWC), HWC_PROFILE, [(1, 4, 6), (3, 5, 7), (2, 11, 19)])

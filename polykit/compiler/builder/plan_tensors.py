@@ -17,7 +17,7 @@ import numpy as np
 
 from polykit.compiler.builder.lower import Lowered
 from polykit.compiler.ir.graph import Graph
-from polykit.compiler.ir.symbolic import is_dynamic, term_of
+from polykit.compiler.ir.symbolic import is_dynamic, remainder_size, term_of
 from polykit.compiler.plan.file import weight_offsets
 from polykit.compiler.plan.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan.profiles import corner_size
@@ -70,7 +70,8 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
         shape = tuple(int(d) for d in v.shape)
         dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
-        nbytes = max([math.prod(shape)] + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
+        nbytes = max([math.prod(shape), remainder_size(dims, corners)]
+                     + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
         if nbytes > MAX_BYTES or min(shape, default=0) < 0:
             raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")

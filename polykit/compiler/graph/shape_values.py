@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from polykit.compiler.ir.dtypes import is_float
+from polykit.compiler.ir.dtypes import is_float, to_numpy
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
@@ -99,12 +99,26 @@ def _fused(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
     if not any(map(is_symbolic, local.values())):
         return None
     for step in node.attrs.get("body", ()):
-        out = symbolic_values(Node(step["op"], list(step["inputs"]), list(step["outputs"]), dict(step["attrs"])),
-                              local, graph)
+        inner = Node(step["op"], list(step["inputs"]), list(step["outputs"]), dict(step["attrs"]))
+        args = [local.get(n) if n else None for n in inner.inputs]
+        if any(n and a is None for n, a in zip(inner.inputs, args)):
+            return None
+        # a step over plain values (Div of two static dims before a Mul with the batch) runs its reference
+        out = symbolic_values(inner, local, graph) if any(map(is_symbolic, args)) else _concrete(inner, args)
         if out is None:
             return None
         local.update(zip(step["outputs"], out))
     return [local[name] for name in node.outputs]
+
+
+def _concrete(node: Node, args: list) -> "list[np.ndarray] | None":
+    fn = find_reference("", node.op_type)
+    if fn is None:
+        return None
+    try:
+        return [np.asarray(o) for o in fn(node, args)]
+    except (ValueError, IndexError, TypeError, ArithmeticError, PolykitError):
+        return None
 
 
 def _shape_or_size(node: Node, dims: list) -> list[np.ndarray]:
@@ -127,6 +141,8 @@ def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray]
     """Cast (CastLike) of dims: int32/int64 stay dims; a float type of values over ruled symbols
     gives RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
     dtype = graph.value(node.outputs[0]).dtype
+    if dtype is None and node.op_type == "Cast" and "to" in node.attrs:  # a step inside a fused Pointwise node
+        dtype = to_numpy(int(node.attrs["to"]))
     if dtype is not None and np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64)):
         return [settle(value, dtype)]
     ruled = graph.metadata.get(RULED) or set()
@@ -145,28 +161,99 @@ def _gather(node: Node, args: list) -> list[np.ndarray]:
 
 
 #: ops that only move elements: their reference kernels run on object arrays as they are
-MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Split"})
+MOVEMENT_OPS = frozenset({"Identity", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Split", "Transpose",
+                          "Expand", "Tile", "Flatten"})
 
 
 def _elementwise(fn: Callable) -> ValueFn:
+    """A binary op applied element by element with numpy broadcasting; a variadic one (Max, Min)
+    folds its inputs left to right."""
     def run(node: Node, args: list) -> list[np.ndarray]:
-        a, b = (np.asarray(x, dtype=object) for x in args[:2])
-        return [np.asarray(np.vectorize(fn, otypes=[object])(a, b), dtype=object)]
+        arrays = [np.asarray(x, dtype=object) for x in args if x is not None]
+        out = arrays[0]
+        for b in arrays[1:]:
+            out = np.asarray(np.vectorize(fn, otypes=[object])(out, b), dtype=object)
+        return [out]
     return run
 
+
+def _unary(fn: Callable) -> ValueFn:
+    def run(node: Node, args: list) -> list[np.ndarray]:
+        a = np.asarray(args[0], dtype=object)
+        return [np.asarray(np.vectorize(fn, otypes=[object])(a), dtype=object).reshape(a.shape)]
+    return run
+
+
+def _trunc_div(a: int, b: int) -> int:
+    """ONNX integer Div: the quotient truncated toward zero (C's and onnxruntime's), the signs
+    decided at opt (dims are >= 0; a negated dim stays negative over the profile, which the
+    corners check)."""
+    q = abs(a) // abs(b)
+    return q if (int(a) >= 0) == (int(b) > 0) else -q
+
+
+def _mod(node: Node, args: list) -> list[np.ndarray]:
+    """ONNX Mod: fmod=0 takes the divisor's sign (Python's %, an exact expression: Swin's
+    (-W) % window); fmod=1 the dividend's (C's fmod, the signs decided at opt)."""
+    if node.attrs.get("fmod", 0):
+        return _elementwise(lambda a, b: abs(a) % abs(b) if int(a) >= 0 else -(abs(a) % abs(b)))(node, args)
+    return _elementwise(lambda a, b: a % b)(node, args)
+
+
+def _reduce(node: Node, args: list) -> list[np.ndarray]:
+    """ReduceSum/Prod/Max/Min of a shape vector (numel = ReduceProd(Shape(x))): axes from the
+    attribute (before opset 18; ReduceSum 13) or the second input, keepdims, noop_with_empty_axes."""
+    x = np.asarray(args[0], dtype=object)
+    axes = node.attrs.get("axes")
+    if len(args) > 1 and args[1] is not None:
+        axes = [int(a) for a in np.asarray(args[1]).ravel()]
+    if not axes:
+        if node.attrs.get("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(x.ndim))
+    axes = sorted({int(a) % max(x.ndim, 1) for a in axes})
+    keep = [a for a in range(x.ndim) if a not in axes]
+    moved = np.transpose(x, keep + axes).reshape([x.shape[a] for a in keep] + [-1])
+    combine = REDUCERS[node.op_type]
+    out = np.empty(moved.shape[:-1], dtype=object)
+    for index in np.ndindex(out.shape):
+        values = list(moved[index])
+        if not values and node.op_type in ("ReduceMax", "ReduceMin"):
+            raise ValueError("an empty max/min")
+        acc = 1 if node.op_type == "ReduceProd" else 0
+        for i, v in enumerate(values):
+            acc = v if i == 0 else combine(acc, v)
+        out[index] = acc
+    if node.attrs.get("keepdims", 1):
+        out = out.reshape([1 if a in axes else x.shape[a] for a in range(x.ndim)])
+    return [out]
+
+
+#: how each Reduce op combines two elements of a shape vector
+REDUCERS: dict[str, Callable] = {
+    "ReduceSum": lambda a, b: a + b,
+    "ReduceProd": lambda a, b: a * b,
+    "ReduceMax": lambda a, b: _extreme("max", a, b),
+    "ReduceMin": lambda a, b: _extreme("min", a, b),
+}
 
 SHAPE_VALUE_OPS.update({
     "Add": _elementwise(lambda a, b: a + b),
     "Sub": _elementwise(lambda a, b: a - b),
     "Mul": _elementwise(lambda a, b: a * b),
-    # ONNX integer Div truncates; dims are >= 0, and a negative operand is left unevaluated
-    "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
+    "Div": _elementwise(_trunc_div),
+    "Mod": _mod,
+    "Neg": _unary(lambda a: -a),
+    "Abs": _unary(abs),  # the sign decided at opt
     "Max": _elementwise(lambda a, b: _extreme("max", a, b)),
     "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
     # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
     "Equal": _elementwise(lambda a, b: int(a) == int(b)),
     "Less": _elementwise(lambda a, b: int(a) < int(b)),
     "Greater": _elementwise(lambda a, b: int(a) > int(b)),
+    "LessOrEqual": _elementwise(lambda a, b: int(a) <= int(b)),
+    "GreaterOrEqual": _elementwise(lambda a, b: int(a) >= int(b)),
+    **{op: _reduce for op in REDUCERS},
 })
 
 
@@ -182,5 +269,6 @@ def _extreme(op: str, a: int, b: int) -> int:
     return SymInt(OPS[op][1](int(a), int(b)), extreme(op, term_of(a), term_of(b)))
 
 
-def _no_value():
-    raise ValueError("not a dim quotient")
+#: every op whose outputs shape inference computes over symbolic shape values (docs/DYNAMIC_SHAPES.md's
+#: table): Shape and Size make them, casts keep them, the rest compute on them
+EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS)
