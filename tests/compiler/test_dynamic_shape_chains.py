@@ -195,3 +195,27 @@ def test_integer_div_truncates_toward_zero_and_mod_with_fmod_takes_the_dividends
              _op("ConstantOfShape", ["v"], "y", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))]
     consts = {**VALUE_CONSTS, "k124b": np.array([3, 4, 5], np.int64)}
     _serves(_model(nodes, consts, x_dims=HWC), HWC_PROFILE, [(1, 4, 6), (3, 5, 7), (2, 11, 19)])
+
+
+# ---- errors name the node that stopped the expression ------------------------------------------------
+def _ones_of(shape_tensor):
+    return _op("ConstantOfShape", [shape_tensor], "y", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+
+
+def test_float_arithmetic_in_a_shape_chain_is_an_error_naming_the_consumer_and_the_cast():
+    nodes = [_op("Shape", ["x"], "s"), _op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Mul", ["f", "half"], "hf"),
+             _op("Floor", ["hf"], "fl"), _op("Cast", ["fl"], "v", to=TensorProto.INT64), _ones_of("v")]
+    model = _model(nodes, {"half": np.array([1, 0.5, 0.5], np.float32)}, x_dims=HWC)
+    with pytest.raises(BuildError) as info:
+        build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": HWC_PROFILE})]))
+    assert "ConstantOfShape" in info.value.where
+    assert "'f'" in info.value.what and "float arithmetic" in info.value.what
+
+
+def test_a_sign_decided_at_opt_that_flips_in_the_profile_names_the_node_that_decided_it():
+    nodes = [_op("Shape", ["x"], "s"), _op("Sub", ["s", "k10"], "d"), _op("Abs", ["d"], "v"), _ones_of("v")]
+    model = _model([*nodes[:2], helper.make_node("Abs", ["d"], ["v"], name="decides"), nodes[3]],
+                   {"k10": np.array([0, 10, 0], np.int64)}, x_dims=HWC)  # |h - 10|: 10 - h at opt (h = 8)
+    with pytest.raises(BuildError) as info:
+        build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": HWC_PROFILE})]))
+    assert "'decides'" in info.value.where and "max" in info.value.what

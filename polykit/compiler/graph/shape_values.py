@@ -272,3 +272,65 @@ def _extreme(op: str, a: int, b: int) -> int:
 #: every op whose outputs shape inference computes over symbolic shape values (docs/DYNAMIC_SHAPES.md's
 #: table): Shape and Size make them, casts keep them, the rest compute on them
 EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS)
+
+
+def stopped_expression(graph: Graph, known: dict, name: str) -> "tuple[Node | None, str]":
+    """Why tensor `name`'s dims are no expressions of the input dims: its producer, and a sentence
+    naming the shape-chain node that stopped them (the first, in chain order, whose operands had
+    values at build time but whose output got none) and what stopped it ("" when its own shape
+    rule gave no dims from known operands)."""
+    producers = graph.producers()
+    node = producers.get(name)
+    if node is None:
+        return None, ""
+
+    def unknown(n: Node) -> list[str]:  # small operands without a build-time value
+        return [i for i in n.inputs if i and known.get(i) is None and _small(graph.value(i).shape)]
+
+    seen: set[str] = set()
+    frontier = unknown(node)
+    while frontier:
+        tensor = frontier.pop(0)
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        chain = producers.get(tensor)
+        if chain is None:
+            return node, f"it reads {tensor!r}, a graph input without build-time values (give it profile values)"
+        deeper = unknown(chain)
+        if deeper:
+            frontier.extend(deeper)
+            continue
+        return node, f"it reads {tensor!r}, which {chain.describe()} computes from the dims: {_stopper(chain, known, graph)}"
+    return node, ""
+
+
+def _stopper(node: Node, known: dict, graph: Graph) -> str:
+    """What stops `node` (a fused Pointwise group: its first step that does) from giving a value."""
+    if node.domain == POLYKIT_DOMAIN and node.op_type == "Pointwise":
+        for step in node.attrs.get("body", ()):
+            dtype = to_numpy(int(step["attrs"]["to"])) if step["op"] == "Cast" and "to" in step["attrs"] else None
+            if step["op"] not in EVALUATED_OPS or (dtype is not None and is_float(dtype)):
+                return f"its fused step {step['op']} -> {step['outputs'][0]!r}: " + \
+                    _op_stopper(step["op"], [], dtype is not None and is_float(dtype))
+        return "a fused step over these values gives none"
+    args = [known.get(i) for i in node.inputs if i]
+    to_float = node.op_type in CAST_OPS and is_float(graph.value(node.outputs[0]).dtype or np.int64)
+    if node.domain not in ("", "ai.onnx"):
+        return f"{node.domain} ops are not evaluated over symbolic dims"
+    return _op_stopper(node.op_type, args, to_float)
+
+
+def _op_stopper(op: str, args: list, to_float: bool) -> str:
+    if to_float or any(a is not None and a.dtype.kind == "f" for a in args):
+        return "float arithmetic of dims has no dim expression (keep the chain in integers: // instead of / and int())"
+    if op not in EVALUATED_OPS:
+        return f"{op} is not evaluated over symbolic dims (shape_values.EVALUATED_OPS lists those that are)"
+    return f"its operands {[a.tolist() if a is not None else None for a in args]} give no value (a division by " \
+           f"zero, a sign or comparison that differs)"
+
+
+def _small(shape: "tuple | None") -> bool:
+    """A shape-tensor-like shape: static, rank <= 1, a few elements."""
+    return shape is not None and len(shape) <= 1 and all(isinstance(d, int) and not isinstance(d, SymInt) and d <= 64
+                                                          for d in shape)

@@ -366,8 +366,8 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
 
     producers = symbolic.producers()
     # in node order: the first disagreement is the node that decided a dim, not one of its consumers
-    ordered = list(dict.fromkeys([o for node in symbolic.nodes for o in node.outputs if o in symbolic.values]
-                                 + list(symbolic.values)))
+    ordered = list(dict.fromkeys([o for node in symbolic.nodes for o in node.outputs if o]
+                                 + list(symbolic.values) + list(host or {})))
     for index, label, env in profiles.corners():
         g = original.copy()
         g.metadata[DATA_DIMS] = bool(profiles.data)
@@ -384,9 +384,18 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
             raise BuildError(f"{exc.what} {at}", where=exc.where,
                              hint="the model does not hold for every shape in the profile; narrow the profile"
                              ) from None
-        for name in ordered:
-            sym_value, got = symbolic.values[name], g.values.get(name)
-            if sym_value.shape is None or got is None or got.shape is None or name in symbolic.inputs:
+        for name in ordered:  # a shape tensor's value before its consumers' shapes: it decided them
+            if name in (host or {}):
+                want_value = [evaluate(term_of(v), env) for v in host[name].ravel()]
+                got_value = known.get(name)
+                if got_value is not None and [int(v) for v in got_value.ravel()] != want_value:
+                    raise _disagreement(symbolic, producers, name,
+                                        f"holds {[int(v) for v in got_value.ravel()]} {at}, but its expressions "
+                                        f"{[str(term_of(v)) for v in host[name].ravel()]} give {want_value}",
+                                        "shape tensor")
+            sym_value, got = symbolic.values.get(name), g.values.get(name)
+            if sym_value is None or sym_value.shape is None or got is None or got.shape is None \
+                    or name in symbolic.inputs:
                 continue
             exprs = tuple(term_of(d) if isinstance(d, int) else d for d in sym_value.shape)
             want = tuple(evaluate(d, env) if not isinstance(d, str) and d is not None else d for d in exprs)
@@ -394,13 +403,6 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
                                                   for a, b in zip(got.shape, want)):
                 raise _disagreement(symbolic, producers, name, f"has shape {_fmt(got.shape)} {at}, but its expression "
                                                              f"{_fmt(exprs)} gives {_fmt(want)}")
-        for name, value in (host or {}).items():
-            want = [evaluate(term_of(v), env) for v in value.ravel()]
-            got = known.get(name)
-            if got is not None and [int(v) for v in got.ravel()] != want:
-                raise _disagreement(symbolic, producers, name, f"holds {[int(v) for v in got.ravel()]} {at}, but its "
-                                                             f"expressions {[str(term_of(v)) for v in value.ravel()]} "
-                                                             f"give {want}", "shape tensor")
 
 
 def _disagreement(symbolic: Graph, producers: Mapping[str, Any], name: str, what: str,
