@@ -14,6 +14,8 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.profiles import Profile
 from polykit.errors import BuildError, ShapeError
 from polykit.runtime.engine import Runtime
+from polykit.tools.cli.app import main
+from tests.cli_models import fresh_plugins  # noqa: F401  (pytest fixture)
 from tests.dynamic_models import convnet
 
 NCHW = ["b", "c", "h", "w"]
@@ -37,13 +39,24 @@ def _feed(shape, dtype=np.float32, seed=0):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _serves(model, profile, shapes, dtype=np.float32, atol=1e-5):
-    """Build `model` on cpu for Profile `profile` of input "x" and run it at each of `shapes`
-    against onnxruntime (shape and values)."""
-    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": profile})],
-                                           builder_optimization_level=0))
+def _convert(model, profile, tmp_path) -> bytes:
+    """The plan `polykit convert --target cpu --trt-min/opt/max-shapes x:[...]` writes for `model`."""
+    source, plan = tmp_path / "model.onnx", tmp_path / "model.plan"
+    onnx.save_model(model, str(source))
+    flags = [arg for flag, shape in zip(("--trt-min-shapes", "--trt-opt-shapes", "--trt-max-shapes"), profile)
+             for arg in (flag, "x:[" + ",".join(map(str, shape)) + "]")]
+    assert main(["convert", str(source), "-o", str(plan), "--target", "cpu", *flags]) == 0
+    return plan.read_bytes()
+
+
+def _serves(model, profile, shapes, dtype=np.float32, atol=1e-5, tmp_path=None):
+    """Build `model` on cpu for Profile `profile` of input "x" (through `polykit convert` when
+    `tmp_path` is given) and run it at each of `shapes` against onnxruntime (shape and values)."""
+    plan = _convert(model, profile, tmp_path) if tmp_path is not None else \
+        build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": profile})],
+                                        builder_optimization_level=0)).serialize()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+    with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
         for shape in shapes:
             feeds = {"x": _feed(shape, dtype)}
             got = ctx.execute(feeds)["y"]
@@ -53,9 +66,11 @@ def _serves(model, profile, shapes, dtype=np.float32, atol=1e-5):
 
 
 # ---- cause 6: a dim the profile keeps fixed is that value ------------------------------------------
-def test_model_dims_a_batch_only_profile_keeps_fixed_take_the_profile_value():
+@pytest.mark.usefixtures("fresh_plugins")
+def test_model_dims_a_batch_only_profile_keeps_fixed_take_the_profile_value(tmp_path):
     model = _model([helper.make_node("Relu", ["x"], ["y"])])
-    _serves(model, ((1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)), [(1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)])
+    _serves(model, ((1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)), [(1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)],
+            tmp_path=tmp_path)
 
 
 def test_resnet_with_dynamic_image_dims_builds_for_a_batch_only_profile():
@@ -76,11 +91,12 @@ IMAGE_PROFILE = ((1, 3, 8, 8), (2, 3, 16, 16), (3, 3, 20, 20))
 IMAGE_SHAPES = [(1, 3, 8, 8), (2, 3, 11, 13), (3, 3, 20, 20)]
 
 
+@pytest.mark.usefixtures("fresh_plugins")
 @pytest.mark.parametrize("scale,mode", [(2.0, "nearest"), (0.5, "linear"), (1.5, "nearest"), (0.7, "linear")])
-def test_resize_with_constant_scales_gives_floor_of_dim_times_scale(scale, mode):
+def test_resize_with_constant_scales_gives_floor_of_dim_times_scale(scale, mode, tmp_path):
     model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)],
                    {"scales": np.array([1, 1, scale, scale], np.float32)})
-    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES)
+    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES, tmp_path=tmp_path)
 
 
 def test_resize_of_chosen_axes_scales_only_those():
@@ -89,7 +105,8 @@ def test_resize_of_chosen_axes_scales_only_those():
     _serves(model, IMAGE_PROFILE, IMAGE_SHAPES)
 
 
-def test_resize_to_sizes_computed_from_shape_takes_their_expressions():
+@pytest.mark.usefixtures("fresh_plugins")
+def test_resize_to_sizes_computed_from_shape_takes_their_expressions(tmp_path):
     # F.interpolate(x, size=(2h, w + 3)): Shape -> Slice -> Mul/Add -> Concat -> Resize(sizes)
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Slice", ["s", "zero", "two"], ["nc"]),
@@ -98,7 +115,7 @@ def test_resize_to_sizes_computed_from_shape_takes_their_expressions():
              helper.make_node("Concat", ["nc", "h2", "w3"], ["sizes"], axis=0),
              helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")]
     model = _model(nodes, {"zero": np.array([0]), "two": np.array([2]), "three": np.array([3])})
-    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES)
+    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES, tmp_path=tmp_path)
 
 
 def test_resize_that_keeps_the_aspect_ratio_of_dynamic_dims_is_an_error_naming_the_resize():
@@ -109,6 +126,47 @@ def test_resize_that_keeps_the_aspect_ratio_of_dynamic_dims_is_an_error_naming_t
     with pytest.raises(ShapeError) as info:
         build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": IMAGE_PROFILE})]))
     assert "Resize" in info.value.where and "keep_aspect_ratio_policy" in info.value.what
+
+
+# ---- cause 2, 3: Swin's window padding and window partition -------------------------------------------
+WINDOW = 7
+
+
+@pytest.mark.usefixtures("fresh_plugins")
+def test_swin_window_padding_chain_of_mod_and_transpose_gives_pad_an_expression(tmp_path):
+    # F.pad(x, (0, (-W) % 7, 0, (-H) % 7)) as the TorchScript exporter writes it: Shape -> Gather -> Neg ->
+    # Mod -> Concat -> Reshape (4, 2) -> Slice reversed -> Transpose -> Reshape -> Cast -> Pad
+    nodes = [_op("Shape", ["x"], "s"),
+             _op("Gather", ["s", "i2"], "h"), _op("Neg", ["h"], "nh"), _op("Mod", ["nh", "window"], "ph"),
+             _op("Gather", ["s", "i3"], "w"), _op("Sub", ["zero", "w"], "nw"), _op("Mod", ["nw", "window"], "pw"),
+             _op("Concat", ["zero", "pw", "zero", "ph"], "p4", axis=0),  # torch's order: last dim first
+             _op("ConstantOfShape", ["four"], "z4", value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+             _op("Concat", ["p4", "z4"], "p8", axis=0), _op("Reshape", ["p8", "shape42"], "p42"),
+             _op("Slice", ["p42", "m1", "low", "zero", "m1"], "rev"), _op("Transpose", ["rev"], "t", perm=[1, 0]),
+             _op("Reshape", ["t", "m1"], "flat"), _op("Cast", ["flat"], "pads", to=TensorProto.INT64),
+             _op("Pad", ["x", "pads"], "y")]
+    consts = {"i2": np.array([2]), "i3": np.array([3]), "window": np.array([WINDOW]), "zero": np.array([0]),
+              "four": np.array([4]), "shape42": np.array([4, 2]),
+              "m1": np.array([-1]), "low": np.array([-(2 ** 62)])}
+    consts = {k: np.asarray(v, np.int64) for k, v in consts.items()}
+    _serves(_model(nodes, consts), ((1, 3, 8, 8), (2, 3, 16, 14), (3, 3, 28, 29)),
+            [(1, 3, 8, 8), (2, 3, 13, 9), (3, 3, 28, 29)], tmp_path=tmp_path)
+
+
+@pytest.mark.usefixtures("fresh_plugins")
+def test_div_and_mul_of_static_dims_read_by_shape_feed_reshape_under_a_batch_only_profile(tmp_path):
+    # window partition: x.view(B, H // 7, 7, W // 7, 7, C) ... .reshape(B * (H // 7) * (W // 7), 49, C)
+    nodes = [_op("Shape", ["x"], "s"), _op("Gather", ["s", "i0"], "b"),
+             _op("Gather", ["s", "i2"], "h"), _op("Div", ["h", "window"], "nh"),
+             _op("Gather", ["s", "i3"], "w"), _op("Div", ["w", "window"], "nw"),
+             _op("Mul", ["nh", "nw"], "windows"), _op("Mul", ["b", "windows"], "bw"),
+             _op("Unsqueeze", ["bw", "i0v"], "bw1"),
+             _op("Concat", ["bw1", "c49", "m1"], "target", axis=0), _op("Reshape", ["x", "target"], "y")]
+    consts = {"i0": np.array(0), "i2": np.array(2), "i3": np.array(3), "window": np.array(WINDOW),
+              "i0v": np.array([0]), "c49": np.array([3 * 49]), "m1": np.array([-1])}
+    consts = {k: np.asarray(v, np.int64) for k, v in consts.items()}
+    _serves(_model(nodes, consts), ((1, 3, 14, 21), (2, 3, 14, 21), (4, 3, 14, 21)),
+            [(1, 3, 14, 21), (3, 3, 14, 21), (4, 3, 14, 21)], tmp_path=tmp_path)
 
 
 # ---- cause 2, 3: every op of shape chains is evaluated over symbolic dims ---------------------------
@@ -146,8 +204,8 @@ VALUE_CASES = {
     "Unsqueeze": [_op("Unsqueeze", ["s", "k0"], "u"), _op("Reshape", ["u", "km1"], "v")],
     "Squeeze": [_op("Unsqueeze", ["s", "k0"], "u"), _op("Squeeze", ["u", "k0"], "v")],
     "Reshape": [_op("Reshape", ["s", "k31"], "r"), _op("Reshape", ["r", "km1"], "v")],
-    "Transpose": [_op("Reshape", ["s", "k31"], "r"), _op("Transpose", ["r"], "t", perm=[1, 0]),
-                  _op("Reshape", ["t", "km1"], "v")],
+    "Transpose": [_op("Concat", ["s", "k123"], "sk", axis=0), _op("Reshape", ["sk", "k23"], "r"),
+                  _op("Transpose", ["r"], "t", perm=[1, 0]), _op("Reshape", ["t", "km1"], "v")],  # (b, 1, h, 2, w, 3)
     "Flatten": [_op("Reshape", ["s", "k31"], "r"), _op("Flatten", ["r"], "f", axis=0),
                 _op("Reshape", ["f", "km1"], "v")],
     "Split": [helper.make_node("Split", ["s", "k12"], ["first", "v"], axis=0)],
@@ -163,7 +221,7 @@ VALUE_CASES = {
 }
 
 VALUE_CONSTS = {name: np.array(v, np.int64) for name, v in {
-    "k0": [0], "k1": [1], "k2": [2], "k3": [3], "k5": [5], "k7": [7], "km1": [-1], "k12": [1, 2], "k31": [3, 1],
+    "k0": [0], "k1": [1], "k2": [2], "k3": [3], "k5": [5], "k7": [7], "km1": [-1], "k12": [1, 2], "k31": [3, 1], "k23": [2, 3],
     "k123": [1, 2, 3], "k012": [0, 1, 2], "k213": [2, 1, 3], "k124": [1, 2, 4], "k2_6_10": [2, 6, 10],
     "k_big": [20, 20, 30], "i20": [2, 0]}.items()}
 
