@@ -49,12 +49,12 @@ def _convert(model, profile, tmp_path) -> bytes:
     return plan.read_bytes()
 
 
-def _serves(model, profile, shapes, dtype=np.float32, atol=1e-5, tmp_path=None):
-    """Build `model` on cpu for Profile `profile` of input "x" (through `polykit convert` when
+def serves(model, profile, shapes, dtype=np.float32, atol=1e-5, tmp_path=None, target="cpu"):
+    """Build `model` on `target` for Profile `profile` of input "x" (through `polykit convert` when
     `tmp_path` is given) and run it at each of `shapes` against onnxruntime (shape and values)."""
     plan = _convert(model, profile, tmp_path) if tmp_path is not None else \
-        build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": profile})],
-                                        builder_optimization_level=0)).serialize()
+        build_plan(model, BuilderConfig(target=target, profiles=[Profile({"x": profile})],
+                                        builder_optimization_level=0 if target == "cpu" else 3)).serialize()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
         for shape in shapes:
@@ -65,12 +65,89 @@ def _serves(model, profile, shapes, dtype=np.float32, atol=1e-5, tmp_path=None):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol, err_msg=str(shape))
 
 
-# ---- cause 6: a dim the profile keeps fixed is that value ------------------------------------------
+def _op(op, inputs, out, **attrs):
+    return helper.make_node(op, inputs, [out], **attrs)
+
+
+def _ints(**consts) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, np.int64) for k, v in consts.items()}
+
+
+# ---- the issue's patterns: one small model per cause ---------------------------------------------------
+IMAGE_PROFILE = ((1, 3, 8, 8), (2, 3, 16, 16), (3, 3, 20, 20))
+IMAGE_SHAPES = [(1, 3, 8, 8), (2, 3, 11, 13), (3, 3, 20, 20)]
+WINDOW = 7
+
+
+def relu_model() -> onnx.ModelProto:
+    """Cause 6: dynamic (b, c, h, w), a profile that moves only b."""
+    return _model([_op("Relu", ["x"], "y")])
+
+
+def resize_scales_model(scale: float = 2.0, mode: str = "nearest") -> onnx.ModelProto:
+    """Cause 1: F.interpolate(x, scale_factor=scale)."""
+    return _model([_op("Resize", ["x", "", "scales"], "y", mode=mode)],
+                  {"scales": np.array([1, 1, scale, scale], np.float32)})
+
+
+def resize_sizes_model() -> onnx.ModelProto:
+    """Cause 1: F.interpolate(x, size=(2h, w + 3)): Shape -> Slice -> Mul/Add -> Concat -> Resize(sizes)."""
+    nodes = [_op("Shape", ["x"], "s"), _op("Slice", ["s", "zero", "two"], "nc"),
+             _op("Gather", ["s", "two"], "h"), _op("Mul", ["h", "two"], "h2"),
+             _op("Gather", ["s", "three"], "w"), _op("Add", ["w", "three"], "w3"),
+             _op("Concat", ["nc", "h2", "w3"], "sizes", axis=0), _op("Resize", ["x", "", "", "sizes"], "y", mode="linear")]
+    return _model(nodes, _ints(zero=[0], two=[2], three=[3]))
+
+
+def swin_pad_model() -> onnx.ModelProto:
+    """Cause 2: F.pad(x, (0, (-W) % 7, 0, (-H) % 7)) as the TorchScript exporter writes it: Shape -> Gather
+    -> Neg -> Mod -> Concat -> Reshape (4, 2) -> Slice reversed -> Transpose -> Reshape -> Cast -> Pad."""
+    nodes = [_op("Shape", ["x"], "s"),
+             _op("Gather", ["s", "i2"], "h"), _op("Neg", ["h"], "nh"), _op("Mod", ["nh", "window"], "ph"),
+             _op("Gather", ["s", "i3"], "w"), _op("Sub", ["zero", "w"], "nw"), _op("Mod", ["nw", "window"], "pw"),
+             _op("Concat", ["zero", "pw", "zero", "ph"], "p4", axis=0),  # torch's order: last dim first
+             _op("ConstantOfShape", ["four"], "z4", value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+             _op("Concat", ["p4", "z4"], "p8", axis=0), _op("Reshape", ["p8", "shape42"], "p42"),
+             _op("Slice", ["p42", "m1", "low", "zero", "m1"], "rev"), _op("Transpose", ["rev"], "t", perm=[1, 0]),
+             _op("Reshape", ["t", "m1"], "flat"), _op("Cast", ["flat"], "pads", to=TensorProto.INT64),
+             _op("Pad", ["x", "pads"], "y")]
+    return _model(nodes, _ints(i2=[2], i3=[3], window=[WINDOW], zero=[0], four=[4], shape42=[4, 2], m1=[-1],
+                               low=[-(2 ** 62)]))
+
+
+def window_partition_model() -> onnx.ModelProto:
+    """Cause 3: x.view(B, H // 7, 7, W // 7, 7, C)... .reshape(B * (H // 7) * (W // 7), 49 * C, -1): Div and
+    Mul of static dims read by Shape() times the dynamic batch."""
+    nodes = [_op("Shape", ["x"], "s"), _op("Gather", ["s", "i0"], "b"),
+             _op("Gather", ["s", "i2"], "h"), _op("Div", ["h", "window"], "nh"),
+             _op("Gather", ["s", "i3"], "w"), _op("Div", ["w", "window"], "nw"),
+             _op("Mul", ["nh", "nw"], "windows"), _op("Mul", ["b", "windows"], "bw"),
+             _op("Unsqueeze", ["bw", "i0v"], "bw1"),
+             _op("Concat", ["bw1", "c49", "m1"], "target", axis=0), _op("Reshape", ["x", "target"], "y")]
+    return _model(nodes, _ints(i0=0, i2=2, i3=3, window=WINDOW, i0v=[0], c49=[3 * 49], m1=[-1]))
+
+
+#: pattern -> (model, profile of "x", shapes run: min, odd ones, max)
+PATTERNS = {
+    "batch_only_relu": (relu_model, ((1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)),
+                        [(1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)]),
+    "resize_scale_2_nearest": (resize_scales_model, IMAGE_PROFILE, IMAGE_SHAPES),
+    "resize_scale_0.5_linear": (lambda: resize_scales_model(0.5, "linear"), IMAGE_PROFILE, IMAGE_SHAPES),
+    "resize_scale_1.5_nearest": (lambda: resize_scales_model(1.5, "nearest"), IMAGE_PROFILE, IMAGE_SHAPES),
+    "resize_scale_0.7_linear": (lambda: resize_scales_model(0.7, "linear"), IMAGE_PROFILE, IMAGE_SHAPES),
+    "resize_sizes_from_shape": (resize_sizes_model, IMAGE_PROFILE, IMAGE_SHAPES),
+    "swin_pad": (swin_pad_model, ((1, 3, 8, 8), (2, 3, 16, 14), (3, 3, 28, 29)),
+                 [(1, 3, 8, 8), (2, 3, 13, 9), (3, 3, 28, 29)]),
+    "window_partition_batch_only": (window_partition_model, ((1, 3, 14, 21), (2, 3, 14, 21), (4, 3, 14, 21)),
+                                    [(1, 3, 14, 21), (3, 3, 14, 21), (4, 3, 14, 21)]),
+}
+
+
 @pytest.mark.usefixtures("fresh_plugins")
-def test_model_dims_a_batch_only_profile_keeps_fixed_take_the_profile_value(tmp_path):
-    model = _model([helper.make_node("Relu", ["x"], ["y"])])
-    _serves(model, ((1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)), [(1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)],
-            tmp_path=tmp_path)
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_pattern_built_by_convert_for_a_profile_matches_onnxruntime_at_min_odd_and_max(pattern, tmp_path):
+    make, profile, shapes = PATTERNS[pattern]
+    serves(make(), profile, shapes, tmp_path=tmp_path)
 
 
 def test_resnet_with_dynamic_image_dims_builds_for_a_batch_only_profile():
@@ -86,41 +163,15 @@ def test_resnet_with_dynamic_image_dims_builds_for_a_batch_only_profile():
             np.testing.assert_allclose(got, session.run(["logits"], feeds)[0], rtol=1e-4, atol=1e-4)
 
 
-# ---- cause 1: Resize output dims are expressions of its input dims ------------------------------------
-IMAGE_PROFILE = ((1, 3, 8, 8), (2, 3, 16, 16), (3, 3, 20, 20))
-IMAGE_SHAPES = [(1, 3, 8, 8), (2, 3, 11, 13), (3, 3, 20, 20)]
-
-
-@pytest.mark.usefixtures("fresh_plugins")
-@pytest.mark.parametrize("scale,mode", [(2.0, "nearest"), (0.5, "linear"), (1.5, "nearest"), (0.7, "linear")])
-def test_resize_with_constant_scales_gives_floor_of_dim_times_scale(scale, mode, tmp_path):
-    model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)],
-                   {"scales": np.array([1, 1, scale, scale], np.float32)})
-    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES, tmp_path=tmp_path)
-
-
 def test_resize_of_chosen_axes_scales_only_those():
-    model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", axes=[3, 2])],
+    model = _model([_op("Resize", ["x", "", "scales"], "y", mode="nearest", axes=[3, 2])],
                    {"scales": np.array([3.0, 2.0], np.float32)}, opset=18)
-    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES)
-
-
-@pytest.mark.usefixtures("fresh_plugins")
-def test_resize_to_sizes_computed_from_shape_takes_their_expressions(tmp_path):
-    # F.interpolate(x, size=(2h, w + 3)): Shape -> Slice -> Mul/Add -> Concat -> Resize(sizes)
-    nodes = [helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Slice", ["s", "zero", "two"], ["nc"]),
-             helper.make_node("Gather", ["s", "two"], ["h"]), helper.make_node("Mul", ["h", "two"], ["h2"]),
-             helper.make_node("Gather", ["s", "three"], ["w"]), helper.make_node("Add", ["w", "three"], ["w3"]),
-             helper.make_node("Concat", ["nc", "h2", "w3"], ["sizes"], axis=0),
-             helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")]
-    model = _model(nodes, {"zero": np.array([0]), "two": np.array([2]), "three": np.array([3])})
-    _serves(model, IMAGE_PROFILE, IMAGE_SHAPES, tmp_path=tmp_path)
+    serves(model, IMAGE_PROFILE, IMAGE_SHAPES)
 
 
 def test_resize_that_keeps_the_aspect_ratio_of_dynamic_dims_is_an_error_naming_the_resize():
-    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], mode="nearest", axes=[2, 3],
-                              keep_aspect_ratio_policy="not_larger"),
+    nodes = [_op("Resize", ["x", "", "", "sizes"], "r", mode="nearest", axes=[2, 3],
+                 keep_aspect_ratio_policy="not_larger"),
              helper.make_node("Relu", ["r"], ["y"], name="after")]
     model = _model(nodes, {"sizes": np.array([32, 32])}, opset=18)
     with pytest.raises(ShapeError) as info:
@@ -128,55 +179,10 @@ def test_resize_that_keeps_the_aspect_ratio_of_dynamic_dims_is_an_error_naming_t
     assert "Resize" in info.value.where and "keep_aspect_ratio_policy" in info.value.what
 
 
-# ---- cause 2, 3: Swin's window padding and window partition -------------------------------------------
-WINDOW = 7
-
-
-@pytest.mark.usefixtures("fresh_plugins")
-def test_swin_window_padding_chain_of_mod_and_transpose_gives_pad_an_expression(tmp_path):
-    # F.pad(x, (0, (-W) % 7, 0, (-H) % 7)) as the TorchScript exporter writes it: Shape -> Gather -> Neg ->
-    # Mod -> Concat -> Reshape (4, 2) -> Slice reversed -> Transpose -> Reshape -> Cast -> Pad
-    nodes = [_op("Shape", ["x"], "s"),
-             _op("Gather", ["s", "i2"], "h"), _op("Neg", ["h"], "nh"), _op("Mod", ["nh", "window"], "ph"),
-             _op("Gather", ["s", "i3"], "w"), _op("Sub", ["zero", "w"], "nw"), _op("Mod", ["nw", "window"], "pw"),
-             _op("Concat", ["zero", "pw", "zero", "ph"], "p4", axis=0),  # torch's order: last dim first
-             _op("ConstantOfShape", ["four"], "z4", value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
-             _op("Concat", ["p4", "z4"], "p8", axis=0), _op("Reshape", ["p8", "shape42"], "p42"),
-             _op("Slice", ["p42", "m1", "low", "zero", "m1"], "rev"), _op("Transpose", ["rev"], "t", perm=[1, 0]),
-             _op("Reshape", ["t", "m1"], "flat"), _op("Cast", ["flat"], "pads", to=TensorProto.INT64),
-             _op("Pad", ["x", "pads"], "y")]
-    consts = {"i2": np.array([2]), "i3": np.array([3]), "window": np.array([WINDOW]), "zero": np.array([0]),
-              "four": np.array([4]), "shape42": np.array([4, 2]),
-              "m1": np.array([-1]), "low": np.array([-(2 ** 62)])}
-    consts = {k: np.asarray(v, np.int64) for k, v in consts.items()}
-    _serves(_model(nodes, consts), ((1, 3, 8, 8), (2, 3, 16, 14), (3, 3, 28, 29)),
-            [(1, 3, 8, 8), (2, 3, 13, 9), (3, 3, 28, 29)], tmp_path=tmp_path)
-
-
-@pytest.mark.usefixtures("fresh_plugins")
-def test_div_and_mul_of_static_dims_read_by_shape_feed_reshape_under_a_batch_only_profile(tmp_path):
-    # window partition: x.view(B, H // 7, 7, W // 7, 7, C) ... .reshape(B * (H // 7) * (W // 7), 49, C)
-    nodes = [_op("Shape", ["x"], "s"), _op("Gather", ["s", "i0"], "b"),
-             _op("Gather", ["s", "i2"], "h"), _op("Div", ["h", "window"], "nh"),
-             _op("Gather", ["s", "i3"], "w"), _op("Div", ["w", "window"], "nw"),
-             _op("Mul", ["nh", "nw"], "windows"), _op("Mul", ["b", "windows"], "bw"),
-             _op("Unsqueeze", ["bw", "i0v"], "bw1"),
-             _op("Concat", ["bw1", "c49", "m1"], "target", axis=0), _op("Reshape", ["x", "target"], "y")]
-    consts = {"i0": np.array(0), "i2": np.array(2), "i3": np.array(3), "window": np.array(WINDOW),
-              "i0v": np.array([0]), "c49": np.array([3 * 49]), "m1": np.array([-1])}
-    consts = {k: np.asarray(v, np.int64) for k, v in consts.items()}
-    _serves(_model(nodes, consts), ((1, 3, 14, 21), (2, 3, 14, 21), (4, 3, 14, 21)),
-            [(1, 3, 14, 21), (3, 3, 14, 21), (4, 3, 14, 21)], tmp_path=tmp_path)
-
-
 # ---- cause 2, 3: every op of shape chains is evaluated over symbolic dims ---------------------------
 HWC = ["b", "h", "w"]
 HWC_PROFILE = ((1, 4, 6), (2, 8, 12), (3, 12, 20))
 HWC_SHAPES = [(1, 4, 6), (3, 5, 7)]
-
-
-def _op(op, inputs, out, **attrs):
-    return helper.make_node(op, inputs, [out], **attrs)
 
 
 #: op -> the nodes computing shape vector "v" (int64, elements >= 0) from "s" = Shape(x), x of dims (b, h, w)
@@ -226,7 +232,7 @@ VALUE_CONSTS = {name: np.array(v, np.int64) for name, v in {
     "k_big": [20, 20, 30], "i20": [2, 0]}.items()}
 
 
-def _value_model(op: str) -> onnx.ModelProto:
+def value_model(op: str) -> onnx.ModelProto:
     """x (b, h, w) -> s = Shape(x) -> VALUE_CASES[op] -> v; y = ConstantOfShape(v, 1) * sum(x): a
     tensor whose shape is v's values, which the build needs as expressions of b, h and w."""
     nodes = [_op("Shape", ["x"], "s" if VALUE_CASES[op] else "v"), *VALUE_CASES[op],
@@ -237,7 +243,7 @@ def _value_model(op: str) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("op", sorted(VALUE_CASES))
 def test_shape_chain_op_is_evaluated_over_dim_expressions(op):
-    _serves(_value_model(op), HWC_PROFILE, HWC_SHAPES, atol=1e-4)
+    serves(value_model(op), HWC_PROFILE, HWC_SHAPES, atol=1e-4)
 
 
 def test_the_table_of_evaluated_ops_is_the_set_tested_one_by_one():
@@ -252,7 +258,7 @@ def test_integer_div_truncates_toward_zero_and_mod_with_fmod_takes_the_dividends
              _op("Mul", ["q", "r"], "qr"), _op("Abs", ["qr"], "v"),
              _op("ConstantOfShape", ["v"], "y", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))]
     consts = {**VALUE_CONSTS, "k124b": np.array([3, 4, 5], np.int64)}
-    _serves(_model(nodes, consts, x_dims=HWC), HWC_PROFILE, [(1, 4, 6), (3, 5, 7), (2, 11, 19)])
+    serves(_model(nodes, consts, x_dims=HWC), HWC_PROFILE, [(1, 4, 6), (3, 5, 7), (2, 11, 19)])
 
 
 # ---- errors name the node that stopped the expression ------------------------------------------------
