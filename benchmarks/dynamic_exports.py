@@ -27,6 +27,9 @@ CASES = {
                          ((1, 3, 224, 224), (2, 3, 224, 224), (3, 3, 224, 224)), (2, 3, 224, 224)),
     "fcn_resnet50": ("fcn_resnet50", {0: "batch", 2: "height", 3: "width"}, (1, 3, 128, 128),
                      ((1, 3, 128, 128), (1, 3, 192, 192), (2, 3, 256, 256)), (1, 3, 160, 224)),
+    "deeplabv3_mobilenet_v3_large": ("deeplabv3_mobilenet_v3_large", {0: "batch", 2: "height", 3: "width"},
+                                     (1, 3, 128, 128), ((1, 3, 128, 128), (1, 3, 192, 192), (2, 3, 256, 256)),
+                                     (1, 3, 160, 224)),
 }
 
 
@@ -42,11 +45,11 @@ def export(out: Path, cases: list[str]) -> None:
     for case in cases:
         name, axes, shape, _, _ = CASES[case]
         torch.manual_seed(0)
-        if name.startswith("fcn"):
+        if name.startswith(("fcn", "deeplab")):
             module = getattr(segmentation, name)(weights=None, weights_backbone=None, aux_loss=False)
         else:
             module = getattr(torchvision.models, name)(weights=None)
-        model = single_output(module.eval(), ("x",), torch) if name.startswith("fcn") else module.eval()
+        model = single_output(module.eval(), ("x",), torch) if name.startswith(("fcn", "deeplab")) else module.eval()
         torch.onnx.export(model, (torch.randn(*shape),), str(out / f"{case}.onnx"), input_names=["x"],
                           output_names=["out"], opset_version=17, dynamo=False, dynamic_axes={"x": axes})
         print(f"exported {case}", flush=True)
