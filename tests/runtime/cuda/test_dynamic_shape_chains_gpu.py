@@ -23,7 +23,7 @@ def test_shape_chain_op_cuda_plan_matches_onnxruntime(op):
     serves(value_model(op), HWC_PROFILE, HWC_SHAPES, atol=1e-3, target="cuda")
 
 
-@pytest.mark.parametrize("case", ["swin_t_dyn_batch", "swin_t_dyn_hw", "fcn_resnet50"])
+@pytest.mark.parametrize("case", ["swin_t_dyn_batch", "swin_t_dyn_hw", "fcn_resnet50", "deeplabv3_mobilenet_v3_large"])
 def test_torchvision_export_with_dynamic_axes_matches_onnxruntime_on_cuda(case, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("torchvision")
