@@ -5,11 +5,13 @@ Two steps, so the export can run in a torch environment without polykit's depend
     python benchmarks/dynamic_exports.py export --out DIR     # torch, torchvision: writes DIR/<case>.onnx
     PYTHONPATH=. python benchmarks/dynamic_exports.py check --dir DIR [--target cpu] [--cases ...]
 
-`export` writes each case with the TorchScript exporter (`dynamo=False`, opset 17, random weights,
-torch seeded) and the dynamic axes of CASES; `check` builds each with `BuilderConfig(profiles=...)`
-(what `polykit convert --trt-min/opt/max-shapes` passes) and runs the plan at the profile's min, an
-odd shape inside it and max against onnxruntime, printing the build error or the max abs difference
-per shape (issue 33's check: Swin's window padding and Div/Mul shape chains, FCN's upsampling).
+`export` writes each case with the TorchScript exporter (`dynamo=False`, opset 17, the zoo's model:
+random weights, BatchNorm statistics estimated by benchmarks/zoo_models.prepare, torch seeded) and
+the dynamic axes of CASES; `check` builds each with `BuilderConfig(profiles=...)` (what `polykit
+convert --trt-min/opt/max-shapes` passes) and runs the plan at the profile's min, an odd shape inside
+it and max against onnxruntime, printing the build error or the max abs difference per shape (issue
+33's check: Swin's window padding and Div/Mul shape chains, FCN's and DeepLabV3's upsampling). The
+GPU suite runs it on cuda where torch is installed (tests/runtime/cuda/test_dynamic_shape_chains_gpu.py).
 """
 
 from __future__ import annotations
@@ -35,21 +37,17 @@ CASES = {
 
 def export(out: Path, cases: list[str]) -> None:
     import torch
-    import torchvision
-    from torchvision.models import segmentation
 
     sys.path.insert(0, str(Path(__file__).parent))
     from torch_export import single_output
+    from zoo_models import BY_NAME, prepare
 
     out.mkdir(parents=True, exist_ok=True)
     for case in cases:
         name, axes, shape, _, _ = CASES[case]
         torch.manual_seed(0)
-        if name.startswith(("fcn", "deeplab")):
-            module = getattr(segmentation, name)(weights=None, weights_backbone=None, aux_loss=False)
-        else:
-            module = getattr(torchvision.models, name)(weights=None)
-        model = single_output(module.eval(), ("x",), torch) if name.startswith(("fcn", "deeplab")) else module.eval()
+        zoo = BY_NAME[name]  # random weights, BatchNorm statistics estimated so activations mean something
+        model = single_output(prepare(zoo, zoo.make().eval(), torch), ("x",), torch)
         torch.onnx.export(model, (torch.randn(*shape),), str(out / f"{case}.onnx"), input_names=["x"],
                           output_names=["out"], opset_version=17, dynamo=False, dynamic_axes={"x": axes})
         print(f"exported {case}", flush=True)

@@ -127,6 +127,16 @@ def window_partition_model() -> onnx.ModelProto:
     return _model(nodes, _ints(i0=0, i2=2, i3=3, window=WINDOW, i0v=[0], c49=[3 * 49], m1=[-1]))
 
 
+def resize_recomputed_sizes_model() -> onnx.ModelProto:
+    """Cause 1: F.interpolate(x, scale_factor=1.5, recompute_scale_factor=True): sizes floor(float(h) * 1.5)
+    computed in float (Shape -> Slice -> Cast -> Mul -> Floor -> Cast -> Concat -> Resize(sizes))."""
+    nodes = [_op("Shape", ["x"], "s"), _op("Slice", ["s", "zero", "two"], "nc"), _op("Slice", ["s", "two", "four"], "hw"),
+             _op("Cast", ["hw"], "f", to=TensorProto.FLOAT), _op("Mul", ["f", "scale"], "m"), _op("Floor", ["m"], "fl"),
+             _op("Cast", ["fl"], "hw2", to=TensorProto.INT64), _op("Concat", ["nc", "hw2"], "sizes", axis=0),
+             _op("Resize", ["x", "", "", "sizes"], "y", mode="linear")]
+    return _model(nodes, {**_ints(zero=[0], two=[2], four=[4]), "scale": np.array([1.5, 1.5], np.float32)})
+
+
 #: pattern -> (model, profile of "x", shapes run: min, odd ones, max)
 PATTERNS = {
     "batch_only_relu": (relu_model, ((1, 4, 8, 8), (2, 4, 8, 8), (3, 4, 8, 8)),
@@ -136,6 +146,7 @@ PATTERNS = {
     "resize_scale_1.5_nearest": (lambda: resize_scales_model(1.5, "nearest"), IMAGE_PROFILE, IMAGE_SHAPES),
     "resize_scale_0.7_linear": (lambda: resize_scales_model(0.7, "linear"), IMAGE_PROFILE, IMAGE_SHAPES),
     "resize_sizes_from_shape": (resize_sizes_model, IMAGE_PROFILE, IMAGE_SHAPES),
+    "resize_recomputed_sizes": (resize_recomputed_sizes_model, IMAGE_PROFILE, IMAGE_SHAPES),
     "swin_pad": (swin_pad_model, ((1, 3, 8, 8), (2, 3, 16, 14), (3, 3, 28, 29)),
                  [(1, 3, 8, 8), (2, 3, 13, 9), (3, 3, 28, 29)]),
     "window_partition_batch_only": (window_partition_model, ((1, 3, 14, 21), (2, 3, 14, 21), (4, 3, 14, 21)),
@@ -220,16 +231,23 @@ VALUE_CASES = {
     "Cast": [_op("Cast", ["s"], "c32", to=TensorProto.INT32), _op("Cast", ["c32"], "v", to=TensorProto.INT64)],
     "CastLike": [_op("CastLike", ["s", "k0"], "v")],
     "Size": [_op("Size", ["x"], "n"), _op("Unsqueeze", ["n", "k0"], "v")],
+    # float arithmetic of dims (int(h * 0.7), ceil(w / 3 + 0.5)): Cast -> Mul/Div/Add/Sub/Neg -> Floor/Ceil -> Cast
+    "Floor": [_op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Mul", ["f", "f07"], "m"),
+              _op("Sub", ["m", "f05"], "d"), _op("Floor", ["d"], "fl"), _op("Cast", ["fl"], "v", to=TensorProto.INT64)],
+    "Ceil": [_op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Div", ["f", "f3"], "q"), _op("Neg", ["q"], "n"),
+             _op("Add", ["n", "f20"], "a"), _op("Ceil", ["a"], "c"), _op("Cast", ["c"], "v", to=TensorProto.INT64)],
     "ReduceProd": [_op("ReduceProd", ["s"], "v", axes=[0], keepdims=1)],
     "ReduceSum": [_op("ReduceSum", ["s", "k0"], "v", keepdims=1)],
     "ReduceMax": [_op("ReduceMax", ["s"], "v", axes=[0], keepdims=1)],
     "ReduceMin": [_op("ReduceMin", ["s"], "v", axes=[0], keepdims=1)],
 }
 
-VALUE_CONSTS = {name: np.array(v, np.int64) for name, v in {
+VALUE_CONSTS = {"f07": np.array([1.0, 0.7, 0.7], np.float32), "f05": np.array([0.0, 0.5, 0.5], np.float32),
+                "f3": np.array([1.0, 3.0, 3.0], np.float32), "f20": np.array([20.0, 20.0, 30.0], np.float32),
+                **{name: np.array(v, np.int64) for name, v in {
     "k0": [0], "k1": [1], "k2": [2], "k3": [3], "k5": [5], "k7": [7], "km1": [-1], "k12": [1, 2], "k31": [3, 1], "k23": [2, 3],
     "k123": [1, 2, 3], "k012": [0, 1, 2], "k213": [2, 1, 3], "k124": [1, 2, 4], "k2_6_10": [2, 6, 10],
-    "k_big": [20, 20, 30], "i20": [2, 0]}.items()}
+    "k_big": [20, 20, 30], "i20": [2, 0]}.items()}}
 
 
 def value_model(op: str) -> onnx.ModelProto:
@@ -266,14 +284,13 @@ def _ones_of(shape_tensor):
     return _op("ConstantOfShape", [shape_tensor], "y", value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
 
 
-def test_float_arithmetic_in_a_shape_chain_is_an_error_naming_the_consumer_and_the_cast():
-    nodes = [_op("Shape", ["x"], "s"), _op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Mul", ["f", "half"], "hf"),
-             _op("Floor", ["hf"], "fl"), _op("Cast", ["fl"], "v", to=TensorProto.INT64), _ones_of("v")]
-    model = _model(nodes, {"half": np.array([1, 0.5, 0.5], np.float32)}, x_dims=HWC)
+def test_a_shape_chain_op_without_dim_expressions_is_an_error_naming_the_consumer_and_the_op():
+    nodes = [_op("Shape", ["x"], "s"), _op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Sqrt", ["f"], "root"),
+             _op("Floor", ["root"], "fl"), _op("Cast", ["fl"], "v", to=TensorProto.INT64), _ones_of("v")]
     with pytest.raises(BuildError) as info:
-        build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": HWC_PROFILE})]))
+        build_plan(_model(nodes, x_dims=HWC), BuilderConfig(target="cpu", profiles=[Profile({"x": HWC_PROFILE})]))
     assert "ConstantOfShape" in info.value.where
-    assert "'f'" in info.value.what and "float arithmetic" in info.value.what
+    assert "'root'" in info.value.what and "Sqrt is not evaluated over symbolic dims" in info.value.what
 
 
 def test_a_sign_decided_at_opt_that_flips_in_the_profile_names_the_node_that_decided_it():

@@ -17,6 +17,7 @@ import numpy as np
 
 from polykit.compiler.ir.dtypes import is_float, to_numpy
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.graph.dim_ratios import RATIO_OPS, DimRatio, from_ratios, holds_ratios, to_ratios
 from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
 from polykit.compiler.ir.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
@@ -45,10 +46,10 @@ def _ruled_floats(value: np.ndarray | None) -> bool:
 
 
 def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """An object array without SymInts (or RuledFloats) becomes a `dtype` (default int64) array;
-    with them it stays an object array."""
+    """An object array without SymInts (or RuledFloats, DimRatios) becomes a `dtype` (default int64)
+    array; with them it stays an object array."""
     arr = np.asarray(value, dtype=object)
-    if not any(isinstance(v, (SymInt, RuledFloat)) for v in arr.ravel()):
+    if not any(isinstance(v, (SymInt, RuledFloat, DimRatio)) for v in arr.ravel()):
         return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
     return arr
 
@@ -56,9 +57,9 @@ def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
 def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict[str, np.ndarray]:
     """The symbolic values among `known` (infer_shapes' result) but `inputs`: tensors a plan
     computes on the host from the input dims at run time instead of running their layers (not a
-    float cast of a ruled value: its layer runs; only shape rules read it)."""
+    float value, a ruled one's or dims': its layer runs; only shape chains and rules read it)."""
     return {name: value for name, value in known.items()
-            if is_symbolic(value) and not _ruled_floats(value) and name not in inputs}
+            if is_symbolic(value) and not _ruled_floats(value) and not holds_ratios(value) and name not in inputs}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
@@ -81,6 +82,8 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
         return _float_cast(node, args[0], graph)
     if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
         return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
+    if any(map(holds_ratios, args)) and node.op_type not in MOVEMENT_OPS:
+        fn = RATIO_OPS.get(node.op_type)  # float arithmetic of dims (polykit.compiler.graph.dim_ratios)
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
         return None
     try:
@@ -139,19 +142,26 @@ CAST_OPS = frozenset({"Cast", "CastLike"})
 
 def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray] | None:
     """Cast (CastLike) of dims: int32/int64 stay dims; a float type of values over ruled symbols
-    gives RuledFloats (a Range of a window's length reads them by its rule at bind time); else none."""
+    gives RuledFloats (a Range of a window's length reads them by its rule at bind time), of other
+    dims DimRatios (float arithmetic of dims, dim_ratios); float dims cast to ints are truncated."""
     dtype = graph.value(node.outputs[0]).dtype
     if dtype is None and node.op_type == "Cast" and "to" in node.attrs:  # a step inside a fused Pointwise node
         dtype = to_numpy(int(node.attrs["to"]))
-    if dtype is not None and np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64)):
-        return [settle(value, dtype)]
-    ruled = graph.metadata.get(RULED) or set()
-    if dtype is None or not is_float(dtype) or not ruled or \
-            not all(isinstance(v, SymInt) and v.expr.symbols() & ruled for v in value.ravel()):
+    if dtype is None or _ruled_floats(value):
         return None
-    out = np.empty(value.shape, dtype=object)
-    out.ravel()[:] = [RuledFloat(float(v), v.expr) for v in value.ravel()]
-    return [out]
+    ints = np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64))
+    if holds_ratios(value):  # float dims: truncated to ints, or kept
+        return [settle(from_ratios(value), dtype)] if ints else [value] if is_float(dtype) else None
+    if ints:
+        return [settle(value, dtype)]
+    if not is_float(dtype):
+        return None
+    ruled = graph.metadata.get(RULED) or set()
+    if ruled and all(isinstance(v, SymInt) and v.expr.symbols() & ruled for v in value.ravel()):
+        out = np.empty(value.shape, dtype=object)
+        out.ravel()[:] = [RuledFloat(float(v), v.expr) for v in value.ravel()]
+        return [out]
+    return [to_ratios(value)]
 
 
 @value_op("Gather")
@@ -270,8 +280,8 @@ def _extreme(op: str, a: int, b: int) -> int:
 
 
 #: every op whose outputs shape inference computes over symbolic shape values (docs/DYNAMIC_SHAPES.md's
-#: table): Shape and Size make them, casts keep them, the rest compute on them
-EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS)
+#: table): Shape and Size make them, casts keep them, the rest compute on them (RATIO_OPS on float dims)
+EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS | set(RATIO_OPS))
 
 
 def stopped_expression(graph: Graph, known: dict, name: str) -> "tuple[Node | None, str]":
@@ -309,25 +319,22 @@ def _stopper(node: Node, known: dict, graph: Graph) -> str:
     """What stops `node` (a fused Pointwise group: its first step that does) from giving a value."""
     if node.domain == POLYKIT_DOMAIN and node.op_type == "Pointwise":
         for step in node.attrs.get("body", ()):
-            dtype = to_numpy(int(step["attrs"]["to"])) if step["op"] == "Cast" and "to" in step["attrs"] else None
-            if step["op"] not in EVALUATED_OPS or (dtype is not None and is_float(dtype)):
-                return f"its fused step {step['op']} -> {step['outputs'][0]!r}: " + \
-                    _op_stopper(step["op"], [], dtype is not None and is_float(dtype))
+            if step["op"] not in EVALUATED_OPS:
+                return f"its fused step {step['op']} -> {step['outputs'][0]!r}: " + _op_stopper(step["op"], [])
         return "a fused step over these values gives none"
-    args = [known.get(i) for i in node.inputs if i]
-    to_float = node.op_type in CAST_OPS and is_float(graph.value(node.outputs[0]).dtype or np.int64)
     if node.domain not in ("", "ai.onnx"):
         return f"{node.domain} ops are not evaluated over symbolic dims"
-    return _op_stopper(node.op_type, args, to_float)
+    return _op_stopper(node.op_type, [known.get(i) for i in node.inputs if i])
 
 
-def _op_stopper(op: str, args: list, to_float: bool) -> str:
-    if to_float or any(a is not None and a.dtype.kind == "f" for a in args):
-        return "float arithmetic of dims has no dim expression (keep the chain in integers: // instead of / and int())"
-    if op not in EVALUATED_OPS:
-        return f"{op} is not evaluated over symbolic dims (shape_values.EVALUATED_OPS lists those that are)"
+def _op_stopper(op: str, args: list) -> str:
+    floats = any(a is not None and (a.dtype.kind == "f" or holds_ratios(a)) for a in args)
+    if op not in EVALUATED_OPS or (floats and op not in RATIO_OPS and op not in CAST_OPS | MOVEMENT_OPS):
+        return f"{op} is not evaluated over symbolic dims" + \
+            (" of a float type (dim_ratios.RATIO_OPS lists those that are)" if floats else
+             " (shape_values.EVALUATED_OPS lists those that are)")
     return f"its operands {[a.tolist() if a is not None else None for a in args]} give no value (a division by " \
-           f"zero, a sign or comparison that differs)"
+           f"zero or by a dim expression, a sign or comparison that differs)"
 
 
 def _small(shape: "tuple | None") -> bool:

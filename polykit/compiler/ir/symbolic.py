@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
@@ -351,6 +352,23 @@ def ceil_div(a: int, b: int) -> int:
     if isinstance(a, SymInt) or isinstance(b, SymInt):
         return SymInt(_cdiv(int(a), int(b)), divide("cdiv", term_of(a), term_of(b)))
     return _cdiv(a, b)
+
+
+def float32_fraction(f: float) -> Fraction:
+    """The fraction with the smallest denominator (a power of two at most) that rounds to float32
+    `f`: what a model's float constant means (0.5 -> 1/2, 0.7f -> 7/10), so floor(dim * f) as an
+    expression (dim * 7) // 10 agrees with the float32 product wherever dim * 10 stays far below 2**23."""
+    f = np.float32(f)
+    if not np.isfinite(f):
+        raise ValueError(f"{f} is no fraction")
+    exact = Fraction(float(f))
+    half_ulp = Fraction(float(np.spacing(f))) / 2
+    limit = 1
+    while True:
+        ratio = exact.limit_denominator(limit)
+        if abs(ratio - exact) <= half_ulp:
+            return ratio
+        limit *= 2
 
 
 def is_dynamic(dims: Any) -> bool:

@@ -11,12 +11,10 @@ Canonical form: Resize(X, roi, scales, sizes) with opset 19 attributes; omitted 
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 
 from polykit.compiler.ir.graph import Dim, Node
-from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ir.symbolic import SymInt, float32_fraction
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError, ShapeError
 
@@ -136,25 +134,13 @@ def _scaled(d: int, f: np.float32, where: str) -> int:
     value = int(np.floor(np.float32(int(d)) * f))
     if not isinstance(d, SymInt) or f == 1:
         return d if f == 1 else value
-    ratio = scale_fraction(f)
+    ratio = float32_fraction(f)
     dim = d * ratio.numerator // ratio.denominator
     if int(dim) != value:
         raise ShapeError(f"scale {float(f)!r} of dynamic dim {d.expr} gives {value} in float32 but "
                          f"{ratio.numerator}/{ratio.denominator} of it gives {int(dim)}", where=where,
                          hint="use a scale that is a small fraction (2, 0.5, 1.5, ...) or pin the dim")
     return dim
-
-
-def scale_fraction(f: np.float32) -> Fraction:
-    """The fraction with the smallest denominator (a power of two at most) that rounds to float32 `f`."""
-    exact = Fraction(float(f))
-    half_ulp = Fraction(float(np.spacing(np.float32(f)))) / 2
-    limit = 1
-    while True:
-        ratio = exact.limit_denominator(limit)
-        if abs(ratio - exact) <= half_ulp:
-            return ratio
-        limit *= 2
 
 
 @shape_rule("Resize")
