@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import operator
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from polykit.compiler.ir.symbolic import MAX_VALUE, SymInt, bounds, ceil_div, evaluate, expr_from_json, expr_to_json, \
-    remainder_size, symbol, term_of
+    float32_fraction, remainder_size, symbol, term_of
 
 OPS = [operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod]
 
@@ -107,3 +108,16 @@ def test_remainder_size_bounds_a_dim_the_corners_miss():
     assert max(evaluate(pad, env) for env in corners) == 0
     assert remainder_size((pad, 3), corners) == 6 * 3
     assert remainder_size((term_of(SymInt(12, symbol("w"))), 3), corners) == 0  # monotone: the corners hold it
+
+
+@pytest.mark.parametrize("value,fraction", [(0.5, (1, 2)), (2.0, (2, 1)), (0.7, (7, 10)), (1 / 3, (1, 3)),
+                                            (1.25, (5, 4)), (0.1, (1, 10))])
+def test_float32_fraction_is_the_simplest_fraction_that_rounds_to_the_float32_value(value, fraction):
+    got = float32_fraction(value)
+    assert (got.numerator, got.denominator) == fraction
+    assert np.float32(got.numerator / got.denominator) == np.float32(value)
+
+
+def test_float32_fraction_refuses_what_is_no_number():
+    with pytest.raises(ValueError):
+        float32_fraction(float("inf"))
