@@ -1,7 +1,7 @@
 """GPU: issue 33's shape-chain patterns (Swin's window padding and partition, Resize with scales
 and with sizes from Shape, a batch-only profile over dynamic dims) and every op of the shape-value
 table built as cuda plans for a profile, matching onnxruntime at min, odd shapes and max; and real
-torchvision exports with dynamic axes where torch is installed (benchmarks/dynamic_exports.py)."""
+torchvision exports with dynamic axes where torch is installed (benchmarks/dynamic_chain_exports.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_shape_chain_op_cuda_plan_matches_onnxruntime(op):
 def test_torchvision_export_with_dynamic_axes_matches_onnxruntime_on_cuda(case, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("torchvision")
-    from benchmarks.dynamic_exports import check, export
+    from benchmarks.dynamic_chain_exports import check, export
 
     export(tmp_path, [case])
     assert check(tmp_path, [case], "cuda") == 0

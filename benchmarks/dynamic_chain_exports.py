@@ -2,8 +2,8 @@
 
 Two steps, so the export can run in a torch environment without polykit's dependencies:
 
-    python benchmarks/dynamic_exports.py export --out DIR     # torch, torchvision: writes DIR/<case>.onnx
-    PYTHONPATH=. python benchmarks/dynamic_exports.py check --dir DIR [--target cpu] [--cases ...]
+    python benchmarks/dynamic_chain_exports.py export --out DIR     # torch, torchvision: writes DIR/<case>.onnx
+    PYTHONPATH=. python benchmarks/dynamic_chain_exports.py check --dir DIR [--target cpu] [--cases ...]
 
 `export` writes each case with the TorchScript exporter (`dynamo=False`, opset 17, the zoo's model:
 random weights, BatchNorm statistics estimated by benchmarks/zoo_models.prepare, torch seeded) and
@@ -97,7 +97,7 @@ def check(directory: Path, cases: list[str], target: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("export", "check"))
-    parser.add_argument("--out", "--dir", dest="dir", type=Path, default=Path("dynamic_exports"))
+    parser.add_argument("--out", "--dir", dest="dir", type=Path, default=Path("dynamic_chain_exports"))
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--target", default="cpu")
     args = parser.parse_args()
