@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import operator
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from polykit.compiler.ir.symbolic import MAX_VALUE, SymInt, ceil_div, evaluate, expr_from_json, expr_to_json, symbol, term_of
+from polykit.compiler.ir.symbolic import MAX_VALUE, SymInt, bounds, ceil_div, evaluate, expr_from_json, expr_to_json, \
+    float32_fraction, remainder_size, symbol, term_of
 
 OPS = [operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod]
 
@@ -89,3 +91,33 @@ def test_deeply_nested_expression_is_refused():
         value = ["+", value, 1]
     with pytest.raises(ValueError, match="deeper"):
         expr_from_json(value, {"a"})
+
+
+def test_bounds_of_an_expression_hold_every_value_over_the_symbol_ranges():
+    h, w = SymInt(8, symbol("h")), SymInt(12, symbol("w"))
+    ranges = {"h": (4, 12), "w": (6, 20)}
+    for dim in (h * w, (-w) % 7, w + (-w) % 7, ceil_div(h, 3) * 2, (h + 6) // 7, -h + 30):
+        low, high = bounds(term_of(dim), ranges)
+        values = [evaluate(term_of(dim), {"h": a, "w": b}) for a in range(4, 13) for b in range(6, 21)]
+        assert low <= min(values) and max(values) <= high, dim
+
+
+def test_remainder_size_bounds_a_dim_the_corners_miss():
+    pad = term_of((-SymInt(12, symbol("w"))) % 7)  # 0 at w = 7, 14 and 21; 6 at w = 8
+    corners = [{"w": 7}, {"w": 14}, {"w": 21}]
+    assert max(evaluate(pad, env) for env in corners) == 0
+    assert remainder_size((pad, 3), corners) == 6 * 3
+    assert remainder_size((term_of(SymInt(12, symbol("w"))), 3), corners) == 0  # monotone: the corners hold it
+
+
+@pytest.mark.parametrize("value,fraction", [(0.5, (1, 2)), (2.0, (2, 1)), (0.7, (7, 10)), (1 / 3, (1, 3)),
+                                            (1.25, (5, 4)), (0.1, (1, 10))])
+def test_float32_fraction_is_the_simplest_fraction_that_rounds_to_the_float32_value(value, fraction):
+    got = float32_fraction(value)
+    assert (got.numerator, got.denominator) == fraction
+    assert np.float32(got.numerator / got.denominator) == np.float32(value)
+
+
+def test_float32_fraction_refuses_what_is_no_number():
+    with pytest.raises(ValueError):
+        float32_fraction(float("inf"))

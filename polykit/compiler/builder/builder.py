@@ -113,7 +113,7 @@ class Builder:
         given = derive_profiles(g, cfg.profiles, cfg.input_shapes, cfg.shape_values, cfg.input_values)
         profiles = profile_set(g, given, cfg.input_shapes) if given else None
         if profiles is not None:
-            apply_profiles(g, profiles, cfg.input_shapes)
+            apply_profiles(g, profiles, given, cfg.input_shapes)
         named = {n for p in given for n in p.shapes}
         apply_input_shapes(g, {n: s for n, s in cfg.input_shapes.items() if n not in named},
                            dynamic=profiles is not None)
@@ -309,7 +309,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
-        host = host_values(infer_shapes(optimized, strict=False), optimized.inputs)
+        known = infer_shapes(optimized, strict=False)
+        host = host_values(known, optimized.inputs)
         data = data_symbols(optimized)  # named after the optimized graph's tensors: a pass may have renamed them
         corners = [with_data(env, data) for env in with_rule_symbols(corners, optimized.metadata.get(RULES, ()))]
         build_bodies(optimized, cfg, target)
@@ -318,7 +319,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
             lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]
             read = {n for l in lowered.layers for n in l.inputs} | set(optimized.outputs)
             lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
-        tensors = describe_tensors(optimized, lowered, corners, host)
+        tensors = describe_tensors(optimized, lowered, corners, host, known)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         unrun = [l for l in lowered.layers if is_int8_layer(l) and not has_tactic(l, target, arch)]
         if unrun and not {l.name for l in unrun} <= set(unfolded):

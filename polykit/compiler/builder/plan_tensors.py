@@ -17,7 +17,8 @@ import numpy as np
 
 from polykit.compiler.builder.lower import Lowered
 from polykit.compiler.ir.graph import Graph
-from polykit.compiler.ir.symbolic import is_dynamic, term_of
+from polykit.compiler.graph.shape_values import stopped_expression
+from polykit.compiler.ir.symbolic import is_dynamic, remainder_size, term_of
 from polykit.compiler.plan.file import weight_offsets
 from polykit.compiler.plan.memory import align, compute_lifetimes, plan_memory
 from polykit.compiler.plan.profiles import corner_size
@@ -39,10 +40,12 @@ def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
 
 
 def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = (),
-                     host: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
+                     host: Mapping[str, np.ndarray] | None = None,
+                     known: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
     """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
     tensor with SymInt dims gets their expressions and its largest size at the profile
-    `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's."""
+    `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's. `known`:
+    the build-time values inference found, which an error about a non-static shape traces."""
     names: list[str] = list(g.inputs)
     for layer in lowered.layers:
         names += [n for n in layer.inputs + layer.outputs if n]
@@ -57,9 +60,11 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         v = g.value(name)
         dynamic = is_dynamic(v.shape) and all(isinstance(d, int) for d in v.shape)
         if v.dtype is None or not (v.is_static or dynamic):
+            node, why = stopped_expression(g, dict(known or {}), name) if v.dtype is not None else (None, "")
             raise BuildError(
-                f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}",
-                where=f"graph {g.name!r}",
+                f"tensor {name!r} has {'unknown dtype' if v.dtype is None else f'non-static shape {_fmt(v.shape)}'}"
+                + (f": {why}" if why else ""),
+                where=node.describe() if node is not None else f"graph {g.name!r}",
                 hint="its shape depends on data or on a dynamic input; fix the input shapes or fold the graph",
             )
         dt = np.dtype(v.dtype)
@@ -70,7 +75,8 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
         shape = tuple(int(d) for d in v.shape)
         dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
-        nbytes = max([math.prod(shape)] + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
+        nbytes = max([math.prod(shape), remainder_size(dims, corners)]
+                     + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
         if nbytes > MAX_BYTES or min(shape, default=0) < 0:
             raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",
                              where=f"graph {g.name!r}", hint="check the model's and --input-shapes' dims")

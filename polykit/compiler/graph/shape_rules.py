@@ -210,7 +210,9 @@ def capture(node: Node, graph: Graph, consts: list) -> "ShapeRule | None":
 
 
 #: op -> operand indices whose values decide a movement op's output shape (polykit.compiler.graph.shape_values)
-_SHAPE_OPERANDS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,)}
+_SHAPE_OPERANDS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
+                   "Expand": (1,), "Tile": (1,), "ReduceSum": (1,), "ReduceProd": (1,), "ReduceMax": (1,),
+                   "ReduceMin": (1,)}
 
 
 def record_rule(node: Node, graph: Graph, consts: list, host: bool) -> None:

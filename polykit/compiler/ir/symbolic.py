@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from fractions import Fraction
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -189,6 +190,53 @@ def evaluate(term: Term, dims: Mapping[str, int]) -> int:
     return value
 
 
+def uses(term: Term, op: str) -> bool:
+    """Whether `term` applies `op` anywhere."""
+    return isinstance(term, Expr) and (term.op == op or any(uses(a, op) for a in term.args))
+
+
+def bounds(term: Term, ranges: Mapping[str, tuple[int, int]]) -> "tuple[int, int] | None":
+    """[low, high] of `term` with each symbol anywhere in its (low, high) range (interval
+    arithmetic: safe, not always tight); None when a symbol has no range or a division's
+    divisor range holds 0 or negatives."""
+    if not isinstance(term, Expr):
+        return int(term), int(term)
+    if term.op == "sym":
+        return tuple(ranges[term.args[0]]) if term.args[0] in ranges else None  # type: ignore[return-value]
+    args = [bounds(a, ranges) for a in term.args]
+    if any(a is None for a in args):
+        return None
+    if term.op == "+":
+        return sum(a[0] for a in args), sum(a[1] for a in args)
+    if term.op in ("min", "max"):
+        pick = OPS[term.op][1]
+        return pick(*(a[0] for a in args)), pick(*(a[1] for a in args))
+    if term.op == "*":
+        low, high = args[0]
+        for a in args[1:]:
+            products = [x * y for x in (low, high) for y in a]
+            low, high = min(products), max(products)
+        return low, high
+    (a_low, a_high), (b_low, b_high) = args
+    if b_low <= 0:
+        return None
+    if term.op == "%":
+        return (0, min(b_high - 1, a_high)) if a_low >= 0 else (0, b_high - 1)
+    values = [OPS[term.op][1](x, y) for x in (a_low, a_high) for y in (b_low, b_high)]  # monotone in each
+    return min(values), max(values)
+
+
+def remainder_size(dims: Sequence[Term], corners: Sequence[Mapping[str, int]]) -> int:
+    """Elements of a tensor a dim of which holds a remainder (`(-w) % 7`: not monotone in the symbols,
+    so the corners can miss its largest value): the product of the dims' upper bounds with every
+    symbol between its least and largest corner value; 0 when no dim holds one or a bound is unknown."""
+    if not corners or not any(uses(d, "%") for d in dims):
+        return 0
+    ranges = {s: (min(env[s] for env in corners), max(env[s] for env in corners)) for s in corners[0]}
+    highs = [bounds(d, ranges) for d in dims]
+    return 0 if any(b is None for b in highs) else math.prod(max(0, b[1]) for b in highs)
+
+
 # ---- plan form ------------------------------------------------------------------------------
 def expr_to_json(term: Term) -> Any:
     if not isinstance(term, Expr):
@@ -304,6 +352,23 @@ def ceil_div(a: int, b: int) -> int:
     if isinstance(a, SymInt) or isinstance(b, SymInt):
         return SymInt(_cdiv(int(a), int(b)), divide("cdiv", term_of(a), term_of(b)))
     return _cdiv(a, b)
+
+
+def float32_fraction(f: float) -> Fraction:
+    """The fraction with the smallest denominator (a power of two at most) that rounds to float32
+    `f`: what a model's float constant means (0.5 -> 1/2, 0.7f -> 7/10), so floor(dim * f) as an
+    expression (dim * 7) // 10 agrees with the float32 product wherever dim * 10 stays far below 2**23."""
+    f = np.float32(f)
+    if not np.isfinite(f):
+        raise ValueError(f"{f} is no fraction")
+    exact = Fraction(float(f))
+    half_ulp = Fraction(float(np.spacing(f))) / 2
+    limit = 1
+    while True:
+        ratio = exact.limit_denominator(limit)
+        if abs(ratio - exact) <= half_ulp:
+            return ratio
+        limit *= 2
 
 
 def is_dynamic(dims: Any) -> bool:

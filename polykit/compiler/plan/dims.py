@@ -15,7 +15,7 @@ from polykit.compiler.plan.schema import MAX_BYTES, Field, Invalid, integer, lis
     record, text
 from polykit.compiler.ops.data_dims import with_data
 from polykit.compiler.graph.shape_rules import ShapeRule
-from polykit.compiler.ir.symbolic import ShapeEvalError, Term, evaluate, expr_from_json
+from polykit.compiler.ir.symbolic import ShapeEvalError, Term, evaluate, expr_from_json, remainder_size
 
 Doc = Mapping[str, Any]
 #: dtypes of float shape-tensor inputs (ruled: Resize's scales, OneHot's depth, Range's operands)
@@ -211,5 +211,7 @@ def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, 
         if k == 1 and shape != t["shape"]:
             raise Invalid(path, f"gives {shape} at the first profile's opt, the tensor's shape is {t['shape']}")
         largest = max(largest, nbytes_of(t["dtype"], shape))
+    largest = max(largest, nbytes_of(t["dtype"], [remainder_size(dims, corners)]))
     if t["nbytes"] != largest:
-        raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {largest}, its largest size at a profile corner")
+        raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {largest}, its largest size at a profile corner "
+                                                   f"(or its remainders' bound)")

@@ -321,13 +321,15 @@ def _check_against_model(name: str, model: Any, triple: tuple, index: int, where
                              hint=f"use {dim} for dim {axis} in min, opt and max")
 
 
-def apply_profiles(g: Graph, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> None:
-    """Give the inputs their shapes at profile 0's opt (SymInts for dynamic dims) and the
-    shape-tensor inputs their values (SymInts for varying elements; graph.metadata["input_values"])."""
+def apply_profiles(g: Graph, profiles: ProfileSet, given: Sequence[Profile],
+                   fixed: Mapping[str, tuple[int, ...]]) -> None:
+    """Give the inputs their shapes at profile 0's opt (SymInts for dynamic dims; a model dim that
+    every profile keeps at one value is that value) and the shape-tensor inputs their values
+    (SymInts for varying elements; graph.metadata["input_values"])."""
     env = profiles.corners()[1][2]
     for name, syms in profiles.inputs.items():
         old = g.value(name)
-        static = _static_shape(g, name, profiles, fixed)
+        static = _static_shape(g, name, given, fixed)
         dims = tuple(SymInt(env[s], symbol(s)) if s is not None else static[axis] for axis, s in enumerate(syms))
         g.set_value(Value(name, old.dtype, dims))
     for name, syms in profiles.values.items():
@@ -337,11 +339,16 @@ def apply_profiles(g: Graph, profiles: ProfileSet, fixed: Mapping[str, tuple[int
         g.metadata.setdefault("input_values", {})[name] = value.reshape(g.value(name).shape)
 
 
-def _static_shape(g: Graph, name: str, profiles: ProfileSet, fixed: Mapping[str, tuple[int, ...]]) -> tuple:
-    """The input's dims where they are static (others: their opt value, unused)."""
-    model = g.value(name).shape
+def _static_shape(g: Graph, name: str, given: Sequence[Profile], fixed: Mapping[str, tuple[int, ...]]) -> tuple:
+    """The input's dims where they are static: the first profile's min shape (a dim no profile
+    moves has that value in every one), else input_shapes' or the model's static shape (profile_set
+    checked that one of them holds)."""
+    triple = given[0].shapes.get(name) if given else None
+    if triple is not None:
+        return tuple(triple[0])
     if name in fixed:
         return tuple(fixed[name])
+    model = g.value(name).shape
     return tuple(d if isinstance(d, int) else 0 for d in model) if model is not None else ()
 
 
@@ -358,6 +365,9 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
     from polykit.compiler.graph.infer import infer_shapes
 
     producers = symbolic.producers()
+    # in node order: the first disagreement is the node that decided a dim, not one of its consumers
+    ordered = list(dict.fromkeys([o for node in symbolic.nodes for o in node.outputs if o]
+                                 + list(symbolic.values) + list(host or {})))
     for index, label, env in profiles.corners():
         g = original.copy()
         g.metadata[DATA_DIMS] = bool(profiles.data)
@@ -374,9 +384,18 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
             raise BuildError(f"{exc.what} {at}", where=exc.where,
                              hint="the model does not hold for every shape in the profile; narrow the profile"
                              ) from None
-        for name, sym_value in symbolic.values.items():
-            got = g.values.get(name)
-            if sym_value.shape is None or got is None or got.shape is None or name in symbolic.inputs:
+        for name in ordered:  # a shape tensor's value before its consumers' shapes: it decided them
+            if name in (host or {}):
+                want_value = [evaluate(term_of(v), env) for v in host[name].ravel()]
+                got_value = known.get(name)
+                if got_value is not None and [int(v) for v in got_value.ravel()] != want_value:
+                    raise _disagreement(symbolic, producers, name,
+                                        f"holds {[int(v) for v in got_value.ravel()]} {at}, but its expressions "
+                                        f"{[str(term_of(v)) for v in host[name].ravel()]} give {want_value}",
+                                        "shape tensor")
+            sym_value, got = symbolic.values.get(name), g.values.get(name)
+            if sym_value is None or sym_value.shape is None or got is None or got.shape is None \
+                    or name in symbolic.inputs:
                 continue
             exprs = tuple(term_of(d) if isinstance(d, int) else d for d in sym_value.shape)
             want = tuple(evaluate(d, env) if not isinstance(d, str) and d is not None else d for d in exprs)
@@ -384,13 +403,6 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
                                                   for a, b in zip(got.shape, want)):
                 raise _disagreement(symbolic, producers, name, f"has shape {_fmt(got.shape)} {at}, but its expression "
                                                              f"{_fmt(exprs)} gives {_fmt(want)}")
-        for name, value in (host or {}).items():
-            want = [evaluate(term_of(v), env) for v in value.ravel()]
-            got = known.get(name)
-            if got is not None and [int(v) for v in got.ravel()] != want:
-                raise _disagreement(symbolic, producers, name, f"holds {[int(v) for v in got.ravel()]} {at}, but its "
-                                                             f"expressions {[str(term_of(v)) for v in value.ravel()]} "
-                                                             f"give {want}", "shape tensor")
 
 
 def _disagreement(symbolic: Graph, producers: Mapping[str, Any], name: str, what: str,

@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import Dim, Node
+from polykit.compiler.ir.symbolic import SymInt, float32_fraction
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
-from polykit.errors import NodeAttributeError
+from polykit.errors import NodeAttributeError, ShapeError
 
 MODES = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -103,23 +104,43 @@ def check_resize_attrs(attrs, where: str) -> None:
 
 
 def output_sizes(in_dims: list[Dim], scales: np.ndarray | None, sizes: np.ndarray | None, policy: str,
-                 ) -> tuple[list[Dim], list[float | None]]:
-    """Output dims and per-axis scale factors of the resized axes (in `axes` order)."""
+                 where: str = "") -> tuple[list[Dim], list[float | None]]:
+    """Output dims and per-axis scale factors of the resized axes (in `axes` order). A dynamic dim
+    (SymInt) gives an expression: floor(in * scale) for scales, the size's own expression for
+    sizes (a Shape chain's); ShapeError (at `where`) for what no expression holds."""
     if sizes is not None:
-        sizes = [int(s) for s in sizes]
+        sizes = [s if isinstance(s, SymInt) else int(s) for s in sizes]
         ratios = [s / d if isinstance(d, int) and d else None for s, d in zip(sizes, in_dims)]
         if policy == "stretch":
             return list(sizes), ratios
         if any(r is None for r in ratios):
             return [None] * len(sizes), [None] * len(sizes)
+        if any(isinstance(v, SymInt) for v in [*sizes, *in_dims]):
+            raise ShapeError(f"keep_aspect_ratio_policy {policy!r} over dynamic dims picks its axis by comparing "
+                             f"sizes/dims at each shape, which no dim expression holds", where=where,
+                             hint="use the 'stretch' policy with sizes computed for the aspect ratio, or pin the dims")
         scale = min(ratios) if policy == "not_larger" else max(ratios)
         return [int(scale * d + 0.5) for d in in_dims], [scale] * len(sizes)
     assert scales is not None
     factors32 = np.asarray(scales, dtype=np.float32).ravel()
-    # floor(dim * scale) in float32, as onnxruntime computes it (10 * 0.7f is 7, not 6.99...).
-    dims = [int(np.floor(np.float32(d) * f)) if isinstance(d, int) else (d if f == 1 else None)
-            for d, f in zip(in_dims, factors32)]
+    dims = [_scaled(d, f, where) if isinstance(d, int) else (d if f == 1 else None) for d, f in zip(in_dims, factors32)]
     return dims, [float(f) for f in factors32]
+
+
+def _scaled(d: int, f: np.float32, where: str) -> int:
+    """floor(d * f) in float32, as onnxruntime computes it (10 * 0.7f is 7, not 6.99...); for a
+    SymInt d, (d * p) // q with p/q the simplest fraction that rounds to f (for 0.7f: 7/10, so
+    the expression agrees with the float32 product wherever d * q stays far below 2**23)."""
+    value = int(np.floor(np.float32(int(d)) * f))
+    if not isinstance(d, SymInt) or f == 1:
+        return d if f == 1 else value
+    ratio = float32_fraction(f)
+    dim = d * ratio.numerator // ratio.denominator
+    if int(dim) != value:
+        raise ShapeError(f"scale {float(f)!r} of dynamic dim {d.expr} gives {value} in float32 but "
+                         f"{ratio.numerator}/{ratio.denominator} of it gives {int(dim)}", where=where,
+                         hint="use a scale that is a small fraction (2, 0.5, 1.5, ...) or pin the dim")
+    return dim
 
 
 @shape_rule("Resize")
@@ -152,7 +173,7 @@ def _resize(ctx: InferContext):
             out[a] = None
         return [(ctx.dtype(0), tuple(out))]
     dims, _ = output_sizes([x[a] for a in axes], scales, sizes,
-                           ctx.node.attrs.get("keep_aspect_ratio_policy", "stretch"))
+                           ctx.node.attrs.get("keep_aspect_ratio_policy", "stretch"), ctx.node.describe())
     for a, d in zip(axes, dims):
         out[a] = d
     return [(ctx.dtype(0), tuple(out))]
