@@ -85,7 +85,8 @@ class Builder:
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target, graph if profiles is not None else None),
+                                               corners)
         if g.metadata.get(RULES):  # the optimized graph's records: a pass may have renamed a ruled node's outputs
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
         if data:  # the optimized graph's data symbols: a pass may have renamed their outputs (an Identity after NonZero)

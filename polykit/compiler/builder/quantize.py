@@ -54,8 +54,10 @@ def target_runs_int8(target: str) -> bool:
     return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in INT8_KINDS)
 
 
-def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
-    """The INT8 setup of a build of `g` (input shapes applied, shapes inferred)."""
+def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = None) -> Int8Setup:
+    """The INT8 setup of a build of `g` (input shapes applied, shapes inferred). `model`: the
+    graph as given, before its inputs took a profile's symbolic dims: a build with profiles
+    calibrates it at the calibration profile's shapes (calibrate.calibration_engine)."""
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
     if not runs and (explicit or cfg.int8):
@@ -70,10 +72,11 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
         log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target), layers=True)
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model), layers=True)
 
 
-def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str) -> dict[str, float]:
+def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str,
+                      model: Graph | None = None) -> dict[str, float]:
     """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration."""
     known = set(g.inputs) | {o for n in g.nodes for o in n.outputs if o}
     unknown = [name for name in cfg.tensor_ranges if name not in known]
@@ -99,7 +102,9 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
             log.info("calibration cache %s was made by the %s calibrator; using it as it is", path, cache.calibrator)
         calibrated = dict(cache.scales)
     else:
-        calibrated = calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+        calibrated = (calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+                      if model is None else
+                      calibrate(model, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile, cfg))
         if path is not None:
             write_calibration_cache(path, CalibrationCache(cfg.calibrator, calibrated))
             log.info("wrote calibration cache %s (%d tensors, %s)", path, len(calibrated), cfg.calibrator)
