@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from polykit.compiler.builder.calibrate import calibrate, scale_of
 from polykit.compiler.builder.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
 from polykit.compiler.ops.quant.int8 import INT8_KINDS
+from polykit.compiler.ops.quant.weight_only import KIND as WEIGHT_ONLY_KIND
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.errors import BuildError, DataFileError
 
@@ -44,14 +45,21 @@ class Int8Setup:
     fold: bool = False
     scales: Mapping[str, float] = field(default_factory=dict, hash=False)
     layers: bool = False
+    #: keep weight-only quantized MatMul/Gemm weights packed (passes.fold_weight_only)
+    weight_only: bool = False
 
 
 def target_runs_int8(target: str) -> bool:
     """Whether `target` has tactics for the INT8 layer kinds."""
+    return target_runs(target, INT8_KINDS)
+
+
+def target_runs(target: str, kinds: Iterable[str]) -> bool:
+    """Whether `target` has tactics for any of the ai.polykit layer `kinds`."""
     from polykit.kernels.tactics import tactic_table
 
     table = tactic_table(target)
-    return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in INT8_KINDS)
+    return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in kinds)
 
 
 def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = None) -> Int8Setup:
@@ -60,15 +68,16 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = N
     calibrates it at the calibration profile's shapes (calibrate.calibration_engine)."""
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
+    weight_only = explicit and target_runs(target, (WEIGHT_ONLY_KIND,))
     if not runs and (explicit or cfg.int8):
         log.warning("the %s target has no INT8 tactics: %s", target,
                     "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
-        return Int8Setup()
+        return Int8Setup(weight_only=weight_only)
     if not cfg.int8:
-        return Int8Setup(fold=runs, layers=runs and explicit)
+        return Int8Setup(fold=runs, layers=runs and explicit, weight_only=weight_only)
     if explicit:
         log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
-        return Int8Setup(fold=True, layers=True)
+        return Int8Setup(fold=True, layers=True, weight_only=weight_only)
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
         log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
