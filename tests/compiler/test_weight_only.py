@@ -111,6 +111,16 @@ def test_half_activations_with_half_scales():
                                rtol=2e-3, atol=2e-3)
 
 
+def test_an_fp16_build_runs_the_layer_on_half_activations_scales_and_bias():
+    """--fp16 (W4A16): the precision pass gives the layer float16 X, scales and bias; the weight stays packed."""
+    model = weight_only("int4", op="Gemm", x_shape=(6, None), trans_b=True, bias=True, block=32, k=64)
+    plan = build_plan(load_onnx(model), BuilderConfig(target="cpu", fp16=True))
+    layer = next(layer for layer in plan.layers if layer.kind == KIND)
+    assert layer.in_dtypes == ("float16", "uint8", "float16", "int8", "float16")
+    feeds = inputs((6, 64))
+    np.testing.assert_allclose(run(plan, feeds), onnxruntime_output(model, feeds), rtol=1e-2, atol=1e-2)
+
+
 def test_a_dynamic_batch_and_sequence_serve_every_shape_of_the_profile():
     model = mlp("int4")
     profile = Profile({"x": ((1, 1, 64), (2, 8, 64), (4, 17, 64))})

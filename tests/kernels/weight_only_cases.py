@@ -36,7 +36,7 @@ def random_layer(x_shape, n, weight_type, block, dtype=np.float32, zero_point=Tr
     if zero is not None:
         inputs["Z"] = zero
     if bias:
-        inputs["B"] = rng.standard_normal(n).astype(np.float32)
+        inputs["B"] = rng.standard_normal(n).astype(np.float32).astype(dtype)
     names = tuple(name if name in inputs else "" for name in ("X", "W", "S", "Z", "B"))
     layer = LayerDesc("wo", KIND, names, ("Y",), {"weight_type": weight_type, "block_size": block, "K": k},
                       domain=POLYKIT_DOMAIN)

@@ -25,7 +25,6 @@ from polykit.compiler.ops.quant.weight_only import (ACTIVATION_TYPES, KIND, WEIG
 from polykit.compiler.passes.fold_qdq import constant_value
 from polykit.compiler.passes.rewrite import replace_nodes
 
-F32 = np.dtype(np.float32)
 
 
 def fold_weight_only(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: Iterable[str] = ()) -> bool:
@@ -70,7 +69,7 @@ def _weight_only_node(graph: Graph, node: Node, producers: dict[str, Node]) -> N
             n = q.shape[1 - k_axis]
             if bias is None or bias.dtype != x.dtype or bias.size not in (1, n):
                 return None
-            bias = np.broadcast_to(bias.reshape(-1).astype(F32), (n,))
+            bias = np.broadcast_to(bias.reshape(-1), (n,))
     elif len(x.shape) < 2:
         return None
     k, n = q.shape[k_axis], q.shape[1 - k_axis]

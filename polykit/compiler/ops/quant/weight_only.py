@@ -16,13 +16,13 @@ Inputs (WO_ARITY slots):
                 ROW_ALIGN bytes (row_bytes = padded_row_bytes(K, bits))
   2 scale       [N, blocks] in X's dtype (DequantizeLinear's scale type), blocks = ceil(K / block_size)
   3 zero_point  [N, blocks] int8 (int4 / int8 weights) or uint8 (uint4 / uint8), or "": zero
-  4 B           float32 bias [N], or "" (Gemm's C)
+  4 B           bias [N] in X's dtype, or "" (Gemm's C)
 
 attrs: weight_type (WEIGHT_TYPES), block_size (K for per-channel and per-tensor weights), K.
 
   w[n, k] = (value(W[n, k]) - zero_point[n, k // block_size]) * scale[n, k // block_size]
             in scale's dtype, rounded once: DequantizeLinear's value
-  Y       = X(float32) @ w(float32).T + B, accumulated in float32, then rounded to X's dtype
+  Y       = X(float32) @ w(float32).T + B(float32), accumulated in float32, rounded once to X's dtype
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def infer_weight_only(ctx: InferContext):
         raise ctx.fail(f"W is {ctx.dtype(W)}, not the packed uint8 rows")
     if ctx.has(ZERO_POINT) and ctx.dtype(ZERO_POINT) not in (None, np.dtype(np.int8), U8):
         raise ctx.fail(f"zero_point is {ctx.dtype(ZERO_POINT)}, not int8 or uint8")
-    if ctx.has(BIAS) and ctx.dtype(BIAS) not in (None, F32):
-        raise ctx.fail("B must be float32")
+    if ctx.has(BIAS) and ctx.dtype(BIAS) is not None and x_dtype is not None and ctx.dtype(BIAS) != x_dtype:
+        raise ctx.fail(f"B is {ctx.dtype(BIAS)}, X {x_dtype}: they are one type")
     if w is not None and (len(w) != 2 or (isinstance(w[1], int) and w[1] != padded_row_bytes(k, WEIGHT_TYPES[weight_type]))):
         raise ctx.fail(f"W has shape {tuple(w)}; packed rows of K={k} {weight_type} values take "
                        f"{padded_row_bytes(k, WEIGHT_TYPES[weight_type])} bytes")

@@ -4,7 +4,7 @@ dequantized in the main loop (ai.polykit; compiler/ops/quant/weight_only.py is t
 Tactics `cuda.weight_only.m<ROWS>` (ROWS = 1, 4, 16: activation rows a block's tile holds; any M
 runs, tiles stepping over M): X float32 / float16 / bfloat16 [..., M, K] (rows folded into M), the
 weight int4 / uint4 / float4_e2m1fn / int8 / uint8 (runtime code), scales in X's type, zero points
-or none, a float32 bias or none. WARPS warps a block, COLS output columns a warp. sm_80 and later;
+or none, a bias in X's type or none. WARPS warps a block, COLS output columns a warp. sm_80 and later;
 no tensor cores yet (correctness first; docs/INT8.md says what is measured).
 """
 
@@ -50,7 +50,7 @@ def supports(layer: Any) -> bool:
         return True
     x = layer.in_dtypes[X]
     return (x in ACTIVATION_TYPES and layer.in_dtypes[SCALE] == x and layer.out_dtypes[0] == x
-            and layer.in_dtypes[W] == "uint8" and (not layer.inputs[BIAS] or layer.in_dtypes[BIAS] == "float32"))
+            and layer.in_dtypes[W] == "uint8" and (not layer.inputs[BIAS] or layer.in_dtypes[BIAS] == x))
 
 
 def weight_only_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[dict[str, int], list[Any]]:
@@ -73,8 +73,8 @@ def weight_only_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[d
         problems.append(f"W {w.dtype} {w.shape} (uint8 [N, {ldw}], 16-byte aligned)")
     if tuple(s.shape) != (n, nb) or (z is not None and (tuple(z.shape) != (n, nb) or z.dtype.name not in ("int8", "uint8"))):
         problems.append(f"scale {s.shape} / zero point {None if z is None else (z.dtype, z.shape)} ([N, {nb}])")
-    if b is not None and (b.dtype != np.float32 or tuple(b.shape) != (n,)):
-        problems.append(f"B {b.dtype} {b.shape} (float32 [N])")
+    if b is not None and (b.dtype != x.dtype or tuple(b.shape) != (n,)):
+        problems.append(f"B {b.dtype} {b.shape} (X's type, [N])")
     if len(x.shape) < 2 or x.shape[-1] != k:
         problems.append(f"X {x.shape} ([..., M, {k}])")
     m = int(np.prod(x.shape[:-1])) if x.shape else 0

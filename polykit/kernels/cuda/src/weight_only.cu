@@ -7,12 +7,12 @@
 // W uint8 [N, ldw]: row n holds W[n, 0..K-1] K-contiguous, 4-bit types two a byte (element k in
 // byte k / 2, the low nibble for even k), 8-bit one a byte, ldw a multiple of 16 (zero padded);
 // scale [N, nb] ELEM and zero point [N, nb] int8 / uint8 (or null: 0), nb = ceil(K / block);
-// B float32 [N] or null; Y [M, N] ELEM.
+// B [N] ELEM or null; Y [M, N] ELEM.
 // Weight types (runtime `wtype`, uniform): WT_I4, WT_U4 (4-bit integers), WT_F4 (float4 e2m1),
 // WT_I8, WT_U8.
 // Numerics: w = (value - zero point) * scale computed exactly in float32 (a 9-bit integer times
 // an ELEM scale) and rounded once to ELEM: DequantizeLinear's value, bit for bit (__fmul_rn: never
-// contracted into the accumulating fma); products accumulate in float32 (fmaf); Y = ELEM(acc + B),
+// contracted into the accumulating fma); products accumulate in float32 (fmaf); Y = ELEM(acc + float(B)),
 // rounded once. The summation order differs from the cpu reference's BLAS: equal to float32
 // rounding, not bit for bit.
 // Geometry: blockDim.x = 32 * WARPS; warp w of block x owns output columns
@@ -103,7 +103,7 @@ __device__ __forceinline__ void wo_chunk(float (&acc)[ROWS], const ELEM* __restr
 template <int BITS>
 __device__ __forceinline__ void wo_tile(const ELEM* __restrict__ x, const u8* __restrict__ w,
                                         const ELEM* __restrict__ scale, const void* __restrict__ zero,
-                                        const float* __restrict__ bias, ELEM* __restrict__ y, int M, int N, int K,
+                                        const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M, int N, int K,
                                         int ldw, int block, int nb, WoDecode decode, int zsigned, int n0, int m0, int lane) {
   constexpr int PER = 128 / BITS;
   const int chunks = (K + PER - 1) / PER;
@@ -132,13 +132,13 @@ __device__ __forceinline__ void wo_tile(const ELEM* __restrict__ x, const u8* __
       for (int off = 16; off; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       const int n = n0 + j;
       if (lane == (j * ROWS + m) % 32 && n < N && m0 + m < M)
-        st(y, (i64)(m0 + m) * N + n, bias ? __fadd_rn(v, bias[n]) : v);
+        st(y, (i64)(m0 + m) * N + n, bias ? __fadd_rn(v, ld(bias, n)) : v);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 weight_only_matmul(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
-                   const void* __restrict__ zero, const float* __restrict__ bias, ELEM* __restrict__ y, int M, int N,
+                   const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M, int N,
                    int K, int ldw, int block, int nb, int wtype) {
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * COLS;
