@@ -1,5 +1,6 @@
 """INT8 calibration with dynamic shapes (issue 35, point 4): a build with optimization profiles
-calibrates at its calibration profile (the first profile, or BuilderConfig.calibration_profile),
+calibrates at its calibration profile (the last profile, as Polygraphy sets it, or
+BuilderConfig.calibration_profile),
 one scale set serves the plan at every shape of its profiles, and the cache it writes serves the
 next build without data."""
 
@@ -85,6 +86,20 @@ def test_a_batch_outside_the_calibration_profile_says_so(conv_model):
         build_plan(load_onnx(conv_model), BuilderConfig(target="cpu", int8=True, calibration_data=batches,
                                                         profiles=(IMAGE_PROFILE,)))
     assert "calibration_profile" in info.value.hint
+
+
+def test_with_several_profiles_the_last_one_calibrates(conv_model):
+    small = Profile({"image": ((1, 3, 16, 16), (1, 3, 16, 16), (2, 3, 32, 32))})
+    large = Profile({"image": ((3, 3, 16, 16), (6, 3, 32, 32), (8, 3, 48, 48))})
+    cfg = {"target": "cpu", "int8": True, "calibrator": "minmax", "profiles": (small, large)}
+    plan = build_plan(load_onnx(conv_model), BuilderConfig(**cfg, calibration_data=[image_feeds(0, (6, 3, 32, 32))]))
+    assert len(plan.profiles.ranges) == 2 and "QConv" in kinds_of(plan)
+    with pytest.raises(UsageError, match="calibration batch 1"):
+        build_plan(load_onnx(conv_model), BuilderConfig(**cfg, calibration_data=[image_feeds(0, (1, 3, 16, 16))]))
+
+
+def kinds_of(plan: Plan) -> set[str]:
+    return {layer.kind for layer in plan.layers}
 
 
 def test_the_calibration_profile_may_differ_from_the_plan_profiles(conv_model):

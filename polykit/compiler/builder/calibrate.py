@@ -4,7 +4,7 @@ The fp32 engine of the graph *before fusion* runs over the data (`calibration_en
 built with fusion off and every calibrated tensor marked as an output, so the names are the
 model's own and a cache stays valid across builds), on the build's target. A build with
 optimization profiles calibrates at its calibration profile (BuilderConfig.calibration_profile,
-else its first profile; TensorRT's setCalibrationProfile): the calibration engine serves that
+else its last profile, as Polygraphy sets TensorRT's setCalibrationProfile): the calibration engine serves that
 profile, so each batch runs at its own shape inside it, and the one scale set serves every
 profile of the plan. Memory stays
 bounded: the first pass keeps each tensor's max |x|, the second (entropy and percentile) a
@@ -163,7 +163,7 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
                     outputs = context.execute(feeds)
                 except RuntimeInputError as e:  # a batch the calibration engine's shapes do not take
                     raise UsageError(f"calibration batch {seen} does not fit the calibration engine: {e.what}",
-                                     where=e.where, hint="give batches inside the calibration profile (the first "
+                                     where=e.where, hint="give batches inside the calibration profile (the last "
                                      "profile unless BuilderConfig.calibration_profile says otherwise)") from None
                 for name in names:
                     value = outputs[name] if name in outputs else feeds[name]
@@ -186,7 +186,7 @@ def calibration_engine(graph: Any, names: list[str], target: str, build: Any = N
     marked = tuple(n for n in names if n not in graph.inputs)
     shapes: dict[str, Any] = {"input_values": graph.metadata.get("input_values", {})}
     if build is not None:
-        profile = build.calibration_profile or (build.profiles[0] if build.profiles else None)
+        profile = build.calibration_profile or (build.profiles[-1] if build.profiles else None)
         shapes = {"input_values": build.input_values, "input_shapes": dict(build.input_shapes),
                   "shape_values": build.shape_values, "profiles": ()}
         if profile is not None:  # inputs the profile fixes (min = max) are built at that shape

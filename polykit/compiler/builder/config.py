@@ -102,7 +102,7 @@ class BuilderConfig:
         (the scale is max(|min|, |max|) / 127).
     calibration_profile: the shapes a build with profiles calibrates at (TensorRT's
         setCalibrationProfile): the calibration batches may have any shape inside it; None: the
-        first of `profiles` (as TensorRT and Polygraphy do). One scale set serves every profile.
+        last of `profiles` (Polygraphy's choice). One scale set serves every profile.
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
         (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
     """
