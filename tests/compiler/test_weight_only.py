@@ -10,6 +10,7 @@ import logging
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from polykit.compiler.builder.builder import build_plan
@@ -17,7 +18,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.plan.profiles import Profile
 from polykit.runtime.engine import Runtime
-from tests.compiler.weight_only_models import mlp, weight_only
+from tests.compiler.weight_only_models import mlp, quantized, weight_only
 
 KIND = "WeightOnlyMatMul"
 #: float32 results of one dot product of K terms in another order: |error| <= K * eps * sum |x w|
@@ -139,8 +140,6 @@ def test_weights_quantized_in_blocks_along_n_stay_as_written():
     zero = next(t for t in model.graph.initializer if t.name == "w_zero")
     model.graph.initializer.remove(scale)
     model.graph.initializer.remove(zero)
-    from tests.compiler.weight_only_models import quantized
-    from onnx import numpy_helper
     rng = np.random.default_rng(3)
     model.graph.initializer.extend([numpy_helper.from_array(rng.uniform(0.01, 0.05, (72, 5)).astype(np.float32),
                                                             "w_scale"), quantized("w_zero", "int4", (72, 5), rng)])
