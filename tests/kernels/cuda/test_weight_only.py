@@ -31,6 +31,22 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_cuda_build_runs_weight_only_layers_on_these_tactics(fp16):
+    """No GPU needed: an untimed cuda build lowers an INT4 MLP to WeightOnlyMatMul layers that a
+    cuda.weight_only tactic runs (float16 ones in an --fp16 build: W4A16)."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.onnx_import import load_onnx
+    from tests.compiler.weight_only_models import mlp
+
+    plan = build_plan(load_onnx(mlp("int4")), BuilderConfig(target="cuda", input_shapes={"x": (1, 4, 64)}, fp16=fp16,
+                                                            builder_optimization_level=0))
+    layers = [layer for layer in plan.layers if layer.kind == KIND]
+    assert len(layers) == 2 and all(layer.tactic.startswith("cuda.weight_only.m") for layer in layers)
+    assert {layer.in_dtypes[0] for layer in layers} == {"float16" if fp16 else "float32"}
+
+
 def check(layer, inputs, tactic):
     from polykit.runtime.cuda.harness import assert_matches_reference
 
