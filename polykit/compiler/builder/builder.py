@@ -138,7 +138,8 @@ class Builder:
         marked = forced_outputs(g, cfg)
         observed = observed_tensors(g, cfg)
         g.outputs = list(dict.fromkeys(list(g.outputs) + marked))
-        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target), corners)
+        g, lowered, tensors = optimize_and_lower(g, cfg, target, plan_int8(g, cfg, target, graph if profiles is not None else None),
+                                               corners)
         if g.metadata.get(RULES):  # the optimized graph's records: a pass may have renamed a ruled node's outputs
             profiles = replace(profiles, rules=tuple(g.metadata[RULES]))
         if data:  # the optimized graph's data symbols: a pass may have renamed their outputs (an Identity after NonZero)
@@ -276,7 +277,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "fp32_layers": pinned + tuple(fp32_nodes),
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
                "channels_last_convs": nhwc_conv_classes(target),
-               "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded}
+               "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded,
+               "weight_only": int8.weight_only}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -297,10 +299,12 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     the graph optimized again), unless precision constraints are "obey": then a BuildError.
     INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
     quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
-    op in float32, with a logged warning, so they compute what the INT8 layer would."""
+    op in float32, with a logged warning, so they compute what the INT8 layer would. So do
+    WeightOnlyMatMul layers no tactic runs (their weight is then dequantized at build time)."""
     from polykit.compiler.builder.layer_precision import has_tactic
     from polykit.compiler.plan.records import storage_precision
     from polykit.compiler.ops.quant.int8 import is_int8_layer
+    from polykit.compiler.ops.quant.weight_only import is_weight_only
 
     fp32_nodes: tuple[str, ...] = ()
     unfolded: tuple[str, ...] = ()
@@ -321,10 +325,13 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
             lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
         tensors = describe_tensors(optimized, lowered, corners, host, known)
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
-        unrun = [l for l in lowered.layers if is_int8_layer(l) and not has_tactic(l, target, arch)]
+        unrun = [l for l in lowered.layers
+                 if (is_int8_layer(l) or is_weight_only(l)) and not has_tactic(l, target, arch)]
         if unrun and not {l.name for l in unrun} <= set(unfolded):
-            log.warning("no %s INT8 tactic runs %s; they run in float (their Q/DQ as written)", target,
-                        ", ".join(f"{l.name!r} ({l.kind} {_fmt(l.in_shapes[2])})" for l in unrun[:5]))
+            families = sorted({"INT8" if is_int8_layer(l) else "weight-only" for l in unrun})
+            log.warning("no %s %s tactic runs %s; they run in float (their Q/DQ as written)", target, " or ".join(families),
+                        ", ".join(f"{l.name!r} ({l.kind} {_fmt(l.in_shapes[2 if is_int8_layer(l) else 1])})"
+                                  for l in unrun[:5]))
             unfolded += tuple(l.name for l in unrun)
             continue
         if cfg.strongly_typed or not (cfg.fp16 or cfg.bf16):

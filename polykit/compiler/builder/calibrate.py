@@ -2,7 +2,11 @@
 
 The fp32 engine of the graph *before fusion* runs over the data (`calibration_engine`: a plan
 built with fusion off and every calibrated tensor marked as an output, so the names are the
-model's own and a cache stays valid across builds), on the build's target. Memory stays
+model's own and a cache stays valid across builds), on the build's target. A build with
+optimization profiles calibrates at its calibration profile (BuilderConfig.calibration_profile,
+else its last profile, as Polygraphy sets TensorRT's setCalibrationProfile): the calibration engine serves that
+profile, so each batch runs at its own shape inside it, and the one scale set serves every
+profile of the plan. Memory stays
 bounded: the first pass keeps each tensor's max |x|, the second (entropy and percentile) a
 histogram of |x| in HIST_BINS bins over [0, max |x|]; no activation is stored.
 
@@ -31,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from polykit.errors import DataFileError, UsageError
+from polykit.errors import DataFileError, RuntimeInputError, UsageError
 from polykit.npy_io import open_npz
 
 log = logging.getLogger("polykit")
@@ -110,13 +114,15 @@ class _Stats:
 
 
 def calibrate(graph: Any, names: list[str], data: Any, target: str, calibrator: str = "entropy",
-              percentile: float = 99.99) -> dict[str, float]:
+              percentile: float = 99.99, build: Any = None) -> dict[str, float]:
     """Scale of each tensor in `names` (graph inputs or node outputs of the unfused graph)
-    over the batches of `data` (calibration_batches), on `target`."""
+    over the batches of `data` (calibration_batches), on `target`. `build`: the BuilderConfig of
+    the build being calibrated, whose input shapes, input values and calibration profile the
+    calibration engine takes (`graph` then as the model has it, dynamic dims unresolved)."""
     chosen = CALIBRATORS[calibrator]
     batches = calibration_batches(data)
     stats = _Stats({n: 0.0 for n in names})
-    with calibration_engine(graph, names, target) as engine:
+    with calibration_engine(graph, names, target, build) as engine:
         _run(engine, batches, names, "calibrating: ranges", lambda name, x: _update_amax(stats, name, x))
         if chosen.histogram:
             stats.hist = {n: np.zeros(HIST_BINS, np.int64) for n in names}
@@ -153,7 +159,12 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
     try:
         with progress_bar(total, what) as advance:
             for seen, feeds in enumerate(batches, start=1):
-                outputs = context.execute(feeds)
+                try:
+                    outputs = context.execute(feeds)
+                except RuntimeInputError as e:  # a batch the calibration engine's shapes do not take
+                    raise UsageError(f"calibration batch {seen} does not fit the calibration engine: {e.what}",
+                                     where=e.where, hint="give batches inside the calibration profile (the last "
+                                     "profile unless BuilderConfig.calibration_profile says otherwise)") from None
                 for name in names:
                     value = outputs[name] if name in outputs else feeds[name]
                     update(name, np.asarray(value, np.float32))
@@ -164,15 +175,27 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
         raise UsageError("the calibration data holds no batch", hint="give at least one batch of inputs")
 
 
-def calibration_engine(graph: Any, names: list[str], target: str) -> Any:
-    """The fp32 engine of `graph` unfused, with `names` (but graph inputs) marked as outputs."""
+def calibration_engine(graph: Any, names: list[str], target: str, build: Any = None) -> Any:
+    """The fp32 engine of `graph` unfused, with `names` (but graph inputs) marked as outputs; with
+    `build` (a BuilderConfig), for its input shapes and values and its calibration profile."""
     from polykit.compiler.builder.builder import Builder
     from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.profiles import Profile
     from polykit.runtime.engine import Runtime
 
     marked = tuple(n for n in names if n not in graph.inputs)
+    shapes: dict[str, Any] = {"input_values": graph.metadata.get("input_values", {})}
+    if build is not None:
+        profile = build.calibration_profile or (build.profiles[-1] if build.profiles else None)
+        shapes = {"input_values": build.input_values, "input_shapes": dict(build.input_shapes),
+                  "shape_values": build.shape_values, "profiles": ()}
+        if profile is not None:  # inputs the profile fixes (min = max) are built at that shape
+            fixed = {n: t[0] for n, t in profile.shapes.items() if t[0] == t[2]}
+            shapes["input_shapes"].update(fixed)
+            varying = Profile({n: t for n, t in profile.shapes.items() if n not in fixed}, profile.values, profile.ruled)
+            shapes["profiles"] = (varying,) if varying.shapes or varying.values else ()
     config = BuilderConfig(target=target, mark_outputs=marked, fuse=False, builder_optimization_level=0,
-                           channels_last=False, input_values=graph.metadata.get("input_values", {}))
+                           channels_last=False, **shapes)
     return Runtime(target).deserialize_engine(Builder(config).build(graph))
 
 

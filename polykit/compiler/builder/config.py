@@ -27,7 +27,8 @@ FP32_NHWC_PIXELS = 4096
 #: fields naming files a build reads or writes besides the model, and switches of the build
 #: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
 SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
-                        "error_on_timing_cache_miss", "calibration_cache", "calibration_data"})
+                        "error_on_timing_cache_miss", "calibration_cache", "calibration_data",
+                        "calibration_profile"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
@@ -99,6 +100,9 @@ class BuilderConfig:
         written after calibrating otherwise (polykit.compiler.builder.calibration_cache).
     tensor_ranges: tensor name -> (min, max): per-tensor dynamic ranges that override calibration
         (the scale is max(|min|, |max|) / 127).
+    calibration_profile: the shapes a build with profiles calibrates at (TensorRT's
+        setCalibrationProfile): the calibration batches may have any shape inside it; None: the
+        last of `profiles` (Polygraphy's choice). One scale set serves every profile.
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
         (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
     refittable: the plan records how its weights derive from the model's initializers, so
@@ -140,6 +144,7 @@ class BuilderConfig:
     calibration_cache: str | os.PathLike | None = None
     tensor_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
     profiles: tuple[Profile, ...] = ()
+    calibration_profile: Profile | None = field(default=None, compare=False)
     ranks: int = 1
     rank: int = 0
     refittable: bool = False
@@ -161,6 +166,8 @@ class BuilderConfig:
         object.__setattr__(self, "input_shapes", shapes)
         profiles = (self.profiles,) if isinstance(self.profiles, (Profile, Mapping)) else tuple(self.profiles or ())
         object.__setattr__(self, "profiles", tuple(p if isinstance(p, Profile) else Profile(p) for p in profiles))
+        if self.calibration_profile is not None and not isinstance(self.calibration_profile, Profile):
+            object.__setattr__(self, "calibration_profile", Profile(self.calibration_profile))
         for key in ("mark_outputs", "expose_tensors"):
             names = getattr(self, key)
             object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from polykit.compiler.builder.calibrate import calibrate, scale_of
 from polykit.compiler.builder.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
 from polykit.compiler.ops.quant.int8 import INT8_KINDS
+from polykit.compiler.ops.quant.weight_only import KIND as WEIGHT_ONLY_KIND
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
 from polykit.errors import BuildError, DataFileError
 
@@ -44,36 +45,47 @@ class Int8Setup:
     fold: bool = False
     scales: Mapping[str, float] = field(default_factory=dict, hash=False)
     layers: bool = False
+    #: keep weight-only quantized MatMul/Gemm weights packed (passes.fold_weight_only)
+    weight_only: bool = False
 
 
 def target_runs_int8(target: str) -> bool:
     """Whether `target` has tactics for the INT8 layer kinds."""
+    return target_runs(target, INT8_KINDS)
+
+
+def target_runs(target: str, kinds: Iterable[str]) -> bool:
+    """Whether `target` has tactics for any of the ai.polykit layer `kinds`."""
     from polykit.kernels.tactics import tactic_table
 
     table = tactic_table(target)
-    return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in INT8_KINDS)
+    return any(table.of_kind(target, POLYKIT_DOMAIN, kind) for kind in kinds)
 
 
-def plan_int8(g: Graph, cfg: BuilderConfig, target: str) -> Int8Setup:
-    """The INT8 setup of a build of `g` (input shapes applied, shapes inferred)."""
+def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = None) -> Int8Setup:
+    """The INT8 setup of a build of `g` (input shapes applied, shapes inferred). `model`: the
+    graph as given, before its inputs took a profile's symbolic dims: a build with profiles
+    calibrates it at the calibration profile's shapes (calibrate.calibration_engine)."""
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
+    weight_only = explicit and target_runs(target, (WEIGHT_ONLY_KIND,))
     if not runs and (explicit or cfg.int8):
         log.warning("the %s target has no INT8 tactics: %s", target,
                     "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
-        return Int8Setup()
+        return Int8Setup(weight_only=weight_only)
     if not cfg.int8:
-        return Int8Setup(fold=runs, layers=runs and explicit)
+        return Int8Setup(fold=runs, layers=runs and explicit, weight_only=weight_only)
     if explicit:
         log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
-        return Int8Setup(fold=True, layers=True)
+        return Int8Setup(fold=True, layers=True, weight_only=weight_only)
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
         log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target), layers=True)
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model), layers=True)
 
 
-def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str) -> dict[str, float]:
+def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str,
+                      model: Graph | None = None) -> dict[str, float]:
     """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration."""
     known = set(g.inputs) | {o for n in g.nodes for o in n.outputs if o}
     unknown = [name for name in cfg.tensor_ranges if name not in known]
@@ -99,7 +111,9 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
             log.info("calibration cache %s was made by the %s calibrator; using it as it is", path, cache.calibrator)
         calibrated = dict(cache.scales)
     else:
-        calibrated = calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+        calibrated = (calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+                      if model is None else
+                      calibrate(model, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile, cfg))
         if path is not None:
             write_calibration_cache(path, CalibrationCache(cfg.calibrator, calibrated))
             log.info("wrote calibration cache %s (%d tensors, %s)", path, len(calibrated), cfg.calibrator)

@@ -23,6 +23,7 @@ from polykit.compiler.passes.fold_constants import fold_constants
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fold_qdq import fold_qdq
+from polykit.compiler.passes.fold_weight_only import fold_weight_only
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_movement import fuse_movement
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
@@ -45,7 +46,7 @@ __all__ = [
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
-    "fold_qdq", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
+    "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -105,7 +106,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
              channels_last: bool = False, channels_last_convs: Iterable[str] = DEFAULT_CONV_CLASSES,
              int8: bool = False, int8_scales: Mapping[str, float] | None = None,
-             int8_unfolded: Iterable[str] = ()) -> Graph:
+             int8_unfolded: Iterable[str] = (), weight_only: bool = False) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -125,6 +126,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq).
     `int8_unfolded` names ops that stay quantized but are not folded (no INT8 tactic of the target
     runs them): their Q/DQ run as layers and the op in float32, as the INT8 layer would compute.
+    `weight_only=True` (with `fuse`) keeps weight-only quantized MatMul/Gemm weights packed
+    (fold_weight_only, before constant folding would dequantize them); `int8_unfolded` names
+    those that stay as written too.
     """
     g = graph.copy()
     kept = frozenset(keep)
@@ -137,6 +141,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     int8_pools = bind(quantize_pools, keep=kept)
     if int8 and fuse:
         run_passes(g, [int8_pools, fold_int8], check)
+    if weight_only and fuse:
+        run_passes(g, [bind(fold_weight_only, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)], check)
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]

@@ -14,7 +14,8 @@ uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA
 are initializers, Constant nodes or Q/DQ of those (a QAT export's QuantizeLinear of a float
 weight, a DequantizeLinear of an int32 bias), evaluated here. Anything else (blocked scales, float16
 scales, per-axis activations, non-constant biases) stays as written: Q and DQ run as their own
-layers and the op in float, which computes exactly what the model says.
+layers and the op in float, which computes exactly what the model says (a MatMul/Gemm weight of
+those is then kept packed by passes.fold_weight_only, when it qualifies).
 
 It runs before constant folding (which would turn weight DQs into float weights) and again
 after insert_qdq has quantized a calibrated graph (polykit.compiler.builder.quantize).

@@ -1,0 +1,111 @@
+"""WeightOnlyMatMul on CUDA cores (weight_only.cu): W4A16 / W8A16 with the weight kept packed and
+dequantized in the main loop (ai.polykit; compiler/ops/quant/weight_only.py is the record).
+
+Tactics `cuda.weight_only.m<ROWS>` (ROWS = 1, 4, 16: activation rows a block's tile holds; any M
+runs, tiles stepping over M): X float32 / float16 / bfloat16 [..., M, K] (rows folded into M), the
+weight int4 / uint4 / float4_e2m1fn / int8 / uint8 (runtime code), scales in X's type, zero points
+or none, a bias in X's type or none. WARPS warps a block, COLS output columns a warp. sm_80 and later;
+no tensor cores yet (correctness first; docs/INT8.md says what is measured).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.weight_only import (ACTIVATION_TYPES, BIAS, KIND, SCALE, WEIGHT_TYPES, ZERO_POINT, W,
+                                                    X, is_weight_only, padded_row_bytes)
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+
+FILE = "weight_only.cu"
+KERNEL = "weight_only_matmul"
+#: activation dtype -> the kernel's ELEM
+ELEMS = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
+#: weight type -> weight_only.cu's WT_* code
+WEIGHT_CODES = {"int4": 0, "uint4": 1, "float4_e2m1fn": 2, "int8": 3, "uint8": 4}
+#: rows a tile holds, one tactic each (decode: 1; small batches: 4, 16)
+ROW_TILES = (1, 4, 16)
+WARPS, COLS = 4, 2
+MAX_GRID_Y = 65535
+INT32_MAX = (1 << 31) - 1
+
+
+def source(elem: str, rows: int) -> KernelSource:
+    return KernelSource(KERNEL, file=FILE, defines=defines(ELEM=elem, ROWS=rows, COLS=COLS, WARPS=WARPS))
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every activation type with every row tile."""
+    return [source(elem, rows) for elem in ELEMS.values() for rows in ROW_TILES]
+
+
+def supports(layer: Any) -> bool:
+    """What the stamped record says the kernel takes (layers built by hand: judged at enqueue)."""
+    if not is_weight_only(layer) or str(layer.attrs.get("weight_type")) not in WEIGHT_CODES:
+        return False
+    if not layer.in_dtypes:
+        return True
+    x = layer.in_dtypes[X]
+    return (x in ACTIVATION_TYPES and layer.in_dtypes[SCALE] == x and layer.out_dtypes[0] == x
+            and layer.in_dtypes[W] == "uint8" and (not layer.inputs[BIAS] or layer.in_dtypes[BIAS] == x))
+
+
+def weight_only_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[dict[str, int], list[Any]]:
+    """(sizes M, N, K, and the kernel arguments) of a WeightOnlyMatMul, checked against the record."""
+    where = f"layer {layer.name!r}"
+
+    def get(slot: int) -> DeviceTensor | None:
+        return tensors[layer.inputs[slot]] if layer.inputs[slot] else None
+
+    x, w, s, z, b, y = get(X), get(W), get(SCALE), get(ZERO_POINT), get(BIAS), tensors[layer.outputs[0]]
+    weight_type = str(layer.attrs["weight_type"])
+    k, block = int(layer.attrs["K"]), int(layer.attrs["block_size"])
+    n = w.shape[0] if len(w.shape) == 2 else -1
+    nb = -(-k // block) if block > 0 else -1
+    ldw = padded_row_bytes(k, WEIGHT_TYPES[weight_type]) if k > 0 else -1
+    problems = []
+    if x.dtype.name not in ELEMS or s.dtype != x.dtype or y.dtype != x.dtype:
+        problems.append(f"X {x.dtype}, scale {s.dtype}, Y {y.dtype} (one of {', '.join(ELEMS)})")
+    if tuple(w.shape) != (n, ldw) or w.dtype != np.uint8 or w.ptr % 16:
+        problems.append(f"W {w.dtype} {w.shape} (uint8 [N, {ldw}], 16-byte aligned)")
+    if tuple(s.shape) != (n, nb) or (z is not None and (tuple(z.shape) != (n, nb) or z.dtype.name not in ("int8", "uint8"))):
+        problems.append(f"scale {s.shape} / zero point {None if z is None else (z.dtype, z.shape)} ([N, {nb}])")
+    if b is not None and (b.dtype != x.dtype or tuple(b.shape) != (n,)):
+        problems.append(f"B {b.dtype} {b.shape} (X's type, [N])")
+    if len(x.shape) < 2 or x.shape[-1] != k:
+        problems.append(f"X {x.shape} ([..., M, {k}])")
+    m = int(np.prod(x.shape[:-1])) if x.shape else 0
+    if max(m, n, k, m * n, m * k) > INT32_MAX:
+        problems.append(f"M={m}, N={n}, K={k} past int32 indices")
+    if problems:
+        raise DeviceError(f"WeightOnlyMatMul the kernel cannot run: {'; '.join(problems)}", where=where,
+                          hint="run this layer on --target cpu")
+    args = [x, w, s, z if z is not None else 0, b if b is not None else 0, y]
+    args += [np.int32(v) for v in (m, n, k, ldw, block, nb, WEIGHT_CODES[weight_type])]
+    return {"M": m, "N": n, "K": k}, args
+
+
+def _tactic(rows: int):
+    def kernels(layer: Any) -> list[KernelSource]:
+        dtype = layer.in_dtypes[X] if layer.in_dtypes else "float32"
+        return [source(ELEMS.get(dtype, "float"), rows)]
+
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        sizes, args = weight_only_args(layer, tensors)
+        if sizes["M"] == 0 or sizes["N"] == 0:
+            return
+        elem = ELEMS[tensors[layer.inputs[X]].dtype.name]
+        grid = (-(-sizes["N"] // (WARPS * COLS)), min(-(-sizes["M"] // rows), MAX_GRID_Y), 1)
+        launcher.launch(source(elem, rows), grid, (32 * WARPS,), args)
+
+    return kernels, enqueue
+
+
+for _rows in ROW_TILES:
+    _kernels, _enqueue = _tactic(_rows)
+    cuda_tactic(KIND, f"cuda.weight_only.m{_rows}", kernels=_kernels, supports=supports, priority=10 - _rows // 4,
+                params={"rows": _rows, "cols": COLS, "warps": WARPS}, conservative=_rows == 1,
+                domain=POLYKIT_DOMAIN)(_enqueue)
