@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.builder.calibrate import CALIBRATORS
+from polykit.compiler.plan.compatibility import HARDWARE_LEVELS
 from polykit.compiler.plan.profiles import Profile
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
@@ -101,6 +102,10 @@ class BuilderConfig:
         (the scale is max(|min|, |max|) / 127).
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
         (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
+    version_compatible: the plan loads with other polykit versions whose tactics have the same
+        revisions (polykit.compiler.plan.compatibility); otherwise only with this one.
+    hardware_compatibility_level: "none" (the plan runs on the build's compute capability) or
+        "ampere+" (only tactics that run on every GPU of compute capability 8.0 and later).
     """
 
     target: str | None = None
@@ -139,6 +144,8 @@ class BuilderConfig:
     profiles: tuple[Profile, ...] = ()
     ranks: int = 1
     rank: int = 0
+    version_compatible: bool = False
+    hardware_compatibility_level: str = "none"
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -181,11 +188,19 @@ class BuilderConfig:
         self._check_precision()
         self._check_int8()
         self._check_ranks()
+        if self.hardware_compatibility_level not in HARDWARE_LEVELS:
+            raise UsageError(f"unknown hardware compatibility level {self.hardware_compatibility_level!r}",
+                             hint=f"use one of: {', '.join(HARDWARE_LEVELS)}")
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
+
+    def tactic_arch(self, device_arch: str) -> str:
+        """The GPU arch whose tactics the build may take: the device's, or "" (the tactics that
+        declare no arch, which run on every GPU) for a hardware-compatibility level."""
+        return device_arch if self.hardware_compatibility_level == "none" else ""
 
     def channels_last_for(self, target: str, conv_pixels: Sequence[int] = (), int8_layers: bool = False) -> bool:
         """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda

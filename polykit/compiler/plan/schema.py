@@ -319,7 +319,14 @@ DOCUMENT_FIELDS = (
     Field("memory", record(MEMORY_FIELDS)),
     Field("metadata", all_of(json_value, record(METADATA_FIELDS))),
     Field("profiles", lambda value, path: _profiles(value, path), required=False),
+    Field("compatibility", lambda value, path: _compatibility(value, path), required=False),
 )
+
+
+def _compatibility(value: Any, path: str) -> None:
+    from polykit.compiler.plan.compatibility import COMPATIBILITY_FIELDS
+
+    record(COMPATIBILITY_FIELDS)(value, path)
 
 
 def _profiles(value: Any, path: str) -> None:
