@@ -281,3 +281,12 @@ def test_a_calibration_cache_of_another_version_is_refused_without_data_and_rewr
         _int8_build(tmp_path, cache, data=True)
     assert "ignored, calibrating again" in caplog.text
     assert cache.read_text() == text  # calibrated again with the same data: the same scales, this version's header
+
+
+def test_inspect_shows_where_a_plan_may_load(compatible_plan, tmp_path, capsys):
+    path = tmp_path / "m.plan"
+    compatible_plan.save(path)
+    assert main(["inspect", "model", str(path), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)["compatibility"]
+    assert record["polykit"] == polykit.__version__ and record["version_compatible"] is True
+    assert record["tactic_set"] == tactic_set("cpu") and record["hardware_compatibility_level"] == "none"
