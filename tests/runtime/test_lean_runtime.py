@@ -1,7 +1,7 @@
 """The lean runtime (issue 36, point 4): running a saved plan needs numpy (and cuda-python for the
-cuda target), not the toolkit's onnx, onnxruntime or pluggy. A child process whose imports of
-those raise ImportError (a meta-path finder ahead of every other) loads plans built here, with
-the full toolkit, and gives the outputs computed here."""
+cuda target), not the toolkit's onnx, onnxruntime or pluggy, nor ml_dtypes (bfloat16 and float8
+plans aside). A child process whose imports of those raise ImportError (a meta-path finder ahead
+of every other) loads plans built here, with the full toolkit, and gives the outputs computed here."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from polykit.compiler.graph.evaluator import evaluate_model
 from polykit.runtime.engine import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
-#: what `pip install polykit` leaves out (the `toolkit` extra)
-TOOLKIT = ("onnx", "onnxruntime", "pluggy", "typer", "rich")
+#: what `pip install polykit` leaves out (the `toolkit` extra, and ml_dtypes, which onnx brings)
+TOOLKIT = ("onnx", "onnxruntime", "pluggy", "typer", "rich", "ml_dtypes")
 
 #: run first in the child: imports of the toolkit's packages fail as they would where they are not installed
 BLOCKER = f"""
@@ -74,7 +74,8 @@ import numpy as np
 from polykit.runtime.engine import Runtime
 with Runtime().load_engine("m.plan") as engine, engine.create_execution_context() as ctx:
     np.save("y.npy", ctx.execute({"x": np.load("x.npy")})["y"])
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"onnx", "onnxruntime", "pluggy", "typer", "rich"})))
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"onnx", "onnxruntime", "pluggy", "typer", "rich",
+                                                                   "ml_dtypes"})))
 """, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == []
@@ -124,3 +125,19 @@ with Runtime().load_engine("m.plan") as engine, engine.create_execution_context(
 """, tmp_path)
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), expected)
+
+
+def test_a_bfloat16_plan_without_ml_dtypes_names_the_package(tmp_path):
+    build_plan(_convnet(), BuilderConfig(target="cpu", bf16=True)).save(tmp_path / "m.plan")
+    proc = _run_lean("""
+import sys
+from polykit.errors import PlanError
+from polykit.runtime.engine import Runtime
+try:
+    Runtime().load_engine("m.plan")
+except PlanError as exc:
+    print(exc.what)
+    sys.exit(2)
+""", tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "'bfloat16' needs the ml_dtypes package" in proc.stdout
