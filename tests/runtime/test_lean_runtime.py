@@ -141,3 +141,42 @@ except PlanError as exc:
 """, tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "'bfloat16' needs the ml_dtypes package" in proc.stdout
+
+
+def test_without_pluggy_a_plugins_tactics_register_and_a_misspelt_hook_fails(tmp_path):
+    """polykit.lean_plugins stands in for pluggy: a plugin module marked with polykit.plugins.hookimpl
+    adds its tactics as under pluggy, with its origin; a hook name polykit lacks is a PluginError."""
+    (tmp_path / "lean_plugin.py").write_text('''
+__version__ = "1.2"
+from polykit.plugins import hookimpl
+from polykit.kernels.cpu.base import CpuTactic
+
+@hookimpl
+def polykit_tactics(registry):
+    if registry.target == "cpu":
+        registry.register(CpuTactic("cpu", "Relu", "lean_plugin.relu", run_fn=lambda node, inputs: inputs))
+''')
+    (tmp_path / "misspelt_plugin.py").write_text('''
+from polykit.plugins import hookimpl
+
+@hookimpl
+def polykit_tactcs(registry):
+    pass
+''')
+    code = """
+import os
+from polykit.kernels.tactics import find_tactic, tactic_origin
+from polykit.plugins import PluginError, create_plugin_manager
+tactic = find_tactic("cpu", "Relu", "lean_plugin.relu")
+print(tactic_origin(tactic).to_json())
+try:
+    create_plugin_manager({"POLYKIT_PLUGINS": "misspelt_plugin"})
+except PluginError as exc:
+    print("PluginError:", exc.what)
+"""
+    env_code = "import os, sys; sys.path.insert(0, os.getcwd()); os.environ['POLYKIT_PLUGINS'] = 'lean_plugin'\n"
+    proc = _run_lean(env_code + code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "{'plugin': 'lean_plugin', 'version': '1.2'}"
+    assert lines[1].startswith("PluginError:") and "polykit_tactcs" in lines[1]
