@@ -290,3 +290,30 @@ def test_inspect_shows_where_a_plan_may_load(compatible_plan, tmp_path, capsys):
     record = json.loads(capsys.readouterr().out)["compatibility"]
     assert record["polykit"] == polykit.__version__ and record["version_compatible"] is True
     assert record["tactic_set"] == tactic_set("cpu") and record["hardware_compatibility_level"] == "none"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", ["none", "ampere+"])
+def test_on_a_gpu_a_plan_stamped_with_another_capability_loads_only_under_its_level(level):
+    """On the lent GPU: the plan's header and document say it was built on another Ampere-or-later
+    GPU; an ampere+ plan runs and gives the outputs of the plan as built, a plain one is refused."""
+    if not driver.is_available():
+        pytest.skip("needs a CUDA GPU")
+    plan = build_plan(_gemm(), BuilderConfig(target="cuda", fp16=True, hardware_compatibility_level=level))
+    here = driver.current_device(0).arch
+    other = "sm_86" if here != "sm_86" else "sm_80"
+    x = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
+
+    def restamp(data: bytes) -> bytes:
+        header, doc, blob = decode_plan(data)
+        doc["gpu_arch"] = other
+        from polykit.compiler.plan.file import encode_plan
+
+        return encode_plan(doc, bytes(blob), header["target"], other)
+
+    data = restamp(plan.serialize())
+    if level == "none":
+        with pytest.raises(PlanError, match=f"{other}; this GPU is {here}"):
+            Runtime().deserialize_engine(data)
+    else:
+        np.testing.assert_array_equal(_run(data, x), _run(plan.serialize(), x))
