@@ -39,9 +39,12 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-import pluggy
-
 from polykit.errors import PolykitError
+
+try:
+    import pluggy
+except ImportError:  # the lean runtime (no `toolkit` extra): polykit's hooks without pluggy
+    pluggy = None
 
 if TYPE_CHECKING:  # pragma: no cover
     from polykit.backends.base import RunnerSpec
@@ -57,8 +60,18 @@ PROJECT = "polykit"
 ENTRY_POINT_GROUP = "polykit"
 ENV_VAR = "POLYKIT_PLUGINS"
 
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+if pluggy is not None:
+    hookspec = pluggy.HookspecMarker(PROJECT)
+    hookimpl = pluggy.HookimplMarker(PROJECT)
+    _Manager: type = pluggy.PluginManager
+    _ValidationError: type[Exception] = pluggy.PluginValidationError
+else:
+    from polykit import lean_plugins
+
+    hookspec = lean_plugins.Marker("spec")
+    hookimpl = lean_plugins.Marker("impl")
+    _Manager = lean_plugins.LeanPluginManager
+    _ValidationError = lean_plugins.ValidationError
 
 #: Modules that register polykit's own ops, tactics, runners, compare functions, data loaders
 #: and commands. An entry whose module does not exist (yet) is skipped silently: optional built-ins.
@@ -70,6 +83,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "polykit.tools.conformance",
 )
 _OPTIONAL_BUILTINS = frozenset({"polykit.tools.conformance"})
+#: what `pip install polykit[toolkit]` adds to the lean runtime: a built-in plugin that needs one
+#: of them (the runners, the CLI's tools) is left out where it is not installed
+TOOLKIT_MODULES = frozenset({"onnx", "onnxruntime", "pluggy", "typer", "rich"})
 
 
 class PluginError(PolykitError):
@@ -157,14 +173,18 @@ class HookSpecs:
         """
 
 
-class PolykitPluginManager(pluggy.PluginManager):
+class PolykitPluginManager(_Manager):
     """polykit's plugin manager: a plugin that fails is skipped with a warning, or is a
-    PluginError when `strict`."""
+    PluginError when `strict`. Built on pluggy's, or without pluggy installed (the lean
+    runtime) on polykit.lean_plugins' stand-in, which calls the same hooks."""
 
     def __init__(self, strict: bool = False):
-        super().__init__(PROJECT)
+        if pluggy is not None:
+            super().__init__(PROJECT)
+            self.add_hookspecs(HookSpecs)
+        else:
+            super().__init__(PROJECT, HookSpecs)
         self.strict = strict
-        self.add_hookspecs(HookSpecs)
         self._warned: set[str] = set()  # hooks run more than once per command: warn once
         self._versions: dict[str, str] = {}  # plugin name -> its distribution's version
 
@@ -294,6 +314,9 @@ def create_plugin_manager(env: dict[str, str] | None = None, strict: bool = Fals
         except ModuleNotFoundError as exc:
             if name in _OPTIONAL_BUILTINS and exc.name == name:
                 continue
+            if (exc.name or "").split(".")[0] in TOOLKIT_MODULES:
+                log.debug("built-in plugin %s left out: %s is not installed (polykit[toolkit])", name, exc.name)
+                continue
             raise
         if not pm.is_registered(module):
             pm.register(module, name=name)
@@ -304,7 +327,7 @@ def create_plugin_manager(env: dict[str, str] | None = None, strict: bool = Fals
             pm.register_module(name, lambda name=name: importlib.import_module(name), f"${ENV_VAR}")
     try:
         pm.check_pending()
-    except pluggy.PluginValidationError as exc:
+    except _ValidationError as exc:
         raise PluginError(f"{exc}", where=f"plugin {pm.get_name(exc.plugin) or exc.plugin!r}",
                           hint="hook implementations must be named after a polykit hook (see polykit.plugins)") from exc
     return pm

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 TEST_COMMAND = "python3 -m venv .venv && .venv/bin/python -m pip install -e '.[test,cuda]' && .venv/bin/python -m pytest -q -n auto"
-RUN_COMMAND = ("python3 -m venv .venv && .venv/bin/python -m pip install -e . && "
+RUN_COMMAND = ("python3 -m venv .venv && .venv/bin/python -m pip install -e '.[toolkit]' && "
                ".venv/bin/polykit run examples/models/mlp.onnx --trt --onnxrt")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -52,6 +53,10 @@ class Tactic:
     dynamic_sizes: it reads the layer's sizes at run time, so it may serve a layer of a plan
         built for optimization profiles whose shapes change between runs (polykit.compiler.plan.profiles);
         a tactic whose kernel bakes sizes in at build time is not eligible for such a layer.
+    revision: the version of what the tactic computes and the layouts it reads and writes (its
+        formats, how it wants its weights packed): a version-compatible plan names its tactics
+        `name@revision` (versioned_name), and another polykit version loads it only where each
+        has the same revision. Bump it when a change makes old plans of the tactic wrong.
     """
 
     target: str
@@ -66,6 +71,11 @@ class Tactic:
     estimate_fn: Callable[[Any, int], float | None] | None = field(default=None, hash=False, compare=False)
     conservative: bool = False
     dynamic_sizes: bool = False
+    revision: int = 1
+
+    @property
+    def versioned_name(self) -> str:
+        return f"{self.name}@{self.revision}"
 
     def estimate(self, layer: Any, sm_count: int) -> float | None:
         """The predicted cost of running `layer` (None when the tactic makes no prediction)."""
@@ -239,3 +249,13 @@ def find_tactic(target: str, kind: str, name: str) -> Tactic | None:
 def all_tactics(target: str) -> list[Tactic]:
     """Every tactic registered for `target` (after loading them)."""
     return tactic_table(target).of_target(target)
+
+
+def tactic_set(target: str) -> str:
+    """A digest of polykit's own tactics of `target` (plugins' left out: they carry their own
+    versions): each one's kind, versioned name, parameters and archs. A plan records it, so two
+    builds of one polykit version with different tactic tables (a modified tree) can be told apart."""
+    table = tactic_table(target)
+    rows = sorted(json.dumps([t.kind, t.domain, t.versioned_name, dict(t.params), list(t.archs)], sort_keys=True,
+                             default=repr) for t in table.of_target(target) if table.origin(t) is None)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]

@@ -31,6 +31,7 @@ from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
+from polykit.runtime.compatibility import check_versioned_tactics
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
@@ -108,11 +109,13 @@ class Engine:
     def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan"):
         """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
         default: a new one of the plan's target. The plan's tactics and kernel files are
-        checked against this polykit's first (polykit.runtime.tactic_check: PlanError naming
-        the field; `where` names the plan, e.g. its file)."""
+        checked against this polykit's first (polykit.runtime.compatibility for a plan from
+        another version, polykit.runtime.tactic_check: PlanError naming the field; `where`
+        names the plan, e.g. its file)."""
         if target is not None and target.name != plan.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
                             hint=f"rebuild the plan with --target {target.name}")
+        check_versioned_tactics(plan, where)
         check_tactics(plan, where)
         self.plan = plan
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time

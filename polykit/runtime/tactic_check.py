@@ -14,7 +14,9 @@ table can say is checked here, before the target sees the plan:
   are exactly the tactic's own, its `supports` accepts the layer, each generated kernel has
   the shape polykit's generators give: polykit.kernels.cuda.base.check_generated), and the
   regenerated sources must be the ones the plan records (entry point and source key), so the
-  runtime compiles exactly what the builder compiled.
+  runtime compiles exactly what the builder compiled. A version-compatible plan from another
+  polykit version (polykit.runtime.compatibility checked its tactics' revisions) is the
+  exception: its kernels are this version's, and its kernel table is replaced by theirs.
 
 Plans nested in control-flow layers are checked with their layer. A violation is a
 PlanError naming the field, as the plan's own check words it, or the layer.
@@ -41,7 +43,7 @@ def check_tactics(plan: Plan, where: str = "plan") -> None:
     does not have for the layer's kind, a plugin tactic not installed as the plan records it, or
     (cuda) kernels this polykit does not generate for the layer. A format-1 cuda plan (no source
     keys recorded) gets its kernel table's keys filled in from the regenerated sources."""
-    for nested, at in _plans(plan, where):
+    for nested, at in plans_within(plan, where):
         try:
             _tactics_exist(nested)
         except Invalid as bad:
@@ -50,8 +52,10 @@ def check_tactics(plan: Plan, where: str = "plan") -> None:
             _plugins_as_recorded(nested, at)
             rows = {layer.name: _verified(nested, layer, at) for layer in nested.layers}
             table = nested.metadata["kernels"]
-            if any("key" not in row for recorded in table["layers"].values() for row in recorded):
-                nested.metadata["kernels"] = {**table, "layers": rows}  # a format-1 plan, as format 2 records it
+            if nested.compatibility.foreign or any("key" not in row for recorded in table["layers"].values()
+                                                   for row in recorded):
+                # a format-1 plan as format 2 records it; a version-compatible one as this version compiles it
+                nested.metadata["kernels"] = {**table, "layers": rows}
 
 
 def plan_kernels(plan: Plan, layer: Any, where: str = "plan") -> list[Any]:
@@ -113,6 +117,8 @@ def _generate(tactic: Any, layer: Any, where: str) -> list[Any]:
 def _compare(plan: Plan, layer: Any, sources: list[Any], where: str) -> None:
     """The regenerated sources are the ones the plan records: the same entry points with the same
     source keys (rows of a format-1 plan record no key: their names are compared)."""
+    if plan.compatibility.foreign:  # version-compatible: the tactics' revisions matched; their kernels are ours
+        return
     recorded = ((plan.metadata.get("kernels") or {}).get("layers") or {}).get(layer.name)
     if recorded is None:
         raise PlanError(f"the plan records no kernels for layer {layer.name!r}", where=f"{where}: layer {layer.name!r}",
@@ -162,7 +168,7 @@ def _short(params: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _plans(plan: Plan, where: str) -> Iterator[tuple[Plan, str]]:
+def plans_within(plan: Plan, where: str) -> Iterator[tuple[Plan, str]]:
     """`plan`, then the plans nested in its layers' attrs, each with its `where` as the plan
     file names it (polykit.compiler.plan.file._Nested)."""
     yield plan, where
@@ -172,7 +178,7 @@ def _plans(plan: Plan, where: str) -> Iterator[tuple[Plan, str]]:
 
 def _nested(value: Any, where: str) -> Iterator[tuple[Plan, str]]:
     if isinstance(value, Plan):
-        yield from _plans(value, where)
+        yield from plans_within(value, where)
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _nested(item, f"{where}: {key}")

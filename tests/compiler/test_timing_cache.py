@@ -52,7 +52,8 @@ def test_saving_merges_into_the_file_already_there(tmp_path):
 @pytest.mark.parametrize("doc,field", [
     ([], "the document"),
     ({"entries": {}}, "format"),
-    ({"format": 2, "entries": {}}, "format"),
+    ({"format": 3, "entries": {}}, "format"),
+    ({"format": 2, "polykit": "0.1.0", "device": "cpu", "entries": {}}, "arch"),
     ({"format": 1}, "entries"),
     ({"format": 1, "entries": {"short": _entry(1.0)}}, "entries['short']"),
     ({"format": 1, "entries": {KEY_A: 3}}, f"entries[{KEY_A!r}]"),

@@ -32,6 +32,7 @@ from polykit.compiler.builder.marking import expose, forced_outputs, observed_te
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
+from polykit.compiler.plan.compatibility import Compatibility
 from polykit.compiler.plan.file import Plan, check_memory
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
@@ -91,7 +92,7 @@ class Builder:
             metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
                     weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
-                    profiles=profiles)
+                    profiles=profiles, compatibility=compatibility_record(target, cfg, layers))
         check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
         if cfg.refittable:  # how a refit re-derives the weights (polykit.compiler.builder.refit)
             from polykit.compiler.builder.refit import refit_record
@@ -203,6 +204,22 @@ def build_device(target: str) -> Any:
         return None
 
 
+def compatibility_record(target: str, cfg: BuilderConfig, layers: Sequence[LayerDesc]) -> Compatibility:
+    """The plan's compatibility record: this polykit and its tactic set, the build's promises, and
+    (version-compatible) the revision of every tactic the layers use, every profile's."""
+    from polykit.kernels.tactics import find_tactic, tactic_set
+
+    tactics: dict[str, int] = {}
+    if cfg.version_compatible:
+        for layer in layers:
+            for name in (layer.tactic, *layer.profile_tactics):
+                tactic = find_tactic(target, layer.kind, name)
+                if tactic is not None:
+                    tactics[name] = tactic.revision
+    return Compatibility(polykit.__version__, tactic_set(target), cfg.version_compatible,
+                         cfg.hardware_compatibility_level, tactics)
+
+
 def target_arch(target: str) -> str:
     """The GPU architecture a plan is built for ("" off-GPU or without a usable GPU)."""
     device = build_device(target) if target != "cpu" else None
@@ -310,7 +327,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     unfolded: tuple[str, ...] = ()
     keep = list(g.outputs)
     device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
-    arch = device.arch if device is not None else ("" if target != "cpu" else None)
+    arch = cfg.tactic_arch(device.arch) if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
         known = infer_shapes(optimized, strict=False)
@@ -392,7 +409,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers, max(len(groups), 1))
     device = build_device(target) if target != "cpu" else None
-    arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
+    arch, sm_count = (cfg.tactic_arch(device.arch), device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
     every, views = profile_views(tensors, groups)
 

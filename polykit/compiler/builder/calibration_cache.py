@@ -8,7 +8,11 @@ The header names the format version, the polykit version that wrote it and the c
 each further line is `tensor name: scale` (the last ": " splits, so names may hold ": "), the
 scale a float32 written as a hexadecimal float (float.hex), so it reads back bit for bit. The
 scale maps int8 to real values: real = scale * q, q in [-128, 127] (threshold / 127).
-Reading is strict: a DataFileError names the file and line of anything else.
+Reading is strict: a DataFileError names the file and line of anything else. A build takes
+only its own polykit version's scales: another version's cache is ignored with a warning when
+the build has calibration data (and written anew), and refused (DataFileError) when it has none.
+The device is not recorded: scales are a property of the model and the data, which is why
+TensorRT's calibration caches move between devices too.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.builder.calibrate import CALIBRATORS
+from polykit.compiler.plan.compatibility import HARDWARE_LEVELS
 from polykit.compiler.plan.profiles import Profile
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
@@ -108,6 +109,10 @@ class BuilderConfig:
     refittable: the plan records how its weights derive from the model's initializers, so
         `polykit refit` / Refitter replace them without a rebuild (polykit.compiler.builder.refit,
         docs/REFIT.md); not with int8 calibration (its scales depend on the weights).
+    version_compatible: the plan loads with other polykit versions whose tactics have the same
+        revisions (polykit.compiler.plan.compatibility); otherwise only with this one.
+    hardware_compatibility_level: "none" (the plan runs on the build's compute capability) or
+        "ampere+" (only tactics that run on every GPU of compute capability 8.0 and later).
     """
 
     target: str | None = None
@@ -148,6 +153,8 @@ class BuilderConfig:
     ranks: int = 1
     rank: int = 0
     refittable: bool = False
+    version_compatible: bool = False
+    hardware_compatibility_level: str = "none"
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -195,11 +202,19 @@ class BuilderConfig:
         if self.refittable and self.int8:
             raise UsageError("a refittable build cannot calibrate INT8: the calibrated scales depend on the weights "
                              "a refit replaces", hint="drop --int8 (a model with Q/DQ is refittable), or --refittable")
+        if self.hardware_compatibility_level not in HARDWARE_LEVELS:
+            raise UsageError(f"unknown hardware compatibility level {self.hardware_compatibility_level!r}",
+                             hint=f"use one of: {', '.join(HARDWARE_LEVELS)}")
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
                 hint=f"use one of: {', '.join(MEMORY_STRATEGIES)}",
             )
+
+    def tactic_arch(self, device_arch: str) -> str:
+        """The GPU arch whose tactics the build may take: the device's, or "" (the tactics that
+        declare no arch, which run on every GPU) for a hardware-compatibility level."""
+        return device_arch if self.hardware_compatibility_level == "none" else ""
 
     def channels_last_for(self, target: str, conv_pixels: Sequence[int] = (), int8_layers: bool = False) -> bool:
         """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import polykit
 from polykit.compiler.builder.calibrate import calibrate, scale_of
 from polykit.compiler.builder.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
 from polykit.compiler.builder.config import BuilderConfig
@@ -100,8 +101,17 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
         log.info("wrote calibration cache %s (no tensor to quantize)", path)
     if not missing:
         return {name: scales[name] for name in needed}
-    if path is not None and Path(path).is_file():
-        cache = read_calibration_cache(path)
+    cache = read_calibration_cache(path) if path is not None and Path(path).is_file() else None
+    if cache is not None and cache.polykit_version != polykit.__version__:
+        if cfg.calibration_data is None:
+            raise DataFileError(f"the calibration cache was written by polykit {cache.polykit_version}; this is "
+                                f"polykit {polykit.__version__}, which does not take another version's scales",
+                                where=str(path), hint="calibrate again: build with calibration data (the cache is "
+                                                      "written anew), or remove the file")
+        log.warning("calibration cache %s was written by polykit %s (this is %s): ignored, calibrating again",
+                    path, cache.polykit_version, polykit.__version__)
+        cache = None
+    if cache is not None:
         absent = [name for name in missing if name not in cache.scales]
         if absent:
             raise DataFileError(f"the calibration cache does not match the network: it has no scale for "

@@ -2,8 +2,12 @@
 
 A file is JSON (never pickle):
 
-    {"format": 1, "entries": {"<sha256 hex>": {"ms": 0.042, "tactic": "cpu.conv.winograd",
-                                               "kind": "Conv", "device": "..."}}}
+    {"format": 2, "polykit": "0.1.0", "device": "NVIDIA H200", "arch": "sm_90",
+     "entries": {"<sha256 hex>": {"ms": 0.042, "tactic": "cpu.conv.winograd", "kind": "Conv", "device": "..."}}}
+
+`polykit`, `device` and `arch` say where the times were measured (format 1 files say nothing):
+a build on another device or with another polykit version ignores the cache with a warning
+and times again (TensorRT's behaviour), and saving over such a file replaces it.
 
 The key hashes everything a time depends on: the layer signature (kind, domain, attributes,
 input/output shapes, dtypes and formats, precision), the tactic's name, params and source
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -29,7 +34,13 @@ import polykit
 from polykit.errors import UsageError
 from polykit.files import read_json
 
-FORMAT = 1
+log = logging.getLogger("polykit")
+
+FORMAT = 2
+#: formats this polykit reads (format 1 records no device or version)
+READABLE_FORMATS = (1, FORMAT)
+#: what a cache records of the build that measured it
+ORIGIN_FIELDS = ("polykit", "device", "arch")
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 #: entry field -> (python types, what it must be)
 _FIELDS = {"ms": ((int, float), "a number"), "tactic": (str, "a string"), "kind": (str, "a string"),
@@ -65,13 +76,30 @@ def timing_key(layer: Any, tactic: Any, device: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-class TimingCache:
-    """Key -> entry ({"ms", "tactic", "kind", "device"}); `hits`/`misses` count lookups."""
+def origin_of(device: Any) -> dict[str, str]:
+    """The origin record of times measured on `device` (a Target's device) by this polykit."""
+    return {"polykit": polykit.__version__, "device": str(device.name), "arch": str(device.arch)}
 
-    def __init__(self, entries: Mapping[str, Mapping[str, Any]] | None = None):
+
+class TimingCache:
+    """Key -> entry ({"ms", "tactic", "kind", "device"}); `hits`/`misses` count lookups;
+    `origin` ({"polykit", "device", "arch"}, None when unknown) where the times were measured."""
+
+    def __init__(self, entries: Mapping[str, Mapping[str, Any]] | None = None,
+                 origin: Mapping[str, str] | None = None):
         self.entries: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (entries or {}).items()}
+        self.origin = dict(origin) if origin else None
         self.hits = 0
         self.misses = 0
+
+    def foreign_to(self, origin: Mapping[str, str]) -> str | None:
+        """How the cache's origin differs from `origin`, in words; None when it is the same, or the
+        cache records none (format 1: its keys hold the device and version, so nothing of it matches)."""
+        if self.origin is None:
+            return None
+        diffs = [f"{field} {self.origin[field]!r} (here {origin[field]!r})" for field in ORIGIN_FIELDS
+                 if self.origin[field] != origin[field]]
+        return ", ".join(diffs) or None
 
     def lookup(self, key: str) -> float | None:
         entry = self.entries.get(key)
@@ -92,13 +120,19 @@ class TimingCache:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "entries": dict(sorted(self.entries.items()))}
+        return {"format": FORMAT, **(self.origin or {}), "entries": dict(sorted(self.entries.items()))}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the cache, merged into what `path` already holds (a valid cache file)."""
-        merged = TimingCache(self.entries)
+        """Write the cache, merged into what `path` already holds (a valid cache file) when that
+        was measured where this one was; a file from another device or version is replaced."""
+        merged = TimingCache(self.entries, self.origin)
         if Path(path).is_file():
-            merged.merge(load_timing_cache(path))
+            held = load_timing_cache(path)
+            differs = held.foreign_to(self.origin) if self.origin else None
+            if differs:
+                log.warning("timing cache %s was measured with %s: replaced by this build's times", path, differs)
+            else:
+                merged.merge(held)
         try:
             Path(path).write_text(json.dumps(merged.to_json(), indent=1, sort_keys=True) + "\n")
         except OSError as exc:
@@ -115,8 +149,14 @@ class TimingCache:
 
         if not isinstance(doc, dict):
             raise bad("the document", f"is a {type(doc).__name__}, not an object")
-        if doc.get("format") != FORMAT:
-            raise bad("format", f"is {doc.get('format')!r}, this polykit reads format {FORMAT}")
+        if doc.get("format") not in READABLE_FORMATS:
+            raise bad("format", f"is {doc.get('format')!r}, this polykit reads formats "
+                                f"{', '.join(map(str, READABLE_FORMATS))}")
+        origin = {field: doc.get(field) for field in ORIGIN_FIELDS}
+        if any(v is not None for v in origin.values()):  # recorded: all three (none in format 1, or unmeasured)
+            for field, value in origin.items():
+                if not isinstance(value, str):
+                    raise bad(field, f"is {value!r}, not a string (the {field} that measured the times)")
         entries = doc.get("entries")
         if not isinstance(entries, dict):
             raise bad("entries", "is missing or not an object")
@@ -131,7 +171,7 @@ class TimingCache:
                     raise bad(f"entries[{key!r}].{field}", f"is {value!r}, not {what}")
             if not (math.isfinite(entry["ms"]) and entry["ms"] >= 0):
                 raise bad(f"entries[{key!r}].ms", f"is {entry['ms']!r}, not a finite time >= 0")
-        return TimingCache(entries)
+        return TimingCache(entries, origin if origin["polykit"] is not None else None)
 
 
 def load_timing_cache(path: str | os.PathLike) -> TimingCache:

@@ -34,7 +34,7 @@ from polykit.compiler.builder.layer_precision import precision_options
 from polykit.compiler.builder.layer_timing import runs_for, time_candidates, timeable
 from polykit.compiler.plan.profiles import at_corner
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
-from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, timing_key
+from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, origin_of, timing_key
 from polykit import limits
 from polykit.errors import BuildError, PolykitError
 from polykit.kernels.tactics import candidates
@@ -202,7 +202,19 @@ class Tuner:
                 log.warning("nothing can be timed for %s here (%s); tactics are chosen by priority",
                             self.target, exc.what)
                 self._device = False
+            else:
+                self._adopt_cache(origin_of(self._device))
         return self._device or None
+
+    def _adopt_cache(self, origin: dict[str, str]) -> None:
+        """Keep the loaded timing cache only when it was measured here (TensorRT ignores a cache
+        from another device, with a warning); its times are this device's from now on."""
+        differs = self.cache.foreign_to(origin)
+        if differs:
+            log.warning("timing cache %s was measured with %s: ignored, layers are timed again",
+                        self.cfg.load_timing_cache, differs)
+            self.cache = TimingCache()
+        self.cache.origin = origin
 
     def choose(self, layer: LayerDesc, pairs: Sequence[Pair], tensors: Mapping[str, TensorDesc] | None = None) -> Pair:
         """The pair to build `layer` with (pairs in priority order, at least one), timed with

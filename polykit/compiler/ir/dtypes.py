@@ -22,18 +22,19 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
     12: np.dtype(np.uint32),
     13: np.dtype(np.uint64),
 }
-try:  # bfloat16, float8, 4- and 2-bit types as numpy dtypes (ml_dtypes comes with onnx)
+#: ONNX code -> the ml_dtypes type polykit runs it as
+EXTENDED_NAMES: dict[int, str] = {
+    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
+    21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2",
+}
+try:  # bfloat16, float8, 4- and 2-bit types as numpy dtypes (ml_dtypes comes with onnx, the toolkit's)
     import ml_dtypes
 
     #: ONNX types polykit runs through ml_dtypes: stored and cast exactly, computed in float32 by kernels that need it
     EXTENDED_TYPES: dict[int, np.dtype] = {
-        code: np.dtype(getattr(ml_dtypes, name)) for code, name in (
-            (16, "bfloat16"), (17, "float8_e4m3fn"), (18, "float8_e4m3fnuz"), (19, "float8_e5m2"),
-            (20, "float8_e5m2fnuz"), (21, "uint4"), (22, "int4"), (23, "float4_e2m1fn"), (24, "float8_e8m0fnu"),
-            (25, "uint2"), (26, "int2"),
-        ) if hasattr(ml_dtypes, name)
+        code: np.dtype(getattr(ml_dtypes, name)) for code, name in EXTENDED_NAMES.items() if hasattr(ml_dtypes, name)
     }
-except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
+except ImportError:  # the lean runtime without ml_dtypes: plans of the other types run
     EXTENDED_TYPES = {}
 ONNX_TO_NUMPY.update(EXTENDED_TYPES)
 NUMPY_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in ONNX_TO_NUMPY.items()}

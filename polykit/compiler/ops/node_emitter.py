@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
+from polykit.compiler.ir.dtypes import to_onnx
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.registry import ImportContext
 
@@ -29,4 +29,4 @@ class NodeEmitter:
 
     def double(self, name: str) -> str:
         """`name` cast to float64."""
-        return self("Cast", [name], to=TensorProto.DOUBLE)
+        return self("Cast", [name], to=to_onnx(np.float64))

@@ -41,12 +41,13 @@ from polykit.errors import PolykitError
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
-BF16 = EXTENDED_TYPES[16]
+#: bfloat16 (ml_dtypes; None where it is not installed: the lean runtime builds nothing)
+BF16 = EXTENDED_TYPES.get(16)
 #: ONNX TensorProto codes
 FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
 FP16_MAX = float(np.finfo(np.float16).max)
 #: half dtype -> its ONNX code
-HALF_CODES = {F16: FLOAT16, BF16: BFLOAT16}
+HALF_CODES = {F16: FLOAT16, **({BF16: BFLOAT16} if BF16 is not None else {})}
 
 #: default-domain ops that always run in float32 (their float inputs are cast back)
 FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",

@@ -16,8 +16,10 @@ Binary layout (little-endian):
 
 No pickle: attributes that are arrays are stored as {"__ndarray__": dtype, shape, base64}.
 The same graph and config give byte-identical plans (nothing time- or host-dependent).
-Loading checks the header and checksum here, then the metadata's contents against one
-schema (plan_check) before any target sees the plan.
+Loading checks the header and checksum here, that this polykit version wrote the plan or that
+it was built version-compatible (polykit.compiler.plan.compatibility: the document's
+`compatibility` record says so, with the tactic set and the hardware-compatibility level), then
+the metadata's contents against one schema (plan_check) before any target sees the plan.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 import polykit
+from polykit.compiler.plan.compatibility import Compatibility, check_version
 from polykit.compiler.plan.memory import ALIGNMENT, MemoryPlan, align
 from polykit.compiler.plan.check import check_document, check_layers, drop_code_table
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
@@ -73,6 +76,8 @@ class Plan:
     metadata: dict[str, Any] = field(default_factory=dict)
     gpu_arch: str = ""
     profiles: ProfileSet | None = None  # optimization profiles of a plan with dynamic shapes
+    #: the version that built it and where it may load (a plan loaded from a file: the header's version)
+    compatibility: Compatibility = field(default_factory=lambda: Compatibility(polykit.__version__))
 
     # ---- conveniences ---------------------------------------------------------------
     def layer(self, name: str) -> LayerDesc:
@@ -112,13 +117,16 @@ class Plan:
         }
         if self.profiles is not None:
             doc["profiles"] = self.profiles.to_json()
+        doc["compatibility"] = self.compatibility.to_json()
         return doc
 
     @staticmethod
     def deserialize(data: bytes, expect_target: str | None = None, where: str = "plan") -> "Plan":
         """Parse plan bytes; PlanError for truncated, corrupt, foreign-version or wrong-target data,
-        and for contents the schema check (polykit.compiler.plan.check) rejects."""
+        for a plan another polykit version built without --version-compatible, and for contents
+        the schema check (polykit.compiler.plan.check) rejects."""
         header, doc, blob = decode_plan(data, where)
+        check_version(header["polykit_version"], doc, where)
         if expect_target is not None and header["target"] != expect_target:
             raise PlanError(
                 f"the plan was built for target {header['target']!r}, not {expect_target!r}",
@@ -126,6 +134,7 @@ class Plan:
                 hint=f"rebuild the plan with --target {expect_target}, or load it with target {header['target']!r}",
             )
         plan = Plan.from_document(doc, blob, header["target"], where)
+        plan.compatibility = Compatibility.from_json(doc.get("compatibility"), header["polykit_version"])
         check_memory(plan, where)
         return plan
 
@@ -413,6 +422,7 @@ def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan
         metadata=_from_jsonable(doc["metadata"]),
         gpu_arch=doc.get("gpu_arch", ""),
         profiles=ProfileSet.from_json(doc["profiles"]) if "profiles" in doc else None,
+        compatibility=Compatibility.from_json(doc.get("compatibility"), polykit.__version__),
     )
 
 

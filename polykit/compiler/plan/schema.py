@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir.dtypes import ONNX_TO_NUMPY
+from polykit.compiler.ir.dtypes import EXTENDED_NAMES, ONNX_TO_NUMPY
 from polykit.compiler.plan.records import PRECISIONS, TARGETS, TENSOR_KINDS
 
 #: Bounds of sizes and offsets: far beyond any device, far below int64 overflow.
@@ -155,6 +155,9 @@ def pair_of(item: Check) -> Check:
 
 def dtype_name(value: Any, path: str) -> None:
     if not isinstance(value, str) or value not in DTYPES:
+        if value in EXTENDED_NAMES.values():
+            raise Invalid(path, f"{show(value)} needs the ml_dtypes package, which is not installed here "
+                                "(pip install ml_dtypes)")
         raise Invalid(path, f"{show(value)} is not an element type polykit runs")
 
 
@@ -334,7 +337,14 @@ DOCUMENT_FIELDS = (
     Field("memory", record(MEMORY_FIELDS)),
     Field("metadata", all_of(json_value, record(METADATA_FIELDS))),
     Field("profiles", lambda value, path: _profiles(value, path), required=False),
+    Field("compatibility", lambda value, path: _compatibility(value, path), required=False),
 )
+
+
+def _compatibility(value: Any, path: str) -> None:
+    from polykit.compiler.plan.compatibility import COMPATIBILITY_FIELDS
+
+    record(COMPATIBILITY_FIELDS)(value, path)
 
 
 def _profiles(value: Any, path: str) -> None:

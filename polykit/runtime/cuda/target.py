@@ -37,6 +37,7 @@ from polykit.runtime.cuda.nccl import check_communicator
 from polykit.runtime.cuda.layer_outputs import LayerOutputs
 from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_groups
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
+from polykit.runtime.compatibility import check_hardware
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 #: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
 #: text comes from a plan)
@@ -77,9 +78,7 @@ class CudaEngine:
     def __init__(self, plan: Any, device: int = 0):
         self.plan = plan
         self.info = driver.current_device(device)
-        if plan.gpu_arch and plan.gpu_arch != self.info.arch:
-            log.warning("plan was built for %s, this GPU is %s: kernels are compiled for %s",
-                        plan.gpu_arch, self.info.arch, self.info.arch)
+        check_hardware(plan, self.info.arch)  # kernels are compiled for this GPU's arch
         count = len(plan.profiles.ranges) if plan.profiles is not None else 1
         #: each optimization profile's (layer, tactic) per layer (profile_tactics.profile_layers: its
         #: tactic, stamped at its opt); a context launches those of the profile its shapes are bound to

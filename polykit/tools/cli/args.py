@@ -346,6 +346,12 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                      help="shape-tensor input max values")),
     ("ranks", int, typer.Option(1, "--ranks", help="split the model tensor-parallel over N ranks (cpu: simulated "
                                                   "ranks; cuda: one process per GPU)")),
+    ("version_compatible", bool, typer.Option(False, "--version-compatible",
+                                              help="the plan loads with other polykit versions whose tactics have "
+                                                   "the same revisions")),
+    ("hardware_compatibility_level", str, typer.Option("none", "--hardware-compatibility-level",
+                                                       help="none|ampere+: ampere+ takes only tactics that run on "
+                                                            "every GPU of compute capability 8.0 and later")),
 ]
 
 
@@ -359,7 +365,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
-                           trt_max_shape_values: Sequence[str] = (), ranks: int = 1) -> dict[str, Any]:
+                           trt_max_shape_values: Sequence[str] = (), ranks: int = 1, version_compatible: bool = False,
+                           hardware_compatibility_level: str = "none") -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -373,7 +380,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
         **shape_value_options(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
                               trt_opt_shape_values, trt_max_shape_values),
-        "ranks": ranks,
+        "ranks": ranks, "version_compatible": version_compatible,
+        "hardware_compatibility_level": hardware_compatibility_level,
     }
 
 

@@ -148,6 +148,7 @@ def describe_plan(plan: Any, profile_runs: int = 0, seed: int = 1, weights: bool
         "weight_bytes": plan.weight_bytes,
         "layers": layers,
         "ops": dict(Counter(l.kind for l in plan.layers)),
+        "compatibility": {"polykit": plan.compatibility.polykit, **plan.compatibility.to_json()},
     }
     if weights:
         info["weights"] = [io(n) for n, t in plan.tensors.items() if t.kind == "weight"]
@@ -249,6 +250,10 @@ def model(
     if is_plan:
         console.print(f"[bold]plan[/] {path}: target {info['target']}{' ' + info['gpu_arch'] if info['gpu_arch'] else ''}, "
                       f"{len(info['layers'])} layers, arena {info['arena_bytes']} B, weights {info['weight_bytes']} B")
+        compat = info["compatibility"]
+        console.print(f"built by polykit {compat['polykit']} (tactic set {compat['tactic_set'] or 'not recorded'}); "
+                      f"version-compatible: {'yes' if compat['version_compatible'] else 'no'}; hardware compatibility "
+                      f"level: {compat['hardware_compatibility_level']}")
         if "distributed" in info:
             dist = info["distributed"]
             console.print(f"rank {dist['rank']} of {dist['ranks']}: collectives "

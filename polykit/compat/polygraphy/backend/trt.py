@@ -85,7 +85,7 @@ class Calibrator:
 _SAME = {"fp16": "fp16", "tf32": "tf32", "bf16": "bf16", "int8": "int8", "strongly_typed": "strongly_typed",
          "precision_constraints": "precision_constraints", "load_timing_cache": "load_timing_cache",
          "error_on_timing_cache_miss": "error_on_timing_cache_miss",
-         "builder_optimization_level": "builder_optimization_level"}
+         "builder_optimization_level": "builder_optimization_level", "version_compatible": "version_compatible"}
 
 
 def _builder_config(**kwargs: Any) -> Any:

@@ -18,7 +18,6 @@ in onnx 1.23's test data; their nodes are inlined (outer-scope reads stay outer 
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
 
 from polykit.compiler.ir.dtypes import to_onnx
 from polykit.compiler.ir.graph import Node
@@ -91,7 +90,7 @@ def _flex_attention(node: Node, ctx: ImportContext) -> list[Node]:
         scale = emit.const(np.float32(node.attrs["scale"]), "scale")
     else:
         head = emit("Gather", [emit("Shape", [q]), emit.const(np.int64(3), "head_axis")], axis=0)
-        root_e = emit("Sqrt", [emit("Cast", [head], to=TensorProto.FLOAT)])
+        root_e = emit("Sqrt", [emit("Cast", [head], to=to_onnx(np.float32))])
         scale = emit("Div", [emit.const(np.float32(1.0), "one"), root_e])
     root = emit("Cast", [emit("Sqrt", [scale])], to=to_onnx(qt))
     keys = emit("Transpose", [emit("Mul", [aligned(k), root])], perm=[0, 1, 3, 2])

@@ -5,7 +5,6 @@ type's range, as ONNX says, and NaN -> 0, where ONNX says nothing."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from polykit.compiler.ir import dtypes
@@ -48,6 +47,8 @@ def quantize_linear(node, inputs):
         if zp is not None and out.name.startswith("float4"):
             y = y + _broadcast_param(zp, x, node).astype(np.float32)
         if bool(node.attrs.get("saturate", 1)) or out.name.startswith("float4"):
+            import ml_dtypes  # `out` is one of its types, so it is installed
+
             info = ml_dtypes.finfo(out)
             y = np.clip(y, float(info.min), float(info.max))
         return [y.astype(out)]

@@ -25,7 +25,6 @@ tensor_misc.cu (cast_any), quantize.cu and int8_out.cuh (requantize) do.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from polykit.compiler.ir import dtypes
@@ -34,7 +33,13 @@ from polykit.errors import PolykitError
 from polykit.compiler.ops.elementwise_table import ANY_KIND, ElementwiseOp, register_elementwise
 from polykit.compiler.ops.references import reference
 
+try:  # the float8 / 4-bit types; without ml_dtypes (a lean install) they do not exist, numpy's iinfo serves
+    import ml_dtypes
+except ImportError:  # pragma: no cover - onnx, the toolkit's, depends on ml_dtypes
+    ml_dtypes = None
+
 _STRING = np.dtype(object)
+_iinfo = ml_dtypes.iinfo if ml_dtypes is not None else np.iinfo
 
 
 #: float8 targets that `saturate=1` clamps to their finite range (ONNX Cast-19)
@@ -54,7 +59,7 @@ def float_to_int(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Floats as the integer `dtype` by polykit's rule (module docstring): NaN -> 0, truncated
     toward zero, saturated to the type's range. Only in-range integral values reach `astype`."""
     dtype = np.dtype(dtype)
-    info = ml_dtypes.iinfo(dtype)
+    info = _iinfo(dtype)
     with np.errstate(invalid="ignore"):  # (a signalling NaN warns as it becomes a quiet one)
         t = np.trunc(np.asarray(x, np.float64))  # every float type converts to float64 exactly
         # float(info.max) is info.max or, past 2**53, the power of two above it: either way a

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir.dtypes import to_numpy
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES, to_numpy
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, supports_epilogue
@@ -32,7 +32,10 @@ from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, sup
 ELEMS = {np.dtype(np.float32): "float", np.dtype(np.float16): "half_t"}
 #: storage the SIMT GEMM kernels also take: bfloat16 (loaded as float, rounded once at the store);
 #: the conv/pool families and the fp16 mma kernel keep ELEMS
-SIMT_ELEMS = {**ELEMS, np.dtype(to_numpy(16)): "bf16_t"}
+SIMT_ELEMS = {**ELEMS, **({to_numpy(16): "bf16_t"} if 16 in EXTENDED_TYPES else {})}
+#: the ELEM variants the SIMT kernels are generated in: bf16_t too where ml_dtypes (numpy's bfloat16)
+#: is not installed, so a plan's kernels are the same with or without it (the lean runtime)
+SIMT_VARIANTS = (*ELEMS.values(), "bf16_t")
 MAX_GRID_Z = 65535
 #: kernel name -> (block tile M, block tile N, block tile K)
 TILES = {"gemm_simt": (64, 64, 16), "gemm_simt_wide": (128, 128, 16), "gemm_mma": (128, 128, 32),
@@ -77,18 +80,18 @@ def elem_of(t: DeviceTensor, where: str, elems: Mapping[np.dtype, str] = ELEMS) 
     return elem
 
 
-def variants(kernel: str, file: str = "gemm.cu", elems: Mapping[np.dtype, str] = ELEMS) -> list[KernelSource]:
-    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in elems.values()]
+def variants(kernel: str, file: str = "gemm.cu", elems: Sequence[str] = tuple(ELEMS.values())) -> list[KernelSource]:
+    return [KernelSource(kernel, file=file, defines=defines(ELEM=e)) for e in elems]
 
 
 def compile_variants() -> list[KernelSource]:
-    return (variants("gemm_simt", elems=SIMT_ELEMS) + variants("gemm_simt_wide", elems=SIMT_ELEMS)
-            + variants("gemm_mma") + variants("gemm_splitk_reduce", elems=SIMT_ELEMS))
+    return (variants("gemm_simt", elems=SIMT_VARIANTS) + variants("gemm_simt_wide", elems=SIMT_VARIANTS)
+            + variants("gemm_mma") + variants("gemm_splitk_reduce", elems=SIMT_VARIANTS))
 
 
-def layer_variants(kernel: str, elems: Mapping[np.dtype, str] = ELEMS):
-    """kernels(layer) of a tactic: `kernel` for each storage dtype, with the layer's epilogue."""
-    return lambda layer: [kernel_source(layer, kernel, "gemm.cu", e) for e in elems.values()]
+def layer_variants(kernel: str, elems: Sequence[str] = tuple(ELEMS.values())):
+    """kernels(layer) of a tactic: `kernel` for each storage type (ELEM), with the layer's epilogue."""
+    return lambda layer: [kernel_source(layer, kernel, "gemm.cu", e) for e in elems]
 
 
 def _fp16(layer: Any) -> bool:
@@ -240,17 +243,17 @@ def tile_params(kernel: str) -> dict[str, int]:
 
 #: numpy names of the storage dtypes of ELEMS (what the tactics take)
 STORED = tuple(d.name for d in ELEMS)
-SIMT_STORED = tuple(d.name for d in SIMT_ELEMS)
+SIMT_STORED = (*STORED, "bfloat16")
 for _kind in _PROBLEMS:
     cuda_tactic(_kind, "cuda.gemm.mma", kernels=layer_variants("gemm_mma"), supports=stored_as(*STORED, then=_fp16),
                 priority=10,
                 params=tile_params("gemm_mma"), workspace=tiled_workspace("gemm_mma", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_mma"))
-    cuda_tactic(_kind, "cuda.gemm.simt_wide", kernels=layer_variants("gemm_simt_wide", SIMT_ELEMS),
+    cuda_tactic(_kind, "cuda.gemm.simt_wide", kernels=layer_variants("gemm_simt_wide", SIMT_VARIANTS),
                 supports=stored_as(*SIMT_STORED, then=supports_epilogue), priority=-1,  # the tuner's choice, not level 0's
                 params=tile_params("gemm_simt_wide"), workspace=tiled_workspace("gemm_simt_wide", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt_wide"))
-    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt", SIMT_ELEMS),
+    cuda_tactic(_kind, "cuda.gemm.simt", kernels=layer_variants("gemm_simt", SIMT_VARIANTS),
                 supports=stored_as(*SIMT_STORED, then=supports_epilogue), priority=0, conservative=True,
                 params=tile_params("gemm_simt"), workspace=tiled_workspace("gemm_simt", _PROBLEMS[_kind]))(
         _enqueue_with("gemm_simt"))
