@@ -22,6 +22,7 @@ from polykit.compiler.ops.data_dims import sized_tensors
 from polykit.compiler.plan.records import layer_as_node
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError
+from polykit.runtime.weight_streaming import HostStreamer, StreamSchedule
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,16 @@ class CpuEngine:
                 self.free_after[last].append(name)
         for names in self.free_after:
             names.sort()
+        #: weight streaming (polykit.runtime.weight_streaming): the copies each context runs, None: all resident
+        self.streaming: StreamSchedule | None = None
+
+    def set_weight_streaming(self, schedule: StreamSchedule | None) -> None:
+        """The weight-streaming schedule of the contexts created from now on (None: all resident)."""
+        self.streaming = schedule
+
+    def free_memory(self) -> None:
+        """No device memory to run out of: the host's is not budgeted."""
+        return None
 
     def create_context(self, communicator: Any = None, **options: Any) -> "CpuContext":
         context = CpuContext(self, communicator)
@@ -149,6 +160,9 @@ class CpuContext:
         self._timer = PerfTimer()
         self._shapes: Any = {}
         self._steps = engine.steps
+        #: the emulated device scratch the streamed weights are copied into before their readers
+        self.streamer = (HostStreamer(engine.streaming, engine.plan.tensors, engine.plan.weights)
+                         if engine.streaming is not None else None)
 
     def bind_shapes(self, shapes: Any) -> None:
         self._shapes = shapes.shapes
@@ -173,12 +187,16 @@ class CpuContext:
     def launch(self, index: int, stream: Any) -> None:
         layer, node, tactic = self._steps[index]
         env = self.env
+        if self.streamer is not None:
+            self.streamer.before(index, env)
         with np.errstate(all="ignore"):  # IEEE semantics: inf and NaN propagate as on the GPU, without warnings
             results = tactic.run(node, [env[name] if name else None for name in layer.inputs], self.communicator)
         for name, value in zip(layer.outputs, results):
             if name:
                 env[name] = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,
                                      self._shapes.get(name), name in self.engine.sized)
+        if self.streamer is not None:
+            self.streamer.after(layer.outputs, env)
         for name in self.engine.free_after[index]:
             env.pop(name, None)
 

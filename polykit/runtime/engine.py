@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -37,6 +38,7 @@ from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.tactic_check import check_tactics
 from polykit.runtime.target import Target, TargetContext, get_target
+from polykit.runtime.weight_streaming import WeightStreaming
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
 MAX_REPLAYS = 8
@@ -121,6 +123,9 @@ class Engine:
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
         #: the layers each optimization profile runs (their tactics may differ: profile_tactics)
         self.profile_layers = [profile_layers(plan, p) for p in range(self.num_optimization_profiles)]
+        self._streaming = WeightStreaming(plan, where)
+        self._streaming_applied = False
+        self._contexts: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
         self._target_engine = (target or get_target(plan.target)).load(plan)
         self._closed = False
         self._lock = threading.Lock()
@@ -210,6 +215,57 @@ class Engine:
             self._target_engine.update_weights(new)
             self.plan.weights.update(new)
 
+    # ---- weight streaming (polykit.runtime.weight_streaming, docs/WEIGHT_STREAMING.md) --------
+    @property
+    def streamable_weights_size(self) -> int:
+        """Bytes of weights that may stream (0 for a plan built without --weight-streaming)."""
+        return self._streaming.streamable_bytes
+
+    def set_weight_streaming_budget(self, nbytes: int) -> None:
+        """Keep at most `nbytes` of the streamable weights resident; the rest are copied in ahead of
+        the layers that read them. 0 streams them all, >= streamable_weights_size keeps them all
+        (the default). Set it before creating contexts (TensorRT's rule): UsageError while a
+        context of the engine is open, for a negative budget, or for one below the weights of a
+        plan built without --weight-streaming."""
+        with self._lock:
+            if self._closed:
+                raise UsageError("the engine is closed", hint="load the plan again")
+            if any(not c._closed for c in self._contexts):
+                raise UsageError("the weight streaming budget is set before creating execution contexts",
+                                 where="set_weight_streaming_budget", hint="close the engine's contexts first")
+            self._streaming.set_budget(nbytes)
+            self._apply_streaming()
+
+    def get_weight_streaming_budget(self) -> int:
+        return self._streaming.budget
+
+    @property
+    def weight_streaming_budget_v2(self) -> int:
+        """TensorRT's name of the budget (get_/set_weight_streaming_budget)."""
+        return self._streaming.budget
+
+    @weight_streaming_budget_v2.setter
+    def weight_streaming_budget_v2(self, nbytes: int) -> None:
+        self.set_weight_streaming_budget(nbytes)
+
+    @property
+    def weight_streaming_scratch_memory_size(self) -> int:
+        """Bytes of scratch each context allocates for streamed weights at the current budget."""
+        return self._streaming.scratch_bytes()
+
+    @property
+    def weight_streaming_automatic_budget(self) -> int:
+        """A budget that leaves room for one context: the free device memory the target reports
+        less the context's arena, workspace and scratch at budget 0, at most the streamable size
+        (all of it on a target without device memory)."""
+        return self._streaming.automatic_budget(self._target_engine.free_memory(), self.plan)
+
+    def _apply_streaming(self) -> None:
+        """Give the target the schedule at the current budget (its weights move where they live)."""
+        if self._streaming.enabled:
+            self._target_engine.set_weight_streaming(self._streaming.schedule())
+        self._streaming_applied = True
+
     # ---- contexts ---------------------------------------------------------------------
     def create_execution_context(self, *, profile: bool | None = None, cuda_graph: bool = True,
                                  communicator: Any = None, **options: Any) -> "ExecutionContext":
@@ -226,8 +282,12 @@ class Engine:
             if communicator is not None or needs_communicator(self.plan):
                 check_communicator(self.plan, communicator)
                 options["communicator"] = communicator
-            return ExecutionContext(self, self._target_engine.create_context(**options), profile=profile,
-                                    replay=cuda_graph and not profile)
+            if not self._streaming_applied:
+                self._apply_streaming()
+            context = ExecutionContext(self, self._target_engine.create_context(**options), profile=profile,
+                                       replay=cuda_graph and not profile)
+            self._contexts.add(context)
+            return context
 
     def close(self) -> None:
         with self._lock:

@@ -95,6 +95,14 @@ class TargetEngine(Protocol):
         """Give weights of the plan new values (same dtypes and shapes, checked by the engine)
         in the engine's copies and those of its live contexts, after the work in flight."""
 
+    def set_weight_streaming(self, schedule: Any) -> None:
+        """Weight streaming (a polykit.runtime.weight_streaming.StreamSchedule, None: every weight
+        resident) for the contexts created from now on; called before the first context of a plan
+        built --weight-streaming and whenever the budget changes (no context is open then)."""
+
+    def free_memory(self) -> int | None:
+        """Free device bytes (None on a target without device memory): the automatic budget."""
+
     def close(self) -> None: ...
 
 

@@ -98,6 +98,10 @@ class Builder:
             from polykit.compiler.builder.refit import refit_record
 
             plan.metadata["refit"] = refit_record(graph, plan)
+        if cfg.weight_streaming:  # which weights each layer reads (polykit.runtime.weight_streaming)
+            from polykit.runtime.weight_streaming import RECORD_KEY, streaming_record
+
+            plan.metadata[RECORD_KEY] = streaming_record(plan.layers, plan.tensors)
         if cfg.save_tactics is not None:
             save_replay(cfg.save_tactics, TacticReplay.from_layers(layers))
         log.debug("built %r", plan)

@@ -109,6 +109,9 @@ class BuilderConfig:
     refittable: the plan records how its weights derive from the model's initializers, so
         `polykit refit` / Refitter replace them without a rebuild (polykit.compiler.builder.refit,
         docs/REFIT.md); not with int8 calibration (its scales depend on the weights).
+    weight_streaming: the plan records which weights each layer reads, in run order, so the
+        runtime can keep only a budget of them resident and stream the rest from host memory
+        (Engine.set_weight_streaming_budget, polykit.runtime.weight_streaming, docs/WEIGHT_STREAMING.md).
     version_compatible: the plan loads with other polykit versions whose tactics have the same
         revisions (polykit.compiler.plan.compatibility); otherwise only with this one.
     hardware_compatibility_level: "none" (the plan runs on the build's compute capability) or
@@ -153,6 +156,7 @@ class BuilderConfig:
     ranks: int = 1
     rank: int = 0
     refittable: bool = False
+    weight_streaming: bool = False
     version_compatible: bool = False
     hardware_compatibility_level: str = "none"
 
@@ -301,6 +305,8 @@ class BuilderConfig:
         d["profiles"] = [p.to_json() for p in self.profiles]
         if not self.refittable:  # recorded only when set: other plans' bytes stay as they were
             del d["refittable"]
+        if not self.weight_streaming:
+            del d["weight_streaming"]
         return d
 
     @staticmethod

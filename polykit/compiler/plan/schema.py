@@ -313,6 +313,12 @@ REFIT_FIELDS = (
     Field("weights", map_of(record(REFIT_WEIGHT_FIELDS))),
 )
 
+#: a --weight-streaming plan's record: the weights each layer reads, in run order (polykit.runtime.weight_streaming)
+WEIGHT_STREAMING_FIELDS = (
+    Field("format", integer(1, 1)),
+    Field("layers", list_of(list_of(text()))),
+)
+
 #: metadata keys the runtime reads; every other key is free-form JSON
 METADATA_FIELDS = (
     Field("kernels", record(KERNEL_TABLE_FIELDS), required=False),
@@ -323,6 +329,7 @@ METADATA_FIELDS = (
     Field("rank", integer(0, 1 << 20), required=False),
     Field("ranks", integer(1, 1 << 20), required=False),
     Field("refit", record(REFIT_FIELDS), required=False),
+    Field("weight_streaming", record(WEIGHT_STREAMING_FIELDS), required=False),
 )
 
 DOCUMENT_FIELDS = (

@@ -349,6 +349,9 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("version_compatible", bool, typer.Option(False, "--version-compatible",
                                               help="the plan loads with other polykit versions whose tactics have "
                                                    "the same revisions")),
+    ("weight_streaming", bool, typer.Option(False, "--weight-streaming",
+                                            help="record which weights each layer reads, so the runtime can "
+                                                 "stream weights beyond a budget from host memory")),
     ("hardware_compatibility_level", str, typer.Option("none", "--hardware-compatibility-level",
                                                        help="none|ampere+: ampere+ takes only tactics that run on "
                                                             "every GPU of compute capability 8.0 and later")),
@@ -366,7 +369,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
                            trt_max_shape_values: Sequence[str] = (), ranks: int = 1, version_compatible: bool = False,
-                           hardware_compatibility_level: str = "none") -> dict[str, Any]:
+                           weight_streaming: bool = False, hardware_compatibility_level: str = "none") -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -380,7 +383,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
         **shape_value_options(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
                               trt_opt_shape_values, trt_max_shape_values),
-        "ranks": ranks, "version_compatible": version_compatible,
+        "ranks": ranks, "version_compatible": version_compatible, "weight_streaming": weight_streaming,
         "hardware_compatibility_level": hardware_compatibility_level,
     }
 
