@@ -207,3 +207,9 @@ def test_a_refit_reaches_streamed_weights(built):
     engine.refit_weights(new.weights)
     with engine.create_execution_context() as ctx:
         assert ctx.execute(_feeds(MODELS["mlp"]))["y"].tobytes() == want.tobytes()
+
+
+def test_the_flag_is_recorded_in_the_builder_config_only_when_set():
+    assert "weight_streaming" not in BuilderConfig(target="cpu").to_json()  # other plans' bytes unchanged
+    config = BuilderConfig(target="cpu", weight_streaming=True)
+    assert BuilderConfig.from_json(config.to_json()) == config

@@ -39,6 +39,8 @@ from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_grou
 from polykit.runtime.cuda.staging import StagedValues, placed_root, value_layout
 from polykit.runtime.compatibility import check_hardware
 from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
+from polykit.runtime.cuda.weight_streaming import StreamedWeights
+from polykit.runtime.weight_streaming import RECORD_KEY
 #: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
 #: text comes from a plan)
 from polykit.runtime.tactic_check import plan_kernels
@@ -87,9 +89,12 @@ class CudaEngine:
         sources = [source for layer in plan.layers for source in plan_kernels(plan, layer)]  # every profile's
         self.modules = KernelModules(self.info.arch)
         self.weights: DeviceBuffer | None = None
+        #: weight streaming (polykit.runtime.cuda.weight_streaming): where each weight lives at the budget
+        self.streamed: StreamedWeights | None = None
         try:
             self.modules.load(sources)
-            self._upload_weights()
+            if RECORD_KEY not in plan.metadata:  # a --weight-streaming plan places them once the budget is known
+                self._upload_weights()
         except BaseException:
             self.close()
             raise
@@ -124,19 +129,43 @@ class CudaEngine:
         device's work in flight is done (contexts and captured graphs keep their pointers)."""
         driver.current_device(self.info.ordinal)
         driver.synchronize()
+        if self.streamed is not None:
+            self.streamed.update(weights)
+            return
         for name, arr in weights.items():
             desc = self.plan.tensors[name]
             upload(self.weights.ptr + desc.offset, np.ascontiguousarray(arr, dtype=desc.np_dtype).reshape(desc.shape))
 
-    def create_context(self, *, communicator: Any = None, **options: Any) -> "CudaContext":
-        """A context; `communicator` (an NcclCommunicator on this engine's device) is required
-        by a plan with collective layers (a rank's plan) and lent to their tactic."""
-        return CudaContext(self, check_communicator(self.plan, communicator, self.info.ordinal))
+    def set_weight_streaming(self, schedule: Any) -> None:
+        """Resident weights on the device, streamed ones in pinned host memory, at the schedule's
+        budget (polykit.runtime.weight_streaming; no context is open)."""
+        driver.current_device(self.info.ordinal)
+        driver.synchronize()
+        self._free_weights()
+        self.streamed = StreamedWeights(self.plan, schedule)
+        self.weight_tensors = self.streamed.tensors
 
-    def close(self) -> None:
+    def free_memory(self) -> int:
+        driver.current_device(self.info.ordinal)
+        return driver.mem_info()[0]
+
+    def _free_weights(self) -> None:
         if self.weights is not None:
             self.weights.free()
             self.weights = None
+        if self.streamed is not None:
+            self.streamed.free()
+            self.streamed = None
+
+    def create_context(self, *, communicator: Any = None, **options: Any) -> "CudaContext":
+        """A context; `communicator` (an NcclCommunicator on this engine's device) is required
+        by a plan with collective layers (a rank's plan) and lent to their tactic."""
+        if self.weights is None and self.streamed is None:
+            self.set_weight_streaming(None)
+        return CudaContext(self, check_communicator(self.plan, communicator, self.info.ordinal))
+
+    def close(self) -> None:
+        self._free_weights()
         self.modules.close()
         self.steps = []
         self.profile_steps = []
@@ -175,6 +204,7 @@ class CudaContext:
         #: tensors computed from those outputs: device memory per set of their sizes, once decided
         self._data_sized = [SizedRegions(plan, members=m) for m in data_sized_groups(plan, self._outputs.axes)]
         self._steps = engine.steps
+        self._streamer = engine.streamed.streamer() if engine.streamed is not None else None
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
     def begin(self) -> None:
@@ -219,6 +249,8 @@ class CudaContext:
 
     def launch(self, index: int, stream: Stream) -> None:
         layer, tactic = self._steps[index]
+        if self._streamer is not None:  # this layer's streamed weights copied in (weight_streaming)
+            self._streamer.before(index, stream, self.tensors)
         self._workspace.reset()
         launcher = CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, layer.name,
                                 sm_count=self.engine.info.sm_count)
@@ -235,6 +267,8 @@ class CudaContext:
             raise DeviceError(f"tactic {tactic.name!r} failed to enqueue: {type(exc).__name__}: {exc}",
                               where=f"layer {layer.name!r} ({layer.kind})",
                               hint="rebuild with this layer's tactic excluded, or run it on --target cpu") from exc
+        if self._streamer is not None:
+            self._streamer.after(index, stream)
 
     def synchronize(self, stream: Stream) -> None:
         self._settle(stream)
@@ -281,6 +315,8 @@ class CudaContext:
             except RankError:  # the communicator is aborted: its kernels end, the stream drains
                 pass
             self.stream.synchronize()
+        if self._streamer is not None:
+            self._streamer.free()
         self._bodies.close()
         self._staged.free()
         self._sized.free()
