@@ -192,9 +192,9 @@ def choose_resident(reads: Sequence[Sequence[str]], sizes: Mapping[str, int], bu
 
 
 def slot_size(sizes: Sequence[int]) -> int:
-    """The scratch slot: the median streamed weight (aligned), so the larger half spans several slots."""
-    ordered = sorted(sizes)
-    return max(ALIGN, align_up(ordered[len(ordered) // 2])) if ordered else ALIGN
+    """The scratch slot: the smallest streamed weight (aligned), so a weight wastes less than one
+    slot of the ring and every larger weight spans several."""
+    return max(ALIGN, align_up(min(sizes))) if sizes else ALIGN
 
 
 def schedule_streaming(reads: Sequence[Sequence[str]], sizes: Mapping[str, int], resident: Sequence[str],
