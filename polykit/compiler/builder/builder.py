@@ -32,6 +32,7 @@ from polykit.compiler.builder.marking import expose, forced_outputs, observed_te
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
+from polykit.compiler.passes.io_formats import formats_by_name
 from polykit.compiler.plan.file import Plan, check_memory
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
@@ -260,7 +261,9 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "fp32_layers": pinned + tuple(fp32_nodes),
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
                "channels_last_convs": nhwc_conv_classes(target),
-               "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded}
+               "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded,
+               "io_formats": {**formats_by_name(cfg.input_io_formats, g.inputs, "input"),
+                              **formats_by_name(cfg.output_io_formats, g.outputs, "output")}}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered

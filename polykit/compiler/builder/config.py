@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.builder.calibrate import CALIBRATORS
+from polykit.compiler.passes.io_formats import IoFormat
 from polykit.compiler.plan.profiles import Profile
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
@@ -39,8 +40,9 @@ class BuilderConfig:
     """How to build a plan.
 
     target: "cpu", "cuda" or None (auto: cuda when a GPU is usable, else cpu).
-    fp16: float32 tensors and weights become float16, engine I/O stays float32
-        (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
+    fp16: float32 tensors and weights become float16, engine I/O stays float32 unless
+        input/output_io_formats say otherwise (polykit.compiler.passes.convert_precision); on cpu
+        the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
     profiles: optimization profiles (polykit.compiler.plan.profiles.Profile: min/opt/max shapes per
@@ -101,6 +103,9 @@ class BuilderConfig:
         (the scale is max(|min|, |max|) / 127).
     ranks / rank: split the model tensor-parallel over `ranks` ranks and build rank `rank`'s plan
         (polykit.compiler.builder.distributed; build_rank_plans builds every rank's).
+    input_io_formats / output_io_formats: the dtype and layout of the engine's inputs / outputs
+        as trtexec spells them ("fp16:chw", "fp32:hwc", "bf16:chw", "int8:chw"): one per tensor in
+        the model's order, or one for all (polykit.compiler.passes.io_formats); empty: the model's.
     """
 
     target: str | None = None
@@ -139,6 +144,8 @@ class BuilderConfig:
     profiles: tuple[Profile, ...] = ()
     ranks: int = 1
     rank: int = 0
+    input_io_formats: tuple[str, ...] = ()
+    output_io_formats: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -162,6 +169,10 @@ class BuilderConfig:
             object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))
         layers = self.fp32_layers
         object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
+        for key in ("input_io_formats", "output_io_formats"):  # checked and spelled one way
+            formats = getattr(self, key)
+            formats = (formats,) if isinstance(formats, (str, IoFormat)) else tuple(formats or ())
+            object.__setattr__(self, key, tuple(str(IoFormat.parse(str(f))) for f in formats))
         for key in ("input_values", "shape_values"):
             values = {}
             for name, value in dict(getattr(self, key) or {}).items():
@@ -270,6 +281,11 @@ class BuilderConfig:
         d["layer_precisions"] = dict(self.layer_precisions)
         d["tensor_ranges"] = {k: list(v) for k, v in self.tensor_ranges.items()}
         d["profiles"] = [p.to_json() for p in self.profiles]
+        for key in ("input_io_formats", "output_io_formats"):  # absent when unset: older plans' bytes stay
+            if d[key]:
+                d[key] = list(d[key])
+            else:
+                del d[key]
         return d
 
     @staticmethod

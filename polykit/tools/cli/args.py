@@ -346,6 +346,12 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                      help="shape-tensor input max values")),
     ("ranks", int, typer.Option(1, "--ranks", help="split the model tensor-parallel over N ranks (cpu: simulated "
                                                   "ranks; cuda: one process per GPU)")),
+    ("input_io_formats", List[str], typer.Option([], "--input-io-formats",
+                                                 help="dtype:format of the engine inputs as trtexec spells them "
+                                                      "(fp32|fp16|bf16|int8 : chw|hwc), comma-separated, one per "
+                                                      "input or one for all")),
+    ("output_io_formats", List[str], typer.Option([], "--output-io-formats",
+                                                  help="dtype:format of the engine outputs (as --input-io-formats)")),
 ]
 
 
@@ -359,7 +365,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
-                           trt_max_shape_values: Sequence[str] = (), ranks: int = 1) -> dict[str, Any]:
+                           trt_max_shape_values: Sequence[str] = (), ranks: int = 1,
+                           input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = ()) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -374,7 +381,13 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         **shape_value_options(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,
                               trt_opt_shape_values, trt_max_shape_values),
         "ranks": ranks,
+        "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
     }
+
+
+def split_list(values: Sequence[str]) -> tuple[str, ...]:
+    """Repeated options whose values may also be comma-separated: ['a,b', 'c'] -> ('a', 'b', 'c')."""
+    return tuple(item.strip() for v in values for item in str(v).split(",") if item.strip())
 
 
 #: (parameter, annotation, typer option) of the comparison options shared by run and debug tactics
