@@ -27,7 +27,7 @@ import numpy as np
 from polykit.compiler.ops.data_dims import sized_tensors
 from polykit.compiler.plan.records import layer_as_node
 from polykit.kernels.profile_tactics import profile_layers
-from polykit.errors import PlanError, PolykitError
+from polykit.errors import PlanError, PolykitError, UsageError
 from polykit.runtime.memory import HostBuffer, NumpyAllocator, check_scratch, host_binding, host_bytes
 
 #: alignment of the arena and of every allocation the cpu target asks for (as the cuda target's)
@@ -44,9 +44,15 @@ class CpuDevice:
 
 
 class CpuTarget:
-    """The target named "cpu"."""
+    """The target named "cpu". It has no devices to pick: a `device` is a UsageError (a GPU
+    ordinal given to a host target is a mistake to report, not to ignore)."""
 
     name = "cpu"
+
+    def __init__(self, device: int | None = None):
+        if device is not None:
+            raise UsageError(f"device {device} was asked for, but the cpu target runs on the host and has no devices",
+                             hint="drop --device, or build and run for --target cuda")
 
     def available(self) -> bool:
         return True

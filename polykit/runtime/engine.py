@@ -101,19 +101,25 @@ class Runtime:
     `allocator` (polykit.runtime.target.Allocator: alloc(size, alignment) -> address, free(address)):
     where the engines take every device allocation (host memory on the cpu target)."""
 
-    def __init__(self, target: str | None = None, allocator: Allocator | None = None):
+    def __init__(self, target: str | None = None, allocator: Allocator | None = None, device: int | None = None):
+        """`device`: the GPU the engines load on (cuda; default 0)."""
         self.target = target
         self.allocator = allocator
+        self.device = device
+
+    def _engine(self, plan: Plan, where: str = "plan") -> "Engine":
+        target = get_target(plan.target, self.device) if self.device is not None else None
+        return Engine(plan, target, where=where, allocator=self.allocator)
 
     def deserialize_engine(self, data: bytes | Plan) -> "Engine":
         plan = data if isinstance(data, Plan) else Plan.deserialize(data, expect_target=self.target)
         if self.target is not None and plan.target != self.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {self.target!r}",
                             hint=f"rebuild the plan with --target {self.target}")
-        return Engine(plan, allocator=self.allocator)
+        return self._engine(plan)
 
     def load_engine(self, path: str | os.PathLike) -> "Engine":
-        return Engine(Plan.load(path, expect_target=self.target), where=str(path), allocator=self.allocator)
+        return self._engine(Plan.load(path, expect_target=self.target), where=str(path))
 
 
 class Engine:

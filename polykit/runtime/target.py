@@ -158,8 +158,9 @@ class DeviceDescription(Protocol):
     sm_count: int
 
 
-def get_target(name: str) -> Target:
-    """Instantiate the target called `name`; DeviceError if unknown or unusable here."""
+def get_target(name: str, device: int | None = None) -> Target:
+    """Instantiate the target called `name` (on GPU `device`, default the target's own: 0);
+    DeviceError if unknown or unusable here."""
     spec = TARGETS.get(name)
     if spec is None:
         raise DeviceError(f"unknown target {name!r}", hint=f"use one of: {', '.join(sorted(TARGETS))}")
@@ -171,7 +172,7 @@ def get_target(name: str) -> Target:
             f"the {name} target cannot be loaded: {exc}",
             hint="install polykit[cuda] for the cuda target, or use --target cpu",
         ) from exc
-    return factory()
+    return factory() if device is None else factory(device=device)
 
 
 def default_target() -> str:

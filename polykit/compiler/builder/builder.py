@@ -55,6 +55,9 @@ class Builder:
     def build(self, graph: Graph) -> Plan:
         cfg = self.config
         target = resolve_target(cfg.target)
+        if cfg.device is not None and target != "cuda":
+            raise UsageError(f"device {cfg.device} was asked for, but the {target} target has no devices to pick",
+                             hint="drop --device, or build for --target cuda")
         g = graph.copy()
         sequence_io = resolve_sequences(g, cfg.input_shapes, cfg.input_values) if touches_sequences(g) else None
         # shape-tensor inputs without values range over what the model allows (BuilderConfig.shape_values)
@@ -122,7 +125,7 @@ class Builder:
 
             metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target, cfg.device),
                     profiles=profiles)
         check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
         if cfg.save_tactics is not None:
@@ -177,19 +180,20 @@ def resolve_target(target: str | None) -> str:
     return name
 
 
-def build_device(target: str) -> Any:
-    """The device a build times on and sizes workspaces for (None for cuda without a usable GPU)."""
+def build_device(target: str, device: int | None = None) -> Any:
+    """The device a build times on and sizes workspaces for (GPU `device`, default 0; None for
+    cuda without a usable GPU)."""
     from polykit.runtime.target import get_target
 
     try:
-        return get_target(target).device()
+        return get_target(target, device).device()
     except Exception:  # no usable device: arch-specific tactics and split-K workspaces are left out
         return None
 
 
-def target_arch(target: str) -> str:
+def target_arch(target: str, ordinal: int | None = None) -> str:
     """The GPU architecture a plan is built for ("" off-GPU or without a usable GPU)."""
-    device = build_device(target) if target != "cpu" else None
+    device = build_device(target, ordinal) if target != "cpu" else None
     return device.arch if device is not None else ""
 
 
@@ -292,7 +296,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     fp32_nodes: tuple[str, ...] = ()
     unfolded: tuple[str, ...] = ()
     keep = list(g.outputs)
-    device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
+    device = build_device(target, cfg.device) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
     arch = device.arch if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
@@ -353,7 +357,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers, max(len(groups), 1))
-    device = build_device(target) if target != "cpu" else None
+    device = build_device(target, cfg.device) if target != "cpu" else None
     arch, sm_count = (device.arch, device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
     every, views = profile_views(tensors, groups)

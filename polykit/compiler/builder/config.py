@@ -28,7 +28,7 @@ FP32_NHWC_PIXELS = 4096
 #: fields naming files a build reads or writes besides the model, and switches of the build
 #: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
 SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
-                        "error_on_timing_cache_miss", "calibration_cache", "calibration_data"})
+                        "error_on_timing_cache_miss", "calibration_cache", "calibration_data", "device"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
@@ -106,6 +106,8 @@ class BuilderConfig:
     input_io_formats / output_io_formats: the dtype and layout of the engine's inputs / outputs
         as trtexec spells them ("fp16:chw", "fp32:hwc", "bf16:chw", "int8:chw"): one per tensor in
         the model's order, or one for all (polykit.compiler.passes.io_formats); empty: the model's.
+    device: the GPU (cuda ordinal) the builder times tactics on and the engine loads on (None:
+        device 0); not recorded in the plan (the plan records the architecture it was built for).
     """
 
     target: str | None = None
@@ -146,6 +148,7 @@ class BuilderConfig:
     rank: int = 0
     input_io_formats: tuple[str, ...] = ()
     output_io_formats: tuple[str, ...] = ()
+    device: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -192,6 +195,9 @@ class BuilderConfig:
         self._check_precision()
         self._check_int8()
         self._check_ranks()
+        if self.device is not None and (isinstance(self.device, bool) or not isinstance(self.device, int)
+                                        or self.device < 0):
+            raise UsageError(f"device {self.device!r} is not a GPU ordinal (an integer >= 0)", hint="e.g. --device 1")
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",

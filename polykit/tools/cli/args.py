@@ -352,6 +352,9 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                                       "input or one for all")),
     ("output_io_formats", List[str], typer.Option([], "--output-io-formats",
                                                   help="dtype:format of the engine outputs (as --input-io-formats)")),
+    ("device", Optional[int], typer.Option(None, "--device", metavar="N",
+                                           help="cuda: the GPU to build (time tactics) and run on (default 0); "
+                                                "an error with the cpu target")),
 ]
 
 
@@ -366,7 +369,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
                            trt_max_shape_values: Sequence[str] = (), ranks: int = 1,
-                           input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = ()) -> dict[str, Any]:
+                           input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = (),
+                           device: int | None = None) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -382,6 +386,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                               trt_opt_shape_values, trt_max_shape_values),
         "ranks": ranks,
         "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
+        "device": device,
     }
 
 

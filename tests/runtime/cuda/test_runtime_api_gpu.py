@@ -212,3 +212,34 @@ def test_a_bound_buffer_of_the_wrong_size_or_alignment_names_the_tensor(plan):
             assert info.value.where == "tensor 'x'"
         finally:
             bufs.close()
+
+
+def test_a_runtime_loads_on_the_device_asked_and_refuses_one_that_does_not_exist(plan):
+    from polykit.errors import DeviceError
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.engine import Engine, Runtime
+
+    with Runtime(device=0).deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
+        got = ctx.execute({"x": _x(7)})
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        want = ctx.execute({"x": _x(7)})
+    for name in ("y", "z"):
+        np.testing.assert_array_equal(got[name], want[name])
+    count = driver.call("cuDeviceGetCount")
+    with pytest.raises(DeviceError, match="does not exist"):
+        Runtime(device=count).deserialize_engine(plan)
+
+
+def test_bench_runs_with_io_in_place_and_with_copies_on_the_device_asked(tmp_path, capsys):
+    import json
+
+    import onnx
+
+    from polykit.tools.cli.app import main
+
+    path = str(tmp_path / "serve.onnx")
+    onnx.save(_model(), path)
+    fast = ["--warm-up", "0", "--duration", "0", "--iterations", "3", "--json", "--device", "0"]
+    for mode in ("--io-in-place", "--io-copies"):
+        assert main(["bench", path, "--target", "cuda", "--fp16", *fast, mode]) == 0
+        assert json.loads(capsys.readouterr().out)["target"] == "cuda"

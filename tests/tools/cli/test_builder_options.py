@@ -113,3 +113,27 @@ def test_a_format_count_that_fits_no_io_is_a_usage_error(tmp_path, capsys):
     assert main(["convert", MLP, "-o", str(tmp_path / "m.plan"), "--target", "cpu",
                  "--output-io-formats", "fp16:chw,fp16:chw,fp16:chw"]) == 2
     assert "3 output I/O formats for 2 outputs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["convert", "run"])
+def test_device_with_the_cpu_target_is_a_usage_error(command, tmp_path, capsys):
+    extra = ["-o", str(tmp_path / "m.plan")] if command == "convert" else ["--trt"]
+    assert main([command, MLP, "--target", "cpu", "--device", "0", *extra]) == 2
+    assert "has no devices" in capsys.readouterr().err
+
+
+def test_device_must_be_a_gpu_ordinal():
+    from polykit.compiler.builder.config import BuilderConfig
+
+    with pytest.raises(UsageError, match="GPU ordinal"):
+        BuilderConfig(device=-1)
+    assert "device" not in BuilderConfig(device=1).to_json()  # the plan records the arch, not the ordinal
+
+
+def test_a_runtime_for_a_device_refuses_a_cpu_plan(tmp_path):
+    from polykit.runtime.engine import Runtime
+
+    out = tmp_path / "m.plan"
+    assert main(["convert", MLP, "-o", str(out), "--target", "cpu", "--builder-optimization-level", "0"]) == 0
+    with pytest.raises(UsageError, match="runs on the host"):
+        Runtime(device=0).load_engine(out)
