@@ -35,6 +35,7 @@ from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.io_binding import IoAddresses, input_consumed_at
+from polykit.runtime.nvtx import VERBOSITIES, Nvtx, check_verbosity, layer_labels, load_nvtx
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
@@ -47,18 +48,24 @@ MAX_REPLAYS = 8
 
 #: (layer index, callback(stream)): called right after that layer is launched (the input-consumed signal)
 After = tuple[int, Callable[[Any], None]]
+#: (NVTX library, each layer's range label): a range around each launch (polykit.runtime.nvtx)
+Ranges = tuple[Nvtx, Sequence[bytes]]
 
 
 def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                marks: Callable[[Any], Any] | None = None, out: list | None = None,
-               indices: Sequence[int] | None = None, after: After | None = None) -> None:
+               indices: Sequence[int] | None = None, after: After | None = None,
+               ranges: Ranges | None = None) -> None:
     """Launch `layers` (plan indices `indices`, default all in order) on `stream`; with
     `marks`, append (layer name, mark before, mark after) to `out` for each launch; with
-    `after` (index, callback), call callback(stream) once that layer is launched. A
-    failure that is not a PolykitError is reported with the layer and its tactic."""
+    `after` (index, callback), call callback(stream) once that layer is launched; with
+    `ranges`, an NVTX range around each launch. A failure that is not a PolykitError is
+    reported with the layer and its tactic."""
     for index in range(len(layers)) if indices is None else indices:
         layer = layers[index]
         before = marks(stream) if marks else None
+        if ranges:
+            ranges[0].push(ranges[1][index])
         try:
             ctx.launch(index, stream)
         except PolykitError:
@@ -68,6 +75,9 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                                where=f"layer {layer.name!r} ({layer.kind})",
                                hint="the inputs may be out of the op's domain (check the feeds); else rebuild "
                                     "with another tactic for this layer or run it on --target cpu") from exc
+        finally:
+            if ranges:
+                ranges[0].pop()
         if marks:
             out.append((layer.name, before, marks(stream)))
         if after is not None and index == after[0]:
@@ -75,7 +85,8 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
 
 
 def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
-               indices: Sequence[int] | None = None, after: After | None = None) -> list[tuple[str, float]]:
+               indices: Sequence[int] | None = None, after: After | None = None,
+               ranges: Ranges | None = None) -> list[tuple[str, float]]:
     """(layer name, milliseconds) of each launch of one pass over `indices` (default all
     layers), timed with the context's timer; a pass whose timer says the host fell behind
     is repeated once (the timer has learned the enqueue time by then)."""
@@ -86,7 +97,7 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
         marked: list[tuple[str, Any, Any]] = []
         timer.begin(stream, count)
         try:
-            run_layers(ctx, layers, stream, timer.mark, marked, indices, after)
+            run_layers(ctx, layers, stream, timer.mark, marked, indices, after, ranges)
         finally:
             valid = timer.end(stream)
             times = [(name, timer.elapsed_ms(a, b)) for name, a, b in marked]
@@ -182,6 +193,16 @@ class Engine:
         """Each dim of an I/O tensor as text: a number, or its expression of the input dims."""
         desc = self._desc(name)
         return tuple(str(d) for d in desc.dims) if desc.dims else tuple(str(d) for d in desc.shape)
+
+    @property
+    def profiling_verbosity(self) -> str:
+        """How much the plan lets NVTX ranges say (polykit.runtime.nvtx): none, layer_names_only, detailed."""
+        config = self.plan.metadata.get("builder_config") or {}
+        value = config.get("profiling_verbosity", "layer_names_only")
+        if value not in VERBOSITIES:
+            raise PlanError(f"the plan's profiling verbosity {value!r} is not one of {', '.join(VERBOSITIES)}",
+                            where="plan metadata builder_config", hint="rebuild the plan")
+        return str(value)
 
     @property
     def num_optimization_profiles(self) -> int:
@@ -286,6 +307,8 @@ class ExecutionContext:
         self._addresses = IoAddresses(engine.plan)
         self._consumed_event: Any = None
         self._io_key: tuple = ()  # the bound addresses and event a captured replay holds
+        self._nvtx_verbosity = engine.profiling_verbosity
+        self._labels: dict[tuple[int, str], Any] = {}
 
     @property
     def profile(self) -> list[tuple[str, float]]:
@@ -326,6 +349,33 @@ class ExecutionContext:
 
     def get_input_consumed_event(self) -> Any:
         return self._consumed_event
+
+    @property
+    def nvtx_verbosity(self) -> str:
+        """What the NVTX range around each layer launch says (polykit.runtime.nvtx): at most the
+        plan's profiling verbosity; "none" emits no ranges."""
+        return self._nvtx_verbosity
+
+    @nvtx_verbosity.setter
+    def nvtx_verbosity(self, value: str) -> None:
+        check_verbosity(value, "NVTX verbosity")
+        most = self.engine.profiling_verbosity
+        if VERBOSITIES.index(value) > VERBOSITIES.index(most):
+            raise UsageError(f"NVTX verbosity {value!r} says more than the plan's profiling verbosity {most!r}",
+                             hint=f"rebuild with --profiling-verbosity {value}")
+        self._nvtx_verbosity = value
+
+    def _ranges(self) -> Any:
+        """(NVTX library, labels of the profile's layers), or None (verbosity none, no library)."""
+        if self._nvtx_verbosity == "none":
+            return None
+        nvtx = load_nvtx()
+        if nvtx is None:
+            return None
+        key = (self._profile_index, self._nvtx_verbosity)
+        if key not in self._labels:
+            self._labels[key] = layer_labels(self.engine.profile_layers[self._profile_index], self._nvtx_verbosity)
+        return nvtx, self._labels[key]
 
     def _drop_replays(self) -> None:
         if self._replays:
@@ -399,17 +449,17 @@ class ExecutionContext:
         layers = self.engine.profile_layers[self._profile_index]
         key = (self._shapes.key if self._shapes is not None else ()) + self._io_key
         runs = self._runs.get(key, 0)
-        after = self._signal_after()
+        after, ranges = self._signal_after(), self._ranges()
         if self._consumed_event is not None and self.engine.input_consumed_layer < 0:
             self._ctx.signal(self._consumed_event, stream)  # no layer reads an input
         if self._sizes:
-            self._run_segments(stream, after)
+            self._run_segments(stream, after, ranges)
         elif self._profile:
-            self._last_profile = timed_pass(self._ctx, layers, stream, after=after)
+            self._last_profile = timed_pass(self._ctx, layers, stream, after=after, ranges=ranges)
         elif self._replay_wanted and runs > 0:
             replay = self._replays.get(key)
             if replay is None:
-                replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s, after=after))
+                replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s, after=after, ranges=ranges))
                 self._replay_wanted = replay is not None
                 if replay is not None:
                     self._keep_replay(key, replay)
@@ -420,20 +470,20 @@ class ExecutionContext:
             if replay is not None:
                 replay.launch(stream)
             else:
-                run_layers(self._ctx, layers, stream, after=after)
+                run_layers(self._ctx, layers, stream, after=after, ranges=ranges)
         else:
-            run_layers(self._ctx, layers, stream, after=after)
+            run_layers(self._ctx, layers, stream, after=after, ranges=ranges)
         self._runs[key] = runs + 1
 
-    def _run_segments(self, stream: Any, after: Any) -> None:
+    def _run_segments(self, stream: Any, after: Any, ranges: Any) -> None:
         """The layers of a plan with data-dependent sizes: bound after each layer that decides one."""
         layers, times = self.engine.profile_layers[self._profile_index], []
 
         def segment(indices: Sequence[int]) -> None:
             if self._profile:
-                times.extend(timed_pass(self._ctx, layers, stream, indices, after))
+                times.extend(timed_pass(self._ctx, layers, stream, indices, after, ranges))
             else:
-                run_layers(self._ctx, layers, stream, indices=indices, after=after)
+                run_layers(self._ctx, layers, stream, indices=indices, after=after, ranges=ranges)
 
         self._shapes = self._sizes.run(self._ctx, self._binder, self._shapes, stream, segment)
         self._ran = self._shapes.shapes

@@ -17,6 +17,7 @@ import numpy as np
 from polykit.compiler.builder.calibrate import CALIBRATORS
 from polykit.compiler.passes.io_formats import IoFormat
 from polykit.compiler.plan.profiles import Profile
+from polykit.runtime.nvtx import check_verbosity
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
@@ -108,6 +109,8 @@ class BuilderConfig:
         the model's order, or one for all (polykit.compiler.passes.io_formats); empty: the model's.
     device: the GPU (cuda ordinal) the builder times tactics on and the engine loads on (None:
         device 0); not recorded in the plan (the plan records the architecture it was built for).
+    profiling_verbosity: what the NVTX range around each layer launch may say (polykit.runtime.nvtx):
+        "none", "layer_names_only" (the default) or "detailed" (the layer's kind and tactic too).
     """
 
     target: str | None = None
@@ -149,6 +152,7 @@ class BuilderConfig:
     input_io_formats: tuple[str, ...] = ()
     output_io_formats: tuple[str, ...] = ()
     device: int | None = None
+    profiling_verbosity: str = "layer_names_only"
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -195,6 +199,7 @@ class BuilderConfig:
         self._check_precision()
         self._check_int8()
         self._check_ranks()
+        check_verbosity(self.profiling_verbosity)
         if self.device is not None and (isinstance(self.device, bool) or not isinstance(self.device, int)
                                         or self.device < 0):
             raise UsageError(f"device {self.device!r} is not a GPU ordinal (an integer >= 0)", hint="e.g. --device 1")
@@ -292,6 +297,8 @@ class BuilderConfig:
                 d[key] = list(d[key])
             else:
                 del d[key]
+        if self.profiling_verbosity == "layer_names_only":
+            del d["profiling_verbosity"]
         return d
 
     @staticmethod

@@ -355,6 +355,9 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("device", Optional[int], typer.Option(None, "--device", metavar="N",
                                            help="cuda: the GPU to build (time tactics) and run on (default 0); "
                                                 "an error with the cpu target")),
+    ("profiling_verbosity", str, typer.Option("layer_names_only", "--profiling-verbosity",
+                                              help="none|layer_names_only|detailed: what the NVTX range of each "
+                                                   "layer says in Nsight (detailed: its kind and tactic too)")),
 ]
 
 
@@ -370,7 +373,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
                            trt_max_shape_values: Sequence[str] = (), ranks: int = 1,
                            input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = (),
-                           device: int | None = None) -> dict[str, Any]:
+                           device: int | None = None, profiling_verbosity: str = "layer_names_only") -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -386,7 +389,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                               trt_opt_shape_values, trt_max_shape_values),
         "ranks": ranks,
         "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
-        "device": device,
+        "device": device, "profiling_verbosity": profiling_verbosity,
     }
 
 

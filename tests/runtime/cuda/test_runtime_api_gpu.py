@@ -243,3 +243,27 @@ def test_bench_runs_with_io_in_place_and_with_copies_on_the_device_asked(tmp_pat
     for mode in ("--io-in-place", "--io-copies"):
         assert main(["bench", path, "--target", "cuda", "--fp16", *fast, mode]) == 0
         assert json.loads(capsys.readouterr().out)["target"] == "cuda"
+
+
+def test_nvtx_ranges_come_from_eager_runs_and_the_capture_not_from_replays(plan, monkeypatch):
+    from polykit.runtime import engine as engine_module
+    from polykit.runtime.engine import Engine
+
+    pushed = []
+
+    class Recorder:
+        def push(self, label):
+            pushed.append(label.decode())
+            return 0
+
+        def pop(self):
+            return 0
+
+    monkeypatch.setattr(engine_module, "load_nvtx", lambda: Recorder())
+    with Engine(plan) as engine, engine.create_execution_context(cuda_graph=True) as ctx:
+        ctx.execute({"x": _x(8)})  # eager
+        eager = list(pushed)
+        ctx.execute({"x": _x(8)})  # captured, then replayed
+        ctx.execute({"x": _x(8)})  # replayed: no host launch, no range
+    assert eager == [layer.name for layer in plan.layers]
+    assert pushed == eager * 2
