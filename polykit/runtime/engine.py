@@ -34,7 +34,7 @@ from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
-from polykit.runtime.io_binding import IoAddresses, input_consumed_at
+from polykit.runtime.io_binding import IoAddresses, check_feeds, input_consumed_at, scratch_of
 from polykit.runtime.nvtx import VERBOSITIES, Nvtx, check_verbosity, layer_labels, load_nvtx
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
@@ -322,7 +322,7 @@ class ExecutionContext:
         engine.device_memory_size bytes, aligned to 256, and stay valid while the context runs;
         contexts sharing it must not run at the same time."""
         self._check_open()
-        ptr, size = _memory_of(memory, size)
+        ptr, size = scratch_of(memory, size)
         self._ctx.begin()
         self._drop_replays()  # they point into the old memory
         self._runs.clear()
@@ -568,66 +568,6 @@ class ExecutionContext:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _memory_of(memory: Any, size: int | None) -> tuple[int, int]:
-    """(address, bytes) of scratch given as an address and its size, or as a contiguous buffer
-    object with __array_interface__ (cpu) or __cuda_array_interface__ (cuda)."""
-    if isinstance(memory, (int, np.integer)) and not isinstance(memory, bool):
-        if size is None:
-            raise UsageError("set_device_memory(address) needs the size of the memory in bytes",
-                             hint="call set_device_memory(address, size)")
-        return int(memory), int(size)
-    iface = getattr(memory, "__cuda_array_interface__", None) or getattr(memory, "__array_interface__", None)
-    if iface is None:
-        raise UsageError(f"device memory must be an address and size or a buffer, not {type(memory).__name__}")
-    itemsize = np.dtype(iface["typestr"]).itemsize
-    shape = tuple(iface["shape"])
-    strides = iface.get("strides")
-    if strides is not None and tuple(strides) != tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * itemsize
-                                                       for i in range(len(shape))):
-        raise UsageError("the device memory buffer is not contiguous", hint="give a contiguous buffer")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
-    return int(iface["data"][0]), nbytes if size is None else min(int(size), nbytes)
-
-
-def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Feeds as contiguous arrays, after checking names, shapes and exact dtypes."""
-    if not isinstance(feeds, Mapping):
-        raise RuntimeInputError(f"feeds must be a dict name -> array, got {type(feeds).__name__}")
-    unknown = [n for n in feeds if n not in plan.inputs]
-    if unknown:
-        raise RuntimeInputError(f"feed {unknown[0]!r} is not an input of the engine",
-                                where=f"tensor {unknown[0]!r}", hint=f"inputs are: {', '.join(plan.inputs)}")
-    out: dict[str, np.ndarray] = {}
-    for name in plan.inputs:
-        desc = plan.tensors[name]
-        if name not in feeds:
-            raise RuntimeInputError(f"input {name!r} is missing from the feeds", where=f"tensor {name!r}",
-                                    hint=f"feed a {desc.dtype} array of shape {tuple(desc.shape)}")
-        value = feeds[name]
-        if not isinstance(value, np.ndarray):
-            if isinstance(value, (np.generic, int, float, bool, list, tuple)):
-                value = np.asarray(value)
-            else:
-                raise RuntimeInputError(f"input {name!r} must be a numpy array, got {type(value).__name__}",
-                                        where=f"tensor {name!r}")
-        if value.dtype.name != desc.dtype:
-            raise RuntimeInputError(f"input {name!r} has dtype {value.dtype.name}, the engine expects {desc.dtype}",
-                                    where=f"tensor {name!r}", hint=f"convert it with .astype(np.{desc.dtype})")
-        if not desc.dims and tuple(value.shape) != tuple(desc.shape):  # dynamic: ShapeBinder checks
-            raise RuntimeInputError(
-                f"input {name!r} has shape {tuple(value.shape)}, the engine expects {tuple(desc.shape)}",
-                where=f"tensor {name!r}", hint="rebuild the plan with --input-shapes for other shapes")
-        out[name] = np.asarray(value, order="C")
-    for name, bound in (plan.metadata.get("input_values") or {}).items():
-        value = out.get(name)
-        if value is not None and not np.array_equal(value.ravel(), np.asarray(bound["values"], dtype=value.dtype),
-                                                    equal_nan=value.dtype.kind == "f"):
-            raise RuntimeInputError(
-                f"input {name!r} differs from the value the plan was built for (BuilderConfig.input_values)",
-                where=f"tensor {name!r}", hint="rebuild the plan with this input's value")
-    return out
 
 
 @contextmanager

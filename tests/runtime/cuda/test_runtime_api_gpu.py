@@ -144,7 +144,8 @@ def test_two_contexts_sharing_one_scratch_run_one_after_the_other_correctly(plan
     from polykit.runtime.engine import Engine
 
     with Engine(plan) as engine:
-        want = {s: engine.create_execution_context().execute({"x": _x(s)}) for s in (4, 5)}
+        with engine.create_execution_context() as owned:
+            want = {s: owned.execute({"x": _x(s)}) for s in (4, 5)}
         with DeviceBuffer(engine.device_memory_size, what="shared scratch") as scratch:
             a = engine.create_execution_context(device_memory=None)
             b = engine.create_execution_context(device_memory=None)
@@ -267,3 +268,36 @@ def test_nvtx_ranges_come_from_eager_runs_and_the_capture_not_from_replays(plan,
         ctx.execute({"x": _x(8)})  # replayed: no host launch, no range
     assert eager == [layer.name for layer in plan.layers]
     assert pushed == eager * 2
+
+
+def test_outputs_bound_in_place_are_written_within_their_bytes(plan):
+    """Bound inside a larger poisoned buffer: a kernel that counted on the arena slot's slack
+    past a tensor's last byte would write into the caller's neighbouring memory."""
+    from polykit.runtime.cuda.memory import ALIGN, DeviceBuffer, align_up, download, fill_bytes, upload
+    from polykit.runtime.engine import Engine
+
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        want = ctx.execute({"x": _x(9)})
+        sizes = {n: engine.plan.tensors[n].nbytes for n in engine.io_tensors}
+        pad = 4 * ALIGN
+        starts, offset = {}, 0
+        for name, size in sizes.items():  # [pad | tensor | slack to ALIGN | pad] each
+            starts[name] = offset + pad
+            offset += pad + align_up(size) + pad
+        with DeviceBuffer(offset, what="padded bindings") as big:
+            fill_bytes(big.ptr, big.nbytes, 0xA5)
+            for name in sizes:
+                ctx.set_tensor_address(name, big.ptr + starts[name])
+            upload(big.ptr + starts["x"], _x(9))
+            for _ in range(3):  # eager, captured, replayed
+                ctx.enqueue()
+            _sync()
+            everything = download(big.ptr, (big.nbytes,), np.uint8)
+        for name, size in sizes.items():
+            start = starts[name]
+            assert (everything[start - pad:start] == 0xA5).all(), f"{name}: bytes written before it"
+            assert (everything[start + size:start + align_up(size) + pad] == 0xA5).all(), f"{name}: bytes written after it"
+        for name in ("y", "z"):
+            desc = engine.plan.tensors[name]
+            got = everything[starts[name]:starts[name] + desc.nbytes].view(desc.np_dtype).reshape(desc.shape)
+            np.testing.assert_array_equal(got, want[name], err_msg=name)
