@@ -14,7 +14,7 @@ view of one): once it has run the caller may overwrite its input buffers
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -29,6 +29,30 @@ def root_of(name: str, aliases: Mapping[str, str]) -> str:
         seen.add(name)
         name = aliases[name]
     return name
+
+
+def place_in_caller_memory(plan: Any, names: Iterable[str], elsewhere: Iterable[str] = ()) -> tuple[dict, set]:
+    """Which tensors move to the caller's memory when I/O tensors `names` are bound there: ({bound
+    name: (the tensor whose slot it shares, and every view of that slot)}, names to copy instead).
+    A bound tensor's whole view group moves, so the layers writing or reading any view of it use
+    the caller's bytes. Copied instead: an output that is an input or a view of one, a second
+    name bound to a slot already bound, a weight, and a group with a member `elsewhere` (memory
+    outside the arena: staged values, run-time-sized regions)."""
+    aliases, outside = plan.memory.aliases, set(elsewhere)
+    groups: dict[str, list[str]] = {}
+    for view in aliases:
+        groups.setdefault(root_of(view, aliases), []).append(view)
+    placed, copies, taken = {}, set(), set()
+    for name in sorted(names, key=lambda n: n not in plan.inputs):  # inputs claim their slots first
+        root = root_of(name, aliases)
+        group = (root, *groups.get(root, ()))
+        if (root in taken or outside.intersection(group) or plan.tensors[root].kind == "weight"
+                or (name in plan.outputs and (name in plan.inputs or root in plan.inputs))):
+            copies.add(name)
+            continue
+        taken.add(root)
+        placed[name] = group
+    return placed, copies
 
 
 def input_consumed_at(plan: Any) -> int:

@@ -175,3 +175,28 @@ def test_an_input_that_is_also_an_output_is_consumed_after_the_outputs_are_copie
         ctx.enqueue()
         assert event.is_set()
         np.testing.assert_array_equal(y, -np.arange(4, dtype=np.float32))
+
+
+def test_a_bound_tensor_moves_with_the_views_of_its_slot_and_conflicts_are_copied():
+    """The cuda target's placement (runtime.io_binding.place_in_caller_memory), on a cuda plan
+    built without a device: v is a view of input x, f a view of output y (I/O are never views)."""
+    from polykit.runtime.io_binding import place_in_caller_memory
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["v"], name="view_x"),
+             helper.make_node("Relu", ["v"], ["y"], name="relu"),
+             helper.make_node("Flatten", ["y"], ["f"], name="view_y", axis=0),
+             helper.make_node("Neg", ["f"], ["z"], name="neg")]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 24])],
+                              [numpy_helper.from_array(np.array([6, 4], np.int64), "shape")])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                      BuilderConfig(target="cuda", builder_optimization_level=0, fuse=False))
+    assert plan.memory.aliases == {"v": "x", "f": "y"}
+    placed, copies = place_in_caller_memory(plan, ["x", "y", "z"])
+    assert {name: set(group) for name, group in placed.items()} == {"x": {"x", "v"}, "y": {"y", "f"}, "z": {"z"}}
+    assert copies == set()
+    placed, copies = place_in_caller_memory(plan, ["y", "z"], elsewhere=["f"])  # f outside the arena
+    assert set(placed) == {"z"} and copies == {"y"}
+    plan.outputs.append("x")  # an input that is an output too: copied out of the input's bytes
+    assert place_in_caller_memory(plan, ["x", "y"])[1] == {"x"}

@@ -48,7 +48,7 @@ from polykit.runtime.cuda.stream import CudaGraph, Event, Stream
 #: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
 #: text comes from a plan)
 from polykit.runtime.tactic_check import plan_kernels
-from polykit.runtime.io_binding import root_of
+from polykit.runtime.io_binding import place_in_caller_memory
 from polykit.runtime.memory import check_scratch
 
 log = logging.getLogger("polykit")
@@ -194,7 +194,6 @@ class CudaContext:
         #: tensors living outside the arena (staged values, run-time-sized): never bound in place
         self._elsewhere = staged | set(self._sized.members) | set(self._outputs.members) \
             | {n for regions in self._data_sized for n in regions.members}
-        self._views = view_groups(plan)
         self._moved: dict[str, int] = {}  # tensors bound at caller addresses: their own pointer
         self._steps = engine.steps
         if device_memory == "owned":
@@ -239,19 +238,12 @@ class CudaContext:
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
         self._moved = {}
-        plan, copies, taken = self.engine.plan, set(), set()
-        for name, ptr in sorted(addresses.items(), key=lambda item: item[0] not in plan.inputs):
-            root = root_of(name, plan.memory.aliases)
-            group = self._views.get(root, (root,))
-            if (root in taken or any(m in self._elsewhere for m in group) or plan.tensors[root].kind == "weight"
-                    or (name in plan.outputs and (name in plan.inputs or root in plan.inputs))):
-                copies.add(name)
-                continue
-            taken.add(root)
+        placed, copies = place_in_caller_memory(self.engine.plan, addresses, self._elsewhere)
+        for name, group in placed.items():
             for member in group:
                 t = self.tensors[member]
                 self._moved[member] = t.ptr
-                self.tensors[member] = DeviceTensor(ptr, t.shape, t.dtype)
+                self.tensors[member] = DeviceTensor(addresses[name], t.shape, t.dtype)
         return copies
 
     def signal(self, event: Any, stream: Stream) -> None:
@@ -374,15 +366,6 @@ class CudaContext:
             self.arena.free()
             self.arena = None
         self.stream.close()
-
-
-def view_groups(plan: Any) -> dict[str, tuple[str, ...]]:
-    """{root: (root, its views...)} of every tensor some view shares."""
-    groups: dict[str, list[str]] = {}
-    for view in plan.memory.aliases:
-        root = root_of(view, plan.memory.aliases)
-        groups.setdefault(root, [root]).append(view)
-    return {root: tuple(members) for root, members in groups.items()}
 
 
 def planned_workspace(plan: Any) -> int:
