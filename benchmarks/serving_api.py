@@ -44,8 +44,8 @@ def in_place_vs_copies(name: str, batch: int, args, torch) -> dict:
     bound = {mode: bind_plan(plan, dev_inputs, torch, in_place=mode == "in_place") for mode in ("copies", "in_place")}
     outs = {}
     for mode, b in bound.items():
-        b.run()
-        b.run()  # the second run captures and replays the graph
+        b.run()  # in place: a new set of addresses is copied once,
+        b.run()  # then captured in place and replayed
         torch.cuda.synchronize()
         outs[mode] = b.out.clone()
     identical = bool(torch.equal(outs["copies"], outs["in_place"]))

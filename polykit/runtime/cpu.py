@@ -186,6 +186,7 @@ class CpuContext:
 
     stream = None
     io_alignment = 1  # numpy kernels need only the itemsize (io_binding checks at least that)
+    can_capture = False
 
     def __init__(self, engine: CpuEngine, communicator: Any = None, device_memory: str | None = "owned"):
         self.engine = engine

@@ -297,7 +297,8 @@ class ExecutionContext:
         self._runs: dict[tuple, int] = {}
         self._binder = ShapeBinder(engine.plan)
         self._sizes = OutputSizes(engine.plan)
-        self._replay_wanted = replay and not self._sizes  # launches that follow a read-back are not captured
+        # launches that follow a read-back are not captured
+        self._replay_wanted = replay and not self._sizes and target_context.can_capture
         self._profile_index = 0
         self._input_shapes = {n: tuple(engine.plan.tensors[n].shape) for n in engine.plan.inputs}
         self._input_values: dict[str, np.ndarray] = {}
@@ -307,6 +308,7 @@ class ExecutionContext:
         self._addresses = IoAddresses(engine.plan)
         self._consumed_event: Any = None
         self._io_key: tuple = ()  # the bound addresses and event a captured replay holds
+        self._in_place_sets: set[tuple] = set()  # (shapes, addresses) run in place (captured: replay_in_place)
         self._nvtx_verbosity = engine.profiling_verbosity
         self._labels: dict[tuple[int, str], Any] = {}
 
@@ -326,6 +328,7 @@ class ExecutionContext:
         self._ctx.begin()
         self._drop_replays()  # they point into the old memory
         self._runs.clear()
+        self._in_place_sets.clear()
         self._ctx.set_device_memory(ptr, size)
 
     def set_tensor_address(self, name: str, binding: Any) -> None:
@@ -388,6 +391,22 @@ class ExecutionContext:
         if not self._ctx.has_memory:
             raise RuntimeInputError("the execution context was created without device memory and has none",
                                     hint=f"call set_device_memory with {self.engine.device_memory_size} bytes first")
+
+    def _replay_in_place(self, addresses: Mapping[str, int]) -> bool:
+        """Whether this run reads and writes `addresses` in place. Without captured replays,
+        always. With them, a set of addresses runs in place from its second run on (captured
+        then, replayed after), for at most MAX_REPLAYS sets per context; a set's first run, and
+        every run of a set past that cap, copies through the arena's own replay. So addresses
+        that change on every run (a fresh output tensor per request) cost what copies cost,
+        never an eager run or a capture each time, and a few stable buffers run in place."""
+        if not self._replay_wanted:
+            return True
+        key = (self._shapes.key if self._shapes is not None else ()) + (tuple(sorted(addresses.items())),)
+        if key in self._in_place_sets:
+            return True
+        if len(self._in_place_sets) < MAX_REPLAYS:
+            self._in_place_sets.add(key)
+        return False
 
     def _signal_after(self) -> Any:
         """(layer index, callback) signalling the input-consumed event after that layer; None
@@ -543,6 +562,9 @@ class ExecutionContext:
         self._check_memory()
         self._bind()
         inplace = {n: p for n, p in self._addresses.resolve(ctx, self._shapes.shapes).items() if n not in bindings}
+        if inplace and not self._replay_in_place(inplace):
+            bindings.update(inplace)  # copied this time (module docstring of polykit.runtime.io_binding)
+            inplace = {}
         for name in ctx.bind_addresses(inplace):  # tensors the target cannot place: copied from/to the address
             bindings[name] = inplace.pop(name)
         self._io_key = (tuple(sorted(inplace.items())), id(self._consumed_event))

@@ -6,6 +6,13 @@ object with the target's array interface: `__cuda_array_interface__` / DLPack on
 place, with no copy. `IoAddresses` keeps the bindings and checks each against the tensor's
 shape of the run (size, dtype where the object tells it, alignment) before the launches.
 
+Where a context replays captured launches (CUDA graphs), the graph holds the addresses it was
+captured with. A set of addresses therefore runs in place from its second run on (captured
+then), for a few sets per context (engine.MAX_REPLAYS); its first run, and runs of addresses
+past that cap, are copied through the graph of the context's own memory. Addresses that change
+on every run cost what copies cost, stable buffers run in place, and nothing is re-captured or
+run eagerly again and again.
+
 `check_feeds` checks the host arrays `execute` takes, `scratch_of` the memory
 `set_device_memory` is given. `input_consumed_at(plan)` is the index of the last layer that reads an engine input (or a
 view of one): once it has run the caller may overwrite its input buffers

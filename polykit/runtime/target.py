@@ -71,6 +71,8 @@ class TargetContext(Protocol):
     stream: Any
     #: the alignment in bytes a caller's buffer bound to an I/O tensor must have
     io_alignment: int
+    #: whether `capture` can record launches for replay (the engine then decides which runs it captures)
+    can_capture: bool
 
     @property
     def has_memory(self) -> bool:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import RuntimeInputError, UsageError
-from polykit.runtime.engine import Engine
+from polykit.runtime.engine import MAX_REPLAYS, Engine
 
 W = np.linspace(-1.0, 1.0, 32, dtype=np.float32).reshape(8, 4)
 
@@ -200,3 +200,34 @@ def test_a_bound_tensor_moves_with_the_views_of_its_slot_and_conflicts_are_copie
     assert set(placed) == {"z"} and copies == {"y"}
     plan.outputs.append("x")  # an input that is an output too: copied out of the input's bytes
     assert place_in_caller_memory(plan, ["x", "y"])[1] == {"x"}
+
+
+def test_where_graphs_are_replayed_a_set_of_addresses_runs_in_place_from_its_second_run():
+    """y is written by layer 0 and x read last by layer 1: when the consumed event is set, y is
+    already in the caller's buffer if the run is in place, not yet if it is copied out at the end."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu"), helper.make_node("Neg", ["x"], ["z"], name="neg")]
+    graph = helper.make_graph(nodes, "early", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                      BuilderConfig(target="cpu", fuse=False))
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        assert engine.input_consumed_layer == 1
+        x = np.arange(4, dtype=np.float32) - 2
+        ctx.set_tensor_address("x", x)
+        seen, held = [], []
+        for _ in range(MAX_REPLAYS + 1):
+            y, z = np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32)  # fresh buffers each round,
+            held.append((y, z))  # kept, so that no later round gets their addresses again
+            ctx.set_tensor_address("y", y)
+            ctx.set_tensor_address("z", z)
+            event = Overwriter(np.zeros(1, np.float32), [y])
+            ctx.set_input_consumed_event(event)
+            for _ in range(2):  # new addresses: copied; the same addresses again: in place
+                ctx._replay_wanted = True  # as on a target that captures (cuda): the policy under test
+                y[...] = np.nan
+                ctx.enqueue()
+            seen.append(event.seen)
+            np.testing.assert_array_equal(y, np.maximum(x, 0))
+        # y still NaN at the event when copied, written when in place; past MAX_REPLAYS sets, always copied
+        assert seen == [[[True], [False]]] * MAX_REPLAYS + [[[True], [True]]]

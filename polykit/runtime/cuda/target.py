@@ -16,8 +16,9 @@ GPU with other SM counts) grows the pool on the first, eager run. Every allocati
 through the engine's allocator when it has one.
 
 I/O tensors bound at caller addresses (`bind_addresses`) move there with their views, so the
-layers read inputs and write outputs in the caller's memory; the engine re-captures the
-graph when the addresses change (the replay key holds them).
+layers read inputs and write outputs in the caller's memory; a captured graph holds the
+addresses it was captured with, and the engine decides which sets of addresses get one
+(polykit.runtime.io_binding).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class CudaContext:
     """One activation arena, stream and workspace; launches the engine's layers."""
 
     io_alignment = ALIGN  # as the arena's slots: tactics may assume it (vector loads, TMA)
+    can_capture = True  # unless a layer is driven from the host (`capture` returns None then)
 
     def __init__(self, engine: CudaEngine, communicator: Any = None, device_memory: str | None = "owned"):
         self.engine = engine

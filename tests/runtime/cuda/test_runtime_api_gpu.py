@@ -91,9 +91,9 @@ def test_bound_copied_and_graph_replayed_outputs_are_bit_identical(plan):
         copied = [ctx.execute({"x": _x(s)}) for s in (1, 1, 2)]  # eager, then replayed
         first, second = Buffers(engine), Buffers(engine)
         try:
-            for bufs in (first, second, first):  # addresses change: the graph is captured again
+            for bufs in (first, second, first):  # new addresses: copied once, then captured in place; then replayed
                 bufs.bind(ctx)
-                for seed in (1, 2, 2):  # eager for these addresses, then replays
+                for seed in (1, 2, 2):
                     bufs.put(_x(seed))
                     ctx.enqueue()
                     _sync()
@@ -124,7 +124,7 @@ def test_an_input_overwritten_after_the_consumed_event_never_corrupts_results(pl
         try:
             bufs.bind(ctx)
             ctx.set_input_consumed_event(event)
-            for _ in range(3):  # eager, captured, replayed
+            for _ in range(3):  # copied (new addresses), captured in place, replayed in place
                 bufs.put(_x(3))
                 ctx.enqueue(stream=work.handle)
                 driver.call("cuStreamWaitEvent", refill.handle, event.handle, 0)
@@ -289,7 +289,7 @@ def test_outputs_bound_in_place_are_written_within_their_bytes(plan):
             for name in sizes:
                 ctx.set_tensor_address(name, big.ptr + starts[name])
             upload(big.ptr + starts["x"], _x(9))
-            for _ in range(3):  # eager, captured, replayed
+            for _ in range(3):  # copied (new addresses), captured in place, replayed in place
                 ctx.enqueue()
             _sync()
             everything = download(big.ptr, (big.nbytes,), np.uint8)
@@ -301,3 +301,37 @@ def test_outputs_bound_in_place_are_written_within_their_bytes(plan):
             desc = engine.plan.tensors[name]
             got = everything[starts[name]:starts[name] + desc.nbytes].view(desc.np_dtype).reshape(desc.shape)
             np.testing.assert_array_equal(got, want[name], err_msg=name)
+
+
+def test_stable_addresses_run_in_place_and_changing_ones_through_copies(plan):
+    """In place, the layers write the caller's buffer and not the arena slot of the output: a
+    poisoned slot stays poisoned. A set of addresses seen once is copied through that slot."""
+    from polykit.runtime.cuda.memory import download, fill_bytes
+    from polykit.runtime.engine import Engine
+
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        want = ctx.execute({"x": _x(10)})
+        desc = engine.plan.tensors["y"]
+        slot = ctx._ctx.arena.at(desc.offset)  # (the context's own memory, read for the proof)
+        stable = Buffers(engine)
+        try:
+            stable.bind(ctx)
+            stable.put(_x(10))
+            for _ in range(3):  # copied, captured in place, replayed in place
+                ctx.enqueue()
+            _sync()
+            fill_bytes(slot, desc.nbytes, 0xA5)
+            ctx.enqueue()
+            _sync()
+            assert (download(slot, (desc.nbytes,), np.uint8) == 0xA5).all(), "in place: the arena slot is not written"
+            np.testing.assert_array_equal(stable.get("y"), want["y"])
+            fresh = Buffers(engine)  # a new set of addresses: its first run is copied through the slot
+            fresh.bind(ctx)
+            fresh.put(_x(10))
+            ctx.enqueue()
+            _sync()
+            np.testing.assert_array_equal(download(slot, tuple(desc.shape), desc.np_dtype), want["y"])
+            np.testing.assert_array_equal(fresh.get("y"), want["y"])
+            fresh.close()
+        finally:
+            stable.close()
