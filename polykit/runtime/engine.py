@@ -44,6 +44,8 @@ from polykit.runtime.target import Allocator, Target, TargetContext, get_target
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
 MAX_REPLAYS = 8
+#: sets of caller addresses a context runs in place under captured replays (each its own replays)
+MAX_IN_PLACE_SETS = 8
 
 
 #: (layer index, callback(stream)): called right after that layer is launched (the input-consumed signal)
@@ -307,7 +309,7 @@ class ExecutionContext:
         self._last_profile: list[tuple[str, float]] = []
         self._addresses = IoAddresses(engine.plan)
         self._consumed_event: Any = None
-        self._io_key: tuple = ()  # the bound addresses and event a captured replay holds
+        self._io_key: tuple = ((), 0)  # the bound addresses and the event a captured replay holds
         self._in_place_sets: set[tuple] = set()  # (shapes, addresses) run in place (captured: replay_in_place)
         self._nvtx_verbosity = engine.profiling_verbosity
         self._labels: dict[tuple[int, str], Any] = {}
@@ -395,7 +397,7 @@ class ExecutionContext:
     def _replay_in_place(self, addresses: Mapping[str, int]) -> bool:
         """Whether this run reads and writes `addresses` in place. Without captured replays,
         always. With them, a set of addresses runs in place from its second run on (captured
-        then, replayed after), for at most MAX_REPLAYS sets per context; a set's first run, and
+        then, replayed after), for at most MAX_IN_PLACE_SETS sets per context; a set's first run, and
         every run of a set past that cap, copies through the arena's own replay. So addresses
         that change on every run (a fresh output tensor per request) cost what copies cost,
         never an eager run or a capture each time, and a few stable buffers run in place."""
@@ -404,7 +406,7 @@ class ExecutionContext:
         key = (self._shapes.key if self._shapes is not None else ()) + (tuple(sorted(addresses.items())),)
         if key in self._in_place_sets:
             return True
-        if len(self._in_place_sets) < MAX_REPLAYS:
+        if len(self._in_place_sets) < MAX_IN_PLACE_SETS:
             self._in_place_sets.add(key)
         return False
 
@@ -510,9 +512,13 @@ class ExecutionContext:
             self._last_profile = times
 
     def _keep_replay(self, key: tuple, replay: Any) -> None:
+        """Cache `replay`; the least recently used one of its kind goes past the bound: MAX_REPLAYS
+        on the context's own memory, MAX_IN_PLACE_SETS on caller addresses (key[-2], the
+        addresses, non-empty), so neither kind pushes the other out."""
         self._replays[key] = replay
-        if len(self._replays) > MAX_REPLAYS:
-            _, old = self._replays.popitem(last=False)
+        same = [k for k in self._replays if bool(k[-2]) == bool(key[-2])]  # oldest first
+        if len(same) > (MAX_IN_PLACE_SETS if key[-2] else MAX_REPLAYS):
+            old = self._replays.pop(same[0])
             self._ctx.synchronize(self._ctx.stream)
             old.close()
 
@@ -534,7 +540,7 @@ class ExecutionContext:
         self._input_values.update({name: checked[name] for name in self._binder.value_inputs})
         self._bind()
         ctx.bind_addresses({})
-        self._io_key = (id(self._consumed_event),) if self._consumed_event is not None else ()
+        self._io_key = ((), id(self._consumed_event))  # the context's own memory
         for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)
         ctx.copy_values(self._shapes, ctx.stream)

@@ -8,7 +8,7 @@ shape of the run (size, dtype where the object tells it, alignment) before the l
 
 Where a context replays captured launches (CUDA graphs), the graph holds the addresses it was
 captured with. A set of addresses therefore runs in place from its second run on (captured
-then), for a few sets per context (engine.MAX_REPLAYS); its first run, and runs of addresses
+then), for a few sets per context (engine.MAX_IN_PLACE_SETS); its first run, and runs of addresses
 past that cap, are copied through the graph of the context's own memory. Addresses that change
 on every run cost what copies cost, stable buffers run in place, and nothing is re-captured or
 run eagerly again and again.

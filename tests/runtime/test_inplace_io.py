@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import RuntimeInputError, UsageError
-from polykit.runtime.engine import MAX_REPLAYS, Engine
+from polykit.runtime.engine import MAX_IN_PLACE_SETS, Engine
 
 W = np.linspace(-1.0, 1.0, 32, dtype=np.float32).reshape(8, 4)
 
@@ -216,7 +216,7 @@ def test_where_graphs_are_replayed_a_set_of_addresses_runs_in_place_from_its_sec
         x = np.arange(4, dtype=np.float32) - 2
         ctx.set_tensor_address("x", x)
         seen, held = [], []
-        for _ in range(MAX_REPLAYS + 1):
+        for _ in range(MAX_IN_PLACE_SETS + 1):
             y, z = np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32)  # fresh buffers each round,
             held.append((y, z))  # kept, so that no later round gets their addresses again
             ctx.set_tensor_address("y", y)
@@ -229,5 +229,26 @@ def test_where_graphs_are_replayed_a_set_of_addresses_runs_in_place_from_its_sec
                 ctx.enqueue()
             seen.append(event.seen)
             np.testing.assert_array_equal(y, np.maximum(x, 0))
-        # y still NaN at the event when copied, written when in place; past MAX_REPLAYS sets, always copied
-        assert seen == [[[True], [False]]] * MAX_REPLAYS + [[[True], [True]]]
+        # y still NaN at the event when copied, written when in place; past MAX_IN_PLACE_SETS sets, always copied
+        assert seen == [[[True], [False]]] * MAX_IN_PLACE_SETS + [[[True], [True]]]
+
+
+def test_replays_on_caller_addresses_and_on_the_contexts_memory_never_push_each_other_out(engine):
+    from polykit.runtime.engine import MAX_REPLAYS
+
+    class Replay:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    with engine.create_execution_context() as ctx:
+        own = [Replay() for _ in range(MAX_REPLAYS + 1)]
+        bound = [Replay() for _ in range(MAX_IN_PLACE_SETS)]
+        for k, replay in enumerate(bound):
+            ctx._keep_replay((k, (("x", 4096 * (k + 1)),), 0), replay)  # shapes key + (addresses, event)
+        for k, replay in enumerate(own):  # one more than the bound: the oldest of its own kind goes
+            ctx._keep_replay((k, (), 0), replay)
+        assert [r.closed for r in own] == [True] + [False] * MAX_REPLAYS
+        assert not any(r.closed for r in bound)
+        ctx._replays.clear()
