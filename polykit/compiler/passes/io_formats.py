@@ -22,18 +22,18 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir.dtypes import EXTENDED_TYPES, NUMPY_TO_ONNX
+from polykit.compiler.ir.dtypes import NUMPY_TO_ONNX
 from polykit.compiler.ir.graph import Graph, Node
 from polykit.compiler.passes.rewrite import protected, rename_produced, replace_tensor
 from polykit.errors import BuildError, UsageError
 
-#: trtexec's dtype names -> numpy dtypes
-IO_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": EXTENDED_TYPES[16],
-             "int8": np.dtype(np.int8)}
+#: trtexec's dtype names -> numpy dtype names (names: bfloat16 is ml_dtypes', which a lean
+#: runtime may not have, and this module is imported on the plan-loading path)
+IO_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 #: trtexec's format names this builder gives: linear NCHW and channels-last (rank-4 tensors)
 IO_LAYOUTS = ("chw", "hwc")
 #: float dtypes whose widening to the next is exact (so narrowing back gives the value again)
-EXACT_WIDENING = {(np.dtype(np.float16), np.dtype(np.float32)), (EXTENDED_TYPES[16], np.dtype(np.float32))}
+EXACT_WIDENING = {("float16", "float32"), ("bfloat16", "float32")}
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,10 @@ class IoFormat:
         if dtype not in IO_DTYPES or layout not in IO_LAYOUTS:
             raise UsageError(f"I/O format {text!r} is not DTYPE:FORMAT with DTYPE one of {', '.join(IO_DTYPES)} "
                              f"and FORMAT one of {', '.join(IO_LAYOUTS)}", hint="e.g. fp16:chw or fp32:hwc")
-        return IoFormat(IO_DTYPES[dtype].name, layout)
+        return IoFormat(IO_DTYPES[dtype], layout)
 
     def __str__(self) -> str:
-        names = {dt.name: key for key, dt in IO_DTYPES.items()}
+        names = {dt: key for key, dt in IO_DTYPES.items()}
         return f"{names[self.dtype]}:{self.layout}"
 
 
@@ -167,7 +167,7 @@ def cancel_round_trip_casts(graph: Graph, keep: Iterable[str] = ()) -> bool:
         back = graph.value(node.outputs[0]).dtype
         if a is None or mid is None or back is None:
             continue
-        if np.dtype(back) == np.dtype(a) and (np.dtype(a), np.dtype(mid)) in EXACT_WIDENING:
+        if np.dtype(back) == np.dtype(a) and (np.dtype(a).name, np.dtype(mid).name) in EXACT_WIDENING:
             replace_tensor(graph, node.outputs[0], first.input(0))
             changed = True
     return changed
