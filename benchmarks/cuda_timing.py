@@ -3,7 +3,9 @@
 `time_cuda` gives the median CUDA-event time of a callable (after warm-up runs); `bind_plan`
 loads a polykit plan on the cuda target and binds it to torch device tensors, so that one
 `run()` is one `ExecutionContext.enqueue` on torch's current stream (CUDA-graph replay after
-the first call, no host copies) writing the plan's first output into a torch tensor.
+the first call, no host copies) writing the plan's first output into a torch tensor: the
+tensors copied into and out of the context's arena, or with `in_place` bound with
+set_tensor_address so the layers read and write them directly.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ class BoundPlan:
         self.engine.close()
 
 
-def bind_plan(plan, inputs: Mapping[str, Any], torch) -> BoundPlan:
+def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False) -> BoundPlan:
     """Load `plan` (cuda target) and bind `inputs` (torch CUDA tensors by plan input name, cast to
-    the plan's input dtypes) and a new tensor for its first output."""
+    the plan's input dtypes) and a new tensor for its first output (in place or copied)."""
     from polykit.runtime.engine import Engine
 
     engine = Engine(plan)
@@ -58,4 +60,8 @@ def bind_plan(plan, inputs: Mapping[str, Any], torch) -> BoundPlan:
     bindings = {name: inputs[name].to(getattr(torch, plan.tensors[name].dtype)).contiguous() for name in plan.inputs}
     bindings[out_name] = out
     stream = torch.cuda.current_stream()
+    if in_place:
+        for name, tensor in bindings.items():
+            ctx.set_tensor_address(name, tensor)
+        return BoundPlan(engine, ctx, lambda: ctx.enqueue(stream=stream), out, bindings)
     return BoundPlan(engine, ctx, lambda: ctx.enqueue(bindings, stream), out, bindings)

@@ -30,9 +30,10 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
             "--mark-all": request.mark_all, "--save-engine": request.save_engine,
             "--load-tactics": request.load_tactics, "--save-tactics": request.save_tactics,
             "--channels-last/--no-channels-last": request.channels_last is not None,
-            **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()}})
-        return PolykitRunner(EngineFromPath(request.model, request.target), name="trt", profile=request.profile,
-                             optimization_profile=request.optimization_profile)
+            **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()
+               if k != "device"}})  # --device also picks the GPU a plan runs on
+        return PolykitRunner(EngineFromPath(request.model, request.target, request.builder_options.get("device")),
+                             name="trt", profile=request.profile, optimization_profile=request.optimization_profile)
     config = builder_config(request)
     if config.ranks > 1:
         from polykit.backends.ranks_runner import RanksRunner
@@ -45,7 +46,7 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
         plan = SaveEngine(plan, request.save_engine)
-    return PolykitRunner(EngineFromPlan(plan), name="trt", profile=request.profile,
+    return PolykitRunner(EngineFromPlan(plan, device=config.device), name="trt", profile=request.profile,
                          optimization_profile=request.optimization_profile)
 
 

@@ -237,16 +237,17 @@ class PlanFromOnnx(BaseLoader):
 class EngineFromPlan(BaseLoader):
     """Deserialize a Plan (or plan bytes, or a loader of either) into a runtime Engine."""
 
-    def __init__(self, plan: Any, target: str | None = None):
+    def __init__(self, plan: Any, target: str | None = None, device: int | None = None):
         self.plan = plan
         self.target = target
+        self.device = device  # the GPU to load on (cuda; default 0)
 
     def __call__(self) -> Any:
         from polykit.runtime.engine import Runtime
 
         value = resolve(self.plan)
         target = self.target or getattr(value, "target", None)
-        return Runtime(target).deserialize_engine(value)
+        return Runtime(target, device=self.device).deserialize_engine(value)
 
 
 class EngineFromOnnx(BaseLoader):
@@ -257,7 +258,7 @@ class EngineFromOnnx(BaseLoader):
         self.config = config
 
     def __call__(self) -> Any:
-        return EngineFromPlan(PlanFromOnnx(self.model, self.config))()
+        return EngineFromPlan(PlanFromOnnx(self.model, self.config), device=getattr(self.config, "device", None))()
 
 
 class EngineBytesFromPath(BaseLoader):
@@ -273,15 +274,16 @@ class EngineBytesFromPath(BaseLoader):
 class EngineFromPath(BaseLoader):
     """Load an Engine from a plan file."""
 
-    def __init__(self, path: str | os.PathLike, target: str | None = None):
+    def __init__(self, path: str | os.PathLike, target: str | None = None, device: int | None = None):
         self.path = path
         self.target = target
+        self.device = device
 
     def __call__(self) -> Any:
         from polykit.compiler.plan.file import Plan
 
         plan = Plan.load(self.path, expect_target=self.target)
-        return EngineFromPlan(plan, self.target)()
+        return EngineFromPlan(plan, self.target, self.device)()
 
 
 class SaveEngine(BaseLoader):

@@ -8,7 +8,10 @@
 A plan built for optimization profiles takes any input shape inside the context's profile
 (`set_optimization_profile`); `execute` takes the shapes from the feeds, `enqueue` from
 `set_input_shape`, and every tensor's shape is evaluated on the host before the launches
-(polykit.runtime.shapes). The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
+(polykit.runtime.shapes). A context runs on memory it owns or on scratch the caller gives it
+(`create_execution_context(device_memory=None)`, then `set_device_memory`), and reads and
+writes I/O tensors bound with `set_tensor_address` in place (polykit.runtime.io_binding);
+every allocation goes through the Runtime's or Engine's allocator when one is given. The engine checks feeds (names, shapes, exact dtypes) and talks to the target only through
 polykit.runtime.target: get_target(name).load(plan) -> create_context() -> copy_in /
 launch / copy_out. It owns the one layer loop (`run_layers`), its error wrapping, replay of
 a captured loop (CUDA graphs) and the profiler (`timed_pass`, which the builder's tuner uses
@@ -33,26 +36,41 @@ from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.runtime.collectives import check_communicator, needs_communicator
 from polykit.runtime.compatibility import check_versioned_tactics
+from polykit.runtime.io_binding import IoAddresses, check_feeds, input_consumed_at, scratch_of
+from polykit.runtime.nvtx import VERBOSITIES, Nvtx, check_verbosity, layer_labels, load_nvtx
 from polykit.runtime.output_alloc import OutputSizes
 from polykit.runtime.sequences import flatten_feeds, layouts, pack_outputs
 from polykit.runtime.shapes import ShapeBinder, ShapeSet
 from polykit.runtime.tactic_check import check_tactics
-from polykit.runtime.target import Target, TargetContext, get_target
+from polykit.runtime.target import Allocator, Target, TargetContext, get_target
 from polykit.runtime.weight_streaming import WeightStreaming
 
 #: captured replays (CUDA graphs) a context keeps, one per distinct set of input shapes
 MAX_REPLAYS = 8
+#: sets of caller addresses a context runs in place under captured replays (each its own replays)
+MAX_IN_PLACE_SETS = 8
+
+
+#: (layer index, callback(stream)): called right after that layer is launched (the input-consumed signal)
+After = tuple[int, Callable[[Any], None]]
+#: (NVTX library, each layer's range label): a range around each launch (polykit.runtime.nvtx)
+Ranges = tuple[Nvtx, Sequence[bytes]]
 
 
 def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                marks: Callable[[Any], Any] | None = None, out: list | None = None,
-               indices: Sequence[int] | None = None) -> None:
+               indices: Sequence[int] | None = None, after: After | None = None,
+               ranges: Ranges | None = None) -> None:
     """Launch `layers` (plan indices `indices`, default all in order) on `stream`; with
-    `marks`, append (layer name, mark before, mark after) to `out` for each launch. A
-    failure that is not a PolykitError is reported with the layer and its tactic."""
+    `marks`, append (layer name, mark before, mark after) to `out` for each launch; with
+    `after` (index, callback), call callback(stream) once that layer is launched; with
+    `ranges`, an NVTX range around each launch. A failure that is not a PolykitError is
+    reported with the layer and its tactic."""
     for index in range(len(layers)) if indices is None else indices:
         layer = layers[index]
         before = marks(stream) if marks else None
+        if ranges:
+            ranges[0].push(ranges[1][index])
         try:
             ctx.launch(index, stream)
         except PolykitError:
@@ -62,12 +80,18 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                                where=f"layer {layer.name!r} ({layer.kind})",
                                hint="the inputs may be out of the op's domain (check the feeds); else rebuild "
                                     "with another tactic for this layer or run it on --target cpu") from exc
+        finally:
+            if ranges:
+                ranges[0].pop()
         if marks:
             out.append((layer.name, before, marks(stream)))
+        if after is not None and index == after[0]:
+            after[1](stream)
 
 
 def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
-               indices: Sequence[int] | None = None) -> list[tuple[str, float]]:
+               indices: Sequence[int] | None = None, after: After | None = None,
+               ranges: Ranges | None = None) -> list[tuple[str, float]]:
     """(layer name, milliseconds) of each launch of one pass over `indices` (default all
     layers), timed with the context's timer; a pass whose timer says the host fell behind
     is repeated once (the timer has learned the enqueue time by then)."""
@@ -78,7 +102,7 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
         marked: list[tuple[str, Any, Any]] = []
         timer.begin(stream, count)
         try:
-            run_layers(ctx, layers, stream, timer.mark, marked, indices)
+            run_layers(ctx, layers, stream, timer.mark, marked, indices, after, ranges)
         finally:
             valid = timer.end(stream)
             times = [(name, timer.elapsed_ms(a, b)) for name, a, b in marked]
@@ -89,31 +113,42 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
 
 
 class Runtime:
-    """Loads plans into Engines. `target` None: the plan's own target; else the plan must match."""
+    """Loads plans into Engines. `target` None: the plan's own target; else the plan must match.
+    `allocator` (polykit.runtime.target.Allocator: alloc(size, alignment) -> address, free(address)):
+    where the engines take every device allocation (host memory on the cpu target)."""
 
-    def __init__(self, target: str | None = None):
+    def __init__(self, target: str | None = None, allocator: Allocator | None = None, device: int | None = None):
+        """`device`: the GPU the engines load on (cuda; default 0)."""
         self.target = target
+        self.allocator = allocator
+        self.device = device
+
+    def _engine(self, plan: Plan, where: str = "plan") -> "Engine":
+        target = get_target(plan.target, self.device) if self.device is not None else None
+        return Engine(plan, target, where=where, allocator=self.allocator)
 
     def deserialize_engine(self, data: bytes | Plan) -> "Engine":
         plan = data if isinstance(data, Plan) else Plan.deserialize(data, expect_target=self.target)
         if self.target is not None and plan.target != self.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {self.target!r}",
                             hint=f"rebuild the plan with --target {self.target}")
-        return Engine(plan)
+        return self._engine(plan)
 
     def load_engine(self, path: str | os.PathLike) -> "Engine":
-        return Engine(Plan.load(path, expect_target=self.target), where=str(path))
+        return self._engine(Plan.load(path, expect_target=self.target), where=str(path))
 
 
 class Engine:
     """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
 
-    def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan"):
+    def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan",
+                 allocator: Allocator | None = None):
         """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
-        default: a new one of the plan's target. The plan's tactics and kernel files are
-        checked against this polykit's first (polykit.runtime.compatibility for a plan from
-        another version, polykit.runtime.tactic_check: PlanError naming the field; `where`
-        names the plan, e.g. its file)."""
+        default: a new one of the plan's target. `allocator`: where every device allocation
+        of the engine and its contexts comes from (default: the target's own). The plan's tactics
+        and kernel files are checked against this polykit's first (polykit.runtime.compatibility
+        for a plan from another version, polykit.runtime.tactic_check: PlanError naming the
+        field; `where` names the plan, e.g. its file)."""
         if target is not None and target.name != plan.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
                             hint=f"rebuild the plan with --target {target.name}")
@@ -123,10 +158,12 @@ class Engine:
         self.sequence_io = layouts(plan)  # sequence/optional I/O flattened at build time
         #: the layers each optimization profile runs (their tactics may differ: profile_tactics)
         self.profile_layers = [profile_layers(plan, p) for p in range(self.num_optimization_profiles)]
+        #: the last layer reading an input: the input-consumed event is signalled after it
+        self.input_consumed_layer = input_consumed_at(plan)
         self._streaming = WeightStreaming(plan, where)
         self._streaming_applied = False
         self._contexts: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
-        self._target_engine = (target or get_target(plan.target)).load(plan)
+        self._target_engine = (target or get_target(plan.target)).load(plan, allocator)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -166,6 +203,16 @@ class Engine:
         """Each dim of an I/O tensor as text: a number, or its expression of the input dims."""
         desc = self._desc(name)
         return tuple(str(d) for d in desc.dims) if desc.dims else tuple(str(d) for d in desc.shape)
+
+    @property
+    def profiling_verbosity(self) -> str:
+        """How much the plan lets NVTX ranges say (polykit.runtime.nvtx): none, layer_names_only, detailed."""
+        config = self.plan.metadata.get("builder_config") or {}
+        value = config.get("profiling_verbosity", "layer_names_only")
+        if value not in VERBOSITIES:
+            raise PlanError(f"the plan's profiling verbosity {value!r} is not one of {', '.join(VERBOSITIES)}",
+                            where="plan metadata builder_config", hint="rebuild the plan")
+        return str(value)
 
     @property
     def num_optimization_profiles(self) -> int:
@@ -266,10 +313,27 @@ class Engine:
             self._target_engine.set_weight_streaming(self._streaming.schedule())
         self._streaming_applied = True
 
+    # ---- memory -----------------------------------------------------------------------
+    @property
+    def device_memory_size(self) -> int:
+        """Bytes of scratch a context created with device_memory=None must be given
+        (set_device_memory): its activation arena and layer workspace."""
+        return int(self._target_engine.memory_size)
+
+    def get_device_memory_size_for_profile(self, profile: int) -> int:
+        """The scratch a context serving optimization profile `profile` needs. The memory plan
+        places every tensor once, at its largest size over all profiles, so each profile
+        needs the whole arena: the same as device_memory_size."""
+        ShapeBinder(self.plan).check_profile(profile)
+        return self.device_memory_size
+
     # ---- contexts ---------------------------------------------------------------------
     def create_execution_context(self, *, profile: bool | None = None, cuda_graph: bool = True,
-                                 communicator: Any = None, **options: Any) -> "ExecutionContext":
-        """A context with its own working memory. `profile`: time every layer of each run
+                                 communicator: Any = None, device_memory: str | None = "owned",
+                                 **options: Any) -> "ExecutionContext":
+        """A context. `device_memory`: "owned" (its own working memory) or None (none until
+        `set_device_memory` gives it scratch of device_memory_size bytes, which several
+        contexts that never run at the same time may share). `profile`: time every layer of each run
         (default: the plan's BuilderConfig.profile); `cuda_graph`: replay the layer loop as a
         captured graph after the first run where the target can; `communicator`: this rank's
         end of its group (polykit.runtime.collectives), which a plan with collective layers over
@@ -282,10 +346,14 @@ class Engine:
             if communicator is not None or needs_communicator(self.plan):
                 check_communicator(self.plan, communicator)
                 options["communicator"] = communicator
+            if device_memory not in ("owned", None):
+                raise UsageError(f"device_memory must be 'owned' or None, not {device_memory!r}",
+                                 hint="None creates a context without memory: give it some with set_device_memory")
             if not self._streaming_applied:
                 self._apply_streaming()
-            context = ExecutionContext(self, self._target_engine.create_context(**options), profile=profile,
-                                       replay=cuda_graph and not profile)
+            context = ExecutionContext(self, self._target_engine.create_context(device_memory=device_memory,
+                                                                                **options),
+                                       profile=profile, replay=cuda_graph and not profile)
             self._contexts.add(context)
             return context
 
@@ -307,7 +375,8 @@ class Engine:
 
 class ExecutionContext:
     """Runs the engine: execute(feeds) -> outputs on host arrays, enqueue(bindings, stream) on
-    device buffers. One call at a time per context."""
+    device buffers (copied in and out), or enqueue(stream=...) on buffers bound in place with
+    set_tensor_address. One call at a time per context."""
 
     def __init__(self, engine: Engine, target_context: TargetContext, *, profile: bool = False, replay: bool = True):
         self.engine = engine
@@ -318,18 +387,129 @@ class ExecutionContext:
         self._runs: dict[tuple, int] = {}
         self._binder = ShapeBinder(engine.plan)
         self._sizes = OutputSizes(engine.plan)
-        self._replay_wanted = replay and not self._sizes  # launches that follow a read-back are not captured
+        # launches that follow a read-back are not captured
+        self._replay_wanted = replay and not self._sizes and target_context.can_capture
         self._profile_index = 0
         self._input_shapes = {n: tuple(engine.plan.tensors[n].shape) for n in engine.plan.inputs}
         self._input_values: dict[str, np.ndarray] = {}
         self._shapes: ShapeSet | None = None
         self._ran: Mapping[str, tuple[int, ...]] = {}  # the shapes of the last run with data-dependent sizes
         self._last_profile: list[tuple[str, float]] = []
+        self._addresses = IoAddresses(engine.plan)
+        self._consumed_event: Any = None
+        self._io_key: tuple = ((), 0)  # the bound addresses and the event a captured replay holds
+        self._in_place_sets: set[tuple] = set()  # (shapes, addresses) run in place (captured: replay_in_place)
+        self._nvtx_verbosity = engine.profiling_verbosity
+        self._labels: dict[tuple[int, str], Any] = {}
 
     @property
     def profile(self) -> list[tuple[str, float]]:
         """(layer, milliseconds) of the last run, when created with profile=True."""
         return list(self._last_profile)
+
+    # ---- memory and bindings ----------------------------------------------------------
+    def set_device_memory(self, memory: Any, size: int | None = None) -> None:
+        """Run on the caller's scratch from now on: an int address and its `size` in bytes, or a
+        buffer object (its address and size read from its array interface). It must hold
+        engine.device_memory_size bytes, aligned to 256, and stay valid while the context runs;
+        contexts sharing it must not run at the same time."""
+        self._check_open()
+        ptr, size = scratch_of(memory, size)
+        self._ctx.begin()
+        self._drop_replays()  # they point into the old memory
+        self._runs.clear()
+        self._in_place_sets.clear()
+        self._ctx.set_device_memory(ptr, size)
+
+    def set_tensor_address(self, name: str, binding: Any) -> None:
+        """Bind I/O tensor `name` to the caller's buffer (an address, or an object with
+        __cuda_array_interface__ / DLPack on cuda, __array_interface__ on cpu): the following
+        enqueues read that input or write that output in place, with no copy. None unbinds it.
+        The buffer is checked (size, dtype, alignment) against the run's shape at enqueue."""
+        self._addresses.set(name, binding)
+
+    def get_tensor_address(self, name: str) -> Any:
+        """What `name` is bound to (None: unbound)."""
+        self.engine._desc(name)
+        return self._addresses.get(name)
+
+    def set_input_consumed_event(self, event: Any) -> None:
+        """Signal `event` in each enqueue as soon as the last layer reading an input has run, after
+        which the caller may refill its input buffers: on cuda a CUDA event recorded on the
+        stream (a CUevent, handle or object with .handle), on cpu an object whose set() is called
+        (a threading.Event). None: no signal."""
+        self._consumed_event = event
+
+    def get_input_consumed_event(self) -> Any:
+        return self._consumed_event
+
+    @property
+    def nvtx_verbosity(self) -> str:
+        """What the NVTX range around each layer launch says (polykit.runtime.nvtx): at most the
+        plan's profiling verbosity; "none" emits no ranges."""
+        return self._nvtx_verbosity
+
+    @nvtx_verbosity.setter
+    def nvtx_verbosity(self, value: str) -> None:
+        check_verbosity(value, "NVTX verbosity")
+        most = self.engine.profiling_verbosity
+        if VERBOSITIES.index(value) > VERBOSITIES.index(most):
+            raise UsageError(f"NVTX verbosity {value!r} says more than the plan's profiling verbosity {most!r}",
+                             hint=f"rebuild with --profiling-verbosity {value}")
+        self._nvtx_verbosity = value
+
+    def _ranges(self) -> Any:
+        """(NVTX library, labels of the profile's layers), or None (verbosity none, no library)."""
+        if self._nvtx_verbosity == "none":
+            return None
+        nvtx = load_nvtx()
+        if nvtx is None:
+            return None
+        key = (self._profile_index, self._nvtx_verbosity)
+        if key not in self._labels:
+            self._labels[key] = layer_labels(self.engine.profile_layers[self._profile_index], self._nvtx_verbosity)
+        return nvtx, self._labels[key]
+
+    def _drop_replays(self) -> None:
+        if self._replays:
+            self._ctx.synchronize(self._ctx.stream)
+            for replay in self._replays.values():
+                replay.close()
+            self._replays.clear()
+
+    def _check_memory(self) -> None:
+        if not self._ctx.has_memory:
+            raise RuntimeInputError("the execution context was created without device memory and has none",
+                                    hint=f"call set_device_memory with {self.engine.device_memory_size} bytes first")
+
+    def _replay_in_place(self, addresses: Mapping[str, int]) -> bool:
+        """Whether this run reads and writes `addresses` in place. Without captured replays,
+        always. With them, a set of addresses runs in place from its second run on (captured
+        then, replayed after), for at most MAX_IN_PLACE_SETS sets per context; a set's first run, and
+        every run of a set past that cap, copies through the arena's own replay. So addresses
+        that change on every run (a fresh output tensor per request) cost what copies cost,
+        never an eager run or a capture each time, and a few stable buffers run in place."""
+        if not self._replay_wanted:
+            return True
+        key = (self._shapes.key if self._shapes is not None else ()) + (tuple(sorted(addresses.items())),)
+        if key in self._in_place_sets:
+            return True
+        if len(self._in_place_sets) < MAX_IN_PLACE_SETS:
+            self._in_place_sets.add(key)
+        return False
+
+    def _signal_after(self) -> Any:
+        """(layer index, callback) signalling the input-consumed event after that layer; None
+        without an event, or when it is signalled before the launches (no layer reads an input)
+        or after the outputs' copies (an input is an output: `_signal_at_end`)."""
+        event, index = self._consumed_event, self.engine.input_consumed_layer
+        if event is None or not 0 <= index < self.engine.num_layers:
+            return None
+        return index, lambda stream: self._ctx.signal(event, stream)
+
+    def _signal_at_end(self, stream: Any) -> None:
+        if self._consumed_event is not None and self.engine.input_consumed_layer >= self.engine.num_layers:
+            self._ctx.signal(self._consumed_event, stream)
 
     # ---- shapes -----------------------------------------------------------------------
     @property
@@ -376,38 +556,43 @@ class ExecutionContext:
         of shapes and then a replay captured for that set (a bounded cache) where the target
         offers one."""
         layers = self.engine.profile_layers[self._profile_index]
-        key = self._shapes.key if self._shapes is not None else ()
+        key = (self._shapes.key if self._shapes is not None else ()) + self._io_key
         runs = self._runs.get(key, 0)
+        after, ranges = self._signal_after(), self._ranges()
+        if self._consumed_event is not None and self.engine.input_consumed_layer < 0:
+            self._ctx.signal(self._consumed_event, stream)  # no layer reads an input
         if self._sizes:
-            self._run_segments(stream)
+            self._run_segments(stream, after, ranges)
         elif self._profile:
-            self._last_profile = timed_pass(self._ctx, layers, stream)
+            self._last_profile = timed_pass(self._ctx, layers, stream, after=after, ranges=ranges)
         elif self._replay_wanted and runs > 0:
             replay = self._replays.get(key)
             if replay is None:
-                replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s))
+                replay = self._ctx.capture(lambda s: run_layers(self._ctx, layers, s, after=after, ranges=ranges))
                 self._replay_wanted = replay is not None
                 if replay is not None:
                     self._keep_replay(key, replay)
             else:
                 self._replays.move_to_end(key)
+            if len(self._runs) > 4 * MAX_REPLAYS:  # many address sets seen: forget the counts of old ones
+                self._runs = {k: n for k, n in self._runs.items() if k in self._replays}
             if replay is not None:
                 replay.launch(stream)
             else:
-                run_layers(self._ctx, layers, stream)
+                run_layers(self._ctx, layers, stream, after=after, ranges=ranges)
         else:
-            run_layers(self._ctx, layers, stream)
+            run_layers(self._ctx, layers, stream, after=after, ranges=ranges)
         self._runs[key] = runs + 1
 
-    def _run_segments(self, stream: Any) -> None:
+    def _run_segments(self, stream: Any, after: Any, ranges: Any) -> None:
         """The layers of a plan with data-dependent sizes: bound after each layer that decides one."""
         layers, times = self.engine.profile_layers[self._profile_index], []
 
         def segment(indices: Sequence[int]) -> None:
             if self._profile:
-                times.extend(timed_pass(self._ctx, layers, stream, indices))
+                times.extend(timed_pass(self._ctx, layers, stream, indices, after, ranges))
             else:
-                run_layers(self._ctx, layers, stream, indices=indices)
+                run_layers(self._ctx, layers, stream, indices=indices, after=after, ranges=ranges)
 
         self._shapes = self._sizes.run(self._ctx, self._binder, self._shapes, stream, segment)
         self._ran = self._shapes.shapes
@@ -415,9 +600,13 @@ class ExecutionContext:
             self._last_profile = times
 
     def _keep_replay(self, key: tuple, replay: Any) -> None:
+        """Cache `replay`; the least recently used one of its kind goes past the bound: MAX_REPLAYS
+        on the context's own memory, MAX_IN_PLACE_SETS on caller addresses (key[-2], the
+        addresses, non-empty), so neither kind pushes the other out."""
         self._replays[key] = replay
-        if len(self._replays) > MAX_REPLAYS:
-            _, old = self._replays.popitem(last=False)
+        same = [k for k in self._replays if bool(k[-2]) == bool(key[-2])]  # oldest first
+        if len(same) > (MAX_IN_PLACE_SETS if key[-2] else MAX_REPLAYS):
+            old = self._replays.pop(same[0])
             self._ctx.synchronize(self._ctx.stream)
             old.close()
 
@@ -433,50 +622,61 @@ class ExecutionContext:
         checked = check_feeds(plan, flatten_feeds(self.engine.sequence_io, feeds))
         ctx = self._ctx
         ctx.begin()
+        self._check_memory()
         for name in plan.inputs:
             self._input_shapes[name] = tuple(checked[name].shape)
         self._input_values.update({name: checked[name] for name in self._binder.value_inputs})
         self._bind()
+        ctx.bind_addresses({})
+        self._io_key = ((), id(self._consumed_event))  # the context's own memory
         for name in plan.inputs:
             ctx.copy_in(name, checked[name], ctx.stream)
         ctx.copy_values(self._shapes, ctx.stream)
         self._run(ctx.stream)
         out = {name: ctx.copy_out(name, ctx.stream) for name in plan.outputs}
+        self._signal_at_end(ctx.stream)
         ctx.synchronize(ctx.stream)
         return pack_outputs(self.engine.sequence_io, out)
 
-    def enqueue(self, bindings: Mapping[str, Any], stream: Any = None) -> None:
-        """Run on device buffers (DLPack / __cuda_array_interface__ objects or raw pointers),
-        one per engine I/O tensor, on `stream` (a handle or stream object; None = the
-        context's own), without synchronizing. Only targets with device memory have it."""
+    def enqueue(self, bindings: Mapping[str, Any] | None = None, stream: Any = None) -> None:
+        """Run on the caller's buffers on `stream` (a handle or stream object; None = the
+        default stream) without synchronizing: each I/O tensor in `bindings` (DLPack /
+        __cuda_array_interface__ objects or raw pointers on cuda, numpy arrays or addresses on
+        cpu) is copied in or out; every other one must be bound with set_tensor_address and is
+        read or written in place."""
         self._check_open()
         ctx = self._ctx
-        if not hasattr(ctx, "copy_in_device"):
-            raise UsageError(f"the {self.engine.target} target has no device buffers to enqueue on",
-                             hint="use execute(feeds) with numpy arrays, or build for --target cuda")
         plan = self.engine.plan
-        missing = [n for n in list(plan.inputs) + list(plan.outputs) if n not in bindings]
+        bindings = dict(bindings or {})
+        missing = [n for n in self.engine.io_tensors if n not in bindings and n not in self._addresses]
         if missing:
-            raise RuntimeInputError(f"enqueue needs a binding for every input and output; missing {missing}",
-                                    hint="pass {name: device buffer} for each engine I/O tensor")
+            raise RuntimeInputError(f"enqueue needs a buffer for every input and output; missing {missing}",
+                                    hint="pass {name: buffer} for each, or bind it with set_tensor_address")
         ctx.begin()
+        self._check_memory()
         self._bind()
+        inplace = {n: p for n, p in self._addresses.resolve(ctx, self._shapes.shapes).items() if n not in bindings}
+        if inplace and not self._replay_in_place(inplace):
+            bindings.update(inplace)  # copied this time (module docstring of polykit.runtime.io_binding)
+            inplace = {}
+        for name in ctx.bind_addresses(inplace):  # tensors the target cannot place: copied from/to the address
+            bindings[name] = inplace.pop(name)
+        self._io_key = (tuple(sorted(inplace.items())), id(self._consumed_event))
         user = ctx.borrow_stream(stream)
         for name in plan.inputs:
-            ctx.copy_in_device(name, bindings[name], user)
+            if name not in inplace:
+                ctx.copy_in_device(name, bindings[name], user)
         ctx.copy_values(self._shapes, user)
         self._run(user)
         for name in plan.outputs:
-            ctx.copy_out_device(name, bindings[name], user)
+            if name not in inplace:
+                ctx.copy_out_device(name, bindings[name], user)
+        self._signal_at_end(user)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._replays:
-                self._ctx.synchronize(self._ctx.stream)
-                for replay in self._replays.values():
-                    replay.close()
-                self._replays.clear()
+            self._drop_replays()
             self._ctx.close()
 
     def __enter__(self) -> "ExecutionContext":
@@ -484,45 +684,6 @@ class ExecutionContext:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def check_feeds(plan: Plan, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Feeds as contiguous arrays, after checking names, shapes and exact dtypes."""
-    if not isinstance(feeds, Mapping):
-        raise RuntimeInputError(f"feeds must be a dict name -> array, got {type(feeds).__name__}")
-    unknown = [n for n in feeds if n not in plan.inputs]
-    if unknown:
-        raise RuntimeInputError(f"feed {unknown[0]!r} is not an input of the engine",
-                                where=f"tensor {unknown[0]!r}", hint=f"inputs are: {', '.join(plan.inputs)}")
-    out: dict[str, np.ndarray] = {}
-    for name in plan.inputs:
-        desc = plan.tensors[name]
-        if name not in feeds:
-            raise RuntimeInputError(f"input {name!r} is missing from the feeds", where=f"tensor {name!r}",
-                                    hint=f"feed a {desc.dtype} array of shape {tuple(desc.shape)}")
-        value = feeds[name]
-        if not isinstance(value, np.ndarray):
-            if isinstance(value, (np.generic, int, float, bool, list, tuple)):
-                value = np.asarray(value)
-            else:
-                raise RuntimeInputError(f"input {name!r} must be a numpy array, got {type(value).__name__}",
-                                        where=f"tensor {name!r}")
-        if value.dtype.name != desc.dtype:
-            raise RuntimeInputError(f"input {name!r} has dtype {value.dtype.name}, the engine expects {desc.dtype}",
-                                    where=f"tensor {name!r}", hint=f"convert it with .astype(np.{desc.dtype})")
-        if not desc.dims and tuple(value.shape) != tuple(desc.shape):  # dynamic: ShapeBinder checks
-            raise RuntimeInputError(
-                f"input {name!r} has shape {tuple(value.shape)}, the engine expects {tuple(desc.shape)}",
-                where=f"tensor {name!r}", hint="rebuild the plan with --input-shapes for other shapes")
-        out[name] = np.asarray(value, order="C")
-    for name, bound in (plan.metadata.get("input_values") or {}).items():
-        value = out.get(name)
-        if value is not None and not np.array_equal(value.ravel(), np.asarray(bound["values"], dtype=value.dtype),
-                                                    equal_nan=value.dtype.kind == "f"):
-            raise RuntimeInputError(
-                f"input {name!r} differs from the value the plan was built for (BuilderConfig.input_values)",
-                where=f"tensor {name!r}", hint="rebuild the plan with this input's value")
-    return out
 
 
 @contextmanager

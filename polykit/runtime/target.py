@@ -2,7 +2,8 @@
 
 A target turns a loaded Plan into a TargetEngine (weights uploaded, kernels compiled or
 fetched from cache: the "compile" step), which creates TargetContexts: one activation
-memory each ("allocate"), with `copy_in`/`copy_out` ("copy"), `launch(i)` of one layer
+memory each ("allocate": owned, or the caller's scratch of the engine's `memory_size` given
+with `set_device_memory`), with `copy_in`/`copy_out` ("copy"), `launch(i)` of one layer
 ("launch"), `synchronize` and a `timer`. The engine (polykit.runtime.engine) owns the one
 layer loop over them, the profiler and the error wrapping; the builder times single layers
 through the same protocol (polykit.compiler.builder.tuner). Targets register in TARGETS by name and
@@ -24,6 +25,17 @@ TARGETS: dict[str, str] = {
     "cpu": "polykit.runtime.cpu:CpuTarget",
     "cuda": "polykit.runtime.cuda:CudaTarget",
 }
+
+
+class Allocator(Protocol):
+    """Where the runtime takes every device allocation it makes (weights, activation arena,
+    workspace, staging): TensorRT's IGpuAllocator. The cpu target takes host memory from it."""
+
+    def alloc(self, size: int, alignment: int) -> int:
+        """The address of `size` bytes aligned to `alignment`; raise when it cannot."""
+
+    def free(self, ptr: int) -> None:
+        """Release an address `alloc` returned."""
 
 
 class Timer(Protocol):
@@ -57,6 +69,37 @@ class Replay(Protocol):
 class TargetContext(Protocol):
     #: the context's own stream (None where the target has none)
     stream: Any
+    #: the alignment in bytes a caller's buffer bound to an I/O tensor must have
+    io_alignment: int
+    #: whether `capture` can record launches for replay (the engine then decides which runs it captures)
+    can_capture: bool
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether the context has its activation memory (owned, or given by set_device_memory)."""
+
+    def set_device_memory(self, ptr: int, nbytes: int) -> None:
+        """Run on the caller's scratch at `ptr` (`nbytes` >= the engine's memory_size) from now on."""
+
+    def io_pointer(self, binding: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """The address of a caller's buffer for I/O tensor `name` (an int, or an object with the
+        target's array interface); RuntimeInputError when it is not `shape` x `dtype` memory."""
+
+    def bind_addresses(self, addresses: dict[str, int]) -> set[str]:
+        """I/O tensors the next runs read or write at the caller's `addresses` in place ({}: none);
+        returns the names the target cannot place so (the engine copies those instead)."""
+
+    def copy_in_device(self, name: str, binding: Any, stream: Any) -> None:
+        """Copy a caller's buffer into the engine input `name` on `stream`."""
+
+    def copy_out_device(self, name: str, binding: Any, stream: Any) -> None:
+        """Copy the engine output `name` into a caller's buffer on `stream`."""
+
+    def borrow_stream(self, stream: Any) -> Any:
+        """The target's stream for what a caller passed as one (None: the default)."""
+
+    def signal(self, event: Any, stream: Any) -> None:
+        """Mark `event` done once the work enqueued on `stream` so far has run (input consumed)."""
 
     def begin(self) -> None:
         """Make the context usable on the calling thread (before each execute/enqueue)."""
@@ -89,7 +132,11 @@ class TargetContext(Protocol):
 
 
 class TargetEngine(Protocol):
-    def create_context(self, **options: Any) -> TargetContext: ...
+    #: bytes of scratch a context created without memory must be given (set_device_memory)
+    memory_size: int
+
+    def create_context(self, *, device_memory: str | None = "owned", **options: Any) -> TargetContext:
+        """A context; `device_memory` None: one without activation memory (set_device_memory)."""
 
     def update_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Give weights of the plan new values (same dtypes and shapes, checked by the engine)
@@ -109,8 +156,9 @@ class TargetEngine(Protocol):
 class Target(Protocol):
     name: str
 
-    def load(self, plan: Any) -> TargetEngine:
-        """Prepare `plan` (a polykit.compiler.plan.file.Plan) to run on this target."""
+    def load(self, plan: Any, allocator: Allocator | None = None) -> TargetEngine:
+        """Prepare `plan` (a polykit.compiler.plan.file.Plan) to run on this target, taking its
+        memory from `allocator` (default: the target's own)."""
 
     def available(self) -> bool: ...
 
@@ -124,8 +172,9 @@ class DeviceDescription(Protocol):
     sm_count: int
 
 
-def get_target(name: str) -> Target:
-    """Instantiate the target called `name`; DeviceError if unknown or unusable here."""
+def get_target(name: str, device: int | None = None) -> Target:
+    """Instantiate the target called `name` (on GPU `device`, default the target's own: 0);
+    DeviceError if unknown or unusable here."""
     spec = TARGETS.get(name)
     if spec is None:
         raise DeviceError(f"unknown target {name!r}", hint=f"use one of: {', '.join(sorted(TARGETS))}")
@@ -137,7 +186,7 @@ def get_target(name: str) -> Target:
             f"the {name} target cannot be loaded: {exc}",
             hint="install polykit[cuda] for the cuda target, or use --target cpu",
         ) from exc
-    return factory()
+    return factory() if device is None else factory(device=device)
 
 
 def default_target() -> str:

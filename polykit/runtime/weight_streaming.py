@@ -271,12 +271,15 @@ def _place(loaded: Mapping[str, list[int]], head: int, k: int, slots: int, layer
 
 class HostStreamer:
     """The schedule run synchronously into an emulated device buffer (the cpu target): before each
-    layer the copies issued there land in `scratch`, and each streamed weight's entry in `env` is
-    a view of its slots. `weights` (the plan's, which a refit updates) are read at copy time."""
+    layer the copies issued there land in `scratch` (uint8, schedule.scratch_bytes), and each
+    streamed weight's entry in `env` is a view of its slots (a layer output that is a view of one
+    is copied out by the target, as every view output). `weights` (the engine's, which a refit
+    updates) are read at copy time."""
 
-    def __init__(self, schedule: StreamSchedule, tensors: Mapping[str, Any], weights: Mapping[str, np.ndarray]):
+    def __init__(self, schedule: StreamSchedule, scratch: np.ndarray, tensors: Mapping[str, Any],
+                 weights: Mapping[str, np.ndarray]):
         self.schedule = schedule
-        self.scratch = np.zeros(schedule.scratch_bytes, dtype=np.uint8)
+        self.scratch = scratch
         self._tensors = tensors
         self._weights = weights
         self._by_issue = schedule.by_issue()
@@ -307,11 +310,3 @@ class HostStreamer:
                 env[copy.name] = region.view(desc.np_dtype).reshape(desc.shape)
                 self.copied.append(copy)
         self._last = index
-
-    def after(self, outputs: Sequence[str], env: dict[str, np.ndarray]) -> None:
-        """An output that is a view of a streamed weight (a Reshape of it) becomes its own copy:
-        the slot under it is overwritten later in the run."""
-        for name in outputs:
-            value = env.get(name)
-            if name and isinstance(value, np.ndarray) and np.may_share_memory(value, self.scratch):
-                env[name] = value.copy()

@@ -103,7 +103,7 @@ def test_a_version_compatible_plan_names_its_tactics_with_their_revisions(compat
 
 
 def test_a_cuda_plan_records_the_compute_capability_it_was_built_on(monkeypatch):
-    monkeypatch.setattr(builder_module, "build_device", lambda target: _device("sm_90"))
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: _device("sm_90"))
     plan = build_plan(_gemm(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     header, _, _ = decode_plan(plan.serialize())
     assert header["gpu_arch"] == "sm_90" and plan.compatibility.tactic_set == tactic_set("cuda")
@@ -161,7 +161,7 @@ def test_a_version_compatible_cuda_plan_takes_this_versions_kernels(monkeypatch)
 
 # ---- hardware compatibility -------------------------------------------------------------------
 def test_an_ampere_plus_build_takes_no_sm90_only_tactic(monkeypatch):
-    monkeypatch.setattr(builder_module, "build_device", lambda target: _device("sm_90"))
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: _device("sm_90"))
     native = build_plan(_gemm(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     portable = build_plan(_gemm(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
                                                  hardware_compatibility_level="ampere+"))
@@ -172,7 +172,7 @@ def test_an_ampere_plus_build_takes_no_sm90_only_tactic(monkeypatch):
 
 @pytest.fixture
 def sm90_plans(monkeypatch) -> dict[str, Plan]:
-    monkeypatch.setattr(builder_module, "build_device", lambda target: _device("sm_90"))
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: _device("sm_90"))
     return {level: Plan.deserialize(build_plan(_gemm(), BuilderConfig(
         target="cuda", fp16=True, builder_optimization_level=0, hardware_compatibility_level=level)).serialize())
         for level in ("none", "ampere+")}

@@ -201,23 +201,22 @@ def test_exported_models_run_on_cpu_like_onnxruntime(model):
     assert plan.memory.arena_bytes < plan.memory.no_reuse_bytes
 
 
-def test_enqueue_on_the_cpu_target_is_a_usage_error_pointing_to_execute():
+def test_enqueue_on_the_cpu_target_copies_host_buffers_in_and_out():
     import numpy as np
-    import pytest
     from onnx import TensorProto, helper
 
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
-    from polykit.errors import UsageError
     from polykit.runtime.engine import Runtime
 
     g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     plan = build_plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), BuilderConfig(target="cpu"))
+    x, y = np.array([1.5, -2.0], np.float32), np.zeros(2, np.float32)
     with Runtime("cpu").deserialize_engine(plan).create_execution_context() as ctx:
-        with pytest.raises(UsageError, match="execute"):
-            ctx.enqueue({"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32)})
+        ctx.enqueue({"x": x, "y": y})
+    np.testing.assert_array_equal(y, -x)
 
 
 def test_the_targets_a_plan_may_name_are_the_runtimes_targets():

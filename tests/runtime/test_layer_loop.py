@@ -94,11 +94,11 @@ def test_profile_comes_from_the_engine_for_every_layer():
         assert [name for name, _ in ctx.profile] == ["neg", "exp"] and all(ms >= 0 for _, ms in ctx.profile)
 
 
-def test_enqueue_on_a_target_without_device_buffers_is_a_usage_error():
-    from polykit.errors import UsageError
+def test_enqueue_on_the_cpu_target_refuses_null_addresses_naming_the_tensor():
+    from polykit.errors import RuntimeInputError
 
     with Engine(_plan()) as engine, engine.create_execution_context() as ctx:
-        with pytest.raises(UsageError, match="no device buffers"):
+        with pytest.raises(RuntimeInputError, match="'x'"):
             ctx.enqueue({"x": 0, "y": 0})
 
 

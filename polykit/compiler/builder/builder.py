@@ -33,6 +33,7 @@ from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensor
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
 from polykit.compiler.plan.compatibility import Compatibility
+from polykit.compiler.passes.io_formats import formats_by_name
 from polykit.compiler.plan.file import Plan, check_memory
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
@@ -91,7 +92,7 @@ class Builder:
 
             metadata["kernels"] = pack_kernel_table(selection.kernels, layers)
         plan = Plan(target=target, layers=layers, tensors=tensors, inputs=inputs, outputs=outputs,
-                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target),
+                    weights=weights, memory=memory, metadata=metadata, gpu_arch=target_arch(target, cfg.device),
                     profiles=profiles, compatibility=compatibility_record(target, cfg, layers))
         check_memory(plan, f"model {graph.name!r}", BuildError)  # before anything runs it or saves it
         if cfg.refittable:  # how a refit re-derives the weights (polykit.compiler.builder.refit)
@@ -112,6 +113,9 @@ class Builder:
         optimized and lowered, its tensors described (what a refit re-derives weights by)."""
         cfg = self.config
         target = resolve_target(cfg.target)
+        if cfg.device is not None and target != "cuda":
+            raise UsageError(f"device {cfg.device} was asked for, but the {target} target has no devices to pick",
+                             hint="drop --device, or build for --target cuda")
         g = graph.copy()
         sequence_io = resolve_sequences(g, cfg.input_shapes, cfg.input_values) if touches_sequences(g) else None
         # shape-tensor inputs without values range over what the model allows (BuilderConfig.shape_values)
@@ -198,12 +202,13 @@ def resolve_target(target: str | None) -> str:
     return name
 
 
-def build_device(target: str) -> Any:
-    """The device a build times on and sizes workspaces for (None for cuda without a usable GPU)."""
+def build_device(target: str, device: int | None = None) -> Any:
+    """The device a build times on and sizes workspaces for (GPU `device`, default 0; None for
+    cuda without a usable GPU)."""
     from polykit.runtime.target import get_target
 
     try:
-        return get_target(target).device()
+        return get_target(target, device).device()
     except Exception:  # no usable device: arch-specific tactics and split-K workspaces are left out
         return None
 
@@ -224,9 +229,9 @@ def compatibility_record(target: str, cfg: BuilderConfig, layers: Sequence[Layer
                          cfg.hardware_compatibility_level, tactics)
 
 
-def target_arch(target: str) -> str:
+def target_arch(target: str, ordinal: int | None = None) -> str:
     """The GPU architecture a plan is built for ("" off-GPU or without a usable GPU)."""
-    device = build_device(target) if target != "cpu" else None
+    device = build_device(target, ordinal) if target != "cpu" else None
     return device.arch if device is not None else ""
 
 
@@ -299,7 +304,9 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
                "channels_last_convs": nhwc_conv_classes(target),
                "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded,
-               "weight_only": int8.weight_only}
+               "weight_only": int8.weight_only,
+               "io_formats": {**formats_by_name(cfg.input_io_formats, g.inputs, "input"),
+                              **formats_by_name(cfg.output_io_formats, g.outputs, "output")}}
     params = inspect.signature(optimize).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = offered
@@ -330,7 +337,7 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     fp32_nodes: tuple[str, ...] = ()
     unfolded: tuple[str, ...] = ()
     keep = list(g.outputs)
-    device = build_device(target) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
+    device = build_device(target, cfg.device) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
     arch = cfg.tactic_arch(device.arch) if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
@@ -412,7 +419,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
 
     replay = load_replay(cfg.tactic_replay)
     replay.check_layers(layers, max(len(groups), 1))
-    device = build_device(target) if target != "cpu" else None
+    device = build_device(target, cfg.device) if target != "cpu" else None
     arch, sm_count = (cfg.tactic_arch(device.arch), device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
     every, views = profile_views(tensors, groups)

@@ -16,7 +16,9 @@ import numpy as np
 
 from polykit.compiler.builder.calibrate import CALIBRATORS
 from polykit.compiler.plan.compatibility import HARDWARE_LEVELS
+from polykit.compiler.passes.io_formats import IoFormat
 from polykit.compiler.plan.profiles import Profile
+from polykit.runtime.nvtx import check_verbosity
 from polykit.compiler.builder.tactic_replay import TacticReplay
 from polykit.errors import UsageError
 
@@ -29,7 +31,7 @@ FP32_NHWC_PIXELS = 4096
 #: process that cannot change the plan; not recorded in plans (so a warm rebuild is byte-identical)
 SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "save_timing_cache",
                         "error_on_timing_cache_miss", "calibration_cache", "calibration_data",
-                        "calibration_profile"})
+                        "calibration_profile", "device"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
@@ -41,8 +43,9 @@ class BuilderConfig:
     """How to build a plan.
 
     target: "cpu", "cuda" or None (auto: cuda when a GPU is usable, else cpu).
-    fp16: float32 tensors and weights become float16, engine I/O stays float32
-        (polykit.compiler.passes.convert_precision); on cpu the kernels run on float16 arrays.
+    fp16: float32 tensors and weights become float16, engine I/O stays float32 unless
+        input/output_io_formats say otherwise (polykit.compiler.passes.convert_precision); on cpu
+        the kernels run on float16 arrays.
     fp32_layers: with fp16, layers (node names or op types, e.g. "Softmax") kept in float32.
     input_shapes: concrete shapes for graph inputs with dynamic dims, by input name.
     profiles: optimization profiles (polykit.compiler.plan.profiles.Profile: min/opt/max shapes per
@@ -116,6 +119,13 @@ class BuilderConfig:
         revisions (polykit.compiler.plan.compatibility); otherwise only with this one.
     hardware_compatibility_level: "none" (the plan runs on the build's compute capability) or
         "ampere+" (only tactics that run on every GPU of compute capability 8.0 and later).
+    input_io_formats / output_io_formats: the dtype and layout of the engine's inputs / outputs
+        as trtexec spells them ("fp16:chw", "fp32:hwc", "bf16:chw", "int8:chw"): one per tensor in
+        the model's order, or one for all (polykit.compiler.passes.io_formats); empty: the model's.
+    device: the GPU (cuda ordinal) the builder times tactics on and the engine loads on (None:
+        device 0); not recorded in the plan (the plan records the architecture it was built for).
+    profiling_verbosity: what the NVTX range around each layer launch may say (polykit.runtime.nvtx):
+        "none", "layer_names_only" (the default) or "detailed" (the layer's kind and tactic too).
     """
 
     target: str | None = None
@@ -159,6 +169,10 @@ class BuilderConfig:
     weight_streaming: bool = False
     version_compatible: bool = False
     hardware_compatibility_level: str = "none"
+    input_io_formats: tuple[str, ...] = ()
+    output_io_formats: tuple[str, ...] = ()
+    device: int | None = None
+    profiling_verbosity: str = "layer_names_only"
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -184,6 +198,10 @@ class BuilderConfig:
             object.__setattr__(self, key, (names,) if isinstance(names, str) else tuple(names))
         layers = self.fp32_layers
         object.__setattr__(self, "fp32_layers", (layers,) if isinstance(layers, str) else tuple(layers))
+        for key in ("input_io_formats", "output_io_formats"):  # checked and spelled one way
+            formats = getattr(self, key)
+            formats = (formats,) if isinstance(formats, (str, IoFormat)) else tuple(formats or ())
+            object.__setattr__(self, key, tuple(str(IoFormat.parse(str(f))) for f in formats))
         for key in ("input_values", "shape_values"):
             values = {}
             for name, value in dict(getattr(self, key) or {}).items():
@@ -209,6 +227,10 @@ class BuilderConfig:
         if self.hardware_compatibility_level not in HARDWARE_LEVELS:
             raise UsageError(f"unknown hardware compatibility level {self.hardware_compatibility_level!r}",
                              hint=f"use one of: {', '.join(HARDWARE_LEVELS)}")
+        check_verbosity(self.profiling_verbosity)
+        if self.device is not None and (isinstance(self.device, bool) or not isinstance(self.device, int)
+                                        or self.device < 0):
+            raise UsageError(f"device {self.device!r} is not a GPU ordinal (an integer >= 0)", hint="e.g. --device 1")
         if self.memory_strategy not in MEMORY_STRATEGIES:
             raise UsageError(
                 f"unknown memory strategy {self.memory_strategy!r}",
@@ -307,6 +329,13 @@ class BuilderConfig:
             del d["refittable"]
         if not self.weight_streaming:
             del d["weight_streaming"]
+        for key in ("input_io_formats", "output_io_formats"):  # absent when unset: older plans' bytes stay
+            if d[key]:
+                d[key] = list(d[key])
+            else:
+                del d[key]
+        if self.profiling_verbosity == "layer_names_only":
+            del d["profiling_verbosity"]
         return d
 
     @staticmethod

@@ -141,15 +141,16 @@ def renamed(layer: LayerDesc, rename: Mapping[str, str]) -> LayerDesc:
 
 
 def time_candidates(target: str, layer: LayerDesc, pairs: Sequence[tuple[LayerDesc, Any]],
-                    tensors: Mapping[str, TensorDesc], weights: Mapping[str, np.ndarray], runs: Runs) -> Measured:
-    """Median milliseconds of each (layer variant, tactic) pair on the target."""
+                    tensors: Mapping[str, TensorDesc], weights: Mapping[str, np.ndarray], runs: Runs,
+                    device: int | None = None) -> Measured:
+    """Median milliseconds of each (layer variant, tactic) pair on the target (GPU `device`, default 0)."""
     from polykit.errors import PolykitError
     from polykit.runtime.engine import timed_pass
     from polykit.runtime.target import get_target
 
     plan, feeds, replicas = timing_plan(target, layer, pairs, tensors, weights, runs)
     t0 = time.perf_counter()
-    engine = get_target(target).load(plan)
+    engine = get_target(target, device).load(plan)
     result = Measured([float("inf")] * len(pairs), [""] * len(pairs), compile_s=time.perf_counter() - t0)
     t1 = time.perf_counter()
     try:

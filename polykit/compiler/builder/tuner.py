@@ -197,7 +197,7 @@ class Tuner:
             from polykit.runtime.target import get_target
 
             try:
-                self._device = get_target(self.target).device()
+                self._device = get_target(self.target, self.cfg.device).device()
             except PolykitError as exc:
                 log.warning("nothing can be timed for %s here (%s); tactics are chosen by priority",
                             self.target, exc.what)
@@ -309,7 +309,7 @@ class Tuner:
     def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int],
                  tensors: Mapping[str, TensorDesc]) -> None:
         measured = time_candidates(self.target, layer, [pairs[i] for i in missing], tensors, self.weights,
-                                   runs_for(self.target, self.cfg.builder_optimization_level))
+                                   runs_for(self.target, self.cfg.builder_optimization_level), self.cfg.device)
         self.stats.timed_layers += 1
         self.stats.timed_tactics += len(missing)
         self.stats.compile_s += measured.compile_s

@@ -32,6 +32,7 @@ from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
+from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cancel_round_trip_casts
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
@@ -106,7 +107,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
              check: bool = True, fp16: bool = False, bf16: bool = False, fp32_layers: Iterable[str] = (),
              channels_last: bool = False, channels_last_convs: Iterable[str] = DEFAULT_CONV_CLASSES,
              int8: bool = False, int8_scales: Mapping[str, float] | None = None,
-             int8_unfolded: Iterable[str] = (), weight_only: bool = False) -> Graph:
+             int8_unfolded: Iterable[str] = (), weight_only: bool = False,
+             io_formats: Mapping[str, IoFormat] | None = None) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -129,9 +131,13 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `weight_only=True` (with `fuse`) keeps weight-only quantized MatMul/Gemm weights packed
     (fold_weight_only, before constant folding would dequantize them); `int8_unfolded` names
     those that stay as written too.
+    `io_formats`: graph input/output -> the dtype and layout the engine gives it (apply_io_formats,
+    first); the conversions at the edges cancel against the build's own where they match.
     """
     g = graph.copy()
     kept = frozenset(keep)
+    if io_formats:
+        run_passes(g, [functools.partial(apply_io_formats, formats=dict(io_formats))], check)
     bind = functools.partial
     cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
@@ -165,6 +171,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         keep_fp32 = frozenset(fp32_layers) | set(unfolded)
         run_passes(g, [bind(convert_precision, half=F16 if fp16 else BF16, keep_fp32=keep_fp32, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)
+    if io_formats:  # the edges' conversions against the build's own: exact round trips and identities go
+        run_passes(g, [bind(cancel_round_trip_casts, keep=kept), bind(remove_identity, keep=kept),
+                       bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check)

@@ -5,7 +5,8 @@ float16 (bfloat16: ml_dtypes' type; weights converted once, here, at build time;
 beyond fp16's range clamp to +-65504 so masks built from float32's lowest value stay
 finite, bfloat16 has float32's range), while the engine's inputs and outputs stay float32:
 a Cast follows each float input and precedes each float output (graph outputs and `keep`
-tensors keep their names and their float32 type). Those Casts are ordinary elementwise
+tensors keep their names and their float32 type). I/O given a half dtype by
+polykit.compiler.passes.io_formats loses those Casts (cancel_round_trip_casts). Those Casts are ordinary elementwise
 nodes, so fuse_pointwise folds them into their neighbours.
 
 Some inputs keep their type whatever the layer runs in (FP32_INPUTS: Resize's roi and

@@ -19,9 +19,9 @@ WORD = 8
 class CountWords:
     """The words of `plan`'s deciding layers, entered into `tensors` under count_slot(layer)."""
 
-    def __init__(self, plan: Any, tensors: MutableMapping[str, DeviceTensor]):
+    def __init__(self, plan: Any, tensors: MutableMapping[str, DeviceTensor], allocator: Any = None):
         layers = sorted({o.layer for o in data_outputs(plan)})
-        self.buffer = DeviceBuffer(WORD * len(layers), what="output size counts")
+        self.buffer = DeviceBuffer(WORD * len(layers), what="output size counts", allocator=allocator)
         self.words = {index: self.buffer.ptr + WORD * k for k, index in enumerate(layers)}
         for index, ptr in self.words.items():
             tensors[count_slot(plan.layers[index].name)] = DeviceTensor(ptr, (1,), np.dtype(np.int64))

@@ -2,7 +2,10 @@
 
 Every allocation goes through `DeviceBuffer`, which reports an out-of-memory failure with
 the requested and available bytes, and is freed deterministically by `free()` (or when the
-owner closes); nothing relies on garbage collection to release device memory.
+owner closes); nothing relies on garbage collection to release device memory. With an
+allocator (polykit.runtime.target.Allocator) a DeviceBuffer takes its memory from it and
+gives it back to it. A `Region` is memory the runtime uses but the caller owns (a context's
+scratch given with set_device_memory).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.runtime.cuda import driver
+from polykit.runtime.memory import checked_alloc
 
 #: Alignment of every arena slot and buffer the runtime hands to kernels (16-byte vector loads).
 ALIGN = 256
@@ -35,6 +39,7 @@ class WorkspacePool:
 
     def __init__(self, alloc=None):
         self._alloc = alloc or (lambda n: DeviceBuffer(n, what="layer workspace"))
+        self._lent = False  # the first chunk is a Region of the context's scratch
         self.chunks: list = []
         self._chunk = 0
         self._offset = 0
@@ -47,6 +52,16 @@ class WorkspacePool:
         """Allocate `nbytes` now (one chunk), before any layer runs."""
         if nbytes > 0 and not self.chunks:
             self.chunks.append(self._alloc(align_up(int(nbytes))))
+
+    def lend(self, region: "Region") -> None:
+        """Take the first chunk from the caller's scratch (`region`, replacing one lent before)
+        instead of allocating it."""
+        if self._lent:
+            self.chunks[0] = region
+        else:
+            self.chunks.insert(0, region)
+            self._lent = True
+        self.reset()
 
     def take(self, nbytes: int) -> int:
         need = align_up(max(int(nbytes), 1))
@@ -72,17 +87,22 @@ class WorkspacePool:
         for buf in self.chunks:
             buf.free()
         self.chunks.clear()
+        self._lent = False
         self.reset()
 
 
 class DeviceBuffer:
     """`nbytes` of device memory owned by this object; `ptr` is its device address."""
 
-    def __init__(self, nbytes: int, *, what: str = "buffer"):
+    def __init__(self, nbytes: int, *, what: str = "buffer", allocator: Any = None):
         self.nbytes = int(nbytes)
         self.what = what
+        self.allocator = allocator
         self.ptr = 0
         if self.nbytes == 0:
+            return
+        if allocator is not None:
+            self.ptr = checked_alloc(allocator, self.nbytes, ALIGN, what)
             return
         d = driver.drv()
         err, ptr = d.cuMemAlloc(max(self.nbytes, 1))
@@ -99,7 +119,10 @@ class DeviceBuffer:
         self.ptr = int(ptr)
 
     def free(self) -> None:
-        if self.ptr:
+        if self.ptr and self.allocator is not None:
+            self.allocator.free(self.ptr)
+            self.ptr = 0
+        elif self.ptr:
             driver.call("cuMemFree", self.ptr, what=f"free {self.what}")
             self.ptr = 0
 
@@ -162,14 +185,27 @@ def copy_device(dst: int, src: int, nbytes: int, stream: Any = None) -> None:
     _finished(stream)
 
 
+class Region:
+    """`nbytes` of device memory at `ptr` that the caller owns: `free()` leaves it alone."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr, self.nbytes = int(ptr), int(nbytes)
+
+    def free(self) -> None:
+        pass
+
+
 class Arena:
     """One allocation carved into slots at fixed offsets (the plan's memory plan), plus a
-    workspace region at its end that tactics borrow through Launcher.workspace()."""
+    workspace region at its end (together a context's scratch); `region`: the
+    caller's memory to carve instead of allocating (from `allocator` when given)."""
 
-    def __init__(self, nbytes: int, workspace: int = 0, *, what: str = "activation arena"):
+    def __init__(self, nbytes: int, workspace: int = 0, *, what: str = "activation arena",
+                 allocator: Any = None, region: Region | None = None):
         self.size = align_up(nbytes)
         self.workspace_size = align_up(workspace)
-        self.buffer = DeviceBuffer(self.size + self.workspace_size, what=what)
+        self.buffer = region if region is not None else \
+            DeviceBuffer(self.size + self.workspace_size, what=what, allocator=allocator)
 
     @property
     def base(self) -> int:
@@ -181,6 +217,9 @@ class Arena:
     @property
     def workspace_ptr(self) -> int:
         return self.buffer.ptr + self.size
+
+    def workspace(self) -> Region:
+        return Region(self.workspace_ptr, self.workspace_size)
 
     def free(self) -> None:
         self.buffer.free()

@@ -35,6 +35,7 @@ from polykit.compiler.graph.shape_rules import run_time_sized
 from polykit.compiler.ir.symbolic import Expr, evaluate
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.memory import DeviceBuffer
+from polykit.runtime.io_binding import root_of
 
 #: regions (size sets) a context keeps besides those its captured graphs hold
 MAX_SIZED_SETS = 8
@@ -84,15 +85,8 @@ def _placed(plan: Any, roots: Mapping[str, str]) -> dict[str, str]:
 
 def view_roots(plan: Any, roots: Any) -> dict[str, str]:
     """{tensor: root} of the tensors whose bytes (plan.memory.aliases, followed) are one of `roots`."""
-    out = {}
-    for name in plan.tensors:
-        root, seen = name, set()
-        while root in plan.memory.aliases and root not in seen:
-            seen.add(root)
-            root = plan.memory.aliases[root]
-        if root in roots:
-            out[name] = root
-    return out
+    found = {name: root_of(name, plan.memory.aliases) for name in plan.tensors}
+    return {name: root for name, root in found.items() if root in roots}
 
 
 def sized_layout(members: Mapping[str, str], sizes: Mapping[str, int], lifetimes: Mapping[str, tuple[int, int]],

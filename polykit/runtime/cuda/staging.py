@@ -82,9 +82,9 @@ def placed_root(name: str, aliases: Mapping[str, str], layout: Mapping[str, int]
 class StagedValues:
     """The value region of one context and the pinned blocks that fill it, per shape set."""
 
-    def __init__(self, layout: Mapping[str, int], nbytes: int):
+    def __init__(self, layout: Mapping[str, int], nbytes: int, allocator: Any = None):
         self.layout = dict(layout)
-        self.region = DeviceBuffer(nbytes, what="shape-tensor values")
+        self.region = DeviceBuffer(nbytes, what="shape-tensor values", allocator=allocator)
         self._blocks: OrderedDict[tuple, tuple[PinnedBlock, int]] = OrderedDict()
 
     def pointer(self, name: str) -> int:

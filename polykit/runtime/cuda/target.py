@@ -9,9 +9,16 @@ The context's timer (`CudaTimer`) records CUDA events around launches; a timed p
 enqueued behind a kernel that holds the stream until every launch is queued, so the
 launches run back to back and the events measure GPU time, not the host's launch gaps (if
 enqueueing outlasts the hold, the engine repeats the pass once with a hold sized from the
-measured enqueue time). Each context allocates the largest workspace the plan records up
-front; a layer that asks for more (a plan built for a GPU with other SM counts) grows the
-pool on the first, eager run.
+measured enqueue time). Each context's scratch is its arena followed by the largest
+workspace the plan records (`CudaEngine.memory_size` bytes), allocated up front or given by
+the caller (`set_device_memory`); a layer that asks for more workspace (a plan built for a
+GPU with other SM counts) grows the pool on the first, eager run. Every allocation goes
+through the engine's allocator when it has one.
+
+I/O tensors bound at caller addresses (`bind_addresses`) move there with their views, so the
+layers read inputs and write outputs in the caller's memory; a captured graph holds the
+addresses it was captured with, and the engine decides which sets of addresses get one
+(polykit.runtime.io_binding).
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from polykit.kernels.cuda.base import CudaTactic, DeviceTensor
 from polykit.kernels.cuda.hold import HOLD
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
-from polykit.runtime.cuda.bindings import device_pointer, stream_handle
+from polykit.runtime.cuda.bindings import device_pointer, event_handle, stream_handle
 from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
 from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
-from polykit.runtime.cuda.memory import Arena, DeviceBuffer, WorkspacePool, align_up, copy_device, download, upload
+from polykit.runtime.cuda.memory import (ALIGN, Arena, DeviceBuffer, Region, WorkspacePool, align_up, copy_device,
+                                         download, upload)
 from polykit.runtime.cuda.nccl import check_communicator
 from polykit.runtime.cuda.layer_outputs import LayerOutputs
 from polykit.runtime.cuda.sized import HeldReplay, SizedRegions, data_sized_groups
@@ -44,6 +52,8 @@ from polykit.runtime.weight_streaming import RECORD_KEY
 #: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
 #: text comes from a plan)
 from polykit.runtime.tactic_check import plan_kernels
+from polykit.runtime.io_binding import place_in_caller_memory
+from polykit.runtime.memory import check_scratch
 
 log = logging.getLogger("polykit")
 
@@ -62,8 +72,8 @@ class CudaTarget:
     def device(self) -> driver.DeviceInfo:
         return driver.current_device(self.ordinal)
 
-    def load(self, plan: Any) -> "CudaEngine":
-        return CudaEngine(plan, self.ordinal)
+    def load(self, plan: Any, allocator: Any = None) -> "CudaEngine":
+        return CudaEngine(plan, self.ordinal, allocator)
 
 
 def _accepts(tactic: CudaTactic, layer: Any) -> bool:
@@ -77,10 +87,13 @@ def _accepts(tactic: CudaTactic, layer: Any) -> bool:
 class CudaEngine:
     """A plan on the GPU: tactics resolved, kernels loaded, weights in one device buffer."""
 
-    def __init__(self, plan: Any, device: int = 0):
+    def __init__(self, plan: Any, device: int = 0, allocator: Any = None):
         self.plan = plan
+        self.allocator = allocator
         self.info = driver.current_device(device)
         check_hardware(plan, self.info.arch)  # kernels are compiled for this GPU's arch
+        #: a context's scratch: its arena, then the largest workspace the plan records
+        self.memory_size = align_up(plan.memory.arena_bytes) + align_up(planned_workspace(plan))
         count = len(plan.profiles.ranges) if plan.profiles is not None else 1
         #: each optimization profile's (layer, tactic) per layer (profile_tactics.profile_layers: its
         #: tactic, stamped at its opt); a context launches those of the profile its shapes are bound to
@@ -116,7 +129,7 @@ class CudaEngine:
     def _upload_weights(self) -> None:
         descs = {n: t for n, t in self.plan.tensors.items() if t.kind == "weight"}
         size = max((align_up(max(d.offset, 0) + d.nbytes) for d in descs.values()), default=0)
-        self.weights = DeviceBuffer(size, what="engine weights")
+        self.weights = DeviceBuffer(size, what="engine weights", allocator=self.allocator)
         self.weight_tensors: dict[str, DeviceTensor] = {}
         for name, desc in descs.items():
             arr = np.ascontiguousarray(self.plan.weights[name], dtype=desc.np_dtype).reshape(desc.shape)
@@ -142,7 +155,7 @@ class CudaEngine:
         driver.current_device(self.info.ordinal)
         driver.synchronize()
         self._free_weights()
-        self.streamed = StreamedWeights(self.plan, schedule)
+        self.streamed = StreamedWeights(self.plan, schedule, self.allocator)
         self.weight_tensors = self.streamed.tensors
 
     def free_memory(self) -> int:
@@ -157,12 +170,14 @@ class CudaEngine:
             self.streamed.free()
             self.streamed = None
 
-    def create_context(self, *, communicator: Any = None, **options: Any) -> "CudaContext":
+    def create_context(self, *, communicator: Any = None, device_memory: str | None = "owned",
+                       **options: Any) -> "CudaContext":
         """A context; `communicator` (an NcclCommunicator on this engine's device) is required
-        by a plan with collective layers (a rank's plan) and lent to their tactic."""
-        if self.weights is None and self.streamed is None:
+        by a plan with collective layers (a rank's plan) and lent to their tactic;
+        `device_memory` None: no scratch until set_device_memory."""
+        if self.weights is None and self.streamed is None:  # a --weight-streaming plan's first context
             self.set_weight_streaming(None)
-        return CudaContext(self, check_communicator(self.plan, communicator, self.info.ordinal))
+        return CudaContext(self, check_communicator(self.plan, communicator, self.info.ordinal), device_memory)
 
     def close(self) -> None:
         self._free_weights()
@@ -174,37 +189,105 @@ class CudaEngine:
 class CudaContext:
     """One activation arena, stream and workspace; launches the engine's layers."""
 
-    def __init__(self, engine: CudaEngine, communicator: Any = None):
+    io_alignment = ALIGN  # as the arena's slots: tactics may assume it (vector loads, TMA)
+    can_capture = True  # unless a layer is driven from the host (`capture` returns None then)
+
+    def __init__(self, engine: CudaEngine, communicator: Any = None, device_memory: str | None = "owned"):
         self.engine = engine
         self.communicator = communicator
         plan = engine.plan
         driver.current_device(engine.info.ordinal)
-        self.arena = Arena(plan.memory.arena_bytes)
+        alloc = engine.allocator
+
+        def buffer(what: str) -> Callable[[int], DeviceBuffer]:
+            return lambda n: DeviceBuffer(n, what=what, allocator=alloc)
+
+        self.arena: Arena | None = None
         self.stream = Stream()
-        self._workspace = WorkspacePool()
-        self._workspace.reserve(planned_workspace(plan))
+        self._workspace = WorkspacePool(buffer("layer workspace"))
         self._timer = CudaTimer(engine.modules, self._workspace)
-        self._bodies = BodyContexts()
+        self._bodies = BodyContexts(alloc)
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
-        for name, desc in plan.tensors.items():
-            if desc.kind == "weight":
-                continue
+        #: tensors in the arena (placed at their offsets once the context has memory)
+        self._in_arena = [name for name, desc in plan.tensors.items() if desc.kind != "weight"]
+        for name in self._in_arena:
+            desc = plan.tensors[name]
             if desc.offset < 0:
                 raise PlanError(f"tensor {name!r} has no arena offset", where=f"tensor {name!r}",
                                 hint="the plan's memory plan is incomplete; rebuild it")
-            self.tensors[name] = DeviceTensor(self.arena.at(desc.offset), tuple(desc.shape), desc.np_dtype)
-        self._staged = StagedValues(*value_layout(plan.tensors, plan.memory.aliases))
+            self.tensors[name] = DeviceTensor(0, tuple(desc.shape), desc.np_dtype)
+        self._staged = StagedValues(*value_layout(plan.tensors, plan.memory.aliases), allocator=alloc)
+        staged = set()
         for name, desc in plan.tensors.items():  # shape-tensor values and their views read the value region
             root = placed_root(name, plan.memory.aliases, self._staged.layout) if desc.kind != "weight" else None
             if root is not None:
                 self.tensors[name] = DeviceTensor(self._staged.pointer(root), tuple(desc.shape), desc.np_dtype)
-        self._counts = CountWords(plan, self.tensors)
-        self._sized = SizedRegions(plan)  # tensors shape-tensor values size: device memory per size set
-        self._outputs = LayerOutputs(plan)  # outputs their layer sizes as it runs (a Loop's scan outputs)
+                staged.add(name)
+        self._in_arena = [name for name in self._in_arena if name not in staged]
+        self._counts = CountWords(plan, self.tensors, alloc)
+        self._sized = SizedRegions(plan, buffer("run-time-sized tensors"))  # device memory per size set
+        self._outputs = LayerOutputs(plan, buffer("outputs a layer sizes"))  # a Loop's scan outputs
         #: tensors computed from those outputs: device memory per set of their sizes, once decided
-        self._data_sized = [SizedRegions(plan, members=m) for m in data_sized_groups(plan, self._outputs.axes)]
+        self._data_sized = [SizedRegions(plan, buffer("run-time-sized tensors"), members=m)
+                            for m in data_sized_groups(plan, self._outputs.axes)]
+        #: tensors living outside the arena (staged values, run-time-sized): never bound in place
+        self._elsewhere = staged | set(self._sized.members) | set(self._outputs.members) \
+            | {n for regions in self._data_sized for n in regions.members}
+        self._moved: dict[str, int] = {}  # tensors bound at caller addresses: their own pointer
         self._steps = engine.steps
         self._streamer = engine.streamed.streamer() if engine.streamed is not None else None
+        if device_memory == "owned":
+            self._use(Arena(plan.memory.arena_bytes, planned_workspace(plan), allocator=alloc))
+        elif device_memory is not None:
+            raise PolykitError(f"device_memory must be 'owned' or None, not {device_memory!r}")
+
+    # ---- memory (the caller's scratch, buffers bound in place) -----------------------------
+    @property
+    def has_memory(self) -> bool:
+        return self.arena is not None
+
+    def set_device_memory(self, ptr: int, nbytes: int) -> None:
+        check_scratch(ptr, nbytes, self.engine.memory_size, ALIGN)
+        plan = self.engine.plan
+        self._use(Arena(plan.memory.arena_bytes, planned_workspace(plan), region=Region(ptr, nbytes)))
+
+    def _use(self, arena: Arena) -> None:
+        """Place the arena tensors (and the first workspace chunk) in `arena`'s memory."""
+        if self.arena is not None:
+            driver.call("cuCtxSynchronize", what="finish the work on the context's old memory")
+            self.arena.free()
+        self.arena = arena
+        if arena.workspace_size:
+            self._workspace.lend(arena.workspace())
+        for name in self._in_arena:
+            t = self.tensors[name]
+            ptr = arena.at(self.engine.plan.tensors[name].offset)
+            if name in self._moved:
+                self._moved[name] = ptr
+            else:
+                self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
+
+    def io_pointer(self, binding: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        return device_pointer(binding, name, shape, dtype)
+
+    def bind_addresses(self, addresses: dict[str, int]) -> set[str]:
+        """Move each bound tensor, with the views sharing its memory, to its address; an output
+        that is a view of an input or of another bound tensor, or lives outside the arena, is
+        left where it is and returned (the engine copies it)."""
+        for name, ptr in self._moved.items():
+            t = self.tensors[name]
+            self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
+        self._moved = {}
+        placed, copies = place_in_caller_memory(self.engine.plan, addresses, self._elsewhere)
+        for name, group in placed.items():
+            for member in group:
+                t = self.tensors[member]
+                self._moved[member] = t.ptr
+                self.tensors[member] = DeviceTensor(addresses[name], t.shape, t.dtype)
+        return copies
+
+    def signal(self, event: Any, stream: Stream) -> None:
+        driver.call("cuEventRecord", event_handle(event), stream.handle, what="record the input-consumed event")
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
     def begin(self) -> None:
@@ -325,7 +408,9 @@ class CudaContext:
         self._outputs.free()
         self._counts.free()
         self._workspace.free()
-        self.arena.free()
+        if self.arena is not None:
+            self.arena.free()
+            self.arena = None
         self.stream.close()
 
 

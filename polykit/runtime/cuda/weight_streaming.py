@@ -54,9 +54,10 @@ class StreamedWeights:
     """An engine's weights at one budget: the resident ones packed on the device (`tensors`), the
     streamed ones in pinned host memory (`host_offsets`). `schedule` None: every weight resident."""
 
-    def __init__(self, plan: Any, schedule: StreamSchedule | None):
+    def __init__(self, plan: Any, schedule: StreamSchedule | None, allocator: Any = None):
         self.plan = plan
         self.schedule = schedule
+        self.allocator = allocator  # the engine's device allocator (None: cuMemAlloc), for the scratch too
         descs = {n: t for n, t in plan.tensors.items() if t.kind == "weight"}
         streamed = set(schedule.streamed) if schedule is not None else set()
         self.resident_offsets: dict[str, int] = {}
@@ -68,7 +69,7 @@ class StreamedWeights:
                 table[name] = end
                 end += align_up(descs[name].nbytes)
         self.resident = DeviceBuffer(sum(align_up(descs[n].nbytes) for n in self.resident_offsets),
-                                     what="resident engine weights")
+                                     what="resident engine weights", allocator=allocator)
         self.host = None
         try:
             self.host = PinnedBuffer(sum(align_up(descs[n].nbytes) for n in self.host_offsets),
@@ -114,7 +115,8 @@ class DeviceStreamer:
         self._by_issue = schedule.by_issue()
         self._waited = sorted({k for k in schedule.waits if k >= 0})
         afters = sorted({c.after for c in schedule.copies if c.after >= 0})
-        self.scratch = DeviceBuffer(schedule.scratch_bytes, what="weight streaming scratch")
+        self.scratch = DeviceBuffer(schedule.scratch_bytes, what="weight streaming scratch",
+                                    allocator=weights.allocator)
         self.copy_stream = Stream()
         self._fork = _event()
         self._done = {layer: _event() for layer in afters}  # recorded after the layers copies wait for

@@ -11,7 +11,9 @@ Semantics (trtexec's):
 - latency: host wall clock of each run (perf_counter). On cuda, a run with data transfers
   copies the inputs host -> device, enqueues the engine on device buffers, copies the
   outputs device -> host and synchronizes; without (`data_transfers=False`) it enqueues on
-  device buffers that hold the inputs already and synchronizes;
+  device buffers that hold the inputs already and synchronizes. The device buffers are
+  copied into and out of the context's arena around the layers, or, with `in_place`, bound
+  with set_tensor_address so the layers read and write them directly;
 - compute: the engine alone — on cuda, CUDA events around `ExecutionContext.enqueue`; on
   cpu, where there is no device and no copy, the same perf_counter time as the latency;
 - throughput: timed runs / their total wall clock (inferences/s); samples/s multiplies it by
@@ -52,6 +54,8 @@ class BenchOptions:
     val_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
     #: feed shapes (a plan built for optimization profiles runs at them; default its opt shapes)
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    #: cuda: bind the device buffers in place (set_tensor_address) instead of copying them
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         for name, flag, low in (("warm_up_ms", "--warm-up", 0), ("iterations", "--iterations", 1),
@@ -167,6 +171,10 @@ class _CudaLoop:
             self.close()
             raise
         self.bindings = {name: buf.ptr for name, buf in self.buffers.items()}
+        self.in_place = options.in_place
+        if self.in_place:
+            for name, ptr in self.bindings.items():
+                self.context.set_tensor_address(name, ptr)
 
     def run(self) -> tuple[float, float]:
         from polykit.runtime.cuda.memory import download, upload
@@ -176,7 +184,7 @@ class _CudaLoop:
             for name, array in self.feeds.items():
                 upload(self.bindings[name], array, self.stream.handle)
         self.start.record(self.stream)
-        self.context.enqueue(self.bindings, self.stream)
+        self.context.enqueue(None if self.in_place else self.bindings, self.stream)
         self.end.record(self.stream)
         if self.data_transfers:
             for name in self.engine.plan.outputs:
@@ -211,12 +219,15 @@ def random_feeds(engine: Any, seed: int = 1, val_ranges: Mapping[str, tuple[floa
 
 def benchmark(engine: Any, options: BenchOptions = BenchOptions(),
               feeds: Mapping[str, np.ndarray] | None = None) -> BenchResult:
-    """Time `engine` (a polykit Engine) on `feeds` (default: random data from options.seed)."""
+    """Time `engine` (a polykit Engine) on `feeds` (checked against the engine's inputs; default:
+    random data from options.seed)."""
+    from polykit.runtime.engine import check_feeds
+
     loop_type = LOOPS.get(engine.target)
     if loop_type is None:
         raise UsageError(f"polykit bench cannot time the {engine.target!r} target", hint=f"targets: {', '.join(LOOPS)}")
-    feeds = dict(feeds) if feeds is not None else random_feeds(engine, options.seed, options.val_ranges,
-                                                               options.input_shapes)
+    feeds = check_feeds(engine.plan, feeds) if feeds is not None else \
+        random_feeds(engine, options.seed, options.val_ranges, options.input_shapes)
     loop = loop_type(engine, options, feeds)
     try:
         warm_up_runs = 0
@@ -252,21 +263,24 @@ def profile_engine(engine: Any, feeds: Mapping[str, np.ndarray], runs: int) -> P
 
 
 def bench_model(model: str | os.PathLike, config: BuilderConfig | None = None, options: BenchOptions = BenchOptions(),
-                save_engine: str | os.PathLike | None = None) -> BenchResult:
-    """Build `model` with `config` (timed) — or load it when it is a plan file — and benchmark it."""
+                save_engine: str | os.PathLike | None = None,
+                feeds: Mapping[str, np.ndarray] | None = None) -> BenchResult:
+    """Build `model` with `config` (timed) — or load it when it is a plan file — and benchmark it
+    (on `feeds` when given, e.g. loaded with --load-inputs)."""
     from polykit.backends.loaders import EngineFromPath, EngineFromPlan, PlanFromOnnx, SaveEngine, model_type
 
     build_s = None
     start = time.perf_counter()
     if model_type(model) == "plan":
-        engine = EngineFromPath(model, config.target if config is not None else None)()
+        engine = EngineFromPath(model, config.target if config is not None else None,
+                                config.device if config is not None else None)()
     else:
         plan = PlanFromOnnx(model, config)()
         build_s = time.perf_counter() - start
         if save_engine:
             SaveEngine(plan, save_engine)()
         start = time.perf_counter()
-        engine = EngineFromPlan(plan)()
+        engine = EngineFromPlan(plan, device=config.device if config is not None else None)()
     load_s = time.perf_counter() - start
     with engine:
-        return replace(benchmark(engine, options), build_s=build_s, load_s=load_s)
+        return replace(benchmark(engine, options, feeds), build_s=build_s, load_s=load_s)

@@ -355,6 +355,18 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("hardware_compatibility_level", str, typer.Option("none", "--hardware-compatibility-level",
                                                        help="none|ampere+: ampere+ takes only tactics that run on "
                                                             "every GPU of compute capability 8.0 and later")),
+    ("input_io_formats", List[str], typer.Option([], "--input-io-formats",
+                                                 help="dtype:format of the engine inputs as trtexec spells them "
+                                                      "(fp32|fp16|bf16|int8 : chw|hwc), comma-separated, one per "
+                                                      "input or one for all")),
+    ("output_io_formats", List[str], typer.Option([], "--output-io-formats",
+                                                  help="dtype:format of the engine outputs (as --input-io-formats)")),
+    ("device", Optional[int], typer.Option(None, "--device", metavar="N",
+                                           help="cuda: the GPU to build (time tactics) and run on (default 0); "
+                                                "an error with the cpu target")),
+    ("profiling_verbosity", str, typer.Option("layer_names_only", "--profiling-verbosity",
+                                              help="none|layer_names_only|detailed: what the NVTX range of each "
+                                                   "layer says in Nsight (detailed: its kind and tactic too)")),
 ]
 
 
@@ -369,7 +381,9 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
                            trt_min_shape_values: Sequence[str] = (), trt_opt_shape_values: Sequence[str] = (),
                            trt_max_shape_values: Sequence[str] = (), ranks: int = 1, version_compatible: bool = False,
-                           weight_streaming: bool = False, hardware_compatibility_level: str = "none") -> dict[str, Any]:
+                           weight_streaming: bool = False, hardware_compatibility_level: str = "none",
+                           input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = (),
+                           device: int | None = None, profiling_verbosity: str = "layer_names_only") -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -385,7 +399,14 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                               trt_opt_shape_values, trt_max_shape_values),
         "ranks": ranks, "version_compatible": version_compatible, "weight_streaming": weight_streaming,
         "hardware_compatibility_level": hardware_compatibility_level,
+        "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
+        "device": device, "profiling_verbosity": profiling_verbosity,
     }
+
+
+def split_list(values: Sequence[str]) -> tuple[str, ...]:
+    """Repeated options whose values may also be comma-separated: ['a,b', 'c'] -> ('a', 'b', 'c')."""
+    return tuple(item.strip() for v in values for item in str(v).split(",") if item.strip())
 
 
 #: (parameter, annotation, typer option) of the comparison options shared by run and debug tactics

@@ -2,7 +2,7 @@
 
 A thin layer over polykit.tools.bench.benchmark (whose docstring defines warm-up, iterations,
 duration, latency, compute time and throughput): build the plan (timed) or load a plan
-file, run it on random inputs, print latency percentiles, throughput, compute vs
+file, run it on random inputs (or those --load-inputs gives), print latency percentiles, throughput, compute vs
 end-to-end time and, with --profile, the per-layer table of `polykit run --profile`.
 """
 
@@ -31,6 +31,12 @@ def bench(
     data_transfers: bool = typer.Option(True, "--data-transfers/--no-data-transfers",
                                         help="cuda: include host<->device copies of the I/O in the latency"),
     cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph", help="cuda: replay the layers as a CUDA graph"),
+    in_place: bool = typer.Option(False, "--io-in-place/--io-copies",
+                                  help="cuda: bind the I/O buffers in place (set_tensor_address) or copy them into "
+                                       "the engine's memory around each run (the default)"),
+    load_inputs: Optional[str] = typer.Option(None, "--load-inputs", metavar="FILE",
+                                              help="time on these inputs (the first feed of a saved-inputs file, "
+                                                   "as `polykit run --save-inputs` writes) instead of random data"),
     profile: bool = typer.Option(False, "--profile", help="then time every layer (a separate pass of --iterations runs)"),
     profile_top: int = typer.Option(15, "--profile-top", help="how many of the slowest layers --profile lists"),
     seed: int = typer.Option(1, "--seed", help="seed of the random inputs"),
@@ -43,20 +49,31 @@ def bench(
     from polykit.tools.cli import args as cli_args
     from polykit.tools.bench.benchmark import BenchOptions, bench_model
     from polykit.tools.cli.run import resolve_target
+    from polykit.tools.data.results_io import load_feeds
+    import numpy as np
+    from polykit.errors import UsageError
 
     defaults = BuilderConfig()
     refuse_build_options(model, {"--load-tactics": load_tactics,
                                  "--save-tactics": save_tactics, "--save-engine": save_engine,
                                  "--channels-last/--no-channels-last": channels_last is not None,
                                  **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v)
-                                    for k, v in builder_options.items()}})
+                                    for k, v in builder_options.items() if k != "device"}})  # it picks the GPU too
     config = BuilderConfig(target=resolve_target(target, ["trt"], model), channels_last=channels_last,
                            input_shapes=cli_args.parse_input_shapes(input_shapes), tactic_replay=load_tactics,
                            save_tactics=save_tactics, **builder_options)
+    feeds = None
+    if load_inputs:
+        loaded = load_feeds(load_inputs)
+        if not loaded:
+            raise UsageError(f"--load-inputs {load_inputs} holds no inputs", where=load_inputs,
+                             hint="save some with `polykit run MODEL --save-inputs FILE`")
+        feeds = loaded[0]
     options = BenchOptions(warm_up_ms=warm_up, iterations=iterations, duration_s=duration,
                            data_transfers=data_transfers, cuda_graph=cuda_graph, profile_runs=iterations if profile else 0,
-                           seed=seed, val_ranges=cli_args.parse_val_ranges(val_range),
-                           input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes})
+                           seed=seed, val_ranges=cli_args.parse_val_ranges(val_range), in_place=in_place,
+                           input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes,
+                                         **{n: tuple(np.shape(v)) for n, v in (feeds or {}).items()}})
     if config.ranks > 1:
         from polykit.tools.bench.ranks import bench_ranks, render_ranks_bench
 
@@ -66,7 +83,7 @@ def bench(
         else:
             render_ranks_bench(model, ranked)
         return 0
-    result = bench_model(model, config, options, save_engine=save_engine)
+    result = bench_model(model, config, options, save_engine=save_engine, feeds=feeds)
     if as_json:
         typer.echo(json.dumps({"model": model, **result.to_json()}, indent=2))
     else:

@@ -72,3 +72,44 @@ def test_bench_plan_for_another_target_is_a_plan_error(mlp, tmp_path, capsys):
 def test_zero_iterations_is_a_usage_error(mlp, capsys):
     assert main(["bench", mlp, "--target", "cpu", "--iterations", "0"]) == 2
     assert "--iterations" in capsys.readouterr().err
+
+
+def _dynamic_relu(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    path = str(tmp_path / "dyn.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_bench_times_the_inputs_load_inputs_gives(tmp_path, capsys):
+    import numpy as np
+
+    from polykit.tools.data.results_io import save_feeds
+
+    model = _dynamic_relu(tmp_path)
+    inputs = save_feeds(tmp_path / "inputs.json", [{"x": np.ones((5, 4), np.float32)}])
+    assert main(["bench", model, "--target", "cpu", *FAST, "--json", "--load-inputs", str(inputs),
+                 "--trt-min-shapes", "x:[1,4]", "--trt-opt-shapes", "x:[2,4]", "--trt-max-shapes", "x:[8,4]"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch"] == 5  # the loaded feed's batch, not the opt shape's 2
+
+
+def test_bench_load_inputs_of_the_wrong_dtype_is_a_runtime_input_error(tmp_path, capsys):
+    import numpy as np
+
+    from polykit.tools.data.results_io import save_feeds
+
+    model = _dynamic_relu(tmp_path)
+    inputs = save_feeds(tmp_path / "inputs.json", [{"x": np.ones((2, 4), np.float64)}])
+    assert main(["bench", model, "--target", "cpu", *FAST, "--load-inputs", str(inputs),
+                 "--input-shapes", "x:[2,4]"]) == 2
+    assert "float64" in capsys.readouterr().err
+
+
+def test_bench_device_with_the_cpu_target_is_a_usage_error(mlp, capsys):
+    assert main(["bench", mlp, "--target", "cpu", *FAST, "--device", "1"]) == 2
+    assert "no devices" in capsys.readouterr().err

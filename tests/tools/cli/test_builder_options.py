@@ -1,5 +1,5 @@
 """The builder options run and convert share (tools/cli/args.with_builder_options): tuning
-level, timing caches, workspace limit and precision flags, from the command line."""
+level, timing caches, workspace limit, precision flags and I/O formats, from the command line."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from polykit.compiler.plan.file import Plan
 from polykit.errors import UsageError
 from polykit.plugins import reset_plugin_manager
 from polykit.tools.cli.app import main
-from polykit.tools.cli.args import builder_config_options, parse_layer_precisions, parse_memory_pool_limits
+from polykit.tools.cli.args import builder_config_options, parse_layer_precisions, parse_memory_pool_limits, split_list
 
 REPO = Path(__file__).resolve().parents[3]
-MLP = str(REPO / "examples" / "models" / "mlp.onnx")
+MLP = str(REPO / "examples" / "models" / "mlp.onnx")  # x -> logits, probs
 
 
 @pytest.fixture(autouse=True)
@@ -88,3 +88,52 @@ def test_bad_builder_options_exit_2(tmp_path, capsys):
                  ["--load-timing-cache", str(tmp_path / "missing.json")]):
         assert main(["convert", MLP, "-o", out, "--target", "cpu", *args]) == 2, args
         assert "error" in capsys.readouterr().err
+
+
+def test_repeated_and_comma_separated_formats_are_one_list():
+    assert split_list(["fp16:chw,fp32:chw", " bf16:chw "]) == ("fp16:chw", "fp32:chw", "bf16:chw")
+
+
+def test_convert_gives_the_engine_io_the_formats_asked(tmp_path):
+    out = tmp_path / "m.plan"
+    assert main(["convert", MLP, "-o", str(out), "--target", "cpu", "--builder-optimization-level", "0",
+                 "--input-io-formats", "fp16:chw", "--output-io-formats", "fp32:chw,fp16:chw"]) == 0
+    plan = Plan.load(out)
+    assert [plan.tensors[n].dtype for n in (*plan.inputs, *plan.outputs)] == ["float16", "float32", "float16"]
+    assert plan.metadata["builder_config"]["output_io_formats"] == ["fp32:chw", "fp16:chw"]
+
+
+def test_a_bad_io_format_is_a_usage_error_with_exit_code_2(tmp_path, capsys):
+    assert main(["convert", MLP, "-o", str(tmp_path / "m.plan"), "--target", "cpu",
+                 "--input-io-formats", "fp64:chw"]) == 2
+    assert "DTYPE:FORMAT" in capsys.readouterr().err
+
+
+def test_a_format_count_that_fits_no_io_is_a_usage_error(tmp_path, capsys):
+    assert main(["convert", MLP, "-o", str(tmp_path / "m.plan"), "--target", "cpu",
+                 "--output-io-formats", "fp16:chw,fp16:chw,fp16:chw"]) == 2
+    assert "3 output I/O formats for 2 outputs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["convert", "run"])
+def test_device_with_the_cpu_target_is_a_usage_error(command, tmp_path, capsys):
+    extra = ["-o", str(tmp_path / "m.plan")] if command == "convert" else ["--trt"]
+    assert main([command, MLP, "--target", "cpu", "--device", "0", *extra]) == 2
+    assert "has no devices" in capsys.readouterr().err
+
+
+def test_device_must_be_a_gpu_ordinal():
+    from polykit.compiler.builder.config import BuilderConfig
+
+    with pytest.raises(UsageError, match="GPU ordinal"):
+        BuilderConfig(device=-1)
+    assert "device" not in BuilderConfig(device=1).to_json()  # the plan records the arch, not the ordinal
+
+
+def test_a_runtime_for_a_device_refuses_a_cpu_plan(tmp_path):
+    from polykit.runtime.engine import Runtime
+
+    out = tmp_path / "m.plan"
+    assert main(["convert", MLP, "-o", str(out), "--target", "cpu", "--builder-optimization-level", "0"]) == 0
+    with pytest.raises(UsageError, match="runs on the host"):
+        Runtime(device=0).load_engine(out)
