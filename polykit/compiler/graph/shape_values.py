@@ -20,6 +20,7 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
 from polykit.compiler.ir.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
+from polykit.compiler.ops.data_dims import is_data_dependent
 from polykit.compiler.ops.references import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
@@ -163,10 +164,40 @@ SHAPE_VALUE_OPS.update({
     "Div": _elementwise(lambda a, b: a // b if a >= 0 and b > 0 else _no_value()),
     "Max": _elementwise(lambda a, b: _extreme("max", a, b)),
     "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
-    # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
-    "Equal": _elementwise(lambda a, b: int(a) == int(b)),
-    "Less": _elementwise(lambda a, b: int(a) < int(b)),
-    "Greater": _elementwise(lambda a, b: int(a) > int(b)),
+    # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them);
+    # not those of a data-dependent dim (`boxes.numel() == 0`), which is only its bound there
+    "Equal": _elementwise(lambda a, b: _compare(a, b) and int(a) == int(b)),
+    "Less": _elementwise(lambda a, b: _compare(a, b) and int(a) < int(b)),
+    "Greater": _elementwise(lambda a, b: _compare(a, b) and int(a) > int(b)),
+})
+
+
+def _compare(a: int, b: int) -> bool:
+    if is_data_dependent(a) or is_data_dependent(b):
+        raise ValueError("a data-dependent dim is decided at run time")
+    return True
+
+
+def _reduction(fn: Callable) -> ValueFn:
+    """ReduceMin/Max/Sum/Prod of dims (canonical form: axes an input): a detector's TopK reads
+    k = ReduceMin(Concat(candidates, n)), the smaller of a constant and a filtered count."""
+    def run(node: Node, args: list) -> list[np.ndarray]:
+        x = np.asarray(args[0], dtype=object)
+        axes = np.asarray(args[1]).reshape(-1).tolist() if len(args) > 1 and args[1] is not None else []
+        if not axes and node.attrs.get("noop_with_empty_axes", 0):
+            return [x]
+        keep, out = bool(node.attrs.get("keepdims", 1)), x
+        for axis in sorted({int(a) % x.ndim for a in axes} if axes else range(x.ndim), reverse=True):
+            out = np.frompyfunc(fn, 2, 1).reduce(out, axis=axis, keepdims=keep)
+        return [np.asarray(out, dtype=object)]
+    return run
+
+
+SHAPE_VALUE_OPS.update({
+    "ReduceMax": _reduction(lambda a, b: _extreme("max", a, b)),
+    "ReduceMin": _reduction(lambda a, b: _extreme("min", a, b)),
+    "ReduceSum": _reduction(lambda a, b: a + b),
+    "ReduceProd": _reduction(lambda a, b: a * b),
 })
 
 
