@@ -195,3 +195,42 @@ def test_topk_and_slice_of_a_filtered_count_follow_the_count():
     feeds.append({"x": np.where(np.arange(12) < 2, rng.uniform(1, 2, 12), -1.0).astype(np.float32)})  # 2 < 3 < 5
     plan = _check(top_of_filtered(), feeds)
     assert plan.tensors["top"].dims and plan.tensors["head"].dims  # expressions of the count, not decided at its bound
+
+
+def expand_as_filtered():
+    """torchvision's MultiScaleRoIAlign: `idx.view(-1, 1, 1).expand(-1, 3, 2)` of a filtered index,
+    whose target the exporter writes as Where(target == -1, 1, target)."""
+    nodes = _filter("x", 0.0, "kept", "a") + [
+        _const("col", [-1, 1, 1], I64, [3]), helper.make_node("Reshape", ["kept", "col"], ["kept3"]),
+        helper.make_node("Shape", ["kept"], ["n"]), _const("rest", [3, 2], I64, [2]),
+        helper.make_node("Concat", ["n", "rest"], ["target"], axis=0), _const("neg", [-1, -1, -1], I64, [3]),
+        helper.make_node("Equal", ["target", "neg"], ["unset"]), _const("ones", [1, 1, 1], I64, [3]),
+        helper.make_node("Where", ["unset", "ones", "target"], ["shape"]),
+        helper.make_node("Expand", ["kept3", "shape"], ["y"])]
+    return _model(nodes, [("x", F, [12])], [("y", F)])
+
+
+def test_expand_to_a_filtered_count_compares_it_only_with_what_no_size_equals():
+    plan = _check(expand_as_filtered(), [{"x": x} for x in _vectors(12)])
+    assert plan.tensors["y"].dims  # (count, 3, 2): an expression, not decided at the bound
+
+
+def filter_over_a_branch(whole):
+    """A NonZero over an If output whose size only the branch taken decides (a sized dim): the
+    first 5 elements (`whole`: all 12, the filter's bound) or those above 0 (as torchvision's
+    batched_nms: empty or NMS's)."""
+    then = helper.make_graph([_const("s", [0], I64, [1]), _const("e", [12 if whole else 5], I64, [1]),
+                              helper.make_node("Slice", ["x", "s", "e"], ["head"])], "then", [],
+                             [helper.make_tensor_value_info("head", F, None)])
+    other = helper.make_graph(_filter("x", 0.0, "part", "e"), "else", [],
+                              [helper.make_tensor_value_info("part", F, None)])
+    nodes = [helper.make_node("If", ["flag"], ["chosen"], then_branch=then, else_branch=other)]
+    nodes += _filter("chosen", 0.5, "y", "b")
+    return _model(nodes, [("x", F, [12]), ("flag", B, [])], [("y", F)])
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["head_or_kept", "all_or_kept"])
+def test_a_filter_over_a_tensor_only_the_run_sizes(whole):
+    feeds = [{"x": x, "flag": np.array(flag)} for x in _vectors(12) for flag in (True, False)]
+    plan = _check(filter_over_a_branch(whole), feeds)
+    assert plan.profiles.sized  # the If's output

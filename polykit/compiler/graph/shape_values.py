@@ -166,16 +166,24 @@ SHAPE_VALUE_OPS.update({
     "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
     # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them);
     # not those of a data-dependent dim (`boxes.numel() == 0`), which is only its bound there
-    "Equal": _elementwise(lambda a, b: _compare(a, b) and int(a) == int(b)),
-    "Less": _elementwise(lambda a, b: _compare(a, b) and int(a) < int(b)),
-    "Greater": _elementwise(lambda a, b: _compare(a, b) and int(a) > int(b)),
+    "Equal": _elementwise(lambda a, b: _compare("==", a, b)),
+    "Less": _elementwise(lambda a, b: _compare("<", a, b)),
+    "Greater": _elementwise(lambda a, b: _compare(">", a, b)),
 })
 
 
-def _compare(a: int, b: int) -> bool:
-    if is_data_dependent(a) or is_data_dependent(b):
-        raise ValueError("a data-dependent dim is decided at run time")
-    return True
+def _compare(op: str, a: int, b: int) -> bool:
+    """`a op b` of dims, decided at opt; of a data-dependent dim (only its bound there) only when
+    every size gives the same answer: the dim against itself, or against a negative constant
+    (expand_as exports Where(dims == -1, 1, dims)); ValueError (no value) otherwise."""
+    value = {"==": int(a) == int(b), "<": int(a) < int(b), ">": int(a) > int(b)}[op]
+    if not (is_data_dependent(a) or is_data_dependent(b)):
+        return value
+    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.expr == b.expr:
+        return op == "=="
+    if any(not isinstance(v, SymInt) and int(v) < 0 for v in (a, b)):
+        return value  # a size is >= 0 > the constant, whatever it is
+    raise ValueError("a data-dependent dim is compared at run time")
 
 
 def _reduction(fn: Callable) -> ValueFn:

@@ -113,9 +113,23 @@ def sized_symbols(g: "Graph") -> frozenset[str]:
                      if isinstance(d, DataDim) and d.sized)
 
 
+def run_bounded(profiles: Any) -> frozenset[str]:
+    """The sized data symbols and those whose bounds name one (a NonZero over an If's output that
+    a run sizes): only the run bounds them."""
+    if profiles is None or not profiles.sized:
+        return frozenset()
+    out = set(profiles.sized)
+    for name in bound_order(profiles.data):  # a bound after the symbols it names
+        bound = profiles.data[name]
+        if isinstance(bound, Expr) and bound.symbols() & out:
+            out.add(name)
+    return frozenset(out)
+
+
 def sized_tensors(plan: Any) -> frozenset[str]:
-    """The plan's tensors whose dims name a sized data symbol: no reserved bytes bound them."""
-    sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    """The plan's tensors whose dims name a data symbol only the run bounds (run_bounded): no
+    reserved bytes bound them."""
+    sized = run_bounded(plan.profiles)
     return frozenset(n for n, t in plan.tensors.items()
                      if sized and any(isinstance(d, Expr) and d.symbols() & sized for d in t.dims))
 

@@ -69,10 +69,12 @@ def data_sized_groups(plan: Any, layer_sized: Any = ()) -> list[dict[str, str]]:
     """`data_sized_members` by the sized symbols their root names: one region family per group, so a
     tensor that one layer's size decides is placed before a later layer decides another's."""
     sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    data = plan.profiles.data if plan.profiles is not None else {}
     groups: dict[frozenset, dict[str, str]] = {}
     for name, root in data_sized_members(plan, layer_sized).items():
         named = set().union(*(d.symbols() for d in plan.tensors[root].dims if isinstance(d, Expr)))
-        groups.setdefault(frozenset(named & sized), {})[name] = root
+        # a data symbol whose bound names a sized one (a nested filter) waits for that one
+        groups.setdefault(frozenset(bounding_symbols(named, data) & sized), {})[name] = root
     return [groups[k] for k in sorted(groups, key=sorted)]
 
 
