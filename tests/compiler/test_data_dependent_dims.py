@@ -40,10 +40,10 @@ def _filter(x, threshold, out, tag):
             helper.make_node("Gather", [x, f"{tag}_idx"], [out], axis=0)]
 
 
-def _check(model, feeds_list, plan=None):
-    """Build `model` for cpu (once), run every feed set twice, compare with onnxruntime exactly
+def _check(model, feeds_list, target="cpu"):
+    """Build `model` for `target` (once), run every feed set twice, compare with onnxruntime
     (same shapes, same values); the plan."""
-    plan = plan or Plan.deserialize(build_plan(model, BuilderConfig(target="cpu")).serialize())
+    plan = Plan.deserialize(build_plan(model, BuilderConfig(target=target)).serialize())
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
@@ -234,3 +234,21 @@ def test_a_filter_over_a_tensor_only_the_run_sizes(whole):
     feeds = [{"x": x, "flag": np.array(flag)} for x in _vectors(12) for flag in (True, False)]
     plan = _check(filter_over_a_branch(whole), feeds)
     assert plan.profiles.sized  # the If's output
+
+
+# ---- the same models on the cuda target (a GPU machine) ---------------------------------------------
+def _cuda_cases():
+    vectors = [{"x": x} for x in _vectors(12)]
+    return {"nested_filter": (nested_filter(), vectors),
+            "boxes_and_offsets": (boxes_and_offsets(False), [_detections(k, s) for s, k in enumerate((0.0, 0.5, 1.0))]),
+            "boxes_and_offsets_in_if": (boxes_and_offsets(True), [_detections(k, s) for s, k in enumerate((0.0, 0.5, 1.0))]),
+            "top_of_filtered": (top_of_filtered(), vectors), "expand_as_filtered": (expand_as_filtered(), vectors),
+            "filter_over_a_branch": (filter_over_a_branch(False),
+                                     [{**f, "flag": np.array(flag)} for f in vectors for flag in (True, False)])}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(_cuda_cases()))
+def test_data_dependent_patterns_on_cuda(case):
+    model, feeds = _cuda_cases()[case]
+    _check(model, feeds, target="cuda")
