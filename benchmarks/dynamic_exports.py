@@ -9,7 +9,7 @@ the error message of a build or run that failed).
 Two steps, since the export needs torch and the check needs polykit (one environment may hold both):
 
     # export (torch, torchvision, timm, transformers): writes DIR/<model>.onnx and DIR/<model>.json
-    python benchmarks/dynamic_exports.py export --dir /tmp/dyn --models resnet18,gpt2
+    python benchmarks/dynamic_exports.py export --dir /tmp/dyn --models resnet18,gpt2   # --static: at opt
     # check (polykit): one subprocess per model; --target cuda on a GPU machine
     PYTHONPATH=. python benchmarks/dynamic_exports.py check --dir /tmp/dyn --target cpu --out results
     # both, exporting with another interpreter:
@@ -141,17 +141,23 @@ def random_inputs(plan: dict[str, dict[str, Any]], which: int, seed: int) -> dic
     return out
 
 
-def export(name: str, folder: Path) -> None:
+def static_plan(plan: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`plan` with every shape at its opt and no dynamic axes (a static export)."""
+    return {n: {**spec, "axes": {}, "shapes": [spec["shapes"][1]] * 4} for n, spec in plan.items()}
+
+
+def export(name: str, folder: Path, dynamic: bool = True) -> None:
+    """Write folder/<name>.onnx and its shape plan folder/<name>.json (`dynamic` False: static, at opt)."""
     import warnings
 
     import torch
 
-    plan = shape_plan(name)
+    plan = shape_plan(name) if dynamic else static_plan(shape_plan(name))
     module = make_module(name, torch)
     feeds = {n: torch.from_numpy(v) for n, v in random_inputs(plan, 1, seed=1).items()}
     outputs = ["boxes", "scores", "labels"] if name in DETECTORS else ["out"]
     axes = {n: {int(a): d for a, d in spec["axes"].items()} for n, spec in plan.items()}
-    if name not in DETECTORS:
+    if name not in DETECTORS and dynamic:
         axes["out"] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -180,8 +186,9 @@ def check_one(folder: Path, name: str, target: str, opt_level: int) -> dict[str,
     stage = "build"
     try:
         start = time.time()
+        dynamic = any(s["axes"] for s in plan_spec.values())
         profile = Profile({n: tuple(tuple(s["shapes"][k]) for k in range(3)) for n, s in plan_spec.items()})
-        plan = build_plan(str(path), BuilderConfig(target=target, profiles=[profile],
+        plan = build_plan(str(path), BuilderConfig(target=target, profiles=[profile] if dynamic else [],
                                                    builder_optimization_level=opt_level))
         result["build_s"] = round(time.time() - start, 1)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -265,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model's check")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     parser.add_argument("--torch-python", default=sys.executable, help="the interpreter that exports (step all)")
+    parser.add_argument("--static", action="store_true", help="export without dynamic axes (at the opt shape)")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = sorted(set(names) - set(model_names()))
@@ -278,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.step in ("export", "all"):
         for name in names:
             if args.step == "all" and args.torch_python != sys.executable:
-                subprocess.run([args.torch_python, __file__, "export", "--dir", str(args.dir), "--models", name])
+                subprocess.run([args.torch_python, __file__, "export", "--dir", str(args.dir), "--models", name]
+                               + ["--static"] * args.static)
                 continue
             try:
-                export(name, args.dir)
+                export(name, args.dir, dynamic=not args.static)
                 print(f"exported {name}", flush=True)
             except Exception as exc:  # an export the exporter refuses: reported, the others go on
                 print(f"export of {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
