@@ -159,8 +159,8 @@ def export(name: str, folder: Path, dynamic: bool = True) -> None:
     axes = {n: {int(a): d for a, d in spec["axes"].items()} for n, spec in plan.items()}
     if name not in DETECTORS and dynamic:
         axes["out"] = {0: "batch"}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():  # grad on, as benchmarks/torch_export.py: no_grad takes MultiheadAttention's
+        warnings.simplefilter("ignore")  # fast path, aten::_native_multi_head_attention, which does not export
         torch.onnx.export(module, tuple(feeds.values()), str(folder / f"{name}.onnx"), input_names=list(feeds),
                           output_names=outputs, opset_version=OPSET, dynamo=False, dynamic_axes=axes)
     (folder / f"{name}.json").write_text(json.dumps({"model": name, "inputs": plan}, indent=1))
