@@ -64,3 +64,18 @@ def test_a_detector_export_matches_onnxruntime(tmp_path, name, dynamic, target):
     export(name, tmp_path, dynamic)
     result = check_one(tmp_path, name, target, opt_level=0 if target == "cpu" else 3)
     assert result["passed"], result.get("error")
+
+
+def test_detections_ranked_either_way_within_rounding_are_paired():
+    import numpy as np
+
+    from benchmarks.dynamic_exports import pair_detections
+
+    want = {"boxes": np.array([[0, 0, 4, 4], [10, 10, 20, 20], [5, 5, 9, 9]], np.float32),
+            "scores": np.array([0.9, 0.5000001, 0.5], np.float32), "labels": np.array([1, 2, 3])}
+    swapped = {n: v[[0, 2, 1]] for n, v in want.items()}  # the near-tie ranked the other way
+    paired = pair_detections(want, swapped)
+    assert paired["order"].tolist() == [0, 2, 1]
+    assert all(np.array_equal(paired[n], want[n]) for n in ("boxes", "scores", "labels"))
+    relabelled = {**want, "labels": np.array([1, 2, 4])}  # a different class is no pair: compared in place
+    assert pair_detections(want, relabelled)["labels"].tolist() == [1, 2, 4]
