@@ -43,8 +43,9 @@ RELATIVE_TOLERANCE = 1e-3
 DETECTORS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn")
 #: the std of a detector's redrawn class head: SSDLite's 91-way softmax over weak features needs wide logits
 HEAD_STD = {"ssdlite320_mobilenet_v3_large": 0.3, "fasterrcnn_mobilenet_v3_large_320_fpn": 0.1}
-#: image models whose architecture fixes the image size (position embeddings): batch only
-FIXED_IMAGE = frozenset({"vit_b_16", "deit_small", "dinov2_small"})
+#: image models whose architecture fixes the image size (position embeddings), or whose pooling the
+#: exporter takes only at a static size (VGG's AdaptiveAvgPool2d to 7x7): batch only
+FIXED_IMAGE = frozenset({"vit_b_16", "deit_small", "dinov2_small", "vgg11_bn"})
 #: (min, opt, max, odd) of each varying dim
 BATCH, SEQUENCE, SAMPLES = (1, 2, 4, 3), (8, 16, 32, 13), (4000, 8000, 16000, 12345)
 IMAGE = {"default": ((64, 64), (96, 96), (128, 128), (83, 109)), "inception_v3": ((80, 80), (96, 96), (128, 128), (83, 109)),
