@@ -108,13 +108,12 @@ class ShapeBinder:
         """`shapes` with data symbols bound to the `sizes` a layer reported: the shapes and
         shape-tensor values that waited for them are evaluated (RuntimeInputError past the
         reserved bytes; a size above its symbol's bound is a kernel bug, a PolykitError)."""
-        dims = dict(shapes.dims)
-        for name, size in sizes.items():
+        dims = {**shapes.dims, **{name: int(size) for name, size in sizes.items()}}
+        for name, size in sizes.items():  # a bound may name another data symbol (a nested size)
             bound = evaluate(self.profiles.data[name], dims) if name not in self.profiles.sized else size
             if not 0 <= size <= bound:
                 raise PolykitError(f"a layer reported size {size} for {name}, outside [0, {bound}]",
                                    where=f"symbol {name!r}", hint="a kernel miscounted its output; please report this")
-            dims[name] = int(size)
         key = shapes.key + tuple(sorted(sizes.items()))
         ready = {n for n, w in self._waits.items() if w and w <= set(dims) and not w <= set(shapes.dims)}
         return ShapeSet(key, {**shapes.shapes, **self._evaluate(dims, ready)}, dims,

@@ -34,7 +34,9 @@ import numpy as np
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import Graph, Node, subgraphs
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ir.subgraphs import CAPTURES, captured
+from polykit.compiler.plan.profiles import BODY_PROFILE
 from polykit.errors import BuildError
 
 #: configuration a body does not inherit: marking, side files, build-time input values (fixed or opt),
@@ -83,10 +85,12 @@ def build_body(body: Graph, node: Node, key: str, cfg: BuilderConfig, target: st
                firsts: Mapping[str, tuple] | None = None) -> Any:
     from polykit.compiler.builder.builder import Builder
 
-    shapes, profiles = body_profile(body, node, key, firsts or {})
-    sub = replace(cfg, target=target, input_shapes=shapes, **{**_OWN, "profiles": profiles})
     g = body.copy()
+    shapes, profiles = body_profile(g, node, key, firsts or {})
+    sub = replace(cfg, target=target, input_shapes=shapes, **{**_OWN, "profiles": profiles})
     g.metadata.pop("input_values", None)
+    if profiles:
+        g.metadata[BODY_PROFILE] = True
     try:
         plan = Builder(sub).build(g)
     except BuildError as exc:
@@ -116,12 +120,13 @@ def body_profile(body: Graph, node: Node, key: str,
             static[name] = tuple(v.shape)
             continue
         first = firsts.get(name)
-        opt = tuple(d if isinstance(d, int) else (first[a] if first else 1) for a, d in enumerate(v.shape))
+        opt = tuple(d if _fixed(d) else (first[a] if first else 1) for a, d in enumerate(v.shape))
         bound = _dim_bound(v.shape)
-        varying[name] = (tuple(d if isinstance(d, int) else 0 for d in v.shape), opt,
-                         tuple(d if isinstance(d, int) else max(bound, o) for d, o in zip(v.shape, opt)))
+        varying[name] = (tuple(d if _fixed(d) else 0 for d in v.shape), opt,
+                         tuple(d if _fixed(d) else max(bound, o) for d, o in zip(v.shape, opt)))
     if not varying:
         return static, ()
+    varying = _share_outer_dims(body, varying)
     values = {body.inputs[0]: np.zeros(static.get(body.inputs[0], ()), np.int64)} if node.op_type == "Loop" else {}
     ruled = ruled_profile(body, {**static, **{n: t[1] for n, t in varying.items()}}, values)
     if ruled is None:
@@ -134,10 +139,38 @@ def body_profile(body: Graph, node: Node, key: str,
 BODY_INPUT_ELEMENTS = 1 << 20
 
 
+def _fixed(d: Any) -> bool:
+    """A static dim (a SymInt, an outer dim's expression, varies)."""
+    return isinstance(d, int) and not isinstance(d, SymInt)
+
+
 def _dim_bound(shape: tuple) -> int:
-    fixed = math.prod(d for d in shape if isinstance(d, int)) or 1
-    free = sum(1 for d in shape if not isinstance(d, int))
+    fixed = math.prod(d for d in shape if _fixed(d)) or 1
+    free = sum(1 for d in shape if not _fixed(d))
     return max(int((BODY_INPUT_ELEMENTS // fixed) ** (1.0 / free)), 1)
+
+
+def _share_outer_dims(body: Graph, varying: dict[str, tuple]) -> dict[str, tuple]:
+    """The body inputs' (min, opt, max) with the dims that are outer expressions named in `body`,
+    those of one expression (a filtered count that decides both the boxes and their labels)
+    alike, so the body's profile gives them one symbol (equal at run time, they broadcast
+    together) over the narrowest of their ranges."""
+    names: dict[str, str] = {}  # outer expression -> the symbol of the dims it decides
+    dims: dict[str, list[tuple[str, int]]] = {}
+    for name, (low, opt, high) in varying.items():
+        for axis, d in enumerate(body.value(name).shape):
+            if isinstance(d, SymInt):
+                sym = names.setdefault(str(d.expr), f"{name}[{axis}]")
+                dims.setdefault(sym, []).append((name, axis))
+    out = {name: [list(s) for s in triple] for name, triple in varying.items()}
+    for sym, places in dims.items():
+        high = min(varying[n][2][a] for n, a in places)
+        opt = min(high, varying[places[0][0]][1][places[0][1]])
+        for name, axis in places:
+            out[name][1][axis], out[name][2][axis] = opt, high
+            v = body.value(name)
+            body.set_value(v.with_(shape=tuple(sym if k == axis else d for k, d in enumerate(v.shape))))
+    return {name: tuple(tuple(s) for s in triple) for name, triple in out.items()}
 
 
 def _first_shapes(graph: Graph, node: Node, body: Graph) -> dict[str, tuple]:

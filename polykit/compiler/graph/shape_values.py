@@ -21,6 +21,7 @@ from polykit.compiler.graph.dim_ratios import RATIO_OPS, DimRatio, from_ratios, 
 from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
 from polykit.compiler.ir.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
+from polykit.compiler.ops.data_dims import is_data_dependent
 from polykit.compiler.ops.references import find_reference
 
 ValueFn = Callable[[Node, list], "list[np.ndarray] | None"]
@@ -257,14 +258,30 @@ SHAPE_VALUE_OPS.update({
     "Abs": _unary(abs),  # the sign decided at opt
     "Max": _elementwise(lambda a, b: _extreme("max", a, b)),
     "Min": _elementwise(lambda a, b: _extreme("min", a, b)),
-    # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them)
-    "Equal": _elementwise(lambda a, b: int(a) == int(b)),
-    "Less": _elementwise(lambda a, b: int(a) < int(b)),
-    "Greater": _elementwise(lambda a, b: int(a) > int(b)),
-    "LessOrEqual": _elementwise(lambda a, b: int(a) <= int(b)),
-    "GreaterOrEqual": _elementwise(lambda a, b: int(a) >= int(b)),
+    # comparisons of dims are decided at opt, like a shape rule's (the profile corners check them);
+    # not those of a data-dependent dim (`boxes.numel() == 0`), which is only its bound there
+    "Equal": _elementwise(lambda a, b: _compare("==", a, b)),
+    "Less": _elementwise(lambda a, b: _compare("<", a, b)),
+    "Greater": _elementwise(lambda a, b: _compare(">", a, b)),
+    "LessOrEqual": _elementwise(lambda a, b: _compare("<=", a, b)),
+    "GreaterOrEqual": _elementwise(lambda a, b: _compare(">=", a, b)),
     **{op: _reduce for op in REDUCERS},
 })
+
+
+def _compare(op: str, a: int, b: int) -> bool:
+    """`a op b` of dims, decided at opt; of a data-dependent dim (only its bound there) only when
+    every size gives the same answer: the dim against itself, or against a negative constant
+    (expand_as exports Where(dims == -1, 1, dims)); ValueError (no value) otherwise."""
+    value = {"==": int(a) == int(b), "<": int(a) < int(b), ">": int(a) > int(b),
+             "<=": int(a) <= int(b), ">=": int(a) >= int(b)}[op]
+    if not (is_data_dependent(a) or is_data_dependent(b)):
+        return value
+    if isinstance(a, SymInt) and isinstance(b, SymInt) and a.expr == b.expr:
+        return op in ("==", "<=", ">=")
+    if any(not isinstance(v, SymInt) and int(v) < 0 for v in (a, b)):
+        return value  # a size is >= 0 > the constant, whatever it is
+    raise ValueError("a data-dependent dim is compared at run time")
 
 
 @value_op("Where")

@@ -5,8 +5,9 @@ In a build (graph.metadata["data_dims"]) such a dim is a `DataDim`: a SymInt who
 is a symbol of its own, `data(tensor)[axis]`, and whose int value is its upper bound at the
 first profile's opt (NonZero of an n-element input has at most n columns). Downstream shapes
 become expressions of it like of any input dim; the plan records each data symbol with its
-bound (an expression of the input symbols, ProfileSet.data), the profile corners give it its
-bound, so the arena reserves the largest output. At run time the layer reports the real size
+bound (an expression of the input symbols and of earlier data symbols: a NonZero over what a
+NonZero kept is bounded by the first one's size; ProfileSet.data), the profile corners give it
+its bound, evaluated in order (bound_order), so the arena reserves the largest output. At run time the layer reports the real size
 and the runtime binds the symbol (polykit.runtime.output_alloc). Outside a build (inspection,
 surgeon tools) these rules keep a named dim_param (`fresh_dim`).
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from polykit.compiler.ir.symbolic import Expr, SymInt, Term, evaluate, symbol, term_of
+from polykit.compiler.ir.symbolic import OPS, Expr, ShapeEvalError, SymInt, Term, evaluate, extreme, symbol, term_of
 
 if TYPE_CHECKING:
     from polykit.compiler.ir.graph import Graph, Value
@@ -56,6 +57,21 @@ class DataDim(SymInt):
 
 def data_symbol(tensor: str, axis: int) -> str:
     return f"data({tensor})[{axis}]"
+
+
+def is_data_dependent(d: object) -> bool:
+    """Whether dim `d` is an expression that names a data symbol (a filtered count): its value at
+    the build's opt is only its bound, so nothing may be decided from it there."""
+    return isinstance(d, SymInt) and isinstance(d.expr, Expr) and any(s.startswith("data(") for s in d.expr.symbols())
+
+
+def dim_extreme(op: str, a: int, b: int) -> int:
+    """min or max (`op`) of two dims: an expression when one is data-dependent (is_data_dependent:
+    its value in a build is a bound, so the choice is the run's), else decided at opt as shape
+    rules do (the profile corners check the choice)."""
+    if is_data_dependent(a) or is_data_dependent(b):
+        return SymInt(OPS[op][1](int(a), int(b)), extreme(op, term_of(a), term_of(b)))
+    return min(a, b) if op == "min" else max(a, b)
 
 
 def data_dim(ctx: "InferContext", tag: str, bound: object, axis: int, output: int = 0):
@@ -97,9 +113,23 @@ def sized_symbols(g: "Graph") -> frozenset[str]:
                      if isinstance(d, DataDim) and d.sized)
 
 
+def run_bounded(profiles: Any) -> frozenset[str]:
+    """The sized data symbols and those whose bounds name one (a NonZero over an If's output that
+    a run sizes): only the run bounds them."""
+    if profiles is None or not profiles.sized:
+        return frozenset()
+    out = set(profiles.sized)
+    for name in bound_order(profiles.data):  # a bound after the symbols it names
+        bound = profiles.data[name]
+        if isinstance(bound, Expr) and bound.symbols() & out:
+            out.add(name)
+    return frozenset(out)
+
+
 def sized_tensors(plan: Any) -> frozenset[str]:
-    """The plan's tensors whose dims name a sized data symbol: no reserved bytes bound them."""
-    sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    """The plan's tensors whose dims name a data symbol only the run bounds (run_bounded): no
+    reserved bytes bound them."""
+    sized = run_bounded(plan.profiles)
     return frozenset(n for n, t in plan.tensors.items()
                      if sized and any(isinstance(d, Expr) and d.symbols() & sized for d in t.dims))
 
@@ -125,9 +155,52 @@ def data_symbols(g: "Graph") -> dict[str, Term]:
     return dict(sorted(out.items()))
 
 
+def bound_order(data: Mapping[str, Term]) -> list[str]:
+    """The data symbols of `data` in an order where each bound names only the input symbols and
+    earlier data symbols: a nested size (NonZero over what an earlier NonZero kept) is bounded by
+    the earlier one's size, so it is evaluated after it, at run time as at the build's corners.
+    ShapeEvalError when bounds name each other in a cycle."""
+    order: list[str] = []
+    state: dict[str, bool] = {}  # False: being visited, True: placed
+
+    def visit(name: str) -> None:
+        if state.get(name) is False:
+            raise ShapeEvalError(f"the bound of data symbol {name!r} names itself through other data symbols")
+        if name in state:
+            return
+        state[name] = False
+        bound = data[name]
+        for s in sorted(bound.symbols() & set(data) if isinstance(bound, Expr) else ()):
+            visit(s)
+        state[name] = True
+        order.append(name)
+
+    for name in data:
+        visit(name)
+    return order
+
+
 def with_data(env: Mapping[str, int], data: Mapping[str, Term]) -> dict[str, int]:
-    """Symbol values `env` of the input symbols plus each data symbol at its bound there."""
-    return {**env, **{s: evaluate(b, env) for s, b in data.items()}}
+    """Symbol values `env` of the input symbols plus each data symbol at its bound there (bounds
+    that name other data symbols evaluated after them: bound_order)."""
+    out = dict(env)
+    for s in bound_order(data):
+        out[s] = evaluate(data[s], out)
+    return out
+
+
+def bounding_symbols(names: "set[str] | frozenset[str]", data: Mapping[str, Term]) -> set[str]:
+    """The data symbols among `names` and those their bounds name, transitively (what evaluating
+    them at their bounds reads)."""
+    out: set[str] = set()
+    todo = [n for n in names if n in data]
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            bound = data[name]
+            todo.extend(s for s in (bound.symbols() if isinstance(bound, Expr) else ()) if s in data)
+    return out
 
 
 def small_data_corners(corners: Sequence[Mapping[str, int]], data: Mapping[str, Term]) -> list[dict[str, int]]:

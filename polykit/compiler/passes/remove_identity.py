@@ -26,8 +26,13 @@ def _same_shape(graph: Graph, node: Node) -> bool:
     a, b = graph.value(node.input(0)), graph.value(node.outputs[0])
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
         return False
-    # a dim of a build for profiles is a SymInt: equal at opt is not equal everywhere, its expression must be
-    return all(x is not None and y is not None and term_of(x) == term_of(y) for x, y in zip(a.shape, b.shape))
+    # a dim of a build for profiles is a SymInt: equal at opt is not equal everywhere, its expression must be;
+    # a named dim (a dim_param, a shape rule's unknown) only equals itself
+    return all(x is not None and y is not None and _dim_key(x) == _dim_key(y) for x, y in zip(a.shape, b.shape))
+
+
+def _dim_key(d: "int | str") -> object:
+    return d if isinstance(d, str) else term_of(d)
 
 
 def _always(graph: Graph, node: Node) -> bool:

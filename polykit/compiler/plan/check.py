@@ -370,6 +370,7 @@ def _shapes_agree(plan: Any) -> None:
     from polykit.compiler.graph.infer import infer_shapes
     from polykit.compiler.ir.graph import Graph, Value
     from polykit.compiler.ir.symbolic import evaluate
+    from polykit.compiler.ops.data_dims import sized_tensors
 
     host = [n for n, t in plan.tensors.items() if t.value]
     values = {n: Value(n, plan.tensors[n].np_dtype, tuple(plan.tensors[n].shape)) for n in list(plan.inputs) + host}
@@ -396,6 +397,7 @@ def _shapes_agree(plan: Any) -> None:
         failing = next((l for l in plan.layers if exc.where and f"node {l.name!r}" in exc.where), None)
         path = f"layers[{failing.name!r}]" if failing is not None else "layers"
         raise Invalid(path, f"fails its op's shape rule: {exc.what}") from None
+    sized = sized_tensors(plan)  # their stored shapes stand in for what only the run decides
     for layer in plan.layers:
         for name in layer.outputs:
             if not name:
@@ -404,7 +406,7 @@ def _shapes_agree(plan: Any) -> None:
             if got.dtype is not None and np.dtype(got.dtype).name != desc.dtype:
                 raise Invalid(f"tensors[{name!r}].dtype", f"{desc.dtype!r}, but layer {layer.name!r} ({layer.kind}) "
                                                           f"gives {np.dtype(got.dtype).name}")
-            if got.shape is not None and not _dims_agree(got.shape, desc.shape):
+            if got.shape is not None and name not in sized and not _dims_agree(got.shape, desc.shape):
                 raise Invalid(f"tensors[{name!r}].shape", f"{list(desc.shape)}, but layer {layer.name!r} "
                                                           f"({layer.kind}) gives {list(got.shape)}")
 

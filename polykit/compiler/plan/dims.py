@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from polykit.compiler.plan.schema import MAX_BYTES, Field, Invalid, integer, list_of, map_of, nbytes_of, nullable, \
     record, text
-from polykit.compiler.ops.data_dims import with_data
+from polykit.compiler.ops.data_dims import bound_order, with_data
 from polykit.compiler.graph.shape_rules import ShapeRule
 from polykit.compiler.ir.symbolic import ShapeEvalError, Term, evaluate, expr_from_json, remainder_size
 
@@ -136,18 +136,30 @@ def _check_profiles(doc: Doc, profiles: Doc) -> set[str]:
 
 
 def _check_data(data: Doc, symbols: set[str], corners: list[dict[str, int]]) -> dict[str, Term]:
-    """The data symbols' bounds: expressions of the input symbols, non-negative at every corner."""
+    """The data symbols' bounds: expressions of the input symbols and of other data symbols (a
+    nested size) in no cycle, non-negative at every corner."""
     out: dict[str, Term] = {}
     for name, bound in data.items():
         path = f"profiles.data[{name!r}]"
         if not name.startswith("data(") or name in symbols:
             raise Invalid(path, "a data symbol is named data(tensor)[axis] and is no input symbol")
         try:
-            out[name] = expr_from_json(bound, symbols)
-            if min((evaluate(out[name], env) for env in corners), default=0) < 0:
-                raise Invalid(path, f"bound {bound} is negative at a profile corner")
-        except (ValueError, ShapeEvalError) as exc:
+            out[name] = expr_from_json(bound, symbols | set(data))
+        except ValueError as exc:
             raise Invalid(path, str(exc)) from None
+    try:
+        order = bound_order(out)
+    except ShapeEvalError as exc:
+        raise Invalid("profiles.data", str(exc)) from None
+    for env in corners:
+        env = dict(env)
+        for name in order:
+            try:
+                env[name] = evaluate(out[name], env)
+            except ShapeEvalError as exc:
+                raise Invalid(f"profiles.data[{name!r}]", str(exc)) from None
+            if env[name] < 0:
+                raise Invalid(f"profiles.data[{name!r}]", f"bound {data[name]} is negative at a profile corner")
     return out
 
 

@@ -31,6 +31,9 @@ from polykit.compiler.ir.symbolic import ShapeEvalError, SymInt, Term, evaluate,
 from polykit.errors import BuildError, PolykitError, RuntimeInputError, UsageError
 
 Range = tuple[int, int, int]  # (min, opt, max)
+#: graph.metadata key of a control-flow body whose profile the builder derived from the sizes the outer
+#: graph may give its inputs (polykit.compiler.builder.bodies.body_profile), not one the user gave
+BODY_PROFILE = "body_profile"
 
 
 @dataclass(frozen=True)
@@ -376,7 +379,8 @@ def check_corners(original: Graph, symbolic: Graph, profiles: ProfileSet, values
         if values:
             g.metadata["input_values"] = {name: value_at(v, env, symbolic.value(name).dtype)
                                           for name, v in values.items()}
-        at = f"at profile {index}'s {label} shape ({_fmt_env(env)})"
+        at = f"at profile {index}'s {label} shape ({_fmt_env(env)})" if not original.metadata.get(BODY_PROFILE) \
+            else f"when the body's inputs have the sizes the outer graph may give them ({_fmt_env(env)})"
         try:
             env = evaluate_rules(profiles.rules, env)  # the rule symbols this corner's dims give
             known = infer_shapes(g)

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from polykit.compiler.ops.data_dims import sized_tensors
+from polykit.compiler.ops.data_dims import bounding_symbols, sized_tensors, with_data
 from polykit.compiler.plan.memory import plan_memory
 from polykit.compiler.graph.shape_rules import run_time_sized
 from polykit.compiler.ir.symbolic import Expr, evaluate
@@ -70,10 +70,12 @@ def data_sized_groups(plan: Any, layer_sized: Any = ()) -> list[dict[str, str]]:
     """`data_sized_members` by the sized symbols their root names: one region family per group, so a
     tensor that one layer's size decides is placed before a later layer decides another's."""
     sized = plan.profiles.sized if plan.profiles is not None else frozenset()
+    data = plan.profiles.data if plan.profiles is not None else {}
     groups: dict[frozenset, dict[str, str]] = {}
     for name, root in data_sized_members(plan, layer_sized).items():
         named = set().union(*(d.symbols() for d in plan.tensors[root].dims if isinstance(d, Expr)))
-        groups.setdefault(frozenset(named & sized), {})[name] = root
+        # a data symbol whose bound names a sized one (a nested filter) waits for that one
+        groups.setdefault(frozenset(bounding_symbols(named, data) & sized), {})[name] = root
     return [groups[k] for k in sorted(groups, key=sorted)]
 
 
@@ -128,8 +130,8 @@ class SizedRegions:
         data = {s: b for s, b in profiles.data.items() if s not in profiles.sized} if profiles is not None else {}
         #: data symbols the roots name: sized at their bound, so a data-dependent size never moves a region
         #: (a sized one, which nothing bounds, is part of the key: `bind` waits for it)
-        self._bounds = {s: data[s] for s in sorted(named & set(data))}
-        bound_syms = set().union(*(b.symbols() for b in self._bounds.values() if isinstance(b, Expr)))
+        self._bounds = {s: data[s] for s in sorted(bounding_symbols(named, data))}
+        bound_syms = set().union(*(b.symbols() for b in self._bounds.values() if isinstance(b, Expr))) - set(data)
         #: the symbols whose values decide the region (its key)
         self._symbols = tuple(sorted((named - set(data)) | bound_syms))
         self._regions: dict[tuple, _Region] = {}
@@ -165,7 +167,7 @@ class SizedRegions:
 
     def layout(self, dims: Mapping[str, int]) -> SizedLayout:
         """The region layout for symbol values `dims` (data symbols at their bounds)."""
-        env = {**dims, **{s: evaluate(b, dims) for s, b in self._bounds.items()}}
+        env = with_data(dims, self._bounds)
         sizes = {r: math.prod(evaluate(d, env) for d in t.dims) * t.np_dtype.itemsize for r, t in self._roots.items()}
         memory = self._plan.memory
         return sized_layout(self.members, sizes, memory.lifetimes, self._plan.outputs, memory.strategy)

@@ -90,3 +90,18 @@ def test_fused_body_reading_a_removed_identity_is_renamed():
               {"x": (4,)}, ["y"])
     out, _ = run_and_compare(g, remove_identity)
     assert out.nodes[1].attrs["body"][0]["inputs"] == ["r"]
+
+
+def test_reshape_between_named_and_symbolic_dims_is_compared_not_crashed_on():
+    """A dim a shape rule could only name (a str, as Range with an unknown limit gives) equals only
+    itself: a Reshape from it to a build's SymInt dim stays, one to the same name goes."""
+    from polykit.compiler.ir.graph import Value
+    from polykit.compiler.ir.symbolic import SymInt, symbol
+
+    g = graph([node("Relu", ["x"], "r"), node("Reshape", ["r", "shape"], "s"), node("Exp", ["s"], "y")],
+              {"x": (4,)}, ["y"], {"shape": np.array([4], np.int64)})
+    g.set_value(Value("r", np.dtype(np.float32), ("range(n)",)))
+    g.set_value(Value("s", np.dtype(np.float32), (SymInt(4, symbol("n")),)))
+    assert not remove_identity(g)
+    g.set_value(Value("s", np.dtype(np.float32), ("range(n)",)))
+    assert remove_identity(g) and op_counts(g) == {"Relu": 1, "Exp": 1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import Dim, Node, Shape
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, importer, shape_rule
 
 INT64 = np.dtype(np.int64)
@@ -46,7 +47,7 @@ def _topk(ctx: InferContext):
         k_arr = np.asarray(k_const).reshape(-1)
         if k_arr.size != 1 or int(k_arr[0]) < 0:
             raise ctx.fail(f"TopK K must be one non-negative value, got {k_arr.tolist()}")
-        k = int(k_arr[0])
+        k = k_arr[0] if isinstance(k_arr[0], SymInt) else int(k_arr[0])  # a SymInt: k computed from dims
         if isinstance(shape[axis], int) and k > shape[axis]:
             raise ctx.fail(f"TopK K={k} exceeds the axis length {shape[axis]}")
     out = tuple(k if i == axis else d for i, d in enumerate(shape))

@@ -16,7 +16,7 @@ import numpy as np
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.data_dims import data_dim
 from polykit.compiler.ops.tensor.shape_ops import const_ints
-from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ir.symbolic import SymInt, extreme, term_of
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
@@ -71,8 +71,9 @@ def _nms(ctx: InferContext):
     if boxes is not None and scores is not None and all(isinstance(d, int) for d in scores):
         per_class = scores[2]
         limit = const_ints(ctx, 2) if ctx.has(2) else [0]
-        if limit is not None and len(limit) == 1 and not isinstance(per_class, SymInt) \
-                and not isinstance(limit[0], SymInt):
-            per_class = min(per_class, max(int(limit[0]), 0))
+        if limit is not None and len(limit) == 1 and not isinstance(limit[0], SymInt):
+            most = max(int(limit[0]), 0)  # of a dynamic box count, min() stays an expression: a corner's bound agrees
+            per_class = SymInt(min(int(per_class), most), extreme("min", term_of(per_class), most)) \
+                if isinstance(per_class, SymInt) else min(per_class, most)
         bound = scores[0] * scores[1] * per_class
     return [(np.dtype(np.int64), (data_dim(ctx, "nms", bound, 0), 3))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import Dim, Node
+from polykit.compiler.ops.data_dims import dim_extreme
 from polykit.compiler.ops.tensor.shape_ops import attr_to_input, canonical, const_ints, merge_dims, unknown_dims
 from polykit.compiler.ops.registry import InferContext, ImportContext, importer, shape_rule
 from polykit.compiler.ir.symbolic import ceil_div
@@ -119,16 +120,16 @@ def slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
     end; start clamps to [0, dim] ([0, dim-1] stepping back), end to [0, dim] ([-1, dim-1])."""
     start = start + dim if start < 0 else start
     end = end + dim if end < 0 else end
-    if step > 0:
-        return min(max(start, 0), dim), min(max(end, 0), dim)
-    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    # min/max of a data-dependent dim (x[:300] of a filtered count) stay expressions: the run decides them
+    low, high = (0, dim) if step > 0 else (-1, dim - 1)
+    return dim_extreme("min", dim_extreme("max", start, 0), high), dim_extreme("min", dim_extreme("max", end, low), high)
 
 
 def slice_length(dim: int, start: int, end: int, step: int) -> int:
     """How many elements ONNX Slice keeps along an axis of length `dim`."""
     start, end = slice_bounds(dim, start, end, step)
     # len(range(start, end, step)) in arithmetic that keeps a dim expression (SymInt)
-    return max(ceil_div(end - start, step) if step > 0 else ceil_div(start - end, -step), 0)
+    return dim_extreme("max", ceil_div(end - start, step) if step > 0 else ceil_div(start - end, -step), 0)
 
 
 _HUGE = 2**31 - 1
