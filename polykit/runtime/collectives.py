@@ -64,7 +64,9 @@ class SimulatedGroup:
         key = (group, seq)
         with self._cond:
             slot = self._slots.setdefault(key, {})
-            slot[rank] = value
+            # a copy, as a real collective sends one: `value` may be a view of the rank's arena,
+            # which its next layers overwrite while the other ranks still read the exchange
+            slot[rank] = np.array(value, copy=True)
             self._cond.notify_all()
             deadline = time.monotonic() + self.timeout_s
             while len(slot) < len(group):

@@ -124,7 +124,7 @@ def test_one_profile_or_agreeing_profiles_record_no_profile_tactics(calls):
 def test_each_profile_is_timed_at_its_own_opt_shapes(calls, monkeypatch):
     timed = []
 
-    def fake_time(target, layer, pairs, tensors, weights, runs):
+    def fake_time(target, layer, pairs, tensors, weights, runs, device=None):
         rows = tensors[layer.inputs[0]].shape[0]
         timed.append((layer.name, layer.in_shapes[0], rows, [t.name for _, t in pairs]))
         return Measured([1.0 if (t.name == BOTH[0]) == (rows <= 8) else 2.0 for _, t in pairs], [""] * len(pairs))
@@ -256,7 +256,7 @@ def test_a_cuda_plan_records_the_kernels_every_profile_launches(monkeypatch):
     from polykit.runtime.cuda.driver import DeviceInfo
     from tests.dynamic_models import tiny_bert
 
-    monkeypatch.setattr(builder, "build_device", lambda target: DeviceInfo(0, "sm_90 device", "sm_90", 132, 80 << 30,
+    monkeypatch.setattr(builder, "build_device", lambda target, device=None: DeviceInfo(0, "sm_90 device", "sm_90", 132, 80 << 30,
                                                                            227 << 10))
     ranges = (((1, 16), (1, 128), (2, 128)), ((4, 64), (8, 256), (8, 512)))
     profiles = [Profile({"input_ids": r, "attention_mask": r}) for r in ranges]

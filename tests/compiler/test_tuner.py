@@ -53,7 +53,7 @@ def test_level_0_takes_the_first_candidate_by_priority_and_times_nothing():
 def test_default_level_times_layers_with_several_candidates_and_keeps_the_fastest(monkeypatch):
     seen = {}
 
-    def fake_time(target, layer, pairs, tensors, weights, runs):
+    def fake_time(target, layer, pairs, tensors, weights, runs, device=None):
         names = [t.name for _, t in pairs]
         seen[layer.name] = names
         return Measured([10.0 - i for i in range(len(names))], [""] * len(names))  # the last is fastest

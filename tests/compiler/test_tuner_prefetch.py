@@ -39,7 +39,7 @@ def test_the_tuner_compiles_what_it_times_in_one_batch_before_timing(monkeypatch
         batches.append({s.key() for s in sources})
         return {}
 
-    def fake_time(target, layer, pairs, tensors, weights, runs):
+    def fake_time(target, layer, pairs, tensors, weights, runs, device=None):
         plan, _, _ = timing_plan(target, layer, pairs, tensors, weights, runs)  # what a timing run loads
         keys = set()
         for l in plan.layers:
@@ -48,7 +48,7 @@ def test_the_tuner_compiles_what_it_times_in_one_batch_before_timing(monkeypatch
         loaded[layer.name] = keys
         return Measured([1.0 + i for i in range(len(pairs))], [""] * len(pairs))
 
-    monkeypatch.setattr(builder_module, "build_device", lambda target: H100)
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: H100)
     monkeypatch.setattr(tuner_module.Tuner, "device", lambda self: H100)
     monkeypatch.setattr(nvrtc, "compile_many", fake_compile_many)
     monkeypatch.setattr(tuner_module, "time_candidates", fake_time)
@@ -61,7 +61,7 @@ def test_the_tuner_compiles_what_it_times_in_one_batch_before_timing(monkeypatch
 
 def test_a_warm_timing_cache_prefetches_nothing(monkeypatch, tmp_path):
     batches = []
-    monkeypatch.setattr(builder_module, "build_device", lambda target: H100)
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: H100)
     monkeypatch.setattr(tuner_module.Tuner, "device", lambda self: H100)
     monkeypatch.setattr(nvrtc, "compile_many", lambda sources, arch, **kw: batches.append(len(sources)) or {})
     monkeypatch.setattr(tuner_module, "time_candidates",

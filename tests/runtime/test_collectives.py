@@ -142,3 +142,32 @@ def test_subgroup_members_exchange_only_with_each_other():
         t.join()
     assert [int(a[0]) for a in results[1]] == [3, 1] == [int(a[0]) for a in results[3]]
     assert [int(a[0]) for a in results[0]] == [0, 2]
+
+
+def test_an_exchange_keeps_what_each_rank_sent_when_the_rank_reuses_its_buffer():
+    # the cpu target writes layer outputs into its arena, so a rank's contribution is a view the
+    # rank overwrites as soon as it moves on; the others must still read what it sent
+    import threading
+
+    group = SimulatedGroup(2)
+    buffers = [np.full(4, float(r + 1), np.float32) for r in range(2)]
+    got: dict[int, list] = {}
+    first_done = threading.Event()
+
+    def rank(r: int) -> None:
+        result = group.communicator(r).exchange(buffers[r], (0, 1), "sum")
+        if r == 0:
+            buffers[0][...] = -99.0  # rank 0 moves on and reuses its buffer...
+            first_done.set()
+        else:
+            assert first_done.wait(5)  # ...before rank 1 reads what the exchange gave it
+        got[r] = [np.array(v) for v in result]
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    for r in range(2):
+        np.testing.assert_array_equal(got[r][0], np.full(4, 1.0, np.float32))
+        np.testing.assert_array_equal(got[r][1], np.full(4, 2.0, np.float32))
