@@ -45,6 +45,11 @@ class RunnerRequest:
     profile: bool = False
     #: the optimization profile polykit's engine runs in (ExecutionContext.set_optimization_profile)
     optimization_profile: int = 0
+    #: Polygraphy's TrtRunner weight_streaming_budget / weight_streaming_percent (PolykitRunner)
+    weight_streaming_budget: int | None = None
+    weight_streaming_percent: float | None = None
+    #: Polygraphy's --allocation-strategy (static|profile|runtime; polykit allocates statically)
+    allocation_strategy: str | None = None
     #: a tactic replay file to force (BuilderConfig.tactic_replay) / to write (save_tactics)
     load_tactics: str | None = None
     save_tactics: str | None = None

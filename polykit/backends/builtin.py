@@ -33,21 +33,30 @@ def make_polykit_runner(request: RunnerRequest) -> BaseRunner:
             **{f"--{k.replace('_', '-')}": v != getattr(defaults, k, v) for k, v in request.builder_options.items()
                if k != "device"}})  # --device also picks the GPU a plan runs on
         return PolykitRunner(EngineFromPath(request.model, request.target, request.builder_options.get("device")),
-                             name="trt", profile=request.profile, optimization_profile=request.optimization_profile)
+                             **runner_options(request))
     config = builder_config(request)
     if config.ranks > 1:
         from polykit.backends.ranks_runner import RanksRunner
         from polykit.errors import UsageError
 
-        if request.save_engine or request.profile:
-            raise UsageError("--ranks runs one plan per rank: --save-engine and --profile are not offered with it",
+        streaming = request.weight_streaming_budget is not None or request.weight_streaming_percent is not None
+        if request.save_engine or request.profile or streaming:
+            raise UsageError("--ranks runs one plan per rank: --save-engine, --profile and --weight-streaming-budget "
+                             "are not offered with it",
                              hint="write the rank plans with `polykit convert MODEL --ranks N -o model.plan`")
         return RanksRunner(request.model, config, name="trt")
     plan = PlanFromOnnx(request.model, config)
     if request.save_engine:
         plan = SaveEngine(plan, request.save_engine)
-    return PolykitRunner(EngineFromPlan(plan, device=config.device), name="trt", profile=request.profile,
-                         optimization_profile=request.optimization_profile)
+    return PolykitRunner(EngineFromPlan(plan, device=config.device), **runner_options(request))
+
+
+def runner_options(request: RunnerRequest) -> dict:
+    """PolykitRunner's keyword arguments (besides the engine) that `request` gives."""
+    return {"name": "trt", "profile": request.profile, "optimization_profile": request.optimization_profile,
+            "weight_streaming_budget": request.weight_streaming_budget,
+            "weight_streaming_percent": request.weight_streaming_percent,
+            "allocation_strategy": request.allocation_strategy}
 
 
 def builder_config(request: RunnerRequest) -> "BuilderConfig":

@@ -310,3 +310,43 @@ class HostStreamer:
                 env[copy.name] = region.view(desc.np_dtype).reshape(desc.shape)
                 self.copied.append(copy)
         self._last = index
+
+
+# ---- Polygraphy's runtime spelling (TrtRunner weight_streaming_budget= / _percent=) -----------
+#: Polygraphy's weight_streaming_budget sentinels: -2 (like None) turns streaming off, -1 asks
+#: for the engine's automatic budget
+BUDGET_OFF, BUDGET_AUTO = -2, -1
+_BUDGET_HINT = ("give -2 (off), -1 (automatic), N% with 0 <= N <= 100, or bytes >= 0 (K/M/G suffixes), "
+                "e.g. --weight-streaming-budget 50% or 512M")
+
+
+def check_budget_request(budget: Any = None, percent: Any = None, where: str = "weight_streaming_budget") -> None:
+    """UsageError unless `budget` is None, -2, -1 or a byte count >= 0 and `percent` None or a
+    number in [0, 100] (Polygraphy's TrtRunner arguments)."""
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, np.integer))
+                               or budget < BUDGET_OFF):
+        raise UsageError(f"weight streaming budget {budget!r} is not -2, -1 or a byte count >= 0", where=where,
+                         hint=_BUDGET_HINT)
+    if percent is not None and (isinstance(percent, bool) or not isinstance(percent, (int, float, np.number))
+                                or not 0 <= float(percent) <= 100):
+        raise UsageError(f"weight streaming percent {percent!r} is not a number from 0 to 100", where=where,
+                         hint=_BUDGET_HINT)
+
+
+def requested_budget(engine: Any, budget: int | None = None, percent: float | None = None) -> int | None:
+    """The byte budget Polygraphy's (weight_streaming_budget, weight_streaming_percent) ask of
+    `engine` (TensorRT's v2 path): None when nothing is asked, or streaming is asked off (-2,
+    100%) on a plan built without --weight-streaming (all its weights are resident anyway);
+    -2 / 100%: the streamable size (all resident); -1: the automatic budget; N%: N% of the
+    streamable size; bytes as given. Bytes win when both are given, as in Polygraphy."""
+    check_budget_request(budget, percent)
+    streamable = int(engine.streamable_weights_size)
+    if budget is None and percent is None:
+        return None
+    if budget == BUDGET_OFF or (budget is None and float(percent) == 100):
+        return streamable if streamable else None
+    if budget == BUDGET_AUTO:
+        return int(engine.weight_streaming_automatic_budget)
+    if budget is not None:
+        return int(budget)
+    return int(float(percent) / 100.0 * streamable)

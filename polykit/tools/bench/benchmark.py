@@ -37,6 +37,7 @@ import numpy as np
 
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.errors import UsageError
+from polykit.runtime.weight_streaming import check_budget_request, requested_budget
 from polykit.tools.report.profile import ProfileSummary, summarize
 
 
@@ -56,8 +57,13 @@ class BenchOptions:
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     #: cuda: bind the device buffers in place (set_tensor_address) instead of copying them
     in_place: bool = False
+    #: Polygraphy's weight streaming budget (-2 off, -1 automatic, bytes) or percent of the
+    #: streamable weights kept resident (polykit.runtime.weight_streaming.requested_budget)
+    weight_streaming_budget: int | None = None
+    weight_streaming_percent: float | None = None
 
     def __post_init__(self) -> None:
+        check_budget_request(self.weight_streaming_budget, self.weight_streaming_percent, "BenchOptions")
         for name, flag, low in (("warm_up_ms", "--warm-up", 0), ("iterations", "--iterations", 1),
                                 ("duration_s", "--duration", 0), ("profile_runs", "--profile", 0)):
             value = getattr(self, name)
@@ -106,6 +112,8 @@ class BenchResult:
     build_s: float | None = None
     load_s: float | None = None
     profile: ProfileSummary | None = field(default=None, compare=False)
+    #: a plan built --weight-streaming: [budget, streamable] bytes it ran at (None otherwise)
+    weight_streaming: tuple[int, int] | None = None
 
     @property
     def throughput(self) -> float:
@@ -123,6 +131,8 @@ class BenchResult:
             "samples_per_s": self.samples_per_s, "latency_ms": vars(self.latency), "compute_ms": vars(self.compute),
             "data_transfers": self.data_transfers, "cuda_graph": self.cuda_graph, "build_s": self.build_s,
             "load_s": self.load_s, "profile": self.profile.to_json() if self.profile else None,
+            **({"weight_streaming": {"budget": self.weight_streaming[0], "streamable": self.weight_streaming[1]}}
+               if self.weight_streaming else {}),
         }
 
 
@@ -283,4 +293,9 @@ def bench_model(model: str | os.PathLike, config: BuilderConfig | None = None, o
         engine = EngineFromPlan(plan, device=config.device if config is not None else None)()
     load_s = time.perf_counter() - start
     with engine:
-        return replace(benchmark(engine, options, feeds), build_s=build_s, load_s=load_s)
+        budget = requested_budget(engine, options.weight_streaming_budget, options.weight_streaming_percent)
+        if budget is not None:
+            engine.set_weight_streaming_budget(budget)
+        streaming = (engine.get_weight_streaming_budget(), engine.streamable_weights_size) \
+            if engine.streamable_weights_size else None
+        return replace(benchmark(engine, options, feeds), build_s=build_s, load_s=load_s, weight_streaming=streaming)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
@@ -261,6 +262,60 @@ def parse_memory_pool_limits(values: Sequence[str]) -> dict[str, int]:
     return table
 
 
+_BUDGET_HINT = ("give -2 (streaming off), -1 (automatic), N% with 0 <= N <= 100 (that share of the streamable "
+                "weights stays on the device) or bytes >= 0 (K/M/G: powers of 1024), e.g. 50% or 512M")
+
+
+def parse_weight_streaming_budget(value: str | None) -> tuple[int | None, float | None]:
+    """Polygraphy's --weight-streaming-budget -> (budget bytes or -2/-1, percent): '50%' ->
+    (None, 50.0); '512M' -> (536870912, None); '-1' -> (-1, None); None -> (None, None). A
+    number may use scientific notation; a fraction of a byte is truncated, as Polygraphy does."""
+    if value is None:
+        return None, None
+    text = value.strip()
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not 0 <= percent <= 100:
+                raise ValueError
+            return None, percent
+        unit = text[-1].upper() if text and text[-1].upper() in "KMG" else ""
+        number = float(text[:-1] if unit else text)
+        if not math.isfinite(number):
+            raise ValueError
+        budget = int(number * _UNITS[unit])
+        if budget < -2 or (budget < 0 and (unit or number != budget)):
+            raise ValueError
+        return budget, None
+    except ValueError:
+        raise UsageError(f"--weight-streaming-budget {value!r} is not -2, -1, a percent from 0% to 100% or a "
+                         "byte count >= 0", hint=_BUDGET_HINT) from None
+
+
+#: (parameter, annotation, typer option) of the runtime options of polykit's engine runner
+#: (Polygraphy's TrtRunnerArgs), shared by run and bench
+RUNTIME_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("weight_streaming_budget", Optional[str], typer.Option(
+        None, "--weight-streaming-budget", metavar="BUDGET",
+        help="weights kept on the device for a plan built --weight-streaming: -2 streaming off (as unset), -1 "
+             "automatic, N% of the streamable weights (0% streams them all), or bytes (K/M/G suffixes)")),
+    ("allocation_strategy", Optional[str], typer.Option(
+        None, "--allocation-strategy", metavar="static|profile|runtime",
+        help="Polygraphy's activation memory strategy: polykit allocates statically (one arena at the largest "
+             "shapes); profile and runtime run as static, with a notice")),
+]
+
+
+def runtime_options(weight_streaming_budget: str | None = None, allocation_strategy: str | None = None) -> dict[str, Any]:
+    """PolykitRunner keyword arguments (RunnerRequest fields) from the runtime options' CLI values."""
+    from polykit.backends.polykit_runner import check_allocation_strategy
+
+    budget, percent = parse_weight_streaming_budget(weight_streaming_budget)
+    check_allocation_strategy(allocation_strategy, where="--allocation-strategy", notice=False)  # the runner's
+    return {"weight_streaming_budget": budget, "weight_streaming_percent": percent,
+            "allocation_strategy": allocation_strategy}
+
+
 def parse_layer_precisions(values: Sequence[str]) -> dict[str, str]:
     """['conv1:fp32,fc:float16'] -> {'conv1': 'fp32', 'fc': 'fp16'} (ONNX node names; Polygraphy's
     float32/float16/bfloat16 spellings too: cli.spellings.precision_name)."""
@@ -442,6 +497,12 @@ def with_builder_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command the shared builder options; it receives them as `builder_options`,
     a dict of BuilderConfig fields (builder_config_options)."""
     return with_options(command, BUILDER_OPTIONS, "builder_options", builder_config_options)
+
+
+def with_runtime_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command the runtime options of polykit's engine runner; it receives them as
+    `runtime_options`, a dict of RunnerRequest fields (runtime_options)."""
+    return with_options(command, RUNTIME_OPTIONS, "runtime_options", runtime_options)
 
 
 def with_compare_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,7 +13,8 @@ from typing import Any, List, Optional
 
 import typer
 
-from polykit.tools.cli.args import LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options
+from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
+                                   with_runtime_options)
 
 
 def bench(
@@ -43,6 +44,7 @@ def bench(
     val_range: List[str] = typer.Option([], "--val-range", help="value ranges: x:[-1,1] or [0,5] for all inputs"),
     as_json: bool = typer.Option(False, "--json", help="print the measurements as JSON on stdout"),
     builder_options: Any = None,
+    runtime_options: Any = None,
 ) -> int:
     from polykit.backends.loaders import refuse_build_options
     from polykit.compiler.builder.config import BuilderConfig
@@ -53,6 +55,9 @@ def bench(
     import numpy as np
     from polykit.errors import UsageError
 
+    from polykit.backends.polykit_runner import check_allocation_strategy
+
+    check_allocation_strategy((runtime_options or {}).get("allocation_strategy"), "--allocation-strategy")
     defaults = BuilderConfig()
     refuse_build_options(model, {"--load-tactics": load_tactics,
                                  "--save-tactics": save_tactics, "--save-engine": save_engine,
@@ -72,9 +77,14 @@ def bench(
     options = BenchOptions(warm_up_ms=warm_up, iterations=iterations, duration_s=duration,
                            data_transfers=data_transfers, cuda_graph=cuda_graph, profile_runs=iterations if profile else 0,
                            seed=seed, val_ranges=cli_args.parse_val_ranges(val_range), in_place=in_place,
+                           weight_streaming_budget=(runtime_options or {}).get("weight_streaming_budget"),
+                           weight_streaming_percent=(runtime_options or {}).get("weight_streaming_percent"),
                            input_shapes={**cli_args.opt_shapes(config.profiles), **config.input_shapes,
                                          **{n: tuple(np.shape(v)) for n, v in (feeds or {}).items()}})
     if config.ranks > 1:
+        if options.weight_streaming_budget is not None or options.weight_streaming_percent is not None:
+            raise UsageError("--ranks benchmarks one plan per rank: --weight-streaming-budget is not offered with it",
+                             hint="drop --weight-streaming-budget, or bench one plan without --ranks")
         from polykit.tools.bench.ranks import bench_ranks, render_ranks_bench
 
         ranked = bench_ranks(model, config, options)
@@ -105,6 +115,9 @@ def render(model: str, result: Any, profile_top: int = 15) -> None:
              (("data transfers", result.data_transfers), ("CUDA graph", result.cuda_graph)) if value is not None]
     console.print(f"warm-up {result.warm_up_runs} run(s); timed {result.iterations} run(s) in {result.wall_s:.3f} s"
                   + (f"; {', '.join(modes)}" if modes else ""))
+    if result.weight_streaming:
+        budget, streamable = result.weight_streaming
+        console.print(f"weight streaming: {budget} of {streamable} streamable weight bytes resident")
     console.print(f"throughput: {result.throughput:.2f} inferences/s, {result.samples_per_s:.2f} samples/s")
     table = Table(show_edge=False, box=None)
     table.add_column("ms")
@@ -126,4 +139,4 @@ def render(model: str, result: Any, profile_top: int = 15) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("bench", help="Time polykit's engine on a model or plan: latency percentiles, throughput, "
-                              "compute vs end-to-end, per-layer profile (trtexec's role).")(with_builder_options(bench))
+                              "compute vs end-to-end, per-layer profile (trtexec's role).")(with_builder_options(with_runtime_options(bench)))

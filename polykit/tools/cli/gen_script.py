@@ -18,6 +18,7 @@ as given: run the script from the folder the command ran in.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -121,19 +122,22 @@ def _is_default(f: dataclasses.Field, value: Any) -> bool:
 
 def _polykit_runner(request: RunnerRequest, imports: _Imports) -> str:
     """make_polykit_runner's loaders (polykit.backends.builtin)."""
-    from polykit.backends.builtin import builder_config
+    from polykit.backends.builtin import builder_config, runner_options
     from polykit.backends.loaders import model_type
+    from polykit.backends.polykit_runner import PolykitRunner
 
     runner = imports.use("polykit.backends.polykit_runner", "PolykitRunner")
-    profile = ", profile=True" if request.profile else ""
+    defaults = inspect.signature(PolykitRunner).parameters
+    options = "".join(f", {k}={v!r}" for k, v in runner_options(request).items()  # those not at their defaults
+                      if k != "name" and v != defaults[k].default)
     if model_type(request.model) == "plan":
         engine = f"{imports.use('polykit.backends.loaders', 'EngineFromPath')}({request.model!r}, {request.target!r})"
-        return f"{runner}({engine}, name='trt'{profile})"
+        return f"{runner}({engine}, name='trt'{options})"
     plan = f"{imports.use('polykit.backends.loaders', 'PlanFromOnnx')}({request.model!r}, " \
            f"{_record(builder_config(request), imports, 'the builder config')})"
     if request.save_engine:
         plan = f"{imports.use('polykit.backends.loaders', 'SaveEngine')}({plan}, {request.save_engine!r})"
-    return f"{runner}({imports.use('polykit.backends.loaders', 'EngineFromPlan')}({plan}), name='trt'{profile})"
+    return f"{runner}({imports.use('polykit.backends.loaders', 'EngineFromPlan')}({plan}), name='trt'{options})"
 
 
 def _onnxrt_runner(request: RunnerRequest, imports: _Imports) -> str:

@@ -24,7 +24,7 @@ import typer
 
 from polykit.errors import UsageError
 from polykit.tools.cli.args import (LOAD_TACTICS, SAVE_TACTICS, channels_last_option, with_builder_options,
-                                   with_compare_options)
+                                   with_compare_options, with_runtime_options)
 from polykit.tools.cli.spellings import check_model_type, polygraphy_marks
 from polykit.files import require_output_folder
 
@@ -161,6 +161,7 @@ def run(
                                                   "option; polykit tells the kind from the file and checks it)"),
     builder_options: Any = None,
     compare_settings: Any = None,
+    runtime_options: Any = None,
 ) -> int:
     from rich.console import Console
 
@@ -212,7 +213,7 @@ def run(
         channels_last=channels_last, input_shapes=shapes,
         providers=tuple(providers), mark_outputs=tuple(mark_outputs), mark_all=mark_all,
         force_marks=bool(mark_all or mark_outputs) and not observe_marks, save_engine=save_engine,
-        optimization_profile=optimization_profile,
+        optimization_profile=optimization_profile, **(runtime_options or {}),
         profile=profile, load_tactics=load_tactics, save_tactics=save_tactics,
         builder_options={k: v for k, v in builder_options.items() if k != "fp16"},
     )
@@ -350,4 +351,4 @@ def register(app: typer.Typer) -> None:
         "run",
         help="Run MODEL through several runners on identical inputs and compare their outputs.",
         epilog=_runner_help(),
-    )(with_builder_options(with_compare_options(run)))
+    )(with_builder_options(with_compare_options(with_runtime_options(run))))

@@ -68,7 +68,10 @@ def _same_arrays(a: dict, b: dict) -> None:
      "obey", "--check-error-stat", "max", "--atol", "1e-2", "--save-outputs", "SAVED.json", "--format", "polygraphy"],
     [MLP, "--trt", "--onnxrt", "--target", "cpu", "--mark-all", "--builder-optimization-level", "0",
      "--save-outputs", "SAVED.npz"],
-], ids=["cpu", "fp16-tolerances", "loader-options-l2", "layer-precisions-polygraphy-format", "mark-all"])
+    [MLP, "--trt", "--onnxrt", "--target", "cpu", "--weight-streaming", "--weight-streaming-budget", "50%",
+     "--allocation-strategy", "static", "--save-outputs", "SAVED.npz"],
+], ids=["cpu", "fp16-tolerances", "loader-options-l2", "layer-precisions-polygraphy-format", "mark-all",
+        "weight-streaming-budget"])
 def test_generated_script_reproduces_the_command(tmp_path, capsys, args):
     (cli_code, cli_out), (code, out) = _cli_and_script(tmp_path, capsys, args)
     assert code == cli_code == 0, out

@@ -10,7 +10,7 @@ and load polykit plans, TrtRunner runs them (polykit.backends.polykit_runner).
 | `SaveEngine(engine, path)` / `save_engine` | the plan written to `path` |
 | `Profile().add(name, min, opt, max)` | an optimization profile |
 | `Calibrator(data_loader, cache=)` | int8 calibration from the loader's feeds (polykit's calibrator) |
-| `TrtRunner(engine or context or loader, name=, optimization_profile=)`, `set_profile(i)` | PolykitRunner |
+| `TrtRunner(engine or context or loader, name=, optimization_profile=, weight_streaming_budget=, weight_streaming_percent=, allocation_strategy=)`, `set_profile(i)` | PolykitRunner (the budget is set before the context; a given context keeps its engine's) |
 """
 
 from __future__ import annotations
@@ -187,7 +187,9 @@ class TrtRunner(PolykitRunner):
     def __init__(self, engine: Any, name: str | None = None, optimization_profile: int | None = None,
                  allocation_strategy: Any = None, weight_streaming_budget: Any = None,
                  weight_streaming_percent: Any = None):
-        super().__init__(engine, name=name or "trt", optimization_profile=optimization_profile or 0)
+        super().__init__(engine, name=name or "trt", optimization_profile=optimization_profile or 0,
+                         weight_streaming_budget=weight_streaming_budget,
+                         weight_streaming_percent=weight_streaming_percent, allocation_strategy=allocation_strategy)
 
     def activate_impl(self) -> None:
         given = self._engine_arg
