@@ -128,9 +128,11 @@ def _compare(plan: Plan, layer: Any, sources: list[Any], where: str) -> None:
     have = sorted((k.name, k.key() if keyed else "") for k in sources)
     if want != have:
         differ = sorted(set(want) ^ set(have))
+        first = f"first difference: {differ[0][0]!r}" if differ else \
+            f"{len(want)} kernel rows recorded, {len(have)} generated"  # the same kernels, a row repeated
         built = plan.metadata.get("polykit_version", "another version")
         raise PlanError(f"the plan records kernels this polykit ({polykit.__version__}) does not generate for the "
-                        f"layer (first difference: {differ[0][0]!r})", where=f"{where}: layer {layer.name!r}",
+                        f"layer ({first})", where=f"{where}: layer {layer.name!r}",
                         hint=f"the plan was built by polykit {built}, whose kernel sources differ, or was edited; "
                              + _REBUILD)
 

@@ -136,7 +136,12 @@ def _layer(doc: dict, kind: str) -> dict:
 
 
 def _first_row(doc: dict) -> dict:
-    return next(row for rows in doc["metadata"]["kernels"]["layers"].values() for row in rows)
+    return _rows(doc)[0]
+
+
+def _rows(doc: dict) -> list:
+    """The kernel rows of the first layer that records any."""
+    return next(rows for rows in doc["metadata"]["kernels"]["layers"].values() if rows)
 
 
 def _gemm_tile(doc: dict) -> None:
@@ -158,6 +163,8 @@ HOSTILE = {
     "tile 1e9": (_gemm_tile, "are not tactic 'cuda.gemm"),
     "string tile": (_string_tile, "are not tactic 'cuda.gemm"),
     "source key": (lambda d: _first_row(d).update(key="0" * 24), "records kernels this polykit"),
+    # found by `fuzz --seed 3`: a row repeated (same kernels as a set) raised IndexError
+    "repeated row": (lambda d: _rows(d).append(dict(_rows(d)[0])), "kernel rows recorded"),
     "bogus tactic": (lambda d: _layer(d, "gemm").update(tactic="cuda.nosuch"), "'cuda.nosuch' is not a cuda tactic"),
 }
 
