@@ -172,6 +172,52 @@ def test_a_body_whose_inputs_cannot_broadcast_names_no_profile():
     assert "cannot broadcast" in info.value.what
 
 
+def unknown_count_in_two_shapes():
+    """A NonZero over a vector whose length no expression gives (a Resize by a scale computed in floats
+    from the input's size, as detectors' transforms do): its count is a named dim. It reaches an If
+    body as the length of the kept values (n,) and of their boxes (n, 4), whose element budgets give
+    them different bounds."""
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]), _const("last", [2], I64, [1]),
+             helper.make_node("Gather", ["xs", "last"], ["n"], axis=0), helper.make_node("Cast", ["n"], ["nf"], to=F),
+             _const("sixteen", [16.0], F, [1]), helper.make_node("Div", ["sixteen", "nf"], ["q"]),
+             helper.make_node("Ceil", ["q"], ["s"]), _const("ones", [1.0, 1.0], F, [2]),
+             helper.make_node("Concat", ["ones", "s"], ["scales"], axis=0),
+             helper.make_node("Resize", ["x", "", "scales"], ["xr"], mode="nearest"), _const("flat", [-1], I64, [1]),
+             helper.make_node("Reshape", ["xr", "flat"], ["rf"]), _const("ax1", [1], I64, [1]),
+             helper.make_node("Unsqueeze", ["rf", "ax1"], ["col"]), _const("four", np.arange(4), F, [1, 4]),
+             helper.make_node("Add", ["col", "four"], ["boxes"])] + _filter("rf", 0.5, "kept", "k") + [
+             helper.make_node("Gather", ["boxes", "k_idx"], ["kept_boxes"], axis=0)]
+    other = helper.make_graph([helper.make_node("Unsqueeze", ["kept", "ax1"], ["kcol"]),
+                               helper.make_node("Add", ["kept_boxes", "kcol"], ["sum"])], "else", [],
+                              [helper.make_tensor_value_info("sum", F, None)])
+    then = helper.make_graph([helper.make_node("Identity", ["kept_boxes"], ["same"])], "then", [],
+                             [helper.make_tensor_value_info("same", F, None)])
+    nodes += [helper.make_node("If", ["flag"], ["out"], then_branch=then, else_branch=other)]
+    return _model(nodes, [("x", F, [1, 1, 6]), ("flag", B, [])], [("out", F)])
+
+
+def test_a_named_count_reaching_a_body_twice_gets_one_range():
+    """The body's profile gives the two inputs' count one symbol over the narrower range (it was
+    (0, 1, 2**20) for one and (0, 1, 2**18) for the other, a BuildError speaking of "profile 0")."""
+    from polykit.compiler.builder.bodies import body_profile
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.graph.onnx_import import load_onnx
+    from polykit.compiler.plan.profiles import profile_set
+
+    g = load_onnx(unknown_count_in_two_shapes())
+    infer_shapes(g, strict=False)
+    node = next(n for n in g.nodes if n.op_type == "If")
+    body = node.attrs["else_branch"]
+    count = body.value("kept").shape[0]
+    assert isinstance(count, str) and body.value("kept_boxes").shape == (count, 4)
+    static, profiles = body_profile(body, node, "else_branch", {})
+    bound = (1 << 20) // 4
+    assert profiles[0].shapes == {"kept": ((0,), (1,), (bound,)), "kept_boxes": ((0, 4), (1, 4), (bound, 4))}
+    made = profile_set(body, profiles, static)
+    assert made.ranges == ({count: (0, 1, bound)},)
+    assert made.inputs["kept"] == (count,) and made.inputs["kept_boxes"] == (count, None)
+
+
 # ---- slices and TopK of a filtered count -----------------------------------------------------------
 def top_of_filtered():
     """The kept scores' top min(5, n) (k = ReduceMin(Concat([5], Shape(kept)[0])) as torchvision's

@@ -151,16 +151,18 @@ def _dim_bound(shape: tuple) -> int:
 
 
 def _share_outer_dims(body: Graph, varying: dict[str, tuple]) -> dict[str, tuple]:
-    """The body inputs' (min, opt, max) with the dims that are outer expressions named in `body`,
-    those of one expression (a filtered count that decides both the boxes and their labels)
-    alike, so the body's profile gives them one symbol (equal at run time, they broadcast
-    together) over the narrowest of their ranges."""
-    names: dict[str, str] = {}  # outer expression -> the symbol of the dims it decides
+    """The body inputs' (min, opt, max) with the dims that one outer dim decides (`_outer_dim`: one
+    expression, or one named dim such as the count of a NonZero whose input size the build does not
+    know) alike, so the body's profile gives them one symbol (equal at run time, they broadcast
+    together) over the narrowest of their ranges: each input's bound is one the count keeps within
+    (a dim is compared by what decides it, never by the bound each input's budget gave it)."""
+    names: dict[object, str] = {}  # outer dim -> the symbol of the dims it decides
     dims: dict[str, list[tuple[str, int]]] = {}
     for name, (low, opt, high) in varying.items():
         for axis, d in enumerate(body.value(name).shape):
-            if isinstance(d, SymInt):
-                sym = names.setdefault(str(d.expr), f"{name}[{axis}]")
+            key = _outer_dim(d)
+            if key is not None:
+                sym = names.setdefault(key, d if isinstance(d, str) else f"{name}[{axis}]")
                 dims.setdefault(sym, []).append((name, axis))
     out = {name: [list(s) for s in triple] for name, triple in varying.items()}
     for sym, places in dims.items():
@@ -171,6 +173,16 @@ def _share_outer_dims(body: Graph, varying: dict[str, tuple]) -> dict[str, tuple
             v = body.value(name)
             body.set_value(v.with_(shape=tuple(sym if k == axis else d for k, d in enumerate(v.shape))))
     return {name: tuple(tuple(s) for s in triple) for name, triple in out.items()}
+
+
+def _outer_dim(d: Any) -> object:
+    """What decides body input dim `d` in the outer graph: its expression (a SymInt), its name (a
+    named dim: a filtered count whose bound the build does not know), or None (unknown)."""
+    if isinstance(d, SymInt):
+        return ("expr", str(d.expr))
+    if isinstance(d, str) and d:
+        return ("name", d)
+    return None
 
 
 def _first_shapes(graph: Graph, node: Node, body: Graph) -> dict[str, tuple]:

@@ -264,7 +264,8 @@ def profile_set(g: Graph, profiles: Sequence[Profile], fixed: Mapping[str, tuple
             for i, t in enumerate(triples):
                 r = (t[0][axis], t[1][axis], t[2][axis])
                 if ranges[i].setdefault(sym, r) != r:
-                    raise BuildError(f"profile {i} gives input {name!r} dim {axis} the range {r}, but another input "
+                    who = "the outer graph gives body" if g.metadata.get(BODY_PROFILE) else f"profile {i} gives"
+                    raise BuildError(f"{who} input {name!r} dim {axis} the range {r}, but another input "
                                      f"with the same model dim {sym!r} has {ranges[i][sym]}", where=where,
                                      hint="give dims that the model names alike the same min/opt/max")
             syms.append(sym)
