@@ -14,6 +14,7 @@ import typer
 FORMAT = typer.Option(None, "--format", help="polykit or polygraphy (default: Polygraphy's JSON for a .json path, "
                                              "polykit's .npz otherwise)")
 PATHS_HELP = "saved inputs and/or outputs (any format polykit reads, Polygraphy's too)"
+OUTPUT = typer.Option(..., "-o", "--output", help="the file to write")
 
 
 def _start(output: str):
@@ -29,26 +30,17 @@ def merge(
     output: str = typer.Option(..., "-o", "--output", help="the input file to write (for --load-inputs)"),
     save_format: Optional[str] = FORMAT,
 ) -> int:
-    from polykit.tools.data import results_io
     from polykit.tools.data.combine import to_input
 
     console = _start(output)
-    feeds = to_input(paths)
-    results_io.save_feeds(output, feeds, save_format)
-    console.print(f"wrote {output}: input file of {len(feeds)} iteration(s)")
-    return 0
+    return _write(console, output, "feeds", to_input(paths), save_format)
 
 
-def concat(
-    paths: List[str] = typer.Argument(..., metavar="FILES...", help="saved inputs, or saved outputs (one kind)"),
-    output: str = typer.Option(..., "-o", "--output", help="the file to write"),
-    save_format: Optional[str] = FORMAT,
-) -> int:
+def _write(console, output: str, kind: str, data, save_format: Optional[str]) -> int:
+    """Save `data` (kind "feeds": a list of feed dicts; "outputs": runner -> iterations) to
+    `output` and say what was written."""
     from polykit.tools.data import results_io
-    from polykit.tools.data.combine import concat as combine
 
-    console = _start(output)
-    kind, data = combine(paths)
     if kind == "feeds":
         results_io.save_feeds(output, data, save_format)
         console.print(f"wrote {output}: input file of {len(data)} iteration(s)")
@@ -59,9 +51,21 @@ def concat(
     return 0
 
 
+def concat(
+    paths: List[str] = typer.Argument(..., metavar="FILES...", help="saved inputs, or saved outputs (one kind)"),
+    output: str = OUTPUT,
+    save_format: Optional[str] = FORMAT,
+) -> int:
+    from polykit.tools.data.combine import concat as combine
+
+    console = _start(output)
+    kind, data = combine(paths)
+    return _write(console, output, kind, data, save_format)
+
+
 def join(
     paths: List[str] = typer.Argument(..., metavar="FILES...", help="saved outputs"),
-    output: str = typer.Option(..., "-o", "--output", help="the file to write"),
+    output: str = OUTPUT,
     save_format: Optional[str] = FORMAT,
 ) -> int:
     from polykit.errors import UsageError
