@@ -287,7 +287,16 @@ class CudaContext:
         return copies
 
     def signal(self, event: Any, stream: Stream) -> None:
-        driver.call("cuEventRecord", event_handle(event), stream.handle, what="record the input-consumed event")
+        """Record the caller's event after the layers launched so far. Inside a graph capture a
+        plain record would bind the event to the capture (a wait on it from another stream is then
+        CUDA_ERROR_INVALID_VALUE); recorded EXTERNAL it becomes an event node each replay records."""
+        d = driver.drv()
+        capturing = driver.call("cuStreamIsCapturing", stream.handle, what="query stream capture")
+        if int(capturing) == int(d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
+            driver.call("cuEventRecordWithFlags", event_handle(event), stream.handle,
+                        d.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL, what="record the input-consumed event")
+        else:
+            driver.call("cuEventRecord", event_handle(event), stream.handle, what="record the input-consumed event")
 
     # ---- the protocol (polykit.runtime.target.TargetContext) ---------------------------------
     def begin(self) -> None:

@@ -3,7 +3,8 @@ a GPU they compute the cpu reference's values on random packed weights of every 
 and outputs poisoned first.
 
 The dequantized weight is the reference's bit for bit (one rounding to the scale's type); the float32
-sums run in another order than numpy's BLAS, so outputs agree to float32 rounding (ELEM = float) or
+sums run in another order than numpy's BLAS, so outputs agree to float32 rounding of the output's scale (ELEM = float: an output that
+cancels to near zero carries the rounding of its large terms) or
 to one rounding step of the 16-bit output (float16, bfloat16).
 """
 
@@ -48,9 +49,11 @@ def test_a_cuda_build_runs_weight_only_layers_on_these_tactics(fp16):
 
 
 def check(layer, inputs, tactic):
-    from polykit.runtime.cuda.harness import assert_matches_reference
+    from polykit.runtime.cuda.harness import assert_matches_reference, reference_layer
 
     rtol, atol = TOLERANCE[inputs["X"].dtype]
+    if inputs["X"].dtype == np.float32:  # a float32 sum's rounding scales with the sum's terms, not its result
+        atol += 2e-6 * float(np.abs(reference_layer(layer, inputs)["Y"]).max(initial=0.0))
     assert_matches_reference(layer, inputs, tactic=tactic, rtol=rtol, atol=atol)
 
 

@@ -90,8 +90,9 @@ def weight_only_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[d
 
 def _tactic(rows: int):
     def kernels(layer: Any) -> list[KernelSource]:
-        dtype = layer.in_dtypes[X] if layer.in_dtypes else "float32"
-        return [source(ELEMS.get(dtype, "float"), rows)]
+        if not layer.in_dtypes:  # a layer built by hand: its activation type is known at enqueue only
+            return [source(elem, rows) for elem in ELEMS.values()]
+        return [source(ELEMS.get(layer.in_dtypes[X], "float"), rows)]
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)
