@@ -493,7 +493,7 @@ def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,
     from polykit.compiler.plan.sparse24 import ATTR
 
     for variant in with_sparse_variants(precision_variants(layer, cfg, target)):
-        if tactic.params.get("sparse") == ("2:4" if ATTR in variant.attrs else None) and tactic.supports(variant):
+        if bool(tactic.params.get("sparse24")) == (ATTR in variant.attrs) and tactic.supports(variant):
             return variant, tactic
     raise replay.unsupported(layer, target)
 

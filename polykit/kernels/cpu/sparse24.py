@@ -31,5 +31,5 @@ def _supports(layer: Any) -> bool:
 
 
 for _kind in KINDS:
-    DECLARED.append(CpuTactic("cpu", _kind, "cpu.gemm.sparse24", {"sparse": "2:4"}, _supports, priority=-5,
+    DECLARED.append(CpuTactic("cpu", _kind, "cpu.gemm.sparse24", {"sparse24": 1}, _supports, priority=-5,
                               run_fn=run_decompressed))

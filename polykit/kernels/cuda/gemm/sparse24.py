@@ -2,7 +2,7 @@
 Conv / ConvNHWC layers (polykit.compiler.builder.sparsity), their weight compressed at build
 time (polykit.compiler.plan.sparse24: values [N, K/2] + the PTX metadata of mma.sp m16n8k32).
 
-Tactic (kinds Gemm, MatMul, Conv, ConvNHWC; params {"sparse": "2:4"}, so it serves only sparse
+Tactic (kinds Gemm, MatMul, Conv, ConvNHWC; params sparse24 = 1, so it serves only sparse
 variants and they only it):
   cuda.gemm.sparse24   mma.sp.sync m16n8k32, fp16 operands, fp32 accumulation, fp16 storage;
                        layers built with precision "fp16"; bias (Gemm C / Conv B, a vector
@@ -102,4 +102,4 @@ def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> N
 
 for _kind in KINDS:
     cuda_tactic(_kind, "cuda.gemm.sparse24", kernels=kernels, supports=supports, priority=-5,
-                params={"sparse": "2:4", "tile_f": TILE_F, "tile_t": TILE_T, "tile_k": K_STEP})(enqueue)
+                params={"sparse24": 1, "tile_f": TILE_F, "tile_t": TILE_T, "tile_k": K_STEP})(enqueue)
