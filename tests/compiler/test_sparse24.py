@@ -204,3 +204,16 @@ def test_dense_tactics_never_serve_a_sparse_variant_and_the_sparse_tactic_only_t
     assert [t.name for t in candidates("cpu", variant.kind, variant)] == ["cpu.gemm.sparse24"]
     assert "cpu.gemm.sparse24" not in [t.name for t in candidates("cpu", dense.kind, offered)]
     assert variant.in_shapes[1] == (sparse24.blob_bytes(48, 64, np.float32),)
+
+
+def test_a_build_with_several_profiles_offers_no_sparse_candidate(caplog):
+    from polykit.compiler.plan.profiles import Profile
+
+    model = matmul_model(random_24(48, 64).T.copy(), bias=False)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "m"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "m"
+    profiles = (Profile({"x": ((1, 64), (2, 64), (4, 64))}), Profile({"x": ((5, 64), (8, 64), (16, 64))}))
+    with caplog.at_level(logging.INFO, logger="polykit"):
+        plan = build_plan(model, BuilderConfig(target="cpu", sparsity="enable", profiles=profiles))
+    assert "not offered in a build with 2 optimization profiles" in caplog.text
+    assert "W::sparse24" not in plan.weights and plan.layers[0].inputs[1] == "W"

@@ -62,10 +62,11 @@ class Builder:
         front = self.prepare(graph)
         target, g, lowered, tensors, profiles = front.target, front.graph, front.lowered, front.tensors, front.profiles
         marked, observed, sequence_io = front.marked, front.observed, front.sequence_io
+        groups = profile_groups(profiles)
         if cfg.sparsity != "disable":  # eligible layers get a sparse candidate (polykit.compiler.builder.sparsity)
             lowered.layers, lowered.weights, tensors = offer_sparse(lowered.layers, lowered.weights, tensors,
-                                                                    cfg.sparsity)
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
+                                                                    cfg.sparsity, profiles=len(groups))
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, groups)
         layers = selection.layers
         if cfg.sparsity != "disable":
             layers, lowered.weights, tensors = settle_sparse(layers, lowered.weights, tensors)

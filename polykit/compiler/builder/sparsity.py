@@ -44,10 +44,15 @@ def _weight_of(layer: LayerDesc, weights: dict[str, np.ndarray]) -> str | None:
 
 
 def offer_sparse(layers: Sequence[LayerDesc], weights: dict[str, np.ndarray], tensors: dict[str, TensorDesc],
-                 mode: str) -> tuple[list[LayerDesc], dict[str, np.ndarray], dict[str, TensorDesc]]:
+                 mode: str, profiles: int = 1) -> tuple[list[LayerDesc], dict[str, np.ndarray], dict[str, TensorDesc]]:
     """(layers with OFFER on the eligible ones, weights and tensors with their compressed forms);
-    mode "force" prunes eligible-shaped weights to the pattern first."""
+    mode "force" prunes eligible-shaped weights to the pattern first. A build with several
+    optimization `profiles` gets no offers (a layer reads one weight form, and each profile picks
+    its own tactic), with a warning; force still prunes."""
     weights, tensors = dict(weights), dict(tensors)
+    if profiles > 1:
+        log.warning("sparse tactics are not offered in a build with %d optimization profiles (each profile "
+                    "chooses its own tactic, a layer reads one form of its weight)", profiles)
     pruned: list[str] = []
     out, eligible = [], []
     for layer in layers:
@@ -60,7 +65,7 @@ def offer_sparse(layers: Sequence[LayerDesc], weights: dict[str, np.ndarray], te
             weights[name] = prune(weights[name], axis)
             pruned.append(name)
         matrix = gemm_matrix(layer.kind, layer.attrs, weights[name])
-        if matrix is None or matrix.shape[1] % K_STEP or not has_pattern(matrix):
+        if matrix is None or matrix.shape[1] % K_STEP or not has_pattern(matrix) or profiles > 1:
             out.append(layer)
             continue
         blob = name + SUFFIX
