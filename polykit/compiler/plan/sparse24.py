@@ -19,6 +19,7 @@ M[r0 + q + 8, 2j + t] << 16 for the 16-row tile at r0 and the k-step j (32 K ele
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -115,7 +116,7 @@ def record_problem(record: Any, blob_size: int | None) -> str:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n, k)) or k % K_STEP:
         return f"n {n!r} and k {k!r} must be positive integers, k a multiple of {K_STEP}"
     if record["dtype"] not in DTYPES or not isinstance(shape, list) \
-            or not all(isinstance(d, int) and d > 0 for d in shape) or int(np.prod(shape)) != n * k:
+            or not all(isinstance(d, int) and d > 0 for d in shape) or math.prod(shape) != n * k:
         return f"dtype {record['dtype']!r} or shape {shape!r} does not describe a float [{n}, {k}] weight"
     if blob_size is not None and blob_size != blob_bytes(n, k, record["dtype"]):
         return f"the compressed weight has {blob_size} bytes, a [{n}, {k}] {record['dtype']} one {blob_bytes(n, k, record['dtype'])}"
