@@ -224,9 +224,12 @@ def _candidates_of(target: str, layer: Any, kind: str) -> list[Tactic]:
 
 def candidates(target: str, kind: str, layer: Any, *, arch: str | None = None) -> list[Tactic]:
     """Tactics of `target` that can run `layer` (kind given separately for fused kinds), by
-    priority; with `arch`, only those that run on that GPU architecture."""
+    priority; with `arch`, only those that run on that GPU architecture. A layer whose weight
+    was compressed 2:4 (attrs "sparse24", polykit.compiler.plan.sparse24) takes only the tactics that
+    declare params {"sparse24": 1}, and those tactics only such layers."""
+    sparse = "sparse24" in getattr(layer, "attrs", {})
     return [t for t in _candidates_of(target, layer, kind)
-            if (arch is None or t.runs_on(arch)) and t.supports(layer)]
+            if (arch is None or t.runs_on(arch)) and bool(t.params.get("sparse24")) == sparse and t.supports(layer)]
 
 
 def conservative_tactic(target: str, kind: str, layer: Any, *, arch: str | None = None) -> Tactic | None:

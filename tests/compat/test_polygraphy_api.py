@@ -36,5 +36,6 @@ def test_quality_metrics_are_psnr_over_the_reference_peak_and_snr():
 def test_create_config_maps_polygraphys_settings_and_refuses_the_rest():
     config = CreateConfig(fp16=True, profiles=[Profile().add("x", min=(1, 2), opt=(2, 2), max=(4, 2))])()
     assert config.fp16 and config.profiles[0].shapes == {"x": ((1, 2), (2, 2), (4, 2))}
-    with pytest.raises(UsageError, match="sparse_weights"):
-        CreateConfig(sparse_weights=True)
+    assert CreateConfig(sparse_weights=True)().sparsity == "enable"  # trtexec --sparsity enable
+    with pytest.raises(UsageError, match="use_dla"):
+        CreateConfig(use_dla=True)

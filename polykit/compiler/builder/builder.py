@@ -40,6 +40,7 @@ from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile
 from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, profile_set
 from polykit.compiler.graph.shape_values import host_values
 from polykit.compiler.builder.quantize import Int8Setup, plan_int8
+from polykit.compiler.builder.sparsity import offer_sparse, settle_sparse
 from polykit.compiler.builder.tactic_replay import TacticReplay, load_replay, save_replay
 from polykit.compiler.builder.value_ranges import derive_profiles
 from polykit.errors import BuildError, PolykitError, UsageError
@@ -61,8 +62,14 @@ class Builder:
         front = self.prepare(graph)
         target, g, lowered, tensors, profiles = front.target, front.graph, front.lowered, front.tensors, front.profiles
         marked, observed, sequence_io = front.marked, front.observed, front.sequence_io
-        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, profile_groups(profiles))
+        groups = profile_groups(profiles)
+        if cfg.sparsity != "disable":  # eligible layers get a sparse candidate (polykit.compiler.builder.sparsity)
+            lowered.layers, lowered.weights, tensors = offer_sparse(lowered.layers, lowered.weights, tensors,
+                                                                    cfg.sparsity, profiles=len(groups))
+        selection = select_tactics(lowered.layers, target, cfg, tensors, lowered.weights, groups)
         layers = selection.layers
+        if cfg.sparsity != "disable":
+            layers, lowered.weights, tensors = settle_sparse(layers, lowered.weights, tensors)
         weights = round_tf32_weights(layers, lowered.weights)
         inputs = list(g.inputs)
         exposure = expose(observed, layers, {n: t.shape for n, t in tensors.items()})
@@ -482,10 +489,12 @@ def _candidates_or_none(layers: Sequence[LayerDesc], candidates_at: Any) -> list
 def _replayed(layer: LayerDesc, target: str, cfg: BuilderConfig, tactic: Any,
               replay: TacticReplay) -> tuple[LayerDesc, Any]:
     """The layer (in the first precision variant `tactic` supports) and the replay's tactic."""
+    from polykit.compiler.builder.sparsity import with_sparse_variants
     from polykit.compiler.builder.tuner import precision_variants
+    from polykit.compiler.plan.sparse24 import ATTR
 
-    for variant in precision_variants(layer, cfg, target):
-        if tactic.supports(variant):
+    for variant in with_sparse_variants(precision_variants(layer, cfg, target)):
+        if bool(tactic.params.get("sparse24")) == (ATTR in variant.attrs) and tactic.supports(variant):
             return variant, tactic
     raise replay.unsupported(layer, target)
 

@@ -34,6 +34,9 @@ SIDE_FILES = frozenset({"tactic_replay", "save_tactics", "load_timing_cache", "s
                         "calibration_profile", "device"})
 #: --precision-constraints: how requested layer precisions bind (TensorRT's obey / prefer / none)
 PRECISION_CONSTRAINTS = ("obey", "prefer", "none")
+#: --sparsity: 2:4 structured-sparse tactics off, offered to layers whose weights have the pattern,
+#: or offered after pruning eligible-shaped weights to it (TensorRT's disable / enable / force)
+SPARSITY = ("disable", "enable", "force")
 #: layer precisions, highest first (a fused layer takes the highest any of its nodes asks for)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -124,6 +127,11 @@ class BuilderConfig:
         the model's order, or one for all (polykit.compiler.passes.io_formats); empty: the model's.
     device: the GPU (cuda ordinal) the builder times tactics on and the engine loads on (None:
         device 0); not recorded in the plan (the plan records the architecture it was built for).
+    sparsity: "disable" (the default), "enable" (Gemm / MatMul / Conv layers whose constant
+        weight already has the 2:4 pattern along the reduction axis are listed in the build log,
+        and get a sparse tactic candidate, timed against the dense ones) or "force" (eligible-
+        shaped weights are pruned to 2:4 by magnitude first, which changes the results: for
+        speed studies); polykit.compiler.builder.sparsity, docs/SPARSITY.md.
     profiling_verbosity: what the NVTX range around each layer launch may say (polykit.runtime.nvtx):
         "none", "layer_names_only" (the default) or "detailed" (the layer's kind and tactic too).
     """
@@ -173,6 +181,7 @@ class BuilderConfig:
     output_io_formats: tuple[str, ...] = ()
     device: int | None = None
     profiling_verbosity: str = "layer_names_only"
+    sparsity: str = "disable"
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -224,6 +233,11 @@ class BuilderConfig:
         if self.refittable and self.int8:
             raise UsageError("a refittable build cannot calibrate INT8: the calibrated scales depend on the weights "
                              "a refit replaces", hint="drop --int8 (a model with Q/DQ is refittable), or --refittable")
+        if self.sparsity not in SPARSITY:
+            raise UsageError(f"unknown sparsity mode {self.sparsity!r}", hint=f"use one of: {', '.join(SPARSITY)}")
+        if self.sparsity != "disable" and self.refittable:
+            raise UsageError("a refittable build cannot use sparse tactics: their weights are compressed in the plan",
+                             hint="drop --sparsity, or --refittable")
         if self.hardware_compatibility_level not in HARDWARE_LEVELS:
             raise UsageError(f"unknown hardware compatibility level {self.hardware_compatibility_level!r}",
                              hint=f"use one of: {', '.join(HARDWARE_LEVELS)}")
@@ -329,6 +343,8 @@ class BuilderConfig:
             del d["refittable"]
         if not self.weight_streaming:
             del d["weight_streaming"]
+        if self.sparsity == "disable":
+            del d["sparsity"]
         for key in ("input_io_formats", "output_io_formats"):  # absent when unset: older plans' bytes stay
             if d[key]:
                 d[key] = list(d[key])

@@ -93,7 +93,8 @@ def timing_plan(target: str, layer: LayerDesc, pairs: Sequence[tuple[LayerDesc, 
     """(plan of every candidate x replica of `layer`, the plan's inputs, replicas)."""
     from polykit.compiler.builder.plan_tensors import assign_memory
 
-    names = [n for n in dict.fromkeys((*layer.inputs, *layer.outputs)) if n]
+    # every variant's: a sparse variant reads its weight's compressed form (polykit.compiler.builder.sparsity)
+    names = [n for n in dict.fromkeys((*layer.inputs, *layer.outputs, *(n for v, _ in pairs for n in v.inputs))) if n]
     per_replica = sum(tensors[n].nbytes for n in names) or 1
     replicas = max(1, min(runs.replicas, runs.budget_bytes // per_replica))
     rng = np.random.default_rng(seed)

@@ -32,6 +32,8 @@ import numpy as np
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.builder.layer_precision import precision_options
 from polykit.compiler.builder.layer_timing import runs_for, time_candidates, timeable
+from polykit.compiler.builder.sparsity import with_sparse_variants
+from polykit.compiler.plan.sparse24 import ATTR
 from polykit.compiler.plan.profiles import at_corner
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, origin_of, timing_key
@@ -108,7 +110,7 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
     1 raised (serves_corners); a layer that reads or writes one takes only the tactics that
     serve it at every corner."""
     pairs, declined = [], []
-    variants = precision_variants(layer, cfg, target)
+    variants = with_sparse_variants(precision_variants(layer, cfg, target))
     dynamic = any(n in corner for corner in corners[:1] for n in layer.inputs + layer.outputs if n)
     for variant in variants:
         found = []
@@ -175,6 +177,16 @@ def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:
     return [pairs[i] for i in order]
 
 
+def capped(pairs: Sequence[Pair], cap: int | None) -> list[Pair]:
+    """The pairs a level times: the first `cap` by priority (all for None), and the first `cap`
+    of a layer's sparse variant (polykit.compiler.builder.sparsity) besides, so a sparse
+    candidate is always timed against the dense ones."""
+    if not cap:
+        return list(pairs)
+    dense = [p for p in pairs if ATTR not in p[0].attrs]
+    return dense[:cap] + [p for p in pairs if ATTR in p[0].attrs][:cap]
+
+
 class Tuner:
     """Chooses among a layer's (precision, tactic) pairs for one build."""
 
@@ -224,7 +236,7 @@ class Tuner:
         level, cap = self.level, self.level.limit(self.target)
         if cap == 0 or (len(pairs) == 1 and not level.time_single):
             return self._chosen(pairs[0])
-        pairs = list(pairs[:cap]) if cap else list(pairs)
+        pairs = capped(pairs, cap)
         if not timeable(layer, tensors):
             self.stats.untimeable_layers += 1
             log.info("layer %r: not timed (integer inputs); took %s, the first candidate by priority",
@@ -282,7 +294,7 @@ class Tuner:
         device = self.device()
         if device is None:
             return []
-        pairs = list(pairs[:cap]) if cap else list(pairs)
+        pairs = capped(pairs, cap)
         return [pair for pair in pairs if timing_key(pair[0], pair[1], device) not in self.cache.entries]
 
     def prefetch(self, jobs: Sequence[tuple[LayerDesc, Sequence[Pair]]]) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from polykit.compiler.plan.memory import ALIGNMENT
 from polykit.compiler.plan.dims import check_dims, host_written
 from polykit.compiler.plan.records import layer_as_node
+from polykit.compiler.plan.sparse24 import ATTR, record_problem
 from polykit.compiler.plan.schema import DOCUMENT_FIELDS, Invalid, nbytes_of, record, show
 from polykit.errors import PlanError, PolykitError, UnsupportedModelError
 
@@ -385,7 +386,7 @@ def _shapes_agree(plan: Any) -> None:
         bound.update({n: np.asarray([evaluate(v, opt) for v in plan.tensors[n].value], plan.tensors[n].np_dtype)
                       .reshape(plan.tensors[n].shape) for n in host})
     weights = {n: plan.weights[n] for n, t in plan.tensors.items() if t.kind == "weight"}
-    nodes = [layer_as_node(layer) for layer in plan.layers]
+    nodes = [_dense_view(layer_as_node(layer), plan.tensors, weights) for layer in plan.layers]
     graph = Graph(nodes, list(plan.inputs) + host, plan.outputs, weights, values, metadata={"input_values": bound})
     try:
         infer_shapes(graph, strict=True)
@@ -409,6 +410,23 @@ def _shapes_agree(plan: Any) -> None:
             if got.shape is not None and name not in sized and not _dims_agree(got.shape, desc.shape):
                 raise Invalid(f"tensors[{name!r}].shape", f"{list(desc.shape)}, but layer {layer.name!r} "
                                                           f"({layer.kind}) gives {list(got.shape)}")
+
+
+def _dense_view(node: Any, tensors: Any, weights: dict[str, Any]) -> Any:
+    """A layer reading a compressed 2:4 weight (polykit.compiler.plan.sparse24) as its op sees
+    it: reading a stand-in of the dense weight's shape and dtype (a broadcast, no memory), after
+    its record is checked."""
+    if ATTR not in node.attrs:
+        return node
+    blob = node.inputs[1] if len(node.inputs) > 1 else ""
+    problem = record_problem(node.attrs[ATTR], tensors[blob].nbytes if blob in tensors else None)
+    if problem:
+        raise Invalid(f"layers[{node.name!r}].attrs.{ATTR}", problem)
+    record = node.attrs[ATTR]
+    stand_in = f"{blob}#dense"
+    weights[stand_in] = np.broadcast_to(np.zeros((), record["dtype"]), tuple(record["shape"]))
+    node.inputs = [node.inputs[0], stand_in, *node.inputs[2:]]
+    return node
 
 
 def _dims_agree(inferred: tuple, stored: tuple) -> bool:

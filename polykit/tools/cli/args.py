@@ -422,6 +422,10 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("profiling_verbosity", str, typer.Option("layer_names_only", "--profiling-verbosity",
                                               help="none|layer_names_only|detailed: what the NVTX range of each "
                                                    "layer says in Nsight (detailed: its kind and tactic too)")),
+    ("sparsity", str, typer.Option("disable", "--sparsity",
+                                   help="disable|enable|force: enable times 2:4 sparse tactics for GEMM/1x1-conv "
+                                        "weights that have the pattern; force prunes eligible weights to it first "
+                                        "(results change: for speed studies)")),
 ]
 
 
@@ -438,7 +442,8 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            trt_max_shape_values: Sequence[str] = (), ranks: int = 1, version_compatible: bool = False,
                            weight_streaming: bool = False, hardware_compatibility_level: str = "none",
                            input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = (),
-                           device: int | None = None, profiling_verbosity: str = "layer_names_only") -> dict[str, Any]:
+                           device: int | None = None, profiling_verbosity: str = "layer_names_only",
+                           sparsity: str = "disable") -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -455,7 +460,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "ranks": ranks, "version_compatible": version_compatible, "weight_streaming": weight_streaming,
         "hardware_compatibility_level": hardware_compatibility_level,
         "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
-        "device": device, "profiling_verbosity": profiling_verbosity,
+        "device": device, "profiling_verbosity": profiling_verbosity, "sparsity": sparsity,
     }
 
 

@@ -3,7 +3,9 @@
 - `sanitize MODEL -o OUT [--fold-constants]`: polykit.tools.model.sanitize: the compiler's folding
   and dead-code passes, the model kept at its own opset and IR version unless `--upgrade-opset N`;
 - `extract MODEL --inputs NAME:SHAPE|auto:DTYPE|auto ... --outputs NAME:DTYPE|auto ... -o OUT`:
-  polykit.tools.model.subgraph.extract, shapes and dtypes from polykit's shape inference.
+  polykit.tools.model.subgraph.extract, shapes and dtypes from polykit's shape inference;
+- `prune MODEL -o OUT`: polykit.tools.model.prune, Polygraphy's 2:4 pruning of the GEMM and Conv
+  weights (for functional tests of `--sparsity enable`: accuracy is not considered).
 
 `--external-data` writes the weights of at least `--external-data-threshold` bytes to OUT.data,
 and writes that file even when every tensor is smaller.
@@ -111,10 +113,33 @@ def extract(
     return 0
 
 
+def prune(
+    model: str = typer.Argument(..., metavar="MODEL", help="the ONNX model"),
+    output: str = typer.Option(..., "--output", "-o", help="where to write the pruned model"),
+    external_data: bool = EXTERNAL_DATA,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> int:
+    from polykit.backends.loaders import OnnxFromPath
+    from polykit.compiler.graph.onnx_export import save_model
+    from polykit.files import require_output_folder
+    from polykit.tools.cli.app import stderr_console
+    from polykit.tools.model.prune import prune_model
+
+    require_output_folder(output, "--output")
+    pruned, targets = prune_model(OnnxFromPath(model)())
+    save_model(pruned, output, external_data=external_data or None, size_threshold=external_data_threshold)
+    stderr_console().print(f"wrote {output}: {len(targets)} weight tensor(s) pruned to 2:4"
+                           + (f" ({', '.join(f'{t.name} along axis {t.axis}' for t in targets[:8])}"
+                              f"{', ...' if len(targets) > 8 else ''})" if targets else ""))
+    return 0
+
+
 def register(app: typer.Typer) -> None:
     surgeon = typer.Typer(help="Edit ONNX models with polykit's compiler passes.", no_args_is_help=True)
     surgeon.command("sanitize", help="Clean a model: fold constants, remove dead nodes, export at its own opset.")(
         sanitize)
     surgeon.command("extract", help="Cut the subgraph between named tensors out of a model; shapes and dtypes "
                                     "left as auto come from polykit's shape inference.")(extract)
+    surgeon.command("prune", help="[EXPERIMENTAL] Prune the GEMM and Conv weights to the 2:4 structured-sparsity "
+                                  "pattern, without regard for accuracy (Polygraphy's surgeon prune).")(prune)
     app.add_typer(surgeon, name="surgeon")

@@ -4,7 +4,7 @@ and load polykit plans, TrtRunner runs them (polykit.backends.polykit_runner).
 | Polygraphy | here |
 | --- | --- |
 | `NetworkFromOnnxPath(path)` / `network_from_onnx_path` | the ONNX model to build (an OnnxNetwork; TensorRT's INetworkDefinition methods are not provided) |
-| `CreateConfig(fp16=, tf32=, bf16=, int8=, calibrator=, profiles=, precision_constraints=, ...)` / `create_config` | a polykit BuilderConfig |
+| `CreateConfig(fp16=, tf32=, bf16=, int8=, calibrator=, profiles=, precision_constraints=, sparse_weights=, ...)` / `create_config` | a polykit BuilderConfig (`sparse_weights=True`: `sparsity="enable"`) |
 | `EngineFromNetwork(network, config)` / `engine_from_network` | a polykit plan built and loaded (an Engine) |
 | `EngineFromBytes(bytes)` / `engine_from_bytes` | a plan's bytes loaded |
 | `SaveEngine(engine, path)` / `save_engine` | the plan written to `path` |
@@ -102,13 +102,15 @@ def _builder_config(**kwargs: Any) -> Any:
         elif key == "calibrator":
             fields.update(calibration_data=value.data_loader, calibrator=value.algo,
                           **({"calibration_cache": value.cache} if value.cache else {}))
+        elif key == "sparse_weights":  # TensorRT's SPARSE_WEIGHTS flag: trtexec --sparsity enable
+            fields["sparsity"] = "enable" if value else "disable"
         elif key == "memory_pool_limits":
             workspace = {str(k).rpartition(".")[2].lower(): v for k, v in dict(value).items()}.get("workspace")
             if workspace is not None:
                 fields["workspace_limit"] = int(workspace)
         else:
             raise UsageError(f"CreateConfig({key}=...) is a TensorRT builder setting polykit.compat does not map",
-                             hint=f"supported: {', '.join(sorted([*_SAME, 'profiles', 'calibrator', 'memory_pool_limits']))}")
+                             hint=f"supported: {', '.join(sorted([*_SAME, 'profiles', 'calibrator', 'memory_pool_limits', 'sparse_weights']))}")
     return BuilderConfig(**fields)
 
 
