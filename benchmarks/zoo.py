@@ -26,8 +26,11 @@ running one, which --resume then retries) so that a time-limited call keeps what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -235,14 +238,50 @@ def build_twice(path: Path, level: int, work: Path) -> tuple[Any, dict]:
 
     timing = work / "timing.json"
     t0 = time.perf_counter()
-    cold = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
-                                               save_timing_cache=timing))
+    with tuning_log() as said:
+        cold = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
+                                                   save_timing_cache=timing))
     t1 = time.perf_counter()
     warm = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
                                                load_timing_cache=timing))
     t2 = time.perf_counter()
     return warm, {"build_cold_s": round(t1 - t0, 1), "build_warm_s": round(t2 - t1, 1),
-                  "warm_plan_identical": cold.serialize() == warm.serialize(), "layers": len(warm.layers)}
+                  "warm_plan_identical": cold.serialize() == warm.serialize(), "layers": len(warm.layers),
+                  **tuning_facts(said)}
+
+
+#: the tuner's summary line (polykit.compiler.builder.tuner.Tuner.finish)
+TUNING_LINE = re.compile(r"timed (\d+) tactics of (\d+) layers; compiling took ([\d.]+) s, timing ([\d.]+) s")
+
+
+@contextlib.contextmanager
+def tuning_log():
+    """The messages the "polykit" logger says at INFO inside the block (the build's own log)."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logger, handler = logging.getLogger("polykit"), Keep(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def tuning_facts(said: Sequence[str]) -> dict:
+    """Where the cold build's time went, from the tuner's summary line: tactics and layers timed,
+    seconds compiling kernels and timing them (empty when nothing was timed)."""
+    for line in said:
+        if m := TUNING_LINE.search(line):
+            return {"cold_timed_tactics": int(m[1]), "cold_timed_layers": int(m[2]),
+                    "cold_compile_s": float(m[3]), "cold_timing_s": float(m[4])}
+    return {}
 
 
 def errors(out, ref) -> dict:

@@ -163,3 +163,27 @@ def test_a_failing_case_process_writes_its_error_row_and_exits_0(tmp_path):
     row = json.loads(row_file.read_text())
     assert (row["model"], row["batch"], row["inputs"]) == ("squeezenet1_1", 1, {"x": [1, 3, 224, 224]})
     assert row["error"].split(":")[0] in ("setup", "export") and "stage" not in row
+
+
+def test_the_cold_builds_tuning_summary_is_read_from_the_builders_log():
+    """A real build at level 3 on the cpu target times its candidates; the row keeps what the tuner said."""
+    import logging
+
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.5] * 4096)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    level = logging.getLogger("polykit").level
+    with zoo.tuning_log() as said:
+        build_plan(model, BuilderConfig(target="cpu", builder_optimization_level=5))
+    facts = zoo.tuning_facts(said)
+    assert logging.getLogger("polykit").level == level
+    assert facts["cold_timed_layers"] >= 1 and facts["cold_timed_tactics"] >= facts["cold_timed_layers"]
+    assert facts["cold_compile_s"] >= 0 and facts["cold_timing_s"] > 0
+    assert zoo.tuning_facts(["nothing timed"]) == {}
