@@ -248,9 +248,11 @@ def extreme(op: str, *terms: Term) -> Term:
     return args[0] if len(args) == 1 else Expr(op, args)
 
 
-def evaluate(term: Term, dims: Mapping[str, int]) -> int:
+def evaluate(term: Term, dims: Mapping[str, int], memo: "dict[int, Any] | None" = None) -> int:
     """The value of `term` for symbol values `dims`; ShapeEvalError when it has none. A float
-    expression's value is a numpy scalar of its float type (FLOAT_OPS)."""
+    expression's value is a numpy scalar of its float type (FLOAT_OPS). `memo` (one dict for one
+    `dims`, by node identity) evaluates a subexpression many dims share once: a plan loaded with
+    `expr_from_json(..., shared=...)` shares equal subexpressions (a detector's float scale)."""
     if not isinstance(term, Expr):
         return term if type(term) is float else int(term)
     if term.op == "sym":
@@ -258,12 +260,18 @@ def evaluate(term: Term, dims: Mapping[str, int]) -> int:
             return int(dims[term.args[0]])
         except KeyError:
             raise ShapeEvalError(f"symbol {term.args[0]!r} is not bound") from None
-    values = [evaluate(a, dims) for a in term.args]
+    if memo is not None:
+        known = memo.get(id(term))
+        if known is not None:
+            return known
+    values = [evaluate(a, dims, memo) for a in term.args]
     if term.op in _BINARY and values[1] == 0:
         raise ShapeEvalError(f"division by zero in {term}")
     value = OPS[term.op][1](*values)
     if abs(value) > MAX_VALUE:
         raise ShapeEvalError(f"{term} = {value} is beyond {MAX_VALUE}")
+    if memo is not None:
+        memo[id(term)] = value
     return value
 
 
@@ -364,10 +372,12 @@ def expr_to_json(term: Term) -> Any:
     return [term.op] + [expr_to_json(a) for a in term.args]
 
 
-def expr_from_json(value: Any, symbols: "set[str] | None" = None, depth: int = 0, floats: bool = False) -> Term:
+def expr_from_json(value: Any, symbols: "set[str] | None" = None, depth: int = 0, floats: bool = False,
+                   shared: "dict | None" = None) -> Term:
     """The Term of a plan's JSON form; ValueError (what is wrong) when it is not one, or
     names a symbol outside `symbols` (when given). A dim is an int term; float ops (FLOAT_OPS)
-    take float operands (`floats`) and give ints only through floor/ceil/trunc."""
+    take float operands (`floats`) and give ints only through floor/ceil/trunc. `shared` (one dict
+    for a plan): equal subexpressions become one object (evaluate's memo then computes them once)."""
     if depth > MAX_DEPTH:
         raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
     if type(value) is int and not floats:
@@ -379,7 +389,7 @@ def expr_from_json(value: Any, symbols: "set[str] | None" = None, depth: int = 0
             raise ValueError("a symbol name is empty")
         if symbols is not None and value not in symbols:
             raise ValueError(f"symbol {value!r} is not a dim of an engine input")
-        return symbol(value)
+        return _shared(symbol(value), shared)
     if type(value) is not list or not value or value[0] not in OPS:
         raise ValueError(f"{str(value)[:60]} is not {'a float operation' if floats else 'an int, a symbol'} or "
                          f"[op, args...] with op in {sorted(OPS)}")
@@ -396,11 +406,19 @@ def expr_from_json(value: Any, symbols: "set[str] | None" = None, depth: int = 0
         if type(arg) is float:
             if not math.isfinite(arg) or abs(arg) > MAX_VALUE:
                 raise ValueError(f"float constant {arg!r} is not finite or is beyond {MAX_VALUE}")
-            return Expr(op, (arg,))
+            return _shared(Expr(op, (arg,)), shared)
         floating = type(arg) is list and bool(arg) and arg[0] in FLOAT_VALUED
-        return Expr(op, (expr_from_json(arg, symbols, depth + 1, floats=floating),))
+        return _shared(Expr(op, (expr_from_json(arg, symbols, depth + 1, floating, shared),)), shared)
     inner = op in FLOAT_OPS  # f+ ... and floor/ceil/trunc take floats
-    return Expr(op, tuple(expr_from_json(a, symbols, depth + 1, floats=inner) for a in args))
+    return _shared(Expr(op, tuple(expr_from_json(a, symbols, depth + 1, inner, shared) for a in args)), shared)
+
+
+def _shared(term: Expr, shared: "dict | None") -> Expr:
+    """The one object of `shared` equal to `term` (its args already shared: keyed by their identity)."""
+    if shared is None:
+        return term
+    key = (term.op,) + tuple(id(a) if isinstance(a, Expr) else (type(a), a) for a in term.args)
+    return shared.setdefault(key, term)
 
 
 # ---- SymInt ------------------------------------------------------------------------------------
