@@ -84,7 +84,7 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
         return _float_cast(node, args[0], graph)
     if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
         return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
-    if any(map(holds_floats, args)) and node.op_type not in MOVEMENT_OPS:
+    if any(map(holds_floats, args)) and node.op_type not in MOVEMENT_OPS | {"Gather"}:  # moved as they are
         # float arithmetic of dims (polykit.compiler.graph.dim_floats)
         fn = FLOAT_VALUE_OPS.get(node.op_type) or (_reduce if node.op_type in FLOAT_REDUCERS else None)
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
@@ -353,7 +353,7 @@ def _stopper(node: Node, known: dict, graph: Graph) -> str:
 def _op_stopper(op: str, args: list) -> str:
     floats = any(a is not None and (a.dtype.kind == "f" or holds_floats(a)) for a in args)
     if op not in EVALUATED_OPS or (floats and op not in FLOAT_VALUE_OPS.keys() | FLOAT_REDUCERS.keys() | CAST_OPS
-                                   | MOVEMENT_OPS):
+                                   | MOVEMENT_OPS | {"Gather"}):
         return f"{op} is not evaluated over symbolic dims" + \
             (" of a float type (dim_floats.FLOAT_VALUE_OPS, FLOAT_REDUCERS list those that are)" if floats else
              " (shape_values.EVALUATED_OPS lists those that are)")
