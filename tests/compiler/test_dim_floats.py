@@ -178,3 +178,27 @@ def test_a_loaded_plan_shares_equal_subexpressions_and_binds_the_shapes_the_buil
     assert quotients and all(len(ids) == 1 for ids in quotients.values())
     for shape in ((1, 1, 4, 64), (1, 1, 23, 37), (1, 1, 64, 64)):
         assert ShapeBinder(loaded).bind({"x": shape}).shapes == ShapeBinder(built).bind({"x": shape}).shapes
+
+
+# ---- cuda (the lead's GPU session) ---------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_detection_transform_resize_on_cuda_where_float32_and_exact_sizes_differ():
+    grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
+    differ = [hw for hw in grid if _transform_sizes(*hw, exact=False) != _transform_sizes(*hw, exact=True)]
+    serves(transform_model(), PROFILE, [(1, 1, h, w) for h, w in _spread(differ)] + [(1, 1, 4, 64)], atol=1e-4,
+           target="cuda")
+
+
+@pytest.mark.gpu
+def test_faster_rcnn_with_a_dynamic_image_size_on_cuda(tmp_path):
+    """benchmarks/dynamic_exports.py's Faster R-CNN (torchvision, random weights) exported with a dynamic
+    image size: one cuda plan matches onnxruntime at min, odd, max and the float32-rounding sizes."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    from benchmarks.dynamic_exports import check_one, export
+
+    name = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    export(name, tmp_path)
+    result = check_one(tmp_path, name, "cuda", 3)
+    assert result["passed"], result.get("error")
+    assert sum(label.startswith("f32 ") for label in result["runs"]) == 4
