@@ -202,3 +202,25 @@ def test_faster_rcnn_with_a_dynamic_image_size_on_cuda(tmp_path):
     result = check_one(tmp_path, name, "cuda", 3)
     assert result["passed"], result.get("error")
     assert sum(label.startswith("f32 ") for label in result["runs"]) == 4
+
+
+# ---- Resize by scales the graph computes from the dims ----------------------------------------------------
+def test_resize_by_a_scale_computed_from_the_dims_sizes_its_output_as_onnxruntime():
+    """scale = 20 * (1 / h) in float32 -> Resize(scales = [1, 1, scale, scale]): onnxruntime's output
+    dims are trunc(scale * d) in float32 (19 where the exact 20 * h / h is 20), an expression of h and w."""
+    nodes = [_op("Shape", ["x"], "s"), _op("Gather", ["s", "i2"], "h"), _op("Cast", ["h"], "hf", to=TensorProto.FLOAT),
+             _op("Reciprocal", ["hf"], "r"), _op("Mul", ["r", "twenty"], "scale"),
+             _op("Unsqueeze", ["scale", "k0"], "sv"), _op("Concat", ["ones", "sv", "sv"], "scales", axis=0),
+             _op("Resize", ["x", "", "scales"], "y", mode="nearest")]
+    consts = {"i2": np.array(2, np.int64), "k0": np.array([0], np.int64), "twenty": np.array(20.0, np.float32),
+              "ones": np.array([1.0, 1.0], np.float32)}
+
+    def dims(h, w, exact):
+        if exact:
+            return 20, math.floor(Fraction(20 * w, h))
+        scale = F32(1) / F32(h) * F32(20)
+        return int(scale * F32(h)), int(scale * F32(w))
+
+    grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
+    differ = [hw for hw in grid if dims(*hw, exact=False) != dims(*hw, exact=True)]
+    serves(_model(nodes, consts), PROFILE, [(1, 1, h, w) for h, w in _spread(differ)] + [(1, 1, 4, 64)])

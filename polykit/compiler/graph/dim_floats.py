@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from polykit.compiler.ir.graph import Node
-from polykit.compiler.ir.symbolic import FLOAT_OPS, FLOAT_TYPES, Expr, SymInt, Term, term_of
+from polykit.compiler.ir.symbolic import FLOAT_OPS, FLOAT_TYPES, Expr, SymInt, Term, float_type, term_of
 
 #: numpy float type -> the cast op of symbolic.FLOAT_TYPES
 CAST_OF = {np.dtype(t): name for name, t in FLOAT_TYPES.items()}
@@ -92,16 +92,9 @@ def to_int(a) -> int:
     if not isinstance(a, DimFloat):
         return int(a)
     inner = a.expr.args[0] if a.expr.op == a.cast else None
-    if isinstance(inner, Expr) and inner.op in ("floor", "ceil", "trunc") and _cast_of_expr(inner.args[0]) == a.cast:
+    if isinstance(inner, Expr) and inner.op in ("floor", "ceil", "trunc") and float_type(inner.args[0]) == a.cast:
         return SymInt(int(float(a)), inner)
     return SymInt(int(float(a)), Expr("trunc", (a.expr,)))
-
-
-def _cast_of_expr(term: Term) -> "str | None":
-    """The float type of a float expression (its casts decide it)."""
-    while isinstance(term, Expr) and term.op not in FLOAT_TYPES:
-        term = term.args[0]
-    return term.op if isinstance(term, Expr) else None
 
 
 def _elementwise(fn: Callable) -> Callable[[Node, list], list[np.ndarray]]:

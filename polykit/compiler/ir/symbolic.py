@@ -313,6 +313,13 @@ def bounds(term: Term, ranges: Mapping[str, tuple[int, int]]) -> "tuple[int, int
     return min(values), max(values)
 
 
+def float_type(term: Term) -> "str | None":
+    """The float type ("f32", "f64") of a float expression (its casts decide it); None for an int term."""
+    while isinstance(term, Expr) and term.op in FLOAT_VALUED - set(FLOAT_TYPES):
+        term = term.args[0]
+    return term.op if isinstance(term, Expr) and term.op in FLOAT_TYPES else None
+
+
 def _float_bounds(op: str, args: list) -> "tuple[Any, Any] | None":
     """[low, high] of a float op (or floor/ceil/trunc) over argument ranges: each op, rounded, is
     monotone in each argument (a quotient where the divisor keeps its sign), so its extremes lie at
