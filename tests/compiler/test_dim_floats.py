@@ -224,3 +224,14 @@ def test_resize_by_a_scale_computed_from_the_dims_sizes_its_output_as_onnxruntim
     grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
     differ = [hw for hw in grid if dims(*hw, exact=False) != dims(*hw, exact=True)]
     serves(_model(nodes, consts), PROFILE, [(1, 1, h, w) for h, w in _spread(differ)] + [(1, 1, 4, 64)])
+
+
+def test_float_arithmetic_of_a_static_dim_beside_a_dynamic_one():
+    """Shape (h, 6) -> float -> * 0.7 -> Ceil -> Reciprocal -> ... : the static element stays a plain
+    float32 through every op, the dynamic one a float expression."""
+    nodes = [_op("Shape", ["x"], "s"), _op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Mul", ["f", "p7"], "m"),
+             _op("Ceil", ["m"], "c"), _op("Reciprocal", ["c"], "r"), _op("Mul", ["r", "twelve"], "q"),
+             _op("Neg", ["q"], "n"), _op("Neg", ["n"], "p"), _op("Floor", ["p"], "fl"),
+             _op("Cast", ["fl"], "v", to=TensorProto.INT64), _ones_of("v")]
+    consts = {"p7": np.array(0.7, np.float32), "twelve": np.array(12.0, np.float32)}
+    serves(_model(nodes, consts, x_dims=["h", 6]), ((1, 6), (8, 6), (30, 6)), [(1, 6), (7, 6), (13, 6), (30, 6)])

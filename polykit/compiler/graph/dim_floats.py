@@ -62,17 +62,22 @@ def _part(x, cast: str) -> "tuple[object, Term]":
     return value, Expr(cast, (float(value),))
 
 
-def _cast_of(args) -> str:
-    return next(a.cast for a in args if isinstance(a, DimFloat))
-
-
 def _float_op(op: str) -> Callable:
+    """`op` over operand elements in float type `cast` (a DimFloat's, when not given): a DimFloat when
+    one is a dim's, else the plain value (a constant element beside dims in the same array)."""
     fn = FLOAT_OPS[op][1]
 
-    def run(*args):
-        cast = _cast_of(args)
+    def run(*args, cast: "str | None" = None):
+        cast = cast or next((a.cast for a in args if isinstance(a, DimFloat)), None)
+        if cast is None:  # two plain floats (a Min/Max fold): exact, no type needed
+            if op not in ("fmin", "fmax"):
+                raise TypeError("float arithmetic of constants without a float type")
+            return fn(*args)
         parts = [_part(a, cast) for a in args]
-        return DimFloat(fn(*(p[0] for p in parts)), Expr(op, tuple(p[1] for p in parts)), cast)
+        value = fn(*(p[0] for p in parts))
+        if not any(isinstance(a, (DimFloat, SymInt)) for a in args):
+            return value
+        return DimFloat(value, Expr(op, tuple(p[1] for p in parts)), cast)
     return run
 
 
@@ -80,9 +85,12 @@ def _rounded(op: str) -> Callable:
     """Floor/Ceil: the float holding the rounded value (exactly: floor of a float is one of its type)."""
     fn = FLOAT_OPS[op][1]
 
-    def run(a):
-        value, expr = _part(a, a.cast)
-        return DimFloat(fn(value), Expr(a.cast, (Expr(op, (expr,)),)), a.cast)
+    def run(a, cast: "str | None" = None):
+        cast = a.cast if isinstance(a, DimFloat) else cast
+        value, expr = _part(a, cast)
+        if not isinstance(a, DimFloat):
+            return FLOAT_TYPES[cast](fn(value))
+        return DimFloat(fn(value), Expr(cast, (Expr(op, (expr,)),)), cast)
     return run
 
 
@@ -98,13 +106,17 @@ def to_int(a) -> int:
 
 
 def _elementwise(fn: Callable) -> Callable[[Node, list], list[np.ndarray]]:
+    """fn element by element (numpy broadcasting; a variadic Min/Max folds left to right), in the
+    float type of the arrays' DimFloats."""
     def run(node: Node, args: list) -> list[np.ndarray]:
         arrays = [np.asarray(a, dtype=object) for a in args if a is not None]
+        cast = next(v.cast for a in arrays for v in a.ravel() if isinstance(v, DimFloat))
+        one = np.vectorize(lambda *xs: fn(*xs, cast=cast), otypes=[object])
         out = arrays[0]
-        for b in arrays[1:]:  # a variadic Min/Max folds left to right
-            out = np.asarray(np.vectorize(fn, otypes=[object])(out, b), dtype=object)
+        for b in arrays[1:]:
+            out = np.asarray(one(out, b), dtype=object)
         if len(arrays) == 1:
-            out = np.asarray(np.vectorize(fn, otypes=[object])(out), dtype=object).reshape(out.shape)
+            out = np.asarray(one(out), dtype=object).reshape(out.shape)
         return [out]
     return run
 
@@ -117,8 +129,8 @@ FLOAT_VALUE_OPS: dict[str, Callable[[Node, list], list[np.ndarray]]] = {
     "Div": _elementwise(_float_op("f/")),
     "Min": _elementwise(_float_op("fmin")),
     "Max": _elementwise(_float_op("fmax")),
-    "Neg": _elementwise(lambda a: _float_op("f*")(a, -1.0)),
-    "Reciprocal": _elementwise(lambda a: _float_op("f/")(1.0, a)),
+    "Neg": _elementwise(lambda a, cast: _float_op("f*")(a, -1.0, cast=cast)),
+    "Reciprocal": _elementwise(lambda a, cast: _float_op("f/")(1.0, a, cast=cast)),
     "Floor": _elementwise(_rounded("floor")),
     "Ceil": _elementwise(_rounded("ceil")),
 }
