@@ -235,3 +235,18 @@ def test_float_arithmetic_of_a_static_dim_beside_a_dynamic_one():
              _op("Cast", ["fl"], "v", to=TensorProto.INT64), _ones_of("v")]
     consts = {"p7": np.array(0.7, np.float32), "twelve": np.array(12.0, np.float32)}
     serves(_model(nodes, consts, x_dims=["h", 6]), ((1, 6), (8, 6), (30, 6)), [(1, 6), (7, 6), (13, 6), (30, 6)])
+
+
+def test_a_data_symbol_bounded_through_a_float_dim_reserves_its_upper_bound():
+    """A filter's count bounded by a resized (float) dim, and a second filter over what it kept: both
+    reserve the bound over the profile's ranges, not the corners' values."""
+    from polykit.compiler.ir.symbolic import symbol
+
+    resized = expr_from_json(RESIZED_H, {"h", "w"})
+    data = {"data(a)[0]": resized, "data(b)[0]": symbol("data(a)[0]")}  # in bound order
+    corners = [{"h": d, "w": d, "data(a)[0]": evaluate(resized, {"h": d, "w": d})} for d in (4, 16, 64)]
+    for env in corners:
+        env["data(b)[0]"] = env["data(a)[0]"]
+    high = bounds(resized, {"h": SIDES, "w": SIDES})[1]
+    assert high > max(env["data(a)[0]"] for env in corners)
+    assert remainder_size([symbol("data(b)[0]"), 3], corners, data) == 3 * high

@@ -351,17 +351,18 @@ def remainder_size(dims: Sequence[Term], corners: Sequence[Mapping[str, int]],
     (`data`: the bounds, in data_dims.bound_order) up to its bound's upper bound where that bound is
     not monotone either; 0 when every dim is monotone or a bound is unknown."""
     data = data or {}
-    rough = {s for s, b in data.items() if not is_monotone(b)}
+    rough: set[str] = set()  # data symbols whose bounds are not monotone, or name such a symbol
+    for name, bound in data.items():  # in bound order (data_dims.bound_order): a bound after the symbols it names
+        if not is_monotone(bound) or _symbols_of(bound) & rough:
+            rough.add(name)
     if not corners or all(is_monotone(d) and not (rough & _symbols_of(d)) for d in dims):
         return 0
     ranges = {s: (min(env[s] for env in corners), max(env[s] for env in corners)) for s in corners[0]}
-    for name in data:  # in bound order (data_dims.bound_order): a bound after the symbols it names
-        if name in rough or _symbols_of(data[name]) & rough:
-            high = bounds(data[name], ranges)
-            if high is None:
-                return 0
-            rough.add(name)
-            ranges[name] = (0, max(ranges.get(name, (0, 0))[1], int(high[1])))
+    for name in [n for n in data if n in rough]:
+        high = bounds(data[name], ranges)
+        if high is None:
+            return 0
+        ranges[name] = (0, max(ranges.get(name, (0, 0))[1], int(high[1])))
     highs = [bounds(d, ranges) for d in dims]
     return 0 if any(b is None for b in highs) else math.prod(max(0, int(b[1])) for b in highs)
 
