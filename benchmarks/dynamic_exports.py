@@ -3,8 +3,9 @@ MODELS) and two torchvision detectors, exported by PyTorch's TorchScript exporte
 random weights, fixed seeds) with a dynamic batch, a dynamic image size for the convnets (and
 detectors) that take one, a dynamic sequence length for the token and audio transformers; then
 ONE plan per model built for a min/opt/max profile, run at min, an odd shape and max, and
-compared with onnxruntime. Writes a JSON list and a markdown table (pass/fail, max abs error,
-the error message of a build or run that failed).
+compared with onnxruntime; Faster R-CNN also at image sizes where its transform's float32 resize
+size differs from the exact one (rounding_sizes). Writes a JSON list and a markdown table (pass/fail,
+max abs error, the error message of a build or run that failed).
 
 Two steps, since the export needs torch and the check needs polykit (one environment may hold both):
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
 import traceback
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ RELATIVE_TOLERANCE = 1e-3
 #: detectors (torchvision, weights=None): batch 1 (a list of one image), a dynamic image size
 DETECTORS = ("ssdlite320_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_320_fpn")
 #: the std of a detector's redrawn class head: SSDLite's 91-way softmax over weak features needs wide logits
-HEAD_STD = {"ssdlite320_mobilenet_v3_large": 0.3, "fasterrcnn_mobilenet_v3_large_320_fpn": 0.1}
+HEAD_STD = {"ssdlite320_mobilenet_v3_large": 0.3, "fasterrcnn_mobilenet_v3_large_320_fpn": 0.2}
 #: image models whose architecture fixes the image size (position embeddings), or whose pooling the
 #: exporter takes only at a static size (VGG's AdaptiveAvgPool2d to 7x7): batch only
 FIXED_IMAGE = frozenset({"vit_b_16", "deit_small", "dinov2_small", "vgg11_bn"})
@@ -51,6 +54,33 @@ BATCH, SEQUENCE, SAMPLES = (1, 2, 4, 3), (8, 16, 32, 13), (4000, 8000, 16000, 12
 IMAGE = {"default": ((64, 64), (96, 96), (128, 128), (83, 109)), "inception_v3": ((80, 80), (96, 96), (128, 128), (83, 109)),
          "unet": ((64, 64), (96, 96), (128, 128), (80, 112)),  # 4 poolings: sides divisible by 16
          "detector": ((256, 256), (320, 320), (384, 384), (300, 340))}
+#: a detector whose transform resizes by a scale computed in float32 from the image size (torchvision's
+#: GeneralizedRCNNTransform: floor(d * min(min_size / min(h, w), max_size / max(h, w)))): (min_size, max_size)
+FLOAT_RESIZE = {"fasterrcnn_mobilenet_v3_large_320_fpn": (320, 640)}
+#: image sizes checked besides min/odd/max where that float32 size differs from the exact one
+ROUNDING_SHAPES = 4
+
+
+def rounding_sizes(name: str, count: int = ROUNDING_SHAPES) -> list[tuple[int, int]]:
+    """`count` (h, w) in the detector profile, spread over all those where the transform's float32
+    resize size (as the graph computes it: 1 / side * min_size, then h * scale, floored) differs
+    from the exact floor(h * min(min_size / min, max_size / max)): where a dim expression evaluated
+    with exact fractions would be wrong."""
+    import numpy as np
+
+    if name not in FLOAT_RESIZE:
+        return []
+    low, high = IMAGE["detector"][0][0], IMAGE["detector"][2][0]
+    small, large = FLOAT_RESIZE[name]
+    f = np.float32
+    found = []
+    for h in range(low, high + 1):
+        for w in range(low, high + 1):
+            scale = min(f(1) / f(min(h, w)) * f(small), f(1) / f(max(h, w)) * f(large))
+            exact = min(Fraction(small, min(h, w)), Fraction(large, max(h, w)))
+            if any(int(np.floor(f(d) * scale)) != math.floor(d * exact) for d in (h, w)):
+                found.append((h, w))
+    return [found[i * (len(found) - 1) // max(count - 1, 1)] for i in range(count)] if found else []
 
 
 def model_names() -> list[str]:
@@ -63,7 +93,8 @@ def shape_plan(name: str) -> dict[str, dict[str, Any]]:
     if name in DETECTORS:
         (h0, w0), (h1, w1), (h2, w2), (h3, w3) = IMAGE["detector"]
         return {"x": {"kind": "uniform", "high": 0, "axes": {2: "height", 3: "width"},
-                      "shapes": [[1, 3, h0, w0], [1, 3, h1, w1], [1, 3, h2, w2], [1, 3, h3, w3]]}}
+                      "shapes": [[1, 3, h0, w0], [1, 3, h1, w1], [1, 3, h2, w2], [1, 3, h3, w3]]
+                      + [[1, 3, h, w] for h, w in rounding_sizes(name)]}}
     model: ZooModel = BY_NAME[name]
     out = {}
     for spec in model.inputs:
@@ -199,7 +230,9 @@ def check_one(folder: Path, name: str, target: str, opt_level: int) -> dict[str,
         names = [o.name for o in sess.get_outputs()]
         worst = 0.0
         with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
-            for label, which in (("min", 0), ("odd", 3), ("max", 2)):
+            extra = len(next(iter(plan_spec.values()))["shapes"]) - 4  # float32-rounding shapes (rounding_sizes)
+            labels = [("min", 0), ("odd", 3), ("max", 2)] + [(f"f32 {k + 1}", 4 + k) for k in range(extra)]
+            for label, which in labels:
                 stage = f"run at {label}"
                 feeds = random_inputs(plan_spec, which, seed=10 + which)
                 want = dict(zip(names, sess.run(None, feeds)))
@@ -222,7 +255,7 @@ def check_one(folder: Path, name: str, target: str, opt_level: int) -> dict[str,
                             run.update(ok=False, mismatch=f"{out}: max abs error {err:.3g} (scale {scale:.3g})")
                 result["runs"][label] = run
         result["max_abs_error"] = worst
-        result["passed"] = all(r["ok"] for r in result["runs"].values()) and len(result["runs"]) == 3
+        result["passed"] = all(r["ok"] for r in result["runs"].values()) and len(result["runs"]) == len(labels)
         if not result["passed"]:
             result["error"] = next(f"{k}: {r['mismatch']}" for k, r in result["runs"].items() if not r["ok"])
     except PolykitError as exc:
@@ -275,11 +308,14 @@ def check(folder: Path, names: list[str], target: str, opt_level: int, timeout: 
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    rows = ["| model | dynamic dims | result | min | odd | max | max abs error | error |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| model | dynamic dims | result | min | odd | max | float32-rounding sizes | max abs error | error |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         runs = r.get("runs", {})
         cells = ["ok" if runs.get(k, {}).get("ok") else ("fail" if k in runs else "-") for k in ("min", "odd", "max")]
+        rounding = [(v["shapes"], v["ok"]) for k, v in runs.items() if k.startswith("f32 ")]
+        cells.append(", ".join(f"{'x'.join(map(str, next(iter(shapes.values()))[2:]))} {'ok' if ok else 'fail'}"
+                               for shapes, ok in rounding) or "-")
         err = r.get("max_abs_error")
         rows.append(f"| {r['model']} | {', '.join(r.get('dynamic', []))} | {'pass' if r['passed'] else 'FAIL'} | "
                     f"{' | '.join(cells)} | {'' if err is None else f'{err:.2g}'} | "

@@ -127,10 +127,11 @@ class ShapeBinder:
 
     def _values(self, dims: Mapping[str, int], only: "set[str] | None" = None) -> dict[str, np.ndarray]:
         out = {}
+        memo: dict = {}  # subexpressions the tensors share (a loaded plan's are one object), evaluated once
         for name in self._ready(self._host, dims, only):
             t = self._host[name]
             try:
-                value = np.asarray([evaluate(v, dims) for v in t.value], dtype=t.np_dtype).reshape(t.shape)
+                value = np.asarray([evaluate(v, dims, memo) for v in t.value], dtype=t.np_dtype).reshape(t.shape)
             except (ShapeEvalError, OverflowError) as exc:
                 raise RuntimeInputError(f"shape tensor {name!r} cannot be computed for these input shapes: {exc}",
                                         hint="feed shapes inside the optimization profile") from None
@@ -140,10 +141,11 @@ class ShapeBinder:
 
     def _evaluate(self, dims: Mapping[str, int], only: "set[str] | None" = None) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {}
+        memo: dict = {}  # subexpressions the tensors share (a loaded plan's are one object), evaluated once
         for name in self._ready(self._dynamic, dims, only):
             t = self._dynamic[name]
             try:
-                shape = tuple(evaluate(d, dims) for d in t.dims)
+                shape = tuple(evaluate(d, dims, memo) for d in t.dims)
             except ShapeEvalError as exc:
                 raise RuntimeInputError(f"the shape of tensor {name!r} cannot be computed for these input shapes: "
                                         f"{exc}", hint="feed shapes inside the optimization profile") from None

@@ -99,10 +99,11 @@ def test_a_crafted_nested_bound_is_refused(bound, what):
 
 
 # ---- cause 5: dims one filtered count decides ------------------------------------------------------
-def boxes_and_offsets(inside_if):
+def boxes_and_offsets(inside_if, most=100):
     """torchvision's batched_nms coordinate trick over the boxes whose score passes a threshold:
     boxes (n, 4) + (labels * (max + 1))[:, None], NonMaxSuppression, boxes[keep]; `inside_if`:
-    under `if boxes.numel() == 0: empty else: ...` as the exporter writes it."""
+    under `if boxes.numel() == 0: empty else: ...` as the exporter writes it; `most`: NMS's
+    max_output_boxes_per_class."""
     nodes = _filter("scores", 0.3, "kept_scores", "s") + [
         helper.make_node("Gather", ["boxes", "s_idx"], ["kept_boxes"], axis=0),
         helper.make_node("Gather", ["labels", "s_idx"], ["kept_labels"], axis=0)]
@@ -113,7 +114,7 @@ def boxes_and_offsets(inside_if):
             helper.make_node("Add", ["kept_boxes", "col"], ["shifted"]), _const("ax0", [0], I64, [1]),
             helper.make_node("Unsqueeze", ["shifted", "ax0"], ["b3"]),
             helper.make_node("Unsqueeze", ["kept_scores", "ax0"], ["s2"]),
-            helper.make_node("Unsqueeze", ["s2", "ax0"], ["s3"]), _const("most", [100], I64, [1]),
+            helper.make_node("Unsqueeze", ["s2", "ax0"], ["s3"]), _const("most", [most], I64, [1]),
             _const("iou", [0.5], F, [1]),
             helper.make_node("NonMaxSuppression", ["b3", "s3", "most", "iou"], ["sel"]), _const("col2", 2, I64),
             helper.make_node("Gather", ["sel", "col2"], ["keep"], axis=1)]
@@ -144,6 +145,16 @@ def _detections(kept, seed):
 @pytest.mark.parametrize("inside_if", [False, True], ids=["graph", "if_body"])
 def test_dims_one_filtered_count_decides_broadcast_together(inside_if):
     _check(boxes_and_offsets(inside_if), [_detections(k, s) for s, k in enumerate((0.0, 0.3, 0.7, 1.0))])
+
+
+def test_nms_without_a_box_limit_bounds_its_count_by_the_boxes_and_the_plan_loads():
+    """torchvision's batched_nms passes max_output_boxes_per_class = sys.maxsize: the count's bound is
+    the kept boxes' count, not min(count, 2**63 - 1), a constant no plan holds (the plan failed to load)."""
+    plan = _check(boxes_and_offsets(True, most=2 ** 63 - 1), [_detections(k, s) for s, k in enumerate((0.0, 0.7))])
+    bounds = [str(b) for layer in plan.layers if layer.kind == "If"
+              for branch in ("then_branch", "else_branch") if getattr(layer.attrs.get(branch), "profiles", None)
+              for b in layer.attrs[branch].profiles.data.values()]
+    assert bounds and not any("9223372036854775807" in b for b in bounds)
 
 
 def test_a_filtered_count_compared_to_zero_is_left_to_the_run():

@@ -236,6 +236,10 @@ VALUE_CASES = {
               _op("Sub", ["m", "f05"], "d"), _op("Floor", ["d"], "fl"), _op("Cast", ["fl"], "v", to=TensorProto.INT64)],
     "Ceil": [_op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Div", ["f", "f3"], "q"), _op("Neg", ["q"], "n"),
              _op("Add", ["n", "f20"], "a"), _op("Ceil", ["a"], "c"), _op("Cast", ["c"], "v", to=TensorProto.INT64)],
+    # torchvision's detection transform: floor(d * (12 * (1 / d))) in float32 (11 or 12, as d rounds)
+    "Reciprocal": [_op("Cast", ["s"], "f", to=TensorProto.FLOAT), _op("Reciprocal", ["f"], "r"),
+                   _op("Mul", ["r", "f12"], "q"), _op("Mul", ["f", "q"], "m"), _op("Floor", ["m"], "fl"),
+                   _op("Cast", ["fl"], "v", to=TensorProto.INT64)],
     "ReduceProd": [_op("ReduceProd", ["s"], "v", axes=[0], keepdims=1)],
     "ReduceSum": [_op("ReduceSum", ["s", "k0"], "v", keepdims=1)],
     "ReduceMax": [_op("ReduceMax", ["s"], "v", axes=[0], keepdims=1)],
@@ -244,6 +248,7 @@ VALUE_CASES = {
 
 VALUE_CONSTS = {"f07": np.array([1.0, 0.7, 0.7], np.float32), "f05": np.array([0.0, 0.5, 0.5], np.float32),
                 "f3": np.array([1.0, 3.0, 3.0], np.float32), "f20": np.array([20.0, 20.0, 30.0], np.float32),
+                "f12": np.full(3, 12.0, np.float32),
                 **{name: np.array(v, np.int64) for name, v in {
     "k0": [0], "k1": [1], "k2": [2], "k3": [3], "k5": [5], "k7": [7], "km1": [-1], "k12": [1, 2], "k31": [3, 1], "k23": [2, 3],
     "k123": [1, 2, 3], "k012": [0, 1, 2], "k213": [2, 1, 3], "k124": [1, 2, 4], "k2_6_10": [2, 6, 10],

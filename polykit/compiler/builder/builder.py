@@ -21,7 +21,8 @@ import numpy as np
 import polykit
 from polykit.compiler.builder.bodies import build_bodies
 from polykit.compiler.builder.config import BuilderConfig
-from polykit.compiler.ops.data_dims import DATA_DIMS, data_symbols, refuse_sized_target, sized_symbols, with_data
+from polykit.compiler.ops.data_dims import DATA_DIMS, bound_order, data_symbols, refuse_sized_target, sized_symbols, \
+    with_data
 from polykit.compiler.graph.shape_rules import RULED, RULES, refuse_ruled_target, with_rule_symbols
 from polykit.compiler.builder.distributed import distribute
 from polykit.compiler.builder.layer_precision import round_tf32_weights
@@ -358,7 +359,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
             lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]
             read = {n for l in lowered.layers for n in l.inputs} | set(optimized.outputs)
             lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
-        tensors = describe_tensors(optimized, lowered, corners, host, known)
+        tensors = describe_tensors(optimized, lowered, corners, host, known,
+                                   {s: data[s] for s in bound_order(data)})
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
         unrun = [l for l in lowered.layers
                  if (is_int8_layer(l) or is_weight_only(l)) and not has_tactic(l, target, arch)]

@@ -41,11 +41,13 @@ def stamp_layer(layer: LayerDesc, tensors: dict[str, TensorDesc]) -> LayerDesc:
 
 def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, int]] = (),
                      host: Mapping[str, np.ndarray] | None = None,
-                     known: Mapping[str, np.ndarray] | None = None) -> dict[str, TensorDesc]:
+                     known: Mapping[str, np.ndarray] | None = None,
+                     data: Mapping[str, Any] | None = None) -> dict[str, TensorDesc]:
     """TensorDesc of every tensor the plan touches (offsets filled in by assign_memory); a
     tensor with SymInt dims gets their expressions and its largest size at the profile
     `corners` (symbol values); one in `host` (a shape tensor of SymInts) its value's. `known`:
-    the build-time values inference found, which an error about a non-static shape traces."""
+    the build-time values inference found, which an error about a non-static shape traces; `data`:
+    the data symbols' bounds in bound order (what a dim that is not monotone is bounded by)."""
     names: list[str] = list(g.inputs)
     for layer in lowered.layers:
         names += [n for n in layer.inputs + layer.outputs if n]
@@ -75,7 +77,7 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
         kind = "input" if name in inputs else "output" if name in outputs else "activation"
         shape = tuple(int(d) for d in v.shape)
         dims = tuple(term_of(d) for d in v.shape) if dynamic else ()
-        nbytes = max([math.prod(shape), remainder_size(dims, corners)]
+        nbytes = max([math.prod(shape), remainder_size(dims, corners, data)]
                      + [corner_size(name, dims, env) for env in corners if dims]) * dt.itemsize
         if nbytes > MAX_BYTES or min(shape, default=0) < 0:
             raise BuildError(f"tensor {name!r} has shape {_fmt(shape)}: {nbytes} bytes is beyond what a plan holds",

@@ -17,7 +17,8 @@ import numpy as np
 
 from polykit.compiler.ir.dtypes import is_float, to_numpy
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.graph.dim_ratios import RATIO_OPS, DimRatio, from_ratios, holds_ratios, to_ratios
+from polykit.compiler.graph.dim_floats import FLOAT_REDUCERS, FLOAT_VALUE_OPS, DimFloat, from_floats, holds_floats, \
+    to_floats
 from polykit.compiler.graph.shape_rules import RULED, RuledFloat
 from polykit.errors import PolykitError
 from polykit.compiler.ir.symbolic import OPS, SymInt, extreme, is_dynamic, term_of
@@ -47,10 +48,10 @@ def _ruled_floats(value: np.ndarray | None) -> bool:
 
 
 def settle(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-    """An object array without SymInts (or RuledFloats, DimRatios) becomes a `dtype` (default int64)
+    """An object array without SymInts (or RuledFloats, DimFloats) becomes a `dtype` (default int64)
     array; with them it stays an object array."""
     arr = np.asarray(value, dtype=object)
-    if not any(isinstance(v, (SymInt, RuledFloat, DimRatio)) for v in arr.ravel()):
+    if not any(isinstance(v, (SymInt, RuledFloat, DimFloat)) for v in arr.ravel()):
         return np.asarray(arr.tolist(), dtype=dtype or np.int64).reshape(arr.shape)
     return arr
 
@@ -60,7 +61,7 @@ def host_values(known: dict, inputs: "list[str] | tuple[str, ...]" = ()) -> dict
     computes on the host from the input dims at run time instead of running their layers (not a
     float value, a ruled one's or dims': its layer runs; only shape chains and rules read it)."""
     return {name: value for name, value in known.items()
-            if is_symbolic(value) and not _ruled_floats(value) and not holds_ratios(value) and name not in inputs}
+            if is_symbolic(value) and not _ruled_floats(value) and not holds_floats(value) and name not in inputs}
 
 
 def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] | None:
@@ -83,8 +84,9 @@ def symbolic_values(node: Node, known: dict, graph: Graph) -> list[np.ndarray] |
         return _float_cast(node, args[0], graph)
     if any(map(_ruled_floats, args)) and node.op_type not in MOVEMENT_OPS:
         return None  # float arithmetic of a ruled value: no expression holds it, so no value at opt either
-    if any(map(holds_ratios, args)) and node.op_type not in MOVEMENT_OPS:
-        fn = RATIO_OPS.get(node.op_type)  # float arithmetic of dims (polykit.compiler.graph.dim_ratios)
+    if any(map(holds_floats, args)) and node.op_type not in MOVEMENT_OPS | {"Gather"}:  # moved as they are
+        # float arithmetic of dims (polykit.compiler.graph.dim_floats)
+        fn = FLOAT_VALUE_OPS.get(node.op_type) or (_reduce if node.op_type in FLOAT_REDUCERS else None)
     if fn is None or any(n and a is None for n, a in zip(node.inputs, args)) or not any(map(is_symbolic, args)):
         return None
     try:
@@ -144,15 +146,18 @@ CAST_OPS = frozenset({"Cast", "CastLike"})
 def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray] | None:
     """Cast (CastLike) of dims: int32/int64 stay dims; a float type of values over ruled symbols
     gives RuledFloats (a Range of a window's length reads them by its rule at bind time), of other
-    dims DimRatios (float arithmetic of dims, dim_ratios); float dims cast to ints are truncated."""
+    dims DimFloats (float arithmetic of dims, dim_floats); float dims cast to ints are truncated."""
     dtype = graph.value(node.outputs[0]).dtype
     if dtype is None and node.op_type == "Cast" and "to" in node.attrs:  # a step inside a fused Pointwise node
         dtype = to_numpy(int(node.attrs["to"]))
     if dtype is None or _ruled_floats(value):
         return None
     ints = np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.int64))
-    if holds_ratios(value):  # float dims: truncated to ints, or kept
-        return [settle(from_ratios(value), dtype)] if ints else [value] if is_float(dtype) else None
+    if holds_floats(value):  # float dims: truncated to ints, or cast to another float type
+        if ints:
+            return [settle(from_floats(value), dtype)]
+        floats = to_floats(value, dtype) if is_float(dtype) else None
+        return None if floats is None else [floats]
     if ints:
         return [settle(value, dtype)]
     if not is_float(dtype):
@@ -162,7 +167,8 @@ def _float_cast(node: Node, value: np.ndarray, graph: Graph) -> list[np.ndarray]
         out = np.empty(value.shape, dtype=object)
         out.ravel()[:] = [RuledFloat(float(v), v.expr) for v in value.ravel()]
         return [out]
-    return [to_ratios(value)]
+    floats = to_floats(value, dtype)
+    return None if floats is None else [floats]
 
 
 @value_op("Gather")
@@ -225,7 +231,7 @@ def _reduce(node: Node, args: list) -> list[np.ndarray]:
     axes = sorted({int(a) % max(x.ndim, 1) for a in axes})
     keep = [a for a in range(x.ndim) if a not in axes]
     moved = np.transpose(x, keep + axes).reshape([x.shape[a] for a in keep] + [-1])
-    combine = REDUCERS[node.op_type]
+    combine = (FLOAT_REDUCERS if holds_floats(x) else REDUCERS)[node.op_type]
     out = np.empty(moved.shape[:-1], dtype=object)
     for index in np.ndindex(out.shape):
         values = list(moved[index])
@@ -297,8 +303,8 @@ def _extreme(op: str, a: int, b: int) -> int:
 
 
 #: every op whose outputs shape inference computes over symbolic shape values (docs/DYNAMIC_SHAPES.md's
-#: table): Shape and Size make them, casts keep them, the rest compute on them (RATIO_OPS on float dims)
-EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS | set(RATIO_OPS))
+#: table): Shape and Size make them, casts keep them, the rest compute on them (FLOAT_VALUE_OPS on float dims)
+EVALUATED_OPS = frozenset({"Shape", "Size"} | CAST_OPS | set(SHAPE_VALUE_OPS) | MOVEMENT_OPS | set(FLOAT_VALUE_OPS))
 
 
 def stopped_expression(graph: Graph, known: dict, name: str) -> "tuple[Node | None, str]":
@@ -345,10 +351,11 @@ def _stopper(node: Node, known: dict, graph: Graph) -> str:
 
 
 def _op_stopper(op: str, args: list) -> str:
-    floats = any(a is not None and (a.dtype.kind == "f" or holds_ratios(a)) for a in args)
-    if op not in EVALUATED_OPS or (floats and op not in RATIO_OPS and op not in CAST_OPS | MOVEMENT_OPS):
+    floats = any(a is not None and (a.dtype.kind == "f" or holds_floats(a)) for a in args)
+    if op not in EVALUATED_OPS or (floats and op not in FLOAT_VALUE_OPS.keys() | FLOAT_REDUCERS.keys() | CAST_OPS
+                                   | MOVEMENT_OPS | {"Gather"}):
         return f"{op} is not evaluated over symbolic dims" + \
-            (" of a float type (dim_ratios.RATIO_OPS lists those that are)" if floats else
+            (" of a float type (dim_floats.FLOAT_VALUE_OPS, FLOAT_REDUCERS list those that are)" if floats else
              " (shape_values.EVALUATED_OPS lists those that are)")
     return f"its operands {[a.tolist() if a is not None else None for a in args]} give no value (a division by " \
            f"zero or by a dim expression, a sign or comparison that differs)"

@@ -87,6 +87,7 @@ def check_dims(doc: Doc, weights_len: int) -> None:
     if stray:
         raise Invalid("profiles.sized", f"names {stray[0]!r}, which is no data symbol")
     corners = [with_data(env, data) for env in corners]
+    ordered = {s: data[s] for s in bound_order(data)}
     symbols |= set(data)
     rules = _check_rules(profiles.get("rules", ()), symbols)
     at_opt = {s: d for r in rules for s, d in r.symbols_at_opt().items()}
@@ -94,7 +95,7 @@ def check_dims(doc: Doc, weights_len: int) -> None:
     symbols |= set(at_opt)
     for name, t in tensors.items():
         if "dims" in t:
-            _check_tensor(name, t, symbols, corners)
+            _check_tensor(name, t, symbols, corners, ordered)
         if "value" in t:
             _check_value(name, t, symbols, corners, doc["inputs"])
 
@@ -202,7 +203,8 @@ def _check_value(name: str, t: Doc, symbols: set[str], corners: list[dict[str, i
         raise Invalid(path, str(exc)) from None
 
 
-def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]]) -> None:
+def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, int]],
+                  data: Mapping[str, Term]) -> None:
     path = f"tensors[{name!r}].dims"
     if t["kind"] == "weight":
         raise Invalid(path, "a weight has static dims")
@@ -223,7 +225,7 @@ def _check_tensor(name: str, t: Doc, symbols: set[str], corners: list[dict[str, 
         if k == 1 and shape != t["shape"]:
             raise Invalid(path, f"gives {shape} at the first profile's opt, the tensor's shape is {t['shape']}")
         largest = max(largest, nbytes_of(t["dtype"], shape))
-    largest = max(largest, nbytes_of(t["dtype"], [remainder_size(dims, corners)]))
+    largest = max(largest, nbytes_of(t["dtype"], [remainder_size(dims, corners, data)]))
     if t["nbytes"] != largest:
         raise Invalid(f"tensors[{name!r}].nbytes", f"{t['nbytes']} != {largest}, its largest size at a profile corner "
-                                                   f"(or its remainders' bound)")
+                                                   f"(or the bound of its dims that are not monotone)")

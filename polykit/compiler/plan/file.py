@@ -362,10 +362,12 @@ def _tensor_to_json(t: TensorDesc) -> dict[str, Any]:
     return d
 
 
-def _tensor_from_json(d: Mapping[str, Any]) -> TensorDesc:
+def _tensor_from_json(d: Mapping[str, Any], shared: "dict | None" = None) -> TensorDesc:
+    """A tensor record; `shared`: one dict for the plan's tensors, so equal dim subexpressions are one
+    object (the binder evaluates each once per shape set: symbolic.evaluate's memo)."""
     return TensorDesc(d["name"], str(d["dtype"]), tuple(int(x) for x in d["shape"]), d["kind"], int(d["offset"]),
-                      int(d["nbytes"]), tuple(expr_from_json(x) for x in d.get("dims", ())),
-                      tuple(expr_from_json(x) for x in d.get("value", ())))
+                      int(d["nbytes"]), tuple(expr_from_json(x, shared=shared) for x in d.get("dims", ())),
+                      tuple(expr_from_json(x, shared=shared) for x in d.get("value", ())))
 
 
 def _layer_to_json(layer: LayerDesc, packer: _WeightPacker) -> dict[str, Any]:
@@ -411,10 +413,11 @@ class _Nested:
 def _plan_from_json(doc: Mapping[str, Any], blob: memoryview, where: str = "plan", depth: int = 0) -> Plan:
     """The Plan of a document check_document accepted."""
     nested = _Nested(blob, doc["target"], where, depth)
+    shared: dict = {}  # equal dim subexpressions of all tensors: one object each
     return Plan(
         target=doc["target"],
         layers=[_layer_from_json(x, nested) for x in doc["layers"]],
-        tensors={name: _tensor_from_json(t) for name, t in doc["tensors"].items()},
+        tensors={name: _tensor_from_json(t, shared) for name, t in doc["tensors"].items()},
         inputs=list(doc["inputs"]),
         outputs=list(doc["outputs"]),
         weights=_unpack_weights(blob, doc["weights"]),

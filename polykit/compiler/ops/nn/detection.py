@@ -16,7 +16,7 @@ import numpy as np
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.data_dims import data_dim
 from polykit.compiler.ops.tensor.shape_ops import const_ints
-from polykit.compiler.ir.symbolic import SymInt, extreme, term_of
+from polykit.compiler.ir.symbolic import MAX_VALUE, SymInt, extreme, term_of
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError
 
@@ -73,7 +73,9 @@ def _nms(ctx: InferContext):
         limit = const_ints(ctx, 2) if ctx.has(2) else [0]
         if limit is not None and len(limit) == 1 and not isinstance(limit[0], SymInt):
             most = max(int(limit[0]), 0)  # of a dynamic box count, min() stays an expression: a corner's bound agrees
-            per_class = SymInt(min(int(per_class), most), extreme("min", term_of(per_class), most)) \
-                if isinstance(per_class, SymInt) else min(per_class, most)
+            if isinstance(per_class, SymInt) and most < MAX_VALUE:  # a larger limit (torchvision's sys.maxsize)
+                per_class = SymInt(min(int(per_class), most), extreme("min", term_of(per_class), most))  # limits none
+            elif not isinstance(per_class, SymInt):
+                per_class = min(per_class, most)
         bound = scores[0] * scores[1] * per_class
     return [(np.dtype(np.int64), (data_dim(ctx, "nms", bound, 0), 3))]

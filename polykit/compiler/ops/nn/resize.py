@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import Dim, Node
-from polykit.compiler.ir.symbolic import SymInt, float32_fraction
+from polykit.compiler.ir.symbolic import Expr, SymInt, float32_fraction, float_type, term_of
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.errors import NodeAttributeError, ShapeError
 
@@ -123,8 +123,20 @@ def output_sizes(in_dims: list[Dim], scales: np.ndarray | None, sizes: np.ndarra
         return [int(scale * d + 0.5) for d in in_dims], [scale] * len(sizes)
     assert scales is not None
     factors32 = np.asarray(scales, dtype=np.float32).ravel()
-    dims = [_scaled(d, f, where) if isinstance(d, int) else (d if f == 1 else None) for d, f in zip(in_dims, factors32)]
+    # a float the graph computes from the dims carries its float expression (a ruled value's RuledFloat a symbol)
+    computed = [e if float_type(e) else None for e in (getattr(f, "expr", None) for f in np.asarray(scales, dtype=object).ravel())]
+    dims = [_by_computed(d, f, e) if e is not None else _scaled(d, f, where) if isinstance(d, int) else
+            (d if f == 1 else None) for d, f, e in zip(in_dims, factors32, computed)]
     return dims, [float(f) for f in factors32]
+
+
+def _by_computed(d: Dim, f: np.float32, scale: Expr) -> "int | None":
+    """A dim resized by a scale the graph computes from the dims (a float32 dim expression of
+    polykit.compiler.graph.dim_floats): trunc(scale * float32(d)), as onnxruntime sizes its output;
+    None (no expression) for a dim without an int value or a scale of another float type."""
+    if not isinstance(d, int) or float_type(scale) != "f32":
+        return None
+    return SymInt(int(f * np.float32(int(d))), Expr("trunc", (Expr("f*", (scale, Expr("f32", (term_of(d),)))),)))
 
 
 def _scaled(d: int, f: np.float32, where: str) -> int:
