@@ -1,9 +1,11 @@
 """The cuda If over branches whose output lengths depend on data (polykit.kernels.cuda.models.control_flow
 `_Branch`): a branch built for a profile (a filtered count reaches it) is bound to its inputs' shapes
 first, and an output whose length a layer of the branch decides (NonZero, NonMaxSuppression) is written
-into room of the bytes the branch reserves for it and takes the length its run gave it. Without a GPU
-the layer's host side runs over emulated memory (as in test_control_flow_sized); the gpu-marked tests
-at the end run the same models, and one with such an If inside a Loop body, through the engine."""
+into room of its bound at these input shapes and takes the length its run gave it. Without a GPU
+the layer's host side runs over emulated memory (as in test_control_flow_sized). A Loop carrying a value
+its body filters every iteration likewise takes its bound as room and the length each iteration gave.
+The gpu-marked tests at the end run the same models, and one with such an If inside a Loop body,
+through the engine."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda.harness import reference_layer
-from polykit.runtime.output_alloc import OutputSizes
+from polykit.runtime.output_alloc import OutputSizes, data_outputs
 from polykit.runtime.shapes import ShapeBinder
 from tests.compiler.test_data_dependent_dims import (_check, _const, _detections, _filter, _model, _vectors,
                                                      boxes_and_offsets, filter_over_a_branch)
 from tests.kernels.cuda.test_control_flow_body_shapes import ShapedBodies
-from tests.kernels.cuda.test_control_flow_sized import HostBuffers, _read
+from tests.kernels.cuda.test_control_flow_sized import HostBuffers, _layer_run, _read
 from tests.kernels.cuda.test_control_flow_scan import HostLauncher
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -62,14 +64,29 @@ def two_filters_in_a_loop():
     return _model(nodes, [("x", F, [8])], [("acc", F), ("counts", I64)])
 
 
+def filtered_every_iteration():
+    """Loop(trip) carrying v (x at first): each iteration keeps the elements of v - 0.4 above -0.5, a
+    length the body's NonZero decides (the body is built for a profile of v's length); the count kept
+    per iteration as a scan output."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["go_in"], ["go_out"]), _const("d", 0.4),
+         helper.make_node("Sub", ["v", "d"], ["w"])] + _filter("w", -0.5, "v_out", "k") +
+        [helper.make_node("Shape", ["v_out"], ["n"])],
+        "body", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("go_in", B, []),
+                 helper.make_tensor_value_info("v", F, [None])], [_out("go_out", B), _out("v_out", F), _out("n", I64)])
+    nodes = [_const("go", True, B), helper.make_node("Loop", ["trip", "go", "x"], ["v", "counts"], body=body)]
+    return _model(nodes, [("x", F, [8]), ("trip", I64, [])], [("v", F), ("counts", I64)])
+
+
 class RanBodies(ShapedBodies):
     """ShapedBodies that runs static body plans too, and bodies whose output lengths a layer of theirs
     decides from values: the reference kernels give the run's shapes, which `shapes` reads back (as
     the body's execution context does once the run read its counts). Each output must fit the bytes
     the body plan reserves for it (the room the layer gave it)."""
 
-    def __init__(self):
+    def __init__(self, nbytes: int = 1 << 20):
         super().__init__()
+        self.mem = np.zeros(nbytes, np.uint8)
         self.ran = {}
 
     def run(self, plan, bindings) -> None:
@@ -82,6 +99,9 @@ class RanBodies(ShapedBodies):
         env.update(found.values)
         for layer in plan.layers:
             env.update(reference_layer(layer, env))
+        if plan.profiles is not None and plan.profiles.data:  # shape tensors of the decided sizes (Shape of a NonZero's)
+            sizes = {o.symbol: env[o.tensor].shape[o.axis] for o in data_outputs(plan)}
+            env.update(ShapeBinder(plan).bind_data(found, sizes).values)
         self.ran[id(plan)] = {}
         for name in plan.metadata["body_outputs"]:
             value = env[name].astype(plan.tensors[name].np_dtype)
@@ -103,13 +123,14 @@ def _intermediates(model, feeds, names):
 
 
 class IfRig:
-    """The plan's If layer (cuda.control_flow) over emulated memory, one LayerOutputs across runs (as one
-    context's): `run(values)` enqueues it with its inputs from `values` at their own shapes."""
+    """The plan's If layer (cuda.control_flow; `name`: which one) over emulated memory (`nbytes`), one
+    LayerOutputs across runs (as one context's): `run(values)` enqueues it with its inputs from `values`
+    at their own shapes."""
 
-    def __init__(self, plan):
-        (self.layer,) = [lay for lay in plan.layers if lay.kind == "If"]
+    def __init__(self, plan, name: str | None = None, nbytes: int = 1 << 20):
+        (self.layer,) = [lay for lay in plan.layers if lay.kind == "If" and name in (None, lay.name)]
         assert self.layer.tactic == "cuda.control_flow", self.layer.tactic
-        self.plan, self.host = plan, RanBodies()
+        self.plan, self.host = plan, RanBodies(nbytes)
         self.buffers = HostBuffers(self.host)
         self.launcher = HostLauncher(self.host)
         self.launcher.outputs = self.buffers.outputs(plan)
@@ -190,6 +211,20 @@ def test_the_cuda_if_reuses_its_room_across_runs_of_other_lengths():
     assert rig.buffers.events == [("alloc", 4 * kept)], "room of the first run's bound (its kept count), then reused"
 
 
+@pytest.mark.parametrize("trip", [0, 1, 3, 6])
+@pytest.mark.parametrize("which", range(3))
+def test_the_cuda_loop_carries_a_value_its_body_filters_every_iteration(which, trip):
+    model = filtered_every_iteration()
+    plan = _cuda_plan(model)
+    feeds = {"x": _vectors(8, seed=3)[which] * 1.5, "trip": np.array(trip)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    layer, outputs, host, _ = _layer_run(plan, "Loop", {**feeds, "go": np.array(True)}, host=RanBodies())
+    for name, w in zip(("v", "counts"), want):
+        got = _read(plan, layer, outputs, host, name)
+        assert got.shape == w.shape, (name, got.shape, w.shape)
+        np.testing.assert_array_equal(got, w, err_msg=name)
+
+
 def test_the_run_ends_a_segment_at_the_if_whose_output_its_branch_sizes():
     """The engine binds the If's output length after the If and before its consumers (a read-back, so
     the plan is never replayed as one CUDA graph across it): the If is the last layer of a segment."""
@@ -224,7 +259,9 @@ def _cases():
     vectors = [{"x": x * 2} for x in _vectors(12, seed=4)]
     return {"if_of_two_filters": (branches_of_two_filters(),
                                   [{**f, "flag": np.array(flag)} for f in vectors for flag in (True, False)]),
-            "if_of_two_filters_in_a_loop": (two_filters_in_a_loop(), [{"x": x * 2} for x in _vectors(8, seed=5)])}
+            "if_of_two_filters_in_a_loop": (two_filters_in_a_loop(), [{"x": x * 2} for x in _vectors(8, seed=5)]),
+            "filtered_every_iteration": (filtered_every_iteration(),
+                                         [{"x": x * 1.5, "trip": np.array(t)} for x in _vectors(8, seed=3) for t in (0, 3, 6)])}
 
 
 @pytest.mark.gpu

@@ -127,10 +127,7 @@ class _Branch:
         else:
             self.shapes = [tuple(plan.tensors[n].shape) for n in self.names]
         self.decided = [_decided_by_run(plan, n) for n in self.names]
-        given = plan.profiles.inputs if plan.profiles is not None else {}
-        #: the branch's input symbols at this run's shapes (where its outputs' data bounds are evaluated)
-        self.env = {sym: int(d) for n, t in zip(plan.inputs, inputs) for sym, d in zip(given.get(n) or (), t.shape)
-                    if isinstance(sym, str)}
+        self.env = _input_symbols(plan, [t.shape for t in inputs])  # where its outputs' data bounds are evaluated
 
     def room(self, outputs: Any, k: int, planned: DeviceTensor) -> DeviceTensor:
         """Where the branch writes the If's output k: its planned tensor, or, for an output the run
@@ -168,6 +165,13 @@ class _Branch:
                 t = DeviceTensor(t.ptr, shape, t.dtype)
             done.append(t)
         return done
+
+
+def _input_symbols(plan: Any, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+    """{symbol: size} of the dims of `plan`'s inputs (positional `shapes`) that its profile names."""
+    given = plan.profiles.inputs if plan.profiles is not None else {}
+    return {sym: int(d) for n, shape in zip(plan.inputs, shapes) for sym, d in zip(given.get(n) or (), shape)
+            if isinstance(sym, str)}
 
 
 def _bound_shape(plan: Any, name: str, env: Mapping[str, int]) -> tuple[int, ...]:
@@ -286,7 +290,9 @@ class _Carried:
 class _BodyShapes:
     """The shapes of a Loop body's outputs per iteration: a static body's are its plan's; a body built for
     a profile (its shapes change across iterations: polykit.compiler.builder.bodies) binds each iteration's
-    input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back."""
+    input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back. A carried
+    value whose length a layer of the body decides from values (a filter each iteration) takes its bound
+    at the iteration's input shapes as room, and the length the iteration's run gave it after (`ran`)."""
 
     def __init__(self, bodies: Any, plan: Any):
         self.bodies, self.plan = bodies, plan
@@ -294,16 +300,31 @@ class _BodyShapes:
         self.bound = _varying(plan)
         self.values = tuple(plan.profiles.values) if self.bound else ()
         self.static = [tuple(plan.tensors[o].shape) for o in self.names]
+        self.decided = [_decided_by_run(plan, o) for o in self.names]
 
     def bind(self, i: int, inputs: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """Iteration i's output shapes (body output order), its inputs having the shapes `inputs`."""
+        """Iteration i's output shapes (body output order), its inputs having the shapes `inputs` (a
+        decided output's: its bound, the room it needs)."""
         if not self.bound:
-            return self.static
-        tensors = self.plan.tensors
-        shapes = {n: tuple(s) for n, s in zip(self.plan.inputs, inputs) if tensors[n].dims}
-        values = {n: np.full(tensors[n].shape, i, tensors[n].np_dtype) for n in self.values}
-        out = self.bodies.bind(self.plan, shapes, values)
-        return [tuple(out[n]) for n in self.names]
+            shapes = self.static
+        else:
+            tensors = self.plan.tensors
+            given = {n: tuple(s) for n, s in zip(self.plan.inputs, inputs) if tensors[n].dims}
+            values = {n: np.full(tensors[n].shape, i, tensors[n].np_dtype) for n in self.values}
+            out = self.bodies.bind(self.plan, given, values)
+            shapes = [tuple(out[n]) for n in self.names]
+        if not any(self.decided):
+            return shapes
+        env = _input_symbols(self.plan, inputs)
+        return [_bound_shape(self.plan, n, env) if d else s for n, d, s in zip(self.names, self.decided, shapes)]
+
+    def ran(self, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The output shapes of the iteration that just ran: `shapes` (bind's), the decided ones as the
+        body's context read them back."""
+        if not any(self.decided):
+            return list(shapes)
+        got = self.bodies.shapes(self.plan)
+        return [tuple(got[n]) if d else s for n, d, s in zip(self.names, self.decided, shapes)]
 
 
 def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -337,9 +358,12 @@ def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
         if not fixed:
             bodies.write(indices, np.array([i], np.int64))
         carried = [t.ptr for t in state.values]
+        outs = [cond_out, *carried, *scans.at(i)]
+        later = _launch(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *carried,
+                                       *(c.ptr for c in captures)], outs)
+        shapes = body.ran(shapes)
         sizes = [1] + [math.prod(s) * t.dtype.itemsize for s, t in zip(shapes[1:1 + n], state.values)] + scans.rows
-        _run(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *carried, *(c.ptr for c in captures)],
-             [cond_out, *carried, *scans.at(i)], sizes)
+        _repeat(bodies, later, dict(zip(outs, sizes)))
         state.advance(shapes[1:1 + n])
         i += 1
         if not fixed:
@@ -446,10 +470,11 @@ def _bodies_built(layer: Any) -> bool:
     """The layer carries its bodies as plans (a build's lowering made them) that this tactic can bind:
     of static shapes, an If branch built for one profile (the shapes reaching it change from run to
     run: `_Branch` binds them), or a Loop body built for a profile (its shapes change across iterations)
-    whose one ruled value is the iteration number and whose sizes no layer of its own decides
-    (`_BodyShapes` binds them)."""
+    whose one ruled value is the iteration number and whose scan rows' sizes no layer of its own decides
+    (`_BodyShapes` binds them; a carried value's it reads back after each iteration)."""
     bodies = [v for k, v in layer.attrs.items() if k in ("then_branch", "else_branch", "body")]
-    return all(hasattr(v, "tensors") and (not _varying(v) or layer.kind == "Loop" and _bound_per_iteration(v)
+    carried = len(layer.inputs) - 2 - _captured(layer)
+    return all(hasattr(v, "tensors") and (not _varying(v) or layer.kind == "Loop" and _bound_per_iteration(v, carried)
                                           or layer.kind == "If" and len(v.profiles.ranges) == 1)
                for v in bodies)
 
@@ -459,9 +484,13 @@ def _varying(plan: Any) -> bool:
     return any(lo != hi for profile in ranges for lo, _, hi in profile.values())
 
 
-def _bound_per_iteration(plan: Any) -> bool:
+def _bound_per_iteration(plan: Any, carried: int) -> bool:
+    """One profile whose one ruled value is the iteration number, and no scan row (body outputs past the
+    condition and the `carried` values) whose length a layer of the body decides."""
     profiles = plan.profiles
-    return len(profiles.ranges) == 1 and not profiles.data and set(profiles.values) <= {plan.inputs[0]}
+    rows = plan.metadata["body_outputs"][1 + carried:]
+    return len(profiles.ranges) == 1 and set(profiles.values) <= {plan.inputs[0]} and \
+        not any(_decided_by_run(plan, o) for o in rows)
 
 
 for _kind in KINDS:
