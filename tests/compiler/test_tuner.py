@@ -240,3 +240,19 @@ def test_build_progress_bar_shows_with_v_but_not_inside_another_progress_display
         assert len(made) == 1
     finally:
         tuner_module.log.setLevel(level)
+
+
+def test_a_layer_with_dynamic_dims_no_tactic_runs_names_its_dims(monkeypatch):
+    """The refusal names each dynamic tensor of the layer with its dims (data symbols included) and
+    says why no tactic serves it (it said "for dynamic shapes ()" when no tactic was even a candidate)."""
+    from tests.compiler.test_data_dependent_dims import boxes_and_offsets
+
+    found = tuner_module.candidates
+    monkeypatch.setattr(tuner_module, "candidates",
+                        lambda target, kind, layer, arch=None: [] if kind == "If" else found(target, kind, layer, arch=arch))
+    with pytest.raises(BuildError) as info:
+        build_plan(boxes_and_offsets(True), BuilderConfig(target="cpu"))
+    what = info.value.what
+    assert "no cpu tactic can run this If layer with dynamic dims" in what, what
+    assert "kept_boxes (data(s_nz)[1], 4)" in what and "keep_if (data(keep_if)[0],)" in what, what
+    assert what.endswith("no cpu tactic supports this layer's attributes at these shapes"), what

@@ -17,8 +17,8 @@ history) makes the body plan one for a profile (`body_profile`): each such dim a
 bound], the iteration number a ruled value, so the shapes it decides are the ops' rules' at bind time
 (polykit.compiler.graph.shape_rules) and the context binds each iteration's shapes when it runs; the Loop's
 outputs of those shapes are sized at run time (polykit.compiler.ops.control.control_flow). Such a Loop body
-runs on cpu and on cuda (polykit.kernels.cuda.models.control_flow binds each iteration); Scan/If bodies of
-run-time shapes run on cpu only.
+runs on cpu and on cuda (polykit.kernels.cuda.models.control_flow binds each iteration), an If branch of
+run-time shapes too (bound once per run); Scan bodies of run-time shapes run on cpu only.
 
 A sub-plan's metadata "body_outputs" lists the body's outputs in order (a plan lists each
 output once; a body may return one tensor twice).

@@ -126,8 +126,9 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
     if not pairs:
         detail = f" ({'; '.join(declined)}; --memory-pool-limit workspace:{cfg.workspace_limit})" if declined else ""
         if dynamic:
-            detail = f" for dynamic shapes ({'; '.join(declined)})"
-            raise BuildError(f"no {target} tactic can run this {layer.kind} layer{detail}", where=f"layer {layer.name!r}",
+            why = "; ".join(declined) or f"no {target} tactic supports this layer's attributes at these shapes"
+            raise BuildError(f"no {target} tactic can run this {layer.kind} layer with dynamic dims "
+                             f"({dynamic_dims(layer, tensors, corners[0])}): {why}", where=f"layer {layer.name!r}",
                              hint="narrow the profile (or pin the dims this layer depends on), or use --target cpu")
         precisions = "/".join(v.precision for v in variants)
         raise BuildError(f"no {target} tactic can run this {layer.kind} layer in {precisions}{detail}",
@@ -135,6 +136,14 @@ def candidate_pairs(layer: LayerDesc, target: str, cfg: BuilderConfig, tensors: 
                          hint="raise the workspace limit" if declined else
                          "try --target cpu, relax --precision-constraints, or report the layer's shapes and attributes")
     return pairs
+
+
+def dynamic_dims(layer: LayerDesc, tensors: Mapping[str, TensorDesc], corner: Mapping[str, TensorDesc]) -> str:
+    """The layer's tensors whose shapes the profile or the run decides, each with its dims (expressions
+    of the input dims and data symbols), e.g. "kept_boxes (data(s_nz)[1], 4), keep_if (data(keep_if)[0],)"."""
+    names = dict.fromkeys(n for n in (*layer.inputs, *layer.outputs) if n and n in corner)
+    return ", ".join(f"{n} ({', '.join(str(d) for d in tensors[n].dims or corner[n].shape)}"
+                     f"{',' if len(tensors[n].dims or corner[n].shape) == 1 else ''})" for n in names)
 
 
 def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str, TensorDesc]],

@@ -9,8 +9,9 @@ graph after its first run), copies between device buffers (strided ones too: a S
 along an axis other than 0), writes small host arrays (loop indices) and reads scalars back
 (an If's condition, a Loop's trip count and, once per iteration, its condition when the body
 can change it). A Loop body built for a profile (its shapes change across iterations) is bound to
-each iteration's input shapes and iteration number first (`bind`: the host evaluates its shapes,
-polykit.runtime.shapes) and runs uncaptured.
+each iteration's input shapes and iteration number first, an If branch built for one to its inputs'
+shapes (`bind`: the host evaluates its shapes, polykit.runtime.shapes), and runs uncaptured; a body
+output whose size a layer of the body decides from values reads as the size its run gave it (`shapes`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ class BodyDriver:
             ctx.set_input_shape(name, shape)
         for name, value in values.items():
             ctx.set_input_values(name, value)
+        return self.shapes(plan)
+
+    def shapes(self, plan: Any) -> dict[str, tuple[int, ...]]:
+        """{output: its shape} of body `plan` for the shapes it is bound to; an output whose size a
+        layer of the body decides from values has the size its last run gave it."""
+        ctx = self._bodies.context(plan)
         return {name: ctx.get_tensor_shape(name) for name in plan.outputs}
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:

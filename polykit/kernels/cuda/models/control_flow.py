@@ -20,7 +20,10 @@ into, or scattered from, a workspace buffer with one strided copy per iteration
 iteration count differs is a DeviceError), or, when the plan leaves their length to the run (a
 sized data dim), buffers the layer allocates once it has read the trip count (growing by doubling
 while the body's condition decides) and sizes (polykit.runtime.cuda.layer_outputs); an If's
-outputs of branch-dependent shapes likewise take the taken branch's output shapes.
+outputs of branch-dependent shapes likewise take the taken branch's output shapes: known before it
+runs, or, for an output whose length a layer of the branch decides from values (NonZero, NMS), room of
+its bound, then the length the branch's run gave it (`_Branch`). An If branch built for a profile (a
+filtered count reaches it) is bound to its inputs' shapes first.
 
 A Loop body whose shapes change across iterations (built for a profile: polykit.compiler.builder.bodies)
 is bound before each iteration to its inputs' shapes and the iteration number (`_BodyShapes`, the
@@ -38,6 +41,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ir.symbolic import Expr, ShapeEvalError, evaluate
+from polykit.compiler.ops.data_dims import sized_tensors, with_data
 from polykit.errors import DeviceError, RuntimeInputError
 from polykit.kernels.cuda.base import DECLARED, CudaTactic, DeviceTensor
 
@@ -70,9 +75,18 @@ def _bind(plan: Any, inputs: Sequence[int], outputs: Sequence[int]) -> tuple[dic
 
 
 def _run(bodies: Any, plan: Any, inputs: Sequence[int], outputs: Sequence[int], sizes: Sequence[int]) -> None:
+    later = _launch(bodies, plan, inputs, outputs)
+    _repeat(bodies, later, dict(zip(outputs, sizes)))
+
+
+def _launch(bodies: Any, plan: Any, inputs: Sequence[int], outputs: Sequence[int]) -> list[tuple[int, int]]:
+    """Run body `plan` once; the copies a body output listed twice still needs (`_bind`)."""
     bindings, later = _bind(plan, inputs, outputs)
     bodies.run(plan, bindings)
-    nbytes = dict(zip(outputs, sizes))
+    return later
+
+
+def _repeat(bodies: Any, later: Sequence[tuple[int, int]], nbytes: Mapping[int, int]) -> None:
     for dst, src in later:
         bodies.copy(dst, src, nbytes[dst])
 
@@ -85,23 +99,97 @@ def _enqueue_if(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) 
     bodies = launcher.bodies
     cond = bool(bodies.read(tensors[layer.inputs[0]]).reshape(-1)[0])
     plan = layer.attrs["then_branch" if cond else "else_branch"]
-    outs = [_branch_output(layer, launcher.outputs, plan, k, tensors[o]) for k, o in enumerate(layer.outputs)]
-    _run(bodies, plan, [tensors[i].ptr for i in layer.inputs[1:]], [t.ptr for t in outs], [_nbytes(t) for t in outs])
+    inputs = [tensors[i] for i in layer.inputs[1:]]
+    branch = _Branch(layer, bodies, plan, inputs)
+    outs = [branch.room(launcher.outputs, k, tensors[o]) for k, o in enumerate(layer.outputs)]
+    later = _launch(bodies, plan, [t.ptr for t in inputs], [t.ptr for t in outs])
+    outs = branch.ran(launcher.outputs, outs)
+    _repeat(bodies, later, {t.ptr: _nbytes(t) for t in outs})
 
 
-def _branch_output(layer: Any, outputs: Any, plan: Any, k: int, planned: DeviceTensor) -> DeviceTensor:
-    """Where the branch `plan` writes the If's output k: its planned tensor, or, for an output the
-    run sizes (branches of other shapes), room of the branch's output shape."""
-    name = layer.outputs[k]
-    if outputs is None or not outputs.sizes(name):
-        return planned
-    desc = plan.tensors[plan.metadata["body_outputs"][k]]
-    if desc.dims:
-        raise DeviceError(f"the branch's output {k} has a shape its own run decides", where=f"layer {layer.name!r} (If)",
-                          hint="run this model on --target cpu, or give the values that decide it (input_values)")
-    room = outputs.allocate(name, desc.shape, desc.np_dtype)
-    outputs.done(name, desc.shape)
-    return room
+class _Branch:
+    """The branch an If runs: bound to its inputs' shapes first when it was built for a profile (the
+    shapes of what reaches it change from run to run: polykit.compiler.builder.bodies), the host
+    evaluating its output shapes; an output whose dims a layer of the branch decides from values
+    (NonZero, NonMaxSuppression: a data symbol of the branch plan) is known once the branch ran (its
+    context read the count back) and is written into room of its bound at these input shapes."""
+
+    def __init__(self, layer: Any, bodies: Any, plan: Any, inputs: Sequence[DeviceTensor]):
+        self.layer, self.bodies, self.plan = layer, bodies, plan
+        self.names = list(plan.metadata["body_outputs"])
+        self.where = f"layer {layer.name!r} (If)"
+        if _varying(plan):
+            tensors = plan.tensors
+            shapes = {n: tuple(t.shape) for n, t in zip(plan.inputs, inputs) if tensors[n].dims}
+            values = {n: bodies.read(t) for n, t in zip(plan.inputs, inputs) if n in plan.profiles.values}
+            bound = bodies.bind(plan, shapes, values)
+            self.shapes = [tuple(bound[n]) for n in self.names]
+        else:
+            self.shapes = [tuple(plan.tensors[n].shape) for n in self.names]
+        self.decided = [_decided_by_run(plan, n) for n in self.names]
+        self.env = _input_symbols(plan, [t.shape for t in inputs])  # where its outputs' data bounds are evaluated
+
+    def room(self, outputs: Any, k: int, planned: DeviceTensor) -> DeviceTensor:
+        """Where the branch writes the If's output k: its planned tensor, or, for an output the run
+        sizes (branches of other shapes), room of the branch's output shape (of its bound when the
+        branch's own run decides that shape: `ran` records the shape once it has)."""
+        name = self.layer.outputs[k]
+        if outputs is None or not outputs.sizes(name):
+            if self.decided[k]:
+                raise DeviceError(f"the branch's output {k} has a shape its own run decides, which the plan "
+                                  "does not size at run time", where=self.where,
+                                  hint="rebuild the plan with this polykit version, or run it on --target cpu")
+            return planned
+        desc = self.plan.tensors[self.names[k]]
+        if not self.decided[k]:
+            room = outputs.allocate(name, self.shapes[k], desc.np_dtype)
+            outputs.done(name, self.shapes[k])
+            return room
+        if self.names[k] in sized_tensors(self.plan):
+            raise DeviceError(f"the branch's output {k} has a shape that a control-flow layer inside the branch "
+                              "sizes, with no bound to make room for", where=self.where,
+                              hint="run this model on --target cpu")
+        return outputs.allocate(name, _bound_shape(self.plan, self.names[k], self.env), desc.np_dtype)
+
+    def ran(self, outputs: Any, outs: Sequence[DeviceTensor]) -> list[DeviceTensor]:
+        """The If's outputs once the branch ran: those whose shape the branch's run decided take the
+        shape it gave them (read from the branch's context) and are recorded as sized."""
+        if not any(self.decided):
+            return list(outs)
+        shapes = self.bodies.shapes(self.plan)
+        done = []
+        for k, (name, t) in enumerate(zip(self.layer.outputs, outs)):
+            if self.decided[k]:
+                shape = tuple(shapes[self.names[k]])
+                outputs.done(name, shape)
+                t = DeviceTensor(t.ptr, shape, t.dtype)
+            done.append(t)
+        return done
+
+
+def _input_symbols(plan: Any, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+    """{symbol: size} of the dims of `plan`'s inputs (positional `shapes`) that its profile names."""
+    given = plan.profiles.inputs if plan.profiles is not None else {}
+    return {sym: int(d) for n, shape in zip(plan.inputs, shapes) for sym, d in zip(given.get(n) or (), shape)
+            if isinstance(sym, str)}
+
+
+def _bound_shape(plan: Any, name: str, env: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape of `plan`'s tensor `name` with its data symbols at their bounds for input symbol values
+    `env` (no run gives it more: polykit.runtime.shapes.ShapeBinder.bind_data), or, where a bound names
+    what `env` lacks (a ruled symbol), the elements the plan reserves for it."""
+    desc = plan.tensors[name]
+    try:
+        full = with_data(env, plan.profiles.data)
+        return tuple(evaluate(d, full) for d in desc.dims)
+    except ShapeEvalError:
+        return (desc.nbytes // desc.np_dtype.itemsize,)
+
+
+def _decided_by_run(plan: Any, name: str) -> bool:
+    """Whether a layer of `plan` decides a dim of its tensor `name` from values (a data symbol)."""
+    data = set(plan.profiles.data) if plan.profiles is not None else set()
+    return bool(data) and any(isinstance(d, Expr) and d.symbols() & data for d in plan.tensors[name].dims)
 
 
 def _passes_condition(plan: Any) -> bool:
@@ -202,7 +290,9 @@ class _Carried:
 class _BodyShapes:
     """The shapes of a Loop body's outputs per iteration: a static body's are its plan's; a body built for
     a profile (its shapes change across iterations: polykit.compiler.builder.bodies) binds each iteration's
-    input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back."""
+    input shapes and iteration number (its one ruled value, `_bodies_built`) and reads them back. A carried
+    value whose length a layer of the body decides from values (a filter each iteration) takes its bound
+    at the iteration's input shapes as room, and the length the iteration's run gave it after (`ran`)."""
 
     def __init__(self, bodies: Any, plan: Any):
         self.bodies, self.plan = bodies, plan
@@ -210,16 +300,31 @@ class _BodyShapes:
         self.bound = _varying(plan)
         self.values = tuple(plan.profiles.values) if self.bound else ()
         self.static = [tuple(plan.tensors[o].shape) for o in self.names]
+        self.decided = [_decided_by_run(plan, o) for o in self.names]
 
     def bind(self, i: int, inputs: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """Iteration i's output shapes (body output order), its inputs having the shapes `inputs`."""
+        """Iteration i's output shapes (body output order), its inputs having the shapes `inputs` (a
+        decided output's: its bound, the room it needs)."""
         if not self.bound:
-            return self.static
-        tensors = self.plan.tensors
-        shapes = {n: tuple(s) for n, s in zip(self.plan.inputs, inputs) if tensors[n].dims}
-        values = {n: np.full(tensors[n].shape, i, tensors[n].np_dtype) for n in self.values}
-        out = self.bodies.bind(self.plan, shapes, values)
-        return [tuple(out[n]) for n in self.names]
+            shapes = self.static
+        else:
+            tensors = self.plan.tensors
+            given = {n: tuple(s) for n, s in zip(self.plan.inputs, inputs) if tensors[n].dims}
+            values = {n: np.full(tensors[n].shape, i, tensors[n].np_dtype) for n in self.values}
+            out = self.bodies.bind(self.plan, given, values)
+            shapes = [tuple(out[n]) for n in self.names]
+        if not any(self.decided):
+            return shapes
+        env = _input_symbols(self.plan, inputs)
+        return [_bound_shape(self.plan, n, env) if d else s for n, d, s in zip(self.names, self.decided, shapes)]
+
+    def ran(self, shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The output shapes of the iteration that just ran: `shapes` (bind's), the decided ones as the
+        body's context read them back."""
+        if not any(self.decided):
+            return list(shapes)
+        got = self.bodies.shapes(self.plan)
+        return [tuple(got[n]) if d else s for n, d, s in zip(self.names, self.decided, shapes)]
 
 
 def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -253,9 +358,12 @@ def _enqueue_loop(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
         if not fixed:
             bodies.write(indices, np.array([i], np.int64))
         carried = [t.ptr for t in state.values]
+        outs = [cond_out, *carried, *scans.at(i)]
+        later = _launch(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *carried,
+                                       *(c.ptr for c in captures)], outs)
+        shapes = body.ran(shapes)
         sizes = [1] + [math.prod(s) * t.dtype.itemsize for s, t in zip(shapes[1:1 + n], state.values)] + scans.rows
-        _run(bodies, plan, [indices + 8 * i if fixed else indices, cond_in, *carried, *(c.ptr for c in captures)],
-             [cond_out, *carried, *scans.at(i)], sizes)
+        _repeat(bodies, later, dict(zip(outs, sizes)))
         state.advance(shapes[1:1 + n])
         i += 1
         if not fixed:
@@ -359,11 +467,15 @@ _ENQUEUE = {"If": _enqueue_if, "Loop": _enqueue_loop, "Scan": _enqueue_scan}
 
 
 def _bodies_built(layer: Any) -> bool:
-    """The layer carries its bodies as plans (a build's lowering made them) of static shapes, or a Loop
-    body built for a profile (its shapes change across iterations) whose one ruled value is the
-    iteration number and whose sizes no layer of its own decides (`_BodyShapes` binds them)."""
+    """The layer carries its bodies as plans (a build's lowering made them) that this tactic can bind:
+    of static shapes, an If branch built for one profile (the shapes reaching it change from run to
+    run: `_Branch` binds them), or a Loop body built for a profile (its shapes change across iterations)
+    whose one ruled value is the iteration number and whose scan rows' sizes no layer of its own decides
+    (`_BodyShapes` binds them; a carried value's it reads back after each iteration)."""
     bodies = [v for k, v in layer.attrs.items() if k in ("then_branch", "else_branch", "body")]
-    return all(hasattr(v, "tensors") and (not _varying(v) or layer.kind == "Loop" and _bound_per_iteration(v))
+    carried = len(layer.inputs) - 2 - _captured(layer)
+    return all(hasattr(v, "tensors") and (not _varying(v) or layer.kind == "Loop" and _bound_per_iteration(v, carried)
+                                          or layer.kind == "If" and len(v.profiles.ranges) == 1)
                for v in bodies)
 
 
@@ -372,9 +484,13 @@ def _varying(plan: Any) -> bool:
     return any(lo != hi for profile in ranges for lo, _, hi in profile.values())
 
 
-def _bound_per_iteration(plan: Any) -> bool:
+def _bound_per_iteration(plan: Any, carried: int) -> bool:
+    """One profile whose one ruled value is the iteration number, and no scan row (body outputs past the
+    condition and the `carried` values) whose length a layer of the body decides."""
     profiles = plan.profiles
-    return len(profiles.ranges) == 1 and not profiles.data and set(profiles.values) <= {plan.inputs[0]}
+    rows = plan.metadata["body_outputs"][1 + carried:]
+    return len(profiles.ranges) == 1 and set(profiles.values) <= {plan.inputs[0]} and \
+        not any(_decided_by_run(plan, o) for o in rows)
 
 
 for _kind in KINDS:
