@@ -152,9 +152,12 @@ def conv_case(tile, x_shape, n, dtype, epilogue=None, extra=None):
     return rel_err(*run_conv(tile, inputs, {}, dtype, epilogue, prefix="skinny"))
 
 
+#: every tile on every channel pair whose K it fits
+CONV_CASES = [(t, c, n) for t in TILES for c, n in CHANNELS if t.fits(c, False)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.label)
-@pytest.mark.parametrize("c,n", CHANNELS)
+@pytest.mark.parametrize("tile,c,n", CONV_CASES, ids=[f"{t.label}-{c}-{n}" for t, c, n in CONV_CASES])
 def test_skinny_pointwise_conv_matches_float64_reference(tile, c, n):
     """Odd pixel counts (2 x 13 x 11 = 286: a partial last tile) and every chunk width."""
     require_sm80()
@@ -178,16 +181,18 @@ def test_skinny_pointwise_conv_with_residual_relu_epilogue(tile):
     assert conv_case(tile, (2, 15, 9, 144), 24, FP16, RESIDUAL_RELU, extra) <= TOL[FP16]
 
 
+MATMUL_SHAPES = [((333, 16), (16, 96)), ((3, 101, 40), (40, 24)), ((1000, 256), (256, 48)), ((77, 72), (72, 136))]
+#: every tile on every shape whose K it fits (fp16), the first tile on each (bf16)
+MATMUL_CASES = ([(t, a, b, FP16) for t in TILES for a, b in MATMUL_SHAPES if t.fits(a[-1], True)]
+                + [(TILES[0], a, b, BF16) for a, b in MATMUL_SHAPES])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.label)
-@pytest.mark.parametrize("a_shape,b_shape", [((333, 16), (16, 96)), ((3, 101, 40), (40, 24)),
-                                             ((1000, 256), (256, 48)), ((77, 72), (72, 136))])
-@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("tile,a_shape,b_shape,dtype", MATMUL_CASES,
+                         ids=[f"{t.label}-{a}x{b}-{d.name}" for t, a, b, d in MATMUL_CASES])
 def test_skinny_matmul_matches_float64_reference(tile, a_shape, b_shape, dtype):
     """A [K, N] B (B_KN 1): shared by every batch item of A, whose batch folds into M."""
     require_sm80()
-    if dtype == BF16 and tile is not TILES[0]:
-        pytest.skip("bf16 runs on one tile")
     a, b = rand(a_shape, dtype), rand(b_shape, dtype)
     ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
     out = run(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}), {"A": a, "B": b}, f"cuda.gemm.skinny_{tile.label}",
