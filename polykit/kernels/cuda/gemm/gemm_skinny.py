@@ -26,7 +26,7 @@ ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 #: mma.sync m16n8k16 and cp.async: compute capability 8.0 and later
 ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90")
 MAX_K = 512  # past this a BM-row tile of A stops fitting beside the W chunks; wgmma tiles serve such K
-SMEM_PER_BLOCK = 99 * 1024  # at least two blocks an SM on sm_80+ (sm_86/89: 100 KiB an SM)
+SMEM_PER_BLOCK = 99 * 1024  # the most a block may take on sm_86 / sm_89; sm_80 and sm_90 fit two such blocks an SM
 #: cost model constants (H100/H200 class, fp16): the mma.sync rate and the shared-memory read rate
 #: over the chip (flops or bytes per us), and a launch's fixed cost (start, first loads, tail)
 MMA_FLOPS_PER_US, SMEM_BYTES_PER_US, FIXED_US = 3.5e8, 2.5e7, 3.0
