@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnet50:32:fp16,bert:8:fp16 [--out k.json]
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention 8,12,128,64
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --pointwise efficientnet_b0:32,mobilenet_v3_large:32
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention-dtype fp16 \
         --attention 8,12,128,64 --attention 1,12,512,64
 
@@ -14,6 +15,12 @@ sides are timed as captured CUDA graphs (three calls per graph, inputs rotated o
 buffer sets, median of --iters replays). Fused epilogues are timed as part of polykit's
 layer; torch's side is the bare op, plus the bias. Prints TFLOP/s per shape, the ratio to torch,
 and the totals (each shape weighted by how many layers share it).
+
+--pointwise efficientnet_b0:32,mobilenet_v3_large:32 times every pointwise (1x1, stride 1) convolution
+shape of those zoo models (shapes from forward hooks on the torchvision module; fp16, NHWC, bias):
+the fastest of the sm90 wgmma tiles, the fastest of the skinny tiles (gemm_skinny.cu) and torch's
+conv2d on channels_last tensors, in us and GB/s (X and W read once, Y written once), and the
+totals over the model's layers.
 
 --attention B,H,S,D times every cuda tactic of an fp32 self-attention layer of that shape
 (precision fp32, and tf32 for the --tf32 variants), its tensors stored [B, H, S, D] and
@@ -30,6 +37,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -81,25 +89,32 @@ def torch_op(layer, tensors, dtype, torch):
 
 def polykit_op(layer, plan, torch):
     """A callable(i) enqueueing the layer's own tactic on random tensors of its shapes."""
-    from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import find_tactic
-    from polykit.runtime.cuda import driver
-    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
     from polykit.runtime.cuda.target import plan_kernels
 
+    specs = {n: (plan.tensors[n].shape, plan.tensors[n].dtype) for n in (*layer.inputs, *layer.outputs) if n}
+    return tactic_op(layer, find_tactic("cuda", layer.kind, layer.tactic), plan_kernels(plan, layer), specs, torch)
+
+
+def tactic_op(layer, tactic, kernels, specs, torch):
+    """(callable(i) enqueueing `tactic` on `layer` over the i-th of three sets of random tensors of
+    `specs` (name -> (shape, dtype)), its kernel modules, the tensors to keep alive)."""
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
     info = driver.current_device()
-    tactic = find_tactic("cuda", layer.kind, layer.tactic)
     modules = KernelModules(info.arch)
-    modules.load(plan_kernels(plan, layer))
+    modules.load(kernels)
     keep: list = []
 
     def tensor(name):
-        desc = plan.tensors[name]
-        t = torch.randn(*desc.shape, device="cuda").to(getattr(torch, desc.dtype))
+        shape, dtype = specs[name]
+        t = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
         keep.append(t)
-        return DeviceTensor(t.data_ptr(), tuple(desc.shape), np.dtype(desc.dtype))
+        return DeviceTensor(t.data_ptr(), tuple(shape), np.dtype(dtype))
 
-    sets = [{n: tensor(n) for n in (*layer.inputs, *layer.outputs) if n} for _ in range(3)]
+    sets = [{n: tensor(n) for n in specs} for _ in range(3)]
 
     def take(nbytes: int) -> int:
         keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
@@ -234,6 +249,80 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     return rows
 
 
+# ---- pointwise (1x1) convolutions of the mobile nets: sm90 tiles vs skinny tiles vs torch (issue 29) ----
+
+def pointwise_shapes(name: str, batch: int, torch) -> dict[tuple[int, int, int, int], int]:
+    """(C, H, W, N) of every 1x1, stride-1, unpadded, group-1 Conv2d of zoo model `name` (its
+    input at `batch`), with how many layers share it: forward hooks on one CPU batch-1 pass."""
+    from benchmarks.zoo_models import BY_NAME, make_inputs
+
+    zoo = BY_NAME[name]
+    module, found = zoo.make().eval(), {}
+
+    def hook(conv, args, _out):
+        x = args[0]
+        if conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and conv.padding == (0, 0):
+            key = (conv.in_channels, x.shape[2], x.shape[3], conv.out_channels)
+            found[key] = found.get(key, 0) + 1
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        module(**make_inputs(zoo, 1, torch))
+    for h in handles:
+        h.remove()
+    return found
+
+
+def bench_pointwise(name: str, batch: int, args, torch) -> list[dict]:
+    """Each pointwise convolution shape of zoo model `name` at `batch`, fp16 NHWC with its bias:
+    the fastest sm90 wgmma tile (cuda.conv_nhwc.sm90_*, the best before the skinny tiles), the
+    fastest skinny tile (cuda.conv_nhwc.skinny_*) and torch's conv2d on channels_last tensors, each
+    timed as a captured CUDA graph; GB/s counts X and W read once and Y written once."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import all_cuda_tactics
+    from polykit.runtime.cuda import driver
+
+    arch = driver.current_device().arch
+    tactics = [t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)]
+    rows = []
+    for (C, H, W, N), count in pointwise_shapes(name, batch, torch).items():
+        x, w, y = (batch, H, W, C), (N, 1, 1, C), (batch, H, W, N)
+        layer = LayerDesc("pw", "ConvNHWC", ("X", "W", "B"), ("Y",), {"kernel_shape": [1, 1]}, domain=POLYKIT_DOMAIN,
+                          precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
+                          in_shapes=(x, w, (N,)), out_shapes=(y,))
+        nbytes = 2 * (batch * H * W * (C + N) + C * N)
+        best: dict[str, tuple[float, str]] = {}
+        for tactic in tactics:
+            family = tactic.name.split(".")[-1].split("_")[0]
+            if family not in ("sm90", "skinny") or not tactic.supports(layer):
+                continue
+            specs = {"X": (x, "float16"), "W": (w, "float16"), "B": ((N,), "float16"), "Y": (y, "float16")}
+            run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
+            try:
+                ms = time_graph(run, torch, args.warmup, args.iters)
+            finally:
+                torch.cuda.synchronize()
+                modules.close()
+            if family not in best or ms < best[family][0]:
+                best[family] = (ms, tactic.name)
+        shapes = {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=w)}
+        tms = time_graph(torch_op(layer, shapes, torch.float16, torch), torch, args.warmup, args.iters)
+        r = {"C": C, "H": H, "W": W, "N": N, "count": count, "MB": nbytes / 1e6, "torch_ms": tms,
+             **{f"{f}_ms": best[f][0] for f in best}, **{f"{f}_tactic": best[f][1] for f in best}}
+        rows.append(r)
+        cell = lambda f: (f"{best[f][1].split('.')[-1]:14} {best[f][0] * 1e3:7.1f} us {nbytes / best[f][0] / 1e6:6.0f} GB/s"  # noqa: E731
+                          if f in best else f"{'-':14} {'':7}    {'':6}     ")
+        print(f"{count:2}x M {batch * H * W:7} K {C:5} N {N:5} {r['MB']:6.1f} MB | {cell('sm90')} | {cell('skinny')} | "
+              f"torch {tms * 1e3:7.1f} us {nbytes / tms / 1e6:6.0f} GB/s", flush=True)
+    inf = float("inf")
+    old = sum(r["count"] * r.get("sm90_ms", inf) for r in rows)
+    new = sum(r["count"] * min(r.get("sm90_ms", inf), r.get("skinny_ms", inf)) for r in rows)
+    print(f"== {name} bs{batch}: best sm90 tile {old:.3f} ms, best of sm90 and skinny tiles {new:.3f} ms", flush=True)
+    print(f"== {name} bs{batch}: torch {sum(r['count'] * r['torch_ms'] for r in rows):.3f} ms", flush=True)
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -245,12 +334,16 @@ def main() -> None:
     parser.add_argument("--attention", action="append", default=[],
                         help="B,H,S,D: time the Attention tactics at this shape (repeatable)")
     parser.add_argument("--attention-dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
+    parser.add_argument("--pointwise", default="", help="zoo model:batch list: time its 1x1 convolutions' tiles")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
     for spec in args.attention:
         shape = tuple(int(x) for x in spec.split(","))
         results[f"attention:{args.attention_dtype}:{spec}"] = bench_attention(shape, args, torch)
+    for case in filter(None, args.pointwise.split(",")):
+        name, batch = case.split(":")
+        results[f"pointwise:{case}"] = bench_pointwise(name, int(batch), args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)

@@ -109,13 +109,21 @@ def _estimate(tile: Sm90Tile, split3: bool):
     return estimate
 
 
+def conv_operands(layer: Any, tensors: Mapping[str, DeviceTensor], plan: Any = plan_conv,
+                  what: str = "the sm90 convolution kernel") -> tuple[Any, ...]:
+    """X, W, the bias (or None), Y of a ConvNHWC layer and its geometry by `plan` (ValueError when
+    the shapes do not fit `what`)."""
+    X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
+    B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
+    geo = plan(layer.attrs, X.shape, Wt.shape, Y.shape)
+    if geo is None:
+        raise ValueError(f"shapes {X.shape} * {Wt.shape} do not fit {what}")
+    return X, Wt, B, Y, geo
+
+
 def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
-        B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
-        geo = plan_conv(layer.attrs, X.shape, Wt.shape, Y.shape)
-        if geo is None:
-            raise ValueError(f"shapes {X.shape} * {Wt.shape} do not fit the sm90 convolution kernel")
+        X, Wt, B, Y, geo = conv_operands(layer, tensors)
         es = np.dtype(Wt.dtype).itemsize
         tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
                              (bk_of(Wt.dtype), tile.bn, 1))

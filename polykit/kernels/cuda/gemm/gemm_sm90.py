@@ -114,22 +114,33 @@ X3_TILES = (Sm90Tile(1, 2, 128, 4, tflops=500), Sm90Tile(1, 1, 128, 4, tflops=43
 REDUCE_US, PER_DOUBLING_US, PARTIAL_BYTES_PER_US = 1.5, 1.0, 3e6
 
 
+#: sustained DRAM rate (bytes/us; H100/H200 class) that prices memory-bound GEMM shapes
+DRAM_BYTES_PER_US = 4.0e6
+
+
+def memory_us(M: int, N: int, K: int, items: int, elem_bytes: int) -> float:
+    """The least time a GEMM's DRAM traffic takes: A and B read once, Y written once."""
+    return elem_bytes * items * (M * K + K * N + M * N) / DRAM_BYTES_PER_US
+
+
 def predicted_us(tile: Sm90Tile, M: int, N: int, K: int, items: int, sm_count: int, tf32: bool = False,
                  split3: bool = False, splits: int = 1) -> float:
     """A cost model for ordering tiles (docs/CUDA_NOTES.md): whole waves of work units (tiles, or
     with `splits` > 1 tiles x K slices) at the tile's full-chip rate (tf32: half the fp16 rate, as
     the chip's peaks; 3xTF32 a third of that), plus a fixed start per wave (pipeline fill,
-    epilogue); split-K adds its reduce (a launch, the partials written and read once)."""
+    epilogue), and never less than the shape's DRAM traffic (memory_us) plus one start; split-K
+    adds its reduce (a launch, the partials written and read once)."""
     splits = max(1, min(splits, -(-K // bk_of("float32" if tf32 or split3 else "float16"))))
     units = -(-M // tile.bm) * -(-N // tile.bn) * items * splits
     slots = max(1, tile.blocks * sm_count)
     waves = -(-units // slots)
     rate = tile.tflops / (2 if tf32 or split3 else 1) / (3 if split3 else 1)
     per_wave = 2.0 * tile.bm * tile.bn * max(-(-K // splits), 64) * slots / (rate * 1e6)
+    floor = memory_us(M, N, K, items, 4 if tf32 or split3 else 2) + 2.0
     if splits == 1:
-        return waves * (per_wave + 2.0)
+        return max(waves * (per_wave + 2.0), floor)
     partials = 8.0 * splits * items * M * -(-N // tile.bn) * tile.bn
-    return waves * (per_wave + 2.0) + REDUCE_US + PER_DOUBLING_US * math.log2(splits) + partials / PARTIAL_BYTES_PER_US
+    return max(waves * (per_wave + 2.0), floor) + REDUCE_US + PER_DOUBLING_US * math.log2(splits) + partials / PARTIAL_BYTES_PER_US
 
 
 @dataclass(frozen=True)
