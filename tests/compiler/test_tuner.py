@@ -256,3 +256,31 @@ def test_a_layer_with_dynamic_dims_no_tactic_runs_names_its_dims(monkeypatch):
     assert "no cpu tactic can run this If layer with dynamic dims" in what, what
     assert "kept_boxes (data(s_nz)[1], 4)" in what and "keep_if (data(keep_if)[0],)" in what, what
     assert what.endswith("no cpu tactic supports this layer's attributes at these shapes"), what
+
+
+def test_tactic_families_strip_only_a_tile_word():
+    from polykit.compiler.builder.tuner import family
+
+    assert family("cuda.conv_nhwc.sm90_64x128x2") == family("cuda.conv_nhwc.sm90_128x128") == "cuda.conv_nhwc.sm90"
+    assert family("cuda.conv_nhwc.skinny_128x32") == "cuda.conv_nhwc.skinny"
+    assert family("cuda.conv.igemm_simt_wide") == "cuda.conv.igemm_simt_wide"
+    assert family("cuda.weight_only.m4") == "cuda.weight_only.m4"
+    assert family("cpu.gemm") == "cpu.gemm"
+
+
+def test_a_capped_level_also_times_the_best_of_each_family_the_cap_left_out():
+    """Four tiles of one kernel ranked first by the estimate do not keep the other kernels untimed:
+    the best of up to two left-out families is timed too, and nothing is dropped that the cap kept."""
+    from types import SimpleNamespace
+
+    from polykit.compiler.builder.tuner import EXTRA_FAMILIES, capped
+
+    layer = SimpleNamespace(attrs={}, precision="fp16")
+    names = ["k.skinny_64x16", "k.skinny_64x32", "k.skinny_128x16", "k.skinny_128x32", "k.skinny_128x64",
+             "k.sm90_128x128", "k.sm90_64x64x2", "k.simt", "k.direct"]
+    pairs = [(layer, SimpleNamespace(name=n)) for n in names]
+    got = [t.name for _, t in capped(pairs, 4)]
+    assert got == names[:4] + ["k.sm90_128x128", "k.simt"] and EXTRA_FAMILIES == 2
+    assert [t.name for _, t in capped(pairs, None)] == names
+    mixed = [pairs[5], pairs[0], pairs[7], pairs[8]]  # every family already inside the cap: nothing added
+    assert capped(mixed, 4) == mixed

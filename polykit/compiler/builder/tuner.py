@@ -186,14 +186,45 @@ def by_estimate(pairs: list[Pair], sm_count: int) -> list[Pair]:
     return [pairs[i] for i in order]
 
 
+#: families a capped level times beyond its cap: the best candidate of each family the cap left out
+EXTRA_FAMILIES = 2
+
+
+def family(tactic_name: str) -> str:
+    """A tactic's family: its name without a trailing tile or variant word that holds a digit
+    (`cuda.conv_nhwc.sm90_64x128x2` and `cuda.conv_nhwc.sm90_128x128` are one family, `..skinny_128x32`
+    another): candidates of one kernel that differ only in their tile."""
+    head, _, last = tactic_name.rpartition(".")
+    stem, _, tail = last.rpartition("_")
+    return f"{head}.{stem}" if stem and any(c.isdigit() for c in tail) else tactic_name
+
+
+def _with_families(pairs: Sequence[Pair], cap: int) -> list[Pair]:
+    """The first `cap` pairs, and, when they hold several tiles of one family, the first pair of as
+    many families they leave out (EXTRA_FAMILIES at most), so an estimate that ranks one kernel's
+    tiles first never keeps another kernel from being timed; a cap of distinct tactics stays as it is."""
+    chosen = list(pairs[:cap])
+    seen = {family(p[1].name) for p in chosen}
+    room = min(EXTRA_FAMILIES, len(chosen) - len(seen))  # slots the cap spent on a family's other tiles
+    for p in pairs[cap:]:
+        if len(chosen) >= cap + room:
+            break
+        key = family(p[1].name)
+        if key not in seen:
+            seen.add(key)
+            chosen.append(p)
+    return chosen
+
+
 def capped(pairs: Sequence[Pair], cap: int | None) -> list[Pair]:
-    """The pairs a level times: the first `cap` by priority (all for None), and the first `cap`
-    of a layer's sparse variant (polykit.compiler.builder.sparsity) besides, so a sparse
-    candidate is always timed against the dense ones."""
+    """The pairs a level times: the first `cap` by priority (all for None) with the best of the
+    families they leave out (`_with_families`), and likewise of a layer's sparse variant
+    (polykit.compiler.builder.sparsity) besides, so a sparse candidate is always timed against the
+    dense ones."""
     if not cap:
         return list(pairs)
     dense = [p for p in pairs if ATTR not in p[0].attrs]
-    return dense[:cap] + [p for p in pairs if ATTR in p[0].attrs][:cap]
+    return _with_families(dense, cap) + _with_families([p for p in pairs if ATTR in p[0].attrs], cap)
 
 
 class Tuner:
