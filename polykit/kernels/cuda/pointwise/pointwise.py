@@ -76,18 +76,19 @@ def _storable(layer) -> bool:
     return all(d in CTYPE for d in stamped if d)
 
 
-def register_pointwise(name: str, enqueue, fits=lambda layer: True) -> None:
+def register_pointwise(name: str, enqueue, fits=lambda layer: True, priority: int = 0) -> None:
     """Declare tactic `name` (enqueue) for Pointwise layers and every plain elementwise op with
     a C expression, on layers with CUDA storage types that `fits` takes."""
-    cuda_tactic("Pointwise", name, kernels=pointwise_kernels,
+    cuda_tactic("Pointwise", name, kernels=pointwise_kernels, priority=priority,
                 supports=lambda layer: all(cuda_emitter(elementwise_op(op["op"])) is not None
                                            for op in layer.attrs.get("body", ()))
                 and _storable(layer) and fits(layer))(enqueue)
     for op in elementwise_ops():
         if cuda_emitter(op) is None:
             continue
-        cuda_tactic(op.name, name, kernels=pointwise_kernels,
-                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer) and fits(layer))(enqueue)
+        cuda_tactic(op.name, name, kernels=pointwise_kernels, priority=priority,
+                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer)
+                    and fits(layer))(enqueue)
 
 
 register_pointwise("cuda.pointwise", enqueue_pointwise)

@@ -217,7 +217,7 @@ def _span_kernels(layer) -> list[KernelSource]:
 
 for _kind in OPS:
     cuda_tactic(_kind, "cuda.reduce.span", kernels=_span_kernels, supports=supports, priority=5)(enqueue_span)
-    cuda_tactic(_kind, "cuda.reduce.span.split", kernels=_span_kernels, supports=supports_split, priority=5,
+    cuda_tactic(_kind, "cuda.reduce.span.split", kernels=_span_kernels, supports=supports_split, priority=6,
                 workspace=split_workspace)(enqueue_split)
 
 
