@@ -235,6 +235,19 @@ def test_enqueue_split_writes_partials_then_joins_them():
     assert rs.split_workspace(lay, tensors, 132) == rec.workspaces[0]
 
 
+def test_split_workspace_from_plan_tensor_descriptions():
+    from polykit.compiler.plan.records import TensorDesc
+
+    for dtype, acc in (("float16", 4), ("bfloat16", 8), ("float32", 4)):
+        lay = _layer("ReduceSum", (1, 56, 56, 96), (1, 1, 1, 96), dtype)
+        tensors = {"X": TensorDesc("X", dtype, (1, 56, 56, 96), "activation"),
+                   "Y": TensorDesc("Y", dtype, (1, 1, 1, 96), "activation")}
+        span = Span(1, 3136, 96)
+        grid, block = cols_block(span, 16 // np.dtype(TensorDesc("X", dtype, (), "").np_dtype).itemsize)
+        splits, _ = rs.cols_split(span, grid, block)
+        assert splits > 1 and rs.split_workspace(lay, tensors, 132) == splits * 96 * acc
+
+
 def test_enqueue_split_runs_the_span_kernel_where_no_split_helps():
     rec, lay, tensors = _enqueue_split((32, 7, 7, 2048), (32, 1, 1, 2048))
     assert [n for n, _ in rec.launches] == ["reduce_cols_f16"] and rec.workspaces == []
@@ -257,8 +270,9 @@ def test_split_matches_reference(shape, op, dtype):
     dt = to_numpy(16) if dtype == "bfloat16" else np.dtype(dtype)
     feeds = {"X": rng.uniform(-2, 2, shape).astype(dt), "axes": np.array([1], np.int64)}
     lay = _stamped(op, feeds, precision="fp16" if dtype == "float16" else "fp32")
-    tol = 2e-5 if dtype == "float32" else 1e-2
-    assert_matches_reference(lay, feeds, tactic="cuda.reduce.span.split", rtol=tol, atol=tol)
+    # fp32: sums of 12544 values in another order than the reference's differ by ~1e-4
+    rtol, atol = (1e-4, 5e-4) if dtype == "float32" else (1e-2, 1e-2)
+    assert_matches_reference(lay, feeds, tactic="cuda.reduce.span.split", rtol=rtol, atol=atol)
 
 
 @pytest.mark.gpu

@@ -170,21 +170,16 @@ def _split_of(kind: str, x: DeviceTensor, y: DeviceTensor):
     return (span, code, vec, grid, block, shared, splits, chunk) if splits > 1 else None
 
 
-def _shaped(layer, tensors) -> tuple[DeviceTensor, DeviceTensor]:
-    x, y = (tensors[n] for n in (layer.inputs[0], layer.outputs[0]))
-    return (DeviceTensor(0, tuple(x.shape), np.dtype(x.dtype)), DeviceTensor(0, tuple(y.shape), np.dtype(y.dtype)))
-
-
 def split_workspace(layer, tensors, sm_count: int) -> int:
-    """The split's fp32/fp64 partials (S * O * I accumulators) at the layer's shapes."""
+    """The split's fp32/fp64 partials (S * O * I accumulators) at the layer's shapes, the most
+    of an aligned (16-byte loads) and a misaligned input (their grids, so their S, differ)."""
     try:
-        plan = _split_of(layer.kind, *_shaped(layer, tensors))
+        x, y = (tensors[n] for n in (layer.inputs[0], layer.outputs[0]))
+        ty = DeviceTensor(0, tuple(y.shape), np.dtype(y.dtype))
+        plans = [_split_of(layer.kind, DeviceTensor(ptr, tuple(x.shape), np.dtype(x.dtype)), ty) for ptr in (0, 1)]
     except (KeyError, IndexError, TypeError):
         return 0
-    if plan is None:
-        return 0
-    span, code, *_, splits, _ = plan
-    return splits * span.outer * span.inner * ACC_BYTES[code]
+    return max([p[-2] * p[0].outer * p[0].inner * ACC_BYTES[p[1]] for p in plans if p is not None], default=0)
 
 
 def supports_split(layer) -> bool:
