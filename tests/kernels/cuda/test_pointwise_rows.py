@@ -12,6 +12,7 @@ from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.launch_geometry import BLOCK
 from polykit.kernels.cuda.pointwise import pointwise_rows as pr
+from polykit.kernels.cuda.pointwise import row_geometry as rg
 from polykit.kernels.cuda.pointwise.pointwise import pointwise_kernels
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
@@ -19,29 +20,29 @@ rng = np.random.default_rng(29)
 
 
 def test_squeeze_excitation_scale_collapses_to_batch_rows_channels():
-    dims, per = pr.rows_geometry([(32, 112, 112, 32), (32, 1, 1, 32), (32, 112, 112, 32)], 1)
+    dims, per = rg.rows_geometry([(32, 112, 112, 32), (32, 1, 1, 32), (32, 112, 112, 32)], 1)
     assert dims == [32, 12544, 32] and per == [(401408, 32, 1), (32, 0, 1)]
 
 
 def test_nchw_scale_broadcasts_along_the_inner_dim():
-    dims, per = pr.rows_geometry([(2, 96, 7, 7), (2, 96, 1, 1), (2, 96, 7, 7)], 1)
+    dims, per = rg.rows_geometry([(2, 96, 7, 7), (2, 96, 1, 1), (2, 96, 7, 7)], 1)
     assert dims == [1, 192, 49] and per == [(0, 49, 1), (0, 1, 0)]
 
 
 def test_bias_row_is_one_block_of_rows():
-    dims, per = pr.rows_geometry([(1, 40), (17, 40), (17, 40)], 1)
+    dims, per = rg.rows_geometry([(1, 40), (17, 40), (17, 40)], 1)
     assert dims == [1, 17, 40] and per == [(0, 0, 1), (0, 40, 1)]
 
 
 def test_four_dims_or_a_broadcast_output_have_no_row_geometry():
-    assert pr.rows_geometry([(2, 1, 6, 1), (1, 5, 1, 3), (2, 5, 6, 3)], 1) is None
-    assert pr.rows_geometry([(4, 3), (4, 1)], 1) is None  # the output [4, 1] is smaller than the space
+    assert rg.rows_geometry([(2, 1, 6, 1), (1, 5, 1, 3), (2, 5, 6, 3)], 1) is None
+    assert rg.rows_geometry([(4, 3), (4, 1)], 1) is None  # the output [4, 1] is smaller than the space
 
 
 def test_takes_broadcasts_but_leaves_same_shape_operands_to_the_vector_kernel():
-    assert pr.takes([(8, 5, 16), (8, 1, 16), (8, 5, 16)], 1)
-    assert not pr.takes([(8, 5, 16), (8, 5, 16), (8, 5, 16)], 1)
-    assert not pr.takes([(8, 5, 16), (1,), (8, 5, 16)], 1)
+    assert rg.takes([(8, 5, 16), (8, 1, 16), (8, 5, 16)], 1)
+    assert not rg.takes([(8, 5, 16), (8, 5, 16), (8, 5, 16)], 1)
+    assert not rg.takes([(8, 5, 16), (1,), (8, 5, 16)], 1)
 
 
 def _stamped(kind, shapes, dtype="float16"):
@@ -52,32 +53,32 @@ def _stamped(kind, shapes, dtype="float16"):
 
 
 def test_supports_needs_stamped_row_broadcast_shapes():
-    assert pr.supports(_stamped("Mul", [(3, 49, 96), (3, 1, 96), (3, 49, 96)]))
-    assert not pr.supports(_stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)]))
-    assert not pr.supports(LayerDesc("m", "Mul", ("a", "b"), ("y",)))
-    assert not pr.supports(_stamped("Mul", [(3, 4, 5), (3, 1, 5), (3, 4, 5)], "float8_e4m3fn"))
+    assert rg.stamped_takes(_stamped("Mul", [(3, 49, 96), (3, 1, 96), (3, 49, 96)]))
+    assert not rg.stamped_takes(_stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)]))
+    assert not rg.stamped_takes(LayerDesc("m", "Mul", ("a", "b"), ("y",)))
+    assert not rg.stamped_takes(_stamped("Mul", [(3, 4, 5), (3, 1, 5), (3, 4, 5)], "float8_e4m3fn"))
 
 
 def test_vectors_only_for_aligned_pointers_and_whole_chunks():
     dims, per = [32, 12544, 32], [(401408, 32, 1), (32, 0, 1)]
     f16 = np.dtype(np.float16)
     x, s, y = (DeviceTensor(p, (1,), f16) for p in (0x1000, 0x2000, 0x3000))
-    assert pr.rows_vec(dims, per, [x, s], [y]) == 1
-    assert pr.rows_vec(dims, per, [DeviceTensor(0x1008, (1,), f16), s], [y]) == 0
-    assert pr.rows_vec(dims, per, [x, s], [DeviceTensor(0x3002, (1,), f16)]) == 0
-    assert pr.rows_vec(dims, per, [x, DeviceTensor(0x2002, (1,), f16)], [y]) == 0
-    assert pr.rows_vec([1, 192, 49], [(0, 49, 1), (0, 1, 0)], [x, s], [y]) == 0  # I = 49
+    assert rg.rows_vec(dims, per, [x, s], [y]) == 1
+    assert rg.rows_vec(dims, per, [DeviceTensor(0x1008, (1,), f16), s], [y]) == 0
+    assert rg.rows_vec(dims, per, [x, s], [DeviceTensor(0x3002, (1,), f16)]) == 0
+    assert rg.rows_vec(dims, per, [x, DeviceTensor(0x2002, (1,), f16)], [y]) == 0
+    assert rg.rows_vec([1, 192, 49], [(0, 49, 1), (0, 1, 0)], [x, s], [y]) == 0  # I = 49
 
 
 def test_launch_covers_every_chunk_and_row_within_one_block_of_threads():
     for dims, vec in (([32, 12544, 32], 1), ([32, 49, 1152], 1), ([1, 1, 1000000], 1), ([1, 192, 49], 0),
                       ([3, 1, 7], 0), ([70000, 1, 8], 1)):
-        grid, block = pr.rows_launch(dims, vec)
+        grid, block = rg.rows_launch(dims, vec)
         chunks = -(-dims[2] // (8 if vec else 1))
         assert block[0] * block[1] <= BLOCK and block[2] == 1
         assert grid[0] * block[0] >= chunks and (grid[0] - 1) * block[0] < chunks
-        assert grid[1] * block[1] >= dims[1] or grid[1] == pr.MAX_GRID_YZ
-        assert 1 <= grid[2] <= min(dims[0], pr.MAX_GRID_YZ)
+        assert grid[1] * block[1] >= dims[1] or grid[1] == rg.MAX_GRID_YZ
+        assert 1 <= grid[2] <= min(dims[0], rg.MAX_GRID_YZ)
 
 
 def _enqueue(shapes, ptrs):
@@ -92,6 +93,21 @@ def _enqueue(shapes, ptrs):
 def test_enqueue_launches_the_row_kernel_with_its_geometry():
     (name, args), = _enqueue([(4, 5, 5, 32), (4, 1, 1, 32), (4, 5, 5, 32)], (0x1000, 0x2000, 0x3000))
     assert name.endswith("_r") and args[3:] == [4, 25, 32, 800, 32, 1, 32, 0, 1, 1]
+
+
+def test_only_layers_whose_stamped_shapes_take_it_get_the_row_kernel():
+    names = lambda lay: [k.name[-2:] for k in pointwise_kernels(lay)]  # noqa: E731
+    assert names(_stamped("Mul", [(3, 49, 96), (3, 1, 96), (3, 49, 96)])) == ["_s", "_v", "_r"]
+    assert names(_stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)])) == ["_s", "_v"]
+    assert "_r" in names(LayerDesc("m", "Mul", ("a", "b"), ("y",)))  # unstamped: the compile variants
+
+
+def test_enqueue_falls_back_where_the_module_has_no_row_kernel():
+    lay = _stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)])
+    rec = RecordingLauncher()
+    f16 = np.dtype(np.float16)
+    pr.enqueue_rows(lay, rec, {n: DeviceTensor(0x1000, (3, 49, 96), f16) for n in ("x0", "x1", "y")})
+    assert [name[-2:] for name, _ in rec.launches] == ["_v"]
 
 
 def test_enqueue_falls_back_to_the_strided_kernel_past_three_dims():
@@ -139,7 +155,7 @@ def test_row_broadcast_matches_reference(kind, x_shape, s_shape, dtype):
     if x_shape[-1] % 2:  # the scale first, as EfficientNet's ONNX has it
         feeds = {"s": feeds["s"], "x": feeds["x"]}
     lay = _gpu_layer(kind, feeds)
-    assert pr.supports(lay), "the case must take the row kernel"
+    assert rg.stamped_takes(lay), "the case must take the row kernel"
     assert_matches_reference(lay, feeds, tactic="cuda.pointwise.rows", rtol=1e-2, atol=1e-2)
 
 

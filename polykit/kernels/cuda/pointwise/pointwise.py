@@ -19,8 +19,9 @@ from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
-def _entry(layer, sig) -> tuple[KernelSource, KernelSource, KernelSource]:
-    """The (strided, vector, row) kernels of `layer` for dtype signature `sig`."""
+def _entry(layer, sig) -> tuple[KernelSource, KernelSource, KernelSource | None]:
+    """The (strided, vector, row) kernels of `layer` for dtype signature `sig` (row: None
+    when the layer's module has none, pointwise_codegen)."""
     sigs = candidate_signatures(layer)
     if sig not in sigs:
         raise DeviceError(f"no pointwise kernel was compiled for dtypes {sig[0]} -> {sig[1]}",
@@ -29,7 +30,7 @@ def _entry(layer, sig) -> tuple[KernelSource, KernelSource, KernelSource]:
     body, ins, outs = _canonical(*layer_body(layer))
     name = sig_name(_base_name(body, ins, outs), sig)
     kernels = {k.name: k for k in pointwise_kernels(layer, sigs)}
-    return kernels[name + "_s"], kernels[name + "_v"], kernels[name + "_r"]
+    return kernels[name + "_s"], kernels[name + "_v"], kernels.get(name + "_r")
 
 
 def layer_tensors(layer, tensors: Mapping[str, DeviceTensor]):

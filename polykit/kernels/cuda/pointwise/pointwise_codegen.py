@@ -12,7 +12,8 @@ every candidate signature), two entry points:
 - `<base>__<sig>_r`: row-broadcast path (tactic cuda.pointwise.rows): the iteration space
   collapsed to [A, B, I] with contiguous outputs, each input contiguous or broadcast along I;
   8 elements a thread (16-byte loads of fp16) when every pointer and row stride allows it,
-  else 1; offsets by multiply-add per row, no division per element.
+  else 1; offsets by multiply-add per row, no division per element. Emitted only for layers
+  whose stamped shapes take it (and unstamped ones): it costs compile time.
 
 Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
 (as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
@@ -29,17 +30,16 @@ from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.cuda.launch_geometry import BLOCK
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC, stamped_takes
 from polykit.kernels.cuda.storage_types import CTYPE
 
 #: most dims of the strided path (after collapsing)
 MAXR = 8
 #: elements per thread of the vector path
 VEC = 4
-#: elements per thread of the row-broadcast path (16 bytes of fp16/bf16)
-ROW_VEC = 8
 
 
-def _module_code(body, ins, outs, sigs, base) -> str:
+def _module_code(body, ins, outs, sigs, base, rows: bool) -> str:
     """The generated .cu text: a templated strided and vector kernel + extern "C" entries."""
     nin, nout = len(ins), len(outs)
     tin = [f"T{i}" for i in range(nin)]
@@ -89,7 +89,8 @@ def _module_code(body, ins, outs, sigs, base) -> str:
     for j in range(nout):
         lines.append(f"    reinterpret_cast<Vec<{tout[j]}, {VEC}>*>(y{j})[i] = u{j};")
     lines.append("  }\n}\n")
-    lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base)
+    if rows:
+        lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base)
     for sig in sigs:
         targs = ", ".join(CTYPE[d] for d in sig[0] + sig[1])
         cptrs = [f"const {CTYPE[sig[0][i]]}* x{i}" for i in range(nin)] + \
@@ -99,6 +100,8 @@ def _module_code(body, ins, outs, sigs, base) -> str:
             gnames = [p.split()[1] for p in g]
             lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_{path}('
                          f'{", ".join(cptrs + g)}) {{ {base}_{path}<{targs}>({", ".join(names + gnames)}); }}')
+        if not rows:
+            continue
         rgeo = _rows_geometry_params(nin)
         rcall = ", ".join(names + [p.split()[1] for p in rgeo])
         lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_r('
@@ -172,9 +175,13 @@ def _canonical(body, ins, outs):
 
 
 def pointwise_kernels(layer, sigs=None) -> list[KernelSource]:
-    """Kernels (three per candidate signature, one module) for a Pointwise or plain elementwise layer."""
+    """Kernels (two per candidate signature, one module) for a Pointwise or plain elementwise
+    layer; a third, the row kernel, for a layer whose stamped shapes broadcast by rows
+    (row_geometry.stamped_takes) and for one without stamped shapes (the compile variants)."""
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
     base = _base_name(body, ins, outs)
-    code = _module_code(body, ins, outs, sigs, base)
-    return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in ("s", "v", "r")]
+    rows = not getattr(layer, "out_shapes", ()) or stamped_takes(layer)
+    code = _module_code(body, ins, outs, sigs, base, rows)
+    paths = ("s", "v", "r") if rows else ("s", "v")
+    return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]
