@@ -293,7 +293,8 @@ def bench_squeeze_excitation(spec: str, args, torch) -> list[dict]:
             ys = [torch.empty(nhwc, device="cuda", dtype=tdtype) for _ in range(3)]
             layer = LayerDesc("se_scale", "Mul", ("X", "S"), ("Y",), {}, precision=precision, in_dtypes=(storage,) * 2,
                               in_shapes=(nhwc, pooled), out_dtypes=(storage,), out_shapes=(nhwc,))
-            tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage), "S": DeviceTensor(s.data_ptr(), pooled, np_storage),
+            tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage),
+                        "S": DeviceTensor(s.data_ptr(), pooled, np_storage),
                         "Y": DeviceTensor(y.data_ptr(), nhwc, np_storage)} for x, s, y in zip(xs, ss, ys)]
             cases.append((layer, muls, tensors, ys, lambda i: xs[i] * ss[i], 2 * n * hw * c + n * c,
                           lambda got, want: got.permute(0, 3, 1, 2) - want))
@@ -301,7 +302,8 @@ def bench_squeeze_excitation(spec: str, args, torch) -> list[dict]:
         layer = LayerDesc("se_pool", "ReduceMean", ("X", "axes"), ("Y",), {"keepdims": 1}, precision=precision,
                           in_dtypes=(storage, "int64"), in_shapes=(nhwc, (2,)), out_dtypes=(storage,),
                           out_shapes=(pooled,))
-        tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage), "axes": DeviceTensor(axes.data_ptr(), (2,), np.dtype(np.int64)),
+        axes_t = DeviceTensor(axes.data_ptr(), (2,), np.dtype(np.int64))
+        tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage), "axes": axes_t,
                     "Y": DeviceTensor(p.data_ptr(), pooled, np_storage)} for x, p in zip(xs, ps)]
         cases.append((layer, pools, tensors, ps, lambda i: xs[i].mean((2, 3), keepdim=True), n * hw * c + n * c,
                       lambda got, want: got.reshape(want.shape) - want))
@@ -310,7 +312,8 @@ def bench_squeeze_excitation(spec: str, args, torch) -> list[dict]:
             tms = time_graph(torch_fn, torch, args.warmup, args.iters)
             want = torch_fn(0).float()
             row = {"op": layer.kind, "shape": [n, h, h, c], "count": count, "torch_ms": tms, "tactics": {}}
-            print(f"{count}x {layer.kind:10} {str(nhwc):22} torch {tms * 1e3:7.1f} us {gb / tms * 1e3:6.0f} GB/s", flush=True)
+            print(f"{count}x {layer.kind:10} {str(nhwc):22} torch {tms * 1e3:7.1f} us {gb / tms * 1e3:6.0f} GB/s",
+                  flush=True)
             for tactic in candidates("cuda", layer.kind, layer, arch=info.arch):
                 modules = KernelModules(info.arch)
                 modules.load(tactic.kernels(layer))

@@ -164,7 +164,8 @@ def test_row_broadcast_matches_reference(kind, x_shape, s_shape, dtype):
 def test_misaligned_tensors_take_the_scalar_row_kernel(misalign):
     from polykit.runtime.cuda.harness import reference_layer, run_layer
 
-    feeds = {"x": rng.uniform(-2, 2, (3, 49, 96)).astype(np.float16), "s": rng.uniform(0, 1, (3, 1, 96)).astype(np.float16)}
+    feeds = {"x": rng.uniform(-2, 2, (3, 49, 96)).astype(np.float16),
+             "s": rng.uniform(0, 1, (3, 1, 96)).astype(np.float16)}
     lay = _gpu_layer("Mul", feeds)
     got = run_layer(lay, feeds, tactic="cuda.pointwise.rows", misalign={"x": misalign, "y": misalign})["y"]
     np.testing.assert_array_equal(got, reference_layer(lay, feeds)["y"])

@@ -218,8 +218,8 @@ def test_split_supports_only_short_grids_of_column_spans():
 
 def _enqueue_split(x_shape, y_shape, op="ReduceMean", dtype=np.float16):
     rec = RecordingLauncher(workspace_ptr=0x70000)
-    tensors = {"X": DeviceTensor(0x1000, x_shape, np.dtype(dtype)), "axes": DeviceTensor(0x9000, (2,), np.dtype(np.int64)),
-               "Y": DeviceTensor(0x20000, y_shape, np.dtype(dtype))}
+    x, y = DeviceTensor(0x1000, x_shape, np.dtype(dtype)), DeviceTensor(0x20000, y_shape, np.dtype(dtype))
+    tensors = {"X": x, "axes": DeviceTensor(0x9000, (2,), np.dtype(np.int64)), "Y": y}
     lay = _layer(op, x_shape, y_shape, np.dtype(dtype).name)
     rs.enqueue_split(lay, rec, tensors)
     return rec, lay, tensors
@@ -230,7 +230,8 @@ def test_enqueue_split_writes_partials_then_joins_them():
     (part, pargs), (join, jargs) = rec.launches
     splits, chunk = rs.cols_split(Span(32, 12544, 32), *cols_block(Span(32, 12544, 32), 8))
     assert part == "reduce_cols_part_f16" and pargs[1:] == [0x70000, OPS["ReduceMean"], 32, 12544, 32, 1, chunk]
-    assert join == "reduce_cols_join_f16" and jargs[0] == 0x70000 and jargs[2:] == [OPS["ReduceMean"], 32 * 32, 12544, splits]
+    assert join == "reduce_cols_join_f16" and jargs[0] == 0x70000
+    assert jargs[2:] == [OPS["ReduceMean"], 32 * 32, 12544, splits]
     assert rec.workspaces == [splits * 32 * 32 * 4]
     assert rs.split_workspace(lay, tensors, 132) == rec.workspaces[0]
 
