@@ -29,6 +29,13 @@ fp32 (TF32 off), the same way; each prints its relative error against torch in f
 --attention-dtype fp16 / bf16 does the same in that storage type (torch's SDPA then picks its own
 flash kernel; the polykit candidates include cuda.attention.flash and, on sm_90,
 cuda.attention.flash_sm90 / _2wg). --attention may be given several times.
+
+--se efficientnet_b0:32:fp16 (or mobilenet_v3_large, bf16, fp32; repeatable) times every cuda
+tactic of the squeeze-excitation scale Mul x[N, H, W, C] * s[N, 1, 1, C] and of the NHWC pool
+ReduceMean over (H, W) at the model's SE shapes against torch's x * s and x.mean((2, 3)) on
+channels_last tensors, printing GB/s and the count-weighted totals:
+
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --se efficientnet_b0:32:fp16
 """
 
 from __future__ import annotations
@@ -323,6 +330,109 @@ def bench_pointwise(name: str, batch: int, args, torch) -> list[dict]:
     return rows
 
 
+# ---- squeeze-excitation: the SE scale Mul and the NHWC global pool (ReduceMean) -----------------
+#: (H*W, C, scale Muls, pools) of the squeeze-excitation blocks of torchvision's models (their ONNX
+#: exports; the last pool of each is the classifier's)
+SE_SHAPES = {
+    "efficientnet_b0": [(12544, 32, 1, 1), (3136, 96, 1, 1), (3136, 144, 1, 1), (784, 144, 1, 1), (784, 240, 1, 1),
+                        (196, 240, 1, 1), (196, 480, 3, 3), (196, 672, 2, 2), (49, 672, 1, 1), (49, 1152, 4, 4),
+                        (49, 1280, 0, 1)],
+    "mobilenet_v3_large": [(784, 72, 1, 1), (784, 120, 2, 2), (196, 480, 1, 1), (196, 672, 1, 1), (49, 672, 1, 1),
+                           (49, 960, 2, 3)],
+}
+
+
+def bench_squeeze_excitation(spec: str, args, torch) -> list[dict]:
+    """Every cuda tactic of the SE scale x[N, H, W, C] * s[N, 1, 1, C] and of the pool
+    ReduceMean(x, axes (1, 2)) at each SE shape of model:batch:precision, against torch's same op
+    on channels_last tensors (x * s, x.mean((2, 3), keepdim=True)); GB/s of the bytes each must
+    move, the error against torch's result, and count-weighted totals (polykit's best tactic)."""
+    from math import isqrt
+
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import candidates
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    model, batch, precision = spec.split(":")
+    n = int(batch)
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    storage = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
+    np_storage = np.dtype(ml_dtypes.bfloat16) if storage == "bfloat16" else np.dtype(storage)
+    item = np_storage.itemsize
+    info = driver.current_device()
+    keep: list = []
+
+    def take(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    rows = []
+    for hw, c, muls, pools in SE_SHAPES[model]:
+        h = isqrt(hw)
+        xs = [torch.randn(n, c, h, h, device="cuda", dtype=tdtype).to(memory_format=torch.channels_last)
+              for _ in range(3)]
+        ss = [torch.rand(n, c, 1, 1, device="cuda", dtype=tdtype) for _ in range(3)]
+        axes = torch.tensor([1, 2], dtype=torch.int64, device="cuda")
+        keep.extend(xs + ss + [axes])
+        nhwc, pooled = (n, h, h, c), (n, 1, 1, c)
+        cases = []
+        if muls:
+            ys = [torch.empty(nhwc, device="cuda", dtype=tdtype) for _ in range(3)]
+            layer = LayerDesc("se_scale", "Mul", ("X", "S"), ("Y",), {}, precision=precision, in_dtypes=(storage,) * 2,
+                              in_shapes=(nhwc, pooled), out_dtypes=(storage,), out_shapes=(nhwc,))
+            tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage),
+                        "S": DeviceTensor(s.data_ptr(), pooled, np_storage),
+                        "Y": DeviceTensor(y.data_ptr(), nhwc, np_storage)} for x, s, y in zip(xs, ss, ys)]
+            cases.append((layer, muls, tensors, ys, lambda i: xs[i] * ss[i], 2 * n * hw * c + n * c,
+                          lambda got, want: got.permute(0, 3, 1, 2) - want))
+        ps = [torch.empty(pooled, device="cuda", dtype=tdtype) for _ in range(3)]
+        layer = LayerDesc("se_pool", "ReduceMean", ("X", "axes"), ("Y",), {"keepdims": 1}, precision=precision,
+                          in_dtypes=(storage, "int64"), in_shapes=(nhwc, (2,)), out_dtypes=(storage,),
+                          out_shapes=(pooled,))
+        axes_t = DeviceTensor(axes.data_ptr(), (2,), np.dtype(np.int64))
+        tensors = [{"X": DeviceTensor(x.data_ptr(), nhwc, np_storage), "axes": axes_t,
+                    "Y": DeviceTensor(p.data_ptr(), pooled, np_storage)} for x, p in zip(xs, ps)]
+        cases.append((layer, pools, tensors, ps, lambda i: xs[i].mean((2, 3), keepdim=True), n * hw * c + n * c,
+                      lambda got, want: got.reshape(want.shape) - want))
+        for layer, count, tensors, outs, torch_fn, elems, diff in cases:
+            gb = elems * item / 1e9
+            tms = time_graph(torch_fn, torch, args.warmup, args.iters)
+            want = torch_fn(0).float()
+            row = {"op": layer.kind, "shape": [n, h, h, c], "count": count, "torch_ms": tms, "tactics": {}}
+            print(f"{count}x {layer.kind:10} {str(nhwc):22} torch {tms * 1e3:7.1f} us {gb / tms * 1e3:6.0f} GB/s",
+                  flush=True)
+            for tactic in candidates("cuda", layer.kind, layer, arch=info.arch):
+                modules = KernelModules(info.arch)
+                modules.load(tactic.kernels(layer))
+
+                def run(i, tactic=tactic, layer=layer, modules=modules, tensors=tensors):
+                    stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+                    tactic.enqueue(layer, CudaLauncher(modules, stream, take, layer.name, sm_count=info.sm_count),
+                                   tensors[i])
+
+                try:
+                    outs[0].fill_(float("nan"))
+                    ms = time_graph(run, torch, args.warmup, args.iters)
+                    run(0)
+                    torch.cuda.synchronize()
+                finally:
+                    modules.close()
+                err = float(diff(outs[0].float(), want).abs().max())
+                row["tactics"][tactic.name] = {"ms": ms, "max_abs_err": err}
+                print(f"    {tactic.name:26} {ms * 1e3:7.1f} us {gb / ms * 1e3:6.0f} GB/s {tms / ms:5.2f}x torch "
+                      f"err {err:.1e}", flush=True)
+            rows.append(row)
+    for op in ("Mul", "ReduceMean"):
+        mine = [r for r in rows if r["op"] == op and r["count"]]
+        best = sum(min(t["ms"] for t in r["tactics"].values()) * r["count"] for r in mine)
+        ttotal = sum(r["torch_ms"] * r["count"] for r in mine)
+        print(f"== {model} bs{n} {precision} {op}: polykit best {best:.3f} ms vs torch {ttotal:.3f} ms over "
+              f"{sum(r['count'] for r in mine)} layers = {best / ttotal:.2f}x", flush=True)
+    return rows
+
+
 def main() -> None:
     import torch
 
@@ -335,6 +445,8 @@ def main() -> None:
                         help="B,H,S,D: time the Attention tactics at this shape (repeatable)")
     parser.add_argument("--attention-dtype", choices=("fp32", "fp16", "bf16"), default="fp32")
     parser.add_argument("--pointwise", default="", help="zoo model:batch list: time its 1x1 convolutions' tiles")
+    parser.add_argument("--se", action="append", default=[], help=f"model:batch:precision, model one of "
+                        f"{', '.join(SE_SHAPES)}: time the squeeze-excitation scale and pool tactics (repeatable)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
@@ -344,6 +456,8 @@ def main() -> None:
     for case in filter(None, args.pointwise.split(",")):
         name, batch = case.split(":")
         results[f"pointwise:{case}"] = bench_pointwise(name, int(batch), args, torch)
+    for spec in args.se:
+        results[f"se:{spec}"] = bench_squeeze_excitation(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)

@@ -188,3 +188,104 @@ def test_span_resnet_global_pool_equals_the_general_kernel_within_fp32_rounding(
     want = reference_layer(lay, feeds)["Y"].astype(np.float32)
     assert np.abs(fast.astype(np.float32) - want).max() <= 1e-3
     assert np.abs(fast.astype(np.float32) - general.astype(np.float32)).max() <= 1e-3
+
+
+# ---- the split (cuda.reduce.span.split) ------------------------------------------------------------
+
+def test_split_cuts_long_columns_of_a_short_grid_into_chunks_over_grid_z():
+    span = Span(32, 12544, 32)  # EfficientNet-B0's first squeeze-excitation pool, bs32, fp16
+    grid, block = cols_block(span, 8)
+    splits, chunk = rs.cols_split(span, grid, block)
+    assert grid[0] * grid[1] < rs.TARGET_BLOCKS and splits > 1
+    assert (splits - 1) * chunk < span.reduced <= splits * chunk
+    assert chunk >= block[1] * rs.SPLIT_ROWS
+    assert grid[0] * grid[1] * splits <= rs.TARGET_BLOCKS + grid[0] * grid[1]
+
+
+def test_split_leaves_full_grids_and_short_columns_alone():
+    for span, per in ((Span(32, 49, 2048), 8), (Span(32, 49, 1152), 8), (Span(4096, 300, 64), 8)):
+        grid, block = cols_block(span, per)
+        assert rs.cols_split(span, grid, block) == (1, span.reduced)
+
+
+def test_split_supports_only_short_grids_of_column_spans():
+    assert rs.supports_split(_layer("ReduceMean", (32, 112, 112, 32), (32, 1, 1, 32)))
+    assert rs.supports_split(_layer("ReduceMax", (1, 56, 56, 96), (1, 1, 1, 96)))
+    assert not rs.supports_split(_layer("ReduceMean", (32, 7, 7, 2048), (32, 1, 1, 2048)))
+    assert not rs.supports_split(_layer("ReduceSum", (8, 128, 768), (8, 128, 1)))  # rows
+    assert not rs.supports_split(LayerDesc("r", "ReduceSum", ("X",), ("Y",)))
+
+
+def _enqueue_split(x_shape, y_shape, op="ReduceMean", dtype=np.float16):
+    rec = RecordingLauncher(workspace_ptr=0x70000)
+    x, y = DeviceTensor(0x1000, x_shape, np.dtype(dtype)), DeviceTensor(0x20000, y_shape, np.dtype(dtype))
+    tensors = {"X": x, "axes": DeviceTensor(0x9000, (2,), np.dtype(np.int64)), "Y": y}
+    lay = _layer(op, x_shape, y_shape, np.dtype(dtype).name)
+    rs.enqueue_split(lay, rec, tensors)
+    return rec, lay, tensors
+
+
+def test_enqueue_split_writes_partials_then_joins_them():
+    rec, lay, tensors = _enqueue_split((32, 112, 112, 32), (32, 1, 1, 32))
+    (part, pargs), (join, jargs) = rec.launches
+    splits, chunk = rs.cols_split(Span(32, 12544, 32), *cols_block(Span(32, 12544, 32), 8))
+    assert part == "reduce_cols_part_f16" and pargs[1:] == [0x70000, OPS["ReduceMean"], 32, 12544, 32, 1, chunk]
+    assert join == "reduce_cols_join_f16" and jargs[0] == 0x70000
+    assert jargs[2:] == [OPS["ReduceMean"], 32 * 32, 12544, splits]
+    assert rec.workspaces == [splits * 32 * 32 * 4]
+    assert rs.split_workspace(lay, tensors, 132) == rec.workspaces[0]
+
+
+def test_split_workspace_from_plan_tensor_descriptions():
+    from polykit.compiler.plan.records import TensorDesc
+
+    for dtype, acc in (("float16", 4), ("bfloat16", 8), ("float32", 4)):
+        lay = _layer("ReduceSum", (1, 56, 56, 96), (1, 1, 1, 96), dtype)
+        tensors = {"X": TensorDesc("X", dtype, (1, 56, 56, 96), "activation"),
+                   "Y": TensorDesc("Y", dtype, (1, 1, 1, 96), "activation")}
+        span = Span(1, 3136, 96)
+        grid, block = cols_block(span, 16 // np.dtype(TensorDesc("X", dtype, (), "").np_dtype).itemsize)
+        splits, _ = rs.cols_split(span, grid, block)
+        assert splits > 1 and rs.split_workspace(lay, tensors, 132) == splits * 96 * acc
+
+
+def test_enqueue_split_runs_the_span_kernel_where_no_split_helps():
+    rec, lay, tensors = _enqueue_split((32, 7, 7, 2048), (32, 1, 1, 2048))
+    assert [n for n, _ in rec.launches] == ["reduce_cols_f16"] and rec.workspaces == []
+    assert rs.split_workspace(lay, tensors, 132) == 0
+
+
+#: squeeze-excitation pools [N, H*W, C] -> [N, C] and odd ones: C = 1, 3, 7, 96, 1000; R = 1, 49, 12544; N = 1, 3
+SPLIT_SHAPES = [(1, 12544, 96), (3, 12544, 7), (3, 12544, 1), (1, 3136, 1000), (3, 49, 96), (3, 1, 3),
+                (1, 12544, 3), (3, 784, 1000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax"])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+def test_split_matches_reference(shape, op, dtype):
+    from polykit.compiler.ir.dtypes import to_numpy
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    dt = to_numpy(16) if dtype == "bfloat16" else np.dtype(dtype)
+    feeds = {"X": rng.uniform(-2, 2, shape).astype(dt), "axes": np.array([1], np.int64)}
+    lay = _stamped(op, feeds, precision="fp16" if dtype == "float16" else "fp32")
+    # fp32: sums of 12544 values in another order than the reference's differ by ~1e-4
+    rtol, atol = (1e-4, 5e-4) if dtype == "float32" else (1e-2, 1e-2)
+    assert_matches_reference(lay, feeds, tactic="cuda.reduce.span.split", rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [0, 2])
+def test_split_pool_equals_the_unsplit_span_within_fp32_rounding(misalign):
+    from polykit.runtime.cuda.harness import run_layer
+
+    feeds = _feeds("ReduceMean", (3, 112, 112, 32), [1, 2], np.float16)
+    lay = _stamped("ReduceMean", feeds, precision="fp16")
+    assert rs.supports_split(lay)
+    split = run_layer(lay, feeds, tactic="cuda.reduce.span.split", misalign={"X": misalign})["Y"]
+    plain = run_layer(lay, feeds, tactic="cuda.reduce.span")["Y"]
+    want = feeds["X"].astype(np.float64).mean(axis=(1, 2), keepdims=True)
+    assert np.abs(split.astype(np.float64) - want).max() <= 1e-3
+    assert np.abs(split.astype(np.float32) - plain.astype(np.float32)).max() <= 1e-3

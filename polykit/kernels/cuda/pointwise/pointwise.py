@@ -19,8 +19,9 @@ from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
-def _entry(layer, sig) -> tuple[KernelSource, KernelSource]:
-    """The (strided, vector) kernels of `layer` for dtype signature `sig`."""
+def _entry(layer, sig) -> tuple[KernelSource, KernelSource, KernelSource | None]:
+    """The (strided, vector, row) kernels of `layer` for dtype signature `sig` (row: None
+    when the layer's module has none, pointwise_codegen)."""
     sigs = candidate_signatures(layer)
     if sig not in sigs:
         raise DeviceError(f"no pointwise kernel was compiled for dtypes {sig[0]} -> {sig[1]}",
@@ -29,10 +30,11 @@ def _entry(layer, sig) -> tuple[KernelSource, KernelSource]:
     body, ins, outs = _canonical(*layer_body(layer))
     name = sig_name(_base_name(body, ins, outs), sig)
     kernels = {k.name: k for k in pointwise_kernels(layer, sigs)}
-    return kernels[name + "_s"], kernels[name + "_v"]
+    return kernels[name + "_s"], kernels[name + "_v"], kernels.get(name + "_r")
 
 
-def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+def layer_tensors(layer, tensors: Mapping[str, DeviceTensor]):
+    """(inputs, outputs, (strided, vector, row) kernels) of a pointwise layer's launch."""
     body, ins, outs = layer_body(layer)
     x = [tensors[n] for n in ins if n]
     y = [tensors[n] for n in outs]
@@ -41,7 +43,11 @@ def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
         if d not in CTYPE:
             raise DeviceError(f"dtype {d} has no CUDA pointwise kernel", where=f"layer {layer.name!r}",
                               hint="use --target cpu")
-    k_s, k_v = _entry(layer, sig)
+    return x, y, _entry(layer, sig)
+
+
+def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y, (k_s, k_v, _) = layer_tensors(layer, tensors)
     n = max(t.size for t in y) if y else 0
     if n == 0:
         return
@@ -71,18 +77,22 @@ def _storable(layer) -> bool:
     return all(d in CTYPE for d in stamped if d)
 
 
-def _register() -> None:
-    cuda_tactic("Pointwise", "cuda.pointwise", kernels=pointwise_kernels,
+def register_pointwise(name: str, enqueue, fits=lambda layer: True, priority: int = 0) -> None:
+    """Declare tactic `name` (enqueue) for Pointwise layers and every plain elementwise op with
+    a C expression, on layers with CUDA storage types that `fits` takes."""
+    cuda_tactic("Pointwise", name, kernels=pointwise_kernels, priority=priority,
                 supports=lambda layer: all(cuda_emitter(elementwise_op(op["op"])) is not None
-                                           for op in layer.attrs.get("body", ())) and _storable(layer))(enqueue_pointwise)
+                                           for op in layer.attrs.get("body", ()))
+                and _storable(layer) and fits(layer))(enqueue)
     for op in elementwise_ops():
         if cuda_emitter(op) is None:
             continue
-        cuda_tactic(op.name, "cuda.pointwise", kernels=pointwise_kernels,
-                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer))(enqueue_pointwise)
+        cuda_tactic(op.name, name, kernels=pointwise_kernels, priority=priority,
+                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer)
+                    and fits(layer))(enqueue)
 
 
-_register()
+register_pointwise("cuda.pointwise", enqueue_pointwise)
 
 
 def _chain(name: str, steps, precision: str = "fp32"):

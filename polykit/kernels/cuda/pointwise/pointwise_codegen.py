@@ -9,6 +9,11 @@ every candidate signature), two entry points:
   dims collapsed on the host, per-tensor element strides (0 on broadcast dims) as i64 args.
 - `<base>__<sig>_v`: contiguous path, 4 elements per thread with aligned vector loads/stores;
   every input is either the full-size contiguous tensor or a scalar (loaded once).
+- `<base>__<sig>_r`: row-broadcast path (tactic cuda.pointwise.rows): the iteration space
+  collapsed to [A, B, I] with contiguous outputs, each input contiguous or broadcast along I;
+  8 elements a thread (16-byte loads of fp16) when every pointer and row stride allows it,
+  else 1; offsets by multiply-add per row, no division per element. Emitted only for layers
+  whose stamped shapes take it (and unstamped ones): it costs compile time.
 
 Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
 (as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
@@ -25,6 +30,7 @@ from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.cuda.launch_geometry import BLOCK
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC, stamped_takes
 from polykit.kernels.cuda.storage_types import CTYPE
 
 #: most dims of the strided path (after collapsing)
@@ -33,7 +39,7 @@ MAXR = 8
 VEC = 4
 
 
-def _module_code(body, ins, outs, sigs, base) -> str:
+def _module_code(body, ins, outs, sigs, base, rows: bool) -> str:
     """The generated .cu text: a templated strided and vector kernel + extern "C" entries."""
     nin, nout = len(ins), len(outs)
     tin = [f"T{i}" for i in range(nin)]
@@ -79,18 +85,12 @@ def _module_code(body, ins, outs, sigs, base) -> str:
     lines.append(f"  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n / {VEC}; i += (i64)gridDim.x * blockDim.x) {{")
     for i in range(nin):
         lines.append(f"    Vec<{tin[i]}, {VEC}> w{i}; if (!sc{i}) w{i} = reinterpret_cast<const Vec<{tin[i]}, {VEC}>*>(x{i})[i];")
-    for j in range(nout):
-        lines.append(f"    Vec<{tout[j]}, {VEC}> u{j};")
-    lines.append(f"#pragma unroll\n    for (int k = 0; k < {VEC}; ++k) {{")
-    for i in range(nin):
-        lines.append(f"      const auto a{i} = sc{i} ? s{i} : ld(w{i}.v, k);")
-    lines.append(code_v.replace("\n    ", "\n      ").replace("    auto", "      auto", 1))
-    for j, name in enumerate(outs):
-        lines.append(f"      st(u{j}.v, k, {env_v[name]});")
-    lines.append("    }")
+    lines += _lanes(code_v, env_v, outs, tout, str(VEC), "    ", [f"sc{i} ? s{i} : ld(w{i}.v, k)" for i in range(nin)])
     for j in range(nout):
         lines.append(f"    reinterpret_cast<Vec<{tout[j]}, {VEC}>*>(y{j})[i] = u{j};")
     lines.append("  }\n}\n")
+    if rows:
+        lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base)
     for sig in sigs:
         targs = ", ".join(CTYPE[d] for d in sig[0] + sig[1])
         cptrs = [f"const {CTYPE[sig[0][i]]}* x{i}" for i in range(nin)] + \
@@ -100,7 +100,59 @@ def _module_code(body, ins, outs, sigs, base) -> str:
             gnames = [p.split()[1] for p in g]
             lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_{path}('
                          f'{", ".join(cptrs + g)}) {{ {base}_{path}<{targs}>({", ".join(names + gnames)}); }}')
+        if not rows:
+            continue
+        rgeo = _rows_geometry_params(nin)
+        rcall = ", ".join(names + [p.split()[1] for p in rgeo])
+        lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_r('
+                     f'{", ".join(cptrs + rgeo + ["i64 vec"])}) {{ if (vec) {base}_r<{ROW_VEC}, {targs}>({rcall}); '
+                     f'else {base}_r<1, {targs}>({rcall}); }}')
     return "\n".join(lines) + "\n"
+
+
+def _lanes(code, env, outs, tout, width: str, pad: str, loads) -> list[str]:
+    """Declare the output vectors u<j> and evaluate the body on each of their `width` lanes k:
+    input i is the C expression loads[i], each output stored into its lane."""
+    lines = [f"{pad}Vec<{t}, {width}> u{j};" for j, t in enumerate(tout)]
+    lines.append(f"#pragma unroll\n{pad}for (int k = 0; k < {width}; ++k) {{")
+    lines += [f"{pad}  const auto a{i} = {e};" for i, e in enumerate(loads)]
+    lines.append(code.replace("\n    ", f"\n{pad}  ").replace("    auto", f"{pad}  auto", 1))
+    lines += [f"{pad}  st(u{j}.v, k, {env[name]});" for j, name in enumerate(outs)]
+    lines.append(f"{pad}}}")
+    return lines
+
+
+def _rows_geometry_params(nin: int) -> list[str]:
+    """The row kernel's geometry: [A, B, I] and, per input, its A and B strides and its inner
+    stride (1: contiguous along I, 0: one value broadcast along I)."""
+    return ["i64 A", "i64 B", "i64 I"] + [f"i64 {k}{i}" for i in range(nin) for k in ("sa", "sb", "si")]
+
+
+def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base) -> list[str]:
+    """The row-broadcast path `<base>_r<V>`: the iteration space collapsed to [A, B, I] (outputs
+    contiguous), thread (x, y) of block (bx, by, bz) owns V consecutive elements of I and rows
+    b = by * blockDim.y + y (grid-stride), a = bz (grid-stride); every offset is a multiply-add per
+    row, no division. An input contiguous along I loads V elements at once (the host passes V > 1
+    only for aligned pointers and row strides), one broadcast along I loads one value a row."""
+    nin, nout = len(ins), len(outs)
+    code, env = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
+    lines = [f"template <int V, {tparams}>",
+             f"__device__ __forceinline__ void {base}_r({', '.join(ptrs + _rows_geometry_params(nin))}) {{",
+             "  const i64 ci = (blockIdx.x * (i64)blockDim.x + threadIdx.x) * V;",
+             "  if (ci >= I) return;",
+             "  for (i64 ra = blockIdx.z; ra < A; ra += gridDim.z) {",
+             "    for (i64 rb = blockIdx.y * (i64)blockDim.y + threadIdx.y; rb < B; rb += (i64)gridDim.y * blockDim.y) {",
+             "      const i64 row = (ra * B + rb) * I + ci;"]
+    for i in range(nin):
+        lines.append(f"      Vec<{tin[i]}, V> w{i}; const {tin[i]}* p{i} = x{i} + ra * sa{i} + rb * sb{i};")
+        lines.append(f"      if (si{i}) w{i} = *reinterpret_cast<const Vec<{tin[i]}, V>*>(p{i} + ci);")
+        lines.append(f"      else {{ const {tin[i]} e{i} = *p{i};\n#pragma unroll\n"
+                     f"        for (int k = 0; k < V; ++k) w{i}.v[k] = e{i}; }}")
+    lines += _lanes(code, env, outs, tout, "V", "      ", [f"ld(w{i}.v, k)" for i in range(nin)])
+    for j in range(nout):
+        lines.append(f"      *reinterpret_cast<Vec<{tout[j]}, V>*>(y{j} + row) = u{j};")
+    lines.append("    }\n  }\n}\n")
+    return lines
 
 
 def _base_name(body, ins, outs) -> str:
@@ -123,9 +175,13 @@ def _canonical(body, ins, outs):
 
 
 def pointwise_kernels(layer, sigs=None) -> list[KernelSource]:
-    """Kernels (two per candidate signature, one module) for a Pointwise or plain elementwise layer."""
+    """Kernels (two per candidate signature, one module) for a Pointwise or plain elementwise
+    layer; a third, the row kernel, for a layer whose stamped shapes broadcast by rows
+    (row_geometry.stamped_takes) and for one without stamped shapes (the compile variants)."""
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
     base = _base_name(body, ins, outs)
-    code = _module_code(body, ins, outs, sigs, base)
-    return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in ("s", "v")]
+    rows = not getattr(layer, "out_shapes", ()) or stamped_takes(layer)
+    code = _module_code(body, ins, outs, sigs, base, rows)
+    paths = ("s", "v", "r") if rows else ("s", "v")
+    return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]

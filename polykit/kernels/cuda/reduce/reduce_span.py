@@ -1,10 +1,14 @@
-"""Reduce* over one run of adjacent axes (reduce.cu's reduce_rows / reduce_cols): tactic cuda.reduce.span.
+"""Reduce* over one run of adjacent axes (reduce.cu's reduce_rows / reduce_cols): tactics cuda.reduce.span(.split).
 
 The input is viewed as [O, R, I]: O the kept axes before the run, R the reduced ones, I the kept
 axes after it. I == 1 (a reduction of the last axes: BERT's ReduceMean) runs one warp per row;
 I > 1 (ResNet's global average pool in NHWC: axes (1, 2) of (N, H, W, C)) runs threads along I
 with the rows split over a second block dimension and summed in a fixed tree. Both load 16
-bytes a thread when the sizes and pointers allow it.
+bytes a thread when the sizes and pointers allow it. Tactic cuda.reduce.span.split, timed
+against it, cuts R of a column span whose grid is short (few outputs over long columns: the
+squeeze-excitation pool [N, H*W, C] of EfficientNet's first stages) into chunks over grid z:
+each block stores fp32 (fp64 for bf16 and 64-bit types) partials to the workspace, and a second
+kernel joins them in chunk order and finishes (deterministic: the split is shape-only).
 
 The view comes from the input and output shapes, not from the axes tensor (which lives on the
 device): with keepdims the reduced axes are those the output shrinks to 1 (a size-1 axis reduced
@@ -21,8 +25,12 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.launch_geometry import grid_for
 from polykit.kernels.cuda.reduce.reduce import FILE, OPS, REDUCE_DTYPES, dtype_code, enqueue_reduce, unit
+from polykit.kernels.cuda.storage_types import CODE
 
 #: threads a block (both kernels)
 BLOCK = 256
@@ -33,6 +41,8 @@ TARGET_BLOCKS = 1024
 #: a row this long with fewer rows than this goes to the general kernel (a block per row)
 LONG_ROW, FEW_ROWS = 4096, 1024
 MAX_GRID_Y = 65535
+#: rows each thread of a split reduce_cols reduces at least
+SPLIT_ROWS = 8
 #: bytes of reduce.cu's accumulator (Acc<T>) by dtype code: float for f32/f16, 64 bits otherwise
 ACC_BYTES = {"f32": 4, "f16": 4, "bf16": 8, "f64": 8, "i32": 8, "i64": 8, "b8": 8}
 
@@ -125,12 +135,75 @@ def enqueue_span(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
         launcher.launch(KernelSource(f"reduce_rows_{code}", FILE, defines=unit(code)), grid, (BLOCK, 1, 1),
                         [x, y, op, span.outer, span.reduced, vec])
         return
+    vec, grid, block, shared = _cols_launch(x, y, span, code)
+    launcher.launch(KernelSource(f"reduce_cols_{code}", FILE, defines=unit(code)), grid, block,
+                    [x, y, op, span.outer, span.reduced, span.inner, vec], shared_mem=shared)
+
+
+def _cols_launch(x: DeviceTensor, y: DeviceTensor, span: Span, code: str):
+    """(vec, grid, block, shared bytes) of reduce_cols for these tensors."""
     vec = _wide(x, y, span.inner)
     per = 16 // x.dtype.itemsize if vec else 1
     grid, block = cols_block(span, per)
-    shared = math.prod(block) * per * ACC_BYTES[code]
-    launcher.launch(KernelSource(f"reduce_cols_{code}", FILE, defines=unit(code)), grid, block,
-                    [x, y, op, span.outer, span.reduced, span.inner, vec], shared_mem=shared)
+    return vec, grid, block, math.prod(block) * per * ACC_BYTES[code]
+
+
+def cols_split(span: Span, grid: Sequence[int], block: Sequence[int]) -> tuple[int, int]:
+    """(S, chunk): reduce_cols' R cut into S chunks of `chunk` rows, one a block along grid z,
+    while its grid has fewer than TARGET_BLOCKS blocks and each thread keeps at least
+    SPLIT_ROWS rows (shape-only, like cols_block); (1, R) where no split helps."""
+    splits = min(-(-TARGET_BLOCKS // (grid[0] * grid[1])), span.reduced // (block[1] * SPLIT_ROWS), MAX_GRID_Y)
+    if splits <= 1:
+        return 1, span.reduced
+    chunk = -(-span.reduced // splits)
+    return -(-span.reduced // chunk), chunk
+
+
+def _split_of(kind: str, x: DeviceTensor, y: DeviceTensor):
+    """(span, code, vec, grid, block, shared, S, chunk) of a split column reduction, or None."""
+    span = _takes(kind, x.shape, y.shape) if y.size else None
+    code = CODE.get(x.dtype.name)
+    if span is None or span.inner == 1 or code not in REDUCE_DTYPES:
+        return None
+    vec, grid, block, shared = _cols_launch(x, y, span, code)
+    splits, chunk = cols_split(span, grid, block)
+    return (span, code, vec, grid, block, shared, splits, chunk) if splits > 1 else None
+
+
+def split_workspace(layer, tensors, sm_count: int) -> int:
+    """The split's fp32/fp64 partials (S * O * I accumulators) at the layer's shapes, the most
+    of an aligned (16-byte loads) and a misaligned input (their grids, so their S, differ)."""
+    try:
+        x, y = (tensors[n] for n in (layer.inputs[0], layer.outputs[0]))
+        ty = DeviceTensor(0, tuple(y.shape), np.dtype(y.dtype))
+        plans = [_split_of(layer.kind, DeviceTensor(ptr, tuple(x.shape), np.dtype(x.dtype)), ty) for ptr in (0, 1)]
+    except (KeyError, IndexError, TypeError):
+        return 0
+    return max([p[-2] * p[0].outer * p[0].inner * ACC_BYTES[p[1]] for p in plans if p is not None], default=0)
+
+
+def supports_split(layer) -> bool:
+    """A column span (I > 1) whose grid is short enough for R to be split."""
+    if not supports(layer) or not getattr(layer, "in_dtypes", ()):
+        return False
+    x = DeviceTensor(0, tuple(layer.in_shapes[0]), np.dtype(layer.in_dtypes[0]))
+    y = DeviceTensor(0, tuple(layer.out_shapes[0]), np.dtype(layer.in_dtypes[0]))
+    return _split_of(layer.kind, x, y) is not None
+
+
+def enqueue_split(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    plan = _split_of(layer.kind, x, y)
+    if plan is None:  # rows, a grid already full, or no span: the span (or general) kernel
+        enqueue_span(layer, launcher, tensors)
+        return
+    span, code, vec, grid, block, shared, splits, chunk = plan
+    op, n = OPS[layer.kind], span.outer * span.inner
+    part = launcher.workspace(splits * n * ACC_BYTES[code])
+    launcher.launch(KernelSource(f"reduce_cols_part_{code}", FILE, defines=unit(code)), (grid[0], grid[1], splits),
+                    block, [x, part, op, span.outer, span.reduced, span.inner, vec, chunk], shared_mem=shared)
+    launcher.launch(KernelSource(f"reduce_cols_join_{code}", FILE, defines=unit(code)), grid_for(n), (BLOCK, 1, 1),
+                    [part, y, op, n, span.reduced, splits])
 
 
 def _span_kernels(layer) -> list[KernelSource]:
@@ -139,8 +212,11 @@ def _span_kernels(layer) -> list[KernelSource]:
 
 for _kind in OPS:
     cuda_tactic(_kind, "cuda.reduce.span", kernels=_span_kernels, supports=supports, priority=5)(enqueue_span)
+    cuda_tactic(_kind, "cuda.reduce.span.split", kernels=_span_kernels, supports=supports_split, priority=6,
+                workspace=split_workspace)(enqueue_split)
 
 
 def compile_variants() -> list[KernelSource]:
     """The span entry points (in reduce.cu's per-dtype units, compiled once with the general kernel)."""
-    return [KernelSource(f"reduce_{k}_{c}", FILE, defines=unit(c)) for k in ("rows", "cols") for c in REDUCE_DTYPES]
+    return [KernelSource(f"reduce_{k}_{c}", FILE, defines=unit(c))
+            for k in ("rows", "cols", "cols_part", "cols_join") for c in REDUCE_DTYPES]

@@ -217,16 +217,21 @@ __device__ void span_rows(const T* __restrict__ x, T* __restrict__ y, const int 
 // columns (I > 1): block (TX, TY, TZ), TY a power of two; thread (tx, ty, tz) owns the V outputs
 // (o, i0 .. i0 + V) with i0 = (blockIdx.x * TX + tx) * V, o = TZ * og + tz, and reduces rows
 // r = ty, ty + TY, ...; the TY partials meet in a fixed tree in shared memory (TX*TY*TZ*V accs).
+// Split (part != 0, tactic cuda.reduce.span.split): block z reduces only rows [z * chunk,
+// z * chunk + chunk) and stores its unfinished partials at part[(z * O + o) * I + i], which
+// reduce_cols_join then joins in the order of z (R split over gridDim.z blocks: short grids of
+// long columns, the NHWC global pool of a squeeze-excitation block, fill the device).
 template <class T, int V>
-__device__ void span_cols(const T* __restrict__ x, T* __restrict__ y, const int OP, i64 O, i64 R, i64 I) {
+__device__ void span_cols(const T* __restrict__ x, T* __restrict__ y, const int OP, i64 O, i64 R, i64 I,
+                          typename Acc<T>::type* __restrict__ part = nullptr, i64 chunk = 0) {
   typedef typename Acc<T>::type A;
   typedef typename Compute<T>::type C;
   extern __shared__ __align__(16) unsigned char span_smem[];
-  A* part = (A*)span_smem;
+  A* tree = (A*)span_smem;
   const int TX = blockDim.x, TY = blockDim.y, TZ = blockDim.z;
   const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
   const i64 i0 = ((i64)blockIdx.x * TX + tx) * V;
-  A* mine = part + ((i64)(tz * TY + ty) * TX + tx) * V;
+  A* mine = tree + ((i64)(tz * TY + ty) * TX + tx) * V;
   for (i64 og = blockIdx.y; og * TZ < O; og += gridDim.y) {  // uniform over the block
     const i64 o = og * TZ + tz;
     const bool live = o < O && i0 < I;
@@ -235,7 +240,8 @@ __device__ void span_cols(const T* __restrict__ x, T* __restrict__ y, const int 
     for (int j = 0; j < V; ++j) acc[j] = reduce_init<T, A>(OP);
     if (live) {
       const T* col = x + o * R * I + i0;
-      for (i64 r = ty; r < R; r += TY) {
+      const i64 r0 = part ? blockIdx.z * chunk : 0, r1 = part && r0 + chunk < R ? r0 + chunk : R;
+      for (i64 r = r0 + ty; r < r1; r += TY) {
         const Pack<T, V> p = *(const Pack<T, V>*)(col + r * I);
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] = reduce_step(OP, acc[j], (A)ld(p.e, j));
@@ -254,10 +260,27 @@ __device__ void span_cols(const T* __restrict__ x, T* __restrict__ y, const int 
       }
       __syncthreads();
     }
-    if (ty == 0 && live) {
+    if (ty == 0 && live && part) {
+      A* out = part + ((i64)blockIdx.z * O + o) * I + i0;
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[j] = acc[j];
+    } else if (ty == 0 && live) {
 #pragma unroll
       for (int j = 0; j < V; ++j) st(y, o * I + i0 + j, (C)reduce_finish(OP, acc[j], R));
     }
+  }
+}
+
+// the split's second pass: output k = o * I + i joins its S partials (z = 0 .. S-1, fixed order)
+template <class T>
+__device__ void span_cols_join(const typename Acc<T>::type* __restrict__ part, T* __restrict__ y, const int OP,
+                               i64 n, i64 R, i64 S) {
+  typedef typename Acc<T>::type A;
+  typedef typename Compute<T>::type C;
+  for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+    A acc = part[k];
+    for (i64 z = 1; z < S; ++z) acc = reduce_join(OP, acc, part[z * n + k]);
+    st(y, k, (C)reduce_finish(OP, acc, R));
   }
 }
 
@@ -272,6 +295,14 @@ template <class T> struct Wide { enum { value = 16 / sizeof(T) }; };
   }                                                                                                            \
   extern "C" __global__ void reduce_cols_##code(const T* x, T* y, i64 op, i64 O, i64 R, i64 I, i64 vec) {     \
     if (vec) span_cols<T, Wide<T>::value>(x, y, (int)op, O, R, I); else span_cols<T, 1>(x, y, (int)op, O, R, I); \
+  }                                                                                                            \
+  extern "C" __global__ void reduce_cols_part_##code(const T* x, Acc<T>::type* part, i64 op, i64 O, i64 R, i64 I, \
+                                                     i64 vec, i64 chunk) {                                     \
+    if (vec) span_cols<T, Wide<T>::value>(x, nullptr, (int)op, O, R, I, part, chunk);                          \
+    else span_cols<T, 1>(x, nullptr, (int)op, O, R, I, part, chunk);                                           \
+  }                                                                                                            \
+  extern "C" __global__ void reduce_cols_join_##code(const Acc<T>::type* part, T* y, i64 op, i64 n, i64 R, i64 S) { \
+    span_cols_join<T>(part, y, (int)op, n, R, S);                                                              \
   }
 #define ARG(T, code) \
   extern "C" __global__ void argmax_##code(const T* x, i64* y, i64 select_last, GEO_ARGS) { arg_impl<T, 1>(x, y, select_last, GEO_NAMES); } \
