@@ -149,15 +149,21 @@ def test_cpu_plans_of_depthwise_models_with_and_without_channels_last_compute_th
     np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), **tol)
 
 
-def test_cpu_plan_runs_grouped_convs_channels_last_and_cuda_plans_keep_them_nchw():
+def test_cpu_and_cuda_plans_run_grouped_convs_channels_last():
+    """The grouped conv (2 channels a group) goes NHWC on the cpu and on cuda, where the grouped
+    tactic runs it next to the depthwise one, between the entry and exit Transposes only."""
     image = np.random.default_rng(4).standard_normal((2, 8, 9, 9)).astype(np.float32)
     nhwc = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=True))
     assert sorted(int(layer.attrs["group"]) for layer in nhwc.layers if layer.kind == "ConvNHWC") == [4, 8]
     nchw = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=False))
     np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), rtol=1e-5, atol=1e-5)
-    cuda = build_plan(_grouped_model(), BuilderConfig(target="cuda", fp16=True))
-    assert [(layer.kind, int(layer.attrs["group"])) for layer in cuda.layers if "Conv" in layer.kind] == \
-        [("Conv", 4), ("ConvNHWC", 8)]
+    for config in (BuilderConfig(target="cuda", fp16=True), BuilderConfig(target="cuda", bf16=True),
+                   BuilderConfig(target="cuda", channels_last=True)):
+        cuda = build_plan(_grouped_model(), config)
+        assert [(layer.kind, int(layer.attrs["group"]), layer.tactic.rsplit("_", 1)[0]) for layer in cuda.layers
+                if "Conv" in layer.kind] == [("ConvNHWC", 4, "cuda.conv_nhwc.grouped"),
+                                             ("ConvNHWC", 8, "cuda.conv_nhwc.depthwise")]
+        assert _kinds(cuda)["Transpose"] == 2
 
 
 @pytest.mark.parametrize("model,depthwise", [("mobilenet", 5), ("convnext", 3)])
