@@ -8,7 +8,8 @@ convolutions of ResNeXt-50 32x4d, RegNetY-800MF and RegNetX-1.6GF, layer by laye
 For every distinct depthwise or grouped layer of the models (224x224 inputs; torchvision's pads
 k // 2) it times, on random data of the layer's shapes: polykit's NHWC tactics for it
 (cuda.conv_nhwc.depthwise_p8 / _p4, or cuda.conv_nhwc.grouped_p4 / _p2 with several channels a
-group; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
+group, and cuda.conv_nhwc.grouped_mma_p32 with multiples of 8 a group in fp16 / bf16, printed
+last on the row; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
 (torch.nn.functional.conv2d with its groups on channels_last tensors, bias included).
 Each is timed as the engine runs it: three calls (inputs rotated over three buffer sets so L2 does
 not hold them) captured in a CUDA graph, the replay timed with CUDA events, the median of --iters
@@ -59,9 +60,12 @@ class DwLayer:
     def groups(self) -> int:
         return self.c // self.cpg
 
-    @property
-    def tactics(self) -> tuple[str, str]:
-        return GROUPED if self.cpg > 1 else TACTICS
+    def tactics(self, dtype: str) -> tuple[str, ...]:
+        """The NHWC tactics to time: depthwise p8 / p4, or grouped p4 / p2 and, with multiples of 8
+        channels a group in 16-bit storage, the tensor-core grouped_mma."""
+        if self.cpg == 1:
+            return TACTICS
+        return GROUPED + ((MMA,) if self.cpg % 8 == 0 and dtype != "fp32" else ())
 
     def label(self) -> str:
         return f"{self.k}x{self.k}/{self.stride} C{self.c}{'/' + str(self.cpg) if self.cpg > 1 else ''} " \
@@ -95,6 +99,7 @@ MODELS = {
 }
 TACTICS = ("cuda.conv_nhwc.depthwise_p8", "cuda.conv_nhwc.depthwise_p4")
 GROUPED = ("cuda.conv_nhwc.grouped_p4", "cuda.conv_nhwc.grouped_p2")
+MMA = "cuda.conv_nhwc.grouped_mma_p32"
 DIRECT = "cuda.conv.direct"
 WRONG = {"fp16": 5e-3, "bf16": 2e-2, "fp32": 1e-4}
 
@@ -176,7 +181,7 @@ def precompile(layers, args) -> None:
     sources = []
     for d in layers:
         nhwc, nchw = layer_descs(d, args.batch, storage, args.dtype)
-        sources += [k for t in d.tactics for k in find_tactic("cuda", "ConvNHWC", t).kernels(nhwc)]
+        sources += [k for t in d.tactics(args.dtype) for k in find_tactic("cuda", "ConvNHWC", t).kernels(nhwc)]
         if not args.no_direct and args.dtype != "bf16":
             sources += find_tactic("cuda", "Conv", DIRECT).kernels(nchw)
     compile_many(sources, driver.current_device().arch, workers=os.cpu_count())
@@ -235,14 +240,14 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
         finally:
             op.close()
 
-    for tactic in d.tactics:
+    for tactic in d.tactics(args.dtype):
         measure(nhwc, tactic, nhwc_tensors, "y")
     if not args.no_direct and args.dtype != "bf16":  # the NCHW conv kernels take float32 / float16
         measure(nchw, DIRECT, nchw_tensors, "y_nchw")
     row["cudnn"] = time_graph(lambda i: F.conv2d(sets[i]["x"], sets[i]["w"], sets[i]["b"], stride=s, padding=pad,
                                                  groups=d.groups), torch, args.warmup, args.iters) * 1e3
-    row["tactics"] = list(d.tactics)
-    best = min(d.tactics, key=lambda t: row[t])
+    row["tactics"] = list(d.tactics(args.dtype))
+    best = min(row["tactics"], key=lambda t: row[t])
     row["best"], row["best_us"] = best, row[best]
     row["gbps"] = row["bytes"] / (row["best_us"] * 1e3)
     return row
@@ -254,7 +259,8 @@ def print_row(r: dict, dtype: str) -> None:
     direct = f"{r[DIRECT]:8.1f}" if DIRECT in r else "       -"
     print(f"{r['count']:2}x {r['layer']:24} {r['bytes'] / 1e6:7.2f} MB {r['floor_us']:7.1f} | "
           f"{r[r['tactics'][0]]:7.1f} {r[r['tactics'][1]]:7.1f} {r['gbps']:6.0f} GB/s {100 * r['gbps'] / (HBM_TBPS * 1e3):3.0f}% | "
-          f"{direct} {r['cudnn']:7.1f} | {r['cudnn'] / r['best_us']:5.2f}x  err {max(errs):.1e}{flag}", flush=True)
+          f"{direct} {r['cudnn']:7.1f} | {r['cudnn'] / r['best_us']:5.2f}x  err {max(errs):.1e}{flag}"
+          f"{f'  mma {r[MMA]:.1f} us' if MMA in r else ''}", flush=True)
 
 
 def main() -> None:

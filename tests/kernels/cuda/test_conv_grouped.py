@@ -171,10 +171,11 @@ def test_residual_relu_epilogue_reads_each_input_class(x, w, group, attrs, skip,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tactic", [P2, "cuda.conv_nhwc.grouped_mma_p32"])
 @pytest.mark.parametrize("shifted", ["X", "Y", "skip"])
-def test_misaligned_tensors_take_the_element_paths(shifted):
+def test_misaligned_tensors_take_the_element_paths(shifted, tactic):
     x, w, group, attrs, skip = EPI_CASES[0]
-    assert run_case(x, w, group, attrs, F16, P2, epilogue=RESIDUAL_RELU, extra={"skip": skip},
+    assert run_case(x, w, group, attrs, F16, tactic, epilogue=RESIDUAL_RELU, extra={"skip": skip},
                     misalign={shifted: 2}) <= TOL[F16]
 
 

@@ -283,10 +283,10 @@ def _storage(layer: Any) -> str | None:
 
 
 def tile_supports(window_of: Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], Any],
-                  smallest_smem: Callable[[Any, TileVariant, int], int]):
+                  smallest_smem: Callable[[Any, TileVariant, int], int], limit: int = SMEM_LIMIT):
     """supports(variant) -> supports(layer) of a tiled ConvNHWC tactic: one storage type, an
     epilogue it compiles, a window `window_of(attrs, x, w)` takes, and a smallest tile whose
-    shared memory `smallest_smem(window, variant, itemsize)` fits SMEM_LIMIT."""
+    shared memory `smallest_smem(window, variant, itemsize)` fits `limit`."""
 
     def for_variant(variant: TileVariant):
         def supports(layer: Any) -> bool:
@@ -294,7 +294,7 @@ def tile_supports(window_of: Callable[[Mapping[str, Any], Sequence[Any], Sequenc
             if storage is None or len(shapes) < 2 or not supports_epilogue(layer):
                 return False
             win = window_of(layer.attrs, shapes[0], shapes[1])
-            return win is not None and smallest_smem(win, variant, ELEMS[storage][1]) <= SMEM_LIMIT
+            return win is not None and smallest_smem(win, variant, ELEMS[storage][1]) <= limit
 
         return supports
 
