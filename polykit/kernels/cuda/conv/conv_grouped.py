@@ -189,8 +189,8 @@ def choose_tile(OH: int, OW: int, win: GroupedWindow, variant: GroupedVariant,
     """(TH, TWT, CB, CINP, smem bytes) of the cheapest tile that fits `smem_limit`, or None.
 
     Candidates: every slice (slices); as many threads along a row as it needs (up to the block's
-    threads), half and a quarter of that; the most rows that fit, and that many spread evenly over
-    the image. Cost: tile_cost."""
+    threads), half and a quarter of that; the most rows that fit, that many spread evenly over
+    the image, half and a quarter of them (smaller blocks, more of them an SM). Cost: tile_cost."""
     p, threads, v = variant.p, variant.threads, win.v
     best: tuple[float, tuple[int, int, int, int, int]] | None = None
     for cb in slices(win, threads):
@@ -200,7 +200,7 @@ def choose_tile(OH: int, OW: int, win: GroupedWindow, variant: GroupedVariant,
             most = max(1, min(OH, threads // (vb * twt)))
             while most > 1 and _smem(most, twt, cb, p, win)[1] > smem_limit:
                 most -= 1
-            for th in {most, -(-OH // -(-OH // most))}:
+            for th in {most, -(-OH // -(-OH // most)), -(-most // 2), -(-most // 4)}:
                 cinp, smem = _smem(th, twt, cb, p, win)
                 if smem > smem_limit:
                     continue
