@@ -1,12 +1,16 @@
-"""Depthwise convolutions of ConvNeXt-Tiny, EfficientNet-B0 and MobileNetV3-Large, layer by layer.
+"""Depthwise convolutions of ConvNeXt-Tiny, EfficientNet-B0 and MobileNetV3-Large and grouped
+convolutions of ResNeXt-50 32x4d, RegNetY-800MF and RegNetX-1.6GF, layer by layer.
 
     PYTHONPATH=. python3 benchmarks/cuda_depthwise.py [--models convnext,efficientnet,mobilenet]
         [--batch 32] [--dtype fp16] [--iters 20] [--out depthwise.json]
+    PYTHONPATH=. python3 benchmarks/cuda_depthwise.py --models resnext50,regnet_y_800mf,regnet_x_1_6gf
 
-For every distinct depthwise layer of the models (224x224 inputs; torchvision's pads k // 2) it
-times, on random data of the layer's shapes: polykit's NHWC depthwise tactics
-(cuda.conv_nhwc.depthwise_p8 / _p4, bias included), the NCHW `cuda.conv.direct` they replace, and
-torch's cuDNN (torch.nn.functional.conv2d with groups=C on channels_last tensors, bias included).
+For every distinct depthwise or grouped layer of the models (224x224 inputs; torchvision's pads
+k // 2) it times, on random data of the layer's shapes: polykit's NHWC tactics for it
+(cuda.conv_nhwc.depthwise_p8 / _p4, or cuda.conv_nhwc.grouped_p4 / _p2 with several channels a
+group, and cuda.conv_nhwc.grouped_mma_p32 with multiples of 8 a group in fp16 / bf16, printed
+last on the row; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
+(torch.nn.functional.conv2d with its groups on channels_last tensors, bias included).
 Each is timed as the engine runs it: three calls (inputs rotated over three buffer sets so L2 does
 not hold them) captured in a CUDA graph, the replay timed with CUDA events, the median of --iters
 replays divided by 3. Each polykit output is checked against torch's (relative error; WRONG past
@@ -39,19 +43,33 @@ FP32_FMA_PER_S = 132 * 128 * 1.98e9
 
 @dataclass(frozen=True)
 class DwLayer:
-    """A depthwise conv: input channels and size, kernel, stride (pads k // 2), multiplier 1."""
+    """A depthwise (cpg 1) or grouped conv: input channels and size, kernel, stride (pads k // 2),
+    input channels a group; as many output channels as input ones."""
 
     c: int
     size: int
     k: int
     stride: int
+    cpg: int = 1
 
     @property
     def out(self) -> int:
         return (self.size + 2 * (self.k // 2) - self.k) // self.stride + 1
 
+    @property
+    def groups(self) -> int:
+        return self.c // self.cpg
+
+    def tactics(self, dtype: str) -> tuple[str, ...]:
+        """The NHWC tactics to time: depthwise p8 / p4, or grouped p4 / p2 and, with multiples of 8
+        channels a group in 16-bit storage, the tensor-core grouped_mma."""
+        if self.cpg == 1:
+            return TACTICS
+        return GROUPED + ((MMA,) if self.cpg % 8 == 0 and dtype != "fp32" else ())
+
     def label(self) -> str:
-        return f"{self.k}x{self.k}/{self.stride} C{self.c} {self.size}->{self.out}"
+        return f"{self.k}x{self.k}/{self.stride} C{self.c}{'/' + str(self.cpg) if self.cpg > 1 else ''} " \
+               f"{self.size}->{self.out}"
 
 
 #: (layer, how many the model has)
@@ -66,18 +84,32 @@ MODELS = {
                   (DwLayer(72, 56, 5, 2), 1), (DwLayer(120, 28, 5, 1), 2), (DwLayer(240, 28, 3, 2), 1),
                   (DwLayer(200, 14, 3, 1), 1), (DwLayer(184, 14, 3, 1), 2), (DwLayer(480, 14, 3, 1), 1),
                   (DwLayer(672, 14, 3, 1), 1), (DwLayer(672, 14, 5, 2), 1), (DwLayer(960, 7, 5, 1), 2)],
+    # grouped (C / cpg groups), the 3x3 convs of each stage; stride 2 in a stage's first block
+    "resnext50": [(DwLayer(128, 56, 3, 1, 4), 3), (DwLayer(256, 56, 3, 2, 8), 1), (DwLayer(256, 28, 3, 1, 8), 3),
+                  (DwLayer(512, 28, 3, 2, 16), 1), (DwLayer(512, 14, 3, 1, 16), 5),
+                  (DwLayer(1024, 14, 3, 2, 32), 1), (DwLayer(1024, 7, 3, 1, 32), 2)],
+    "regnet_y_800mf": [(DwLayer(64, 112, 3, 2, 16), 1), (DwLayer(144, 56, 3, 2, 16), 1),
+                       (DwLayer(144, 28, 3, 1, 16), 2), (DwLayer(320, 28, 3, 2, 16), 1),
+                       (DwLayer(320, 14, 3, 1, 16), 7), (DwLayer(784, 14, 3, 2, 16), 1),
+                       (DwLayer(784, 7, 3, 1, 16), 1)],
+    "regnet_x_1_6gf": [(DwLayer(72, 112, 3, 2, 24), 1), (DwLayer(72, 56, 3, 1, 24), 1),
+                       (DwLayer(168, 56, 3, 2, 24), 1), (DwLayer(168, 28, 3, 1, 24), 3),
+                       (DwLayer(408, 28, 3, 2, 24), 1), (DwLayer(408, 14, 3, 1, 24), 9),
+                       (DwLayer(912, 14, 3, 2, 24), 1), (DwLayer(912, 7, 3, 1, 24), 1)],
 }
 TACTICS = ("cuda.conv_nhwc.depthwise_p8", "cuda.conv_nhwc.depthwise_p4")
+GROUPED = ("cuda.conv_nhwc.grouped_p4", "cuda.conv_nhwc.grouped_p2")
+MMA = "cuda.conv_nhwc.grouped_mma_p32"
 DIRECT = "cuda.conv.direct"
 WRONG = {"fp16": 5e-3, "bf16": 2e-2, "fp32": 1e-4}
 
 
 def layer_bytes(d: DwLayer, batch: int, itemsize: int) -> int:
-    return (batch * d.c * (d.size ** 2 + d.out ** 2) + d.c * (d.k * d.k + 1)) * itemsize
+    return (batch * d.c * (d.size ** 2 + d.out ** 2) + d.c * (d.k * d.k * d.cpg + 1)) * itemsize
 
 
 def layer_fmas(d: DwLayer, batch: int) -> int:
-    return batch * d.c * d.out ** 2 * d.k * d.k
+    return batch * d.c * d.out ** 2 * d.k * d.k * d.cpg
 
 
 class Polykit:
@@ -123,17 +155,17 @@ def device_tensor(t, storage, shape=None):
 
 
 def layer_descs(d: DwLayer, batch: int, storage: str, precision: str):
-    """(the ConvNHWC layer the depthwise tactics run, the NCHW Conv layer cuda.conv.direct runs)."""
+    """(the ConvNHWC layer the NHWC tactics run, the NCHW Conv layer cuda.conv.direct runs)."""
     from polykit.compiler.ir.graph import POLYKIT_DOMAIN
     from polykit.compiler.plan.records import LayerDesc
 
-    n, c, h, o, k = batch, d.c, d.size, d.out, d.k
-    attrs = {"group": c, "kernel_shape": [k, k], "strides": [d.stride] * 2, "pads": [k // 2] * 4}
+    n, c, h, o, k, g = batch, d.c, d.size, d.out, d.k, d.cpg
+    attrs = {"group": d.groups, "kernel_shape": [k, k], "strides": [d.stride] * 2, "pads": [k // 2] * 4}
     nhwc = LayerDesc("dw", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN, precision=precision,
-                     in_dtypes=(storage,) * 3, out_dtypes=(storage,), in_shapes=((n, h, h, c), (c, k, k, 1), (c,)),
+                     in_dtypes=(storage,) * 3, out_dtypes=(storage,), in_shapes=((n, h, h, c), (c, k, k, g), (c,)),
                      out_shapes=((n, o, o, c),))
     nchw = LayerDesc("dw", "Conv", ("X", "W", "B"), ("Y",), attrs, precision=precision, in_dtypes=(storage,) * 3,
-                     out_dtypes=(storage,), in_shapes=((n, c, h, h), (c, 1, k, k), (c,)), out_shapes=((n, c, o, o),))
+                     out_dtypes=(storage,), in_shapes=((n, c, h, h), (c, g, k, k), (c,)), out_shapes=((n, c, o, o),))
     return nhwc, nchw
 
 
@@ -149,7 +181,7 @@ def precompile(layers, args) -> None:
     sources = []
     for d in layers:
         nhwc, nchw = layer_descs(d, args.batch, storage, args.dtype)
-        sources += [k for t in TACTICS for k in find_tactic("cuda", "ConvNHWC", t).kernels(nhwc)]
+        sources += [k for t in d.tactics(args.dtype) for k in find_tactic("cuda", "ConvNHWC", t).kernels(nhwc)]
         if not args.no_direct and args.dtype != "bf16":
             sources += find_tactic("cuda", "Conv", DIRECT).kernels(nchw)
     compile_many(sources, driver.current_device().arch, workers=os.cpu_count())
@@ -170,7 +202,7 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
     sets = []
     for _ in range(3):
         x = torch.randn(n, c, h, h, device="cuda", dtype=tdtype).to(memory_format=torch.channels_last)
-        w = torch.randn(c, 1, k, k, device="cuda", dtype=tdtype) * (1.0 / k)
+        w = torch.randn(c, d.cpg, k, k, device="cuda", dtype=tdtype) * (1.0 / (k * d.cpg ** 0.5))
         b = torch.randn(c, device="cuda", dtype=tdtype)
         sets.append({"x": x, "w": w, "b": b, "x_nchw": x.contiguous(), "w_krsc": w.permute(0, 2, 3, 1).contiguous(),
                      "y": torch.empty(n, c, o, o, device="cuda", dtype=tdtype).to(memory_format=torch.channels_last),
@@ -188,7 +220,7 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
                 "B": device_tensor(t["b"], storage), "Y": device_tensor(t["y_nchw"], storage)}
 
     want = F.conv2d(sets[0]["x"].float(), sets[0]["w"].float(), sets[0]["b"].float(), stride=s, padding=pad,
-                    groups=c)
+                    groups=d.groups)
     row = {"layer": d.label(), "count": count, "bytes": layer_bytes(d, n, storage.itemsize),
            "fmas": layer_fmas(d, n)}
     row["floor_us"] = max(row["bytes"] / (HBM_TBPS * 1e6), row["fmas"] / FP32_FMA_PER_S * 1e6)
@@ -208,13 +240,14 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
         finally:
             op.close()
 
-    for tactic in TACTICS:
+    for tactic in d.tactics(args.dtype):
         measure(nhwc, tactic, nhwc_tensors, "y")
     if not args.no_direct and args.dtype != "bf16":  # the NCHW conv kernels take float32 / float16
         measure(nchw, DIRECT, nchw_tensors, "y_nchw")
     row["cudnn"] = time_graph(lambda i: F.conv2d(sets[i]["x"], sets[i]["w"], sets[i]["b"], stride=s, padding=pad,
-                                                 groups=c), torch, args.warmup, args.iters) * 1e3
-    best = min(TACTICS, key=lambda t: row[t])
+                                                 groups=d.groups), torch, args.warmup, args.iters) * 1e3
+    row["tactics"] = list(d.tactics(args.dtype))
+    best = min(row["tactics"], key=lambda t: row[t])
     row["best"], row["best_us"] = best, row[best]
     row["gbps"] = row["bytes"] / (row["best_us"] * 1e3)
     return row
@@ -225,8 +258,9 @@ def print_row(r: dict, dtype: str) -> None:
     flag = "" if all(e <= WRONG[dtype] for e in errs) else " WRONG"  # NaN (an unwritten element) too
     direct = f"{r[DIRECT]:8.1f}" if DIRECT in r else "       -"
     print(f"{r['count']:2}x {r['layer']:24} {r['bytes'] / 1e6:7.2f} MB {r['floor_us']:7.1f} | "
-          f"{r[TACTICS[0]]:7.1f} {r[TACTICS[1]]:7.1f} {r['gbps']:6.0f} GB/s {100 * r['gbps'] / (HBM_TBPS * 1e3):3.0f}% | "
-          f"{direct} {r['cudnn']:7.1f} | {r['cudnn'] / r['best_us']:5.2f}x  err {max(errs):.1e}{flag}", flush=True)
+          f"{r[r['tactics'][0]]:7.1f} {r[r['tactics'][1]]:7.1f} {r['gbps']:6.0f} GB/s {100 * r['gbps'] / (HBM_TBPS * 1e3):3.0f}% | "
+          f"{direct} {r['cudnn']:7.1f} | {r['cudnn'] / r['best_us']:5.2f}x  err {max(errs):.1e}{flag}"
+          f"{f'  mma {r[MMA]:.1f} us' if MMA in r else ''}", flush=True)
 
 
 def main() -> None:
@@ -246,14 +280,14 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     precompile({d for m in models for d, _ in MODELS[m]}, args)
     print(f"{'':3} {'layer (bs' + str(args.batch) + ' ' + args.dtype + ')':24} {'bytes':>10} {'floor':>7} | "
-          f"{'p8 us':>7} {'p4 us':>7} {'best':>11} {'HBM':>4} | {'direct':>8} {'cuDNN':>7} | cuDNN/best")
+          f"{'p8|p4':>7} {'p4|p2':>7} {'best':>11} {'HBM':>4} | {'direct':>8} {'cuDNN':>7} | cuDNN/best")
     for model in models:
         rows = [bench_layer(d, count, args, torch) for d, count in MODELS[model]]
         for r in rows:
             print_row(r, args.dtype)
         total = {key: sum(r[key] * r["count"] for r in rows) for key in ("best_us", "cudnn", "floor_us")}
         direct = sum(r[DIRECT] * r["count"] for r in rows) if all(DIRECT in r for r in rows) else float("nan")
-        print(f"== {model} bs{args.batch} {args.dtype}: {sum(r['count'] for r in rows)} depthwise layers: polykit "
+        print(f"== {model} bs{args.batch} {args.dtype}: {sum(r['count'] for r in rows)} layers: polykit "
               f"{total['best_us']:.1f} us (floor {total['floor_us']:.1f}) vs direct {direct:.1f} us vs cuDNN "
               f"{total['cudnn']:.1f} us = {total['cudnn'] / total['best_us']:.2f}x cuDNN, "
               f"{direct / total['best_us']:.1f}x direct", flush=True)

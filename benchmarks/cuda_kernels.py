@@ -1,13 +1,14 @@
 """Every distinct GEMM / convolution of a model plan against torch's op, shape by shape.
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnet50:32:fp16,bert:8:fp16 [--out k.json]
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases resnext50_32x4d:32:fp16,regnet_y_800mf:32:fp16
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention 8,12,128,64
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --pointwise efficientnet_b0:32,mobilenet_v3_large:32
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention-dtype fp16 \
         --attention 8,12,128,64 --attention 1,12,512,64
 
 Builds the polykit plan of each case (as benchmarks/cuda_models.py does: torch export, random
-weights), then for every distinct (kind, input/output shapes, attributes) among its Conv /
+weights; a case's model is "bert" or a torchvision classifier's name), then for every distinct (kind, input/output shapes, attributes) among its Conv /
 ConvNHWC / MatMul / Gemm layers times the layer's chosen tactic alone and torch's equivalent
 in the same process: torch.nn.functional.conv2d on channels_last tensors (cuDNN) for
 convolutions, torch.matmul for GEMMs, on random inputs of the layer's shapes and dtype. Both

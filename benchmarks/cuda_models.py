@@ -38,11 +38,13 @@ SEQ = 128
 
 
 def make_model(name: str, torch):
+    """BERT-base for "bert", else the torchvision classifier of that name (resnet50,
+    resnext50_32x4d, regnet_y_800mf, ...: cuda_kernels.py's cases), random weights."""
     torch.manual_seed(0)
-    if name == "resnet50":
+    if name != "bert":
         import torchvision
 
-        return torchvision.models.resnet50(weights=None).eval()
+        return getattr(torchvision.models, name)(weights=None).eval()
     from transformers import BertConfig, BertModel
 
     return BertModel(BertConfig()).eval()
@@ -50,14 +52,14 @@ def make_model(name: str, torch):
 
 def make_inputs(name: str, batch: int, torch):
     g = torch.Generator().manual_seed(batch)
-    if name == "resnet50":
+    if name != "bert":
         return {"x": torch.randn(batch, 3, 224, 224, generator=g)}
     return {"input_ids": torch.randint(0, 30522, (batch, SEQ), generator=g),
             "attention_mask": torch.ones(batch, SEQ, dtype=torch.int64)}
 
 
 def export(name: str, model, inputs, path: Path, torch) -> None:
-    export_onnx(model if name == "resnet50" else _BertOut(model, torch), inputs, path, torch)
+    export_onnx(model if name != "bert" else _BertOut(model, torch), inputs, path, torch)
 
 
 class _BertOut:  # returns last_hidden_state only (a plain tensor output for ONNX)
@@ -97,14 +99,14 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch_inputs = {k: (v.half() if v.is_floating_point() and precision == "fp16" else v) for k, v in dev_inputs.items()}
     with torch.inference_mode():
-        call = (lambda: dev_model(torch_inputs["x"])) if name == "resnet50" else \
+        call = (lambda: dev_model(torch_inputs["x"])) if name != "bert" else \
             (lambda: dev_model(**torch_inputs).last_hidden_state)
         ref = call().float()
         torch_ms = time_cuda(call, torch, args.warmup, args.iters)
         compile_ms = None
         if args.compile:
             compiled = torch.compile(dev_model, mode="reduce-overhead")
-            ccall = (lambda: compiled(torch_inputs["x"])) if name == "resnet50" else \
+            ccall = (lambda: compiled(torch_inputs["x"])) if name != "bert" else \
                 (lambda: compiled(**torch_inputs).last_hidden_state)
             for _ in range(3):  # compile, record the graphs
                 ccall()

@@ -56,17 +56,18 @@ class ModelBuilder:
             return y
         return self.node("Relu" if relu is True else relu, [y])
 
-    def bottleneck(self, x: str, cin: int, mid: int, stride: int) -> str:
+    def bottleneck(self, x: str, cin: int, mid: int, stride: int, groups: int = 1) -> str:
         y = self.conv_bn(x, cin, mid, 1)
-        y = self.conv_bn(y, mid, mid, 3, stride)
+        y = self.conv_bn(y, mid, mid, 3, stride, group=groups)
         y = self.conv_bn(y, mid, 4 * mid, 1, relu=False)
         skip = x if stride == 1 and cin == 4 * mid else self.conv_bn(x, cin, 4 * mid, 1, stride, relu=False)
         return self.node("Relu", [self.node("Add", [y, skip])])
 
 
 def resnet(depths: Sequence[int] = RESNET50_DEPTHS, width: int = 8, image: int = 32, batch: int = 2,
-           classes: int = 10, seed: int = 0) -> onnx.ModelProto:
-    """A ResNet-50-shaped model: input "image" [batch, 3, image, image], output "logits"."""
+           classes: int = 10, seed: int = 0, groups: int = 1) -> onnx.ModelProto:
+    """A ResNet-50-shaped model: input "image" [batch, 3, image, image], output "logits"; with
+    `groups`, ResNeXt-shaped (each bottleneck's 3x3 conv in that many groups)."""
     b = ModelBuilder(seed)
     x = b.conv_bn("image", 3, width, 7, 2)
     x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
@@ -74,7 +75,7 @@ def resnet(depths: Sequence[int] = RESNET50_DEPTHS, width: int = 8, image: int =
     for stage, depth in enumerate(depths):
         mid = width * 2 ** stage
         for block in range(depth):
-            x = b.bottleneck(x, cin, mid, 2 if stage > 0 and block == 0 else 1)
+            x = b.bottleneck(x, cin, mid, 2 if stage > 0 and block == 0 else 1, groups)
             cin = 4 * mid
     x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
     fc = b.init(b.rng.standard_normal((classes, cin)) / np.sqrt(cin), "fc")

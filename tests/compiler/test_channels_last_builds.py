@@ -119,7 +119,9 @@ def test_channels_last_auto_is_on_for_cuda_builds_with_int8_layers():
     assert not BuilderConfig(channels_last=False).channels_last_for("cuda", int8_layers=True)
 
 
-DEPTHWISE_MODELS = {"mobilenet": mobilenet, "convnext": convnext}
+#: models with depthwise convs, and a ResNeXt-shaped one (2, 4, 8 and 16 channels a group)
+GROUPED_MODELS = {"mobilenet": mobilenet, "convnext": convnext,
+                  "resnext": lambda: resnet(depths=(1, 1, 1, 1), groups=4)}
 
 
 def _grouped_model():
@@ -137,42 +139,55 @@ def _grouped_model():
     return model
 
 
-@pytest.mark.parametrize("model", sorted(DEPTHWISE_MODELS))
+@pytest.mark.parametrize("model", sorted(GROUPED_MODELS))
 @pytest.mark.parametrize("fp16", [False, True])
-def test_cpu_plans_of_depthwise_models_with_and_without_channels_last_compute_the_same(model, fp16):
+def test_cpu_plans_of_grouped_models_with_and_without_channels_last_compute_the_same(model, fp16):
     image = np.random.default_rng(7).standard_normal((2, 3, 32, 32)).astype(np.float32)
-    nhwc = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
-    nchw = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=False))
+    nhwc = build_plan(GROUPED_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
+    nchw = build_plan(GROUPED_MODELS[model](), BuilderConfig(target="cpu", fp16=fp16, channels_last=False))
     assert not _kinds(nhwc)["Conv"] and any(int(layer.attrs.get("group", 1)) > 1 for layer in nhwc.layers
                                             if layer.kind == "ConvNHWC")
     tol = {"rtol": 2e-3, "atol": 2e-3} if fp16 else {"rtol": 1e-5, "atol": 1e-6}
     np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), **tol)
 
 
-def test_cpu_plan_runs_grouped_convs_channels_last_and_cuda_plans_keep_them_nchw():
+def test_cpu_and_cuda_plans_run_grouped_convs_channels_last():
+    """The grouped conv (2 channels a group) goes NHWC on the cpu and on cuda, where the grouped
+    tactic runs it next to the depthwise one, between the entry and exit Transposes only."""
     image = np.random.default_rng(4).standard_normal((2, 8, 9, 9)).astype(np.float32)
     nhwc = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=True))
     assert sorted(int(layer.attrs["group"]) for layer in nhwc.layers if layer.kind == "ConvNHWC") == [4, 8]
     nchw = build_plan(_grouped_model(), BuilderConfig(target="cpu", channels_last=False))
     np.testing.assert_allclose(_run(nhwc, image), _run(nchw, image), rtol=1e-5, atol=1e-5)
-    cuda = build_plan(_grouped_model(), BuilderConfig(target="cuda", fp16=True))
-    assert [(layer.kind, int(layer.attrs["group"])) for layer in cuda.layers if "Conv" in layer.kind] == \
-        [("Conv", 4), ("ConvNHWC", 8)]
+    for config in (BuilderConfig(target="cuda", fp16=True), BuilderConfig(target="cuda", bf16=True),
+                   BuilderConfig(target="cuda", channels_last=True)):
+        cuda = build_plan(_grouped_model(), config)
+        assert [(layer.kind, int(layer.attrs["group"]), layer.tactic.rsplit("_", 1)[0]) for layer in cuda.layers
+                if "Conv" in layer.kind] == [("ConvNHWC", 4, "cuda.conv_nhwc.grouped"),
+                                             ("ConvNHWC", 8, "cuda.conv_nhwc.depthwise")]
+        assert _kinds(cuda)["Transpose"] == 2
 
 
 @pytest.mark.parametrize("model,depthwise", [("mobilenet", 5), ("convnext", 3)])
 def test_fp16_cuda_plan_runs_depthwise_convs_on_the_depthwise_tactics_without_a_gpu(model, depthwise):
-    plan = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
+    plan = build_plan(GROUPED_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
     tactics = [layer.tactic for layer in plan.layers if layer.kind == "ConvNHWC" and int(layer.attrs["group"]) > 1]
     assert len(tactics) == depthwise and all(t.startswith("cuda.conv_nhwc.depthwise_p") for t in tactics)
     assert not _kinds(plan)["Conv"] and _kinds(plan)["Transpose"] == 1
 
 
+def test_fp16_cuda_plan_runs_grouped_convs_on_the_grouped_tactics_without_a_gpu():
+    plan = build_plan(GROUPED_MODELS["resnext"](), BuilderConfig(target="cuda", fp16=True))
+    grouped = [layer for layer in plan.layers if layer.kind == "ConvNHWC" and int(layer.attrs["group"]) > 1]
+    assert len(grouped) == 4 and all(layer.tactic.startswith("cuda.conv_nhwc.grouped_") for layer in grouped)
+    assert not _kinds(plan)["Conv"] and _kinds(plan)["Transpose"] == 1
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", sorted(DEPTHWISE_MODELS))
-def test_fp16_cuda_plans_of_depthwise_models_match_the_cpu(model):
+@pytest.mark.parametrize("model", sorted(GROUPED_MODELS))
+def test_fp16_cuda_plans_of_grouped_models_match_the_cpu(model):
     image = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
-    cuda = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
-    exact = build_plan(DEPTHWISE_MODELS[model](), BuilderConfig(target="cpu"))
+    cuda = build_plan(GROUPED_MODELS[model](), BuilderConfig(target="cuda", fp16=True))
+    exact = build_plan(GROUPED_MODELS[model](), BuilderConfig(target="cpu"))
     got, want = _run(cuda, image), _run(exact, image)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -127,7 +127,9 @@ def test_cuda_builds_int8_layers_and_runs_the_ones_its_kernels_refuse_in_float(c
     layers = {layer.name: layer for layer in plan.layers}
     assert "no cuda INT8 tactic runs 'conv2'" in caplog.text
     assert layers["conv1"].kind == "QConvNHWC" and layers["conv1"].tactic == "cuda.int8.mma_conv_nhwc"
-    assert layers["conv2"].kind == "Conv"  # grouped: float, and NCHW (to_channels_last keeps groups NCHW)
+    # grouped: float, channels last on the grouped tactic (its Q/DQ read the NHWC int8 tensors)
+    assert layers["conv2"].kind == "ConvNHWC" and layers["conv2"].tactic.startswith("cuda.conv_nhwc.grouped_p")
+    assert layers["conv2"].in_dtypes[0] == "float32"
     assert any(layer.kind == "QMatMul" and layer.tactic == "cuda.int8.mma_matmul" for layer in plan.layers)
 
 

@@ -178,10 +178,10 @@ def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
 # ---- steps -------------------------------------------------------------------------------
 #: conv classes (polykit.compiler.passes.channels_last.conv_class) a channels-last build of a target
 #: runs NHWC: those its ConvNHWC tactics serve at least as well as its NCHW ones. The cuda target
-#: has NHWC kernels for dense (conv_nhwc, conv_sm90) and depthwise convs (conv_depthwise); a grouped
-#: conv with several channels a group would run there only on the SIMT implicit GEMM, slower than
-#: the NCHW direct kernel, so it stays NCHW. The cpu runs every ConvNHWC (the reference kernel).
-NHWC_CONV_CLASSES = {"cuda": ("dense", "depthwise"), "cpu": ("dense", "depthwise", "grouped")}
+#: has NHWC kernels for dense (conv_nhwc, conv_sm90), depthwise (conv_depthwise) and grouped convs
+#: (conv_grouped: float32, float16 and bfloat16 storage), so a ResNeXt or RegNet plan keeps no
+#: Transposes around its grouped convs. The cpu runs every ConvNHWC (the reference kernel).
+NHWC_CONV_CLASSES = {"cuda": ("dense", "depthwise", "grouped"), "cpu": ("dense", "depthwise", "grouped")}
 
 
 def nhwc_conv_classes(target: str) -> tuple[str, ...]:

@@ -33,9 +33,10 @@ def rand(shape, dtype):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def depthwise_layer(x, w, attrs, dtype=F16, *, bias=True, epilogue=None, extra=None):
+def depthwise_layer(x, w, attrs, dtype=F16, *, bias=True, epilogue=None, extra=None, group=None):
     """(layer with stamped dtypes and shapes, inputs, output specs) of a depthwise ConvNHWC:
-    x NHWC, w (M, KH, KW, 1), group C, random inputs of `dtype`; `extra`: epilogue input shapes."""
+    x NHWC, w (M, KH, KW, 1), group C, random inputs of `dtype`; `extra`: epilogue input shapes.
+    With `group`, any grouped ConvNHWC (w (M, KH, KW, C / group))."""
     from polykit.runtime.cuda.harness import infer_output_specs
 
     inputs = {"X": rand(x, dtype), "W": rand(w, dtype)}
@@ -45,7 +46,7 @@ def depthwise_layer(x, w, attrs, dtype=F16, *, bias=True, epilogue=None, extra=N
     for name, shape in (extra or {}).items():
         inputs[name] = rand(shape, dtype)
         names += (name,)
-    attrs = dict(attrs, group=x[3], kernel_shape=list(w[1:3]))
+    attrs = dict(attrs, group=group or x[3], kernel_shape=list(w[1:3]))
     if epilogue:
         attrs["epilogue"] = epilogue
     names = names if epilogue else tuple(n for n in names if n)

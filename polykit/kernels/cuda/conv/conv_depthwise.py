@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,25 +38,27 @@ MAX_GRID_YZ = 65535
 
 
 @dataclass(frozen=True)
-class DepthwiseVariant:
+class TileVariant:
     """One tactic's kernel shape: output columns a thread, the most threads a block, the blocks an
-    SM that __launch_bounds__ plans registers for."""
+    SM that __launch_bounds__ plans registers for; `family` names it (conv_grouped's too)."""
 
     p: int
     threads: int
     min_blocks: int
+    family: str = "depthwise"
 
     @property
     def name(self) -> str:
-        return f"cuda.conv_nhwc.depthwise_p{self.p}"
+        return f"cuda.conv_nhwc.{self.family}_p{self.p}"
 
 
+DepthwiseVariant = TileVariant
 VARIANTS = (DepthwiseVariant(8, 128, 3), DepthwiseVariant(4, 256, 2))
 
 
 @dataclass(frozen=True)
-class DepthwisePlan:
-    """A ConvNHWC depthwise layer as conv_depthwise.cu runs it: geometry and the block's tile."""
+class TilePlan:
+    """A 2-D ConvNHWC's geometry and the rows and columns of a block's output tile (conv_grouped's too)."""
 
     NB: int
     H: int
@@ -73,16 +75,22 @@ class DepthwisePlan:
     PW: int
     DH: int
     DW: int
-    p: int
+    p: int     # output columns a thread
     TH: int    # output rows a block
-    TWT: int   # column groups (p output columns each) a block
-    VB: int    # channel vectors (8 channels each) a block
-    IWP: int   # shared-memory slots a tile row
-    smem: int  # dynamic shared memory bytes
+    TWT: int   # threads along a tile row (p output columns each)
 
     @property
     def tiles_w(self) -> int:
         return -(-self.OW // (self.TWT * self.p))
+
+
+@dataclass(frozen=True)
+class DepthwisePlan(TilePlan):
+    """A ConvNHWC depthwise layer as conv_depthwise.cu runs it: geometry and the block's tile."""
+
+    VB: int    # channel vectors (8 channels each) a block
+    IWP: int   # shared-memory slots a tile row
+    smem: int  # dynamic shared memory bytes
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -167,30 +175,42 @@ def smem_bytes(kh: int, kw: int, vb: int, ih: int, iwp: int, itemsize: int) -> i
     return kh * kw * vb * 32 + (itemsize // 2) * ih * iwp * vb * 16
 
 
+def tile_sizes(attrs: Mapping[str, Any], win: Any, x: Sequence[Any], y: Sequence[Any],
+               cpg: int) -> tuple[int, int, int, int, int, int, int, int] | None:
+    """(NB, H, W, C, OH, OW, PH, PW) of a ConvNHWC X `x` -> Y `y` with window `win` (kernel,
+    strides, M; `cpg` input channels a group), or None when a tiled kernel cannot index it (sizes
+    unknown or not positive, too many images for the grid, 32-bit offsets overflowing) or when
+    the shape rules reject its window (theirs to report)."""
+    if win is None or len(x) != 4 or len(y) != 4 or not all(isinstance(d, int) for d in (*x, *y)):
+        return None
+    NB, H, W, C = (int(d) for d in x)
+    OH, OW = int(y[1]), int(y[2])
+    if y[0] != NB or y[3] != win.M or min(NB, H, W, OH, OW) <= 0 or NB > MAX_GRID_YZ:
+        return None
+    if max(NB * H * W * C, NB * OH * OW * win.M, win.M * win.kernel[0] * win.kernel[1] * cpg) >= 2**31:
+        return None
+    try:
+        geo = window_geometry(attrs, (H, W), win.kernel, where="ConvNHWC")
+    except PolykitError:
+        return None
+    return NB, H, W, C, OH, OW, int(geo.pads_begin[0]), int(geo.pads_begin[1])
+
+
 def plan_depthwise(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Sequence[int], itemsize: int,
                    variant: DepthwiseVariant, smem_limit: int = SMEM_LIMIT) -> DepthwisePlan | None:
     """The launch of a depthwise ConvNHWC (X [NB, H, W, C], W [M, KH, KW, 1], Y [NB, OH, OW, M]) with
     `itemsize`-byte storage on `variant`, or None when conv_depthwise.cu cannot run it (the tile:
     choose_tile)."""
     win = depthwise_window(attrs, x, w)
-    if win is None or len(y) != 4 or not all(isinstance(d, int) for d in (*x, *y)):
+    sizes = tile_sizes(attrs, win, x, y, 1)
+    if win is None or sizes is None:
         return None
-    NB, H, W, C = (int(d) for d in x)
-    OH, OW = int(y[1]), int(y[2])
-    if y[0] != NB or y[3] != win.M or min(NB, H, W, OH, OW) <= 0 or NB > MAX_GRID_YZ:
-        return None
-    if max(NB * H * W * C, NB * OH * OW * win.M, win.M * win.kernel[0] * win.kernel[1]) >= 2**31:
-        return None
-    try:
-        geo = window_geometry(attrs, (H, W), win.kernel, where="conv_depthwise")
-    except PolykitError:  # the shape rules already reject these: not this tactic's to report
-        return None
-    tile = choose_tile(OH, OW, win.M, win.kernel, win.strides, win.dilations, itemsize, variant, smem_limit)
+    tile = choose_tile(sizes[4], sizes[5], win.M, win.kernel, win.strides, win.dilations, itemsize, variant, smem_limit)
     if tile is None:
         return None
     th, twt, vb, iwp, smem = tile
-    out = DepthwisePlan(NB, H, W, C, win.M, OH, OW, *win.kernel, *win.strides, int(geo.pads_begin[0]),
-                        int(geo.pads_begin[1]), *win.dilations, variant.p, th, twt, vb, iwp, smem)
+    out = DepthwisePlan(*sizes[:4], win.M, *sizes[4:6], *win.kernel, *win.strides, *sizes[6:], *win.dilations,
+                        variant.p, th, twt, vb, iwp, smem)
     return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
 
 
@@ -252,11 +272,7 @@ def tile_cost(OH: int, OW: int, M: int, kernel: tuple[int, int], th: int, twt: i
     staged = blocks * tile_rows(th, SH, KH, DH) * tile_cols(twt, p, SW, KW, DW) * vb * 8
     if vb * 8 * itemsize < 32:
         staged *= 2
-    warps = -(-t // 32)
-    regs = 65536 // (variant.threads * variant.min_blocks)
-    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps))
-    hiding = max(1.0, WARPS_HIDING / max(1, resident * warps))
-    return (work + STAGE_COST * staged) * (warps * 32 / t) * hiding
+    return (work + STAGE_COST * staged) * latency_factor(t, smem, variant)
 
 
 def _storage(layer: Any) -> str | None:
@@ -266,30 +282,55 @@ def _storage(layer: Any) -> str | None:
     return names.pop() if len(names) == 1 and next(iter(names)) in ELEMS else None
 
 
-def _supports(variant: DepthwiseVariant):
-    def supports(layer: Any) -> bool:
-        shapes = tuple(getattr(layer, "in_shapes", ()) or ())
-        if _storage(layer) is None or len(shapes) < 2 or not supports_epilogue(layer):
-            return False
-        win = depthwise_window(layer.attrs, shapes[0], shapes[1])
-        if win is None:
-            return False
-        # the smallest tile (one row, one column group, one channel vector) must fit
-        (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
-        iwp = row_slots(tile_cols(1, variant.p, sw, kw, dw), variant.p * sw, sh, 1)
-        return smem_bytes(kh, kw, 1, tile_rows(1, sh, kh, dh), iwp, ELEMS[_storage(layer)][1]) <= SMEM_LIMIT
+def tile_supports(window_of: Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], Any],
+                  smallest_smem: Callable[[Any, TileVariant, int], int], limit: int = SMEM_LIMIT):
+    """supports(variant) -> supports(layer) of a tiled ConvNHWC tactic: one storage type, an
+    epilogue it compiles, a window `window_of(attrs, x, w)` takes, and a smallest tile whose
+    shared memory `smallest_smem(window, variant, itemsize)` fits `limit`."""
 
-    return supports
+    def for_variant(variant: TileVariant):
+        def supports(layer: Any) -> bool:
+            shapes, storage = tuple(getattr(layer, "in_shapes", ()) or ()), _storage(layer)
+            if storage is None or len(shapes) < 2 or not supports_epilogue(layer):
+                return False
+            win = window_of(layer.attrs, shapes[0], shapes[1])
+            return win is not None and smallest_smem(win, variant, ELEMS[storage][1]) <= limit
+
+        return supports
+
+    return for_variant
+
+
+def _smallest_smem(win: DepthwiseWindow, variant: TileVariant, itemsize: int) -> int:
+    """One row, one column group, one channel vector."""
+    (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
+    iwp = row_slots(tile_cols(1, variant.p, sw, kw, dw), variant.p * sw, sh, 1)
+    return smem_bytes(kh, kw, 1, tile_rows(1, sh, kh, dh), iwp, itemsize)
+
+
+def latency_factor(t: int, smem: int, variant: TileVariant) -> float:
+    """(lanes launched / lanes used) times the latency not hidden below WARPS_HIDING resident warps
+    an SM, for blocks of `t` threads and `smem` bytes on `variant` (its registers a thread)."""
+    warps = -(-t // 32)
+    regs = 65536 // (variant.threads * variant.min_blocks)
+    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps))
+    return (warps * 32 / t) * max(1.0, WARPS_HIDING / max(1, resident * warps))
+
+
+def tile_kernel(layer: Any, elem: str, kernel: str, file: str, shape: tuple) -> KernelSource:
+    """Kernel `kernel` of `file` for `elem` storage with the `shape` defines, and the layer's
+    epilogue when it has one."""
+    if layer is not None and has_epilogue(layer):
+        return KernelSource(kernel, code=epilogue_prelude(layer, elem) + (CUDA_DIR / file).read_text(), defines=shape)
+    return KernelSource(kernel, file=file, defines=defines(ELEM=elem) + shape)
 
 
 def kernel_source(layer: Any, elem: str, variant: DepthwiseVariant, kw: int, sw: int) -> KernelSource:
     """conv_depthwise_nhwc for `elem` storage, the variant's shape and compile-time width `kw`
     (0: run-time) and W stride `sw`, with the layer's epilogue when it has one."""
-    shape = defines(DW_P=variant.p, DW_THREADS=variant.threads, DW_MIN_BLOCKS=variant.min_blocks, DW_KW=kw,
-                    DW_SW=sw if kw else 1)
-    if layer is not None and has_epilogue(layer):
-        return KernelSource(KERNEL, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILE).read_text(), defines=shape)
-    return KernelSource(KERNEL, file=FILE, defines=defines(ELEM=elem) + shape)
+    return tile_kernel(layer, elem, KERNEL, FILE, defines(DW_P=variant.p, DW_THREADS=variant.threads,
+                                                         DW_MIN_BLOCKS=variant.min_blocks, DW_KW=kw,
+                                                         DW_SW=sw if kw else 1))
 
 
 def _kernels(variant: DepthwiseVariant):
@@ -303,50 +344,64 @@ def _kernels(variant: DepthwiseVariant):
     return kernels
 
 
-def _estimate(variant: DepthwiseVariant):
+def tile_estimate(plan_of: Callable[[Any, str], Any], fmas_of: Callable[[Any], int], rate: int):
+    """estimate(layer, sm_count) of a tiled ConvNHWC tactic: predicted microseconds, the larger of
+    the bytes (X, Y once at 3 TB/s) and the fp32 FMAs of the launched tile `fmas_of(plan)` at
+    1 / `rate` of the chip's FMA rate per SM clock (128 at 1.7 GHz); `plan_of(layer, storage)`."""
+
     def estimate(layer: Any, sm_count: int) -> float | None:
-        """Predicted microseconds: the larger of the bytes (X, Y, W once at 3 TB/s) and the fp32
-        FMAs of the launched tile (padding columns and channels included) at a quarter of the
-        chip's FMA rate per SM clock (128 at 1.7 GHz)."""
         shapes, outs, storage = getattr(layer, "in_shapes", ()), getattr(layer, "out_shapes", ()), _storage(layer)
         if len(shapes) < 2 or not outs or storage is None or not sm_count:
             return None
-        itemsize = ELEMS[storage][1]
-        plan = plan_depthwise(layer.attrs, shapes[0], shapes[1], outs[0], itemsize, variant)
+        plan = plan_of(layer, storage)
         if plan is None:
             return None
-        moved = (plan.NB * plan.H * plan.W * plan.C + plan.NB * plan.OH * plan.OW * plan.M) * itemsize
-        cols = plan.tiles_w * plan.TWT * plan.p
-        rows = -(-plan.OH // plan.TH) * plan.TH
-        chans = plan.grid[1] * plan.VB * 8
-        fmas = plan.NB * rows * cols * chans * plan.KH * plan.KW
-        return max(moved / 3.0e6, fmas / (sm_count * 128 * 1.7e3 / 4))
+        moved = (plan.NB * plan.H * plan.W * plan.C + plan.NB * plan.OH * plan.OW * plan.M) * ELEMS[storage][1]
+        return max(moved / 3.0e6, fmas_of(plan) / (sm_count * 128 * 1.7e3 / rate))
 
     return estimate
 
 
-def _enqueue(variant: DepthwiseVariant):
+def _depthwise_fmas(plan: DepthwisePlan) -> int:
+    cols = plan.tiles_w * plan.TWT * plan.p
+    rows = -(-plan.OH // plan.TH) * plan.TH
+    return plan.NB * rows * cols * plan.grid[1] * plan.VB * 8 * plan.KH * plan.KW
+
+
+def tile_enqueue(what: str, plan_of: Callable[[Any, Any, Any, Any, str], Any],
+                 launch_of: Callable[[Any, Any, str, Any, Any, Any], tuple[KernelSource, bool, bool]]):
+    """enqueue(layer, launcher, tensors) of a tiled ConvNHWC tactic (`what`: its kind of conv):
+    one storage type for X, W, B, Y; `plan_of(attrs, X, W, Y, storage)` the launch plan (None: a
+    DeviceError); `launch_of(layer, plan, elem, X, W, Y)` its (kernel, vec_in, vec_out)."""
+
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
         B = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
         where = f"layer {layer.name!r}"
         storage = np.dtype(Y.dtype).name
         if storage not in ELEMS or any(np.dtype(t.dtype) != np.dtype(Y.dtype) for t in (X, Wt) + ((B,) if B is not None else ())):
-            raise DeviceError(f"depthwise ConvNHWC takes one storage type of {', '.join(ELEMS)} for X, W, B and Y",
+            raise DeviceError(f"{what} ConvNHWC takes one storage type of {', '.join(ELEMS)} for X, W, B and Y",
                               where=where, hint="run this layer on --target cpu")
-        plan = plan_depthwise(layer.attrs, X.shape, Wt.shape, Y.shape, ELEMS[storage][1], variant)
+        plan = plan_of(layer.attrs, X.shape, Wt.shape, Y.shape, storage)
         if plan is None:
-            raise DeviceError(f"shapes {X.shape} * {Wt.shape} -> {Y.shape} do not fit the depthwise kernel",
+            raise DeviceError(f"shapes {X.shape} * {Wt.shape} -> {Y.shape} do not fit the {what} kernel",
                               where=where, hint="run this layer with another ConvNHWC tactic")
-        kw, sw = fast_width(layer.attrs, Wt.shape)
-        kernel = kernel_source(layer, ELEMS[storage][0], variant, kw, sw)
-        vec_in = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
-        vec_out = plan.M % 8 == 0 and Y.ptr % 16 == 0
+        kernel, vec_in, vec_out = launch_of(layer, plan, ELEMS[storage][0], X, Wt, Y)
         args = [X, Wt, B if B is not None else 0, Y, *plan.args(vec_in, vec_out)]
         launcher.launch(kernel, plan.grid, plan.block, args + epilogue_args(layer, tensors, Y.dtype),
                         shared_mem=plan.smem)
 
     return enqueue
+
+
+def _depthwise_launch(variant: DepthwiseVariant):
+    def launch_of(layer: Any, plan: DepthwisePlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
+                  Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
+        kw, sw = fast_width(layer.attrs, Wt.shape)
+        vec_in = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
+        return kernel_source(layer, elem, variant, kw, sw), vec_in, plan.M % 8 == 0 and Y.ptr % 16 == 0
+
+    return launch_of
 
 
 def compile_variants() -> list[KernelSource]:
@@ -361,22 +416,42 @@ def compile_variants() -> list[KernelSource]:
     return out + _epilogue_variants()
 
 
-def _epilogue_variants() -> list[KernelSource]:
-    """A residual + Relu epilogue read with 16-byte loads (half, the residual of the output's
-    shape: EPI_VEC 1) and through strided offsets (float, shapes unknown: EPI_VEC 0)."""
+def epilogue_layers(group: int, x: tuple[int, ...], w: tuple[int, ...]) -> tuple[Any, Any]:
+    """Two ConvNHWC layers with a residual + Relu epilogue (group `group`, X `x`, W `w`, the
+    residual of the output's shape, 'same' 3 x 3 window): one with its shapes (the epilogue read
+    with 16-byte loads, EPI_VEC 1), one without (through strided offsets, EPI_VEC 0)."""
     from polykit.compiler.plan.records import LayerDesc
 
     body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
             {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
-    attrs = {"group": 8, "kernel_shape": [3, 3], "epilogue": {"input": "raw", "body": body}}
+    attrs = {"group": group, "kernel_shape": [3, 3], "epilogue": {"input": "raw", "body": body}}
+    y = x[:3] + (w[0],)
     shaped = LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit",
-                       in_shapes=((1, 8, 8, 8), (8, 3, 3, 1), (8,), (1, 8, 8, 8)), out_shapes=((1, 8, 8, 8),))
-    unshaped = LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit")
+                       in_shapes=(x, w, (w[0],), y), out_shapes=(y,))
+    return shaped, LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit")
+
+
+def _epilogue_variants() -> list[KernelSource]:
+    """The epilogue layers (epilogue_layers) in half (16-byte loads) and float (strided)."""
+    shaped, unshaped = epilogue_layers(8, (1, 8, 8, 8), (8, 3, 3, 1))
     return [kernel_source(shaped, "half_t", VARIANTS[0], 3, 1), kernel_source(unshaped, "float", VARIANTS[0], 0, 1)]
 
 
-for _variant in VARIANTS:
-    cuda_tactic("ConvNHWC", _variant.name, kernels=_kernels(_variant), supports=_supports(_variant), priority=20,
-                estimate=_estimate(_variant),
-                params={"p": _variant.p, "threads": _variant.threads, "min_blocks": _variant.min_blocks,
-                        "smem_limit": SMEM_LIMIT})(_enqueue(_variant))
+def register(variants: Sequence[TileVariant], kernels: Callable, supports: Callable, estimate: Callable,
+             enqueue: Callable) -> None:
+    """Declare each variant a ConvNHWC tactic of priority 20 (kernels(variant) etc. its hooks)."""
+    for variant in variants:
+        cuda_tactic("ConvNHWC", variant.name, kernels=kernels(variant), supports=supports(variant), priority=20,
+                    estimate=estimate(variant),
+                    params={"p": variant.p, "threads": variant.threads, "min_blocks": variant.min_blocks,
+                            "smem_limit": SMEM_LIMIT})(enqueue(variant))
+
+
+def _plan_of(variant: DepthwiseVariant):
+    return lambda attrs, x, w, y, storage: plan_depthwise(attrs, x, w, y, ELEMS[storage][1], variant)
+
+
+register(VARIANTS, _kernels, tile_supports(depthwise_window, _smallest_smem),
+         lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0], layer.in_shapes[1],
+                                                                    layer.out_shapes[0], storage), _depthwise_fmas, 4),
+         lambda v: tile_enqueue("depthwise", _plan_of(v), _depthwise_launch(v)))

@@ -1,0 +1,204 @@
+"""Grouped convolution channels last on tensor cores: ai.polykit ConvNHWC with group > 1 and
+multiples of 8 input and output channels a group (ResNeXt stages 2-4, RegNet), float16 / bfloat16
+storage, on conv_grouped_mma.cu: per group an implicit GEMM (pixels x output channels x
+KH*KW*cpg) on mma.sync m16n8k16 with fp32 accumulation, a block covering a spatial tile x CB output
+channels of several groups, the input tile and the weights staged in shared memory; the bias and
+the layer's epilogue fused.
+
+Tactic, kind "ConvNHWC" (the builder times it against cuda.conv_nhwc.grouped_p4 / _p2):
+  cuda.conv_nhwc.grouped_mma_p32  32 output pixels (two m16 tiles) a warp, blocks of up to 8 warps
+GM_NB, the n8 tiles a warp, is the largest of 4, 3, 2, 1 dividing Mg / 8. `plan_mma` picks the
+block's tile (channels, pixel warps, tile width) at enqueue time with conv_depthwise's latency
+model (tensor-core MACs at 8 a lane-cycle, staged elements, resident warps).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, defines
+from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, STAGE_COST, TilePlan, TileVariant, epilogue_layers,
+                                                      latency_factor, register, tile_enqueue, tile_estimate,
+                                                      tile_kernel, tile_rows, tile_sizes, tile_supports)
+from polykit.kernels.cuda.conv.conv_grouped import GroupedWindow, grouped_window, slice_groups
+
+FILE = "conv_grouped_mma.cu"
+KERNEL = "conv_grouped_mma_nhwc"
+#: storage dtype -> ELEM (16-bit storage only: the mma operands)
+ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
+#: m16 tiles a warp (compile time)
+WARP_TILES = 2
+#: n8 tiles a warp (compile time): the largest dividing Mg / 8
+WARP_N8 = (4, 3, 2, 1)
+MAX_WARPS = 8
+#: dynamic shared memory a block may use (opted in above 48 KiB; two blocks an SM still fit)
+MMA_SMEM_LIMIT = 99 * 1024
+#: tensor-core MACs a lane-cycle of FMA issue (what tile_cost divides the MMA work by)
+MMA_SPEEDUP = 8
+
+VARIANT = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
+
+
+def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
+    """grouped_window, when a group has a multiple of 8 input and of 8 output channels."""
+    win = grouped_window(attrs, x, w)
+    return win if win is not None and win.cpg % 8 == 0 and win.mg % 8 == 0 else None
+
+
+def warp_n8(mg: int) -> int:
+    """GM_NB for a group of `mg` output channels (a multiple of 8)."""
+    return next(nb for nb in WARP_N8 if (mg // 8) % nb == 0)
+
+
+def k_slots(win: GroupedWindow) -> int:
+    """Elements a staged weight row takes: K = KH*KW*cpg rounded up to 16, plus 8 against bank conflicts."""
+    k = win.kernel[0] * win.kernel[1] * win.cpg
+    return -(-k // 16) * 16 + 8
+
+
+def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int) -> int:
+    """Bytes of the input tile (its groups' channels + 8 a pixel) and the CB weight rows."""
+    (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
+    ih, iw = tile_rows(th, SH, KH, DH), (tw - 1) * SW + (KW - 1) * DW + 1
+    return 2 * (ih * iw * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
+
+
+@dataclass(frozen=True)
+class MmaPlan(TilePlan):
+    """A grouped ConvNHWC as conv_grouped_mma.cu runs it (TilePlan's p 1, TWT the tile width)."""
+
+    G: int       # groups
+    nb: int      # n8 tiles a warp
+    CB: int      # output channels a block
+    CW: int      # channel warps (CB / (8 nb))
+    PWARPS: int  # pixel warps (TH * TWT / (16 * WARP_TILES))
+    smem: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (-(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB), self.NB)
+
+    @property
+    def block(self) -> tuple[int]:
+        return (32 * self.CW * self.PWARPS,)
+
+    def args(self, vec_in: bool, vec_out: bool) -> list[Any]:
+        i32 = np.int32
+        return [i32(a) for a in (self.H, self.W, self.C, self.M, self.G, self.OH, self.OW, self.KH, self.KW, self.SH,
+                                 self.SW, self.PH, self.PW, self.DH, self.DW, self.TH, self.TWT, self.CB, self.CW,
+                                 self.tiles_w, vec_in, vec_out)]
+
+
+def mma_slices(win: GroupedWindow) -> list[int]:
+    """Output channels a block may take: multiples of a warp's 8 nb channels, at most MAX_WARPS
+    warps of them, whole groups or part of one."""
+    step = 8 * warp_n8(win.mg)
+    return [cb for cb in range(step, step * MAX_WARPS + 1, step) if cb % win.mg == 0 or win.mg % cb == 0]
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_mma_tile(OH: int, OW: int, win: GroupedWindow,
+                    smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
+    """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile that fits, or None. Candidates:
+    every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, tile widths of 4 to 64
+    dividing the block's pixels."""
+    (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
+    nb, kp = warp_n8(win.mg), k_slots(win) - 8
+    best: tuple[float, tuple[int, int, int, int, int]] | None = None
+    for cb in mma_slices(win):
+        cw = cb // (8 * nb)
+        pw = 1
+        while cw * pw <= MAX_WARPS:
+            tp = pw * 16 * WARP_TILES
+            for tw in (4, 8, 16, 32, 64):
+                if tp % tw or tw > tp:
+                    continue
+                th = tp // tw
+                smem = mma_smem(win, cb, th, tw)
+                if smem > smem_limit:
+                    continue
+                blocks = -(-OH // th) * -(-OW // tw) * -(-win.M // cb)
+                staged = blocks * (tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
+                                   * slice_groups(cb, win.mg) * win.cpg + cb * kp)
+                work = blocks * tp * cb * kp / MMA_SPEEDUP
+                cost = (work + STAGE_COST * staged) * latency_factor(32 * cw * pw, smem, VARIANT)
+                if best is None or cost < best[0]:
+                    best = (cost, (th, tw, cb, pw, smem))
+            pw *= 2
+    return None if best is None else best[1]
+
+
+def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Sequence[int],
+             storage: str, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
+    """The launch of a grouped ConvNHWC on conv_grouped_mma.cu, or None when it cannot run it."""
+    win = mma_window(attrs, x, w)
+    sizes = tile_sizes(attrs, win, x, y, win.cpg if win else 1)
+    if win is None or sizes is None or storage not in ELEMS:
+        return None
+    tile = choose_mma_tile(sizes[4], sizes[5], win, smem_limit)
+    if tile is None:
+        return None
+    th, tw, cb, pw, smem = tile
+    nb = warp_n8(win.mg)
+    out = MmaPlan(*sizes[:4], win.M, *sizes[4:6], *win.kernel, *win.strides, *sizes[6:], *win.dilations, 1, th, tw,
+                  win.G, nb, cb, cb // (8 * nb), pw, smem)
+    return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
+
+
+def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> int:
+    """The smallest slice and a 16 x 2 pixel tile (past the limit for 32-bit storage)."""
+    if itemsize != 2:
+        return MMA_SMEM_LIMIT + 1
+    return mma_smem(win, min(mma_slices(win), default=0) or 1 << 20, 16, 2)
+
+
+def kernel_source(layer: Any, elem: str, nb: int) -> KernelSource:
+    """conv_grouped_mma_nhwc for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
+    return tile_kernel(layer, elem, KERNEL, FILE, defines(GM_WM=WARP_TILES, GM_NB=nb, GM_BF16=int(elem == "bf16_t")))
+
+
+def _kernels(variant: TileVariant):
+    def kernels(layer: Any) -> list[KernelSource]:
+        shapes = tuple(getattr(layer, "in_shapes", ()) or ())
+        win = mma_window(layer.attrs, shapes[0], shapes[1]) if len(shapes) > 1 else None
+        storage = (tuple(getattr(layer, "out_dtypes", ()) or ()) + ("",))[0]
+        elems = [ELEMS[storage]] if storage in ELEMS else list(ELEMS.values())
+        nbs = [warp_n8(win.mg)] if win else list(WARP_N8)
+        return [kernel_source(layer, e, nb) for e in elems for nb in nbs]
+
+    return kernels
+
+
+def _macs(plan: MmaPlan) -> int:
+    """The padded MACs over MMA_SPEEDUP (tile_estimate's FMA count)."""
+    blocks = plan.grid[0] * plan.grid[1] * plan.NB
+    return blocks * plan.TH * plan.TWT * plan.CB * (-(-plan.KH * plan.KW * (plan.C // plan.G) // 16) * 16) // MMA_SPEEDUP
+
+
+def _launch(variant: TileVariant):
+    def launch_of(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
+                  Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
+        return kernel_source(layer, elem, plan.nb), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
+
+    return launch_of
+
+
+def _plan_of(variant: TileVariant):
+    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage)
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every n8 count in half and bfloat16, and a residual + Relu epilogue in half."""
+    shaped, _ = epilogue_layers(2, (1, 8, 8, 32), (32, 3, 3, 16))
+    return [kernel_source(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [kernel_source(shaped, "half_t", 2)]
+
+
+register((VARIANT,), _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
+         lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0],
+                                                                    layer.in_shapes[1], layer.out_shapes[0], storage),
+                                 _macs, 1),
+         lambda v: tile_enqueue("grouped tensor-core", _plan_of(v), _launch(v)))
