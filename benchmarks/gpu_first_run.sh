@@ -11,6 +11,13 @@
 #   STEP=deploy    weight streaming latency at all / half / quarter / none (issue 36), refit on cuda,
 #                  the W4A16 GEMM against fp16 (issue 35)
 #   STEP=dynamic   issue 33: real exports with dynamic axes on cuda (needs torch on the device)
+#   STEP=new       the gpu tests of the code written on 2026-12-05 after the suite's first run (fixes of
+#                  its 37 failures, 2:4 sparsity, float32 dims, cuda If/Loop with data-dependent
+#                  lengths, skinny GEMMs, row-broadcast pointwise and split reductions, grouped convs)
+#   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
+#                  2:4 sparse GEMMs)
+#   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
+#   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
 set -uo pipefail
@@ -38,6 +45,35 @@ EOF
       --models resnet18,efficientnet_b0,deeplabv3_mobilenet_v3_large,swin_t,bert_base,gpt2,ssdlite320_mobilenet_v3_large,fasterrcnn_mobilenet_v3_large_320_fpn \
       --out "$OUT/dynamic_exports" 2>&1 | tail -40 | tee "$OUT/dynamic_exports.txt"
     ;;
+  new)
+    timeout ${NEW_S:-200} python3 -m pytest -m gpu -n 15 -q -p no:cacheprovider -rfE --tb=short \
+      tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_tactic_acceptance.py \
+      tests/runtime/cuda/test_runtime_api_gpu.py tests/compiler/test_data_dependent_dims.py \
+      tests/kernels/cuda/test_control_flow_data_branches.py tests/kernels/cuda/test_control_flow_sized.py \
+      tests/kernels/cuda/test_control_flow_body_shapes.py tests/backends/test_loop_body_shapes_cuda.py \
+      tests/backends/test_one_engine_per_shape.py tests/benchmarks/test_dynamic_exports.py tests/compiler/test_dim_floats.py \
+      tests/kernels/cuda/test_sparse24.py tests/kernels/cuda/test_gemm_skinny.py tests/kernels/cuda/test_pointwise_rows.py \
+      tests/kernels/cuda/test_reduce_span.py tests/compiler/test_layout_builds.py tests/kernels/cuda/test_conv_grouped.py \
+      tests/kernels/cuda/test_conv_grouped_mma.py tests/compiler/test_channels_last_builds.py > "$OUT/gpu_new.txt" 2>&1
+    rc=$?; tail -c 6000 "$OUT/gpu_new.txt"; exit $rc
+    ;;
+  kernels)
+    timeout 75 python3 benchmarks/cuda_kernels.py --cases "" --pointwise efficientnet_b0:32,mobilenet_v3_large:32,resnet50:32 \
+      --se efficientnet_b0:32:fp16 --se mobilenet_v3_large:32:fp16 --out "$OUT/kernels.json" > "$OUT/kernels.txt" 2>&1
+    timeout 60 python3 benchmarks/cuda_depthwise.py --models resnext50,regnet_y_800mf --batch 32 --dtype fp16 --no-direct \
+      --out "$OUT/grouped.json" > "$OUT/grouped.txt" 2>&1
+    timeout 45 python3 benchmarks/sparse_gemm.py --out "$OUT/sparse.json" > "$OUT/sparse.txt" 2>&1
+    grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
+    ;;
+  zoo)
+    timeout ${ZOO_S:-300} python3 benchmarks/zoo.py --models ${ZOO_MODELS:-resnext50_32x4d,efficientnet_b0,resnet50,mobilenet_v3_large} \
+      --batches max --kernel-cache shared --cache-dir /tmp/zc --out "$OUT/zoo.json" --deadline $(( ${ZOO_S:-300} - 10 )) \
+      --rounds 2 ${ZOO_ARGS:-} > "$OUT/zoo.log" 2>&1
+    grep -E "polykit .* ms|error|deadline" "$OUT/zoo.log"
+    ;;
+  session)
+    STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
+    ;;
   *)
-    echo "unknown STEP=$step (suite|serving|deploy|dynamic)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|deploy|dynamic|new|kernels|zoo|session)"; exit 2 ;;
 esac
