@@ -95,14 +95,29 @@ def test_enqueue_launches_the_row_kernel_with_its_geometry():
     assert name.endswith("_r") and args[3:] == [4, 25, 32, 800, 32, 1, 32, 0, 1, 1]
 
 
-def test_only_layers_whose_stamped_shapes_take_it_get_the_row_kernel():
-    names = lambda lay: [k.name[-2:] for k in pointwise_kernels(lay)]  # noqa: E731
-    assert names(_stamped("Mul", [(3, 49, 96), (3, 1, 96), (3, 49, 96)])) == ["_s", "_v", "_r"]
-    assert names(_stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)])) == ["_s", "_v"]
-    assert "_r" in names(LayerDesc("m", "Mul", ("a", "b"), ("y",)))  # unstamped: the compile variants
+def test_the_row_kernel_lives_in_a_module_of_its_own_whatever_the_shapes():
+    names = lambda lay, rows=False: [k.name for k in pointwise_kernels(lay, rows=rows)]  # noqa: E731
+    scale, full = _stamped("Mul", [(3, 49, 96), (3, 1, 96), (3, 49, 96)]), _stamped("Mul", [(3, 49, 96)] * 3)
+    assert [n[-2:] for n in names(scale)] == [n[-2:] for n in names(full)] == ["_s", "_v"]
+    assert [n[-2:] for n in names(scale, True)] == ["_s", "_v", "_r"]
+    assert not set(names(scale)) & set(names(scale, True))  # distinct entry names: two modules
+    assert pointwise_kernels(scale) == pointwise_kernels(full)  # cuda.pointwise's code never depends on shapes
 
 
-def test_enqueue_falls_back_where_the_module_has_no_row_kernel():
+def test_a_loop_body_add_with_dynamic_dims_builds_for_cuda():
+    """A body Add whose operands are [1] and [k] at opt but both [2] at a raised corner: cuda.pointwise
+    declares the same kernels at every corner, so it serves the profile (the row module once made the
+    declared code depend on the shapes, and this build failed with 'cannot serve the profile's shapes')."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from tests.backends.test_loop_body_shapes import _sliding_sum_model
+
+    plan = build_plan(_sliding_sum_model(), BuilderConfig(target="cuda", input_shapes={"n": (), "cond": (), "y": (1,)}))
+    body = next(lay for lay in plan.layers if lay.kind == "Loop").attrs["body"]
+    assert any(lay.tactic == "cuda.pointwise" for lay in body.layers)
+
+
+def test_enqueue_takes_the_vector_kernel_where_nothing_broadcasts():
     lay = _stamped("Mul", [(3, 49, 96), (3, 49, 96), (3, 49, 96)])
     rec = RecordingLauncher()
     f16 = np.dtype(np.float16)
@@ -120,7 +135,7 @@ def test_row_kernels_compile_with_nvrtc_for_every_float_storage_type():
 
     sigs = [((d, d), (d,)) for d in ("float16", "bfloat16", "float32")] + [(("float16", "float32"), ("float16",))]
     lay = LayerDesc("m", "Mul", ("a", "b"), ("y",), {}, precision="fp16")
-    src = pointwise_kernels(lay, sigs)[0].render()
+    src = pointwise_kernels(lay, sigs, rows=True)[0].render()
     assert src.count("_r(") >= len(sigs)
     Program(src, "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin")
 

@@ -13,27 +13,27 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
 from polykit.kernels.cuda.pointwise.pointwise_expr import cuda_emitter
-from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _base_name, _canonical, pointwise_kernels
+from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _canonical, pointwise_base, pointwise_kernels
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
 from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
-def _entry(layer, sig) -> tuple[KernelSource, KernelSource, KernelSource | None]:
-    """The (strided, vector, row) kernels of `layer` for dtype signature `sig` (row: None
-    when the layer's module has none, pointwise_codegen)."""
+def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource, KernelSource | None]:
+    """The (strided, vector, row) kernels of `layer` for dtype signature `sig`, from its row
+    module with `rows` (row: None without, pointwise_codegen)."""
     sigs = candidate_signatures(layer)
     if sig not in sigs:
         raise DeviceError(f"no pointwise kernel was compiled for dtypes {sig[0]} -> {sig[1]}",
                           where=f"layer {layer.name!r}",
                           hint=f"compiled signatures: {sigs[:4]}...; run this layer with --target cpu")
     body, ins, outs = _canonical(*layer_body(layer))
-    name = sig_name(_base_name(body, ins, outs), sig)
-    kernels = {k.name: k for k in pointwise_kernels(layer, sigs)}
+    name = sig_name(pointwise_base(body, ins, outs, rows), sig)
+    kernels = {k.name: k for k in pointwise_kernels(layer, sigs, rows=rows)}
     return kernels[name + "_s"], kernels[name + "_v"], kernels.get(name + "_r")
 
 
-def layer_tensors(layer, tensors: Mapping[str, DeviceTensor]):
+def layer_tensors(layer, tensors: Mapping[str, DeviceTensor], rows: bool = False):
     """(inputs, outputs, (strided, vector, row) kernels) of a pointwise layer's launch."""
     body, ins, outs = layer_body(layer)
     x = [tensors[n] for n in ins if n]
@@ -43,11 +43,17 @@ def layer_tensors(layer, tensors: Mapping[str, DeviceTensor]):
         if d not in CTYPE:
             raise DeviceError(f"dtype {d} has no CUDA pointwise kernel", where=f"layer {layer.name!r}",
                               hint="use --target cpu")
-    return x, y, _entry(layer, sig)
+    return x, y, _entry(layer, sig, rows)
 
 
 def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y, (k_s, k_v, _) = layer_tensors(layer, tensors)
+    launch_strided_or_vector(layer, launcher, x, y, k_s, k_v)
+
+
+def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource, k_v: KernelSource) -> None:
+    """Launch the vector kernel where every tensor is full (or one value) and aligned, else the
+    strided one."""
     n = max(t.size for t in y) if y else 0
     if n == 0:
         return
@@ -77,17 +83,18 @@ def _storable(layer) -> bool:
     return all(d in CTYPE for d in stamped if d)
 
 
-def register_pointwise(name: str, enqueue, fits=lambda layer: True, priority: int = 0) -> None:
-    """Declare tactic `name` (enqueue) for Pointwise layers and every plain elementwise op with
-    a C expression, on layers with CUDA storage types that `fits` takes."""
-    cuda_tactic("Pointwise", name, kernels=pointwise_kernels, priority=priority,
+def register_pointwise(name: str, enqueue, fits=lambda layer: True, priority: int = 0,
+                       kernels=pointwise_kernels) -> None:
+    """Declare tactic `name` (enqueue, kernels) for Pointwise layers and every plain elementwise op
+    with a C expression, on layers with CUDA storage types that `fits` takes."""
+    cuda_tactic("Pointwise", name, kernels=kernels, priority=priority,
                 supports=lambda layer: all(cuda_emitter(elementwise_op(op["op"])) is not None
                                            for op in layer.attrs.get("body", ()))
                 and _storable(layer) and fits(layer))(enqueue)
     for op in elementwise_ops():
         if cuda_emitter(op) is None:
             continue
-        cuda_tactic(op.name, name, kernels=pointwise_kernels, priority=priority,
+        cuda_tactic(op.name, name, kernels=kernels, priority=priority,
                     supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer)
                     and fits(layer))(enqueue)
 
@@ -127,7 +134,8 @@ def variant_layers() -> list:
 
 def compile_variants() -> list[KernelSource]:
     """The modules of `variant_layers` and of the low-precision encodes and decodes."""
-    return [pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers())]
+    return ([pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers())]
+            + [pointwise_kernels(lay, rows=True)[0] for lay in variant_layers()])
 
 
 def lowp_variant_layers() -> list:

@@ -13,7 +13,9 @@ every candidate signature), two entry points:
   collapsed to [A, B, I] with contiguous outputs, each input contiguous or broadcast along I;
   8 elements a thread (16-byte loads of fp16) when every pointer and row stride allows it,
   else 1; offsets by multiply-add per row, no division per element. Emitted only for layers
-  whose stamped shapes take it (and unstamped ones): it costs compile time.
+  in a module of its own (entry names `<base>r__...`), compiled only for layers the rows tactic
+  takes: it costs compile time, and a module that depended on the stamped shapes would differ
+  between the corners of a dynamic profile.
 
 Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
 (as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
@@ -30,7 +32,7 @@ from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.cuda.launch_geometry import BLOCK
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
-from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC, stamped_takes
+from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC
 from polykit.kernels.cuda.storage_types import CTYPE
 
 #: most dims of the strided path (after collapsing)
@@ -174,14 +176,19 @@ def _canonical(body, ins, outs):
     return body, tuple(ren[n] for n in ins if n), tuple(ren[n] for n in outs)
 
 
-def pointwise_kernels(layer, sigs=None) -> list[KernelSource]:
+def pointwise_base(body, ins, outs, rows: bool = False) -> str:
+    """The module's entry-name stem (the row module's ends in "r")."""
+    return _base_name(body, ins, outs) + ("r" if rows else "")
+
+
+def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSource]:
     """Kernels (two per candidate signature, one module) for a Pointwise or plain elementwise
-    layer; a third, the row kernel, for a layer whose stamped shapes broadcast by rows
-    (row_geometry.stamped_takes) and for one without stamped shapes (the compile variants)."""
+    layer; with `rows`, a module of its own (entries named `<base>r...`) that adds the row
+    kernel (tactic cuda.pointwise.rows). A module never depends on the layer's shapes, so a
+    layer with dynamic dims declares the same kernels at every profile corner."""
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
-    base = _base_name(body, ins, outs)
-    rows = not getattr(layer, "out_shapes", ()) or stamped_takes(layer)
+    base = pointwise_base(body, ins, outs, rows)
     code = _module_code(body, ins, outs, sigs, base, rows)
     paths = ("s", "v", "r") if rows else ("s", "v")
     return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]

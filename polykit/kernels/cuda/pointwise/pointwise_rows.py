@@ -16,18 +16,19 @@ from __future__ import annotations
 from typing import Mapping
 
 from polykit.kernels.cuda.base import DeviceTensor, Launcher
-from polykit.kernels.cuda.pointwise.pointwise import enqueue_pointwise, layer_tensors, register_pointwise
-from polykit.kernels.cuda.pointwise.row_geometry import rows_geometry, rows_launch, rows_vec, stamped_takes
+from polykit.kernels.cuda.pointwise.pointwise import launch_strided_or_vector, layer_tensors, register_pointwise
+from polykit.kernels.cuda.pointwise.pointwise_codegen import pointwise_kernels
+from polykit.kernels.cuda.pointwise.row_geometry import rows_geometry, rows_launch, rows_vec, stamped_takes, takes
 from polykit.kernels.cuda.storage_types import LOWP
 
 
 def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
-    x, y, (_, _, k_r) = layer_tensors(layer, tensors)
+    x, y, (k_s, k_v, k_r) = layer_tensors(layer, tensors, rows=True)
     shapes = [t.shape for t in x + y]
     lowp = any(t.dtype.name in LOWP for t in x + y)
-    geo = rows_geometry(shapes, len(y)) if y and k_r is not None and not lowp else None
-    if geo is None:
-        enqueue_pointwise(layer, launcher, tensors)
+    geo = rows_geometry(shapes, len(y)) if y and not lowp and takes(shapes, len(y)) else None
+    if geo is None:  # no row broadcast here: the row module's own strided and vector entries
+        launch_strided_or_vector(layer, launcher, x, y, k_s, k_v)
         return
     dims, per = geo
     vec = rows_vec(dims, per, x, y)
@@ -36,10 +37,10 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
 
 
 #: above cuda.pointwise: level 0 (nothing timed) takes it, the others time it first
-register_pointwise("cuda.pointwise.rows", enqueue_rows, stamped_takes, priority=1)
+register_pointwise("cuda.pointwise.rows", enqueue_rows, stamped_takes, priority=1,
+                   kernels=lambda layer: pointwise_kernels(layer, rows=True))
 
 
 def compile_variants():
-    """None of its own: the row kernels are entry points of cuda.pointwise's modules, whose
-    compile_variants compile them."""
+    """None of its own: cuda.pointwise's compile_variants compile the row modules too."""
     return []
