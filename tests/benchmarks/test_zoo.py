@@ -185,5 +185,5 @@ def test_the_cold_builds_tuning_summary_is_read_from_the_builders_log():
     facts = zoo.tuning_facts(said)
     assert logging.getLogger("polykit").level == level
     assert facts["cold_timed_layers"] >= 1 and facts["cold_timed_tactics"] >= facts["cold_timed_layers"]
-    assert facts["cold_compile_s"] >= 0 and facts["cold_timing_s"] > 0
+    assert facts["cold_compile_s"] >= 0 and facts["cold_timing_s"] >= 0  # seconds the log rounds to 0.01
     assert zoo.tuning_facts(["nothing timed"]) == {}
