@@ -113,3 +113,22 @@ def test_the_kernel_equals_the_decompressing_reference(kind, tokens, k, n):
 def test_the_kernel_runs_the_epilogue_and_nhwc_convs(channels_last):
     gpu_check("Conv", 15, 32, 24, relu=True, channels_last=channels_last)
     gpu_check("MatMul", 9, 64, 40, relu=True)
+
+
+@pytest.mark.parametrize("kind,has_bias", [("MatMul", False), ("Gemm", True), ("Conv", True)])
+def test_a_fused_matmuls_epilogue_operand_is_not_taken_for_a_bias(kind, has_bias):
+    """MatMul + Add(b) fuses the Add into the epilogue: the layer's input 2 is then the epilogue's
+    operand, which the kernel must not add a second time as a bias (the H200 run of 2026-12-05 found
+    every MatMul case off by b); Gemm's C and a Conv's B are biases."""
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.cuda.gemm import sparse24 as tactic
+    from tests.kernels.cuda.recording_launcher import RecordingLauncher
+
+    layer, plan = sparse_layer(model(kind, 9, 64, 40, seed=9))
+    assert (kind == "MatMul") == bool(layer.attrs.get("epilogue")) and layer.inputs[2] == "b"
+    tensors = {name: DeviceTensor(0x10000 * (i + 1), tuple(plan.tensors[name].shape), np.dtype(plan.tensors[name].dtype))
+               for i, name in enumerate(n for n in (*layer.inputs, *layer.outputs) if n)}
+    rec = RecordingLauncher()
+    tactic.enqueue(layer, rec, tensors)
+    (_, args), = rec.launches
+    assert (args[2] == tensors["b"]) is has_bias and (args[2] == 0) is not has_bias

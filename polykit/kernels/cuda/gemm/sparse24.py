@@ -36,9 +36,17 @@ def kernels(layer: Any) -> list[KernelSource]:
     return [kernel_source(layer, KERNEL, FILE, "half_t")]
 
 
+#: the kinds whose input 2 is their own bias (Gemm's C, a Conv's B); a MatMul's input 2 is an epilogue operand
+BIAS_KINDS = ("Gemm", "Conv", "ConvNHWC")
+
+
+def has_bias(layer: Any) -> bool:
+    return layer.kind in BIAS_KINDS and len(layer.inputs) > 2 and bool(layer.inputs[2])
+
+
 def _bias_ok(layer: Any, n: int) -> bool:
     """No bias, or one vector along the output features (Gemm's C [N] / [1, N], a Conv's B)."""
-    if len(layer.inputs) < 3 or not layer.inputs[2]:
+    if not has_bias(layer):
         return True
     shape = tuple(layer.in_shapes[2]) if layer.in_shapes else ()
     return shape in ((n,), (1, n)) and (not layer.in_dtypes or layer.in_dtypes[2] == "float16")
@@ -75,7 +83,7 @@ def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> N
     record = layer.attrs[ATTR]
     k, n = record["k"], record["n"]
     x, wc, y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
-    bias = tensors[layer.inputs[2]] if len(layer.inputs) > 2 and layer.inputs[2] else None
+    bias = tensors[layer.inputs[2]] if has_bias(layer) else None  # a fused MatMul's input 2 is its epilogue's
     axis = 1 if layer.kind == "Conv" else -1
     if x.dtype != np.float16 or y.dtype != np.float16 or len(x.shape) < 2 or x.shape[axis] != k:
         raise DeviceError(f"the sparse GEMM takes float16 X [..., {k}] and Y, not X {x.dtype} {list(x.shape)}, "
