@@ -72,3 +72,60 @@ def test_a_warm_timing_cache_prefetches_nothing(monkeypatch, tmp_path):
     batches.clear()
     build_plan(_model(), BuilderConfig(target="cuda", load_timing_cache=str(cache)))
     assert batches == []
+
+
+def _plan_keys(plan):
+    from polykit.runtime.tactic_check import plan_kernels
+
+    return {s.key() for layer in plan.layers for s in plan_kernels(plan, layer)}
+
+
+def test_compile_candidates_compiles_what_a_build_would_without_timing_anything(monkeypatch):
+    """What a build compiles (its prefetch batch and the final plan's kernels) is what
+    compile_candidates compiles up front, and it times nothing."""
+    batches = []
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: H100)
+    monkeypatch.setattr(tuner_module.Tuner, "device", lambda self: H100)
+    monkeypatch.setattr(nvrtc, "compile_many", lambda sources, arch, **kw: batches.append({s.key() for s in sources}) or {})
+    monkeypatch.setattr(tuner_module, "time_candidates",  # the last candidate fastest: not the first by priority
+                        lambda target, layer, pairs, *a: Measured([9.0 - i for i in range(len(pairs))], [""] * len(pairs)))
+    timed = build_plan(_model(), BuilderConfig(target="cuda"))
+    first = build_plan(_model(), BuilderConfig(target="cuda", builder_optimization_level=0))
+    built = batches[0] | _plan_keys(timed) | _plan_keys(first)
+    assert _plan_keys(timed) != _plan_keys(first)  # the timed build chose other tactics than the heuristic
+
+    def no_timing(*a, **k):
+        raise AssertionError("compile_candidates timed a layer")
+
+    monkeypatch.setattr(tuner_module, "time_candidates", no_timing)
+    batches.clear()
+    did = builder_module.compile_candidates(_model(), BuilderConfig(target="cuda"), workers=2)
+    assert len(batches) == 1 and batches[0] == built
+    assert did["kernels"] == len(built) and did["layers"] == len(timed.layers)
+
+
+def test_compile_candidates_fills_the_kernel_cache_with_nvrtc(monkeypatch, tmp_path):
+    """Real NVRTC, no GPU: the heuristic's kernels (a build without a device has no others) land in
+    the cache a later build loads from."""
+    from polykit.runtime.cuda.nvrtc import _cached_path
+    from polykit.runtime.tactic_check import plan_kernels
+
+    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: None)
+    did = builder_module.compile_candidates(_model(), BuilderConfig(target="cuda", fp16=True), arch="sm_90", workers=2)
+    plan = build_plan(_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    sources = {s.key(): s for layer in plan.layers for s in plan_kernels(plan, layer)}
+    assert did["kernels"] == len(sources) >= 2
+    assert all(_cached_path(s, "sm_90").is_file() for s in sources.values())
+
+
+def test_compile_candidates_refuses_the_cpu_target_and_a_missing_arch(monkeypatch):
+    import pytest
+
+    from polykit.errors import UsageError
+
+    with pytest.raises(UsageError, match="cuda builds"):
+        builder_module.compile_candidates(_model(), BuilderConfig(target="cpu"))
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: None)
+    with pytest.raises(UsageError, match="architecture"):
+        builder_module.compile_candidates(_model(), BuilderConfig(target="cuda"))

@@ -419,11 +419,14 @@ class Selection:
 
 def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, tensors: dict[str, TensorDesc],
                    weights: dict[str, np.ndarray] | None = None,
-                   groups: Sequence[Sequence[Mapping[str, int]]] = ()) -> Selection:
+                   groups: Sequence[Sequence[Mapping[str, int]]] = (), untimed: list | None = None) -> Selection:
     """Pick a tactic for every layer: the replay's choice, else the tuner's among the candidates
     (those that serve the layer at every profile corner where its shapes are dynamic); with
     several profiles (`groups`: each one's corners, profile_tactics.profile_groups), a layer whose
-    shapes they change gets a tactic per profile (polykit.kernels.profile_tactics)."""
+    shapes they change gets a tactic per profile (polykit.kernels.profile_tactics).
+    With an `untimed` list nothing is timed or compiled: each layer takes its first candidate by
+    priority and the list receives the kernels of the candidates the tuner would have timed
+    (compile_candidates)."""
     from polykit.compiler.builder.tuner import Tuner, candidate_pairs, progress_bar, workspace_over
 
     replay = load_replay(cfg.tactic_replay)
@@ -437,7 +440,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
         return candidate_pairs(layer, target, cfg, tensors, arch, sm_count, view.corners, view.generic)
 
     def choose(layer: LayerDesc, pairs: list, view: ProfileShapes) -> Any:
-        return tuner.choose(layer, pairs, {**tensors, **view.opt})
+        return tuner.choose(layer, pairs, {**tensors, **view.opt}) if untimed is None else pairs[0]
 
     def forced(layer: LayerDesc, profile: int) -> Any:
         tactic = replay.forced_tactic(layer, target, profile)
@@ -451,7 +454,11 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
 
     layers = [stamp_layer(layer, tensors) if not layer.in_dtypes and layer.inputs else layer for layer in layers]
     if target != "cpu" and not replay.layers and len(views) < 2:
-        tuner.prefetch(_candidates_or_none(layers, lambda layer: candidates_at(layer, every)))
+        jobs = _candidates_or_none(layers, lambda layer: candidates_at(layer, every))
+        if untimed is None:
+            tuner.prefetch(jobs)
+        else:
+            untimed += tuner.kernel_sources(jobs)
     chosen: list[LayerDesc] = []
     kernels: dict[str, list] = {}
     workspace: dict[str, int] = {}
@@ -474,6 +481,42 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
             chosen.append(final)
             advance(layer.name)
     return Selection(chosen, kernels, workspace, sm_count, tuner.finish())
+
+
+def compile_candidates(model: Any, config: BuilderConfig | None = None, arch: str | None = None,
+                       workers: int | None = None) -> dict[str, Any]:
+    """Compile into the kernel cache (POLYKIT_CACHE_DIR) the kernels a cuda build of `model` with
+    `config` compiles (the candidates its tuner times and every layer's first candidate by
+    priority) without timing anything: a later build_plan of the same model and config then finds
+    them all cached and spends its time on timing alone, so parallel processes can prepare builds
+    while another one times on a quiet GPU. `arch` (default the GPU's) is the architecture to
+    compile for; without a GPU the candidates are those a build without a device has, the first
+    by priority. `workers`: NVRTC processes (default one per core). What it did: {"layers",
+    "kernels" (distinct units), "compile_s"}."""
+    import time
+
+    from polykit.compiler.graph.onnx_import import load_onnx
+    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+
+    cfg = config or BuilderConfig()
+    graph = model if isinstance(model, Graph) else load_onnx(model)
+    front = Builder(cfg).prepare(graph)
+    if front.target != "cuda":
+        raise UsageError(f"compile_candidates prepares cuda builds, not {front.target} ones", hint="build for --target cuda")
+    device = build_device(front.target, cfg.device)
+    arch = arch or (device.arch if device is not None else "")
+    if not arch:
+        raise UsageError("no usable GPU here to take the architecture from", hint="pass arch, e.g. sm_90")
+    layers, weights, tensors = front.lowered.layers, front.lowered.weights, front.tensors
+    groups = profile_groups(front.profiles)
+    if cfg.sparsity != "disable":
+        layers, weights, tensors = offer_sparse(layers, weights, tensors, cfg.sparsity, profiles=len(groups))
+    sources: list = []
+    selection = select_tactics(layers, front.target, cfg, tensors, weights, groups, untimed=sources)
+    units = unique_units([*sources, *(k for kernels in selection.kernels.values() for k in kernels)])
+    t0 = time.perf_counter()
+    compile_many(units, arch, workers=workers)
+    return {"layers": len(selection.layers), "kernels": len(units), "compile_s": round(time.perf_counter() - t0, 2)}
 
 
 def _candidates_or_none(layers: Sequence[LayerDesc], candidates_at: Any) -> list[tuple[LayerDesc, list]]:

@@ -344,12 +344,7 @@ class Tuner:
         candidates, which leaves most of the build machine's cores idle."""
         if self.target != "cuda" or not jobs:
             return
-        sources = []
-        for layer, pairs in jobs:
-            for variant, tactic in self.to_time(layer, pairs, self.tensors):
-                kernels = getattr(tactic, "kernels", None)
-                if kernels is not None:
-                    sources += kernels(replace(variant, tactic=tactic.name, tactic_params=dict(tactic.params)))
+        sources = self.kernel_sources(jobs)
         if not sources:
             return
         from polykit.runtime.cuda.nvrtc import compile_many
@@ -357,6 +352,16 @@ class Tuner:
         t0 = time.perf_counter()
         compile_many(sources, self.device().arch)
         self.stats.compile_s += time.perf_counter() - t0
+
+    def kernel_sources(self, jobs: Sequence[tuple[LayerDesc, Sequence[Pair]]]) -> list:
+        """The kernels of every pair `choose` will time for `jobs` (to_time; none without a device)."""
+        sources = []
+        for layer, pairs in jobs:
+            for variant, tactic in self.to_time(layer, pairs, self.tensors):
+                kernels = getattr(tactic, "kernels", None)
+                if kernels is not None:
+                    sources += kernels(replace(variant, tactic=tactic.name, tactic_params=dict(tactic.params)))
+        return sources
 
     def _measure(self, layer: LayerDesc, pairs: list[Pair], keys: list[str], times: list, missing: list[int],
                  tensors: Mapping[str, TensorDesc]) -> None:
