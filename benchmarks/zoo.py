@@ -5,6 +5,7 @@ Run on a GPU machine with torch, torchvision, timm and transformers (no network 
 
     PYTHONPATH=. python3 benchmarks/zoo.py [--family conv|transformer|all] [--models a,b] [--batches 1,max]
         [--out zoo.json] [--resume zoo.json] [--cache-dir .zoo_cache] [--deadline 540] [--skip-compile]
+        [--kernel-cache shared --prepare-workers 8 [--prepare-only]] [--load-caches T] [--save-caches T]
     python3 benchmarks/zoo.py --render zoo.json [more.json ...] [--into docs/ZOO.md]
 
 Each case (model, batch) runs in its own process, so a crash or a poisoned CUDA context costs one
@@ -21,6 +22,15 @@ beside it. Then polykit's per-layer profile (polykit.tools.bench.benchmark.profi
 layer kinds and tactics that take the time. Every finished case is written to --out at once;
 --resume skips the cases a results file holds; --deadline stops starting cases (and cuts the
 running one, which --resume then retries) so that a time-limited call keeps what it finished.
+Cases run in --order informative (the cases the issue tables of #29/#30 name first, then the rest).
+
+With --prepare-workers N (and --kernel-cache shared) a prepare phase runs first
+(benchmarks/zoo_prepare.py): N worker processes export, compile polykit's candidate kernels without
+timing them, and warm torch.compile's on-disk caches for the pending cases the deadline can reach;
+then the measure phase runs the cases one at a time as above. Rows say what was prepared
+(`prepared`, `prepare_s`), and a first build whose kernels were prepared is `build_kernels_warm_s`
+(with `kernels_warm_compile_s`, `kernels_warm_timing_s`), never `build_cold_s`. --deadline covers both
+phases; --prepare-only stops after the first.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python3 benchmarks/zoo.py` as well as `python3 -m benchmarks.zoo`
     sys.path.insert(0, str(REPO))
 
-from benchmarks import provenance  # noqa: E402
+from benchmarks import provenance, zoo_prepare  # noqa: E402
 from benchmarks.zoo_models import BY_NAME, FAMILIES, MODELS, ZooModel, make_inputs, prepare  # noqa: E402
 from benchmarks.zoo_report import load_results, render_files  # noqa: E402
 
@@ -82,11 +92,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir", default=".zoo_cache", help="ONNX exports and prepared weights, kept across runs")
     p.add_argument("--case-timeout", type=float, default=420, help="seconds one case may take before it is killed")
     p.add_argument("--deadline", type=float, default=0, help="seconds this run may take (0: no limit)")
+    p.add_argument("--order", choices=["informative", "table"], default="informative",
+                   help="informative: the cases the issues' tables name first (INFORMATIVE); table: table order")
+    p.add_argument("--prepare-workers", type=int, default=0, metavar="N",
+                   help="first prepare the pending cases in N parallel processes (exports, polykit kernels, "
+                        "inductor caches; needs --kernel-cache shared), then measure")
+    p.add_argument("--prepare-only", action="store_true", help="stop after the prepare phase")
+    p.add_argument("--load-caches", metavar="TARBALL", help="first extract a --save-caches tarball into --cache-dir")
+    p.add_argument("--save-caches", metavar="TARBALL",
+                   help="at the end, write --cache-dir's kernel and inductor caches and prepare records (not the "
+                        "exports) into this tarball")
     p.add_argument("--case", help=argparse.SUPPRESS)  # NAME:BATCH, run by the parent in a child process
     p.add_argument("--row-out", help=argparse.SUPPRESS)
+    p.add_argument("--prepared", default="", help=argparse.SUPPRESS)  # what the prepare phase did for --case
     args = p.parse_args(argv)
     if args.into and not args.render:
         p.error("--into goes with --render")
+    if args.prepare_only and not args.prepare_workers:
+        p.error("--prepare-only goes with --prepare-workers N")
+    if args.prepare_workers and args.kernel_cache != "shared":
+        p.error("--prepare-workers compiles into the shared kernel cache: add --kernel-cache shared")
     return args
 
 
@@ -106,6 +131,25 @@ def select_cases(args: argparse.Namespace) -> list[tuple[ZooModel, int]]:
                 batches.append(batch)
         cases += [(model, b) for b in batches]
     return cases
+
+
+#: the models the tables of issues #29 and #30 name, in their order: measured first (--order informative)
+INFORMATIVE = ("resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_large", "densenet121", "bert_base",
+               "swin_t", "vit_b_16", "gpt2", "whisper_encoder", "t5_encoder")
+
+
+def ordered(cases: Sequence[tuple[ZooModel, int]], order: str = "informative") -> list[tuple[ZooModel, int]]:
+    """`cases` in the order they run: informative puts the INFORMATIVE models' throughput batches
+    first, then their batch 1, then the other models' throughput batches, then their batch 1
+    (table order within each); table keeps them as they are."""
+    if order == "table":
+        return list(cases)
+
+    def key(i: int) -> tuple[int, int, int]:
+        model, batch = cases[i]
+        named = model.name in INFORMATIVE
+        return (0 if named else 2) + (batch != max(model.batches)), INFORMATIVE.index(model.name) if named else 0, i
+    return [cases[i] for i in sorted(range(len(cases)), key=key)]
 
 
 def case_key(row: dict) -> tuple[str, int]:
@@ -132,12 +176,13 @@ def write_results(path: str | Path, rows: list[dict], settings: dict) -> None:
 
 # ---- the parent: one child process per case ----------------------------------------------------
 
-def child_command(args: argparse.Namespace, model: ZooModel, batch: int, row_out: str) -> list[str]:
+def child_command(args: argparse.Namespace, model: ZooModel, batch: int, row_out: str,
+                  prepared: Sequence[str] = ()) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", f"{model.name}:{batch}", "--row-out", row_out,
            "--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--level", str(args.level), "--kernel-cache", args.kernel_cache, "--profile-runs", str(args.profile_runs),
            "--cache-dir", str(Path(args.cache_dir).resolve())]
-    return cmd + (["--skip-compile"] if args.skip_compile else [])
+    return cmd + (["--skip-compile"] if args.skip_compile else []) + (["--prepared", ",".join(prepared)] if prepared else [])
 
 
 def run_child(cmd: list[str], timeout: float) -> int | None:
@@ -153,27 +198,51 @@ def run_child(cmd: list[str], timeout: float) -> int | None:
         return None
 
 
+def time_left(args: argparse.Namespace) -> float:
+    """Seconds before --deadline (inf without one), counted from this process's start."""
+    return args.deadline - (time.monotonic() - START) if args.deadline else float("inf")
+
+
 def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list[dict]:
-    """Run the pending cases one child process each, rewriting --out after every case; the rows.
-    `argv` (default sys.argv[1:]) is recorded as the command in the results file's settings."""
+    """Prepare (--prepare-workers) then run the pending cases one child process each, rewriting
+    --out after every case; the rows. `argv` (default sys.argv[1:]) is recorded as the command in
+    the results file's settings."""
     resumed = load_results(args.resume) if args.resume and Path(args.resume).exists() else {"results": []}
     rows = resumed["results"]
-    todo = pending(select_cases(args), rows)
+    todo = ordered(pending(select_cases(args), rows), args.order)
     command = "PYTHONPATH=. python3 benchmarks/zoo.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     commands = resumed.get("settings", {}).get("commands", [])
     settings = {"commands": commands + [command] if command not in commands else commands}
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+    if args.load_caches and Path(args.load_caches).exists():
+        say(f"{zoo_prepare.unpack_caches(args.load_caches, args.cache_dir)} cached files from {args.load_caches}")
     say(f"{len(todo)} cases to run ({len(rows)} rows resumed); results to {args.out}")
+    if args.prepare_workers and todo:
+        n = todo if args.prepare_only else todo[:zoo_prepare.cases_to_prepare(todo, time_left(args), args.prepare_workers)]
+        zoo_prepare.prepare_all(args, n, lambda: time_left(args), say, reserve=0 if args.prepare_only else MIN_CASE_S)
+    if not args.prepare_only:
+        rows = measure_all(args, todo, rows, settings)
+    if args.save_caches:
+        size = zoo_prepare.pack_caches(args.cache_dir, args.save_caches)
+        say(f"caches written to {args.save_caches} ({size / 2**20:.1f} MiB)")
+    return rows
+
+
+def measure_all(args: argparse.Namespace, todo: Sequence[tuple[ZooModel, int]], rows: list[dict],
+                settings: dict) -> list[dict]:
+    """The measure phase: each case of `todo` in a child process, one at a time."""
     for i, (model, batch) in enumerate(todo):
-        left = args.deadline - (time.monotonic() - START) if args.deadline else float("inf")
+        left = time_left(args)
         if left < MIN_CASE_S:
             say(f"deadline: {len(todo) - i} cases not started; rerun with --resume {args.out}")
             break
         say(f"case {i + 1}/{len(todo)}: {model.name} bs{batch}")
+        record = zoo_prepare.read_record(args.cache_dir, model.name, batch, args.level) if args.prepare_workers else {}
         with tempfile.TemporaryDirectory() as tmp:
             row_file = Path(tmp) / "row.json"
             t0 = time.monotonic()
-            code = run_child(child_command(args, model, batch, str(row_file)), min(args.case_timeout, left))
+            cmd = child_command(args, model, batch, str(row_file), record.get("prepared", ()))
+            code = run_child(cmd, min(args.case_timeout, left))
             if code is None and left < args.case_timeout:
                 say(f"{model.name} bs{batch}: cut at the deadline, not recorded; rerun with --resume {args.out}")
                 break
@@ -183,6 +252,8 @@ def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list
                 why = f"timed out after {args.case_timeout:.0f} s" if code is None else f"the case process exited {code}"
                 row = {"model": model.name, "family": model.family, "batch": batch, "error": why}
             row["case_s"] = round(time.monotonic() - t0, 1)
+            if args.prepare_workers:  # what the prepare phase did for this case (nothing: [])
+                row.update(prepared=record.get("prepared", []), prepare_s=record.get("prepare_s", {}))
         rows = merge(rows, row)
         write_results(args.out, rows, settings)
         say(summary(row))
@@ -230,9 +301,11 @@ def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any,
     return wrapped, inputs, onnx_path, dict(facts, export_cached=False)
 
 
-def build_twice(path: Path, level: int, work: Path) -> tuple[Any, dict]:
-    """Build `path` for cuda fp16 cold (POLYKIT_CACHE_DIR as the caller set it, a new timing cache)
-    then warm (the kernels it compiled, its timing cache); the warm plan and the facts."""
+def build_twice(path: Path, level: int, work: Path, first: str = "cold") -> tuple[Any, dict]:
+    """Build `path` for cuda fp16 first (POLYKIT_CACHE_DIR as the caller set it, a new timing cache)
+    then warm (the kernels it compiled, its timing cache); the warm plan and the facts. `first`
+    names the first build in the facts: "cold", or "kernels_warm" when its kernels were compiled
+    beforehand (the prepare phase): build_{first}_s, {first}_compile_s, {first}_timing_s, ..."""
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
 
@@ -245,9 +318,9 @@ def build_twice(path: Path, level: int, work: Path) -> tuple[Any, dict]:
     warm = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
                                                load_timing_cache=timing))
     t2 = time.perf_counter()
-    return warm, {"build_cold_s": round(t1 - t0, 1), "build_warm_s": round(t2 - t1, 1),
+    return warm, {f"build_{first}_s": round(t1 - t0, 1), "build_warm_s": round(t2 - t1, 1),
                   "warm_plan_identical": cold.serialize() == warm.serialize(), "layers": len(warm.layers),
-                  **tuning_facts(said)}
+                  **tuning_facts(said, first)}
 
 
 #: the tuner's summary line (polykit.compiler.builder.tuner.Tuner.finish)
@@ -274,13 +347,13 @@ def tuning_log():
         logger.setLevel(level)
 
 
-def tuning_facts(said: Sequence[str]) -> dict:
-    """Where the cold build's time went, from the tuner's summary line: tactics and layers timed,
-    seconds compiling kernels and timing them (empty when nothing was timed)."""
+def tuning_facts(said: Sequence[str], first: str = "cold") -> dict:
+    """Where the first build's time went, from the tuner's summary line: tactics and layers timed,
+    seconds compiling kernels and timing them (empty when nothing was timed), keys `first`_..."""
     for line in said:
         if m := TUNING_LINE.search(line):
-            return {"cold_timed_tactics": int(m[1]), "cold_timed_layers": int(m[2]),
-                    "cold_compile_s": float(m[3]), "cold_timing_s": float(m[4])}
+            return {f"{first}_timed_tactics": int(m[1]), f"{first}_timed_layers": int(m[2]),
+                    f"{first}_compile_s": float(m[3]), f"{first}_timing_s": float(m[4])}
     return {}
 
 
@@ -300,6 +373,22 @@ def top_kinds(summary, n: int = 3) -> dict:
         return [[k, round(ms, 4), round(ms / summary.total_ms, 3) if summary.total_ms else 0.0]
                 for k, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:n]]
     return {"top_kinds": top("kind"), "top_tactics": top("tactic"), "profile_total_ms": round(summary.total_ms, 4)}
+
+
+def torch_model(module, inputs: dict, torch, reference: bool = False) -> tuple:
+    """(the module in fp16 on the GPU, the inputs on the GPU, their fp16 form[, the fp32 output
+    with TF32 off when `reference`]): what eager and torch.compile run, in the measure phase and
+    in the prepare phase's inductor warm-up alike."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dev_inputs = {k: v.cuda() for k, v in inputs.items()}
+    half_inputs = {k: v.half() if v.is_floating_point() else v for k, v in dev_inputs.items()}
+    net = module.cuda()
+    ref = None
+    if reference:
+        with torch.inference_mode():
+            ref = net(*dev_inputs.values()).float()
+    net = net.half()
+    return (net, dev_inputs, half_inputs, ref) if reference else (net, dev_inputs, half_inputs)
 
 
 def compile_runner(net, inputs: dict, torch, row: dict) -> Callable[[], Any] | None:
@@ -326,6 +415,7 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
         say(f"{model.name} bs{batch}: {name}")
 
     stage("setup")
+    os.environ.update(zoo_prepare.inductor_env(args.cache_dir))  # before torch reads inductor's config
     import torch
 
     from benchmarks.cuda_timing import bind_plan, time_cuda
@@ -341,17 +431,12 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
         if args.kernel_cache == "fresh":
             os.environ["POLYKIT_CACHE_DIR"] = str(Path(work) / "polykit")
         else:
-            os.environ["POLYKIT_CACHE_DIR"] = str(Path(args.cache_dir).resolve() / "polykit")
-        plan, build = build_twice(path, args.level, Path(work))
+            os.environ["POLYKIT_CACHE_DIR"] = str(zoo_prepare.kernel_cache(args.cache_dir))
+        first = "kernels_warm" if "kernels" in args.prepared.split(",") else "cold"
+        plan, build = build_twice(path, args.level, Path(work), first)
         row.update(build, kernel_cache=args.kernel_cache)
         stage("torch")
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        dev_inputs = {k: v.cuda() for k, v in inputs.items()}
-        half_inputs = {k: v.half() if v.is_floating_point() else v for k, v in dev_inputs.items()}
-        net = module.cuda()
-        with torch.inference_mode():
-            ref = net(*dev_inputs.values()).float()
-        net = net.half()
+        net, dev_inputs, half_inputs, ref = torch_model(module, inputs, torch, reference=True)
         with torch.inference_mode():
             runners = {"eager": lambda: net(*half_inputs.values())}
             row["eager_fp16_max_rel_err"] = errors(runners["eager"](), ref)["max_rel_err"]

@@ -119,7 +119,7 @@ def test_every_case_is_written_as_it_finishes_and_failures_become_rows(monkeypat
     out = tmp_path / "zoo.json"
     fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18,resnet50", "--out", str(out)],
                      {"resnet18:32": 1, "resnet50:1": None})
-    assert fake.ran == ["resnet18:1", "resnet18:32", "resnet50:1", "resnet50:32"]
+    assert fake.ran == ["resnet50:32", "resnet50:1", "resnet18:32", "resnet18:1"]  # informative order
     saved = {(r["model"], r["batch"]): r for r in load_results(out)["results"]}
     assert saved[("resnet18", 1)]["polykit_ms"] == 1.0 and "case_s" in saved[("resnet18", 1)]
     assert saved[("resnet18", 32)]["error"] == "the case process exited 1"
@@ -131,7 +131,7 @@ def test_resume_runs_only_the_cases_not_finished(monkeypatch, tmp_path):
     out = tmp_path / "zoo.json"
     run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out)], {"resnet18:32": 1})
     fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18,gpt2", "--out", str(out), "--resume", str(out)])
-    assert fake.ran == ["resnet18:32", "gpt2:1", "gpt2:8"]
+    assert fake.ran == ["gpt2:8", "gpt2:1", "resnet18:32"]
     assert sorted((r["model"], r["batch"]) for r in rows if "error" not in r) == \
         [("gpt2", 1), ("gpt2", 8), ("resnet18", 1), ("resnet18", 32)]
     fake, _ = run(monkeypatch, tmp_path, ["--models", "resnet18,gpt2", "--out", str(out), "--resume", str(out)])
@@ -145,8 +145,8 @@ def test_deadline_stops_starting_cases_and_a_cut_case_is_not_recorded(monkeypatc
     out = tmp_path / "zoo.json"
     monkeypatch.setattr(zoo, "START", time.monotonic())
     fake, rows = run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out), "--deadline", "100"],
-                     {"resnet18:1": None})  # cut: its timeout was the deadline, not --case-timeout
-    assert fake.ran == ["resnet18:1"] and rows == [] and not out.exists()
+                     {"resnet18:32": None})  # cut: its timeout was the deadline, not --case-timeout
+    assert fake.ran == ["resnet18:32"] and rows == [] and not out.exists()
     monkeypatch.setattr(zoo, "START", time.monotonic() - 1000)
     fake, _ = run(monkeypatch, tmp_path, ["--models", "resnet18", "--out", str(out), "--deadline", "100"])
     assert fake.ran == []
