@@ -125,3 +125,12 @@ def test_docs_zoo_md_explains_the_method_and_has_the_section_to_fill():
 def test_results_files_are_json_with_format_settings_and_rows(tmp_path):
     doc = json.loads(Path(results(tmp_path, "a.json", [row("resnet18", "conv", 1, 1.0, 2.0)])).read_text())
     assert doc["format"] == zoo.FORMAT and doc["settings"]["commands"] and doc["results"][0]["model"] == "resnet18"
+
+
+def test_a_first_build_with_prepared_kernels_is_marked_and_not_shown_as_cold(tmp_path):
+    prepared = row("resnet18", "conv", 1, 1.0, 2.0, kernel_cache="shared", prepared=["export", "kernels"],
+                   build_kernels_warm_s=12.5)
+    del prepared["build_cold_s"]
+    text = zoo_report.render_files([results(tmp_path, "a.json", [prepared])])
+    assert "| 12.5† / 3.0 |" in table_rows(text)[0]
+    assert "† first build with its kernels compiled by the prepare phase" in text
