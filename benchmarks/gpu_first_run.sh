@@ -17,6 +17,9 @@
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
 #                  2:4 sparse GEMMs)
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
+#                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
+#                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
+#                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -66,10 +69,12 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
     ;;
   zoo)
-    timeout ${ZOO_S:-300} python3 benchmarks/zoo.py --models ${ZOO_MODELS:-resnext50_32x4d,efficientnet_b0,resnet50,mobilenet_v3_large} \
-      --batches max --kernel-cache shared --cache-dir /tmp/zc --out "$OUT/zoo.json" --deadline $(( ${ZOO_S:-300} - 10 )) \
-      --rounds 2 ${ZOO_ARGS:-} > "$OUT/zoo.log" 2>&1
-    grep -E "polykit .* ms|error|deadline" "$OUT/zoo.log"
+    models=${ZOO_MODELS:-resnext50_32x4d,efficientnet_b0,resnet50,mobilenet_v3_large}
+    [ "$models" = all ] && models_arg="" || models_arg="--models $models"
+    timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
+      --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
+      --deadline $(( ${ZOO_S:-300} - 10 )) --rounds 2 ${ZOO_ARGS:-} > "$OUT/zoo.log" 2>&1
+    grep -E "polykit .* ms|error|deadline|prepare:" "$OUT/zoo.log"
     ;;
   session)
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"

@@ -217,9 +217,10 @@ def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list
     if args.load_caches and Path(args.load_caches).exists():
         say(f"{zoo_prepare.unpack_caches(args.load_caches, args.cache_dir)} cached files from {args.load_caches}")
     say(f"{len(todo)} cases to run ({len(rows)} rows resumed); results to {args.out}")
-    if args.prepare_workers and todo:
-        n = todo if args.prepare_only else todo[:zoo_prepare.cases_to_prepare(todo, time_left(args), args.prepare_workers)]
-        zoo_prepare.prepare_all(args, n, lambda: time_left(args), say, reserve=0 if args.prepare_only else MIN_CASE_S)
+    if args.prepare_workers and todo:  # what the measure phase can reach, leaving it the time to measure them
+        n = len(todo) if args.prepare_only else zoo_prepare.cases_to_prepare(todo, time_left(args), args.prepare_workers)
+        reserve = 0 if args.prepare_only else max(MIN_CASE_S, n * zoo_prepare.MEASURE_CASE_S)
+        zoo_prepare.prepare_all(args, todo[:n], lambda: time_left(args), say, reserve)
     if not args.prepare_only:
         rows = measure_all(args, todo, rows, settings)
     if args.save_caches:

@@ -45,9 +45,12 @@ if str(REPO) not in sys.path:
 from benchmarks.zoo_models import BY_NAME, ZooModel  # noqa: E402
 
 PARTS = ("export", "kernels", "inductor")
-#: estimates from the 2026-12-05 stage times (docs/ZOO.md "Commands"): worker seconds to prepare
-#: one case (export 9, kernels ~15-25, inductor ~25) and seconds to measure a prepared one
-PREPARE_CASE_S = 60
+#: estimates from the 2026-12-05 stage times (docs/ZOO.md "Commands"), to be replaced by the rows'
+#: prepare_s and case_s once measured: seconds a worker (cpu_count / workers cores: 2 of the
+#: device's 16 with 8 workers) takes to prepare one case (export 9; NVRTC of the candidates,
+#: 6-14 s on 16 cores, so ~50-100 s on 2; inductor ~30) and seconds to measure a prepared one
+#: (setup 4, build front end + timing ~15, eager 4, torch.compile from inductor's cache ~5, timing 2)
+PREPARE_CASE_S = 120
 MEASURE_CASE_S = 30
 #: a worker is not started with less time than this before the prepare phase's end
 MIN_WORKER_S = 20
