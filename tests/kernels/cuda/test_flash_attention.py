@@ -48,11 +48,12 @@ def rand(shape, dtype):
 @pytest.mark.parametrize("case,ok", [
     (dict(q=(2, 3, 8, 64), kv=(2, 3, 8, 64), dtype=np.float16), True),
     (dict(q=(2, 3, 8, 128), kv=(2, 3, 8, 128), dtype=BF16), True),
-    (dict(q=(2, 3, 8, 32), kv=(2, 3, 8, 32), dtype=np.float16), False),   # head size 32 has no kernel
+    (dict(q=(2, 3, 8, 32), kv=(2, 3, 8, 32), dtype=np.float16), True),    # Swin's head size
+    (dict(q=(2, 3, 8, 48), kv=(2, 3, 8, 48), dtype=np.float16), False),   # head size 48 has no kernel
     (dict(q=(2, 3, 8, 64), kv=(2, 3, 8, 64), dtype=np.float32), False),   # fp32 keeps the simple kernel
     (dict(q=(3, 8, 64), kv=(3, 8, 64), dtype=np.float16), True),
 ])
-def test_supports_fp16_bf16_heads_64_and_128(case, ok):
+def test_supports_fp16_bf16_heads_32_64_and_128(case, ok):
     inputs = _arrays(case["q"], case["kv"], case["dtype"])
     assert _supports(layer_for(inputs, case["q"])) is ok
 
@@ -91,7 +92,7 @@ SHAPES = [(1, 1, 1, 1), (2, 3, 5, 5), (2, 2, 64, 64), (1, 4, 77, 77), (2, 12, 12
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", SHAPES, ids=lambda d: "x".join(map(str, d)))
-@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("head", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["fp16", "bf16"])
 def test_flash_matches_reference_without_mask(dims, head, dtype):
     B, H, S, Skv = dims
@@ -109,6 +110,25 @@ def test_flash_with_additive_and_bool_masks(mask_shape, kind):
     else:
         inputs["mask"] = rng.random(mask_shape) > 0.4
     check(layer_for(inputs, (2, 3, 70, 64)), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["add", "bool"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_windows_as_heads_with_a_mask_shared_by_the_batch_head_32(kind, layout):
+    # Swin's shifted windows after recognize_attention: [B, W*H, 49, 32], one [1, W*H, 49, 49] mask
+    B, WH, N, D = 2, 12, 49, 32
+    inputs = _arrays((B, WH, N, D), (B, WH, N, D), np.float16)
+    if kind == "add":
+        inputs["mask"] = np.where(rng.random((1, WH, N, N)) > 0.3, rng.standard_normal((1, WH, N, N)),
+                                  -100.0).astype(np.float16)
+    else:
+        inputs["mask"] = rng.random((1, WH, N, N)) > 0.3
+        inputs["mask"][..., 0] = True  # no empty row
+    if layout == "bshd":
+        for name in ("Q", "K", "V"):
+            inputs[name] = np.ascontiguousarray(inputs[name].transpose(0, 2, 1, 3))
+    check(layer_for(inputs, (B, WH, N, D) if layout == "bhsd" else (B, N, WH, D), layout), inputs, 3e-3)
 
 
 @pytest.mark.gpu

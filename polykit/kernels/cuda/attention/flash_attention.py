@@ -1,6 +1,7 @@
 """ai.polykit Attention on tensor cores (flash_attention.cu): tactic `cuda.attention.flash`.
 
-Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv in {64, 128}, rank 3 or 4,
+Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv in {32, 64, 128}, any query
+and key lengths (partial tiles masked), rank 3 or 4,
 whose batch dims broadcast to [B, H], with an optional additive (Q's dtype) or bool mask
 broadcastable to [B, H, S, Skv] that is contiguous or broadcast along the key axis. Reads and
 writes through (batch, head, seq) strides, so inputs and outputs may also be laid out
@@ -20,7 +21,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, d
 
 FILE = "flash_attention.cu"
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
-HEAD_SIZES = (64, 128)
+HEAD_SIZES = (32, 64, 128)
 BQ = 64
 LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 
@@ -63,9 +64,10 @@ def _layouts(layer: Any) -> list[str]:
     return [str(layer.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
 
 
-def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS) -> tuple[str, int] | None:
+def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
+                   heads: Sequence[int] = HEAD_SIZES) -> tuple[str, int] | None:
     """(storage dtype, head size) when a flash kernel taking the storage dtypes `elems` (numpy
-    name -> kernel ELEM) can run the layer, else None."""
+    name -> kernel ELEM) and the head sizes `heads` can run the layer, else None."""
     dtypes, shapes = getattr(layer, "in_dtypes", ()), getattr(layer, "in_shapes", ())
     if len(shapes) < 3 or len(dtypes) < 3 or layer.domain != "ai.polykit":
         return None
@@ -76,7 +78,7 @@ def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS) -> tuple[str, i
         return None
     q, k, v = (logical_shape(s, lay) for s, lay in zip(shapes[:3], layouts))
     D = q[3]
-    if D not in HEAD_SIZES or k[3] != D or v[3] != D or k[2] != v[2]:
+    if D not in heads or k[3] != D or v[3] != D or k[2] != v[2]:
         return None
     for x in (k, v):
         if any(a != c and a != 1 for a, c in zip(x[:2], q[:2])) and any(a != c and c != 1 for a, c in zip(x[:2], q[:2])):

@@ -3,7 +3,7 @@
 `cuda.attention.flash_f32` runs float32 layers of precision "fp32" at fp32 accuracy (3xTF32:
 each operand split into two tf32 parts, three products); `cuda.attention.flash_tf32` runs the
 layers a `--tf32` build lets round to tf32 (one product, precision "tf32"). Both take what
-`cuda.attention.flash` takes (flash_attention.py: head size D = Dv in {64, 128}, rank 3 or 4,
+`cuda.attention.flash` takes of head size D = Dv in {64, 128} (flash_attention.py: rank 3 or 4,
 broadcast batch and head dims, additive float or bool masks contiguous or broadcast along the
 key axis, [B, H, S, D] or [B, S, H, D] tensors through strides), so fp32 BERT's head transposes
 vanish too. The builder times them against `cuda.attention.simple`.
@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.attention.flash_attention import BQ, HEAD_SIZES, flash_geometry, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import BQ, flash_geometry, flash_launch
 
 FILE = "flash_attention_f32.cu"
 STORED = {"float32": "float"}
 WARPS = 4
 #: keys per shared-memory tile by head size: K and V double-buffered take 64 KiB
 BLOCK_KV = {64: 64, 128: 32}
+HEAD_SIZES = tuple(BLOCK_KV)
 #: tactic -> (layer precision it serves, tf32 products per fp32 product)
 VARIANTS = {"cuda.attention.flash_f32": ("fp32", 3), "cuda.attention.flash_tf32": ("tf32", 1)}
 
@@ -39,10 +40,10 @@ def _variant(precision: str, products: int):
     def supports(layer: Any) -> bool:
         outs = getattr(layer, "out_dtypes", ())
         return (getattr(layer, "precision", None) == precision and tuple(outs[:1]) == ("float32",)
-                and flash_geometry(layer, STORED) is not None)
+                and flash_geometry(layer, STORED, HEAD_SIZES) is not None)
 
     def kernels(layer: Any) -> list[KernelSource]:
-        return [kernel_for(flash_geometry(layer, STORED)[1], products)]
+        return [kernel_for(flash_geometry(layer, STORED, HEAD_SIZES)[1], products)]
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = flash_launch(layer, tensors)

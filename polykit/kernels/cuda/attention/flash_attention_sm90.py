@@ -4,8 +4,8 @@ GPUs of compute capability 9.0. The kernel also takes key tiles of 128 (BKV) and
 warpgroups (CONSUMERS); both measured slower than this shape on every shape tried on the H100
 (2026-11-24, docs/PERFORMANCE.md), so they are not registered: timing them only lengthened builds.
 
-They take the layers `cuda.attention.flash` takes (flash_attention.flash_geometry: float16 /
-bfloat16, head size 64 or 128, [B, H, S, D] or [B, S, H, D] layouts, broadcast batch / head
+They take the layers `cuda.attention.flash` takes of head size 64 or 128 (flash_attention.flash_geometry:
+float16 / bfloat16, [B, H, S, D] or [B, S, H, D] layouts, broadcast batch / head
 dims, an additive or bool mask, which is also how a causal layer arrives) and run them with
 wgmma: Q, K and V come through TMA tensor maps (rank 4, one 64-element box of d by the tile's
 rows), so each must start 16-byte aligned; the builder times them against the mma.sync kernel.
@@ -20,11 +20,12 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.attention.flash_attention import ELEMS, HEAD_SIZES, LAYOUT_ATTRS, flash_geometry, flash_launch, logical_shape
+from polykit.kernels.cuda.attention.flash_attention import ELEMS, LAYOUT_ATTRS, flash_geometry, flash_launch, logical_shape
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
 BOX_D = 64  # head elements of one TMA box (128 bytes)
+HEAD_SIZES = (64, 128)  # whole boxes (head size 32 runs cuda.attention.flash)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,12 @@ def tensor_map(x: DeviceTensor, layout: str, rows: int) -> tuple[TensorMapSpec, 
 
 
 def _supports(layer: Any) -> bool:
-    return flash_geometry(layer) is not None
+    return flash_geometry(layer, heads=HEAD_SIZES) is not None
 
 
 def _kernels(shape: Sm90Flash):
     def kernels(layer: Any) -> list[KernelSource]:
-        dtype, head = flash_geometry(layer)
+        dtype, head = flash_geometry(layer, heads=HEAD_SIZES)
         return [kernel_for(shape, ELEMS[dtype], head)]
 
     return kernels

@@ -4,7 +4,8 @@
 //
 // Q, K, V, O are addressed as [b][h][s][d] through element strides (sb, sh, ss) per tensor, d
 // contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads;
-// stride 0 broadcasts. Head size HD (64 or 128, a define) for Q, K and V. The mask (optional)
+// stride 0 broadcasts. Head size HD (32, 64 or 128, a define) for Q, K and V. Any S and Skv: rows
+// past them load as zeros, keys past Skv are masked off, rows past S are not stored. The mask (optional)
 // is [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM, added to the
 // scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score
 // -inf, or a NaN score) gives NaN, or 0 with nan_to_zero (the unfused graph's Where(IsNaN)).
@@ -46,8 +47,17 @@ template <> struct MmaName<bf16_t> {
 };
 typedef MmaName<ELEM> Mma;
 
-// byte offset of 16-byte chunk c of row r in a tile of HD-wide rows (XOR swizzle on the low 3 bits)
-__device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4)); }
+// byte offset of 16-byte chunk c of row r in a tile of HD-wide rows, XOR-swizzled so that chunk c of 8
+// consecutive rows (one ldmatrix 8x8) lies in 8 distinct 16-byte bank groups: on the low 3 bits of c
+// (8+ chunks a row); for HD 32 (4 chunks, two rows a 128-byte line) on c's 2 bits by the row pair
+static_assert(HD % 32 == 0, "head size a multiple of 32");
+__device__ __forceinline__ u32 swz(int r, int c) {
+#if CHUNKS >= 8
+  return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4));
+#else
+  return (u32)(r * HD * 2 + ((c ^ ((r >> 1) & 3)) << 4));
+#endif
+}
 
 __device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
