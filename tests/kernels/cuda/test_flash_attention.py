@@ -50,10 +50,12 @@ def rand(shape, dtype):
     (dict(q=(2, 3, 8, 128), kv=(2, 3, 8, 128), dtype=BF16), True),
     (dict(q=(2, 3, 8, 32), kv=(2, 3, 8, 32), dtype=np.float16), True),    # Swin's head size
     (dict(q=(2, 3, 8, 48), kv=(2, 3, 8, 48), dtype=np.float16), False),   # head size 48 has no kernel
+    (dict(q=(2, 3, 8, 256), kv=(2, 3, 8, 256), dtype=BF16), True),         # key tiles of 32
+    (dict(q=(2, 3, 8, 288), kv=(2, 3, 8, 288), dtype=np.float16), False),  # over 256
     (dict(q=(2, 3, 8, 64), kv=(2, 3, 8, 64), dtype=np.float32), False),   # fp32 keeps the simple kernel
     (dict(q=(3, 8, 64), kv=(3, 8, 64), dtype=np.float16), True),
 ])
-def test_supports_fp16_bf16_heads_32_64_and_128(case, ok):
+def test_supports_fp16_bf16_heads_32_to_256(case, ok):
     inputs = _arrays(case["q"], case["kv"], case["dtype"])
     assert _supports(layer_for(inputs, case["q"])) is ok
 
@@ -110,6 +112,17 @@ def test_flash_with_additive_and_bool_masks(mask_shape, kind):
     else:
         inputs["mask"] = rng.random(mask_shape) > 0.4
     check(layer_for(inputs, (2, 3, 70, 64)), inputs, 3e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(2, 3, 5, 5), (1, 2, 130, 77)], ids=lambda d: "x".join(map(str, d)))
+@pytest.mark.parametrize("head", [96, 160, 192, 224, 256])
+def test_flash_heads_between_64_and_256_with_a_mask(dims, head):
+    # 8k + 4 chunks a row (96, 160, 224) swizzle by row pair; over 128, key tiles of 32
+    B, H, S, Skv = dims
+    inputs = _arrays((B, H, S, head), (B, H, Skv, head), np.float16)
+    inputs["mask"] = (rng.standard_normal((1, H, S, Skv)) * 3).astype(np.float16)
+    check(layer_for(inputs, (B, H, S, head)), inputs, 3e-3)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """ai.polykit Attention on tensor cores (flash_attention.cu): tactic `cuda.attention.flash`.
 
-Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv in {32, 64, 128}, any query
-and key lengths (partial tiles masked), rank 3 or 4,
+Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv, a multiple of 32 up to 256
+(key tiles of 64, of 32 above 128: shared memory under 99 KiB), any query and key lengths
+(partial tiles masked), rank 3 or 4,
 whose batch dims broadcast to [B, H], with an optional additive (Q's dtype) or bool mask
 broadcastable to [B, H, S, Skv] that is contiguous or broadcast along the key axis. Reads and
 writes through (batch, head, seq) strides, so inputs and outputs may also be laid out
@@ -21,7 +22,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, d
 
 FILE = "flash_attention.cu"
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
-HEAD_SIZES = (32, 64, 128)
+HEAD_SIZES = tuple(range(32, 257, 32))
 BQ = 64
 LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 
@@ -95,8 +96,13 @@ def _supports(layer: Any) -> bool:
     return flash_geometry(layer) is not None
 
 
+def block_kv(head: int) -> int:
+    """Keys a shared-memory tile holds: 64, 32 for heads over 128."""
+    return 64 if head <= 128 else 32
+
+
 def kernel_for(elem: str, head: int) -> KernelSource:
-    return KernelSource("flash_attention", file=FILE, defines=defines(ELEM=elem, HD=head))
+    return KernelSource("flash_attention", file=FILE, defines=defines(ELEM=elem, HD=head, BKV=block_kv(head)))
 
 
 def _kernels(layer: Any) -> list[KernelSource]:
@@ -144,7 +150,7 @@ def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]
     if run is None:
         return
     elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-    launcher.launch(kernel_for(elem, run.head), run.grid, (128,), list(run.args), shared_mem=(BQ + 4 * 64) * run.head * 2)
+    launcher.launch(kernel_for(elem, run.head), run.grid, (128,), list(run.args), shared_mem=(BQ + 4 * block_kv(run.head)) * run.head * 2)
 
 
 def compile_variants() -> list[KernelSource]:
@@ -152,4 +158,4 @@ def compile_variants() -> list[KernelSource]:
 
 
 cuda_tactic("Attention", "cuda.attention.flash", kernels=_kernels, supports=_supports, priority=20,
-            params={"block_q": BQ, "block_kv": 64, "warps": 4})(enqueue_flash)
+            params={"block_q": BQ, "block_kv": 64, "block_kv_over_128": 32, "warps": 4})(enqueue_flash)

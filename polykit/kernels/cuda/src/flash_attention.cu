@@ -4,22 +4,25 @@
 //
 // Q, K, V, O are addressed as [b][h][s][d] through element strides (sb, sh, ss) per tensor, d
 // contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads;
-// stride 0 broadcasts. Head size HD (32, 64 or 128, a define) for Q, K and V. Any S and Skv: rows
-// past them load as zeros, keys past Skv are masked off, rows past S are not stored. The mask (optional)
+// stride 0 broadcasts. Head size HD (a multiple of 32 up to 256, a define) for Q, K and V. Any S and
+// Skv: rows past them load as zeros, keys past Skv are masked off, rows past S are not stored. The mask (optional)
 // is [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM, added to the
 // scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score
 // -inf, or a NaN score) gives NaN, or 0 with nan_to_zero (the unfused graph's Where(IsNaN)).
 //
-// Block: 4 warps, 64 query rows (16 a warp); K/V tiles of 64 keys double-buffered in shared
+// Block: 4 warps, 64 query rows (16 a warp); K/V tiles of BKV keys (a define: 64, 32 for heads over
+// 128, so shared memory stays under 99 KiB and the scores' registers shrink) double-buffered in shared
 // memory by cp.async, 16-byte chunks XOR-swizzled by row (ldmatrix without bank conflicts).
 // Per key tile: S = Q K^T (mma, Q fragments held in registers), online softmax per row (the
 // 4 threads of a row combine through shuffles in a fixed order), O += P V (P re-packed from
 // the score accumulators as the A operand). Deterministic.
-// Launch: grid (ceil(S / 64), H, B), block 128, dynamic shared memory (64 + 4 * 64) * HD * 2 B.
+// Launch: grid (ceil(S / 64), H, B), block 128, dynamic shared memory (64 + 4 * BKV) * HD * 2 B.
 #include "flash_common.cuh"
 
 #define BQ 64
+#ifndef BKV
 #define BKV 64
+#endif
 #define CHUNKS (HD / 8)  // 16-byte chunks per row
 
 template <class T> struct MmaName;
@@ -49,10 +52,11 @@ typedef MmaName<ELEM> Mma;
 
 // byte offset of 16-byte chunk c of row r in a tile of HD-wide rows, XOR-swizzled so that chunk c of 8
 // consecutive rows (one ldmatrix 8x8) lies in 8 distinct 16-byte bank groups: on the low 3 bits of c
-// (8+ chunks a row); for HD 32 (4 chunks, two rows a 128-byte line) on c's 2 bits by the row pair
-static_assert(HD % 32 == 0, "head size a multiple of 32");
+// when a row is whole 128-byte lines (8k chunks); else (8k + 4 chunks: HD 32, 96, ..., rows
+// alternate between line halves) on c's low 2 bits by the row pair
+static_assert(HD % 32 == 0 && HD <= 256 && (BKV == 32 || BKV == 64), "head size 32..256, key tiles of 32 or 64");
 __device__ __forceinline__ u32 swz(int r, int c) {
-#if CHUNKS >= 8
+#if CHUNKS % 8 == 0
   return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4));
 #else
   return (u32)(r * HD * 2 + ((c ^ ((r >> 1) & 3)) << 4));
@@ -67,9 +71,10 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// rows [row0, row0 + 64) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
+// rows [row0, row0 + ROWS) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
+template <int ROWS>
 __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base, i64 ss, int row0, int rows) {
-  for (int i = threadIdx.x; i < 64 * CHUNKS; i += 128) {
+  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += 128) {
     const int r = i / CHUNKS, c = i % CHUNKS;
     const bool ok = row0 + r < rows;
     const ELEM* src = base + (ok ? (i64)(row0 + r) * ss : 0) + c * 8;
@@ -92,11 +97,11 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   const ELEM* v = V + b * vb + h * vh;
   const int tiles = (Skv + BKV - 1) / BKV;
 
-  load_tile(sQ, q, qs, q0, S);
+  load_tile<BQ>(sQ, q, qs, q0, S);
   cp_commit();
   if (tiles > 0) {
-    load_tile(sK, k, ks, 0, Skv);
-    load_tile(sV, v, vs, 0, Skv);
+    load_tile<BKV>(sK, k, ks, 0, Skv);
+    load_tile<BKV>(sV, v, vs, 0, Skv);
   }
   cp_commit();
   cp_wait<1>();
@@ -120,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < tiles) {  // prefetch the next K/V tile into the other buffer
-      load_tile(sK + (buf ^ 1) * BKV * HD * 2, k, ks, (t + 1) * BKV, Skv);
-      load_tile(sV + (buf ^ 1) * BKV * HD * 2, v, vs, (t + 1) * BKV, Skv);
+      load_tile<BKV>(sK + (buf ^ 1) * BKV * HD * 2, k, ks, (t + 1) * BKV, Skv);
+      load_tile<BKV>(sV + (buf ^ 1) * BKV * HD * 2, v, vs, (t + 1) * BKV, Skv);
     }
     cp_commit();
     cp_wait<1>();
@@ -129,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const unsigned char* tK = sK + buf * BKV * HD * 2;
     const unsigned char* tV = sV + buf * BKV * HD * 2;
 
-    // S = Q K^T for 64 keys: s[nb][4], n-block nb = keys 8*nb .. 8*nb+7
+    // S = Q K^T for BKV keys: s[nb][4], n-block nb = keys 8*nb .. 8*nb+7
     float s[BKV / 8][4];
 #pragma unroll
     for (int nb = 0; nb < BKV / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
@@ -147,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     // scale, mask, bounds; online softmax; o rescaled (flash_common.cuh)
     flash_softmax_tile<ELEM, false>(s, o, rows, t * BKV, Skv, row_a, S, fmask, scale, t4);
 
-    // O += P V: P (16 x 64 keys) as A fragments, V tile (64 keys x HD) through ldmatrix.trans
+    // O += P V: P (16 x BKV keys) as A fragments, V tile (BKV keys x HD) through ldmatrix.trans
 #pragma unroll
     for (int kk = 0; kk < BKV / 16; ++kk) {
       u32 pa[4];
