@@ -5,7 +5,10 @@
 K^T may be a Transpose of K (last two axes swapped) or any tensor (a Transpose is then
 inserted to give K); scalar scales may also sit on Q and/or K^T before the first MatMul
 (torch's scaled_dot_product_attention export multiplies both by sqrt(scale)), and the
-probabilities may pass torch's guard for fully masked rows, Where(IsNaN(p), 0, p). Every
+probabilities may pass torch's guard for fully masked rows, Where(IsNaN(p), 0, p). The scores
+[B*W, H, N, Nk] may also pass a windowed view before the Softmax (Swin's shifted windows):
+Reshape [B, W, H, N, Nk] -> Add(term) -> Reshape back; the terms then become one mask (graph
+ops that constant folding folds), over W*H heads of [B, W*H, N, D] views of Q, K, V when B > 1. Every
 intermediate must be read only inside the pattern. The form is one rule over the pattern
 module (patterns.py). Format: docs/FUSION.md.
 """
