@@ -43,10 +43,11 @@ def test_plan_covers_the_output_in_whole_warps(case):
         return
     y = specs["Y"][0]
     assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] <= 256
-    assert plan.TH * plan.TWT == plan.PWARPS * 32 and plan.CB == plan.CW * 8 * plan.nb
+    assert plan.TH * plan.TWT <= plan.PWARPS * 32 and plan.CB == plan.CW * 8 * plan.nb
+    assert -(-plan.TH * plan.TWT // 32) == plan.PWARPS and plan.TH <= y[1]   # no warp without pixels
     assert plan.CB % (w[0] // group) == 0 or (w[0] // group) % plan.CB == 0
     gx, gy, gz = plan.grid
-    assert gx * plan.TH * plan.TWT >= y[1] * y[2] and gy * plan.CB >= w[0] and gz == x[0]
+    assert gx == -(-y[1] // plan.TH) * -(-y[2] // plan.TWT) and gy * plan.CB >= w[0] and gz == x[0]
     assert plan_mma(layer.attrs, x, w, y, "float32") is None
     assert find_tactic("cuda", "ConvNHWC", MMA).supports(layer)
 
@@ -73,8 +74,9 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
     assert {(dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"]) for k in variants if k.code is None} == \
         {(b, nb) for b in ("0", "1") for nb in ("1", "2", "3", "4")}
     units = unique_units(variants)
-    cubins = compile_many(units, "sm_80", workers=min(2, os.cpu_count() or 1))
-    assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
 # ---- host emulation of mma.sync ----------------------------------------------------------------
@@ -113,6 +115,39 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
 """
 
 
+#: ldmatrix on the host, from the PTX ISA's m8n8 .b16 layout: lane 8 i + j gives the address of
+#: row j of matrix i (x2: lanes 0-15 count), lane l receives in register i matrix i's row l / 4,
+#: elements 2 (l % 4) and 2 (l % 4) + 1; the lanes publish their addresses and meet (block-uniform
+#: calls, as gm_mma's)
+EMULATED_LDSM = r"""
+static const unsigned char* gm_emu_p[8][32];
+static void gm_emu_ldsm(u32* r, const void* p, int count) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  gm_emu_p[w][l] = (const unsigned char*)p;
+  __syncthreads();
+  for (int i = 0; i < count; ++i) memcpy(&r[i], gm_emu_p[w][8 * i + l / 4] + 4 * (l % 4), 4);
+  __syncthreads();
+}
+__device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 4); }
+"""
+#: each helper's host stand-in (cp.async groups: block_emulation copies at once, so commits and
+#: waits are no-ops; a missing barrier between a phase's copies and their readers still races)
+EMULATED = {"gm_mma": EMULATED_MMA, "gm_ldsm_x4": EMULATED_LDSM,
+            "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 2); }\n",
+            "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() {}\n",
+            "gm_cp_wait": "__device__ __forceinline__ void gm_cp_wait(int) {}\n"}
+
+
+def emulated_source(text: str) -> str:
+    """conv_grouped_mma.cu's rendered source with its warp-level PTX helpers in host C++."""
+    for name, body in EMULATED.items():
+        text, count = re.subn(r"__device__ __forceinline__ void " + name + r"\(.*?\n\}\n", lambda _: body, text,
+                              count=1, flags=re.S)
+        assert count == 1, name
+    assert not re.search(r'asm volatile\(\s*"(mma|ldmatrix|cp\.async\.(commit|wait))', text)
+    return text
+
+
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
     import shutil
@@ -125,10 +160,7 @@ def launcher(tmp_path_factory):
 
     class MmaEmulated(EmulatedLauncher):
         def _lib(self, kernel: KernelSource):
-            text = re.sub(r"__device__ __forceinline__ void gm_mma\(.*?\n\}\n", lambda _: EMULATED_MMA,
-                          kernel.render(), count=1, flags=re.S)
-            assert "asm volatile(\"mma" not in text
-            return super()._lib(KernelSource(kernel.name, code=text))
+            return super()._lib(KernelSource(kernel.name, code=emulated_source(kernel.render())))
 
     return MmaEmulated(tmp_path_factory.mktemp("grouped_mma_emulated"), cxx, "GM_PARAMS", "GM_ARGS")
 

@@ -21,9 +21,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, defines
-from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, STAGE_COST, TilePlan, TileVariant, epilogue_layers,
-                                                      latency_factor, register, tile_enqueue, tile_estimate,
-                                                      tile_kernel, tile_rows, tile_sizes, tile_supports)
+from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, SM_SMEM, STAGE_COST, WARPS_HIDING, TilePlan,
+                                                      TileVariant, epilogue_layers, register, tile_enqueue,
+                                                      tile_estimate, tile_kernel, tile_rows, tile_sizes,
+                                                      tile_supports)
 from polykit.kernels.cuda.conv.conv_grouped import GroupedWindow, grouped_window, slice_groups
 
 FILE = "conv_grouped_mma.cu"
@@ -40,7 +41,7 @@ MMA_SMEM_LIMIT = 99 * 1024
 #: tensor-core MACs a lane-cycle of FMA issue (what tile_cost divides the MMA work by)
 MMA_SPEEDUP = 8
 
-VARIANT = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
+VARIANT = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 2, "grouped_mma")
 
 
 def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
@@ -55,16 +56,30 @@ def warp_n8(mg: int) -> int:
 
 
 def k_slots(win: GroupedWindow) -> int:
-    """Elements a staged weight row takes: K = KH*KW*cpg rounded up to 16, plus 8 against bank conflicts."""
+    """Elements a staged weight row takes: K = KH*KW*cpg rounded up to 16, plus 8 (an odd number
+    of 16-byte chunks: ldmatrix rows of 8 channels on 8 bank groups)."""
     k = win.kernel[0] * win.kernel[1] * win.cpg
     return -(-k // 16) * 16 + 8
 
 
+def cin_slots(win: GroupedWindow, cb: int) -> int:
+    """Elements a staged pixel takes: the slice's groups' channels, plus 8 where that makes an odd
+    number of 16-byte chunks (8 consecutive pixels on 8 bank groups)."""
+    c = slice_groups(cb, win.mg) * win.cpg
+    return c if (c // 8) % 2 else c + 8
+
+
+def row_slots(win: GroupedWindow, tw: int) -> int:
+    """Pixel slots a staged input row of a `tw`-wide tile takes: its columns split by W-stride
+    phase, each phase ceil(IW / SW) slots."""
+    (_, KW), (_, SW), (_, DW) = win.kernel, win.strides, win.dilations
+    return SW * -(-((tw - 1) * SW + (KW - 1) * DW + 1) // SW)
+
+
 def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int) -> int:
-    """Bytes of the input tile (its groups' channels + 8 a pixel) and the CB weight rows."""
-    (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
-    ih, iw = tile_rows(th, SH, KH, DH), (tw - 1) * SW + (KW - 1) * DW + 1
-    return 2 * (ih * iw * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
+    """Bytes of the input tile (row_slots x cin_slots a row) and the CB weight rows."""
+    (KH, _), (SH, _), (DH, _) = win.kernel, win.strides, win.dilations
+    return 2 * (tile_rows(th, SH, KH, DH) * row_slots(win, tw) * cin_slots(win, cb) + cb * k_slots(win))
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,7 @@ class MmaPlan(TilePlan):
     nb: int      # n8 tiles a warp
     CB: int      # output channels a block
     CW: int      # channel warps (CB / (8 nb))
-    PWARPS: int  # pixel warps (TH * TWT / (16 * WARP_TILES))
+    PWARPS: int  # pixel warps (16 * WARP_TILES pixels each, TH * TWT of them in the tile)
     smem: int
 
     @property
@@ -100,32 +115,57 @@ def mma_slices(win: GroupedWindow) -> list[int]:
     return [cb for cb in range(step, step * MAX_WARPS + 1, step) if cb % win.mg == 0 or win.mg % cb == 0]
 
 
-@functools.lru_cache(maxsize=4096)
-def choose_mma_tile(OH: int, OW: int, win: GroupedWindow,
-                    smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
-    """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile that fits, or None. Candidates:
-    every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, tile widths of 4 to 64
-    dividing the block's pixels."""
+#: SMs the tile choice spreads a launch over (H200: 132); fewer blocks leave SMs idle
+SMS = 132
+#: registers a thread (__launch_bounds__(256, 2))
+REGS = 128
+
+
+def tile_widths(OW: int, tp: int) -> list[int]:
+    """Tile widths for a block of `tp` pixels: powers of two from 4 and the output's width (and
+    half of it, rounded up) where a row fits, so 7- and 14-wide outputs waste no columns."""
+    return sorted({tw for tw in (4, 8, 16, 32, 64, OW, -(-OW // 2)) if 1 <= tw <= tp})
+
+
+def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: int, cb: int, pw: int,
+              smem: int) -> float:
+    """choose_mma_tile's cost of a launch (arbitrary units, lower is better): tensor-core MACs of
+    the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
+    staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
+    sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
+    resident warps an SM (warps with pixels to compute)."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
+    warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
+    blocks = -(-OH // th) * -(-OW // tw) * -(-win.M // cb) * images
+    pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
+    staged = blocks * (pixels * cin * max(1.0, 32 / (2 * cin)) + cb * kp)
+    work = blocks * tp * cb * kp / MMA_SPEEDUP
+    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (REGS * 32 * warps))
+    per_sm = min(resident, max(1.0, blocks / SMS))
+    busy = cb // (8 * nb) * -(-min(th, OH) * min(tw, OW) // (16 * WARP_TILES))   # warps with pixels
+    return (work + STAGE_COST * staged) / min(SMS, blocks) * max(1.0, WARPS_HIDING / (per_sm * busy))
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1,
+                    smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
+    """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile (tile_cost) that fits, or None.
+    Candidates: every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, the
+    tile_widths of the block's pixels, as many rows as the pixels fill (at most OH)."""
+    nb = warp_n8(win.mg)
     best: tuple[float, tuple[int, int, int, int, int]] | None = None
     for cb in mma_slices(win):
         cw = cb // (8 * nb)
         pw = 1
         while cw * pw <= MAX_WARPS:
             tp = pw * 16 * WARP_TILES
-            for tw in (4, 8, 16, 32, 64):
-                if tp % tw or tw > tp:
-                    continue
-                th = tp // tw
+            for tw in tile_widths(OW, tp):
+                th = min(tp // tw, OH)
                 smem = mma_smem(win, cb, th, tw)
                 if smem > smem_limit:
                     continue
-                blocks = -(-OH // th) * -(-OW // tw) * -(-win.M // cb)
-                staged = blocks * (tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
-                                   * slice_groups(cb, win.mg) * win.cpg + cb * kp)
-                work = blocks * tp * cb * kp / MMA_SPEEDUP
-                cost = (work + STAGE_COST * staged) * latency_factor(32 * cw * pw, smem, VARIANT)
+                cost = tile_cost(win, OH, OW, images, th, tw, cb, pw, smem)
                 if best is None or cost < best[0]:
                     best = (cost, (th, tw, cb, pw, smem))
             pw *= 2
@@ -139,7 +179,7 @@ def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Se
     sizes = tile_sizes(attrs, win, x, y, win.cpg if win else 1)
     if win is None or sizes is None or storage not in ELEMS:
         return None
-    tile = choose_mma_tile(sizes[4], sizes[5], win, smem_limit)
+    tile = choose_mma_tile(sizes[4], sizes[5], win, sizes[0], smem_limit)
     if tile is None:
         return None
     th, tw, cb, pw, smem = tile
@@ -176,7 +216,7 @@ def _kernels(variant: TileVariant):
 def _macs(plan: MmaPlan) -> int:
     """The padded MACs over MMA_SPEEDUP (tile_estimate's FMA count)."""
     blocks = plan.grid[0] * plan.grid[1] * plan.NB
-    return blocks * plan.TH * plan.TWT * plan.CB * (-(-plan.KH * plan.KW * (plan.C // plan.G) // 16) * 16) // MMA_SPEEDUP
+    return blocks * plan.PWARPS * 32 * plan.CB * (-(-plan.KH * plan.KW * (plan.C // plan.G) // 16) * 16) // MMA_SPEEDUP
 
 
 def _launch(variant: TileVariant):
