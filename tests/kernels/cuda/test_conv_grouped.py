@@ -174,7 +174,7 @@ def test_residual_relu_epilogue_reads_each_input_class(x, w, group, attrs, skip,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tactic", [P2, "cuda.conv_nhwc.grouped_mma_p32"])
+@pytest.mark.parametrize("tactic", [P2, "cuda.conv_nhwc.grouped_mma_p32", "cuda.conv_nhwc.grouped_mma_pipe_p32"])
 @pytest.mark.parametrize("shifted", ["X", "Y", "skip"])
 def test_misaligned_tensors_take_the_element_paths(shifted, tactic):
     x, w, group, attrs, skip = EPI_CASES[0]

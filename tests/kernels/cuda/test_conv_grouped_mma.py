@@ -1,28 +1,39 @@
-"""The tensor-core grouped channels-last tactic (cuda.conv_nhwc.grouped_mma_p32): which layers it
-takes and the tiles it plans (CPU), NVRTC compiles of every variant, conv_grouped_mma.cu run on
-the host with mma.sync emulated from the PTX ISA's m16n8k16 fragment layouts (each lane's
-registers exchanged through a per-warp table between two block barriers: the kernel's mma calls
-are block-uniform), and on the GPU against the float64 reference with poisoned outputs: 8, 16, 24
-and 32 channels a group, 3 x 3 and 1 x 1 kernels, stride 2, dilation 2, odd sizes, float16 and
-bfloat16, an epilogue; test_conv_grouped.py runs it on misaligned tensors."""
+"""The tensor-core grouped channels-last tactics (cuda.conv_nhwc.grouped_mma_p32 and
+grouped_mma_pipe_p32): which layers they take and the tiles they plan (CPU), NVRTC compiles of
+every variant for sm_80 and sm_90, both kernels run on the host with mma.sync and ldmatrix
+emulated from the PTX ISA's m16n8k16 fragment and m8n8 matrix layouts (each lane's registers or
+row addresses exchanged through a per-warp table between two block barriers: the kernels' mma and
+ldmatrix calls are block-uniform), and on the GPU against the float64 reference with poisoned
+outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and 1 x 1 kernels, strides 2,
+dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned input (the element
+staging); test_conv_grouped.py runs them on misaligned tensors too."""
 
 from __future__ import annotations
 
 import os
 import re
 
+import numpy as np
 import pytest
 
-from polykit.kernels.cuda.base import KernelSource
-from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, VARIANT, compile_variants, mma_window,
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PIPE, VARIANTS, compile_variants, mma_window,
                                                         plan_mma, warp_n8)
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_conv_depthwise import BF16, F16, F32, RESIDUAL_RELU, TOL
 from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, grouped_layer, run_case
 
-MMA = VARIANT.name
-#: the CASES with multiples of 8 input and output channels a group
-MMA_CASES = [3, 5, 7, 8, 11]
+MMA, PIPES = VARIANTS[0].name, PIPE.name
+TACTICS = [v.name for v in VARIANTS]
+#: the CASES with multiples of 8 input and output channels a group, and windows that split the
+#: pipelined kernel's staging otherwise: 5 x 3 with H dilation 2 and strides 2 (three commit groups,
+#: the last of several rows), 3 x 1 (kernel row 0 shorter than a k16 step: its phase empty), 1 x 1
+MMA_CASES = [3, 5, 7, 8, 11, 12, 13, 14]
+CASES = CASES + [
+    ((1, 13, 12, 32), (32, 5, 3, 8), 4, {"strides": [2, 2], "dilations": [2, 1], "pads": [3, 1, 2, 1]}),
+    ((2, 9, 7, 32), (32, 3, 1, 16), 2, {"pads": [1, 0, 1, 0]}),
+    ((1, 6, 10, 64), (128, 1, 1, 8), 8, {"strides": [1, 2]}),
+]
 
 
 # ---- CPU --------------------------------------------------------------------------------------
@@ -33,13 +44,14 @@ def test_mma_window_takes_multiples_of_8_channels_a_group():
     assert [warp_n8(m) for m in (8, 16, 24, 32, 64, 56)] == [1, 2, 3, 4, 4, 1]
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("case", MMA_CASES + [2])
-def test_plan_covers_the_output_in_whole_warps(case):
+def test_plan_covers_the_output_in_whole_warps(case, variant):
     x, w, group, attrs = CASES[case]
     layer, _, specs = grouped_layer(x, w, group, attrs)
-    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16")
-    if case == 2:  # cpg 4: not this tactic's
-        assert plan is None and not find_tactic("cuda", "ConvNHWC", MMA).supports(layer)
+    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", variant)
+    if case == 2:  # cpg 4: not these tactics'
+        assert plan is None and not find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
         return
     y = specs["Y"][0]
     assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] <= 256
@@ -48,22 +60,23 @@ def test_plan_covers_the_output_in_whole_warps(case):
     assert plan.CB % (w[0] // group) == 0 or (w[0] // group) % plan.CB == 0
     gx, gy, gz = plan.grid
     assert gx == -(-y[1] // plan.TH) * -(-y[2] // plan.TWT) and gy * plan.CB >= w[0] and gz == x[0]
-    assert plan_mma(layer.attrs, x, w, y, "float32") is None
-    assert find_tactic("cuda", "ConvNHWC", MMA).supports(layer)
+    assert plan_mma(layer.attrs, x, w, y, "float32", variant) is None
+    assert find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
 
 
 @pytest.mark.parametrize("x,w,group", [((32, 28, 28, 256), (256, 3, 3, 8), 32), ((32, 7, 7, 1024), (1024, 3, 3, 32), 32),
                                        ((32, 14, 14, 408), (408, 3, 3, 24), 17)])
 def test_plans_of_real_layers_fit_with_several_warps(x, w, group):
-    plan = plan_mma({"group": group, "pads": [1, 1, 1, 1]}, x, w, x[:3] + (w[0],), "float16")
-    assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] >= 64
+    for variant in VARIANTS:
+        plan = plan_mma({"group": group, "pads": [1, 1, 1, 1]}, x, w, x[:3] + (w[0],), "float16", variant)
+        assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] >= 64
 
 
 def test_float32_layers_are_not_the_tensor_core_tactics():
     layer, _, _ = grouped_layer((1, 9, 9, 64), (64, 3, 3, 8), 8, {"pads": [1, 1, 1, 1]}, F32)
-    assert MMA not in {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+    assert not set(TACTICS) & {t.name for t in candidates("cuda", "ConvNHWC", layer)}
     layer, _, _ = grouped_layer((1, 9, 9, 64), (64, 3, 3, 8), 8, {"pads": [1, 1, 1, 1]}, BF16)
-    assert MMA in {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+    assert set(TACTICS) <= {t.name for t in candidates("cuda", "ConvNHWC", layer)}
 
 
 def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
@@ -71,8 +84,9 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     variants = compile_variants()
-    assert {(dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"]) for k in variants if k.code is None} == \
-        {(b, nb) for b in ("0", "1") for nb in ("1", "2", "3", "4")}
+    assert {(k.name, dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"]) for k in variants if k.code is None} == \
+        {(name, b, nb) for name in ("conv_grouped_mma_nhwc", "conv_grouped_mma_pipe_nhwc") for b in ("0", "1")
+         for nb in ("1", "2", "3", "4")}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
@@ -130,21 +144,43 @@ static void gm_emu_ldsm(u32* r, const void* p, int count) {
 }
 __device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 4); }
 """
-#: each helper's host stand-in (cp.async groups: block_emulation copies at once, so commits and
-#: waits are no-ops; a missing barrier between a phase's copies and their readers still races)
+#: cp.async on the host, deferred as on the GPU: a thread's copies queue in its open group, a commit
+#: closes the group, cp.async.wait_group N lands all but the newest N groups; until then the shared
+#: memory keeps what the block before left there, so a phase that reads rows or weights of a group
+#: it did not wait for computes with stale data
+EMULATED_CP = r"""
+struct GmEmuCopy { void* dst; const void* src; bool ok; };
+static thread_local std::vector<std::vector<GmEmuCopy>> gm_emu_groups;
+static thread_local std::vector<GmEmuCopy> gm_emu_open;
+__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) { gm_emu_open.push_back({dst, src, ok}); }
+"""
+EMULATED_WAIT = r"""
+__device__ __forceinline__ void gm_cp_wait(int pending) {
+  while ((int)gm_emu_groups.size() > pending) {
+    for (const GmEmuCopy& c : gm_emu_groups.front())
+      if (c.ok) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    gm_emu_groups.erase(gm_emu_groups.begin());
+  }
+}
+"""
+#: each helper's host stand-in
 EMULATED = {"gm_mma": EMULATED_MMA, "gm_ldsm_x4": EMULATED_LDSM,
             "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 2); }\n",
-            "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() {}\n",
-            "gm_cp_wait": "__device__ __forceinline__ void gm_cp_wait(int) {}\n"}
+            "gm_cp16": EMULATED_CP,
+            "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() { gm_emu_groups.push_back(gm_emu_open); "
+                            "gm_emu_open.clear(); }\n",
+            "gm_cp_wait": EMULATED_WAIT}
 
 
 def emulated_source(text: str) -> str:
-    """conv_grouped_mma.cu's rendered source with its warp-level PTX helpers in host C++."""
+    """A grouped mma kernel's rendered source with its warp-level PTX helpers (each it has: gm_mma
+    at least) in host C++."""
     for name, body in EMULATED.items():
         text, count = re.subn(r"__device__ __forceinline__ void " + name + r"\(.*?\n\}\n", lambda _: body, text,
                               count=1, flags=re.S)
-        assert count == 1, name
+        assert count == 1 or name != "gm_mma", name
     assert not re.search(r'asm volatile\(\s*"(mma|ldmatrix|cp\.async\.(commit|wait))', text)
+    assert "void gm_cp16" not in text or "gm_emu_open.push_back" in text
     return text
 
 
@@ -165,36 +201,65 @@ def launcher(tmp_path_factory):
     return MmaEmulated(tmp_path_factory.mktemp("grouped_mma_emulated"), cxx, "GM_PARAMS", "GM_ARGS")
 
 
-@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (8, F16), (11, F16)])
-def test_emulated_mma_matches_the_reference(launcher, case, dtype):
+@pytest.mark.parametrize("tactic,case,dtype", [(t, c, d) for t in TACTICS for c, d in ((3, F16), (5, BF16), (8, F16),
+                                                                                     (11, F16))]
+                         + [(PIPES, 12, F16), (PIPES, 13, BF16), (PIPES, 14, F16)])
+def test_emulated_mma_matches_the_reference(launcher, tactic, case, dtype):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
     x, w, group, attrs = CASES[case]
-    assert run_emulated(launcher, MMA, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
 
 
-def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher):
+@pytest.mark.parametrize("tactic", TACTICS)
+def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher, tactic):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
     x, w, group, attrs, skip = EPI_CASES[0]
-    assert run_emulated(launcher, MMA, x, w, attrs, F16, shift_y=1, group=group, epilogue=RESIDUAL_RELU,
+    assert run_emulated(launcher, tactic, x, w, attrs, F16, shift_y=1, group=group, epilogue=RESIDUAL_RELU,
                         extra={"skip": skip}) <= TOL[F16]
+
+
+def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher):
+    """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
+    from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
+
+    x, w, group, attrs = CASES[12]
+    layer, inputs, specs = grouped_layer(x, w, group, attrs, F16)
+    tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
+    shifted = np.empty(inputs["X"].size + 8, F16)[1:1 + inputs["X"].size].reshape(x)
+    shifted[...] = inputs["X"]
+    tensors["X"] = DeviceTensor(shifted.ctypes.data, x, F16)
+    shape, dt = specs["Y"]
+    y = np.full(shape, np.nan, dt)
+    tensors["Y"] = DeviceTensor(y.ctypes.data, shape, np.dtype(dt))
+    find_tactic("cuda", "ConvNHWC", PIPES).enqueue(layer, launcher, tensors)
+    assert launcher.launches[-1][0].name == "conv_grouped_mma_pipe_nhwc"
+    assert rel_err(y, reference(layer, inputs)) <= TOL[F16]
 
 
 # ---- GPU ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", MMA_CASES)
-def test_mma_matches_the_reference(case, dtype):
-    assert run_case(*CASES[case], dtype, MMA) <= TOL[dtype]
+def test_mma_matches_the_reference(case, dtype, tactic):
+    assert run_case(*CASES[case], dtype, tactic) <= TOL[dtype]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("x,w,group,attrs,skip", EPI_CASES[:3])
-def test_mma_residual_relu_epilogue(x, w, group, attrs, skip):
-    assert run_case(x, w, group, attrs, F16, MMA, epilogue=RESIDUAL_RELU, extra={"skip": skip}) <= TOL[F16]
+def test_mma_residual_relu_epilogue(x, w, group, attrs, skip, tactic):
+    assert run_case(x, w, group, attrs, F16, tactic, epilogue=RESIDUAL_RELU, extra={"skip": skip}) <= TOL[F16]
 
 
 @pytest.mark.gpu
-def test_mma_on_a_resnext_stage_2_layer_at_batch_4():
-    assert run_case((4, 28, 28, 256), (256, 3, 3, 8), 32, {"pads": [1, 1, 1, 1]}, F16, MMA) <= TOL[F16]
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("x,w,group,attrs", [
+    ((4, 28, 28, 256), (256, 3, 3, 8), 32, {"pads": [1, 1, 1, 1]}),                          # ResNeXt stage 2
+    ((4, 56, 56, 256), (256, 3, 3, 8), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),       # its stride-2 entry
+    ((4, 14, 14, 1024), (1024, 3, 3, 32), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),    # stage 4 entry, 7 x 7 out
+    ((4, 14, 14, 512), (512, 3, 3, 16), 32, {"pads": [1, 1, 1, 1]})])                        # stage 3
+def test_mma_on_resnext_layers_at_batch_4(x, w, group, attrs, tactic):
+    assert run_case(x, w, group, attrs, F16, tactic) <= TOL[F16]

@@ -27,8 +27,6 @@ from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, SM_SMEM, STAG
                                                       tile_supports)
 from polykit.kernels.cuda.conv.conv_grouped import GroupedWindow, grouped_window, slice_groups
 
-FILE = "conv_grouped_mma.cu"
-KERNEL = "conv_grouped_mma_nhwc"
 #: storage dtype -> ELEM (16-bit storage only: the mma operands)
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 #: m16 tiles a warp (compile time)
@@ -41,7 +39,14 @@ MMA_SMEM_LIMIT = 99 * 1024
 #: tensor-core MACs a lane-cycle of FMA issue (what tile_cost divides the MMA work by)
 MMA_SPEEDUP = 8
 
-VARIANT = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 2, "grouped_mma")
+#: the first kernel: 32-bit fragment loads, the whole window staged before the MMAs
+MMA = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
+#: ldmatrix fragments, cp.async staging by kernel row, the stride-phase column layout
+PIPE = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 2, "grouped_mma_pipe")
+VARIANTS = (MMA, PIPE)
+#: variant -> (source file, kernel)
+SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc"),
+           PIPE: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc")}
 
 
 def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
@@ -76,9 +81,13 @@ def row_slots(win: GroupedWindow, tw: int) -> int:
     return SW * -(-((tw - 1) * SW + (KW - 1) * DW + 1) // SW)
 
 
-def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int) -> int:
-    """Bytes of the input tile (row_slots x cin_slots a row) and the CB weight rows."""
-    (KH, _), (SH, _), (DH, _) = win.kernel, win.strides, win.dilations
+def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int, variant: TileVariant) -> int:
+    """Bytes of the input tile and the CB weight rows: PIPE's rows row_slots x cin_slots, MMA's
+    IW pixels of the slice's channels + 8."""
+    (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
+    if variant == MMA:
+        pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
+        return 2 * (pixels * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
     return 2 * (tile_rows(th, SH, KH, DH) * row_slots(win, tw) * cin_slots(win, cb) + cb * k_slots(win))
 
 
@@ -117,8 +126,6 @@ def mma_slices(win: GroupedWindow) -> list[int]:
 
 #: SMs the tile choice spreads a launch over (H200: 132); fewer blocks leave SMs idle
 SMS = 132
-#: registers a thread (__launch_bounds__(256, 2))
-REGS = 128
 
 
 def tile_widths(OW: int, tp: int) -> list[int]:
@@ -128,12 +135,13 @@ def tile_widths(OW: int, tp: int) -> list[int]:
 
 
 def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: int, cb: int, pw: int,
-              smem: int) -> float:
+              smem: int, variant: TileVariant) -> float:
     """choose_mma_tile's cost of a launch (arbitrary units, lower is better): tensor-core MACs of
     the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
     staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
     sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
-    resident warps an SM (warps with pixels to compute)."""
+    resident warps an SM (warps with pixels to compute; registers a thread from the variant's
+    __launch_bounds__)."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
     warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
@@ -141,14 +149,15 @@ def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: in
     pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
     staged = blocks * (pixels * cin * max(1.0, 32 / (2 * cin)) + cb * kp)
     work = blocks * tp * cb * kp / MMA_SPEEDUP
-    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (REGS * 32 * warps))
+    regs = 65536 // (variant.threads * variant.min_blocks)
+    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps))
     per_sm = min(resident, max(1.0, blocks / SMS))
     busy = cb // (8 * nb) * -(-min(th, OH) * min(tw, OW) // (16 * WARP_TILES))   # warps with pixels
     return (work + STAGE_COST * staged) / min(SMS, blocks) * max(1.0, WARPS_HIDING / (per_sm * busy))
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1,
+def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1, variant: TileVariant = PIPE,
                     smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
     """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile (tile_cost) that fits, or None.
     Candidates: every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, the
@@ -162,10 +171,10 @@ def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1,
             tp = pw * 16 * WARP_TILES
             for tw in tile_widths(OW, tp):
                 th = min(tp // tw, OH)
-                smem = mma_smem(win, cb, th, tw)
+                smem = mma_smem(win, cb, th, tw, variant)
                 if smem > smem_limit:
                     continue
-                cost = tile_cost(win, OH, OW, images, th, tw, cb, pw, smem)
+                cost = tile_cost(win, OH, OW, images, th, tw, cb, pw, smem, variant)
                 if best is None or cost < best[0]:
                     best = (cost, (th, tw, cb, pw, smem))
             pw *= 2
@@ -173,13 +182,13 @@ def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1,
 
 
 def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Sequence[int],
-             storage: str, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
-    """The launch of a grouped ConvNHWC on conv_grouped_mma.cu, or None when it cannot run it."""
+             storage: str, variant: TileVariant = PIPE, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
+    """The launch of a grouped ConvNHWC on `variant`'s kernel, or None when it cannot run it."""
     win = mma_window(attrs, x, w)
     sizes = tile_sizes(attrs, win, x, y, win.cpg if win else 1)
     if win is None or sizes is None or storage not in ELEMS:
         return None
-    tile = choose_mma_tile(sizes[4], sizes[5], win, sizes[0], smem_limit)
+    tile = choose_mma_tile(sizes[4], sizes[5], win, sizes[0], variant, smem_limit)
     if tile is None:
         return None
     th, tw, cb, pw, smem = tile
@@ -193,12 +202,13 @@ def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> i
     """The smallest slice and a 16 x 2 pixel tile (past the limit for 32-bit storage)."""
     if itemsize != 2:
         return MMA_SMEM_LIMIT + 1
-    return mma_smem(win, min(mma_slices(win), default=0) or 1 << 20, 16, 2)
+    return mma_smem(win, min(mma_slices(win), default=0) or 1 << 20, 16, 2, variant)
 
 
-def kernel_source(layer: Any, elem: str, nb: int) -> KernelSource:
-    """conv_grouped_mma_nhwc for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
-    return tile_kernel(layer, elem, KERNEL, FILE, defines(GM_WM=WARP_TILES, GM_NB=nb, GM_BF16=int(elem == "bf16_t")))
+def kernel_source(layer: Any, elem: str, nb: int, variant: TileVariant = PIPE) -> KernelSource:
+    """`variant`'s kernel for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
+    file, kernel = SOURCES[variant]
+    return tile_kernel(layer, elem, kernel, file, defines(GM_WM=WARP_TILES, GM_NB=nb, GM_BF16=int(elem == "bf16_t")))
 
 
 def _kernels(variant: TileVariant):
@@ -208,7 +218,7 @@ def _kernels(variant: TileVariant):
         storage = (tuple(getattr(layer, "out_dtypes", ()) or ()) + ("",))[0]
         elems = [ELEMS[storage]] if storage in ELEMS else list(ELEMS.values())
         nbs = [warp_n8(win.mg)] if win else list(WARP_N8)
-        return [kernel_source(layer, e, nb) for e in elems for nb in nbs]
+        return [kernel_source(layer, e, nb, variant) for e in elems for nb in nbs]
 
     return kernels
 
@@ -222,22 +232,23 @@ def _macs(plan: MmaPlan) -> int:
 def _launch(variant: TileVariant):
     def launch_of(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
                   Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
-        return kernel_source(layer, elem, plan.nb), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
+        return kernel_source(layer, elem, plan.nb, variant), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
 
     return launch_of
 
 
 def _plan_of(variant: TileVariant):
-    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage)
+    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage, variant)
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every n8 count in half and bfloat16, and a residual + Relu epilogue in half."""
+    """Each variant's every n8 count in half and bfloat16, and a residual + Relu epilogue in half."""
     shaped, _ = epilogue_layers(2, (1, 8, 8, 32), (32, 3, 3, 16))
-    return [kernel_source(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [kernel_source(shaped, "half_t", 2)]
+    return [kernel_source(layer, e, nb, v) for v in VARIANTS
+            for layer, e, nb in [(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [(shaped, "half_t", 2)]]
 
 
-register((VARIANT,), _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
+register(VARIANTS, _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
          lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0],
                                                                     layer.in_shapes[1], layer.out_shapes[0], storage),
                                  _macs, 1),

@@ -9,250 +9,104 @@
 // KRSC weight's own order), K = KH*KW*cpg padded to 16, on mma.sync.m16n8k16 (A row-major, B
 // column-major: the weight row of an output channel is B's column).
 //
-// Work: a block computes a TH x TW spatial tile of one image (TH * TW <= the block's pixels, the
-// rest masked) x CB output channels, CB a multiple of Mg (whole groups) or a divisor of it. Warp w
-// takes channel chunk w % CW (8 * GM_NB channels of one group) and pixel chunk w / CW (16 * GM_WM
-// pixels): GM_WM x GM_NB mma tiles, CW * PW warps. The block stages the input window once, in ELEM:
-//   - the input tile + halo, IH rows x IW columns of the slice's GB = max(1, CB / Mg) groups'
-//     channels, zeros outside the image. A row's columns are split by phase (column c at slot
-//     (c % SW) * IWS + c / SW, IWS = ceil(IW / SW), IWP = SW * IWS slots a row), so the pixels a
-//     stride-SW tile row reads at one tap are consecutive slots; slots CINP elements apart, CINP =
-//     GB * cpg (+ 8 when GB * cpg / 8 is even): CINP / 8 odd, 8 consecutive slots on 8 distinct
-//     16-byte bank groups;
-//   - the weights of its CB channels, rows KP = roundup(K, 16) + 8 elements apart (KP / 8 odd),
-//     zeros past K;
-// with 16-byte cp.async copies (`vec_in`: X and W 16-byte aligned) in up to GM_PHASES commit
-// groups by kernel row: group j holds the input rows and the weight columns that kernel row j is
-// the first to need, so the MMAs of kernel row j run while the rows after it are in flight (the
-// element path stages everything at once). K is walked in steps of 16: as cpg % 8 == 0, each half
-// (8 k) of a step lies in one tap, so a lane's fragments come from ldmatrix.x4 (A: 16 pixels x 16 k,
-// each row 16 bytes of one pixel at one tap) and ldmatrix.x4 / .x2 (B: two / one n8 tiles).
+// Work: a block computes TP = TH * TW output pixels (a TH x TW spatial tile of one image) x CB output
+// channels, CB a multiple of Mg (whole groups) or a divisor of it. Warp w takes channel chunk
+// w % CW (8 * GM_NB channels of one group) and pixel chunk w / CW (16 * GM_WM pixels): GM_WM x GM_NB
+// mma tiles, CW * PW warps. The block stages in shared memory, in ELEM:
+//   - the input tile + halo, IH x IW pixels of the slice's GB = max(1, CB / Mg) groups' channels,
+//     pixels CINP = GB * cpg + 8 elements apart (16-byte copies where `vec_in`), zeros outside;
+//   - the weights of its CB channels, rows KP = roundup(K, 16) + 8 elements apart, zeros past K;
+// then walks K in steps of 16: as cpg % 8 == 0, each half (8 k) of a step lies in one tap, so a
+// lane's A registers are 32-bit pairs of consecutive channels of one pixel at one tap.
 // Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned), else element by element.
 //
 // grid (ceil(OH/TH) * ceil(OW/TW), ceil(M / CB), NB), block 32 * CW * PW threads, dynamic shared
-// memory 2 * (IH*IWP*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
-#include "dtypes.cuh"
-#include "epilogue_hook.cuh"
+// memory 2 * (IH*IW*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
+#include "conv_grouped_mma.cuh"
 
-#ifndef GM_WM
-#define GM_WM 2        // m16 tiles (16 pixels each) a warp
-#endif
-#ifndef GM_NB
-#define GM_NB 1        // n8 tiles (8 output channels of one group each) a warp
-#endif
-#ifndef GM_BF16
-#define GM_BF16 0      // bfloat16 operands (else float16)
-#endif
-#define GM_PHASES 3    // cp.async commit groups (kernel rows 0, 1, the rest)
-
-#define GM_BASE_PARAMS                                                                                             \
-  const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int G, int OH, int OW,    \
-      int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int TH, int TW, int CB, int CW, int tiles_w, \
-      int vec_in, int vec_out
-#define GM_PARAMS GM_BASE_PARAMS EPI_PARAMS
-#define GM_BASE_ARGS X, Wt, Bias, Y, H, W, C, M, G, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, TH, TW, CB, CW, tiles_w, \
-      vec_in, vec_out
-#define GM_ARGS GM_BASE_ARGS EPI_COMMA_ARGS
-
-// c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col)
-__device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
-#if GM_BF16
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// r[i] = matrix i's (row lane / 4, columns 2 (lane % 4) + {0, 1}); lane 8 i + j gives row j of matrix i
-__device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"((u32)__cvta_generic_to_shared(p)));
-}
-
-// matrices 0 and 1 (lanes 0-15 give the rows)
-__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"((u32)__cvta_generic_to_shared(p)));
-}
-
-// 16 bytes global -> shared (cp.async, sm_80+); `ok` false writes zeros and reads nothing
-__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src),
-               "r"(ok ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void gm_cp_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// wait until at most `pending` (0 to GM_PHASES - 1) of this thread's commit groups are in flight
-__device__ __forceinline__ void gm_cp_wait(int pending) {
-  if (pending >= 2)
-    asm volatile("cp.async.wait_group 2;" ::: "memory");
-  else if (pending == 1)
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-  else
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2) conv_grouped_mma_nhwc(GM_PARAMS) {
-  extern __shared__ __align__(16) unsigned char gm_smem[];
-  constexpr int WM = GM_WM, NB = GM_NB;
-#if HAS_EPILOGUE
-  const EpiState E = make_epi(EPI_ARGS);
-#endif
-  const int T = blockDim.x, t = threadIdx.x, warp = t / 32, lane = t % 32;
+extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAMS) {
+  GM_BLOCK
   const int gid = lane / 4, tig = lane % 4;
-  const int tile_w = (int)(blockIdx.x % (unsigned)tiles_w), tile_h = (int)(blockIdx.x / (unsigned)tiles_w);
-  const int oh0 = tile_h * TH, ow0 = tile_w * TW, n = (int)blockIdx.z;
-  const int cpg = C / G, Mg = M / G, K = KH * KW * cpg, KP = (K + 15) / 16 * 16 + 8;
-  const int m0 = (int)blockIdx.y * CB, g0 = m0 / Mg;
-  const int GB = CB >= Mg ? CB / Mg : 1, ci0 = g0 * cpg;
-  const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + ((GB * cpg / 8) % 2 ? 0 : 8);
+  const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + 8;
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;
-  const int IWS = (IW + SW - 1) / SW, IWP = SW * IWS;
-  ELEM* xs = (ELEM*)gm_smem;                 // [IH][IWP][CINP]
-  ELEM* ws = xs + (i64)IH * IWP * CINP;      // [CB][KP]
+  ELEM* xs = (ELEM*)gm_smem;                 // [IH * IW][CINP]
+  ELEM* ws = xs + (i64)IH * IW * CINP;       // [CB][KP]
 
-  // phases: steps [kb[j], kb[j + 1]) touch kernel rows <= j only; input rows [rb[j], rb[j + 1]) and
-  // weight columns [kb[j], kb[j + 1]) are the ones phase j is the first to read
-  const int NPH = KH < GM_PHASES ? KH : GM_PHASES, KR = KW * cpg;
-  int kb[GM_PHASES + 1], rb[GM_PHASES + 1];
-  kb[0] = 0;
-  rb[0] = 0;
-#pragma unroll
-  for (int j = 1; j <= GM_PHASES; ++j) {
-    const int kj = j * KR / 16 * 16, rj = (TH - 1) * SH + (j - 1) * DH + 1;
-    kb[j] = j >= NPH ? KP : (kj < K ? kj : K);
-    rb[j] = j >= NPH ? IH : (rj < IH ? rj : IH);
-  }
-
-  const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
+  const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW, npix = IH * IW;
   const ELEM* xn = X + (i64)n * H * W * C + ci0;
   if (vec_in) {  // 16-byte chunks of 8 channels (C, cpg, K multiples of 8; X and W 16-byte aligned)
     const int nc = GB * cpg / 8;
-#pragma unroll
-    for (int j = 0; j < GM_PHASES; ++j) {
-      if (j >= NPH) break;
-      for (int i = rb[j] * IW * nc + t; i < rb[j + 1] * IW * nc; i += T) {
-        const int k8 = i % nc, pix = i / nc, r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
-        const bool ok = k8 * 8 < CIN && ih >= 0 && ih < H && iw >= 0 && iw < W;
-        gm_cp16(xs + ((i64)r * IWP + (c % SW) * IWS + c / SW) * CINP + k8 * 8,
-                ok ? xn + ((i64)ih * W + iw) * C + k8 * 8 : X, ok);
-      }
-      const int kc0 = kb[j] / 8, kc = kb[j + 1] / 8 - kc0;
-      for (int i = t; i < CB * kc; i += T) {
-        const int k8 = kc0 + i % kc, row = i / kc, co = m0 + row;
-        const bool ok = co < M && k8 * 8 < K;
-        gm_cp16(ws + (i64)row * KP + k8 * 8, ok ? Wt + (i64)co * K + k8 * 8 : Wt, ok);
-      }
-      gm_cp_commit();
+    for (int i = t; i < npix * nc; i += T) {
+      const int k8 = i % nc, pix = i / nc, r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (k8 * 8 < CIN && ih >= 0 && ih < H && iw >= 0 && iw < W) v = *(const uint4*)(xn + ((i64)ih * W + iw) * C + k8 * 8);
+      *(uint4*)(xs + (i64)pix * CINP + k8 * 8) = v;
+    }
+    const int kc = KP / 8;
+    for (int i = t; i < CB * kc; i += T) {
+      const int k8 = i % kc, row = i / kc, co = m0 + row;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (co < M && k8 * 8 < K) v = *(const uint4*)(Wt + (i64)co * K + k8 * 8);
+      *(uint4*)(ws + (i64)row * KP + k8 * 8) = v;
     }
   } else {
-    for (int i = t; i < IH * IW * GB * cpg; i += T) {
+    for (int i = t; i < npix * GB * cpg; i += T) {
       const int k = i % (GB * cpg), pix = i / (GB * cpg), r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
       float v = 0.f;
       if (k < CIN && ih >= 0 && ih < H && iw >= 0 && iw < W) v = (float)ld(xn, ((i64)ih * W + iw) * C + k);
-      st(xs, ((i64)r * IWP + (c % SW) * IWS + c / SW) * CINP + k, v);
+      st(xs, (i64)pix * CINP + k, v);
     }
     for (int i = t; i < CB * KP; i += T) {
       const int k = i % KP, row = i / KP, co = m0 + row;
       st(ws, i, co < M && k < K ? (float)ld(Wt, (i64)co * K + k) : 0.f);
     }
   }
+  __syncthreads();
 
   const int CWn = CW, cw = warp % CWn, pw = warp / CWn;
   const int nl0 = cw * 8 * NB;               // the warp's first channel in the slice
   const int jg = (m0 + nl0) / Mg - g0;       // its group in the slice
-  // A: lane l gives row l % 16 of each m16 tile at k half l / 16 (ldmatrix.x4's matrices 0-3 are
-  // rows 0-7 / 8-15 at k 0-7, then at k 8-15: the fragment's a[0..3])
-  const int ah = lane / 16;
-  int rowoff[WM];
-#pragma unroll
-  for (int mi = 0; mi < WM; ++mi) {
-    const int p = pw * 16 * WM + mi * 16 + lane % 16, pr = p / TW, pc = p % TW;
-    rowoff[mi] = (pr < TH ? pr * SH * IWP + pc : 0) * CINP + jg * cpg;
-  }
-  // B: lane l gives channel l % 8 of n8 tile l / 16 (x4: two tiles) at k half (l / 8) % 2
-  const ELEM* wl = ws + (i64)(nl0 + (lane / 16) * 8 + lane % 8) * KP + ((lane / 8) % 2) * 8;
-  const ELEM* wl2 = ws + (i64)(nl0 + lane % 8) * KP + ((lane / 8) % 2) * 8;   // .x2: lanes 0-15 count
-  float acc[WM][NB][4];
-#pragma unroll
-  for (int mi = 0; mi < WM; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NB; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-
-#pragma unroll
-  for (int j = 0; j < GM_PHASES; ++j) {
-    if (j >= NPH) break;
-    gm_cp_wait(NPH - 1 - j);
-    __syncthreads();
-    for (int k0 = kb[j]; k0 < (j + 1 == NPH ? K : kb[j + 1]); k0 += 16) {
-      // the lane's half of the step (8 k) lies in one tap: its input offset (none past K)
-      const int kl = k0 + 8 * ah, tap = kl / cpg, ci = kl - tap * cpg, kh = tap / KW, kw = tap % KW;
-      const bool ok = kl < K, ok1 = k0 + 8 < K;
-      const int off = ok ? (kh * DH * IWP + ((kw * DW) % SW) * IWS + (kw * DW) / SW) * CINP + ci : 0;
-      u32 b[NB][2];
-#pragma unroll
-      for (int ni = 0; ni + 1 < NB; ni += 2) {
-        u32 r[4];
-        gm_ldsm_x4(r, wl + (i64)ni * 8 * KP + k0);
-        b[ni][0] = r[0];
-        b[ni][1] = r[1];
-        b[ni + 1][0] = r[2];
-        b[ni + 1][1] = r[3];
-      }
-      if (NB % 2) gm_ldsm_x2(b[NB - 1], wl2 + (i64)(NB - 1) * 8 * KP + k0);
-#pragma unroll
-      for (int mi = 0; mi < WM; ++mi) {
-        u32 a[4];
-        gm_ldsm_x4(a, xs + rowoff[mi] + off);
-        if (!ok1) a[2] = a[3] = 0u;
-#pragma unroll
-        for (int ni = 0; ni < NB; ++ni) gm_mma(acc[mi][ni], a, b[ni]);
-      }
-    }
-  }
-
+  // the input-tile offset of each of the lane's A rows (pixels gid and gid + 8 of each m16 tile)
+  int rowoff[WM][2];
 #pragma unroll
   for (int mi = 0; mi < WM; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int p = pw * 16 * WM + mi * 16 + gid + 8 * h, pr = p / TW, pc = p % TW;
-      const int oh = oh0 + pr, ow = ow0 + pc;
-      if (pr >= TH || oh >= OH || ow >= OW) continue;
-#pragma unroll
-      for (int ni = 0; ni < NB; ++ni) {
-        const int co = m0 + nl0 + ni * 8 + 2 * tig;
-        if (co >= M) continue;
-        const i64 oi = (((i64)n * OH + oh) * OW + ow) * M + co;
-        float y[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          y[e] = acc[mi][ni][2 * h + e] + (Bias ? (float)ld(Bias, co + e) : 0.f);
-#if HAS_EPILOGUE
-          y[e] = apply_epilogue(E, y[e], oi + e, co + e);
-#endif
-        }
-        if (vec_out) {
-          ELEM out[2];
-          st(out, 0, y[0]);
-          st(out, 1, y[1]);
-          *(u32*)(Y + oi) = *(const u32*)out;
-        } else {
-          st(Y, oi, y[0]);
-          st(Y, oi + 1, y[1]);
-        }
-      }
+      rowoff[mi][h] = (pr < TH ? (pr * SH * IW + pc * SW) * CINP : 0) + jg * cpg + 2 * tig;
     }
+  float acc[WM][NB][4];
+  gm_zero(acc);
+
+  const ELEM* wl = ws + (i64)(nl0 + gid) * KP + 2 * tig;
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    // each half of the step (8 k) lies in one tap: its input offset (or none past K)
+    int off[2];
+    bool ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kb = k0 + 8 * h, tap = kb / cpg, ci = kb - tap * cpg;
+      ok[h] = kb < K;
+      off[h] = ok[h] ? ((tap / KW) * DH * IW + (tap % KW) * DW) * CINP + ci : 0;
+    }
+    u32 b[NB][2];
+#pragma unroll
+    for (int ni = 0; ni < NB; ++ni) {
+      const ELEM* wp = wl + (i64)ni * 8 * KP + k0;
+      b[ni][0] = *(const u32*)wp;
+      b[ni][1] = *(const u32*)(wp + 8);
+    }
+#pragma unroll
+    for (int mi = 0; mi < WM; ++mi) {
+      u32 a[4];
+      a[0] = ok[0] ? *(const u32*)(xs + rowoff[mi][0] + off[0]) : 0u;
+      a[1] = ok[0] ? *(const u32*)(xs + rowoff[mi][1] + off[0]) : 0u;
+      a[2] = ok[1] ? *(const u32*)(xs + rowoff[mi][0] + off[1]) : 0u;
+      a[3] = ok[1] ? *(const u32*)(xs + rowoff[mi][1] + off[1]) : 0u;
+#pragma unroll
+      for (int ni = 0; ni < NB; ++ni) gm_mma(acc[mi][ni], a, b[ni]);
+    }
+  }
+
+  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
 }
