@@ -59,7 +59,8 @@ def test_plan_covers_the_output_in_whole_warps(case, variant):
     assert -(-plan.TH * plan.TWT // 32) == plan.PWARPS and plan.TH <= y[1]   # no warp without pixels
     assert plan.CB % (w[0] // group) == 0 or (w[0] // group) % plan.CB == 0
     gx, gy, gz = plan.grid
-    assert gx == -(-y[1] // plan.TH) * -(-y[2] // plan.TWT) and gy * plan.CB >= w[0] and gz == x[0]
+    tiles, slices = (gy, gx) if variant == PIPE else (gx, gy)
+    assert tiles == -(-y[1] // plan.TH) * -(-y[2] // plan.TWT) and slices == -(-w[0] // plan.CB) and gz == x[0]
     assert plan_mma(layer.attrs, x, w, y, "float32", variant) is None
     assert find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
 

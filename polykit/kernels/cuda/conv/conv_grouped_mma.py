@@ -42,7 +42,7 @@ MMA_SPEEDUP = 8
 #: the first kernel: 32-bit fragment loads, the whole window staged before the MMAs
 MMA = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
 #: ldmatrix fragments, cp.async staging by kernel row, the stride-phase column layout
-PIPE = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 2, "grouped_mma_pipe")
+PIPE = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 3, "grouped_mma_pipe")
 VARIANTS = (MMA, PIPE)
 #: variant -> (source file, kernel)
 SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc"),
@@ -101,10 +101,12 @@ class MmaPlan(TilePlan):
     CW: int      # channel warps (CB / (8 nb))
     PWARPS: int  # pixel warps (16 * WARP_TILES pixels each, TH * TWT of them in the tile)
     smem: int
+    slices_first: bool = False   # grid x the channel slices, y the tiles (PIPE), else the reverse
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (-(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB), self.NB)
+        tiles, slices = -(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB)
+        return (slices, tiles, self.NB) if self.slices_first else (tiles, slices, self.NB)
 
     @property
     def block(self) -> tuple[int]:
@@ -194,7 +196,7 @@ def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Se
     th, tw, cb, pw, smem = tile
     nb = warp_n8(win.mg)
     out = MmaPlan(*sizes[:4], win.M, *sizes[4:6], *win.kernel, *win.strides, *sizes[6:], *win.dilations, 1, th, tw,
-                  win.G, nb, cb, cb // (8 * nb), pw, smem)
+                  win.G, nb, cb, cb // (8 * nb), pw, smem, variant == PIPE)
     return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
 
 

@@ -58,17 +58,18 @@ __device__ __forceinline__ void gm_zero(float (&acc)[GM_WM][GM_NB][4]) {
 #define GM_EPI_STATE
 #endif
 
-// A block's shared memory, warp and lane, tile origin, group geometry and channel slice (m0: its
-// first output channel, g0 its first group, GB its groups), E the epilogue's state
-#define GM_BLOCK \
+// A block's shared memory, warp and lane, tile origin (tile `tile_idx`), group geometry and channel
+// slice (`slice_idx`; m0 its first output channel, g0 its first group, GB its groups), E the
+// epilogue's state
+#define GM_BLOCK(tile_idx, slice_idx) \
   extern __shared__ __align__(16) unsigned char gm_smem[]; \
   constexpr int WM = GM_WM, NB = GM_NB; \
   GM_EPI_STATE \
   const int T = blockDim.x, t = threadIdx.x, warp = t / 32, lane = t % 32; \
-  const int tile_w = (int)(blockIdx.x % (unsigned)tiles_w), tile_h = (int)(blockIdx.x / (unsigned)tiles_w); \
+  const int tile_w = (int)((tile_idx) % (unsigned)tiles_w), tile_h = (int)((tile_idx) / (unsigned)tiles_w); \
   const int oh0 = tile_h * TH, ow0 = tile_w * TW, n = (int)blockIdx.z; \
   const int cpg = C / G, Mg = M / G, K = KH * KW * cpg, KP = (K + 15) / 16 * 16 + 8; \
-  const int m0 = (int)blockIdx.y * CB, g0 = m0 / Mg; \
+  const int m0 = (int)(slice_idx) * CB, g0 = m0 / Mg; \
   const int GB = CB >= Mg ? CB / Mg : 1, ci0 = g0 * cpg;
 
 // The warp's GM_WM x GM_NB tiles (its pixels from p0 of the TH x TW tile at (oh0, ow0), its channels

@@ -29,8 +29,10 @@
 // each row 16 bytes of one pixel at one tap) and ldmatrix.x4 / .x2 (B: two / one n8 tiles).
 // Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned), else element by element.
 //
-// grid (ceil(OH/TH) * ceil(OW/TW), ceil(M / CB), NB), block 32 * CW * PW threads, dynamic shared
-// memory 2 * (IH*IWP*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
+// grid (ceil(M / CB), ceil(OH/TH) * ceil(OW/TW), NB): the channel slices of a tile are consecutive
+// blocks, so the slices' narrow reads of the same pixels meet in L2 (whole lines from DRAM); block
+// 32 * CW * PW threads, dynamic shared memory 2 * (IH*IWP*CINP + CB*KP) bytes (conv_grouped_mma.py:
+// MmaPlan).
 #include "conv_grouped_mma.cuh"
 
 #define GM_PHASES 3    // cp.async commit groups (kernel rows 0, 1, the rest)
@@ -69,8 +71,8 @@ __device__ __forceinline__ void gm_cp_wait(int pending) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2) conv_grouped_mma_pipe_nhwc(GM_PARAMS) {
-  GM_BLOCK
+extern "C" __global__ void __launch_bounds__(256, 3) conv_grouped_mma_pipe_nhwc(GM_PARAMS) {
+  GM_BLOCK(blockIdx.y, blockIdx.x)
   const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + ((GB * cpg / 8) % 2 ? 0 : 8);
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;
   const int IWS = (IW + SW - 1) / SW, IWP = SW * IWS;
