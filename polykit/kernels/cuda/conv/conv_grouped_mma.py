@@ -200,6 +200,28 @@ def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Se
     return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
 
 
+#: roofline constants of predict (H200, sustained rather than peak): HBM, L2 -> SM staging reads,
+#: mma.sync m16n8k16 fp16 / bf16 with fp32 accumulation
+HBM_BPS, L2_BPS, MMA_FLOPS = 4.0e12, 10.0e12, 600e12
+
+
+def predict(plan: MmaPlan, itemsize: int = 2) -> dict[str, float]:
+    """A launch's roofline: `flops` of the launched MMAs (masked pixels, K padding and channel
+    tails included), `dram` bytes (X, W, Y once), `staged` bytes read from L2 into shared memory
+    (every block's input window, a sector at least a pixel, and its weight rows), and `us`, the
+    largest of the three at HBM_BPS, L2_BPS and MMA_FLOPS (latency not modelled)."""
+    blocks = plan.grid[0] * plan.grid[1] * plan.NB
+    K = plan.KH * plan.KW * (plan.C // plan.G)
+    flops = 2.0 * blocks * plan.PWARPS * 32 * plan.CB * -(-K // 16) * 16
+    cin = max(1, plan.CB // (plan.M // plan.G)) * (plan.C // plan.G)
+    pixels = ((plan.TH - 1) * plan.SH + (plan.KH - 1) * plan.DH + 1) * ((plan.TWT - 1) * plan.SW
+                                                                       + (plan.KW - 1) * plan.DW + 1)
+    staged = blocks * (pixels * max(32, cin * itemsize) + plan.CB * K * itemsize)
+    dram = (plan.NB * (plan.H * plan.W * plan.C + plan.OH * plan.OW * plan.M) + plan.M * K) * itemsize
+    return {"flops": flops, "dram": dram, "staged": staged,
+            "us": 1e6 * max(dram / HBM_BPS, staged / L2_BPS, flops / MMA_FLOPS)}
+
+
 def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> int:
     """The smallest slice and a 16 x 2 pixel tile (past the limit for 32-bit storage)."""
     if itemsize != 2:
