@@ -1,12 +1,13 @@
-"""The tensor-core grouped channels-last tactics (cuda.conv_nhwc.grouped_mma_p32 and
-grouped_mma_pipe_p32): which layers they take and the tiles they plan (CPU), NVRTC compiles of
-every variant for sm_80 and sm_90, both kernels run on the host with mma.sync and ldmatrix
-emulated from the PTX ISA's m16n8k16 fragment and m8n8 matrix layouts (each lane's registers or
-row addresses exchanged through a per-warp table between two block barriers: the kernels' mma and
-ldmatrix calls are block-uniform), and on the GPU against the float64 reference with poisoned
-outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and 1 x 1 kernels, strides 2,
-dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned input (the element
-staging); test_conv_grouped.py runs them on misaligned tensors too."""
+"""The tensor-core grouped channels-last tactics (cuda.conv_nhwc.grouped_mma_p32, grouped_mma_pipe_p32
+and grouped_mma_persist_p32): which layers they take and the tiles they plan (CPU), NVRTC compiles
+of every variant for sm_80 and sm_90, the kernels run on the host with mma.sync, ldmatrix and
+cp.async emulated from the PTX ISA (m16n8k16 fragments and m8n8 matrices exchanged through a
+per-warp table between two barriers of the warp's 32 threads, so warps run apart and a missing
+__syncthreads races; cp.async groups landing at their wait, or at once), and on the GPU against the
+float64 reference with poisoned outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and
+1 x 1 kernels, strides 2, dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned
+input (the element staging), blocks looping over several tiles; test_conv_grouped.py runs them on
+misaligned tensors too."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ import numpy as np
 import pytest
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
-from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PIPE, VARIANTS, compile_variants, mma_window,
-                                                        plan_mma, warp_n8)
+from polykit.kernels.cuda.conv import conv_grouped_mma
+from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PERSIST, PIPE, VARIANTS, choose_mma_tile,
+                                                        compile_variants, mma_window, plan_mma, warp_n8)
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_conv_depthwise import BF16, F16, F32, RESIDUAL_RELU, TOL
 from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, grouped_layer, run_case
 
-MMA, PIPES = VARIANTS[0].name, PIPE.name
+MMA, PIPES, PERSISTS = VARIANTS[0].name, PIPE.name, PERSIST.name
 TACTICS = [v.name for v in VARIANTS]
 #: the CASES with multiples of 8 input and output channels a group, and windows that split the
 #: pipelined kernel's staging otherwise: 5 x 3 with H dilation 2 and strides 2 (three commit groups,
@@ -59,13 +61,19 @@ def test_plan_covers_the_output_in_whole_warps(case, variant):
     assert -(-plan.TH * plan.TWT // 32) == plan.PWARPS and plan.TH <= y[1]   # no warp without pixels
     assert plan.CB % (w[0] // group) == 0 or (w[0] // group) % plan.CB == 0
     gx, gy, gz = plan.grid
-    tiles, slices = (gy, gx) if variant == PIPE else (gx, gy)
-    assert tiles == -(-y[1] // plan.TH) * -(-y[2] // plan.TWT) and slices == -(-w[0] // plan.CB) and gz == x[0]
+    tiles = -(-y[1] // plan.TH) * -(-y[2] // plan.TWT)
+    if variant == PERSIST:   # blocks a slice looping over every image's tiles, as evenly as they divide
+        assert (gx, gz) == (-(-w[0] // plan.CB), 1) and 1 <= gy == plan.ctas <= tiles * x[0]
+        assert -(-tiles * x[0] // gy) * (gy - 1) < tiles * x[0]
+    else:
+        pair = (gy, gx) if variant == PIPE else (gx, gy)
+        assert pair == (tiles, -(-w[0] // plan.CB)) and gz == x[0]
     assert plan_mma(layer.attrs, x, w, y, "float32", variant) is None
     assert find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
 
 
-@pytest.mark.parametrize("x,w,group", [((32, 28, 28, 256), (256, 3, 3, 8), 32), ((32, 7, 7, 1024), (1024, 3, 3, 32), 32),
+@pytest.mark.parametrize("x,w,group", [((32, 28, 28, 256), (256, 3, 3, 8), 32),
+                                       ((32, 7, 7, 1024), (1024, 3, 3, 32), 32),
                                        ((32, 14, 14, 408), (408, 3, 3, 24), 17)])
 def test_plans_of_real_layers_fit_with_several_warps(x, w, group):
     for variant in VARIANTS:
@@ -85,9 +93,12 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     variants = compile_variants()
-    assert {(k.name, dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"]) for k in variants if k.code is None} == \
-        {(name, b, nb) for name in ("conv_grouped_mma_nhwc", "conv_grouped_mma_pipe_nhwc") for b in ("0", "1")
-         for nb in ("1", "2", "3", "4")}
+    assert {(k.name, dict(k.defines).get("GM_PERSIST"), dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
+            for k in variants if k.code is None} == \
+        {(name, persist, b, nb) for name, persist in (("conv_grouped_mma_nhwc", None),
+                                                      ("conv_grouped_mma_pipe_nhwc", "0"),
+                                                      ("conv_grouped_mma_pipe_nhwc", "1"))
+         for b in ("0", "1") for nb in ("1", "2", "3", "4")}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
@@ -95,10 +106,15 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
 
 
 # ---- host emulation of mma.sync ----------------------------------------------------------------
-#: gm_mma on the host: a warp's lanes publish their fragments, meet, each computes its own
-#: accumulators from the m16n8k16 layouts (A row-major: a register holds row gid (+8), columns
-#: 2 tig + {0, 1} (+8); B column-major: rows 2 tig + {0, 1} (+8), column gid), then meet again
+#: gm_mma on the host: a warp's lanes publish their fragments, meet (the warp's 32 threads only, so
+#: warps run apart as on the GPU and a missing __syncthreads between warps still races), each
+#: computes its own accumulators from the m16n8k16 layouts (A row-major: a register holds row gid
+#: (+8), columns 2 tig + {0, 1} (+8); B column-major: rows 2 tig + {0, 1} (+8), column gid), then
+#: meet again
 EMULATED_MMA = r"""
+static std::barrier<> gm_emu_bar[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
+                                      std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
+static void gm_emu_warp_sync() { gm_emu_bar[threadIdx.x / 32].arrive_and_wait(); }
 static u32 gm_emu_a[8][32][4], gm_emu_b[8][32][2];
 static float gm_emu_elem(u32 word, int half) {
   const u32 bits = half ? word >> 16 : word & 0xffffu;
@@ -112,7 +128,7 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, gid = l / 4, tig = l % 4;
   for (int i = 0; i < 4; ++i) gm_emu_a[w][l][i] = a[i];
   for (int i = 0; i < 2; ++i) gm_emu_b[w][l][i] = b[i];
-  __syncthreads();
+  gm_emu_warp_sync();
   float d[4];
   for (int e = 0; e < 4; ++e) {
     const int row = gid + 8 * (e / 2), col = 2 * tig + e % 2;
@@ -124,7 +140,7 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
     }
     d[e] = s;
   }
-  __syncthreads();
+  gm_emu_warp_sync();
   for (int e = 0; e < 4; ++e) c[e] += d[e];
 }
 """
@@ -132,28 +148,36 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
 
 #: ldmatrix on the host, from the PTX ISA's m8n8 .b16 layout: lane 8 i + j gives the address of
 #: row j of matrix i (x2: lanes 0-15 count), lane l receives in register i matrix i's row l / 4,
-#: elements 2 (l % 4) and 2 (l % 4) + 1; the lanes publish their addresses and meet (block-uniform
-#: calls, as gm_mma's)
+#: elements 2 (l % 4) and 2 (l % 4) + 1; the lanes publish their addresses and meet (as a warp,
+#: as in gm_mma)
 EMULATED_LDSM = r"""
 static const unsigned char* gm_emu_p[8][32];
 static void gm_emu_ldsm(u32* r, const void* p, int count) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   gm_emu_p[w][l] = (const unsigned char*)p;
-  __syncthreads();
+  gm_emu_warp_sync();
   for (int i = 0; i < count; ++i) memcpy(&r[i], gm_emu_p[w][8 * i + l / 4] + 4 * (l % 4), 4);
-  __syncthreads();
+  gm_emu_warp_sync();
 }
 __device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 4); }
 """
-#: cp.async on the host, deferred as on the GPU: a thread's copies queue in its open group, a commit
-#: closes the group, cp.async.wait_group N lands all but the newest N groups; until then the shared
-#: memory keeps what the block before left there, so a phase that reads rows or weights of a group
-#: it did not wait for computes with stale data
+#: cp.async on the host, at the two ends of what the GPU may do. Deferred: a thread's copies queue in
+#: its open group, a commit closes the group, cp.async.wait_group N lands all but the newest N
+#: groups; until then the shared memory keeps what the block before left there, so a phase that
+#: reads rows or weights of a group it did not wait for computes with stale data. Eager
+#: (GM_EMU_EAGER): each copy lands at once, so one into a buffer that other warps may still read
+#: (no barrier between) races with them.
 EMULATED_CP = r"""
 struct GmEmuCopy { void* dst; const void* src; bool ok; };
 static thread_local std::vector<std::vector<GmEmuCopy>> gm_emu_groups;
 static thread_local std::vector<GmEmuCopy> gm_emu_open;
-__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) { gm_emu_open.push_back({dst, src, ok}); }
+__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) {
+#if GM_EMU_EAGER
+  if (ok) memcpy(dst, src, 16); else memset(dst, 0, 16);
+#else
+  gm_emu_open.push_back({dst, src, ok});
+#endif
+}
 """
 EMULATED_WAIT = r"""
 __device__ __forceinline__ void gm_cp_wait(int pending) {
@@ -166,7 +190,8 @@ __device__ __forceinline__ void gm_cp_wait(int pending) {
 """
 #: each helper's host stand-in
 EMULATED = {"gm_mma": EMULATED_MMA, "gm_ldsm_x4": EMULATED_LDSM,
-            "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 2); }\n",
+            "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) "
+                          "{ gm_emu_ldsm(r, p, 2); }\n",
             "gm_cp16": EMULATED_CP,
             "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() { gm_emu_groups.push_back(gm_emu_open); "
                             "gm_emu_open.clear(); }\n",
@@ -185,8 +210,7 @@ def emulated_source(text: str) -> str:
     return text
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
+def emulated_launcher(tmp_path_factory, eager: bool):
     import shutil
 
     from tests.kernels.cuda.block_emulation import EmulatedLauncher
@@ -197,14 +221,25 @@ def launcher(tmp_path_factory):
 
     class MmaEmulated(EmulatedLauncher):
         def _lib(self, kernel: KernelSource):
-            return super()._lib(KernelSource(kernel.name, code=emulated_source(kernel.render())))
+            text = f"#define GM_EMU_EAGER {int(eager)}\n" + emulated_source(kernel.render())
+            return super()._lib(KernelSource(kernel.name, code=text))
 
     return MmaEmulated(tmp_path_factory.mktemp("grouped_mma_emulated"), cxx, "GM_PARAMS", "GM_ARGS")
 
 
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    return emulated_launcher(tmp_path_factory, eager=False)
+
+
+@pytest.fixture(scope="module")
+def eager_launcher(tmp_path_factory):
+    return emulated_launcher(tmp_path_factory, eager=True)
+
+
 @pytest.mark.parametrize("tactic,case,dtype", [(t, c, d) for t in TACTICS for c, d in ((3, F16), (5, BF16), (8, F16),
                                                                                      (11, F16))]
-                         + [(PIPES, 12, F16), (PIPES, 13, BF16), (PIPES, 14, F16)])
+                         + [(t, c, d) for t in (PIPES, PERSISTS) for c, d in ((12, F16), (13, BF16), (14, F16))])
 def test_emulated_mma_matches_the_reference(launcher, tactic, case, dtype):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
@@ -221,7 +256,37 @@ def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher, tac
                         extra={"skip": skip}) <= TOL[F16]
 
 
-def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher):
+@pytest.fixture
+def two_sms(monkeypatch):
+    """Plans for a device of 2 SMs holding one block each: PERSIST's blocks each loop over several
+    tiles (at most 2 blocks a slice)."""
+    monkeypatch.setattr(conv_grouped_mma, "SMS", 2)
+    monkeypatch.setattr(conv_grouped_mma, "resident_blocks", lambda smem, warps, variant: 1)
+    choose_mma_tile.cache_clear()
+    yield
+    choose_mma_tile.cache_clear()
+
+
+@pytest.mark.parametrize("copies", ["deferred", "eager"])
+@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (11, F16), (12, F16), (14, BF16)])
+def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, case, dtype, copies):
+    """Each block computes several tiles of several images (weights staged once, the next window
+    in flight in the other buffer): with deferred copies a window read before its group was waited
+    for computes with stale data, with eager ones a refill of a buffer some warp still reads races."""
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
+
+    launcher = request.getfixturevalue("launcher" if copies == "deferred" else "eager_launcher")
+    x, w, group, attrs = CASES[case]
+    x = (3,) + tuple(x[1:])
+    assert run_emulated(launcher, PERSISTS, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    layer, _, specs = grouped_layer(x, w, group, attrs)
+    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", PERSIST)
+    tiles = x[0] * -(-plan.OH // plan.TH) * plan.tiles_w
+    assert launcher.launches[-1][1] == plan.grid and 1 <= plan.ctas < tiles   # fewer blocks a slice than tiles
+
+
+@pytest.mark.parametrize("tactic", [PIPES, PERSISTS])
+def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic):
     """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
     from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
 
@@ -234,7 +299,7 @@ def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher):
     shape, dt = specs["Y"]
     y = np.full(shape, np.nan, dt)
     tensors["Y"] = DeviceTensor(y.ctypes.data, shape, np.dtype(dt))
-    find_tactic("cuda", "ConvNHWC", PIPES).enqueue(layer, launcher, tensors)
+    find_tactic("cuda", "ConvNHWC", tactic).enqueue(layer, launcher, tensors)
     assert launcher.launches[-1][0].name == "conv_grouped_mma_pipe_nhwc"
     assert rel_err(y, reference(layer, inputs)) <= TOL[F16]
 

@@ -43,10 +43,14 @@ MMA_SPEEDUP = 8
 MMA = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
 #: ldmatrix fragments, cp.async staging by kernel row, the stride-phase column layout
 PIPE = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 3, "grouped_mma_pipe")
-VARIANTS = (MMA, PIPE)
-#: variant -> (source file, kernel)
-SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc"),
-           PIPE: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc")}
+#: PIPE's kernel with blocks looping over tiles: weights staged once a block, each next window
+#: copied into a second buffer while the block computes the current one
+PERSIST = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 3, "grouped_mma_persist")
+VARIANTS = (MMA, PIPE, PERSIST)
+#: variant -> (source file, kernel, GM_PERSIST)
+SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc", None),
+           PIPE: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 0),
+           PERSIST: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 1)}
 
 
 def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
@@ -82,13 +86,14 @@ def row_slots(win: GroupedWindow, tw: int) -> int:
 
 
 def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int, variant: TileVariant) -> int:
-    """Bytes of the input tile and the CB weight rows: PIPE's rows row_slots x cin_slots, MMA's
-    IW pixels of the slice's channels + 8."""
+    """Bytes of the input tile (PERSIST: two) and the CB weight rows: PIPE's rows row_slots x
+    cin_slots, MMA's IW pixels of the slice's channels + 8."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     if variant == MMA:
         pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
         return 2 * (pixels * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
-    return 2 * (tile_rows(th, SH, KH, DH) * row_slots(win, tw) * cin_slots(win, cb) + cb * k_slots(win))
+    windows = 2 if variant == PERSIST else 1
+    return 2 * (windows * tile_rows(th, SH, KH, DH) * row_slots(win, tw) * cin_slots(win, cb) + cb * k_slots(win))
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,14 @@ class MmaPlan(TilePlan):
     CW: int      # channel warps (CB / (8 nb))
     PWARPS: int  # pixel warps (16 * WARP_TILES pixels each, TH * TWT of them in the tile)
     smem: int
-    slices_first: bool = False   # grid x the channel slices, y the tiles (PIPE), else the reverse
+    slices_first: bool = False   # grid x the channel slices, y the tiles (PIPE, PERSIST), else the reverse
+    ctas: int = 0                # PERSIST: blocks a slice, looping over the images' tiles
 
     @property
     def grid(self) -> tuple[int, int, int]:
         tiles, slices = -(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB)
+        if self.ctas:
+            return (slices, self.ctas, 1)
         return (slices, tiles, self.NB) if self.slices_first else (tiles, slices, self.NB)
 
     @property
@@ -116,7 +124,7 @@ class MmaPlan(TilePlan):
         i32 = np.int32
         return [i32(a) for a in (self.H, self.W, self.C, self.M, self.G, self.OH, self.OW, self.KH, self.KW, self.SH,
                                  self.SW, self.PH, self.PW, self.DH, self.DW, self.TH, self.TWT, self.CB, self.CW,
-                                 self.tiles_w, vec_in, vec_out)]
+                                 self.tiles_w, self.NB, vec_in, vec_out)]
 
 
 def mma_slices(win: GroupedWindow) -> list[int]:
@@ -142,20 +150,37 @@ def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: in
     the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
     staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
     sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
-    resident warps an SM (warps with pixels to compute; registers a thread from the variant's
-    __launch_bounds__)."""
+    resident warps an SM (warps with pixels to compute; PERSIST, its next window in flight while
+    it computes, half as many). PERSIST stages the weights once a block (persist_ctas blocks a
+    slice), the others once a tile."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
     warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
-    blocks = -(-OH // th) * -(-OW // tw) * -(-win.M // cb) * images
+    slices, tiles = -(-win.M // cb), -(-OH // th) * -(-OW // tw) * images
+    resident = resident_blocks(smem, warps, variant)
+    ctas = persist_ctas(tiles, slices, resident) if variant == PERSIST else tiles
+    blocks = slices * ctas
     pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
-    staged = blocks * (pixels * cin * max(1.0, 32 / (2 * cin)) + cb * kp)
-    work = blocks * tp * cb * kp / MMA_SPEEDUP
-    regs = 65536 // (variant.threads * variant.min_blocks)
-    resident = min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps))
+    staged = slices * (tiles * pixels * cin * max(1.0, 32 / (2 * cin)) + ctas * cb * kp)
+    work = slices * tiles * tp * cb * kp / MMA_SPEEDUP
     per_sm = min(resident, max(1.0, blocks / SMS))
     busy = cb // (8 * nb) * -(-min(th, OH) * min(tw, OW) // (16 * WARP_TILES))   # warps with pixels
-    return (work + STAGE_COST * staged) / min(SMS, blocks) * max(1.0, WARPS_HIDING / (per_sm * busy))
+    hiding = WARPS_HIDING / (2 if variant == PERSIST else 1)
+    return (work + STAGE_COST * staged) / min(SMS, blocks) * max(1.0, hiding / (per_sm * busy))
+
+
+def resident_blocks(smem: int, warps: int, variant: TileVariant) -> int:
+    """Blocks of `warps` warps and `smem` bytes an SM holds (registers a thread from the variant's
+    __launch_bounds__)."""
+    regs = 65536 // (variant.threads * variant.min_blocks)
+    return max(1, min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps)))
+
+
+def persist_ctas(tiles: int, slices: int, resident: int) -> int:
+    """PERSIST's blocks a channel slice for `tiles` tiles (all images'): enough for `resident`
+    blocks on each of SMS SMs, at most one a tile, the tiles spread evenly over them."""
+    ctas = max(1, min(tiles, -(-SMS * resident // slices)))
+    return -(-tiles // -(-tiles // ctas))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -195,8 +220,12 @@ def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Se
         return None
     th, tw, cb, pw, smem = tile
     nb = warp_n8(win.mg)
+    ctas = 0
+    if variant == PERSIST:
+        tiles = -(-sizes[4] // th) * -(-sizes[5] // tw) * sizes[0]
+        ctas = persist_ctas(tiles, -(-win.M // cb), resident_blocks(smem, cb // (8 * nb) * pw, variant))
     out = MmaPlan(*sizes[:4], win.M, *sizes[4:6], *win.kernel, *win.strides, *sizes[6:], *win.dilations, 1, th, tw,
-                  win.G, nb, cb, cb // (8 * nb), pw, smem, variant == PIPE)
+                  win.G, nb, cb, cb // (8 * nb), pw, smem, variant != MMA, ctas)
     return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
 
 
@@ -231,8 +260,11 @@ def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> i
 
 def kernel_source(layer: Any, elem: str, nb: int, variant: TileVariant = PIPE) -> KernelSource:
     """`variant`'s kernel for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
-    file, kernel = SOURCES[variant]
-    return tile_kernel(layer, elem, kernel, file, defines(GM_WM=WARP_TILES, GM_NB=nb, GM_BF16=int(elem == "bf16_t")))
+    file, kernel, persist = SOURCES[variant]
+    shape = {"GM_WM": WARP_TILES, "GM_NB": nb, "GM_BF16": int(elem == "bf16_t")}
+    if persist is not None:
+        shape["GM_PERSIST"] = persist
+    return tile_kernel(layer, elem, kernel, file, defines(**shape))
 
 
 def _kernels(variant: TileVariant):

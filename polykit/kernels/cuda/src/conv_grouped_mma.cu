@@ -25,7 +25,9 @@
 #include "conv_grouped_mma.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAMS) {
-  GM_BLOCK(blockIdx.x, blockIdx.y)
+  GM_BLOCK(blockIdx.y)
+  GM_TILE(blockIdx.x)
+  const int n = (int)blockIdx.z;
   const int gid = lane / 4, tig = lane % 4;
   const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + 8;
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;

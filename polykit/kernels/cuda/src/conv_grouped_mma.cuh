@@ -17,10 +17,10 @@
 #define GM_BASE_PARAMS                                                                                             \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int G, int OH, int OW,    \
       int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int TH, int TW, int CB, int CW, int tiles_w, \
-      int vec_in, int vec_out
+      int NBATCH, int vec_in, int vec_out
 #define GM_PARAMS GM_BASE_PARAMS EPI_PARAMS
 #define GM_BASE_ARGS X, Wt, Bias, Y, H, W, C, M, G, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, TH, TW, CB, CW, tiles_w, \
-      vec_in, vec_out
+      NBATCH, vec_in, vec_out
 #define GM_ARGS GM_BASE_ARGS EPI_COMMA_ARGS
 
 // c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col)
@@ -58,16 +58,13 @@ __device__ __forceinline__ void gm_zero(float (&acc)[GM_WM][GM_NB][4]) {
 #define GM_EPI_STATE
 #endif
 
-// A block's shared memory, warp and lane, tile origin (tile `tile_idx`), group geometry and channel
-// slice (`slice_idx`; m0 its first output channel, g0 its first group, GB its groups), E the
-// epilogue's state
-#define GM_BLOCK(tile_idx, slice_idx) \
+// A block's shared memory, warp and lane, group geometry and channel slice (`slice_idx`; m0 its
+// first output channel, g0 its first group, GB its groups), E the epilogue's state
+#define GM_BLOCK(slice_idx) \
   extern __shared__ __align__(16) unsigned char gm_smem[]; \
   constexpr int WM = GM_WM, NB = GM_NB; \
   GM_EPI_STATE \
   const int T = blockDim.x, t = threadIdx.x, warp = t / 32, lane = t % 32; \
-  const int tile_w = (int)((tile_idx) % (unsigned)tiles_w), tile_h = (int)((tile_idx) / (unsigned)tiles_w); \
-  const int oh0 = tile_h * TH, ow0 = tile_w * TW, n = (int)blockIdx.z; \
   const int cpg = C / G, Mg = M / G, K = KH * KW * cpg, KP = (K + 15) / 16 * 16 + 8; \
   const int m0 = (int)(slice_idx) * CB, g0 = m0 / Mg; \
   const int GB = CB >= Mg ? CB / Mg : 1, ci0 = g0 * cpg;
@@ -112,3 +109,7 @@ __device__ __forceinline__ void gm_store(const float (&acc)[GM_WM][GM_NB][4], co
       }
     }
 }
+
+// the origin (oh0, ow0) of tile `tile_idx` (row-major over ceil(OH / TH) x tiles_w tiles)
+#define GM_TILE(tile_idx) \
+  const int oh0 = (int)((tile_idx) / (unsigned)tiles_w) * TH, ow0 = (int)((tile_idx) % (unsigned)tiles_w) * TW;

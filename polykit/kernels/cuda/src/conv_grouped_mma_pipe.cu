@@ -35,7 +35,10 @@
 // MmaPlan).
 #include "conv_grouped_mma.cuh"
 
-#define GM_PHASES 3    // cp.async commit groups (kernel rows 0, 1, the rest)
+#define GM_PHASES 3    // cp.async commit groups (kernel rows 0, 1, the rest) without GM_PERSIST
+#ifndef GM_PERSIST
+#define GM_PERSIST 0   // blocks loop over tiles, double-buffered windows (else one tile, GM_PHASES)
+#endif
 
 // r[i] = matrix i's (row lane / 4, columns 2 (lane % 4) + {0, 1}); lane 8 i + j gives row j of matrix i
 __device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) {
@@ -72,59 +75,43 @@ __device__ __forceinline__ void gm_cp_wait(int pending) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3) conv_grouped_mma_pipe_nhwc(GM_PARAMS) {
-  GM_BLOCK(blockIdx.y, blockIdx.x)
+  GM_BLOCK(blockIdx.x)
   const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + ((GB * cpg / 8) % 2 ? 0 : 8);
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;
-  const int IWS = (IW + SW - 1) / SW, IWP = SW * IWS;
-  ELEM* xs = (ELEM*)gm_smem;                 // [IH][IWP][CINP]
-  ELEM* ws = xs + (i64)IH * IWP * CINP;      // [CB][KP]
+  const int IWS = (IW + SW - 1) / SW, IWP = SW * IWS, XS = IH * IWP * CINP;
+  ELEM* xs = (ELEM*)gm_smem;                       // [GM_PERSIST + 1][IH][IWP][CINP]
+  ELEM* ws = xs + (i64)(GM_PERSIST + 1) * XS;      // [CB][KP]
 
-  // phases: steps [kb[j], kb[j + 1]) touch kernel rows <= j only; input rows [rb[j], rb[j + 1]) and
-  // weight columns [kb[j], kb[j + 1]) are the ones phase j is the first to read
-  const int NPH = KH < GM_PHASES ? KH : GM_PHASES, KR = KW * cpg;
-  int kb[GM_PHASES + 1], rb[GM_PHASES + 1];
-  kb[0] = 0;
-  rb[0] = 0;
-#pragma unroll
-  for (int j = 1; j <= GM_PHASES; ++j) {
-    const int kj = j * KR / 16 * 16, rj = (TH - 1) * SH + (j - 1) * DH + 1;
-    kb[j] = j >= NPH ? KP : (kj < K ? kj : K);
-    rb[j] = j >= NPH ? IH : (rj < IH ? rj : IH);
-  }
-
-  const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
-  const ELEM* xn = X + (i64)n * H * W * C + ci0;
-  if (vec_in) {  // 16-byte chunks of 8 channels (C, cpg, K multiples of 8; X and W 16-byte aligned)
-    const int nc = GB * cpg / 8;
-#pragma unroll
-    for (int j = 0; j < GM_PHASES; ++j) {
-      if (j >= NPH) break;
-      for (int i = rb[j] * IW * nc + t; i < rb[j + 1] * IW * nc; i += T) {
-        const int k8 = i % nc, pix = i / nc, r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
-        const bool ok = k8 * 8 < CIN && ih >= 0 && ih < H && iw >= 0 && iw < W;
-        gm_cp16(xs + ((i64)r * IWP + (c % SW) * IWS + c / SW) * CINP + k8 * 8,
-                ok ? xn + ((i64)ih * W + iw) * C + k8 * 8 : X, ok);
+  // input rows [r0, r1) of image n's window for the tile at (oh0, ow0) into xb: 16-byte cp.async
+  // chunks of 8 channels where `vec_in` (C, cpg, K multiples of 8; X and W 16-byte aligned), else
+  // element by element through registers
+  auto stage_rows = [&](ELEM* xb, int n, int oh0, int ow0, int r0, int r1) {
+    const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW, cin = GB * cpg, nc = vec_in ? cin / 8 : cin;
+    const ELEM* xn = X + (i64)n * H * W * C + ci0;
+    for (int i = r0 * IW * nc + t; i < r1 * IW * nc; i += T) {
+      const int k = i % nc, pix = i / nc, r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
+      const i64 slot = ((i64)r * IWP + (c % SW) * IWS + c / SW) * CINP;
+      const bool inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+      if (vec_in) {
+        const bool ok = k * 8 < CIN && inside;
+        gm_cp16(xb + slot + k * 8, ok ? xn + ((i64)ih * W + iw) * C + k * 8 : X, ok);
+      } else {
+        st(xb, slot + k, k < CIN && inside ? (float)ld(xn, ((i64)ih * W + iw) * C + k) : 0.f);
       }
-      const int kc0 = kb[j] / 8, kc = kb[j + 1] / 8 - kc0;
-      for (int i = t; i < CB * kc; i += T) {
-        const int k8 = kc0 + i % kc, row = i / kc, co = m0 + row;
-        const bool ok = co < M && k8 * 8 < K;
-        gm_cp16(ws + (i64)row * KP + k8 * 8, ok ? Wt + (i64)co * K + k8 * 8 : Wt, ok);
-      }
-      gm_cp_commit();
     }
-  } else {
-    for (int i = t; i < IH * IW * GB * cpg; i += T) {
-      const int k = i % (GB * cpg), pix = i / (GB * cpg), r = pix / IW, c = pix % IW, ih = ih0 + r, iw = iw0 + c;
-      float v = 0.f;
-      if (k < CIN && ih >= 0 && ih < H && iw >= 0 && iw < W) v = (float)ld(xn, ((i64)ih * W + iw) * C + k);
-      st(xs, ((i64)r * IWP + (c % SW) * IWS + c / SW) * CINP + k, v);
+  };
+  // weight columns [k0, k1) (multiples of 8; zeros past K) of the slice's CB rows
+  auto stage_weights = [&](int k0, int k1) {
+    const int step = vec_in ? 8 : 1, kc = (k1 - k0) / step;
+    for (int i = t; i < CB * kc; i += T) {
+      const int k = k0 + (i % kc) * step, row = i / kc, co = m0 + row;
+      const bool ok = co < M && k < K;
+      if (vec_in)
+        gm_cp16(ws + (i64)row * KP + k, ok ? Wt + (i64)co * K + k : Wt, ok);
+      else
+        st(ws, (i64)row * KP + k, ok ? (float)ld(Wt, (i64)co * K + k) : 0.f);
     }
-    for (int i = t; i < CB * KP; i += T) {
-      const int k = i % KP, row = i / KP, co = m0 + row;
-      st(ws, i, co < M && k < K ? (float)ld(Wt, (i64)co * K + k) : 0.f);
-    }
-  }
+  };
 
   const int CWn = CW, cw = warp % CWn, pw = warp / CWn;
   const int nl0 = cw * 8 * NB;               // the warp's first channel in the slice
@@ -142,39 +129,91 @@ extern "C" __global__ void __launch_bounds__(256, 3) conv_grouped_mma_pipe_nhwc(
   const ELEM* wl = ws + (i64)(nl0 + (lane / 16) * 8 + lane % 8) * KP + ((lane / 8) % 2) * 8;
   const ELEM* wl2 = ws + (i64)(nl0 + lane % 8) * KP + ((lane / 8) % 2) * 8;   // .x2: lanes 0-15 count
   float acc[WM][NB][4];
-  gm_zero(acc);
-
-#pragma unroll
-  for (int j = 0; j < GM_PHASES; ++j) {
-    if (j >= NPH) break;
-    gm_cp_wait(NPH - 1 - j);
-    __syncthreads();
-    for (int k0 = kb[j]; k0 < (j + 1 == NPH ? K : kb[j + 1]); k0 += 16) {
+  // the MMAs of k steps [k0, k1) on the window in xb
+  auto steps = [&](const ELEM* xb, int k0, int k1) {
+    for (int kk = k0; kk < k1; kk += 16) {
       // the lane's half of the step (8 k) lies in one tap: its input offset (none past K)
-      const int kl = k0 + 8 * ah, tap = kl / cpg, ci = kl - tap * cpg, kh = tap / KW, kw = tap % KW;
-      const bool ok = kl < K, ok1 = k0 + 8 < K;
+      const int kl = kk + 8 * ah, tap = kl / cpg, ci = kl - tap * cpg, kh = tap / KW, kw = tap % KW;
+      const bool ok = kl < K, ok1 = kk + 8 < K;
       const int off = ok ? (kh * DH * IWP + ((kw * DW) % SW) * IWS + (kw * DW) / SW) * CINP + ci : 0;
       u32 b[NB][2];
 #pragma unroll
       for (int ni = 0; ni + 1 < NB; ni += 2) {
         u32 r[4];
-        gm_ldsm_x4(r, wl + (i64)ni * 8 * KP + k0);
+        gm_ldsm_x4(r, wl + (i64)ni * 8 * KP + kk);
         b[ni][0] = r[0];
         b[ni][1] = r[1];
         b[ni + 1][0] = r[2];
         b[ni + 1][1] = r[3];
       }
-      if (NB % 2) gm_ldsm_x2(b[NB - 1], wl2 + (i64)(NB - 1) * 8 * KP + k0);
+      if (NB % 2) gm_ldsm_x2(b[NB - 1], wl2 + (i64)(NB - 1) * 8 * KP + kk);
 #pragma unroll
       for (int mi = 0; mi < WM; ++mi) {
         u32 a[4];
-        gm_ldsm_x4(a, xs + rowoff[mi] + off);
+        gm_ldsm_x4(a, xb + rowoff[mi] + off);
         if (!ok1) a[2] = a[3] = 0u;
 #pragma unroll
         for (int ni = 0; ni < NB; ++ni) gm_mma(acc[mi][ni], a, b[ni]);
       }
     }
-  }
+  };
 
+#if GM_PERSIST
+  // tiles i = blockIdx.y, + gridDim.y, ... of the NBATCH images' ceil(OH / TH) x tiles_w each: the
+  // weights and the first window in group 0, then each iteration commits the next tile's window
+  // into the other buffer before computing this one
+  const int tiles = (OH + TH - 1) / TH * tiles_w, total = tiles * NBATCH;
+  int i = (int)blockIdx.y;
+  stage_weights(0, KP);
+  if (i < total) {
+    GM_TILE(i % tiles)
+    stage_rows(xs, i / tiles, oh0, ow0, 0, IH);
+  }
+  gm_cp_commit();
+  for (int it = 0; i < total; ++it, i += (int)gridDim.y) {
+    const int next = i + (int)gridDim.y;
+    if (next < total) {
+      GM_TILE(next % tiles)
+      stage_rows(xs + ((it + 1) & 1) * XS, next / tiles, oh0, ow0, 0, IH);
+    }
+    gm_cp_commit();
+    gm_cp_wait(1);     // all but the newest group: this tile's window (and the weights) landed
+    __syncthreads();
+    GM_TILE(i % tiles)
+    gm_zero(acc);
+    steps(xs + (it & 1) * XS, 0, K);
+    gm_store(acc, Bias, Y, i / tiles, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
+    __syncthreads();   // every warp is done with this buffer before the next iteration refills it
+  }
+#else
+  // phases: steps [kb[j], kb[j + 1]) touch kernel rows <= j only; input rows [rb[j], rb[j + 1]) and
+  // weight columns [kb[j], kb[j + 1]) are the ones phase j is the first to read
+  GM_TILE(blockIdx.y)
+  const int n = (int)blockIdx.z, NPH = KH < GM_PHASES ? KH : GM_PHASES, KR = KW * cpg;
+  int kb[GM_PHASES + 1], rb[GM_PHASES + 1];
+  kb[0] = 0;
+  rb[0] = 0;
+#pragma unroll
+  for (int j = 1; j <= GM_PHASES; ++j) {
+    const int kj = j * KR / 16 * 16, rj = (TH - 1) * SH + (j - 1) * DH + 1;
+    kb[j] = j >= NPH ? KP : (kj < K ? kj : K);
+    rb[j] = j >= NPH ? IH : (rj < IH ? rj : IH);
+  }
+#pragma unroll
+  for (int j = 0; j < GM_PHASES; ++j) {
+    if (j >= NPH) break;
+    stage_rows(xs, n, oh0, ow0, rb[j], rb[j + 1]);
+    stage_weights(kb[j], kb[j + 1]);
+    gm_cp_commit();
+  }
+  gm_zero(acc);
+#pragma unroll
+  for (int j = 0; j < GM_PHASES; ++j) {
+    if (j >= NPH) break;
+    gm_cp_wait(NPH - 1 - j);
+    __syncthreads();
+    steps(xs, kb[j], j + 1 == NPH ? K : kb[j + 1]);
+  }
   gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
+#endif
 }
