@@ -21,24 +21,28 @@
 //     16-byte bank groups;
 //   - the weights of its CB channels, rows KP = roundup(K, 16) + 8 elements apart (KP / 8 odd),
 //     zeros past K;
-// with 16-byte cp.async copies (`vec_in`: X and W 16-byte aligned) in up to GM_PHASES commit
-// groups by kernel row: group j holds the input rows and the weight columns that kernel row j is
-// the first to need, so the MMAs of kernel row j run while the rows after it are in flight (the
-// element path stages everything at once). K is walked in steps of 16: as cpg % 8 == 0, each half
+// with 16-byte cp.async copies (`vec_in`: X and W 16-byte aligned; else element by element through
+// registers). GM_PERSIST 0: one tile a block, the copies in up to GM_PHASES commit groups by kernel
+// row: group j holds the input rows and the weight columns that kernel row j is the first to need,
+// so the MMAs of kernel row j run while the rows after it are in flight. GM_PERSIST 1: a block
+// loops over tiles blockIdx.y, + gridDim.y, ... of all NBATCH images; the weights are staged once,
+// the windows alternate between two buffers, the next tile's window in flight (its own commit
+// group) while the block computes the current one. K is walked in steps of 16: as cpg % 8 == 0, each half
 // (8 k) of a step lies in one tap, so a lane's fragments come from ldmatrix.x4 (A: 16 pixels x 16 k,
 // each row 16 bytes of one pixel at one tap) and ldmatrix.x4 / .x2 (B: two / one n8 tiles).
 // Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned), else element by element.
 //
-// grid (ceil(M / CB), ceil(OH/TH) * ceil(OW/TW), NB): the channel slices of a tile are consecutive
-// blocks, so the slices' narrow reads of the same pixels meet in L2 (whole lines from DRAM); block
-// 32 * CW * PW threads, dynamic shared memory 2 * (IH*IWP*CINP + CB*KP) bytes (conv_grouped_mma.py:
-// MmaPlan).
+// grid (ceil(M / CB), ceil(OH/TH) * ceil(OW/TW), NB), GM_PERSIST (ceil(M / CB), blocks a slice, 1):
+// the channel slices of a tile are consecutive blocks, so the slices' narrow reads of the same
+// pixels meet in L2 (whole lines from DRAM); block 32 * CW * PW threads, dynamic shared memory
+// 2 * ((1 + GM_PERSIST) * IH*IWP*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
 #include "conv_grouped_mma.cuh"
 
 #define GM_PHASES 3    // cp.async commit groups (kernel rows 0, 1, the rest) without GM_PERSIST
 #ifndef GM_PERSIST
 #define GM_PERSIST 0   // blocks loop over tiles, double-buffered windows (else one tile, GM_PHASES)
 #endif
+#define GM_MIN_BLOCKS (GM_PERSIST ? 2 : 3)   // __launch_bounds__ (PERSIST at 3 spills with GM_NB 4)
 
 // r[i] = matrix i's (row lane / 4, columns 2 (lane % 4) + {0, 1}); lane 8 i + j gives row j of matrix i
 __device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) {
@@ -74,7 +78,7 @@ __device__ __forceinline__ void gm_cp_wait(int pending) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) conv_grouped_mma_pipe_nhwc(GM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(256, GM_MIN_BLOCKS) conv_grouped_mma_pipe_nhwc(GM_PARAMS) {
   GM_BLOCK(blockIdx.x)
   const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + ((GB * cpg / 8) % 2 ? 0 : 8);
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;
