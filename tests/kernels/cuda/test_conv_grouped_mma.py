@@ -20,7 +20,7 @@ import pytest
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.conv import conv_grouped_mma
 from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PERSIST, PIPE, VARIANTS, choose_mma_tile,
-                                                        compile_variants, mma_window, plan_mma, warp_n8)
+                                                        compile_variants, mma_window, plan_mma, predict, warp_n8)
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_conv_depthwise import BF16, F16, F32, RESIDUAL_RELU, TOL
 from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, grouped_layer, run_case
@@ -79,6 +79,26 @@ def test_plans_of_real_layers_fit_with_several_warps(x, w, group):
     for variant in VARIANTS:
         plan = plan_mma({"group": group, "pads": [1, 1, 1, 1]}, x, w, x[:3] + (w[0],), "float16", variant)
         assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] >= 64
+
+
+def test_predict_counts_the_launched_mmas_and_persist_stages_weights_once():
+    """ResNeXt-50's stage-4 entry at batch 32 (14 x 14 -> 7 x 7, 32 groups of 32): every variant's
+    launched MMAs cover the layer's (a 7 x 7 tile in two warps' 64 pixels at most), DRAM bytes are
+    X, W and Y once, PERSIST stages less than PIPE (its weights once a block), and each tactic's
+    estimate is a positive time."""
+    x, w, group, attrs = (32, 14, 14, 1024), (1024, 3, 3, 32), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    layer, _, specs = grouped_layer(x, w, group, attrs)
+    y = specs["Y"][0]
+    exact = 2 * 32 * 7 * 7 * 1024 * 288
+    preds = {}
+    for variant in VARIANTS:
+        plan = plan_mma(layer.attrs, x, w, y, "float16", variant)
+        preds[variant] = predict(plan)
+        assert exact <= preds[variant]["flops"] <= exact * 64 / 49
+        assert preds[variant]["dram"] == 2 * (32 * 14 * 14 * 1024 + 32 * 7 * 7 * 1024 + 1024 * 288)
+        assert preds[variant]["us"] >= preds[variant]["dram"] / 4.0e6
+        assert find_tactic("cuda", "ConvNHWC", variant.name).estimate(layer, 132) > 0
+    assert preds[PERSIST]["staged"] < preds[PIPE]["staged"]
 
 
 def test_float32_layers_are_not_the_tensor_core_tactics():

@@ -321,9 +321,8 @@ def _kernels(variant: TileVariant):
 
 
 def _macs(plan: MmaPlan) -> int:
-    """The padded MACs over MMA_SPEEDUP (tile_estimate's FMA count)."""
-    blocks = plan.grid[0] * plan.grid[1] * plan.NB
-    return blocks * plan.PWARPS * 32 * plan.CB * (-(-plan.KH * plan.KW * (plan.C // plan.G) // 16) * 16) // MMA_SPEEDUP
+    """The launched MACs (predict's flops / 2) over MMA_SPEEDUP (tile_estimate's FMA count)."""
+    return int(predict(plan)["flops"] // (2 * MMA_SPEEDUP))
 
 
 def _launch(variant: TileVariant):
