@@ -8,8 +8,8 @@ convolutions of ResNeXt-50 32x4d, RegNetY-800MF and RegNetX-1.6GF, layer by laye
 For every distinct depthwise or grouped layer of the models (224x224 inputs; torchvision's pads
 k // 2) it times, on random data of the layer's shapes: polykit's NHWC tactics for it
 (cuda.conv_nhwc.depthwise_p8 / _p4, or cuda.conv_nhwc.grouped_p4 / _p2 with several channels a
-group, and cuda.conv_nhwc.grouped_mma_p32 with multiples of 8 a group in fp16 / bf16, printed
-last on the row; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
+group, and cuda.conv_nhwc.grouped_mma_p32 / grouped_mma_pipe_p32 with multiples of 8 a group in
+fp16 / bf16, printed last on the row; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
 (torch.nn.functional.conv2d with its groups on channels_last tensors, bias included).
 Each is timed as the engine runs it: three calls (inputs rotated over three buffer sets so L2 does
 not hold them) captured in a CUDA graph, the replay timed with CUDA events, the median of --iters
@@ -62,10 +62,10 @@ class DwLayer:
 
     def tactics(self, dtype: str) -> tuple[str, ...]:
         """The NHWC tactics to time: depthwise p8 / p4, or grouped p4 / p2 and, with multiples of 8
-        channels a group in 16-bit storage, the tensor-core grouped_mma."""
+        channels a group in 16-bit storage, the tensor-core grouped_mma and grouped_mma_pipe."""
         if self.cpg == 1:
             return TACTICS
-        return GROUPED + ((MMA,) if self.cpg % 8 == 0 and dtype != "fp32" else ())
+        return GROUPED + (MMA if self.cpg % 8 == 0 and dtype != "fp32" else ())
 
     def label(self) -> str:
         return f"{self.k}x{self.k}/{self.stride} C{self.c}{'/' + str(self.cpg) if self.cpg > 1 else ''} " \
@@ -99,7 +99,7 @@ MODELS = {
 }
 TACTICS = ("cuda.conv_nhwc.depthwise_p8", "cuda.conv_nhwc.depthwise_p4")
 GROUPED = ("cuda.conv_nhwc.grouped_p4", "cuda.conv_nhwc.grouped_p2")
-MMA = "cuda.conv_nhwc.grouped_mma_p32"
+MMA = ("cuda.conv_nhwc.grouped_mma_p32", "cuda.conv_nhwc.grouped_mma_pipe_p32")
 DIRECT = "cuda.conv.direct"
 WRONG = {"fp16": 5e-3, "bf16": 2e-2, "fp32": 1e-4}
 
@@ -260,7 +260,7 @@ def print_row(r: dict, dtype: str) -> None:
     print(f"{r['count']:2}x {r['layer']:24} {r['bytes'] / 1e6:7.2f} MB {r['floor_us']:7.1f} | "
           f"{r[r['tactics'][0]]:7.1f} {r[r['tactics'][1]]:7.1f} {r['gbps']:6.0f} GB/s {100 * r['gbps'] / (HBM_TBPS * 1e3):3.0f}% | "
           f"{direct} {r['cudnn']:7.1f} | {r['cudnn'] / r['best_us']:5.2f}x  err {max(errs):.1e}{flag}"
-          f"{f'  mma {r[MMA]:.1f} us' if MMA in r else ''}", flush=True)
+          "".join(f"  {t.split('.')[-1]} {r[t]:.1f} us" for t in MMA if t in r), flush=True)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from polykit.kernels.cuda.conv.conv_grouped import (MAX_SLICE, SMEM_LIMIT, VARIANTS, compile_variants, grouped_window,
                                                     plan_grouped, slices, thread_channels)
+from polykit.kernels.cuda.conv.conv_grouped_mma import VARIANTS as MMA_VARIANTS
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda import test_conv_depthwise
 from tests.kernels.cuda.test_conv_depthwise import (BF16, F16, F32, RESIDUAL_RELU, TOL, depthwise_layer, reference,
@@ -174,7 +175,7 @@ def test_residual_relu_epilogue_reads_each_input_class(x, w, group, attrs, skip,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tactic", [P2, "cuda.conv_nhwc.grouped_mma_p32"])
+@pytest.mark.parametrize("tactic", [P2] + [v.name for v in MMA_VARIANTS])
 @pytest.mark.parametrize("shifted", ["X", "Y", "skip"])
 def test_misaligned_tensors_take_the_element_paths(shifted, tactic):
     x, w, group, attrs, skip = EPI_CASES[0]

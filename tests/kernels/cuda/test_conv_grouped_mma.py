@@ -1,28 +1,41 @@
-"""The tensor-core grouped channels-last tactic (cuda.conv_nhwc.grouped_mma_p32): which layers it
-takes and the tiles it plans (CPU), NVRTC compiles of every variant, conv_grouped_mma.cu run on
-the host with mma.sync emulated from the PTX ISA's m16n8k16 fragment layouts (each lane's
-registers exchanged through a per-warp table between two block barriers: the kernel's mma calls
-are block-uniform), and on the GPU against the float64 reference with poisoned outputs: 8, 16, 24
-and 32 channels a group, 3 x 3 and 1 x 1 kernels, stride 2, dilation 2, odd sizes, float16 and
-bfloat16, an epilogue; test_conv_grouped.py runs it on misaligned tensors."""
+"""The tensor-core grouped channels-last tactics (cuda.conv_nhwc.grouped_mma_p32, grouped_mma_pipe_p32
+and grouped_mma_persist_p32): which layers they take and the tiles they plan (CPU), NVRTC compiles
+of every variant for sm_80 and sm_90, the kernels run on the host with mma.sync, ldmatrix and
+cp.async emulated from the PTX ISA (m16n8k16 fragments and m8n8 matrices exchanged through a
+per-warp table between two barriers of the warp's 32 threads, so warps run apart and a missing
+__syncthreads races; cp.async groups landing at their wait, or at once), and on the GPU against the
+float64 reference with poisoned outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and
+1 x 1 kernels, strides 2, dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned
+input (the element staging), blocks looping over several tiles; test_conv_grouped.py runs them on
+misaligned tensors too."""
 
 from __future__ import annotations
 
 import os
 import re
 
+import numpy as np
 import pytest
 
-from polykit.kernels.cuda.base import KernelSource
-from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, VARIANT, compile_variants, mma_window,
-                                                        plan_mma, warp_n8)
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.conv import conv_grouped_mma
+from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PERSIST, PIPE, VARIANTS, choose_mma_tile,
+                                                        compile_variants, mma_window, plan_mma, predict, warp_n8)
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_conv_depthwise import BF16, F16, F32, RESIDUAL_RELU, TOL
 from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, grouped_layer, run_case
 
-MMA = VARIANT.name
-#: the CASES with multiples of 8 input and output channels a group
-MMA_CASES = [3, 5, 7, 8, 11]
+MMA, PIPES, PERSISTS = VARIANTS[0].name, PIPE.name, PERSIST.name
+TACTICS = [v.name for v in VARIANTS]
+#: the CASES with multiples of 8 input and output channels a group, and windows that split the
+#: pipelined kernel's staging otherwise: 5 x 3 with H dilation 2 and strides 2 (three commit groups,
+#: the last of several rows), 3 x 1 (kernel row 0 shorter than a k16 step: its phase empty), 1 x 1
+MMA_CASES = [3, 5, 7, 8, 11, 12, 13, 14]
+CASES = CASES + [
+    ((1, 13, 12, 32), (32, 5, 3, 8), 4, {"strides": [2, 2], "dilations": [2, 1], "pads": [3, 1, 2, 1]}),
+    ((2, 9, 7, 32), (32, 3, 1, 16), 2, {"pads": [1, 0, 1, 0]}),
+    ((1, 6, 10, 64), (128, 1, 1, 8), 8, {"strides": [1, 2]}),
+]
 
 
 # ---- CPU --------------------------------------------------------------------------------------
@@ -33,36 +46,66 @@ def test_mma_window_takes_multiples_of_8_channels_a_group():
     assert [warp_n8(m) for m in (8, 16, 24, 32, 64, 56)] == [1, 2, 3, 4, 4, 1]
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("case", MMA_CASES + [2])
-def test_plan_covers_the_output_in_whole_warps(case):
+def test_plan_covers_the_output_in_whole_warps(case, variant):
     x, w, group, attrs = CASES[case]
     layer, _, specs = grouped_layer(x, w, group, attrs)
-    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16")
-    if case == 2:  # cpg 4: not this tactic's
-        assert plan is None and not find_tactic("cuda", "ConvNHWC", MMA).supports(layer)
+    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", variant)
+    if case == 2:  # cpg 4: not these tactics'
+        assert plan is None and not find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
         return
     y = specs["Y"][0]
     assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] <= 256
-    assert plan.TH * plan.TWT == plan.PWARPS * 32 and plan.CB == plan.CW * 8 * plan.nb
+    assert plan.TH * plan.TWT <= plan.PWARPS * 32 and plan.CB == plan.CW * 8 * plan.nb
+    assert -(-plan.TH * plan.TWT // 32) == plan.PWARPS and plan.TH <= y[1]   # no warp without pixels
     assert plan.CB % (w[0] // group) == 0 or (w[0] // group) % plan.CB == 0
     gx, gy, gz = plan.grid
-    assert gx * plan.TH * plan.TWT >= y[1] * y[2] and gy * plan.CB >= w[0] and gz == x[0]
-    assert plan_mma(layer.attrs, x, w, y, "float32") is None
-    assert find_tactic("cuda", "ConvNHWC", MMA).supports(layer)
+    tiles = -(-y[1] // plan.TH) * -(-y[2] // plan.TWT)
+    if variant == PERSIST:   # blocks a slice looping over every image's tiles, as evenly as they divide
+        assert (gx, gz) == (-(-w[0] // plan.CB), 1) and 1 <= gy == plan.ctas <= tiles * x[0]
+        assert -(-tiles * x[0] // gy) * (gy - 1) < tiles * x[0]
+    else:
+        pair = (gy, gx) if variant == PIPE else (gx, gy)
+        assert pair == (tiles, -(-w[0] // plan.CB)) and gz == x[0]
+    assert plan_mma(layer.attrs, x, w, y, "float32", variant) is None
+    assert find_tactic("cuda", "ConvNHWC", variant.name).supports(layer)
 
 
-@pytest.mark.parametrize("x,w,group", [((32, 28, 28, 256), (256, 3, 3, 8), 32), ((32, 7, 7, 1024), (1024, 3, 3, 32), 32),
+@pytest.mark.parametrize("x,w,group", [((32, 28, 28, 256), (256, 3, 3, 8), 32),
+                                       ((32, 7, 7, 1024), (1024, 3, 3, 32), 32),
                                        ((32, 14, 14, 408), (408, 3, 3, 24), 17)])
 def test_plans_of_real_layers_fit_with_several_warps(x, w, group):
-    plan = plan_mma({"group": group, "pads": [1, 1, 1, 1]}, x, w, x[:3] + (w[0],), "float16")
-    assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] >= 64
+    for variant in VARIANTS:
+        plan = plan_mma({"group": group, "pads": [1, 1, 1, 1]}, x, w, x[:3] + (w[0],), "float16", variant)
+        assert plan is not None and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] >= 64
+
+
+def test_predict_counts_the_launched_mmas_and_persist_stages_weights_once():
+    """ResNeXt-50's stage-4 entry at batch 32 (14 x 14 -> 7 x 7, 32 groups of 32): every variant's
+    launched MMAs cover the layer's (a 7 x 7 tile in two warps' 64 pixels at most), DRAM bytes are
+    X, W and Y once, PERSIST stages less than PIPE (its weights once a block), and each tactic's
+    estimate is a positive time."""
+    x, w, group, attrs = (32, 14, 14, 1024), (1024, 3, 3, 32), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    layer, _, specs = grouped_layer(x, w, group, attrs)
+    y = specs["Y"][0]
+    exact = 2 * 32 * 7 * 7 * 1024 * 288
+    preds = {}
+    for variant in VARIANTS:
+        plan = plan_mma(layer.attrs, x, w, y, "float16", variant)
+        preds[variant] = predict(plan)
+        assert exact <= preds[variant]["flops"] <= exact * 64 / 49
+        assert preds[variant]["dram"] == 2 * (32 * 14 * 14 * 1024 + 32 * 7 * 7 * 1024 + 1024 * 288)
+        assert preds[variant]["us"] >= preds[variant]["dram"] / 4.0e6
+        assert find_tactic("cuda", "ConvNHWC", variant.name).estimate(layer, 132) > 0
+    assert preds[PERSIST]["staged"] < preds[PIPE]["staged"]
 
 
 def test_float32_layers_are_not_the_tensor_core_tactics():
     layer, _, _ = grouped_layer((1, 9, 9, 64), (64, 3, 3, 8), 8, {"pads": [1, 1, 1, 1]}, F32)
-    assert MMA not in {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+    assert not set(TACTICS) & {t.name for t in candidates("cuda", "ConvNHWC", layer)}
     layer, _, _ = grouped_layer((1, 9, 9, 64), (64, 3, 3, 8), 8, {"pads": [1, 1, 1, 1]}, BF16)
-    assert MMA in {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+    assert set(TACTICS) <= {t.name for t in candidates("cuda", "ConvNHWC", layer)}
 
 
 def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
@@ -70,18 +113,28 @@ def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     variants = compile_variants()
-    assert {(dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"]) for k in variants if k.code is None} == \
-        {(b, nb) for b in ("0", "1") for nb in ("1", "2", "3", "4")}
+    assert {(k.name, dict(k.defines).get("GM_PERSIST"), dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
+            for k in variants if k.code is None} == \
+        {(name, persist, b, nb) for name, persist in (("conv_grouped_mma_nhwc", None),
+                                                      ("conv_grouped_mma_pipe_nhwc", "0"),
+                                                      ("conv_grouped_mma_pipe_nhwc", "1"))
+         for b in ("0", "1") for nb in ("1", "2", "3", "4")}
     units = unique_units(variants)
-    cubins = compile_many(units, "sm_80", workers=min(2, os.cpu_count() or 1))
-    assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
 # ---- host emulation of mma.sync ----------------------------------------------------------------
-#: gm_mma on the host: a warp's lanes publish their fragments, meet, each computes its own
-#: accumulators from the m16n8k16 layouts (A row-major: a register holds row gid (+8), columns
-#: 2 tig + {0, 1} (+8); B column-major: rows 2 tig + {0, 1} (+8), column gid), then meet again
+#: gm_mma on the host: a warp's lanes publish their fragments, meet (the warp's 32 threads only, so
+#: warps run apart as on the GPU and a missing __syncthreads between warps still races), each
+#: computes its own accumulators from the m16n8k16 layouts (A row-major: a register holds row gid
+#: (+8), columns 2 tig + {0, 1} (+8); B column-major: rows 2 tig + {0, 1} (+8), column gid), then
+#: meet again
 EMULATED_MMA = r"""
+static std::barrier<> gm_emu_bar[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
+                                      std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
+static void gm_emu_warp_sync() { gm_emu_bar[threadIdx.x / 32].arrive_and_wait(); }
 static u32 gm_emu_a[8][32][4], gm_emu_b[8][32][2];
 static float gm_emu_elem(u32 word, int half) {
   const u32 bits = half ? word >> 16 : word & 0xffffu;
@@ -95,7 +148,7 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32, gid = l / 4, tig = l % 4;
   for (int i = 0; i < 4; ++i) gm_emu_a[w][l][i] = a[i];
   for (int i = 0; i < 2; ++i) gm_emu_b[w][l][i] = b[i];
-  __syncthreads();
+  gm_emu_warp_sync();
   float d[4];
   for (int e = 0; e < 4; ++e) {
     const int row = gid + 8 * (e / 2), col = 2 * tig + e % 2;
@@ -107,14 +160,77 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
     }
     d[e] = s;
   }
-  __syncthreads();
+  gm_emu_warp_sync();
   for (int e = 0; e < 4; ++e) c[e] += d[e];
 }
 """
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
+#: ldmatrix on the host, from the PTX ISA's m8n8 .b16 layout: lane 8 i + j gives the address of
+#: row j of matrix i (x2: lanes 0-15 count), lane l receives in register i matrix i's row l / 4,
+#: elements 2 (l % 4) and 2 (l % 4) + 1; the lanes publish their addresses and meet (as a warp,
+#: as in gm_mma)
+EMULATED_LDSM = r"""
+static const unsigned char* gm_emu_p[8][32];
+static void gm_emu_ldsm(u32* r, const void* p, int count) {
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  gm_emu_p[w][l] = (const unsigned char*)p;
+  gm_emu_warp_sync();
+  for (int i = 0; i < count; ++i) memcpy(&r[i], gm_emu_p[w][8 * i + l / 4] + 4 * (l % 4), 4);
+  gm_emu_warp_sync();
+}
+__device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 4); }
+"""
+#: cp.async on the host, at the two ends of what the GPU may do. Deferred: a thread's copies queue in
+#: its open group, a commit closes the group, cp.async.wait_group N lands all but the newest N
+#: groups; until then the shared memory keeps what the block before left there, so a phase that
+#: reads rows or weights of a group it did not wait for computes with stale data. Eager
+#: (GM_EMU_EAGER): each copy lands at once, so one into a buffer that other warps may still read
+#: (no barrier between) races with them.
+EMULATED_CP = r"""
+struct GmEmuCopy { void* dst; const void* src; bool ok; };
+static thread_local std::vector<std::vector<GmEmuCopy>> gm_emu_groups;
+static thread_local std::vector<GmEmuCopy> gm_emu_open;
+__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) {
+#if GM_EMU_EAGER
+  if (ok) memcpy(dst, src, 16); else memset(dst, 0, 16);
+#else
+  gm_emu_open.push_back({dst, src, ok});
+#endif
+}
+"""
+EMULATED_WAIT = r"""
+__device__ __forceinline__ void gm_cp_wait(int pending) {
+  while ((int)gm_emu_groups.size() > pending) {
+    for (const GmEmuCopy& c : gm_emu_groups.front())
+      if (c.ok) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    gm_emu_groups.erase(gm_emu_groups.begin());
+  }
+}
+"""
+#: each helper's host stand-in
+EMULATED = {"gm_mma": EMULATED_MMA, "gm_ldsm_x4": EMULATED_LDSM,
+            "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) "
+                          "{ gm_emu_ldsm(r, p, 2); }\n",
+            "gm_cp16": EMULATED_CP,
+            "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() { gm_emu_groups.push_back(gm_emu_open); "
+                            "gm_emu_open.clear(); }\n",
+            "gm_cp_wait": EMULATED_WAIT}
+
+
+def emulated_source(text: str) -> str:
+    """A grouped mma kernel's rendered source with its warp-level PTX helpers (each it has: gm_mma
+    at least) in host C++."""
+    for name, body in EMULATED.items():
+        text, count = re.subn(r"__device__ __forceinline__ void " + name + r"\(.*?\n\}\n", lambda _: body, text,
+                              count=1, flags=re.S)
+        assert count == 1 or name != "gm_mma", name
+    assert not re.search(r'asm volatile\(\s*"(mma|ldmatrix|cp\.async\.(commit|wait))', text)
+    assert "void gm_cp16" not in text or "gm_emu_open.push_back" in text
+    return text
+
+
+def emulated_launcher(tmp_path_factory, eager: bool):
     import shutil
 
     from tests.kernels.cuda.block_emulation import EmulatedLauncher
@@ -125,44 +241,111 @@ def launcher(tmp_path_factory):
 
     class MmaEmulated(EmulatedLauncher):
         def _lib(self, kernel: KernelSource):
-            text = re.sub(r"__device__ __forceinline__ void gm_mma\(.*?\n\}\n", lambda _: EMULATED_MMA,
-                          kernel.render(), count=1, flags=re.S)
-            assert "asm volatile(\"mma" not in text
+            text = f"#define GM_EMU_EAGER {int(eager)}\n" + emulated_source(kernel.render())
             return super()._lib(KernelSource(kernel.name, code=text))
 
     return MmaEmulated(tmp_path_factory.mktemp("grouped_mma_emulated"), cxx, "GM_PARAMS", "GM_ARGS")
 
 
-@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (8, F16), (11, F16)])
-def test_emulated_mma_matches_the_reference(launcher, case, dtype):
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    return emulated_launcher(tmp_path_factory, eager=False)
+
+
+@pytest.fixture(scope="module")
+def eager_launcher(tmp_path_factory):
+    return emulated_launcher(tmp_path_factory, eager=True)
+
+
+@pytest.mark.parametrize("tactic,case,dtype", [(t, c, d) for t in TACTICS for c, d in ((3, F16), (5, BF16), (8, F16),
+                                                                                     (11, F16))]
+                         + [(t, c, d) for t in (PIPES, PERSISTS) for c, d in ((12, F16), (13, BF16), (14, F16))])
+def test_emulated_mma_matches_the_reference(launcher, tactic, case, dtype):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
     x, w, group, attrs = CASES[case]
-    assert run_emulated(launcher, MMA, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
 
 
-def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher):
+@pytest.mark.parametrize("tactic", TACTICS)
+def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher, tactic):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
     x, w, group, attrs, skip = EPI_CASES[0]
-    assert run_emulated(launcher, MMA, x, w, attrs, F16, shift_y=1, group=group, epilogue=RESIDUAL_RELU,
+    assert run_emulated(launcher, tactic, x, w, attrs, F16, shift_y=1, group=group, epilogue=RESIDUAL_RELU,
                         extra={"skip": skip}) <= TOL[F16]
+
+
+@pytest.fixture
+def two_sms(monkeypatch):
+    """Plans for a device of 2 SMs holding one block each: PERSIST's blocks each loop over several
+    tiles (at most 2 blocks a slice)."""
+    monkeypatch.setattr(conv_grouped_mma, "SMS", 2)
+    monkeypatch.setattr(conv_grouped_mma, "resident_blocks", lambda smem, warps, variant: 1)
+    choose_mma_tile.cache_clear()
+    yield
+    choose_mma_tile.cache_clear()
+
+
+@pytest.mark.parametrize("copies", ["deferred", "eager"])
+@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (11, F16), (12, F16), (14, BF16)])
+def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, case, dtype, copies):
+    """Each block computes several tiles of several images (weights staged once, the next window
+    in flight in the other buffer): with deferred copies a window read before its group was waited
+    for computes with stale data, with eager ones a refill of a buffer some warp still reads races."""
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
+
+    launcher = request.getfixturevalue("launcher" if copies == "deferred" else "eager_launcher")
+    x, w, group, attrs = CASES[case]
+    x = (3,) + tuple(x[1:])
+    assert run_emulated(launcher, PERSISTS, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    layer, _, specs = grouped_layer(x, w, group, attrs)
+    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", PERSIST)
+    tiles = x[0] * -(-plan.OH // plan.TH) * plan.tiles_w
+    assert launcher.launches[-1][1] == plan.grid and 1 <= plan.ctas < tiles   # fewer blocks a slice than tiles
+
+
+@pytest.mark.parametrize("tactic", [PIPES, PERSISTS])
+def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic):
+    """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
+    from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
+
+    x, w, group, attrs = CASES[12]
+    layer, inputs, specs = grouped_layer(x, w, group, attrs, F16)
+    tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
+    shifted = np.empty(inputs["X"].size + 8, F16)[1:1 + inputs["X"].size].reshape(x)
+    shifted[...] = inputs["X"]
+    tensors["X"] = DeviceTensor(shifted.ctypes.data, x, F16)
+    shape, dt = specs["Y"]
+    y = np.full(shape, np.nan, dt)
+    tensors["Y"] = DeviceTensor(y.ctypes.data, shape, np.dtype(dt))
+    find_tactic("cuda", "ConvNHWC", tactic).enqueue(layer, launcher, tensors)
+    assert launcher.launches[-1][0].name == "conv_grouped_mma_pipe_nhwc"
+    assert rel_err(y, reference(layer, inputs)) <= TOL[F16]
 
 
 # ---- GPU ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", MMA_CASES)
-def test_mma_matches_the_reference(case, dtype):
-    assert run_case(*CASES[case], dtype, MMA) <= TOL[dtype]
+def test_mma_matches_the_reference(case, dtype, tactic):
+    assert run_case(*CASES[case], dtype, tactic) <= TOL[dtype]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("x,w,group,attrs,skip", EPI_CASES[:3])
-def test_mma_residual_relu_epilogue(x, w, group, attrs, skip):
-    assert run_case(x, w, group, attrs, F16, MMA, epilogue=RESIDUAL_RELU, extra={"skip": skip}) <= TOL[F16]
+def test_mma_residual_relu_epilogue(x, w, group, attrs, skip, tactic):
+    assert run_case(x, w, group, attrs, F16, tactic, epilogue=RESIDUAL_RELU, extra={"skip": skip}) <= TOL[F16]
 
 
 @pytest.mark.gpu
-def test_mma_on_a_resnext_stage_2_layer_at_batch_4():
-    assert run_case((4, 28, 28, 256), (256, 3, 3, 8), 32, {"pads": [1, 1, 1, 1]}, F16, MMA) <= TOL[F16]
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("x,w,group,attrs", [
+    ((4, 28, 28, 256), (256, 3, 3, 8), 32, {"pads": [1, 1, 1, 1]}),                          # ResNeXt stage 2
+    ((4, 56, 56, 256), (256, 3, 3, 8), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),       # its stride-2 entry
+    ((4, 14, 14, 1024), (1024, 3, 3, 32), 32, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),    # stage 4 entry, 7 x 7 out
+    ((4, 14, 14, 512), (512, 3, 3, 16), 32, {"pads": [1, 1, 1, 1]})])                        # stage 3
+def test_mma_on_resnext_layers_at_batch_4(x, w, group, attrs, tactic):
+    assert run_case(x, w, group, attrs, F16, tactic) <= TOL[F16]

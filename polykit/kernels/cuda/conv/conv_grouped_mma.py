@@ -1,15 +1,55 @@
 """Grouped convolution channels last on tensor cores: ai.polykit ConvNHWC with group > 1 and
 multiples of 8 input and output channels a group (ResNeXt stages 2-4, RegNet), float16 / bfloat16
-storage, on conv_grouped_mma.cu: per group an implicit GEMM (pixels x output channels x
-KH*KW*cpg) on mma.sync m16n8k16 with fp32 accumulation, a block covering a spatial tile x CB output
-channels of several groups, the input tile and the weights staged in shared memory; the bias and
-the layer's epilogue fused.
+storage: per group an implicit GEMM (pixels x output channels x KH*KW*cpg) on mma.sync m16n8k16
+with fp32 accumulation, a block covering a spatial tile x CB output channels of several groups (or
+part of one), the input window and the weights staged in shared memory once; the bias and the
+layer's epilogue fused.
 
-Tactic, kind "ConvNHWC" (the builder times it against cuda.conv_nhwc.grouped_p4 / _p2):
-  cuda.conv_nhwc.grouped_mma_p32  32 output pixels (two m16 tiles) a warp, blocks of up to 8 warps
-GM_NB, the n8 tiles a warp, is the largest of 4, 3, 2, 1 dividing Mg / 8. `plan_mma` picks the
-block's tile (channels, pixel warps, tile width) at enqueue time with conv_depthwise's latency
-model (tensor-core MACs at 8 a lane-cycle, staged elements, resident warps).
+Tactics, kind "ConvNHWC" (the builder times them against each other and cuda.conv_nhwc.grouped_p4 / _p2):
+  cuda.conv_nhwc.grouped_mma_p32      conv_grouped_mma.cu: 32-bit fragment loads from shared memory,
+                                      the whole window staged (16-byte loads) before the MMAs
+  cuda.conv_nhwc.grouped_mma_pipe_p32 conv_grouped_mma_pipe.cu: ldmatrix fragments from a
+                                      conflict-free layout (a row's columns split by W-stride
+                                      phase: a stride-2 tile reads consecutive slots), 16-byte
+                                      cp.async staging in commit groups by kernel row (row 0's
+                                      MMAs run while the later rows land), channel slices of a
+                                      tile in consecutive blocks (their reads of a pixel meet in L2)
+  cuda.conv_nhwc.grouped_mma_persist_p32  the same kernel (GM_PERSIST) with blocks looping over every
+                                      image's tiles: weights staged once a block, the next window
+                                      cp.async'd into a second buffer while the block computes
+Each warp computes 32 output pixels (two m16 tiles) x GM_NB n8 tiles of one group (the largest of
+4, 3, 2, 1 dividing Mg / 8); blocks of up to 8 warps. `plan_mma` picks the tile (channels, pixel
+warps, tile width: powers of two or the output's width, rows up to the block's pixels, the rest
+masked) at enqueue time by tile_cost (tensor-core MACs at MMA_SPEEDUP lanes, staged elements with
+sectors under 32 bytes priced whole, the SMs the blocks fill, resident warps); PERSIST's blocks a
+slice by persist_ctas (enough to fill every SM).
+
+`predict` gives each launch's roofline. ResNeXt-50's tensor-core layers at batch 32, fp16 (H200
+constants HBM 4.0 TB/s, L2 -> SM 10 TB/s, mma.sync 600 TFLOP/s; tile TH x TW x CB, threads, blocks,
+shared memory; GFLOP of the launched MMAs, DRAM MB, MB staged from L2; us the larger at those
+rates; cuDNN channels_last and the old grouped_mma as measured 2026-12-05):
+  layer                    variant  tile       thr blocks  smem | GFLOP DRAM staged   us | cuDNN  old
+  1x 3x3/2 C256/8  56->28  mma      28x4x16    256  3584  26.8K |  1.17 64.3   67.1 16.1 |  49.9 97.1
+                           pipe     28x4x16    256  3584  29.5K |  1.17 64.3   67.1 16.1 |
+                           persist  28x4x16    256   256  56.2K |  1.17 64.3   59.4 16.1 |
+  3x 3x3/1 C256/8  28->28  mma      28x4x16    256  3584  11.2K |  1.17 25.7   28.9  6.4 |  47.1 63.2
+                           pipe     28x4x16    256  3584  11.2K |  1.17 25.7   28.9  6.4 |
+                           persist  28x4x16    256   256  19.6K |  1.17 25.7   21.2  6.4 |
+  1x 3x3/2 C512/16 28->14  mma      14x7x16    128  2048  25.1K |  1.21 32.3   37.9  8.1 |  29.9 44.0
+                           pipe     14x14x16   256  1024  45.5K |  1.21 32.3   32.3  8.1 |
+                           persist  14x14x16   256   256  86.3K |  1.21 32.3   28.7  8.1 |
+  5x 3x3/1 C512/16 14->14  mma      14x7x16    128  2048  11.5K |  1.21 13.0   18.9  3.2 |  28.0 33.9
+                           pipe     14x14x16   256  1024  16.8K |  1.21 13.0   13.1  3.2 |
+                           persist  14x14x16   256   256  28.8K |  1.21 13.0    9.6  3.2 |
+  1x 3x3/2 C1024/32 14->7  mma      7x7x32      64  1024  36.1K |  1.21 16.6   33.6  4.2 |  20.0 41.1
+                           pipe     7x7x32      64  1024  37.2K |  1.21 16.6   33.6  4.2 |
+                           persist  7x7x32      64   352  56.0K |  1.21 16.6   21.2  4.2 |
+  2x 3x3/1 C1024/32 7->7   mma      7x7x32      64  1024  24.8K |  1.21  7.0   24.2  2.4 |  18.6 22.2
+                           pipe     7x7x32      64  1024  24.8K |  1.21  7.0   24.2  2.4 |
+                           persist  7x7x32      64   512  31.2K |  1.21  7.0   14.7  2.0 |
+  13 layers: roofline ~68 us (DRAM-bound: every layer's MMAs take under 2 us), cuDNN 418 us, the
+  old grouped_mma 586 us: the measured times are latency (staging round trips, block launches),
+  which the pipelined and persistent variants attack; the GPU measures which wins.
 """
 
 from __future__ import annotations
@@ -21,13 +61,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, defines
-from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, STAGE_COST, TilePlan, TileVariant, epilogue_layers,
-                                                      latency_factor, register, tile_enqueue, tile_estimate,
-                                                      tile_kernel, tile_rows, tile_sizes, tile_supports)
+from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, SM_SMEM, STAGE_COST, WARPS_HIDING, TilePlan,
+                                                      TileVariant, epilogue_layers, register, tile_enqueue,
+                                                      tile_estimate, tile_kernel, tile_rows, tile_sizes,
+                                                      tile_supports)
 from polykit.kernels.cuda.conv.conv_grouped import GroupedWindow, grouped_window, slice_groups
 
-FILE = "conv_grouped_mma.cu"
-KERNEL = "conv_grouped_mma_nhwc"
 #: storage dtype -> ELEM (16-bit storage only: the mma operands)
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 #: m16 tiles a warp (compile time)
@@ -40,7 +79,18 @@ MMA_SMEM_LIMIT = 99 * 1024
 #: tensor-core MACs a lane-cycle of FMA issue (what tile_cost divides the MMA work by)
 MMA_SPEEDUP = 8
 
-VARIANT = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
+#: the first kernel: 32-bit fragment loads, the whole window staged before the MMAs
+MMA = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 1, "grouped_mma")
+#: ldmatrix fragments, cp.async staging by kernel row, the stride-phase column layout
+PIPE = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 3, "grouped_mma_pipe")
+#: PIPE's kernel with blocks looping over tiles: weights staged once a block, each next window
+#: copied into a second buffer while the block computes the current one
+PERSIST = TileVariant(16 * WARP_TILES, 32 * MAX_WARPS, 2, "grouped_mma_persist")
+VARIANTS = (MMA, PIPE, PERSIST)
+#: variant -> (source file, kernel, GM_PERSIST)
+SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc", None),
+           PIPE: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 0),
+           PERSIST: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 1)}
 
 
 def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
@@ -55,16 +105,35 @@ def warp_n8(mg: int) -> int:
 
 
 def k_slots(win: GroupedWindow) -> int:
-    """Elements a staged weight row takes: K = KH*KW*cpg rounded up to 16, plus 8 against bank conflicts."""
+    """Elements a staged weight row takes: K = KH*KW*cpg rounded up to 16, plus 8 (an odd number
+    of 16-byte chunks: ldmatrix rows of 8 channels on 8 bank groups)."""
     k = win.kernel[0] * win.kernel[1] * win.cpg
     return -(-k // 16) * 16 + 8
 
 
-def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int) -> int:
-    """Bytes of the input tile (its groups' channels + 8 a pixel) and the CB weight rows."""
+def cin_slots(win: GroupedWindow, cb: int) -> int:
+    """Elements a staged pixel takes: the slice's groups' channels, plus 8 where that makes an odd
+    number of 16-byte chunks (8 consecutive pixels on 8 bank groups)."""
+    c = slice_groups(cb, win.mg) * win.cpg
+    return c if (c // 8) % 2 else c + 8
+
+
+def row_slots(win: GroupedWindow, tw: int) -> int:
+    """Pixel slots a staged input row of a `tw`-wide tile takes: its columns split by W-stride
+    phase, each phase ceil(IW / SW) slots."""
+    (_, KW), (_, SW), (_, DW) = win.kernel, win.strides, win.dilations
+    return SW * -(-((tw - 1) * SW + (KW - 1) * DW + 1) // SW)
+
+
+def mma_smem(win: GroupedWindow, cb: int, th: int, tw: int, variant: TileVariant) -> int:
+    """Bytes of the input tile (PERSIST: two) and the CB weight rows: PIPE's rows row_slots x
+    cin_slots, MMA's IW pixels of the slice's channels + 8."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
-    ih, iw = tile_rows(th, SH, KH, DH), (tw - 1) * SW + (KW - 1) * DW + 1
-    return 2 * (ih * iw * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
+    if variant == MMA:
+        pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
+        return 2 * (pixels * (slice_groups(cb, win.mg) * win.cpg + 8) + cb * k_slots(win))
+    windows = 2 if variant == PERSIST else 1
+    return 2 * (windows * tile_rows(th, SH, KH, DH) * row_slots(win, tw) * cin_slots(win, cb) + cb * k_slots(win))
 
 
 @dataclass(frozen=True)
@@ -75,12 +144,17 @@ class MmaPlan(TilePlan):
     nb: int      # n8 tiles a warp
     CB: int      # output channels a block
     CW: int      # channel warps (CB / (8 nb))
-    PWARPS: int  # pixel warps (TH * TWT / (16 * WARP_TILES))
+    PWARPS: int  # pixel warps (16 * WARP_TILES pixels each, TH * TWT of them in the tile)
     smem: int
+    slices_first: bool = False   # grid x the channel slices, y the tiles (PIPE, PERSIST), else the reverse
+    ctas: int = 0                # PERSIST: blocks a slice, looping over the images' tiles
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (-(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB), self.NB)
+        tiles, slices = -(-self.OH // self.TH) * self.tiles_w, -(-self.M // self.CB)
+        if self.ctas:
+            return (slices, self.ctas, 1)
+        return (slices, tiles, self.NB) if self.slices_first else (tiles, slices, self.NB)
 
     @property
     def block(self) -> tuple[int]:
@@ -90,7 +164,7 @@ class MmaPlan(TilePlan):
         i32 = np.int32
         return [i32(a) for a in (self.H, self.W, self.C, self.M, self.G, self.OH, self.OW, self.KH, self.KW, self.SH,
                                  self.SW, self.PH, self.PW, self.DH, self.DW, self.TH, self.TWT, self.CB, self.CW,
-                                 self.tiles_w, vec_in, vec_out)]
+                                 self.tiles_w, self.NB, vec_in, vec_out)]
 
 
 def mma_slices(win: GroupedWindow) -> list[int]:
@@ -100,32 +174,74 @@ def mma_slices(win: GroupedWindow) -> list[int]:
     return [cb for cb in range(step, step * MAX_WARPS + 1, step) if cb % win.mg == 0 or win.mg % cb == 0]
 
 
-@functools.lru_cache(maxsize=4096)
-def choose_mma_tile(OH: int, OW: int, win: GroupedWindow,
-                    smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
-    """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile that fits, or None. Candidates:
-    every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, tile widths of 4 to 64
-    dividing the block's pixels."""
+#: SMs the tile choice spreads a launch over (H200: 132); fewer blocks leave SMs idle
+SMS = 132
+
+
+def tile_widths(OW: int, tp: int) -> list[int]:
+    """Tile widths for a block of `tp` pixels: powers of two from 4 and the output's width (and
+    half of it, rounded up) where a row fits, so 7- and 14-wide outputs waste no columns."""
+    return sorted({tw for tw in (4, 8, 16, 32, 64, OW, -(-OW // 2)) if 1 <= tw <= tp})
+
+
+def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: int, cb: int, pw: int,
+              smem: int, variant: TileVariant) -> float:
+    """choose_mma_tile's cost of a launch (arbitrary units, lower is better): tensor-core MACs of
+    the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
+    staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
+    sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
+    resident warps an SM (warps with pixels to compute; PERSIST, its next window in flight while
+    it computes, half as many). PERSIST stages the weights once a block (persist_ctas blocks a
+    slice), the others once a tile."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
+    warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
+    slices, tiles = -(-win.M // cb), -(-OH // th) * -(-OW // tw) * images
+    resident = resident_blocks(smem, warps, variant)
+    ctas = persist_ctas(tiles, slices, resident) if variant == PERSIST else tiles
+    blocks = slices * ctas
+    pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
+    staged = slices * (tiles * pixels * cin * max(1.0, 32 / (2 * cin)) + ctas * cb * kp)
+    work = slices * tiles * tp * cb * kp / MMA_SPEEDUP
+    per_sm = min(resident, max(1.0, blocks / SMS))
+    busy = cb // (8 * nb) * -(-min(th, OH) * min(tw, OW) // (16 * WARP_TILES))   # warps with pixels
+    hiding = WARPS_HIDING / (2 if variant == PERSIST else 1)
+    return (work + STAGE_COST * staged) / min(SMS, blocks) * max(1.0, hiding / (per_sm * busy))
+
+
+def resident_blocks(smem: int, warps: int, variant: TileVariant) -> int:
+    """Blocks of `warps` warps and `smem` bytes an SM holds (registers a thread from the variant's
+    __launch_bounds__)."""
+    regs = 65536 // (variant.threads * variant.min_blocks)
+    return max(1, min(32, SM_SMEM // (smem + 1024), 64 // warps, 65536 // (regs * 32 * warps)))
+
+
+def persist_ctas(tiles: int, slices: int, resident: int) -> int:
+    """PERSIST's blocks a channel slice for `tiles` tiles (all images'): enough for `resident`
+    blocks on each of SMS SMs, at most one a tile, the tiles spread evenly over them."""
+    ctas = max(1, min(tiles, -(-SMS * resident // slices)))
+    return -(-tiles // -(-tiles // ctas))
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1, variant: TileVariant = PIPE,
+                    smem_limit: int = MMA_SMEM_LIMIT) -> tuple[int, int, int, int, int] | None:
+    """(TH, TW, CB, pixel warps, smem bytes) of the cheapest tile (tile_cost) that fits, or None.
+    Candidates: every slice (mma_slices), 1 to MAX_WARPS / channel warps pixel warps, the
+    tile_widths of the block's pixels, as many rows as the pixels fill (at most OH)."""
+    nb = warp_n8(win.mg)
     best: tuple[float, tuple[int, int, int, int, int]] | None = None
     for cb in mma_slices(win):
         cw = cb // (8 * nb)
         pw = 1
         while cw * pw <= MAX_WARPS:
             tp = pw * 16 * WARP_TILES
-            for tw in (4, 8, 16, 32, 64):
-                if tp % tw or tw > tp:
-                    continue
-                th = tp // tw
-                smem = mma_smem(win, cb, th, tw)
+            for tw in tile_widths(OW, tp):
+                th = min(tp // tw, OH)
+                smem = mma_smem(win, cb, th, tw, variant)
                 if smem > smem_limit:
                     continue
-                blocks = -(-OH // th) * -(-OW // tw) * -(-win.M // cb)
-                staged = blocks * (tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
-                                   * slice_groups(cb, win.mg) * win.cpg + cb * kp)
-                work = blocks * tp * cb * kp / MMA_SPEEDUP
-                cost = (work + STAGE_COST * staged) * latency_factor(32 * cw * pw, smem, VARIANT)
+                cost = tile_cost(win, OH, OW, images, th, tw, cb, pw, smem, variant)
                 if best is None or cost < best[0]:
                     best = (cost, (th, tw, cb, pw, smem))
             pw *= 2
@@ -133,32 +249,63 @@ def choose_mma_tile(OH: int, OW: int, win: GroupedWindow,
 
 
 def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Sequence[int],
-             storage: str, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
-    """The launch of a grouped ConvNHWC on conv_grouped_mma.cu, or None when it cannot run it."""
+             storage: str, variant: TileVariant = PIPE, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
+    """The launch of a grouped ConvNHWC on `variant`'s kernel, or None when it cannot run it."""
     win = mma_window(attrs, x, w)
     sizes = tile_sizes(attrs, win, x, y, win.cpg if win else 1)
     if win is None or sizes is None or storage not in ELEMS:
         return None
-    tile = choose_mma_tile(sizes[4], sizes[5], win, smem_limit)
+    tile = choose_mma_tile(sizes[4], sizes[5], win, sizes[0], variant, smem_limit)
     if tile is None:
         return None
     th, tw, cb, pw, smem = tile
     nb = warp_n8(win.mg)
+    ctas = 0
+    if variant == PERSIST:
+        tiles = -(-sizes[4] // th) * -(-sizes[5] // tw) * sizes[0]
+        ctas = persist_ctas(tiles, -(-win.M // cb), resident_blocks(smem, cb // (8 * nb) * pw, variant))
     out = MmaPlan(*sizes[:4], win.M, *sizes[4:6], *win.kernel, *win.strides, *sizes[6:], *win.dilations, 1, th, tw,
-                  win.G, nb, cb, cb // (8 * nb), pw, smem)
+                  win.G, nb, cb, cb // (8 * nb), pw, smem, variant != MMA, ctas)
     return out if out.grid[1] <= MAX_GRID_YZ and out.grid[0] < 2**31 else None
+
+
+#: roofline constants of predict (H200, sustained rather than peak): HBM, L2 -> SM staging reads,
+#: mma.sync m16n8k16 fp16 / bf16 with fp32 accumulation
+HBM_BPS, L2_BPS, MMA_FLOPS = 4.0e12, 10.0e12, 600e12
+
+
+def predict(plan: MmaPlan, itemsize: int = 2) -> dict[str, float]:
+    """A launch's roofline: `flops` of the launched MMAs (masked pixels, K padding and channel
+    tails included), `dram` bytes (X, W, Y once), `staged` bytes read from L2 into shared memory
+    (every block's input window, a sector at least a pixel, and its weight rows), and `us`, the
+    largest of the three at HBM_BPS, L2_BPS and MMA_FLOPS (latency not modelled). PERSIST stages
+    the weights once a block, the others once a tile."""
+    slices, tiles = -(-plan.M // plan.CB), -(-plan.OH // plan.TH) * plan.tiles_w * plan.NB
+    K = plan.KH * plan.KW * (plan.C // plan.G)
+    flops = 2.0 * slices * tiles * plan.PWARPS * 32 * plan.CB * -(-K // 16) * 16
+    cin = max(1, plan.CB // (plan.M // plan.G)) * (plan.C // plan.G)
+    pixels = ((plan.TH - 1) * plan.SH + (plan.KH - 1) * plan.DH + 1) * ((plan.TWT - 1) * plan.SW
+                                                                       + (plan.KW - 1) * plan.DW + 1)
+    staged = slices * (tiles * pixels * max(32, cin * itemsize) + (plan.ctas or tiles) * plan.CB * K * itemsize)
+    dram = (plan.NB * (plan.H * plan.W * plan.C + plan.OH * plan.OW * plan.M) + plan.M * K) * itemsize
+    return {"flops": flops, "dram": dram, "staged": staged,
+            "us": 1e6 * max(dram / HBM_BPS, staged / L2_BPS, flops / MMA_FLOPS)}
 
 
 def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> int:
     """The smallest slice and a 16 x 2 pixel tile (past the limit for 32-bit storage)."""
     if itemsize != 2:
         return MMA_SMEM_LIMIT + 1
-    return mma_smem(win, min(mma_slices(win), default=0) or 1 << 20, 16, 2)
+    return mma_smem(win, min(mma_slices(win), default=0) or 1 << 20, 16, 2, variant)
 
 
-def kernel_source(layer: Any, elem: str, nb: int) -> KernelSource:
-    """conv_grouped_mma_nhwc for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
-    return tile_kernel(layer, elem, KERNEL, FILE, defines(GM_WM=WARP_TILES, GM_NB=nb, GM_BF16=int(elem == "bf16_t")))
+def kernel_source(layer: Any, elem: str, nb: int, variant: TileVariant = PIPE) -> KernelSource:
+    """`variant`'s kernel for `elem` (half_t / bf16_t) with `nb` n8 tiles a warp."""
+    file, kernel, persist = SOURCES[variant]
+    shape = {"GM_WM": WARP_TILES, "GM_NB": nb, "GM_BF16": int(elem == "bf16_t")}
+    if persist is not None:
+        shape["GM_PERSIST"] = persist
+    return tile_kernel(layer, elem, kernel, file, defines(**shape))
 
 
 def _kernels(variant: TileVariant):
@@ -168,36 +315,36 @@ def _kernels(variant: TileVariant):
         storage = (tuple(getattr(layer, "out_dtypes", ()) or ()) + ("",))[0]
         elems = [ELEMS[storage]] if storage in ELEMS else list(ELEMS.values())
         nbs = [warp_n8(win.mg)] if win else list(WARP_N8)
-        return [kernel_source(layer, e, nb) for e in elems for nb in nbs]
+        return [kernel_source(layer, e, nb, variant) for e in elems for nb in nbs]
 
     return kernels
 
 
 def _macs(plan: MmaPlan) -> int:
-    """The padded MACs over MMA_SPEEDUP (tile_estimate's FMA count)."""
-    blocks = plan.grid[0] * plan.grid[1] * plan.NB
-    return blocks * plan.TH * plan.TWT * plan.CB * (-(-plan.KH * plan.KW * (plan.C // plan.G) // 16) * 16) // MMA_SPEEDUP
+    """The launched MACs (predict's flops / 2) over MMA_SPEEDUP (tile_estimate's FMA count)."""
+    return int(predict(plan)["flops"] // (2 * MMA_SPEEDUP))
 
 
 def _launch(variant: TileVariant):
     def launch_of(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
                   Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
-        return kernel_source(layer, elem, plan.nb), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
+        return kernel_source(layer, elem, plan.nb, variant), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
 
     return launch_of
 
 
 def _plan_of(variant: TileVariant):
-    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage)
+    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage, variant)
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every n8 count in half and bfloat16, and a residual + Relu epilogue in half."""
+    """Each variant's every n8 count in half and bfloat16, and a residual + Relu epilogue in half."""
     shaped, _ = epilogue_layers(2, (1, 8, 8, 32), (32, 3, 3, 16))
-    return [kernel_source(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [kernel_source(shaped, "half_t", 2)]
+    return [kernel_source(layer, e, nb, v) for v in VARIANTS
+            for layer, e, nb in [(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [(shaped, "half_t", 2)]]
 
 
-register((VARIANT,), _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
+register(VARIANTS, _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
          lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0],
                                                                     layer.in_shapes[1], layer.out_shapes[0], storage),
                                  _macs, 1),

@@ -22,56 +22,13 @@
 //
 // grid (ceil(OH/TH) * ceil(OW/TW), ceil(M / CB), NB), block 32 * CW * PW threads, dynamic shared
 // memory 2 * (IH*IW*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
-#include "dtypes.cuh"
-#include "epilogue_hook.cuh"
-
-#ifndef GM_WM
-#define GM_WM 2        // m16 tiles (16 pixels each) a warp
-#endif
-#ifndef GM_NB
-#define GM_NB 1        // n8 tiles (8 output channels of one group each) a warp
-#endif
-#ifndef GM_BF16
-#define GM_BF16 0      // bfloat16 operands (else float16)
-#endif
-
-#define GM_BASE_PARAMS                                                                                             \
-  const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int G, int OH, int OW,    \
-      int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int TH, int TW, int CB, int CW, int tiles_w, \
-      int vec_in, int vec_out
-#define GM_PARAMS GM_BASE_PARAMS EPI_PARAMS
-#define GM_BASE_ARGS X, Wt, Bias, Y, H, W, C, M, G, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, TH, TW, CB, CW, tiles_w, \
-      vec_in, vec_out
-#define GM_ARGS GM_BASE_ARGS EPI_COMMA_ARGS
-
-// c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col)
-__device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
-#if GM_BF16
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
+#include "conv_grouped_mma.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAMS) {
-  extern __shared__ __align__(16) unsigned char gm_smem[];
-  constexpr int WM = GM_WM, NB = GM_NB;
-#if HAS_EPILOGUE
-  const EpiState E = make_epi(EPI_ARGS);
-#endif
-  const int T = blockDim.x, t = threadIdx.x, warp = t / 32, lane = t % 32;
+  GM_BLOCK(blockIdx.y)
+  GM_TILE(blockIdx.x)
+  const int n = (int)blockIdx.z;
   const int gid = lane / 4, tig = lane % 4;
-  const int tile_w = (int)(blockIdx.x % (unsigned)tiles_w), tile_h = (int)(blockIdx.x / (unsigned)tiles_w);
-  const int oh0 = tile_h * TH, ow0 = tile_w * TW, n = (int)blockIdx.z;
-  const int cpg = C / G, Mg = M / G, K = KH * KW * cpg, KP = (K + 15) / 16 * 16 + 8;
-  const int m0 = (int)blockIdx.y * CB, g0 = m0 / Mg;
-  const int GB = CB >= Mg ? CB / Mg : 1, ci0 = g0 * cpg;
   const int CIN = (GB < G - g0 ? GB : G - g0) * cpg, CINP = GB * cpg + 8;
   const int IH = (TH - 1) * SH + (KH - 1) * DH + 1, IW = (TW - 1) * SW + (KW - 1) * DW + 1;
   ELEM* xs = (ELEM*)gm_smem;                 // [IH * IW][CINP]
@@ -121,12 +78,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAM
       rowoff[mi][h] = (pr < TH ? (pr * SH * IW + pc * SW) * CINP : 0) + jg * cpg + 2 * tig;
     }
   float acc[WM][NB][4];
-#pragma unroll
-  for (int mi = 0; mi < WM; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NB; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  gm_zero(acc);
 
   const ELEM* wl = ws + (i64)(nl0 + gid) * KP + 2 * tig;
   for (int k0 = 0; k0 < K; k0 += 16) {
@@ -158,35 +110,5 @@ extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAM
     }
   }
 
-#pragma unroll
-  for (int mi = 0; mi < WM; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int p = pw * 16 * WM + mi * 16 + gid + 8 * h, pr = p / TW, pc = p % TW;
-      const int oh = oh0 + pr, ow = ow0 + pc;
-      if (pr >= TH || oh >= OH || ow >= OW) continue;
-#pragma unroll
-      for (int ni = 0; ni < NB; ++ni) {
-        const int co = m0 + nl0 + ni * 8 + 2 * tig;
-        if (co >= M) continue;
-        const i64 oi = (((i64)n * OH + oh) * OW + ow) * M + co;
-        float y[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          y[e] = acc[mi][ni][2 * h + e] + (Bias ? (float)ld(Bias, co + e) : 0.f);
-#if HAS_EPILOGUE
-          y[e] = apply_epilogue(E, y[e], oi + e, co + e);
-#endif
-        }
-        if (vec_out) {
-          ELEM out[2];
-          st(out, 0, y[0]);
-          st(out, 1, y[1]);
-          *(u32*)(Y + oi) = *(const u32*)out;
-        } else {
-          st(Y, oi, y[0]);
-          st(Y, oi + 1, y[1]);
-        }
-      }
-    }
+  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
 }
