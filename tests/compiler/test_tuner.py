@@ -263,6 +263,8 @@ def test_tactic_families_strip_only_a_tile_word():
 
     assert family("cuda.conv_nhwc.sm90_64x128x2") == family("cuda.conv_nhwc.sm90_128x128") == "cuda.conv_nhwc.sm90"
     assert family("cuda.conv_nhwc.skinny_128x32") == "cuda.conv_nhwc.skinny"
+    assert family("cuda.gemm.sm90_128x128_sk2") == family("cuda.gemm.sm90_64x64") == "cuda.gemm.sm90"  # split-K: one kernel
+    assert family("cuda.gemm.sm90_128x128_streamk") == "cuda.gemm.sm90_128x128_streamk"
     assert family("cuda.conv.igemm_simt_wide") == "cuda.conv.igemm_simt_wide"
     assert family("cuda.weight_only.m4") == "cuda.weight_only.m4"
     assert family("cpu.gemm") == "cpu.gemm"

@@ -191,12 +191,14 @@ EXTRA_FAMILIES = 2
 
 
 def family(tactic_name: str) -> str:
-    """A tactic's family: its name without a trailing tile or variant word that holds a digit
+    """A tactic's family: its name without the trailing tile or variant words that hold a digit
     (`cuda.conv_nhwc.sm90_64x128x2` and `cuda.conv_nhwc.sm90_128x128` are one family, `..skinny_128x32`
     another): candidates of one kernel that differ only in their tile."""
     head, _, last = tactic_name.rpartition(".")
-    stem, _, tail = last.rpartition("_")
-    return f"{head}.{stem}" if stem and any(c.isdigit() for c in tail) else tactic_name
+    words = last.split("_")
+    while len(words) > 1 and any(c.isdigit() for c in words[-1]):  # tiles, split counts: `sm90_128x128_sk2`
+        words.pop()
+    return f"{head}.{'_'.join(words)}" if head else "_".join(words)
 
 
 def _with_families(pairs: Sequence[Pair], cap: int) -> list[Pair]:
