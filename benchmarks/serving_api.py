@@ -8,7 +8,10 @@ Run on a GPU machine with torch, torchvision and transformers installed:
    out of the context's arena around each replay (`enqueue(bindings, stream)`), and bound in place
    (`set_tensor_address`, `enqueue(stream=...)`). Outputs must be bit-identical; the two are timed
    in alternating rounds (CUDA events, median of medians) and the in-place speedup is reported
-   (the issue asks >= 3 % for ResNet-50 bs32 and BERT bs1 fp16).
+   (the issue asks >= 3 % for ResNet-50 bs32 and BERT bs1 fp16). Each timed run starts from an idle
+   GPU, so the host's time in enqueue is on its critical path: the host microseconds of one enqueue
+   (back-to-back calls, perf_counter) are reported for both modes too (benchmarks/enqueue_host.py
+   measures the engine's part of them without a GPU).
 2. ResNet-50 bs1 fp16 built with --input-io-formats fp16:chw --output-io-formats fp16:chw: the
    layers at its edges must have no Cast, and its outputs must match the fp32-I/O plan's within
    fp16 tolerance.
@@ -24,11 +27,26 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks import provenance
 from benchmarks.cuda_models import export, make_inputs, make_model
 from benchmarks.cuda_timing import bind_plan, time_cuda
+
+
+def host_us(run, torch, calls: int = 50, rounds: int = 5) -> float:
+    """Median host microseconds of one enqueue: `calls` back-to-back enqueues (the device queue
+    absorbs them, so the host is not waiting on the GPU) timed with perf_counter, per round."""
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        per_round.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return round(statistics.median(per_round), 1)
 
 
 def in_place_vs_copies(name: str, batch: int, args, torch) -> dict:
@@ -53,11 +71,13 @@ def in_place_vs_copies(name: str, batch: int, args, torch) -> dict:
     for _ in range(args.rounds):
         for mode, b in bound.items():
             samples[mode].append(time_cuda(b.run, torch, args.warmup, args.iters))
+    host = {mode: host_us(b.run, torch) for mode, b in bound.items()}
     for b in bound.values():
         b.close()
     ms = {mode: statistics.median(v) for mode, v in samples.items()}
     return {"model": name, "batch": batch, "precision": "fp16", "copies_ms": round(ms["copies"], 4),
             "in_place_ms": round(ms["in_place"], 4), "speedup_pct": round(100 * (ms["copies"] / ms["in_place"] - 1), 2),
+            "copies_host_us": host["copies"], "in_place_host_us": host["in_place"],
             "bit_identical": identical}
 
 
@@ -102,7 +122,8 @@ def main() -> None:
     rows = [in_place_vs_copies(n, int(b), args, torch) for n, b in (c.split(":") for c in args.cases.split(","))]
     for row in rows:
         print(f"{row['model']:10} bs{row['batch']:<3} fp16  copies {row['copies_ms']:8.3f} ms  in place "
-              f"{row['in_place_ms']:8.3f} ms  {row['speedup_pct']:+6.2f} %  bit-identical {row['bit_identical']}")
+              f"{row['in_place_ms']:8.3f} ms  {row['speedup_pct']:+6.2f} %  bit-identical {row['bit_identical']}  "
+              f"host us per enqueue: copies {row['copies_host_us']}, in place {row['in_place_host_us']}")
     io = fp16_io(args, torch)
     print(f"resnet50 bs1 fp16 I/O: edge layers {io['edge_layer_kinds']['fp16']}, Cast at edges {io['cast_at_fp16_edges']}, "
           f"max |diff| vs fp32 I/O {io['max_abs_diff']:.4g} (within fp16 tolerance: {io['within_fp16_tolerance']})")

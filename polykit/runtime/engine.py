@@ -425,7 +425,8 @@ class ExecutionContext:
         """Bind I/O tensor `name` to the caller's buffer (an address, or an object with
         __cuda_array_interface__ / DLPack on cuda, __array_interface__ on cpu): the following
         enqueues read that input or write that output in place, with no copy. None unbinds it.
-        The buffer is checked (size, dtype, alignment) against the run's shape at enqueue."""
+        The buffer is checked (size, dtype, alignment) against the run's shape at the first enqueue
+        of each shape, when an object's address is read: bind it again if it gets new memory."""
         self._addresses.set(name, binding)
 
     def get_tensor_address(self, name: str) -> Any:
@@ -482,7 +483,7 @@ class ExecutionContext:
             raise RuntimeInputError("the execution context was created without device memory and has none",
                                     hint=f"call set_device_memory with {self.engine.device_memory_size} bytes first")
 
-    def _replay_in_place(self, addresses: Mapping[str, int]) -> bool:
+    def _replay_in_place(self, addresses: tuple[tuple[str, int], ...]) -> bool:
         """Whether this run reads and writes `addresses` in place. Without captured replays,
         always. With them, a set of addresses runs in place from its second run on (captured
         then, replayed after), for at most MAX_IN_PLACE_SETS sets per context; a set's first run, and
@@ -491,7 +492,7 @@ class ExecutionContext:
         never an eager run or a capture each time, and a few stable buffers run in place."""
         if not self._replay_wanted:
             return True
-        key = (self._shapes.key if self._shapes is not None else ()) + (tuple(sorted(addresses.items())),)
+        key = (self._shapes.key if self._shapes is not None else ()) + (addresses,)
         if key in self._in_place_sets:
             return True
         if len(self._in_place_sets) < MAX_IN_PLACE_SETS:
@@ -655,13 +656,19 @@ class ExecutionContext:
         ctx.begin()
         self._check_memory()
         self._bind()
-        inplace = {n: p for n, p in self._addresses.resolve(ctx, self._shapes.shapes).items() if n not in bindings}
-        if inplace and not self._replay_in_place(inplace):
+        inplace = {}
+        if self._addresses:
+            inplace = {n: p for n, p in self._addresses.resolve(ctx, self._shapes.shapes).items() if n not in bindings}
+        pairs = tuple(sorted(inplace.items()))
+        if inplace and not self._replay_in_place(pairs):
             bindings.update(inplace)  # copied this time (module docstring of polykit.runtime.io_binding)
-            inplace = {}
-        for name in ctx.bind_addresses(inplace):  # tensors the target cannot place: copied from/to the address
-            bindings[name] = inplace.pop(name)
-        self._io_key = (tuple(sorted(inplace.items())), id(self._consumed_event))
+            inplace, pairs = {}, ()
+        copied = ctx.bind_addresses(inplace)
+        if copied:  # tensors the target cannot place: copied from/to the address
+            for name in copied:
+                bindings[name] = inplace.pop(name)
+            pairs = tuple(sorted(inplace.items()))
+        self._io_key = (pairs, id(self._consumed_event))
         user = ctx.borrow_stream(stream)
         for name in plan.inputs:
             if name not in inplace:

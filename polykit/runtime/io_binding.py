@@ -4,7 +4,8 @@
 object with the target's array interface: `__cuda_array_interface__` / DLPack on cuda,
 `__array_interface__` on cpu); the next enqueues read that input or write that output in
 place, with no copy. `IoAddresses` keeps the bindings and checks each against the tensor's
-shape of the run (size, dtype where the object tells it, alignment) before the launches.
+shape of the run (size, dtype where the object tells it, alignment) before the launches, once per
+binding and shape: an object's address is read then, as if its pointer had been bound.
 
 Where a context replays captured launches (CUDA graphs), the graph holds the addresses it was
 captured with. A set of addresses therefore runs in place from its second run on (captured
@@ -21,12 +22,16 @@ view of one): once it has run the caller may overwrite its input buffers
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from polykit.compiler.plan.file import Plan
 from polykit.errors import RuntimeInputError, UsageError
+
+#: (tensor, shape) pairs whose bound address a context remembers as checked
+MAX_CHECKED = 256
 
 
 def root_of(name: str, aliases: Mapping[str, str]) -> str:
@@ -38,17 +43,26 @@ def root_of(name: str, aliases: Mapping[str, str]) -> str:
     return name
 
 
-def place_in_caller_memory(plan: Any, names: Iterable[str], elsewhere: Iterable[str] = ()) -> tuple[dict, set]:
+def view_groups(aliases: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """{root: every view sharing its memory} of a plan's `memory.aliases` (roots without views absent)."""
+    groups: dict[str, list[str]] = {}
+    for view in aliases:
+        groups.setdefault(root_of(view, aliases), []).append(view)
+    return {root: tuple(views) for root, views in groups.items()}
+
+
+def place_in_caller_memory(plan: Any, names: Iterable[str], elsewhere: Iterable[str] = (),
+                           groups: Mapping[str, tuple[str, ...]] | None = None) -> tuple[dict, set]:
     """Which tensors move to the caller's memory when I/O tensors `names` are bound there: ({bound
     name: (the tensor whose slot it shares, and every view of that slot)}, names to copy instead).
     A bound tensor's whole view group moves, so the layers writing or reading any view of it use
     the caller's bytes. Copied instead: an output that is an input or a view of one, a second
     name bound to a slot already bound, a weight, and a group with a member `elsewhere` (memory
-    outside the arena: staged values, run-time-sized regions)."""
+    outside the arena: staged values, run-time-sized regions). `groups`: the plan's
+    view_groups, when the caller keeps them (a context binding on every run does)."""
     aliases, outside = plan.memory.aliases, set(elsewhere)
-    groups: dict[str, list[str]] = {}
-    for view in aliases:
-        groups.setdefault(root_of(view, aliases), []).append(view)
+    if groups is None:
+        groups = view_groups(aliases)
     placed, copies, taken = {}, set(), set()
     for name in sorted(names, key=lambda n: n not in plan.inputs):  # inputs claim their slots first
         root = root_of(name, aliases)
@@ -86,6 +100,7 @@ class IoAddresses:
     def __init__(self, plan: Any):
         self._plan = plan
         self._bound: dict[str, Any] = {}
+        self._checked: dict[tuple, int] = {}  # (name, shape) -> the bound buffer's address, checked
 
     def set(self, name: str, binding: Any) -> None:
         """Bind I/O tensor `name` to `binding` (None unbinds it: the context copies it again)."""
@@ -96,6 +111,7 @@ class IoAddresses:
             self._bound.pop(name, None)
         else:
             self._bound[name] = binding
+        self._checked = {key: ptr for key, ptr in self._checked.items() if key[0] != name}
 
     def get(self, name: str) -> Any:
         return self._bound.get(name)
@@ -107,27 +123,46 @@ class IoAddresses:
         return name in self._bound
 
     def resolve(self, ctx: Any, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-        """{name: address} of every binding, checked for the run's shapes on target context `ctx`."""
+        """{name: address} of every binding, checked for the run's shapes on target context `ctx`.
+        A binding is checked (and an object asked for its address) the first time it serves a
+        shape, not on every run: serving binds the same buffers run after run, and this is on
+        the host's path to every launch. An object's address is the one it had then, as if its
+        pointer had been bound (TensorRT binds pointers): bind it again after it gets new memory."""
         out = {}
         for name, binding in self._bound.items():
-            desc = self._plan.tensors[name]
-            shape = tuple(shapes.get(name, desc.shape))
-            if desc.dims and name not in shapes:
-                raise RuntimeInputError(f"output {name!r} has a data-dependent size and cannot be bound in place",
-                                        where=f"tensor {name!r}",
-                                        hint="unbind it (set_tensor_address(name, None)) and pass it to enqueue")
-            ptr = ctx.io_pointer(binding, name, shape, desc.np_dtype)
-            align = max(ctx.io_alignment, desc.np_dtype.itemsize)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * desc.np_dtype.itemsize
-            if nbytes and ptr == 0:
-                raise RuntimeInputError(f"tensor {name!r} is bound to a null address", where=f"tensor {name!r}",
-                                        hint="bind a buffer of the tensor's size")
-            if ptr % align:
-                raise RuntimeInputError(f"the buffer bound to {name!r} at {ptr:#x} is not aligned to {align} bytes",
-                                        where=f"tensor {name!r}",
-                                        hint=f"bind an address that is a multiple of {align} (fresh allocations are)")
+            shape = shapes.get(name)
+            shape = self._static_shape(name) if shape is None else tuple(shape)
+            key = (name, shape)
+            ptr = self._checked.get(key)
+            if ptr is None:
+                ptr = self._check(ctx, name, binding, shape)
+                if len(self._checked) >= MAX_CHECKED:  # many shapes: start over
+                    self._checked.clear()
+                self._checked[key] = ptr
             out[name] = ptr
         return out
+
+    def _check(self, ctx: Any, name: str, binding: Any, shape: tuple[int, ...]) -> int:
+        dtype = self._plan.tensors[name].np_dtype
+        ptr = ctx.io_pointer(binding, name, shape, dtype)
+        align = max(ctx.io_alignment, dtype.itemsize)
+        if math.prod(shape) * dtype.itemsize and ptr == 0:
+            raise RuntimeInputError(f"tensor {name!r} is bound to a null address", where=f"tensor {name!r}",
+                                    hint="bind a buffer of the tensor's size")
+        if ptr % align:
+            raise RuntimeInputError(f"the buffer bound to {name!r} at {ptr:#x} is not aligned to {align} bytes",
+                                    where=f"tensor {name!r}",
+                                    hint=f"bind an address that is a multiple of {align} (fresh allocations are)")
+        return ptr
+
+    def _static_shape(self, name: str) -> tuple[int, ...]:
+        """The plan's shape of a tensor the run's shapes do not list; a data-dependent one cannot be bound."""
+        desc = self._plan.tensors[name]
+        if desc.dims:
+            raise RuntimeInputError(f"output {name!r} has a data-dependent size and cannot be bound in place",
+                                    where=f"tensor {name!r}",
+                                    hint="unbind it (set_tensor_address(name, None)) and pass it to enqueue")
+        return tuple(desc.shape)
 
 
 def scratch_of(memory: Any, size: int | None) -> tuple[int, int]:

@@ -252,3 +252,72 @@ def test_replays_on_caller_addresses_and_on_the_contexts_memory_never_push_each_
         assert [r.closed for r in own] == [True] + [False] * MAX_REPLAYS
         assert not any(r.closed for r in bound)
         ctx._replays.clear()
+
+
+class Counted:
+    """A host buffer that counts how often its address is asked for (its __array_interface__)."""
+
+    def __init__(self, array):
+        self.array, self.asked = array, 0
+
+    @property
+    def __array_interface__(self):
+        self.asked += 1
+        return self.array.__array_interface__
+
+
+def test_a_bound_buffer_is_checked_once_per_shape_and_again_once_rebound(engine):
+    """Serving binds the same buffers run after run: their checks are not on the host's path to
+    every launch. Rebinding (the object may hold new memory now) checks again."""
+    with engine.create_execution_context() as ctx:
+        x = Counted(_x(6))
+        ctx.set_tensor_address("x", x)
+        y, z = _bound(ctx)
+        ctx.enqueue()
+        once = x.asked
+        for _ in range(3):
+            ctx.enqueue()
+        assert once > 0 and x.asked == once
+        want = ctx.execute({"x": x.array})
+        np.testing.assert_array_equal(y, want["y"])
+        x.array = _x(7)  # new memory behind the same object: used once it is bound again
+        ctx.set_tensor_address("x", x)
+        ctx.enqueue()
+        assert x.asked == 2 * once
+        np.testing.assert_array_equal(z, ctx.execute({"x": x.array})["z"])
+
+
+def test_the_cuda_placement_is_redone_only_when_the_bound_addresses_change(monkeypatch):
+    """CudaContext.bind_addresses on a cuda plan built without a device: the same addresses bound
+    again leave every tensor where it is; new ones move the group there and the old back home."""
+    import types
+
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.runtime.cuda import target
+    from polykit.runtime.io_binding import place_in_caller_memory, view_groups
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["v"], name="view_x"),
+             helper.make_node("Relu", ["v"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])],
+                              [numpy_helper.from_array(np.array([6, 4], np.int64), "shape")])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                      BuilderConfig(target="cuda", builder_optimization_level=0, fuse=False))
+    home = {name: 0x1000 * (i + 1) for i, name in enumerate(plan.tensors)}
+    ctx = types.SimpleNamespace(engine=types.SimpleNamespace(plan=plan), _elsewhere=set(), _moved={},
+                                _view_groups=view_groups(plan.memory.aliases), _bound_key=(),
+                                _bound_copies=frozenset(),
+                                tensors={n: DeviceTensor(home[n], tuple(d.shape), d.np_dtype) for n, d in plan.tensors.items()})
+    calls = []
+    monkeypatch.setattr(target, "place_in_caller_memory", lambda *a: calls.append(a) or place_in_caller_memory(*a))
+    bind = target.CudaContext.bind_addresses
+    assert bind(ctx, {}) == set() and calls == []  # nothing bound, nothing moved
+    for _ in range(3):
+        assert bind(ctx, {"x": 0xA000, "y": 0xB000}) == set()
+    assert len(calls) == 1
+    assert {n: t.ptr for n, t in ctx.tensors.items() if n in ("x", "v", "y")} == {"x": 0xA000, "v": 0xA000, "y": 0xB000}
+    bind(ctx, {"x": 0xC000})
+    assert len(calls) == 2
+    assert (ctx.tensors["x"].ptr, ctx.tensors["v"].ptr, ctx.tensors["y"].ptr) == (0xC000, 0xC000, home["y"])
+    bind(ctx, {})
+    assert all(t.ptr == home[n] for n, t in ctx.tensors.items())

@@ -52,7 +52,7 @@ from polykit.runtime.weight_streaming import RECORD_KEY
 #: a layer's kernels, regenerated from its tactics and checked against the plan's record (no source
 #: text comes from a plan)
 from polykit.runtime.tactic_check import plan_kernels
-from polykit.runtime.io_binding import place_in_caller_memory
+from polykit.runtime.io_binding import place_in_caller_memory, view_groups
 from polykit.runtime.memory import check_scratch
 
 log = logging.getLogger("polykit")
@@ -234,6 +234,10 @@ class CudaContext:
         self._elsewhere = staged | set(self._sized.members) | set(self._outputs.members) \
             | {n for regions in self._data_sized for n in regions.members}
         self._moved: dict[str, int] = {}  # tensors bound at caller addresses: their own pointer
+        self._view_groups = view_groups(plan.memory.aliases)
+        self._bound_key: tuple = ()  # the (name, address) pairs bound now, and the names copied instead
+        self._bound_copies: frozenset[str] = frozenset()
+        self._borrowed: tuple[Any, Stream] | None = None  # (the caller's last stream object, its Stream)
         self._steps = engine.steps
         self._streamer = engine.streamed.streamer() if engine.streamed is not None else None
         if device_memory == "owned":
@@ -273,17 +277,22 @@ class CudaContext:
     def bind_addresses(self, addresses: dict[str, int]) -> set[str]:
         """Move each bound tensor, with the views sharing its memory, to its address; an output
         that is a view of an input or of another bound tensor, or lives outside the arena, is
-        left where it is and returned (the engine copies it)."""
+        left where it is and returned (the engine copies it). The addresses bound last time are
+        bound still: nothing to do (a serving loop binds the same buffers run after run)."""
+        key = tuple(addresses.items())
+        if key == self._bound_key:
+            return set(self._bound_copies)
         for name, ptr in self._moved.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
         self._moved = {}
-        placed, copies = place_in_caller_memory(self.engine.plan, addresses, self._elsewhere)
+        placed, copies = place_in_caller_memory(self.engine.plan, addresses, self._elsewhere, self._view_groups)
         for name, group in placed.items():
             for member in group:
                 t = self.tensors[member]
                 self._moved[member] = t.ptr
                 self.tensors[member] = DeviceTensor(addresses[name], t.shape, t.dtype)
+        self._bound_key, self._bound_copies = key, frozenset(copies)
         return copies
 
     def signal(self, event: Any, stream: Stream) -> None:
@@ -390,7 +399,14 @@ class CudaContext:
 
     # ---- device buffers (ExecutionContext.enqueue) ------------------------------------------
     def borrow_stream(self, stream: Any) -> Stream:
-        return Stream(stream_handle(stream))
+        """The caller's stream as a borrowed Stream; the one of the last call again when the caller
+        passes the same object (held here, so it cannot be another object at the same id)."""
+        last = self._borrowed
+        if last is not None and last[0] is stream and stream is not None:
+            return last[1]
+        borrowed = Stream(stream_handle(stream))
+        self._borrowed = (stream, borrowed)
+        return borrowed
 
     def copy_in_device(self, name: str, binding: Any, stream: Stream) -> None:
         t = self.tensors[name]
