@@ -14,7 +14,8 @@ row: the torch model (seed 0, zoo_models.prepare) is exported to ONNX once per b
 POLYKIT_CACHE_DIR: no compiled kernels, no timing cache) then warm (same kernel cache, the first
 build's timing cache); torch runs eager under inference_mode with model.half() and as
 torch.compile(mode="reduce-overhead") in the same process; polykit runs through
-ExecutionContext.enqueue on torch tensors (CUDA-graph replay). The three are timed in
+ExecutionContext.enqueue on torch tensors bound in place with set_tensor_address (CUDA-graph
+replay; --io copies passes them to enqueue, copied through the arena). The three are timed in
 alternating --rounds (CUDA events, median of --iters after --warmup runs each), the reported time
 the median of the rounds. Accuracy: polykit's fp16 output against torch fp32 eager (TF32 off) on
 the same input (max abs error, max abs error / max |ref|, L2 relative), and torch's own fp16 error
@@ -83,6 +84,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs before each timed set")
     p.add_argument("--skip-compile", action="store_true", help="do not time torch.compile")
     p.add_argument("--level", type=int, default=3, help="polykit builder optimization level")
+    p.add_argument("--io", choices=["in-place", "copies"], default="in-place",
+                   help="polykit's I/O: torch tensors bound with set_tensor_address (TensorRT's enqueueV3 way, "
+                        "the default since 2026-12-05), or passed to enqueue and copied through the arena")
     p.add_argument("--kernel-cache", choices=["fresh", "shared"], default="fresh",
                    help="fresh: every case's first build is cold; shared: builds share --cache-dir's kernel "
                         "cache (faster runs; the first build is then not cold)")
@@ -180,7 +184,7 @@ def child_command(args: argparse.Namespace, model: ZooModel, batch: int, row_out
                   prepared: Sequence[str] = ()) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", f"{model.name}:{batch}", "--row-out", row_out,
            "--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--level", str(args.level), "--kernel-cache", args.kernel_cache, "--profile-runs", str(args.profile_runs),
+           "--level", str(args.level), "--io", args.io, "--kernel-cache", args.kernel_cache, "--profile-runs", str(args.profile_runs),
            "--cache-dir", str(Path(args.cache_dir).resolve())]
     return cmd + (["--skip-compile"] if args.skip_compile else []) + (["--prepared", ",".join(prepared)] if prepared else [])
 
@@ -447,7 +451,8 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
                 if compiled is not None:
                     runners["compile"] = compiled
             stage("polykit")
-            bound = bind_plan(plan, dev_inputs, torch)
+            bound = bind_plan(plan, dev_inputs, torch, in_place=args.io == "in-place")
+            row["io"] = args.io
             bound.run()
             torch.cuda.synchronize()
             row.update(errors(bound.out, ref))
