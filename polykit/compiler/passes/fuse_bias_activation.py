@@ -3,7 +3,13 @@
 1. Conv + Add(constant per-channel) -> the Conv's bias input (ai.polykit ConvNHWC likewise,
    its channels on the last axis).
 2. MatMul(2-D A, constant 2-D W) + Add(constant [N]) -> Gemm(A, W, bias).
-3. Conv / Gemm / MatMul / ConvNHWC followed by elementwise ops (activations, bias, scale,
+3. A view between a base op and its elementwise reader moves below the reader: `E(View(y), r)`
+   -> `View(E(y, View'(r)))` where y is the base op's output read by nothing else, View a Reshape /
+   Flatten / Squeeze / Unsqueeze (the element order stays), and each other operand r of E has
+   E's output shape (View' gives it y's shape, a view too) or one element. So a residual Add
+   behind a Reshape (torchvision's MultiheadAttention at batch 1: out-proj Gemm [S, E] ->
+   [1, S, E] -> Add) joins the Gemm's epilogue in step 4.
+4. Conv / Gemm / MatMul / ConvNHWC followed by elementwise ops (activations, bias, scale,
    residual Add, Clip...) whose intermediates are read only among them, converging to one
    output -> one ai.polykit node with an epilogue (docs/FUSION.md): a chain, or a diamond such
    as SiLU's `Mul(x, Sigmoid(x))`. Every step keeps the base op's output shape.
@@ -24,6 +30,7 @@ from polykit.compiler.passes.rewrite import const, json_safe, protected, replace
 def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Fold biases, then fuse epilogue groups; True if anything changed."""
     changed = _fold_biases(graph, protected(graph, keep))
+    changed = _sink_views(graph, protected(graph, keep)) or changed
     return _fuse_epilogues(graph, protected(graph, keep)) or changed
 
 
@@ -58,6 +65,66 @@ def _fold_biases(graph: Graph, fixed: set[str]) -> bool:
             dead.append(add)
     graph.remove_nodes(dead)
     return bool(dead)
+
+
+#: order-keeping views a base op's output may pass through on its way to an epilogue op
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def _sink_views(graph: Graph, fixed: set[str]) -> bool:
+    """Rule 3 of the module docstring (through a chain of views, e.g. Reshape then a Transpose of
+    size-1 dims made a Reshape); True if a view moved."""
+    readers = graph.consumers()
+    moved = False
+    for base in list(graph.nodes):
+        if not _takes_epilogue(base) or len(base.outputs) != 1:
+            continue
+        views, op = [], sole_reader(graph, base.outputs[0], readers, fixed)
+        while op is not None and op.domain == "" and op.op_type in VIEW_OPS and op.outputs[0] not in fixed:
+            views.append(op)
+            op = sole_reader(graph, op.outputs[0], readers, fixed)
+        if not views or op is None or not is_fusable(graph, op):  # op keeps its output's name
+            continue
+        last = views[-1].outputs[0]
+        y, v, out = graph.value(base.outputs[0]), graph.value(last), graph.value(op.outputs[0])
+        if (not y.is_static or not v.is_static or tuple(out.shape or ()) != tuple(v.shape)
+                or out.dtype != v.dtype or op.inputs.count(last) != 1):
+            continue
+        others = [graph.value(n) for n in op.inputs if n and n != last]
+        if any(not r.is_static or (tuple(r.shape) != tuple(v.shape) and int(np.prod(r.shape)) != 1) for r in others):
+            continue
+        _move_views_below(graph, base.outputs[0], views, op)
+        readers = graph.consumers()
+        moved = True
+    return moved
+
+
+def _move_views_below(graph: Graph, y: str, views: list[Node], op: Node) -> None:
+    """`op(views(y), r...)` -> `Reshape(op(y, r viewed as y's shape...))`; op's output keeps its name."""
+    last = views[-1].outputs[0]
+    y_shape = tuple(int(d) for d in graph.value(y).shape)
+    viewed_shape = tuple(int(d) for d in graph.value(last).shape)
+    target = graph.add_initializer(np.array(y_shape, np.int64), f"{op.name}_shape")
+    inputs, added = [], []
+    for name in op.inputs:
+        if name == last:
+            inputs.append(y)
+        elif name and tuple(graph.value(name).shape) == viewed_shape != y_shape:
+            viewed = graph.fresh_name(f"{name}_as_{op.name}")
+            added.append(Node("Reshape", [name, target], [viewed], {}, name=graph.fresh_name(f"{op.name}_view_in")))
+            graph.set_value(graph.value(name).with_(name=viewed, shape=y_shape))
+            inputs.append(viewed)
+        else:
+            inputs.append(name)  # one element (or y's shape already): broadcasts as before
+    final = op.outputs[0]
+    inner = graph.fresh_name(f"{final}_unviewed")
+    graph.set_value(graph.value(final).with_(name=inner, shape=y_shape))
+    op.inputs, op.outputs = inputs, [inner]
+    back = graph.add_initializer(np.array(viewed_shape, np.int64), f"{op.name}_back")
+    added.append(Node("Reshape", [inner, back], [final], {}, name=views[-1].name))
+    graph.remove_nodes(views)
+    graph.nodes.extend(added)
+    graph.toposort()
 
 
 def _bias_into_conv(graph: Graph, conv: Node, c: np.ndarray) -> bool:

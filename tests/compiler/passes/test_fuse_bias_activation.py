@@ -286,3 +286,47 @@ def test_an_int8_conv_takes_a_silu_diamond_into_its_epilogue():
     out, changed = run_and_compare(g, fold_qdq)
     (layer,) = [n for n in out.nodes if n.op_type != "DequantizeLinear"]  # the DQs are dead code now
     assert changed and layer.op_type == "QConv" and [s["op"] for s in layer.attrs["epilogue"]["body"]] == ["Sigmoid", "Mul"]
+
+
+def _out_proj_then_views(views, residual_shape=(1, 5, 4)):
+    """Gemm [5, 4] (torchvision's out-proj at batch 1) -> `views` -> Add(., r) -> y."""
+    nodes, inits, prev = [node("Gemm", ["x", "w", "b"], "g", name="out_proj")], {"w": _w(4, 4), "b": _w(4)}, "g"
+    for k, (op, arg) in enumerate(views):
+        out = f"v{k}"
+        if op == "Reshape":
+            inits[f"s{k}"] = np.array(arg, np.int64)
+            nodes.append(node("Reshape", [prev, f"s{k}"], out, name=f"view{k}"))
+        else:
+            inits[f"a{k}"] = np.array(arg, np.int64)
+            nodes.append(node(op, [prev, f"a{k}"], out, name=f"view{k}"))
+        prev = out
+    nodes.append(node("Add", [prev, "r"], "y", name="residual"))
+    return graph(nodes, {"x": (5, 4), "r": residual_shape}, ["y"], inits)
+
+
+def test_a_residual_add_behind_views_joins_the_gemm_epilogue():
+    """Gemm -> Reshape [5, 1, 4] -> Unsqueeze-free size-1 move [1, 5, 4] -> Add(residual): the views
+    move below the Add, which the Gemm takes as its epilogue; the residual is read as [5, 4]."""
+    g = _out_proj_then_views([("Reshape", [5, 1, 4]), ("Reshape", [1, 5, 4])])
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert changed
+    assert op_counts(out) == {"ai.polykit:Gemm": 1, "Reshape": 2}
+    fused = next(n for n in out.nodes if n.op_type == "Gemm")
+    assert [s["op"] for s in fused.attrs["epilogue"]["body"]] == ["Add"]
+    assert out.outputs == ["y"] and out.value("y").shape == (1, 5, 4)
+
+
+def test_views_with_a_scalar_operand_and_through_unsqueeze():
+    g = _out_proj_then_views([("Unsqueeze", [0])], residual_shape=())
+    out, changed = run_and_compare(g, fuse_bias_activation)
+    assert changed and op_counts(out) == {"ai.polykit:Gemm": 1, "Reshape": 1}
+
+
+def test_views_stay_where_the_other_operand_broadcasts_or_the_view_is_read_twice():
+    g = _out_proj_then_views([("Reshape", [1, 5, 4])], residual_shape=(4,))  # broadcast over rows
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    assert op_counts(out) == {"Gemm": 1, "Reshape": 1, "Add": 1}
+    g = _out_proj_then_views([("Reshape", [1, 5, 4])])
+    g.outputs.append("v0")  # the view is a graph output too
+    out, _ = run_and_compare(g, fuse_bias_activation)
+    assert op_counts(out) == {"Gemm": 1, "Reshape": 1, "Add": 1}
