@@ -117,3 +117,46 @@ def test_convnext_blocks_run_channels_last_from_the_entry_to_the_pool():
     feeds = feeds_for(g)
     np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], evaluate_graph(g, feeds)["logits"], rtol=1e-5,
                                atol=1e-5)
+
+
+# 1-D convolutions (x [N, C, L], W [M, C / group, k]): grouped and depthwise ones run as 2-D ConvNHWC
+CONV1D = [
+    ((2, 12, 17), 12, 3, 12, {"pads": [1, 1]}),  # depthwise
+    ((1, 16, 23), 16, 5, 4, {"strides": [2], "pads": [2, 1]}),  # grouped, asymmetric pads, stride 2
+    ((3, 24, 19), 24, 3, 3, {"dilations": [2], "pads": [2, 2]}),  # grouped, dilation
+    ((1, 8, 40), 16, 16, 2, {"pads": [8, 8]}),  # wav2vec2's positional conv in small: wide kernel, L' = L + 1
+    ((2, 6, 11), 6, 3, 6, {"auto_pad": "SAME_UPPER"}),
+]
+
+
+def _conv1d(x, m, k, group, **attrs):
+    return graph([node("Conv", ["x", "w", "b"], "c", name="conv1d", group=group, **attrs), node("Relu", ["c"], "y")],
+                 {"x": x}, ["y"], {"w": _w(m, x[1] // group, k), "b": _w(m)})
+
+
+@pytest.mark.parametrize("x,m,k,group,attrs", CONV1D)
+def test_grouped_and_depthwise_1d_convs_run_as_2d_conv_nhwc(x, m, k, group, attrs):
+    every = lambda h: to_channels_last(h, conv_classes=("dense", "depthwise", "grouped"))  # noqa: E731
+    out, changed = run_and_compare(_conv1d(x, m, k, group, **attrs), every)
+    assert changed and op_counts(out) == {"Transpose": 2, "Reshape": 2, CONV_NHWC: 1, "Relu": 1}
+    conv = next(n for n in out.nodes if n.op_type == "ConvNHWC")
+    assert conv.name == "conv1d" and conv.attrs["group"] == group and conv.attrs["kernel_shape"] == [1, k]
+    assert out.initializers[conv.inputs[1]].shape == (m, 1, k, x[1] // group)  # KRSC, H = 1
+
+
+def test_a_dense_1d_conv_stays_ncl():
+    assert not to_channels_last(_conv1d((1, 8, 12), 16, 3, 1, pads=[1, 1]))
+
+
+def test_a_sequence_models_own_transposes_cancel_around_a_1d_conv():
+    """[N, L, C] -> Transpose -> grouped Conv -> Transpose -> [N, L, M] (wav2vec2's positional conv):
+    in the channels-last build nothing is left but the conv and views."""
+    g = graph([node("Transpose", ["x"], "xt", perm=[0, 2, 1]),
+               node("Conv", ["xt", "w", "b"], "c", name="pos_conv", group=4, pads=[2, 2]),
+               node("Transpose", ["c"], "y", perm=[0, 2, 1])],
+              {"x": (2, 13, 16)}, ["y"], {"w": _w(16, 4, 5), "b": _w(16)})
+    feeds = feeds_for(g)
+    want = evaluate_graph(g, feeds)["y"]
+    out = optimize(g, channels_last=True, channels_last_convs=("dense", "depthwise", "grouped"))
+    assert "Transpose" not in op_counts(out)
+    np.testing.assert_allclose(evaluate_graph(out, feeds)["y"], want, rtol=1e-5, atol=1e-5)
