@@ -37,6 +37,7 @@ from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, event_handle, stream_handle
 from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
+from polykit.runtime.cuda.bound_shapes import BoundShapes
 from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import (ALIGN, Arena, DeviceBuffer, Region, WorkspacePool, align_up, copy_device,
@@ -234,6 +235,7 @@ class CudaContext:
         self._elsewhere = staged | set(self._sized.members) | set(self._outputs.members) \
             | {n for regions in self._data_sized for n in regions.members}
         self._moved: dict[str, int] = {}  # tensors bound at caller addresses: their own pointer
+        self._bound = BoundShapes(self.tensors)  # the shape set the tensors carry (bound_shapes)
         self._steps = engine.steps
         self._streamer = engine.streamed.streamer() if engine.streamed is not None else None
         if device_memory == "owned":
@@ -307,9 +309,7 @@ class CudaContext:
         profiles' largest); kernels of tactics with dynamic_sizes read them at launch. The
         layers launch with the tactics of the shapes' profile (the key starts with its index)."""
         self._steps = self.engine.profile_steps[shapes.key[0]]
-        for name, shape in shapes.shapes.items():
-            t = self.tensors[name]
-            self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
+        self._bound.bind(shapes)  # nothing to do when the tensors already carry this shape set
         # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized), outputs a
         # layer sized to the buffer it wrote (polykit.runtime.cuda.layer_outputs)
         placed = {n: p for regions in (self._sized, *self._data_sized) if regions
