@@ -126,3 +126,41 @@ def test_the_value_region_is_copied_to_only_when_its_shape_set_changes(monkeypat
         value = np.ascontiguousarray(small.values[name])
         got = np.frombuffer(bytes(block.data[offset:offset + value.nbytes]), dtype=value.dtype)
         np.testing.assert_array_equal(got, value.ravel())
+
+
+@pytest.mark.gpu
+def test_runs_at_one_shape_copy_no_values_and_rebuild_no_tensors_on_the_gpu(monkeypatch):
+    """GPU: execute at (1, 16) three times, (3, 77) twice, (1, 16) again: the value region is copied
+    to once per change of shape set (3 times), the DeviceTensors are rebuilt only then, and every
+    run matches onnxruntime (a skipped copy or rebinding that went wrong would not)."""
+    import onnxruntime as ort
+
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.engine import Runtime
+    from tests.runtime.test_dynamic_shapes import BERT_PROFILE, _bert_feeds
+
+    model = tiny_bert()
+    plan = build_plan(model, BuilderConfig(target="cuda", builder_optimization_level=0, profiles=[BERT_PROFILE]))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    feeds = {dims: _bert_feeds(rng, *dims) for dims in ((1, 16), (3, 77))}
+    call, copies = driver.call, []
+    with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
+        target = ctx._ctx
+        region = target._staged.region.ptr
+
+        def spy(name, *args, **kw):
+            if name == "cuMemcpyHtoDAsync" and args and args[0] == region:
+                copies.append(args[2])
+            return call(name, *args, **kw)
+
+        monkeypatch.setattr(driver, "call", spy)
+        rebuilt, seen = [], {}
+        for dims in [(1, 16)] * 3 + [(3, 77)] * 2 + [(1, 16)]:
+            got = ctx.execute(feeds[dims])["out"]
+            np.testing.assert_allclose(got, session.run(None, feeds[dims])[0], rtol=1e-3, atol=1e-3)
+            now = dict(target.tensors)
+            rebuilt.append(sum(1 for n, t in now.items() if seen.get(n) is not t))
+            seen = now
+        assert len(copies) == 3
+        assert rebuilt[1] == rebuilt[2] == rebuilt[4] == 0 and rebuilt[3] > 0 and rebuilt[5] > 0
