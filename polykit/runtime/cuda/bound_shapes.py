@@ -40,10 +40,6 @@ class BoundShapes:
         self.key = shapes.key
         return rebuilt
 
-    def forget(self) -> None:
-        """The tensors' shapes may no longer be the bound set's: the next bind walks them all."""
-        self.key = None
-
     @staticmethod
     def emulated(plan: Any) -> dict[str, DeviceTensor]:
         """DeviceTensors of `plan`'s non-weight tensors at their recorded shapes (null pointers):
