@@ -55,7 +55,7 @@ class NoDriverContext:
         self.tensors = {n: DeviceTensor(0x10000 + i * 4096, tuple(d.shape), d.np_dtype)
                         for i, (n, d) in enumerate(plan.tensors.items())}
         self._elsewhere, self._moved = set(), {}
-        self._view_groups, self._bound_key, self._bound_copies = view_groups(plan.memory.aliases), (), frozenset()
+        self._view_groups, self._placed_key, self._placed_copies = view_groups(plan.memory.aliases), (), frozenset()
 
     def io_pointer(self, binding, name, shape, dtype):
         return int(binding)

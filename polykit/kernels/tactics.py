@@ -53,6 +53,10 @@ class Tactic:
     dynamic_sizes: it reads the layer's sizes at run time, so it may serve a layer of a plan
         built for optimization profiles whose shapes change between runs (polykit.compiler.plan.profiles);
         a tactic whose kernel bakes sizes in at build time is not eligible for such a layer.
+    serves(layer) -> bool, or None (then `supports`): whether it runs the layer correctly at these
+        shapes, where `supports` also asks that it be worth a candidate there (a split reduction
+        whose split would be 1, whose enqueue then runs its family's plain kernel). A profile's
+        corners need only this (tuner.serves_corners); its opt still needs `supports`.
     revision: the version of what the tactic computes and the layouts it reads and writes (its
         formats, how it wants its weights packed): a version-compatible plan names its tactics
         `name@revision` (versioned_name), and another polykit version loads it only where each
@@ -72,6 +76,7 @@ class Tactic:
     conservative: bool = False
     dynamic_sizes: bool = False
     revision: int = 1
+    serves: Callable[[Any], bool] | None = field(default=None, hash=False, compare=False)
 
     @property
     def versioned_name(self) -> str:

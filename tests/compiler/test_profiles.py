@@ -229,3 +229,38 @@ def test_tactics_are_timed_at_each_profiles_opt_shape(monkeypatch):
         shapes = {tuple(evaluate(d, opt) for d in plan.tensors[name].dims)
                   for opt in ({"batch": 4, "tokens": 8}, {"batch": 2, "tokens": 2})}
         assert {shape for _, shape in timed[name]} == shapes, name
+
+
+def _column_mean_model():
+    """ReduceMean over the middle axis of (n, l, 32): a column span (squeeze-excitation's pool)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "l", 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1, name="pool")
+    return helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=10)
+
+
+def test_a_split_reduction_serves_a_profile_whose_short_corner_needs_no_split():
+    """cuda.reduce.span.split is a candidate only where its split pays (supports), but its enqueue
+    runs the span kernel where it does not, so it serves a profile corner whose columns are too
+    short to split (`serves`): a profile over image sizes keeps it (EfficientNet's and MobileNetV3's
+    pools took the unsplit kernel there: benchmarks/dynamic_vs_static.py)."""
+    from dataclasses import replace
+
+    from polykit.compiler.builder.tuner import serves_corners
+    from polykit.compiler.plan.profiles import at_corner, generic_corners, tensors_at
+    from polykit.kernels.tactics import find_tactic
+
+    profile = Profile({"x": ((1, 256, 32), (2, 4096, 32), (4, 8192, 32))})
+    plan = build_plan(_column_mean_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
+                                                          profiles=[profile]))
+    pool = next(l for l in plan.layers if l.kind == "ReduceMean")
+    assert pool.tactic == "cuda.reduce.span.split"
+    split = find_tactic("cuda", "ReduceMean", "cuda.reduce.span.split")
+    corners = [env for _, _, env in plan.profiles.corners()]
+    exact = [tensors_at(plan.tensors, env) for env in corners]
+    generic = [tensors_at(plan.tensors, env) for env in generic_corners(corners)]
+    low = [t for t in exact if t[pool.inputs[0]].shape[1] == 256]
+    assert low and not split.supports(at_corner(pool, low[0]))  # no split at the short corner
+    assert serves_corners(split, pool, exact, generic)
+    assert not serves_corners(replace(split, serves=None), pool, exact, generic)

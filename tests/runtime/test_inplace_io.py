@@ -305,8 +305,8 @@ def test_the_cuda_placement_is_redone_only_when_the_bound_addresses_change(monke
                       BuilderConfig(target="cuda", builder_optimization_level=0, fuse=False))
     home = {name: 0x1000 * (i + 1) for i, name in enumerate(plan.tensors)}
     ctx = types.SimpleNamespace(engine=types.SimpleNamespace(plan=plan), _elsewhere=set(), _moved={},
-                                _view_groups=view_groups(plan.memory.aliases), _bound_key=(),
-                                _bound_copies=frozenset(),
+                                _view_groups=view_groups(plan.memory.aliases), _placed_key=(),
+                                _placed_copies=frozenset(),
                                 tensors={n: DeviceTensor(home[n], tuple(d.shape), d.np_dtype) for n, d in plan.tensors.items()})
     calls = []
     monkeypatch.setattr(target, "place_in_caller_memory", lambda *a: calls.append(a) or place_in_caller_memory(*a))

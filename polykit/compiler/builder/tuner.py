@@ -148,17 +148,20 @@ def dynamic_dims(layer: LayerDesc, tensors: Mapping[str, TensorDesc], corner: Ma
 
 def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str, TensorDesc]],
                    generic: Sequence[Mapping[str, TensorDesc]] = ()) -> bool:
-    """Whether `tactic` takes sizes at run time, supports `layer` at every profile corner and
-    compiles the same kernels at every `generic` corner (the corners with dynamic dims of 1
-    raised to 2, where a family may pick an equivalent variant for a size-1 broadcast) as at
-    opt: no size baked into its code."""
+    """Whether `tactic` takes sizes at run time, serves `layer` at every profile corner (its
+    `serves`, else its `supports`: a tactic whose enqueue falls back to its family's plain
+    kernel where its own does not pay, a split of 1, runs correctly there) and compiles the same
+    kernels at every `generic` corner (the corners with dynamic dims of 1 raised to 2, where a
+    family may pick an equivalent variant for a size-1 broadcast) as at opt: no size baked into
+    its code."""
     if not tactic.dynamic_sizes:
         return False
     kernels = getattr(tactic, "kernels", None)
+    serves = getattr(tactic, "serves", None) or tactic.supports
     try:
         opt = kernels(layer) if kernels is not None and tactic.supports(layer) else None
         for corner in corners:
-            if not tactic.supports(at_corner(layer, corner)):
+            if not serves(at_corner(layer, corner)):
                 return False
         for corner in generic if kernels is not None else ():
             if kernels(at_corner(layer, corner)) != opt:

@@ -292,14 +292,16 @@ DECLARED: list[CudaTactic] = []
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
-                domain: str = ANY):
+                domain: str = ANY, serves: Any = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
-    by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side)."""
+    by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
+    `serves`: polykit.kernels.tactics.Tactic.serves)."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
-                                   enqueue_fn=enqueue_fn, conservative=conservative, domain=domain))
+                                   enqueue_fn=enqueue_fn, conservative=conservative, domain=domain,
+                                   serves=serves))
         return enqueue_fn
 
     return declare

@@ -12,6 +12,10 @@ largest shape, TensorDesc.nbytes), and a run makes ONE asynchronous copy into it
 block packed the same way for its shape set. Offsets do not move between shape sets, so CUDA
 graphs captured for one set stay valid. Blocks stay while their shape set is cached (bounded,
 like the replays); one leaves only after the device finished every copy from it.
+Nothing but these copies writes the region, so a run whose shape set is the one the region
+already holds (the same key as the last copy: every run at one shape) copies nothing: the
+runs of one context are ordered on the device (they share its arena), so the earlier copy
+lands before this run's kernels read it.
 """
 
 from __future__ import annotations
@@ -86,12 +90,17 @@ class StagedValues:
         self.layout = dict(layout)
         self.region = DeviceBuffer(nbytes, what="shape-tensor values", allocator=allocator)
         self._blocks: OrderedDict[tuple, tuple[PinnedBlock, int]] = OrderedDict()
+        #: the shape set whose values the region holds (its last copy's key)
+        self.holds: tuple | None = None
 
     def pointer(self, name: str) -> int:
         return self.region.ptr + self.layout[name]
 
     def copy(self, key: tuple, values: Mapping[str, np.ndarray], stream: Any) -> None:
-        """Write `values` (a shape set's: name -> array) into the region on `stream`."""
+        """Write `values` (a shape set's: name -> array) into the region on `stream`, unless
+        the region holds them already (`key` was the last set copied)."""
+        if key == self.holds:
+            return
         entry = self._blocks.get(key)
         if entry is None:
             entry = self._stage(values)
@@ -105,6 +114,7 @@ class StagedValues:
         block, used = entry
         if used:
             driver.call("cuMemcpyHtoDAsync", self.region.ptr, block.ptr, used, stream, what="copy of shape values")
+        self.holds = key
 
     def _stage(self, values: Mapping[str, np.ndarray]) -> tuple[PinnedBlock, int]:
         block, used = PinnedBlock(self.region.nbytes), 0
@@ -117,6 +127,7 @@ class StagedValues:
         return block, used
 
     def free(self) -> None:
+        self.holds = None
         for block, _ in self._blocks.values():
             block.free()
         self._blocks.clear()

@@ -37,6 +37,7 @@ from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.bindings import device_pointer, event_handle, stream_handle
 from polykit.runtime.cuda.bodies import BodyContexts, BodyDriver
+from polykit.runtime.cuda.bound_shapes import BoundShapes
 from polykit.runtime.cuda.count_words import CountWords
 from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 from polykit.runtime.cuda.memory import (ALIGN, Arena, DeviceBuffer, Region, WorkspacePool, align_up, copy_device,
@@ -235,9 +236,10 @@ class CudaContext:
             | {n for regions in self._data_sized for n in regions.members}
         self._moved: dict[str, int] = {}  # tensors bound at caller addresses: their own pointer
         self._view_groups = view_groups(plan.memory.aliases)
-        self._bound_key: tuple = ()  # the (name, address) pairs bound now, and the names copied instead
-        self._bound_copies: frozenset[str] = frozenset()
+        self._placed_key: tuple = ()  # the (name, address) pairs placed now, and the names copied instead
+        self._placed_copies: frozenset[str] = frozenset()
         self._borrowed: tuple[Any, Stream] | None = None  # (the caller's last stream object, its Stream)
+        self._bound = BoundShapes(self.tensors)  # the shape set the tensors carry (bound_shapes)
         self._steps = engine.steps
         self._streamer = engine.streamed.streamer() if engine.streamed is not None else None
         if device_memory == "owned":
@@ -280,8 +282,8 @@ class CudaContext:
         left where it is and returned (the engine copies it). The addresses bound last time are
         bound still: nothing to do (a serving loop binds the same buffers run after run)."""
         key = tuple(addresses.items())
-        if key == self._bound_key:
-            return set(self._bound_copies)
+        if key == self._placed_key:
+            return set(self._placed_copies)
         for name, ptr in self._moved.items():
             t = self.tensors[name]
             self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
@@ -292,7 +294,7 @@ class CudaContext:
                 t = self.tensors[member]
                 self._moved[member] = t.ptr
                 self.tensors[member] = DeviceTensor(addresses[name], t.shape, t.dtype)
-        self._bound_key, self._bound_copies = key, frozenset(copies)
+        self._placed_key, self._placed_copies = key, frozenset(copies)
         return copies
 
     def signal(self, event: Any, stream: Stream) -> None:
@@ -316,9 +318,7 @@ class CudaContext:
         profiles' largest); kernels of tactics with dynamic_sizes read them at launch. The
         layers launch with the tactics of the shapes' profile (the key starts with its index)."""
         self._steps = self.engine.profile_steps[shapes.key[0]]
-        for name, shape in shapes.shapes.items():
-            t = self.tensors[name]
-            self.tensors[name] = DeviceTensor(t.ptr, tuple(shape), t.dtype)
+        self._bound.bind(shapes)  # nothing to do when the tensors already carry this shape set
         # run-time-sized tensors move to their size set's region (polykit.runtime.cuda.sized), outputs a
         # layer sized to the buffer it wrote (polykit.runtime.cuda.layer_outputs)
         placed = {n: p for regions in (self._sized, *self._data_sized) if regions

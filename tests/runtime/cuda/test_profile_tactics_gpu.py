@@ -68,3 +68,23 @@ def test_one_context_switching_profiles_replays_each_profiles_graph(built):
             for profile in (0, 1, 0):
                 ctx.set_optimization_profile(profile)
                 _check(ctx, session, profile, (2, 64) if profile == 0 else (4, 64), rng, differing)
+
+
+def test_a_split_reduction_runs_every_shape_of_a_profile_whose_short_corner_does_not_split():
+    """GPU: the column mean of tests/compiler/test_profiles.py's profile (split at opt, too short to
+    split at min) takes cuda.reduce.span.split and matches onnxruntime at min, opt, max and between
+    (where no split helps its enqueue runs the span kernel), eagerly and replayed."""
+    from tests.compiler.test_profiles import _column_mean_model
+
+    model = _column_mean_model()
+    profile = Profile({"x": ((1, 256, 32), (2, 4096, 32), (4, 8192, 32))})
+    plan = build_plan(model, BuilderConfig(target="cuda", builder_optimization_level=0, profiles=[profile]))
+    assert next(l for l in plan.layers if l.kind == "ReduceMean").tactic == "cuda.reduce.span.split"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    with Runtime().deserialize_engine(plan) as engine, engine.create_execution_context() as ctx:
+        for _ in range(2):
+            for n, length in ((1, 256), (2, 4096), (4, 8192), (3, 300), (1, 5000)):
+                x = rng.standard_normal((n, length, 32)).astype(np.float32)
+                np.testing.assert_allclose(ctx.execute({"x": x})["y"], session.run(None, {"x": x})[0],
+                                           rtol=1e-4, atol=1e-5)

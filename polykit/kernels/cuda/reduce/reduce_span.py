@@ -212,8 +212,10 @@ def _span_kernels(layer) -> list[KernelSource]:
 
 for _kind in OPS:
     cuda_tactic(_kind, "cuda.reduce.span", kernels=_span_kernels, supports=supports, priority=5)(enqueue_span)
+    # where no split helps (a profile corner with a full grid) enqueue_split runs the span kernel: it serves
+    # every shape the span does, so a profile over image sizes keeps it (tuner.serves_corners)
     cuda_tactic(_kind, "cuda.reduce.span.split", kernels=_span_kernels, supports=supports_split, priority=6,
-                workspace=split_workspace)(enqueue_split)
+                workspace=split_workspace, serves=supports)(enqueue_split)
 
 
 def compile_variants() -> list[KernelSource]:
