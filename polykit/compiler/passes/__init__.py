@@ -32,6 +32,7 @@ from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
+from polykit.compiler.passes.merge_duplicates import merge_duplicates
 from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cancel_round_trip_casts
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
@@ -48,6 +49,7 @@ __all__ = [
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
+    "merge_duplicates",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -139,7 +141,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if io_formats:
         run_passes(g, [functools.partial(apply_io_formats, formats=dict(io_formats))], check)
     bind = functools.partial
-    cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(eliminate_dead_code, keep=kept)]
+    cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(merge_duplicates, keep=kept),
+                           bind(eliminate_dead_code, keep=kept)]
     if fold:
         cleanup[:0] = [bind(fold_constants, keep=kept), inline_constant_if, unroll_loops]
     unfolded = tuple(int8_unfolded)
