@@ -40,6 +40,7 @@ from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
 from polykit.compiler.passes.remove_identity import remove_identity
+from polykit.compiler.passes.row_transposes import move_row_transposes
 from polykit.compiler.passes.control.unroll_loops import unroll_loops
 from polykit.errors import GraphError, PolykitError
 
@@ -49,7 +50,7 @@ __all__ = [
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
-    "merge_duplicates",
+    "merge_duplicates", "move_row_transposes",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -122,7 +123,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
     layout group; fold_axis_permutations turns channel shuffles into Gathers, plan_layouts runs
     the regions of layout-free ops between them NHWC where that moves fewer bytes, and
-    cancel_transposes removes the Transposes left between them); of
+    cancel_transposes removes the Transposes left between them; move_row_transposes then carries
+    the rest through row-wise ops and views to a partner Transpose or Attention); of
     the convolutions, those of the classes `channels_last_convs` names ("dense", "depthwise",
     "grouped").
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
@@ -161,7 +163,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers))
         if run_passes(g, [quantize, int8_pools, fold_int8], check):
             run_passes(g, cleanup, check, fixed_point=True)
-    layout: list[Pass] = [bind(cancel_transposes, keep=kept)]
+    layout: list[Pass] = [bind(cancel_transposes, keep=kept), bind(move_row_transposes, keep=kept, attention=fuse)]
     if channels_last:
         layout[:0] = [bind(to_channels_last, keep=kept, conv_classes=frozenset(channels_last_convs)),
                       bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]

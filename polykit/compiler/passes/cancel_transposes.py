@@ -186,16 +186,7 @@ def _sinks_beside(graph: Graph, name: str, perm: list[int], producers: dict[str,
 
 def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> None:
     inverse = list(np.argsort(perm))
-    new_inputs = []
-    for name in op.inputs:
-        if name in sources:
-            new_inputs.append(sources[name])
-        elif name in graph.initializers and graph.initializers[name].size > 1:
-            arr = graph.initializers[name]
-            full = arr.reshape((1,) * (len(perm) - arr.ndim) + arr.shape)
-            new_inputs.append(graph.add_initializer(np.ascontiguousarray(np.transpose(full, inverse)), f"{name}_T"))
-        else:
-            new_inputs.append(name)
+    new_inputs = [sources[name] if name in sources else relayout_constant(graph, name, inverse) for name in op.inputs]
     out = op.outputs[0]
     inner = graph.fresh_name(f"{out}_untransposed")
     op.inputs = new_inputs
@@ -207,6 +198,16 @@ def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> N
     readers = graph.consumers()
     graph.nodes = [n for n in graph.nodes if not (n.outputs and n.outputs[0] in sources and not readers.get(n.outputs[0]))]
     graph.nodes.insert(graph.nodes.index(op) + 1, sink)
+
+
+def relayout_constant(graph: Graph, name: str, axes: list[int]) -> str:
+    """An elementwise op's input `name` for the op run transposed by `axes`: a constant of more
+    than one element (broadcast to that rank) transposed into a new initializer, else `name`."""
+    arr = graph.initializers.get(name) if name else None
+    if arr is None or arr.size <= 1:
+        return name
+    full = arr.reshape((1,) * (len(axes) - arr.ndim) + arr.shape)
+    return graph.add_initializer(np.ascontiguousarray(np.transpose(full, axes)), f"{name}_T")
 
 
 def reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
@@ -256,7 +257,7 @@ def _sink_through_reductions(graph: Graph, fixed: set[str]) -> bool:
     return bool(dead)
 
 
-def _keeps_data_order(perm: list[int], shape) -> bool:
+def keeps_data_order(perm: list[int], shape) -> bool:
     """Whether the Transpose moves only size-1 dims (its output is its input, reshaped)."""
     moved = [a for a in perm if shape[a] != 1]
     return moved == sorted(moved)
@@ -286,7 +287,7 @@ def _bypass_into_reshapes(graph: Graph, fixed: set[str]) -> bool:
     for t in graph.nodes:
         perm = perm_of(graph, t)
         shape = graph.value(t.inputs[0]).shape if perm is not None else None
-        if shape is None or len(shape) != len(perm) or not _keeps_data_order(perm, shape):
+        if shape is None or len(shape) != len(perm) or not keeps_data_order(perm, shape):
             continue
         for reader in readers.get(t.outputs[0], []):
             if _reads_flat(graph, reader, t.outputs[0], shape):
