@@ -1,4 +1,5 @@
-"""recognize_layernorm: turn the exported layer-norm chain back into ONNX LayerNormalization.
+"""recognize_layernorm: turn the exported layer-norm chain back into ONNX LayerNormalization,
+and the RMS norm's (LLaMA, T5, Mistral, Gemma) into RMSNormalization.
 
     mean = ReduceMean(x, axes)          d = x - mean
     var  = ReduceMean(d^2 | d*d, axes)  n = d / Sqrt(var + eps)   (or d * Reciprocal(Sqrt(..)))
@@ -9,6 +10,12 @@ y = x * r + (beta - mean * r) with r = Reciprocal(Sqrt(var + eps)) [* gamma]. ga
 be constants (broadcastable to the normalized shape) or tensors of exactly the normalized
 shape. Every intermediate must be read only inside the pattern. The forms are rules over the
 pattern module (patterns.py), the fullest first.
+
+    ms = ReduceMean(x^2 | x*x, axes)     n = x / Sqrt(ms + eps)   (or x * Reciprocal(Sqrt(..)),
+    y = n [* gamma]                                                or x * (1 / Sqrt(..)): torch.rsqrt)
+
+is RMSNormalization (axis, epsilon; a scale of ones without gamma): one norm layer where the
+export runs five (LLaMA's 17 and T5's 13 norms: Pow, ReduceMean, Add + Sqrt + Div, Mul, Mul).
 """
 
 from __future__ import annotations
@@ -52,6 +59,15 @@ def _tf(r: Op) -> Op:
 
 R_SCALED = Op("Mul", (Op("Reciprocal", (STD,)), Var("gamma")), name="r", commutative=True)
 R_PLAIN = Op("Reciprocal", (STD,), name="r")
+
+
+RMS_SQUARE = OneOf(Op("Mul", (X, X)), Op("Pow", (X, Const(lambda v: v == 2.0))))
+RMS_STD = Op("Sqrt", (Op("Add", (Op("ReduceMean", (RMS_SQUARE,), rest=True, where=_keepdims, node="ms"),
+                                 Const(name="eps")), commutative=True),))
+#: x / std, x * (1 / std), x * Reciprocal(std)
+RMS_NORM = OneOf(Op("Div", (X, RMS_STD)),
+                 Op("Mul", (X, Op("Reciprocal", (RMS_STD,))), commutative=True),
+                 Op("Mul", (X, Op("Div", (Const(lambda v: v == 1.0), RMS_STD))), commutative=True))
 
 
 def _axes(graph: Graph, node: Node, rank: int) -> tuple[int, ...] | None:
@@ -121,6 +137,42 @@ def _layernorm(gamma: bool, beta: bool):
     return build, lambda m: _operands(m, gamma, beta) is not None
 
 
+def _rms_operands(m: Match, gamma: bool):
+    """(axes, norm_shape, gamma (name, constant or None) or None) of an RMS norm match over
+    trailing axes with a usable gamma, else None."""
+    graph, x = m.graph, m["x"]
+    xv = graph.value(x)
+    if xv.shape is None or xv.dtype is None:
+        return None
+    rank = len(xv.shape)
+    axes = _axes(graph, m.named["ms"], rank)
+    if not axes:
+        return None
+    norm_shape = tuple(xv.shape[rank - len(axes):])
+    if not gamma:
+        return (axes, norm_shape, None) if all(isinstance(k, int) for k in norm_shape) else None
+    usable, value = _param(graph, m["gamma"], norm_shape, xv.dtype)
+    producer = m.producers.get(m["gamma"])
+    if not usable or any(producer is n for n in m.nodes):
+        return None
+    return axes, norm_shape, (m["gamma"], value)
+
+
+def _rmsnorm(gamma: bool):
+    """(build, accept) of the RMS norm rule with or without gamma."""
+    def build(m: Match) -> list[Node]:
+        graph, x = m.graph, m["x"]
+        axes, norm_shape, found = _rms_operands(m, gamma)
+        if found is None:
+            scale = graph.add_initializer(np.ones(norm_shape, graph.value(x).dtype), "rms_scale")
+        else:
+            scale = found[0] if found[1] is None else graph.add_initializer(found[1], "rms_scale")
+        return [Node("RMSNormalization", [x, scale], [m.root.outputs[0]],
+                     {"axis": -len(axes), "epsilon": float(m.values["eps"])}, name=f"{m.named['ms'].name}_rmsnorm")]
+
+    return build, lambda m: _rms_operands(m, gamma) is not None
+
+
 RULES = (
     Rule(_shifted(_scaled(NORM)), *_layernorm(True, True)),
     Rule(_shifted(NORM), *_layernorm(False, True)),
@@ -129,10 +181,12 @@ RULES = (
     Rule(_scaled(NORM), *_layernorm(True, False)),
     Rule(NORM, *_layernorm(False, False)),
 )
+RMS_RULES = (Rule(_scaled(RMS_NORM), *_rmsnorm(True)), Rule(RMS_NORM, *_rmsnorm(False)))
 
 
 def recognize_layernorm(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
-    """Replace layer-norm chains by LayerNormalization nodes; True if any."""
-    if not is_supported("", "LayerNormalization"):
-        return False
-    return rewrite(graph, RULES, keep=keep)
+    """Replace layer-norm chains by LayerNormalization nodes, RMS norm chains by RMSNormalization;
+    True if any."""
+    rules = (RULES if is_supported("", "LayerNormalization") else ()) + \
+        (RMS_RULES if is_supported("", "RMSNormalization") else ())
+    return bool(rules) and rewrite(graph, rules, keep=keep)

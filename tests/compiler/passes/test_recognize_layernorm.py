@@ -1,3 +1,4 @@
+import pytest
 import numpy as np
 
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
@@ -60,3 +61,38 @@ def test_tf_export_with_rsqrt_and_folded_affine_is_recognized():
     out, changed = run_and_compare(g, recognize_layernorm, rtol=1e-4, atol=1e-5)
     assert changed and op_counts(out) == {"LayerNormalization": 1}
     assert out.nodes[0].inputs[0] == "x" and out.nodes[0].outputs == ["y"]
+
+
+def _rms(square, inverse, gamma=True, axes=C["axes"]):
+    """LLaMA / T5 as exported: ms = ReduceMean(x^2), std = Sqrt(ms + eps), n = x * rsqrt form, y = gamma * n."""
+    nodes = [square, node("ReduceMean", ["sq", "axes"], "ms"), node("Add", ["ms", "eps"], "mse"), node("Sqrt", ["mse"], "std")]
+    nodes += inverse
+    nodes += [node("Mul", ["gamma", "n"], "y")] if gamma else []
+    return graph(nodes, {"x": (2, 5, 16)}, ["y" if gamma else "n"], {**C, "one": scalar(1.0), "axes": axes})
+
+
+RMS_FORMS = {
+    "llama: x * (1 / sqrt)": (node("Pow", ["x", "two"], "sq"), [node("Div", ["one", "std"], "inv"), node("Mul", ["x", "inv"], "n")]),
+    "x / sqrt": (node("Pow", ["x", "two"], "sq"), [node("Div", ["x", "std"], "n")]),
+    "x*x, reciprocal": (node("Mul", ["x", "x"], "sq"), [node("Reciprocal", ["std"], "inv"), node("Mul", ["inv", "x"], "n")]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(RMS_FORMS))
+@pytest.mark.parametrize("gamma", [True, False])
+def test_rms_norm_forms_become_rms_normalization(form, gamma):
+    square, inverse = RMS_FORMS[form]
+    out, changed = run_and_compare(_rms(square, inverse, gamma), recognize_layernorm, rtol=1e-4, atol=1e-5)
+    assert changed and op_counts(out) == {"RMSNormalization": 1}
+    (rms,) = out.nodes
+    assert rms.attrs["axis"] == -1 and abs(rms.attrs["epsilon"] - 1e-5) < 1e-9
+    assert out.initializers[rms.inputs[1]].shape == (16,)
+
+
+def test_an_rms_norm_over_a_leading_axis_or_with_a_shared_intermediate_stays():
+    square, inverse = RMS_FORMS["x / sqrt"]
+    g = _rms(square, inverse, axes=np.array([1], np.int64))  # not the trailing axes
+    assert not recognize_layernorm(g)
+    g = _rms(square, inverse)
+    g.outputs.append("ms")  # the mean square is read outside
+    assert not recognize_layernorm(g)
