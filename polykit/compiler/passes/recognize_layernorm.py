@@ -94,16 +94,17 @@ def _param(graph: Graph, name: str, norm_shape: tuple, dtype) -> tuple[bool, np.
     return True, np.broadcast_to(value, norm_shape).astype(dtype)
 
 
-def _operands(m: Match, gamma: bool, beta: bool):
+def _operands(m: Match, gamma: bool, beta: bool, stats: tuple[str, ...] = ("mean", "var")):
     """(axes, norm_shape, {"gamma"/"beta": (name, constant value or None)}) when the match is a
-    layer norm over trailing axes with usable gamma/beta, else None."""
+    norm over trailing axes (its `stats` reductions, by node name, over the same ones) with usable
+    gamma/beta, else None."""
     graph, x = m.graph, m["x"]
     xv = graph.value(x)
     if xv.shape is None or xv.dtype is None:
         return None
     rank = len(xv.shape)
-    axes = _axes(graph, m.named["mean"], rank)
-    if not axes or _axes(graph, m.named["var"], rank) != axes:
+    axes = _axes(graph, m.named[stats[0]], rank)
+    if not axes or any(_axes(graph, m.named[s], rank) != axes for s in stats[1:]):
         return None
     norm_shape = tuple(xv.shape[rank - len(axes):])
     if not gamma and not all(isinstance(k, int) for k in norm_shape):
@@ -137,40 +138,17 @@ def _layernorm(gamma: bool, beta: bool):
     return build, lambda m: _operands(m, gamma, beta) is not None
 
 
-def _rms_operands(m: Match, gamma: bool):
-    """(axes, norm_shape, gamma (name, constant or None) or None) of an RMS norm match over
-    trailing axes with a usable gamma, else None."""
-    graph, x = m.graph, m["x"]
-    xv = graph.value(x)
-    if xv.shape is None or xv.dtype is None:
-        return None
-    rank = len(xv.shape)
-    axes = _axes(graph, m.named["ms"], rank)
-    if not axes:
-        return None
-    norm_shape = tuple(xv.shape[rank - len(axes):])
-    if not gamma:
-        return (axes, norm_shape, None) if all(isinstance(k, int) for k in norm_shape) else None
-    usable, value = _param(graph, m["gamma"], norm_shape, xv.dtype)
-    producer = m.producers.get(m["gamma"])
-    if not usable or any(producer is n for n in m.nodes):
-        return None
-    return axes, norm_shape, (m["gamma"], value)
-
-
 def _rmsnorm(gamma: bool):
     """(build, accept) of the RMS norm rule with or without gamma."""
     def build(m: Match) -> list[Node]:
         graph, x = m.graph, m["x"]
-        axes, norm_shape, found = _rms_operands(m, gamma)
-        if found is None:
-            scale = graph.add_initializer(np.ones(norm_shape, graph.value(x).dtype), "rms_scale")
-        else:
-            scale = found[0] if found[1] is None else graph.add_initializer(found[1], "rms_scale")
+        axes, norm_shape, found = _operands(m, gamma, False, ("ms",))
+        name, value = found.get("gamma", ("", np.ones(norm_shape, graph.value(x).dtype)))
+        scale = name if value is None else graph.add_initializer(value, "rms_scale")
         return [Node("RMSNormalization", [x, scale], [m.root.outputs[0]],
                      {"axis": -len(axes), "epsilon": float(m.values["eps"])}, name=f"{m.named['ms'].name}_rmsnorm")]
 
-    return build, lambda m: _rms_operands(m, gamma) is not None
+    return build, lambda m: _operands(m, gamma, False, ("ms",)) is not None
 
 
 RULES = (
