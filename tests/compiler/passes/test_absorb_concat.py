@@ -228,3 +228,15 @@ def test_cuda_fp16_plan_matches_the_cpu(name):
     got = _run(build_plan(model, BuilderConfig(target="cuda", fp16=True)), image)
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
+
+
+def test_renaming_a_tensor_to_the_operand_name_moves_the_operand_aside():
+    from polykit.compiler.ops.nn.fused import rename_fused_tensor
+
+    g = graph([node("Concat", ["a", "b"], "cat", axis=0), node("Mul", ["cat", "s"], "m"), node("Relu", ["m"], "y")],
+              {"a": (1, 4), "b": (2, 4), "s": (4,)}, ["y"])
+    _fuse_and_absorb(g)
+    (pw,) = g.nodes
+    rename_fused_tensor(pw, "s", "cat")
+    entry = pw.attrs["concat"][0]
+    assert entry["name"] != "cat" and pw.attrs["body"][0]["inputs"] == [entry["name"], "cat"]

@@ -59,6 +59,9 @@ def rename_fused_tensor(node: Node, old: str, new: str) -> None:
                 k += 1
             moved = f"{new}__local{k}"
             _rename_in_body(body, new, moved)
+            for entry in node.attrs.get("concat") or ():  # a concatenated operand is a body-local name too
+                if entry.get("name") == new:
+                    entry["name"] = moved
             if holder is not None and holder["input"] == new:
                 holder["input"] = moved
         _rename_in_body(body, old, new)
