@@ -51,11 +51,16 @@ def test_cuda_fp16_plan_reformats_only_at_entry_and_exit(name):
 
 def test_cuda_plan_runs_the_layout_free_layers_on_the_last_axis_with_existing_tactics():
     """The layers plan_layouts moves to NHWC keep tactics the cuda target already has: Concat on
-    the last axis (cuda.movement.strided), the squeeze's ReduceMean over axes 1, 2 (cuda.reduce.span),
-    the scale broadcast over H and W (a Pointwise or the conv epilogue)."""
+    the last axis (cuda.movement.strided; the dense block's, read only by BatchNorm + ReLU, are
+    absorbed into those Pointwise layers on the last axis), the squeeze's ReduceMean over axes 1, 2
+    (cuda.reduce.span), the scale broadcast over H and W (a Pointwise or the conv epilogue)."""
     dense = build_plan(MODELS["dense_block"](), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
-    concats = [layer for layer in dense.layers if layer.kind == "Concat"]
-    assert concats and all(layer.attrs["axis"] == 3 for layer in concats)
+    assert not [layer for layer in dense.layers if layer.kind == "Concat"]
+    absorbed = [e for layer in dense.layers for e in layer.attrs.get("concat", ())]
+    assert absorbed and all(e["axis"] == 3 for e in absorbed)
+    inception = build_plan(MODELS["inception"](), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    concats = [layer for layer in inception.layers if layer.kind == "Concat"]
+    assert concats and all(layer.attrs["axis"] == 3 and layer.tactic == "cuda.movement.strided" for layer in concats)
     se = build_plan(MODELS["squeeze_excitation"](), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     means = [layer for layer in se.layers if layer.kind == "ReduceMean"]
     assert means and all(layer.tactic == "cuda.reduce.span" for layer in means)

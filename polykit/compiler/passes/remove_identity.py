@@ -1,7 +1,7 @@
 """remove_identity: drop nodes that pass their input through unchanged.
 
 Identity, inference Dropout (mask unused), Cast to the input's dtype, Reshape / Squeeze /
-Unsqueeze / Flatten to the input's shape, Transpose with the identity permutation, and
+Unsqueeze / Flatten to the input's shape, Transpose with the identity permutation, a Concat of one input, and
 Expand / Tile / Pad / Slice (steps of 1) that change nothing. Readers of the output read the input instead;
 when the output is a graph output (or kept), the input's producer writes that name
 instead, so graph output names stay. A node whose input and output must both keep their
@@ -93,6 +93,7 @@ NO_OP_TESTS: dict[str, NoOpTest] = {
     "Tile": _tile,
     "Pad": _pad,
     "Slice": _slice,
+    "Concat": lambda graph, node: len(node.inputs) == 1,  # one input: a copy (DenseNet's first dense layer)
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.concat_operands import concat_operands
 from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
 
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
@@ -58,6 +59,9 @@ def rename_fused_tensor(node: Node, old: str, new: str) -> None:
                 k += 1
             moved = f"{new}__local{k}"
             _rename_in_body(body, new, moved)
+            for entry in node.attrs.get("concat") or ():  # a concatenated operand is a body-local name too
+                if entry.get("name") == new:
+                    entry["name"] = moved
             if holder is not None and holder["input"] == new:
                 holder["input"] = moved
         _rename_in_body(body, old, new)
@@ -121,7 +125,7 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
 
 def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
-    for key in ("body", "epilogue"):
+    for key in ("body", "epilogue", "concat"):
         if isinstance(node.attrs.get(key), str):
             node.attrs[key] = json.loads(node.attrs[key])
 
@@ -132,8 +136,33 @@ for _op in ("Pointwise", "Attention", *EPILOGUE_ARITY):
 
 @shape_rule("Pointwise", domain=POLYKIT_DOMAIN)
 def _pointwise(ctx: InferContext):
-    env = infer_body(ctx, ctx.attr("body"), _external_env(ctx))
+    env = _external_env(ctx)
+    if ctx.node.attrs.get("concat"):
+        env.update(_concat_env(ctx))
+    env = infer_body(ctx, ctx.attr("body"), env)
     return _outputs_from(ctx, env)
+
+
+def _concat_env(ctx: InferContext) -> dict[str, tuple]:
+    """(dtype, shape, None) of each concatenated operand (ops/nn/concat_operands.py), by the
+    Concat shape rule over its sources; their recorded extents must match known dims."""
+    inputs = ctx.node.inputs
+    env: dict[str, tuple] = {}
+    for e in concat_operands(ctx.node.attrs, len(inputs), ctx.node.describe()):
+        idx = range(e["first"], e["first"] + e["count"])
+        if e["name"] in inputs:
+            raise ctx.fail(f"concatenated operand {e['name']!r} is also an input of the node")
+        sub = Node("Concat", [inputs[i] for i in idx], [e["name"]], {"axis": e["axis"]}, name=f"concat:{e['name']}")
+        sub_ctx = InferContext(sub, [ctx.dtype(i) for i in idx], [ctx.shape(i) for i in idx], [None] * e["count"])
+        ((dtype, shape),) = find_shape_rule("", "Concat")(sub_ctx)
+        for i, want in zip(idx, e["extents"]):
+            got = ctx.shape(i)
+            if want is not None and got is not None and e["axis"] < len(got) and isinstance(got[e["axis"]], int) \
+                    and got[e["axis"]] != want:
+                raise ctx.fail(f"concat source {inputs[i]!r} has size {got[e['axis']]} along axis {e['axis']}, "
+                               f"its record says {want}", hint="rebuild the plan from the model")
+        env[e["name"]] = (dtype, shape, None)
+    return env
 
 
 def base_node(node: Node) -> Node:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.concat_operands import concat_operands
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, POLYKIT_BASES, base_node, step_node
 from polykit.compiler.ops.references import reference, run_reference
 
@@ -34,7 +35,10 @@ def _external(node: Node, inputs: Sequence[np.ndarray | None], start: int = 0) -
 
 @reference("Pointwise", domain=POLYKIT_DOMAIN)
 def pointwise(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    env = evaluate_body(node.attrs["body"], _external(node, inputs))
+    env = _external(node, inputs)
+    for e in concat_operands(node.attrs, len(node.inputs), node.describe()):  # absorbed Concats
+        env[e["name"]] = np.concatenate(list(inputs[e["first"]:e["first"] + e["count"]]), axis=e["axis"])
+    env = evaluate_body(node.attrs["body"], env)
     return [env[name] for name in node.outputs]
 
 

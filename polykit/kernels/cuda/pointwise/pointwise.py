@@ -12,6 +12,8 @@ from typing import Mapping
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
+from polykit.kernels.cuda.pointwise.pointwise_concat import (ConcatTensor, logical_tensors, operand_counts, pointer_args,
+                                                              table_args, vector_aligned)
 from polykit.kernels.cuda.pointwise.pointwise_expr import cuda_emitter
 from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _canonical, pointwise_base, pointwise_kernels
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
@@ -28,7 +30,7 @@ def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource, 
                           where=f"layer {layer.name!r}",
                           hint=f"compiled signatures: {sigs[:4]}...; run this layer with --target cpu")
     body, ins, outs = _canonical(*layer_body(layer))
-    name = sig_name(pointwise_base(body, ins, outs, rows), sig)
+    name = sig_name(pointwise_base(body, ins, outs, rows, operand_counts(layer)), sig)
     kernels = {k.name: k for k in pointwise_kernels(layer, sigs, rows=rows)}
     return kernels[name + "_s"], kernels[name + "_v"], kernels.get(name + "_r")
 
@@ -36,7 +38,7 @@ def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource, 
 def layer_tensors(layer, tensors: Mapping[str, DeviceTensor], rows: bool = False):
     """(inputs, outputs, (strided, vector, row) kernels) of a pointwise layer's launch."""
     body, ins, outs = layer_body(layer)
-    x = [tensors[n] for n in ins if n]
+    x = logical_tensors(layer, tensors)  # a concatenated operand: its sources (pointwise_concat)
     y = [tensors[n] for n in outs]
     sig = (tuple(t.dtype.name for t in x), tuple(t.dtype.name for t in y))
     for d in sig[0] + sig[1]:
@@ -58,10 +60,11 @@ def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource,
     if n == 0:
         return
     full = all(t.size == n for t in y) and all(t.size in (1, n) and (t.shape == y[0].shape or t.size == 1) for t in x)
-    itemsizes = [t.dtype.itemsize for t in x + y]
-    aligned = all(t.ptr % (VEC * s) == 0 for t, s in zip(x + y, itemsizes))
+    full = full and all(t.size == n for t in x if isinstance(t, ConcatTensor))  # never one value
+    aligned = all(vector_aligned(t, VEC) for t in x + y)
+    tables = table_args(x)
     if full and n % VEC == 0 and aligned and all(t.shape == y[0].shape for t in y):
-        args = [*x, *y, n, *[int(t.size == 1 and n != 1) for t in x]]
+        args = [*pointer_args(x), *y, n, *[int(t.size == 1 and n != 1) for t in x], *tables]
         launcher.launch(k_v, grid_for(n, VEC), (BLOCK, 1, 1), args)
         return
     n, dims, strides, zm = broadcast_geometry([t.shape for t in x + y], len(y))
@@ -69,10 +72,10 @@ def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource,
         raise DeviceError(f"broadcast over {len(dims)} non-mergeable dims exceeds {MAXR}",
                           where=f"layer {layer.name!r}", hint="use --target cpu")
     pad = [1] * (MAXR - len(dims))
-    args = [*x, *y, n, len(dims), *dims, *pad]
+    args = [*pointer_args(x), *y, n, len(dims), *dims, *pad]
     for st in strides:
         args += [*st, *([0] * (MAXR - len(st)))]
-    args += zm
+    args += zm + tables
     launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), args)
 
 
@@ -134,8 +137,28 @@ def variant_layers() -> list:
 
 def compile_variants() -> list[KernelSource]:
     """The modules of `variant_layers` and of the low-precision encodes and decodes."""
-    return ([pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers())]
-            + [pointwise_kernels(lay, rows=True)[0] for lay in variant_layers()])
+    return ([pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers(), *concat_variant_layers())]
+            + [pointwise_kernels(lay, rows=True)[0] for lay in (*variant_layers(), *concat_variant_layers())])
+
+
+def concat_variant_layers() -> list:
+    """Layers with concatenated operands (pass absorb_concat): DenseNet's BatchNorm + ReLU over
+    the concatenation of three sources, and a body reading two operands (one source-heavy, one
+    of two) besides a plain input; every float signature."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    bn = [{"op": "Mul", "inputs": ["cat", "s"], "outputs": ["t0"], "attrs": {}},
+          {"op": "Add", "inputs": ["t0", "b"], "outputs": ["t1"], "attrs": {}},
+          {"op": "Relu", "inputs": ["t1"], "outputs": ["y"], "attrs": {}}]
+    cat = [{"name": "cat", "axis": 3, "first": 2, "count": 3, "extents": [None, None, None]}]
+    two = [{"op": "Add", "inputs": ["p", "x"], "outputs": ["t0"], "attrs": {}},
+           {"op": "Mul", "inputs": ["t0", "q"], "outputs": ["y"], "attrs": {}}]
+    cats = [{"name": "p", "axis": 1, "first": 0, "count": 5, "extents": [None] * 5},
+            {"name": "q", "axis": 1, "first": 6, "count": 2, "extents": [None] * 2}]
+    return [LayerDesc("concat_bn", "Pointwise", ("s", "b", "c0", "c1", "c2"), ("y",), {"body": bn, "concat": cat},
+                      domain="ai.polykit", precision="fp16"),
+            LayerDesc("concat_two", "Pointwise", ("p0", "p1", "p2", "p3", "p4", "x", "q0", "q1"), ("y",),
+                      {"body": two, "concat": cats}, domain="ai.polykit")]
 
 
 def lowp_variant_layers() -> list:

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Mapping
 
 from polykit.kernels.cuda.base import KernelSource
 from polykit.kernels.cuda.launch_geometry import BLOCK
+from polykit.kernels.cuda.pointwise.pointwise_concat import (cat_load, concat_helpers, input_params, operand_counts,
+                                                              table_locals, table_params)
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
 from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC
@@ -41,22 +44,27 @@ MAXR = 8
 VEC = 4
 
 
-def _module_code(body, ins, outs, sigs, base, rows: bool) -> str:
-    """The generated .cu text: a templated strided and vector kernel + extern "C" entries."""
+def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int] | None = None) -> str:
+    """The generated .cu text: a templated strided and vector kernel + extern "C" entries.
+    `cats`: logical input -> its number of sources, for concatenated operands (pointwise_concat)."""
+    cats = dict(cats or {})
     nin, nout = len(ins), len(outs)
     tin = [f"T{i}" for i in range(nin)]
     tout = [f"O{j}" for j in range(nout)]
     tparams = ", ".join(f"class {t}" for t in tin + tout)
-    ptrs = [f"const {tin[i]}* __restrict__ x{i}" for i in range(nin)] + \
+    ptrs = [p for i in range(nin) for p in input_params(tin[i], i, cats.get(i), "__restrict__ ")] + \
            [f"{tout[j]}* __restrict__ y{j}" for j in range(nout)]
+    tables = table_params(cats)
     # strided path: loads at per-tensor offsets
     types = {n: tin[i] for i, n in enumerate(ins)}
-    code_s, env_s = emit_expression(body, {n: f"ld(x{i}, o_x{i})" for i, n in enumerate(ins)}, types)
+    code_s, env_s = emit_expression(body, {n: f"cat_at(cp{i}, ce{i}, E{i}, o_x{i})" if i in cats else f"ld(x{i}, o_x{i})"
+                                           for i, n in enumerate(ins)}, types)
     geo = ["i64 n", "i64 rank"] + [f"i64 d{d}" for d in range(MAXR)] + \
           [f"i64 s{t}_{d}" for t in range(nin + nout) for d in range(MAXR)] + [f"i64 zm{j}" for j in range(nout)]
-    lines = ['#include "pointwise.cuh"', ""]
+    lines = ['#include "pointwise.cuh"', ""] + (concat_helpers() if cats else [])
     lines.append(f"template <{tparams}>")
-    lines.append(f"__device__ __forceinline__ void {base}_s({', '.join(ptrs + geo)}) {{")
+    lines.append(f"__device__ __forceinline__ void {base}_s({', '.join(ptrs + geo + tables)}) {{")
+    lines += table_locals(tin, cats, "  ")
     lines.append(f"  const i64 dims[{MAXR}] = {{{', '.join(f'd{d}' for d in range(MAXR))}}};")
     for t in range(nin + nout):
         lines.append(f"  const i64 st{t}[{MAXR}] = {{{', '.join(f's{t}_{d}' for d in range(MAXR))}}};")
@@ -81,33 +89,40 @@ def _module_code(body, ins, outs, sigs, base, rows: bool) -> str:
     code_v, env_v = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
     vgeo = ["i64 n"] + [f"i64 sc{i}" for i in range(nin)]
     lines.append(f"template <{tparams}>")
-    lines.append(f"__device__ __forceinline__ void {base}_v({', '.join(ptrs + vgeo)}) {{")
+    lines.append(f"__device__ __forceinline__ void {base}_v({', '.join(ptrs + vgeo + tables)}) {{")
+    lines += table_locals(tin, cats, "  ")
     for i in range(nin):
-        lines.append(f"  const auto s{i} = ld(x{i}, 0);")
+        if i not in cats:  # a concatenated operand is never one value (the host takes this path only when it is full)
+            lines.append(f"  const auto s{i} = ld(x{i}, 0);")
     lines.append(f"  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n / {VEC}; i += (i64)gridDim.x * blockDim.x) {{")
     for i in range(nin):
-        lines.append(f"    Vec<{tin[i]}, {VEC}> w{i}; if (!sc{i}) w{i} = reinterpret_cast<const Vec<{tin[i]}, {VEC}>*>(x{i})[i];")
-    lines += _lanes(code_v, env_v, outs, tout, str(VEC), "    ", [f"sc{i} ? s{i} : ld(w{i}.v, k)" for i in range(nin)])
+        if i in cats:
+            lines.append(f"    const Vec<{tin[i]}, {VEC}> w{i} = {cat_load(i, str(VEC), f'i * {VEC}')};")
+        else:
+            lines.append(f"    Vec<{tin[i]}, {VEC}> w{i}; if (!sc{i}) w{i} = reinterpret_cast<const Vec<{tin[i]}, {VEC}>*>(x{i})[i];")
+    lines += _lanes(code_v, env_v, outs, tout, str(VEC), "    ",
+                    [f"ld(w{i}.v, k)" if i in cats else f"sc{i} ? s{i} : ld(w{i}.v, k)" for i in range(nin)])
     for j in range(nout):
         lines.append(f"    reinterpret_cast<Vec<{tout[j]}, {VEC}>*>(y{j})[i] = u{j};")
     lines.append("  }\n}\n")
     if rows:
-        lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base)
+        lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base, cats)
     for sig in sigs:
         targs = ", ".join(CTYPE[d] for d in sig[0] + sig[1])
-        cptrs = [f"const {CTYPE[sig[0][i]]}* x{i}" for i in range(nin)] + \
+        cptrs = [p for i in range(nin) for p in input_params(CTYPE[sig[0][i]], i, cats.get(i))] + \
                 [f"{CTYPE[sig[1][j]]}* y{j}" for j in range(nout)]
-        names = [f"x{i}" for i in range(nin)] + [f"y{j}" for j in range(nout)]
-        for path, g in (("s", geo), ("v", vgeo)):
+        names = [p.split()[-1] for p in cptrs]
+        for path, g in (("s", geo + tables), ("v", vgeo + tables)):
             gnames = [p.split()[1] for p in g]
             lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_{path}('
                          f'{", ".join(cptrs + g)}) {{ {base}_{path}<{targs}>({", ".join(names + gnames)}); }}')
         if not rows:
             continue
-        rgeo = _rows_geometry_params(nin)
+        rgeo = _rows_geometry_params(nin) + tables
         rcall = ", ".join(names + [p.split()[1] for p in rgeo])
         lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_r('
-                     f'{", ".join(cptrs + rgeo + ["i64 vec"])}) {{ if (vec) {base}_r<{ROW_VEC}, {targs}>({rcall}); '
+                     f'{", ".join(cptrs + rgeo[:len(rgeo) - len(tables)] + ["i64 vec"] + tables)}) {{ '
+                     f'if (vec) {base}_r<{ROW_VEC}, {targs}>({rcall}); '
                      f'else {base}_r<1, {targs}>({rcall}); }}')
     return "\n".join(lines) + "\n"
 
@@ -130,7 +145,7 @@ def _rows_geometry_params(nin: int) -> list[str]:
     return ["i64 A", "i64 B", "i64 I"] + [f"i64 {k}{i}" for i in range(nin) for k in ("sa", "sb", "si")]
 
 
-def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base) -> list[str]:
+def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base, cats) -> list[str]:
     """The row-broadcast path `<base>_r<V>`: the iteration space collapsed to [A, B, I] (outputs
     contiguous), thread (x, y) of block (bx, by, bz) owns V consecutive elements of I and rows
     b = by * blockDim.y + y (grid-stride), a = bz (grid-stride); every offset is a multiply-add per
@@ -139,13 +154,20 @@ def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base) -> list
     nin, nout = len(ins), len(outs)
     code, env = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
     lines = [f"template <int V, {tparams}>",
-             f"__device__ __forceinline__ void {base}_r({', '.join(ptrs + _rows_geometry_params(nin))}) {{",
+             f"__device__ __forceinline__ void {base}_r({', '.join(ptrs + _rows_geometry_params(nin) + table_params(cats))}) {{",
+             *table_locals(tin, cats, "  "),
              "  const i64 ci = (blockIdx.x * (i64)blockDim.x + threadIdx.x) * V;",
              "  if (ci >= I) return;",
              "  for (i64 ra = blockIdx.z; ra < A; ra += gridDim.z) {",
              "    for (i64 rb = blockIdx.y * (i64)blockDim.y + threadIdx.y; rb < B; rb += (i64)gridDim.y * blockDim.y) {",
              "      const i64 row = (ra * B + rb) * I + ci;"]
     for i in range(nin):
+        if i in cats:  # offsets into the concatenation, loaded from its sources
+            lines.append(f"      Vec<{tin[i]}, V> w{i}; const i64 p{i} = ra * sa{i} + rb * sb{i};")
+            lines.append(f"      if (si{i}) w{i} = {cat_load(i, 'V', f'p{i} + ci')};")
+            lines.append(f"      else {{ const {tin[i]} e{i} = {cat_load(i, '1', f'p{i}')}.v[0];\n#pragma unroll\n"
+                         f"        for (int k = 0; k < V; ++k) w{i}.v[k] = e{i}; }}")
+            continue
         lines.append(f"      Vec<{tin[i]}, V> w{i}; const {tin[i]}* p{i} = x{i} + ra * sa{i} + rb * sb{i};")
         lines.append(f"      if (si{i}) w{i} = *reinterpret_cast<const Vec<{tin[i]}, V>*>(p{i} + ci);")
         lines.append(f"      else {{ const {tin[i]} e{i} = *p{i};\n#pragma unroll\n"
@@ -157,8 +179,9 @@ def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base) -> list
     return lines
 
 
-def _base_name(body, ins, outs) -> str:
-    blob = json.dumps([body, list(ins), list(outs)], sort_keys=True, default=str)
+def _base_name(body, ins, outs, cats=None) -> str:
+    parts = [body, list(ins), list(outs)] + ([sorted(cats.items())] if cats else [])
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return "pw_" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -176,9 +199,9 @@ def _canonical(body, ins, outs):
     return body, tuple(ren[n] for n in ins if n), tuple(ren[n] for n in outs)
 
 
-def pointwise_base(body, ins, outs, rows: bool = False) -> str:
+def pointwise_base(body, ins, outs, rows: bool = False, cats=None) -> str:
     """The module's entry-name stem (the row module's ends in "r")."""
-    return _base_name(body, ins, outs) + ("r" if rows else "")
+    return _base_name(body, ins, outs, cats) + ("r" if rows else "")
 
 
 def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSource]:
@@ -188,7 +211,8 @@ def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSou
     layer with dynamic dims declares the same kernels at every profile corner."""
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
-    base = pointwise_base(body, ins, outs, rows)
-    code = _module_code(body, ins, outs, sigs, base, rows)
+    cats = operand_counts(layer)
+    base = pointwise_base(body, ins, outs, rows, cats)
+    code = _module_code(body, ins, outs, sigs, base, rows, cats)
     paths = ("s", "v", "r") if rows else ("s", "v")
     return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]

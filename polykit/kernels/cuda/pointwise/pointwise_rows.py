@@ -18,6 +18,7 @@ from typing import Mapping
 from polykit.kernels.cuda.base import DeviceTensor, Launcher
 from polykit.kernels.cuda.pointwise.pointwise import launch_strided_or_vector, layer_tensors, register_pointwise
 from polykit.kernels.cuda.pointwise.pointwise_codegen import pointwise_kernels
+from polykit.kernels.cuda.pointwise.pointwise_concat import pointer_args, table_args
 from polykit.kernels.cuda.pointwise.row_geometry import rows_geometry, rows_launch, rows_vec, stamped_takes, takes
 from polykit.kernels.cuda.storage_types import LOWP
 
@@ -33,7 +34,7 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
     dims, per = geo
     vec = rows_vec(dims, per, x, y)
     grid, block = rows_launch(dims, vec)
-    launcher.launch(k_r, grid, block, [*x, *y, *dims, *[s for p in per for s in p], vec])
+    launcher.launch(k_r, grid, block, [*pointer_args(x), *y, *dims, *[s for p in per for s in p], vec, *table_args(x)])
 
 
 #: above cuda.pointwise: level 0 (nothing timed) takes it, the others time it first

@@ -5,6 +5,7 @@ table (polykit.compiler.ops.elementwise_table)."""
 
 from __future__ import annotations
 
+from polykit.compiler.ops.nn.concat_operands import concat_operands, group_inputs, logical_names
 from polykit.kernels.cuda.pointwise.pointwise_expr import body_dtypes
 from polykit.kernels.cuda.storage_types import CODE, CTYPE, INT_DTYPES
 from polykit.compiler.ops.elementwise_table import FLOAT, elementwise_op
@@ -17,8 +18,8 @@ EXP_DTYPES = ("uint32", "uint64", "uint16", "int16")
 
 def layer_body(layer) -> tuple[list[dict], tuple[str, ...], tuple[str, ...]]:
     """(body, inputs, outputs) of a Pointwise layer, or of a plain op as a one-op body."""
-    if layer.kind == "Pointwise":
-        return list(layer.attrs["body"]), tuple(layer.inputs), tuple(layer.outputs)
+    if layer.kind == "Pointwise":  # a concatenated operand is one input, by its name (concat_operands)
+        return list(layer.attrs["body"]), tuple(logical_names(tuple(layer.inputs), layer.attrs)), tuple(layer.outputs)
     attrs = {k: v for k, v in layer.attrs.items() if k != "fused_from"}
     return [{"op": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs), "attrs": attrs}], \
         tuple(layer.inputs), tuple(layer.outputs)
@@ -74,7 +75,12 @@ def stamped_signature(layer) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     in_dtypes, out_dtypes = tuple(getattr(layer, "in_dtypes", ())), tuple(getattr(layer, "out_dtypes", ()))
     if not out_dtypes or len(in_dtypes) != len(layer.inputs) or len(out_dtypes) != len(layer.outputs):
         return None
-    ins = tuple(d for n, d in zip(layer.inputs, in_dtypes) if n)
+    names = tuple(layer.inputs)
+    if layer.kind == "Pointwise" and layer.attrs.get("concat"):  # one dtype per concatenated operand
+        entries = concat_operands(layer.attrs, len(names))
+        names = tuple(logical_names(names, layer.attrs))
+        in_dtypes = tuple(group_inputs(in_dtypes, entries, lambda e, ds: ds[0]))
+    ins = tuple(d for n, d in zip(names, in_dtypes) if n)
     outs = tuple(out_dtypes)
     if not all(d in CTYPE for d in ins + outs):
         return None

@@ -9,7 +9,9 @@ import math
 from typing import Sequence
 
 from polykit.kernels.cuda.base import DeviceTensor
+from polykit.compiler.ops.nn.concat_operands import concat_shape
 from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry
+from polykit.kernels.cuda.pointwise.pointwise_concat import logical_stamps, vector_aligned
 from polykit.kernels.cuda.storage_types import LOWP
 
 #: elements per thread of the row kernel's vector loads (16 bytes of fp16/bf16)
@@ -51,7 +53,7 @@ def rows_vec(dims: Sequence[int], per, x: Sequence[DeviceTensor], y: Sequence[De
     if dims[2] % ROW_VEC:
         return 0
     for t, (sa, sb, si) in zip(x, per):
-        if si and (t.ptr % (ROW_VEC * t.dtype.itemsize) or sa % ROW_VEC or sb % ROW_VEC):
+        if si and (not vector_aligned(t, ROW_VEC) or sa % ROW_VEC or sb % ROW_VEC):
             return 0
     return int(all(t.ptr % (ROW_VEC * t.dtype.itemsize) == 0 for t in y))
 
@@ -81,4 +83,6 @@ def stamped_takes(layer) -> bool:
     dtypes = tuple(getattr(layer, "in_dtypes", ())) + tuple(getattr(layer, "out_dtypes", ()))
     if not outs or len(shapes) != len([n for n in layer.inputs if n]) or any(d in LOWP for d in dtypes):
         return False
+    if layer.attrs.get("concat"):  # a concatenated operand has the shape of its sources' concatenation
+        shapes = logical_stamps(layer, shapes, lambda axis, ss: concat_shape(ss, axis))
     return takes(shapes + outs, len(outs))
