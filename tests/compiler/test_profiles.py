@@ -264,3 +264,33 @@ def test_a_split_reduction_serves_a_profile_whose_short_corner_needs_no_split():
     assert low and not split.supports(at_corner(pool, low[0]))  # no split at the short corner
     assert serves_corners(split, pool, exact, generic)
     assert not serves_corners(replace(split, serves=None), pool, exact, generic)
+
+
+def test_the_row_broadcast_pointwise_serves_a_profile_whose_batch_1_corner_broadcasts_nothing():
+    """BERT's embeddings Add, x [B, S, E] + position [1, S, E] with B in 1..8: at B = 1 no row
+    broadcast is left, so cuda.pointwise.rows does not `support` that corner, but its enqueue runs
+    the plain entries there, so it `serves` it and the dynamic plan keeps it (benchmarks/
+    dynamic_vs_static.py found BERT-base's Add on cuda.pointwise instead)."""
+    from dataclasses import replace
+
+    from polykit.compiler.builder.tuner import serves_corners
+    from polykit.compiler.plan.profiles import at_corner, generic_corners, tensors_at
+    from polykit.kernels.tactics import find_tactic
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "pos"], ["y"], name="embeddings_add")], "emb",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16, 64])],
+                              [numpy_helper.from_array(np.ones((1, 16, 64), np.float32), "pos")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    profile = Profile({"x": ((1, 16, 64), (8, 16, 64), (8, 16, 64))})
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, profiles=[profile]))
+    (add,) = plan.layers  # the Add with the fp16 build's casts at the edges: one Pointwise layer
+    assert add.tactic == "cuda.pointwise.rows"
+    rows = find_tactic("cuda", add.kind, "cuda.pointwise.rows")
+    corners = [env for _, _, env in plan.profiles.corners()]
+    exact = [tensors_at(plan.tensors, env) for env in corners]
+    generic = [tensors_at(plan.tensors, env) for env in generic_corners(corners)]
+    one = [t for t in exact if t[add.inputs[0]].shape[0] == 1]
+    assert one and not rows.supports(at_corner(add, one[0]))
+    assert serves_corners(rows, add, exact, generic)
+    assert not serves_corners(replace(rows, serves=None), add, exact, generic)

@@ -87,19 +87,27 @@ def _storable(layer) -> bool:
 
 
 def register_pointwise(name: str, enqueue, fits=lambda layer: True, priority: int = 0,
-                       kernels=pointwise_kernels) -> None:
+                       kernels=pointwise_kernels, falls_back: bool = False) -> None:
     """Declare tactic `name` (enqueue, kernels) for Pointwise layers and every plain elementwise op
-    with a C expression, on layers with CUDA storage types that `fits` takes."""
+    with a C expression, on layers with CUDA storage types that `fits` takes. `falls_back`: its
+    enqueue runs the plain strided / vector entries where `fits` would refuse the shapes, so it
+    serves (Tactic.serves: a dynamic plan's profile corners) every layer cuda.pointwise does."""
+    def body_ok(layer) -> bool:
+        return all(cuda_emitter(elementwise_op(op["op"])) is not None for op in layer.attrs.get("body", ())) \
+            and _storable(layer)
+
+    def plain_ok(layer) -> bool:
+        return layer.domain in ("", "ai.onnx") and _storable(layer)
+
     cuda_tactic("Pointwise", name, kernels=kernels, priority=priority,
-                supports=lambda layer: all(cuda_emitter(elementwise_op(op["op"])) is not None
-                                           for op in layer.attrs.get("body", ()))
-                and _storable(layer) and fits(layer))(enqueue)
+                supports=lambda layer: body_ok(layer) and fits(layer),
+                serves=body_ok if falls_back else None)(enqueue)
     for op in elementwise_ops():
         if cuda_emitter(op) is None:
             continue
         cuda_tactic(op.name, name, kernels=kernels, priority=priority,
-                    supports=lambda layer: layer.domain in ("", "ai.onnx") and _storable(layer)
-                    and fits(layer))(enqueue)
+                    supports=lambda layer: plain_ok(layer) and fits(layer),
+                    serves=plain_ok if falls_back else None)(enqueue)
 
 
 register_pointwise("cuda.pointwise", enqueue_pointwise)

@@ -37,9 +37,11 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
     launcher.launch(k_r, grid, block, [*pointer_args(x), *y, *dims, *[s for p in per for s in p], vec, *table_args(x)])
 
 
-#: above cuda.pointwise: level 0 (nothing timed) takes it, the others time it first
+#: above cuda.pointwise: level 0 (nothing timed) takes it, the others time it first; where no row
+#: broadcast is left (a profile corner of batch 1) its enqueue runs the plain entries, so a
+#: dynamic plan keeps it for a layer whose opt shape broadcasts rows (BERT's embeddings Add)
 register_pointwise("cuda.pointwise.rows", enqueue_rows, stamped_takes, priority=1,
-                   kernels=lambda layer: pointwise_kernels(layer, rows=True))
+                   kernels=lambda layer: pointwise_kernels(layer, rows=True), falls_back=True)
 
 
 def compile_variants():
