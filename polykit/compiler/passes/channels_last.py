@@ -36,8 +36,8 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.nn.conv import AUTO_PADS, window_geometry
-from polykit.compiler.ops.quant.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, SYMMETRIC, W, W_ZERO_POINT, X,
-                                      X_ZERO_POINT)
+from polykit.compiler.ops.quant.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, QUANT_DTYPES, SYMMETRIC, W,
+                                             W_ZERO_POINT, X, X_ZERO_POINT)
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
@@ -216,7 +216,7 @@ class _Rewriter:
         return xt, channels
 
     def qconv(self, node: Node) -> list[Node] | None:
-        """An INT8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
+        """An INT8 or FP8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
         INT8_CHANNEL_ALIGN with the activation's zero point (a real zero), W repacked KRSC, the
         epilogue's extra inputs transposed to NHWC."""
         x, w = node.input(X), node.input(W)
@@ -224,7 +224,7 @@ class _Rewriter:
         weight, w_zero = init.get(w), init.get(node.input(W_ZERO_POINT))
         xv = self.graph.value(x)
         if (weight is None or weight.ndim != 4 or w_zero is None or node.input(X_ZERO_POINT) not in init
-                or xv.dtype not in INT8_DTYPES or xv.shape is None or len(xv.shape) != 4
+                or xv.dtype not in QUANT_DTYPES or xv.shape is None or len(xv.shape) != 4
                 or int(node.attrs.get("group", 1)) != 1):
             return None
         attrs = self.nhwc_attrs(node, weight)
