@@ -102,11 +102,11 @@ def conv_chain(path: Path, *, per_channel: bool = True) -> tuple[Path, float]:
     return g.model((2, 5, 13, 11), g.op("Add", [c2, bias]), path, k=7)
 
 
-def matmul_batched(path: Path, *, per_channel: bool) -> tuple[Path, float]:
-    """x[2,3,5,19] -> Q/DQ -> MatMul W[19,11] (per channel along N or per tensor) -> y[2,3,5,11]."""
+def matmul_batched(path: Path, *, per_channel: bool, k: int = 19) -> tuple[Path, float]:
+    """x[2,3,5,k] -> Q/DQ -> MatMul W[k,11] (per channel along N or per tensor) -> y[2,3,5,11]."""
     g = Fp8Graph(seed=6)
     x = g.qdq("x", 2.5 / E4M3_MAX)
-    return g.model((2, 3, 5, 19), g.op("MatMul", [x, g.weight((19, 11), 1 if per_channel else None)]), path, k=19)
+    return g.model((2, 3, 5, k), g.op("MatMul", [x, g.weight((k, 11), 1 if per_channel else None)]), path, k=k)
 
 
 def gemm_mlp(path: Path, *, per_channel: bool) -> tuple[Path, float]:

@@ -90,14 +90,16 @@ def test_fp8_tensor_ranges_and_flag_conflicts():
 
 
 def test_a_calibrated_fp8_resnet_runs_its_convs_nhwc_exactly_as_nchw():
-    # to_channels_last takes FP8 QConvs too (what the cuda.fp8.sm90 tactics run): KRSC e4m3 weights,
+    # to_channels_last takes FP8 QConvs and QMatMuls too (what the cuda.fp8.sm90 tactics run): KRSC e4m3 weights,
     # the stem's 3 channels padded with e4m3 zeros; the exact cpu sums make both layouts equal
     model = load_onnx(small_resnet())
     cfg = BuilderConfig(target="cpu", fp8=True, calibration_data=[feeds_for(small_resnet(), s) for s in range(2)])
     nchw = build_plan(model, cfg)
     nhwc = build_plan(model, BuilderConfig(**{**cfg.__dict__, "channels_last": True}))
     convs = [layer for layer in nhwc.layers if layer.kind == "QConvNHWC"]
-    assert len(convs) == 17 and all(layer.precision == "fp8" for layer in convs)
+    # 17 convolutions and the classifier (a QMatMul of K 32: a 1x1 conv over its rows)
+    assert len(convs) == 18 and all(layer.precision == "fp8" for layer in convs)
+    assert "QMatMul" not in {layer.kind for layer in nhwc.layers}
     assert all(layer.in_shapes[0][-1] % 16 == 0 for layer in convs)
     feeds = feeds_for(small_resnet(), 9)
     np.testing.assert_array_equal(run(nhwc, feeds), run(nchw, feeds))

@@ -14,7 +14,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.ops.references import run_reference
 
-from .fp8_models import E4M3, conv_chain, gemm_mlp, matmul_batched
+from .fp8_models import E4M3, E4M3_MAX, Fp8Graph, conv_chain, gemm_mlp, matmul_batched
 from .test_int8_qdq import run_onnxruntime, run_plan
 
 QUANT_KINDS = {"QConv", "QMatMul"}
@@ -136,3 +136,36 @@ def test_integer_and_float8_operands_never_pair(tmp_path):
     assert not fp8_layers(plan)
     x = np.random.default_rng(0).standard_normal((2, 3, 5, 19)).astype(np.float32)
     np.testing.assert_allclose(run_plan(plan, {"x": x})["y"], run_onnxruntime(path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+def test_an_fp8_matmul_runs_channels_last_as_a_1x1_conv_over_its_rows(tmp_path, per_channel):
+    # what a cuda build does (the sm90 FP8 tactics run convolutions): X [..., M, K] reshaped to
+    # [1, 1, rows, K], W packed KRSC [N, 1, 1, K] at build time; the cpu's exact sums make it equal
+    path, _ = matmul_batched(tmp_path / "m.onnx", per_channel=per_channel, k=32)
+    plain = build_plan(path, BuilderConfig(target="cpu"))
+    rows = build_plan(path, BuilderConfig(target="cpu", channels_last=True))
+    (layer,) = fp8_layers(rows) + [layer for layer in rows.layers if layer.kind == "QConvNHWC"]
+    assert layer.kind == "QConvNHWC" and layer.in_shapes[0] == (1, 1, 30, 32) and layer.in_shapes[2] == (11, 1, 1, 32)
+    x = np.random.default_rng(4).standard_normal((2, 3, 5, 32)).astype(np.float32)
+    np.testing.assert_array_equal(run_plan(rows, {"x": x})["y"], run_plan(plain, {"x": x})["y"])
+    # K not a multiple of 16 stays a QMatMul
+    path, _ = matmul_batched(tmp_path / "m19.onnx", per_channel=per_channel)
+    assert [layer.kind for layer in fp8_layers(build_plan(path, BuilderConfig(target="cpu", channels_last=True)))] \
+        == ["QMatMul"]
+
+
+def test_chained_fp8_gemms_with_a_full_shaped_epilogue_input_run_as_1x1_convs(tmp_path):
+    # x[4,32] -> Gemm (bias) -> Add C[4,16] -> Relu -> Q -> DQ -> MatMul W[16,8]: the Add's input has the
+    # output's shape (reshaped to rows like it), the e4m3 hidden layer passes between the two convs
+    g = Fp8Graph(seed=9)
+    h = g.op("Gemm", [g.qdq("x", 3.0 / E4M3_MAX), g.weight((32, 16), 1), g.bias(16)])
+    h = g.op("Add", [h, g.init(g.rng.standard_normal((4, 16)).astype(np.float32), "c")])
+    h = g.qdq(g.op("Relu", [h]), 2.0 / E4M3_MAX)
+    path, _ = g.model((4, 32), g.op("MatMul", [h, g.weight((16, 8), None)]), tmp_path / "g.onnx", k=16)
+    plain = build_plan(path, BuilderConfig(target="cpu"))
+    rows = build_plan(path, BuilderConfig(target="cpu", channels_last=True))
+    convs = [layer for layer in rows.layers if layer.kind == "QConvNHWC"]
+    assert len(convs) == 2 and convs[0].out_dtypes[0] == "float8_e4m3fn" and "epilogue" in convs[0].attrs
+    x = np.random.default_rng(5).standard_normal((4, 32)).astype(np.float32)
+    np.testing.assert_array_equal(run_plan(rows, {"x": x})["y"], run_plan(plain, {"x": x})["y"])

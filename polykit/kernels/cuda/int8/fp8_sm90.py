@@ -11,8 +11,9 @@ the epilogue, and a float32 store or a saturating round-to-nearest-even e4m3 sto
 or per-channel scale / bias, an epilogue epilogue.py compiles whose extra inputs are float32.
 Results differ from the cpu reference (the exact sum rounded once) by the float32 summation order
 and the tensor cores' accumulation inside a stage; tests/kernels/cuda/test_fp8_sm90.py states the
-tolerance. QMatMul and QConv (NCHW) FP8 layers have no cuda tactic yet: the builder unfolds them
-(their Q/DQ run as layers and the op in float).
+tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as a 1x1 QConvNHWC
+over its rows (to_channels_last packs W K-major at build time); other FP8 QMatMuls and NCHW QConvs
+have no cuda tactic: the builder unfolds them (their Q/DQ run as layers and the op in float).
 """
 
 from __future__ import annotations
