@@ -2,7 +2,8 @@
 // beta * C, the fused epilogue, fp16 / bf16 / tf32-rounded float stores of column pairs as the
 // accumulators lie), the 16-byte path where vector_ok allows (a transpose across each quad of
 // lanes, quad_row, then 8 consecutive columns a lane: finish_rows), the INT8 output (OutI8 over
-// int8_out.cuh's Out; with F8 the same on float sums), and consume: each tile's K loop (gemm_sm90_core.cuh), then its epilogue.
+// int8_out.cuh's Out; with F8 the same on float sums), and consume: each tile's K loop
+// (gemm_sm90_core.cuh), then its epilogue.
 #pragma once
 #include "gemm_sm90_core.cuh"
 
