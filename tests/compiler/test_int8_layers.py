@@ -149,7 +149,7 @@ def test_the_shape_rule_gives_the_requantized_output():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"x": ("float32", (2, 4, 9, 9))}, "not int8 or uint8"),
+    ({"x": ("float32", (2, 4, 9, 9))}, "not int8, uint8 or float8_e4m3fn"),
     ({"xz": ("int8", ())}, "zero point"),
     ({"scale": ("float32", (5,))}, "one value per output channel"),
     ({"b": ("float16", (6,))}, "float32"),

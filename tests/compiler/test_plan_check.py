@@ -81,7 +81,7 @@ def test_an_untouched_plan_passes_and_runs(cpu_bytes):
     (lambda d: layer(d, "mul").update(inputs=["x", "s"]), r"layers\['mul'\]\.inputs\[1\]: 's' is read before"),
     (lambda d: layer(d, "abs").update(kind="NoSuchOp"), r"layers\['abs'\]\.kind: 'NoSuchOp' .* op this polykit does not"),
     (lambda d: layer(d, "abs").update(tactic="cpu.fast"), r"layers\['abs'\]\.tactic: 'cpu.fast' is not a cpu tactic"),
-    (lambda d: layer(d, "abs").update(precision="fp8"), r"layers\['abs'\]\.precision: 'fp8' is not one of"),
+    (lambda d: layer(d, "abs").update(precision="fp4"), r"layers\['abs'\]\.precision: 'fp4' is not one of"),
     (lambda d: layer(d, "abs").update(out_dtypes=["float16"]), r"layers\['abs'\]\.out_dtypes\[0\]: 'float16' differs"),
     (lambda d: d["memory"]["lifetimes"].update(t=[0, 0]), r"memory\.lifetimes\['t'\]: \[0, 0\] does not cover"),
     (lambda d: d["memory"]["lifetimes"].update(t=[3, 1]), r"memory\.lifetimes\['t'\]: \[3, 1\] is not an interval"),

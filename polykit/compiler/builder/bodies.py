@@ -42,7 +42,7 @@ from polykit.errors import BuildError
 #: configuration a body does not inherit: marking, side files, build-time input values (fixed or opt),
 #: profiles (a body plan runs static shapes)
 _OWN = {"mark_outputs": (), "mark_all": False, "expose_tensors": (), "force_marks": False, "tactic_replay": None, "save_tactics": None,
-        "save_timing_cache": None, "input_values": {}, "shape_values": {}, "profiles": (), "int8": False, "calibration_data": None,
+        "save_timing_cache": None, "input_values": {}, "shape_values": {}, "profiles": (), "int8": False, "fp8": False, "calibration_data": None,
         "calibration_cache": None, "tensor_ranges": {}, "layer_precisions": {}}
 
 

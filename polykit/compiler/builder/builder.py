@@ -312,7 +312,7 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "channels_last": cfg.channels_last_for(target, conv_pixels(g), int8.layers),
                "channels_last_convs": nhwc_conv_classes(target),
                "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded,
-               "weight_only": int8.weight_only,
+               "weight_only": int8.weight_only, "fp8": int8.fp8,
                "io_formats": {**formats_by_name(cfg.input_io_formats, g.inputs, "input"),
                               **formats_by_name(cfg.output_io_formats, g.outputs, "output")}}
     params = inspect.signature(optimize).parameters

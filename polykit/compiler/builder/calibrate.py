@@ -102,9 +102,14 @@ CALIBRATORS = {c.name: c for c in (
 )}
 
 
-def scale_of(threshold: float) -> float:
-    """The int8 scale of a symmetric threshold (1 for a tensor that is always zero)."""
-    return float(np.float32(threshold / QMAX)) if threshold > 0 else 1.0
+#: the largest finite float8_e4m3fn: an FP8 scale is threshold / FP8_MAX
+FP8_MAX = 448.0
+
+
+def scale_of(threshold: float, qmax: float = QMAX) -> float:
+    """The int8 (or, with qmax FP8_MAX, e4m3) scale of a symmetric threshold (1 for a tensor that
+    is always zero)."""
+    return float(np.float32(threshold / qmax)) if threshold > 0 else 1.0
 
 
 @dataclass
@@ -114,11 +119,12 @@ class _Stats:
 
 
 def calibrate(graph: Any, names: list[str], data: Any, target: str, calibrator: str = "entropy",
-              percentile: float = 99.99, build: Any = None) -> dict[str, float]:
+              percentile: float = 99.99, build: Any = None, qmax: float = QMAX) -> dict[str, float]:
     """Scale of each tensor in `names` (graph inputs or node outputs of the unfused graph)
     over the batches of `data` (calibration_batches), on `target`. `build`: the BuilderConfig of
     the build being calibrated, whose input shapes, input values and calibration profile the
-    calibration engine takes (`graph` then as the model has it, dynamic dims unresolved)."""
+    calibration engine takes (`graph` then as the model has it, dynamic dims unresolved). `qmax`:
+    the quantized type's largest value (127; FP8_MAX for e4m3)."""
     chosen = CALIBRATORS[calibrator]
     batches = calibration_batches(data)
     stats = _Stats({n: 0.0 for n in names})
@@ -127,7 +133,7 @@ def calibrate(graph: Any, names: list[str], data: Any, target: str, calibrator: 
         if chosen.histogram:
             stats.hist = {n: np.zeros(HIST_BINS, np.int64) for n in names}
             _run(engine, batches, names, "calibrating: histograms", lambda name, x: _update_hist(stats, name, x))
-    return {n: scale_of(chosen.threshold(stats.amax[n], stats.hist.get(n), percentile)) for n in names}
+    return {n: scale_of(chosen.threshold(stats.amax[n], stats.hist.get(n), percentile), qmax) for n in names}
 
 
 def _finite_abs(x: np.ndarray) -> np.ndarray:
@@ -203,7 +209,7 @@ def calibration_batches(data: Any) -> Iterable[Mapping[str, np.ndarray]]:
     """The batches of calibration data: a folder of .npz files (sorted by name), one .npz file,
     or an iterable of feed dicts that can be iterated twice."""
     if data is None:
-        raise UsageError("INT8 calibration needs data", hint="pass --calibration-data DIR (a folder of .npz "
+        raise UsageError("INT8 / FP8 calibration needs data", hint="pass --calibration-data DIR (a folder of .npz "
                          "batches), --data-loader-script, a --calibration-cache, or --tensor-ranges")
     if isinstance(data, (str, os.PathLike)):
         return NpzBatches(Path(data))

@@ -1,4 +1,4 @@
-"""The calibration cache: per-tensor INT8 scales in a text file (TensorRT's calibration cache).
+"""The calibration cache: per-tensor INT8 (or FP8) scales in a text file (TensorRT's calibration cache).
 
     polykit-calibration-cache 1 polykit=0.1.0 calibrator=entropy
     input: 0x1.0204080000000p-7
@@ -8,6 +8,9 @@ The header names the format version, the polykit version that wrote it and the c
 each further line is `tensor name: scale` (the last ": " splits, so names may hold ": "), the
 scale a float32 written as a hexadecimal float (float.hex), so it reads back bit for bit. The
 scale maps int8 to real values: real = scale * q, q in [-128, 127] (threshold / 127).
+An FP8 build's cache (e4m3 scales, threshold / 448) ends its header with ` type=fp8`; a header
+without it holds INT8 scales (so every earlier cache reads as what it is), and a build of the one
+kind refuses a cache of the other (quantize.activation_scales).
 Reading is strict: a DataFileError names the file and line of anything else. A build takes
 only its own polykit version's scales: another version's cache is ignored with a warning when
 the build has calibration data (and written anew), and refused (DataFileError) when it has none.
@@ -34,7 +37,9 @@ from polykit.files import read_limited, require_file
 FORMAT_VERSION = 1
 MAGIC = "polykit-calibration-cache"
 _HEADER = re.compile(rf"^{MAGIC} (?P<version>[0-9]{{1,9}}) polykit=(?P<polykit>\S+) "
-                     rf"calibrator=(?P<calibrator>{'|'.join(sorted(CALIBRATORS))})$")
+                     rf"calibrator=(?P<calibrator>{'|'.join(sorted(CALIBRATORS))})(?: type=(?P<type>fp8))?$")
+#: what the scales quantize to: "int8" (no type= in the header) or "fp8"
+CACHE_TYPES = ("int8", "fp8")
 #: float.hex of a positive finite number
 _HEX = re.compile(r"^0x[0-9a-f](\.[0-9a-f]{0,40})?p[-+]?[0-9]{1,6}$")
 HINT = "write the cache again (build with --int8 and calibration data), or fix the line"
@@ -42,14 +47,17 @@ HINT = "write the cache again (build with --int8 and calibration data), or fix t
 
 @dataclass(frozen=True)
 class CalibrationCache:
-    """What a cache file holds: the calibrator that made it and tensor name -> scale."""
+    """What a cache file holds: the calibrator that made it, tensor name -> scale, and the type the
+    scales quantize to (CACHE_TYPES)."""
 
     calibrator: str
     scales: Mapping[str, float] = field(default_factory=dict, hash=False)
     polykit_version: str = polykit.__version__
+    type: str = "int8"
 
     def text(self) -> str:
-        lines = [f"{MAGIC} {FORMAT_VERSION} polykit={self.polykit_version} calibrator={self.calibrator}"]
+        kind = "" if self.type == "int8" else f" type={self.type}"
+        lines = [f"{MAGIC} {FORMAT_VERSION} polykit={self.polykit_version} calibrator={self.calibrator}{kind}"]
         for name, scale in self.scales.items():
             if "\n" in name or "\r" in name or not name:
                 raise DataFileError(f"tensor name {name!r} cannot be written to a calibration cache",
@@ -81,7 +89,7 @@ def parse_calibration_cache(text: str, where: str) -> CalibrationCache:
         if name in scales:
             raise DataFileError(f"tensor {name!r} appears twice", where=f"{where}:{number}", hint=HINT)
         scales[name] = scale
-    return CalibrationCache(header["calibrator"], scales, header["polykit"])
+    return CalibrationCache(header["calibrator"], scales, header["polykit"], header["type"] or "int8")
 
 
 def _scale(text: str, where: str) -> float:

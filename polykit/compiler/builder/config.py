@@ -99,6 +99,9 @@ class BuilderConfig:
     strongly_typed: layers run in the model's own dtypes (no fp16/bf16/tf32 flags allowed).
     int8: quantize Conv/Gemm/MatMul with float weights to INT8 layers from calibrated activation
         scales (docs/INT8.md; a model carrying Q/DQ is folded into INT8 layers without it).
+    fp8: the same with FP8 (float8_e4m3fn) layers: activation scales max |x| / 448 from the same
+        calibration data (always the minmax calibrator), weights per output channel max |w| / 448
+        (docs/INT8.md "FP8"); not with int8.
     calibrator: "entropy" (TensorRT's KL-divergence threshold), "minmax" or "percentile"
         (`percentile` percent of |x|, default 99.99).
     calibration_data: the batches calibration runs: a folder of .npz files (or one .npz) of input
@@ -106,7 +109,7 @@ class BuilderConfig:
     calibration_cache: a calibration cache file: read when it exists (calibration skipped),
         written after calibrating otherwise (polykit.compiler.builder.calibration_cache).
     tensor_ranges: tensor name -> (min, max): per-tensor dynamic ranges that override calibration
-        (the scale is max(|min|, |max|) / 127).
+        (the scale is max(|min|, |max|) / 127; with fp8, / 448).
     calibration_profile: the shapes a build with profiles calibrates at (TensorRT's
         setCalibrationProfile): the calibration batches may have any shape inside it; None: the
         last of `profiles` (Polygraphy's choice). One scale set serves every profile.
@@ -164,6 +167,7 @@ class BuilderConfig:
     expose_tensors: tuple[str, ...] = ()
     force_marks: bool = False
     int8: bool = False
+    fp8: bool = False
     calibrator: str = "entropy"
     percentile: float = 99.99
     calibration_data: str | os.PathLike | Iterable[Mapping[str, Any]] | None = field(default=None, compare=False)
@@ -230,9 +234,10 @@ class BuilderConfig:
         self._check_precision()
         self._check_int8()
         self._check_ranks()
-        if self.refittable and self.int8:
-            raise UsageError("a refittable build cannot calibrate INT8: the calibrated scales depend on the weights "
-                             "a refit replaces", hint="drop --int8 (a model with Q/DQ is refittable), or --refittable")
+        if self.refittable and (self.int8 or self.fp8):
+            raise UsageError("a refittable build cannot calibrate INT8 / FP8: the calibrated scales depend on the "
+                             "weights a refit replaces",
+                             hint="drop --int8 / --fp8 (a model with Q/DQ is refittable), or --refittable")
         if self.sparsity not in SPARSITY:
             raise UsageError(f"unknown sparsity mode {self.sparsity!r}", hint=f"use one of: {', '.join(SPARSITY)}")
         if self.sparsity != "disable" and self.refittable:
@@ -267,7 +272,7 @@ class BuilderConfig:
             return bool(self.channels_last)
         if target != "cuda":
             return False
-        if self.fp16 or self.bf16 or self.tf32 or self.int8 or int8_layers:
+        if self.fp16 or self.bf16 or self.tf32 or self.int8 or self.fp8 or int8_layers:
             return True
         return bool(conv_pixels) and sorted(conv_pixels)[len(conv_pixels) // 2] >= FP32_NHWC_PIXELS
 
@@ -286,7 +291,7 @@ class BuilderConfig:
             raise UsageError(f"ranks {ranks!r} is not an integer >= 1", hint="e.g. --ranks 2")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ranks:
             raise UsageError(f"rank {rank!r} is not in 0..{ranks - 1}", hint="ranks are numbered from 0")
-        if ranks > 1 and (self.profiles or self.int8 or self.mark_outputs or self.mark_all or self.expose_tensors):
+        if ranks > 1 and (self.profiles or self.int8 or self.fp8 or self.mark_outputs or self.mark_all or self.expose_tensors):
             raise UsageError("a build split over ranks takes static input shapes and no profiles, INT8 or marked "
                              "outputs", hint="drop --ranks, or those options")
 
@@ -306,6 +311,8 @@ class BuilderConfig:
                              hint="drop --strongly-typed, or the precision flags")
 
     def _check_int8(self) -> None:
+        if self.int8 and self.fp8:
+            raise UsageError("a build quantizes to INT8 or to FP8, not both", hint="drop --int8 or --fp8")
         if self.calibrator not in CALIBRATORS:
             raise UsageError(f"unknown calibrator {self.calibrator!r}", hint=f"use one of: {', '.join(sorted(CALIBRATORS))}")
         if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float)) \

@@ -5,7 +5,7 @@ Storage comes first: an fp16/bf16 build converts float32 tensors before lowering
 float16, bfloat16 or float32. Its math then follows the builder flags, weakly typed as
 in TensorRT: a half layer may run "fp16"/"bf16" or, where only that has a tactic, "fp32"
 math on its half storage; a float32 layer may run "tf32" tensor-core math with --tf32, else
-"fp32"; an INT8 layer (QConv, QMatMul) runs "int8". A strongly typed build, and the cpu (whose kernels compute on the arrays they get,
+"fp32"; an INT8 layer (QConv, QMatMul) runs "int8", an FP8 one (float8_e4m3fn operands) "fp8". A strongly typed build, and the cpu (whose kernels compute on the arrays they get,
 floats in float64), take the storage precision. A precision requested for
 the layer's ONNX nodes (BuilderConfig.layer_precisions; a fused layer takes the highest its
 nodes ask for) binds as `precision_constraints` says: obey (that precision only), prefer
@@ -35,7 +35,7 @@ def allowed_precisions(layer: Any, cfg: BuilderConfig, target: str) -> list[str]
     """The precisions the builder may choose from for `layer`, lowest (fastest) first. The
     cpu computes in the storage's precision (floats accumulate in float64): one choice."""
     storage = storage_precision(layer)
-    if cfg.strongly_typed or target == "cpu" or storage == "int8":
+    if cfg.strongly_typed or target == "cpu" or storage in ("int8", "fp8"):
         return [storage]
     if storage != "fp32":
         return [storage, "fp32"]

@@ -8,6 +8,9 @@ exists, else from calibrating the unfused graph (polykit.compiler.builder.calibr
 written). The activation tensors that need a scale are named on the graph as imported (input
 shapes applied), before any pass, so the same names serve every build of the model.
 
+With fp8 the same happens in FP8 (float8_e4m3fn layers, scales max |x| / 448 from the minmax
+calibrator, a cache marked `type=fp8`); a cache of the other type is a DataFileError.
+
 A target without INT8 tactics (a plugin's) builds float: the model's Q/DQ run as written and
 --int8 is ignored, each with a logged warning. An INT8 layer that the target's tactics refuse
 (cuda: grouped convolutions, batched MatMul operands) stays quantized but unfolded: its Q/DQ
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import polykit
-from polykit.compiler.builder.calibrate import calibrate, scale_of
+from polykit.compiler.builder.calibrate import FP8_MAX, QMAX, calibrate, scale_of
 from polykit.compiler.builder.calibration_cache import CalibrationCache, read_calibration_cache, write_calibration_cache
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
@@ -48,6 +51,8 @@ class Int8Setup:
     layers: bool = False
     #: keep weight-only quantized MatMul/Gemm weights packed (passes.fold_weight_only)
     weight_only: bool = False
+    #: `scales` are e4m3 scales: insert_qdq makes FP8 layers
+    fp8: bool = False
 
 
 def target_runs_int8(target: str) -> bool:
@@ -70,34 +75,38 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = N
     explicit = any(n.op_type in QDQ_OPS and n.domain == "" for n in g.nodes)
     runs = target_runs_int8(target)
     weight_only = explicit and target_runs(target, (WEIGHT_ONLY_KIND,))
-    if not runs and (explicit or cfg.int8):
+    flag = "--fp8" if cfg.fp8 else "--int8"
+    if not runs and (explicit or cfg.int8 or cfg.fp8):
         log.warning("the %s target has no INT8 tactics: %s", target,
-                    "the model's Q/DQ run as written, in float" if explicit else "--int8 is ignored, layers run in float")
+                    "the model's Q/DQ run as written, in float" if explicit else f"{flag} is ignored, layers run in float")
         return Int8Setup(weight_only=weight_only)
-    if not cfg.int8:
+    if not (cfg.int8 or cfg.fp8):
         return Int8Setup(fold=runs, layers=runs and explicit, weight_only=weight_only)
     if explicit:
-        log.info("--int8: the model carries Q/DQ (explicit quantization); nothing is calibrated")
+        log.info("%s: the model carries Q/DQ (explicit quantization); nothing is calibrated", flag)
         return Int8Setup(fold=True, layers=True, weight_only=weight_only)
     needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
     if not needed:
-        log.warning("--int8: the model has no Conv/Gemm/MatMul with float weights to quantize")
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model), layers=True)
+        log.warning("%s: the model has no Conv/Gemm/MatMul with float weights to quantize", flag)
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model), layers=True, fp8=cfg.fp8)
 
 
 def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str,
                       model: Graph | None = None) -> dict[str, float]:
-    """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration."""
+    """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration (e4m3
+    scales with cfg.fp8, from the minmax calibrator)."""
+    kind, qmax = ("fp8", FP8_MAX) if cfg.fp8 else ("int8", QMAX)
+    calibrator = "minmax" if cfg.fp8 else cfg.calibrator
     known = set(g.inputs) | {o for n in g.nodes for o in n.outputs if o}
     unknown = [name for name in cfg.tensor_ranges if name not in known]
     if unknown:
         raise BuildError(f"tensor_ranges names tensors the model does not have: {_names(unknown)}",
                          where=f"graph {g.name!r}", hint="list tensor names with `polykit inspect model`")
-    scales = {name: scale_of(max(-low, high)) for name, (low, high) in cfg.tensor_ranges.items()}
+    scales = {name: scale_of(max(-low, high), qmax) for name, (low, high) in cfg.tensor_ranges.items()}
     missing = [name for name in needed if name not in scales]
     path = cfg.calibration_cache
     if not needed and path is not None and not Path(path).is_file():  # nothing to calibrate: an empty cache, as asked
-        write_calibration_cache(path, CalibrationCache(cfg.calibrator, {}))
+        write_calibration_cache(path, CalibrationCache(calibrator, {}, type=kind))
         log.info("wrote calibration cache %s (no tensor to quantize)", path)
     if not missing:
         return {name: scales[name] for name in needed}
@@ -111,22 +120,26 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
         log.warning("calibration cache %s was written by polykit %s (this is %s): ignored, calibrating again",
                     path, cache.polykit_version, polykit.__version__)
         cache = None
+    if cache is not None and cache.type != kind:
+        raise DataFileError(f"the calibration cache holds {cache.type.upper()} scales; this {kind.upper()} build "
+                            f"(--{kind}) cannot use them", where=str(path),
+                            hint=f"give a cache an --{kind} build wrote, or a new file name to calibrate into")
     if cache is not None:
         absent = [name for name in missing if name not in cache.scales]
         if absent:
             raise DataFileError(f"the calibration cache does not match the network: it has no scale for "
                                 f"{len(absent)} tensor(s): {_names(absent)}", where=str(path),
                                 hint="calibrate again: remove the cache file and build with calibration data")
-        if cache.calibrator != cfg.calibrator:
+        if cache.calibrator != calibrator:
             log.info("calibration cache %s was made by the %s calibrator; using it as it is", path, cache.calibrator)
         calibrated = dict(cache.scales)
     else:
-        calibrated = (calibrate(g, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile)
+        calibrated = (calibrate(g, needed, cfg.calibration_data, target, calibrator, cfg.percentile, qmax=qmax)
                       if model is None else
-                      calibrate(model, needed, cfg.calibration_data, target, cfg.calibrator, cfg.percentile, cfg))
+                      calibrate(model, needed, cfg.calibration_data, target, calibrator, cfg.percentile, cfg, qmax))
         if path is not None:
-            write_calibration_cache(path, CalibrationCache(cfg.calibrator, calibrated))
-            log.info("wrote calibration cache %s (%d tensors, %s)", path, len(calibrated), cfg.calibrator)
+            write_calibration_cache(path, CalibrationCache(calibrator, calibrated, type=kind))
+            log.info("wrote calibration cache %s (%d %s tensors, %s)", path, len(calibrated), kind, calibrator)
     return {name: scales.get(name, calibrated.get(name)) for name in needed}
 
 

@@ -28,6 +28,12 @@ then cancels the Transposes between neighbours, leaving reformats at the chain's
   centered product), W repacked KRSC (padded with W's zero points), the epilogue's extra inputs
   transposed to NHWC (constants here, rank-4 tensors through Transposes); "symmetric" 1 when X and W
   are int8 with zero points 0.
+- ai.polykit QMatMul on FP8 operands (float8_e4m3fn X [..., M, K] of static shape, W a constant
+  [K, N] with K % INT8_CHANNEL_ALIGN == 0) -> Reshape(X, [1, 1, rows, K]) -> a 1x1 QConvNHWC over the
+  rows (W packed KRSC [N, 1, 1, K] here, once: K-major, as the sm90 FP8 kernel reads it) ->
+  Reshape to [..., M, N]; epilogue inputs that broadcast along N alone stay, those of the output's
+  shape are reshaped like it (others leave the node as it is). The cuda FP8 tactics run convolutions
+  only (kernels/cuda/int8/fp8_sm90.py).
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.nn.conv import AUTO_PADS, window_geometry
-from polykit.compiler.ops.quant.int8 import (INT8_DTYPES, NHWC_KIND, QUANT_ARITY, SYMMETRIC, W, W_ZERO_POINT, X,
-                                      X_ZERO_POINT)
+from polykit.compiler.ops.quant.int8 import (FP8, INT8_DTYPES, NHWC_KIND, QUANT_ARITY, QUANT_DTYPES, SYMMETRIC,
+                                             W, W_ZERO_POINT, X, X_ZERO_POINT)
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
@@ -254,7 +260,7 @@ class _Rewriter:
         return xt, channels
 
     def qconv(self, node: Node) -> list[Node] | None:
-        """An INT8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
+        """An INT8 or FP8 QConv (2-D, group 1, constant W and zero points) as QConvNHWC: channels padded to
         INT8_CHANNEL_ALIGN with the activation's zero point (a real zero), W repacked KRSC, the
         epilogue's extra inputs transposed to NHWC."""
         x, w = node.input(X), node.input(W)
@@ -262,7 +268,7 @@ class _Rewriter:
         weight, w_zero = init.get(w), init.get(node.input(W_ZERO_POINT))
         xv = self.graph.value(x)
         if (weight is None or weight.ndim != 4 or w_zero is None or node.input(X_ZERO_POINT) not in init
-                or xv.dtype not in INT8_DTYPES or xv.shape is None or len(xv.shape) != 4
+                or xv.dtype not in QUANT_DTYPES or xv.shape is None or len(xv.shape) != 4
                 or int(node.attrs.get("group", 1)) != 1):
             return None
         attrs = self.nhwc_attrs(node, weight)
@@ -285,6 +291,47 @@ class _Rewriter:
         inputs = [xt, node.input(X_ZERO_POINT), self.krsc(w, channels, w_zero)] + list(node.inputs[W_ZERO_POINT:QUANT_ARITY])
         inputs += [extras[n] for n in node.inputs[QUANT_ARITY:]]
         return self.wrapped(node, NHWC_KIND, inputs, attrs, prefix)
+
+    def fp8_qmatmul(self, node: Node) -> list[Node] | None:
+        """An FP8 QMatMul with a constant [K, N] weight as a 1x1 QConvNHWC over its rows (module docstring)."""
+        weight, xv = self.graph.initializers.get(node.input(W)), self.graph.value(node.input(X))
+        if (FP8 is None or weight is None or weight.ndim != 2 or weight.dtype != FP8 or xv.dtype != FP8
+                or xv.shape is None or len(xv.shape) < 2 or not all(isinstance(d, int) for d in xv.shape)
+                or weight.shape[0] % INT8_CHANNEL_ALIGN or weight.shape[0] != xv.shape[-1]):
+            return None
+        (k, n), out_shape = weight.shape, (*xv.shape[:-1], weight.shape[1])
+        rows = int(np.prod(xv.shape[:-1]))
+        prefix: list[Node] = []
+
+        def reshaped(name: str, shape: tuple[int, ...]) -> str:
+            out = self.graph.fresh_name(f"{name}_rows")
+            target = self.graph.add_initializer(np.array(shape, np.int64), f"{node.name}_shape")
+            prefix.append(Node("Reshape", [name, target], [out], name=self.graph.fresh_name(f"{node.name}_reshape")))
+            return out
+
+        extras = {}
+        for name in dict.fromkeys(node.inputs[QUANT_ARITY:]):
+            shape = self.graph.value(name).shape
+            if shape is not None and tuple(shape) == out_shape:
+                extras[name] = reshaped(name, (1, 1, rows, n))
+            elif shape is not None and int(np.prod(shape)) in (1, n) and (len(shape) == 0 or shape[-1] in (1, n)):
+                extras[name] = name  # a scalar or a vector along N broadcasts against [1, 1, rows, N] too
+            else:
+                return None
+        attrs = {key: value for key, value in node.attrs.items() if key != "epilogue"}
+        attrs.update(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+        if "epilogue" in node.attrs:
+            epilogue = node.attrs["epilogue"]
+            body = [dict(step, inputs=[extras.get(i, i) for i in step["inputs"]]) for step in epilogue["body"]]
+            attrs["epilogue"] = dict(epilogue, body=body)
+        krsc = self.graph.add_initializer(np.ascontiguousarray(weight.T).reshape(n, 1, 1, k), f"{node.input(W)}_krsc")
+        inputs = [reshaped(node.input(X), (1, 1, rows, k)), node.input(X_ZERO_POINT), krsc,
+                  *node.inputs[W_ZERO_POINT:QUANT_ARITY], *(extras[i] for i in node.inputs[QUANT_ARITY:])]
+        raw = self.graph.fresh_name(f"{node.outputs[0]}_rows")
+        target = self.graph.add_initializer(np.array(out_shape, np.int64), f"{node.name}_out_shape")
+        return prefix + [Node(NHWC_KIND, inputs, [raw], attrs, name=node.name, domain=POLYKIT_DOMAIN),
+                         Node("Reshape", [raw, target], [node.outputs[0]],
+                              name=self.graph.fresh_name(f"{node.name}_unrows"))]
 
     def nhwc_operand(self, name: str, node: Node, prefix: list[Node]) -> str | None:
         """An epilogue input of an NCHW output in NHWC: a constant transposed here (broadcast shapes
@@ -323,7 +370,8 @@ REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
 
 
 #: rewrites of ai.polykit nodes
-POLYKIT_REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {"QConv": _Rewriter.qconv}
+POLYKIT_REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
+    "QConv": _Rewriter.qconv, "QMatMul": _Rewriter.fp8_qmatmul}
 
 
 def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset(),

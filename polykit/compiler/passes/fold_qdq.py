@@ -17,6 +17,10 @@ scales, per-axis activations, non-constant biases) stays as written: Q and DQ ru
 layers and the op in float, which computes exactly what the model says (a MatMul/Gemm weight of
 those is then kept packed by passes.fold_weight_only, when it qualifies).
 
+FP8 (docs/INT8.md "FP8"): the same patterns with float8_e4m3fn X and W (zero points 0) make the
+same layers on float8 operands, and a saturating QuantizeLinear to float8_e4m3fn after one is its
+requantization; an 8-bit integer operand never pairs with a float8 one (it stays as written).
+
 It runs before constant folding (which would turn weight DQs into float weights) and again
 after insert_qdq has quantized a calibrated graph (polykit.compiler.builder.quantize).
 """
@@ -29,7 +33,7 @@ from typing import Iterable
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.quant.int8 import F32, INT8_DTYPES
+from polykit.compiler.ops.quant.int8 import F32, FP8, QUANT_DTYPES
 from polykit.compiler.passes.fuse_bias_activation import epilogue_chain
 from polykit.compiler.passes.fuse_pointwise import body_step
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
@@ -39,12 +43,13 @@ FOLDS = {"Conv": "QConv", "Gemm": "QMatMul", "MatMul": "QMatMul"}
 #: ops whose constant outputs the pass evaluates (it runs before constant folding)
 CONSTANT_OPS = frozenset({"Constant", "QuantizeLinear", "DequantizeLinear"})
 #: ONNX TensorProto codes a QuantizeLinear's output_dtype may name for a fused requantization
-_Q_CODES = {0: np.dtype(np.uint8), 2: np.dtype(np.uint8), 3: np.dtype(np.int8)}
+_Q_CODES = {0: np.dtype(np.uint8), 2: np.dtype(np.uint8), 3: np.dtype(np.int8),
+            **({17: FP8} if FP8 is not None else {})}
 
 
 @dataclass(frozen=True)
 class Dequantized:
-    """A tensor read through a DequantizeLinear: its int8/uint8 source, float32 scale and
+    """A tensor read through a DequantizeLinear: its int8/uint8/float8_e4m3fn source, float32 scale and
     zero point (both scalars, or 1-D along `axis`; axis None: per tensor)."""
 
     node: Node
@@ -60,11 +65,11 @@ def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequanti
         return None
     source = graph.value(node.input(0))
     scale = constant_value(graph, node.input(1), producers)
-    if (source.dtype not in INT8_DTYPES or source.shape is None or scale is None or scale.dtype != F32
+    if (source.dtype not in QUANT_DTYPES or source.shape is None or scale is None or scale.dtype != F32
             or int(node.attrs.get("block_size", 0)) > 0 or int(node.attrs.get("output_dtype", 0)) not in (0, 1)):
         return None
     zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros(scale.shape, source.dtype)
-    if zero is None or zero.dtype != source.dtype or zero.size != scale.size:
+    if zero is None or zero.dtype != source.dtype or zero.size != scale.size or (zero.dtype == FP8 and np.any(zero)):
         return None
     if scale.size == 1:
         return Dequantized(node, node.input(0), scale.reshape(()), zero.reshape(()), None)
@@ -73,7 +78,8 @@ def dequantized(graph: Graph, name: str, producers: dict[str, Node]) -> Dequanti
 
 
 def requantizer(graph: Graph, node: Node | None, producers: dict[str, Node]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, zero point) of a per-tensor QuantizeLinear to int8/uint8, or None."""
+    """(scale, zero point) of a per-tensor QuantizeLinear to int8/uint8 (or a saturating one to
+    float8_e4m3fn, zero point 0), or None."""
     if node is None or node.op_type != "QuantizeLinear" or node.domain != "":
         return None
     scale = constant_value(graph, node.input(1), producers)
@@ -83,7 +89,9 @@ def requantizer(graph: Graph, node: Node | None, producers: dict[str, Node]) -> 
     if int(node.attrs.get("precision", 0)) not in (0, 1) or int(node.attrs.get("block_size", 0)) > 0:
         return None
     zero = constant_value(graph, node.input(2), producers) if node.input(2) else np.zeros((), _Q_CODES[code])
-    if zero is None or zero.size != 1 or zero.dtype not in INT8_DTYPES:
+    if zero is None or zero.size != 1 or zero.dtype not in QUANT_DTYPES:
+        return None
+    if zero.dtype == FP8 and (np.any(zero) or not int(node.attrs.get("saturate", 1))):
         return None
     return scale.reshape(()), zero.reshape(())
 
@@ -109,6 +117,8 @@ def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: I
         last = chain[-1].outputs[0] if chain else base.outputs[0]
         q = sole_reader(graph, last, readers, fixed)
         requant = requantizer(graph, q, producers)
+        if requant is not None and (requant[1].dtype == FP8) != (operands.x.zero_point.dtype == FP8):
+            requant = None  # an INT8 layer writes integers, an FP8 one float8
         tail = chain + ([q] if requant is not None else [])
         node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant, producers)
         if node is None:
@@ -132,7 +142,7 @@ class _Operands:
 def _operands(graph: Graph, base: Node, producers: dict[str, Node]) -> _Operands | None:
     x = dequantized(graph, base.input(0), producers)
     w = dequantized(graph, base.input(1), producers)
-    if x is None or w is None or x.axis is not None:
+    if x is None or w is None or x.axis is not None or (x.zero_point.dtype == FP8) != (w.zero_point.dtype == FP8):
         return None
     wq = constant_value(graph, w.source, producers)
     rank = len(graph.value(w.source).shape)
@@ -194,7 +204,7 @@ def dequantizing_steps(graph: Graph, chain: list[Node], producers: dict[str, Nod
             continue
         value = graph.fresh_name(f"{name}_float")
         steps.append(Node("Cast", [dq.source], [value], {"to": 1}))
-        if int(dq.zero_point) != 0:
+        if float(dq.zero_point) != 0:
             centered = graph.fresh_name(f"{name}_centered")
             zero = graph.add_initializer(dq.zero_point.astype(F32), f"{name}_zero_point_float")
             steps.append(Node("Sub", [value, zero], [centered]))

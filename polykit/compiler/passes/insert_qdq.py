@@ -9,6 +9,9 @@ folds them into INT8 layers; a layer's output is requantized when its sole reade
 layer's QuantizeLinear (TensorRT's int8 in, int8 out). A residual Add that joins a quantized
 tensor to a quantized layer's output reads the tensor dequantized too (TensorRT's int8 residual):
 the tensor's producer then writes int8 alone, and the Add's layer reads it as int8.
+With fp8 (BuilderConfig.fp8) the same in float8_e4m3fn: activation Q/DQ to e4m3 (zero point 0),
+weights per output channel with scale max|w| / 448, rounded to nearest even (fold_qdq then makes
+FP8 layers).
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
-from polykit.compiler.ops.quant.int8 import F32
+from polykit.compiler.ops.quant.int8 import F32, FP8
 from polykit.compiler.graph.evaluator import RANDOM_OPS
 from polykit.compiler.passes.rewrite import const
 
 #: op -> the axis of its weight that holds the output channels (Gemm: with transB=0)
 WEIGHT_AXIS = {"Conv": 0, "Gemm": 1, "MatMul": 1}
 QMAX = 127
+#: the largest finite float8_e4m3fn
+FP8_MAX = 448.0
 
 
 def constant_tensors(graph: Graph) -> set[str]:
@@ -80,10 +85,23 @@ def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     return float_to_int(q, np.int8), scale
 
 
+def quantize_weight_fp8(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float8_e4m3fn weight, float32 scale per channel of `axis`): scale = max|w| / 448 (1 for an
+    all-zero channel), w / scale rounded to nearest even and saturated to +-448; NaN stays NaN."""
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.max(np.abs(w.astype(np.float32)), axis=others)
+    scale = np.where(amax > 0, amax / np.float32(FP8_MAX), 1.0).astype(np.float32)
+    shape = [-1 if i == axis else 1 for i in range(w.ndim)]
+    with np.errstate(invalid="ignore"):
+        q = np.clip(w.astype(np.float32) / scale.reshape(shape), -FP8_MAX, FP8_MAX)
+    return q.astype(FP8), scale
+
+
 def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str] = frozenset(),
-               fp32_layers: Iterable[str] = ()) -> bool:
+               fp32_layers: Iterable[str] = (), fp8: bool = False) -> bool:
     """Quantize the candidates whose activation has a scale; True if any. `fp32_layers` (node
-    names or op types) stay float."""
+    names or op types) stay float. `fp8`: to float8_e4m3fn instead of int8."""
+    qtype = FP8 if fp8 else np.dtype(np.int8)
     pinned = set(fp32_layers)
     shared: dict[str, str] = {}
     quantized: set[str] = set()
@@ -92,13 +110,13 @@ def insert_qdq(graph: Graph, *, scales: Mapping[str, float], keep: frozenset[str
         if {node.name, node.op_type} & pinned or x not in scales:
             continue
         if x not in shared:
-            shared[x] = _fake_quantize(graph, x, float(scales[x]), added)
+            shared[x] = _fake_quantize(graph, x, float(scales[x]), added, qtype)
         axis = weight_axis(node)
-        wq, w_scale = quantize_weight(const(graph, node.input(1)), axis)
+        wq, w_scale = (quantize_weight_fp8 if fp8 else quantize_weight)(const(graph, node.input(1)), axis)
         w_out = graph.fresh_name(f"{node.input(1)}_dq")
-        added.append(Node("DequantizeLinear", [graph.add_initializer(wq, f"{node.input(1)}_int8"),
+        added.append(Node("DequantizeLinear", [graph.add_initializer(wq, f"{node.input(1)}_{qtype.name[:5]}"),
                                                graph.add_initializer(w_scale, f"{node.input(1)}_scale"),
-                                               graph.add_initializer(np.zeros(w_scale.shape, np.int8), "zero")],
+                                               graph.add_initializer(np.zeros(w_scale.shape, qtype), "zero")],
                           [w_out], {"axis": axis}, name=graph.fresh_name(f"{node.name}_weight_dq")))
         node.inputs = [shared[x], w_out] + node.inputs[2:]
         quantized.add(node.outputs[0])
@@ -119,11 +137,11 @@ def _quantize_residuals(graph: Graph, shared: Mapping[str, str], quantized: set[
             node.inputs = [a, shared[b]]
 
 
-def _fake_quantize(graph: Graph, x: str, scale: float, added: list[Node]) -> str:
-    """QuantizeLinear -> DequantizeLinear of `x` (int8, zero point 0); the dequantized name."""
+def _fake_quantize(graph: Graph, x: str, scale: float, added: list[Node], qtype: np.dtype) -> str:
+    """QuantizeLinear -> DequantizeLinear of `x` (int8 or e4m3, zero point 0); the dequantized name."""
     s = graph.add_initializer(np.array(scale, np.float32), f"{x}_scale")
-    zero = graph.add_initializer(np.array(0, np.int8), f"{x}_zero_point")
-    q, dq = graph.fresh_name(f"{x}_int8"), graph.fresh_name(f"{x}_dq")
+    zero = graph.add_initializer(np.zeros((), qtype), f"{x}_zero_point")
+    q, dq = graph.fresh_name(f"{x}_{qtype.name[:5]}"), graph.fresh_name(f"{x}_dq")
     added.append(Node("QuantizeLinear", [x, s, zero], [q], name=graph.fresh_name(f"{x}_quantize")))
     added.append(Node("DequantizeLinear", [q, s, zero], [dq], name=graph.fresh_name(f"{x}_dequantize")))
     return dq

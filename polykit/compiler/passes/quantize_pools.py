@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ops.quant.int8 import FP8
 from polykit.compiler.passes.fold_qdq import dequantized, requantizer
 from polykit.compiler.passes.rewrite import protected, replace_tensor, sole_reader
 
@@ -42,8 +43,9 @@ def _quantize_before(graph: Graph, pool: Node, fixed: set[str]) -> bool:
         return False
     readers = graph.consumers()
     q = sole_reader(graph, pool.outputs[0], readers, fixed)
-    if q is None or requantizer(graph, q, graph.producers()) is None or q.input(0) != pool.outputs[0]:
-        return False
+    requant = requantizer(graph, q, graph.producers()) if q is not None else None
+    if requant is None or q.input(0) != pool.outputs[0] or requant[1].dtype == FP8:
+        return False  # float8 max pools stay float: the pool kernels compare integers (and pad with -inf)
     quantized = graph.fresh_name(f"{pool.input(0)}_int8")
     q.inputs = [pool.input(0), *q.inputs[1:]]
     pooled = q.outputs[0]
@@ -65,5 +67,5 @@ def _round_trip_source(graph: Graph, q: Node, producers: dict[str, Node], fixed:
         return None
     scale, zero = requant
     same = (graph.value(dq.source).dtype == zero.dtype and dq.zero_point.dtype == zero.dtype
-            and float(dq.scale) == float(scale) and int(dq.zero_point) == int(zero))
+            and float(dq.scale) == float(scale) and float(dq.zero_point) == float(zero))
     return dq.source if same else None

@@ -15,7 +15,7 @@ TARGETS = ("cpu", "cuda")
 #: TensorDesc.kind values
 TENSOR_KINDS = ("input", "output", "activation", "weight")
 #: LayerDesc.precision values: the precision a layer computes in (builder flags pick it)
-PRECISIONS = ("fp32", "fp16", "bf16", "tf32", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "tf32", "int8", "fp8")
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,14 @@ _STORAGE = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def storage_precision(layer: Any) -> str:
-    """"int8" for the INT8 layers (QConv, QMatMul); "fp16" / "bf16" when the layer computes on
-    half tensors (an epilogue Conv/Gemm/MatMul is judged by its base op's inputs), else "fp32"
-    (also for layers without stamped dtypes)."""
+    """"int8" for the INT8 layers (QConv, QMatMul), "fp8" for those on float8_e4m3fn operands;
+    "fp16" / "bf16" when the layer computes on half tensors (an epilogue Conv/Gemm/MatMul is judged
+    by its base op's inputs), else "fp32" (also for layers without stamped dtypes)."""
     from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
-    from polykit.compiler.ops.quant.int8 import is_int8_layer
+    from polykit.compiler.ops.quant.int8 import is_fp8_layer, is_int8_layer
 
     if is_int8_layer(layer):
-        return "int8"
+        return "fp8" if is_fp8_layer(layer) else "int8"
     if layer.domain == POLYKIT_DOMAIN and layer.kind in EPILOGUE_ARITY:
         dtypes = layer.in_dtypes[:EPILOGUE_ARITY[layer.kind]]
     else:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec
 from polykit.runtime.cuda import driver
@@ -31,7 +32,8 @@ _CTYPES: dict[np.dtype, Any] = {
 _TMA_DTYPES = {np.dtype(np.float16): "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
                np.dtype(np.float32): "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
                # 8-bit operands are copied as bytes (the tensor-map type only matters for the OOB fill)
-               np.dtype(np.int8): "CU_TENSOR_MAP_DATA_TYPE_UINT8", np.dtype(np.uint8): "CU_TENSOR_MAP_DATA_TYPE_UINT8"}
+               np.dtype(np.int8): "CU_TENSOR_MAP_DATA_TYPE_UINT8", np.dtype(np.uint8): "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+               **({EXTENDED_TYPES[17]: "CU_TENSOR_MAP_DATA_TYPE_UINT8"} if 17 in EXTENDED_TYPES else {})}  # e4m3
 
 
 #: a CUtensorMap as the kernel parameter receives it (128 bytes; the driver copies it into

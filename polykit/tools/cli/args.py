@@ -378,13 +378,15 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
     ("error_on_timing_cache_miss", bool, typer.Option(False, "--error-on-timing-cache-miss",
                                                       help="fail when a layer to time is not in the loaded cache")),
     ("int8", bool, typer.Option(False, "--int8", help="quantize Conv/Gemm/MatMul to INT8 from calibrated ranges")),
+    ("fp8", bool, typer.Option(False, "--fp8", help="quantize Conv/Gemm/MatMul to FP8 (e4m3) from calibrated ranges "
+                                                     "(minmax, max|x| / 448)")),
     ("calibrator", str, typer.Option("entropy", "--calibrator", help="entropy|minmax|percentile (with --int8)")),
     ("percentile", float, typer.Option(99.99, "--percentile", help="percent of |x| --calibrator percentile keeps")),
     ("calibration_data", Optional[str], typer.Option(None, "--calibration-data", metavar="DIR",
                                                      help="calibration batches: a folder of .npz (input name -> "
                                                           "array), one .npz, or a FILE.py[:FUNC] data loader")),
     ("calibration_cache", Optional[str], typer.Option(None, "--calibration-cache", metavar="FILE",
-                                                      help="read INT8 scales from FILE if it exists, else calibrate "
+                                                      help="read INT8 / FP8 scales from FILE if it exists, else calibrate "
                                                            "and write them there")),
     ("tensor_ranges", List[str], typer.Option([], "--tensor-ranges", help="dynamic range per tensor: NAME:MIN,MAX")),
     ("trt_min_shapes", List[str], typer.Option([], "--trt-min-shapes",
@@ -434,7 +436,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            strongly_typed: bool = False, builder_optimization_level: int = 3,
                            memory_pool_limit: Sequence[str] = (), load_timing_cache: str | None = None,
                            save_timing_cache: str | None = None, error_on_timing_cache_miss: bool = False,
-                           int8: bool = False, calibrator: str = "entropy", percentile: float = 99.99,
+                           int8: bool = False, fp8: bool = False, calibrator: str = "entropy", percentile: float = 99.99,
                            calibration_data: str | None = None, calibration_cache: str | None = None,
                            tensor_ranges: Sequence[str] = (), trt_min_shapes: Sequence[str] = (),
                            trt_opt_shapes: Sequence[str] = (), trt_max_shapes: Sequence[str] = (),
@@ -452,7 +454,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "workspace_limit": parse_memory_pool_limits(memory_pool_limit).get("workspace"),
         "load_timing_cache": load_timing_cache, "save_timing_cache": save_timing_cache,
         "error_on_timing_cache_miss": error_on_timing_cache_miss,
-        "int8": int8, "calibrator": calibrator, "percentile": percentile,
+        "int8": int8, "fp8": fp8, "calibrator": calibrator, "percentile": percentile,
         "calibration_data": calibration_source(calibration_data), "calibration_cache": calibration_cache,
         "tensor_ranges": parse_tensor_ranges(tensor_ranges),
         **shape_value_options(trt_min_shapes, trt_opt_shapes, trt_max_shapes, trt_min_shape_values,

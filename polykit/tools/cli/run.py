@@ -189,7 +189,7 @@ def run(
     if data_loader_script and feeds is None and "trt" in runner and not gen_script:
         from polykit.tools.data.loaders import ScriptDataLoader
 
-        # the script runs once: its feeds give the build's shapes, calibrate (--int8) and are compared
+        # the script runs once: its feeds give the build's shapes, calibrate (--int8 / --fp8) and are compared
         feeds = list(ScriptDataLoader(data_loader_script, strict_inputs))
     if ("trt" in runner or feeds) and not gen_script:
         feeds, shapes = _model_feeds(model, feeds, {**opt, **shapes}, strict_inputs, load_inputs or data_loader_script)
@@ -197,7 +197,7 @@ def run(
         builder_options = feed_shape_values(model, builder_options, load_inputs, data_loader_script, feeds)
     if data_loader_script:
         data_loader = "script"
-        if builder_options["int8"] and builder_options["calibration_data"] is None:  # it calibrates too
+        if (builder_options["int8"] or builder_options["fp8"]) and builder_options["calibration_data"] is None:  # it calibrates too
             from polykit.tools.data.loaders import ScriptDataLoader
 
             builder_options = {**builder_options,

@@ -23,6 +23,9 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN  # noqa: E402
 from polykit.compiler.plan.records import LayerDesc  # noqa: E402
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES  # noqa: E402
 from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, kernel_for  # noqa: E402
+from polykit.kernels.cuda.int8.fp8_sm90 import TILES as FP8_TILES  # noqa: E402
+from polykit.kernels.cuda.int8.fp8_sm90 import fp8_layer  # noqa: E402
+from polykit.kernels.cuda.int8.fp8_sm90 import kernel as fp8_kernel  # noqa: E402
 from polykit.kernels.cuda.int8.int8_sm90 import TILES as INT8_TILES  # noqa: E402
 from polykit.kernels.cuda.int8.int8_sm90 import _shaped_residual_layer  # noqa: E402
 
@@ -90,3 +93,12 @@ def test_the_int8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spi
     layer = replace(_shaped_residual_layer(residual), precision="int8")
     source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
     assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"int8 conv tile {tile.label}, {residual} residual")
+
+
+@pytest.mark.parametrize("y_dtype", ["float8_e4m3fn", "float32"])
+@pytest.mark.parametrize("tile", FP8_TILES, ids=lambda t: t.label)
+def test_the_fp8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spill(tile, y_dtype):
+    """The FP8 conv (e4m3 wgmma, each stage's products added to the fp32 accumulators on the CUDA cores)
+    with a float32 residual + Relu, e4m3 or float32 out, through the 16-byte epilogue."""
+    source = fp8_kernel(fp8_layer(y_dtype, residual=True), tile)
+    assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"fp8 conv tile {tile.label}, {y_dtype} out")

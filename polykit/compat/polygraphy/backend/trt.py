@@ -4,7 +4,7 @@ and load polykit plans, TrtRunner runs them (polykit.backends.polykit_runner).
 | Polygraphy | here |
 | --- | --- |
 | `NetworkFromOnnxPath(path)` / `network_from_onnx_path` | the ONNX model to build (an OnnxNetwork; TensorRT's INetworkDefinition methods are not provided) |
-| `CreateConfig(fp16=, tf32=, bf16=, int8=, calibrator=, profiles=, precision_constraints=, sparse_weights=, ...)` / `create_config` | a polykit BuilderConfig (`sparse_weights=True`: `sparsity="enable"`) |
+| `CreateConfig(fp16=, tf32=, bf16=, int8=, fp8=, calibrator=, profiles=, precision_constraints=, sparse_weights=, ...)` / `create_config` | a polykit BuilderConfig (`sparse_weights=True`: `sparsity="enable"`) |
 | `EngineFromNetwork(network, config)` / `engine_from_network` | a polykit plan built and loaded (an Engine) |
 | `EngineFromBytes(bytes)` / `engine_from_bytes` | a plan's bytes loaded |
 | `SaveEngine(engine, path)` / `save_engine` | the plan written to `path` |
@@ -82,7 +82,7 @@ class Calibrator:
 
 
 #: CreateConfig keywords -> BuilderConfig fields taken unchanged
-_SAME = {"fp16": "fp16", "tf32": "tf32", "bf16": "bf16", "int8": "int8", "strongly_typed": "strongly_typed",
+_SAME = {"fp16": "fp16", "tf32": "tf32", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "strongly_typed": "strongly_typed",
          "precision_constraints": "precision_constraints", "load_timing_cache": "load_timing_cache",
          "error_on_timing_cache_miss": "error_on_timing_cache_miss",
          "builder_optimization_level": "builder_optimization_level", "version_compatible": "version_compatible"}

@@ -25,6 +25,12 @@ none), optionally "epilogue" {"input", "body"} as in FUSION.md (its result is th
 output: the layer's output, or with Y_scale a body-local name that is requantized),
 "fused_from", and "symmetric" (1: int8 X and W whose constant zero points are all 0, stamped by
 to_channels_last on QConvNHWC; kernels that skip the zero-point terms require it).
+
+FP8 layers are the same kinds with X and W float8_e4m3fn (both; zero points float8 zeros, which
+only name the type, as in ONNX): acc = sum X * W, each product exact in float32 (two 4-bit
+significands), summed in float32 by the GPU (the cpu sums exactly and rounds once); Y_zero_point
+float8_e4m3fn makes the output e4m3, QuantizeLinear's saturating round to nearest even. Their
+storage precision is "fp8" (plan/records.storage_precision), so the INT8 tactics never take them.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.channels_last import TO_NCHW, TO_NHWC, permuted
 from polykit.compiler.ops.nn.fused import decode_json_attrs, infer_body
@@ -48,12 +55,22 @@ QUANT_ARITY = 8
 X, X_ZERO_POINT, W, W_ZERO_POINT, SCALE, BIAS, Y_SCALE, Y_ZERO_POINT = range(QUANT_ARITY)
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 F32 = np.dtype(np.float32)
+#: the FP8 layers' operand type (None in a lean runtime without ml_dtypes)
+FP8 = EXTENDED_TYPES.get(17)
+#: every operand type of the QConv / QMatMul family
+QUANT_DTYPES = INT8_DTYPES + ((FP8,) if FP8 is not None else ())
 
 
 def is_int8_layer(layer: Any) -> bool:
     """Whether a layer or node is one of the INT8 kinds (a LayerDesc's `kind` or a Node's `op_type`)."""
     kind = getattr(layer, "kind", None) or getattr(layer, "op_type", "")
     return layer.domain == POLYKIT_DOMAIN and kind in INT8_KINDS
+
+
+def is_fp8_layer(layer: Any) -> bool:
+    """Whether a LayerDesc is an FP8 layer: an INT8-family kind whose stamped X is float8_e4m3fn."""
+    dtypes = getattr(layer, "in_dtypes", ())
+    return is_int8_layer(layer) and bool(dtypes) and dtypes[X] == "float8_e4m3fn"
 
 
 #: the attribute saying X and W are int8 with zero points 0 (module docstring)
@@ -87,8 +104,10 @@ def infer_int8(ctx: InferContext):
     if ctx.n_inputs < QUANT_ARITY:
         raise ctx.fail(f"an INT8 layer has {QUANT_ARITY} fixed inputs, this one {ctx.n_inputs}")
     for slot, what in ((X, "X"), (W, "W")):
-        if ctx.dtype(slot) is not None and ctx.dtype(slot) not in INT8_DTYPES:
-            raise ctx.fail(f"{what} is {ctx.dtype(slot)}, not int8 or uint8")
+        if ctx.dtype(slot) is not None and ctx.dtype(slot) not in QUANT_DTYPES:
+            raise ctx.fail(f"{what} is {ctx.dtype(slot)}, not int8, uint8 or float8_e4m3fn")
+    if ctx.dtype(X) is not None and ctx.dtype(W) is not None and (ctx.dtype(X) == FP8) != (ctx.dtype(W) == FP8):
+        raise ctx.fail(f"X is {ctx.dtype(X)} and W {ctx.dtype(W)}: an FP8 layer has both float8_e4m3fn")
     for slot, of in ((X_ZERO_POINT, X), (W_ZERO_POINT, W)):
         if ctx.dtype(slot) is not None and ctx.dtype(slot) != ctx.dtype(of):
             raise ctx.fail(f"input {slot}'s zero point is {ctx.dtype(slot)}, its tensor {ctx.dtype(of)}")

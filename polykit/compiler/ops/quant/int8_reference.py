@@ -6,6 +6,11 @@ in float32 (`dequantize`: three IEEE roundings, the GPU kernels' arithmetic), th
 epilogue runs, and QuantizeLinear's own reference requantizes (round half to even, saturate).
 `run_int8` takes the integer product as a function so the cpu tactics share everything but the
 product (kernels/cpu/int8.py).
+
+FP8 layers (float8_e4m3fn X and W) run the same code on float64 operands: every product of two
+e4m3 values is a multiple of 2**-18 below 2**18, so float64 sums of up to 2**17 of them
+(FP8_EXACT_REDUCTION) are exact; the exact accumulator then rounds once to float32 (a GPU's float32
+sum in another order differs from it by at most K * 2**-24 * sum |x * w|).
 """
 
 from __future__ import annotations
@@ -16,19 +21,23 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.channels_last import TO_NCHW, TO_NHWC
-from polykit.compiler.ops.quant.int8 import (BIAS, INT8_KINDS, NHWC_KIND, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
+from polykit.compiler.ops.quant.int8 import (BIAS, FP8, INT8_KINDS, NHWC_KIND, QUANT_ARITY, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT,
                                        Y_SCALE, Y_ZERO_POINT, base_of, epilogue_result)
 from polykit.compiler.ops.nn.conv_reference import conv_accumulate
 from polykit.compiler.ops.nn.fused_reference import evaluate_body
 from polykit.compiler.ops.quant.quantize_reference import quantize_linear
 from polykit.compiler.ops.references import reference
 
+#: longest FP8 reduction (K, or C/group x kernel taps) whose float64 sum is exact (module docstring)
+FP8_EXACT_REDUCTION = 1 << 17
+
 #: product(base node, centered X, centered W) -> the accumulator (integers, in X's dtype)
 Product = Callable[[Node, np.ndarray, np.ndarray], np.ndarray]
 
 
 def integer_product(base: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Conv or matmul of int64 operands, in int64 (no BLAS: slow and exact)."""
+    """Conv or matmul of int64 operands, in int64 (no BLAS: slow and exact); of float64 operands
+    holding FP8 values, in float64 (exact too, module docstring)."""
     if base.op_type == "Conv":
         return conv_accumulate(base, x, w)
     return np.matmul(x, w)
@@ -76,4 +85,5 @@ def run_int8(node: Node, inputs: Sequence[np.ndarray | None], product: Product, 
 
 @reference(*INT8_KINDS, domain=POLYKIT_DOMAIN)
 def int8_layer(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    return run_int8(node, inputs, integer_product)
+    fp8 = FP8 is not None and inputs[X].dtype == FP8
+    return run_int8(node, inputs, integer_product, acc=np.float64 if fp8 else np.int64)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 #: wgmma N sizes the kernels use, and the PTX type names of their inputs (float storage runs
-#: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate; s8: INT8 layers)
+#: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate; s8: INT8 layers;
+#: e4m3: FP8 layers, k32 like s8 with fp32 accumulators, both K-major)
 N_SIZES = (64, 128, 192, 256)
-INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8"}
+INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8", "e4m3": "e4m3_t"}
 #: N sizes of the 16-bit register-A wrappers (the flash attention head sizes)
 RA_N_SIZES = (64, 128)
 HEADER = Path(__file__).parents[1] / "src" / "wgmma.cuh"
@@ -26,11 +27,14 @@ def _wrapper(n: int, ptx_type: str) -> str:
     if ptx_type == "s8":  # int32 accumulators ("+r"); integer wgmma has no scale / transpose immediates
         k, shape, dtype, reg, tail, check = 32, "s32.s8.s8", "int", "r", "", (
             '    static_assert(TRANS_B == 0, "s8 wgmma reads B K-major only");\n')
+    elif ptx_type == "e4m3":  # fp32 accumulators, scale immediates, no transpose (K-major only)
+        k, shape, dtype, reg, tail, check = 32, "f32.e4m3.e4m3", "float", "f", ", 1, 1", (
+            '    static_assert(TRANS_B == 0, "e4m3 wgmma reads B K-major only");\n')
     else:
         k, shape, dtype, reg, check = (8 if ptx_type == "tf32" else 16), f"f32.{ptx_type}.{ptx_type}", "float", "f", ""
         tail = ", 1, 1" if ptx_type == "tf32" else f", 1, 1, 0, %{s + 1}"
     operands = ", ".join(f'"+{reg}"(d[{i}])' for i in range(regs))
-    trans = "" if ptx_type == "s8" else ', "n"(TRANS_B)'
+    trans = "" if ptx_type in ("s8", "e4m3") else ', "n"(TRANS_B)'
     return (
         f"template <> struct Wgmma<{n}, {INPUT_TYPES[ptx_type]}> {{\n"
         f"  template <int TRANS_B>\n"
@@ -84,8 +88,11 @@ def render() -> str:
         "// (scale_d 0: d = A*B, else d += A*B); A and B come from shared memory through matrix\n",
         "// descriptors; TRANS_B 1 reads B MN-major (16-bit types only: tf32 reads both K-major).\n",
         "// Wgmma<N, i8>: s8 x s8 m64nNk32 (32 bytes of K), int32 accumulators d[N/2], both K-major.\n",
+        "// Wgmma<N, e4m3_t>: e4m3 x e4m3 m64nNk32 (32 bytes of K), fp32 accumulators d[N/2], both K-major.\n",
         "// Needs sm_90a.\n",
         "#pragma once\n#include \"dtypes.cuh\"\n\n",
+        "// the e4m3 operand type's tag (one byte; the values are float8_e4m3fn bit patterns)\n",
+        "struct e4m3_t {\n  unsigned char x;\n};\n\n",
         "template <int N, class T> struct Wgmma;\n\n",
     ]
     for ptx_type in INPUT_TYPES:

@@ -107,8 +107,11 @@ def _geometry(layer: Any, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, 
             "PW": geo.pads_begin[1], "DH": geo.dilations[0], "DW": geo.dilations[1]}
 
 
-def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[dict[str, int], list[Any]]:
-    """(GEMM sizes, kernel arguments) of an INT8 layer: int8.cu's INT8_PARAMS, epilogue excluded."""
+def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor], operands: tuple[str, ...] = INT8,
+              max_k: int = MAX_INT8_K) -> tuple[dict[str, int], list[Any]]:
+    """(GEMM sizes, kernel arguments) of an INT8 layer: int8.cu's INT8_PARAMS, epilogue excluded.
+    `operands`: the X / W (and requantized Y) types taken (fp8_sm90.py: float8_e4m3fn); `max_k`: the
+    longest reduction."""
     where = f"layer {layer.name!r}"
 
     def get(slot: int) -> DeviceTensor | None:
@@ -119,9 +122,10 @@ def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[dict[str
     if get(X_ZERO_POINT) is None or get(W_ZERO_POINT) is None or get(SCALE) is None:
         raise DeviceError("INT8 layer without its X_zero_point, W_zero_point or scale input", where=where,
                           hint="docs/INT8.md lists the INT8 layers' inputs")
-    if x.dtype.name not in INT8 or w.dtype.name not in INT8 or y.dtype.name not in ("float32", *INT8):
-        raise DeviceError(f"INT8 layer with X {x.dtype}, W {w.dtype}, Y {y.dtype} (the kernels take int8/uint8 "
-                          "operands and a float32, int8 or uint8 output)", where=where, hint="run on --target cpu")
+    if x.dtype.name not in operands or w.dtype.name not in operands or y.dtype.name not in ("float32", *operands):
+        raise DeviceError(f"INT8 layer with X {x.dtype}, W {w.dtype}, Y {y.dtype} (the kernels take "
+                          f"{'/'.join(operands)} operands and a float32 or {'/'.join(operands)} output)", where=where,
+                          hint="run on --target cpu")
     if layer.kind == "QMatMul":
         if len(w.shape) != 2 or len(x.shape) < 2 or x.shape[-1] != w.shape[0]:
             raise DeviceError(f"QMatMul of X {x.shape} and W {w.shape} (the kernel takes a 2-D W [K, N])",
@@ -130,8 +134,8 @@ def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[dict[str
         g.update(M=int(np.prod(x.shape[:-1])), N=w.shape[1], K=w.shape[0])
     else:
         g = _geometry(layer, x.shape, w.shape, y.shape, where)
-    if g["K"] > MAX_INT8_K or -(-g["M"] // TILE["tile_m"]) > MAX_GRID_Y:
-        raise DeviceError(f"INT8 product of M={g['M']}, K={g['K']}: past the kernel's limits (K <= {MAX_INT8_K}, "
+    if g["K"] > max_k or -(-g["M"] // TILE["tile_m"]) > MAX_GRID_Y:
+        raise DeviceError(f"INT8 product of M={g['M']}, K={g['K']}: past the kernel's limits (K <= {max_k}, "
                           f"M <= {MAX_GRID_Y * TILE['tile_m']})", where=where, hint="run this layer on --target cpu")
     steps = []
     for slot in (W_ZERO_POINT, SCALE, BIAS):

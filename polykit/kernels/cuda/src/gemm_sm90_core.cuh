@@ -28,6 +28,12 @@
 // int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the 8-column path); ELEM is then the epilogue's
 // float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
 // zeros, the sums need no correction).
+// F8 1 (FP8 layers, fp8_sm90.py): I8's kernel on e4m3 operands (OPER e4m3_t, wgmma m64nNk32
+// f32.e4m3.e4m3, both K-major), fp32 accumulators, int8_out.cuh's output on float sums (dequantize,
+// epilogue, float32 or saturating e4m3 store). Each stage's four k32 products (128 K) go to a
+// fresh register block that the CUDA cores add to the accumulators (mainloop_f8): the tensor
+// cores' FP8 accumulation keeps fewer bits than fp32 (about 14 on the H800, DeepSeek-V3 report
+// 3.3.2), so no more than one stage's products are ever summed there.
 #pragma once
 #include "sm90.cuh"
 
@@ -38,10 +44,18 @@
 #ifndef I8
 #define I8 0
 #endif
-#if I8
+#ifndef F8
+#define F8 0
+#endif
+#if I8 || F8
 #include "int8_out.cuh"
+#if F8
+#define OPER e4m3_t
+typedef float acc_t;
+#else
 #define OPER i8
 typedef int acc_t;
+#endif
 #define I8_PARAMS , const float *Scale, const float *QBias, const float *YScale, const u8 *YZ, int flags, \
                   int scale_step, int bias_step
 #else
@@ -67,8 +81,9 @@ constexpr int KE = 128 / sizeof(OPER);  // K elements of one stage (one 128-byte
 constexpr int VEC = 16 / sizeof(OPER);  // elements of one 16-byte chunk
 static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
 static_assert(!I8 || (!SPLIT3 && !B_MN), "s8 wgmma reads both operands K-major");
+static_assert(!F8 || (!I8 && !SPLIT3 && !B_MN), "e4m3 wgmma reads both operands K-major");
 static_assert(EPI_GROUP == 4, "quad_row transposes across a quad of lanes: 4 column blocks");
-constexpr bool B_SCRATCH = !I8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
+constexpr bool B_SCRATCH = !I8 && !F8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
 constexpr int SCRATCH_BYTES = B_SCRATCH ? (B_MN + SPLIT3) * BN * 128 : 0;
@@ -170,6 +185,22 @@ __device__ __forceinline__ void mainloop(acc_t (&acc)[MSUB][BN / 2], Ring& r, un
   if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
 }
 
+// zero the accumulators; add a stage's products (`part`, its wgmma done) to them on the CUDA cores
+__device__ __forceinline__ void zero_acc(float (&acc)[MSUB][BN / 2]) {
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[s][i] = 0.f;
+}
+__device__ __forceinline__ void add_part(float (&acc)[MSUB][BN / 2], float (&part)[MSUB][BN / 2]) {
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s) {
+    fence_regs<BN / 2>(part[s]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[s][i] += part[s][i];
+  }
+}
+
 // The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
 // (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
 // K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
@@ -179,10 +210,7 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
                                                 unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0,
                                                 int ct, int tid) {
   const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-  for (int s = 0; s < MSUB; ++s)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[s][i] = 0.f;
+  zero_acc(acc);
   for (int kt = 0; kt < ktiles; ++kt, r.next_stage()) {
     bar_wait(&full[r.stage], r.phase);
     unsigned char* st = smem + r.stage * STAGE_BYTES;
@@ -193,15 +221,32 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
     wgmma_stage_3xtf32<BN, MSUB>(part, st, b_big, smem_addr(scr + SMALL_OFF), row0, warp, lane);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int s = 0; s < MSUB; ++s) {
-      fence_regs<BN / 2>(part[s]);
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[s][i] += part[s][i];
-    }
+    add_part(acc, part);
     if (tid == 0) bar_arrive(&empty[r.stage]);
   }
 }
+
+#if F8
+// The FP8 K loop: each stage's wgmma (4 x k32) write `part` (scale_d 0 on the first), which the CUDA
+// cores add to `acc` in fp32 once they are done (module comment: F8); the producer refills the stage
+// meanwhile. The wait for a stage's wgmma before its `part` is read also keeps the registers of an
+// in-flight wgmma unchanged.
+__device__ __forceinline__ void mainloop_f8(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem, u64* full,
+                                            u64* empty, int ktiles, int row0, int tid) {
+  zero_acc(acc);
+  for (int kt = 0; kt < ktiles; ++kt, r.next_stage()) {
+    bar_wait(&full[r.stage], r.phase);
+    const u32 a = smem_addr(smem + r.stage * STAGE_BYTES);
+    float part[MSUB][BN / 2];
+    wgmma_fence();
+    wgmma_stage<BN, MSUB, 0, OPER>(part, a, a + BM * 128, row0, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    add_part(acc, part);
+    if (tid == 0) bar_arrive(&empty[r.stage]);
+  }
+}
+#endif
 
 // shared-memory layout, barrier set-up (full: `arrivals` per phase; empty: one per consumer)
 struct Stages {

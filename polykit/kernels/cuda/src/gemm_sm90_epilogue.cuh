@@ -2,7 +2,8 @@
 // beta * C, the fused epilogue, fp16 / bf16 / tf32-rounded float stores of column pairs as the
 // accumulators lie), the 16-byte path where vector_ok allows (a transpose across each quad of
 // lanes, quad_row, then 8 consecutive columns a lane: finish_rows), the INT8 output (OutI8 over
-// int8_out.cuh's Out), and consume: each tile's K loop (gemm_sm90_core.cuh), then its epilogue.
+// int8_out.cuh's Out; with F8 the same on float sums), and consume: each tile's K loop
+// (gemm_sm90_core.cuh), then its epilogue.
 #pragma once
 #include "gemm_sm90_core.cuh"
 
@@ -107,7 +108,7 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
   return ok;
 }
 
-#if !I8  // the 16-byte path of 16-bit outputs (float accumulators)
+#if !I8 && !F8  // the 16-byte path of 16-bit outputs (float accumulators)
 #if !(HAS_EPILOGUE && EPI_VEC)
 struct EpiCols8 {};
 struct EpiRows8 {};
@@ -236,8 +237,8 @@ __device__ __forceinline__ void finish_pairs(const OutP& out, i64 z, float (&acc
   }
 }
 
-#if I8
-// the INT8 output: int8_out.cuh's Out over the row-major (items, M, N) result
+#if I8 || F8
+// the INT8 (and FP8) output: int8_out.cuh's Out over the row-major (items, M, N) result
 struct OutI8 {
   Out q;
   i64 M, N;
@@ -251,7 +252,7 @@ typedef OutI8 OutT;
 // (as vector_ok), aligned pointers (Out::vec_ok)
 __device__ __forceinline__ bool vector_ok(const OutI8& out) { return MSUB == 1 && (out.N & 7) == 0 && out.q.vec_ok(); }
 // s32 accumulators lie as the f32 ones: Out::put, one element at a time
-__device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const int (&acc)[BN / 2], i64 m, i64 n, int j0) {
+__device__ __forceinline__ void finish_pairs(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n, int j0) {
 #pragma unroll
   for (int j = j0; j < j0 + EPI_GROUP; ++j)
 #pragma unroll
@@ -282,7 +283,7 @@ __device__ __forceinline__ void load_group(const OutI8& out, Group8& g, i64 m, i
 #endif
 }
 // row m's (or m + 8's: second) 8 columns from the group's loads: dequantize, epilogue, requantize, store
-__device__ __forceinline__ void finish8(const OutI8& out, const Group8& g, bool second, i64 oi, const int (&w)[8]) {
+__device__ __forceinline__ void finish8(const OutI8& out, const Group8& g, bool second, i64 oi, const acc_t (&w)[8]) {
   float v[8];
   out.q.dequantize8(w, g.s, g.b, v);
 #if HAS_EPILOGUE && EPI_VEC
@@ -291,7 +292,7 @@ __device__ __forceinline__ void finish8(const OutI8& out, const Group8& g, bool 
   out.q.store8(oi, v);
 }
 // one row's 8 columns with their own loads (two blocks an SM: one row's values live at a time)
-__device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const int (&w)[8]) {
+__device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const acc_t (&w)[8]) {
   float s[8], b[8], v[8];
   out.q.channels8(n, s, b);
   out.q.dequantize8(w, s, b, v);
@@ -306,7 +307,8 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const i
 // column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
 // columns. A group's loads cannot pass the stores before them (they may alias): PREFETCH_GROUPS
 // issues them a group early, so their latency overlaps the previous group's work.
-__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const int (&acc)[BN / 2], i64 m, i64 n0, int lane) {
+__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
+                                            int lane) {
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   Group8 g[2];
   if (PREFETCH_GROUPS) load_group(out, g[0], m, n0, row + n0);
@@ -315,7 +317,7 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const int (
     const int c = (j0 / EPI_GROUP) & 1;
     const i64 n = n0 + j0 * 8, next = n + EPI_GROUP * 8;
     if (PREFETCH_GROUPS && j0 + EPI_GROUP < BN / 8) load_group(out, g[c ^ 1], m, next, row + next);
-    int lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
+    acc_t lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m (columns 2q, 2q + 1 of each block), m + 8
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       lo[j] = acc[4 * (j0 + j)];
@@ -370,6 +372,9 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
 #if SPLIT3
     mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
+#elif F8
+    (void)ct;
+    mainloop_f8(acc, ring, smem, full, empty, ktiles, row0, tid);
 #else
     mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #endif

@@ -8,6 +8,9 @@
 // Out::put stores one element; Out::channels8 / dequantize8 / store8 eight consecutive channels of
 // one row with the same arithmetic per element (the sm90 kernel's 16-byte epilogue, finish_rows in
 // gemm_sm90_epilogue.cuh, which runs the epilogue between them, where Out::vec_ok allows it).
+// F8 1 (conv_sm90.cu's FP8 variant): the sum is the float32 one of e4m3 products, v = acc * scale[n]
+// + bias[n] (each step rounded), and a requantized output is float8_e4m3fn: v / y_scale (IEEE
+// division) rounded to nearest even and saturated to +-448 (QuantizeLinear with saturate 1).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
@@ -46,6 +49,18 @@ struct Out {
     const float v = __fmul_rn(acc_float(acc), s);
     return bias ? __fadd_rn(v, b) : v;
   }
+#if F8
+  __device__ __forceinline__ float dequantize(float acc, float s, float b) const {
+    const float v = __fmul_rn(acc, s);
+    return bias ? __fadd_rn(v, b) : v;
+  }
+  // two values as e4m3 bytes (lo in the low byte): round to nearest even, saturated to +-448
+  __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) const {
+    unsigned short d;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(__fdiv_rn(hi, ys)), "f"(__fdiv_rn(lo, ys)));
+    return d;
+  }
+#endif
   // saturate(rint(v / ys) + yz), exactly, without the division where it cannot matter: t = v * rys
   // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
   // quotient's own), so rint(t) is rint(v / ys) unless t lies within that of a half-integer; there
@@ -65,7 +80,8 @@ struct Out {
     }
     return v != v ? 0 : min(max(q + yz, lo), hi);  // (with rcp_ok, v * rys is NaN only for a NaN v)
   }
-  __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, int acc) const {
+  template <class A>  // int (the INT8 sums) or float (F8)
+  __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, A acc) const {
     float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
@@ -74,11 +90,15 @@ struct Out {
       ((float*)Y)[oi] = v;
       return;
     }
+#if F8
+    ((u8*)Y)[oi] = (u8)e4m3x2(v, 0.f);
+#else
     const int q = requantize(v);
     if (yu8)
       ((u8*)Y)[oi] = (u8)q;
     else
       ((i8*)Y)[oi] = (i8)q;
+#endif
   }
   // whether dequantize8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
   // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
@@ -105,7 +125,8 @@ struct Out {
       b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
     }
   }
-  __device__ __forceinline__ void dequantize8(const int (&acc)[8], const float (&s)[8], const float (&b)[8],
+  template <class A>
+  __device__ __forceinline__ void dequantize8(const A (&acc)[8], const float (&s)[8], const float (&b)[8],
                                               float (&v)[8]) const {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
@@ -117,10 +138,15 @@ struct Out {
       y[1] = make_float4(v[4], v[5], v[6], v[7]);
       return;
     }
+#if F8
+    *(uint2*)((u8*)Y + oi) = make_uint2(e4m3x2(v[0], v[1]) | (u32)e4m3x2(v[2], v[3]) << 16,
+                                        e4m3x2(v[4], v[5]) | (u32)e4m3x2(v[6], v[7]) << 16);
+#else
     struct __align__(8) Bytes { u8 b[8]; } q;  // (u8) keeps an int8's two's-complement byte
 #pragma unroll
     for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize(v[i]);
     *(Bytes*)((u8*)Y + oi) = q;
+#endif
   }
 };
 

@@ -1,0 +1,119 @@
+"""FP8 convolutions on Hopper tensor cores: conv_sm90.cu's `conv_sm90` with F8 1 (docs/INT8.md "FP8").
+
+Tactics `cuda.fp8.sm90_<BM>x<BN>` (kind QConvNHWC, compute capability 9.0) run FP8 layers
+(float8_e4m3fn X and W, zero points 0, precision "fp8"): the INT8 sm90 implicit GEMM (TMA weights,
+cp.async im2col rows, warp-specialized, persistent; int8_sm90.py) on `wgmma.mma_async
+m64nNk32.f32.e4m3.e4m3` (both operands K-major bytes, 128 K a stage), each stage's products added to
+fp32 accumulators on the CUDA cores (gemm_sm90_core.cuh F8: the tensor cores' own FP8 accumulation
+keeps fewer bits), then int8_out.cuh's output on the float sums: `fl(fl(acc * scale[n]) + B[n])`,
+the epilogue, and a float32 store or a saturating round-to-nearest-even e4m3 store of
+`v / Y_scale` (QuantizeLinear's, by cvt.rn.satfinite.e4m3x2.f32). Taken: group 1, C % 16, per-tensor
+or per-channel scale / bias, an epilogue epilogue.py compiles whose extra inputs are float32.
+Results differ from the cpu reference (the exact sum rounded once) by the float32 summation order
+and the tensor cores' accumulation inside a stage; tests/kernels/cuda/test_fp8_sm90.py states the
+tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as a 1x1 QConvNHWC
+over its rows (to_channels_last packs W K-major at build time); other FP8 QMatMuls and NCHW QConvs
+have no cuda tactic: the builder unfolds them (their Q/DQ run as layers and the op in float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.int8 import QUANT_ARITY, SCALE, BIAS, W_ZERO_POINT
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
+from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args
+from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
+
+KIND = "QConvNHWC"
+E4M3 = "float8_e4m3fn"
+#: no overflow to guard against (float sums); the im2col index math is int32 in K
+MAX_FP8_K = 1 << 30
+#: the tiles: one stage's products need a second block of BN / 2 registers beside the accumulators
+#: (mainloop_f8), so the 256-column and the two-blocks-an-SM 128-column tiles are left out
+TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x64", "64x64x2"))
+
+
+def _supports(tile: Sm90Tile):
+    def supported(layer: Any) -> bool:
+        if layer.kind != KIND or layer.precision != "fp8" or not layer.in_dtypes or not supports_epilogue(layer):
+            return False
+        ins, shapes = layer.in_dtypes, layer.in_shapes
+        if ins[0] != E4M3 or ins[2] != E4M3 or layer.out_dtypes[0] not in ("float32", E4M3):
+            return False
+        if any(len(shapes[s]) > 1 for s in (W_ZERO_POINT, SCALE, BIAS)) or int(layer.attrs.get("group", 1)) != 1:
+            return False
+        if any(d != "float32" for d in ins[QUANT_ARITY:]):  # an e4m3 residual: epilogue.py reads 8-bit integers only
+            return False
+        geo = _geometry(layer)
+        return geo is not None and geo.C % NHWC_CHANNELS == 0 and tile.fits("int8", False, False)
+
+    return supported
+
+
+def kernel(layer: Any, tile: Sm90Tile) -> KernelSource:
+    """conv_sm90 with the tile's defines and F8 1 (the epilogue's float is float)."""
+    source = kernel_for(layer, tile, "float", False, "conv_sm90")
+    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1))))
+
+
+def _enqueue(tile: Sm90Tile):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K)  # checks dtypes, shapes, per-channel sizes
+        x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
+        flags, _wz_step, scale_step, bias_step = args[-4:]
+        if g["M"] == 0 or g["N"] == 0:
+            return
+        geo = plan_conv(layer.attrs, x.shape, w.shape, y.shape)
+        if geo is None:
+            raise DeviceError(f"X {x.shape} * W {w.shape} does not fit the sm90 FP8 kernel (e4m3 NHWC X, KRSC W, "
+                              "group 1)", where=f"layer {layer.name!r}", hint="run this layer on --target cpu")
+        tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
+        tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
+        out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
+        launcher.launch(kernel(layer, tile), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+                        [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
+                        shared_mem=tile.smem_for("int8", False, False))
+
+    return enqueue
+
+
+def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = True) -> Any:
+    """A stamped FP8 QConvNHWC (a 1x1 conv of 16 channels), with a float32 residual + Relu epilogue
+    (read 8 at a time when `shapes`, else through the general broadcast) (compile variants, tests)."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    extra = ("skip",) if residual else ()
+    names = ("x", "xz", "w", "wz", "s", "", "ys" if y_dtype != "float32" else "", "yz" if y_dtype != "float32" else "")
+    dtypes = (E4M3, E4M3, E4M3, E4M3, "float32", "", "float32" if y_dtype != "float32" else "",
+              E4M3 if y_dtype != "float32" else "", *(("float32",) if residual else ()))
+    known = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16), "ys": (), "yz": ()}
+    attrs: dict = {"kernel_shape": [1, 1]}
+    if residual:
+        attrs["epilogue"] = {"input": "raw", "body": RESIDUALS["float32"]}
+    inputs = (*names, *extra)
+    return LayerDesc("fp8", KIND, inputs, ("y",), attrs, domain=POLYKIT_DOMAIN, precision="fp8", in_dtypes=dtypes,
+                     out_dtypes=(y_dtype,), in_shapes=tuple(known.get(n, ()) for n in inputs) if shapes else (),
+                     out_shapes=((1, 8, 8, 16),) if shapes else ())
+
+
+def compile_variants() -> list[KernelSource]:
+    """conv_sm90 F8 for every tile (float32 and e4m3 outputs); the first tile with a float32 residual
+    epilogue read 8 at a time and through the general broadcast (CI: sm_90a)."""
+    out = [kernel(fp8_layer(y), t) for t in TILES for y in ("float32", E4M3)]
+    return out + [kernel(fp8_layer(E4M3, residual=True, shapes=s), TILES[0]) for s in (True, False)]
+
+
+for _tile in TILES:
+    cuda_tactic(KIND, f"cuda.fp8.sm90_{_tile.label}", kernels=lambda layer, t=_tile: [kernel(layer, t)],
+                supports=_supports(_tile), priority=5, archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub,
+                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))

@@ -1,0 +1,134 @@
+"""The sm_90a FP8 convolution (`cuda.fp8.sm90_*`, fp8_sm90.py: conv_sm90 F8 on e4m3 wgmma).
+
+CPU tests: which records the tactics take. GPU tests (H100 / H200; outputs poisoned first) compare with
+the cpu reference, which sums the e4m3 products exactly and rounds once. The GPU sums each stage's 128
+products on the tensor cores (whose FP8 accumulation keeps fewer bits than fp32: about 14 on the H800,
+DeepSeek-V3 report 3.3.2) and adds the stages in fp32, so a float output may differ from the reference
+by a bound proportional to sum |x * w| (dequantized): TOL_SUM = 2**-12 of it, plus 4 ulps of the value
+for the dequantize and bias roundings. An e4m3 output may round the other way where the float value
+lies that close to a rounding midpoint: within one e4m3 step everywhere, equal almost everywhere
+(the requantized cases saturate part of their outputs at +-448).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from polykit.kernels.cuda.int8 import fp8_sm90, int8_sm90
+
+from ...compiler.fp8_models import E4M3
+from .test_int8 import RESIDUAL, layer_of, rng, stamped
+# (NHWC X, KRSC W, attrs): the INT8 sm90 kernel's cases (C and N not multiples of the tiles, 1x1 / 3x3 /
+# 7x7 stride 2, dilation, asymmetric pads, K over many stages, more tiles than SMs)
+from .test_int8_sm90 import CASES
+
+gpu = pytest.mark.gpu
+TACTICS = [f"cuda.fp8.sm90_{t.label}" for t in fp8_sm90.TILES]
+SUPPORTS = {f"cuda.fp8.sm90_{t.label}": fp8_sm90._supports(t) for t in fp8_sm90.TILES}
+#: a float output's bound, relative to sum |x * w| (module docstring)
+TOL_SUM = 2.0 ** -12
+
+
+
+def e4m3(shape, spread: float) -> np.ndarray:
+    """Random e4m3 values, normal with standard deviation `spread` (saturated to +-448)."""
+    return np.clip(rng.standard_normal(shape) * spread, -448, 448).astype(E4M3)
+
+
+def fp8_inputs(x, w, per_channel=True, requant=False, bias=True):
+    n = w[0]
+    out = {"X": e4m3(x, 40.0), "XZ": np.zeros((), E4M3), "W": e4m3(w, 60.0),
+           "WZ": np.zeros((n,) if per_channel else (), E4M3),
+           "S": rng.uniform(1e-5, 4e-5, (n,) if per_channel else ()).astype(np.float32)}
+    if bias:
+        out["B"] = rng.standard_normal(n).astype(np.float32)
+    if requant:
+        out.update(YS=np.float32(rng.uniform(0.006, 0.012)), YZ=np.zeros((), E4M3))  # some saturate
+    return out
+
+
+def fp8_layer(inputs, attrs, epilogue=None, extra=()):
+    return replace(stamped(layer_of("QConvNHWC", inputs, attrs, epilogue, extra), inputs), precision="fp8")
+
+
+def magnitude(layer, inputs) -> np.ndarray:
+    """sum |x * w| * scale per output element: the reference layer on |X|, |W|, without bias or epilogue."""
+    from polykit.runtime.cuda.harness import reference_layer
+
+    plain = replace(layer, inputs=tuple(n if n in ("X", "XZ", "W", "WZ", "S") else "" for n in layer.inputs[:8]),
+                    attrs={k: v for k, v in layer.attrs.items() if k != "epilogue"})
+    absolute = {**inputs, "X": np.abs(inputs["X"].astype(np.float32)).astype(E4M3),
+                "W": np.abs(inputs["W"].astype(np.float32)).astype(E4M3)}
+    return reference_layer(plain, absolute)["Y"]
+
+
+def e4m3_ordinal(a: np.ndarray) -> np.ndarray:
+    bits = np.asarray(a, E4M3).view(np.uint8).astype(np.int32)
+    return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
+
+
+def check(layer, inputs, tactic):
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    assert SUPPORTS[tactic](layer), f"{tactic} refuses {layer.in_dtypes} {layer.in_shapes} {layer.attrs}"
+    got, want = run_layer(layer, inputs, tactic=tactic)["Y"], reference_layer(layer, inputs)["Y"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == E4M3:
+        steps = np.abs(e4m3_ordinal(got) - e4m3_ordinal(want))
+        # a step apart only within TOL_SUM of a midpoint: a few percent at most with these magnitudes
+        assert steps.max() <= 1 and steps.mean() <= 0.05, (steps.max(), steps.mean())
+        return
+    tol = TOL_SUM * magnitude(layer, inputs) + np.abs(want) * 2.0 ** -21
+    assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / np.maximum(tol, 1e-30)))
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("x,w,attrs", CASES)
+def test_sm90_fp8_conv_float_output_matches_the_reference(x, w, attrs, tactic):
+    inputs = fp8_inputs(x, w)
+    check(fp8_layer(inputs, attrs), inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
+def test_sm90_fp8_conv_requantized_to_e4m3_matches_the_reference(x, w, attrs, per_channel, tactic):
+    inputs = fp8_inputs(x, w, per_channel=per_channel, requant=True)
+    check(fp8_layer(inputs, attrs), inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("requant", [True, False])
+@pytest.mark.parametrize("n", [24, 27], ids=["8_channels_a_lane", "per_element"])
+def test_sm90_fp8_conv_with_a_float_residual_and_relu(tactic, requant, n):
+    inputs = fp8_inputs((2, 10, 9, 32), (n, 1, 1, 32), requant=requant)
+    inputs["skip"] = rng.standard_normal((2, 10, 9, n)).astype(np.float32)
+    check(fp8_layer(inputs, {}, RESIDUAL, ("skip",)), inputs, tactic)
+
+
+def test_the_fp8_tactics_take_fp8_records_only():
+    inputs = fp8_inputs((1, 8, 8, 32), (24, 3, 3, 32), requant=True)
+    layer = fp8_layer(inputs, {"pads": [1, 1, 1, 1]})
+    assert layer.precision == "fp8" and all(ok(layer) for ok in SUPPORTS.values())
+    assert not any(ok(replace(layer, precision="int8")) for ok in SUPPORTS.values())
+    # the INT8 sm90 tactics refuse FP8 records (their s8 wgmma would read e4m3 bytes as integers)
+    assert not any(int8_sm90._supports(t)(replace(layer, attrs={**layer.attrs, "symmetric": 1}))
+                   for t in int8_sm90.TILES)
+    # C % 16, group 1, float32 epilogue inputs only
+    odd = fp8_inputs((1, 8, 8, 24), (16, 1, 1, 24))
+    assert not any(ok(fp8_layer(odd, {})) for ok in SUPPORTS.values())
+    residual = {**inputs, "skip": np.zeros((1, 8, 8, 24), E4M3)}
+    assert not any(ok(fp8_layer(residual, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",))) for ok in SUPPORTS.values())
+
+
+def test_the_fp8_variants_compile_with_f8_and_each_output():
+    variants = fp8_sm90.compile_variants()
+    assert all(dict(v.defines).get("F8") == "1" and v.arch == "sm_90a" and v.name == "conv_sm90" for v in variants)
+    assert {dict(v.defines)["BN"] for v in variants} == {str(t.bn) for t in fp8_sm90.TILES}
+    assert any("apply_epilogue8" in (v.code or "") for v in variants)
