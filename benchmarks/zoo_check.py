@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import sys
 import time
 import traceback
@@ -52,12 +53,15 @@ MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Exp
 #: layer kinds that read of their data input only what they write (an embedding table's rows, a
 #: Slice's or a PermutedCopy's window)
 SELECTS = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "PermutedCopy"})
+#: an Attention layer's view attributes of Q, K, V (docs/FUSION.md): [offset, *shape, *strides]
+VIEW_ATTRS = ("q_view", "k_view", "v_view")
 
 
 def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
     writes (its inputs, weights included, and its outputs, each once; views cost nothing; a gather's,
-    slice's or PermutedCopy's data input at most as much as it writes), in MB.
+    slice's or PermutedCopy's data input at most as much as it writes, an Attention's strided view of
+    a packed Q, K or V only its view), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
@@ -68,6 +72,12 @@ def traffic(plan) -> dict:
         sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
         if layer.kind in SELECTS and layer.inputs and layer.outputs and layer.outputs[0] in plan.tensors:
             sizes[0] = min(sizes[0], plan.tensors[layer.outputs[0]].nbytes)  # it reads what it selects
+        for i, attr in enumerate(VIEW_ATTRS if layer.kind == "Attention" else ()):
+            raw = layer.attrs.get(attr)  # Q, K or V a strided view of a packed tensor: it reads the view
+            if raw is not None and i < len(layer.inputs) and layer.inputs[i] in plan.tensors:
+                rank = (len(raw) - 1) // 2
+                view_bytes = math.prod(raw[1:1 + rank]) * plan.tensors[layer.inputs[i]].np_dtype.itemsize
+                sizes[i] = min(sizes[i], view_bytes)
         by_kind[layer.kind] += sum(sizes) / 1e6
     total = sum(by_kind.values()) or 1.0
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)

@@ -1,4 +1,5 @@
-"""fold_attention_layouts: let ai.polykit Attention read and write [B, S, H, D] directly.
+"""fold_attention_layouts: let ai.polykit Attention read and write [B, S, H, D] directly, and
+read Q, K and V as strided views of the tensor they were selected from.
 
 A Transpose(perm [0, 2, 1, 3]) that feeds Q, K or V of an Attention (rank 4) is absorbed:
 the Attention reads the Transpose's input and records that layout (`q_layout` / `k_layout` /
@@ -7,7 +8,17 @@ else; not a kept tensor) writes that Transpose's output instead (`out_layout` "b
 that only also moves size-1 dims (torchvision's MultiheadAttention: [1, H, S, D] -> [S, 1, H, D])
 becomes a Reshape (a view) of the "bshd" output. In a
 BERT-style block this removes the four head transposes per layer; the Reshapes that split
-and merge the heads are views (no copy) already. Format: docs/FUSION.md.
+and merge the heads are views (no copy) already.
+
+Then each input of an Attention that is (through Reshape / Flatten / Squeeze / Unsqueeze views)
+a selection of another tensor -- a Transpose, a Gather of a constant scalar or of a constant
+arithmetic run, a Slice with constant positive steps, an output of a Split, a PermutedCopy that
+rolls nothing -- is read from that tensor directly through an element-stride view (`q_view` /
+`k_view` / `v_view`: offset, logical shape, strides; the head axis contiguous), composed from the
+chain's ops (a Reshape composes when it only splits or merges axes that are contiguous with each
+other, numpy's no-copy rule). The packed QKV projection of ViT, DeiT, Swin and GPT-2
+([.., S, 3, H, D], [S, B, 3E], unbind, split) so feeds Attention with no copy; the selections go
+when nothing else reads them. Static shapes only. Format: docs/FUSION.md.
 """
 
 from __future__ import annotations
@@ -15,8 +26,12 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.nn.fused import VIEW_ATTRS, OperandView, dense_strides
+from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, copy_spec
 from polykit.compiler.passes.cancel_transposes import perm_of
-from polykit.compiler.passes.rewrite import protected
+from polykit.compiler.passes.fuse_movement import VIEW_OPS, selection
+from polykit.compiler.passes.recognize_roll import slice_axes, static_shape
+from polykit.compiler.passes.rewrite import const, protected
 
 SWAP_SEQ_HEADS = [0, 2, 1, 3]
 INPUT_LAYOUTS = ("q_layout", "k_layout", "v_layout")
@@ -60,7 +75,207 @@ def fold_attention_layouts(graph: Graph, *, keep: frozenset[str] = frozenset()) 
             graph.nodes[graph.nodes.index(transpose)] = Node("Reshape", [bshd, target], list(transpose.outputs), {},
                                                              name=transpose.name)
             changed = True
+    for node in graph.nodes:
+        if node.op_type == "Attention" and node.domain == POLYKIT_DOMAIN:
+            for i in range(3):
+                changed |= _fold_view(graph, node, i, producers)
     return changed
+
+
+# ---- strided views --------------------------------------------------------------------------
+#: A step of a chain: ("reshape", shape) | ("transpose", perm) | ("slice", axis, first, count, step)
+#: | ("select", axis, index)
+Step = tuple
+#: Movement ops whose output a view of their input can stand for
+COPYING = frozenset({"Transpose", "Gather", "Slice", "Split", PERMUTED_COPY})
+#: producers followed back from an Attention input at most
+MAX_CHAIN = 16
+#: largest source (elements) whose chain is traced element by element when the steps do not compose
+MAX_TRACED = 1 << 22
+
+
+def _apply(view: OperandView, step: Step) -> OperandView | None:
+    """`view` after one step, None when the result is no single strided view (a reshape that
+    merges axes that are not contiguous with each other)."""
+    off, shape, st = view.offset, list(view.shape), list(view.strides)
+    kind = step[0]
+    if kind == "transpose":
+        return OperandView(off, tuple(shape[p] for p in step[1]), tuple(st[p] for p in step[1]))
+    if kind == "slice":
+        _, a, first, count, stride = step
+        shape[a], st[a] = count, st[a] * stride
+        return OperandView(off + first * view.strides[a], tuple(shape), tuple(st))
+    if kind == "select":
+        _, a, k = step
+        return OperandView(off + k * st[a], tuple(shape[:a] + shape[a + 1:]), tuple(st[:a] + st[a + 1:]))
+    strides = _reshape_strides(shape, st, list(step[1]))
+    return None if strides is None else OperandView(off, tuple(step[1]), strides)
+
+
+def _reshape_strides(old: list[int], old_st: list[int], new: list[int]) -> tuple[int, ...] | None:
+    """Strides of `new` over the elements a view (`old`, `old_st`) holds, in row-major order,
+    or None when some new axis spans old axes that are not contiguous with each other."""
+    if int(np.prod(old)) != int(np.prod(new)) or 0 in old:
+        return None
+    dims = [(d, s) for d, s in zip(old, old_st) if d != 1]
+    out = [0] * len(new)
+    oi = 0
+    ni = 0
+    while ni < len(new):
+        if new[ni] == 1:
+            ni += 1
+            continue
+        # the new axes ni..nj and old axes oi..oj that hold the same elements
+        nj, oj = ni + 1, oi + 1
+        n_el, o_el = new[ni], dims[oi][0]
+        while n_el != o_el:
+            if n_el < o_el:
+                n_el *= new[nj]
+                nj += 1
+            else:
+                o_el *= dims[oj][0]
+                oj += 1
+        if any(dims[k][1] != dims[k + 1][0] * dims[k + 1][1] for k in range(oi, oj - 1)):
+            return None
+        acc = dims[oj - 1][1]
+        for k in range(nj - 1, ni - 1, -1):
+            out[k] = 0 if new[k] == 1 else acc
+            acc *= new[k]
+        ni, oi = nj, oj
+    return tuple(out)
+
+
+def _traced(shape: tuple[int, ...], steps: list[Step]) -> OperandView | None:
+    """The view a chain amounts to, found by running it on the source's element numbers: a
+    reshape that merges axes it later splits again (torchvision's [S, B, E] -> [S, B*H, D] ->
+    [B*H, S, D] -> [B, H, S, D]) composes though its middle is no strided view. None when the
+    result is not offset + sum(i * strides) with strides >= 0."""
+    idx = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    for step in steps:
+        if step[0] == "reshape":
+            idx = idx.reshape(step[1])
+        elif step[0] == "transpose":
+            idx = idx.transpose(step[1])
+        elif step[0] == "slice":
+            _, a, first, count, stride = step
+            idx = idx[(slice(None),) * a + (slice(first, first + (count - 1) * stride + 1, stride),)]
+        else:
+            idx = np.take(idx, step[2], axis=step[1])
+    if idx.ndim == 0 or idx.size == 0:
+        return None
+    offset = int(idx.reshape(-1)[0])
+    strides = tuple(int(idx[(0,) * a + (1,) + (0,) * (idx.ndim - a - 1)]) - offset if d > 1 else 0
+                    for a, d in enumerate(idx.shape))
+    if any(s < 0 for s in strides):
+        return None
+    fitted = np.full(idx.shape, offset, np.int64)
+    for a, s in enumerate(strides):
+        fitted += (np.arange(idx.shape[a], dtype=np.int64) * s).reshape((-1,) + (1,) * (idx.ndim - a - 1))
+    return OperandView(offset, tuple(idx.shape), strides) if np.array_equal(fitted, idx) else None
+
+
+def _steps(graph: Graph, node: Node, out: str) -> list[Step] | None:
+    """The view steps that turn node's (static) input into its output `out`, None when the node
+    is no view of its input."""
+    shape = static_shape(graph, node.input(0)) if node.inputs and node.input(0) else None
+    out_shape = static_shape(graph, out)
+    if shape is None or out_shape is None:
+        return None
+    if node.domain == POLYKIT_DOMAIN and node.op_type == PERMUTED_COPY:
+        try:
+            spec = copy_spec(node.attrs, shape)
+        except ValueError:
+            return None
+        if any(spec.out_shifts) or any(s + w > d for s, w, d in zip(spec.starts, spec.window, shape)):
+            return None  # a roll
+        cuts = [("slice", a, s, w, 1) for a, (s, w, d) in enumerate(zip(spec.starts, spec.window, shape)) if w != d]
+        return cuts + [("reshape", spec.view), ("transpose", spec.perm), ("reshape", spec.shape)]
+    if node.domain:
+        return None
+    if node.op_type in VIEW_OPS:
+        return [("reshape", out_shape)]
+    if node.op_type == "Transpose":
+        perm = perm_of(graph, node)
+        return None if perm is None else [("transpose", tuple(perm))]
+    if node.op_type == "Gather" and len(node.inputs) == 2:
+        index = const(graph, node.input(1))
+        axis = int(node.attrs.get("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        if index is not None and index.ndim == 1 and index.size >= 1 and index.dtype.kind in "iu" \
+                and 0 <= axis < len(shape):
+            ks = [int(k) + shape[axis] if k < 0 else int(k) for k in index]
+            step = ks[1] - ks[0] if len(ks) > 1 else 1
+            if step >= 1 and ks == list(range(ks[0], ks[0] + step * len(ks), step)) and 0 <= ks[0] and ks[-1] < shape[axis]:
+                return [("slice", axis, ks[0], len(ks), step)]
+            return None
+    if node.op_type == "Split" and "split" in node.attrs and len(node.inputs) < 2:
+        axis = int(node.attrs.get("axis", 0)) % len(shape)
+        sizes = [int(v) for v in node.attrs["split"]]
+        if sum(sizes) != shape[axis] or len(sizes) != len(node.outputs):
+            return None
+        k = node.outputs.index(out)
+        return [("slice", axis, sum(sizes[:k]), sizes[k], 1)]
+    if node.op_type == "Slice":
+        cut = _slice_cut(graph, node, shape)
+        if cut is not None:
+            return cut
+    sel = selection(graph, node, shape)
+    if sel is None:
+        return None
+    axis, ranges = sel
+    first, count = ranges[node.outputs.index(out)] if node.op_type == "Split" else ranges[0]
+    if node.op_type == "Gather":
+        return [("select", axis, first)]
+    return [("slice", axis, first, count, 1)]
+
+
+def _slice_cut(graph: Graph, node: Node, shape: tuple[int, ...]) -> list[Step] | None:
+    """A constant Slice with positive steps as slice steps (None otherwise)."""
+    cut = slice_axes(graph, node, shape)
+    if cut is None:
+        return None
+    return [("slice", a, lo, count, st) for a, (lo, st, count) in enumerate(cut) if (lo, st, count) != (0, 1, shape[a])]
+
+
+def _fold_view(graph: Graph, node: Node, i: int, producers: dict[str, Node]) -> bool:
+    """Attention input i read through a view of the tensor it was selected from; True if folded."""
+    if node.attrs.get(VIEW_ATTRS[i]) is not None:
+        return False
+    chain: list[tuple[str, list[Step], bool]] = []  # (the step's input, its steps, copies) from the Attention back
+    name = node.input(i)
+    while len(chain) < MAX_CHAIN:
+        src = producers.get(name)
+        if src is None or not src.inputs or src.input(0) in ("",):
+            break
+        steps = _steps(graph, src, name)
+        if steps is None:
+            break
+        chain.append((src.input(0), steps, src.op_type in COPYING))
+        name = src.input(0)
+    layout = node.attrs.get(INPUT_LAYOUTS[i], "bhsd")
+    final: list[Step] = [("transpose", (0, 2, 1, 3))] if layout == "bshd" else []
+    # the farthest source whose chain composes, as long as a copy lies on the way
+    for depth in range(len(chain), 0, -1):
+        if not any(copies for _, _, copies in chain[:depth]):
+            break
+        root = chain[depth - 1][0]
+        shape = static_shape(graph, root)
+        if shape is None or 0 in shape:
+            continue
+        steps = [step for _, part, _ in reversed(chain[:depth]) for step in part] + final
+        view: OperandView | None = OperandView(0, shape, dense_strides(shape))
+        for step in steps:
+            view = _apply(view, step) if view is not None else None
+        if view is None and int(np.prod(shape)) <= MAX_TRACED:
+            view = _traced(shape, steps)
+        if view is None or len(view.shape) < 2 or (view.shape[-1] != 1 and view.strides[-1] != 1):
+            continue
+        strides = tuple(0 if d == 1 else s for d, s in zip(view.shape, view.strides))
+        node.attrs[VIEW_ATTRS[i]] = OperandView(view.offset, view.shape, strides).encode()
+        node.attrs.pop(INPUT_LAYOUTS[i], None)
+        node.inputs[i] = root
+        return True
+    return False
 
 
 def _moved(perm: list[int], shape) -> list[int]:

@@ -134,7 +134,7 @@ def _sole_producer(graph: Graph, name: str, producers: dict, readers: dict, fixe
     return node
 
 # ---- rule 2: window selections of a transposed tensor ----------------------------------------------
-def _selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, list[tuple[int, int]]] | None:
+def selection(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, list[tuple[int, int]]] | None:
     """(axis, [(first, count) per output]) of a Gather with a scalar constant index, a step-1
     constant Slice or a Split with constant sizes (None otherwise)."""
     if node.op_type == "Gather" and len(node.inputs) == 2:
@@ -176,7 +176,7 @@ def _window_selections(graph: Graph, fixed: set[str]) -> bool:
         if spec is None or seen is None or spec.view != spec.window or any(spec.out_shifts) \
                 or spec.shape != tuple(spec.view[p] for p in spec.perm):
             continue
-        sel = _selection(graph, node, seen)
+        sel = selection(graph, node, seen)
         big = [a for a, d in enumerate(spec.shape) if d != 1]  # the views between add or drop size-1 dims only
         outs = [static_shape(graph, o) for o in node.outputs]
         if sel is None or [d for d in seen if d != 1] != [spec.shape[a] for a in big] or None in outs:

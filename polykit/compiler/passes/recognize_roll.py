@@ -68,8 +68,8 @@ def compose_slices(graph: Graph, fixed: set[str]) -> bool:
         inner = producers.get(node.input(0)) if node.op_type == "Slice" and not node.domain else None
         src = inner.input(0) if inner is not None else ""
         shape, mid = static_shape(graph, src) if src else None, static_shape(graph, node.input(0))
-        first = _slice_axes(graph, inner, shape) if inner is not None and shape is not None else None
-        second = _slice_axes(graph, node, mid) if first is not None and mid is not None else None
+        first = slice_axes(graph, inner, shape) if inner is not None and shape is not None else None
+        second = slice_axes(graph, node, mid) if first is not None and mid is not None else None
         if second is None:
             continue
         cut = [(a0 + b0 * a1, a1 * b1, bn) for (a0, a1, _), (b0, b1, bn) in zip(first, second)]
@@ -88,7 +88,7 @@ def compose_slices(graph: Graph, fixed: set[str]) -> bool:
 
 
 # ---- rule 1: rolls ----------------------------------------------------------------------------
-def _slice_axes(graph: Graph, node: Node, shape: Sequence[int]) -> list[tuple[int, int, int]] | None:
+def slice_axes(graph: Graph, node: Node, shape: Sequence[int]) -> list[tuple[int, int, int]] | None:
     """(first, step, count) on every axis of a Slice with constant inputs and positive steps."""
     if node.domain or node.op_type != "Slice" or len(node.inputs) < 3:
         return None
@@ -110,7 +110,7 @@ def _slice_axes(graph: Graph, node: Node, shape: Sequence[int]) -> list[tuple[in
 
 def slice_range(graph: Graph, node: Node, shape: Sequence[int]) -> tuple[int, int, int] | None:
     """(axis, start, stop) of a step-1 constant Slice that keeps every axis but one whole."""
-    cut = _slice_axes(graph, node, shape)
+    cut = slice_axes(graph, node, shape)
     if cut is None or any(step != 1 for _, step, _ in cut):
         return None
     cut = [(a, lo, lo + count) for a, (lo, _, count) in enumerate(cut) if (lo, count) != (0, shape[a])]
@@ -191,7 +191,7 @@ def _replace_concat(graph: Graph, node: Node, pieces: list[Node], src: str, spec
 def _phase_concat(graph: Graph, node: Node, pieces: list[Node], shape: tuple[int, ...]) -> CopySpec | None:
     """The PermutedCopy of Concat(x[.., p0::k0, .., p1::k1, ..] for every phase (p0, p1, ..)) when the
     phases come in the order of some nesting of the stepped axes (space-to-depth, Swin's patch merging)."""
-    cuts = [_slice_axes(graph, p, shape) for p in pieces]
+    cuts = [slice_axes(graph, p, shape) for p in pieces]
     if any(c is None for c in cuts):
         return None
     axis = int(node.attrs.get("axis", 0)) % len(shape)

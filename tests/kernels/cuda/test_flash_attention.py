@@ -10,7 +10,7 @@ import pytest
 
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.plan.records import LayerDesc
-from polykit.kernels.cuda.attention.flash_attention import _supports, head_strides, logical_shape, mask_strides
+from polykit.kernels.cuda.attention.flash_attention import _supports, head_view, mask_strides
 
 rng = np.random.default_rng(3)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -29,10 +29,11 @@ def layer_for(inputs: dict, out_shape, layout="bhsd", **attrs) -> LayerDesc:
 # ---- CPU: geometry -----------------------------------------------------------------------
 
 def test_strides_of_both_layouts_and_broadcast_dims():
-    assert logical_shape((2, 7, 3, 64), "bshd") == (2, 3, 7, 64)
-    assert head_strides((2, 3, 7, 64), "bhsd") == (3 * 7 * 64, 7 * 64, 64)
-    assert head_strides((2, 7, 3, 64), "bshd") == (7 * 3 * 64, 64, 3 * 64)
-    assert head_strides((1, 3, 7, 64), "bhsd")[0] == 0
+    assert head_view({"q_layout": "bshd"}, 0, (2, 7, 3, 64)).shape == (2, 3, 7, 64)
+    assert head_view({}, 0, (2, 3, 7, 64)).strides == (3 * 7 * 64, 7 * 64, 64)
+    assert head_view({"out_layout": "bshd"}, 3, (2, 7, 3, 64)).strides == (7 * 3 * 64, 64, 3 * 64)
+    assert head_view({}, 1, (1, 3, 7, 64)).strides[0] == 0
+    assert head_view({}, 2, (3, 7, 64)).shape == (1, 3, 7, 64)  # rank 3: batch 1
     assert mask_strides((2, 1, 1, 9)) == (9, 0, 0, 1)
     assert mask_strides((9,)) == (0, 0, 0, 1)
 

@@ -11,6 +11,7 @@ import pytest
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, all_cuda_tactics
+from polykit.kernels.cuda.attention.flash_attention import head_view
 from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
 from tests.kernels.cuda.test_flash_attention import layer_for, rand, reference
 
@@ -23,19 +24,19 @@ NAMES = [s.name for s in SHAPES]
 # ---- CPU ------------------------------------------------------------------------------------
 
 def test_tensor_maps_of_both_layouts_put_sequence_and_head_in_stride_order():
-    spec, bits = tensor_map(DeviceTensor(4096, (2, 3, 77, 64), FP16), "bhsd", 64)
+    spec, bits = tensor_map(DeviceTensor(4096, (2, 3, 77, 64), FP16), head_view({}, 0, (2, 3, 77, 64)), 64)
     assert (spec.dims, spec.strides, spec.box, bits) == ((64, 77, 3, 2), (128, 77 * 128, 3 * 77 * 128), (64, 64, 1, 1), 0)
-    spec, bits = tensor_map(DeviceTensor(4096, (2, 77, 3, 128), BF16), "bshd", 128)
+    spec, bits = tensor_map(DeviceTensor(4096, (2, 77, 3, 128), BF16), head_view({"k_layout": "bshd"}, 1, (2, 77, 3, 128)), 128)
     assert (spec.dims, spec.strides, spec.box, bits) == ((128, 3, 77, 2), (256, 3 * 256, 77 * 3 * 256), (64, 1, 128, 1), 1)
-    _, bits = tensor_map(DeviceTensor(4096, (1, 1, 50, 64), FP16), "bhsd", 64)
+    _, bits = tensor_map(DeviceTensor(4096, (1, 1, 50, 64), FP16), head_view({}, 0, (1, 1, 50, 64)), 64)
     assert bits == 2 | 4  # batch and head broadcast: coordinate 0
-    _, bits = tensor_map(DeviceTensor(4096, (50, 4, 64), FP16), "bhsd", 64)  # rank 3: batch 1
+    _, bits = tensor_map(DeviceTensor(4096, (50, 4, 64), FP16), head_view({}, 0, (50, 4, 64)), 64)  # rank 3: batch 1
     assert bits == 2
 
 
 def test_tensor_map_refuses_a_pointer_tma_cannot_read():
     with pytest.raises(DeviceError, match="16-byte aligned"):
-        tensor_map(DeviceTensor(4098, (1, 1, 8, 64), FP16), "bhsd", 64)
+        tensor_map(DeviceTensor(4098, (1, 1, 8, 64), FP16), head_view({}, 0, (1, 1, 8, 64)), 64)
 
 
 @pytest.mark.parametrize("q,dtype,ok", [

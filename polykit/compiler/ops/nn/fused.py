@@ -9,6 +9,7 @@ names are the fused node's inputs, the node's outputs, or names local to the bod
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -199,6 +200,87 @@ def infer_epilogue(ctx: InferContext):
 
 #: Attention tensor layouts: "bhsd" ([..., S, D], the default) or "bshd" (rank 4 [B, S, H, D])
 ATTENTION_LAYOUTS = ("bhsd", "bshd")
+LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
+#: Q, K, V read through an explicit element-stride view of their stored tensor (docs/FUSION.md)
+VIEW_ATTRS = ("q_view", "k_view", "v_view")
+
+
+class ViewError(ValueError):
+    """An Attention view attribute that does not fit its tensor."""
+
+
+@dataclass(frozen=True)
+class OperandView:
+    """How Attention reads one operand: logical element `i` (a multi-index over `shape`, rank >= 2,
+    last axis D) is element `offset + sum(i * strides)` of the stored tensor, row-major flat."""
+
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    def encode(self) -> list[int]:
+        """The attribute form: [offset, *shape, *strides]."""
+        return [self.offset, *self.shape, *self.strides]
+
+    def last_element(self) -> int:
+        return self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
+
+
+def dense_strides(shape) -> tuple[int, ...]:
+    """Row-major element strides of `shape`, 0 on size-1 dims (their stride never matters)."""
+    st, acc = [0] * len(shape), 1
+    for k in range(len(shape) - 1, -1, -1):
+        st[k] = acc if shape[k] != 1 else 0
+        acc *= shape[k]
+    return tuple(st)
+
+
+def decode_view(value) -> OperandView:
+    """An attribute [offset, *shape, *strides] as an OperandView (ViewError naming what is wrong)."""
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                                   for v in value):
+        raise ViewError(f"{value!r} is not a list of integers")
+    value = [int(v) for v in value]
+    if len(value) < 5 or len(value) % 2 == 0:
+        raise ViewError(f"{len(value)} integers; a view is [offset, *shape, *strides] of rank >= 2")
+    rank = (len(value) - 1) // 2
+    offset, shape, strides = value[0], tuple(value[1:1 + rank]), tuple(value[1 + rank:])
+    if offset < 0 or any(d < 1 for d in shape) or any(s < 0 for s in strides):
+        raise ViewError(f"offset {offset}, shape {shape}, strides {strides}: need offset >= 0, dims >= 1, strides >= 0")
+    if strides[-1] != 1 and shape[-1] != 1:
+        raise ViewError(f"strides {strides}: the last (head) axis must be contiguous (stride 1)")
+    return OperandView(offset, shape, strides)
+
+
+def operand_view(attrs, i: int, stored_shape) -> OperandView | None:
+    """Attention input i (0 Q, 1 K, 2 V) or, for i = 3, its output, as an OperandView of the stored
+    tensor of static shape `stored_shape`: from its `*_view` attribute (checked: every element it
+    addresses lies inside the tensor), else from its layout ("bhsd" contiguous, "bshd" the
+    (0, 2, 1, 3) transpose); None when the shape is not static."""
+    raw = attrs.get(VIEW_ATTRS[i]) if i < 3 else None
+    layout = str(attrs.get(LAYOUT_ATTRS[i], "bhsd"))
+    if layout not in ATTENTION_LAYOUTS:
+        raise ViewError(f"unknown layout {layout!r} (use one of {ATTENTION_LAYOUTS})")
+    if stored_shape is None or any(type(d) is not int for d in stored_shape):
+        if raw is not None:
+            raise ViewError(f"a view needs the static shape of its tensor, got {stored_shape}")
+        return None
+    stored = tuple(stored_shape)
+    if raw is not None:
+        if layout != "bhsd":
+            raise ViewError(f"both a view and layout {layout!r} given")
+        view = decode_view(raw)
+        total = int(np.prod(stored, dtype=np.int64))
+        if total == 0 or view.last_element() >= total:
+            raise ViewError(f"view {view.encode()} addresses element {view.last_element()}, past the "
+                            f"{total} elements of its tensor {stored}")
+        return view
+    if layout == "bshd":
+        if len(stored) != 4:
+            raise ViewError(f"layout 'bshd' needs a rank-4 tensor, got rank {len(stored)}")
+        st = dense_strides(stored)
+        return OperandView(0, (stored[0], stored[2], stored[1], stored[3]), (st[0], st[2], st[1], st[3]))
+    return OperandView(0, stored, dense_strides(stored))
 
 
 def attention_view(shape, layout: str, ctx: InferContext | None = None):
@@ -212,10 +294,24 @@ def attention_view(shape, layout: str, ctx: InferContext | None = None):
     return (shape[0], shape[2], shape[1], shape[3])
 
 
+def _logical(ctx: InferContext, i: int, layout: str):
+    """Input i's logical [..., S, D] shape: its view's shape (validated against the stored
+    tensor), else the layout's view of its shape."""
+    raw = ctx.node.attrs.get(VIEW_ATTRS[i])
+    if raw is None:
+        return attention_view(ctx.shape(i), layout, ctx)
+    try:
+        view = operand_view(ctx.node.attrs, i, ctx.shape(i))
+    except ViewError as exc:
+        raise ctx.fail(f"{VIEW_ATTRS[i]} of input {i}: {exc}",
+                       hint="fold_attention_layouts makes views; rebuild the plan (or fix the edited attribute)") from None
+    return view.shape
+
+
 @shape_rule("Attention", domain=POLYKIT_DOMAIN)
 def _attention(ctx: InferContext):
-    layouts = [str(ctx.node.attrs.get(a, "bhsd")) for a in ("q_layout", "k_layout", "v_layout", "out_layout")]
-    q, k, v = (attention_view(ctx.shape(i), layouts[i], ctx) for i in range(3))
+    layouts = [str(ctx.node.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
+    q, k, v = (_logical(ctx, i, layouts[i]) for i in range(3))
     attention_view(None, layouts[3], ctx)
     if q is None or k is None or v is None:
         return [(ctx.dtype(0), None)]

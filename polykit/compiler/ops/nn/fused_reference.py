@@ -14,7 +14,8 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.concat_operands import concat_operands
-from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, POLYKIT_BASES, base_node, step_node
+from polykit.compiler.ops.nn.fused import (EPILOGUE_ARITY, LAYOUT_ATTRS, POLYKIT_BASES, VIEW_ATTRS, base_node,
+                                          operand_view, step_node)
 from polykit.compiler.ops.references import reference, run_reference
 
 
@@ -60,8 +61,9 @@ reference(*(op for op in EPILOGUE_ARITY if op not in POLYKIT_BASES), domain=POLY
 @reference("Attention", domain=POLYKIT_DOMAIN)
 def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """softmax(Q @ K^T * scale + mask) @ V, softmax over the last axis; tensors stored "bshd"
-    (attrs q_layout / k_layout / v_layout / out_layout) are read and written as [B, S, H, D]."""
-    q, k, v = (_from_layout(x, node.attrs.get(a, "bhsd")) for x, a in zip(inputs[:3], ("q_layout", "k_layout", "v_layout")))
+    (attrs q_layout / k_layout / v_layout / out_layout) are read and written as [B, S, H, D];
+    Q, K, V with a view (q_view / k_view / v_view) are read through its offset and strides."""
+    q, k, v = (_operand(node, i, x) for i, x in enumerate(inputs[:3]))
     mask = inputs[3] if len(inputs) > 3 else None
     scale = float(node.attrs.get("scale", 1.0 / np.sqrt(q.shape[-1])))
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)
@@ -78,6 +80,17 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
         probs = np.where(np.isnan(probs), np.zeros((), probs.dtype), probs)
     out = np.matmul(probs, v).astype(q.dtype, copy=False)
     return [_from_layout(out, node.attrs.get("out_layout", "bhsd"))]
+
+
+def _operand(node: Node, i: int, x: np.ndarray) -> np.ndarray:
+    """Input i as the [..., S, D] array Attention computes on."""
+    if node.attrs.get(VIEW_ATTRS[i]) is None:
+        return _from_layout(x, node.attrs.get(LAYOUT_ATTRS[i], "bhsd"))
+    view = operand_view(node.attrs, i, tuple(int(d) for d in x.shape))
+    flat = np.ascontiguousarray(x).reshape(-1)
+    es = flat.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(flat[view.offset:], view.shape, [s * es for s in view.strides],
+                                           writeable=False)
 
 
 def _from_layout(x: np.ndarray, layout: str) -> np.ndarray:

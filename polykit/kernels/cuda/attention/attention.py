@@ -14,6 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
+from polykit.compiler.ops.nn.fused import LAYOUT_ATTRS, VIEW_ATTRS, OperandView, dense_strides, operand_view
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.launch_geometry import broadcast_geometry
@@ -32,9 +33,14 @@ def _kernels(layer) -> list[KernelSource]:
     """The attention module, and the movement kernels that relay [B, S, H, D] tensors."""
     from polykit.kernels.cuda.movement import movement
 
-    relay = movement.copy_kernels(None) if layer is not None and _relaid(layer) else []
+    relay = movement.copy_kernels(None) if layer is not None and _has_views(layer) else []
     return [KernelSource(f"attention_{c}", FILE) for c in VARIANTS] + \
         [KernelSource(f"attention_tiled_{c}{h}", FILE) for c in TILED for h in ("", "_h64", "_h128")] + relay
+
+
+def _has_views(layer) -> bool:
+    attrs = layer.attrs
+    return any(attrs.get(a) is not None for a in VIEW_ATTRS) or any(attrs.get(a, "bhsd") != "bhsd" for a in LAYOUT_ATTRS)
 
 
 def _pad(v, fill=0):
@@ -83,51 +89,54 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
                     shared_mem=(8 if wide else 4) * (D + Skv))
 
 
-LAYOUTS = ("q_layout", "k_layout", "v_layout", "out_layout")
-
-
-def _relaid(layer) -> list[int]:
-    """Positions (0-2 inputs, 3 the output) stored [B, S, H, D] ("bshd", fold_attention_layouts)."""
-    return [i for i, a in enumerate(LAYOUTS) if layer.attrs.get(a, "bhsd") == "bshd"]
-
-
-def _swapped(shape) -> tuple[int, ...]:
-    return (shape[0], shape[2], shape[1], shape[3])
+def _views(layer, tensors) -> list[tuple[int, OperandView]]:
+    """(position, view) of each of Q, K, V (0-2) and the output (3) that is not its tensor as
+    stored: a [B, S, H, D] layout (fold_attention_layouts) or a strided view of a packed tensor."""
+    names = list(layer.inputs[:3]) + [layer.outputs[0]]
+    out = []
+    for i, name in enumerate(names):
+        if name not in tensors:
+            continue
+        shape = tuple(int(d) for d in tensors[name].shape)
+        view = operand_view(layer.attrs, i, shape)
+        if view is not None and (view.offset, view.shape, view.strides) != (0, shape, dense_strides(shape)):
+            out.append((i, view))
+    return out
 
 
 def _relayout_bytes(layer, tensors, sm_count: int) -> int:
-    """Workspace: a [B, H, S, D] copy of every tensor stored [B, S, H, D] (256-byte slots)."""
-    names = [(layer.inputs + layer.outputs)[i] if i < 3 else layer.outputs[0] for i in _relaid(layer)]
-    sizes = [int(np.prod(tensors[n].shape)) * np.dtype(tensors[n].dtype).itemsize for n in names if n in tensors]
+    """Workspace: a contiguous [..., S, D] copy of every view (256-byte slots)."""
+    names = list(layer.inputs[:3]) + [layer.outputs[0]]
+    sizes = [int(np.prod(v.shape)) * np.dtype(tensors[names[i]].dtype).itemsize for i, v in _views(layer, tensors)]
     return sum(-(-b // 256) * 256 for b in sizes)
 
 
 def enqueue_relaid(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
-    """enqueue_attention for layers with [B, S, H, D] tensors (fp32/fp64: the flash kernel reads
-    them directly in fp16/bf16): each is transposed into the workspace, the attention runs on
-    [B, H, S, D], and an output so stored is transposed back."""
+    """enqueue_attention for layers with views (fp32/fp64, or what the flash kernels refuse): each
+    view is gathered into a contiguous workspace copy through its offset and strides, the attention
+    runs on those, and an output so stored is scattered back through its strides."""
     from polykit.kernels.cuda.movement.movement import contiguous_strides, launch_copy
 
-    relaid = _relaid(layer)
-    if not relaid:
+    views = _views(layer, tensors)
+    if not views:
         return enqueue_attention(layer, launcher, tensors)
     names = list(layer.inputs[:3]) + [layer.outputs[0]]
     local = dict(tensors)
     where = f"layer {layer.name!r}"
-    for i in relaid:
+    for i, view in views:
         t = tensors[names[i]]
-        shape = _swapped(t.shape)
-        tmp = DeviceTensor(launcher.workspace(t.size * t.dtype.itemsize), shape, t.dtype)
-        if i < 3:  # [B, S, H, D] -> [B, H, S, D]
-            xs = contiguous_strides(t.shape)
-            launch_copy(launcher, t, tmp, shape, [xs[0], xs[2], xs[1], xs[3]], contiguous_strides(shape), where=where)
+        tmp = DeviceTensor(launcher.workspace(int(np.prod(view.shape)) * t.dtype.itemsize), view.shape, t.dtype)
+        if i < 3:
+            launch_copy(launcher, t, tmp, view.shape, view.strides, contiguous_strides(view.shape),
+                        src_base=view.offset, where=where)
         local[names[i]] = tmp
-    plain = replace(layer, attrs={k: v for k, v in layer.attrs.items() if k not in LAYOUTS})
+    plain = replace(layer, attrs={k: v for k, v in layer.attrs.items() if k not in LAYOUT_ATTRS + VIEW_ATTRS})
     enqueue_attention(plain, launcher, local)
-    if 3 in relaid:  # [B, H, S, D] -> [B, S, H, D]
-        y, tmp = tensors[names[3]], local[names[3]]
-        ts = contiguous_strides(tmp.shape)
-        launch_copy(launcher, tmp, y, y.shape, [ts[0], ts[2], ts[1], ts[3]], contiguous_strides(y.shape), where=where)
+    for i, view in views:
+        if i == 3:
+            tmp = local[names[3]]
+            launch_copy(launcher, tmp, tensors[names[3]], view.shape, contiguous_strides(view.shape), view.strides,
+                        dst_base=view.offset, where=where)
 
 
 cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels, workspace=_relayout_bytes,

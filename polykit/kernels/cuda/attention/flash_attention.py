@@ -5,48 +5,60 @@ Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv, a multiple
 (partial tiles masked), rank 3 or 4,
 whose batch dims broadcast to [B, H], with an optional additive (Q's dtype) or bool mask
 broadcastable to [B, H, S, Skv] that is contiguous or broadcast along the key axis. Reads and
-writes through (batch, head, seq) strides, so inputs and outputs may also be laid out
-[B, S, H, D] (the layer's `q_layout` / `k_layout` / `v_layout` / `out_layout` "bshd", set by
-the fold_attention_layouts pass): the head transposes around attention disappear.
+writes through (batch, head, seq) strides and a base offset (kernel arguments: one compiled kernel
+serves every view), so inputs and outputs may also be laid out [B, S, H, D] (the layer's
+`q_layout` / `k_layout` / `v_layout` / `out_layout` "bshd") and Q, K, V may be strided views of
+one packed projection (`q_view` / `k_view` / `v_view`), both set by the fold_attention_layouts
+pass: the head transposes and q, k, v copies around attention disappear. A view whose offset or
+strides are not whole 16 bytes (the cp.async row loads) is refused (cuda.attention.simple runs it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ops.nn.fused import ViewError, operand_view
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 
 FILE = "flash_attention.cu"
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 HEAD_SIZES = tuple(range(32, 257, 32))
 BQ = 64
-LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 
 
-def logical_shape(shape: Sequence[int], layout: str) -> tuple[int, ...]:
-    """[b, h, s, d] of a tensor stored as `layout` ("bhsd" or "bshd"; rank 3 means b = 1)."""
-    shape = tuple(int(d) for d in shape)
+@dataclass(frozen=True)
+class HeadView:
+    """How a flash kernel addresses one of Q, K, V (i 0-2) or O (3): element [b][h][s][d] at
+    `offset + b sb + h sh + s ss + d` of the stored tensor (strides 0 on size-1 dims)."""
+
+    offset: int
+    shape: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+
+    def aligned(self, elems: int) -> bool:
+        """Every row starts on a multiple of `elems` elements (16-byte vector loads)."""
+        return self.offset % elems == 0 and all(s % elems == 0 for s in self.strides)
+
+
+def head_view(attrs: Mapping[str, Any], i: int, stored_shape: Sequence[int]) -> HeadView | None:
+    """Input i (3: the output) as a HeadView: its q_view / k_view / v_view, else its layout
+    (ops/nn/fused.operand_view); None when it is no rank 3 or 4 view of a static tensor."""
+    try:
+        view = operand_view(attrs, i, tuple(int(d) for d in stored_shape))
+    except (ViewError, TypeError, ValueError):
+        return None
+    if view is None or len(view.shape) not in (3, 4) or (view.shape[-1] > 1 and view.strides[-1] != 1):
+        return None
+    shape, strides = view.shape, view.strides
     if len(shape) == 3:
-        shape = (1,) + shape
-    if layout == "bshd":
-        b, s, h, d = shape
-        return (b, h, s, d)
-    return shape
-
-
-def head_strides(shape: Sequence[int], layout: str) -> tuple[int, int, int]:
-    """Element strides (batch, head, seq) of a contiguous tensor stored as `layout`; 0 where
-    the dim is 1 (broadcast)."""
-    b, h, s, d = logical_shape(shape, layout)
-    if layout == "bshd":
-        sb, sh, ss = s * h * d, d, h * d
-    else:
-        sb, sh, ss = h * s * d, s * d, d
-    return (0 if b == 1 else sb, 0 if h == 1 else sh, ss)
+        shape, strides = (1,) + shape, (0,) + strides
+    b, h, s, d = shape
+    return HeadView(view.offset, (b, h, s, d), tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3])))
 
 
 def mask_strides(shape: Sequence[int]) -> tuple[int, int, int, int] | None:
@@ -61,10 +73,6 @@ def mask_strides(shape: Sequence[int]) -> tuple[int, int, int, int] | None:
     return tuple(strides[::-1])
 
 
-def _layouts(layer: Any) -> list[str]:
-    return [str(layer.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
-
-
 def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
                    heads: Sequence[int] = HEAD_SIZES) -> tuple[str, int] | None:
     """(storage dtype, head size) when a flash kernel taking the storage dtypes `elems` (numpy
@@ -74,10 +82,12 @@ def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
         return None
     if len({dtypes[0], dtypes[1], dtypes[2]}) != 1 or dtypes[0] not in elems:
         return None
-    layouts = _layouts(layer)
-    if any(x not in ("bhsd", "bshd") for x in layouts) or any(len(s) not in (3, 4) for s in shapes[:3]):
+    views = [head_view(layer.attrs, i, shapes[i]) for i in range(3)]
+    if any(v is None for v in views):
         return None
-    q, k, v = (logical_shape(s, lay) for s, lay in zip(shapes[:3], layouts))
+    if any(not v.aligned(16 // np.dtype(dtypes[0]).itemsize) for v in views):
+        return None  # rows not on 16-byte boundaries: the cp.async loads cannot take them
+    q, k, v = (x.shape for x in views)
     D = q[3]
     if D not in heads or k[3] != D or v[3] != D or k[2] != v[2]:
         return None
@@ -119,30 +129,39 @@ class FlashLaunch:
     grid: tuple[int, int, int]
     head: int
     args: tuple[Any, ...]
+    #: how Q, K, V and O are addressed (the pointers in `args` are already at their offsets)
+    views: tuple[HeadView, ...] = ()
 
 
 def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch | None:
     """The layer's flash launch, None when its output is empty."""
-    q, k, v = (tensors[n] for n in layer.inputs[:3])
     mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
-    y = tensors[layer.outputs[0]]
-    lq, lk, lv, lo = _layouts(layer)
-    B, H, S, D = logical_shape(q.shape, lq)
-    kshape, oshape = logical_shape(k.shape, lk), logical_shape(y.shape, lo)
+    names = [*layer.inputs[:3], layer.outputs[0]]
+    ts = [tensors[n] for n in names]
+    views = [head_view(layer.attrs, i, t.shape) for i, t in enumerate(ts)]
+    if any(v is None for v in views):
+        raise DeviceError("the layer's Q, K, V or output is no rank 3 or 4 view of its tensor",
+                          where=f"layer {layer.name!r}", hint="rebuild the plan")
+    (B, H, S, D), kshape, oshape = views[0].shape, views[1].shape, views[3].shape
     B, H = max(B, kshape[0], oshape[0]), max(H, kshape[1], oshape[1])
     Skv = kshape[2]
-    if y.size == 0:
+    if ts[3].size == 0:
         return None
+    q, k, v, y = (at_offset(t, x.offset) for t, x in zip(ts, views))
     if mask is None:
         mptr, ms, kind = 0, (0, 0, 0, 0), 0
     else:
         mptr, ms = mask, mask_strides(mask.shape)
         kind = 2 if mask.dtype == np.bool_ else 1
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
-    args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *head_strides(q.shape, lq), *head_strides(k.shape, lk),
-            *head_strides(v.shape, lv), *head_strides(y.shape, lo), *ms, np.float32(scale), np.int32(kind),
-            np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))))
-    return FlashLaunch((-(-S // BQ), H, B), D, args)
+    args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms,
+            np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))))
+    return FlashLaunch((-(-S // BQ), H, B), D, args, tuple(views))
+
+
+def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:
+    """`t` as a kernel argument pointing `offset` elements in (a view's first element)."""
+    return t if offset == 0 else replace(t, ptr=t.ptr + offset * np.dtype(t.dtype).itemsize)
 
 
 def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:

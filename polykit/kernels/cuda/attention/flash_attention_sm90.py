@@ -5,10 +5,12 @@ warpgroups (CONSUMERS); both measured slower than this shape on every shape trie
 (2026-11-24, docs/PERFORMANCE.md), so they are not registered: timing them only lengthened builds.
 
 They take the layers `cuda.attention.flash` takes of head size 64 or 128 (flash_attention.flash_geometry:
-float16 / bfloat16, [B, H, S, D] or [B, S, H, D] layouts, broadcast batch / head
+float16 / bfloat16, [B, H, S, D] or [B, S, H, D] layouts or strided views, broadcast batch / head
 dims, an additive or bool mask, which is also how a causal layer arrives) and run them with
 wgmma: Q, K and V come through TMA tensor maps (rank 4, one 64-element box of d by the tile's
-rows), so each must start 16-byte aligned; the builder times them against the mma.sync kernel.
+rows, the view's strides as the map's), so each must start 16-byte aligned, and a view whose dims
+do not nest in stride order (tma_layout) is left to the mma.sync kernel; the builder times them
+against it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.attention.flash_attention import ELEMS, LAYOUT_ATTRS, flash_geometry, flash_launch, logical_shape
+from polykit.kernels.cuda.attention.flash_attention import ELEMS, HeadView, flash_geometry, flash_launch, head_view
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
@@ -62,24 +64,54 @@ def kernel_for(shape: Sm90Flash, elem: str, head: int) -> KernelSource:
     return KernelSource("flash_attention_sm90", file=FILE, defines=tile, arch="sm_90a")
 
 
-def tensor_map(x: DeviceTensor, layout: str, rows: int) -> tuple[TensorMapSpec, int]:
-    """The TMA map of Q, K or V stored as `layout` (boxes of 64 d by `rows` sequence rows) and
-    the tensor's three `geo` bits (flash_attention_sm90.cu: 1 [B, S, H, D], 2 batch of 1, 4 one head)."""
-    b, h, s, d = logical_shape(x.shape, layout)
-    es = np.dtype(x.dtype).itemsize
+def tma_layout(view: HeadView, itemsize: int) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """The rank-4 TMA map of a view (dims innermost first: d, then seq and head in the order of their
+    strides, then batch; the byte strides of dims 1..3; whether head comes before seq), or None
+    when TMA cannot read it so: an offset or a stride not a multiple of 16 bytes, or dims that do
+    not nest (a stride below the extent of the dims inside it: torchvision's batch-second
+    projection at batch > 1 -- the mma.sync kernel reads those)."""
+    b, h, s, d = view.shape
+    sb, sh, ss = view.strides
+    bshd = h > 1 and sh < ss
+    outer = [(h, sh), (s, ss)] if bshd else [(s, ss), (h, sh)]
+    strides, extent = [], d
+    for n, st in outer + [(b, sb)]:
+        st = st if n > 1 else extent  # a size-1 dim: packed after the dims inside it
+        if st < extent or (st * itemsize) % 16 or st * itemsize >= 1 << 40:
+            return None
+        strides.append(st * itemsize)
+        extent = st * n
+    if (view.offset * itemsize) % 16:
+        return None
+    dims = (d, *(n for n, _ in outer), b)
+    return dims, tuple(strides), bshd
+
+
+def tensor_map(x: DeviceTensor, view: HeadView, rows: int) -> tuple[TensorMapSpec, int]:
+    """The TMA map of Q, K or V (`x` already at the view's offset; boxes of 64 d by `rows`
+    sequence rows) and the tensor's three `geo` bits (flash_attention_sm90.cu: 1 head before
+    seq in the map, 2 batch of 1, 4 one head)."""
+    b, h, _, _ = view.shape
     if x.ptr % 16:
         raise DeviceError(f"tensor at {x.ptr:#x} is not 16-byte aligned, which TMA needs",
                           where="tactic cuda.attention.flash_sm90", hint="use cuda.attention.flash for this layer")
-    bshd = layout == "bshd"
-    dims = (d, h, s, b) if bshd else (d, s, h, b)
+    layout = tma_layout(view, np.dtype(x.dtype).itemsize)
+    if layout is None:
+        raise DeviceError(f"a view with offset {view.offset} and strides {view.strides} is no TMA map",
+                          where="tactic cuda.attention.flash_sm90", hint="use cuda.attention.flash for this layer")
+    dims, strides, bshd = layout
     box = (BOX_D, 1, rows, 1) if bshd else (BOX_D, rows, 1, 1)
-    strides = (dims[0] * es, dims[0] * dims[1] * es, dims[0] * dims[1] * dims[2] * es)
     bits = int(bshd) | (int(b == 1) << 1) | (int(h == 1) << 2)
     return TensorMapSpec(x.ptr, x.dtype, dims, strides, box), bits
 
 
 def _supports(layer: Any) -> bool:
-    return flash_geometry(layer, heads=HEAD_SIZES) is not None
+    geo = flash_geometry(layer, heads=HEAD_SIZES)
+    if geo is None:
+        return False
+    itemsize = np.dtype(geo[0]).itemsize
+    views = [head_view(layer.attrs, i, layer.in_shapes[i]) for i in range(3)]
+    return all(v is not None and tma_layout(v, itemsize) is not None for v in views)
 
 
 def _kernels(shape: Sm90Flash):
@@ -95,10 +127,9 @@ def _enqueue(shape: Sm90Flash):
         run = flash_launch(layer, tensors)
         if run is None:
             return
-        layouts = [str(layer.attrs.get(a, "bhsd")) for a in LAYOUT_ATTRS]
         maps, geo = [], 0
-        for i, (name, rows) in enumerate(zip(layer.inputs[:3], (shape.block_q, shape.block_kv, shape.block_kv))):
-            spec, bits = tensor_map(tensors[name], layouts[i], rows)
+        for i, rows in enumerate((shape.block_q, shape.block_kv, shape.block_kv)):
+            spec, bits = tensor_map(run.args[i], run.views[i], rows)
             maps.append(spec)
             geo |= bits << (3 * i)
         # flash_launch's arguments: Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, 4 mask strides, scale, kind, nan

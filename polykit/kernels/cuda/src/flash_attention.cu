@@ -3,8 +3,9 @@
 // ELEM = half_t | bf16_t storage, fp32 scores, softmax statistics and accumulators.
 //
 // Q, K, V, O are addressed as [b][h][s][d] through element strides (sb, sh, ss) per tensor, d
-// contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads;
-// stride 0 broadcasts. Head size HD (a multiple of 32 up to 256, a define) for Q, K and V. Any S and
+// contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads, and
+// so are strided views of a packed projection (the pointer at the view's first element, a row
+// stride of 3 H D); stride 0 broadcasts. Head size HD (a multiple of 32 up to 256, a define) for Q, K and V. Any S and
 // Skv: rows past them load as zeros, keys past Skv are masked off, rows past S are not stored. The mask (optional)
 // is [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM, added to the
 // scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score

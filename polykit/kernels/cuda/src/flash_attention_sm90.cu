@@ -6,7 +6,8 @@
 //
 // Q, K and V arrive through rank-4 TMA tensor maps (innermost first: d, then seq and head in
 // the order of their strides, then batch): bits of `geo`, three per tensor x (Q 0, K 1, V 2):
-// 1 << 3x the tensor is [B, S, H, D] (map dims d, h, s, b; else d, s, h, b), 2 << 3x its batch
+// 1 << 3x its head stride is below its seq stride ([B, S, H, D], or a view of a packed projection:
+// map dims d, h, s, b; else d, s, h, b; the map's strides are the view's), 2 << 3x its batch
 // dim is 1 (coordinate 0: broadcast), 4 << 3x its head dim is 1. A box is 64 d (128 bytes) by
 // the tile's rows; rows past the sequence are zero-filled by the copy engine. O is written from
 // registers through element strides (ob, oh, os), d contiguous. The mask (optional) is
