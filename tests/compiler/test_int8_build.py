@@ -130,7 +130,9 @@ def test_cuda_builds_int8_layers_and_runs_the_ones_its_kernels_refuse_in_float(c
     # grouped: float, channels last on the grouped tactic (its Q/DQ read the NHWC int8 tensors)
     assert layers["conv2"].kind == "ConvNHWC" and layers["conv2"].tactic.startswith("cuda.conv_nhwc.grouped_p")
     assert layers["conv2"].in_dtypes[0] == "float32"
-    assert any(layer.kind == "QMatMul" and layer.tactic == "cuda.int8.mma_matmul" for layer in plan.layers)
+    # the classifier's GEMM (symmetric INT8, K % 16 == 0) runs channels-last as a 1x1 conv over its rows
+    assert layers["fc"].kind == "QConvNHWC" and layers["fc"].attrs["kernel_shape"] == [1, 1]
+    assert layers["fc"].tactic == "cuda.int8.mma_conv_nhwc" and layers["fc"].attrs.get("symmetric") == 1
 
 
 def test_an_int8_layer_no_tactic_runs_stays_quantized_and_equals_the_int8_layer(monkeypatch):

@@ -17,7 +17,7 @@ from polykit.compiler.passes.channels_last import INT8_CHANNEL_ALIGN
 from polykit.compiler.ops.references import run_reference
 from polykit.runtime.engine import Runtime
 
-from .int8_models import feeds_for, quantize_with_onnxruntime, small_resnet
+from .int8_models import feeds_for, mlp, quantize_with_onnxruntime, small_resnet
 
 rng = np.random.default_rng(41)
 
@@ -102,7 +102,8 @@ def test_a_calibrated_resnet_runs_its_int8_convs_nhwc_with_reformats_only_at_the
     nchw = build_plan(model, ranges)
     nhwc = build_plan(model, BuilderConfig(**{**ranges.__dict__, "channels_last": True}))
     kinds = [layer.kind for layer in nhwc.layers]
-    assert kinds.count("QConvNHWC") == 17 and kinds.count("Transpose") <= 2
+    # the 17 convolutions and the classifier's GEMM (a 1x1 conv over its rows: symmetric INT8)
+    assert kinds.count("QConvNHWC") == 18 and "QMatMul" not in kinds and kinds.count("Transpose") <= 2
     feeds = feeds_for(small_resnet(), 9)
     np.testing.assert_array_equal(run(nhwc, feeds), run(nchw, feeds))
 
@@ -113,3 +114,26 @@ def test_an_onnxruntime_quantized_resnet_gives_the_same_outputs_channels_last(tm
     assert "QConvNHWC" in {layer.kind for layer in nhwc.layers}
     feeds = feeds_for(small_resnet(), 4)
     np.testing.assert_array_equal(run(nhwc, feeds), run(build_plan(path, BuilderConfig(target="cpu")), feeds))
+
+
+def test_symmetric_int8_gemms_run_channels_last_as_1x1_convs_over_their_rows():
+    """An --int8 build's QMatMuls (int8 X and W, zero points 0) with K % 16 == 0 become 1x1
+    QConvNHWC over their rows, marked symmetric, so the sm90 INT8 tiles (s8 wgmma) serve the
+    GEMMs too; the cpu's exact integer sums make the plan equal the QMatMul plan bit for bit."""
+    ranges = BuilderConfig(target="cpu", int8=True, calibration_data=[feeds_for(mlp(), s) for s in range(2)])
+    plain = build_plan(load_onnx(mlp()), ranges)
+    rows = build_plan(load_onnx(mlp()), BuilderConfig(**{**ranges.__dict__, "channels_last": True}))
+    assert [layer.kind for layer in plain.layers].count("QMatMul") == 2
+    convs = [layer for layer in rows.layers if layer.kind == "QConvNHWC"]
+    assert len(convs) == 2 and "QMatMul" not in {layer.kind for layer in rows.layers}
+    assert all(layer.attrs.get("symmetric") == 1 and layer.attrs["kernel_shape"] == [1, 1] for layer in convs)
+    assert convs[0].in_shapes[0] == (1, 1, 4, 16) and convs[0].in_shapes[2] == (32, 1, 1, 16)
+    feeds = feeds_for(mlp(), 9)
+    np.testing.assert_array_equal(run(rows, feeds), run(plain, feeds))
+
+
+def test_an_asymmetric_int8_gemm_stays_a_qmatmul(tmp_path):
+    path = quantize_with_onnxruntime(mlp(), tmp_path / "q.onnx", activations="uint8", per_channel=True)
+    nhwc = build_plan(path, BuilderConfig(target="cpu", channels_last=True))
+    kinds = {layer.kind for layer in nhwc.layers}
+    assert "QMatMul" in kinds and "QConvNHWC" not in kinds

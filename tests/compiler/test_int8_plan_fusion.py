@@ -53,7 +53,8 @@ def test_no_quantize_layer_sits_between_int8_convolutions(resnet_int8):
     # the average pool) are quantized by a layer
     assert [(q.kind, producers.get(q.inputs[0]) and producers[q.inputs[0]].kind) for q in quantizers] == [
         ("QuantizeNHWC", None), ("QuantizeLinear", "Flatten")]
-    assert "DequantizeLinear" not in kinds and kinds.count("QConvNHWC") == 23
+    # 23 convolutions and the classifier's GEMM (a 1x1 conv over its rows: symmetric INT8)
+    assert "DequantizeLinear" not in kinds and kinds.count("QConvNHWC") == 24 and "QMatMul" not in kinds
 
 
 def test_max_pool_runs_on_int8_written_by_the_stem(resnet_int8):

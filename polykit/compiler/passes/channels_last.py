@@ -28,12 +28,14 @@ then cancels the Transposes between neighbours, leaving reformats at the chain's
   centered product), W repacked KRSC (padded with W's zero points), the epilogue's extra inputs
   transposed to NHWC (constants here, rank-4 tensors through Transposes); "symmetric" 1 when X and W
   are int8 with zero points 0.
-- ai.polykit QMatMul on FP8 operands (float8_e4m3fn X [..., M, K] of static shape, W a constant
-  [K, N] with K % INT8_CHANNEL_ALIGN == 0) -> Reshape(X, [1, 1, rows, K]) -> a 1x1 QConvNHWC over the
-  rows (W packed KRSC [N, 1, 1, K] here, once: K-major, as the sm90 FP8 kernel reads it) ->
+- ai.polykit QMatMul on FP8 operands, or on int8 X and W with zero points of 0 (symmetric INT8: X
+  [..., M, K] of static shape, W a constant [K, N] with K % INT8_CHANNEL_ALIGN == 0) ->
+  Reshape(X, [1, 1, rows, K]) -> a 1x1 QConvNHWC over the rows (W packed KRSC [N, 1, 1, K] here,
+  once: K-major, as the sm90 FP8 and INT8 wgmma kernels read it; "symmetric" 1 for INT8) ->
   Reshape to [..., M, N]; epilogue inputs that broadcast along N alone stay, those of the output's
   shape are reshaped like it (others leave the node as it is). The cuda FP8 tactics run convolutions
-  only (kernels/cuda/int8/fp8_sm90.py).
+  only (kernels/cuda/int8/fp8_sm90.py), and the sm90 INT8 tiles too (s8 wgmma for INT8 GEMMs:
+  issue 35); an asymmetric (uint8) QMatMul stays on cuda.int8.mma_matmul.
 """
 
 from __future__ import annotations
@@ -292,10 +294,11 @@ class _Rewriter:
         inputs += [extras[n] for n in node.inputs[QUANT_ARITY:]]
         return self.wrapped(node, NHWC_KIND, inputs, attrs, prefix)
 
-    def fp8_qmatmul(self, node: Node) -> list[Node] | None:
-        """An FP8 QMatMul with a constant [K, N] weight as a 1x1 QConvNHWC over its rows (module docstring)."""
+    def rows_qmatmul(self, node: Node) -> list[Node] | None:
+        """An FP8 or symmetric INT8 QMatMul with a constant [K, N] weight as a 1x1 QConvNHWC over its
+        rows (module docstring)."""
         weight, xv = self.graph.initializers.get(node.input(W)), self.graph.value(node.input(X))
-        if (FP8 is None or weight is None or weight.ndim != 2 or weight.dtype != FP8 or xv.dtype != FP8
+        if (weight is None or weight.ndim != 2 or not (self.fp8_operands(weight, xv) or self.symmetric_int8(node, weight, xv))
                 or xv.shape is None or len(xv.shape) < 2 or not all(isinstance(d, int) for d in xv.shape)
                 or weight.shape[0] % INT8_CHANNEL_ALIGN or weight.shape[0] != xv.shape[-1]):
             return None
@@ -320,6 +323,8 @@ class _Rewriter:
                 return None
         attrs = {key: value for key, value in node.attrs.items() if key != "epilogue"}
         attrs.update(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+        if weight.dtype == np.int8:
+            attrs[SYMMETRIC] = 1  # the sm90 INT8 tiles (int8_sm90.py) take it, the mma.sync conv too
         if "epilogue" in node.attrs:
             epilogue = node.attrs["epilogue"]
             body = [dict(step, inputs=[extras.get(i, i) for i in step["inputs"]]) for step in epilogue["body"]]
@@ -332,6 +337,18 @@ class _Rewriter:
         return prefix + [Node(NHWC_KIND, inputs, [raw], attrs, name=node.name, domain=POLYKIT_DOMAIN),
                          Node("Reshape", [raw, target], [node.outputs[0]],
                               name=self.graph.fresh_name(f"{node.name}_unrows"))]
+
+    @staticmethod
+    def fp8_operands(weight: np.ndarray, xv) -> bool:
+        return FP8 is not None and weight.dtype == FP8 and xv.dtype == FP8
+
+    def symmetric_int8(self, node: Node, weight: np.ndarray, xv) -> bool:
+        """int8 X and W whose zero points are constants of 0 (`--int8` builds; explicit Q/DQ models
+        with symmetric quantization): the sm90 INT8 tiles, which skip the zero-point terms, serve them."""
+        init = self.graph.initializers
+        zeros = [init.get(node.input(X_ZERO_POINT)), init.get(node.input(W_ZERO_POINT))]
+        return (weight.dtype == np.int8 and xv.dtype == np.int8
+                and all(z is not None and z.dtype == np.int8 and not np.any(z) for z in zeros))
 
     def nhwc_operand(self, name: str, node: Node, prefix: list[Node]) -> str | None:
         """An epilogue input of an NCHW output in NHWC: a constant transposed here (broadcast shapes
@@ -371,7 +388,7 @@ REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
 
 #: rewrites of ai.polykit nodes
 POLYKIT_REWRITES: dict[str, Callable[[_Rewriter, Node], "list[Node] | None"]] = {
-    "QConv": _Rewriter.qconv, "QMatMul": _Rewriter.fp8_qmatmul}
+    "QConv": _Rewriter.qconv, "QMatMul": _Rewriter.rows_qmatmul}
 
 
 def to_channels_last(graph: Graph, *, keep: frozenset[str] = frozenset(),
