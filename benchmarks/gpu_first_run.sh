@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first device calls of a session after sessions without a GPU (2026-12-04 and -05): the
+# The first device calls of a session after sessions without a GPU (2026-12-04, -05 and the second -05): the
 # CUDA paths written since then have only been compiled with NVRTC and tested in emulation.
 # Run with the device tool from the repository root, one STEP per call (each well under 10 min):
 #
@@ -11,13 +11,18 @@
 #   STEP=deploy    weight streaming latency at all / half / quarter / none (issue 36), refit on cuda,
 #                  the W4A16 GEMM against fp16 (issue 35)
 #   STEP=dynamic   issue 33: real exports with dynamic axes on cuda (needs torch on the device)
-#   STEP=new       the gpu tests of the code written on 2026-12-05 after the suite's first run (fixes of
-#                  its 37 failures, 2:4 sparsity, float32 dims, cuda If/Loop with data-dependent
-#                  lengths, skinny GEMMs, row-broadcast pointwise and split reductions, grouped convs).
-#                  Its run at 2ff0826: 641 passed, 14 failed (sparse24's epilogue bias, fixed in e90eeb5;
-#                  every other one the pointwise/dynamic-dims regression fixed in 498d4eb) - rerun first,
-#                  with the later additions (grouped mma pipe/persist, flash head 32 and Swin's windows,
-#                  the zoo's prepare phase) never run on a GPU. Pass -n 15; ~150 s with a cold kernel cache.
+#   STEP=new       the gpu tests of the CUDA code written since the suite's last run on a GPU: 2026-12-05
+#                  (first session: the fixes of the suite's 37 failures, 2:4 sparsity, float32 dims, cuda
+#                  If/Loop with data-dependent lengths, skinny GEMMs, row-broadcast pointwise and split
+#                  reductions, grouped convs; its run at 2ff0826: 641 passed, 14 failed, all fixed since and
+#                  never re-run; grouped mma pipe/persist, flash head 32, Swin's windows never run) and
+#                  2026-12-05 (second session, no GPU: FP8 e4m3 wgmma conv/GEMM, INT8 GEMMs as 1x1 convs,
+#                  Attention reading strided Q/K/V views on every attention kernel, pointwise kernels
+#                  reading concatenated operands (DenseNet), shapes bound once per shape set, the
+#                  in-place host path, the row-broadcast and split-reduction tactics at profile corners).
+#                  Pass -n 15; ~200 s with a cold kernel cache (NEW_S).
+#   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
+#                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
 #                  2:4 sparse GEMMs)
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
@@ -53,7 +58,7 @@ EOF
       --out "$OUT/dynamic_exports" 2>&1 | tail -40 | tee "$OUT/dynamic_exports.txt"
     ;;
   new)
-    timeout ${NEW_S:-240} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+    timeout ${NEW_S:-300} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_tactic_acceptance.py \
       tests/runtime/cuda/test_runtime_api_gpu.py tests/compiler/test_data_dependent_dims.py \
       tests/kernels/cuda/test_control_flow_data_branches.py tests/kernels/cuda/test_control_flow_sized.py \
@@ -62,9 +67,19 @@ EOF
       tests/kernels/cuda/test_sparse24.py tests/kernels/cuda/test_gemm_skinny.py tests/kernels/cuda/test_pointwise_rows.py \
       tests/kernels/cuda/test_reduce_span.py tests/compiler/test_layout_builds.py tests/kernels/cuda/test_conv_grouped.py \
       tests/kernels/cuda/test_conv_grouped_mma.py tests/compiler/test_channels_last_builds.py \
-      tests/kernels/cuda/test_flash_attention.py tests/compiler/test_window_attention_builds.py \
-      tests/benchmarks/test_zoo_prepare.py tests/kernels/cuda/test_control_flow_data_branches.py > "$OUT/gpu_new.txt" 2>&1
+      tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_flash_attention_sm90.py \
+      tests/compiler/test_window_attention_builds.py tests/benchmarks/test_zoo_prepare.py \
+      tests/kernels/cuda/test_fp8_sm90.py tests/compiler/test_fp8_gpu.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/compiler/test_int8_gpu.py tests/kernels/cuda/test_attention_views.py tests/compiler/test_packed_qkv_views.py \
+      tests/kernels/cuda/test_pointwise_concat.py tests/compiler/passes/test_absorb_concat.py \
+      tests/runtime/cuda/test_bound_shapes.py tests/runtime/cuda/test_profile_tactics_gpu.py \
+      tests/kernels/cuda/test_sm90_wgmma_pipeline.py > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
+    ;;
+  host)
+    timeout 300 python3 benchmarks/serving_api.py --out "$OUT/serving_api.json" 2>&1 | tee "$OUT/serving_api.txt"
+    timeout 240 python3 benchmarks/dynamic_bert.py --precision fp16 --rounds 3 --iters 30 --out "$OUT/dynamic_bert.json" \
+      2>&1 | tail -15 | tee "$OUT/dynamic_bert.txt"
     ;;
   kernels)
     timeout 75 python3 benchmarks/cuda_kernels.py --cases "" --pointwise efficientnet_b0:32,mobilenet_v3_large:32,resnet50:32 \
@@ -75,7 +90,7 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
     ;;
   zoo)
-    models=${ZOO_MODELS:-resnext50_32x4d,efficientnet_b0,resnet50,mobilenet_v3_large}
+    models=${ZOO_MODELS:-densenet121,vit_b_16,gpt2,swin_t,resnext50_32x4d,efficientnet_b0,resnet50,bert_base,mobilenet_v3_large,wav2vec2_base,llama_small}
     [ "$models" = all ] && models_arg="" || models_arg="--models $models"
     timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
@@ -86,5 +101,5 @@ EOF
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|deploy|dynamic|new|kernels|zoo|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|kernels|zoo|session)"; exit 2 ;;
 esac
