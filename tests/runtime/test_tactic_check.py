@@ -97,7 +97,7 @@ def test_the_models_cover_the_main_kernel_families(monkeypatch):
 
 
 #: the families that generate kernels (collectives and control flow launch others' kernels, selection only copies,
-#: conv_skinny's and pointwise_rows' kernels are gemm_skinny's and pointwise's, compiled as theirs)
+#: conv_skinny's, pointwise_rows' and pointwise_concat's kernels are gemm_skinny's and pointwise's, compiled as theirs)
 GENERATORS = [m for m in cuda_kernels.family_modules() if importlib.import_module(m).compile_variants()]
 
 
@@ -105,7 +105,7 @@ def test_the_generators_are_every_family_but_those_that_launch_others_kernels():
     assert sorted(set(cuda_kernels.family_modules()) - set(GENERATORS)) == [
         "polykit.kernels.cuda.conv.conv_skinny", "polykit.kernels.cuda.models.collective",
         "polykit.kernels.cuda.models.control_flow", "polykit.kernels.cuda.movement.selection",
-        "polykit.kernels.cuda.pointwise.pointwise_rows"]
+        "polykit.kernels.cuda.pointwise.pointwise_concat", "polykit.kernels.cuda.pointwise.pointwise_rows"]
 
 
 @pytest.mark.parametrize("module", GENERATORS)
