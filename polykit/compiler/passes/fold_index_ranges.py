@@ -385,7 +385,7 @@ def _and(graph: Graph, node: Node, truths: set[str]) -> bool:
     a, b = node.inputs
     out = node.outputs[0]
     for keep_, true in ((a, b), (b, a)):
-        if true not in truths or keep_ in truths and true == keep_:
+        if true not in truths:
             continue
         ks, ts, os_ = _shape(graph, keep_), _shape(graph, true), _shape(graph, out)
         if ks is None or ts is None or os_ is None or len(ks) != len(os_):
