@@ -11,7 +11,8 @@ then repeated to Hq = g Hkv heads, by form:
 
 K is scaled by a constant on its way (RoPE's place). Hq == Hkv repeats nothing. Masks: "causal" (an
 additive [S, S] constant: 0 on and below the diagonal, -1e4 above), "additive" (a random [B, 1, 1, S]
-input: padding), or none.
+input: padding), or none. `dynamic`: x is [B, S, E] with B and S named dims, every shape constant
+copies or infers them (0 / -1, the Expand's shape [1, 1, g, 1, 1] broadcasts), K is not scaled.
 """
 
 from __future__ import annotations
@@ -24,16 +25,21 @@ from tests.compiler.packed_qkv_models import add_mask, padding_mask
 FORMS = ("expand", "tile")
 
 
-def gqa_block(form: str, B: int, S: int, Hq: int, Hkv: int, D: int, mask: str | None = None, seed: int = 0):
+def gqa_block(form: str, B: int, S: int, Hq: int, Hkv: int, D: int, mask: str | None = None, seed: int = 0,
+              dynamic: bool = False):
     """The model: input x [B, S, Hq D] -> attention -> output y [B, S, Hq D]; input `m` [B, 1, 1, S]
     for mask "additive"."""
     E, g = Hq * D, Hq // Hkv
+    lead = (0, 0) if dynamic else (B, S)  # shape constants that copy (0) or infer (-1) the named dims
     rng = np.random.default_rng(seed)
     inits = {f"w{n}": (rng.standard_normal((E, h * D)) / np.sqrt(E)).astype(np.float32)
              for n, h in (("q", Hq), ("k", Hkv), ("v", Hkv))}
     inits["scale"] = np.array(D ** -0.5, np.float32)
-    inits["rope"] = (1.0 + 0.1 * rng.standard_normal((S, D))).astype(np.float32)
+    if not dynamic:
+        inits["rope"] = (1.0 + 0.1 * rng.standard_normal((S, D))).astype(np.float32)
     nodes = []
+    if dynamic:
+        B, S = "B", "S"
 
     def shape(name, dims):
         inits[name] = np.array(dims, np.int64)
@@ -41,20 +47,24 @@ def gqa_block(form: str, B: int, S: int, Hq: int, Hkv: int, D: int, mask: str | 
 
     for n, h in (("q", Hq), ("k", Hkv), ("v", Hkv)):
         nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}p"]),
-                  helper.make_node("Reshape", [f"{n}p", shape(f"{n}s4", [B, S, h, D])], [f"{n}4"]),
+                  helper.make_node("Reshape", [f"{n}p", shape(f"{n}s4", [*lead, h, D])], [f"{n}4"]),
                   helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=[0, 2, 1, 3])]
-    nodes.append(helper.make_node("Mul", ["kh", "rope"], ["kr"]))
-    heads = {"k": "kr", "v": "vh"}
+    if not dynamic:
+        nodes.append(helper.make_node("Mul", ["kh", "rope"], ["kr"]))
+    heads = {"k": "kh" if dynamic else "kr", "v": "vh"}
     if g > 1:
         axis = 1 if form == "interleaved" else 2
-        grown = [B, g, Hkv, S, D] if form == "interleaved" else [B, Hkv, g, S, D]
+        grown = [1, g, 1, 1, 1] if form == "interleaved" else [1, 1, g, 1, 1]
+        if not dynamic:
+            grown = [B, g, Hkv, S, D] if form == "interleaved" else [B, Hkv, g, S, D]
         for n, src in list(heads.items()):
             nodes.append(helper.make_node("Unsqueeze", [src, shape("axis", [axis])], [f"{n}u"]))
             if form == "tile":
                 nodes.append(helper.make_node("Tile", [f"{n}u", shape("reps", [1, 1, g, 1, 1])], [f"{n}x"]))
             else:
                 nodes.append(helper.make_node("Expand", [f"{n}u", shape("grown", grown)], [f"{n}x"]))
-            nodes.append(helper.make_node("Reshape", [f"{n}x", shape("merged", [B, Hq, S, D])], [f"{n}g"]))
+            nodes.append(helper.make_node("Reshape", [f"{n}x", shape("merged", [lead[0], Hq, -1 if dynamic else S, D])],
+                                          [f"{n}g"]))
             heads[n] = f"{n}g"
     nodes += [helper.make_node("Transpose", [heads["k"]], ["kt"], perm=[0, 1, 3, 2]),
               helper.make_node("MatMul", ["qh", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"])]
@@ -62,7 +72,7 @@ def gqa_block(form: str, B: int, S: int, Hq: int, Hkv: int, D: int, mask: str | 
     scores = add_mask(mask, "s1", B, S, nodes, inits, inputs)
     nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1), helper.make_node("MatMul", ["p", heads["v"]], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ot", shape("out", [B, S, E])], ["y"])]
+              helper.make_node("Reshape", ["ot", shape("out", [*lead, E])], ["y"])]
     graph = helper.make_graph(nodes, f"gqa_{form}", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, S, E])],
                               [numpy_helper.from_array(a, n) for n, a in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

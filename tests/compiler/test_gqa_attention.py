@@ -146,3 +146,29 @@ def test_kv_groups_that_do_not_fit_the_heads_are_a_plan_error_at_load():
         data = encode_plan(edited, bytes(blob), header["target"], header["gpu_arch"])
         with pytest.raises(PlanError, match=f"fails its op's shape rule: {match}"):
             Plan.deserialize(data, where="m.plan")
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("Hq,Hkv", [(12, 4), (8, 1)])
+def test_dynamic_batch_and_sequence_fold_too_and_run_at_every_shape(form, Hq, Hkv):
+    """B and S named dims (every shape constant 0 / -1): the heads and g are static, so the repeat
+    still folds; the plan runs at shapes across its profile."""
+    from polykit.compiler.plan.profiles import Profile
+
+    D = 64
+    model = gqa_block(form, 0, 0, Hq, Hkv, D, "additive", dynamic=True)
+    profile = Profile({"x": ((1, 1, Hq * D), (2, 64, Hq * D), (3, 80, Hq * D)),
+                       "m": ((1, 1, 1, 1), (2, 1, 1, 64), (3, 1, 1, 80))})
+    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[profile]))
+    assert not REPEAT & {layer.kind for layer in plan.layers}
+    (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    assert att.attrs["kv_groups"] == Hq // Hkv
+    from polykit.runtime.engine import Runtime
+
+    ctx = Runtime().deserialize_engine(plan).create_execution_context()
+    for B, S in ((1, 13), (3, 77)):
+        f = gqa_feeds(B, S, Hq, D, "additive")
+        np.testing.assert_allclose(ctx.execute(f)["y"], _ort(model, f), rtol=1e-5, atol=1e-5)
+    cuda = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, profiles=[profile]))
+    assert not REPEAT & {layer.kind for layer in cuda.layers}
+    assert [layer.tactic for layer in cuda.layers if layer.kind == "Attention"] == ["cuda.attention.flash"]

@@ -10,16 +10,18 @@ each key/value head g = Hq / Hkv times before the attention:
 HF's `repeat_kv` (`x[:, :, None].expand(..).reshape(..)`) exports the Expand, torch's
 `repeat_interleave` the Tile. Both place the g copies of head j at heads j g .. j g + g - 1, so
 query head h reads key/value head h // g: the Attention reads K and V as they were and records g.
-g comes from the static shapes (the one unit axis the Unsqueeze inserts right after the heads,
+g comes from the inferred shapes (the one unit axis the Unsqueeze inserts right after the heads,
 the one axis the Expand / Tile grows, the Reshape merging exactly those two), never from names;
-K and V must repeat by the same g. The repeat's nodes go when nothing else reads them.
+the heads and g must be static, batch and sequence dims may be dynamic (a dynamic dim matches only
+the same expression). K and V must repeat by the same g. The repeat's nodes go when nothing else
+reads it.
 """
 
 from __future__ import annotations
 
 from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ops.nn.fused import KV_GROUPS, LAYOUT_ATTRS, VIEW_ATTRS
-from polykit.compiler.passes.recognize_roll import static_shape
 from polykit.compiler.passes.rewrite import const
 
 REPEATS = ("Expand", "Tile")
@@ -37,6 +39,22 @@ def _unsqueeze_axis(graph: Graph, node: Node, rank: int) -> int | None:
     return axis + rank + 1 if axis < 0 else axis
 
 
+def _shape(graph: Graph, name: str) -> tuple | None:
+    """`name`'s inferred shape when every dim is known (an int, or a dynamic dim's SymInt)."""
+    shape = graph.value(name).shape
+    return None if shape is None or any(not isinstance(d, int) for d in shape) else tuple(shape)
+
+
+def _static(d) -> bool:
+    return isinstance(d, int) and not isinstance(d, SymInt)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Equal shapes: static dims equal, dynamic dims of the same expression."""
+    return len(a) == len(b) and all(x == y if _static(x) and _static(y) else
+                                    (not _static(x) and not _static(y) and x.expr == y.expr) for x, y in zip(a, b))
+
+
 def repeated_heads(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int, list[Node]] | None:
     """(the un-repeated tensor, g, the repeat's nodes from the Attention back) when `name` is a
     repeat of its heads (axis -3) as the module docstring shows, else None."""
@@ -50,18 +68,18 @@ def repeated_heads(graph: Graph, name: str, producers: dict[str, Node]) -> tuple
     if unsqueeze is None or unsqueeze.op_type != "Unsqueeze" or unsqueeze.domain:
         return None
     src = unsqueeze.input(0)
-    shapes = [static_shape(graph, t) for t in (src, unsqueeze.outputs[0], repeat.outputs[0], name)]
+    shapes = [_shape(graph, t) for t in (src, unsqueeze.outputs[0], repeat.outputs[0], name)]
     if any(s is None for s in shapes):
         return None
     kv, unit, grown, merged = shapes
     n = len(kv)
     a = _unsqueeze_axis(graph, unsqueeze, n)
-    if n < 3 or a != n - 2 or unit != kv[:a] + (1,) + kv[a:]:
-        return None  # the new axis must follow the heads (axis -3 of K)
+    if n < 3 or a != n - 2 or not _static(kv[a - 1]) or not _same(unit, kv[:a] + (1,) + kv[a:]):
+        return None  # the new axis must follow the (static) heads: axis -3 of K
     g = grown[a]
-    if g < 2 or grown != unit[:a] + (g,) + unit[a + 1:]:
+    if not _static(g) or g < 2 or not _same(grown, unit[:a] + (g,) + unit[a + 1:]):
         return None
-    if merged != kv[:a - 1] + (kv[a - 1] * g,) + kv[a:]:
+    if not _same(merged, kv[:a - 1] + (kv[a - 1] * g,) + kv[a:]):
         return None
     return src, g, [reshape, repeat, unsqueeze]
 
