@@ -67,16 +67,8 @@ def packed_block(form: str, B: int, S: int, H: int, D: int, mask: str | None = N
     else:
         raise ValueError(form)
     nodes += kt + [helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"])]
-    scores = "s1"
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [S, B, E] if form == "torchvision" else [B, S, E])]
-    if mask == "causal":
-        inits["causal"] = np.triu(np.full((S, S), -1e4, np.float32), 1)
-        nodes.append(helper.make_node("Add", ["s1", "causal"], ["s2"]))
-        scores = "s2"
-    elif mask == "additive":
-        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [B, 1, 1, S]))
-        nodes.append(helper.make_node("Add", ["s1", "m"], ["s2"]))
-        scores = "s2"
+    scores = add_mask(mask, "s1", B, S, nodes, inits, inputs)
     nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
     if form == "torchvision":  # [B, H, S, D] -> [S, B, H, D] -> [S, B, E]
         nodes += [helper.make_node("Transpose", ["o"], ["ot"], perm=[2, 0, 1, 3]),
@@ -91,12 +83,29 @@ def packed_block(form: str, B: int, S: int, H: int, D: int, mask: str | None = N
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def add_mask(mask: str | None, scores: str, B: int, S: int, nodes: list, inits: dict, inputs: list) -> str:
+    """Add mask "causal" (a constant) or "additive" (input `m`) to `scores`; the masked scores' name."""
+    if mask == "causal":
+        inits["causal"] = np.triu(np.full((S, S), -1e4, np.float32), 1)
+    elif mask == "additive":
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [B, 1, 1, S]))
+    else:
+        return scores
+    nodes.append(helper.make_node("Add", [scores, "causal" if mask == "causal" else "m"], [f"{scores}_masked"]))
+    return f"{scores}_masked"
+
+
+def padding_mask(rng: np.random.Generator, B: int, S: int) -> np.ndarray:
+    """A random additive [B, 1, 1, S] padding mask (0 or -1e4) that keeps key 0 of every row."""
+    m = np.where(rng.random((B, 1, 1, S)) > 0.25, 0.0, -1e4).astype(np.float32)
+    m[..., 0] = 0.0
+    return m
+
+
 def feeds(form: str, B: int, S: int, H: int, D: int, mask: str | None = None, seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     E = H * D
     out = {"x": rng.standard_normal((S, B, E) if form == "torchvision" else (B, S, E)).astype(np.float32)}
     if mask == "additive":
-        m = np.where(rng.random((B, 1, 1, S)) > 0.25, 0.0, -1e4).astype(np.float32)
-        m[..., 0] = 0.0  # every row keeps a key
-        out["m"] = m
+        out["m"] = padding_mask(rng, B, S)
     return out

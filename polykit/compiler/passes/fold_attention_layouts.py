@@ -1,6 +1,9 @@
 """fold_attention_layouts: let ai.polykit Attention read and write [B, S, H, D] directly, and
 read Q, K and V as strided views of the tensor they were selected from.
 
+First, K and V whose heads an exporter repeated for grouped-query attention (Unsqueeze -> Expand
+or Tile -> Reshape) are read un-repeated with `kv_groups` (fold_kv_repeat.py).
+
 A Transpose(perm [0, 2, 1, 3]) that feeds Q, K or V of an Attention (rank 4) is absorbed:
 the Attention reads the Transpose's input and records that layout (`q_layout` / `k_layout` /
 `v_layout` = "bshd"). An Attention output read by exactly one such Transpose (and by nothing
@@ -29,6 +32,7 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.fused import VIEW_ATTRS, OperandView, dense_strides
 from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, copy_spec
 from polykit.compiler.passes.cancel_transposes import perm_of
+from polykit.compiler.passes.fold_kv_repeat import fold_kv_repeat
 from polykit.compiler.passes.fuse_movement import VIEW_OPS, selection
 from polykit.compiler.passes.recognize_roll import slice_axes, static_shape
 from polykit.compiler.passes.rewrite import const, protected
@@ -45,6 +49,7 @@ def fold_attention_layouts(graph: Graph, *, keep: frozenset[str] = frozenset()) 
     for node in graph.nodes:
         if node.op_type != "Attention" or node.domain != POLYKIT_DOMAIN:
             continue
+        changed |= fold_kv_repeat(graph, node, producers, readers, fixed)
         for i, attr in enumerate(INPUT_LAYOUTS):
             if node.attrs.get(attr, "bhsd") != "bhsd":
                 continue

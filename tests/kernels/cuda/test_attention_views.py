@@ -170,14 +170,17 @@ def check(layer, inputs, tactic, dtype, tol):
     assert err <= tol, f"relative error {err:.3g}"
 
 
+def mask_input(mask, B, S, dtype):
+    """A causal bool keep-mask [S, S], an additive padding mask [B, 1, 1, S] or None."""
+    if mask == "causal":
+        return np.tril(np.ones((S, S), bool))
+    return (rng.standard_normal((B, 1, 1, S)) * 2).astype(dtype) if mask == "additive" else None
+
+
 def _case(form, B, S, H, D, dtype, mask):
     shape, views = packed_views(form, B, S, H, D)
     inputs = {"QKV": rand(shape, dtype)}
-    m = None
-    if mask == "causal":
-        m = np.tril(np.ones((S, S), bool))
-    elif mask == "additive":
-        m = (rng.standard_normal((B, 1, 1, S)) * 2).astype(dtype)
+    m = mask_input(mask, B, S, dtype)
     if m is not None:
         inputs["mask"] = m
     return view_layer(shape, views, dtype, (B, H, S, D), mask=m, scale=D ** -0.5), inputs

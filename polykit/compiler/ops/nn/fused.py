@@ -203,6 +203,8 @@ ATTENTION_LAYOUTS = ("bhsd", "bshd")
 LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 #: Q, K, V read through an explicit element-stride view of their stored tensor (docs/FUSION.md)
 VIEW_ATTRS = ("q_view", "k_view", "v_view")
+#: grouped-query heads: K and V hold H / g heads, query head h reads key/value head h // g (axis -3)
+KV_GROUPS = "kv_groups"
 
 
 class ViewError(ValueError):
@@ -283,6 +285,29 @@ def operand_view(attrs, i: int, stored_shape) -> OperandView | None:
     return OperandView(0, stored, dense_strides(stored))
 
 
+def kv_groups(attrs) -> int:
+    """An Attention's `kv_groups` g (1: K and V have Q's heads); ViewError when it is no integer >= 1."""
+    g = attrs.get(KV_GROUPS, 1)
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
+        raise ViewError(f"{KV_GROUPS} {g!r} is no integer >= 1")
+    return int(g)
+
+
+def grouped_heads(q, k, v, g: int):
+    """K's and V's logical shapes with their heads (axis -3) repeated g times, as Q reads them;
+    ViewError when Q's heads are not g times theirs (static dims) or a rank is below 3."""
+    if g == 1:
+        return k, v
+    if min(len(q), len(k), len(v)) < 3:
+        raise ViewError(f"{KV_GROUPS} {g} needs Q, K and V of rank >= 3 (heads on axis -3), got ranks "
+                        f"{len(q)}, {len(k)}, {len(v)}")
+    hq = q[-3]
+    for name, x in (("K", k), ("V", v)):
+        if isinstance(hq, int) and isinstance(x[-3], int) and hq != g * x[-3]:
+            raise ViewError(f"Q has {hq} heads, {name} {x[-3]}: with {KV_GROUPS} {g} Q needs {g} x {name}'s heads")
+    return tuple(k[:-3]) + (hq,) + tuple(k[-2:]), tuple(v[:-3]) + (hq,) + tuple(v[-2:])
+
+
 def attention_view(shape, layout: str, ctx: InferContext | None = None):
     """The [..., S, D] shape Attention computes on, for a tensor stored in `layout`."""
     if layout not in ATTENTION_LAYOUTS:
@@ -317,6 +342,11 @@ def _attention(ctx: InferContext):
         return [(ctx.dtype(0), None)]
     if min(len(q), len(k), len(v)) < 2:
         raise ctx.fail(f"Q, K, V must be at least 2-D, got ranks {len(q)}, {len(k)}, {len(v)}")
+    try:
+        k, v = grouped_heads(q, k, v, kv_groups(ctx.node.attrs))
+    except ViewError as exc:
+        raise ctx.fail(str(exc), hint="fold_attention_layouts sets kv_groups from the heads it un-repeats; "
+                                      "rebuild the plan (or fix the edited attribute)") from None
     dq, dk = q[-1], k[-1]
     if isinstance(dq, int) and isinstance(dk, int) and dq != dk:
         raise ctx.fail(f"Q and K head sizes differ ({dq} vs {dk})", hint="K is [..., Skv, D], not transposed")

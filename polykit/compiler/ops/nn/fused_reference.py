@@ -15,7 +15,7 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.concat_operands import concat_operands
 from polykit.compiler.ops.nn.fused import (EPILOGUE_ARITY, LAYOUT_ATTRS, POLYKIT_BASES, VIEW_ATTRS, base_node,
-                                          operand_view, step_node)
+                                          kv_groups, operand_view, step_node)
 from polykit.compiler.ops.references import reference, run_reference
 
 
@@ -62,8 +62,12 @@ reference(*(op for op in EPILOGUE_ARITY if op not in POLYKIT_BASES), domain=POLY
 def attention(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """softmax(Q @ K^T * scale + mask) @ V, softmax over the last axis; tensors stored "bshd"
     (attrs q_layout / k_layout / v_layout / out_layout) are read and written as [B, S, H, D];
-    Q, K, V with a view (q_view / k_view / v_view) are read through its offset and strides."""
+    Q, K, V with a view (q_view / k_view / v_view) are read through its offset and strides; with
+    kv_groups g, K and V hold H / g heads (axis -3) and query head h reads key/value head h // g."""
     q, k, v = (_operand(node, i, x) for i, x in enumerate(inputs[:3]))
+    g = kv_groups(node.attrs)
+    if g > 1:
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
     mask = inputs[3] if len(inputs) > 3 else None
     scale = float(node.attrs.get("scale", 1.0 / np.sqrt(q.shape[-1])))
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)

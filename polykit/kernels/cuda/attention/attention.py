@@ -4,6 +4,9 @@ float32/float16 with head sizes D, Dv <= 128 run `attention_tiled_*` (K/V tiles 
 memory shared by 16 query rows, online softmax); float64 and wider heads run the simple
 kernel (one block per query row, two-pass softmax). Both are exact up to rounding and
 deterministic, and agree on rows whose softmax is undefined (NaN, or 0 with nan_probs_to_zero).
+Grouped-query heads (`kv_groups` g) need no kernel of their own: the heads of Q, the mask and the
+output are iterated as (H / g, g) and those of K and V as (H / g, 1), so each query head reads
+key/value head h // g through the batch strides the kernels already take.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.nn.fused import LAYOUT_ATTRS, VIEW_ATTRS, OperandView, dense_strides, operand_view
+from polykit.compiler.ops.nn.fused import (LAYOUT_ATTRS, VIEW_ATTRS, OperandView, ViewError, dense_strides, kv_groups,
+                                          operand_view)
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
 from polykit.kernels.cuda.launch_geometry import broadcast_geometry
@@ -67,7 +71,7 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     rank = len(y.shape)
     mshape = (1,) * (rank - len(mask.shape)) + tuple(mask.shape) if mask is not None else (1,) * rank
     batches = [tuple(t.shape[:-2]) for t in (q, k, v)] + [mshape[:-2], tuple(y.shape[:-2])]
-    nb, dims, strides, _ = broadcast_geometry(batches, 1)
+    nb, dims, strides, _ = broadcast_geometry(grouped_batches(batches, _groups(layer, where)), 1)
     if len(dims) > MAXR:
         raise DeviceError(f"{len(dims)} batch dims exceed {MAXR}", where=where, hint="use --target cpu")
     units = [S * D, Skv * D, Skv * Dv, mshape[-2] * mshape[-1]]
@@ -87,6 +91,27 @@ def enqueue_attention(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     block = 128 if max(Skv, Dv) > 64 else 64
     launcher.launch(KernelSource(f"attention_{code}", FILE), (min(nb * S, 1 << 20), 1, 1), (block, 1, 1), args,
                     shared_mem=(8 if wide else 4) * (D + Skv))
+
+
+def _groups(layer, where: str) -> int:
+    try:
+        return kv_groups(layer.attrs)
+    except ViewError as exc:
+        raise DeviceError(str(exc), where=where, hint="rebuild the plan") from None
+
+
+def grouped_batches(batches: list[tuple[int, ...]], g: int) -> list[tuple[int, ...]]:
+    """The batch dims of Q, K, V, mask and output with the head axis (the last) split as (H / g, g)
+    for Q, the mask and the output and (H / g, 1) for K and V: a broadcast in which query head h
+    meets key/value head h // g (unchanged for g = 1)."""
+    if g == 1:
+        return batches
+    out = []
+    for i, batch in enumerate(batches):
+        h = batch[-1]
+        split = (h, 1) if i in (1, 2) or h == 1 else (h // g, g)
+        out.append(tuple(batch[:-1]) + split)
+    return out
 
 
 def _views(layer, tensors) -> list[tuple[int, OperandView]]:

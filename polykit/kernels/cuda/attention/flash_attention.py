@@ -11,6 +11,8 @@ serves every view), so inputs and outputs may also be laid out [B, S, H, D] (the
 one packed projection (`q_view` / `k_view` / `v_view`), both set by the fold_attention_layouts
 pass: the head transposes and q, k, v copies around attention disappear. A view whose offset or
 strides are not whole 16 bytes (the cp.async row loads) is refused (cuda.attention.simple runs it).
+Grouped- and multi-query heads (`kv_groups` g: K and V hold H / g heads) are a kernel argument:
+query head h reads key/value head h / g, so one compiled kernel serves every g.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ops.nn.fused import ViewError, operand_view
+from polykit.compiler.ops.nn.fused import ViewError, kv_groups, operand_view
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 
@@ -91,6 +93,10 @@ def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
     D = q[3]
     if D not in heads or k[3] != D or v[3] != D or k[2] != v[2]:
         return None
+    g = _groups(layer.attrs)
+    if g is None or (g > 1 and (k[1] * g != q[1] or v[1] * g != q[1])):
+        return None
+    k, v = ((x[0], q[1] if g > 1 else x[1]) for x in (k, v))  # the heads each query head reads
     for x in (k, v):
         if any(a != c and a != 1 for a, c in zip(x[:2], q[:2])) and any(a != c and c != 1 for a, c in zip(x[:2], q[:2])):
             return None
@@ -100,6 +106,13 @@ def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
         if ms is None or ms[3] not in (0, 1) or dtypes[3] not in (dtypes[0], "bool"):
             return None
     return dtypes[0], D
+
+
+def _groups(attrs: Mapping[str, Any]) -> int | None:
+    try:
+        return kv_groups(attrs)
+    except ViewError:
+        return None
 
 
 def _supports(layer: Any) -> bool:
@@ -124,7 +137,7 @@ def _kernels(layer: Any) -> list[KernelSource]:
 class FlashLaunch:
     """What every flash kernel takes for one layer: grid, head size and the argument list
     (Q, K, V, O, mask, S, Skv, (batch, head, seq) strides of Q, K, V, O, mask strides, scale,
-    mask kind, nan_probs_to_zero)."""
+    mask kind, nan_probs_to_zero, kv_groups)."""
 
     grid: tuple[int, int, int]
     head: int
@@ -143,6 +156,10 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch
         raise DeviceError("the layer's Q, K, V or output is no rank 3 or 4 view of its tensor",
                           where=f"layer {layer.name!r}", hint="rebuild the plan")
     (B, H, S, D), kshape, oshape = views[0].shape, views[1].shape, views[3].shape
+    g = _groups(layer.attrs)
+    if g is None or (g > 1 and kshape[1] * g != H):
+        raise DeviceError(f"kv_groups {layer.attrs.get('kv_groups')!r} does not map Q's {H} heads onto K's {kshape[1]}",
+                          where=f"layer {layer.name!r}", hint="rebuild the plan")
     B, H = max(B, kshape[0], oshape[0]), max(H, kshape[1], oshape[1])
     Skv = kshape[2]
     if ts[3].size == 0:
@@ -155,7 +172,7 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch
         kind = 2 if mask.dtype == np.bool_ else 1
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
     args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms,
-            np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))))
+            np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))), np.int32(g))
     return FlashLaunch((-(-S // BQ), H, B), D, args, tuple(views))
 
 

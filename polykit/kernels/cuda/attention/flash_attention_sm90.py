@@ -6,7 +6,7 @@ warpgroups (CONSUMERS); both measured slower than this shape on every shape trie
 
 They take the layers `cuda.attention.flash` takes of head size 64 or 128 (flash_attention.flash_geometry:
 float16 / bfloat16, [B, H, S, D] or [B, S, H, D] layouts or strided views, broadcast batch / head
-dims, an additive or bool mask, which is also how a causal layer arrives) and run them with
+dims, grouped-query heads, an additive or bool mask, which is also how a causal layer arrives) and run them with
 wgmma: Q, K and V come through TMA tensor maps (rank 4, one 64-element box of d by the tile's
 rows, the view's strides as the map's), so each must start 16-byte aligned, and a view whose dims
 do not nest in stride order (tma_layout) is left to the mma.sync kernel; the builder times them
@@ -132,7 +132,8 @@ def _enqueue(shape: Sm90Flash):
             spec, bits = tensor_map(run.args[i], run.views[i], rows)
             maps.append(spec)
             geo |= bits << (3 * i)
-        # flash_launch's arguments: Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, 4 mask strides, scale, kind, nan
+        # flash_launch's arguments: Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, 4 mask strides, scale, kind, nan,
+        # kv_groups
         q, k, v, o, mask, S, Skv = run.args[:7]
         rest = run.args[7 + 3 * 3:]  # O's strides onwards
         _, H, B = run.grid

@@ -5,7 +5,8 @@
 // Q, K, V, O are addressed as [b][h][s][d] through element strides (sb, sh, ss) per tensor, d
 // contiguous: [B, H, S, D] and [B, S, H, D] (heads not yet transposed) are both direct reads, and
 // so are strided views of a packed projection (the pointer at the view's first element, a row
-// stride of 3 H D); stride 0 broadcasts. Head size HD (a multiple of 32 up to 256, a define) for Q, K and V. Any S and
+// stride of 3 H D); stride 0 broadcasts. Grouped-query heads: query head h reads key/value head
+// h / kv_groups (kv_groups 1: the same head; H / Hkv when K and V hold Hkv heads). Head size HD (a multiple of 32 up to 256, a define) for Q, K and V. Any S and
 // Skv: rows past them load as zeros, keys past Skv are masked off, rows past S are not stored. The mask (optional)
 // is [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM, added to the
 // scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score
@@ -86,7 +87,8 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base,
 extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const ELEM* __restrict__ Q, const ELEM* __restrict__ K, const ELEM* __restrict__ V, ELEM* __restrict__ O,
     const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
-    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero) {
+    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
+    int kv_groups) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 2;   // 2 buffers
@@ -94,8 +96,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const ELEM* q = Q + b * qb + h * qh;
-  const ELEM* k = K + b * kb + h * kh;
-  const ELEM* v = V + b * vb + h * vh;
+  const int hkv = h / kv_groups;
+  const ELEM* k = K + b * kb + hkv * kh;
+  const ELEM* v = V + b * vb + hkv * vh;
   const int tiles = (Skv + BKV - 1) / BKV;
 
   load_tile<BQ>(sQ, q, qs, q0, S);

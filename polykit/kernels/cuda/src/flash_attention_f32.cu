@@ -7,7 +7,8 @@
 // that the CUDA cores add to the running scores / outputs with round-to-nearest.
 //
 // Addressing as flash_attention.cu: Q, K, V, O are [b][h][s][d] through element strides (sb, sh,
-// ss), d contiguous ([B, H, S, D] and [B, S, H, D] alike; stride 0 broadcasts), head size HD
+// ss), d contiguous ([B, H, S, D] and [B, S, H, D] alike; stride 0 broadcasts; query head h reads
+// key/value head h / kv_groups), head size HD
 // (64 or 128) for Q, K and V, every row 16-byte aligned; the optional mask [b][h][q][k] through
 // strides (mb, mh, mq, mk), kind 1 additive float, 2 bool keep-mask (flash_common.cuh).
 //
@@ -89,15 +90,17 @@ __device__ __forceinline__ float at(const float4& v, int i) { return i == 0 ? v.
 extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
     const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V, float* __restrict__ O,
     const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
-    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero) {
+    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
+    int kv_groups) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 4;  // 2 buffers
   unsigned char* sV = sK + 2 * TILE;  // 2 buffers
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const float* k = K + b * kb + h * kh;
-  const float* v = V + b * vb + h * vh;
+  const int hkv = h / kv_groups;
+  const float* k = K + b * kb + hkv * kh;
+  const float* v = V + b * vb + hkv * vh;
   const int tiles = (Skv + BKV - 1) / BKV;
   const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
 

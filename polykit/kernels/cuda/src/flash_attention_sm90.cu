@@ -9,7 +9,8 @@
 // 1 << 3x its head stride is below its seq stride ([B, S, H, D], or a view of a packed projection:
 // map dims d, h, s, b; else d, s, h, b; the map's strides are the view's), 2 << 3x its batch
 // dim is 1 (coordinate 0: broadcast), 4 << 3x its head dim is 1. A box is 64 d (128 bytes) by
-// the tile's rows; rows past the sequence are zero-filled by the copy engine. O is written from
+// the tile's rows; rows past the sequence are zero-filled by the copy engine. Query head h loads
+// key/value head h / kv_groups (grouped-query heads; 1 otherwise). O is written from
 // registers through element strides (ob, oh, os), d contiguous. The mask (optional) is
 // [b][h][q][k] through strides (mb, mh, mq, mk): mask_kind 1 additive (ELEM), 2 bool keep-mask
 // (0 -> -inf); a causal layer arrives as such a keep-mask. A row whose softmax is undefined
@@ -100,7 +101,7 @@ __device__ __forceinline__ void pack_probs(const float (&s)[BKV / 8][4], u32 (&p
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v,
     ELEM* __restrict__ O, const void* __restrict__ mask, int S, int Skv, i64 ob, i64 oh, i64 os, i64 mb, i64 mh,
-    i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int geo) {
+    i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int kv_groups, int geo) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sQ = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
   unsigned char* sK = sQ + Q_BYTES;       // 2 stages
@@ -132,8 +133,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
       const int stage = t & 1;
       bar_wait(&empty[stage], ((t >> 1) & 1) ^ 1);
       bar_expect_tx(&full[stage], 2 * KV_BYTES);
-      load_rows(sK + stage * KV_BYTES, &tm_k, &full[stage], geo >> 3, BKV, t * BKV, h, b);
-      load_rows(sV + stage * KV_BYTES, &tm_v, &full[stage], geo >> 6, BKV, t * BKV, h, b);
+      load_rows(sK + stage * KV_BYTES, &tm_k, &full[stage], geo >> 3, BKV, t * BKV, h / kv_groups, b);
+      load_rows(sV + stage * KV_BYTES, &tm_v, &full[stage], geo >> 6, BKV, t * BKV, h / kv_groups, b);
     }
     return;
   }
