@@ -6,8 +6,9 @@ polykit.compiler.ops.nn.view_operands): per logical dim a cyclic shift, then a s
 with their element strides, plus a base offset. That covers transposes, windows, a
 reshape-transpose-reshape (Swin's window merge) and rolls (its shifted merge; LLaMA's
 rotate_half). The copy may sit behind Reshape-family views (Reshape, Flatten, Squeeze,
-Unsqueeze: the reader's view takes their shape), and a reader may already read it through a
-view (rotate_half's roll of RoPE's transposed query: the views compose).
+Unsqueeze: the reader's view takes their shape) and before them (the readers read the tensor
+above them: the same elements), and a reader may already read it through a view
+(rotate_half's roll of RoPE's transposed query: the views compose).
 
 The view of each read is found by running the copy's reference on the element indices of its
 source and fitting a view to the result (view_operands.fit_view, checked element by element),
@@ -73,6 +74,7 @@ def _absorb(graph: Graph, node: Node, fixed: set[str]) -> bool:
     reads = _reads(graph, out, readers, fixed)
     if reads is None:
         return False
+    src = _above_reshapes(graph, src)
     (index,) = run_reference(node, [np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(in_shape)])
     index = np.asarray(index)
     plans: dict[int, tuple[Node, list[str], list[dict]]] = {}
@@ -87,6 +89,16 @@ def _absorb(graph: Graph, node: Node, fixed: set[str]) -> bool:
         target.inputs, target.attrs["view"] = inputs, views
     graph.remove_nodes([node, *_reshapes_between(graph, out, readers)])
     return True
+
+
+def _above_reshapes(graph: Graph, name: str) -> str:
+    """The tensor above the Reshape-family views that give `name` (the same elements, row-major):
+    the readers read it, so a view of a graph input or of a weight needs no copy of it."""
+    producers = graph.producers()
+    while (p := producers.get(name)) is not None and p.domain == "" and p.op_type in RESHAPES and p.inputs[0] \
+            and _static(graph, p.inputs[0]) is not None:
+        name = p.inputs[0]
+    return name
 
 
 def _reads(graph: Graph, name: str, readers: dict[str, list[Node]], fixed: set[str]) -> list[tuple[Node, str]] | None:
