@@ -45,11 +45,11 @@ def absorb_views(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Make every Transpose / PermutedCopy read only by elementwise layers a view of theirs; True if any."""
     fixed = protected(graph, keep) | read_in_bodies(graph)
     changed = False
-    while True:  # later copies first: a roll of a transposed value goes before the transpose
-        done = next((n for n in reversed(graph.nodes) if _absorb(graph, n, fixed)), None)
-        if done is None:
-            return changed
-        changed = True
+    # later copies first: a roll of a transposed value goes before the transpose (whether a copy
+    # goes depends only on its readers, which come after it; a copy drops only nodes after it)
+    for node in reversed(list(graph.nodes)):
+        changed |= _absorb(graph, node, fixed)
+    return changed
 
 
 def _static(graph: Graph, name: str) -> tuple[int, ...] | None:
