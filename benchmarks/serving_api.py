@@ -15,7 +15,12 @@ Run on a GPU machine with torch, torchvision and transformers installed:
 2. ResNet-50 bs1 fp16 built with --input-io-formats fp16:chw --output-io-formats fp16:chw: the
    layers at its edges must have no Cast, and its outputs must match the fp32-I/O plan's within
    fp16 tolerance.
-3. NVTX: run `nsys profile --trace=cuda,nvtx -o serving python3 -m polykit.tools.cli.app bench
+3. What the GPU ran per enqueue in each mode (`trace`): torch.profiler's CUPTI activity trace of
+   `--trace-runs` enqueues (polykit's launches go through the driver, which CUPTI sees like torch's
+   own): kernels, and memcpy / memset operations by direction. In place must show no device-to-device
+   copy; the copies mode shows the input and output copies it saves. A trace that saw no kernel at all
+   is reported as such (CUPTI did not see the driver's launches), never as "no copies".
+4. NVTX: run `nsys profile --trace=cuda,nvtx -o serving python3 -m polykit.tools.cli.app bench
    MODEL.onnx --fp16 --profiling-verbosity detailed --no-cuda-graph --iterations 3 --duration 0`
    and look for ranges named "<layer> [<kind>: <tactic>]" (`nsys stats --report nvtx_sum`).
 """
@@ -72,13 +77,37 @@ def in_place_vs_copies(name: str, batch: int, args, torch) -> dict:
         for mode, b in bound.items():
             samples[mode].append(time_cuda(b.run, torch, args.warmup, args.iters))
     host = {mode: host_us(b.run, torch) for mode, b in bound.items()}
+    traced = {mode: trace(b.run, torch, args.trace_runs) for mode, b in bound.items()} if args.trace_runs else {}
     for b in bound.values():
         b.close()
     ms = {mode: statistics.median(v) for mode, v in samples.items()}
     return {"model": name, "batch": batch, "precision": "fp16", "copies_ms": round(ms["copies"], 4),
             "in_place_ms": round(ms["in_place"], 4), "speedup_pct": round(100 * (ms["copies"] / ms["in_place"] - 1), 2),
             "copies_host_us": host["copies"], "in_place_host_us": host["in_place"],
-            "bit_identical": identical}
+            "bit_identical": identical, "trace_per_enqueue": traced}
+
+
+def trace(run, torch, runs: int) -> dict:
+    """GPU operations per enqueue from a CUPTI activity trace of `runs` enqueues: kernels and each
+    kind of memcpy / memset (torch.profiler's names, e.g. "Memcpy DtoD (Device -> Device)")."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+    counts: dict[str, float] = {}
+    for event in prof.events():
+        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            name = event.name
+            kind = name if name.startswith(("Memcpy", "Memset")) else "kernels"
+            counts[kind] = counts.get(kind, 0) + 1
+    per = {k: round(v / runs, 2) for k, v in sorted(counts.items())}
+    if not per.get("kernels"):
+        per["note"] = "the trace saw no kernel: CUPTI did not record the driver's launches here"
+    return per
 
 
 def fp16_io(args, torch) -> dict:
@@ -117,6 +146,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--trace-runs", type=int, default=10, help="enqueues in the CUPTI trace per mode (0: none)")
     parser.add_argument("--out", default="serving_api.json")
     args = parser.parse_args()
     rows = [in_place_vs_copies(n, int(b), args, torch) for n, b in (c.split(":") for c in args.cases.split(","))]
@@ -124,6 +154,8 @@ def main() -> None:
         print(f"{row['model']:10} bs{row['batch']:<3} fp16  copies {row['copies_ms']:8.3f} ms  in place "
               f"{row['in_place_ms']:8.3f} ms  {row['speedup_pct']:+6.2f} %  bit-identical {row['bit_identical']}  "
               f"host us per enqueue: copies {row['copies_host_us']}, in place {row['in_place_host_us']}")
+        for mode, ops in row["trace_per_enqueue"].items():
+            print(f"    GPU operations per enqueue, {mode}: {ops}")
     io = fp16_io(args, torch)
     print(f"resnet50 bs1 fp16 I/O: edge layers {io['edge_layer_kinds']['fp16']}, Cast at edges {io['cast_at_fp16_edges']}, "
           f"max |diff| vs fp32 I/O {io['max_abs_diff']:.4g} (within fp16 tolerance: {io['within_fp16_tolerance']})")

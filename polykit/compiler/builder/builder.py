@@ -164,6 +164,17 @@ class Builder:
         return Front(target, g, lowered, tensors, profiles, marked, observed, sequence_io, distributed)
 
 
+def live_layers(layers: list[LayerDesc], outputs: Sequence[str]) -> list[LayerDesc]:
+    """`layers` without those whose outputs nothing reads: once the shape layers the engine computes
+    on the host are gone, what only they read (an index arithmetic whose Shape alone is used) goes too."""
+    live, kept = set(outputs), []
+    for layer in reversed(layers):
+        if any(o in live for o in layer.outputs if o):
+            kept.append(layer)
+            live.update(n for n in layer.inputs if n)
+    return kept[::-1]
+
+
 def build_plan(model: Any, config: BuilderConfig | None = None) -> Plan:
     """Build a Plan from a model path, an onnx.ModelProto or a polykit Graph."""
     if isinstance(model, Graph):
@@ -356,7 +367,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
         build_bodies(optimized, cfg, target)
         lowered = lower(optimized)
         if host:  # shape tensors the engine writes: their layers, and weights only they read, go
-            lowered.layers = [l for l in lowered.layers if not all(o in host for o in l.outputs if o)]
+            lowered.layers = live_layers([l for l in lowered.layers if not all(o in host for o in l.outputs if o)],
+                                         optimized.outputs)
             read = {n for l in lowered.layers for n in l.inputs} | set(optimized.outputs)
             lowered.weights = {n: w for n, w in lowered.weights.items() if n in read}
         tensors = describe_tensors(optimized, lowered, corners, host, known,

@@ -22,6 +22,7 @@ from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_chann
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
 from polykit.compiler.passes.fold_constants import fold_constants
+from polykit.compiler.passes.fold_index_ranges import fold_index_ranges
 from polykit.compiler.passes.fold_attention_layouts import fold_attention_layouts
 from polykit.compiler.passes.fold_conv_batchnorm import fold_conv_batchnorm
 from polykit.compiler.passes.fold_qdq import fold_qdq
@@ -52,7 +53,7 @@ __all__ = [
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
-    "merge_duplicates", "move_row_transposes", "absorb_concat", "absorb_views",
+    "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -146,8 +147,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if io_formats:
         run_passes(g, [functools.partial(apply_io_formats, formats=dict(io_formats))], check)
     bind = functools.partial
-    cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(merge_duplicates, keep=kept),
-                           bind(eliminate_dead_code, keep=kept)]
+    cleanup: list[Pass] = [bind(remove_identity, keep=kept), bind(fold_index_ranges, keep=kept),
+                           bind(merge_duplicates, keep=kept), bind(eliminate_dead_code, keep=kept)]
     if fold:
         cleanup[:0] = [bind(fold_constants, keep=kept), inline_constant_if, unroll_loops]
     unfolded = tuple(int8_unfolded)
