@@ -61,7 +61,7 @@ def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
     writes (its inputs, weights included, and its outputs, each once; views cost nothing; a gather's,
     slice's or PermutedCopy's data input at most as much as it writes, an Attention's strided view of
-    a packed Q, K or V only its view), in MB.
+    a packed Q, K or V only its view, a Pointwise view operand only its view), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
@@ -77,6 +77,12 @@ def traffic(plan) -> dict:
             if raw is not None and i < len(layer.inputs) and layer.inputs[i] in plan.tensors:
                 rank = (len(raw) - 1) // 2
                 view_bytes = math.prod(raw[1:1 + rank]) * plan.tensors[layer.inputs[i]].np_dtype.itemsize
+                sizes[i] = min(sizes[i], view_bytes)
+        for entry in layer.attrs.get("view") or () if layer.kind == "Pointwise" else ():
+            i = entry["input"]  # a Pointwise view operand (pass absorb_views): it reads its view
+            if i < len(layer.inputs) and layer.inputs[i] in plan.tensors:
+                view_bytes = math.prod(math.prod(p[0] for p in d["pieces"]) for d in entry["dims"]) \
+                    * plan.tensors[layer.inputs[i]].np_dtype.itemsize
                 sizes[i] = min(sizes[i], view_bytes)
         by_kind[layer.kind] += sum(sizes) / 1e6
     total = sum(by_kind.values()) or 1.0

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.absorb_concat import absorb_concat
+from polykit.compiler.passes.absorb_views import absorb_views
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -52,7 +53,7 @@ __all__ = [
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
-    "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat",
+    "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -184,5 +185,6 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
         run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
-                       bind(absorb_concat, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
+                       bind(absorb_concat, keep=kept), bind(absorb_views, keep=kept),
+                       bind(eliminate_dead_code, keep=kept)], check)
     return g

@@ -33,7 +33,7 @@ def is_pointwise(node: Node) -> bool:
 def absorb_concat(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Absorb every Concat whose readers are all Pointwise nodes into them; True if any."""
     fixed = protected(graph, keep)
-    captured = _read_in_bodies(graph)
+    captured = read_in_bodies(graph)
     flattened = _flatten_nested(graph, fixed, captured)
     readers = graph.consumers()
     dead: list[Node] = []
@@ -121,12 +121,12 @@ def _take_sources(graph: Graph, reader: Node, concat: Node) -> None:
     reader.attrs["concat"] = entries
 
 
-def _read_in_bodies(graph: Graph) -> set[str]:
+def read_in_bodies(graph: Graph) -> set[str]:
     """Every name read by a node inside an If/Loop/Scan body (outer values they capture)."""
     names: set[str] = set()
     for node in graph.nodes:
         for _, body in subgraphs(node):
             for inner in body.nodes:
                 names.update(n for n in inner.inputs if n)
-            names |= _read_in_bodies(body)
+            names |= read_in_bodies(body)
     return names

@@ -4,7 +4,8 @@ elements, and iteration spaces with size-1 dims dropped and contiguous neighbour
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -57,3 +58,82 @@ def broadcast_geometry(shapes: Sequence[tuple[int, ...]], n_out: int):
 
 def grid_for(n: int, per_thread: int = 1) -> tuple[int, int, int]:
     return (max(1, min(-(-n // (BLOCK * per_thread)), 65535 * 16)), 1, 1)
+
+
+def _dense(padded: Sequence[int]) -> list[int]:
+    st, acc = [0] * len(padded), 1
+    for k in range(len(padded) - 1, -1, -1):
+        st[k] = 0 if padded[k] == 1 else acc
+        acc *= padded[k]
+    return st
+
+
+def _factors(extent: int, sizes: list[list[int]]) -> list[int]:
+    """The common refinement (outer first) of one dim's piece splits (each a list of sizes,
+    outer first); ValueError when they do not nest."""
+    cuts = sorted({math.prod(s[k:]) for s in sizes for k in range(1, len(s))} | {1, extent})
+    if any(b % a for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(f"the view operands split a dim of {extent} at {cuts}, which do not nest")
+    return [b // a for a, b in reversed(list(zip(cuts, cuts[1:])))]
+
+
+def _piece_stride(pieces: list[list[int]], inner: int) -> int:
+    """The element stride of a factor whose inner factors multiply to `inner`, inside `pieces`."""
+    below = 1
+    for size, stride in reversed(pieces):
+        if inner < below * size:
+            return stride * (inner // below)
+        below *= size
+    return 0
+
+
+def view_geometry(shapes: Sequence[tuple[int, ...]], n_out: int, views: Mapping[int, Sequence[tuple[int, list]]]):
+    """broadcast_geometry where the tensors in `views` (index -> per logical dim (shift, pieces),
+    polykit.compiler.ops.nn.view_operands) read through a view of their source.
+
+    An unshifted dim is split into the common refinement of the views' pieces (dims of the
+    iteration space of their own: plain strides for every tensor); a shifted dim stays one, and a
+    view reads it with (shift, inner piece size or 0, outer piece stride), its ordinary stride the
+    inner one. Returns (n, dims, strides per tensor, zero-masks per output, {view index: (shifts,
+    inner sizes, outer strides)}), dims merged where every list allows; ValueError when the views
+    need what the kernel does not do (a shifted dim of over two pieces, splits that do not nest)."""
+    rank = max((len(s) for s in shapes), default=0)
+    full = [1] * rank
+    for s in shapes:
+        for k, d in enumerate(s):
+            full[rank - len(s) + k] = max(full[rank - len(s) + k], d)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    vdims = {i: [(0, [[1, 0]])] * (rank - len(v)) + [(sh, [list(p) for p in ps]) for sh, ps in v]
+             for i, v in views.items()}
+    dims: list[int] = []
+    lists: list[list[int]] = [[] for _ in range(len(shapes) + 3 * len(views) + 1)]
+    dense = [_dense(p) for p in padded]
+    for k in range(rank):
+        live = {i: vdims[i][k] for i in views if padded[i][k] > 1}
+        shifted = any(sh for sh, _ in live.values())
+        factors = [full[k]] if shifted or full[k] == 1 else _factors(full[k], [[p[0] for p in ps]
+                                                                               for _, ps in live.values()])
+        for f_at, f in enumerate(factors):
+            inner = math.prod(factors[f_at + 1:])
+            dims.append(f)
+            for t in range(len(shapes)):
+                if t in live:
+                    pieces = live[t][1]
+                    lists[t].append(pieces[-1][1] if shifted else _piece_stride(pieces, inner))
+                else:
+                    lists[t].append(dense[t][k] * inner)
+            for v, i in enumerate(sorted(views)):
+                sh, pieces = live.get(i, (0, [[1, 0]]))
+                if shifted and len(pieces) > 2:
+                    raise ValueError(f"a shifted dim read by a view of {len(pieces)} pieces (at most 2)")
+                two = shifted and len(pieces) == 2
+                for m, value in enumerate((sh, pieces[1][0] if two else 0, pieces[0][1] if two else 0)):
+                    lists[len(shapes) + 3 * v + m].append(value)
+            lists[-1].append(int(shifted))  # a shifted dim merges with no neighbour
+    n = int(np.prod(full, dtype=np.int64)) if full else 1
+    dims, merged = merge_dims(dims, lists)
+    strides = merged[:len(shapes)]
+    zm = [sum(1 << d for d in range(len(dims)) if strides[len(shapes) - n_out + j][d] == 0 and dims[d] > 1)
+          for j in range(n_out)]
+    extra = {i: tuple(merged[len(shapes) + 3 * v + m] for m in range(3)) for v, i in enumerate(sorted(views))}
+    return n, dims, strides, zm, extra

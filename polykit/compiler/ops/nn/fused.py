@@ -16,6 +16,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.concat_operands import concat_operands
+from polykit.compiler.ops.nn.view_operands import view_operands, view_shape
 from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
 
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
@@ -60,7 +61,7 @@ def rename_fused_tensor(node: Node, old: str, new: str) -> None:
                 k += 1
             moved = f"{new}__local{k}"
             _rename_in_body(body, new, moved)
-            for entry in node.attrs.get("concat") or ():  # a concatenated operand is a body-local name too
+            for entry in [*(node.attrs.get("concat") or ()), *(node.attrs.get("view") or ())]:  # operands: body-local names
                 if entry.get("name") == new:
                     entry["name"] = moved
             if holder is not None and holder["input"] == new:
@@ -126,7 +127,7 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
 
 def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
-    for key in ("body", "epilogue", "concat"):
+    for key in ("body", "epilogue", "concat", "view"):
         if isinstance(node.attrs.get(key), str):
             node.attrs[key] = json.loads(node.attrs[key])
 
@@ -140,6 +141,8 @@ def _pointwise(ctx: InferContext):
     env = _external_env(ctx)
     if ctx.node.attrs.get("concat"):
         env.update(_concat_env(ctx))
+    if ctx.node.attrs.get("view"):
+        env.update(_view_env(ctx))
     env = infer_body(ctx, ctx.attr("body"), env)
     return _outputs_from(ctx, env)
 
@@ -163,6 +166,20 @@ def _concat_env(ctx: InferContext) -> dict[str, tuple]:
                 raise ctx.fail(f"concat source {inputs[i]!r} has size {got[e['axis']]} along axis {e['axis']}, "
                                f"its record says {want}", hint="rebuild the plan from the model")
         env[e["name"]] = (dtype, shape, None)
+    return env
+
+
+def _view_env(ctx: InferContext) -> dict[str, tuple]:
+    """(dtype, shape, None) of each view operand (ops/nn/view_operands.py): its source's dtype, its
+    own logical shape; every element it addresses must lie inside a source of known size."""
+    inputs = ctx.node.inputs
+    sizes = [None if ctx.shape(i) is None or not all(isinstance(d, int) for d in ctx.shape(i))
+             else int(np.prod(ctx.shape(i), dtype=np.int64)) for i in range(len(inputs))]
+    env: dict[str, tuple] = {}
+    for e in view_operands(ctx.node.attrs, len(inputs), ctx.node.describe(), sizes):
+        if e["name"] in inputs:
+            raise ctx.fail(f"view operand {e['name']!r} is also an input of the node")
+        env[e["name"]] = (ctx.dtype(e["input"]), view_shape(e), None)
     return env
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.concat_operands import concat_operands
+from polykit.compiler.ops.nn.view_operands import gather_view, view_operands
 from polykit.compiler.ops.nn.fused import (EPILOGUE_ARITY, LAYOUT_ATTRS, POLYKIT_BASES, VIEW_ATTRS, base_node,
                                           kv_groups, operand_view, step_node)
 from polykit.compiler.ops.references import reference, run_reference
@@ -39,6 +40,9 @@ def pointwise(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
     env = _external(node, inputs)
     for e in concat_operands(node.attrs, len(node.inputs), node.describe()):  # absorbed Concats
         env[e["name"]] = np.concatenate(list(inputs[e["first"]:e["first"] + e["count"]]), axis=e["axis"])
+    for e in view_operands(node.attrs, len(node.inputs), node.describe(),
+                           [None if x is None else x.size for x in inputs]):  # absorbed movement
+        env[e["name"]] = gather_view(inputs[e["input"]], e)
     env = evaluate_body(node.attrs["body"], env)
     return [env[name] for name in node.outputs]
 

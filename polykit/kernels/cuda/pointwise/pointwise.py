@@ -11,34 +11,38 @@ from typing import Mapping
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
-from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for
+from polykit.kernels.cuda.launch_geometry import BLOCK, broadcast_geometry, grid_for, view_geometry
 from polykit.kernels.cuda.pointwise.pointwise_concat import (ConcatTensor, logical_tensors, operand_counts, pointer_args,
                                                               table_args, vector_aligned)
 from polykit.kernels.cuda.pointwise.pointwise_expr import cuda_emitter
 from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _canonical, pointwise_base, pointwise_kernels
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.pointwise_views import ViewTensor, view_args, view_inputs, with_views
 from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
-def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource, KernelSource | None]:
+def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource | None, KernelSource | None]:
     """The (strided, vector, row) kernels of `layer` for dtype signature `sig`, from its row
-    module with `rows` (row: None without, pointwise_codegen)."""
+    module with `rows` (row: None without, pointwise_codegen; vector and row: None for a layer
+    with view operands, pointwise_views)."""
     sigs = candidate_signatures(layer)
     if sig not in sigs:
         raise DeviceError(f"no pointwise kernel was compiled for dtypes {sig[0]} -> {sig[1]}",
                           where=f"layer {layer.name!r}",
                           hint=f"compiled signatures: {sigs[:4]}...; run this layer with --target cpu")
     body, ins, outs = _canonical(*layer_body(layer))
-    name = sig_name(pointwise_base(body, ins, outs, rows, operand_counts(layer)), sig)
+    views = view_inputs(layer)
+    name = sig_name(pointwise_base(body, ins, outs, rows and not views, operand_counts(layer), views), sig)
     kernels = {k.name: k for k in pointwise_kernels(layer, sigs, rows=rows)}
-    return kernels[name + "_s"], kernels[name + "_v"], kernels.get(name + "_r")
+    return kernels[name + "_s"], kernels.get(name + "_v"), kernels.get(name + "_r")
 
 
 def layer_tensors(layer, tensors: Mapping[str, DeviceTensor], rows: bool = False):
     """(inputs, outputs, (strided, vector, row) kernels) of a pointwise layer's launch."""
     body, ins, outs = layer_body(layer)
-    x = logical_tensors(layer, tensors)  # a concatenated operand: its sources (pointwise_concat)
+    x = with_views(layer, logical_tensors(layer, tensors), tensors)  # a concatenated operand: its sources
+    # (pointwise_concat); a view operand: its source and view (pointwise_views)
     y = [tensors[n] for n in outs]
     sig = (tuple(t.dtype.name for t in x), tuple(t.dtype.name for t in y))
     for d in sig[0] + sig[1]:
@@ -53,11 +57,14 @@ def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     launch_strided_or_vector(layer, launcher, x, y, k_s, k_v)
 
 
-def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource, k_v: KernelSource) -> None:
+def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource, k_v: KernelSource | None) -> None:
     """Launch the vector kernel where every tensor is full (or one value) and aligned, else the
-    strided one."""
+    strided one (always, with a view operand)."""
     n = max(t.size for t in y) if y else 0
     if n == 0:
+        return
+    if any(isinstance(t, ViewTensor) for t in x):
+        launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), strided_view_args(layer, x, y))
         return
     full = all(t.size == n for t in y) and all(t.size in (1, n) and (t.shape == y[0].shape or t.size == 1) for t in x)
     full = full and all(t.size == n for t in x if isinstance(t, ConcatTensor))  # never one value
@@ -77,6 +84,23 @@ def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource,
         args += [*st, *([0] * (MAXR - len(st)))]
     args += zm + tables
     launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), args)
+
+
+def strided_view_args(layer, x, y) -> list:
+    """The strided entry's arguments for a layer with view operands (launch_geometry.view_geometry)."""
+    views = {i: t.dims for i, t in enumerate(x) if isinstance(t, ViewTensor)}
+    try:
+        n, dims, strides, zm, extra = view_geometry([t.shape for t in x + y], len(y), views)
+    except ValueError as exc:
+        raise DeviceError(f"view operands: {exc}", where=f"layer {layer.name!r}", hint="use --target cpu") from None
+    if len(dims) > MAXR:
+        raise DeviceError(f"a view over {len(dims)} non-mergeable dims exceeds {MAXR}",
+                          where=f"layer {layer.name!r}", hint="use --target cpu")
+    pad = [1] * (MAXR - len(dims))
+    args = [*[t.source if isinstance(t, ViewTensor) else t for t in x], *y, n, len(dims), *dims, *pad]
+    for st in strides:
+        args += [*st, *([0] * (MAXR - len(st)))]
+    return args + zm + view_args(x, extra, MAXR)
 
 
 def _storable(layer) -> bool:
@@ -145,8 +169,35 @@ def variant_layers() -> list:
 
 def compile_variants() -> list[KernelSource]:
     """The modules of `variant_layers` and of the low-precision encodes and decodes."""
-    return ([pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers(), *concat_variant_layers())]
+    return ([pointwise_kernels(lay)[0] for lay in (*variant_layers(), *lowp_variant_layers(), *concat_variant_layers(),
+                                                   *view_variant_layers())]
             + [pointwise_kernels(lay, rows=True)[0] for lay in (*variant_layers(), *concat_variant_layers())])
+
+
+def view_variant_layers() -> list:
+    """Layers with view operands (pass absorb_views): Swin's residual Add over a window merge with
+    a roll, and LLaMA's RoPE (x * cos + rotate_half(x) * sin) over a transposed query and its roll;
+    every float signature. Their modules depend on which inputs are views, not on the views."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    def merge(name: str, first: int, shift: int) -> dict:  # [1, 4, 4, 3] from windows [1, 2, 2, 2, 2, 3]
+        return {"name": name, "input": first, "offset": 0,
+                "dims": [{"shift": 0, "pieces": [[1, 0]]}, {"shift": shift, "pieces": [[2, 24], [2, 6]]},
+                         {"shift": shift, "pieces": [[2, 12], [2, 3]]}, {"shift": 0, "pieces": [[3, 1]]}]}
+
+    def heads(name: str, first: int, shift: int) -> dict:  # [1, 2, 4, 8] from [1, 4, 2, 8]
+        return {"name": name, "input": first, "offset": 0,
+                "dims": [{"shift": 0, "pieces": [[1, 0]]}, {"shift": 0, "pieces": [[2, 8]]},
+                         {"shift": 0, "pieces": [[4, 16]]}, {"shift": shift, "pieces": [[8, 1]]}]}
+
+    add = [{"op": "Add", "inputs": ["res", "m"], "outputs": ["y"], "attrs": {}}]
+    rope = [{"op": "Mul", "inputs": ["q", "cos"], "outputs": ["t0"], "attrs": {}},
+            {"op": "Mul", "inputs": ["rot", "sin"], "outputs": ["t1"], "attrs": {}},
+            {"op": "Add", "inputs": ["t0", "t1"], "outputs": ["y"], "attrs": {}}]
+    return [LayerDesc("view_merge", "Pointwise", ("res", "win"), ("y",), {"body": add, "view": [merge("m", 1, 1)]},
+                      domain="ai.polykit", precision="fp16"),
+            LayerDesc("view_rope", "Pointwise", ("x", "cos", "x", "sin"), ("y",),
+                      {"body": rope, "view": [heads("q", 0, 0), heads("rot", 2, 4)]}, domain="ai.polykit")]
 
 
 def concat_variant_layers() -> list:

@@ -35,6 +35,7 @@ from polykit.kernels.cuda.pointwise.pointwise_concat import (cat_load, concat_he
                                                               table_locals, table_params)
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
+from polykit.kernels.cuda.pointwise.pointwise_views import view_inputs, view_locals, view_params, view_step
 from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC
 from polykit.kernels.cuda.storage_types import CTYPE
 
@@ -44,9 +45,11 @@ MAXR = 8
 VEC = 4
 
 
-def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int] | None = None) -> str:
+def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int] | None = None,
+                 views: frozenset[int] = frozenset()) -> str:
     """The generated .cu text: a templated strided and vector kernel + extern "C" entries.
-    `cats`: logical input -> its number of sources, for concatenated operands (pointwise_concat)."""
+    `cats`: logical input -> its number of sources, for concatenated operands (pointwise_concat);
+    `views`: the logical inputs read through views (pointwise_views: the strided kernel only)."""
     cats = dict(cats or {})
     nin, nout = len(ins), len(outs)
     tin = [f"T{i}" for i in range(nin)]
@@ -60,7 +63,8 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     code_s, env_s = emit_expression(body, {n: f"cat_at(cp{i}, ce{i}, E{i}, o_x{i})" if i in cats else f"ld(x{i}, o_x{i})"
                                            for i, n in enumerate(ins)}, types)
     geo = ["i64 n", "i64 rank"] + [f"i64 d{d}" for d in range(MAXR)] + \
-          [f"i64 s{t}_{d}" for t in range(nin + nout) for d in range(MAXR)] + [f"i64 zm{j}" for j in range(nout)]
+          [f"i64 s{t}_{d}" for t in range(nin + nout) for d in range(MAXR)] + [f"i64 zm{j}" for j in range(nout)] + \
+          view_params(views, MAXR)
     lines = ['#include "pointwise.cuh"', ""] + (concat_helpers() if cats else [])
     lines.append(f"template <{tparams}>")
     lines.append(f"__device__ __forceinline__ void {base}_s({', '.join(ptrs + geo + tables)}) {{")
@@ -68,6 +72,7 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     lines.append(f"  const i64 dims[{MAXR}] = {{{', '.join(f'd{d}' for d in range(MAXR))}}};")
     for t in range(nin + nout):
         lines.append(f"  const i64 st{t}[{MAXR}] = {{{', '.join(f's{t}_{d}' for d in range(MAXR))}}};")
+    lines += view_locals(views, MAXR, "  ")
     lines.append("  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {")
     lines.append("    " + " ".join(f"i64 o{t} = 0;" for t in range(nin + nout)) + " bool skip[" + str(max(nout, 1)) + "] = {};")
     lines.append("    i64 r = i;")
@@ -75,16 +80,18 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     lines.append("      if (d < rank) {")
     lines.append("        i64 q = rank == 1 ? 0 : r / dims[d]; i64 c = r - q * dims[d]; r = q;")
     for t in range(nin + nout):
-        lines.append(f"        o{t} += c * st{t}[d];")
+        lines.append(view_step(t, "        ") if t in views else f"        o{t} += c * st{t}[d];")
     for j in range(nout):
         lines.append(f"        if (((zm{j} >> d) & 1) && c != 0) skip[{j}] = true;")
     lines.append("      }\n    }")
     for i in range(nin):
-        lines.append(f"    const i64 o_x{i} = o{i};")
+        lines.append(f"    const i64 o_x{i} = o{i}{f' + vb{i}' if i in views else ''};")
     lines.append(code_s)
     for j, name in enumerate(outs):
         lines.append(f"    if (!skip[{j}]) st(y{j}, o{nin + j}, {env_s[name]});")
     lines.append("  }\n}\n")
+    if views:  # a view operand is read by the strided path only
+        return "\n".join(lines + _entries(sigs, base, nin, nout, cats, [("s", geo)])) + "\n"
     # vector path: each input full-size contiguous (sc=0) or a scalar (sc=1); n % VEC == 0
     code_v, env_v = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
     vgeo = ["i64 n"] + [f"i64 sc{i}" for i in range(nin)]
@@ -105,26 +112,36 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     for j in range(nout):
         lines.append(f"    reinterpret_cast<Vec<{tout[j]}, {VEC}>*>(y{j})[i] = u{j};")
     lines.append("  }\n}\n")
+    row_entry = None
     if rows:
         lines += _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base, cats)
+        rgeo = _rows_geometry_params(nin) + tables
+
+        def row_entry(sig, targs, cptrs, names):
+            rcall = ", ".join(names + [p.split()[1] for p in rgeo])
+            return (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_r('
+                    f'{", ".join(cptrs + rgeo[:len(rgeo) - len(tables)] + ["i64 vec"] + tables)}) {{ '
+                    f'if (vec) {base}_r<{ROW_VEC}, {targs}>({rcall}); '
+                    f'else {base}_r<1, {targs}>({rcall}); }}')
+    lines += _entries(sigs, base, nin, nout, cats, [("s", geo + tables), ("v", vgeo + tables)], row_entry)
+    return "\n".join(lines) + "\n"
+
+
+def _entries(sigs, base, nin, nout, cats, paths, row_entry=None) -> list[str]:
+    """The extern "C" entries of each signature: one per (path, geometry params), then the row one."""
+    lines = []
     for sig in sigs:
         targs = ", ".join(CTYPE[d] for d in sig[0] + sig[1])
         cptrs = [p for i in range(nin) for p in input_params(CTYPE[sig[0][i]], i, cats.get(i))] + \
                 [f"{CTYPE[sig[1][j]]}* y{j}" for j in range(nout)]
         names = [p.split()[-1] for p in cptrs]
-        for path, g in (("s", geo + tables), ("v", vgeo + tables)):
+        for path, g in paths:
             gnames = [p.split()[1] for p in g]
             lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_{path}('
                          f'{", ".join(cptrs + g)}) {{ {base}_{path}<{targs}>({", ".join(names + gnames)}); }}')
-        if not rows:
-            continue
-        rgeo = _rows_geometry_params(nin) + tables
-        rcall = ", ".join(names + [p.split()[1] for p in rgeo])
-        lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_r('
-                     f'{", ".join(cptrs + rgeo[:len(rgeo) - len(tables)] + ["i64 vec"] + tables)}) {{ '
-                     f'if (vec) {base}_r<{ROW_VEC}, {targs}>({rcall}); '
-                     f'else {base}_r<1, {targs}>({rcall}); }}')
-    return "\n".join(lines) + "\n"
+        if row_entry is not None:
+            lines.append(row_entry(sig, targs, cptrs, names))
+    return lines
 
 
 def _lanes(code, env, outs, tout, width: str, pad: str, loads) -> list[str]:
@@ -179,8 +196,9 @@ def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base, cats) -
     return lines
 
 
-def _base_name(body, ins, outs, cats=None) -> str:
-    parts = [body, list(ins), list(outs)] + ([sorted(cats.items())] if cats else [])
+def _base_name(body, ins, outs, cats=None, views=frozenset()) -> str:
+    parts = [body, list(ins), list(outs)] + ([sorted(cats.items())] if cats else []) + \
+        ([{"views": sorted(views)}] if views else [])
     blob = json.dumps(parts, sort_keys=True, default=str)
     return "pw_" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -199,9 +217,9 @@ def _canonical(body, ins, outs):
     return body, tuple(ren[n] for n in ins if n), tuple(ren[n] for n in outs)
 
 
-def pointwise_base(body, ins, outs, rows: bool = False, cats=None) -> str:
+def pointwise_base(body, ins, outs, rows: bool = False, cats=None, views=frozenset()) -> str:
     """The module's entry-name stem (the row module's ends in "r")."""
-    return _base_name(body, ins, outs, cats) + ("r" if rows else "")
+    return _base_name(body, ins, outs, cats, views) + ("r" if rows else "")
 
 
 def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSource]:
@@ -211,8 +229,9 @@ def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSou
     layer with dynamic dims declares the same kernels at every profile corner."""
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
-    cats = operand_counts(layer)
-    base = pointwise_base(body, ins, outs, rows, cats)
-    code = _module_code(body, ins, outs, sigs, base, rows, cats)
-    paths = ("s", "v", "r") if rows else ("s", "v")
+    cats, views = operand_counts(layer), view_inputs(layer)
+    rows = rows and not views  # a view operand is read by the strided entry only
+    base = pointwise_base(body, ins, outs, rows, cats, views)
+    code = _module_code(body, ins, outs, sigs, base, rows, cats, views)
+    paths = ("s",) if views else ("s", "v", "r") if rows else ("s", "v")
     return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]

@@ -6,6 +6,7 @@ table (polykit.compiler.ops.elementwise_table)."""
 from __future__ import annotations
 
 from polykit.compiler.ops.nn.concat_operands import concat_operands, group_inputs, logical_names
+from polykit.compiler.ops.nn.view_operands import view_names
 from polykit.kernels.cuda.pointwise.pointwise_expr import body_dtypes
 from polykit.kernels.cuda.storage_types import CODE, CTYPE, INT_DTYPES
 from polykit.compiler.ops.elementwise_table import FLOAT, elementwise_op
@@ -19,7 +20,8 @@ EXP_DTYPES = ("uint32", "uint64", "uint16", "int16")
 def layer_body(layer) -> tuple[list[dict], tuple[str, ...], tuple[str, ...]]:
     """(body, inputs, outputs) of a Pointwise layer, or of a plain op as a one-op body."""
     if layer.kind == "Pointwise":  # a concatenated operand is one input, by its name (concat_operands)
-        return list(layer.attrs["body"]), tuple(logical_names(tuple(layer.inputs), layer.attrs)), tuple(layer.outputs)
+        names = view_names(logical_names(tuple(layer.inputs), layer.attrs), layer.attrs)  # views: one name each
+        return list(layer.attrs["body"]), tuple(names), tuple(layer.outputs)
     attrs = {k: v for k, v in layer.attrs.items() if k != "fused_from"}
     return [{"op": layer.kind, "inputs": list(layer.inputs), "outputs": list(layer.outputs), "attrs": attrs}], \
         tuple(layer.inputs), tuple(layer.outputs)
