@@ -132,6 +132,8 @@ def enqueue_expand(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
 
 
 def enqueue_concat(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """Each input copied into its slice of the output, but for those placed there (their producer
+    wrote them at their rows: polykit.compiler.builder.concat_placement)."""
     y = tensors[layer.outputs[0]]
     axis = int(layer.attrs.get("axis", 0)) % len(y.shape)
     ys, offset = contiguous_strides(y.shape), 0
@@ -139,6 +141,9 @@ def enqueue_concat(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
         if not name:
             continue
         x = tensors[name]
+        if x.row_stride and x.ptr == y.ptr + offset * ys[axis] * np.dtype(y.dtype).itemsize:
+            offset += x.shape[axis]
+            continue
         launch_copy(launcher, x, y, x.shape, contiguous_strides(x.shape), ys, 0, offset * ys[axis],
                     where=f"layer {layer.name!r}")
         offset += x.shape[axis]
