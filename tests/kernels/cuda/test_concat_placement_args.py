@@ -18,7 +18,8 @@ from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.conv import conv_nhwc
+from polykit.kernels.cuda.conv import conv_nhwc, conv_sm90
+from polykit.kernels.cuda.gemm import gemm_skinny
 from polykit.kernels.cuda.movement.movement import enqueue_concat
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.tactic_check import check_tactics
@@ -27,6 +28,8 @@ from tests.compiler.test_plan_check import edited, layer
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 IGEMM = ("cuda.conv_nhwc.igemm_mma", "cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide")
+SM90 = ("cuda.conv_nhwc.sm90_128x128", "cuda.conv_nhwc.sm90_64x128")
+SKINNY = ("cuda.conv_nhwc.skinny_128x32", "cuda.conv_nhwc.skinny_64x64")
 F16 = np.dtype(np.float16)
 
 
@@ -41,14 +44,18 @@ def _tensors(x, w, y, row_stride=0):
             "B": DeviceTensor(0x30000, (w[0],), F16), "Y": DeviceTensor(0x40000, y, F16, row_stride)}
 
 
+def _launched(tactic: str, x, w, y, stride: int, **attrs) -> tuple[str, list]:
+    """(kernel name, args) of the one launch `tactic` makes for a ConvNHWC whose Y has `stride`."""
+    launcher = RecordingLauncher()
+    find_tactic("cuda", "ConvNHWC", tactic).enqueue(_conv_layer(x, w, y, **attrs), launcher, _tensors(x, w, y, stride))
+    (launch,) = launcher.launches
+    return launch
+
+
 @pytest.mark.parametrize("tactic", IGEMM)
 @pytest.mark.parametrize("stride", [0, 58, 90])
 def test_igemm_nhwc_passes_the_row_stride_after_the_split_arguments(tactic, stride):
-    x, w, y = (2, 6, 7, 8), (5, 3, 3, 8), (2, 6, 7, 5)
-    layer = _conv_layer(x, w, y, pads=[1, 1, 1, 1])
-    launcher = RecordingLauncher()
-    find_tactic("cuda", "ConvNHWC", tactic).enqueue(layer, launcher, _tensors(x, w, y, stride))
-    (name, args), = launcher.launches
+    _, args = _launched(tactic, (2, 6, 7, 8), (5, 3, 3, 8), (2, 6, 7, 5), stride, pads=[1, 1, 1, 1])
     assert args[-3:-1] == [1, 0]  # splits, partial: no split at this size
     assert args[-1] == (stride or 5)  # LDY: the Concat's channels, or the conv's own M when dense
 
@@ -62,14 +69,48 @@ def test_a_split_k_launch_and_its_reduction_both_take_the_row_stride():
     assert all(args[-3] > 1 and args[-1] == 104 for _, args in launcher.launches)
 
 
-def test_igemm_nhwc_places_whole_pixel_rows_only():
+@pytest.mark.parametrize("tactic", IGEMM + SM90 + SKINNY)
+def test_channels_last_convs_place_whole_pixel_rows_only(tactic):
     layer = _conv_layer((2, 6, 7, 8), (5, 1, 1, 8), (2, 6, 7, 5))
-    tactic = find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.igemm_mma")
+    tactic = find_tactic("cuda", "ConvNHWC", tactic)
     assert tactic.places(layer, 5, 29, 24) and tactic.places(layer, 5, 5, 0)
     assert not tactic.places(layer, 5 * 7, 29 * 7, 0)  # rows of a Concat on another axis
     assert not tactic.places(layer, 5, 4, 0)
-    sm90 = find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.sm90_128x128")
-    assert sm90 is not None and not sm90.places(layer, 5, 29, 24)  # its 16-byte stores take no row stride yet
+
+
+@pytest.mark.parametrize("tactic", SM90)
+@pytest.mark.parametrize("stride", [0, 24, 90])
+def test_sm90_conv_passes_the_row_stride_after_the_dilations(tactic, stride):
+    name, args = _launched(tactic, (2, 6, 7, 8), (16, 3, 3, 8), (2, 6, 7, 16), stride, pads=[1, 1, 1, 1])
+    assert name == "conv_sm90" and len(args) == 20  # tm_w, X, B, Y, 15 geometry values, LDY
+    assert [int(a) for a in args[13:19]] == [1, 1, 1, 1, 1, 1]  # strides, pads, dilations
+    assert args[19] == (stride or 16)
+
+
+@pytest.mark.parametrize("tactic", SKINNY)
+@pytest.mark.parametrize("stride", [0, 24, 90])
+def test_skinny_conv_passes_the_row_stride_after_beta(tactic, stride):
+    name, args = _launched(tactic, (2, 6, 7, 8), (16, 1, 1, 8), (2, 6, 7, 16), stride)
+    assert name == "gemm_skinny" and len(args) == 12  # A, W, C, Y, M, N, K, scm, scn, alpha, beta, LDY
+    assert args[4:6] == [84, 16] and args[11] == (stride or 16)
+
+
+def test_a_skinny_gemm_stores_dense_rows():
+    from polykit.kernels.cuda.gemm.gemm_skinny import TILES, launch
+
+    launcher = RecordingLauncher()
+    a, w, y = (DeviceTensor(0x1000, (84, 8), F16), DeviceTensor(0x2000, (8, 16), F16),
+               DeviceTensor(0x3000, (84, 16), F16))
+    layer = LayerDesc("mm", "MatMul", ("A", "W"), ("Y",), {}, precision="fp16")
+    launch(layer, TILES[0], launcher, {"A": a, "W": w, "Y": y}, a, w, None, y, 84, 16, 8, True, (0, 1), 1.0, 0.0)
+    assert launcher.launches[0][1][11] == 16
+
+
+def test_int8_convs_on_conv_sm90_pass_a_dense_row_stride():
+    from polykit.kernels.cuda.conv.conv_sm90 import plan_conv
+
+    geo = plan_conv({"pads": [1, 1, 1, 1]}, (2, 6, 7, 8), (16, 3, 3, 8), (2, 6, 7, 16))
+    assert geo.args()[-1] == 16  # int8_sm90 / fp8_sm90 build their launches from these
 
 
 def _concat_tensors(placed: set[int]):
@@ -104,6 +145,7 @@ def test_a_cuda_fp16_plan_places_every_conv_branch_of_odd_channels():
 
 
 def test_the_runtime_check_refuses_a_placed_tensor_whose_tactic_cannot_write_rows():
+    """(A crafted plan: the producer's tactic swapped for the grouped one, which writes dense rows.)"""
     model, _ = branches((8, 16))
     data = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0)).serialize()
     plan = Plan.deserialize(data)
@@ -112,7 +154,7 @@ def test_the_runtime_check_refuses_a_placed_tensor_whose_tactic_cannot_write_row
 
     def to_sm90(doc):
         entry = layer(doc, producer)
-        entry["tactic"] = "cuda.conv_nhwc.sm90_128x128"
+        entry["tactic"] = "cuda.conv_nhwc.grouped_p2"
 
     with pytest.raises(PlanError, match=r"memory\.placements.*writes rows"):
         check_tactics(Plan.deserialize(edited(data, to_sm90)))
@@ -123,7 +165,8 @@ def test_the_row_stride_kernels_compile(arch, tmp_path, monkeypatch):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
-    units = unique_units(conv_nhwc.compile_variants())
+    units = unique_units(conv_nhwc.compile_variants() + gemm_skinny.compile_variants()
+                         + (conv_sm90.compile_variants() if arch == "sm_90" else []))
     cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
