@@ -269,6 +269,14 @@ class CudaTactic(Tactic):
         return hashlib.sha256((super().source_key(layer) + keys).encode()).hexdigest()[:24]
 
 
+def places_last_axis(layer: Any, row: int, stride: int, offset: int) -> bool:
+    """Tactic.places of a family that writes its output a pixel row at a time (the channels of a
+    channels-last tensor) with a runtime row stride, checking its own store alignment at run time:
+    placeable where the rows are whole pixels (a Concat on the last axis)."""
+    outs = getattr(layer, "out_shapes", ())
+    return bool(outs) and len(outs[0]) >= 2 and row == int(outs[0][-1]) and stride >= row
+
+
 def storage_code(layer: Any, t: DeviceTensor, codes: Mapping[str, str], allowed: Sequence[str],
                  what: str = "") -> str:
     """The kernel-name suffix of `t`'s storage type (`codes`: numpy dtype name -> suffix) when

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
 
 from polykit.compiler.builder.builder import build_plan
@@ -18,13 +19,14 @@ from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.conv import conv_nhwc, conv_sm90
+from polykit.kernels.cuda.conv import conv_nhwc, conv_sm90, pool
 from polykit.kernels.cuda.gemm import gemm_skinny
 from polykit.kernels.cuda.movement.movement import enqueue_concat
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.tactic_check import check_tactics
-from tests.compiler.test_concat_placement import branches, _image, _run
+from tests.compiler.test_concat_placement import _conv, _image, _model, _run, branches
 from tests.compiler.test_plan_check import edited, layer
+from tests.conv_models import ModelBuilder
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 IGEMM = ("cuda.conv_nhwc.igemm_mma", "cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide")
@@ -113,6 +115,31 @@ def test_int8_convs_on_conv_sm90_pass_a_dense_row_stride():
     assert geo.args()[-1] == 16  # int8_sm90 / fp8_sm90 build their launches from these
 
 
+def _pool_launch(stride: int, ptr_offset: int = 0, c: int = 16) -> tuple[str, list]:
+    layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+                      domain=POLYKIT_DOMAIN, precision="fp16", in_dtypes=("float16",), out_dtypes=("float16",),
+                      in_shapes=((2, 6, 7, c),), out_shapes=((2, 6, 7, c),))
+    tensors = {"X": DeviceTensor(0x10000, (2, 6, 7, c), F16),
+               "Y": DeviceTensor(0x40000 + ptr_offset, (2, 6, 7, c), F16, stride)}
+    launcher = RecordingLauncher()
+    find_tactic("cuda", "MaxPoolNHWC", "cuda.pool_nhwc.window").enqueue(layer, launcher, tensors)
+    (launch,) = launcher.launches
+    return launch
+
+
+@pytest.mark.parametrize("stride, ptr_offset, kernel", [
+    (0, 0, "pool_window_nhwc_v8"), (40, 0, "pool_window_nhwc_v8"), (40, 16, "pool_window_nhwc_v8"),
+    (44, 0, "pool_window_nhwc"),  # rows 88 bytes apart: no 16-byte stores
+    (40, 6, "pool_window_nhwc"),  # the slice 3 channels into the row
+])
+def test_nhwc_pool_passes_the_row_stride_and_stores_16_bytes_only_where_aligned(stride, ptr_offset, kernel):
+    name, args = _pool_launch(stride, ptr_offset)
+    assert name == kernel and args[-1] == (stride or 16)
+    tactic = find_tactic("cuda", "MaxPoolNHWC", "cuda.pool_nhwc.window")
+    layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), {}, out_shapes=((2, 6, 7, 16),))
+    assert tactic.places(layer, 16, 40, 3) and not tactic.places(layer, 16 * 7, 40 * 7, 0)
+
+
 def _concat_tensors(placed: set[int]):
     y = DeviceTensor(0x100000, (2, 4, 4, 9), F16)
     xs, start = {}, 0
@@ -165,10 +192,39 @@ def test_the_row_stride_kernels_compile(arch, tmp_path, monkeypatch):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
-    units = unique_units(conv_nhwc.compile_variants() + gemm_skinny.compile_variants()
+    units = unique_units(conv_nhwc.compile_variants() + gemm_skinny.compile_variants() + pool.compile_variants()
                          + (conv_sm90.compile_variants() if arch == "sm_90" else []))
     cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+
+
+def pool_and_convs(channels: tuple[int, ...] = (16, 24, 5)) -> onnx.ModelProto:
+    """GoogLeNet's Inception form: a 3x3/1 MaxPool of the input beside conv branches -> Concat -> conv."""
+    b = ModelBuilder(12)
+    x = _conv(b, "image", 3, 8, 3)
+    feats = [b.node("MaxPool", [x], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1])]
+    feats += [_conv(b, x, 8, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
+    return _model(b, [_conv(b, b.node("Concat", feats, axis=1), 8 + sum(channels), 4)])
+
+
+def test_a_cuda_fp16_plan_places_a_maxpool_beside_the_convs():
+    plan = build_plan(pool_and_convs(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    (cat,) = [lay for lay in plan.layers if lay.kind == "Concat"]
+    producers = {out: lay.kind for lay in plan.layers for out in lay.outputs}
+    assert sorted(plan.memory.placements) == sorted(cat.inputs)
+    assert sorted(producers[n] for n in cat.inputs) == ["ConvNHWC"] * 3 + ["MaxPoolNHWC"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", [0, 3])
+def test_cuda_fp16_plan_with_a_placed_maxpool_matches_the_cpu(level):
+    model = pool_and_convs()
+    image = _image()
+    want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
+    got = _run(build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level)),
+               {"image": image})
+    for key, w in want.items():
+        assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
 
 
 @pytest.mark.gpu

@@ -9,14 +9,14 @@ Tactics, kind "ConvNHWC" (first supporting one wins; the builder may time them):
 These are the simple, correct baseline: they load one element at a time like the NCHW kernels;
 vectorized loads over the channel axis (C % 8 == 0 from to_channels_last) are for tactics to come.
 Each stores Y one element at a time, a pixel's row LDY elements after the last (a runtime
-argument): so each can write its output into a channels-last Concat's slice (places_rows).
+argument): so each can write its output into a channels-last Concat's slice (places_last_axis).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis, stored_as
 from polykit.kernels.cuda.conv.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
 from polykit.kernels.cuda.gemm.epilogue import supports_epilogue
 from polykit.kernels.cuda.gemm.gemm import STORED, tile_params, tiled_workspace
@@ -30,13 +30,6 @@ def compile_variants() -> list[KernelSource]:
     return [v for k in KERNELS for v in variants(k, FILE)]
 
 
-def places_rows(layer: Any, row: int, stride: int, offset: int) -> bool:
-    """A channels-last output written a pixel row at a time with any row stride (element stores):
-    placeable where its rows are whole pixels (row = output channels)."""
-    outs = getattr(layer, "out_shapes", ())
-    return bool(outs) and len(outs[0]) >= 2 and row == int(outs[0][-1]) and stride >= row
-
-
 def _mma(layer: Any) -> bool:
     return supports_epilogue(layer) and layer.precision == "fp16" and group_of(layer) == 1
 
@@ -45,5 +38,5 @@ for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_
                                       ("conv_nhwc_igemm_simt_wide", 4, supports_epilogue)):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
                 priority=_priority, conservative=_kernel == "conv_nhwc_igemm_simt", supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
-                workspace=tiled_workspace(_kernel, igemm_problem), places=places_rows)(
+                workspace=tiled_workspace(_kernel, igemm_problem), places=places_last_axis)(
         enqueue_igemm(_kernel, REDUCE, FILE, row_stride=True))

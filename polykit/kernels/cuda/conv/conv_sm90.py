@@ -11,7 +11,7 @@ N = output channels, K = KH * KW * C. The KRSC weight is B, read by TMA; the pro
 warpgroup gathers A (im2col rows, 16 bytes = 8 (tf32: 4) channels of one tap at a time) with cp.async.
 Tiles are gemm_sm90's with BM <= 128 (a 256-row tile would make each producer thread track 16
 rows, more registers than a producer has). Y's rows lie LDY elements apart (a runtime argument: N,
-or a channels-last Concat's channel total where the output is placed in its slice, places_rows);
+or a channels-last Concat's channel total where the output is placed in its slice, places_last_axis);
 the pair and 16-byte stores check their alignment at run time and fall back to narrower ones.
 """
 
@@ -23,8 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.nn.conv import window_geometry
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.conv.conv_nhwc import places_rows
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines, places_last_axis
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
@@ -158,6 +157,6 @@ for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "s
     for _tile in _tiles:
         cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
                     supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
-                    places=places_rows,
+                    places=places_last_axis,
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))
