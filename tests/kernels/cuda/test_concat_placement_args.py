@@ -21,6 +21,7 @@ from polykit.errors import PlanError
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.conv import conv_nhwc, conv_sm90, pool
 from polykit.kernels.cuda.gemm import gemm_skinny
+from polykit.kernels.cuda.movement import resize
 from polykit.kernels.cuda.movement.movement import enqueue_concat
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.tactic_check import check_tactics
@@ -140,6 +141,20 @@ def test_nhwc_pool_passes_the_row_stride_and_stores_16_bytes_only_where_aligned(
     assert tactic.places(layer, 16, 40, 3) and not tactic.places(layer, 16 * 7, 40 * 7, 0)
 
 
+@pytest.mark.parametrize("stride", [0, 40])
+def test_resize_passes_the_row_stride_last(stride):
+    layer = LayerDesc("up", "Resize", ("X", "", "", "sizes"), ("Y",), {"mode": "nearest"},
+                      out_shapes=((1, 6, 8, 16),))
+    tensors = {"X": DeviceTensor(0x10000, (1, 3, 4, 16), F16), "sizes": DeviceTensor(0x20000, (4,), np.dtype(np.int64)),
+               "Y": DeviceTensor(0x40000, (1, 6, 8, 16), F16, stride)}
+    launcher = RecordingLauncher()
+    tactic = find_tactic("cuda", "Resize", "cuda.resize")
+    tactic.enqueue(layer, launcher, tensors)
+    (_, args), = launcher.launches
+    assert args[-1] == (stride or 16) and args[-2] == 0  # after `empty`
+    assert tactic.places(layer, 16, 40, 24) and not tactic.places(layer, 8 * 16, 8 * 40, 0)
+
+
 def _concat_tensors(placed: set[int]):
     y = DeviceTensor(0x100000, (2, 4, 4, 9), F16)
     xs, start = {}, 0
@@ -193,33 +208,38 @@ def test_the_row_stride_kernels_compile(arch, tmp_path, monkeypatch):
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     units = unique_units(conv_nhwc.compile_variants() + gemm_skinny.compile_variants() + pool.compile_variants()
+                         + resize.compile_variants()
                          + (conv_sm90.compile_variants() if arch == "sm_90" else []))
     cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
 def pool_and_convs(channels: tuple[int, ...] = (16, 24, 5)) -> onnx.ModelProto:
-    """GoogLeNet's Inception form: a 3x3/1 MaxPool of the input beside conv branches -> Concat -> conv."""
+    """GoogLeNet's Inception form (a 3x3/1 MaxPool of the input beside conv branches) and DeepLab's
+    pooled branch (a 2x2/2 AveragePool, a conv, a nearest 2x Resize) -> Concat -> conv."""
     b = ModelBuilder(12)
     x = _conv(b, "image", 3, 8, 3)
     feats = [b.node("MaxPool", [x], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1])]
     feats += [_conv(b, x, 8, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
-    return _model(b, [_conv(b, b.node("Concat", feats, axis=1), 8 + sum(channels), 4)])
+    pooled = _conv(b, b.node("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]), 8, 8)
+    scales = b.init(np.array([1, 1, 2, 2], np.float32), "scales")
+    feats.append(b.node("Resize", [pooled, "", scales], mode="nearest"))
+    return _model(b, [_conv(b, b.node("Concat", feats, axis=1), 16 + sum(channels), 4)], image=(2, 3, 6, 8))
 
 
-def test_a_cuda_fp16_plan_places_a_maxpool_beside_the_convs():
+def test_a_cuda_fp16_plan_places_a_maxpool_and_a_resize_beside_the_convs():
     plan = build_plan(pool_and_convs(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     (cat,) = [lay for lay in plan.layers if lay.kind == "Concat"]
     producers = {out: lay.kind for lay in plan.layers for out in lay.outputs}
     assert sorted(plan.memory.placements) == sorted(cat.inputs)
-    assert sorted(producers[n] for n in cat.inputs) == ["ConvNHWC"] * 3 + ["MaxPoolNHWC"]
+    assert sorted(producers[n] for n in cat.inputs) == ["ConvNHWC"] * 3 + ["MaxPoolNHWC", "Resize"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("level", [0, 3])
-def test_cuda_fp16_plan_with_a_placed_maxpool_matches_the_cpu(level):
+def test_cuda_fp16_plan_with_a_placed_maxpool_and_resize_matches_the_cpu(level):
     model = pool_and_convs()
-    image = _image()
+    image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
     want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
     got = _run(build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level)),
                {"image": image})
