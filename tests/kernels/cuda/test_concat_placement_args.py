@@ -19,7 +19,7 @@ from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import PlanError
 from polykit.kernels.cuda.base import DeviceTensor
-from polykit.kernels.cuda.conv import conv_nhwc, conv_sm90, pool
+from polykit.kernels.cuda.conv import conv_depthwise, conv_nhwc, conv_sm90, pool
 from polykit.kernels.cuda.gemm import gemm_skinny
 from polykit.kernels.cuda.movement import resize
 from polykit.kernels.cuda.movement.movement import enqueue_concat
@@ -33,6 +33,7 @@ from tests.kernels.cuda.recording_launcher import RecordingLauncher
 IGEMM = ("cuda.conv_nhwc.igemm_mma", "cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide")
 SM90 = ("cuda.conv_nhwc.sm90_128x128", "cuda.conv_nhwc.sm90_64x128")
 SKINNY = ("cuda.conv_nhwc.skinny_128x32", "cuda.conv_nhwc.skinny_64x64")
+DEPTHWISE = ("cuda.conv_nhwc.depthwise_p8", "cuda.conv_nhwc.depthwise_p4")
 F16 = np.dtype(np.float16)
 
 
@@ -72,7 +73,7 @@ def test_a_split_k_launch_and_its_reduction_both_take_the_row_stride():
     assert all(args[-3] > 1 and args[-1] == 104 for _, args in launcher.launches)
 
 
-@pytest.mark.parametrize("tactic", IGEMM + SM90 + SKINNY)
+@pytest.mark.parametrize("tactic", IGEMM + SM90 + SKINNY + DEPTHWISE)
 def test_channels_last_convs_place_whole_pixel_rows_only(tactic):
     layer = _conv_layer((2, 6, 7, 8), (5, 1, 1, 8), (2, 6, 7, 5))
     tactic = find_tactic("cuda", "ConvNHWC", tactic)
@@ -107,6 +108,19 @@ def test_a_skinny_gemm_stores_dense_rows():
     layer = LayerDesc("mm", "MatMul", ("A", "W"), ("Y",), {}, precision="fp16")
     launch(layer, TILES[0], launcher, {"A": a, "W": w, "Y": y}, a, w, None, y, 84, 16, 8, True, (0, 1), 1.0, 0.0)
     assert launcher.launches[0][1][11] == 16
+
+
+@pytest.mark.parametrize("stride, vec_out", [(0, 1), (24, 1), (20, 0)])
+def test_depthwise_passes_the_row_stride_after_vec_out(stride, vec_out):
+    """(conv_depthwise emulated on the host with placed outputs: test_conv_depthwise_emulated.py)"""
+    x, w, y = (2, 6, 7, 16), (16, 3, 3, 1), (2, 6, 7, 16)
+    name, args = _launched(DEPTHWISE[0], x, w, y, stride, pads=[1, 1, 1, 1], group=16)
+    assert name == "conv_depthwise_nhwc" and args[-2] == vec_out and args[-1] == (stride or 16)
+
+
+def test_grouped_convs_do_not_place_yet():
+    layer = _conv_layer((2, 6, 7, 16), (16, 3, 3, 4), (2, 6, 7, 16), group=4)
+    assert not find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.grouped_p2").places(layer, 16, 40, 0)
 
 
 def test_int8_convs_on_conv_sm90_pass_a_dense_row_stride():
@@ -204,14 +218,17 @@ def test_the_runtime_check_refuses_a_placed_tensor_whose_tactic_cannot_write_row
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_row_stride_kernels_compile(arch, tmp_path, monkeypatch):
+    """The half-storage unit of each family whose Y store takes the row stride (every variant of
+    them compiles in test_nvrtc_compile.py's whole-table test, which CI runs)."""
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
-    units = unique_units(conv_nhwc.compile_variants() + gemm_skinny.compile_variants() + pool.compile_variants()
-                         + resize.compile_variants()
-                         + (conv_sm90.compile_variants() if arch == "sm_90" else []))
+    families = [conv_nhwc, gemm_skinny, pool, resize, conv_depthwise] + ([conv_sm90] if arch == "sm_90" else [])
+    units = unique_units([next(u for u in f.compile_variants() if ("ELEM", "half_t") in u.defines
+                               or not any(k == "ELEM" for k, _ in u.defines)) for f in families])
     cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
-    assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+    assert len(units) == len(families) and len(cubins) == len(units)
+    assert all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
 def pool_and_convs(channels: tuple[int, ...] = (16, 24, 5)) -> onnx.ModelProto:
