@@ -176,6 +176,14 @@ def test_memory_strategy_none_places_nothing():
     _check_outputs(plan, model, {"image": _image()})
 
 
+def test_a_version_compatible_plan_places_nothing():
+    """(An older polykit, which would ignore memory.placements, may load such a plan.)"""
+    model, _ = branches((3, 5))
+    plan = build_plan(model, BuilderConfig(target="cpu", version_compatible=True))
+    assert plan.memory.placements == {}
+    _check_outputs(plan, model, {"image": _image()})
+
+
 def test_a_plan_without_placements_keeps_its_memory_record_unchanged():
     b = ModelBuilder(11)
     model = _model(b, [b.node("Relu", [_conv(b, "image", 3, 5)])])

@@ -78,7 +78,10 @@ class Builder:
         marked += exposure.exposed
         outputs = list(dict.fromkeys(list(g.outputs) + list(exposure.exposed)))
         tensors = {n: replace(t, kind="output") if n in exposure.exposed else t for n, t in tensors.items()}
-        placements = place_concat_inputs(layers, tensors, target, keep=inputs + outputs)
+        # a version-compatible plan places nothing: an older polykit, which does not know
+        # memory.placements, may load it (docs/ARCHITECTURE.md, "Concat by placement")
+        placements = {} if cfg.version_compatible else place_concat_inputs(layers, tensors, target,
+                                                                             keep=inputs + outputs)
         tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy, placements)
         metadata: dict[str, Any] = {
             "polykit_version": polykit.__version__,
