@@ -297,7 +297,7 @@ class CpuContext:
         layer = self.engine.plan.layers[index]
         root = self.engine.plan.tensors[layer.outputs[0]]
         for name, rows in self.engine.concat_rows[index]:
-            if name not in self.engine.placements:
+            if name not in self.engine.placements and rows.row:
                 self._rows(rows, root.np_dtype)[...] = np.asarray(self.env[name]).reshape(-1, rows.row)
         offset = self.engine.slots[root.name][0]
         self.env[root.name] = self._arena[offset:offset + root.nbytes].view(root.np_dtype).reshape(root.shape)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder import builder as builder_module
 from polykit.compiler.builder.builder import build_plan
@@ -166,6 +166,19 @@ def test_maxpool_and_conv_producers_on_the_last_axis():
     cat_layer = _concat(plan)
     assert sorted(plan.memory.placements) == sorted(cat_layer.inputs)
     assert {plan.memory.placements[n].stride for n in cat_layer.inputs} == {8}
+    _check_outputs(plan, model, {"image": _image()})
+
+
+def test_an_empty_concat_input_is_skipped_and_the_rest_placed():
+    b = ModelBuilder(13)
+    feats = [_conv(b, "image", 3, c) for c in (3, 5)]
+    for name, value in (("s", 0), ("e", 0), ("a", 1)):
+        b.inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
+    empty = b.node("Slice", ["image", "s", "e", "a"])  # [2, 0, 6, 7]
+    y = _conv(b, b.node("Concat", [feats[0], empty, feats[1]], axis=1), 8, 4)
+    model = _model(b, [y])
+    plan = build_plan(model, BuilderConfig(target="cpu", fuse=False))
+    assert sorted(plan.memory.placements) == sorted(feats)
     _check_outputs(plan, model, {"image": _image()})
 
 
