@@ -209,6 +209,8 @@ def _placements_written(plan: Plan) -> None:
         return
     producer = {layer.outputs[0]: layer for layer in plan.layers if layer.outputs and layer.outputs[0]}
     for name, p in sorted(placements.items()):
+        if name in plan.memory.aliases:  # a view: its placed source's bytes (the plan check), which its writer writes
+            continue
         layer = producer.get(name)
         for tactic_name in (layer.profile_tactics or (layer.tactic,)) if layer is not None else ("",):
             tactic = find_tactic(plan.target, layer.kind, tactic_name) if layer is not None else None

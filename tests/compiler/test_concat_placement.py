@@ -182,6 +182,54 @@ def test_an_empty_concat_input_is_skipped_and_the_rest_placed():
     _check_outputs(plan, model, {"image": _image()})
 
 
+def up_block(channels: int = 8, skip_channels: int = 5) -> onnx.ModelProto:
+    """UNet's up step: a 2x2/2 ConvTranspose (channels last: a 1x1 conv and the pixel shuffle,
+    Reshape -> Transpose -> Reshape) beside a skip connection that a MaxPool reads too -> Concat -> conv."""
+    b = ModelBuilder(14)
+    skip = _conv(b, "image", 3, skip_channels, 3)
+    down = _conv(b, b.node("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2]), skip_channels, channels, 3)
+    w = b.rng.standard_normal((channels, skip_channels, 2, 2)) * 0.3
+    up = b.node("ConvTranspose", [down, b.init(w, "wt")], kernel_shape=[2, 2], strides=[2, 2])
+    return _model(b, [_conv(b, b.node("Concat", [skip, up], axis=1), 2 * skip_channels, 4)], image=(2, 3, 6, 8))
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_pixel_shuffle_view_is_placed_through_its_transpose(target):
+    model = up_block()
+    plan = build_plan(model, BuilderConfig(target=target, channels_last=True, fp16=target == "cuda",
+                                           builder_optimization_level=0))
+    producers = {out: layer for layer in plan.layers for out in layer.outputs}
+    (view,) = [n for n in plan.memory.placements if n in plan.memory.aliases]
+    source = plan.memory.aliases[view]
+    assert sorted(plan.memory.placements) == sorted([view, source])  # the skip, read twice, is copied
+    assert producers[view].kind == "Reshape" and producers[source].kind == "Transpose"
+    assert plan.memory.placements[view] == plan.memory.placements[source]
+    assert plan.tensors[view].offset == plan.tensors[source].offset
+    back = Plan.deserialize(plan.serialize())
+    from polykit.runtime.tactic_check import check_tactics
+
+    check_tactics(back)
+    if target == "cpu":
+        image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
+        _check_outputs(plan, model, {"image": image})
+
+
+@pytest.mark.parametrize("drop", ["source", "view"])
+def test_the_plan_check_refuses_half_a_placed_view(drop):
+    """A view placed without its source or a source without its view: the one left unplaced sits
+    at the other's unaligned offset, a slot of its own no plan has."""
+    why = "is not a multiple of 256"
+    plan = build_plan(up_block(), BuilderConfig(target="cpu", channels_last=True))
+    (view,) = [n for n in plan.memory.placements if n in plan.memory.aliases]
+    name = plan.memory.aliases[view] if drop == "source" else view
+
+    def unplace(doc):
+        del doc["memory"]["placements"][name]
+
+    with pytest.raises(PlanError, match=why):
+        Plan.deserialize(edited(plan.serialize(), unplace))
+
+
 def test_memory_strategy_none_places_nothing():
     model, _ = branches((3, 5))
     plan = build_plan(model, BuilderConfig(target="cpu", memory_strategy="none"))

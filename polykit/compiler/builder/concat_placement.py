@@ -13,7 +13,9 @@ The step runs after tactic selection and before memory assignment (the memory pl
 placed tensor no slot of its own: polykit.compiler.plan.memory). It places only where nothing
 else can see the tensor's own bytes: static shapes, neither tensor an engine input, output,
 kept or observed tensor, weight, shape value or view, the input read once and by the Concat
-alone, and the Concat's output not itself placed (no chains).
+alone, and the Concat's output not itself placed (no chains). An input that is a view
+(Reshape / Flatten / Squeeze / Unsqueeze, sharing its source's bytes) is placed through its
+source when the source is read by the view alone: both get the same rows.
 """
 
 from __future__ import annotations
@@ -53,11 +55,21 @@ def place_concat_inputs(layers: Sequence[LayerDesc], tensors: Mapping[str, Tenso
         start = 0
         for name in layer.inputs:
             extent = int(tensors[name].shape[axis]) if name and len(tensors[name].shape) == len(shape) else 0
-            if name and readers.get(name) == 1 and _own_bytes(name, tensors, keep) \
-                    and tensors[name].dtype == tensors[root].dtype and _places(producer.get(name), name, target,
-                                                                               concat_rows(shape, axis, start, extent)):
-                out[name] = Placement(root, *concat_rows(shape, axis, start, extent))
+            rows = concat_rows(shape, axis, start, extent)
             start += extent
+            if not (name and readers.get(name) == 1 and _own_bytes(name, tensors, keep)
+                    and tensors[name].dtype == tensors[root].dtype):
+                continue
+            view = producer.get(name)
+            source = view.inputs[0] if view is not None and view.kind in VIEW_KINDS and view.inputs else ""
+            if _places(view, name, target, rows):
+                out[name] = Placement(root, *rows)
+            elif source and readers.get(source) == 1 and _own_bytes(source, tensors, keep) and \
+                    (tensors[source].dtype, tensors[source].nbytes) == (tensors[name].dtype, tensors[name].nbytes) \
+                    and _places(producer.get(source), source, target, rows):
+                # a view (UNet's pixel shuffle ends in a Reshape of a Transpose): its source, the same
+                # elements in the same order, is placed at the same rows and the view shares them
+                out[name] = out[source] = Placement(root, *rows)
     return out
 
 

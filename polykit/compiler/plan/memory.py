@@ -17,7 +17,8 @@ Placements (concat by placement, polykit.compiler.builder.concat_placement): a t
 `placements` has no slot of its own either: it lives inside its root's slot (a Concat's output)
 as rows of `row` elements, `stride` elements apart, the first `offset` elements in. Its
 producer writes it there with that row stride, and the Concat copies only the inputs not
-placed. The root's slot is reserved from the first placed producer's layer on.
+placed. The root's slot is reserved from the first placed producer's layer on. A placed view
+(in `aliases` too) is its source's bytes, its source placed with the same rows.
 """
 
 from __future__ import annotations
@@ -158,12 +159,16 @@ def plan_memory(
     docstring); neither is ever an engine input or output. Deterministic: ties are broken by name."""
     original = dict(lifetimes)
     aliases = {a: src for a, src in aliases.items() if a in original and src in original}
-    placements = {t: p for t, p in placements.items() if t in original and p.root in original and t not in aliases}
-    shared = {**aliases, **{t: p.root for t, p in placements.items()}}
+    placements = {t: p for t, p in placements.items() if t in original and p.root in original}
+    own = {t: p for t, p in placements.items() if t not in aliases}  # the rest: views of placed tensors
+    shared = {**aliases, **{t: p.root for t, p in own.items()}}
     lifetimes = {n: v for n, v in original.items() if n not in shared}
-    for view, src in shared.items():
-        first, last = lifetimes[src]
-        lifetimes[src] = (min(first, original[view][0]), max(last, original[view][1]))
+    for view in shared:
+        root = view
+        while root in shared:
+            root = shared[root]
+        first, last = lifetimes[root]
+        lifetimes[root] = (min(first, original[view][0]), max(last, original[view][1]))
     offsets: dict[str, int] = {}
     cursor = 0
     io_list = [n for n in dict.fromkeys(io_names) if n in lifetimes]
@@ -185,10 +190,10 @@ def plan_memory(
         placed.append((offsets[name], size, first, last))
     arena = max([cursor] + [o + s for o, s, _, _ in placed])
     no_reuse = sum(align(sizes[n], alignment) for n in original if n not in placements)
-    for view, src in aliases.items():
-        offsets[view] = offsets[src]
-    for name, p in placements.items():
+    for name, p in own.items():
         offsets[name] = offsets[p.root] + p.offset * itemsizes[name]
+    for view, src in aliases.items():  # a view of a placed tensor: at its source's rows
+        offsets[view] = offsets[src]
     return MemoryPlan(
         arena_bytes=arena,
         peak_bytes=peak_live_bytes(sizes, lifetimes, alignment),

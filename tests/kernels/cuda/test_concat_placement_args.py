@@ -169,6 +169,33 @@ def test_resize_passes_the_row_stride_last(stride):
     assert tactic.places(layer, 16, 40, 24) and not tactic.places(layer, 8 * 16, 8 * 40, 0)
 
 
+def test_a_placed_transpose_writes_its_last_dim_rows_apart():
+    """UNet's pixel shuffle [1, 3, 4, 2, 2, 8] -> (0, 1, 3, 2, 4, 5) into 8 channels of 24: the
+    copy's destination strides are the dense ones of [1, 3, 2, 4, 2, 24]."""
+    layer = LayerDesc("shuffle", "Transpose", ("x",), ("y",), {"perm": [0, 1, 3, 2, 4, 5]},
+                      out_shapes=((1, 3, 2, 4, 2, 8),))
+    tactic = find_tactic("cuda", "Transpose", "cuda.movement.strided")
+    assert tactic.places(layer, 8, 24, 8) and not tactic.places(layer, 16, 48, 0)
+    assert not find_tactic("cuda", "Expand", "cuda.movement.strided").places(layer, 8, 24, 8)
+    src = np.arange(3 * 4 * 2 * 2 * 8, dtype=np.float16).reshape(1, 3, 4, 2, 2, 8)
+    launcher = RecordingLauncher()
+    tactic.enqueue(layer, launcher, {"x": DeviceTensor(0x10000, src.shape, F16),
+                                     "y": DeviceTensor(0x40000, (1, 3, 2, 4, 2, 8), F16, 24)})
+    ((name, args),) = launcher.launches
+    # the strided copy as movement.cu runs it: dst[dst_base + c . ds] = src[src_base + c . ss], in
+    # units of the (widened) element size its name carries
+    es = int(name.rsplit("_", 1)[1])
+    n, rank = args[2], args[3]
+    dims, ss, ds = args[4:4 + rank], args[12:12 + rank], args[20:20 + rank]
+    raw, out = src.view(np.uint8).reshape(-1, es), np.full((3 * 2 * 4 * 2 * 24 * 2 // es, es), 0xFF, np.uint8)
+    for c in np.ndindex(*dims):
+        out[args[29] + int(np.dot(c, ds))] = raw[args[28] + int(np.dot(c, ss))]
+    rows = out.reshape(-1).view(np.float16).reshape(-1, 24)
+    assert int(np.prod(dims)) == n
+    np.testing.assert_array_equal(rows[:, :8].reshape(1, 3, 2, 4, 2, 8), src.transpose(0, 1, 3, 2, 4, 5))
+    assert (rows[:, 8:].view(np.uint16) == 0xFFFF).all()  # the other inputs' rows untouched
+
+
 def _concat_tensors(placed: set[int]):
     y = DeviceTensor(0x100000, (2, 4, 4, 9), F16)
     xs, start = {}, 0
@@ -260,6 +287,21 @@ def test_cuda_fp16_plan_with_a_placed_maxpool_and_resize_matches_the_cpu(level):
     want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
     got = _run(build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level)),
                {"image": image})
+    for key, w in want.items():
+        assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", [0, 3])
+def test_cuda_fp16_up_block_with_a_placed_pixel_shuffle_matches_the_cpu(level):
+    from tests.compiler.test_concat_placement import up_block
+
+    model = up_block(16, 8)
+    image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
+    want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level))
+    assert any(n in plan.memory.aliases for n in plan.memory.placements)
+    got = _run(plan, {"image": image})
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
 
