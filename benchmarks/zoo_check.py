@@ -59,17 +59,22 @@ VIEW_ATTRS = ("q_view", "k_view", "v_view")
 
 def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
-    writes (its inputs, weights included, and its outputs, each once; views cost nothing; a gather's,
+    writes (its inputs, weights included, and its outputs, each once; views cost nothing, and a Concat
+    only its inputs not placed (polykit.compiler.builder.concat_placement), a fully placed one nothing; a gather's,
     slice's or PermutedCopy's data input at most as much as it writes, an Attention's strided view of
     a packed Q, K or V only its view, a Pointwise view operand only its view), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
+    placed = getattr(plan.memory, "placements", {}) or {}
     by_kind: dict[str, float] = collections.Counter()
     for layer in plan.layers:
         if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.outputs and layer.outputs[0] in aliases:
             continue  # a view: the layer copies nothing
         sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
+        if layer.kind == "Concat" and placed:  # it copies only the inputs not placed, into their slices
+            copied = [plan.tensors[n].nbytes for n in layer.inputs if n in plan.tensors and n not in placed]
+            sizes = copied + [sum(copied)]
         if layer.kind in SELECTS and layer.inputs and layer.outputs and layer.outputs[0] in plan.tensors:
             sizes[0] = min(sizes[0], plan.tensors[layer.outputs[0]].nbytes)  # it reads what it selects
         for i, attr in enumerate(VIEW_ATTRS if layer.kind == "Attention" else ()):
@@ -89,6 +94,15 @@ def traffic(plan) -> dict:
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)
     return {"traffic_mb": round(total, 1), "movement_share": round(moved / total, 3),
             "traffic_by_kind_mb": {k: round(v, 1) for k, v in by_kind.most_common()}}
+
+
+def placed_concats(plan) -> dict:
+    """How many Concat inputs the plan places in their Concat's output, and how many Concats move
+    nothing (every input placed)."""
+    placed = getattr(plan.memory, "placements", {}) or {}
+    concats = [layer for layer in plan.layers if layer.kind == "Concat"]
+    return {"concat_inputs_placed": len(placed),
+            "concats_fully_placed": sum(all(n in placed for n in layer.inputs if n) for layer in concats)}
 
 
 def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
@@ -112,6 +126,7 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     row["cuda_build_s"] = round(time.perf_counter() - t0, 1)
     row["cuda_layer_kinds"] = dict(collections.Counter(layer.kind for layer in plan.layers).most_common())
     row.update(traffic(plan))
+    row.update(placed_concats(plan))
     if args.nvrtc:
         row["stage"] = f"nvrtc ({args.nvrtc})"
         t0 = time.perf_counter()

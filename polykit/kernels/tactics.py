@@ -57,6 +57,10 @@ class Tactic:
         shapes, where `supports` also asks that it be worth a candidate there (a split reduction
         whose split would be 1, whose enqueue then runs its family's plain kernel). A profile's
         corners need only this (tuner.serves_corners); its opt still needs `supports`.
+    places_fn(layer, row, stride, offset) -> bool, or None (it cannot): whether it can write the
+        layer's first output as rows of `row` elements, consecutive rows `stride` elements apart,
+        starting `offset` elements into a 256-byte aligned slot (concat by placement,
+        polykit.compiler.builder.concat_placement).
     revision: the version of what the tactic computes and the layouts it reads and writes (its
         formats, how it wants its weights packed): a version-compatible plan names its tactics
         `name@revision` (versioned_name), and another polykit version loads it only where each
@@ -77,6 +81,12 @@ class Tactic:
     dynamic_sizes: bool = False
     revision: int = 1
     serves: Callable[[Any], bool] | None = field(default=None, hash=False, compare=False)
+    places_fn: Callable[[Any, int, int, int], bool] | None = field(default=None, hash=False, compare=False)
+
+    def places(self, layer: Any, row: int, stride: int, offset: int) -> bool:
+        """Whether the tactic can write `layer`'s first output as rows of `row` elements, `stride`
+        elements apart, `offset` elements into its root's slot (which is 256-byte aligned)."""
+        return self.places_fn is not None and bool(self.places_fn(layer, row, stride, offset))
 
     @property
     def versioned_name(self) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polykit.compiler.ops.data_dims import sized_tensors
+from polykit.compiler.plan.memory import Placement, concat_rows
 from polykit.compiler.plan.records import layer_as_node
 from polykit.kernels.profile_tactics import profile_layers
 from polykit.errors import PlanError, PolykitError, UsageError
@@ -108,6 +109,14 @@ class CpuEngine:
         self.slots = {name: (desc.offset, desc.nbytes) for name, desc in plan.tensors.items()
                       if desc.kind != "weight" and desc.offset >= 0 and desc.nbytes > 0 and name not in self.sized
                       and name not in plan.inputs and not desc.np_dtype.hasobject}
+        #: concat by placement (plan.memory.placements): each placed tensor's rows in its root's slot,
+        #: and per Concat layer writing a root, its inputs' rows (the ones it copies: those not placed)
+        self.placements = dict(plan.memory.placements)
+        self.concat_rows: dict[int, list[tuple[str, Placement]]] = {}
+        roots = {p.root for p in self.placements.values()}
+        for i, layer in enumerate(plan.layers):
+            if layer.kind == "Concat" and not layer.domain and layer.outputs and layer.outputs[0] in roots:
+                self.concat_rows[i] = _input_rows(layer, plan.tensors)
         #: each layer's producer index (an output bound in place is written by its producer)
         self.producer = {name: i for i, layer in enumerate(plan.layers) for name in layer.outputs if name}
         self.weights = dict(plan.weights)
@@ -273,9 +282,34 @@ class CpuContext:
         nbytes = int(np.prod(shape, dtype=np.int64)) * desc.np_dtype.itemsize
         return host_bytes(ptr, nbytes).view(desc.np_dtype).reshape(shape)
 
+    def _rows(self, p: Placement, dtype: np.dtype) -> np.ndarray:
+        """The [rows, p.row] strided view of the rows Placement `p` names in its root's slot."""
+        size = dtype.itemsize
+        start = self.engine.slots[p.root][0] + p.offset * size
+        rows = self.engine.plan.tensors[p.root].nbytes // (p.stride * size)
+        raw = np.lib.stride_tricks.as_strided(self._arena[start:], (rows, p.row * size), (p.stride * size, 1),
+                                              writeable=True)
+        return raw.view(dtype)
+
+    def _concat(self, index: int) -> None:
+        """A Concat whose output holds placed inputs: the inputs not placed copied into their rows,
+        the placed ones already there (their producers wrote them); the output is the root's slot."""
+        layer = self.engine.plan.layers[index]
+        root = self.engine.plan.tensors[layer.outputs[0]]
+        for name, rows in self.engine.concat_rows[index]:
+            if name not in self.engine.placements and rows.row:
+                self._rows(rows, root.np_dtype)[...] = np.asarray(self.env[name]).reshape(-1, rows.row)
+        offset = self.engine.slots[root.name][0]
+        self.env[root.name] = self._arena[offset:offset + root.nbytes].view(root.np_dtype).reshape(root.shape)
+
     def _place(self, name: str, value: np.ndarray) -> np.ndarray:
-        """`value` written where tensor `name` lives: its caller address or arena slot; kept on
-        the heap (copied if it is a view) where it has neither."""
+        """`value` written where tensor `name` lives: its caller address or arena slot (its rows in
+        its root's slot where it is placed); kept on the heap (copied if it is a view) where it
+        has neither."""
+        placement = self.engine.placements.get(name)
+        if placement is not None and self._arena is not None:
+            self._rows(placement, value.dtype)[...] = value.reshape(-1, placement.row)
+            return value  # its one reader, the Concat, reads it from the root's slot
         ptr = self._bound.get(name)
         if ptr is not None:
             dst = host_bytes(ptr, value.nbytes).view(value.dtype).reshape(value.shape)
@@ -328,6 +362,10 @@ class CpuContext:
     def launch(self, index: int, stream: Any) -> None:
         layer, node, tactic = self._steps[index]
         env = self.env
+        if index in self.engine.concat_rows and self._arena is not None:
+            self._concat(index)
+            self._free(index)
+            return
         if self.streamer is not None:
             self.streamer.before(index, env)
         with np.errstate(all="ignore"):  # IEEE semantics: inf and NaN propagate as on the GPU, without warnings
@@ -337,8 +375,11 @@ class CpuContext:
                 value = _conform(np.asarray(value), self.engine.plan.tensors.get(name), layer.name,
                                  self._shapes.get(name), name in self.engine.sized)
                 env[name] = self._place(name, value)
+        self._free(index)
+
+    def _free(self, index: int) -> None:
         for name in self.engine.free_after[index]:
-            env.pop(name, None)
+            self.env.pop(name, None)
 
     def synchronize(self, stream: Any) -> None:
         pass
@@ -359,6 +400,19 @@ class CpuContext:
             self._scratch.free()
             self._scratch = None
             self.streamer = None
+
+
+def _input_rows(layer: Any, tensors: Any) -> list[tuple[str, Placement]]:
+    """(input, its rows in the output) of each input of Concat `layer` (concat_rows)."""
+    shape = tensors[layer.outputs[0]].shape
+    axis = int(layer.attrs.get("axis", 0)) % len(shape)
+    out, start = [], 0
+    for name in layer.inputs:
+        if name:
+            extent = int(tensors[name].shape[axis])
+            out.append((name, Placement(layer.outputs[0], *concat_rows(shape, axis, start, extent))))
+            start += extent
+    return out
 
 
 def _conform(value: np.ndarray, desc: Any, layer: str, shape: Any = None, sized: bool = False) -> np.ndarray:

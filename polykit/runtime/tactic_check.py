@@ -40,12 +40,14 @@ _REBUILD = "rebuild the plan with `polykit convert` and this polykit"
 
 def check_tactics(plan: Plan, where: str = "plan") -> None:
     """PlanError when a layer of `plan` (or of a plan nested in one) names a tactic its target
-    does not have for the layer's kind, a plugin tactic not installed as the plan records it, or
+    does not have for the layer's kind, a plugin tactic not installed as the plan records it, a
+    placed tensor's producer a tactic that cannot write it at its rows (memory.placements), or
     (cuda) kernels this polykit does not generate for the layer. A format-1 cuda plan (no source
     keys recorded) gets its kernel table's keys filled in from the regenerated sources."""
     for nested, at in plans_within(plan, where):
         try:
             _tactics_exist(nested)
+            _placements_written(nested)
         except Invalid as bad:
             raise plan_error(bad, at) from None
         if nested.target == "cuda" and nested.layers:
@@ -197,3 +199,22 @@ def _tactics_exist(plan: Plan) -> None:
             if find_tactic(plan.target, layer.kind, name) is None and name not in recorded:
                 raise Invalid(f"layers[{layer.name!r}].{field}", f"{name!r} is not a {plan.target} tactic for "
                                                                  f"{layer.kind} layers")
+
+
+def _placements_written(plan: Plan) -> None:
+    """Each placed tensor (memory.placements) is written by a tactic (every profile's) that can
+    write it at its rows: another would write it contiguously over its neighbours' rows."""
+    placements = plan.memory.placements
+    if not placements:
+        return
+    producer = {layer.outputs[0]: layer for layer in plan.layers if layer.outputs and layer.outputs[0]}
+    for name, p in sorted(placements.items()):
+        if name in plan.memory.aliases:  # a view: its placed source's bytes (the plan check), which its writer writes
+            continue
+        layer = producer.get(name)
+        for tactic_name in (layer.profile_tactics or (layer.tactic,)) if layer is not None else ("",):
+            tactic = find_tactic(plan.target, layer.kind, tactic_name) if layer is not None else None
+            if tactic is None or not tactic.places(layer, p.row, p.stride, p.offset):
+                raise Invalid(f"memory.placements[{name!r}]", f"{name!r} is not the first output of a layer whose "
+                                                              f"tactic writes rows {p.row} elements long "
+                                                              f"{p.stride} apart")

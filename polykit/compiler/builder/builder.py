@@ -30,6 +30,7 @@ from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import Graph, Value, has_subgraphs
 from polykit.compiler.builder.lower import Lowered, lower
 from polykit.compiler.builder.marking import expose, forced_outputs, observed_tensors
+from polykit.compiler.builder.concat_placement import place_concat_inputs
 from polykit.compiler.builder.plan_tensors import assign_memory, describe_tensors, device_memory, stamp_layer
 from polykit.compiler.passes.control.inline_if import inline_known_ifs
 from polykit.compiler.passes.control.resolve_sequences import resolve_sequences, touches_sequences
@@ -77,7 +78,11 @@ class Builder:
         marked += exposure.exposed
         outputs = list(dict.fromkeys(list(g.outputs) + list(exposure.exposed)))
         tensors = {n: replace(t, kind="output") if n in exposure.exposed else t for n, t in tensors.items()}
-        tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy)
+        # a version-compatible plan places nothing: an older polykit, which does not know
+        # memory.placements, may load it (docs/ARCHITECTURE.md, "Concat by placement")
+        placements = {} if cfg.version_compatible else place_concat_inputs(layers, tensors, target,
+                                                                             keep=inputs + outputs)
+        tensors, memory = assign_memory(layers, tensors, inputs, outputs, cfg.memory_strategy, placements)
         metadata: dict[str, Any] = {
             "polykit_version": polykit.__version__,
             "source_model": graph.name,

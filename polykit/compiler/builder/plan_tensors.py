@@ -20,7 +20,7 @@ from polykit.compiler.ir.graph import Graph
 from polykit.compiler.graph.shape_values import stopped_expression
 from polykit.compiler.ir.symbolic import is_dynamic, remainder_size, term_of
 from polykit.compiler.plan.file import weight_offsets
-from polykit.compiler.plan.memory import align, compute_lifetimes, plan_memory
+from polykit.compiler.plan.memory import Placement, align, compute_lifetimes, plan_memory
 from polykit.compiler.plan.profiles import corner_size
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.plan.schema import MAX_BYTES
@@ -107,15 +107,19 @@ def view_aliases(layers: list[LayerDesc], tensors: dict[str, TensorDesc], io: se
 
 
 def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], inputs: list[str], outputs: list[str],
-                  strategy: str):
-    """Plan the arena and write each tensor's offset into its TensorDesc."""
+                  strategy: str, placements: Mapping[str, Placement] = {}):
+    """Plan the arena and write each tensor's offset into its TensorDesc; `placements`: the
+    Concat inputs placed in their Concat's output (polykit.compiler.builder.concat_placement),
+    used unless the strategy is "none" (no slot shared)."""
     weights = {n for n, t in tensors.items() if t.kind == "weight"}
     inputs = list(inputs) + [n for n, t in tensors.items() if t.value and n not in inputs]  # set before the launches
     lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
     sizes = {n: tensors[n].nbytes for n in lifetimes}
     aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}
+    placements = placements if strategy != "none" else {}
     memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy,
-                         aliases=aliases)
+                         aliases=aliases, placements=placements,
+                         itemsizes={n: tensors[n].np_dtype.itemsize for n in placements})
     blob = weight_offsets({n: tensors[n].nbytes for n in weights})
     out = {}
     for name, t in tensors.items():

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polykit.compiler.plan.memory import ALIGNMENT
+from polykit.compiler.plan.memory import ALIGNMENT, concat_rows
 from polykit.compiler.plan.dims import check_dims, host_written
 from polykit.compiler.plan.records import layer_as_node
 from polykit.compiler.plan.sparse24 import ATTR, record_problem
@@ -161,6 +161,7 @@ def _stamps_agree(layer: Doc, path: str, tensors: Doc) -> None:
 def _arena(doc: Doc, weights_len: int) -> None:
     memory = doc["memory"]
     arena = memory["arena_bytes"]
+    placed = memory.get("placements", {})
     alignment = memory.get("alignment", ALIGNMENT)
     if alignment & (alignment - 1) or alignment < ALIGNMENT:
         raise Invalid("memory.alignment", f"{alignment} is not a power of two >= {ALIGNMENT}")
@@ -170,7 +171,7 @@ def _arena(doc: Doc, weights_len: int) -> None:
         path = f"tensors[{name!r}].offset"
         if t["offset"] < 0:
             raise Invalid(path, "is negative: the tensor has no place in the arena")
-        if t["offset"] % alignment:
+        if t["offset"] % alignment and name not in placed:  # a placed tensor: _placements checks its offset
             raise Invalid(path, f"{t['offset']} is not a multiple of {alignment}")
         if t["offset"] + t["nbytes"] > arena:
             raise Invalid(path, f"bytes {t['offset']}..{t['offset'] + t['nbytes']} lie outside the arena "
@@ -181,6 +182,67 @@ def _arena(doc: Doc, weights_len: int) -> None:
     for name in memory["offsets"]:
         if name not in doc["tensors"] or doc["tensors"][name]["kind"] == "weight":
             raise Invalid(f"memory.offsets[{name!r}]", "names no activation, input or output of the plan")
+
+
+def _placements(doc: Doc, weights_len: int) -> None:
+    """Each placed tensor (memory.placements) is one input of the Concat writing its root, read
+    by it alone, static, placed at exactly its slice of the root (polykit.compiler.plan.memory.
+    concat_rows) and at the root's offset plus that slice's; or the source of such an input that
+    is a view (memory.aliases), read by the view alone and placed as it is. Roots are activations,
+    no view, placement or shape value; so the placed rows lie inside the root's slot and never
+    overlap."""
+    placements = doc["memory"].get("placements", {})
+    if not placements:
+        return
+    tensors, aliases = doc["tensors"], doc["memory"].get("aliases", {})
+    writer = {name: layer for layer in doc["layers"] for name in layer["outputs"] if name}
+    readers: dict[str, list[str]] = {}
+    for layer in doc["layers"]:
+        for name in layer["inputs"]:
+            readers.setdefault(name, []).append(layer["name"])
+    views = {src: [v for v in aliases if aliases[v] == src] for src in set(aliases.values())}
+    for name, p in placements.items():
+        path = f"memory.placements[{name!r}]"
+        root = p["root"]
+        view = name if name in aliases else None
+        for who, what in ((name, "placed tensor"), (root, "root")):
+            t = tensors.get(who)
+            shared = who in aliases and (who != name or placements.get(aliases[who]) != p)
+            if t is None or t["kind"] != "activation" or t.get("dims") or t.get("value") or shared:
+                raise Invalid(path, f"the {what} {who!r} is no activation of a static shape outside every view "
+                                    "(a placed view's source is placed as it is)")
+        if root in placements:
+            raise Invalid(path, f"its root {root!r} is placed itself: placements do not chain")
+        concat = writer.get(root)
+        if concat is None or concat["kind"] != "Concat" or concat.get("domain"):
+            raise Invalid(path, f"{root!r} is not the output of a Concat")
+        member = name
+        if name not in concat["inputs"]:  # the source of a placed view the Concat reads
+            placed_views = [v for v in views.get(name, []) if placements.get(v) == p]
+            if len(placed_views) != 1 or readers.get(name) != [writer[placed_views[0]]["name"]]:
+                raise Invalid(path, f"{name!r} is neither an input of {root!r}'s Concat nor the source of one "
+                                    "placed view of it that alone reads it")
+            member = placed_views[0]
+        if readers.get(member) != [concat["name"]] or concat["inputs"].count(member) != 1:
+            raise Invalid(path, f"{member!r} is read by more than its Concat {concat['name']!r}")
+        t, r = tensors[name], tensors[root]
+        if t["dtype"] != r["dtype"] or (view and t["nbytes"] != tensors[aliases[view]]["nbytes"]):
+            raise Invalid(path, f"{t['dtype']} tensor placed in a {r['dtype']} root (or a view of other bytes)")
+        shape, axis = r["shape"], concat.get("attrs", {}).get("axis", 0)
+        if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+            raise Invalid(path, f"its Concat's axis {show(axis)} is outside the root's rank")
+        axis %= len(shape)
+        starts = [0]
+        for each in concat["inputs"]:
+            starts.append(starts[-1] + (tensors[each]["shape"][axis] if each and len(tensors[each]["shape"]) > axis
+                                        else 0))
+        i = concat["inputs"].index(member)
+        want = concat_rows(shape, axis, starts[i], starts[i + 1] - starts[i])
+        if (p["offset"], p["row"], p["stride"]) != want:
+            raise Invalid(path, f"(offset, row, stride) {[p['offset'], p['row'], p['stride']]} is not its slice "
+                                f"{list(want)} of {root!r}")
+        if t["offset"] != r["offset"] + p["offset"] * nbytes_of(t["dtype"], [1]):
+            raise Invalid(f"tensors[{name!r}].offset", f"{t['offset']} is not its root's offset plus its slice's")
 
 
 def _lifetimes(doc: Doc, weights_len: int) -> None:
@@ -212,20 +274,26 @@ def _lifetimes(doc: Doc, weights_len: int) -> None:
 
 def _slot_lifetimes(doc: Doc, tensors: Doc, lifetimes: Doc) -> dict[str, tuple[int, int]]:
     """Lifetimes of the arena slots: a view (memory.aliases) shares its source's slot, which
-    then lives until the view's last step. Checks that each view is one: same offset and
-    bytes as a source that is itself no view, neither of them a weight nor the view an engine
-    input or output."""
+    then lives until the view's last step; a placed tensor (memory.placements, checked by
+    _placements) its root's, which then lives from the tensor's first step. Checks that each
+    view is one: same offset and bytes as a source that is itself no view, neither of them a
+    weight nor the view an engine input or output."""
     aliases = doc["memory"].get("aliases", {})
+    placements = doc["memory"].get("placements", {})
     io = set(doc["inputs"]) | set(doc["outputs"])
-    slots = {n: tuple(v) for n, v in lifetimes.items() if n not in aliases}
+    slots = {n: tuple(v) for n, v in lifetimes.items() if n not in aliases and n not in placements}
+    for name, p in placements.items():
+        first, last = slots[p["root"]]
+        slots[p["root"]] = (min(first, lifetimes[name][0]), max(last, lifetimes[name][1]))
     for view, src in aliases.items():
         path = f"memory.aliases[{view!r}]"
-        if view not in lifetimes or src not in slots or view in io:
+        if view not in lifetimes or (src not in slots and src not in placements) or view in io:
             raise Invalid(path, f"{view!r} -> {src!r} is not a view of one activation by another")
         if (tensors[view]["offset"], tensors[view]["nbytes"]) != (tensors[src]["offset"], tensors[src]["nbytes"]):
             raise Invalid(path, "a view must have its source's offset and byte size")
-        first, last = slots[src]
-        slots[src] = (min(first, lifetimes[view][0]), max(last, lifetimes[view][1]))
+        slot = placements[src]["root"] if src in placements else src  # a placed source: its root's slot
+        first, last = slots[slot]
+        slots[slot] = (min(first, lifetimes[view][0]), max(last, lifetimes[view][1]))
     return slots
 
 
@@ -353,7 +421,7 @@ def check_profile_tactics(doc: Doc, weights_len: int) -> None:
 
 #: every rule over the whole document, in order (each assumes the ones before it passed)
 RULES: tuple[Callable[[Doc, int], None], ...] = (
-    _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _lifetimes, _kernel_table, _input_values,
+    _tensor_sizes, check_dims, _weights, _io, _layer_io, _arena, _placements, _lifetimes, _kernel_table, _input_values,
     _body_outputs, _collectives, check_profile_tactics,
 )
 

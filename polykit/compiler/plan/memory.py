@@ -12,14 +12,40 @@ last layer that reads it. Engine inputs start at -1, engine outputs end at len(l
 Views: a tensor in `aliases` (the output of a Reshape-like layer) takes its source's slot,
 and the source's slot stays reserved until the view's last reader; the layer that "writes"
 the view finds source and destination at one address and copies nothing.
+
+Placements (concat by placement, polykit.compiler.builder.concat_placement): a tensor in
+`placements` has no slot of its own either: it lives inside its root's slot (a Concat's output)
+as rows of `row` elements, `stride` elements apart, the first `offset` elements in. Its
+producer writes it there with that row stride, and the Concat copies only the inputs not
+placed. The root's slot is reserved from the first placed producer's layer on. A placed view
+(in `aliases` too) is its source's bytes, its source placed with the same rows.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 ALIGNMENT = 256
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a placed tensor lives in its root's slot (all in elements of their one dtype): its
+    rows of `row` elements start `offset` elements into the root, consecutive rows `stride` apart."""
+
+    root: str
+    offset: int
+    row: int
+    stride: int
+
+    def to_json(self) -> dict:
+        return {"root": self.root, "offset": self.offset, "row": self.row, "stride": self.stride}
+
+    @staticmethod
+    def from_json(d: Mapping) -> "Placement":
+        return Placement(str(d["root"]), int(d["offset"]), int(d["row"]), int(d["stride"]))
 
 
 @dataclass(frozen=True)
@@ -32,6 +58,7 @@ class MemoryPlan:
     offsets: tensor name -> byte offset in the arena.
     lifetimes: tensor name -> (first layer, last layer) index.
     aliases: view tensor -> the tensor whose slot it shares (same offset, same bytes).
+    placements: placed tensor -> its Placement in its root's slot (module docstring).
     """
 
     arena_bytes: int = 0
@@ -42,9 +69,10 @@ class MemoryPlan:
     alignment: int = ALIGNMENT
     strategy: str = "best-fit"
     aliases: dict[str, str] = field(default_factory=dict, hash=False)
+    placements: dict[str, Placement] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "aliases": dict(sorted(self.aliases.items())),
             "arena_bytes": self.arena_bytes,
             "peak_bytes": self.peak_bytes,
@@ -54,6 +82,9 @@ class MemoryPlan:
             "alignment": self.alignment,
             "strategy": self.strategy,
         }
+        if self.placements:  # absent without placements: such plans keep their bytes
+            out["placements"] = {k: v.to_json() for k, v in sorted(self.placements.items())}
+        return out
 
     @staticmethod
     def from_json(d: Mapping) -> "MemoryPlan":
@@ -63,7 +94,16 @@ class MemoryPlan:
             {k: (int(v[0]), int(v[1])) for k, v in d["lifetimes"].items()},
             int(d.get("alignment", ALIGNMENT)), str(d.get("strategy", "best-fit")),
             {str(k): str(v) for k, v in d.get("aliases", {}).items()},
+            {str(k): Placement.from_json(v) for k, v in d.get("placements", {}).items()},
         )
+
+
+def concat_rows(shape: Sequence[int], axis: int, start: int, extent: int) -> tuple[int, int, int]:
+    """(offset, row, stride) in elements of the slice [start, start + extent) along `axis` of a
+    contiguous tensor of `shape` seen as rows: prod(shape[:axis]) rows of extent * inner elements,
+    shape[axis] * inner apart (inner = prod(shape[axis + 1:]))."""
+    inner = math.prod(shape[axis + 1:])
+    return start * inner, extent * inner, int(shape[axis]) * inner
 
 
 def align(n: int, alignment: int = ALIGNMENT) -> int:
@@ -108,18 +148,27 @@ def plan_memory(
     strategy: str = "best-fit",
     alignment: int = ALIGNMENT,
     aliases: Mapping[str, str] = {},
+    placements: Mapping[str, Placement] = {},
+    itemsizes: Mapping[str, int] = {},
 ) -> MemoryPlan:
     """Assign arena offsets to every tensor in `lifetimes` (sizes in bytes).
 
     `io_names` (engine inputs and outputs) get dedicated slots first, in the order given.
-    `aliases` maps view tensors to their sources (see the module docstring); a view is never
-    an engine input or output. Deterministic: ties are broken by name."""
+    `aliases` maps view tensors to their sources, `placements` placed tensors to their place in
+    a root's slot (`itemsizes`: bytes per element of each placed tensor; see the module
+    docstring); neither is ever an engine input or output. Deterministic: ties are broken by name."""
     original = dict(lifetimes)
     aliases = {a: src for a, src in aliases.items() if a in original and src in original}
-    lifetimes = {n: v for n, v in original.items() if n not in aliases}
-    for view, src in aliases.items():
-        first, last = lifetimes[src]
-        lifetimes[src] = (min(first, original[view][0]), max(last, original[view][1]))
+    placements = {t: p for t, p in placements.items() if t in original and p.root in original}
+    own = {t: p for t, p in placements.items() if t not in aliases}  # the rest: views of placed tensors
+    shared = {**aliases, **{t: p.root for t, p in own.items()}}
+    lifetimes = {n: v for n, v in original.items() if n not in shared}
+    for view in shared:
+        root = view
+        while root in shared:
+            root = shared[root]
+        first, last = lifetimes[root]
+        lifetimes[root] = (min(first, original[view][0]), max(last, original[view][1]))
     offsets: dict[str, int] = {}
     cursor = 0
     io_list = [n for n in dict.fromkeys(io_names) if n in lifetimes]
@@ -140,8 +189,10 @@ def plan_memory(
         offsets[name] = _choose_offset(busy, size, io_end, strategy)
         placed.append((offsets[name], size, first, last))
     arena = max([cursor] + [o + s for o, s, _, _ in placed])
-    no_reuse = sum(align(sizes[n], alignment) for n in original)
-    for view, src in aliases.items():
+    no_reuse = sum(align(sizes[n], alignment) for n in original if n not in placements)
+    for name, p in own.items():
+        offsets[name] = offsets[p.root] + p.offset * itemsizes[name]
+    for view, src in aliases.items():  # a view of a placed tensor: at its source's rows
         offsets[view] = offsets[src]
     return MemoryPlan(
         arena_bytes=arena,
@@ -152,6 +203,7 @@ def plan_memory(
         alignment=alignment,
         strategy=strategy,
         aliases=dict(aliases),
+        placements=dict(placements),
     )
 
 

@@ -261,6 +261,14 @@ WEIGHT_FIELDS = (
     Field("nbytes", BYTES),
 )
 
+#: a Concat input placed in its Concat's output (polykit.compiler.plan.memory.Placement), in elements
+PLACEMENT_FIELDS = (
+    Field("root", text()),
+    Field("offset", BYTES),
+    Field("row", integer(1, MAX_BYTES)),
+    Field("stride", integer(1, MAX_BYTES)),
+)
+
 MEMORY_FIELDS = (
     Field("arena_bytes", BYTES),
     Field("peak_bytes", BYTES),
@@ -270,6 +278,7 @@ MEMORY_FIELDS = (
     Field("alignment", integer(1, 1 << 20), required=False),
     Field("strategy", one_of(("best-fit", "first-fit", "none")), required=False),
     Field("aliases", map_of(text()), required=False),
+    Field("placements", map_of(record(PLACEMENT_FIELDS)), required=False),
 )
 
 #: a kernel of a layer: its entry point and the key of its source text (polykit.kernels.cuda.base.

@@ -21,6 +21,12 @@ from polykit.kernels.tactics import ANY, Tactic, function_source
 RunFn = Callable[[Node, Sequence["np.ndarray | None"]], "list[np.ndarray]"]
 
 
+def writes_anywhere(layer: Any, row: int, stride: int, offset: int) -> bool:
+    """The cpu target writes every layer's outputs itself (polykit.runtime.cpu), so any cpu
+    tactic's output can be placed in rows of a Concat's output."""
+    return True
+
+
 @dataclass(frozen=True)
 class CpuTactic(Tactic):
     """A Tactic of the cpu target: `run_fn(node, inputs)` computes the layer's outputs;
@@ -31,6 +37,8 @@ class CpuTactic(Tactic):
     dynamic_sizes: bool = True  # numpy kernels take their sizes from the arrays they get
     code_of: Callable[[Any], Any] | None = field(default=None, hash=False, compare=False)
     communicates: bool = False  # run_fn takes the context's communicator as a third argument
+    places_fn: Callable[[Any, int, int, int], bool] | None = field(default=writes_anywhere, hash=False,
+                                                                   compare=False)
 
     def run(self, node: Node, inputs: Sequence[np.ndarray | None], communicator: Any = None) -> list[np.ndarray]:
         return self.run_fn(node, inputs, communicator) if self.communicates else self.run_fn(node, inputs)

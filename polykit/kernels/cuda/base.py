@@ -193,11 +193,19 @@ def count_slot(layer: str) -> str:
 
 @dataclass(frozen=True)
 class DeviceTensor:
-    """A tensor in device memory as a kernel sees it: pointer, shape, dtype (contiguous)."""
+    """A tensor in device memory as a kernel sees it: pointer, shape, dtype; contiguous unless
+    `row_stride` is set: then it is placed in a Concat's output (polykit.compiler.builder.
+    concat_placement), its rows of `row` elements (CudaTactic.places) `row_stride` elements
+    apart, which only its producer writes (through a tactic that declared it can)."""
 
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype
+    row_stride: int = 0
+
+    def rows_apart(self, row: int) -> int:
+        """Elements between consecutive rows of `row` elements: `row` when contiguous."""
+        return self.row_stride or row
 
     @property
     def size(self) -> int:
@@ -261,6 +269,14 @@ class CudaTactic(Tactic):
         return hashlib.sha256((super().source_key(layer) + keys).encode()).hexdigest()[:24]
 
 
+def places_last_axis(layer: Any, row: int, stride: int, offset: int) -> bool:
+    """Tactic.places of a family that writes its output a pixel row at a time (the channels of a
+    channels-last tensor) with a runtime row stride, checking its own store alignment at run time:
+    placeable where the rows are whole pixels (a Concat on the last axis)."""
+    outs = getattr(layer, "out_shapes", ())
+    return bool(outs) and len(outs[0]) >= 2 and row == int(outs[0][-1]) and stride >= row
+
+
 def storage_code(layer: Any, t: DeviceTensor, codes: Mapping[str, str], allowed: Sequence[str],
                  what: str = "") -> str:
     """The kernel-name suffix of `t`'s storage type (`codes`: numpy dtype name -> suffix) when
@@ -292,16 +308,16 @@ DECLARED: list[CudaTactic] = []
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
-                domain: str = ANY, serves: Any = None):
+                domain: str = ANY, serves: Any = None, places: Any = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
     by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
-    `serves`: polykit.kernels.tactics.Tactic.serves)."""
+    `serves`, `places`: polykit.kernels.tactics.Tactic.serves / places_fn)."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
                                    enqueue_fn=enqueue_fn, conservative=conservative, domain=domain,
-                                   serves=serves))
+                                   serves=serves, places_fn=places))
         return enqueue_fn
 
     return declare

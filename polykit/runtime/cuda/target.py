@@ -216,7 +216,8 @@ class CudaContext:
             if desc.offset < 0:
                 raise PlanError(f"tensor {name!r} has no arena offset", where=f"tensor {name!r}",
                                 hint="the plan's memory plan is incomplete; rebuild it")
-            self.tensors[name] = DeviceTensor(0, tuple(desc.shape), desc.np_dtype)
+            placed = plan.memory.placements.get(name)  # its producer writes rows into its Concat's output
+            self.tensors[name] = DeviceTensor(0, tuple(desc.shape), desc.np_dtype, placed.stride if placed else 0)
         self._staged = StagedValues(*value_layout(plan.tensors, plan.memory.aliases), allocator=alloc)
         staged = set()
         for name, desc in plan.tensors.items():  # shape-tensor values and their views read the value region
@@ -271,7 +272,7 @@ class CudaContext:
             if name in self._moved:
                 self._moved[name] = ptr
             else:
-                self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype)
+                self.tensors[name] = DeviceTensor(ptr, t.shape, t.dtype, t.row_stride)
 
     def io_pointer(self, binding: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> int:
         return device_pointer(binding, name, shape, dtype)

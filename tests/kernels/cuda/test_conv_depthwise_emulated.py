@@ -64,3 +64,40 @@ def test_emulated_misaligned_output_takes_the_element_stores(launcher):
     x, w, attrs, skip = EPI_CASES[0]
     assert run_emulated(launcher, P8, x, w, attrs, F16, shift_y=1, epilogue=RESIDUAL_RELU,
                         extra={"skip": skip}) <= TOL[F16]
+
+
+def run_emulated_placed(launcher, tactic, x, w, attrs, dtype, before, after, **kw):
+    """The output placed in a Concat's slice (concat by placement): pixel rows of before + M + after
+    elements, the layer's M channels `before` elements in; (error, whether the rest of each row kept
+    its poison)."""
+    layer, inputs, specs = depthwise_layer(x, w, attrs, dtype, **kw)
+    shape, dt = specs["Y"]
+    pixels, m = int(np.prod(shape[:-1])), shape[-1]
+    ldy = before + m + after
+    rows = np.full((pixels, ldy), np.nan, dt)  # numpy's buffer: 16-byte aligned
+    tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
+    tensors["Y"] = DeviceTensor(rows.ctypes.data + before * rows.itemsize, shape, np.dtype(dt), ldy)
+    t = find_tactic("cuda", "ConvNHWC", tactic)
+    assert t.places(layer, m, ldy, before)
+    t.enqueue(layer, launcher, tensors)
+    got = np.ascontiguousarray(rows[:, before:before + m]).reshape(shape)
+    untouched = np.isnan(rows[:, :before]).all() and np.isnan(rows[:, before + m:]).all()
+    return rel_err(got, reference(layer, inputs)), untouched
+
+
+@pytest.mark.parametrize("case,dtype,before,after", [
+    (0, F16, 8, 16),   # 16-byte stores into rows 32 channels apart
+    (3, F16, 3, 5),    # 13 channels 21 apart: element stores
+    (2, F32, 4, 4),    # float32, rows 104 apart, the slice 16 bytes in
+    (0, F16, 3, 5),    # an aligned M in a misaligned slice: element stores
+])
+def test_emulated_depthwise_writes_its_rows_of_a_concat_output(launcher, case, dtype, before, after):
+    err, untouched = run_emulated_placed(launcher, P8, *CASES[case], dtype, before, after)
+    assert err <= TOL[dtype] and untouched
+
+
+def test_emulated_placed_output_reads_its_residual_at_the_dense_index(launcher):
+    x, w, attrs, skip = EPI_CASES[0]
+    err, untouched = run_emulated_placed(launcher, P8, x, w, attrs, F16, 16, 8, epilogue=RESIDUAL_RELU,
+                                         extra={"skip": skip})
+    assert err <= TOL[F16] and untouched

@@ -93,8 +93,11 @@ def _grid_1d(total: int) -> tuple[int]:
     return (max(1, min((total + BLOCK - 1) // BLOCK, 2**31 - 1)),)
 
 
-def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", file: str = "conv.cu"):
-    """The enqueue of an implicit-GEMM conv tactic: `kernel_name`, then `reduce_name` after a split-K launch."""
+def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", file: str = "conv.cu",
+                  row_stride: bool = False):
+    """The enqueue of an implicit-GEMM conv tactic: `kernel_name`, then `reduce_name` after a split-K
+    launch; with `row_stride` its kernels take the elements between Y's pixel rows after `partial`
+    (conv_nhwc.cu's LDY)."""
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         where = f"layer {layer.name!r}"
@@ -111,8 +114,9 @@ def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", fil
                               "index it in 32 bits)", where=where, hint="run this layer on --target cpu")
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
         kernel = kernel_source(layer, kernel_name, file, elem)
+        y = tensors[layer.outputs[0]]
         launch_tiled(launcher, kernel, reduce_name, m, n, k, g["G"], args,
-                     _with_epilogue(layer, tensors, []))
+                     ([y.rows_apart(g["M"])] if row_stride else []) + _with_epilogue(layer, tensors, []))
 
     return enqueue
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.errors import DeviceError, PolykitError
-from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, cuda_tactic, defines, places_last_axis
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
 
 FILE = "conv_depthwise.cu"
@@ -369,10 +369,12 @@ def _depthwise_fmas(plan: DepthwisePlan) -> int:
 
 
 def tile_enqueue(what: str, plan_of: Callable[[Any, Any, Any, Any, str], Any],
-                 launch_of: Callable[[Any, Any, str, Any, Any, Any], tuple[KernelSource, bool, bool]]):
+                 launch_of: Callable[[Any, Any, str, Any, Any, Any], tuple[KernelSource, bool, bool]],
+                 row_stride: bool = False):
     """enqueue(layer, launcher, tensors) of a tiled ConvNHWC tactic (`what`: its kind of conv):
     one storage type for X, W, B, Y; `plan_of(attrs, X, W, Y, storage)` the launch plan (None: a
-    DeviceError); `launch_of(layer, plan, elem, X, W, Y)` its (kernel, vec_in, vec_out)."""
+    DeviceError); `launch_of(layer, plan, elem, X, W, Y)` its (kernel, vec_in, vec_out); with
+    `row_stride` its kernel takes Y's pixel row stride after vec_out (conv_depthwise.cu's LDY)."""
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, Y = tensors[layer.inputs[0]], tensors[layer.inputs[1]], tensors[layer.outputs[0]]
@@ -388,6 +390,7 @@ def tile_enqueue(what: str, plan_of: Callable[[Any, Any, Any, Any, str], Any],
                               where=where, hint="run this layer with another ConvNHWC tactic")
         kernel, vec_in, vec_out = launch_of(layer, plan, ELEMS[storage][0], X, Wt, Y)
         args = [X, Wt, B if B is not None else 0, Y, *plan.args(vec_in, vec_out)]
+        args += [Y.rows_apart(Y.shape[-1])] if row_stride else []
         launcher.launch(kernel, plan.grid, plan.block, args + epilogue_args(layer, tensors, Y.dtype),
                         shared_mem=plan.smem)
 
@@ -399,7 +402,8 @@ def _depthwise_launch(variant: DepthwiseVariant):
                   Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
         kw, sw = fast_width(layer.attrs, Wt.shape)
         vec_in = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
-        return kernel_source(layer, elem, variant, kw, sw), vec_in, plan.M % 8 == 0 and Y.ptr % 16 == 0
+        vec_out = plan.M % 8 == 0 and Y.rows_apart(plan.M) % 8 == 0 and Y.ptr % 16 == 0
+        return kernel_source(layer, elem, variant, kw, sw), vec_in, vec_out
 
     return launch_of
 
@@ -438,11 +442,12 @@ def _epilogue_variants() -> list[KernelSource]:
 
 
 def register(variants: Sequence[TileVariant], kernels: Callable, supports: Callable, estimate: Callable,
-             enqueue: Callable) -> None:
-    """Declare each variant a ConvNHWC tactic of priority 20 (kernels(variant) etc. its hooks)."""
+             enqueue: Callable, places: Callable | None = None) -> None:
+    """Declare each variant a ConvNHWC tactic of priority 20 (kernels(variant) etc. its hooks;
+    `places`: Tactic.places_fn)."""
     for variant in variants:
         cuda_tactic("ConvNHWC", variant.name, kernels=kernels(variant), supports=supports(variant), priority=20,
-                    estimate=estimate(variant),
+                    estimate=estimate(variant), places=places,
                     params={"p": variant.p, "threads": variant.threads, "min_blocks": variant.min_blocks,
                             "smem_limit": SMEM_LIMIT})(enqueue(variant))
 
@@ -454,4 +459,4 @@ def _plan_of(variant: DepthwiseVariant):
 register(VARIANTS, _kernels, tile_supports(depthwise_window, _smallest_smem),
          lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0], layer.in_shapes[1],
                                                                     layer.out_shapes[0], storage), _depthwise_fmas, 4),
-         lambda v: tile_enqueue("depthwise", _plan_of(v), _depthwise_launch(v)))
+         lambda v: tile_enqueue("depthwise", _plan_of(v), _depthwise_launch(v), row_stride=True), places_last_axis)

@@ -4,14 +4,15 @@
 Tactics `cuda.conv_nhwc.skinny_<BM>x<BN>` (kind ConvNHWC, compute capability 8.0+) for float16 /
 bfloat16 layers with C % 8 == 0 and C <= gemm_skinny.MAX_K: the mobile nets' expand and project
 convolutions (M up to 401,408 pixels at batch 32, C and N of 16..320), which are memory-bound.
-The KRSC weight [N, 1, 1, C] is the kernel's K-contiguous W; the bias its C (scn 1).
+The KRSC weight [N, 1, 1, C] is the kernel's K-contiguous W; the bias its C (scn 1). Y's rows
+may lie further apart than N (gemm_skinny.cu's LDY): a Concat's slice (places_last_axis).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis
 from polykit.kernels.cuda.conv.conv_sm90 import ConvGemm, conv_operands, plan_conv
 from polykit.kernels.cuda.gemm.epilogue import supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_skinny import ARCHS, ELEMS, TILES, SkinnyTile, kernel_for, launch, skinny_us
@@ -75,5 +76,5 @@ def compile_variants() -> list[KernelSource]:
 
 for _tile in TILES:
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.skinny_{_tile.label}", kernels=_kernels(_tile), supports=_supports(_tile),
-                priority=30, archs=ARCHS, estimate=_estimate(_tile),
+                priority=30, archs=ARCHS, estimate=_estimate(_tile), places=places_last_axis,
                 params={"bm": _tile.bm, "bn": _tile.bn})(_enqueue(_tile))

@@ -10,18 +10,20 @@ warp-specialized wgmma consumers as the GEMM tactics: GEMM M = NB * OH * OW outp
 N = output channels, K = KH * KW * C. The KRSC weight is B, read by TMA; the producer
 warpgroup gathers A (im2col rows, 16 bytes = 8 (tf32: 4) channels of one tap at a time) with cp.async.
 Tiles are gemm_sm90's with BM <= 128 (a 256-row tile would make each producer thread track 16
-rows, more registers than a producer has).
+rows, more registers than a producer has). Y's rows lie LDY elements apart (a runtime argument: N,
+or a channels-last Concat's channel total where the output is placed in its slice, places_last_axis);
+the pair and 16-byte stores check their alignment at run time and fall back to narrower ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
 
 from polykit.compiler.ops.nn.conv import window_geometry
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines, places_last_axis
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
@@ -46,12 +48,14 @@ class ConvGemm:
     strides: tuple[int, int]
     pads: tuple[int, int]
     dilations: tuple[int, int]
+    #: elements between output pixels' rows of Y (conv_sm90.cu's LDY); 0: dense (N)
+    ldy: int = 0
 
     def args(self) -> list[Any]:
         i32 = np.int32
         return [self.M, self.N, self.K, i32(self.H), i32(self.W), i32(self.C), i32(self.OH), i32(self.OW),
                 i32(self.KW), i32(self.strides[0]), i32(self.strides[1]), i32(self.pads[0]), i32(self.pads[1]),
-                i32(self.dilations[0]), i32(self.dilations[1])]
+                i32(self.dilations[0]), i32(self.dilations[1]), self.ldy or self.N]
 
 
 def plan_conv(attrs: Mapping[str, Any], x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]) -> ConvGemm | None:
@@ -124,6 +128,7 @@ def conv_operands(layer: Any, tensors: Mapping[str, DeviceTensor], plan: Any = p
 def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, B, Y, geo = conv_operands(layer, tensors)
+        geo = replace(geo, ldy=Y.rows_apart(geo.N))  # its rows in a Concat's output where placed there
         es = np.dtype(Wt.dtype).itemsize
         tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
                              (bk_of(Wt.dtype), tile.bn, 1))
@@ -152,5 +157,6 @@ for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "s
     for _tile in _tiles:
         cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
                     supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
+                    places=places_last_axis,
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))

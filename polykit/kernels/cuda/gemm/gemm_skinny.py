@@ -102,10 +102,11 @@ def kernel_for(layer: Any, tile: SkinnyTile, elem: str, b_kn: bool) -> KernelSou
 
 def launch(layer: Any, tile: SkinnyTile, launcher: Any, tensors: Mapping[str, Any], A: Any, W: Any, C: Any, Y: Any,
            M: int, N: int, K: int, b_kn: bool, c_strides: tuple[int, int], alpha: float, beta: float) -> None:
-    """One launch of gemm_skinny over the layer's tensors (shared by the GEMM and conv tactics)."""
+    """One launch of gemm_skinny over the layer's tensors (shared by the GEMM and conv tactics); Y's
+    rows lie Y.rows_apart(N) elements apart (a Concat's slice where the conv's output is placed)."""
     elem = ELEMS[np.dtype(Y.dtype).name]
     args = [A, W, C if C is not None else 0, Y, M, N, np.int32(K), c_strides[0], c_strides[1], np.float32(alpha),
-            np.float32(beta)] + epilogue_args(layer, tensors, Y.dtype)
+            np.float32(beta), Y.rows_apart(N)] + epilogue_args(layer, tensors, Y.dtype)
     grid = (-(-M // tile.bm), n_splits(tile, M, N, K, launcher.sm_count, b_kn))
     launcher.launch(kernel_for(layer, tile, elem, b_kn), grid, (128,), args, shared_mem=tile.smem(K, b_kn))
 

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, places_last_axis
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for, merge_dims
 from polykit.kernels.cuda.reduce.reduce import unit
 
@@ -119,7 +119,9 @@ def enqueue_transpose(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     rank = len(x.shape)
     perm = [int(p) % max(rank, 1) for p in layer.attrs.get("perm", list(range(rank))[::-1])]
     xs = contiguous_strides(x.shape)
-    launch_copy(launcher, x, y, y.shape, [xs[p] for p in perm], contiguous_strides(y.shape), where=where)
+    # placed in a Concat's output (concat by placement): rows of its last dim y.row_stride apart
+    ys = contiguous_strides((*y.shape[:-1], y.rows_apart(y.shape[-1]))) if y.shape else []
+    launch_copy(launcher, x, y, y.shape, [xs[p] for p in perm], ys, where=where)
 
 
 def enqueue_expand(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -132,6 +134,8 @@ def enqueue_expand(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
 
 
 def enqueue_concat(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    """Each input copied into its slice of the output, but for those placed there (their producer
+    wrote them at their rows: polykit.compiler.builder.concat_placement)."""
     y = tensors[layer.outputs[0]]
     axis = int(layer.attrs.get("axis", 0)) % len(y.shape)
     ys, offset = contiguous_strides(y.shape), 0
@@ -139,6 +143,9 @@ def enqueue_concat(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
         if not name:
             continue
         x = tensors[name]
+        if x.row_stride and x.ptr == y.ptr + offset * ys[axis] * np.dtype(y.dtype).itemsize:
+            offset += x.shape[axis]
+            continue
         launch_copy(launcher, x, y, x.shape, contiguous_strides(x.shape), ys, 0, offset * ys[axis],
                     where=f"layer {layer.name!r}")
         offset += x.shape[axis]
@@ -236,7 +243,8 @@ for _kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
 for _kind, _fn in (("Transpose", enqueue_transpose), ("Expand", enqueue_expand), ("Concat", enqueue_concat),
                    ("Split", enqueue_split), ("DepthToSpace", enqueue_depth_space),
                    ("SpaceToDepth", enqueue_depth_space)):
-    cuda_tactic(_kind, "cuda.movement.strided", kernels=copy_kernels)(_fn)
+    cuda_tactic(_kind, "cuda.movement.strided", kernels=copy_kernels,
+                places=places_last_axis if _kind == "Transpose" else None)(_fn)
 cuda_tactic("Slice", "cuda.movement.slice", kernels=_shaped_kernels("slice"))(enqueue_slice)
 cuda_tactic("Pad", "cuda.movement.pad", kernels=_shaped_kernels("pad"),
             supports=lambda layer: layer.attrs.get("mode", "constant") in PAD_MODES)(enqueue_pad)

@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, places_last_axis
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 from polykit.kernels.cuda.storage_types import CODE
 
@@ -77,12 +77,14 @@ class ResizeGeometry:
     empty: int                    # x has no element but y has some: y is zeros
 
     def args(self, x, y, scales, sizes, roi) -> list:
-        """Kernel arguments; x/y/scales/sizes/roi are DeviceTensors or 0 (absent)."""
+        """Kernel arguments; x/y/scales/sizes/roi are DeviceTensors or 0 (absent); y's rows of its last
+        dim lie y.rows_apart(last) elements apart (a Concat's slice where y is placed there)."""
         pad = lambda v, fill: list(v) + [fill] * (MAXR - len(v))  # noqa: E731
         return [x, y, scales, sizes, roi, self.roi_code, self.n_axes, int(np.prod(self.out_shape, dtype=np.int64)),
                 self.rank, *pad(self.in_shape, 1), *pad(self.out_shape, 1), *pad(self.slot, -1),
                 *[np.float64(h) for h in pad(self.host_scale, 1.0)], self.src, self.coord, self.rule,
-                np.float64(self.cubic_a), self.exclude, self.antialias, np.float64(self.extrapolation), self.empty]
+                np.float64(self.cubic_a), self.exclude, self.antialias, np.float64(self.extrapolation), self.empty,
+                y.rows_apart(self.out_shape[-1] if self.out_shape else 1)]
 
 
 def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:
@@ -144,7 +146,7 @@ def enqueue_resize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
                     geo.args(x, y, scales or 0, sizes or 0, roi or 0))
 
 
-cuda_tactic("Resize", "cuda.resize", kernels=_kernels, supports=supports)(enqueue_resize)
+cuda_tactic("Resize", "cuda.resize", kernels=_kernels, supports=supports, places=places_last_axis)(enqueue_resize)
 
 
 def compile_variants() -> list[KernelSource]:

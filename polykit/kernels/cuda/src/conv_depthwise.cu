@@ -26,8 +26,10 @@
 // Shared-memory columns are skewed against bank conflicts: tile column c sits at slot
 // c + c / G, G = DW_P * SW (a column group's first column), rows IWP slots apart (the host picks
 // IWP so that the 8 lanes of a 16-byte load phase hit 8 different bank groups).
-// Stores: 16 bytes per 8 channels (vec_out: M % 8 == 0, Y 16-byte aligned, and the epilogue's
-// vector form when its inputs allow), else element by element.
+// Stores: 16 bytes per 8 channels (vec_out: M % 8 == 0, LDY % 8 == 0, Y 16-byte aligned, and the
+// epilogue's vector form when its inputs allow), else element by element. Output pixel q's channels
+// start at Y + q * LDY (a runtime argument: M, or a channels-last Concat's channel total where Y is
+// placed in its slice, conv_depthwise.py); the epilogue's inputs keep the dense index q * M + channel.
 //
 // grid (ceil(OH/TH) * tiles_w, ceil(M / (VB*8)), NB), block VB * TWT * TH <= DW_THREADS,
 // dynamic shared memory KH*KW*VB*32 + NPL*IH*IWP*VB*16 bytes (conv_depthwise.py: DepthwisePlan).
@@ -53,10 +55,10 @@
 #define DW_BASE_PARAMS                                                                                             \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int OH, int OW, int KH,   \
       int KW, int SH, int SW, int PH, int PW, int DH, int DW, int TH, int TWT, int VB, int tiles_w, int IWP,       \
-      int vec_in, int vec_out
+      int vec_in, int vec_out, i64 LDY
 #define DW_PARAMS DW_BASE_PARAMS EPI_PARAMS
 #define DW_BASE_ARGS X, Wt, Bias, Y, H, W, C, M, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, TH, TWT, VB, tiles_w, IWP, \
-      vec_in, vec_out
+      vec_in, vec_out, LDY
 #define DW_ARGS DW_BASE_ARGS EPI_COMMA_ARGS
 
 // 16-byte planes of an 8-channel vector: 1 for 16-bit storage, 2 for float
@@ -235,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
   for (int p = 0; p < P; ++p) {
     const int ow = ow0 + tw * P + p;
     if (ow >= OW) continue;
-    const i64 oi = (((i64)n * OH + oh) * OW + ow) * M + co0;
+    const i64 pix = ((i64)n * OH + oh) * OW + ow, oi = pix * M + co0, yi = pix * LDY + co0;
     float y[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) y[i] = acc[p][i] + bias[i];
@@ -248,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
 #pragma unroll
       for (int i = 0; i < 8; ++i) y[i] = apply_epilogue(E, y[i], oi + i, co0 + i);
 #endif
-      dw_store8(Y + oi, y);
+      dw_store8(Y + yi, y);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -256,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
 #if HAS_EPILOGUE
         y[i] = apply_epilogue(E, y[i], oi + i, co0 + i);
 #endif
-        st(Y, oi + i, y[i]);
+        st(Y, yi + i, y[i]);
       }
     }
   }

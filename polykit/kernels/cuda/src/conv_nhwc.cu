@@ -6,14 +6,19 @@
 // X is (NB, H, W, C), W is (M, KH, KW, C/G) (KRSC), Y is (NB, OH, OW, M); bias (may be null) M.
 // Per group z: Y[z] (Mg x NB*OH*OW) = W[z] (Mg x KH*KW*Cg) * im2col(X)[z], the GEMM's
 //   M = output channels of the group, N = pixels (nb, oh, ow), K = (kh, kw, c) with c fastest,
-// so W[z] is a plain row-major [Mg, K] matrix. Element (m, n) goes to Y[n * M + z * Mg + m]; the
-// epilogue sees that NHWC linear index (its extra inputs are laid out like Y).
+// so W[z] is a plain row-major [Mg, K] matrix. Element (m, n) goes to Y[n * LDY + z * Mg + m]; the
+// epilogue sees the dense NHWC linear index n * M + z * Mg + m (its extra inputs are laid out like a
+// dense Y). LDY (runtime argument): elements between consecutive pixels' rows of Y, M for a dense Y,
+// a Concat's channel total when Y is placed in its slice (polykit.compiler.builder.concat_placement).
 #include "conv_common.cuh"
+
+#define CONV_NHWC_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial, i64 LDY EPI_PARAMS
+#define CONV_NHWC_ARGS CONV_BASE_ARGS, splits, partial, LDY EPI_COMMA_ARGS
 
 struct ConvNhwcP {
   const ELEM *X, *Wt, *Bias; ELEM* Y;
   i64 M, N, K;          // the GEMM: per-group out channels, pixels, KH*KW*Cg
-  i64 C, Cg, M_, OSP, OW, SH, SW, PH, PW;
+  i64 C, Cg, M_, LDY, OSP, OW, SH, SW, PH, PW;
   u32 Cgu, KWu;         // K decomposition in 32 bits (K < 2^31; checked by the host)
   int Hi, Wi, DHi, DWi;
 #if HAS_EPILOGUE
@@ -42,19 +47,19 @@ struct ConvNhwcP {
     return (float)ld(X, col.base + ((i64)ih * Wi + iw) * C + c);
   }
   __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
-    const i64 co = z * M + m, oi = n * M_ + co;
+    const i64 co = z * M + m;
     if (Bias) acc += (float)ld(Bias, co);
 #if HAS_EPILOGUE
-    acc = apply_epilogue(epi, acc, oi, co);  // NHWC: the output channel is the last axis
+    acc = apply_epilogue(epi, acc, n * M_ + co, co);  // NHWC: the output channel is the last axis
 #endif
-    st(Y, oi, acc);
+    st(Y, n * LDY + co, acc);
   }
 };
 
-__device__ __forceinline__ ConvNhwcP conv_nhwc_problem(CONV_IGEMM_PARAMS) {
+__device__ __forceinline__ ConvNhwcP conv_nhwc_problem(CONV_NHWC_PARAMS) {
   ConvNhwcP p;
   p.X = X; p.Wt = Wt; p.Bias = Bias; p.Y = Y;
-  p.C = C; p.Cg = C / G; p.M_ = M; p.M = M / G;
+  p.C = C; p.Cg = C / G; p.M_ = M; p.M = M / G; p.LDY = LDY;
   p.OSP = OH * OW; p.OW = OW; p.SH = SH; p.SW = SW; p.PH = PH; p.PW = PW;
   p.N = NB * p.OSP; p.K = KH * KW * p.Cg;
   p.Cgu = (u32)p.Cg; p.KWu = (u32)KW;
@@ -66,15 +71,15 @@ __device__ __forceinline__ ConvNhwcP conv_nhwc_problem(CONV_IGEMM_PARAMS) {
 }
 
 // implicit GEMM with N = NB*OH*OW pixels, M = M/G out channels, groups (and K slices) on grid z
-extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_simt(CONV_IGEMM_PARAMS) {
-  igemm_simt(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_simt(CONV_NHWC_PARAMS) {
+  igemm_simt(conv_nhwc_problem(CONV_NHWC_ARGS), splits, partial);
 }
-extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_simt_wide(CONV_IGEMM_PARAMS) {
-  igemm_simt_wide(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_simt_wide(CONV_NHWC_PARAMS) {
+  igemm_simt_wide(conv_nhwc_problem(CONV_NHWC_ARGS), splits, partial);
 }
-extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_mma(CONV_IGEMM_PARAMS) {
-  igemm_mma(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_igemm_mma(CONV_NHWC_PARAMS) {
+  igemm_mma(conv_nhwc_problem(CONV_NHWC_ARGS), splits, partial);
 }
-extern "C" __global__ void __launch_bounds__(256) conv_nhwc_splitk_reduce(CONV_IGEMM_PARAMS) {
-  igemm_splitk_reduce(conv_nhwc_problem(CONV_IGEMM_ARGS), splits, partial);
+extern "C" __global__ void __launch_bounds__(256) conv_nhwc_splitk_reduce(CONV_NHWC_PARAMS) {
+  igemm_splitk_reduce(conv_nhwc_problem(CONV_NHWC_ARGS), splits, partial);
 }

@@ -6,6 +6,10 @@
 // one (kh, kw) tap; zeros in the padding and past K), completion counted on the stage's `full`
 // barrier (cp.async.mbarrier.arrive.noinc). The conv bias is C (scm 0, scn 1, beta 1). With I8 1
 // the same kernel runs INT8 layers (int8_sm90.py: s8 operands, int8_out.cuh's output).
+// LDY: elements between consecutive output pixels' rows of Y (N when dense; a Concat's channel total
+// when Y is placed in its slice: gemm_sm90_epilogue.cuh's OUT_ROW_STRIDE); the INT8 / FP8 outputs
+// take it dense (N).
+#define OUT_ROW_STRIDE 1
 #include "gemm_sm90_epilogue.cuh"
 
 // rows of the A tile one producer thread gathers: rows tid / 8 + 16 * i, chunk tid % 8
@@ -19,7 +23,8 @@
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv_sm90(
     const __grid_constant__ TmaDesc tm_w, const OPER* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
-    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW I8_PARAMS EPI_PARAMS) {
+    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW, i64 LDY I8_PARAMS
+    EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
@@ -69,6 +74,11 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
   } else {  // ---- consumers ---------------------------------------------------------------------
     if (MOVE_REGS) set_max_regs_inc<CONV_CONSUMER_REGS>();
     OutT out = MAKE_OUT(Y, Bias, M, N, 0, 1, 1.f, 1.f);
+#if !I8 && !F8
+    out.ldy = LDY;
+#else
+    (void)LDY;
+#endif
 #if HAS_EPILOGUE
     EPI_OF(out) = make_epi(EPI_ARGS);
 #endif

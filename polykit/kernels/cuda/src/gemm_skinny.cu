@@ -15,7 +15,9 @@
 // owns rows w * BM / 4.. of the tile and all BN columns of a chunk (fragments by ldmatrix; rows of
 // shared memory padded by 8 elements, an odd number of 16-byte units: conflict-free ldmatrix).
 // The epilogue stores column pairs as the accumulators lie: alpha * acc (+ beta * C[m * scm + n *
-// scn]) with gemm_sm90's roundings, then apply_epilogue (epilogue_hook.cuh).
+// scn]) with gemm_sm90's roundings, then apply_epilogue (epilogue_hook.cuh), at Y[m * LDY + n]: LDY
+// (runtime) is N, or a channels-last Concat's channel total where a convolution's output is placed in
+// its slice (conv_skinny.py); C and the epilogue's inputs keep the dense index m * N + n.
 // Launch: grid (ceil(M / BM), n_splits <= ceil(N / BN)), block 128, dynamic shared memory skinny_smem (gemm_skinny.py):
 // 2 * (BM * SK + 2 * WTILE) bytes, SK = KP + 8, WTILE = BN * SK (B_KN 0) or KP * (BN + 8) (B_KN 1).
 #include "dtypes.cuh"
@@ -81,7 +83,7 @@ __device__ __forceinline__ void load_w(ELEM* ws, const ELEM* W, i64 N, int K, in
 
 extern "C" __global__ void __launch_bounds__(128, 4) gemm_skinny(const ELEM* A, const ELEM* W, const ELEM* C, ELEM* Y,
                                                               i64 M, i64 N, int K, i64 scm, i64 scn, float alpha,
-                                                              float beta EPI_PARAMS) {
+                                                              float beta, i64 LDY EPI_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int KP = (K + 15) & ~15, SK = KP + 8;
   constexpr int WS_KN = BN + 8;  // B_KN 1: a K row of a W chunk
@@ -169,8 +171,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) gemm_skinny(const ELEM* A, 
             v[e] = apply_epilogue(E, v[e], m * N + ne, ne);
 #endif
           }
-          ELEM* y = Y + m * N + n;
-          if (n + 1 < N && (N & 1) == 0) {
+          ELEM* y = Y + m * LDY + n;
+          if (n + 1 < N && ((N | LDY) & 1) == 0 && ((u64)Y & (2 * sizeof(ELEM) - 1)) == 0) {
             struct __align__(2 * sizeof(ELEM)) Pair { ELEM v[2]; } p2;
             st(p2.v, 0, v[0]);
             st(p2.v, 1, v[1]);

@@ -4,8 +4,15 @@
 // lanes, quad_row, then 8 consecutive columns a lane: finish_rows), the INT8 output (OutI8 over
 // int8_out.cuh's Out; with F8 the same on float sums), and consume: each tile's K loop
 // (gemm_sm90_core.cuh), then its epilogue.
+// OUT_ROW_STRIDE (define, 0 unless the including kernel sets it: conv_sm90.cu): OutP stores row m of
+// Y at m * ldy (a runtime value; a Concat's slice when the convolution's output is placed there,
+// polykit.compiler.builder.concat_placement) instead of m * N; C and the epilogue's inputs keep the
+// dense index. The pair and 16-byte stores are taken only where ldy and Y keep them aligned.
 #pragma once
 #include "gemm_sm90_core.cuh"
+#ifndef OUT_ROW_STRIDE
+#define OUT_ROW_STRIDE 0
+#endif
 
 struct OutP {
   ELEM* Y;
@@ -14,6 +21,17 @@ struct OutP {
   float alpha, beta;
 #if HAS_EPILOGUE
   EpiState epi;
+#endif
+#if OUT_ROW_STRIDE
+  i64 ldy;  // elements between consecutive rows of Y (N when dense)
+  __device__ __forceinline__ i64 row_stride() const { return ldy; }
+  // pairs of columns stored as one word: rows and Y aligned to a pair
+  __device__ __forceinline__ bool pairs_ok() const {
+    return ((N | ldy) & 1) == 0 && ((u64)Y & (2 * sizeof(ELEM) - 1)) == 0;
+  }
+#else
+  __device__ __forceinline__ i64 row_stride() const { return N; }
+  __device__ __forceinline__ bool pairs_ok() const { return (N & 1) == 0; }
 #endif
   // alpha * acc (+ beta * c) with explicit roundings (one fma with C): the pair stores and the
   // 16-byte paths (finish8, finish_rows) compute every element alike, bit for bit
@@ -35,9 +53,9 @@ struct OutP {
       a = tf32_round(a);
       b = tf32_round(b);
     }
-    ELEM* y = Y + (z * M + m) * N + n;
+    ELEM* y = Y + (z * M + m) * row_stride() + n;
     if (n + 1 < N) {
-      if ((N & 1) == 0) {
+      if (pairs_ok()) {
         struct __align__(2 * sizeof(ELEM)) Pair { ELEM v[2]; } pair;
         st(pair.v, 0, a);
         st(pair.v, 1, b);
@@ -101,7 +119,8 @@ __device__ __forceinline__ void quad_row(const acc_t (&lo)[4], const acc_t (&hi)
 // right, cause not found — so it keeps the pair stores)
 __device__ __forceinline__ bool vector_ok(const OutP& out) {
   const bool c_ok = !out.C || (out.scm == 0 && out.scn == 1 && ((u64)out.C & 15) == 0);
-  bool ok = MSUB == 1 && EPI_VEC && sizeof(ELEM) == 2 && c_ok && (out.N & 7) == 0 && ((u64)out.Y & 15) == 0;
+  bool ok = MSUB == 1 && EPI_VEC && sizeof(ELEM) == 2 && c_ok && ((out.N | out.row_stride()) & 7) == 0 &&
+            ((u64)out.Y & 15) == 0;
 #if HAS_EPILOGUE && EPI_VEC
   ok = ok && epi_vec_ok(out.epi);
 #endif
@@ -159,9 +178,9 @@ __device__ __forceinline__ void value8(const OutP& out, const ELEM (&c)[8], cons
   apply_epilogue8(out.epi, cols, r, v);
 #endif
 }
-// one 16-byte store at output index oi
-__device__ __forceinline__ void store8(const OutP& out, i64 oi, const float (&v)[8]) {
-  *(uint4*)(out.Y + oi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+// one 16-byte store at element yi of Y (row * out.row_stride() + column)
+__device__ __forceinline__ void store8(const OutP& out, i64 yi, const float (&v)[8]) {
+  *(uint4*)(out.Y + yi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
 }
 // columns n..n + 7 of row m on their own (16-bit storage, N % 8 == 0, vector_ok: the split-K
 // reduce's rows): their loads, value8, store8
@@ -175,7 +194,7 @@ __device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, co
   load_cols(out, c, cols, n);
   load_row(out, r, oi);
   value8(out, c, cols, r, w, v);
-  store8(out, oi, v);
+  store8(out, (z * out.M + m) * out.row_stride() + n, v);
 }
 // Rows m, m + 8 of a subtile (n0: the lane's first column, 8 * (lane % 4) into the tile), EPI_GROUP
 // column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
@@ -184,7 +203,8 @@ __device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, co
 // the stores of the groups between. Every lane of the warp must call it.
 __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
-  const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
+  const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;  // the loads' (dense) indices
+  const i64 yrow = (z * out.M + m) * out.row_stride(), yrow8 = yrow + 8 * out.row_stride();  // the stores'
   Loads8 in[EPI_GROUPS];
 #pragma unroll
   for (int g = 0; g < GROUPS_AHEAD; ++g) load_group(out, in[g], m, n0 + 8 * EPI_GROUP * g, row + n0 + 8 * EPI_GROUP * g);
@@ -210,10 +230,10 @@ __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float 
       continue;
     }
     value8(out, in[g].c, in[g].cols, in[g].r, w, v);
-    if (row_ok) store8(out, row + n, v);
+    if (row_ok) store8(out, yrow + n, v);
     quad_row(lo8, hi8, w, lane);
     value8(out, in[g].c, in[g].cols, in[g].r8, w, v);
-    if (row8_ok) store8(out, row8 + n, v);
+    if (row8_ok) store8(out, yrow8 + n, v);
   }
 }
 #endif
@@ -386,5 +406,8 @@ __device__ __forceinline__ OutP make_out(ELEM* Y, const ELEM* C, i64 M, i64 N, i
                                          float beta) {
   OutP out;
   out.Y = Y; out.C = C; out.M = M; out.N = N; out.scm = scm; out.scn = scn; out.alpha = alpha; out.beta = beta;
+#if OUT_ROW_STRIDE
+  out.ldy = N;
+#endif
   return out;
 }

@@ -98,15 +98,18 @@ extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
 
 // Channels last (ai.polykit MaxPoolNHWC / AveragePoolNHWC, 2-D: D = OD = KD = 1): X is
 // (NB, H, W, C), Y (NB, OH, OW, C); one thread per output element, channels fastest so a warp
-// reads neighbouring channels. NC is NB * C. grid (ceil(total/256)), block 256
+// reads neighbouring channels. NC is NB * C. grid (ceil(total/256)), block 256. The three NHWC
+// kernels store output pixel q's channels at Y + q * LDY (a runtime argument): C, or a channels-last
+// Concat's channel total where Y is placed in its slice (pool.py; the vector kernels need LDY and Y
+// aligned as their stores).
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc(const ELEM* X, ELEM* Y, i64 NC, i64 C,
-                                                                   POOL_GEOMETRY) {
+                                                                   POOL_GEOMETRY, i64 LDY) {
   const i64 total = NC * OH * OW;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 c = i % C, pix = i / C;
     const i64 nb = pix / (OH * OW), s = pix - nb * OH * OW;
     const i64 oh = s / OW, ow = s - oh * OW;
-    st(Y, i, pool_one(X + nb * H * W * C + c, H * W * C, W * C, C, 0, oh, ow, POOL_GEOMETRY_ARGS).v);
+    st(Y, pix * LDY + c, pool_one(X + nb * H * W * C + c, H * W * C, W * C, C, 0, oh, ow, POOL_GEOMETRY_ARGS).v);
   }
 }
 
@@ -124,7 +127,7 @@ union Pack8 {
 };
 
 template <class T, int K>
-__device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY) {
+__device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY) {
   if constexpr (Is16<T>::value) {
     const int groups = C / 8, total = NB * (int)OH * (int)OW * groups;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -173,15 +176,15 @@ __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, PO
         st(&e, 0, r);
         out.h[j] = e.x;
       }
-      *(uint4*)(Y + (i64)i * 8) = out.raw;
+      *(uint4*)(Y + (i64)pix * LDY + g * 8) = out.raw;
     }
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v8(const ELEM* X, ELEM* Y, int NB, int C,
-                                                                      POOL_GEOMETRY) {
-  if (KH == 3 && KW == 3) pool_nhwc_v8<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
-  else pool_nhwc_v8<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+                                                                      POOL_GEOMETRY, i64 LDY) {
+  if (KH == 3 && KW == 3) pool_nhwc_v8<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
+  else pool_nhwc_v8<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
 }
 
 // 8-bit MaxPool channels last (int8 / uint8 between INT8 layers: max commutes with the
@@ -195,7 +198,7 @@ template <> struct Is8<i8> { enum { value = 1 }; };
 template <> struct Is8<u8> { enum { value = 2 }; };
 
 template <class T, int K>
-__device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY) {
+__device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY) {
 #if POOL_MODE == 0
   if constexpr (Is8<T>::value != 0) {
     constexpr bool is_signed = Is8<T>::value == 1;
@@ -222,16 +225,16 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
           }
         }
       }
-      *(uint4*)(Y + (i64)i * 16) = acc;
+      *(uint4*)(Y + (i64)pix * LDY + g * 16) = acc;
     }
   }
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELEM* X, ELEM* Y, int NB, int C,
-                                                                       POOL_GEOMETRY) {
-  if (KH == 3 && KW == 3) pool_nhwc_v16<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
-  else pool_nhwc_v16<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS);
+                                                                       POOL_GEOMETRY, i64 LDY) {
+  if (KH == 3 && KW == 3) pool_nhwc_v16<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
+  else pool_nhwc_v16<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
 }
 
 // Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree

@@ -23,6 +23,8 @@
 //        4 asymmetric, 5 tf_half_pixel_for_nn, 6 tf_crop_and_resize.
 // nearest: 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil.
 // empty: x has no element but y has some (an input axis of length 0): y is all zeros.
+// ldy: elements between y's rows of out_d[rank - 1] elements (that dim when y is dense; a channels-last
+// Concat's channel total where y is placed in its slice, resize.py): element i is stored at y_at(i).
 #include "dtypes.cuh"
 
 #define STR8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
@@ -86,6 +88,8 @@ struct ResizeArgs {
   const void* roi;
   i64 roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty;
   double cubic_a, extrapolation;
+  i64 row, ldy;  // y's last dim and the elements between its rows
+  __device__ __forceinline__ i64 y_at(i64 i) const { return row == ldy ? i : i / row * ldy + i % row; }
 };
 
 template <class T, int MODE>
@@ -94,7 +98,7 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
   const int rank = (int)p.rank;
   const bool crop = p.coord == 6;
   if (p.empty) {
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) st_(y, i, 0.0);
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) st_(y, p.y_at(i), 0.0);
     return;
   }
   double policy = p.src == 2 ? 1e300 : -1e300;
@@ -153,8 +157,8 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
       norm[k] = sum; div[k] = total;
       ++k;
     }
-    if (outside) { st_(y, i, p.extrapolation); continue; }
-    if (k == 0) { y[i] = x[base]; continue; }
+    if (outside) { st_(y, p.y_at(i), p.extrapolation); continue; }
+    if (k == 0) { y[p.y_at(i)] = x[base]; continue; }
     i64 tap[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     double v = 0.0;
     for (;;) {
@@ -177,7 +181,7 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
       }
       if (j == k) break;
     }
-    st_(y, i, v);
+    st_(y, p.y_at(i), v);
   }
 }
 
@@ -186,9 +190,9 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
 extern "C" __global__ void RESIZE_KERNEL(const RESIZE_T* x, RESIZE_T* y, const float* scales, const i64* sizes,
                                          const void* roi, i64 roi_code, i64 nax, i64 n, i64 rank, STR8(a), STR8(b),
                                          STR8(s), DBL8(h), i64 src, i64 coord, i64 rule, double cubic_a, i64 exclude,
-                                         i64 antialias, double extrapolation, i64 empty) {
+                                         i64 antialias, double extrapolation, i64 empty, i64 ldy) {
   ARR8(i64, in_d, a); ARR8(i64, out_d, b); ARR8(i64, slot, s); ARR8(double, hs, h);
   const ResizeArgs p = {scales, sizes, roi, roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty,
-                        cubic_a, extrapolation};
+                        cubic_a, extrapolation, out_d[rank - 1], ldy};
   resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs);
 }
