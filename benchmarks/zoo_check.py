@@ -47,7 +47,7 @@ def compile_kernels(plan, arch: str) -> int:
 #: layer kinds that only move bytes (no arithmetic of the model): what issue #30 wants gone as views
 MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Expand", "Gather", "Tile", "Reshape",
                             "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DepthToSpace", "SpaceToDepth",
-                            "GatherElements", "ScatterND", "Copy", "PermutedCopy"})
+                            "GatherElements", "ScatterND", "Copy", "PermutedCopy", "Reformat"})
 
 
 #: layer kinds that read of their data input only what they write (an embedding table's rows, a
