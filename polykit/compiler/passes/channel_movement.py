@@ -25,7 +25,10 @@
 3. `compose_reformats` (after the precision conversion): Cast -> Transpose (0, 2, 3, 1) -> zero Pad of
    the channels (a convnet's image entry) and Transpose (0, 3, 1, 2) -> Cast (its exit), each part
    optional but the Transpose and one more, with at most MAX_CHANNELS channels on the packed side:
-   one ai.polykit Reformat (polykit.compiler.ops.tensor.reformat), one pass over the bytes.
+   one ai.polykit Reformat (polykit.compiler.ops.tensor.reformat), one pass over the bytes. First, an
+   upcast to float32 of a Resize's float16 / bfloat16 output (read only by the Cast) moves before the
+   Resize, so a segmentation model's exit Transpose -> Resize -> Cast becomes Reformat -> Resize: the
+   large upsampled tensor is written once, in float32, from unrounded values.
 """
 
 from __future__ import annotations
@@ -321,11 +324,34 @@ def _reformat_chain(graph: Graph, t: Node, producers: dict, readers: dict, fixed
     return chain if len(chain) > 1 else None
 
 
+def _sink_upcasts(graph: Graph, fixed: set[str]) -> bool:
+    """Resize(x) -> Cast to float32 of a float16 / bfloat16 x, the Resize's output read only by the
+    Cast -> Resize(Cast(x)) writing the Cast's output: the Cast converts the smaller tensor and the
+    Resize, which computes in float32 anyway, keeps its values unrounded (a segmentation model's
+    exit: its upsampled logits)."""
+    producers, readers = graph.producers(), graph.consumers()
+    changed = False
+    for cast in list(graph.nodes):
+        resize = producers.get(cast.input(0)) if _float_cast(graph, cast) else None
+        if resize is None or resize.domain or resize.op_type != "Resize" or cast.input(0) in fixed \
+                or len(readers.get(cast.input(0), [])) != 1 or graph.value(cast.outputs[0]).dtype != np.float32 \
+                or graph.value(resize.input(0)).dtype.itemsize != 2:
+            continue
+        wide = graph.fresh_name(f"{resize.input(0)}_float32")
+        up = Node("Cast", [resize.input(0)], [wide], dict(cast.attrs), name=cast.name)
+        resized = Node("Resize", [wide, *resize.inputs[1:]], list(cast.outputs), dict(resize.attrs), name=resize.name)
+        graph.values[wide] = graph.value(resize.input(0)).with_(name=wide, dtype=np.dtype(np.float32))
+        graph.nodes[graph.nodes.index(resize)] = up
+        graph.nodes[graph.nodes.index(cast)] = resized
+        changed = True
+    return changed
+
+
 def compose_reformats(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Rule 3: a Transpose to or from NHWC of few channels with its Casts and zero channel Pad is one
     ai.polykit Reformat; True if any."""
     fixed = protected(graph, keep)
-    changed = False
+    changed = _sink_upcasts(graph, fixed)
     for _ in range(len(graph.nodes)):
         producers, readers = graph.producers(), graph.consumers()
         for t in graph.nodes:

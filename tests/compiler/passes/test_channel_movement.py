@@ -246,3 +246,16 @@ def test_the_reference_evaluator_agrees_on_the_optimized_shuffle_graph():
     got = evaluate_graph(out, {"image": x})
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_segmentation_exit_transpose_resize_cast_is_a_reformat_then_a_float32_resize():
+    nodes = [node("Transpose", ["x"], "t", perm=[0, 3, 1, 2]), node("Resize", ["t", "", "scales"], "r", mode="linear"),
+             node("Cast", ["r"], "y", to=TensorProto.FLOAT)]
+    g = graph(nodes, {"x": ((1, 4, 5, 21), np.float16)}, ["y"], {"scales": np.array([1, 1, 4, 4], np.float32)})
+    out, changed = run_and_compare(g, lambda h: compose_reformats(h), rtol=2e-3, atol=2e-3)  # no fp16 rounding now
+    assert changed and [n.op_type for n in out.nodes] == ["Reformat", "Resize"]
+    assert out.value("y").dtype == np.float32 and out.nodes[1].input(0) == out.nodes[0].outputs[0]
+    want = evaluate_graph(g, feeds := {"x": np.random.default_rng(2).standard_normal((1, 4, 5, 21)).astype(np.float16)})
+    exact = np.transpose(feeds["x"].astype(np.float32), (0, 3, 1, 2))
+    got = evaluate_graph(out, feeds)["y"]
+    assert got.shape == want["y"].shape == (1, 21, 16, 20) and np.abs(got).max() <= np.abs(exact).max() + 1e-6
