@@ -50,8 +50,13 @@ def test_the_tactic_takes_float_rank4_layers_and_the_launch_carries_runtime_size
     tensors = {"x": DeviceTensor(0x1000, (2, 3, 7, 9), np.dtype(np.float32)),
                "y": DeviceTensor(0x9000, (2, 7, 9, 8), np.dtype(np.float16))}
     enqueue_reformat(layer(x, (0, 2, 3, 1), np.float16, 5), rec, tensors)
+    (name, args), = rec.launches  # a padded fp16 pixel of 8 channels: one 16-byte chunk a thread
+    assert name == "reformat_in_chunks_f32_f16" and [int(a) for a in args[2:]] == [2, 3, 63, 8, 16]
+    rec = RecordingLauncher()
+    tensors["y"] = DeviceTensor(0x9000, (2, 7, 9, 7), np.dtype(np.float16))  # 7 channels: no chunk divides
+    enqueue_reformat(layer(x, (0, 2, 3, 1), np.float16, 4), rec, tensors)
     (name, args), = rec.launches
-    assert name == "reformat_in_f32_f16" and [int(a) for a in args[2:]] == [2, 3, 63, 8]
+    assert name == "reformat_in_f32_f16" and [int(a) for a in args[2:]] == [2, 3, 63, 7]
     rec = RecordingLauncher()
     tensors = {"x": DeviceTensor(0x1000, (1, 5, 6, 21), np.dtype(np.float16)),
                "y": DeviceTensor(0x9000, (1, 21, 5, 6), np.dtype(np.float32))}
@@ -62,22 +67,24 @@ def test_the_tactic_takes_float_rank4_layers_and_the_launch_carries_runtime_size
 
 def test_every_kernel_variant_is_declared_for_nvrtc():
     names = {k.name for k in compile_variants()}
-    assert len(names) == 18 and kernel_name("in", np.float32, np.float16) in names
+    assert len(names) == 27 and kernel_name("in_chunks", np.float32, np.float16) in names
 
 
 #: (input shape, perm, input dtype, output dtype, pad): odd pixel counts and channels, every direction
-CASES = [((2, 3, 17, 19), (0, 2, 3, 1), np.float32, np.float16, 5), ((1, 5, 7, 7), (0, 2, 3, 1), np.float32, np.float16, 3),
+CASES = [((2, 3, 17, 19), (0, 2, 3, 1), np.float32, np.float16, 5), ((2, 3, 9, 5), (0, 2, 3, 1), np.float32, np.float32, 5),
+         ((1, 3, 7, 3), (0, 2, 3, 1), np.float32, np.float16, 13), ((1, 5, 7, 7), (0, 2, 3, 1), np.float32, np.float16, 3),
          ((3, 3, 5, 6), (0, 2, 3, 1), np.float16, np.float16, 1), ((2, 3, 4, 4), (0, 2, 3, 1), np.float32, np.float32, 0),
          ((2, 9, 11, 21), (0, 3, 1, 2), np.float16, np.float32, 0), ((1, 4, 6, 3), (0, 3, 1, 2), np.float32, np.float16, 0)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [0, 2])
 @pytest.mark.parametrize("shape,perm,src,dst,pad", CASES)
-def test_reformat_matches_the_reference(shape, perm, src, dst, pad):
+def test_reformat_matches_the_reference(shape, perm, src, dst, pad, misalign):
     from polykit.runtime.cuda.harness import run_layer
 
     x = (rng.standard_normal(shape) * 4).astype(src)
-    lay = layer(x, perm, dst, pad)
-    out = run_layer(lay, {"x": x}, tactic="cuda.movement.reformat")["y"]
+    lay = layer(x, perm, dst, pad)  # misaligned y: the element loop instead of the chunks
+    out = run_layer(lay, {"x": x}, tactic="cuda.movement.reformat", misalign={"y": misalign * np.dtype(dst).itemsize})["y"]
     want = reformat(Node("Reformat", ["x"], ["y"], dict(lay.attrs), domain=POLYKIT_DOMAIN), [x])[0]
     np.testing.assert_array_equal(out, want)
