@@ -47,7 +47,7 @@ def compile_kernels(plan, arch: str) -> int:
 #: layer kinds that only move bytes (no arithmetic of the model): what issue #30 wants gone as views
 MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Expand", "Gather", "Tile", "Reshape",
                             "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DepthToSpace", "SpaceToDepth",
-                            "GatherElements", "ScatterND", "Copy", "PermutedCopy", "Reformat"})
+                            "GatherElements", "ScatterND", "Copy", "PermutedCopy", "Reformat", "ConcatGather"})
 
 
 #: layer kinds that read of their data input only what they write (an embedding table's rows, a
@@ -60,7 +60,8 @@ VIEW_ATTRS = ("q_view", "k_view", "v_view")
 def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
     writes (its inputs, weights included, and its outputs, each once; views cost nothing; a gather's,
-    slice's or PermutedCopy's data input at most as much as it writes, an Attention's strided view of
+    slice's or PermutedCopy's data input at most as much as it writes, a ConcatGather's sources together
+    too, an Attention's strided view of
     a packed Q, K or V only its view), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
@@ -72,6 +73,9 @@ def traffic(plan) -> dict:
         sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
         if layer.kind in SELECTS and layer.inputs and layer.outputs and layer.outputs[0] in plan.tensors:
             sizes[0] = min(sizes[0], plan.tensors[layer.outputs[0]].nbytes)  # it reads what it selects
+        if layer.kind == "ConcatGather" and layer.outputs and layer.outputs[0] in plan.tensors:
+            n = len(layer.inputs)  # indices, then the sources: together they give what it writes
+            sizes[1:n] = [min(sum(sizes[1:n]), plan.tensors[layer.outputs[0]].nbytes)] + [0] * (n - 2)
         for i, attr in enumerate(VIEW_ATTRS if layer.kind == "Attention" else ()):
             raw = layer.attrs.get(attr)  # Q, K or V a strided view of a packed tensor: it reads the view
             if raw is not None and i < len(layer.inputs) and layer.inputs[i] in plan.tensors:

@@ -17,7 +17,8 @@ from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.absorb_concat import absorb_concat
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
-from polykit.compiler.passes.channel_movement import compose_gathers, compose_reformats, pad_into_producers
+from polykit.compiler.passes.channel_movement import (compose_concat_gathers, compose_gathers, compose_reformats,
+                                                       pad_into_producers)
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
@@ -53,7 +54,7 @@ __all__ = [
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "move_row_transposes", "absorb_concat", "compose_gathers", "pad_into_producers",
-    "compose_reformats",
+    "compose_reformats", "compose_concat_gathers",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -185,5 +186,6 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
         run_passes(g, [bind(compose_reformats, keep=kept), bind(fuse_bias_activation, keep=kept),
-                       bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept), bind(absorb_concat, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
+                       bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept),
+                       bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
     return g

@@ -29,6 +29,10 @@
    upcast to float32 of a Resize's float16 / bfloat16 output (read only by the Cast) moves before the
    Resize, so a segmentation model's exit Transpose -> Resize -> Cast becomes Reformat -> Resize: the
    large upsampled tensor is written once, in float32, from unrounded values.
+4. `compose_concat_gathers` (after rule 2): a Gather with constant 1-D indices of a Concat's output
+   (2 to MAX_SOURCES distinct inputs) along the same axis -> one ai.polykit ConcatGather reading the
+   Concat's inputs (polykit.compiler.ops.tensor.concat_gather); the Concat goes when nothing else
+   reads it (ShuffleNet: Concat(x1, branch) -> shuffle -> halves is two ConcatGathers).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 
 from polykit.compiler.ir import dtypes
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.tensor.concat_gather import CONCAT_GATHER, MAX_SOURCES
 from polykit.compiler.ops.tensor.reformat import FLOATS, MAX_CHANNELS, REFORMAT, TO_NCHW, TO_NHWC
 from polykit.compiler.passes.cancel_transposes import perm_of
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -275,8 +280,26 @@ def pad_into_producers(graph: Graph, *, keep: frozenset[str] = frozenset()) -> b
         graph.remove_nodes([pad])
         changed = True
     if changed:  # the copies made for a shared selection may read and pick alike (one widened, one copied)
+        _merge_equal_gathers(graph, fixed)
         merge_duplicates(graph, keep=keep)
     return changed
+
+
+def _merge_equal_gathers(graph: Graph, fixed: set[str]) -> None:
+    """Gathers of one tensor along one axis with equal constant indices: the first one's output serves all."""
+    first: dict[tuple, Node] = {}
+    dead = []
+    for node in graph.nodes:
+        table = constant_gather(graph, node)
+        if table is None or node.outputs[0] in fixed:
+            continue
+        key = (node.input(0), table[0], table[1].tobytes())
+        if key in first:
+            replace_tensor(graph, node.outputs[0], first[key].outputs[0])
+            dead.append(node)
+        else:
+            first[key] = node
+    graph.remove_nodes(dead)
 
 
 # ---- 3: a channels-last chain's entry and exit ------------------------------------------------------
@@ -370,4 +393,30 @@ def compose_reformats(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bo
             break
         else:
             break
+    return changed
+
+
+# ---- 4: a Gather of a Concat reads the Concat's sources ---------------------------------------------
+def compose_concat_gathers(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
+    """Rule 4: a Gather with constant 1-D indices of the output of a Concat (2 to MAX_SOURCES inputs)
+    along the same axis -> one ai.polykit ConcatGather of the Concat's inputs; the Concat goes when
+    nothing else reads it. True if any."""
+    producers = graph.producers()
+    changed = False
+    for i, node in enumerate(graph.nodes):
+        table = constant_gather(graph, node)
+        cat = producers.get(node.input(0)) if table is not None else None
+        if cat is None or cat.domain or cat.op_type != "Concat" or not 2 <= len(cat.inputs) <= MAX_SOURCES \
+                or not all(cat.inputs) or len(set(cat.inputs)) != len(cat.inputs):
+            continue
+        rank = len(static_shape(graph, node.input(0)))
+        axis = int(cat.attrs.get("axis", 0))
+        if (axis + rank if axis < 0 else axis) != table[0]:
+            continue
+        indices = graph.add_initializer(table[1], f"{node.name}_indices")
+        graph.nodes[i] = Node(CONCAT_GATHER, [indices, *cat.inputs], list(node.outputs), {"axis": table[0]},
+                              name=node.name, domain=POLYKIT_DOMAIN)
+        changed = True
+    if changed:
+        eliminate_dead_code(graph, keep=keep)
     return changed

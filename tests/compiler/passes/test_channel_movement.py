@@ -19,7 +19,7 @@ from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
-from polykit.compiler.passes import compose_gathers, compose_reformats, pad_into_producers
+from polykit.compiler.passes import compose_concat_gathers, compose_gathers, compose_reformats, pad_into_producers
 from polykit.runtime.engine import Runtime
 from tests.conv_models import ModelBuilder
 
@@ -61,6 +61,35 @@ def test_strided_slices_and_gathers_of_a_gather_compose_and_other_axes_stay():
     assert changed and op_counts(out) == {"Gather": 3, "Slice": 1}  # the Slice of axis 2 reads the Gather
     (cut,) = [n for n in out.nodes if n.op_type == "Slice"]
     assert cut.input(0) == "s"
+
+
+# ---- compose_concat_gathers ---------------------------------------------------------------------------
+@pytest.mark.parametrize("sizes,axis", [((29, 29), 3), ((3, 5, 2), -1), ((2, 1, 4, 3), 1)])
+def test_a_gather_of_a_concat_reads_its_sources(sizes, axis):
+    names = [f"x{k}" for k in range(len(sizes))]
+    shape = lambda n: (2, n, 3, 4) if axis == 1 else (1, 3, 5, n)  # noqa: E731
+    total = sum(sizes)
+    order = np.random.default_rng(len(sizes)).permutation(total)
+    nodes = [node("Concat", names, "c", axis=axis), node("Gather", ["c", "lo"], "a", axis=axis),
+             node("Gather", ["c", "hi"], "b", axis=axis)]
+    inits = {"lo": order[: total // 2].astype(I64), "hi": np.concatenate([order[total // 2:], [-1, 0]]).astype(I64)}
+    g = graph(nodes, {n: shape(s) for n, s in zip(names, sizes)}, ["a", "b"], inits)
+    out, changed = run_and_compare(g, lambda h: compose_concat_gathers(h), rtol=0, atol=0)
+    assert changed and op_counts(out) == {f"{POLYKIT_DOMAIN}:ConcatGather": 2}
+    assert all(n.inputs[1:] == names for n in out.nodes)
+
+
+def test_a_concat_read_elsewhere_stays_and_one_of_too_many_sources_is_left_alone():
+    nodes = [node("Concat", ["x", "y"], "c", axis=3), node("Gather", ["c", "i"], "a", axis=3), node("Neg", ["c"], "n")]
+    g = graph(nodes, {"x": (1, 2, 2, 3), "y": (1, 2, 2, 4)}, ["a", "n"], {"i": np.array([6, 0, 3], I64)})
+    out, changed = run_and_compare(g, lambda h: compose_concat_gathers(h), rtol=0, atol=0)
+    assert changed and op_counts(out) == {"Concat": 1, f"{POLYKIT_DOMAIN}:ConcatGather": 1, "Neg": 1}
+    five = graph([node("Concat", list("abcde"), "cat", axis=3), node("Gather", ["cat", "i"], "y", axis=3)],
+                 {k: (1, 2, 2, 1) for k in "abcde"}, ["y"], {"i": np.array([4, 0], I64)})
+    assert not compose_concat_gathers(five)
+    other_axis = graph([node("Concat", ["x", "y"], "c", axis=2), node("Gather", ["c", "i"], "a", axis=3)],
+                       {"x": (1, 2, 2, 3), "y": (1, 2, 2, 3)}, ["a"], {"i": np.array([2, 0], I64)})
+    assert not compose_concat_gathers(other_axis)
 
 
 # ---- pad_into_producers ------------------------------------------------------------------------------
@@ -215,9 +244,11 @@ def test_cpu_plan_of_shuffle_units_matches_onnxruntime(c, image, channels_last):
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"image": x})
     plan = build_plan(model, BuilderConfig(target="cpu", channels_last=channels_last))
     kinds = Counter(layer.kind for layer in plan.layers)
-    if channels_last:  # the shuffles are Gathers (fold_axis_permutations) whose halves compose; the
-        # first unit's halves of the stem conv: one Slice, one Gather that pads (no room to grow)
-        assert kinds["Slice"] == 1 and kinds["Pad"] == 0 and kinds["Gather"] == 4
+    if channels_last:  # the shuffles are Gathers (fold_axis_permutations) whose halves compose and read
+        # the Concat's sources; the first unit's halves of the stem conv: one Slice, one Gather that
+        # pads (no room to grow)
+        assert kinds["Slice"] == 1 and kinds["Pad"] == 0 and kinds["Gather"] == 1 and kinds["Concat"] == 0
+        assert kinds["ConcatGather"] == 3
     ctx = Runtime().deserialize_engine(plan.serialize()).create_execution_context()
     (got,) = ctx.execute({"image": x}).values()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -229,9 +260,11 @@ def test_cuda_fp16_plan_of_shuffle_units_has_no_slice_pad_or_entry_copies():
     assert kinds["Slice"] == 1 and kinds["Pad"] == 0 and kinds["Cast"] == 1 and kinds["Transpose"] == 0
     assert plan.layers[0].kind == "Reformat" and plan.layers[0].tactic == "cuda.movement.reformat"
     assert plan.layers[0].attrs["pad"] == 3 and plan.layers[0].out_shapes[0] == (1, 12, 12, 8)
-    assert kinds["Gather"] == 6  # two halves of each of two shuffles, the last shuffle whole, the padded half
-    gathers = [layer for layer in plan.layers if layer.kind == "Gather"]
-    assert all(layer.tactic == "cuda.gather" for layer in gathers)
+    # two halves of each of two shuffles and the last shuffle whole, each reading its Concat's sources
+    assert kinds["ConcatGather"] == 5 and kinds["Concat"] == 0 and kinds["Gather"] == 1  # the padded half
+    gathers = [layer for layer in plan.layers if layer.kind == "ConcatGather"]
+    assert all(layer.tactic == "cuda.gather.concat" for layer in gathers)
+    assert sorted(layer.out_shapes[0][3] for layer in gathers) == [29, 29, 32, 32, 64]  # padded for the convs
 
 
 def test_the_reference_evaluator_agrees_on_the_optimized_shuffle_graph():
@@ -259,3 +292,19 @@ def test_a_segmentation_exit_transpose_resize_cast_is_a_reformat_then_a_float32_
     exact = np.transpose(feeds["x"].astype(np.float32), (0, 3, 1, 2))
     got = evaluate_graph(out, feeds)["y"]
     assert got.shape == want["y"].shape == (1, 21, 16, 20) and np.abs(got).max() <= np.abs(exact).max() + 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,image", [(58, (1, 5, 12, 12)), (116, (2, 3, 9, 7))])
+def test_cuda_fp16_plan_of_shuffle_units_matches_the_cpu(c, image):
+    """The widened convs, the composed Gathers and the entry Reformat on the GPU (the lead runs it)."""
+    model = shuffle_units(c, 3, image)
+    x = _image(model)
+
+    def run(plan):
+        (y,) = Runtime().deserialize_engine(plan.serialize()).create_execution_context().execute({"image": x}).values()
+        return y
+
+    want = run(build_plan(model, BuilderConfig(target="cpu")))
+    got = run(build_plan(model, BuilderConfig(target="cuda", fp16=True)))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
