@@ -327,7 +327,9 @@ def _reformat_chain(graph: Graph, t: Node, producers: dict, readers: dict, fixed
     if perm is None or tuple(perm) not in (TO_NHWC, TO_NCHW) or shape is None or len(shape) != 4:
         return None
     channels = shape[1 if tuple(perm) == TO_NHWC else 3]
-    if type(channels) is not int or channels > MAX_CHANNELS:  # a SymInt is an int subclass
+    dtype = graph.value(t.input(0)).dtype
+    if type(channels) is not int or channels > MAX_CHANNELS or dtype is None \
+            or dtypes.dtype_name(dtype) not in FLOATS:  # (a SymInt is an int subclass)
         return None
     chain = [t]
     before = producers.get(t.input(0))

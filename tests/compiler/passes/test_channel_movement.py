@@ -192,6 +192,12 @@ def test_the_exit_transpose_cast_is_one_reformat_and_wide_tensors_stay():
     assert not compose_reformats(wide)
 
 
+def test_integer_entries_stay_for_their_own_passes():
+    g = graph([node("Transpose", ["x"], "t", perm=[0, 2, 3, 1]), node("Pad", ["t", "pads"], "y")],
+              {"x": ((1, 3, 4, 4), np.int8)}, ["y"], {"pads": np.array([0] * 7 + [13], I64)})
+    assert not compose_reformats(g)
+
+
 def test_a_transpose_read_twice_keeps_its_readers():
     g = graph([node("Transpose", ["x"], "t", perm=[0, 2, 3, 1]), node("Pad", ["t", "pads"], "y"),
                node("Neg", ["t"], "z")], {"x": (1, 3, 4, 4)}, ["y", "z"], {"pads": np.array([0] * 7 + [5], I64)})
