@@ -2,12 +2,14 @@
 
     PYTHONPATH=. python3 benchmarks/zoo_check.py [--family conv|transformer|all] [--models a,b]
         [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run] [--batch N]
+        [--cpu-channels-last]
 
 Per model at batch 1 or --batch (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
 nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 plan at builder
 level 0 (lowered and given first-priority tactics, nothing timed: no GPU needed), with --nvrtc
 the kernels that plan records compiled by NVRTC for that architecture, and a cpu-target fp32
-plan run once against torch fp32 (max abs error / max |ref|), and the cuda plan's traffic: the
+plan run once against torch fp32 (max abs error / max |ref|; NCHW, or with --cpu-channels-last the
+cuda plan's channels-last layout and passes on the reference kernels), and the cuda plan's traffic: the
 bytes each layer kind reads and writes and the share of them movement layers move (`traffic`), a
 static yardstick for layout and view work that needs no GPU. A cuda plan built on the GPU at
 level 3 may pick other tactics, so this proves lowering and kernel sources, not the device run.
@@ -117,7 +119,8 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
         row["nvrtc_s"] = round(time.perf_counter() - t0, 1)
     if not args.no_run:
         row["stage"] = "cpu build and run"
-        cpu_plan = build_plan(str(path), BuilderConfig(target="cpu", builder_optimization_level=0))
+        layout = {"channels_last": True} if args.cpu_channels_last else {}  # the cuda plan's layout and passes
+        cpu_plan = build_plan(str(path), BuilderConfig(target="cpu", builder_optimization_level=0, **layout))
         with Engine(cpu_plan) as engine, engine.create_execution_context() as ctx:
             out = ctx.execute({k: v.numpy() for k, v in inputs.items()})[cpu_plan.outputs[0]]
         with torch.no_grad():
@@ -136,6 +139,8 @@ def main() -> None:
     p.add_argument("--nvrtc", default="", metavar="ARCH", help="also compile the cuda plan's kernels, e.g. sm_90")
     p.add_argument("--no-run", action="store_true", help="skip the cpu-target run against torch")
     p.add_argument("--batch", type=int, default=1, help="the batch the plans are built for (default 1)")
+    p.add_argument("--cpu-channels-last", action="store_true",
+                   help="build the cpu plan channels-last, as the cuda plan (its NHWC passes on the reference kernels)")
     args = p.parse_args()
     args.batches = str(args.batch)
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
