@@ -2,12 +2,14 @@
 
     PYTHONPATH=. python3 benchmarks/zoo_check.py [--family conv|transformer|all] [--models a,b]
         [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run] [--batch N]
+        [--cpu-channels-last]
 
 Per model at batch 1 or --batch (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
 nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 plan at builder
 level 0 (lowered and given first-priority tactics, nothing timed: no GPU needed), with --nvrtc
 the kernels that plan records compiled by NVRTC for that architecture, and a cpu-target fp32
-plan run once against torch fp32 (max abs error / max |ref|), and the cuda plan's traffic: the
+plan run once against torch fp32 (max abs error / max |ref|; NCHW, or with --cpu-channels-last the
+cuda plan's channels-last layout and passes on the reference kernels), and the cuda plan's traffic: the
 bytes each layer kind reads and writes and the share of them movement layers move (`traffic`), a
 static yardstick for layout and view work that needs no GPU. A cuda plan built on the GPU at
 level 3 may pick other tactics, so this proves lowering and kernel sources, not the device run.
@@ -47,7 +49,7 @@ def compile_kernels(plan, arch: str) -> int:
 #: layer kinds that only move bytes (no arithmetic of the model): what issue #30 wants gone as views
 MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Expand", "Gather", "Tile", "Reshape",
                             "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "DepthToSpace", "SpaceToDepth",
-                            "GatherElements", "ScatterND", "Copy", "PermutedCopy"})
+                            "GatherElements", "ScatterND", "Copy", "PermutedCopy", "Reformat", "ConcatGather"})
 
 
 #: layer kinds that read of their data input only what they write (an embedding table's rows, a
@@ -61,8 +63,9 @@ def traffic(plan) -> dict:
     """A static stand-in for where the time goes, no GPU needed: the bytes each layer kind reads and
     writes (its inputs, weights included, and its outputs, each once; views cost nothing, and a Concat
     only its inputs not placed (polykit.compiler.builder.concat_placement), a fully placed one nothing; a gather's,
-    slice's or PermutedCopy's data input at most as much as it writes, an Attention's strided view of
-    a packed Q, K or V only its view, a Pointwise view operand only its view), in MB.
+    slice's or PermutedCopy's data input at most as much as it writes, a ConcatGather's sources together
+    too, an Attention's strided view of a packed Q, K or V only its view, a Pointwise view operand only
+    its view), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
@@ -77,6 +80,9 @@ def traffic(plan) -> dict:
             sizes = copied + [sum(copied)]
         if layer.kind in SELECTS and layer.inputs and layer.outputs and layer.outputs[0] in plan.tensors:
             sizes[0] = min(sizes[0], plan.tensors[layer.outputs[0]].nbytes)  # it reads what it selects
+        if layer.kind == "ConcatGather" and layer.outputs and layer.outputs[0] in plan.tensors:
+            n = len(layer.inputs)  # indices, then the sources: together they give what it writes
+            sizes[1:n] = [min(sum(sizes[1:n]), plan.tensors[layer.outputs[0]].nbytes)] + [0] * (n - 2)
         for i, attr in enumerate(VIEW_ATTRS if layer.kind == "Attention" else ()):
             raw = layer.attrs.get(attr)  # Q, K or V a strided view of a packed tensor: it reads the view
             if raw is not None and i < len(layer.inputs) and layer.inputs[i] in plan.tensors:
@@ -134,7 +140,8 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
         row["nvrtc_s"] = round(time.perf_counter() - t0, 1)
     if not args.no_run:
         row["stage"] = "cpu build and run"
-        cpu_plan = build_plan(str(path), BuilderConfig(target="cpu", builder_optimization_level=0))
+        layout = {"channels_last": True} if args.cpu_channels_last else {}  # the cuda plan's layout and passes
+        cpu_plan = build_plan(str(path), BuilderConfig(target="cpu", builder_optimization_level=0, **layout))
         with Engine(cpu_plan) as engine, engine.create_execution_context() as ctx:
             out = ctx.execute({k: v.numpy() for k, v in inputs.items()})[cpu_plan.outputs[0]]
         with torch.no_grad():
@@ -153,6 +160,8 @@ def main() -> None:
     p.add_argument("--nvrtc", default="", metavar="ARCH", help="also compile the cuda plan's kernels, e.g. sm_90")
     p.add_argument("--no-run", action="store_true", help="skip the cpu-target run against torch")
     p.add_argument("--batch", type=int, default=1, help="the batch the plans are built for (default 1)")
+    p.add_argument("--cpu-channels-last", action="store_true",
+                   help="build the cpu plan channels-last, as the cuda plan (its NHWC passes on the reference kernels)")
     args = p.parse_args()
     args.batches = str(args.batch)
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,8 @@ def test_cpu_channels_last_plan_matches_onnxruntime(name, fp16):
     image = _image(model)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"image": image})[0]
     plan = build_plan(model, BuilderConfig(target="cpu", fp16=fp16, channels_last=True))
-    assert Counter(layer.kind for layer in plan.layers)["Transpose"] == TRANSPOSES_KEPT.get(name, 1)
+    kinds = Counter(layer.kind for layer in plan.layers)
+    assert kinds["Transpose"] + kinds["Reformat"] == TRANSPOSES_KEPT.get(name, 1)  # the entry: one Reformat
     got = _run(plan, image)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < (5e-3 if fp16 else 1e-5)
@@ -43,9 +44,11 @@ def test_cpu_channels_last_plan_matches_onnxruntime(name, fp16):
 def test_cuda_fp16_plan_reformats_only_at_entry_and_exit(name):
     plan = build_plan(MODELS[name](), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     kinds = Counter(layer.kind for layer in plan.layers)
-    assert kinds["Transpose"] == TRANSPOSES_KEPT.get(name, 1)
+    assert kinds["Transpose"] + kinds["Reformat"] == TRANSPOSES_KEPT.get(name, 1)
     assert not {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool"} & set(kinds)
-    entry = next(layer for layer in plan.layers if layer.kind == "Transpose")
+    assert kinds["Cast"] <= 1  # the image's Cast, Transpose and channel Pad are one Reformat (the exit's Cast stays)
+    entry = next(layer for layer in plan.layers if layer.kind in ("Transpose", "Reformat"))
+    assert entry.kind == "Reformat" and entry.in_dtypes[0] == "float32" and entry.out_dtypes[0] == "float16"
     assert entry.attrs["perm"] == [0, 2, 3, 1]
 
 

@@ -18,6 +18,8 @@ from polykit.compiler.ir.graph import Graph, subgraphs
 from polykit.compiler.passes.absorb_concat import absorb_concat
 from polykit.compiler.passes.absorb_views import absorb_views
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
+from polykit.compiler.passes.channel_movement import (compose_concat_gathers, compose_gathers, compose_reformats,
+                                                       pad_into_producers)
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
@@ -54,6 +56,7 @@ __all__ = [
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
+    "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -173,7 +176,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                       bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
-                   bind(fuse_movement, keep=kept), bind(fuse_quantize_nhwc, keep=kept)]
+                   bind(fuse_movement, keep=kept), bind(compose_gathers, keep=kept), bind(fuse_quantize_nhwc, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if fp16 or bf16:
@@ -184,7 +187,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         run_passes(g, [bind(cancel_round_trip_casts, keep=kept), bind(remove_identity, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
-        run_passes(g, [bind(fuse_bias_activation, keep=kept), bind(fuse_pointwise, keep=kept),
-                       bind(absorb_concat, keep=kept), bind(absorb_views, keep=kept),
-                       bind(eliminate_dead_code, keep=kept)], check)
+        run_passes(g, [bind(compose_reformats, keep=kept), bind(fuse_bias_activation, keep=kept),
+                       bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept),
+                       bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept),
+                       bind(absorb_views, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
     return g

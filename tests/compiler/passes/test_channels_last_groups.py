@@ -79,11 +79,11 @@ def test_unknown_conv_class_is_refused():
 
 
 def _transposes_outside_the_chain(out) -> list[str]:
-    """Transposes that are not at the chain's entry (reading the image or its Cast)."""
+    """Transposes (and Reformats) that are not at the chain's entry (reading the image or its Cast)."""
     producers = out.producers()
     inner = []
     for n in out.nodes:
-        if n.op_type != "Transpose":
+        if n.op_type not in ("Transpose", "Reformat"):
             continue
         src = producers.get(n.inputs[0])
         if not (n.inputs[0] == "image" or (src is not None and src.op_type == "Cast" and src.inputs[0] == "image")):
@@ -97,7 +97,7 @@ def test_mobilenet_keeps_one_transpose_at_the_entry(fp16):
     out = optimize(g, keep=g.outputs, channels_last=True, fp16=fp16)
     counts = op_counts(out)
     assert "Conv" not in counts and counts[CONV_NHWC] == 20
-    assert counts["Transpose"] == 1 and not _transposes_outside_the_chain(out)
+    assert counts["Transpose"] + counts[f"{POLYKIT_DOMAIN}:Reformat"] == 1 and not _transposes_outside_the_chain(out)
     feeds = feeds_for(g)
     nchw = evaluate_graph(optimize(g, keep=g.outputs, fp16=fp16), feeds)["logits"]
     tol = {"rtol": 1e-2, "atol": 1e-2} if fp16 else {"rtol": 1e-5, "atol": 1e-5}
@@ -111,9 +111,9 @@ def test_convnext_blocks_run_channels_last_from_the_entry_to_the_pool():
     g = load_onnx(convnext())
     out = optimize(g, keep=g.outputs, channels_last=True)
     counts = op_counts(out)
-    assert "Conv" not in counts and counts[CONV_NHWC] == 5 and counts["Transpose"] == 1
-    assert "GlobalAveragePool" not in counts
-    assert [n.inputs for n in out.nodes if n.op_type == "Transpose"] == [["image"]]
+    assert "Conv" not in counts and counts[CONV_NHWC] == 5 and counts[f"{POLYKIT_DOMAIN}:Reformat"] == 1
+    assert "GlobalAveragePool" not in counts and "Transpose" not in counts
+    assert [n.inputs for n in out.nodes if n.op_type == "Reformat"] == [["image"]]  # with the channel Pad
     feeds = feeds_for(g)
     np.testing.assert_allclose(evaluate_graph(out, feeds)["logits"], evaluate_graph(g, feeds)["logits"], rtol=1e-5,
                                atol=1e-5)

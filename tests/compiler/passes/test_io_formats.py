@@ -91,8 +91,14 @@ def test_a_cuda_fp16_plan_with_fp16_io_has_no_cast_at_its_edges():
                                              input_io_formats="fp16:chw", output_io_formats="fp16:chw"))
     hwc = build_plan(_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
                                              input_io_formats="fp16:hwc", output_io_formats="fp16:hwc"))
-    assert "Cast" in _edge_kinds(default)
+    # the default plan converts at its edges: fp32 NCHW in -> fp16 NHWC (a Reformat: Cast, Transpose and
+    # channel Pad in one layer) and fp16 NHWC -> fp32 NCHW out; the fp16 I/O plans convert no dtype
+    converting = [layer for layer in default.layers if layer.kind in ("Cast", "Reformat")
+                  and layer.in_dtypes[0] != layer.out_dtypes[0]]
+    assert {layer.kind for layer in converting} <= _edge_kinds(default) and len(converting) == 2
     assert "Cast" not in _edge_kinds(chw) | _edge_kinds(hwc)
+    assert all(layer.in_dtypes[0] == layer.out_dtypes[0] for plan in (chw, hwc) for layer in plan.layers
+               if layer.kind == "Reformat")
     assert "Transpose" not in _edge_kinds(hwc)  # the channels-last convolutions read and write NHWC I/O directly
     assert [plan.tensors["x"].dtype for plan in (default, chw, hwc)] == ["float32", "float16", "float16"]
 

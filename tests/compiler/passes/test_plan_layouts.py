@@ -19,7 +19,8 @@ NCHW, NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 
 
 def _transposes(g) -> list:
-    return [n for n in g.nodes if n.op_type == "Transpose"]
+    """Transposes, and Reformats (an entry's Transpose with its Cast and channel Pad: compose_reformats)."""
+    return [n for n in g.nodes if n.op_type in ("Transpose", "Reformat")]
 
 
 def _plan_then_cancel(g) -> bool:

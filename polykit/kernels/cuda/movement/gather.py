@@ -1,4 +1,4 @@
-"""Gather / GatherElements tactics (gather.cu), dtype-agnostic by element size."""
+"""Gather / GatherElements / ai.polykit ConcatGather tactics (gather.cu), dtype-agnostic by element size."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Mapping
 
 import numpy as np
 
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.tensor.concat_gather import CONCAT_GATHER, MAX_SOURCES
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
@@ -54,9 +56,35 @@ def enqueue_gather_elements(layer, launcher: Launcher, tensors: Mapping[str, Dev
     launcher.launch(KernelSource(f"gather_elements_{es}", FILE), grid_for(out.size), (BLOCK, 1, 1), args)
 
 
+def concat_gather_args(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[str, int, list]:
+    """(kernel, output elements, arguments) of a ConcatGather: the sources viewed [outer, e_s, inner],
+    absent ones null with extent 0; every size a runtime argument."""
+    idx, out = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    sources = [tensors[name] for name in layer.inputs[1:]]
+    es, where = _check(layer, sources[0], idx)
+    if idx.dtype != np.dtype(np.int64) or len(sources) > MAX_SOURCES:
+        raise DeviceError(f"ConcatGather of {len(sources)} sources with {idx.dtype} indices", where=where,
+                          hint=f"at most {MAX_SOURCES} sources and int64 indices (compose_concat_gathers makes both)")
+    axis = int(layer.attrs.get("axis", 0)) % len(out.shape)
+    outer = int(np.prod(out.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(out.shape[axis + 1:], dtype=np.int64))
+    pad = MAX_SOURCES - len(sources)
+    args = [idx, out, outer, idx.size, inner, *sources, *([0] * pad), *(int(x.shape[axis]) for x in sources),
+            *([0] * pad)]
+    return f"concat_gather_{es}", out.size, args
+
+
+def enqueue_concat_gather(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    name, n, args = concat_gather_args(layer, tensors)
+    if n:
+        launcher.launch(KernelSource(name, FILE), grid_for(n), (BLOCK, 1, 1), args)
+
+
 cuda_tactic("Gather", "cuda.gather", kernels=_kernels("gather"))(enqueue_gather)
+cuda_tactic(CONCAT_GATHER, "cuda.gather.concat", domain=POLYKIT_DOMAIN, kernels=_kernels("concat_gather"))(
+    enqueue_concat_gather)
 cuda_tactic("GatherElements", "cuda.gather.elements", kernels=_kernels("gather_elements"))(enqueue_gather_elements)
 
 
 def compile_variants() -> list[KernelSource]:
-    return _kernels("gather")(None) + _kernels("gather_elements")(None)
+    return _kernels("gather")(None) + _kernels("gather_elements")(None) + _kernels("concat_gather")(None)

@@ -5,6 +5,10 @@
 // gather: data viewed as [outer, axis_dim, inner], indices flat [m]; output [outer, m, inner];
 //   one thread per output element, output written contiguously; consecutive threads read
 //   consecutive inner elements of one gathered row (coalesced for embedding lookups).
+// concat_gather: ai.polykit ConcatGather, a gather of the concatenation of up to 4 sources along
+//   the axis without the concatenation: source s viewed as [outer, e_s, inner] (e_s = 0 for an
+//   absent one), int64 indices flat [m] into the e_0 + ... + e_3 positions; output [outer, m, inner],
+//   one thread per output element as gather.
 // gather_elements: output has the indices' shape (dims d0..d7); the data offset is the output
 //   coordinate with the axis coordinate replaced by the index.
 #include "dtypes.cuh"
@@ -46,6 +50,21 @@ __device__ void gather_elements(const E* __restrict__ data, const void* __restri
   }
 }
 
+template <class E>
+__device__ void concat_gather(const i64* __restrict__ idx, E* __restrict__ out, i64 outer, i64 m, i64 inner,
+                              const E* x0, const E* x1, const E* x2, const E* x3, i64 e0, i64 e1, i64 e2, i64 e3) {
+  const E* src[4] = {x0, x1, x2, x3};
+  const i64 ext[4] = {e0, e1, e2, e3};
+  const i64 dim = e0 + e1 + e2 + e3;
+  GRID_LOOP(i, outer * m * inner) {
+    const i64 in_ = i % inner, t = i / inner, j = t % m, o = t / m;
+    i64 k = fix_index(idx[j], dim);
+    int s = 0;
+    while (s < 3 && k >= ext[s]) k -= ext[s++];
+    out[i] = src[s][(o * ext[s] + k) * inner + in_];
+  }
+}
+
 #define GATHER(E, code)                                                                                        \
   extern "C" __global__ void gather_##code(const E* data, const void* idx, E* out, i64 is64, i64 outer, i64 dim, \
                                            i64 m, i64 inner) {                                                   \
@@ -55,6 +74,11 @@ __device__ void gather_elements(const E* __restrict__ data, const void* __restri
                                                     i64 rank, i64 axis, STR8(a), STR8(b)) {                     \
     ARR8(idims, a); ARR8(ddims, b);                                                                             \
     gather_elements<E>(data, idx, out, is64, n, rank, axis, idims, ddims);                                      \
+  }                                                                                                             \
+  extern "C" __global__ void concat_gather_##code(const i64* idx, E* out, i64 outer, i64 m, i64 inner,          \
+                                                  const E* x0, const E* x1, const E* x2, const E* x3, i64 e0,   \
+                                                  i64 e1, i64 e2, i64 e3) {                                     \
+    concat_gather<E>(idx, out, outer, m, inner, x0, x1, x2, x3, e0, e1, e2, e3);                                \
   }
 GATHER(u8, 1)
 GATHER(u16, 2)
