@@ -19,8 +19,12 @@
 #                  2026-12-05 (second session, no GPU: FP8 e4m3 wgmma conv/GEMM, INT8 GEMMs as 1x1 convs,
 #                  Attention reading strided Q/K/V views on every attention kernel, pointwise kernels
 #                  reading concatenated operands (DenseNet), shapes bound once per shape set, the
-#                  in-place host path, the row-broadcast and split-reduction tactics at profile corners).
-#                  Pass -n 15; ~200 s with a cold kernel cache (NEW_S).
+#                  in-place host path, the row-broadcast and split-reduction tactics at profile corners)
+#                  and 2026-12-05 (third session, no GPU: grouped-query attention on the flash kernels
+#                  (kv_groups), pointwise layers reading Transpose/PermutedCopy sources through views,
+#                  concat by placement: conv/pool/resize/transpose kernels writing Y with a row stride,
+#                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat).
+#                  Pass -n 15; ~250 s with a cold kernel cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -58,7 +62,7 @@ EOF
       --out "$OUT/dynamic_exports" 2>&1 | tail -40 | tee "$OUT/dynamic_exports.txt"
     ;;
   new)
-    timeout ${NEW_S:-300} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+    timeout ${NEW_S:-360} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_tactic_acceptance.py \
       tests/runtime/cuda/test_runtime_api_gpu.py tests/compiler/test_data_dependent_dims.py \
       tests/kernels/cuda/test_control_flow_data_branches.py tests/kernels/cuda/test_control_flow_sized.py \
@@ -73,7 +77,13 @@ EOF
       tests/compiler/test_int8_gpu.py tests/kernels/cuda/test_attention_views.py tests/compiler/test_packed_qkv_views.py \
       tests/kernels/cuda/test_pointwise_concat.py tests/compiler/passes/test_absorb_concat.py \
       tests/runtime/cuda/test_bound_shapes.py tests/runtime/cuda/test_profile_tactics_gpu.py \
-      tests/kernels/cuda/test_sm90_wgmma_pipeline.py > "$OUT/gpu_new.txt" 2>&1
+      tests/kernels/cuda/test_sm90_wgmma_pipeline.py tests/kernels/cuda/test_attention_gqa.py \
+      tests/compiler/test_gqa_attention.py tests/kernels/cuda/test_pointwise_views.py \
+      tests/compiler/passes/test_absorb_views.py tests/kernels/cuda/test_concat_placement_args.py \
+      tests/compiler/test_concat_placement.py tests/kernels/cuda/test_conv_depthwise_emulated.py \
+      tests/kernels/cuda/test_reformat_copy.py tests/kernels/cuda/test_concat_gather.py \
+      tests/compiler/passes/test_channel_movement.py \
+      > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
   host)
@@ -90,7 +100,7 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
     ;;
   zoo)
-    models=${ZOO_MODELS:-densenet121,vit_b_16,gpt2,swin_t,resnext50_32x4d,efficientnet_b0,resnet50,bert_base,mobilenet_v3_large,wav2vec2_base,llama_small}
+    models=${ZOO_MODELS:-shufflenet_v2_x1_0,googlenet,squeezenet1_1,llama_small,swin_t,deeplabv3_mobilenet_v3_large,efficientnet_b0,densenet121,vit_b_16,gpt2,resnext50_32x4d,resnet50,bert_base,mobilenet_v3_large,inception_v3}
     [ "$models" = all ] && models_arg="" || models_arg="--models $models"
     timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
