@@ -62,7 +62,10 @@ def test_cuda_fp16_plan_keeps_no_q_k_v_copy(form, arch, B, monkeypatch):
     plan = build_plan(packed_block(form, B, S, H, D, "causal"),
                       BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
     kinds = Counter(layer.kind for layer in plan.layers)
-    assert sum(kinds[k] for k in COPIES) == (1 if form == "torchvision" and B > 1 else 0), kinds
+    assert sum(kinds[k] for k in COPIES) == 0, kinds
+    if form == "torchvision" and B > 1:  # its output transpose is read by the closing Cast: a view there
+        (cast,) = [layer for layer in plan.layers if layer.kind == "Pointwise"]
+        assert cast.attrs.get("view"), cast.attrs
     (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
     assert att.tactic.startswith("cuda.attention.flash")
     if form == "torchvision" and B > 1:  # its views do not nest as a TMA map wants: the mma.sync kernel
