@@ -66,20 +66,30 @@ def fold_index_ranges(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bo
     iotas, truths = _facts(graph, known)
     if not iotas and not truths:
         return False
-    readers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for name in node.inputs:
-            if name:
-                readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     changed = False
     for node in list(graph.nodes):
         if node.domain not in ("", "ai.onnx") or any(o in fixed for o in node.outputs if o):
             continue
         if node.op_type == "Gather" and int(node.attrs.get("axis", 0)) == 0 and len(node.inputs) == 2:
-            changed |= _gather(graph, node, iotas.get(node.input(1)), readers, fixed)
+            step = _gather(graph, node, iotas.get(node.input(1)), readers, fixed)
         elif node.op_type == "And" and len(node.inputs) == 2:
-            changed |= _and(graph, node, truths)
+            step = _and(graph, node, truths, readers, fixed)
+        else:
+            continue
+        if step:  # the readers changed: the next rewrite looks at the graph as it is now
+            changed = True
+            readers = _readers(graph)
     return changed
+
+
+def _readers(graph: Graph) -> dict[str, list[Node]]:
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name:
+                readers.setdefault(name, []).append(node)
+    return readers
 
 
 # ---- facts -------------------------------------------------------------------------------------
@@ -381,19 +391,65 @@ def _broadcasts_to(shapes: Sequence[tuple], full: tuple) -> bool:
     return True
 
 
-def _and(graph: Graph, node: Node, truths: set[str]) -> bool:
+def _and(graph: Graph, node: Node, truths: set[str], readers: dict, fixed: set[str]) -> bool:
+    """And(x, t) with t all true is x: where x has the And's shape, or where x's smaller shape is all
+    its readers need (`_shrinks`: the broadcast happens later anyway, e.g. in the scores' Add)."""
     a, b = node.inputs
     out = node.outputs[0]
     for keep_, true in ((a, b), (b, a)):
         if true not in truths:
             continue
-        ks, ts, os_ = _shape(graph, keep_), _shape(graph, true), _shape(graph, out)
-        if ks is None or ts is None or os_ is None or len(ks) != len(os_):
+        ks, os_ = _shape(graph, keep_), _shape(graph, out)
+        if ks is None or os_ is None or len(ks) != len(os_):
             continue
-        if _broadcasts_to([ks, ts], os_) and all(_same(x, y) for x, y in zip(ks, os_)):
+        if all(_same(x, y) for x, y in zip(ks, os_)) or _shrinks(graph, out, ks, readers, fixed):
             replace_tensor(graph, out, keep_)
             graph.nodes.remove(node)
             return True
     return False
 
 
+#: elementwise ops of one operand (output shape = input shape)
+UNARY = frozenset({"Cast", "Not", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal"})
+#: how far `_shrinks` follows readers
+MAX_SHRINK_DEPTH = 8
+
+
+def _shrinks(graph: Graph, name: str, shape: tuple, readers: dict, fixed: set[str], depth: int = 0) -> bool:
+    """Whether `name` may hold `shape` (which broadcasts to its own) with every value its readers
+    compute unchanged: each path from it runs through elementwise ops (never a graph output or kept
+    tensor) into one whose other operands already give its whole output shape."""
+    users = readers.get(name, [])
+    if name in fixed or not users or depth > MAX_SHRINK_DEPTH:
+        return False
+    for user in users:
+        if user.domain not in ("", "ai.onnx") or len(user.outputs) != 1:
+            return False
+        if user.op_type in UNARY:
+            if not _shrinks(graph, user.outputs[0], shape, readers, fixed, depth + 1):
+                return False
+            continue
+        if user.op_type not in BROADCASTING:
+            return False
+        shapes = [shape if i == name else _shape(graph, i) for i in user.inputs]
+        full = _shape(graph, user.outputs[0])
+        if full is None or any(s is None for s in shapes):
+            return False
+        if _broadcasts_to(shapes, full):
+            continue
+        smaller = _broadcast(shapes)
+        if smaller is None or not _shrinks(graph, user.outputs[0], smaller, readers, fixed, depth + 1):
+            return False
+    return True
+
+
+def _broadcast(shapes: Sequence[tuple]) -> tuple | None:
+    """numpy broadcasting of `shapes` by expression (None where two dims are neither equal nor 1)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for d in range(rank):
+        big = [s[d - rank + len(s)] for s in shapes if d - rank + len(s) >= 0 and s[d - rank + len(s)] != 1]
+        if big and not all(_same(x, big[0]) for x in big):
+            return None
+        out.append(big[0] if big else 1)
+    return tuple(out)

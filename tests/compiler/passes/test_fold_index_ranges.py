@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from polykit.compiler.builder.builder import build_plan, live_layers
 from polykit.compiler.builder.config import BuilderConfig
@@ -54,6 +54,24 @@ def test_the_padding_mask_gather_is_a_view_and_matches_onnxruntime():
     assert kinds["Gather"] == 0 and kinds["Range"] == 1, kinds  # the index Ranges go; the query one feeds the shape
     cuda = _kinds(model, MASK_PROFILE, target="cuda")  # level 0: no GPU needed
     assert cuda["Gather"] == 0 and cuda["Range"] == 1, cuda
+    serves(model, MASK_PROFILE, MASK_SHAPES)
+
+
+def test_an_always_true_query_term_goes_where_the_scores_broadcast_the_mask_anyway():
+    """The mask feeds Add(scores [b, 1, kv, kv], bias): the [1, 1, kv, 1] query term `q_idx >= 0` (all
+    true) adds only a broadcast the Add makes anyway, so the bias stays [b, 1, 1, kv] and no Range runs."""
+    model = _mask_gather()
+    model.graph.node[-1].output[0] = "bias"
+    extra = [_op("Unsqueeze", ["x", "ax1"], "xq"), _op("Unsqueeze", ["xq", "ax3"], "col"),
+             _op("Unsqueeze", ["xq", "ax2"], "qrow"), _op("MatMul", ["col", "qrow"], "scores"),
+             _op("Add", ["scores", "bias"], "y")]
+    model.graph.node.extend(extra)
+    for name, value in _ints(ax1=[1], ax2=[2], ax3=[3]).items():
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[Profile({"x": MASK_PROFILE})]))
+    kinds = Counter(layer.kind for layer in plan.layers)
+    assert kinds["Range"] == 0 and kinds["Gather"] == 0, kinds
+    assert [str(d) for d in plan.tensors["bias"].dims][2] == "1"  # [b, 1, 1, kv]: never broadcast over queries
     serves(model, MASK_PROFILE, MASK_SHAPES)
 
 
