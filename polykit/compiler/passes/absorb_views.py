@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ops.nn.view_operands import fit_view, view_index, view_operands
 from polykit.compiler.ops.references import run_reference
 from polykit.compiler.passes.absorb_concat import FLOATS, is_pointwise, read_in_bodies
@@ -54,8 +55,9 @@ def absorb_views(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
 
 def _static(graph: Graph, name: str) -> tuple[int, ...] | None:
     value = graph.value(name)
-    if value.shape is None or not all(isinstance(d, (int, np.integer)) for d in value.shape):
-        return None
+    if value.shape is None or not all(isinstance(d, (int, np.integer)) and not isinstance(d, SymInt)
+                                      for d in value.shape):
+        return None  # a profile build's dynamic dim (a SymInt) is its opt value only: a view fitted there breaks
     return tuple(int(d) for d in value.shape)
 
 

@@ -409,8 +409,9 @@ def compose_concat_gathers(graph: Graph, *, keep: frozenset[str] = frozenset()) 
         table = constant_gather(graph, node)
         cat = producers.get(node.input(0)) if table is not None else None
         if cat is None or cat.domain or cat.op_type != "Concat" or not 2 <= len(cat.inputs) <= MAX_SOURCES \
-                or not all(cat.inputs) or len(set(cat.inputs)) != len(cat.inputs):
-            continue
+                or not all(cat.inputs) or len(set(cat.inputs)) != len(cat.inputs) \
+                or len(static_shape(graph, node.input(0))) < 2:
+            continue  # a 1-D Concat is shape arithmetic (dims, float dims too): only ONNX ops evaluate it symbolically
         rank = len(static_shape(graph, node.input(0)))
         axis = int(cat.attrs.get("axis", 0))
         if (axis + rank if axis < 0 else axis) != table[0]:
