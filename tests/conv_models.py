@@ -42,6 +42,11 @@ class ModelBuilder:
         self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
         return out
 
+    def conv(self, x: str, cin: int, cout: int, k: int = 1) -> str:
+        """A bare Conv (He-initialized weights, pads k // 2, no bias)."""
+        w = self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
+        return self.node("Conv", [x, self.init(w, "w")], kernel_shape=[k, k], pads=[k // 2] * 4)
+
     def conv_bn(self, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool | str = True,
                 group: int = 1) -> str:
         """Conv (pads k // 2) + BatchNormalization [+ Relu, or the activation `relu` names]."""

@@ -35,16 +35,12 @@ def _model(b: ModelBuilder, outputs: list[str], inputs: tuple[str, ...] = ("imag
     return model
 
 
-def _conv(b: ModelBuilder, x: str, cin: int, cout: int, k: int = 1) -> str:
-    w = b.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
-    return b.node("Conv", [x, b.init(w, "w")], kernel_shape=[k, k], pads=[k // 2] * 4)
-
 
 def branches(channels: tuple[int, ...], out: int = 4, image: tuple = IMAGE) -> tuple[onnx.ModelProto, list[str]]:
     """One convolution branch per channel count (1x1 and 3x3 in turn) -> Concat -> 1x1 conv."""
     b = ModelBuilder(len(channels))
-    feats = [_conv(b, "image", 3, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
-    y = _conv(b, b.node("Concat", feats, axis=1), sum(channels), out)
+    feats = [b.conv("image", 3, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
+    y = b.conv(b.node("Concat", feats, axis=1), sum(channels), out)
     return _model(b, [y], image=image), feats
 
 
@@ -110,9 +106,9 @@ def test_the_cpu_concat_copies_only_the_inputs_not_placed(monkeypatch):
     """An input read twice stays in its own slot; the Concat copies it into its rows and leaves
     the placed ones as their producers wrote them."""
     b = ModelBuilder(7)
-    a, d = _conv(b, "image", 3, 5), _conv(b, "image", 3, 24, 3)
+    a, d = b.conv("image", 3, 5), b.conv("image", 3, 24, 3)
     cat = b.node("Concat", [a, d], axis=1)
-    y = _conv(b, cat, 29, 4)
+    y = b.conv(cat, 29, 4)
     side = b.node("Relu", [a])  # a second reader of `a`
     model = _model(b, [y, side])
     plan = build_plan(model, BuilderConfig(target="cpu"))
@@ -128,8 +124,8 @@ def test_the_cpu_concat_copies_only_the_inputs_not_placed(monkeypatch):
 
 def test_a_concat_input_that_is_an_engine_input_is_copied_and_the_rest_placed():
     b = ModelBuilder(8)
-    a = _conv(b, "image", 3, 5)
-    y = _conv(b, b.node("Concat", [a, "extra"], axis=1), 8, 4)
+    a = b.conv("image", 3, 5)
+    y = b.conv(b.node("Concat", [a, "extra"], axis=1), 8, 4)
     model = _model(b, [y], ("image", "extra"))
     plan = build_plan(model, BuilderConfig(target="cpu"))
     assert list(plan.memory.placements) == [a]
@@ -138,7 +134,7 @@ def test_a_concat_input_that_is_an_engine_input_is_copied_and_the_rest_placed():
 
 def test_a_concat_whose_output_is_an_engine_output_places_nothing():
     b = ModelBuilder(9)
-    feats = [_conv(b, "image", 3, c) for c in (3, 5)]
+    feats = [b.conv("image", 3, c) for c in (3, 5)]
     model = _model(b, [b.node("Concat", feats, axis=1)])
     plan = build_plan(model, BuilderConfig(target="cpu"))
     assert plan.memory.placements == {}
@@ -157,10 +153,10 @@ def test_maxpool_and_conv_producers_on_the_last_axis():
     """An NHWC-style Concat on the last axis of MaxPool and Conv outputs, read by a convolution."""
     b = ModelBuilder(10)
     pool = b.node("MaxPool", ["image"], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1])
-    conv = _conv(b, "image", 3, 5, 3)
+    conv = b.conv("image", 3, 5, 3)
     cat = b.node("Concat", [b.node("Transpose", [pool], perm=[0, 2, 3, 1]),
                             b.node("Transpose", [conv], perm=[0, 2, 3, 1])], axis=-1)
-    y = _conv(b, b.node("Transpose", [cat], perm=[0, 3, 1, 2]), 8, 4)
+    y = b.conv(b.node("Transpose", [cat], perm=[0, 3, 1, 2]), 8, 4)
     model = _model(b, [y])
     plan = build_plan(model, BuilderConfig(target="cpu", fuse=False))
     cat_layer = _concat(plan)
@@ -171,11 +167,11 @@ def test_maxpool_and_conv_producers_on_the_last_axis():
 
 def test_an_empty_concat_input_is_skipped_and_the_rest_placed():
     b = ModelBuilder(13)
-    feats = [_conv(b, "image", 3, c) for c in (3, 5)]
+    feats = [b.conv("image", 3, c) for c in (3, 5)]
     for name, value in (("s", 0), ("e", 0), ("a", 1)):
         b.inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
     empty = b.node("Slice", ["image", "s", "e", "a"])  # [2, 0, 6, 7]
-    y = _conv(b, b.node("Concat", [feats[0], empty, feats[1]], axis=1), 8, 4)
+    y = b.conv(b.node("Concat", [feats[0], empty, feats[1]], axis=1), 8, 4)
     model = _model(b, [y])
     plan = build_plan(model, BuilderConfig(target="cpu", fuse=False))
     assert sorted(plan.memory.placements) == sorted(feats)
@@ -186,11 +182,11 @@ def up_block(channels: int = 8, skip_channels: int = 5) -> onnx.ModelProto:
     """UNet's up step: a 2x2/2 ConvTranspose (channels last: a 1x1 conv and the pixel shuffle,
     Reshape -> Transpose -> Reshape) beside a skip connection that a MaxPool reads too -> Concat -> conv."""
     b = ModelBuilder(14)
-    skip = _conv(b, "image", 3, skip_channels, 3)
-    down = _conv(b, b.node("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2]), skip_channels, channels, 3)
+    skip = b.conv("image", 3, skip_channels, 3)
+    down = b.conv(b.node("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2]), skip_channels, channels, 3)
     w = b.rng.standard_normal((channels, skip_channels, 2, 2)) * 0.3
     up = b.node("ConvTranspose", [down, b.init(w, "wt")], kernel_shape=[2, 2], strides=[2, 2])
-    return _model(b, [_conv(b, b.node("Concat", [skip, up], axis=1), 2 * skip_channels, 4)], image=(2, 3, 6, 8))
+    return _model(b, [b.conv(b.node("Concat", [skip, up], axis=1), 2 * skip_channels, 4)], image=(2, 3, 6, 8))
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -247,7 +243,7 @@ def test_a_version_compatible_plan_places_nothing():
 
 def test_a_plan_without_placements_keeps_its_memory_record_unchanged():
     b = ModelBuilder(11)
-    model = _model(b, [b.node("Relu", [_conv(b, "image", 3, 5)])])
+    model = _model(b, [b.node("Relu", [b.conv("image", 3, 5)])])
     plan = build_plan(model, BuilderConfig(target="cpu"))
     assert "placements" not in plan.memory.to_json()
     assert Plan.deserialize(plan.serialize()).memory.placements == {}

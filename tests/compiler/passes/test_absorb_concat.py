@@ -138,10 +138,6 @@ def _model(b: ModelBuilder, outs: list[tuple[str, tuple]], image: tuple) -> onnx
     return model
 
 
-def _conv(b: ModelBuilder, x: str, cin: int, cout: int, k: int = 1) -> str:
-    w = b.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
-    return b.node("Conv", [x, b.init(w, "w")], kernel_shape=[k, k], pads=[k // 2] * 4)
-
 
 def _bn_relu(b: ModelBuilder, x: str, c: int) -> str:
     params = [b.rng.uniform(0.5, 1.5, c), b.rng.standard_normal(c) * 0.1, b.rng.standard_normal(c) * 0.1,
@@ -154,13 +150,13 @@ def dense_block(c0: int = 24, growth: int = 32, layers: int = 3) -> onnx.ModelPr
     one-input Concat), BatchNorm + ReLU, a 1x1 then a 3x3 convolution; the block's last Concat
     feeds BatchNorm + ReLU and a 1x1 convolution."""
     b = ModelBuilder(29)
-    feats, c = [_conv(b, "image", 3, c0, 3)], c0
+    feats, c = [b.conv("image", 3, c0, 3)], c0
     for _ in range(layers):
         x = b.node("Concat", list(feats), axis=1)
-        y = _conv(b, _bn_relu(b, _conv(b, _bn_relu(b, x, c), c, 8), 8), 8, growth, 3)
+        y = b.conv(_bn_relu(b, b.conv(_bn_relu(b, x, c), c, 8), 8), 8, growth, 3)
         feats.append(y)
         c += growth
-    out = _conv(b, _bn_relu(b, b.node("Concat", list(feats), axis=1), c), c, 5)
+    out = b.conv(_bn_relu(b, b.node("Concat", list(feats), axis=1), c), c, 5)
     return _model(b, [(out, (2, 5, 6, 7))], (2, 3, 6, 7))
 
 
@@ -168,7 +164,7 @@ def shared_concat(c: tuple = (3, 5)) -> onnx.ModelProto:
     """A Concat of two odd-channel convolutions read by two pointwise groups (one output each)
     and, in a second Concat, by a MaxPool too."""
     b = ModelBuilder(30)
-    a, d = _conv(b, "image", 3, c[0]), _conv(b, "image", 3, c[1])
+    a, d = b.conv("image", 3, c[0]), b.conv("image", 3, c[1])
     cat = b.node("Concat", [a, d], axis=1)
     scale, shift = (b.init(b.rng.uniform(0.5, 1.5, (sum(c), 1, 1)), "p") for _ in range(2))
     y0 = b.node("Relu", [b.node("Add", [b.node("Mul", [cat, scale]), shift])])

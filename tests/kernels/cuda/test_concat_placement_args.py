@@ -25,7 +25,7 @@ from polykit.kernels.cuda.movement import resize
 from polykit.kernels.cuda.movement.movement import enqueue_concat
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.tactic_check import check_tactics
-from tests.compiler.test_concat_placement import _conv, _image, _model, _run, branches
+from tests.compiler.test_concat_placement import _image, _model, _run, branches
 from tests.compiler.test_plan_check import edited, layer
 from tests.conv_models import ModelBuilder
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
@@ -262,13 +262,13 @@ def pool_and_convs(channels: tuple[int, ...] = (16, 24, 5)) -> onnx.ModelProto:
     """GoogLeNet's Inception form (a 3x3/1 MaxPool of the input beside conv branches) and DeepLab's
     pooled branch (a 2x2/2 AveragePool, a conv, a nearest 2x Resize) -> Concat -> conv."""
     b = ModelBuilder(12)
-    x = _conv(b, "image", 3, 8, 3)
+    x = b.conv("image", 3, 8, 3)
     feats = [b.node("MaxPool", [x], kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1])]
-    feats += [_conv(b, x, 8, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
-    pooled = _conv(b, b.node("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]), 8, 8)
+    feats += [b.conv(x, 8, c, 1 + 2 * (i % 2)) for i, c in enumerate(channels)]
+    pooled = b.conv(b.node("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]), 8, 8)
     scales = b.init(np.array([1, 1, 2, 2], np.float32), "scales")
     feats.append(b.node("Resize", [pooled, "", scales], mode="nearest"))
-    return _model(b, [_conv(b, b.node("Concat", feats, axis=1), 16 + sum(channels), 4)], image=(2, 3, 6, 8))
+    return _model(b, [b.conv(b.node("Concat", feats, axis=1), 16 + sum(channels), 4)], image=(2, 3, 6, 8))
 
 
 def test_a_cuda_fp16_plan_places_a_maxpool_and_a_resize_beside_the_convs():
