@@ -224,29 +224,48 @@ def _non_negative(fact: Iota) -> bool:
 
 
 def _derive(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
-    op = node.op_type
-    src = iotas.get(node.input(0)) if node.inputs else None
-    src_shape = _shape(graph, node.input(0)) if node.inputs and node.input(0) else None
-    if op == "Range" and len(node.inputs) == 3 and len(shape) == 1:
-        start, delta = _scalar(known, graph, node.input(0)), _scalar(known, graph, node.input(2))
-        if isinstance(start, int) and not isinstance(start, SymInt) and isinstance(delta, int) \
-                and not isinstance(delta, SymInt) and delta != 0:
-            return Iota(start, (delta if shape[0] != 1 else 0,))
+    """The Iota fact of `node`'s output (of `shape`), by the rule of its op type (IOTA_RULES)."""
+    rule = IOTA_RULES.get(node.op_type)
+    return rule(graph, node, known, iotas, shape) if rule is not None else None
+
+
+def _source(graph: Graph, node: Node, iotas: dict[str, Iota]) -> tuple[Iota, tuple] | None:
+    """(the fact of `node`'s first input, that input's shape), when both are known."""
+    name = node.input(0) if node.inputs else ""
+    fact, shape = iotas.get(name), _shape(graph, name) if name else None
+    return (fact, shape) if fact is not None and shape is not None else None
+
+
+def _range(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    if len(node.inputs) != 3 or len(shape) != 1:
         return None
-    if src is None or src_shape is None:
+    start, delta = _scalar(known, graph, node.input(0)), _scalar(known, graph, node.input(2))
+    if not all(isinstance(v, int) and not isinstance(v, SymInt) for v in (start, delta)) or delta == 0:
         return None
-    if op in SHAPE_ONLY or op == "Cast":
-        return _regrid(src_shape, src, shape)
-    if op == "Expand":
-        coeffs = _aligned(src, src_shape, shape)
-        return Iota(src.base, tuple(coeffs)) if coeffs is not None else None
-    if op == "GatherElements" and not any(src.coeffs):
-        return Iota(src.base, (0,) * len(shape))
-    if op == "Slice":
-        return _slice(graph, node, src, src_shape, shape)
-    if op in ("Mul", "Add") and len(node.inputs) == 2:
-        return _binary(graph, node, known, iotas, shape)
-    return None
+    return Iota(start, (delta if shape[0] != 1 else 0,))
+
+
+def _same_order(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    """Views (unit dims added or dropped) and integer Casts keep every element where it was."""
+    found = _source(graph, node, iotas)
+    return _regrid(found[1], found[0], shape) if found else None
+
+
+def _expand(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    found = _source(graph, node, iotas)
+    coeffs = _aligned(found[0], found[1], shape) if found else None
+    return Iota(found[0].base, tuple(coeffs)) if coeffs is not None else None
+
+
+def _gather_elements(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    """Any gather of a constant-valued tensor gives that value."""
+    found = _source(graph, node, iotas)
+    return Iota(found[0].base, (0,) * len(shape)) if found and not any(found[0].coeffs) else None
+
+
+def _slice_rule(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    found = _source(graph, node, iotas)
+    return _slice(graph, node, found[0], found[1], shape) if found else None
 
 
 def _slice(graph: Graph, node: Node, src: Iota, src_shape: tuple, shape: tuple) -> Iota | None:
@@ -269,6 +288,8 @@ def _slice(graph: Graph, node: Node, src: Iota, src_shape: tuple, shape: tuple) 
 
 
 def _binary(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape: tuple) -> Iota | None:
+    if len(node.inputs) != 2:
+        return None
     a, b = node.inputs
     fa, fb = iotas.get(a), iotas.get(b)
     sa, sb = _shape(graph, a), _shape(graph, b)
@@ -292,6 +313,11 @@ def _binary(graph: Graph, node: Node, known: dict, iotas: dict[str, Iota], shape
             return None
         return Iota(0 if isinstance(s, SymInt) else fact.base * s, tuple(c * s if c else 0 for c in coeffs))
     return None
+
+
+#: op type -> the rule giving its output's Iota fact from its inputs' (None: no fact)
+IOTA_RULES = {"Range": _range, "Cast": _same_order, **{op: _same_order for op in SHAPE_ONLY}, "Expand": _expand,
+              "GatherElements": _gather_elements, "Slice": _slice_rule, "Mul": _binary, "Add": _binary}
 
 
 # ---- rewrites ----------------------------------------------------------------------------------
