@@ -286,3 +286,22 @@ def test_a_capped_level_also_times_the_best_of_each_family_the_cap_left_out():
     assert [t.name for _, t in capped(pairs, None)] == names
     mixed = [pairs[5], pairs[0], pairs[7], pairs[8]]  # every family already inside the cap: nothing added
     assert capped(mixed, 4) == mixed
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_timing_inputs_are_non_zero_values_in_range_that_differ_between_draws(dtype):
+    from polykit.compiler.builder.layer_timing import POOL_ELEMENTS, random_input
+    from polykit.compiler.plan.records import TensorDesc
+
+    rng = np.random.default_rng(3)
+    for shape in [(3, 5), (2, POOL_ELEMENTS // 2 + 7), (1, 1, 1)]:
+        desc = TensorDesc("x", dtype, shape, "input")
+        a, b = random_input(desc, rng), random_input(desc, rng)
+        assert a.shape == shape and a.dtype == desc.np_dtype and a.flags.writeable
+        wide = a.astype(np.float64)
+        assert wide.min() >= 0.5 and wide.max() <= 1.5
+        if a.size > 1:
+            assert not np.array_equal(a, b)  # replicas read different data
+    again = random_input(TensorDesc("x", dtype, (3, 5), "input"), np.random.default_rng(3))
+    first = random_input(TensorDesc("x", dtype, (3, 5), "input"), np.random.default_rng(3))
+    assert np.array_equal(again.astype(np.float64), first.astype(np.float64))  # one seed, one draw
