@@ -361,7 +361,8 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     fp32_nodes: tuple[str, ...] = ()
     unfolded: tuple[str, ...] = ()
     keep = list(g.outputs)
-    device = build_device(target, cfg.device) if target != "cpu" and (cfg.fp16 or cfg.bf16) else None
+    # the build's GPU: which arch-specific tactics run half, INT8, FP8 and weight-only layers
+    device = build_device(target, cfg.device) if target != "cpu" else None
     arch = cfg.tactic_arch(device.arch) if device is not None else ("" if target != "cpu" else None)
     for _ in range(MAX_PRECISION_ROUNDS):
         optimized = run_passes(g, cfg, keep, target, fp32_nodes, int8, unfolded)
