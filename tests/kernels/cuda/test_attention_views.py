@@ -152,6 +152,10 @@ def test_simple_tactic_relays_each_view_through_the_workspace():
     simple.enqueue_relaid(layer, rec, tensors)
     names = [name for name, _ in rec.calls]
     assert len(names) == 4 and names[-1].startswith("attention_tiled_f32")  # three gathers, then attention
+    # Q, K and V (views of one packed tensor) are read from their own copies (the first GPU run found all
+    # three read from the last one)
+    copies = [args[1].ptr for _, args in rec.calls[:3]]
+    assert len(set(copies)) == 3 and [a.ptr for a in rec.calls[3][1][:3]] == copies
 
 
 # ---- GPU: every tactic against the reference ------------------------------------------------------

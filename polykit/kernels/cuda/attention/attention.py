@@ -148,20 +148,23 @@ def enqueue_relaid(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
     names = list(layer.inputs[:3]) + [layer.outputs[0]]
     local = dict(tensors)
     where = f"layer {layer.name!r}"
+    relaid = list(names)  # each copy under a name of its own: Q, K and V may be views of one packed tensor
     for i, view in views:
         t = tensors[names[i]]
         tmp = DeviceTensor(launcher.workspace(int(np.prod(view.shape)) * t.dtype.itemsize), view.shape, t.dtype)
         if i < 3:
             launch_copy(launcher, t, tmp, view.shape, view.strides, contiguous_strides(view.shape),
                         src_base=view.offset, where=where)
-        local[names[i]] = tmp
-    plain = replace(layer, attrs={k: v for k, v in layer.attrs.items() if k not in LAYOUT_ATTRS + VIEW_ATTRS})
+        relaid[i] = f"{names[i]}#relaid{i}"
+        local[relaid[i]] = tmp
+    plain = replace(layer, inputs=tuple(relaid[:3]) + tuple(layer.inputs[3:]),
+                    outputs=(relaid[3],) + tuple(layer.outputs[1:]),
+                    attrs={k: v for k, v in layer.attrs.items() if k not in LAYOUT_ATTRS + VIEW_ATTRS})
     enqueue_attention(plain, launcher, local)
     for i, view in views:
         if i == 3:
-            tmp = local[names[3]]
-            launch_copy(launcher, tmp, tensors[names[3]], view.shape, contiguous_strides(view.shape), view.strides,
-                        dst_base=view.offset, where=where)
+            launch_copy(launcher, local[relaid[3]], tensors[names[3]], view.shape, contiguous_strides(view.shape),
+                        view.strides, dst_base=view.offset, where=where)
 
 
 cuda_tactic("Attention", "cuda.attention.simple", kernels=_kernels, workspace=_relayout_bytes,
