@@ -40,7 +40,7 @@ def window_block(B: int, shifted: bool = True):
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B * W, H, N, D]) for n in "qkv"]
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [B * W, N, H, D])
     graph = helper.make_graph(nodes, "window_attention", io, [out], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # onnxruntime reads it
 
 
 def _feeds(B: int) -> dict[str, np.ndarray]:

@@ -338,5 +338,7 @@ def test_misaligned_sources_match_reference(misalign):
     from polykit.runtime.cuda.harness import reference_layer, run_layer
 
     lay, arrays = _bn_case([(2, 3, 5, 24), (2, 3, 5, 32)], 3)
-    got = run_layer(lay, arrays, tactic="cuda.pointwise.rows", misalign=misalign)["y"]
+    # misalign counts elements (as the host emulation's Memory does); run_layer shifts by bytes
+    shift = {name: n * np.dtype(np.float16).itemsize for name, n in misalign.items()}
+    got = run_layer(lay, arrays, tactic="cuda.pointwise.rows", misalign=shift)["y"]
     np.testing.assert_array_equal(got, reference_layer(lay, arrays)["y"])
