@@ -24,7 +24,11 @@
 #                  (kv_groups), pointwise layers reading Transpose/PermutedCopy sources through views,
 #                  concat by placement: conv/pool/resize/transpose kernels writing Y with a row stride,
 #                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat).
-#                  Pass -n 15; ~250 s with a cold kernel cache (NEW_S).
+#                  First run 2026-12-05 (fourth session, H100, e71d382): 1191 passed, 51 failed, cut at 98 % by
+#                  NEW_S=290; most failures were cascades of one test's misaligned-address fault in its xdist
+#                  worker; the real ones (FP8/INT8 builds without --fp16 lost the GPU arch, attention.simple read V
+#                  for Q and K, four test mistakes) are fixed and wait for this step's next run, together with
+#                  the fourth session's new tests. Pass -n 15; ~300 s with a cold kernel cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -62,7 +66,7 @@ EOF
       --out "$OUT/dynamic_exports" 2>&1 | tail -40 | tee "$OUT/dynamic_exports.txt"
     ;;
   new)
-    timeout ${NEW_S:-360} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+    timeout ${NEW_S:-420} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_tactic_acceptance.py \
       tests/runtime/cuda/test_runtime_api_gpu.py tests/compiler/test_data_dependent_dims.py \
       tests/kernels/cuda/test_control_flow_data_branches.py tests/kernels/cuda/test_control_flow_sized.py \
