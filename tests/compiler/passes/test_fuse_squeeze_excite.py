@@ -200,3 +200,26 @@ def test_cuda_fp16_plans_of_se_blocks_match_the_cpu(n, c, cr, hw, act, gate, poo
     for _ in range(2):
         got = ctx.execute({"x": x})["y"]
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+def test_an_optimized_graph_with_squeeze_excite_round_trips_through_onnx():
+    from polykit.compiler.graph.evaluator import evaluate_graph
+    from polykit.compiler.graph.onnx_export import to_onnx
+
+    model = se_model(2, 16, 4, (5, 5), "clip", "hardsigmoid")
+    g = optimize(load_onnx(model), channels_last=True)
+    back = load_onnx(to_onnx(g))
+    (se,) = [n for n in back.nodes if n.op_type == "SqueezeExcite"]
+    assert isinstance(se.attrs["act"], dict) and se.attrs["act"]["body"][0]["op"] == "Clip"
+    x = _x(model)
+    np.testing.assert_allclose(evaluate_graph(back, {"x": x})["y"], evaluate_graph(g, {"x": x})["y"], rtol=0, atol=0)
+
+
+def test_renaming_a_clip_bound_renames_it_inside_the_body():
+    from polykit.compiler.ops.nn.fused import rename_fused_tensor
+
+    g = optimize(load_onnx(se_model(1, 16, 4, (5, 5), "clip", "sigmoid")))
+    (se,) = [n for n in g.nodes if n.op_type == "SqueezeExcite"]
+    lo = se.inputs[5]
+    rename_fused_tensor(se, lo, "bound")
+    assert se.inputs[5] == "bound" and se.attrs["act"]["body"][0]["inputs"][1] == "bound"

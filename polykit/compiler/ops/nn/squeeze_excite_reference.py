@@ -10,7 +10,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.fused_reference import evaluate_body
-from polykit.compiler.ops.nn.squeeze_excite import ARITY, SQUEEZE_EXCITE, channel_axis, gate_shape, holder, se_dims
+from polykit.compiler.ops.nn.squeeze_excite import ARITY, SQUEEZE_EXCITE, gate_shape, holder, se_dims
 from polykit.compiler.ops.references import reference
 from polykit.errors import RuntimeInputError
 
@@ -41,8 +41,6 @@ def squeeze_excite(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.n
     n = x.shape[0]
     spatial = (1, 2) if layout == "nhwc" else (2, 3)
     pooled = x.astype(np.float32).mean(axis=spatial).astype(x.dtype)  # [N, C]
-    if channel_axis(layout) == 1:
-        pooled = pooled.reshape(n, c)
     env = {name: arr for name, arr in zip(node.inputs[ARITY:], inputs[ARITY:]) if name}
     env[act["input"]] = _fc(pooled, w1, b1, cr, x.dtype).reshape(gate_shape(n, cr, layout))
     env = evaluate_body(act["body"], env)
