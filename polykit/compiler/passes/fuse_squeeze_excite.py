@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.nn.squeeze_excite import SQUEEZE_EXCITE
+from polykit.compiler.ops.nn.squeeze_excite import MAX_EXTRAS, SQUEEZE_EXCITE
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
 #: the conv op of each layout, and the spatial axes of its rank-4 tensors
@@ -53,6 +53,8 @@ def fuse_squeeze_excite(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
         c = x.shape[3 if layout == "nhwc" else 1]
         if out.shape != graph.value(pool.outputs[0]).shape or hidden.shape[0] != x.shape[0] \
                 or out.dtype != x.dtype or hidden.dtype != x.dtype or out.shape[3 if layout == "nhwc" else 1] != c:
+            continue
+        if len(set(conv1.inputs[3:]) | set(conv2.inputs[3:])) > MAX_EXTRAS:
             continue
         try:
             node = _squeeze_excite(graph, pool, conv1, conv2, layout, (c, hidden.shape[3 if layout == "nhwc" else 1]))

@@ -67,14 +67,12 @@ def test_the_reference_is_the_unfused_chain():
     assert got.shape == (2, 6, 1, 1)
 
 
-class ZeroingLauncher(RecordingLauncher):
+class GeometryLauncher(RecordingLauncher):
+    """Records each launch's grid, block and shared memory too; has no memset (the tactic needs none)."""
+
     def __init__(self):
         super().__init__()
-        self.zeroed: list[tuple[int, int]] = []
         self.geometry: list[tuple] = []
-
-    def zero(self, ptr: int, nbytes: int) -> None:
-        self.zeroed.append((ptr, nbytes))
 
     def launch(self, kernel, grid, block, args, shared_mem=0):
         super().launch(kernel, grid, block, args, shared_mem)
@@ -90,41 +88,44 @@ def _tensors(arrs: dict, lay: LayerDesc, misalign: int = 0) -> dict:
     return out
 
 
-def test_small_blocks_run_one_block_a_sample_without_workspace_or_memset():
+def test_a_small_block_is_one_pool_block_a_sample_then_fc2():
     a = arrays("nhwc", 3, (7, 7), 24, 13)
     lay = layer(a, "nhwc")
     assert se._supports(lay)
-    rec = ZeroingLauncher()
+    rec = GeometryLauncher()
     se.enqueue_squeeze_excite(lay, rec, _tensors(a, lay))
-    ((name, args),) = rec.launches
-    (grid, block, shared), = rec.geometry
-    assert name == "se_nhwc" and grid == (1, 3, 1) and block == (256, 1, 1)
-    assert rec.workspaces == [] and rec.zeroed == [] and args[6] == 0 and args[7] == 0
-    assert [int(v) for v in args[8:15]] == [49, 24, 13, 49, 1, 1, 4]  # HW C Cr chunk splits vec tx (3 lanes of 8)
-    assert shared == 4 * (24 + 13 + 64 * 24)
+    (pool, pool_args), (fc2, fc2_args) = rec.launches
+    assert (pool, fc2) == ("se_pool_nhwc", "se_fc2")
+    assert rec.geometry == [((1, 1, 3), (256, 1, 1), 4 * (24 + 64 * 24)), ((1, 3, 1), (256, 1, 1), 4 * 13)]
+    assert [int(v) for v in pool_args[3:]] == [49, 24, 13, 49, 24, 1, 4]  # HW C Cr chunk cs vec tx (3 lanes)
+    assert rec.workspaces == [4 * 3 * 13] and pool_args[2] == fc2_args[0] == rec._ptr
+    assert [int(v) for v in fc2_args[5:9]] == [24, 13, 1, 64]  # C Cr parts cs2
 
 
-def test_large_pools_split_over_blocks_and_zero_their_counters_first():
+def test_large_pools_split_over_pixels_and_wide_ones_over_channels():
     a = arrays("nhwc", 1, (112, 112), 32, 8)
     lay = layer(a, "nhwc")
-    rec = ZeroingLauncher()
+    rec = GeometryLauncher()
     tensors = _tensors(a, lay)
-    assert se.split_workspace(lay, tensors, 132) > 0
     se.enqueue_squeeze_excite(lay, rec, tensors)
-    ((name, args),) = rec.launches
-    (grid, _, _), = rec.geometry
-    splits, chunk = int(args[12]), int(args[11])
-    assert grid == (splits, 1, 1) and 1 < splits <= se.MAX_BLOCKS and (splits - 1) * chunk < 12544 <= splits * chunk
-    assert rec.workspaces == [se.split_workspace(lay, tensors, 132)] == [256 + 4 * splits * 32]
-    assert rec.zeroed == [(rec._ptr, 4)] and int(args[7]) == rec._ptr and int(args[6]) == rec._ptr + 256
+    (grid, _, _), _ = rec.geometry
+    chunk = int(rec.launches[0][1][6])
+    assert grid[1:] == (1, 1) and 1 < grid[0] and (grid[0] - 1) * chunk < 12544 <= grid[0] * chunk
+    assert rec.workspaces == [se.split_workspace(lay, tensors, 132)] == [4 * grid[0] * 8]
+    b = arrays("nhwc", 2, (7, 7), 960, 240)
+    lay = layer(b, "nhwc")
+    rec = GeometryLauncher()
+    se.enqueue_squeeze_excite(lay, rec, _tensors(b, lay))
+    assert [g for g, _, _ in rec.geometry] == [(1, 15, 2), (15, 2, 1)]  # 64 channels a block, both FCs
+    assert rec.workspaces == [4 * 2 * 15 * 240]
 
 
-def test_the_split_depends_on_the_shapes_only():
+def test_the_grid_depends_on_the_shapes_only():
     a = arrays("nhwc", 1, (56, 56), 24, 8)
     lay = layer(a, "nhwc")
     plans = [se.launch_plan(lay, _tensors(a, lay, m), 0x1000) for m in (0, 2)]
-    assert plans[0][1] == plans[1][1]  # grid
-    assert int(plans[0][4][13]) == 1 and int(plans[1][4][13]) == 0  # 16-byte loads only when aligned
+    assert [p[1] for p in plans[0]] == [p[1] for p in plans[1]]  # grids
+    assert int(plans[0][0][4][8]) == 1 and int(plans[1][0][4][8]) == 0  # 16-byte loads only when aligned
 
 
 def test_the_tactic_refuses_what_its_kernels_do_not_take():
@@ -133,92 +134,98 @@ def test_the_tactic_refuses_what_its_kernels_do_not_take():
     assert se._supports(lay)
     assert not se._supports(replace(lay, in_dtypes=("float16", "float32", "float16", "float16", "float16")))
     assert not se._supports(replace(lay, attrs={**lay.attrs, "layout": "nwhc"}))
-    big = replace(lay, in_shapes=((1, 7, 7, 8192), (4096, 1, 1, 8192), (4096,), (8192, 1, 1, 4096), (8192,)))
-    assert not se._supports(big)  # shared memory of C + Cr floats and the pool's rows
+    big = replace(lay, in_shapes=((1, 7, 7, 16), (16384, 1, 1, 16), (16384,), (16, 1, 1, 16384), (16,)))
+    assert not se._supports(big)  # the hidden units live in shared memory
     wide = replace(lay, in_shapes=((1, 7, 7, 4096), (1024, 1, 1, 4096), (1024,), (4096, 1, 1, 1024), (4096,)))
     assert se._supports(wide)
     odd = replace(lay, attrs={**lay.attrs, "act": {"input": "a", "body": [
         {"op": "Cos", "inputs": ["a"], "outputs": ["h"], "attrs": {}}], "output": "h"}})
     assert se._supports(odd)  # any op with a CUDA expression
+    five = replace(lay, inputs=lay.inputs + ("e0", "e1", "e2", "e3", "e4"),
+                   in_dtypes=lay.in_dtypes + ("float16",) * 5, in_shapes=lay.in_shapes + ((),) * 5)
+    assert not se._supports(five)
 
 
 def test_every_kernel_variant_is_declared_for_nvrtc():
     names = [k.name for k in se.compile_variants()]
-    assert len(names) == 12 and set(names) == {"se_nhwc", "se_nchw"}
+    assert len(names) == 24 and set(names) == {"se_pool_nhwc", "se_pool_nchw", "se_fc2"}
 
 
 # ---- host emulation of the kernels' index math -------------------------------------------------------
 def emulate(lay: LayerDesc, arrs: dict, misalign: int = 0) -> np.ndarray:
-    """s as the kernels compute it, following their loops thread by thread over the index space: each
-    block's pixel range, se_nhwc's (row, lane) threads and `red` slots, the split's partial offsets in
-    the workspace and the join in split order; asserts every (pixel, channel) is summed exactly once."""
-    x = arrs["x"]
+    """s as the two kernels compute it, following their loops over the index space: each pool block's
+    pixels and channel slice, se_pool_nhwc's (row, lane) threads and `red` slots, the FC1 partials'
+    workspace slots (each written once, before se_fc2 reads it), se_fc2's join in (p, q) order and its
+    rows; asserts every (pixel, channel) is summed exactly once and every output channel written once."""
+    x, dt = arrs["x"], arrs["x"].dtype
     tensors = _tensors(arrs, lay, misalign)
-    ws_bytes = se.split_workspace(lay, tensors, 132)
-    name, grid, block, shared, args, zero = se.launch_plan(lay, tensors, 0)
-    hw, c, cr, chunk, splits, vec, tx = (int(v) for v in args[8:15])
-    n = grid[1]
-    v = 16 // x.dtype.itemsize if vec else 1
-    flat = x.reshape(n, hw, c) if name == "se_nhwc" else x.reshape(n, c, hw).transpose(0, 2, 1)
+    ws = se.split_workspace(lay, tensors, 132) // 4
+    (pool, grid, _, shared, args), (_, grid2, _, shared2, args2) = se.launch_plan(lay, tensors, 0)
+    hw, c, cr, chunk, cs, vec, tx = (int(v) for v in args[3:])
+    P, Q, n = grid
+    v = 16 // dt.itemsize if vec else 1
+    flat = x.reshape(n, hw, c) if pool == "se_pool_nhwc" else x.reshape(n, c, hw).transpose(0, 2, 1)
+    w1 = arrs["w1"].reshape(-1).astype(np.float32)
     cover = np.zeros((n, hw, c), np.int64)
-    part = np.full(ws_bytes // 4, np.nan, np.float64)
-    offset = se.workspace_layout(n, splits, c)[1] // 4
-    pooled = np.zeros((n, c))
+    part = np.full(ws, np.nan, np.float32)
     for s in range(n):
-        for k in range(grid[0]):
-            r0, r1 = k * chunk, min(hw, k * chunk + chunk)
-            sums = np.zeros(c)
-            if name == "se_nhwc":
-                ty = 256 // tx
-                assert shared >= 4 * (c + cr + ty * c)
-                red = np.full((ty, c), np.nan)
-                for t in range(256):
-                    row, lane = t // tx, t % tx
-                    for g in range(lane, -(-c // v), tx):
-                        cols = slice(g * v, g * v + v)
-                        assert g * v + v <= c  # 16-byte loads inside the row
-                        cover[s, r0 + row:r1:ty, cols] += 1
-                        assert np.all(np.isnan(red[row, cols]))
-                        red[row, cols] = flat[s, r0 + row:r1:ty, cols].astype(np.float64).sum(axis=0)
-                red = np.where(np.isnan(red), 0.0, red)  # rows past the pixels hold no lane (their loop is empty)
-                sums = red.sum(axis=0)
-            else:
-                for cc in range(c):  # warp cc % 8, lanes r0 + lane :: 32
-                    for lane in range(32):
-                        cover[s, r0 + lane:r1:32, cc] += 1
-                    sums[cc] = flat[s, r0:r1, cc].astype(np.float64).sum()
-            if splits > 1:
-                at = offset + (s * splits + k) * c
-                assert at + c <= len(part)
-                part[at:at + c] = sums
-            else:
-                pooled[s] = sums
-        if splits > 1:
-            block_parts = part[offset + s * splits * c: offset + (s + 1) * splits * c].reshape(splits, c)
-            assert not np.any(np.isnan(block_parts))
-            pooled[s] = block_parts.sum(axis=0)
-    assert np.all(cover == 1)
-    assert zero is None if splits == 1 else zero == (0, 4 * n)
-    p = (pooled / hw).astype(x.dtype)
-    # FC1's index math: row j of W1 at j * C (the KRSC / KCRS weights' flat order)
-    w1 = arrs["w1"].reshape(-1)
-    h = np.stack([[np.dot(w1[j * c:(j + 1) * c].astype(np.float32), p[s].astype(np.float32)) for j in range(cr)]
-                  for s in range(n)])
-    want = p.astype(np.float32) @ (arrs["w1"].reshape(cr, c) if name == "se_nhwc" else arrs["w1"][:, :, 0, 0]).astype(np.float32).T
-    np.testing.assert_allclose(h, want, rtol=1e-5, atol=1e-5)
-    return p
+        for p in range(P):
+            for q in range(Q):
+                r0, r1, c0 = p * chunk, min(hw, p * chunk + chunk), q * cs
+                width = min(cs, c - c0)
+                sums = np.zeros(width, np.float32)
+                if pool == "se_pool_nhwc":
+                    ty = 256 // tx
+                    assert shared >= 4 * (cs + ty * cs)
+                    red = np.full((ty, cs), np.nan, np.float32)
+                    for t in range(256):
+                        row, lane = t // tx, t % tx
+                        for g in range(lane, -(-width // v), tx):
+                            cols = slice(g * v, g * v + v)
+                            assert g * v + v <= width  # 16-byte loads inside the slice
+                            cover[s, r0 + row:r1:ty, c0 + g * v:c0 + g * v + v] += 1
+                            assert np.all(np.isnan(red[row, cols]))
+                            red[row, cols] = flat[s, r0 + row:r1:ty, c0 + g * v:c0 + g * v + v].astype(np.float32).sum(0)
+                    sums = red[:, :width].sum(axis=0)
+                else:
+                    for cc in range(width):  # a warp a channel, lanes r0 + lane :: 32
+                        for lane in range(32):
+                            cover[s, r0 + lane:r1:32, c0 + cc] += 1
+                        sums[cc] = flat[s, r0:r1, c0 + cc].astype(np.float32).sum()
+                mean = sums / np.float32(hw)
+                if P == 1:
+                    mean = mean.astype(dt).astype(np.float32)
+                slot = (s * P + p) * Q + q
+                assert (slot + 1) * cr <= ws and np.all(np.isnan(part[slot * cr:(slot + 1) * cr]))
+                for j in range(cr):
+                    part[slot * cr + j] = np.dot(w1[j * c + c0:j * c + c0 + width], mean)
+    assert np.all(cover == 1) and not np.any(np.isnan(part))
+    # se_fc2: parts = P * Q, rows [q2 * cs2, ...) of block q2
+    parts, cs2 = int(args2[7]), int(args2[8])
+    assert parts == P * Q and grid2 == (-(-c // cs2), n, 1) and shared2 == 4 * cr
+    written = np.zeros((n, c), np.int64)
+    hidden = np.zeros((n, cr), np.float32)
+    for s in range(n):
+        hidden[s] = part[s * parts * cr:(s + 1) * parts * cr].reshape(parts, cr).sum(axis=0)
+        for q2 in range(grid2[0]):
+            written[s, q2 * cs2:min(c, (q2 + 1) * cs2)] += 1
+    assert np.all(written == 1)
+    return hidden + arrs["b1"].astype(np.float32)
 
 
 @pytest.mark.parametrize("layout,n,hw,c,cr,misalign", [
     ("nhwc", 1, (112, 112), 32, 8, 0), ("nhwc", 3, (7, 7), 24, 13, 0), ("nhwc", 1, (56, 56), 100, 2, 0),
-    ("nhwc", 2, (17, 9), 5, 1, 0), ("nhwc", 1, (28, 28), 40, 8, 2), ("nhwc", 1, (7, 7), 2304, 96, 0),
-    ("nhwc", 3, (1, 1), 3, 2, 0), ("nchw", 1, (56, 56), 24, 6, 0), ("nchw", 3, (5, 3), 100, 13, 0)])
-def test_the_emulated_index_math_sums_every_pixel_once_and_matches_the_reference_mean(layout, n, hw, c, cr, misalign):
+    ("nhwc", 2, (17, 9), 5, 1, 0), ("nhwc", 1, (28, 28), 40, 8, 2), ("nhwc", 1, (7, 7), 1152, 48, 0),
+    ("nhwc", 3, (1, 1), 3, 2, 0), ("nhwc", 1, (14, 14), 200, 30, 0), ("nchw", 1, (56, 56), 24, 6, 0),
+    ("nchw", 3, (5, 3), 100, 13, 0)])
+def test_the_emulated_index_math_sums_every_pixel_once_and_gives_the_reference_fc1(layout, n, hw, c, cr, misalign):
     a = arrays(layout, n, hw, c, cr)
     lay = layer(a, layout)
-    p = emulate(lay, a, misalign)
-    want = a["x"].astype(np.float32).mean(axis=(1, 2) if layout == "nhwc" else (2, 3)).astype(np.float16)
-    np.testing.assert_allclose(p.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+    got = emulate(lay, a, misalign)
+    p = a["x"].astype(np.float32).mean(axis=(1, 2) if layout == "nhwc" else (2, 3)).astype(np.float16)
+    want = p.astype(np.float32) @ a["w1"].reshape(cr, c).astype(np.float32).T + a["b1"].astype(np.float32) \
+        if layout == "nhwc" else p.astype(np.float32) @ a["w1"][:, :, 0, 0].astype(np.float32).T + a["b1"].astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
 
 
 # ---- GPU (the lead runs these) -------------------------------------------------------------------------

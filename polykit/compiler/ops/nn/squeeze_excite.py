@@ -32,6 +32,8 @@ LAYOUTS = ("nhwc", "nchw")
 HOLDERS = ("act", "gate")
 #: inputs before the bodies' extras: x, W1, b1, W2, b2
 ARITY = 5
+#: the most extra inputs (one-element constants) the bodies read together: the cuda kernels' e0..e3
+MAX_EXTRAS = 4
 FLOATS = ("float16", "float32", "bfloat16")
 _HINT = "fuse_squeeze_excite makes this node; rebuild the plan (or fix the edited attributes)"
 

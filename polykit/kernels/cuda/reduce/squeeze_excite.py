@@ -1,17 +1,20 @@
-"""ai.polykit SqueezeExcite on cuda (squeeze_excite.cu): the whole gate in one launch.
+"""ai.polykit SqueezeExcite on cuda (squeeze_excite.cu): the whole gate in two launches, no memset.
 
   cuda.squeeze_excite   fp16 / fp32 / bf16 x with weights and biases of x's dtype, NHWC or NCHW, at most
-                        MAX_EXTRAS one-element extra inputs, C + Cr small enough for the shared memory
-                        (shared_bytes <= SHARED_LIMIT: C = 4096 with Cr = 1024 fits)
+                        MAX_EXTRAS one-element extra inputs, Cr up to what the shared memory holds
 
-Block (k, n) of grid (splits, N) sums a chunk of sample n's pixels; split_of picks the split from
-the shapes only (so a shape always gives the same sums): about SPLIT_BYTES of x a block, at most
-MAX_BLOCKS blocks in all. With one split per sample nothing else runs; with more, the blocks leave
-fp32 partials in the layer's workspace and the last block of each sample (a per-sample counter,
-zeroed by a memset node before the launch: the workspace is scratch other layers share, never zero
-between runs) joins them in split order and computes both FCs, so the result is deterministic and
-each execution context and each CUDA-graph replay (the memset is captured before the kernel, on the
-same stream, into the context's own workspace) starts from zero counters.
+se_pool_<layout>, grid (P, Q, N): block (p, q, n) sums a chunk of sample n's pixels over a slice of
+CS channels and multiplies its sums' mean (rounded to x's type when P == 1, as the ReduceMean stored
+it) by that slice's columns of W1: FC1 partials, fp32, in the layer's workspace. se_fc2, grid (Q2, N):
+each block joins its sample's partials in one fixed order, adds b1, applies the act body, and computes
+CS2 output channels of FC2 with the gate body. geometry() picks P and Q from the shapes only (about
+SPLIT_BYTES of x a block, at most MAX_BLOCKS pool blocks), so a shape always gives the same sums:
+deterministic. Why two launches and not one with a last-block join (the design first tried): the
+block that joins last would read both FCs' weights alone (MobileNetV3-L's last SE blocks: 0.9 MB, tens
+of microseconds on one SM, more than the five launches it replaces), and its counters need a memset
+node before every run, as the workspace is scratch other layers share; here the weights are spread over
+the blocks of both grids, and nothing in the workspace must be zero: every partial is written before
+it is read, in each execution context and each CUDA-graph replay.
 The act and gate bodies are generated per layer (pointwise_expr.emit_expression, as the conv
 epilogues), each value rounded to x's type where the nodes the layer replaced stored it.
 """
@@ -23,18 +26,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.nn.squeeze_excite import ARITY, SQUEEZE_EXCITE, LAYOUTS, channel_axis
+from polykit.compiler.ops.nn.squeeze_excite import ARITY, LAYOUTS, MAX_EXTRAS, SQUEEZE_EXCITE, channel_axis
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.storage_types import CTYPE
 
 FILE = "squeeze_excite.cu"
 BLOCK = 256
-#: extra (one-element) inputs the bodies may read: the kernels' e0..e3
-MAX_EXTRAS = 4
-#: x bytes a block of a split sums (about); the split's upper bounds
+#: channels a pool block sums (and W1 columns it reads), output channels an se_fc2 block computes
+CS, CS2 = 64, 64
+#: x bytes a pool block sums (about); the pool grid's bound
 SPLIT_BYTES = 32 * 1024
-MAX_BLOCKS = 512
+MAX_BLOCKS = 1024
 #: dynamic shared memory without the opt-in attribute
 SHARED_LIMIT = 48 * 1024
 DTYPES = ("float16", "float32", "bfloat16")
@@ -44,30 +47,28 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def geometry(layout: str, n: int, hw: int, c: int, elem: int, vec: bool) -> tuple[int, int, int]:
-    """(splits, chunk, tx): the pixels of a sample cut into `splits` chunks of `chunk`, and se_nhwc's
-    threads along C (a power of two; BLOCK // tx rows of threads over the pixels)."""
-    per_block = max(1, SPLIT_BYTES // max(1, c * elem))
-    splits = max(1, min(-(-hw // per_block), max(1, MAX_BLOCKS // max(1, n)), hw))
-    chunk = -(-hw // splits)
-    splits = -(-hw // chunk)
-    lanes = -(-c // (16 // elem)) if vec else c
+def geometry(layout: str, n: int, hw: int, c: int, elem: int, vec: bool) -> tuple[int, int, int, int, int]:
+    """(P, chunk, Q, cs, tx) of the pool: a sample's pixels cut into P chunks of `chunk`, its channels
+    into Q slices of `cs`, and se_pool_nhwc's threads along a slice (a power of two; BLOCK // tx rows
+    of threads over the pixels)."""
+    cs = min(c, CS)
+    q = -(-c // cs)
+    per_block = max(1, SPLIT_BYTES // max(1, cs * elem))
+    p = max(1, min(-(-hw // per_block), max(1, MAX_BLOCKS // max(1, n * q)), hw))
+    chunk = -(-hw // p)
+    p = -(-hw // chunk)
+    lanes = -(-cs // (16 // elem)) if vec else cs
     tx = min(BLOCK, _pow2_at_least(lanes)) if layout == "nhwc" else 32
-    return splits, chunk, tx
+    return p, chunk, q, cs, tx
 
 
-def shared_bytes(layout: str, c: int, cr: int, tx: int) -> int:
-    red = (BLOCK // tx) * c if layout == "nhwc" else 0
-    return 4 * (c + cr + red)
+def pool_shared_bytes(layout: str, cs: int, tx: int) -> int:
+    return 4 * (cs + ((BLOCK // tx) * cs if layout == "nhwc" else 0))
 
 
-def workspace_layout(n: int, splits: int, c: int) -> tuple[int, int]:
-    """(bytes, offset of the partials): N counters (padded to 256 bytes), then [N, splits, C] fp32 partials;
-    (0, 0) without a split."""
-    if splits <= 1:
-        return 0, 0
-    head = -(-4 * n // 256) * 256
-    return head + 4 * n * splits * c, head
+def workspace_bytes(n: int, p: int, q: int, cr: int) -> int:
+    """The FC1 partials: [N, P, Q, Cr] fp32."""
+    return 4 * n * p * q * cr
 
 
 def _dims(layer: Any, x_shape) -> tuple[str, int, int, int, int]:
@@ -102,9 +103,12 @@ def prelude(layer: Any, elem: str) -> str:
             + body_function("se_gate", layer.attrs["gate"], extras))
 
 
-def kernel_source(layer: Any, dtype: str) -> KernelSource:
-    kernel = "se_nhwc" if layer.attrs.get("layout") == "nhwc" else "se_nchw"
+def kernel_source(layer: Any, dtype: str, kernel: str) -> KernelSource:
     return KernelSource(kernel, code=prelude(layer, CTYPE[dtype]) + (CUDA_DIR / FILE).read_text())
+
+
+def kernel_names(layer: Any) -> tuple[str, str]:
+    return ("se_pool_nhwc" if layer.attrs.get("layout") == "nhwc" else "se_pool_nchw"), "se_fc2"
 
 
 def _supports(layer: Any) -> bool:
@@ -116,22 +120,18 @@ def _supports(layer: Any) -> bool:
     if any(int(np.prod(s)) != 1 for s in shapes[ARITY:]):
         return False
     layout, n, hw, c, cr = _dims(layer, shapes[0])
-    if min(n, hw, c, cr) < 1 or n * hw * c >= 2**31 or n > 65535:
-        return False
-    elem = np.dtype(dts[0]).itemsize
-    # x aligned (16-byte loads where C allows) or not: the launch's shared memory either way
-    if any(shared_bytes(layout, c, cr, geometry(layout, n, hw, c, elem, vec)[2]) > SHARED_LIMIT
-           for vec in (False, c * elem % 16 == 0)):
+    if min(n, hw, c, cr) < 1 or n * hw * c >= 2**31 or n > 65535 or 4 * cr > SHARED_LIMIT:
         return False
     try:
-        kernel_source(layer, dts[0])
+        _kernels(layer)
     except Exception:  # a body op without a CUDA expression
         return False
     return True
 
 
 def _kernels(layer: Any) -> list[KernelSource]:
-    return [kernel_source(layer, layer.in_dtypes[0] if layer.in_dtypes else "float16")]
+    dtype = layer.in_dtypes[0] if layer.in_dtypes else "float16"
+    return [kernel_source(layer, dtype, k) for k in kernel_names(layer)]
 
 
 def _plan(layer: Any, x: DeviceTensor, w1_size: int):
@@ -140,51 +140,49 @@ def _plan(layer: Any, x: DeviceTensor, w1_size: int):
     n, c = int(x.shape[0]), int(x.shape[axis])
     hw = int(np.prod([d for k, d in enumerate(x.shape[1:], 1) if k != axis]))
     cr = w1_size // c if c else 0
-    vec = layout == "nhwc" and (c * x.dtype.itemsize) % 16 == 0 and x.ptr % 16 == 0
+    vec = layout == "nhwc" and (min(c, CS) * x.dtype.itemsize) % 16 == 0 and (c * x.dtype.itemsize) % 16 == 0 \
+        and x.ptr % 16 == 0
     return layout, n, hw, c, cr, vec, *geometry(layout, n, hw, c, x.dtype.itemsize, vec)
 
 
 def split_workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
     try:
         x, w1 = tensors[layer.inputs[0]], tensors[layer.inputs[1]]
-        # aligned or not, the split is the same (it reads the shapes only)
-        _, n, _, c, _, _, splits, _, _ = _plan(layer, DeviceTensor(0, tuple(x.shape), np.dtype(x.dtype)),
-                                               int(np.prod(w1.shape)))
+        # aligned or not, the grid is the same (it reads the shapes only)
+        _, n, _, _, cr, _, p, _, q, _, _ = _plan(layer, DeviceTensor(0, tuple(x.shape), np.dtype(x.dtype)),
+                                                 int(np.prod(w1.shape)))
     except (KeyError, IndexError, TypeError, ValueError):
         return 0
-    return workspace_layout(n, splits, c)[0]
+    return workspace_bytes(n, p, q, cr)
 
 
-def launch_plan(layer: Any, tensors: Mapping[str, DeviceTensor], workspace: int = 0):
-    """(kernel name, grid, block, shared bytes, args, (counters, bytes) to zero or None) of one launch."""
+def launch_plan(layer: Any, tensors: Mapping[str, DeviceTensor], workspace: int = 0) -> list[tuple]:
+    """The two launches: (kernel name, grid, block, shared bytes, args) each."""
     x, w1 = tensors[layer.inputs[0]], tensors[layer.inputs[1]]
-    layout, n, hw, c, cr, vec, splits, chunk, tx = _plan(layer, x, w1.size)
+    layout, n, hw, c, cr, vec, p, chunk, q, cs, tx = _plan(layer, x, w1.size)
     if cr * c != w1.size or tensors[layer.inputs[3]].size != w1.size:
         raise DeviceError(f"SqueezeExcite weights of {w1.size} and {tensors[layer.inputs[3]].size} elements for "
                           f"{c} channels", where=f"layer {layer.name!r}", hint="rebuild the plan from the model")
-    total, offset = workspace_layout(n, splits, c)
-    counters, part = (workspace, workspace + offset) if total else (0, 0)
     extras = [tensors[name] for name in layer.inputs[ARITY:]]
     extras += [DeviceTensor(0, (1,), x.dtype)] * (MAX_EXTRAS - len(extras))
-    args = [x, *(tensors[name] for name in layer.inputs[1:ARITY]), tensors[layer.outputs[0]], part, counters,
-            np.int32(hw), np.int32(c), np.int32(cr), np.int32(chunk), np.int32(splits), np.int32(int(vec)),
-            np.int32(tx), *extras]
-    name = "se_nhwc" if layout == "nhwc" else "se_nchw"
-    zero = (counters, 4 * n) if total else None
-    return name, (splits, n, 1), (BLOCK, 1, 1), shared_bytes(layout, c, cr, tx), args, zero
+    pool, fc2 = kernel_names(layer)
+    b1, w2, b2 = (tensors[name] for name in layer.inputs[2:ARITY])
+    return [(pool, (p, q, n), (BLOCK, 1, 1), pool_shared_bytes(layout, cs, tx),
+             [x, w1, workspace, np.int32(hw), np.int32(c), np.int32(cr), np.int32(chunk), np.int32(cs),
+              np.int32(int(vec)), np.int32(tx)]),
+            (fc2, (-(-c // CS2), n, 1), (BLOCK, 1, 1), 4 * cr,
+             [workspace, b1, w2, b2, tensors[layer.outputs[0]], np.int32(c), np.int32(cr), np.int32(p * q),
+              np.int32(CS2), *extras])]
 
 
 def enqueue_squeeze_excite(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     x, w1 = tensors[layer.inputs[0]], tensors[layer.inputs[1]]
     if not x.size:
         return
-    _, n, _, c, _, _, splits, _, _ = _plan(layer, x, w1.size)
-    total = workspace_layout(n, splits, c)[0]
-    ws = launcher.workspace(total) if total else 0
-    name, grid, block, shared, args, zero = launch_plan(layer, tensors, ws)
-    if zero is not None:
-        launcher.zero(*zero)
-    launcher.launch(kernel_source(layer, x.dtype.name), grid, block, args, shared_mem=shared)
+    _, n, _, _, cr, _, p, _, q, _, _ = _plan(layer, x, w1.size)
+    ws = launcher.workspace(workspace_bytes(n, p, q, cr))
+    for name, grid, block, shared, args in launch_plan(layer, tensors, ws):
+        launcher.launch(kernel_source(layer, x.dtype.name, name), grid, block, args, shared_mem=shared)
 
 
 cuda_tactic(SQUEEZE_EXCITE, "cuda.squeeze_excite", domain=POLYKIT_DOMAIN, kernels=_kernels, supports=_supports,
@@ -208,5 +206,5 @@ def compile_variants() -> list[KernelSource]:
         for act, gate, extras in ((silu, sigmoid, ()), (clip, hard, ("lo", "hi"))):
             layer = LayerDesc("se", SQUEEZE_EXCITE, ("x", "w1", "b1", "w2", "b2", *extras), ("s",),
                               {"layout": layout, "act": act, "gate": gate}, domain=POLYKIT_DOMAIN)
-            out += [kernel_source(layer, dt) for dt in DTYPES]
+            out += [kernel_source(layer, dt, k) for dt in DTYPES for k in kernel_names(layer)]
     return out
