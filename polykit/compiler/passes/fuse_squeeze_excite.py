@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.nn.squeeze_excite import MAX_EXTRAS, SQUEEZE_EXCITE
+from polykit.compiler.ops.nn.squeeze_excite import MAX_BATCH, MAX_ELEMENTS, MAX_EXTRAS, MAX_HIDDEN, SQUEEZE_EXCITE
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
 #: the conv op of each layout, and the spatial axes of its rank-4 tensors
@@ -54,7 +54,7 @@ def fuse_squeeze_excite(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
         if out.shape != graph.value(pool.outputs[0]).shape or hidden.shape[0] != x.shape[0] \
                 or out.dtype != x.dtype or hidden.dtype != x.dtype or out.shape[3 if layout == "nhwc" else 1] != c:
             continue
-        if len(set(conv1.inputs[3:]) | set(conv2.inputs[3:])) > MAX_EXTRAS:
+        if len(set(conv1.inputs[3:]) | set(conv2.inputs[3:])) > MAX_EXTRAS or not _fits(graph, x, hidden, conv1, conv2):
             continue
         try:
             node = _squeeze_excite(graph, pool, conv1, conv2, layout, (c, hidden.shape[3 if layout == "nhwc" else 1]))
@@ -63,6 +63,16 @@ def fuse_squeeze_excite(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
         replacements[id(conv2)] = node
         dead.extend([pool, conv1, *(p for p in (pad1, pad) if p is not None)])
     return replace_nodes(graph, replacements, dead)
+
+
+def _fits(graph: Graph, x, hidden, conv1: Node, conv2: Node) -> bool:
+    """Within the node's limits (ops/nn/squeeze_excite.py), and every weight, bias and extra of x's dtype
+    (as the kernels read them)."""
+    cr = hidden.shape[3] if len(hidden.shape) == 4 and conv1.op_type == "ConvNHWC" else hidden.shape[1]
+    if cr > MAX_HIDDEN or x.shape[0] > MAX_BATCH or int(np.prod(x.shape)) > MAX_ELEMENTS:
+        return False
+    consts = [const(graph, name) for conv in (conv1, conv2) for name in conv.inputs[1:] if name]
+    return all(arr is not None and arr.dtype == x.dtype for arr in consts)
 
 
 def _pool_layout(graph: Graph, node: Node) -> str | None:

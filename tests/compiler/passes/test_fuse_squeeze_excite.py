@@ -223,3 +223,13 @@ def test_renaming_a_clip_bound_renames_it_inside_the_body():
     lo = se.inputs[5]
     rename_fused_tensor(se, lo, "bound")
     assert se.inputs[5] == "bound" and se.attrs["act"]["body"][0]["inputs"][1] == "bound"
+
+
+def test_a_block_whose_weights_stay_float32_in_an_fp16_build_stays_apart():
+    model = se_model(1, 16, 4, (6, 6))
+    names = {n.name: n for n in load_onnx(model).nodes}
+    conv1 = next(name for name, n in names.items() if n.op_type == "Conv" and n.inputs[1] == "w1")
+    g = optimize(load_onnx(model), channels_last=True, fp16=True, fp32_layers=(conv1,))
+    assert not any(n.op_type == "SqueezeExcite" for n in g.nodes)
+    h = optimize(load_onnx(model), channels_last=True, fp16=True)
+    assert sum(n.op_type == "SqueezeExcite" for n in h.nodes) == 1

@@ -34,6 +34,9 @@ HOLDERS = ("act", "gate")
 ARITY = 5
 #: the most extra inputs (one-element constants) the bodies read together: the cuda kernels' e0..e3
 MAX_EXTRAS = 4
+#: the most hidden units (the cuda kernel keeps them in 48 KiB of shared memory), samples (a grid
+#: axis) and elements of x (32-bit offsets) fuse_squeeze_excite makes a node for
+MAX_HIDDEN, MAX_BATCH, MAX_ELEMENTS = 12288, 65535, 2**31 - 1
 FLOATS = ("float16", "float32", "bfloat16")
 _HINT = "fuse_squeeze_excite makes this node; rebuild the plan (or fix the edited attributes)"
 
