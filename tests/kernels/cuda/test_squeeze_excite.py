@@ -111,7 +111,7 @@ def test_large_pools_split_over_pixels_and_wide_ones_over_channels():
     (grid, _, _), _ = rec.geometry
     chunk = int(rec.launches[0][1][6])
     assert grid[1:] == (1, 1) and 1 < grid[0] and (grid[0] - 1) * chunk < 12544 <= grid[0] * chunk
-    assert rec.workspaces == [se.split_workspace(lay, tensors, 132)] == [4 * grid[0] * 8]
+    assert rec.workspaces == [se.fc1_workspace(lay, tensors, 132)] == [4 * grid[0] * 8]
     b = arrays("nhwc", 2, (7, 7), 960, 240)
     lay = layer(b, "nhwc")
     rec = GeometryLauncher()
@@ -159,7 +159,7 @@ def emulate(lay: LayerDesc, arrs: dict, misalign: int = 0) -> np.ndarray:
     rows; asserts every (pixel, channel) is summed exactly once and every output channel written once."""
     x, dt = arrs["x"], arrs["x"].dtype
     tensors = _tensors(arrs, lay, misalign)
-    ws = se.split_workspace(lay, tensors, 132) // 4
+    ws = se.fc1_workspace(lay, tensors, 132) // 4
     (pool, grid, _, shared, args), (_, grid2, _, shared2, args2) = se.launch_plan(lay, tensors, 0)
     hw, c, cr, chunk, cs, vec, tx = (int(v) for v in args[3:])
     P, Q, n = grid

@@ -145,7 +145,7 @@ def _plan(layer: Any, x: DeviceTensor, w1_size: int):
     return layout, n, hw, c, cr, vec, *geometry(layout, n, hw, c, x.dtype.itemsize, vec)
 
 
-def split_workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+def fc1_workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
     try:
         x, w1 = tensors[layer.inputs[0]], tensors[layer.inputs[1]]
         # aligned or not, the grid is the same (it reads the shapes only)
@@ -186,7 +186,7 @@ def enqueue_squeeze_excite(layer: Any, launcher: Any, tensors: Mapping[str, Devi
 
 
 cuda_tactic(SQUEEZE_EXCITE, "cuda.squeeze_excite", domain=POLYKIT_DOMAIN, kernels=_kernels, supports=_supports,
-            workspace=split_workspace)(enqueue_squeeze_excite)
+            workspace=fc1_workspace)(enqueue_squeeze_excite)
 
 
 def compile_variants() -> list[KernelSource]:
