@@ -33,6 +33,7 @@ from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_movement import fuse_movement
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
+from polykit.compiler.passes.fuse_squeeze_excite import fuse_squeeze_excite
 from polykit.compiler.passes.hoist_activations import hoist_activations
 from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
@@ -56,7 +57,7 @@ __all__ = [
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
-    "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers",
+    "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -188,7 +189,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
         run_passes(g, [bind(compose_reformats, keep=kept), bind(fuse_bias_activation, keep=kept),
-                       bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept),
+                       bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept),
                        bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept),
                        bind(absorb_views, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
     return g

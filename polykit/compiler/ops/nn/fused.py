@@ -42,18 +42,17 @@ def _rename_in_body(body: list[dict[str, Any]], old: str, new: str) -> None:
 
 
 def rename_fused_tensor(node: Node, old: str, new: str) -> None:
-    """Rename tensor `old` to `new` in a fused node's inputs, outputs and body.
+    """Rename tensor `old` to `new` in a fused node's inputs, outputs and bodies.
 
     Passes that rename a tensor read or written by a fused node must call this (plain
-    `Node.inputs` edits would leave the body pointing at the old name). A body-local name
+    `Node.inputs` edits would leave a body pointing at the old name). A body-local name
     that equals `new` is first moved aside so the body stays unambiguous.
     """
-    body, holder = _body_of(node)
-    if body is not None:
-        external = set(node.inputs) | set(node.outputs)
+    external = set(node.inputs) | set(node.outputs)
+    for body, holder in _bodies_of(node):
         local = body_names(body) - external
         if holder is not None:
-            local.add(holder["input"])
+            local.update(holder[k] for k in ("input", "output") if k in holder)
         if new in local:
             taken = body_names(body) | external | {new}
             k = 0
@@ -64,22 +63,33 @@ def rename_fused_tensor(node: Node, old: str, new: str) -> None:
             for entry in [*(node.attrs.get("concat") or ()), *(node.attrs.get("view") or ())]:  # operands: body-local names
                 if entry.get("name") == new:
                     entry["name"] = moved
-            if holder is not None and holder["input"] == new:
-                holder["input"] = moved
+            if holder is not None:
+                for key in ("input", "output"):
+                    if holder.get(key) == new:
+                        holder[key] = moved
         _rename_in_body(body, old, new)
     node.inputs = [new if n == old else n for n in node.inputs]
     node.outputs = [new if n == old else n for n in node.outputs]
 
 
-def _body_of(node: Node) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
+#: fused ops of ai.polykit whose bodies sit in holders {"input", "body"(, "output")} under these attributes
+#: (SqueezeExcite: ops/nn/squeeze_excite.py)
+HOLDER_ATTRS = {"SqueezeExcite": ("act", "gate")}
+
+
+def _bodies_of(node: Node) -> list[tuple[list[dict[str, Any]], dict[str, Any] | None]]:
+    """The (body, holder) pairs of a fused node: a Pointwise body (no holder), an epilogue, or the
+    holders HOLDER_ATTRS names."""
     if node.domain != POLYKIT_DOMAIN:
-        return None, None
+        return []
     if node.op_type == "Pointwise":
-        return node.attrs.get("body"), None
+        body = node.attrs.get("body")
+        return [] if body is None else [(body, None)]
+    holders = [node.attrs.get(key) for key in HOLDER_ATTRS.get(node.op_type, ())]
     epi = node.attrs.get("epilogue")
     if epi:  # the float kinds of EPILOGUE_ARITY and the INT8 layers (ops/int8.py)
-        return epi["body"], epi
-    return None, None
+        holders.append(epi)
+    return [(h["body"], h) for h in holders if isinstance(h, dict) and isinstance(h.get("body"), list)]
 
 
 def step_node(step: dict[str, Any], index: int = 0) -> Node:
@@ -127,7 +137,7 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
 
 def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
-    for key in ("body", "epilogue", "concat", "view"):
+    for key in ("body", "epilogue", "concat", "view", *HOLDER_ATTRS["SqueezeExcite"]):
         if isinstance(node.attrs.get(key), str):
             node.attrs[key] = json.loads(node.attrs[key])
 
