@@ -135,6 +135,7 @@ def _run_emulated(lay: LayerDesc, arrays: dict, want: np.ndarray, misalign: dict
     """Emulate the strided entry (always) and the entry enqueue_pointwise picks (the view-vector
     one where the launch allows it) against `want`; that entry's (name, arguments)."""
     mem = Memory(arrays, want.shape, want.dtype, misalign)
+    mem.tensors[lay.outputs[0]] = mem.tensors["y"]  # Memory's output "y" under the layer's name
     x, y, (k_s, _, _) = pw.layer_tensors(lay, mem.tensors)
     rec = RecordingLauncher()
     pw.launch_strided_or_vector(lay, rec, x, y, k_s, None)
