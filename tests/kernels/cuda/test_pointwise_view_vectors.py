@@ -21,7 +21,9 @@ from polykit.compiler.ops.references import run_reference
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.pointwise import pointwise as pw
 from polykit.kernels.cuda.pointwise.pointwise_codegen import pointwise_kernels
-from polykit.kernels.cuda.pointwise.pointwise_views import view_width
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.launch_geometry import view_geometry
+from polykit.kernels.cuda.pointwise.pointwise_views import ViewTensor, vector_view_flags, view_width
 from tests.compiler.passes.view_models import rope, transpose_add, window_merge
 from tests.kernels.cuda.test_pointwise_views import _run_emulated
 
@@ -165,6 +167,18 @@ def test_an_offset_no_multiple_of_v_falls_back():
                           {"shift": 0, "pieces": [[8, 1]]}]}
         arrays = {"x": x, "r": rng.uniform(-2, 2, (2, 2, 8)).astype(dtype)}
         assert _entry(_stamped(ADD, ("x", "r"), [entry], arrays)) == path
+
+
+def test_an_iteration_space_of_2_to_the_31_elements_falls_back():
+    """The view-vector entry divides in 32 bits: the host refuses 2^31 elements (no memory needed:
+    the flags come from the geometry and the pointers)."""
+    for rows, want in ((2 ** 28 - 1, [1]), (2 ** 28, None)):  # rows of 8: 2^31 - 8 and 2^31 elements
+        x = DeviceTensor(0x10000, (rows, 8), np.dtype(np.float16))
+        view = ViewTensor(x, {"name": "v", "input": 0, "offset": 0,
+                              "dims": [{"shift": 0, "pieces": [[rows, 8]]}, {"shift": 0, "pieces": [[8, 1]]}]})
+        y = DeviceTensor(0x20000, (rows, 8), np.dtype(np.float16))
+        geometry = view_geometry([(rows, 8), (rows, 8)], 1, {0: view.dims})[1:]
+        assert vector_view_flags([view], [y], *geometry, 8) == want
 
 
 def test_widths_by_storage_type():

@@ -39,7 +39,8 @@ from polykit.kernels.cuda.pointwise.pointwise_concat import (cat_load, concat_he
                                                               table_locals, table_params)
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
-from polykit.kernels.cuda.pointwise.pointwise_views import view_inputs, view_locals, view_params, view_step, view_width
+from polykit.kernels.cuda.pointwise.pointwise_views import (narrow_div, view_inputs, view_locals, view_params, view_step,
+                                                             view_width)
 from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC
 from polykit.kernels.cuda.storage_types import CTYPE
 
@@ -153,15 +154,17 @@ def _entries(sigs, base, nin, nout, cats, paths, more=None) -> list[str]:
     return lines
 
 
-def _offsets(nin: int, nout: int, views: frozenset[int], per_dim: list[str]) -> list[str]:
+def _offsets(nin: int, nout: int, views: frozenset[int], per_dim: list[str], narrow: bool = False) -> list[str]:
     """The strided entries' offset loop: index r split over the collapsed dims (innermost last),
     each tensor's offset o<t> summed from the coordinates (a view operand's by its view step),
-    then the logical inputs' offsets o_x<i>; `per_dim`: more statements per dim (over c)."""
+    then the logical inputs' offsets o_x<i>; `per_dim`: more statements per dim (over c);
+    `narrow`: the divisions in 32 bits (the host keeps such launches under 2^31 elements)."""
+    div = narrow_div("r", "dims[d]") if narrow else "r / dims[d]"
     lines = [f"#pragma unroll\n    for (int d = {MAXR} - 1; d >= 0; --d) {{",
              "      if (d < rank) {",
-             "        i64 q = rank == 1 ? 0 : r / dims[d]; i64 c = r - q * dims[d]; r = q;"]
+             f"        i64 q = rank == 1 ? 0 : {div}; i64 c = r - q * dims[d]; r = q;"]
     for t in range(nin + nout):
-        lines.append(view_step(t, "        ") if t in views else f"        o{t} += c * st{t}[d];")
+        lines.append(view_step(t, "        ", narrow) if t in views else f"        o{t} += c * st{t}[d];")
     lines += per_dim
     lines.append("      }\n    }")
     for i in range(nin):
@@ -173,7 +176,8 @@ def _view_vector_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, geo, b
     """The view-vector path `<base>_w<V>` of a module with view operands (pointwise_views): the
     strided entry's geometry, each thread V consecutive elements of the innermost dim (the host
     passes only launches where that dim is a multiple of V and every vector is contiguous and
-    aligned, vector_view_flags); offsets once per vector at its first element, then input i loads
+    aligned, vector_view_flags); offsets once per vector at its first element (32-bit divisions:
+    the host keeps it under 2^31 elements), then input i loads
     V elements (vi<i> = 1) or one value broadcast along the dim (vi<i> = 0), outputs store V."""
     nin, nout = len(ins), len(outs)
     code, env = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
@@ -186,7 +190,7 @@ def _view_vector_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, geo, b
     lines.append("  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n / V; i += (i64)gridDim.x * blockDim.x) {")
     lines.append("    " + " ".join(f"i64 o{t} = 0;" for t in range(nin + nout)))
     lines.append("    i64 r = i * V;")
-    lines += _offsets(nin, nout, views, [])
+    lines += _offsets(nin, nout, views, [], narrow=True)
     for i in range(nin):
         lines.append(f"    Vec<{tin[i]}, V> w{i};")
         lines += _load_or_broadcast(i, tin[i], f"vi{i}", f"x{i} + o_x{i}", f"x{i}[o_x{i}]", "    ")

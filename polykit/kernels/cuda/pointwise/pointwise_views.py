@@ -15,12 +15,13 @@ declared kernels depend on no stamped shape (docs/DYNAMIC_SHAPES.md "Tactics").
 `_w` takes the same arguments plus one flag per input and gives each thread V consecutive
 elements of the innermost iteration dim (V = view_width: 16 bytes of the widest storage type):
 the offsets are computed once per vector, at its first element (the strided entry's div/mod and
-view step), then every input contiguous along that dim loads V elements at once, one broadcast
+view step, dividing in 32 bits), then every input contiguous along that dim loads V elements at once, one broadcast
 along it loads one value, and every output stores V. The host (vector_view_flags) takes `_w` only
 where that reads what `_s` reads: the innermost dim a multiple of V, every tensor contiguous or
 (inputs) broadcast along it, every other stride, outer piece stride, base offset and the
 innermost dim's shift and inner piece size multiples of V, every pointer loaded or stored as
-vectors aligned to V elements, and no output smaller than the iteration space.
+vectors aligned to V elements, no output smaller than the iteration space, and under 2^31
+elements (NARROW_LIMIT).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from polykit.kernels.cuda.storage_types import LOWP
 VIEW_VECTOR_BYTES = 16
 #: elements a thread of the view-vector entry handles at most
 MAX_VIEW_VEC = 8
+#: the view-vector entry divides in 32 bits: iteration spaces below this many elements
+NARROW_LIMIT = 2 ** 31
 
 
 def view_inputs(layer) -> frozenset[int]:
@@ -94,10 +97,17 @@ def view_locals(views: frozenset[int], maxr: int, pad: str) -> list[str]:
             for i in sorted(views) for k in "hqo"]
 
 
-def view_step(i: int, pad: str) -> str:
-    """C statement: add dim d's part of view operand i's offset (index c): shift, then split."""
+def narrow_div(a: str, b: str) -> str:
+    """C expression: a / b in 32-bit unsigned arithmetic (both known to lie in [0, 2^31)), as i64."""
+    return f"(i64)((unsigned)({a}) / (unsigned)({b}))"
+
+
+def view_step(i: int, pad: str, narrow: bool = False) -> str:
+    """C statement: add dim d's part of view operand i's offset (index c): shift, then split
+    (`narrow`: the division in 32 bits, for the view-vector entry)."""
+    div = narrow_div("j", f"vq{i}[d]") if narrow else f"j / vq{i}[d]"
     return (f"{pad}if (vh{i}[d] | vq{i}[d]) {{ i64 j = c + vh{i}[d]; if (j >= dims[d]) j -= dims[d]; "
-            f"const i64 h = vq{i}[d] ? j / vq{i}[d] : 0; o{i} += h * vo{i}[d] + (j - h * vq{i}[d]) * st{i}[d]; }} "
+            f"const i64 h = vq{i}[d] ? {div} : 0; o{i} += h * vo{i}[d] + (j - h * vq{i}[d]) * st{i}[d]; }} "
             f"else o{i} += c * st{i}[d];")
 
 
@@ -132,7 +142,7 @@ def vector_view_flags(x: Sequence, y: Sequence[DeviceTensor], dims: Sequence[int
     and per-view lists): 1 for an input read as V consecutive elements (stride 1 along the
     innermost dim), 0 for one broadcast along it; None when `_w` may not run this launch (see the
     module docstring: sizes, strides, shifts, pieces or pointers that are no multiples of V)."""
-    if width < 2 or dims[-1] % width or any(zm):
+    if width < 2 or dims[-1] % width or any(zm) or math.prod(dims) >= NARROW_LIMIT:
         return None
     flags: list[int] = []
     for t, (tensor, st) in enumerate(zip(list(x) + list(y), strides)):
