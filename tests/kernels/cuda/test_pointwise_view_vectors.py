@@ -204,28 +204,40 @@ def test_view_vector_modules_compile_with_nvrtc():
 
 
 # ---- GPU ----------------------------------------------------------------------------------------
+#: case -> (layer, the entry its aligned launch takes)
 GPU_CASES = {
-    "rope_fp16": lambda: _built(rope(s=6, heads=3, d=16), True),
-    "rope_fp32": lambda: _built(rope(s=6, heads=3, d=16), False),
-    "rope_d8_fp16": lambda: _built(rope(s=5, heads=2, d=8), True),
-    "transpose_add_fp16": lambda: _built(transpose_add((2, 5, 3, 16), (0, 2, 1, 3)), True),
-    "window_merge_fp16": lambda: _built(window_merge(2, 2, (3, 3), 8, 1), True),
-    "split_inner_fp32": lambda: _split_inner(8, 3, 12, np.float32),
-    "split_inner_broadcast": lambda: _split_inner(8, 2, 0, np.float32, (3, 1)),
+    "rope_fp16": (lambda: _built(rope(s=6, heads=3, d=16), True), "_w"),
+    "rope_fp32": (lambda: _built(rope(s=6, heads=3, d=16), False), "_w"),
+    "rope_d8_fp16": (lambda: _built(rope(s=5, heads=2, d=8), True), "_s"),
+    "transpose_add_fp16": (lambda: _built(transpose_add((2, 5, 3, 16), (0, 2, 1, 3)), True), "_w"),
+    "window_merge_fp16": (lambda: _built(window_merge(2, 2, (3, 3), 8, 1), True), "_w"),
+    "split_inner_fp32": (lambda: _split_inner(8, 3, 12, np.float32), "_w"),
+    "split_inner_broadcast": (lambda: _split_inner(8, 2, 0, np.float32, (3, 1)), "_w"),
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
-@pytest.mark.parametrize("misalign", [None, "source", "output"])
-def test_view_vector_layers_match_reference(case, misalign):
-    """Poisoned outputs; a source or output 2 bytes off its alignment runs the strided entry."""
+def test_view_vector_layers_match_reference_and_the_strided_entry(case):
+    """The aligned launch (the entry the CPU emulation picks) against the reference, poisoned
+    outputs; then the view's source, and the output, one element off their alignment (the strided
+    entry, bytes as run_layer shifts them) give the same values (fp16: bit for bit)."""
     from polykit.runtime.cuda.harness import reference_layer, run_layer
 
-    layer = GPU_CASES[case]()
+    make, path = GPU_CASES[case]
+    layer = make()
     arrays = _feeds(layer)
-    shift = {None: {}, "source": {layer.inputs[view_operands(layer.attrs, len(layer.inputs))[0]["input"]]: 2},
-             "output": {layer.outputs[0]: 2}}[misalign]
-    got = run_layer(layer, arrays, tactic="cuda.pointwise", misalign=shift)[layer.outputs[0]]
-    want = reference_layer(layer, arrays)[layer.outputs[0]]
+    out = layer.outputs[0]
+    assert _entry(layer) == path
+    got = run_layer(layer, arrays, tactic="cuda.pointwise")[out]
+    want = reference_layer(layer, arrays)[out]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
+    source = layer.inputs[view_operands(layer.attrs, len(layer.inputs))[0]["input"]]
+    for name, key in ((source, source), (out, "y")):  # Memory calls the output "y"
+        assert _entry(layer, {key: 1}) == "_s"
+        shift = {name: arrays[name].dtype.itemsize if name in arrays else got.dtype.itemsize}
+        strided = run_layer(layer, arrays, tactic="cuda.pointwise", misalign=shift)[out]
+        if got.dtype == np.float16:
+            np.testing.assert_array_equal(strided, got)
+        else:
+            np.testing.assert_allclose(strided, got, rtol=1e-6, atol=1e-6)
