@@ -4,24 +4,28 @@ polykit.compiler.ops.nn.view_operands).
 A Pointwise layer may read one of its body's values through a view of a stored tensor: per
 logical dim a cyclic shift, then a split into pieces with element strides, plus a base offset.
 Such a layer's module has the strided entry `_s` and the view-vector entry `_w` (no `_v`, no row
-entry). On the host
-(launch_geometry.view_geometry) every unshifted dim is split into the view's pieces as dims of
-the iteration space of its own, so the kernel reads them as plain strides; a shifted dim stays
-one dim, and the kernel takes per dim and view operand i the shift `vh<i>_<d>`, the inner piece
-size `vq<i>_<d>` (0: one piece) and the outer piece stride `vo<i>_<d>`, the inner stride being
-the operand's ordinary stride, plus its base offset `vb<i>`. These are runtime arguments, so the
-declared kernels depend on no stamped shape (docs/DYNAMIC_SHAPES.md "Tactics").
+entry). On the host (launch_geometry.view_geometry) every unshifted dim is split into the view's
+pieces as dims of the iteration space of its own, so the kernel reads them as plain strides; a
+shifted dim stays one dim, and the kernel takes per dim and view operand i the shift
+`vh<i>_<d>`, the inner piece size `vq<i>_<d>` (0: one piece) and the outer piece stride
+`vo<i>_<d>`, the inner stride being the operand's ordinary stride, plus its base offset `vb<i>`.
+These are runtime arguments, so the declared kernels depend on no stamped shape
+(docs/DYNAMIC_SHAPES.md "Tactics").
 
 `_w` takes the same arguments plus one flag per input and gives each thread V consecutive
 elements of the innermost iteration dim (V = view_width: 16 bytes of the widest storage type):
 the offsets are computed once per vector, at its first element (the strided entry's div/mod and
-view step, dividing in 32 bits), then every input contiguous along that dim loads V elements at once, one broadcast
-along it loads one value, and every output stores V. The host (vector_view_flags) takes `_w` only
-where that reads what `_s` reads: the innermost dim a multiple of V, every tensor contiguous or
-(inputs) broadcast along it, every other stride, outer piece stride, base offset and the
-innermost dim's shift and inner piece size multiples of V, every pointer loaded or stored as
-vectors aligned to V elements, no output smaller than the iteration space, and under 2^31
-elements (NARROW_LIMIT).
+view step, dividing in 32 bits), then every input contiguous along that dim loads V elements at
+once, one broadcast along it loads one value, and every output stores V. The host
+(vector_view_flags) takes `_w` only where that reads what `_s` reads: the innermost dim a
+multiple of V, every tensor contiguous or (inputs) broadcast along it, every other stride, outer
+piece stride, base offset and the innermost dim's shift and inner piece size multiples of V,
+every pointer loaded or stored as vectors aligned to V elements, no output smaller than the
+iteration space, and under 2^31 elements (NARROW_LIMIT). An entry of the view module rather than
+the row kernel (`_r`): the row kernel's [A, B, I] space with offsets affine in the row cannot
+express a shifted or split outer dim, and it lives in a module of its own built only for
+row-broadcast layers; `_w` takes view_geometry's arguments as they are, so one host geometry
+serves both view entries and the module still depends on no shape.
 """
 
 from __future__ import annotations
