@@ -5,6 +5,7 @@ broadcasts), the modules compiled with NVRTC, and the kernels against the refere
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -52,28 +53,32 @@ def _layer(body, names: tuple, views: list[dict], arrays: dict, precision="fp32"
                    in_shapes=tuple(arrays[n].shape for n in names), out_dtypes=(y.dtype.name,), out_shapes=(y.shape,))
 
 
-def _emulate(lay: LayerDesc, mem: Memory, args: list) -> None:
-    """The strided entry of a view module, from its recorded arguments: per dim the coordinate,
-    the plain strides, and for a view operand its shift, inner piece size and outer piece stride."""
-    body, ins, outs = pw.layer_body(lay)
-    nin, nt = len(ins), len(ins) + 1
+def _geometry(lay: LayerDesc, args: list):
+    """The strided entry's arguments (a view-vector entry's start with them) parsed: (pointers,
+    n, rank, dims, strides per tensor, {view input: (base offset, shifts, inner sizes, outer
+    strides)}, the arguments after them)."""
+    nt = len(pw.layer_body(lay)[1]) + 1
     ptrs, geo = [a.ptr for a in args[:nt]], args[nt:]
     n, rank, dims = geo[0], geo[1], geo[2:2 + MAXR]
     k = 2 + MAXR
     strides = [geo[k + t * MAXR:k + (t + 1) * MAXR] for t in range(nt)]
     k += nt * MAXR + 1  # the zero mask of the one output
-    views = sorted(pw.view_inputs(lay))
     extra = {}
-    for i in views:
+    for i in sorted(pw.view_inputs(lay)):
         extra[i] = (geo[k], *(geo[k + 1 + m * MAXR:k + 1 + (m + 1) * MAXR] for m in range(3)))
         k += 1 + 3 * MAXR
-    assert k == len(geo)
-    r = np.arange(n)
-    offs = [np.zeros(n, np.int64) for _ in range(nt)]
+    return ptrs, n, rank, dims, strides, extra, geo[k:]
+
+
+def _offsets(r: np.ndarray, rank: int, dims, strides, extra) -> list[np.ndarray]:
+    """Each tensor's element offset at flat indices `r` (the generated offset loop: per dim the
+    coordinate, the plain strides, and for a view operand its shift, inner piece size and outer
+    piece stride; a view's base offset added)."""
+    offs = [np.zeros(r.shape, np.int64) for _ in strides]
     for d in range(rank - 1, -1, -1):
         q = np.zeros_like(r) if rank == 1 else r // dims[d]
         c, r = r - q * dims[d], q
-        for t in range(nt):
+        for t in range(len(strides)):
             if t in extra and (extra[t][1][d] or extra[t][2][d]):
                 _, vh, vq, vo = extra[t]
                 j = c + vh[d]
@@ -82,19 +87,70 @@ def _emulate(lay: LayerDesc, mem: Memory, args: list) -> None:
                 offs[t] += h * vo[d] + (j - h * vq[d]) * strides[t][d]
             else:
                 offs[t] += c * strides[t][d]
-    env = {nm: mem.by_ptr[ptrs[t]][offs[t] + (extra[t][0] if t in extra else 0)] for t, nm in enumerate(ins)}
+    return [o + (extra[t][0] if t in extra else 0) for t, o in enumerate(offs)]
+
+
+def _emulate(lay: LayerDesc, mem: Memory, args: list) -> None:
+    """The strided entry of a view module, from its recorded arguments."""
+    body, ins, outs = pw.layer_body(lay)
+    ptrs, n, rank, dims, strides, extra, rest = _geometry(lay, args)
+    assert rest == []
+    offs = _offsets(np.arange(n), rank, dims, strides, extra)
+    env = {nm: mem.by_ptr[ptrs[t]][offs[t]] for t, nm in enumerate(ins)}
     mem.y[offs[-1]] = evaluate_body(body, env)[outs[0]]
 
 
-def _run_emulated(lay: LayerDesc, arrays: dict, want: np.ndarray) -> list:
-    mem = Memory(arrays, want.shape, want.dtype)
+def _entry_width(lay: LayerDesc, name: str) -> int:
+    """V of a view-vector entry, read from the generated module (its extern "C" line)."""
+    (code,) = {k.code for k in pointwise_kernels(lay) if k.name == name}
+    return int(re.search(rf"void __launch_bounds__\(\d+\) {name}\(.*?_w<(\d+),", code).group(1))
+
+
+def _emulate_vector(lay: LayerDesc, mem: Memory, name: str, args: list) -> None:
+    """The view-vector entry `_w` from its recorded arguments: offsets at each vector's first
+    element, then V-element loads (flag 1: contiguous, the address aligned to V elements, as the
+    reinterpret_cast load needs) or one value broadcast (flag 0), V-element aligned stores, each
+    output element written once."""
+    body, ins, outs = pw.layer_body(lay)
+    ptrs, n, rank, dims, strides, extra, flags = _geometry(lay, args)
+    width = _entry_width(lay, name)
+    assert len(flags) == len(ins) and n % width == 0 and dims[rank - 1] % width == 0
+    offs = _offsets(np.arange(0, n, width), rank, dims, strides, extra)
+    lanes = np.arange(width)
+    env = {}
+    for t, nm in enumerate(ins):
+        a = mem.by_ptr[ptrs[t]]
+        if flags[t]:
+            assert np.all((ptrs[t] + offs[t] * a.itemsize) % (width * a.itemsize) == 0), f"misaligned load of {nm}"
+            env[nm] = a[offs[t][:, None] + lanes]
+        else:
+            env[nm] = np.repeat(a[offs[t]][:, None], width, axis=1)
+    assert np.all((ptrs[-1] + offs[-1] * mem.y.itemsize) % (width * mem.y.itemsize) == 0), "misaligned store"
+    at = (offs[-1][:, None] + lanes).reshape(-1)
+    assert np.array_equal(np.sort(at), np.arange(n))  # every output element once
+    mem.y[at] = evaluate_body(body, env)[outs[0]].reshape(-1)
+
+
+def _run_emulated(lay: LayerDesc, arrays: dict, want: np.ndarray, misalign: dict | None = None):
+    """Emulate the strided entry (always) and the entry enqueue_pointwise picks (the view-vector
+    one where the launch allows it) against `want`; that entry's (name, arguments)."""
+    mem = Memory(arrays, want.shape, want.dtype, misalign)
+    mem.tensors[lay.outputs[0]] = mem.tensors["y"]  # Memory's output "y" under the layer's name
+    x, y, (k_s, _, _) = pw.layer_tensors(lay, mem.tensors)
     rec = RecordingLauncher()
+    pw.launch_strided_or_vector(lay, rec, x, y, k_s, None)
     pw.enqueue_pointwise(lay, rec, mem.tensors)
-    ((name, args),) = rec.launches
-    assert name.endswith("_s")
-    _emulate(lay, mem, args)
+    ((strided, s_args), (name, args)) = rec.launches
+    assert strided == k_s.name and strided.endswith("_s")
+    _emulate(lay, mem, s_args)
     np.testing.assert_array_equal(mem.y.reshape(want.shape), want)
-    return args
+    if name.endswith("_w"):
+        mem.y[:] = np.nan
+        _emulate_vector(lay, mem, name, args)
+        np.testing.assert_array_equal(mem.y.reshape(want.shape), want)
+    else:
+        assert name == strided and args == s_args
+    return name, args
 
 
 def _add_case(x_shape, attrs, r_shape=None, dtype=np.float32):
@@ -173,7 +229,7 @@ def test_rope_reads_two_views_of_one_source():
     lay = _layer(ROPE, ("x", "cos", "x", "sin"), views, {"x": x, "cos": cos, "sin": sin})
     flat = x.reshape(-1)
     want = evaluate_body(ROPE, {"v": flat[ti], "w": flat[rolled], "cos": cos, "sin": sin})["y"]
-    args = _run_emulated(lay, {"x": x, "cos": cos, "sin": sin}, want)
+    _, args = _run_emulated(lay, {"x": x, "cos": cos, "sin": sin}, want)
     assert args[0] is args[2]  # both views read the one source
 
 
@@ -203,16 +259,16 @@ def test_views_that_split_a_dim_differently_iterate_its_common_refinement():
         view_geometry([(12,), (12,), (12,)], 1, {0: [(0, [[3, 100], [4, 1]])], 1: b})  # 4 and 3 do not nest
 
 
-def test_a_view_layer_has_only_the_strided_entry_and_the_row_tactic_refuses_it():
+def test_a_view_layer_has_only_the_strided_and_view_vector_entries_and_the_row_tactic_refuses_it():
     lay, arrays, want = _add_case((2, 3, 4), {"perm": [1, 0, 2]})
     names = [k.name for k in pointwise_kernels(lay)]
-    assert names and all(name.endswith("_s") for name in names)
+    assert [n[-2:] for n in names] == ["_s", "_w"]  # the one stamped signature
     assert [k.name for k in pointwise_kernels(lay, rows=True)] == names  # no row module for views
     assert not rg.stamped_takes(lay)
     mem = Memory(arrays, want.shape, want.dtype)
     rec = RecordingLauncher()
-    pr.enqueue_rows(lay, rec, mem.tensors)  # a dynamic plan's corner: the strided entry still
-    assert rec.launches[0][0].endswith("_s")
+    pr.enqueue_rows(lay, rec, mem.tensors)  # a dynamic plan's corner: the view module's entries still
+    assert rec.launches[0][0] == names[1]
 
 
 def test_modules_depend_on_which_inputs_are_views_not_on_the_views():

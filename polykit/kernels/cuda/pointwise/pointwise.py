@@ -1,7 +1,8 @@
 """The pointwise family: tactic `cuda.pointwise` runs a fused `Pointwise` layer, or one plain
 elementwise op (every op of the elementwise op table, polykit.compiler.ops.elementwise_table), as the one
 kernel module pointwise_codegen generates, picking the contiguous vector entry point when
-every tensor allows it, else the strided broadcast one (launch_geometry).
+every tensor allows it (for a layer with view operands, the view-vector one when the views allow
+it: pointwise_views), else the strided broadcast one (launch_geometry).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from polykit.kernels.cuda.pointwise.pointwise_concat import (ConcatTensor, logic
 from polykit.kernels.cuda.pointwise.pointwise_expr import cuda_emitter
 from polykit.kernels.cuda.pointwise.pointwise_codegen import MAXR, VEC, _canonical, pointwise_base, pointwise_kernels
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
-from polykit.kernels.cuda.pointwise.pointwise_views import ViewTensor, view_args, view_inputs, with_views
+from polykit.kernels.cuda.pointwise.pointwise_views import (ViewTensor, vector_view_flags, view_args, view_inputs, view_width,
+                                                             with_views)
 from polykit.kernels.cuda.storage_types import CTYPE, LOWP, ONNX_DTYPE
 from polykit.compiler.ops.elementwise_table import elementwise_op, elementwise_ops
 
 @functools.lru_cache(maxsize=4096)
 def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource | None, KernelSource | None]:
     """The (strided, vector, row) kernels of `layer` for dtype signature `sig`, from its row
-    module with `rows` (row: None without, pointwise_codegen; vector and row: None for a layer
-    with view operands, pointwise_views)."""
+    module with `rows` (row: None without, pointwise_codegen). A layer with view operands has no
+    row kernel, and its vector kernel is the view-vector entry `_w` (pointwise_views; None for a
+    signature without a vector width)."""
     sigs = candidate_signatures(layer)
     if sig not in sigs:
         raise DeviceError(f"no pointwise kernel was compiled for dtypes {sig[0]} -> {sig[1]}",
@@ -35,7 +38,7 @@ def _entry(layer, sig, rows: bool = False) -> tuple[KernelSource, KernelSource |
     views = view_inputs(layer)
     name = sig_name(pointwise_base(body, ins, outs, rows and not views, operand_counts(layer), views), sig)
     kernels = {k.name: k for k in pointwise_kernels(layer, sigs, rows=rows)}
-    return kernels[name + "_s"], kernels.get(name + "_v"), kernels.get(name + "_r")
+    return kernels[name + "_s"], kernels.get(name + ("_w" if views else "_v")), kernels.get(name + "_r")
 
 
 def layer_tensors(layer, tensors: Mapping[str, DeviceTensor], rows: bool = False):
@@ -59,12 +62,19 @@ def enqueue_pointwise(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
 
 def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource, k_v: KernelSource | None) -> None:
     """Launch the vector kernel where every tensor is full (or one value) and aligned, else the
-    strided one (always, with a view operand)."""
+    strided one. With a view operand `k_v` is the view-vector entry: it runs where
+    vector_view_flags takes the launch, the strided entry elsewhere."""
     n = max(t.size for t in y) if y else 0
     if n == 0:
         return
     if any(isinstance(t, ViewTensor) for t in x):
-        launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), strided_view_args(layer, x, y))
+        args, geometry = strided_view_args(layer, x, y)
+        width = view_width([t.dtype.name for t in x + y])
+        flags = vector_view_flags(x, y, *geometry, width) if k_v is not None else None
+        if flags is None:
+            launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), args)
+        else:
+            launcher.launch(k_v, grid_for(n, width), (BLOCK, 1, 1), args + flags)
         return
     full = all(t.size == n for t in y) and all(t.size in (1, n) and (t.shape == y[0].shape or t.size == 1) for t in x)
     full = full and all(t.size == n for t in x if isinstance(t, ConcatTensor))  # never one value
@@ -86,8 +96,9 @@ def launch_strided_or_vector(layer, launcher: Launcher, x, y, k_s: KernelSource,
     launcher.launch(k_s, grid_for(n), (BLOCK, 1, 1), args)
 
 
-def strided_view_args(layer, x, y) -> list:
-    """The strided entry's arguments for a layer with view operands (launch_geometry.view_geometry)."""
+def strided_view_args(layer, x, y) -> tuple[list, tuple]:
+    """The strided entry's arguments for a layer with view operands and the geometry they come
+    from, (dims, strides, zero masks, per-view lists) (launch_geometry.view_geometry)."""
     views = {i: t.dims for i, t in enumerate(x) if isinstance(t, ViewTensor)}
     try:
         n, dims, strides, zm, extra = view_geometry([t.shape for t in x + y], len(y), views)
@@ -100,7 +111,7 @@ def strided_view_args(layer, x, y) -> list:
     args = [*[t.source if isinstance(t, ViewTensor) else t for t in x], *y, n, len(dims), *dims, *pad]
     for st in strides:
         args += [*st, *([0] * (MAXR - len(st)))]
-    return args + zm + view_args(x, extra, MAXR)
+    return args + zm + view_args(x, extra, MAXR), (dims, strides, zm, extra)
 
 
 def _storable(layer) -> bool:

@@ -16,6 +16,10 @@ every candidate signature), two entry points:
   in a module of its own (entry names `<base>r__...`), compiled only for layers the rows tactic
   takes: it costs compile time, and a module that depended on the stamped shapes would differ
   between the corners of a dynamic profile.
+- `<base>__<sig>_w`: view-vector path, only in the module of a layer with view operands (pass
+  absorb_views; such a module has no `_v` or `_r`): the strided entry's arguments plus a flag per
+  input, V consecutive elements of the innermost dim a thread (16 bytes of the widest storage
+  type), offsets computed once per vector, vector loads and stores (pointwise_views).
 
 Compute types: fp16/bf16 storage is computed in fp32, each op's result rounded to its ONNX type
 (as the reference evaluates a body op by op); arithmetic keeps the type of its first operand
@@ -35,7 +39,8 @@ from polykit.kernels.cuda.pointwise.pointwise_concat import (cat_load, concat_he
                                                               table_locals, table_params)
 from polykit.kernels.cuda.pointwise.pointwise_expr import emit_expression
 from polykit.kernels.cuda.pointwise.pointwise_signatures import candidate_signatures, layer_body, sig_name
-from polykit.kernels.cuda.pointwise.pointwise_views import view_inputs, view_locals, view_params, view_step
+from polykit.kernels.cuda.pointwise.pointwise_views import (narrow_div, view_inputs, view_locals, view_params, view_step,
+                                                             view_width)
 from polykit.kernels.cuda.pointwise.row_geometry import ROW_VEC
 from polykit.kernels.cuda.storage_types import CTYPE
 
@@ -49,7 +54,8 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
                  views: frozenset[int] = frozenset()) -> str:
     """The generated .cu text: a templated strided and vector kernel + extern "C" entries.
     `cats`: logical input -> its number of sources, for concatenated operands (pointwise_concat);
-    `views`: the logical inputs read through views (pointwise_views: the strided kernel only)."""
+    `views`: the logical inputs read through views (pointwise_views: the strided and view-vector
+    kernels only)."""
     cats = dict(cats or {})
     nin, nout = len(ins), len(outs)
     tin = [f"T{i}" for i in range(nin)]
@@ -76,22 +82,24 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     lines.append("  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {")
     lines.append("    " + " ".join(f"i64 o{t} = 0;" for t in range(nin + nout)) + " bool skip[" + str(max(nout, 1)) + "] = {};")
     lines.append("    i64 r = i;")
-    lines.append(f"#pragma unroll\n    for (int d = {MAXR} - 1; d >= 0; --d) {{")
-    lines.append("      if (d < rank) {")
-    lines.append("        i64 q = rank == 1 ? 0 : r / dims[d]; i64 c = r - q * dims[d]; r = q;")
-    for t in range(nin + nout):
-        lines.append(view_step(t, "        ") if t in views else f"        o{t} += c * st{t}[d];")
-    for j in range(nout):
-        lines.append(f"        if (((zm{j} >> d) & 1) && c != 0) skip[{j}] = true;")
-    lines.append("      }\n    }")
-    for i in range(nin):
-        lines.append(f"    const i64 o_x{i} = o{i}{f' + vb{i}' if i in views else ''};")
+    lines += _offsets(nin, nout, views, [f"        if (((zm{j} >> d) & 1) && c != 0) skip[{j}] = true;"
+                                         for j in range(nout)])
     lines.append(code_s)
     for j, name in enumerate(outs):
         lines.append(f"    if (!skip[{j}]) st(y{j}, o{nin + j}, {env_s[name]});")
     lines.append("  }\n}\n")
-    if views:  # a view operand is read by the strided path only
-        return "\n".join(lines + _entries(sigs, base, nin, nout, cats, [("s", geo)])) + "\n"
+    if views:  # a view operand is read by the strided path and the view-vector one (no `_v`, no `_r`)
+        lines += _view_vector_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, geo, base, views)
+        wgeo = geo + [f"i64 vi{i}" for i in range(nin)]
+
+        def view_entry(sig, targs, cptrs, names):
+            width = view_width(sig[0] + sig[1])
+            if not width:
+                return None
+            return (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_w('
+                    f'{", ".join(cptrs + wgeo)}) {{ {base}_w<{width}, {targs}>('
+                    f'{", ".join(names + [p.split()[1] for p in wgeo])}); }}')
+        return "\n".join(lines + _entries(sigs, base, nin, nout, cats, [("s", geo)], view_entry)) + "\n"
     # vector path: each input full-size contiguous (sc=0) or a scalar (sc=1); n % VEC == 0
     code_v, env_v = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
     vgeo = ["i64 n"] + [f"i64 sc{i}" for i in range(nin)]
@@ -127,8 +135,9 @@ def _module_code(body, ins, outs, sigs, base, rows: bool, cats: Mapping[int, int
     return "\n".join(lines) + "\n"
 
 
-def _entries(sigs, base, nin, nout, cats, paths, row_entry=None) -> list[str]:
-    """The extern "C" entries of each signature: one per (path, geometry params), then the row one."""
+def _entries(sigs, base, nin, nout, cats, paths, more=None) -> list[str]:
+    """The extern "C" entries of each signature: one per (path, geometry params), then what
+    `more` gives for it (the row entry, the view-vector one; None: none)."""
     lines = []
     for sig in sigs:
         targs = ", ".join(CTYPE[d] for d in sig[0] + sig[1])
@@ -139,9 +148,69 @@ def _entries(sigs, base, nin, nout, cats, paths, row_entry=None) -> list[str]:
             gnames = [p.split()[1] for p in g]
             lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {sig_name(base, sig)}_{path}('
                          f'{", ".join(cptrs + g)}) {{ {base}_{path}<{targs}>({", ".join(names + gnames)}); }}')
-        if row_entry is not None:
-            lines.append(row_entry(sig, targs, cptrs, names))
+        extra = more(sig, targs, cptrs, names) if more is not None else None
+        if extra is not None:
+            lines.append(extra)
     return lines
+
+
+def _offsets(nin: int, nout: int, views: frozenset[int], per_dim: list[str], narrow: bool = False) -> list[str]:
+    """The strided entries' offset loop: index r split over the collapsed dims (innermost last),
+    each tensor's offset o<t> summed from the coordinates (a view operand's by its view step),
+    then the logical inputs' offsets o_x<i>; `per_dim`: more statements per dim (over c);
+    `narrow`: the divisions in 32 bits (the host keeps such launches under 2^31 elements)."""
+    div = narrow_div("r", "dims[d]") if narrow else "r / dims[d]"
+    lines = [f"#pragma unroll\n    for (int d = {MAXR} - 1; d >= 0; --d) {{",
+             "      if (d < rank) {",
+             f"        i64 q = rank == 1 ? 0 : {div}; i64 c = r - q * dims[d]; r = q;"]
+    for t in range(nin + nout):
+        lines.append(view_step(t, "        ", narrow) if t in views else f"        o{t} += c * st{t}[d];")
+    lines += per_dim
+    lines.append("      }\n    }")
+    for i in range(nin):
+        lines.append(f"    const i64 o_x{i} = o{i}{f' + vb{i}' if i in views else ''};")
+    return lines
+
+
+def _view_vector_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, geo, base, views) -> list[str]:
+    """The view-vector path `<base>_w<V>` of a module with view operands (pointwise_views): the
+    strided entry's geometry, each thread V consecutive elements of the innermost dim (the host
+    passes only launches where that dim is a multiple of V and every vector is contiguous and
+    aligned, vector_view_flags); offsets once per vector at its first element (32-bit divisions:
+    the host keeps it under 2^31 elements), then input i loads
+    V elements (vi<i> = 1) or one value broadcast along the dim (vi<i> = 0), outputs store V."""
+    nin, nout = len(ins), len(outs)
+    code, env = emit_expression(body, {n: f"a{i}" for i, n in enumerate(ins)}, types)
+    lines = [f"template <int V, {tparams}>",
+             f"__device__ __forceinline__ void {base}_w({', '.join(ptrs + geo + [f'i64 vi{i}' for i in range(nin)])}) {{",
+             f"  const i64 dims[{MAXR}] = {{{', '.join(f'd{d}' for d in range(MAXR))}}};"]
+    for t in range(nin + nout):
+        lines.append(f"  const i64 st{t}[{MAXR}] = {{{', '.join(f's{t}_{d}' for d in range(MAXR))}}};")
+    lines += view_locals(views, MAXR, "  ")
+    lines.append("  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n / V; i += (i64)gridDim.x * blockDim.x) {")
+    lines.append("    " + " ".join(f"i64 o{t} = 0;" for t in range(nin + nout)))
+    lines.append("    i64 r = i * V;")
+    lines += _offsets(nin, nout, views, [], narrow=True)
+    for i in range(nin):
+        lines.append(f"    Vec<{tin[i]}, V> w{i};")
+        lines += _load_or_broadcast(i, tin[i], f"vi{i}", f"x{i} + o_x{i}", f"x{i}[o_x{i}]", "    ")
+    lines += _vector_lanes(code, env, nin, outs, tout, "    ", [f"y{j} + o{nin + j}" for j in range(nout)])
+    lines.append("  }\n}\n")
+    return lines
+
+
+def _load_or_broadcast(i: int, ctype: str, flag: str, vec_at: str, one_at: str, pad: str) -> list[str]:
+    """C statements: fill Vec w<i> (declared) with the V elements at pointer `vec_at` when `flag`,
+    else with the one value `one_at` in every lane."""
+    return [f"{pad}if ({flag}) w{i} = *reinterpret_cast<const Vec<{ctype}, V>*>({vec_at});",
+            f"{pad}else {{ const {ctype} e{i} = {one_at};\n#pragma unroll\n"
+            f"{pad}  for (int k = 0; k < V; ++k) w{i}.v[k] = e{i}; }}"]
+
+
+def _vector_lanes(code, env, nin: int, outs, tout, pad: str, at: list[str]) -> list[str]:
+    """The body on the V lanes of the loaded vectors w<i>, each output's V stored at pointer at[j]."""
+    lines = _lanes(code, env, outs, tout, "V", pad, [f"ld(w{i}.v, k)" for i in range(nin)])
+    return lines + [f"{pad}*reinterpret_cast<Vec<{t}, V>*>({p}) = u{j};" for j, (t, p) in enumerate(zip(tout, at))]
 
 
 def _lanes(code, env, outs, tout, width: str, pad: str, loads) -> list[str]:
@@ -186,12 +255,8 @@ def _rows_kernel(body, ins, outs, types, tin, tout, tparams, ptrs, base, cats) -
                          f"        for (int k = 0; k < V; ++k) w{i}.v[k] = e{i}; }}")
             continue
         lines.append(f"      Vec<{tin[i]}, V> w{i}; const {tin[i]}* p{i} = x{i} + ra * sa{i} + rb * sb{i};")
-        lines.append(f"      if (si{i}) w{i} = *reinterpret_cast<const Vec<{tin[i]}, V>*>(p{i} + ci);")
-        lines.append(f"      else {{ const {tin[i]} e{i} = *p{i};\n#pragma unroll\n"
-                     f"        for (int k = 0; k < V; ++k) w{i}.v[k] = e{i}; }}")
-    lines += _lanes(code, env, outs, tout, "V", "      ", [f"ld(w{i}.v, k)" for i in range(nin)])
-    for j in range(nout):
-        lines.append(f"      *reinterpret_cast<Vec<{tout[j]}, V>*>(y{j} + row) = u{j};")
+        lines += _load_or_broadcast(i, tin[i], f"si{i}", f"p{i} + ci", f"*p{i}", "      ")
+    lines += _vector_lanes(code, env, nin, outs, tout, "      ", [f"y{j} + row" for j in range(nout)])
     lines.append("    }\n  }\n}\n")
     return lines
 
@@ -230,8 +295,11 @@ def pointwise_kernels(layer, sigs=None, *, rows: bool = False) -> list[KernelSou
     body, ins, outs = _canonical(*layer_body(layer))
     sigs = candidate_signatures(layer) if sigs is None else sigs
     cats, views = operand_counts(layer), view_inputs(layer)
-    rows = rows and not views  # a view operand is read by the strided entry only
+    rows = rows and not views  # a view operand is read by the strided and view-vector entries only
     base = pointwise_base(body, ins, outs, rows, cats, views)
     code = _module_code(body, ins, outs, sigs, base, rows, cats, views)
-    paths = ("s",) if views else ("s", "v", "r") if rows else ("s", "v")
+    if views:  # `_w` for the signatures that have a vector width
+        return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs
+                for p in (("s", "w") if view_width(s[0] + s[1]) else ("s",))]
+    paths = ("s", "v", "r") if rows else ("s", "v")
     return [KernelSource(f"{sig_name(base, s)}_{p}", code=code) for s in sigs for p in paths]

@@ -27,7 +27,7 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
     x, y, (k_s, k_v, k_r) = layer_tensors(layer, tensors, rows=True)
     shapes = [t.shape for t in x + y]
     lowp = any(t.dtype.name in LOWP for t in x + y)
-    plain = not layer.attrs.get("view")  # a view operand (pass absorb_views): the strided entry only
+    plain = not layer.attrs.get("view")  # a view operand (pass absorb_views): the view module's entries only
     geo = rows_geometry(shapes, len(y)) if y and not lowp and plain and takes(shapes, len(y)) else None
     if geo is None:  # no row broadcast here: the row module's own strided and vector entries
         launch_strided_or_vector(layer, launcher, x, y, k_s, k_v)

@@ -78,7 +78,7 @@ def rows_launch(dims: Sequence[int], vec: int) -> tuple[tuple[int, int, int], tu
 
 def stamped_takes(layer) -> bool:
     """Stamped shapes that broadcast by rows, no low-precision storage, no view operand (the row
-    kernel reads every input plainly: pass absorb_views' layers run cuda.pointwise's strided entry)."""
+    kernel reads every input plainly: pass absorb_views' layers run cuda.pointwise's view entries)."""
     if layer.attrs.get("view"):
         return False
     shapes = [s for n, s in zip(layer.inputs, getattr(layer, "in_shapes", ())) if n]
