@@ -149,7 +149,7 @@ def _pool_launch(stride: int, ptr_offset: int = 0, c: int = 16) -> tuple[str, li
 ])
 def test_nhwc_pool_passes_the_row_stride_and_stores_16_bytes_only_where_aligned(stride, ptr_offset, kernel):
     name, args = _pool_launch(stride, ptr_offset)
-    assert name == kernel and args[-1] == (stride or 16)
+    assert name == kernel and args[-2] == (stride or 16) and args[-1] == 16  # LDY, then X's dense LDX
     tactic = find_tactic("cuda", "MaxPoolNHWC", "cuda.pool_nhwc.window")
     layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), {}, out_shapes=((2, 6, 7, 16),))
     assert tactic.places(layer, 16, 40, 3) and not tactic.places(layer, 16 * 7, 40 * 7, 0)
