@@ -23,7 +23,8 @@
 #                  and 2026-12-05 (third session, no GPU: grouped-query attention on the flash kernels
 #                  (kv_groups), pointwise layers reading Transpose/PermutedCopy sources through views,
 #                  concat by placement: conv/pool/resize/transpose kernels writing Y with a row stride,
-#                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat).
+#                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat;
+#                  placed skip connections: NHWC pools reading X with a row stride, pool.cu's LDX).
 #                  Pass -n 15; ~250 s with a cold kernel cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
@@ -82,7 +83,7 @@ EOF
       tests/compiler/passes/test_absorb_views.py tests/kernels/cuda/test_concat_placement_args.py \
       tests/compiler/test_concat_placement.py tests/kernels/cuda/test_conv_depthwise_emulated.py \
       tests/kernels/cuda/test_reformat_copy.py tests/kernels/cuda/test_concat_gather.py \
-      tests/compiler/passes/test_channel_movement.py \
+      tests/compiler/passes/test_channel_movement.py tests/kernels/cuda/test_concat_skip_read_args.py \
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
