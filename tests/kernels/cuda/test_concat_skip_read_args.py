@@ -83,6 +83,48 @@ def test_which_tactics_read_a_placed_input():
         assert not find_tactic("cuda", kind, name).reads_placed(lay, 0, 16, 48, 0), name
 
 
+def _emulate_nhwc_pool(name: str, args: list, memory: np.ndarray, base: int) -> None:
+    """pool.cu's NHWC max-pool kernels as their index math reads the launch arguments (X, Y pointers
+    into `memory`, an fp16 array starting at device address `base`): per output pixel and channel
+    (the v8 kernel: a group of 8 channels, which this walks channel by channel with its addresses),
+    the max over the window of X[nb*H*W*LDX + (ih*W + iw)*LDX + c], stored at Y[pix*LDY + c]."""
+    x0, y0 = (args[0].ptr - base) // 2, (args[1].ptr - base) // 2
+    C = int(args[3])
+    _, H, W, _, OH, OW, _, KH, KW, _, SH, SW, _, PH, PW = (int(a) for a in args[4:19])
+    LDY, LDX = int(args[-2]), int(args[-1])
+    NB = int(args[2]) if name.endswith(("_v8", "_v16")) else int(args[2]) // C
+    for pix in range(NB * OH * OW):
+        nb, s = divmod(pix, OH * OW)
+        oh, ow = divmod(s, OW)
+        for c in range(C):
+            taps = [memory[x0 + nb * H * W * LDX + (ih * W + iw) * LDX + c]
+                    for ih in range(oh * SH - PH, oh * SH - PH + KH) for iw in range(ow * SW - PW, ow * SW - PW + KW)
+                    if 0 <= ih < H and 0 <= iw < W]
+            memory[y0 + pix * LDY + c] = max(taps)
+
+
+@pytest.mark.parametrize("c, ldx, start, ldy", [(16, 48, 32, 0), (5, 29, 3, 0), (8, 24, 8, 40)])
+def test_the_launch_arguments_pool_the_strided_skip_as_the_reference_pools_it_dense(c, ldx, start, ldy):
+    """Host emulation: the kernel the enqueue picks, run on its own launch arguments over a buffer
+    whose other channels are NaN, pools exactly the skip's channels."""
+    from polykit.runtime.cuda.harness import reference_layer
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 6, 8, c)).astype(np.float16)
+    base, xsize, yrows = 0x10000, 2 * 6 * 8 * ldx, 2 * 3 * 4
+    memory = np.full(xsize + yrows * (ldy or c), np.nan, np.float16)
+    memory[:xsize].reshape(2, 6, 8, ldx)[..., start:start + c] = x
+    layer = _pool_layer("MaxPoolNHWC", x.shape, (2, 3, 4, c), kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    tensors = {"X": DeviceTensor(base + start * 2, x.shape, F16, ldx),
+               "Y": DeviceTensor(base + xsize * 2, (2, 3, 4, c), F16, ldy)}
+    launcher = RecordingLauncher()
+    find_tactic("cuda", "MaxPoolNHWC", POOL).enqueue(layer, launcher, tensors)
+    ((name, args),) = launcher.launches
+    _emulate_nhwc_pool(name, args, memory, base)
+    got = memory[xsize:].reshape(yrows, ldy or c)[:, :c].reshape(2, 3, 4, c)
+    np.testing.assert_array_equal(got, reference_layer(layer, {"X": x})["Y"])
+
+
 # ---- on a GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["MaxPoolNHWC", "AveragePoolNHWC"])
