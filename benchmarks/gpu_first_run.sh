@@ -24,7 +24,7 @@
 #                  (kv_groups), pointwise layers reading Transpose/PermutedCopy sources through views,
 #                  concat by placement: conv/pool/resize/transpose kernels writing Y with a row stride,
 #                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat;
-#                  placed skip connections: NHWC pools reading X with a row stride, pool.cu's LDX).
+#                  placed skip connections: NHWC pools and igemm / sm90 convs reading X with a row stride, LDX).
 #                  Pass -n 15; ~250 s with a cold kernel cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)

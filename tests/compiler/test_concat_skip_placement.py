@@ -161,6 +161,24 @@ def test_cpu_a_skip_read_by_a_pointwise_layer_is_placed():
     _check_outputs(plan, model, _feeds())
 
 
+def lateral(k: int = 3, channels: int = 24) -> tuple[onnx.ModelProto, str]:
+    """An FPN-style skip: read by the Concat and by a kxk convolution whose output joins the result."""
+    b = ModelBuilder(26)
+    skip = b.node("Relu", [b.conv("image", 3, channels, 3)])
+    side = b.conv(skip, channels, 16, k)
+    cat = b.conv(b.node("Concat", [skip, b.conv("image", 3, 16, 3)], axis=1), channels + 16, 16, 3)
+    return _model(b, [b.node("Add", [cat, side])], image=IMAGE), skip
+
+
+def test_cpu_a_skip_read_by_a_convolution_is_placed():
+    model, _ = lateral()
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    (cat,) = [layer for layer in plan.layers if layer.kind == "Concat"]
+    assert set(cat.inputs) <= set(plan.memory.placements)
+    assert [layer.kind for layer in plan.layers if cat.inputs[0] in layer.inputs] == ["Concat", "ConvNHWC"]
+    _check_outputs(plan, model, _feeds())
+
+
 # ---- cuda fp16 plans (no GPU) --------------------------------------------------------------------
 @pytest.mark.parametrize("up", ["ConvTranspose", "Resize"])
 @pytest.mark.parametrize("channels", [(5, 24), (3, 5), (16, 24)])
@@ -190,6 +208,32 @@ def test_cuda_a_skip_read_by_a_pointwise_layer_is_copied():
     first = cat.inputs[0]
     assert first not in plan.memory.placements and cat.inputs[1] in plan.memory.placements
     assert any(layer.kind != "Concat" and first in layer.inputs for layer in plan.layers)
+
+
+@pytest.mark.parametrize("k, channels", [(3, 24), (3, 5), (1, 24)])
+def test_cuda_a_skip_read_by_a_convolution_is_placed_where_its_tactic_reads_rows(k, channels):
+    """The implicit-GEMM convolutions read X's pixels LDX apart (conv_nhwc.cu); the sm90, skinny,
+    depthwise and grouped tiles and the channel Pad (5 channels padded to 8 for the conv) do not,
+    and a skip one of them reads is copied."""
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.tactic_check import check_tactics
+
+    model, _ = lateral(k, channels)
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    (cat,) = [layer for layer in plan.layers if layer.kind == "Concat"]
+    skip, total = cat.inputs[0], plan.tensors[cat.outputs[0]].shape[-1]
+    others = [(layer, layer.inputs.index(skip)) for layer in plan.layers
+              if layer.kind != "Concat" and skip in layer.inputs]
+    reads = all(find_tactic("cuda", layer.kind, layer.tactic).reads_placed(layer, i, channels, total, 0)
+                for layer, i in others)
+    assert len(others) == 1 and (skip in plan.memory.placements) == reads
+    if (k, channels) == (3, 24):  # a 3x3 conv at level 0: the igemm_mma tile, which reads rows
+        assert others[0][0].tactic == "cuda.conv_nhwc.igemm_mma" and reads
+        p = plan.memory.placements[skip]
+        assert (p.offset, p.row, p.stride) == (0, 24, 40)
+    if channels == 5:
+        assert others[0][0].kind == "Pad" and not reads
+    check_tactics(Plan.deserialize(plan.serialize()))
 
 
 def test_the_runtime_check_refuses_a_reader_whose_tactic_cannot_read_rows(monkeypatch):
