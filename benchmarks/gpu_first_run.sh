@@ -23,7 +23,8 @@
 #                  and 2026-12-05 (third session, no GPU: grouped-query attention on the flash kernels
 #                  (kv_groups), pointwise layers reading Transpose/PermutedCopy sources through views,
 #                  concat by placement: conv/pool/resize/transpose kernels writing Y with a row stride,
-#                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat).
+#                  channel movement: shuffle Gathers, producer-padded channels, the entry Reformat;
+#                  placed skip connections: NHWC pools and igemm / sm90 convs reading X with a row stride, LDX).
 #                  First run 2026-12-05 (fourth session, H100, e71d382): 1191 passed, 51 failed, cut at 98 % by
 #                  NEW_S=290; most failures were cascades of one test's misaligned-address fault in its xdist
 #                  worker; the real ones (FP8/INT8 builds without --fp16 lost the GPU arch, attention.simple read V
@@ -86,7 +87,7 @@ EOF
       tests/compiler/passes/test_absorb_views.py tests/kernels/cuda/test_concat_placement_args.py \
       tests/compiler/test_concat_placement.py tests/kernels/cuda/test_conv_depthwise_emulated.py \
       tests/kernels/cuda/test_reformat_copy.py tests/kernels/cuda/test_concat_gather.py \
-      tests/compiler/passes/test_channel_movement.py \
+      tests/compiler/passes/test_channel_movement.py tests/kernels/cuda/test_concat_skip_read_args.py \
       tests/kernels/cuda/test_squeeze_excite.py tests/compiler/passes/test_fuse_squeeze_excite.py \
       tests/kernels/cuda/test_pointwise_view_vectors.py \
       > "$OUT/gpu_new.txt" 2>&1

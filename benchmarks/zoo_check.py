@@ -103,12 +103,18 @@ def traffic(plan) -> dict:
 
 
 def placed_concats(plan) -> dict:
-    """How many Concat inputs the plan places in their Concat's output, and how many Concats move
-    nothing (every input placed)."""
+    """How many Concat inputs the plan places in their Concat's output, how many Concats move
+    nothing (every input placed), and how many placed inputs other layers read too, at their rows
+    (Tactic.reads_placed: a skip connection's pool)."""
     placed = getattr(plan.memory, "placements", {}) or {}
+    aliases = getattr(plan.memory, "aliases", {}) or {}
     concats = [layer for layer in plan.layers if layer.kind == "Concat"]
+    strided = {n for layer in plan.layers if layer.kind != "Concat" and aliases.get(layer.outputs[0] if layer.outputs
+                                                                                    else "") is None
+               for n in layer.inputs if n in placed and n not in aliases}
     return {"concat_inputs_placed": len(placed),
-            "concats_fully_placed": sum(all(n in placed for n in layer.inputs if n) for layer in concats)}
+            "concats_fully_placed": sum(all(n in placed for n in layer.inputs if n) for layer in concats),
+            "placed_inputs_read_strided": len(strided)}
 
 
 def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:

@@ -61,6 +61,10 @@ class Tactic:
         layer's first output as rows of `row` elements, consecutive rows `stride` elements apart,
         starting `offset` elements into a 256-byte aligned slot (concat by placement,
         polykit.compiler.builder.concat_placement).
+    reads_placed_fn(layer, index, row, stride, offset) -> bool, or None (it cannot): whether it can
+        read the layer's input `index` where that input is placed in a Concat's output (rows of
+        `row` elements, `stride` elements apart, `offset` elements into a 256-byte aligned slot),
+        so that a Concat input with other readers is placed too (concat_placement).
     revision: the version of what the tactic computes and the layouts it reads and writes (its
         formats, how it wants its weights packed): a version-compatible plan names its tactics
         `name@revision` (versioned_name), and another polykit version loads it only where each
@@ -82,11 +86,18 @@ class Tactic:
     revision: int = 1
     serves: Callable[[Any], bool] | None = field(default=None, hash=False, compare=False)
     places_fn: Callable[[Any, int, int, int], bool] | None = field(default=None, hash=False, compare=False)
+    reads_placed_fn: Callable[[Any, int, int, int, int], bool] | None = field(default=None, hash=False,
+                                                                              compare=False)
 
     def places(self, layer: Any, row: int, stride: int, offset: int) -> bool:
         """Whether the tactic can write `layer`'s first output as rows of `row` elements, `stride`
         elements apart, `offset` elements into its root's slot (which is 256-byte aligned)."""
         return self.places_fn is not None and bool(self.places_fn(layer, row, stride, offset))
+
+    def reads_placed(self, layer: Any, index: int, row: int, stride: int, offset: int) -> bool:
+        """Whether the tactic can read `layer`'s input `index` as rows of `row` elements, `stride`
+        elements apart, `offset` elements into its root's slot (a Concat's output, 256-byte aligned)."""
+        return self.reads_placed_fn is not None and bool(self.reads_placed_fn(layer, index, row, stride, offset))
 
     @property
     def versioned_name(self) -> str:

@@ -308,8 +308,10 @@ class CpuContext:
         has neither."""
         placement = self.engine.placements.get(name)
         if placement is not None and self._arena is not None:
-            self._rows(placement, value.dtype)[...] = value.reshape(-1, placement.row)
-            return value  # its one reader, the Concat, reads it from the root's slot
+            rows = self._rows(placement, value.dtype)
+            rows[...] = value.reshape(-1, placement.row)
+            # its readers (the Concat, and those reading it strided) read it from the root's slot
+            return rows.reshape(value.shape)
         ptr = self._bound.get(name)
         if ptr is not None:
             dst = host_bytes(ptr, value.nbytes).view(value.dtype).reshape(value.shape)

@@ -41,7 +41,8 @@ _REBUILD = "rebuild the plan with `polykit convert` and this polykit"
 def check_tactics(plan: Plan, where: str = "plan") -> None:
     """PlanError when a layer of `plan` (or of a plan nested in one) names a tactic its target
     does not have for the layer's kind, a plugin tactic not installed as the plan records it, a
-    placed tensor's producer a tactic that cannot write it at its rows (memory.placements), or
+    placed tensor's producer a tactic that cannot write it at its rows (memory.placements), another
+    reader of one a tactic that cannot read it there, or
     (cuda) kernels this polykit does not generate for the layer. A format-1 cuda plan (no source
     keys recorded) gets its kernel table's keys filled in from the regenerated sources."""
     for nested, at in plans_within(plan, where):
@@ -218,3 +219,16 @@ def _placements_written(plan: Plan) -> None:
                 raise Invalid(f"memory.placements[{name!r}]", f"{name!r} is not the first output of a layer whose "
                                                               f"tactic writes rows {p.row} elements long "
                                                               f"{p.stride} apart")
+    aliases = plan.memory.aliases
+    for layer in plan.layers:  # the other readers of a placed tensor read its rows strided
+        out = layer.outputs[0] if layer.outputs else ""
+        for index, name in enumerate(layer.inputs):
+            p = placements.get(name)
+            if p is None or name in aliases or out == p.root or (aliases.get(out) == name and placements.get(out) == p):
+                continue  # not placed, a placed view, its Concat, or the placed view of a placed source
+            for tactic_name in layer.profile_tactics or (layer.tactic,):
+                tactic = find_tactic(plan.target, layer.kind, tactic_name)
+                if tactic is None or not tactic.reads_placed(layer, index, p.row, p.stride, p.offset):
+                    raise Invalid(f"memory.placements[{name!r}]", f"layer {layer.name!r} reads {name!r} with a "
+                                                                  f"tactic that cannot read rows {p.row} elements "
+                                                                  f"long {p.stride} apart")

@@ -12,20 +12,24 @@ row stride C_total.
 The step runs after tactic selection and before memory assignment (the memory plan gives a
 placed tensor no slot of its own: polykit.compiler.plan.memory). It places only where nothing
 else can see the tensor's own bytes: static shapes, neither tensor an engine input, output,
-kept or observed tensor, weight, shape value or view, the input read once and by the Concat
-alone, and the Concat's output not itself placed (no chains). An input that is a view
-(Reshape / Flatten / Squeeze / Unsqueeze, sharing its source's bytes) is placed through its
-source when the source is read by the view alone: both get the same rows.
+kept or observed tensor, weight, shape value or view, the input read once by its Concat, and
+the Concat's output not itself placed (no chains). The input may have other readers (UNet's skip
+connection: the encoder's activation feeds the Concat and the next MaxPool) when none is a Concat
+or a view and each one's chosen tactic (every profile's) reads that input at its rows
+(Tactic.reads_placed): the producer writes once, nobody copies, and the readers read strided.
+An input that is a view (Reshape / Flatten / Squeeze / Unsqueeze, sharing its source's bytes)
+is placed through its source when the source is read by the view alone and the view by the
+Concat alone: both get the same rows.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from polykit.compiler.builder.plan_tensors import VIEW_KINDS
 from polykit.compiler.plan.memory import Placement, concat_rows
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
-from polykit.kernels.tactics import find_tactic
+from polykit.kernels.tactics import Tactic, find_tactic
 
 
 def place_concat_inputs(layers: Sequence[LayerDesc], tensors: Mapping[str, TensorDesc], target: str,
@@ -35,11 +39,13 @@ def place_concat_inputs(layers: Sequence[LayerDesc], tensors: Mapping[str, Tenso
     observed ones included), which are never placed nor roots."""
     keep = set(keep)
     readers: dict[str, int] = {}
+    reads: dict[str, list[tuple[LayerDesc, int]]] = {}  # tensor -> (reader, input index) of each read
     producer: dict[str, LayerDesc] = {}
     for layer in layers:
-        for name in layer.inputs:
+        for index, name in enumerate(layer.inputs):
             if name:
                 readers[name] = readers.get(name, 0) + 1
+                reads.setdefault(name, []).append((layer, index))
         for name in layer.outputs:
             if name:
                 producer[name] = layer
@@ -57,14 +63,17 @@ def place_concat_inputs(layers: Sequence[LayerDesc], tensors: Mapping[str, Tenso
             extent = int(tensors[name].shape[axis]) if name and len(tensors[name].shape) == len(shape) else 0
             rows = concat_rows(shape, axis, start, extent)
             start += extent
-            if not (name and readers.get(name) == 1 and _own_bytes(name, tensors, keep)
+            if not (name and layer.inputs.count(name) == 1 and _own_bytes(name, tensors, keep)
                     and tensors[name].dtype == tensors[root].dtype):
                 continue
             view = producer.get(name)
             source = view.inputs[0] if view is not None and view.kind in VIEW_KINDS and view.inputs else ""
+            others = [(reader, index) for reader, index in reads[name] if reader is not layer]
+            if others and not all(_reads(reader, index, target, rows) for reader, index in others):
+                continue
             if _places(view, name, target, rows):
                 out[name] = Placement(root, *rows)
-            elif source and readers.get(source) == 1 and _own_bytes(source, tensors, keep) and \
+            elif source and not others and readers.get(source) == 1 and _own_bytes(source, tensors, keep) and \
                     (tensors[source].dtype, tensors[source].nbytes) == (tensors[name].dtype, tensors[name].nbytes) \
                     and _places(producer.get(source), source, target, rows):
                 # a view (UNet's pixel shuffle ends in a Reshape of a Transpose): its source, the same
@@ -86,8 +95,20 @@ def _places(layer: LayerDesc | None, name: str, target: str, rows: tuple[int, in
     if layer is None or layer.kind in VIEW_KINDS or layer.kind == "Concat" or layer.outputs[0] != name:
         return False
     offset, row, stride = rows
-    for tactic_name in layer.profile_tactics or (layer.tactic,):
-        tactic = find_tactic(target, layer.kind, tactic_name)
-        if tactic is None or not tactic.places(layer, row, stride, offset):
-            return False
-    return True
+    return _every_tactic(layer, target, lambda tactic: tactic.places(layer, row, stride, offset))
+
+
+def _reads(layer: LayerDesc, index: int, target: str, rows: tuple[int, int, int]) -> bool:
+    """Whether `layer`, another reader of a Concat input, reads its input `index` placed at (offset,
+    row, stride) with the chosen tactic of every profile; a Concat or view reader never does (the
+    input would be some other Concat's slice too, or share its bytes unstrided)."""
+    if layer.kind in VIEW_KINDS or layer.kind == "Concat":
+        return False
+    offset, row, stride = rows
+    return _every_tactic(layer, target, lambda tactic: tactic.reads_placed(layer, index, row, stride, offset))
+
+
+def _every_tactic(layer: LayerDesc, target: str, test: Callable[[Tactic], bool]) -> bool:
+    """Whether `test` holds for the chosen tactic of each of `layer`'s profiles."""
+    tactics = [find_tactic(target, layer.kind, name) for name in layer.profile_tactics or (layer.tactic,)]
+    return all(tactic is not None and test(tactic) for tactic in tactics)

@@ -186,7 +186,8 @@ def _arena(doc: Doc, weights_len: int) -> None:
 
 def _placements(doc: Doc, weights_len: int) -> None:
     """Each placed tensor (memory.placements) is one input of the Concat writing its root, read
-    by it alone, static, placed at exactly its slice of the root (polykit.compiler.plan.memory.
+    once by it and by no other Concat nor view (other readers read it at its rows: the runtime's
+    tactic check asks their tactics), static, placed at exactly its slice of the root (polykit.compiler.plan.memory.
     concat_rows) and at the root's offset plus that slice's; or the source of such an input that
     is a view (memory.aliases), read by the view alone and placed as it is. Roots are activations,
     no view, placement or shape value; so the placed rows lie inside the root's slot and never
@@ -197,6 +198,7 @@ def _placements(doc: Doc, weights_len: int) -> None:
     tensors, aliases = doc["tensors"], doc["memory"].get("aliases", {})
     writer = {name: layer for layer in doc["layers"] for name in layer["outputs"] if name}
     readers: dict[str, list[str]] = {}
+    kinds = {layer["name"]: layer["kind"] for layer in doc["layers"] if not layer.get("domain")}
     for layer in doc["layers"]:
         for name in layer["inputs"]:
             readers.setdefault(name, []).append(layer["name"])
@@ -223,8 +225,15 @@ def _placements(doc: Doc, weights_len: int) -> None:
                 raise Invalid(path, f"{name!r} is neither an input of {root!r}'s Concat nor the source of one "
                                     "placed view of it that alone reads it")
             member = placed_views[0]
-        if readers.get(member) != [concat["name"]] or concat["inputs"].count(member) != 1:
-            raise Invalid(path, f"{member!r} is read by more than its Concat {concat['name']!r}")
+            if readers.get(member) != [concat["name"]]:
+                raise Invalid(path, f"the placed view {member!r} is read by more than its Concat {concat['name']!r}")
+        elif views.get(name):
+            raise Invalid(path, f"{name!r} has views ({', '.join(sorted(views[name]))}), which would read its rows "
+                                "as contiguous bytes")
+        others = [who for who in readers.get(member, []) if who != concat["name"]]
+        if concat["inputs"].count(member) != 1 or any(kinds.get(who) == "Concat" for who in others):
+            raise Invalid(path, f"{member!r} is not read exactly once by its Concat {concat['name']!r} and by no "
+                                "other Concat")
         t, r = tensors[name], tensors[root]
         if t["dtype"] != r["dtype"] or (view and t["nbytes"] != tensors[aliases[view]]["nbytes"]):
             raise Invalid(path, f"{t['dtype']} tensor placed in a {r['dtype']} root (or a view of other bytes)")

@@ -27,6 +27,17 @@ def writes_anywhere(layer: Any, row: int, stride: int, offset: int) -> bool:
     return True
 
 
+#: layers that run nested plans on the values they get (their bodies read outer tensors by name)
+NESTED_KINDS = ("Loop", "If", "Scan")
+
+
+def reads_anywhere(layer: Any, index: int, row: int, stride: int, offset: int) -> bool:
+    """The cpu target hands a layer a placed input as a strided numpy view of its rows in the
+    root's slot (polykit.runtime.cpu); numpy kernels read any strides, so every cpu tactic reads
+    placed inputs but those of the layers running nested plans."""
+    return getattr(layer, "kind", "") not in NESTED_KINDS
+
+
 @dataclass(frozen=True)
 class CpuTactic(Tactic):
     """A Tactic of the cpu target: `run_fn(node, inputs)` computes the layer's outputs;
@@ -39,6 +50,8 @@ class CpuTactic(Tactic):
     communicates: bool = False  # run_fn takes the context's communicator as a third argument
     places_fn: Callable[[Any, int, int, int], bool] | None = field(default=writes_anywhere, hash=False,
                                                                    compare=False)
+    reads_placed_fn: Callable[[Any, int, int, int, int], bool] | None = field(default=reads_anywhere, hash=False,
+                                                                              compare=False)
 
     def run(self, node: Node, inputs: Sequence[np.ndarray | None], communicator: Any = None) -> list[np.ndarray]:
         return self.run_fn(node, inputs, communicator) if self.communicates else self.run_fn(node, inputs)

@@ -277,6 +277,14 @@ def places_last_axis(layer: Any, row: int, stride: int, offset: int) -> bool:
     return bool(outs) and len(outs[0]) >= 2 and row == int(outs[0][-1]) and stride >= row
 
 
+def reads_last_axis(layer: Any, index: int, row: int, stride: int, offset: int) -> bool:
+    """Tactic.reads_placed of a family that reads its first input a pixel at a time (the channels
+    of a channels-last tensor) with a runtime row stride, checking its own load alignment at run
+    time: it reads input 0 placed where the rows are whole pixels (a Concat on the last axis)."""
+    ins = getattr(layer, "in_shapes", ())
+    return index == 0 and bool(ins) and len(ins[0]) >= 2 and row == int(ins[0][-1]) and stride >= row
+
+
 def storage_code(layer: Any, t: DeviceTensor, codes: Mapping[str, str], allowed: Sequence[str],
                  what: str = "") -> str:
     """The kernel-name suffix of `t`'s storage type (`codes`: numpy dtype name -> suffix) when
@@ -308,16 +316,17 @@ DECLARED: list[CudaTactic] = []
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
-                domain: str = ANY, serves: Any = None, places: Any = None):
+                domain: str = ANY, serves: Any = None, places: Any = None, reads_placed: Any = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
     by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
-    `serves`, `places`: polykit.kernels.tactics.Tactic.serves / places_fn)."""
+    `serves`, `places`, `reads_placed`: polykit.kernels.tactics.Tactic.serves / places_fn /
+    reads_placed_fn)."""
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
                                    enqueue_fn=enqueue_fn, conservative=conservative, domain=domain,
-                                   serves=serves, places_fn=places))
+                                   serves=serves, places_fn=places, reads_placed_fn=reads_placed))
         return enqueue_fn
 
     return declare

@@ -60,8 +60,9 @@ def _launched(tactic: str, x, w, y, stride: int, **attrs) -> tuple[str, list]:
 @pytest.mark.parametrize("stride", [0, 58, 90])
 def test_igemm_nhwc_passes_the_row_stride_after_the_split_arguments(tactic, stride):
     _, args = _launched(tactic, (2, 6, 7, 8), (5, 3, 3, 8), (2, 6, 7, 5), stride, pads=[1, 1, 1, 1])
-    assert args[-3:-1] == [1, 0]  # splits, partial: no split at this size
-    assert args[-1] == (stride or 5)  # LDY: the Concat's channels, or the conv's own M when dense
+    assert args[-4:-2] == [1, 0]  # splits, partial: no split at this size
+    assert args[-2] == (stride or 5)  # LDY: the Concat's channels, or the conv's own M when dense
+    assert args[-1] == 8  # LDX: X dense
 
 
 def test_a_split_k_launch_and_its_reduction_both_take_the_row_stride():
@@ -70,7 +71,7 @@ def test_a_split_k_launch_and_its_reduction_both_take_the_row_stride():
     launcher = RecordingLauncher()
     find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.igemm_simt").enqueue(layer, launcher, _tensors(x, w, y, 104))
     assert [name for name, _ in launcher.launches] == ["conv_nhwc_igemm_simt", "conv_nhwc_splitk_reduce"]
-    assert all(args[-3] > 1 and args[-1] == 104 for _, args in launcher.launches)
+    assert all(args[-4] > 1 and args[-2:] == [104, 96] for _, args in launcher.launches)
 
 
 @pytest.mark.parametrize("tactic", IGEMM + SM90 + SKINNY + DEPTHWISE)
@@ -86,9 +87,9 @@ def test_channels_last_convs_place_whole_pixel_rows_only(tactic):
 @pytest.mark.parametrize("stride", [0, 24, 90])
 def test_sm90_conv_passes_the_row_stride_after_the_dilations(tactic, stride):
     name, args = _launched(tactic, (2, 6, 7, 8), (16, 3, 3, 8), (2, 6, 7, 16), stride, pads=[1, 1, 1, 1])
-    assert name == "conv_sm90" and len(args) == 20  # tm_w, X, B, Y, 15 geometry values, LDY
+    assert name == "conv_sm90" and len(args) == 21  # tm_w, X, B, Y, 15 geometry values, LDY, LDX
     assert [int(a) for a in args[13:19]] == [1, 1, 1, 1, 1, 1]  # strides, pads, dilations
-    assert args[19] == (stride or 16)
+    assert args[19:] == [stride or 16, 8]
 
 
 @pytest.mark.parametrize("tactic", SKINNY)
@@ -127,7 +128,7 @@ def test_int8_convs_on_conv_sm90_pass_a_dense_row_stride():
     from polykit.kernels.cuda.conv.conv_sm90 import plan_conv
 
     geo = plan_conv({"pads": [1, 1, 1, 1]}, (2, 6, 7, 8), (16, 3, 3, 8), (2, 6, 7, 16))
-    assert geo.args()[-1] == 16  # int8_sm90 / fp8_sm90 build their launches from these
+    assert geo.args()[-2:] == [16, 8]  # LDY, LDX dense: int8_sm90 / fp8_sm90 build their launches from these
 
 
 def _pool_launch(stride: int, ptr_offset: int = 0, c: int = 16) -> tuple[str, list]:
@@ -149,7 +150,7 @@ def _pool_launch(stride: int, ptr_offset: int = 0, c: int = 16) -> tuple[str, li
 ])
 def test_nhwc_pool_passes_the_row_stride_and_stores_16_bytes_only_where_aligned(stride, ptr_offset, kernel):
     name, args = _pool_launch(stride, ptr_offset)
-    assert name == kernel and args[-1] == (stride or 16)
+    assert name == kernel and args[-2] == (stride or 16) and args[-1] == 16  # LDY, then X's dense LDX
     tactic = find_tactic("cuda", "MaxPoolNHWC", "cuda.pool_nhwc.window")
     layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), {}, out_shapes=((2, 6, 7, 16),))
     assert tactic.places(layer, 16, 40, 3) and not tactic.places(layer, 16 * 7, 40 * 7, 0)

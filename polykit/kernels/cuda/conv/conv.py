@@ -96,8 +96,8 @@ def _grid_1d(total: int) -> tuple[int]:
 def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", file: str = "conv.cu",
                   row_stride: bool = False):
     """The enqueue of an implicit-GEMM conv tactic: `kernel_name`, then `reduce_name` after a split-K
-    launch; with `row_stride` its kernels take the elements between Y's pixel rows after `partial`
-    (conv_nhwc.cu's LDY)."""
+    launch; with `row_stride` its kernels take the elements between Y's pixel rows, then X's, after
+    `partial` (conv_nhwc.cu's LDY, LDX)."""
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         where = f"layer {layer.name!r}"
@@ -114,9 +114,9 @@ def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", fil
                               "index it in 32 bits)", where=where, hint="run this layer on --target cpu")
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
         kernel = kernel_source(layer, kernel_name, file, elem)
-        y = tensors[layer.outputs[0]]
-        launch_tiled(launcher, kernel, reduce_name, m, n, k, g["G"], args,
-                     ([y.rows_apart(g["M"])] if row_stride else []) + _with_epilogue(layer, tensors, []))
+        y, xt = tensors[layer.outputs[0]], tensors[layer.inputs[0]]
+        strides = [y.rows_apart(g["M"]), xt.rows_apart(g["C"])] if row_stride else []
+        launch_tiled(launcher, kernel, reduce_name, m, n, k, g["G"], args, strides + _with_epilogue(layer, tensors, []))
 
     return enqueue
 

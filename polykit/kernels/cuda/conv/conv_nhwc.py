@@ -8,15 +8,16 @@ Tactics, kind "ConvNHWC" (first supporting one wins; the builder may time them):
   cuda.conv_nhwc.igemm_simt  any ConvNHWC: fp32 FMA 64x64 tiles (groups on grid z)
 These are the simple, correct baseline: they load one element at a time like the NCHW kernels;
 vectorized loads over the channel axis (C % 8 == 0 from to_channels_last) are for tactics to come.
-Each stores Y one element at a time, a pixel's row LDY elements after the last (a runtime
-argument): so each can write its output into a channels-last Concat's slice (places_last_axis).
+Each stores Y one element at a time, a pixel's row LDY elements after the last, and loads X's pixels
+LDX elements apart (runtime arguments): so each can write its output into a channels-last Concat's
+slice (places_last_axis) and read an input placed in one (reads_last_axis: a skip connection).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis, stored_as
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis, reads_last_axis, stored_as
 from polykit.kernels.cuda.conv.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
 from polykit.kernels.cuda.gemm.epilogue import supports_epilogue
 from polykit.kernels.cuda.gemm.gemm import STORED, tile_params, tiled_workspace
@@ -38,5 +39,6 @@ for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_
                                       ("conv_nhwc_igemm_simt_wide", 4, supports_epilogue)):
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
                 priority=_priority, conservative=_kernel == "conv_nhwc_igemm_simt", supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
-                workspace=tiled_workspace(_kernel, igemm_problem), places=places_last_axis)(
+                workspace=tiled_workspace(_kernel, igemm_problem), places=places_last_axis,
+                reads_placed=reads_last_axis)(
         enqueue_igemm(_kernel, REDUCE, FILE, row_stride=True))

@@ -12,7 +12,10 @@ warpgroup gathers A (im2col rows, 16 bytes = 8 (tf32: 4) channels of one tap at 
 Tiles are gemm_sm90's with BM <= 128 (a 256-row tile would make each producer thread track 16
 rows, more registers than a producer has). Y's rows lie LDY elements apart (a runtime argument: N,
 or a channels-last Concat's channel total where the output is placed in its slice, places_last_axis);
-the pair and 16-byte stores check their alignment at run time and fall back to narrower ones.
+the pair and 16-byte stores check their alignment at run time and fall back to narrower ones. X's
+pixels lie LDX elements apart (C, or a Concat's channel total where X is a skip placed in its slice
+that this conv reads too: reads_placed where LDX and the slice's offset keep the cp.async chunks
+16-byte aligned).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.nn.conv import window_geometry
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines, places_last_axis
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import (DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines, places_last_axis,
+                                       reads_last_axis)
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
@@ -50,12 +55,14 @@ class ConvGemm:
     dilations: tuple[int, int]
     #: elements between output pixels' rows of Y (conv_sm90.cu's LDY); 0: dense (N)
     ldy: int = 0
+    #: elements between input pixels of X (conv_sm90.cu's LDX); 0: dense (C)
+    ldx: int = 0
 
     def args(self) -> list[Any]:
         i32 = np.int32
         return [self.M, self.N, self.K, i32(self.H), i32(self.W), i32(self.C), i32(self.OH), i32(self.OW),
                 i32(self.KW), i32(self.strides[0]), i32(self.strides[1]), i32(self.pads[0]), i32(self.pads[1]),
-                i32(self.dilations[0]), i32(self.dilations[1]), self.ldy or self.N]
+                i32(self.dilations[0]), i32(self.dilations[1]), self.ldy or self.N, self.ldx or self.C]
 
 
 def plan_conv(attrs: Mapping[str, Any], x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]) -> ConvGemm | None:
@@ -128,8 +135,12 @@ def conv_operands(layer: Any, tensors: Mapping[str, DeviceTensor], plan: Any = p
 def _enqueue(tile: Sm90Tile, split3: bool):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         X, Wt, B, Y, geo = conv_operands(layer, tensors)
-        geo = replace(geo, ldy=Y.rows_apart(geo.N))  # its rows in a Concat's output where placed there
         es = np.dtype(Wt.dtype).itemsize
+        ldx = X.rows_apart(geo.C)  # a skip placed in a Concat's output: its pixels that far apart
+        if X.row_stride and ((ldx * es) % 16 or X.ptr % 16):
+            raise DeviceError(f"X's pixels {ldx} elements apart at {X.ptr:#x} break the 16-byte A loads",
+                              where=f"layer {layer.name!r}", hint="rebuild the plan (reads_placed refuses these)")
+        geo = replace(geo, ldy=Y.rows_apart(geo.N), ldx=ldx)  # rows in a Concat's output where placed there
         tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
                              (bk_of(Wt.dtype), tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
@@ -140,6 +151,17 @@ def _enqueue(tile: Sm90Tile, split3: bool):
                         shared_mem=tile.smem_for(storage, False, split3))
 
     return enqueue
+
+
+def _reads_aligned(split3: bool):
+    def reads(layer: Any, index: int, row: int, stride: int, offset: int) -> bool:
+        """Tactic.reads_placed: X's pixels read by 16-byte cp.async, so the rows (whole pixels) must
+        keep each chunk 16-byte aligned: stride and offset (into a 256-byte aligned root) too."""
+        es = {"float16": 2, "bfloat16": 2, "float32": 4}.get(_storage(layer, split3) or "", 0)
+        return bool(es) and reads_last_axis(layer, index, row, stride, offset) and not (stride * es) % 16 \
+            and not (offset * es) % 16
+
+    return reads
 
 
 def compile_variants() -> list[KernelSource]:
@@ -157,6 +179,6 @@ for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "s
     for _tile in _tiles:
         cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
                     supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
-                    places=places_last_axis,
+                    places=places_last_axis, reads_placed=_reads_aligned(_split3),
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))

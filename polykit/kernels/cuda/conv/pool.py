@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.nn.conv import window_geometry
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, places_last_axis, stored_as
+from polykit.kernels.cuda.base import (DeviceTensor, KernelSource, cuda_tactic, defines, places_last_axis,
+                                       reads_last_axis, stored_as)
 from polykit.kernels.cuda.conv.conv import _grid_1d, _to3
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.gemm.gemm import ELEMS, STORED, elem_of
@@ -99,14 +100,15 @@ def enqueue_window_nhwc(layer: Any, launcher: Any, tensors: Mapping[str, DeviceT
     elem, C = window_elem(layer.kind, X, where), X.shape[3]
     geometry = _geometry_args(layer, X.shape[1:3], Y.shape[1:3], where)
     vector, width = NHWC_VECTOR.get(elem, ("", 0))
-    ldy = Y.rows_apart(C)  # a Concat's channel total where Y is placed in its slice
-    aligned = ldy % width == 0 and Y.ptr % 16 == 0 if vector else False  # its 16-byte stores
-    if vector and C % width == 0 and aligned and max(X.size, Y.size, Y.size // C * ldy) < 2**31:
-        # `width` channels a thread, 16-byte loads
+    # a Concat's channel total where Y (X: a skip connection the Concat reads too) is placed in its slice
+    ldy, ldx = Y.rows_apart(C), X.rows_apart(C)
+    aligned = all(ld % width == 0 and t.ptr % 16 == 0 for ld, t in ((ldy, Y), (ldx, X))) if vector else False
+    if vector and C % width == 0 and aligned and max(X.size // C * ldx, Y.size // C * ldy) < 2**31:
+        # `width` channels a thread, 16-byte loads and stores
         launcher.launch(kernel_for(vector, layer.kind, elem), _grid_1d(Y.size // width), (BLOCK,),
-                        [X, Y, np.int32(X.shape[0]), np.int32(C), *geometry, ldy])
+                        [X, Y, np.int32(X.shape[0]), np.int32(C), *geometry, ldy, ldx])
         return
-    args = [X, Y, X.shape[0] * C, C, *geometry, ldy]
+    args = [X, Y, X.shape[0] * C, C, *geometry, ldy, ldx]
     launcher.launch(kernel_for("pool_window_nhwc", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
 
 
@@ -136,4 +138,5 @@ for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
     cuda_tactic(_kind, "cuda.pool.global", kernels=_global_kernels, supports=stored_as(*STORED))(enqueue_global)
 for _kind in NHWC_KINDS:
     cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels, places=places_last_axis,
+                reads_placed=reads_last_axis,
                 supports=stored_as(*STORED, *(d.name for d in MAX_INT_ELEMS if _kind in INT_MAX_POOLS)))(enqueue_window_nhwc)

@@ -10,15 +10,17 @@
 // epilogue sees the dense NHWC linear index n * M + z * Mg + m (its extra inputs are laid out like a
 // dense Y). LDY (runtime argument): elements between consecutive pixels' rows of Y, M for a dense Y,
 // a Concat's channel total when Y is placed in its slice (polykit.compiler.builder.concat_placement).
+// LDX (runtime argument): elements between consecutive pixels of X, C for a dense X, a Concat's
+// channel total when X is placed in its slice and this conv reads it too (a skip connection).
 #include "conv_common.cuh"
 
-#define CONV_NHWC_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial, i64 LDY EPI_PARAMS
-#define CONV_NHWC_ARGS CONV_BASE_ARGS, splits, partial, LDY EPI_COMMA_ARGS
+#define CONV_NHWC_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial, i64 LDY, i64 LDX EPI_PARAMS
+#define CONV_NHWC_ARGS CONV_BASE_ARGS, splits, partial, LDY, LDX EPI_COMMA_ARGS
 
 struct ConvNhwcP {
   const ELEM *X, *Wt, *Bias; ELEM* Y;
   i64 M, N, K;          // the GEMM: per-group out channels, pixels, KH*KW*Cg
-  i64 C, Cg, M_, LDY, OSP, OW, SH, SW, PH, PW;
+  i64 C, Cg, M_, LDY, LDX, OSP, OW, SH, SW, PH, PW;
   u32 Cgu, KWu;         // K decomposition in 32 bits (K < 2^31; checked by the host)
   int Hi, Wi, DHi, DWi;
 #if HAS_EPILOGUE
@@ -34,7 +36,7 @@ struct ConvNhwcP {
     const i64 nb = n / OSP, s = n - nb * OSP;
     const i64 oh = s / OW, ow = s - oh * OW;
     Col c;
-    c.base = nb * Hi * Wi * C + z * Cg;
+    c.base = nb * Hi * Wi * LDX + z * Cg;
     c.ih0 = (int)(oh * SH - PH); c.iw0 = (int)(ow * SW - PW);
     return c;
   }
@@ -44,7 +46,7 @@ struct ConvNhwcP {
     const u32 kh = r / KWu, kw = r - kh * KWu;
     const int ih = col.ih0 + (int)kh * DHi, iw = col.iw0 + (int)kw * DWi;
     if (ih < 0 || ih >= Hi || iw < 0 || iw >= Wi) return 0.f;
-    return (float)ld(X, col.base + ((i64)ih * Wi + iw) * C + c);
+    return (float)ld(X, col.base + ((i64)ih * Wi + iw) * LDX + c);
   }
   __device__ __forceinline__ void store(i64 z, i64 m, i64 n, float acc) const {
     const i64 co = z * M + m;
@@ -59,7 +61,7 @@ struct ConvNhwcP {
 __device__ __forceinline__ ConvNhwcP conv_nhwc_problem(CONV_NHWC_PARAMS) {
   ConvNhwcP p;
   p.X = X; p.Wt = Wt; p.Bias = Bias; p.Y = Y;
-  p.C = C; p.Cg = C / G; p.M_ = M; p.M = M / G; p.LDY = LDY;
+  p.C = C; p.Cg = C / G; p.M_ = M; p.M = M / G; p.LDY = LDY; p.LDX = LDX;
   p.OSP = OH * OW; p.OW = OW; p.SH = SH; p.SW = SW; p.PH = PH; p.PW = PW;
   p.N = NB * p.OSP; p.K = KH * KW * p.Cg;
   p.Cgu = (u32)p.Cg; p.KWu = (u32)KW;

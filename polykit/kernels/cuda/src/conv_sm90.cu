@@ -8,7 +8,9 @@
 // the same kernel runs INT8 layers (int8_sm90.py: s8 operands, int8_out.cuh's output).
 // LDY: elements between consecutive output pixels' rows of Y (N when dense; a Concat's channel total
 // when Y is placed in its slice: gemm_sm90_epilogue.cuh's OUT_ROW_STRIDE); the INT8 / FP8 outputs
-// take it dense (N).
+// take it dense (N). LDX: elements between consecutive input pixels of X (C when dense; a Concat's
+// channel total when X is placed in its slice and this conv reads it too: conv_sm90.py checks that
+// LDX and X keep the 16-byte cp.async sources aligned); the INT8 / FP8 kernels read X dense (C).
 #define OUT_ROW_STRIDE 1
 #include "gemm_sm90_epilogue.cuh"
 
@@ -23,7 +25,7 @@
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv_sm90(
     const __grid_constant__ TmaDesc tm_w, const OPER* X, const ELEM* Bias, ELEM* Y, i64 M, i64 N, i64 K, int H,
-    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW, i64 LDY I8_PARAMS
+    int W, int C, int OH, int OW, int KW, int SH, int SW, int PH, int PW, int DH, int DW, i64 LDY, i64 LDX I8_PARAMS
     EPI_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -36,6 +38,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
     if (MOVE_REGS) set_max_regs_dec<CONV_PRODUCER_REGS>();
     const int chunk = tid % 8, c8s = C / VEC, kchunks = (int)(K / VEC);
+#if I8 || F8
+    const int ldx = C;  // the INT8 / FP8 tactics read X dense (and keep their registers)
+    (void)LDX;
+#else
+    const i64 ldx = LDX;
+#endif
     int stage = 0;
     u32 phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -47,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
         const i64 m = (i64)ti.tm * BM + tid / 8 + 16 * i;
         const int img = (int)(m / (OH * OW)), pix = (int)(m - (i64)img * OH * OW);
         const int oh = pix / OW, ow = pix - oh * OW;
-        base[i] = m < M ? (i64)img * H * W * C : -1;
+        base[i] = m < M ? (i64)img * H * W * ldx : -1;
         ih0[i] = oh * SH - PH;
         iw0[i] = ow * SW - PW;
       }
@@ -65,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
           const int r = tid / 8 + 16 * i;
           const int ih = ih0[i] + kh * DH, iw = iw0[i] + kw * DW;
           const bool ok = base[i] >= 0 && q < kchunks && ih >= 0 && ih < H && iw >= 0 && iw < W;
-          const OPER* src = X + (ok ? base[i] + ((i64)ih * W + iw) * C + c8 * VEC : 0);
+          const OPER* src = X + (ok ? base[i] + ((i64)ih * W + iw) * ldx + c8 * VEC : 0);
           cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), src, ok);
         }
         bar_arrive_cp_async(&st.full[stage]);

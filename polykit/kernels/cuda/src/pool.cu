@@ -99,17 +99,18 @@ extern "C" __global__ void __launch_bounds__(256) pool_window(POOL_PARAMS) {
 // Channels last (ai.polykit MaxPoolNHWC / AveragePoolNHWC, 2-D: D = OD = KD = 1): X is
 // (NB, H, W, C), Y (NB, OH, OW, C); one thread per output element, channels fastest so a warp
 // reads neighbouring channels. NC is NB * C. grid (ceil(total/256)), block 256. The three NHWC
-// kernels store output pixel q's channels at Y + q * LDY (a runtime argument): C, or a channels-last
-// Concat's channel total where Y is placed in its slice (pool.py; the vector kernels need LDY and Y
-// aligned as their stores).
+// kernels store output pixel q's channels at Y + q * LDY and read input pixel p's at X + p * LDX
+// (runtime arguments): C, or a channels-last Concat's channel total where Y (or X, a skip
+// connection the Concat and the pool both read) is placed in its slice (pool.py; the vector
+// kernels need LDY, LDX, Y and X aligned as their 16-byte stores and loads).
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc(const ELEM* X, ELEM* Y, i64 NC, i64 C,
-                                                                   POOL_GEOMETRY, i64 LDY) {
+                                                                   POOL_GEOMETRY, i64 LDY, i64 LDX) {
   const i64 total = NC * OH * OW;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     const i64 c = i % C, pix = i / C;
     const i64 nb = pix / (OH * OW), s = pix - nb * OH * OW;
     const i64 oh = s / OW, ow = s - oh * OW;
-    st(Y, pix * LDY + c, pool_one(X + nb * H * W * C + c, H * W * C, W * C, C, 0, oh, ow, POOL_GEOMETRY_ARGS).v);
+    st(Y, pix * LDY + c, pool_one(X + nb * H * W * LDX + c, H * W * LDX, W * LDX, LDX, 0, oh, ow, POOL_GEOMETRY_ARGS).v);
   }
 }
 
@@ -127,14 +128,14 @@ union Pack8 {
 };
 
 template <class T, int K>
-__device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY) {
+__device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY, i64 LDX) {
   if constexpr (Is16<T>::value) {
     const int groups = C / 8, total = NB * (int)OH * (int)OW * groups;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
       const int g = i % groups, pix = i / groups;
       const int ohw = (int)(OH * OW), nb = pix / ohw, s = pix - nb * ohw;
       const int oh = s / (int)OW, ow = s - oh * (int)OW;
-      const T* x = X + ((i64)nb * H * W) * C + g * 8;
+      const T* x = X + ((i64)nb * H * W) * LDX + g * 8;
       float acc[8];
       int inside = 0, padded = 0;
 #pragma unroll
@@ -148,7 +149,7 @@ __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, PO
           padded += (ih >= -(int)PH && ih < (int)(H + EH) && iw >= -(int)PW && iw < (int)(W + EW)) ? 1 : 0;
           if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
           Pack8 v;
-          v.raw = *(const uint4*)(x + ((i64)ih * W + iw) * C);
+          v.raw = *(const uint4*)(x + ((i64)ih * W + iw) * LDX);
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             T e;
@@ -182,9 +183,9 @@ __device__ __forceinline__ void pool_nhwc_v8(const T* X, T* Y, int NB, int C, PO
 }
 
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v8(const ELEM* X, ELEM* Y, int NB, int C,
-                                                                      POOL_GEOMETRY, i64 LDY) {
-  if (KH == 3 && KW == 3) pool_nhwc_v8<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
-  else pool_nhwc_v8<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
+                                                                      POOL_GEOMETRY, i64 LDY, i64 LDX) {
+  if (KH == 3 && KW == 3) pool_nhwc_v8<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY, LDX);
+  else pool_nhwc_v8<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY, LDX);
 }
 
 // 8-bit MaxPool channels last (int8 / uint8 between INT8 layers: max commutes with the
@@ -198,7 +199,7 @@ template <> struct Is8<i8> { enum { value = 1 }; };
 template <> struct Is8<u8> { enum { value = 2 }; };
 
 template <class T, int K>
-__device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY) {
+__device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY, i64 LDX) {
 #if POOL_MODE == 0
   if constexpr (Is8<T>::value != 0) {
     constexpr bool is_signed = Is8<T>::value == 1;
@@ -208,7 +209,7 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
       const int g = i % groups, pix = i / groups;
       const int ohw = (int)(OH * OW), nb = pix / ohw, s = pix - nb * ohw;
       const int oh = s / (int)OW, ow = s - oh * (int)OW;
-      const T* x = X + ((i64)nb * H * W) * C + g * 16;
+      const T* x = X + ((i64)nb * H * W) * LDX + g * 16;
       uint4 acc = make_uint4(lo, lo, lo, lo);
 #pragma unroll
       for (int kh = 0; kh < (K ? K : (int)KH); ++kh) {
@@ -217,7 +218,7 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
         for (int kw = 0; kw < (K ? K : (int)KW); ++kw) {
           const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
           if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
-          const uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * C);
+          const uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * LDX);
           if (is_signed) {
             acc = make_uint4(__vmaxs4(acc.x, v.x), __vmaxs4(acc.y, v.y), __vmaxs4(acc.z, v.z), __vmaxs4(acc.w, v.w));
           } else {
@@ -232,9 +233,9 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
 }
 
 extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_v16(const ELEM* X, ELEM* Y, int NB, int C,
-                                                                       POOL_GEOMETRY, i64 LDY) {
-  if (KH == 3 && KW == 3) pool_nhwc_v16<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
-  else pool_nhwc_v16<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY);
+                                                                       POOL_GEOMETRY, i64 LDY, i64 LDX) {
+  if (KH == 3 && KW == 3) pool_nhwc_v16<ELEM, 3>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY, LDX);
+  else pool_nhwc_v16<ELEM, 0>(X, Y, NB, C, POOL_GEOMETRY_ARGS, LDY, LDX);
 }
 
 // Global pooling: one block per (n, c) row of S = D*H*W elements; a fixed-shape tree
