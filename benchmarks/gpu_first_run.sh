@@ -37,7 +37,9 @@
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
 #                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
-#                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results
+#                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
+#                  `git archive` of the before commit in an ignored folder, named in carry) then times the same
+#                  cases on that tree without torch.compile (ZOO_BEFORE_S, default 150)
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -113,6 +115,12 @@ EOF
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
       --deadline $(( ${ZOO_S:-300} - 10 )) --rounds 2 ${ZOO_ARGS:-} > "$OUT/zoo.log" 2>&1
     grep -E "polykit .* ms|error|deadline|prepare:" "$OUT/zoo.log"
+    if [ -n "${ZOO_BEFORE:-}" ]; then  # a before tree (git archive into an ignored folder, carried): same cases, no compile
+      (cd "$ZOO_BEFORE" && timeout ${ZOO_BEFORE_S:-150} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} \
+        --kernel-cache shared --cache-dir /tmp/zc --skip-compile --out "$OUT/zoo_before.json" \
+        --deadline $(( ${ZOO_BEFORE_S:-150} - 10 )) --rounds 2 > "$OUT/zoo_before.log" 2>&1)
+      grep -E "polykit .* ms|error|deadline" "$OUT/zoo_before.log"
+    fi
     ;;
   session)
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
