@@ -14,10 +14,11 @@
 //   writes a shared table of m entries k * 4 + s (dynamic shared memory, 4 * m bytes), then
 //   - inner == 1 (a gather along the last axis: the channels-last shuffle): rows of m. Thread t
 //     owns columns j = t % m (+ blockDim, ... when m > blockDim) of rows t / m + P * r, P =
-//     blockDim / m rows a pass (1 when m >= blockDim; threads t >= P * m idle): no division per
-//     element, one table read and one copy;
+//     blockDim / m rows a pass (1 when m >= blockDim; threads t >= P * m idle): a column's source
+//     pointer once, then per element one multiply-add and the copy, no division;
 //   - inner > 1: one thread per output element, two 32-bit divisions and a table read.
-//   grid-stride over rows (inner == 1) or elements; a few blocks an SM, each building its table once.
+//   grid-stride over rows (inner == 1) or elements, CG_UNROLL strides loaded before they are
+//   stored; a few blocks an SM, each building its table once.
 // gather_elements: output has the indices' shape (dims d0..d7); the data offset is the output
 //   coordinate with the axis coordinate replaced by the index.
 #include "dtypes.cuh"
@@ -82,6 +83,8 @@ __device__ __forceinline__ int cg_extent(int s, int e0, int e1, int e2, int e3) 
   return s == 0 ? e0 : (s == 1 ? e1 : (s == 2 ? e2 : e3));
 }
 
+#define CG_UNROLL 4  // elements a thread loads before it stores them (bytes in flight)
+
 template <class E>
 __device__ void concat_gather_table(const i64* __restrict__ idx, E* __restrict__ out, int outer, int m, int inner,
                                     const E* x0, const E* x1, const E* x2, const E* x3, int e0, int e1, int e2,
@@ -104,21 +107,37 @@ __device__ void concat_gather_table(const i64* __restrict__ idx, E* __restrict__
     const int P = m < (int)blockDim.x ? (int)blockDim.x / m : 1;
     const int r0 = (int)threadIdx.x / m;
     if (r0 >= P) return;
-    const int j0 = (int)threadIdx.x - r0 * m;
-    for (int row = (int)blockIdx.x * P + r0; row < outer; row += (int)gridDim.x * P) {
-      E* orow = out + row * m;
-      for (int j = j0; j < m; j += blockDim.x) {
-        const int t = cg_table[j], s = t & 3;
-        orow[j] = cg_pick(s, x0, x1, x2, x3)[row * cg_extent(s, e0, e1, e2, e3) + (t >> 2)];
+    const int stride = (int)gridDim.x * P;
+    for (int j = (int)threadIdx.x - r0 * m; j < m; j += blockDim.x) {
+      const int t = cg_table[j], s = t & 3, ext = cg_extent(s, e0, e1, e2, e3);
+      const E* src = cg_pick(s, x0, x1, x2, x3) + (t >> 2);
+      for (int row = (int)blockIdx.x * P + r0; row < outer; row += CG_UNROLL * stride) {
+        E v[CG_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CG_UNROLL; ++u)
+          if (row + u * stride < outer) v[u] = src[(row + u * stride) * ext];
+#pragma unroll
+        for (int u = 0; u < CG_UNROLL; ++u)
+          if (row + u * stride < outer) out[(row + u * stride) * m + j] = v[u];
       }
     }
     return;
   }
-  const int n = outer * m * inner;
-  for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
-    const int r = i / inner, in_ = i - r * inner, o = r / m, j = r - o * m;
-    const int t = cg_table[j], s = t & 3;
-    out[i] = cg_pick(s, x0, x1, x2, x3)[(o * cg_extent(s, e0, e1, e2, e3) + (t >> 2)) * inner + in_];
+  const int n = outer * m * inner, stride = (int)(gridDim.x * blockDim.x);
+  for (int i0 = (int)(blockIdx.x * blockDim.x + threadIdx.x); i0 < n; i0 += CG_UNROLL * stride) {
+    E v[CG_UNROLL];
+#pragma unroll
+    for (int u = 0; u < CG_UNROLL; ++u) {
+      const int i = i0 + u * stride;
+      if (i < n) {
+        const int r = i / inner, in_ = i - r * inner, o = r / m, j = r - o * m;
+        const int t = cg_table[j], s = t & 3;
+        v[u] = cg_pick(s, x0, x1, x2, x3)[(o * cg_extent(s, e0, e1, e2, e3) + (t >> 2)) * inner + in_];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < CG_UNROLL; ++u)
+      if (i0 + u * stride < n) out[i0 + u * stride] = v[u];
   }
 }
 
