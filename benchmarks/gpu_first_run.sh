@@ -82,7 +82,8 @@ EOF
       tests/compiler/passes/test_absorb_views.py tests/kernels/cuda/test_concat_placement_args.py \
       tests/compiler/test_concat_placement.py tests/kernels/cuda/test_conv_depthwise_emulated.py \
       tests/kernels/cuda/test_reformat_copy.py tests/kernels/cuda/test_concat_gather.py \
-      tests/compiler/passes/test_channel_movement.py \
+      tests/compiler/passes/test_channel_movement.py tests/kernels/cuda/test_norm_warp.py \
+      tests/kernels/cuda/test_concat_gather_table.py tests/kernels/cuda/test_norm.py \
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
