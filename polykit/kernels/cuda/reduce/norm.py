@@ -99,11 +99,10 @@ def enqueue_batchnorm(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     launcher.launch(KernelSource(f"batchnorm_{_code(layer, x)}", FILE), grid_for(x.size), (256, 1, 1), args)
 
 
-
 # ---- cuda.norm.warp: a row in the registers of 4..32 lanes (norm_warp.cu) -------------------------
 WARP_FILE = "norm_warp.cu"
-#: storage dtype (numpy name) -> ELEM
-WARP_ELEMS = {"float32": "float", "float16": "half_t", "bfloat16": "bf16_t"}
+#: storage dtype (numpy name) -> (ELEM, bytes an element)
+WARP_ELEMS = {"float32": ("float", 4), "float16": ("half_t", 2), "bfloat16": ("bf16_t", 2)}
 WARP_LANES = (4, 8, 16, 32)
 #: 16-byte vectors a lane holds at most, by element size: 4096 elements a row either way (fp16 rows
 #: of 8192 spilled: ptxas -v on sm_90 gave 255 registers and 228 bytes of spill stores, the
@@ -142,7 +141,7 @@ def warp_geometry(length: int, itemsize: int) -> WarpGeometry | None:
 
 def warp_kernel(dtype: str, geometry: WarpGeometry) -> KernelSource:
     return KernelSource("norm_warp", WARP_FILE,
-                        defines=defines(ELEM=WARP_ELEMS[dtype], NW_LANES=geometry.lanes, NW_CHUNKS=geometry.chunks))
+                        defines=defines(ELEM=WARP_ELEMS[dtype][0], NW_LANES=geometry.lanes, NW_CHUNKS=geometry.chunks))
 
 
 def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
@@ -161,7 +160,7 @@ def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
     for shape in shapes[1:3]:
         if shape and (not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) not in (1, length)):
             return None
-    geometry = warp_geometry(length, np.dtype(dtype).itemsize)
+    geometry = warp_geometry(length, WARP_ELEMS[dtype][1])
     return None if geometry is None else (dtype, geometry)
 
 
@@ -225,7 +224,7 @@ def compile_variants() -> list[KernelSource]:
     """norm.cu's entry points, and norm_warp.cu for every storage type with the fewest lanes and
     vectors and with the most (the register-heaviest variant), and every lane count in fp16."""
     shapes = {(dtype, WarpGeometry(4, 1)) for dtype in WARP_ELEMS} | {
-        (dtype, WarpGeometry(32, WARP_MAX_CHUNKS[np.dtype(dtype).itemsize])) for dtype in WARP_ELEMS} | {
+        (dtype, WarpGeometry(32, WARP_MAX_CHUNKS[size])) for dtype, (_, size) in WARP_ELEMS.items()} | {
         ("float16", WarpGeometry(lanes, 3)) for lanes in WARP_LANES}
     warp = [warp_kernel(dtype, geometry) for dtype, geometry in sorted(shapes, key=repr)]
     return [KernelSource(f"{p}_{c}", FILE) for p in ("norm_rows", "batchnorm") for c in DTYPES] + warp
