@@ -1,4 +1,9 @@
-"""Gather / GatherElements / ai.polykit ConcatGather tactics (gather.cu), dtype-agnostic by element size."""
+"""Gather / GatherElements / ai.polykit ConcatGather tactics (gather.cu), dtype-agnostic by element size.
+
+ConcatGather runs concat_gather_table (32-bit index math, each output position's source and offset
+looked up once per block into shared memory; a gather along the last axis as rows, no division per
+element) where the positions fit TABLE_MAX_COLUMNS and every size 2^30, else concat_gather (one
+thread per element, 64-bit index math, each index searched per element)."""
 
 from __future__ import annotations
 
@@ -15,10 +20,17 @@ from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 FILE = "gather.cu"
 SIZES = (1, 2, 4, 8)
 MAXR = 8
+#: most output positions along the axis concat_gather_table takes (4 bytes of shared memory each)
+TABLE_MAX_COLUMNS = 8192
+#: sizes concat_gather_table indexes with 32-bit integers (every element count stays below 2^31
+#: with a grid-stride step added)
+TABLE_MAX_SIZE = 1 << 30
+#: blocks an SM of concat_gather_table (each builds the table once, then strides over the rows)
+TABLE_BLOCKS_PER_SM = 8
 
 
-def _kernels(prefix):
-    return lambda layer: [KernelSource(f"{prefix}_{es}", FILE) for es in SIZES]
+def _kernels(*prefixes):
+    return lambda layer: [KernelSource(f"{prefix}_{es}", FILE) for prefix in prefixes for es in SIZES]
 
 
 def _check(layer, data: DeviceTensor, idx: DeviceTensor) -> tuple[int, str]:
@@ -74,17 +86,44 @@ def concat_gather_args(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[str,
     return f"concat_gather_{es}", out.size, args
 
 
+def concat_gather_table_launch(args: list, sm_count: int) -> tuple[str, tuple, tuple, list, int] | None:
+    """(kernel suffix, grid, block, arguments, shared bytes) of concat_gather_table for
+    concat_gather_args' `args`, or None where it does not apply (more than TABLE_MAX_COLUMNS
+    positions, a size past TABLE_MAX_SIZE: concat_gather runs)."""
+    idx, out, outer, m, inner = args[:5]
+    sources, extents = args[5:5 + MAX_SOURCES], args[5 + MAX_SOURCES:]
+    sizes = [out.size, *(x.size for x in sources if x)]
+    if not 0 < m <= TABLE_MAX_COLUMNS or max(sizes) >= TABLE_MAX_SIZE or sum(extents) >= TABLE_MAX_SIZE:
+        return None
+    cap = max(1, sm_count) * TABLE_BLOCKS_PER_SM
+    if inner == 1:
+        rows_a_pass = max(1, BLOCK // m)
+        grid = min(-(-outer // rows_a_pass), cap)
+    else:
+        grid = min(-(-out.size // BLOCK), cap)
+    i32 = np.int32
+    c_args = [idx, out, i32(outer), i32(m), i32(inner), *sources, *(i32(e) for e in extents)]
+    return "concat_gather_table", (max(1, grid), 1, 1), (BLOCK, 1, 1), c_args, 4 * m
+
+
 def enqueue_concat_gather(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     name, n, args = concat_gather_args(layer, tensors)
-    if n:
+    if not n:
+        return
+    table = concat_gather_table_launch(args, launcher.sm_count)
+    if table is not None:
+        prefix, grid, block, c_args, smem = table
+        launcher.launch(KernelSource(f"{prefix}_{name.rsplit('_', 1)[1]}", FILE), grid, block, c_args, smem)
+    else:
         launcher.launch(KernelSource(name, FILE), grid_for(n), (BLOCK, 1, 1), args)
 
 
 cuda_tactic("Gather", "cuda.gather", kernels=_kernels("gather"))(enqueue_gather)
-cuda_tactic(CONCAT_GATHER, "cuda.gather.concat", domain=POLYKIT_DOMAIN, kernels=_kernels("concat_gather"))(
+cuda_tactic(CONCAT_GATHER, "cuda.gather.concat", domain=POLYKIT_DOMAIN,
+            kernels=_kernels("concat_gather", "concat_gather_table"))(
     enqueue_concat_gather)
 cuda_tactic("GatherElements", "cuda.gather.elements", kernels=_kernels("gather_elements"))(enqueue_gather_elements)
 
 
 def compile_variants() -> list[KernelSource]:
-    return _kernels("gather")(None) + _kernels("gather_elements")(None) + _kernels("concat_gather")(None)
+    return _kernels("gather", "gather_elements", "concat_gather", "concat_gather_table")(None)

@@ -1,14 +1,17 @@
-"""Normalization tactics (norm.cu): Layer/Group/Instance/RMS normalization as per-row block
-reductions, inference BatchNormalization as one pass over the tensor."""
+"""Normalization tactics: Layer/Group/Instance/RMS normalization as per-row block reductions
+(cuda.norm.rows, norm.cu), Layer/RMS normalization of rows that fit a warp's registers
+(cuda.norm.warp, norm_warp.cu: one read of x, 16-byte vectors where aligned), inference
+BatchNormalization as one pass over the tensor (cuda.norm.batch)."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, stored_as
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
 from polykit.kernels.cuda.storage_types import CODE, dtype_names
 from polykit.kernels.cuda.reduce.reduce import block_for
@@ -35,6 +38,25 @@ def _opt(layer, tensors, names, i):
     return tensors[names[i]] if len(names) > i and names[i] else None
 
 
+def _check_params(layer, scale: DeviceTensor, bias: DeviceTensor | None, per_row: int) -> None:
+    for p, what in ((scale, "scale"), (bias, "bias")):
+        if p is not None and p.size not in (1, per_row):
+            raise DeviceError(f"{what} of {p.size} elements does not match the normalized size",
+                              where=f"layer {layer.name!r}", hint="use --target cpu")
+
+
+def _check_stats(layer, mean: DeviceTensor | None, rstd: DeviceTensor | None) -> None:
+    if mean is not None and mean.dtype != np.float32 or rstd is not None and rstd.dtype != np.float32:
+        raise DeviceError("mean / inv_std outputs must be float32 (stash_type 1)", where=f"layer {layer.name!r}")
+
+
+def _last_axes(layer, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, L) of a Layer/RMS normalization's input of `shape`: the normalized axes flattened."""
+    axis = int(layer.attrs.get("axis", -1)) % len(shape)
+    length = int(np.prod(shape[axis:], dtype=np.int64))
+    return (int(np.prod(shape, dtype=np.int64)) // length if length else 0), length
+
+
 def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x = tensors[layer.inputs[0]]
     scale, bias = _opt(layer, tensors, layer.inputs, 1), _opt(layer, tensors, layer.inputs, 2)
@@ -45,8 +67,7 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
         return
     rms = 0
     if layer.kind in ("LayerNormalization", "RMSNormalization"):
-        axis = int(layer.attrs.get("axis", -1)) % len(x.shape)
-        length = int(np.prod(x.shape[axis:], dtype=np.int64))
+        length = _last_axes(layer, x.shape)[1]
         groups, d = 1, 1
         rms = int(layer.kind == "RMSNormalization")
     else:  # Group / Instance: statistics per (n, group), parameters per channel
@@ -54,13 +75,9 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
         groups = int(layer.attrs.get("num_groups", c)) if layer.kind == "GroupNormalization" else c
         d = int(np.prod(x.shape[2:], dtype=np.int64))
         length = (c // groups) * d
-    for p, what in ((scale, "scale"), (bias, "bias")):
-        if p is not None and p.size not in (1, (length if d == 1 else length * groups // d)):
-            raise DeviceError(f"{what} of {p.size} elements does not match the normalized size",
-                              where=f"layer {layer.name!r}", hint="use --target cpu")
+    _check_params(layer, scale, bias, length if d == 1 else length * groups // d)
     rows = x.size // length
-    if mean is not None and mean.dtype != np.float32 or rstd is not None and rstd.dtype != np.float32:
-        raise DeviceError("mean / inv_std outputs must be float32 (stash_type 1)", where=f"layer {layer.name!r}")
+    _check_stats(layer, mean, rstd)
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, length, groups, d, scale.size,
             bias.size if bias is not None else 1, eps, rms]
@@ -82,11 +99,132 @@ def enqueue_batchnorm(layer, launcher: Launcher, tensors: Mapping[str, DeviceTen
     launcher.launch(KernelSource(f"batchnorm_{_code(layer, x)}", FILE), grid_for(x.size), (256, 1, 1), args)
 
 
+# ---- cuda.norm.warp: a row in the registers of 4..32 lanes (norm_warp.cu) -------------------------
+WARP_FILE = "norm_warp.cu"
+#: storage dtype (numpy name) -> (ELEM, bytes an element)
+WARP_ELEMS = {"float32": ("float", 4), "float16": ("half_t", 2), "bfloat16": ("bf16_t", 2)}
+WARP_LANES = (4, 8, 16, 32)
+#: 16-byte vectors a lane holds at most, by element size: 4096 elements a row either way (fp16 rows
+#: of 8192 spilled: ptxas -v on sm_90 gave 255 registers and 228 bytes of spill stores, the
+#: halves being kept converted; 4096 fp16 take 168 registers, 4096 fp32 164, neither spills)
+WARP_MAX_CHUNKS = {2: 16, 4: 32}
+WARP_THREADS = 128
+MAX_GRID = 1 << 20
+
+
+@dataclass(frozen=True)
+class WarpGeometry:
+    """How norm_warp.cu holds a row of L elements: `lanes` lanes, `chunks` 16-byte vectors a lane."""
+
+    lanes: int
+    chunks: int
+
+    @property
+    def rows_per_block(self) -> int:
+        return WARP_THREADS // self.lanes
+
+
+def warp_geometry(length: int, itemsize: int) -> WarpGeometry | None:
+    """The lanes a row of `length` elements of `itemsize` bytes takes (the power of two in 4..32 that
+    leaves the fewest vector slots idle, ties to more lanes) and the vectors a lane holds; None when
+    the row does not fit WARP_MAX_CHUNKS vectors a lane."""
+    if length <= 0 or itemsize not in (2, 4):
+        return None
+    nvec = -(-length // (16 // itemsize))
+    best: WarpGeometry | None = None
+    for lanes in WARP_LANES:
+        chunks = -(-nvec // lanes)
+        if chunks <= WARP_MAX_CHUNKS[itemsize] and (best is None or lanes * chunks <= best.lanes * best.chunks):
+            best = WarpGeometry(lanes, chunks)
+    return best
+
+
+def warp_kernel(dtype: str, geometry: WarpGeometry) -> KernelSource:
+    return KernelSource("norm_warp", WARP_FILE,
+                        defines=defines(ELEM=WARP_ELEMS[dtype][0], NW_LANES=geometry.lanes, NW_CHUNKS=geometry.chunks))
+
+
+def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
+    """(storage dtype, geometry) of a stamped Layer/RMS normalization layer cuda.norm.warp runs:
+    one storage type of X, scale, bias and Y, parameters of L elements or one, float32 statistics,
+    a row that fits; None otherwise (and for layers without stamped shapes)."""
+    shapes, dtypes = tuple(getattr(layer, "in_shapes", ()) or ()), tuple(getattr(layer, "in_dtypes", ()) or ())
+    outs = tuple(getattr(layer, "out_dtypes", ()) or ())
+    if not shapes or not dtypes or not shapes[0] or not all(isinstance(d, int) for d in shapes[0]):
+        return None
+    dtype = dtypes[0]
+    _, length = _last_axes(layer, tuple(shapes[0]))
+    if dtype not in WARP_ELEMS or any(d and d != dtype for d in dtypes[1:3] + outs[:1]) \
+            or any(d and d != "float32" for d in outs[1:3]):
+        return None
+    for shape in shapes[1:3]:
+        if shape and (not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) not in (1, length)):
+            return None
+    geometry = warp_geometry(length, WARP_ELEMS[dtype][1])
+    return None if geometry is None else (dtype, geometry)
+
+
+def _warp_kernels(layer) -> list[KernelSource]:
+    layout = _warp_layout(layer) if layer is not None else None
+    return [warp_kernel(*layout)] if layout is not None else []
+
+
+def _aligned(*tensors: DeviceTensor | None) -> bool:
+    return all(t is None or t.ptr % 16 == 0 for t in tensors)
+
+
+def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSource, tuple, tuple, list[Any]] | None:
+    """(kernel, grid, block, arguments) of cuda.norm.warp for these tensors; None when empty.
+    16-byte vectors (vec 1) where L is a whole number of them and X, Y and the L-element scale and
+    bias start 16-byte aligned; element by element otherwise."""
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    scale, bias = _opt(layer, tensors, layer.inputs, 1), _opt(layer, tensors, layer.inputs, 2)
+    mean, rstd = _opt(layer, tensors, layer.outputs, 1), _opt(layer, tensors, layer.outputs, 2)
+    where = f"layer {layer.name!r}"
+    if x.dtype.name not in WARP_ELEMS or y.dtype != x.dtype or scale.dtype != x.dtype \
+            or bias is not None and bias.dtype != x.dtype:
+        raise DeviceError(f"{layer.kind} has no cuda.norm.warp kernel for {x.dtype}", where=where,
+                          hint="rebuild the plan (cuda.norm.rows runs other storage types)")
+    if x.size == 0:
+        return None
+    rows, length = _last_axes(layer, x.shape)
+    _check_params(layer, scale, bias, length)
+    _check_stats(layer, mean, rstd)
+    geometry = warp_geometry(length, x.dtype.itemsize)
+    if geometry is None:
+        raise DeviceError(f"rows of {length} elements do not fit cuda.norm.warp's registers", where=where,
+                          hint="rebuild the plan for these shapes (cuda.norm.rows runs long rows)")
+    vec = length % (16 // x.dtype.itemsize) == 0 and _aligned(x, y, scale if scale.size > 1 else None,
+                                                               bias if bias is not None and bias.size > 1 else None)
+    i32, f32 = np.int32, np.float32
+    args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
+            rstd if rstd is not None else 0, rows, i32(length), i32(scale.size),
+            i32(bias.size if bias is not None else 1), f32(layer.attrs.get("epsilon", 1e-5)),
+            i32(layer.kind == "RMSNormalization"), i32(vec)]
+    grid = (min(-(-rows // geometry.rows_per_block), MAX_GRID), 1, 1)
+    return warp_kernel(x.dtype.name, geometry), grid, (WARP_THREADS, 1, 1), args
+
+
+def enqueue_warp(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
+    launch = warp_launch(layer, tensors)
+    if launch is not None:
+        launcher.launch(*launch)
+
+
 for _kind in ("LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization"):
     cuda_tactic(_kind, "cuda.norm.rows", kernels=_kernels, supports=stored_as(*STORED))(enqueue_rows)
+for _kind in ("LayerNormalization", "RMSNormalization"):  # ahead of cuda.norm.rows at level 0; timed against it
+    cuda_tactic(_kind, "cuda.norm.warp", kernels=_warp_kernels, priority=1,
+                supports=lambda layer: _warp_layout(layer) is not None)(enqueue_warp)
 cuda_tactic("BatchNormalization", "cuda.norm.batch", kernels=_kernels,
             supports=stored_as(*STORED, then=lambda layer: not layer.attrs.get("training_mode", 0)))(enqueue_batchnorm)
 
 
 def compile_variants() -> list[KernelSource]:
-    return [KernelSource(f"{p}_{c}", FILE) for p in ("norm_rows", "batchnorm") for c in DTYPES]
+    """norm.cu's entry points, and norm_warp.cu for every storage type with the fewest lanes and
+    vectors and with the most (the register-heaviest variant), and every lane count in fp16."""
+    shapes = {(dtype, WarpGeometry(4, 1)) for dtype in WARP_ELEMS} | {
+        (dtype, WarpGeometry(32, WARP_MAX_CHUNKS[size])) for dtype, (_, size) in WARP_ELEMS.items()} | {
+        ("float16", WarpGeometry(lanes, 3)) for lanes in WARP_LANES}
+    warp = [warp_kernel(dtype, geometry) for dtype, geometry in sorted(shapes, key=repr)]
+    return [KernelSource(f"{p}_{c}", FILE) for p in ("norm_rows", "batchnorm") for c in DTYPES] + warp
