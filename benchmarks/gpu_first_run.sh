@@ -110,7 +110,7 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
     ;;
   zoo)
-    models=${ZOO_MODELS:-shufflenet_v2_x1_0,googlenet,squeezenet1_1,llama_small,swin_t,deeplabv3_mobilenet_v3_large,efficientnet_b0,densenet121,vit_b_16,gpt2,resnext50_32x4d,resnet50,bert_base,mobilenet_v3_large,inception_v3}
+    models=${ZOO_MODELS:-llama_small,swin_t,shufflenet_v2_x1_0,efficientnet_b0,mobilenet_v3_large,unet,resnet50,bert_base,regnet_y_800mf,vit_b_16,gpt2,googlenet,resnext50_32x4d}
     [ "$models" = all ] && models_arg="" || models_arg="--models $models"
     timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
