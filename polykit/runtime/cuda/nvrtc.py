@@ -4,7 +4,9 @@ A compile unit is the rendered source text (a .cu file plus its #defines, or gen
 code); several KernelSource records that differ only in `name` share one cubin. Cubins are
 cached under the user cache directory keyed by (source text, the .cuh headers beside the
 kernels, options, NVRTC version, arch); writes go to a temporary file renamed into place,
-so several processes building at once never see a partial entry.
+so several processes building at once never see a partial entry. Beside each `<key>.cubin` a
+`<key>.json` names the kernel that first compiled it (name, file, defines; for reading the cache by hand
+and for the zoo's prepared-kernels check, never read back here).
 
 Needs only NVRTC (no GPU, no driver): CI compiles every variant through `compile_source`.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -111,6 +114,8 @@ def compile_cached(source: KernelSource, arch: str, cache: bool = True) -> bytes
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+        # which kernel the hash-named entry holds, for whoever reads the cache (never read back here)
+        path.with_suffix(".json").write_text(json.dumps({**source.to_json(), "code": None}))
     except OSError:
         pass  # an unwritable cache only costs a recompile next time
     return data
@@ -149,7 +154,6 @@ def compile_many(sources: Sequence[KernelSource], arch: str, *, cache: bool = Tr
 
 
 def _compile_in_workers(units: Sequence[KernelSource], arch: str, workers: int) -> None:
-    import json
     import subprocess
     import sys
 
@@ -168,7 +172,6 @@ def _compile_in_workers(units: Sequence[KernelSource], arch: str, workers: int) 
 
 def _worker_main() -> None:
     """Compile the units given as JSON on stdin into the cache (used by compile_many)."""
-    import json
     import sys
 
     job = json.loads(sys.stdin.read())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from polykit.errors import DeviceError
@@ -33,6 +35,8 @@ def test_cached_compile_writes_one_entry_and_reuses_it(cache_root, monkeypatch):
     first = nvrtc.compile_cached(SRC, "sm_80")
     entries = list((cache_root / "kernels" / "sm_80").glob("*.cubin"))
     assert len(entries) == 1
+    # beside it, which kernel the hash-named entry holds
+    assert json.loads(entries[0].with_suffix(".json").read_text())["name"] == SRC.name
     monkeypatch.setattr(nvrtc, "compile_source", lambda *a: pytest.fail("recompiled despite a cache hit"))
     assert nvrtc.compile_cached(SRC, "sm_80") == first
 
