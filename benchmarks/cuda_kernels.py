@@ -37,6 +37,14 @@ ReduceMean over (H, W) at the model's SE shapes against torch's x * s and x.mean
 channels_last tensors, printing GB/s and the count-weighted totals:
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --se efficientnet_b0:32:fp16
+
+--norm ROWS,L[,rms][,fp16|bf16|fp32] (repeatable) times every cuda tactic of a LayerNormalization (or
+RMSNormalization with `rms`) over the last axis of [ROWS, L] with an L-element scale and bias (no bias
+for RMS) against torch's layer_norm / rms_norm, in us and GB/s (x read once, y written once) with the
+relative error against torch in float64 -- Swin-T bs8 stage 1 is 25088,96, BERT bs8 1024,768, LLaMA-small
+bs8 1024,768,rms:
+
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --norm 25088,96 --norm 1024,768 --norm 1024,768,rms
 """
 
 from __future__ import annotations
@@ -257,6 +265,82 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     return rows
 
 
+def bench_norm(spec: str, args, torch) -> list[dict]:
+    """Every cuda tactic of a last-axis LayerNormalization / RMSNormalization at `spec` (ROWS,L[,rms]
+    [,dtype]) against torch's, timed the same way as the attention tactics."""
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import candidates
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    parts = spec.split(",")
+    rows, length = int(parts[0]), int(parts[1])
+    rms = "rms" in parts[2:]
+    storage = next((p for p in parts[2:] if p in ("fp16", "bf16", "fp32")), "fp16")
+    tdtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[storage]
+    np_storage = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
+                  "bf16": np.dtype(ml_dtypes.bfloat16)}[storage]
+    F = torch.nn.functional
+    eps = 1e-5
+    scale = torch.randn(length, device="cuda", dtype=tdtype)
+    bias = None if rms else torch.randn(length, device="cuda", dtype=tdtype)
+    xs = [torch.randn(rows, length, device="cuda", dtype=tdtype) for _ in range(3)]
+    ys = [torch.empty_like(x) for x in xs]
+
+    def torch_norm(x):
+        if rms:
+            return F.rms_norm(x, (length,), scale, eps)
+        return F.layer_norm(x, (length,), scale, bias, eps)
+
+    x0 = xs[0].double()
+    want = (F.rms_norm(x0, (length,), scale.double(), eps) if rms
+            else F.layer_norm(x0, (length,), scale.double(), bias.double(), eps))
+    moved = 2.0 * rows * length * xs[0].element_size()
+    info = driver.current_device()
+    keep: list = []
+
+    def take(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    def report(name: str, ms: float, got) -> dict:
+        err = float(torch.linalg.norm(got.double() - want) / torch.linalg.norm(want))
+        row = {"tactic": name, "shape": [rows, length], "rms": rms, "dtype": storage, "ms": ms,
+               "gbps": moved / ms / 1e6, "rel_err": err}
+        print(f"{name:40} {ms * 1e3:8.1f} us {row['gbps']:7.0f} GB/s  rel err {err:.2e}", flush=True)
+        return row
+
+    rows_out = [report(f"torch {'rms_norm' if rms else 'layer_norm'} {storage}",
+                       time_graph(lambda i: torch_norm(xs[i]), torch, args.warmup, args.iters), torch_norm(xs[0]))]
+    kind = "RMSNormalization" if rms else "LayerNormalization"
+    names = ("X", "S") if rms else ("X", "S", "B")
+    layer = LayerDesc("norm", kind, names, ("Y",), {"axis": -1, "epsilon": eps},
+                      in_dtypes=(np_storage.name,) * len(names), out_dtypes=(np_storage.name,),
+                      in_shapes=((rows, length),) + ((length,),) * (len(names) - 1), out_shapes=((rows, length),))
+    params = {"S": DeviceTensor(scale.data_ptr(), (length,), np_storage)}
+    if bias is not None:
+        params["B"] = DeviceTensor(bias.data_ptr(), (length,), np_storage)
+    tensors = [{"X": DeviceTensor(x.data_ptr(), (rows, length), np_storage),
+                "Y": DeviceTensor(y.data_ptr(), (rows, length), np_storage), **params} for x, y in zip(xs, ys)]
+    for tactic in candidates("cuda", kind, layer, arch=info.arch):
+        modules = KernelModules(info.arch)
+        modules.load(tactic.kernels(layer))
+
+        def run(i, tactic=tactic, modules=modules):
+            stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+            tactic.enqueue(layer, CudaLauncher(modules, stream, take, "norm", sm_count=info.sm_count), tensors[i])
+
+        try:
+            ms = time_graph(run, torch, args.warmup, args.iters)
+            run(0)
+            torch.cuda.synchronize()
+        finally:
+            modules.close()
+        rows_out.append(report(f"{tactic.name} {storage}", ms, ys[0]))
+    return rows_out
+
+
 # ---- pointwise (1x1) convolutions of the mobile nets: sm90 tiles vs skinny tiles vs torch (issue 29) ----
 
 def pointwise_shapes(name: str, batch: int, torch) -> dict[tuple[int, int, int, int], int]:
@@ -450,6 +534,8 @@ def main() -> None:
     parser.add_argument("--pointwise", default="", help="zoo model:batch list: time its 1x1 convolutions' tiles")
     parser.add_argument("--se", action="append", default=[], help=f"model:batch:precision, model one of "
                         f"{', '.join(SE_SHAPES)}: time the squeeze-excitation scale and pool tactics (repeatable)")
+    parser.add_argument("--norm", action="append", default=[],
+                        help="ROWS,L[,rms][,fp16|bf16|fp32]: time the LayerNorm / RMSNorm tactics (repeatable)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
@@ -461,6 +547,8 @@ def main() -> None:
         results[f"pointwise:{case}"] = bench_pointwise(name, int(batch), args, torch)
     for spec in args.se:
         results[f"se:{spec}"] = bench_squeeze_excitation(spec, args, torch)
+    for spec in args.norm:
+        results[f"norm:{spec}"] = bench_norm(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision = case.split(":")
         results[case] = bench_case(name, int(batch), precision, args, torch)

@@ -33,7 +33,7 @@
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
-#                  2:4 sparse GEMMs)
+#                  2:4 sparse GEMMs, LayerNorm / RMSNorm rows at Swin / BERT / LLaMA shapes)
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
 #                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
@@ -107,7 +107,9 @@ EOF
     timeout 60 python3 benchmarks/cuda_depthwise.py --models resnext50,regnet_y_800mf --batch 32 --dtype fp16 --no-direct \
       --out "$OUT/grouped.json" > "$OUT/grouped.txt" 2>&1
     timeout 45 python3 benchmarks/sparse_gemm.py --out "$OUT/sparse.json" > "$OUT/sparse.txt" 2>&1
-    grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"
+    timeout 60 python3 benchmarks/cuda_kernels.py --cases "" --norm 25088,96 --norm 1024,768 --norm 1024,768,rms \
+      --out "$OUT/norm.json" > "$OUT/norm.txt" 2>&1
+    grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"; grep " us " "$OUT/norm.txt"
     ;;
   zoo)
     models=${ZOO_MODELS:-llama_small,swin_t,shufflenet_v2_x1_0,efficientnet_b0,mobilenet_v3_large,unet,resnet50,bert_base,regnet_y_800mf,vit_b_16,gpt2,googlenet,resnext50_32x4d}
