@@ -188,6 +188,36 @@ def bench_case(name, batch, precision, args, torch) -> list[dict]:
     return rows
 
 
+def time_tactic(tactic, layer, tensors, torch, args, label: str = "layer") -> float:
+    """Median ms of cuda `tactic` running `layer` on tensors[i] (three buffer sets: {name: DeviceTensor}),
+    captured and replayed as time_graph does, then once more on set 0 (its outputs are the ones to check);
+    the scratch the tactic borrows lives until the timing ends."""
+    from polykit.runtime.cuda import driver
+    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
+
+    info = driver.current_device()
+    keep: list = []
+
+    def take(nbytes: int) -> int:
+        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+        return keep[-1].data_ptr()
+
+    modules = KernelModules(info.arch)
+    modules.load(tactic.kernels(layer))
+
+    def run(i):
+        stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
+        tactic.enqueue(layer, CudaLauncher(modules, stream, take, label, sm_count=info.sm_count), tensors[i])
+
+    try:
+        ms = time_graph(run, torch, args.warmup, args.iters)
+        run(0)
+        torch.cuda.synchronize()
+    finally:
+        modules.close()
+    return ms
+
+
 def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     """cuda Attention tactics on [B, H, S, D] of --attention-dtype (both layouts) vs torch SDPA,
     in one process."""
@@ -197,7 +227,6 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import candidates
     from polykit.runtime.cuda import driver
-    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 
     B, H, S, D = shape
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -211,10 +240,6 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
     flops = 4.0 * B * H * S * S * D
     info = driver.current_device()
     keep: list = []
-
-    def take(nbytes: int) -> int:
-        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
-        return keep[-1].data_ptr()
 
     def report(name: str, ms: float, got) -> dict:
         err = float(torch.linalg.norm(got.double() - want) / torch.linalg.norm(want))
@@ -245,20 +270,7 @@ def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
                 if tactic.name in seen:
                     continue
                 seen.add(tactic.name)
-                modules = KernelModules(info.arch)
-                modules.load(tactic.kernels(variant))
-
-                def run(i, tactic=tactic, variant=variant, modules=modules):
-                    stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
-                    tactic.enqueue(variant, CudaLauncher(modules, stream, take, "att", sm_count=info.sm_count),
-                                   tensors[i])
-
-                try:
-                    ms = time_graph(run, torch, args.warmup, args.iters)
-                    run(0)
-                    torch.cuda.synchronize()
-                finally:
-                    modules.close()
+                ms = time_tactic(tactic, variant, tensors, torch, args, "att")
                 label = variant.precision if storage == "float32" else args.attention_dtype
                 rows.append(report(f"{tactic.name} {label} {layout}", ms,
                                    outs[0].transpose(1, 2) if bshd else outs[0]))
@@ -272,7 +284,6 @@ def bench_norm(spec: str, args, torch) -> list[dict]:
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.kernels.tactics import candidates
     from polykit.runtime.cuda import driver
-    from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
 
     parts = spec.split(",")
     rows, length = int(parts[0]), int(parts[1])
@@ -298,11 +309,6 @@ def bench_norm(spec: str, args, torch) -> list[dict]:
             else F.layer_norm(x0, (length,), scale.double(), bias.double(), eps))
     moved = 2.0 * rows * length * xs[0].element_size()
     info = driver.current_device()
-    keep: list = []
-
-    def take(nbytes: int) -> int:
-        keep.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
-        return keep[-1].data_ptr()
 
     def report(name: str, ms: float, got) -> dict:
         err = float(torch.linalg.norm(got.double() - want) / torch.linalg.norm(want))
@@ -324,20 +330,8 @@ def bench_norm(spec: str, args, torch) -> list[dict]:
     tensors = [{"X": DeviceTensor(x.data_ptr(), (rows, length), np_storage),
                 "Y": DeviceTensor(y.data_ptr(), (rows, length), np_storage), **params} for x, y in zip(xs, ys)]
     for tactic in candidates("cuda", kind, layer, arch=info.arch):
-        modules = KernelModules(info.arch)
-        modules.load(tactic.kernels(layer))
-
-        def run(i, tactic=tactic, modules=modules):
-            stream = driver.drv().CUstream(torch.cuda.current_stream().cuda_stream)
-            tactic.enqueue(layer, CudaLauncher(modules, stream, take, "norm", sm_count=info.sm_count), tensors[i])
-
-        try:
-            ms = time_graph(run, torch, args.warmup, args.iters)
-            run(0)
-            torch.cuda.synchronize()
-        finally:
-            modules.close()
-        rows_out.append(report(f"{tactic.name} {storage}", ms, ys[0]))
+        rows_out.append(report(f"{tactic.name} {storage}", time_tactic(tactic, layer, tensors, torch, args, "norm"),
+                               ys[0]))
     return rows_out
 
 
