@@ -148,3 +148,16 @@ class EmulatedLauncher:
 
     def workspace(self, nbytes: int) -> int:
         raise AssertionError("the emulated kernels borrow no workspace")
+
+
+def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: type = EmulatedLauncher):
+    """An emulated launcher (`cls`) building in a fresh `folder` with the host's g++; the test is
+    skipped where there is none."""
+    import shutil
+
+    import pytest
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    return cls(tmp_path_factory.mktemp(folder), cxx, params, args)

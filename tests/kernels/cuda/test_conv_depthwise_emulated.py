@@ -6,24 +6,20 @@ variant, both tactics, the three storage types, tails, multipliers and the epilo
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
 
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
-from tests.kernels.cuda.block_emulation import EmulatedLauncher
+from tests.kernels.cuda.block_emulation import host_launcher
 from tests.kernels.cuda.test_conv_depthwise import (BF16, CASES, EPI_CASES, F16, F32, P4, P8, RESIDUAL_RELU, TOL,
                                                     depthwise_layer, reference, rel_err)
 
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    return EmulatedLauncher(tmp_path_factory.mktemp("depthwise_emulated"), cxx, "DW_PARAMS", "DW_ARGS")
+    return host_launcher(tmp_path_factory, "depthwise_emulated", "DW_PARAMS", "DW_ARGS")
 
 
 def run_emulated(launcher, tactic, x, w, attrs, dtype, shift_y=0, **kw):

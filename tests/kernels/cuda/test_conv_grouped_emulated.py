@@ -15,14 +15,9 @@ from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, P2, P4
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    import shutil
+    from tests.kernels.cuda.block_emulation import host_launcher
 
-    from tests.kernels.cuda.block_emulation import EmulatedLauncher
-
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    return EmulatedLauncher(tmp_path_factory.mktemp("grouped_emulated"), cxx, "GC_PARAMS", "GC_ARGS")
+    return host_launcher(tmp_path_factory, "grouped_emulated", "GC_PARAMS", "GC_ARGS")
 
 
 @pytest.mark.parametrize("case,dtype,tactic", [

@@ -7,7 +7,6 @@ the reference with poisoned outputs, odd lengths, misaligned tensors, bias or no
 
 from __future__ import annotations
 
-import shutil
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +17,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.reduce.norm import WarpGeometry, compile_variants, warp_geometry, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
-from tests.kernels.cuda.block_emulation import EmulatedLauncher
+from tests.kernels.cuda.block_emulation import EmulatedLauncher, host_launcher
 
 rng = np.random.default_rng(29)
 WARP = "cuda.norm.warp"
@@ -170,10 +169,7 @@ class WarpEmulation(EmulatedLauncher):
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    return WarpEmulation(tmp_path_factory.mktemp("norm_warp_emulated"), cxx, "NW_PARAMS", "NW_ARGS")
+    return host_launcher(tmp_path_factory, "norm_warp_emulated", "NW_PARAMS", "NW_ARGS", WarpEmulation)
 
 
 def host_buffers(layer, feeds, shift):

@@ -4,7 +4,6 @@ the widened 16-byte path and the element path of a misaligned output both run.""
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -15,16 +14,13 @@ from polykit.compiler.ops.tensor.permuted_copy import copy_spec
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.movement.permuted_copy import copy_phases, widened
 from polykit.kernels.tactics import find_tactic
-from tests.kernels.cuda.block_emulation import EmulatedLauncher
+from tests.kernels.cuda.block_emulation import host_launcher
 from tests.kernels.cuda.permuted_copy_cases import CASES, DTYPES, layer_and_input
 
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    return EmulatedLauncher(tmp_path_factory.mktemp("permuted_copy_emulated"), cxx, "PC_PARAMS", "PC_ARGS")
+    return host_launcher(tmp_path_factory, "permuted_copy_emulated", "PC_PARAMS", "PC_ARGS")
 
 
 def run_emulated(launcher, layer, x, shift_y=0):
