@@ -103,3 +103,20 @@ def test_a_calibrated_fp8_resnet_runs_its_convs_nhwc_exactly_as_nchw():
     assert all(layer.in_shapes[0][-1] % 16 == 0 for layer in convs)
     feeds = feeds_for(small_resnet(), 9)
     np.testing.assert_array_equal(run(nhwc, feeds), run(nchw, feeds))
+
+
+def test_an_fp8_build_without_fp16_takes_the_gpus_arch_for_its_quantized_layers(tmp_path, monkeypatch):
+    """A cuda build on a device of sm_90 (a stand-in DeviceInfo, nothing timed at level 0) runs an explicit FP8
+    chain's convs on the sm_90a e4m3 tactics. The first GPU run (H100, 2026-12-05) found them unfolded to
+    float: builds without --fp16 asked for no device, so only arch-free tactics counted."""
+    from polykit.compiler.builder import builder
+    from polykit.runtime.cuda.driver import DeviceInfo
+
+    from .fp8_models import conv_chain
+
+    monkeypatch.setattr(builder, "build_device",
+                        lambda target, device=None: DeviceInfo(0, "stand-in sm_90", "sm_90", 132, 80 << 30, 232448))
+    path, _ = conv_chain(tmp_path / "c.onnx")
+    plan = build_plan(path, BuilderConfig(target="cuda", builder_optimization_level=0))
+    convs = [layer.tactic for layer in plan.layers if layer.kind in ("QConvNHWC", "ConvNHWC", "Conv")]
+    assert len(convs) == 2 and all(t.startswith("cuda.fp8.sm90_") for t in convs), convs
