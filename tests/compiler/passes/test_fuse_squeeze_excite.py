@@ -215,6 +215,20 @@ def test_an_optimized_graph_with_squeeze_excite_round_trips_through_onnx():
     np.testing.assert_allclose(evaluate_graph(back, {"x": x})["y"], evaluate_graph(g, {"x": x})["y"], rtol=0, atol=0)
 
 
+def test_an_edited_squeeze_excite_attribute_that_is_not_json_is_an_error_naming_node_and_attribute():
+    from polykit.compiler.graph.onnx_export import to_onnx
+    from polykit.errors import NodeAttributeError
+
+    exported = to_onnx(optimize(load_onnx(se_model(2, 16, 4, (5, 5), "relu", "sigmoid")), channels_last=True))
+    (se,) = [n for n in exported.graph.node if n.op_type == "SqueezeExcite"]
+    for attr in se.attribute:
+        if attr.name == "act":
+            attr.s = b"{not json"
+    with pytest.raises(NodeAttributeError, match="attribute 'act' is not JSON") as info:
+        load_onnx(exported)
+    assert "SqueezeExcite" in info.value.where and info.value.hint
+
+
 def test_renaming_a_clip_bound_renames_it_inside_the_body():
     from polykit.compiler.ops.nn.fused import rename_fused_tensor
 

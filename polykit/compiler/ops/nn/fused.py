@@ -18,6 +18,7 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.concat_operands import concat_operands
 from polykit.compiler.ops.nn.view_operands import view_operands, view_shape
 from polykit.compiler.ops.registry import ImportContext, InferContext, broadcast_shapes, find_shape_rule, importer, shape_rule
+from polykit.errors import NodeAttributeError
 
 #: Base ops that take an epilogue, with the arity their inputs are padded to.
 EPILOGUE_ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2, "ConvNHWC": 3}
@@ -139,7 +140,13 @@ def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
     for key in ("body", "epilogue", "concat", "view", *HOLDER_ATTRS["SqueezeExcite"]):
         if isinstance(node.attrs.get(key), str):
-            node.attrs[key] = json.loads(node.attrs[key])
+            try:
+                node.attrs[key] = json.loads(node.attrs[key])
+            except json.JSONDecodeError as exc:
+                raise NodeAttributeError(f"attribute {key!r} is not JSON ({exc.msg} at character {exc.pos})",
+                                         where=node.describe(),
+                                         hint="polykit writes these attributes as JSON; rebuild the model with "
+                                              "polykit or fix the edited attribute") from None
 
 
 for _op in ("Pointwise", "Attention", *EPILOGUE_ARITY):
