@@ -505,7 +505,7 @@ def compile_candidates(model: Any, config: BuilderConfig | None = None, arch: st
                        workers: int | None = None) -> dict[str, Any]:
     """Compile into the kernel cache (POLYKIT_CACHE_DIR) the kernels a cuda build of `model` with
     `config` compiles (the candidates its tuner times and every layer's first candidate by
-    priority) without timing anything: a later build_plan of the same model and config then finds
+    priority, and the timer's stream hold) without timing anything: a later build_plan of the same model and config then finds
     them all cached and spends its time on timing alone, so parallel processes can prepare builds
     while another one times on a quiet GPU. `arch` (default the GPU's) is the architecture to
     compile for; without a GPU the candidates are those a build without a device has, the first
@@ -531,7 +531,9 @@ def compile_candidates(model: Any, config: BuilderConfig | None = None, arch: st
         layers, weights, tensors = offer_sparse(layers, weights, tensors, cfg.sparsity, profiles=len(groups))
     sources: list = []
     selection = select_tactics(layers, front.target, cfg, tensors, weights, groups, untimed=sources)
-    units = unique_units([*sources, *(k for kernels in selection.kernels.values() for k in kernels)])
+    from polykit.kernels.cuda.hold import HOLD  # the tuner's timer launches it ahead of every timed pass
+
+    units = unique_units([HOLD, *sources, *(k for kernels in selection.kernels.values() for k in kernels)])
     t0 = time.perf_counter()
     compile_many(units, arch, workers=workers)
     return {"layers": len(selection.layers), "kernels": len(units), "compile_s": round(time.perf_counter() - t0, 2)}

@@ -69,6 +69,10 @@ def rename_fused_tensor(node: Node, old: str, new: str) -> None:
                     if holder.get(key) == new:
                         holder[key] = moved
         _rename_in_body(body, old, new)
+        if holder is not None:  # a holder whose body reads or writes the node's tensor itself (SqueezeExcite's gate)
+            for key in ("input", "output"):
+                if holder.get(key) == old:
+                    holder[key] = new
     node.inputs = [new if n == old else n for n in node.inputs]
     node.outputs = [new if n == old else n for n in node.outputs]
 
