@@ -11,7 +11,7 @@ import pytest
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.plan.records import LayerDesc
-from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, X3_CONV_TILES, plan_conv
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, NARROW_TILES, X3_CONV_TILES, plan_conv
 
 rng = np.random.default_rng(23)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -101,7 +101,7 @@ def test_sm90_conv_matches_float64_reference(tile, x, w, attrs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", CONV_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("tile", [t for t in CONV_TILES if t not in NARROW_TILES], ids=lambda t: t.label)
 @pytest.mark.parametrize("x,w,attrs", CASES)
 def test_sm90_conv_tf32_matches_float64_reference(tile, x, w, attrs):
     """float32 storage, tf32 math (the operands' low 13 mantissa bits ignored): 4 channels a chunk."""
@@ -131,6 +131,37 @@ def test_sm90_conv_takes_float32_as_tf32_or_fp32_by_tactic():
     assert x3(replace(base, precision="fp32")) and not x3(replace(base, precision="tf32"))
     half = replace(base, precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",))
     assert not x3(half) and tf32(half)
+
+
+def test_the_narrow_tiles_take_16_bit_layers_and_the_estimate_prefers_them_at_32_channels():
+    """32-column tiles (wgmma m64n32k16) for convs with few output channels: 16-bit storage only, and
+    predicted faster than the 64-column tiles where N <= 32 (half of a 64-column tile's products unused),
+    slower where N = 64 (twice the tiles), which they do not take."""
+    from polykit.kernels.cuda.conv.conv_sm90 import _estimate, _supports
+
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+
+    def conv(cout, dtype="float16", precision="fp16"):
+        return LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN, precision=precision,
+                         in_dtypes=(dtype,) * 3, out_dtypes=(dtype,),
+                         in_shapes=((8, 512, 512, 32), (cout, 3, 3, 32), (cout,)), out_shapes=((8, 512, 512, cout),))
+
+    wide = next(t for t in CONV_TILES if t.label == "64x64x2")
+    for tile in NARROW_TILES:
+        assert tile.bn == 32 and _supports(tile, False)(conv(32)) and _supports(tile, False)(conv(32, "bfloat16", "bf16"))
+        assert not _supports(tile, False)(conv(32, "float32", "tf32")) and not _supports(tile, False)(conv(40))
+        assert _estimate(tile, False)(conv(32), 132) < _estimate(wide, False)(conv(32), 132)
+        assert _estimate(tile, False)(conv(64), 132) > _estimate(wide, False)(conv(64), 132)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", NARROW_TILES, ids=lambda t: t.label)
+@pytest.mark.parametrize("cout", [32, 24, 8])
+def test_sm90_narrow_tiles_at_full_resolution_shapes(tile, cout):
+    """Many row tiles, N = 32 (one whole column tile), 24 and 8 (a partial one)."""
+    require_sm90()
+    assert run_case(tile, (2, 33, 31, 32), (cout, 3, 3, 32), {"pads": [1, 1, 1, 1]}, np.float16) <= 2e-3
+    assert run_case(tile, (1, 17, 19, 64), (cout, 3, 3, 64), {"pads": [1, 1, 1, 1]}, BF16) <= 1e-2
 
 
 @pytest.mark.gpu

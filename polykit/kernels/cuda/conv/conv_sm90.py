@@ -33,7 +33,10 @@ from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import (ARCHS, BK, ELEMS, FILES, TILES, X3_TILES, Sm90Tile, bk_of, kernel_for,
                                             predicted_us, storage_of)
 
-CONV_TILES = tuple(t for t in TILES if t.bm <= 128 and t.bn != 192)  # 128x192 serves GEMMs whose N/192 tiles fill the chip
+#: 32 output channels a tile (wgmma m64n32k16): a conv with N <= 32 (UNet's and the stems' full-resolution
+#: layers) leaves half of a 64-column tile's products unused; 16-bit storage and N <= 32 only
+NARROW_TILES = (Sm90Tile(1, 2, 32, 8, tflops=250), Sm90Tile(1, 1, 32, 8, blocks=2, tflops=230))
+CONV_TILES = tuple(t for t in TILES if t.bm <= 128 and t.bn != 192) + NARROW_TILES  # 128x192 serves GEMMs whose N/192 tiles fill the chip
 X3_CONV_TILES = tuple(t for t in X3_TILES if t.bm <= 128)
 
 
@@ -100,7 +103,10 @@ def _storage(layer: Any, split3: bool = False) -> str | None:
 def _supports(tile: Sm90Tile, split3: bool):
     def supports(layer: Any) -> bool:
         storage = _storage(layer, split3)
-        return (storage is not None and tile.fits(storage, False, split3) and _geometry(layer) is not None
+        geo = _geometry(layer)
+        if tile in NARROW_TILES and (storage not in ("float16", "bfloat16") or geo is None or geo.N > tile.bn):
+            return False  # past 32 channels a 64-column tile wastes no more and runs at a higher rate
+        return (storage is not None and tile.fits(storage, False, split3) and geo is not None
                 and supports_epilogue(layer))
 
     return supports

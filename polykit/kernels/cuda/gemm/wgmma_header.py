@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: wgmma N sizes the kernels use, and the PTX type names of their inputs (float storage runs
+#: wgmma N sizes the kernels use (32: the narrow conv tiles, conv_sm90.py), and the PTX type names of their inputs (float storage runs
 #: as tf32: k8 instead of k16, both operands K-major, so no transpose immediate; s8: INT8 layers;
 #: e4m3: FP8 layers, k32 like s8 with fp32 accumulators, both K-major)
-N_SIZES = (64, 128, 192, 256)
+N_SIZES = (32, 64, 128, 192, 256)
 INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8", "e4m3": "e4m3_t"}
 #: N sizes of the 16-bit register-A wrappers (the flash attention head sizes)
 RA_N_SIZES = (64, 128)

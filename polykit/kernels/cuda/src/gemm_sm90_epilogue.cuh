@@ -149,7 +149,7 @@ constexpr int EPI_GROUPS = BN / (8 * EPI_GROUP);
 #if STREAMK  // the stream-K kernel's own registers leave none to spare: 1 group ahead spilled on 128x128
 constexpr int GROUPS_AHEAD = 0;
 #else
-constexpr int GROUPS_AHEAD = BLOCKS == 1 && BN <= 192 ? 2 : 0;
+constexpr int GROUPS_AHEAD = BLOCKS == 1 && BN <= 192 ? (EPI_GROUPS < 2 ? EPI_GROUPS : 2) : 0;  // a 32-column tile has one group
 #endif
 __device__ __forceinline__ void load_cols(const OutP& out, ELEM (&c)[8], EpiCols8& cols, i64 n) {
   if (out.C) *(uint4*)c = *(const uint4*)(out.C + n);
