@@ -319,3 +319,17 @@ def test_an_se_layer_renamed_for_timing_still_generates_its_kernels(gate, scaled
     assert [s.name for s in sources] == list(se_cuda.kernel_names(moved))
     assert sources[1].name == ("se_fc2_scale_nhwc" if scaled else "se_fc2")
     assert all(s.code == t.code for s, t in zip(sources, se_cuda._kernels(se)))  # names do not reach the code
+
+
+def test_an_edited_scale_attribute_that_is_not_0_or_1_is_an_error_naming_it():
+    from polykit.compiler.graph.onnx_export import to_onnx
+    from polykit.errors import PolykitError
+
+    exported = to_onnx(optimize(load_onnx(se_model(2, 16, 4, (5, 5), "relu", "sigmoid")), channels_last=True))
+    (se,) = [n for n in exported.graph.node if n.op_type == "SqueezeExcite"]
+    (scale,) = [a for a in se.attribute if a.name == "scale"]
+    assert scale.i == 1
+    scale.i = 2
+    with pytest.raises(PolykitError, match="'scale' is 2, not 0 or 1") as info:
+        build_plan(exported, BuilderConfig(target="cpu"))
+    assert info.value.hint
