@@ -251,6 +251,22 @@ def test_cuda_fp16_plans_of_se_blocks_match_the_cpu(n, c, cr, hw, act, gate, poo
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("swap", [False, True])
+def test_cuda_fp16_plans_whose_gate_is_read_elsewhere_or_swapped_match_the_cpu(swap):
+    """se_fc2 (the gate stored: a second reader) and se_fc2_scale (the Mul written s * a) on the GPU
+    against the cpu plan, every graph output (the lead runs it)."""
+    model = se_model(2, 40, 10, (14, 14), "silu", "sigmoid", swap=swap, s_read=not swap)
+    x = _x(model)
+    want = _run_cpu(model, True, x)[1]
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True))
+    (se,) = [layer for layer in plan.layers if layer.kind == "SqueezeExcite"]
+    assert (se.attrs.get("scale") == 1) == swap
+    got = Runtime().deserialize_engine(plan.serialize()).create_execution_context().execute({"x": x})
+    for name, ref in want.items():
+        assert np.linalg.norm(got[name] - ref) / np.linalg.norm(ref) < 1e-2, name
+
+
 def test_an_optimized_graph_with_squeeze_excite_round_trips_through_onnx():
     from polykit.compiler.graph.evaluator import evaluate_graph
     from polykit.compiler.graph.onnx_export import to_onnx
