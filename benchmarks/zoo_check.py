@@ -65,7 +65,7 @@ def traffic(plan) -> dict:
     only its inputs not placed (polykit.compiler.builder.concat_placement), a fully placed one nothing; a gather's,
     slice's or PermutedCopy's data input at most as much as it writes, a ConcatGather's sources together
     too, an Attention's strided view of a packed Q, K or V only its view, a Pointwise view operand only
-    its view), in MB.
+    its view, a SqueezeExcite that scales its input that input twice), in MB.
     Memory-bound layers take about bytes / bandwidth, so the movement share of these bytes is what
     a movement kernel's share of the GPU time would be if every layer ran at memory speed."""
     aliases = getattr(plan.memory, "aliases", {}) or {}
@@ -95,6 +95,8 @@ def traffic(plan) -> dict:
                 view_bytes = math.prod(math.prod(p[0] for p in d["pieces"]) for d in entry["dims"]) \
                     * plan.tensors[layer.inputs[i]].np_dtype.itemsize
                 sizes[i] = min(sizes[i], view_bytes)
+        if layer.kind == "SqueezeExcite" and layer.attrs.get("scale") == 1 and sizes:
+            sizes[0] *= 2  # it reads x twice: to pool it, then to scale it
         by_kind[layer.kind] += sum(sizes) / 1e6
     total = sum(by_kind.values()) or 1.0
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)

@@ -3,7 +3,9 @@
     p = ReduceMean(x, spatial axes, keepdims)        (or GlobalAveragePool, NCHW)
     h = Conv1x1(p, W1, b1) + act epilogue            (ConvNHWC in NHWC, Conv in NCHW)
     s = Conv1x1(h, W2, b2) + gate epilogue
- -> s = SqueezeExcite(x, W1, b1, W2, b2, extras...)  (ops/nn/squeeze_excite.py)
+    y = Mul(x, s)                                    (either order; optional)
+ -> y = SqueezeExcite(x, W1, b1, W2, b2, extras..., scale=1)  (ops/nn/squeeze_excite.py)
+    (s = SqueezeExcite(...) without the Mul)
 
 It runs after fuse_bias_activation, which has put each conv's bias, activation or gate into its
 epilogue. Keyed on op types and shapes only: x is rank 4 with static shape; the mean is over H
@@ -11,7 +13,12 @@ and W exactly (axes (1, 2) of NHWC, (2, 3) of NCHW) with keepdims; each conv is 
 stride 1, no padding, with constant weights (and bias, or none: a zero bias is made) and an
 epilogue whose extra inputs are one-element constants; p and h are read only by the next node of
 the chain and are neither graph outputs nor kept; s is read by anything. The bodies move into
-the node's `act` and `gate` holders unchanged, so any fusable activation and gate works.
+the node's `act` and `gate` holders unchanged, so any fusable activation and gate works. The node
+absorbs the scaling Mul (attribute `scale`) when s is read by that Mul alone, is neither a graph
+output nor kept, and the Mul's other operand is x itself, giving x's shape and dtype: the gate is
+then never stored (the cuda kernel scales x as it computes it). Otherwise s is the node's output
+and its readers stay. At 1x1 pixels the Mul has already joined the second conv's epilogue
+(fuse_bias_activation runs first), so no chain is found there.
 """
 
 from __future__ import annotations
@@ -60,9 +67,27 @@ def fuse_squeeze_excite(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
             node = _squeeze_excite(graph, pool, conv1, conv2, layout, (c, hidden.shape[3 if layout == "nhwc" else 1]))
         except TypeError:  # an attribute plans cannot store as JSON
             continue
+        mul = _scaling_mul(graph, node, readers, fixed)
+        if mul is not None:
+            node.outputs = [mul.outputs[0]]
+            node.attrs["scale"] = 1
+            node.attrs["fused_from"].append(mul.name)
+            dead.append(mul)
         replacements[id(conv2)] = node
         dead.extend([pool, conv1, *(p for p in (pad1, pad) if p is not None)])
     return replace_nodes(graph, replacements, dead)
+
+
+def _scaling_mul(graph: Graph, se: Node, readers: dict[str, list[Node]], fixed: set[str]) -> Node | None:
+    """The Mul(x, s) (either order) that reads the gate s of `se` as its only reader, giving x's shape
+    and dtype, or None."""
+    x, s = se.inputs[0], se.outputs[0]
+    mul = sole_reader(graph, s, readers, fixed)
+    if mul is None or mul.op_type != "Mul" or mul.domain != "" or len(mul.outputs) != 1 \
+            or sorted(mul.inputs) != sorted([x, s]) or x == s:
+        return None
+    y, xv = graph.value(mul.outputs[0]), graph.value(x)
+    return mul if y.shape is not None and tuple(y.shape) == tuple(xv.shape) and y.dtype == xv.dtype else None
 
 
 def _fits(graph: Graph, x, hidden, conv1: Node, conv2: Node) -> bool:

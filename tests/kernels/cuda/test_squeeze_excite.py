@@ -1,7 +1,8 @@
 """ai.polykit SqueezeExcite on cuda (squeeze_excite.cu): the reference kernel, which layers the tactic
-takes, the launch it makes (host side, no GPU: one block a sample, or a split with its workspace and
-the counters' memset), a host emulation of the kernels' index math (every pixel and channel summed
-exactly once, the split's partials inside the workspace), and results against the reference (GPU)."""
+takes, the launch it makes (host side, no GPU: one block a sample, or a split with its workspace),
+a host emulation of the kernels' index math (every pixel and channel summed exactly once, the split's
+partials inside the workspace; with `scale`, every element of y written once from its own x element,
+16-byte runs inside their block's slice), and results against the reference (GPU)."""
 
 from __future__ import annotations
 
@@ -42,18 +43,20 @@ def arrays(layout: str, n: int, hw: tuple[int, int], c: int, cr: int, dtype=np.f
     return out
 
 
-def layer(arrs: dict, layout: str, act=SILU, gate=SIGMOID) -> LayerDesc:
+def layer(arrs: dict, layout: str, act=SILU, gate=SIGMOID, scale: bool = False) -> LayerDesc:
+    """The layer on these arrays: output s, or with `scale` y = x * s (s then internal, the gate's name)."""
     names = ("x", "w1", "b1", "w2", "b2", *(("lo", "hi") if "lo" in arrs else ()))
-    attrs = {"layout": layout, "act": act, "gate": gate}
-    (s,) = squeeze_excite(Node("SqueezeExcite", list(names), ["s"], attrs, domain=POLYKIT_DOMAIN),
+    attrs = {"layout": layout, "act": act, "gate": gate, **({"scale": 1} if scale else {})}
+    out = "y" if scale else "s"
+    (s,) = squeeze_excite(Node("SqueezeExcite", list(names), [out], attrs, domain=POLYKIT_DOMAIN),
                           [arrs[k] for k in names])
-    return LayerDesc("se", "SqueezeExcite", names, ("s",), attrs, domain=POLYKIT_DOMAIN,
+    return LayerDesc("se", "SqueezeExcite", names, (out,), attrs, domain=POLYKIT_DOMAIN,
                      in_dtypes=tuple(arrs[k].dtype.name for k in names),
                      in_shapes=tuple(arrs[k].shape for k in names), out_dtypes=(s.dtype.name,), out_shapes=(s.shape,))
 
 
 def reference(lay: LayerDesc, arrs: dict) -> np.ndarray:
-    node = Node("SqueezeExcite", list(lay.inputs), ["s"], dict(lay.attrs), domain=POLYKIT_DOMAIN)
+    node = Node("SqueezeExcite", list(lay.inputs), list(lay.outputs), dict(lay.attrs), domain=POLYKIT_DOMAIN)
     return squeeze_excite(node, [arrs[k] for k in lay.inputs])[0]
 
 
@@ -81,8 +84,8 @@ class GeometryLauncher(RecordingLauncher):
 
 def _tensors(arrs: dict, lay: LayerDesc, misalign: int = 0) -> dict:
     out, ptr = {}, 0x10000
-    for name in (*lay.inputs, "s"):
-        shape = arrs[name].shape if name != "s" else lay.out_shapes[0]
+    for name in (*lay.inputs, *lay.outputs):
+        shape = arrs[name].shape if name in arrs else lay.out_shapes[0]
         out[name] = DeviceTensor(ptr + (misalign if name == "x" else 0), tuple(shape), np.dtype(lay.in_dtypes[0]))
         ptr += 1 << 24
     return out
@@ -148,7 +151,64 @@ def test_the_tactic_refuses_what_its_kernels_do_not_take():
 
 def test_every_kernel_variant_is_declared_for_nvrtc():
     names = [k.name for k in se.compile_variants()]
-    assert len(names) == 24 and set(names) == {"se_pool_nhwc", "se_pool_nchw", "se_fc2"}
+    assert len(names) == 36 and set(names) == {"se_pool_nhwc", "se_pool_nchw", "se_fc2", "se_fc2_scale_nhwc",
+                                               "se_fc2_scale_nchw"}
+    assert names.count("se_fc2_scale_nhwc") == names.count("se_fc2_scale_nchw") == 6  # 3 dtypes x 2 body pairs
+
+
+def test_a_scaling_layer_launches_the_pool_then_the_scaling_fc2_over_pixel_chunks():
+    a = arrays("nhwc", 1, (112, 112), 32, 8)
+    lay = layer(a, "nhwc", scale=True)
+    assert se._supports(lay) and lay.out_shapes[0] == (1, 112, 112, 32)
+    assert [k.name for k in se._kernels(lay)] == ["se_pool_nhwc", "se_fc2_scale_nhwc"]
+    rec = GeometryLauncher()
+    tensors = _tensors(a, lay)
+    se.enqueue_squeeze_excite(lay, rec, tensors)
+    (pool, pool_args), (fc2, args) = rec.launches
+    assert pool == "se_pool_nhwc" and fc2 == "se_fc2_scale_nhwc"
+    p3, chunk = se.scale_geometry(12544, 32, 2)
+    assert chunk % se.VEC_PIXELS == 0 and chunk * 32 * 2 >= se.SPLIT_BYTES and (p3 - 1) * chunk < 12544 <= p3 * chunk
+    assert rec.geometry[1] == ((1, p3, 1), (256, 1, 1), 4 * (8 + se.CS2))
+    assert args[4] == tensors["x"] and args[5] == tensors["y"] and args[0] == pool_args[2] == rec._ptr
+    assert [int(v) for v in args[6:13]] == [32, 8, rec.geometry[0][0][0] * rec.geometry[0][0][1], 64,
+                                            12544, chunk, 1]  # C Cr parts cs2 HW chunk vec
+    # NCHW with HW = 15 (no 16-byte runs along a channel's pixels) and wide C: channel slices x chunks
+    b = arrays("nchw", 2, (5, 3), 200, 13)
+    lay = layer(b, "nchw", scale=True)
+    plan = se.launch_plan(lay, _tensors(b, lay), 0x1000)
+    assert plan[1][0] == "se_fc2_scale_nchw" and plan[1][1] == (4, 1, 2) and int(plan[1][4][12]) == 0
+    scalar = layer(b, "nchw")
+    assert se.launch_plan(scalar, _tensors(b, scalar), 0x1000)[1][1] == (4, 2, 1)  # se_fc2: (Q2, N)
+
+
+def test_the_scaling_kernel_vectorizes_only_where_shapes_and_both_pointers_allow():
+    a = arrays("nhwc", 1, (28, 28), 40, 8)
+    lay = layer(a, "nhwc", scale=True)
+    vec = lambda tensors: int(se.launch_plan(lay, tensors, 0x1000)[1][4][12])  # noqa: E731
+    assert vec(_tensors(a, lay)) == 1
+    assert vec(_tensors(a, lay, misalign=2)) == 0  # x misaligned
+    moved = _tensors(a, lay)
+    moved["y"] = DeviceTensor(moved["y"].ptr + 2, moved["y"].shape, moved["y"].dtype)
+    assert vec(moved) == 0  # y misaligned
+    odd = arrays("nhwc", 1, (28, 28), 36, 8)  # 72 bytes a pixel
+    lay_odd = layer(odd, "nhwc", scale=True)
+    assert int(se.launch_plan(lay_odd, _tensors(odd, lay_odd), 0x1000)[1][4][12]) == 0
+    f32 = arrays("nchw", 1, (28, 28), 40, 8, np.float32)  # 784 pixels: 4-float runs along a channel
+    lay32 = layer(f32, "nchw", scale=True)
+    assert int(se.launch_plan(lay32, _tensors(f32, lay32), 0x1000)[1][4][12]) == 1
+
+
+def test_a_scaling_layer_needs_room_for_its_gates_in_shared_memory():
+    a = arrays("nhwc", 1, (7, 7), 16, 4)
+    lay = layer(a, "nhwc", scale=True)
+    cr = se.SHARED_LIMIT // 4 - se.CS2
+    fits = replace(lay, in_shapes=((1, 7, 7, 16), (cr, 1, 1, 16), (cr,), (16, 1, 1, cr), (16,)))
+    over = replace(lay, in_shapes=((1, 7, 7, 16), (cr + 1, 1, 1, 16), (cr + 1,), (16, 1, 1, cr + 1), (16,)))
+    assert se._supports(fits) and not se._supports(over)
+    assert se._supports(replace(over, attrs={k: v for k, v in over.attrs.items() if k != "scale"}))
+    from polykit.compiler.ops.nn.squeeze_excite import MAX_HIDDEN
+    assert MAX_HIDDEN == cr  # the pass makes no node the tactic cannot run
+    assert not se._supports(replace(lay, attrs={**lay.attrs, "scale": 2}))
 
 
 # ---- host emulation of the kernels' index math -------------------------------------------------------
@@ -201,8 +261,10 @@ def emulate(lay: LayerDesc, arrs: dict, misalign: int = 0) -> np.ndarray:
                     part[slot * cr + j] = np.dot(w1[j * c + c0:j * c + c0 + width], mean)
     assert np.all(cover == 1) and not np.any(np.isnan(part))
     # se_fc2: parts = P * Q, rows [q2 * cs2, ...) of block q2
-    parts, cs2 = int(args2[7]), int(args2[8])
-    assert parts == P * Q and grid2 == (-(-c // cs2), n, 1) and shared2 == 4 * cr
+    k = 6 if se.scaled(lay) else 5  # se_fc2_scale reads x and writes y where se_fc2 writes s
+    parts, cs2 = int(args2[k + 2]), int(args2[k + 3])
+    assert parts == P * Q and shared2 == 4 * (cr + (cs2 if se.scaled(lay) else 0))
+    assert grid2 == ((-(-c // cs2), grid2[1], n) if se.scaled(lay) else (-(-c // cs2), n, 1))
     written = np.zeros((n, c), np.int64)
     hidden = np.zeros((n, cr), np.float32)
     for s in range(n):
@@ -228,6 +290,64 @@ def test_the_emulated_index_math_sums_every_pixel_once_and_gives_the_reference_f
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
 
 
+def emulate_scale(lay: LayerDesc, arrs: dict, tensors: dict) -> np.ndarray:
+    """y as se_fc2_scale_<layout> writes it, following its loops: block (q2, p3, n)'s gate slice, its
+    runs of V elements (e = i * V, the element offsets of both layouts' macros) or single elements;
+    asserts every run lies in the block's pixels and channels, starts 16-byte aligned where vec, and
+    every element of y is written exactly once, from the x element at the same offset."""
+    x = arrs["x"]
+    dt = x.dtype
+    gate = reference(replace(lay, attrs={k: v for k, v in lay.attrs.items() if k != "scale"}, outputs=("s",)),
+                     arrs).reshape(-1).astype(np.float32)  # [N * C], each gate rounded to dt
+    (_, _, _, _, _), (name, grid, block, shared, args) = se.launch_plan(lay, tensors, 0)
+    c, cr, parts, cs2, hw, chunk, vec = (int(v) for v in args[6:13])
+    Q2, P3, n = grid
+    assert block == (256, 1, 1) and shared == 4 * (cr + cs2) and Q2 == -(-c // cs2)
+    v = 16 // dt.itemsize if vec else 1
+    flat_x = x.reshape(-1)
+    y = np.full(flat_x.size, np.nan, np.float32)
+    writes = np.zeros(flat_x.size, np.int64)
+    for s in range(n):
+        for q2 in range(Q2):
+            c0 = q2 * cs2
+            width = min(cs2, c - c0)
+            for p3 in range(P3):
+                r0, r1 = p3 * chunk, min(hw, p3 * chunk + chunk)
+                nhwc = name == "se_fc2_scale_nhwc"  # the kernel's inner / stride / base
+                inner, items = (width if nhwc else r1 - r0), (r1 - r0) * width
+                stride, base = (c, (s * hw + r0) * c + c0) if nhwc else (hw, (s * c + c0) * hw + r0)
+                assert items % v == 0 and inner % v == 0
+                for t in range(256):
+                    for i in range(t, items // v, 256):
+                        e = i * v
+                        outer, within = e // inner, e % inner
+                        o = base + outer * stride + within
+                        assert o % v == 0  # 16-byte aligned where vec (x and y are)
+                        for k in range(v):
+                            ch = c0 + within + k if nhwc else c0 + outer  # gate[in + k] / gate[outer]
+                            pix = (o + k) // c % hw if nhwc else (o + k) % hw
+                            assert c0 <= ch < c0 + width and r0 <= pix < r1
+                            assert (o + k) // (hw * c) == s and ((o + k) % c if nhwc else (o + k) // hw % c) == ch
+                            writes[o + k] += 1
+                            y[o + k] = np.float32(flat_x[o + k]) * gate[s * c + ch]
+    assert np.all(writes == 1)
+    return y.astype(dt).reshape(x.shape)
+
+
+SCALE_CASES = [("nhwc", 1, (112, 112), 32, 8, 0), ("nhwc", 3, (7, 7), 24, 13, 0), ("nhwc", 2, (17, 9), 5, 1, 0),
+               ("nhwc", 1, (28, 28), 40, 8, 2), ("nhwc", 1, (7, 7), 1152, 48, 0), ("nhwc", 1, (14, 14), 200, 30, 0),
+               ("nchw", 1, (56, 56), 24, 6, 0), ("nchw", 3, (5, 3), 100, 13, 0), ("nchw", 2, (16, 16), 70, 5, 0)]
+
+
+@pytest.mark.parametrize("layout,n,hw,c,cr,misalign", SCALE_CASES)
+def test_the_emulated_scaling_kernel_writes_every_element_once_and_gives_the_reference(layout, n, hw, c, cr, misalign):
+    a = arrays(layout, n, hw, c, cr)
+    lay = layer(a, layout, scale=True)
+    got = emulate_scale(lay, a, _tensors(a, lay, misalign))
+    np.testing.assert_array_equal(got, reference(lay, a))  # the same roundings: bit for bit
+    emulate(lay, a, misalign)  # the pool is the unscaled layer's
+
+
 # ---- GPU (the lead runs these) -------------------------------------------------------------------------
 GPU_CASES = [("nhwc", 1, (112, 112), 32, 8, SILU, SIGMOID, np.float16), ("nhwc", 3, (7, 7), 24, 13, RELU, HARD, np.float16),
              ("nhwc", 1, (56, 56), 100, 2, CLIP, SIGMOID, np.float16), ("nhwc", 2, (17, 9), 5, 1, SILU, HARD, np.float32),
@@ -249,3 +369,25 @@ def test_squeeze_excite_matches_the_reference(layout, n, hw, c, cr, act, gate, d
     want = reference(lay, a)
     out = run_layer(lay, a, tactic="cuda.squeeze_excite", misalign={"x": misalign * dt.itemsize})["s"]
     assert relative_error(out, want) < (2e-2 if dt.itemsize == 2 else 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("misalign", [0, 2])
+@pytest.mark.parametrize("layout,n,hw,c,cr,act,gate,dtype", GPU_CASES + [
+    ("nchw", 2, (16, 16), 70, 5, RELU, SIGMOID, np.float16), ("nhwc", 1, (14, 14), 200, 30, CLIP, HARD, np.float32)])
+def test_a_scaling_squeeze_excite_matches_the_reference_and_repeats_bit_for_bit(layout, n, hw, c, cr, act, gate, dtype,
+                                                                                misalign):
+    """y = x * gate on poisoned outputs, x and y misaligned by `misalign` elements (the scalar path), run
+    twice: the same bits both times (the split is shape-only)."""
+    from polykit.compiler.ir import dtypes
+    from polykit.runtime.cuda.harness import relative_error, run_layer
+
+    dt = dtypes.to_numpy(16, where="test") if dtype == "bfloat16" else np.dtype(dtype)
+    a = arrays(layout, n, hw, c, cr, dt, extras=2 if act is CLIP else 0)
+    lay = layer(a, layout, act, gate, scale=True)
+    want = reference(lay, a)
+    shift = {"x": misalign * dt.itemsize, "y": misalign * dt.itemsize}
+    runs = [run_layer(lay, a, tactic="cuda.squeeze_excite", misalign=shift)["y"] for _ in range(2)]
+    assert runs[0].shape == a["x"].shape and not np.any(np.isnan(runs[0].astype(np.float32)))
+    assert relative_error(runs[0], want) < (2e-2 if dt.itemsize == 2 else 1e-5)
+    np.testing.assert_array_equal(runs[0].view(np.uint8), runs[1].view(np.uint8))

@@ -13,7 +13,11 @@ biases. `act` and `gate` are epilogue holders `{"input", "body", "output"}`: a b
 evaluated on the value `input` (the matrix product plus bias, in the shape of the node's output with
 Cr or C channels), whose value `output` (== `input` for an empty body) is the result. The bodies may
 read the node's inputs past the fifth (`extras`: one-element constants such as Clip's bounds).
-polykit.compiler.passes.fuse_squeeze_excite makes the node from ReduceMean -> 1x1 conv -> 1x1 conv.
+With attribute `scale` 1 the node also applies its gate: the output is y = x * s (x's shape and dtype,
+each product rounded to it, as the Mul it absorbed stored it) and s is internal (the gate holder's
+`output` names no graph tensor then).
+polykit.compiler.passes.fuse_squeeze_excite makes the node from ReduceMean -> 1x1 conv -> 1x1 conv
+(-> Mul with x).
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ HOLDERS = ("act", "gate")
 ARITY = 5
 #: the most extra inputs (one-element constants) the bodies read together: the cuda kernels' e0..e3
 MAX_EXTRAS = 4
-#: the most hidden units (the cuda kernel keeps them in 48 KiB of shared memory), samples (a grid
+#: the most hidden units (the cuda kernels keep them, and 64 gates, in 48 KiB of shared memory), samples (a grid
 #: axis) and elements of x (32-bit offsets) fuse_squeeze_excite makes a node for
-MAX_HIDDEN, MAX_BATCH, MAX_ELEMENTS = 12288, 65535, 2**31 - 1
+MAX_HIDDEN, MAX_BATCH, MAX_ELEMENTS = 12288 - 64, 65535, 2**31 - 1
 FLOATS = ("float16", "float32", "bfloat16")
 _HINT = "fuse_squeeze_excite makes this node; rebuild the plan (or fix the edited attributes)"
 
@@ -50,6 +54,15 @@ def channel_axis(layout: str) -> int:
 def gate_shape(n: Any, channels: Any, layout: str) -> tuple:
     """[N, 1, 1, C] (nhwc) or [N, C, 1, 1] (nchw)."""
     return (n, 1, 1, channels) if layout == "nhwc" else (n, channels, 1, 1)
+
+
+def scales(node: Node) -> bool:
+    """Whether the node's output is x * s (attribute `scale` 1) rather than the gate s (ValueError for
+    another value)."""
+    value = node.attrs.get("scale", 0)
+    if value not in (0, 1) or isinstance(value, bool):
+        raise ValueError(f"attribute 'scale' is {value!r}, not 0 or 1")
+    return value == 1
 
 
 def holder(node: Node, key: str) -> dict[str, Any]:
@@ -102,6 +115,7 @@ def _squeeze_excite(ctx: InferContext):
     try:
         layout, c, cr = se_dims(node, ctx.shape(0), _size(ctx, 1), _size(ctx, 3))
         act, gate = (holder(node, k) for k in HOLDERS)
+        scaled = scales(node)
     except ValueError as exc:
         raise ctx.fail(str(exc), hint=_HINT) from None
     for i, want in ((2, cr), (4, c)):
@@ -125,4 +139,8 @@ def _squeeze_excite(ctx: InferContext):
     want = None if c is None else gate_shape(n, c, layout)
     if out[1] is not None and want is not None and tuple(out[1]) != want:
         raise ctx.fail(f"gate gives shape {out[1]}, the gate is {want}", hint=_HINT)
+    if scaled:
+        if out[0] is not None and dt is not None and out[0] != dt:
+            raise ctx.fail(f"gate gives dtype {out[0]}, x's is {dt}: a scaling node multiplies them", hint=_HINT)
+        return [(dt, ctx.shape(0))]
     return [(out[0], want)]

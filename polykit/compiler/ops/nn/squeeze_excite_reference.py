@@ -1,6 +1,7 @@
 """Reference kernel of ai.polykit SqueezeExcite (polykit.compiler.ops.nn.squeeze_excite): what the
 nodes it replaced computed, value by value: the mean in float32 rounded to x's dtype, each product
-in float32 (plus bias) rounded to it, the bodies step by step with the ops' reference kernels."""
+in float32 (plus bias) rounded to it, the bodies step by step with the ops' reference kernels, and with
+`scale` each x * s rounded to x's dtype (the Mul's product)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.fused_reference import evaluate_body
-from polykit.compiler.ops.nn.squeeze_excite import ARITY, SQUEEZE_EXCITE, gate_shape, holder, se_dims
+from polykit.compiler.ops.nn.squeeze_excite import ARITY, SQUEEZE_EXCITE, gate_shape, holder, scales, se_dims
 from polykit.compiler.ops.references import reference
 from polykit.errors import RuntimeInputError
 
@@ -32,6 +33,7 @@ def squeeze_excite(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.n
     try:
         layout, c, cr = se_dims(node, x.shape, w1.size, w2.size)
         act, gate = holder(node, "act"), holder(node, "gate")
+        scaled = scales(node)
     except ValueError as exc:
         raise RuntimeInputError(str(exc), where=where, hint="the node's inputs or attributes are not a "
                                                            "SqueezeExcite's") from None
@@ -47,4 +49,7 @@ def squeeze_excite(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.n
     hidden = np.asarray(env[act["output"]]).reshape(n, cr)
     env[gate["input"]] = _fc(hidden, w2, b2, c, x.dtype).reshape(gate_shape(n, c, layout))
     env = evaluate_body(gate["body"], env)
-    return [np.ascontiguousarray(env[gate["output"]])]
+    s = np.asarray(env[gate["output"]])
+    if scaled:  # y = x * s, each product rounded to x's dtype (exact in float32 before it for 16-bit types)
+        return [(x.astype(np.float32) * s.astype(np.float32)).astype(x.dtype)]
+    return [np.ascontiguousarray(s)]

@@ -17,6 +17,14 @@ the blocks of both grids, and nothing in the workspace must be zero: every parti
 it is read, in each execution context and each CUDA-graph replay.
 The act and gate bodies are generated per layer (pointwise_expr.emit_expression, as the conv
 epilogues), each value rounded to x's type where the nodes the layer replaced stored it.
+
+A layer with `scale` (fuse_squeeze_excite absorbed the Mul y = x * s) runs se_fc2_scale_<layout> as
+its second launch, grid (Q2, P3, N): every block joins its sample's partials and computes the gates of
+its CS2 channels as se_fc2 does (the same bits in every block), then scales its chunk of the sample's
+pixels of those channels (scale_geometry: about SPLIT_BYTES of x a block, so the hidden units and the
+CS2 x Cr slice of W2 each block reads again, from L2, stay small against the pixels it moves; 16-byte
+loads and stores where the shapes and pointers allow). Still two launches, and the gate never
+reaches memory: the Mul layer (a third launch re-reading x) is gone.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ CS, CS2 = 64, 64
 #: x bytes a pool block sums (about); the pool grid's bound
 SPLIT_BYTES = 32 * 1024
 MAX_BLOCKS = 1024
+#: se_fc2_scale's pixel chunks are multiples of this (16 bytes of the narrowest dtype)
+VEC_PIXELS = 8
 #: dynamic shared memory without the opt-in attribute
 SHARED_LIMIT = 48 * 1024
 DTYPES = ("float16", "float32", "bfloat16")
@@ -60,6 +70,15 @@ def geometry(layout: str, n: int, hw: int, c: int, elem: int, vec: bool) -> tupl
     lanes = -(-cs // (16 // elem)) if vec else cs
     tx = min(BLOCK, _pow2_at_least(lanes)) if layout == "nhwc" else 32
     return p, chunk, q, cs, tx
+
+
+def scale_geometry(hw: int, c: int, elem: int) -> tuple[int, int]:
+    """(P3, chunk) of se_fc2_scale: a sample's pixels cut into P3 chunks of `chunk` pixels (a multiple of
+    VEC_PIXELS, so NCHW runs of 16 bytes stay inside a chunk; P3 within a grid's y extent)."""
+    per_block = max(1, SPLIT_BYTES // max(1, min(c, CS2) * elem))
+    chunk = max(per_block, -(-hw // 65535))
+    chunk = -(-chunk // VEC_PIXELS) * VEC_PIXELS
+    return -(-hw // chunk), chunk
 
 
 def pool_shared_bytes(layout: str, cs: int, tx: int) -> int:
@@ -107,8 +126,19 @@ def kernel_source(layer: Any, dtype: str, kernel: str) -> KernelSource:
     return KernelSource(kernel, code=prelude(layer, CTYPE[dtype]) + (CUDA_DIR / FILE).read_text())
 
 
+def scaled(layer: Any) -> bool:
+    """Whether the layer's output is x * s (attribute `scale`), not the gate s."""
+    return layer.attrs.get("scale", 0) == 1
+
+
 def kernel_names(layer: Any) -> tuple[str, str]:
-    return ("se_pool_nhwc" if layer.attrs.get("layout") == "nhwc" else "se_pool_nchw"), "se_fc2"
+    layout = "nhwc" if layer.attrs.get("layout") == "nhwc" else "nchw"
+    return f"se_pool_{layout}", f"se_fc2_scale_{layout}" if scaled(layer) else "se_fc2"
+
+
+def fc2_shared_bytes(layer: Any, cr: int) -> int:
+    """se_fc2's hidden units, and se_fc2_scale's CS2 gates after them."""
+    return 4 * (cr + (CS2 if scaled(layer) else 0))
 
 
 def _supports(layer: Any) -> bool:
@@ -120,7 +150,9 @@ def _supports(layer: Any) -> bool:
     if any(int(np.prod(s)) != 1 for s in shapes[ARITY:]):
         return False
     layout, n, hw, c, cr = _dims(layer, shapes[0])
-    if min(n, hw, c, cr) < 1 or n * hw * c >= 2**31 or n > 65535 or 4 * cr > SHARED_LIMIT:
+    if min(n, hw, c, cr) < 1 or n * hw * c >= 2**31 or n > 65535 or fc2_shared_bytes(layer, cr) > SHARED_LIMIT:
+        return False
+    if layer.attrs.get("scale", 0) not in (0, 1):
         return False
     try:
         _kernels(layer)
@@ -167,12 +199,24 @@ def launch_plan(layer: Any, tensors: Mapping[str, DeviceTensor], workspace: int 
     extras += [DeviceTensor(0, (1,), x.dtype)] * (MAX_EXTRAS - len(extras))
     pool, fc2 = kernel_names(layer)
     b1, w2, b2 = (tensors[name] for name in layer.inputs[2:ARITY])
-    return [(pool, (p, q, n), (BLOCK, 1, 1), pool_shared_bytes(layout, cs, tx),
+    out = tensors[layer.outputs[0]]
+    first = (pool, (p, q, n), (BLOCK, 1, 1), pool_shared_bytes(layout, cs, tx),
              [x, w1, workspace, np.int32(hw), np.int32(c), np.int32(cr), np.int32(chunk), np.int32(cs),
-              np.int32(int(vec)), np.int32(tx)]),
-            (fc2, (-(-c // CS2), n, 1), (BLOCK, 1, 1), 4 * cr,
-             [workspace, b1, w2, b2, tensors[layer.outputs[0]], np.int32(c), np.int32(cr), np.int32(p * q),
-              np.int32(CS2), *extras])]
+              np.int32(int(vec)), np.int32(tx)])
+    head = [workspace, b1, w2, b2]
+    tail = [np.int32(c), np.int32(cr), np.int32(p * q), np.int32(CS2)]
+    if not scaled(layer):
+        return [first, (fc2, (-(-c // CS2), n, 1), (BLOCK, 1, 1), fc2_shared_bytes(layer, cr),
+                        [*head, out, *tail, *extras])]
+    if out.size != x.size:
+        raise DeviceError(f"SqueezeExcite scales x of {x.size} elements into an output of {out.size}",
+                          where=f"layer {layer.name!r}", hint="rebuild the plan from the model")
+    p3, chunk3 = scale_geometry(hw, c, x.dtype.itemsize)
+    per = 16 // x.dtype.itemsize
+    along = c if layout == "nhwc" else hw  # the contiguous extent a 16-byte run must divide
+    vec3 = along % per == 0 and chunk3 % per == 0 and x.ptr % 16 == 0 and out.ptr % 16 == 0
+    return [first, (fc2, (-(-c // CS2), p3, n), (BLOCK, 1, 1), fc2_shared_bytes(layer, cr),
+                    [*head, x, out, *tail, np.int32(hw), np.int32(chunk3), np.int32(int(vec3)), *extras])]
 
 
 def enqueue_squeeze_excite(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -191,7 +235,7 @@ cuda_tactic(SQUEEZE_EXCITE, "cuda.squeeze_excite", domain=POLYKIT_DOMAIN, kernel
 
 def compile_variants() -> list[KernelSource]:
     """Both layouts in every dtype with a representative pair of bodies: SiLU reading nothing else, and
-    a Clip act reading two extras with a HardSigmoid gate."""
+    a Clip act reading two extras with a HardSigmoid gate; the scaling layers' second kernels too."""
     from polykit.compiler.plan.records import LayerDesc
 
     silu = {"input": "a", "body": [{"op": "Sigmoid", "inputs": ["a"], "outputs": ["b"], "attrs": {}},
@@ -207,4 +251,7 @@ def compile_variants() -> list[KernelSource]:
             layer = LayerDesc("se", SQUEEZE_EXCITE, ("x", "w1", "b1", "w2", "b2", *extras), ("s",),
                               {"layout": layout, "act": act, "gate": gate}, domain=POLYKIT_DOMAIN)
             out += [kernel_source(layer, dt, k) for dt in DTYPES for k in kernel_names(layer)]
+            scaling = LayerDesc("se", SQUEEZE_EXCITE, layer.inputs, ("y",), {**layer.attrs, "scale": 1},
+                                domain=POLYKIT_DOMAIN)
+            out += [kernel_source(scaling, dt, kernel_names(scaling)[1]) for dt in DTYPES]
     return out

@@ -17,8 +17,9 @@
 // se_fc2, grid (Q2, N): every block sums sample n's P * Q partials in (p, q) order (the same order in
 // every block, so every block gets the same bits), adds b1, rounds, applies se_act (hidden, in shared
 // memory), then computes output channels [q2 * cs2, ...) of FC2 (a warp a channel) + b2, rounded, se_gate,
-// stored to s[n * C + c] ([N, 1, 1, C] and [N, C, 1, 1] are the same bytes). Deterministic: the split is
-// shape-only and every sum has a fixed order. The FCs' weights are read once over the grid, spread over
+// stored to s[n * C + c] ([N, 1, 1, C] and [N, C, 1, 1] are the same bytes). A layer with `scale` (it
+// absorbed the Mul y = x * s) runs se_fc2_scale_<layout> instead (below): s never reaches memory.
+// Deterministic: the split is shape-only and every sum has a fixed order. The FCs' weights are read once over the grid, spread over
 // its blocks, never by one block alone.
 //
 // Host emulation of the index math: tests/kernels/cuda/test_squeeze_excite.py.
@@ -117,24 +118,110 @@ extern "C" __global__ void __launch_bounds__(SE_BLOCK) se_pool_nchw(SE_POOL_PARA
   se_fc1_part(pooled, w1, part, HW, C, Cr, c0, width, P, ((i64)n * P + p) * Q + q);
 }
 
-extern "C" __global__ void __launch_bounds__(SE_BLOCK)
-se_fc2(const float* __restrict__ part, const ELEM* __restrict__ b1, const ELEM* __restrict__ w2,
-       const ELEM* __restrict__ b2, ELEM* __restrict__ s, int C, int Cr, int parts, int cs2,
-       const ELEM* e0, const ELEM* e1, const ELEM* e2, const ELEM* e3) {
-  extern __shared__ float se_smem[];
-  const int q2 = blockIdx.x, n = blockIdx.y;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* hidden = se_smem;  // [Cr]
+// sample n's hidden units into shared memory `hidden` [Cr]: its `parts` FC1 partials summed in (p, q)
+// order (the same order in every block, so every block gets the same bits), + b1, rounded, se_act, rounded
+__device__ __forceinline__ void se_hidden(const float* __restrict__ part, const ELEM* __restrict__ b1, float* hidden,
+                                          int Cr, int parts, int n, const ELEM* e0, const ELEM* e1, const ELEM* e2,
+                                          const ELEM* e3) {
   const float* mine = part + (i64)n * parts * Cr;
   for (int j = threadIdx.x; j < Cr; j += SE_BLOCK) {
     float acc = 0.f;
     for (int k = 0; k < parts; ++k) acc += mine[(i64)k * Cr + j];
     hidden[j] = round_as<ELEM>(se_act(round_as<ELEM>(acc + (float)ld(b1, j)), e0, e1, e2, e3));
   }
+}
+
+// the gate of channel c by one warp (every lane gets it): FC2 row c . hidden + b2, rounded, se_gate, rounded
+__device__ __forceinline__ float se_gate_of(const ELEM* __restrict__ w2, const ELEM* __restrict__ b2,
+                                            const float* hidden, int c, int Cr, int lane, const ELEM* e0,
+                                            const ELEM* e1, const ELEM* e2, const ELEM* e3) {
+  const float acc = warp_dot(w2 + (i64)c * Cr, hidden, Cr, lane);
+  return round_as<ELEM>(se_gate(round_as<ELEM>(acc + (float)ld(b2, c)), e0, e1, e2, e3));
+}
+
+#define SE_EXTRAS const ELEM *e0, const ELEM *e1, const ELEM *e2, const ELEM *e3
+
+extern "C" __global__ void __launch_bounds__(SE_BLOCK)
+se_fc2(const float* __restrict__ part, const ELEM* __restrict__ b1, const ELEM* __restrict__ w2,
+       const ELEM* __restrict__ b2, ELEM* __restrict__ s, int C, int Cr, int parts, int cs2, SE_EXTRAS) {
+  extern __shared__ float se_smem[];
+  const int q2 = blockIdx.x, n = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* hidden = se_smem;  // [Cr]
+  se_hidden(part, b1, hidden, Cr, parts, n, e0, e1, e2, e3);
   __syncthreads();
   const int c1 = min(C, (q2 + 1) * cs2);
   for (int c = q2 * cs2 + warp; c < c1; c += SE_BLOCK / 32) {
-    const float acc = warp_dot(w2 + (i64)c * Cr, hidden, Cr, lane);
-    if (lane == 0) st(s, (i64)n * C + c, se_gate(round_as<ELEM>(acc + (float)ld(b2, c)), e0, e1, e2, e3));
+    const float g = se_gate_of(w2, b2, hidden, c, Cr, lane, e0, e1, e2, e3);
+    if (lane == 0) st(s, (i64)n * C + c, g);
   }
+}
+
+// se_fc2_scale_{nhwc,nchw}, grid (Q2, P3, N): y = x * s without storing s. Block (q2, p3, n) computes
+// the gates of channels [c0, c0 + width), c0 = q2 * cs2, into shared memory as se_fc2 does (every
+// block of a (q2, n) the same bits), then scales pixels [p3 * chunk, min((p3 + 1) * chunk, HW)) of
+// those channels: y = x * gate, rounded to ELEM. NHWC: a pixel's channel slice is contiguous (16 bytes
+// a thread where `vec`: C * sizeof(ELEM) % 16 == 0 and x, y 16-byte aligned); NCHW: a channel's pixel
+// chunk is (`vec`: HW and chunk multiples of 16 / sizeof(ELEM), x, y aligned). Each element of y is
+// read from x and written by the same thread, so y may even alias x.
+#define SE_SCALE_PARAMS                                                                                     \
+  const float *__restrict__ part, const ELEM *__restrict__ b1, const ELEM *__restrict__ w2,                \
+      const ELEM *__restrict__ b2, const ELEM *x, ELEM *y, int C, int Cr, int parts, int cs2, int HW,       \
+      int chunk, int vec, SE_EXTRAS
+
+// the shared head of both scale kernels: the block's gates -> gate[0, width)
+__device__ __forceinline__ void se_slice_gates(SE_SCALE_PARAMS, float* hidden, float* gate, int c0, int width,
+                                               int n) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  se_hidden(part, b1, hidden, Cr, parts, n, e0, e1, e2, e3);
+  __syncthreads();
+  for (int c = warp; c < width; c += SE_BLOCK / 32) {
+    const float g = se_gate_of(w2, b2, hidden, c0 + c, Cr, lane, e0, e1, e2, e3);
+    if (lane == 0) gate[c] = g;
+  }
+  __syncthreads();
+}
+
+#define SE_SCALE_ARGS part, b1, w2, b2, x, y, C, Cr, parts, cs2, HW, chunk, vec, e0, e1, e2, e3
+
+// both layouts' scaling: element e of the block is e / inner along the outer axis (a pixel in NHWC, a
+// channel in NCHW; `stride` elements apart) and e % inner along the contiguous one (a channel of the
+// slice, a pixel of the chunk); runs of V = 16 / sizeof(ELEM) elements where vec (inner % V == 0)
+template <bool NHWC>
+__device__ __forceinline__ void se_fc2_scale(SE_SCALE_PARAMS) {
+  extern __shared__ float se_smem[];
+  const int q2 = blockIdx.x, p3 = blockIdx.y, n = blockIdx.z;
+  const int c0 = q2 * cs2, width = min(cs2, C - c0), r0 = p3 * chunk, r1 = min(HW, r0 + chunk);
+  float* hidden = se_smem;     // [Cr]
+  float* gate = se_smem + Cr;  // [cs2]
+  se_slice_gates(SE_SCALE_ARGS, hidden, gate, c0, width, n);
+  const int inner = NHWC ? width : r1 - r0, items = (r1 - r0) * width;
+  const i64 stride = NHWC ? C : HW;
+  const i64 base = NHWC ? ((i64)n * HW + r0) * C + c0 : ((i64)n * C + c0) * HW + r0;
+  if (vec) {
+    constexpr int V = 16 / sizeof(ELEM);
+    for (int i = threadIdx.x; i < items / V; i += SE_BLOCK) {
+      const int e = i * V, outer = e / inner, in = e % inner;
+      const i64 o = base + (i64)outer * stride + in;
+      __align__(16) ELEM v[V];
+      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(x + o);
+#pragma unroll
+      for (int k = 0; k < V; ++k) st(v, k, (float)ld(v, k) * gate[NHWC ? in + k : outer]);
+      *reinterpret_cast<uint4*>(y + o) = *reinterpret_cast<const uint4*>(v);
+    }
+  } else {
+    for (int e = threadIdx.x; e < items; e += SE_BLOCK) {
+      const int outer = e / inner, in = e % inner;
+      const i64 o = base + (i64)outer * stride + in;
+      st(y, o, (float)ld(x, o) * gate[NHWC ? in : outer]);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(SE_BLOCK) se_fc2_scale_nhwc(SE_SCALE_PARAMS) {
+  se_fc2_scale<true>(SE_SCALE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(SE_BLOCK) se_fc2_scale_nchw(SE_SCALE_PARAMS) {
+  se_fc2_scale<false>(SE_SCALE_ARGS);
 }
