@@ -127,8 +127,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     outputs always do. `fold=False` skips constant folding, `fuse=False` the fusions
     (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
     With `fuse`, GEMMs reading one tensor with constant weights of one K become one GEMM + Split
-    (pack_gemms, before the recognizers, after Q/DQ and weight-only folding: only float weights
-    pack; not in builds that calibrate INT8 / FP8, whose scales are keyed by the GEMMs' tensors).
+    (pack_gemms, after fold_conv_batchnorm, before the recognizers, after Q/DQ and weight-only
+    folding: only float weights pack; not in builds that calibrate INT8 / FP8, whose scales are
+    keyed by the GEMMs' tensors).
     `fp16=True` (or `bf16=True`) converts the graph to float16 (bfloat16) before fusion
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
@@ -171,7 +172,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
     if fuse and not (int8 and int8_scales):  # GEMMs sharing an input: one GEMM + Split (float weights only)
-        recognize.insert(0, bind(pack_gemms, keep=kept, skip=tuple(fp32_layers) + unfolded))
+        recognize.insert(1, bind(pack_gemms, keep=kept, skip=tuple(fp32_layers) + unfolded))
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:

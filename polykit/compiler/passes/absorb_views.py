@@ -6,10 +6,10 @@ polykit.compiler.ops.nn.view_operands): per logical dim a cyclic shift, then a s
 with their element strides, plus a base offset. That covers transposes, windows, a
 reshape-transpose-reshape (Swin's window merge) and rolls (its shifted merge; LLaMA's
 rotate_half) and a Split's pieces (each output its own view; a packed projection's q / k
-through RoPE, a gated MLP's SiLU(gate) * up, pack_gemms). The copy may sit behind Reshape-family views (Reshape, Flatten, Squeeze,
-Unsqueeze: the reader's view takes their shape) and before them (the readers read the tensor
-above them: the same elements), and a reader may already read it through a view
-(rotate_half's roll of RoPE's transposed query: the views compose).
+through RoPE, a gated MLP's SiLU(gate) * up, pack_gemms). The copy may sit behind Reshape-family
+views (Reshape, Flatten, Squeeze, Unsqueeze: the reader's view takes their shape) and before them
+(the readers read the tensor above them: the same elements; a dead one goes with the copy), and a
+reader may already read it through a view (rotate_half's roll of RoPE's transposed query: the views compose).
 
 The view of each read is found by running the copy's reference on the element indices of its
 source and fitting a view to the result (view_operands.fit_view, checked element by element),

@@ -18,14 +18,17 @@ a constant broadcast along the last axis only ([N], [1, N], ...). The members' b
 one [N_total] bias (zeros for a member without one: x + 0 is x). The group is keyed on the
 input, the op, its attributes, K and the weight dtype - op types and shapes only, never names.
 
-Left out: a member whose output (or its MatMul's, under its bias Add) is a graph output or kept
+Left out: GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
+each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its MatMul's, under its bias Add) is a graph output or kept
 (`keep`), or a node named in `skip` (layers pinned to float32: the packed node would not carry
 their name). A group needs two members. The pass runs once, on the ONNX-level graph after
-constant folding and before recognize_attention (so the Attention recognizer sees the packed
-projection + Split that GPT-2's export already has, and the fusion passes after give the packed
-GEMM its bias epilogue). Refit: the packed weight is derived by this pass from the initializers,
-so a refit (which re-runs the build's front) re-derives it bit for bit (tests/compiler/test_plan_refit.py).
-Not run for INT8 / FP8 / weight-only builds (their Q/DQ and packed-int weights take other paths).
+constant folding and fold_conv_batchnorm, before recognize_attention (so the Attention recognizer
+sees the packed projection + Split that GPT-2's export already has, and the fusion passes after
+give the packed GEMM its bias epilogue). Refit: the packed weight is derived by this pass from the
+initializers, so a refit (which re-runs the build's front) re-derives it bit for bit
+(tests/compiler/test_plan_refit.py). Q/DQ and weight-only folding run before it (their layers are
+not MatMul/Gemm with float weights, so they never pack); builds that calibrate INT8 / FP8 skip it
+(their activation scales are keyed by the GEMMs' own tensors).
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ def pack_gemms(graph: Graph, *, keep: frozenset[str] = frozenset(), skip: tuple[
     """Pack the groups of GEMMs reading one tensor into one GEMM + Split; True if any was packed."""
     fixed = protected(graph, keep)
     readers = graph.consumers()
+    transposed = {n.outputs[0] for n in graph.nodes if n.op_type == "Transpose" and not n.domain and n.outputs}
     groups: dict[tuple, list[_Member]] = {}
     for node in graph.nodes:
-        if node.domain or node.name in skip:
+        if node.domain or node.name in skip or node.input(0) in transposed:
             continue
         member = _member(graph, node, readers, fixed)
         if member is not None:

@@ -118,7 +118,8 @@ def test_gemms_pack_along_n_with_transB_and_beta_folded_into_the_bias(trans_b):
     g2, changed = run_and_compare(g, pack_gemms)
     assert changed
     (gemm,) = [n for n in g2.nodes if n.op_type == "Gemm"]
-    assert gemm.attrs["transB"] == trans_b and g2.initializers[gemm.inputs[1]].shape == ((15, 8) if trans_b else (8, 15))
+    assert gemm.attrs["transB"] == trans_b
+    assert g2.initializers[gemm.inputs[1]].shape == ((15, 8) if trans_b else (8, 15))
     assert g2.initializers[gemm.inputs[2]].shape == (15,)
 
 
@@ -137,3 +138,12 @@ def test_half_precision_projections_pack_in_their_dtype():
     assert changed and op_counts(g2)["MatMul"] == 1
     (mm,) = [n for n in g2.nodes if n.op_type == "MatMul"]
     assert g2.initializers[mm.inputs[1]].dtype == np.float16
+
+
+def test_projections_of_a_transposed_tensor_stay_apart_for_move_row_transposes():
+    g = three_projections()
+    g.nodes.insert(0, node("Transpose", ["x0"], "x", perm=[1, 0, 2]))
+    g.inputs = ["x0"]
+    g.values.pop("x")
+    g = graph(g.nodes, {"x0": (5, 2, 8)}, g.outputs, g.initializers)
+    assert not pack_gemms(g)
