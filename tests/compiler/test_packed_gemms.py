@@ -53,6 +53,9 @@ def test_cpu_plan_of_a_packed_block_matches_onnxruntime(case):
     e = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
     assert widths[0] == (2 * 136 if case == "gated_mlp" else 3 * e), widths  # one packed projection first
     assert len(widths) == 2, widths  # and the output (down) projection
+    packed = next(layer for layer in plan.layers if layer.kind in GEMMS)
+    names = ("gate_proj", "up_proj") if case == "gated_mlp" else ("q_proj", "k_proj", "v_proj")
+    assert set(names) <= set(packed.fused_nodes), packed.fused_nodes  # layer precisions and profiles name them
 
 
 @pytest.mark.parametrize("case", sorted(BLOCKS))

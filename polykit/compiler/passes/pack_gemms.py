@@ -158,8 +158,9 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
     bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.n, dtype) for m in members]) if has_bias \
         else None
     new: list[Node] = []
+    fused_from = [n.name for m in members for n in (m.gemm, m.bias_node) if n is not None]  # the layer's ONNX nodes
     if first.op_type == "Gemm":
-        attrs = {"transB": int(trans_b), "alpha": float(first.attr("alpha", 1.0))}
+        attrs = {"transB": int(trans_b), "alpha": float(first.attr("alpha", 1.0)), "fused_from": fused_from}
         inputs = [x, w_name]
         if bias is not None:
             inputs.append(graph.add_initializer(bias, f"{base}_packed_bias"))
@@ -167,7 +168,7 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
         new.append(Node("Gemm", inputs, [packed], attrs, graph.fresh_name(f"{base}_packed")))
         split_in = packed
     else:
-        new.append(Node("MatMul", [x, w_name], [packed], {}, graph.fresh_name(f"{base}_packed")))
+        new.append(Node("MatMul", [x, w_name], [packed], {"fused_from": fused_from}, graph.fresh_name(f"{base}_packed")))
         split_in = packed
         if bias is not None:
             split_in = graph.fresh_name(f"{base}_packed_biased")
