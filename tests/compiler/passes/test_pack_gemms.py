@@ -131,8 +131,9 @@ def test_gemms_of_other_transB_or_alpha_do_not_pack_together():
 
 
 def test_half_precision_projections_pack_in_their_dtype():
-    nodes = [node("MatMul", ["x", "w1"], "a"), node("MatMul", ["x", "w2"], "b"), node("Add", ["a", "b"], "y")]
-    g = graph(nodes, {"x": ((2, 8), np.float16)}, ["y"],
+    nodes = [node("MatMul", ["x", "w1"], "a"), node("MatMul", ["x", "w2"], "b"), node("Relu", ["a"], "ya"),
+             node("Relu", ["b"], "yb")]
+    g = graph(nodes, {"x": ((2, 8), np.float16)}, ["ya", "yb"],
               {"w1": w(8, 4).astype(np.float16), "w2": w(8, 4).astype(np.float16)})
     g2, changed = run_and_compare(g, pack_gemms, rtol=1e-3, atol=1e-3)
     assert changed and op_counts(g2)["MatMul"] == 1
@@ -147,3 +148,18 @@ def test_projections_of_a_transposed_tensor_stay_apart_for_move_row_transposes()
     g.values.pop("x")
     g = graph(g.nodes, {"x0": (5, 2, 8)}, g.outputs, g.initializers)
     assert not pack_gemms(g)
+
+
+def _gated_mlp():
+    """x -> gate, up, other MatMuls; SiLU(gate) * up (Sigmoid, Mul, Mul); other -> Relu."""
+    nodes = [node("MatMul", ["x", "wg"], "g"), node("MatMul", ["x", "wu"], "u"), node("MatMul", ["x", "wo"], "o"),
+             node("Sigmoid", ["g"], "gs"), node("Mul", ["g", "gs"], "silu"), node("Mul", ["silu", "u"], "h"),
+             node("Relu", ["o"], "ro")]
+    return graph(nodes, {"x": (2, 3, 8)}, ["h", "ro"], {"wg": w(8, 12), "wu": w(8, 12), "wo": w(8, 5)})
+
+
+def test_members_that_meet_in_an_elementwise_op_stay_apart_unless_gated_is_asked():
+    g = _gated_mlp()
+    assert not pack_gemms(g)  # gate and up meet in the Mul; "o" alone is no group
+    g2, changed = run_and_compare(_gated_mlp(), lambda graph_: pack_gemms(graph_, gated=True))
+    assert changed and op_counts(g2)["MatMul"] == 1 and op_counts(g2)["Split"] == 1
