@@ -2,12 +2,12 @@
 
 Several MatMul / Gemm nodes that read the SAME activation tensor with constant 2-D weights of
 the same K become one GEMM whose weight is theirs concatenated along N; a Split along the last
-axis gives each former output back under its name. A transformer's Q, K and V projections (and
-a gated MLP's gate and up projections) are such groups: at batch 1 three N=768 GEMMs of M=128
-fill a third of the SMs each, one N=2304 GEMM fills them all, in one launch instead of three.
-The Split is no copy on the cuda plans: the attention kernels read Q, K and V as strided views
-of the packed tensor (fold_attention_layouts), pointwise layers read column slices through
-absorb_views - the path GPT-2's own packed c_attn + Split takes.
+axis gives each former output back under its name. A transformer's Q, K and V projections are
+such a group: at batch 1 three N=768 GEMMs of M=128 fill a third of the SMs each, one N=2304 GEMM
+fills them all, in one launch instead of three. The Split is no copy on the cuda plans: the
+attention kernels read Q, K and V as strided views of the packed tensor (fold_attention_layouts),
+pointwise layers (LLaMA's RoPE) read column slices through absorb_views - the path GPT-2's own
+packed c_attn + Split takes.
 
 A member is
 - `MatMul(X, W)`, W a constant [K, N] (X of rank >= 2), or
@@ -24,9 +24,10 @@ many launches as the packed GEMM + a Pointwise over column views and without wri
 the packed [M, 2F] intermediate (LLaMA-small bs1: 12.5 MB more; `gated=True` packs them anyway).
 
 Left out: GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
-each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its MatMul's, under its bias Add) is a graph output or kept
-(`keep`), or a node named in `skip` (layers pinned to float32: the packed node would not carry
-their name). A group needs two members. The pass runs once, on the ONNX-level graph after
+each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its
+MatMul's, under its bias Add) is a graph output or kept (`keep`), or a node named in `skip`
+(layers pinned to float32). The packed GEMM's `fused_from` names its members' nodes (layer
+precisions and profiles find them). A group needs two members. The pass runs once, on the ONNX-level graph after
 constant folding and fold_conv_batchnorm, before recognize_attention (so the Attention recognizer
 sees the packed projection + Split that GPT-2's export already has, and the fusion passes after
 give the packed GEMM its bias epilogue). Refit: the packed weight is derived by this pass from the
