@@ -205,7 +205,8 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
         new.append(Node("Gemm", inputs, [packed], attrs, graph.fresh_name(f"{base}_packed")))
         split_in = packed
     else:
-        new.append(Node("MatMul", [x, w_name], [packed], {"fused_from": fused_from}, graph.fresh_name(f"{base}_packed")))
+        name = graph.fresh_name(f"{base}_packed")
+        new.append(Node("MatMul", [x, w_name], [packed], {"fused_from": fused_from}, name))
         split_in = packed
         if bias is not None:
             split_in = graph.fresh_name(f"{base}_packed_biased")
