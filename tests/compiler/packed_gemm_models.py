@@ -3,7 +3,8 @@ Whisper and LLaMA export them (onnx.helper, float32, random weights): the cases 
 
 - `attention_block`: x [B, S, E] -> q, k, v MatMuls (+ bias Adds; `bias` "all", "none", or "qv":
   Whisper's k_proj has none) -> [B, S, H, D] -> Transpose -> softmax(q k^T * scale + mask) v ->
-  [B, S, E] -> an output MatMul + bias -> y; with `rope`, q is multiplied by a constant [S, D]
+  [B, S, E] -> an output MatMul + bias -> y; with `q_scale`, q (not the scores) is scaled by
+  D^-0.5 (Whisper's q_proj(x) * scaling); with `rope`, q is multiplied by a constant [S, D]
   table on its way (an elementwise reader of q's slice, RoPE's place);
 - `gated_mlp`: x [B, S, E] -> gate and up MatMuls -> SiLU(gate) * up -> down MatMul -> y (LLaMA's MLP).
 """
@@ -23,7 +24,7 @@ def _model(nodes: list, inits: dict, inputs: list, y_shape: list, name: str):
 
 
 def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bias: str = "all", rope: bool = False,
-                    seed: int = 0):
+                    q_scale: bool = False, seed: int = 0):
     """The model: input x [B, S, H D] -> attention with three projections -> y [B, S, H D]; input `m`
     [B, 1, 1, S] for mask "additive"."""
     E = H * D
@@ -45,6 +46,9 @@ def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bia
         if f"b{n}" in inits:
             nodes.append(helper.make_node("Add", [proj, f"b{n}"], [f"{n}p"], name=f"{n}_bias"))
             proj = f"{n}p"
+        if q_scale and n == "q":  # Whisper / BART: q_proj(x) * D^-0.5, the scores unscaled
+            nodes.append(helper.make_node("Mul", [proj, "scale"], ["qsc"], name="q_scale"))
+            proj = "qsc"
         nodes += [helper.make_node("Reshape", [proj, shape("bshd", [B, S, H, D])], [f"{n}4"]),
                   helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=[0, 2, 1, 3])]
     q = "qh"
@@ -53,7 +57,8 @@ def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bia
         nodes.append(helper.make_node("Mul", ["qh", "rope"], ["qr"]))
         q = "qr"
     nodes += [helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", [q, "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"])]
+              helper.make_node("MatMul", [q, "kt"], ["s0"]),
+              helper.make_node("Identity" if q_scale else "Mul", ["s0"] if q_scale else ["s0", "scale"], ["s1"])]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, E])]
     scores = add_mask(mask, "s1", B, S, nodes, inits, inputs)
     nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["o"]),

@@ -26,7 +26,7 @@ CUDA_FP16 = BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0
 BLOCKS = {
     "bert": lambda: attention_block(2, 13, 3, 32, "additive"),
     "bert_head_24": lambda: attention_block(1, 13, 3, 24, "additive"),  # no flash kernel: attention.simple
-    "whisper_k_no_bias": lambda: attention_block(1, 17, 2, 64, None, bias="qv"),
+    "whisper_k_no_bias": lambda: attention_block(1, 17, 2, 64, None, bias="qv", q_scale=True),  # 0.125 folds
     "t5_no_bias_rope": lambda: attention_block(2, 9, 4, 32, "causal", bias="none", rope=True),
     "gated_mlp": lambda: gated_mlp(2, 11, 48, 136),
 }
@@ -82,8 +82,8 @@ def test_cuda_fp16_plan_runs_one_projection_gemm_and_reads_its_slices_as_views(c
         if case == "t5_no_bias_rope":  # q through its elementwise RoPE Mul, which reads q's slice as a view
             (pw,) = [layer for layer in readers if layer.kind == "Pointwise"]
             assert pw.attrs.get("view"), pw.attrs
-        else:
-            assert att.inputs[0] == att.inputs[1] == packed.outputs[0]
+        else:  # Whisper's q scale is folded into q's columns: no Pointwise left
+            assert att.inputs[0] == att.inputs[1] == packed.outputs[0] and kinds["Pointwise"] == 0, kinds
 
 
 def test_a_build_without_fusion_keeps_the_projections_apart():

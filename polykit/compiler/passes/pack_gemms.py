@@ -14,8 +14,10 @@ A member is
 - `Gemm(X, W, C?)` with transA=0 (transB, alpha, beta equal across the group), C absent or a
   constant [N] / [1, N],
 optionally followed by its bias: the MatMul's (or Gemm without C's) only reader is an `Add` of
-a constant broadcast along the last axis only ([N], [1, N], ...). The members' biases pack into
-one [N_total] bias (zeros for a member without one: x + 0 is x). The group is keyed on the
+a constant broadcast along the last axis only ([N], [1, N], ...), and then by a `Mul` by a
+one-element constant power of two (Whisper's q scaling), folded into the member's weight and bias
+columns (exact: a power of two scales every product and sum alike). The members' biases pack
+into one [N_total] bias (zeros for a member without one: x + 0 is x). The group is keyed on the
 input, the op, its attributes, K and the weight dtype - op types and shapes only, never names.
 
 Gated groups stay apart: members whose outputs meet in one elementwise op (a gated MLP's
@@ -59,7 +61,7 @@ class _Member:
     weight: np.ndarray  # as the op reads it ([K, N], or [N, K] for Gemm transB=1)
     n: int
     bias: np.ndarray | None  # [N] (Gemm: beta * C already applied)
-    bias_node: Node | None  # the Add that carries the bias (None: the bias is the Gemm's C, or none)
+    folded: list[Node]  # the bias Add and the power-of-two scale Mul taken into the pack, in order
     output: str  # the tensor the member's readers read
 
 
@@ -141,12 +143,40 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
                 return None
             beta = np.asarray(node.attr("beta", 1.0), dtype=weight.dtype)
             bias = (np.asarray(cval).reshape(n) * beta).astype(weight.dtype)
+    folded: list[Node] = []
     if bias is None:
         add = _bias_add(graph, out, n, weight.dtype, readers, fixed)
         if add is not None:
             add_node, bias = add
-            return _Member(node, weight, n, bias, add_node, add_node.outputs[0])
-    return _Member(node, weight, n, bias, None, out)
+            folded.append(add_node)
+            out = add_node.outputs[0]
+    scale = _power_of_two_scale(graph, out, weight.dtype, readers, fixed)
+    if scale is not None:  # (x W + b) * 2^k == x (W 2^k) + b 2^k exactly (Whisper's and BART's q scaling)
+        mul, factor = scale
+        weight = (weight * factor).astype(weight.dtype)
+        bias = None if bias is None else (bias * factor).astype(weight.dtype)
+        folded.append(mul)
+        out = mul.outputs[0]
+    return _Member(node, weight, n, bias, folded, out)
+
+
+def _power_of_two_scale(graph: Graph, out: str, dtype: np.dtype, readers: dict[str, list[Node]],
+                        fixed: set[str]) -> tuple[Node, float] | None:
+    """The Mul that is `out`'s only reader and multiplies it by a one-element constant that is a
+    power of two (scaling the weights by it is exact), and that factor."""
+    users = readers.get(out, [])
+    if len(users) != 1 or users[0].op_type != "Mul" or users[0].domain or len(users[0].inputs) != 2 \
+            or users[0].outputs[0] in fixed:
+        return None
+    mul = users[0]
+    other = mul.inputs[1] if mul.inputs[0] == out else mul.inputs[0]
+    value = graph.initializers.get(other)
+    if other == out or value is None or np.asarray(value).size != 1 or np.asarray(value).dtype != dtype \
+            or np.asarray(value).ndim > len(graph.value(out).shape or ()):
+        return None
+    factor = float(np.asarray(value).reshape(-1)[0])
+    mantissa, _ = np.frexp(factor)
+    return (mul, factor) if factor > 0 and mantissa == 0.5 else None
 
 
 def _bias_add(graph: Graph, out: str, n: int, dtype: np.dtype, readers: dict[str, list[Node]],
@@ -195,7 +225,7 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
     bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.n, dtype) for m in members]) if has_bias \
         else None
     new: list[Node] = []
-    fused_from = [n.name for m in members for n in (m.gemm, m.bias_node) if n is not None]  # the layer's ONNX nodes
+    fused_from = [n.name for m in members for n in (m.gemm, *m.folded)]  # the layer's ONNX nodes
     if first.op_type == "Gemm":
         attrs = {"transB": int(trans_b), "alpha": float(first.attr("alpha", 1.0)), "fused_from": fused_from}
         inputs = [x, w_name]
@@ -221,10 +251,11 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
         split_attrs["split"] = [int(s) for s in sizes]
     new.append(Node("Split", split_inputs, [m.output for m in members], split_attrs,
                     graph.fresh_name(f"{base}_packed_split")))
-    dead = [m.gemm for m in members] + [m.bias_node for m in members if m.bias_node is not None]
+    dead = [n for m in members for n in (m.gemm, *m.folded)]
     at = next(i for i, n in enumerate(graph.nodes) if n is first)
     graph.nodes[at:at] = new
     graph.remove_nodes(dead)
-    for m in members:  # the Split writes the old outputs; the GEMMs' own outputs under a bias Add are gone
-        if m.bias_node is not None:
-            graph.values.pop(m.gemm.outputs[0], None)
+    for m in members:  # the Split writes the old outputs; the tensors between a GEMM and them are gone
+        for n in (m.gemm, *m.folded):
+            if n.outputs[0] != m.output:
+                graph.values.pop(n.outputs[0], None)

@@ -163,3 +163,16 @@ def test_members_that_meet_in_an_elementwise_op_stay_apart_unless_gated_is_asked
     assert not pack_gemms(g)  # gate and up meet in the Mul; "o" alone is no group
     g2, changed = run_and_compare(_gated_mlp(), lambda graph_: pack_gemms(graph_, gated=True))
     assert changed and op_counts(g2)["MatMul"] == 1 and op_counts(g2)["Split"] == 1
+
+
+@pytest.mark.parametrize("factor,folds", [(0.125, True), (4.0, True), (0.3, False), (-0.5, False)])
+def test_a_power_of_two_scale_after_the_bias_folds_into_the_members_columns(factor, folds):
+    nodes = [node("MatMul", ["x", "wq"], "qm"), node("Add", ["qm", "bq"], "qb"), node("Mul", ["qb", "s"], "qs"),
+             node("MatMul", ["x", "wk"], "km"), node("Relu", ["qs"], "yq"), node("Relu", ["km"], "yk")]
+    g = graph(nodes, {"x": (2, 5, 8)}, ["yq", "yk"], {"wq": w(8, 4), "bq": w(4), "wk": w(8, 6),
+                                                      "s": np.array(factor, np.float32)})
+    g2, changed = run_and_compare(g, pack_gemms)
+    assert changed and op_counts(g2)["MatMul"] == 1
+    assert op_counts(g2)["Mul"] == (0 if folds else 1)
+    (split,) = [n for n in g2.nodes if n.op_type == "Split"]
+    assert split.outputs[0] == ("qs" if folds else "qb")
