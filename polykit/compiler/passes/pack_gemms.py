@@ -25,7 +25,9 @@ SiLU(gate) * up) run as a GEMM + a GEMM with that op in its epilogue (fuse_bias_
 many launches as the packed GEMM + a Pointwise over column views and without writing and reading
 the packed [M, 2F] intermediate (LLaMA-small bs1: 12.5 MB more; `gated=True` packs them anyway).
 
-Left out: GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
+Left out: GEMMs reading a tensor of dynamic shape (a profile build: the views that make the Split
+free - fold_attention_layouts', absorb_views' - are static-shape only, so the Split would stay a
+copy of the whole projection), GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
 each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its
 MatMul's, under its bias Add) is a graph output or kept (`keep`), or a node named in `skip`
 (layers pinned to float32). The packed GEMM's `fused_from` names its members' nodes (layer
@@ -122,8 +124,8 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         return None
     weight = np.asarray(weight)
     xv = graph.value(x)
-    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or xv.shape is None:
-        return None
+    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or not xv.is_static:
+        return None  # dynamic dims: the views that make the Split free are static-shape only
     out = node.outputs[0]
     if out in fixed:
         return None

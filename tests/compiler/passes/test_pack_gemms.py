@@ -176,3 +176,13 @@ def test_a_power_of_two_scale_after_the_bias_folds_into_the_members_columns(fact
     assert op_counts(g2)["Mul"] == (0 if folds else 1)
     (split,) = [n for n in g2.nodes if n.op_type == "Split"]
     assert split.outputs[0] == ("qs" if folds else "qb")
+
+
+def test_projections_of_a_tensor_with_dynamic_dims_stay_apart():
+    from polykit.compiler.ir.graph import Value
+    from polykit.compiler.ir.symbolic import SymInt, symbol
+
+    g = three_projections()
+    g.values["x"] = Value("x", np.dtype(np.float32), (SymInt(2, symbol("B")), 5, 8))
+    assert not g.values["x"].is_static
+    assert not pack_gemms(g)
