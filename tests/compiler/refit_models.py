@@ -85,9 +85,9 @@ def projections(seed: int) -> onnx.ModelProto:
     inits.update({f"b{n}": rng.standard_normal(8).astype(np.float32) * 0.1 for n in "qk"})
     nodes = [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}m"], name=f"{n}_proj") for n in "qkv"]
     nodes += [helper.make_node("Add", [f"{n}m", f"b{n}"], [f"{n}b"], name=f"{n}_bias") for n in "qk"]
-    nodes += [helper.make_node("Mul", ["qb", "kb"], ["qk"], name="mul"),
-              helper.make_node("Add", ["qk", "vm"], ["y"], name="add")]
-    return _model(nodes, inits, [3, 16], [3, 8])
+    nodes += [helper.make_node("Relu", [t], [f"{t}_relu"], name=f"{t}_relu") for t in ("qb", "kb", "vm")]
+    nodes.append(helper.make_node("Concat", ["vm_relu", "qb_relu", "kb_relu"], ["y"], name="concat", axis=1))
+    return _model(nodes, inits, [3, 16], [3, 24])
 
 
 def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
