@@ -16,7 +16,9 @@ A member is
 optionally followed by its bias: the MatMul's (or Gemm without C's) only reader is an `Add` of
 a constant broadcast along the last axis only ([N], [1, N], ...), and then by a `Mul` by a
 one-element constant power of two (Whisper's q scaling), folded into the member's weight and bias
-columns (exact: a power of two scales every product and sum alike). The members' biases pack
+columns (exact in float32: a power of two scales every product and sum alike; once an fp16 build
+casts them, a weight under 2^-14 / factor is subnormal, an absolute error under 2^-25 - far below
+the fp16 rounding of the output). The members' biases pack
 into one [N_total] bias (zeros for a member without one: x + 0 is x). The group is keyed on the
 input, the op, its attributes, K and the weight dtype - op types and shapes only, never names.
 
@@ -53,7 +55,7 @@ from polykit.compiler.passes.rewrite import protected
 
 #: fewest members that make a group worth packing
 MIN_MEMBERS = 2
-#: how many elementwise ops deep `_gated` looks for a node two members' outputs meet in
+#: how many elementwise ops deep `_ungated` looks for a node two members' outputs meet in
 GATE_DEPTH = 8
 
 
