@@ -77,6 +77,19 @@ def gelu_mlp(seed: int, half: float = 0.5) -> onnx.ModelProto:
     return _model(nodes, inits, [2, 16], [2, 16])
 
 
+def projections(seed: int) -> onnx.ModelProto:
+    """Three MatMuls reading one tensor (q, k with a bias Add, v without): the builder packs their
+    weights and biases into one weight and one bias (passes.pack_gemms)."""
+    rng = np.random.default_rng(seed)
+    inits = {f"w{n}": rng.standard_normal((16, 8)).astype(np.float32) * 0.25 for n in "qkv"}
+    inits.update({f"b{n}": rng.standard_normal(8).astype(np.float32) * 0.1 for n in "qk"})
+    nodes = [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}m"], name=f"{n}_proj") for n in "qkv"]
+    nodes += [helper.make_node("Add", [f"{n}m", f"b{n}"], [f"{n}b"], name=f"{n}_bias") for n in "qk"]
+    nodes += [helper.make_node("Relu", [t], [f"{t}_relu"], name=f"{t}_relu") for t in ("qb", "kb", "vm")]
+    nodes.append(helper.make_node("Concat", ["vm_relu", "qb_relu", "kb_relu"], ["y"], name="concat", axis=1))
+    return _model(nodes, inits, [3, 16], [3, 24])
+
+
 def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}

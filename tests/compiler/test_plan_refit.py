@@ -58,6 +58,8 @@ FOLD_PATHS = {
     "conv_bn_fp16": (models.conv_bn, replace(CPU, fp16=True)),
     "gemm_matmul_fp16": (models.mlp, replace(CPU, fp16=True)),
     "qat_int8": (models.qat_conv, CPU),
+    "packed_projections": (models.projections, CPU),
+    "packed_projections_fp16": (models.projections, replace(CPU, fp16=True)),
 }
 
 
@@ -73,6 +75,19 @@ def test_a_refitted_plan_computes_what_a_plan_built_from_the_new_weights_compute
     out_a, out_refitted, out_b = run(plan_a, feeds), run(refitted, feeds), run(plan_b, feeds)
     assert_same_bits(out_refitted, out_b)
     assert any(out_a[n].tobytes() != out_b[n].tobytes() for n in out_b)  # the new weights mattered
+
+
+def test_packed_projection_weights_come_from_the_caller_and_refit_into_the_packed_weight():
+    model_a, model_b = models.projections(0), models.projections(1)
+    plan_a = build_plan(model_a, CPU)
+    gemms = [layer for layer in plan_a.layers if layer.kind in ("MatMul", "Gemm")]
+    assert len(gemms) == 1 and gemms[0].out_shapes[0] == (3, 24)  # the three projections: one GEMM
+    record = record_of(plan_a)
+    assert all(record["weights"][n]["source"] == "caller" for n in ("wq", "wk", "wv"))  # concatenated
+    refitted = refit_plan(plan_a, refittable_values(plan_a, model_b))
+    packed = gemms[0].inputs[1]
+    b = initializers(model_b)
+    assert refitted.weights[packed].tobytes() == np.concatenate([b["wq"], b["wk"], b["wv"]], axis=1).tobytes()
 
 
 def test_the_record_names_where_each_weight_lives():

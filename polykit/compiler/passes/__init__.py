@@ -39,6 +39,7 @@ from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.merge_duplicates import merge_duplicates
+from polykit.compiler.passes.pack_gemms import pack_gemms
 from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cancel_round_trip_casts
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
@@ -58,6 +59,7 @@ __all__ = [
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
+    "pack_gemms",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -124,6 +126,10 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `keep` names tensors that must survive under their names (marked outputs); graph
     outputs always do. `fold=False` skips constant folding, `fuse=False` the fusions
     (recognizers of Gelu/LayerNorm/Attention still run: they give plain ONNX ops or a unit).
+    With `fuse`, GEMMs reading one tensor with constant weights of one K become one GEMM + Split
+    (pack_gemms, after fold_conv_batchnorm, before the recognizers, after Q/DQ and weight-only
+    folding: only float weights pack; not in builds that calibrate INT8 / FP8, whose scales are
+    keyed by the GEMMs' tensors).
     `fp16=True` (or `bf16=True`) converts the graph to float16 (bfloat16) before fusion
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
@@ -165,6 +171,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
+    if fuse and not (int8 and int8_scales):  # GEMMs sharing an input: one GEMM + Split (float weights only)
+        recognize.insert(1, bind(pack_gemms, keep=kept, skip=tuple(fp32_layers) + unfolded))
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:

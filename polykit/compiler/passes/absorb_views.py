@@ -1,14 +1,15 @@
-"""absorb_views: a Transpose or PermutedCopy read only by elementwise layers copies nothing
+"""absorb_views: a Transpose, PermutedCopy or Split read only by elementwise layers copies nothing
 (docs/FUSION.md).
 
 Its readers read its source through a view instead (attribute `view`,
 polykit.compiler.ops.nn.view_operands): per logical dim a cyclic shift, then a split into pieces
 with their element strides, plus a base offset. That covers transposes, windows, a
 reshape-transpose-reshape (Swin's window merge) and rolls (its shifted merge; LLaMA's
-rotate_half). The copy may sit behind Reshape-family views (Reshape, Flatten, Squeeze,
-Unsqueeze: the reader's view takes their shape) and before them (the readers read the tensor
-above them: the same elements), and a reader may already read it through a view
-(rotate_half's roll of RoPE's transposed query: the views compose).
+rotate_half) and a Split's pieces (each output its own view; a packed projection's q / k
+through RoPE, a gated MLP's SiLU(gate) * up, pack_gemms). The copy may sit behind Reshape-family
+views (Reshape, Flatten, Squeeze, Unsqueeze: the reader's view takes their shape) and before them
+(the readers read the tensor above them: the same elements; a dead one goes with the copy), and a
+reader may already read it through a view (rotate_half's roll of RoPE's transposed query: the views compose).
 
 The view of each read is found by running the copy's reference on the element indices of its
 source and fitting a view to the result (view_operands.fit_view, checked element by element),
@@ -35,7 +36,7 @@ from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
 from polykit.compiler.passes.rewrite import protected
 
 #: the copies whose reads become views
-COPIES = {("", "Transpose"), (POLYKIT_DOMAIN, "PermutedCopy")}
+COPIES = {("", "Transpose"), (POLYKIT_DOMAIN, "PermutedCopy"), ("", "Split")}
 #: views on the way from a copy to its readers (no data moves)
 RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 #: the largest copy whose index map the pass computes (int64 per element)
@@ -64,33 +65,51 @@ def _static(graph: Graph, name: str) -> tuple[int, ...] | None:
 def _absorb(graph: Graph, node: Node, fixed: set[str]) -> bool:
     """Turn every read of `node` (a copy) into a view of its source and drop it; False, and no
     edit, when one of the rules in the module docstring refuses."""
-    if (node.domain, node.op_type) not in COPIES or len(node.outputs) != 1 or not node.inputs or not node.inputs[0]:
+    if (node.domain, node.op_type) not in COPIES or not node.outputs or not node.inputs or not node.inputs[0] \
+            or (len(node.outputs) != 1 and node.op_type != "Split"):
         return False
-    src, out = node.inputs[0], node.outputs[0]
-    in_shape, out_shape = _static(graph, src), _static(graph, out)
-    dtype = graph.value(out).dtype
-    if in_shape is None or out_shape is None or out in fixed or dtype is None or np.dtype(dtype).name not in FLOATS \
-            or not 0 < int(np.prod(in_shape)) <= MAX_ELEMENTS:
+    src = node.inputs[0]
+    in_shape = _static(graph, src)
+    params = [graph.initializers.get(n) for n in node.inputs[1:] if n]  # a Split's sizes
+    if in_shape is None or not 0 < int(np.prod(in_shape)) <= MAX_ELEMENTS or any(p is None for p in params) \
+            or len(params) != len([n for n in node.inputs[1:] if n]):
         return False
     readers = graph.consumers()
-    reads = _reads(graph, out, readers, fixed)
-    if reads is None:
+    outs = [o for o in node.outputs if o and readers.get(o)]  # a Split's unread outputs need no view
+    all_reads: list[tuple[Node, str]] = []
+    for out in outs:
+        dtype = graph.value(out).dtype
+        if _static(graph, out) is None or out in fixed or dtype is None or np.dtype(dtype).name not in FLOATS:
+            return False
+        reads = _reads(graph, out, readers, fixed)
+        if reads is None:
+            return False
+        all_reads.extend(reads)
+    if any(o in fixed for o in node.outputs if o):
         return False
     src = _above_reshapes(graph, src)
-    (index,) = run_reference(node, [np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(in_shape)])
-    index = np.asarray(index)
+    indices = run_reference(node, [np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(in_shape),
+                                   *(np.asarray(p) for p in params)])
+    index_of = {o: np.asarray(i) for o, i in zip(node.outputs, indices) if o}
     plans: dict[int, tuple[Node, list[str], list[dict]]] = {}
-    for reader, name in reads:
+    for reader, name in all_reads:
         _, inputs, views = plans.get(id(reader), (reader, *_operands(reader)))
-        plan = _read_through(inputs, views, name, index.reshape(_static(graph, name)), src)
+        out = next(o for o in outs if _below(graph, o, name, readers))
+        plan = _read_through(inputs, views, name, index_of[out].reshape(_static(graph, name)), src)
         if plan is None:
             return False
         plans[id(reader)] = (reader, *plan)
     for reader, inputs, views in plans.values():
         target = reader if is_pointwise(reader) else _as_pointwise(graph, reader)
         target.inputs, target.attrs["view"] = inputs, views
-    graph.remove_nodes([node, *_reshapes_between(graph, out, readers)])
+    graph.remove_nodes([node, *(r for o in outs for r in _reshapes_between(graph, o, readers))])
     return True
+
+
+def _below(graph: Graph, out: str, name: str, readers: dict[str, list[Node]]) -> bool:
+    """Whether `name` is `out` or a Reshape-family view below it."""
+    return name == out or any(_below(graph, r.outputs[0], name, readers) for r in readers.get(out, [])
+                              if r.domain == "" and r.op_type in RESHAPES and r.inputs[0] == out)
 
 
 def _above_reshapes(graph: Graph, name: str) -> str:
@@ -112,6 +131,8 @@ def _reads(graph: Graph, name: str, readers: dict[str, list[Node]], fixed: set[s
             below = r.outputs[0]
             if below in fixed or _static(graph, below) is None:
                 return None
+            if not readers.get(below):  # a dead view (eliminate_dead_code comes after): goes with the copy
+                continue
             deeper = _reads(graph, below, readers, fixed)
             if deeper is None:
                 return None

@@ -244,5 +244,5 @@ def _epilogue_node(base: Node, chain: list[Node]) -> Node:
     inputs = list(base.inputs[:arity]) + [""] * (arity - len(base.inputs)) + extras
     attrs = json_safe(base.attrs)
     attrs["epilogue"] = {"input": base.outputs[0], "body": [body_step(n) for n in chain]}
-    attrs["fused_from"] = [base.name] + [n.name for n in chain]
+    attrs["fused_from"] = list(base.attrs.get("fused_from") or [base.name]) + [n.name for n in chain]
     return Node(base.op_type, inputs, [chain[-1].outputs[0]], attrs, name=base.name, domain=POLYKIT_DOMAIN)

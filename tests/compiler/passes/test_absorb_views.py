@@ -221,3 +221,34 @@ def test_cuda_fp16_plan_matches_the_cpu(name):
     got = run(build_plan(model, BuilderConfig(target="cuda", fp16=True)))
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
+
+
+# ---- Split (pack_gemms' packed projections) -----------------------------------------------------
+def _split_graph(reader: str = "Mul"):
+    """p [2, 5, 20] -> Split(last axis: 6, 6, 8) -> SiLU-like Mul(a, Sigmoid(a)) * b over the first two
+    pieces (one through a Reshape and back), the third unread; a dead Reshape of a on the side."""
+    nodes = [node("Split", ["p", "sizes"], ["a", "b", "c"], axis=2), node("Reshape", ["a", "s3"], "a3"),
+             node("Reshape", ["a3", "s1"], "a1"), node("Reshape", ["a", "s3"], "dead"),
+             node("Sigmoid", ["a1"], "sa"), node("Mul", ["a1", "sa"], "silu")]
+    if reader == "MatMul":  # b read by a GEMM (its A operand): no view there
+        nodes += [node("MatMul", ["b", "w"], "bw"), node("Mul", ["silu", "bw"], "y")]
+    else:
+        nodes.append(node("Mul", ["silu", "b"], "y"))
+    consts = {"sizes": np.array([6, 6, 8], np.int64), "s3": np.array([2, 5, 2, 3], np.int64),
+              "s1": np.array([2, 5, 6], np.int64), "w": np.ones((6, 6), np.float32)}
+    return graph(nodes, {"p": (2, 5, 20)}, ["y"], consts)
+
+
+def test_a_split_read_only_by_elementwise_layers_becomes_column_views_of_its_source():
+    out, changed = run_and_compare(_split_graph(), _fuse_and_absorb)
+    assert changed and op_counts(out) == {PW: 1}, op_counts(out)
+    (pw,) = out.nodes
+    assert set(pw.inputs) == {"p"}
+    offsets = sorted(e["offset"] for e in pw.attrs["view"])
+    assert offsets == [0, 6]  # piece a at column 0, piece b at column 6, rows of 20
+    assert all(e["dims"][-1]["pieces"] == [[6, 1]] and e["dims"][-2]["pieces"] == [[5, 20]] for e in pw.attrs["view"])
+
+
+def test_a_split_with_a_reader_that_is_not_elementwise_stays():
+    out, _ = run_and_compare(_split_graph("MatMul"), _fuse_and_absorb)
+    assert op_counts(out)["Split"] == 1

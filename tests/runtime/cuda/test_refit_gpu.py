@@ -26,6 +26,7 @@ CASES = {
     "conv_bn_fp16": (models.conv_bn, replace(CUDA, fp16=True)),
     "mlp_fp16": (models.mlp, replace(CUDA, fp16=True)),
     "folded_chain": (models.folded_chain, CUDA),
+    "packed_projections_fp16": (models.projections, replace(CUDA, fp16=True)),
 }
 
 
