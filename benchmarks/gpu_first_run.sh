@@ -29,7 +29,9 @@
 #                  NEW_S=290; most failures were cascades of one test's misaligned-address fault in its xdist
 #                  worker; the real ones (FP8/INT8 builds without --fp16 lost the GPU arch, attention.simple read V
 #                  for Q and K, four test mistakes) are fixed and wait for this step's next run, together with
-#                  the fourth session's new tests. Pass -n 15; ~300 s with a cold kernel cache (NEW_S).
+#                  the fourth session's new tests (and the fifth's: rank-5 windowed attention on the flash
+#                  kernels, an outer batch index with its own strides). Pass -n 15; ~300 s with a cold kernel
+#                  cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -94,6 +96,7 @@ EOF
       tests/kernels/cuda/test_pointwise_view_vectors.py tests/kernels/cuda/test_norm_warp.py \
       tests/kernels/cuda/test_concat_gather_table.py tests/kernels/cuda/test_norm.py \
       tests/compiler/test_packed_gemms.py tests/runtime/cuda/test_refit_gpu.py \
+      tests/kernels/cuda/test_attention_windows.py \
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;

@@ -76,9 +76,12 @@ def test_cuda_fp16_plan_runs_window_attention_on_the_flash_kernel(B, arch, monke
     (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
     assert not [layer for layer in plan.layers if layer.kind == "Softmax"]
     # head size 32: the mma.sync kernel (the wgmma one takes 64 / 128); one image: the windows stay
-    # the batch and the mask is [W, H, N, N]; more: W*H heads, the mask broadcast over the batch
+    # the batch and the mask is [W, H, N, N]; more: batch dims (B, W) of rank 5, the mask broadcast
+    # over the batch (the flash kernel's outer batch index)
     assert att.tactic == "cuda.attention.flash"
-    assert att.in_shapes[3] == ((W, H, N, N) if B == 1 else (1, W * H, N, N))
+    assert att.in_shapes[3] == ((W, H, N, N) if B == 1 else (1, W, H, N, N))
+    # the heads' transpose after it is the output's "bshd" layout either way
+    assert att.attrs["out_layout"] == "bshd" and att.out_shapes[0] == ((B * W, N, H, D) if B == 1 else (B, W, N, H, D))
 
 
 @pytest.mark.gpu

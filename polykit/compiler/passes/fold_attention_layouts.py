@@ -64,7 +64,7 @@ def fold_attention_layouts(graph: Graph, *, keep: frozenset[str] = frozenset()) 
             continue
         transpose, shape = users[0], graph.value(out).shape
         perm = perm_of(graph, transpose)
-        if perm == SWAP_SEQ_HEADS:
+        if perm == SWAP_SEQ_HEADS or (shape is not None and _swaps_heads(perm, len(shape))):
             graph.nodes.remove(transpose)
             node.outputs[0] = transpose.outputs[0]
             node.attrs["out_layout"] = "bshd"
@@ -80,11 +80,42 @@ def fold_attention_layouts(graph: Graph, *, keep: frozenset[str] = frozenset()) 
             graph.nodes[graph.nodes.index(transpose)] = Node("Reshape", [bshd, target], list(transpose.outputs), {},
                                                              name=transpose.name)
             changed = True
+        else:
+            changed |= _fold_batch_merge(graph, node, transpose, readers, fixed)
     for node in graph.nodes:
         if node.op_type == "Attention" and node.domain == POLYKIT_DOMAIN:
             for i in range(3):
                 changed |= _fold_view(graph, node, i, producers)
     return changed
+
+
+def _swaps_heads(perm: list[int] | None, rank: int) -> bool:
+    """perm swaps axes -3 and -2 (heads and sequence) of a rank `rank` tensor and keeps the rest."""
+    return perm is not None and rank >= 4 and list(perm) == list(range(rank - 3)) + [rank - 2, rank - 3, rank - 1]
+
+
+def _fold_batch_merge(graph: Graph, node: Node, view: Node, readers, fixed) -> bool:
+    """An Attention output read only by a Reshape that merges or splits its batch dims (the last
+    three kept), itself read only by a Transpose swapping heads and sequence -> the Attention writes
+    "bshd" and the Reshape views that as the Transpose's output (the windowed attention's
+    [B, W, H, S, D] output merged to [B*W, H, S, D] and transposed to [B*W, S, H, D]). True if folded."""
+    out = node.outputs[0]
+    shape, mid = static_shape(graph, out), static_shape(graph, view.outputs[0]) if view.outputs else None
+    users = readers.get(view.outputs[0], []) if view.outputs else []
+    if view.op_type not in VIEW_OPS or view.domain or shape is None or mid is None or len(shape) < 4 or len(mid) < 4 \
+            or tuple(mid[-3:]) != tuple(shape[-3:]) or view.outputs[0] in fixed or len(users) != 1:
+        return False
+    transpose = users[0]
+    if transpose.op_type != "Transpose" or not _swaps_heads(perm_of(graph, transpose), len(mid)):
+        return False
+    target = graph.fresh_name(f"{transpose.name}_shape")
+    graph.initializers[target] = np.array(list(mid[:-3]) + [mid[-2], mid[-3], mid[-1]], np.int64)
+    node.outputs[0] = graph.fresh_name(f"{out}_bshd")
+    node.attrs["out_layout"] = "bshd"
+    graph.nodes.remove(view)
+    graph.nodes[graph.nodes.index(transpose)] = Node("Reshape", [node.outputs[0], target], list(transpose.outputs), {},
+                                                     name=transpose.name)
+    return True
 
 
 # ---- strided views --------------------------------------------------------------------------

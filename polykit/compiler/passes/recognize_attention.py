@@ -8,7 +8,9 @@ inserted to give K); scalar scales may also sit on Q and/or K^T before the first
 probabilities may pass torch's guard for fully masked rows, Where(IsNaN(p), 0, p). The scores
 [B*W, H, N, Nk] may also pass a windowed view before the Softmax (Swin's shifted windows):
 Reshape [B, W, H, N, Nk] -> Add(term) -> Reshape back; the terms then become one mask (graph
-ops that constant folding folds), over W*H heads of [B, W*H, N, D] views of Q, K, V when B > 1. Every
+ops that constant folding folds), and when B > 1 the Attention runs on the windowed view itself:
+Q, K, V viewed [B, W, H, N, D] (batch dims B and W, so the mask [b, W, H, N, Nk] broadcasts over B)
+and its [B, W, H, N, Dv] output viewed back. Every
 intermediate must be read only inside the pattern. The form is one rule over the pattern
 module (patterns.py). Format: docs/FUSION.md.
 """
@@ -126,7 +128,7 @@ class _Emit:
 
 def _window_mask(m: Match, emit: _Emit, B: int, W: int) -> str:
     """The windowed view's additive terms as one mask: [W, H, n, k] for B = 1 (the scores' own
-    shape), else [b, W*H, n, k] (b = 1 when no term varies over B) for the W*H-head view.
+    shape), else [b, W, H, n, k] (b = 1 when no term varies over B) for the rank-5 view.
     Built from Reshape/Add/Expand nodes, so constant terms fold to one constant."""
     s5 = _static(m, m["split"])
     wshape = _static(m, m["wmask"])
@@ -143,7 +145,7 @@ def _window_mask(m: Match, emit: _Emit, B: int, W: int) -> str:
     total = emit("Expand", [total, emit.shape(full)])
     if B == 1:
         return emit.reshape(total, (W, s5[2], full[3], full[4]))
-    return emit.reshape(total, (full[0], W * s5[2], full[3], full[4]))
+    return total
 
 
 def _attention(m: Match) -> list[Node]:
@@ -164,11 +166,11 @@ def _attention(m: Match) -> list[Node]:
     windows = _windows(m) if "wmask" in m.tensors else None
     if windows is not None:
         (B, W), mask = windows, _window_mask(m, emit, *windows)
-        if B > 1:  # attention over W*H heads of [B, W*H, N, d] views (row-major: a Reshape is exact)
+        if B > 1:  # attention over batch dims (B, W) of [B, W, H, N, d] views (row-major: a Reshape is exact)
             kt = _static(m, m["kt"])
             heads = [_static(m, q), kt[:2] + (kt[3], kt[2]), _static(m, v)]
-            q, k, v = (emit.reshape(t, (B, W * s[1], s[2], s[3])) for t, s in zip((q, k, v), heads))
-            out = graph.fresh_name(f"{out}_heads")
+            q, k, v = (emit.reshape(t, (B, W) + s[1:]) for t, s in zip((q, k, v), heads))
+            out = graph.fresh_name(f"{out}_windows")
     inputs = [q, k, v] + ([mask] if mask is not None else [])
     emit.nodes.append(Node("Attention", inputs, [out], attrs, name=f"{root.name}_attention", domain=POLYKIT_DOMAIN))
     if out != root.outputs[0]:

@@ -83,3 +83,36 @@ def test_an_output_transpose_that_moves_real_dims_stays():
     run_passes(g, [fold_attention_layouts])
     att = next(n for n in g.nodes if n.op_type == "Attention")
     assert att.attrs.get("out_layout", "bhsd") == "bhsd"
+
+
+def _windowed_out(B=2, W=3, H=2, S=5, D=4, perm=(0, 2, 1, 3)) -> Graph:
+    """Rank-5 Attention [B, W, H, S, D] -> Reshape [B*W, H, S, D] -> Transpose -> y."""
+    g = Graph(name="win")
+    g.inputs = ["q", "k", "v"]
+    for t in g.inputs:
+        g.set_value(Value(t, np.dtype(np.float32), (B, W, H, S, D)))
+    g.initializers["merge"] = np.array([B * W, H, S, D], dtype=np.int64)
+    g.nodes = [Node("Attention", ["q", "k", "v"], ["o"], {"scale": 0.5}, name="att", domain=POLYKIT_DOMAIN),
+               Node("Reshape", ["o", "merge"], ["o4"], name="o_merge"),
+               Node("Transpose", ["o4"], ["y"], {"perm": list(perm)}, name="o_heads")]
+    g.outputs = ["y"]
+    return g
+
+
+@pytest.mark.parametrize("B, W, H, S, D", [(2, 3, 2, 5, 4), (3, 1, 4, 7, 3)])
+def test_a_rank5_output_merged_then_head_transposed_is_written_bshd(B, W, H, S, D):
+    g = _windowed_out(B, W, H, S, D)
+    feeds = {t: rng.standard_normal((B, W, H, S, D)).astype(np.float32) for t in "qkv"}
+    want = evaluate_graph(g, feeds)["y"]
+    h = g.copy()
+    assert run_passes(h, [fold_attention_layouts])
+    assert [n.op_type for n in h.nodes] == ["Attention", "Reshape"]
+    assert h.nodes[0].attrs["out_layout"] == "bshd" and h.nodes[1].outputs == ["y"]
+    np.testing.assert_allclose(evaluate_graph(h, feeds)["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_merge_followed_by_another_transpose_is_left_alone():
+    g = _windowed_out(perm=(1, 0, 2, 3))
+    run_passes(g, [fold_attention_layouts])
+    assert [n.op_type for n in g.nodes] == ["Attention", "Reshape", "Transpose"]
+    assert "out_layout" not in g.nodes[0].attrs

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
@@ -89,12 +90,20 @@ def test_shifted_window_mask_of_one_image_folds_into_one_mask_over_the_windows()
     assert att.inputs[:3] == ["q", "k", "v"] and out.initializers[att.inputs[3]].shape == (3, 2, 5, 5)
 
 
-def test_shifted_windows_of_a_batch_become_attention_over_window_times_head_heads():
+def test_shifted_windows_of_a_batch_become_attention_over_batch_and_window_dims():
     out, changed = run_and_compare(_windowed(2, 3), _folded, rtol=1e-4)
     assert changed and op_counts(out) == {"Reshape": 4, ATT: 1}
     att = next(n for n in out.nodes if n.op_type == "Attention")
-    assert out.value(att.inputs[0]).shape == (2, 6, 5, 4)
-    assert out.initializers[att.inputs[3]].shape == (1, 6, 5, 5)  # broadcast over the batch
+    assert [out.value(t).shape for t in att.inputs[:3]] == [(2, 3, 2, 5, 4)] * 3
+    assert out.initializers[att.inputs[3]].shape == (1, 3, 2, 5, 5)  # broadcast over the batch
+    assert out.value(att.outputs[0]).shape == (2, 3, 2, 5, 4)
+
+
+@pytest.mark.parametrize("B, W, H, N, d", [(3, 2, 3, 7, 5), (2, 5, 1, 3, 8)])
+def test_shifted_windows_of_odd_sizes_match_the_unfused_graph(B, W, H, N, d):
+    g = _windowed(B, W, H, N, d, bias_shape=(1, H, N, N), wmask_shape=(1, W, 1, N, N))
+    out, changed = run_and_compare(g, _folded, rtol=1e-4)
+    assert changed and op_counts(out)[ATT] == 1
 
 
 def test_window_terms_varying_over_the_batch_and_computed_at_run_time_stay_graph_ops():
@@ -102,7 +111,7 @@ def test_window_terms_varying_over_the_batch_and_computed_at_run_time_stay_graph
     out, changed = run_and_compare(g, recognize_attention, rtol=1e-4)
     assert changed and op_counts(out)[ATT] == 1 and op_counts(out)["Expand"] == 1
     att = next(n for n in out.nodes if n.op_type == "Attention")
-    assert out.value(att.inputs[3]).shape == (2, 6, 5, 5)
+    assert out.value(att.inputs[3]).shape == (2, 3, 2, 5, 5)
 
 
 def test_a_view_that_does_not_split_the_scores_batch_is_left_alone():

@@ -16,7 +16,7 @@ from polykit.compiler.ops.nn.fused import OperandView, dense_strides
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.attention import attention as simple
 from polykit.kernels.cuda.attention import flash_attention_f32
-from polykit.kernels.cuda.attention.flash_attention import _supports, flash_geometry, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import OUTER_ARGS, _supports, flash_geometry, flash_launch
 from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _enqueue
 from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm90_supports
 from polykit.kernels.cuda.base import DeviceTensor
@@ -24,6 +24,8 @@ from tests.kernels.cuda.recording_launcher import RecordingLauncher
 from tests.kernels.cuda.test_attention_views import BF16, FP16, check, mask_input, rand
 
 FP32 = np.dtype(np.float32)
+#: kv_groups: the flash launch argument before the trailing outer-batch ones
+KV_GROUPS_ARG = -1 - OUTER_ARGS
 
 
 def gqa_layer(B, S, Hq, Hkv, D, dtype, mask=None, k_layout="bhsd", Skv=None, **attrs) -> LayerDesc:
@@ -62,7 +64,7 @@ def test_flash_launch_reads_key_value_head_h_over_g(layout, B, S, Hq, Hkv, D):
     assert _supports(layer) and flash_geometry(layer) == ("float16", D)
     tensors = _tensors(layer, FP16)
     run = flash_launch(layer, tensors)
-    g = int(run.args[-1])
+    g = int(run.args[KV_GROUPS_ARG])
     assert g == Hq // Hkv and run.grid == (-(-S // 64), Hq, B)
     stored = np.arange(B * Hkv * S * D, dtype=np.int64).reshape(tensors["K"].shape)
     logical = np.swapaxes(stored, 1, 2) if layout == "bshd" else stored
@@ -94,7 +96,7 @@ def test_flash_reads_grouped_heads_of_a_packed_projection():
     for i, first in ((1, Hq), (2, Hq + Hkv)):
         kb, kh, ks = (int(x) for x in run.args[7 + 3 * i: 10 + 3 * i])
         base = (run.args[i].ptr - (1 << 20)) // 2
-        got = packed[base + b * kb + (h // int(run.args[-1])) * kh + s * ks + d]
+        got = packed[base + b * kb + (h // int(run.args[KV_GROUPS_ARG])) * kh + s * ks + d]
         heads = np.moveaxis(packed.reshape(B, S, Hq + 2 * Hkv, D), 2, 1)  # [B, heads, S, D]
         np.testing.assert_array_equal(got, np.repeat(heads[:, first:first + Hkv], 4, axis=1))
 
@@ -120,14 +122,14 @@ def test_sm90_maps_the_un_repeated_key_values_and_passes_kv_groups_before_geo():
     assert int(args[-1]) == 0  # [B, H, S, D] everywhere, batch and heads not broadcast
 
 
-def test_fp32_flash_takes_grouped_heads_and_passes_kv_groups_last():
+def test_fp32_flash_takes_grouped_heads_and_passes_kv_groups_before_the_outer_batch_args():
     layer = replace(gqa_layer(1, 40, 8, 2, 64, FP32), precision="fp32")
     supports, _, enqueue = flash_attention_f32._variant("fp32", 3)
     assert supports(layer)
     rec = RecordingLauncher()
     enqueue(layer, rec, _tensors(layer, FP32))
     ((name, args),) = rec.launches
-    assert name == "flash_attention_f32" and int(args[-1]) == 4
+    assert name == "flash_attention_f32" and int(args[KV_GROUPS_ARG]) == 4
 
 
 @pytest.mark.parametrize("dtype", [FP16, FP32])

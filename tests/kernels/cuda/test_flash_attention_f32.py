@@ -62,9 +62,10 @@ def test_flash_f32_takes_fp32_heads_64_and_128_at_its_precision(case, f32, tf32)
 
 
 @pytest.mark.parametrize("mask,ok", [(rand(2, 1, 8, 9), True), (rng.random((8, 1)) > 0.5, True),
-                                     (rand(2, 1, 8, 9).astype(np.float16), False), (rand(1, 2, 1, 8, 9), False)],
-                         ids=["fp32", "bool_key_broadcast", "fp16", "rank5"])
-def test_masks_of_the_layers_type_or_bool_up_to_rank_4_are_taken(mask, ok):
+                                     (rand(2, 1, 8, 9).astype(np.float16), False), (rand(1, 2, 1, 8, 9), True),
+                                     (rand(1, 1, 2, 1, 8, 9), False)],
+                         ids=["fp32", "bool_key_broadcast", "fp16", "rank5", "rank6"])
+def test_masks_of_the_layers_type_or_bool_up_to_rank_5_are_taken(mask, ok):
     inputs = {**qkv((2, 3, 8, 64), (2, 3, 9, 64)), "mask": mask}
     assert find_tactic("cuda", "Attention", F32).supports(layer_for(inputs, (2, 3, 8, 64))) is ok
 

@@ -236,7 +236,8 @@ def infer_epilogue(ctx: InferContext):
     return _outputs_from(ctx, env)
 
 
-#: Attention tensor layouts: "bhsd" ([..., S, D], the default) or "bshd" (rank 4 [B, S, H, D])
+#: Attention tensor layouts: "bhsd" ([..., S, D], the default) or "bshd" (rank >= 4 [..., S, H, D]:
+#: the heads and sequence axes, -3 and -2, swapped)
 ATTENTION_LAYOUTS = ("bhsd", "bshd")
 LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 #: Q, K, V read through an explicit element-stride view of their stored tensor (docs/FUSION.md)
@@ -316,10 +317,10 @@ def operand_view(attrs, i: int, stored_shape) -> OperandView | None:
                             f"{total} elements of its tensor {stored}")
         return view
     if layout == "bshd":
-        if len(stored) != 4:
-            raise ViewError(f"layout 'bshd' needs a rank-4 tensor, got rank {len(stored)}")
+        if len(stored) < 4:
+            raise ViewError(f"layout 'bshd' needs a tensor of rank >= 4, got rank {len(stored)}")
         st = dense_strides(stored)
-        return OperandView(0, (stored[0], stored[2], stored[1], stored[3]), (st[0], st[2], st[1], st[3]))
+        return OperandView(0, _swap_heads(stored), _swap_heads(st))
     return OperandView(0, stored, dense_strides(stored))
 
 
@@ -346,15 +347,20 @@ def grouped_heads(q, k, v, g: int):
     return tuple(k[:-3]) + (hq,) + tuple(k[-2:]), tuple(v[:-3]) + (hq,) + tuple(v[-2:])
 
 
+def _swap_heads(dims) -> tuple:
+    """`dims` ([..., H, S, D] or [..., S, H, D]) with axes -3 and -2 swapped."""
+    return tuple(dims[:-3]) + (dims[-2], dims[-3], dims[-1])
+
+
 def attention_view(shape, layout: str, ctx: InferContext | None = None):
     """The [..., S, D] shape Attention computes on, for a tensor stored in `layout`."""
     if layout not in ATTENTION_LAYOUTS:
         raise ctx.fail(f"unknown attention layout {layout!r}", hint=f"use one of {ATTENTION_LAYOUTS}")
     if layout == "bhsd" or shape is None:
         return shape
-    if len(shape) != 4:
-        raise ctx.fail(f"layout 'bshd' needs a rank-4 tensor, got rank {len(shape)}")
-    return (shape[0], shape[2], shape[1], shape[3])
+    if len(shape) < 4:
+        raise ctx.fail(f"layout 'bshd' needs a tensor of rank >= 4, got rank {len(shape)}")
+    return _swap_heads(shape)
 
 
 def _logical(ctx: InferContext, i: int, layout: str):
@@ -398,7 +404,7 @@ def _attention(ctx: InferContext):
     if ctx.dtype(3) is not None and ctx.dtype(3) != np.dtype(np.bool_) and ctx.dtype(3) != ctx.dtype(0):
         raise ctx.fail(f"mask dtype {ctx.dtype(3)} is neither bool nor Q's dtype {ctx.dtype(0)}")
     if layouts[3] == "bshd":
-        if len(out) != 4:
-            raise ctx.fail(f"out_layout 'bshd' needs a rank-4 output, got rank {len(out)}")
-        out = (out[0], out[2], out[1], out[3])
+        if len(out) < 4:
+            raise ctx.fail(f"out_layout 'bshd' needs an output of rank >= 4, got rank {len(out)}")
+        out = _swap_heads(out)
     return [(ctx.dtype(0), out)]

@@ -102,5 +102,5 @@ def _operand(node: Node, i: int, x: np.ndarray) -> np.ndarray:
 
 
 def _from_layout(x: np.ndarray, layout: str) -> np.ndarray:
-    """[B, S, H, D] <-> [B, H, S, D] for layout "bshd" (the swap is its own inverse)."""
-    return np.ascontiguousarray(np.swapaxes(x, 1, 2)) if layout == "bshd" else x
+    """[..., S, H, D] <-> [..., H, S, D] for layout "bshd" (the swap is its own inverse)."""
+    return np.ascontiguousarray(np.swapaxes(x, -3, -2)) if layout == "bshd" else x

@@ -13,6 +13,9 @@ pass: the head transposes and q, k, v copies around attention disappear. A view 
 strides are not whole 16 bytes (the cp.async row loads) is refused (cuda.attention.simple runs it).
 Grouped- and multi-query heads (`kv_groups` g: K and V hold H / g heads) are a kernel argument:
 query head h reads key/value head h / g, so one compiled kernel serves every g.
+Rank-5 attention [B1, B2, H, S, D] (recognize_attention's windowed form: a mask [1, W, H, S, Skv]
+broadcast over the batch, Q, K, V views of [B*W, S, 3, H, D]) runs on a grid z of B1 * B2 whose
+outer index has strides of its own (`HeadView.outer`, the kernel's last arguments).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ FILE = "flash_attention.cu"
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 HEAD_SIZES = tuple(range(32, 257, 32))
 BQ = 64
+#: flash_launch's trailing arguments for rank-5 attention: B2, outer strides of Q, K, V, O, mask
+OUTER_ARGS = 6
 
 
 @dataclass(frozen=True)
@@ -41,38 +46,60 @@ class HeadView:
     offset: int
     shape: tuple[int, int, int, int]
     strides: tuple[int, int, int]
+    #: (extent, element stride) of an outer batch dim above b (rank-5 views), (1, 0) when none
+    outer: tuple[int, int] = (1, 0)
 
     def aligned(self, elems: int) -> bool:
         """Every row starts on a multiple of `elems` elements (16-byte vector loads)."""
-        return self.offset % elems == 0 and all(s % elems == 0 for s in self.strides)
+        return self.offset % elems == 0 and all(s % elems == 0 for s in self.strides + self.outer[1:])
 
 
 def head_view(attrs: Mapping[str, Any], i: int, stored_shape: Sequence[int]) -> HeadView | None:
     """Input i (3: the output) as a HeadView: its q_view / k_view / v_view, else its layout
-    (ops/nn/fused.operand_view); None when it is no rank 3 or 4 view of a static tensor."""
+    (ops/nn/fused.operand_view); None when it is no rank 3, 4 or 5 view of a static tensor."""
     try:
         view = operand_view(attrs, i, tuple(int(d) for d in stored_shape))
     except (ViewError, TypeError, ValueError):
         return None
-    if view is None or len(view.shape) not in (3, 4) or (view.shape[-1] > 1 and view.strides[-1] != 1):
+    if view is None or len(view.shape) not in (3, 4, 5) or (view.shape[-1] > 1 and view.strides[-1] != 1):
         return None
     shape, strides = view.shape, view.strides
     if len(shape) == 3:
         shape, strides = (1,) + shape, (0,) + strides
+    outer = (1, 0)
+    if len(shape) == 5:
+        outer = (shape[0], strides[0] if shape[0] > 1 else 0)
+        shape, strides = shape[1:], strides[1:]
     b, h, s, d = shape
-    return HeadView(view.offset, (b, h, s, d), tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3])))
+    return HeadView(view.offset, (b, h, s, d), tuple(0 if n == 1 else st for n, st in zip(shape[:3], strides[:3])),
+                    outer)
 
 
 def mask_strides(shape: Sequence[int]) -> tuple[int, int, int, int] | None:
     """Element strides (b, h, q, k) of a mask broadcast to rank 4 (0 on size-1 dims)."""
-    if len(shape) > 4:
+    strides = mask_strides5(shape)
+    return None if strides is None or len(shape) > 4 else strides[1:]
+
+
+def mask_strides5(shape: Sequence[int]) -> tuple[int, int, int, int, int] | None:
+    """Element strides (outer, b, h, q, k) of a mask broadcast to rank 5 (0 on size-1 dims)."""
+    if len(shape) > 5:
         return None
-    shape = (1,) * (4 - len(shape)) + tuple(int(d) for d in shape)
+    shape = (1,) * (5 - len(shape)) + tuple(int(d) for d in shape)
     strides, acc = [], 1
     for d in reversed(shape):
         strides.append(0 if d == 1 else acc)
         acc *= d
     return tuple(strides[::-1])
+
+
+def split_batch(layer: Any) -> bool:
+    """The layer's Q, K, V or mask has an outer batch dim of more than one (rank-5 attention):
+    kernels without the outer strides (flash_sm90's TMA maps) cannot run it."""
+    shapes = getattr(layer, "in_shapes", ())
+    views = [head_view(layer.attrs, i, shapes[i]) for i in range(min(3, len(shapes)))]
+    mask = shapes[3] if len(layer.inputs) > 3 and layer.inputs[3] and len(shapes) > 3 else ()
+    return any(v is not None and v.outer[0] > 1 for v in views) or (len(mask) == 5 and int(mask[0]) > 1)
 
 
 def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
@@ -96,14 +123,17 @@ def flash_geometry(layer: Any, elems: Mapping[str, str] = ELEMS,
     g = _groups(layer.attrs)
     if g is None or (g > 1 and (k[1] * g != q[1] or v[1] * g != q[1])):
         return None
-    k, v = ((x[0], q[1] if g > 1 else x[1]) for x in (k, v))  # the heads each query head reads
+    qo = views[0].outer[0]
+    # the (outer, batch, heads) each query head reads
+    k, v = ((o.outer[0], x[0], q[1] if g > 1 else x[1]) for x, o in ((k, views[1]), (v, views[2])))
     for x in (k, v):
-        if any(a != c and a != 1 for a, c in zip(x[:2], q[:2])) and any(a != c and c != 1 for a, c in zip(x[:2], q[:2])):
+        if any(a != c and a != 1 for a, c in zip(x, (qo,) + q[:2])) and \
+                any(a != c and c != 1 for a, c in zip(x, (qo,) + q[:2])):
             return None
     if len(layer.inputs) > 3 and layer.inputs[3]:
         mshape = shapes[3]
-        ms = mask_strides(mshape)
-        if ms is None or ms[3] not in (0, 1) or dtypes[3] not in (dtypes[0], "bool"):
+        ms = mask_strides5(mshape)
+        if ms is None or ms[4] not in (0, 1) or dtypes[3] not in (dtypes[0], "bool"):
             return None
     return dtypes[0], D
 
@@ -137,7 +167,8 @@ def _kernels(layer: Any) -> list[KernelSource]:
 class FlashLaunch:
     """What every flash kernel takes for one layer: grid, head size and the argument list
     (Q, K, V, O, mask, S, Skv, (batch, head, seq) strides of Q, K, V, O, mask strides, scale,
-    mask kind, nan_probs_to_zero, kv_groups)."""
+    mask kind, nan_probs_to_zero, kv_groups; then B2 and the outer batch strides of Q, K, V, O and
+    the mask: the last OUTER_ARGS, which kernels without an outer batch dim leave off)."""
 
     grid: tuple[int, int, int]
     head: int
@@ -166,14 +197,16 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch
         return None
     q, k, v, y = (at_offset(t, x.offset) for t, x in zip(ts, views))
     if mask is None:
-        mptr, ms, kind = 0, (0, 0, 0, 0), 0
+        mptr, ms, kind = 0, (0, 0, 0, 0, 0), 0
     else:
-        mptr, ms = mask, mask_strides(mask.shape)
+        mptr, ms = mask, mask_strides5(mask.shape)
         kind = 2 if mask.dtype == np.bool_ else 1
+    B1 = max(x.outer[0] for x in views)
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
-    args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms,
-            np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))), np.int32(g))
-    return FlashLaunch((-(-S // BQ), H, B), D, args, tuple(views))
+    args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms[1:],
+            np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))), np.int32(g),
+            np.int32(B), *(x.outer[1] for x in views), ms[0])
+    return FlashLaunch((-(-S // BQ), H, B1 * B), D, args, tuple(views))
 
 
 def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:

@@ -22,7 +22,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.attention.flash_attention import ELEMS, HeadView, flash_geometry, flash_launch, head_view
+from polykit.kernels.cuda.attention.flash_attention import (ELEMS, OUTER_ARGS, HeadView, flash_geometry, flash_launch,
+                                                             head_view, split_batch)
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
@@ -107,7 +108,7 @@ def tensor_map(x: DeviceTensor, view: HeadView, rows: int) -> tuple[TensorMapSpe
 
 def _supports(layer: Any) -> bool:
     geo = flash_geometry(layer, heads=HEAD_SIZES)
-    if geo is None:
+    if geo is None or split_batch(layer):
         return False
     itemsize = np.dtype(geo[0]).itemsize
     views = [head_view(layer.attrs, i, layer.in_shapes[i]) for i in range(3)]
@@ -133,9 +134,9 @@ def _enqueue(shape: Sm90Flash):
             maps.append(spec)
             geo |= bits << (3 * i)
         # flash_launch's arguments: Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, 4 mask strides, scale, kind, nan,
-        # kv_groups
+        # kv_groups (not the trailing outer-batch arguments: _supports refuses rank-5 attention)
         q, k, v, o, mask, S, Skv = run.args[:7]
-        rest = run.args[7 + 3 * 3:]  # O's strides onwards
+        rest = run.args[7 + 3 * 3:-OUTER_ARGS]  # O's strides onwards
         _, H, B = run.grid
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
         launcher.launch(kernel_for(shape, elem, run.head), (-(-int(S) // shape.block_q), H, B), (shape.threads,),

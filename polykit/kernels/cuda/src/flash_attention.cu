@@ -18,7 +18,11 @@
 // Per key tile: S = Q K^T (mma, Q fragments held in registers), online softmax per row (the
 // 4 threads of a row combine through shuffles in a fixed order), O += P V (P re-packed from
 // the score accumulators as the A operand). Deterministic.
-// Launch: grid (ceil(S / 64), H, B), block 128, dynamic shared memory (64 + 4 * BKV) * HD * 2 B.
+// Rank-5 attention ([B1, B2, H, S, D], e.g. windows of a batch with a per-window mask that
+// broadcasts over B1): grid z = B1 * B2, and every tensor (mask included) adds zo * (its outer
+// stride) for zo = z / B2 to b * (its batch stride) for b = z % B2 (B2 = B and outer strides 0
+// for rank <= 4).
+// Launch: grid (ceil(S / 64), H, B1 * B2), block 128, dynamic shared memory (64 + 4 * BKV) * HD * 2 B.
 #include "flash_common.cuh"
 
 #define BQ 64
@@ -88,17 +92,18 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const ELEM* __restrict__ Q, const ELEM* __restrict__ K, const ELEM* __restrict__ V, ELEM* __restrict__ O,
     const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
     i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
-    int kv_groups) {
+    int kv_groups, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 2;   // 2 buffers
   unsigned char* sV = sK + 2 * BKV * HD * 2;  // 2 buffers
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
+  // grid z runs over an outer batch dim (B1) and an inner one (B2), each with its own strides
+  const int zo = blockIdx.z / B2, b = blockIdx.z % B2, h = blockIdx.y, q0 = blockIdx.x * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const ELEM* q = Q + b * qb + h * qh;
+  const ELEM* q = Q + b * qb + zo * qbo + h * qh;
   const int hkv = h / kv_groups;
-  const ELEM* k = K + b * kb + hkv * kh;
-  const ELEM* v = V + b * vb + hkv * vh;
+  const ELEM* k = K + b * kb + zo * kbo + hkv * kh;
+  const ELEM* v = V + b * vb + zo * vbo + hkv * vh;
   const int tiles = (Skv + BKV - 1) / BKV;
 
   load_tile<BQ>(sQ, q, qs, q0, S);
@@ -123,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   flash_zero(o);
   FlashRows rows;
   rows.init();
-  const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};
+  const FlashMask fmask = {mask, b * mb + zo * mbo + h * mh, mq, mk, mask_kind};
   const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
 
   for (int t = 0; t < tiles; ++t) {
@@ -177,5 +182,5 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   }
 
   // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-  flash_store_pairs(O + b * ob + h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
+  flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
 }

@@ -10,7 +10,8 @@
 // ss), d contiguous ([B, H, S, D] and [B, S, H, D] alike; stride 0 broadcasts; query head h reads
 // key/value head h / kv_groups), head size HD
 // (64 or 128) for Q, K and V, every row 16-byte aligned; the optional mask [b][h][q][k] through
-// strides (mb, mh, mq, mk), kind 1 additive float, 2 bool keep-mask (flash_common.cuh).
+// strides (mb, mh, mq, mk), kind 1 additive float, 2 bool keep-mask (flash_common.cuh); grid z
+// over an outer and an inner batch dim (B1 * B2, outer strides qbo .. mbo) as flash_attention.cu.
 //
 // Block: 4 warps, 64 query rows (16 a warp). The Q tile, and K/V tiles of BKV keys (double-
 // buffered), are staged in shared memory by cp.async, 16-byte chunks XOR-swizzled so that every
@@ -91,20 +92,21 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
     const float* __restrict__ Q, const float* __restrict__ K, const float* __restrict__ V, float* __restrict__ O,
     const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
     i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
-    int kv_groups) {
+    int kv_groups, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 4;  // 2 buffers
   unsigned char* sV = sK + 2 * TILE;  // 2 buffers
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
+  // grid z runs over an outer batch dim (B1) and an inner one (B2), each with its own strides
+  const int zo = blockIdx.z / B2, b = blockIdx.z % B2, h = blockIdx.y, q0 = blockIdx.x * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int hkv = h / kv_groups;
-  const float* k = K + b * kb + hkv * kh;
-  const float* v = V + b * vb + hkv * vh;
+  const float* k = K + b * kb + zo * kbo + hkv * kh;
+  const float* v = V + b * vb + zo * vbo + hkv * vh;
   const int tiles = (Skv + BKV - 1) / BKV;
   const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
 
-  load_tile<BQ, false>(sQ, Q + b * qb + h * qh, qs, q0, S);
+  load_tile<BQ, false>(sQ, Q + b * qb + zo * qbo + h * qh, qs, q0, S);
   if (tiles > 0) {
     load_tile<BKV, false>(sK, k, ks, 0, Skv);
     load_tile<BKV, true>(sV, v, vs, 0, Skv);
@@ -115,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
   flash_zero(o);
   FlashRows rows;
   rows.init();
-  const FlashMask fmask = {mask, b * mb + h * mh, mq, mk, mask_kind};
+  const FlashMask fmask = {mask, b * mb + zo * mbo + h * mh, mq, mk, mask_kind};
 
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
@@ -188,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (row_a + 8 * i >= S) continue;
-    float* dst = O + b * ob + h * oh + (i64)(row_a + 8 * i) * os + 8 * t4;
+    float* dst = O + b * ob + zo * obo + h * oh + (i64)(row_a + 8 * i) * os + 8 * t4;
 #pragma unroll
     for (int q = 0; q < HD / 32; ++q)
 #pragma unroll
