@@ -8,7 +8,9 @@ Two forms, keyed on op types, attributes and static shapes only:
   whose kernel equals its strides (UNet's 2x2/2 up-convolution) -> ConvNHWC(depth_to_space [bH, bW])
   writing the last Reshape's output.
 - ConvNHWC -> Transpose (0, 3, 1, 2) -> ONNX DepthToSpace (blocksize b; a PixelShuffle export) ->
-  ConvNHWC(depth_to_space [b, b]) -> Transpose (0, 3, 1, 2) writing DepthToSpace's output. DCR mode
+  ConvNHWC(depth_to_space [b, b]) -> Transpose (0, 3, 1, 2) writing DepthToSpace's output, or, when
+  DepthToSpace's only reader is a Transpose (0, 2, 3, 1) (a channels-last consumer), the conv writing
+  that Transpose's output. DCR mode
   is the attribute's order; CRD (channel c * b * b + dy * b + dx) permutes the conv's output channels
   (weight rows and bias, new initializers) to DCR's (dy * b + dx) * C + c.
 Each intermediate tensor must have its chain's next node as its only reader and be no kept tensor; the
@@ -25,7 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE, TO_NCHW
+from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
 from polykit.compiler.passes.rewrite import protected
 
@@ -102,6 +104,11 @@ def _fold_onnx(graph: Graph, conv: Node, chain: list[Node]) -> list[Node]:
         return []
     if mode == "CRD" and not _to_dcr(graph, conv, b, m // (b * b)):
         return []
+    after = chain[2] if len(chain) > 2 else None
+    if after is not None and after.op_type == "Transpose" and after.domain in ("", "ai.onnx") \
+            and tuple(int(p) for p in after.attrs.get("perm", [])) == tuple(TO_NHWC):
+        _store_depth_to_space(conv, b, b, after.outputs[0])  # an NHWC reader (a channels-last Concat): no Transposes
+        return [to_nchw, d2s, after]
     nhwc = graph.fresh_name(f"{d2s.outputs[0]}_nhwc")
     _store_depth_to_space(conv, b, b, nhwc)
     to_nchw.inputs[0], to_nchw.outputs[0] = nhwc, d2s.outputs[0]

@@ -90,6 +90,16 @@ def depth_to_space_blocks(attrs, fail) -> tuple[int, int] | None:
     return bh, bw
 
 
+def conv_output_shape(attrs, stored: tuple[int, ...]) -> tuple[int, ...]:
+    """The convolution's own output [N, OH, OW, M] of a ConvNHWC whose Y is `stored` (Y's shape,
+    static): Y itself, or with depth_to_space [bH, bW] the shape before the rearrangement."""
+    blocks = attrs.get(DEPTH_TO_SPACE)
+    if blocks is None or len(stored) != 4:
+        return tuple(stored)
+    (n, h, w, c), (bh, bw) = stored, (int(b) for b in blocks)
+    return (n, h // bh, w // bw, c * bh * bw)
+
+
 def depth_to_space_shape(shape: Shape, blocks: tuple[int, int] | None) -> Shape:
     """Y's shape [N, OH * bH, OW * bW, C] of a convolution output [N, OH, OW, bH * bW * C] stored
     depth-to-space with `blocks` (None: unchanged); a ValueError when the channels do not divide."""
