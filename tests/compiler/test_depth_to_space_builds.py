@@ -65,3 +65,22 @@ def test_cpu_plan_of_an_upsampling_conv_storing_depth_to_space_matches_onnxrunti
         assert up_conv.outputs[0] in plan.memory.placements
     image = np.random.default_rng(5).standard_normal(IMAGE).astype(np.float32)
     _check_outputs(plan, model, {"x": image})
+
+
+def test_an_up_convolution_of_5_channels_before_a_conv_keeps_its_channel_pad():
+    """The next conv's input is padded to 8 channels: pad_into_producers cannot widen a conv storing
+    depth-to-space (its rows are bH * bW blocks of C), so the Pad stays and the result is right."""
+    rng = np.random.default_rng(8)
+    w = numpy_helper.from_array((rng.standard_normal((16, 5, 2, 2)) * 0.3).astype(np.float32), "wt")
+    wy = numpy_helper.from_array((rng.standard_normal((4, 5, 3, 3)) * 0.3).astype(np.float32), "wy")
+    nodes = [helper.make_node("ConvTranspose", ["x", "wt"], ["u"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["u", "wy"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)]
+    g = helper.make_graph(nodes, "up5", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IMAGE)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, wy])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    (up_conv,) = [layer for layer in plan.layers if layer.attrs.get("depth_to_space")]
+    assert plan.tensors[up_conv.outputs[0]].shape[-1] == 5 and [layer.kind for layer in plan.layers].count("Pad") == 1
+    image = np.random.default_rng(5).standard_normal(IMAGE).astype(np.float32)
+    _check_outputs(plan, model, {"x": image})
