@@ -133,3 +133,15 @@ def test_crd_with_a_shared_weight_leaves_the_other_reader_its_own_order():
     want, got = evaluate_graph(g, feeds), evaluate_graph(out, feeds)
     for name in ("y", "z"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks,why", [([3, 3], "do not split into 3 x 3"), ([2], "not two block sizes"),
+                                        ([0, 2], "not positive")])
+def test_a_malformed_depth_to_space_is_a_shape_error(blocks, why):
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.errors import ShapeError
+
+    g = _nhwc_chain()
+    g.nodes[0].attrs["depth_to_space"] = blocks  # 16 output channels
+    with pytest.raises(ShapeError, match=why):
+        infer_shapes(g)
