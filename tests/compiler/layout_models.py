@@ -163,6 +163,6 @@ MODELS = {"squeeze_excitation": squeeze_excitation,
           "up_convolution_padded": lambda: transposed_upsampling(3)}
 
 #: Transposes a channels-last graph (and a cuda plan) of each model keeps: the entry (1 unless
-#: listed), the exit of a rank-4 output, the pixel shuffle of an up-convolution, the two around a
-#: ConvTranspose with no NHWC form
-TRANSPOSES_KEPT = {"upsampling_nearest": 2, "upsampling_linear": 2, "up_convolution": 3, "up_convolution_padded": 4}
+#: listed), the exit of a rank-4 output, the two around a ConvTranspose with no NHWC form (an
+#: up-convolution's pixel shuffle is stored by its conv: fold_depth_to_space)
+TRANSPOSES_KEPT = {"upsampling_nearest": 2, "upsampling_linear": 2, "up_convolution": 2, "up_convolution_padded": 4}

@@ -189,8 +189,35 @@ def up_block(channels: int = 8, skip_channels: int = 5) -> onnx.ModelProto:
     return _model(b, [b.conv(b.node("Concat", [skip, up], axis=1), 2 * skip_channels, 4)], image=(2, 3, 6, 8))
 
 
+def keep_pixel_shuffles(monkeypatch) -> None:
+    """Build without fold_depth_to_space, so UNet's pixel shuffle stays a Reshape -> Transpose ->
+    Reshape chain (the view placement's case: a shuffle after a producer that cannot store it)."""
+    import polykit.compiler.passes as passes
+
+    monkeypatch.setattr(passes, "fold_depth_to_space", lambda graph, keep=(): False)
+
+
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
-def test_a_pixel_shuffle_view_is_placed_through_its_transpose(target):
+def test_an_up_convolution_stores_its_pixel_shuffle_into_the_concat(target):
+    """With fold_depth_to_space the up conv writes the shuffled pixels straight into its slice."""
+    model = up_block()
+    plan = build_plan(model, BuilderConfig(target=target, channels_last=True, fp16=target == "cuda",
+                                           builder_optimization_level=0))
+    (cat,) = [layer for layer in plan.layers if layer.kind == "Concat"]
+    producers = {out: layer for layer in plan.layers for out in layer.outputs}
+    up = producers[cat.inputs[1]]
+    assert up.kind == "ConvNHWC" and up.attrs["depth_to_space"] == [2, 2]
+    assert sorted(plan.memory.placements) == sorted(cat.inputs) and not plan.memory.aliases
+    assert not [layer for layer in plan.layers if layer.kind == "Reshape"
+                or (layer.kind == "Transpose" and len(layer.attrs["perm"]) != 4)]  # the exit's (to NCHW) stays
+    if target == "cpu":
+        image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
+        _check_outputs(plan, model, {"image": image})
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_pixel_shuffle_view_is_placed_through_its_transpose(target, monkeypatch):
+    keep_pixel_shuffles(monkeypatch)
     model = up_block()
     plan = build_plan(model, BuilderConfig(target=target, channels_last=True, fp16=target == "cuda",
                                            builder_optimization_level=0))
@@ -214,9 +241,10 @@ def test_a_pixel_shuffle_view_is_placed_through_its_transpose(target):
 
 
 @pytest.mark.parametrize("drop", ["source", "view"])
-def test_the_plan_check_refuses_half_a_placed_view(drop):
+def test_the_plan_check_refuses_half_a_placed_view(drop, monkeypatch):
     """A view placed without its source or a source without its view: the one left unplaced sits
     at the other's unaligned offset, a slot of its own no plan has."""
+    keep_pixel_shuffles(monkeypatch)
     why = "is not a multiple of 256"
     plan = build_plan(up_block(), BuilderConfig(target="cpu", channels_last=True))
     (view,) = [n for n in plan.memory.placements if n in plan.memory.aliases]

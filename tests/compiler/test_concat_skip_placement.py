@@ -16,7 +16,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.file import Plan
 from polykit.compiler.plan.memory import concat_rows
 from polykit.errors import PlanError
-from tests.compiler.test_concat_placement import _check_outputs, _model
+from tests.compiler.test_concat_placement import _check_outputs, _model, keep_pixel_shuffles
 from tests.compiler.test_plan_check import edited
 from tests.conv_models import ModelBuilder
 
@@ -251,7 +251,10 @@ def test_the_runtime_check_refuses_a_reader_whose_tactic_cannot_read_rows(monkey
 # ---- the plan check -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def unet_bytes() -> bytes:
-    return build_plan(mini_unet()[0], BuilderConfig(target="cpu", channels_last=True)).serialize()
+    """(With the pixel shuffles kept: their tensors are the skip-sized activations _a_view aliases.)"""
+    with pytest.MonkeyPatch.context() as mp:
+        keep_pixel_shuffles(mp)
+        return build_plan(mini_unet()[0], BuilderConfig(target="cpu", channels_last=True)).serialize()
 
 
 def _skip(doc: dict) -> str:

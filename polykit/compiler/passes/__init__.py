@@ -21,6 +21,7 @@ from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channel_movement import (compose_concat_gathers, compose_gathers, compose_reformats,
                                                        pad_into_producers)
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
+from polykit.compiler.passes.fold_depth_to_space import fold_depth_to_space
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from polykit.compiler.passes.fold_axis_permutations import fold_axis_permutations
 from polykit.compiler.passes.fold_constants import fold_constants
@@ -59,7 +60,7 @@ __all__ = [
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
-    "pack_gemms",
+    "pack_gemms", "fold_depth_to_space",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -197,7 +198,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:
         run_passes(g, [bind(compose_reformats, keep=kept), bind(fuse_bias_activation, keep=kept),
-                       bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept), bind(pad_into_producers, keep=kept),
+                       bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
+                       bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),
                        bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept),
                        bind(absorb_views, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
     return g

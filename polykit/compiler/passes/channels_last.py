@@ -14,7 +14,8 @@
   dilation, pads or output padding (each output pixel takes one input pixel: UNet's 2x2/2
   up-convolution), when dense convs are converted: a 1x1 ConvNHWC giving kH * kW * M channels (W
   repacked, the bias tiled) -> Reshape [N, H, W, kH, kW, M] -> Transpose (0, 1, 3, 2, 4, 5) -> Reshape
-  [N, H * kH, W * kW, M] (the pixel shuffle, one copy) -> Transpose(0312). Others stay NCHW.
+  [N, H * kH, W * kW, M] (the pixel shuffle, one copy, until fold_depth_to_space makes the conv store
+  it) -> Transpose(0312). Others stay NCHW.
 - MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as

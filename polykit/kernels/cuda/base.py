@@ -23,6 +23,8 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE
+
 from polykit.compiler.plan.schema import KERNEL_FILE
 from polykit.errors import DeviceError, PlanError
 from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
@@ -308,6 +310,15 @@ def stored_as(*dtypes: str, then: Any = None):
     return supports
 
 
+def refusing_depth_to_space(supports: Any):
+    """`supports` that refuses layers with a `depth_to_space` attribute first."""
+
+    def refusing(layer: Any) -> bool:
+        return DEPTH_TO_SPACE not in (getattr(layer, "attrs", None) or {}) and supports(layer)
+
+    return refusing
+
+
 #: every CudaTactic the family modules declare, in import order; the built-in plugin
 #: (polykit.kernels.builtin) registers them through the `polykit_tactics` hook
 DECLARED: list[CudaTactic] = []
@@ -316,11 +327,16 @@ DECLARED: list[CudaTactic] = []
 def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, priority: int = 0,
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
-                domain: str = ANY, serves: Any = None, places: Any = None, reads_placed: Any = None):
+                domain: str = ANY, serves: Any = None, places: Any = None, reads_placed: Any = None,
+                depth_to_space: bool = False):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
     by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
     `serves`, `places`, `reads_placed`: polykit.kernels.tactics.Tactic.serves / places_fn /
-    reads_placed_fn)."""
+    reads_placed_fn). A ConvNHWC storing its output depth-to-space (its `depth_to_space`
+    attribute, ops/nn/channels_last.py) is refused unless the family says it stores so
+    (`depth_to_space`): a new family cannot run one by mistake."""
+    if not depth_to_space:
+        supports = refusing_depth_to_space(supports)
 
     def declare(enqueue_fn):
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),

@@ -294,14 +294,22 @@ def test_cuda_fp16_plan_with_a_placed_maxpool_and_resize_matches_the_cpu(level):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("level", [0, 3])
-def test_cuda_fp16_up_block_with_a_placed_pixel_shuffle_matches_the_cpu(level):
-    from tests.compiler.test_concat_placement import up_block
+@pytest.mark.parametrize("fold", [True, False])
+def test_cuda_fp16_up_block_with_a_placed_pixel_shuffle_matches_the_cpu(level, fold, monkeypatch):
+    """The up conv storing its pixel shuffle into the Concat (fold_depth_to_space), or the shuffle
+    kept and placed as a view through its Transpose."""
+    from tests.compiler.test_concat_placement import keep_pixel_shuffles, up_block
 
+    if not fold:
+        keep_pixel_shuffles(monkeypatch)
     model = up_block(16, 8)
     image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
     want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
     plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level))
-    assert any(n in plan.memory.aliases for n in plan.memory.placements)
+    if fold:
+        assert any(l.attrs.get("depth_to_space") and l.outputs[0] in plan.memory.placements for l in plan.layers)
+    else:
+        assert any(n in plan.memory.aliases for n in plan.memory.placements)
     got = _run(plan, {"image": image})
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from polykit.compiler.ops.nn.channels_last import conv_output_shape
 from polykit.compiler.ops.nn.conv import transpose_geometry, window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines, stored_as
@@ -70,7 +71,8 @@ def conv_args(layer: Any, tensors: Mapping[str, DeviceTensor], transpose: bool =
     if len({elem_of(t, where) for t in (X, Wt, Y) + ((B,) if B is not None else ())}) != 1:
         raise DeviceError("Conv input, weight, bias and output must share one dtype", where=where)
     if layer.kind in CHANNELS_LAST_KINDS:
-        (NB, *spatial, C), kernel, (*_, M), out = X.shape, Wt.shape[1:-1], Y.shape, Y.shape[1:-1]
+        conv_out = conv_output_shape(layer.attrs, Y.shape)  # Y's shape before a depth_to_space store
+        (NB, *spatial, C), kernel, (*_, M), out = X.shape, Wt.shape[1:-1], conv_out, conv_out[1:-1]
     else:
         (NB, C, *spatial), kernel, M, out = X.shape, Wt.shape[2:], Y.shape[1], Y.shape[2:]
     geo = (transpose_geometry if transpose else window_geometry)(layer.attrs, spatial, kernel, where=where)
@@ -115,7 +117,7 @@ def enqueue_igemm(kernel_name: str, reduce_name: str = "conv_splitk_reduce", fil
         n, m = g["NB"] * g["OSP"], g["M"] // g["G"]
         kernel = kernel_source(layer, kernel_name, file, elem)
         y, xt = tensors[layer.outputs[0]], tensors[layer.inputs[0]]
-        strides = [y.rows_apart(g["M"]), xt.rows_apart(g["C"])] if row_stride else []
+        strides = [y.rows_apart(y.shape[-1]), xt.rows_apart(g["C"])] if row_stride else []  # Y's pixels (C each)
         launch_tiled(launcher, kernel, reduce_name, m, n, k, g["G"], args, strides + _with_epilogue(layer, tensors, []))
 
     return enqueue

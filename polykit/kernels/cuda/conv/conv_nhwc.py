@@ -11,13 +11,16 @@ vectorized loads over the channel axis (C % 8 == 0 from to_channels_last) are fo
 Each stores Y one element at a time, a pixel's row LDY elements after the last, and loads X's pixels
 LDX elements apart (runtime arguments): so each can write its output into a channels-last Concat's
 slice (places_last_axis) and read an input placed in one (reads_last_axis: a skip connection).
+All three store a ConvNHWC with depth_to_space (D2S_H / D2S_W variants: each element at its
+rearranged address), the up-convolutions of a UNet included, still placeable in a Concat.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis, reads_last_axis, stored_as
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, defines, places_last_axis, reads_last_axis, stored_as
 from polykit.kernels.cuda.conv.conv import enqueue_igemm, group_of, igemm_problem, layer_variants, variants
 from polykit.kernels.cuda.gemm.epilogue import supports_epilogue
 from polykit.kernels.cuda.gemm.gemm import STORED, tile_params, tiled_workspace
@@ -28,7 +31,9 @@ KERNELS = ("conv_nhwc_igemm_simt", "conv_nhwc_igemm_simt_wide", "conv_nhwc_igemm
 
 
 def compile_variants() -> list[KernelSource]:
-    return [v for k in KERNELS for v in variants(k, FILE)]
+    """Every kernel for each storage dtype, plain and storing 2x2 depth-to-space."""
+    plain = [v for k in KERNELS for v in variants(k, FILE)]
+    return plain + [replace(v, defines=v.defines + defines(D2S_H=2, D2S_W=2)) for v in plain]
 
 
 def _mma(layer: Any) -> bool:
@@ -40,5 +45,5 @@ for _kernel, _priority, _supports in (("conv_nhwc_igemm_mma", 10, _mma), ("conv_
     cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_kernel.split('_', 2)[2]}", kernels=layer_variants(_kernel, FILE),
                 priority=_priority, conservative=_kernel == "conv_nhwc_igemm_simt", supports=stored_as(*STORED, then=_supports), params=tile_params(_kernel),
                 workspace=tiled_workspace(_kernel, igemm_problem), places=places_last_axis,
-                reads_placed=reads_last_axis)(
+                reads_placed=reads_last_axis, depth_to_space=True)(
         enqueue_igemm(_kernel, REDUCE, FILE, row_stride=True))

@@ -15,7 +15,8 @@ or a channels-last Concat's channel total where the output is placed in its slic
 the pair and 16-byte stores check their alignment at run time and fall back to narrower ones. X's
 pixels lie LDX elements apart (C, or a Concat's channel total where X is a skip placed in its slice
 that this conv reads too: reads_placed where LDX and the slice's offset keep the cp.async chunks
-16-byte aligned).
+16-byte aligned). A ConvNHWC with depth_to_space whose Y has C % 8 == 0 runs too (D2S_H / D2S_W
+variants: the epilogue's row and column terms of the store address change, nothing else).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE, conv_output_shape
 from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import (DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines, places_last_axis,
@@ -70,7 +72,8 @@ class ConvGemm:
 
 def plan_conv(attrs: Mapping[str, Any], x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]) -> ConvGemm | None:
     """The implicit-GEMM geometry of a ConvNHWC (X [NB, H, W, C], W [M, KH, KW, C], Y [NB, OH,
-    OW, M]), or None when conv_sm90 cannot run it."""
+    OW, M]; with depth_to_space [bH, bW] Y [NB, OH * bH, OW * bW, M / (bH * bW)], its channels a
+    multiple of 8 so no pair or 16-byte store leaves a block), or None when conv_sm90 cannot run it."""
     if len(x) != 4 or len(w) != 4 or len(y) != 4 or int(attrs.get("group", 1)) != 1:
         return None
     NB, H, W, C = x
@@ -81,6 +84,10 @@ def plan_conv(attrs: Mapping[str, Any], x: tuple[int, ...], w: tuple[int, ...], 
         geo = window_geometry(attrs, (H, W), (KH, KW), where="conv_sm90")
     except Exception:  # the shape rules already reject these: not this tactic's to report
         return None
+    if DEPTH_TO_SPACE in attrs:  # Y stored depth-to-space: blocks of C % 8 == 0 channels
+        if y[3] % 8:
+            return None
+        y = conv_output_shape(attrs, y)
     out = ConvGemm(NB * y[1] * y[2], M, KH * KW * C, H, W, C, y[1], y[2], KW, tuple(geo.strides),
                    tuple(geo.pads_begin), tuple(geo.dilations))
     if max(out.M, out.K, NB * H * W * C) >= 2**31 or y[3] != M:
@@ -146,7 +153,7 @@ def _enqueue(tile: Sm90Tile, split3: bool):
         if X.row_stride and ((ldx * es) % 16 or X.ptr % 16):
             raise DeviceError(f"X's pixels {ldx} elements apart at {X.ptr:#x} break the 16-byte A loads",
                               where=f"layer {layer.name!r}", hint="rebuild the plan (reads_placed refuses these)")
-        geo = replace(geo, ldy=Y.rows_apart(geo.N), ldx=ldx)  # rows in a Concat's output where placed there
+        geo = replace(geo, ldy=Y.rows_apart(Y.shape[-1]), ldx=ldx)  # rows in a Concat's output where placed there
         tm_w = TensorMapSpec(Wt.ptr, Wt.dtype, (geo.K, geo.N, 1), (geo.K * es, geo.N * geo.K * es),
                              (bk_of(Wt.dtype), tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
@@ -177,14 +184,20 @@ def compile_variants() -> list[KernelSource]:
            for t in CONV_TILES]
     out += [KernelSource("conv_sm90", file=file, defines=defines(ELEM=e) + CONV_TILES[0].defines(False),
                          arch="sm_90a") for e in ("bf16_t", "float")]
-    return out + [KernelSource("conv_sm90", file=file, defines=defines(ELEM="float") + t.defines(False, True),
-                               arch="sm_90a") for t in X3_CONV_TILES]
+    out += [KernelSource("conv_sm90", file=file, defines=defines(ELEM="float") + t.defines(False, True),
+                         arch="sm_90a") for t in X3_CONV_TILES]
+    # depth-to-space stores: a two-consumer (16-byte path) and a one-consumer tile, fp16; bf16
+    d2s = defines(D2S_H=2, D2S_W=2)
+    out += [KernelSource("conv_sm90", file=file, defines=defines(ELEM="half_t") + t.defines(False) + d2s, arch="sm_90a")
+            for t in (CONV_TILES[0], CONV_TILES[2])]
+    return out + [KernelSource("conv_sm90", file=file, defines=defines(ELEM="bf16_t") + CONV_TILES[0].defines(False)
+                               + defines(D2S_H=2, D2S_W=3), arch="sm_90a")]
 
 
 for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "sm90x3", True)):
     for _tile in _tiles:
         cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
                     supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
-                    places=places_last_axis, reads_placed=_reads_aligned(_split3),
+                    places=places_last_axis, reads_placed=_reads_aligned(_split3), depth_to_space=True,
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))

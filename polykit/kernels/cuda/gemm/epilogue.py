@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY
 from polykit.compiler.ops.quant.int8 import QUANT_ARITY, epilogue_result, is_int8_layer
 from polykit.errors import DeviceError
@@ -224,11 +225,20 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     ) + vector
 
 
+def store_defines(layer: Any) -> tuple[tuple[str, str], ...]:
+    """The defines of how a layer stores its output: D2S_H, D2S_W for a ConvNHWC with
+    depth_to_space [bH, bW] (conv_nhwc.cu, gemm_sm90_epilogue.cuh); none otherwise."""
+    blocks = (getattr(layer, "attrs", None) or {}).get(DEPTH_TO_SPACE)
+    return defines(D2S_H=int(blocks[0]), D2S_W=int(blocks[1])) if blocks is not None else ()
+
+
 def kernel_source(layer: Any, kernel: str, file: str, elem: str) -> KernelSource:
-    """The KernelSource of `kernel` (in `file`) for `layer`: plain, or with its epilogue built in."""
+    """The KernelSource of `kernel` (in `file`) for `layer`: plain, or with its epilogue built in
+    (either with the layer's store_defines)."""
     if not has_epilogue(layer):
-        return KernelSource(kernel, file=file, defines=defines(ELEM=elem))
-    return KernelSource(kernel, code=epilogue_prelude(layer, elem) + (CUDA_DIR / file).read_text())
+        return KernelSource(kernel, file=file, defines=defines(ELEM=elem) + store_defines(layer))
+    return KernelSource(kernel, code=epilogue_prelude(layer, elem) + (CUDA_DIR / file).read_text(),
+                        defines=store_defines(layer))
 
 
 def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: np.dtype) -> list[Any]:

@@ -23,7 +23,8 @@ import numpy as np
 
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
-from polykit.kernels.cuda.gemm.epilogue import epilogue_args, epilogue_prelude, has_epilogue, supports_epilogue
+from polykit.kernels.cuda.gemm.epilogue import (epilogue_args, epilogue_prelude, has_epilogue, store_defines,
+                                            supports_epilogue)
 
 FILE = "gemm_sm90.cu"
 #: each entry point's source (both share gemm_sm90_core.cuh and gemm_sm90_epilogue.cuh)
@@ -264,7 +265,7 @@ def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "g
     `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py); `streamk`:
     the stream-K variant (gemm_sm90_streamk.py)."""
     tile_defines = (tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
-                    + (defines(STREAMK=1) if streamk else ()))
+                    + (defines(STREAMK=1) if streamk else ()) + store_defines(layer))
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
                             defines=tile_defines, arch="sm_90a")

@@ -12,7 +12,12 @@
 // a Concat's channel total when Y is placed in its slice (polykit.compiler.builder.concat_placement).
 // LDX (runtime argument): elements between consecutive pixels of X, C for a dense X, a Concat's
 // channel total when X is placed in its slice and this conv reads it too (a skip connection).
+// D2S_H, D2S_W (depth_to_space.cuh: a ConvNHWC with depth_to_space): the geometry args describe the
+// conv's own output [NB, OH, OW, M] (conv.py: conv_args) and each element is stored at its
+// rearranged address in Y [NB, OH * D2S_H, OW * D2S_W, M / (D2S_H * D2S_W)], LDY elements between
+// its pixels. The epilogue still sees the dense index (a layer with epilogue inputs is not folded).
 #include "conv_common.cuh"
+#include "depth_to_space.cuh"
 
 #define CONV_NHWC_PARAMS CONV_BASE_PARAMS, i64 splits, float *partial, i64 LDY, i64 LDX EPI_PARAMS
 #define CONV_NHWC_ARGS CONV_BASE_ARGS, splits, partial, LDY, LDX EPI_COMMA_ARGS
@@ -54,7 +59,11 @@ struct ConvNhwcP {
 #if HAS_EPILOGUE
     acc = apply_epilogue(epi, acc, n * M_ + co, co);  // NHWC: the output channel is the last axis
 #endif
+#if D2S
+    st(Y, d2s_row(n, OW, LDY) + d2s_col(co, M_ / (D2S_H * D2S_W), OW, LDY), acc);
+#else
     st(Y, n * LDY + co, acc);
+#endif
   }
 };
 

@@ -8,7 +8,8 @@
 // the same kernel runs INT8 layers (int8_sm90.py: s8 operands, int8_out.cuh's output).
 // LDY: elements between consecutive output pixels' rows of Y (N when dense; a Concat's channel total
 // when Y is placed in its slice: gemm_sm90_epilogue.cuh's OUT_ROW_STRIDE); the INT8 / FP8 outputs
-// take it dense (N). LDX: elements between consecutive input pixels of X (C when dense; a Concat's
+// take it dense (N). D2S_H, D2S_W (defines): a depth_to_space ConvNHWC, OH / OW the conv's own output
+// grid and N its bH * bW * C channels, stored rearranged (gemm_sm90_epilogue.cuh's yrow / ycol). LDX: elements between consecutive input pixels of X (C when dense; a Concat's
 // channel total when X is placed in its slice and this conv reads it too: conv_sm90.py checks that
 // LDX and X keep the 16-byte cp.async sources aligned); the INT8 / FP8 kernels read X dense (C).
 #define OUT_ROW_STRIDE 1
@@ -84,6 +85,10 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
     OutT out = MAKE_OUT(Y, Bias, M, N, 0, 1, 1.f, 1.f);
 #if !I8 && !F8
     out.ldy = LDY;
+#if D2S
+    out.d2s_ow = OW;
+    out.d2s_cb = N / (D2S_H * D2S_W);
+#endif
 #else
     (void)LDY;
 #endif

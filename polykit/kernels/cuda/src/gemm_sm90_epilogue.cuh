@@ -8,10 +8,19 @@
 // Y at m * ldy (a runtime value; a Concat's slice when the convolution's output is placed there,
 // polykit.compiler.builder.concat_placement) instead of m * N; C and the epilogue's inputs keep the
 // dense index. The pair and 16-byte stores are taken only where ldy and Y keep them aligned.
+// D2S_H, D2S_W (defines, 1 unless set; with OUT_ROW_STRIDE only: a ConvNHWC with depth_to_space
+// [bH, bW], ops/nn/channels_last.py): row m = conv pixel (img, oh, ow) of the d2s_ow-wide grid, column
+// n = (dy, dx, c) with c < d2s_cb; element (m, n) goes to Y at yrow(m) + ycol(n), pixel (img, oh * D2S_H
+// + dy, ow * D2S_W + dx) of Y [.., OW * D2S_W, N / (D2S_H * D2S_W)], channel c. The tactics take it
+// only where d2s_cb % 8 == 0, so a pair or 16-byte group of columns never leaves its block.
 #pragma once
 #include "gemm_sm90_core.cuh"
 #ifndef OUT_ROW_STRIDE
 #define OUT_ROW_STRIDE 0
+#endif
+#include "depth_to_space.cuh"
+#if D2S && !OUT_ROW_STRIDE
+#error "depth-to-space stores (D2S_H, D2S_W) need OUT_ROW_STRIDE"
 #endif
 
 struct OutP {
@@ -33,6 +42,16 @@ struct OutP {
   __device__ __forceinline__ i64 row_stride() const { return N; }
   __device__ __forceinline__ bool pairs_ok() const { return (N & 1) == 0; }
 #endif
+#if D2S
+  i64 d2s_ow, d2s_cb;  // the conv's output width, channels of a block (N / (D2S_H * D2S_W))
+  // Y's offset of row m's first block, then of column n from it
+  __device__ __forceinline__ i64 yrow(i64 z, i64 m) const { return d2s_row(z * M + m, d2s_ow, ldy); }
+  __device__ __forceinline__ i64 ycol(i64 n) const { return d2s_col(n, d2s_cb, d2s_ow, ldy); }
+#else
+  // Y's offset of row m, then of column n from it
+  __device__ __forceinline__ i64 yrow(i64 z, i64 m) const { return (z * M + m) * row_stride(); }
+  __device__ __forceinline__ i64 ycol(i64 n) const { return n; }
+#endif
   // alpha * acc (+ beta * c) with explicit roundings (one fma with C): the pair stores and the
   // 16-byte paths (finish8, finish_rows) compute every element alike, bit for bit
   __device__ __forceinline__ float scaled(float acc) const { return __fmul_rn(alpha, acc); }
@@ -53,7 +72,7 @@ struct OutP {
       a = tf32_round(a);
       b = tf32_round(b);
     }
-    ELEM* y = Y + (z * M + m) * row_stride() + n;
+    ELEM* y = Y + yrow(z, m) + ycol(n);
     if (n + 1 < N) {
       if (pairs_ok()) {
         struct __align__(2 * sizeof(ELEM)) Pair { ELEM v[2]; } pair;
@@ -194,7 +213,7 @@ __device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, co
   load_cols(out, c, cols, n);
   load_row(out, r, oi);
   value8(out, c, cols, r, w, v);
-  store8(out, (z * out.M + m) * out.row_stride() + n, v);
+  store8(out, out.yrow(z, m) + out.ycol(n), v);
 }
 // Rows m, m + 8 of a subtile (n0: the lane's first column, 8 * (lane % 4) into the tile), EPI_GROUP
 // column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
@@ -204,7 +223,7 @@ __device__ __forceinline__ void finish8(const OutP& out, i64 z, i64 m, i64 n, co
 __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;  // the loads' (dense) indices
-  const i64 yrow = (z * out.M + m) * out.row_stride(), yrow8 = yrow + 8 * out.row_stride();  // the stores'
+  const i64 yrow = out.yrow(z, m), yrow8 = out.yrow(z, m + 8);  // the stores'
   Loads8 in[EPI_GROUPS];
 #pragma unroll
   for (int g = 0; g < GROUPS_AHEAD; ++g) load_group(out, in[g], m, n0 + 8 * EPI_GROUP * g, row + n0 + 8 * EPI_GROUP * g);
@@ -230,10 +249,10 @@ __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float 
       continue;
     }
     value8(out, in[g].c, in[g].cols, in[g].r, w, v);
-    if (row_ok) store8(out, yrow + n, v);
+    if (row_ok) store8(out, yrow + out.ycol(n), v);
     quad_row(lo8, hi8, w, lane);
     value8(out, in[g].c, in[g].cols, in[g].r8, w, v);
-    if (row8_ok) store8(out, yrow8 + n, v);
+    if (row8_ok) store8(out, yrow8 + out.ycol(n), v);
   }
 }
 #endif
