@@ -45,6 +45,8 @@
 #                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
 #                  `git archive` of the before commit in an ignored folder, named in carry) then times the same
 #                  cases on that tree without torch.compile (ZOO_BEFORE_S, default 150)
+#   STEP=frcnn     issue 33's open cuda mismatch: Faster R-CNN at 279x279 against onnxruntime, every tensor marked
+#                  (needs torch on the device), to name the first layer whose output differs
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -132,9 +134,28 @@ EOF
       grep -E "polykit .* ms|error|deadline" "$OUT/zoo_before.log"
     fi
     ;;
+  frcnn)  # issue 33: the cuda plan of Faster R-CNN at 279x279 finds 22 boxes where onnxruntime finds 24 (the cpu
+    # plan matches): the same feeds as tests/compiler/test_dim_floats.py, every tensor compared to find the first
+    python3 - <<'EOF2'
+import json
+from pathlib import Path
+import numpy as np
+from benchmarks.dynamic_exports import export, random_inputs
+name, d = "fasterrcnn_mobilenet_v3_large_320_fpn", Path("/tmp/fr")
+d.mkdir(exist_ok=True)
+export(name, d)
+spec = json.loads((d / f"{name}.json").read_text())["inputs"]
+np.savez(d / "feeds.npz", **{k: np.asarray(v) for k, v in random_inputs(spec, 4, seed=14).items()})
+EOF2
+    shapes="--trt-min-shapes x:[1,3,256,256] --trt-opt-shapes x:[1,3,320,320] --trt-max-shapes x:[1,3,384,384]"
+    timeout 250 python3 -m polykit.tools.cli.app run /tmp/fr/fasterrcnn_mobilenet_v3_large_320_fpn.onnx --trt --onnxrt \
+      --target cuda $shapes --load-inputs /tmp/fr/feeds.npz --mark-all --observe-marks --atol 1e-3 --rtol 1e-3 \
+      > "$OUT/frcnn_marks.txt" 2>&1
+    grep -nE "FAILED|shape" "$OUT/frcnn_marks.txt" | head -40
+    ;;
   session)
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|kernels|zoo|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
