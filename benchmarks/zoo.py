@@ -369,15 +369,21 @@ def errors(out, ref) -> dict:
             "l2_rel_err": float(diff.norm() / ref.norm()) if float(ref.norm()) else float("nan"), "ref_max_abs": scale}
 
 
-def top_kinds(summary, n: int = 3) -> dict:
-    """The `n` layer kinds and tactics of a polykit profile that take the most time, with shares."""
+def top_kinds(summary, n: int = 3, plan=None, layers: int = 10) -> dict:
+    """The `n` layer kinds and tactics of a polykit profile that take the most time, with shares, and
+    its `layers` slowest layers ([name, kind, tactic, ms, share, output shape from `plan`]): where the
+    next speed work on a model starts, without another device call to profile it."""
     def top(key):
         totals: dict[str, float] = {}
         for layer in summary.layers:
             totals[getattr(layer, key)] = totals.get(getattr(layer, key), 0.0) + layer.ms
         return [[k, round(ms, 4), round(ms / summary.total_ms, 3) if summary.total_ms else 0.0]
                 for k, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:n]]
-    return {"top_kinds": top("kind"), "top_tactics": top("tactic"), "profile_total_ms": round(summary.total_ms, 4)}
+    shapes = {lay.name: [list(s) for s in lay.out_shapes] for lay in getattr(plan, "layers", ())}
+    slowest = [[x.name, x.kind, x.tactic, round(x.ms, 4), round(x.share, 3), shapes.get(x.name)]
+               for x in summary.layers[:layers]]
+    return {"top_kinds": top("kind"), "top_tactics": top("tactic"), "top_layers": slowest,
+            "profile_total_ms": round(summary.total_ms, 4)}
 
 
 def torch_model(module, inputs: dict, torch, reference: bool = False) -> tuple:
@@ -471,7 +477,7 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
         if args.profile_runs:
             stage("profile")
             feeds = {n: bound.bindings[n].cpu().numpy() for n in plan.inputs}
-            row.update(top_kinds(profile_engine(bound.engine, feeds, args.profile_runs)))
+            row.update(top_kinds(profile_engine(bound.engine, feeds, args.profile_runs), plan=plan))
         bound.close()
     del row["stage"]
 

@@ -187,3 +187,20 @@ def test_the_cold_builds_tuning_summary_is_read_from_the_builders_log():
     assert facts["cold_timed_layers"] >= 1 and facts["cold_timed_tactics"] >= facts["cold_timed_layers"]
     assert facts["cold_compile_s"] >= 0 and facts["cold_timing_s"] >= 0  # seconds the log rounds to 0.01
     assert zoo.tuning_facts(["nothing timed"]) == {}
+
+
+def test_the_profile_record_names_the_slowest_layers_with_their_output_shapes():
+    from types import SimpleNamespace
+
+    from polykit.tools.report.profile import summarize
+
+    plan = SimpleNamespace(layers=[SimpleNamespace(name="conv1", kind="ConvNHWC", tactic="cuda.conv_nhwc.sm90_128x64",
+                                                   out_shapes=[(32, 96, 96, 192)]),
+                                   SimpleNamespace(name="se", kind="SqueezeExcite", tactic="cuda.squeeze_excite",
+                                                   out_shapes=[(32, 24, 24, 512)]),
+                                   SimpleNamespace(name="cast", kind="Cast", tactic="cuda.pointwise", out_shapes=[(32, 10)])])
+    runs = [[("conv1", 0.30), ("se", 0.10), ("cast", 0.01)], [("conv1", 0.50), ("se", 0.12), ("cast", 0.01)]]
+    record = zoo.top_kinds(summarize(runs, plan.layers), plan=plan, layers=2)
+    assert record["top_layers"] == [["conv1", "ConvNHWC", "cuda.conv_nhwc.sm90_128x64", 0.4, 0.769, [[32, 96, 96, 192]]],
+                                    ["se", "SqueezeExcite", "cuda.squeeze_excite", 0.11, 0.212, [[32, 24, 24, 512]]]]
+    assert record["top_kinds"][0] == ["ConvNHWC", 0.4, 0.769] and record["profile_total_ms"] == 0.52
