@@ -33,13 +33,15 @@
 #                  the zoo prepare phase missing the timer's hold kernel - fixed in 751cd55 - and Faster R-CNN's
 #                  cuda plan at 279x279 (22 boxes where onnxruntime has 24; open). The fifth session's new gpu tests
 #                  (two-launch SE, depth-to-space stores, packed GEMMs, rank-5 windowed attention, 32-column conv
-#                  tiles) ran in a subset: 275 passed; the whole list has not run since. Pass -n 15; ~390 s with a
-#                  cold kernel cache (NEW_S).
+#                  tiles) ran in a subset: 275 passed. Third run 2026-12-05 (sixth session, H100, 01a691b, NEW_S=400):
+#                  1468 passed, 1 failed (Faster R-CNN dynamic on cuda, the open mismatch below), cut at 98 % by the
+#                  timeout (the last dynamic-export cases). Pass -n 15; ~420 s with a cold kernel cache (NEW_S).
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
 #                  2:4 sparse GEMMs, LayerNorm / RMSNorm rows at Swin / BERT / LLaMA shapes)
-#   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow
+#   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow (default: the
+#                  two the sixth session left below 0.75x torch.compile and the eight its run did not reach)
 #                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
 #                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
@@ -121,7 +123,7 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"; grep " us " "$OUT/norm.txt"
     ;;
   zoo)
-    models=${ZOO_MODELS:-llama_small,swin_t,shufflenet_v2_x1_0,efficientnet_b0,mobilenet_v3_large,unet,resnet50,bert_base,regnet_y_800mf,vit_b_16,gpt2,googlenet,resnext50_32x4d}
+    models=${ZOO_MODELS:-whisper_encoder,wav2vec2_base,efficientnet_v2_s,unet,llama_small,distilbert,deit_small,dinov2_small,fcn_resnet50,deeplabv3_mobilenet_v3_large}
     [ "$models" = all ] && models_arg="" || models_arg="--models $models"
     timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
