@@ -129,9 +129,17 @@ def test_profile_build_with_dynamic_length_runs_dense_1d_convs_nhwc_at_every_len
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=str(shape))
 
 
-def _cuda_fp16(model) -> Plan:
+def _cuda_fp16(model, profiles=()) -> Plan:
     """The cuda fp16 plan at builder level 0 (first-priority tactics, nothing timed: no GPU needed)."""
-    return build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    return build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
+                                           profiles=list(profiles)))
+
+
+def test_cuda_fp16_profile_build_with_dynamic_length_runs_the_convs_nhwc():
+    model = whisper_frontend(batch="n", length="frames")
+    plan = _cuda_fp16(model, [Profile({"mel": ((1, 80, 17), (2, 80, 40), (3, 80, 61))})])
+    kinds = Counter(layer.kind for layer in plan.layers)
+    assert kinds["ConvNHWC"] == 2 and not kinds["Conv"] and kinds["Transpose"] == 1
 
 
 def test_cuda_fp16_whisper_frontend_plan_has_no_transpose_after_the_convs():
