@@ -37,6 +37,12 @@ class ModelBuilder:
         self.inits.append(numpy_helper.from_array(array.astype(np.float32), name))
         return name
 
+    def ints(self, values: Sequence[int], prefix: str) -> str:
+        """An int64 initializer (axes, starts, ends)."""
+        name = self.name(prefix)
+        self.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
     def node(self, op: str, inputs: list[str], **attrs) -> str:
         out = self.name(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
@@ -170,3 +176,65 @@ def _classifier(b: ModelBuilder, x: str, cin: int, name: str, batch: int, image:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     return model
+
+
+def _audio_model(b: ModelBuilder, name: str, inp: tuple[str, list], out: str, opset: int = 21) -> onnx.ModelProto:
+    graph = helper.make_graph(b.nodes, name, [helper.make_tensor_value_info(inp[0], TensorProto.FLOAT, inp[1])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def whisper_frontend(batch: int | str = 2, mels: int = 80, length: int | str = 31, width: int = 48,
+                     seed: int = 0) -> onnx.ModelProto:
+    """Whisper's encoder front-end as torch exports it: mel [N, mels, L] -> Conv1d k3 p1 (bias) -> Gelu
+    -> Conv1d k3 s2 p1 (bias) -> Gelu -> Transpose (0, 2, 1) -> LayerNormalization -> "hidden"
+    [N, ceil(L / 2), width]. `batch` / `length` may be dim names (a dynamic axis)."""
+    b = ModelBuilder(seed)
+    x = "mel"
+    for cin, stride in ((mels, 1), (width, 2)):
+        w = b.rng.standard_normal((width, cin, 3)) / np.sqrt(3 * cin)
+        x = b.node("Conv", [x, b.init(w, "w"), b.init(b.rng.standard_normal(width) * 0.1, "b")], kernel_shape=[3],
+                   pads=[1, 1], strides=[stride])
+        x = b.node("Gelu", [x])
+    x = b.node("Transpose", [x], perm=[0, 2, 1])
+    b.nodes.append(helper.make_node("LayerNormalization", [x, b.init(b.rng.uniform(0.5, 1.5, width), "ln"),
+                                                           b.init(b.rng.standard_normal(width) * 0.1, "ln")],
+                                    ["hidden"], name="ln", axis=-1, epsilon=1e-5))
+    return _audio_model(b, "whisper_frontend", ("mel", [batch, mels, length]), "hidden")
+
+
+def wav2vec2_frontend(batch: int = 2, length: int = 203, width: int = 16, model_dim: int = 32, groups: int = 4,
+                      pos_kernel: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """wav2vec2's feature extractor and positional conv as torch exports them, scaled down: audio [N, L]
+    -> Unsqueeze -> Conv1d 1 -> width k10 s5 (no bias) -> InstanceNormalization (GroupNorm, a group a
+    channel) -> Gelu -> Conv1d k3 s2 -> Gelu -> Conv1d k2 s2 -> Gelu -> Transpose (0, 2, 1) ->
+    LayerNormalization -> Linear to model_dim -> the positional conv (Transpose, grouped Conv1d
+    `pos_kernel` wide, padding pos_kernel // 2, bias; the last step sliced off when the kernel is
+    even; Gelu; Transpose back) added to it -> "features" [N, L'', model_dim]."""
+    b = ModelBuilder(seed)
+    x = b.node("Unsqueeze", ["audio", b.ints([1], "axes")])
+    x = b.node("Conv", [x, b.init(b.rng.standard_normal((width, 1, 10)) / np.sqrt(10), "w")], kernel_shape=[10],
+               strides=[5])
+    x = b.node("InstanceNormalization", [x, b.init(b.rng.uniform(0.5, 1.5, width), "gn"),
+                                         b.init(b.rng.standard_normal(width) * 0.1, "gn")], epsilon=1e-5)
+    x = b.node("Gelu", [x])
+    for k in (3, 2):
+        w = b.rng.standard_normal((width, width, k)) / np.sqrt(k * width)
+        x = b.node("Gelu", [b.node("Conv", [x, b.init(w, "w")], kernel_shape=[k], strides=[2])])
+    x = b.node("Transpose", [x], perm=[0, 2, 1])
+    x = b.node("LayerNormalization", [x, b.init(b.rng.uniform(0.5, 1.5, width), "ln"),
+                                      b.init(b.rng.standard_normal(width) * 0.1, "ln")], axis=-1, epsilon=1e-5)
+    x = b.node("Add", [b.node("MatMul", [x, b.init(b.rng.standard_normal((width, model_dim)) / np.sqrt(width), "fc")]),
+                       b.init(b.rng.standard_normal(model_dim) * 0.1, "fcb")])
+    cpg = model_dim // groups
+    w = b.rng.standard_normal((model_dim, cpg, pos_kernel)) / np.sqrt(pos_kernel * cpg)
+    pos = b.node("Conv", [b.node("Transpose", [x], perm=[0, 2, 1]), b.init(w, "w"),
+                          b.init(b.rng.standard_normal(model_dim) * 0.1, "b")],
+                 kernel_shape=[pos_kernel], pads=[pos_kernel // 2] * 2, group=groups)
+    if pos_kernel % 2 == 0:
+        pos = b.node("Slice", [pos, b.ints([0], "starts"), b.ints([-1], "ends"), b.ints([2], "axes")])
+    pos = b.node("Transpose", [b.node("Gelu", [pos])], perm=[0, 2, 1])
+    b.nodes.append(helper.make_node("Add", [x, pos], ["features"], name="residual"))
+    return _audio_model(b, "wav2vec2_frontend", ("audio", [batch, length]), "features")

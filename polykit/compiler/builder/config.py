@@ -24,7 +24,7 @@ from polykit.errors import UsageError
 
 #: memory planning strategies understood by polykit.compiler.plan.memory.plan_memory
 MEMORY_STRATEGIES = ("best-fit", "first-fit", "none")
-#: median output pixels of a model's 2-D convolutions from which an fp32 cuda build runs them
+#: median output pixels of a model's convolutions (1-D and 2-D) from which an fp32 cuda build runs them
 #: channels-last (BuilderConfig.channels_last_for): ResNet-50 has 196 at batch 1, 6272 at batch 32
 FP32_NHWC_PIXELS = 4096
 #: fields naming files a build reads or writes besides the model, and switches of the build
@@ -78,7 +78,7 @@ class BuilderConfig:
         (polykit.compiler.builder.value_ranges, ruled), so one plan serves every value; values of inputs
         that decide no shape are not used. A shape-tensor input with no value at all (here,
         in input_values or in the profiles) is a BuildError naming it.
-    channels_last: run 2-D convolutions and pools in NHWC (passes.to_channels_last); None (auto)
+    channels_last: run 1-D / 2-D convolutions and 2-D pools in NHWC (passes.to_channels_last); None (auto)
         turns it on for the cuda target's fp16, bf16 and tf32 builds, builds with INT8 layers,
         and fp32 builds of large convolutions (channels_last_for): its tensor-core convolutions
         (fp32 as 3xTF32) are NHWC implicit GEMMs.
@@ -265,9 +265,9 @@ class BuilderConfig:
         """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda
         target's half and tf32 builds, builds with INT8 layers (`int8`, or `int8_layers` when the
         model's Q/DQ fold), and fp32 builds whose convolutions are large (median output pixels
-        N * OH * OW of the 2-D convolutions, `conv_pixels`, at least FP32_NHWC_PIXELS): the NHWC
-        3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs 18.5 ms on the H100), the
-        NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
+        N * OH * OW of the 2-D convolutions and N * L' of the 1-D ones, `conv_pixels`, at least
+        FP32_NHWC_PIXELS): the NHWC 3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs
+        18.5 ms on the H100), the NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
         if self.channels_last is not None:
             return bool(self.channels_last)
         if target != "cuda":

@@ -134,7 +134,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `fp16=True` (or `bf16=True`) converts the graph to float16 (bfloat16) before fusion
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
-    `channels_last=True` runs 2-D convolutions and pools in NHWC (to_channels_last, first in the
+    `channels_last=True` runs 2-D (and 1-D) convolutions and 2-D pools in NHWC (to_channels_last, first in the
     layout group; fold_axis_permutations turns channel shuffles into Gathers, plan_layouts runs
     the regions of layout-free ops between them NHWC where that moves fewer bytes, and
     cancel_transposes removes the Transposes left between them; move_row_transposes then carries

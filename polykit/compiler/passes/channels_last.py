@@ -1,7 +1,8 @@
-"""to_channels_last: run 2-D convolutions and pools channels-last (docs/FUSION.md, "Channels last").
+"""to_channels_last: run 1-D / 2-D convolutions and 2-D pools channels-last (docs/FUSION.md, "Channels last").
 
-- A grouped or depthwise 1-D Conv runs as the 2-D ConvNHWC of its input viewed [N, 1, L, C]
-  between 3-D Transposes (_Rewriter.conv1d); a dense one stays (tensor cores already).
+- A 1-D Conv (x [N, C, L], constant W, of a class in `conv_classes`) runs as the 2-D ConvNHWC (kernel
+  [1, k]) of its input viewed [N, 1, L, C] between 3-D Transposes (_Rewriter.conv1d), a dense one's
+  channels padded to CHANNEL_ALIGN as a dense 2-D conv's are, so the NHWC tensor-core tactics serve it.
 
 - Conv (2-D, float16/float32, constant W) of a class in `conv_classes` -> Transpose(X, 0231)
   [-> Pad of the channel axis with zeros up to a multiple of CHANNEL_ALIGN: dense convs only] ->
@@ -174,19 +175,18 @@ class _Rewriter:
         return self.wrapped(node, "ConvNHWC", inputs, attrs, prefix)
 
     def conv1d(self, node: Node) -> list[Node] | None:
-        """A grouped or depthwise 1-D Conv (x [N, C, L], constant W [M, C / group, k]) as the 2-D
-        ConvNHWC of x viewed [N, 1, L, C]: Transpose (0, 2, 1) -> Reshape [N, 1, L, C] -> ConvNHWC
-        (kernel [1, k]) -> Reshape [N, L', M] -> Transpose (0, 2, 1), the Transposes 3-D so that
-        they cancel against a sequence model's own [N, L, C] <-> [N, C, L] transposes. Dense 1-D
-        convs stay NCHW: their implicit GEMM already runs on tensor cores."""
+        """A 1-D Conv (x [N, C, L], constant W [M, C / group, k]) as the 2-D ConvNHWC of x viewed
+        [N, 1, L, C]: Transpose (0, 2, 1) -> Reshape [N, 1, L, C] [-> Pad of a dense conv's channels
+        to a multiple of CHANNEL_ALIGN, zeros as the 2-D path's] -> ConvNHWC (kernel [1, k]) ->
+        Reshape [N, L', M] -> Transpose (0, 2, 1), the Transposes 3-D so that they cancel against a
+        sequence model's own [N, L, C] <-> [N, C, L] transposes (Whisper's and wav2vec2's front-ends)."""
         x, w = node.input(0), node.input(1)
         weight, xv = self.graph.initializers.get(w), self.graph.value(x)
         if (weight is None or weight.ndim != 3 or xv.dtype not in FLOATS or xv.shape is None or len(xv.shape) != 3
                 or weight.dtype != xv.dtype or not isinstance(xv.shape[1], int)):
             return None
         group, (m, cg, k) = int(node.attrs.get("group", 1)), weight.shape
-        cls = conv_class(group, cg * group)
-        if cls == "dense" or cls not in self.conv_classes:
+        if conv_class(group, cg * group) not in self.conv_classes:
             return None
         pads = explicit_pads(self.graph, node, [int(k)])
         if pads is None:
@@ -198,13 +198,17 @@ class _Rewriter:
         step = lambda what: self.graph.fresh_name(f"{node.name}_{what}")  # noqa: E731
         shape = lambda dims: self.graph.add_initializer(np.array(dims, dtype=np.int64), f"{node.name}_shape")  # noqa: E731
         t = [self.graph.fresh_name(f"{node.outputs[0]}_{what}") for what in ("nlc", "nhwc", "conv", "nlm")]
+        prefix = [Node("Transpose", [x], [t[0]], {"perm": [0, 2, 1]}, name=step("to_nlc")),
+                  Node("Reshape", [t[0], shape([0, 1, -1, int(xv.shape[1])])], [t[1]], {}, name=step("as_2d"))]
+        xt, channels = t[1], cg
+        if group == 1 and cg % CHANNEL_ALIGN:  # a dense conv's channels, padded for its kernels' 16-byte loads
+            channels = -(-cg // CHANNEL_ALIGN) * CHANNEL_ALIGN
+            xt = self.padded_channels(xt, channels - cg, node, prefix)
         w2d = self.graph.add_initializer(np.ascontiguousarray(weight[:, :, None, :]), f"{w}_2d")
-        inputs = [t[1], self.krsc(w2d, cg)] + ([node.input(2)] if node.input(2) else [])
-        return [Node("Transpose", [x], [t[0]], {"perm": [0, 2, 1]}, name=step("to_nlc")),
-                Node("Reshape", [t[0], shape([0, 1, -1, int(xv.shape[1])])], [t[1]], {}, name=step("as_2d")),
-                Node("ConvNHWC", inputs, [t[2]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
-                Node("Reshape", [t[2], shape([0, -1, int(m)])], [t[3]], {}, name=step("as_1d")),
-                Node("Transpose", [t[3]], [node.outputs[0]], {"perm": [0, 2, 1]}, name=step("to_ncl"))]
+        inputs = [xt, self.krsc(w2d, channels)] + ([node.input(2)] if node.input(2) else [])
+        return prefix + [Node("ConvNHWC", inputs, [t[2]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
+                         Node("Reshape", [t[2], shape([0, -1, int(m)])], [t[3]], {}, name=step("as_1d")),
+                         Node("Transpose", [t[3]], [node.outputs[0]], {"perm": [0, 2, 1]}, name=step("to_ncl"))]
 
     def conv_transpose(self, node: Node) -> list[Node] | None:
         """A ConvTranspose whose kernel equals its strides (one group, no dilation, no padding:

@@ -121,6 +121,7 @@ def test_convnext_blocks_run_channels_last_from_the_entry_to_the_pool():
 
 
 # 1-D convolutions (x [N, C, L], W [M, C / group, k]): grouped and depthwise ones run as 2-D ConvNHWC
+# (dense ones: test_channels_last_conv1d.py)
 CONV1D = [
     ((2, 12, 17), 12, 3, 12, {"pads": [1, 1]}),  # depthwise
     ((1, 16, 23), 16, 5, 4, {"strides": [2], "pads": [2, 1]}),  # grouped, asymmetric pads, stride 2
@@ -145,8 +146,8 @@ def test_grouped_and_depthwise_1d_convs_run_as_2d_conv_nhwc(x, m, k, group, attr
     assert out.initializers[conv.inputs[1]].shape == (m, 1, k, x[1] // group)  # KRSC, H = 1
 
 
-def test_a_dense_1d_conv_stays_ncl():
-    assert not to_channels_last(_conv1d((1, 8, 12), 16, 3, 1, pads=[1, 1]))
+def test_a_dense_1d_conv_stays_ncl_when_dense_convs_are_not_asked_for():
+    assert not to_channels_last(_conv1d((1, 8, 12), 16, 3, 1, pads=[1, 1]), conv_classes=("depthwise", "grouped"))
 
 
 def test_a_sequence_models_own_transposes_cancel_around_a_1d_conv():
