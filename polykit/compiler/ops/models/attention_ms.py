@@ -24,8 +24,10 @@ Masks follow onnxruntime: a masked score gets `mask_filter_value` (default -1000
 (so a row with every key masked is a softmax of the shifted scores, as onnxruntime gives, not NaN),
 while the causal (`unidirectional`) mask adds the lowest float (as onnxruntime's kernels do); the
 terms add up. The mask is built from graph ops
-(constant when the mask is, which folding then folds) and cast like the input; it reaches the
-Attention as an additive mask [B | 1, 1 | N, S | 1, T]:
+(constant when the mask is, which folding then folds) and cast like the input, once per graph for
+each mask input (every layer of a BERT reads one mask_index: `ImportContext.made` hands the first
+layer's term to the others, whose key length T must be the first layer's, as in every encoder or
+decoder stack); it reaches the Attention as an additive mask [B | 1, 1 | N, S | 1, T]:
 
     mask_index [B] (keys j >= length masked), [B, T] (raw: 0 masked), [B, S, T] (raw, per query);
     MultiHeadAttention's key_padding_mask [B] / [B, T]; attention_bias [B | 1, N | 1, S, T] added.
@@ -45,8 +47,8 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.models.collective import MS_DOMAIN
 from polykit.compiler.ops.node_emitter import NodeEmitter
-from polykit.compiler.ops.registry import ImportContext, importer
-from polykit.errors import NodeAttributeError
+from polykit.compiler.ops.registry import ImportContext, InferContext, find_shape_rule, importer
+from polykit.errors import NodeAttributeError, PolykitError
 
 #: onnxruntime's default for a masked score (added to it)
 MASK_FILTER_VALUE = -10000.0
@@ -75,10 +77,34 @@ def _refuse_outputs(node: Node, first: int) -> None:
                       "export without a key/value cache: only the attention output is supported")
 
 
-def _rank(ctx: ImportContext, name: str) -> int | None:
-    value = ctx.graph.values.get(name)
-    shape = value.shape if value is not None else None
+def _rank(ctx: ImportContext, name: str, depth: int = 8) -> int | None:
+    """The rank of tensor `name`: from the model's value info, else from its producer's shape rule
+    over its inputs' (up to `depth` producers back; the optimizer's mask_index is ReduceSum(Cast(mask)),
+    an intermediate without value info). None when unknown."""
+    shape = _shape(ctx, name, depth)
     return None if shape is None else len(shape)
+
+
+def _shape(ctx: ImportContext, name: str, depth: int):
+    value = ctx.graph.values.get(name)
+    if value is not None and value.shape is not None:
+        return value.shape
+    if name in ctx.graph.initializers:
+        return ctx.graph.initializers[name].shape
+    producer = next((n for n in ctx.graph.nodes if name in n.outputs), None) if depth > 0 else None
+    rule = find_shape_rule(producer.domain, producer.op_type) if producer is not None else None
+    if rule is None or producer.domain:
+        return None
+    known = [ctx.graph.values.get(i) for i in producer.inputs]
+    dtypes = [ctx.const(i).dtype if ctx.const(i) is not None else (v.dtype if v is not None else None)
+              for i, v in zip(producer.inputs, known)]
+    shapes = [_shape(ctx, i, depth - 1) if i else None for i in producer.inputs]
+    try:
+        results = rule(InferContext(producer, dtypes, shapes, [ctx.const(i) for i in producer.inputs]))
+    except PolykitError:
+        return None
+    result = results[producer.outputs.index(name)]
+    return result[1] if isinstance(result, tuple) else result.shape
 
 
 class _Lowering(NodeEmitter):
@@ -123,37 +149,49 @@ class _Lowering(NodeEmitter):
         n = self("Squeeze", [self.length(tensor, axis), self.ints([0], "axes")])
         return self("Range", [self.const(np.asarray(0, np.int64), "zero"), n, self.const(np.asarray(1, np.int64), "one")])
 
-    def masked(self, hidden: str, shape: list[int], value: float | None = None) -> None:
-        """Add a term: `value` (default `filter`) where bool `hidden` is True, else 0, viewed as
-        `shape` (a Reshape; [] keeps it)."""
+    def masked(self, hidden: str, value: float | None = None) -> str:
+        """`value` (default `filter`) where bool `hidden` is True, else 0, in the input's dtype."""
         value = self.filter if value is None else value
         filt = self("CastLike", [self.const(np.asarray(value, np.float32), "filter"), self.x])
         zero = self("CastLike", [self.const(np.asarray(0.0, np.float32), "zero"), self.x])
-        term = self("Where", [hidden, filt, zero])
-        self.terms.append(self("Reshape", [term, self.ints(shape, "mask_shape")]) if shape else term)
+        return self("Where", [hidden, filt, zero])
+
+    def once(self, key: tuple, make) -> None:
+        """Add the term `make()` gives, or the one an earlier node of the graph made under `key`
+        (every layer of a BERT reads one mask: one mask tensor, not one per layer)."""
+        key = (MS_DOMAIN, self.filter) + key
+        if key not in self.ctx.made:
+            self.ctx.made[key] = make()
+        self.terms.append(self.ctx.made[key])
 
     def key_padding(self, mask: str, keys: str, what: str, allow_3d: bool) -> None:
-        """The mask term of a [B] lengths / [B, T] raw / ([B, S, T] raw) int mask; `keys` is a
-        [B, N, T, h] tensor (for T)."""
+        """The [B, 1, 1 | S, T] term of a [B] lengths / [B, T] raw / ([B, S, T] raw) int mask; `keys`
+        is a [B, N, T, h] tensor (for T: the first layer's, which every layer reading the mask shares)."""
         rank = _rank(self.ctx, mask)
         if rank == 1:
-            lengths = self("Unsqueeze", [self("Cast", [mask], to=7), self.ints([1], "axes")])
-            self.masked(self("GreaterOrEqual", [self.positions(keys, 2), lengths]), [0, 1, 1, -1])
+            def make() -> str:
+                lengths = self("Unsqueeze", [mask, self.ints([1, 2, 3], "axes")])
+                positions = self("CastLike", [self.positions(keys, 2), mask])  # a constant once T is known
+                return self.masked(self("GreaterOrEqual", [positions, lengths]))
         elif rank == 2 or rank == 3 and allow_3d:  # raw: 0 (or less) masks
-            dropped = self("LessOrEqual", [mask, self("CastLike", [self.const(np.asarray(0), "zero"), mask])])
-            self.masked(dropped, [0, 1, 1, -1] if rank == 2 else [])
-            if rank == 3:
-                self.terms[-1] = self("Unsqueeze", [self.terms[-1], self.ints([1], "axes")])
+            def make() -> str:
+                full = self("Unsqueeze", [mask, self.ints([1, 2] if rank == 2 else [1], "axes")])
+                zero = self("CastLike", [self.const(np.asarray(0), "zero"), mask])
+                return self.masked(self("LessOrEqual", [full, zero]))
         else:
             forms = "[B] lengths, [B, T]" + (" or [B, S, T]" if allow_3d else "")
             raise _refuse(self.node, f"{what} of rank {rank if rank is not None else 'unknown'}",
                           f"give a {forms} int mask (the optimizer's default forms); the input needs a known rank")
+        self.once(("padding", mask), make)
 
     def causal(self, q: str, k: str) -> None:
         """Keys after the query's position masked ([S, T], no past: T = S) with the lowest float
         (onnxruntime's causal mask; -inf in float16), not mask_filter_value."""
-        rows = self("Unsqueeze", [self.positions(q, 2), self.ints([1], "axes")])
-        self.masked(self("Greater", [self.positions(k, 2), rows]), [], float(np.finfo(np.float32).min))
+        def make() -> str:
+            rows = self("Unsqueeze", [self.positions(q, 2), self.ints([1], "axes")])
+            return self.masked(self("Greater", [self.positions(k, 2), rows]), float(np.finfo(np.float32).min))
+
+        self.once(("causal",), make)
 
     def attention(self, q: str, k: str, v: str, bias_at: int) -> list[Node]:
         """The ai.polykit Attention of [B, N, S, h] Q, K, V and the mask terms (the padding term
