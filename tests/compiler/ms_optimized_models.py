@@ -83,3 +83,52 @@ def optimize(model: onnx.ModelProto, model_type: str, heads: int, hidden: int) -
     options.enable_shape_inference = False
     return optimize_model(copy.deepcopy(model), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0,
                           optimization_options=options).model
+
+
+def tiny_gpt2(batch=2, seq=7, hidden=32, heads=4, layers=2, positions=16, seed=0) -> onnx.ModelProto:
+    """Pre-LN GPT-2 blocks as HF's TorchScript export writes them: Conv1D as Reshape -> Gemm ->
+    Reshape, the packed QKV Split, the causal mask sliced out of a bool [1, 1, P, P] buffer by the
+    key/query lengths and applied by Where, the tanh GELU, residual Adds."""
+    g = _Graph(seed)
+    h = hidden // heads
+    rows, cols = g.const([-1, hidden], np.int64), g.const([batch, seq, hidden], np.int64)
+
+    def conv1d(x, d_in, d_out):
+        out = g("Gemm", g("Reshape", x, g.const([-1, d_in], np.int64)), g.weight(d_in, d_out), g.weight(d_out, scale=0.1))
+        return g("Reshape", out, g.const([batch, seq, d_out], np.int64))
+
+    causal = g.const(np.tril(np.ones((positions, positions), bool))[None, None], np.bool_)
+    x = "embeddings"
+    for _ in range(layers):
+        a = g.layer_norm(x, hidden)
+        qkv = conv1d(a, hidden, 3 * hidden)
+        q, k, v = (f"{qkv}_{n}" for n in "qkv")
+        g.nodes.append(helper.make_node("Split", [qkv, g.const([hidden] * 3, np.int64)], [q, k, v], axis=2))
+        split = g.const([0, 0, heads, h], np.int64)
+        q = g("Transpose", g("Reshape", q, split), perm=[0, 2, 1, 3])
+        kt = g("Transpose", g("Reshape", k, split), perm=[0, 2, 3, 1])
+        v = g("Transpose", g("Reshape", v, split), perm=[0, 2, 1, 3])
+        div = g("Div", g("MatMul", q, kt), g.const(np.sqrt(h)))
+        shape = g("Shape", div)
+        key_len = g("Squeeze", g("Slice", shape, g.const([-1], np.int64), g.const([2**62], np.int64)), g.const([0], np.int64))
+        query_len = g("Squeeze", g("Slice", shape, g.const([-2], np.int64), g.const([-1], np.int64)), g.const([0], np.int64))
+        end = g("Unsqueeze", key_len, g.const([0], np.int64))
+        start = g("Unsqueeze", g("Sub", key_len, query_len), g.const([0], np.int64))
+        rows_mask = g("Slice", causal, start, end, g.const([2], np.int64))
+        mask = g("Slice", rows_mask, g.const([0], np.int64), end, g.const([3], np.int64))
+        probs = g("Softmax", g("Where", mask, div, g.const(np.finfo(np.float32).min)), axis=-1)
+        merged = g("Reshape", g("Transpose", g("MatMul", probs, v), perm=[0, 2, 1, 3]), cols)
+        out = g("Reshape", g("Gemm", g("Reshape", merged, rows), g.weight(hidden, hidden), g.weight(hidden, scale=0.1)), cols)
+        x = g("Add", x, out)
+        m = conv1d(g.layer_norm(x, hidden), hidden, 4 * hidden)
+        inner = g("Mul", g("Add", m, g("Mul", g("Pow", m, g.const(3.0)), g.const(0.044715))), g.const(np.sqrt(2 / np.pi)))
+        m = g("Mul", g("Mul", g.const(0.5), m), g("Add", g.const(1.0), g("Tanh", inner)))
+        x = g("Add", x, conv1d(m, 4 * hidden, hidden))
+    g.nodes.append(helper.make_node("Identity", [g.layer_norm(x, hidden)], ["last_hidden_state"]))
+    graph = helper.make_graph(g.nodes, "tiny_gpt2",
+                              [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, [batch, seq, hidden])],
+                              [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [batch, seq, hidden])],
+                              g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -1,0 +1,89 @@
+"""Models prepared by onnxruntime's transformer optimizer (com.microsoft Attention, SkipLayerNormalization,
+BiasGelu, FastGelu: ops/models/attention_ms.py, ops/nn/contrib_ms.py): a tiny BERT and a tiny GPT-2 in
+the form HF's TorchScript exports take, optimized in the test; polykit's cpu plan of the optimized file
+matches onnxruntime on it (and on the unoptimized file), and the cuda fp16 plan (level 0, no GPU
+needed) runs every attention layer on the flash kernels, with no more layers than the unoptimized
+file's plan but the optimizer's mask_index reduction."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+from polykit.runtime.engine import Runtime
+
+from .ms_optimized_models import optimize, tiny_bert, tiny_gpt2
+from .ops.ms_contrib_kit import ort, polykit_cpu
+
+pytest.importorskip("onnxruntime.transformers.optimizer")
+
+B, S, HIDDEN, HEADS = 2, 16, 128, 2
+MASKS = {"none": np.ones((B, S), np.int64),
+         "padding": np.array([[1] * S, [1] * 9 + [0] * (S - 9)], np.int64)}
+
+
+def _optimized(kind: str):
+    build = tiny_bert if kind == "bert" else tiny_gpt2
+    model = build(batch=B, seq=S, hidden=HIDDEN, heads=HEADS)
+    optimized = optimize(model, kind, HEADS, HIDDEN)
+    ops = Counter(n.op_type for n in optimized.graph.node if n.domain == "com.microsoft")
+    if not ops.get("Attention"):
+        pytest.skip(f"this onnxruntime's optimizer fuses no Attention in the {kind} block ({dict(ops)})")
+    return model, optimized, ops
+
+
+def _feeds(kind: str, mask: str = "padding", seed: int = 0) -> dict:
+    feeds = {"embeddings": np.random.default_rng(seed).standard_normal((B, S, HIDDEN)).astype(np.float32)}
+    if kind == "bert":
+        feeds["attention_mask"] = MASKS[mask]
+    return feeds
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_optimized_tiny_bert_runs_on_the_cpu_target_as_onnxruntime_does(mask):
+    model, optimized, ops = _optimized("bert")
+    assert ops == {"Attention": 2, "SkipLayerNormalization": 4, "BiasGelu": 2}
+    feeds = _feeds("bert", mask)
+    got = polykit_cpu(optimized, feeds)["last_hidden_state"]
+    np.testing.assert_allclose(got, ort(optimized, feeds)["last_hidden_state"], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got, ort(model, feeds)["last_hidden_state"], atol=2e-5, rtol=1e-4)
+
+
+def test_optimized_tiny_gpt2_runs_on_the_cpu_target_as_onnxruntime_does():
+    model, optimized, ops = _optimized("gpt2")
+    assert ops == {"Attention": 2, "SkipLayerNormalization": 4, "FastGelu": 2}
+    assert all(any(a.name == "unidirectional" and a.i == 1 for a in n.attribute)
+               for n in optimized.graph.node if n.op_type == "Attention")
+    feeds = _feeds("gpt2")
+    got = polykit_cpu(optimized, feeds)["last_hidden_state"]
+    np.testing.assert_allclose(got, ort(optimized, feeds)["last_hidden_state"], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got, ort(model, feeds)["last_hidden_state"], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_cuda_fp16_plan_of_the_optimized_model_runs_attention_on_the_flash_kernels(kind):
+    model, optimized, _ = _optimized(kind)
+    config = BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0)
+    fused, plain = build_plan(optimized, config), build_plan(model, config)
+    tactics = Counter((layer.kind, layer.tactic) for layer in fused.layers)
+    attention = {t: n for (k, t), n in tactics.items() if k == "Attention"}
+    assert attention == {"cuda.attention.flash": 2}, tactics
+    assert not {k for k, _ in tactics} & {"Softmax", "Split", "Transpose", "Gelu", "Add"}, tactics
+    assert tactics[("LayerNormalization", "cuda.norm.warp")] == 5
+    assert sum(n for (k, t), n in tactics.items() if k in ("MatMul", "Gemm")) == 8  # QKV, out, 2 FFN per layer
+    extra = 1 if kind == "bert" else 0  # the optimizer's ReduceSum(attention_mask) that makes mask_index
+    assert len(fused.layers) <= len(plain.layers) + extra, (Counter(layer.kind for layer in fused.layers),
+                                                           Counter(layer.kind for layer in plain.layers))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_optimized_model_on_cuda_fp16_matches_the_cpu_plan(kind):
+    _, optimized, _ = _optimized(kind)
+    feeds = _feeds(kind, seed=1)
+    cuda = Runtime("cuda").deserialize_engine(build_plan(optimized, BuilderConfig(target="cuda", fp16=True)))
+    got = cuda.create_execution_context().execute(feeds)["last_hidden_state"]
+    want = polykit_cpu(optimized, feeds)["last_hidden_state"]
+    assert np.abs(got.astype(np.float32) - want).max() < 3e-2 * max(1.0, np.abs(want).max())
