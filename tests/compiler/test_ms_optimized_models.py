@@ -6,8 +6,10 @@ needed) runs every attention layer on the flash kernels, with no more layers tha
 file's plan but the optimizer's mask_index reduction."""
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from polykit.compiler.builder.builder import build_plan
@@ -87,3 +89,26 @@ def test_optimized_model_on_cuda_fp16_matches_the_cpu_plan(kind):
     got = cuda.create_execution_context().execute(feeds)["last_hidden_state"]
     want = polykit_cpu(optimized, feeds)["last_hidden_state"]
     assert np.abs(got.astype(np.float32) - want).max() < 3e-2 * max(1.0, np.abs(want).max())
+
+
+TORCH_EXPORTS = Path(__file__).resolve().parent.parent / "data" / "torch"
+
+
+@pytest.mark.parametrize("name,kind", [("bert_tiny_ts", "bert"), ("gpt2_tiny_ts", "gpt2"), ("vit_tiny_ts", "vit")])
+def test_optimized_torchscript_exports_run_on_the_cpu_target_as_onnxruntime_does(name, kind):
+    """HF's TorchScript exports (tests/data/make_torch_models.py: SDPA attention, 2 layers, hidden 64,
+    2 heads) come out of the optimizer with SkipLayerNormalization and BiasGelu / FastGelu, their
+    attention unfused and no EmbedLayerNormalization (the optimizer leaves the embeddings' Gathers alone)."""
+    optimized = optimize(onnx.load(str(TORCH_EXPORTS / f"{name}.onnx")), kind, 2, 64)
+    ops = Counter(n.op_type for n in optimized.graph.node if n.domain == "com.microsoft")
+    assert ops["SkipLayerNormalization"] == 4 and "EmbedLayerNormalization" not in ops, ops
+    rng = np.random.default_rng(4)
+    if kind == "vit":
+        feeds = {"pixel_values": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    else:
+        feeds = {"input_ids": rng.integers(0, 100, (2, 16)).astype(np.int64),
+                 "attention_mask": np.array([[1] * 16, [1] * 11 + [0] * 5], np.int64)}
+    want = ort(optimized, feeds)
+    got = polykit_cpu(optimized, feeds)
+    for out in want:
+        np.testing.assert_allclose(got[out], want[out], atol=2e-5, rtol=1e-4, err_msg=out)
