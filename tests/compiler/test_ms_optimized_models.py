@@ -112,3 +112,27 @@ def test_optimized_torchscript_exports_run_on_the_cpu_target_as_onnxruntime_does
     got = polykit_cpu(optimized, feeds)
     for out in want:
         np.testing.assert_allclose(got[out], want[out], atol=2e-5, rtol=1e-4, err_msg=out)
+
+
+def test_optimized_tiny_bert_with_dynamic_batch_and_length_runs_every_shape_of_its_profile():
+    """The lowering reads the sequence length at run time (Shape -> Range for the [B] lengths mask):
+    one plan serves every (batch, length) of the profile."""
+    from polykit.compiler.plan.profiles import Profile
+
+    model = tiny_bert(batch=B, seq=S, hidden=HIDDEN, heads=HEADS)
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        dims[0].dim_param, dims[1].dim_param = "batch", "length"
+    optimized = optimize(model, "bert", HEADS, HIDDEN)
+    if not any(n.op_type == "Attention" for n in optimized.graph.node):
+        pytest.skip("this onnxruntime's optimizer fuses no Attention in the dynamic bert block")
+    profile = Profile({"embeddings": ((1, 1, HIDDEN), (2, 16, HIDDEN), (3, 32, HIDDEN)),
+                       "attention_mask": ((1, 1), (2, 16), (3, 32))})
+    ctx = Runtime("cpu").deserialize_engine(build_plan(optimized, BuilderConfig(target="cpu", profiles=[profile]))) \
+        .create_execution_context()
+    for batch, length in ((1, 5), (3, 11), (2, 32)):
+        rng = np.random.default_rng(batch * length)
+        feeds = {"embeddings": rng.standard_normal((batch, length, HIDDEN)).astype(np.float32),
+                 "attention_mask": (np.arange(length)[None] < rng.integers(1, length + 1, (batch, 1))).astype(np.int64)}
+        np.testing.assert_allclose(ctx.execute(feeds)["last_hidden_state"], ort(optimized, feeds)["last_hidden_state"],
+                                   atol=5e-5, rtol=1e-4)
