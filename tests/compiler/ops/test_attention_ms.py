@@ -164,3 +164,27 @@ def test_packed_multi_head_attention_matches_the_unpacked_form_on_onnxruntime(fo
         unpacked.update(q=feeds["q"], **{n: feeds["k"][:, :, :, i].reshape(B, S, D) for i, n in enumerate("kv")})
     plain, _ = _mha(B, S, S, D, N, padding=feeds["m"])
     np.testing.assert_allclose(polykit_cpu(m, feeds)["y"], ort(plain, unpacked)["y"], atol=2e-5, rtol=1e-4)
+
+
+def test_multi_head_attention_behind_another_contrib_op_takes_its_form_from_the_inputs_given():
+    """The query's rank is unknown at import when a SkipLayerNormalization (no shape rule: it is lowered
+    too) produces it: key and value given means a [B, S, D] query."""
+    rng = np.random.default_rng(8)
+    B, S, L, D, N = 2, 5, 6, 12, 3
+    nodes = [helper.make_node("SkipLayerNormalization", ["x", "skip", "gamma"], ["normed"], domain=MS),
+             helper.make_node("MatMul", ["normed", "wq"], ["query"]),
+             helper.make_node("MultiHeadAttention", ["query", "k", "v", "b", "m"], ["y"], domain=MS, num_heads=N)]
+    m = model(nodes, [("x", F32, [B, S, D]), ("skip", F32, [B, S, D]), ("k", F32, [B, L, D]), ("v", F32, [B, L, D]),
+                      ("m", I32, [B, L])], [("y", F32, [B, S, D])],
+              [("gamma", rand(rng, D)), ("wq", rand(rng, D, D, scale=0.4)), ("b", rand(rng, 3 * D))])
+    feeds = {"x": rand(rng, B, S, D), "skip": rand(rng, B, S, D), "k": rand(rng, B, L, D), "v": rand(rng, B, L, D),
+             "m": np.array([[1, 1, 1, 0, 1, 0], [1, 0, 0, 0, 0, 0]], np.int32)}
+    assert_matches_onnxruntime(m, feeds)
+
+
+def test_multi_head_attention_inputs_of_the_wrong_rank_are_refused_by_name():
+    m, feeds = _mha(1, 3, 3, 4, 2, form="packed_kv")
+    m.graph.node[0].input[1] = "q"  # a [B, S, D] tensor where the packed KV [B, L, N, 2, h] belongs
+    with pytest.raises(NodeAttributeError, match="MultiHeadAttention: input 1 of rank 3") as info:
+        polykit_cpu(m, feeds)
+    assert "packed KV" in info.value.hint

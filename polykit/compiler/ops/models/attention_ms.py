@@ -9,7 +9,10 @@ them as the graph an exporter would have written, with the one ai.polykit `Atten
                 Transpose(0, 2, 1, 3) -> ai.polykit Attention(Q, K, V[, mask]) ->
                 Transpose(0, 2, 1, 3) -> Reshape [B, S, N*h_v]
     MultiHeadAttention: the same from separate (or packed [B, S, N, 3, h] / [B, L, N, 2, h]) Q, K, V
-                (+ their bias slices), K and V also as [B, N, L, h] (BNSH) as given.
+                (+ their bias slices), K and V also as [B, N, L, h] (BNSH) as given. The form
+                follows from the inputs given (no key: packed QKV; a key alone: packed KV), as in
+                onnxruntime, so a query behind another contrib op (whose shape import cannot know
+                yet) needs no rank; a rank that is known must agree.
 
 Why lower at import rather than give the ops a shape rule, a reference and cuda kernels of their
 own: the lowered graph is exactly the form the existing passes already make fast, so one code path
@@ -105,6 +108,14 @@ def _shape(ctx: ImportContext, name: str, depth: int):
         return None
     result = results[producer.outputs.index(name)]
     return result[1] if isinstance(result, tuple) else result.shape
+
+
+def _expect_rank(ctx: ImportContext, node: Node, i: int, ranks: tuple[int, ...], what: str) -> int | None:
+    """Input i's rank when known; a NodeAttributeError when it is not one of `ranks`."""
+    rank = _rank(ctx, node.inputs[i])
+    if rank is not None and rank not in ranks:
+        raise _refuse(node, f"input {i} of rank {rank}", f"give {what}")
+    return rank
 
 
 class _Lowering(NodeEmitter):
@@ -270,38 +281,40 @@ def _ms_multi_head_attention(node: Node, ctx: ImportContext) -> list[Node]:
     _refuse_outputs(node, 1)
     query = node.inputs[0]
     low = _Lowering(node, ctx, query)
-    rq = _rank(ctx, query)
     has_k, has_v, has_bias = _present(node, 1), _present(node, 2), _present(node, 3)
-    if rq == 5:
-        if has_k or has_v or has_bias:
-            raise _refuse(node, "packed QKV query with key, value or bias", "give packed QKV alone (bias added before)")
+    # the form follows from which inputs are given (onnxruntime's rule); a known rank must agree
+    # (an unknown one, e.g. behind another contrib op, is taken to be the form's)
+    if not has_k and not has_v:
+        _expect_rank(ctx, node, 0, (5,), "a packed QKV query (no key and value) [B, S, N, 3, h]")
+        if has_bias:
+            raise _refuse(node, "packed QKV query with bias", "add the bias before packing")
         q, k, v = (low.pick(query, i, 3) for i in range(3))
-    elif rq == 3:
-        rk = _rank(ctx, node.inputs[1]) if has_k else None
-        if rk == 5 and not has_v:
-            if has_bias:
-                raise _refuse(node, "packed KV key with bias", "add the bias before packing")
-            k, v = (low.pick(node.inputs[1], i, 3) for i in range(2))
-            q = low.heads_first(query)
-        elif rk in (3, 4) and has_v and _rank(ctx, node.inputs[2]) == rk:
-            if has_bias and rk == 4:
-                raise _refuse(node, "bias with [B, N, L, h] key and value", "add the bias to the query only")
-            tensors = [query, node.inputs[1], node.inputs[2]]
-            if has_bias:
-                bias = node.inputs[3]
-                b = ctx.const(bias)
-                if b is None or b.ndim != 1 or b.shape[0] % 3:
-                    raise _refuse(node, "a bias that is not a constant [3 * D]",
-                                  "give the bias as an initializer (query, key and value of one width)")
-                sizes = [b.shape[0] // 3] * 3
-                tensors = [low("Add", [t, piece]) for t, piece in zip(tensors, low.split(bias, sizes, axis=0))]
-            q = low.heads_first(tensors[0])
-            k, v = (low.heads_first(t) for t in tensors[1:]) if rk == 3 else tensors[1:]
-        else:
-            raise _refuse(node, f"key/value ranks ({rk}, {_rank(ctx, node.inputs[2]) if has_v else None})",
-                          "give 3-D key and value, 4-D [B, N, L, h] key and value, or a 5-D packed KV key")
+    elif has_k and not has_v:
+        _expect_rank(ctx, node, 0, (3,), "a query [B, S, D]")
+        _expect_rank(ctx, node, 1, (5,), "a packed KV key (no value) [B, L, N, 2, h]")
+        if has_bias:
+            raise _refuse(node, "packed KV key with bias", "add the bias before packing")
+        k, v = (low.pick(node.inputs[1], i, 3) for i in range(2))
+        q = low.heads_first(query)
+    elif has_k and has_v:
+        _expect_rank(ctx, node, 0, (3,), "a query [B, S, D]")
+        rk = _expect_rank(ctx, node, 1, (3, 4), "a key [B, L, D] or [B, N, L, h]") or 3
+        _expect_rank(ctx, node, 2, (rk,), f"a value of the key's rank {rk}")
+        if has_bias and rk == 4:
+            raise _refuse(node, "bias with [B, N, L, h] key and value", "add the bias to the query only")
+        tensors = [query, node.inputs[1], node.inputs[2]]
+        if has_bias:
+            bias = node.inputs[3]
+            b = ctx.const(bias)
+            if b is None or b.ndim != 1 or b.shape[0] % 3:
+                raise _refuse(node, "a bias that is not a constant [3 * D]",
+                              "give the bias as an initializer (query, key and value of one width)")
+            sizes = [b.shape[0] // 3] * 3
+            tensors = [low("Add", [t, piece]) for t, piece in zip(tensors, low.split(bias, sizes, axis=0))]
+        q = low.heads_first(tensors[0])
+        k, v = (low.heads_first(t) for t in tensors[1:]) if rk == 3 else tensors[1:]
     else:
-        raise _refuse(node, f"a query of rank {rq}", "give a [B, S, D] query or a [B, S, N, 3, h] packed QKV")
+        raise _refuse(node, "a value without a key", "give key and value, a packed KV key, or a packed QKV query")
     if _present(node, 4):
         low.key_padding(node.inputs[4], k, "key_padding_mask", allow_3d=False)
     return low.attention(q, k, v, bias_at=5)
