@@ -90,3 +90,37 @@ def test_bias_add_is_the_sum_of_its_three_inputs():
     m = model([node], [("x", F32, shape), ("skip", F32, shape)], [("y", F32, shape)], [("bias", bias)])
     x, skip = rand(rng, *shape), rand(rng, *shape)
     np.testing.assert_allclose(polykit_cpu(m, {"x": x, "skip": skip})["y"], x + bias + skip, rtol=1e-6, atol=1e-6)
+
+
+def _embed(B, S, H, *, segments=True, mask=True, position_ids=None, outputs=("y", "mask_index"), seed=0):
+    rng = np.random.default_rng(seed)
+    vocab, positions, types = 23, S + 3, 2
+    names = ["ids", "seg" if segments else "", "word", "pos", "segemb" if segments else "", "gamma", "beta",
+             "mask" if mask else ""]
+    ins = [("ids", np.int32, [B, S])] + ([("seg", np.int32, [B, S])] if segments else []) + \
+          ([("mask", np.int32, [B, S])] if mask else [])
+    feeds = {"ids": rng.integers(0, vocab, (B, S)).astype(np.int32)}
+    if segments:
+        feeds["seg"] = rng.integers(0, types, (B, S)).astype(np.int32)
+    if mask:
+        feeds["mask"] = (np.arange(S)[None] < rng.integers(0, S + 1, (B, 1))).astype(np.int32)
+    if position_ids is not None:
+        names.append("posids")
+        ins.append(("posids", np.int32, list(position_ids.shape)))
+        feeds["posids"] = position_ids
+    inits = [("word", rand(rng, vocab, H)), ("pos", rand(rng, positions, H)), ("segemb", rand(rng, types, H)),
+             ("gamma", rand(rng, H)), ("beta", rand(rng, H))]
+    out_info = {"y": (F32, [B, S, H]), "mask_index": (np.int32, [B]), "sum": (F32, [B, S, H])}
+    node = helper.make_node("EmbedLayerNormalization", names, list(outputs), domain=MS, epsilon=1e-5)
+    return model([node], ins, [(o,) + out_info[o] for o in node.output], inits), feeds
+
+
+@pytest.mark.parametrize("B,S,H", [(1, 1, 4), (2, 7, 16), (3, 13, 33)])
+@pytest.mark.parametrize("segments,mask", [(True, True), (False, True), (True, False)])
+def test_embed_layer_normalization_matches_onnxruntime(B, S, H, segments, mask):
+    assert_matches_onnxruntime(*_embed(B, S, H, segments=segments, mask=mask, seed=S))
+
+
+def test_embed_layer_normalization_with_position_ids_and_the_embedding_sum_matches_onnxruntime():
+    positions = np.array([[3, 1, 0, 2, 5]], np.int32)
+    assert_matches_onnxruntime(*_embed(2, 5, 8, position_ids=positions, outputs=("y", "mask_index", "sum")))

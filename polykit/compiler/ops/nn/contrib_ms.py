@@ -1,4 +1,4 @@
-"""onnxruntime's com.microsoft norm and activation ops, lowered at import to standard ONNX ops.
+"""onnxruntime's com.microsoft norm, activation and embedding ops, lowered at import to standard ONNX ops.
 
 `onnxruntime.transformers.optimizer.optimize_model` writes these into BERT / GPT-2 / ViT files
 (the zoo's bert_base and gpt2 exports: 24 SkipLayerNormalization each, 12 BiasGelu / FastGelu).
@@ -16,9 +16,12 @@ to keep equal to onnxruntime:
     Gelu(x) -> Gelu;  BiasGelu(x, b) -> Gelu(x + b);  FastGelu(x[, b]) -> Gelu(x [+ b], approximate="tanh")
     QuickGelu(x; alpha = 1.702) -> x * Sigmoid(alpha * x);  BiasAdd(x, bias, skip) -> x + bias + skip
 
-EmbedLayerNormalization is not lowered: the optimizer (onnxruntime 1.32) does not emit it for the
-zoo's TorchScript BERT export (its embeddings stay Gather + Add + LayerNormalization), and a model
-that has it is reported by `polykit inspect capability` as an unsupported op.
+    EmbedLayerNormalization(ids, segment_ids?, word, position, segment?, gamma, beta?, mask?, position_ids?)
+        -> LayerNormalization(Gather(word, ids) + Gather(position, position_ids or 0..S-1)
+           [+ Gather(segment, segment_ids)]); mask_index: ReduceSum of (mask == 1) per row (zeros
+           without a mask); embedding_sum: the sum. onnxruntime 1.32's optimizer does not emit it for
+           the zoo's or tests/data's TorchScript BERT exports (their embeddings stay Gather + Add +
+           LayerNormalization), but files prepared by older exports / optimizers have it.
 """
 
 from __future__ import annotations
@@ -117,4 +120,37 @@ def _quick_gelu(node: Node, ctx: ImportContext) -> list[Node]:
 def _bias_add(node: Node, ctx: ImportContext) -> list[Node]:
     emit = NodeEmitter(node, ctx)
     emit("Add", [emit("Add", [node.inputs[0], node.inputs[1]]), node.inputs[2]], output=node.outputs[0])
+    return emit.nodes
+
+
+@importer("EmbedLayerNormalization", since=1, domain=MS_DOMAIN)
+def _embed_layer_norm(node: Node, ctx: ImportContext) -> list[Node]:
+    """input_ids, segment_ids?, word / position / segment? embeddings, gamma, beta?, mask?, position_ids?
+    -> LayerNormalization(word[ids] + position[position_ids or 0..S-1] (+ segment[segment_ids])),
+    mask_index (the count of 1s in each mask row; 0 without a mask), embedding_sum."""
+    emit = NodeEmitter(node, ctx)
+    ids = node.inputs[0]
+    total = emit("Gather", [node.inputs[2], ids], axis=0)
+    positions = _given(node, 8)
+    if positions is None:
+        shape = emit("Shape", [ids])
+        length = emit("Squeeze", [emit("Gather", [shape, emit.const(np.asarray([1], np.int64), "axis")], axis=0),
+                                  emit.const(np.asarray([0], np.int64), "axes")])
+        positions = emit("Range", [emit.const(np.asarray(0, np.int64), "zero"), length,
+                                   emit.const(np.asarray(1, np.int64), "one")])
+    total = emit("Add", [total, emit("Gather", [node.inputs[3], positions], axis=0)])
+    if _given(node, 1) is not None and _given(node, 4) is not None:
+        total = emit("Add", [total, emit("Gather", [node.inputs[4], node.inputs[1]], axis=0)])
+    if _output(node, 2) is not None:
+        total = emit("Identity", [total], output=node.outputs[2])
+    emit("LayerNormalization", [total, node.inputs[5]] + ([node.inputs[6]] if _given(node, 6) else []),
+         output=node.outputs[0], axis=-1, epsilon=float(node.attrs.get("epsilon", 1e-12)))
+    if _output(node, 1) is not None:
+        mask = _given(node, 7)
+        if mask is None:  # no mask: zeros, one per batch row
+            rows = emit("Gather", [emit("Shape", [ids]), emit.const(np.asarray([0], np.int64), "axis")], axis=0)
+            emit("ConstantOfShape", [rows], output=node.outputs[1], value=np.zeros(1, np.int32))
+        else:
+            ones = emit("Cast", [emit("Equal", [mask, emit("CastLike", [emit.const(np.asarray(1), "one"), mask])])], to=6)
+            emit("ReduceSum", [ones, emit.const(np.asarray([1], np.int64), "axes")], output=node.outputs[1], keepdims=0)
     return emit.nodes
