@@ -188,3 +188,19 @@ def test_multi_head_attention_inputs_of_the_wrong_rank_are_refused_by_name():
     with pytest.raises(NodeAttributeError, match="MultiHeadAttention: input 1 of rank 3") as info:
         polykit_cpu(m, feeds)
     assert "packed KV" in info.value.hint
+
+
+def test_attention_reading_the_mask_index_of_an_embed_layer_normalization_matches_onnxruntime():
+    """The optimizer's form for files with EmbedLayerNormalization: its mask_index ([B] counts, no
+    value info: the rank comes from the op) is every Attention's mask."""
+    rng = np.random.default_rng(9)
+    B, S, C, N, vocab = 2, 6, 12, 3, 20
+    embed = helper.make_node("EmbedLayerNormalization", ["ids", "", "word", "pos", "", "gamma", "beta", "mask"],
+                             ["hidden", "mask_index"], domain=MS)
+    att = helper.make_node("Attention", ["hidden", "w", "b", "mask_index"], ["y"], domain=MS, num_heads=N)
+    m = model([embed, att], [("ids", I32, [B, S]), ("mask", I32, [B, S])], [("y", F32, [B, S, C])],
+              [("word", rand(rng, vocab, C)), ("pos", rand(rng, S, C)), ("gamma", rand(rng, C)), ("beta", rand(rng, C)),
+               ("w", rand(rng, C, 3 * C, scale=0.4)), ("b", rand(rng, 3 * C))])
+    feeds = {"ids": rng.integers(0, vocab, (B, S)).astype(np.int32),
+             "mask": np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.int32)}
+    assert_matches_onnxruntime(m, feeds)

@@ -1,4 +1,4 @@
-"""onnxruntime's com.microsoft norm and activation ops (ops/nn/contrib_ms.py): polykit's cpu plan
+"""onnxruntime's com.microsoft norm, activation and embedding ops (ops/nn/contrib_ms.py): polykit's cpu plan
 of the lowered graph matches onnxruntime's own contrib kernels on random data and odd shapes."""
 
 import numpy as np

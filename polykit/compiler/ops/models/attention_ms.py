@@ -55,6 +55,9 @@ from polykit.errors import NodeAttributeError, PolykitError
 
 #: onnxruntime's default for a masked score (added to it)
 MASK_FILTER_VALUE = -10000.0
+#: ranks of contrib outputs that feed a mask: (op, output) -> rank (EmbedLayerNormalization's
+#: mask_index, which the optimizer hands every Attention of the model)
+CONTRIB_OUTPUT_RANKS = {("EmbedLayerNormalization", 1): 1}
 
 
 def _refuse(node: Node, what: str, hint: str) -> NodeAttributeError:
@@ -95,6 +98,9 @@ def _shape(ctx: ImportContext, name: str, depth: int):
     if name in ctx.graph.initializers:
         return ctx.graph.initializers[name].shape
     producer = next((n for n in ctx.graph.nodes if name in n.outputs), None) if depth > 0 else None
+    if producer is not None and producer.domain == MS_DOMAIN:  # not imported yet: no shape rule
+        rank = CONTRIB_OUTPUT_RANKS.get((producer.op_type, producer.outputs.index(name)))
+        return None if rank is None else (None,) * rank
     rule = find_shape_rule(producer.domain, producer.op_type) if producer is not None else None
     if rule is None or producer.domain:
         return None
