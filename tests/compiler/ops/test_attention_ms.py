@@ -204,3 +204,29 @@ def test_attention_reading_the_mask_index_of_an_embed_layer_normalization_matche
     feeds = {"ids": rng.integers(0, vocab, (B, S)).astype(np.int32),
              "mask": np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], np.int32)}
     assert_matches_onnxruntime(m, feeds)
+
+
+@pytest.mark.parametrize("case", ["lengths_causal", "raw_attention_bias", "mha_bias_padding", "mha_packed_qkv",
+                                  "mha_packed_kv", "mha_bnsh"])
+def test_cuda_fp16_plan_runs_each_form_on_the_flash_kernels(case):
+    """Level 0, no GPU needed: one Attention layer on cuda.attention.flash, no Softmax, no head
+    Transpose, Split or Gather copy left (static shapes: the Q/K/V selections are views), Attention's
+    projection one GEMM."""
+    from collections import Counter
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    m = {"lengths_causal": lambda: _attention(2, 16, 128, 2, mask=np.array([9, 16], np.int32), unidirectional=1),
+         "raw_attention_bias": lambda: _attention(2, 16, 128, 2, mask=np.ones((2, 16), np.int32),
+                                                  attention_bias=(1, 2, 16, 16)),
+         "mha_bias_padding": lambda: _mha(2, 16, 24, 128, 2, bias=True, padding=np.ones((2, 24), np.int32)),
+         "mha_packed_qkv": lambda: _mha(2, 16, 16, 128, 2, form="packed_qkv"),
+         "mha_packed_kv": lambda: _mha(2, 16, 16, 128, 2, form="packed_kv"),
+         "mha_bnsh": lambda: _mha(2, 16, 24, 128, 2, form="bnsh")}[case]()[0]
+    plan = build_plan(m, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    tactics = Counter((layer.kind, layer.tactic) for layer in plan.layers)
+    assert [t for (k, t) in tactics.elements() if k == "Attention"] == ["cuda.attention.flash"], tactics
+    assert not {k for k, _ in tactics} & {"Softmax", "Transpose", "Split", "Gather"}, tactics
+    projections = 1 if case in ("lengths_causal", "raw_attention_bias") else 0  # the packed QKV GEMM
+    assert sum(n for (k, _), n in tactics.items() if k in ("MatMul", "Gemm")) == projections, tactics
