@@ -18,7 +18,7 @@ which opset a model came from.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -165,6 +165,10 @@ class ImportContext:
     graph: Graph
     opset: int  # the model's original default-domain opset
     import_graph: GraphImporter
+    #: tensors an importer made that its later nodes of the same graph may read instead of making
+    #: them again, under keys of the importer's choosing (the com.microsoft attention ops' mask,
+    #: one for all the layers that read the same mask input: ops/models/attention_ms.py)
+    made: dict[Any, str] = field(default_factory=dict)
 
     def add_constant(self, array: Any, prefix: str = "const", dtype: Any = None) -> str:
         """Add an initializer and return its name (for moving an attribute to an input)."""
