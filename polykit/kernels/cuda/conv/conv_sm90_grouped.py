@@ -16,11 +16,12 @@ past Mg reads TMA's zero fill, not the next group's rows). One launch per group 
 kernel change but serialises small launches: wav2vec2_base's positional conv (Conv1d 768 -> 768,
 k 128, pad 64, G 16: Cg = Mg = 48, K = 6144; at the zoo's 5 s input M = 250 output frames) is
 4 tiles a group on the 64 x 64 tile the estimate prefers (2 on 128 x 64): 16 launches of 4 blocks,
-128 of 132 SMs idle in every one, against one launch of 4 x 1 x 16 blocks. RegNet-Y-800MF (group width 16, 3x3: K = 144; 4, 9,
-20, 49 groups a stage) and ResNeXt-50 32x4d (32 groups, Cg 4 / 8 / 16 / 32 by stage: K = 36 / 72 /
-144 / 288, Mg = Cg) would take 4..49 and 32 launches a layer per group, one here - but neither is
-offered this tactic (below): RegNet-Y-800MF's and ResNeXt-50's stage 1-3 GEMMs are small
-(Cg 4 fails the multiple of 8 outright), stage 4's K 288 with Mg 32 is grouped_mma's size.
+128 of 132 SMs idle in every one, against one launch of 4 x 1 x 16 blocks. RegNet-Y-800MF (group
+width 16, 3x3: K = 144; 4, 9, 20, 49 groups a stage) and ResNeXt-50 32x4d (32 groups, Cg 4 / 8 /
+16 / 32 by stage: K = 36 / 72 / 144 / 288, Mg = Cg) would take 4..49 and 32 launches a layer per
+group, one here - but neither is offered this tactic (below): every RegNet-Y-800MF group GEMM
+(K 144) and ResNeXt-50's stages 1-3 are small (Cg 4 fails the multiple of 8 outright), and stage
+4's K 288 with Mg 32 is grouped_mma's size.
 
 Which layers: the builder times every candidate, so the tactic is offered only where it can
 plausibly win (`offered`): a group's K >= 1024, or K >= 256 with Mg >= 64, or a layer no
