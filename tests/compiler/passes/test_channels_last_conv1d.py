@@ -176,12 +176,13 @@ def test_sm90_and_mma_conv_tactics_take_every_dense_1d_conv(model):
 def test_wide_grouped_positional_conv_runs_on_the_nhwc_implicit_gemm():
     """wav2vec2's positional conv (16 groups of 48 channels, k = 128) as the zoo has it: its window of
     weights outgrows the shared memory of the grouped kernels (conv_grouped, grouped_mma), so the
-    grouped NHWC implicit GEMMs run it."""
+    grouped Hopper tiles (sm90g, conv_sm90_grouped.py) and the grouped NHWC implicit GEMMs run it."""
     plan = _cuda_fp16(wav2vec2_frontend(length=1203, width=16, model_dim=768, groups=16, pos_kernel=128))
     (pos,) = [layer for layer in plan.layers if layer.kind == "ConvNHWC" and layer.attrs["group"] == 16]
     assert pos.attrs["kernel_shape"] == [1, 128] and pos.in_shapes[1] == (768, 1, 128, 48)
     names = [t.name for t in candidates("cuda", "ConvNHWC", pos, arch="sm_90")]
-    assert names == ["cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide"]
+    assert names == [f"cuda.conv_nhwc.sm90g_{t}" for t in ("128x64", "64x64", "64x64x2")] + [
+        "cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide"]
 
 
 def test_sm90_conv_kernels_of_the_frontends_compile_with_nvrtc(tmp_path, monkeypatch):

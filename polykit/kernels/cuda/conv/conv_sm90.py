@@ -166,7 +166,7 @@ def _enqueue(tile: Sm90Tile, split3: bool):
     return enqueue
 
 
-def _reads_aligned(split3: bool):
+def reads_aligned(split3: bool):
     def reads(layer: Any, index: int, row: int, stride: int, offset: int) -> bool:
         """Tactic.reads_placed: X's pixels read by 16-byte cp.async, so the rows (whole pixels) must
         keep each chunk 16-byte aligned: stride and offset (into a 256-byte aligned root) too."""
@@ -198,6 +198,6 @@ for _tiles, _prefix, _split3 in ((CONV_TILES, "sm90", False), (X3_CONV_TILES, "s
     for _tile in _tiles:
         cuda_tactic("ConvNHWC", f"cuda.conv_nhwc.{_prefix}_{_tile.label}", kernels=_kernels(_tile, _split3),
                     supports=_supports(_tile, _split3), priority=30, archs=ARCHS, estimate=_estimate(_tile, _split3),
-                    places=places_last_axis, reads_placed=_reads_aligned(_split3), depth_to_space=True,
+                    places=places_last_axis, reads_placed=reads_aligned(_split3), depth_to_space=True,
                     params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub,
                             "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, _split3))

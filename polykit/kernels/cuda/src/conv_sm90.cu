@@ -12,7 +12,14 @@
 // grid and N its bH * bW * C channels, stored rearranged (gemm_sm90_epilogue.cuh's yrow / ycol). LDX: elements between consecutive input pixels of X (C when dense; a Concat's
 // channel total when X is placed in its slice and this conv reads it too: conv_sm90.py checks that
 // LDX and X keep the 16-byte cp.async sources aligned); the INT8 / FP8 kernels read X dense (C).
+// CONV_GROUPED 1 (conv_sm90_grouped.py): a grouped ConvNHWC, group g = blockIdx.z a dense conv of
+// C (= Cg) input and N (= Mg) output channels: X + g * C (its pixels still LDX apart: the layer's
+// channel total), the weights' rows by TMA coordinate z = g (tm_w's third dim the groups), Bias,
+// Y + g * N (Y's rows LDY apart: the layer's output channels). M, K are a group's GEMM.
 #define OUT_ROW_STRIDE 1
+#ifndef CONV_GROUPED
+#define CONV_GROUPED 0
+#endif
 #include "gemm_sm90_epilogue.cuh"
 
 // rows of the A tile one producer thread gathers: rows tid / 8 + 16 * i, chunk tid % 8
@@ -34,6 +41,14 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
   const int tiles = tiles_m * tiles_n;
   const int ktiles = (int)((K + KE - 1) / KE);
   if (threadIdx.x == 0) tma_prefetch_desc(&tm_w);
+#if CONV_GROUPED && !I8 && !F8
+  const int grp = blockIdx.z;  // this block's group: its input channels, weight rows, outputs
+  X += (i64)grp * C;
+  Y += (i64)grp * N;
+  if (Bias) Bias += (i64)grp * N;
+#else
+  const int grp = 0;
+#endif
   const Stages st = setup_stages(smem_raw, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
 
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
@@ -65,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
         unsigned char* a = st.smem + stage * STAGE_BYTES;
         if (tid == 0) {
           bar_expect_tx(&st.full[stage], BN * 128);
-          tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * KE, ti.tn * BN, 0);
+          tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * KE, ti.tn * BN, grp);
         }
         const int q = kt * 8 + chunk;  // this thread's 16-byte chunk of K: tap (kh, kw), channels c8 * VEC..
         const int tap = q / c8s, c8 = q - tap * c8s, kh = tap / KW, kw = tap - kh * KW;
