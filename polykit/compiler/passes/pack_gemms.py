@@ -50,11 +50,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
 #: fewest members that make a group worth packing
 MIN_MEMBERS = 2
+#: views and transposes on the way from a member of dynamic shape to attention's MatMuls
+HEAD_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
 #: how many elementwise ops deep `_ungated` looks for a node two members' outputs meet in
 GATE_DEPTH = 8
 
@@ -126,11 +129,13 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         return None
     weight = np.asarray(weight)
     xv = graph.value(x)
-    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or not xv.is_static:
-        return None  # dynamic dims: the views that make the Split free are static-shape only
+    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or xv.shape is None \
+            or isinstance(xv.shape[-1], SymInt) or not isinstance(xv.shape[-1], (int, np.integer)):
+        return None
     out = node.outputs[0]
     if out in fixed:
         return None
+    dynamic = not xv.is_static
     bias = None
     if node.op_type == "MatMul":
         if len(xv.shape) < 2 or xv.shape[-1] != weight.shape[0]:
@@ -161,7 +166,38 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         bias = None if bias is None else (bias * factor).astype(weight.dtype)
         folded.append(mul)
         out = mul.outputs[0]
+    if dynamic and not _to_heads_only(graph, out, readers):
+        return None  # dynamic outer dims: only Attention reads a column slice as a view (fold_attention_layouts)
     return _Member(node, weight, n, bias, folded, out)
+
+
+def _to_heads_only(graph: Graph, out: str, readers: dict[str, list[Node]], heads: bool = False) -> bool:
+    """Whether `out` reaches MatMuls (attention's, before recognize_attention) only through
+    Reshape-family views and at least one Transpose (of its heads), then scalings by a constant,
+    or is read by Shape: the reads
+    fold_attention_layouts makes views of on a dynamic-shape tensor. absorb_views' views
+    (elementwise readers: RoPE, a gated MLP's product) are static-shape only, so there the Split
+    would stay a copy."""
+    users = readers.get(out, [])
+    for r in users:
+        if r.domain:
+            return False
+        if r.op_type == "Shape" or (r.op_type == "MatMul" and heads):
+            continue
+        scale = heads and r.op_type in ("Mul", "Div") and _scalar_operand(graph, r, out)
+        if (r.op_type not in HEAD_VIEWS and not scale) or r.inputs[0] != out \
+                or not _to_heads_only(graph, r.outputs[0], readers, heads or r.op_type == "Transpose"):
+            return False
+    return bool(users)
+
+
+def _scalar_operand(graph: Graph, node: Node, out: str) -> bool:
+    """`node` (a Mul / Div reading `out` first) scales it by a one-element constant (SDPA's
+    sqrt(scale) on q and k, which recognize_attention takes into the Attention's scale)."""
+    if len(node.inputs) != 2 or node.inputs[1] == out:
+        return False
+    value = graph.initializers.get(node.inputs[1])
+    return value is not None and np.asarray(value).size == 1
 
 
 def _power_of_two_scale(graph: Graph, out: str, dtype: np.dtype, readers: dict[str, list[Node]],
