@@ -21,7 +21,11 @@ rolls nothing -- is read from that tensor directly through an element-stride vie
 chain's ops (a Reshape composes when it only splits or merges axes that are contiguous with each
 other, numpy's no-copy rule). The packed QKV projection of ViT, DeiT, Swin and GPT-2
 ([.., S, 3, H, D], [S, B, 3E], unbind, split) so feeds Attention with no copy; the selections go
-when nothing else reads them. Static shapes only. Format: docs/FUSION.md.
+when nothing else reads them. Over a source of dynamic outer dims (a profile build's [B, S, 3E]
+projection) the view's entries that depend on them are expressions of the source's dims (`#k`:
+offset E, shape [#0, H, #1, D], strides [3E #1, D, 3E, 1]), composed with those dims as symbols
+(`_symbolic_view`: a cut or a merge of a dynamic dim is refused) and evaluated at the bound shape by
+whoever reads the view. Format: docs/FUSION.md.
 """
 
 from __future__ import annotations

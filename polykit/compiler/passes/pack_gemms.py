@@ -27,9 +27,15 @@ SiLU(gate) * up) run as a GEMM + a GEMM with that op in its epilogue (fuse_bias_
 many launches as the packed GEMM + a Pointwise over column views and without writing and reading
 the packed [M, 2F] intermediate (LLaMA-small bs1: 12.5 MB more; `gated=True` packs them anyway).
 
-Left out: GEMMs reading a tensor of dynamic shape (a profile build: the views that make the Split
-free - fold_attention_layouts', absorb_views' - are static-shape only, so the Split would stay a
-copy of the whole projection), GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
+Dynamic shapes (a profile build): a GEMM whose input has dynamic outer dims (batch, sequence) but
+a static K packs as well when its output reaches attention's MatMuls only through Reshape-family
+views, Transposes and scalings by a constant (SDPA's sqrt(scale) on q and k; `_to_heads_only`):
+fold_attention_layouts makes those reads views whose outer strides are expressions of the packed
+tensor's bound dims (`#k` entries, docs/FUSION.md), so the Split stays free. A member with another
+reader (an elementwise one: RoPE, a gated MLP's product) stays apart there: absorb_views' views are
+static-shape only, so its Split would be a copy of the projection.
+
+Left out: GEMMs reading a tensor with a dynamic K, GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
 each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its
 MatMul's, under its bias Add) is a graph output or kept (`keep`), or a node named in `skip`
 (layers pinned to float32). The packed GEMM's `fused_from` names its members' nodes (layer
