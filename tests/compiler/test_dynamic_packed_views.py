@@ -133,6 +133,46 @@ def test_rope_on_q_keeps_q_apart_in_a_profile_build():
         np.testing.assert_allclose(ctx.execute(f)["y"], session.run(None, f)[0], rtol=1e-5, atol=1e-5)
 
 
+def _flattened_block():
+    """q, k, v projections of x flattened to [batch * seq, E], their heads reshaped to [batch, seq,
+    H, D] by a target read from Shape(x): a view of the packed [batch * seq, 3E] would have to split
+    a merged dynamic dim."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = {f"w{n}": (rng.standard_normal((E, E)) / np.sqrt(E)).astype(np.float32) for n in "qkv"}
+    inits.update(flat=np.array([-1, E], np.int64), heads=np.array([H, D], np.int64), zero=np.array([0], np.int64),
+                 two=np.array([2], np.int64), scale=np.array(D ** -0.5, np.float32))
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"]), helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Slice", ["xs", "zero", "two"], ["bs"]),
+             helper.make_node("Concat", ["bs", "heads"], ["target"], axis=0)]
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x2", f"w{n}"], [f"{n}m"], name=f"{n}_proj"),
+                  helper.make_node("Reshape", [f"{n}m", "target"], [f"{n}4"]),
+                  helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qh", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+              helper.make_node("Softmax", ["s1"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["y"])]
+    graph = helper.make_graph(nodes, "flattened", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", E])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_projections_of_a_merged_dynamic_dim_stay_apart():
+    model = _flattened_block()
+    profile = Profile({"x": ((1, 5, E), (4, 32, E), (6, 40, E))})
+    plan = build_plan(model, BuilderConfig(target="cpu", profiles=[profile]))
+    assert sorted(layer.out_shapes[0][-1] for layer in plan.layers if layer.kind in GEMMS) == [E, E, E]
+    assert "Split" not in {layer.kind for layer in plan.layers}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    from polykit.runtime.engine import Engine
+
+    with Engine(plan).create_execution_context() as ctx:
+        f = {"x": _feeds(3, 17)["x"]}
+        np.testing.assert_allclose(ctx.execute(f)["y"], session.run(None, f)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_a_dynamic_view_evaluates_at_bound_shapes_and_at_build_symbols():
     raw = [96, "#0", 3, "#1", 32, ["*", 288, "#1"], 32, 288, 1]
     view = decode_view(raw, (2, 7, 288))

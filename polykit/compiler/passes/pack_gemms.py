@@ -29,7 +29,8 @@ the packed [M, 2F] intermediate (LLaMA-small bs1: 12.5 MB more; `gated=True` pac
 
 Dynamic shapes (a profile build): a GEMM whose input has dynamic outer dims (batch, sequence) but
 a static K packs as well when its output reaches attention's MatMuls only through Reshape-family
-views, Transposes and scalings by a constant (SDPA's sqrt(scale) on q and k; `_to_heads_only`):
+views that keep the input's dynamic dims whole (not [B*S, E] reshaped to [B, S, H, D]: a view cannot
+split a merged dim), Transposes and scalings by a constant (SDPA's sqrt(scale) on q and k; `_to_heads_only`):
 fold_attention_layouts makes those reads views whose outer strides are expressions of the packed
 tensor's bound dims (`#k` entries, docs/FUSION.md), so the Split stays free. A member with another
 reader (an elementwise one: RoPE, a gated MLP's product) stays apart there: absorb_views' views are
@@ -172,18 +173,19 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         bias = None if bias is None else (bias * factor).astype(weight.dtype)
         folded.append(mul)
         out = mul.outputs[0]
-    if dynamic and not _to_heads_only(graph, out, readers):
+    if dynamic and not _to_heads_only(graph, out, readers, frozenset(d.expr for d in xv.shape if isinstance(d, SymInt))):
         return None  # dynamic outer dims: only Attention reads a column slice as a view (fold_attention_layouts)
     return _Member(node, weight, n, bias, folded, out)
 
 
-def _to_heads_only(graph: Graph, out: str, readers: dict[str, list[Node]], heads: bool = False) -> bool:
+def _to_heads_only(graph: Graph, out: str, readers: dict[str, list[Node]], dims: frozenset,
+                   heads: bool = False) -> bool:
     """Whether `out` reaches MatMuls (attention's, before recognize_attention) only through
-    Reshape-family views and at least one Transpose (of its heads), then scalings by a constant,
-    or is read by Shape: the reads
-    fold_attention_layouts makes views of on a dynamic-shape tensor. absorb_views' views
-    (elementwise readers: RoPE, a gated MLP's product) are static-shape only, so there the Split
-    would stay a copy."""
+    Reshape-family views that keep the GEMM input's dynamic dims whole (each a dim of `dims`, their
+    expressions), at least one Transpose (of the heads), then scalings by a constant, or is read by
+    Shape: the reads fold_attention_layouts makes views of on a dynamic-shape tensor (it cannot
+    split a merged B*S). absorb_views' views (elementwise readers: RoPE, a gated MLP's product) are
+    static-shape only, so there the Split would stay a copy."""
     users = readers.get(out, [])
     for r in users:
         if r.domain:
@@ -191,10 +193,16 @@ def _to_heads_only(graph: Graph, out: str, readers: dict[str, list[Node]], heads
         if r.op_type == "Shape" or (r.op_type == "MatMul" and heads):
             continue
         scale = heads and r.op_type in ("Mul", "Div") and _scalar_operand(graph, r, out)
-        if (r.op_type not in HEAD_VIEWS and not scale) or r.inputs[0] != out \
-                or not _to_heads_only(graph, r.outputs[0], readers, heads or r.op_type == "Transpose"):
+        if (r.op_type not in HEAD_VIEWS and not scale) or r.inputs[0] != out or not _keeps(graph, r.outputs[0], dims) \
+                or not _to_heads_only(graph, r.outputs[0], readers, dims, heads or r.op_type == "Transpose"):
             return False
     return bool(users)
+
+
+def _keeps(graph: Graph, name: str, dims: frozenset) -> bool:
+    """`name`'s shape is known and each of its dynamic dims is one of `dims`."""
+    shape = graph.value(name).shape
+    return shape is not None and all(not isinstance(d, SymInt) or d.expr in dims for d in shape)
 
 
 def _scalar_operand(graph: Graph, node: Node, out: str) -> bool:
