@@ -173,6 +173,21 @@ def test_projections_of_a_merged_dynamic_dim_stay_apart():
         np.testing.assert_allclose(ctx.execute(f)["y"], session.run(None, f)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_symbolic_view_of_a_column_slice_and_its_refusals():
+    from polykit.compiler.ir.symbolic import mul
+    from polykit.compiler.passes.fold_attention_layouts import _symbolic_view
+
+    b, s = SymInt(4, symbol("batch")), SymInt(8, symbol("seq"))
+    heads = [("reshape", (b, s, 3, 32)), ("transpose", (0, 2, 1, 3))]
+    assert _symbolic_view((b, s, 288), [("slice", 2, 96, 96, 1), *heads]) == \
+        [96, "#0", 3, "#1", 32, ["*", 288, "#1"], 32, 288, 1]
+    merged = SymInt(32, mul(symbol("batch"), symbol("seq")))  # [B*S, 3E]: B and S are no source dim
+    assert _symbolic_view((merged, 288), [("slice", 1, 96, 96, 1), *heads]) is None
+    # [B, S, 96] -> [8, B, 96] holds at opt (B 4, S 8) only: 8 * B is no B * S
+    assert _symbolic_view((b, s, 96), [("reshape", (8, b, 3, 32)), ("transpose", (0, 2, 1, 3))]) is None
+    assert _symbolic_view((b, b, 96), [("reshape", (b, b, 3, 32))]) is None  # two dims of one expression
+
+
 def test_a_dynamic_view_evaluates_at_bound_shapes_and_at_build_symbols():
     raw = [96, "#0", 3, "#1", 32, ["*", 288, "#1"], 32, 288, 1]
     view = decode_view(raw, (2, 7, 288))

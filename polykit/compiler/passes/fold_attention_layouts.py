@@ -231,9 +231,14 @@ def _steps(graph: Graph, node: Node, out: str, shape_of=static_shape) -> list[St
     if shape is None or out_shape is None:
         return None
     steps = _view_steps(graph, node, out, shape, out_shape)
-    if steps is not None and shape_of is not static_shape and any(
-            st[0] in ("slice", "select") and type(shape[st[1]]) is not int for st in steps):
+    if steps is None or shape_of is static_shape:
+        return steps
+    if any(st[0] in ("slice", "select") and type(shape[st[1]]) is not int for st in steps):
         return None  # a cut of a dynamic axis: its count was found at opt
+    kept = {d.expr for d in out_shape if isinstance(d, SymInt)}
+    if node.op_type not in VIEW_OPS and node.op_type != "Transpose" \
+            and any(isinstance(d, SymInt) and d.expr not in kept for d in shape):
+        return None  # a selection that made a dynamic dim static (a Slice whose end met it at opt)
     return steps
 
 
@@ -319,13 +324,15 @@ def _fold_view(graph: Graph, node: Node, i: int, producers: dict[str, Node]) -> 
         root = chain[depth - 1][0]
         shape = static_shape(graph, root)
         steps = [step for _, part, _ in reversed(chain[:depth]) for step in part] + final
-        if shape is None and dynamic:
-            raw = _symbolic_view(_dims(graph, root), steps)
+        if dynamic:  # the chain's shapes hold SymInts: only a source of dynamic shape composes them
+            dims = _dims(graph, root)
+            raw = None if shape is not None or dims is None else _symbolic_view(dims, steps)
             if raw is not None:
                 node.attrs[VIEW_ATTRS[i]] = raw
                 node.attrs.pop(INPUT_LAYOUTS[i], None)
                 node.inputs[i] = root
                 return True
+            continue
         if shape is None or 0 in shape:
             continue
         view: OperandView | None = OperandView(0, shape, dense_strides(shape))
