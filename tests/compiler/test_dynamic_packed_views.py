@@ -82,6 +82,20 @@ def test_profile_plan_with_views_round_trips_through_its_file():
     assert _attention(loaded).attrs["k_view"] == _attention(plan).attrs["k_view"]
 
 
+@pytest.mark.parametrize("entry, match", [(["*", 288, "#1", 2], "past the"), ("#7", "does not have")])
+def test_a_dynamic_view_that_does_not_fit_is_a_plan_error_at_load(entry, match):
+    from polykit.compiler.plan.file import Plan, decode_plan, encode_plan
+    from polykit.errors import PlanError
+
+    plan = build_plan(_model(), BuilderConfig(target="cpu", profiles=[PROFILE]))
+    header, doc, blob = decode_plan(plan.serialize())
+    att = next(entry for entry in doc["layers"] if entry["kind"] == "Attention")
+    att["attrs"]["v_view"][5] = entry  # V's batch stride twice the projection's rows, or a dim it lacks
+    data = encode_plan(doc, bytes(blob), header["target"], header["gpu_arch"])
+    with pytest.raises(PlanError, match=f"v_view of input 2: .*{match}"):
+        Plan.deserialize(data, where="m.plan")
+
+
 @pytest.mark.parametrize("arch", [None, "sm_90"])
 def test_cuda_fp16_profile_plan_has_the_static_plans_layers(arch, monkeypatch):
     if arch:
