@@ -102,7 +102,7 @@ EOF
       tests/kernels/cuda/test_squeeze_excite.py tests/compiler/passes/test_fuse_squeeze_excite.py \
       tests/kernels/cuda/test_pointwise_view_vectors.py tests/kernels/cuda/test_norm_warp.py \
       tests/kernels/cuda/test_concat_gather_table.py tests/kernels/cuda/test_norm.py \
-      tests/compiler/test_packed_gemms.py tests/runtime/cuda/test_refit_gpu.py \
+      tests/compiler/test_packed_gemms.py tests/compiler/test_dynamic_packed_views.py tests/runtime/cuda/test_refit_gpu.py \
       tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_conv_nhwc_d2s.py \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
       tests/kernels/cuda/test_conv_sm90_grouped.py \

@@ -23,10 +23,11 @@ def _model(nodes: list, inits: dict, inputs: list, y_shape: list, name: str):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bias: str = "all", rope: bool = False,
-                    q_scale: bool = False, seed: int = 0):
+def attention_block(B: int | str, S: int | str, H: int, D: int, mask: str | None = None, bias: str = "all",
+                    rope: bool = False, q_scale: bool = False, seed: int = 0):
     """The model: input x [B, S, H D] -> attention with three projections -> y [B, S, H D]; input `m`
-    [B, 1, 1, S] for mask "additive"."""
+    [B, 1, 1, S] for mask "additive". B and S may be dim names (dynamic axes: the head Reshapes
+    then take [0, 0, H, D] and [0, 0, E], as exporters' shape chains fold to)."""
     E = H * D
     rng = np.random.default_rng(seed)
     inits: dict[str, np.ndarray] = {"scale": np.array(D ** -0.5, np.float32)}
@@ -49,11 +50,11 @@ def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bia
         if q_scale and n == "q":  # Whisper / BART: q_proj(x) * D^-0.5, the scores unscaled
             nodes.append(helper.make_node("Mul", [proj, "scale"], ["qsc"], name="q_scale"))
             proj = "qsc"
-        nodes += [helper.make_node("Reshape", [proj, shape("bshd", [B, S, H, D])], [f"{n}4"]),
+        nodes += [helper.make_node("Reshape", [proj, shape("bshd", [_dim(B), _dim(S), H, D])], [f"{n}4"]),
                   helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=[0, 2, 1, 3])]
     q = "qh"
     if rope:
-        inits["rope"] = (1.0 + 0.1 * rng.standard_normal((S, D))).astype(np.float32)
+        inits["rope"] = (1.0 + 0.1 * rng.standard_normal((S if isinstance(S, int) else 1, D))).astype(np.float32)
         nodes.append(helper.make_node("Mul", ["qh", "rope"], ["qr"]))
         q = "qr"
     nodes += [helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
@@ -63,10 +64,15 @@ def attention_block(B: int, S: int, H: int, D: int, mask: str | None = None, bia
     scores = add_mask(mask, "s1", B, S, nodes, inits, inputs)
     nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ot", shape("bse", [B, S, E])], ["o3"]),
+              helper.make_node("Reshape", ["ot", shape("bse", [_dim(B), _dim(S), E])], ["o3"]),
               helper.make_node("MatMul", ["o3", "wo"], ["om"], name="o_proj"),
               helper.make_node("Add", ["om", "bo"], ["y"], name="o_bias")]
     return _model(nodes, inits, inputs, [B, S, E], "attention_block")
+
+
+def _dim(d: int | str) -> int:
+    """A Reshape target's entry for dim `d`: 0 (copy the input's) for a named, dynamic dim."""
+    return 0 if isinstance(d, str) else d
 
 
 def gated_mlp(B: int, S: int, E: int, F: int, seed: int = 0):

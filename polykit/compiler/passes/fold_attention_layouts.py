@@ -21,7 +21,11 @@ rolls nothing -- is read from that tensor directly through an element-stride vie
 chain's ops (a Reshape composes when it only splits or merges axes that are contiguous with each
 other, numpy's no-copy rule). The packed QKV projection of ViT, DeiT, Swin and GPT-2
 ([.., S, 3, H, D], [S, B, 3E], unbind, split) so feeds Attention with no copy; the selections go
-when nothing else reads them. Static shapes only. Format: docs/FUSION.md.
+when nothing else reads them. Over a source of dynamic outer dims (a profile build's [B, S, 3E]
+projection) the view's entries that depend on them are expressions of the source's dims (`#k`:
+offset E, shape [#0, H, #1, D], strides [3E #1, D, 3E, 1]), composed with those dims as symbols
+(`_symbolic_view`: a cut or a merge of a dynamic dim is refused) and evaluated at the bound shape by
+whoever reads the view. Format: docs/FUSION.md.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.nn.fused import VIEW_ATTRS, OperandView, dense_strides
+from polykit.compiler.ir.symbolic import SymInt, evaluate, expr_to_json, symbol, term_of
+from polykit.compiler.ops.nn.fused import AXIS_SYMBOL, VIEW_ATTRS, OperandView, ViewError, decode_view, dense_strides
 from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, copy_spec
 from polykit.compiler.passes.cancel_transposes import perm_of
 from polykit.compiler.passes.fold_kv_repeat import fold_kv_repeat
@@ -153,12 +158,12 @@ def _reshape_strides(old: list[int], old_st: list[int], new: list[int]) -> tuple
     or None when some new axis spans old axes that are not contiguous with each other."""
     if int(np.prod(old)) != int(np.prod(new)) or 0 in old:
         return None
-    dims = [(d, s) for d, s in zip(old, old_st) if d != 1]
+    dims = [(d, s) for d, s in zip(old, old_st) if not _unit(d)]
     out = [0] * len(new)
     oi = 0
     ni = 0
     while ni < len(new):
-        if new[ni] == 1:
+        if _unit(new[ni]):
             ni += 1
             continue
         # the new axes ni..nj and old axes oi..oj that hold the same elements
@@ -171,14 +176,21 @@ def _reshape_strides(old: list[int], old_st: list[int], new: list[int]) -> tuple
             else:
                 o_el *= dims[oj][0]
                 oj += 1
+        if (isinstance(n_el, SymInt) or isinstance(o_el, SymInt)) and term_of(n_el) != term_of(o_el):
+            return None  # equal at opt only
         if any(dims[k][1] != dims[k + 1][0] * dims[k + 1][1] for k in range(oi, oj - 1)):
             return None
         acc = dims[oj - 1][1]
         for k in range(nj - 1, ni - 1, -1):
-            out[k] = 0 if new[k] == 1 else acc
+            out[k] = 0 if _unit(new[k]) else acc
             acc *= new[k]
         ni, oi = nj, oj
     return tuple(out)
+
+
+def _unit(d) -> bool:
+    """A static dim of 1 (a dynamic dim is never taken for one, whatever its opt value)."""
+    return not isinstance(d, SymInt) and d == 1
 
 
 def _traced(shape: tuple[int, ...], steps: list[Step]) -> OperandView | None:
@@ -210,13 +222,27 @@ def _traced(shape: tuple[int, ...], steps: list[Step]) -> OperandView | None:
     return OperandView(offset, tuple(idx.shape), strides) if np.array_equal(fitted, idx) else None
 
 
-def _steps(graph: Graph, node: Node, out: str) -> list[Step] | None:
-    """The view steps that turn node's (static) input into its output `out`, None when the node
-    is no view of its input."""
-    shape = static_shape(graph, node.input(0)) if node.inputs and node.input(0) else None
-    out_shape = static_shape(graph, out)
+def _steps(graph: Graph, node: Node, out: str, shape_of=static_shape) -> list[Step] | None:
+    """The view steps that turn node's input into its output `out`, None when the node is no view
+    of its input. `shape_of` gives the shapes: static_shape, or `_dims` (SymInts kept: a
+    selection then must cut a static axis)."""
+    shape = shape_of(graph, node.input(0)) if node.inputs and node.input(0) else None
+    out_shape = shape_of(graph, out)
     if shape is None or out_shape is None:
         return None
+    steps = _view_steps(graph, node, out, shape, out_shape)
+    if steps is None or shape_of is static_shape:
+        return steps
+    if any(st[0] in ("slice", "select") and type(shape[st[1]]) is not int for st in steps):
+        return None  # a cut of a dynamic axis: its count was found at opt
+    kept = {d.expr for d in out_shape if isinstance(d, SymInt)}
+    if node.op_type not in VIEW_OPS and node.op_type != "Transpose" \
+            and any(isinstance(d, SymInt) and d.expr not in kept for d in shape):
+        return None  # a selection that made a dynamic dim static (a Slice whose end met it at opt)
+    return steps
+
+
+def _view_steps(graph: Graph, node: Node, out: str, shape: tuple, out_shape: tuple) -> list[Step] | None:
     if node.domain == POLYKIT_DOMAIN and node.op_type == PERMUTED_COPY:
         try:
             spec = copy_spec(node.attrs, shape)
@@ -279,11 +305,12 @@ def _fold_view(graph: Graph, node: Node, i: int, producers: dict[str, Node]) -> 
         return False
     chain: list[tuple[str, list[Step], bool]] = []  # (the step's input, its steps, copies) from the Attention back
     name = node.input(i)
+    dynamic = static_shape(graph, name) is None
     while len(chain) < MAX_CHAIN:
         src = producers.get(name)
         if src is None or not src.inputs or src.input(0) in ("",):
             break
-        steps = _steps(graph, src, name)
+        steps = _steps(graph, src, name, _dims if dynamic else static_shape)
         if steps is None:
             break
         chain.append((src.input(0), steps, src.op_type in COPYING))
@@ -296,9 +323,18 @@ def _fold_view(graph: Graph, node: Node, i: int, producers: dict[str, Node]) -> 
             break
         root = chain[depth - 1][0]
         shape = static_shape(graph, root)
+        steps = [step for _, part, _ in reversed(chain[:depth]) for step in part] + final
+        if dynamic:  # the chain's shapes hold SymInts: only a source of dynamic shape composes them
+            dims = _dims(graph, root)
+            raw = None if shape is not None or dims is None else _symbolic_view(dims, steps)
+            if raw is not None:
+                node.attrs[VIEW_ATTRS[i]] = raw
+                node.attrs.pop(INPUT_LAYOUTS[i], None)
+                node.inputs[i] = root
+                return True
+            continue
         if shape is None or 0 in shape:
             continue
-        steps = [step for _, part, _ in reversed(chain[:depth]) for step in part] + final
         view: OperandView | None = OperandView(0, shape, dense_strides(shape))
         for step in steps:
             view = _apply(view, step) if view is not None else None
@@ -312,6 +348,78 @@ def _fold_view(graph: Graph, node: Node, i: int, producers: dict[str, Node]) -> 
         node.inputs[i] = root
         return True
     return False
+
+
+def _dims(graph: Graph, name: str) -> tuple[int, ...] | None:
+    """`name`'s shape, dynamic dims as their SymInts."""
+    shape = graph.value(name).shape
+    if shape is None or not all(isinstance(d, (int, np.integer)) for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _symbolic_view(shape: tuple[int, ...], steps: list[Step]) -> list | None:
+    """The view attribute of `steps` over a source of dynamic `shape`: entries that depend on a
+    dynamic dim are expressions of the source's dims `#k` (ops/nn/fused.decode_view), found by
+    composing the steps with those dims as symbols, so the run's bound shape gives the view. None
+    when a dynamic dim on the way is no source dim (a merge of two: a product a reshape may later
+    split), two source dims share one expression, the steps do not compose, or the view does not
+    hold at two small shapes (checked against the steps traced on element numbers there)."""
+    names: dict = {}
+    src: list = []
+    for k, d in enumerate(shape):
+        if isinstance(d, SymInt):
+            if d.expr in names or int(d) < 2:
+                return None
+            names[d.expr] = SymInt(int(d), symbol(AXIS_SYMBOL.format(k)))
+            src.append(names[d.expr])
+        else:
+            src.append(int(d))
+    renamed = [_renamed(step, names) for step in steps]
+    if any(step is None for step in renamed):
+        return None
+    view: OperandView | None = OperandView(0, tuple(src), dense_strides(src))
+    for step in renamed:
+        view = _apply(view, step) if view is not None else None
+    if view is None or len(view.shape) < 2 or (view.shape[-1] != 1 and view.strides[-1] != 1):
+        return None
+    strides = tuple(0 if _unit(d) else s for d, s in zip(view.shape, view.strides))
+    raw = [_entry(v) for v in (view.offset, *view.shape, *strides)]
+    axes = {AXIS_SYMBOL.format(k) for k in range(len(shape))}
+    if any(isinstance(v, SymInt) and not v.expr.symbols() <= axes for v in (view.offset, *view.shape, *strides)):
+        return None
+    for small in (2, 3):
+        env = {AXIS_SYMBOL.format(k): small + k for k in range(len(shape))}
+        at = [_at(d, env) for d in src]
+        expect = _traced(tuple(at), [_at_step(step, env) for step in renamed])
+        try:
+            got = decode_view(raw, tuple(at))
+        except ViewError:
+            return None
+        if expect is None or (got.offset, got.shape, got.strides) != (expect.offset, expect.shape, expect.strides):
+            return None
+    return raw
+
+
+def _renamed(step: Step, names: dict) -> Step | None:
+    """`step` with its dynamic dims as the source dims they are (None: one is not)."""
+    if step[0] != "reshape":
+        return step
+    dims = [names.get(d.expr) if isinstance(d, SymInt) else int(d) for d in step[1]]
+    return None if any(d is None for d in dims) else ("reshape", tuple(dims))
+
+
+def _at(d, env: dict) -> int:
+    return evaluate(d.expr, env) if isinstance(d, SymInt) else int(d)
+
+
+def _at_step(step: Step, env: dict) -> Step:
+    return ("reshape", tuple(_at(d, env) for d in step[1])) if step[0] == "reshape" else step
+
+
+def _entry(v):
+    """A view entry in the attribute form: an int, or the JSON form of its expression."""
+    return expr_to_json(v.expr) if isinstance(v, SymInt) else int(v)
 
 
 def _moved(perm: list[int], shape) -> list[int]:

@@ -27,9 +27,16 @@ SiLU(gate) * up) run as a GEMM + a GEMM with that op in its epilogue (fuse_bias_
 many launches as the packed GEMM + a Pointwise over column views and without writing and reading
 the packed [M, 2F] intermediate (LLaMA-small bs1: 12.5 MB more; `gated=True` packs them anyway).
 
-Left out: GEMMs reading a tensor of dynamic shape (a profile build: the views that make the Split
-free - fold_attention_layouts', absorb_views' - are static-shape only, so the Split would stay a
-copy of the whole projection), GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
+Dynamic shapes (a profile build): a GEMM whose input has dynamic outer dims (batch, sequence) but
+a static K packs as well when its output reaches attention's MatMuls only through Reshape-family
+views that keep the input's dynamic dims whole (not [B*S, E] reshaped to [B, S, H, D]: a view cannot
+split a merged dim), Transposes and scalings by a constant (SDPA's sqrt(scale) on q and k; `_to_heads_only`):
+fold_attention_layouts makes those reads views whose outer strides are expressions of the packed
+tensor's bound dims (`#k` entries, docs/FUSION.md), so the Split stays free. A member with another
+reader (an elementwise one: RoPE, a gated MLP's product) stays apart there: absorb_views' views are
+static-shape only, so its Split would be a copy of the projection.
+
+Left out: GEMMs reading a tensor with a dynamic K, GEMMs reading a Transpose's output (move_row_transposes sinks such a Transpose through
 each GEMM into the Attention layouts, which a Split would stop), a member whose output (or its
 MatMul's, under its bias Add) is a graph output or kept (`keep`), or a node named in `skip`
 (layers pinned to float32). The packed GEMM's `fused_from` names its members' nodes (layer
@@ -50,11 +57,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
+from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
 #: fewest members that make a group worth packing
 MIN_MEMBERS = 2
+#: views and transposes on the way from a member of dynamic shape to attention's MatMuls
+HEAD_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
 #: how many elementwise ops deep `_ungated` looks for a node two members' outputs meet in
 GATE_DEPTH = 8
 
@@ -126,11 +136,13 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         return None
     weight = np.asarray(weight)
     xv = graph.value(x)
-    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or not xv.is_static:
-        return None  # dynamic dims: the views that make the Split free are static-shape only
+    if weight.dtype.kind != "f" or xv.dtype is None or np.dtype(xv.dtype) != weight.dtype or xv.shape is None \
+            or isinstance(xv.shape[-1], SymInt) or not isinstance(xv.shape[-1], (int, np.integer)):
+        return None
     out = node.outputs[0]
     if out in fixed:
         return None
+    dynamic = not xv.is_static
     bias = None
     if node.op_type == "MatMul":
         if len(xv.shape) < 2 or xv.shape[-1] != weight.shape[0]:
@@ -161,7 +173,45 @@ def _member(graph: Graph, node: Node, readers: dict[str, list[Node]], fixed: set
         bias = None if bias is None else (bias * factor).astype(weight.dtype)
         folded.append(mul)
         out = mul.outputs[0]
+    if dynamic and not _to_heads_only(graph, out, readers, frozenset(d.expr for d in xv.shape if isinstance(d, SymInt))):
+        return None  # dynamic outer dims: only Attention reads a column slice as a view (fold_attention_layouts)
     return _Member(node, weight, n, bias, folded, out)
+
+
+def _to_heads_only(graph: Graph, out: str, readers: dict[str, list[Node]], dims: frozenset,
+                   heads: bool = False) -> bool:
+    """Whether `out` reaches MatMuls (attention's, before recognize_attention) only through
+    Reshape-family views that keep the GEMM input's dynamic dims whole (each a dim of `dims`, their
+    expressions), at least one Transpose (of the heads), then scalings by a constant, or is read by
+    Shape: the reads fold_attention_layouts makes views of on a dynamic-shape tensor (it cannot
+    split a merged B*S). absorb_views' views (elementwise readers: RoPE, a gated MLP's product) are
+    static-shape only, so there the Split would stay a copy."""
+    users = readers.get(out, [])
+    for r in users:
+        if r.domain:
+            return False
+        if r.op_type == "Shape" or (r.op_type == "MatMul" and heads):
+            continue
+        scale = heads and r.op_type in ("Mul", "Div") and _scalar_operand(graph, r, out)
+        if (r.op_type not in HEAD_VIEWS and not scale) or r.inputs[0] != out or not _keeps(graph, r.outputs[0], dims) \
+                or not _to_heads_only(graph, r.outputs[0], readers, dims, heads or r.op_type == "Transpose"):
+            return False
+    return bool(users)
+
+
+def _keeps(graph: Graph, name: str, dims: frozenset) -> bool:
+    """`name`'s shape is known and each of its dynamic dims is one of `dims`."""
+    shape = graph.value(name).shape
+    return shape is not None and all(not isinstance(d, SymInt) or d.expr in dims for d in shape)
+
+
+def _scalar_operand(graph: Graph, node: Node, out: str) -> bool:
+    """`node` (a Mul / Div reading `out` first) scales it by a one-element constant (SDPA's
+    sqrt(scale) on q and k, which recognize_attention takes into the Attention's scale)."""
+    if len(node.inputs) != 2 or node.inputs[1] == out:
+        return False
+    value = graph.initializers.get(node.inputs[1])
+    return value is not None and np.asarray(value).size == 1
 
 
 def _power_of_two_scale(graph: Graph, out: str, dtype: np.dtype, readers: dict[str, list[Node]],

@@ -276,12 +276,21 @@ def dense_strides(shape) -> tuple[int, ...]:
     return tuple(st)
 
 
-def decode_view(value) -> OperandView:
-    """An attribute [offset, *shape, *strides] as an OperandView (ViewError naming what is wrong)."""
-    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                                                   for v in value):
+#: how a view entry names dim k of its stored tensor (a dynamic dim: `#0`, `#1`, ...)
+AXIS_SYMBOL = "#{}"
+
+
+def decode_view(value, stored_shape=None) -> OperandView:
+    """An attribute [offset, *shape, *strides] as an OperandView (ViewError naming what is wrong).
+    An entry may be an expression (symbolic.expr_to_json form, + and * only) of the stored
+    tensor's dims `#k` (a profile build's dynamic dims: `["*", 2304, "#1"]`, the batch stride of a
+    [B, S, 2304] packed projection); `stored_shape` gives them (ints, or SymInts in a build)."""
+    if not isinstance(value, (list, tuple)):
         raise ViewError(f"{value!r} is not a list of integers")
-    value = [int(v) for v in value]
+    try:
+        value = [_view_entry(v, stored_shape) for v in value]
+    except ViewError as exc:
+        raise ViewError(f"{value!r} is not a list of integers (or '#k' expressions): {exc}") from None
     if len(value) < 5 or len(value) % 2 == 0:
         raise ViewError(f"{len(value)} integers; a view is [offset, *shape, *strides] of rank >= 2")
     rank = (len(value) - 1) // 2
@@ -293,16 +302,47 @@ def decode_view(value) -> OperandView:
     return OperandView(offset, shape, strides)
 
 
+def _view_entry(v, stored_shape, depth: int = 0):
+    """One view entry's value: an int, or `#k` / ["+" | "*", entries...] over the stored dims."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    if depth > 8:
+        raise ViewError("a view entry is nested deeper than 8 levels")
+    if isinstance(v, str):
+        k = v[1:]
+        if v[:1] != "#" or not k.isdigit():
+            raise ViewError(f"entry {v!r} is no int and no stored dim '#k'")
+        if stored_shape is None or int(k) >= len(stored_shape):
+            raise ViewError(f"entry {v!r} names a dim its tensor of shape {stored_shape} does not have")
+        return stored_shape[int(k)]
+    if isinstance(v, (list, tuple)) and len(v) >= 3 and v[0] in ("+", "*"):
+        args = [_view_entry(a, stored_shape, depth + 1) for a in v[1:]]
+        out = args[0]
+        for a in args[1:]:
+            out = out + a if v[0] == "+" else out * a
+        return out
+    raise ViewError(f"entry {v!r} is not an integer, '#k' or ['+' | '*', ...] of them")
+
+
+def dynamic_view(raw) -> bool:
+    """Whether a view attribute names its tensor's dims (a profile build's view)."""
+    return isinstance(raw, (list, tuple)) and any(not isinstance(v, (int, np.integer)) for v in raw)
+
+
 def operand_view(attrs, i: int, stored_shape) -> OperandView | None:
     """Attention input i (0 Q, 1 K, 2 V) or, for i = 3, its output, as an OperandView of the stored
-    tensor of static shape `stored_shape`: from its `*_view` attribute (checked: every element it
+    tensor of shape `stored_shape`: from its `*_view` attribute (checked: every element it
     addresses lies inside the tensor), else from its layout ("bhsd" contiguous, "bshd" the
-    (0, 2, 1, 3) transpose); None when the shape is not static."""
+    (0, 2, 1, 3) transpose); None when the shape is not static and there is no view. A view
+    naming the tensor's dims (`#k`) takes them from `stored_shape`: the bound shape at run time,
+    SymInts in a build (the view's dims and strides then are SymInts too)."""
     raw = attrs.get(VIEW_ATTRS[i]) if i < 3 else None
     layout = str(attrs.get(LAYOUT_ATTRS[i], "bhsd"))
     if layout not in ATTENTION_LAYOUTS:
         raise ViewError(f"unknown layout {layout!r} (use one of {ATTENTION_LAYOUTS})")
-    if stored_shape is None or any(type(d) is not int for d in stored_shape):
+    static = stored_shape is not None and all(type(d) is int for d in stored_shape)
+    if not static and (raw is None or stored_shape is None or not dynamic_view(raw)
+                       or not all(isinstance(d, (int, np.integer)) for d in stored_shape)):
         if raw is not None:
             raise ViewError(f"a view needs the static shape of its tensor, got {stored_shape}")
         return None
@@ -310,11 +350,11 @@ def operand_view(attrs, i: int, stored_shape) -> OperandView | None:
     if raw is not None:
         if layout != "bhsd":
             raise ViewError(f"both a view and layout {layout!r} given")
-        view = decode_view(raw)
-        total = int(np.prod(stored, dtype=np.int64))
+        view = decode_view(raw, stored)
+        total = int(np.prod([int(d) for d in stored], dtype=np.int64))
         if total == 0 or view.last_element() >= total:
-            raise ViewError(f"view {view.encode()} addresses element {view.last_element()}, past the "
-                            f"{total} elements of its tensor {stored}")
+            raise ViewError(f"view {[int(v) for v in view.encode()]} addresses element {int(view.last_element())}, "
+                            f"past the {total} elements of its tensor {tuple(int(d) for d in stored)}")
         return view
     if layout == "bshd":
         if len(stored) < 4:
