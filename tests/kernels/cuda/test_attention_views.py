@@ -195,7 +195,8 @@ def _case(form, B, S, H, D, dtype, mask):
 @pytest.mark.parametrize("form", ["bs3hd", "sb3e", "gqa"])
 @pytest.mark.parametrize("mask", [None, "causal", "additive"])
 @pytest.mark.parametrize("tactic,B,S,H,D", [(t, *c) for t, heads in FLASH_TACTICS.items()
-                                             for c in [(1, 197, 12, 64), (2, 13, 3, 128), (2, 77, 2, 32)] if c[-1] in heads])
+                                             for c in [(1, 197, 12, 64), (2, 13, 3, 128), (2, 77, 2, 32)]
+                                             if c[-1] in heads])
 def test_flash_reads_packed_views(form, mask, tactic, B, S, H, D):
     layer, inputs = _case(form, B, S, H, D, FP16, mask)
     check(layer, inputs, tactic, FP16, 3e-3)

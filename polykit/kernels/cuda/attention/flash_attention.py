@@ -1,4 +1,4 @@
-"""ai.polykit Attention on tensor cores (flash_attention.cu): tactic `cuda.attention.flash`.
+"""ai.polykit Attention on tensor cores (flash_attention.cu): tactics `cuda.attention.flash`, `_q128`, `_kv128`.
 
 Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv, a multiple of 32 up to 256
 (key tiles of 64, of 32 above 128: shared memory under 99 KiB), any query and key lengths
@@ -16,6 +16,15 @@ query head h reads key/value head h / g, so one compiled kernel serves every g.
 Rank-5 attention [B1, B2, H, S, D] (recognize_attention's windowed form: a mask [1, W, H, S, Skv]
 broadcast over the batch, Q, K, V views of [B*W, S, 3, H, D]) runs on a grid z of B1 * B2 whose
 outer index has strides of its own (`HeadView.outer`, the kernel's last arguments).
+
+Block shapes (SHAPES, one tactic each, the same kernel source through the ROWS and BKV defines):
+`cuda.attention.flash` (4 warps of one 16-row m-tile: 64 query rows a block, key tiles of 64 / 32);
+`cuda.attention.flash_q128` (two m-tiles a warp: 128 rows a block, so each K and V fragment read from
+shared memory feeds two MMAs, half the ldmatrix traffic a FLOP) and `cuda.attention.flash_kv128` (key
+tiles of 128: half the barriers, cp.async waits and softmax rescales a key), both for head sizes 32
+and 64 only (registers) and one priority below cuda.attention.flash: the builder times them against
+it, a plan built without timing keeps it. Their speed is predicted, not yet measured
+(docs/CUDA_KERNELS.md, Attention).
 """
 
 from __future__ import annotations
@@ -188,7 +197,7 @@ class FlashShape:
 #: cuda.attention.flash; then the larger tiles the builder times against it (priority below it, so a plan
 #: built without timing keeps it): two m-tiles a warp (BQ 128: each K and V fragment loaded from shared
 #: memory feeds two MMAs) and key tiles of 128 (half the waits, barriers and rescales a key). Heads up to
-#: 64 only: at 128 the two m-tiles' Q fragments, scores and output accumulators outgrow 255 registers a
+#: 64 only: from 96 the two m-tiles' Q fragments, scores and output accumulators outgrow 255 registers a
 #: thread, and key tiles of 128 with two m-tiles spill even at head 32 (ptxas -v, docs/CUDA_KERNELS.md).
 SHAPES = (FlashShape("cuda.attention.flash"),
           FlashShape("cuda.attention.flash_q128", rows=2, kv=64, heads=(32, 64), priority=19),
