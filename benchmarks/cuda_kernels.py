@@ -28,8 +28,13 @@ totals over the model's layers.
 [B, S, H, D] (BERT's folded head transposes), against torch's scaled_dot_product_attention in
 fp32 (TF32 off), the same way; each prints its relative error against torch in float64.
 --attention-dtype fp16 / bf16 does the same in that storage type (torch's SDPA then picks its own
-flash kernel; the polykit candidates include cuda.attention.flash and, on sm_90,
-cuda.attention.flash_sm90 / _2wg). --attention may be given several times.
+flash kernel; the polykit candidates include cuda.attention.flash, its other block shapes
+cuda.attention.flash_q128 / _kv128 at head sizes 32 and 64, and, on sm_90, cuda.attention.flash_sm90).
+--attention may be given several times; the zoo's attention shapes at batch 8 (whisper_encoder, BERT /
+GPT-2, ViT-B/16):
+
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --attention-dtype fp16 \
+        --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64
 
 --se efficientnet_b0:32:fp16 (or mobilenet_v3_large, bf16, fp32; repeatable) times every cuda
 tactic of the squeeze-excitation scale Mul x[N, H, W, C] * s[N, 1, 1, C] and of the NHWC pool

@@ -22,6 +22,7 @@ from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm9
 from polykit.kernels.cuda.base import DeviceTensor
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 from tests.kernels.cuda.test_attention_views import BF16, FP16, check, mask_input, rand
+from tests.kernels.cuda.test_flash_attention import FLASH_TACTICS
 
 FP32 = np.dtype(np.float32)
 #: kv_groups: the flash launch argument before the trailing outer-batch ones
@@ -180,10 +181,11 @@ GPU_CASES = [(1, 128, 12, 4, 64), (2, 13, 8, 1, 128), (2, 77, 6, 2, 64)]
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", [None, "causal", "additive"])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("B,S,Hq,Hkv,D", GPU_CASES + [(1, 33, 4, 2, 32)])
-def test_flash_grouped_heads(mask, layout, B, S, Hq, Hkv, D):
+@pytest.mark.parametrize("tactic,B,S,Hq,Hkv,D", [(t, *c) for t, heads in FLASH_TACTICS.items()
+                                                  for c in GPU_CASES + [(1, 33, 4, 2, 32)] if c[-1] in heads])
+def test_flash_grouped_heads(mask, layout, tactic, B, S, Hq, Hkv, D):
     layer, inputs = _case(B, S, Hq, Hkv, D, FP16, mask, layout)
-    check(layer, inputs, "cuda.attention.flash", FP16, 3e-3)
+    check(layer, inputs, tactic, FP16, 3e-3)
 
 
 @pytest.mark.gpu

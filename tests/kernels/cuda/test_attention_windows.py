@@ -21,6 +21,7 @@ from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm9
 from polykit.kernels.cuda.base import DeviceTensor
 
 from tests.kernels.cuda.test_attention_views import FP16, check, rand, view_layer
+from tests.kernels.cuda.test_flash_attention import FLASH_TACTICS
 
 rng = np.random.default_rng(23)
 
@@ -96,9 +97,10 @@ def test_rank4_launches_keep_one_batch_dim_and_no_outer_strides():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", [np.float16, np.bool_])
 @pytest.mark.parametrize("B, W, N, H, D", [(2, 3, 49, 3, 32), (3, 5, 13, 2, 64)])
-def test_flash_runs_windowed_attention(mask, B, W, N, H, D):
+@pytest.mark.parametrize("tactic", FLASH_TACTICS)
+def test_flash_runs_windowed_attention(mask, B, W, N, H, D, tactic):
     layer, inputs = window_layer(B, W, N, H, D, FP16, mask)
-    check(layer, inputs, "cuda.attention.flash", FP16, 3e-3)
+    check(layer, inputs, tactic, FP16, 3e-3)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """The tensor-core attention tactic (cuda.attention.flash): geometry rules (CPU) and results
-against the float64 reference, [B, H, S, D] and [B, S, H, D] layouts, masks, undefined rows (GPU)."""
+against the float64 reference, [B, H, S, D] and [B, S, H, D] layouts, masks, undefined rows (GPU),
+for every block shape of its kernel (FLASH_TACTICS: _q128, _kv128 at the head sizes they take)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import pytest
 
 from polykit.compiler.ir.graph import Node
 from polykit.compiler.plan.records import LayerDesc
-from polykit.kernels.cuda.attention.flash_attention import _supports, head_view, mask_strides
+from polykit.kernels.cuda.attention.flash_attention import SHAPES, _supports, head_view, mask_strides
 
 rng = np.random.default_rng(3)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LAYOUTS = ("q_layout", "k_layout", "v_layout", "out_layout")
+#: the tactics of flash_attention.cu's block shapes -> the head sizes each takes
+FLASH_TACTICS = {s.name: s.heads for s in SHAPES}
+
+
+def tactics_and_heads(heads) -> list[tuple[str, int]]:
+    """(tactic, head) for every flash_attention.cu shape and each of `heads` it takes."""
+    return [(name, h) for name, takes in FLASH_TACTICS.items() for h in heads if h in takes]
 
 
 def layer_for(inputs: dict, out_shape, layout="bhsd", **attrs) -> LayerDesc:
@@ -71,15 +79,15 @@ def reference(layer: LayerDesc, inputs: dict) -> np.ndarray:
     return run_reference(node, wide)[0]
 
 
-def run_flash(layer, inputs):
+def run_flash(layer, inputs, tactic="cuda.attention.flash"):
     from polykit.runtime.cuda.harness import run_layer
 
     spec = {"Y": (layer.out_shapes[0], inputs["Q"].dtype)}
-    return run_layer(layer, inputs, tactic="cuda.attention.flash", output_specs=spec)["Y"]
+    return run_layer(layer, inputs, tactic=tactic, output_specs=spec)["Y"]
 
 
-def check(layer, inputs, tol):
-    out = np.asarray(run_flash(layer, inputs), np.float64)
+def check(layer, inputs, tol, tactic="cuda.attention.flash"):
+    out = np.asarray(run_flash(layer, inputs, tactic), np.float64)
     ref = reference(layer, inputs)
     assert out.shape == ref.shape
     assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN rows differ from the reference"
@@ -95,24 +103,25 @@ SHAPES = [(1, 1, 1, 1), (2, 3, 5, 5), (2, 2, 64, 64), (1, 4, 77, 77), (2, 12, 12
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", SHAPES, ids=lambda d: "x".join(map(str, d)))
-@pytest.mark.parametrize("head", [32, 64, 128])
+@pytest.mark.parametrize("tactic,head", tactics_and_heads([32, 64, 128]))
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["fp16", "bf16"])
-def test_flash_matches_reference_without_mask(dims, head, dtype):
+def test_flash_matches_reference_without_mask(dims, tactic, head, dtype):
     B, H, S, Skv = dims
     inputs = _arrays((B, H, S, head), (B, H, Skv, head), dtype)
-    check(layer_for(inputs, (B, H, S, head)), inputs, TOL[dtype])
+    check(layer_for(inputs, (B, H, S, head)), inputs, TOL[dtype], tactic)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask_shape,kind", [((2, 1, 1, 90), "add"), ((2, 3, 70, 90), "add"), ((2, 1, 70, 90), "bool"),
                                              ((90,), "add")])
-def test_flash_with_additive_and_bool_masks(mask_shape, kind):
+@pytest.mark.parametrize("tactic", FLASH_TACTICS)
+def test_flash_with_additive_and_bool_masks(mask_shape, kind, tactic):
     inputs = _arrays((2, 3, 70, 64), (2, 3, 90, 64), np.float16)
     if kind == "add":
         inputs["mask"] = (rng.standard_normal(mask_shape) * 3).astype(np.float16)
     else:
         inputs["mask"] = rng.random(mask_shape) > 0.4
-    check(layer_for(inputs, (2, 3, 70, 64)), inputs, 3e-3)
+    check(layer_for(inputs, (2, 3, 70, 64)), inputs, 3e-3, tactic)
 
 
 @pytest.mark.gpu
@@ -129,7 +138,8 @@ def test_flash_heads_between_64_and_256_with_a_mask(dims, head):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["add", "bool"])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_windows_as_heads_with_a_mask_shared_by_the_batch_head_32(kind, layout):
+@pytest.mark.parametrize("tactic", FLASH_TACTICS)
+def test_windows_as_heads_with_a_mask_shared_by_the_batch_head_32(kind, layout, tactic):
     # Swin's shifted windows after recognize_attention: [B, W*H, 49, 32], one [1, W*H, 49, 49] mask
     B, WH, N, D = 2, 12, 49, 32
     inputs = _arrays((B, WH, N, D), (B, WH, N, D), np.float16)
@@ -142,34 +152,36 @@ def test_windows_as_heads_with_a_mask_shared_by_the_batch_head_32(kind, layout):
     if layout == "bshd":
         for name in ("Q", "K", "V"):
             inputs[name] = np.ascontiguousarray(inputs[name].transpose(0, 2, 1, 3))
-    check(layer_for(inputs, (B, WH, N, D) if layout == "bhsd" else (B, N, WH, D), layout), inputs, 3e-3)
+    check(layer_for(inputs, (B, WH, N, D) if layout == "bhsd" else (B, N, WH, D), layout), inputs, 3e-3, tactic)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("zero", [0, 1])
-def test_fully_masked_rows_give_nan_or_zero_like_the_reference(zero):
+@pytest.mark.parametrize("tactic", FLASH_TACTICS)
+def test_fully_masked_rows_give_nan_or_zero_like_the_reference(zero, tactic):
     inputs = _arrays((1, 2, 20, 64), (1, 2, 30, 64), np.float16)
     mask = rng.random((1, 2, 20, 30)) > 0.3
     mask[0, 1, 4] = False
     mask[0, 0, 19] = False
     inputs["mask"] = mask
-    check(layer_for(inputs, (1, 2, 20, 64), nan_probs_to_zero=zero), inputs, 3e-3)
+    check(layer_for(inputs, (1, 2, 20, 64), nan_probs_to_zero=zero), inputs, 3e-3, tactic)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", [64, 128])
-def test_flash_reads_and_writes_bshd_layouts(head):
+@pytest.mark.parametrize("tactic,head", tactics_and_heads([64, 128]))
+def test_flash_reads_and_writes_bshd_layouts(tactic, head):
     B, S, H = 3, 100, 4
     inputs = _arrays((B, S, H, head), (B, S, H, head), np.float16)
     inputs["mask"] = (rng.standard_normal((B, 1, 1, S)) * 2).astype(np.float16)
-    check(layer_for(inputs, (B, S, H, head), layout="bshd", scale=0.1), inputs, 3e-3)
+    check(layer_for(inputs, (B, S, H, head), layout="bshd", scale=0.1), inputs, 3e-3, tactic)
 
 
 @pytest.mark.gpu
-def test_keys_and_values_shared_by_every_head_broadcast():
+@pytest.mark.parametrize("tactic", FLASH_TACTICS)
+def test_keys_and_values_shared_by_every_head_broadcast(tactic):
     inputs = {"Q": rand((2, 4, 33, 64), np.float16), "K": rand((2, 1, 50, 64), np.float16),
               "V": rand((2, 1, 50, 64), np.float16)}
-    check(layer_for(inputs, (2, 4, 33, 64)), inputs, 3e-3)
+    check(layer_for(inputs, (2, 4, 33, 64)), inputs, 3e-3, tactic)
 
 
 @pytest.mark.gpu

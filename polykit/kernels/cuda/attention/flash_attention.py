@@ -1,4 +1,4 @@
-"""ai.polykit Attention on tensor cores (flash_attention.cu): tactic `cuda.attention.flash`.
+"""ai.polykit Attention on tensor cores (flash_attention.cu): tactics `cuda.attention.flash`, `_q128`, `_kv128`.
 
 Runs float16/bfloat16 attention with Q, K, V of one head size D = Dv, a multiple of 32 up to 256
 (key tiles of 64, of 32 above 128: shared memory under 99 KiB), any query and key lengths
@@ -16,6 +16,15 @@ query head h reads key/value head h / g, so one compiled kernel serves every g.
 Rank-5 attention [B1, B2, H, S, D] (recognize_attention's windowed form: a mask [1, W, H, S, Skv]
 broadcast over the batch, Q, K, V views of [B*W, S, 3, H, D]) runs on a grid z of B1 * B2 whose
 outer index has strides of its own (`HeadView.outer`, the kernel's last arguments).
+
+Block shapes (SHAPES, one tactic each, the same kernel source through the ROWS and BKV defines):
+`cuda.attention.flash` (4 warps of one 16-row m-tile: 64 query rows a block, key tiles of 64 / 32);
+`cuda.attention.flash_q128` (two m-tiles a warp: 128 rows a block, so each K and V fragment read from
+shared memory feeds two MMAs, half the ldmatrix traffic a FLOP) and `cuda.attention.flash_kv128` (key
+tiles of 128: half the barriers, cp.async waits and softmax rescales a key), both for head sizes 32
+and 64 only (registers) and one priority below cuda.attention.flash: the builder times them against
+it, a plan built without timing keeps it. Their speed is predicted, not yet measured
+(docs/CUDA_KERNELS.md, Attention).
 """
 
 from __future__ import annotations
@@ -145,22 +154,54 @@ def _groups(attrs: Mapping[str, Any]) -> int | None:
         return None
 
 
-def _supports(layer: Any) -> bool:
-    return flash_geometry(layer) is not None
-
-
 def block_kv(head: int) -> int:
-    """Keys a shared-memory tile holds: 64, 32 for heads over 128."""
+    """Keys a shared-memory tile of cuda.attention.flash holds: 64, 32 for heads over 128."""
     return 64 if head <= 128 else 32
 
 
-def kernel_for(elem: str, head: int) -> KernelSource:
-    return KernelSource("flash_attention", file=FILE, defines=defines(ELEM=elem, HD=head, BKV=block_kv(head)))
+@dataclass(frozen=True)
+class FlashShape:
+    """One block shape of flash_attention.cu: 4 warps of `rows` 16-row m-tiles each (BQ = 64 `rows`
+    query rows a block), key tiles of `kv` keys (0: block_kv(head)), for the head sizes `heads`."""
+
+    name: str
+    rows: int = 1
+    kv: int = 0
+    heads: tuple[int, ...] = HEAD_SIZES
+    priority: int = 20
+
+    @property
+    def block_q(self) -> int:
+        return 64 * self.rows
+
+    def block_kv(self, head: int) -> int:
+        return self.kv or block_kv(head)
+
+    def smem(self, head: int) -> int:
+        """Dynamic shared memory: the Q tile and two buffers of the K and V tiles, 2-byte elements."""
+        return (self.block_q + 4 * self.block_kv(head)) * head * 2
+
+    @property
+    def params(self) -> dict[str, int]:
+        if not self.kv:
+            return {"block_q": self.block_q, "block_kv": 64, "block_kv_over_128": 32, "warps": 4}
+        return {"block_q": self.block_q, "block_kv": self.kv, "warps": 4, "max_head": max(self.heads)}
+
+    def kernel(self, elem: str, head: int) -> KernelSource:
+        # ROWS only when not 1: the one-m-tile kernels keep the defines (and cache keys' define lines) they had
+        rows = {"ROWS": self.rows} if self.rows != 1 else {}
+        return KernelSource("flash_attention", file=FILE,
+                            defines=defines(ELEM=elem, HD=head, BKV=self.block_kv(head), **rows))
 
 
-def _kernels(layer: Any) -> list[KernelSource]:
-    dtype, head = flash_geometry(layer)
-    return [kernel_for(ELEMS[dtype], head)]
+#: cuda.attention.flash; then the larger tiles the builder times against it (priority below it, so a plan
+#: built without timing keeps it): two m-tiles a warp (BQ 128: each K and V fragment loaded from shared
+#: memory feeds two MMAs) and key tiles of 128 (half the waits, barriers and rescales a key). Heads up to
+#: 64 only: from 96 the two m-tiles' Q fragments, scores and output accumulators outgrow 255 registers a
+#: thread, and key tiles of 128 with two m-tiles spill even at head 32 (ptxas -v, docs/CUDA_KERNELS.md).
+SHAPES = (FlashShape("cuda.attention.flash"),
+          FlashShape("cuda.attention.flash_q128", rows=2, kv=64, heads=(32, 64), priority=19),
+          FlashShape("cuda.attention.flash_kv128", rows=1, kv=128, heads=(32, 64), priority=19))
 
 
 @dataclass(frozen=True)
@@ -177,8 +218,8 @@ class FlashLaunch:
     views: tuple[HeadView, ...] = ()
 
 
-def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch | None:
-    """The layer's flash launch, None when its output is empty."""
+def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor], block_q: int = BQ) -> FlashLaunch | None:
+    """The layer's flash launch (grid x: blocks of `block_q` query rows), None when its output is empty."""
     mask = tensors[layer.inputs[3]] if len(layer.inputs) > 3 and layer.inputs[3] else None
     names = [*layer.inputs[:3], layer.outputs[0]]
     ts = [tensors[n] for n in names]
@@ -206,7 +247,7 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> FlashLaunch
     args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms[1:],
             np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))), np.int32(g),
             np.int32(B), *(x.outer[1] for x in views), ms[0])
-    return FlashLaunch((-(-S // BQ), H, B1 * B), D, args, tuple(views))
+    return FlashLaunch((-(-S // block_q), H, B1 * B), D, args, tuple(views))
 
 
 def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:
@@ -214,17 +255,40 @@ def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:
     return t if offset == 0 else replace(t, ptr=t.ptr + offset * np.dtype(t.dtype).itemsize)
 
 
-def enqueue_flash(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-    run = flash_launch(layer, tensors)
-    if run is None:
-        return
-    elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-    launcher.launch(kernel_for(elem, run.head), run.grid, (128,), list(run.args), shared_mem=(BQ + 4 * block_kv(run.head)) * run.head * 2)
+def _supports_of(shape: FlashShape):
+    def supports(layer: Any) -> bool:
+        return flash_geometry(layer, heads=shape.heads) is not None
+
+    return supports
+
+
+def _kernels_of(shape: FlashShape):
+    def kernels(layer: Any) -> list[KernelSource]:
+        dtype, head = flash_geometry(layer, heads=shape.heads)
+        return [shape.kernel(ELEMS[dtype], head)]
+
+    return kernels
+
+
+def _enqueue_of(shape: FlashShape):
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        run = flash_launch(layer, tensors, shape.block_q)
+        if run is None:
+            return
+        elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
+        launcher.launch(shape.kernel(elem, run.head), run.grid, (128,), list(run.args), shared_mem=shape.smem(run.head))
+
+    return enqueue
+
+
+_supports = _supports_of(SHAPES[0])  # cuda.attention.flash's
 
 
 def compile_variants() -> list[KernelSource]:
-    return [kernel_for(e, d) for e in ELEMS.values() for d in HEAD_SIZES]
+    return [s.kernel(e, d) for s in SHAPES for e in ELEMS.values() for d in s.heads]
 
 
-cuda_tactic("Attention", "cuda.attention.flash", kernels=_kernels, supports=_supports, priority=20,
-            params={"block_q": BQ, "block_kv": 64, "block_kv_over_128": 32, "warps": 4})(enqueue_flash)
+for _shape in SHAPES:
+    cuda_tactic("Attention", _shape.name, kernels=_kernels_of(_shape), supports=_supports_of(_shape),
+                priority=_shape.priority,
+                params=_shape.params)(_enqueue_of(_shape))

@@ -12,20 +12,25 @@
 // scaled scores), 2 bool keep-mask (0 -> -inf). A row whose softmax is undefined (every score
 // -inf, or a NaN score) gives NaN, or 0 with nan_to_zero (the unfused graph's Where(IsNaN)).
 //
-// Block: 4 warps, 64 query rows (16 a warp); K/V tiles of BKV keys (a define: 64, 32 for heads over
-// 128, so shared memory stays under 99 KiB and the scores' registers shrink) double-buffered in shared
-// memory by cp.async, 16-byte chunks XOR-swizzled by row (ldmatrix without bank conflicts).
-// Per key tile: S = Q K^T (mma, Q fragments held in registers), online softmax per row (the
-// 4 threads of a row combine through shuffles in a fixed order), O += P V (P re-packed from
-// the score accumulators as the A operand). Deterministic.
+// Block: 4 warps, BQ = 64 ROWS query rows; warp w owns ROWS m-tiles of 16 rows (ROWS a define, 1 or
+// 2: rows 16 (w ROWS + m) .. + 15 for m-tile m), so every K and V fragment one ldmatrix brings from
+// shared memory feeds ROWS m-tiles' MMAs. K/V tiles of BKV keys (a define: 64, 32 for heads over 128,
+// so shared memory stays under 99 KiB and the scores' registers shrink; 128 for heads up to 64)
+// double-buffered in shared memory by cp.async, 16-byte chunks XOR-swizzled by row (ldmatrix
+// without bank conflicts). Per key tile: S = Q K^T (mma, Q fragments held in registers), online
+// softmax per row (the 4 threads of a row combine through shuffles in a fixed order), O += P V
+// (P re-packed from the score accumulators as the A operand). Deterministic.
 // Rank-5 attention ([B1, B2, H, S, D], e.g. windows of a batch with a per-window mask that
 // broadcasts over B1): grid z = B1 * B2, and every tensor (mask included) adds zo * (its outer
 // stride) for zo = z / B2 to b * (its batch stride) for b = z % B2 (B2 = B and outer strides 0
 // for rank <= 4).
-// Launch: grid (ceil(S / 64), H, B1 * B2), block 128, dynamic shared memory (64 + 4 * BKV) * HD * 2 B.
+// Launch: grid (ceil(S / BQ), H, B1 * B2), block 128, dynamic shared memory (BQ + 4 * BKV) * HD * 2 B.
 #include "flash_common.cuh"
 
-#define BQ 64
+#ifndef ROWS
+#define ROWS 1
+#endif
+#define BQ (64 * ROWS)
 #ifndef BKV
 #define BKV 64
 #endif
@@ -60,7 +65,9 @@ typedef MmaName<ELEM> Mma;
 // consecutive rows (one ldmatrix 8x8) lies in 8 distinct 16-byte bank groups: on the low 3 bits of c
 // when a row is whole 128-byte lines (8k chunks); else (8k + 4 chunks: HD 32, 96, ..., rows
 // alternate between line halves) on c's low 2 bits by the row pair
-static_assert(HD % 32 == 0 && HD <= 256 && (BKV == 32 || BKV == 64), "head size 32..256, key tiles of 32 or 64");
+static_assert(HD % 32 == 0 && HD <= 256 && (BKV == 32 || BKV == 64 || (BKV == 128 && HD <= 64)),
+              "head size 32..256, key tiles of 32 or 64 (128 up to head size 64)");
+static_assert(ROWS == 1 || ROWS == 2, "one or two m-tiles a warp");
 __device__ __forceinline__ u32 swz(int r, int c) {
 #if CHUNKS % 8 == 0
   return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4));
@@ -77,10 +84,10 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-// rows [row0, row0 + ROWS) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
-template <int ROWS>
+// rows [row0, row0 + N) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
+template <int N>
 __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base, i64 ss, int row0, int rows) {
-  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += 128) {
+  for (int i = threadIdx.x; i < N * CHUNKS; i += 128) {
     const int r = i / CHUNKS, c = i % CHUNKS;
     const bool ok = row0 + r < rows;
     const ELEM* src = base + (ok ? (i64)(row0 + r) * ss : 0) + c * 8;
@@ -116,20 +123,26 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   cp_wait<1>();
   __syncthreads();
 
-  // Q fragments of this warp's 16 rows, all of HD: qf[kstep][4]
-  u32 qf[HD / 16][4];
+  // Q fragments of this warp's m-tiles, all of HD: qf[m][kstep][4]
+  u32 qf[ROWS][HD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) {
-    const int r = warp * 16 + (lane % 16), c = kk * 2 + lane / 16;
-    ldsm_x4(qf[kk], fa_smem(sQ + swz(r, c)));
-  }
+  for (int m = 0; m < ROWS; ++m)
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const int r = (warp * ROWS + m) * 16 + (lane % 16), c = kk * 2 + lane / 16;
+      ldsm_x4(qf[m][kk], fa_smem(sQ + swz(r, c)));
+    }
 
-  float o[HD / 8][4];
-  flash_zero(o);
-  FlashRows rows;
-  rows.init();
+  float o[ROWS][HD / 8][4];
+  FlashRows rows[ROWS];
+#pragma unroll
+  for (int m = 0; m < ROWS; ++m) {
+    flash_zero(o[m]);
+    rows[m].init();
+  }
   const FlashMask fmask = {mask, b * mb + zo * mbo + h * mh, mq, mk, mask_kind};
-  const int row_a = q0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
+  // this thread's query rows: row_a + 16 m and row_a + 16 m + 8 of m-tile m
+  const int row_a = q0 + warp * ROWS * 16 + g;
 
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
@@ -143,44 +156,59 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const unsigned char* tK = sK + buf * BKV * HD * 2;
     const unsigned char* tV = sV + buf * BKV * HD * 2;
 
-    // S = Q K^T for BKV keys: s[nb][4], n-block nb = keys 8*nb .. 8*nb+7
-    float s[BKV / 8][4];
+    // S = Q K^T for BKV keys: s[m][nb][4], n-block nb = keys 8*nb .. 8*nb+7
+    float s[ROWS][BKV / 8][4];
 #pragma unroll
-    for (int nb = 0; nb < BKV / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+    for (int m = 0; m < ROWS; ++m)
+#pragma unroll
+      for (int nb = 0; nb < BKV / 8; ++nb) s[m][nb][0] = s[m][nb][1] = s[m][nb][2] = s[m][nb][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
 #pragma unroll
-      for (int np = 0; np < BKV / 16; ++np) {  // two n-blocks per ldmatrix.x4
+      for (int np = 0; np < BKV / 16; ++np) {  // two n-blocks per ldmatrix.x4, for every m-tile
         u32 bf[4];
         const int r = np * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
         ldsm_x4(bf, fa_smem(tK + swz(r, c)));
-        Mma::mma(s[2 * np], qf[kk], bf);
-        Mma::mma(s[2 * np + 1], qf[kk], bf + 2);
+#pragma unroll
+        for (int m = 0; m < ROWS; ++m) {
+          Mma::mma(s[m][2 * np], qf[m][kk], bf);
+          Mma::mma(s[m][2 * np + 1], qf[m][kk], bf + 2);
+        }
       }
 
     // scale, mask, bounds; online softmax; o rescaled (flash_common.cuh)
-    flash_softmax_tile<ELEM, false>(s, o, rows, t * BKV, Skv, row_a, S, fmask, scale, t4);
+#pragma unroll
+    for (int m = 0; m < ROWS; ++m)
+      flash_softmax_tile<ELEM, false>(s[m], o[m], rows[m], t * BKV, Skv, row_a + 16 * m, S, fmask, scale, t4);
 
-    // O += P V: P (16 x BKV keys) as A fragments, V tile (BKV keys x HD) through ldmatrix.trans
+    // O += P V: P (16 x BKV keys a m-tile) as A fragments, V tile (BKV keys x HD) through ldmatrix.trans
 #pragma unroll
     for (int kk = 0; kk < BKV / 16; ++kk) {
-      u32 pa[4];
-      pa[0] = Mma::pack(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = Mma::pack(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = Mma::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = Mma::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      u32 pa[ROWS][4];
 #pragma unroll
-      for (int dp = 0; dp < HD / 16; ++dp) {  // two d-blocks per ldmatrix.x4.trans
+      for (int m = 0; m < ROWS; ++m) {
+        pa[m][0] = Mma::pack(s[m][2 * kk][0], s[m][2 * kk][1]);
+        pa[m][1] = Mma::pack(s[m][2 * kk][2], s[m][2 * kk][3]);
+        pa[m][2] = Mma::pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        pa[m][3] = Mma::pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {  // two d-blocks per ldmatrix.x4.trans, for every m-tile
         u32 bf[4];
         const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = dp * 2 + lane / 16;
         ldsm_x4_t(bf, fa_smem(tV + swz(r, c)));
-        Mma::mma(o[2 * dp], pa, bf);
-        Mma::mma(o[2 * dp + 1], pa, bf + 2);
+#pragma unroll
+        for (int m = 0; m < ROWS; ++m) {
+          Mma::mma(o[m][2 * dp], pa[m], bf);
+          Mma::mma(o[m][2 * dp + 1], pa[m], bf + 2);
+        }
       }
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
 
-  // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-  flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
+  // normalize and store rows row_a + 16 m, row_a + 16 m + 8; undefined rows -> NaN (or 0)
+#pragma unroll
+  for (int m = 0; m < ROWS; ++m)
+    flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero);
 }
