@@ -231,3 +231,18 @@ def test_cuda_fp16_plan_has_no_transpose_around_the_norm(shape, groups, act):
     # the reformats move the input and the output only: less than one round trip of the norm's tensor
     # (before: a Transpose of it to channels first and one back, 4x its bytes)
     assert _movement_bytes(plan) < 2 * plan.tensors[norm.inputs[0]].nbytes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,groups,act", [((1, 3, 4001), 16, "Gelu"), ((2, 4, 33, 31), 32, "SiLU"),
+                                              ((1, 3, 9, 7), 1, "Gelu"), ((2, 3, 21), None, "Gelu")])
+def test_cuda_fp16_plan_matches_the_cpu_plan(shape, groups, act):
+    """The norm on cuda.norm_nhwc between the channels-last convs, within fp16 rounding of the float32
+    cpu plan (NCHW, the reference kernels)."""
+    model = conv_norm_act_conv(shape, groups, act, channels=_channels(groups))
+    plan = _cuda_fp16(model)
+    assert [layer.tactic for layer in plan.layers if layer.kind == "GroupNormNHWC"] == ["cuda.norm_nhwc"]
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    got, want = _run(plan, feeds), _run(build_plan(model, BuilderConfig(target="cpu")), feeds)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
