@@ -91,7 +91,17 @@ def _arrays(shape, dtype=np.float32):
     return x, RNG.uniform(0.5, 1.5, c).astype(dtype), (RNG.standard_normal(c) * 0.1).astype(dtype)
 
 
-@pytest.mark.parametrize("shape,groups", SHAPES[:5] + SHAPES[7:])
+#: the emulated cases: SHAPES and one whose 2003 pixels split in two uneven chunks (1002 + 1001) of
+#: fp32 rows 32 bytes wide
+EMULATED = SHAPES + [((1, 2003, 8), 2)]
+
+
+def test_the_emulated_cases_split_the_pixels_in_several_chunks():
+    splits = {shape: geometry(shape[0], int(np.prod(shape[1:-1])), shape[-1], 4, 1)[2] for shape, _ in EMULATED}
+    assert splits[(1, 401, 512)] > 8 and splits[(1, 17, 15, 320)] > 8 and splits[(1, 2003, 8)] == 2
+
+
+@pytest.mark.parametrize("shape,groups", EMULATED)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_host_emulation_of_the_split_kernels_matches_the_reference(shape, groups, dtype):
     x, s, b = _arrays(shape, dtype)
