@@ -193,6 +193,18 @@ def test_recognize_groupnorm_leaves_an_affine_that_is_not_per_channel():
     assert changed and _live_counts(out) == Counter({"GroupNormalization": 1, "Mul": 1})
 
 
+@pytest.mark.parametrize("pin", ["InstanceNormalization", "GroupNormalization"])
+def test_fp32_layers_by_op_type_pin_the_channels_last_norm(pin):
+    """`fp32_layers` naming either norm op keeps its GroupNormNHWC form in float32 in an fp16 graph."""
+    g = load_onnx(conv_norm_act_conv((1, 5, 9, 7), 16, "Gelu"))
+    out = optimize(g, keep=g.outputs, channels_last=True, fp16=True, fp32_layers=(pin,))
+    norm = next(n for n in out.nodes if n.op_type == "GroupNormNHWC")
+    assert out.value(norm.inputs[0]).dtype == np.float32 and out.initializers[norm.inputs[1]].dtype == np.float32
+    unpinned = optimize(g, keep=g.outputs, channels_last=True, fp16=True)
+    norm = next(n for n in unpinned.nodes if n.op_type == "GroupNormNHWC")
+    assert unpinned.value(norm.inputs[0]).dtype == np.float16
+
+
 def test_norm_between_nchw_ops_stays_channels_first():
     """No channels-last producer: the norm has nothing to gain and stays as it is."""
     m = _Model()
