@@ -193,6 +193,30 @@ def test_recognize_groupnorm_leaves_an_affine_that_is_not_per_channel():
     assert changed and _live_counts(out) == Counter({"GroupNormalization": 1, "Mul": 1})
 
 
+def diffusion_resblock(shape: tuple, channels: int = 64) -> onnx.ModelProto:
+    """A diffusion UNet's residual block as torch exports it: conv_in -> [GroupNorm(32) -> SiLU -> conv]
+    twice -> Add conv_in's output (the skip) -> GroupNorm(32) -> SiLU -> conv_out."""
+    m = _Model()
+    h = skip = m.conv("x", shape[1], channels, 3, 4)
+    for _ in range(2):
+        h = m.conv(silu(m, m.torch_group_norm(h, channels, 32, 4)), channels, channels, 3, 4)
+    h = m.op("Add", [h, skip])
+    return m.model(shape, m.conv(silu(m, m.torch_group_norm(h, channels, 32, 4)), channels, 4, 3, 4))
+
+
+def test_diffusion_resblock_runs_channels_last_end_to_end():
+    """Three GroupNorm(32) + SiLU and the skip Add between four convs: every norm channels last, the
+    reformats only at the input and the output, and the cpu plan (channels last) matches onnxruntime."""
+    model = diffusion_resblock((2, 3, 11, 9))
+    g = load_onnx(model)
+    counts = op_counts(optimize(g, keep=g.outputs, channels_last=True))
+    assert counts[GN_NHWC] == 3 and counts[CONV_NHWC] == 4 and not counts["GroupNormalization"]
+    assert counts["Transpose"] + counts[f"{POLYKIT_DOMAIN}:Reformat"] == 2, counts
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    feeds = {"x": RNG.standard_normal((2, 3, 11, 9)).astype(np.float32)}
+    np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("pin", ["InstanceNormalization", "GroupNormalization"])
 def test_fp32_layers_by_op_type_pin_the_channels_last_norm(pin):
     """`fp32_layers` naming either norm op keeps its GroupNormNHWC form in float32 in an fp16 graph."""
@@ -243,6 +267,22 @@ def test_cuda_fp16_plan_has_no_transpose_around_the_norm(shape, groups, act):
     # the reformats move the input and the output only: less than one round trip of the norm's tensor
     # (before: a Transpose of it to channels first and one back, 4x its bytes)
     assert _movement_bytes(plan) < 2 * plan.tensors[norm.inputs[0]].nbytes
+
+
+def test_cuda_fp16_diffusion_resblock_plan_has_reformats_only_at_its_ends():
+    plan = _cuda_fp16(diffusion_resblock((1, 3, 32, 32)))
+    kinds = [layer.kind for layer in plan.layers]
+    first, last = kinds.index("ConvNHWC"), len(kinds) - 1 - kinds[::-1].index("ConvNHWC")
+    assert kinds.count("GroupNormNHWC") == 3 and not MOVEMENT & set(kinds[first:last]), kinds
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_diffusion_resblock_matches_the_cpu_plan():
+    model = diffusion_resblock((2, 3, 32, 32))
+    feeds = {"x": RNG.standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    got, want = _run(_cuda_fp16(model), feeds), _run(build_plan(model, BuilderConfig(target="cpu")), feeds)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
 
 
 @pytest.mark.gpu
