@@ -4,8 +4,9 @@ A node has an NHWC form when it computes the same on tensors transposed by (0, 2
 attributes and constant operands are relabelled: elementwise ops (constants re-laid out), Reduce*
 (axes), Concat / Split / Slice / Gather of a constant 1-D index (axis), Pad (pads), Resize (roi,
 scales, sizes), inference BatchNormalization (a per-channel Mul + Add on the last axis),
-GroupNormalization / InstanceNormalization of a float tensor (ai.polykit GroupNormNHWC: statistics per
-group of channels, whichever axis holds them) and the pools (their NHWC ops). Axis `a` of an NCHW tensor is axis `TO_NCHW[a]` of its NHWC form.
+GroupNormalization / InstanceNormalization of a float tensor (ai.polykit GroupNormNHWC: statistics
+per group of channels, whichever axis holds them) and the pools (their NHWC ops). Axis `a` of an
+NCHW tensor is axis `TO_NCHW[a]` of its NHWC form.
 """
 
 from __future__ import annotations

@@ -116,7 +116,8 @@ def recognize_groupnorm(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
             continue
         x, groups, nodes, out, scale, bias = chain
         channels = graph.value(x).shape[1]
-        inputs = [x, graph.add_initializer(scale, f"{norm.name}_gn_scale"), graph.add_initializer(bias, f"{norm.name}_gn_bias")]
+        inputs = [x, graph.add_initializer(scale, f"{norm.name}_gn_scale"),
+                  graph.add_initializer(bias, f"{norm.name}_gn_bias")]
         eps = float(norm.attrs.get("epsilon", 1e-5))
         if groups == channels:
             new = Node("InstanceNormalization", inputs, [out], {"epsilon": eps}, name=norm.name)

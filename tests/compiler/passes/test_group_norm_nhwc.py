@@ -53,7 +53,8 @@ class _Model:
         kernel = [k] * (rank - 2)
         w = (RNG.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * k ** (rank - 2))).astype(np.float32)
         b = (RNG.standard_normal(cout) * 0.1).astype(np.float32)
-        return self.op("Conv", [x, self.init(w), self.init(b, "b")], kernel_shape=kernel, pads=[k // 2] * 2 * (rank - 2))
+        return self.op("Conv", [x, self.init(w), self.init(b, "b")], kernel_shape=kernel,
+                       pads=[k // 2] * 2 * (rank - 2))
 
     def torch_group_norm(self, x: str, channels: int, groups: int, rank: int, affine: bool = True) -> str:
         """torch.nn.GroupNorm as the TorchScript exporter writes it: Reshape [0, G, -1] ->
@@ -70,7 +71,8 @@ class _Model:
         return self.op("Add", [self.op("Mul", [y, self.init(gamma, "gamma")]), self.init(beta, "beta")])
 
     def model(self, x_shape: tuple, y: str) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, "gn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        graph = helper.make_graph(self.nodes, "gn",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
                                   [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], self.inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 

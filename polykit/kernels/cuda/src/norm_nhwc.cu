@@ -83,7 +83,10 @@ extern "C" __global__ void gn_nhwc_partials(const ELEM* __restrict__ x, float* _
 #pragma unroll
   for (int e = 0; e < NG_VEC; ++e) {
     float kk = sh_k[0], mm = m[e], qq = q[e];
-    for (int r = 1; r < rows; ++r) ng_merge(kk, mm, qq, sh_k[r], sh_m[r * width + lx * NG_VEC + e], sh_q[r * width + lx * NG_VEC + e]);
+    for (int r = 1; r < rows; ++r) {
+      const int at = r * width + lx * NG_VEC + e;
+      ng_merge(kk, mm, qq, sh_k[r], sh_m[at], sh_q[at]);
+    }
     float* out = ws + ((n * S + s) * C + c0 + e) * 2;
     out[0] = mm;
     out[1] = qq;
