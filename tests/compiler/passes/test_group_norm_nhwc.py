@@ -300,3 +300,28 @@ def test_cuda_fp16_plan_matches_the_cpu_plan(shape, groups, act):
     got, want = _run(plan, feeds), _run(build_plan(model, BuilderConfig(target="cpu")), feeds)
     assert got.shape == want.shape and np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+def _dynamic_length(model: onnx.ModelProto) -> onnx.ModelProto:
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[0].dim_param, dims[2].dim_param = "n", "frames"
+    return model
+
+
+def test_profile_build_with_dynamic_length_runs_the_norm_nhwc_at_every_length():
+    """Batch and length dynamic (a profile from 17 to 61 frames): the cpu plan's GroupNormNHWC matches
+    onnxruntime at the profile's ends and an odd length between; the cuda fp16 plan takes cuda.norm_nhwc
+    (its workspace sized at the profile's largest corner)."""
+    from polykit.compiler.plan.profiles import Profile
+
+    model = _dynamic_length(conv_norm_act_conv((1, 3, 40), 4, "Gelu"))
+    profiles = [Profile({"x": ((1, 3, 17), (2, 3, 40), (3, 3, 61))})]
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True, profiles=profiles))
+    assert Counter(layer.kind for layer in plan.layers)["GroupNormNHWC"] == 1
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        for shape in ((1, 3, 17), (2, 3, 33), (3, 3, 61)):
+            feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+            (got,) = ctx.execute(feeds).values()
+            np.testing.assert_allclose(got, _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4, err_msg=str(shape))
+    cuda = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, profiles=profiles))
+    assert [layer.tactic for layer in cuda.layers if layer.kind == "GroupNormNHWC"] == ["cuda.norm_nhwc"]
