@@ -106,6 +106,7 @@ EOF
       tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_conv_nhwc_d2s.py \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
       tests/kernels/cuda/test_conv_sm90_grouped.py tests/kernels/cuda/test_flash_attention_shapes.py \
+      tests/kernels/cuda/test_norm_nhwc.py tests/compiler/passes/test_group_norm_nhwc.py \
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;

@@ -46,6 +46,7 @@ from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
+from polykit.compiler.passes.recognize_groupnorm import recognize_groupnorm
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
 from polykit.compiler.passes.remove_identity import remove_identity
 from polykit.compiler.passes.row_transposes import move_row_transposes
@@ -55,6 +56,7 @@ from polykit.errors import GraphError, PolykitError
 __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
+    "recognize_groupnorm",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
@@ -171,7 +173,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
         run_passes(g, [bind(fold_weight_only, keep=kept, fp32_layers=tuple(fp32_layers) + unfolded)], check)
     run_passes(g, cleanup, check, fixed_point=True)
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
-                             bind(recognize_layernorm, keep=kept), bind(recognize_attention, keep=kept)]
+                             bind(recognize_layernorm, keep=kept), bind(recognize_groupnorm, keep=kept),
+                             bind(recognize_attention, keep=kept)]
     if fuse and not (int8 and int8_scales):  # GEMMs sharing an input: one GEMM + Split (float weights only)
         recognize.insert(1, bind(pack_gemms, keep=kept, skip=tuple(fp32_layers) + unfolded))
     if run_passes(g, recognize, check):

@@ -15,6 +15,11 @@
    unless its permutation became the identity (keepdims=0 over the moved axes).
 4. A Transpose that moves only size-1 dims keeps the data order: Reshape / Flatten readers
    read its input directly (a channels-last pooled [N, 1, 1, C] feeding Flatten).
+5. A GroupNormalization / InstanceNormalization (float, any rank >= 3) reading a Transpose from
+   channels last to channels first (perm [0, r - 1, 1, ..., r - 2]) that nothing else reads, whose
+   output flows into a Transpose as in rule 2, becomes `Transpose(GroupNormNHWC(x), perm)`: the
+   norm runs on the channels-last tensor and the Transpose moves on (a 1-D conv's GroupNorm + GELU
+   between channels-last convs: wav2vec2's feature extractor).
 Repeats until nothing changes, so transposes travel down chains of elementwise ops.
 """
 
@@ -24,6 +29,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.compiler.ops.math.reduce import REDUCE_OPS
+from polykit.compiler.ops.nn.group_norm_nhwc import CHANNEL_NORMS, FLOATS, channels_last_perm, group_norm_nhwc
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import const, protected, rename_produced, replace_tensor
 
@@ -37,7 +43,8 @@ def cancel_transposes(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bo
     fixed = protected(graph, keep)
     for _ in range(MAX_SWEEPS):
         step = False
-        for rule in (_compose_pairs, _sink_through_elementwise, _sink_through_reductions, _bypass_into_reshapes):
+        for rule in (_compose_pairs, _sink_through_elementwise, _sink_through_reductions, _sink_through_norms,
+                     _bypass_into_reshapes):
             step |= rule(graph, fixed)
         changed |= step
         if not step:
@@ -200,6 +207,40 @@ def _sink(graph: Graph, op: Node, perm: list[int], sources: dict[str, str]) -> N
     graph.nodes.insert(graph.nodes.index(op) + 1, sink)
 
 
+def _on_transposes(graph: Graph, op_types, producers: dict[str, Node]):
+    """(op, the Transpose writing its first input, its perm) for each one-output ONNX op of `op_types`
+    that reads a Transpose of known perm."""
+    for op in list(graph.nodes):
+        t = producers.get(op.input(0)) if op.domain == "" and op.op_type in op_types and len(op.outputs) == 1 else None
+        perm = perm_of(graph, t) if t is not None else None
+        if perm is not None:
+            yield op, t, perm
+
+
+def _sink_through_norms(graph: Graph, fixed: set[str]) -> bool:
+    producers, readers = graph.producers(), graph.consumers()
+    changed = False
+    for op, t, perm in list(_on_transposes(graph, CHANNEL_NORMS, producers)):
+        name = op.input(0)
+        shape, dtype = graph.value(name).shape, graph.value(name).dtype
+        if (shape is None or len(perm) < 3 or perm != channels_last_perm(len(perm))
+                or dtype is None or dtype.name not in FLOATS or not isinstance(shape[1], int)
+                or name in fixed or len(readers.get(name, [])) != 1
+                or not _reaches_transpose(graph, op, perm, producers, readers, fixed)):
+            continue
+        out = op.outputs[0]
+        inner = graph.fresh_name(f"{out}_nhwc")
+        graph.set_value(Value(inner, graph.value(out).dtype, graph.value(t.inputs[0]).shape))
+        at = graph.nodes.index(op)
+        graph.nodes[at:at + 1] = [group_norm_nhwc(op, t.inputs[0], inner, shape[1]),
+                                  Node("Transpose", [inner], [out], {"perm": perm},
+                                       name=graph.fresh_name(f"{op.name}_transpose"))]
+        graph.remove_nodes([t])
+        producers, readers = graph.producers(), graph.consumers()
+        changed = True
+    return changed
+
+
 def relayout_constant(graph: Graph, name: str, axes: list[int]) -> str:
     """An elementwise op's input `name` for the op run transposed by `axes`: a constant of more
     than one element (broadcast to that rank) transposed into a new initializer, else `name`."""
@@ -224,13 +265,9 @@ def reduce_axes(graph: Graph, op: Node, rank: int) -> list[int] | None:
 def _sink_through_reductions(graph: Graph, fixed: set[str]) -> bool:
     producers, readers = graph.producers(), graph.consumers()
     dead: list[Node] = []
-    for op in list(graph.nodes):
-        if op.domain != "" or op.op_type not in REDUCE_OPS or len(op.outputs) != 1:
-            continue
+    for op, t, perm in list(_on_transposes(graph, REDUCE_OPS, producers)):
         name = op.input(0)
-        t = producers.get(name)
-        perm = perm_of(graph, t) if t is not None else None
-        if perm is None or name in fixed or len(readers.get(name, [])) != 1:
+        if name in fixed or len(readers.get(name, [])) != 1:
             continue
         axes = reduce_axes(graph, op, len(perm))
         if axes is None:

@@ -3,8 +3,10 @@
 A node has an NHWC form when it computes the same on tensors transposed by (0, 2, 3, 1) once its
 attributes and constant operands are relabelled: elementwise ops (constants re-laid out), Reduce*
 (axes), Concat / Split / Slice / Gather of a constant 1-D index (axis), Pad (pads), Resize (roi,
-scales, sizes), inference BatchNormalization (a per-channel Mul + Add on the last axis) and the
-pools (their NHWC ops). Axis `a` of an NCHW tensor is axis `TO_NCHW[a]` of its NHWC form.
+scales, sizes), inference BatchNormalization (a per-channel Mul + Add on the last axis),
+GroupNormalization / InstanceNormalization of a float tensor (ai.polykit GroupNormNHWC: statistics
+per group of channels, whichever axis holds them) and the pools (their NHWC ops). Axis `a` of an
+NCHW tensor is axis `TO_NCHW[a]` of its NHWC form.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.math.reduce import REDUCE_OPS
+from polykit.compiler.ops.nn.group_norm_nhwc import CHANNEL_NORMS, FLOATS, group_norm_nhwc
 from polykit.compiler.ops.nn.channels_last import TO_NCHW, TO_NHWC
 from polykit.compiler.passes.cancel_transposes import elementwise, reduce_axes
 from polykit.compiler.passes.channels_last import nhwc_pool
@@ -226,6 +229,17 @@ def _batchnorm(ctx: NhwcNames, node: Node) -> list[Node]:
     return [mul, add]
 
 
+def _channel_norm_ok(graph: Graph, node: Node) -> bool:
+    x = graph.value(node.input(0))
+    return (_first_is_layout(graph, node) and x.dtype is not None and x.dtype.name in FLOATS
+            and isinstance(x.shape[1], int) and len(node.outputs) == 1)
+
+
+def _channel_norm(ctx: NhwcNames, node: Node) -> list[Node]:
+    channels = ctx.graph.value(node.input(0)).shape[1]
+    return [group_norm_nhwc(node, ctx.nhwc(node.input(0)), ctx.output(node.outputs[0]), channels)]
+
+
 def _pool_ok(graph: Graph, node: Node) -> bool:
     # a MaxPool's Indices output (kept or not) makes it stay: its NHWC form has none
     return (_first_is_layout(graph, node) and not any(node.outputs[1:])
@@ -247,6 +261,7 @@ LAYOUT_RULES: dict[str, LayoutRule] = {
     "Slice": LayoutRule(_slice_ok, _slice), "Pad": LayoutRule(_pad_ok, _pad),
     "Gather": LayoutRule(_gather_ok, _split),
     "Resize": LayoutRule(_resize_ok, _resize), "BatchNormalization": LayoutRule(_batchnorm_ok, _batchnorm),
+    **{op: LayoutRule(_channel_norm_ok, _channel_norm) for op in CHANNEL_NORMS},
     **{op: LayoutRule(_pool_ok, _pool) for op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")},
 }
 ELEMENTWISE_RULE = LayoutRule(_elementwise_ok, _elementwise)

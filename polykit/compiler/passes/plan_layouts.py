@@ -8,7 +8,8 @@ at ops it has no rule for (BatchNormalization, Pad, Resize, Slice). This pass pl
 1. A *region* is a maximal set of nodes that have an NHWC form (nhwc_forms: elementwise ops,
    Reduce*, Concat, Split, Slice, Gather of a constant 1-D index (a channel shuffle, see
    fold_axis_permutations), Pad, Resize, inference BatchNormalization as a per-channel
-   Mul + Add on the last axis, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool) on
+   Mul + Add on the last axis, GroupNormalization / InstanceNormalization as ai.polykit
+   GroupNormNHWC, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool) on
    rank-4 tensors, connected through the tensors they pass each other.
 2. Its *price* is what running it NHWC changes in the bytes reformats move (a Transpose reads
    and writes its tensor once): a border input written by a Transpose to NCHW (perm 0, 3, 1, 2)

@@ -36,6 +36,7 @@ from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.ops.nn.channels_last import NCHW_OPS
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, rename_fused_tensor
+from polykit.compiler.ops.nn.group_norm_nhwc import CHANNEL_NORMS, GROUP_NORM_NHWC
 from polykit.compiler.passes.rewrite import protected
 from polykit.compiler.ops.registry import InferContext, find_shape_rule
 from polykit.errors import PolykitError
@@ -90,6 +91,8 @@ def is_pinned(node: Node, keep_fp32: Iterable[str] = ()) -> bool:
         if names & set(node.attrs.get("fused_from") or ()) or names & {step["op"] for step in body}:
             return True
         if NCHW_OPS.get(node.op_type) in names:  # "Conv" pins the convs to_channels_last made ConvNHWC
+            return True
+        if node.op_type == GROUP_NORM_NHWC and names & set(CHANNEL_NORMS):  # and the norms' channels-last form
             return True
     return False
 
