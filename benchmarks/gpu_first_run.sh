@@ -36,6 +36,11 @@
 #                  tiles) ran in a subset: 275 passed. Third run 2026-12-05 (sixth session, H100, 01a691b, NEW_S=400):
 #                  1468 passed, 1 failed (Faster R-CNN dynamic on cuda, the open mismatch below), cut at 98 % by the
 #                  timeout (the last dynamic-export cases). Pass -n 15; ~420 s with a cold kernel cache (NEW_S).
+#   STEP=new6      only the gpu tests of the sixth 2026-12-05 session's code (none ran on a GPU): dense 1-D convs
+#                  channels last, com.microsoft contrib ops, grouped convs on the sm90 tiles (a CONV_GROUPED define
+#                  in conv_sm90.cu: the dense tiles are re-run too), the flash kernel's two new block shapes (the
+#                  flash / GQA / view / window tests parametrized over them), cuda.norm_nhwc, Attention views over
+#                  dynamic shapes ('#k'); run it first, then STEP=zoo
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -110,6 +115,19 @@ EOF
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
+  new6)
+    timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+      tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
+      tests/kernels/cuda/test_conv_sm90_grouped.py tests/kernels/cuda/test_flash_attention_shapes.py \
+      tests/kernels/cuda/test_norm_nhwc.py tests/compiler/passes/test_group_norm_nhwc.py \
+      tests/compiler/test_dynamic_packed_views.py tests/compiler/ops/test_attention_ms.py \
+      tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_attention_gqa.py \
+      tests/kernels/cuda/test_attention_views.py tests/kernels/cuda/test_attention_windows.py \
+      tests/compiler/test_channels_last_builds.py tests/compiler/test_layout_builds.py \
+      tests/compiler/test_packed_gemms.py tests/kernels/cuda/test_conv_nhwc_d2s.py \
+      "tests/kernels/cuda/test_conv_sm90.py" -k "not tf32 and not sm90x3" > "$OUT/gpu_new6.txt" 2>&1
+    rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new6.txt" | grep -v Warning | tail -80; exit $rc
+    ;;
   host)
     timeout 300 python3 benchmarks/serving_api.py --out "$OUT/serving_api.json" 2>&1 | tee "$OUT/serving_api.txt"
     timeout 240 python3 benchmarks/dynamic_bert.py --precision fp16 --rounds 3 --iters 30 --out "$OUT/dynamic_bert.json" \
@@ -162,5 +180,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
