@@ -147,7 +147,9 @@ def test_every_variant_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
     nvrtc = pytest.importorskip("polykit.runtime.cuda.nvrtc")
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     units = nvrtc.unique_units(compile_variants())
-    assert len(units) == 6  # a unit per storage type and vector width, the three kernels in each
+    # a unit per storage type and vector width, the three kernels in each; the apply kernel with each of
+    # the six activations in each storage type
+    assert len(units) == 6 + 6 * 3
     try:
         cubins = nvrtc.compile_many(units, arch, workers=1)
     except Exception as exc:  # no NVRTC library on this machine
