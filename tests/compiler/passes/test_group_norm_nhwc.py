@@ -181,6 +181,20 @@ def test_cpu_plan_of_the_wav2vec2_frontend_fuses_the_norm_gelu_and_matches_onnxr
     np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("bad", ["swish", 3])
+def test_a_plan_whose_norm_names_an_unknown_activation_fails_its_load_check(bad):
+    """The activation is validated on load like the other attributes (the shape rule, re-run by the
+    plan check): an edited plan is a PlanError naming the layer, not a kernel that computes nonsense."""
+    from polykit.errors import PlanError
+
+    plan = build_plan(conv_norm_act_conv((1, 3, 9, 7), 32, "SiLU", channels=64),
+                      BuilderConfig(target="cpu", channels_last=True))
+    norm = next(layer for layer in plan.layers if layer.kind == "GroupNormNHWC")
+    norm.attrs["activation"] = bad
+    with pytest.raises(PlanError, match=f"unknown activation '{bad}'"):
+        Runtime().deserialize_engine(plan.serialize())
+
+
 def test_a_norm_read_by_its_activation_and_a_residual_keeps_both_apart():
     """Conv -> GroupNorm(32) -> SiLU -> Add(the norm's output) -> Conv: the norm's output has two
     readers, so the norm stores it plain and SiLU stays a layer; the plan still matches onnxruntime."""
