@@ -13,6 +13,11 @@
    residual Add, Clip...) whose intermediates are read only among them, converging to one
    output -> one ai.polykit node with an epilogue (docs/FUSION.md): a chain, or a diamond such
    as SiLU's `Mul(x, Sigmoid(x))`. Every step keeps the base op's output shape.
+5. ai.polykit GroupNormNHWC followed by a unary activation that is the only reader of its output
+   (Relu, Sigmoid, Tanh, Gelu of either `approximate`, SiLU as `Mul(x, Sigmoid(x))`), of the
+   norm's output shape and dtype -> the norm with attribute `activation` (group_norm_nhwc.py),
+   writing the activation's output: GroupNorm(32) -> SiLU of diffusion ResBlocks, wav2vec2's
+   norm -> GELU. A norm pinned to float32 in an fp16 build is read by a Cast: it keeps its own.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.fused import EPILOGUE_ARITY, POLYKIT_BASES
+from polykit.compiler.ops.nn.group_norm_nhwc import GROUP_NORM_NHWC, norm_activation
 from polykit.compiler.passes.fuse_pointwise import body_step, is_fusable
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
@@ -31,7 +37,8 @@ def fuse_bias_activation(graph: Graph, *, keep: frozenset[str] = frozenset()) ->
     """Fold biases, then fuse epilogue groups; True if anything changed."""
     changed = _fold_biases(graph, protected(graph, keep))
     changed = _sink_views(graph, protected(graph, keep)) or changed
-    return _fuse_epilogues(graph, protected(graph, keep)) or changed
+    changed = _fuse_epilogues(graph, protected(graph, keep)) or changed
+    return _fuse_norm_activations(graph, protected(graph, keep)) or changed
 
 
 def _takes_epilogue(node: Node) -> bool:
@@ -246,3 +253,75 @@ def _epilogue_node(base: Node, chain: list[Node]) -> Node:
     attrs["epilogue"] = {"input": base.outputs[0], "body": [body_step(n) for n in chain]}
     attrs["fused_from"] = list(base.attrs.get("fused_from") or [base.name]) + [n.name for n in chain]
     return Node(base.op_type, inputs, [chain[-1].outputs[0]], attrs, name=base.name, domain=POLYKIT_DOMAIN)
+
+
+#: single-node activations a GroupNormNHWC absorbs: op type -> its `activation` value
+_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+
+
+def norm_activation_nodes(graph: Graph, out: str, readers: dict[str, list[Node]],
+                          fixed: set[str]) -> tuple[str, list[Node]] | None:
+    """(activation, its nodes: the last writes the result) when the readers of `out` (a norm's
+    output) are exactly one activation of NORM_ACTIVATIONS; None otherwise."""
+    if out in fixed:
+        return None
+    found = _single_activation(readers.get(out, []), out) or _silu(graph, readers.get(out, []), out, readers, fixed)
+    if found is None:
+        return None
+    last = found[1][-1].outputs[0]
+    y, z = graph.value(out), graph.value(last)
+    if y.shape is None or z.shape != y.shape or z.dtype != y.dtype:
+        return None
+    return found
+
+
+def _plain(node: Node, op: str) -> bool:
+    return node.domain == "" and node.op_type == op and len(node.outputs) == 1
+
+
+def _single_activation(rs: list[Node], out: str) -> tuple[str, list[Node]] | None:
+    if len(rs) != 1 or rs[0].inputs != [out]:
+        return None
+    node = rs[0]
+    if node.domain == "" and node.op_type in _UNARY and len(node.outputs) == 1:
+        return _UNARY[node.op_type], [node]
+    if _plain(node, "Gelu"):
+        approximate = node.attrs.get("approximate", "none")
+        approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+        act = {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+        return None if act is None else (act, [node])
+    return None
+
+
+def _silu(graph: Graph, rs: list[Node], out: str, readers: dict[str, list[Node]],
+          fixed: set[str]) -> tuple[str, list[Node]] | None:
+    """`Mul(out, Sigmoid(out))` (either operand order), the Sigmoid's output read only by the Mul."""
+    if len(rs) != 2:
+        return None
+    sig = next((n for n in rs if _plain(n, "Sigmoid") and n.inputs == [out]), None)
+    mul = next((n for n in rs if _plain(n, "Mul")), None)
+    if sig is None or mul is None or sig.outputs[0] in fixed or [id(n) for n in readers.get(sig.outputs[0], [])] != [id(mul)]:
+        return None
+    if sorted(mul.inputs) != sorted([out, sig.outputs[0]]):
+        return None
+    return "silu", [sig, mul]
+
+
+def _fuse_norm_activations(graph: Graph, fixed: set[str]) -> bool:
+    """Step 5 of the module docstring; True if a norm took an activation."""
+    readers = graph.consumers()
+    dead: list[Node] = []
+    for norm in graph.nodes:
+        if (norm.op_type != GROUP_NORM_NHWC or norm.domain != POLYKIT_DOMAIN or len(norm.outputs) != 1
+                or norm_activation(norm.attrs) != "none"):
+            continue
+        found = norm_activation_nodes(graph, norm.outputs[0], readers, fixed)
+        if found is None:
+            continue
+        act, nodes = found
+        norm.attrs = {**norm.attrs, "activation": act,
+                      "fused_from": list(norm.attrs.get("fused_from") or [norm.name]) + [n.name for n in nodes]}
+        norm.outputs = [nodes[-1].outputs[0]]
+        dead.extend(nodes)
+    graph.remove_nodes(dead)
+    return bool(dead)

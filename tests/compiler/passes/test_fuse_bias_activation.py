@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
@@ -330,3 +331,68 @@ def test_views_stay_where_the_other_operand_broadcasts_or_the_view_is_read_twice
     g.outputs.append("v0")  # the view is a graph output too
     out, _ = run_and_compare(g, fuse_bias_activation)
     assert op_counts(out) == {"Gemm": 1, "Reshape": 1, "Add": 1}
+
+
+# step 5: a channels-last GroupNormNHWC takes the unary activation that is its output's only reader
+GN = f"{POLYKIT_DOMAIN}:GroupNormNHWC"
+
+
+def _norm_then(tail: list, outputs: list[str] | None = None, x_shape=(2, 5, 3, 8), dtype=np.float32):
+    """x [N, ..., 8] -> GroupNormNHWC(4 groups) "n" -> the `tail` nodes; outputs default ["y"]."""
+    c = x_shape[-1]
+    inits = {"s": RNG.uniform(0.5, 1.5, c).astype(dtype), "b": (RNG.standard_normal(c) * 0.1).astype(dtype)}
+    norm = node("GroupNormNHWC", ["x", "s", "b"], "n", name="gn", domain=POLYKIT_DOMAIN, num_groups=4, epsilon=1e-5)
+    return graph([norm, *tail], {"x": (x_shape, dtype)}, outputs or ["y"], inits)
+
+
+ACTIVATION_TAILS = [
+    ([node("Relu", ["n"], "y")], "relu"),
+    ([node("Sigmoid", ["n"], "y")], "sigmoid"),
+    ([node("Tanh", ["n"], "y")], "tanh"),
+    ([node("Gelu", ["n"], "y")], "gelu"),
+    ([node("Gelu", ["n"], "y", approximate="tanh")], "gelu_tanh"),
+    ([node("Sigmoid", ["n"], "sg"), node("Mul", ["n", "sg"], "y")], "silu"),
+    ([node("Sigmoid", ["n"], "sg"), node("Mul", ["sg", "n"], "y")], "silu"),
+]
+
+
+@pytest.mark.parametrize("tail,act", ACTIVATION_TAILS)
+def test_group_norm_nhwc_takes_its_activation(tail, act):
+    """One node left, writing the activation's output, with the same values (the references)."""
+    out, changed = run_and_compare(_norm_then(tail), fuse_bias_activation, rtol=1e-6, atol=1e-6)
+    assert changed and op_counts(out) == {GN: 1}
+    (norm,) = out.nodes
+    assert norm.attrs["activation"] == act and norm.outputs == ["y"] and norm.inputs == ["x", "s", "b"]
+    assert norm.attrs["fused_from"] == ["gn", *(n.name for n in tail)]
+
+
+def test_group_norm_nhwc_takes_silu_in_float16_within_one_rounding():
+    """fp16: the fused reference rounds the norm's output, then SiLU once (the unfused two nodes round
+    the Sigmoid too): within an fp16 ulp or two."""
+    tail = [node("Sigmoid", ["n"], "sg"), node("Mul", ["n", "sg"], "y")]
+    out, changed = run_and_compare(_norm_then(tail, dtype=np.float16), fuse_bias_activation, rtol=2e-3, atol=2e-3)
+    assert changed and op_counts(out) == {GN: 1} and out.value("y").dtype == np.float16
+
+
+@pytest.mark.parametrize("tail,outputs", [
+    # the norm's output read by the activation and a residual Add: both need the plain norm
+    ([node("Sigmoid", ["n"], "sg"), node("Mul", ["n", "sg"], "m"), node("Add", ["m", "n"], "y")], None),
+    ([node("Relu", ["n"], "y")], ["y", "n"]),  # the norm's output is a graph output
+    ([node("Sigmoid", ["n"], "sg"), node("Mul", ["n", "sg"], "y")], ["y", "sg"]),  # the Sigmoid's too
+    ([node("Mul", ["n", "n"], "y")], None),  # not SiLU
+    ([node("Sigmoid", ["n"], "sg"), node("Mul", ["n", "sg"], "m"), node("Relu", ["sg"], "r"),
+      node("Add", ["m", "r"], "y")], None),  # the Sigmoid read outside the Mul
+    ([node("Relu", ["n"], "r"), node("Tanh", ["n"], "t"), node("Add", ["r", "t"], "y")], None),  # two readers
+    ([node("Cast", ["n"], "y", to=10)], None),  # not an activation
+])
+def test_group_norm_nhwc_keeps_a_norm_read_otherwise(tail, outputs):
+    out, _ = run_and_compare(_norm_then(tail, outputs), fuse_bias_activation, rtol=1e-6, atol=1e-6)
+    (norm,) = [n for n in out.nodes if n.op_type == "GroupNormNHWC"]
+    assert "activation" not in norm.attrs and norm.outputs == ["n"]
+
+
+def test_a_group_norm_nhwc_with_an_activation_takes_no_second_one():
+    g = _norm_then([node("Relu", ["n"], "y")])
+    fuse_bias_activation(g)
+    g = graph(g.nodes + [node("Relu", ["y"], "z")], {"x": (2, 5, 3, 8)}, ["z"], g.initializers)
+    assert not fuse_bias_activation(g)

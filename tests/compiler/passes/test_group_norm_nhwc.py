@@ -86,10 +86,17 @@ def silu(m: _Model, x: str) -> str:
     return m.op("Mul", [x, m.op("Sigmoid", [x])])
 
 
+#: the test's activations: ONNX op (GeluTanh: Gelu approximate="tanh"; SiLU: Mul(x, Sigmoid(x))) ->
+#: the GroupNormNHWC `activation` that fuse_bias_activation gives the norm
+ACTIVATION_OF = {"Gelu": "gelu", "SiLU": "silu", "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh",
+                 "GeluTanh": "gelu_tanh"}
+ONNX_ACT = {"GeluTanh": ("Gelu", {"approximate": "tanh"})}
+
+
 def conv_norm_act_conv(x_shape: tuple, groups: int | None, act: str = "Gelu", channels: int = 16,
                        affine: bool = True) -> onnx.ModelProto:
     """Conv -> norm (torch's GroupNorm chain with `groups`; None: a plain InstanceNormalization with
-    per-channel scale and bias) -> act (Gelu or SiLU) -> Conv, 1-D or 2-D by the rank of `x_shape`."""
+    per-channel scale and bias) -> act (an ACTIVATION_OF key) -> Conv, 1-D or 2-D by the rank of `x_shape`."""
     m, rank = _Model(), len(x_shape)
     x = m.conv("x", x_shape[1], channels, 3, rank)
     if groups is None:
@@ -97,7 +104,11 @@ def conv_norm_act_conv(x_shape: tuple, groups: int | None, act: str = "Gelu", ch
                                            m.init((RNG.standard_normal(channels) * 0.1).astype(np.float32), "b")])
     else:
         x = m.torch_group_norm(x, channels, groups, rank, affine)
-    x = m.op("Gelu", [x]) if act == "Gelu" else silu(m, x)
+    if act == "SiLU":
+        x = silu(m, x)
+    else:
+        op, attrs = ONNX_ACT.get(act, (act, {}))
+        x = m.op(op, [x], **attrs)
     return m.model(x_shape, m.conv(x, channels, 8, 3, rank))
 
 
@@ -136,7 +147,65 @@ def test_cpu_channels_last_plan_runs_the_norm_nhwc_and_matches_onnxruntime(shape
     kinds = Counter(layer.kind for layer in plan.layers)
     assert kinds["GroupNormNHWC"] == 1 and kinds["ConvNHWC"] == 2
     assert not kinds["InstanceNormalization"] and not kinds["GroupNormalization"]
+    # the activation runs inside the norm (fuse_bias_activation): no layer of its own
+    assert _norm_activations(plan) == [ACTIVATION_OF[act]] and not kinds["Pointwise"] and not kinds[act]
     feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def _norm_activations(plan: Plan) -> list[str]:
+    return [layer.attrs.get("activation", "none") for layer in plan.layers if layer.kind == "GroupNormNHWC"]
+
+
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Tanh", "GeluTanh"])
+@pytest.mark.parametrize("shape,groups", [((2, 3, 7, 5), 32), ((1, 3, 19), None)])
+def test_cpu_plan_fuses_every_norm_activation_and_matches_onnxruntime(shape, groups, act):
+    """The other activations a norm takes, 2-D GroupNorm(32) and 1-D InstanceNorm, odd shapes."""
+    model = conv_norm_act_conv(shape, groups, act, channels=_channels(groups))
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    assert _norm_activations(plan) == [ACTIVATION_OF[act]]
+    assert not {"Relu", "Sigmoid", "Tanh", "Gelu", "Pointwise"} & {layer.kind for layer in plan.layers}
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_plan_of_the_wav2vec2_frontend_fuses_the_norm_gelu_and_matches_onnxruntime():
+    """wav2vec2's feature extractor (tests/conv_models.py): Conv1d -> InstanceNorm (GroupNorm(C, C)) ->
+    GELU -> Conv1d ...: the norm writes the GELU's output itself, odd length 203."""
+    from tests.conv_models import wav2vec2_frontend
+
+    model = wav2vec2_frontend()
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    assert _norm_activations(plan) == ["gelu"]
+    feeds = {"audio": RNG.standard_normal((2, 203)).astype(np.float32)}
+    np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["swish", 3])
+def test_a_plan_whose_norm_names_an_unknown_activation_fails_its_load_check(bad):
+    """The activation is validated on load like the other attributes (the shape rule, re-run by the
+    plan check): an edited plan is a PlanError naming the layer, not a kernel that computes nonsense."""
+    from polykit.errors import PlanError
+
+    plan = build_plan(conv_norm_act_conv((1, 3, 9, 7), 32, "SiLU", channels=64),
+                      BuilderConfig(target="cpu", channels_last=True))
+    norm = next(layer for layer in plan.layers if layer.kind == "GroupNormNHWC")
+    norm.attrs["activation"] = bad
+    with pytest.raises(PlanError, match=f"unknown activation '{bad}'"):
+        Runtime().deserialize_engine(plan.serialize())
+
+
+def test_a_norm_read_by_its_activation_and_a_residual_keeps_both_apart():
+    """Conv -> GroupNorm(32) -> SiLU -> Add(the norm's output) -> Conv: the norm's output has two
+    readers, so the norm stores it plain and SiLU stays a layer; the plan still matches onnxruntime."""
+    m = _Model()
+    x = m.conv("x", 3, 64, 3, 4)
+    n = m.torch_group_norm(x, 64, 32, 4)
+    y = m.conv(m.op("Add", [silu(m, n), n]), 64, 8, 3, 4)
+    model = m.model((2, 3, 9, 7), y)
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True))
+    assert _norm_activations(plan) == ["none"]
+    feeds = {"x": RNG.standard_normal((2, 3, 9, 7)).astype(np.float32)}
     np.testing.assert_allclose(_run(plan, feeds), _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
 
 
@@ -231,6 +300,22 @@ def test_fp32_layers_by_op_type_pin_the_channels_last_norm(pin):
     assert unpinned.value(norm.inputs[0]).dtype == np.float16
 
 
+@pytest.mark.parametrize("act", ["SiLU", "Gelu"])
+def test_a_float32_pinned_norm_keeps_its_fp16_activation_apart_and_stays_right(act):
+    """fp32_layers pins the norm: a Cast reads it, so the fp16 activation after the Cast is not its to
+    take (the norm writes float32); the cpu fp16 plan is within fp16 rounding of onnxruntime."""
+    model = conv_norm_act_conv((1, 3, 9, 7), 32, act, channels=64)
+    g = load_onnx(model)
+    out = optimize(g, keep=g.outputs, channels_last=True, fp16=True, fp32_layers=("GroupNormalization",))
+    norm = next(n for n in out.nodes if n.op_type == "GroupNormNHWC")
+    assert out.value(norm.outputs[0]).dtype == np.float32 and "activation" not in norm.attrs
+    plan = build_plan(model, BuilderConfig(target="cpu", channels_last=True, fp16=True,
+                                           fp32_layers=("GroupNormalization",)))
+    feeds = {"x": RNG.standard_normal((1, 3, 9, 7)).astype(np.float32)}
+    got, want = _run(plan, feeds), _onnxruntime(model, feeds)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
 def test_norm_between_nchw_ops_stays_channels_first():
     """No channels-last producer: the norm has nothing to gain and stays as it is."""
     m = _Model()
@@ -269,6 +354,18 @@ def test_cuda_fp16_plan_has_no_transpose_around_the_norm(shape, groups, act):
     # the reformats move the input and the output only: less than one round trip of the norm's tensor
     # (before: a Transpose of it to channels first and one back, 4x its bytes)
     assert _movement_bytes(plan) < 2 * plan.tensors[norm.inputs[0]].nbytes
+    # ... and the activation runs in the norm's apply kernel: conv -> norm -> conv, three layers, the
+    # norm's layer reads the tensor once and writes it once (the activation's own read + write gone);
+    # a 1-D conv's [N, L, C] <-> [N, L, 1, C] Reshapes are views
+    assert [k for k in kinds[first:last + 1] if k != "Reshape"] == ["ConvNHWC", "GroupNormNHWC", "ConvNHWC"], kinds
+    assert norm.attrs["activation"] == ACTIVATION_OF[act] and not {"Pointwise", "Gelu", "Mul"} & set(kinds)
+    assert _layer_bytes(plan, norm) == 2 * plan.tensors[norm.inputs[0]].nbytes + sum(
+        plan.tensors[n].nbytes for n in norm.inputs[1:3])
+
+
+def _layer_bytes(plan: Plan, layer) -> int:
+    """Bytes a layer reads and writes (its inputs and outputs, each once; zoo_check's traffic)."""
+    return sum(plan.tensors[n].nbytes for n in (*layer.inputs, *layer.outputs) if n in plan.tensors)
 
 
 def test_cuda_fp16_diffusion_resblock_plan_has_reformats_only_at_its_ends():
@@ -276,6 +373,9 @@ def test_cuda_fp16_diffusion_resblock_plan_has_reformats_only_at_its_ends():
     kinds = [layer.kind for layer in plan.layers]
     first, last = kinds.index("ConvNHWC"), len(kinds) - 1 - kinds[::-1].index("ConvNHWC")
     assert kinds.count("GroupNormNHWC") == 3 and not MOVEMENT & set(kinds[first:last]), kinds
+    # every GroupNorm(32) -> SiLU is one layer: the norms and the convs only, nine layers in all
+    assert _norm_activations(plan) == ["silu"] * 3 and "Pointwise" not in kinds
+    assert kinds[first:last + 1] == ["ConvNHWC", "GroupNormNHWC"] * 3 + ["ConvNHWC"], kinds
 
 
 @pytest.mark.gpu
@@ -289,14 +389,31 @@ def test_cuda_fp16_diffusion_resblock_matches_the_cpu_plan():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,groups,act", [((1, 3, 4001), 16, "Gelu"), ((2, 4, 33, 31), 32, "SiLU"),
-                                              ((1, 3, 9, 7), 1, "Gelu"), ((2, 3, 21), None, "Gelu")])
+                                              ((1, 3, 9, 7), 1, "Gelu"), ((2, 3, 21), None, "Gelu"),
+                                              ((2, 3, 9, 7), 32, "Relu"), ((1, 3, 21), None, "GeluTanh"),
+                                              ((1, 3, 8, 8), 32, "Sigmoid"), ((1, 3, 17), 4, "Tanh")])
 def test_cuda_fp16_plan_matches_the_cpu_plan(shape, groups, act):
-    """The norm on cuda.norm_nhwc between the channels-last convs, within fp16 rounding of the float32
-    cpu plan (NCHW, the reference kernels)."""
+    """The norm on cuda.norm_nhwc between the channels-last convs, its activation in the apply kernel,
+    within fp16 rounding of the float32 cpu plan (NCHW, the reference kernels)."""
     model = conv_norm_act_conv(shape, groups, act, channels=_channels(groups))
     plan = _cuda_fp16(model)
     assert [layer.tactic for layer in plan.layers if layer.kind == "GroupNormNHWC"] == ["cuda.norm_nhwc"]
+    assert _norm_activations(plan) == [ACTIVATION_OF[act]]
     feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    got, want = _run(plan, feeds), _run(build_plan(model, BuilderConfig(target="cpu")), feeds)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_wav2vec2_frontend_matches_the_cpu_plan():
+    """wav2vec2's feature extractor: the first conv's InstanceNorm + GELU one cuda.norm_nhwc layer."""
+    from tests.conv_models import wav2vec2_frontend
+
+    model = wav2vec2_frontend(batch=1, length=4001)
+    plan = _cuda_fp16(model)
+    assert _norm_activations(plan) == ["gelu"]
+    feeds = {"audio": RNG.standard_normal((1, 4001)).astype(np.float32)}
     got, want = _run(plan, feeds), _run(build_plan(model, BuilderConfig(target="cpu")), feeds)
     assert got.shape == want.shape and np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

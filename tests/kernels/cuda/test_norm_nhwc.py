@@ -4,10 +4,13 @@ and the kernels on a GPU against the reference (`gpu`)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.nn.group_norm_nhwc import NORM_ACTIVATIONS
 from polykit.compiler.ops.nn.group_norm_nhwc_reference import group_norm_nhwc
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.reduce.norm_nhwc import (KERNELS, MAX_SPLITS, THREADS, compile_variants, geometry,
@@ -30,10 +33,36 @@ def _merge(k, m, q, kb, mb, qb):
     return n, m + d * w, q + qb + d * d * k * w
 
 
-def emulate(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, groups: int, eps: float, vec: int) -> np.ndarray:
+def _sigmoid32(v: np.ndarray) -> np.ndarray:
+    """pointwise.cuh's pk_sigmoid in float32: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below."""
+    e = np.exp(-np.abs(v))
+    return np.where(v >= 0, 1 / (1 + e), e / (1 + e)).astype(np.float32)
+
+
+def _erf32(v: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(v).astype(np.float32)
+
+
+#: ng_act of norm_nhwc.cu per NORM_ACTIVATIONS value, in float32 (the 16-bit GELU's pk_gelu16 is a fit of
+#: the erf form within an fp16 ulp: the erf form stands for it here)
+ACT32 = {
+    "none": lambda v: v,
+    "relu": lambda v: np.maximum(v, np.float32(0)),
+    "sigmoid": _sigmoid32,
+    "tanh": np.tanh,
+    "silu": lambda v: v * _sigmoid32(v),
+    "gelu": lambda v: np.float32(0.5) * v * (1 + _erf32(v * np.float32(0.70710678118654752440))),
+    "gelu_tanh": lambda v: np.float32(0.5) * v * (1 + np.tanh(np.float32(0.79788456080286535588)
+                                                                * (v + np.float32(0.044715) * v * v * v))),
+}
+
+
+def emulate(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, groups: int, eps: float, vec: int,
+            activation: str = "none") -> np.ndarray:
     """norm_nhwc.cu's three kernels on the host in float32: each partials block's rows of threads
     (Welford over their strided pixels, then combined in row order), the stats blocks' strided
-    per-thread combination and fixed tree, the apply's per-element formula."""
+    per-thread combination and fixed tree, the apply's per-element formula and ng_act (the normalized
+    value rounded to x's dtype, the activation in float32, rounded again at the store)."""
     n, c = x.shape[0], x.shape[-1]
     flat = x.reshape(n, -1, c).astype(np.float32)
     p = flat.shape[1]
@@ -77,12 +106,14 @@ def emulate(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, groups: int, eps
     per_channel = np.repeat(stats, cg, axis=1)  # [N, C, 2]
     y = (flat - per_channel[:, None, :, 0]) * per_channel[:, None, :, 1] * scale.astype(np.float32) \
         + bias.astype(np.float32)
+    if activation != "none":
+        y = ACT32[activation](y.astype(x.dtype).astype(np.float32)).astype(np.float32)
     return y.reshape(x.shape).astype(x.dtype)
 
 
-def _node(groups: int, eps: float = 1e-5) -> Node:
-    return Node("GroupNormNHWC", ["x", "s", "b"], ["y"], {"num_groups": groups, "epsilon": eps}, name="gn",
-                domain=POLYKIT_DOMAIN)
+def _node(groups: int, eps: float = 1e-5, activation: str = "none") -> Node:
+    return Node("GroupNormNHWC", ["x", "s", "b"], ["y"], {"num_groups": groups, "epsilon": eps,
+                                                          "activation": activation}, name="gn", domain=POLYKIT_DOMAIN)
 
 
 def _arrays(shape, dtype=np.float32):
@@ -114,6 +145,53 @@ def test_host_emulation_of_the_split_kernels_matches_the_reference(shape, groups
                                    err_msg=f"vec {vec}")
 
 
+#: cases of the activation: wav2vec2's conv0 shape (scaled), a UNet GroupNorm(32), the scalar path (C 12)
+ACT_SHAPES = [((1, 401, 512), 512), ((2, 5, 7, 64), 32), ((1, 9, 11, 12), 3)]
+
+
+@pytest.mark.parametrize("activation", NORM_ACTIVATIONS[1:])
+@pytest.mark.parametrize("shape,groups", ACT_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_host_emulation_of_the_apply_kernel_with_its_activation_matches_the_reference(shape, groups, dtype,
+                                                                                      activation):
+    x, s, b = _arrays(shape, dtype)
+    want = group_norm_nhwc(_node(groups, activation=activation), [x, s, b])[0]
+    plain = group_norm_nhwc(_node(groups), [x, s, b])[0]
+    assert not np.array_equal(want, plain)  # the activation changes the result
+    vec = vec_width(np.dtype(dtype).itemsize) if shape[-1] % vec_width(np.dtype(dtype).itemsize) == 0 else 1
+    got = emulate(x, s, b, groups, 1e-5, vec, activation)
+    tol = 1e-4 if dtype == np.float32 else 4e-3
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def test_shape_rule_rejects_an_unknown_activation():
+    """A plan's layers are re-inferred on load (check_layers): an activation the kernels do not know
+    is a GraphError naming the node, with the values that are."""
+    from polykit.compiler.graph.infer import infer_shapes
+    from polykit.compiler.ir.graph import Graph, Value
+    from polykit.errors import PolykitError
+
+    node = _node(2, activation="swish")
+    values = {"x": Value("x", np.dtype(np.float32), (1, 5, 8)), "s": Value("s", np.dtype(np.float32), (8,)),
+              "b": Value("b", np.dtype(np.float32), (8,))}
+    g = Graph([node], ["x", "s", "b"], ["y"], {}, values)
+    with pytest.raises(PolykitError, match="unknown activation 'swish'") as info:
+        infer_shapes(g, strict=True)
+    assert "gelu_tanh" in (info.value.hint or "")
+    node.attrs["activation"] = "silu"
+    infer_shapes(g, strict=True)
+    assert g.value("y").shape == (1, 5, 8)
+
+
+def test_the_tactic_compiles_the_layers_activation_into_the_apply_kernel_only():
+    lay = _layer((1, 9, 16), 4, np.float16, "gelu")
+    (tactic,) = candidates("cuda", "GroupNormNHWC", lay)
+    sources = {(k.name, dict(k.defines).get("NG_ACT"), dict(k.defines).get("PK_GELU16")) for k in tactic.kernels(lay)}
+    assert sources == {("gn_nhwc_partials", None, None), ("gn_nhwc_stats", None, None),
+                       ("gn_nhwc_apply", str(NORM_ACTIVATIONS.index("gelu")), "1")}
+    assert not candidates("cuda", "GroupNormNHWC", _layer((1, 9, 16), 4, np.float16, "swish"))
+
+
 def test_geometry_splits_wav2vec2_conv0_over_the_pixels():
     """[1, 15999, 512] fp16 (wav2vec2's first conv output at batch 1): hundreds of partial blocks, not
     one block a group, within MAX_SPLITS; the workspace holds the partials and the statistics."""
@@ -128,9 +206,10 @@ def test_the_split_count_depends_on_the_shape_only():
         assert geometry(*shape, 2, 1)[2:] == geometry(*shape, 2, 8)[2:]
 
 
-def _layer(shape, groups, dtype) -> LayerDesc:
+def _layer(shape, groups, dtype, activation: str = "none") -> LayerDesc:
     c, name = shape[-1], np.dtype(dtype).name
-    return LayerDesc("gn", "GroupNormNHWC", ("x", "s", "b"), ("y",), {"num_groups": groups, "epsilon": 1e-5},
+    return LayerDesc("gn", "GroupNormNHWC", ("x", "s", "b"), ("y",),
+                     {"num_groups": groups, "epsilon": 1e-5, "activation": activation},
                      domain=POLYKIT_DOMAIN, in_dtypes=(name,) * 3, in_shapes=(shape, (c,), (c,)),
                      out_dtypes=(name,), out_shapes=(shape,))
 
@@ -147,7 +226,9 @@ def test_every_variant_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
     nvrtc = pytest.importorskip("polykit.runtime.cuda.nvrtc")
     monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     units = nvrtc.unique_units(compile_variants())
-    assert len(units) == 6  # a unit per storage type and vector width, the three kernels in each
+    # a unit per storage type and vector width, the three kernels in each; the apply kernel with each of
+    # the six activations in each storage type
+    assert len(units) == 6 + 6 * 3
     try:
         cubins = nvrtc.compile_many(units, arch, workers=1)
     except Exception as exc:  # no NVRTC library on this machine
@@ -166,6 +247,20 @@ def test_kernels_match_the_reference_on_the_gpu(shape, groups, dtype):
     x, s, b = _arrays(shape, dtype)
     tol = 1e-4 if dtype == np.float32 else 8e-3
     assert_matches_reference(_layer(shape, groups, dtype), {"x": x, "s": s, "b": b}, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", NORM_ACTIVATIONS[1:])
+@pytest.mark.parametrize("shape,groups,dtype", [((1, 401, 512), 512, np.float16), ((1, 9, 11, 12), 3, np.float16),
+                                                ((2, 5, 7, 64), 32, np.float32)])
+def test_apply_kernel_with_each_activation_matches_the_reference_on_the_gpu(shape, groups, dtype, activation):
+    """The fp16 16-byte (C 512) and scalar (C 12) apply kernels and an fp32 one with NG_ACT against the
+    reference."""
+    from polykit.runtime.cuda.harness import assert_matches_reference
+
+    x, s, b = _arrays(shape, dtype)
+    tol = 1e-4 if dtype == np.float32 else 8e-3
+    assert_matches_reference(_layer(shape, groups, dtype, activation), {"x": x, "s": s, "b": b}, rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,12 @@ D1 * ... * Dk * C / G elements of the group's channels c in [g * C / G, (g + 1) 
 by C in memory; InstanceNormalization is the case G == C. The layout passes make it
 (nhwc_forms' region rule on rank 4, cancel_transposes' norm rule at any rank) so that a norm
 between channels-last convolutions needs no Transpose.
+
+Attribute `activation` (default "none"; NORM_ACTIVATIONS) applies a unary activation to the
+normalized value before the store: "relu", "sigmoid", "tanh", "silu" (x * sigmoid(x)), "gelu" (the
+erf form) and "gelu_tanh" (Gelu approximate="tanh"). fuse_bias_activation's norm step sets it when
+the norm's output has that activation as its only reader (GroupNorm -> SiLU in every diffusion
+ResBlock, wav2vec2's norm -> GELU), saving the activation's read + write of the tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +26,14 @@ GROUP_NORM_NHWC = "GroupNormNHWC"
 CHANNEL_NORMS = ("GroupNormalization", "InstanceNormalization")
 #: storage dtypes the layout passes convert (the cuda kernels' and the reference's)
 FLOATS = ("float16", "float32", "bfloat16")
+#: values of the `activation` attribute (the apply kernel's NG_ACT codes are their indices)
+NORM_ACTIVATIONS = ("none", "relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh")
+
+
+def norm_activation(attrs) -> str:
+    """The `activation` attribute of a GroupNormNHWC ("none" when absent; bytes decoded)."""
+    act = attrs.get("activation", "none")
+    return act.decode() if isinstance(act, bytes) else str(act)
 
 
 def channels_last_perm(rank: int) -> list[int]:
@@ -42,6 +56,9 @@ def _group_norm_nhwc(ctx: InferContext):
     groups = int(ctx.attr("num_groups", 0))
     if groups < 1:
         raise ctx.fail(f"num_groups must be at least 1, got {groups}", hint="to_channels_last's passes set it")
+    act = norm_activation(ctx.node.attrs)
+    if act not in NORM_ACTIVATIONS:
+        raise ctx.fail(f"unknown activation {act!r}", hint=f"use one of {', '.join(NORM_ACTIVATIONS)}")
     if x is not None:
         if len(x) < 3:
             raise ctx.fail(f"GroupNormNHWC needs X of rank >= 3 ([N, ..., C]), got shape {x}")

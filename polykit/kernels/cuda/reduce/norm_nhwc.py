@@ -9,8 +9,9 @@ geometry() cuts a sample's pixels into S chunks of about SPLIT_BYTES of X each (
 and about MAX_BLOCKS partial blocks in all) and its channels into CT tiles of tx threads x NG_VEC
 channels: gn_nhwc_partials' grid (S, CT, N) writes per-channel Welford partials, gn_nhwc_stats' grid
 (G, N) combines those of each (n, group) in a fixed order (deterministic), gn_nhwc_apply normalizes
-with the affine. The existing norm kernels fuse no activation, and neither does this one: a GELU or
-SiLU after it stays a pointwise layer (channels last, next to it).
+with the affine and the layer's `activation` (NORM_ACTIVATIONS, set by fuse_bias_activation: a
+GELU or SiLU reading the norm runs inside the apply kernel, NG_ACT; the other two kernels do not
+depend on it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.nn.group_norm_nhwc import FLOATS, GROUP_NORM_NHWC
+from polykit.compiler.ops.nn.group_norm_nhwc import FLOATS, GROUP_NORM_NHWC, NORM_ACTIVATIONS, norm_activation
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines
 from polykit.kernels.cuda.launch_geometry import grid_for
@@ -75,8 +76,15 @@ def _dims(shape) -> tuple[int, int, int]:
     return int(shape[0]), int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
 
 
-def kernel(name: str, dtype: str, vec: int) -> KernelSource:
-    return KernelSource(name, FILE, defines=defines(ELEM=CTYPE[dtype], NG_VEC=vec))
+def kernel(name: str, dtype: str, vec: int, activation: str = "none") -> KernelSource:
+    """`name` for `dtype` and `vec`; the apply kernel with `activation` (NG_ACT, and PK_GELU16 for a
+    16-bit GELU as the epilogues compute it); the three share a unit without one."""
+    extra = {}
+    if name == "gn_nhwc_apply" and activation != "none":
+        extra["NG_ACT"] = NORM_ACTIVATIONS.index(activation)
+        if activation == "gelu" and dtype != "float32":
+            extra["PK_GELU16"] = 1
+    return KernelSource(name, FILE, defines=defines(ELEM=CTYPE[dtype], NG_VEC=vec, **extra))
 
 
 def _supports(layer: Any) -> bool:
@@ -86,6 +94,8 @@ def _supports(layer: Any) -> bool:
     if any(d != dts[0] for d in dts[:3]):
         return False
     n, c, groups = shapes[0][0], shapes[0][-1], int(layer.attrs.get("num_groups", 0))
+    if norm_activation(layer.attrs) not in NORM_ACTIVATIONS:
+        return False
     return (not isinstance(c, int) or (groups >= 1 and c % groups == 0)) and (not isinstance(n, int) or n <= MAX_BATCH)
 
 
@@ -94,7 +104,8 @@ def _kernels(layer: Any) -> list[KernelSource]:
     c = layer.in_shapes[0][-1] if layer is not None and layer.in_shapes else 0
     wide = vec_width(ITEMSIZE.get(dtype, 2))
     vecs = {1} | ({wide} if isinstance(c, int) and c % wide == 0 else set())
-    return [kernel(name, dtype, v) for v in sorted(vecs) for name in KERNELS]
+    act = norm_activation(layer.attrs) if layer is not None else "none"
+    return [kernel(name, dtype, v, act) for v in sorted(vecs) for name in KERNELS]
 
 
 def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
@@ -132,7 +143,7 @@ def launch_plan(layer: Any, tensors: Mapping[str, DeviceTensor], ws: int) -> lis
          [x, ws, p, i32(c), i32(splits), chunk, i32(tx)]),
         (kernel("gn_nhwc_stats", dtype, vec), (groups, n, 1), (THREADS, 1, 1), 0,
          [ws, stats, p, i32(c), i32(groups), i32(splits), chunk, np.float32(layer.attrs.get("epsilon", 1e-5))]),
-        (kernel("gn_nhwc_apply", dtype, vec), grid_for(vectors), (THREADS, 1, 1), 0,
+        (kernel("gn_nhwc_apply", dtype, vec, norm_activation(layer.attrs)), grid_for(vectors), (THREADS, 1, 1), 0,
          [x, stats, scale, bias, y, vectors, p * c, i32(c), i32(groups)]),
     ]
 
@@ -153,6 +164,8 @@ cuda_tactic(GROUP_NORM_NHWC, "cuda.norm_nhwc", domain=POLYKIT_DOMAIN, kernels=_k
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every kernel in every storage type, scalar and with 16-byte vectors."""
+    """Every kernel in every storage type, scalar and with 16-byte vectors; the apply kernel with each
+    activation in every storage type (16-byte vectors)."""
     return [kernel(name, dtype, v) for dtype in FLOATS for v in (1, vec_width(ITEMSIZE[dtype]))
-            for name in KERNELS]
+            for name in KERNELS] + [kernel("gn_nhwc_apply", dtype, vec_width(ITEMSIZE[dtype]), act)
+                                    for dtype in FLOATS for act in NORM_ACTIVATIONS[1:]]

@@ -17,10 +17,20 @@
 //   group (entry e = s * CG + j; thread i takes e = i, i + NG_THREADS, ... then a fixed-order tree over
 //   the threads): mean and rstd = rsqrt(M2 / count + eps) at stats[(n * G + g) * 2 + {0, 1}]. The
 //   combine order depends on the shapes only: the same bits every run.
-// gn_nhwc_apply, grid-stride over NG_VEC-element vectors of Y: y = (x - mean) * rstd * scale[c] + bias[c].
+// gn_nhwc_apply, grid-stride over NG_VEC-element vectors of Y: y = act((x - mean) * rstd * scale[c] + bias[c]),
+//   act the layer's `activation` (NG_ACT; none by default) on the normalized value rounded to ELEM (as
+//   the unfused norm stored it), pointwise.cuh's functions in fp32, the result rounded once at the store.
 //
-// Defines: ELEM (float, half_t, bf16_t), NG_VEC (1, or 16 / sizeof(ELEM)).
+// Defines: ELEM (float, half_t, bf16_t), NG_VEC (1, or 16 / sizeof(ELEM)), NG_ACT (the index of the
+// activation in group_norm_nhwc.NORM_ACTIVATIONS: 0 none, 1 relu, 2 sigmoid, 3 tanh, 4 silu, 5 gelu (erf;
+// PK_GELU16 with 16-bit ELEM), 6 gelu_tanh; the apply kernel only).
 #include "dtypes.cuh"
+#ifndef NG_ACT
+#define NG_ACT 0
+#endif
+#if NG_ACT
+#include "pointwise.cuh"
+#endif
 
 #ifndef ELEM
 #define ELEM half_t
@@ -29,6 +39,30 @@
 #define NG_VEC 1
 #endif
 #define NG_THREADS 256
+
+// the activation of the apply kernel on a normalized value (float)
+__device__ __forceinline__ float ng_act(float v) {
+#if NG_ACT == 0
+  return v;
+#else
+  v = round_as<ELEM>(v);
+#if NG_ACT == 1
+  return pk_relu(v);
+#elif NG_ACT == 2
+  return pk_sigmoid(v);
+#elif NG_ACT == 3
+  return pk_tanh(v);
+#elif NG_ACT == 4
+  return v * pk_sigmoid(v);
+#elif NG_ACT == 5
+  return pk_gelu(v);
+#elif NG_ACT == 6
+  return pk_gelu_tanh(v);
+#else
+#error "NG_ACT: an index of group_norm_nhwc.NORM_ACTIVATIONS (0 .. 6)"
+#endif
+#endif
+}
 
 struct alignas(sizeof(ELEM) * NG_VEC) NgPack {
   ELEM v[NG_VEC];
@@ -137,7 +171,7 @@ extern "C" __global__ void gn_nhwc_apply(const ELEM* __restrict__ x, const float
     for (int e = 0; e < NG_VEC; ++e) {
       const int c = c0 + e;
       const float* st_ = stats + (n * G + c / cg) * 2;
-      st(out.v, e, ((float)ld(v.v, e) - st_[0]) * st_[1] * (float)ld(scale, c) + (float)ld(bias, c));
+      st(out.v, e, ng_act(((float)ld(v.v, e) - st_[0]) * st_[1] * (float)ld(scale, c) + (float)ld(bias, c)));
     }
     *(NgPack*)(y + first) = out;
   }
