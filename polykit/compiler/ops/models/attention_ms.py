@@ -133,7 +133,8 @@ class _Lowering(NodeEmitter):
         self.heads = int(node.attrs.get("num_heads", 0))
         if self.heads <= 0:
             raise NodeAttributeError(f"{MS_DOMAIN} {node.op_type} needs a positive num_heads attribute",
-                                     where=node.describe(), hint="set num_heads (the optimizer's --num_heads)")
+                                     where=node.describe(),
+                                     hint="set the node's num_heads attribute (optimize_model's num_heads argument writes it)")
         self.filter = float(node.attrs.get("mask_filter_value", MASK_FILTER_VALUE))
         self.terms: list[str] = []
 
