@@ -11,12 +11,8 @@ from polykit.errors import NodeAttributeError
 from .ms_contrib_kit import F32, I32, MS, assert_matches_onnxruntime, helper, model, ort, polykit_cpu, rand
 
 
-def _attention(B, S, C, N, *, mask=None, bias=True, attention_bias=None, sizes=None, seed=0, **attrs):
-    """A com.microsoft Attention model and its feeds; `mask` an int array (its shape the form)."""
-    rng = np.random.default_rng(seed)
-    sizes = sizes or [C, C, C]
-    inits = [("w", rand(rng, C, sum(sizes), scale=0.4))] + ([("b", rand(rng, sum(sizes), scale=0.4))] if bias else [])
-    names, ins, feeds = ["x", "w", "b" if bias else ""], [("x", F32, [B, S, C])], {"x": rand(rng, B, S, C)}
+def _mask_and_bias(names, ins, feeds, mask, attention_bias, rng) -> None:
+    """Wire the optional int mask (input 3 when given) and attention_bias (input 5) into a node's inputs."""
     if mask is not None:
         names.append("m")
         ins.append(("m", I32, list(mask.shape)))
@@ -25,6 +21,15 @@ def _attention(B, S, C, N, *, mask=None, bias=True, attention_bias=None, sizes=N
         names += [""] * (5 - len(names)) + ["ab"]
         ins.append(("ab", F32, list(attention_bias)))
         feeds["ab"] = rand(rng, *attention_bias)
+
+
+def _attention(B, S, C, N, *, mask=None, bias=True, attention_bias=None, sizes=None, seed=0, **attrs):
+    """A com.microsoft Attention model and its feeds; `mask` an int array (its shape the form)."""
+    rng = np.random.default_rng(seed)
+    sizes = sizes or [C, C, C]
+    inits = [("w", rand(rng, C, sum(sizes), scale=0.4))] + ([("b", rand(rng, sum(sizes), scale=0.4))] if bias else [])
+    names, ins, feeds = ["x", "w", "b" if bias else ""], [("x", F32, [B, S, C])], {"x": rand(rng, B, S, C)}
+    _mask_and_bias(names, ins, feeds, mask, attention_bias, rng)
     if sizes != [C, C, C]:
         attrs["qkv_hidden_sizes"] = sizes
     node = helper.make_node("Attention", names, ["y"], domain=MS, num_heads=N, **attrs)
@@ -120,14 +125,7 @@ def _mha(B, S, L, D, N, *, form="separate", bias=False, padding=None, attention_
         feeds[name] = rand(rng, *shape)
     inits = [("b", rand(rng, 3 * D))] if bias else []
     names += [""] * (3 - len(names)) + ["b" if bias else ""]
-    if padding is not None:
-        names.append("m")
-        ins.append(("m", I32, list(padding.shape)))
-        feeds["m"] = padding
-    if attention_bias is not None:
-        names += [""] * (5 - len(names)) + ["ab"]
-        ins.append(("ab", F32, list(attention_bias)))
-        feeds["ab"] = rand(rng, *attention_bias)
+    _mask_and_bias(names, ins, feeds, padding, attention_bias, rng)
     node = helper.make_node("MultiHeadAttention", names, ["y"], domain=MS, num_heads=N, **attrs)
     return model([node], ins, [("y", F32, [B, S, D])], inits), feeds
 
