@@ -8,7 +8,8 @@
         --attention 8,12,128,64 --attention 1,12,512,64
 
 Builds the polykit plan of each case (as benchmarks/cuda_models.py does: torch export, random
-weights; a case's model is "bert" or a torchvision classifier's name), then for every distinct (kind, input/output shapes, attributes) among its Conv /
+weights; a case's model is "bert" or a torchvision classifier's name, its images 224 pixels square
+or the case's fourth field: efficientnet_v2_s:32:fp16:384), then for every distinct (kind, input/output shapes, attributes) among its Conv /
 ConvNHWC / MatMul / Gemm layers times the layer's chosen tactic alone and torch's equivalent
 in the same process: torch.nn.functional.conv2d on channels_last tensors (cuDNN) for
 convolutions, torch.matmul for GEMMs, on random inputs of the layer's shapes and dtype. Both
@@ -148,12 +149,12 @@ def tactic_op(layer, tactic, kernels, specs, torch):
     return run, modules, keep
 
 
-def bench_case(name, batch, precision, args, torch) -> list[dict]:
+def bench_case(name, batch, precision, args, torch, size: int = 224) -> list[dict]:
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
 
     model = make_model(name, torch)
-    inputs = make_inputs(name, batch, torch)
+    inputs = make_inputs(name, batch, torch, size)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.onnx"
         export(name, model, inputs, path, torch)
@@ -549,8 +550,8 @@ def main() -> None:
     for spec in args.norm:
         results[f"norm:{spec}"] = bench_norm(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
-        name, batch, precision = case.split(":")
-        results[case] = bench_case(name, int(batch), precision, args, torch)
+        name, batch, precision, *size = case.split(":")  # an optional fourth field: the image size
+        results[case] = bench_case(name, int(batch), precision, args, torch, *map(int, size))
     meta = provenance.meta(torch, cudnn=torch.backends.cudnn.version())
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(meta)

@@ -50,10 +50,10 @@ def make_model(name: str, torch):
     return BertModel(BertConfig()).eval()
 
 
-def make_inputs(name: str, batch: int, torch):
+def make_inputs(name: str, batch: int, torch, size: int = 224):
     g = torch.Generator().manual_seed(batch)
     if name != "bert":
-        return {"x": torch.randn(batch, 3, 224, 224, generator=g)}
+        return {"x": torch.randn(batch, 3, size, size, generator=g)}
     return {"input_ids": torch.randint(0, 30522, (batch, SEQ), generator=g),
             "attention_mask": torch.ones(batch, SEQ, dtype=torch.int64)}
 
