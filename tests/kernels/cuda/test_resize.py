@@ -275,12 +275,14 @@ def test_a_stamped_layer_compiles_only_its_own_kernel():
     from polykit.kernels.cuda.movement.resize import _kernels
 
     stamped = LayerDesc("r", "Resize", ("X", "", "S"), ("Y",), {"mode": "linear"}, in_dtypes=("float16", "", "float32"))
-    assert [k.name for k in _kernels(stamped)] == ["resize_linear_f16"]
+    assert [k.name for k in _kernels(stamped)] == ["resize_linear_f16", "resize_fast_linear_f16"]
 
 
 def test_compile_variants_cover_every_mode_and_dtype():
     names = {k.name for k in compile_variants()}
-    assert {f"resize_{m}_{c}" for m in ("nearest", "linear", "cubic") for c in ("f32", "f16", "bf16", "f64", "u8", "i8")} == names
+    codes = ("f32", "f16", "bf16", "f64", "u8", "i8")
+    assert {f"resize_{m}_{c}" for m in ("nearest", "linear", "cubic") for c in codes} | {
+        f"resize_fast_{m}_{c}" for m in ("nearest", "linear") for c in codes} == names
 
 
 def test_geometry_maps_each_axis_to_its_slot_in_the_axes_attribute():
@@ -432,3 +434,83 @@ def test_resize_cubic_odd_ranks_and_unit_axes(shape, scales):
 def test_resize_of_an_empty_axis_is_zeros():
     lay = layer(("X", "", "", "Z"), mode="linear")
     check(lay, {"X": np.zeros((1, 0, 3), np.float32), "Z": np.array([1, 2, 3], np.int64)}, rtol=0, atol=0)
+
+
+# -- the fast kernel (RESIZE_FAST): one or two adjacent axes resized, nearest / linear ---------
+
+def _geo(mode, x_shape, y_shape, inputs=("X", "", "", "Z"), **attrs):
+    lay = layer(inputs, mode=mode, **attrs)
+    feeds = {"X": np.ones(x_shape, np.float32), "Z": np.array(y_shape, np.int64), "S": np.ones(len(x_shape), np.float32)}
+    return geometry(lay, feeds, y_shape)
+
+
+@pytest.mark.parametrize("mode,x_shape,y_shape,attrs,want", [
+    ("linear", (8, 21, 64, 64), (8, 21, 512, 512), {}, (2, 3)),            # FCN's final upsampling, NCHW
+    ("nearest", (1, 3, 4, 16), (1, 6, 8, 16), {}, (1, 2)),                  # channels-last: inner 16
+    ("linear", (2, 5, 7), (2, 5, 11), {}, (-1, 2)),                         # one axis
+    ("linear", (2, 4, 6, 6), (2, 8, 6, 12), {}, None),                      # axes 1 and 3: not adjacent
+    ("cubic", (1, 1, 4, 4), (1, 1, 8, 8), {}, None),
+    ("linear", (1, 1, 4, 4), (1, 1, 8, 8), {"antialias": 1}, None),
+    ("nearest", (1, 1, 4, 4), (1, 1, 8, 8), {"antialias": 1}, (2, 3)),     # antialias never touches nearest
+    ("linear", (1, 1, 4, 4), (1, 1, 8, 8), {"coordinate_transformation_mode": "tf_crop_and_resize"}, None),
+    ("linear", (1, 1, 4, 4), (1, 1, 4, 4), {}, None),                       # nothing changes length
+])
+def test_fast_axes_are_the_changed_adjacent_axes(mode, x_shape, y_shape, attrs, want):
+    assert _geo(mode, x_shape, y_shape, **attrs).fast_axes() == want
+
+
+def test_the_fast_launch_tiles_columns_and_rows_and_passes_outer_and_inner():
+    g = _geo("linear", (8, 21, 64, 64), (8, 21, 512, 512))
+    assert g.launch_shape() == ((2, 65535, 1), (256, 1, 1))  # 8 * 21 * 512 rows, grid y strided
+    narrow = _geo("nearest", (2, 3, 4, 1), (2, 3, 8, 1))
+    assert narrow.launch_shape() == ((1, 1, 1), (32, 8, 1))  # 8 columns in a warp-wide block, 6 rows
+    args = g.args(DeviceTensor(0, (8, 21, 64, 64), np.dtype(np.float32)),
+                  DeviceTensor(0, (8, 21, 512, 512), np.dtype(np.float32)), 0, 0, 0)
+    assert args[-6:-2] == [2, 3, 8 * 21, 1] and args[-2] == 0  # dh, dw, outer, inner, then empty
+
+
+def test_a_policy_sized_resize_keeps_the_general_kernel():
+    lay = layer(("X", "", "", "Z"), mode="linear", keep_aspect_ratio_policy="not_larger", axes=[2, 3])
+    g = geometry(lay, {"X": np.ones((1, 1, 4, 4), np.float32), "Z": np.array([8, 8], np.int64)}, (1, 1, 8, 8))
+    assert g.fast_axes() is None and g.launch_shape()[1] == (256, 1, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-6), (np.float16, 2e-3), (np.float64, 1e-12)])
+@pytest.mark.parametrize("x_shape,sizes", [
+    ((2, 3, 9, 13), [2, 3, 40, 27]),      # NCHW up, 2 axes, columns not a warp multiple
+    ((2, 9, 13, 24), [2, 5, 31, 24]),     # channels-last: inner 24, 2 axes, one shrinks
+    ((3, 4, 300), [3, 4, 517]),           # one axis, columns past one block
+    ((1, 1, 1, 1), [1, 1, 3, 2]),
+])
+def test_fast_resize_matches_the_reference(mode, coord, dtype, tol, x_shape, sizes):
+    lay = layer(("X", "", "", "Z"), mode=mode, coordinate_transformation_mode=coord)
+    check(lay, {"X": rng.standard_normal(x_shape).astype(dtype), "Z": np.array(sizes, np.int64)}, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 2.0], [1, 1, 0.5, 1.5], [1, 1.2, 2.0, 2.0], [1.3, 1, 1, 2.5]])
+def test_fast_resize_with_device_scales_and_the_general_fallback(mode, scales):
+    """[1, 1.2, 2, 2] on 3 channels: the channel axis keeps its length (floor(3.6) = 3) but its
+    device scale is not 1, so the fast launch runs the general path; [1.3, 1, 1, 2.5] on batch 2 likewise."""
+    x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    check(layer(mode=mode), {"X": x, "S": np.array(scales, np.float32)}, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_fast_resize_at_a_segmentation_head_shape():
+    """DeepLabV3 / FCN's last layer (bilinear 8x, 21 classes) in fp16, against the reference."""
+    lay = layer(("X", "", "", "Z"), mode="linear", coordinate_transformation_mode="pytorch_half_pixel")
+    check(lay, {"X": rng.standard_normal((2, 21, 32, 32)).astype(np.float16), "Z": np.array([2, 21, 256, 256], np.int64)},
+          rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("dtype,lo,hi", [(np.uint8, 0, 256), (np.int8, -128, 128)])
+def test_fast_resize_integer_dtypes(mode, dtype, lo, hi):
+    x = rng.integers(lo, hi, (2, 3, 7, 9)).astype(dtype)
+    check(layer(("X", "", "", "Z"), mode=mode), {"X": x, "Z": np.array([2, 3, 15, 4], np.int64)}, rtol=0, atol=1)

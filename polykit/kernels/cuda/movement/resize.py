@@ -41,17 +41,23 @@ def supports(layer) -> bool:
     return not dtypes or CODE.get(dtypes[0]) in DTYPES
 
 
-def kernel_source(mode: str, code: str) -> KernelSource:
-    """The one-kernel compile unit of `mode` for dtype `code`."""
-    name = f"resize_{mode}_{code}"
-    return KernelSource(name, FILE, defines=defines(RESIZE_KERNEL=name, RESIZE_T=DTYPES[code], RESIZE_MODE=MODES[mode]))
+#: modes with a fast kernel (resize.cu's RESIZE_FAST: two adjacent axes, no antialias / exclude / crop)
+FAST_MODES = ("nearest", "linear")
+
+
+def kernel_source(mode: str, code: str, fast: bool = False) -> KernelSource:
+    """The one-kernel compile unit of `mode` for dtype `code` (`fast`: the two-axis kernel)."""
+    name = f"resize_{'fast_' if fast else ''}{mode}_{code}"
+    return KernelSource(name, FILE, defines=defines(RESIZE_KERNEL=name, RESIZE_T=DTYPES[code], RESIZE_MODE=MODES[mode],
+                                                    RESIZE_FAST=int(fast)))
 
 
 def _kernels(layer) -> list[KernelSource]:
     modes = tuple(MODES) if layer is None else (layer.attrs.get("mode", "nearest"),)
     dtypes = getattr(layer, "in_dtypes", ()) if layer is not None else ()
     codes = (CODE[dtypes[0]],) if dtypes and CODE.get(dtypes[0]) in DTYPES else tuple(DTYPES)
-    return [kernel_source(m, c) for m in modes for c in codes]
+    return [kernel_source(m, c, fast) for m in modes for c in codes for fast in (False, True)
+            if not fast or m in FAST_MODES]
 
 
 @dataclass(frozen=True)
@@ -76,15 +82,52 @@ class ResizeGeometry:
     extrapolation: float
     empty: int                    # x has no element but y has some: y is zeros
 
+    def fast_axes(self) -> tuple[int, int] | None:
+        """(dh, dw) for resize.cu's fast kernel: the one (dh -1) or two adjacent axes whose length
+        changes, every other axis keeping its length (one with a device scale is checked on the
+        device); None where the general kernel must run (cubic, antialias or exclude_outside on a
+        linear resize, tf_crop_and_resize, an aspect policy, an empty input, other axes)."""
+        if (self.mode not in FAST_MODES or self.empty or self.coord == COORD["tf_crop_and_resize"]
+                or self.src not in (SCALE_SRC["host"], SCALE_SRC["scales"])
+                or (self.mode == "linear" and (self.antialias or self.exclude))):
+            return None
+        changed = [d for d in range(self.rank) if self.in_shape[d] != self.out_shape[d]]
+        if len(changed) == 1:
+            return -1, changed[0]
+        if len(changed) == 2 and changed[1] == changed[0] + 1:
+            return changed[0], changed[1]
+        return None
+
     def args(self, x, y, scales, sizes, roi) -> list:
         """Kernel arguments; x/y/scales/sizes/roi are DeviceTensors or 0 (absent); y's rows of its last
-        dim lie y.rows_apart(last) elements apart (a Concat's slice where y is placed there)."""
+        dim lie y.rows_apart(last) elements apart (a Concat's slice where y is placed there). With
+        fast_axes, the fast kernel's (dh, dw, outer, inner) come before `empty`."""
         pad = lambda v, fill: list(v) + [fill] * (MAXR - len(v))  # noqa: E731
+        fast = self.fast_axes()
+        extra = []
+        if fast is not None:
+            dh, dw = fast
+            first = dw if dh < 0 else dh
+            extra = [dh, dw, int(np.prod(self.in_shape[:first], dtype=np.int64)),
+                     int(np.prod(self.in_shape[dw + 1:], dtype=np.int64))]
         return [x, y, scales, sizes, roi, self.roi_code, self.n_axes, int(np.prod(self.out_shape, dtype=np.int64)),
                 self.rank, *pad(self.in_shape, 1), *pad(self.out_shape, 1), *pad(self.slot, -1),
                 *[np.float64(h) for h in pad(self.host_scale, 1.0)], self.src, self.coord, self.rule,
-                np.float64(self.cubic_a), self.exclude, self.antialias, np.float64(self.extrapolation), self.empty,
-                y.rows_apart(self.out_shape[-1] if self.out_shape else 1)]
+                np.float64(self.cubic_a), self.exclude, self.antialias, np.float64(self.extrapolation), *extra,
+                self.empty, y.rows_apart(self.out_shape[-1] if self.out_shape else 1)]
+
+    def launch_shape(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(grid, block) of the launch: the fast kernel's columns x rows (block BX x BY, BX * BY = BLOCK,
+        BX the columns rounded up to a warp, at most BLOCK), else grid_for's one dimension."""
+        fast = self.fast_axes()
+        if fast is None:
+            return grid_for(int(np.prod(self.out_shape, dtype=np.int64))), (BLOCK, 1, 1)
+        dh, dw = fast
+        cols = self.out_shape[dw] * int(np.prod(self.out_shape[dw + 1:], dtype=np.int64))
+        rows = int(np.prod(self.out_shape[:dw], dtype=np.int64))
+        bx = min(BLOCK, -(-cols // 32) * 32)
+        by = BLOCK // bx
+        return (-(-cols // bx), max(1, min(-(-rows // by), 65535)), 1), (bx, by, 1)
 
 
 def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:
@@ -142,7 +185,8 @@ def enqueue_resize(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor
     geo = resize_geometry(layer, x, y, scales, sizes, roi)
     if y.size == 0:
         return
-    launcher.launch(kernel_source(geo.mode, geo.code), grid_for(y.size), (BLOCK, 1, 1),
+    grid, block = geo.launch_shape()
+    launcher.launch(kernel_source(geo.mode, geo.code, geo.fast_axes() is not None), grid, block,
                     geo.args(x, y, scales or 0, sizes or 0, roi or 0))
 
 

@@ -25,6 +25,15 @@
 // empty: x has no element but y has some (an input axis of length 0): y is all zeros.
 // ldy: elements between y's rows of out_d[rank - 1] elements (that dim when y is dense; a channels-last
 // Concat's channel total where y is placed in its slice, resize.py): element i is stored at y_at(i).
+//
+// RESIZE_FAST 1 (resize.py's fast_axes decides): nearest / linear without antialias, exclude_outside,
+// crop or an aspect policy, where at most two adjacent axes dh, dh + 1 = dw (dh -1: one axis dw)
+// change length and every other axis keeps it. y is then [outer, OH, OW, inner] over x's
+// [outer, IH, IW, inner]; a thread owns one column (ow, c) of y's rows (its W taps computed once)
+// and walks rows (o, oh) (block (BX, BY), rows BY a block, grid y striding). Weights, tap order,
+// products and sums are the general path's, so both give the same bits. An axis other than dh / dw
+// that a device scale could still resize (scales input, its value not 1) sends the whole launch,
+// uniformly, down the general path.
 #include "dtypes.cuh"
 
 #define STR8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
@@ -92,13 +101,14 @@ struct ResizeArgs {
   __device__ __forceinline__ i64 y_at(i64 i) const { return row == ldy ? i : i / row * ldy + i % row; }
 };
 
+// threads t0, t0 + tstep, ... of the launch take elements t0, t0 + tstep, ...
 template <class T, int MODE>
 __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, const i64* in_d,
-                       const i64* out_d, const i64* slot, const double* host_scale) {
+                       const i64* out_d, const i64* slot, const double* host_scale, i64 t0, i64 tstep) {
   const int rank = (int)p.rank;
   const bool crop = p.coord == 6;
   if (p.empty) {
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) st_(y, p.y_at(i), 0.0);
+    for (i64 i = t0; i < p.n; i += tstep) st_(y, p.y_at(i), 0.0);
     return;
   }
   double policy = p.src == 2 ? 1e300 : -1e300;
@@ -119,7 +129,7 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
     stride[d] = acc;
     acc *= in_d[d];
   }
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+  for (i64 i = t0; i < p.n; i += tstep) {
     i64 r = i, base = 0;
     // per interpolating axis: leftmost tap index (unclamped), tap count, input length, stride
     i64 first[8], ntaps[8], len[8], step[8];
@@ -185,14 +195,108 @@ __device__ void resize(const T* __restrict__ x, T* __restrict__ y, const ResizeA
   }
 }
 
+#if RESIZE_FAST
+// one axis's two linear taps (clamped input indices, weights) or nearest index (i0) at output
+// coordinate c: the general path's arithmetic for an interpolating axis without antialias / exclude
+struct Taps {
+  i64 i0, i1;
+  double w0, w1;
+};
+
+template <int MODE>
+__device__ __forceinline__ Taps axis_taps(int coord, int rule, i64 c, i64 out_len, i64 in_len, double scale) {
+  const double xs = src_coord(coord, (double)c, out_len, in_len, scale, 0.0, 1.0);
+  Taps t;
+  if (MODE == NEAREST) {
+    t.i0 = nearest(xs, rule, in_len);
+    t.i1 = t.i0;
+    t.w0 = 1.0;
+    t.w1 = 0.0;
+    return t;
+  }
+  double f = floor(xs), rt = xs - f;
+  if (rt == 0.0) { rt = 1.0; f -= 1.0; }
+  const i64 b = (i64)f;
+  t.i0 = b < 0 ? 0 : (b >= in_len ? in_len - 1 : b);
+  t.i1 = b + 1 < 0 ? 0 : (b + 1 >= in_len ? in_len - 1 : b + 1);
+  t.w0 = raw_weight<MODE>(0, rt, 1.0, 0.0);
+  t.w1 = raw_weight<MODE>(1, rt, 1.0, 0.0);
+  return t;
+}
+
+template <class T, int MODE>
+__device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, const i64* in_d,
+                            const i64* out_d, const i64* slot, const double* host_scale, int dh, int dw, i64 outer,
+                            i64 inner) {
+  const i64 IW = in_d[dw], OW = out_d[dw], IH = dh >= 0 ? in_d[dh] : 1, OH = dh >= 0 ? out_d[dh] : 1;
+  const i64 cols = OW * inner, rows = outer * OH;
+  const i64 col = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  const i64 ow = inner == 1 ? col : col / inner, ch = col - ow * inner;
+  const double sw = p.src == 1 ? (double)p.scales[slot[dw]] : host_scale[dw];
+  const double sh = dh < 0 ? 1.0 : p.src == 1 ? (double)p.scales[slot[dh]] : host_scale[dh];
+  const Taps tw = axis_taps<MODE>((int)p.coord, (int)p.rule, ow, OW, IW, sw);
+  const i64 xw0 = tw.i0 * inner + ch, xw1 = tw.i1 * inner + ch;
+  for (i64 row = blockIdx.y * (i64)blockDim.y + threadIdx.y; row < rows; row += (i64)gridDim.y * blockDim.y) {
+    const i64 o = OH == 1 ? row : row / OH, oh = row - o * OH;
+    const i64 i = row * cols + col;
+    if (dh < 0) {
+      const i64 base = o * IW * inner;
+      if (MODE == NEAREST) { y[p.y_at(i)] = x[base + xw0]; continue; }
+      double v = 0.0;
+      v += tw.w0 * (double)ld(x, base + xw0);
+      v += tw.w1 * (double)ld(x, base + xw1);
+      st_(y, p.y_at(i), v);
+      continue;
+    }
+    const Taps th = axis_taps<MODE>((int)p.coord, (int)p.rule, oh, OH, IH, sh);
+    const i64 r0 = (o * IH + th.i0) * IW * inner, r1 = (o * IH + th.i1) * IW * inner;
+    if (MODE == NEAREST) { y[p.y_at(i)] = x[r0 + xw0]; continue; }
+    // the general path's odometer: the W axis (innermost, k = 0) fastest; wt = (1 * w_w) * w_h
+    double v = 0.0, wt;
+    wt = tw.w0 * th.w0;
+    v += wt * (double)ld(x, r0 + xw0);
+    wt = tw.w1 * th.w0;
+    v += wt * (double)ld(x, r0 + xw1);
+    wt = tw.w0 * th.w1;
+    v += wt * (double)ld(x, r1 + xw0);
+    wt = tw.w1 * th.w1;
+    v += wt * (double)ld(x, r1 + xw1);
+    st_(y, p.y_at(i), v);
+  }
+}
+#endif
+
 // One kernel per compile unit: the tactic defines RESIZE_KERNEL (the name), RESIZE_T (the
-// storage type) and RESIZE_MODE (NEAREST / LINEAR / CUBIC).
+// storage type), RESIZE_MODE (NEAREST / LINEAR / CUBIC) and RESIZE_FAST (0 / 1).
+#ifndef RESIZE_FAST
+#define RESIZE_FAST 0
+#endif
 extern "C" __global__ void RESIZE_KERNEL(const RESIZE_T* x, RESIZE_T* y, const float* scales, const i64* sizes,
                                          const void* roi, i64 roi_code, i64 nax, i64 n, i64 rank, STR8(a), STR8(b),
                                          STR8(s), DBL8(h), i64 src, i64 coord, i64 rule, double cubic_a, i64 exclude,
-                                         i64 antialias, double extrapolation, i64 empty, i64 ldy) {
+                                         i64 antialias, double extrapolation,
+#if RESIZE_FAST
+                                         i64 dh, i64 dw, i64 outer, i64 inner,
+#endif
+                                         i64 empty, i64 ldy) {
   ARR8(i64, in_d, a); ARR8(i64, out_d, b); ARR8(i64, slot, s); ARR8(double, hs, h);
   const ResizeArgs p = {scales, sizes, roi, roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty,
                         cubic_a, extrapolation, out_d[rank - 1], ldy};
-  resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs);
+#if RESIZE_FAST
+  bool general = false;  // an axis the host could not rule out: its device scale resizes it
+  if (src == 1)
+    for (int d = 0; d < (int)rank; ++d)
+      if (d != dh && d != dw && slot[d] >= 0 && scales[slot[d]] != 1.0f) general = true;
+  if (!general) {
+    resize_fast<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs, (int)dh, (int)dw, outer, inner);
+    return;
+  }
+  const i64 threads = (i64)blockDim.x * blockDim.y, t0 = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * threads +
+                      threadIdx.y * blockDim.x + threadIdx.x;
+  resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs, t0, threads * gridDim.x * gridDim.y);
+#else
+  resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs, blockIdx.x * (i64)blockDim.x + threadIdx.x,
+                                (i64)gridDim.x * blockDim.x);
+#endif
 }
