@@ -332,3 +332,28 @@ def test_sm90_fp16_gelu_epilogue_is_within_one_ulp_on_every_fp16_value():
     worst = np.unravel_index(np.argmax(ulps), ulps.shape)
     assert ulps.max() <= 1, f"{ulps.max()} ulps at x = {values[worst]}: {out[worst]} vs {ref[worst]}"
     assert (ulps > 0).mean() < 0.01, f"{(ulps > 0).sum()} of {ulps.size} values off by an ulp"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["Sigmoid", "SiLU"])
+def test_sm90_fp16_sigmoid_and_silu_epilogues_are_within_one_ulp_on_every_fp16_value(op):
+    """pointwise.cuh's pk_sigmoid16 (the 16-bit epilogues' Sigmoid, and SiLU = x * sigmoid(x) as the
+    fused Sigmoid + Mul body) on all 63488 finite fp16 values, against float64 rounded to fp16."""
+    require_sm90()
+    values = np.arange(65536, dtype=np.uint16).view(np.float16)
+    values = values[np.isfinite(values)].reshape(256, 248)
+    body = [{"op": "Sigmoid", "inputs": ["raw"], "outputs": ["Y" if op == "Sigmoid" else "s"], "attrs": {}}]
+    if op != "Sigmoid":
+        body.append({"op": "Mul", "inputs": ["raw", "s"], "outputs": ["Y"], "attrs": {}})
+    layer = LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit")
+    out = run(layer, {"A": np.eye(256, dtype=np.float16), "B": values}, "cuda.gemm.sm90_128x128", (256, 248),
+              np.float16)
+    x = values.astype(np.float64)
+    with np.errstate(over="ignore"):
+        sig = 1.0 / (1.0 + np.exp(-x))
+    ref = (sig if op == "Sigmoid" else x * sig).astype(np.float16)
+    assert not np.isnan(out).any(), "NaN outputs (unwritten, or NaN for a finite input)"
+    ulps = fp16_ulps(out, ref)
+    worst = np.unravel_index(np.argmax(ulps), ulps.shape)
+    assert ulps.max() <= 1, f"{ulps.max()} ulps at x = {values[worst]}: {out[worst]} vs {ref[worst]}"
