@@ -40,7 +40,10 @@
 #                  channels last, com.microsoft contrib ops, grouped convs on the sm90 tiles (a CONV_GROUPED define
 #                  in conv_sm90.cu: the dense tiles are re-run too), the flash kernel's two new block shapes (the
 #                  flash / GQA / view / window tests parametrized over them), cuda.norm_nhwc, Attention views over
-#                  dynamic shapes ('#k'); run it first, then STEP=zoo
+#                  dynamic shapes ('#k'); run it first, then STEP=zoo. First run 2026-12-05 (seventh session, H100,
+#                  019c070, NEW_S=380): 544 passed in 101 s.
+#   STEP=new7      the seventh session's: Resize's fast kernel (two adjacent axes), the 16-bit epilogues' sigmoid
+#                  (every fp16 value), refit and weight streaming on cuda; ~2 min
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -115,6 +118,14 @@ EOF
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
+  new7)
+    timeout ${NEW_S:-200} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+      tests/kernels/cuda/test_resize.py tests/kernels/cuda/test_concat_placement_args.py \
+      tests/kernels/cuda/test_gemm_sm90.py tests/runtime/cuda/test_refit_gpu.py \
+      tests/runtime/cuda/test_weight_streaming_gpu.py tests/kernels/cuda/test_squeeze_excite.py \
+      tests/kernels/cuda/test_norm_nhwc.py > "$OUT/gpu_new7.txt" 2>&1
+    rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new7.txt" | grep -v Warning | tail -80; exit $rc
+    ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
@@ -180,5 +191,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
