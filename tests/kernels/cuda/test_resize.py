@@ -514,3 +514,77 @@ def test_fast_resize_at_a_segmentation_head_shape():
 def test_fast_resize_integer_dtypes(mode, dtype, lo, hi):
     x = rng.integers(lo, hi, (2, 3, 7, 9)).astype(dtype)
     check(layer(("X", "", "", "Z"), mode=mode), {"X": x, "Z": np.array([2, 3, 15, 4], np.int64)}, rtol=0, atol=1)
+
+
+def fast_kernel_model(g, x, scales=None):
+    """What resize.cu's resize_fast computes (float64, before the store's rounding), step by step as
+    the kernel does: y as [outer, OH, OW, inner], W taps per column, H taps per row, the general
+    path's weight products and summation order."""
+    dh, dw = g.fast_axes()
+    in_d, out_d = g.in_shape, g.out_shape
+    inner = int(np.prod(in_d[dw + 1:], dtype=np.int64))
+    IW, OW = in_d[dw], out_d[dw]
+    IH, OH = (in_d[dh], out_d[dh]) if dh >= 0 else (1, 1)
+    outer = int(np.prod(in_d[:dh if dh >= 0 else dw], dtype=np.int64))
+    xf = x.astype(np.float64).ravel()
+    scale = lambda d: float(scales[g.slot[d]]) if g.src == 1 else g.host_scale[d]  # noqa: E731
+
+    def taps(c, out_len, in_len, s):
+        xs = _src(g.coord, float(c), out_len, in_len, s, 0.0, 1.0)
+        if g.mode == "nearest":
+            return (_nearest(xs, g.rule, in_len),) * 2, (1.0, 0.0)
+        f = math.floor(xs)
+        rt = xs - f
+        if rt == 0:
+            rt, f = 1.0, f - 1
+        clamp = lambda i: min(max(i, 0), in_len - 1)  # noqa: E731
+        return (clamp(f), clamp(f + 1)), (_raw("linear", 0, rt, 1.0, 0.0), _raw("linear", 1, rt, 1.0, 0.0))
+
+    y = np.zeros(outer * OH * OW * inner)
+    for col in range(OW * inner):
+        ow, ch = divmod(col, inner)
+        (w0, w1), (a0, a1) = taps(ow, OW, IW, scale(dw))
+        for row in range(outer * OH):
+            o, oh = divmod(row, OH)
+            i = row * OW * inner + col
+            if dh < 0:
+                base = o * IW * inner
+                y[i] = xf[base + w0 * inner + ch] if g.mode == "nearest" else (
+                    0.0 + a0 * xf[base + w0 * inner + ch]) + a1 * xf[base + w1 * inner + ch]
+                continue
+            (h0, h1), (b0, b1) = taps(oh, OH, IH, scale(dh))
+            r0, r1 = (o * IH + h0) * IW * inner, (o * IH + h1) * IW * inner
+            if g.mode == "nearest":
+                y[i] = xf[r0 + w0 * inner + ch]
+                continue
+            v = 0.0
+            for wt, at in ((a0 * b0, r0 + w0 * inner), (a1 * b0, r0 + w1 * inner), (a0 * b1, r1 + w0 * inner),
+                           (a1 * b1, r1 + w1 * inner)):
+                v += wt * xf[at + ch]
+            y[i] = v
+    return y.reshape(out_d)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                   "half_pixel_symmetric", "tf_half_pixel_for_nn"])
+@pytest.mark.parametrize("x_shape,y_shape", [((2, 3, 5, 7), (2, 3, 11, 4)), ((2, 5, 7, 6), (2, 9, 3, 6)),
+                                             ((3, 4, 6), (3, 4, 13)), ((1, 1, 1, 1), (1, 1, 3, 2))])
+def test_fast_kernel_model_gives_the_general_models_bits(mode, coord, x_shape, y_shape):
+    """The fast kernel's decomposition (columns, strided rows, clamped taps) computes exactly what the
+    general kernel's model computes, in float64, NCHW and channels-last alike (numpy models of both)."""
+    lay = layer(("X", "", "", "Z"), mode=mode, coordinate_transformation_mode=coord)
+    x = rng.standard_normal(x_shape)
+    g = geometry(lay, {"X": x.astype(np.float32), "Z": np.array(y_shape, np.int64)}, y_shape)
+    assert g.fast_axes() is not None
+    np.testing.assert_array_equal(fast_kernel_model(g, x), kernel_model(g, x))
+    np.testing.assert_allclose(kernel_model(g, x), reference(lay, {"X": x, "Z": np.array(y_shape, np.int64)}),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_fast_kernel_model_with_device_scales_gives_the_general_models_bits():
+    lay = layer(mode="linear")
+    x, s = rng.standard_normal((2, 3, 5, 8)), np.array([1, 1, 1.7, 0.6], np.float32)
+    g = geometry(lay, {"X": x.astype(np.float32), "S": s}, (2, 3, 8, 4))
+    assert g.src == 1 and g.fast_axes() == (2, 3)
+    np.testing.assert_array_equal(fast_kernel_model(g, x, s), kernel_model(g, x, s))
