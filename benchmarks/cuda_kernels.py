@@ -51,6 +51,11 @@ relative error against torch in float64 -- Swin-T bs8 stage 1 is 25088,96, BERT 
 bs8 1024,768,rms:
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --norm 25088,96 --norm 1024,768 --norm 1024,768,rms
+
+--resize N,C,H,W,OH,OW[,linear|nearest] (repeatable) times cuda.resize in fp16 against torch's interpolate
+(bilinear, align_corners=False; or nearest) -- FCN / DeepLabV3's last layer at batch 8:
+
+    PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --resize 8,21,64,64,512,512
 """
 
 from __future__ import annotations
@@ -222,6 +227,37 @@ def time_tactic(tactic, layer, tensors, torch, args, label: str = "layer") -> fl
     finally:
         modules.close()
     return ms
+
+
+def bench_resize(spec: str, args, torch) -> dict:
+    """cuda.resize on x [N, C, H, W] (fp16) to [N, C, OH, OW] (linear, half_pixel: torch's bilinear
+    with align_corners=False; or nearest / asymmetric) against torch.nn.functional.interpolate, in us
+    and GB/s (x read once, y written once), with the largest difference from torch."""
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    *dims, mode = spec.split(",") if not spec.split(",")[-1].isdigit() else (*spec.split(","), "linear")
+    n, c, h, w, oh, ow = map(int, dims)
+    coord = "half_pixel" if mode == "linear" else "asymmetric"
+    layer = LayerDesc("up", "Resize", ("X", "", "", "Z"), ("Y",),
+                      {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": "floor"},
+                      in_dtypes=("float16", "", "", "int64"), out_dtypes=("float16",))
+    sizes = torch.tensor([n, c, oh, ow], dtype=torch.int64, device="cuda")
+    xs = [torch.randn(n, c, h, w, device="cuda", dtype=torch.float16) for _ in range(3)]
+    ys = [torch.empty(n, c, oh, ow, device="cuda", dtype=torch.float16) for _ in range(3)]
+    f16 = np.dtype(np.float16)
+    tensors = [{"X": DeviceTensor(x.data_ptr(), (n, c, h, w), f16), "Y": DeviceTensor(y.data_ptr(), (n, c, oh, ow), f16),
+                "Z": DeviceTensor(sizes.data_ptr(), (4,), np.dtype(np.int64))} for x, y in zip(xs, ys)]
+    ms = time_tactic(find_tactic("cuda", "Resize", "cuda.resize"), layer, tensors, torch, args, "up")
+    interp = lambda i: torch.nn.functional.interpolate(xs[i], size=(oh, ow), mode="bilinear" if mode == "linear"  # noqa: E731
+                                                       else "nearest", **({"align_corners": False} if mode == "linear" else {}))
+    tms = time_graph(interp, torch, args.warmup, args.iters)
+    err = float((ys[0].float() - interp(0).float()).abs().max())
+    gb = 2 * (n * c * (h * w + oh * ow)) / 1e9
+    print(f"Resize {mode} {(n, c, h, w)} -> {(oh, ow)}: polykit {ms * 1e3:8.1f} us {gb / ms * 1e3:6.0f} GB/s | torch "
+          f"{tms * 1e3:8.1f} us {gb / tms * 1e3:6.0f} GB/s | {ms / tms:5.2f}x | max |diff| {err:.1e}", flush=True)
+    return {"spec": spec, "ms": ms, "torch_ms": tms, "max_abs_diff": err}
 
 
 def bench_attention(shape: tuple[int, ...], args, torch) -> list[dict]:
@@ -536,6 +572,8 @@ def main() -> None:
                         f"{', '.join(SE_SHAPES)}: time the squeeze-excitation scale and pool tactics (repeatable)")
     parser.add_argument("--norm", action="append", default=[],
                         help="ROWS,L[,rms][,fp16|bf16|fp32]: time the LayerNorm / RMSNorm tactics (repeatable)")
+    parser.add_argument("--resize", action="append", default=[],
+                        help="N,C,H,W,OH,OW[,linear|nearest]: time cuda.resize (fp16) against torch's interpolate (repeatable)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     results = {}
@@ -549,6 +587,8 @@ def main() -> None:
         results[f"se:{spec}"] = bench_squeeze_excitation(spec, args, torch)
     for spec in args.norm:
         results[f"norm:{spec}"] = bench_norm(spec, args, torch)
+    for spec in args.resize:
+        results[f"resize:{spec}"] = bench_resize(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision, *size = case.split(":")  # an optional fourth field: the image size
         results[case] = bench_case(name, int(batch), precision, args, torch, *map(int, size))
