@@ -49,7 +49,8 @@
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
 #                  2:4 sparse GEMMs, LayerNorm / RMSNorm rows at Swin / BERT / LLaMA shapes)
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow (default: the
-#                  two the sixth session left below 0.75x torch.compile and the eight its run did not reach)
+#                  models the seventh session's Resize and sigmoid changes touch - FCN, DeepLabV3, the EfficientNets,
+#                  RegNetY's SE gates - with UNet and Whisper, the other two below 1x, and the ResNet-50 / BERT baselines)
 #                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
 #                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
@@ -155,7 +156,7 @@ EOF
     grep "==" "$OUT/kernels.txt"; tail -25 "$OUT/grouped.txt"; tail -15 "$OUT/sparse.txt"; grep " us " "$OUT/norm.txt"
     ;;
   zoo)
-    models=${ZOO_MODELS:-whisper_encoder,wav2vec2_base,efficientnet_v2_s,unet,llama_small,distilbert,deit_small,dinov2_small,fcn_resnet50,deeplabv3_mobilenet_v3_large}
+    models=${ZOO_MODELS:-fcn_resnet50,deeplabv3_mobilenet_v3_large,efficientnet_v2_s,efficientnet_b0,regnet_y_800mf,resnet50,bert_base,unet,whisper_encoder}
     [ "$models" = all ] && models_arg="" || models_arg="--models $models"
     timeout ${ZOO_S:-300} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} --kernel-cache shared \
       --prepare-workers ${ZOO_WORKERS:-8} --cache-dir /tmp/zc --out "$OUT/zoo.json" ${ZOO_RESUME:+--resume "$ZOO_RESUME"} \
