@@ -44,6 +44,9 @@
 #                  019c070, NEW_S=380): 544 passed in 101 s.
 #   STEP=new7      the seventh session's: Resize's fast kernel (two adjacent axes), the 16-bit epilogues' sigmoid
 #                  (every fp16 value), refit and weight streaming on cuda; ~2 min
+#   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
+#                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
+#                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
 #   STEP=host      issue 31 / 33 timings the host path decides: serving_api (in place vs copies, host us
 #                  per enqueue), dynamic BERT fp16 against static (issue 33 acceptance 2)
 #   STEP=kernels   their per-layer benchmarks against torch (1x1 convs, SE scale and pool, grouped convs,
@@ -119,6 +122,14 @@ EOF
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
     ;;
+  nvtx)
+    for verbosity in detailed none; do
+      timeout 120 ncu --nvtx --print-nvtx-rename kernel --clock-control none --launch-count 12 \
+        --metrics gpu__time_duration.sum python3 -m polykit.tools.cli.app bench examples/models/mlp.onnx --fp16 \
+        --profiling-verbosity $verbosity --no-cuda-graph --iterations 2 --duration 0 > "$OUT/ncu_nvtx_$verbosity.txt" 2>&1
+      echo "== $verbosity: rc $?"; grep -E '^  [^ ].*\(|\[.*:.*\]|NVTX|==ERR|==PROF==' "$OUT/ncu_nvtx_$verbosity.txt" | head -30
+    done
+    ;;
   new7)
     timeout ${NEW_S:-200} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/kernels/cuda/test_resize.py tests/kernels/cuda/test_concat_placement_args.py \
@@ -192,5 +203,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
