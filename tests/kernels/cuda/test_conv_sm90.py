@@ -32,6 +32,75 @@ def test_plan_conv_declines_what_the_kernel_cannot_take(x, w, attrs):
     assert plan_conv(attrs, x, w, (1, 6, 6, 8)) is None
 
 
+def producer_model(geo, bm: int, vec: int, ldx: int):
+    """conv_sm90.cu's producer warpgroup in numpy, thread by thread, as the kernel computes it: each of
+    the 128 threads owns chunk tid % 8 of rows tid / 8 + 16 i; a row keeps its input pixel index and
+    tap-0 coordinates; the chunk's (channel block, kw, kh) advance by counting 8 chunks a k-tile.
+    Returns {(m, k0): element offset in X or -1 for a zero fill} for every row m < M and chunk start k0."""
+    M, K, H, W, C, OH, OW, KW = geo.M, geo.K, geo.H, geo.W, geo.C, geo.OH, geo.OW, geo.KW
+    (SH, SW), (PH, PW), (DH, DW) = geo.strides, geo.pads, geo.dilations
+    c8s, KH = C // vec, K // (KW * C)
+    ktiles, tiles_m = -(-K // (8 * vec)), -(-M // bm)
+    got = {}
+    for tid in range(128):
+        chunk = tid % 8
+        for tm in range(tiles_m):
+            rows = []
+            for i in range(bm // 16):
+                m = tm * bm + tid // 8 + 16 * i
+                img, px = divmod(m, OH * OW)
+                oh, ow = divmod(px, OW)
+                ih0, iw0 = oh * SH - PH, ow * SW - PW
+                rows.append((m, (img * H + ih0) * W + iw0, ih0 if m < M else -0x40000000, iw0))
+            c8, (kh, kw) = chunk % c8s, divmod(chunk // c8s, KW)
+            for kt in range(ktiles):
+                dh, dw = kh * DH, kw * DW
+                for m, pix, ih0, iw0 in rows:
+                    ok = kh < KH and 0 <= ih0 + dh < H and 0 <= iw0 + dw < W
+                    if m < M:
+                        got[(m, (kt * 8 + chunk) * vec)] = (pix + dh * W + dw) * ldx + c8 * vec if ok else -1
+                c8 += 8
+                while c8 >= c8s:
+                    c8 -= c8s
+                    kw += 1
+                    if kw == KW:
+                        kw, kh = 0, kh + 1
+    return got
+
+
+@pytest.mark.parametrize("x,w,attrs", [
+    ((2, 9, 11, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}),                          # EfficientNet-V2's 24 channels
+    ((1, 7, 6, 8), (16, 5, 5, 8), {"pads": [2, 1, 2, 1], "strides": [2, 1]}),          # one chunk a tap
+    ((1, 9, 9, 72), (8, 3, 2, 72), {"dilations": [2, 3], "pads": [2, 3, 0, 1]}),       # 9 chunks a tap
+    ((3, 5, 4, 64), (32, 1, 1, 64), {}),                                               # 1x1, M not a tile multiple
+    ((1, 1, 23, 48), (16, 1, 7, 48), {"pads": [0, 3, 0, 3]}),                          # 1-D, 6 chunks a tap
+])
+@pytest.mark.parametrize("bm,vec,ldx_extra", [(64, 8, 0), (128, 8, 16), (128, 4, 0), (64, 16, 0)])
+def test_the_producers_counted_chunks_gather_what_the_division_formula_names(x, w, attrs, bm, vec, ldx_extra):
+    """The producer's k-tile counters and 32-bit pixel indices (conv_sm90.cu) name, for every row and
+    16-byte chunk, the X element the im2col definition names (or a zero fill), fp16 / fp32 / int8 chunks,
+    a row stride wider than C (a placed input) included."""
+    kh_, kw_ = w[1], w[2]
+    y_hw = [(x[1 + d] + attrs.get("pads", [0] * 4)[d] + attrs.get("pads", [0] * 4)[d + 2]
+             - (attrs.get("dilations", [1, 1])[d] * ((kh_, kw_)[d] - 1) + 1)) // attrs.get("strides", [1, 1])[d] + 1
+            for d in range(2)]
+    geo = plan_conv(dict(attrs, kernel_shape=[kh_, kw_]), x, w, (x[0], *y_hw, w[0]))
+    if geo.C % vec:
+        pytest.skip("C is not a multiple of this chunk")
+    ldx = geo.C + ldx_extra
+    got = producer_model(geo, bm, vec, ldx)
+    (SH, SW), (PH, PW), (DH, DW) = geo.strides, geo.pads, geo.dilations
+    for m in range(geo.M):
+        img, px = divmod(m, geo.OH * geo.OW)
+        oh, ow = divmod(px, geo.OW)
+        for k0 in range(0, -(-geo.K // (8 * vec)) * 8 * vec, vec):
+            tap, c = divmod(k0, geo.C)
+            ih, iw = oh * SH - PH + (tap // geo.KW) * DH, ow * SW - PW + (tap % geo.KW) * DW
+            inside = k0 < geo.K and 0 <= ih < geo.H and 0 <= iw < geo.W
+            want = ((img * geo.H + ih) * geo.W + iw) * ldx + c if inside else -1
+            assert got[(m, k0)] == want, (m, k0)
+
+
 def require_sm90():
     from tests.kernels.cuda import on_sm90
 

@@ -53,28 +53,40 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
 
   if (wg == 0) {  // ---- producer warpgroup: im2col rows by cp.async, weights by TMA -----------
     if (MOVE_REGS) set_max_regs_dec<CONV_PRODUCER_REGS>();
-    const int chunk = tid % 8, c8s = C / VEC, kchunks = (int)(K / VEC);
+    const int chunk = tid % 8, c8s = C / VEC;
 #if I8 || F8
     const int ldx = C;  // the INT8 / FP8 tactics read X dense (and keep their registers)
     (void)LDX;
 #else
-    const i64 ldx = LDX;
+    const int ldx = (int)LDX;  // a channel total: conv_sm90.py keeps NB * H * W * C below 2^31
 #endif
     int stage = 0;
     u32 phase = 0;
+    // Per k-tile the producer's work is this loop's instructions (cuobjdump, fp16 3x3: 228 SASS instructions
+    // a k-tile on the 64x32x2 tile and 307 on 128-row tiles before, with two integer divisions and 64-bit
+    // index math a row), which bounds tiles whose wgmma work per k-tile is small (N <= 64). So: the chunk's
+    // (tap, channel block) advances by counting, not dividing; a row keeps its input pixel's index and its
+    // tap-0 coordinates (32-bit), and a k-tile adds one tap delta, compares two coordinates and makes one
+    // widening multiply a row (rows past M carry a coordinate no image has).
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
       const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
-      i64 base[ROWS_PER_THREAD];  // image offset of the row's pixel, -1 past M
+      int pix[ROWS_PER_THREAD];  // the row's input pixel (image, ih0, iw0) as an index (NB * H * W < 2^28)
       int ih0[ROWS_PER_THREAD], iw0[ROWS_PER_THREAD];
 #pragma unroll
       for (int i = 0; i < ROWS_PER_THREAD; ++i) {
         const i64 m = (i64)ti.tm * BM + tid / 8 + 16 * i;
-        const int img = (int)(m / (OH * OW)), pix = (int)(m - (i64)img * OH * OW);
-        const int oh = pix / OW, ow = pix - oh * OW;
-        base[i] = m < M ? (i64)img * H * W * ldx : -1;
+        const int img = (int)(m / (OH * OW)), px = (int)(m - (i64)img * OH * OW);
+        const int oh = px / OW, ow = px - oh * OW;
         ih0[i] = oh * SH - PH;
         iw0[i] = ow * SW - PW;
+        pix[i] = (img * H + ih0[i]) * W + iw0[i];
+        if (m >= M) ih0[i] = -0x40000000;  // past M: below every image
       }
+      const int arow = (tid / 8) * 128 + ((chunk ^ ((tid / 8) & 7)) << 4);  // row r's swizzled chunk, r = tid / 8 + 16 i
+      // (per tile: computed once above the tile loop, ptxas kept them live into the consumers' register
+      // increase and spilled there on the FP8 128x128 tile)
+      const int KH = (int)(K / ((i64)KW * C));
+      int c8 = chunk % c8s, kh = chunk / c8s / KW, kw = chunk / c8s - kh * KW;  // this thread's chunk of k-tile 0
       for (int kt = 0; kt < ktiles; ++kt, next_stage(stage, phase)) {
         bar_wait(&st.empty[stage], phase ^ 1);
         unsigned char* a = st.smem + stage * STAGE_BYTES;
@@ -82,17 +94,22 @@ extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), BLOCKS) conv
           bar_expect_tx(&st.full[stage], BN * 128);
           tma_load_3d(a + BM * 128, &tm_w, &st.full[stage], kt * KE, ti.tn * BN, grp);
         }
-        const int q = kt * 8 + chunk;  // this thread's 16-byte chunk of K: tap (kh, kw), channels c8 * VEC..
-        const int tap = q / c8s, c8 = q - tap * c8s, kh = tap / KW, kw = tap - kh * KW;
+        const int dh = kh * DH, dw = kw * DW, dpix = dh * W + dw;
+        const OPER* xc = X + c8 * VEC;
+        const bool live = kh < KH;  // past K (the last k-tile's tail): zeros
 #pragma unroll
         for (int i = 0; i < ROWS_PER_THREAD; ++i) {
-          const int r = tid / 8 + 16 * i;
-          const int ih = ih0[i] + kh * DH, iw = iw0[i] + kw * DW;
-          const bool ok = base[i] >= 0 && q < kchunks && ih >= 0 && ih < H && iw >= 0 && iw < W;
-          const OPER* src = X + (ok ? base[i] + ((i64)ih * W + iw) * ldx + c8 * VEC : 0);
-          cp_async16(a + r * 128 + ((chunk ^ (r & 7)) << 4), src, ok);
+          const bool ok = live && (unsigned)(ih0[i] + dh) < (unsigned)H && (unsigned)(iw0[i] + dw) < (unsigned)W;
+          const OPER* src = ok ? xc + (i64)(pix[i] + dpix) * ldx : X;
+          cp_async16(a + arow + 16 * 128 * i, src, ok);
         }
         bar_arrive_cp_async(&st.full[stage]);
+        // the next k-tile's chunk: 8 chunks on, carried through channel blocks, taps and kernel rows
+        for (c8 += 8; c8 >= c8s; c8 -= c8s)
+          if (++kw == KW) {
+            kw = 0;
+            ++kh;
+          }
       }
     }
   } else {  // ---- consumers ---------------------------------------------------------------------
