@@ -43,7 +43,8 @@
 #                  dynamic shapes ('#k'); run it first, then STEP=zoo. First run 2026-12-05 (seventh session, H100,
 #                  019c070, NEW_S=380): 544 passed in 101 s.
 #   STEP=new7      the seventh session's: Resize's fast kernel (two adjacent axes), the 16-bit epilogues' sigmoid
-#                  (every fp16 value), refit and weight streaming on cuda; ~2 min
+#                  (every fp16 value), conv_sm90's counted producer (every sm90 conv: dense, grouped, INT8, FP8,
+#                  depth-to-space), refit and weight streaming on cuda; ~3 min
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -135,7 +136,10 @@ EOF
       tests/kernels/cuda/test_resize.py tests/kernels/cuda/test_concat_placement_args.py \
       tests/kernels/cuda/test_gemm_sm90.py tests/runtime/cuda/test_refit_gpu.py \
       tests/runtime/cuda/test_weight_streaming_gpu.py tests/kernels/cuda/test_squeeze_excite.py \
-      tests/kernels/cuda/test_norm_nhwc.py > "$OUT/gpu_new7.txt" 2>&1
+      tests/kernels/cuda/test_norm_nhwc.py tests/kernels/cuda/test_conv_sm90.py \
+      tests/kernels/cuda/test_conv_sm90_grouped.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_conv_nhwc_d2s.py \
+      tests/compiler/test_channels_last_builds.py -k "not tf32 and not sm90x3" > "$OUT/gpu_new7.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new7.txt" | grep -v Warning | tail -80; exit $rc
     ;;
   new6)
