@@ -1,10 +1,12 @@
-"""Test-suite wiring: `gpu`-marked tests run only where a CUDA device is usable."""
+"""Test-suite wiring: `gpu`-marked tests run only where a CUDA device is usable, `slow`-marked tests
+run first, and the tests that compile kernels share one kernel cache a run."""
 
 from __future__ import annotations
 
 import functools
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,12 +28,37 @@ def gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # `slow`-marked tests first (a stable sort, the same on every xdist worker): a long test that
+    # starts late keeps one worker busy while the others have run out of tests
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none usable here)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def run_kernel_cache(tmp_path_factory) -> Path:
+    """A kernel cache that starts empty in each test run and that every test of the run, on every
+    xdist worker, shares: a test that checks units compile points POLYKIT_CACHE_DIR here
+    (`shared_kernel_cache`), so a unit two tests need compiles with NVRTC once a run, not once a test.
+    A hit is a cubin NVRTC built in this run from the same source, headers, options and arch (the
+    cache key); a unit that fails to compile is never stored."""
+    base = tmp_path_factory.getbasetemp()
+    # an xdist worker's base is <the run's base>/popen-gwN: the run's base is the one they share
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "run-kernel-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def shared_kernel_cache(run_kernel_cache, monkeypatch) -> Path:
+    """POLYKIT_CACHE_DIR set to this run's shared kernel cache (`run_kernel_cache`) for one test."""
+    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(run_kernel_cache))
+    return run_kernel_cache
 
 
 #: the gpu test after which this process's CUDA context faulted (tests/gpu_guard.py)

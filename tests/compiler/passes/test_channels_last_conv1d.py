@@ -185,10 +185,9 @@ def test_wide_grouped_positional_conv_runs_on_the_nhwc_implicit_gemm():
         "cuda.conv_nhwc.igemm_simt", "cuda.conv_nhwc.igemm_simt_wide"]
 
 
-def test_sm90_conv_kernels_of_the_frontends_compile_with_nvrtc(tmp_path, monkeypatch):
+def test_sm90_conv_kernels_of_the_frontends_compile_with_nvrtc(shared_kernel_cache):
     """The kernels the sm_90 tactics would launch for these layers (Gelu epilogues, no bias) compile."""
     nvrtc = pytest.importorskip("polykit.runtime.cuda.nvrtc")
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     sources = {}
     for model in (whisper_frontend(), wav2vec2_frontend()):
         for layer in _cuda_fp16(model).layers:

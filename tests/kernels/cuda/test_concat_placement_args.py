@@ -245,12 +245,11 @@ def test_the_runtime_check_refuses_a_placed_tensor_whose_tactic_cannot_write_row
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_row_stride_kernels_compile(arch, tmp_path, monkeypatch):
+def test_the_row_stride_kernels_compile(arch, shared_kernel_cache):
     """The half-storage unit of each family whose Y store takes the row stride (every variant of
     them compiles in test_nvrtc_compile.py's whole-table test, which CI runs)."""
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     families = [conv_nhwc, gemm_skinny, pool, resize, conv_depthwise] + ([conv_sm90] if arch == "sm_90" else [])
     units = unique_units([next(u for u in f.compile_variants() if ("ELEM", "half_t") in u.defines
                                or not any(k == "ELEM" for k, _ in u.defines)) for f in families])

@@ -114,10 +114,9 @@ def test_grouped_tactics_lead_the_candidates_of_grouped_layers_only():
     assert not {P4, P2} & {t.name for t in candidates("cuda", "ConvNHWC", dw)}
 
 
-def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
+def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     variants = compile_variants()
     assert sum(k.code is not None and "apply_epilogue" in k.code for k in variants) == 2  # with an epilogue
     declared = {(dict(k.defines)["ELEM"], dict(k.defines)["GC_V"], dict(k.defines)["GC_P"])

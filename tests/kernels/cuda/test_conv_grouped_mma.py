@@ -108,10 +108,9 @@ def test_float32_layers_are_not_the_tensor_core_tactics():
     assert set(TACTICS) <= {t.name for t in candidates("cuda", "ConvNHWC", layer)}
 
 
-def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
+def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     variants = compile_variants()
     assert {(k.name, dict(k.defines).get("GM_PERSIST"), dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
             for k in variants if k.code is None} == \

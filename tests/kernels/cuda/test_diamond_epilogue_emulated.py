@@ -43,8 +43,7 @@ def test_emulated_hardswish_shaped_diamond_with_scalar_inputs(launcher):  # noqa
     assert run_emulated(launcher, P8, x, w, attrs, F16, epilogue=HARDSWISH, extra=extra) <= TOL[F16]
 
 
-def test_diamond_epilogues_compile_with_nvrtc(tmp_path, monkeypatch):
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
+def test_diamond_epilogues_compile_with_nvrtc(shared_kernel_cache):
     units = []
     for epi, extras in ((SILU_RESIDUAL, ("skip",)), (HARDSWISH, ("three", "zero", "six"))):
         for kind, file, kernel, base in (("ConvNHWC", "conv_nhwc.cu", "conv_nhwc_igemm_mma", ("x", "w", "")),

@@ -222,9 +222,8 @@ def test_tactic_takes_float_layers_and_lists_its_kernels():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_variant_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
+def test_every_variant_compiles_with_nvrtc(arch, shared_kernel_cache):
     nvrtc = pytest.importorskip("polykit.runtime.cuda.nvrtc")
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     units = nvrtc.unique_units(compile_variants())
     # a unit per storage type and vector width, the three kernels in each; the apply kernel with each of
     # the six activations in each storage type

@@ -25,10 +25,11 @@ def test_every_family_module_declares_its_variants():
     assert missing == []
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_all_kernel_variants_compile(arch, tmp_path, monkeypatch):
-    # a fresh cache: every unit really compiles (in worker processes, as a build does)
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_all_kernel_variants_compile(arch, shared_kernel_cache):
+    # a cache that started empty in this test run: every unit really compiles with NVRTC in this
+    # run (in worker processes, as a build does), once, here or in another test that needs it
     # units pinned to one arch (sm_90a) compile the same for either parameter: once is enough
     units = [u for u in unique_units(all_variants()) if not u.arch or arch == "sm_90"]
     cubins = compile_many(units, arch, workers=min(4, os.cpu_count() or 1))

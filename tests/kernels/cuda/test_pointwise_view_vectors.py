@@ -188,19 +188,21 @@ def test_widths_by_storage_type():
 
 
 # ---- CPU: NVRTC ---------------------------------------------------------------------------------
-def test_view_vector_modules_compile_with_nvrtc():
+def test_view_vector_modules_compile_with_nvrtc(shared_kernel_cache):
     """The stamped modules above (fp16 V = 8, fp32 V = 4) and the view variants (every float
     signature: V = 8, 4, 2) each hold their `_w` entries and compile."""
-    from cuda.core import Program, ProgramOptions
+    from polykit.runtime.cuda.nvrtc import compile_many
 
     layers = [_built(rope(s=6, heads=3, d=16), True), _built(rope(s=6, heads=3, d=16), False),
               *pw.view_variant_layers()]
+    units = []
     for lay in layers:
         kernels = pointwise_kernels(lay)
         assert any(k.name.endswith("_w") for k in kernels)
-        src = kernels[0].render()
-        for arch in ("sm_80", "sm_90"):
-            Program(src, "c++", ProgramOptions(arch=arch, std="c++17")).compile("cubin")
+        units.append(kernels[0])
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch)
+        assert set(cubins) == {u.key() for u in units} and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
 # ---- GPU ----------------------------------------------------------------------------------------

@@ -281,14 +281,14 @@ def test_modules_depend_on_which_inputs_are_views_not_on_the_views():
 
 
 # ---- CPU: NVRTC -----------------------------------------------------------------------------------
-def test_view_variants_compile_with_nvrtc():
-    from cuda.core import Program, ProgramOptions
+def test_view_variants_compile_with_nvrtc(shared_kernel_cache):
+    from polykit.runtime.cuda.nvrtc import compile_many
 
     layers = pw.view_variant_layers()
-    for lay in layers:
-        src = pointwise_kernels(lay)[0].render()
-        for arch in ("sm_80", "sm_90"):
-            Program(src, "c++", ProgramOptions(arch=arch, std="c++17")).compile("cubin")
+    units = [pointwise_kernels(lay)[0] for lay in layers]
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch)
+        assert set(cubins) == {u.key() for u in units} and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
     assert all(pointwise_kernels(lay)[0].name in {v.name for v in pw.compile_variants()} for lay in layers)
 
 

@@ -52,10 +52,9 @@ def sparse_layer(onnx_model, channels_last: bool = False):
     return next(layer for layer in plan.layers if layer.name == name), plan
 
 
-def test_every_variant_compiles_with_nvrtc_for_sm80_and_sm90(tmp_path, monkeypatch):
+def test_every_variant_compiles_with_nvrtc_for_sm80_and_sm90(shared_kernel_cache):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     layer, _ = sparse_layer(model("MatMul", 32, 64, 48, relu=True))
     assert layer.attrs.get("epilogue")  # the Add and Relu fused: the kernel with an epilogue
     units = unique_units(family.compile_variants() + family.kernels(layer))

@@ -22,10 +22,9 @@ from tests.kernels.weight_only_cases import BF16, random_layer
 TOLERANCE = {np.dtype(np.float32): (2e-5, 2e-5), np.dtype(np.float16): (2e-3, 2e-3), BF16: (1.6e-2, 1e-2)}
 
 
-def test_every_variant_compiles_with_nvrtc(tmp_path, monkeypatch):
+def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     units = unique_units(compile_variants())
     assert len(units) == 3 * len(ROW_TILES)
     cubins = compile_many(units, "sm_80", workers=min(2, os.cpu_count() or 1))

@@ -141,10 +141,9 @@ def test_a_cuda_build_wraps_the_simt_kernels_and_adds_the_error_kernel():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_error_kernel_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
+def test_the_error_kernel_compiles_with_nvrtc(arch, shared_kernel_cache):
     import polykit_fault
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    monkeypatch.setenv("POLYKIT_CACHE_DIR", str(tmp_path))
     cubins = compile_many(unique_units(polykit_fault.fault_kernels()), arch, workers=1)
     assert len(cubins) == 2 and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
