@@ -58,6 +58,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 #: PTX the host cannot assemble -> its C meaning (cp.async copies at once: its wait is then a no-op)
 PTX = {
     r'asm\("ex2\.approx\.ftz\.f32 %0, %1;" : "=f"\((\w+)\) : "f"\((\w+)\)\);': r"\1 = exp2f(\2);",
+    r'asm\("rcp\.approx\.ftz\.f32 %0, %1;" : "=f"\((\w+)\) : "f"\((\w+)\)\);': r"\1 = 1.0f / \2;",
     r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16, %2;" ::"r"\(\(u32\)__cvta_generic_to_shared\((\w+)\)\),'
     r'\s*"l"\((\w+)\),\s*"r"\((\w+) \? 16 : 0\) : "memory"\);': r"if (\3) memcpy(\1, \2, 16); else memset(\1, 0, 16);",
     r'asm volatile\("cp\.async\.wait_all;" ::: "memory"\);': "",

@@ -139,9 +139,11 @@ __device__ __forceinline__ float pk_gelu16(float x) {
 // (the product's rounding, scaled by |x| log2 e), far inside fp16's 2^-11; large negative x gives
 // 2^(+inf) = inf and rcp 0, large positive 1; NaN stays NaN (tests/kernels/cuda/test_gemm_sm90.py).
 __device__ __forceinline__ float pk_sigmoid16(float x) {
+  const float t = x * -1.4426950408889634f;
   float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(t));
+  const float d = 1.0f + e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
   return r;
 }
 #if PK_GELU16
