@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from polykit.compiler.ops.quant.weight_only import KIND, WEIGHT_TYPES
-from polykit.kernels.cuda.int8.weight_only import ROW_TILES, compile_variants
+from polykit.kernels.cuda.int8.weight_only import GEMV_TILES, ROW_TILES, compile_variants
 from tests.kernels.weight_only_cases import BF16, random_layer
 #: activation dtype -> (rtol, atol) against the reference
+#: every cuda tactic of the kind: the per-row kernel's row tiles and the bandwidth-bound kernel's tiles
+TACTICS = [f"cuda.weight_only.m{rows}" for rows in ROW_TILES] + [tile.name for tile in GEMV_TILES]
 TOLERANCE = {np.dtype(np.float32): (2e-5, 2e-5), np.dtype(np.float16): (2e-3, 2e-3), BF16: (1.6e-2, 1e-2)}
 
 
@@ -26,7 +28,7 @@ def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
     units = unique_units(compile_variants())
-    assert len(units) == 3 * len(ROW_TILES)
+    assert len(units) == 3 * (len(ROW_TILES) + len(GEMV_TILES))
     cubins = compile_many(units, "sm_80", workers=min(2, os.cpu_count() or 1))
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
@@ -43,7 +45,7 @@ def test_a_cuda_build_runs_weight_only_layers_on_these_tactics(fp16):
     plan = build_plan(load_onnx(mlp("int4")), BuilderConfig(target="cuda", input_shapes={"x": (1, 4, 64)}, fp16=fp16,
                                                             builder_optimization_level=0))
     layers = [layer for layer in plan.layers if layer.kind == KIND]
-    assert len(layers) == 2 and all(layer.tactic.startswith("cuda.weight_only.m") for layer in layers)
+    assert len(layers) == 2 and all(layer.tactic.startswith("cuda.weight_only.") for layer in layers)
     assert {layer.in_dtypes[0] for layer in layers} == {"float16" if fp16 else "float32"}
 
 
@@ -56,41 +58,52 @@ def check(layer, inputs, tactic):
     assert_matches_reference(layer, inputs, tactic=tactic, rtol=rtol, atol=atol)
 
 
-# (X shape, N, block): M of 1..17 and rows folded from batch dims, N not a multiple of the 8 columns a
+# (X shape, N, block): M of 1..17 and 33 and rows folded from batch dims, N not a multiple of the 8 columns a
 # block owns, K not a multiple of a 16-byte chunk, blocks that straddle chunks (7, 24), per channel (None)
 CASES = [((1, 1), 1, None), ((1, 72), 37, 16), ((3, 100), 130, 7), ((2, 8, 64), 9, 32), ((16, 256), 64, 128),
-         ((17, 96), 33, 24), ((5, 4096), 40, 128)]
+         ((17, 96), 33, 24), ((5, 4096), 40, 128), ((33, 520), 21, 64)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("weight_type", list(WEIGHT_TYPES))
 @pytest.mark.parametrize("x_shape,n,block", CASES)
-@pytest.mark.parametrize("rows", ROW_TILES)
-def test_float32_activations_equal_the_reference(x_shape, n, block, weight_type, rows):
+@pytest.mark.parametrize("tactic", TACTICS)
+def test_float32_activations_equal_the_reference(x_shape, n, block, weight_type, tactic):
     layer, inputs = random_layer(x_shape, n, weight_type, block)
-    check(layer, inputs, f"cuda.weight_only.m{rows}")
+    check(layer, inputs, tactic)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("weight_type", ["int4", "uint4", "float4_e2m1fn", "int8"])
-@pytest.mark.parametrize("rows", ROW_TILES)
-def test_half_activations_and_scales_equal_the_reference(dtype, weight_type, rows):
-    layer, inputs = random_layer((4, 3, 200), 70, weight_type, 32, dtype=dtype, seed=rows)
-    check(layer, inputs, f"cuda.weight_only.m{rows}")
+@pytest.mark.parametrize("tactic", TACTICS)
+def test_half_activations_and_scales_equal_the_reference(dtype, weight_type, tactic):
+    layer, inputs = random_layer((4, 3, 200), 70, weight_type, 32, dtype=dtype, seed=TACTICS.index(tactic))
+    check(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("tactic", [tile.name for tile in GEMV_TILES])
+def test_aligned_half_rows_take_the_vector_staging_path(dtype, tactic):
+    """K a multiple of 8: X's rows are 16-byte aligned, so weight_only_gemv stages them with 16-byte loads."""
+    layer, inputs = random_layer((9, 1032), 45, "int4", 128, dtype=dtype, seed=3)
+    check(layer, inputs, tactic)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("zero_point,bias", [(False, False), (False, True), (True, False)])
-def test_without_zero_points_or_bias(zero_point, bias):
+@pytest.mark.parametrize("tactic", ["cuda.weight_only.m4", GEMV_TILES[0].name, GEMV_TILES[-1].name])
+def test_without_zero_points_or_bias(zero_point, bias, tactic):
     layer, inputs = random_layer((6, 136), 50, "int4", 16, zero_point=zero_point, bias=bias)
-    check(layer, inputs, "cuda.weight_only.m4")
+    check(layer, inputs, tactic)
 
 
 @pytest.mark.gpu
-def test_more_rows_than_the_grid_holds_step_over_m():
+@pytest.mark.parametrize("tactic", ["cuda.weight_only.m1", GEMV_TILES[0].name])
+def test_more_rows_than_the_grid_holds_step_over_m(tactic):
     layer, inputs = random_layer((70000, 32), 3, "uint4", 32, seed=5)
-    check(layer, inputs, "cuda.weight_only.m1")
+    check(layer, inputs, tactic)
 
 
 @pytest.mark.gpu
@@ -113,3 +126,75 @@ def test_a_gpt2_sized_int4_mlp_plan_matches_its_float_dequantized_build():
         with Runtime(plan.target).deserialize_engine(plan) as engine:
             outputs.append(np.asarray(engine.create_execution_context().execute(feeds)["y"]))
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-4)
+
+
+def emulate_gemv(tile, x, w, bias, bits):
+    """weight_only_gemv's float32 arithmetic in numpy (no GPU): lane q of warp split s sums with fma
+    the elements of chunks (t * KSPLIT + s) * 8 + q, step by step and in element order, for every
+    row and column; the 8 lanes of a slot combine by shuffle-xor 4, 2, 1; warp split 0 adds the
+    KSPLIT partials in order s = 0, 1, ..; then the bias (one float32 add). Returns (Y as float32,
+    how many times each k was summed)."""
+    m, k = x.shape
+    per = 128 // bits
+    step = tile.ksplit * 8 * per
+    steps = -(-k // step)
+    xp = np.zeros((m, steps * step), np.float64)
+    wp = np.zeros((w.shape[0], steps * step), np.float64)
+    xp[:, :k], wp[:, :k] = x, w
+    acc = np.zeros((tile.ksplit, 8, m, w.shape[0]), np.float32)
+    visits = np.zeros(steps * step, np.int64)
+    for t in range(steps):
+        for s in range(tile.ksplit):
+            for q in range(8):
+                for kk in range(((t * tile.ksplit + s) * 8 + q) * per, ((t * tile.ksplit + s) * 8 + q + 1) * per):
+                    # fmaf: the product of two float32 values is exact in float64, one rounding of the sum
+                    acc[s, q] = (xp[:, kk, None] * wp[None, :, kk] + acc[s, q]).astype(np.float32)
+                    visits[kk] += 1
+    for off in (4, 2, 1):  # every lane takes its own value plus lane q ^ off's, all lanes at once
+        acc = acc + acc[:, np.arange(8) ^ off]
+    y = acc[0, 0]
+    for s in range(1, tile.ksplit):
+        y = y + acc[s, 0]
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return y, visits
+
+
+@pytest.mark.parametrize("tile", GEMV_TILES, ids=[tile.name for tile in GEMV_TILES])
+@pytest.mark.parametrize("weight_type,k,block", [("int4", 300, 24), ("uint8", 137, 16), ("float4_e2m1fn", 64, 32)])
+def test_the_gemv_split_k_and_fixed_order_reduction_sum_every_element_once(tile, weight_type, k, block):
+    """No GPU: the numpy model of weight_only_gemv's lanes, warp splits and fixed-order combine
+    visits each k of a row once (none past K counted: X is staged as zero there) and equals the
+    reference to float32 rounding."""
+    from polykit.compiler.ops.quant.weight_only_reference import dequantize_rows
+    from polykit.compiler.ops.references import run_reference
+    from polykit.compiler.plan.records import layer_as_node
+
+    layer, inputs = random_layer((3, k), 11, weight_type, block, seed=k)
+    w = dequantize_rows(inputs["W"], inputs["S"], inputs.get("Z"), k, block, weight_type).astype(np.float64)
+    got, visits = emulate_gemv(tile, inputs["X"].astype(np.float64), w, inputs["B"], WEIGHT_TYPES[weight_type])
+    assert (visits == 1).all() and visits.size >= k
+    want = run_reference(layer_as_node(layer), [inputs.get(name) if name else None for name in layer.inputs])[0]
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6 * scale)
+
+
+@pytest.mark.parametrize("m,rows", [(1, 1), (16, 16)])
+def test_the_gemv_estimate_ranks_a_tile_of_the_layers_rows_first(m, rows):
+    """No GPU: on an H100's 132 SMs the cost model puts a 1-row tile first for decode (M = 1) and a
+    16-row tile first at M = 16 (N = K = 4096, int4 blocked 128, float16 X), and every bw tactic
+    predicts a time for a stamped layer."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.onnx_import import load_onnx
+    from polykit.kernels.cuda.base import all_cuda_tactics
+    from tests.compiler.weight_only_models import weight_only
+
+    model = load_onnx(weight_only("int4", k=4096, n=4096, block=128, x_shape=(m, None), elem="float16"))
+    plan = build_plan(model, BuilderConfig(target="cuda", input_shapes={"x": (m, 4096)}, builder_optimization_level=0))
+    (layer,) = [layer for layer in plan.layers if layer.kind == KIND]
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
+    costs = {tile.name: tactics[tile.name].estimate(layer, 132) for tile in GEMV_TILES}
+    assert all(cost is not None and cost > 0 for cost in costs.values())
+    best = min(costs, key=costs.get)
+    assert next(tile for tile in GEMV_TILES if tile.name == best).rows == rows

@@ -6,10 +6,17 @@ runs, tiles stepping over M): X float32 / float16 / bfloat16 [..., M, K] (rows f
 weight int4 / uint4 / float4_e2m1fn / int8 / uint8 (runtime code), scales in X's type, zero points
 or none, a bias in X's type or none. WARPS warps a block, COLS output columns a warp. sm_80 and later;
 no tensor cores yet (correctness first; docs/INT8.md says what is measured).
+
+Tactics `cuda.weight_only.bw_m<ROWS>_k<KSPLIT>_c<columns a block>` (weight_only.cu's
+weight_only_gemv, the bandwidth-bound kernel): X staged in shared memory once a block as float,
+each chunk's codes decoded once for all ROWS rows, the next chunks' loads issued ahead, K split
+over KSPLIT warps of a block (a fixed-order reduction: deterministic). They predict their cost
+(`gemv_us`) so the builder times the likeliest first.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,13 +40,86 @@ MAX_GRID_Y = 65535
 INT32_MAX = (1 << 31) - 1
 
 
+GEMV_KERNEL = "weight_only_gemv"
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    """weight_only_gemv's shape: ROWS activation rows a tile, K split over `ksplit` warps, `groups`
+    column groups of 4 * `cpt` columns (a warp's 4 slots of 8 lanes, `cpt` columns a lane)."""
+
+    rows: int
+    ksplit: int
+    groups: int
+    cpt: int
+
+    @property
+    def warps(self) -> int:
+        return self.groups * self.ksplit
+
+    @property
+    def cols(self) -> int:
+        return self.groups * 4 * self.cpt
+
+    @property
+    def name(self) -> str:
+        return f"cuda.weight_only.bw_m{self.rows}_k{self.ksplit}_c{self.cols}"
+
+    @property
+    def sm_warps(self) -> int:
+        """Warps an SM holds at least (weight_only.cu's GV_SM_WARPS: the register budget)."""
+        return 8 if self.rows >= 16 else 16
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * (self.rows * self.ksplit * 8 * 36 + self.ksplit * self.cols * self.rows)
+
+    def source(self, elem: str) -> KernelSource:
+        return KernelSource(GEMV_KERNEL, file=FILE, defines=defines(ELEM=elem, ROWS=self.rows, KSPLIT=self.ksplit,
+                                                                   CGROUPS=self.groups, CPT=self.cpt))
+
+
+#: decode (M = 1: K split 4 for enough warps on 132 SMs), small batches (4 and 16 rows a tile). Three
+#: tiles, not more: each unit takes 12-45 s of NVRTC (five weight types, unrolled), which every CI run
+#: pays twice (sm_80, sm_90); GPU timings decide whether another tile earns its compile time.
+GEMV_TILES = (GemvTile(1, 4, 2, 1), GemvTile(4, 2, 2, 2), GemvTile(16, 2, 2, 2))
+#: the cost model's device: DRAM bytes a us (H100 ~3.0 TB/s), warp-instructions a us an SM (4
+#: schedulers at ~1.6 GHz), the latency a step's chained weight load costs, launch and tail
+DRAM_BYTES_PER_US, ISSUE_PER_US_PER_SM, STEP_LATENCY_US, FIXED_US = 3.0e6, 6.4e3, 0.6, 3.0
+SMEM_PER_SM = 227 * 1024
+
+
+def gemv_us(tile: GemvTile, m: int, n: int, k: int, bits: int, block: int, elem_bytes: int, sm_count: int) -> float:
+    """weight_only_gemv's predicted time (for ordering candidates): the slowest of its DRAM traffic
+    (packed weights, scales and zero points once a row tile, X once a column block from L2 counted
+    at DRAM speed, Y) and its issued instructions (~8 a weight element to decode, 1.25 a row: an fma
+    and a quarter of a 16-byte shared load), both stretched when blocks leave SMs or the last
+    wave's slots idle, and its chain of dependent steps (one weight load latency each), plus launch."""
+    per = 128 // bits
+    step = tile.ksplit * 8 * per
+    steps, tiles, col_blocks = -(-k // step), -(-m // tile.rows), -(-n // tile.cols)
+    blocks = col_blocks * min(tiles, MAX_GRID_Y)
+    passes = -(-tiles // min(tiles, MAX_GRID_Y))
+    nb = -(-k // block)
+    weight = n * padded_row_bytes(k, bits) + n * nb * (elem_bytes + 1)
+    dram = (weight * tiles + col_blocks * m * k * elem_bytes + m * n * elem_bytes) / DRAM_BYTES_PER_US
+    elements = n * steps * step * tiles
+    issue = elements * (8 + 1.25 * tile.rows) / 32 / (ISSUE_PER_US_PER_SM * sm_count)
+    slots = sm_count * max(1, min(tile.sm_warps // tile.warps, SMEM_PER_SM // tile.smem_bytes))
+    waves = -(-blocks // slots)
+    chain = waves * passes * steps * STEP_LATENCY_US
+    spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
+    return max(dram * spread, issue * spread, chain) + FIXED_US
+
+
 def source(elem: str, rows: int) -> KernelSource:
     return KernelSource(KERNEL, file=FILE, defines=defines(ELEM=elem, ROWS=rows, COLS=COLS, WARPS=WARPS))
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every activation type with every row tile."""
-    return [source(elem, rows) for elem in ELEMS.values() for rows in ROW_TILES]
+    """Every activation type with every row tile of both kernels."""
+    return ([source(elem, rows) for elem in ELEMS.values() for rows in ROW_TILES]
+            + [tile.source(elem) for elem in ELEMS.values() for tile in GEMV_TILES])
 
 
 def supports(layer: Any) -> bool:
@@ -104,6 +184,39 @@ def _tactic(rows: int):
 
     return kernels, enqueue
 
+
+def _gemv_tactic(tile: GemvTile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        if not layer.in_dtypes:
+            return [tile.source(elem) for elem in ELEMS.values()]
+        return [tile.source(ELEMS.get(layer.in_dtypes[X], "float"))]
+
+    def estimate(layer: Any, sm_count: int) -> float | None:
+        shape = layer.in_shapes[X] if getattr(layer, "in_shapes", None) else None
+        if not sm_count or not shape or not layer.in_dtypes or any(not isinstance(d, int) for d in shape):
+            return None
+        k, block = int(layer.attrs["K"]), int(layer.attrs["block_size"])
+        n = int(layer.in_shapes[W][0])
+        bits = WEIGHT_TYPES[str(layer.attrs["weight_type"])]
+        m = int(np.prod(shape[:-1]))
+        return gemv_us(tile, m, n, k, bits, block, np.dtype(layer.in_dtypes[X]).itemsize, sm_count)
+
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        sizes, args = weight_only_args(layer, tensors)
+        if sizes["M"] == 0 or sizes["N"] == 0:
+            return
+        elem = ELEMS[tensors[layer.inputs[X]].dtype.name]
+        grid = (-(-sizes["N"] // tile.cols), min(-(-sizes["M"] // tile.rows), MAX_GRID_Y), 1)
+        launcher.launch(tile.source(elem), grid, (32 * tile.warps,), args)
+
+    return kernels, estimate, enqueue
+
+
+for _tile in GEMV_TILES:
+    _kernels, _estimate, _enqueue = _gemv_tactic(_tile)
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=10, estimate=_estimate,
+                params={"rows": _tile.rows, "ksplit": _tile.ksplit, "groups": _tile.groups, "cpt": _tile.cpt},
+                domain=POLYKIT_DOMAIN)(_enqueue)
 
 for _rows in ROW_TILES:
     _kernels, _enqueue = _tactic(_rows)
