@@ -44,7 +44,8 @@
 #                  019c070, NEW_S=380): 544 passed in 101 s.
 #   STEP=new7      the seventh session's: Resize's fast kernel (two adjacent axes), the 16-bit epilogues' sigmoid
 #                  (every fp16 value), conv_sm90's counted producer (every sm90 conv: dense, grouped, INT8, FP8,
-#                  depth-to-space), refit and weight streaming on cuda; ~3 min
+#                  depth-to-space), the weight-only gemv tiles (bw_*), refit and weight streaming on cuda; ~3 min;
+#                  then benchmarks/weight_only_gemm.py (STEP=deploy) for the gemv's time
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -139,7 +140,8 @@ EOF
       tests/kernels/cuda/test_norm_nhwc.py tests/kernels/cuda/test_conv_sm90.py \
       tests/kernels/cuda/test_conv_sm90_grouped.py tests/kernels/cuda/test_int8_sm90.py \
       tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_conv_nhwc_d2s.py \
-      tests/compiler/test_channels_last_builds.py -k "not tf32 and not sm90x3" > "$OUT/gpu_new7.txt" 2>&1
+      tests/compiler/test_channels_last_builds.py tests/kernels/cuda/test_weight_only.py \
+      tests/compiler/test_weight_only.py -k "not tf32 and not sm90x3" > "$OUT/gpu_new7.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new7.txt" | grep -v Warning | tail -80; exit $rc
     ;;
   new6)
