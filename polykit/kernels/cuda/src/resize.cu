@@ -30,7 +30,8 @@
 // crop or an aspect policy, where at most two adjacent axes dh, dh + 1 = dw (dh -1: one axis dw)
 // change length and every other axis keeps it. y is then [outer, OH, OW, inner] over x's
 // [outer, IH, IW, inner]; a thread owns one column (ow, c) of y's rows (its W taps computed once)
-// and walks rows (o, oh) (block (BX, BY), rows BY a block, grid y striding). Weights, tap order,
+// and walks rows (o, oh) (block (BX, BY), rows BY a block, grid y striding; a row's H taps are
+// computed once, by the row's first thread, into shared memory). Weights, tap order,
 // products and sums are the general path's, so both give the same bits. An axis other than dh / dw
 // that a device scale could still resize (scales input, its value not 1) sends the whole launch,
 // uniformly, down the general path.
@@ -224,45 +225,69 @@ __device__ __forceinline__ Taps axis_taps(int coord, int rule, i64 c, i64 out_le
   return t;
 }
 
+// at most BLOCK / 32 rows a block (resize.py's launch_shape: BX is a multiple of 32)
+#define RESIZE_FAST_ROWS 32
+
 template <class T, int MODE>
 __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, const i64* in_d,
                             const i64* out_d, const i64* slot, const double* host_scale, int dh, int dw, i64 outer,
                             i64 inner) {
+  // a row's H taps and input row offsets, computed once a row by its first thread (not once an element:
+  // the double division and 64-bit division a row cost ~100x the element's four loads and products)
+  __shared__ i64 row_at0[RESIZE_FAST_ROWS], row_at1[RESIZE_FAST_ROWS];
+  __shared__ double row_w0[RESIZE_FAST_ROWS], row_w1[RESIZE_FAST_ROWS];
   const i64 IW = in_d[dw], OW = out_d[dw], IH = dh >= 0 ? in_d[dh] : 1, OH = dh >= 0 ? out_d[dh] : 1;
   const i64 cols = OW * inner, rows = outer * OH;
   const i64 col = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  const i64 ow = inner == 1 ? col : col / inner, ch = col - ow * inner;
+  const bool live = col < cols;  // no early return: every thread reaches the barriers
+  const i64 ow = live ? (inner == 1 ? col : col / inner) : 0, ch = live ? col - ow * inner : 0;
   const double sw = p.src == 1 ? (double)p.scales[slot[dw]] : host_scale[dw];
   const double sh = dh < 0 ? 1.0 : p.src == 1 ? (double)p.scales[slot[dh]] : host_scale[dh];
   const Taps tw = axis_taps<MODE>((int)p.coord, (int)p.rule, ow, OW, IW, sw);
   const i64 xw0 = tw.i0 * inner + ch, xw1 = tw.i1 * inner + ch;
-  for (i64 row = blockIdx.y * (i64)blockDim.y + threadIdx.y; row < rows; row += (i64)gridDim.y * blockDim.y) {
-    const i64 o = OH == 1 ? row : row / OH, oh = row - o * OH;
-    const i64 i = row * cols + col;
-    if (dh < 0) {
-      const i64 base = o * IW * inner;
-      if (MODE == NEAREST) { y[p.y_at(i)] = x[base + xw0]; continue; }
-      double v = 0.0;
-      v += tw.w0 * (double)ld(x, base + xw0);
-      v += tw.w1 * (double)ld(x, base + xw1);
-      st_(y, p.y_at(i), v);
-      continue;
+  const int ty = threadIdx.y;
+  // the loop bound is the block's, so all its threads take the same trips
+  for (i64 row0 = blockIdx.y * (i64)blockDim.y; row0 < rows; row0 += (i64)gridDim.y * blockDim.y) {
+    const i64 row = row0 + ty;
+    if (threadIdx.x == 0 && row < rows) {
+      if (dh < 0) {
+        row_at0[ty] = row_at1[ty] = row * IW * inner;
+      } else {
+        const i64 o = OH == 1 ? row : row / OH, oh = row - o * OH;
+        const Taps th = axis_taps<MODE>((int)p.coord, (int)p.rule, oh, OH, IH, sh);
+        row_at0[ty] = (o * IH + th.i0) * IW * inner;
+        row_at1[ty] = (o * IH + th.i1) * IW * inner;
+        row_w0[ty] = th.w0;
+        row_w1[ty] = th.w1;
+      }
     }
-    const Taps th = axis_taps<MODE>((int)p.coord, (int)p.rule, oh, OH, IH, sh);
-    const i64 r0 = (o * IH + th.i0) * IW * inner, r1 = (o * IH + th.i1) * IW * inner;
-    if (MODE == NEAREST) { y[p.y_at(i)] = x[r0 + xw0]; continue; }
-    // the general path's odometer: the W axis (innermost, k = 0) fastest; wt = (1 * w_w) * w_h
-    double v = 0.0, wt;
-    wt = tw.w0 * th.w0;
-    v += wt * (double)ld(x, r0 + xw0);
-    wt = tw.w1 * th.w0;
-    v += wt * (double)ld(x, r0 + xw1);
-    wt = tw.w0 * th.w1;
-    v += wt * (double)ld(x, r1 + xw0);
-    wt = tw.w1 * th.w1;
-    v += wt * (double)ld(x, r1 + xw1);
-    st_(y, p.y_at(i), v);
+    __syncthreads();
+    if (live && row < rows) {
+      const i64 i = row * cols + col, r0 = row_at0[ty];
+      if (MODE == NEAREST) {
+        y[p.y_at(i)] = x[r0 + xw0];
+      } else if (dh < 0) {
+        double v = 0.0;
+        v += tw.w0 * (double)ld(x, r0 + xw0);
+        v += tw.w1 * (double)ld(x, r0 + xw1);
+        st_(y, p.y_at(i), v);
+      } else {
+        // the general path's odometer: the W axis (innermost, k = 0) fastest; wt = (1 * w_w) * w_h
+        const i64 r1 = row_at1[ty];
+        const double h0 = row_w0[ty], h1 = row_w1[ty];
+        double v = 0.0, wt;
+        wt = tw.w0 * h0;
+        v += wt * (double)ld(x, r0 + xw0);
+        wt = tw.w1 * h0;
+        v += wt * (double)ld(x, r0 + xw1);
+        wt = tw.w0 * h1;
+        v += wt * (double)ld(x, r1 + xw0);
+        wt = tw.w1 * h1;
+        v += wt * (double)ld(x, r1 + xw1);
+        st_(y, p.y_at(i), v);
+      }
+    }
+    __syncthreads();
   }
 }
 #endif
