@@ -41,6 +41,10 @@ def supports(layer) -> bool:
     return not dtypes or CODE.get(dtypes[0]) in DTYPES
 
 
+#: at most this many blocks in a fast launch (about four waves of 256-thread blocks on 132 SMs): each block
+#: walks many rows, so a thread's set-up (its W taps, a double division) is paid once per column, not per row
+FAST_BLOCKS = 4096
+
 #: modes with a fast kernel (resize.cu's RESIZE_FAST: two adjacent axes, no antialias / exclude / crop)
 FAST_MODES = ("nearest", "linear")
 
@@ -118,7 +122,8 @@ class ResizeGeometry:
 
     def launch_shape(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """(grid, block) of the launch: the fast kernel's columns x rows (block BX x BY, BX * BY = BLOCK,
-        BX the columns rounded up to a warp, at most BLOCK), else grid_for's one dimension."""
+        BX the columns rounded up to a warp, at most BLOCK; at most FAST_BLOCKS blocks, the rows strided),
+        else grid_for's one dimension."""
         fast = self.fast_axes()
         if fast is None:
             return grid_for(int(np.prod(self.out_shape, dtype=np.int64))), (BLOCK, 1, 1)
@@ -127,7 +132,8 @@ class ResizeGeometry:
         rows = int(np.prod(self.out_shape[:dw], dtype=np.int64))
         bx = min(BLOCK, -(-cols // 32) * 32)
         by = BLOCK // bx
-        return (-(-cols // bx), max(1, min(-(-rows // by), 65535)), 1), (bx, by, 1)
+        gx = -(-cols // bx)
+        return (gx, max(1, min(-(-rows // by), FAST_BLOCKS // gx)), 1), (bx, by, 1)
 
 
 def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:

@@ -39,6 +39,10 @@
 
 #define STR8(p) i64 p##0, i64 p##1, i64 p##2, i64 p##3, i64 p##4, i64 p##5, i64 p##6, i64 p##7
 #define DBL8(p) double p##0, double p##1, double p##2, double p##3, double p##4, double p##5, double p##6, double p##7
+// parameter p##d for a run-time d, by selects (registers) rather than an indexed array (local memory)
+#define pick8(p, d)                                                                                          \
+  ((d) == 0 ? p##0 : (d) == 1 ? p##1 : (d) == 2 ? p##2 : (d) == 3 ? p##3 : (d) == 4 ? p##4 : (d) == 5 ? p##5 \
+   : (d) == 6 ? p##6 : p##7)
 #define ARR8(T, name, p) const T name[8] = {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
 
 #define NEAREST 0
@@ -229,20 +233,16 @@ __device__ __forceinline__ Taps axis_taps(int coord, int rule, i64 c, i64 out_le
 #define RESIZE_FAST_ROWS 32
 
 template <class T, int MODE>
-__device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, const i64* in_d,
-                            const i64* out_d, const i64* slot, const double* host_scale, int dh, int dw, i64 outer,
-                            i64 inner) {
+__device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, i64 IH, i64 IW, i64 OH,
+                            i64 OW, double sh, double sw, bool one_axis, i64 outer, i64 inner) {
   // a row's H taps and input row offsets, computed once a row by its first thread (not once an element:
   // the double division and 64-bit division a row cost ~100x the element's four loads and products)
   __shared__ i64 row_at0[RESIZE_FAST_ROWS], row_at1[RESIZE_FAST_ROWS];
   __shared__ double row_w0[RESIZE_FAST_ROWS], row_w1[RESIZE_FAST_ROWS];
-  const i64 IW = in_d[dw], OW = out_d[dw], IH = dh >= 0 ? in_d[dh] : 1, OH = dh >= 0 ? out_d[dh] : 1;
   const i64 cols = OW * inner, rows = outer * OH;
   const i64 col = blockIdx.x * (i64)blockDim.x + threadIdx.x;
   const bool live = col < cols;  // no early return: every thread reaches the barriers
   const i64 ow = live ? (inner == 1 ? col : col / inner) : 0, ch = live ? col - ow * inner : 0;
-  const double sw = p.src == 1 ? (double)p.scales[slot[dw]] : host_scale[dw];
-  const double sh = dh < 0 ? 1.0 : p.src == 1 ? (double)p.scales[slot[dh]] : host_scale[dh];
   const Taps tw = axis_taps<MODE>((int)p.coord, (int)p.rule, ow, OW, IW, sw);
   const i64 xw0 = tw.i0 * inner + ch, xw1 = tw.i1 * inner + ch;
   const int ty = threadIdx.y;
@@ -250,7 +250,7 @@ __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const Re
   for (i64 row0 = blockIdx.y * (i64)blockDim.y; row0 < rows; row0 += (i64)gridDim.y * blockDim.y) {
     const i64 row = row0 + ty;
     if (threadIdx.x == 0 && row < rows) {
-      if (dh < 0) {
+      if (one_axis) {
         row_at0[ty] = row_at1[ty] = row * IW * inner;
       } else {
         const i64 o = OH == 1 ? row : row / OH, oh = row - o * OH;
@@ -266,7 +266,7 @@ __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const Re
       const i64 i = row * cols + col, r0 = row_at0[ty];
       if (MODE == NEAREST) {
         y[p.y_at(i)] = x[r0 + xw0];
-      } else if (dh < 0) {
+      } else if (one_axis) {
         double v = 0.0;
         v += tw.w0 * (double)ld(x, r0 + xw0);
         v += tw.w1 * (double)ld(x, r0 + xw1);
@@ -305,18 +305,33 @@ extern "C" __global__ void RESIZE_KERNEL(const RESIZE_T* x, RESIZE_T* y, const f
                                          i64 dh, i64 dw, i64 outer, i64 inner,
 #endif
                                          i64 empty, i64 ldy) {
+#if RESIZE_FAST
+  // only constant indices into the parameter arrays here (the loops unrolled, pick8): an array indexed
+  // at run time lives in local memory, and its 32 stores a thread cost more than the thread's pixels
+  const ResizeArgs pf = {scales, sizes, roi, roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty,
+                         cubic_a, extrapolation, pick8(b, rank - 1), ldy};
+  bool general = false;  // an axis the host could not rule out: its device scale resizes it
+  if (src == 1) {
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const i64 sd = pick8(s, d);
+      if (d < rank && d != dh && d != dw && sd >= 0 && scales[sd] != 1.0f) general = true;
+    }
+  }
+  if (!general) {
+    const bool one = dh < 0;
+    const i64 hd = one ? dw : dh, slot_w = pick8(s, dw), slot_h = pick8(s, hd);
+    const double sw = src == 1 ? (double)scales[slot_w] : pick8(h, dw);
+    const double sh = one ? 1.0 : src == 1 ? (double)scales[slot_h] : pick8(h, hd);
+    resize_fast<RESIZE_T, RESIZE_MODE>(x, y, pf, one ? 1 : pick8(a, hd), pick8(a, dw), one ? 1 : pick8(b, hd),
+                                       pick8(b, dw), sh, sw, one, outer, inner);
+    return;
+  }
+#endif
   ARR8(i64, in_d, a); ARR8(i64, out_d, b); ARR8(i64, slot, s); ARR8(double, hs, h);
   const ResizeArgs p = {scales, sizes, roi, roi_code, nax, n, rank, src, coord, rule, exclude, antialias, empty,
                         cubic_a, extrapolation, out_d[rank - 1], ldy};
 #if RESIZE_FAST
-  bool general = false;  // an axis the host could not rule out: its device scale resizes it
-  if (src == 1)
-    for (int d = 0; d < (int)rank; ++d)
-      if (d != dh && d != dw && slot[d] >= 0 && scales[slot[d]] != 1.0f) general = true;
-  if (!general) {
-    resize_fast<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs, (int)dh, (int)dw, outer, inner);
-    return;
-  }
   const i64 threads = (i64)blockDim.x * blockDim.y, t0 = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * threads +
                       threadIdx.y * blockDim.x + threadIdx.x;
   resize<RESIZE_T, RESIZE_MODE>(x, y, p, in_d, out_d, slot, hs, t0, threads * gridDim.x * gridDim.y);
