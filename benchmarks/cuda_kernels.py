@@ -52,6 +52,10 @@ bs8 1024,768,rms:
 
     PYTHONPATH=. python3 benchmarks/cuda_kernels.py --cases "" --norm 25088,96 --norm 1024,768 --norm 1024,768,rms
 
+--conv N,H,W,C,K,R[,stride][,silu] (repeatable) times every cuda ConvNHWC tactic of one fp16 convolution
+(pad R // 2, bias, optionally the SiLU epilogue) against torch's conv2d on channels_last tensors -- the
+EfficientNet-V2-S fused-MBConv conv at batch 32: --conv 32,192,192,24,24,3,1,silu
+
 --resize N,C,H,W,OH,OW[,linear|nearest] (repeatable) times cuda.resize in fp16 against torch's interpolate
 (bilinear, align_corners=False; or nearest) -- FCN / DeepLabV3's last layer at batch 8:
 
@@ -453,6 +457,54 @@ def bench_pointwise(name: str, batch: int, args, torch) -> list[dict]:
     return rows
 
 
+def bench_conv(spec: str, args, torch) -> list[dict]:
+    """Every cuda ConvNHWC tactic that supports one fp16 convolution x [N, H, W, C] -> K channels, R x R,
+    pad R // 2, `stride` (spec N,H,W,C,K,R[,stride][,silu]: `silu` fuses x * sigmoid(x) as the zoo's
+    EfficientNets do), each timed as a captured CUDA graph, against torch's conv2d (+ bias, + silu) on
+    channels_last tensors; TFLOP/s and GB/s (X, W read once, Y written once)."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import all_cuda_tactics
+    from polykit.runtime.cuda import driver
+
+    fields = spec.split(",")
+    silu = fields[-1] == "silu"
+    dims = [int(v) for v in fields[: len(fields) - silu]]
+    n, h, w, c, k, r = dims[:6]
+    stride = dims[6] if len(dims) > 6 else 1
+    oh, ow = (h + 2 * (r // 2) - r) // stride + 1, (w + 2 * (r // 2) - r) // stride + 1
+    x, wt, y = (n, h, w, c), (k, r, r, c), (n, oh, ow, k)
+    attrs = {"kernel_shape": [r, r], "pads": [r // 2] * 4, "strides": [stride, stride]}
+    if silu:
+        attrs["epilogue"] = {"input": "raw", "body": [
+            {"op": "Sigmoid", "inputs": ["raw"], "outputs": ["s"], "attrs": {}},
+            {"op": "Mul", "inputs": ["raw", "s"], "outputs": ["Y"], "attrs": {}}]}
+    layer = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN, precision="fp16",
+                      in_dtypes=("float16",) * 3, out_dtypes=("float16",), in_shapes=(x, wt, (k,)), out_shapes=(y,))
+    arch = driver.current_device().arch
+    flops = 2 * n * oh * ow * k * r * r * c
+    nbytes = 2 * (n * h * w * c + k * r * r * c + n * oh * ow * k)
+    specs = {"X": (x, "float16"), "W": (wt, "float16"), "B": ((k,), "float16"), "Y": (y, "float16")}
+    rows = []
+    for tactic in (t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)):
+        if not tactic.supports(layer) or (args.only and args.only not in tactic.name):
+            continue
+        run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
+        try:
+            ms = time_graph(run, torch, args.warmup, args.iters)
+        finally:
+            torch.cuda.synchronize()
+            modules.close()
+        rows.append({"tactic": tactic.name, "ms": ms})
+    shapes = {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=wt)}
+    op = torch_op(layer, shapes, torch.float16, torch)
+    tms = time_graph((lambda i: torch.nn.functional.silu(op(i))) if silu else op, torch, args.warmup, args.iters)
+    for row in sorted(rows, key=lambda q: q["ms"]):
+        print(f"conv {spec}: {row['tactic']:36} {row['ms'] * 1e3:8.1f} us {flops / row['ms'] / 1e9:6.0f} TF "
+              f"{nbytes / row['ms'] / 1e6:6.0f} GB/s | torch {tms * 1e3:8.1f} us | {row['ms'] / tms:5.2f}x", flush=True)
+    return [{"spec": spec, "torch_ms": tms, **row} for row in rows]
+
+
 # ---- squeeze-excitation: the SE scale Mul and the NHWC global pool (ReduceMean) -----------------
 #: (H*W, C, scale Muls, pools) of the squeeze-excitation blocks of torchvision's models (their ONNX
 #: exports; the last pool of each is the classifier's)
@@ -572,6 +624,9 @@ def main() -> None:
                         f"{', '.join(SE_SHAPES)}: time the squeeze-excitation scale and pool tactics (repeatable)")
     parser.add_argument("--norm", action="append", default=[],
                         help="ROWS,L[,rms][,fp16|bf16|fp32]: time the LayerNorm / RMSNorm tactics (repeatable)")
+    parser.add_argument("--conv", action="append", default=[],
+                        help="N,H,W,C,K,R[,stride][,silu]: every ConvNHWC tactic of that fp16 conv against torch (repeatable)")
+    parser.add_argument("--only", default="", help="--conv: only the tactics whose name holds this (for ncu)")
     parser.add_argument("--resize", action="append", default=[],
                         help="N,C,H,W,OH,OW[,linear|nearest]: time cuda.resize (fp16) against torch's interpolate (repeatable)")
     args = parser.parse_args()
@@ -587,6 +642,8 @@ def main() -> None:
         results[f"se:{spec}"] = bench_squeeze_excitation(spec, args, torch)
     for spec in args.norm:
         results[f"norm:{spec}"] = bench_norm(spec, args, torch)
+    for spec in args.conv:
+        results[f"conv:{spec}"] = bench_conv(spec, args, torch)
     for spec in args.resize:
         results[f"resize:{spec}"] = bench_resize(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
