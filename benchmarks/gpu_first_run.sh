@@ -45,7 +45,10 @@
 #   STEP=new7      the seventh session's: Resize's fast kernel (two adjacent axes), the 16-bit epilogues' sigmoid
 #                  (every fp16 value), conv_sm90's counted producer (every sm90 conv: dense, grouped, INT8, FP8,
 #                  depth-to-space), the weight-only gemv tiles (bw_*), refit and weight streaming on cuda; ~3 min;
-#                  then benchmarks/weight_only_gemm.py (STEP=deploy) for the gemv's time
+#                  then benchmarks/weight_only_gemm.py (STEP=deploy) for the gemv's time. First run 2026-12-06 (eighth
+#                  session, H100, 7f50710): 1220 passed, 1 failed (the SiLU test's reference; fixed in af5f12c).
+#   STEP=new8      the eighth session's: the fast Resize's row taps and selects (af5f12c, 43996d2), the SiLU test,
+#                  then the per-conv bench of the shapes the halo-tile tactics aim at (cuda_kernels.py --conv)
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -144,6 +147,17 @@ EOF
       tests/compiler/test_weight_only.py -k "not tf32 and not sm90x3" > "$OUT/gpu_new7.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new7.txt" | grep -v Warning | tail -80; exit $rc
     ;;
+  new8)
+    timeout ${NEW_S:-200} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
+      tests/kernels/cuda/test_resize.py tests/kernels/cuda/test_gemm_sm90.py -k "resize or sigmoid" \
+      > "$OUT/gpu_new8.txt" 2>&1
+    rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new8.txt" | grep -v Warning | tail -40
+    timeout 60 python3 benchmarks/cuda_kernels.py --cases "" --resize 8,21,64,64,512,512 \
+      --resize 8,64,128,128,256,256,nearest --resize 8,256,32,32,64,64 --out "$OUT/resize.json" 2>&1 | grep Resize
+    timeout 240 python3 benchmarks/cuda_kernels.py --cases "" --conv 32,192,192,24,24,3,1,silu --conv 32,384,384,8,24,3,2,silu \
+      --conv 8,512,512,32,32,3 --out "$OUT/conv.json" 2>&1 | grep "conv "
+    exit $rc
+    ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
@@ -209,5 +223,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
