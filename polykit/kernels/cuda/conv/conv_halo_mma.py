@@ -6,12 +6,17 @@ and the weights of its CB output channels, and feeds mma.sync m16n8k16 from ldma
 each tap's offset, where the sm90 implicit GEMM (conv_sm90.py) gathers an im2col A operand (every
 input pixel read KH * KW times) and pads N to 32. Bias and the layer's epilogue fused.
 
-Tactics, kind "ConvNHWC", priority HALO_PRIORITY (below the sm90 tiles' 30: a level-0 build keeps
-the sm90 tile; the tuner times these against it, as the first two families past its cap):
-  cuda.conv_nhwc.halo_mma_pipe_p32     conv_grouped_mma.PIPE's kernel and plan: a tile a block, the
-                                       window in commit groups by kernel row
-  cuda.conv_nhwc.halo_mma_persist_p32  PERSIST's: blocks loop over the tiles of every image, the
-                                       weights staged once a block, the next window in flight
+Tactics, kind "ConvNHWC", priority HALO_PRIORITY, below every tactic a level-0 build takes for
+these layers today (the sm90 tiles' 30 on sm_90, igemm_mma's 10 on other GPUs and in builds
+without one), so no untimed build takes them before they have run on a GPU; the tuner times them
+as a family past its cap (level 3 on sm_90: four sm90 tiles, igemm_mma and the first of these):
+  cuda.conv_nhwc.halo_mma_persist_p32  conv_grouped_mma.PERSIST's kernel and plan: blocks loop over
+                                       the tiles of every image, the weights staged once a block,
+                                       the next window in flight
+  cuda.conv_nhwc.halo_mma_pipe_p32     PIPE's: a tile a block, the window in commit groups by
+                                       kernel row
+PERSIST is declared first: their estimates tie (latency is not modelled), and it is the one that
+stages a dense layer's weights (KH*KW*C a channel) once a block rather than once a tile.
 The plan, tile choice and roofline are conv_grouped_mma's (plan_mma, tile_cost, predict) on the
 window of one group (halo_window): a block's slice is M or a divisor of it (never past M), and its
 reads are whole pixels (sector_factor 1). MAX_CHANNELS is where the shared-memory plan ends: a
@@ -58,10 +63,10 @@ from polykit.kernels.cuda.conv.conv_grouped_mma import (ELEMS, MMA_SMEM_LIMIT, P
 
 #: the most input and output channels a layer may have (each a multiple of 8)
 MAX_CHANNELS = 96
-#: below conv_sm90's tiles (30), above the SIMT implicit GEMMs (10 and lower)
-HALO_PRIORITY = 20
-#: the kernel variants (conv_grouped_mma's), each under its own tactic name
-VARIANTS = (PIPE, PERSIST)
+#: below conv_sm90's tiles (30) and conv_nhwc's igemm_mma (10), above igemm_simt (5)
+HALO_PRIORITY = 9
+#: the kernel variants (conv_grouped_mma's), each under its own tactic name; PERSIST first
+VARIANTS = (PERSIST, PIPE)
 
 
 def halo_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
