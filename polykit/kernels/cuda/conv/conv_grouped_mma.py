@@ -24,6 +24,10 @@ masked) at enqueue time by tile_cost (tensor-core MACs at MMA_SPEEDUP lanes, sta
 sectors under 32 bytes priced whole, the SMs the blocks fill, resident warps); PERSIST's blocks a
 slice by persist_ctas (enough to fill every SM).
 
+conv_halo_mma.py runs dense (group 1) convs of few channels on the PIPE and PERSIST kernels under
+tactic names of its own: plan_mma and the tactic hooks (kernels_of, plan_of, estimate_of,
+launch_of) take the window helper; mma_slices, tile_cost and predict handle a group of M channels.
+
 `predict` gives each launch's roofline. ResNeXt-50's tensor-core layers at batch 32, fp16 (H200
 constants HBM 4.0 TB/s, L2 -> SM 10 TB/s, mma.sync 600 TFLOP/s; tile TH x TW x CB, threads, blocks,
 shared memory; GFLOP of the launched MMAs, DRAM MB, MB staged from L2; us the larger at those
