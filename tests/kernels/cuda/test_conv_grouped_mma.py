@@ -260,7 +260,8 @@ def test_every_halo_variant_compiles_with_nvrtc(shared_kernel_cache):
     variants = conv_halo_mma.compile_variants()
     assert all(k.code is not None and "apply_epilogue" in k.code for k in variants)
     assert {(k.name, dict(k.defines)["GM_PERSIST"], dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
-            for k in variants} == {("conv_grouped_mma_pipe_nhwc", p, b, nb) for p in "01" for b in "01" for nb in "1234"}
+            for k in variants} == {("conv_grouped_mma_pipe_nhwc", p, b, nb)
+                                   for p in "01" for b in "01" for nb in "1234"}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))

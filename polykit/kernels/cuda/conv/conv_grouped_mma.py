@@ -205,10 +205,10 @@ def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: in
     """choose_mma_tile's cost of a launch (arbitrary units, lower is better): tensor-core MACs of
     the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
     staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
-    sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
-    resident warps an SM (warps with pixels to compute; PERSIST, its next window in flight while
-    it computes, half as many). Group 1 (conv_halo_mma) reads whole pixels: sector_factor. PERSIST stages the weights once a block (persist_ctas blocks a
-    slice), the others once a tile."""
+    sector, sector_factor; group 1 reads whole pixels), spread over the SMs the blocks fill, times
+    the latency not hidden below WARPS_HIDING resident warps an SM (warps with pixels to compute;
+    PERSIST, its next window in flight while it computes, half as many). PERSIST stages the
+    weights once a block (persist_ctas blocks a slice), the others once a tile."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
     warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
