@@ -1,13 +1,16 @@
 """The tensor-core grouped channels-last tactics (cuda.conv_nhwc.grouped_mma_p32, grouped_mma_pipe_p32
-and grouped_mma_persist_p32): which layers they take and the tiles they plan (CPU), NVRTC compiles
+and grouped_mma_persist_p32) and the dense ones on the same kernel (conv_halo_mma: halo_mma_pipe_p32
+and halo_mma_persist_p32, group 1, 8 to 96 channels): which layers they take, the tiles they plan and
+where the tuner puts them (CPU), NVRTC compiles
 of every variant for sm_80 and sm_90, the kernels run on the host with mma.sync, ldmatrix and
 cp.async emulated from the PTX ISA (m16n8k16 fragments and m8n8 matrices exchanged through a
 per-warp table between two barriers of the warp's 32 threads, so warps run apart and a missing
 __syncthreads races; cp.async groups landing at their wait, or at once), and on the GPU against the
 float64 reference with poisoned outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and
 1 x 1 kernels, strides 2, dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned
-input (the element staging), blocks looping over several tiles; test_conv_grouped.py runs them on
-misaligned tensors too."""
+input (the element staging), blocks looping over several tiles; the dense tactics on DENSE_CASES
+(8 to 96 channels, 1 x 1, 3 x 3, 5 x 5, strides 2, dilation 2, odd sizes) with a SiLU + residual
+epilogue besides; test_conv_grouped.py runs the grouped ones on misaligned tensors too."""
 
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ import pytest
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.conv import conv_grouped_mma
+from polykit.kernels.cuda.conv import conv_halo_mma
 from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PERSIST, PIPE, VARIANTS, choose_mma_tile,
                                                         compile_variants, mma_window, plan_mma, predict, warp_n8)
+from polykit.kernels.cuda.conv.conv_halo_mma import HALO_PRIORITY, MAX_CHANNELS, halo_window, tactic_name
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_conv_depthwise import BF16, F16, F32, RESIDUAL_RELU, TOL
 from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, grouped_layer, run_case
@@ -36,6 +41,26 @@ CASES = CASES + [
     ((2, 9, 7, 32), (32, 3, 1, 16), 2, {"pads": [1, 0, 1, 0]}),
     ((1, 6, 10, 64), (128, 1, 1, 8), 8, {"strides": [1, 2]}),
 ]
+#: the dense tactics, each on conv_grouped_mma's variant of the same kernel
+HALO = {tactic_name(v): v for v in conv_halo_mma.VARIANTS}
+HALO_PIPE, HALO_PERSIST = tactic_name(PIPE), tactic_name(PERSIST)
+#: group-1 layers (x NHWC, w (M, KH, KW, C), attrs): odd sizes, 8 to 96 channels in and out (n8
+#: counts 1 to 4), 3 x 3, 1 x 1, 5 x 5, strides 2, dilation 2, asymmetric pads, M past one slice
+DENSE_CASES = [
+    ((1, 9, 11, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}),                               # EfficientNet-V2 24 -> 24
+    ((2, 13, 12, 8), (24, 3, 3, 8), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),             # its stem (C padded to 8)
+    ((1, 11, 9, 32), (32, 3, 3, 32), {"pads": [1, 1, 1, 1]}),                               # UNet 32 -> 32
+    ((1, 9, 10, 64), (32, 3, 3, 64), {"pads": [1, 1, 1, 1]}),                               # UNet 64 -> 32
+    ((1, 7, 9, 32), (64, 3, 3, 32), {"pads": [1, 1, 1, 1]}),                                # UNet 32 -> 64
+    ((1, 10, 9, 16), (16, 1, 1, 16), {}),                                                   # 1 x 1
+    ((1, 9, 8, 16), (8, 5, 5, 16), {"pads": [2, 1, 2, 3]}),                                 # 5 x 5, asymmetric pads
+    ((1, 12, 13, 24), (16, 3, 3, 24), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),         # dilation 2
+    ((1, 13, 11, 40), (48, 3, 3, 40), {"strides": [1, 2], "pads": [1, 1, 1, 1]}),           # W stride 2, 40 -> 48
+    ((1, 9, 9, 96), (96, 3, 3, 96), {"pads": [1, 1, 1, 1]}),                                # MAX_CHANNELS
+]
+#: (x, skip) of a SiLU + residual epilogue (EfficientNet's fused MBConv): a full residual, a broadcast one
+SILU_RESIDUAL = {"input": "raw", "body": conv_halo_mma.SILU_RESIDUAL[:2] + [
+    {"op": "Add", "inputs": ["t", "skip"], "outputs": ["Y"], "attrs": {}}]}
 
 
 # ---- CPU --------------------------------------------------------------------------------------
@@ -118,6 +143,125 @@ def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
                                                       ("conv_grouped_mma_pipe_nhwc", "0"),
                                                       ("conv_grouped_mma_pipe_nhwc", "1"))
          for b in ("0", "1") for nb in ("1", "2", "3", "4")}
+    units = unique_units(variants)
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+
+
+# ---- CPU: group 1 (conv_halo_mma) --------------------------------------------------------------
+def dense_layer(x, w, attrs, dtype=F16, **kw):
+    return grouped_layer(x, w, 1, attrs, dtype, **kw)
+
+
+def test_halo_window_takes_dense_multiples_of_8_channels_up_to_max_channels():
+    win = halo_window({"group": 1}, (1, 7, 7, 24), (24, 3, 3, 24))
+    assert (win.G, win.cpg, win.mg) == (1, 24, 24) and MAX_CHANNELS == 96
+    assert halo_window({}, (1, 7, 7, 96), (8, 5, 5, 96)) is not None
+    assert halo_window({"group": 1}, (1, 7, 7, 12), (16, 3, 3, 12)) is None       # C 12
+    assert halo_window({"group": 1}, (1, 7, 7, 16), (20, 3, 3, 16)) is None       # M 20
+    assert halo_window({"group": 1}, (1, 7, 7, 128), (32, 3, 3, 128)) is None     # past MAX_CHANNELS
+    assert halo_window({"group": 1}, (1, 7, 7, 32), (104, 3, 3, 32)) is None
+    assert halo_window({"group": 2}, (1, 7, 7, 32), (32, 3, 3, 16)) is None       # grouped: mma_window's
+    assert mma_window({"group": 1}, (1, 7, 7, 32), (32, 3, 3, 32)) is None
+
+
+@pytest.mark.parametrize("case", range(len(DENSE_CASES)))
+def test_dense_layers_are_the_halo_tactics_and_not_the_grouped_ones(case):
+    layer, _, _ = dense_layer(*DENSE_CASES[case])
+    names = {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+    assert set(HALO) <= names and not set(TACTICS) & names
+    grouped, _, _ = grouped_layer(*CASES[3][:3], CASES[3][3])
+    assert not set(HALO) & {t.name for t in candidates("cuda", "ConvNHWC", grouped)}
+
+
+@pytest.mark.parametrize("x,w,attrs,dtype", [
+    ((1, 9, 9, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}, F32),        # 32-bit storage
+    ((1, 9, 9, 12), (24, 3, 3, 12), {"pads": [1, 1, 1, 1]}, F16),        # C not a multiple of 8
+    ((1, 9, 9, 128), (128, 3, 3, 128), {"pads": [1, 1, 1, 1]}, F16),    # past MAX_CHANNELS
+    ((1, 9, 9, 64), (64, 5, 5, 64), {"pads": [2, 2, 2, 2]}, F16),        # the smallest slice's weights past the limit
+])
+def test_halo_tactics_refuse_what_the_kernel_cannot_take(x, w, attrs, dtype):
+    layer, _, _ = dense_layer(x, w, attrs, dtype)
+    assert not set(HALO) & {t.name for t in candidates("cuda", "ConvNHWC", layer)}
+
+
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("case", range(len(DENSE_CASES)))
+def test_halo_plan_covers_the_output_with_slices_of_one_group(case, tactic):
+    x, w, attrs = DENSE_CASES[case]
+    layer, _, specs = dense_layer(x, w, attrs)
+    y, variant = specs["Y"][0], HALO[tactic]
+    plan = plan_mma(layer.attrs, x, w, y, "float16", variant, window_of=halo_window)
+    assert plan is not None and plan.G == 1 and plan.smem <= MMA_SMEM_LIMIT and plan.block[0] <= 256
+    assert w[0] % plan.CB == 0 and plan.CB == plan.CW * 8 * plan.nb           # a slice is M or a divisor of it
+    assert plan.TH * plan.TWT <= plan.PWARPS * 32 and -(-plan.TH * plan.TWT // 32) == plan.PWARPS
+    tiles = -(-y[1] // plan.TH) * -(-y[2] // plan.TWT)
+    gx, gy, gz = plan.grid
+    assert (gx, gz) == (w[0] // plan.CB, 1 if variant == PERSIST else x[0])
+    assert 1 <= gy <= tiles * x[0] if variant == PERSIST else gy == tiles
+    assert plan_mma(layer.attrs, x, w, y, "float32", variant, window_of=halo_window) is None
+
+
+def test_predict_of_a_dense_layer_stages_whole_pixels():
+    """EfficientNet-V2-S's 24 -> 24 3 x 3 at batch 32: the launched MMAs cover the layer's, DRAM
+    bytes are X, W and Y once, a staged pixel is its 48 bytes (no sector rounding: the slice reads
+    every channel), PERSIST stages less than PIPE, and the estimates are positive times."""
+    x, w, attrs = (32, 192, 192, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}
+    exact = 2 * 32 * 192 * 192 * 24 * 216
+    preds = {}
+    for variant in (PIPE, PERSIST):
+        plan = plan_mma(attrs, x, w, x, "float16", variant, window_of=halo_window)
+        preds[variant] = predict(plan)
+        tiles = -(-192 // plan.TH) * plan.tiles_w * 32
+        window = ((plan.TH - 1) + 3) * ((plan.TWT - 1) + 3)
+        weights = (plan.ctas or tiles) * 24 * 216 * 2
+        assert exact <= preds[variant]["flops"] <= exact * 224 / 216 * 1.2
+        assert preds[variant]["dram"] == 2 * (2 * 32 * 192 * 192 * 24 + 24 * 216)
+        assert preds[variant]["staged"] == tiles * window * 48 + weights
+    assert preds[PERSIST]["staged"] < preds[PIPE]["staged"]
+    layer, _, _ = dense_layer((1, 9, 9, 24), w, attrs)
+    assert all(find_tactic("cuda", "ConvNHWC", t).estimate(layer, 132) > 0 for t in HALO)
+
+
+@pytest.mark.parametrize("x,w,attrs", [((32, 192, 192, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}),
+                                       ((32, 384, 384, 8), (24, 3, 3, 8), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                       ((8, 512, 512, 32), (32, 3, 3, 32), {"pads": [1, 1, 1, 1]})])
+def test_level_0_keeps_the_sm90_tile_and_level_3_times_a_halo_tactic(x, w, attrs):
+    """EfficientNet-V2-S's and UNet's small dense convs on sm_90 (132 SMs): the builder's candidates
+    lead with the sm90 tiles, so a level-0 build takes one of them; the halo tactics sit below the
+    sm90 tiles and igemm_mma (so no level-0 build anywhere takes them untimed), and a level-3 build
+    times halo_mma_persist (the first halo family past the cap) against four sm90 tiles."""
+    from dataclasses import replace
+
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.builder.tuner import LEVELS, candidate_pairs, capped
+
+    small, _, _ = dense_layer((1, 9, 9, x[3]), w, attrs)
+    s = attrs.get("strides", [1, 1])[0]
+    layer = replace(small, in_shapes=(x,) + small.in_shapes[1:], out_shapes=((x[0], x[1] // s, x[2] // s, w[0]),))
+    pairs = candidate_pairs(layer, "cuda", BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0),
+                            {}, "sm_90", 132)
+    names = [t.name for _, t in pairs]
+    assert names[0].startswith("cuda.conv_nhwc.sm90_") and set(HALO) <= set(names)
+    assert all(t.priority > HALO_PRIORITY for _, t in pairs if t.name.startswith("cuda.conv_nhwc.sm90_"))
+    assert find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.igemm_mma").priority > HALO_PRIORITY
+    timed = [t.name for _, t in capped(pairs, LEVELS[3].cap)]
+    assert HALO_PERSIST in timed and sum(n.startswith("cuda.conv_nhwc.sm90_") for n in timed) == 4
+    arch_free = candidate_pairs(layer, "cuda", BuilderConfig(target="cuda", fp16=True), {}, "", 0)
+    assert arch_free[0][1].name == "cuda.conv_nhwc.igemm_mma"     # no GPU, or another one: as before
+
+
+def test_every_halo_variant_compiles_with_nvrtc(shared_kernel_cache):
+    """The SiLU + residual epilogue of a dense layer on each variant, storage and n8 count (the
+    kernels without an epilogue are the grouped tactics' units, compiled above)."""
+    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+
+    variants = conv_halo_mma.compile_variants()
+    assert all(k.code is not None and "apply_epilogue" in k.code for k in variants)
+    assert {(k.name, dict(k.defines)["GM_PERSIST"], dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
+            for k in variants} == {("conv_grouped_mma_pipe_nhwc", p, b, nb)
+                                   for p in "01" for b in "01" for nb in "1234"}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
@@ -266,6 +410,28 @@ def test_emulated_mma_matches_the_reference(launcher, tactic, case, dtype):
     assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("tactic,case,dtype", [(t, c, (F16, BF16)[(c + i) % 2]) for i, t in enumerate(sorted(HALO))
+                                               for c in range(len(DENSE_CASES))])
+def test_emulated_halo_matches_the_reference(launcher, tactic, case, dtype):
+    """Every dense case on both halo tactics, float16 and bfloat16 alternating (each case gets both)."""
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
+
+    x, w, attrs = DENSE_CASES[case]
+    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=1) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("case,skip", [(0, (1, 9, 11, 24)), (3, (1, 1, 10, 1))])
+def test_emulated_halo_silu_residual_epilogue_and_misaligned_output(launcher, tactic, case, skip):
+    """SiLU then a residual of the output's shape (16-byte epilogue loads) and one broadcast over
+    rows and channels (strided), into an output 2 bytes off (element stores)."""
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
+
+    x, w, attrs = DENSE_CASES[case]
+    assert run_emulated(launcher, tactic, x, w, attrs, F16, shift_y=1, group=1, epilogue=SILU_RESIDUAL,
+                        extra={"skip": skip}) <= TOL[F16]
+
+
 @pytest.mark.parametrize("tactic", TACTICS)
 def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher, tactic):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
@@ -287,29 +453,36 @@ def two_sms(monkeypatch):
 
 
 @pytest.mark.parametrize("copies", ["deferred", "eager"])
-@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (11, F16), (12, F16), (14, BF16)])
-def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, case, dtype, copies):
+@pytest.mark.parametrize("tactic,case,dtype", [(PERSISTS, CASES[c], d) for c, d in ((3, F16), (5, BF16), (11, F16),
+                                                                                   (12, F16), (14, BF16))]
+                         + [(HALO_PERSIST, DENSE_CASES[c][:2] + (1,) + DENSE_CASES[c][2:], d)
+                            for c, d in ((0, F16), (1, BF16), (4, F16), (6, F16))])
+def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, tactic, case, dtype, copies):
     """Each block computes several tiles of several images (weights staged once, the next window
     in flight in the other buffer): with deferred copies a window read before its group was waited
-    for computes with stale data, with eager ones a refill of a buffer some warp still reads races."""
+    for computes with stale data, with eager ones a refill of a buffer some warp still reads races.
+    Grouped layers on grouped_mma_persist, dense ones on halo_mma_persist."""
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
     launcher = request.getfixturevalue("launcher" if copies == "deferred" else "eager_launcher")
-    x, w, group, attrs = CASES[case]
+    x, w, group, attrs = case
     x = (3,) + tuple(x[1:])
-    assert run_emulated(launcher, PERSISTS, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
     layer, _, specs = grouped_layer(x, w, group, attrs)
-    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", PERSIST)
+    window_of = halo_window if group == 1 else mma_window
+    plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", PERSIST, window_of=window_of)
     tiles = x[0] * -(-plan.OH // plan.TH) * plan.tiles_w
     assert launcher.launches[-1][1] == plan.grid and 1 <= plan.ctas < tiles   # fewer blocks a slice than tiles
 
 
-@pytest.mark.parametrize("tactic", [PIPES, PERSISTS])
-def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic):
+@pytest.mark.parametrize("tactic,case", [(PIPES, CASES[12]), (PERSISTS, CASES[12]),
+                                         (HALO_PIPE, DENSE_CASES[1][:2] + (1,) + DENSE_CASES[1][2:]),
+                                         (HALO_PERSIST, DENSE_CASES[7][:2] + (1,) + DENSE_CASES[7][2:])])
+def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic, case):
     """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
     from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
 
-    x, w, group, attrs = CASES[12]
+    x, w, group, attrs = case
     layer, inputs, specs = grouped_layer(x, w, group, attrs, F16)
     tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
     shifted = np.empty(inputs["X"].size + 8, F16)[1:1 + inputs["X"].size].reshape(x)
@@ -324,12 +497,16 @@ def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tact
 
 
 # ---- GPU ---------------------------------------------------------------------------------------
+#: (tactic, x, w, group, attrs): the grouped tactics on MMA_CASES, the dense ones on DENSE_CASES
+GPU_CASES = ([(t, *CASES[c]) for c in MMA_CASES for t in TACTICS]
+             + [(t, x, w, 1, attrs) for x, w, attrs in DENSE_CASES for t in sorted(HALO)])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tactic", TACTICS)
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", MMA_CASES)
-def test_mma_matches_the_reference(case, dtype, tactic):
-    assert run_case(*CASES[case], dtype, tactic) <= TOL[dtype]
+@pytest.mark.parametrize("tactic,x,w,group,attrs", GPU_CASES)
+def test_mma_matches_the_reference(tactic, x, w, group, attrs, dtype):
+    assert run_case(x, w, group, attrs, dtype, tactic) <= TOL[dtype]
 
 
 @pytest.mark.gpu
@@ -337,6 +514,25 @@ def test_mma_matches_the_reference(case, dtype, tactic):
 @pytest.mark.parametrize("x,w,group,attrs,skip", EPI_CASES[:3])
 def test_mma_residual_relu_epilogue(x, w, group, attrs, skip, tactic):
     assert run_case(x, w, group, attrs, F16, tactic, epilogue=RESIDUAL_RELU, extra={"skip": skip}) <= TOL[F16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("case,skip", [(0, (1, 9, 11, 24)), (2, (1, 11, 9, 32)), (3, (1, 1, 10, 1)), (8, (48,))])
+def test_halo_silu_residual_epilogue(case, skip, tactic, dtype):
+    """SiLU then a residual: of the output's shape, broadcast over rows and channels, per channel."""
+    x, w, attrs = DENSE_CASES[case]
+    assert run_case(x, w, 1, attrs, dtype, tactic, epilogue=SILU_RESIDUAL, extra={"skip": skip}) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("shifted", ["X", "Y", "skip"])
+def test_halo_misaligned_tensors_take_the_element_paths(shifted, tactic):
+    x, w, attrs = DENSE_CASES[0]
+    assert run_case(x, w, 1, attrs, F16, tactic, epilogue=SILU_RESIDUAL, extra={"skip": (1, 9, 11, 24)},
+                    misalign={shifted: 2}) <= TOL[F16]
 
 
 @pytest.mark.gpu
@@ -348,3 +544,15 @@ def test_mma_residual_relu_epilogue(x, w, group, attrs, skip, tactic):
     ((4, 14, 14, 512), (512, 3, 3, 16), 32, {"pads": [1, 1, 1, 1]})])                        # stage 3
 def test_mma_on_resnext_layers_at_batch_4(x, w, group, attrs, tactic):
     assert run_case(x, w, group, attrs, F16, tactic) <= TOL[F16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("x,w,attrs", [
+    ((2, 192, 192, 24), (24, 3, 3, 24), {"pads": [1, 1, 1, 1]}),                          # EfficientNet-V2-S 24 -> 24
+    ((2, 384, 384, 8), (24, 3, 3, 8), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),         # its stem
+    ((1, 512, 512, 32), (32, 3, 3, 32), {"pads": [1, 1, 1, 1]}),                          # UNet 32 -> 32
+    ((1, 256, 256, 64), (32, 3, 3, 64), {"pads": [1, 1, 1, 1]}),                          # UNet 64 -> 32
+    ((1, 256, 256, 32), (64, 3, 3, 32), {"pads": [1, 1, 1, 1]})])                         # UNet 32 -> 64
+def test_halo_on_efficientnet_and_unet_layers(x, w, attrs, tactic):
+    assert run_case(x, w, 1, attrs, F16, tactic) <= TOL[F16]

@@ -420,14 +420,16 @@ def compile_variants() -> list[KernelSource]:
     return out + _epilogue_variants()
 
 
-def epilogue_layers(group: int, x: tuple[int, ...], w: tuple[int, ...]) -> tuple[Any, Any]:
-    """Two ConvNHWC layers with a residual + Relu epilogue (group `group`, X `x`, W `w`, the
-    residual of the output's shape, 'same' 3 x 3 window): one with its shapes (the epilogue read
-    with 16-byte loads, EPI_VEC 1), one without (through strided offsets, EPI_VEC 0)."""
+def epilogue_layers(group: int, x: tuple[int, ...], w: tuple[int, ...],
+                    body: list[dict[str, Any]] | None = None) -> tuple[Any, Any]:
+    """Two ConvNHWC layers with a residual + Relu epilogue, or `body` (reading "raw" and "skip",
+    writing "y"), (group `group`, X `x`, W `w`, the residual of the output's shape, 'same' 3 x 3
+    window): one with its shapes (the epilogue read with 16-byte loads, EPI_VEC 1), one without
+    (through strided offsets, EPI_VEC 0)."""
     from polykit.compiler.plan.records import LayerDesc
 
-    body = [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
-            {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
+    body = body or [{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+                    {"op": "Relu", "inputs": ["s"], "outputs": ["y"], "attrs": {}}]
     attrs = {"group": group, "kernel_shape": [3, 3], "epilogue": {"input": "raw", "body": body}}
     y = x[:3] + (w[0],)
     shaped = LayerDesc("epi", "ConvNHWC", ("x", "w", "b", "skip"), ("y",), attrs, domain="ai.polykit",

@@ -74,6 +74,13 @@ def thread_channels(mg: int) -> int:
 def grouped_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
     """The window of a ConvNHWC (X [N, H, W, C], W [M, KH, KW, C/group]) when it is grouped
     (1 < group, at least two input channels a group, C and M multiples of group), else None."""
+    win = conv_window(attrs, x, w)
+    return win if win is not None and win.G > 1 and win.cpg >= 2 else None
+
+
+def conv_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
+    """The window of any 2-D ConvNHWC (X [N, H, W, C], W [M, KH, KW, C/group]; group 1 too) whose
+    channels, group and window are known and consistent, else None."""
     if len(x) != 4 or len(w) != 4 or not all(isinstance(d, int) for d in (x[3], *w)):
         return None
     C, (M, KH, KW, Cg) = int(x[3]), (int(d) for d in w)
@@ -83,7 +90,7 @@ def grouped_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any])
         dilations = tuple(int(d) for d in attrs.get("dilations") or (1, 1))
     except (TypeError, ValueError):
         return None
-    if G <= 1 or Cg < 2 or C != G * Cg or M <= 0 or M % G or min(KH, KW) <= 0:
+    if G < 1 or Cg < 1 or C != G * Cg or M <= 0 or M % G or min(KH, KW) <= 0:
         return None
     if len(strides) != 2 or len(dilations) != 2 or min(strides + dilations) <= 0:
         return None

@@ -24,6 +24,10 @@ masked) at enqueue time by tile_cost (tensor-core MACs at MMA_SPEEDUP lanes, sta
 sectors under 32 bytes priced whole, the SMs the blocks fill, resident warps); PERSIST's blocks a
 slice by persist_ctas (enough to fill every SM).
 
+conv_halo_mma.py runs dense (group 1) convs of few channels on the PIPE and PERSIST kernels under
+tactic names of its own: plan_mma and the tactic hooks (kernels_of, plan_of, estimate_of,
+launch_of) take the window helper; mma_slices, tile_cost and predict handle a group of M channels.
+
 `predict` gives each launch's roofline. ResNeXt-50's tensor-core layers at batch 32, fp16 (H200
 constants HBM 4.0 TB/s, L2 -> SM 10 TB/s, mma.sync 600 TFLOP/s; tile TH x TW x CB, threads, blocks,
 shared memory; GFLOP of the launched MMAs, DRAM MB, MB staged from L2; us the larger at those
@@ -56,7 +60,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -91,6 +95,10 @@ VARIANTS = (MMA, PIPE, PERSIST)
 SOURCES = {MMA: ("conv_grouped_mma.cu", "conv_grouped_mma_nhwc", None),
            PIPE: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 0),
            PERSIST: ("conv_grouped_mma_pipe.cu", "conv_grouped_mma_pipe_nhwc", 1)}
+
+
+#: a window helper: (attrs, X shape, W shape) -> the GroupedWindow a tactic takes, or None
+WindowOf = Callable[[Mapping[str, Any], Sequence[Any], Sequence[Any]], "GroupedWindow | None"]
 
 
 def mma_window(attrs: Mapping[str, Any], x: Sequence[Any], w: Sequence[Any]) -> GroupedWindow | None:
@@ -169,9 +177,17 @@ class MmaPlan(TilePlan):
 
 def mma_slices(win: GroupedWindow) -> list[int]:
     """Output channels a block may take: multiples of a warp's 8 nb channels, at most MAX_WARPS
-    warps of them, whole groups or part of one."""
+    warps of them, whole groups or part of one (group 1: M or a divisor of it, never past M)."""
     step = 8 * warp_n8(win.mg)
-    return [cb for cb in range(step, step * MAX_WARPS + 1, step) if cb % win.mg == 0 or win.mg % cb == 0]
+    whole = (lambda cb: False) if win.G == 1 else (lambda cb: cb % win.mg == 0)
+    return [cb for cb in range(step, step * MAX_WARPS + 1, step) if whole(cb) or win.mg % cb == 0]
+
+
+def sector_factor(G: int, cin: int, itemsize: int = 2) -> float:
+    """L2 bytes read a staged input byte: a grouped slice's `cin` channels are part of each pixel,
+    so under 32 bytes a pixel its sector is read whole; a dense (group 1) slice reads every channel
+    of consecutive pixels, whole sectors."""
+    return 1.0 if G == 1 else max(1.0, 32 / (itemsize * cin))
 
 
 #: SMs the tile choice spreads a launch over (H200: 132); fewer blocks leave SMs idle
@@ -189,10 +205,10 @@ def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: in
     """choose_mma_tile's cost of a launch (arbitrary units, lower is better): tensor-core MACs of
     the launched tiles (masked pixels and K padding included) over MMA_SPEEDUP plus STAGE_COST a
     staged input element (times 32 bytes over the slice's bytes a pixel where that is under a
-    sector), spread over the SMs the blocks fill, times the latency not hidden below WARPS_HIDING
-    resident warps an SM (warps with pixels to compute; PERSIST, its next window in flight while
-    it computes, half as many). PERSIST stages the weights once a block (persist_ctas blocks a
-    slice), the others once a tile."""
+    sector, sector_factor; group 1 reads whole pixels), spread over the SMs the blocks fill, times
+    the latency not hidden below WARPS_HIDING resident warps an SM (warps with pixels to compute;
+    PERSIST, its next window in flight while it computes, half as many). PERSIST stages the
+    weights once a block (persist_ctas blocks a slice), the others once a tile."""
     (KH, KW), (SH, SW), (DH, DW) = win.kernel, win.strides, win.dilations
     nb, kp = warp_n8(win.mg), k_slots(win) - 8
     warps, tp, cin = cb // (8 * nb) * pw, pw * 16 * WARP_TILES, slice_groups(cb, win.mg) * win.cpg
@@ -201,7 +217,7 @@ def tile_cost(win: GroupedWindow, OH: int, OW: int, images: int, th: int, tw: in
     ctas = persist_ctas(tiles, slices, resident) if variant == PERSIST else tiles
     blocks = slices * ctas
     pixels = tile_rows(th, SH, KH, DH) * ((tw - 1) * SW + (KW - 1) * DW + 1)
-    staged = slices * (tiles * pixels * cin * max(1.0, 32 / (2 * cin)) + ctas * cb * kp)
+    staged = slices * (tiles * pixels * cin * sector_factor(win.G, cin) + ctas * cb * kp)
     work = slices * tiles * tp * cb * kp / MMA_SPEEDUP
     per_sm = min(resident, max(1.0, blocks / SMS))
     busy = cb // (8 * nb) * -(-min(th, OH) * min(tw, OW) // (16 * WARP_TILES))   # warps with pixels
@@ -249,9 +265,11 @@ def choose_mma_tile(OH: int, OW: int, win: GroupedWindow, images: int = 1, varia
 
 
 def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Sequence[int],
-             storage: str, variant: TileVariant = PIPE, smem_limit: int = MMA_SMEM_LIMIT) -> MmaPlan | None:
-    """The launch of a grouped ConvNHWC on `variant`'s kernel, or None when it cannot run it."""
-    win = mma_window(attrs, x, w)
+             storage: str, variant: TileVariant = PIPE, smem_limit: int = MMA_SMEM_LIMIT,
+             window_of: WindowOf = mma_window) -> MmaPlan | None:
+    """The launch of a ConvNHWC whose window `window_of` takes (mma_window: grouped;
+    conv_halo_mma.halo_window: dense) on `variant`'s kernel, or None when it cannot run it."""
+    win = window_of(attrs, x, w)
     sizes = tile_sizes(attrs, win, x, y, win.cpg if win else 1)
     if win is None or sizes is None or storage not in ELEMS:
         return None
@@ -274,25 +292,26 @@ def plan_mma(attrs: Mapping[str, Any], x: Sequence[int], w: Sequence[int], y: Se
 HBM_BPS, L2_BPS, MMA_FLOPS = 4.0e12, 10.0e12, 600e12
 
 
-def predict(plan: MmaPlan, itemsize: int = 2) -> dict[str, float]:
+def predict(plan: MmaPlan, itemsize: int = 2, hbm_bps: float = HBM_BPS) -> dict[str, float]:
     """A launch's roofline: `flops` of the launched MMAs (masked pixels, K padding and channel
     tails included), `dram` bytes (X, W, Y once), `staged` bytes read from L2 into shared memory
-    (every block's input window, a sector at least a pixel, and its weight rows), and `us`, the
-    largest of the three at HBM_BPS, L2_BPS and MMA_FLOPS (latency not modelled). PERSIST stages
-    the weights once a block, the others once a tile."""
+    (every block's input window, a sector at least a pixel where groups split it, and its weight
+    rows), and `us`, the largest of the three at `hbm_bps`, L2_BPS and MMA_FLOPS (latency not
+    modelled). PERSIST stages the weights once a block, the others once a tile."""
     slices, tiles = -(-plan.M // plan.CB), -(-plan.OH // plan.TH) * plan.tiles_w * plan.NB
     K = plan.KH * plan.KW * (plan.C // plan.G)
     flops = 2.0 * slices * tiles * plan.PWARPS * 32 * plan.CB * -(-K // 16) * 16
     cin = max(1, plan.CB // (plan.M // plan.G)) * (plan.C // plan.G)
     pixels = ((plan.TH - 1) * plan.SH + (plan.KH - 1) * plan.DH + 1) * ((plan.TWT - 1) * plan.SW
                                                                        + (plan.KW - 1) * plan.DW + 1)
-    staged = slices * (tiles * pixels * max(32, cin * itemsize) + (plan.ctas or tiles) * plan.CB * K * itemsize)
+    pixel = max(32, cin * itemsize) if plan.G > 1 else cin * itemsize   # sector_factor
+    staged = slices * (tiles * pixels * pixel + (plan.ctas or tiles) * plan.CB * K * itemsize)
     dram = (plan.NB * (plan.H * plan.W * plan.C + plan.OH * plan.OW * plan.M) + plan.M * K) * itemsize
     return {"flops": flops, "dram": dram, "staged": staged,
-            "us": 1e6 * max(dram / HBM_BPS, staged / L2_BPS, flops / MMA_FLOPS)}
+            "us": 1e6 * max(dram / hbm_bps, staged / L2_BPS, flops / MMA_FLOPS)}
 
 
-def _smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> int:
+def smallest_smem(win: GroupedWindow, variant: TileVariant, itemsize: int) -> int:
     """The smallest slice and a 16 x 2 pixel tile (past the limit for 32-bit storage)."""
     if itemsize != 2:
         return MMA_SMEM_LIMIT + 1
@@ -308,10 +327,13 @@ def kernel_source(layer: Any, elem: str, nb: int, variant: TileVariant = PIPE) -
     return tile_kernel(layer, elem, kernel, file, defines(**shape))
 
 
-def _kernels(variant: TileVariant):
+def kernels_of(variant: TileVariant, window_of: WindowOf = mma_window):
+    """kernels(layer) of a tactic on `variant`'s kernel: the layer's storage and n8 count where its
+    shapes say (`window_of` its window), else every one."""
+
     def kernels(layer: Any) -> list[KernelSource]:
         shapes = tuple(getattr(layer, "in_shapes", ()) or ())
-        win = mma_window(layer.attrs, shapes[0], shapes[1]) if len(shapes) > 1 else None
+        win = window_of(layer.attrs, shapes[0], shapes[1]) if len(shapes) > 1 else None
         storage = (tuple(getattr(layer, "out_dtypes", ()) or ()) + ("",))[0]
         elems = [ELEMS[storage]] if storage in ELEMS else list(ELEMS.values())
         nbs = [warp_n8(win.mg)] if win else list(WARP_N8)
@@ -325,16 +347,28 @@ def _macs(plan: MmaPlan) -> int:
     return int(predict(plan)["flops"] // (2 * MMA_SPEEDUP))
 
 
-def _launch(variant: TileVariant):
-    def launch_of(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
-                  Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
+def launch_of(variant: TileVariant):
+    """launch_of(layer, plan, elem, X, W, Y) of tile_enqueue: `variant`'s kernel with the plan's n8
+    count, 16-byte staging where X and W are 16-byte aligned, pair stores where Y is 4-byte aligned."""
+
+    def launch(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
+               Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
         return kernel_source(layer, elem, plan.nb, variant), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
 
-    return launch_of
+    return launch
 
 
-def _plan_of(variant: TileVariant):
-    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage, variant)
+def plan_of(variant: TileVariant, window_of: WindowOf = mma_window):
+    """plan(attrs, x, w, y, storage) of a tactic on `variant`'s kernel taking `window_of`'s layers."""
+    return lambda attrs, x, w, y, storage: plan_mma(attrs, x, w, y, storage, variant, window_of=window_of)
+
+
+def estimate_of(variant: TileVariant, window_of: WindowOf = mma_window):
+    """estimate(layer, sm_count) of a tactic on `variant`'s kernel: tile_estimate of its plan, the
+    launched MMAs at MMA_SPEEDUP times the FMA rate."""
+    plan = plan_of(variant, window_of)
+    return tile_estimate(lambda layer, storage: plan(layer.attrs, layer.in_shapes[0], layer.in_shapes[1],
+                                                     layer.out_shapes[0], storage), _macs, 1)
 
 
 def compile_variants() -> list[KernelSource]:
@@ -344,8 +378,5 @@ def compile_variants() -> list[KernelSource]:
             for layer, e, nb in [(None, e, nb) for e in ELEMS.values() for nb in WARP_N8] + [(shaped, "half_t", 2)]]
 
 
-register(VARIANTS, _kernels, tile_supports(mma_window, _smallest_smem, MMA_SMEM_LIMIT),
-         lambda v: tile_estimate(lambda layer, storage: _plan_of(v)(layer.attrs, layer.in_shapes[0],
-                                                                    layer.in_shapes[1], layer.out_shapes[0], storage),
-                                 _macs, 1),
-         lambda v: tile_enqueue("grouped tensor-core", _plan_of(v), _launch(v)))
+register(VARIANTS, kernels_of, tile_supports(mma_window, smallest_smem, MMA_SMEM_LIMIT),
+         estimate_of, lambda v: tile_enqueue("grouped tensor-core", plan_of(v), launch_of(v)))

@@ -2,7 +2,9 @@
 // C / group a multiple of 8 input channels a group and Mg = M / group a multiple of 8 output
 // channels a group; float16 or bfloat16 storage (ELEM half_t / bf16_t), fp32 accumulation; bias and
 // the layer's fused epilogue (epilogue_hook.cuh) applied before the store. 2-D, any kernel size,
-// strides, dilations and pads.
+// strides, dilations and pads. Group 1 (a dense conv of few channels, conv_halo_mma.py) runs as one
+// group: cpg = C, Mg = M, a slice CB = M or a divisor of it, so GB = 1 and every block stages all
+// C channels of its window.
 //
 // X is (NB, H, W, C), W is (M, KH, KW, cpg) (KRSC), Y is (NB, OH, OW, M), bias M.
 // Per group an implicit GEMM: D[pixel][m] = sum_k A[pixel][k] * B[k][m], k = tap * cpg + ci (the
