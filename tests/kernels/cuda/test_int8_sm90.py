@@ -124,6 +124,18 @@ def test_requantization_at_half_integer_quotients_equals_the_reference(tactic, y
                               f"{differ[:3].tolist()}: acc {[int(acc[tuple(i)]) for i in differ[:3]]}")
 
 
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("ys", [2.0 ** -95, 2.0 ** 95], ids=["tiny", "huge"])
+def test_a_y_scale_outside_the_quotients_range_divides_and_equals_the_reference(tactic, ys):
+    """int8_out.cuh's division-free quotient holds for y_scale in [2^-90, 2^90]; outside, vec_ok sends
+    every output to put, whose requantize divides (__fdiv_rn). scale = ys / 2 keeps v / ys near acc / 2:
+    ties and saturation on both sides."""
+    inputs = near_tie_inputs(96, np.int8)
+    inputs.update(YS=np.float32(ys), S=np.float32(ys * 0.5))
+    run_sm90(sym_layer(inputs, {}), inputs, tactic)
+
+
 def large_sum_inputs(n, y_dtype):
     """int8 operands near +-127 whose signs agree along C = 1536 for half the pixels (|acc| from 18.6 M
     to 24.8 M: past 2^22, where int8_out.cuh's acc_float leaves the 1.5 * 2^23 shifter for I2F, and
