@@ -57,6 +57,16 @@ extern "C" void quotient_all(const float* v, long n, float ys, float* out) {
   for (long i = 0; i < n; ++i) out[i] = o.quotient(v[i]);
 #endif
 }
+// the 16-byte path's store (n a multiple of 8, out 8-byte aligned): store8 of 8 values at a time
+extern "C" void store8_all(const float* v, long n, float ys, unsigned char yz, int flags, unsigned char* out) {
+  Out o = make(ys, yz, flags);
+  o.Y = out;
+  float w[8];
+  for (long i = 0; i < n; i += 8) {
+    for (int j = 0; j < 8; ++j) w[j] = v[i + j];
+    o.store8(i, w);
+  }
+}
 extern "C" int rcp_ok(float ys) { return make(ys, 0, FLAG_Y_INT).rcp_ok; }
 """
 
@@ -89,6 +99,7 @@ def lib(request, tmp_path_factory):
     out.requantize_all.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_ubyte, ctypes.c_int,
                                    ctypes.c_void_p]
     out.quotient_all.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_void_p]
+    out.store8_all.argtypes = out.requantize_all.argtypes
     out.rcp_ok.argtypes = [ctypes.c_float]
     out.f8 = request.param
     return out
@@ -169,3 +180,23 @@ def test_requantize_gives_quantize_linears_bytes(lib, y_dtype, zero_point):
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got[bad[:3]]}, reference {want[bad[:3]]}"
     assert outside >= 4, "no y_scale took the division"
+
+
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.uint8, 3)])
+def test_the_8_value_store_writes_quantize_linears_bytes(lib, y_dtype, zero_point):
+    """store8 (the sm90 kernel's 16-byte path: requantize_rcp for 8 channels, one 8-byte store; vec_ok
+    keeps it to y_scales in the quotient's range) writes the reference's bytes."""
+    if lib.f8:
+        pytest.skip("the FP8 store converts by PTX (cvt e4m3x2): test_fp8_sm90.py")
+    flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
+    zp = np.array(zero_point, y_dtype)
+    for ys in y_scales():
+        if not lib.rcp_ok(ys):
+            continue
+        v = values(ys, 300)
+        v = np.concatenate([v, np.zeros(-v.size % 8, np.float32)])
+        got = np.zeros(v.size, np.uint8)
+        lib.store8_all(v.ctypes.data, v.size, ys, ctypes.c_ubyte(int(zp.view(np.uint8))), flags, got.ctypes.data)
+        want = quantize_linear(SimpleNamespace(attrs={}), [v, np.float32(ys), zp])[0]
+        bad = np.flatnonzero(got.view(y_dtype) != want)
+        assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got.view(y_dtype)[bad[:3]]}, reference {want[bad[:3]]}"
