@@ -4,8 +4,8 @@
     PYTHONPATH=. python3 benchmarks/cuda_sass.py --conv 32,32,3 --tile 64x32x2 --out conv.sass
 
 --int8 int8|float32, --fp8 e4m3|float32: the INT8 (FP8) conv_sm90 kernel of a ResNet-50 1x1 layer
-(64 -> 256 channels on 32x56x56; int8 / e4m3 output with its residual + Relu epilogue, float32 output
-plain: the downsampling shortcut) on its tile (--tile, default 128x64x2 / 128x64), and the thread
+(64 -> 256 channels on 32x56x56, per-channel scale and bias; int8 / e4m3 output with its residual +
+Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--tile, default 128x64x2 / 128x64), and the thread
 instructions per output of its 16-byte epilogue (epilogue_per_output: the hot path from the last
 wgmma wait to the tile loop's end, divided by a thread's outputs). CUOBJDUMP=... as below.
 
@@ -109,7 +109,13 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
     from polykit.runtime.cuda.nvrtc import compile_source
 
     x, w, y = (32, 56, 56, 64), (256, 1, 1, 64), (32, 56, 56, 256)
-    sizes = {"x": x, "w": w, "s": (256,), "skip": y}
+    sizes = {"x": x, "w": w, "s": (256,), "b": (256,), "skip": y}
+
+    def with_bias(layer):  # a per-channel bias (the folded batch norm), slot 5
+        names, dtypes = list(layer.inputs), list(layer.in_dtypes)
+        names[5], dtypes[5] = "b", "float32"
+        return replace(layer, inputs=tuple(names), in_dtypes=tuple(dtypes))
+
     if args.int8:
         tile = next(t for t in int8_sm90.TILES if t.label == (args.tile if args.tile != "128x64" else "128x64x2"))
         base = int8_sm90._shaped_residual_layer("int8")
@@ -118,18 +124,20 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
         else:
             base = replace(base, inputs=("x", "xz", "w", "wz", "s", "", "ys", "yz", *base.inputs[8:]),
                            in_dtypes=base.in_dtypes[:6] + ("float32", "int8") + base.in_dtypes[8:])
+        base = with_bias(base)
         layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,),
                         out_dtypes=(args.int8,), precision="int8")
         source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
     else:
         tile = next(t for t in fp8_sm90.TILES if t.label == args.tile)
         out = fp8_sm90.E4M3 if args.fp8 == "e4m3" else "float32"
-        base = fp8_sm90.fp8_layer(out, residual=args.fp8 == "e4m3")
+        base = with_bias(fp8_sm90.fp8_layer(out, residual=args.fp8 == "e4m3"))
         layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,))
         source = fp8_sm90.kernel(layer, tile)
-    # the output type compiled in, as the tactics compile it (int8_out.cuh Y_OUT)
-    y_out = {"int8": 1, "e4m3": 1, "float32": 0}[args.int8 or args.fp8]
-    source = replace(source, defines=tuple(d for d in source.defines if d[0] != "Y_OUT") + (("Y_OUT", str(y_out)),))
+    # the output compiled in as the tactics compile it (int8_out.cuh: Y_OUT, a per-channel scale and bias)
+    fixed = {"Y_OUT": {"int8": "1", "e4m3": "1", "float32": "0"}[args.int8 or args.fp8], "SCALE_STEP": "1",
+             "BIAS_STEP": "1"}
+    source = replace(source, defines=tuple(d for d in source.defines if d[0] not in fixed) + tuple(fixed.items()))
     cold = ("CALL", "F2I") + (() if args.hot_division else ("MUFU.RCP", "FCHK"))  # the IEEE division: a slow path
     vector_store = "STG.E.128" if "float32" in (args.int8, args.fp8) else "STG.E.64"
     return disassemble(compile_source(source, "sm_90a")), vector_store, tile.msub * tile.bn // 2, cold
@@ -144,8 +152,8 @@ def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> 
     """Instructions (and their opcodes) a consumer thread issues on the epilogue's 16-byte path of one tile:
     the basic blocks reachable from that path's entry (the first forward branch after the last
     `WARPGROUP.DEPBAR.LE gsb0, 0x0` whose target reaches a quad shuffle, SHFL, before any store)
-    up to the tile loop's back edge, never entering a block that holds a `cold` opcode (slow paths) or an
-    unpredicated store other than `vector_store` (the per-element path, the other output type's stores);
+    up to the tile loop's back edge, never entering a block that holds a `cold` opcode (slow paths) or
+    unpredicated stores but no `vector_store` (the per-element path, the other output type's stores);
     where a branch chooses between the output types, or between a fast and a slow form (SLOW_SIGNS, `cold`
     met on the straight line before the next store), only the output's and the fast side count."""
     rows = [(int(m[1], 16), m[2].strip()) for line in sass.splitlines()
@@ -175,10 +183,10 @@ def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> 
             out.append(out[-1] + 1)
         return out
 
-    def is_cold(ins: list[int]) -> bool:  # (a predicated store of the other kind issues on this path too)
-        texts = [rows[i][1] for i in ins]
-        return any(c in t for t in texts for c in cold) or any(
-            (s := store(t)) and s != vector_store and not t.startswith("@") for t in texts)
+    def is_cold(ins: list[int]) -> bool:  # (a predicated store of the other kind issues on this path too,
+        texts = [rows[i][1] for i in ins]  # and ptxas splits a 16-byte store into 4-byte ones at times)
+        stores = [s for t in texts if (s := store(t)) and not t.startswith("@")]
+        return any(c in t for t in texts for c in cold) or (bool(stores) and vector_store not in stores)
 
     def first_store(i: int) -> str | None:  # on the straight line from row i (branches not taken)
         return next((s for _, t in rows[i:i + 600] if (s := store(t))), None)

@@ -310,3 +310,21 @@ def test_the_8_channel_epilogue_reads_each_residual_in_its_own_type():
     for code, elem in ((int8_code, "i8"), (float_code, "ELEM")):
         assert "#define EPI_VEC 1" in code and f"{elem} x0[8];" in code and "load8(in.x0, E.e0 + oi);" in code
     assert "#define EPI_VEC 0" in epilogue_prelude(residual_layer(int8_sm90.KIND, "int8"), "float")
+
+
+@pytest.mark.parametrize("per_channel,bias,y_dtype", [(True, True, np.int8), (False, False, np.uint8),
+                                                      (True, False, None)])
+def test_the_kernel_a_plan_compiles_is_the_one_its_enqueue_launches(per_channel, bias, y_dtype):
+    """int8_sm90.kernel compiles the output type and the scale / bias steps in (int8.out_defines): from
+    the stamped record at build time, from the tensors at enqueue (int8_args' steps); the two agree."""
+    from polykit.kernels.cuda.int8.int8 import Y_OUT, out_defines
+
+    inputs = sym_inputs((1, 8, 8, 32), (24, 1, 1, 32), per_channel=per_channel, y_dtype=y_dtype, bias=bias)
+    layer = sym_layer(inputs, {})
+    want = {"Y_OUT": str(Y_OUT[np.dtype(y_dtype or np.float32).name]), "SCALE_STEP": str(int(per_channel)),
+            "BIAS_STEP": str(int(per_channel) if bias else 2)}
+    steps = (int(per_channel), int(per_channel) if bias else 2)
+    assert dict(out_defines(layer)) == want
+    assert dict(out_defines(layer, np.dtype(y_dtype or np.float32).name, steps)) == want
+    tile = int8_sm90.TILES[0]
+    assert int8_sm90.kernel(layer, tile) == int8_sm90.kernel(layer, tile, np.dtype(y_dtype or np.float32).name, steps)

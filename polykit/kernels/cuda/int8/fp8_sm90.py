@@ -30,7 +30,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec,
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
-from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, Y_OUT, int8_args, output_type
+from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args, out_defines
 from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
 
 KIND = "QConvNHWC"
@@ -59,12 +59,12 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
-def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None) -> KernelSource:
-    """conv_sm90 with the tile's defines, F8 1 (the epilogue's float is float) and the output type
-    compiled in (Y_OUT: `y_dtype`, else int8.output_type's)."""
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
+           ) -> KernelSource:
+    """conv_sm90 with the tile's defines, F8 1 (the epilogue's float is float) and the output compiled
+    in (int8.out_defines: its type, the scale's and bias's steps)."""
     source = kernel_for(layer, tile, "float", False, "conv_sm90")
-    y = Y_OUT[y_dtype or output_type(layer)]
-    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1, Y_OUT=y))))
+    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1) + out_defines(layer, y_dtype, steps))))
 
 
 def _enqueue(tile: Sm90Tile):
@@ -81,7 +81,8 @@ def _enqueue(tile: Sm90Tile):
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        launcher.launch(kernel(layer, tile, y.dtype.name), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 

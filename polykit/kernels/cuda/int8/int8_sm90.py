@@ -23,12 +23,11 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.quant.int8 import SYMMETRIC
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
-from polykit.kernels.cuda.int8.int8 import (MAX_INT8_K, NHWC_CHANNELS, Y_OUT, int8_args, output_type, residual_layer,
-                                            supports)
+from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, out_defines, residual_layer, supports
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
@@ -63,12 +62,13 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
-def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None) -> KernelSource:
-    """conv_sm90 with the tile's defines, I8 1 and the output type compiled in (Y_OUT: `y_dtype`, else
-    int8.output_type's): the epilogue tests no flag for it (one path, fewer registers)."""
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
+           ) -> KernelSource:
+    """conv_sm90 with the tile's defines, I8 1 and the output compiled in (int8.out_defines: its type,
+    the scale's and bias's steps, from `y_dtype` / `steps` or the record): the epilogue tests no flag
+    for them (one path, fewer registers)."""
     source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
-    y = Y_OUT[y_dtype or output_type(layer)]
-    return replace(source, defines=tuple(sorted(source.defines + defines(Y_OUT=y))))
+    return replace(source, defines=tuple(sorted(source.defines + out_defines(layer, y_dtype, steps))))
 
 
 def _kernels(tile: Sm90Tile):
@@ -101,7 +101,8 @@ def _enqueue(tile: Sm90Tile):
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        launcher.launch(kernel(layer, tile, y.dtype.name), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
@@ -123,7 +124,7 @@ def compile_variants() -> list[KernelSource]:
     float32 out, the float32 one float32 (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
     out = [kernel(plain, t, "int8") for t in TILES]
-    outputs = {"float32": ("int8", "float32"), "int8": ("int8", "uint8", "float32")}
+    outputs = {"float32": ("int8", "float32"), "int8": ("int8", "uint8", "float32")}  # (per-channel scale, no bias)
     out += [kernel(_shaped_residual_layer(r), TILES[0], y) for r, ys in outputs.items() for y in ys]
     return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
 

@@ -14,12 +14,20 @@
 // with saturate 1).
 // Y_OUT (define, optional; int8_sm90.py / fp8_sm90.py set it from the layer): the output type compiled
 // in, 0 float32, 1 int8 (F8: e4m3), 2 uint8; without it (int8.cu) the flags say it at run time.
+// SCALE_STEP, BIAS_STEP (defines, optional, set with Y_OUT): the scale's and the bias's step compiled
+// in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
 
 #ifndef Y_OUT
 #define Y_OUT -1
+#endif
+#ifndef SCALE_STEP
+#define SCALE_STEP -1
+#endif
+#ifndef BIAS_STEP
+#define BIAS_STEP -1
 #endif
 #ifndef F8
 #define F8 0
@@ -66,16 +74,19 @@ struct Out {
 #endif
   __device__ __forceinline__ bool yint() const { return Y_OUT < 0 ? yint_ : Y_OUT > 0; }
   __device__ __forceinline__ bool yu8() const { return Y_OUT < 0 ? yu8_ : Y_OUT == 2; }
+  __device__ __forceinline__ int sstep() const { return SCALE_STEP < 0 ? scale_step : SCALE_STEP; }
+  __device__ __forceinline__ int bstep() const { return BIAS_STEP < 0 ? bias_step : BIAS_STEP; }
+  __device__ __forceinline__ bool has_bias() const { return BIAS_STEP < 0 ? bias != nullptr : BIAS_STEP < 2; }
   // the arithmetic of one element (put and dequantize8 alike): the float32 dequantization, product and
   // sum rounded separately (never contracted to an fma), then QuantizeLinear's rounding and saturation
   __device__ __forceinline__ float dequantize(int acc, float s, float b) const {
     const float v = __fmul_rn(acc_float(acc), s);
-    return bias ? __fadd_rn(v, b) : v;
+    return has_bias() ? __fadd_rn(v, b) : v;
   }
 #if F8
   __device__ __forceinline__ float dequantize(float acc, float s, float b) const {
     const float v = __fmul_rn(acc, s);
-    return bias ? __fadd_rn(v, b) : v;
+    return has_bias() ? __fadd_rn(v, b) : v;
   }
   // two values as e4m3 bytes (lo in the low byte) from their quotients by ys: round to nearest even,
   // saturated to +-448 (NaN stays NaN)
@@ -122,7 +133,7 @@ struct Out {
   __device__ __forceinline__ int requantize(float v) const { return rcp_ok ? requantize_rcp(v) : requantize_div(v); }
   template <class A>  // int (the INT8 sums) or float (F8)
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, A acc) const {
-    float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
+    float v = dequantize(acc, scale[n * sstep()], has_bias() ? bias[n * bstep()] : 0.f);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
@@ -144,8 +155,8 @@ struct Out {
   // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8, a float output or rcp_ok (store8
   // requantizes by quotient only; put keeps the division for a y_scale outside its range)
   __device__ __forceinline__ bool vec_ok() const {
-    bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
-              (!bias || !bias_step || ((u64)bias & 15) == 0) && (!yint() || rcp_ok);
+    bool ok = ((u64)Y & 15) == 0 && (!sstep() || ((u64)scale & 15) == 0) &&
+              (!has_bias() || !bstep() || ((u64)bias & 15) == 0) && (!yint() || rcp_ok);
 #if HAS_EPILOGUE && EPI_VEC
     ok = ok && epi_vec_ok(epi);
 #elif HAS_EPILOGUE
@@ -160,8 +171,8 @@ struct Out {
   __device__ __forceinline__ void channels8(i64 n, float (&s)[8], float (&b)[8]) const {
 #pragma unroll
     for (int h = 0; h < 8; h += 4) {
-      const float4 s4 = channels4(scale, n + h, scale_step);
-      const float4 b4 = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 s4 = channels4(scale, n + h, sstep());
+      const float4 b4 = has_bias() ? channels4(bias, n + h, bstep()) : make_float4(0.f, 0.f, 0.f, 0.f);
       s[h] = s4.x; s[h + 1] = s4.y; s[h + 2] = s4.z; s[h + 3] = s4.w;
       b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
     }
@@ -174,7 +185,7 @@ struct Out {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float x = __fmul_rn(__fsub_rn(__int_as_float(0x4B400000 + acc[i]), 0x1.8p23f), s[i]);
-        v[i] = bias ? __fadd_rn(x, b[i]) : x;
+        v[i] = has_bias() ? __fadd_rn(x, b[i]) : x;
       }
       return;
     }
