@@ -102,7 +102,8 @@ def _enqueue(tile: Sm90Tile):
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
         steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
-        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+                        (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
