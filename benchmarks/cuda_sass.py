@@ -6,8 +6,9 @@
 --int8 int8|float32, --fp8 e4m3|float32: the INT8 (FP8) conv_sm90 kernel of a ResNet-50 1x1 layer
 (64 -> 256 channels on 32x56x56, per-channel scale and bias; int8 / e4m3 output with its residual +
 Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--tile, default 128x64x2
-/ 128x64), and the thread instructions per output of its 16-byte epilogue (epilogue_per_output: the hot path from the last
-wgmma wait to the tile loop's end, divided by a thread's outputs). CUOBJDUMP=... as below.
+/ 128x64), and the thread instructions per output of its 16-byte epilogue (epilogue_per_output: the
+hot path from the last wgmma wait to the tile loop's end, divided by a thread's outputs; --hot-division
+for a kernel that divides every value). CUOBJDUMP=... as below.
 
 --conv C,N,K: the fp16 conv_sm90 kernel of a KxK, pad K//2 channels-last convolution of C into N channels
 instead, and the instruction count of its producer's k-tile loop (the smallest loop around the im2col
