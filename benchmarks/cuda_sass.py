@@ -3,6 +3,13 @@
     PYTHONPATH=. python3 benchmarks/cuda_sass.py --tile 128x64 --epilogue bias --out gemm.sass
     PYTHONPATH=. python3 benchmarks/cuda_sass.py --conv 32,32,3 --tile 64x32x2 --out conv.sass
 
+--int8 int8|float32, --fp8 e4m3|float32: the INT8 (FP8) conv_sm90 kernel of a ResNet-50 1x1 layer
+(64 -> 256 channels on 32x56x56, per-channel scale and bias; int8 / e4m3 output with its residual +
+Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--tile, default 128x64x2
+/ 128x64), and the thread instructions per output of its 16-byte epilogue (epilogue_per_output: the
+hot path from the last wgmma wait to the tile loop's end, divided by a thread's outputs; --hot-division
+for a kernel that divides every value). CUOBJDUMP=... as below.
+
 --conv C,N,K: the fp16 conv_sm90 kernel of a KxK, pad K//2 channels-last convolution of C into N channels
 instead, and the instruction count of its producer's k-tile loop (the smallest loop around the im2col
 cp.async copies, LDGSTS): the producer's cost a k-tile, which bounds the narrow tiles. cuobjdump comes
@@ -20,6 +27,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 
@@ -36,7 +44,19 @@ def main() -> None:
     parser.add_argument("--shape", default="1024x3072x768", help="MxNxK")
     parser.add_argument("--out", default="gemm.sass")
     parser.add_argument("--conv", help="C,N,K: a KxK conv_sm90 kernel (fp16) instead of the GEMM")
+    parser.add_argument("--int8", choices=("int8", "float32"), help="the INT8 1x1 conv kernel with this output")
+    parser.add_argument("--fp8", choices=("e4m3", "float32"), help="the FP8 1x1 conv kernel with this output")
+    parser.add_argument("--hot-division", action="store_true",
+                        help="count the IEEE division's fast path (a kernel that divides for every output)")
     args = parser.parse_args()
+    if args.int8 or args.fp8:
+        sass, vector_store, outputs, cold = quantized_sass(args)
+        Path(args.out).write_text(sass)
+        count, classes = epilogue_per_output(sass, vector_store, cold)
+        print(f"{args.out}: {len(sass.splitlines())} lines; epilogue hot path {count} instructions for {outputs} "
+              f"outputs a thread = {count / outputs:.1f} an output")
+        print("  by opcode:", ", ".join(f"{op} {n / outputs:.2f}" for op, n in classes.most_common()))
+        return
     if args.conv:
         sass = conv_sass(args)
         Path(args.out).write_text(sass)
@@ -78,6 +98,131 @@ def conv_sass(args) -> str:
                       in_shapes=(x, w, (N,)), out_shapes=(y,))
     tile = next(t for t in CONV_TILES if t.label == args.tile)
     return disassemble(compile_source(kernel_for(layer, tile, ELEMS["float16"], False, "conv_sm90", False), "sm_90a"))
+
+
+def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
+    """(SASS, the 16-byte path's store, outputs a consumer thread finishes a tile, the opcodes of its slow
+    paths) of the INT8 / FP8 conv_sm90 kernel of ResNet-50's layer1 1x1 conv3 (64 -> 256 on 32x56x56)."""
+    from dataclasses import replace
+
+    from polykit.kernels.cuda.gemm.gemm_sm90 import kernel_for
+    from polykit.kernels.cuda.int8 import fp8_sm90, int8_sm90
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    x, w, y = (32, 56, 56, 64), (256, 1, 1, 64), (32, 56, 56, 256)
+    sizes = {"x": x, "w": w, "s": (256,), "b": (256,), "skip": y}
+
+    def with_bias(layer):  # a per-channel bias (the folded batch norm), slot 5
+        names, dtypes = list(layer.inputs), list(layer.in_dtypes)
+        names[5], dtypes[5] = "b", "float32"
+        return replace(layer, inputs=tuple(names), in_dtypes=tuple(dtypes))
+
+    if args.int8:
+        tile = next(t for t in int8_sm90.TILES if t.label == (args.tile if args.tile != "128x64" else "128x64x2"))
+        base = int8_sm90._shaped_residual_layer("int8")
+        if args.int8 == "float32":  # the shortcut: no epilogue, no requantization
+            base = replace(base, inputs=base.inputs[:8], in_dtypes=base.in_dtypes[:8], attrs={})
+        else:
+            base = replace(base, inputs=("x", "xz", "w", "wz", "s", "", "ys", "yz", *base.inputs[8:]),
+                           in_dtypes=base.in_dtypes[:6] + ("float32", "int8") + base.in_dtypes[8:])
+        base = with_bias(base)
+        layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,),
+                        out_dtypes=(args.int8,), precision="int8")
+        source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
+    else:
+        tile = next(t for t in fp8_sm90.TILES if t.label == args.tile)
+        out = fp8_sm90.E4M3 if args.fp8 == "e4m3" else "float32"
+        base = with_bias(fp8_sm90.fp8_layer(out, residual=args.fp8 == "e4m3"))
+        layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,))
+        source = fp8_sm90.kernel(layer, tile)
+    # the output compiled in as the tactics compile it (int8_out.cuh: Y_OUT, a per-channel scale and bias)
+    fixed = {"Y_OUT": {"int8": "1", "e4m3": "1", "float32": "0"}[args.int8 or args.fp8], "SCALE_STEP": "1",
+             "BIAS_STEP": "1"}
+    source = replace(source, defines=tuple(d for d in source.defines if d[0] not in fixed) + tuple(fixed.items()))
+    cold = ("CALL", "F2I") + (() if args.hot_division else ("MUFU.RCP", "FCHK"))  # the IEEE division: a slow path
+    vector_store = "STG.E.128" if "float32" in (args.int8, args.fp8) else "STG.E.64"
+    return disassemble(compile_source(source, "sm_90a")), vector_store, tile.msub * tile.bn // 2, cold
+
+
+#: signs of a slow form where a uniform branch chooses between two (epilogue_per_output): acc_float's
+#: range test of a sum against 2^22 (int8_out.cuh; the fast form is the shifter alone)
+SLOW_SIGNS = (", 0x800000, PT",)
+
+
+def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> tuple[int, Counter]:
+    """Instructions (and their opcodes) a consumer thread issues on the epilogue's 16-byte path of one tile:
+    the basic blocks reachable from that path's entry (the first forward branch after the last
+    `WARPGROUP.DEPBAR.LE gsb0, 0x0` whose target reaches a quad shuffle, SHFL, before any store)
+    up to the tile loop's back edge, never entering a block that holds a `cold` opcode (slow paths) or
+    unpredicated stores but no `vector_store` (the per-element path, the other output type's stores);
+    where a branch chooses between the output types, or between a fast and a slow form (SLOW_SIGNS, `cold`
+    met on the straight line before the next store), only the output's and the fast side count."""
+    rows = [(int(m[1], 16), m[2].strip()) for line in sass.splitlines()
+            if (m := re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line))]
+    at = {a: i for i, (a, _) in enumerate(rows)}
+    wait = max(i for i, (_, t) in enumerate(rows) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t)
+
+    def branch(t: str) -> int | None:
+        m = re.search(r"\bBRA(?:\.\w+)? (?:!?U?P\w+, )?(0x[0-9a-f]+)$", t)
+        return int(m[1], 16) if m else None
+
+    def store(t: str) -> str | None:
+        m = re.search(r"\b(STG\.E(?:\.\w+)?) ", t)
+        return m[1] if m else None
+
+    def shuffles_first(i: int) -> bool:  # the 16-byte path opens with its quad transposes
+        return next((t.startswith("SHFL") for _, t in rows[i:] if t.startswith("SHFL") or store(t)), False)
+
+    entry = next(at[b] for i in range(wait, len(rows)) if (b := branch(rows[i][1])) is not None and b > rows[i][0]
+                 and shuffles_first(at[b]))
+    leaders = {entry} | {at[b] for _, t in rows if (b := branch(t)) is not None and b in at}
+    leaders |= {i + 1 for i, (_, t) in enumerate(rows) if branch(t) is not None or "EXIT" in t}
+
+    def block(i: int) -> list[int]:
+        out = [i]
+        while out[-1] + 1 < len(rows) and out[-1] + 1 not in leaders:
+            out.append(out[-1] + 1)
+        return out
+
+    def is_cold(ins: list[int]) -> bool:  # (a predicated store of the other kind issues on this path too,
+        texts = [rows[i][1] for i in ins]  # and ptxas splits a 16-byte store into 4-byte ones at times)
+        stores = [s for t in texts if (s := store(t)) and not t.startswith("@")]
+        return any(c in t for t in texts for c in cold) or (bool(stores) and vector_store not in stores)
+
+    def first_store(i: int) -> str | None:  # on the straight line from row i (branches not taken)
+        return next((s for _, t in rows[i:i + 600] if (s := store(t))), None)
+
+    def slow_before_store(i: int) -> bool:  # the straight line from row i meets a slow-path sign first
+        for _, t in rows[i:i + 600]:
+            if store(t) == vector_store:
+                return False
+            if any(c in t for c in cold + SLOW_SIGNS):
+                return True
+        return False
+
+    seen: set[int] = set()
+    todo, classes = [entry], Counter()
+    while todo:
+        i = todo.pop()
+        if i in seen or i >= len(rows) or is_cold(ins := block(i)):
+            continue
+        seen.add(i)
+        classes.update(re.sub(r"^@!?U?P\w+\s+", "", rows[j][1]).split(" ")[0].split(".")[0] for j in ins)
+        last = rows[ins[-1]][1]
+        target, conditional = branch(last), last.startswith("@")
+        nexts = [at[target]] if target is not None and target >= rows[wait][0] else []  # not the tile loop's back edge
+        if conditional or (target is None and not last.endswith("EXIT") and not last.startswith("RET")):
+            nexts.append(ins[-1] + 1)
+        if len(nexts) == 2:  # a runtime test of the output type: the other type's side is not this path
+            firsts = [first_store(j) for j in nexts]
+            if vector_store in firsts and any(f not in (None, vector_store) for f in firsts):
+                nexts = [j for j, f in zip(nexts, firsts) if f == vector_store]
+        if len(nexts) == 2:  # a uniform test between a fast and a slow form of the same values
+            slow = [slow_before_store(j) for j in nexts]
+            if slow[0] != slow[1]:
+                nexts = [j for j, w in zip(nexts, slow) if not w]
+        todo += nexts
+    return sum(classes.values()), classes
 
 
 def producer_loop(sass: str) -> int:

@@ -124,6 +124,18 @@ def test_requantization_at_half_integer_quotients_equals_the_reference(tactic, y
                               f"{differ[:3].tolist()}: acc {[int(acc[tuple(i)]) for i in differ[:3]]}")
 
 
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("ys", [2.0 ** -95, 2.0 ** 95], ids=["tiny", "huge"])
+def test_a_y_scale_outside_the_quotients_range_divides_and_equals_the_reference(tactic, ys):
+    """int8_out.cuh's division-free quotient holds for y_scale in [2^-90, 2^90]; outside, vec_ok sends
+    every output to put, whose requantize divides (__fdiv_rn). scale = ys / 2 keeps v / ys near acc / 2:
+    ties and saturation on both sides."""
+    inputs = near_tie_inputs(96, np.int8)
+    inputs.update(YS=np.float32(ys), S=np.float32(ys * 0.5))
+    run_sm90(sym_layer(inputs, {}), inputs, tactic)
+
+
 def large_sum_inputs(n, y_dtype):
     """int8 operands near +-127 whose signs agree along C = 1536 for half the pixels (|acc| from 18.6 M
     to 24.8 M: past 2^22, where int8_out.cuh's acc_float leaves the 1.5 * 2^23 shifter for I2F, and
@@ -298,3 +310,21 @@ def test_the_8_channel_epilogue_reads_each_residual_in_its_own_type():
     for code, elem in ((int8_code, "i8"), (float_code, "ELEM")):
         assert "#define EPI_VEC 1" in code and f"{elem} x0[8];" in code and "load8(in.x0, E.e0 + oi);" in code
     assert "#define EPI_VEC 0" in epilogue_prelude(residual_layer(int8_sm90.KIND, "int8"), "float")
+
+
+@pytest.mark.parametrize("per_channel,bias,y_dtype", [(True, True, np.int8), (False, False, np.uint8),
+                                                      (True, False, None)])
+def test_the_kernel_a_plan_compiles_is_the_one_its_enqueue_launches(per_channel, bias, y_dtype):
+    """int8_sm90.kernel compiles the output type and the scale / bias steps in (int8.out_defines): from
+    the stamped record at build time, from the tensors at enqueue (int8_args' steps); the two agree."""
+    from polykit.kernels.cuda.int8.int8 import Y_OUT, out_defines
+
+    inputs = sym_inputs((1, 8, 8, 32), (24, 1, 1, 32), per_channel=per_channel, y_dtype=y_dtype, bias=bias)
+    layer = sym_layer(inputs, {})
+    want = {"Y_OUT": str(Y_OUT[np.dtype(y_dtype or np.float32).name]), "SCALE_STEP": str(int(per_channel)),
+            "BIAS_STEP": str(int(per_channel) if bias else 2)}
+    steps = (int(per_channel), int(per_channel) if bias else 2)
+    assert dict(out_defines(layer)) == want
+    assert dict(out_defines(layer, np.dtype(y_dtype or np.float32).name, steps)) == want
+    tile = int8_sm90.TILES[0]
+    assert int8_sm90.kernel(layer, tile) == int8_sm90.kernel(layer, tile, np.dtype(y_dtype or np.float32).name, steps)

@@ -28,6 +28,7 @@ from polykit.kernels.cuda.int8.fp8_sm90 import fp8_layer  # noqa: E402
 from polykit.kernels.cuda.int8.fp8_sm90 import kernel as fp8_kernel  # noqa: E402
 from polykit.kernels.cuda.int8.int8_sm90 import TILES as INT8_TILES  # noqa: E402
 from polykit.kernels.cuda.int8.int8_sm90 import _shaped_residual_layer  # noqa: E402
+from polykit.kernels.cuda.int8.int8_sm90 import kernel as int8_kernel  # noqa: E402
 
 BIAS_GELU = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
              {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
@@ -91,7 +92,7 @@ def test_the_int8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spi
     one (the downsampling shortcut's output) + Relu, int8 out (finish_rows: the next column group's
     loads in flight, with one block an SM)."""
     layer = replace(_shaped_residual_layer(residual), precision="int8")
-    source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
+    source = int8_kernel(layer, tile, "int8")
     assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"int8 conv tile {tile.label}, {residual} residual")
 
 

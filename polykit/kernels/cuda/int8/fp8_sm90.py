@@ -30,7 +30,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec,
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
-from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args
+from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args, out_defines
 from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
 
 KIND = "QConvNHWC"
@@ -59,10 +59,12 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
-def kernel(layer: Any, tile: Sm90Tile) -> KernelSource:
-    """conv_sm90 with the tile's defines and F8 1 (the epilogue's float is float)."""
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
+           ) -> KernelSource:
+    """conv_sm90 with the tile's defines, F8 1 (the epilogue's float is float) and the output compiled
+    in (int8.out_defines: its type, the scale's and bias's steps)."""
     source = kernel_for(layer, tile, "float", False, "conv_sm90")
-    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1))))
+    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1) + out_defines(layer, y_dtype, steps))))
 
 
 def _enqueue(tile: Sm90Tile):
@@ -79,7 +81,9 @@ def _enqueue(tile: Sm90Tile):
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        launcher.launch(kernel(layer, tile), (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+                        (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
@@ -106,7 +110,7 @@ def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = T
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 F8 for every tile (float32 and e4m3 outputs); the first tile with a float32 residual
+    """conv_sm90 F8 for every tile (float32 and e4m3 outputs compiled in); the first tile with a float32 residual
     epilogue read 8 at a time and through the general broadcast (CI: sm_90a)."""
     out = [kernel(fp8_layer(y), t) for t in TILES for y in ("float32", E4M3)]
     return out + [kernel(fp8_layer(E4M3, residual=True, shapes=s), TILES[0]) for s in (True, False)]

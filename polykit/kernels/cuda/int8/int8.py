@@ -39,6 +39,33 @@ INT8 = ("int8", "uint8")
 MAX_GRID_Y = 65535
 FLAG_X_U8, FLAG_W_U8, FLAG_Y_INT, FLAG_Y_U8, FLAG_VEC_X, FLAG_VEC_W = 1, 2, 4, 8, 16, 32
 
+#: int8_out.cuh's Y_OUT: the output type a kernel compiles in (e4m3 in the F8 variant)
+Y_OUT = {"float32": 0, "int8": 1, "uint8": 2, "float8_e4m3fn": 1}
+
+
+def output_type(layer: Any, y: DeviceTensor | None = None) -> str:
+    """The output dtype an sm90 kernel compiles in (Y_OUT): the output tensor's when given (enqueue),
+    else the stamped record's, else float32 (a record without dtypes: enqueue compiles its own)."""
+    if y is not None:
+        return y.dtype.name
+    outs = getattr(layer, "out_dtypes", ())
+    return outs[0] if outs and outs[0] in Y_OUT else "float32"
+
+
+def out_defines(layer: Any, y_dtype: str | None = None, steps: tuple[int, int] | None = None
+                ) -> tuple[tuple[str, str], ...]:
+    """int8_out.cuh's compiled-in output: Y_OUT (`y_dtype`, else output_type's), and SCALE_STEP /
+    BIAS_STEP (`steps`: int8_args' scale and bias steps, bias 2 when there is none; else from the
+    record's shapes, none when it has no shapes: the kernel then reads its arguments)."""
+    out = defines(Y_OUT=Y_OUT[y_dtype or output_type(layer)])
+    if steps is None:
+        shapes = getattr(layer, "in_shapes", ())
+        if len(shapes) <= BIAS:
+            return out
+        bias = layer.inputs[BIAS] if BIAS < len(layer.inputs) else ""
+        steps = (int(np.prod(shapes[SCALE]) != 1), int(np.prod(shapes[BIAS]) != 1) if bias else 2)
+    return out + defines(SCALE_STEP=steps[0], BIAS_STEP=steps[1])
+
 
 #: the epilogues compile_variants builds in: a float32 residual, and an int8 one dequantized in the
 #: epilogue (fold_qdq.dequantizing_steps) with a requantized output

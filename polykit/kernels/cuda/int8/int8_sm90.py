@@ -15,6 +15,7 @@ below the mma tactic's 10: level 0 keeps mma.sync, the tuner times it against th
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -26,7 +27,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec,
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
-from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, residual_layer, supports
+from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, out_defines, residual_layer, supports
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
@@ -61,8 +62,17 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
+           ) -> KernelSource:
+    """conv_sm90 with the tile's defines, I8 1 and the output compiled in (int8.out_defines: its type,
+    the scale's and bias's steps, from `y_dtype` / `steps` or the record): the epilogue tests no flag
+    for them (one path, fewer registers)."""
+    source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
+    return replace(source, defines=tuple(sorted(source.defines + out_defines(layer, y_dtype, steps))))
+
+
 def _kernels(tile: Sm90Tile):
-    return lambda layer: [kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)]
+    return lambda layer: [kernel(layer, tile)]
 
 
 def _estimate(tile: Sm90Tile):
@@ -91,7 +101,9 @@ def _enqueue(tile: Sm90Tile):
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        launcher.launch(_kernels(tile)(layer)[0], (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
+        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+                        (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
@@ -101,8 +113,6 @@ def _enqueue(tile: Sm90Tile):
 def _shaped_residual_layer(residual: str) -> Any:
     """residual_layer with the shapes a build stamps (a 1x1 conv of 16 channels): its residual is
     read at the output index, so the kernel gets the 16-byte epilogue (apply_epilogue8)."""
-    from dataclasses import replace
-
     layer = residual_layer(KIND, residual)
     shapes = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16)}
     return replace(layer, in_shapes=tuple(shapes.get(n, ()) for n in layer.inputs), out_shapes=(shapes["x"],))
@@ -111,13 +121,13 @@ def _shaped_residual_layer(residual: str) -> Any:
 def compile_variants() -> list[KernelSource]:
     """conv_sm90 I8 for every tile; the first tile with each residual epilogue int8.py builds in,
     read 8 at a time (shapes stamped), and with its int8 residual read through a general broadcast
-    (shapes unknown: the per-element path only) (CI: sm_90a)."""
-    from dataclasses import replace
-
+    (shapes unknown: the per-element path only); int8 out (Y_OUT), the int8 residual also uint8 and
+    float32 out, the float32 one float32 (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
-    out = [kernel_for(plain, t, "float", False, "conv_sm90", int8=True) for t in TILES]
-    epilogues = [_shaped_residual_layer(r) for r in ("float32", "int8")] + [residual_layer(KIND, "int8")]
-    return out + [kernel_for(layer, TILES[0], "float", False, "conv_sm90", int8=True) for layer in epilogues]
+    out = [kernel(plain, t, "int8") for t in TILES]
+    outputs = {"float32": ("int8", "float32"), "int8": ("int8", "uint8", "float32")}  # (per-channel scale, no bias)
+    out += [kernel(_shaped_residual_layer(r), TILES[0], y) for r, ys in outputs.items() for y in ys]
+    return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
 
 
 for _tile in TILES:

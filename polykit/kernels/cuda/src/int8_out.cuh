@@ -3,17 +3,35 @@
 //   v = float(acc) * scale[n] + bias[n]           (float32, each step rounded, no fma: the cpu reference's
 //                                                  arithmetic, reference/int8.py's dequantize)
 //   v = epilogue(v)                               (float32, epilogue.py, when HAS_EPILOGUE)
-//   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding,
-//       computed as v * (1 / y_scale) where that provably rounds to the same integer: requantize)
+//   Y = v, or saturate(rint(v / y_scale) + y_zero_point) as int8 / uint8 (QuantizeLinear's rounding;
+//       v / y_scale rounded as IEEE division rounds it, but computed without one: quotient)
 // Out::put stores one element; Out::channels8 / dequantize8 / store8 eight consecutive channels of
 // one row with the same arithmetic per element (the sm90 kernel's 16-byte epilogue, finish_rows in
 // gemm_sm90_epilogue.cuh, which runs the epilogue between them, where Out::vec_ok allows it).
 // F8 1 (conv_sm90.cu's FP8 variant): the sum is the float32 one of e4m3 products, v = acc * scale[n]
-// + bias[n] (each step rounded), and a requantized output is float8_e4m3fn: v / y_scale (IEEE
-// division) rounded to nearest even and saturated to +-448 (QuantizeLinear with saturate 1).
+// + bias[n] (each step rounded), and a requantized output is float8_e4m3fn: v / y_scale (the IEEE
+// quotient, as quotient computes it) rounded to nearest even and saturated to +-448 (QuantizeLinear
+// with saturate 1).
+// Y_OUT (define, optional; int8_sm90.py / fp8_sm90.py set it from the layer): the output type compiled
+// in, 0 float32, 1 int8 (F8: e4m3), 2 uint8; without it (int8.cu) the flags say it at run time.
+// SCALE_STEP, BIAS_STEP (defines, optional, set with Y_OUT): the scale's and the bias's step compiled
+// in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
+
+#ifndef Y_OUT
+#define Y_OUT -1
+#endif
+#ifndef SCALE_STEP
+#define SCALE_STEP -1
+#endif
+#ifndef BIAS_STEP
+#define BIAS_STEP -1
+#endif
+#ifndef F8
+#define F8 0
+#endif
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
@@ -31,80 +49,114 @@ __device__ __forceinline__ float4 channels4(const float* p, i64 n, int step) {
   return step ? *(const float4*)(p + n) : make_float4(p[0], p[0], p[0], p[0]);
 }
 
+// v clamped to [-m, m], a NaN kept (PTX min / max .NaN, sm_80+)
+__device__ __forceinline__ float clamp_nan(float v, float m) {
+#ifdef __CUDA_ARCH__
+  asm("max.NaN.f32 %0, %0, %1;\n\tmin.NaN.f32 %0, %0, %2;" : "+f"(v) : "f"(-m), "f"(m));
+  return v;
+#else  // the host emulation of the tests
+  return v != v ? v : fminf(fmaxf(v, -m), m);
+#endif
+}
+
 // what every problem stores through: dequantize, epilogue, requantize
 struct Out {
   const float *scale, *bias;
   void* Y;
   int scale_step, bias_step;
-  bool yint, yu8;
-  bool rcp_ok;  // 1 / ys is a normal float (ys in [2^-125, 2^125]): requantize's product bound holds
-  float ys, rys;
-  int yz, lo, hi;
+  bool yint_, yu8_;  // the flags' output type (Y_OUT -1)
+  bool rcp_ok;  // ys in [2^-90, 2^90]: quotient is exact (its proof's bounds)
+  bool small_sums;  // every |acc| < 2^22 (the kernel's to set from K): dequantize8 by the shifter alone
+  float ys, rys;  // rys = 1 / ys rounded
+  int lo, hi, zmagic;  // zmagic: the zero point less the 1.5 * 2^23 shifter's bits (requantize_rcp)
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
+  __device__ __forceinline__ bool yint() const { return Y_OUT < 0 ? yint_ : Y_OUT > 0; }
+  __device__ __forceinline__ bool yu8() const { return Y_OUT < 0 ? yu8_ : Y_OUT == 2; }
+  __device__ __forceinline__ int sstep() const { return SCALE_STEP < 0 ? scale_step : SCALE_STEP; }
+  __device__ __forceinline__ int bstep() const { return BIAS_STEP < 0 ? bias_step : BIAS_STEP; }
+  __device__ __forceinline__ bool has_bias() const { return BIAS_STEP < 0 ? bias != nullptr : BIAS_STEP < 2; }
   // the arithmetic of one element (put and dequantize8 alike): the float32 dequantization, product and
   // sum rounded separately (never contracted to an fma), then QuantizeLinear's rounding and saturation
   __device__ __forceinline__ float dequantize(int acc, float s, float b) const {
     const float v = __fmul_rn(acc_float(acc), s);
-    return bias ? __fadd_rn(v, b) : v;
+    return has_bias() ? __fadd_rn(v, b) : v;
   }
 #if F8
   __device__ __forceinline__ float dequantize(float acc, float s, float b) const {
     const float v = __fmul_rn(acc, s);
-    return bias ? __fadd_rn(v, b) : v;
+    return has_bias() ? __fadd_rn(v, b) : v;
   }
-  // two values as e4m3 bytes (lo in the low byte): round to nearest even, saturated to +-448
+  // two values as e4m3 bytes (lo in the low byte) from their quotients by ys: round to nearest even,
+  // saturated to +-448 (NaN stays NaN)
   __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) const {
     unsigned short d;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(__fdiv_rn(hi, ys)), "f"(__fdiv_rn(lo, ys)));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
     return d;
   }
+  // v / ys as the IEEE division rounds it (rcp_ok): quotient of v clamped to +-512 ys (past it e4m3
+  // saturates either way), NaN kept
+  __device__ __forceinline__ float f8_quotient(float v) const { return quotient(clamp_nan(v, ys * 512.f)); }
 #endif
-  // saturate(rint(v / ys) + yz), exactly, without the division where it cannot matter: t = v * rys
-  // is within 3 * 2^-24 |t| of v / ys rounded (rys = 1 / ys rounded: two roundings, plus the
-  // quotient's own), so rint(t) is rint(v / ys) unless t lies within that of a half-integer; there
-  // (about 2^-19 of uniform values) the IEEE division decides. |t| is clamped to 1024 first: past
-  // it every result saturates (|yz| <= 255); NaN gives 0 (QuantizeLinear by polykit's float ->
-  // integer rule, reference cast.py). rint by the 1.5 * 2^23 shifter: t + 1.5 * 2^23 rounds t to
-  // an integer (half to even) and holds it in its low mantissa bits.
-  __device__ __forceinline__ int requantize(float v) const {
-    const float t = fminf(fmaxf(__fmul_rn(v, rys), -1024.f), 1024.f);
-    const float shifted = __fadd_rn(t, 0x1.8p23f);
-    int q = __float_as_int(shifted) - 0x4B400000;
-    const float off = fabsf(__fsub_rn(t, __fsub_rn(shifted, 0x1.8p23f)));  // |t - rint(t)|, exact
-    if (!rcp_ok || fabsf(off - 0.5f) <= fabsf(t) * 0x1p-20f) {
-      const float d = __fdiv_rn(v, ys);
-      if (d != d) return 0;
-      q = __float2int_rn(fminf(fmaxf(d, -1024.f), 1024.f));
-    }
-    return v != v ? 0 : min(max(q + yz, lo), hi);  // (with rcp_ok, v * rys is NaN only for a NaN v)
+  // RN(v / ys), the IEEE quotient, without the division, for rcp_ok and |v| <= 1024 ys (Markstein's
+  // refinement; fma throughout): q0 = RN(v * rys) is within 2^-23 |v / ys| (1.5 ulps) of the quotient;
+  // q1 = RN(q0 + RN(v - ys q0) * rys) then within about 2^-46 |v / ys| of it, so q1 is a faithful
+  // rounding of v / ys (one of the two floats around it); and for a faithful q1 and rys within
+  // relative 2^-24 of 1 / ys, r = v - ys q1 is exact and RN(q1 + r * rys) = RN(v / ys) (Markstein's
+  // theorem), given no underflow: ys in [2^-90, 2^90] (rcp_ok) keeps r normal (or 0) wherever
+  // |v / ys| >= 2^-11, and below that the quotient is off by at most 2^-59 (no rounding of INT8's
+  // rint or of e4m3, whose smallest step is 2^-9, is that close to 0). |v| <= 1024 ys <= 2^100: no overflow.
+  // Each step is written -fma(-r, rys, -q) = fma(r, rys, q) so that a zero keeps v's sign (fma(+0, rys,
+  // -0) is +0; the e4m3 output has a -0).
+  __device__ __forceinline__ float quotient(float v) const {
+    const float q0 = __fmul_rn(v, rys);
+    const float q1 = -__fmaf_rn(-__fmaf_rn(-ys, q0, v), rys, -q0);
+    return -__fmaf_rn(-__fmaf_rn(-ys, q1, v), rys, -q1);
   }
+  // saturate(rint(v / ys) + yz) as QuantizeLinear (round half to even; NaN gives 0: polykit's float ->
+  // integer rule, reference cast.py), for rcp_ok: v clamped to +-1024 ys (past it every result
+  // saturates, |yz| <= 255; NaN kept), its quotient (|d| <= 1025), rint by the 1.5 * 2^23 shifter (d + 1.5 * 2^23
+  // rounds d to an integer, half to even, and holds it in its low mantissa bits), yz added with the
+  // shifter's bits taken off (zmagic), then saturated
+  __device__ __forceinline__ int requantize_rcp(float v) const {
+    const float shifted = __fadd_rn(quotient(clamp_nan(v, ys * 1024.f)), 0x1.8p23f);  // NaN for a NaN v
+    const int q = min(max(__float_as_int(shifted) + zmagic, lo), hi);
+    return shifted != shifted ? 0 : q;
+  }
+  // the same by the IEEE division (ys outside rcp_ok's range)
+  __device__ __forceinline__ int requantize_div(float v) const {
+    const float d = __fdiv_rn(v, ys);
+    if (d != d) return 0;
+    return min(max(__float2int_rn(fminf(fmaxf(d, -1024.f), 1024.f)) + (zmagic + 0x4B400000), lo), hi);
+  }
+  __device__ __forceinline__ int requantize(float v) const { return rcp_ok ? requantize_rcp(v) : requantize_div(v); }
   template <class A>  // int (the INT8 sums) or float (F8)
   __device__ __forceinline__ void put(i64 oi, i64 col, i64 n, A acc) const {
-    float v = dequantize(acc, scale[n * scale_step], bias ? bias[n * bias_step] : 0.f);
+    float v = dequantize(acc, scale[n * sstep()], has_bias() ? bias[n * bstep()] : 0.f);
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
-    if (!yint) {
+    if (!yint()) {
       ((float*)Y)[oi] = v;
       return;
     }
 #if F8
-    ((u8*)Y)[oi] = (u8)e4m3x2(v, 0.f);
+    ((u8*)Y)[oi] = (u8)e4m3x2(rcp_ok ? f8_quotient(v) : __fdiv_rn(v, ys), 0.f);
 #else
     const int q = requantize(v);
-    if (yu8)
+    if (yu8())
       ((u8*)Y)[oi] = (u8)q;
     else
       ((i8*)Y)[oi] = (i8)q;
 #endif
   }
   // whether dequantize8 / store8 may serve (with oi, n multiples of 8): Y, a per-channel scale / bias and the
-  // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8
+  // epilogue's inputs 16-byte aligned, an epilogue with apply_epilogue8, a float output or rcp_ok (store8
+  // requantizes by quotient only; put keeps the division for a y_scale outside its range)
   __device__ __forceinline__ bool vec_ok() const {
-    bool ok = ((u64)Y & 15) == 0 && (!scale_step || ((u64)scale & 15) == 0) &&
-              (!bias || !bias_step || ((u64)bias & 15) == 0);
+    bool ok = ((u64)Y & 15) == 0 && (!sstep() || ((u64)scale & 15) == 0) &&
+              (!has_bias() || !bstep() || ((u64)bias & 15) == 0) && (!yint() || rcp_ok);
 #if HAS_EPILOGUE && EPI_VEC
     ok = ok && epi_vec_ok(epi);
 #elif HAS_EPILOGUE
@@ -119,8 +171,8 @@ struct Out {
   __device__ __forceinline__ void channels8(i64 n, float (&s)[8], float (&b)[8]) const {
 #pragma unroll
     for (int h = 0; h < 8; h += 4) {
-      const float4 s4 = channels4(scale, n + h, scale_step);
-      const float4 b4 = bias ? channels4(bias, n + h, bias_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 s4 = channels4(scale, n + h, sstep());
+      const float4 b4 = has_bias() ? channels4(bias, n + h, bstep()) : make_float4(0.f, 0.f, 0.f, 0.f);
       s[h] = s4.x; s[h + 1] = s4.y; s[h + 2] = s4.z; s[h + 3] = s4.w;
       b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
     }
@@ -128,23 +180,35 @@ struct Out {
   template <class A>
   __device__ __forceinline__ void dequantize8(const A (&acc)[8], const float (&s)[8], const float (&b)[8],
                                               float (&v)[8]) const {
+#if !F8
+    if (small_sums) {  // acc_float's shifter without its range test and I2F branch (5 instructions -> 2)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float x = __fmul_rn(__fsub_rn(__int_as_float(0x4B400000 + acc[i]), 0x1.8p23f), s[i]);
+        v[i] = has_bias() ? __fadd_rn(x, b[i]) : x;
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
   }
   __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
-    if (!yint) {
+    if (!yint()) {
       float4* y = (float4*)((float*)Y + oi);
       y[0] = make_float4(v[0], v[1], v[2], v[3]);
       y[1] = make_float4(v[4], v[5], v[6], v[7]);
       return;
     }
+    // (vec_ok: rcp_ok, the division-free quotient)
 #if F8
-    *(uint2*)((u8*)Y + oi) = make_uint2(e4m3x2(v[0], v[1]) | (u32)e4m3x2(v[2], v[3]) << 16,
-                                        e4m3x2(v[4], v[5]) | (u32)e4m3x2(v[6], v[7]) << 16);
+    *(uint2*)((u8*)Y + oi) = make_uint2(
+        e4m3x2(f8_quotient(v[0]), f8_quotient(v[1])) | (u32)e4m3x2(f8_quotient(v[2]), f8_quotient(v[3])) << 16,
+        e4m3x2(f8_quotient(v[4]), f8_quotient(v[5])) | (u32)e4m3x2(f8_quotient(v[6]), f8_quotient(v[7])) << 16);
 #else
     struct __align__(8) Bytes { u8 b[8]; } q;  // (u8) keeps an int8's two's-complement byte
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize(v[i]);
+    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize_rcp(v[i]);
     *(Bytes*)((u8*)Y + oi) = q;
 #endif
   }
@@ -156,13 +220,14 @@ __device__ __forceinline__ Out int8_out(const float* Scale, const float* Bias, c
                                         void* Y, int flags, int scale_step, int bias_step) {
   Out o;
   o.scale = Scale; o.bias = Bias; o.Y = Y; o.scale_step = scale_step; o.bias_step = bias_step;
-  o.yint = flags & FLAG_Y_INT;
-  o.yu8 = flags & FLAG_Y_U8;
-  o.ys = o.yint ? YScale[0] : 1.f;
+  o.yint_ = flags & FLAG_Y_INT;
+  o.yu8_ = flags & FLAG_Y_U8;
+  o.ys = o.yint() ? YScale[0] : 1.f;
   o.rys = __frcp_rn(o.ys);
-  o.rcp_ok = o.ys >= 0x1p-125f && o.ys <= 0x1p125f;
-  o.yz = !o.yint ? 0 : o.yu8 ? (int)YZ[0] : (int)(i8)YZ[0];
-  o.lo = o.yu8 ? 0 : -128;
-  o.hi = o.yu8 ? 255 : 127;
+  o.rcp_ok = o.ys >= 0x1p-90f && o.ys <= 0x1p90f;
+  o.small_sums = false;
+  o.zmagic = (!o.yint() ? 0 : o.yu8() ? (int)YZ[0] : (int)(i8)YZ[0]) - 0x4B400000;
+  o.lo = o.yu8() ? 0 : -128;
+  o.hi = o.yu8() ? 255 : 127;
   return o;
 }

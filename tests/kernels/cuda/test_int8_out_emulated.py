@@ -1,0 +1,202 @@
+"""int8_out.cuh's requantization, emulated on the host: the division-free quotient and requantize.
+
+The header's own code is compiled by g++ (test_lowp_emulated's prelude and IEEE stand-ins; __fmaf_rn is
+C's fmaf, correctly rounded; no contraction) and run over millions of values: quotient (Markstein's
+refinement by 1 / y_scale) must give the IEEE quotient bit for bit wherever requantize and the FP8
+store use it, and requantize QuantizeLinear's reference bytes (round half to even, the zero point,
+saturation, NaN -> 0), for y_scales inside the quotient's range and outside it (the division). The GPU
+tests (test_int8_sm90.py, test_int8.py, test_fp8_sm90.py) run the same code in the kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ops.quant.quantize_reference import quantize_linear
+from polykit.kernels.cuda.base import CUDA_DIR
+from tests.kernels.cuda.test_lowp_emulated import HALF, PRELUDE
+
+#: the float intrinsics int8_out.cuh calls, as the IEEE operations they are
+INTRINSICS = r"""
+#include <algorithm>
+using std::min; using std::max;
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __int2float_rn(int a) { return (float)a; }
+inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+"""
+
+HARNESS = r"""
+static Out make(float ys, unsigned char yz, int flags) {
+  static float one = 1.f;
+  return int8_out(&one, nullptr, &ys, &yz, nullptr, flags, 0, 0);
+}
+extern "C" void requantize_all(const float* v, long n, float ys, unsigned char yz, int flags, int* out) {
+  const Out o = make(ys, yz, flags);
+  for (long i = 0; i < n; ++i) out[i] = o.requantize(v[i]);
+}
+extern "C" void quotient_all(const float* v, long n, float ys, float* out) {
+  const Out o = make(ys, 0, FLAG_Y_INT);
+#if F8
+  for (long i = 0; i < n; ++i) out[i] = o.f8_quotient(v[i]);
+#else
+  for (long i = 0; i < n; ++i) out[i] = o.quotient(v[i]);
+#endif
+}
+// the 16-byte path's store (n a multiple of 8, out 8-byte aligned): store8 of 8 values at a time
+extern "C" void store8_all(const float* v, long n, float ys, unsigned char yz, int flags, unsigned char* out) {
+  Out o = make(ys, yz, flags);
+  o.Y = out;
+  float w[8];
+  for (long i = 0; i < n; i += 8) {
+    for (int j = 0; j < 8; ++j) w[j] = v[i + j];
+    o.store8(i, w);
+  }
+}
+extern "C" int rcp_ok(float ys) { return make(ys, 0, FLAG_Y_INT).rcp_ok; }
+"""
+
+FLAG_Y_INT, FLAG_Y_U8 = 4, 8
+rng = np.random.default_rng(11)
+
+
+def host_code(f8: bool) -> str:
+    dtypes = (CUDA_DIR / "dtypes.cuh").read_text()
+    for name, repl in HALF.items():
+        dtypes = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, dtypes, count=1, flags=re.S)
+    out = (CUDA_DIR / "int8_out.cuh").read_text().replace('#include "dtypes.cuh"', "")
+    # the e4m3 conversion's PTX (not what these tests check) -> a stand-in that compiles
+    out = re.sub(r'asm\("cvt\.rn\.satfinite\.e4m3x2\.f32.*?\);', "d = 0;", out, flags=re.S)
+    # (clamp_nan's PTX sits under __CUDA_ARCH__, its C form is what g++ compiles)
+    return (PRELUDE + INTRINSICS + dtypes + f"#define HAS_EPILOGUE 0\n#define F8 {int(f8)}\n" + out + HARNESS)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["int8", "fp8"])
+def lib(request, tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    folder = tmp_path_factory.mktemp("int8_out")
+    src, so = folder / "int8_out.cpp", folder / "int8_out.so"
+    src.write_text(host_code(request.param))
+    subprocess.run([cxx, "-std=c++17", "-O1", "-w", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(src)],
+                   check=True)
+    out = ctypes.CDLL(str(so))
+    out.requantize_all.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_ubyte, ctypes.c_int,
+                                   ctypes.c_void_p]
+    out.quotient_all.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_void_p]
+    out.store8_all.argtypes = out.requantize_all.argtypes
+    out.rcp_ok.argtypes = [ctypes.c_float]
+    out.f8 = request.param
+    return out
+
+
+def y_scales() -> np.ndarray:
+    """Scales over the quotient's whole range [2^-90, 2^90] and just outside it: powers of two, mantissas
+    of all ones, the tests' 0.037, thirds, and random ones."""
+    exps = np.arange(-92, 93, 7)
+    special = np.float32([0.037, 1 / 3, 0.1, 2.0 ** -90, 2.0 ** 90, 2.0 ** -91, 2.0 ** 91, 1.0])
+    all_ones = np.float32(np.nextafter(np.float32(2), np.float32(0))) * np.float32(2.0) ** exps.astype(np.float32)
+    rand = (rng.uniform(1, 2, len(exps)) * 2.0 ** exps).astype(np.float32)
+    return np.concatenate([special, all_ones, rand]).astype(np.float32)
+
+
+def values(ys: np.float32, bound: float) -> np.ndarray:
+    """v with v / ys on and next to every half-integer and integer up to `bound` (a few ulps of v either
+    side), uniform ones, and the edges: tiny, huge, infinities, NaN."""
+    halves = (np.arange(-2 * bound, 2 * bound + 1) / 2).astype(np.float64)
+    centre = (halves * np.float64(ys)).astype(np.float32)
+    near = [centre]
+    for step in (1, 2, 3):
+        up, down = centre.copy(), centre.copy()
+        for _ in range(step):
+            up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        near += [up, down]
+    uniform = (rng.uniform(-1.1 * bound, 1.1 * bound, 20000) * np.float64(ys)).astype(np.float32)
+    edges = np.float32([0, -0.0, 1e-38, -1e-38, 1e-45, 3e38, -3e38, np.inf, -np.inf, np.nan])
+    with np.errstate(over="ignore"):
+        ends = np.float32([bound, -bound]) * ys
+    return np.concatenate(near + [uniform, edges, ends])
+
+
+def test_the_quotient_is_the_ieee_quotient_bit_for_bit(lib):
+    """Every y_scale of the range, v / y_scale up to the clamp (1024; FP8: 512) and past it: quotient
+    (INT8) equals np.float32(v) / ys exactly from 2^-11 up (below, within 2^-59); FP8's f8_quotient too,
+    a NaN kept, past 512 clamped."""
+    bound = 512 if lib.f8 else 1024
+    checked = 0
+    for ys in y_scales():
+        if not lib.rcp_ok(ys):
+            continue
+        v = values(ys, bound + 8)
+        got = np.empty_like(v)
+        lib.quotient_all(v.ctypes.data, v.size, ys, got.ctypes.data)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            want = v / ys
+        inside = np.abs(want) <= bound if lib.f8 else np.abs(v) <= np.float32(bound) * ys
+        tiny = np.abs(want) < 2.0 ** -11  # may underflow: within 2^-59, no rounding that close to 0
+        assert (inside & ~tiny).sum() > 1000
+        bad = np.flatnonzero(inside & ~tiny & (got.view(np.int32) != want.view(np.int32)))
+        assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got[bad[:3]]}, IEEE {want[bad[:3]]}"
+        off = np.abs(got[tiny].astype(np.float64) - want[tiny])
+        assert np.all(off <= 2.0 ** -59), f"ys {ys!r}: a tiny quotient off by {off.max()}"
+        if lib.f8:  # clamped to +-512 past it (e4m3 saturates at 448 either way), NaN kept
+            past = ~inside & ~np.isnan(v)
+            assert np.all(np.abs(got[past]) >= 448) and np.all(np.sign(got[past]) == np.sign(want[past]))
+            assert np.isnan(got[np.isnan(v)]).all()
+        checked += inside.sum()
+    assert checked > 1_000_000
+
+
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -3), (np.uint8, 128), (np.uint8, 255)])
+def test_requantize_gives_quantize_linears_bytes(lib, y_dtype, zero_point):
+    """saturate(rint(v / ys) + zero point), NaN -> 0, over ties, near-ties, saturation and the edges,
+    for y_scales inside the quotient's range and outside it (2^-91, 2^91: the IEEE division)."""
+    if lib.f8:
+        pytest.skip("the FP8 output rounds in the e4m3 conversion (PTX): test_fp8_sm90.py")
+    flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
+    zp = np.array(zero_point, y_dtype)
+    outside = 0
+    for ys in y_scales():
+        outside += not lib.rcp_ok(ys)
+        v = values(ys, 300)
+        got = np.empty(v.size, np.int32)
+        lib.requantize_all(v.ctypes.data, v.size, ys, ctypes.c_ubyte(int(zp.view(np.uint8))), flags, got.ctypes.data)
+        want = quantize_linear(SimpleNamespace(attrs={}), [v, np.float32(ys), zp])[0].astype(np.int32)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got[bad[:3]]}, reference {want[bad[:3]]}"
+    assert outside >= 4, "no y_scale took the division"
+
+
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.uint8, 3)])
+def test_the_8_value_store_writes_quantize_linears_bytes(lib, y_dtype, zero_point):
+    """store8 (the sm90 kernel's 16-byte path: requantize_rcp for 8 channels, one 8-byte store; vec_ok
+    keeps it to y_scales in the quotient's range) writes the reference's bytes."""
+    if lib.f8:
+        pytest.skip("the FP8 store converts by PTX (cvt e4m3x2): test_fp8_sm90.py")
+    flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
+    zp = np.array(zero_point, y_dtype)
+    for ys in y_scales():
+        if not lib.rcp_ok(ys):
+            continue
+        v = values(ys, 300)
+        v = np.concatenate([v, np.zeros(-v.size % 8, np.float32)])
+        got = np.zeros(v.size, np.uint8)
+        lib.store8_all(v.ctypes.data, v.size, ys, ctypes.c_ubyte(int(zp.view(np.uint8))), flags, got.ctypes.data)
+        want = quantize_linear(SimpleNamespace(attrs={}), [v, np.float32(ys), zp])[0]
+        bad = np.flatnonzero(got.view(y_dtype) != want)
+        assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got.view(y_dtype)[bad[:3]]}, reference {want[bad[:3]]}"
