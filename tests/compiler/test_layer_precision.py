@@ -22,14 +22,15 @@ W = (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32)
 M = rng.standard_normal((4, 3)).astype(np.float32)
 
 
-def _model(x_type=TensorProto.FLOAT, w=W, m=M):
+def _model(x_type=TensorProto.FLOAT, w=W, m=M, channels=8):
+    w = w[:channels, :channels]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "m"], ["y"], name="mm"),
              helper.make_node("ArgMax", ["y"], ["k"], axis=-1, name="argmax")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, [1, 8, 4, 4])],
-                              [helper.make_tensor_value_info("y", x_type, [1, 8, 4, 3]),
-                               helper.make_tensor_value_info("k", TensorProto.INT64, [1, 8, 4, 1])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, [1, channels, 4, 4])],
+                              [helper.make_tensor_value_info("y", x_type, [1, channels, 4, 3]),
+                               helper.make_tensor_value_info("k", TensorProto.INT64, [1, channels, 4, 1])],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(m, "m")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
@@ -114,8 +115,10 @@ def test_unknown_layer_precisions_and_constraints_are_usage_errors():
 
 def test_cuda_bf16_layers_without_a_kernel_fall_back_to_fp32(caplog):
     with caplog.at_level(logging.WARNING, logger="polykit"):
-        plan = build_plan(_model(), BuilderConfig(target="cuda", bf16=True, builder_optimization_level=0))
-    conv = plan.layer("conv")  # no cuda convolution takes bf16 storage; the SIMT GEMM does
+        plan = build_plan(_model(channels=6), BuilderConfig(target="cuda", bf16=True, builder_optimization_level=0))
+    # no cuda convolution takes bf16 storage with 6 channels (the halo-tile tactics need multiples
+    # of 8); the SIMT GEMM does
+    conv = plan.layer("conv")
     assert conv.precision == "fp32" and conv.in_dtypes[0] == "float32"
     assert "'conv' (ConvNHWC, bf16)" in caplog.text and "fall back to fp32" in caplog.text
     mm = plan.layer("mm")
@@ -124,7 +127,13 @@ def test_cuda_bf16_layers_without_a_kernel_fall_back_to_fp32(caplog):
 
 def test_cuda_bf16_without_a_kernel_under_obey_is_a_build_error():
     with pytest.raises(BuildError, match="'conv' \\(Conv(NHWC)?, bf16\\)"):
-        build_plan(_model(), BuilderConfig(target="cuda", bf16=True, precision_constraints="obey"))
+        build_plan(_model(channels=6), BuilderConfig(target="cuda", bf16=True, precision_constraints="obey"))
+
+
+def test_cuda_bf16_dense_conv_with_multiples_of_8_channels_runs_on_the_halo_tile_kernel():
+    plan = build_plan(_model(), BuilderConfig(target="cuda", bf16=True, builder_optimization_level=0))
+    conv = plan.layer("conv")
+    assert conv.precision == "bf16" and conv.tactic.startswith("cuda.conv_nhwc.halo_mma_")
 
 
 def test_cuda_fp16_picks_tensor_core_tactics_and_a_pinned_layer_stays_simt():
