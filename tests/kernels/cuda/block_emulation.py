@@ -5,7 +5,7 @@ shared memory needs its whole block: here each block of the launch runs as block
 std::threads that share the module's one shared-memory buffer (blocks run one after another)
 and meet at a std::barrier in __syncthreads. The kernel's own source is compiled by g++ as a
 shared library with a prelude that stands in for the CUDA builtins (threadIdx / blockIdx are
-thread_local) and test_lowp_emulated's IEEE stand-ins for dtypes.cuh's PTX conversions; a
+thread_local; blocks of one, two or three dimensions) and test_lowp_emulated's IEEE stand-ins for dtypes.cuh's PTX conversions; a
 generated `emu_launch(grid, block, <the kernel's parameters>)` runs the grid. A missing barrier
 shows up as a wrong or changing result, as on a GPU; the lanes of a warp do not run in lockstep,
 so kernels that rely on warp shuffles or lockstep are out of reach.
@@ -37,9 +37,9 @@ PRELUDE = r"""
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
-#define __shared__
+#define __shared__ static  // one array a kernel instance, shared by the block's threads (blocks run one after another)
 struct Dim3 { unsigned x, y, z; };
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 blockDim, gridDim;
@@ -82,19 +82,19 @@ def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int)
     cuda = re.sub(extern, "", cuda)
     head = "".join(f"alignas(16) unsigned char {name}[{smem_bytes}];\n" for name in dict.fromkeys(shared))
     runner = f"""
-extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {params}) {{
+extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, {params}) {{
   gridDim = {{gx, gy, gz}};
-  blockDim = {{bx, 1, 1}};
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {{
-        std::barrier<> bar((std::ptrdiff_t)bx);
+  blockDim = {{bx, by, bz}};
+  for (unsigned emu_z = 0; emu_z < gz; ++emu_z)  // not x, y, z: a kernel's parameters may be named so
+    for (unsigned emu_y = 0; emu_y < gy; ++emu_y)
+      for (unsigned emu_x = 0; emu_x < gx; ++emu_x) {{
+        std::barrier<> bar((std::ptrdiff_t)(bx * by * bz));
         emu_barrier = &bar;
         std::vector<std::thread> threads;
-        for (unsigned t = 0; t < bx; ++t)
+        for (unsigned t = 0; t < bx * by * bz; ++t)
           threads.emplace_back([=] {{
-            threadIdx = {{t, 0, 0}};
-            blockIdx = {{x, y, z}};
+            threadIdx = {{t % bx, t / bx % by, t / (bx * by)}};
+            blockIdx = {{emu_x, emu_y, emu_z}};
             {kernel}({args});
           }});
         for (auto& th : threads) th.join();
@@ -134,7 +134,8 @@ class EmulatedLauncher:
         if shared_mem > self.smem:
             raise AssertionError(f"{shared_mem} B of shared memory, the emulation has {self.smem}")
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.launches.append((kernel, grid, tuple(block), shared_mem))
+        block = tuple(block) + (1,) * (3 - len(block))
+        self.launches.append((kernel, grid, block, shared_mem))
         c_args = []
         for a in args:
             if isinstance(a, DeviceTensor):
@@ -143,9 +144,11 @@ class EmulatedLauncher:
                 c_args.append(ctypes.c_int(int(a)))
             elif isinstance(a, np.float32):
                 c_args.append(ctypes.c_float(float(a)))
+            elif isinstance(a, (np.float64, float)):
+                c_args.append(ctypes.c_double(float(a)))
             else:
                 c_args.append(ctypes.c_longlong(int(a)))
-        self._lib(kernel).emu_launch(*(ctypes.c_uint(g) for g in grid), ctypes.c_uint(block[0]), *c_args)
+        self._lib(kernel).emu_launch(*(ctypes.c_uint(g) for g in grid), *(ctypes.c_uint(b) for b in block), *c_args)
 
     def workspace(self, nbytes: int) -> int:
         raise AssertionError("the emulated kernels borrow no workspace")

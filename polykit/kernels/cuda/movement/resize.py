@@ -45,6 +45,9 @@ def supports(layer) -> bool:
 #: walks many rows, so a thread's set-up (its W taps, a double division) is paid once per column, not per row
 FAST_BLOCKS = 4096
 
+#: rows a fast block takes at a time (resize.cu's RESIZE_FAST_ROWS: their H taps computed at once, one a thread)
+FAST_ROWS = 32
+
 #: modes with a fast kernel (resize.cu's RESIZE_FAST: two adjacent axes, no antialias / exclude / crop)
 FAST_MODES = ("nearest", "linear")
 
@@ -122,7 +125,8 @@ class ResizeGeometry:
 
     def launch_shape(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """(grid, block) of the launch: the fast kernel's columns x rows (block BX x BY, BX * BY = BLOCK,
-        BX the columns rounded up to a warp, at most BLOCK; at most FAST_BLOCKS blocks, the rows strided),
+        BX the columns rounded up to a warp, at most BLOCK; FAST_ROWS rows a block at a time, at most
+        FAST_BLOCKS blocks, the rows strided),
         else grid_for's one dimension."""
         fast = self.fast_axes()
         if fast is None:
@@ -133,7 +137,7 @@ class ResizeGeometry:
         bx = min(BLOCK, -(-cols // 32) * 32)
         by = BLOCK // bx
         gx = -(-cols // bx)
-        return (gx, max(1, min(-(-rows // by), FAST_BLOCKS // gx)), 1), (bx, by, 1)
+        return (gx, max(1, min(-(-rows // FAST_ROWS), FAST_BLOCKS // gx)), 1), (bx, by, 1)
 
 
 def _optional(layer, tensors: Mapping[str, DeviceTensor], i: int) -> DeviceTensor | None:

@@ -30,8 +30,8 @@
 // crop or an aspect policy, where at most two adjacent axes dh, dh + 1 = dw (dh -1: one axis dw)
 // change length and every other axis keeps it. y is then [outer, OH, OW, inner] over x's
 // [outer, IH, IW, inner]; a thread owns one column (ow, c) of y's rows (its W taps computed once)
-// and walks rows (o, oh) (block (BX, BY), rows BY a block, grid y striding; a row's H taps are
-// computed once, by the row's first thread, into shared memory). Weights, tap order,
+// and walks rows (o, oh) (block (BX, BY); a block takes RESIZE_FAST_ROWS rows at a time, its first
+// threads computing their H taps into shared memory, one row each; grid y striding). Weights, tap order,
 // products and sums are the general path's, so both give the same bits. An axis other than dh / dw
 // that a device scale could still resize (scales input, its value not 1) sends the whole launch,
 // uniformly, down the general path.
@@ -229,14 +229,16 @@ __device__ __forceinline__ Taps axis_taps(int coord, int rule, i64 c, i64 out_le
   return t;
 }
 
-// at most BLOCK / 32 rows a block (resize.py's launch_shape: BX is a multiple of 32)
+// rows a block takes at a time: their H taps are computed at once, one row a thread, then every
+// thread walks its column down them (resize.py's launch_shape: FAST_ROWS, BY divides it)
 #define RESIZE_FAST_ROWS 32
 
 template <class T, int MODE>
 __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, i64 IH, i64 IW, i64 OH,
                             i64 OW, double sh, double sw, bool one_axis, i64 outer, i64 inner) {
-  // a row's H taps and input row offsets, computed once a row by its first thread (not once an element:
-  // the double division and 64-bit division a row cost ~100x the element's four loads and products)
+  // a row's H taps and input row offsets, computed once a row (not once an element: the double
+  // division and 64-bit division a row cost ~100x an element's four loads and products), for
+  // RESIZE_FAST_ROWS rows in parallel, so the block waits at one barrier pair per 32 rows
   __shared__ i64 row_at0[RESIZE_FAST_ROWS], row_at1[RESIZE_FAST_ROWS];
   __shared__ double row_w0[RESIZE_FAST_ROWS], row_w1[RESIZE_FAST_ROWS];
   const i64 cols = OW * inner, rows = outer * OH;
@@ -245,48 +247,50 @@ __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const Re
   const i64 ow = live ? (inner == 1 ? col : col / inner) : 0, ch = live ? col - ow * inner : 0;
   const Taps tw = axis_taps<MODE>((int)p.coord, (int)p.rule, ow, OW, IW, sw);
   const i64 xw0 = tw.i0 * inner + ch, xw1 = tw.i1 * inner + ch;
-  const int ty = threadIdx.y;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   // the loop bound is the block's, so all its threads take the same trips
-  for (i64 row0 = blockIdx.y * (i64)blockDim.y; row0 < rows; row0 += (i64)gridDim.y * blockDim.y) {
-    const i64 row = row0 + ty;
-    if (threadIdx.x == 0 && row < rows) {
+  for (i64 row0 = blockIdx.y * (i64)RESIZE_FAST_ROWS; row0 < rows; row0 += (i64)gridDim.y * RESIZE_FAST_ROWS) {
+    const i64 batch = rows - row0 < RESIZE_FAST_ROWS ? rows - row0 : RESIZE_FAST_ROWS;
+    if (tid < batch) {
+      const i64 row = row0 + tid;
       if (one_axis) {
-        row_at0[ty] = row_at1[ty] = row * IW * inner;
+        row_at0[tid] = row_at1[tid] = row * IW * inner;
       } else {
         const i64 o = OH == 1 ? row : row / OH, oh = row - o * OH;
         const Taps th = axis_taps<MODE>((int)p.coord, (int)p.rule, oh, OH, IH, sh);
-        row_at0[ty] = (o * IH + th.i0) * IW * inner;
-        row_at1[ty] = (o * IH + th.i1) * IW * inner;
-        row_w0[ty] = th.w0;
-        row_w1[ty] = th.w1;
+        row_at0[tid] = (o * IH + th.i0) * IW * inner;
+        row_at1[tid] = (o * IH + th.i1) * IW * inner;
+        row_w0[tid] = th.w0;
+        row_w1[tid] = th.w1;
       }
     }
     __syncthreads();
-    if (live && row < rows) {
-      const i64 i = row * cols + col, r0 = row_at0[ty];
-      if (MODE == NEAREST) {
-        y[p.y_at(i)] = x[r0 + xw0];
-      } else if (one_axis) {
-        double v = 0.0;
-        v += tw.w0 * (double)ld(x, r0 + xw0);
-        v += tw.w1 * (double)ld(x, r0 + xw1);
-        st_(y, p.y_at(i), v);
-      } else {
-        // the general path's odometer: the W axis (innermost, k = 0) fastest; wt = (1 * w_w) * w_h
-        const i64 r1 = row_at1[ty];
-        const double h0 = row_w0[ty], h1 = row_w1[ty];
-        double v = 0.0, wt;
-        wt = tw.w0 * h0;
-        v += wt * (double)ld(x, r0 + xw0);
-        wt = tw.w1 * h0;
-        v += wt * (double)ld(x, r0 + xw1);
-        wt = tw.w0 * h1;
-        v += wt * (double)ld(x, r1 + xw0);
-        wt = tw.w1 * h1;
-        v += wt * (double)ld(x, r1 + xw1);
-        st_(y, p.y_at(i), v);
+    if (live)
+      for (int r = threadIdx.y; r < batch; r += blockDim.y) {
+        const i64 i = (row0 + r) * cols + col, r0 = row_at0[r];
+        if (MODE == NEAREST) {
+          y[p.y_at(i)] = x[r0 + xw0];
+        } else if (one_axis) {
+          double v = 0.0;
+          v += tw.w0 * (double)ld(x, r0 + xw0);
+          v += tw.w1 * (double)ld(x, r0 + xw1);
+          st_(y, p.y_at(i), v);
+        } else {
+          // the general path's odometer: the W axis (innermost, k = 0) fastest; wt = (1 * w_w) * w_h
+          const i64 r1 = row_at1[r];
+          const double h0 = row_w0[r], h1 = row_w1[r];
+          double v = 0.0, wt;
+          wt = tw.w0 * h0;
+          v += wt * (double)ld(x, r0 + xw0);
+          wt = tw.w1 * h0;
+          v += wt * (double)ld(x, r0 + xw1);
+          wt = tw.w0 * h1;
+          v += wt * (double)ld(x, r1 + xw0);
+          wt = tw.w1 * h1;
+          v += wt * (double)ld(x, r1 + xw1);
+          st_(y, p.y_at(i), v);
+        }
       }
-    }
     __syncthreads();
   }
 }
@@ -297,14 +301,23 @@ __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const Re
 #ifndef RESIZE_FAST
 #define RESIZE_FAST 0
 #endif
-extern "C" __global__ void RESIZE_KERNEL(const RESIZE_T* x, RESIZE_T* y, const float* scales, const i64* sizes,
-                                         const void* roi, i64 roi_code, i64 nax, i64 n, i64 rank, STR8(a), STR8(b),
-                                         STR8(s), DBL8(h), i64 src, i64 coord, i64 rule, double cubic_a, i64 exclude,
-                                         i64 antialias, double extrapolation,
 #if RESIZE_FAST
-                                         i64 dh, i64 dw, i64 outer, i64 inner,
+#define RESIZE_FAST_PARAMS , i64 dh, i64 dw, i64 outer, i64 inner
+#define RESIZE_FAST_ARGS , dh, dw, outer, inner
+#else
+#define RESIZE_FAST_PARAMS
+#define RESIZE_FAST_ARGS
 #endif
-                                         i64 empty, i64 ldy) {
+#define NAM8(p) p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7
+// the parameter list and its names (tests/kernels/cuda/block_emulation.py launches the kernel by them)
+#define RESIZE_PARAMS                                                                                         \
+  const RESIZE_T *x, RESIZE_T *y, const float *scales, const i64 *sizes, const void *roi, i64 roi_code, i64 nax, \
+      i64 n, i64 rank, STR8(a), STR8(b), STR8(s), DBL8(h), i64 src, i64 coord, i64 rule, double cubic_a,        \
+      i64 exclude, i64 antialias, double extrapolation RESIZE_FAST_PARAMS, i64 empty, i64 ldy
+#define RESIZE_ARGS                                                                                            \
+  x, y, scales, sizes, roi, roi_code, nax, n, rank, NAM8(a), NAM8(b), NAM8(s), NAM8(h), src, coord, rule, cubic_a, \
+      exclude, antialias, extrapolation RESIZE_FAST_ARGS, empty, ldy
+extern "C" __global__ void RESIZE_KERNEL(RESIZE_PARAMS) {
 #if RESIZE_FAST
   // only constant indices into the parameter arrays here (the loops unrolled, pick8): an array indexed
   // at run time lives in local memory, and its 32 stores a thread cost more than the thread's pixels
