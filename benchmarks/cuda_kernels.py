@@ -405,6 +405,16 @@ def pointwise_shapes(name: str, batch: int, torch) -> dict[tuple[int, int, int, 
     return found
 
 
+def time_tactic_op(layer, tactic, specs, torch, args) -> float:
+    """Median ms of `tactic` on `layer` over random tensors of `specs` (tactic_op), as a captured graph."""
+    run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
+    try:
+        return time_graph(run, torch, args.warmup, args.iters)
+    finally:
+        torch.cuda.synchronize()
+        modules.close()
+
+
 def bench_pointwise(name: str, batch: int, args, torch) -> list[dict]:
     """Each pointwise convolution shape of zoo model `name` at `batch`, fp16 NHWC with its bias:
     the fastest sm90 wgmma tile (cuda.conv_nhwc.sm90_*, the best before the skinny tiles), the
@@ -430,12 +440,7 @@ def bench_pointwise(name: str, batch: int, args, torch) -> list[dict]:
             if family not in ("sm90", "skinny") or not tactic.supports(layer):
                 continue
             specs = {"X": (x, "float16"), "W": (w, "float16"), "B": ((N,), "float16"), "Y": (y, "float16")}
-            run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
-            try:
-                ms = time_graph(run, torch, args.warmup, args.iters)
-            finally:
-                torch.cuda.synchronize()
-                modules.close()
+            ms = time_tactic_op(layer, tactic, specs, torch, args)
             if family not in best or ms < best[family][0]:
                 best[family] = (ms, tactic.name)
         shapes = {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=w)}
@@ -489,13 +494,7 @@ def bench_conv(spec: str, args, torch) -> list[dict]:
     for tactic in (t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)):
         if not tactic.supports(layer) or (args.only and args.only not in tactic.name):
             continue
-        run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
-        try:
-            ms = time_graph(run, torch, args.warmup, args.iters)
-        finally:
-            torch.cuda.synchronize()
-            modules.close()
-        rows.append({"tactic": tactic.name, "ms": ms})
+        rows.append({"tactic": tactic.name, "ms": time_tactic_op(layer, tactic, specs, torch, args)})
     shapes = {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=wt)}
     op = torch_op(layer, shapes, torch.float16, torch)
     tms = time_graph((lambda i: torch.nn.functional.silu(op(i))) if silu else op, torch, args.warmup, args.iters)
