@@ -48,7 +48,9 @@
 #                  then benchmarks/weight_only_gemm.py (STEP=deploy) for the gemv's time. First run 2026-12-06 (eighth
 #                  session, H100, 7f50710): 1220 passed, 1 failed (the SiLU test's reference; fixed in af5f12c).
 #   STEP=new8      the eighth session's: the fast Resize's row taps and selects (af5f12c, 43996d2), the SiLU test,
-#                  then the per-conv bench of the shapes the halo-tile tactics aim at (cuda_kernels.py --conv)
+#                  then the per-conv bench of the shapes the halo-tile tactics aim at (cuda_kernels.py --conv).
+#                  Ran in pieces 2026-12-06 (H200, 7f9f4d4: resize, int8/fp8, halo gpu tests pass; Resize 326.8 us);
+#                  e820dd3's 32-row Resize batches came after it (host-emulated only): run this step first next time
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
