@@ -60,15 +60,19 @@ def test_emulated_fast_resize_matches_the_reference(launcher, mode, case):
     np.testing.assert_allclose(y, reference(lay, feeds), rtol=1e-6, atol=1e-6)
 
 
-def test_blocks_stride_over_the_row_batches_when_the_grid_is_capped(launcher, monkeypatch):
-    """FAST_BLOCKS 1: one block walks all three 32-row batches of 90 rows (its barriers each batch)."""
+@pytest.mark.parametrize("rows", [32, 8])
+def test_blocks_stride_over_the_row_batches_when_the_grid_is_capped(launcher, monkeypatch, rows):
+    """FAST_BLOCKS 1: one block walks all the row batches of 90 rows (its barriers each batch); the
+    batch is resize.py's FAST_ROWS, compiled into the kernel."""
     monkeypatch.setattr(resize_mod, "FAST_BLOCKS", 1)
+    monkeypatch.setattr(resize_mod, "FAST_ROWS", rows)
     x_shape, y_shape = CASES["nchw_two_axes"]
     lay = sized("linear")
     feeds = {"X": rng.standard_normal(x_shape).astype(np.float32), "Z": np.array(y_shape, np.int64)}
     launcher.launches.clear()
     y = run_emulated(launcher, lay, feeds, y_shape)
     assert launcher.launches[-1][1] == (1, 1, 1)
+    assert ("RESIZE_FAST_ROWS", str(rows)) in launcher.launches[-1][0].defines
     np.testing.assert_allclose(y, reference(lay, feeds), rtol=1e-6, atol=1e-6)
 
 

@@ -7,8 +7,10 @@ each tap's offset, where the sm90 implicit GEMM (conv_sm90.py) gathers an im2col
 input pixel read KH * KW times) and pads N to 32. Bias and the layer's epilogue fused.
 
 Tactics, kind "ConvNHWC", priority HALO_PRIORITY, below every tactic a level-0 build takes for
-these layers today (the sm90 tiles' 30 on sm_90, igemm_mma's 10 on other GPUs and in builds
-without one), so no untimed build takes them before they have run on a GPU; the tuner times them
+fp16 layers (the sm90 tiles' 30 on sm_90, igemm_mma's 10 on other GPUs and in builds without
+one): they have run on a GPU (72 gpu tests, H200 2026-12-06) but been timed on two shapes only, so an
+untimed fp16 build keeps the tiles it took before (a bf16 dense conv, which no other cuda conv
+takes, gets them at any level); the tuner times them
 as a family past its cap (level 3 on sm_90: four sm90 tiles, igemm_mma and the first of these):
   cuda.conv_nhwc.halo_mma_persist_p32  conv_grouped_mma.PERSIST's kernel and plan: blocks loop over
                                        the tiles of every image, the weights staged once a block,
@@ -64,7 +66,7 @@ from polykit.kernels.cuda.conv.conv_grouped_mma import (ELEMS, MMA_SMEM_LIMIT, P
 
 #: the most input and output channels a layer may have (each a multiple of 8)
 MAX_CHANNELS = 96
-#: below conv_sm90's tiles (30) and conv_nhwc's igemm_mma (10), above igemm_simt (5)
+#: below conv_sm90's tiles (30) and conv_nhwc's igemm_mma (10), above igemm_simt (5): timed on two shapes so far
 HALO_PRIORITY = 9
 #: the kernel variants (conv_grouped_mma's), each under its own tactic name; PERSIST first
 VARIANTS = (PERSIST, PIPE)

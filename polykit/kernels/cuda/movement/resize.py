@@ -45,7 +45,8 @@ def supports(layer) -> bool:
 #: walks many rows, so a thread's set-up (its W taps, a double division) is paid once per column, not per row
 FAST_BLOCKS = 4096
 
-#: rows a fast block takes at a time (resize.cu's RESIZE_FAST_ROWS: their H taps computed at once, one a thread)
+#: rows a fast block takes at a time (compiled in as resize.cu's RESIZE_FAST_ROWS: their H taps computed at once,
+#: one a thread: at most BLOCK)
 FAST_ROWS = 32
 
 #: modes with a fast kernel (resize.cu's RESIZE_FAST: two adjacent axes, no antialias / exclude / crop)
@@ -55,8 +56,9 @@ FAST_MODES = ("nearest", "linear")
 def kernel_source(mode: str, code: str, fast: bool = False) -> KernelSource:
     """The one-kernel compile unit of `mode` for dtype `code` (`fast`: the two-axis kernel)."""
     name = f"resize_{'fast_' if fast else ''}{mode}_{code}"
+    extra = {"RESIZE_FAST_ROWS": FAST_ROWS} if fast else {}
     return KernelSource(name, FILE, defines=defines(RESIZE_KERNEL=name, RESIZE_T=DTYPES[code], RESIZE_MODE=MODES[mode],
-                                                    RESIZE_FAST=int(fast)))
+                                                    RESIZE_FAST=int(fast), **extra))
 
 
 def _kernels(layer) -> list[KernelSource]:

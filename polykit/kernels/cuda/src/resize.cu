@@ -229,16 +229,16 @@ __device__ __forceinline__ Taps axis_taps(int coord, int rule, i64 c, i64 out_le
   return t;
 }
 
-// rows a block takes at a time: their H taps are computed at once, one row a thread, then every
-// thread walks its column down them (resize.py's launch_shape: FAST_ROWS, BY divides it)
-#define RESIZE_FAST_ROWS 32
+// RESIZE_FAST_ROWS (define, resize.py's FAST_ROWS): rows a block takes at a time: their H taps are
+// computed at once, one row a thread (the block has at least that many threads), then every thread
+// walks its column down them
 
 template <class T, int MODE>
 __device__ void resize_fast(const T* __restrict__ x, T* __restrict__ y, const ResizeArgs& p, i64 IH, i64 IW, i64 OH,
                             i64 OW, double sh, double sw, bool one_axis, i64 outer, i64 inner) {
   // a row's H taps and input row offsets, computed once a row (not once an element: the double
   // division and 64-bit division a row cost ~100x an element's four loads and products), for
-  // RESIZE_FAST_ROWS rows in parallel, so the block waits at one barrier pair per 32 rows
+  // RESIZE_FAST_ROWS rows in parallel, so the block waits at one barrier pair per batch of rows
   __shared__ i64 row_at0[RESIZE_FAST_ROWS], row_at1[RESIZE_FAST_ROWS];
   __shared__ double row_w0[RESIZE_FAST_ROWS], row_w1[RESIZE_FAST_ROWS];
   const i64 cols = OW * inner, rows = outer * OH;
