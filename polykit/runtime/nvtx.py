@@ -1,8 +1,11 @@
 """NVTX ranges around each layer launch, so Nsight Systems / Compute show polykit's layers.
 
 The ranges come from the NVTX C API through ctypes: `libnvtx3interop.so.1` (CUDA 13's exported
-NVTX3 entry points) or `libnvToolsExt.so.1` (CUDA 12 and older), found by the loader's search
-path or under $CUDA_HOME / $CUDA_PATH / /usr/local/cuda*. Neither is a dependency: without one
+NVTX3 entry points) or `libnvToolsExt.so.1` (CUDA 12 and older, and the `nvidia-nvtx` wheel), found
+by the loader's search path, under $CUDA_HOME / $CUDA_PATH / /usr/local/cuda*, or in the `lib`
+folders of the `nvidia` pip wheels (nvidia-nvtx, cuda-toolkit: what a pip-installed CUDA stack
+such as PyTorch's has, with no toolkit on the loader's path; the lent H200's case, where ncu showed
+no range before this lookup). Neither is a dependency: without one
 there are no ranges and nothing else changes. NVTX itself does nothing unless a tool (nsys,
 ncu) is attached, so a loaded library costs two foreign calls per eagerly launched layer; a
 replayed CUDA graph launches no layer from the host, so only its capture records ranges (run
@@ -44,6 +47,17 @@ class Nvtx:
         return int(self._pop())
 
 
+def _wheel_roots() -> list[str]:
+    """The folders of the `nvidia` namespace package (pip's CUDA wheels), without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    return list(spec.submodule_search_locations or ()) if spec else []
+
+
 def _candidates() -> list[str]:
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
              *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
@@ -51,6 +65,9 @@ def _candidates() -> list[str]:
     for root in filter(None, roots):
         for sub in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
             paths += [os.path.join(root, sub, name) for name in LIBRARIES]
+    for root in _wheel_roots():  # nvidia/nvtx/lib, nvidia/cu13/lib, ...: the libraries these wheels hold
+        for name in LIBRARIES:
+            paths += sorted(glob.glob(os.path.join(root, "*", "lib", name)))
     return paths
 
 

@@ -116,3 +116,18 @@ def test_the_nvtx_library_found_here_opens_and_closes_ranges():
         pytest.skip("no NVTX library on this machine (libnvtx3interop.so.1 or libnvToolsExt.so.1)")
     depth = nvtx.push(b"polykit test range")  # its depth, or negative with no tool attached
     assert nvtx.pop() == depth and load_nvtx() is nvtx
+
+
+def test_the_library_is_looked_for_in_the_nvidia_pip_wheels(monkeypatch, tmp_path):
+    from polykit.runtime import nvtx as nvtx_module
+
+    for wheel, name in (("nvtx", "libnvToolsExt.so.1"), ("cu13", "libnvtx3interop.so.1"), ("cublas", "libcublas.so.13")):
+        (tmp_path / wheel / "lib").mkdir(parents=True)
+        (tmp_path / wheel / "lib" / name).write_bytes(b"")
+    monkeypatch.setattr(nvtx_module, "_wheel_roots", lambda: [str(tmp_path)])
+    paths = nvtx_module._candidates()
+    assert paths[:2] == ["libnvtx3interop.so.1", "libnvToolsExt.so.1"]  # the loader's search path still first
+    assert str(tmp_path / "cu13" / "lib" / "libnvtx3interop.so.1") in paths
+    assert str(tmp_path / "nvtx" / "lib" / "libnvToolsExt.so.1") in paths
+    assert not any("libcublas" in p for p in paths)
+
