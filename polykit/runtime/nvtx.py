@@ -33,7 +33,8 @@ LIBRARIES = ("libnvtx3interop.so.1", "libnvToolsExt.so.1")
 class Nvtx:
     """The NVTX range calls of a loaded library."""
 
-    def __init__(self, lib: Any):
+    def __init__(self, lib: Any, path: str = ""):
+        self.path = path  # where the library was loaded from (as the loader was asked)
         self._push = lib.nvtxRangePushA
         self._push.argtypes, self._push.restype = [ctypes.c_char_p], ctypes.c_int
         self._pop = lib.nvtxRangePop
@@ -76,10 +77,22 @@ def load_nvtx() -> Nvtx | None:
     """The process's NVTX library (looked up once), or None where none is installed."""
     for path in _candidates():
         try:
-            return Nvtx(ctypes.CDLL(path))
+            return Nvtx(ctypes.CDLL(path), path)
         except (OSError, AttributeError):
             continue
     return None
+
+
+def describe(verbosity: str) -> str:
+    """What the ranges of a context at `verbosity` will be, for a report: the verbosity and the
+    library, or why there are none."""
+    if verbosity == "none":
+        return "none (profiling verbosity none)"
+    nvtx = load_nvtx()
+    if nvtx is None:
+        return (f"none: no NVTX library found ({' or '.join(LIBRARIES)}; pip install nvidia-nvtx, or set "
+                "CUDA_HOME to a CUDA toolkit)")
+    return f"{verbosity} ({nvtx.path})"
 
 
 def check_verbosity(value: str, what: str = "profiling verbosity") -> str:

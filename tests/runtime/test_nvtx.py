@@ -131,3 +131,19 @@ def test_the_library_is_looked_for_in_the_nvidia_pip_wheels(monkeypatch, tmp_pat
     assert str(tmp_path / "nvtx" / "lib" / "libnvToolsExt.so.1") in paths
     assert not any("libcublas" in p for p in paths)
 
+
+
+def test_describe_says_which_library_or_why_there_are_no_ranges(monkeypatch):
+    from polykit.runtime import nvtx as nvtx_module
+
+    assert nvtx_module.describe("none").startswith("none (profiling verbosity none)")
+    monkeypatch.setattr(nvtx_module, "load_nvtx", lambda: None)
+    missing = nvtx_module.describe("detailed")
+    assert missing.startswith("none: no NVTX library found") and "nvidia-nvtx" in missing
+
+    class Lib:
+        nvtxRangePushA = staticmethod(lambda label: 0)
+        nvtxRangePop = staticmethod(lambda: 0)
+
+    monkeypatch.setattr(nvtx_module, "load_nvtx", lambda: nvtx_module.Nvtx(Lib(), "/w/nvidia/nvtx/lib/libnvToolsExt.so.1"))
+    assert nvtx_module.describe("detailed") == "detailed (/w/nvidia/nvtx/lib/libnvToolsExt.so.1)"

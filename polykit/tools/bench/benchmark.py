@@ -114,6 +114,8 @@ class BenchResult:
     profile: ProfileSummary | None = field(default=None, compare=False)
     #: a plan built --weight-streaming: [budget, streamable] bytes it ran at (None otherwise)
     weight_streaming: tuple[int, int] | None = None
+    #: cuda: what NVTX ranges the timed runs had (polykit.runtime.nvtx.describe); None on cpu
+    nvtx: str | None = None
 
     @property
     def throughput(self) -> float:
@@ -133,6 +135,7 @@ class BenchResult:
             "load_s": self.load_s, "profile": self.profile.to_json() if self.profile else None,
             **({"weight_streaming": {"budget": self.weight_streaming[0], "streamable": self.weight_streaming[1]}}
                if self.weight_streaming else {}),
+            **({"nvtx": self.nvtx} if self.nvtx is not None else {}),
         }
 
 
@@ -142,6 +145,7 @@ class _CpuLoop:
 
     data_transfers: bool | None = None
     cuda_graph: bool | None = None
+    nvtx: str | None = None
 
     def __init__(self, engine: Any, options: BenchOptions, feeds: Mapping[str, np.ndarray]):
         self.context = engine.create_execution_context(profile=False)
@@ -181,6 +185,10 @@ class _CudaLoop:
             self.close()
             raise
         self.bindings = {name: buf.ptr for name, buf in self.buffers.items()}
+        from polykit.runtime.nvtx import describe
+
+        # a replayed graph launches no layer from the host: only its capture recorded ranges
+        self.nvtx = describe(self.context.nvtx_verbosity) + (", at the graph's capture only" if self.cuda_graph else "")
         self.in_place = options.in_place
         if self.in_place:
             for name, ptr in self.bindings.items():
@@ -258,7 +266,7 @@ def benchmark(engine: Any, options: BenchOptions = BenchOptions(),
     batch = int(first.shape[0]) if first is not None and first.ndim else 1
     profile = profile_engine(engine, feeds, options.profile_runs) if options.profile_runs else None
     return BenchResult(engine.target, batch, warm_up_runs, len(latency), wall_s, Stats.of(latency), Stats.of(compute),
-                       loop.data_transfers, loop.cuda_graph, profile=profile)
+                       loop.data_transfers, loop.cuda_graph, profile=profile, nvtx=loop.nvtx)
 
 
 def profile_engine(engine: Any, feeds: Mapping[str, np.ndarray], runs: int) -> ProfileSummary:

@@ -115,6 +115,8 @@ def render(model: str, result: Any, profile_top: int = 15) -> None:
              (("data transfers", result.data_transfers), ("CUDA graph", result.cuda_graph)) if value is not None]
     console.print(f"warm-up {result.warm_up_runs} run(s); timed {result.iterations} run(s) in {result.wall_s:.3f} s"
                   + (f"; {', '.join(modes)}" if modes else ""))
+    if result.nvtx is not None:
+        console.print(f"NVTX ranges: {escape(result.nvtx)}")
     if result.weight_streaming:
         budget, streamable = result.weight_streaming
         console.print(f"weight streaming: {budget} of {streamable} streamable weight bytes resident")
