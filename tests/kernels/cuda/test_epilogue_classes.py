@@ -62,3 +62,15 @@ def test_16_bit_epilogues_take_the_16_bit_gelu_and_leave_the_last_rounding_to_th
     apply8 = half[half.index("void apply_epilogue8"):]
     assert "auto t2 = pk_add(t1, ld(rows.x1, i));" in apply8, "the store rounds the result to ELEM"
     assert "auto t1 = round_as<ELEM>(pk_gelu(t0));" in apply8, "a body op before the last keeps its rounding"
+
+
+def test_inputs_read_at_the_output_index_get_an_l2_prefetch_and_columns_do_not():
+    """prefetch_rows (EPI_PREFETCH) brings a tile's residual rows into L2 before its K loop
+    (gemm_sm90_epilogue.cuh's prefetch_tile); a bias, read at the column, is not prefetched."""
+    code = epilogue_prelude(gelu_layer(), "half_t")
+    assert "#define EPI_PREFETCH 1" in code
+    rows = code[code.index("void prefetch_rows"):]
+    rows = rows[:rows.index("}\n") + 2]
+    assert "prefetch_span(E.e1 + oi, n * (i64)sizeof(*E.e1));" in rows and "E.e0" not in rows
+    bias_only = epilogue_prelude(layer((2, 5, 3), (3, 7), (7,), (2, 5, 7)), "half_t")
+    assert "EPI_PREFETCH" not in bias_only and "prefetch_rows" not in bias_only

@@ -150,7 +150,8 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     `load_cols8(E, cols, col)` fills an `EpiCols8` with the "last" inputs, `load_rows8(E, rows,
     oi)` an `EpiRows8` with the "full" ones, `apply_epilogue8(E, cols, rows, v)` computes. EPI_VEC 1
     (0 when an input is read through a general broadcast). Each element's arithmetic is
-    apply_epilogue's."""
+    apply_epilogue's. With "full" inputs, EPI_PREFETCH 1 and `prefetch_rows(E, oi, n)`: their
+    elements oi .. oi + n - 1 brought into L2 (vector8.cuh's prefetch_span)."""
     names = extra_inputs(layer)
     scalars = {name: f"ld(E.e{j}, 0)" for j, (name, c) in enumerate(zip(names, classes)) if c == "scalar"}
     vec = [(j, name, c) for j, (name, c) in enumerate(zip(names, classes)) if c != "scalar"]
@@ -164,6 +165,11 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
     aligned = " && ".join(f"((u64)E.e{j} & 15) == 0" for j, _, _ in vec) or "true"
     head = '#define EPI_VEC 1\n#include "vector8.cuh"\n'
     tail = f"__device__ __forceinline__ bool epi_vec_ok(const EpiState& E) {{ return {aligned}; }}\n"
+    full = [j for j, _, c in vec if c == "full"]
+    if full:  # the inputs read at the output index (residuals): prefetch_rows(E, oi, n) brings n of them to L2
+        spans = "".join(f"  prefetch_span(E.e{j} + oi, n * (i64)sizeof(*E.e{j}));\n" for j in full)
+        tail += ("#define EPI_PREFETCH 1\n"
+                 f"__device__ __forceinline__ void prefetch_rows(const EpiState& E, i64 oi, i64 n) {{\n{spans}}}\n")
     if is_int8_layer(layer):
         body = _body8(layer, {**scalars, **{name: f"ld(in.x{j}, i)" for j, name, _ in vec}})
         return (head + record("EpiIn8", "in", "load_epilogue8", "i64 oi, i64 col", ("full", "last"))

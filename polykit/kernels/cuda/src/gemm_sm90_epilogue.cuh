@@ -383,6 +383,38 @@ typedef OutP OutT;
 #define EPI_OF(out) out.epi
 #endif
 
+#ifndef EPI_PREFETCH
+#define EPI_PREFETCH 0  // epilogue.py defines it with prefetch_rows where the epilogue reads inputs at the output index
+#endif
+#if HAS_EPILOGUE && EPI_PREFETCH
+#if I8 || F8
+constexpr bool PREFETCH_TILE = !PREFETCH_GROUPS;
+#else
+constexpr bool PREFETCH_TILE = GROUPS_AHEAD == 0;
+#endif
+// A tile's residual rows into L2 before its K loop, so that the epilogue's row loads (issued after
+// the stores before them: they may alias; none ahead with 256 columns or two blocks an SM, see
+// GROUPS_AHEAD / PREFETCH_GROUPS) wait on L2, not DRAM. Only those tiles (PREFETCH_TILE): the others
+// issue their loads ahead already, and their registers are tight (the prefetch's address math
+// spilled 8 bytes on 128x192). Measured before (H200, ResNet-50 bs32, 2026-12-06
+// zoo): the 1x1 conv3 + residual + Relu layers on sm90_128x256 took 98-101 us at 56x56 for 115 MB of
+// traffic, ~4x their DRAM time, about 16 serialized DRAM round trips a lane. Each lane takes the rows
+// its epilogue finishes (m, m + 8 of each m64 subtile: finish_tile) and a quarter of the tile's columns.
+__device__ __forceinline__ void prefetch_tile(const OutT& out, const TileIdx& ti, int row0, int warp, int lane) {
+  constexpr int QC = BN / 4;
+  const i64 n = (i64)ti.tn * BN + (lane & 3) * QC;
+  if (n >= out.N) return;
+  const i64 cols = out.N - n < QC ? out.N - n : (i64)QC;
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 m = (i64)ti.tm * BM + row0 + s * 64 + warp * 16 + lane / 4 + 8 * h;
+      if (m < out.M) prefetch_rows(EPI_OF(out), (ti.z * out.M + m) * out.N + n, cols);
+    }
+}
+#endif
+
 // One tile's epilogue from its accumulators (consume; the stream-K kernel's whole tiles)
 __device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, acc_t (&acc)[MSUB][BN / 2], int row0,
                                             int warp, int lane) {
@@ -409,6 +441,9 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
   const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
+#if HAS_EPILOGUE && EPI_PREFETCH
+    if (PREFETCH_TILE) prefetch_tile(out, ti, row0, warp, lane);  // in flight during the K loop
+#endif
 #if SPLIT3
     mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #elif F8
