@@ -89,7 +89,8 @@ def in_place_vs_copies(name: str, batch: int, args, torch) -> dict:
 
 def trace(run, torch, runs: int) -> dict:
     """GPU operations per enqueue from a CUPTI activity trace of `runs` enqueues: kernels and each
-    kind of memcpy / memset (torch.profiler's names, e.g. "Memcpy DtoD (Device -> Device)")."""
+    kind of memcpy / memset (torch.profiler's names, e.g. "Memcpy DtoD (Device -> Device)"), how many
+    and ("<kind> us") their GPU time: what the in-place binding saves on the device."""
     from torch.profiler import ProfilerActivity, profile
 
     run()
@@ -99,12 +100,16 @@ def trace(run, torch, runs: int) -> dict:
             run()
         torch.cuda.synchronize()
     counts: dict[str, float] = {}
+    busy: dict[str, float] = {}  # GPU microseconds of each kind (the trace's start-to-end of each operation)
     for event in prof.events():
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
             name = event.name
             kind = name if name.startswith(("Memcpy", "Memset")) else "kernels"
             counts[kind] = counts.get(kind, 0) + 1
+            span = getattr(event, "time_range", None)
+            busy[kind] = busy.get(kind, 0.0) + (span.elapsed_us() if span is not None else 0.0)
     per = {k: round(v / runs, 2) for k, v in sorted(counts.items())}
+    per.update({f"{k} us": round(v / runs, 2) for k, v in sorted(busy.items())})
     if not per.get("kernels"):
         per["note"] = "the trace saw no kernel: CUPTI did not record the driver's launches here"
     return per
