@@ -5,12 +5,13 @@ shared memory needs its whole block: here each block of the launch runs as block
 std::threads that share the module's one shared-memory buffer (blocks run one after another)
 and meet at a std::barrier in __syncthreads. The kernel's own source is compiled by g++ as a
 shared library with a prelude that stands in for the CUDA builtins (threadIdx / blockIdx are
-thread_local; blocks of one, two or three dimensions) and test_lowp_emulated's IEEE stand-ins for dtypes.cuh's PTX conversions; a
-generated `emu_launch(grid, block, <the kernel's parameters>)` runs the grid. A missing barrier
-shows up as a wrong or changing result, as on a GPU. Consecutive 32 threads (linear thread index)
-form a warp: warp_emulation.py gives the warp collectives (shuffles, __syncwarp) and the kernels'
-warp-level PTX (mma.sync, ldmatrix, cp.async), each a rendezvous of the warp's threads that do not
-otherwise run in lockstep. A thread that returns leaves its block's and its warp's barriers.
+thread_local; blocks of one, two or three dimensions) and test_lowp_emulated's IEEE stand-ins for
+dtypes.cuh's PTX conversions; a generated `emu_launch(grid, block, <the kernel's parameters>)`
+runs the grid. A missing barrier shows up as a wrong or changing result, as on a GPU. Consecutive
+32 threads (linear thread index) form a warp: warp_emulation.py gives the warp collectives
+(shuffles, __syncwarp) and the kernels' warp-level PTX (mma.sync, ldmatrix, cp.async), each a
+rendezvous of the warp's threads, which do not otherwise run in lockstep. A thread that returns
+leaves its block's and its warp's barriers.
 
 `EmulatedLauncher` is a Launcher for a tactic's own enqueue: its kernels run here.
 """

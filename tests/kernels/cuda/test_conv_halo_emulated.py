@@ -19,20 +19,10 @@ from tests.kernels.cuda.test_conv_depthwise import BF16, F16, TOL
 from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 from tests.kernels.cuda.test_conv_grouped import EPI_CASES
 from tests.kernels.cuda.test_conv_grouped_mma import (DENSE_CASES, HALO, HALO_PERSIST, HALO_PIPE, SILU_RESIDUAL,
-                                                      emulated_launcher, run_misaligned_input, run_persistent,
-                                                      two_sms)  # noqa: F401 (fixture)
+                                                      run_misaligned_input, run_persistent)
+from tests.kernels.cuda.test_conv_grouped_mma import eager_launcher, launcher, two_sms  # noqa: F401 (fixtures)
 
 HALO_TACTICS = sorted(HALO)
-
-
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
-    return emulated_launcher(tmp_path_factory, eager=False)
-
-
-@pytest.fixture(scope="module")
-def eager_launcher(tmp_path_factory):
-    return emulated_launcher(tmp_path_factory, eager=True)
 
 
 def dense(case):
@@ -43,7 +33,7 @@ def dense(case):
 
 @pytest.mark.parametrize("tactic,case,dtype", [(t, c, (F16, BF16)[(c + i) % 2]) for i, t in enumerate(HALO_TACTICS)
                                                for c in range(len(DENSE_CASES))])
-def test_emulated_halo_matches_the_reference(launcher, tactic, case, dtype):
+def test_emulated_halo_matches_the_reference(launcher, tactic, case, dtype):  # noqa: F811
     """Every dense case on both tactics, float16 and bfloat16 alternating (each case gets both)."""
     x, w, attrs = DENSE_CASES[case]
     assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=1) <= TOL[dtype]
@@ -52,7 +42,7 @@ def test_emulated_halo_matches_the_reference(launcher, tactic, case, dtype):
 @pytest.mark.parametrize("dtype,shift_y", [(F16, 1), (BF16, 0)], ids=["fp16-misaligned", "bf16"])
 @pytest.mark.parametrize("tactic", HALO_TACTICS)
 @pytest.mark.parametrize("case,skip", [(0, (1, 9, 11, 24)), (3, (1, 1, 10, 1))])
-def test_emulated_halo_silu_residual_epilogue(launcher, tactic, case, skip, dtype, shift_y):
+def test_emulated_halo_silu_residual_epilogue(launcher, tactic, case, skip, dtype, shift_y):  # noqa: F811
     """SiLU then a residual of the output's shape (16-byte epilogue loads) and one broadcast over
     rows and channels (strided); float16 into an output 2 bytes off (element stores), bfloat16
     aligned (pair stores)."""
@@ -63,7 +53,7 @@ def test_emulated_halo_silu_residual_epilogue(launcher, tactic, case, skip, dtyp
 
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("tactic", [v.name for v in VARIANTS])
-def test_emulated_grouped_silu_residual_epilogue(launcher, tactic, dtype):
+def test_emulated_grouped_silu_residual_epilogue(launcher, tactic, dtype):  # noqa: F811
     """The grouped tactics (8 groups of 8 channels) with the SiLU + residual epilogue."""
     x, w, group, attrs, skip = EPI_CASES[0]
     assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group, epilogue=SILU_RESIDUAL,
@@ -82,7 +72,7 @@ def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two
 
 
 @pytest.mark.parametrize("tactic,case", [(HALO_PIPE, 1), (HALO_PERSIST, 7)])
-def test_emulated_misaligned_input_takes_the_element_staging(launcher, tactic, case):
+def test_emulated_misaligned_input_takes_the_element_staging(launcher, tactic, case):  # noqa: F811
     assert run_misaligned_input(launcher, tactic, dense(case)) <= TOL[F16]
 
 

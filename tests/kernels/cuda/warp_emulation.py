@@ -107,52 +107,31 @@ inline float emu_bf16(unsigned w, int half) {
   memcpy(&f, &b, 4);
   return f;
 }
-inline int emu_s8(unsigned w, int byte) { return (int)(signed char)(w >> (8 * byte)); }
+inline long long emu_s8(unsigned w, int byte) { return (signed char)(w >> (8 * byte)); }
 
-// mma m16n8k16 f32 += {f16,bf16} x {f16,bf16}: A row-major 16 x 16 (4 registers), B column-major 16 x 8
-// (2), C / D 16 x 8 (4 floats); products exact, summed in float in k order, then added to C
-template <float (*ELEM)(unsigned, int)>
-inline void emu_mma_m16n8k16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
-                             unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+// mma m16n8k16 f32 += {f16,bf16} x {f16,bf16} (K 16, two elements a register) and m16n8k32 s32 += s8 x s8
+// (K 32, four): A row-major 16 x K (4 registers), B column-major K x 8 (2), C / D 16 x 8 (4 values).
+// A lane's products summed in Sum (float: exact products, in k order from zero; s8: exact) and added
+// to C once (s32: wrapping, as the accumulator does)
+template <class Acc, class Sum, Sum (*ELEM)(unsigned, int), int K>
+inline void emu_mma(Acc& d0, Acc& d1, Acc& d2, Acc& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                    unsigned b0, unsigned b1, Acc c0, Acc c1, Acc c2, Acc c3) {
+  constexpr int PER = K / 8;   // elements a register
   const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
   memcpy(emu_slot(emu_lane), mine, sizeof(mine));
   emu_warp_sync();
   const int g = emu_lane / 4, t = emu_lane % 4;
-  const float c[4] = {c0, c1, c2, c3};
-  float d[4];
+  const Acc c[4] = {c0, c1, c2, c3};
+  Acc d[4];
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-    float s = 0.f;
-    for (int k = 0; k < 16; ++k) {
-      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % 8) / 2);
-      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % 8) / 2);
-      s += ELEM(a[(row >= 8) + 2 * (k >= 8)], k % 2) * ELEM(b[4 + (k >= 8)], k % 2);
+    Sum s = 0;
+    for (int k = 0; k < K; ++k) {
+      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % (K / 2)) / PER);
+      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % (K / 2)) / PER);
+      s += ELEM(a[(row >= 8) + 2 * (k >= K / 2)], k % PER) * ELEM(b[4 + (k >= K / 2)], k % PER);
     }
-    d[e] = c[e] + s;
-  }
-  emu_warp_sync();
-  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
-}
-
-// mma m16n8k32 s32 += s8 x s8: A register i row g + 8 (i % 2), k 4t + {0..3} + 16 (i / 2); B register i
-// k 4t + {0..3} + 16 i, column g (exact: integer sums, wrapping as the s32 accumulator does)
-inline void emu_mma_m16n8k32_s8(int& d0, int& d1, int& d2, int& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                unsigned b0, unsigned b1, int c0, int c1, int c2, int c3) {
-  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
-  memcpy(emu_slot(emu_lane), mine, sizeof(mine));
-  emu_warp_sync();
-  const int g = emu_lane / 4, t = emu_lane % 4;
-  const int c[4] = {c0, c1, c2, c3};
-  int d[4];
-  for (int e = 0; e < 4; ++e) {
-    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-    unsigned s = (unsigned)c[e];
-    for (int k = 0; k < 32; ++k) {
-      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % 16) / 4);
-      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % 16) / 4);
-      s += (unsigned)(emu_s8(a[(row >= 8) + 2 * (k >= 16)], k % 4) * emu_s8(b[4 + (k >= 16)], k % 4));
-    }
-    d[e] = (int)s;
+    d[e] = (Acc)(c[e] + s);
   }
   emu_warp_sync();
   d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
@@ -282,7 +261,8 @@ def _ldmatrix(count: int, trans: bool):
     def emit(args: list[list[str]]) -> str:
         regs, (addr,) = args
         copies = " ".join(f"{r} = emu_r[{i}];" for i, r in enumerate(regs))
-        return f"do {{ unsigned emu_r[4]; emu_ldmatrix({count}, {str(trans).lower()}, emu_r, {addr}); {copies} }} while (0)"
+        call = f"emu_ldmatrix({count}, {str(trans).lower()}, emu_r, {addr});"
+        return f"do {{ unsigned emu_r[4]; {call} {copies} }} while (0)"
 
     return emit
 
@@ -294,9 +274,9 @@ def _cp_async(args: list[list[str]]) -> str:
 
 #: PTX opcode (a full match) -> emit(arguments) -> the C expression that stands for the statement
 PTX_OPS = [
-    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", _mma("emu_mma_m16n8k16<emu_f16>")),
-    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", _mma("emu_mma_m16n8k16<emu_bf16>")),
-    (r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", _mma("emu_mma_m16n8k32_s8")),
+    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", _mma("emu_mma<float, float, emu_f16, 16>")),
+    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", _mma("emu_mma<float, float, emu_bf16, 16>")),
+    (r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", _mma("emu_mma<int, long long, emu_s8, 32>")),
     *[(rf"ldmatrix\.sync\.aligned\.m8n8\.x{n}{t}\.shared(::cta)?\.b16", _ldmatrix(n, bool(t)))
       for n in (1, 2, 4) for t in ("", r"\.trans")],
     (r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", _cp_async),

@@ -8,6 +8,8 @@ the emulation's choices are the hardware's (a copy not yet waited for is indeter
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ typedef unsigned int u32;
 #define WE_ARGS in0, in1, out, arg
 #define FULL 0xffffffffu
 
-// out[t][0..7]: xor 5, idx (7 lane + 3) % 32, down 3, up 2, xor 9 width 8, down 3 width 8, a 64-bit idx 31 - lane (lo, hi)
+// out[t][0..7]: xor 5, idx (7 lane + 3) % 32, down 3, up 2, xor 9 width 8, down 3 width 8, a 64-bit value
+// from lane 31 - lane (lo, hi)
 extern "C" __global__ void we_shuffles(WE_PARAMS) {
   const int t = threadIdx.x, lane = t % 32;
   const u32 v = in0[t];
@@ -162,15 +165,11 @@ def run_gpu(name: str, threads: int, in0: np.ndarray, in1: np.ndarray, out_words
         modules.close()
 
 
-@pytest.fixture(scope="module", params=["host", "eager", "gpu"])
+@pytest.fixture(scope="module", params=["host", "eager", pytest.param("gpu", marks=pytest.mark.gpu)])
 def run(request, tmp_path_factory):
     """run(name, threads, in0, in1, out_words, arg) -> the kernel's out words: on the host with
     deferred or eager copies, or on the GPU."""
     if request.param == "gpu":
-        from tests.conftest import gpu_available
-
-        if not gpu_available():
-            pytest.skip("needs a CUDA GPU (none usable here)")
         return run_gpu
     from tests.kernels.cuda.block_emulation import host_launcher
 
@@ -256,3 +255,13 @@ def test_cp_async_lands_at_its_wait_with_src_size_zero_fill(run, request):
         assert (out[:, 0, 1] == 0xAAAAAAAA).all()
     elif mode == "eager":
         np.testing.assert_array_equal(out[:, 0, 1], b)
+
+
+def test_the_kernels_compile_with_nvrtc(shared_kernel_cache):
+    """What the GPU runs of these tests launch (one module of every kernel above)."""
+    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+
+    names = re.findall(r'extern "C" __global__ void (\w+)\(', SOURCE) + ["we_mma_f16", "we_mma_bf16"]
+    units = unique_units([KernelSource(name, code=SOURCE) for name in names])
+    cubins = compile_many(units, "sm_80", workers=1)
+    assert len(cubins) == len(units) == 1 and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
