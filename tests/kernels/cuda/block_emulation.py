@@ -161,6 +161,18 @@ class EmulatedLauncher:
         raise AssertionError("the emulated kernels borrow no workspace")
 
 
+def kernel_signature(file: str, kernel: str) -> tuple[str, str]:
+    """(parameter list, argument names) of `kernel` in kernel source `file`: EmulatedLauncher's
+    `params` and `args` for a kernel whose .cu has no PARAMS / ARGS macros."""
+    from polykit.kernels.cuda.base import kernel_file
+
+    found = re.search(kernel + r"\((.*?)\)\s*\{", kernel_file(file, kernel).read_text(), re.S)
+    if found is None:
+        raise ValueError(f"no kernel {kernel!r} in {file}")
+    params = " ".join(found.group(1).replace("__restrict__", "").split())
+    return params, ", ".join(p.split()[-1] for p in params.split(","))
+
+
 def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: type = EmulatedLauncher, **kw):
     """An emulated launcher (`cls`, given `kw`) building in a fresh `folder` with the host's g++;
     the test is skipped where there is none."""
