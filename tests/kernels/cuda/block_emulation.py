@@ -11,7 +11,9 @@ runs the grid. A missing barrier shows up as a wrong or changing result, as on a
 32 threads (linear thread index) form a warp: warp_emulation.py gives the warp collectives
 (shuffles, __syncwarp) and the kernels' warp-level PTX (mma.sync, ldmatrix, cp.async), each a
 rendezvous of the warp's threads, which do not otherwise run in lockstep. A thread that returns
-leaves its block's and its warp's barriers.
+leaves its block's and its warp's barriers; a block still running after EMU_BLOCK_SECONDS (300)
+aborts the process with the reason, where threads waiting at a barrier or collective that others
+never reach would hang it.
 
 `EmulatedLauncher` is a Launcher for a tactic's own enqueue: its kernels run here.
 """
@@ -34,8 +36,14 @@ PRELUDE = r"""
 #include <math.h>
 #include <string.h>
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
+#ifndef EMU_BLOCK_SECONDS
+#define EMU_BLOCK_SECONDS 300   // the longest a block may run (a hang fails the launch)
+#endif
 #define __device__
 #define __global__
 #define __forceinline__ inline
@@ -91,9 +99,12 @@ extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, u
           warps[w].bar = warp_bars.back().get();
         }}
         emu_warps = warps.data();
+        std::mutex done_mutex;
+        std::condition_variable done_cv;
+        unsigned done = 0;
         std::vector<std::thread> threads;
         for (unsigned t = 0; t < emu_threads; ++t)
-          threads.emplace_back([=] {{
+          threads.emplace_back([=, &done_mutex, &done_cv, &done] {{
             threadIdx = {{t % bx, t / bx % by, t / (bx * by)}};
             blockIdx = {{emu_x, emu_y, emu_z}};
             emu_lane = t % 32;
@@ -101,7 +112,14 @@ extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, u
             {kernel}({args});
             emu_warps[t / 32].bar->arrive_and_drop();   // a returned thread no longer holds its warp
             emu_barrier->arrive_and_drop();             // or its block back
+            {{ std::lock_guard<std::mutex> lock(done_mutex); ++done; }}
+            done_cv.notify_one();
           }});
+        {{  // a barrier or collective some threads never reach hangs the block: fail instead
+          std::unique_lock<std::mutex> lock(done_mutex);
+          if (!done_cv.wait_for(lock, std::chrono::seconds(EMU_BLOCK_SECONDS), [&] {{ return done == emu_threads; }}))
+            emu_fail("a block ran past EMU_BLOCK_SECONDS: a barrier or collective some threads never reach");
+        }}
         for (auto& th : threads) th.join();
       }}
 }}

@@ -265,3 +265,43 @@ def test_the_kernels_compile_with_nvrtc(shared_kernel_cache):
     units = unique_units([KernelSource(name, code=SOURCE) for name in names])
     cubins = compile_many(units, "sm_80", workers=1)
     assert len(cubins) == len(units) == 1 and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+
+
+def test_ptx_without_a_host_model_is_named():
+    from tests.kernels.cuda.warp_emulation import translate_asm
+
+    with pytest.raises(ValueError, match="mov.u64"):
+        translate_asm('u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));')
+
+
+#: lane 0 waits at the block's barrier, the others at the warp's: neither ever completes
+DIVERGED = r"""
+#define D_PARAMS int arg
+#define D_ARGS arg
+extern "C" __global__ void we_diverged(D_PARAMS) {
+  if (threadIdx.x % 32 == arg) __syncthreads(); else __syncwarp();
+}
+"""
+
+
+def test_a_block_that_never_finishes_fails_instead_of_hanging(tmp_path):
+    """Threads that wait at collectives the others never reach: the launch aborts the process
+    (here a child) with the reason once the block has run EMU_BLOCK_SECONDS (1 here)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("g++") is None:
+        pytest.skip("no host C++ compiler")
+    child = (f"import numpy as np\n"
+             f"from pathlib import Path\n"
+             f"from polykit.kernels.cuda.base import KernelSource\n"
+             f"from tests.kernels.cuda import block_emulation as be\n"
+             f"be.PRELUDE = '#define EMU_BLOCK_SECONDS 1\\n' + be.PRELUDE\n"
+             f"launcher = be.EmulatedLauncher(Path({str(tmp_path)!r}), {shutil.which('g++')!r}, 'D_PARAMS', 'D_ARGS')\n"
+             f"launcher.launch(KernelSource('we_diverged', code={DIVERGED!r}), (1,), (32,), [np.int32(0)])\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode != 0 and "ran past EMU_BLOCK_SECONDS" in done.stderr, done.stderr[-2000:]
