@@ -5,10 +5,15 @@ shared memory needs its whole block: here each block of the launch runs as block
 std::threads that share the module's one shared-memory buffer (blocks run one after another)
 and meet at a std::barrier in __syncthreads. The kernel's own source is compiled by g++ as a
 shared library with a prelude that stands in for the CUDA builtins (threadIdx / blockIdx are
-thread_local; blocks of one, two or three dimensions) and test_lowp_emulated's IEEE stand-ins for dtypes.cuh's PTX conversions; a
-generated `emu_launch(grid, block, <the kernel's parameters>)` runs the grid. A missing barrier
-shows up as a wrong or changing result, as on a GPU; the lanes of a warp do not run in lockstep,
-so kernels that rely on warp shuffles or lockstep are out of reach.
+thread_local; blocks of one, two or three dimensions) and test_lowp_emulated's IEEE stand-ins for
+dtypes.cuh's PTX conversions; a generated `emu_launch(grid, block, <the kernel's parameters>)`
+runs the grid. A missing barrier shows up as a wrong or changing result, as on a GPU. Consecutive
+32 threads (linear thread index) form a warp: warp_emulation.py gives the warp collectives
+(shuffles, __syncwarp) and the kernels' warp-level PTX (mma.sync, ldmatrix, cp.async), each a
+rendezvous of the warp's threads, which do not otherwise run in lockstep. A thread that returns
+leaves its block's and its warp's barriers; a block still running after EMU_BLOCK_SECONDS (300)
+aborts the process with the reason, where threads waiting at a barrier or collective that others
+never reach would hang it.
 
 `EmulatedLauncher` is a Launcher for a tactic's own enqueue: its kernels run here.
 """
@@ -25,13 +30,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from tests.kernels.cuda.warp_emulation import WARP_PRELUDE, translate_asm
 
 PRELUDE = r"""
 #include <math.h>
 #include <string.h>
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
+#ifndef EMU_BLOCK_SECONDS
+#define EMU_BLOCK_SECONDS 300   // the longest a block may run (a hang fails the launch)
+#endif
 #define __device__
 #define __global__
 #define __forceinline__ inline
@@ -55,27 +67,15 @@ struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 """
 
-#: PTX the host cannot assemble -> its C meaning (cp.async copies at once: its wait is then a no-op)
-PTX = {
-    r'asm\("ex2\.approx\.ftz\.f32 %0, %1;" : "=f"\((\w+)\) : "f"\((\w+)\)\);': r"\1 = exp2f(\2);",
-    r'asm\("rcp\.approx\.ftz\.f32 %0, %1;" : "=f"\((\w+)\) : "f"\((\w+)\)\);': r"\1 = 1.0f / \2;",
-    r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16, %2;" ::"r"\(\(u32\)__cvta_generic_to_shared\((\w+)\)\),'
-    r'\s*"l"\((\w+)\),\s*"r"\((\w+) \? 16 : 0\) : "memory"\);': r"if (\3) memcpy(\1, \2, 16); else memset(\1, 0, 16);",
-    r'asm volatile\("cp\.async\.wait_all;" ::: "memory"\);': "",
-}
-
-
-def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int) -> str:
+def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int, eager_copies: bool = False) -> str:
     """`cuda` (a rendered module) as host C++ with `emu_launch(gx, gy, gz, bx, <params>)`, which
-    runs kernel `kernel(<args>)` over the grid; `smem_bytes` of dynamic shared memory."""
+    runs kernel `kernel(<args>)` over the grid; `smem_bytes` of dynamic shared memory; cp.async
+    copies deferred to their wait, or landing at once (`eager_copies`: warp_emulation.py)."""
     from tests.kernels.cuda.test_lowp_emulated import HALF
 
     for name, repl in HALF.items():
         cuda = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, cuda, count=1, flags=re.S)
-    for pattern, repl in PTX.items():
-        cuda = re.sub(pattern, repl, cuda)
-    if "asm(" in cuda:
-        raise ValueError("the kernel source holds PTX the host emulation does not model")
+    cuda = translate_asm(cuda)
     # dynamic shared memory: one buffer at namespace scope in place of the kernel's `extern` declaration
     extern = r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];"
     shared = re.findall(extern, cuda)
@@ -85,23 +85,46 @@ def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int)
 extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, {params}) {{
   gridDim = {{gx, gy, gz}};
   blockDim = {{bx, by, bz}};
+  const unsigned emu_threads = bx * by * bz, emu_nwarps = (emu_threads + 31) / 32;
   for (unsigned emu_z = 0; emu_z < gz; ++emu_z)  // not x, y, z: a kernel's parameters may be named so
     for (unsigned emu_y = 0; emu_y < gy; ++emu_y)
       for (unsigned emu_x = 0; emu_x < gx; ++emu_x) {{
-        std::barrier<> bar((std::ptrdiff_t)(bx * by * bz));
+        std::barrier<> bar((std::ptrdiff_t)emu_threads);
         emu_barrier = &bar;
+        std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+        std::vector<EmuWarp> warps(emu_nwarps);
+        for (unsigned w = 0; w < emu_nwarps; ++w) {{
+          warps[w].lanes = emu_threads - 32 * w < 32 ? emu_threads - 32 * w : 32;
+          warp_bars.emplace_back(new std::barrier<>((std::ptrdiff_t)warps[w].lanes));
+          warps[w].bar = warp_bars.back().get();
+        }}
+        emu_warps = warps.data();
+        std::mutex done_mutex;
+        std::condition_variable done_cv;
+        unsigned done = 0;
         std::vector<std::thread> threads;
-        for (unsigned t = 0; t < bx * by * bz; ++t)
-          threads.emplace_back([=] {{
+        for (unsigned t = 0; t < emu_threads; ++t)
+          threads.emplace_back([=, &done_mutex, &done_cv, &done] {{
             threadIdx = {{t % bx, t / bx % by, t / (bx * by)}};
             blockIdx = {{emu_x, emu_y, emu_z}};
+            emu_lane = t % 32;
+            emu_warp_id = t / 32;
             {kernel}({args});
+            emu_warps[t / 32].bar->arrive_and_drop();   // a returned thread no longer holds its warp
+            emu_barrier->arrive_and_drop();             // or its block back
+            {{ std::lock_guard<std::mutex> lock(done_mutex); ++done; }}
+            done_cv.notify_one();
           }});
+        {{  // a barrier or collective some threads never reach hangs the block: fail instead
+          std::unique_lock<std::mutex> lock(done_mutex);
+          if (!done_cv.wait_for(lock, std::chrono::seconds(EMU_BLOCK_SECONDS), [&] {{ return done == emu_threads; }}))
+            emu_fail("a block ran past EMU_BLOCK_SECONDS: a barrier or collective some threads never reach");
+        }}
         for (auto& th : threads) th.join();
       }}
 }}
 """
-    return PRELUDE + head + cuda + runner
+    return PRELUDE + ("#define EMU_CP_EAGER 1\n" if eager_copies else "") + WARP_PRELUDE + head + cuda + runner
 
 
 class EmulatedLauncher:
@@ -112,13 +135,15 @@ class EmulatedLauncher:
     communicator = None
     sm_count = 132
 
-    def __init__(self, build_dir: Path, cxx: str, params: str, args: str, smem_bytes: int = 1 << 18):
+    def __init__(self, build_dir: Path, cxx: str, params: str, args: str, smem_bytes: int = 1 << 18,
+                 eager_copies: bool = False):
         self.dir, self.cxx, self.params, self.args, self.smem = build_dir, cxx, params, args, smem_bytes
+        self.eager_copies = eager_copies
         self.libs: dict[str, ctypes.CDLL] = {}
         self.launches: list[tuple[KernelSource, tuple[int, ...], tuple[int, ...], int]] = []
 
     def _lib(self, kernel: KernelSource) -> ctypes.CDLL:
-        text = host_source(kernel.render(), kernel.name, self.params, self.args, self.smem)
+        text = host_source(kernel.render(), kernel.name, self.params, self.args, self.smem, self.eager_copies)
         key = hashlib.sha256((self.cxx + text).encode()).hexdigest()[:16]
         if key not in self.libs:
             src, lib = self.dir / f"{key}.cpp", self.dir / f"{key}.so"
@@ -154,9 +179,21 @@ class EmulatedLauncher:
         raise AssertionError("the emulated kernels borrow no workspace")
 
 
-def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: type = EmulatedLauncher):
-    """An emulated launcher (`cls`) building in a fresh `folder` with the host's g++; the test is
-    skipped where there is none."""
+def kernel_signature(file: str, kernel: str) -> tuple[str, str]:
+    """(parameter list, argument names) of `kernel` in kernel source `file`: EmulatedLauncher's
+    `params` and `args` for a kernel whose .cu has no PARAMS / ARGS macros."""
+    from polykit.kernels.cuda.base import kernel_file
+
+    found = re.search(kernel + r"\((.*?)\)\s*\{", kernel_file(file, kernel).read_text(), re.S)
+    if found is None:
+        raise ValueError(f"no kernel {kernel!r} in {file}")
+    params = " ".join(found.group(1).replace("__restrict__", "").split())
+    return params, ", ".join(p.split()[-1] for p in params.split(","))
+
+
+def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: type = EmulatedLauncher, **kw):
+    """An emulated launcher (`cls`, given `kw`) building in a fresh `folder` with the host's g++;
+    the test is skipped where there is none."""
     import shutil
 
     import pytest
@@ -164,4 +201,4 @@ def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: ty
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    return cls(tmp_path_factory.mktemp(folder), cxx, params, args)
+    return cls(tmp_path_factory.mktemp(folder), cxx, params, args, **kw)

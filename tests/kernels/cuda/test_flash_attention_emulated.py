@@ -1,0 +1,77 @@
+"""flash_attention.cu (mma.sync m16n8k16, ldmatrix .x4 / .trans, cp.async double buffers, quad
+shuffles) emulated on the host (no GPU): the tactics' own enqueue launches the kernel source
+compiled by g++, every thread of a block a real thread, the warp-level PTX a rendezvous of the
+warp's threads (block_emulation.py, warp_emulation.py); outputs poisoned (NaN), against the
+float64 reference. A sample of test_flash_attention.py's GPU cases: each tactic's block shape,
+float16 and bfloat16, odd query and key lengths (partial tiles), several key tiles, additive and
+bool masks, fully masked rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.tactics import find_tactic
+from tests.kernels.cuda.test_flash_attention import BF16, TOL, _arrays, layer_for, reference
+
+F16 = np.dtype(np.float16)
+rng = np.random.default_rng(53)
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
+
+    return host_launcher(tmp_path_factory, "flash_emulated", *kernel_signature("flash_attention.cu", "flash_attention"))
+
+
+def run_emulated(launcher, layer, inputs, tactic) -> np.ndarray:
+    y = np.full(layer.out_shapes[0], np.nan, inputs["Q"].dtype)
+    tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
+    tensors["Y"] = DeviceTensor(y.ctypes.data, y.shape, y.dtype)
+    find_tactic("cuda", "Attention", tactic).enqueue(layer, launcher, tensors)
+    return y.astype(np.float64)
+
+
+def error(out: np.ndarray, ref: np.ndarray) -> float:
+    """Relative error where the reference is defined; NaN rows must be the reference's."""
+    assert np.array_equal(np.isnan(out), np.isnan(ref)), "NaN rows differ from the reference"
+    ok = ~np.isnan(ref)
+    return float(np.linalg.norm((out - ref)[ok]) / (np.linalg.norm(ref[ok]) or 1.0))
+
+
+@pytest.mark.parametrize("tactic,dims,head,dtype", [
+    ("cuda.attention.flash", (1, 2, 77, 77), 64, F16),         # partial query and key tiles
+    ("cuda.attention.flash", (1, 1, 70, 200), 128, BF16),      # several key tiles, head 128
+    ("cuda.attention.flash_q128", (2, 1, 130, 40), 32, F16),   # 128-row query blocks
+    ("cuda.attention.flash_kv128", (1, 2, 9, 300), 64, BF16),  # 128-key tiles
+])
+def test_emulated_flash_matches_the_reference(launcher, tactic, dims, head, dtype):
+    B, H, S, Skv = dims
+    inputs = _arrays((B, H, S, head), (B, H, Skv, head), dtype)
+    layer = layer_for(inputs, (B, H, S, head))
+    assert error(run_emulated(launcher, layer, inputs, tactic), reference(layer, inputs)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("mask_shape,kind", [((2, 1, 1, 90), "add"), ((2, 1, 70, 90), "bool")])
+def test_emulated_flash_with_additive_and_bool_masks(launcher, mask_shape, kind):
+    inputs = _arrays((2, 2, 70, 64), (2, 2, 90, 64), F16)
+    if kind == "add":
+        inputs["mask"] = (rng.standard_normal(mask_shape) * 3).astype(np.float16)
+    else:
+        inputs["mask"] = rng.random(mask_shape) > 0.4
+    layer = layer_for(inputs, (2, 2, 70, 64))
+    assert error(run_emulated(launcher, layer, inputs, "cuda.attention.flash"), reference(layer, inputs)) <= TOL[F16]
+
+
+def test_emulated_fully_masked_rows_give_nan_like_the_reference(launcher):
+    inputs = _arrays((1, 2, 20, 64), (1, 2, 30, 64), F16)
+    mask = rng.random((1, 2, 20, 30)) > 0.3
+    mask[0, 1, 4] = False
+    mask[0, 0, 19] = False
+    inputs["mask"] = mask
+    layer = layer_for(inputs, (1, 2, 20, 64))
+    ref = reference(layer, inputs)
+    assert np.isnan(ref[0, 1, 4]).all() and error(run_emulated(launcher, layer, inputs, "cuda.attention.flash"),
+                                                  ref) <= TOL[F16]
