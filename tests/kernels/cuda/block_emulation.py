@@ -53,7 +53,49 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+// packed 16-bit PTX math (weight_only_mma.cuh), each half on its own: the operation exact in double (two
+// float16 values differ by at most 2^40; a bfloat16 fma's operands here lie within 2^30 of each other),
+// then one rounding: float16 through _Float16, bfloat16 to nearest even via round-to-odd in float
+inline double emu_h(unsigned v) { _Float16 h; unsigned short b = (unsigned short)v; memcpy(&h, &b, 2); return (double)h; }
+inline unsigned emu_to_h(double d) { _Float16 h = (_Float16)d; unsigned short b; memcpy(&b, &h, 2); return b; }
+inline double emu_b(unsigned v) { return (double)__uint_as_float((v & 0xffffu) << 16); }
+inline unsigned emu_to_b(double d) {
+  float f = (float)d;
+  unsigned u = __float_as_uint(f);
+  if ((double)f != d) {  // round to odd: toward zero, then the sticky last bit
+    if (fabs((double)f) > fabs(d)) u -= 1;
+    u |= 1;
+  }
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+inline unsigned emu_h2(unsigned a, unsigned b, int op) {
+  unsigned d = 0;
+  for (int i = 0; i < 2; ++i) {
+    const double x = emu_h(a >> 16 * i), y = emu_h(b >> 16 * i);
+    d |= emu_to_h(op ? x * y : x - y) << 16 * i;
+  }
+  return d;
+}
+inline unsigned emu_bf2_fma(unsigned a, unsigned b, unsigned c) {
+  unsigned d = 0;
+  for (int i = 0; i < 2; ++i) d |= emu_to_b(emu_b(a >> 16 * i) * emu_b(b >> 16 * i) + emu_b(c >> 16 * i)) << 16 * i;
+  return d;
+}
+inline unsigned emu_prmt(unsigned a, unsigned b, unsigned s) {
+  const unsigned long long v = ((unsigned long long)b << 32) | a;
+  unsigned d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned sel = (s >> 4 * i) & 15u, byte = (unsigned)(v >> 8 * (sel & 7u)) & 255u;
+    d |= (sel & 8u ? (byte & 128u ? 255u : 0u) : byte) << 8 * i;
+  }
+  return d;
+}
 """
+
+#: an inline-asm operand `"r"(expression)` (no parentheses inside)
+_R = r'"r"\(([^()]*)\)'
+
 
 #: PTX the host cannot assemble -> its C meaning (cp.async copies at once: its wait is then a no-op)
 PTX = {
@@ -62,6 +104,12 @@ PTX = {
     r'asm volatile\("cp\.async\.cg\.shared\.global \[%0\], \[%1\], 16, %2;" ::"r"\(\(u32\)__cvta_generic_to_shared\((\w+)\)\),'
     r'\s*"l"\((\w+)\),\s*"r"\((\w+) \? 16 : 0\) : "memory"\);': r"if (\3) memcpy(\1, \2, 16); else memset(\1, 0, 16);",
     r'asm volatile\("cp\.async\.wait_all;" ::: "memory"\);': "",
+    r'asm\("sub\.rn\.f16x2 %0, %1, %2;" : "=r"\((\w+)\) : ' + _R + ", " + _R + r"\);": r"\1 = emu_h2(\2, \3, 0);",
+    r'asm\("mul\.rn\.f16x2 %0, %1, %2;" : "=r"\((\w+)\) : ' + _R + ", " + _R + r"\);": r"\1 = emu_h2(\2, \3, 1);",
+    r'asm\("fma\.rn\.bf16x2 %0, %1, %2, %3;" : "=r"\((\w+)\) : ' + _R + ", " + _R + ", " + _R + r"\);":
+        r"\1 = emu_bf2_fma(\2, \3, \4);",
+    r'asm\("prmt\.b32 %0, %1, %2, %3;" : "=r"\((\w+)\) : ' + _R + ", " + _R + ", " + _R + r"\);":
+        r"\1 = emu_prmt(\2, \3, \4);",
 }
 
 
