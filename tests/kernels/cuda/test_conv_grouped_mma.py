@@ -2,10 +2,9 @@
 and grouped_mma_persist_p32) and the dense ones on the same kernel (conv_halo_mma: halo_mma_pipe_p32
 and halo_mma_persist_p32, group 1, 8 to 96 channels): which layers they take, the tiles they plan and
 where the tuner puts them (CPU), NVRTC compiles
-of every variant for sm_80 and sm_90, the kernels run on the host with mma.sync, ldmatrix and
-cp.async emulated from the PTX ISA (m16n8k16 fragments and m8n8 matrices exchanged through a
-per-warp table between two barriers of the warp's 32 threads, so warps run apart and a missing
-__syncthreads races; cp.async groups landing at their wait, or at once), and on the GPU against the
+of every variant for sm_80 and sm_90, the grouped kernels run on the host (block_emulation.py with
+warp_emulation.py's mma.sync, ldmatrix and cp.async; the dense tactics' emulated cases are
+test_conv_halo_emulated.py's), and on the GPU against the
 float64 reference with poisoned outputs: 8, 16, 24 and 32 channels a group, 3 x 3, 5 x 3, 3 x 1 and
 1 x 1 kernels, strides 2, dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned
 input (the element staging), blocks looping over several tiles; the dense tactics on DENSE_CASES
@@ -15,12 +14,11 @@ epilogue besides; test_conv_grouped.py runs the grouped ones on misaligned tenso
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 import pytest
 
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.conv import conv_grouped_mma
 from polykit.kernels.cuda.conv import conv_halo_mma
 from polykit.kernels.cuda.conv.conv_grouped_mma import (MMA_SMEM_LIMIT, PERSIST, PIPE, VARIANTS, choose_mma_tile,
@@ -268,126 +266,13 @@ def test_every_halo_variant_compiles_with_nvrtc(shared_kernel_cache):
         assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
-# ---- host emulation of mma.sync ----------------------------------------------------------------
-#: gm_mma on the host: a warp's lanes publish their fragments, meet (the warp's 32 threads only, so
-#: warps run apart as on the GPU and a missing __syncthreads between warps still races), each
-#: computes its own accumulators from the m16n8k16 layouts (A row-major: a register holds row gid
-#: (+8), columns 2 tig + {0, 1} (+8); B column-major: rows 2 tig + {0, 1} (+8), column gid), then
-#: meet again
-EMULATED_MMA = r"""
-static std::barrier<> gm_emu_bar[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
-                                      std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
-static void gm_emu_warp_sync() { gm_emu_bar[threadIdx.x / 32].arrive_and_wait(); }
-static u32 gm_emu_a[8][32][4], gm_emu_b[8][32][2];
-static float gm_emu_elem(u32 word, int half) {
-  const u32 bits = half ? word >> 16 : word & 0xffffu;
-#if GM_BF16
-  return __uint_as_float(bits << 16);
-#else
-  half_t h; h.x = (unsigned short)bits; return h2f(h);
-#endif
-}
-__device__ __forceinline__ void gm_mma(float* c, const u32* a, const u32* b) {
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32, gid = l / 4, tig = l % 4;
-  for (int i = 0; i < 4; ++i) gm_emu_a[w][l][i] = a[i];
-  for (int i = 0; i < 2; ++i) gm_emu_b[w][l][i] = b[i];
-  gm_emu_warp_sync();
-  float d[4];
-  for (int e = 0; e < 4; ++e) {
-    const int row = gid + 8 * (e / 2), col = 2 * tig + e % 2;
-    float s = 0.f;
-    for (int k = 0; k < 16; ++k) {
-      const float av = gm_emu_elem(gm_emu_a[w][(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k % 2);
-      const float bv = gm_emu_elem(gm_emu_b[w][col * 4 + (k % 8) / 2][k >= 8], k % 2);
-      s += av * bv;
-    }
-    d[e] = s;
-  }
-  gm_emu_warp_sync();
-  for (int e = 0; e < 4; ++e) c[e] += d[e];
-}
-"""
-
-
-#: ldmatrix on the host, from the PTX ISA's m8n8 .b16 layout: lane 8 i + j gives the address of
-#: row j of matrix i (x2: lanes 0-15 count), lane l receives in register i matrix i's row l / 4,
-#: elements 2 (l % 4) and 2 (l % 4) + 1; the lanes publish their addresses and meet (as a warp,
-#: as in gm_mma)
-EMULATED_LDSM = r"""
-static const unsigned char* gm_emu_p[8][32];
-static void gm_emu_ldsm(u32* r, const void* p, int count) {
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  gm_emu_p[w][l] = (const unsigned char*)p;
-  gm_emu_warp_sync();
-  for (int i = 0; i < count; ++i) memcpy(&r[i], gm_emu_p[w][8 * i + l / 4] + 4 * (l % 4), 4);
-  gm_emu_warp_sync();
-}
-__device__ __forceinline__ void gm_ldsm_x4(u32* r, const ELEM* p) { gm_emu_ldsm(r, p, 4); }
-"""
-#: cp.async on the host, at the two ends of what the GPU may do. Deferred: a thread's copies queue in
-#: its open group, a commit closes the group, cp.async.wait_group N lands all but the newest N
-#: groups; until then the shared memory keeps what the block before left there, so a phase that
-#: reads rows or weights of a group it did not wait for computes with stale data. Eager
-#: (GM_EMU_EAGER): each copy lands at once, so one into a buffer that other warps may still read
-#: (no barrier between) races with them.
-EMULATED_CP = r"""
-struct GmEmuCopy { void* dst; const void* src; bool ok; };
-static thread_local std::vector<std::vector<GmEmuCopy>> gm_emu_groups;
-static thread_local std::vector<GmEmuCopy> gm_emu_open;
-__device__ __forceinline__ void gm_cp16(ELEM* dst, const ELEM* src, bool ok) {
-#if GM_EMU_EAGER
-  if (ok) memcpy(dst, src, 16); else memset(dst, 0, 16);
-#else
-  gm_emu_open.push_back({dst, src, ok});
-#endif
-}
-"""
-EMULATED_WAIT = r"""
-__device__ __forceinline__ void gm_cp_wait(int pending) {
-  while ((int)gm_emu_groups.size() > pending) {
-    for (const GmEmuCopy& c : gm_emu_groups.front())
-      if (c.ok) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
-    gm_emu_groups.erase(gm_emu_groups.begin());
-  }
-}
-"""
-#: each helper's host stand-in
-EMULATED = {"gm_mma": EMULATED_MMA, "gm_ldsm_x4": EMULATED_LDSM,
-            "gm_ldsm_x2": "__device__ __forceinline__ void gm_ldsm_x2(u32* r, const ELEM* p) "
-                          "{ gm_emu_ldsm(r, p, 2); }\n",
-            "gm_cp16": EMULATED_CP,
-            "gm_cp_commit": "__device__ __forceinline__ void gm_cp_commit() { gm_emu_groups.push_back(gm_emu_open); "
-                            "gm_emu_open.clear(); }\n",
-            "gm_cp_wait": EMULATED_WAIT}
-
-
-def emulated_source(text: str) -> str:
-    """A grouped mma kernel's rendered source with its warp-level PTX helpers (each it has: gm_mma
-    at least) in host C++."""
-    for name, body in EMULATED.items():
-        text, count = re.subn(r"__device__ __forceinline__ void " + name + r"\(.*?\n\}\n", lambda _: body, text,
-                              count=1, flags=re.S)
-        assert count == 1 or name != "gm_mma", name
-    assert not re.search(r'asm volatile\(\s*"(mma|ldmatrix|cp\.async\.(commit|wait))', text)
-    assert "void gm_cp16" not in text or "gm_emu_open.push_back" in text
-    return text
-
-
+# ---- host emulation (block_emulation.py; mma.sync, ldmatrix, cp.async: warp_emulation.py) ----------
+#: the dense tactics' emulated cases are test_conv_halo_emulated.py's
 def emulated_launcher(tmp_path_factory, eager: bool):
-    import shutil
+    """The kernels on the host, cp.async copies deferred to their wait or landing at once (`eager`)."""
+    from tests.kernels.cuda.block_emulation import host_launcher
 
-    from tests.kernels.cuda.block_emulation import EmulatedLauncher
-
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-
-    class MmaEmulated(EmulatedLauncher):
-        def _lib(self, kernel: KernelSource):
-            text = f"#define GM_EMU_EAGER {int(eager)}\n" + emulated_source(kernel.render())
-            return super()._lib(KernelSource(kernel.name, code=text))
-
-    return MmaEmulated(tmp_path_factory.mktemp("grouped_mma_emulated"), cxx, "GM_PARAMS", "GM_ARGS")
+    return host_launcher(tmp_path_factory, "grouped_mma_emulated", "GM_PARAMS", "GM_ARGS", eager_copies=eager)
 
 
 @pytest.fixture(scope="module")
@@ -410,28 +295,6 @@ def test_emulated_mma_matches_the_reference(launcher, tactic, case, dtype):
     assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("tactic,case,dtype", [(t, c, (F16, BF16)[(c + i) % 2]) for i, t in enumerate(sorted(HALO))
-                                               for c in range(len(DENSE_CASES))])
-def test_emulated_halo_matches_the_reference(launcher, tactic, case, dtype):
-    """Every dense case on both halo tactics, float16 and bfloat16 alternating (each case gets both)."""
-    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
-
-    x, w, attrs = DENSE_CASES[case]
-    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=1) <= TOL[dtype]
-
-
-@pytest.mark.parametrize("tactic", sorted(HALO))
-@pytest.mark.parametrize("case,skip", [(0, (1, 9, 11, 24)), (3, (1, 1, 10, 1))])
-def test_emulated_halo_silu_residual_epilogue_and_misaligned_output(launcher, tactic, case, skip):
-    """SiLU then a residual of the output's shape (16-byte epilogue loads) and one broadcast over
-    rows and channels (strided), into an output 2 bytes off (element stores)."""
-    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
-
-    x, w, attrs = DENSE_CASES[case]
-    assert run_emulated(launcher, tactic, x, w, attrs, F16, shift_y=1, group=1, epilogue=SILU_RESIDUAL,
-                        extra={"skip": skip}) <= TOL[F16]
-
-
 @pytest.mark.parametrize("tactic", TACTICS)
 def test_emulated_mma_residual_relu_epilogue_and_misaligned_output(launcher, tactic):
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
@@ -452,34 +315,35 @@ def two_sms(monkeypatch):
     choose_mma_tile.cache_clear()
 
 
-@pytest.mark.parametrize("copies", ["deferred", "eager"])
-@pytest.mark.parametrize("tactic,case,dtype", [(PERSISTS, CASES[c], d) for c, d in ((3, F16), (5, BF16), (11, F16),
-                                                                                   (12, F16), (14, BF16))]
-                         + [(HALO_PERSIST, DENSE_CASES[c][:2] + (1,) + DENSE_CASES[c][2:], d)
-                            for c, d in ((0, F16), (1, BF16), (4, F16), (6, F16))])
-def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, tactic, case, dtype, copies):
-    """Each block computes several tiles of several images (weights staged once, the next window
-    in flight in the other buffer): with deferred copies a window read before its group was waited
-    for computes with stale data, with eager ones a refill of a buffer some warp still reads races.
-    Grouped layers on grouped_mma_persist, dense ones on halo_mma_persist."""
+def run_persistent(launcher, tactic, case, dtype):
+    """`case` (x, w, group, attrs) at batch 3 on `tactic` (a PERSIST one) with two_sms's plans: the
+    error against the reference; asserts the launch had fewer blocks a slice than tiles."""
     from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated
 
-    launcher = request.getfixturevalue("launcher" if copies == "deferred" else "eager_launcher")
     x, w, group, attrs = case
     x = (3,) + tuple(x[1:])
-    assert run_emulated(launcher, tactic, x, w, attrs, dtype, group=group) <= TOL[dtype]
+    err = run_emulated(launcher, tactic, x, w, attrs, dtype, group=group)
     layer, _, specs = grouped_layer(x, w, group, attrs)
     window_of = halo_window if group == 1 else mma_window
     plan = plan_mma(layer.attrs, x, w, specs["Y"][0], "float16", PERSIST, window_of=window_of)
     tiles = x[0] * -(-plan.OH // plan.TH) * plan.tiles_w
     assert launcher.launches[-1][1] == plan.grid and 1 <= plan.ctas < tiles   # fewer blocks a slice than tiles
+    return err
 
 
-@pytest.mark.parametrize("tactic,case", [(PIPES, CASES[12]), (PERSISTS, CASES[12]),
-                                         (HALO_PIPE, DENSE_CASES[1][:2] + (1,) + DENSE_CASES[1][2:]),
-                                         (HALO_PERSIST, DENSE_CASES[7][:2] + (1,) + DENSE_CASES[7][2:])])
-def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic, case):
-    """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
+@pytest.mark.parametrize("copies", ["deferred", "eager"])
+@pytest.mark.parametrize("case,dtype", [(3, F16), (5, BF16), (11, F16), (12, F16), (14, BF16)])
+def test_emulated_persistent_blocks_loop_over_double_buffered_tiles(request, two_sms, case, dtype, copies):
+    """Each block computes several tiles of several images (weights staged once, the next window
+    in flight in the other buffer): with deferred copies a window read before its group was waited
+    for computes with stale data, with eager ones a refill of a buffer some warp still reads races."""
+    launcher = request.getfixturevalue("launcher" if copies == "deferred" else "eager_launcher")
+    assert run_persistent(launcher, PERSISTS, CASES[case], dtype) <= TOL[dtype]
+
+
+def run_misaligned_input(launcher, tactic, case):
+    """`case` (x, w, group, attrs) in float16 with X 2 bytes off 16 on `tactic`: the error against
+    the reference; asserts the pipelined kernel ran."""
     from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
 
     x, w, group, attrs = case
@@ -493,8 +357,13 @@ def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tact
     tensors["Y"] = DeviceTensor(y.ctypes.data, shape, np.dtype(dt))
     find_tactic("cuda", "ConvNHWC", tactic).enqueue(layer, launcher, tensors)
     assert launcher.launches[-1][0].name == "conv_grouped_mma_pipe_nhwc"
-    assert rel_err(y, reference(layer, inputs)) <= TOL[F16]
+    return rel_err(y, reference(layer, inputs))
 
+
+@pytest.mark.parametrize("tactic", [PIPES, PERSISTS])
+def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tactic):
+    """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
+    assert run_misaligned_input(launcher, tactic, CASES[12]) <= TOL[F16]
 
 # ---- GPU ---------------------------------------------------------------------------------------
 #: (tactic, x, w, group, attrs): the grouped tactics on MMA_CASES, the dense ones on DENSE_CASES

@@ -2,7 +2,7 @@
 
 Host side (no GPU): the geometry a row length gets, which layers the tactic takes, its launch
 (16-byte vectors only where aligned), and the kernel itself run on the host (block_emulation.py,
-its warp shuffles emulated through the block barrier) against the reference. GPU: results against
+its warp shuffles a rendezvous of the warp's threads) against the reference. GPU: results against
 the reference with poisoned outputs, odd lengths, misaligned tensors, bias or not, statistics."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.reduce.norm import WarpGeometry, compile_variants, warp_geometry, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
-from tests.kernels.cuda.block_emulation import EmulatedLauncher, host_launcher
+from tests.kernels.cuda.block_emulation import host_launcher
 
 rng = np.random.default_rng(29)
 WARP = "cuda.norm.warp"
@@ -147,29 +147,9 @@ def test_every_dtype_and_the_register_heaviest_variants_compile_in_ci():
 
 
 # ---- the kernel on the host ----------------------------------------------------------------------
-#: the warp shuffle as the emulation can have it: every thread of the block meets at the barrier
-#: (norm_warp.cu's loop is block-uniform), publishes its value and reads its partner's
-SHUFFLE = r"""
-static float emu_lane_values[1024];
-inline float __shfl_xor_sync(unsigned, float v, int m) {
-  emu_lane_values[threadIdx.x] = v;
-  __syncthreads();
-  const float r = emu_lane_values[threadIdx.x ^ m];
-  __syncthreads();
-  return r;
-}
-inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
-"""
-
-
-class WarpEmulation(EmulatedLauncher):
-    def _lib(self, kernel: KernelSource):
-        return super()._lib(KernelSource(kernel.name, code=SHUFFLE + kernel.render()))
-
-
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "norm_warp_emulated", "NW_PARAMS", "NW_ARGS", WarpEmulation)
+    return host_launcher(tmp_path_factory, "norm_warp_emulated", "NW_PARAMS", "NW_ARGS")
 
 
 def host_buffers(layer, feeds, shift):

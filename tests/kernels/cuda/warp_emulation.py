@@ -1,0 +1,328 @@
+"""Warp collectives and the warp-level PTX of polykit's kernels, for block_emulation.py's host threads.
+
+The 32 lanes of a warp are 32 host threads that do not run in lockstep; a collective is a warp
+rendezvous: each lane writes its operands into its slot of the warp's table, the warp meets at
+its own barrier (its lanes only: warps still run apart, so a missing __syncthreads between warps
+races as on a GPU), each lane computes its own result from the others' slots, and the warp meets
+again before a slot may be rewritten. On this rest:
+  - __shfl_sync / __shfl_xor_sync / __shfl_down_sync / __shfl_up_sync (full mask; `width` segments
+    as CUDA has them), __syncwarp;
+  - mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 and
+    m16n8k32.row.col.s32.s8.s8.s32, from the PTX ISA's fragment layouts (g = lane / 4, t = lane % 4:
+    A register i holds row g + 8 (i % 2), columns 2t + {0, 1} + 8 (i / 2) (s8: 4t + {0..3} + 16 (i / 2));
+    B register i rows 2t + {0, 1} + 8 i (s8: 4t + {0..3} + 16 i), column g; C/D element e row
+    g + 8 (e / 2), column 2t + e % 2). Each product of two f16 (11-bit significands) or bf16 (8-bit)
+    is exact in float; a lane sums its 16 products in float in k order from zero and adds the sum
+    to C once. The GPU adds the exact products in an order and with an alignment of its own, also in
+    fp32: the two differ by a few fp32 roundings of partial sums, relative 16 * 2^-24 of
+    sum |a b| an mma and K * 2^-24 over a conv's K <= 864 (5e-5), under the fp16 / bf16 storage
+    rounding of the output (2^-11 / 2^-8) that the tests' tolerances are set by. s8 sums are exact;
+  - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16: lane 8 i + j gives the address of
+    row j of matrix i; lane l receives in register i matrix i's row l / 4, elements 2 (l % 4) + {0, 1}
+    (.trans: the transposed matrix's, i.e. elements [2 (l % 4) + {0, 1}][l / 4]);
+  - cp.async.{ca,cg}.shared.global (cp-size, optional src-size: zeros past it), commit_group,
+    wait_group N, wait_all. Deferred (default): a thread's copies queue in its open group, a commit
+    closes it, wait_group N lands all but the newest N groups, so a phase that reads what it did not
+    wait for computes with stale shared memory. Eager (EMU_CP_EAGER 1): each copy lands at once, so
+    one into a buffer other warps still read races with them. The two ends of what a GPU may do;
+  - ex2.approx / rcp.approx (the host's exp2f and division: not their bits).
+Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
+own data (the emulated shared memory is the module's statics), sign-extended back.
+
+`translate_asm` rewrites every inline `asm` statement of a source into calls of these; one it does
+not know is a ValueError that names it.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: the host side of the warp collectives (after block_emulation's PRELUDE: Dim3, threadIdx, blockDim)
+WARP_PRELUDE = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <memory>
+#ifndef EMU_CP_EAGER
+#define EMU_CP_EAGER 0
+#endif
+struct EmuWarp { std::barrier<>* bar; unsigned lanes; alignas(16) unsigned char slot[32][64]; };
+static EmuWarp* emu_warps;                     // the running block's warps
+static thread_local unsigned emu_lane, emu_warp_id;
+inline void emu_fail(const char* what) { fprintf(stderr, "warp emulation: %s\n", what); fflush(stderr); abort(); }
+inline EmuWarp& emu_w() { return emu_warps[emu_warp_id]; }
+inline unsigned char* emu_slot(unsigned lane) { return emu_w().slot[lane]; }
+inline void emu_warp_sync() { emu_w().bar->arrive_and_wait(); }
+inline void emu_full_mask(unsigned mask) {
+  const unsigned lanes = emu_w().lanes, full = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  if ((mask & full) != full) emu_fail("a partial warp mask (only full-warp collectives are modelled)");
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu_full_mask(mask); emu_warp_sync(); }
+inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
+
+// lane emu_lane publishes v, reads lane `src` (its own where src is past the warp)
+template <class T> inline T emu_exchange(unsigned mask, T v, unsigned src) {
+  static_assert(sizeof(T) <= 64, "a shuffled value fits a slot");
+  emu_full_mask(mask);
+  memcpy(emu_slot(emu_lane), &v, sizeof(T));
+  emu_warp_sync();
+  T r;
+  memcpy(&r, emu_slot(src < emu_w().lanes ? src : emu_lane), sizeof(T));
+  emu_warp_sync();
+  return r;
+}
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return emu_exchange(mask, v, (emu_lane & ~(unsigned)(width - 1)) + ((unsigned)src & (unsigned)(width - 1)));
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+  const unsigned s = emu_lane ^ (unsigned)m, base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
+}
+template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  const unsigned s = emu_lane + d, base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
+}
+template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  const unsigned base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, emu_lane < base + d ? emu_lane : emu_lane - d);
+}
+
+// shared-memory addresses: offsets from an anchor among the module's statics
+static unsigned char emu_shared_anchor;
+inline unsigned long long __cvta_generic_to_shared(const void* p) {
+  return (unsigned)((intptr_t)p - (intptr_t)&emu_shared_anchor);
+}
+inline unsigned char* emu_shared(unsigned a) { return &emu_shared_anchor + (int)a; }
+
+// element `half` (0 low, 1 high) of a register of two 16-bit values, as float
+inline float emu_f16(unsigned w, int half) {
+  const unsigned short b = (unsigned short)(half ? w >> 16 : w & 0xffffu);
+  _Float16 v;
+  memcpy(&v, &b, 2);
+  return (float)v;
+}
+inline float emu_bf16(unsigned w, int half) {
+  const unsigned b = (half ? w >> 16 : w & 0xffffu) << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+inline int emu_s8(unsigned w, int byte) { return (int)(signed char)(w >> (8 * byte)); }
+
+// mma m16n8k16 f32 += {f16,bf16} x {f16,bf16}: A row-major 16 x 16 (4 registers), B column-major 16 x 8
+// (2), C / D 16 x 8 (4 floats); products exact, summed in float in k order, then added to C
+template <float (*ELEM)(unsigned, int)>
+inline void emu_mma_m16n8k16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2,
+                             unsigned a3, unsigned b0, unsigned b1, float c0, float c1, float c2, float c3) {
+  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(emu_slot(emu_lane), mine, sizeof(mine));
+  emu_warp_sync();
+  const int g = emu_lane / 4, t = emu_lane % 4;
+  const float c[4] = {c0, c1, c2, c3};
+  float d[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    float s = 0.f;
+    for (int k = 0; k < 16; ++k) {
+      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % 8) / 2);
+      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % 8) / 2);
+      s += ELEM(a[(row >= 8) + 2 * (k >= 8)], k % 2) * ELEM(b[4 + (k >= 8)], k % 2);
+    }
+    d[e] = c[e] + s;
+  }
+  emu_warp_sync();
+  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+
+// mma m16n8k32 s32 += s8 x s8: A register i row g + 8 (i % 2), k 4t + {0..3} + 16 (i / 2); B register i
+// k 4t + {0..3} + 16 i, column g (exact: integer sums, wrapping as the s32 accumulator does)
+inline void emu_mma_m16n8k32_s8(int& d0, int& d1, int& d2, int& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                unsigned b0, unsigned b1, int c0, int c1, int c2, int c3) {
+  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(emu_slot(emu_lane), mine, sizeof(mine));
+  emu_warp_sync();
+  const int g = emu_lane / 4, t = emu_lane % 4;
+  const int c[4] = {c0, c1, c2, c3};
+  int d[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    unsigned s = (unsigned)c[e];
+    for (int k = 0; k < 32; ++k) {
+      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % 16) / 4);
+      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % 16) / 4);
+      s += (unsigned)(emu_s8(a[(row >= 8) + 2 * (k >= 16)], k % 4) * emu_s8(b[4 + (k >= 16)], k % 4));
+    }
+    d[e] = (int)s;
+  }
+  emu_warp_sync();
+  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+
+// ldmatrix m8n8 .b16: `count` matrices (1, 2, 4) into r[0..count), rows addressed by lanes 8 i + j
+inline void emu_ldmatrix(int count, bool trans, unsigned* r, unsigned addr) {
+  const unsigned char* mine = emu_shared(addr);
+  memcpy(emu_slot(emu_lane), &mine, sizeof(mine));
+  emu_warp_sync();
+  const int l = emu_lane;
+  for (int i = 0; i < count; ++i) {
+    const unsigned char* row;
+    if (!trans) {
+      memcpy(&row, emu_slot(8 * i + l / 4), sizeof(row));
+      memcpy(&r[i], row + 4 * (l % 4), 4);
+    } else {
+      unsigned short e[2];
+      for (int j = 0; j < 2; ++j) {
+        memcpy(&row, emu_slot(8 * i + 2 * (l % 4) + j), sizeof(row));
+        memcpy(&e[j], row + 2 * (l / 4), 2);
+      }
+      r[i] = (unsigned)e[0] | ((unsigned)e[1] << 16);
+    }
+  }
+  emu_warp_sync();
+}
+
+// cp.async: copies of `size` bytes, `src_size` of them read (zeros after); deferred or eager
+struct EmuCopy { unsigned char* dst; const unsigned char* src; int size, src_size; };
+static thread_local std::vector<std::vector<EmuCopy>> emu_groups;
+static thread_local std::vector<EmuCopy> emu_open;
+inline void emu_land(const EmuCopy& c) {
+  memcpy(c.dst, c.src, c.src_size);
+  memset(c.dst + c.src_size, 0, c.size - c.src_size);
+}
+inline void emu_cp_async(unsigned dst, const void* src, int size, int src_size) {
+  if (src_size < 0 || src_size > size) emu_fail("cp.async src-size past cp-size");
+  const EmuCopy c = {emu_shared(dst), (const unsigned char*)src, size, src_size};
+  if (EMU_CP_EAGER) emu_land(c); else emu_open.push_back(c);
+}
+inline void emu_cp_commit() {
+  emu_groups.push_back(emu_open);
+  emu_open.clear();
+}
+inline void emu_cp_wait(int pending) {
+  while ((int)emu_groups.size() > pending) {
+    for (const EmuCopy& c : emu_groups.front()) emu_land(c);
+    emu_groups.erase(emu_groups.begin());
+  }
+}
+inline void emu_cp_wait_all() { emu_cp_commit(); emu_cp_wait(0); }
+"""
+
+
+def _closing(text: str, open_at: int) -> int:
+    """Index of the parenthesis closing the one at `open_at` (string literals skipped)."""
+    depth, i = 0, open_at
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ValueError("an asm statement without its closing parenthesis")
+
+
+def _sections(body: str) -> list[str]:
+    """`body` split at its top-level colons (template, outputs, inputs, clobbers)."""
+    out, depth, cur, i = [], 0, [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch == '"':
+            j = i + 1
+            while body[j] != '"':
+                j += 2 if body[j] == "\\" else 1
+            cur.append(body[i:j + 1])
+            i = j + 1
+            continue
+        depth += (ch == "(") - (ch == ")")
+        if ch == ":" and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    return out + ["".join(cur)]
+
+
+def _operands(section: str) -> list[str]:
+    """The C expressions of a section's `"constraint"(expr)` operands, in order."""
+    exprs = []
+    for m in re.finditer(r'"[^"]*"\s*\(', section):
+        end = _closing(section, m.end() - 1)
+        exprs.append(f"({section[m.end():end].strip()})")
+    return exprs
+
+
+def _args(template: str, operands: list[str]) -> tuple[str, list[list[str]]]:
+    """(opcode, arguments): each argument a list of C expressions ({..} vectors their elements,
+    [..] addresses their one expression), %N replaced by operand N."""
+    text = template.replace("\\n", " ").replace("\\t", " ").strip().rstrip(";").strip()
+    if ";" in text or text.startswith("{"):
+        raise ValueError(f"PTX of several instructions: {text!r}")
+    opcode, _, rest = text.partition(" ")
+    args = [a.strip().strip("[]{}") for a in re.findall(r"\{[^}]*\}|[^,{}]+", rest) if a.strip()]
+    return opcode, [[re.sub(r"%(\d+)", lambda m: operands[int(m.group(1))], e.strip()) for e in a.split(",")]
+                    for a in args]
+
+
+def _mma(fn: str):
+    def emit(args: list[list[str]]) -> str:
+        d, a, b, c = args
+        return f"{fn}({', '.join(d + a + b + c)})"
+
+    return emit
+
+
+def _ldmatrix(count: int, trans: bool):
+    def emit(args: list[list[str]]) -> str:
+        regs, (addr,) = args
+        copies = " ".join(f"{r} = emu_r[{i}];" for i, r in enumerate(regs))
+        return f"do {{ unsigned emu_r[4]; emu_ldmatrix({count}, {str(trans).lower()}, emu_r, {addr}); {copies} }} while (0)"
+
+    return emit
+
+
+def _cp_async(args: list[list[str]]) -> str:
+    (dst,), (src,), (size,), *src_size = args
+    return f"emu_cp_async({dst}, {src}, {size}, {src_size[0][0] if src_size else size})"
+
+
+#: PTX opcode (a full match) -> emit(arguments) -> the C expression that stands for the statement
+PTX_OPS = [
+    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", _mma("emu_mma_m16n8k16<emu_f16>")),
+    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", _mma("emu_mma_m16n8k16<emu_bf16>")),
+    (r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", _mma("emu_mma_m16n8k32_s8")),
+    *[(rf"ldmatrix\.sync\.aligned\.m8n8\.x{n}{t}\.shared(::cta)?\.b16", _ldmatrix(n, bool(t)))
+      for n in (1, 2, 4) for t in ("", r"\.trans")],
+    (r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", _cp_async),
+    (r"cp\.async\.commit_group", lambda args: "emu_cp_commit()"),
+    (r"cp\.async\.wait_group", lambda args: f"emu_cp_wait({args[0][0]})"),
+    (r"cp\.async\.wait_all", lambda args: "emu_cp_wait_all()"),
+    (r"ex2\.approx(\.ftz)?\.f32", lambda args: f"{args[0][0]} = exp2f({args[1][0]})"),
+    (r"rcp\.approx(\.ftz)?\.f32", lambda args: f"{args[0][0]} = 1.0f / {args[1][0]}"),
+]
+
+
+def translate_asm(cuda: str) -> str:
+    """`cuda` with each inline `asm [volatile] (...)` replaced by the host code of its PTX
+    (PTX_OPS); ValueError naming the first instruction that has none."""
+    out, pos = [], 0
+    for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", cuda):
+        if m.start() < pos:
+            continue
+        end = _closing(cuda, m.end() - 1)
+        sections = _sections(cuda[m.end():end])
+        template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', sections[0]))
+        operands = [e for s in sections[1:3] for e in _operands(s)]
+        opcode, args = _args(template, operands)
+        emit = next((emit for pattern, emit in PTX_OPS if re.fullmatch(pattern, opcode)), None)
+        if emit is None:
+            raise ValueError(f"the kernel source holds PTX the host emulation does not model: {opcode}")
+        out += [cuda[pos:m.start()], emit(args)]
+        pos = end + 1
+    return "".join(out) + cuda[pos:]
