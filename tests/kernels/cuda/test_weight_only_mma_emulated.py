@@ -98,19 +98,9 @@ def test_the_packed_dequantization_is_dequantize_linear_bit_for_bit(dequant_laun
     assert bad.size == 0, f"{bad.size} pairs differ, first {bad[:4]}: {out[bad[:4]]} != {want[bad[:4]]}"
 
 
-def emulates_mma(launcher, source: KernelSource) -> bool:
-    """Whether the host emulation rewrites the kernel's mma.sync (block_emulation.py, branch warpemu)."""
-    from tests.kernels.cuda.block_emulation import host_source
-
-    try:
-        text = host_source(source.render(), source.name, launcher.params, launcher.args, launcher.smem)
-    except ValueError:
-        return False
-    return '"mma.sync' not in text  # no inline mma left (the comments may name it)
-
-
-def run_emulated(launcher, tactic_name, layer, inputs):
-    """The tactic's real enqueue on the emulated launcher, Y poisoned (NaN) first; Y."""
+def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
+    """The tactic's real enqueue on the emulated launcher, Y poisoned (NaN) first, X `shift_x`
+    elements past a 16-byte boundary; Y."""
     from polykit.compiler.ops.quant.weight_only import KIND
     from polykit.kernels.tactics import find_tactic
 
@@ -120,6 +110,9 @@ def run_emulated(launcher, tactic_name, layer, inputs):
     n = inputs["W"].shape[0]
     y = np.full((*x.shape[:-1], n), np.nan, x.dtype)
     tensors = {name: tensor(np.ascontiguousarray(a)) for name, a in inputs.items()}
+    moved = np.empty(x.size + 8, x.dtype)  # numpy's buffer: 16-byte aligned
+    moved[shift_x:shift_x + x.size] = x.reshape(-1)
+    tensors["X"] = DeviceTensor(moved.ctypes.data + shift_x * x.itemsize, x.shape, x.dtype)
     tensors["Y"] = tensor(y)
     tactic.enqueue(layer, launcher, tensors)
     return y
@@ -139,11 +132,21 @@ def test_the_emulated_kernel_matches_the_reference(launcher, tile, x_shape, n, b
     from tests.kernels.cuda.test_weight_only import TOLERANCE
 
     dtype = (np.float16, BF16)[MMA_CASES.index((x_shape, n, block)) % 2]
-    if not emulates_mma(launcher, tile.source(ELEMS[np.dtype(dtype).name])):
-        pytest.skip("the host emulation does not model mma.sync yet (block_emulation.py, branch warpemu)")
     layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
                                  seed=n)
     got = run_emulated(launcher, tile.name, layer, inputs)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(launcher, dtype):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    layer, inputs = random_layer((9, 144), 11, "int4", 32, dtype=dtype, seed=3)
+    got = run_emulated(launcher, MMA_TILES[0].name, layer, inputs, shift_x=1)
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     want = reference_layer(layer, inputs)["Y"]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
