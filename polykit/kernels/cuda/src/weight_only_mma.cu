@@ -34,15 +34,19 @@
 // dequantization ~2 (float16) / ~2.5 (bfloat16, two subtractions), the mma 2 a word a tile = 0.25, X
 // 2 loads + 8 byte-permutes a word shared by the NT tiles = 1.25 / NT (half at M <= 8), a chunk's
 // address, scale and zero point ~0.4: ~3.3 (NT = 2) / ~3 (NT = 4) a lane-element, i.e. K * 3.3 / 32
-// warp-instructions a column, about a third of weight_only_gemv's at M = 1 and an eighth at M = 16.
+// warp-instructions a column, about a third of weight_only_gemv's at M = 1 and a ninth at M = 16.
 // Bytes: the packed weight K / 2 a column (+ scales, zero points) from DRAM once; X M * K * 2 once a
 // block from L2 (N / (8 * NT) blocks).
-// Predicted at N = K = 4096, int4 blocked 128, float16 X, H200 (132 SMs, 4.8 TB/s; not measured):
-// weights 8.8 MB ~ 1.8 us of DRAM; issue 16.8 M * 3.3 / 32 ~ 1.7 M warp-instructions ~ 2 us at 1.6 GHz;
-// X from L2: 0.5 MB (M = 1, NT = 2) / 16.8 MB (M = 16, NT = 4: twice the weights: the limiter, ~2.5-3 us
-// at L2 speed); with launch and the K chain (2 groups of dependent loads a warp) ~4-5 us at M = 1 and
-// ~5-6 us at M = 16, against 26.5 / 90.6 us for weight_only_gemv (H200). kernels/cuda/int8/
-// weight_only_mma.py's mma_us is this model. Untested on a GPU: registers and spills unknown.
+// Predicted at N = K = 4096, int4 blocked 128, float16 X (not measured). H200 (132 SMs, 4.8 TB/s): weights
+// 8.8 MB ~ 1.8 us of DRAM; issue 16.8 M * 3.3 / 32 ~ 1.7 M warp-instructions ~ 2 us at 1.6 GHz; X from L2
+// once a block: 2 MB at M = 1 (c16), 16.8 MB at M = 16 (c32: twice the weights, the limiter: ~2.5-3.5 us
+// at L2 speed); with launch and the K chain (2 groups of dependent loads a warp) ~3-5 us at M = 1 and
+// ~5-8 us at M = 16, against 26.5 / 90.6 us measured for weight_only_gemv and 15.5 / 14.9 us for the
+// fp16 GEMM (the 2.5x target: <= ~6 us; M = 16 may miss it by X's re-reads: fewer of them needs more
+// columns a block, i.e. K split over blocks). kernels/cuda/int8/weight_only_mma.py's mma_us is this
+// model with weight_only.gemv_us's H100 constants (3.0 TB/s, X at DRAM speed, 3 us fixed): 6.6 / 6.4 us
+// (c16 / c32) at M = 1 and 17.2 / 11.8 us at M = 16, against gemv_us's best 8.9 and 20.4.
+// Registers (ptxas -v, sm_90, no spills): 118-122 a thread at NT = 2 (2 blocks an SM), 188-196 at NT = 4.
 // Defines: ELEM (half_t, bf16_t), WK (warps a block), NT (n8 tiles a warp), G (slices a load group).
 #include "weight_only_mma.cuh"
 
