@@ -251,6 +251,23 @@ def test_the_mma_tactics_refuse_what_the_cuda_core_kernels_run(change):
     assert not supports(stamped(**change))
 
 
+def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
+    """No GPU: a hand-built layer (no stamped types) passes supports(); its float32 X is a DeviceError
+    that names the layer and the tactic, before anything launches."""
+    from polykit.errors import DeviceError
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    layer, inputs = random_layer((2, 64), 8, "int4", 32)
+    tactic = find_tactic("cuda", KIND, MMA_TACTICS[0])
+    assert tactic.supports(layer)
+    tensors = {name: DeviceTensor(1 << 20, a.shape, a.dtype) for name, a in inputs.items()}
+    tensors["Y"] = DeviceTensor(1 << 20, (2, 8), np.dtype(np.float32))
+    with pytest.raises(DeviceError, match="float16 / bfloat16 X") as info:
+        tactic.enqueue(layer, None, tensors)
+    assert "'wo'" in str(info.value)
+
+
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 @pytest.mark.parametrize("x", ["float16", "bfloat16"])
 def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):

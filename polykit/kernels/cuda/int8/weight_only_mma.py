@@ -19,23 +19,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
-
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.quant.weight_only import KIND, W, X, padded_row_bytes
+from polykit.compiler.ops.quant.weight_only import KIND, X, padded_row_bytes
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
-                                                   STEP_LATENCY_US, supports as weight_only_supports,
-                                                   weight_only_args)
+                                                   STEP_LATENCY_US, layer_sources, static_sizes,
+                                                   supports as weight_only_supports, weight_only_args)
 
 FILE = "weight_only_mma.cu"
 KERNEL = "weight_only_mma"
 #: activation dtype -> the kernel's ELEM (16-bit mma operands only)
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
 WEIGHT_TYPES = ("int4", "uint4")
-#: K in slices of this many elements (4 lanes x 32 codes of a row); a lane's 32 codes share one scale
-SLICE, CHUNK, K_ALIGN = 128, 32, 16
+#: K in slices of this many elements (4 lanes x 32 codes of a row); a lane's 32 codes share one scale;
+#: rows of the mma's tile; bytes of an X / scale / Y element
+SLICE, CHUNK, K_ALIGN, ROW_TILE, ELEM_BYTES = 128, 32, 16, 16, 2
 #: lane-instructions a weight element (weight_only_mma.cu's header): dequantization by activation type,
 #: the mma, a chunk's address, scale and zero point; X's loads and permutes a word (8 elements), shared
 #: by the NT tiles, half of them at M <= 8
@@ -79,13 +78,12 @@ def mma_us(tile: MmaTile, m: int, n: int, k: int, block: int, elem: str, sm_coun
     constants): the slowest of its traffic (packed weights, scales and zero points once a row tile, X
     once a block from L2 counted at DRAM speed, Y), its issued instructions (~3 a weight element,
     weight_only_mma.cu's header) and its chain of dependent load groups, plus launch."""
-    slices, tiles, col_blocks = -(-k // SLICE), -(-m // 16), -(-n // tile.cols)
+    slices, tiles, col_blocks = -(-k // SLICE), -(-m // ROW_TILE), -(-n // tile.cols)
     blocks = col_blocks * min(tiles, MAX_GRID_Y)
     passes = -(-tiles // min(tiles, MAX_GRID_Y))
     nb = -(-k // block)
-    elem_bytes = 2
-    weight = n * padded_row_bytes(k, 4) + n * nb * (elem_bytes + 1)
-    dram = (weight * tiles + col_blocks * m * k * elem_bytes + m * n * elem_bytes) / DRAM_BYTES_PER_US
+    weight = n * padded_row_bytes(k, 4) + n * nb * (ELEM_BYTES + 1)
+    dram = (weight * tiles + col_blocks * m * k * ELEM_BYTES + m * n * ELEM_BYTES) / DRAM_BYTES_PER_US
     per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
     issue = n * slices * SLICE * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
     slots = sm_count * tile.sm_blocks
@@ -109,18 +107,13 @@ def supports(layer: Any) -> bool:
 
 def _mma_tactic(tile: MmaTile):
     def kernels(layer: Any) -> list[KernelSource]:
-        if not layer.in_dtypes:
-            return [tile.source(elem) for elem in ELEMS.values()]
-        return [tile.source(ELEMS.get(layer.in_dtypes[X], "half_t"))]
+        return layer_sources(layer, tile.source, ELEMS, "half_t")
 
     def estimate(layer: Any, sm_count: int) -> float | None:
-        shape = layer.in_shapes[X] if getattr(layer, "in_shapes", None) else None
-        if not sm_count or not shape or not layer.in_dtypes or any(not isinstance(d, int) for d in shape):
+        sizes = static_sizes(layer)
+        if not sm_count or sizes is None or layer.in_dtypes[X] not in ELEMS:
             return None
-        if layer.in_dtypes[X] not in ELEMS:
-            return None
-        m, n = int(np.prod(shape[:-1])), int(layer.in_shapes[W][0])
-        return mma_us(tile, m, n, int(layer.attrs["K"]), int(layer.attrs["block_size"]), layer.in_dtypes[X], sm_count)
+        return mma_us(tile, *sizes, layer.in_dtypes[X], sm_count)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)
@@ -133,7 +126,7 @@ def _mma_tactic(tile: MmaTile):
                               hint="choose another cuda.weight_only tactic")
         if sizes["M"] == 0 or sizes["N"] == 0:
             return
-        grid = (-(-sizes["N"] // tile.cols), min(-(-sizes["M"] // 16), MAX_GRID_Y), 1)
+        grid = (-(-sizes["N"] // tile.cols), min(-(-sizes["M"] // ROW_TILE), MAX_GRID_Y), 1)
         launcher.launch(tile.source(ELEMS[x]), grid, (32 * tile.warps,), args)
 
     return kernels, estimate, enqueue
