@@ -11,7 +11,8 @@ Tactics `cuda.weight_only.bw_m<ROWS>_k<KSPLIT>_c<columns a block>` (weight_only.
 weight_only_gemv, the bandwidth-bound kernel): X staged in shared memory once a block as float,
 each chunk's codes decoded once for all ROWS rows, the next chunks' loads issued ahead, K split
 over KSPLIT warps of a block (a fixed-order reduction: deterministic). They predict their cost
-(`gemv_us`) so the builder times the likeliest first.
+(`gemv_us`) so the builder times the likeliest first. The tensor-core W4A16 kernel (float16 / bfloat16
+X, int4 / uint4 weights) is weight_only_mma.py's.
 """
 
 from __future__ import annotations
