@@ -17,6 +17,7 @@ import pytest
 
 from polykit.compiler.ops.quant.weight_only import KIND, WEIGHT_TYPES
 from polykit.kernels.cuda.int8.weight_only import GEMV_TILES, ROW_TILES, compile_variants
+from polykit.kernels.cuda.int8.weight_only_mma import MMA_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 #: activation dtype -> (rtol, atol) against the reference
 #: every cuda tactic of the kind: the per-row kernel's row tiles and the bandwidth-bound kernel's tiles
@@ -198,3 +199,144 @@ def test_the_gemv_estimate_ranks_a_tile_of_the_layers_rows_first(m, rows):
     assert all(cost is not None and cost > 0 for cost in costs.values())
     best = min(costs, key=costs.get)
     assert next(tile for tile in GEMV_TILES if tile.name == best).rows == rows
+
+
+# ---- weight_only_mma (tactics cuda.weight_only.mma_*: tensor cores, float16 / bfloat16 X, int4 / uint4) ----
+MMA_TACTICS = [tile.name for tile in MMA_TILES]
+# (X shape, N, block): M = 1, 5 (one 8-row half of the mma tile), 16, 17 and 33 (row tiles stepping over M),
+# rows folded from batch dims; N odd (n8 tiles past N); K a multiple of 16 but not of 32 or 128 (chunks and
+# slices past K), K = 4096 (several load groups a warp); blocks of 32, 64, 128
+MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128),
+             ((2, 8, 64), 9, 64), ((33, 4096), 40, 128), ((1, 4096), 300, 128), ((16, 4096), 264, 128)]
+
+
+def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache):
+    from polykit.kernels.cuda.int8.weight_only_mma import compile_variants as mma_variants
+    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+
+    units = unique_units(mma_variants())
+    assert len(units) == 2 * len(MMA_TILES)
+    for arch in ("sm_80", "sm_90"):
+        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+
+
+def stamped(weight_type="int4", x="float16", k=4096, block=128, m=1, n=4096):
+    """A WeightOnlyMatMul layer as a build stamps it (types and shapes known)."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.ops.quant.weight_only import padded_row_bytes
+    from polykit.compiler.plan.records import LayerDesc
+
+    nb = -(-k // block)
+    zero = "int8" if weight_type.startswith("int") else "uint8"
+    return LayerDesc("wo", KIND, ("X", "W", "S", "Z", "B"), ("Y",), {"weight_type": weight_type, "block_size": block,
+                                                                       "K": k}, domain=POLYKIT_DOMAIN,
+                     in_dtypes=(x, "uint8", x, zero, x), out_dtypes=(x,),
+                     in_shapes=((m, k), (n, padded_row_bytes(k, WEIGHT_TYPES[weight_type])), (n, nb), (n, nb), (n,)),
+                     out_shapes=((m, n),))
+
+
+@pytest.mark.parametrize("change", [{}, {"x": "bfloat16"}, {"weight_type": "uint4"}, {"k": 272, "block": 32}])
+def test_the_mma_tactics_take_16_bit_x_int4_weights_k_of_16_and_blocks_of_32(change):
+    from polykit.kernels.cuda.int8.weight_only_mma import supports
+
+    assert supports(stamped(**change))
+
+
+@pytest.mark.parametrize("change", [{"x": "float32"}, {"weight_type": "int8"}, {"weight_type": "float4_e2m1fn"},
+                                    {"k": 4104}, {"block": 16}, {"block": 48}])
+def test_the_mma_tactics_refuse_what_the_cuda_core_kernels_run(change):
+    from polykit.kernels.cuda.int8.weight_only_mma import supports
+
+    assert not supports(stamped(**change))
+
+
+def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
+    """No GPU: a hand-built layer (no stamped types) passes supports(); its float32 X is a DeviceError
+    that names the layer and the tactic, before anything launches."""
+    from polykit.errors import DeviceError
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    layer, inputs = random_layer((2, 64), 8, "int4", 32)
+    tactic = find_tactic("cuda", KIND, MMA_TACTICS[0])
+    assert tactic.supports(layer)
+    tensors = {name: DeviceTensor(1 << 20, a.shape, a.dtype) for name, a in inputs.items()}
+    tensors["Y"] = DeviceTensor(1 << 20, (2, 8), np.dtype(np.float32))
+    with pytest.raises(DeviceError, match="float16 / bfloat16 X") as info:
+        tactic.enqueue(layer, None, tensors)
+    assert "'wo'" in str(info.value)
+
+
+@pytest.mark.parametrize("m", [1, 4, 8, 16])
+@pytest.mark.parametrize("x", ["float16", "bfloat16"])
+def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
+    """No GPU: the cost model (weight_only_mma.cu's header) predicts the tensor-core kernel under every
+    bw tile at N = K = 4096, int4 blocked 128, on 132 SMs (what would rank it first once its priority
+    rises to the bw tiles')."""
+    from polykit.kernels.cuda.base import all_cuda_tactics
+
+    layer = stamped(x=x, m=m)
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
+    mma = [tactics[name].estimate(layer, 132) for name in MMA_TACTICS]
+    gemv = [tactics[tile.name].estimate(layer, 132) for tile in GEMV_TILES]
+    assert all(cost is not None and cost > 0 for cost in mma + gemv)
+    assert min(mma) < min(gemv)
+
+
+def test_a_level_0_build_keeps_the_gemv_until_the_mma_kernel_has_run_on_a_gpu():
+    from polykit.kernels.cuda.base import all_cuda_tactics
+
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
+    assert max(tactics[name].priority for name in MMA_TACTICS) < min(tactics[t.name].priority for t in GEMV_TILES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("weight_type", ["int4", "uint4"])
+@pytest.mark.parametrize("x_shape,n,block", MMA_CASES)
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_mma_tactics_equal_the_reference(x_shape, n, block, weight_type, dtype, tactic):
+    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, seed=n)
+    check(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero_point,bias", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_mma_tactics_without_zero_points_or_bias(zero_point, bias, tactic):
+    layer, inputs = random_layer((6, 144), 50, "int4", 32, dtype=np.float16, zero_point=zero_point, bias=bias)
+    check(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_mma_tactics_take_zero_points_of_the_whole_8_bit_range(dtype, tactic):
+    """Zero points far outside the 4-bit codes' range: bfloat16 subtracts them in a second exact step."""
+    layer, inputs = random_layer((3, 256), 24, "uint4", 64, dtype=dtype, seed=7)
+    inputs["Z"] = np.random.default_rng(7).integers(0, 256, inputs["Z"].shape).astype(np.uint8)
+    check(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_mma_tactics_read_a_misaligned_x_element_by_element(tactic):
+    """X 2 bytes past a 16-byte boundary: the kernel's element loads in place of its 16-byte ones."""
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    layer, inputs = random_layer((5, 144), 19, "int4", 32, dtype=np.float16, seed=2)
+    got = run_layer(layer, inputs, tactic=tactic, misalign={"X": 2})["Y"]
+    rtol, atol = TOLERANCE[np.dtype(np.float16)]
+    np.testing.assert_allclose(got.astype(np.float32), reference_layer(layer, inputs)["Y"].astype(np.float32),
+                               rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_the_mma_kernel_is_deterministic():
+    """The K split's partials add in warp order: two runs give the same bits."""
+    from polykit.runtime.cuda.harness import run_layer
+
+    layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)
+    first, second = (run_layer(layer, inputs, tactic=MMA_TACTICS[-1])["Y"] for _ in range(2))
+    assert np.array_equal(first.view(np.uint16), second.view(np.uint16))

@@ -25,7 +25,9 @@ again before a slot may be rewritten. On this rest:
     closes it, wait_group N lands all but the newest N groups, so a phase that reads what it did not
     wait for computes with stale shared memory. Eager (EMU_CP_EAGER 1): each copy lands at once, so
     one into a buffer other warps still read races with them. The two ends of what a GPU may do;
-  - ex2.approx / rcp.approx (the host's exp2f and division: not their bits).
+  - ex2.approx / rcp.approx (the host's exp2f and division: not their bits);
+  - sub.rn.f16x2, mul.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
+    the operands weight_only_mma.cuh gives them) and prmt.b32 (default mode).
 Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
 own data (the emulated shared memory is the module's statics), sign-extended back.
 
@@ -184,6 +186,51 @@ inline void emu_cp_wait(int pending) {
   }
 }
 inline void emu_cp_wait_all() { emu_cp_commit(); emu_cp_wait(0); }
+inline float __fadd_rn(float a, float b) { return a + b; }  // -O1 on the host contracts nothing either
+// packed 16-bit math, each half on its own (weight_only_mma.cuh): the operation exact in double (two
+// float16 values lie within 2^40 of each other; a bfloat16 fma's operands there within 2^30), then one
+// rounding: float16 through _Float16, bfloat16 to nearest even through round-to-odd in float
+inline unsigned emu_to_f16(double d) {
+  const _Float16 h = (_Float16)d;
+  unsigned short b;
+  memcpy(&b, &h, 2);
+  return b;
+}
+inline unsigned emu_to_bf16(double d) {
+  float f = (float)d;
+  unsigned u;
+  memcpy(&u, &f, 4);
+  if ((double)f != d) {  // round to odd: toward zero, then the sticky last bit
+    if (fabs((double)f) > fabs(d)) u -= 1;
+    u |= 1;
+  }
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+inline unsigned emu_f16x2(unsigned a, unsigned b, bool mul) {  // sub.rn.f16x2 / mul.rn.f16x2
+  unsigned d = 0;
+  for (int i = 0; i < 2; ++i) {
+    const double x = emu_f16(a, i), y = emu_f16(b, i);
+    d |= emu_to_f16(mul ? x * y : x - y) << 16 * i;
+  }
+  return d;
+}
+inline unsigned emu_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
+  unsigned d = 0;
+  for (int i = 0; i < 2; ++i)
+    d |= emu_to_bf16((double)emu_bf16(a, i) * (double)emu_bf16(b, i) + (double)emu_bf16(c, i)) << 16 * i;
+  return d;
+}
+// prmt.b32 (default mode): byte i of the result is byte (s >> 4i) & 7 of {b, a}, its sign replicated when bit 3 is set
+inline unsigned emu_prmt(unsigned a, unsigned b, unsigned s) {
+  const unsigned long long v = ((unsigned long long)b << 32) | a;
+  unsigned d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned sel = (s >> 4 * i) & 15u, byte = (unsigned)(v >> 8 * (sel & 7u)) & 255u;
+    d |= (sel & 8u ? (byte & 128u ? 255u : 0u) : byte) << 8 * i;
+  }
+  return d;
+}
 """
 
 
@@ -285,6 +332,10 @@ PTX_OPS = [
     (r"cp\.async\.wait_all", lambda args: "emu_cp_wait_all()"),
     (r"ex2\.approx(\.ftz)?\.f32", lambda args: f"{args[0][0]} = exp2f({args[1][0]})"),
     (r"rcp\.approx(\.ftz)?\.f32", lambda args: f"{args[0][0]} = 1.0f / {args[1][0]}"),
+    (r"sub\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, false)"),
+    (r"mul\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, true)"),
+    (r"fma\.rn\.bf16x2", lambda args: f"{args[0][0]} = emu_fma_bf16x2({args[1][0]}, {args[2][0]}, {args[3][0]})"),
+    (r"prmt\.b32", lambda args: f"{args[0][0]} = emu_prmt({args[1][0]}, {args[2][0]}, {args[3][0]})"),
 ]
 
 

@@ -11,13 +11,14 @@ Tactics `cuda.weight_only.bw_m<ROWS>_k<KSPLIT>_c<columns a block>` (weight_only.
 weight_only_gemv, the bandwidth-bound kernel): X staged in shared memory once a block as float,
 each chunk's codes decoded once for all ROWS rows, the next chunks' loads issued ahead, K split
 over KSPLIT warps of a block (a fixed-order reduction: deterministic). They predict their cost
-(`gemv_us`) so the builder times the likeliest first.
+(`gemv_us`) so the builder times the likeliest first. The tensor-core W4A16 kernel (float16 / bfloat16
+X, int4 / uint4 weights) is weight_only_mma.py's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -168,11 +169,27 @@ def weight_only_args(layer: Any, tensors: Mapping[str, DeviceTensor]) -> tuple[d
     return {"M": m, "N": n, "K": k}, args
 
 
+def layer_sources(layer: Any, make: Callable[[str], KernelSource], elems: Mapping[str, str],
+                  default: str) -> list[KernelSource]:
+    """The kernels a layer compiles: `make(ELEM)` of its activation type, of every type in `elems` for
+    a layer built by hand (its activation type known at enqueue only)."""
+    if not layer.in_dtypes:
+        return [make(elem) for elem in elems.values()]
+    return [make(elems.get(layer.in_dtypes[X], default))]
+
+
+def static_sizes(layer: Any) -> tuple[int, int, int, int] | None:
+    """(M, N, K, block size) of a stamped layer whose X shape is static, else None (nothing to predict)."""
+    shape = layer.in_shapes[X] if getattr(layer, "in_shapes", None) else None
+    if not shape or not layer.in_dtypes or any(not isinstance(d, int) for d in shape):
+        return None
+    return (int(np.prod(shape[:-1])), int(layer.in_shapes[W][0]), int(layer.attrs["K"]),
+            int(layer.attrs["block_size"]))
+
+
 def _tactic(rows: int):
     def kernels(layer: Any) -> list[KernelSource]:
-        if not layer.in_dtypes:  # a layer built by hand: its activation type is known at enqueue only
-            return [source(elem, rows) for elem in ELEMS.values()]
-        return [source(ELEMS.get(layer.in_dtypes[X], "float"), rows)]
+        return layer_sources(layer, lambda elem: source(elem, rows), ELEMS, "float")
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)
@@ -187,18 +204,14 @@ def _tactic(rows: int):
 
 def _gemv_tactic(tile: GemvTile):
     def kernels(layer: Any) -> list[KernelSource]:
-        if not layer.in_dtypes:
-            return [tile.source(elem) for elem in ELEMS.values()]
-        return [tile.source(ELEMS.get(layer.in_dtypes[X], "float"))]
+        return layer_sources(layer, tile.source, ELEMS, "float")
 
     def estimate(layer: Any, sm_count: int) -> float | None:
-        shape = layer.in_shapes[X] if getattr(layer, "in_shapes", None) else None
-        if not sm_count or not shape or not layer.in_dtypes or any(not isinstance(d, int) for d in shape):
+        sizes = static_sizes(layer)
+        if not sm_count or sizes is None:
             return None
-        k, block = int(layer.attrs["K"]), int(layer.attrs["block_size"])
-        n = int(layer.in_shapes[W][0])
+        m, n, k, block = sizes
         bits = WEIGHT_TYPES[str(layer.attrs["weight_type"])]
-        m = int(np.prod(shape[:-1]))
         return gemv_us(tile, m, n, k, bits, block, np.dtype(layer.in_dtypes[X]).itemsize, sm_count)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:

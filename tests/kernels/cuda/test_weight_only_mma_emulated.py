@@ -1,0 +1,152 @@
+"""weight_only_mma.cu emulated on the host (no GPU; block_emulation.py, every thread a real thread).
+
+The dequantization alone (weight_only_mma.cuh: the magic-number decode and the packed 16-bit subtract
+and multiply, their PTX modelled per half with one rounding) runs in a tiny kernel against numpy's
+DequantizeLinear value, bit for bit, over every code at every nibble of a word, many scales and
+zero points of the 8-bit range. The whole kernel runs through its tactics' real enqueue, outputs
+poisoned, against the cpu reference, once the emulator models mma.sync (branch warpemu): until then
+those cases skip and say so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ops.quant.weight_only import unpack_values
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.cuda.int8.weight_only_mma import ELEMS, MMA_TILES
+from tests.kernels.weight_only_cases import BF16, random_layer
+
+WQ_CODES = {"int4": 0, "uint4": 1}
+DEQUANT = r"""
+#include "weight_only_mma.cuh"
+template <int WT>
+__device__ void wq_check_one(const u32* words, const unsigned short* scales, const int* zps, u32* out, int i) {
+  u32 w[4];
+  WqDequant<ELEM, WT>(scales[i], zps[i])(words[i], w);
+  for (int e = 0; e < 4; ++e) out[4 * i + e] = w[e];
+}
+extern "C" __global__ void wq_dequant_check(const u32* words, const unsigned short* scales, const int* zps, u32* out,
+                                            int n, int wtype) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (wtype == WQ_I4) wq_check_one<WQ_I4>(words, scales, zps, out, i);
+    else wq_check_one<WQ_U4>(words, scales, zps, out, i);
+  }
+}
+"""
+KERNEL_PARAMS = ("const ELEM* x, const u8* w, const ELEM* scale, const void* zero, const ELEM* bias, ELEM* y, int M, "
+                 "int N, int K, int ldw, int block, int nb, int wtype")
+KERNEL_ARGS = "x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, wtype"
+
+
+@pytest.fixture(scope="module")
+def dequant_launcher(tmp_path_factory):
+    from tests.kernels.cuda.block_emulation import host_launcher
+
+    return host_launcher(tmp_path_factory, "wq_dequant", "const u32* words, const unsigned short* scales, "
+                         "const int* zps, u32* out, int n, int wtype", "words, scales, zps, out, n, wtype")
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    from tests.kernels.cuda.block_emulation import host_launcher
+
+    return host_launcher(tmp_path_factory, "wq_mma", KERNEL_PARAMS, KERNEL_ARGS)
+
+
+def tensor(a: np.ndarray) -> DeviceTensor:
+    return DeviceTensor(a.ctypes.data, a.shape, a.dtype)
+
+
+def dequant_inputs(dtype, weight_type, seed=0):
+    """Words whose 8 nibbles each take all 16 codes (and random ones), scales of both signs over 2^-24
+    .. 2^8 (float16 subnormals included), zero points over the zero point type's whole range."""
+    rng = np.random.default_rng(seed)
+    n = 4096
+    nibbles = rng.integers(0, 16, (n, 8), dtype=np.uint32)
+    nibbles[:16] = (np.arange(16)[:, None] + np.arange(8)[None, :]) % 16
+    words = (nibbles << (4 * np.arange(8, dtype=np.uint32))).sum(axis=1, dtype=np.uint32)
+    scales = (rng.choice([-1.0, 1.0], n) * 2.0 ** rng.uniform(-24, 8, n)).astype(dtype)
+    scales[:16] = np.asarray(1.0, dtype)
+    low, high = (-128, 128) if weight_type == "int4" else (0, 256)
+    zps = rng.integers(low, high, n).astype(np.int32)
+    zps[: n // 2] = rng.integers(*((-8, 8) if weight_type == "int4" else (0, 16)), n // 2)  # the codes' own range
+    return words, scales, zps
+
+
+def expected_pairs(words, scales, zps, weight_type):
+    """DequantizeLinear's value of each code (float64, rounded once to the scale's type) as the
+    kernel's pairs: word i -> (c0, c4), (c1, c5), (c2, c6), (c3, c7), the low half first."""
+    codes = unpack_values(words.view(np.uint8).reshape(len(words), 4), 8, weight_type).astype(np.float64)
+    w = ((codes - zps[:, None]) * scales.astype(np.float64)[:, None]).astype(scales.dtype).view(np.uint16)
+    return (w[:, :4].astype(np.uint32) | (w[:, 4:].astype(np.uint32) << 16)).reshape(-1)
+
+
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_the_packed_dequantization_is_dequantize_linear_bit_for_bit(dequant_launcher, dtype, weight_type):
+    words, scales, zps = dequant_inputs(np.dtype(dtype), weight_type)
+    out = np.zeros(4 * len(words), np.uint32)
+    bits = scales.view(np.uint16)
+    source = KernelSource("wq_dequant_check", code=DEQUANT,
+                          defines=(("ELEM", ELEMS[np.dtype(dtype).name]),))
+    dequant_launcher.launch(source, (1,), (64,), [tensor(words), tensor(bits), tensor(zps), tensor(out),
+                                                  np.int32(len(words)), np.int32(WQ_CODES[weight_type])])
+    want = expected_pairs(words, scales, zps, weight_type)
+    bad = np.flatnonzero(out != want)
+    assert bad.size == 0, f"{bad.size} pairs differ, first {bad[:4]}: {out[bad[:4]]} != {want[bad[:4]]}"
+
+
+def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
+    """The tactic's real enqueue on the emulated launcher, Y poisoned (NaN) first, X `shift_x`
+    elements past a 16-byte boundary; Y."""
+    from polykit.compiler.ops.quant.weight_only import KIND
+    from polykit.kernels.tactics import find_tactic
+
+    tactic = find_tactic("cuda", KIND, tactic_name)
+    assert tactic.supports(layer)
+    x = inputs["X"]
+    n = inputs["W"].shape[0]
+    y = np.full((*x.shape[:-1], n), np.nan, x.dtype)
+    tensors = {name: tensor(np.ascontiguousarray(a)) for name, a in inputs.items()}
+    moved = np.empty(x.size + 8, x.dtype)  # numpy's buffer: 16-byte aligned
+    moved[shift_x:shift_x + x.size] = x.reshape(-1)
+    tensors["X"] = DeviceTensor(moved.ctypes.data + shift_x * x.itemsize, x.shape, x.dtype)
+    tensors["Y"] = tensor(y)
+    tactic.enqueue(layer, launcher, tensors)
+    return y
+
+
+# M = 1, 5 (rows g + 8 not loaded), 16, 17 (two row tiles); N odd (tiles past N); K a multiple of 16 and not
+# of 32 or 128 (chunks and slices past K); blocks of 32 and 128
+MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128)]
+
+
+@pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("x_shape,n,block", MMA_CASES)
+@pytest.mark.parametrize("tile", MMA_TILES, ids=[tile.name for tile in MMA_TILES])
+def test_the_emulated_kernel_matches_the_reference(launcher, tile, x_shape, n, block, weight_type, zero_point, bias):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    dtype = (np.float16, BF16)[MMA_CASES.index((x_shape, n, block)) % 2]
+    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
+                                 seed=n)
+    got = run_emulated(launcher, tile.name, layer, inputs)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(launcher, dtype):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    layer, inputs = random_layer((9, 144), 11, "int4", 32, dtype=dtype, seed=3)
+    got = run_emulated(launcher, MMA_TILES[0].name, layer, inputs, shift_x=1)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
