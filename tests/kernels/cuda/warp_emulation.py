@@ -27,7 +27,8 @@ again before a slot may be rewritten. On this rest:
     one into a buffer other warps still read races with them. The two ends of what a GPU may do;
   - ex2.approx / rcp.approx (the host's exp2f and division: not their bits);
   - sub.rn.f16x2, mul.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
-    the operands weight_only_mma.cuh gives them) and prmt.b32 (default mode).
+    the operands weight_only_mma.cuh gives them) and prmt.b32 (default mode);
+  - prefetch.global.L2 (a cache hint: nothing).
 Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
 own data (the emulated shared memory is the module's statics), sign-extended back.
 
@@ -336,6 +337,7 @@ PTX_OPS = [
     (r"mul\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, true)"),
     (r"fma\.rn\.bf16x2", lambda args: f"{args[0][0]} = emu_fma_bf16x2({args[1][0]}, {args[2][0]}, {args[3][0]})"),
     (r"prmt\.b32", lambda args: f"{args[0][0]} = emu_prmt({args[1][0]}, {args[2][0]}, {args[3][0]})"),
+    (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
 ]
 
 
