@@ -345,3 +345,26 @@ def test_cuda_fp16_plan_with_placements_matches_the_cpu(channels, level):
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", HALO)
+def test_cuda_fp16_up_block_with_its_skip_on_a_halo_tactic_matches_the_cpu(tactic):
+    """UNet's skip conv (read by the MaxPool too) forced onto a halo-tile tactic and placed in the
+    Concat (issue 29; the plan's placement: test_concat_placement.py)."""
+    from dataclasses import replace
+
+    from tests.compiler.test_concat_placement import up_block
+
+    model = up_block(16, 8)
+    image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
+    config = BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0)
+    first = build_plan(model, config)
+    (cat,) = [lay for lay in first.layers if lay.kind == "Concat"]
+    (skip,) = [lay for lay in first.layers if cat.inputs[0] in lay.outputs]
+    plan = build_plan(model, replace(config, tactic_replay={skip.name: tactic}))
+    assert cat.inputs[0] in plan.memory.placements
+    assert {lay.name: lay.tactic for lay in plan.layers}[skip.name] == tactic
+    want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
+    got = _run(plan, {"image": image})
+    for key, w in want.items():
+        assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key

@@ -593,3 +593,43 @@ def test_mma_on_resnext_layers_at_batch_4(x, w, group, attrs, tactic):
 def test_halo_on_efficientnet_and_unet_layers(x, w, attrs, tactic):
     assert run_case(x, w, 1, attrs, F16, tactic) <= TOL[F16]
 
+
+def run_placed(tactic, x, w, group, attrs, dtype, before, after, **kw):
+    """(error against the float64 reference, whether the rest of each row kept its poison) of the
+    layer run on the GPU into a Concat's slice: pixel rows of before + M + after channels."""
+    from polykit.runtime.cuda.harness import run_layer
+    from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
+
+    layer, inputs, specs = grouped_layer(x, w, group, attrs, dtype, **kw)
+    rows = run_layer(layer, inputs, tactic=tactic, output_specs=specs, placed={"Y": (before, after)})["Y"]
+    m = specs["Y"][0][-1]
+    assert find_tactic("cuda", "ConvNHWC", tactic).places(layer, m, before + m + after, before)
+    untouched = np.isnan(rows[..., :before].astype(np.float32)).all() and \
+        np.isnan(rows[..., before + m:].astype(np.float32)).all()
+    return rel_err(rows[..., before:before + m], reference(layer, inputs)), untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("tactic,case,before,after", PLACED)
+def test_placed_output_writes_only_its_rows_of_the_concat(tactic, case, before, after, dtype):
+    err, untouched = run_placed(tactic, *case, dtype, before, after)
+    assert err <= TOL[dtype] and untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("before,after", [(16, 8), (3, 5)])
+def test_placed_halo_output_reads_its_residual_at_the_dense_index(tactic, before, after):
+    x, w, attrs = DENSE_CASES[0]
+    err, untouched = run_placed(tactic, x, w, 1, attrs, F16, before, after, epilogue=SILU_RESIDUAL,
+                                extra={"skip": (1, 9, 11, 24)})
+    assert err <= TOL[F16] and untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+def test_unet_skip_layer_placed_in_its_concat(tactic):
+    """UNet's down.0.3 (32 -> 32, 3 x 3) at 256 x 256 into the first 32 channels of the skip Concat's 64."""
+    err, untouched = run_placed(tactic, (1, 256, 256, 32), (32, 3, 3, 32), 1, {"pads": [1, 1, 1, 1]}, F16, 0, 32)
+    assert err <= TOL[F16] and untouched
