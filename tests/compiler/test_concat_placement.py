@@ -240,6 +240,31 @@ def test_a_pixel_shuffle_view_is_placed_through_its_transpose(target, monkeypatc
         _check_outputs(plan, model, {"image": image})
 
 
+@pytest.mark.parametrize("tactic", ["cuda.conv_nhwc.halo_mma_persist_p32", "cuda.conv_nhwc.halo_mma_pipe_p32"])
+def test_a_skip_conv_on_a_halo_tactic_writes_into_the_concat(tactic):
+    """UNet's skip connection (issue 29): the encoder conv that the Concat and the MaxPool read, forced
+    onto a halo-tile tactic (8 -> 8 channels), writes into its rows of the Concat's output, and the
+    plan passes the runtime's tactic check."""
+    from dataclasses import replace
+
+    from polykit.runtime.tactic_check import check_tactics
+
+    config = BuilderConfig(target="cuda", channels_last=True, fp16=True, builder_optimization_level=0)
+    model = up_block(16, 8)
+    first = build_plan(model, config)
+    skip = _concat(first).inputs[0]
+    (producer,) = [layer for layer in first.layers if skip in layer.outputs]
+    plan = build_plan(model, replace(config, tactic_replay={producer.name: tactic}))
+    cat = _concat(plan)
+    chosen = {layer.name: layer.tactic for layer in plan.layers}
+    assert chosen[producer.name] == tactic and cat.inputs[0] == skip
+    assert plan.tensors[skip].shape[-1] == 8 and plan.tensors[cat.outputs[0]].shape[-1] == 16
+    assert sorted(plan.memory.placements) == sorted(cat.inputs)
+    p = plan.memory.placements[skip]
+    assert (p.root, p.offset, p.row, p.stride) == (cat.outputs[0], *concat_rows(plan.tensors[p.root].shape, 3, 0, 8))
+    check_tactics(Plan.deserialize(plan.serialize()))
+
+
 @pytest.mark.parametrize("drop", ["source", "view"])
 def test_the_plan_check_refuses_half_a_placed_view(drop, monkeypatch):
     """A view placed without its source or a source without its view: the one left unplaced sits

@@ -66,17 +66,26 @@ def infer_output_specs(layer: Any, inputs: Mapping[str, np.ndarray]) -> dict[str
 
 def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None = None, poison: bool = True,
               output_specs: OutputSpecs | None = None, cache: bool = True,
-              misalign: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+              misalign: Mapping[str, int] | None = None,
+              placed: Mapping[str, tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
     """Run `layer` (a LayerDesc) once on the GPU and return its outputs as host arrays.
     `misalign` places the named tensors that many bytes past their allocation's (256-byte
-    aligned) start: kernels' alignment guards and fallbacks get tested on real pointers."""
-    shift = dict(misalign or {})
+    aligned) start: kernels' alignment guards and fallbacks get tested on real pointers.
+    `placed` puts the named outputs in a slice of a wider channels-last tensor, as Concat by
+    placement does (DeviceTensor.row_stride): name -> (before, after), the channels of other
+    inputs before and after each pixel row; such an output comes back as its whole (poisoned)
+    rows, shape[:-1] + (before + C + after,), so a test sees what was written outside the slice."""
+    shift, placed = dict(misalign or {}), dict(placed or {})
     info = driver.current_device()
     chosen = resolve_tactic(layer, tactic, arch=info.arch)
     specs = dict(output_specs) if output_specs is not None else infer_output_specs(layer, inputs)
     missing = [n for n in layer.inputs if n and n not in inputs]
     if missing:
         raise DeviceError(f"run_layer got no array for input(s) {missing}", where=f"layer {layer.name!r}")
+    stray = sorted(n for n in placed if n not in specs or not specs[n][0])
+    if stray:
+        raise DeviceError(f"run_layer cannot place {stray}: not outputs of rank 1 or more",
+                          where=f"layer {layer.name!r}", hint="name the layer's outputs in `placed`")
     modules = KernelModules(info.arch)
     buffers: list[DeviceBuffer] = []
     stream = None
@@ -90,13 +99,18 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
             buffers.append(buf)
             upload(buf.ptr + off, arr)
             tensors[name] = DeviceTensor(buf.ptr + off, tuple(arr.shape), arr.dtype)
+        held: dict[str, tuple[int, tuple[int, ...], np.dtype]] = {}  # output -> (pointer, shape, dtype) returned
         for name, (shape, dtype) in specs.items():
             dt, off = np.dtype(dtype), shift.get(name, 0)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            before, after = placed.get(name, (0, 0))
+            rows = (*shape[:-1], before + shape[-1] + after) if name in placed else tuple(shape)
+            nbytes = int(np.prod(rows, dtype=np.int64)) * dt.itemsize
             buf = DeviceBuffer(nbytes + off, what=f"output {name!r}")
             buffers.append(buf)
             fill_bytes(buf.ptr + off, nbytes, 0xFF if poison else 0)
-            tensors[name] = DeviceTensor(buf.ptr + off, tuple(shape), dt)
+            held[name] = (buf.ptr + off, rows, dt)
+            tensors[name] = DeviceTensor(buf.ptr + off + before * dt.itemsize, tuple(shape), dt,
+                                         rows[-1] if name in placed else 0)
 
         def workspace(nbytes: int) -> int:
             buf = DeviceBuffer(nbytes, what=f"workspace of layer {layer.name!r}")
@@ -108,7 +122,7 @@ def run_layer(layer: Any, inputs: Mapping[str, np.ndarray], tactic: str | None =
         chosen.enqueue(layer, launcher, tensors)
         driver.call("cuStreamSynchronize", stream.handle, what=f"run of tactic {chosen.name!r}",
                     where=f"layer {layer.name!r}")
-        return {name: download(tensors[name].ptr, tensors[name].shape, tensors[name].dtype) for name in specs}
+        return {name: download(ptr, shape, dt) for name, (ptr, shape, dt) in held.items()}
     finally:
         if stream is not None:
             stream.close()

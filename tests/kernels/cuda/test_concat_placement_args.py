@@ -119,6 +119,25 @@ def test_depthwise_passes_the_row_stride_after_vec_out(stride, vec_out):
     assert name == "conv_depthwise_nhwc" and args[-2] == vec_out and args[-1] == (stride or 16)
 
 
+MMA = ("cuda.conv_nhwc.grouped_mma_p32", "cuda.conv_nhwc.grouped_mma_pipe_p32", "cuda.conv_nhwc.grouped_mma_persist_p32")
+HALO = ("cuda.conv_nhwc.halo_mma_persist_p32", "cuda.conv_nhwc.halo_mma_pipe_p32")
+
+
+@pytest.mark.parametrize("tactic,group", [(t, 2) for t in MMA] + [(t, 1) for t in HALO])
+@pytest.mark.parametrize("stride, vec_out", [(0, 1), (48, 1), (35, 0)])
+def test_tensor_core_convs_pass_the_row_stride_after_vec_out(tactic, group, stride, vec_out):
+    """The grouped mma and halo-tile tactics (conv_grouped_mma.cuh's gm_store, emulated with placed
+    outputs in test_conv_grouped_mma_store_emulated.py): pair stores only where rows are an even
+    number of elements apart."""
+    x, w, y = (2, 6, 7, 32), (16, 3, 3, 32 // group), (2, 6, 7, 16)
+    name, args = _launched(tactic, x, w, y, stride, pads=[1, 1, 1, 1], group=group)
+    assert name.startswith("conv_grouped_mma") and len(args) == 28  # X, W, B, Y, 23 sizes, LDY
+    assert args[-2] == vec_out and args[-1] == (stride or 16)
+    layer = _conv_layer(x, w, y, group=group)
+    assert find_tactic("cuda", "ConvNHWC", tactic).places(layer, 16, 48, 32)
+    assert not find_tactic("cuda", "ConvNHWC", tactic).places(layer, 16 * 7, 48 * 7, 0)
+
+
 def test_grouped_convs_do_not_place_yet():
     layer = _conv_layer((2, 6, 7, 16), (16, 3, 3, 4), (2, 6, 7, 16), group=4)
     assert not find_tactic("cuda", "ConvNHWC", "cuda.conv_nhwc.grouped_p2").places(layer, 16, 40, 0)
@@ -322,6 +341,30 @@ def test_cuda_fp16_plan_with_placements_matches_the_cpu(channels, level):
     image = _image()
     want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
     plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level))
+    got = _run(plan, {"image": image})
+    for key, w in want.items():
+        assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", HALO)
+def test_cuda_fp16_up_block_with_its_skip_on_a_halo_tactic_matches_the_cpu(tactic):
+    """UNet's skip conv (read by the MaxPool too) forced onto a halo-tile tactic and placed in the
+    Concat (issue 29; the plan's placement: test_concat_placement.py)."""
+    from dataclasses import replace
+
+    from tests.compiler.test_concat_placement import up_block
+
+    model = up_block(16, 8)
+    image = np.random.default_rng(5).standard_normal((2, 3, 6, 8)).astype(np.float32)
+    config = BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0)
+    first = build_plan(model, config)
+    (cat,) = [lay for lay in first.layers if lay.kind == "Concat"]
+    (skip,) = [lay for lay in first.layers if cat.inputs[0] in lay.outputs]
+    plan = build_plan(model, replace(config, tactic_replay={skip.name: tactic}))
+    assert cat.inputs[0] in plan.memory.placements
+    assert {lay.name: lay.tactic for lay in plan.layers}[skip.name] == tactic
+    want = _run(build_plan(model, BuilderConfig(target="cpu")), {"image": image})
     got = _run(plan, {"image": image})
     for key, w in want.items():
         assert np.linalg.norm(got[key] - w) / np.linalg.norm(w) < 1e-2, key

@@ -9,7 +9,8 @@ float64 reference with poisoned outputs: 8, 16, 24 and 32 channels a group, 3 x 
 1 x 1 kernels, strides 2, dilation 2, odd sizes, float16 and bfloat16, an epilogue, a misaligned
 input (the element staging), blocks looping over several tiles; the dense tactics on DENSE_CASES
 (8 to 96 channels, 1 x 1, 3 x 3, 5 x 5, strides 2, dilation 2, odd sizes) with a SiLU + residual
-epilogue besides; test_conv_grouped.py runs the grouped ones on misaligned tensors too."""
+epilogue besides; outputs placed in a Concat's slice (PLACED: emulated and on the GPU, the rest of
+each row keeping its poison); test_conv_grouped.py runs the grouped ones on misaligned tensors too."""
 
 from __future__ import annotations
 
@@ -365,6 +366,42 @@ def test_emulated_pipe_misaligned_input_takes_the_element_staging(launcher, tact
     """X 2 bytes off 16: no cp.async, every element staged through registers, same layout."""
     assert run_misaligned_input(launcher, tactic, CASES[12]) <= TOL[F16]
 
+
+def dense_case(c: int) -> tuple:
+    """DENSE_CASES[c] as (x, w, group 1, attrs)."""
+    x, w, attrs = DENSE_CASES[c]
+    return x, w, 1, attrs
+
+
+#: (tactic, (x, w, group, attrs), before, after): the output placed in a Concat's slice, rows of before
+#: + M + after channels, the slice `before` in (odd: 2 bytes off 4, the element stores)
+PLACED = [(HALO_PERSIST, dense_case(2), 0, 32),    # UNet's skip: the first 32 channels of 64, pair stores
+          (HALO_PIPE, dense_case(0), 3, 5),        # 24 of 32, 6 bytes in: element stores
+          (HALO_PERSIST, dense_case(8), 16, 8),    # 48 of 72, W stride 2
+          (MMA, CASES[3], 8, 8), (PIPES, CASES[5], 16, 0), (PERSISTS, CASES[8], 1, 1)]
+
+
+@pytest.mark.parametrize("tactic,case,before,after", PLACED)
+def test_emulated_placed_output_writes_only_its_rows_of_the_concat(launcher, tactic, case, before, after):
+    """Concat by placement (the tactics declare places_last_axis): each output pixel's channels at
+    Y + pixel * LDY, the rest of each row keeping its poison."""
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated_placed
+
+    x, w, group, attrs = case
+    err, untouched = run_emulated_placed(launcher, tactic, x, w, attrs, F16, before, after, group=group)
+    assert err <= TOL[F16] and untouched
+
+
+@pytest.mark.parametrize("tactic", sorted(HALO))
+def test_emulated_placed_output_reads_its_residual_at_the_dense_index(launcher, tactic):
+    from tests.kernels.cuda.test_conv_depthwise_emulated import run_emulated_placed
+
+    x, w, attrs = DENSE_CASES[0]
+    err, untouched = run_emulated_placed(launcher, tactic, x, w, attrs, F16, 16, 8, group=1, epilogue=SILU_RESIDUAL,
+                                         extra={"skip": (1, 9, 11, 24)})
+    assert err <= TOL[F16] and untouched
+
+
 # ---- GPU ---------------------------------------------------------------------------------------
 #: (tactic, x, w, group, attrs): the grouped tactics on MMA_CASES, the dense ones on DENSE_CASES
 GPU_CASES = ([(t, *CASES[c]) for c in MMA_CASES for t in TACTICS]
@@ -425,3 +462,44 @@ def test_mma_on_resnext_layers_at_batch_4(x, w, group, attrs, tactic):
     ((1, 256, 256, 32), (64, 3, 3, 32), {"pads": [1, 1, 1, 1]})])                         # UNet 32 -> 64
 def test_halo_on_efficientnet_and_unet_layers(x, w, attrs, tactic):
     assert run_case(x, w, 1, attrs, F16, tactic) <= TOL[F16]
+
+
+def run_placed(tactic, x, w, group, attrs, dtype, before, after, **kw):
+    """(error against the float64 reference, whether the rest of each row kept its poison) of the
+    layer run on the GPU into a Concat's slice: pixel rows of before + M + after channels."""
+    from polykit.runtime.cuda.harness import run_layer
+    from tests.kernels.cuda.test_conv_depthwise import reference, rel_err
+
+    layer, inputs, specs = grouped_layer(x, w, group, attrs, dtype, **kw)
+    rows = run_layer(layer, inputs, tactic=tactic, output_specs=specs, placed={"Y": (before, after)})["Y"]
+    m = specs["Y"][0][-1]
+    assert find_tactic("cuda", "ConvNHWC", tactic).places(layer, m, before + m + after, before)
+    untouched = np.isnan(rows[..., :before].astype(np.float32)).all() and \
+        np.isnan(rows[..., before + m:].astype(np.float32)).all()
+    return rel_err(rows[..., before:before + m], reference(layer, inputs)), untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("tactic,case,before,after", PLACED)
+def test_placed_output_writes_only_its_rows_of_the_concat(tactic, case, before, after, dtype):
+    err, untouched = run_placed(tactic, *case, dtype, before, after)
+    assert err <= TOL[dtype] and untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+@pytest.mark.parametrize("before,after", [(16, 8), (3, 5)])
+def test_placed_halo_output_reads_its_residual_at_the_dense_index(tactic, before, after):
+    x, w, attrs = DENSE_CASES[0]
+    err, untouched = run_placed(tactic, x, w, 1, attrs, F16, before, after, epilogue=SILU_RESIDUAL,
+                                extra={"skip": (1, 9, 11, 24)})
+    assert err <= TOL[F16] and untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", sorted(HALO))
+def test_unet_skip_layer_placed_in_its_concat(tactic):
+    """UNet's down.0.3 (32 -> 32, 3 x 3) at 256 x 256 into the first 32 channels of the skip Concat's 64."""
+    err, untouched = run_placed(tactic, (1, 256, 256, 32), (32, 3, 3, 32), 1, {"pads": [1, 1, 1, 1]}, F16, 0, 32)
+    assert err <= TOL[F16] and untouched

@@ -22,7 +22,9 @@ Each warp computes 32 output pixels (two m16 tiles) x GM_NB n8 tiles of one grou
 warps, tile width: powers of two or the output's width, rows up to the block's pixels, the rest
 masked) at enqueue time by tile_cost (tensor-core MACs at MMA_SPEEDUP lanes, staged elements with
 sectors under 32 bytes priced whole, the SMs the blocks fill, resident warps); PERSIST's blocks a
-slice by persist_ctas (enough to fill every SM).
+slice by persist_ctas (enough to fill every SM). Every variant writes its output a pixel row at a
+time with a runtime row stride (conv_grouped_mma.cuh's gm_store, LDY), so it places a channels-last
+Concat's input (places_last_axis); pair stores only where the rows stay 4-byte aligned.
 
 conv_halo_mma.py runs dense (group 1) convs of few channels on the PIPE and PERSIST kernels under
 tactic names of its own: plan_mma and the tactic hooks (kernels_of, plan_of, estimate_of,
@@ -64,7 +66,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, defines
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, defines, places_last_axis
 from polykit.kernels.cuda.conv.conv_depthwise import (MAX_GRID_YZ, SM_SMEM, STAGE_COST, WARPS_HIDING, TilePlan,
                                                       TileVariant, epilogue_layers, register, tile_enqueue,
                                                       tile_estimate, tile_kernel, tile_rows, tile_sizes,
@@ -349,11 +351,13 @@ def _macs(plan: MmaPlan) -> int:
 
 def launch_of(variant: TileVariant):
     """launch_of(layer, plan, elem, X, W, Y) of tile_enqueue: `variant`'s kernel with the plan's n8
-    count, 16-byte staging where X and W are 16-byte aligned, pair stores where Y is 4-byte aligned."""
+    count, 16-byte staging where X and W are 16-byte aligned, pair stores where Y is 4-byte aligned
+    and its pixel rows (a Concat's slice where Y is placed there) an even number of elements apart."""
 
     def launch(layer: Any, plan: MmaPlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
                Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
-        return kernel_source(layer, elem, plan.nb, variant), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, Y.ptr % 4 == 0
+        vec_out = Y.ptr % 4 == 0 and Y.rows_apart(plan.M) % 2 == 0
+        return kernel_source(layer, elem, plan.nb, variant), X.ptr % 16 == 0 and Wt.ptr % 16 == 0, vec_out
 
     return launch
 
@@ -379,4 +383,5 @@ def compile_variants() -> list[KernelSource]:
 
 
 register(VARIANTS, kernels_of, tile_supports(mma_window, smallest_smem, MMA_SMEM_LIMIT),
-         estimate_of, lambda v: tile_enqueue("grouped tensor-core", plan_of(v), launch_of(v)))
+         estimate_of, lambda v: tile_enqueue("grouped tensor-core", plan_of(v), launch_of(v), row_stride=True),
+         places_last_axis)

@@ -19,6 +19,8 @@ as a family past its cap (level 3 on sm_90: four sm90 tiles, igemm_mma and the f
                                        kernel row
 PERSIST is declared first: their estimates tie (latency is not modelled), and it is the one that
 stages a dense layer's weights (KH*KW*C a channel) once a block rather than once a tile.
+Both write into a channels-last Concat's slice (places_last_axis; gm_store's LDY, as the grouped
+tactics): UNet's skip convs on them leave the skip Concat nothing to copy (issue 29).
 The plan, tile choice and roofline are conv_grouped_mma's (plan_mma, tile_cost, predict) on the
 window of one group (halo_window): a block's slice is M or a divisor of it (never past M), and its
 reads are whole pixels (sector_factor 1). MAX_CHANNELS is where the shared-memory plan ends: a
@@ -58,7 +60,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from polykit.kernels.cuda.base import KernelSource, cuda_tactic
+from polykit.kernels.cuda.base import KernelSource, cuda_tactic, places_last_axis
 from polykit.kernels.cuda.conv.conv_depthwise import epilogue_layers, tile_enqueue, tile_supports
 from polykit.kernels.cuda.conv.conv_grouped import GroupedWindow, conv_window
 from polykit.kernels.cuda.conv.conv_grouped_mma import (ELEMS, MMA_SMEM_LIMIT, PERSIST, PIPE, WARP_N8, estimate_of,
@@ -103,7 +105,8 @@ def compile_variants() -> list[KernelSource]:
 for _variant in VARIANTS:
     cuda_tactic("ConvNHWC", tactic_name(_variant), kernels=kernels_of(_variant, halo_window),
                 supports=tile_supports(halo_window, smallest_smem, MMA_SMEM_LIMIT)(_variant),
-                priority=HALO_PRIORITY, estimate=estimate_of(_variant, halo_window),
+                priority=HALO_PRIORITY, estimate=estimate_of(_variant, halo_window), places=places_last_axis,
                 params={"p": _variant.p, "threads": _variant.threads, "min_blocks": _variant.min_blocks,
                         "smem_limit": MMA_SMEM_LIMIT, "max_channels": MAX_CHANNELS})(
-        tile_enqueue("dense halo-tile tensor-core", plan_of(_variant, halo_window), launch_of(_variant)))
+        tile_enqueue("dense halo-tile tensor-core", plan_of(_variant, halo_window), launch_of(_variant),
+                     row_stride=True))

@@ -18,7 +18,9 @@
 //   - the weights of its CB channels, rows KP = roundup(K, 16) + 8 elements apart, zeros past K;
 // then walks K in steps of 16: as cpg % 8 == 0, each half (8 k) of a step lies in one tap, so a
 // lane's A registers are 32-bit pairs of consecutive channels of one pixel at one tap.
-// Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned), else element by element.
+// Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned, LDY even), else element by
+// element; output pixel q's channels at Y + q * LDY (M, or a Concat's channel total where Y is placed in
+// its slice), the epilogue's inputs at the dense index q * M + channel (gm_store).
 //
 // grid (ceil(OH/TH) * ceil(OW/TW), ceil(M / CB), NB), block 32 * CW * PW threads, dynamic shared
 // memory 2 * (IH*IW*CINP + CB*KP) bytes (conv_grouped_mma.py: MmaPlan).
@@ -110,5 +112,5 @@ extern "C" __global__ void __launch_bounds__(256) conv_grouped_mma_nhwc(GM_PARAM
     }
   }
 
-  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
+  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out, LDY GM_EPI_ARG);
 }

@@ -17,10 +17,10 @@
 #define GM_BASE_PARAMS                                                                                             \
   const ELEM *X, const ELEM *Wt, const ELEM *Bias, ELEM *Y, int H, int W, int C, int M, int G, int OH, int OW,    \
       int KH, int KW, int SH, int SW, int PH, int PW, int DH, int DW, int TH, int TW, int CB, int CW, int tiles_w, \
-      int NBATCH, int vec_in, int vec_out
+      int NBATCH, int vec_in, int vec_out, i64 LDY
 #define GM_PARAMS GM_BASE_PARAMS EPI_PARAMS
 #define GM_BASE_ARGS X, Wt, Bias, Y, H, W, C, M, G, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW, TH, TW, CB, CW, tiles_w, \
-      NBATCH, vec_in, vec_out
+      NBATCH, vec_in, vec_out, LDY
 #define GM_ARGS GM_BASE_ARGS EPI_COMMA_ARGS
 
 // c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col)
@@ -71,10 +71,13 @@ __device__ __forceinline__ void gm_zero(float (&acc)[GM_WM][GM_NB][4]) {
 
 // The warp's GM_WM x GM_NB tiles (its pixels from p0 of the TH x TW tile at (oh0, ow0), its channels
 // from c0) + bias through the epilogue into Y: channel pairs as one 32-bit word (`vec_out`: Y 4-byte
-// aligned), else element by element; pixels past the tile or the output and channels past M skipped.
+// aligned, LDY even), else element by element; pixels past the tile or the output and channels past M
+// skipped. Output pixel q's channels start at Y + q * LDY (M, or a channels-last Concat's channel
+// total where Y is placed in its slice: conv_depthwise.tile_enqueue's row_stride); the epilogue's
+// inputs keep the dense index q * M + channel.
 __device__ __forceinline__ void gm_store(const float (&acc)[GM_WM][GM_NB][4], const ELEM* Bias, ELEM* Y, int n,
                                          int OH, int OW, int M, int TH, int TW, int oh0, int ow0, int p0, int c0,
-                                         int lane, int vec_out
+                                         int lane, int vec_out, i64 LDY
                                          GM_EPI_PARAM) {
   const int gid = lane / 4, tig = lane % 4;
 #pragma unroll
@@ -88,7 +91,7 @@ __device__ __forceinline__ void gm_store(const float (&acc)[GM_WM][GM_NB][4], co
       for (int ni = 0; ni < GM_NB; ++ni) {
         const int co = c0 + ni * 8 + 2 * tig;
         if (co >= M) continue;
-        const i64 oi = (((i64)n * OH + oh) * OW + ow) * M + co;
+        const i64 pix = ((i64)n * OH + oh) * OW + ow, oi = pix * M + co, yi = pix * LDY + co;
         float y[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -101,10 +104,10 @@ __device__ __forceinline__ void gm_store(const float (&acc)[GM_WM][GM_NB][4], co
           ELEM out[2];
           st(out, 0, y[0]);
           st(out, 1, y[1]);
-          *(u32*)(Y + oi) = *(const u32*)out;
+          *(u32*)(Y + yi) = *(const u32*)out;
         } else {
-          st(Y, oi, y[0]);
-          st(Y, oi + 1, y[1]);
+          st(Y, yi, y[0]);
+          st(Y, yi + 1, y[1]);
         }
       }
     }

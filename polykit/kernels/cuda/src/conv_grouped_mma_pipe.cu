@@ -32,7 +32,9 @@
 // group) while the block computes the current one. K is walked in steps of 16: as cpg % 8 == 0, each half
 // (8 k) of a step lies in one tap, so a lane's fragments come from ldmatrix.x4 (A: 16 pixels x 16 k,
 // each row 16 bytes of one pixel at one tap) and ldmatrix.x4 / .x2 (B: two / one n8 tiles).
-// Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned), else element by element.
+// Stores: channel pairs as one 32-bit word (`vec_out`: Y 4-byte aligned, LDY even), else element by
+// element; output pixel q's channels at Y + q * LDY (M, or a Concat's channel total where Y is placed in
+// its slice), the epilogue's inputs at the dense index q * M + channel (gm_store).
 //
 // grid (ceil(M / CB), ceil(OH/TH) * ceil(OW/TW), NB), GM_PERSIST (ceil(M / CB), blocks a slice, 1):
 // the channel slices of a tile are consecutive blocks, so the slices' narrow reads of the same
@@ -188,7 +190,8 @@ extern "C" __global__ void __launch_bounds__(256, GM_MIN_BLOCKS) conv_grouped_mm
     GM_TILE(i % tiles)
     gm_zero(acc);
     steps(xs + (it & 1) * XS, 0, K);
-    gm_store(acc, Bias, Y, i / tiles, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
+    gm_store(acc, Bias, Y, i / tiles, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out,
+             LDY GM_EPI_ARG);
     __syncthreads();   // every warp is done with this buffer before the next iteration refills it
   }
 #else
@@ -220,6 +223,6 @@ extern "C" __global__ void __launch_bounds__(256, GM_MIN_BLOCKS) conv_grouped_mm
     __syncthreads();
     steps(xs, kb[j], j + 1 == NPH ? K : kb[j + 1]);
   }
-  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out GM_EPI_ARG);
+  gm_store(acc, Bias, Y, n, OH, OW, M, TH, TW, oh0, ow0, pw * 16 * WM, m0 + nl0, lane, vec_out, LDY GM_EPI_ARG);
 #endif
 }
