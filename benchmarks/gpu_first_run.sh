@@ -50,7 +50,14 @@
 #   STEP=new8      the eighth session's: the fast Resize's row taps and selects (af5f12c, 43996d2), the SiLU test,
 #                  then the per-conv bench of the shapes the halo-tile tactics aim at (cuda_kernels.py --conv).
 #                  Ran in pieces 2026-12-06 (H200, 7f9f4d4: resize, int8/fp8, halo gpu tests pass; Resize 326.8 us);
-#                  e820dd3's 32-row Resize batches came after it (host-emulated only): run this step first next time
+#                  e820dd3's 32-row Resize batches came after it (host-emulated only). Ran 2026-12-06 (ninth session,
+#                  H200, 61dce52): 258 passed; Resize 128.1 us against torch's 144.0 (docs/ZOO.md).
+#   STEP=new9      the ninth session's (none ran on a GPU): the sm90 epilogue's L2 prefetch of residual rows (every
+#                  sm90 GEMM / conv / INT8 / FP8 test), the halo and grouped mma tactics writing into a Concat's
+#                  slice (LDY), the tensor-core W4A16 kernel (cuda.weight_only.mma_*), the warp emulator's GPU twin,
+#                  the NVTX library lookup; then weight_only_gemm.py, serving_api's ResNet-50 with copy times, and
+#                  STEP=nvtx. Then STEP=zoo with ZOO_MODELS=resnet50,resnext50_32x4d,unet,fcn_resnet50 and the before
+#                  tree 61dce52 (git archive into .before, ZOO_BEFORE=.before): the prefetch's and placement's before/after
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -160,6 +167,20 @@ EOF
       --conv 8,512,512,32,32,3 --out "$OUT/conv.json" 2>&1 | grep "conv "
     exit $rc
     ;;
+  new9)
+    timeout ${NEW_S:-300} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=short \
+      tests/kernels/cuda/test_conv_sm90.py tests/kernels/cuda/test_gemm_sm90.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_conv_grouped_mma.py \
+      tests/kernels/cuda/test_concat_placement_args.py tests/compiler/test_concat_placement.py \
+      tests/kernels/cuda/test_weight_only.py tests/kernels/cuda/test_warp_emulated.py tests/runtime/test_nvtx.py \
+      > "$OUT/gpu_new9.txt" 2>&1
+    rc=$?; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_new9.txt" | grep -v Warning | tail -40
+    timeout 150 python3 benchmarks/weight_only_gemm.py --ms 1,16 2>&1 | tail -4
+    timeout 150 python3 benchmarks/serving_api.py --cases resnet50:32 --rounds 3 --trace-runs 5 --out "$OUT/serving.json" \
+      2>&1 | grep -v Warn | tail -5
+    STEP=nvtx bash "$0"
+    exit $rc
+    ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
@@ -225,5 +246,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
