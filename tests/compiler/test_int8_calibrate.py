@@ -126,3 +126,58 @@ def test_calibration_data_errors_name_the_problem(tmp_path):
         calibrate(graph, names, str(tmp_path), "cpu", "minmax")
     with pytest.raises(UsageError, match="no batch"):
         calibrate(graph, names, [], "cpu", "minmax")
+
+
+def _old_amax_and_hist(xs):
+    """The statistics as the filtered copies give them (|x| of the finite elements only): the
+    reference for the in-place fast paths."""
+    amax = 0.0
+    for x in xs:
+        a = np.abs(x.ravel())
+        a = a[np.isfinite(a)]
+        if a.size:
+            amax = max(amax, float(a.max()))
+    hist = np.zeros(HIST_BINS, np.int64)
+    for x in xs:
+        a = np.abs(x.ravel())
+        a = a[np.isfinite(a)]
+        if amax > 0 and a.size:
+            hist += np.histogram(np.minimum(a, amax), bins=HIST_BINS, range=(0.0, amax))[0]
+    return amax, hist
+
+
+@pytest.mark.parametrize("poison", ["none", "nan", "inf", "-inf", "all-nan", "zeros", "empty"])
+def test_the_in_place_statistics_equal_the_filtered_copies(poison):
+    from polykit.compiler.builder.calibrate import _Stats, _update_amax, _update_hist
+
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((3, 7, 11)).astype(np.float32) * s for s in (1.0, 4.0, 0.5)]
+    if poison == "all-nan":
+        xs[1][...] = np.nan
+    elif poison == "zeros":
+        xs = [np.zeros_like(x) for x in xs] + [-np.zeros_like(xs[0])]
+    elif poison == "empty":
+        xs.append(np.zeros((0, 4), np.float32))
+    elif poison != "none":
+        xs[1][0, 3, 5] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}[poison]
+        xs[2][2, 0, 1] = -xs[1][0, 3, 5] if poison != "nan" else np.nan
+    stats = _Stats({"t": 0.0})
+    for x in xs:
+        _update_amax(stats, "t", x.copy())
+    stats.hist = {"t": np.zeros(HIST_BINS, np.int64)}
+    for x in xs:
+        _update_hist(stats, "t", x.copy())
+    amax, hist = _old_amax_and_hist(xs)
+    assert stats.amax["t"] == amax and np.array_equal(stats.hist["t"], hist)
+
+
+@pytest.mark.parametrize("calibrator", ["entropy", "percentile"])
+def test_the_scales_do_not_depend_on_the_statistics_threads(monkeypatch, calibrator):
+    from polykit.compiler.builder import calibrate as calibrate_module
+
+    graph, names = _graph_and_names()
+    batches = [feeds_for(convnet(), seed) for seed in range(3)]
+    monkeypatch.setattr(calibrate_module, "_workers", lambda: 1)
+    one = calibrate(graph, names, batches, "cpu", calibrator)
+    monkeypatch.setattr(calibrate_module, "_workers", lambda: 4)
+    assert calibrate(graph, names, batches, "cpu", calibrator) == one

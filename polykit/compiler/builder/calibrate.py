@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -141,18 +142,42 @@ def _finite_abs(x: np.ndarray) -> np.ndarray:
     return a[np.isfinite(a)]
 
 
+# The two passes touch every element of every calibrated tensor of every batch (ResNet-50 bs32: ~1.3 GB
+# of float32 a batch, 8 batches, twice), so they take the common case without copies: when the tensor
+# holds no NaN or inf (its max |x| is finite), max |x| is max(max x, -min x), two reductions in place of
+# an |x| copy, a mask and a filtered copy; and the histogram bins |x| clipped in place in one buffer.
+# Where a NaN or inf is present, both fall back to the filtered copy: the same results either way.
 def _update_amax(stats: _Stats, name: str, x: np.ndarray) -> None:
-    a = _finite_abs(x)
-    if a.size:
-        stats.amax[name] = max(stats.amax[name], float(np.max(a)))
+    if not x.size:
+        return
+    top = max(float(np.max(x)), -float(np.min(x)))
+    if not np.isfinite(top):  # NaN or inf somewhere: the finite elements only
+        a = _finite_abs(x)
+        if not a.size:
+            return
+        top = float(np.max(a))
+    stats.amax[name] = max(stats.amax[name], top)
 
 
 def _update_hist(stats: _Stats, name: str, x: np.ndarray) -> None:
     amax = stats.amax[name]
-    a = _finite_abs(x)
-    if amax > 0 and a.size:  # data beyond the first pass's max (a loader that changed) counts in the last bin
-        counts, _ = np.histogram(np.minimum(a, amax), bins=HIST_BINS, range=(0.0, amax))
-        stats.hist[name] += counts
+    if amax <= 0 or not x.size:
+        return
+    a = np.abs(x.ravel())
+    if not np.isfinite(np.max(a)):
+        a = a[np.isfinite(a)]
+        if not a.size:
+            return
+    # data beyond the first pass's max (a loader that changed) counts in the last bin
+    counts, _ = np.histogram(np.minimum(a, amax, out=a), bins=HIST_BINS, range=(0.0, amax))
+    stats.hist[name] += counts
+
+
+def _workers() -> int:
+    """Threads that update the tensors' statistics of one batch side by side (numpy's reductions
+    and histogram arithmetic release the GIL on large arrays; each tensor's statistics are updated
+    by one thread a batch, batches in order, so the results do not depend on the count)."""
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[str], what: str,
@@ -161,6 +186,8 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
 
     total = len(batches) if hasattr(batches, "__len__") else None
     context = engine.create_execution_context()
+    workers = _workers()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="polykit-calibrate") if workers > 1 and len(names) > 1 else None
     seen = 0
     try:
         with progress_bar(total, what) as advance:
@@ -171,11 +198,17 @@ def _run(engine: Any, batches: Iterable[Mapping[str, np.ndarray]], names: list[s
                     raise UsageError(f"calibration batch {seen} does not fit the calibration engine: {e.what}",
                                      where=e.where, hint="give batches inside the calibration profile (the last "
                                      "profile unless BuilderConfig.calibration_profile says otherwise)") from None
-                for name in names:
-                    value = outputs[name] if name in outputs else feeds[name]
-                    update(name, np.asarray(value, np.float32))
+                values = [(name, outputs[name] if name in outputs else feeds[name]) for name in names]
+                if pool is None:
+                    for name, value in values:
+                        update(name, np.asarray(value, np.float32))
+                else:  # every tensor's update of this batch done before the next batch runs
+                    for done in [pool.submit(update, name, np.asarray(value, np.float32)) for name, value in values]:
+                        done.result()
                 advance(f"batch {seen}")
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         context.close()
     if not seen:
         raise UsageError("the calibration data holds no batch", hint="give at least one batch of inputs")
