@@ -276,19 +276,36 @@ def summary(row: dict) -> str:
 
 # ---- the child: one case -----------------------------------------------------------------------
 
+def save_state(module: Any, path: Path) -> None:
+    """`module`'s state dict as a numpy .npz (never pickle: torch.save is one), written to `path`."""
+    import numpy as np
+
+    arrays = {name: t.detach().cpu().contiguous().numpy() for name, t in module.state_dict().items()}
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def load_state(module: Any, path: Path, torch) -> None:
+    """The state dict save_state wrote, loaded into `module` (np.load refuses pickled objects)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        module.load_state_dict({name: torch.from_numpy(data[name].copy()) for name in data.files})
+
+
 def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any, Path, dict]:
     """(the prepared fp32 torch module with one tensor output, its inputs at `batch`, the ONNX path,
     export facts). Prepared weights and exports are kept in `cache`; new weights drop the exports."""
     from benchmarks.torch_export import export_onnx, single_output
 
-    state = cache / f"{model.name}.pt"
+    state = cache / f"{model.name}.weights.npz"
     torch.manual_seed(0)
     module = model.make().eval()
     if state.exists():
-        module.load_state_dict(torch.load(state, weights_only=True))
+        load_state(module, state, torch)
     else:
         prepare(model, module, torch)
-        torch.save(module.state_dict(), state.with_suffix(".tmp"))
+        save_state(module, state.with_suffix(".tmp"))
         for old in cache.glob(f"{model.name}_bs*.onnx"):
             old.unlink()
         state.with_suffix(".tmp").replace(state)

@@ -204,3 +204,22 @@ def test_the_profile_record_names_the_slowest_layers_with_their_output_shapes():
     assert record["top_layers"] == [["conv1", "ConvNHWC", "cuda.conv_nhwc.sm90_128x64", 0.4, 0.769, [[32, 96, 96, 192]]],
                                     ["se", "SqueezeExcite", "cuda.squeeze_excite", 0.11, 0.212, [[32, 24, 24, 512]]]]
     assert record["top_kinds"][0] == ["ConvNHWC", 0.4, 0.769] and record["profile_total_ms"] == 0.52
+
+
+def test_prepared_weights_are_kept_as_npz_and_come_back_identical(tmp_path):
+    """The zoo's weight cache is numpy's .npz (torch.save would be pickle): every tensor, dtype and
+    value back as saved, and np.load refuses pickled objects."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.zoo import load_state, save_state
+
+    torch.manual_seed(0)
+    saved = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(4, 2))
+    saved[1].running_mean.uniform_()
+    path = tmp_path / "w.weights.npz"
+    save_state(saved, path)
+    torch.manual_seed(1)
+    loaded = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(4, 2))
+    load_state(loaded, path, torch)
+    want, got = saved.state_dict(), loaded.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) and want[k].dtype == got[k].dtype for k in want)
