@@ -173,6 +173,7 @@ EOF
       tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_conv_grouped_mma.py \
       tests/kernels/cuda/test_concat_placement_args.py tests/compiler/test_concat_placement.py \
       tests/kernels/cuda/test_weight_only.py tests/kernels/cuda/test_warp_emulated.py tests/runtime/test_nvtx.py \
+      tests/tools/bench/test_benchmark_gpu.py \
       > "$OUT/gpu_new9.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_new9.txt" | grep -v Warning | tail -40
     timeout 150 python3 benchmarks/weight_only_gemm.py --ms 1,16 2>&1 | tail -4

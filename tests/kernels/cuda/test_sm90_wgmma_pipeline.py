@@ -103,3 +103,43 @@ def test_the_fp8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spil
     with a float32 residual + Relu, e4m3 or float32 out, through the 16-byte epilogue."""
     source = fp8_kernel(fp8_layer(y_dtype, residual=True), tile)
     assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"fp8 conv tile {tile.label}, {y_dtype} out")
+
+
+def ptx_of(source, file: str) -> str:
+    """The PTX NVRTC makes of `source` (a KernelSource) for sm_90a, through NVRTC's own calls (cuda.core's
+    PTX object loads the driver, which a machine without a GPU lacks)."""
+    from cuda.bindings import nvrtc as api
+    from cuda.core import ProgramOptions
+
+    from polykit.runtime.cuda import nvrtc
+
+    options = ProgramOptions(arch="sm_90a", name=file, include_path=[str(nvrtc.CUDA_DIR)], **dict(nvrtc.BASE_OPTIONS))
+    err, prog = api.nvrtcCreateProgram(source.render().encode(), file.encode(), 0, [], [])
+    assert err == api.nvrtcResult.NVRTC_SUCCESS
+    try:
+        flags = options.as_bytes("nvrtc")
+        (err,) = api.nvrtcCompileProgram(prog, len(flags), flags)
+        assert err == api.nvrtcResult.NVRTC_SUCCESS, f"NVRTC failed on {file}"
+        err, size = api.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        (err,) = api.nvrtcGetPTX(prog, ptx)
+        return ptx.decode(errors="replace")
+    finally:
+        api.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize("tile_label,body,extra,prefetched", [
+    ("128x256", BIAS_RESIDUAL, ("bias", "res"), True),   # 256 columns: no epilogue group loaded ahead: prefetched
+    ("64x64x2", BIAS_RESIDUAL, ("bias", "res"), True),   # two blocks an SM: the same
+    ("128x192", BIAS_RESIDUAL, ("bias", "res"), False),  # groups loaded ahead already: none (it spilled there)
+    ("128x256", BIAS_GELU, ("bias",), False)])           # nothing read at the output index: nothing to prefetch
+def test_the_residual_rows_are_prefetched_into_l2_only_where_the_epilogue_loads_nothing_ahead(tile_label, body, extra,
+                                                                                               prefetched):
+    """gemm_sm90_epilogue.cuh's prefetch_tile (PREFETCH_TILE): prefetch.global.L2 in the kernel's PTX."""
+    M, N, K = 4096, 256, 64
+    shapes = {"A": (M, K), "B": (K, N), "bias": (N,), "res": (M, N)}
+    layer = LayerDesc("mm", "MatMul", ("A", "B", *extra), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                      domain="ai.polykit", in_dtypes=("float16",) * (2 + len(extra)), out_dtypes=("float16",),
+                      in_shapes=tuple(shapes[n] for n in ("A", "B", *extra)), out_shapes=((M, N),))
+    tile = next(t for t in TILES if t.label == tile_label)
+    assert ("prefetch.global.L2" in ptx_of(kernel_for(layer, tile, "half_t", True), "gemm_sm90.cu")) == prefetched

@@ -53,3 +53,14 @@ def test_run_and_inspect_a_cuda_plan(mlp, tmp_path, capsys):
     assert main(["inspect", "model", plan, "--profile", "--json"]) == 0
     layers = json.loads(capsys.readouterr().out)["layers"]
     assert all(layer["ms"] > 0 for layer in layers)
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_a_cuda_bench_says_what_nvtx_ranges_its_runs_had(mlp, graph):
+    """The verbosity and the library they go through (or why there are none), in the result and its JSON."""
+    from polykit.runtime.nvtx import describe
+
+    result = bench_model(mlp, BuilderConfig(target="cuda", profiling_verbosity="detailed"),
+                         BenchOptions(cuda_graph=graph, **FAST))
+    assert result.nvtx.startswith(describe("detailed")) and result.to_json()["nvtx"] == result.nvtx
+    assert result.nvtx.endswith("at the graph's capture only") == graph

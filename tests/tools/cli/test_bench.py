@@ -113,3 +113,19 @@ def test_bench_load_inputs_of_the_wrong_dtype_is_a_runtime_input_error(tmp_path,
 def test_bench_device_with_the_cpu_target_is_a_usage_error(mlp, capsys):
     assert main(["bench", mlp, "--target", "cpu", *FAST, "--device", "1"]) == 2
     assert "no devices" in capsys.readouterr().err
+
+
+def test_bench_prints_the_nvtx_ranges_of_a_cuda_result(capsys):
+    """render's NVTX line (a cuda run's BenchResult.nvtx); a cpu result has none."""
+    from dataclasses import replace
+
+    from polykit.tools.bench.benchmark import BenchResult, Stats
+    from polykit.tools.cli.bench import render
+
+    stats = Stats.of([1.0, 2.0])
+    cuda = BenchResult("cuda", 1, 1, 2, 0.01, stats, stats, True, False, load_s=0.01,
+                       nvtx="detailed (/w/nvidia/nvtx/lib/libnvToolsExt.so.1)")
+    render("m.onnx", cuda)
+    assert "NVTX ranges: detailed (/w/nvidia/nvtx/lib/libnvToolsExt.so.1)" in capsys.readouterr().out
+    render("m.onnx", replace(cuda, target="cpu", data_transfers=None, cuda_graph=None, nvtx=None))
+    assert "NVTX" not in capsys.readouterr().out
