@@ -138,9 +138,13 @@ EOF
     ;;
   nvtx)
     for verbosity in detailed none; do
+      # the plan is built outside ncu: a build's tactic timing launches hundreds of kernels outside any layer's
+      # range, and with --launch-count 12 those were all ncu saw (2026-12-06: the library loaded, no range shown)
+      python3 -m polykit.tools.cli.app convert examples/models/mlp.onnx --fp16 --profiling-verbosity $verbosity \
+        -o /tmp/mlp_$verbosity.plan > /dev/null 2>&1
       timeout 120 ncu --nvtx --print-nvtx-rename kernel --clock-control none --launch-count 12 \
-        --metrics gpu__time_duration.sum python3 -m polykit.tools.cli.app bench examples/models/mlp.onnx --fp16 \
-        --profiling-verbosity $verbosity --no-cuda-graph --iterations 2 --duration 0 > "$OUT/ncu_nvtx_$verbosity.txt" 2>&1
+        --metrics gpu__time_duration.sum python3 -m polykit.tools.cli.app bench /tmp/mlp_$verbosity.plan \
+        --no-cuda-graph --warm-up 0 --iterations 2 --duration 0 > "$OUT/ncu_nvtx_$verbosity.txt" 2>&1
       echo "== $verbosity: rc $?"; grep -E '^  [^ ].*\(|\[.*:.*\]|NVTX|==ERR|==PROF==' "$OUT/ncu_nvtx_$verbosity.txt" | head -30
     done
     ;;
