@@ -272,8 +272,8 @@ def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
 @pytest.mark.parametrize("x", ["float16", "bfloat16"])
 def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     """No GPU: the cost model (weight_only_mma.cu's header) predicts the tensor-core kernel under every
-    bw tile at N = K = 4096, int4 blocked 128, on 132 SMs (what would rank it first once its priority
-    rises to the bw tiles')."""
+    bw tile at N = K = 4096, int4 blocked 128, on 132 SMs (among tactics of one priority, the estimate
+    orders the timing)."""
     from polykit.kernels.cuda.base import all_cuda_tactics
 
     layer = stamped(x=x, m=m)
@@ -284,11 +284,16 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     assert min(mma) < min(gemv)
 
 
-def test_a_level_0_build_keeps_the_gemv_until_the_mma_kernel_has_run_on_a_gpu():
-    from polykit.kernels.cuda.base import all_cuda_tactics
+@pytest.mark.parametrize("m", [1, 16])
+def test_a_level_0_build_takes_the_mma_kernel_where_it_runs_and_the_gemv_where_it_does_not(m):
+    """The mma tactics ran on a GPU (H100 2026-12-06) and timed builds picked them at M = 1 and 16, so
+    they rank first; a float32 X (which they refuse) still gets the plain kernels."""
+    from polykit.kernels.tactics import candidates
 
-    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
-    assert max(tactics[name].priority for name in MMA_TACTICS) < min(tactics[t.name].priority for t in GEMV_TILES)
+    assert candidates("cuda", KIND, stamped(m=m), arch="sm_90")[0].name in MMA_TACTICS
+    assert candidates("cuda", KIND, stamped(m=m, x="bfloat16", k=272, block=32), arch="sm_90")[0].name in MMA_TACTICS
+    fp32 = candidates("cuda", KIND, stamped(m=m, x="float32"), arch="sm_90")
+    assert fp32 and not any(t.name in MMA_TACTICS for t in fp32)
 
 
 @pytest.mark.gpu
