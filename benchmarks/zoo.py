@@ -286,11 +286,18 @@ def save_state(module: Any, path: Path) -> None:
 
 
 def load_state(module: Any, path: Path, torch) -> None:
-    """The state dict save_state wrote, loaded into `module` (np.load refuses pickled objects)."""
+    """The state dict save_state wrote, copied into `module`'s own tensors (np.load refuses pickled
+    objects). Not load_state_dict: the .npz has no state-dict metadata, and modules whose loading hook
+    reads a version from it (torchvision's MNASNet) refuse a dict without one."""
     import numpy as np
 
-    with np.load(path, allow_pickle=False) as data:
-        module.load_state_dict({name: torch.from_numpy(data[name].copy()) for name in data.files})
+    with np.load(path, allow_pickle=False) as data, torch.no_grad():
+        own = module.state_dict()
+        if set(data.files) != set(own):
+            raise ValueError(f"{path}: saved weights {sorted(set(data.files) ^ set(own))[:4]} do not match the "
+                             "module's; delete the cache folder's weights to prepare them again")
+        for name, tensor in own.items():
+            tensor.copy_(torch.from_numpy(data[name].copy()))
 
 
 def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any, Path, dict]:
