@@ -75,3 +75,23 @@ def test_emulated_fully_masked_rows_give_nan_like_the_reference(launcher):
     ref = reference(layer, inputs)
     assert np.isnan(ref[0, 1, 4]).all() and error(run_emulated(launcher, layer, inputs, "cuda.attention.flash"),
                                                   ref) <= TOL[F16]
+
+
+@pytest.mark.parametrize("tactic,to_zero", [("cuda.attention.flash", 0), ("cuda.attention.flash_kv128", 0),
+                                             ("cuda.attention.flash", 1)])
+def test_emulated_nan_and_inf_scores_give_nan_rows_like_the_reference(launcher, tactic, to_zero):
+    """A NaN or +inf score makes its row's softmax NaN without a test of its own (flash_common.cuh:
+    the probability exp2(x - m) is NaN, and so the row's sum): rows with a NaN query element, an
+    infinite one (scores of +inf and -inf), and a NaN additive mask entry give NaN, or 0 with
+    nan_probs_to_zero (the row is found undefined, not only NaN through its sums); the others match."""
+    inputs = _arrays((1, 2, 70, 64), (1, 2, 150, 64), F16)
+    inputs["Q"][0, 0, 3, 5] = np.nan
+    inputs["Q"][0, 1, 40, 0] = np.inf
+    mask = (rng.standard_normal((1, 2, 70, 150)) * 2).astype(np.float16)
+    mask[0, 1, 66, 149] = np.nan  # in the last, partial key tile
+    inputs["mask"] = mask
+    layer = layer_for(inputs, (1, 2, 70, 64), **({"nan_probs_to_zero": 1} if to_zero else {}))
+    ref = reference(layer, inputs)
+    bad = ref[0, 0, 3], ref[0, 1, 40], ref[0, 1, 66]
+    assert all((row == 0).all() if to_zero else np.isnan(row).all() for row in bad)
+    assert error(run_emulated(launcher, layer, inputs, tactic), ref) <= TOL[F16]

@@ -85,9 +85,14 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 // rows [row0, row0 + N) of a [.., s, HD] operand -> swizzled tile; rows past `rows` are zeros
+// (a fixed trip count, unrolled: the chunk's row and column divide by a constant once per tile)
 template <int N>
 __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base, i64 ss, int row0, int rows) {
-  for (int i = threadIdx.x; i < N * CHUNKS; i += 128) {
+  constexpr int TOTAL = N * CHUNKS, STEPS = (TOTAL + 127) / 128;
+#pragma unroll
+  for (int j = 0; j < STEPS; ++j) {
+    const int i = threadIdx.x + 128 * j;
+    if (TOTAL % 128 != 0 && i >= TOTAL) break;
     const int r = i / CHUNKS, c = i % CHUNKS;
     const bool ok = row0 + r < rows;
     const ELEM* src = base + (ok ? (i64)(row0 + r) * ss : 0) + c * 8;

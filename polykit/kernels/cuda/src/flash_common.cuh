@@ -27,18 +27,19 @@ struct FlashMask {
   int kind;
 };
 
-// Running softmax statistics of a thread's two rows. A row whose softmax is undefined (every
-// score -inf, or a NaN / +inf score) is `undefined()`: the caller writes NaN, or 0 with
-// nan_probs_to_zero (the unfused graph's Where(IsNaN)).
+// Running softmax statistics of a thread's two rows: m the running maximum of the scores in the
+// exponent's units (log2 units for exp2f, natural for expf: flash_scores_tile), l the running sum of
+// probabilities. A row whose softmax is undefined (every score -inf, or a NaN / +inf score) is
+// `undefined()`: the caller writes NaN, or 0 with nan_probs_to_zero (the unfused graph's Where(IsNaN)).
+// A NaN or +inf score needs no test of its own: its probability exp(x - m) is NaN (NaN - m, or
+// inf - inf), so l becomes NaN and stays NaN (NaN * corr + psum).
 struct FlashRows {
   float m[2], l[2];
-  bool bad[2];
   __device__ __forceinline__ void init() {
     m[0] = m[1] = fa_neg_inf();
     l[0] = l[1] = 0.f;
-    bad[0] = bad[1] = false;
   }
-  __device__ __forceinline__ bool undefined(int i) const { return bad[i] || m[i] == fa_neg_inf(); }
+  __device__ __forceinline__ bool undefined(int i) const { return l[i] != l[i] || m[i] == fa_neg_inf(); }
   // row i's output from its accumulator: acc / l, or NaN (0 with nan_to_zero) when undefined
   __device__ __forceinline__ float out(int i, float acc, int nan_to_zero) const {
     return undefined(i) ? (nan_to_zero ? 0.f : __int_as_float(0x7fffffff)) : acc * (1.f / l[i]);
@@ -73,62 +74,87 @@ __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRo
   }
 }
 
-// One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scale, mask, keys past Skv
+// One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scaled, masked, keys past Skv
 // -> -inf; the running max and sum of each row advance, s becomes the tile's unnormalized
 // probabilities and corr the factor by which each row's output accumulators must be rescaled
 // (flash_rescale; apart so that a caller can do it once a product still reading them is done).
-// EXACT: expf (fp32 accuracy), else exp2f of log2e-scaled differences (enough for half outputs).
+// EXACT: expf of natural-unit differences (fp32 accuracy); else the scores are kept in log2 units
+// (scale * log2e folded into the one multiply) and exp2f takes their differences (enough for
+// half outputs; FlashAttention-2's form).
+// The common case costs a multiply, a max, a subtract, an exponential and an add a score: the mask
+// and the key bound are separate passes taken only when there is a mask / on the tile that crosses
+// Skv (both uniform across the block), and each row's max and sum run on four / two partial chains
+// (short dependencies between the two MMAs) before the quad's shuffles.
 template <class M, bool EXACT, int NB>
 __device__ __forceinline__ void flash_scores_tile(float (&s)[NB][4], float (&corr)[2], FlashRows& r, int kbase,
                                                   int Skv, int row_a, int S, const FlashMask& mask, float scale,
                                                   int t4) {
   const float NEG_INF = fa_neg_inf();
-  const float log2e = 1.4426950408889634f;
-  float tmax[2] = {NEG_INF, NEG_INF};
+  const float unit = EXACT ? 1.f : 1.4426950408889634f;  // log2e: exp(x) = exp2(x log2e)
+  const float su = scale * unit;
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
-      const int row = e < 2 ? row_a : row_a + 8;
-      float x = s[nb][e] * scale;
-      if (key >= Skv) {
-        x = NEG_INF;
-      } else if (mask.kind != 0 && row < S) {
-        const i64 mi = mask.base + (i64)row * mask.mq + (i64)key * mask.mk;
-        if (mask.kind == 1)
-          x += (float)ld((const M*)mask.ptr, mi);
-        else if (((const unsigned char*)mask.ptr)[mi] == 0)
-          x = NEG_INF;
+    for (int e = 0; e < 4; ++e) s[nb][e] *= su;
+  if (mask.kind != 0) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
+        const int row = e < 2 ? row_a : row_a + 8;
+        if (key < Skv && row < S) {
+          const i64 mi = mask.base + (i64)row * mask.mq + (i64)key * mask.mk;
+          if (mask.kind == 1)
+            s[nb][e] += (float)ld((const M*)mask.ptr, mi) * unit;
+          else if (((const unsigned char*)mask.ptr)[mi] == 0)
+            s[nb][e] = NEG_INF;
+        }
       }
-      r.bad[e >> 1] |= (x != x) || (x == -NEG_INF);  // NaN or +inf: the row's softmax is NaN
-      s[nb][e] = x;
-      tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
-    }
+  }
+  if (kbase + NB * 8 > Skv) {  // the tile that crosses Skv
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (kbase + nb * 8 + 2 * t4 + (e & 1) >= Skv) s[nb][e] = NEG_INF;
+  }
+  // row i's scores are s[nb][2 i], s[nb][2 i + 1]: four partial maxima a row (fmaxf skips NaN)
+  float part[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = NEG_INF;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[e >> 1][(nb & 1) * 2 + (e & 1)] = fmaxf(part[e >> 1][(nb & 1) * 2 + (e & 1)], s[nb][e]);
+  float base[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-    tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-    const float m_new = fmaxf(r.m[i], tmax[i]);
-    // rows still all -inf keep a unit correction and zero probabilities
-    corr[i] = m_new == NEG_INF ? 1.f : EXACT ? expf(r.m[i] - m_new) : exp2f((r.m[i] - m_new) * log2e);
+    float tmax = fmaxf(fmaxf(part[i][0], part[i][1]), fmaxf(part[i][2], part[i][3]));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float m_new = fmaxf(r.m[i], tmax);
+    // rows still all -inf keep a unit correction and (base 0) zero probabilities
+    corr[i] = m_new == NEG_INF ? 1.f : EXACT ? expf(r.m[i] - m_new) : exp2f(r.m[i] - m_new);
     r.m[i] = m_new;
+    base[i] = m_new == NEG_INF ? 0.f : m_new;
   }
-  float psum[2] = {0.f, 0.f};
+  float psum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float m = r.m[e >> 1];
-      const float p = m == NEG_INF ? 0.f : EXACT ? expf(s[nb][e] - m) : exp2f((s[nb][e] - m) * log2e);
+      const float d = s[nb][e] - base[e >> 1];
+      const float p = EXACT ? expf(d) : exp2f(d);
       s[nb][e] = p;
-      psum[e >> 1] += p;
+      psum[e >> 1][nb & 1] += p;
     }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 1);
-    psum[i] += __shfl_xor_sync(0xffffffffu, psum[i], 2);
-    r.l[i] = r.l[i] * corr[i] + psum[i];
+    float sum = psum[i][0] + psum[i][1];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    r.l[i] = r.l[i] * corr[i] + sum;
   }
 }
 
