@@ -58,6 +58,12 @@
 #                  the NVTX library lookup; then weight_only_gemm.py, serving_api's ResNet-50 with copy times, and
 #                  STEP=nvtx. Then STEP=zoo with ZOO_MODELS=resnet50,resnext50_32x4d,unet,fcn_resnet50 and the before
 #                  tree 61dce52 (git archive into .before, ZOO_BEFORE=.before): the prefetch's and placement's before/after
+#   STEP=new10     the tenth session's (none ran on a GPU): the flash softmax rework (a6ceb6a: every flash kernel,
+#                  mma.sync, sm90 wgmma and fp32, shares flash_common.cuh) and the W4A16 mma tactics now first at
+#                  level 0; then cuda_kernels.py --attention at the zoo's shapes against SDPA, on this tree and
+#                  (ZOO_BEFORE=.before holding f156765, carried) on the before tree; then STEP=nvtx (its plan now
+#                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,swin_t
+#                  and the same before tree.
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -71,8 +77,8 @@
 #                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
 #                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
-#                  `git archive` of the before commit in an ignored folder, named in carry) then times the same
-#                  cases on that tree without torch.compile (ZOO_BEFORE_S, default 150)
+#                  `git archive` of the before commit in an ignored folder with its sha in .commit, named in carry)
+#                  then times the same cases on that tree without torch.compile (ZOO_BEFORE_S, default 150)
 #   STEP=frcnn     issue 33's open cuda mismatch: Faster R-CNN at 279x279 against onnxruntime, every tensor marked
 #                  (needs torch on the device), to name the first layer whose output differs
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
@@ -186,6 +192,24 @@ EOF
     STEP=nvtx bash "$0"
     exit $rc
     ;;
+  new10)
+    timeout ${NEW_S:-240} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=short \
+      tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_flash_attention_shapes.py \
+      tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_flash_attention_f32.py \
+      tests/kernels/cuda/test_flash_attention_emulated.py tests/kernels/cuda/test_attention.py \
+      tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
+      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
+      > "$OUT/gpu_new10.txt" 2>&1
+    rc=$?; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_new10.txt" | grep -v Warning | tail -40
+    att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
+    timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
+    if [ -n "${ZOO_BEFORE:-}" ]; then  # the softmax before a6ceb6a, same machine, same call
+      (cd "$ZOO_BEFORE" && timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention_before.json" \
+        2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention_before.txt")
+    fi
+    STEP=nvtx bash "$0"
+    exit $rc
+    ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
       tests/compiler/test_conv1d_builds_gpu.py tests/compiler/test_ms_optimized_models.py \
@@ -222,7 +246,9 @@ EOF
       --deadline $(( ${ZOO_S:-300} - 10 )) --rounds 2 ${ZOO_ARGS:-} > "$OUT/zoo.log" 2>&1
     grep -E "polykit .* ms|error|deadline|prepare:" "$OUT/zoo.log"
     if [ -n "${ZOO_BEFORE:-}" ]; then  # a before tree (git archive into an ignored folder, carried): same cases, no compile
-      (cd "$ZOO_BEFORE" && timeout ${ZOO_BEFORE_S:-150} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} \
+      # the archive has no git: its commit comes from $ZOO_BEFORE/.commit (echo <sha> > .before/.commit)
+      (cd "$ZOO_BEFORE" && POLYKIT_COMMIT=$(cat .commit 2>/dev/null || echo before-tree) \
+        timeout ${ZOO_BEFORE_S:-150} python3 benchmarks/zoo.py $models_arg --batches ${ZOO_BATCHES:-max} \
         --kernel-cache shared --cache-dir /tmp/zc --skip-compile --out "$OUT/zoo_before.json" \
         --deadline $(( ${ZOO_BEFORE_S:-150} - 10 )) --rounds 2 > "$OUT/zoo_before.log" 2>&1)
       grep -E "polykit .* ms|error|deadline" "$OUT/zoo_before.log"
@@ -251,5 +277,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
