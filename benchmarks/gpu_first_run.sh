@@ -87,6 +87,14 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 POLYKIT_CACHE_DIR=/tmp/pkcache PYTHONPATH=.
 step=${STEP:-suite}
+gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' gpu tests, the log in $OUT/gpu_NAME.txt, its summary
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=short "$@" > "$OUT/gpu_$name.txt" 2>&1
+  local rc=$?
+  grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_$name.txt" | grep -v Warning | tail -40
+  return $rc
+}
 case "$step" in
   suite)
     timeout 560 python3 -m pytest -m gpu -n 15 -q -p no:cacheprovider 2>&1 | tail -60 | tee "$OUT/gpu_suite.txt"
@@ -178,14 +186,13 @@ EOF
     exit $rc
     ;;
   new9)
-    timeout ${NEW_S:-300} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=short \
+    gpu_tests new9 ${NEW_S:-300} \
       tests/kernels/cuda/test_conv_sm90.py tests/kernels/cuda/test_gemm_sm90.py tests/kernels/cuda/test_int8_sm90.py \
       tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_conv_grouped_mma.py \
       tests/kernels/cuda/test_concat_placement_args.py tests/compiler/test_concat_placement.py \
       tests/kernels/cuda/test_weight_only.py tests/kernels/cuda/test_warp_emulated.py tests/runtime/test_nvtx.py \
-      tests/tools/bench/test_benchmark_gpu.py \
-      > "$OUT/gpu_new9.txt" 2>&1
-    rc=$?; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_new9.txt" | grep -v Warning | tail -40
+      tests/tools/bench/test_benchmark_gpu.py
+    rc=$?
     timeout 150 python3 benchmarks/weight_only_gemm.py --ms 1,16 2>&1 | tail -4
     timeout 150 python3 benchmarks/serving_api.py --cases resnet50:32 --rounds 3 --trace-runs 5 --out "$OUT/serving.json" \
       2>&1 | grep -v Warn | tail -5
@@ -193,14 +200,13 @@ EOF
     exit $rc
     ;;
   new10)
-    timeout ${NEW_S:-240} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=short \
+    gpu_tests new10 ${NEW_S:-240} \
       tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_flash_attention_shapes.py \
       tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_flash_attention_f32.py \
       tests/kernels/cuda/test_flash_attention_emulated.py tests/kernels/cuda/test_attention.py \
       tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
-      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
-      > "$OUT/gpu_new10.txt" 2>&1
-    rc=$?; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_new10.txt" | grep -v Warning | tail -40
+      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py
+    rc=$?
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
     if [ -n "${ZOO_BEFORE:-}" ]; then  # the softmax before a6ceb6a, same machine, same call
