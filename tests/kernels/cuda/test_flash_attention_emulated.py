@@ -54,9 +54,14 @@ def test_emulated_flash_matches_the_reference(launcher, tactic, dims, head, dtyp
     assert error(run_emulated(launcher, layer, inputs, tactic), reference(layer, inputs)) <= TOL[dtype]
 
 
-@pytest.mark.parametrize("mask_shape,kind", [((2, 1, 1, 90), "add"), ((2, 1, 70, 90), "bool")])
-def test_emulated_flash_with_additive_and_bool_masks(launcher, mask_shape, kind):
-    inputs = _arrays((2, 2, 70, 64), (2, 2, 90, 64), F16)
+@pytest.mark.parametrize("mask_shape,kind,skv", [
+    ((2, 1, 1, 90), "add", 90), ((2, 1, 70, 90), "bool", 90),
+    # flash_mask_tile's fallbacks: odd row strides (every other row's pairs unaligned), a mask constant
+    # along keys (key stride 0), a key count whose last pair crosses Skv
+    ((1, 2, 70, 91), "add", 91), ((2, 2, 70, 91), "bool", 91), ((2, 2, 70, 1), "add", 90), ((2, 1, 1, 89), "bool", 89),
+])
+def test_emulated_flash_with_additive_and_bool_masks(launcher, mask_shape, kind, skv):
+    inputs = _arrays((2, 2, 70, 64), (2, 2, skv, 64), F16)
     if kind == "add":
         inputs["mask"] = (rng.standard_normal(mask_shape) * 3).astype(np.float16)
     else:

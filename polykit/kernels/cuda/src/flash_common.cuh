@@ -74,6 +74,64 @@ __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRo
   }
 }
 
+// The mask's values of one key tile added to (kind 1, times `unit`) or applied to (kind 2: 0 -> -inf) the
+// scores s (flash_scores_tile). A lane's keys come in adjacent pairs (2 t4, 2 t4 + 1 of each 8-block),
+// so where the mask is contiguous along keys (mk == 1) and the pair's first element is aligned to two
+// of them, one load brings both (4 bytes of a 16-bit mask, 2 of a bool one): each row's offset is
+// computed once a tile, not once a score. Other masks (key strides, odd offsets, the pair that
+// crosses Skv) take one element at a time.
+template <class M, int NB>
+__device__ __forceinline__ void flash_mask_tile(float (&s)[NB][4], const FlashMask& mask, int kbase, int Skv,
+                                                int row_a, int S, float unit, int t4) {
+  const float NEG_INF = fa_neg_inf();
+  const bool additive = mask.kind == 1;
+  const int esize = additive ? (int)sizeof(M) : 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // rows row_a, row_a + 8: elements e = 2 i, 2 i + 1
+    const int row = row_a + 8 * i;
+    if (row >= S) continue;
+    const i64 rb = mask.base + (i64)row * mask.mq;
+    const bool pairs = mask.mk == 1 && ((rb + (i64)((u64)mask.ptr / esize)) & 1) == 0 &&
+                       ((u64)mask.ptr % esize) == 0;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int key = kbase + nb * 8 + 2 * t4;  // even: kbase and nb * 8 are multiples of 8
+      float v[2] = {0.f, 0.f};
+      bool keep[2] = {true, true};
+      if (pairs && key + 1 < Skv) {
+        if (additive) {
+          struct __align__(2 * sizeof(M)) P2 { M v[2]; };
+          const P2 pr = *(const P2*)((const M*)mask.ptr + rb + key);
+          v[0] = (float)ld(pr.v, 0);
+          v[1] = (float)ld(pr.v, 1);
+        } else {
+          const unsigned short b2 = *(const unsigned short*)((const unsigned char*)mask.ptr + rb + key);
+          keep[0] = (b2 & 0xff) != 0;
+          keep[1] = (b2 >> 8) != 0;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (key + j < Skv) {
+            const i64 mi = rb + (i64)(key + j) * mask.mk;
+            if (additive)
+              v[j] = (float)ld((const M*)mask.ptr, mi);
+            else
+              keep[j] = ((const unsigned char*)mask.ptr)[mi] != 0;
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (additive)
+          s[nb][2 * i + j] += v[j] * unit;
+        else if (!keep[j])
+          s[nb][2 * i + j] = NEG_INF;
+      }
+    }
+  }
+}
+
 // One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scaled, masked, keys past Skv
 // -> -inf; the running max and sum of each row advance, s becomes the tile's unnormalized
 // probabilities and corr the factor by which each row's output accumulators must be rescaled
@@ -96,22 +154,7 @@ __device__ __forceinline__ void flash_scores_tile(float (&s)[NB][4], float (&cor
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nb][e] *= su;
-  if (mask.kind != 0) {
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kbase + nb * 8 + 2 * t4 + (e & 1);
-        const int row = e < 2 ? row_a : row_a + 8;
-        if (key < Skv && row < S) {
-          const i64 mi = mask.base + (i64)row * mask.mq + (i64)key * mask.mk;
-          if (mask.kind == 1)
-            s[nb][e] += (float)ld((const M*)mask.ptr, mi) * unit;
-          else if (((const unsigned char*)mask.ptr)[mi] == 0)
-            s[nb][e] = NEG_INF;
-        }
-      }
-  }
+  if (mask.kind != 0) flash_mask_tile<M>(s, mask, kbase, Skv, row_a, S, unit, t4);
   if (kbase + NB * 8 > Skv) {  // the tile that crosses Skv
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
