@@ -213,6 +213,9 @@ EOF
       (cd "$ZOO_BEFORE" && timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention_before.json" \
         2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention_before.txt")
     fi
+    # the ResNet stem (7x7/2, C 3 padded to 8 -> 64; 0.162 ms on sm90_128x64 in ResNet-50 / ResNeXt-50 bs32, ~7x its
+    # roofline): every tactic, the halo ones (estimated 45 us) among them, against cuDNN
+    timeout 120 python3 benchmarks/cuda_kernels.py --cases "" --conv 32,224,224,8,64,7,2 --out "$OUT/stem.json" 2>&1 | grep "conv "
     STEP=nvtx bash "$0"
     exit $rc
     ;;
