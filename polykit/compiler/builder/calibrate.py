@@ -47,24 +47,49 @@ QMAX = 127
 
 
 def entropy_threshold(hist: np.ndarray, bin_width: float) -> float:
-    """TensorRT's entropy threshold of a |x| histogram (module docstring)."""
-    hist = np.asarray(hist, np.float64).copy()
+    """TensorRT's entropy threshold of a |x| histogram (module docstring): all candidates at once.
+
+    Counts (whole numbers, np.histogram's, summing below 2**53) take the vectorized path; other
+    non-negative weights take the candidate loop (`_entropy_threshold_loop`). Both give the same i."""
+    hist = np.asarray(hist, np.float64)
+    if hist.ndim != 1 or len(hist) < 2 or not np.all(np.isfinite(hist)) or np.any(hist < 0):
+        raise UsageError(f"the entropy calibrator takes a 1-D histogram of at least 2 finite, non-negative "
+                         f"counts; got shape {hist.shape}", hint="pass |x| bin counts (numpy.histogram's)")
+    hist = hist.copy()
     hist[0] = hist[1]  # ReLU's zeros would weigh on every candidate alike
-    outliers = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # outliers[i] = sum(hist[i:])
+    total = float(hist.sum())
+    if len(hist) <= QUANT_LEVELS or total == 0 or total >= 2.0**53 or np.any(hist != np.floor(hist)):
+        return _entropy_threshold_loop(hist) * bin_width
+    return _entropy_shortlist_winner(hist, total) * bin_width
+
+
+def _entropy_threshold_loop(hist: np.ndarray) -> int:
+    """The candidate loop: the largest i of least KL(P || Q) over i = QUANT_LEVELS .. len(hist)
+    (hist with its first bin already replaced)."""
+    outliers = _outliers(hist)
     best, best_kl = len(hist), np.inf
     for i in range(QUANT_LEVELS, len(hist) + 1):
-        sliced = hist[:i]
-        p = sliced.copy()
-        p[-1] += outliers[i]
-        level = np.arange(i) * QUANT_LEVELS // i
-        nonzero = sliced > 0
-        level_sum = np.bincount(level, weights=sliced, minlength=QUANT_LEVELS)
-        level_nonzero = np.bincount(level, weights=nonzero, minlength=QUANT_LEVELS)
-        q = np.where(nonzero, level_sum[level] / np.maximum(level_nonzero[level], 1), 0.0)
-        kl = _kl_divergence(p, q)
+        kl = _candidate_kl(hist, outliers, i)
         if kl <= best_kl:
             best, best_kl = i, kl
-    return best * bin_width
+    return best
+
+
+def _outliers(hist: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # outliers[i] = sum(hist[i:])
+
+
+def _candidate_kl(hist: np.ndarray, outliers: np.ndarray, i: int) -> float:
+    """KL(P || Q) of candidate i, as the loop computes it (the result the threshold is chosen by)."""
+    sliced = hist[:i]
+    p = sliced.copy()
+    p[-1] += outliers[i]
+    level = np.arange(i) * QUANT_LEVELS // i
+    nonzero = sliced > 0
+    level_sum = np.bincount(level, weights=sliced, minlength=QUANT_LEVELS)
+    level_nonzero = np.bincount(level, weights=nonzero, minlength=QUANT_LEVELS)
+    q = np.where(nonzero, level_sum[level] / np.maximum(level_nonzero[level], 1), 0.0)
+    return _kl_divergence(p, q)
 
 
 def _kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
@@ -76,6 +101,82 @@ def _kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
         return np.inf
     pn, qn = p[mask] / p_total, q[mask] / q_total
     return float(np.sum(pn * np.log(pn / qn)))
+
+
+# Candidates per block of the vectorized search: a (block, QUANT_LEVELS + 1) int64 matrix is ~4 MB,
+# and the block's temporaries stay under ~40 MB whatever the histogram's length.
+_ENTROPY_BLOCK = 4096
+
+
+def _entropy_shortlist_winner(hist: np.ndarray, total: float) -> int:
+    """The loop's i, from a vectorized estimate of every candidate's KL and the loop's own KL on the
+    few that can win.
+
+    For counts, every sum below is of whole numbers under 2**53 and so exact: P's total is `total`
+    for every i, Q's is the first i counts' sum C_i, and a level's count and non-empty bins are
+    differences of prefix sums. With T = total, p_last = h[i-1] + outliers[i] and L, n the counts
+    and non-empty bins of the 128 levels,
+
+        KL_i = (sum_{b<i-1} h_b log h_b + p_last log p_last - sum_l L_l log(L_l / n_l)
+                - outliers[i] log(L_127 / n_127)) / T + log(C_i / T),
+
+    128 levels a candidate instead of i bins. It is infinite exactly where the loop's is: Q is 0 only
+    on empty bins, so only where bin i-1 is empty and outliers fold into it. The finite estimate and
+    the loop's value each differ from the exact real number by a few rounding errors per summed term
+    (sequential sums of at most len(hist) terms, logs within a few ulp, all of magnitude <=
+    `scale`), so |estimate - loop| <= slack = 32 eps (len + 256) scale with a wide margin (eps =
+    2**-52; measured below 1/7000 of it). Every i the loop could pick (least KL) then lies within
+    2 slack of the least estimate; the loop's own `_candidate_kl` decides among those, largest i of
+    least divergence, so the tie-breaking rule sees the very floats the loop sees. Dense histograms
+    shortlist one candidate; a sparse one whose KL is 0 over a long run of candidates shortlists the
+    run: at worst the loop's time."""
+    n = len(hist)
+    prefix = np.concatenate([[0.0], np.cumsum(hist)])  # prefix[k] = sum(hist[:k]), exact
+    filled = np.concatenate([[0], np.cumsum(hist > 0)])
+    safe = np.where(hist > 0, hist, 1.0)
+    hlogh = np.concatenate([[0.0], np.cumsum(hist * np.log(safe))])  # sum of h log h over the first k
+    estimates, slacks = [], []
+    for first in range(QUANT_LEVELS, n + 1, _ENTROPY_BLOCK):
+        i = np.arange(first, min(first + _ENTROPY_BLOCK, n + 1))
+        estimate, slack = _kl_estimates(hist, i, total, prefix, filled, hlogh)
+        estimates.append(estimate)
+        slacks.append(slack)
+    estimate, slack = np.concatenate(estimates), np.concatenate(slacks)
+    finite = np.isfinite(estimate)
+    if not finite.any():
+        return n  # every candidate infinite: the loop keeps the last
+    bound = np.min(estimate[finite] + slack[finite])
+    shortlist = np.flatnonzero(finite & (estimate - slack <= bound)) + QUANT_LEVELS
+    outliers = _outliers(hist)
+    best, best_kl = n, np.inf
+    for i in shortlist:
+        kl = _candidate_kl(hist, outliers, int(i))
+        if kl <= best_kl:
+            best, best_kl = int(i), kl
+    return best
+
+
+def _kl_estimates(hist: np.ndarray, i: np.ndarray, total: float, prefix: np.ndarray, filled: np.ndarray,
+                  hlogh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """KL estimates of candidates `i` (infinite where the loop's is) and their error bounds."""
+    levels = np.arange(QUANT_LEVELS + 1)
+    bounds = (levels * i[:, None] + QUANT_LEVELS - 1) // QUANT_LEVELS  # level l: bins ceil(l i / 128) ..
+    counts, nonempty = np.diff(prefix[bounds], axis=1), np.diff(filled[bounds], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level_terms = np.where(counts > 0, counts * np.log(counts / np.maximum(nonempty, 1)), 0.0)
+    q_side = level_terms.sum(axis=1)
+    last, outliers = hist[i - 1], total - prefix[i]
+    infinite = (last == 0) & (outliers > 0)
+    p_last = last + outliers
+    last_log = np.log(np.where(last > 0, counts[:, -1] / np.maximum(nonempty[:, -1], 1), 1.0))
+    fold = outliers * last_log  # outliers folded into bin i-1 weigh with that bin's Q
+    p_last_log = p_last * np.log(np.where(p_last > 0, p_last, 1.0))
+    q_share = np.log(np.where(infinite, 1.0, prefix[i]) / total)
+    estimate = (hlogh[i - 1] + p_last_log - q_side - fold) / total + q_share
+    scale = (hlogh[-1] + p_last_log + np.abs(level_terms).sum(axis=1) + np.abs(fold)) / total \
+        + np.abs(q_share) + 2 * np.log(total) + np.abs(estimate) + 1.0
+    slack = 32 * np.finfo(np.float64).eps * (len(hist) + 2 * QUANT_LEVELS) * scale
+    return np.where(infinite, np.inf, estimate), slack
 
 
 def percentile_threshold(hist: np.ndarray, bin_width: float, percentile: float) -> float:
