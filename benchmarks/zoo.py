@@ -8,9 +8,11 @@ Run on a GPU machine with torch, torchvision, timm and transformers (no network 
         [--kernel-cache shared --prepare-workers 8 [--prepare-only]] [--load-caches T] [--save-caches T]
     python3 benchmarks/zoo.py --render zoo.json [more.json ...] [--into docs/ZOO.md]
 
-Each case (model, batch) runs in its own process, so a crash or a poisoned CUDA context costs one
-row: the torch model (seed 0, zoo_models.prepare) is exported to ONNX once per batch and kept in
---cache-dir with its export time; polykit builds it for --target cuda in fp16 twice, cold (a fresh
+A case is a (model, batch). One child process per model measures the model's pending cases in
+turn, sharing what no case's numbers depend on: the imports ("setup") and the prepared fp32 torch
+module (seed 0, zoo_models.prepare; "model": built and its weights loaded once). Each case then has
+its own everything else: the module (a copy, but for the child's last case: the GPU phase
+converts it), exported to ONNX once per batch and kept in --cache-dir with its export time; polykit builds for --target cuda in fp16 twice, cold (a fresh
 POLYKIT_CACHE_DIR: no compiled kernels, no timing cache) then warm (same kernel cache, the first
 build's timing cache); torch runs eager under inference_mode with model.half() and as
 torch.compile(mode="reduce-overhead") in the same process; polykit runs through
@@ -20,15 +22,36 @@ alternating --rounds (CUDA events, median of --iters after --warmup runs each), 
 the median of the rounds. Accuracy: polykit's fp16 output against torch fp32 eager (TF32 off) on
 the same input (max abs error, max abs error / max |ref|, L2 relative), and torch's own fp16 error
 beside it. Then polykit's per-layer profile (polykit.tools.bench.benchmark.profile_engine) gives the
-layer kinds and tactics that take the time. Every finished case is written to --out at once;
---resume skips the cases a results file holds; --deadline stops starting cases (and cuts the
-running one, which --resume then retries) so that a time-limited call keeps what it finished.
-Cases run in --order informative (the cases the issue tables of #29/#30 name first, then the rest).
+layer kinds and tactics that take the time. Between two cases the child calls
+torch.compiler.reset() (torch._dynamo.reset: dynamo's compiled code, guards and automatic-dynamic
+shape memory, and inductor's CUDA-graph trees with their memory pool) and empties torch's GPU cache,
+so each case's torch.compile is a fresh one compiled for its own static shapes, as in a process of
+its own (without the reset dynamo would compile the second batch with a dynamic batch dimension);
+inductor's on-disk caches are shared as between processes.
+
+Rows are as a process per case wrote them, plus `stage_s`: the seconds of each stage of the case
+(setup, model, export, build, torch, torch.compile, polykit, timing, profile; "reset" before a
+child's later case). The shared stages count in the child's first case only, and so does the
+process's one-time warm-up inside later stages (the CUDA context and polykit's imports in the first
+build, torch.compile's start-up in the first compile): a later case's build_cold_s and
+compile_first_s can read a little lower than in a process of its own. `case_s` is the case's share
+of its child's wall time (from the child's start, or its previous case's row, to its own row).
+
+A failed case is recorded (an error row) and stops its child, whose CUDA context may be poisoned;
+a child that crashes or runs past --case-timeout (seconds per case: the clock restarts with each
+row) costs the case it was measuring; either way the model's other cases get a fresh child. A
+failure in the shared stages is every case's error row. Every finished case is written to --out at
+once; --resume skips the cases a results file holds (a half-done model's child measures only its
+pending batches); --deadline stops starting models (and, in a child, cases: it is told the time
+left) with less than MIN_CASE_S left, and cuts the running case, which --resume then retries, so
+that a time-limited call keeps what it finished. Cases run in --order informative: the models the
+issue tables of #29/#30 name first, each model's throughput batch then its batch 1, then the other
+models in table order (a model's cases stay together: they share a child).
 
 With --prepare-workers N (and --kernel-cache shared) a prepare phase runs first
 (benchmarks/zoo_prepare.py): N worker processes export, compile polykit's candidate kernels without
 timing them, and warm torch.compile's on-disk caches for the pending cases the deadline can reach;
-then the measure phase runs the cases one at a time as above. Rows say what was prepared
+then the measure phase runs the cases one child at a time as above. Rows say what was prepared
 (`prepared`, `prepare_s`), and a first build whose kernels were prepared is `build_kernels_warm_s`
 (with `kernels_warm_compile_s`, `kernels_warm_timing_s`), never `build_cold_s`. --deadline covers both
 phases; --prepare-only stops after the first.
@@ -218,19 +241,22 @@ def run_child(cmd: list[str], timeout: float, progress: Callable[[], int] = lamb
     each case - or at `until` (a time.monotonic() value: the deadline)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     child = subprocess.Popen(cmd, env=env, start_new_session=True)
-    seen, since = progress(), time.monotonic()
-    while True:
-        try:
-            return child.wait(timeout=POLL_S)
-        except subprocess.TimeoutExpired:
-            pass
-        now, count = time.monotonic(), progress()
-        if count != seen:
-            seen, since = count, now
-        if now - since >= max(timeout, 1) or now >= until:
+    try:
+        seen, since = progress(), time.monotonic()
+        while True:
+            try:
+                return child.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            now, count = time.monotonic(), progress()
+            if count != seen:
+                seen, since = count, now
+            if now - since >= max(timeout, 1) or now >= until:
+                return None
+    finally:
+        if child.poll() is None:  # past its time, or this process is being stopped: never leave it running
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-            return None
 
 
 def time_left(args: argparse.Namespace) -> float:
@@ -353,7 +379,8 @@ def run_model(args: argparse.Namespace, model: ZooModel, batches: Sequence[int],
     if code is None and time_left(args) <= 0:
         return rest, True
     if code != 0 or not rows.done:  # the child died or was killed measuring rest[0]
-        why = f"timed out after {args.case_timeout:.0f} s" if code is None else f"the case process exited {code}"
+        why = (f"timed out after {args.case_timeout:.0f} s" if code is None else f"the case process exited {code}"
+               if code else "the case process ended without writing its row")
         finish({"model": model.name, "family": model.family, "batch": rest[0], "error": why, "case_s": rows.lap()})
         rest = rest[1:]
     return rest, False
