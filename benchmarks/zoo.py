@@ -633,9 +633,10 @@ def release(torch) -> None:
 def measure(model: ZooModel, base: Any, batch: int, args: argparse.Namespace, row: dict, torch, stages: Stages,
             keep: bool = False, prepared: Sequence[str] = ()) -> None:
     """Fill `row` with one case's facts, stage by stage (`stages` times them and names the one
-    running), from the prepared fp32 module `base`: moved to the GPU in fp16 on the way, so with
-    `keep` a copy is, and `base` stays as built for the next case. `prepared`: what the prepare
-    phase did for the case ("kernels": the first build is kernels_warm, not cold)."""
+    running), from the prepared fp32 module `base`. The torch stage moves the module it gets to the
+    GPU in fp16, so with `keep` it gets a copy and `base` stays as built for the next case.
+    `prepared`: what the prepare phase did for the case ("kernels": the first build is
+    kernels_warm, not cold)."""
     from benchmarks.cuda_timing import bind_plan, time_cuda
     from polykit.tools.bench.benchmark import profile_engine
 

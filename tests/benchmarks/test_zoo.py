@@ -199,6 +199,9 @@ def test_a_failed_case_stops_its_child_and_the_models_other_cases_get_a_fresh_on
     assert fake.ran == ["gpt2:8,1", "gpt2:1"]
     saved = saved_rows(out)
     assert saved[("gpt2", 8)]["error"] == "build: RuntimeError" and "error" not in saved[("gpt2", 1)]
+    fake, _ = run(monkeypatch, tmp_path, ["--models", "gpt2", "--out", str(out)], {"gpt2:8": 0})  # gone quietly
+    assert fake.ran == ["gpt2:8,1", "gpt2:1"]
+    assert saved_rows(out)[("gpt2", 8)]["error"] == "the case process ended without writing its row"
 
 
 def test_resume_runs_only_the_cases_not_finished(monkeypatch, tmp_path):
@@ -390,14 +393,10 @@ def cpu_bind_plan(plan, inputs, torch, in_place=False):
 
 
 def cpu_time(fn, torch, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(1e3 * (time.perf_counter() - t0))
-    return sorted(times)[len(times) // 2]
+    """cuda_timing.time_cuda by the wall clock (dynamic_bert's host timer)."""
+    from benchmarks.dynamic_bert import time_host
+
+    return time_host(fn, warmup, iters)
 
 
 @pytest.fixture
