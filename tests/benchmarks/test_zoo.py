@@ -1,6 +1,8 @@
-"""benchmarks/zoo.py's driver: arguments, the case list, resume, incremental results, and one
-child process per case whose failure, crash or timeout becomes a row (no GPU, no torch needed:
-the children here are stand-ins)."""
+"""benchmarks/zoo.py: arguments, the case list, resume, incremental results, and one child process
+per model whose failed, crashed or timed-out case becomes a row (no GPU, no torch needed: the
+children here are stand-ins); then the child itself, measuring a model's cases in one process,
+with torch on the CPU (skipped without torch) and its GPU parts on polykit's cpu target; and the
+real thing on the GPU."""
 
 from __future__ import annotations
 
