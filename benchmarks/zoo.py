@@ -8,9 +8,11 @@ Run on a GPU machine with torch, torchvision, timm and transformers (no network 
         [--kernel-cache shared --prepare-workers 8 [--prepare-only]] [--load-caches T] [--save-caches T]
     python3 benchmarks/zoo.py --render zoo.json [more.json ...] [--into docs/ZOO.md]
 
-Each case (model, batch) runs in its own process, so a crash or a poisoned CUDA context costs one
-row: the torch model (seed 0, zoo_models.prepare) is exported to ONNX once per batch and kept in
---cache-dir with its export time; polykit builds it for --target cuda in fp16 twice, cold (a fresh
+A case is a (model, batch). One child process per model measures the model's pending cases in
+turn, sharing what no case's numbers depend on: the imports ("setup") and the prepared fp32 torch
+module (seed 0, zoo_models.prepare; "model": built and its weights loaded once). Each case then has
+its own everything else: the module (a copy, but for the child's last case: the GPU phase
+converts it), exported to ONNX once per batch and kept in --cache-dir with its export time; polykit builds for --target cuda in fp16 twice, cold (a fresh
 POLYKIT_CACHE_DIR: no compiled kernels, no timing cache) then warm (same kernel cache, the first
 build's timing cache); torch runs eager under inference_mode with model.half() and as
 torch.compile(mode="reduce-overhead") in the same process; polykit runs through
@@ -20,15 +22,36 @@ alternating --rounds (CUDA events, median of --iters after --warmup runs each), 
 the median of the rounds. Accuracy: polykit's fp16 output against torch fp32 eager (TF32 off) on
 the same input (max abs error, max abs error / max |ref|, L2 relative), and torch's own fp16 error
 beside it. Then polykit's per-layer profile (polykit.tools.bench.benchmark.profile_engine) gives the
-layer kinds and tactics that take the time. Every finished case is written to --out at once;
---resume skips the cases a results file holds; --deadline stops starting cases (and cuts the
-running one, which --resume then retries) so that a time-limited call keeps what it finished.
-Cases run in --order informative (the cases the issue tables of #29/#30 name first, then the rest).
+layer kinds and tactics that take the time. Between two cases the child calls
+torch.compiler.reset() (torch._dynamo.reset: dynamo's compiled code, guards and automatic-dynamic
+shape memory, and inductor's CUDA-graph trees with their memory pool) and empties torch's GPU cache,
+so each case's torch.compile is a fresh one compiled for its own static shapes, as in a process of
+its own (without the reset dynamo would compile the second batch with a dynamic batch dimension);
+inductor's on-disk caches are shared as between processes.
+
+Rows are as a process per case wrote them, plus `stage_s`: the seconds of each stage of the case
+(setup, model, export, build, torch, torch.compile, polykit, timing, profile; "reset" before a
+child's later case). The shared stages count in the child's first case only, and so does the
+process's one-time warm-up inside later stages (the CUDA context and polykit's imports in the first
+build, torch.compile's start-up in the first compile): a later case's build_cold_s and
+compile_first_s can read a little lower than in a process of its own. `case_s` is the case's share
+of its child's wall time (from the child's start, or its previous case's row, to its own row).
+
+A failed case is recorded (an error row) and stops its child, whose CUDA context may be poisoned;
+a child that crashes or runs past --case-timeout (seconds per case: the clock restarts with each
+row) costs the case it was measuring; either way the model's other cases get a fresh child. A
+failure in the shared stages is every case's error row. Every finished case is written to --out at
+once; --resume skips the cases a results file holds (a half-done model's child measures only its
+pending batches); --deadline stops starting models (and, in a child, cases: it is told the time
+left) with less than MIN_CASE_S left, and cuts the running case, which --resume then retries, so
+that a time-limited call keeps what it finished. Cases run in --order informative: the models the
+issue tables of #29/#30 name first, each model's throughput batch then its batch 1, then the other
+models in table order (a model's cases stay together: they share a child).
 
 With --prepare-workers N (and --kernel-cache shared) a prepare phase runs first
 (benchmarks/zoo_prepare.py): N worker processes export, compile polykit's candidate kernels without
 timing them, and warm torch.compile's on-disk caches for the pending cases the deadline can reach;
-then the measure phase runs the cases one at a time as above. Rows say what was prepared
+then the measure phase runs the cases one child at a time as above. Rows say what was prepared
 (`prepared`, `prepare_s`), and a first build whose kernels were prepared is `build_kernels_warm_s`
 (with `kernels_warm_compile_s`, `kernels_warm_timing_s`), never `build_cold_s`. --deadline covers both
 phases; --prepare-only stops after the first.
@@ -38,8 +61,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import gc
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -51,7 +77,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python3 benchmarks/zoo.py` as well as `python3 -m benchmarks.zoo`
@@ -94,10 +120,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="zoo.json", help="results file, rewritten after every case")
     p.add_argument("--resume", metavar="RESULTS", help="skip the cases this results file holds (errors are retried)")
     p.add_argument("--cache-dir", default=".zoo_cache", help="ONNX exports and prepared weights, kept across runs")
-    p.add_argument("--case-timeout", type=float, default=420, help="seconds one case may take before it is killed")
+    p.add_argument("--case-timeout", type=float, default=420,
+                   help="seconds one case may take before its child process is killed (the clock restarts with "
+                        "each case the child finishes)")
     p.add_argument("--deadline", type=float, default=0, help="seconds this run may take (0: no limit)")
     p.add_argument("--order", choices=["informative", "table"], default="informative",
-                   help="informative: the cases the issues' tables name first (INFORMATIVE); table: table order")
+                   help="informative: the models the issues' tables name first (INFORMATIVE), each model's cases "
+                        "together; table: table order")
     p.add_argument("--prepare-workers", type=int, default=0, metavar="N",
                    help="first prepare the pending cases in N parallel processes (exports, polykit kernels, "
                         "inductor caches; needs --kernel-cache shared), then measure")
@@ -106,9 +135,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-caches", metavar="TARBALL",
                    help="at the end, write --cache-dir's kernel and inductor caches and prepare records (not the "
                         "exports) into this tarball")
-    p.add_argument("--case", help=argparse.SUPPRESS)  # NAME:BATCH, run by the parent in a child process
-    p.add_argument("--row-out", help=argparse.SUPPRESS)
-    p.add_argument("--prepared", default="", help=argparse.SUPPRESS)  # what the prepare phase did for --case
+    p.add_argument("--case", help=argparse.SUPPRESS)  # NAME:B1,B2,..., run by the parent in a child process
+    p.add_argument("--row-out", help=argparse.SUPPRESS)  # the child appends a JSON line per case
+    p.add_argument("--prepared", default="", help=argparse.SUPPRESS)  # JSON: batch -> what the prepare phase did
     args = p.parse_args(argv)
     if args.into and not args.render:
         p.error("--into goes with --render")
@@ -143,16 +172,21 @@ INFORMATIVE = ("resnet50", "convnext_tiny", "efficientnet_b0", "mobilenet_v3_lar
 
 
 def ordered(cases: Sequence[tuple[ZooModel, int]], order: str = "informative") -> list[tuple[ZooModel, int]]:
-    """`cases` in the order they run: informative puts the INFORMATIVE models' throughput batches
-    first, then their batch 1, then the other models' throughput batches, then their batch 1
-    (table order within each); table keeps them as they are."""
+    """`cases` in the order they run, a model's cases together (one child process measures them):
+    informative puts the INFORMATIVE models first, in that order, then the other models in table
+    order, each model's throughput batch before its other batches (as given); table keeps them as
+    they are (select_cases gives them model by model)."""
     if order == "table":
         return list(cases)
+    first: dict[str, int] = {}
+    for i, (model, _) in enumerate(cases):
+        first.setdefault(model.name, i)
 
-    def key(i: int) -> tuple[int, int, int]:
+    def key(i: int) -> tuple[bool, int, bool, int]:
         model, batch = cases[i]
         named = model.name in INFORMATIVE
-        return (0 if named else 2) + (batch != max(model.batches)), INFORMATIVE.index(model.name) if named else 0, i
+        rank = INFORMATIVE.index(model.name) if named else first[model.name]
+        return not named, rank, batch != max(model.batches), i
     return [cases[i] for i in sorted(range(len(cases)), key=key)]
 
 
@@ -178,39 +212,91 @@ def write_results(path: str | Path, rows: list[dict], settings: dict) -> None:
     tmp.replace(path)  # a kill between cases never leaves half a file
 
 
-# ---- the parent: one child process per case ----------------------------------------------------
+# ---- the parent: one child process per model ---------------------------------------------------
 
-def child_command(args: argparse.Namespace, model: ZooModel, batch: int, row_out: str,
-                  prepared: Sequence[str] = ()) -> list[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", f"{model.name}:{batch}", "--row-out", row_out,
-           "--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup),
+def child_command(args: argparse.Namespace, model: ZooModel, batches: Sequence[int], row_out: str,
+                  prepared: Mapping[int, Sequence[str]] | None = None) -> list[str]:
+    """The child that measures `batches` of `model` in turn, appending their rows to `row_out`;
+    `prepared`: what the prepare phase did, per batch."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", f"{model.name}:{','.join(map(str, batches))}",
+           "--row-out", row_out, "--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--level", str(args.level), "--io", args.io, "--kernel-cache", args.kernel_cache, "--profile-runs", str(args.profile_runs),
            "--cache-dir", str(Path(args.cache_dir).resolve())]
-    return cmd + (["--skip-compile"] if args.skip_compile else []) + (["--prepared", ",".join(prepared)] if prepared else [])
+    if args.deadline:  # the child starts no further case with less than MIN_CASE_S of this left
+        cmd += ["--deadline", f"{max(time_left(args), 1):.1f}"]
+    parts = {str(b): list(p) for b, p in (prepared or {}).items() if p}
+    cmd += ["--skip-compile"] if args.skip_compile else []
+    return cmd + (["--prepared", json.dumps(parts)] if parts else [])
 
 
-def run_child(cmd: list[str], timeout: float) -> int | None:
-    """Run `cmd` in its own process group; its exit code, or None when it ran past `timeout`
-    (then the whole group, torch.compile's workers included, is killed)."""
+#: seconds between two looks at a running child (its rows, its exit)
+POLL_S = 0.2
+
+
+def run_child(cmd: list[str], timeout: float, progress: Callable[[], int] = lambda: 0,
+              until: float = math.inf) -> int | None:
+    """Run `cmd` in its own process group; its exit code, or None when it was killed (the whole
+    group, torch.compile's workers included): when `timeout` seconds passed without `progress()`
+    (the rows it has written) growing - the clock restarts with every row, so `timeout` bounds
+    each case - or at `until` (a time.monotonic() value: the deadline)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     child = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        return child.wait(timeout=max(timeout, 1))
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        return None
+        seen, since = progress(), time.monotonic()
+        while True:
+            try:
+                return child.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            now, count = time.monotonic(), progress()
+            if count != seen:
+                seen, since = count, now
+            if now - since >= max(timeout, 1) or now >= until:
+                return None
+    finally:
+        if child.poll() is None:  # past its time, or this process is being stopped: never leave it running
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
 def time_left(args: argparse.Namespace) -> float:
     """Seconds before --deadline (inf without one), counted from this process's start."""
-    return args.deadline - (time.monotonic() - START) if args.deadline else float("inf")
+    return args.deadline - (time.monotonic() - START) if args.deadline else math.inf
+
+
+class ChildRows:
+    """The rows a child appends to its --row-out (one JSON line per finished case), taken as they
+    come: each stamped with case_s, the seconds since the child's start or its previous row (so
+    a child's first case carries the stages its cases share), then handed to `record`."""
+
+    def __init__(self, path: Path, record: Callable[[dict], None]):
+        self.path, self.record = path, record
+        self.done: list[int] = []
+        self.mark = time.monotonic()
+
+    def poll(self) -> int:
+        """Take the rows written since the last poll; how many there are in all."""
+        try:
+            lines = self.path.read_text().split("\n")[:-1]  # a line without its newline is still being written
+        except FileNotFoundError:
+            lines = []
+        for line in lines[len(self.done):]:
+            row = dict(json.loads(line), case_s=self.lap())
+            self.done.append(int(row["batch"]))
+            self.record(row)
+        return len(self.done)
+
+    def lap(self) -> float:
+        """Seconds since the child's start or the last row (and restart the count)."""
+        now = time.monotonic()
+        seconds, self.mark = round(now - self.mark, 1), now
+        return seconds
 
 
 def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list[dict]:
-    """Prepare (--prepare-workers) then run the pending cases one child process each, rewriting
-    --out after every case; the rows. `argv` (default sys.argv[1:]) is recorded as the command in
-    the results file's settings."""
+    """Prepare (--prepare-workers) then run the pending cases one child process per model,
+    rewriting --out after every case; the rows. `argv` (default sys.argv[1:]) is recorded as the
+    command in the results file's settings."""
     resumed = load_results(args.resume) if args.resume and Path(args.resume).exists() else {"results": []}
     rows = resumed["results"]
     todo = ordered(pending(select_cases(args), rows), args.order)
@@ -235,34 +321,69 @@ def run_all(args: argparse.Namespace, argv: Sequence[str] | None = None) -> list
 
 def measure_all(args: argparse.Namespace, todo: Sequence[tuple[ZooModel, int]], rows: list[dict],
                 settings: dict) -> list[dict]:
-    """The measure phase: each case of `todo` in a child process, one at a time."""
-    for i, (model, batch) in enumerate(todo):
-        left = time_left(args)
-        if left < MIN_CASE_S:
-            say(f"deadline: {len(todo) - i} cases not started; rerun with --resume {args.out}")
-            break
-        say(f"case {i + 1}/{len(todo)}: {model.name} bs{batch}")
-        record = zoo_prepare.read_record(args.cache_dir, model.name, batch, args.level) if args.prepare_workers else {}
-        with tempfile.TemporaryDirectory() as tmp:
-            row_file = Path(tmp) / "row.json"
-            t0 = time.monotonic()
-            cmd = child_command(args, model, batch, str(row_file), record.get("prepared", ()))
-            code = run_child(cmd, min(args.case_timeout, left))
-            if code is None and left < args.case_timeout:
-                say(f"{model.name} bs{batch}: cut at the deadline, not recorded; rerun with --resume {args.out}")
-                break
-            if row_file.exists():
-                row = json.loads(row_file.read_text())
-            else:
-                why = f"timed out after {args.case_timeout:.0f} s" if code is None else f"the case process exited {code}"
-                row = {"model": model.name, "family": model.family, "batch": batch, "error": why}
-            row["case_s"] = round(time.monotonic() - t0, 1)
-            if args.prepare_workers:  # what the prepare phase did for this case (nothing: [])
-                row.update(prepared=record.get("prepared", []), prepare_s=record.get("prepare_s", {}))
+    """The measure phase: the cases of `todo`, one child process per model (its cases in `todo`'s
+    order), one child at a time; each case's row is written to --out as the child finishes it.
+    The cases a child left (it died, was killed past --case-timeout, or stopped after a failed
+    case) get a fresh child of their own."""
+    queue = zoo_prepare.jobs(todo)
+    counted = 0
+
+    def record(row: dict) -> None:
+        nonlocal rows, counted
+        counted += 1
         rows = merge(rows, row)
         write_results(args.out, rows, settings)
         say(summary(row))
+
+    while queue:
+        model, batches = queue.pop(0)
+        if time_left(args) < MIN_CASE_S:
+            waiting = len(batches) + sum(len(b) for _, b in queue)
+            say(f"deadline: {waiting} cases not started; rerun with --resume {args.out}")
+            break
+        which = f"{counted + 1}-{counted + len(batches)}" if len(batches) > 1 else f"{counted + 1}"
+        say(f"case {which}/{len(todo)}: {model.name} bs{', bs'.join(map(str, batches))}")
+        rest, cut = run_model(args, model, batches, record)
+        if cut:
+            say(f"{model.name} bs{rest[0]}: cut at the deadline, not recorded; rerun with --resume {args.out}")
+            break
+        if rest:
+            queue.insert(0, (model, rest))
     return rows
+
+
+def run_model(args: argparse.Namespace, model: ZooModel, batches: Sequence[int],
+              record: Callable[[dict], None]) -> tuple[list[int], bool]:
+    """Measure `batches` of `model` in one child process, `record` getting each case's row as it
+    finishes (with what the prepare phase did for it), and an error row for the case a dead or
+    killed child was measuring. (The batches left unmeasured, whether the deadline cut the
+    child: then its running case, rest[0], is not recorded.)"""
+    records = {b: zoo_prepare.read_record(args.cache_dir, model.name, b, args.level) for b in batches} \
+        if args.prepare_workers else {}
+
+    def finish(row: dict) -> None:
+        if args.prepare_workers:  # what the prepare phase did for this case (nothing: [])
+            done = records.get(int(row["batch"]), {})
+            row.update(prepared=done.get("prepared", []), prepare_s=done.get("prepare_s", {}))
+        record(row)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = ChildRows(Path(tmp) / "rows.jsonl", finish)
+        parts = {b: r.get("prepared", ()) for b, r in records.items()}
+        cmd = child_command(args, model, batches, str(rows.path), parts)
+        code = run_child(cmd, args.case_timeout, rows.poll, START + args.deadline if args.deadline else math.inf)
+        rows.poll()
+    rest = [b for b in batches if b not in rows.done]
+    if not rest:
+        return [], False
+    if code is None and time_left(args) <= 0:
+        return rest, True
+    if code != 0 or not rows.done:  # the child died or was killed measuring rest[0]
+        why = (f"timed out after {args.case_timeout:.0f} s" if code is None else f"the case process exited {code}"
+               if code else "the case process ended without writing its row")
+        finish({"model": model.name, "family": model.family, "batch": rest[0], "error": why, "case_s": rows.lap()})
+        rest = rest[1:]
+    return rest, False
 
 
 def summary(row: dict) -> str:
@@ -274,7 +395,7 @@ def summary(row: dict) -> str:
             f"({row['speed_vs_eager']:.2f}x){compile_part}, max rel err {row['max_rel_err']:.1e}")
 
 
-# ---- the child: one case -----------------------------------------------------------------------
+# ---- the child: one model's cases --------------------------------------------------------------
 
 def save_state(module: Any, path: Path) -> None:
     """`module`'s state dict as a numpy .npz (never pickle: torch.save is one), written to `path`."""
@@ -300,11 +421,9 @@ def load_state(module: Any, path: Path, torch) -> None:
             tensor.copy_(torch.from_numpy(data[name].copy()))
 
 
-def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any, Path, dict]:
-    """(the prepared fp32 torch module with one tensor output, its inputs at `batch`, the ONNX path,
-    export facts). Prepared weights and exports are kept in `cache`; new weights drop the exports."""
-    from benchmarks.torch_export import export_onnx, single_output
-
+def prepared_module(model: ZooModel, cache: Path, torch) -> Any:
+    """The fp32 torch module of `model` (seed 0, eval mode) with its prepared weights, kept in
+    `cache` (prepared and saved the first time; new weights drop the model's exports)."""
     state = cache / f"{model.name}.weights.npz"
     torch.manual_seed(0)
     module = model.make().eval()
@@ -316,6 +435,14 @@ def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any,
         for old in cache.glob(f"{model.name}_bs*.onnx"):
             old.unlink()
         state.with_suffix(".tmp").replace(state)
+    return module
+
+
+def export_case(model: ZooModel, module: Any, batch: int, cache: Path, torch) -> tuple[Any, Any, Path, dict]:
+    """(`module` with one tensor output, its inputs at `batch`, the ONNX path, export facts). The
+    export is kept in `cache` with the time it took."""
+    from benchmarks.torch_export import export_onnx, single_output
+
     wrapped = single_output(module, tuple(s.name for s in model.inputs), torch)
     inputs = make_inputs(model, batch, torch)
     onnx_path = cache / f"{model.name}_bs{batch}.onnx"
@@ -330,21 +457,27 @@ def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any,
     return wrapped, inputs, onnx_path, dict(facts, export_cached=False)
 
 
-def build_twice(path: Path, level: int, work: Path, first: str = "cold") -> tuple[Any, dict]:
-    """Build `path` for cuda fp16 first (POLYKIT_CACHE_DIR as the caller set it, a new timing cache)
-    then warm (the kernels it compiled, its timing cache); the warm plan and the facts. `first`
-    names the first build in the facts: "cold", or "kernels_warm" when its kernels were compiled
-    beforehand (the prepare phase): build_{first}_s, {first}_compile_s, {first}_timing_s, ..."""
+def exported(model: ZooModel, batch: int, cache: Path, torch) -> tuple[Any, Any, Path, dict]:
+    """(the prepared fp32 torch module with one tensor output, its inputs at `batch`, the ONNX path,
+    export facts): prepared_module, then export_case. Prepared weights and exports are kept in `cache`."""
+    return export_case(model, prepared_module(model, cache, torch), batch, cache, torch)
+
+
+def build_twice(path: Path, level: int, work: Path, first: str = "cold", target: str = "cuda") -> tuple[Any, dict]:
+    """Build `path` for `target` fp16 first (POLYKIT_CACHE_DIR as the caller set it, a new timing
+    cache) then warm (the kernels it compiled, its timing cache); the warm plan and the facts.
+    `first` names the first build in the facts: "cold", or "kernels_warm" when its kernels were
+    compiled beforehand (the prepare phase): build_{first}_s, {first}_compile_s, {first}_timing_s, ..."""
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
 
     timing = work / "timing.json"
     t0 = time.perf_counter()
     with tuning_log() as said:
-        cold = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
+        cold = build_plan(str(path), BuilderConfig(target=target, fp16=True, builder_optimization_level=level,
                                                    save_timing_cache=timing))
     t1 = time.perf_counter()
-    warm = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=level,
+    warm = build_plan(str(path), BuilderConfig(target=target, fp16=True, builder_optimization_level=level,
                                                load_timing_cache=timing))
     t2 = time.perf_counter()
     return warm, {f"build_{first}_s": round(t1 - t0, 1), "build_warm_s": round(t2 - t1, 1),
@@ -443,51 +576,101 @@ def compile_runner(net, inputs: dict, torch, row: dict) -> Callable[[], Any] | N
     return lambda: compiled(*inputs.values())
 
 
-def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) -> None:
-    """Fill `row` with the case's facts, stage by stage (row["stage"] names the one running)."""
-    def stage(name: str) -> None:
-        row["stage"] = name
-        say(f"{model.name} bs{batch}: {name}")
+class Stages:
+    """The child's stage clock: `start` ends the running stage and says the next; `take` ends the
+    running one and hands over the seconds of those since the last take, by stage (a row's
+    stage_s). `name` is the running (or last) stage as said, for an error row."""
 
-    stage("setup")
+    def __init__(self, label: str):
+        self.label, self.name = label, ""
+        self._key, self._t0 = "", 0.0
+        self._seconds: dict[str, float] = {}
+
+    def start(self, key: str, detail: str = "") -> None:
+        self._stop()
+        self._key, self.name, self._t0 = key, f"{key} ({detail})" if detail else key, time.perf_counter()
+        say(f"{self.label}: {self.name}")
+
+    def take(self) -> dict[str, float]:
+        self._stop()
+        taken, self._seconds = self._seconds, {}
+        return taken
+
+    def _stop(self) -> None:
+        if self._key:
+            self._seconds[self._key] = round(self._seconds.get(self._key, 0.0) + time.perf_counter() - self._t0, 2)
+            self._key = ""
+
+
+def open_model(model: ZooModel, args: argparse.Namespace, stages: Stages, facts: dict) -> tuple[Any, Any]:
+    """The stages a child's cases share: setup (torch and the measuring code imported, the
+    provenance into `facts`) and model (the prepared fp32 module built and its weights loaded,
+    on the CPU). (torch, the module)."""
+    stages.start("setup")
     os.environ.update(zoo_prepare.inductor_env(args.cache_dir))  # before torch reads inductor's config
     import torch
 
+    import benchmarks.cuda_timing  # noqa: F401  (the first case's setup holds their import time)
+    import polykit.tools.bench.benchmark  # noqa: F401
+
+    facts.update(provenance.meta(torch))
+    stages.start("model")
+    return torch, prepared_module(model, Path(args.cache_dir), torch)
+
+
+def release(torch) -> None:
+    """Leave nothing of one case to the next in this process: torch.compile's compiled code,
+    guards and automatic-dynamic memory (torch.compiler.reset, i.e. torch._dynamo.reset: without
+    it the next batch's graph would be compiled with a dynamic batch dimension), its CUDA graphs
+    and their memory pool (reset's cudagraph-tree reset), then torch's cached GPU memory."""
+    gc.collect()
+    if "torch._dynamo" in sys.modules:  # else nothing was compiled (--skip-compile), and it need not be imported
+        torch.compiler.reset()
+        gc.collect()
+    torch.cuda.empty_cache()
+
+
+def measure(model: ZooModel, base: Any, batch: int, args: argparse.Namespace, row: dict, torch, stages: Stages,
+            keep: bool = False, prepared: Sequence[str] = ()) -> None:
+    """Fill `row` with one case's facts, stage by stage (`stages` times them and names the one
+    running), from the prepared fp32 module `base`. The torch stage moves the module it gets to the
+    GPU in fp16, so with `keep` it gets a copy and `base` stays as built for the next case.
+    `prepared`: what the prepare phase did for the case ("kernels": the first build is
+    kernels_warm, not cold)."""
     from benchmarks.cuda_timing import bind_plan, time_cuda
     from polykit.tools.bench.benchmark import profile_engine
 
-    row.update(provenance.meta(torch))
-
-    stage("export")
-    module, inputs, path, facts = exported(model, batch, Path(args.cache_dir), torch)
+    stages.start("export")
+    module = copy.deepcopy(base) if keep else base
+    module, inputs, path, facts = export_case(model, module, batch, Path(args.cache_dir), torch)
     row.update(facts, onnx_mb=round(path.stat().st_size / 2**20, 1))
-    stage("build")
+    stages.start("build")
     with tempfile.TemporaryDirectory() as work:
         if args.kernel_cache == "fresh":
             os.environ["POLYKIT_CACHE_DIR"] = str(Path(work) / "polykit")
         else:
             os.environ["POLYKIT_CACHE_DIR"] = str(zoo_prepare.kernel_cache(args.cache_dir))
-        first = "kernels_warm" if "kernels" in args.prepared.split(",") else "cold"
+        first = "kernels_warm" if "kernels" in prepared else "cold"
         plan, build = build_twice(path, args.level, Path(work), first)
         row.update(build, kernel_cache=args.kernel_cache)
-        stage("torch")
+        stages.start("torch")
         net, dev_inputs, half_inputs, ref = torch_model(module, inputs, torch, reference=True)
         with torch.inference_mode():
             runners = {"eager": lambda: net(*half_inputs.values())}
             row["eager_fp16_max_rel_err"] = errors(runners["eager"](), ref)["max_rel_err"]
             if not args.skip_compile:
-                stage("torch.compile")
+                stages.start("torch.compile")
                 compiled = compile_runner(net, half_inputs, torch, row)
                 if compiled is not None:
                     runners["compile"] = compiled
-            stage("polykit")
+            stages.start("polykit")
             bound = bind_plan(plan, dev_inputs, torch, in_place=args.io == "in-place")
             row["io"] = args.io
             bound.run()
             torch.cuda.synchronize()
             row.update(errors(bound.out, ref))
             runners = {"polykit": bound.run, **runners}
-            stage(f"timing ({args.rounds} alternating rounds)")
+            stages.start("timing", f"{args.rounds} alternating rounds")
             samples: dict[str, list[float]] = {k: [] for k in runners}
             for _ in range(args.rounds):
                 for name, run in runners.items():
@@ -499,29 +682,72 @@ def measure(model: ZooModel, batch: int, args: argparse.Namespace, row: dict) ->
         if "compile_ms" in row:
             row["speed_vs_compile"] = round(row["compile_ms"] / row["polykit_ms"], 3)
         if args.profile_runs:
-            stage("profile")
+            stages.start("profile")
             feeds = {n: bound.bindings[n].cpu().numpy() for n in plan.inputs}
             row.update(top_kinds(profile_engine(bound.engine, feeds, args.profile_runs), plan=plan))
         bound.close()
-    del row["stage"]
+
+
+def case_row(model: ZooModel, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """What a case's row says before it is measured."""
+    return {"model": model.name, "family": model.family, "batch": batch, "precision": "fp16",
+            "inputs": {s.name: [batch, *s.shape] for s in model.inputs}, "level": args.level,
+            "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup}
+
+
+def append_row(path: str | Path, row: dict) -> None:
+    """One JSON line in --row-out (the parent takes a line once its newline is written)."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def measure_model(args: argparse.Namespace) -> None:
+    """The child's work: the cases of --case (one model, NAME:B1,B2,...) in turn, each case's row
+    appended to --row-out as it finishes, whatever happens to it. The shared stages run once (a
+    failure there is every case's error row); a failed case stops the child, whose CUDA context
+    may be poisoned (the parent measures the model's other cases in a fresh one); so does a
+    case that --deadline leaves less than MIN_CASE_S. Between cases, release()."""
+    name, _, words = args.case.rpartition(":")
+    model, batches = BY_NAME[name], [int(w) for w in words.split(",")]
+    prepared = {int(b): parts for b, parts in json.loads(args.prepared or "{}").items()}
+    stages, facts = Stages(model.name), {}
+    try:
+        torch, base = open_model(model, args, stages, facts)
+    except Exception as exc:  # every case needed what failed
+        traceback.print_exc()
+        error, shared = f"{stages.name}: {type(exc).__name__}: {exc}"[:800], stages.take()
+        for i, batch in enumerate(batches):
+            append_row(args.row_out, {**case_row(model, batch, args), **facts, "error": error,
+                                      "stage_s": shared if i == 0 else {}})
+        return
+    for i, batch in enumerate(batches):
+        if i and time_left(args) < MIN_CASE_S:
+            say(f"deadline: {model.name} bs{', bs'.join(map(str, batches[i:]))} not started")
+            return
+        row = {**case_row(model, batch, args), **facts}
+        stages.label = f"{model.name} bs{batch}"
+        try:
+            if i:
+                stages.start("reset")
+                release(torch)
+            measure(model, base, batch, args, row, torch, stages, keep=i + 1 < len(batches),
+                    prepared=prepared.get(batch, ()))
+        except Exception as exc:  # recorded: one failing case must not stop the zoo
+            traceback.print_exc()
+            row["error"] = f"{stages.name}: {type(exc).__name__}: {exc}"[:800]
+        row["stage_s"] = stages.take()
+        append_row(args.row_out, row)
+        if "error" in row:
+            return
 
 
 def run_case(args: argparse.Namespace) -> None:
-    """The child's work: one case, its row written to --row-out whatever happens."""
-    name, batch = args.case.rsplit(":", 1)
-    model, batch = BY_NAME[name], int(batch)
-    row: dict[str, Any] = {"model": model.name, "family": model.family, "batch": batch, "precision": "fp16",
-                           "inputs": {s.name: [batch, *s.shape] for s in model.inputs}, "level": args.level,
-                           "rounds": args.rounds, "iters": args.iters, "warmup": args.warmup}
-    try:
-        measure(model, batch, args, row)
-    except Exception as exc:  # recorded: one failing model must not stop the zoo
-        traceback.print_exc()
-        row["error"] = f"{row.pop('stage', '?')}: {type(exc).__name__}: {exc}"[:800]
-    Path(args.row_out).write_text(json.dumps(row))
+    """The child process: measure_model, then out without interpreter teardown (torch.compile's
+    workers and the CUDA state go with the process)."""
+    measure_model(args)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # no interpreter teardown: torch.compile's workers and CUDA state go with the process
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

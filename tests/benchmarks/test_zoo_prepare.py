@@ -28,15 +28,14 @@ def names(cases):
 
 # ---- order and arguments --------------------------------------------------------------------------
 
-def test_informative_order_puts_the_issue_tables_models_first_and_keeps_every_case():
+def test_informative_order_puts_the_issue_tables_models_first_each_models_cases_together():
     cases = zoo.select_cases(zoo.parse_args([]))
     order = names(zoo.ordered(cases))
     named = zoo.INFORMATIVE
     assert sorted(order) == sorted(names(cases))
-    assert order[:len(named)] == [(n, max(BY_NAME[n].batches)) for n in named]
-    assert order[len(named):2 * len(named)] == [(n, 1) for n in named]
+    assert order[:2 * len(named)] == [(n, b) for n in named for b in (max(BY_NAME[n].batches), 1)]
     rest = [m for m in MODELS if m.name not in named]
-    assert order[2 * len(named):] == [(m.name, max(m.batches)) for m in rest] + [(m.name, 1) for m in rest]
+    assert order[2 * len(named):] == [(m.name, b) for m in rest for b in (max(m.batches), 1)]
     assert names(zoo.ordered(cases, "table")) == names(cases)
 
 
@@ -49,11 +48,12 @@ def test_prepare_options_need_each_other():
     assert (args.prepare_workers, args.prepare_only) == (4, True)
 
 
-def test_the_child_command_carries_what_was_prepared():
+def test_the_child_command_carries_what_was_prepared_per_case():
     args = zoo.parse_args(["--kernel-cache", "shared"])
-    cmd = zoo.child_command(args, BY_NAME["gpt2"], 8, "row.json", ["export", "kernels"])
-    assert zoo.parse_args(cmd[2:]).prepared == "export,kernels"
-    assert "--prepared" not in zoo.child_command(args, BY_NAME["gpt2"], 8, "row.json")
+    cmd = zoo.child_command(args, BY_NAME["gpt2"], [8, 1], "rows.jsonl", {8: ["export", "kernels"], 1: []})
+    assert json.loads(zoo.parse_args(cmd[2:]).prepared) == {"8": ["export", "kernels"]}
+    assert "--prepared" not in zoo.child_command(args, BY_NAME["gpt2"], [8, 1], "rows.jsonl", {8: [], 1: []})
+    assert "--prepared" not in zoo.child_command(args, BY_NAME["gpt2"], [8], "rows.jsonl")
 
 
 def test_a_first_build_with_prepared_kernels_is_not_called_cold():
@@ -184,18 +184,19 @@ def test_the_prepare_phase_kills_its_workers_at_the_deadline(monkeypatch, tmp_pa
 # ---- both phases through run_all -------------------------------------------------------------------
 
 class Children:
-    """Stands in for zoo.run_child: a row per case, the --prepared the case was given."""
+    """Stands in for zoo.run_child: a row per case of the child's model, the --prepared it was given."""
 
     def __init__(self):
         self.ran = {}
 
-    def __call__(self, cmd, timeout):
+    def __call__(self, cmd, timeout, progress=lambda: 0, until=float("inf")):
         case = cmd[cmd.index("--case") + 1]
-        self.ran[case] = cmd[cmd.index("--prepared") + 1] if "--prepared" in cmd else ""
-        model, batch = case.split(":")
-        Path(cmd[cmd.index("--row-out") + 1]).write_text(json.dumps(
-            {"model": model, "family": "conv", "batch": int(batch), "polykit_ms": 1.0, "eager_ms": 2.0,
-             "speed_vs_eager": 2.0, "max_rel_err": 1e-3}))
+        self.ran[case] = json.loads(cmd[cmd.index("--prepared") + 1]) if "--prepared" in cmd else {}
+        model, batches = case.split(":")
+        with open(cmd[cmd.index("--row-out") + 1], "a") as fh:
+            for batch in map(int, batches.split(",")):
+                fh.write(json.dumps({"model": model, "family": "conv", "batch": batch, "polykit_ms": 1.0,
+                                     "eager_ms": 2.0, "speed_vs_eager": 2.0, "max_rel_err": 1e-3}) + "\n")
         return 0
 
 
@@ -220,7 +221,7 @@ def test_rows_record_what_the_prepare_phase_did_for_their_case(monkeypatch, tmp_
     ran, prepared, rows = run_phases(monkeypatch, tmp_path, argv,
                                      lambda cache, m, b: m == "gpt2" and write_record(cache, m, b, parts=["kernels"]))
     assert prepared == [[("gpt2", 8), ("gpt2", 1), ("resnet18", 32), ("resnet18", 1)]]
-    assert ran == {"gpt2:8": "kernels", "gpt2:1": "kernels", "resnet18:32": "", "resnet18:1": ""}
+    assert ran == {"gpt2:8,1": {"8": ["kernels"], "1": ["kernels"]}, "resnet18:32,1": {}}
     saved = {(r["model"], r["batch"]): r for r in load_results(out)["results"]}
     assert saved[("gpt2", 8)]["prepared"] == ["kernels"] and saved[("gpt2", 8)]["prepare_s"] == {"kernels": 1.5}
     assert saved[("resnet18", 1)]["prepared"] == [] and saved[("resnet18", 1)]["prepare_s"] == {}
@@ -233,9 +234,10 @@ def test_prepare_only_measures_nothing_and_resume_prepares_only_pending_cases(mo
     ran, prepared, rows = run_phases(monkeypatch, tmp_path, base + ["--prepare-only"])
     assert ran == {} and prepared == [[("resnet18", 32), ("resnet18", 1)]] and rows == [] and not out.exists()
     ran, _, _ = run_phases(monkeypatch, tmp_path, ["--models", "resnet18", "--batches", "1", "--out", str(out)])
-    assert ran == {"resnet18:1": ""}  # without --prepare-workers nothing is looked up
+    assert ran == {"resnet18:1": {}}  # without --prepare-workers nothing is looked up
     ran, prepared, rows = run_phases(monkeypatch, tmp_path, base + ["--resume", str(out)])
-    assert prepared == [[("resnet18", 32)]] and ran == {"resnet18:32": "kernels,inductor"} and len(rows) == 2
+    assert prepared == [[("resnet18", 32)]] and ran == {"resnet18:32": {"32": ["kernels", "inductor"]}}
+    assert len(rows) == 2
 
 
 def test_the_deadline_limits_what_is_prepared_and_leaves_time_to_measure(monkeypatch, tmp_path):
@@ -252,7 +254,7 @@ def test_the_deadline_limits_what_is_prepared_and_leaves_time_to_measure(monkeyp
     monkeypatch.setattr(zoo_prepare, "prepare_all", fake_prepare)
     monkeypatch.setattr(zoo, "run_child", Children())
     zoo.run_all(zoo.parse_args(argv), argv)
-    assert seen["cases"] == [("resnet50", 32), ("convnext_tiny", 32), ("efficientnet_b0", 32)]
+    assert seen["cases"] == [("resnet50", 32), ("resnet50", 1), ("convnext_tiny", 32)]  # the measure phase's order
     assert seen["reserve"] == 3 * zoo_prepare.MEASURE_CASE_S  # the time to measure what it prepares
     assert 0 < seen["left"] <= 3 * per_case + 5
 
