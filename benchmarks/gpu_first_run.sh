@@ -63,7 +63,8 @@
 #                  level 0; then cuda_kernels.py --attention at the zoo's shapes against SDPA, on this tree and
 #                  (ZOO_BEFORE=.before holding f156765, carried) on the before tree; then STEP=nvtx (its plan now
 #                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,swin_t
-#                  and the same before tree.
+#                  and the same before tree (its zoo.py runs a child a case: the old interface). test_zoo.py's gpu test
+#                  checks the one-child-per-model harness (0d99b93) before a whole-zoo run uses it.
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -74,7 +75,8 @@
 #   STEP=zoo       the zoo models these change, after (with torch.compile) - ZOO_MODELS to narrow (default: the
 #                  models the seventh session's Resize and sigmoid changes touch - FCN, DeepLabV3, the EfficientNets,
 #                  RegNetY's SE gates - with UNet and Whisper, the other two below 1x, and the ResNet-50 / BERT baselines)
-#                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max);
+#                  (ZOO_MODELS=all: the whole zoo, informative cases first), ZOO_BATCHES (default max; 1,max measures
+#                  both batches of a model in one child, sharing its imports and module: ~5 min less a whole zoo);
 #                  prepares the cases in ZOO_WORKERS (8) parallel processes, then measures one at a time;
 #                  ZOO_RESUME=path/zoo.json (carried in) continues an earlier call's results; ZOO_BEFORE=dir (a
 #                  `git archive` of the before commit in an ignored folder with its sha in .commit, named in carry)
@@ -205,7 +207,8 @@ EOF
       tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_flash_attention_f32.py \
       tests/kernels/cuda/test_flash_attention_emulated.py tests/kernels/cuda/test_attention.py \
       tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
-      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py
+      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
+      tests/benchmarks/test_zoo.py
     rc=$?
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
