@@ -45,6 +45,7 @@ from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cance
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
 from polykit.compiler.passes.recognize_attention import recognize_attention
+from polykit.compiler.passes.mark_causal_masks import mark_causal_masks
 from polykit.compiler.passes.recognize_gelu import recognize_gelu
 from polykit.compiler.passes.recognize_groupnorm import recognize_groupnorm
 from polykit.compiler.passes.recognize_layernorm import recognize_layernorm
@@ -56,7 +57,7 @@ from polykit.errors import GraphError, PolykitError
 __all__ = [
     "Pass", "run_passes", "optimize", "fold_constants", "eliminate_dead_code", "remove_identity",
     "fold_conv_batchnorm", "fuse_bias_activation", "fuse_pointwise", "recognize_gelu", "recognize_layernorm",
-    "recognize_groupnorm",
+    "recognize_groupnorm", "mark_causal_masks",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
@@ -199,8 +200,9 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if io_formats:  # the edges' conversions against the build's own: exact round trips and identities go
         run_passes(g, [bind(cancel_round_trip_casts, keep=kept), bind(remove_identity, keep=kept),
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
-    if fuse:
-        run_passes(g, [bind(compose_reformats, keep=kept), bind(fuse_bias_activation, keep=kept),
+    if fuse:  # mark_causal_masks first: it reads the mask's Where / And before fuse_pointwise merges them
+        run_passes(g, [bind(mark_causal_masks, keep=kept), bind(compose_reformats, keep=kept),
+                       bind(fuse_bias_activation, keep=kept),
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),
                        bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept),

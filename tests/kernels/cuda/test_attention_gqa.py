@@ -16,7 +16,7 @@ from polykit.compiler.ops.nn.fused import OperandView, dense_strides
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.attention import attention as simple
 from polykit.kernels.cuda.attention import flash_attention_f32
-from polykit.kernels.cuda.attention.flash_attention import OUTER_ARGS, _supports, flash_geometry, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import NO_CAUSAL, OUTER_ARGS, _supports, flash_geometry, flash_launch
 from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _enqueue
 from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm90_supports
 from polykit.kernels.cuda.base import DeviceTensor
@@ -25,8 +25,8 @@ from tests.kernels.cuda.test_attention_views import BF16, FP16, check, mask_inpu
 from tests.kernels.cuda.test_flash_attention import FLASH_TACTICS
 
 FP32 = np.dtype(np.float32)
-#: kv_groups: the flash launch argument before the trailing outer-batch ones
-KV_GROUPS_ARG = -1 - OUTER_ARGS
+#: kv_groups: the flash launch argument before the causal offset and the trailing outer-batch ones
+KV_GROUPS_ARG = -2 - OUTER_ARGS
 
 
 def gqa_layer(B, S, Hq, Hkv, D, dtype, mask=None, k_layout="bhsd", Skv=None, **attrs) -> LayerDesc:
@@ -119,7 +119,7 @@ def test_sm90_maps_the_un_repeated_key_values_and_passes_kv_groups_before_geo():
     ((name, args),) = rec.launches
     tm_q, tm_k, tm_v = args[:3]
     assert name == "flash_attention_sm90" and tm_q.dims == (D, S, Hq, B) and tm_k.dims == tm_v.dims == (D, S, Hkv, B)
-    assert int(args[-2]) == Hq // Hkv  # kv_groups, then geo
+    assert int(args[-3]) == Hq // Hkv and int(args[-2]) == NO_CAUSAL  # kv_groups, the causal offset, then geo
     assert int(args[-1]) == 0  # [B, H, S, D] everywhere, batch and heads not broadcast
 
 

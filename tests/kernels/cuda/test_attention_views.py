@@ -5,6 +5,8 @@ sm90 kernel's TMA maps; the simple kernel's relay), and every tactic against the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -223,3 +225,20 @@ def test_fp32_tactics_read_packed_views(tactic, form):
 
     layer, inputs = _case(form, 2, 37, 2, 64, np.dtype(np.float32), "additive")
     check(replace(layer, precision="fp32"), inputs, tactic, np.dtype(np.float32), 1e-5)
+
+
+@pytest.mark.parametrize("hint,masked,want", [(None, True, "none"), (0, True, 0), (-3, True, -3), (5, False, "none")])
+def test_the_causal_hint_reaches_the_launch_only_with_its_mask(hint, masked, want):
+    """flash_launch's causal offset (after kv_groups): the layer's `mask_causal` where it has the mask the hint
+    describes, else NO_CAUSAL (every key tile)."""
+    from polykit.kernels.cuda.attention.flash_attention import NO_CAUSAL, OUTER_ARGS, causal_offset
+
+    attrs = {} if hint is None else {"mask_causal": hint}
+    layer = LayerDesc("att", "Attention", ("Q", "K", "V", "M") if masked else ("Q", "K", "V"), ("Y",), attrs,
+                      domain="ai.polykit")
+    assert causal_offset(layer, masked) == (NO_CAUSAL if want == "none" else want)
+    shapes = {"Q": (1, 2, 70, 64), "K": (1, 2, 90, 64), "V": (1, 2, 90, 64), "Y": (1, 2, 70, 64), "M": (1, 1, 70, 90)}
+    tensors = {n: DeviceTensor(1 << 20, s, np.dtype(np.bool_ if n == "M" else np.float16)) for n, s in shapes.items()}
+    run = flash_launch(replace(layer, in_shapes=tuple(shapes[n] for n in layer.inputs), out_shapes=((1, 2, 70, 64),)),
+                       tensors)
+    assert int(run.args[-1 - OUTER_ARGS]) == causal_offset(layer, masked)

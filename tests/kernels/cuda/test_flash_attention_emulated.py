@@ -100,3 +100,40 @@ def test_emulated_nan_and_inf_scores_give_nan_rows_like_the_reference(launcher, 
     bad = ref[0, 0, 3], ref[0, 1, 40], ref[0, 1, 66]
     assert all((row == 0).all() if to_zero else np.isnan(row).all() for row in bad)
     assert error(run_emulated(launcher, layer, inputs, tactic), ref) <= TOL[F16]
+
+
+def causal_keep(S: int, Skv: int, offset: int) -> np.ndarray:
+    """[S, Skv] keep-mask of a causal layer: key k visible from query q when k <= q + offset."""
+    return np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset
+
+
+@pytest.mark.parametrize("tactic,dims,offset,kind", [
+    ("cuda.attention.flash", (2, 2, 200, 200), 0, "bool"),            # GPT-2's: square, 4 query blocks
+    ("cuda.attention.flash_kv128", (1, 2, 150, 270), 120, "add"),     # keys ahead of the queries (a cache)
+    ("cuda.attention.flash", (1, 1, 130, 130), -70, "bool"),          # rows with no key: undefined, like the mask's
+])
+def test_emulated_causal_hint_skips_key_tiles_with_the_masks_result(launcher, tactic, dims, offset, kind):
+    """With `mask_causal` set, the kernel skips the key tiles past each block's diagonal (flash_key_tiles)
+    and still applies the mask elsewhere: the result is the mask's, padding keys and fully masked rows
+    included (a causal mask and-ed with a per-batch key mask, as GPT-2's export computes it)."""
+    B, H, S, Skv = dims
+    inputs = _arrays((B, H, S, 64), (B, H, Skv, 64), F16)
+    keep = causal_keep(S, Skv, offset)[None, None] & (rng.random((B, 1, 1, Skv)) > 0.2)
+    inputs["mask"] = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float16)
+    layer = layer_for(inputs, (B, H, S, 64), mask_causal=offset, nan_probs_to_zero=1)
+    assert error(run_emulated(launcher, layer, inputs, tactic), reference(layer, inputs)) <= TOL[F16]
+
+
+def test_emulated_causal_hint_really_skips_the_tiles(launcher):
+    """The hint is taken at its word: over an all-true mask it gives causal attention (the tiles past the
+    diagonal are not read), which the reference of the mask itself does not."""
+    inputs = _arrays((1, 1, 192, 64), (1, 1, 192, 64), F16)
+    inputs["mask"] = np.ones((1, 1, 192, 192), np.bool_)
+    hinted = run_emulated(launcher, layer_for(inputs, (1, 1, 192, 64), mask_causal=0), inputs, "cuda.attention.flash")
+    full = reference(layer_for(inputs, (1, 1, 192, 64)), inputs)
+    # rows 0..63 read one key tile of 64 (keys 0..63, all of them: the mask is all true), not 0..191
+    assert error(hinted[:, :, :64], full[:, :, :64]) > 10 * TOL[F16]
+    assert error(hinted[:, :, 128:], full[:, :, 128:]) <= TOL[F16]  # the last block reads every tile
+    first_tile = dict(inputs, mask=np.broadcast_to(np.arange(192) < 64, (1, 1, 192, 192)).copy())
+    ref_tile = reference(layer_for(first_tile, (1, 1, 192, 64)), first_tile)
+    assert error(hinted[:, :, :64], ref_tile[:, :, :64]) <= TOL[F16]

@@ -207,3 +207,18 @@ def test_agrees_with_the_mma_sync_kernel_on_a_bert_shape(tactic, dtype):
     assert not bad.any(), (f"{tactic}: {int(bad.sum())} outputs differ from cuda.attention.flash by more than 4 ulp; "
                            f"max difference {np.abs(ours - theirs).max():.3g}")
     assert np.array_equal(run(layer, inputs, tactic), ours), f"{tactic}: a second run gave other bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", NAMES)
+@pytest.mark.parametrize("dims,offset", [((2, 3, 200, 200), 0), ((1, 2, 150, 270), 120), ((1, 2, 130, 130), -70)])
+@pytest.mark.parametrize("head", [64, 128])
+def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, offset, head):
+    """`mask_causal`: the producer loads and the consumers wait for the same, fewer key tiles
+    (flash_key_tiles); the result is the mask's (causal and a per-batch key mask)."""
+    require_sm90()
+    B, H, S, Skv = dims
+    inputs = arrays((B, H, S, head), (B, H, Skv, head), FP16)
+    keep = (np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset)[None, None] & (rng.random((B, 1, 1, Skv)) > 0.2)
+    inputs["mask"] = np.where(keep, 0.0, -np.inf).astype(np.float16)
+    check(layer_for(inputs, (B, H, S, head), mask_causal=offset, nan_probs_to_zero=1), inputs, tactic, TOL[FP16])

@@ -208,7 +208,7 @@ SHAPES = (FlashShape("cuda.attention.flash"),
 class FlashLaunch:
     """What every flash kernel takes for one layer: grid, head size and the argument list
     (Q, K, V, O, mask, S, Skv, (batch, head, seq) strides of Q, K, V, O, mask strides, scale,
-    mask kind, nan_probs_to_zero, kv_groups; then B2 and the outer batch strides of Q, K, V, O and
+    mask kind, nan_probs_to_zero, kv_groups, causal offset; then B2 and the outer batch strides of Q, K, V, O and
     the mask: the last OUTER_ARGS, which kernels without an outer batch dim leave off)."""
 
     grid: tuple[int, int, int]
@@ -246,8 +246,22 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor], block_q: int =
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))
     args = (q, k, v, y, mptr, np.int32(S), np.int32(Skv), *(s for x in views for s in x.strides), *ms[1:],
             np.float32(scale), np.int32(kind), np.int32(int(layer.attrs.get("nan_probs_to_zero", 0))), np.int32(g),
-            np.int32(B), *(x.outer[1] for x in views), ms[0])
+            np.int32(causal_offset(layer, mask is not None)), np.int32(B), *(x.outer[1] for x in views), ms[0])
     return FlashLaunch((-(-S // block_q), H, B1 * B), D, args, tuple(views))
+
+
+#: flash_common.cuh's FLASH_NO_CAUSAL: every key tile
+NO_CAUSAL = 1 << 30
+
+
+def causal_offset(layer: Any, masked: bool) -> int:
+    """The kernels' causal_off argument: the layer's `mask_causal` hint (every key k > q + offset of
+    its mask is -inf / false: mark_causal_masks), so the key tiles past a block's diagonal are skipped;
+    NO_CAUSAL without one (or without the mask the hint describes)."""
+    hint = layer.attrs.get("mask_causal")
+    if hint is None or not masked:
+        return NO_CAUSAL
+    return max(-NO_CAUSAL + 1, min(int(hint), NO_CAUSAL))
 
 
 def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:

@@ -134,7 +134,7 @@ def _enqueue(shape: Sm90Flash):
             maps.append(spec)
             geo |= bits << (3 * i)
         # flash_launch's arguments: Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, 4 mask strides, scale, kind, nan,
-        # kv_groups (not the trailing outer-batch arguments: _supports refuses rank-5 attention)
+        # kv_groups, causal offset (not the trailing outer-batch arguments: _supports refuses rank-5 attention)
         q, k, v, o, mask, S, Skv = run.args[:7]
         rest = run.args[7 + 3 * 3:-OUTER_ARGS]  # O's strides onwards
         _, H, B = run.grid

@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const ELEM* __restrict__ Q, const ELEM* __restrict__ K, const ELEM* __restrict__ V, ELEM* __restrict__ O,
     const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
     i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
-    int kv_groups, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo) {
+    int kv_groups, int causal_off, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 2;   // 2 buffers
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   const int hkv = h / kv_groups;
   const ELEM* k = K + b * kb + zo * kbo + hkv * kh;
   const ELEM* v = V + b * vb + zo * vbo + hkv * vh;
-  const int tiles = (Skv + BKV - 1) / BKV;
+  const int tiles = flash_key_tiles((Skv + BKV - 1) / BKV, BKV, q0, BQ, S, causal_off);
 
   load_tile<BQ>(sQ, q, qs, q0, S);
   cp_commit();

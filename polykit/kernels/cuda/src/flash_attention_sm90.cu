@@ -101,7 +101,7 @@ __device__ __forceinline__ void pack_probs(const float (&s)[BKV / 8][4], u32 (&p
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v,
     ELEM* __restrict__ O, const void* __restrict__ mask, int S, int Skv, i64 ob, i64 oh, i64 os, i64 mb, i64 mh,
-    i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int kv_groups, int geo) {
+    i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int kv_groups, int causal_off, int geo) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sQ = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
   unsigned char* sK = sQ + Q_BYTES;       // 2 stages
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   u64* full = q_full + 1;
   u64* empty = full + 2;
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
-  const int tiles = (Skv + BKV - 1) / BKV;
+  const int tiles = flash_key_tiles((Skv + BKV - 1) / BKV, BKV, q0, BQ, S, causal_off);  // producer and consumers alike
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     tma_prefetch_desc(&tm_q);

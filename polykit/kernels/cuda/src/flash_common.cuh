@@ -27,6 +27,21 @@ struct FlashMask {
   int kind;
 };
 
+// Key tiles a block of query rows [q0, q0 + BQ) needs (of `tiles` of bkv keys): all of them, unless
+// the layer's mask is known to mask every key k > q + causal_off (the `mask_causal` hint the compiler
+// sets where the mask is a causal one, alone or and-ed with others: polykit.compiler.passes.
+// mark_causal_masks); then the tiles past the block's last row's diagonal are skipped, and their
+// keys, all -inf, would only have added zeros. FLASH_NO_CAUSAL: no hint.
+#define FLASH_NO_CAUSAL (1 << 30)
+__device__ __forceinline__ int flash_key_tiles(int tiles, int bkv, int q0, int bq, int S, int causal_off) {
+  if (causal_off >= FLASH_NO_CAUSAL) return tiles;
+  const int last_row = (q0 + bq < S ? q0 + bq : S) - 1;
+  const long long keys = (long long)last_row + causal_off + 1;  // keys 0 .. last_row + causal_off
+  if (keys <= 0) return 0;
+  const long long need = (keys + bkv - 1) / bkv;
+  return need < tiles ? (int)need : tiles;
+}
+
 // Running softmax statistics of a thread's two rows: m the running maximum of the scores in the
 // exponent's units (log2 units for exp2f, natural for expf: flash_scores_tile), l the running sum of
 // probabilities. A row whose softmax is undefined (every score -inf, or a NaN / +inf score) is
