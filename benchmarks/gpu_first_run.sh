@@ -62,7 +62,7 @@
 #                  mma.sync, sm90 wgmma and fp32, shares flash_common.cuh) and the W4A16 mma tactics now first at
 #                  level 0; then cuda_kernels.py --attention at the zoo's shapes against SDPA, on this tree and
 #                  (ZOO_BEFORE=.before holding f156765, carried) on the before tree; then STEP=nvtx (its plan now
-#                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,swin_t
+#                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,llama_small,swin_t
 #                  and the same before tree (its zoo.py runs a child a case: the old interface). test_zoo.py's gpu test
 #                  checks the one-child-per-model harness (0d99b93) before a whole-zoo run uses it.
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
