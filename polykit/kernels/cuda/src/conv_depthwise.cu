@@ -201,7 +201,6 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
   const int tile_w = (int)(blockIdx.x % (unsigned)tiles_w), tile_h = (int)(blockIdx.x / (unsigned)tiles_w);
   const int oh0 = tile_h * TH, ow0 = tile_w * TWT * P;
   const int CB = VB * 8, m0 = (int)blockIdx.y * CB, n = (int)blockIdx.z;
-  const int KM = M / C;
 #if DW_KW
   constexpr int G = P * DW_SW;  // skew unit: a column group's first input column
 #else
@@ -237,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
     }
   }
   if (!(vec_in & DW_VEC_X)) {  // element by element: channel co of the slice reads input channel co / KM (0 past M)
+    const int KM = M / C;
     const int total = IH * IW * CB;
     for (int i = t; i < total; i += T) {
       const int e = i % CB, pix = i / CB, c = pix % IW, r = pix / IW;
