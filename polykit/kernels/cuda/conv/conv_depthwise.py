@@ -410,7 +410,7 @@ def vec_flags(vec_x: bool, vec_w: bool) -> int:
 
 def _depthwise_launch(variant: DepthwiseVariant):
     def launch_of(layer: Any, plan: DepthwisePlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
-                  Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
+                  Y: DeviceTensor) -> tuple[KernelSource, int, bool]:
         kw, sw = fast_width(layer.attrs, Wt.shape)
         vec_x = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
         vec_out = plan.M % 8 == 0 and Y.rows_apart(plan.M) % 8 == 0 and Y.ptr % 16 == 0
