@@ -4,16 +4,19 @@ convolutions of ResNeXt-50 32x4d, RegNetY-800MF and RegNetX-1.6GF, layer by laye
     PYTHONPATH=. python3 benchmarks/cuda_depthwise.py [--models convnext,efficientnet,mobilenet]
         [--batch 32] [--dtype fp16] [--iters 20] [--out depthwise.json]
     PYTHONPATH=. python3 benchmarks/cuda_depthwise.py --models resnext50,regnet_y_800mf,regnet_x_1_6gf
+    PYTHONPATH=. python3 benchmarks/cuda_depthwise.py --models efficientnet_v2_s,convnext,mobilenet --no-direct --silu
 
-For every distinct depthwise or grouped layer of the models (224x224 inputs; torchvision's pads
-k // 2) it times, on random data of the layer's shapes: polykit's NHWC tactics for it
+For every distinct depthwise or grouped layer of the models (224x224 inputs, EfficientNet-V2-S's 384x384
+as the zoo runs it; torchvision's pads k // 2) it times, on random data of the layer's shapes: polykit's NHWC tactics for it
 (cuda.conv_nhwc.depthwise_p8 / _p4, or cuda.conv_nhwc.grouped_p4 / _p2 with several channels a
 group, and cuda.conv_nhwc.grouped_mma_p32 / grouped_mma_pipe_p32 with multiples of 8 a group in
 fp16 / bf16, printed last on the row; bias included), the NCHW `cuda.conv.direct` they replace, and torch's cuDNN
 (torch.nn.functional.conv2d with its groups on channels_last tensors, bias included).
 Each is timed as the engine runs it: three calls (inputs rotated over three buffer sets so L2 does
 not hold them) captured in a CUDA graph, the replay timed with CUDA events, the median of --iters
-replays divided by 3. Each polykit output is checked against torch's (relative error; WRONG past
+replays divided by 3. --silu fuses a SiLU epilogue into polykit's NHWC layers (as the models' plans do
+after a depthwise conv + BatchNorm; torch's side stays conv2d + bias, as in benchmarks/cuda_kernels.py's
+"+epi" rows) and checks them against silu(conv2d). Each polykit output is checked against torch's (relative error; WRONG past
 5e-3 in fp16). Bytes per layer: input + output + weights + bias once each; the floor is the larger
 of bytes at HBM_TBPS and the FMAs at the fp32 FMA rate (the kernels accumulate in fp32). Prints a
 table (us, achieved GB/s of the best polykit tactic and its share of HBM_TBPS) and each model's
@@ -84,6 +87,9 @@ MODELS = {
                   (DwLayer(72, 56, 5, 2), 1), (DwLayer(120, 28, 5, 1), 2), (DwLayer(240, 28, 3, 2), 1),
                   (DwLayer(200, 14, 3, 1), 1), (DwLayer(184, 14, 3, 1), 2), (DwLayer(480, 14, 3, 1), 1),
                   (DwLayer(672, 14, 3, 1), 1), (DwLayer(672, 14, 5, 2), 1), (DwLayer(960, 7, 5, 1), 2)],
+    # at 384x384 (the zoo's size): docs/ZOO.md's per-layer table
+    "efficientnet_v2_s": [(DwLayer(256, 48, 3, 2), 1), (DwLayer(512, 24, 3, 1), 5), (DwLayer(768, 24, 3, 1), 1),
+                          (DwLayer(960, 24, 3, 1), 8), (DwLayer(960, 24, 3, 2), 1), (DwLayer(1536, 12, 3, 1), 14)],
     # grouped (C / cpg groups), the 3x3 convs of each stage; stride 2 in a stage's first block
     "resnext50": [(DwLayer(128, 56, 3, 1, 4), 3), (DwLayer(256, 56, 3, 2, 8), 1), (DwLayer(256, 28, 3, 1, 8), 3),
                   (DwLayer(512, 28, 3, 2, 16), 1), (DwLayer(512, 14, 3, 1, 16), 5),
@@ -154,14 +160,21 @@ def device_tensor(t, storage, shape=None):
     return DeviceTensor(t.data_ptr(), tuple(shape or t.shape), storage)
 
 
-def layer_descs(d: DwLayer, batch: int, storage: str, precision: str):
-    """(the ConvNHWC layer the NHWC tactics run, the NCHW Conv layer cuda.conv.direct runs)."""
+#: the fused epilogue of --silu: y = raw * sigmoid(raw)
+SILU = {"input": "raw", "body": [{"op": "Sigmoid", "inputs": ["raw"], "outputs": ["s"], "attrs": {}},
+                                 {"op": "Mul", "inputs": ["raw", "s"], "outputs": ["Y"], "attrs": {}}]}
+
+
+def layer_descs(d: DwLayer, batch: int, storage: str, precision: str, silu: bool = False):
+    """(the ConvNHWC layer the NHWC tactics run, with the SiLU epilogue when `silu`, the NCHW Conv layer
+    cuda.conv.direct runs)."""
     from polykit.compiler.ir.graph import POLYKIT_DOMAIN
     from polykit.compiler.plan.records import LayerDesc
 
     n, c, h, o, k, g = batch, d.c, d.size, d.out, d.k, d.cpg
     attrs = {"group": d.groups, "kernel_shape": [k, k], "strides": [d.stride] * 2, "pads": [k // 2] * 4}
-    nhwc = LayerDesc("dw", "ConvNHWC", ("X", "W", "B"), ("Y",), attrs, domain=POLYKIT_DOMAIN, precision=precision,
+    nhwc = LayerDesc("dw", "ConvNHWC", ("X", "W", "B"), ("Y",), dict(attrs, epilogue=SILU) if silu else attrs,
+                     domain=POLYKIT_DOMAIN, precision=precision,
                      in_dtypes=(storage,) * 3, out_dtypes=(storage,), in_shapes=((n, h, h, c), (c, k, k, g), (c,)),
                      out_shapes=((n, o, o, c),))
     nchw = LayerDesc("dw", "Conv", ("X", "W", "B"), ("Y",), attrs, precision=precision, in_dtypes=(storage,) * 3,
@@ -180,7 +193,7 @@ def precompile(layers, args) -> None:
     storage = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[args.dtype]
     sources = []
     for d in layers:
-        nhwc, nchw = layer_descs(d, args.batch, storage, args.dtype)
+        nhwc, nchw = layer_descs(d, args.batch, storage, args.dtype, args.silu)
         sources += [k for t in d.tactics(args.dtype) for k in find_tactic("cuda", "ConvNHWC", t).kernels(nhwc)]
         if not args.no_direct and args.dtype != "bf16":
             sources += find_tactic("cuda", "Conv", DIRECT).kernels(nchw)
@@ -207,7 +220,7 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
         sets.append({"x": x, "w": w, "b": b, "x_nchw": x.contiguous(), "w_krsc": w.permute(0, 2, 3, 1).contiguous(),
                      "y": torch.empty(n, c, o, o, device="cuda", dtype=tdtype).to(memory_format=torch.channels_last),
                      "y_nchw": torch.empty(n, c, o, o, device="cuda", dtype=tdtype)})
-    nhwc, nchw = layer_descs(d, n, storage.name, args.dtype)
+    nhwc, nchw = layer_descs(d, n, storage.name, args.dtype, args.silu)
 
     def nhwc_tensors(i):
         t = sets[i]
@@ -221,12 +234,13 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
 
     want = F.conv2d(sets[0]["x"].float(), sets[0]["w"].float(), sets[0]["b"].float(), stride=s, padding=pad,
                     groups=d.groups)
+    want_nhwc = F.silu(want) if args.silu else want  # the NCHW direct kernel runs without the epilogue
     row = {"layer": d.label(), "count": count, "bytes": layer_bytes(d, n, storage.itemsize),
            "fmas": layer_fmas(d, n)}
     row["floor_us"] = max(row["bytes"] / (HBM_TBPS * 1e6), row["fmas"] / FP32_FMA_PER_S * 1e6)
 
-    def rel(got) -> float:
-        return float(torch.linalg.norm(got.float() - want) / torch.linalg.norm(want))
+    def rel(got, ref) -> float:
+        return float(torch.linalg.norm(got.float() - ref) / torch.linalg.norm(ref))
 
     def measure(graph, tactic: str, tensors, out: str) -> None:
         """Time `tactic` on `graph`, then run it once more on poisoned output and record its error."""
@@ -236,7 +250,7 @@ def bench_layer(d: DwLayer, count: int, args, torch) -> dict:
             sets[0][out].fill_(float("nan"))
             op.run(tensors(0))
             torch.cuda.synchronize()
-            row[tactic + ":err"] = rel(sets[0][out])
+            row[tactic + ":err"] = rel(sets[0][out], want_nhwc if out == "y" else want)
         finally:
             op.close()
 
@@ -273,6 +287,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--no-direct", action="store_true", help="skip the (slow) NCHW cuda.conv.direct")
+    parser.add_argument("--silu", action="store_true", help="fuse a SiLU epilogue into polykit's NHWC layers")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -294,7 +309,7 @@ def main() -> None:
         results[model] = rows
     meta = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "commit": provenance.commit(),
             "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "batch": args.batch,
-            "dtype": args.dtype}
+            "dtype": args.dtype, "silu": args.silu}
     if args.out:
         Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 

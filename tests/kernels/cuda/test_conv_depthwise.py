@@ -234,9 +234,10 @@ def test_epilogue_on_the_p4_tactic():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shifted", ["X", "Y", "skip"])
+@pytest.mark.parametrize("shifted", ["X", "W", "Y", "skip"])
 def test_misaligned_tensors_take_the_element_paths(shifted):
-    """X off 16 bytes: element staging; Y or the residual off: element stores / epilogue."""
+    """X off 16 bytes: element staging; W off: element weight loads; Y or the residual off: element
+    stores / epilogue."""
     x, w, attrs, skip = EPI_CASES[0]
     assert run_case(x, w, attrs, F16, P8, epilogue=RESIDUAL_RELU, extra={"skip": skip},
                     misalign={shifted: 2}) <= TOL[F16]
@@ -246,3 +247,48 @@ def test_misaligned_tensors_take_the_element_paths(shifted):
 def test_a_convnext_stage_1_layer_at_batch_4():
     """The tile of a real layer (56 x 56 x 96, 7 x 7): several blocks a row of tiles, 6 channel slices."""
     assert run_case((4, 56, 56, 96), (96, 7, 7, 1), {"pads": [3, 3, 3, 3]}, F16, P8) <= TOL[F16]
+
+
+SILU = {"input": "raw", "body": [{"op": "Sigmoid", "inputs": ["raw"], "outputs": ["s"], "attrs": {}},
+                                 {"op": "Mul", "inputs": ["raw", "s"], "outputs": ["Y"], "attrs": {}}]}
+#: small images, where a block's weight run is long against its tile: (x, w, attrs) -- an EfficientNet-V2-like
+#: 12 x 12 layer whose last channel slice runs past M (40 of 64), a 7 x 7 on a 3 x 3 image (several batches
+#: of weight chunks a thread), 13 x 13 (the run-time width), and a 5 x 5 / 2 with a multiplier and M % 8 != 0
+SMALL_CASES = [
+    ((2, 12, 12, 40), (40, 3, 3, 1), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 3, 64), (64, 7, 7, 1), {"pads": [3, 3, 3, 3]}),
+    ((1, 5, 4, 24), (24, 13, 13, 1), {"pads": [6, 6, 6, 6]}),
+    ((2, 7, 7, 13), (26, 5, 5, 1), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),
+]
+
+
+# ---- CPU: the weights' 16-byte path is taken where W allows it ------------------------------
+@pytest.mark.parametrize("w_ptr,vec_w", [(4096, True), (4098, False)])
+def test_launch_reads_the_weights_16_bytes_at_a_time_only_from_an_aligned_w(w_ptr, vec_w):
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.cuda.conv.conv_depthwise import VEC_W, VEC_X, _depthwise_launch
+
+    layer, _, _ = depthwise_layer(*SMALL_CASES[0])
+    (x, w, _), y = layer.in_shapes, layer.out_shapes[0]
+    plan = plan_depthwise(layer.attrs, x, w, y, 2, VARIANTS[1])
+    tensors = [DeviceTensor(ptr, shape, F16) for ptr, shape in ((1 << 20, x), (w_ptr, w), (1 << 24, y))]
+    _, vec_in, _ = _depthwise_launch(VARIANTS[1])(layer, plan, "half_t", *tensors)
+    assert vec_in == VEC_X | (VEC_W if vec_w else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", [P8, P4])
+@pytest.mark.parametrize("x,w,attrs", SMALL_CASES)
+def test_small_images_with_a_silu_epilogue(x, w, attrs, tactic):
+    assert run_case(x, w, attrs, F16, tactic, epilogue=SILU) <= TOL[F16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "fp32"])
+def test_small_image_weight_runs_in_bfloat16_and_float32(dtype):
+    assert run_case(*SMALL_CASES[1], dtype, P4) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_misaligned_weights_of_a_small_image():
+    assert run_case(*SMALL_CASES[3], F16, P4, misalign={"W": 2}) <= TOL[F16]

@@ -13,8 +13,8 @@ import pytest
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
 from tests.kernels.cuda.block_emulation import host_launcher
-from tests.kernels.cuda.test_conv_depthwise import (BF16, CASES, EPI_CASES, F16, F32, P4, P8, RESIDUAL_RELU, TOL,
-                                                    depthwise_layer, reference, rel_err)
+from tests.kernels.cuda.test_conv_depthwise import (BF16, CASES, EPI_CASES, F16, F32, P4, P8, RESIDUAL_RELU, SILU,
+                                                    SMALL_CASES, TOL, depthwise_layer, reference, rel_err)
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,20 @@ def launcher(tmp_path_factory):
     return host_launcher(tmp_path_factory, "depthwise_emulated", "DW_PARAMS", "DW_ARGS")
 
 
-def run_emulated(launcher, tactic, x, w, attrs, dtype, shift_y=0, **kw):
+def run_emulated(launcher, tactic, x, w, attrs, dtype, shift_y=0, shift_w=0, **kw):
+    """The layer's error against the reference, its output poisoned; `shift_y` / `shift_w` elements
+    off the 16-byte alignment of Y / W."""
     layer, inputs, specs = depthwise_layer(x, w, attrs, dtype, **kw)
     shape, dt = specs["Y"]
     n = int(np.prod(shape))
     poisoned = np.full(n + 8, np.nan, dt)
     y = poisoned[shift_y:shift_y + n].reshape(shape)
     tensors = {name: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for name, a in inputs.items()}
+    if shift_w:
+        wbuf = np.empty(inputs["W"].size + 8, inputs["W"].dtype)  # numpy's buffer: 16-byte aligned
+        moved = wbuf[shift_w:shift_w + inputs["W"].size].reshape(inputs["W"].shape)
+        moved[...] = inputs["W"]
+        tensors["W"] = DeviceTensor(moved.ctypes.data, moved.shape, moved.dtype)
     tensors["Y"] = DeviceTensor(y.ctypes.data, shape, np.dtype(dt))
     t = find_tactic("cuda", "ConvNHWC", tactic)
     assert t.supports(layer)
@@ -47,6 +54,23 @@ def run_emulated(launcher, tactic, x, w, attrs, dtype, shift_y=0, **kw):
 ])
 def test_emulated_depthwise_matches_the_reference(launcher, case, dtype, tactic):
     assert run_emulated(launcher, tactic, *CASES[case], dtype) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case,dtype,tactic", [
+    (0, F16, P4),    # 12 x 12, the last channel slice past M: zero weights
+    (1, F16, P8),    # 7 x 7 on 3 x 3: several batches of 16-byte weight chunks a thread
+    (1, F32, P4),    # ... in float32: two 16-byte loads a chunk
+    (1, BF16, P8),
+    (2, F16, P4),    # 13 x 13: the run-time width, 169 taps
+    (3, F16, P8),    # multiplier 2, M * KHW % 8 != 0: the run's last chunk element by element
+])
+def test_emulated_small_images_with_a_silu_epilogue(launcher, case, dtype, tactic):
+    assert run_emulated(launcher, tactic, *SMALL_CASES[case], dtype, epilogue=SILU) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case,shift", [(1, 1), (3, 3)])
+def test_emulated_misaligned_weights_take_the_element_loads(launcher, case, shift):
+    assert run_emulated(launcher, P4, *SMALL_CASES[case], F16, shift_w=shift) <= TOL[F16]
 
 
 @pytest.mark.parametrize("case", [0, 2, 3])

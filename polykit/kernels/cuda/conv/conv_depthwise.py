@@ -100,7 +100,7 @@ class DepthwisePlan(TilePlan):
     def block(self) -> tuple[int]:
         return (self.VB * self.TWT * self.TH,)
 
-    def args(self, vec_in: bool, vec_out: bool) -> list[Any]:
+    def args(self, vec_in: int, vec_out: bool) -> list[Any]:
         i32 = np.int32
         return [i32(a) for a in (self.H, self.W, self.C, self.M, self.OH, self.OW, self.KH, self.KW, self.SH, self.SW,
                                  self.PH, self.PW, self.DH, self.DW, self.TH, self.TWT, self.VB, self.tiles_w,
@@ -397,13 +397,24 @@ def tile_enqueue(what: str, plan_of: Callable[[Any, Any, Any, Any, str], Any],
     return enqueue
 
 
+#: conv_depthwise.cu's vec_in bits (DW_VEC_X, DW_VEC_W): 16-byte input copies, 16-byte weight loads
+VEC_X, VEC_W = 1, 2
+
+
+def vec_flags(vec_x: bool, vec_w: bool) -> int:
+    """conv_depthwise.cu's vec_in: VEC_X where the input tile is copied 16 bytes at a time (one input channel
+    an output channel, C % 8 == 0, X 16-byte aligned), VEC_W where W is 16-byte aligned (the slice's weights
+    read as 16-byte chunks)."""
+    return (VEC_X if vec_x else 0) | (VEC_W if vec_w else 0)
+
+
 def _depthwise_launch(variant: DepthwiseVariant):
     def launch_of(layer: Any, plan: DepthwisePlan, elem: str, X: DeviceTensor, Wt: DeviceTensor,
-                  Y: DeviceTensor) -> tuple[KernelSource, bool, bool]:
+                  Y: DeviceTensor) -> tuple[KernelSource, int, bool]:
         kw, sw = fast_width(layer.attrs, Wt.shape)
-        vec_in = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
+        vec_x = plan.M == plan.C and plan.C % 8 == 0 and X.ptr % 16 == 0
         vec_out = plan.M % 8 == 0 and Y.rows_apart(plan.M) % 8 == 0 and Y.ptr % 16 == 0
-        return kernel_source(layer, elem, variant, kw, sw), vec_in, vec_out
+        return kernel_source(layer, elem, variant, kw, sw), vec_flags(vec_x, Wt.ptr % 16 == 0), vec_out
 
     return launch_of
 

@@ -12,12 +12,14 @@
 // tw = (t / VB) % TWT (DW_P consecutive columns) and row th = t / (VB * TWT): DW_P outputs x 8
 // channels in fp32 registers. The block first stages
 //   - the slice's weights as fp32, [tap][half h][VB][4] (a thread reads its 8 channels of a tap as
-//     two float4; lanes of one v read the same address: a broadcast), and
+//     two float4; lanes of one v read the same address: a broadcast), read from W's run of the slice's
+//     channels in 16-byte chunks, up to DW_W_BATCH loads a thread in flight at once (vec_in & DW_VEC_W:
+//     W 16-byte aligned; else element by element), and
 //   - the input tile (output tile + halo: IH = (TH-1)*SH + (KH-1)*DH + 1 rows, IW = (TWT*DW_P-1)*SW
 //     + (KW-1)*DW + 1 columns) as 16-byte chunks of 8 channels (fp32: two planes of 4 channels),
 //     zeros outside the image, with 16-byte cp.async copies, all of a thread's in flight at once
-//     (vec_in: KM == 1, C % 8 == 0, X 16-byte aligned; else element by element: tail channels,
-//     multipliers),
+//     (vec_in & DW_VEC_X: KM == 1, C % 8 == 0, X 16-byte aligned; else element by element: tail
+//     channels, multipliers),
 // then each thread walks the kernel rows: with DW_KW > 0 (kernel width DW_KW, W stride DW_SW,
 // W dilation 1, all compile-time) it loads each of the (DW_P-1)*DW_SW + DW_KW input columns its
 // outputs touch once per row, converts it to fp32 once and feeds every output that uses it (the
@@ -126,6 +128,68 @@ __device__ __forceinline__ void dw_store8(ELEM* p, const float (&v)[8]) {
   }
 }
 
+// vec_in's bits: the input tile's 16-byte copies (KM == 1, C % 8 == 0, X 16-byte aligned) and the
+// weights' 16-byte loads (W 16-byte aligned)
+#define DW_VEC_X 1
+#define DW_VEC_W 2
+// 8-element chunks of the weight run a thread holds in registers at once (all their loads in flight)
+#define DW_W_BATCH 4
+
+// channel ch's float of tap 0 in the fp32 weights [tap][half][VB][4]
+__device__ __forceinline__ unsigned dw_w_slot(unsigned ch, int VB) {
+  return ((ch >> 2 & 1) * VB + (ch >> 3)) * 4 + (ch & 3);
+}
+
+// The fp32 weights [tap][half][VB][4] of output channels m0 .. m0 + 8 VB - 1 (zeros past M) from W's run
+// of those channels, 8 VB * KHW elements starting at m0 * KHW (a multiple of 8: 16-byte aligned with W):
+// chunk c (8 elements from element 8c of the run) is one 16-byte load (two for float); a thread issues the
+// loads of up to DW_W_BATCH chunks, T apart, before it converts any (one L2 round trip, not one per
+// element), then walks each chunk's elements with (channel, tap) stepped, not divided. A chunk reaching past
+// M * KHW reads element by element.
+__device__ __forceinline__ void dw_stage_weights(const ELEM* Wt, float* ws, int M, int KHW, int VB, int m0, int t,
+                                                 int T) {
+  const int chunks = VB * KHW;
+  const i64 run = (i64)m0 * KHW, end = (i64)M * KHW;
+  for (int c0 = t; c0 < chunks; c0 += DW_W_BATCH * T) {
+    uint4 raw[DW_W_BATCH][NPL];
+#pragma unroll
+    for (int k = 0; k < DW_W_BATCH; ++k) {
+      const i64 e0 = run + 8 * (i64)(c0 + k * T);
+      const bool whole = c0 + k * T < chunks && e0 + 8 <= end;
+#pragma unroll
+      for (int h = 0; h < NPL; ++h) raw[k][h] = whole ? ((const uint4*)(Wt + e0))[h] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < DW_W_BATCH; ++k) {
+      const int c = c0 + k * T;
+      if (c >= chunks) break;
+      const i64 e0 = run + 8 * (i64)c;
+      float w[8];
+      if (e0 + 8 <= end) {
+        const u32 w32[8] = {raw[k][0].x, raw[k][0].y, raw[k][0].z, raw[k][0].w,
+                            raw[k][NPL - 1].x, raw[k][NPL - 1].y, raw[k][NPL - 1].z, raw[k][NPL - 1].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (sizeof(ELEM) == 4) w[j] = __uint_as_float(w32[j]);
+          else w[j] = dw_from_bits(j & 1 ? w32[j / 2] >> 16 : w32[j / 2] & 0xffffu, (ELEM*)0);
+        }
+      } else {  // the run's last chunk, past M * KHW (M % 8 != 0)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = e0 + j < end ? (float)ld(Wt, e0 + j) : 0.f;
+      }
+      // element j of the chunk is (channel ch, tap) of the slice: its slot is tap * 8 VB + dw_w_slot(ch, VB)
+      unsigned ch = 8u * c / (unsigned)KHW, tap = 8u * c - ch * (unsigned)KHW;
+      float* wp = ws + tap * 8 * VB + dw_w_slot(ch, VB);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        *wp = w[j];
+        wp += 8 * VB;
+        if (++tap == (unsigned)KHW) tap = 0, wp = ws + dw_w_slot(++ch, VB);
+      }
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_depthwise_nhwc(DW_PARAMS) {
   extern __shared__ __align__(16) unsigned char dw_smem[];
   constexpr int P = DW_P;
@@ -137,7 +201,6 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
   const int tile_w = (int)(blockIdx.x % (unsigned)tiles_w), tile_h = (int)(blockIdx.x / (unsigned)tiles_w);
   const int oh0 = tile_h * TH, ow0 = tile_w * TWT * P;
   const int CB = VB * 8, m0 = (int)blockIdx.y * CB, n = (int)blockIdx.z;
-  const int KM = M / C;
 #if DW_KW
   constexpr int G = P * DW_SW;  // skew unit: a column group's first input column
 #else
@@ -150,26 +213,30 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS, DW_MIN_BLOCKS) conv_dep
 
   const int ih0 = oh0 * SH - PH, iw0 = ow0 * SW - PW;
   const ELEM* xn = X + (i64)n * H * W * C;
-  if (vec_in) {  // KM == 1, C % 8 == 0: a thread copies chunks of its own vector v, T / VB pixels apart
+  if (vec_in & DW_VEC_X) {  // KM == 1, C % 8 == 0: a thread copies chunks of its own vector v, T / VB pixels apart
     const int npix = IH * IW, step = T / VB, sr = step / IW, sc = step % IW;
     const bool vec_ok = m0 + v * 8 < M;
     for (int pix = t / VB, r = pix / IW, c = pix % IW; pix < npix; pix += step, r += sr, c += sc) {
       if (c >= IW) { c -= IW; ++r; }
       const int ih = ih0 + r, iw = iw0 + c;
-      const bool ok = vec_ok && ih >= 0 && ih < H && iw >= 0 && iw < W;
-      const ELEM* src = ok ? xn + ((i64)ih * W + iw) * C + m0 + v * 8 : xn;
+      const bool ok = vec_ok && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+      const ELEM* src = xn + (ok ? (ih * W + iw) * C + m0 + v * 8 : 0);  // an image's H * W * C < 2^31
       unsigned char* dst = xs + (i64)((r * IWP + c + c / G) * VB + v) * 16;
 #pragma unroll
       for (int h = 0; h < NPL; ++h) dw_cp16(dst + (i64)h * plane * 16, (const unsigned char*)src + 16 * h, ok);
     }
   }
-  // the weights while the copies fly; channel fastest: a warp's stores hit distinct banks (its
-  // loads, KHW elements apart, come from L1 after the first tap)
-  for (int i = t; i < KHW * CB; i += T) {
-    const int ch = i % CB, tap = i / CB, co = m0 + ch;
-    ws[((tap * 2 + (ch & 7) / 4) * VB + ch / 8) * 4 + (ch & 3)] = co < M ? (float)ld(Wt, (i64)co * KHW + tap) : 0.f;
+  // the weights while the copies fly
+  if (vec_in & DW_VEC_W) {  // the slice's weights are one run of CB * KHW elements (W is (M, KH, KW, 1))
+    dw_stage_weights(Wt, ws, M, KHW, VB, m0, t, T);
+  } else {  // element by element; channel fastest: a warp's stores hit distinct banks
+    for (int i = t; i < KHW * CB; i += T) {
+      const int ch = i % CB, tap = i / CB, co = m0 + ch;
+      ws[((tap * 2 + (ch & 7) / 4) * VB + ch / 8) * 4 + (ch & 3)] = co < M ? (float)ld(Wt, (i64)co * KHW + tap) : 0.f;
+    }
   }
-  if (!vec_in) {  // element by element: channel co of the slice reads input channel co / KM (0 past M)
+  if (!(vec_in & DW_VEC_X)) {  // element by element: channel co of the slice reads input channel co / KM (0 past M)
+    const int KM = M / C;
     const int total = IH * IW * CB;
     for (int i = t; i < total; i += T) {
       const int e = i % CB, pix = i / CB, c = pix % IW, r = pix / IW;
