@@ -60,7 +60,8 @@
 #                  tree 61dce52 (git archive into .before, ZOO_BEFORE=.before): the prefetch's and placement's before/after
 #   STEP=new10     the tenth session's (none ran on a GPU): the flash softmax rework (a6ceb6a: every flash kernel,
 #                  mma.sync, sm90 wgmma and fp32, shares flash_common.cuh) and the W4A16 mma tactics now first at
-#                  level 0; then cuda_kernels.py --attention at the zoo's shapes against SDPA, on this tree and
+#                  level 0, the causal tile skip (d153cda), the depthwise weight chunks (4d1a522); then
+#                  cuda_kernels.py --attention at the zoo's shapes against SDPA and cuda_depthwise.py, on this tree and
 #                  (ZOO_BEFORE=.before holding f156765, carried) on the before tree; then STEP=nvtx (its plan now
 #                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,llama_small,swin_t
 #                  and the same before tree (its zoo.py runs a child a case: the old interface). test_zoo.py's gpu test
@@ -208,13 +209,22 @@ EOF
       tests/kernels/cuda/test_flash_attention_emulated.py tests/kernels/cuda/test_attention.py \
       tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
       tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
-      tests/benchmarks/test_zoo.py
+      tests/kernels/cuda/test_conv_depthwise.py tests/kernels/cuda/test_conv_grouped.py tests/benchmarks/test_zoo.py
     rc=$?
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
     if [ -n "${ZOO_BEFORE:-}" ]; then  # the softmax before a6ceb6a, same machine, same call
       (cd "$ZOO_BEFORE" && timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention_before.json" \
         2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention_before.txt")
+    fi
+    # the depthwise weights in 16-byte chunks (dwsmall, 4d1a522): EfficientNet-V2-S's small images were 1.33-1.36x
+    # cuDNN (issue 29 asks <= 1.3x); this tree, then the before tree with this script (the before's lacks --silu)
+    dw="--models efficientnet_v2_s,convnext,mobilenet --batch 32 --dtype fp16 --no-direct --silu"
+    timeout 150 python3 benchmarks/cuda_depthwise.py $dw --out "$OUT/dw_after.json" 2>&1 | tail -30 | tee "$OUT/dw_after.txt"
+    if [ -n "${ZOO_BEFORE:-}" ]; then
+      cp benchmarks/cuda_depthwise.py "$ZOO_BEFORE/benchmarks/cuda_depthwise.py"
+      (cd "$ZOO_BEFORE" && timeout 150 python3 benchmarks/cuda_depthwise.py $dw --out "$OUT/dw_before.json" 2>&1 | tail -30 \
+        | tee "$OUT/dw_before.txt")
     fi
     # the ResNet stem (7x7/2, C 3 padded to 8 -> 64; 0.162 ms on sm90_128x64 in ResNet-50 / ResNeXt-50 bs32, ~7x its
     # roofline): every tactic, the halo ones (estimated 45 us) among them, against cuDNN
