@@ -58,14 +58,16 @@
 #                  the NVTX library lookup; then weight_only_gemm.py, serving_api's ResNet-50 with copy times, and
 #                  STEP=nvtx. Then STEP=zoo with ZOO_MODELS=resnet50,resnext50_32x4d,unet,fcn_resnet50 and the before
 #                  tree 61dce52 (git archive into .before, ZOO_BEFORE=.before): the prefetch's and placement's before/after
-#   STEP=new10     the tenth session's (none ran on a GPU): the flash softmax rework (a6ceb6a: every flash kernel,
-#                  mma.sync, sm90 wgmma and fp32, shares flash_common.cuh) and the W4A16 mma tactics now first at
-#                  level 0, the causal tile skip (d153cda), the depthwise weight chunks (4d1a522); then
-#                  cuda_kernels.py --attention at the zoo's shapes against SDPA and cuda_depthwise.py, on this tree and
-#                  (ZOO_BEFORE=.before holding f156765, carried) on the before tree; then STEP=nvtx (its plan now
-#                  built outside ncu). Then STEP=zoo with ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,llama_small,swin_t
-#                  and the same before tree (its zoo.py runs a child a case: the old interface). test_zoo.py's gpu test
-#                  checks the one-child-per-model harness (0d99b93) before a whole-zoo run uses it.
+#   STEP=new10     the tenth session's gpu tests (none ran on a GPU): the flash softmax and mask rework (a6ceb6a,
+#                  9b318c3: every flash kernel, mma.sync, sm90 wgmma and fp32, shares flash_common.cuh), the causal
+#                  tile skip (d153cda), the W4A16 mma tactics first at level 0, the depthwise weight chunks
+#                  (4d1a522), the one-child-per-model zoo harness (0d99b93, test_zoo.py's gpu test); then STEP=nvtx
+#                  (its plan now built outside ncu)
+#   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
+#                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
+#                  (EfficientNet-V2-S, ConvNeXt, MobileNetV3 layers against cuDNN), the ResNet stem's tactics. Then
+#                  STEP=zoo ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,llama_small,swin_t,efficientnet_v2_s
+#                  with the same before tree (its zoo.py runs a child a case: the old interface)
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -211,6 +213,10 @@ EOF
       tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
       tests/kernels/cuda/test_conv_depthwise.py tests/kernels/cuda/test_conv_grouped.py tests/benchmarks/test_zoo.py
     rc=$?
+    STEP=nvtx bash "$0"
+    exit $rc
+    ;;
+  bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
     if [ -n "${ZOO_BEFORE:-}" ]; then  # the softmax before a6ceb6a, same machine, same call
@@ -229,8 +235,6 @@ EOF
     # the ResNet stem (7x7/2, C 3 padded to 8 -> 64; 0.162 ms on sm90_128x64 in ResNet-50 / ResNeXt-50 bs32, ~7x its
     # roofline): every tactic, the halo ones (estimated 45 us) among them, against cuDNN
     timeout 120 python3 benchmarks/cuda_kernels.py --cases "" --conv 32,224,224,8,64,7,2 --out "$OUT/stem.json" 2>&1 | grep "conv "
-    STEP=nvtx bash "$0"
-    exit $rc
     ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
@@ -299,5 +303,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
