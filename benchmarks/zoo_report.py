@@ -2,6 +2,7 @@
 
 One table row per case (model, batch), then per family the geometric means of polykit's speed
 (torch ms / polykit ms: above 1, polykit is faster) and the case furthest behind torch.compile,
+then against issues 29 / 30's bars (acceptance_lines: cases missing, runs, eager, geomean, floor),
 then the failed cases and those torch.compile could not compile. Where several files hold a
 case, the later file's row counts. The provenance lines list every distinct (date, device,
 commit, torch) the rows came from, and each file's command.
@@ -102,6 +103,39 @@ def family_table(rows: Sequence[dict]) -> list[str]:
     return lines
 
 
+#: issues 29 / 30's bars for a family's table (lent GPU, fp16, one run)
+GEOMEAN_BAR, FLOOR = 1.0, 0.75
+
+
+def acceptance_lines(rows: Sequence[dict]) -> list[str]:
+    """Per family, what issues 29 / 30 ask of a table, read off these rows: every zoo case (each model at
+    batch 1 and its throughput batch) measured in one run (one device and commit), every case faster than
+    eager, the geometric mean against torch.compile >= 1.0x and no case below 0.75x. Cases the rows lack
+    are named, so a partial table says what it is missing."""
+    ok = [r for r in rows if "error" not in r]
+    lines = ["Against issues 29 / 30 (per family: every case, one run; faster than eager; geometric mean vs "
+             f"torch.compile >= {GEOMEAN_BAR:g}x; none below {FLOOR:g}x):", ""]
+    for family in FAMILIES:
+        want = [(m.name, b) for m in MODELS if m.family == family for b in (1, max(m.batches))]
+        mine = [r for r in ok if r["family"] == family]
+        have = {(r["model"], int(r["batch"])) for r in mine}
+        missing = [f"{m} bs{b}" for m, b in want if (m, b) not in have]
+        runs = {(r.get("device"), r.get("commit")) for r in mine}
+        slow = [f"{r['model']} bs{r['batch']} ({_x(r.get('speed_vs_eager'))})" for r in mine
+                if not (r.get("speed_vs_eager") or 0) > 1.0]
+        vs = [r.get("speed_vs_compile") for r in mine if r.get("speed_vs_compile")]
+        mean = geomean(vs)
+        verdict = "meets" if mean is not None and mean >= GEOMEAN_BAR else "below"
+        low = [f"{r['model']} bs{r['batch']} ({_x(r['speed_vs_compile'])})" for r in mine
+               if r.get("speed_vs_compile") and r["speed_vs_compile"] < FLOOR]
+        lines.append(f"- {family}: {len(have & set(want))} of {len(want)} cases"
+                     + (f" (missing: {', '.join(missing)})" if missing else "")
+                     + f"; {len(runs)} run(s) (device, commit); slower than eager: {', '.join(slow) or 'none'}"
+                     + f"; geomean vs compile {_x(mean)} ({verdict} {GEOMEAN_BAR:g}x); below {FLOOR:g}x: "
+                     + (", ".join(low) or "none"))
+    return lines + [""]
+
+
 def render(docs: Sequence[dict]) -> str:
     """The results section of docs/ZOO.md for the loaded results files `docs`."""
     rows = collect(docs)
@@ -112,7 +146,7 @@ def render(docs: Sequence[dict]) -> str:
         out += ["† first build with its kernels compiled by the prepare phase (warm kernels, fresh timing: "
                 "every tactic timed).", ""]
     out += ["Geometric means of polykit's speed (torch ms / polykit ms; above 1x polykit is faster):", "",
-            *family_table(rows), ""]
+            *family_table(rows), "", *acceptance_lines(rows)]
     failed = [r for r in rows if "error" in r]
     if failed:
         out += ["Failed cases:", ""] + [f"- {r['model']} bs{r['batch']}: {r['error']}" for r in failed] + [""]

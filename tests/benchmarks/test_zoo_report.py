@@ -134,3 +134,20 @@ def test_a_first_build_with_prepared_kernels_is_marked_and_not_shown_as_cold(tmp
     text = zoo_report.render_files([results(tmp_path, "a.json", [prepared])])
     assert "| 12.5† / 3.0 |" in table_rows(text)[0]
     assert "† first build with its kernels compiled by the prepare phase" in text
+
+
+def test_the_acceptance_lines_name_missing_cases_runs_and_each_bar():
+    """Issues 29 / 30's bars read off the rows: a partial conv table names its missing cases, counts its runs
+    (device, commit) and fails the bars it fails; a family without rows has every case missing."""
+    conv = [m for m in MODELS if m.family == CONV]
+    rows = [row(conv[0].name, CONV, 1, 1.0, 3.0, 1.2), row(conv[0].name, CONV, max(conv[0].batches), 2.0, 1.8, 1.4),
+            dict(row(conv[1].name, CONV, 1, 1.0, 3.0, 0.7), commit="other")]
+    lines = zoo_report.acceptance_lines(zoo_report.collect([{"results": rows}]))
+    (line,) = [x for x in lines if x.startswith(f"- {CONV}:")]
+    assert f"3 of {2 * len(conv)} cases" in line and f"{conv[1].name} bs{max(conv[1].batches)}" in line
+    assert "2 run(s)" in line
+    assert f"slower than eager: {conv[0].name} bs{max(conv[0].batches)} (0.90x)" in line
+    assert "geomean vs compile 0.84x (below 1x)" in line  # (1.2 * 0.7 * 0.7) ** (1 / 3)
+    assert f"below 0.75x: {conv[0].name} bs{max(conv[0].batches)} (0.70x), {conv[1].name} bs1 (0.70x)" in line
+    (other,) = [x for x in lines if x.startswith("- ") and not x.startswith(f"- {CONV}:")]
+    assert "0 of" in other and "geomean vs compile –" in other
