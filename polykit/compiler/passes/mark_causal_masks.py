@@ -34,9 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ops.nn.fused import MASK_CAUSAL
 from polykit.compiler.passes.rewrite import const
 
-HINT = "mask_causal"
 MAX_DEPTH = 8
 PASS_THROUGH = ("Expand", "Identity")
 
@@ -110,7 +110,7 @@ def _is_float(graph: Graph, name: str) -> bool:
 
 def mask_causal_offset(graph: Graph, mask: str, producers: dict[str, Node] | None = None) -> int | None:
     """The `mask_causal` hint of an Attention mask tensor (module docstring), or None."""
-    producers = producers if producers is not None else {o: n for n in graph.nodes for o in n.outputs}
+    producers = producers if producers is not None else graph.producers()
     if _is_bool(graph, mask):
         return _keep_offset(graph, mask, producers, 0)
     if _is_float(graph, mask):
@@ -120,13 +120,13 @@ def mask_causal_offset(graph: Graph, mask: str, producers: dict[str, Node] | Non
 
 def mark_causal_masks(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Set `mask_causal` on every ai.polykit Attention whose mask is causal; True if any changed."""
-    producers = {o: n for n in graph.nodes for o in n.outputs}
+    producers = graph.producers()
     changed = False
     for node in graph.nodes:
         if node.op_type != "Attention" or node.domain != POLYKIT_DOMAIN or len(node.inputs) < 4 or not node.input(3):
             continue
         offset = mask_causal_offset(graph, node.input(3), producers)
-        if offset is not None and node.attrs.get(HINT) != offset:
-            node.attrs[HINT] = offset
+        if offset is not None and node.attrs.get(MASK_CAUSAL) != offset:
+            node.attrs[MASK_CAUSAL] = offset
             changed = True
     return changed

@@ -8,7 +8,8 @@ from .passes_testkit import graph, node, run_and_compare, scalar
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.passes import mark_causal_masks, optimize
-from polykit.compiler.passes.mark_causal_masks import HINT, causal_offset_of
+from polykit.compiler.ops.nn.fused import MASK_CAUSAL as HINT
+from polykit.compiler.passes.mark_causal_masks import causal_offset_of
 
 S, D = 6, 8
 
@@ -30,7 +31,7 @@ def test_the_offset_of_a_keep_mask(kept, want):
     assert causal_offset_of(kept) == want
 
 
-def decoder_attention(fill=-np.inf, combine="And", causal=None, keep_dtype=np.bool_):
+def decoder_attention(fill=-np.inf, combine="And", causal=None, keep_dtype=np.bool_, d=D):
     """GPT-2's exported form: keep = And(causal constant, padding from the input), mask = Where(keep, 0, fill),
     eager attention softmax(Q K^T / sqrt(D) + mask) V."""
     causal = tril(S, S) if causal is None else causal
@@ -40,8 +41,8 @@ def decoder_attention(fill=-np.inf, combine="And", causal=None, keep_dtype=np.bo
              node("Div", ["s", "sqrt_d"], "ss"), node("Add", ["ss", "mask"], "sm"),
              node("Softmax", ["sm"], "p", axis=-1), node("MatMul", ["p", "v"], "y")]
     inits = {"causal": causal[None, None].astype(keep_dtype), "axes12": np.array([1, 2], np.int64),
-             "zero": scalar(0.0), "fill": scalar(fill), "sqrt_d": scalar(np.sqrt(D))}
-    shapes = {"q": (2, 2, S, D), "k": (2, 2, S, D), "v": (2, 2, S, D), "padding": ((2, S), np.int64)}
+             "zero": scalar(0.0), "fill": scalar(fill), "sqrt_d": scalar(np.sqrt(d))}
+    shapes = {"q": (2, 2, S, d), "k": (2, 2, S, d), "v": (2, 2, S, d), "padding": ((2, S), np.int64)}
     return graph(nodes, shapes, ["y"], inits)
 
 
@@ -101,3 +102,16 @@ def test_a_cpu_plan_with_the_hint_matches_onnxruntime():
     with Engine(plan) as engine, engine.create_execution_context() as ctx:
         got = ctx.execute(feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_hint_reaches_a_cuda_plans_flash_layer():
+    """What the kernels read is the plan's layer: an fp16 cuda build (untimed without a GPU) keeps the hint on
+    the Attention layer its flash tactic runs, and the launch passes it (flash_launch's causal offset)."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.kernels.cuda.attention.flash_attention import causal_offset
+
+    plan = build_plan(decoder_attention(d=64), BuilderConfig(target="cuda", fp16=True))  # flash: heads 32..256
+    (layer,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    assert layer.attrs[HINT] == 0 and layer.tactic.startswith("cuda.attention.flash")
+    assert causal_offset(layer, masked=True) == 0

@@ -197,8 +197,18 @@ def test_fp32_and_fp64_attention_with_bshd_layouts_relays_through_the_workspace(
     np.testing.assert_allclose(out, reference(layer, inputs), rtol=1e-5, atol=1e-5)
 
 
+def causal_padding_keep(B: int, S: int, Skv: int, offset: int, gen) -> np.ndarray:
+    """[B, 1, S, Skv] keep-mask as GPT-2's export computes it: key k visible from query q when k <= q + offset,
+    and-ed with a random per-batch key mask (the padding)."""
+    causal = np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset
+    return causal[None, None] & (gen.random((B, 1, 1, Skv)) > 0.2)
+
+
+CAUSAL_CASES = [((2, 3, 200, 200), 0), ((1, 2, 150, 270), 120), ((1, 2, 130, 130), -70)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims,offset", [((2, 3, 200, 200), 0), ((1, 2, 150, 270), 120), ((1, 2, 130, 130), -70)])
+@pytest.mark.parametrize("dims,offset", CAUSAL_CASES)
 @pytest.mark.parametrize("kind", ["bool", "add"])
 @pytest.mark.parametrize("tactic", FLASH_TACTICS)
 def test_causal_hint_skips_tiles_and_keeps_the_masks_result(dims, offset, kind, tactic):
@@ -206,6 +216,6 @@ def test_causal_hint_skips_tiles_and_keeps_the_masks_result(dims, offset, kind, 
     per-batch key mask, GPT-2's form) applied elsewhere; rows without a key give 0 like the reference."""
     B, H, S, Skv = dims
     inputs = _arrays((B, H, S, 64), (B, H, Skv, 64), np.float16)
-    keep = (np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset)[None, None] & (rng.random((B, 1, 1, Skv)) > 0.2)
+    keep = causal_padding_keep(B, S, Skv, offset, rng)
     inputs["mask"] = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float16)
     check(layer_for(inputs, (B, H, S, 64), mask_causal=offset, nan_probs_to_zero=1), inputs, 3e-3, tactic)

@@ -13,7 +13,7 @@ import pytest
 
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.tactics import find_tactic
-from tests.kernels.cuda.test_flash_attention import BF16, TOL, _arrays, layer_for, reference
+from tests.kernels.cuda.test_flash_attention import BF16, TOL, _arrays, causal_padding_keep, layer_for, reference
 
 F16 = np.dtype(np.float16)
 rng = np.random.default_rng(53)
@@ -102,11 +102,6 @@ def test_emulated_nan_and_inf_scores_give_nan_rows_like_the_reference(launcher, 
     assert error(run_emulated(launcher, layer, inputs, tactic), ref) <= TOL[F16]
 
 
-def causal_keep(S: int, Skv: int, offset: int) -> np.ndarray:
-    """[S, Skv] keep-mask of a causal layer: key k visible from query q when k <= q + offset."""
-    return np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset
-
-
 @pytest.mark.parametrize("tactic,dims,offset,kind", [
     ("cuda.attention.flash", (2, 2, 200, 200), 0, "bool"),            # GPT-2's: square, 4 query blocks
     ("cuda.attention.flash_kv128", (1, 2, 150, 270), 120, "add"),     # keys ahead of the queries (a cache)
@@ -118,7 +113,7 @@ def test_emulated_causal_hint_skips_key_tiles_with_the_masks_result(launcher, ta
     included (a causal mask and-ed with a per-batch key mask, as GPT-2's export computes it)."""
     B, H, S, Skv = dims
     inputs = _arrays((B, H, S, 64), (B, H, Skv, 64), F16)
-    keep = causal_keep(S, Skv, offset)[None, None] & (rng.random((B, 1, 1, Skv)) > 0.2)
+    keep = causal_padding_keep(B, S, Skv, offset, rng)
     inputs["mask"] = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float16)
     layer = layer_for(inputs, (B, H, S, 64), mask_causal=offset, nan_probs_to_zero=1)
     assert error(run_emulated(launcher, layer, inputs, tactic), reference(layer, inputs)) <= TOL[F16]

@@ -13,7 +13,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, all_cuda_tactics
 from polykit.kernels.cuda.attention.flash_attention import head_view
 from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
-from tests.kernels.cuda.test_flash_attention import layer_for, rand, reference
+from tests.kernels.cuda.test_flash_attention import CAUSAL_CASES, causal_padding_keep, layer_for, rand, reference
 
 rng = np.random.default_rng(90)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -211,7 +211,7 @@ def test_agrees_with_the_mma_sync_kernel_on_a_bert_shape(tactic, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", NAMES)
-@pytest.mark.parametrize("dims,offset", [((2, 3, 200, 200), 0), ((1, 2, 150, 270), 120), ((1, 2, 130, 130), -70)])
+@pytest.mark.parametrize("dims,offset", CAUSAL_CASES)
 @pytest.mark.parametrize("head", [64, 128])
 def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, offset, head):
     """`mask_causal`: the producer loads and the consumers wait for the same, fewer key tiles
@@ -219,6 +219,5 @@ def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, o
     require_sm90()
     B, H, S, Skv = dims
     inputs = arrays((B, H, S, head), (B, H, Skv, head), FP16)
-    keep = (np.arange(Skv)[None, :] <= np.arange(S)[:, None] + offset)[None, None] & (rng.random((B, 1, 1, Skv)) > 0.2)
-    inputs["mask"] = np.where(keep, 0.0, -np.inf).astype(np.float16)
+    inputs["mask"] = np.where(causal_padding_keep(B, S, Skv, offset, rng), 0.0, -np.inf).astype(np.float16)
     check(layer_for(inputs, (B, H, S, head), mask_causal=offset, nan_probs_to_zero=1), inputs, tactic, TOL[FP16])

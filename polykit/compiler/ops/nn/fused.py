@@ -244,6 +244,9 @@ LAYOUT_ATTRS = ("q_layout", "k_layout", "v_layout", "out_layout")
 VIEW_ATTRS = ("q_view", "k_view", "v_view")
 #: grouped-query heads: K and V hold H / g heads, query head h reads key/value head h // g (axis -3)
 KV_GROUPS = "kv_groups"
+#: a hint, never a change of value: every key k > q + c of the mask is -inf / false (an int c; set by
+#: passes/mark_causal_masks.py), so a kernel may skip those keys; the reference and other kernels ignore it
+MASK_CAUSAL = "mask_causal"
 
 
 class ViewError(ValueError):

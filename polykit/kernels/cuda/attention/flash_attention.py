@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from polykit.compiler.ops.nn.fused import ViewError, kv_groups, operand_view
+from polykit.compiler.ops.nn.fused import MASK_CAUSAL, ViewError, kv_groups, operand_view
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 
@@ -255,10 +255,10 @@ NO_CAUSAL = 1 << 30
 
 
 def causal_offset(layer: Any, masked: bool) -> int:
-    """The kernels' causal_off argument: the layer's `mask_causal` hint (every key k > q + offset of
-    its mask is -inf / false: mark_causal_masks), so the key tiles past a block's diagonal are skipped;
+    """The kernels' causal_off argument: the layer's MASK_CAUSAL hint (every key k > q + offset of its
+    mask is -inf / false: mark_causal_masks), so the key tiles past a block's diagonal are skipped;
     NO_CAUSAL without one (or without the mask the hint describes)."""
-    hint = layer.attrs.get("mask_causal")
+    hint = layer.attrs.get(MASK_CAUSAL)
     if hint is None or not masked:
         return NO_CAUSAL
     return max(-NO_CAUSAL + 1, min(int(hint), NO_CAUSAL))

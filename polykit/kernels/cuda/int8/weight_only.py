@@ -225,10 +225,10 @@ def _gemv_tactic(tile: GemvTile):
     return kernels, estimate, enqueue
 
 
-# priority 9, under m1's 10: their gpu tests pass (H100 2026-12-06) and timed builds pick them (level 5:
-# bw_m1_k4_c8 at M = 1, bw_m16_k2_c16 at M = 16, H200), but their layer times (26.5 / 90.6 us at N = K = 4096,
-# H200 2026-12-06, docs/PERFORMANCE.md) are far from their model, and m1's were not measured beside them:
-# a level-0 build keeps m1 until a run times both
+# priority 9, under m1's 10 and the tensor-core tactics' 11 (weight_only_mma.py: first wherever they run, the
+# 16-bit W4A16 layers): the gemv's layer times (26.5 / 90.6 us at N = K = 4096, H200 2026-12-06,
+# docs/PERFORMANCE.md) are far from its model, and m1's were not measured beside them, so a level-0 build of a
+# layer the mma kernel refuses (float32 X, 8-bit weights, other K or blocks) keeps m1 until a run times both
 for _tile in GEMV_TILES:
     _kernels, _estimate, _enqueue = _gemv_tactic(_tile)
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=9, estimate=_estimate,
