@@ -63,6 +63,7 @@
 #                  tile skip (d153cda), the W4A16 mma tactics first at level 0, the depthwise weight chunks
 #                  (4d1a522), the one-child-per-model zoo harness (0d99b93, test_zoo.py's gpu test); then STEP=nvtx
 #                  (its plan now built outside ncu)
+#   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
 #                  (EfficientNet-V2-S, ConvNeXt, MobileNetV3 layers against cuDNN), the ResNet stem's tactics. Then
@@ -235,6 +236,17 @@ EOF
     # the ResNet stem (7x7/2, C 3 padded to 8 -> 64; 0.162 ms on sm90_128x64 in ResNet-50 / ResNeXt-50 bs32, ~7x its
     # roofline): every tactic, the halo ones (estimated 45 us) among them, against cuDNN
     timeout 120 python3 benchmarks/cuda_kernels.py --cases "" --conv 32,224,224,8,64,7,2 --out "$OUT/stem.json" 2>&1 | grep "conv "
+    STEP=ncu10 bash "$0"
+    ;;
+  ncu10)  # the two kernels furthest from their models (2026-12-06, H100): W4A16 at M = 1 (11.3 us, model 3-5) and the
+    # sm90 flash kernel at [4,16,2048,128] (656 us vs SDPA's 222): ncu's full set of one launch each, for the
+    # helpers' stall reasons (no time asserted; the details pages go to $OUT)
+    timeout 150 ncu --set full --kernel-name regex:weight_only_mma --launch-skip 2 --launch-count 1 \
+      python3 benchmarks/weight_only_gemm.py --ms 1 --warmup 3 --iters 3 --profile-runs 1 > "$OUT/ncu_w4a16.txt" 2>&1
+    echo "== w4a16 ncu rc $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size" "$OUT/ncu_w4a16.txt" | head -12
+    timeout 180 ncu --set full --kernel-name regex:flash_attention_sm90 --launch-skip 1 --launch-count 1 \
+      python3 benchmarks/cuda_kernels.py --cases "" --attention-dtype fp16 --attention 4,16,2048,128 > "$OUT/ncu_flash90.txt" 2>&1
+    echo "== flash sm90 ncu rc $?"; grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size" "$OUT/ncu_flash90.txt" | head -12
     ;;
   new6)
     timeout ${NEW_S:-400} python3 -m pytest -m gpu -n 15 -v -p no:cacheprovider --tb=line \
@@ -303,5 +315,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|ncu10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
