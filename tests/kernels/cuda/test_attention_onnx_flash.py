@@ -1,0 +1,338 @@
+"""ONNX Attention on the flash kernels (attention_onnx_flash.py): which variants take the route (stamped
+layers, no GPU), the flash launch it builds (recorded), and the whole route on the host emulation of
+its kernels -- present copies, causal band, flash_attention.cu -- against the ONNX reference (outputs
+poisoned). The GPU cases are in test_attention_onnx.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ir.graph import Node
+from polykit.compiler.ops.references import run_reference
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.attention import attention_onnx_flash
+from polykit.kernels.cuda.attention.flash_attention import NO_CAUSAL
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource
+from polykit.kernels.tactics import candidates, find_tactic
+from tests.kernels.cuda.test_flash_attention import BF16, TOL
+
+from .recording_launcher import RecordingLauncher
+
+F16 = np.dtype(np.float16)
+NAMES = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
+OUTS = ("Y", "present_key", "present_value", "qk")
+ROUTE = "cuda.attention_onnx.flash"
+rng = np.random.default_rng(31)
+
+
+def rand(*shape, dtype=F16):
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def onnx_layer(feeds, attrs, n_out=1) -> LayerDesc:
+    """The ONNX Attention layer of `feeds` (by NAMES), stamped as the builder stamps it."""
+    names = tuple(n if n in feeds else "" for n in NAMES)
+    while not names[-1]:
+        names = names[:-1]
+    outs = OUTS[:n_out]
+    specs = reference(LayerDesc("att", "Attention", names, outs, dict(attrs)), feeds, wide=False)
+    return LayerDesc("att", "Attention", names, outs, dict(attrs),
+                     in_dtypes=tuple(np.dtype(feeds[n].dtype).name if n else "" for n in names),
+                     in_shapes=tuple(tuple(feeds[n].shape) if n else () for n in names),
+                     out_dtypes=tuple(np.dtype(a.dtype).name for a in specs.values()),
+                     out_shapes=tuple(tuple(a.shape) for a in specs.values()))
+
+
+def reference(layer, feeds, wide=True) -> dict[str, np.ndarray]:
+    """The ONNX reference's outputs (float64 inputs when `wide`: the exact result to measure against)."""
+    node = Node("Attention", list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name)
+    arrays = [feeds[n] if n else None for n in layer.inputs]
+    if wide:
+        arrays = [a.astype(np.float64) if a is not None and a.dtype != np.bool_ else a for a in arrays]
+    return dict(zip(layer.outputs, run_reference(node, arrays)))
+
+
+def gqa_with_past(dtype=F16, head=64, **attrs):
+    """4-D, 8 query heads on 2 key/value heads, 5 queries after 6 cached keys and 7 new ones."""
+    feeds = {"Q": rand(2, 8, 5, head, dtype=dtype), "K": rand(2, 2, 7, head, dtype=dtype),
+             "V": rand(2, 2, 7, head, dtype=dtype), "past_key": rand(2, 2, 6, head, dtype=dtype),
+             "past_value": rand(2, 2, 6, head, dtype=dtype)}
+    return feeds, {"is_causal": 1, **attrs}
+
+
+# ---- which variants take the route -------------------------------------------------------
+
+def route_names(feeds, attrs, n_out=1, arch=None):
+    return [t.name for t in candidates("cuda", "Attention", onnx_layer(feeds, attrs, n_out), arch=arch)
+            if t.name.startswith("cuda.attention_onnx.flash")]
+
+
+@pytest.mark.parametrize("case", ["gqa_causal_past", "mqa_3d_cross", "bool_mask_2d", "additive_mask_bf16",
+                                  "present_outputs_no_past", "head_256"])
+def test_fitting_variants_take_the_mma_flash_route(case):
+    feeds, attrs, n_out = *gqa_with_past(), 3
+    if case == "mqa_3d_cross":
+        feeds = {"Q": rand(2, 9, 4 * 64), "K": rand(2, 30, 64), "V": rand(2, 30, 64)}
+        attrs, n_out = {"q_num_heads": 4, "kv_num_heads": 1}, 1
+    elif case == "bool_mask_2d":
+        feeds = {"Q": rand(1, 2, 9, 32), "K": rand(1, 2, 13, 32), "V": rand(1, 2, 13, 32),
+                 "attn_mask": rng.random((9, 13)) > 0.3}
+        attrs, n_out = {"scale": 0.3}, 1
+    elif case == "additive_mask_bf16":
+        feeds = {"Q": rand(2, 2, 9, 128, dtype=BF16), "K": rand(2, 2, 13, 128, dtype=BF16),
+                 "V": rand(2, 2, 13, 128, dtype=BF16), "attn_mask": rand(2, 1, 1, 13, dtype=BF16)}
+        attrs, n_out = {}, 1
+    elif case == "present_outputs_no_past":
+        feeds = {n: feeds[n] for n in ("Q", "K", "V")}
+    elif case == "head_256":
+        feeds = {"Q": rand(1, 2, 9, 256), "K": rand(1, 2, 13, 256), "V": rand(1, 2, 13, 256)}
+        attrs, n_out = {"is_causal": 1}, 1
+    assert ROUTE in route_names(feeds, attrs, n_out)
+
+
+@pytest.mark.parametrize("change", ["softcap", "window", "qk_output", "nonpad", "short_mask", "causal_and_mask",
+                                    "mask_dtype", "head_48", "dv_differs", "fp64", "fp32_head_32", "mixed_past"])
+def test_variants_the_flash_kernels_do_not_compute_keep_generic(change):
+    feeds, attrs = gqa_with_past()
+    n_out = 3
+    if change == "softcap":
+        attrs["softcap"] = 2.0
+    elif change == "window":
+        attrs["left_window_size"] = 2
+    elif change == "qk_output":
+        n_out = 4
+    elif change == "nonpad":
+        feeds = {n: feeds[n] for n in ("Q", "K", "V")}
+        feeds["nonpad_kv_seqlen"], n_out, attrs = np.array([5, 7], np.int64), 1, {}
+    elif change == "short_mask":
+        feeds["attn_mask"], attrs = rng.random((5, 10)) > 0.3, {}  # 13 keys with the past
+    elif change == "causal_and_mask":
+        feeds["attn_mask"] = rng.random((5, 13)) > 0.3
+    elif change == "mask_dtype":
+        feeds["attn_mask"], attrs = rand(5, 13, dtype=np.float32), {}
+    elif change == "head_48":
+        feeds, _ = gqa_with_past(head=48)
+    elif change == "dv_differs":
+        feeds["V"], feeds["past_value"] = rand(2, 2, 7, 32), rand(2, 2, 6, 32)
+    elif change == "fp64":
+        feeds = {n: a.astype(np.float64) for n, a in feeds.items()}
+    elif change == "fp32_head_32":
+        feeds, _ = gqa_with_past(np.float32, head=32)
+    else:
+        feeds["past_key"] = feeds["past_key"].astype(BF16)
+    names = [t.name for t in candidates("cuda", "Attention", onnx_layer(feeds, attrs, n_out))]
+    assert not [n for n in names if n.startswith("cuda.attention_onnx.flash")] and "cuda.attention_onnx.generic" in names
+
+
+def test_fp32_takes_the_f32_flash_kernels_and_sm90_its_own():
+    feeds, attrs = gqa_with_past(np.float32)
+    assert route_names(feeds, attrs, 3) == ["cuda.attention_onnx.flash_f32"]
+    half, attrs = gqa_with_past(head=128)
+    assert "cuda.attention_onnx.flash_sm90" in route_names(half, attrs, 3, arch="sm_90")
+    assert "cuda.attention_onnx.flash_sm90" not in route_names(half, attrs, 3, arch="sm_80")
+
+
+def test_a_level_0_order_puts_the_flash_route_before_fused_and_generic():
+    """The route has its flash tactic's priority, above `fused` (10) and `generic` (0)."""
+    feeds = {"Q": rand(1, 2, 9, 64), "K": rand(1, 2, 13, 64), "V": rand(1, 2, 13, 64)}
+    names = [t.name for t in candidates("cuda", "Attention", onnx_layer(feeds, {"is_causal": 1}), arch="sm_80")]
+    assert names[0] == ROUTE and names.index("cuda.attention_onnx.fused") > names.index(ROUTE)
+
+
+# ---- the launch it builds ------------------------------------------------------------------
+
+def recorded(feeds, attrs, n_out, tactic=ROUTE, ptrs=None):
+    layer = onnx_layer(feeds, attrs, n_out)
+    specs = reference(layer, feeds, wide=False)
+    ptrs = ptrs or {}
+    tensors = {n: DeviceTensor(ptrs.get(n, 0x10000 * (i + 1)), a.shape, a.dtype)
+               for i, (n, a) in enumerate([*feeds.items(), *specs.items()])}
+    launcher = RecordingLauncher(workspace_ptr=0x900000)
+    find_tactic("cuda", "Attention", tactic).enqueue(layer, launcher, tensors)
+    return launcher, tensors
+
+
+def flash_args(launcher):
+    (args,) = [a for name, a in launcher.launches if name == "flash_attention"]
+    # Q, K, V, O, mask, S, Skv, 4 x (b, h, s) strides, mask (b, h, q, k) strides, scale, kind, nan, groups, causal
+    return dict(ptrs=args[:5], S=args[5], Skv=args[6], strides=[args[7 + 3 * i: 10 + 3 * i] for i in range(4)],
+                mask=args[19:23], scale=args[23], kind=args[24], nan_to_zero=args[25], groups=args[26], causal=args[27])
+
+
+def test_causal_gqa_with_past_reads_present_through_the_band_and_skips_past_the_diagonal():
+    feeds, attrs = gqa_with_past()
+    launcher, tensors = recorded(feeds, attrs, 3)
+    names = [n for n, _ in launcher.launches]
+    assert names[-2:] == ["attention_onnx_causal_mask", "flash_attention"]
+    band = [a for n, a in launcher.launches if n == "attention_onnx_causal_mask"][0]
+    assert band[1:] == [1, 5 + 13 - 1, 5 - 1 + 6]  # one row of Sq + Skv - 1 flags, j <= Sq - 1 + past
+    run = flash_args(launcher)
+    assert [p.ptr for p in run["ptrs"][:4]] == [tensors[n].ptr for n in ("Q", "present_key", "present_value", "Y")]
+    assert run["ptrs"][4].ptr == 0x900000 + 4 and run["mask"] == [0, 0, -1, 1]  # band[Sq - 1 - q + k]
+    assert (run["S"], run["Skv"], run["groups"], run["causal"], run["kind"]) == (5, 13, 4, 6, 2)
+    assert [tuple(s) for s in run["strides"][1:3]] == [(2 * 13 * 64, 13 * 64, 64)] * 2
+    assert run["nan_to_zero"] == 1 and np.isclose(run["scale"], 1 / 8)
+
+
+def test_present_is_the_past_then_the_new_keys():
+    feeds, attrs = gqa_with_past()
+    launcher, tensors = recorded(feeds, attrs, 3)
+    copies = [(n, a) for n, a in launcher.launches if n.startswith("copy_strided")]
+    assert len(copies) == 4
+    for (_, past), (name, new), (src, out) in zip(copies[::2], copies[1::2], (("K", "present_key"), ("V", "present_value"))):
+        assert (past[0].ptr, past[1].ptr, past[-1]) == (tensors["past_" + out[8:]].ptr, tensors[out].ptr, 0)
+        assert (new[0].ptr, new[1].ptr) == (tensors[src].ptr, tensors[out].ptr)
+        elem_bytes = int(name.rsplit("_", 1)[1])  # widened elements of this many bytes
+        assert new[-1] * elem_bytes == 6 * 64 * 2  # dst_base: after Spast = 6 rows of D = 64 halves
+
+
+def test_3d_inputs_are_read_in_place_as_bshd_and_masks_through_their_broadcast_strides():
+    feeds = {"Q": rand(2, 9, 4 * 64), "K": rand(2, 30, 64), "V": rand(2, 30, 64), "attn_mask": rand(2, 1, 9, 30)}
+    launcher, tensors = recorded(feeds, {"q_num_heads": 4, "kv_num_heads": 1, "scale": 0.25}, 1)
+    assert [n for n, _ in launcher.launches] == ["flash_attention"] and launcher.workspaces == []
+    run = flash_args(launcher)
+    assert [p.ptr for p in run["ptrs"]] == [tensors[n].ptr for n in ("Q", "K", "V", "Y", "attn_mask")]
+    assert [tuple(s) for s in run["strides"]] == [(9 * 256, 64, 256), (30 * 64, 0, 64), (30 * 64, 0, 64),
+                                                  (9 * 256, 64, 256)]
+    assert run["mask"] == [9 * 30, 0, 30, 1] and run["kind"] == 1 and run["groups"] == 4
+    assert run["causal"] == NO_CAUSAL and np.isclose(run["scale"], 0.25) and (run["S"], run["Skv"]) == (9, 30)
+
+
+def test_workspace_holds_present_without_outputs_and_the_band():
+    feeds, attrs = gqa_with_past()
+    layer = onnx_layer(feeds, attrs, 1)
+    tensors = {n: DeviceTensor(0, a.shape, a.dtype) for n, a in feeds.items()}
+    tensors["Y"] = DeviceTensor(0, (2, 8, 5, 64), F16)
+    need = find_tactic("cuda", "Attention", ROUTE).workspace(layer, tensors, 132)
+    assert need == 2 * (2 * 2 * 13 * 64 * 2) + 256  # present K and V (256-byte multiples), the 17-byte band
+    launcher, _ = recorded(feeds, attrs, 1)
+    assert launcher.workspaces == [2 * 2 * 13 * 64 * 2] * 2 + [17]
+
+
+def test_kernels_are_the_wrapped_tactics_and_the_copies_and_band_it_launches():
+    feeds, attrs = gqa_with_past()
+    kernels = find_tactic("cuda", "Attention", ROUTE).kernels(onnx_layer(feeds, attrs, 3))
+    assert kernels[0].name == "flash_attention" and kernels[-1] == attention_onnx_flash.CAUSAL_KERNEL
+    assert any(k.name == "copy_strided_2" for k in kernels)
+    plain = {n: feeds[n] for n in ("Q", "K", "V")}
+    assert [k.name for k in find_tactic("cuda", "Attention", ROUTE).kernels(onnx_layer(plain, {}, 1))] == \
+        ["flash_attention"]
+
+
+# ---- the route on the host emulation of its kernels ---------------------------------------
+
+#: movement.cu's copy kernels by element size: their element type (a macro's parameter list)
+COPY_TYPES = {"1": "u8", "2": "u16", "4": "u32", "8": "u64", "16": "Vec16"}
+
+
+class RouteLauncher:
+    """A Launcher running every kernel the route launches on the host emulation (block_emulation.py),
+    each compiled for its own parameter list, with workspace from poisoned host buffers."""
+
+    stream = None
+    communicator = None
+    sm_count = 132
+
+    def __init__(self, build_dir, cxx):
+        from tests.kernels.cuda.block_emulation import EmulatedLauncher
+
+        self.make = lambda params, args: EmulatedLauncher(build_dir, cxx, params, args)
+        self.kernels: dict[str, object] = {}
+        self.buffers: list[np.ndarray] = []
+        self.launched: list[str] = []
+
+    def _launcher(self, kernel: KernelSource):
+        from tests.kernels.cuda.block_emulation import kernel_signature
+
+        if kernel.name not in self.kernels:
+            if kernel.name.startswith("copy_strided_"):
+                strides = [f"{c}{i}" for c in "dst" for i in range(8)]
+                elem = COPY_TYPES[kernel.name.rsplit("_", 1)[1]]
+                params = (f"const {elem}* src, {elem}* dst, i64 n, i64 rank, " + ", ".join(f"i64 {s}" for s in strides)
+                          + ", i64 src_base, i64 dst_base")
+                args = "src, dst, n, rank, " + ", ".join(strides) + ", src_base, dst_base"
+            else:
+                params, args = kernel_signature(kernel.file, kernel.name)
+            self.kernels[kernel.name] = self.make(params, args)
+        return self.kernels[kernel.name]
+
+    def launch(self, kernel, grid, block, args, shared_mem=0):
+        self.launched.append(kernel.name)
+        self._launcher(kernel).launch(kernel, grid, block, args, shared_mem)
+
+    def workspace(self, nbytes: int) -> int:
+        buf = np.full(nbytes + 256, 0x55, np.uint8)  # nonzero: a flag left unwritten reads as "keep"
+        self.buffers.append(buf)
+        return buf.ctypes.data + (-buf.ctypes.data) % 256
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    import shutil
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    return lambda: RouteLauncher(tmp_path_factory.mktemp("onnx_flash"), cxx)
+
+
+def run_route(launcher, layer, feeds, tactic=ROUTE) -> dict[str, np.ndarray]:
+    outs = {n: np.full(s, np.nan, np.dtype(d)) for n, s, d in zip(layer.outputs, layer.out_shapes, layer.out_dtypes)}
+    tensors = {n: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for n, a in [*feeds.items(), *outs.items()]}
+    find_tactic("cuda", "Attention", tactic).enqueue(layer, launcher, tensors)
+    return outs
+
+
+def error(out: np.ndarray, ref: np.ndarray) -> float:
+    out = out.astype(np.float64)
+    assert not np.isnan(out).any(), "unwritten (NaN) outputs"
+    return float(np.linalg.norm(out - ref) / (np.linalg.norm(ref) or 1.0))
+
+
+def check_route(launcher, feeds, attrs, n_out=1, tactic=ROUTE):
+    layer = onnx_layer(feeds, attrs, n_out)
+    got, want = run_route(launcher, layer, feeds, tactic), reference(layer, feeds)
+    dtype = np.dtype(feeds["Q"].dtype)
+    assert error(got["Y"], want["Y"]) <= TOL[dtype], error(got["Y"], want["Y"])
+    for name in layer.outputs[1:]:  # present: past and new, exactly
+        np.testing.assert_array_equal(got[name], want[name].astype(dtype))
+    return launcher
+
+
+def test_emulated_causal_gqa_with_past_and_present_outputs(emulated):
+    feeds, attrs = gqa_with_past(head=32)
+    launched = check_route(emulated(), feeds, attrs, 3).launched
+    assert launched.count("flash_attention") == 1 and "attention_onnx_causal_mask" in launched
+
+
+def test_emulated_causal_with_past_in_workspace_skips_tiles_and_matches(emulated):
+    """70 queries after 40 cached keys (110 keys, two key tiles of 64): the first query block needs
+    keys up to 63 + 40 only, both tiles; a 3-D bf16 layout, present in workspace."""
+    feeds = {"Q": rand(1, 70, 2 * 64, dtype=BF16), "K": rand(1, 70, 64, dtype=BF16), "V": rand(1, 70, 64, dtype=BF16),
+             "past_key": rand(1, 1, 40, 64, dtype=BF16), "past_value": rand(1, 1, 40, 64, dtype=BF16)}
+    check_route(emulated(), feeds, {"is_causal": 1, "q_num_heads": 2, "kv_num_heads": 1})
+
+
+def test_emulated_causal_square_skips_the_key_tile_past_the_diagonal(emulated):
+    """Sq = Skv = 130 (three key tiles): rows 0..63 read one tile, and still match the causal reference."""
+    feeds = {"Q": rand(1, 1, 130, 64), "K": rand(1, 1, 130, 64), "V": rand(1, 1, 130, 64)}
+    check_route(emulated(), feeds, {"is_causal": 1}, tactic="cuda.attention_onnx.flash_kv128")
+
+
+@pytest.mark.parametrize("kind", ["bool", "add"])
+def test_emulated_cross_attention_3d_multi_query_with_masks(emulated, kind):
+    feeds = {"Q": rand(2, 9, 3 * 32), "K": rand(2, 21, 32), "V": rand(2, 21, 32)}
+    if kind == "bool":
+        mask = rng.random((2, 1, 9, 21)) > 0.4
+        mask[1, 0, 4] = False  # a fully masked row: 0, as ONNX says
+        feeds["attn_mask"] = mask
+    else:
+        feeds["attn_mask"] = (rng.standard_normal((9, 21)) * 2).astype(np.float16)
+    check_route(emulated(), feeds, {"q_num_heads": 3, "kv_num_heads": 1, "scale": 0.2})
+
+
+def test_emulated_additive_mask_with_past_covers_past_and_new_keys(emulated):
+    feeds, _ = gqa_with_past(BF16, head=32)
+    feeds["attn_mask"] = np.where(rng.random((2, 8, 5, 13)) > 0.2, 0.0, -np.inf).astype(BF16)
+    check_route(emulated(), feeds, {}, 3)
