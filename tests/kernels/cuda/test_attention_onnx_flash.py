@@ -69,7 +69,7 @@ def route_names(feeds, attrs, n_out=1, arch=None):
 
 
 @pytest.mark.parametrize("case", ["gqa_causal_past", "mqa_3d_cross", "bool_mask_2d", "additive_mask_bf16",
-                                  "present_outputs_no_past", "head_256"])
+                                  "present_outputs_no_past", "head_256", "causal_and_mask"])
 def test_fitting_variants_take_the_mma_flash_route(case):
     feeds, attrs, n_out = *gqa_with_past(), 3
     if case == "mqa_3d_cross":
@@ -85,14 +85,16 @@ def test_fitting_variants_take_the_mma_flash_route(case):
         attrs, n_out = {}, 1
     elif case == "present_outputs_no_past":
         feeds = {n: feeds[n] for n in ("Q", "K", "V")}
+    elif case == "causal_and_mask":
+        feeds["attn_mask"] = rng.random((2, 1, 1, 13)) > 0.3
     elif case == "head_256":
         feeds = {"Q": rand(1, 2, 9, 256), "K": rand(1, 2, 13, 256), "V": rand(1, 2, 13, 256)}
         attrs, n_out = {"is_causal": 1}, 1
     assert ROUTE in route_names(feeds, attrs, n_out)
 
 
-@pytest.mark.parametrize("change", ["softcap", "window", "qk_output", "nonpad", "short_mask", "causal_and_mask",
-                                    "mask_dtype", "head_48", "dv_differs", "fp64", "fp32_head_32", "mixed_past"])
+@pytest.mark.parametrize("change", ["softcap", "window", "qk_output", "nonpad", "short_mask", "mask_dtype",
+                                    "head_48", "dv_differs", "fp64", "fp32_head_32", "mixed_past"])
 def test_variants_the_flash_kernels_do_not_compute_keep_generic(change):
     feeds, attrs = gqa_with_past()
     n_out = 3
@@ -107,8 +109,6 @@ def test_variants_the_flash_kernels_do_not_compute_keep_generic(change):
         feeds["nonpad_kv_seqlen"], n_out, attrs = np.array([5, 7], np.int64), 1, {}
     elif change == "short_mask":
         feeds["attn_mask"], attrs = rng.random((5, 10)) > 0.3, {}  # 13 keys with the past
-    elif change == "causal_and_mask":
-        feeds["attn_mask"] = rng.random((5, 13)) > 0.3
     elif change == "mask_dtype":
         feeds["attn_mask"], attrs = rand(5, 13, dtype=np.float32), {}
     elif change == "head_48":
@@ -197,6 +197,19 @@ def test_3d_inputs_are_read_in_place_as_bshd_and_masks_through_their_broadcast_s
                                                   (9 * 256, 64, 256)]
     assert run["mask"] == [9 * 30, 0, 30, 1] and run["kind"] == 1 and run["groups"] == 4
     assert run["causal"] == NO_CAUSAL and np.isclose(run["scale"], 0.25) and (run["S"], run["Skv"]) == (9, 30)
+
+
+def test_causal_with_a_mask_merges_them_in_workspace_with_the_masks_batch_and_head_dims():
+    feeds, attrs = gqa_with_past()
+    feeds["attn_mask"] = rand(2, 1, 1, 13)  # per-batch padding, additive
+    launcher, tensors = recorded(feeds, attrs, 3)
+    (merge,) = [a for n, a in launcher.launches if n == "attention_onnx_causal_merge_2"]
+    assert merge[0].ptr == tensors["attn_mask"].ptr and merge[1].shape == (2, 1, 5, 13)
+    assert merge[2:] == [2, 1, 5, 13, 13, 0, 0, 1, 6, 0xFC00]  # shape, the mask's strides, past, -inf's bits
+    run = flash_args(launcher)
+    assert run["ptrs"][4].ptr == merge[1].ptr and run["mask"] == [5 * 13, 0, 13, 1]
+    assert (run["kind"], run["causal"]) == (1, 6)
+    assert launcher.workspaces[-1] == 2 * 5 * 13 * 2
 
 
 def test_workspace_holds_present_without_outputs_and_the_band():
@@ -336,3 +349,38 @@ def test_emulated_additive_mask_with_past_covers_past_and_new_keys(emulated):
     feeds, _ = gqa_with_past(BF16, head=32)
     feeds["attn_mask"] = np.where(rng.random((2, 8, 5, 13)) > 0.2, 0.0, -np.inf).astype(BF16)
     check_route(emulated(), feeds, {}, 3)
+
+
+def test_emulated_onnxruntime_causal_term_with_the_hint_gives_what_reading_every_key_gives(emulated):
+    """com.microsoft `unidirectional` (attention_ms.py): the causal term is the lowest finite value added
+    to -10000 padding terms, not -inf; with mask_causal 0 the kernel skips the tiles past the diagonal and
+    the result is the mask's own, left-padded rows (first keys padded) included."""
+    from tests.kernels.cuda.test_flash_attention import layer_for
+    from tests.kernels.cuda.test_flash_attention import reference as flash_reference
+
+    S = 130
+    inputs = {"Q": rand(2, 2, S, 64, dtype=BF16), "K": rand(2, 2, S, 64, dtype=BF16), "V": rand(2, 2, S, 64, dtype=BF16)}
+    padding = np.zeros((2, 1, 1, S), np.float32)
+    padding[1, ..., :3] = -10000.0  # left padding: rows 0..2 of batch 1 see only padded keys
+    lowest = float(np.finfo(np.float32).min) / 1.004  # bf16's lowest finite (float32's rounds to -inf in bf16)
+    causal = np.where(np.arange(S)[None, :] > np.arange(S)[:, None], lowest, 0.0)
+    inputs["mask"] = (padding + causal).astype(BF16)
+    assert np.isfinite(inputs["mask"].astype(np.float32)).all()
+    hinted = layer_for(inputs, (2, 2, S, 64), mask_causal=0)
+    out = np.full((2, 2, S, 64), np.nan, BF16)
+    tensors = {n: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for n, a in [*inputs.items(), ("Y", out)]}
+    launcher = emulated()
+    find_tactic("cuda", "Attention", "cuda.attention.flash").enqueue(hinted, launcher, tensors)
+    assert error(out, flash_reference(layer_for(inputs, (2, 2, S, 64)), inputs)) <= TOL[BF16]
+
+
+@pytest.mark.parametrize("kind", ["bool", "add"])
+def test_emulated_causal_with_a_padding_mask_and_past(emulated, kind):
+    """is_causal and a [B, 1, 1, Spast + Skv] key mask (an LLM's prefill over a padded batch, a cache)."""
+    feeds = {"Q": rand(2, 4, 70, 32), "K": rand(2, 2, 70, 32), "V": rand(2, 2, 70, 32),
+             "past_key": rand(2, 2, 10, 32), "past_value": rand(2, 2, 10, 32)}
+    keep = rng.random((2, 1, 1, 80)) > 0.25
+    keep[1, ..., :12] = False  # left padding: the first rows of batch 1 see no key: 0
+    feeds["attn_mask"] = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float16)
+    launched = check_route(emulated(), feeds, {"is_causal": 1}, 3).launched
+    assert "attention_onnx_causal_merge_" + ("1" if kind == "bool" else "2") in launched

@@ -16,22 +16,25 @@ wraps then runs (same kernels, params, archs and priority: the builder times the
     mask       a bool keep-mask or an additive mask of Q's dtype, rank <= 4, broadcastable to
                [B, Hq, Sq, Skv] with a last axis of exactly Skv (past included; a shorter one, which
                ONNX pads with masked keys, runs on `generic`).
-    is_causal  (without a mask) a causal *band* in workspace: Sq + Skv - 1 bool flags, band[j] =
+    is_causal  without a mask: a causal *band* in workspace, Sq + Skv - 1 bool flags, band[j] =
                j <= Sq - 1 + past, read as the mask through query stride -1 (flash_attention.StridedMask:
-               mask[q][k] = band[Sq - 1 - q + k] keeps k <= q + past), so it costs O(Sq + Skv) bytes
-               where `fused`'s keep-mask costs Sq * Skv; and the causal hint mask_causal = past, so the
-               kernels skip the key tiles past each block's diagonal (flash_common.cuh, unchanged).
+               mask[q][k] = band[Sq - 1 - q + k] keeps k <= q + past), O(Sq + Skv) bytes where `fused`'s
+               keep-mask takes Sq * Skv. With a mask (bool, float16, bfloat16 or float32): the mask
+               merged with it in workspace, [b | 1, h | 1, Sq, Skv] (its own batch and head dims), keys
+               past the diagonal false / -inf (attention_onnx_causal_merge). Either way the causal hint
+               mask_causal = past, so the kernels skip the key tiles past each block's diagonal
+               (flash_common.cuh, unchanged).
     scale      the node's (default 1/sqrt(D)), applied to the float scores.
 Left to `generic` / `fused` (supports() says no, from the stamped shapes and dtypes): softcap,
-windows, the qk output, nonpad_kv_seqlen, is_causal with a mask, a short mask, D != Dv, Q, K, V or
+windows, the qk output, nonpad_kv_seqlen, a short mask, D != Dv, Q, K, V or
 past of different dtypes, and whatever the wrapped flash tactic refuses (float64; head sizes it has
 no kernel for: multiples of 32 up to 256 on mma.sync, 64 / 128 on sm90 and fp32; fp32 only on the
 f32 / tf32 kernels of a layer of that precision).
 
 Semantics: as `fused`, a row whose every key is masked gives 0 (as ONNX says), and so does a row
 with a NaN score (ONNX: NaN); the softmax runs in float whatever softmax_precision says (16-bit
-types: the spec rounds each stage to T, which the generic kernel reproduces and this route does not:
-its error is at most the fused kernels', measured against the float64 reference in the tests).
+types: the spec rounds each stage to T, which the generic kernel reproduces and this route does not;
+the tests measure its error against the float64 reference).
 
 Why tactics and not a pass lowering the node to ai.polykit Attention: the lowering would need graph
 ops for the present concat and the causal mask (an Sq x Skv constant in the plan at static shapes,
@@ -55,7 +58,7 @@ from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.attention import flash_attention, flash_attention_f32, flash_attention_sm90
 from polykit.kernels.cuda.attention.attention_onnx import FILE, MAX_GRID, write_present
-from polykit.kernels.cuda.attention.flash_attention import StridedMask
+from polykit.kernels.cuda.attention.flash_attention import StridedMask, mask_strides
 from polykit.kernels.cuda.base import DECLARED, CudaTactic, DeviceTensor, KernelSource, Launcher, cuda_tactic
 from polykit.kernels.cuda.movement import movement
 
@@ -64,6 +67,8 @@ FAMILIES = (flash_attention, flash_attention_sm90, flash_attention_f32)
 #: the flash tactic's name -> this route's
 PREFIX, ROUTE_PREFIX = "cuda.attention.flash", "cuda.attention_onnx.flash"
 CAUSAL_KERNEL = KernelSource("attention_onnx_causal_mask", FILE)
+#: mask dtype -> the bits of its "masked" value (false / -inf), for attention_onnx_causal_merge_<bytes>
+MERGE_FILL = {"bool": 0, "float16": 0xFC00, "bfloat16": 0xFF80, "float32": 0xFF800000}
 #: the flash layer's operand names (inputs, then the output), bound to the node's buffers at enqueue
 SLOTS = ("q", "k", "v", "mask", "y")
 
@@ -78,8 +83,9 @@ class FlashRoute:
     geo: AttentionGeometry
     #: K and V are read from the present tensors (a past is given)
     present: bool
-    #: the mask is the causal band (is_causal)
-    causal: bool
+    #: how is_causal reaches the kernels: "band" (no mask: the causal band), "merged" (the mask with the
+    #: keys past the diagonal masked, in workspace), "" (not causal)
+    causal: str
 
 
 def _has(layer: Any, i: int) -> bool:
@@ -119,14 +125,16 @@ def route(layer: Any, shapes: Sequence[Any], dtypes: Sequence[str], out_dtype: s
         return None
     if _has(layer, PAST_KEY) != _has(layer, PAST_VALUE) or geo.head_size != geo.v_head_size:
         return None
-    causal = bool(int(attrs.get("is_causal", 0)))
+    causal = "band" if int(attrs.get("is_causal", 0)) else ""
     mask_shape, mask_dtype = (), ""
     if _has(layer, MASK):
         mask_shape, mask_dtype = shapes[MASK], dtypes[MASK]
         full = (geo.batch, geo.q_heads, geo.q_len, geo.kv_len)
-        if causal or mask_dtype not in ("bool", dtype) or not mask_shape or mask_shape[-1] != geo.kv_len \
-                or not _broadcasts(mask_shape, full):
+        if mask_dtype not in ("bool", dtype) or not mask_shape or mask_shape[-1] != geo.kv_len \
+                or not _broadcasts(mask_shape, full) or (causal and mask_dtype not in MERGE_FILL):
             return None
+        if causal:
+            causal, mask_shape = "merged", merged_shape(mask_shape, geo)
     elif causal:
         mask_shape, mask_dtype = (geo.q_len, geo.kv_len), "bool"
     B, D = geo.batch, geo.head_size
@@ -154,6 +162,12 @@ def route(layer: Any, shapes: Sequence[Any], dtypes: Sequence[str], out_dtype: s
                       in_dtypes=(dtype, dtype, dtype) + ((mask_dtype,) if masked else ()), out_dtypes=(out_dtype,),
                       in_shapes=stored[:4] if masked else stored[:3], out_shapes=(y,))
     return FlashRoute(flash, stored, geo, present, causal)
+
+
+def merged_shape(mask: Sequence[int], geo: AttentionGeometry) -> tuple[int, int, int, int]:
+    """The merged causal mask's shape: the mask's batch and head dims (1 where it broadcasts), Sq, Skv."""
+    b, h = ((1, 1) + tuple(mask))[-4:-2]
+    return (b, h, geo.q_len, geo.kv_len)
 
 
 def stamped_route(layer: Any) -> FlashRoute | None:
@@ -212,11 +226,29 @@ def bind(layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) ->
         local["k"], local["v"] = k, v
     else:
         local["k"], local["v"] = (_as(tensors[layer.inputs[i]], found.shapes[i]) for i in (1, 2))
-    if found.causal:
+    if found.causal == "band":
         local["mask"] = _band(launcher, geo)
+    elif found.causal == "merged":
+        local["mask"] = _merged(launcher, tensors[layer.inputs[MASK]], found.shapes[3], geo)
     elif _has(layer, MASK):
         local["mask"] = tensors[layer.inputs[MASK]]
     return found, local
+
+
+def merge_kernel(dtype: str) -> KernelSource:
+    return KernelSource(f"attention_onnx_causal_merge_{np.dtype(dtype).itemsize}", FILE)
+
+
+def _merged(launcher: Launcher, mask: DeviceTensor, shape: tuple[int, ...], geo: AttentionGeometry) -> DeviceTensor:
+    """is_causal and-ed into the mask: a contiguous `shape` ([b | 1, h | 1, Sq, Skv]) mask in workspace
+    whose keys j > i + past are false / -inf (attention_onnx_causal_merge)."""
+    dtype = np.dtype(mask.dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    out = DeviceTensor(launcher.workspace(max(n * dtype.itemsize, 1)), shape, dtype)
+    if n > 0:
+        launcher.launch(merge_kernel(dtype.name), (max(1, min(-(-n // 256), MAX_GRID)), 1, 1), (256, 1, 1),
+                        [mask, out, *shape, *mask_strides(mask.shape), geo.past_len, MERGE_FILL[dtype.name]])
+    return out
 
 
 def _workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
@@ -228,8 +260,10 @@ def _workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
         for out, i in ((1, 1), (2, 2)):
             if not (len(layer.outputs) > out and layer.outputs[out]):
                 need.append(geo.batch * geo.kv_heads * geo.kv_len * geo.head_size * np.dtype(tensors[layer.inputs[i]].dtype).itemsize)
-    if found.causal:
+    if found.causal == "band":
         need.append(max(geo.q_len + geo.kv_len - 1, 1))
+    elif found.causal == "merged":
+        need.append(max(int(np.prod(found.shapes[3])) * np.dtype(found.layer.in_dtypes[3]).itemsize, 1))
     return sum(-(-b // 256) * 256 for b in need)
 
 
@@ -242,8 +276,10 @@ def _wrap(base: CudaTactic) -> None:
 
     def kernels(layer: Any) -> list[KernelSource]:
         found = stamped_route(layer)
-        extra = movement.copy_kernels(None) if found.present or _writes_present(layer) else []
-        return base.kernels(found.layer) + extra + ([CAUSAL_KERNEL] if found.causal else [])
+        extra = list(movement.copy_kernels(None)) if found.present or _writes_present(layer) else []
+        if found.causal:
+            extra.append(CAUSAL_KERNEL if found.causal == "band" else merge_kernel(found.layer.in_dtypes[3]))
+        return base.kernels(found.layer) + extra
 
     def enqueue(layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
         found, local = bind(layer, launcher, tensors)
@@ -264,5 +300,5 @@ for _base in wrapped():
 
 
 def compile_variants() -> list[KernelSource]:
-    """None of its own: the flash families and attention_onnx declare the kernels it launches."""
-    return []
+    """Its causal merge kernels (the flash, copy and band kernels are their families')."""
+    return [merge_kernel(d) for d in ("bool", "float16", "float32")]
