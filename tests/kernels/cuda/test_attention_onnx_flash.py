@@ -140,6 +140,40 @@ def test_a_level_0_order_puts_the_flash_route_before_fused_and_generic():
     assert names[0] == ROUTE and names.index("cuda.attention_onnx.fused") > names.index(ROUTE)
 
 
+def opset23_model(B=2, S=9, past=5, hq=8, hkv=2, D=64):
+    """One ONNX Attention (3-D GQA, causal, a cache in and out) as an exporter writes it, float32."""
+    from onnx import TensorProto, helper
+
+    def io(name, *shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+    node = helper.make_node("Attention", ["q", "k", "v", "", "past_key", "past_value"], ["y", "present_key", "present_value"],
+                            is_causal=1, q_num_heads=hq, kv_num_heads=hkv)
+    graph = helper.make_graph([node], "attention", [io("q", B, S, hq * D), io("k", B, S, hkv * D), io("v", B, S, hkv * D),
+                                                    io("past_key", B, hkv, past, D), io("past_value", B, hkv, past, D)],
+                              [io("y", B, S, hq * D), io("present_key", B, hkv, past + S, D),
+                               io("present_value", B, hkv, past + S, D)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+@pytest.mark.parametrize("fp16,tactic", [(True, ROUTE), (False, "cuda.attention_onnx.flash_f32")])
+def test_a_level_0_cuda_build_runs_an_exported_attention_on_the_flash_route(fp16, tactic):
+    """Built for cuda without a GPU: the Attention layer takes the route and enqueues (recorded) the
+    present copies, the causal band and one flash launch with the cache's length as the causal hint."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    plan = build_plan(opset23_model(), BuilderConfig(target="cuda", fp16=fp16, builder_optimization_level=0))
+    (att,) = [lay for lay in plan.layers if lay.kind == "Attention"]
+    assert att.tactic == tactic
+    tensors = {n: DeviceTensor(0x10000 * (i + 1), s, np.dtype(d)) for i, (n, s, d) in
+               enumerate(zip(att.inputs + att.outputs, att.in_shapes + att.out_shapes, att.in_dtypes + att.out_dtypes)) if n}
+    launcher = RecordingLauncher()
+    find_tactic("cuda", "Attention", att.tactic).enqueue(att, launcher, tensors)
+    flash = [a for n, a in launcher.launches if n.startswith("flash_attention")]
+    assert len(flash) == 1 and flash[0][27] == 5 and flash[0][26] == 4  # causal hint = past; kv_groups 8 / 2
+
+
 # ---- the launch it builds ------------------------------------------------------------------
 
 def recorded(feeds, attrs, n_out, tactic=ROUTE, ptrs=None):
