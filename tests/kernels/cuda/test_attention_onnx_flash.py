@@ -176,11 +176,10 @@ def test_a_level_0_cuda_build_runs_an_exported_attention_on_the_flash_route(fp16
 
 # ---- the launch it builds ------------------------------------------------------------------
 
-def recorded(feeds, attrs, n_out, tactic=ROUTE, ptrs=None):
+def recorded(feeds, attrs, n_out, tactic=ROUTE):
     layer = onnx_layer(feeds, attrs, n_out)
     specs = reference(layer, feeds, wide=False)
-    ptrs = ptrs or {}
-    tensors = {n: DeviceTensor(ptrs.get(n, 0x10000 * (i + 1)), a.shape, a.dtype)
+    tensors = {n: DeviceTensor(0x10000 * (i + 1), a.shape, a.dtype)
                for i, (n, a) in enumerate([*feeds.items(), *specs.items()])}
     launcher = RecordingLauncher(workspace_ptr=0x900000)
     find_tactic("cuda", "Attention", tactic).enqueue(layer, launcher, tensors)
@@ -219,6 +218,18 @@ def test_present_is_the_past_then_the_new_keys():
         assert (new[0].ptr, new[1].ptr) == (tensors[src].ptr, tensors[out].ptr)
         elem_bytes = int(name.rsplit("_", 1)[1])  # widened elements of this many bytes
         assert new[-1] * elem_bytes == 6 * 64 * 2  # dst_base: after Spast = 6 rows of D = 64 halves
+
+
+def test_without_a_past_flash_reads_k_and_v_while_present_is_still_written():
+    feeds, attrs = gqa_with_past()
+    feeds = {n: feeds[n] for n in ("Q", "K", "V")}
+    launcher, tensors = recorded(feeds, attrs, 3)
+    copies = [a for n, a in launcher.launches if n.startswith("copy_strided")]
+    assert [(a[0].ptr, a[1].ptr) for a in copies] == [(tensors["K"].ptr, tensors["present_key"].ptr),
+                                                      (tensors["V"].ptr, tensors["present_value"].ptr)]
+    run = flash_args(launcher)
+    assert [p.ptr for p in run["ptrs"][:3]] == [tensors[n].ptr for n in ("Q", "K", "V")] and run["causal"] == 0
+    assert launcher.workspaces == [5 + 7 - 1]  # the band only
 
 
 def test_3d_inputs_are_read_in_place_as_bshd_and_masks_through_their_broadcast_strides():
@@ -321,7 +332,8 @@ def emulated(tmp_path_factory):
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    return lambda: RouteLauncher(tmp_path_factory.mktemp("onnx_flash"), cxx)
+    build = tmp_path_factory.mktemp("onnx_flash")  # one build folder: each kernel compiles once a module
+    return lambda: RouteLauncher(build, cxx)
 
 
 def run_route(launcher, layer, feeds, tactic=ROUTE) -> dict[str, np.ndarray]:
@@ -393,26 +405,26 @@ def test_emulated_onnxruntime_causal_term_with_the_hint_gives_what_reading_every
     from tests.kernels.cuda.test_flash_attention import reference as flash_reference
 
     S = 130
-    inputs = {"Q": rand(2, 2, S, 64, dtype=BF16), "K": rand(2, 2, S, 64, dtype=BF16), "V": rand(2, 2, S, 64, dtype=BF16)}
+    inputs = {"Q": rand(2, 1, S, 64, dtype=BF16), "K": rand(2, 1, S, 64, dtype=BF16), "V": rand(2, 1, S, 64, dtype=BF16)}
     padding = np.zeros((2, 1, 1, S), np.float32)
     padding[1, ..., :3] = -10000.0  # left padding: rows 0..2 of batch 1 see only padded keys
     lowest = float(np.finfo(np.float32).min) / 1.004  # bf16's lowest finite (float32's rounds to -inf in bf16)
     causal = np.where(np.arange(S)[None, :] > np.arange(S)[:, None], lowest, 0.0)
     inputs["mask"] = (padding + causal).astype(BF16)
     assert np.isfinite(inputs["mask"].astype(np.float32)).all()
-    hinted = layer_for(inputs, (2, 2, S, 64), mask_causal=0)
-    out = np.full((2, 2, S, 64), np.nan, BF16)
+    hinted = layer_for(inputs, (2, 1, S, 64), mask_causal=0)
+    out = np.full((2, 1, S, 64), np.nan, BF16)
     tensors = {n: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for n, a in [*inputs.items(), ("Y", out)]}
     launcher = emulated()
     find_tactic("cuda", "Attention", "cuda.attention.flash").enqueue(hinted, launcher, tensors)
-    assert error(out, flash_reference(layer_for(inputs, (2, 2, S, 64)), inputs)) <= TOL[BF16]
+    assert error(out, flash_reference(layer_for(inputs, (2, 1, S, 64)), inputs)) <= TOL[BF16]
 
 
 @pytest.mark.parametrize("kind", ["bool", "add"])
 def test_emulated_causal_with_a_padding_mask_and_past(emulated, kind):
     """is_causal and a [B, 1, 1, Spast + Skv] key mask (an LLM's prefill over a padded batch, a cache)."""
-    feeds = {"Q": rand(2, 4, 70, 32), "K": rand(2, 2, 70, 32), "V": rand(2, 2, 70, 32),
-             "past_key": rand(2, 2, 10, 32), "past_value": rand(2, 2, 10, 32)}
+    feeds = {"Q": rand(2, 2, 70, 32), "K": rand(2, 1, 70, 32), "V": rand(2, 1, 70, 32),
+             "past_key": rand(2, 1, 10, 32), "past_value": rand(2, 1, 10, 32)}
     keep = rng.random((2, 1, 1, 80)) > 0.25
     keep[1, ..., :12] = False  # left padding: the first rows of batch 1 see no key: 0
     feeds["attn_mask"] = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float16)

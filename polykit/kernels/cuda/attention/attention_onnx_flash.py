@@ -214,8 +214,8 @@ def _band(launcher: Launcher, geo: AttentionGeometry) -> StridedMask:
 
 
 def bind(layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> tuple[FlashRoute, dict]:
-    """Write what the flash layer reads that the node does not hold (present K / V, the causal band)
-    and return the route with its operands by SLOT name."""
+    """Write what the flash layer reads that the node does not hold (present K / V, the causal band or
+    merged mask) and return the route with its operands by SLOT name."""
     found = _bound_route(layer, tensors)
     geo = found.geo
     local = {"q": _as(tensors[layer.inputs[0]], found.shapes[0]), "y": _as(tensors[layer.outputs[0]], found.shapes[4])}
@@ -252,14 +252,15 @@ def _merged(launcher: Launcher, mask: DeviceTensor, shape: tuple[int, ...], geo:
 
 
 def _workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
-    """The present K and V a past needs when the node has no present outputs, and the causal band
-    (256-byte slots)."""
+    """The present K and V a past needs when the node has no present outputs, and the causal band or
+    merged mask (256-byte slots)."""
     found = _bound_route(layer, tensors)
     geo, need = found.geo, []
     if found.present:
-        for out, i in ((1, 1), (2, 2)):
-            if not (len(layer.outputs) > out and layer.outputs[out]):
-                need.append(geo.batch * geo.kv_heads * geo.kv_len * geo.head_size * np.dtype(tensors[layer.inputs[i]].dtype).itemsize)
+        for i in (1, 2):  # K and V; their present outputs are 1 and 2
+            if not (len(layer.outputs) > i and layer.outputs[i]):
+                itemsize = np.dtype(tensors[layer.inputs[i]].dtype).itemsize
+                need.append(geo.batch * geo.kv_heads * geo.kv_len * geo.head_size * itemsize)
     if found.causal == "band":
         need.append(max(geo.q_len + geo.kv_len - 1, 1))
     elif found.causal == "merged":
