@@ -141,18 +141,21 @@ def test_a_level_0_order_puts_the_flash_route_before_fused_and_generic():
 
 
 def opset23_model(B=2, S=9, past=5, hq=8, hkv=2, D=64):
-    """One ONNX Attention (3-D GQA, causal, a cache in and out) as an exporter writes it, float32."""
+    """One ONNX Attention (3-D GQA, causal, a cache in and out) as an exporter writes it, float32; B, S
+    and past may be dim names (the present outputs' shapes are then left to shape inference)."""
     from onnx import TensorProto, helper
 
     def io(name, *shape):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
 
+    static = all(isinstance(d, int) for d in (B, S, past))
+    present = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, hkv, past + S, D] if static else None)
+               for n in ("present_key", "present_value")]
     node = helper.make_node("Attention", ["q", "k", "v", "", "past_key", "past_value"], ["y", "present_key", "present_value"],
                             is_causal=1, q_num_heads=hq, kv_num_heads=hkv)
     graph = helper.make_graph([node], "attention", [io("q", B, S, hq * D), io("k", B, S, hkv * D), io("v", B, S, hkv * D),
                                                     io("past_key", B, hkv, past, D), io("past_value", B, hkv, past, D)],
-                              [io("y", B, S, hq * D), io("present_key", B, hkv, past + S, D),
-                               io("present_value", B, hkv, past + S, D)])
+                              [io("y", B, S, hq * D), *present])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
 
 
@@ -172,6 +175,25 @@ def test_a_level_0_cuda_build_runs_an_exported_attention_on_the_flash_route(fp16
     find_tactic("cuda", "Attention", att.tactic).enqueue(att, launcher, tensors)
     flash = [a for n, a in launcher.launches if n.startswith("flash_attention")]
     assert len(flash) == 1 and flash[0][27] == 5 and flash[0][26] == 4  # causal hint = past; kv_groups 8 / 2
+
+
+def test_a_profile_build_with_a_growing_cache_takes_the_route_at_every_corner():
+    """Batch, length and cache length dynamic (a cache of 0 at the min corner): the route serves every
+    corner with the kernels of its opt shape (tuner.serves_corners), so the profile plan keeps it."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.profiles import Profile
+
+    def dims(*rows):
+        return tuple(tuple(r) for r in rows)
+
+    lo, opt, hi = (1, 1, 0), (2, 16, 32), (4, 64, 128)
+    profile = Profile({**{n: dims(*[(b, s, h * 64) for b, s, _ in (lo, opt, hi)]) for n, h in (("q", 8), ("k", 2), ("v", 2))},
+                       **{n: dims(*[(b, 2, p, 64) for b, _, p in (lo, opt, hi)]) for n in ("past_key", "past_value")}})
+    model = opset23_model("b", "s", "p")
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, profiles=[profile]))
+    (att,) = [lay for lay in plan.layers if lay.kind == "Attention"]
+    assert att.tactic == ROUTE
 
 
 # ---- the launch it builds ------------------------------------------------------------------
