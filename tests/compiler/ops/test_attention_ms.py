@@ -228,3 +228,33 @@ def test_cuda_fp16_plan_runs_each_form_on_the_flash_kernels(case):
     assert not {k for k, _ in tactics} & {"Softmax", "Transpose", "Split", "Gather"}, tactics
     projections = 1 if case in ("lengths_causal", "raw_attention_bias") else 0  # the packed QKV GEMM
     assert sum(n for (k, _), n in tactics.items() if k in ("MatMul", "Gemm")) == projections, tactics
+
+
+@pytest.mark.parametrize("attrs,hinted", [({"unidirectional": 1}, True), ({}, False),
+                                          ({"unidirectional": 1, "mask_filter_value": -3.0e38}, False)])
+def test_unidirectional_attention_gets_the_causal_hint_where_skipping_keys_is_exact(attrs, hinted):
+    """mask_causal 0 (the flash kernels skip the key tiles past the diagonal) for the causal term, unless
+    a filter near the float range's end could tie visible and causal-masked scores."""
+    from polykit.compiler.graph.onnx_import import load_onnx
+
+    m, _ = _attention(2, 5, 12, 3, mask=np.array([3, 5], np.int32), **attrs)
+    (att,) = [n for n in load_onnx(m).nodes if n.op_type == "Attention"]
+    assert att.attrs.get("mask_causal") == (0 if hinted else None)
+
+
+def test_unidirectional_attention_with_attention_bias_gets_no_causal_hint():
+    from polykit.compiler.graph.onnx_import import load_onnx
+
+    m, _ = _attention(2, 5, 12, 3, attention_bias=(1, 3, 5, 5), unidirectional=1)
+    (att,) = [n for n in load_onnx(m).nodes if n.op_type == "Attention"]
+    assert "mask_causal" not in att.attrs
+
+
+def test_cuda_fp16_plan_of_unidirectional_attention_carries_the_hint_to_the_flash_layer():
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    m, _ = _attention(2, 16, 128, 2, mask=np.array([9, 16], np.int32), unidirectional=1)
+    plan = build_plan(m, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    (att,) = [lay for lay in plan.layers if lay.kind == "Attention"]
+    assert att.tactic == "cuda.attention.flash" and att.attrs["mask_causal"] == 0

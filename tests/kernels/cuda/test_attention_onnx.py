@@ -173,3 +173,75 @@ def test_every_layer_of_the_16bit_attention_cases_has_a_cuda_kernel():
             except PolykitError as exc:
                 refused[f"{case.name}/{lay.name}"] = exc.what
     assert refused == {}
+
+
+# ---- the flash route (attention_onnx_flash.py) --------------------------------------------
+
+def _flash_cases():
+    import ml_dtypes
+
+    f16, bf16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+
+    def r(*shape, dtype=f16):
+        return rand(*shape).astype(dtype)
+
+    mask = rng.random((2, 1, 200, 300)) > 0.2
+    mask[1, 0, 7] = False  # a fully masked row: 0
+    return {
+        "gqa_causal_past_present": (dict(Q=r(2, 8, 33, 64), K=r(2, 2, 20, 64), V=r(2, 2, 20, 64),
+                                         past_key=r(2, 2, 45, 64), past_value=r(2, 2, 45, 64)), dict(is_causal=1), 3),
+        "gqa_causal_past_workspace_bf16": (dict(Q=r(1, 4, 130, 128, dtype=bf16), K=r(1, 1, 130, 128, dtype=bf16),
+                                                V=r(1, 1, 130, 128, dtype=bf16), past_key=r(1, 1, 70, 128, dtype=bf16),
+                                                past_value=r(1, 1, 70, 128, dtype=bf16)), dict(is_causal=1), 1),
+        "causal_square_3d": (dict(Q=r(2, 257, 4 * 64), K=r(2, 257, 2 * 64), V=r(2, 257, 2 * 64)),
+                             dict(is_causal=1, q_num_heads=4, kv_num_heads=2), 1),
+        "cross_3d_mqa_bool_mask": (dict(Q=r(2, 200, 3 * 64), K=r(2, 300, 64), V=r(2, 300, 64), attn_mask=mask),
+                                   dict(q_num_heads=3, kv_num_heads=1, scale=0.1), 1),
+        "additive_mask_head_32": (dict(Q=r(2, 2, 77, 32), K=r(2, 2, 90, 32), V=r(2, 2, 90, 32),
+                                       attn_mask=(rand(2, 2, 77, 90) * 3).astype(f16)), {}, 1),
+        "causal_padding_mask_past_bf16": (dict(Q=r(2, 4, 100, 64, dtype=bf16), K=r(2, 2, 100, 64, dtype=bf16),
+                                               V=r(2, 2, 100, 64, dtype=bf16), attn_mask=rng.random((2, 1, 1, 150)) > 0.2,
+                                               past_key=r(2, 2, 50, 64, dtype=bf16),
+                                               past_value=r(2, 2, 50, 64, dtype=bf16)), dict(is_causal=1), 3),
+        "fp32_causal_past": (dict(Q=rand(1, 4, 40, 64), K=rand(1, 2, 40, 64), V=rand(1, 2, 40, 64),
+                                  past_key=rand(1, 2, 9, 64), past_value=rand(1, 2, 9, 64)), dict(is_causal=1), 3),
+    }
+
+
+FLASH_CASES = _flash_cases()
+
+
+def _flash_pairs():
+    """(case, tactic) for each case and each route tactic that takes it (stamped layer)."""
+    from polykit.kernels.tactics import candidates
+
+    pairs = []
+    for case, (feeds, attrs, n_out) in sorted(FLASH_CASES.items()):
+        lay = layer(feeds, attrs, n_out, stamped=True)
+        pairs += [(case, t.name) for t in candidates("cuda", "Attention", lay) if t.name.startswith("cuda.attention_onnx.flash")]
+    return pairs
+
+
+def test_every_flash_case_has_a_route():
+    assert {case for case, _ in _flash_pairs()} == set(FLASH_CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,tactic", _flash_pairs())
+def test_flash_route_matches_reference(case, tactic):
+    """Y against the reference (16-bit: the reference rounds each stage to T, the flash kernels keep
+    the softmax in float, so a relative tolerance), present exactly."""
+    from polykit.runtime.cuda.harness import reference_layer, relative_error, run_layer
+
+    if tactic.endswith("_sm90"):
+        from tests.kernels.cuda import on_sm90
+
+        if not on_sm90():
+            pytest.skip("needs a compute capability 9.0 GPU")
+    feeds, attrs, n_out = FLASH_CASES[case]
+    lay = layer(feeds, attrs, n_out, stamped=True)
+    got, want = run_layer(lay, feeds, tactic=tactic), reference_layer(lay, feeds)
+    tol = {"float16": 1e-2, "bfloat16": 4e-2}.get(np.dtype(feeds["Q"].dtype).name, 1e-5)
+    assert relative_error(got["Y"], want["Y"]) <= tol
+    for name in lay.outputs[1:]:
+        np.testing.assert_array_equal(got[name], want[name])

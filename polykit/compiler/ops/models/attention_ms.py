@@ -26,7 +26,13 @@ keep equal to onnxruntime.
 Masks follow onnxruntime: a masked score gets `mask_filter_value` (default -10000) *added*, not -inf
 (so a row with every key masked is a softmax of the shifted scores, as onnxruntime gives, not NaN),
 while the causal (`unidirectional`) mask adds the lowest float (as onnxruntime's kernels do); the
-terms add up. The mask is built from graph ops
+terms add up. A `unidirectional` node without attention_bias whose mask_filter_value is far from
+the float range's end (|value| <= HINT_FILTER_BOUND) also gets the `mask_causal` hint 0 (ops/nn/fused.py):
+its keys k > q then score at most lowest + a few filter values, every other key at least a few filter
+values, so their probabilities are exactly 0 in float and the flash kernels may skip their tiles
+(the hint's contract: what skipping gives is what reading gives). A filter near lowest, or a bias of
+any value, could make a row's visible and causal-masked scores equal in float: no hint then. The
+mask is built from graph ops
 (constant when the mask is, which folding then folds) and cast like the input, once per graph for
 each mask input (every layer of a BERT reads one mask_index: `ImportContext.made` hands the first
 layer's term to the others, whose key length T must be the first layer's, as in every encoder or
@@ -49,12 +55,15 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.models.collective import MS_DOMAIN
+from polykit.compiler.ops.nn.fused import MASK_CAUSAL
 from polykit.compiler.ops.node_emitter import NodeEmitter
 from polykit.compiler.ops.registry import ImportContext, InferContext, find_shape_rule, importer
 from polykit.errors import NodeAttributeError, PolykitError
 
 #: onnxruntime's default for a masked score (added to it)
 MASK_FILTER_VALUE = -10000.0
+#: the largest |mask_filter_value| with which the causal term's keys certainly softmax to 0 (module docstring)
+HINT_FILTER_BOUND = 1e30
 #: ranks of contrib outputs that feed a mask: (op, output) -> rank (EmbedLayerNormalization's
 #: mask_index, which the optimizer hands every Attention of the model)
 CONTRIB_OUTPUT_RANKS = {("EmbedLayerNormalization", 1): 1}
@@ -227,6 +236,9 @@ class _Lowering(NodeEmitter):
                 total = self("Add", [total, term])
             inputs.append(total)
         attrs: dict[str, Any] = {"fused_from": [self.node.name]}
+        if int(self.node.attrs.get("unidirectional", 0)) and not _present(self.node, bias_at) \
+                and abs(self.filter) <= HINT_FILTER_BOUND:
+            attrs[MASK_CAUSAL] = 0
         if scale:
             attrs["scale"] = float(scale)
         out = self.ctx.graph.fresh_name(f"{self.node.name}_attention")

@@ -10,6 +10,8 @@ float16, D and Dv <= 128, an additive mask of Q's type or a bool mask covering e
 is_causal without a mask: a [Sq, Skv] keep-mask written to workspace) to attention.cu's tiled
 kernel, and the builder times the two. On the fused path a row with a NaN score gives 0
 where the generic kernel (and the reference) give NaN; fully masked rows give 0 on both.
+The variants the flash kernels compute (GQA, 3-D, bf16, sm90, causal tile skipping) also have the
+`cuda.attention_onnx.flash*` tactics of attention_onnx_flash.py, timed against these.
 """
 
 from __future__ import annotations

@@ -102,6 +102,16 @@ def mask_strides5(shape: Sequence[int]) -> tuple[int, int, int, int, int] | None
     return tuple(strides[::-1])
 
 
+@dataclass(frozen=True)
+class StridedMask(DeviceTensor):
+    """A mask the kernels read through explicit element strides (outer, b, h, q, k) instead of
+    those of its shape (mask_strides5), which may be negative: `ptr` is element [0][0][0][0][0].
+    The ONNX Attention route's causal band (attention_onnx_flash.py) is one: Sq + Skv - 1 flags read
+    with query stride -1, so mask[q][k] = band[Sq - 1 - q + k] depends on k - q only."""
+
+    strides5: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+
+
 def split_batch(layer: Any) -> bool:
     """The layer's Q, K, V or mask has an outer batch dim of more than one (rank-5 attention):
     kernels without the outer strides (flash_sm90's TMA maps) cannot run it."""
@@ -240,7 +250,7 @@ def flash_launch(layer: Any, tensors: Mapping[str, DeviceTensor], block_q: int =
     if mask is None:
         mptr, ms, kind = 0, (0, 0, 0, 0, 0), 0
     else:
-        mptr, ms = mask, mask_strides5(mask.shape)
+        mptr, ms = mask, mask.strides5 if isinstance(mask, StridedMask) else mask_strides5(mask.shape)
         kind = 2 if mask.dtype == np.bool_ else 1
     B1 = max(x.outer[0] for x in views)
     scale = float(layer.attrs.get("scale", 1.0 / math.sqrt(D)))

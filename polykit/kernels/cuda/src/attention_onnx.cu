@@ -137,3 +137,28 @@ extern "C" __global__ void attention_onnx_causal_mask(bool* keep, i64 Sq, i64 Sk
   for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < Sq * Skv; e += (i64)gridDim.x * blockDim.x)
     keep[e] = e % Skv <= e / Skv + past;
 }
+
+// is_causal with a mask on the flash route (attention_onnx_flash.py): the mask, read through element
+// strides (mb, mh, mq, mk; 0 on broadcast dims), as a contiguous [nb, nh, Sq, Skv] mask whose elements
+// with j > i + past are `fill` (the bits of false / -inf). Elements are moved as raw bits (1, 2 or 4 bytes).
+template <class E>
+__device__ __forceinline__ void causal_merge(const E* mask, E* out, i64 nb, i64 nh, i64 Sq, i64 Skv, i64 mb, i64 mh,
+                                             i64 mq, i64 mk, i64 past, E fill) {
+  const i64 n = nb * nh * Sq * Skv;
+  for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < n; e += (i64)gridDim.x * blockDim.x) {
+    const i64 j = e % Skv, r = e / Skv, i = r % Sq, bh = r / Sq, h = bh % nh, b = bh / nh;
+    out[e] = j <= i + past ? mask[b * mb + h * mh + i * mq + j * mk] : fill;
+  }
+}
+extern "C" __global__ void attention_onnx_causal_merge_1(const u8* mask, u8* out, i64 nb, i64 nh, i64 Sq, i64 Skv,
+                                                         i64 mb, i64 mh, i64 mq, i64 mk, i64 past, i64 fill) {
+  causal_merge<u8>(mask, out, nb, nh, Sq, Skv, mb, mh, mq, mk, past, (u8)fill);
+}
+extern "C" __global__ void attention_onnx_causal_merge_2(const u16* mask, u16* out, i64 nb, i64 nh, i64 Sq, i64 Skv,
+                                                         i64 mb, i64 mh, i64 mq, i64 mk, i64 past, i64 fill) {
+  causal_merge<u16>(mask, out, nb, nh, Sq, Skv, mb, mh, mq, mk, past, (u16)fill);
+}
+extern "C" __global__ void attention_onnx_causal_merge_4(const u32* mask, u32* out, i64 nb, i64 nh, i64 Sq, i64 Skv,
+                                                         i64 mb, i64 mh, i64 mq, i64 mk, i64 past, i64 fill) {
+  causal_merge<u32>(mask, out, nb, nh, Sq, Skv, mb, mh, mq, mk, past, (u32)fill);
+}
