@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder.builder import build_plan
@@ -156,10 +157,53 @@ def _x(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def test_mha_block_keeps_only_the_in_projection_transpose():
-    # before the pass: the in-path Transpose stays (its partner feeds the q/k/v selections), the
-    # out path's two Transposes compose into [0, 2, 1, 3], which the Attention writes as "bshd"
-    assert _check(_block_model(), {"x": _x(B, S, E)}) == 1
+def test_mha_block_keeps_no_transpose():
+    # the out path's two Transposes compose into [0, 2, 1, 3], which the Attention writes as "bshd";
+    # the in path's sinks through the packed projection into the Attention's q / k / v views
+    assert _check(_block_model(), {"x": _x(B, S, E)}) == 0
+
+
+def test_mha_block_reads_q_k_v_as_views_of_the_untransposed_projection():
+    plan = build_plan(_block_model(), BuilderConfig(target="cpu"))
+    producers = {out: layer for layer in plan.layers for out in layer.outputs}
+    (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    projection = producers[att.inputs[0]]
+    assert att.inputs[:3] == (att.inputs[0],) * 3 and projection.kind == "MatMul"
+    assert producers[projection.inputs[0]].kind == "LayerNormalization"
+    assert plan.tensors[att.inputs[0]].shape == (B, S, 3 * E)  # [B, S, 3E]: the batch leads, as x's
+    assert att.attrs["q_view"] == [0, B, H, S, D, S * 3 * E, D, 3 * E, 1]
+
+
+def test_cuda_fp16_plan_of_the_mha_block_moves_no_bytes():
+    """The cuda level-0 plan (no GPU needed): no movement layer but views (Reshapes sharing their
+    input's memory) and the fp16 conversions of the graph's input and output."""
+    plan = build_plan(_block_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    views = [layer for layer in plan.layers if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")]
+    assert views and all(layer.outputs[0] in plan.memory.aliases for layer in views)
+    casts = [layer for layer in plan.layers if layer.kind == "Cast"]
+    assert {n for layer in casts for n in (*layer.inputs, *layer.outputs)} >= {"x", "y"} and len(casts) == 2
+    assert sorted(layer.kind for layer in plan.layers if layer not in views and layer not in casts) \
+        == ["Attention", "LayerNormalization", "MatMul", "MatMul"]
+    (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    assert att.attrs["out_layout"] == "bshd" and all(att.attrs[a] for a in ("q_view", "k_view", "v_view"))
+
+
+def test_a_projection_read_by_another_op_keeps_the_in_path_transpose():
+    """The packed projection is a graph output too: its [S, B, 3E] layout must stay, so does the Transpose."""
+    model = _block_model()
+    model.graph.output.append(helper.make_tensor_value_info("qkv", TensorProto.FLOAT, None))
+    assert _check(model, {"x": _x(B, S, E)}) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_plan_of_the_mha_block_matches_onnxruntime():
+    model, feeds = _block_model(), {"x": _x(B, S, E)}
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True))
+    assert not [layer for layer in plan.layers if layer.kind == "Transpose"]
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        got = ctx.execute(feeds)["y"].astype(np.float32)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
 def test_gemm_with_alpha_beta_bias_runs_as_matmul_over_the_rows():
