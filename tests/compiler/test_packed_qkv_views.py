@@ -18,7 +18,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.ops.nn.fused import OperandView, ViewError, operand_view
 from polykit.compiler.passes import fold_attention_layouts
-from polykit.compiler.passes.fold_attention_layouts import _reshape_strides
+from polykit.compiler.passes.fold_attention_layouts import _reshape_strides, view_of_transposed
 from polykit.compiler.plan.file import Plan, decode_plan, encode_plan
 from polykit.errors import PlanError
 from tests.compiler.packed_qkv_models import FORMS, feeds, packed_block
@@ -109,6 +109,66 @@ def test_a_view_and_a_layout_on_one_input_are_refused():
 ])
 def test_reshape_of_a_strided_view(old, strides, new, want):
     assert _reshape_strides(list(old), list(strides), list(new)) == want
+
+
+def _random_view(rng, shape):
+    """A view of a tensor of `shape`: per axis a strided window (sometimes split in two view axes),
+    the view axes shuffled, the last one contiguous; or (one in four) random strides."""
+    full = [int(np.prod(shape[a + 1:])) for a in range(len(shape))]
+    if rng.random() < 0.25:
+        dims = tuple(int(d) for d in rng.integers(1, 4, size=3))
+        strides = tuple(int(s) for s in rng.integers(0, int(np.prod(shape)), size=2)) + (1,)
+        return OperandView(0, dims, strides)
+    offset, axes = 0, []
+    for a, n in enumerate(shape):
+        count = int(rng.integers(1, n + 1))
+        step = int(rng.integers(1, max(1, (n - 1) // max(count - 1, 1)) + 1))
+        start = int(rng.integers(0, n - step * (count - 1)))
+        offset += start * full[a]
+        if count % 2 == 0 and rng.random() < 0.5:  # split: [2, count / 2]
+            axes += [(2, step * count // 2 * full[a]), (count // 2, step * full[a])]
+        else:
+            axes.append((count, step * full[a]))
+    last = axes.pop()
+    order = rng.permutation(len(axes))
+    axes = [axes[i] for i in order] + [(last[0], 1) if last[1] == 1 else (1, 0)]
+    return OperandView(offset, tuple(d for d, _ in axes), tuple(s for _, s in axes))
+
+
+def test_view_of_a_transpose_reads_the_same_elements_of_its_source():
+    rng = np.random.default_rng(11)
+    answered = refused = 0
+    for _ in range(400):
+        src_shape = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(2, 5))))
+        perm = [int(p) for p in rng.permutation(len(src_shape))]
+        src = np.arange(int(np.prod(src_shape))).reshape(src_shape)
+        old = src.transpose(perm)
+        view = _random_view(rng, old.shape)
+        if view.last_element() >= old.size:
+            continue
+        moved = view_of_transposed(view, old.shape, perm)
+        if moved is None:
+            refused += 1
+            continue
+        answered += 1
+        want = np.lib.stride_tricks.as_strided(old.ravel()[view.offset:], view.shape,
+                                               [s * old.itemsize for s in view.strides])
+        got = np.lib.stride_tricks.as_strided(src.ravel()[moved.offset:], moved.shape,
+                                              [s * src.itemsize for s in moved.strides])
+        np.testing.assert_array_equal(got, want)
+        assert moved.shape[-1] == 1 or moved.strides[-1] == 1
+    assert answered > 150 and refused > 20  # both sides exercised
+
+
+def test_view_of_torchvisions_transposed_projection():
+    """q of a [S, B, 3E] projection (B = 8, S = 197, E = 768, 12 heads) that is transpose([B, S, 3E])."""
+    q = OperandView(0, (8, 12, 197, 64), (2304, 64, 18432, 1))
+    assert view_of_transposed(q, (197, 8, 2304), [1, 0, 2]) == OperandView(0, (8, 12, 197, 64),
+                                                                            (453888, 64, 2304, 1))
+    k = OperandView(768, (8, 12, 197, 64), (2304, 64, 18432, 1))
+    assert view_of_transposed(k, (197, 8, 2304), [1, 0, 2]).offset == 768
+    # a head axis that steps across two rows of [S, B, 3E] is no single view of [B, S, 3E]
+    assert view_of_transposed(OperandView(0, (8, 4, 64), (2304, 1152, 1)), (197, 8, 2304), [1, 0, 2]) is None
 
 
 def _attention_graph(index_const: bool) -> Graph:

@@ -190,6 +190,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                       bind(fold_axis_permutations, keep=kept), bind(plan_layouts, keep=kept)]
     if fuse:
         layout += [bind(hoist_activations, keep=kept), bind(fold_attention_layouts, keep=kept),
+                   bind(eliminate_dead_code, keep=kept), bind(move_row_transposes, keep=kept),
                    bind(fuse_movement, keep=kept), bind(compose_gathers, keep=kept), bind(fuse_quantize_nhwc, keep=kept)]
     if run_passes(g, layout, check):
         run_passes(g, cleanup, check, fixed_point=True)

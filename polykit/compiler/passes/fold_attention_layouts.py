@@ -193,6 +193,33 @@ def _unit(d) -> bool:
     return not isinstance(d, SymInt) and d == 1
 
 
+def view_of_transposed(view: OperandView, shape: tuple[int, ...], perm: list[int]) -> OperandView | None:
+    """`view` reads a tensor of static `shape` that is `transpose(src, perm)`: the same elements as
+    a view of `src`, or None when that is no single strided view (a view axis whose steps carry
+    from one axis of `shape` into the next) or its head axis is not contiguous in `src`."""
+    full = [int(np.prod(shape[a + 1:], dtype=np.int64)) for a in range(len(shape))]
+    src_shape = [shape[a] for a in np.argsort(perm)]
+    src_full = [int(np.prod(src_shape[p + 1:], dtype=np.int64)) for p in range(len(src_shape))]
+    if view.last_element() >= int(np.prod(shape, dtype=np.int64)):
+        return None
+    reach = [(view.offset // full[a]) % shape[a] for a in range(len(shape))]  # the offset's index per axis
+    offset = sum(i * src_full[perm[a]] for a, i in enumerate(reach))
+    strides = []
+    for d, s in zip(view.shape, view.strides):
+        if d == 1 or s == 0:
+            strides.append(0)
+            continue
+        # the outermost axis of more than one element whose steps make up s (then no step carries)
+        a = next((a for a in range(len(shape)) if shape[a] > 1 and s % full[a] == 0), None)
+        if a is None:
+            return None
+        reach[a] += (s // full[a]) * (d - 1)
+        strides.append((s // full[a]) * src_full[perm[a]])
+    if any(r >= n for r, n in zip(reach, shape)) or (view.shape[-1] != 1 and strides[-1] != 1):
+        return None
+    return OperandView(offset, view.shape, tuple(strides))
+
+
 def _traced(shape: tuple[int, ...], steps: list[Step]) -> OperandView | None:
     """The view a chain amounts to, found by running it on the source's element numbers: a
     reshape that merges axes it later splits again (torchvision's [S, B, E] -> [S, B*H, D] ->

@@ -10,7 +10,10 @@ Transpose moves to the chain's other end:
 1. *Sink*: a Transpose whose readers lead, through such chains (branching allowed), only to
    partners: another Transpose (the two compose into one) or a Q/K/V input of an ai.polykit
    Attention that the chain reaches with perm [0, 2, 1, 3] (fold_attention_layouts, which runs
-   next in the layout group, absorbs that as a "bshd" layout).
+   next in the layout group, absorbs that as a "bshd" layout), or one it reads through a strided
+   view (`q_view` / `k_view` / `v_view`, set by fold_attention_layouts: the pipeline runs this pass
+   again after it) that stays one view of the untransposed tensor -- any permutation (torchvision's
+   MultiheadAttention: LayerNorm -> Transpose [1, 0, 2] -> packed in-projection read as q, k, v views).
 2. *Hoist*: a Transpose reading the end of such a chain (one path, every tensor read once) whose
    source is another Transpose (they compose) or an Attention output that the Transpose, moved up,
    reads with perm [0, 2, 1, 3] (absorbed as out_layout "bshd").
@@ -31,9 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
+from polykit.compiler.ops.nn.fused import VIEW_ATTRS, OperandView, ViewError, decode_view, dynamic_view
 from polykit.compiler.ops.nn.softmax import SOFTMAX_OPS
 from polykit.compiler.passes.cancel_transposes import (cancel_transposes, elementwise, keeps_data_order, perm_of,
                                                        relayout_constant)
+from polykit.compiler.passes.fold_attention_layouts import view_of_transposed
 from polykit.compiler.passes.rewrite import const, protected, replace_tensor
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
@@ -314,9 +319,12 @@ def _grow(ctx: _Ctx, branch: _Branch, budget: list[int]) -> bool:
             branch.partners.append(("transpose", user, [perm[i] for i in z]))
             continue
         if user.domain == POLYKIT_DOMAIN and user.op_type == "Attention":
-            if not _attention_reads(ctx, user, end, perm):
+            if _attention_reads(ctx, user, end, perm):
+                branch.partners.append(("attention", user, perm))
+            elif _view_reads(ctx, user, end, perm) is not None:
+                branch.partners.append(("view", user, perm))
+            else:
                 return False
-            branch.partners.append(("attention", user, perm))
             continue
         sub = _run_down(ctx, end, user, perm, budget)
         if sub is None or not _grow(ctx, sub, budget):
@@ -345,7 +353,29 @@ def _feeds_selection(ctx: _Ctx, name: str) -> bool:
 def _attention_reads(ctx: _Ctx, att: Node, name: str, perm: Perm) -> bool:
     slots = [i for i, n in enumerate(att.inputs) if n == name]
     return ctx.attention and perm == SWAP_SEQ_HEADS and all(i < 3 for i in slots) \
-        and all(att.attrs.get(ATTENTION_LAYOUTS[i], "bhsd") == "bhsd" for i in slots)
+        and all(att.attrs.get(ATTENTION_LAYOUTS[i], "bhsd") == "bhsd" and att.attrs.get(VIEW_ATTRS[i]) is None
+                for i in slots)
+
+
+def _view_reads(ctx: _Ctx, att: Node, name: str, perm: Perm) -> list[tuple[int, OperandView]] | None:
+    """(slot, its view of the untransposed tensor) of every read of `name` (`transpose(new, perm)`)
+    by Attention `att`, when each is a Q/K/V read through a static view attribute that stays one
+    view (fold_attention_layouts.view_of_transposed); else None."""
+    slots = [i for i, n in enumerate(att.inputs) if n == name]
+    raws = [att.attrs.get(VIEW_ATTRS[i]) if i < 3 else None for i in slots]
+    shape = _static(ctx.graph, name)
+    if not ctx.attention or shape is None or any(raw is None or dynamic_view(raw) for raw in raws):
+        return None
+    out = []
+    for i, raw in zip(slots, raws):
+        try:
+            moved = view_of_transposed(decode_view(raw, shape), shape, perm)
+        except ViewError:
+            return None
+        if moved is None:
+            return None
+        out.append((i, moved))
+    return out
 
 
 def _run_down(ctx: _Ctx, start: str, first: Node, perm: Perm, budget: list[int]) -> _Branch | None:
@@ -398,6 +428,10 @@ def _emit(ctx: _Ctx, branch: _Branch, new_in: str, dead: list[Node]) -> None:
             g.nodes.append(Node("Transpose", [new_end], [heads], {"perm": list(SWAP_SEQ_HEADS)},
                                 name=g.fresh_name(f"{node.name}_heads")))
             node.inputs = [heads if n == branch.end else n for n in node.inputs]
+        elif kind == "view":
+            for i, view in _view_reads(ctx, node, branch.end, composed) or ():
+                node.inputs[i] = new_end
+                node.attrs[VIEW_ATTRS[i]] = view.encode()
         elif composed == list(range(len(composed))) and node.outputs[0] not in ctx.fixed:
             replace_tensor(g, node.outputs[0], new_end)
             dead.append(node)

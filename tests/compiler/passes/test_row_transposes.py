@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder.builder import build_plan
@@ -124,21 +125,27 @@ def _out_path(a: str, residual: str, y: str, alpha=1.0, beta=1.0):
             helper.make_node("Add", ["o", residual], [y])]
 
 
-def _inits():
-    return [numpy_helper.from_array(W_IN, "w_in"), numpy_helper.from_array(B_IN, "b_in"),
-            numpy_helper.from_array(np.ascontiguousarray(W_OUT.T), "w_out_t"), numpy_helper.from_array(B_OUT, "b_out"),
-            numpy_helper.from_array(LN_S, "ln_s"), numpy_helper.from_array(LN_B, "ln_b"),
-            numpy_helper.from_array(np.array(D ** -0.5, np.float32), "scale"),
-            _i64("s_split3", [S, B, 3, E]), _i64("ax0", [0]), _i64("ax3", [3]),
-            _i64("s_heads", [S, B * H, D]), _i64("s_bhsd", [B, H, S, D]), _i64("s_rows", [S * B, E]),
-            _i64("s_sbe", [S, B, E]), _i64("i0", 0), _i64("i1", 1), _i64("i2", 2)]
+def _inits(dims=(B, S, H, D)):
+    b, s, h, d = dims
+    e = h * d
+    weights = (W_IN, B_IN, W_OUT, B_OUT, LN_S, LN_B) if e == E else \
+        (_w(e, 3 * e, scale=e ** -0.5), _w(3 * e), _w(e, e, scale=e ** -0.5), _w(e), _w(e) + 1.0, _w(e))
+    w_in, b_in, w_out, b_out, ln_s, ln_b = weights
+    return [numpy_helper.from_array(w_in, "w_in"), numpy_helper.from_array(b_in, "b_in"),
+            numpy_helper.from_array(np.ascontiguousarray(w_out.T), "w_out_t"), numpy_helper.from_array(b_out, "b_out"),
+            numpy_helper.from_array(ln_s, "ln_s"), numpy_helper.from_array(ln_b, "ln_b"),
+            numpy_helper.from_array(np.array(d ** -0.5, np.float32), "scale"),
+            _i64("s_split3", [s, b, 3, e]), _i64("ax0", [0]), _i64("ax3", [3]),
+            _i64("s_heads", [s, b * h, d]), _i64("s_bhsd", [b, h, s, d]), _i64("s_rows", [s * b, e]),
+            _i64("s_sbe", [s, b, e]), _i64("i0", 0), _i64("i1", 1), _i64("i2", 2)]
 
 
-def _block_model(alpha=1.0, beta=1.0):
+def _block_model(alpha=1.0, beta=1.0, dims=(B, S, H, D)):
     """LayerNorm -> MHA (in path, attention, out path) -> residual Add, x [B, S, E]."""
     nodes = [helper.make_node("LayerNormalization", ["x", "ln_s", "ln_b"], ["ln"], axis=-1)]
     nodes += _in_path("ln") + _attention("q", "k", "v", "a") + _out_path("a", "x", "y", alpha, beta)
-    return _model(nodes, [("x", [B, S, E])], ["y"], _inits())
+    b, s, h, d = dims
+    return _model(nodes, [("x", [b, s, h * d])], ["y"], _inits(dims))
 
 
 def _check(model, feeds, kinds=("Transpose",)):
@@ -156,10 +163,66 @@ def _x(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def test_mha_block_keeps_only_the_in_projection_transpose():
-    # before the pass: the in-path Transpose stays (its partner feeds the q/k/v selections), the
-    # out path's two Transposes compose into [0, 2, 1, 3], which the Attention writes as "bshd"
-    assert _check(_block_model(), {"x": _x(B, S, E)}) == 1
+@pytest.mark.parametrize("dims", [(B, S, H, D), (2, 37, 2, 64)])
+def test_mha_block_keeps_no_transpose(dims):
+    # the out path's two Transposes compose into [0, 2, 1, 3], which the Attention writes as "bshd";
+    # the in path's sinks through the packed projection into the Attention's q / k / v views
+    b, s, h, d = dims
+    assert _check(_block_model(dims=dims), {"x": _x(b, s, h * d)}) == 0
+
+
+def test_mha_block_reads_q_k_v_as_views_of_the_untransposed_projection():
+    plan = build_plan(_block_model(), BuilderConfig(target="cpu"))
+    producers = {out: layer for layer in plan.layers for out in layer.outputs}
+    (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    projection = producers[att.inputs[0]]
+    assert att.inputs[:3] == (att.inputs[0],) * 3 and projection.kind == "MatMul"
+    assert producers[projection.inputs[0]].kind == "LayerNormalization"
+    assert plan.tensors[att.inputs[0]].shape == (B, S, 3 * E)  # [B, S, 3E]: the batch leads, as x's
+    assert att.attrs["q_view"] == [0, B, H, S, D, S * 3 * E, D, 3 * E, 1]
+
+
+def test_cuda_fp16_plan_of_the_mha_block_moves_no_bytes():
+    """The cuda level-0 plan (no GPU needed): no movement layer but views (Reshapes sharing their
+    input's memory) and the fp16 conversions of the graph's input and output."""
+    plan = build_plan(_block_model(), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    views = [layer for layer in plan.layers if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")]
+    assert views and all(layer.outputs[0] in plan.memory.aliases for layer in views)
+    casts = [layer for layer in plan.layers if layer.kind == "Cast"]
+    assert {n for layer in casts for n in (*layer.inputs, *layer.outputs)} >= {"x", "y"} and len(casts) == 2
+    assert sorted(layer.kind for layer in plan.layers if layer not in views and layer not in casts) \
+        == ["Attention", "LayerNormalization", "MatMul", "MatMul"]
+    (att,) = [layer for layer in plan.layers if layer.kind == "Attention"]
+    assert att.attrs["out_layout"] == "bshd" and all(att.attrs[a] for a in ("q_view", "k_view", "v_view"))
+
+
+def test_a_projection_read_by_another_op_keeps_the_in_path_transpose():
+    """The packed projection is a graph output too: its [S, B, 3E] layout must stay, so does the Transpose."""
+    model = _block_model()
+    model.graph.output.append(helper.make_tensor_value_info("qkv", TensorProto.FLOAT, None))
+    assert _check(model, {"x": _x(B, S, E)}) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_plan_of_the_mha_block_matches_onnxruntime_with_every_attention_tactic():
+    """At a head size the flash kernels take, each Attention tactic eligible on this GPU (the sm_90
+    TMA kernel among them: the [B, S, 3E] projection's views nest) reads the moved views right."""
+    from polykit.kernels.tactics import candidates
+
+    dims = (2, 37, 2, 64)
+    model, feeds = _block_model(dims=dims), {"x": _x(2, 37, 128)}
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    first = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    (att,) = [layer for layer in first.layers if layer.kind == "Attention"]
+    assert not [layer for layer in first.layers if layer.kind == "Transpose"] and att.attrs.get("q_view")
+    tactics = [t.name for t in candidates("cuda", "Attention", att, arch=first.gpu_arch)]
+    assert "cuda.attention.flash" in tactics
+    for tactic in tactics:
+        plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, tactic_replay={att.name: tactic}))
+        assert [layer.tactic for layer in plan.layers if layer.kind == "Attention"] == [tactic]
+        with Engine(plan) as engine, engine.create_execution_context() as ctx:
+            got = ctx.execute(feeds)["y"].astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=tactic)
 
 
 def test_gemm_with_alpha_beta_bias_runs_as_matmul_over_the_rows():
