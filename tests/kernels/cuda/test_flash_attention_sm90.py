@@ -1,7 +1,7 @@
-"""The Hopper attention tactics (cuda.attention.flash_sm90): TMA maps, registration and
-geometry (CPU); results against the float64 reference on random data with outputs poisoned,
-masks (padding, causal, additive), layouts and broadcast heads, and against cuda.attention.flash
-(GPU, compute capability 9.0)."""
+"""The Hopper attention tactics (cuda.attention.flash_sm90 and its ping-pong shapes flash_sm90_pp,
+_pp_s3): TMA maps, registration, launch geometry and kernel defines (CPU); results against the float64
+reference on random data with outputs poisoned, masks (padding, causal, additive), layouts and broadcast
+heads, and against cuda.attention.flash (GPU, compute capability 9.0)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, all_cuda_tactics
 from polykit.kernels.cuda.attention.flash_attention import head_view
-from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
+from polykit.kernels.cuda.attention.flash_attention_sm90 import (SHAPES, _enqueue, _supports, compile_variants,
+                                                                  kernel_for, tensor_map)
 from tests.kernels.cuda.test_flash_attention import CAUSAL_CASES, causal_padding_keep, layer_for, rand, reference
 
 rng = np.random.default_rng(90)
@@ -61,9 +62,53 @@ def test_registered_for_compute_capability_9_only_and_every_variant_targets_sm_9
 
 def test_block_shapes_fit_the_shared_memory_of_one_sm():
     for s in SHAPES:
-        assert s.threads == 128 * s.consumers + 32
+        # a producer warp; the ping-pong shapes' producer is a whole warpgroup (setmaxnreg is warpgroup-wide)
+        assert s.threads == (128 * (s.consumers + 1) if s.pingpong else 128 * s.consumers + 32)
         assert s.smem(128) <= 227 * 1024
-    assert [s.name for s in SHAPES] == ["cuda.attention.flash_sm90"]
+    assert NAMES == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3"]
+
+
+def test_ping_pong_shapes_rank_below_flash_sm90_so_an_untimed_build_keeps_it():
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == "Attention"}
+    for s in SHAPES[1:]:
+        assert tactics[s.name].priority < tactics["cuda.attention.flash_sm90"].priority
+        assert tactics[s.name].params == {"block_q": 128, "block_kv": 128, "consumers": 2, "stages": s.stages,
+                                          "pingpong": 1}
+
+
+def test_flash_sm90_keeps_its_defines_and_the_ping_pong_shapes_compile_theirs_in():
+    assert dict(kernel_for(SHAPES[0], "half_t", 128).defines) == {"ELEM": "half_t", "HD": "128", "CONSUMERS": "1",
+                                                                  "BKV": "64"}
+    for s in SHAPES[1:]:
+        d = dict(kernel_for(s, "bf16_t", 64).defines)
+        assert (d["PINGPONG"], d["STAGES"], d["CONSUMERS"], d["BKV"]) == ("1", str(s.stages), "2", "128")
+
+
+class _Launches:
+    """Records grid, block and shared memory of each launch (RecordingLauncher keeps only the arguments)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, kernel, grid, block, args, shared_mem=0):
+        self.launches.append((kernel, grid, block, args, shared_mem))
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: s.name)
+@pytest.mark.parametrize("S", [1, 128, 129, 300])
+def test_ping_pong_launch_covers_the_queries_in_blocks_of_128_with_key_tiles_of_128(shape, S):
+    B, H, D = 2, 3, 128
+    inputs = {"Q": rand((B, H, S, D), FP16), "K": rand((B, H, 200, D), FP16), "V": rand((B, H, 200, D), FP16)}
+    layer = layer_for(inputs, (B, H, S, D))
+    tensors = {n: DeviceTensor(4096 * (i + 1), x.shape, FP16) for i, (n, x) in enumerate(inputs.items())}
+    tensors[layer.outputs[0]] = DeviceTensor(1 << 20, (B, H, S, D), FP16)
+    rec = _Launches()
+    _enqueue(shape)(layer, rec, tensors)
+    ((kernel, grid, block, args, smem),) = rec.launches
+    assert grid == (-(-S // 128), H, B) and block == (384,) and smem == shape.smem(D)
+    assert dict(kernel.defines)["PINGPONG"] == "1"
+    tm_q, tm_k, tm_v = args[:3]
+    assert tm_q.box == (64, 128, 1, 1) and tm_k.box == tm_v.box == (64, 128, 1, 1)
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -109,7 +154,7 @@ def arrays(q_shape, kv_shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", NAMES)
-@pytest.mark.parametrize("seq", [1, 7, 64, 77, 128, 513])
+@pytest.mark.parametrize("seq", [1, 7, 64, 77, 128, 513, 1031])  # 1031: 9 key tiles of 128, the stage rings wrap
 @pytest.mark.parametrize("head", [64, 128])
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 def test_matches_reference_without_mask(tactic, seq, head, dtype):
@@ -211,11 +256,12 @@ def test_agrees_with_the_mma_sync_kernel_on_a_bert_shape(tactic, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", NAMES)
-@pytest.mark.parametrize("dims,offset", CAUSAL_CASES)
+@pytest.mark.parametrize("dims,offset", CAUSAL_CASES + [((1, 2, 300, 300), -150)])
 @pytest.mark.parametrize("head", [64, 128])
 def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, offset, head):
     """`mask_causal`: the producer loads and the consumers wait for the same, fewer key tiles
-    (flash_key_tiles); the result is the mask's (causal and a per-batch key mask)."""
+    (flash_key_tiles); the result is the mask's (causal and a per-batch key mask). Offset -150: the first
+    query block sees no key at all (no tile: the ping-pong consumers take no turn)."""
     require_sm90()
     B, H, S, Skv = dims
     inputs = arrays((B, H, S, head), (B, H, Skv, head), FP16)

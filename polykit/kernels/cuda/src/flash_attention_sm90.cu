@@ -2,7 +2,7 @@
 //   O[b, h] = softmax(Q[b, h] K[b, h]^T * scale [+ mask]) V[b, h]
 // ELEM = half_t | bf16_t storage, fp32 scores, softmax statistics and accumulators; head size
 // HD (64 or 128) for Q, K and V; CONSUMERS (1 or 2) warpgroups of 64 query rows a block; BKV
-// (64 or 128) keys a tile.
+// (64 or 128) keys a tile; STAGES (2 to 4, default 2) K/V stages; PINGPONG (0 or 1) below.
 //
 // Q, K and V arrive through rank-4 TMA tensor maps (innermost first: d, then seq and head in
 // the order of their strides, then batch): bits of `geo`, three per tensor x (Q 0, K 1, V 2):
@@ -17,14 +17,15 @@
 // (every score -inf, or a NaN score) gives NaN, or 0 with nan_to_zero.
 //
 // Shared memory (1024-byte aligned, 128-byte swizzle, sm90.cuh's K-major / MN-major formats):
-// Q: HD / 64 boxes of BQ rows x 64 d; K and V: 2 stages, each HD / 64 boxes of BKV keys x 64 d
+// Q: HD / 64 boxes of BQ rows x 64 d; K and V: STAGES stages, each HD / 64 boxes of BKV keys x 64 d
 // (BKV * 128 bytes a box). The same K/V tile is K-major B for S = Q K^T (keys are S's columns, d its
 // depth) and MN-major B for O += P V (keys are the depth, d the columns: box j holds columns
-// 64 j ..). Barriers: q_full, full[2] (TMA bytes), empty[2] (one arrive per consumer).
+// 64 j ..). Barriers: q_full, full[STAGES] (TMA bytes), empty[STAGES] (one arrive per consumer).
 //
 // Warp roles: warps 0 .. 4 CONSUMERS - 1 are the consumer warpgroups (warpgroup c owns query
-// rows q0 + 64 c ..); warp 4 CONSUMERS is the producer (lane 0 issues every TMA load: Q once,
-// then each key tile into stage t % 2 after both consumers released it).
+// rows q0 + 64 c ..); warpgroup CONSUMERS is the producer (one warp; with PINGPONG a whole
+// warpgroup, for setmaxnreg) whose thread 0 issues every TMA load: Q once, then key tile t into
+// stage t % STAGES after every consumer released that stage's previous tile.
 // Per key tile a consumer runs S = Q K^T (wgmma, Q and K from shared memory, HD / 16 k steps),
 // the online softmax in fp32 registers (flash_common.cuh: scale, mask, keys past Skv -> -inf,
 // running max / sum), packs P to ELEM in registers (S's accumulator layout is the register-A
@@ -33,8 +34,39 @@
 // issues S of tile t and P V of tile t - 1 together, runs tile t's softmax while that P V is
 // still on the tensor cores, then waits for it, releases tile t - 1's stage and rescales O.
 // Each output element is one fixed-order loop in one thread: deterministic.
-// Launch: grid (ceil(S / BQ), H, B), block 128 CONSUMERS + 32, dynamic shared memory
-// 1024 + (BQ + 4 * BKV) * HD * 2 + 64 bytes.
+//
+// PINGPONG 1 (FlashAttention-3's inter-warpgroup ping-pong; CONSUMERS 2, block 384): the two
+// consumers take turns on the tensor cores, so one's softmax runs under the other's GEMMs. A turn
+// is the issue of one iteration's wgmma (S of tile t and P V of tile t - 1; the prologue's S of
+// tile 0, the epilogue's last P V): consumer c waits on named barrier 1 + c (256 threads: its own
+// 128 wait, the other consumer's 128 arrive when they have issued their turn's wgmma), issues,
+// then arrives on the other's barrier. Consumer 1 arrives once up front (consumer 0 goes first) and
+// not after its last turn, so every barrier generation has 128 waiting and 128 arriving threads and
+// none is left open at exit (both consumers of a block run the same number of turns: `tiles` + 1).
+// Registers (setmaxnreg, the whole warpgroup executes it): the launch gives 384 threads
+// 65536 / 384 -> 168 a thread (__launch_bounds__(384, 1); ptxas allocates in 8s); the producer drops
+// to PRODUCER_REGS 24 and the consumers rise to CONSUMER_REGS 240: 24 * 128 + 240 * 256 = 168 * 384,
+// the launch allocation exactly (asking for more than was released would hang in setmaxnreg.inc).
+// A consumer of HD 128 and BKV 128 holds O (64 x 128 fp32 / 128 threads = 64 registers), S of tile t
+// (64), P of tile t - 1 (64 x 128 ELEM = 32) live across the wgmma: 160 + softmax statistics,
+// addresses and the mask's state; 168 (the 1-warpgroup kernel's budget) would spill, 240 leaves
+// room. BKV 128 then: BKV 64 halves S and P (112 live) but doubles the barriers, softmax
+// reductions and rescales a key, and the wgmma of S shrinks to n64. Shared memory at HD 128, BKV
+// 128: Q 32 KiB + STAGES x 64 KiB (K and V): 2 stages 160 KiB, 3 stages 224 KiB (+ 1 KiB alignment
+// and the barriers: 230,464 bytes of the 232,448 a block may have); HD 64 halves all of it.
+//
+// Prediction (not measured; H100 SXM, fp16, PINGPONG, HD 128, BKV 128): [4,16,2048,128] ~500 TFLOP/s
+// (~275 us; flash_sm90 304, SDPA 626). A block's key tile is 4 * 128 * 128 * 128 = 8.4 MFLOP = 2048
+// tensor-core clocks of an SM (4096 dense fp16 FLOP a clock); its softmax is 16,384 exp2 = 1024
+// MUFU clocks (16 a clock) plus ~5 fp32 ops a score (~640 ALU clocks), 1024 blocks = 7.8 waves of
+// 132. One warpgroup's softmax (~half of that) fits under the other's 1024 GEMM clocks, so the
+// tensor cores idle only in the hand-offs, the prologue / epilogue of each block and the tail
+// wave: ~55-60 % of the dense peak with 2 stages, a few points more with 3 (a stage is free again
+// only once both consumers' P V of it are done). [8,12,128,64] ~50 TFLOP/s (~8 us, no gain over
+// flash_sm90's 7.6 us): one query block of 128 and one key tile a head, 96 blocks for 132 SMs:
+// latency (TMA, one S, one softmax, one P V, the store), nothing to overlap.
+// Launch: grid (ceil(S / BQ), H, B), block THREADS (128 CONSUMERS + 32; PINGPONG 384), dynamic
+// shared memory 1024 + (BQ + 2 * STAGES * BKV) * HD * 2 + 16 * (STAGES + 2) bytes.
 #include "sm90.cuh"
 #include "flash_common.cuh"
 
@@ -45,10 +77,22 @@
 #define BOXES (HD / 64)                    // 64-d boxes of a row
 #define Q_BYTES (BQ * HD * 2)
 #define KV_BYTES (BKV * HD * 2)            // one K (or V) tile of a stage
-#define THREADS (128 * CONSUMERS + 32)
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#define THREADS (PINGPONG ? 128 * (CONSUMERS + 1) : 128 * CONSUMERS + 32)
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS 240
 static_assert(HD == 64 || HD == 128, "head sizes 64 and 128");
 static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
 static_assert(BKV == 64 || BKV == 128, "key tiles of 64 or 128");
+static_assert(STAGES >= 2 && STAGES <= 4, "two to four K/V stages");
+static_assert(!PINGPONG || CONSUMERS == 2, "ping-pong takes two consumer warpgroups");
+static_assert(!PINGPONG || PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536 / THREADS / 8 * 8 * THREADS,
+              "setmaxnreg may only move the launch allocation");
 
 // a tile of `rows` rows of one tensor (bits: its three `geo` bits) at sequence row `row0` of
 // head h, batch b: BOXES TMA boxes of 64 d, box j at dst + j * rows * 128
@@ -98,17 +142,31 @@ __device__ __forceinline__ void pack_probs(const float (&s)[BKV / 8][4], u32 (&p
   }
 }
 
+// key tile t's stage and the parity of that stage's use
+__device__ __forceinline__ int stage_of(int t) { return (int)((unsigned)t % STAGES); }
+__device__ __forceinline__ u32 phase_of(int t) { return ((unsigned)t / STAGES) & 1; }
+
+// PINGPONG: consumer wg's turn to issue wgmma begins when the other consumer has issued its own
+// (named barrier 1 + wg) and ends by handing the turn over (consumer 1's last turn hands nothing:
+// the header's barrier balance); no-ops otherwise
+__device__ __forceinline__ void turn_begin(int wg) {
+  if (PINGPONG) named_sync<256>(1 + wg);
+}
+__device__ __forceinline__ void turn_end(int wg, bool last) {
+  if (PINGPONG && !(last && wg == 1)) named_arrive<256>(2 - wg);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v,
     ELEM* __restrict__ O, const void* __restrict__ mask, int S, int Skv, i64 ob, i64 oh, i64 os, i64 mb, i64 mh,
     i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int kv_groups, int causal_off, int geo) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sQ = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
-  unsigned char* sK = sQ + Q_BYTES;       // 2 stages
-  unsigned char* sV = sK + 2 * KV_BYTES;  // 2 stages
-  u64* q_full = (u64*)(sV + 2 * KV_BYTES);
+  unsigned char* sK = sQ + Q_BYTES;            // STAGES stages
+  unsigned char* sV = sK + STAGES * KV_BYTES;  // STAGES stages
+  u64* q_full = (u64*)(sV + STAGES * KV_BYTES);
   u64* full = q_full + 1;
-  u64* empty = full + 2;
+  u64* empty = full + STAGES;
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BQ;
   const int tiles = flash_key_tiles((Skv + BKV - 1) / BKV, BKV, q0, BQ, S, causal_off);  // producer and consumers alike
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -117,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     tma_prefetch_desc(&tm_k);
     tma_prefetch_desc(&tm_v);
     bar_init(q_full, 1);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < STAGES; ++s) {
       bar_init(&full[s], 1);
       bar_init(&empty[s], CONSUMERS);
     }
@@ -125,13 +183,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   }
   __syncthreads();
 
-  if (wg == CONSUMERS) {  // ---- producer warp: lane 0 issues the TMA loads --------------------
+  if (wg == CONSUMERS) {  // ---- producer: thread 0 issues the TMA loads ---------------------------
+    if (PINGPONG) set_max_regs_dec<PRODUCER_REGS>();  // the whole warpgroup, before any thread leaves
     if (tid != 0) return;
     bar_expect_tx(q_full, Q_BYTES);
     load_rows(sQ, &tm_q, q_full, geo, BQ, q0, h, b);
     for (int t = 0; t < tiles; ++t) {
-      const int stage = t & 1;
-      bar_wait(&empty[stage], ((t >> 1) & 1) ^ 1);
+      const int stage = stage_of(t);
+      bar_wait(&empty[stage], phase_of(t) ^ 1);
       bar_expect_tx(&full[stage], 2 * KV_BYTES);
       load_rows(sK + stage * KV_BYTES, &tm_k, &full[stage], geo >> 3, BKV, t * BKV, h / kv_groups, b);
       load_rows(sV + stage * KV_BYTES, &tm_v, &full[stage], geo >> 6, BKV, t * BKV, h / kv_groups, b);
@@ -140,6 +199,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   }
 
   // ---- consumer warpgroup wg: query rows q0 + 64 wg .. + 63 ------------------------------------
+  if (PINGPONG) {
+    set_max_regs_inc<CONSUMER_REGS>();
+    if (wg == 1 && tiles > 0) named_arrive<256>(1);  // consumer 0 takes the first turn
+  }
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int row_a = q0 + 64 * wg + 16 * warp + g;  // this thread's two query rows: row_a, row_a + 8
   float o[HD / 8][4];
@@ -154,36 +217,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   bar_wait(q_full, 0);
   if (tiles > 0) {  // prologue: tile 0's S and probabilities
     bar_wait(&full[0], 0);
+    turn_begin(wg);
     wgmma_fence();
     issue_scores(s, q_addr, smem_addr(sK), wg);
     wgmma_commit();
+    turn_end(wg, false);
     wgmma_wait<0>();
     fence_regs<BKV / 2>(&s[0][0]);
     flash_scores_tile<ELEM, false>(s, corr, rows, 0, Skv, row_a, S, fmask, scale, t4);  // o is 0: no rescale
     pack_probs(s, pa);
   }
   for (int t = 1; t < tiles; ++t) {
-    const int stage = t & 1;
-    bar_wait(&full[stage], (t >> 1) & 1);
+    const int stage = stage_of(t), prev = stage_of(t - 1);
+    bar_wait(&full[stage], phase_of(t));
+    turn_begin(wg);
     wgmma_fence();
     issue_scores(s, q_addr, smem_addr(sK + stage * KV_BYTES), wg);        // S of tile t
     wgmma_commit();
-    issue_pv(o, pa, smem_addr(sV + (stage ^ 1) * KV_BYTES));             // O += P V of tile t - 1
+    issue_pv(o, pa, smem_addr(sV + prev * KV_BYTES));                    // O += P V of tile t - 1
     wgmma_commit();
+    turn_end(wg, false);
     wgmma_wait<1>();  // S done; P V still running under the softmax of tile t
     fence_regs<BKV / 2>(&s[0][0]);
     flash_scores_tile<ELEM, false>(s, corr, rows, t * BKV, Skv, row_a, S, fmask, scale, t4);
     wgmma_wait<0>();
     fence_regs<HD / 2>(&o[0][0]);
-    if (tid == 0) bar_arrive(&empty[stage ^ 1]);
+    if (tid == 0) bar_arrive(&empty[prev]);
     flash_rescale(o, corr);
     pack_probs(s, pa);
   }
   if (tiles > 0) {  // epilogue: the last tile's P V
-    const int stage = (tiles - 1) & 1;
+    const int stage = stage_of(tiles - 1);
+    turn_begin(wg);
     wgmma_fence();
     issue_pv(o, pa, smem_addr(sV + stage * KV_BYTES));
     wgmma_commit();
+    turn_end(wg, true);
     wgmma_wait<0>();
     fence_regs<HD / 2>(&o[0][0]);
     if (tid == 0) bar_arrive(&empty[stage]);
