@@ -65,7 +65,8 @@ def test_block_shapes_fit_the_shared_memory_of_one_sm():
         # a producer warp; the ping-pong shapes' producer is a whole warpgroup (setmaxnreg is warpgroup-wide)
         assert s.threads == (128 * (s.consumers + 1) if s.pingpong else 128 * s.consumers + 32)
         assert s.smem(128) <= 227 * 1024
-    assert NAMES == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3"]
+    assert NAMES == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3",
+                     "cuda.attention.flash_sm90_pp_persist_s3"]
 
 
 def test_ping_pong_shapes_rank_below_flash_sm90_so_an_untimed_build_keeps_it():
@@ -73,7 +74,7 @@ def test_ping_pong_shapes_rank_below_flash_sm90_so_an_untimed_build_keeps_it():
     for s in SHAPES[1:]:
         assert tactics[s.name].priority < tactics["cuda.attention.flash_sm90"].priority
         assert tactics[s.name].params == {"block_q": 128, "block_kv": 128, "consumers": 2, "stages": s.stages,
-                                          "pingpong": 1}
+                                          "pingpong": 1, "persistent": int(s.persistent)}
 
 
 def test_flash_sm90_keeps_its_defines_and_the_ping_pong_shapes_compile_theirs_in():
@@ -82,33 +83,51 @@ def test_flash_sm90_keeps_its_defines_and_the_ping_pong_shapes_compile_theirs_in
     for s in SHAPES[1:]:
         d = dict(kernel_for(s, "bf16_t", 64).defines)
         assert (d["PINGPONG"], d["STAGES"], d["CONSUMERS"], d["BKV"]) == ("1", str(s.stages), "2", "128")
+        assert d.get("PERSISTENT") == ("1" if s.persistent else None)
 
 
 class _Launches:
     """Records grid, block and shared memory of each launch (RecordingLauncher keeps only the arguments)."""
 
-    def __init__(self):
+    def __init__(self, sm_count: int):
+        self.sm_count = sm_count
         self.launches = []
 
     def launch(self, kernel, grid, block, args, shared_mem=0):
         self.launches.append((kernel, grid, block, args, shared_mem))
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", [s for s in SHAPES[1:] if not s.persistent], ids=lambda s: s.name)
 @pytest.mark.parametrize("S", [1, 128, 129, 300])
 def test_ping_pong_launch_covers_the_queries_in_blocks_of_128_with_key_tiles_of_128(shape, S):
+    kernel, grid, block, args, smem = _launch(shape, S, sm_count=132)
+    assert grid == (-(-S // 128), 3, 2) and block == (384,) and smem == shape.smem(128)
+    assert dict(kernel.defines)["PINGPONG"] == "1" and "PERSISTENT" not in dict(kernel.defines)
+    tm_q, tm_k, tm_v = args[:3]
+    assert tm_q.box == (64, 128, 1, 1) and tm_k.box == tm_v.box == (64, 128, 1, 1)
+
+
+@pytest.mark.parametrize("S,sm_count,blocks", [(300, 132, 18), (2048, 132, 96), (2048, 8, 8), (1, 132, 6)])
+def test_the_persistent_launch_has_one_block_an_sm_at_most_and_passes_heads_and_batch(S, sm_count, blocks):
+    """ceil(S / 128) x 3 heads x 2 batch items, at most one block an SM; heads and batch after geo (ITEM_PARAMS)."""
+    shape = next(s for s in SHAPES if s.persistent)
+    kernel, grid, block, args, smem = _launch(shape, S, sm_count)
+    assert grid == (blocks, 1, 1) and block == (384,) and smem == shape.smem(128)
+    assert dict(kernel.defines)["PERSISTENT"] == "1"
+    assert [int(a) for a in args[-2:]] == [3, 2]
+
+
+def _launch(shape, S, sm_count):
+    """The one launch of `shape` for a [2, 3, S, 128] fp16 layer over 200 keys."""
     B, H, D = 2, 3, 128
     inputs = {"Q": rand((B, H, S, D), FP16), "K": rand((B, H, 200, D), FP16), "V": rand((B, H, 200, D), FP16)}
     layer = layer_for(inputs, (B, H, S, D))
     tensors = {n: DeviceTensor(4096 * (i + 1), x.shape, FP16) for i, (n, x) in enumerate(inputs.items())}
     tensors[layer.outputs[0]] = DeviceTensor(1 << 20, (B, H, S, D), FP16)
-    rec = _Launches()
+    rec = _Launches(sm_count)
     _enqueue(shape)(layer, rec, tensors)
-    ((kernel, grid, block, args, smem),) = rec.launches
-    assert grid == (-(-S // 128), H, B) and block == (384,) and smem == shape.smem(D)
-    assert dict(kernel.defines)["PINGPONG"] == "1"
-    tm_q, tm_k, tm_v = args[:3]
-    assert tm_q.box == (64, 128, 1, 1) and tm_k.box == tm_v.box == (64, 128, 1, 1)
+    (launch,) = rec.launches
+    return launch
 
 
 # ---- GPU ------------------------------------------------------------------------------------
