@@ -5,10 +5,10 @@ warpgroups (CONSUMERS); both measured slower than this shape on every shape trie
 (2026-11-24, docs/PERFORMANCE.md), so they are not registered on their own: timing them only lengthened builds.
 `cuda.attention.flash_sm90_pp`, `_pp_s3` and `_pp_persist_s3` are FlashAttention-3's head-128 form of it
 (PINGPONG: two consumer warpgroups of 64 rows taking turns on the tensor cores, a producer warpgroup that
-gives its registers to them through setmaxnreg, key tiles of 128; 2 or 3 K/V stages; PERSISTENT: a grid of
-one block an SM looping over the query blocks, the next one's loads under the current one's end), one priority below
-flash_sm90 until a GPU session has run their tests and timed them: the builder times them against
-it, a plan built without timing keeps flash_sm90. Their speed is predicted, not measured
+gives its registers to them through setmaxnreg, key tiles of 128; 2 or 3 K/V stages; PERSISTENT: a grid
+of one block an SM looping over the query blocks, the next one's loads under the current one's end), one
+priority below flash_sm90 until a GPU session has run their tests and timed them: the builder times them
+against it, a plan built without timing keeps flash_sm90. Their speed is predicted, not measured
 (flash_attention_sm90.cu's header, docs/CUDA_NOTES.md).
 
 They take the layers `cuda.attention.flash` takes of head size 64 or 128 (flash_attention.flash_geometry:
@@ -48,8 +48,8 @@ class Sm90Flash:
     block_kv: int = 64
     stages: int = 2
     pingpong: bool = False
-    #: a grid of at most one block an SM looping over the (query block, head, batch) items: the producer
-    #: loads the next item's Q, K and V while the consumers finish the current one (the kernel's PERSISTENT)
+    #: (with pingpong) a grid of at most one block an SM looping over the (query block, head, batch) items: the
+    #: producer loads the next item's Q, K and V while the consumers finish the current one (the kernel's PERSISTENT)
     persistent: bool = False
     priority: int = 20
 

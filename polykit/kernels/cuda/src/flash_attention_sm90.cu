@@ -2,7 +2,8 @@
 //   O[b, h] = softmax(Q[b, h] K[b, h]^T * scale [+ mask]) V[b, h]
 // ELEM = half_t | bf16_t storage, fp32 scores, softmax statistics and accumulators; head size
 // HD (64 or 128) for Q, K and V; CONSUMERS (1 or 2) warpgroups of 64 query rows a block; BKV
-// (64 or 128) keys a tile; STAGES (2 to 4, default 2) K/V stages; PINGPONG and PERSISTENT (0 or 1) below.
+// (64 or 128) keys a tile; STAGES (2 to 4, default 2) K/V stages; PINGPONG and PERSISTENT (0 or 1):
+// below.
 //
 // Q, K and V arrive through rank-4 TMA tensor maps (innermost first: d, then seq and head in
 // the order of their strides, then batch): bits of `geo`, three per tensor x (Q 0, K 1, V 2):
@@ -25,7 +26,7 @@
 //
 // Warp roles: warps 0 .. 4 CONSUMERS - 1 are the consumer warpgroups (warpgroup c owns query
 // rows q0 + 64 c ..); warpgroup CONSUMERS is the producer (one warp; with PINGPONG a whole
-// warpgroup, for setmaxnreg) whose thread 0 issues every TMA load: Q once, then key tile t into
+// warpgroup, for setmaxnreg) whose thread 0 issues every TMA load: Q once an item, then key tile t into
 // stage t % STAGES after every consumer released that stage's previous tile.
 // Per key tile a consumer runs S = Q K^T (wgmma, Q and K from shared memory, HD / 16 k steps),
 // the online softmax in fp32 registers (flash_common.cuh: scale, mask, keys past Skv -> -inf,
@@ -55,7 +56,7 @@
 // room. BKV 128 then: BKV 64 halves S and P (112 live) but doubles the barriers, softmax
 // reductions and rescales a key, and the wgmma of S shrinks to n64. Shared memory at HD 128, BKV
 // 128: Q 32 KiB + STAGES x 64 KiB (K and V): 2 stages 160 KiB, 3 stages 224 KiB (+ 1 KiB alignment
-// and the barriers: 230,464 bytes of the 232,448 a block may have); HD 64 halves all of it.
+// and the barriers: 230,480 bytes of the 232,448 a block may have); HD 64 halves all of it.
 //
 // Prediction (not measured; H100 SXM, fp16, PINGPONG, HD 128, BKV 128): [4,16,2048,128] ~500 TFLOP/s
 // (~275 us; flash_sm90 304, SDPA 626). A block's key tile is 4 * 128 * 128 * 128 = 8.4 MFLOP = 2048
