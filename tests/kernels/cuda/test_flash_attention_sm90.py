@@ -286,3 +286,21 @@ def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, o
     inputs = arrays((B, H, S, head), (B, H, Skv, head), FP16)
     inputs["mask"] = np.where(causal_padding_keep(B, S, Skv, offset, rng), 0.0, -np.inf).astype(np.float16)
     check(layer_for(inputs, (B, H, S, head), mask_causal=offset, nan_probs_to_zero=1), inputs, tactic, TOL[FP16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [None, 0, -150])
+@pytest.mark.parametrize("head", [64, 128])
+def test_the_persistent_grid_runs_several_items_a_block(offset, head):
+    """[8, 16, 300, D]: 3 query blocks x 128 heads = 384 items for at most one block an SM, so every block runs
+    two or three (the stage ring and the barrier parities carry over from item to item); with the causal hint
+    the items need 0 to 3 key tiles (offset -150: the first query block of every head none)."""
+    require_sm90()
+    shape = next(s for s in SHAPES if s.persistent)
+    B, H, S = 8, 16, 300
+    inputs = arrays((B, H, S, head), (B, H, S, head), FP16)
+    attrs = {}
+    if offset is not None:
+        inputs["mask"] = np.where(causal_padding_keep(B, S, S, offset, rng), 0.0, -np.inf).astype(np.float16)
+        attrs = {"mask_causal": offset, "nan_probs_to_zero": 1}
+    check(layer_for(inputs, (B, H, S, head), **attrs), inputs, shape.name, TOL[FP16])
