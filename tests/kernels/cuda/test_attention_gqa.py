@@ -21,7 +21,7 @@ from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _enqueue
 from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm90_supports
 from polykit.kernels.cuda.base import DeviceTensor
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
-from tests.kernels.cuda.test_attention_views import BF16, FP16, check, mask_input, rand
+from tests.kernels.cuda.test_attention_views import BF16, FP16, SM90_TACTICS, check, mask_input, rand
 from tests.kernels.cuda.test_flash_attention import FLASH_TACTICS
 
 FP32 = np.dtype(np.float32)
@@ -191,13 +191,14 @@ def test_flash_grouped_heads(mask, layout, tactic, B, S, Hq, Hkv, D):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", [None, "causal"])
 @pytest.mark.parametrize("B,S,Hq,Hkv,D", GPU_CASES)
-def test_flash_sm90_grouped_heads(mask, B, S, Hq, Hkv, D):
+@pytest.mark.parametrize("tactic", SM90_TACTICS)
+def test_flash_sm90_grouped_heads(mask, B, S, Hq, Hkv, D, tactic):
     from polykit.runtime.cuda import driver
 
     if driver.current_device().arch != "sm_90":
         pytest.skip("needs compute capability 9.0")
     layer, inputs = _case(B, S, Hq, Hkv, D, BF16, mask)
-    check(layer, inputs, "cuda.attention.flash_sm90", BF16, 2e-2)
+    check(layer, inputs, tactic, BF16, 2e-2)
 
 
 @pytest.mark.gpu

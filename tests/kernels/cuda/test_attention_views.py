@@ -17,6 +17,7 @@ from polykit.compiler.ops.references import run_reference
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.attention import attention as simple
 from polykit.kernels.cuda.attention.flash_attention import _supports, flash_geometry, flash_launch, head_view
+from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES as SM90_SHAPES
 from polykit.kernels.cuda.attention.flash_attention_sm90 import _supports as sm90_supports
 from polykit.kernels.cuda.attention.flash_attention_sm90 import tensor_map, tma_layout
 from polykit.kernels.cuda.base import DeviceTensor
@@ -25,6 +26,7 @@ from tests.kernels.cuda.test_flash_attention import FLASH_TACTICS
 rng = np.random.default_rng(11)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP16 = np.dtype(np.float16)
+SM90_TACTICS = [s.name for s in SM90_SHAPES]
 
 
 def packed_views(form: str, B: int, S: int, H: int, D: int):
@@ -208,13 +210,14 @@ def test_flash_reads_packed_views(form, mask, tactic, B, S, H, D):
 @pytest.mark.parametrize("form", ["bs3hd", "gqa"])
 @pytest.mark.parametrize("mask", [None, "causal"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_flash_sm90_reads_packed_views(form, mask, D):
+@pytest.mark.parametrize("tactic", SM90_TACTICS)
+def test_flash_sm90_reads_packed_views(form, mask, D, tactic):
     from polykit.runtime.cuda import driver
 
     if driver.current_device().arch != "sm_90":
         pytest.skip("needs compute capability 9.0")
     layer, inputs = _case(form, 2, 131, 3, D, BF16, mask)
-    check(layer, inputs, "cuda.attention.flash_sm90", BF16, 2e-2)
+    check(layer, inputs, tactic, BF16, 2e-2)
 
 
 @pytest.mark.gpu

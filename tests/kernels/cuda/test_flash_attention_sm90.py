@@ -1,7 +1,7 @@
-"""The Hopper attention tactics (cuda.attention.flash_sm90): TMA maps, registration and
-geometry (CPU); results against the float64 reference on random data with outputs poisoned,
-masks (padding, causal, additive), layouts and broadcast heads, and against cuda.attention.flash
-(GPU, compute capability 9.0)."""
+"""The Hopper attention tactics (cuda.attention.flash_sm90 and its ping-pong shapes flash_sm90_pp,
+_pp_s3): TMA maps, registration, launch geometry and kernel defines (CPU); results against the float64
+reference on random data with outputs poisoned, masks (padding, causal, additive), layouts and broadcast
+heads, and against cuda.attention.flash (GPU, compute capability 9.0)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, all_cuda_tactics
 from polykit.kernels.cuda.attention.flash_attention import head_view
-from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES, _supports, compile_variants, tensor_map
+from polykit.kernels.cuda.attention.flash_attention_sm90 import (SHAPES, _enqueue, _supports, compile_variants,
+                                                                  kernel_for, tensor_map)
 from tests.kernels.cuda.test_flash_attention import CAUSAL_CASES, causal_padding_keep, layer_for, rand, reference
 
 rng = np.random.default_rng(90)
@@ -61,9 +62,72 @@ def test_registered_for_compute_capability_9_only_and_every_variant_targets_sm_9
 
 def test_block_shapes_fit_the_shared_memory_of_one_sm():
     for s in SHAPES:
-        assert s.threads == 128 * s.consumers + 32
+        # a producer warp; the ping-pong shapes' producer is a whole warpgroup (setmaxnreg is warpgroup-wide)
+        assert s.threads == (128 * (s.consumers + 1) if s.pingpong else 128 * s.consumers + 32)
         assert s.smem(128) <= 227 * 1024
-    assert [s.name for s in SHAPES] == ["cuda.attention.flash_sm90"]
+    assert NAMES == ["cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3",
+                     "cuda.attention.flash_sm90_pp_persist_s3"]
+
+
+def test_ping_pong_shapes_rank_below_flash_sm90_so_an_untimed_build_keeps_it():
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == "Attention"}
+    for s in SHAPES[1:]:
+        assert tactics[s.name].priority < tactics["cuda.attention.flash_sm90"].priority
+        assert tactics[s.name].params == {"block_q": 128, "block_kv": 128, "consumers": 2, "stages": s.stages,
+                                          "pingpong": 1, "persistent": int(s.persistent)}
+
+
+def test_flash_sm90_keeps_its_defines_and_the_ping_pong_shapes_compile_theirs_in():
+    assert dict(kernel_for(SHAPES[0], "half_t", 128).defines) == {"ELEM": "half_t", "HD": "128", "CONSUMERS": "1",
+                                                                  "BKV": "64"}
+    for s in SHAPES[1:]:
+        d = dict(kernel_for(s, "bf16_t", 64).defines)
+        assert (d["PINGPONG"], d["STAGES"], d["CONSUMERS"], d["BKV"]) == ("1", str(s.stages), "2", "128")
+        assert d.get("PERSISTENT") == ("1" if s.persistent else None)
+
+
+class _Launches:
+    """Records grid, block and shared memory of each launch (RecordingLauncher keeps only the arguments)."""
+
+    def __init__(self, sm_count: int):
+        self.sm_count = sm_count
+        self.launches = []
+
+    def launch(self, kernel, grid, block, args, shared_mem=0):
+        self.launches.append((kernel, grid, block, args, shared_mem))
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES[1:] if not s.persistent], ids=lambda s: s.name)
+@pytest.mark.parametrize("S", [1, 128, 129, 300])
+def test_ping_pong_launch_covers_the_queries_in_blocks_of_128_with_key_tiles_of_128(shape, S):
+    kernel, grid, block, args, smem = _launch(shape, S, sm_count=132)
+    assert grid == (-(-S // 128), 3, 2) and block == (384,) and smem == shape.smem(128)
+    assert dict(kernel.defines)["PINGPONG"] == "1" and "PERSISTENT" not in dict(kernel.defines)
+    tm_q, tm_k, tm_v = args[:3]
+    assert tm_q.box == (64, 128, 1, 1) and tm_k.box == tm_v.box == (64, 128, 1, 1)
+
+
+@pytest.mark.parametrize("S,sm_count,blocks", [(300, 132, 18), (2048, 132, 96), (2048, 8, 8), (1, 132, 6)])
+def test_the_persistent_launch_has_one_block_an_sm_at_most_and_passes_heads_and_batch(S, sm_count, blocks):
+    """ceil(S / 128) x 3 heads x 2 batch items, at most one block an SM; heads and batch after geo (ITEM_PARAMS)."""
+    shape = next(s for s in SHAPES if s.persistent)
+    kernel, grid, block, args, smem = _launch(shape, S, sm_count)
+    assert grid == (blocks, 1, 1) and block == (384,) and smem == shape.smem(128)
+    assert dict(kernel.defines)["PERSISTENT"] == "1"
+    assert [int(a) for a in args[-2:]] == [3, 2]
+
+
+def _launch(shape, S, sm_count):
+    """The one launch of `shape` for a [2, 3, S, 128] fp16 layer over 200 keys."""
+    B, H, D = 2, 3, 128
+    inputs = {"Q": rand((B, H, S, D), FP16), "K": rand((B, H, 200, D), FP16), "V": rand((B, H, 200, D), FP16)}
+    layer = layer_for(inputs, (B, H, S, D))
+    tensors = {n: DeviceTensor(4096 * (i + 1), x.shape, FP16) for i, (n, x) in enumerate(inputs.items())}
+    tensors[layer.outputs[0]] = DeviceTensor(1 << 20, (B, H, S, D), FP16)
+    rec = _Launches(sm_count)
+    _enqueue(shape)(layer, rec, tensors)
+    (launch,) = rec.launches
+    return launch
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -109,7 +173,7 @@ def arrays(q_shape, kv_shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", NAMES)
-@pytest.mark.parametrize("seq", [1, 7, 64, 77, 128, 513])
+@pytest.mark.parametrize("seq", [1, 7, 64, 77, 128, 513, 1031])  # 1031: 9 key tiles of 128, the stage rings wrap
 @pytest.mark.parametrize("head", [64, 128])
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 def test_matches_reference_without_mask(tactic, seq, head, dtype):
@@ -211,13 +275,32 @@ def test_agrees_with_the_mma_sync_kernel_on_a_bert_shape(tactic, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", NAMES)
-@pytest.mark.parametrize("dims,offset", CAUSAL_CASES)
+@pytest.mark.parametrize("dims,offset", CAUSAL_CASES + [((1, 2, 300, 300), -150)])
 @pytest.mark.parametrize("head", [64, 128])
 def test_causal_hint_skips_tiles_in_producer_and_consumers_alike(tactic, dims, offset, head):
     """`mask_causal`: the producer loads and the consumers wait for the same, fewer key tiles
-    (flash_key_tiles); the result is the mask's (causal and a per-batch key mask)."""
+    (flash_key_tiles); the result is the mask's (causal and a per-batch key mask). Offset -150: the first
+    query block sees no key at all (no tile: the ping-pong consumers take no turn)."""
     require_sm90()
     B, H, S, Skv = dims
     inputs = arrays((B, H, S, head), (B, H, Skv, head), FP16)
     inputs["mask"] = np.where(causal_padding_keep(B, S, Skv, offset, rng), 0.0, -np.inf).astype(np.float16)
     check(layer_for(inputs, (B, H, S, head), mask_causal=offset, nan_probs_to_zero=1), inputs, tactic, TOL[FP16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [None, 0, -150])
+@pytest.mark.parametrize("head", [64, 128])
+def test_the_persistent_grid_runs_several_items_a_block(offset, head):
+    """[8, 16, 300, D]: 3 query blocks x 128 heads = 384 items for at most one block an SM, so every block runs
+    two or three (the stage ring and the barrier parities carry over from item to item); with the causal hint
+    the items need 0 to 3 key tiles (offset -150: the first query block of every head none)."""
+    require_sm90()
+    shape = next(s for s in SHAPES if s.persistent)
+    B, H, S = 8, 16, 300
+    inputs = arrays((B, H, S, head), (B, H, S, head), FP16)
+    attrs = {}
+    if offset is not None:
+        inputs["mask"] = np.where(causal_padding_keep(B, S, S, offset, rng), 0.0, -np.inf).astype(np.float16)
+        attrs = {"mask_causal": offset, "nan_probs_to_zero": 1}
+    check(layer_for(inputs, (B, H, S, head), **attrs), inputs, shape.name, TOL[FP16])

@@ -8,11 +8,14 @@ NVVM then kept the accumulators as b32 integers, moved to and from f32 registers
 wgmma. The fp16 GEMM with a fused epilogue, the fp16 convolution with a bias and a residual, and
 the INT8 convolution with an int8 or float32 residual each take the 16-byte epilogue here (before the fix the
 GEMM's three tiles and the conv's 128x128, 64x128, 128x64, 64x64 and 64x64x2 warned; the INT8
-kernels, int32 accumulators, did not)."""
+kernels, int32 accumulators, did not). The Hopper flash attention kernels are checked the same way: S of
+tile t and P V of tile t - 1 in flight together (register-A wgmma) is where a stray read of S's or O's
+accumulators would serialize them."""
 
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import replace
 
 import pytest
@@ -21,6 +24,8 @@ pytest.importorskip("cuda.core")
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN  # noqa: E402
 from polykit.compiler.plan.records import LayerDesc  # noqa: E402
+from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES as FLASH_SHAPES  # noqa: E402
+from polykit.kernels.cuda.attention.flash_attention_sm90 import kernel_for as flash_kernel  # noqa: E402
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES  # noqa: E402
 from polykit.kernels.cuda.gemm.gemm_sm90 import TILES, kernel_for  # noqa: E402
 from polykit.kernels.cuda.int8.fp8_sm90 import TILES as FP8_TILES  # noqa: E402
@@ -143,3 +148,26 @@ def test_the_residual_rows_are_prefetched_into_l2_only_where_the_epilogue_loads_
                       in_shapes=tuple(shapes[n] for n in ("A", "B", *extra)), out_shapes=((M, N),))
     tile = next(t for t in TILES if t.label == tile_label)
     assert ("prefetch.global.L2" in ptx_of(kernel_for(layer, tile, "half_t", True), "gemm_sm90.cu")) == prefetched
+
+
+@pytest.mark.parametrize("elem", ["half_t", "bf16_t"])
+@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=lambda s: s.name)
+def test_the_sm90_flash_attention_kernels_keep_their_wgmma_pipeline_and_do_not_spill(shape, head, elem):
+    """Every flash_sm90 shape; the ping-pong ones (setmaxnreg 24 / 240) must also launch with 168 registers a
+    thread: the allocation their setmaxnreg arithmetic moves (24 * 128 + 240 * 256 = 168 * 384), since
+    setmaxnreg.inc waits for registers the block was never given when the launch holds fewer."""
+    report = ptxas_report(flash_kernel(shape, elem, head), "flash_attention_sm90.cu")
+    assert_pipelined(report, f"{shape.name} {elem} head {head}")
+    if shape.pingpong:
+        assert "Used 168 registers" in report, f"{shape.name}: not the launch allocation setmaxnreg assumes:\n{report}"
+
+
+@pytest.mark.parametrize("shape", [s for s in FLASH_SHAPES if s.pingpong], ids=lambda s: s.name)
+def test_the_ping_pong_flash_kernels_move_registers_and_take_turns(shape):
+    """PTX of the ping-pong shapes: the producer warpgroup gives registers up (setmaxnreg.dec 24), the consumers
+    take them (inc 240), and the turns are named barriers (bar.sync / bar.arrive over the 256 consumer threads)."""
+    ptx = ptx_of(flash_kernel(shape, "half_t", 128), "flash_attention_sm90.cu")
+    assert "setmaxnreg.dec.sync.aligned.u32 24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 240;" in ptx
+    assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx) and re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)
+    assert "wgmma.mma_async" in ptx

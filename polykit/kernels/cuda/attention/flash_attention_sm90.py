@@ -2,7 +2,14 @@
 `cuda.attention.flash_sm90` (one consumer warpgroup, 64 query rows a block, key tiles of 64),
 GPUs of compute capability 9.0. The kernel also takes key tiles of 128 (BKV) and two consumer
 warpgroups (CONSUMERS); both measured slower than this shape on every shape tried on the H100
-(2026-11-24, docs/PERFORMANCE.md), so they are not registered: timing them only lengthened builds.
+(2026-11-24, docs/PERFORMANCE.md), so they are not registered on their own: timing them only lengthened builds.
+`cuda.attention.flash_sm90_pp`, `_pp_s3` and `_pp_persist_s3` are FlashAttention-3's head-128 form of it
+(PINGPONG: two consumer warpgroups of 64 rows taking turns on the tensor cores, a producer warpgroup that
+gives its registers to them through setmaxnreg, key tiles of 128; 2 or 3 K/V stages; PERSISTENT: a grid
+of one block an SM looping over the query blocks, the next one's loads under the current one's end), one
+priority below flash_sm90 until a GPU session has run their tests and timed them: the builder times them
+against it, a plan built without timing keeps flash_sm90. Their speed is predicted, not measured
+(flash_attention_sm90.cu's header, docs/CUDA_NOTES.md).
 
 They take the layers `cuda.attention.flash` takes of head size 64 or 128 (flash_attention.flash_geometry:
 float16 / bfloat16, [B, H, S, D] or [B, S, H, D] layouts or strided views, broadcast batch / head
@@ -33,11 +40,18 @@ HEAD_SIZES = (64, 128)  # whole boxes (head size 32 runs cuda.attention.flash)
 
 @dataclass(frozen=True)
 class Sm90Flash:
-    """One block shape: `consumers` warpgroups of 64 query rows, key tiles of `block_kv`, a
-    producer warp."""
+    """One block shape: `consumers` warpgroups of 64 query rows, key tiles of `block_kv`, `stages`
+    K/V stages, a producer warp; `pingpong`: the consumers take turns on the tensor cores and the
+    producer is a whole warpgroup that hands its registers to them (the kernel's PINGPONG)."""
 
     consumers: int
     block_kv: int = 64
+    stages: int = 2
+    pingpong: bool = False
+    #: (with pingpong) a grid of at most one block an SM looping over the (query block, head, batch) items: the
+    #: producer loads the next item's Q, K and V while the consumers finish the current one (the kernel's PERSISTENT)
+    persistent: bool = False
+    priority: int = 20
 
     @property
     def block_q(self) -> int:
@@ -45,23 +59,51 @@ class Sm90Flash:
 
     @property
     def threads(self) -> int:
-        return 128 * self.consumers + 32
+        return 128 * (self.consumers + 1) if self.pingpong else 128 * self.consumers + 32
 
     def smem(self, head: int) -> int:
-        """Dynamic shared memory: 1 KiB alignment slack, Q, two stages of K and V, 5 mbarriers."""
-        return 1024 + (self.block_q + 4 * self.block_kv) * head * 2 + 64
+        """Dynamic shared memory: 1 KiB alignment slack, Q, the stages of K and V, the mbarriers
+        (1 + 2 stages of 8 bytes, in 16 (stages + 2))."""
+        return 1024 + (self.block_q + 2 * self.stages * self.block_kv) * head * 2 + 16 * (self.stages + 2)
 
     @property
     def name(self) -> str:
+        if self.pingpong:
+            return ("cuda.attention.flash_sm90_pp" + ("_persist" if self.persistent else "")
+                    + (f"_s{self.stages}" if self.stages != 2 else ""))
         return ("cuda.attention.flash_sm90" + ("_2wg" if self.consumers == 2 else "")
                 + (f"_kv{self.block_kv}" if self.block_kv != 64 else ""))
 
+    @property
+    def params(self) -> dict[str, int]:
+        # flash_sm90 keeps the params it had
+        extra = {"pingpong": 1, "persistent": int(self.persistent)} if self.pingpong else {}
+        return {"block_q": self.block_q, "block_kv": self.block_kv, "consumers": self.consumers,
+                "stages": self.stages, **extra}
 
-SHAPES = (Sm90Flash(1),)
+    def grid(self, S: int, heads: int, batch: int, sm_count: int) -> tuple[int, int, int]:
+        """Blocks of block_q query rows by heads by batch; persistent: one block an SM at most (x only)."""
+        qblocks = -(-S // self.block_q)
+        if self.persistent:
+            return (max(1, min(qblocks * heads * batch, sm_count)), 1, 1)
+        return (qblocks, heads, batch)
+
+
+#: flash_sm90; then FlashAttention-3's ping-pong form with key tiles of 128 and two or three stages, and
+#: its persistent grid (three stages), one priority below it (a plan built without timing keeps
+#: flash_sm90) until a GPU session times them
+SHAPES = (Sm90Flash(1),
+          Sm90Flash(2, 128, stages=2, pingpong=True, priority=19),
+          Sm90Flash(2, 128, stages=3, pingpong=True, priority=19),
+          Sm90Flash(2, 128, stages=3, pingpong=True, persistent=True, priority=19))
 
 
 def kernel_for(shape: Sm90Flash, elem: str, head: int) -> KernelSource:
-    tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv)
+    # STAGES and PINGPONG only for the ping-pong shapes: flash_sm90 keeps the defines (and cache keys) it had
+    extra = {"STAGES": shape.stages, "PINGPONG": 1} if shape.pingpong else {}
+    if shape.persistent:
+        extra["PERSISTENT"] = 1
+    tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv, **extra)
     return KernelSource("flash_attention_sm90", file=FILE, defines=tile, arch="sm_90a")
 
 
@@ -139,8 +181,10 @@ def _enqueue(shape: Sm90Flash):
         rest = run.args[7 + 3 * 3:-OUTER_ARGS]  # O's strides onwards
         _, H, B = run.grid
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-        launcher.launch(kernel_for(shape, elem, run.head), (-(-int(S) // shape.block_q), H, B), (shape.threads,),
-                        [*maps, o, mask, S, Skv, *rest, np.int32(geo)], shared_mem=shape.smem(run.head))
+        items = [np.int32(H), np.int32(B)] if shape.persistent else []  # the kernel's ITEM_PARAMS
+        grid = shape.grid(int(S), H, B, launcher.sm_count if shape.persistent else 0)
+        launcher.launch(kernel_for(shape, elem, run.head), grid, (shape.threads,),
+                        [*maps, o, mask, S, Skv, *rest, np.int32(geo), *items], shared_mem=shape.smem(run.head))
 
     return enqueue
 
@@ -150,6 +194,5 @@ def compile_variants() -> list[KernelSource]:
 
 
 for _shape in SHAPES:
-    cuda_tactic("Attention", _shape.name, kernels=_kernels(_shape), supports=_supports, priority=20, archs=ARCHS,
-                params={"block_q": _shape.block_q, "block_kv": _shape.block_kv, "consumers": _shape.consumers, "stages": 2})(
-        _enqueue(_shape))
+    cuda_tactic("Attention", _shape.name, kernels=_kernels(_shape), supports=_supports, priority=_shape.priority,
+                archs=ARCHS, params=_shape.params)(_enqueue(_shape))

@@ -134,6 +134,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // barrier `id` (not 0: __syncthreads' own) over `threads` threads of the block
 template <int ID, int THREADS>
 __device__ __forceinline__ void named_barrier() { asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory"); }
+// the same with the barrier chosen at run time (id 1 .. 15); named_arrive counts the calling warps in and
+// goes on (producer / consumer hand-offs between warpgroups: the waiting side calls named_sync)
+template <int THREADS>
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(THREADS) : "memory"); }
+template <int THREADS>
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(THREADS) : "memory");
+}
 
 // One stage of 3xTF32 wgmma into `part` (zeroed by the first wgmma): A (float, K-major rows, 32
 // deep) split into big and small parts in registers (the m64nNk8 tf32 A fragment: rows g, g + 8
