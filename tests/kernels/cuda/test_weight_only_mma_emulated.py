@@ -1,14 +1,16 @@
-"""weight_only_mma.cu emulated on the host (no GPU; block_emulation.py, every thread a real thread).
+"""weight_only_mma.cu and weight_only_mma_staged.cu emulated on the host (no GPU; block_emulation.py,
+every thread a real thread, warp_emulation.py's mma.sync, prmt and cp.async).
 
 The dequantization alone (weight_only_mma.cuh: the magic-number decode and the packed 16-bit subtract
 and multiply, their PTX modelled per half with one rounding) runs in a tiny kernel against numpy's
 DequantizeLinear value, bit for bit, over every code at every nibble of a word, many scales and
-zero points of the 8-bit range. The whole kernel runs through its tactics' real enqueue, outputs
-poisoned, against the cpu reference, once the emulator models mma.sync (branch warpemu): until then
-those cases skip and say so.
+zero points of the 8-bit range. The whole kernels run through their tactics' real enqueue, outputs
+(and the staged kernel's split-K workspace) poisoned, against the cpu reference.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import pytest
 from polykit.compiler.ops.quant.weight_only import unpack_values
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.int8.weight_only_mma import ELEMS, MMA_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_staged import FILE as STAGED_FILE
+from polykit.kernels.cuda.int8.weight_only_mma_staged import KERNEL as STAGED_KERNEL
+from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 
 WQ_CODES = {"int4": 0, "uint4": 1}
@@ -53,6 +58,30 @@ def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
     return host_launcher(tmp_path_factory, "wq_mma", KERNEL_PARAMS, KERNEL_ARGS)
+
+
+@pytest.fixture(scope="module")
+def staged_launcher(tmp_path_factory):
+    """The staged kernel and its reduce (one parameter list) on the host, lending NaN-poisoned workspace
+    and poisoning the staged X's shared memory (all ones: NaN in float16 and bfloat16) before each launch,
+    so that a read of what the kernel did not stage shows."""
+    from tests.kernels.cuda.block_emulation import EmulatedLauncher, host_launcher, kernel_signature
+
+    class LendingLauncher(EmulatedLauncher):
+        def launch(self, kernel, grid, block, args, shared_mem=0):
+            if kernel.name == STAGED_KERNEL:
+                ctypes.memset((ctypes.c_ubyte * self.smem).in_dll(self._lib(kernel), "xs_smem"), 0xFF, self.smem)
+            super().launch(kernel, grid, block, args, shared_mem)
+
+        def workspace(self, nbytes: int) -> int:
+            buf = np.full(-(-nbytes // 4), np.nan, np.float32)
+            self.lent.append(buf)
+            return buf.ctypes.data
+
+    launcher = host_launcher(tmp_path_factory, "wq_staged", *kernel_signature(STAGED_FILE, STAGED_KERNEL),
+                             cls=LendingLauncher)
+    launcher.lent = []
+    return launcher
 
 
 def tensor(a: np.ndarray) -> DeviceTensor:
@@ -115,6 +144,9 @@ def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
     tensors["X"] = DeviceTensor(moved.ctypes.data + shift_x * x.itemsize, x.shape, x.dtype)
     tensors["Y"] = tensor(y)
     tactic.enqueue(layer, launcher, tensors)
+    lent = getattr(launcher, "lent", [])
+    assert sum(buf.nbytes for buf in lent) <= tactic.workspace(layer, tensors, 132)  # what a build sets aside
+    lent.clear()
     return y
 
 
@@ -150,3 +182,50 @@ def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(launcher, d
     rtol, atol = TOLERANCE[np.dtype(dtype)]
     want = reference_layer(layer, inputs)["Y"]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+
+# the staged kernel: the cases above (one block's K range: slices and chunks past K skipped or zero) and K
+# past a block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of
+# c32_k2048, 5 of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements)
+STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64)]
+
+
+@pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("x_shape,n,block", STAGED_CASES)
+@pytest.mark.parametrize("tile", STAGED_TILES, ids=[tile.name for tile in STAGED_TILES])
+def test_the_emulated_staged_kernel_matches_the_reference(staged_launcher, tile, x_shape, n, block, weight_type,
+                                                          zero_point, bias):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    dtype = (np.float16, BF16)[STAGED_CASES.index((x_shape, n, block)) % 2]
+    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
+                                 seed=n)
+    got = run_emulated(staged_launcher, tile.name, layer, inputs)
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("tile", STAGED_TILES, ids=[tile.name for tile in STAGED_TILES])
+def test_the_emulated_staged_kernel_stages_a_misaligned_x_element_by_element(staged_launcher, tile):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    layer, inputs = random_layer((9, 1040), 11, "int4", 32, dtype=np.float16, seed=3)
+    got = run_emulated(staged_launcher, tile.name, layer, inputs, shift_x=1)
+    rtol, atol = TOLERANCE[np.dtype(np.float16)]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+
+def test_the_emulated_split_kernel_launches_its_reduce_after_the_splits(staged_launcher):
+    """K past a block's range: the main kernel's grid has one z a split and the reduce runs after it; K
+    within it: one launch, Y written directly."""
+    tile = STAGED_TILES[-1]
+    for k, launches in ((1040, [(STAGED_KERNEL, 2), ("weight_only_mma_reduce", 1)]), (272, [(STAGED_KERNEL, 1)])):
+        layer, inputs = random_layer((2, k), 8, "uint4", 32, dtype=np.float16, seed=k)
+        staged_launcher.launches.clear()
+        run_emulated(staged_launcher, tile.name, layer, inputs)
+        assert [(kernel.name, grid[2]) for kernel, grid, _, _ in staged_launcher.launches] == launches

@@ -41,6 +41,10 @@ SLICE, CHUNK, K_ALIGN, ROW_TILE, ELEM_BYTES = 128, 32, 16, 16, 2
 #: by the NT tiles, half of them at M <= 8
 DEQUANT_OPS = {"float16": 2.0, "bfloat16": 2.5}
 MMA_OPS, CHUNK_OPS, X_OPS_A_WORD = 0.25, 0.4, 10.0
+#: an L1 / L2 round trip of X as this kernel waits for it: its SASS loads each word of X (inside bounds
+#: branches) just before that word's mma, 4 dependent round trips a slice; fitted to the H100 run
+#: (mma_m16_k8_c16 at M = 1: 11.3 us measured, 6.6 us predicted without it; docs/PERFORMANCE.md)
+X_LATENCY_US = 0.4
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def mma_us(tile: MmaTile, m: int, n: int, k: int, block: int, elem: str, sm_coun
     """weight_only_mma's predicted time (for ordering candidates; weight_only.gemv_us's model and
     constants): the slowest of its traffic (packed weights, scales and zero points once a row tile, X
     once a block from L2 counted at DRAM speed, Y), its issued instructions (~3 a weight element,
-    weight_only_mma.cu's header) and its chain of dependent load groups, plus launch."""
+    weight_only_mma.cu's header) and its chain of dependent load groups and X loads, plus launch."""
     slices, tiles, col_blocks = -(-k // SLICE), -(-m // ROW_TILE), -(-n // tile.cols)
     blocks = col_blocks * min(tiles, MAX_GRID_Y)
     passes = -(-tiles // min(tiles, MAX_GRID_Y))
@@ -89,7 +93,8 @@ def mma_us(tile: MmaTile, m: int, n: int, k: int, block: int, elem: str, sm_coun
     issue = n * slices * SLICE * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
     slots = sm_count * tile.sm_blocks
     waves = -(-blocks // slots)
-    chain = waves * passes * (-(-slices // (tile.group * tile.warps)) + 1) * STEP_LATENCY_US
+    x_trips = 4 * -(-slices // tile.warps)  # a warp's slices, 4 dependent X loads each
+    chain = waves * passes * ((-(-slices // (tile.group * tile.warps)) + 1) * STEP_LATENCY_US + x_trips * X_LATENCY_US)
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
     return max(dram * spread, issue * spread, chain) + FIXED_US
 
@@ -106,6 +111,15 @@ def supports(layer: Any) -> bool:
     return not layer.in_dtypes or layer.in_dtypes[X] in ELEMS
 
 
+def refusal(layer: Any, tactic: str, x: str) -> DeviceError:
+    """The error of an mma tactic enqueued on a layer it does not take (a hand-built layer's X type)."""
+    return DeviceError(f"WeightOnlyMatMul {tactic} takes float16 / bfloat16 X, int4 / uint4 weights, "
+                       f"K % {K_ALIGN} == 0 and blocks of a multiple of {CHUNK}: got X {x}, "
+                       f"{layer.attrs.get('weight_type')}, K {layer.attrs.get('K')}, "
+                       f"block {layer.attrs.get('block_size')}", where=f"layer {layer.name!r}",
+                       hint="choose another cuda.weight_only tactic")
+
+
 def _mma_tactic(tile: MmaTile):
     def kernels(layer: Any) -> list[KernelSource]:
         return layer_sources(layer, tile.source, ELEMS, "half_t")
@@ -120,11 +134,7 @@ def _mma_tactic(tile: MmaTile):
         sizes, args = weight_only_args(layer, tensors)
         x = tensors[layer.inputs[X]].dtype.name
         if x not in ELEMS or not supports(layer):
-            raise DeviceError(f"WeightOnlyMatMul {tile.name} takes float16 / bfloat16 X, int4 / uint4 weights, "
-                              f"K % {K_ALIGN} == 0 and blocks of a multiple of {CHUNK}: got X {x}, "
-                              f"{layer.attrs.get('weight_type')}, K {layer.attrs.get('K')}, "
-                              f"block {layer.attrs.get('block_size')}", where=f"layer {layer.name!r}",
-                              hint="choose another cuda.weight_only tactic")
+            raise refusal(layer, tile.name, x)
         if sizes["M"] == 0 or sizes["N"] == 0:
             return
         grid = (-(-sizes["N"] // tile.cols), min(-(-sizes["M"] // ROW_TILE), MAX_GRID_Y), 1)
