@@ -32,9 +32,13 @@ from polykit.kernels.cuda.int8.weight_only_mma import (CHUNK_OPS, DEQUANT_OPS, E
 FILE = "weight_only_mma_staged.cu"
 KERNEL, REDUCE = "weight_only_mma_staged", "weight_only_mma_reduce"
 REDUCE_BLOCK = 256
+#: GPUs whose blocks may take the staged X (up to 16 x 4104 x 2 bytes and 16 KB of partial sums, 147 KB):
+#: A100 (163 KB a block) and H100 / H200 (227 KB); sm_86 / sm_89 give a block 99 KB
+ARCHS = ("sm_80", "sm_90")
 #: bytes an SM's shared memory holds for blocks (sm_80 164 KB, sm_90 228 KB: the H100 / H200 this is for),
-#: a block's reserve; ptxas's registers a thread (__launch_bounds__(256, 2)): 2 blocks of 256 threads an SM
-SMEM_PER_SM, SMEM_RESERVE, REG_BLOCKS = 228 * 1024, 1024, 2
+#: a block's reserve; an SM's registers and the most a thread may take (__launch_bounds__ asks ptxas for
+#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512)
+SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
 #: X re-reads and the workspace come from L2 (assumed ~5.5 TB/s on an H100; not measured here); a second
 #: launch (the reduce) costs about this much on the stream besides its bytes
 L2_BYTES_PER_US, REDUCE_US = 5.5e6, 1.5
@@ -70,26 +74,35 @@ class StagedTile:
     def splits(self, k: int) -> int:
         return -(-k // self.k_block)
 
-    def smem_bytes(self, m: int) -> int:
-        """Dynamic shared memory: min(16, M) staged X rows of the block's K range and its pad."""
-        return min(ROW_TILE, m) * (self.k_block + 8) * ELEM_BYTES
+    def smem_bytes(self, m: int, k: int) -> int:
+        """Dynamic shared memory: min(16, M) staged X rows of the block's K range (at most K rounded up to
+        a slice) and 16 bytes of pad (the kernel's xs_ld)."""
+        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
 
     def part_bytes(self) -> int:
         return self.warps_k * ROW_TILE * self.cols * 4
 
-    def sm_blocks(self, m: int) -> int:
-        """Blocks an SM holds: 2 by registers, fewer where the staged X does not fit twice."""
-        return max(1, min(REG_BLOCKS, SMEM_PER_SM // (self.smem_bytes(m) + self.part_bytes() + SMEM_RESERVE)))
+    @property
+    def reg_blocks(self) -> int:
+        """Blocks an SM holds by registers (REGS_THREAD a thread at most: ptxas is asked for this many)."""
+        return max(1, REGS_SM // (REGS_THREAD * self.threads))
+
+    def sm_blocks(self, m: int, k: int) -> int:
+        """Blocks an SM holds: by registers, fewer where the staged X does not fit as often."""
+        smem = self.smem_bytes(m, k) + self.part_bytes() + SMEM_RESERVE
+        return max(1, min(self.reg_blocks, SMEM_PER_SM // smem))
 
     def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
         return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
-                                                               NT=self.tiles, SW=self.slices))
+                                                               NT=self.tiles, SW=self.slices,
+                                                               XS_MIN_BLOCKS=self.reg_blocks))
 
 
-#: decode (16 columns and all of K = 4096 a block: 256 blocks, no split, the staged X 8 KB at M = 1) and
-#: small batches (32 / 64 columns a block over K 2048 / 1024: X, re-read once a block, costs 2x / 4x less at
-#: M = 16, for a split in 2 / 4 and its reduce)
-STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4))
+#: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
+#: small batches: 32 columns and all of K = 4096 (16 warps, 128 blocks of one an SM: X, re-read once a
+#: block, costs half, no split), 32 / 64 columns over K 2048 / 1024 (X 2x / 4x less, 256 blocks, for a
+#: split in 2 / 4 and its reduce)
+STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4))
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
@@ -108,7 +121,7 @@ def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, s
     through_l2 = (weight + staged) / L2_BYTES_PER_US
     per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
     issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
-    slots = sm_count * tile.sm_blocks(m)
+    slots = sm_count * tile.sm_blocks(m, k)
     waves = -(-blocks // slots)
     chain = waves * passes * 2 * STEP_LATENCY_US
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
@@ -168,7 +181,7 @@ def _staged_tactic(tile: StagedTile):
                                   hint="run the layer through an engine or harness that lends workspace")
         args = args + [ws, splits]
         grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
-        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m))
+        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
         if splits > 1:
             blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
             launcher.launch(tile.source(ELEMS[x], REDUCE), (blocks,), (REDUCE_BLOCK,), args)
@@ -185,6 +198,6 @@ def compile_variants() -> list[KernelSource]:
 for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=10, estimate=_estimate,
-                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN,
+                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices})(_enqueue)

@@ -25,7 +25,7 @@
 // .., wk + (SW - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a row, lane
 // 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) and loads all SW * NT
 // chunks before any math. X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
-// to shared memory (dynamic, rows x XS_LD ELEM, rows x (KB + 8) x 2 bytes; the 16-byte pad a row keeps
+// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a row keeps
 // the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
 // zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
 // reads its 16 bytes of row g (row g + 8 at M - m0 > 8) per word from shared memory (rows past M read as
@@ -81,7 +81,6 @@
 #define XS_THREADS (32 * WN * WK)
 #define XS_COLS (8 * NT * WN)  // a block's columns
 #define XS_KB (128 * WK * SW)   // a block's K range (elements)
-#define XS_LD (XS_KB + 8)      // a staged X row (elements): 16 bytes of pad
 
 // 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
 __device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid) {
@@ -89,13 +88,16 @@ __device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 
-// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (zeros past K)
-__device__ __forceinline__ void xs_stage(unsigned short* xs, const ELEM* __restrict__ x, int m0, int rows, int kb,
-                                         int slices, int M, int K, bool vec) {
+// a staged X row's elements: the block's K range, at most K rounded up to a slice, and 16 bytes of pad
+__device__ __forceinline__ int xs_ld(int K) { return (K < XS_KB ? (K + 127) / 128 * 128 : XS_KB) + 8; }
+
+// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K)
+__device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM* __restrict__ x, int m0, int rows,
+                                         int kb, int slices, int M, int K, bool vec) {
   const int groups = 16 * slices;  // 16-byte groups of a staged row
   for (int i = threadIdx.x; i < rows * groups; i += XS_THREADS) {
     const int r = i / groups, c = i - r * groups, k = kb + 8 * c;
-    unsigned short* dst = xs + r * XS_LD + 8 * c;
+    unsigned short* dst = xs + r * xld + 8 * c;
     if (vec)
       xs_copy16(dst, k < K ? x + (i64)(m0 + r) * K + k : x, k < K);
     else
@@ -115,6 +117,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   const int n0 = blockIdx.x * XS_COLS + 8 * NT * wn, kb = blockIdx.z * XS_KB;
   const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
+  const int xld = xs_ld(K);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
     WqChunk ch[SW][NT];  // every chunk of the warp in flight before anything waits
@@ -124,7 +127,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
       for (int j = 0; j < NT; ++j)
         ch[q][j] = wq_load<WT>(w, scale, zero, n0 + 8 * j + g, N, kb + (wk + q * WK) * 128 + 32 * t, K, ldw, block,
                                nb);
-    xs_stage(xs, x, m0, rows, kb, slices, M, K, vec);
+    xs_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[NT][4];
 #pragma unroll
@@ -135,11 +138,11 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     for (int q = 0; q < SW; ++q) {
       const int s = wk + q * WK;
       if (s >= slices) break;  // q ascending: every later slice lies past K too
-      const unsigned short* lo = xs + g * XS_LD + 128 * s + 32 * t;  // row g of the lane's 32 elements
+      const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // row g of the lane's 32 elements
       wq_slice_mma<ELEM, WT, NT>(acc, ch[q], [=](int i, uint4& a, uint4& b) {
         const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
         a = g < rows ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4;
-        b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * XS_LD + 8 * i) : z4;
+        b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * xld + 8 * i) : z4;
       });
     }
 #pragma unroll
@@ -168,7 +171,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory:
-// min(16, M) x XS_LD ELEM
+// min(16, M) x xs_ld(K) ELEM
 extern "C" __global__ void __launch_bounds__(XS_THREADS, XS_MIN_BLOCKS)
 weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                        const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
