@@ -301,13 +301,12 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     assert min(mma) < min(gemv)
 
 
-@pytest.mark.parametrize("m,best", [(1, "mma_staged_c16_k4096"), (4, "mma_staged_c16_k4096"),
-                                    (16, "mma_staged_c64_k1024")])
-def test_the_staged_estimate_ranks_one_block_a_column_first_at_decode_and_a_k_split_at_16_rows(m, best):
-    """No GPU: at N = K = 4096 (int4 blocked 128, float16 X, 132 SMs) the staged model puts the tile whose
-    block sums all of K first at M <= 8 (X is small: no split, no reduce), the widest tile with a 4-way K
-    split first at M = 16 (X, re-read once a block, costs 4x less), and every staged tile under the
-    measured weight_only_mma's estimate."""
+@pytest.mark.parametrize("m,best", [(1, "mma_staged_c16_k4096"), (16, "mma_staged_c32_k4096")])
+def test_the_staged_estimate_ranks_16_columns_first_at_decode_and_32_at_16_rows(m, best):
+    """No GPU: at N = K = 4096 (int4 blocked 128, float16 X, 132 SMs) the staged model puts the 16-column
+    tile first at M = 1 (256 blocks, 2 an SM; X is small), the 32-column one at M = 16 (X, re-read once a
+    block, costs half, and no split: no reduce), and every staged tile under the measured
+    weight_only_mma's estimate."""
     from polykit.kernels.cuda.base import all_cuda_tactics
 
     layer = stamped(m=m)

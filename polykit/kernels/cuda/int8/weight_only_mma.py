@@ -12,7 +12,9 @@ Priority 11, above every other weight-only tactic (m1's 10, the bw_* gemv tiles'
 (H100 2026-12-06, STEP=new9: 1253 passed) and a timed build picks mma_m16_k8_c16 at M = 1 and M = 16 at
 N = K = 4096, where the layer alone takes 11.3 / 14.2 us against the fp16 GEMM's 16.2 / 15.8 us (H100,
 benchmarks/weight_only_gemm.py, docs/PERFORMANCE.md); the gemv tiles took 26.5 / 90.6 us (H200). A level-0
-build now takes what the timed builds take.
+build now takes what the timed builds take. It is latency bound (weight_only_mma.cu's header: ncu at M = 1);
+weight_only_mma_staged.py's tactics are the geometry built to keep DRAM busy, a priority below until a GPU
+session runs and times them.
 """
 
 from __future__ import annotations

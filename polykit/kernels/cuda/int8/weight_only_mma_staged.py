@@ -3,16 +3,16 @@
 Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>` take what weight_only_mma.py's tactics
 take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with their
 per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK warps
-owns 8 * NT * WN columns and a K range of 128 * WK * S elements, each warp issues all of its S * NT 16-byte
+owns 8 * NT * WN columns and a K range of 128 * WK * SW elements, each warp issues all of its SW * NT 16-byte
 weight loads before any math, and the block stages its X rows once in shared memory by cp.async. K longer
 than a block's range is split over blocks (gridDim.z) into a float32 workspace that weight_only_mma_reduce
 adds in split order, then the bias (deterministic). weight_only_mma_staged.cu's header gives the why (the
 ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_us` is that model.
 
-Priority 10: under weight_only_mma's measured 11 (a level-0 build keeps the kernel that has run on a GPU)
-and timed by every level that times 3 or more candidates; not yet run on a GPU (gpu tests
-tests/kernels/cuda/test_weight_only.py wait for the next session), host-emulated
-(tests/kernels/cuda/test_weight_only_mma_emulated.py).
+Priority 10: under weight_only_mma's measured 11 (a level-0 build keeps the kernel that has run on a GPU);
+a timed build times them (the tuner orders one priority by estimate and adds the best tile of a family its
+cap leaves out). Not yet run on a GPU (the gpu tests of tests/kernels/cuda/test_weight_only.py wait for the
+next session); host-emulated (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,14 @@
 // columns a block, i.e. K split over blocks). kernels/cuda/int8/weight_only_mma.py's mma_us is this
 // model with weight_only.gemv_us's H100 constants (3.0 TB/s, X at DRAM speed, 3 us fixed): 6.6 / 6.4 us
 // (c16 / c32) at M = 1 and 17.2 / 11.8 us at M = 16, against gemv_us's best 8.9 and 20.4.
-// Registers (ptxas -v, sm_90, no spills): 118-122 a thread at NT = 2 (2 blocks an SM), 188-196 at NT = 4.
+// Registers (cuobjdump -res-usage, sm_90, no spills): 120-122 a thread at NT = 2 (2 blocks an SM), 198-215 at
+// NT = 4 (1 block an SM; 188-196 before the slice's math moved to weight_only_mma.cuh's wq_slice_mma, shared
+// with weight_only_mma_staged.cu: the same occupancy).
+// Measured since (H100, ncu, M = 1, c32): 25.9 us at ncu's locked clocks, DRAM 10 %, occupancy 12.5 %; the
+// SASS waits for each word's X load (inside the bounds branches of wq_x8) before its mma, so a warp's 4
+// slices are ~16 dependent L1 / L2 round trips besides its 2 DRAM load groups: latency bound, 11.3 us (the
+// layer, H100) against the ~3-5 us predicted above. mma_us now counts those round trips (X_LATENCY_US,
+// fitted to that run); weight_only_mma_staged.cu is the geometry that removes them.
 // Defines: ELEM (half_t, bf16_t), WK (warps a block), NT (n8 tiles a warp), G (slices a load group).
 #include "weight_only_mma.cuh"
 

@@ -5,7 +5,7 @@
 // [M, K] ELEM half_t / bf16_t, W uint8 [N, ldw] int4 / uint4 two codes a byte, scale [N, nb] ELEM, zero
 // point [N, nb] int8 / uint8 or null, B [N] or null, Y [M, N] ELEM; K % 16 == 0, block % 32 == 0) and its
 // per-lane math (weight_only_mma.cuh: a lane's 16-byte chunk of 32 codes of a row dequantized bit for bit
-// as the reference into the B operand, X byte-permuted into A in the same K order, wq_word).
+// as the reference into the B operand, X byte-permuted into A in the same K order: wq_slice_mma).
 //
 // Why another geometry. weight_only_mma (ncu, H100, M = 1, its c32 tactic: 25.9 us at ncu's locked clocks,
 // DRAM 10 %, 128 blocks of 256 threads, 191 registers, 1 block an SM, occupancy 12.5 %) is latency bound:
@@ -25,8 +25,8 @@
 // .., wk + (SW - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a row, lane
 // 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) and loads all SW * NT
 // chunks before any math. X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
-// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a row keeps
-// the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
+// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
+// row keeps the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
 // zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
 // reads its 16 bytes of row g (row g + 8 at M - m0 > 8) per word from shared memory (rows past M read as
 // zero without touching shared memory). The WK warps' C fragments go to shared memory (part[WK][16][cols]
@@ -38,26 +38,32 @@
 // (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
 // splits in order); Y = ELEM(sum + float(B)), one rounding.
 //
-// Registers and occupancy (cuobjdump -res-usage of NVRTC's sm_90 cubin, no spills; __launch_bounds__(256,
-// 2) asks for <= 128): 2 blocks of 256 threads an SM by registers at every tile of the tactics (the tactic
-// file lists them); shared memory (rows x (KB + 8) x 2 + 8 KB of part) bounds it further at KB = 4096 and
-// M > 8 (131 KB + 8 KB: 1 block an SM).
+// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills):
+// __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread and gets 124-128 at every tile:
+// 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096), 16 warps an SM
+// either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over 132 SMs,
+// i.e. all of N = K = 4096's packed weights in one wave. Shared memory (min(16, M) x xld x 2 + part:
+// 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB + part: 1
+// block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
 //
 // Cost (counted from the source and modelled in weight_only_mma_staged.py's staged_us; not measured) at
 // N = K = 4096, int4 blocked 128, float16 X. Bytes: packed weights 8.4 MB + scales / zero points 0.4 MB
-// from DRAM once (2.6 us at 3.35 TB/s, H100; 1.8 us at 4.8 TB/s, H200); X once a block from L2
-// (cols / KB only choose how often: N / cols blocks each read M x K x 2 bytes: 2 MB at M = 1 for c16,
-// 33.5 MB at M = 16 for c16, 8.4 MB for c64); at splits > 1 a float32 workspace written and read once
-// (M x N x 4 x splits: 1 MB at M = 16, splits 4). Instructions a lane-element: dequantization 2 (float16)
-// / 2.5 (bfloat16), the mma 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half
-// at M <= 8), a chunk's address, scale and zero point 0.4: ~3.2 at NT = 2. Latency: one DRAM round trip
-// (the chunks) overlapped with one L2 round trip (X's copies), then the math (~150 instructions a slice
-// a warp: SW = 4 slices ~600 a warp, 4 warps a scheduler at 2 blocks an SM: ~2.5 K cycles, ~1.4 us at
-// 1.75 GHz) and the block's sum. Predicted (H100 / H200, kernel alone, launch excluded): c16_k4096 at
-// M = 1 ~2.6 + 1.4 ~ 4 / 3.2 us; c64_k1024 at M = 16 ~3.5-4.5 / ~3 us plus the reduce (a second launch:
-// ~1-2 us); issue 35's bound is <= ~6.5 us a layer (H100, events around the layer, the launch included).
+// from DRAM once (2.6 us at 3.35 TB/s, H100; 1.8 us at 4.8 TB/s, H200); X once a block from L2 (N / cols
+// blocks each read M x K x 2 bytes: 2 MB at M = 1 for c16; 33.5 / 16.8 / 8.4 MB at M = 16 for 16 / 32 /
+// 64 columns a block); split, a float32 workspace written and read once (M x N x 4 x splits: 1 MB at
+// M = 16, 4 splits). Instructions a lane-element: dequantization 2 (float16) / 2.5 (bfloat16), the mma
+// 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half at M <= 8), a chunk's
+// address, scale and zero point 0.4: ~3.2 at NT = 2, ~2 us of issue on 132 SMs. Latency: one DRAM round
+// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~150 instructions a
+// slice a warp, 4 slices, 4 warps a scheduler: ~2.5 K cycles) and the block's sum. staged_us (the
+// family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed 5.5 TB/s; a reduce
+// 1.5 us + its bytes), the layer's time: c16_k4096 5.9 us at M = 1 (H200 at 4.3 TB/s: 5.0), c32_k4096
+// 7.8 us at M = 16 (H200: 7.8: X's L2 re-reads bound it), against weight_only_mma's 11.3 / 14.2 us
+// measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x (<= ~6.5 us) predicted at M = 1,
+// ~2x at M = 16 (fewer X re-reads need wider blocks over fewer SMs, or a K split whose second launch
+// costs what it saves).
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across columns / K), NT (n8 tiles a warp), SW (slices a
-// warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas).
+// warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas: 2 at 256 threads, 1 at 512).
 #include "weight_only_mma.cuh"
 
 #ifndef ELEM
