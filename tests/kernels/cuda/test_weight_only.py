@@ -215,24 +215,15 @@ MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17,
              ((3, 4112), 70, 32)]
 
 
-def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache):
-    from polykit.kernels.cuda.int8.weight_only_mma import compile_variants as mma_variants
+@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES), ("weight_only_mma_staged", STAGED_TILES)])
+def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache, family, tiles):
+    """One unit a tile and activation type (the staged kernel's reduce in the same unit), sm_80 and sm_90."""
+    import importlib
+
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    units = unique_units(mma_variants())
-    assert len(units) == 2 * len(MMA_TILES)
-    for arch in ("sm_80", "sm_90"):
-        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
-        assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
-
-
-def test_every_staged_mma_variant_compiles_with_nvrtc(shared_kernel_cache):
-    """The staged kernel and its reduce (one unit a tile and activation type) for sm_80 and sm_90."""
-    from polykit.kernels.cuda.int8.weight_only_mma_staged import compile_variants as staged_variants
-    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
-
-    units = unique_units(staged_variants())
-    assert len(units) == 2 * len(STAGED_TILES)
+    units = unique_units(importlib.import_module(f"polykit.kernels.cuda.int8.{family}").compile_variants())
+    assert len(units) == 2 * len(tiles)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
         assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
@@ -386,10 +377,12 @@ def test_mma_tactics_read_a_misaligned_x_element_by_element(tactic):
 
 
 @pytest.mark.gpu
-def test_the_mma_kernel_is_deterministic():
-    """The K split's partials add in warp order: two runs give the same bits."""
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_the_mma_kernels_are_deterministic(tactic):
+    """The K split's partials add in warp order (and the staged kernel's splits in split order): two runs
+    give the same bits."""
     from polykit.runtime.cuda.harness import run_layer
 
     layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)
-    first, second = (run_layer(layer, inputs, tactic=MMA_TACTICS[-1])["Y"] for _ in range(2))
+    first, second = (run_layer(layer, inputs, tactic=tactic)["Y"] for _ in range(2))
     assert np.array_equal(first.view(np.uint16), second.view(np.uint16))

@@ -153,71 +153,45 @@ def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
 # M = 1, 5 (rows g + 8 not loaded), 16, 17 (two row tiles); N odd (tiles past N); K a multiple of 16 and not
 # of 32 or 128 (chunks and slices past K); blocks of 32 and 128
 MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128)]
-
-
-@pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
-@pytest.mark.parametrize("weight_type", list(WQ_CODES))
-@pytest.mark.parametrize("x_shape,n,block", MMA_CASES)
-@pytest.mark.parametrize("tile", MMA_TILES, ids=[tile.name for tile in MMA_TILES])
-def test_the_emulated_kernel_matches_the_reference(launcher, tile, x_shape, n, block, weight_type, zero_point, bias):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
-
-    dtype = (np.float16, BF16)[MMA_CASES.index((x_shape, n, block)) % 2]
-    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
-                                 seed=n)
-    got = run_emulated(launcher, tile.name, layer, inputs)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
-
-
-@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
-def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(launcher, dtype):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
-
-    layer, inputs = random_layer((9, 144), 11, "int4", 32, dtype=dtype, seed=3)
-    got = run_emulated(launcher, MMA_TILES[0].name, layer, inputs, shift_x=1)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
-
-
-# the staged kernel: the cases above (one block's K range: slices and chunks past K skipped or zero) and K
-# past a block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of
-# c32_k2048, 5 of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements)
+# the staged kernel: those (one block's K range: slices and chunks past K skipped or zero) and K past a
+# block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of c32_k2048, 5
+# of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements)
 STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64)]
+EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
+    [(tile, *case) for tile in STAGED_TILES for case in STAGED_CASES]
+
+
+def launcher_of(request, tile):
+    return request.getfixturevalue("staged_launcher" if tile in STAGED_TILES else "launcher")
+
+
+def assert_emulated_matches(launcher, tile, layer, inputs, shift_x=0):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    got = run_emulated(launcher, tile.name, layer, inputs, shift_x)
+    rtol, atol = TOLERANCE[inputs["X"].dtype]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
 @pytest.mark.parametrize("weight_type", list(WQ_CODES))
-@pytest.mark.parametrize("x_shape,n,block", STAGED_CASES)
-@pytest.mark.parametrize("tile", STAGED_TILES, ids=[tile.name for tile in STAGED_TILES])
-def test_the_emulated_staged_kernel_matches_the_reference(staged_launcher, tile, x_shape, n, block, weight_type,
-                                                          zero_point, bias):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
-
+@pytest.mark.parametrize("tile,x_shape,n,block", EMULATED, ids=[f"{t.name}-{c}" for t, *c in EMULATED])
+def test_the_emulated_kernel_matches_the_reference(request, tile, x_shape, n, block, weight_type, zero_point, bias):
     dtype = (np.float16, BF16)[STAGED_CASES.index((x_shape, n, block)) % 2]
     layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
                                  seed=n)
-    got = run_emulated(staged_launcher, tile.name, layer, inputs)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+    assert_emulated_matches(launcher_of(request, tile), tile, layer, inputs)
 
 
-@pytest.mark.parametrize("tile", STAGED_TILES, ids=[tile.name for tile in STAGED_TILES])
-def test_the_emulated_staged_kernel_stages_a_misaligned_x_element_by_element(staged_launcher, tile):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
-
-    layer, inputs = random_layer((9, 1040), 11, "int4", 32, dtype=np.float16, seed=3)
-    got = run_emulated(staged_launcher, tile.name, layer, inputs, shift_x=1)
-    rtol, atol = TOLERANCE[np.dtype(np.float16)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("tile", [MMA_TILES[0], *STAGED_TILES], ids=lambda tile: tile.name)
+def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(request, tile, dtype):
+    """X 2 bytes past a 16-byte boundary: element loads (the staged kernel: element stores to shared memory)
+    in place of 16-byte ones; K = 1040 splits the staged c64_k1024 tile."""
+    layer, inputs = random_layer((9, 1040 if tile in STAGED_TILES else 144), 11, "int4", 32, dtype=dtype, seed=3)
+    assert_emulated_matches(launcher_of(request, tile), tile, layer, inputs, shift_x=1)
 
 
 def test_the_emulated_split_kernel_launches_its_reduce_after_the_splits(staged_launcher):

@@ -20,7 +20,7 @@ session runs and times them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.quant.weight_only import KIND, X, padded_row_bytes
@@ -122,15 +122,24 @@ def refusal(layer: Any, tactic: str, x: str) -> DeviceError:
                        hint="choose another cuda.weight_only tactic")
 
 
-def _mma_tactic(tile: MmaTile):
-    def kernels(layer: Any) -> list[KernelSource]:
-        return layer_sources(layer, tile.source, ELEMS, "half_t")
+def estimate_of(model: Callable[..., float], tile: Any) -> Callable[[Any, int], float | None]:
+    """A tactic's estimate: `model(tile, M, N, K, block, X type, SMs)` of a stamped layer of static shape
+    and 16-bit X, else None (nothing to predict)."""
 
     def estimate(layer: Any, sm_count: int) -> float | None:
         sizes = static_sizes(layer)
         if not sm_count or sizes is None or layer.in_dtypes[X] not in ELEMS:
             return None
-        return mma_us(tile, *sizes, layer.in_dtypes[X], sm_count)
+        return model(tile, *sizes, layer.in_dtypes[X], sm_count)
+
+    return estimate
+
+
+def _mma_tactic(tile: MmaTile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        return layer_sources(layer, tile.source, ELEMS, "half_t")
+
+    estimate = estimate_of(mma_us, tile)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)

@@ -25,9 +25,9 @@ from polykit.compiler.ops.quant.weight_only import KIND, W, X, padded_row_bytes
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
-                                                   STEP_LATENCY_US, layer_sources, static_sizes, weight_only_args)
+                                                   STEP_LATENCY_US, layer_sources, weight_only_args)
 from polykit.kernels.cuda.int8.weight_only_mma import (CHUNK_OPS, DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE,
-                                                       SLICE, X_OPS_A_WORD, refusal, supports)
+                                                       SLICE, X_OPS_A_WORD, estimate_of, refusal, supports)
 
 FILE = "weight_only_mma_staged.cu"
 KERNEL, REDUCE = "weight_only_mma_staged", "weight_only_mma_reduce"
@@ -156,11 +156,7 @@ def _staged_tactic(tile: StagedTile):
         mains = layer_sources(layer, tile.source, ELEMS, "half_t")
         return mains + [replace(main, name=REDUCE) for main in mains]
 
-    def estimate(layer: Any, sm_count: int) -> float | None:
-        sizes = static_sizes(layer)
-        if not sm_count or sizes is None or layer.in_dtypes[X] not in ELEMS:
-            return None
-        return staged_us(tile, *sizes, layer.in_dtypes[X], sm_count)
+    estimate = estimate_of(staged_us, tile)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)
