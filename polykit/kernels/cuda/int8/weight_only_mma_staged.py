@@ -40,8 +40,9 @@ ARCHS = ("sm_80", "sm_90")
 #: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512)
 SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
 #: X re-reads and the workspace come from L2 (assumed ~5.5 TB/s on an H100; not measured here); a second
-#: launch (the reduce) costs about this much on the stream besides its bytes
-L2_BYTES_PER_US, REDUCE_US = 5.5e6, 1.5
+#: launch (the reduce) costs about this much on the stream besides its bytes; warp schedulers an SM (a warp
+#: issues at most one instruction a cycle: ISSUE_PER_US_PER_SM / SCHEDULERS)
+L2_BYTES_PER_US, REDUCE_US, SCHEDULERS = 5.5e6, 1.5, 4
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,9 @@ def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, s
     """weight_only_mma_staged's predicted time (for ordering candidates; weight_only.gemv_us's constants,
     weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero
     points once a row tile, Y), every byte into the SMs at L2 speed (those, X once a block, the split's
-    workspace written and read), its issued instructions and its dependent round trips (one load wave
-    and the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
+    workspace written and read) followed by one warp's math (its loads all land before it starts: the
+    tail after the last bytes), its issued instructions and its dependent round trips (one load wave and
+    the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
     tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
     grid_y = min(tiles, MAX_GRID_Y)
     blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)
@@ -121,12 +123,13 @@ def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, s
     through_l2 = (weight + staged) / L2_BYTES_PER_US
     per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
     issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
+    tail = tile.slices * SLICE * 8 * tile.tiles * per_element / 32 / (ISSUE_PER_US_PER_SM / SCHEDULERS)
     slots = sm_count * tile.sm_blocks(m, k)
     waves = -(-blocks // slots)
     chain = waves * passes * 2 * STEP_LATENCY_US
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
     reduce = REDUCE_US + 2 * splits * m * n * 4 / DRAM_BYTES_PER_US if splits > 1 else 0.0
-    return max(max(dram, through_l2) * spread, issue * spread, chain) + FIXED_US + reduce
+    return max(max(dram, through_l2) * spread + tail, issue * spread, chain) + FIXED_US + reduce
 
 
 def _sizes(layer: Any, tensors: Mapping[str, Any]) -> tuple[int, int, int] | None:

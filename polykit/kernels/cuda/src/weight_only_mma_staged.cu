@@ -54,14 +54,14 @@
 // M = 16, 4 splits). Instructions a lane-element: dequantization 2 (float16) / 2.5 (bfloat16), the mma
 // 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half at M <= 8), a chunk's
 // address, scale and zero point 0.4: ~3.2 at NT = 2, ~2 us of issue on 132 SMs. Latency: one DRAM round
-// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~150 instructions a
-// slice a warp, 4 slices, 4 warps a scheduler: ~2.5 K cycles) and the block's sum. staged_us (the
-// family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed 5.5 TB/s; a reduce
-// 1.5 us + its bytes), the layer's time: c16_k4096 5.9 us at M = 1 (H200 at 4.3 TB/s: 5.0), c32_k4096
-// 7.8 us at M = 16 (H200: 7.8: X's L2 re-reads bound it), against weight_only_mma's 11.3 / 14.2 us
-// measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x (<= ~6.5 us) predicted at M = 1,
-// ~2x at M = 16 (fewer X re-reads need wider blocks over fewer SMs, or a K split whose second launch
-// costs what it saves).
+// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~200 warp-instructions
+// a slice at NT = 2, 4 slices a warp: ~0.5 us of tail after the last bytes land) and the block's sum.
+// staged_us (the family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed
+// 5.5 TB/s; a reduce 1.5 us + its bytes), the layer's time: c16_k4096 6.4 us at M = 1 (H200 at 4.3 TB/s:
+// 5.5), c32_k4096 8.3 us at M = 16 (H200 the same: X's L2 re-reads bound it; without a K split every SM
+// needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to), against
+// weight_only_mma's 11.3 / 14.2 us measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x
+// (<= ~6.5 us) predicted at M = 1 (just), ~1.9x at M = 16 (a split's reduce costs what it saves of X).
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across columns / K), NT (n8 tiles a warp), SW (slices a
 // warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas: 2 at 256 threads, 1 at 512).
 #include "weight_only_mma.cuh"
