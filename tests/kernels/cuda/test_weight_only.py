@@ -18,6 +18,7 @@ import pytest
 from polykit.compiler.ops.quant.weight_only import KIND, WEIGHT_TYPES
 from polykit.kernels.cuda.int8.weight_only import GEMV_TILES, ROW_TILES, compile_variants
 from polykit.kernels.cuda.int8.weight_only_mma import MMA_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 #: activation dtype -> (rtol, atol) against the reference
 #: every cuda tactic of the kind: the per-row kernel's row tiles and the bandwidth-bound kernel's tiles
@@ -201,21 +202,28 @@ def test_the_gemv_estimate_ranks_a_tile_of_the_layers_rows_first(m, rows):
     assert next(tile for tile in GEMV_TILES if tile.name == best).rows == rows
 
 
-# ---- weight_only_mma (tactics cuda.weight_only.mma_*: tensor cores, float16 / bfloat16 X, int4 / uint4) ----
-MMA_TACTICS = [tile.name for tile in MMA_TILES]
+# ---- weight_only_mma and weight_only_mma_staged (tactics cuda.weight_only.mma_*: tensor cores, float16 /
+# bfloat16 X, int4 / uint4) ----
+STAGED_NAMES = [tile.name for tile in STAGED_TILES]
+MMA_TACTICS = [tile.name for tile in MMA_TILES] + STAGED_NAMES
 # (X shape, N, block): M = 1, 5 (one 8-row half of the mma tile), 16, 17 and 33 (row tiles stepping over M),
 # rows folded from batch dims; N odd (n8 tiles past N); K a multiple of 16 but not of 32 or 128 (chunks and
-# slices past K), K = 4096 (several load groups a warp); blocks of 32, 64, 128
+# slices past K), K = 4096 (several load groups a warp; the staged tiles' splits of 2048 / 1024), K = 4112
+# (every staged tile split, the last split 16 elements); blocks of 32, 64, 128
 MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128),
-             ((2, 8, 64), 9, 64), ((33, 4096), 40, 128), ((1, 4096), 300, 128), ((16, 4096), 264, 128)]
+             ((2, 8, 64), 9, 64), ((33, 4096), 40, 128), ((1, 4096), 300, 128), ((16, 4096), 264, 128),
+             ((3, 4112), 70, 32)]
 
 
-def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache):
-    from polykit.kernels.cuda.int8.weight_only_mma import compile_variants as mma_variants
+@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES), ("weight_only_mma_staged", STAGED_TILES)])
+def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache, family, tiles):
+    """One unit a tile and activation type (the staged kernel's reduce in the same unit), sm_80 and sm_90."""
+    import importlib
+
     from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
-    units = unique_units(mma_variants())
-    assert len(units) == 2 * len(MMA_TILES)
+    units = unique_units(importlib.import_module(f"polykit.kernels.cuda.int8.{family}").compile_variants())
+    assert len(units) == 2 * len(tiles)
     for arch in ("sm_80", "sm_90"):
         cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
         assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
@@ -271,9 +279,9 @@ def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 @pytest.mark.parametrize("x", ["float16", "bfloat16"])
 def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
-    """No GPU: the cost model (weight_only_mma.cu's header) predicts the tensor-core kernel under every
-    bw tile at N = K = 4096, int4 blocked 128, on 132 SMs (among tactics of one priority, the estimate
-    orders the timing)."""
+    """No GPU: the cost models (weight_only_mma.cu's and weight_only_mma_staged.cu's headers) predict a
+    tensor-core kernel under every bw tile at N = K = 4096, int4 blocked 128, on 132 SMs (among tactics
+    of one priority, the estimate orders the timing)."""
     from polykit.kernels.cuda.base import all_cuda_tactics
 
     layer = stamped(x=x, m=m)
@@ -284,14 +292,45 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     assert min(mma) < min(gemv)
 
 
+@pytest.mark.parametrize("m,best", [(1, ("c16_k4096", "c32_k4096")), (16, ("c32_k4096",))])
+def test_the_staged_estimate_ranks_an_unsplit_tile_first_and_32_columns_at_16_rows(m, best):
+    """No GPU: at N = K = 4096 (int4 blocked 128, float16 X, 132 SMs) the staged model puts a tile whose
+    block sums all of K first at M = 1 (X is small: a split would only add the reduce), the 32-column
+    one at M = 16 (X, re-read once a block, costs half of the 16-column one's, and no reduce), and every
+    staged tile under the measured weight_only_mma's estimate."""
+    from polykit.kernels.cuda.base import all_cuda_tactics
+
+    layer = stamped(m=m)
+    tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
+    staged = {tile.name: tactics[tile.name].estimate(layer, 132) for tile in STAGED_TILES}
+    assert min(staged, key=staged.get) in {f"cuda.weight_only.mma_staged_{name}" for name in best}
+    assert max(staged.values()) < min(tactics[tile.name].estimate(layer, 132) for tile in MMA_TILES)
+
+
+def test_a_split_staged_tactic_borrows_the_splits_float_sums_and_an_unsplit_one_nothing():
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    layer = stamped(m=16)
+    tensors = {name: DeviceTensor(0, shape, np.dtype(dtype))
+               for name, shape, dtype in zip(layer.inputs, layer.in_shapes, layer.in_dtypes)}
+    need = {tile.name: find_tactic("cuda", KIND, tile.name).workspace(layer, tensors, 132) for tile in STAGED_TILES}
+    assert need == {tile.name: 0 if tile.k_block >= 4096 else 4 * (4096 // tile.k_block) * 16 * 4096
+                    for tile in STAGED_TILES}
+
+
 @pytest.mark.parametrize("m", [1, 16])
 def test_a_level_0_build_takes_the_mma_kernel_where_it_runs_and_the_gemv_where_it_does_not(m):
     """The mma tactics ran on a GPU (H100 2026-12-06) and timed builds picked them at M = 1 and 16, so
-    they rank first; a float32 X (which they refuse) still gets the plain kernels."""
+    they rank first; the staged ones (not yet run on a GPU) are candidates a priority under them; a float32
+    X (which they all refuse) still gets the plain kernels."""
     from polykit.kernels.tactics import candidates
 
-    assert candidates("cuda", KIND, stamped(m=m), arch="sm_90")[0].name in MMA_TACTICS
-    assert candidates("cuda", KIND, stamped(m=m, x="bfloat16", k=272, block=32), arch="sm_90")[0].name in MMA_TACTICS
+    measured = [tile.name for tile in MMA_TILES]
+    for layer in (stamped(m=m), stamped(m=m, x="bfloat16", k=272, block=32)):
+        found = candidates("cuda", KIND, layer, arch="sm_90")
+        assert {t.name for t in found[:len(measured)]} == set(measured)
+        assert {t.name: t.priority for t in found if t.name in STAGED_NAMES} == dict.fromkeys(STAGED_NAMES, 10)
     fp32 = candidates("cuda", KIND, stamped(m=m, x="float32"), arch="sm_90")
     assert fp32 and not any(t.name in MMA_TACTICS for t in fp32)
 
@@ -338,10 +377,12 @@ def test_mma_tactics_read_a_misaligned_x_element_by_element(tactic):
 
 
 @pytest.mark.gpu
-def test_the_mma_kernel_is_deterministic():
-    """The K split's partials add in warp order: two runs give the same bits."""
+@pytest.mark.parametrize("tactic", MMA_TACTICS)
+def test_the_mma_kernels_are_deterministic(tactic):
+    """The K split's partials add in warp order (and the staged kernel's splits in split order): two runs
+    give the same bits."""
     from polykit.runtime.cuda.harness import run_layer
 
     layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)
-    first, second = (run_layer(layer, inputs, tactic=MMA_TACTICS[-1])["Y"] for _ in range(2))
+    first, second = (run_layer(layer, inputs, tactic=tactic)["Y"] for _ in range(2))
     assert np.array_equal(first.view(np.uint16), second.view(np.uint16))

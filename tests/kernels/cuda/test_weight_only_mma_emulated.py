@@ -1,14 +1,16 @@
-"""weight_only_mma.cu emulated on the host (no GPU; block_emulation.py, every thread a real thread).
+"""weight_only_mma.cu and weight_only_mma_staged.cu emulated on the host (no GPU; block_emulation.py,
+every thread a real thread, warp_emulation.py's mma.sync, prmt and cp.async).
 
 The dequantization alone (weight_only_mma.cuh: the magic-number decode and the packed 16-bit subtract
 and multiply, their PTX modelled per half with one rounding) runs in a tiny kernel against numpy's
 DequantizeLinear value, bit for bit, over every code at every nibble of a word, many scales and
-zero points of the 8-bit range. The whole kernel runs through its tactics' real enqueue, outputs
-poisoned, against the cpu reference, once the emulator models mma.sync (branch warpemu): until then
-those cases skip and say so.
+zero points of the 8-bit range. The whole kernels run through their tactics' real enqueue, outputs
+(and the staged kernel's split-K workspace) poisoned, against the cpu reference.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ import pytest
 from polykit.compiler.ops.quant.weight_only import unpack_values
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.int8.weight_only_mma import ELEMS, MMA_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_staged import FILE as STAGED_FILE
+from polykit.kernels.cuda.int8.weight_only_mma_staged import KERNEL as STAGED_KERNEL
+from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 
 WQ_CODES = {"int4": 0, "uint4": 1}
@@ -53,6 +58,30 @@ def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
     return host_launcher(tmp_path_factory, "wq_mma", KERNEL_PARAMS, KERNEL_ARGS)
+
+
+@pytest.fixture(scope="module")
+def staged_launcher(tmp_path_factory):
+    """The staged kernel and its reduce (one parameter list) on the host, lending NaN-poisoned workspace
+    and poisoning the staged X's shared memory (all ones: NaN in float16 and bfloat16) before each launch,
+    so that a read of what the kernel did not stage shows."""
+    from tests.kernels.cuda.block_emulation import EmulatedLauncher, host_launcher, kernel_signature
+
+    class LendingLauncher(EmulatedLauncher):
+        def launch(self, kernel, grid, block, args, shared_mem=0):
+            if kernel.name == STAGED_KERNEL:
+                ctypes.memset((ctypes.c_ubyte * self.smem).in_dll(self._lib(kernel), "xs_smem"), 0xFF, self.smem)
+            super().launch(kernel, grid, block, args, shared_mem)
+
+        def workspace(self, nbytes: int) -> int:
+            buf = np.full(-(-nbytes // 4), np.nan, np.float32)
+            self.lent.append(buf)
+            return buf.ctypes.data
+
+    launcher = host_launcher(tmp_path_factory, "wq_staged", *kernel_signature(STAGED_FILE, STAGED_KERNEL),
+                             cls=LendingLauncher)
+    launcher.lent = []
+    return launcher
 
 
 def tensor(a: np.ndarray) -> DeviceTensor:
@@ -115,38 +144,62 @@ def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
     tensors["X"] = DeviceTensor(moved.ctypes.data + shift_x * x.itemsize, x.shape, x.dtype)
     tensors["Y"] = tensor(y)
     tactic.enqueue(layer, launcher, tensors)
+    lent = getattr(launcher, "lent", [])
+    assert sum(buf.nbytes for buf in lent) <= tactic.workspace(layer, tensors, 132)  # what a build sets aside
+    lent.clear()
     return y
 
 
 # M = 1, 5 (rows g + 8 not loaded), 16, 17 (two row tiles); N odd (tiles past N); K a multiple of 16 and not
 # of 32 or 128 (chunks and slices past K); blocks of 32 and 128
 MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128)]
+# the staged kernel: those (one block's K range: slices and chunks past K skipped or zero) and K past a
+# block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of c32_k2048, 5
+# of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements)
+STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64)]
+EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
+    [(tile, *case) for tile in STAGED_TILES for case in STAGED_CASES]
+
+
+def launcher_of(request, tile):
+    return request.getfixturevalue("staged_launcher" if tile in STAGED_TILES else "launcher")
+
+
+def assert_emulated_matches(launcher, tile, layer, inputs, shift_x=0):
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import TOLERANCE
+
+    got = run_emulated(launcher, tile.name, layer, inputs, shift_x)
+    rtol, atol = TOLERANCE[inputs["X"].dtype]
+    want = reference_layer(layer, inputs)["Y"]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
 @pytest.mark.parametrize("weight_type", list(WQ_CODES))
-@pytest.mark.parametrize("x_shape,n,block", MMA_CASES)
-@pytest.mark.parametrize("tile", MMA_TILES, ids=[tile.name for tile in MMA_TILES])
-def test_the_emulated_kernel_matches_the_reference(launcher, tile, x_shape, n, block, weight_type, zero_point, bias):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
-
-    dtype = (np.float16, BF16)[MMA_CASES.index((x_shape, n, block)) % 2]
+@pytest.mark.parametrize("tile,x_shape,n,block", EMULATED, ids=[f"{t.name}-{c}" for t, *c in EMULATED])
+def test_the_emulated_kernel_matches_the_reference(request, tile, x_shape, n, block, weight_type, zero_point, bias):
+    dtype = (np.float16, BF16)[STAGED_CASES.index((x_shape, n, block)) % 2]
     layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, zero_point=zero_point, bias=bias,
                                  seed=n)
-    got = run_emulated(launcher, tile.name, layer, inputs)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+    assert_emulated_matches(launcher_of(request, tile), tile, layer, inputs)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
-def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(launcher, dtype):
-    from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
+@pytest.mark.parametrize("tile", [MMA_TILES[0], *STAGED_TILES], ids=lambda tile: tile.name)
+def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(request, tile, dtype):
+    """X 2 bytes past a 16-byte boundary: element loads (the staged kernel: element stores to shared memory)
+    in place of 16-byte ones; K = 1040 splits the staged c64_k1024 tile."""
+    layer, inputs = random_layer((9, 1040 if tile in STAGED_TILES else 144), 11, "int4", 32, dtype=dtype, seed=3)
+    assert_emulated_matches(launcher_of(request, tile), tile, layer, inputs, shift_x=1)
 
-    layer, inputs = random_layer((9, 144), 11, "int4", 32, dtype=dtype, seed=3)
-    got = run_emulated(launcher, MMA_TILES[0].name, layer, inputs, shift_x=1)
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
-    want = reference_layer(layer, inputs)["Y"]
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
+
+def test_the_emulated_split_kernel_launches_its_reduce_after_the_splits(staged_launcher):
+    """K past a block's range: the main kernel's grid has one z a split and the reduce runs after it; K
+    within it: one launch, Y written directly."""
+    tile = STAGED_TILES[-1]
+    for k, launches in ((1040, [(STAGED_KERNEL, 2), ("weight_only_mma_reduce", 1)]), (272, [(STAGED_KERNEL, 1)])):
+        layer, inputs = random_layer((2, k), 8, "uint4", 32, dtype=np.float16, seed=k)
+        staged_launcher.launches.clear()
+        run_emulated(staged_launcher, tile.name, layer, inputs)
+        assert [(kernel.name, grid[2]) for kernel, grid, _, _ in staged_launcher.launches] == launches

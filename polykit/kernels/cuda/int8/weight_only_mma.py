@@ -12,13 +12,15 @@ Priority 11, above every other weight-only tactic (m1's 10, the bw_* gemv tiles'
 (H100 2026-12-06, STEP=new9: 1253 passed) and a timed build picks mma_m16_k8_c16 at M = 1 and M = 16 at
 N = K = 4096, where the layer alone takes 11.3 / 14.2 us against the fp16 GEMM's 16.2 / 15.8 us (H100,
 benchmarks/weight_only_gemm.py, docs/PERFORMANCE.md); the gemv tiles took 26.5 / 90.6 us (H200). A level-0
-build now takes what the timed builds take.
+build now takes what the timed builds take. It is latency bound (weight_only_mma.cu's header: ncu at M = 1);
+weight_only_mma_staged.py's tactics are the geometry built to keep DRAM busy, a priority below until a GPU
+session runs and times them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.quant.weight_only import KIND, X, padded_row_bytes
@@ -41,6 +43,10 @@ SLICE, CHUNK, K_ALIGN, ROW_TILE, ELEM_BYTES = 128, 32, 16, 16, 2
 #: by the NT tiles, half of them at M <= 8
 DEQUANT_OPS = {"float16": 2.0, "bfloat16": 2.5}
 MMA_OPS, CHUNK_OPS, X_OPS_A_WORD = 0.25, 0.4, 10.0
+#: an L1 / L2 round trip of X as this kernel waits for it: its SASS loads each word of X (inside bounds
+#: branches) just before that word's mma, 4 dependent round trips a slice; fitted to the H100 run
+#: (mma_m16_k8_c16 at M = 1: 11.3 us measured, 6.6 us predicted without it; docs/PERFORMANCE.md)
+X_LATENCY_US = 0.4
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def mma_us(tile: MmaTile, m: int, n: int, k: int, block: int, elem: str, sm_coun
     """weight_only_mma's predicted time (for ordering candidates; weight_only.gemv_us's model and
     constants): the slowest of its traffic (packed weights, scales and zero points once a row tile, X
     once a block from L2 counted at DRAM speed, Y), its issued instructions (~3 a weight element,
-    weight_only_mma.cu's header) and its chain of dependent load groups, plus launch."""
+    weight_only_mma.cu's header) and its chain of dependent load groups and X loads, plus launch."""
     slices, tiles, col_blocks = -(-k // SLICE), -(-m // ROW_TILE), -(-n // tile.cols)
     blocks = col_blocks * min(tiles, MAX_GRID_Y)
     passes = -(-tiles // min(tiles, MAX_GRID_Y))
@@ -89,7 +95,8 @@ def mma_us(tile: MmaTile, m: int, n: int, k: int, block: int, elem: str, sm_coun
     issue = n * slices * SLICE * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
     slots = sm_count * tile.sm_blocks
     waves = -(-blocks // slots)
-    chain = waves * passes * (-(-slices // (tile.group * tile.warps)) + 1) * STEP_LATENCY_US
+    x_trips = 4 * -(-slices // tile.warps)  # a warp's slices, 4 dependent X loads each
+    chain = waves * passes * ((-(-slices // (tile.group * tile.warps)) + 1) * STEP_LATENCY_US + x_trips * X_LATENCY_US)
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
     return max(dram * spread, issue * spread, chain) + FIXED_US
 
@@ -106,25 +113,39 @@ def supports(layer: Any) -> bool:
     return not layer.in_dtypes or layer.in_dtypes[X] in ELEMS
 
 
-def _mma_tactic(tile: MmaTile):
-    def kernels(layer: Any) -> list[KernelSource]:
-        return layer_sources(layer, tile.source, ELEMS, "half_t")
+def refusal(layer: Any, tactic: str, x: str) -> DeviceError:
+    """The error of an mma tactic enqueued on a layer it does not take (a hand-built layer's X type)."""
+    return DeviceError(f"WeightOnlyMatMul {tactic} takes float16 / bfloat16 X, int4 / uint4 weights, "
+                       f"K % {K_ALIGN} == 0 and blocks of a multiple of {CHUNK}: got X {x}, "
+                       f"{layer.attrs.get('weight_type')}, K {layer.attrs.get('K')}, "
+                       f"block {layer.attrs.get('block_size')}", where=f"layer {layer.name!r}",
+                       hint="choose another cuda.weight_only tactic")
+
+
+def estimate_of(model: Callable[..., float], tile: Any) -> Callable[[Any, int], float | None]:
+    """A tactic's estimate: `model(tile, M, N, K, block, X type, SMs)` of a stamped layer of static shape
+    and 16-bit X, else None (nothing to predict)."""
 
     def estimate(layer: Any, sm_count: int) -> float | None:
         sizes = static_sizes(layer)
         if not sm_count or sizes is None or layer.in_dtypes[X] not in ELEMS:
             return None
-        return mma_us(tile, *sizes, layer.in_dtypes[X], sm_count)
+        return model(tile, *sizes, layer.in_dtypes[X], sm_count)
+
+    return estimate
+
+
+def _mma_tactic(tile: MmaTile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        return layer_sources(layer, tile.source, ELEMS, "half_t")
+
+    estimate = estimate_of(mma_us, tile)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         sizes, args = weight_only_args(layer, tensors)
         x = tensors[layer.inputs[X]].dtype.name
         if x not in ELEMS or not supports(layer):
-            raise DeviceError(f"WeightOnlyMatMul {tile.name} takes float16 / bfloat16 X, int4 / uint4 weights, "
-                              f"K % {K_ALIGN} == 0 and blocks of a multiple of {CHUNK}: got X {x}, "
-                              f"{layer.attrs.get('weight_type')}, K {layer.attrs.get('K')}, "
-                              f"block {layer.attrs.get('block_size')}", where=f"layer {layer.name!r}",
-                              hint="choose another cuda.weight_only tactic")
+            raise refusal(layer, tile.name, x)
         if sizes["M"] == 0 or sizes["N"] == 0:
             return
         grid = (-(-sizes["N"] // tile.cols), min(-(-sizes["M"] // ROW_TILE), MAX_GRID_Y), 1)

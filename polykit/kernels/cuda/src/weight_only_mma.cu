@@ -46,7 +46,14 @@
 // columns a block, i.e. K split over blocks). kernels/cuda/int8/weight_only_mma.py's mma_us is this
 // model with weight_only.gemv_us's H100 constants (3.0 TB/s, X at DRAM speed, 3 us fixed): 6.6 / 6.4 us
 // (c16 / c32) at M = 1 and 17.2 / 11.8 us at M = 16, against gemv_us's best 8.9 and 20.4.
-// Registers (ptxas -v, sm_90, no spills): 118-122 a thread at NT = 2 (2 blocks an SM), 188-196 at NT = 4.
+// Registers (cuobjdump -res-usage, sm_90, no spills): 120-122 a thread at NT = 2 (2 blocks an SM), 198-215 at
+// NT = 4 (1 block an SM; 188-196 before the slice's math moved to weight_only_mma.cuh's wq_slice_mma, shared
+// with weight_only_mma_staged.cu: the same occupancy).
+// Measured since (H100, ncu, M = 1, c32): 25.9 us at ncu's locked clocks, DRAM 10 %, occupancy 12.5 %; the
+// SASS waits for each word's X load (inside the bounds branches of wq_x8) before its mma, so a warp's 4
+// slices are ~16 dependent L1 / L2 round trips besides its 2 DRAM load groups: latency bound, 11.3 us (the
+// layer, H100) against the ~3-5 us predicted above. mma_us now counts those round trips (X_LATENCY_US,
+// fitted to that run); weight_only_mma_staged.cu is the geometry that removes them.
 // Defines: ELEM (half_t, bf16_t), WK (warps a block), NT (n8 tiles a warp), G (slices a load group).
 #include "weight_only_mma.cuh"
 
@@ -64,85 +71,15 @@
 #endif
 #define WQ_COLS (8 * NT)
 
-// c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col): the operands ELEM, PTX ISA fragment layouts
-template <class T> __device__ __forceinline__ void wq_mma(float* c, const u32* a, const u32* b);
-template <> __device__ __forceinline__ void wq_mma<half_t>(float* c, const u32* a, const u32* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void wq_mma<bf16_t>(float* c, const u32* a, const u32* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// bytes of {b, a} picked by selector s (PTX prmt: result byte i = byte (s >> 4i) & 7 of b:a, a's bytes 0-3)
-__device__ __forceinline__ u32 wq_perm(u32 a, u32 b, u32 s) {
-  u32 d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
-  return d;
-}
-
-// one chunk of a weight row: its 16 bytes and its block's scale bits and zero point
-struct WqChunk {
-  uint4 bits;
-  unsigned short scale;
-  int zp;
-};
-
-template <int WT>
-__device__ __forceinline__ WqChunk wq_load(const u8* __restrict__ w, const ELEM* __restrict__ scale,
-                                           const void* __restrict__ zero, int n, int N, int k, int K, int ldw,
-                                           int block, int nb) {
-  WqChunk c{make_uint4(0u, 0u, 0u, 0u), 0, 0};  // past N or K: zero codes times a zero scale
-  if (n < N && k < K) {
-    c.bits = *reinterpret_cast<const uint4*>(w + (i64)n * ldw + k / 2);
-    const i64 b = (i64)n * nb + k / block;
-    c.scale = reinterpret_cast<const unsigned short*>(scale)[b];
-    if (zero) c.zp = WT == WQ_I4 ? (int)((const signed char*)zero)[b] : (int)((const u8*)zero)[b];
-  }
-  return c;
-}
-
-// X[m, k .. k + 7] as 16 bytes (zeros past M or K; `vec`: 16-byte aligned rows)
-__device__ __forceinline__ uint4 wq_x8(const ELEM* __restrict__ x, int m, int M, int k, int K, bool vec) {
-  if (m >= M || k >= K) return make_uint4(0u, 0u, 0u, 0u);
-  const i64 i = (i64)m * K + k;
-  if (vec) return *reinterpret_cast<const uint4*>(x + i);
-  const unsigned short* p = reinterpret_cast<const unsigned short*>(x + i);
-  return make_uint4(p[0] | (u32)p[1] << 16, p[2] | (u32)p[3] << 16, p[4] | (u32)p[5] << 16, p[6] | (u32)p[7] << 16);
-}
-
-// acc[j] += X[rows, slice s] * W[tile j's columns, slice s]^T for the lane's chunk `ch[j]`
+// acc[j] += X[rows, slice s] * W[tile j's columns, slice s]^T for the lane's chunk `ch[j]`, X from L1 / L2
 template <int WT>
 __device__ __forceinline__ void wq_slice(float (&acc)[NT][4], const WqChunk (&ch)[NT], const ELEM* __restrict__ x,
                                          int M, int K, int m0, int s, int g, int t, bool hi_rows, bool vec) {
   const int k0 = s * 128 + t * 32;
-  WqDequant<ELEM, WT> dq[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) dq[j] = WqDequant<ELEM, WT>(ch[j].scale, ch[j].zp);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 lo = wq_x8(x, m0 + g, M, k0 + 8 * i, K, vec);
-    const uint4 hi = hi_rows ? wq_x8(x, m0 + g + 8, M, k0 + 8 * i, K, vec) : make_uint4(0u, 0u, 0u, 0u);
-    // A of step 2i: rows g, g + 8 at elements (0,4) and (1,5); step 2i + 1: (2,6) and (3,7)
-    const u32 a0[4] = {wq_perm(lo.x, lo.z, 0x5410u), wq_perm(hi.x, hi.z, 0x5410u), wq_perm(lo.x, lo.z, 0x7632u),
-                       wq_perm(hi.x, hi.z, 0x7632u)};
-    const u32 a1[4] = {wq_perm(lo.y, lo.w, 0x5410u), wq_perm(hi.y, hi.w, 0x5410u), wq_perm(lo.y, lo.w, 0x7632u),
-                       wq_perm(hi.y, hi.w, 0x7632u)};
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const uint4& b = ch[j].bits;
-      u32 wd[4];
-      dq[j](i == 0 ? b.x : i == 1 ? b.y : i == 2 ? b.z : b.w, wd);
-      const u32 b0[2] = {wd[0], wd[1]}, b1[2] = {wd[2], wd[3]};
-      wq_mma<ELEM>(acc[j], a0, b0);
-      wq_mma<ELEM>(acc[j], a1, b1);
-    }
-  }
+  wq_slice_mma<ELEM, WT, NT>(acc, ch, [=](int i, uint4& lo, uint4& hi) {
+    lo = wq_x8(x, m0 + g, M, k0 + 8 * i, K, vec);
+    hi = hi_rows ? wq_x8(x, m0 + g + 8, M, k0 + 8 * i, K, vec) : make_uint4(0u, 0u, 0u, 0u);
+  });
 }
 
 template <int WT>

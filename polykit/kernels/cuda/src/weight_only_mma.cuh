@@ -1,5 +1,6 @@
-// weight_only_mma.cu's dequantization of 4-bit weight codes to 16-bit mma operands with packed math
-// (no tensor-core instruction here: host-emulated alone by tests/kernels/cuda/test_weight_only_mma_emulated.py).
+// weight_only_mma.cu's and weight_only_mma_staged.cu's dequantization of 4-bit weight codes to 16-bit mma
+// operands with packed math (host-emulated alone by tests/kernels/cuda/test_weight_only_mma_emulated.py), and
+// below it the pieces both kernels share: the mma, a chunk's load, X's 16 bytes, a slice's mma steps.
 //
 // A 32-bit word of a packed row holds 8 codes c0..c7 (c0 in the low nibble). WqDequant turns it into
 // four 32-bit pairs of ELEM: (c0, c4), (c1, c5), (c2, c6), (c3, c7) (the low half first), each
@@ -85,3 +86,87 @@ struct WqDequant {
     }
   }
 };
+
+// ---- the mma kernels' shared pieces (weight_only_mma.cu, weight_only_mma_staged.cu) ----
+
+// c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col): 16-bit operands of type T, PTX ISA fragment layouts
+template <class T> __device__ __forceinline__ void wq_mma(float* c, const u32* a, const u32* b);
+template <> __device__ __forceinline__ void wq_mma<half_t>(float* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void wq_mma<bf16_t>(float* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// bytes of {b, a} picked by selector s (PTX prmt: result byte i = byte (s >> 4i) & 7 of b:a, a's bytes 0-3)
+__device__ __forceinline__ u32 wq_perm(u32 a, u32 b, u32 s) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// one chunk of a weight row: its 16 bytes and its block's scale bits and zero point
+struct WqChunk {
+  uint4 bits;
+  unsigned short scale;
+  int zp;
+};
+
+// the chunk of row n at element k (32 codes, one scale block; scale of a 16-bit type T)
+template <int WT, class T>
+__device__ __forceinline__ WqChunk wq_load(const u8* __restrict__ w, const T* __restrict__ scale,
+                                           const void* __restrict__ zero, int n, int N, int k, int K, int ldw,
+                                           int block, int nb) {
+  WqChunk c{make_uint4(0u, 0u, 0u, 0u), 0, 0};  // past N or K: zero codes times a zero scale
+  if (n < N && k < K) {
+    c.bits = *reinterpret_cast<const uint4*>(w + (i64)n * ldw + k / 2);
+    const i64 b = (i64)n * nb + k / block;
+    c.scale = reinterpret_cast<const unsigned short*>(scale)[b];
+    if (zero) c.zp = WT == WQ_I4 ? (int)((const signed char*)zero)[b] : (int)((const u8*)zero)[b];
+  }
+  return c;
+}
+
+// X[m, k .. k + 7] as 16 bytes (zeros past M or K; `vec`: 16-byte aligned rows)
+template <class T>
+__device__ __forceinline__ uint4 wq_x8(const T* __restrict__ x, int m, int M, int k, int K, bool vec) {
+  if (m >= M || k >= K) return make_uint4(0u, 0u, 0u, 0u);
+  const i64 i = (i64)m * K + k;
+  if (vec) return *reinterpret_cast<const uint4*>(x + i);
+  const unsigned short* p = reinterpret_cast<const unsigned short*>(x + i);
+  return make_uint4(p[0] | (u32)p[1] << 16, p[2] | (u32)p[3] << 16, p[4] | (u32)p[5] << 16, p[6] | (u32)p[7] << 16);
+}
+
+// acc[j] += a slice's 4 words of the lane's chunks ch[j] times X's elements of the same K positions:
+// x_words(i, lo, hi) gives word i's 8 elements of row g (lo) and row g + 8 (hi); mma steps 2i and 2i + 1
+template <class T, int WT, int NTILES, class XWords>
+__device__ __forceinline__ void wq_slice_mma(float (&acc)[NTILES][4], const WqChunk (&ch)[NTILES], XWords x_words) {
+  WqDequant<T, WT> dq[NTILES];
+#pragma unroll
+  for (int j = 0; j < NTILES; ++j) dq[j] = WqDequant<T, WT>(ch[j].scale, ch[j].zp);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 lo, hi;
+    x_words(i, lo, hi);
+    // A of step 2i: rows g, g + 8 at elements (0,4) and (1,5); step 2i + 1: (2,6) and (3,7)
+    const u32 a0[4] = {wq_perm(lo.x, lo.z, 0x5410u), wq_perm(hi.x, hi.z, 0x5410u), wq_perm(lo.x, lo.z, 0x7632u),
+                       wq_perm(hi.x, hi.z, 0x7632u)};
+    const u32 a1[4] = {wq_perm(lo.y, lo.w, 0x5410u), wq_perm(hi.y, hi.w, 0x5410u), wq_perm(lo.y, lo.w, 0x7632u),
+                       wq_perm(hi.y, hi.w, 0x7632u)};
+#pragma unroll
+    for (int j = 0; j < NTILES; ++j) {
+      const uint4& b = ch[j].bits;
+      u32 wd[4];
+      dq[j](i == 0 ? b.x : i == 1 ? b.y : i == 2 ? b.z : b.w, wd);
+      const u32 b0[2] = {wd[0], wd[1]}, b1[2] = {wd[2], wd[3]};
+      wq_mma<T>(acc[j], a0, b0);
+      wq_mma<T>(acc[j], a1, b1);
+    }
+  }
+}

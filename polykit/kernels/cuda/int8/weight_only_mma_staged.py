@@ -1,0 +1,202 @@
+"""WeightOnlyMatMul on tensor cores with X staged and every load up front (weight_only_mma_staged.cu).
+
+Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>` take what weight_only_mma.py's tactics
+take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with their
+per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK warps
+owns 8 * NT * WN columns and a K range of 128 * WK * SW elements, each warp issues all of its SW * NT 16-byte
+weight loads before any math, and the block stages its X rows once in shared memory by cp.async. K longer
+than a block's range is split over blocks (gridDim.z) into a float32 workspace that weight_only_mma_reduce
+adds in split order, then the bias (deterministic). weight_only_mma_staged.cu's header gives the why (the
+ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_us` is that model.
+
+Priority 10: under weight_only_mma's measured 11 (a level-0 build keeps the kernel that has run on a GPU);
+a timed build times them (the tuner orders one priority by estimate and adds the best tile of a family its
+cap leaves out). Not yet run on a GPU (the gpu tests of tests/kernels/cuda/test_weight_only.py wait for the
+next session); host-emulated (tests/kernels/cuda/test_weight_only_mma_emulated.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.weight_only import KIND, W, X, padded_row_bytes
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
+                                                   STEP_LATENCY_US, layer_sources, weight_only_args)
+from polykit.kernels.cuda.int8.weight_only_mma import (CHUNK_OPS, DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE,
+                                                       SLICE, X_OPS_A_WORD, estimate_of, refusal, supports)
+
+FILE = "weight_only_mma_staged.cu"
+KERNEL, REDUCE = "weight_only_mma_staged", "weight_only_mma_reduce"
+REDUCE_BLOCK = 256
+#: GPUs whose blocks may take the staged X (up to 16 x 4104 x 2 bytes and 16 KB of partial sums, 147 KB):
+#: A100 (163 KB a block) and H100 / H200 (227 KB); sm_86 / sm_89 give a block 99 KB
+ARCHS = ("sm_80", "sm_90")
+#: bytes an SM's shared memory holds for blocks (sm_80 164 KB, sm_90 228 KB: the H100 / H200 this is for),
+#: a block's reserve; an SM's registers and the most a thread may take (__launch_bounds__ asks ptxas for
+#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512)
+SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
+#: X re-reads and the workspace come from L2 (assumed ~5.5 TB/s on an H100; not measured here); a second
+#: launch (the reduce) costs about this much on the stream besides its bytes; warp schedulers an SM (a warp
+#: issues at most one instruction a cycle: ISSUE_PER_US_PER_SM / SCHEDULERS)
+L2_BYTES_PER_US, REDUCE_US, SCHEDULERS = 5.5e6, 1.5, 4
+
+
+@dataclass(frozen=True)
+class StagedTile:
+    """weight_only_mma_staged's shape: `warps_n` x `warps_k` warps, `tiles` n8 tiles a warp, `slices` K
+    slices a warp (all loaded at once: slices * tiles 16-byte loads in flight a lane)."""
+
+    warps_n: int
+    warps_k: int
+    tiles: int
+    slices: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_n * self.warps_k
+
+    @property
+    def cols(self) -> int:
+        return 8 * self.tiles * self.warps_n
+
+    @property
+    def k_block(self) -> int:
+        """Elements of K a block sums (the split's length)."""
+        return SLICE * self.warps_k * self.slices
+
+    @property
+    def name(self) -> str:
+        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}"
+
+    def splits(self, k: int) -> int:
+        return -(-k // self.k_block)
+
+    def smem_bytes(self, m: int, k: int) -> int:
+        """Dynamic shared memory: min(16, M) staged X rows of the block's K range (at most K rounded up to
+        a slice) and 16 bytes of pad (the kernel's xs_ld)."""
+        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
+
+    def part_bytes(self) -> int:
+        return self.warps_k * ROW_TILE * self.cols * 4
+
+    @property
+    def reg_blocks(self) -> int:
+        """Blocks an SM holds by registers (REGS_THREAD a thread at most: ptxas is asked for this many)."""
+        return max(1, REGS_SM // (REGS_THREAD * self.threads))
+
+    def sm_blocks(self, m: int, k: int) -> int:
+        """Blocks an SM holds: by registers, fewer where the staged X does not fit as often."""
+        smem = self.smem_bytes(m, k) + self.part_bytes() + SMEM_RESERVE
+        return max(1, min(self.reg_blocks, SMEM_PER_SM // smem))
+
+    def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
+        return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
+                                                               NT=self.tiles, SW=self.slices,
+                                                               XS_MIN_BLOCKS=self.reg_blocks))
+
+
+#: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
+#: small batches: 32 columns and all of K = 4096 (16 warps, 128 blocks of one an SM: X, re-read once a
+#: block, costs half, no split), 32 / 64 columns over K 2048 / 1024 (X 2x / 4x less, 256 blocks, for a
+#: split in 2 / 4 and its reduce)
+STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4))
+
+
+def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
+    """weight_only_mma_staged's predicted time (for ordering candidates; weight_only.gemv_us's constants,
+    weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero
+    points once a row tile, Y), every byte into the SMs at L2 speed (those, X once a block, the split's
+    workspace written and read) followed by one warp's math (its loads all land before it starts: the
+    tail after the last bytes), its issued instructions and its dependent round trips (one load wave and
+    the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
+    tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
+    grid_y = min(tiles, MAX_GRID_Y)
+    blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)
+    nb = -(-k // block)
+    weight = (n * padded_row_bytes(k, 4) + n * nb * (ELEM_BYTES + 1)) * tiles
+    dram = (weight + m * n * ELEM_BYTES) / DRAM_BYTES_PER_US
+    staged = col_blocks * m * k * ELEM_BYTES + (2 * splits * m * n * 4 if splits > 1 else 0)
+    through_l2 = (weight + staged) / L2_BYTES_PER_US
+    per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
+    issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
+    tail = tile.slices * SLICE * 8 * tile.tiles * per_element / 32 / (ISSUE_PER_US_PER_SM / SCHEDULERS)
+    slots = sm_count * tile.sm_blocks(m, k)
+    waves = -(-blocks // slots)
+    chain = waves * passes * 2 * STEP_LATENCY_US
+    spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
+    reduce = REDUCE_US + 2 * splits * m * n * 4 / DRAM_BYTES_PER_US if splits > 1 else 0.0
+    return max(max(dram, through_l2) * spread + tail, issue * spread, chain) + FIXED_US + reduce
+
+
+def _sizes(layer: Any, tensors: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(M, N, K) from the bound tensors (shapes), else None."""
+    x, w = tensors.get(layer.inputs[X]), tensors.get(layer.inputs[W])
+    if x is None or w is None or len(w.shape) != 2 or len(x.shape) < 2:
+        return None
+    m = 1
+    for d in x.shape[:-1]:
+        m *= int(d)
+    return m, int(w.shape[0]), int(layer.attrs["K"])
+
+
+def _workspace(tile: StagedTile):
+    def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+        sizes = _sizes(layer, tensors)
+        if sizes is None or tile.splits(sizes[2]) == 1:
+            return 0
+        m, n, k = sizes
+        return 4 * tile.splits(k) * m * n
+
+    return workspace
+
+
+def _staged_tactic(tile: StagedTile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        mains = layer_sources(layer, tile.source, ELEMS, "half_t")
+        return mains + [replace(main, name=REDUCE) for main in mains]
+
+    estimate = estimate_of(staged_us, tile)
+
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        sizes, args = weight_only_args(layer, tensors)
+        x = tensors[layer.inputs[X]].dtype.name
+        if x not in ELEMS or not supports(layer):
+            raise refusal(layer, tile.name, x)
+        m, n, k = sizes["M"], sizes["N"], sizes["K"]
+        if m == 0 or n == 0:
+            return
+        splits = tile.splits(k)
+        ws = 0
+        if splits > 1:
+            nbytes = 4 * splits * m * n
+            ws = launcher.workspace(nbytes)
+            if not ws:
+                raise DeviceError(f"WeightOnlyMatMul {tile.name} splits K in {splits} and needs {nbytes} bytes of "
+                                  "workspace; the launcher lent none", where=f"layer {layer.name!r}",
+                                  hint="run the layer through an engine or harness that lends workspace")
+        args = args + [ws, splits]
+        grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
+        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
+        if splits > 1:
+            blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
+            launcher.launch(tile.source(ELEMS[x], REDUCE), (blocks,), (REDUCE_BLOCK,), args)
+
+    return kernels, estimate, enqueue
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every activation type with every tile (the reduce is in the same unit)."""
+    return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
+
+
+# priority 10: under weight_only_mma's 11 until a GPU session has run and timed these (the module docstring)
+for _tile in STAGED_TILES:
+    _kernels, _estimate, _enqueue = _staged_tactic(_tile)
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=10, estimate=_estimate,
+                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
+                params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
+                        "slices": _tile.slices})(_enqueue)

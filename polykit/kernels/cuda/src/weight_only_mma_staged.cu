@@ -1,0 +1,206 @@
+// weight_only_mma_staged: WeightOnlyMatMul (ai.polykit; compiler/ops/quant/weight_only.py) on tensor cores for
+// W4A16 at small M, built to keep DRAM busy: Y = X @ dequantize(W)^T + B with mma.sync m16n8k16 (16-bit
+// operands, float32 accumulate); tactics cuda.weight_only.mma_staged_c<8 * NT * WN>_k<128 * WK * SW>
+// (kernels/cuda/int8/weight_only_mma_staged.py). weight_only_mma.cu's layouts, types and limits (X
+// [M, K] ELEM half_t / bf16_t, W uint8 [N, ldw] int4 / uint4 two codes a byte, scale [N, nb] ELEM, zero
+// point [N, nb] int8 / uint8 or null, B [N] or null, Y [M, N] ELEM; K % 16 == 0, block % 32 == 0) and its
+// per-lane math (weight_only_mma.cuh: a lane's 16-byte chunk of 32 codes of a row dequantized bit for bit
+// as the reference into the B operand, X byte-permuted into A in the same K order: wq_slice_mma).
+//
+// Why another geometry. weight_only_mma (ncu, H100, M = 1, its c32 tactic: 25.9 us at ncu's locked clocks,
+// DRAM 10 %, 128 blocks of 256 threads, 191 registers, 1 block an SM, occupancy 12.5 %) is latency bound:
+// its SASS issues each of a slice's 4 X loads (L1 / L2, inside bounds branches) and waits for it before the
+// slice's mma, so a warp's 4 slices are ~16 dependent L2 round trips plus 2 dependent DRAM load groups
+// of at most 32 KB an SM. DRAM at 3.35 TB/s (H100) / 4.8 TB/s (H200) with ~1 us of loaded latency wants
+// ~3.4 / 4.8 MB in flight (Little's law), ~25-36 KB an SM: this kernel has each warp issue all its
+// chunks at once (SW * NT 16-byte loads a lane, 128 B at SW = 4, NT = 2: 32 KB a block of 8 warps, 64 KB
+// an SM at 2 blocks) before anything waits, stages X once a block in shared memory with cp.async (one
+// round trip, shared by the WN column warps), and then does only math: one DRAM and one L2 round trip a
+// row tile.
+//
+// Geometry: block = WN x WK warps (warp w: column group wn = w % WN, K group wk = w / WN); the block owns
+// 8 * NT * WN columns (warp wn's NT n8 tiles from n0 = blockIdx.x * cols + 8 * NT * wn) and K range
+// [kb, kb + KB), KB = 128 * WK * SW, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)); row tiles
+// of 16 (m0 = blockIdx.y * 16, stepping by gridDim.y * 16: any M). Warp (wn, wk) takes slices wk, wk + WK,
+// .., wk + (SW - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a row, lane
+// 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) and loads all SW * NT
+// chunks before any math. X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
+// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
+// row keeps the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
+// zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
+// reads its 16 bytes of row g (row g + 8 at M - m0 > 8) per word from shared memory (rows past M read as
+// zero without touching shared memory). The WK warps' C fragments go to shared memory (part[WK][16][cols]
+// floats) and the block sums them in wk order; with splits == 1 it writes Y = ELEM(sum + float(B)), else
+// the float sum to the workspace ws[z][m][n] and weight_only_mma_reduce adds the splits in z order, then B
+// (fixed orders everywhere: deterministic). Slices past K are skipped, chunks past N or K are zero.
+//
+// Numerics: weight_only_mma.cu's: each weight the reference's value (one rounding to ELEM); float32 sums
+// (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
+// splits in order); Y = ELEM(sum + float(B)), one rounding.
+//
+// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills):
+// __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread and gets 124-128 at every tile:
+// 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096), 16 warps an SM
+// either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over 132 SMs,
+// i.e. all of N = K = 4096's packed weights in one wave. Shared memory (min(16, M) x xld x 2 + part:
+// 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB + part: 1
+// block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
+//
+// Cost (counted from the source and modelled in weight_only_mma_staged.py's staged_us; not measured) at
+// N = K = 4096, int4 blocked 128, float16 X. Bytes: packed weights 8.4 MB + scales / zero points 0.4 MB
+// from DRAM once (2.6 us at 3.35 TB/s, H100; 1.8 us at 4.8 TB/s, H200); X once a block from L2 (N / cols
+// blocks each read M x K x 2 bytes: 2 MB at M = 1 for c16; 33.5 / 16.8 / 8.4 MB at M = 16 for 16 / 32 /
+// 64 columns a block); split, a float32 workspace written and read once (M x N x 4 x splits: 1 MB at
+// M = 16, 4 splits). Instructions a lane-element: dequantization 2 (float16) / 2.5 (bfloat16), the mma
+// 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half at M <= 8), a chunk's
+// address, scale and zero point 0.4: ~3.2 at NT = 2, ~2 us of issue on 132 SMs. Latency: one DRAM round
+// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~200 warp-instructions
+// a slice at NT = 2, 4 slices a warp: ~0.5 us of tail after the last bytes land) and the block's sum.
+// staged_us (the family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed
+// 5.5 TB/s; a reduce 1.5 us + its bytes), the layer's time: c16_k4096 6.4 us at M = 1 (H200 at 4.3 TB/s:
+// 5.5), c32_k4096 8.3 us at M = 16 (H200 the same: X's L2 re-reads bound it; without a K split every SM
+// needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to), against
+// weight_only_mma's 11.3 / 14.2 us measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x
+// (<= ~6.5 us) predicted at M = 1 (just), ~1.9x at M = 16 (a split's reduce costs what it saves of X).
+// Defines: ELEM (half_t, bf16_t), WN, WK (warps across columns / K), NT (n8 tiles a warp), SW (slices a
+// warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas: 2 at 256 threads, 1 at 512).
+#include "weight_only_mma.cuh"
+
+#ifndef ELEM
+#define ELEM half_t
+#endif
+#ifndef WN
+#define WN 1
+#endif
+#ifndef WK
+#define WK 8
+#endif
+#ifndef NT
+#define NT 2
+#endif
+#ifndef SW
+#define SW 4
+#endif
+#ifndef XS_MIN_BLOCKS
+#define XS_MIN_BLOCKS 2
+#endif
+#define XS_THREADS (32 * WN * WK)
+#define XS_COLS (8 * NT * WN)  // a block's columns
+#define XS_KB (128 * WK * SW)   // a block's K range (elements)
+
+// 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
+__device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// a staged X row's elements: the block's K range, at most K rounded up to a slice, and 16 bytes of pad
+__device__ __forceinline__ int xs_ld(int K) { return (K < XS_KB ? (K + 127) / 128 * 128 : XS_KB) + 8; }
+
+// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K)
+__device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM* __restrict__ x, int m0, int rows,
+                                         int kb, int slices, int M, int K, bool vec) {
+  const int groups = 16 * slices;  // 16-byte groups of a staged row
+  for (int i = threadIdx.x; i < rows * groups; i += XS_THREADS) {
+    const int r = i / groups, c = i - r * groups, k = kb + 8 * c;
+    unsigned short* dst = xs + r * xld + 8 * c;
+    if (vec)
+      xs_copy16(dst, k < K ? x + (i64)(m0 + r) * K + k : x, k < K);
+    else
+      *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+template <int WT>
+__device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
+                                        const u8* __restrict__ w, const ELEM* __restrict__ scale,
+                                        const void* __restrict__ zero, const ELEM* __restrict__ bias,
+                                        ELEM* __restrict__ y, int M, int N, int K, int ldw, int block, int nb,
+                                        float* __restrict__ ws) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wn = warp % WN, wk = warp / WN;
+  const int n0 = blockIdx.x * XS_COLS + 8 * NT * wn, kb = blockIdx.z * XS_KB;
+  const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
+  const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
+  const int xld = xs_ld(K);
+  for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
+    const int rows = M - m0 < 16 ? M - m0 : 16;
+    WqChunk ch[SW][NT];  // every chunk of the warp in flight before anything waits
+#pragma unroll
+    for (int q = 0; q < SW; ++q)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        ch[q][j] = wq_load<WT>(w, scale, zero, n0 + 8 * j + g, N, kb + (wk + q * WK) * 128 + 32 * t, K, ldw, block,
+                               nb);
+    xs_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    __syncthreads();
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#pragma unroll
+    for (int q = 0; q < SW; ++q) {
+      const int s = wk + q * WK;
+      if (s >= slices) break;  // q ascending: every later slice lies past K too
+      const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // row g of the lane's 32 elements
+      wq_slice_mma<ELEM, WT, NT>(acc, ch[q], [=](int i, uint4& a, uint4& b) {
+        const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+        a = g < rows ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4;
+        b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * xld + 8 * i) : z4;
+      });
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
+      float* p = part + wk * 16 * XS_COLS + 8 * NT * wn + 8 * j + 2 * t;
+      p[g * XS_COLS] = acc[j][0];
+      p[g * XS_COLS + 1] = acc[j][1];
+      p[(g + 8) * XS_COLS] = acc[j][2];
+      p[(g + 8) * XS_COLS + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * XS_COLS; i += XS_THREADS) {  // the K warps' partials in wk order
+      const int m = m0 + i / XS_COLS, n = blockIdx.x * XS_COLS + i % XS_COLS;
+      float v = part[i];
+#pragma unroll
+      for (int p = 1; p < WK; ++p) v += part[p * 16 * XS_COLS + i];
+      if (m < M && n < N) {
+        if (gridDim.z > 1)
+          ws[((i64)blockIdx.z * M + m) * N + n] = v;
+        else
+          st(y, (i64)m * N + n, bias ? __fadd_rn(v, ld(bias, n)) : v);
+      }
+    }
+    __syncthreads();  // part and xs are reused by the next row tile
+  }
+}
+
+// ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory:
+// min(16, M) x xs_ld(K) ELEM
+extern "C" __global__ void __launch_bounds__(XS_THREADS, XS_MIN_BLOCKS)
+weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
+                       const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
+                       int N, int K, int ldw, int block, int nb, int wtype, float* __restrict__ ws, int splits) {
+  extern __shared__ __align__(16) unsigned char xs_smem[];
+  __shared__ float part[WK * 16 * XS_COLS];
+  unsigned short* xs = reinterpret_cast<unsigned short*>(xs_smem);
+  if (wtype == WQ_I4)
+    xs_body<WQ_I4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  else
+    xs_body<WQ_U4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+}
+
+// Y[m, n] = ELEM(ws[0][m][n] + ws[1][m][n] + .. (splits, in order) + float(B[n])); grid-stride over M x N
+extern "C" __global__ void weight_only_mma_reduce(const ELEM* __restrict__ x, const u8* __restrict__ w,
+                                                  const ELEM* __restrict__ scale, const void* __restrict__ zero,
+                                                  const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M, int N,
+                                                  int K, int ldw, int block, int nb, int wtype,
+                                                  float* __restrict__ ws, int splits) {
+  const i64 total = (i64)M * N;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    float v = ws[i];
+    for (int z = 1; z < splits; ++z) v += ws[z * total + i];
+    st(y, i, bias ? __fadd_rn(v, ld(bias, (i64)(i % N))) : v);
+  }
+}
