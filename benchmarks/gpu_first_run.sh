@@ -265,11 +265,12 @@ for name in ("wav2vec2_base", "swin_t"):
         print(name, layer.name, layer.tactic, list(zip(layer.inputs, layer.in_shapes)), layer.attrs)
 EOF2
     for tree in . ${ZOO_BEFORE:-}; do
-      tag=$([ "$tree" = . ] && echo after || echo before)
+      tag=$([ "$tree" = . ] && echo this || echo before)
       for m in wav2vec2_base swin_t; do
         (cd "$tree" && timeout 150 ncu --kernel-name flash_attention --launch-count 1 --section SpeedOfLight \
-          --section WarpStateStats --section InstructionStats python3 -m polykit.tools.cli.app run /tmp/w/${m}_bs8.onnx \
-          --trt --target cuda --fp16 --builder-optimization-level 0 --load-inputs /tmp/w/$m.npz) > "$OUT/ncu_${m}_$tag.txt" 2>&1
+          --section WarpStateStats --section InstructionStats --section LaunchStats \
+          python3 -m polykit.tools.cli.app run /tmp/w/${m}_bs8.onnx --trt --target cuda --fp16 \
+          --builder-optimization-level 0 --load-inputs /tmp/w/$m.npz) > "$OUT/ncu_${m}_$tag.txt" 2>&1
         echo "== $m $tag ($tree): rc $?"
         grep -E "^  flash_attention|Duration|Avg. Active Threads Per Warp|Executed Instructions  |Registers Per|==ERR" \
           "$OUT/ncu_${m}_$tag.txt" | head -8
