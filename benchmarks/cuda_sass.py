@@ -15,6 +15,11 @@ instead, and the instruction count of its producer's k-tile loop (the smallest l
 cp.async copies, LDGSTS): the producer's cost a k-tile, which bounds the narrow tiles. cuobjdump comes
 with the CUDA toolkit, or `pip install nvidia-cuda-cuobjdump` (its nvidia/cu13/bin; set CUOBJDUMP).
 
+--flash ELEM,HD,BKV[,ROWS]: flash_attention.cu (cuda.attention.flash and its tiles: half_t / bf16_t, head
+size, key tile, m-tiles a warp) instead, and its key-tile loop: instructions and branches (BRA; BSSY, a
+region where a warp may split; CALL) and the kernel's CALL sites: the count that says whether the softmax,
+mask and store passes of flash_common.cuh can diverge (issue 30: none but uniform branches in the loop).
+
 Compiles exactly what a plan would (NVRTC, sm_90a) for a MatMul [M, K] x [K, N] whose epilogue
 is one of benchmarks/cuda_gemm.py's EPILOGUES, then disassembles the cubin: the way to check
 that loads are 16 bytes wide, that HGMMA is there, and what the epilogue really executes.
@@ -48,7 +53,15 @@ def main() -> None:
     parser.add_argument("--fp8", choices=("e4m3", "float32"), help="the FP8 1x1 conv kernel with this output")
     parser.add_argument("--hot-division", action="store_true",
                         help="count the IEEE division's fast path (a kernel that divides for every output)")
+    parser.add_argument("--flash", help="ELEM,HD,BKV[,ROWS]: the mma.sync flash kernel and its key-tile loop")
     args = parser.parse_args()
+    if args.flash:
+        sass = flash_sass(args.flash)
+        Path(args.out).write_text(sass)
+        count, branches = flash_loop(sass)
+        print(f"{args.out}: key-tile loop {count} instructions, BRA {branches['BRA']}, BSSY {branches['BSSY']}, "
+              f"CALL {branches['CALL']}; CALL sites in the kernel {len(re.findall(r'CALL[.]', sass))}")
+        return
     if args.int8 or args.fp8:
         sass, vector_store, outputs, cold = quantized_sass(args)
         Path(args.out).write_text(sass)
@@ -232,6 +245,29 @@ def producer_loop(sass: str) -> int:
     loops = [(int(m[1], 16), a) for a, line in rows if (m := re.search(r"BRA (0x[0-9a-f]+)", line))]
     first, last = min((lp for lp in loops if lp[0] <= min(copies) and lp[1] >= max(copies)), key=lambda lp: lp[1] - lp[0])
     return sum(first <= a <= last for a, _ in rows)
+
+
+def flash_sass(spec: str) -> str:
+    """The SASS of flash_attention.cu for ELEM,HD,BKV[,ROWS] (the SHAPES entry with that key tile and those
+    m-tiles), compiled as a plan compiles it for an H100 (NVRTC, sm_90)."""
+    from polykit.kernels.cuda.attention.flash_attention import SHAPES
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    elem, head, bkv, *rows = spec.split(",")
+    shape = next(s for s in SHAPES if s.block_kv(int(head)) == int(bkv) and s.rows == int(rows[0] if rows else 1))
+    return disassemble(compile_source(shape.kernel(elem, int(head)), "sm_90"))
+
+
+def flash_loop(sass: str) -> tuple[int, Counter]:
+    """(instructions, counts of BRA / BSSY / CALL) of the flash kernel's key-tile loop: the widest backward
+    branch around every HMMA."""
+    rows = [(int(m[1], 16), m[2]) for line in sass.splitlines()
+            if (m := re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line))]
+    mma = [a for a, t in rows if "HMMA" in t]
+    loops = [(int(m[1], 16), a) for a, t in rows if (m := re.search(r"\bBRA (0x[0-9a-f]+)$", t)) and int(m[1], 16) < a]
+    first, last = max((lp for lp in loops if lp[0] <= min(mma) and lp[1] >= max(mma)), key=lambda lp: lp[1] - lp[0])
+    body = [t for a, t in rows if first <= a <= last]
+    return len(body), Counter(op for t in body for op in ("BRA", "BSSY", "CALL") if re.search(rf"\b{op}\b", t))
 
 
 if __name__ == "__main__":

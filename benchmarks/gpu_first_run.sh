@@ -69,6 +69,13 @@
 #                  (EfficientNet-V2-S, ConvNeXt, MobileNetV3 layers against cuDNN), the ResNet stem's tactics. Then
 #                  STEP=zoo ZOO_MODELS=whisper_encoder,bert_base,vit_b_16,gpt2,llama_small,swin_t,efficientnet_v2_s
 #                  with the same before tree (its zoo.py runs a child a case: the old interface)
+#   STEP=flashdiv  issue 30: the reworked flash softmax (a6ceb6a, 9b318c3) ran slower inside wav2vec2_base / Swin-T
+#                  bs8 plans than before (35 -> 64 / 27.9 -> 35.5 us a layer) with ~5 of 32 threads a warp idle (ncu's
+#                  Avg. Active Threads Per Warp 26.94 vs 31.94): flash_common.cuh's per-lane branches in the mask pass
+#                  and the per-element division's slow-path branches, removed on branch flashdiv (docs/CUDA_NOTES.md).
+#                  Exports both models (needs torch), prints each plan's Attention layers (is there a mask, its
+#                  strides), then ncu on the first in-plan flash_attention launch of `polykit run` (level-0 build,
+#                  the zoo's inputs), this tree and ZOO_BEFORE's (a before tree, carried); 4 ncu logs in $OUT; ~5 min
 #   STEP=nvtx      issue 31's last acceptance point: ncu (nsys is not on the device) with NVTX on over `polykit bench`
 #                  at --profiling-verbosity detailed without CUDA graphs: each kernel listed under its layer's range
 #                  "<layer> [<kind>: <tactic>]" (and none at --profiling-verbosity none); ~1 min
@@ -238,6 +245,38 @@ EOF
     timeout 120 python3 benchmarks/cuda_kernels.py --cases "" --conv 32,224,224,8,64,7,2 --out "$OUT/stem.json" 2>&1 | grep "conv "
     STEP=ncu10 bash "$0"
     ;;
+  flashdiv)  # issue 30 (see the header): Duration, active threads a warp and executed instructions of one in-plan launch
+    python3 - <<'EOF2'
+import sys
+from pathlib import Path
+import numpy as np
+import torch
+sys.path.insert(0, "benchmarks")
+import zoo
+from polykit.compiler.builder.builder import build_plan
+from polykit.compiler.builder.config import BuilderConfig
+work = Path("/tmp/w")
+work.mkdir(exist_ok=True)
+for name in ("wav2vec2_base", "swin_t"):
+    _, inputs, path, _ = zoo.exported(zoo.BY_NAME[name], 8, work, torch)
+    np.savez(work / f"{name}.npz", **{k: v.numpy() for k, v in inputs.items()})
+    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    for layer in [la for la in plan.layers if la.kind == "Attention"][:2]:  # is there a mask (input 3), its shape
+        print(name, layer.name, layer.tactic, list(zip(layer.inputs, layer.in_shapes)), layer.attrs)
+EOF2
+    for tree in . ${ZOO_BEFORE:-}; do
+      tag=$([ "$tree" = . ] && echo this || echo before)
+      for m in wav2vec2_base swin_t; do
+        (cd "$tree" && timeout 150 ncu --kernel-name flash_attention --launch-count 1 --section SpeedOfLight \
+          --section WarpStateStats --section InstructionStats --section LaunchStats \
+          python3 -m polykit.tools.cli.app run /tmp/w/${m}_bs8.onnx --trt --target cuda --fp16 \
+          --builder-optimization-level 0 --load-inputs /tmp/w/$m.npz) > "$OUT/ncu_${m}_$tag.txt" 2>&1
+        echo "== $m $tag ($tree): rc $?"
+        grep -E "^  flash_attention|Duration|Avg. Active Threads Per Warp|Executed Instructions  |Registers Per|==ERR" \
+          "$OUT/ncu_${m}_$tag.txt" | head -8
+      done
+    done
+    ;;
   ncu10)  # the two kernels furthest from their models (2026-12-06, H100): W4A16 at M = 1 (11.3 us, model 3-5) and the
     # sm90 flash kernel at [4,16,2048,128] (656 us vs SDPA's 222): ncu's full set of one launch each, for the
     # helpers' stall reasons (no time asserted; the details pages go to $OUT)
@@ -315,5 +354,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|ncu10|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac

@@ -56,18 +56,30 @@ def test_emulated_flash_matches_the_reference(launcher, tactic, dims, head, dtyp
 
 @pytest.mark.parametrize("mask_shape,kind,skv", [
     ((2, 1, 1, 90), "add", 90), ((2, 1, 70, 90), "bool", 90),
-    # flash_mask_tile's fallbacks: odd row strides (every other row's pairs unaligned), a mask constant
-    # along keys (key stride 0), a key count whose last pair crosses Skv
+    # flash_mask_pass's other paths: odd row strides (one element at a time), a mask constant
+    # along keys (key stride 0), a key count whose last pair crosses Skv (bool and additive pairs)
     ((1, 2, 70, 91), "add", 91), ((2, 2, 70, 91), "bool", 91), ((2, 2, 70, 1), "add", 90), ((2, 1, 1, 89), "bool", 89),
+    ((2, 1, 1, 89), "add", 89),
 ])
 def test_emulated_flash_with_additive_and_bool_masks(launcher, mask_shape, kind, skv):
+    assert masked_error(launcher, "cuda.attention.flash", mask_shape, kind, skv) <= TOL[F16]
+
+
+@pytest.mark.parametrize("tactic", ["cuda.attention.flash_q128", "cuda.attention.flash_kv128"])
+@pytest.mark.parametrize("mask_shape,kind,skv", [((1, 2, 70, 91), "add", 91), ((2, 1, 70, 90), "bool", 90)])
+def test_emulated_larger_tiles_apply_the_mask_a_row_at_a_time(launcher, tactic, mask_shape, kind, skv):
+    # two m-tiles a warp and 128-key tiles take the mask pass's rows in a loop (FLASH_MASK_ROW_UNROLL 1)
+    assert masked_error(launcher, tactic, mask_shape, kind, skv) <= TOL[F16]
+
+
+def masked_error(launcher, tactic, mask_shape, kind, skv) -> float:
     inputs = _arrays((2, 2, 70, 64), (2, 2, skv, 64), F16)
     if kind == "add":
         inputs["mask"] = (rng.standard_normal(mask_shape) * 3).astype(np.float16)
     else:
         inputs["mask"] = rng.random(mask_shape) > 0.4
     layer = layer_for(inputs, (2, 2, 70, 64))
-    assert error(run_emulated(launcher, layer, inputs, "cuda.attention.flash"), reference(layer, inputs)) <= TOL[F16]
+    return error(run_emulated(launcher, layer, inputs, tactic), reference(layer, inputs))
 
 
 def test_emulated_fully_masked_rows_give_nan_like_the_reference(launcher):

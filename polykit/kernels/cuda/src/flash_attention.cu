@@ -25,8 +25,6 @@
 // stride) for zo = z / B2 to b * (its batch stride) for b = z % B2 (B2 = B and outer strides 0
 // for rank <= 4).
 // Launch: grid (ceil(S / BQ), H, B1 * B2), block 128, dynamic shared memory (BQ + 4 * BKV) * HD * 2 B.
-#include "flash_common.cuh"
-
 #ifndef ROWS
 #define ROWS 1
 #endif
@@ -34,6 +32,9 @@
 #ifndef BKV
 #define BKV 64
 #endif
+// the mask pass's rows one at a time where two m-tiles or 128-key tiles fill the registers (flash_common.cuh)
+#define FLASH_MASK_ROW_UNROLL (ROWS == 2 || BKV == 128 ? 1 : 2)
+#include "flash_common.cuh"
 #define CHUNKS (HD / 8)  // 16-byte chunks per row
 
 template <class T> struct MmaName;

@@ -187,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
   }
 
   // normalize and store rows row_a, row_a + 8, 16 bytes at d 32q + 8t and + 4; undefined -> NaN (or 0)
+  const FlashOut fo = flash_finish(rows, nan_to_zero);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (row_a + 8 * i >= S) continue;
@@ -197,8 +198,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention_f32(
       for (int e = 0; e < 2; ++e) {
         const int c = 2 * i + e;
         *(float4*)(dst + 32 * q + 4 * e) =
-            make_float4(rows.out(i, o[4 * q][c], nan_to_zero), rows.out(i, o[4 * q + 1][c], nan_to_zero),
-                        rows.out(i, o[4 * q + 2][c], nan_to_zero), rows.out(i, o[4 * q + 3][c], nan_to_zero));
+            make_float4(fo.out(i, o[4 * q][c]), fo.out(i, o[4 * q + 1][c]), fo.out(i, o[4 * q + 2][c]),
+                        fo.out(i, o[4 * q + 3][c]));
       }
   }
 }

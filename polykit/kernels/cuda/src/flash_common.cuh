@@ -55,11 +55,28 @@ struct FlashRows {
     l[0] = l[1] = 0.f;
   }
   __device__ __forceinline__ bool undefined(int i) const { return l[i] != l[i] || m[i] == fa_neg_inf(); }
-  // row i's output from its accumulator: acc / l, or NaN (0 with nan_to_zero) when undefined
-  __device__ __forceinline__ float out(int i, float acc, int nan_to_zero) const {
-    return undefined(i) ? (nan_to_zero ? 0.f : __int_as_float(0x7fffffff)) : acc * (1.f / l[i]);
-  }
 };
+
+// How a thread's two rows turn accumulators into outputs (FlashRows::finish, once a thread): acc / l as
+// acc * (1 / l) (one IEEE division a row, not one an element), or `fill` for an undefined row (NaN, or 0
+// with nan_to_zero) by a select. A defined row's l is at least 1 (the row maximum's own exp(0), only ever
+// rescaled by exp(0) after), and an undefined row divides 1 by 1: the division never takes its slow path
+// (the subroutine call whose branch would split a warp), and no output element branches.
+struct FlashOut {
+  float inv[2], fill;
+  bool undef[2];
+  __device__ __forceinline__ float out(int i, float acc) const { return undef[i] ? fill : acc * inv[i]; }
+};
+__device__ __forceinline__ FlashOut flash_finish(const FlashRows& r, int nan_to_zero) {
+  FlashOut f;
+  f.fill = nan_to_zero ? 0.f : __int_as_float(0x7fffffff);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    f.undef[i] = r.undefined(i);
+    f.inv[i] = 1.f / (f.undef[i] ? 1.f : r.l[i]);
+  }
+  return f;
+}
 
 // zeroed output accumulators
 template <int NO>
@@ -69,12 +86,13 @@ __device__ __forceinline__ void flash_zero(float (&o)[NO][4]) {
 }
 
 // A 16-bit output's rows row_a, row_a + 8 (those < S; `head` is the (b, h) slice, rows os apart):
-// acc / l, or NaN (0 with nan_to_zero) for undefined rows, as column pairs 2 t4, 2 t4 + 1 of
-// every 8-wide block (one 4-byte store each)
+// acc / l, or NaN (0 with nan_to_zero) for undefined rows (flash_finish), as column pairs 2 t4, 2 t4 + 1
+// of every 8-wide block (one 4-byte store each)
 template <class T, int NO>
 __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRows& rows, const float (&o)[NO][4],
                                                   int row_a, int S, int t4, int nan_to_zero) {
   struct __align__(2 * sizeof(T)) Pair { T v[2]; };
+  const FlashOut fo = flash_finish(rows, nan_to_zero);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (row_a + 8 * i >= S) continue;
@@ -82,69 +100,91 @@ __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRo
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
       Pair pair;
-      st(pair.v, 0, rows.out(i, o[j][2 * i], nan_to_zero));
-      st(pair.v, 1, rows.out(i, o[j][2 * i + 1], nan_to_zero));
+      st(pair.v, 0, fo.out(i, o[j][2 * i]));
+      st(pair.v, 1, fo.out(i, o[j][2 * i + 1]));
       *(Pair*)(dst + j * 8) = pair;
     }
   }
 }
 
+// FLASH_MASK_ROW_UNROLL: the mask pass takes a thread's two rows together (2: all of a tile's mask loads in
+// flight at once) or one after the other (1: half of them). flash_attention.cu sets 1 for two m-tiles a
+// warp and 128-key tiles, whose scores and accumulators leave no room for the rest (there 2 spills or
+// drops to 2 blocks an SM).
+#ifndef FLASH_MASK_ROW_UNROLL
+#define FLASH_MASK_ROW_UNROLL 2
+#endif
+
+// one mask element's effect on its score: kind 1 adds value * unit, kind 2 (u8) sets -inf where 0
+template <class M>
+__device__ __forceinline__ void flash_mask_apply(float& s, M v, float unit) { s += (float)ld(&v, 0) * unit; }
+__device__ __forceinline__ void flash_mask_apply(float& s, u8 keep, float) { s = keep ? s : fa_neg_inf(); }
+
 // The mask's values of one key tile added to (kind 1, times `unit`) or applied to (kind 2: 0 -> -inf) the
-// scores s (flash_scores_tile). A lane's keys come in adjacent pairs (2 t4, 2 t4 + 1 of each 8-block),
-// so where the mask is contiguous along keys (mk == 1) and the pair's first element is aligned to two
-// of them, one load brings both (4 bytes of a 16-bit mask, 2 of a bool one): each row's offset is
-// computed once a tile, not once a score. Other masks (key strides, odd offsets, the pair that
-// crosses Skv) take one element at a time.
-template <class M, int NB>
-__device__ __forceinline__ void flash_mask_tile(float (&s)[NB][4], const FlashMask& mask, int kbase, int Skv,
+// scores s (flash_scores_tile). A lane's keys come in adjacent pairs (2 t4, 2 t4 + 1 of each 8-block):
+// where the mask is contiguous along keys (mk == 1) and every row's pairs are aligned to two elements
+// (an even row stride and an aligned first element: the same for all of the block's rows), one load
+// brings both values (4 bytes of a 16-bit mask, 2 of a bool one); other masks (key strides, odd row
+// strides: Swin's 49 keys) take one element at a time. The choice is uniform across the block, and
+// nothing inside either path branches per lane: rows past S read row S - 1's mask (their scores are
+// never stored), and keys past Skv are single predicated loads (the pair that crosses Skv loads its first
+// element alone). Keep them so: ptxas turns `if (key < Skv) v = load` into a predicated load, but
+// `if (..) v = load; else if (..) v = load` into branches, and per-lane branches here made every 8-key
+// block a divergent region whose loads the warp waited for one block at a time (issue 30).
+template <class E, int NB>
+__device__ __forceinline__ void flash_mask_pass(float (&s)[NB][4], const FlashMask& mask, int kbase, int Skv,
                                                 int row_a, int S, float unit, int t4) {
-  const float NEG_INF = fa_neg_inf();
-  const bool additive = mask.kind == 1;
-  const int esize = additive ? (int)sizeof(M) : 1;
+  struct __align__(2 * sizeof(E)) P2 { E v[2]; };
+  const bool pairs = mask.mk == 1 && (mask.mq & 1) == 0 &&
+                     (((u64)mask.ptr + (u64)mask.base * sizeof(E)) & (2 * sizeof(E) - 1)) == 0;
+#if FLASH_MASK_ROW_UNROLL == 1
+#pragma unroll 1
+#else
 #pragma unroll
+#endif
   for (int i = 0; i < 2; ++i) {  // rows row_a, row_a + 8: elements e = 2 i, 2 i + 1
-    const int row = row_a + 8 * i;
-    if (row >= S) continue;
-    const i64 rb = mask.base + (i64)row * mask.mq;
-    const bool pairs = mask.mk == 1 && ((rb + (i64)((u64)mask.ptr / esize)) & 1) == 0 &&
-                       ((u64)mask.ptr % esize) == 0;
+    const int row = row_a + 8 * i < S ? row_a + 8 * i : S - 1;
+    const E* rp = (const E*)mask.ptr + mask.base + (i64)row * mask.mq;
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const int key = kbase + nb * 8 + 2 * t4;  // even: kbase and nb * 8 are multiples of 8
-      float v[2] = {0.f, 0.f};
-      bool keep[2] = {true, true};
-      if (pairs && key + 1 < Skv) {
-        if (additive) {
-          struct __align__(2 * sizeof(M)) P2 { M v[2]; };
-          const P2 pr = *(const P2*)((const M*)mask.ptr + rb + key);
-          v[0] = (float)ld(pr.v, 0);
-          v[1] = (float)ld(pr.v, 1);
-        } else {
-          const unsigned short b2 = *(const unsigned short*)((const unsigned char*)mask.ptr + rb + key);
-          keep[0] = (b2 & 0xff) != 0;
-          keep[1] = (b2 >> 8) != 0;
-        }
+      const bool in0 = key < Skv, in1 = key + 1 < Skv;
+      E e0 = {}, e1 = {};
+      if (pairs) {
+        P2 pr = {};
+        if (in1) pr = *(const P2*)(rp + key);
+        const E first = in0 && !in1 ? rp[key] : E{};
+        e0 = in1 ? pr.v[0] : first;
+        e1 = pr.v[1];
       } else {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (key + j < Skv) {
-            const i64 mi = rb + (i64)(key + j) * mask.mk;
-            if (additive)
-              v[j] = (float)ld((const M*)mask.ptr, mi);
-            else
-              keep[j] = ((const unsigned char*)mask.ptr)[mi] != 0;
-          }
-        }
+        if (in0) e0 = rp[(i64)key * mask.mk];
+        if (in1) e1 = rp[(i64)(key + 1) * mask.mk];
       }
+#if FLASH_MASK_ROW_UNROLL == 1
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (additive)
-          s[nb][2 * i + j] += v[j] * unit;
-        else if (!keep[j])
-          s[nb][2 * i + j] = NEG_INF;
+      for (int r = 0; r < 2; ++r) {  // row i's scores s[nb][2 i], s[nb][2 i + 1] by selects (i is a loop counter)
+        float x0 = s[nb][2 * r], x1 = s[nb][2 * r + 1];
+        flash_mask_apply(x0, e0, unit);
+        flash_mask_apply(x1, e1, unit);
+        s[nb][2 * r] = i == r ? x0 : s[nb][2 * r];
+        s[nb][2 * r + 1] = i == r ? x1 : s[nb][2 * r + 1];
       }
+#else
+      flash_mask_apply(s[nb][2 * i], e0, unit);
+      flash_mask_apply(s[nb][2 * i + 1], e1, unit);
+#endif
     }
   }
+}
+
+// flash_mask_pass of the layer's mask kind (uniform across the block)
+template <class M, int NB>
+__device__ __forceinline__ void flash_mask_tile(float (&s)[NB][4], const FlashMask& mask, int kbase, int Skv,
+                                                int row_a, int S, float unit, int t4) {
+  if (mask.kind == 1)
+    flash_mask_pass<M>(s, mask, kbase, Skv, row_a, S, unit, t4);
+  else
+    flash_mask_pass<u8>(s, mask, kbase, Skv, row_a, S, unit, t4);
 }
 
 // One key tile (keys kbase + 8 nb + 2 t4 + (e & 1)): scores s -> scaled, masked, keys past Skv
@@ -192,8 +232,11 @@ __device__ __forceinline__ void flash_scores_tile(float (&s)[NB][4], float (&cor
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
     const float m_new = fmaxf(r.m[i], tmax);
-    // rows still all -inf keep a unit correction and (base 0) zero probabilities
-    corr[i] = m_new == NEG_INF ? 1.f : EXACT ? expf(r.m[i] - m_new) : exp2f(r.m[i] - m_new);
+    // rows still all -inf keep a unit correction and (base 0) zero probabilities; exp2f(0) = 1 through a
+    // select of the argument (no branch around the exponential); expf keeps its branch, which only a row
+    // that is all -inf so far takes (a select costs the fp32 kernel ~37 registers: 3 -> 2 blocks an SM)
+    const float dm = m_new == NEG_INF ? 0.f : r.m[i] - m_new;
+    corr[i] = EXACT ? (m_new == NEG_INF ? 1.f : expf(dm)) : exp2f(dm);
     r.m[i] = m_new;
     base[i] = m_new == NEG_INF ? 0.f : m_new;
   }
