@@ -63,6 +63,8 @@
 #                  tile skip (d153cda), the W4A16 mma tactics first at level 0, the depthwise weight chunks
 #                  (4d1a522), the one-child-per-model zoo harness (0d99b93, test_zoo.py's gpu test); then STEP=nvtx
 #                  (its plan now built outside ncu)
+#   STEP=new11     the eleventh session's gpu tests (ONNX Attention on flash, sm90 ping-pong, flashdiv, W4A16
+#                  staged, ViT views), weight_only_gemm.py, attention against SDPA; then STEP=flashdiv
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -222,6 +224,25 @@ EOF
       tests/kernels/cuda/test_conv_depthwise.py tests/kernels/cuda/test_conv_grouped.py tests/benchmarks/test_zoo.py
     rc=$?
     STEP=nvtx bash "$0"
+    exit $rc
+    ;;
+  new11)  # the eleventh session's gpu tests (none ran on a GPU): ONNX Attention on the flash kernels (onnxattn), the
+    # sm90 ping-pong flash tactics (fa3pp: they could hang rather than fail if the launch got fewer than 168
+    # registers; their tests run first, under the timeout), the flash softmax without per-lane branches (flashdiv:
+    # every flash kernel), the W4A16 staged kernel (w4fill), ViT's transposes sunk into q/k/v views (vitmove);
+    # then STEP=flashdiv (ZOO_BEFORE carried) for the in-plan before/after of wav2vec2 and Swin
+    gpu_tests new11 ${NEW_S:-300} \
+      tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_attention_gqa.py \
+      tests/kernels/cuda/test_attention_views.py tests/kernels/cuda/test_attention_onnx.py \
+      tests/kernels/cuda/test_attention_onnx_flash.py tests/compiler/ops/test_attention_ms.py \
+      tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_flash_attention_shapes.py \
+      tests/kernels/cuda/test_flash_attention_f32.py tests/kernels/cuda/test_flash_attention_emulated.py \
+      tests/kernels/cuda/test_attention_windows.py tests/kernels/cuda/test_weight_only.py \
+      tests/compiler/passes/test_row_transposes.py tests/compiler/test_packed_qkv_views.py
+    rc=$?
+    timeout 150 python3 benchmarks/weight_only_gemm.py --ms 1,16 2>&1 | tail -4
+    att="--cases \"\" --attention-dtype fp16 --attention 8,12,128,64 --attention 4,16,2048,128 --attention 8,6,1500,64"
+    timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att" 2>&1 | grep -E "flash|sdpa" | grep -v simple
     exit $rc
     ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
