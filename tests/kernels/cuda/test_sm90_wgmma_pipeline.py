@@ -54,23 +54,10 @@ def ptxas_report(source, file: str) -> str:
     return log.getvalue()
 
 
-def spill_bytes(text: str) -> int:
-    """The spill stores ptxas -v reports (0 when it reports none)."""
-    found = re.search(r"(\d+) bytes spill stores", text)
-    return int(found.group(1)) if found else 0
-
-
-def assert_pipelined(text: str, what: str, spill_limit: int = 0) -> None:
+def assert_pipelined(text: str, what: str) -> None:
     assert "Used" in text, f"ptxas -v printed no register report for {what}:\n{text}"
     assert "C7514" not in text, f"ptxas serializes the wgmma pipeline of {what}:\n{text}"
-    assert spill_bytes(text) <= spill_limit, f"{what} spills:\n{text}"
-
-
-#: spill stores the ping-pong flash shapes are allowed for now: 0 when they were written (fa3pp), 46-68 bytes
-#: since the mask pass without per-lane branches (flashdiv) joined them in one kernel (its two inlined mask
-#: passes, additive and bool, at key tiles of 128); untimed, below flash_sm90 untimed, so a timed build takes
-#: them only where they are faster. Back to 0 is open work (docs/CUDA_NOTES.md, the ping-pong section).
-PINGPONG_SPILL_LIMIT = 96
+    assert "spill stores" not in text or " 0 bytes spill stores" in text, f"{what} spills:\n{text}"
 
 
 BIAS_RESIDUAL = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
@@ -163,17 +150,34 @@ def test_the_residual_rows_are_prefetched_into_l2_only_where_the_epilogue_loads_
     assert ("prefetch.global.L2" in ptx_of(kernel_for(layer, tile, "half_t", True), "gemm_sm90.cu")) == prefetched
 
 
+#: the ping-pong shapes _pp and _pp_s3 at head 128 spill 32 (fp16) / 46 (bf16) bytes (the persistent one does not) since the flash mask pass without per-lane branches (flashdiv)
+#: joined them in one kernel: its additive and bool passes, both inlined, over 128-key tiles. Open work
+#: (docs/CUDA_NOTES.md, the ping-pong section); strict, so a kernel that stops spilling fails here until the mark goes.
+PINGPONG_SPILLS = pytest.mark.xfail(strict=True, reason="ping-pong consumers spill at head 128 with flashdiv's mask pass")
+
+
+def _flash_cases() -> list:
+    return [pytest.param(shape, head, elem, id=f"{shape.name}-{head}-{elem}",
+                         marks=[PINGPONG_SPILLS] if shape.pingpong and not shape.persistent and head == 128 else [])
+            for shape in FLASH_SHAPES for head in (64, 128) for elem in ("half_t", "bf16_t")]
+
+
+@pytest.mark.parametrize("shape,head,elem", _flash_cases())
+def test_the_sm90_flash_attention_kernels_keep_their_wgmma_pipeline_and_do_not_spill(shape, head, elem):
+    """Every flash_sm90 shape (the ping-pong ones' register allocation: the test below)."""
+    assert_pipelined(ptxas_report(flash_kernel(shape, elem, head), "flash_attention_sm90.cu"), f"{shape.name} {elem} head {head}")
+
+
 @pytest.mark.parametrize("elem", ["half_t", "bf16_t"])
 @pytest.mark.parametrize("head", [64, 128])
-@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=lambda s: s.name)
-def test_the_sm90_flash_attention_kernels_keep_their_wgmma_pipeline_and_do_not_spill(shape, head, elem):
-    """Every flash_sm90 shape; the ping-pong ones (setmaxnreg 24 / 240) must also launch with 168 registers a
-    thread: the allocation their setmaxnreg arithmetic moves (24 * 128 + 240 * 256 = 168 * 384), since
-    setmaxnreg.inc waits for registers the block was never given when the launch holds fewer."""
+@pytest.mark.parametrize("shape", [s for s in FLASH_SHAPES if s.pingpong], ids=lambda s: s.name)
+def test_the_ping_pong_flash_kernels_launch_with_the_registers_setmaxnreg_moves(shape, head, elem):
+    """The ping-pong shapes (setmaxnreg 24 / 240) must launch with 168 registers a thread: the allocation their
+    setmaxnreg arithmetic moves (24 * 128 + 240 * 256 = 168 * 384), since setmaxnreg.inc waits for registers
+    the block was never given when the launch holds fewer; and keep their wgmma pipeline."""
     report = ptxas_report(flash_kernel(shape, elem, head), "flash_attention_sm90.cu")
-    assert_pipelined(report, f"{shape.name} {elem} head {head}", PINGPONG_SPILL_LIMIT if shape.pingpong else 0)
-    if shape.pingpong:
-        assert "Used 168 registers" in report, f"{shape.name}: not the launch allocation setmaxnreg assumes:\n{report}"
+    assert "C7514" not in report, f"ptxas serializes the wgmma pipeline of {shape.name} {elem} head {head}:\n{report}"
+    assert "Used 168 registers" in report, f"{shape.name}: not the launch allocation setmaxnreg assumes:\n{report}"
 
 
 @pytest.mark.parametrize("shape", [s for s in FLASH_SHAPES if s.pingpong], ids=lambda s: s.name)
