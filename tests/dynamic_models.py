@@ -6,6 +6,10 @@
 - `mlp`: an MLP over [batch, tokens, features] that flattens the leading dims (Reshape -1)
   and restores them from Shape -> Slice -> Concat.
 - `convnet`: tests.conv_models.resnet with a dynamic batch, height and width.
+- `window_pad`: Swin's patch merging over channels-last [batch, height, width, 8]: a Pad whose
+  pads (H % 2, W % 2 at the end of H and W) come from Shape -> Gather -> Mod -> Concat, then the
+  four 2x2-strided Slices, their Concat and a MatMul. A profile of even corners needs no padding
+  at any corner; an odd shape between them pads two axes that are not the last.
 - `embedding`: token and position embeddings as exports build them: Range over the sequence
   length, Expand to the ids' shape, a Slice of the position table ending at the length, and a
   ConstantOfShape of the ids' shape.
@@ -116,6 +120,23 @@ def convnet(seed: int = 0) -> onnx.ModelProto:
     for out in model.graph.output:
         out.type.tensor_type.ClearField("shape")
     return model
+
+
+def window_pad(channels: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """Input "x" float [batch, height, width, channels]; output "y" float
+    [batch, ceil(height / 2), ceil(width / 2), channels]."""
+    g = _Graph(seed)
+    shape, two, zeros = g.op("Shape", "x"), g.const(np.array([2])), g.const(np.zeros(5, np.int64))
+    h_pad, w_pad = (g.op("Mod", _dim(g, shape, axis), two) for axis in (1, 2))
+    pads = g.op("Concat", zeros, h_pad, w_pad, g.const(np.array([0])), axis=0)
+    x = g.op("Pad", "x", pads, g.const(np.float32(0.0)), mode="constant")
+    big = np.iinfo(np.int64).max
+    parts = [g.op("Slice", x, g.const(np.array([i, j])), g.const(np.array([big, big])), g.const(np.array([1, 2])),
+                  g.const(np.array([2, 2]))) for i, j in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    merged = g.op("Concat", *parts, axis=-1)
+    g.nodes.append(helper.make_node("MatMul", [merged, g.weight(4 * channels, channels)], ["y"], name="y_node"))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "height", "width", channels])]
+    return g.model(inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], "window_pad")
 
 
 def embedding(vocab: int = 100, positions: int = 64, d: int = 8, seed: int = 0) -> onnx.ModelProto:

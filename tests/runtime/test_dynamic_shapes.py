@@ -12,11 +12,13 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.plan.profiles import Profile
 from polykit.errors import RuntimeInputError, UsageError
 from polykit.runtime.engine import Runtime
-from tests.dynamic_models import convnet, embedding, encoder, mlp, tiny_bert
+from tests.dynamic_models import convnet, embedding, encoder, mlp, tiny_bert, window_pad
 
 ENCODER_PROFILE = Profile({"x": ((1, 1, 32), (2, 16, 32), (4, 40, 32)), "mask": ((1, 1), (2, 16), (4, 40))})
 CONV_PROFILE = Profile({"image": ((1, 3, 16, 16), (2, 3, 32, 32), (4, 3, 64, 64))})
 MLP_PROFILE = Profile({"x": ((1, 1, 16), (4, 8, 16), (8, 32, 16))})
+#: even corners: the Pad of window_pad pads nothing at any of them
+WINDOW_PROFILE = Profile({"x": ((1, 4, 4, 8), (2, 6, 6, 8), (4, 8, 8, 8))})
 EMBEDDING_PROFILE = Profile({"ids": ((1, 1), (2, 8), (4, 64))})
 BERT_RANGE = ((1, 16), (4, 64), (8, 512))
 BERT_PROFILE = Profile({"input_ids": BERT_RANGE, "attention_mask": BERT_RANGE})
@@ -40,6 +42,8 @@ CASES = {
                 lambda rng, b, h, w: {"image": rng.standard_normal((b, 3, h, w)).astype(np.float32)}),
     "embedding": (embedding, EMBEDDING_PROFILE, [(1, 1), (3, 17), (4, 64)],
                   lambda rng, b, s: {"ids": rng.integers(0, 100, (b, s)).astype(np.int64)}),
+    "window_pad": (window_pad, WINDOW_PROFILE, [(1, 4, 4), (3, 5, 7), (2, 7, 6), (4, 8, 8), (1, 5, 5)],
+                   lambda rng, b, h, w: {"x": rng.standard_normal((b, h, w, 8)).astype(np.float32)}),
     "mlp": (mlp, MLP_PROFILE, [(1, 1), (3, 7), (8, 32), (5, 13)],
             lambda rng, b, t: {"x": rng.standard_normal((b, t, 16)).astype(np.float32)}),
 }

@@ -86,7 +86,7 @@ def _i64(name, values):
 def _model(nodes, inputs, outputs, inits):
     g = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
                           [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _in_path(x: str, prefix: str = ""):

@@ -117,3 +117,32 @@ def test_pad_last_chunks_match_numpy(shape, dtype, last, value, misalign):
     out = run_layer(layer, inputs, tactic="cuda.movement.pad_last", misalign={"y": misalign * x.itemsize})["y"]
     want = np.pad(x, list(zip(pads[:len(shape)], pads[len(shape):])), constant_values=0 if value is None else value)
     np.testing.assert_array_equal(out, want, err_msg=f"{shape} {np.dtype(dtype)} pads {last} misalign {misalign}")
+
+
+def test_pad_last_takes_the_generic_pad_kernel_when_a_run_pads_other_axes():
+    """A dynamic plan chooses pad_last at its profile's corners; Swin's window padding (H % 2,
+    W % 2) pads nothing there and H and W at an odd shape between them (issue 33)."""
+    def launched(x_shape, y_shape):
+        rec = RecordingLauncher()
+        tensors = {"x": DeviceTensor(0x1000, x_shape, np.dtype(np.float16)),
+                   "pads": DeviceTensor(0x2000, (2 * len(x_shape),), np.dtype(np.int64)),
+                   "y": DeviceTensor(0x4000, y_shape, np.dtype(np.float16))}
+        enqueue_pad_last(LayerDesc("p", "Pad", ("x", "pads"), ("y",), {"mode": "constant"}), rec, tensors)
+        return [name for name, _ in rec.launches]
+
+    assert launched((3, 20, 27, 96), (3, 20, 28, 96)) == ["pad_2"]
+    assert launched((3, 21, 27, 96), (3, 21, 27, 96)) == ["pad_chunks_2"]
+    assert launched((3, 20, 27, 95), (3, 20, 27, 97)) == ["pad_last_2"]
+
+
+def test_the_window_pad_plan_runs_pad_last_so_its_odd_shapes_take_the_fallback():
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.kernels.cuda.conv.reformat import _pad_last_kernels
+    from tests.dynamic_models import window_pad
+    from tests.runtime.test_dynamic_shapes import WINDOW_PROFILE
+
+    plan = build_plan(window_pad(), BuilderConfig(target="cuda", profiles=[WINDOW_PROFILE], builder_optimization_level=0))
+    (layer,) = [la for la in plan.layers if la.kind == "Pad"]
+    assert layer.tactic == "cuda.movement.pad_last"
+    assert {k.name for k in _pad_last_kernels(layer)} >= {"pad_4", "pad_last_4"}

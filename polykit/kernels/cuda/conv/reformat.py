@@ -5,7 +5,10 @@ model's image input: Transpose 0231, then Pad of the channels to a multiple of 8
   cuda.movement.to_nhwc    Transpose perm (0, 2, 3, 1) of a rank-4 tensor with C <= MAX_C
   cuda.movement.from_nhwc  Transpose perm (0, 3, 1, 2) of a rank-4 tensor with C <= MAX_C
   cuda.movement.pad_last   constant Pad (no `axes` input) that grows only the last axis; a thread
-                           writes 4-16 bytes of an output row when the row and pointer allow
+                           writes 4-16 bytes of an output row when the row and pointer allow. In a
+                           dynamic plan the pads are a run-time tensor (Swin's window padding: W % 2):
+                           a run whose output grows another axis too (an odd shape between corners that
+                           grow none) takes the generic pad kernel (movement.py) instead
 The generic movement kernels (movement.py) run every other case; these outrank them.
 """
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
+from polykit.kernels.cuda.movement.movement import enqueue_pad, pad_kernels
 
 FILE = "reformat.cu"
 SIZES = (1, 2, 4, 8)
@@ -77,6 +81,10 @@ def chunk_bytes(itemsize: int, cout: int, y_ptr: int) -> int:
 
 def enqueue_pad_last(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    if tuple(x.shape[:-1]) != tuple(y.shape[:-1]) or not y.size:
+        # the plan chose this tactic at its profile's corners; this run's pads grow another axis
+        enqueue_pad(layer, launcher, tensors)
+        return
     pads = tensors[layer.inputs[1]]
     cval = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
     es, cout = x.dtype.itemsize, y.shape[-1]
@@ -97,5 +105,9 @@ def compile_variants() -> list[KernelSource]:
 for _prefix in PERMS:
     cuda_tactic("Transpose", f"cuda.movement.{_prefix}", kernels=_kernels(_prefix), supports=_transposes(_prefix),
                 priority=5, params={"max_channels": MAX_C})(_enqueue_transpose(_prefix))
-cuda_tactic("Pad", "cuda.movement.pad_last", kernels=_kernels("pad_last"), supports=_pads_last_only,
+def _pad_last_kernels(layer: Any) -> list[KernelSource]:
+    return _kernels("pad_last")(layer) + pad_kernels(layer)
+
+
+cuda_tactic("Pad", "cuda.movement.pad_last", kernels=_pad_last_kernels, supports=_pads_last_only,
             priority=5)(enqueue_pad_last)

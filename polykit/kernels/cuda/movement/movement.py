@@ -246,7 +246,8 @@ for _kind, _fn in (("Transpose", enqueue_transpose), ("Expand", enqueue_expand),
     cuda_tactic(_kind, "cuda.movement.strided", kernels=copy_kernels,
                 places=places_last_axis if _kind == "Transpose" else None)(_fn)
 cuda_tactic("Slice", "cuda.movement.slice", kernels=_shaped_kernels("slice"))(enqueue_slice)
-cuda_tactic("Pad", "cuda.movement.pad", kernels=_shaped_kernels("pad"),
+pad_kernels = _shaped_kernels("pad")
+cuda_tactic("Pad", "cuda.movement.pad", kernels=pad_kernels,
             supports=lambda layer: layer.attrs.get("mode", "constant") in PAD_MODES)(enqueue_pad)
 cuda_tactic("Tile", "cuda.movement.tile", kernels=_shaped_kernels("tile"))(enqueue_tile)
 
