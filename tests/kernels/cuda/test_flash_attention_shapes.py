@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.kernels.cuda.attention.flash_attention import SHAPES, FlashShape, _enqueue_of, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import SHAPES, FlashShape, _enqueue_of, _kernels_of, flash_launch
 from polykit.kernels.cuda.base import CUDA_DIR
 from polykit.kernels.tactics import candidates
 from tests.kernels.cuda.test_attention_gqa import _tensors
@@ -80,7 +80,8 @@ def test_launch_covers_the_queries_in_blocks_of_the_shapes_rows_with_its_shared_
     rec = GridRecorder()
     _enqueue_of(shape)(layer, rec, _tensors(layer, FP16))
     ((kernel, grid, block, smem),) = rec.launches
-    assert kernel == shape.kernel("half_t", head)
+    assert kernel == shape.kernel("half_t", head, masked=False)  # no mask input: the mask pass compiled out
+    assert kernel in _kernels_of(shape)(layer)  # what the build compiles for the layer is what runs
     assert grid == (-(-S // shape.block_q), 3, 2) and block == (128,) and smem == shape.smem(head)
     assert flash_launch(layer, _tensors(layer, FP16)).grid == (-(-S // 64), 3, 2)  # the default block_q
 
@@ -167,3 +168,22 @@ def test_new_shapes_read_and_write_bshd_with_undefined_rows_zeroed(name):
     inputs["mask"] = mask
     layer = layer_for(inputs, (B, S, H, D), layout="bshd", scale=0.1)
     check(replace(layer, attrs=dict(layer.attrs, nan_probs_to_zero=1)), inputs, 3e-3, name)
+
+
+def test_a_layer_without_a_mask_compiles_the_mask_pass_out_and_a_masked_one_keeps_it():
+    """FLASH_MASKED=0 only where the layer has no mask input, in every flash family (mma.sync, fp32, sm90):
+    the build compiles and the enqueue launches the same variant."""
+    from polykit.kernels.cuda.attention import flash_attention_f32, flash_attention_sm90
+
+    q = _arrays((2, 3, 40, 64), (2, 3, 40, 64), FP16)
+    plain = layer_for(q, (2, 3, 40, 64))
+    masked = layer_for({**q, "M": np.zeros((2, 1, 40, 40), np.float16)}, (2, 3, 40, 64))
+    assert masked.inputs[3] and not (len(plain.inputs) > 3 and plain.inputs[3])
+    kernels = [_kernels_of(SHAPES[0]), flash_attention_sm90._kernels(flash_attention_sm90.SHAPES[0])]
+    for fn in kernels:
+        assert dict(fn(plain)[0].defines)["FLASH_MASKED"] == "0"
+        assert "FLASH_MASKED" not in dict(fn(masked)[0].defines)
+    f32 = {"FLASH_MASKED": "0"}.items() <= dict(flash_attention_f32.kernel_for(64, 3, masked=False).defines).items()
+    assert f32 and "FLASH_MASKED" not in dict(flash_attention_f32.kernel_for(64, 3).defines)
+    src = (CUDA_DIR / "flash_common.cuh").read_text()  # the macro gates the shared softmax's mask pass
+    assert re.search(r"#if FLASH_MASKED\n  if \(mask\.kind != 0\) flash_mask_tile", src)

@@ -57,7 +57,8 @@ def test_registered_for_compute_capability_9_only_and_every_variant_targets_sm_9
         assert tactics[name].archs == ("sm_90",)
         assert tactics[name].runs_on("sm_90") and not tactics[name].runs_on("sm_80") and not tactics[name].runs_on("sm_100")
     units = compile_variants()
-    assert len(units) == len(SHAPES) * 2 * 2 and all(u.arch == "sm_90a" for u in units)
+    assert len(units) == len(SHAPES) * 2 * 2 + len(SHAPES) and all(u.arch == "sm_90a" for u in units)
+    assert sum(dict(u.defines).get("FLASH_MASKED") == "0" for u in units) == len(SHAPES)  # one unmasked a shape
 
 
 def test_block_shapes_fit_the_shared_memory_of_one_sm():

@@ -188,3 +188,16 @@ def test_the_ping_pong_flash_kernels_move_registers_and_take_turns(shape):
     assert "setmaxnreg.dec.sync.aligned.u32 24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 240;" in ptx
     assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx) and re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)
     assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.parametrize("elem", ["half_t", "bf16_t"])
+@pytest.mark.parametrize("shape", FLASH_SHAPES, ids=lambda s: s.name)
+def test_the_unmasked_sm90_flash_kernels_do_not_spill_and_flash_sm90_fits_two_blocks_an_sm(shape, elem):
+    """The kernels of layers without a mask (FLASH_MASKED=0: the mask pass compiled out) at head 128: no spill
+    in any shape (the ping-pong consumers' 32 / 46 bytes are the mask pass's), and the one-consumer kernel back
+    at or under 204 registers, two blocks of 160 threads an SM (210 with the mask pass: one block)."""
+    report = ptxas_report(flash_kernel(shape, elem, 128, masked=False), "flash_attention_sm90.cu")
+    assert_pipelined(report, f"{shape.name} {elem} head 128 unmasked")
+    if not shape.pingpong:
+        used = int(re.search(r"Used (\d+) registers", report).group(1))
+        assert used * shape.threads * 2 <= 65536, f"{shape.name}: {used} registers leave one block an SM"

@@ -112,6 +112,18 @@ class StridedMask(DeviceTensor):
     strides5: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
 
+def has_mask(layer: Any) -> bool:
+    """Whether the layer has a mask input (structural: the same at build and at run time)."""
+    return len(layer.inputs) > 3 and bool(layer.inputs[3])
+
+
+def mask_defines(masked: bool) -> dict[str, int]:
+    """FLASH_MASKED=0 for a layer without a mask: flash_common.cuh compiles the mask pass out (the sm90
+    kernel at head 128: 138 registers instead of 210, so two blocks an SM again); a masked kernel keeps the
+    defines (and cache keys) it had."""
+    return {} if masked else {"FLASH_MASKED": 0}
+
+
 def split_batch(layer: Any) -> bool:
     """The layer's Q, K, V or mask has an outer batch dim of more than one (rank-5 attention):
     kernels without the outer strides (flash_sm90's TMA maps) cannot run it."""
@@ -197,11 +209,11 @@ class FlashShape:
             return {"block_q": self.block_q, "block_kv": 64, "block_kv_over_128": 32, "warps": 4}
         return {"block_q": self.block_q, "block_kv": self.kv, "warps": 4, "max_head": max(self.heads)}
 
-    def kernel(self, elem: str, head: int) -> KernelSource:
+    def kernel(self, elem: str, head: int, masked: bool = True) -> KernelSource:
         # ROWS only when not 1: the one-m-tile kernels keep the defines (and cache keys' define lines) they had
         rows = {"ROWS": self.rows} if self.rows != 1 else {}
         return KernelSource("flash_attention", file=FILE,
-                            defines=defines(ELEM=elem, HD=head, BKV=self.block_kv(head), **rows))
+                            defines=defines(ELEM=elem, HD=head, BKV=self.block_kv(head), **rows, **mask_defines(masked)))
 
 
 #: cuda.attention.flash; then the larger tiles the builder times against it (priority below it, so a plan
@@ -289,7 +301,7 @@ def _supports_of(shape: FlashShape):
 def _kernels_of(shape: FlashShape):
     def kernels(layer: Any) -> list[KernelSource]:
         dtype, head = flash_geometry(layer, heads=shape.heads)
-        return [shape.kernel(ELEMS[dtype], head)]
+        return [shape.kernel(ELEMS[dtype], head, has_mask(layer))]
 
     return kernels
 
@@ -300,7 +312,7 @@ def _enqueue_of(shape: FlashShape):
         if run is None:
             return
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-        launcher.launch(shape.kernel(elem, run.head), run.grid, (128,), list(run.args), shared_mem=shape.smem(run.head))
+        launcher.launch(shape.kernel(elem, run.head, has_mask(layer)), run.grid, (128,), list(run.args), shared_mem=shape.smem(run.head))
 
     return enqueue
 
@@ -309,7 +321,9 @@ _supports = _supports_of(SHAPES[0])  # cuda.attention.flash's
 
 
 def compile_variants() -> list[KernelSource]:
-    return [s.kernel(e, d) for s in SHAPES for e in ELEMS.values() for d in s.heads]
+    """Every masked variant; the unmasked ones differ by one #if (FLASH_MASKED): one a block shape."""
+    return [s.kernel(e, d) for s in SHAPES for e in ELEMS.values() for d in s.heads] + \
+        [s.kernel("half_t", s.heads[-1], masked=False) for s in SHAPES]
 
 
 for _shape in SHAPES:

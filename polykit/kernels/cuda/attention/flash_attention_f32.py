@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
-from polykit.kernels.cuda.attention.flash_attention import BQ, flash_geometry, flash_launch
+from polykit.kernels.cuda.attention.flash_attention import BQ, flash_geometry, flash_launch, has_mask, mask_defines
 
 FILE = "flash_attention_f32.cu"
 STORED = {"float32": "float"}
@@ -26,9 +26,9 @@ HEAD_SIZES = tuple(BLOCK_KV)
 VARIANTS = {"cuda.attention.flash_f32": ("fp32", 3), "cuda.attention.flash_tf32": ("tf32", 1)}
 
 
-def kernel_for(head: int, products: int) -> KernelSource:
+def kernel_for(head: int, products: int, masked: bool = True) -> KernelSource:
     return KernelSource("flash_attention_f32", file=FILE,
-                        defines=defines(HD=head, BKV=BLOCK_KV[head], SPLIT3=int(products == 3)))
+                        defines=defines(HD=head, BKV=BLOCK_KV[head], SPLIT3=int(products == 3), **mask_defines(masked)))
 
 
 def shared_bytes(head: int) -> int:
@@ -43,12 +43,12 @@ def _variant(precision: str, products: int):
                 and flash_geometry(layer, STORED, HEAD_SIZES) is not None)
 
     def kernels(layer: Any) -> list[KernelSource]:
-        return [kernel_for(flash_geometry(layer, STORED, HEAD_SIZES)[1], products)]
+        return [kernel_for(flash_geometry(layer, STORED, HEAD_SIZES)[1], products, has_mask(layer))]
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = flash_launch(layer, tensors)
         if run is not None:
-            launcher.launch(kernel_for(run.head, products), run.grid, (WARPS * 32,), list(run.args),
+            launcher.launch(kernel_for(run.head, products, has_mask(layer)), run.grid, (WARPS * 32,), list(run.args),
                             shared_mem=shared_bytes(run.head))
 
     return supports, kernels, enqueue
@@ -62,4 +62,4 @@ for _name, (_precision, _products) in VARIANTS.items():
 
 
 def compile_variants() -> list[KernelSource]:
-    return [kernel_for(d, p) for d in HEAD_SIZES for _, p in VARIANTS.values()]
+    return [kernel_for(d, p) for d in HEAD_SIZES for _, p in VARIANTS.values()] + [kernel_for(128, 3, masked=False)]

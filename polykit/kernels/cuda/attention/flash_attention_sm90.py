@@ -30,7 +30,7 @@ import numpy as np
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.attention.flash_attention import (ELEMS, OUTER_ARGS, HeadView, flash_geometry, flash_launch,
-                                                             head_view, split_batch)
+                                                             has_mask, head_view, mask_defines, split_batch)
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
@@ -98,12 +98,12 @@ SHAPES = (Sm90Flash(1),
           Sm90Flash(2, 128, stages=3, pingpong=True, persistent=True, priority=19))
 
 
-def kernel_for(shape: Sm90Flash, elem: str, head: int) -> KernelSource:
+def kernel_for(shape: Sm90Flash, elem: str, head: int, masked: bool = True) -> KernelSource:
     # STAGES and PINGPONG only for the ping-pong shapes: flash_sm90 keeps the defines (and cache keys) it had
     extra = {"STAGES": shape.stages, "PINGPONG": 1} if shape.pingpong else {}
     if shape.persistent:
         extra["PERSISTENT"] = 1
-    tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv, **extra)
+    tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv, **extra, **mask_defines(masked))
     return KernelSource("flash_attention_sm90", file=FILE, defines=tile, arch="sm_90a")
 
 
@@ -160,7 +160,7 @@ def _supports(layer: Any) -> bool:
 def _kernels(shape: Sm90Flash):
     def kernels(layer: Any) -> list[KernelSource]:
         dtype, head = flash_geometry(layer, heads=HEAD_SIZES)
-        return [kernel_for(shape, ELEMS[dtype], head)]
+        return [kernel_for(shape, ELEMS[dtype], head, has_mask(layer))]
 
     return kernels
 
@@ -183,14 +183,15 @@ def _enqueue(shape: Sm90Flash):
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
         items = [np.int32(H), np.int32(B)] if shape.persistent else []  # the kernel's ITEM_PARAMS
         grid = shape.grid(int(S), H, B, launcher.sm_count if shape.persistent else 0)
-        launcher.launch(kernel_for(shape, elem, run.head), grid, (shape.threads,),
+        launcher.launch(kernel_for(shape, elem, run.head, has_mask(layer)), grid, (shape.threads,),
                         [*maps, o, mask, S, Skv, *rest, np.int32(geo), *items], shared_mem=shape.smem(run.head))
 
     return enqueue
 
 
 def compile_variants() -> list[KernelSource]:
-    return [kernel_for(s, e, d) for s in SHAPES for e in ELEMS.values() for d in HEAD_SIZES]
+    return [kernel_for(s, e, d) for s in SHAPES for e in ELEMS.values() for d in HEAD_SIZES] + \
+        [kernel_for(s, "half_t", 128, masked=False) for s in SHAPES]
 
 
 for _shape in SHAPES:

@@ -111,6 +111,13 @@ __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRo
 // flight at once) or one after the other (1: half of them). flash_attention.cu sets 1 for two m-tiles a
 // warp and 128-key tiles, whose scores and accumulators leave no room for the rest (there 2 spills or
 // drops to 2 blocks an SM).
+// FLASH_MASKED 0: the kernel of a layer without a mask (polykit.kernels.cuda.attention.flash_attention.
+// mask_defines): the mask pass is compiled out, and with it the registers its addresses and loads hold
+// (flash_sm90 at head 128: 138 instead of 210, two blocks an SM instead of one; the ping-pong consumers'
+// 32-byte spill goes too). A masked layer's kernel keeps it (mask_kind 0 still skips it at run time).
+#ifndef FLASH_MASKED
+#define FLASH_MASKED 1
+#endif
 #ifndef FLASH_MASK_ROW_UNROLL
 #define FLASH_MASK_ROW_UNROLL 2
 #endif
@@ -209,7 +216,9 @@ __device__ __forceinline__ void flash_scores_tile(float (&s)[NB][4], float (&cor
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nb][e] *= su;
+#if FLASH_MASKED
   if (mask.kind != 0) flash_mask_tile<M>(s, mask, kbase, Skv, row_a, S, unit, t4);
+#endif
   if (kbase + NB * 8 > Skv) {  // the tile that crosses Skv
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
