@@ -65,6 +65,10 @@
 #                  (its plan now built outside ncu)
 #   STEP=new11     the eleventh session's gpu tests (ONNX Attention on flash, sm90 ping-pong, flashdiv, W4A16
 #                  staged, ViT views), weight_only_gemm.py, attention against SDPA; then STEP=flashdiv
+#   STEP=new12     the twelfth session's gpu tests (the unmasked flash kernels FLASH_MASKED=0 ran 438 tests on an H100 at
+#                  the session's end; the Swin pad fallback), attention against SDPA in one call (that last call lost its
+#                  SDPA row), then STEP=dynamic (Swin and Faster R-CNN on cuda). Then STEP=zoo with ZOO_BEFORE=.before
+#                  (1f6bea4) on the transformers: the unmasked kernels' before/after.
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -245,6 +249,20 @@ EOF
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att" 2>&1 | grep -E "flash|sdpa" | grep -v simple
     exit $rc
     ;;
+  new12)  # the twelfth session's gpu tests, attention vs SDPA (every flash tactic, SDPA in the same process)
+    gpu_tests new12 ${NEW_S:-240} \
+      tests/kernels/cuda/test_flash_attention.py tests/kernels/cuda/test_flash_attention_sm90.py \
+      tests/kernels/cuda/test_flash_attention_f32.py tests/kernels/cuda/test_flash_attention_shapes.py \
+      tests/kernels/cuda/test_attention_onnx_flash.py tests/kernels/cuda/test_attention_windows.py \
+      tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
+      tests/kernels/cuda/test_reformat.py tests/runtime/cuda/test_dynamic_shapes_gpu.py \
+      tests/compiler/passes/test_row_transposes.py
+    rc=$?
+    att="--cases \"\" --attention-dtype fp16 --attention 8,12,128,64 --attention 4,16,2048,128 --attention 8,6,1500,64 --attention 8,12,197,64"
+    timeout 200 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "flash|sdpa" \
+      | grep -v simple | tee "$OUT/attention.txt"
+    exit $rc
+    ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
@@ -375,5 +393,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
 esac
