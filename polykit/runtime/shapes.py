@@ -7,6 +7,13 @@ run, the values of its shape tensors (Shape -> Gather -> Concat chains, which no
 per-shape launch parameters are cached by it). A tensor whose shape would need more bytes
 than the plan reserved for it (its size at the profile's corners) is refused.
 
+A new shape set is also checked against the tactics that will run it (`tactics_serve`): the builder
+chose each dynamic layer's tactic where it serves the profile's corners (tuner.serves_corners), and a
+property of the shapes that holds at min, opt and max may not hold between them (Swin's window padding
+pads nothing at even sides, so a Pad tactic that grows only the last axis passed every corner of an
+even profile and then ran an odd side wrong). A tactic that does not serve the bound shapes is a
+PlanError naming the layer, instead of wrong outputs; cached sets are not checked again.
+
 The same mechanism serves anything that learns shapes at run time: a ShapeSet is a plain
 record a target reads in `TargetContext.bind_shapes`. Tensors whose shapes name a data symbol
 (an output size a layer decides from values, polykit.compiler.ops.data_dims) wait: `bind_data`
@@ -23,9 +30,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ops.data_dims import sized_tensors
+from polykit.compiler.plan.profiles import at_corner
 from polykit.compiler.graph.shape_rules import evaluate_rules, run_time_sized
 from polykit.compiler.ir.symbolic import Expr, ShapeEvalError, Term, evaluate
-from polykit.errors import PolykitError, RuntimeInputError, UsageError
+from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
+from polykit.kernels.profile_tactics import profile_layers
+from polykit.kernels.tactics import find_tactic
 
 #: distinct input shape sets whose evaluated shapes a binder keeps
 MAX_CACHED_SHAPE_SETS = 64
@@ -60,6 +70,7 @@ class ShapeBinder:
         self._run_time_sized = run_time_sized(self._dynamic, self.profiles.rules) | sized_tensors(plan) \
             if self.profiles is not None else set()
         self._cache: OrderedDict[tuple, ShapeSet] = OrderedDict()
+        self._checks: dict[int, list[tuple[Any, Any]]] = {}  # per profile: (layer, tactic) of the dynamic layers
 
     @property
     def value_inputs(self) -> tuple[str, ...]:
@@ -99,6 +110,7 @@ class ShapeBinder:
             if self.profiles.rules:
                 dims = evaluate_rules(self.profiles.rules, dims)
             found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
+            self.tactics_serve(found, profile)
         self._cache[key] = found
         if len(self._cache) > MAX_CACHED_SHAPE_SETS:
             self._cache.popitem(last=False)
@@ -118,6 +130,38 @@ class ShapeBinder:
         ready = {n for n, w in self._waits.items() if w and w <= set(dims) and not w <= set(shapes.dims)}
         return ShapeSet(key, {**shapes.shapes, **self._evaluate(dims, ready)}, dims,
                         {**shapes.values, **self._values(dims, ready)})
+
+    def tactics_serve(self, shapes: ShapeSet, profile: int = 0) -> None:
+        """PlanError when a layer's tactic (in `profile`) does not serve its tensors at `shapes`: the
+        tactic's `serves` (a tactic whose enqueue falls back where its own kernel does not apply), else
+        its `supports`, of the layer stamped with the bound shapes. Layers with a tensor that waits for
+        a data-dependent size are left out (their shapes are not all known yet)."""
+        if profile not in self._checks:
+            checks = []
+            for layer in profile_layers(self.plan, profile):
+                if any(n in self._dynamic for n in (*layer.inputs, *layer.outputs) if n):
+                    tactic = find_tactic(self.plan.target, layer.kind, layer.tactic)
+                    if tactic is not None:
+                        checks.append((layer, tactic))
+            self._checks[profile] = checks
+        bound = {n: _Bound(shape) for n, shape in shapes.shapes.items()}
+        for layer, tactic in self._checks[profile]:
+            names = [n for n in (*layer.inputs, *layer.outputs) if n]
+            if any(n in self._dynamic and n not in bound for n in names):
+                continue
+            stamped = at_corner(layer, bound)
+            try:
+                ok = (tactic.serves or tactic.supports)(stamped)
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                ok = False  # a family's geometry helper refusing the shapes
+            if not ok:
+                dims = ", ".join(f"{n}={v}" for n, v in sorted(shapes.dims.items()))
+                raise PlanError(f"tactic {layer.tactic} does not serve the layer's shapes in this "
+                                f"run ({dims}: inputs {list(stamped.in_shapes)}, outputs {list(stamped.out_shapes)}); "
+                                "the build checked it at the profile's min, opt and max only",
+                                where=f"layer {layer.name!r}",
+                                hint="rebuild with a profile that has these shapes as a corner (e.g. as opt), and "
+                                     "please report this: the tactic should have been refused at build time")
 
     def _ready(self, names: Any, dims: Mapping[str, int], only: "set[str] | None") -> list[str]:
         """Of `names`, those to evaluate: in `only` when given, else those waiting for no unbound symbol."""
@@ -157,6 +201,13 @@ class ShapeBinder:
                     hint="feed shapes inside the optimization profile, or rebuild with a wider profile")
             shapes[name] = shape
         return shapes
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A tensor's bound shape, as polykit.compiler.plan.profiles.at_corner reads a corner's TensorDesc."""
+
+    shape: tuple[int, ...]
 
 
 def _symbols(term: Term) -> set[str]:

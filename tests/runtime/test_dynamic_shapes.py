@@ -186,3 +186,28 @@ def test_shape_values_get_one_region_slot_each_and_their_views_follow_them():
     aliases = {"v": values[0], "w": "v", "x": "not-a-value"}
     assert placed_root("w", aliases, layout) == placed_root(values[0], aliases, layout)
     assert placed_root("x", aliases, layout) is None
+
+
+def test_a_tactic_that_does_not_serve_a_runs_shapes_is_a_plan_error_not_wrong_outputs(monkeypatch):
+    """The cuda plan of window_pad (built here, no GPU needed) runs its Pad with cuda.movement.pad_last, chosen
+    at the profile's even corners, where nothing is padded; at an odd side it pads H and W. pad_last serves that
+    through its fallback (its `serves`); a tactic without one is refused when the shapes are bound."""
+    from dataclasses import replace
+
+    import polykit.runtime.shapes as shapes_module
+    from polykit.errors import PlanError
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.shapes import ShapeBinder
+
+    plan = build_plan(window_pad(), BuilderConfig(target="cuda", profiles=[WINDOW_PROFILE], builder_optimization_level=0))
+    (pad,) = [layer for layer in plan.layers if layer.kind == "Pad"]
+    assert pad.tactic == "cuda.movement.pad_last"
+    ShapeBinder(plan).bind({"x": (3, 5, 7, 8)})  # served by the fallback
+    without = replace(find_tactic("cuda", "Pad", "cuda.movement.pad_last"), serves=None)
+    monkeypatch.setattr(shapes_module, "find_tactic", lambda target, kind, name: without if kind == "Pad" else
+                        find_tactic(target, kind, name))
+    binder = ShapeBinder(plan)
+    binder.bind({"x": (2, 6, 8, 8)})  # even sides: nothing padded, pad_last's own kernel
+    with pytest.raises(PlanError, match=r"tactic cuda.movement.pad_last does not serve .*outputs \[\(3, 6, 8, 8\)\]") as err:
+        binder.bind({"x": (3, 5, 7, 8)})
+    assert err.value.where == f"layer {pad.name!r}" and "corner" in err.value.hint

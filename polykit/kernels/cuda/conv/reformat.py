@@ -20,7 +20,7 @@ import numpy as np
 
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
-from polykit.kernels.cuda.movement.movement import enqueue_pad, pad_kernels
+from polykit.kernels.cuda.movement.movement import PAD_MODES, enqueue_pad, pad_kernels
 
 FILE = "reformat.cu"
 SIZES = (1, 2, 4, 8)
@@ -110,4 +110,5 @@ def _pad_last_kernels(layer: Any) -> list[KernelSource]:
 
 
 cuda_tactic("Pad", "cuda.movement.pad_last", kernels=_pad_last_kernels, supports=_pads_last_only,
+            serves=lambda layer: layer.attrs.get("mode", "constant") in PAD_MODES,  # the fallback serves the rest
             priority=5)(enqueue_pad_last)
