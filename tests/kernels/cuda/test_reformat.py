@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from polykit.compiler.plan.records import LayerDesc
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.conv.reformat import _pads_last_only, _transposes, chunk_bytes, enqueue_pad_last
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
@@ -95,6 +96,18 @@ def test_pad_last_enqueue_takes_pad_chunks_when_a_chunk_fits():
 
     assert launched(8, 0x4000) == ("pad_chunks_2", 16)
     assert launched(7, 0x4000)[0] == "pad_last_2"
+
+
+def test_pad_last_refuses_a_run_that_pads_another_axis():
+    """A run whose shapes pad a leading axis too (a profile's interior point the build did not see) is a
+    DeviceError naming the layer, not rows written over each other."""
+    rec = RecordingLauncher()
+    tensors = {"x": DeviceTensor(0x1000, (1, 3, 319, 319), np.dtype(np.float32)),
+               "pads": DeviceTensor(0x2000, (8,), np.dtype(np.int64)),
+               "y": DeviceTensor(0x4000, (1, 3, 320, 320), np.dtype(np.float32))}
+    with pytest.raises(DeviceError, match="pads only the last axis") as info:
+        enqueue_pad_last(LayerDesc("p", "Pad", ("x", "pads"), ("y",), {"mode": "constant"}), rec, tensors)
+    assert info.value.where == "layer 'p'" and not rec.launches
 
 
 #: (input shape, dtype, pads of the last axis (begin, end), fill): every chunk width, odd row counts

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.launch_geometry import BLOCK, grid_for
 
@@ -77,6 +78,11 @@ def chunk_bytes(itemsize: int, cout: int, y_ptr: int) -> int:
 
 def enqueue_pad_last(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    if tuple(x.shape[:-1]) != tuple(y.shape[:-1]):  # the builder checked its profile's shapes, not every run's
+        raise DeviceError(f"cuda.movement.pad_last pads only the last axis, but this run pads {tuple(x.shape)} to "
+                          f"{tuple(y.shape)}", where=f"layer {layer.name!r}",
+                          hint="rebuild the plan (its builder's witness points choose cuda.movement.pad), "
+                               "or use --target cpu")
     pads = tensors[layer.inputs[1]]
     cval = tensors.get(layer.inputs[2]) if len(layer.inputs) > 2 and layer.inputs[2] else None
     es, cout = x.dtype.itemsize, y.shape[-1]
