@@ -50,6 +50,6 @@ def test_a_point_that_repeats_a_corners_relations_is_no_witness():
 
 def test_a_layer_of_static_tensors_or_a_profile_without_ranges_has_no_witness():
     layer, tensors = _pad_layer()
-    static = {"x": TensorDesc("x", "float32", (1, 8), "activation"), "y": TensorDesc("y", "float32", (1, 8), "activation")}
+    static = {n: TensorDesc(n, "float32", (1, 8), "activation") for n in ("x", "y")}
     assert Witnesses(static, CORNERS).envs(layer) == []
     assert Witnesses(tensors, [CORNERS[1]]).envs(layer) == []
