@@ -36,6 +36,8 @@ class ProfileShapes:
     opt: Mapping[str, TensorDesc]
     corners: tuple[Mapping[str, TensorDesc], ...]
     generic: tuple[Mapping[str, TensorDesc], ...]
+    #: the corners' symbol values (polykit.compiler.plan.witnesses searches between them)
+    envs: tuple[Mapping[str, int], ...] = ()
 
 
 def profile_groups(profiles: Any) -> list[list[dict[str, int]]]:
@@ -59,7 +61,7 @@ def profile_views(tensors: Mapping[str, TensorDesc], groups: Sequence[Sequence[M
     def view(envs: Sequence[Mapping[str, int]], opt: Mapping[str, int] | None) -> ProfileShapes:
         return ProfileShapes(tensors_at(tensors, opt) if opt is not None else {},
                              tuple(tensors_at(tensors, env) for env in envs),
-                             tuple(tensors_at(tensors, env) for env in generic_corners(envs)))
+                             tuple(tensors_at(tensors, env) for env in generic_corners(envs)), tuple(envs))
 
     every = [env for group in groups for env in group]
     return (view(every, groups[0][1] if groups else None),

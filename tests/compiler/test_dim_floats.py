@@ -10,7 +10,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
@@ -250,3 +251,72 @@ def test_a_data_symbol_bounded_through_a_float_dim_reserves_its_upper_bound():
     high = bounds(resized, {"h": SIDES, "w": SIDES})[1]
     assert high > max(env["data(a)[0]"] for env in corners)
     assert remainder_size([symbol("data(b)[0]"), 3], corners, data) == 3 * high
+
+
+# ---- the transform's batching after the resize: Pad to a multiple of DIVISIBLE (issue 33 on cuda) -------------
+DIVISIBLE = 4  # torchvision's size_divisible (32), scaled down: every corner resizes to 20 x 20, which pads nothing
+
+
+def padded_transform_model():
+    """transform_model's Resize, then torchvision's _onnx_batch_images: Shape [h, w] -> Cast float -> / 4 ->
+    Ceil -> * 4 -> Cast int64 -> - [h, w] -> pads -> Pad. Square corners pad nothing; 19 x 19 (float32
+    rounding) pads both axes, 30 x 16 (37 x 20) the height alone."""
+    model = transform_model()
+    resize = model.graph.node[-1]
+    resize.output[0] = "resized"
+    model.graph.node.extend([
+        _op("Shape", ["resized"], "rs"), _op("Slice", ["rs", "k2", "k4"], "rhw"),
+        _op("Cast", ["rhw"], "rhwf", to=TensorProto.FLOAT), _op("Div", ["rhwf", "divisible"], "q"),
+        _op("Ceil", ["q"], "qc"), _op("Mul", ["qc", "divisible"], "padded"),
+        _op("Cast", ["padded"], "phw", to=TensorProto.INT64), _op("Sub", ["phw", "rhw"], "grow"),
+        _op("Concat", ["zeros6", "grow"], "pads", axis=0), _op("Pad", ["resized", "pads"], "y")])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(float(DIVISIBLE), np.float32), "divisible"),
+                                    numpy_helper.from_array(np.zeros(6, np.int64), "zeros6")])
+    return model
+
+
+def _padded_sizes() -> list:
+    """Sizes of the profile where the float32 resize differs from the exact one and the Pad grows a
+    leading axis (the height), none of which any corner does."""
+    grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
+    found = [hw for hw in grid if _transform_sizes(*hw, exact=False) != _transform_sizes(*hw, exact=True)
+             and _transform_sizes(*hw, exact=False)[0] % DIVISIBLE]
+    corners = [_transform_sizes(d, d, exact=False) for d in (PROFILE[0][2], PROFILE[1][2], PROFILE[2][2])]
+    assert all(h % DIVISIBLE == 0 and w % DIVISIBLE == 0 for h, w in corners)
+    return [(1, 1, h, w) for h, w in _spread(found)] + [(1, 1, 30, 16)]
+
+
+def test_a_cuda_plan_built_without_a_gpu_gives_each_layer_a_tactic_that_serves_the_padded_sizes():
+    """The cuda plan (built here, no GPU) binds onnxruntime's shapes at the sizes where the Pad grows the
+    height, and every layer's tactic serves its layer at those shapes (its `serves`, else its `supports`: the
+    builder's witness points, polykit.compiler.plan.witnesses, ask it there; pad_last serves them through its
+    fallback to the generic pad kernel)."""
+    from polykit.compiler.plan.file import Plan
+    from polykit.compiler.plan.profiles import at_corner, tensors_at
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.shapes import ShapeBinder
+
+    model = padded_transform_model()
+    plan = Plan.deserialize(build_plan(model, BuilderConfig(target="cuda", profiles=[Profile({"x": PROFILE})],
+                                                            builder_optimization_level=3)).serialize())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    binder = ShapeBinder(plan)
+    for shape in _padded_sizes():
+        bound = binder.bind({"x": shape})
+        want = session.run(["y"], {"x": np.zeros(shape, np.float32)})[0].shape
+        assert bound.shapes[plan.outputs[0]] == want, shape
+        at = tensors_at(plan.tensors, bound.dims)
+        for layer in plan.layers:
+            tactic = find_tactic(plan.target, layer.kind, layer.tactic)
+            assert tactic is not None and (tactic.serves or tactic.supports)(at_corner(layer, at)), \
+                (shape, layer.name, layer.tactic)
+
+
+def test_the_padded_transform_matches_onnxruntime_where_float32_and_exact_sizes_differ():
+    serves(padded_transform_model(), PROFILE, _padded_sizes() + [(1, 1, 16, 16), (1, 1, 64, 4)], atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_the_padded_transform_on_cuda_where_the_pad_grows_the_height():
+    serves(padded_transform_model(), PROFILE, _padded_sizes() + [(1, 1, 16, 16), (1, 1, 64, 4)], atol=1e-4,
+           target="cuda")

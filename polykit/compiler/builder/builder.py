@@ -38,8 +38,10 @@ from polykit.compiler.plan.compatibility import Compatibility
 from polykit.compiler.passes.io_formats import formats_by_name
 from polykit.compiler.plan.file import Plan, check_memory
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
-from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded
+from polykit.kernels.profile_tactics import ProfileShapes, pick_tactics, profile_groups, profile_views, recorded, \
+    touches
 from polykit.compiler.plan.profiles import ProfileSet, apply_profiles, check_corners, profile_set
+from polykit.compiler.plan.witnesses import Witnesses
 from polykit.compiler.graph.shape_values import host_values
 from polykit.compiler.builder.quantize import Int8Setup, plan_int8
 from polykit.compiler.builder.sparsity import offer_sparse, settle_sparse
@@ -454,9 +456,18 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
     arch, sm_count = (cfg.tactic_arch(device.arch), device.sm_count) if device is not None else ("", 0)
     tuner = Tuner(target, cfg, tensors, weights or {})
     every, views = profile_views(tensors, groups)
+    searches = {id(view): Witnesses(tensors, view.envs) for view in (every, *views)}
+    witnessed: dict[tuple[int, str], tuple] = {}
+
+    def corners_of(layer: LayerDesc, view: ProfileShapes) -> tuple:
+        """The profile's corners and the layer's witness points in it (polykit.compiler.plan.witnesses)."""
+        key = (id(view), layer.name)
+        if key not in witnessed:
+            witnessed[key] = searches[id(view)].corners(layer) if touches(layer, view.opt) else ()
+        return view.corners + witnessed[key]
 
     def candidates_at(layer: LayerDesc, view: ProfileShapes) -> list:
-        return candidate_pairs(layer, target, cfg, tensors, arch, sm_count, view.corners, view.generic)
+        return candidate_pairs(layer, target, cfg, tensors, arch, sm_count, corners_of(layer, view), view.generic)
 
     def choose(layer: LayerDesc, pairs: list, view: ProfileShapes) -> Any:
         return tuner.choose(layer, pairs, {**tensors, **view.opt}) if untimed is None else pairs[0]
@@ -494,7 +505,7 @@ def select_tactics(layers: list[LayerDesc], target: str, cfg: BuilderConfig, ten
                     have = kernels.get(final.name)
                     kernels[final.name] = t.kernels(ran) if have is None else have + [
                         k for k in t.kernels(ran) if k not in have]
-                need = max(need, workspace_over(t, ran, tensors, view.corners, sm_count))
+                need = max(need, workspace_over(t, ran, tensors, corners_of(variant, view), sm_count))
             if need:
                 workspace[final.name] = need
             chosen.append(final)
