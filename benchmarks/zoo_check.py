@@ -72,8 +72,9 @@ def traffic(plan) -> dict:
     placed = getattr(plan.memory, "placements", {}) or {}
     by_kind: dict[str, float] = collections.Counter()
     for layer in plan.layers:
-        if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.outputs and layer.outputs[0] in aliases:
-            continue  # a view: the layer copies nothing
+        if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.inputs and layer.outputs \
+                and _root(layer.inputs[0], aliases) == _root(layer.outputs[0], aliases):
+            continue  # a view (its output of its input, or its input of an engine output): it copies nothing
         sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
         if layer.kind == "Concat" and placed:  # it copies only the inputs not placed, into their slices
             copied = [plan.tensors[n].nbytes for n in layer.inputs if n in plan.tensors and n not in placed]
@@ -102,6 +103,11 @@ def traffic(plan) -> dict:
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)
     return {"traffic_mb": round(total, 1), "movement_share": round(moved / total, 3),
             "traffic_by_kind_mb": {k: round(v, 1) for k, v in by_kind.most_common()}}
+
+
+def _root(name: str, aliases: dict) -> str:
+    """The tensor whose bytes `name` shares (plan.memory.aliases, whose values are roots)."""
+    return aliases.get(name, name)
 
 
 def placed_concats(plan) -> dict:

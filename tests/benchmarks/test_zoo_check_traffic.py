@@ -30,6 +30,18 @@ def test_a_reshape_view_is_free_and_an_embedding_gather_reads_its_rows(tmp_path)
     assert t["traffic_by_kind_mb"]["Gather"] < 0.01
 
 
+def test_a_reshape_writing_an_engine_output_is_free_when_its_source_shares_the_output(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8, 64])],
+        [helper.make_tensor("shape", TensorProto.INT64, [3], [8, 8, 64])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    plan = build_plan(str(path), BuilderConfig(target="cuda", builder_optimization_level=0))
+    assert plan.memory.aliases == {"r": "y"} and "Reshape" not in traffic(plan)["traffic_by_kind_mb"]
+
+
 def test_a_slice_reads_only_its_window(tmp_path):
     consts = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", 2), ("a", 0))]
     graph = helper.make_graph(
