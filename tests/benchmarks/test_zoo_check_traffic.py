@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from benchmarks.zoo_check import traffic
+from benchmarks.zoo_check import movement_layers, traffic
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
 
@@ -40,6 +40,20 @@ def test_a_reshape_writing_an_engine_output_is_free_when_its_source_shares_the_o
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     plan = build_plan(str(path), BuilderConfig(target="cuda", builder_optimization_level=0))
     assert plan.memory.aliases == {"r": "y"} and "Reshape" not in traffic(plan)["traffic_by_kind_mb"]
+    assert movement_layers(plan) == {"movement_views": 1, "movement_copies": {}}
+
+
+def test_movement_layers_counts_views_apart_from_the_copies_and_their_bytes(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]), helper.make_node("Reshape", ["t", "shape"], ["r"]),
+         helper.make_node("Relu", ["r"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4, 64])],
+        [helper.make_tensor("shape", TensorProto.INT64, [3], [8, 4, 64])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    plan = build_plan(str(path), BuilderConfig(target="cuda", builder_optimization_level=0))
+    assert movement_layers(plan) == {"movement_views": 1, "movement_copies": {"Transpose": [1, 64 * 32 * 4]}}
 
 
 def test_a_slice_reads_only_its_window(tmp_path):

@@ -3,9 +3,11 @@
 The Conv1D projections are Gemms over a [B*S, E] Reshape of the hidden states, the heads split
 by Split + Reshape + Transpose (the key to [B, H, D, S]), the causal + padding mask a Where of
 the model's attention_mask, the heads merged by Transpose + Reshape, then the out-projection's
-Gemm over [B*S, E] again and the residual Add. Passes the block meets: recognize_attention,
+Gemm over [B*S, E] again and the residual Add. What makes it copy-free: recognize_attention,
 fold_attention_layouts (q / k / v as strided views of the packed projection, "bshd" output),
-absorb_views, and the memory plan's views (every Reshape shares its input's bytes)."""
+hoist_activations (the residual Add into the Gemm's epilogue, the Reshape to [B, S, E] after it,
+writing the engine output) and the memory plan's views (every Reshape shares its input's bytes,
+the last one its input the output's)."""
 
 from __future__ import annotations
 
