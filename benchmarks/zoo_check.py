@@ -2,16 +2,17 @@
 
     PYTHONPATH=. python3 benchmarks/zoo_check.py [--family conv|transformer|all] [--models a,b]
         [--out zoo_check.json] [--cache-dir .zoo_cache] [--nvrtc sm_90] [--no-run] [--batch N]
-        [--cpu-channels-last]
+        [--cpu-channels-last] [--fp32]
 
 Per model at batch 1 or --batch (zoo.exported: the same prepared weights and ONNX cache as zoo.py): the
-nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 plan at builder
+nodes `polykit inspect capability --target cuda` finds unsupported, a cuda fp16 (--fp32: fp32) plan at builder
 level 0 (lowered and given first-priority tactics, nothing timed: no GPU needed), with --nvrtc
 the kernels that plan records compiled by NVRTC for that architecture, and a cpu-target fp32
 plan run once against torch fp32 (max abs error / max |ref|; NCHW, or with --cpu-channels-last the
 cuda plan's channels-last layout and passes on the reference kernels), and the cuda plan's traffic: the
 bytes each layer kind reads and writes and the share of them movement layers move (`traffic`), a
-static yardstick for layout and view work that needs no GPU. A cuda plan built on the GPU at
+static yardstick for layout and view work that needs no GPU, and its movement layers that are views
+and those that copy (`movement_layers`). A cuda plan built on the GPU at
 level 3 may pick other tactics, so this proves lowering and kernel sources, not the device run.
 Rows are written after every model; an existing --out is resumed.
 """
@@ -52,6 +53,8 @@ MOVEMENT_KINDS = frozenset({"Transpose", "Slice", "Concat", "Split", "Pad", "Exp
                             "GatherElements", "ScatterND", "Copy", "PermutedCopy", "Reformat", "ConcatGather"})
 
 
+#: layer kinds whose output can be their input's bytes (a view in the memory plan)
+VIEW_KINDS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 #: layer kinds that read of their data input only what they write (an embedding table's rows, a
 #: Slice's or a PermutedCopy's window)
 SELECTS = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "PermutedCopy"})
@@ -72,7 +75,7 @@ def traffic(plan) -> dict:
     placed = getattr(plan.memory, "placements", {}) or {}
     by_kind: dict[str, float] = collections.Counter()
     for layer in plan.layers:
-        if layer.kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and layer.outputs and layer.outputs[0] in aliases:
+        if _is_view(layer, aliases):
             continue  # a view: the layer copies nothing
         sizes = [plan.tensors[n].nbytes if n in plan.tensors else 0 for n in (*layer.inputs, *layer.outputs)]
         if layer.kind == "Concat" and placed:  # it copies only the inputs not placed, into their slices
@@ -102,6 +105,29 @@ def traffic(plan) -> dict:
     moved = sum(v for k, v in by_kind.items() if k in MOVEMENT_KINDS)
     return {"traffic_mb": round(total, 1), "movement_share": round(moved / total, 3),
             "traffic_by_kind_mb": {k: round(v, 1) for k, v in by_kind.most_common()}}
+
+
+def _is_view(layer, aliases: dict) -> bool:
+    """Whether a Reshape-family layer's input and output share their bytes (plan.memory.aliases,
+    whose values are roots: the output a view of the input, or the input of an engine output)."""
+    return layer.kind in VIEW_KINDS and bool(layer.inputs) and bool(layer.outputs) \
+        and aliases.get(layer.inputs[0], layer.inputs[0]) == aliases.get(layer.outputs[0], layer.outputs[0])
+
+
+def movement_layers(plan) -> dict:
+    """The plan's movement layers: how many are views (no launch), and per kind how many copy and
+    the bytes they write, [layers, bytes]."""
+    aliases = getattr(plan.memory, "aliases", {}) or {}
+    views, copies = 0, {}
+    for layer in plan.layers:
+        if layer.kind not in MOVEMENT_KINDS:
+            continue
+        if _is_view(layer, aliases):
+            views += 1
+            continue
+        count, nbytes = copies.get(layer.kind, (0, 0))
+        copies[layer.kind] = (count + 1, nbytes + sum(plan.tensors[n].nbytes for n in layer.outputs if n in plan.tensors))
+    return {"movement_views": views, "movement_copies": {k: list(v) for k, v in sorted(copies.items())}}
 
 
 def placed_concats(plan) -> dict:
@@ -136,10 +162,11 @@ def check(model: ZooModel, args: argparse.Namespace, row: dict) -> None:
     row["unsupported"] = sorted({f"{n.op}: {n.reason}"[:200] for n in report.nodes if not n.supported})
     row["stage"] = "cuda build (level 0)"
     t0 = time.perf_counter()
-    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=not args.fp32, builder_optimization_level=0))
     row["cuda_build_s"] = round(time.perf_counter() - t0, 1)
     row["cuda_layer_kinds"] = dict(collections.Counter(layer.kind for layer in plan.layers).most_common())
     row.update(traffic(plan))
+    row.update(movement_layers(plan))
     row.update(placed_concats(plan))
     if args.nvrtc:
         row["stage"] = f"nvrtc ({args.nvrtc})"
@@ -168,6 +195,7 @@ def main() -> None:
     p.add_argument("--nvrtc", default="", metavar="ARCH", help="also compile the cuda plan's kernels, e.g. sm_90")
     p.add_argument("--no-run", action="store_true", help="skip the cpu-target run against torch")
     p.add_argument("--batch", type=int, default=1, help="the batch the plans are built for (default 1)")
+    p.add_argument("--fp32", action="store_true", help="build the cuda plan fp32 (default fp16)")
     p.add_argument("--cpu-channels-last", action="store_true",
                    help="build the cpu plan channels-last, as the cuda plan (its NHWC passes on the reference kernels)")
     args = p.parse_args()

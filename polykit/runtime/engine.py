@@ -62,8 +62,9 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                indices: Sequence[int] | None = None, after: After | None = None,
                ranges: Ranges | None = None) -> None:
     """Launch `layers` (plan indices `indices`, default all in order) on `stream`; with
-    `marks`, append (layer name, mark before, mark after) to `out` for each launch; with
-    `after` (index, callback), call callback(stream) once that layer is launched; with
+    `marks`, append (layer name, mark before, mark after) to `out` for each launch (the mark
+    before twice where the target launched nothing: a view of its input's bytes takes no time);
+    with `after` (index, callback), call callback(stream) once that layer is launched; with
     `ranges`, an NVTX range around each launch. A failure that is not a PolykitError is
     reported with the layer and its tactic."""
     for index in range(len(layers)) if indices is None else indices:
@@ -72,7 +73,7 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
         if ranges:
             ranges[0].push(ranges[1][index])
         try:
-            ctx.launch(index, stream)
+            launched = ctx.launch(index, stream)
         except PolykitError:
             raise
         except Exception as exc:
@@ -84,7 +85,7 @@ def run_layers(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
             if ranges:
                 ranges[0].pop()
         if marks:
-            out.append((layer.name, before, marks(stream)))
+            out.append((layer.name, before, before if launched is False else marks(stream)))
         if after is not None and index == after[0]:
             after[1](stream)
 
@@ -93,8 +94,9 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
                indices: Sequence[int] | None = None, after: After | None = None,
                ranges: Ranges | None = None) -> list[tuple[str, float]]:
     """(layer name, milliseconds) of each launch of one pass over `indices` (default all
-    layers), timed with the context's timer; a pass whose timer says the host fell behind
-    is repeated once (the timer has learned the enqueue time by then)."""
+    layers), timed with the context's timer (0 for a layer the target launched nothing for);
+    a pass whose timer says the host fell behind is repeated once (the timer has learned the
+    enqueue time by then)."""
     timer = ctx.timer()
     count = len(layers) if indices is None else len(indices)
     times: list[tuple[str, float]] = []
@@ -105,8 +107,8 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
             run_layers(ctx, layers, stream, timer.mark, marked, indices, after, ranges)
         finally:
             valid = timer.end(stream)
-            times = [(name, timer.elapsed_ms(a, b)) for name, a, b in marked]
-            timer.release([m for _, a, b in marked for m in (a, b)])
+            times = [(name, timer.elapsed_ms(a, b) if b is not a else 0.0) for name, a, b in marked]
+            timer.release([m for _, a, b in marked for m in ((a,) if b is a else (a, b))])
         if valid:
             break
     return times

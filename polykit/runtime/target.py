@@ -113,8 +113,10 @@ class TargetContext(Protocol):
     def copy_out(self, name: str, stream: Any) -> np.ndarray:
         """A host copy of the engine output `name` once the stream's work before it is done."""
 
-    def launch(self, index: int, stream: Any) -> None:
-        """Enqueue plan layer `index` on `stream` (run it, on a target without streams)."""
+    def launch(self, index: int, stream: Any) -> bool | None:
+        """Enqueue plan layer `index` on `stream` (run it, on a target without streams); False
+        where it launched nothing (a view of its input's bytes), which the profiler then times
+        as no work."""
 
     def bind_shapes(self, shapes: Any) -> None:
         """The tensor shapes of the next launches (a polykit.runtime.shapes.ShapeSet), before

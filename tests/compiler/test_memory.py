@@ -175,3 +175,83 @@ def test_reshape_outputs_of_a_built_plan_are_views_and_the_cpu_target_still_agre
     with Engine(plan) as engine, engine.create_execution_context() as ctx:
         y = ctx.execute({"x": x})["y"]
     np.testing.assert_allclose(y, 1 / (1 + np.exp(-np.maximum(x, 0).reshape(3, 4))), rtol=1e-6)
+
+
+def _output_view_model():
+    """x -> Relu -> r -> Reshape -> y (an engine output); r read by Neg -> z after the view too."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["y"], name="view"),
+             helper.make_node("Neg", ["r"], ["z"], name="neg")]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_source_of_a_view_that_is_an_engine_output_shares_the_outputs_slot():
+    """The output keeps its own slot; the Relu writes it there and the Reshape copies nothing. The
+    cpu target agrees, run from its own memory and with the outputs bound in the caller's."""
+    import numpy as np
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.runtime.engine import Engine
+
+    plan = build_plan(_output_view_model(), BuilderConfig(target="cpu", fuse=False))
+    assert plan.memory.aliases == {"r": "y"}
+    assert plan.tensors["r"].offset == plan.tensors["y"].offset != plan.tensors["z"].offset
+    x = np.random.default_rng(1).standard_normal((2, 6)).astype(np.float32)
+    with Engine(plan) as engine, engine.create_execution_context() as ctx:
+        got = ctx.execute({"x": x})
+        y, z = np.zeros((3, 4), np.float32), np.zeros((2, 6), np.float32)
+        for name, array in (("x", x), ("y", y), ("z", z)):
+            ctx.set_tensor_address(name, array)
+        ctx.enqueue()
+    for out in (got["y"], y):
+        np.testing.assert_array_equal(out, np.maximum(x, 0).reshape(3, 4))
+    for out in (got["z"], z):
+        np.testing.assert_array_equal(out, -np.maximum(x, 0))
+
+
+def test_a_source_an_engine_input_or_two_outputs_share_keeps_its_own_slot():
+    """A view's source that is an engine input, or one that a second output views too: only the
+    first output takes the source, the second Reshape copies it."""
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["a"], name="view_x"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["b"], name="view_r"),
+             helper.make_node("Flatten", ["r"], ["c"], name="flat_r", axis=0)]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+                              [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                      BuilderConfig(target="cpu", fuse=False))
+    assert plan.memory.aliases == {"r": "b"}
+
+
+def test_a_view_of_a_source_that_an_output_took_does_not_take_it_for_a_second_output():
+    """r -> Flatten -> f (an activation, a view of r), r -> Reshape -> y1, f -> Reshape -> y2: r
+    takes y1's slot, so f is y1's bytes too and y2's Reshape copies them."""
+    from onnx import TensorProto, helper
+
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flat_r", axis=0),
+             helper.make_node("Reshape", ["r", "shape"], ["y1"], name="view_r"),
+             helper.make_node("Reshape", ["f", "shape"], ["y2"], name="view_f"),
+             helper.make_node("Neg", ["f"], ["z"], name="neg")]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2", "z")],
+                              [helper.make_tensor("shape", TensorProto.INT64, [2], [3, 4])])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                      BuilderConfig(target="cpu", fuse=False))
+    assert plan.memory.aliases == {"r": "y1", "f": "y1"}

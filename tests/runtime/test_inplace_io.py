@@ -202,6 +202,23 @@ def test_a_bound_tensor_moves_with_the_views_of_its_slot_and_conflicts_are_copie
     assert place_in_caller_memory(plan, ["x", "y"])[1] == {"x"}
 
 
+def test_a_bound_output_takes_the_source_whose_view_it_is_into_the_callers_memory():
+    """r -> Reshape -> y, y an output: r shares y's slot (its producer writes the output), so
+    binding y moves r with it and the Relu writes the caller's buffer."""
+    from polykit.runtime.io_binding import place_in_caller_memory
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["y"], name="view_r")]
+    graph = helper.make_graph(nodes, "views", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])],
+                              [numpy_helper.from_array(np.array([6, 4], np.int64), "shape")])
+    plan = build_plan(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                      BuilderConfig(target="cuda", builder_optimization_level=0, fuse=False))
+    assert plan.memory.aliases == {"r": "y"}
+    placed, copies = place_in_caller_memory(plan, ["x", "y"])
+    assert {name: set(group) for name, group in placed.items()} == {"x": {"x"}, "y": {"y", "r"}} and not copies
+
+
 def test_where_graphs_are_replayed_a_set_of_addresses_runs_in_place_from_its_second_run():
     """y is written by layer 0 and x read last by layer 1: when the consumed event is set, y is
     already in the caller's buffer if the run is in place, not yet if it is copied out at the end."""

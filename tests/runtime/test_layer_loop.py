@@ -28,12 +28,14 @@ class Recorder:
 
     stream = "s"
 
-    def __init__(self, fail_at: int = -1):
-        self.launched, self.fail_at, self.clock = [], fail_at, 0.0
+    def __init__(self, fail_at: int = -1, idle: frozenset = frozenset()):
+        self.launched, self.fail_at, self.clock, self.idle, self.released = [], fail_at, 0.0, idle, []
 
     def launch(self, index, stream):
         if index == self.fail_at:
             raise ZeroDivisionError("bad input")
+        if index in self.idle:
+            return False
         self.launched.append(index)
 
     def timer(self):
@@ -54,7 +56,7 @@ class Recorder:
                 return (b - a) * 1e3
 
             def release(self, marks):
-                pass
+                ctx.released += marks
 
         return Clock()
 
@@ -76,6 +78,14 @@ def test_a_failing_launch_is_reported_with_the_layer_and_its_tactic():
 def test_timed_pass_returns_each_launch_with_its_time():
     plan = _plan()
     assert timed_pass(Recorder(), plan.layers, "s", [0, 1, 0]) == [("neg", 1000.0), ("exp", 1000.0), ("neg", 1000.0)]
+
+
+def test_timed_pass_charges_no_time_to_a_layer_the_target_launched_nothing_for():
+    """A view of its input's bytes (the cuda target's Reshape family) launches nothing: its one
+    mark is its before and after, released once, and the next layer is timed as before."""
+    plan, ctx = _plan(), Recorder(idle=frozenset({0}))
+    assert timed_pass(ctx, plan.layers, "s") == [("neg", 0.0), ("exp", 1000.0)]
+    assert ctx.launched == [1] and ctx.released == [1.0, 2.0, 3.0]
 
 
 def test_cpu_execute_twice_runs_eagerly_without_a_replay():

@@ -91,19 +91,36 @@ def describe_tensors(g: Graph, lowered: Lowered, corners: Sequence[Mapping[str, 
 VIEW_KINDS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
-def view_aliases(layers: list[LayerDesc], tensors: dict[str, TensorDesc], io: set[str]) -> dict[str, str]:
-    """View output -> the activation whose arena slot it shares (chains resolved to the root)."""
+def view_aliases(layers: list[LayerDesc], tensors: dict[str, TensorDesc], io: set[str],
+                 placed: frozenset[str] | set[str] = frozenset()) -> dict[str, str]:
+    """View tensor -> the tensor whose arena slot it shares (chains resolved to the root). A view
+    layer's output shares its input's slot; where the output is an engine output (a slot of its
+    own), the input's root, an activation, shares the output's instead: its producer then writes
+    the engine output and the view copies nothing. `placed`: tensors that live in a Concat's slot
+    (placed, or the root of placed ones), which stay where they are."""
     out: dict[str, str] = {}
     for layer in layers:
         if layer.domain or layer.kind not in VIEW_KINDS or not layer.inputs or not layer.outputs:
             continue
         src, dst = layer.inputs[0], layer.outputs[0]
-        if not src or not dst or dst in io or tensors[src].kind == "weight":
+        if not src or not dst or tensors[src].kind == "weight":
             continue
         if tensors[src].nbytes != tensors[dst].nbytes or tensors[src].dtype != tensors[dst].dtype:
             continue
-        out[dst] = out.get(src, src)
-    return out
+        root = _root(src, out)
+        if dst not in io:
+            out[dst] = root
+            continue
+        if tensors[dst].kind == "output" and tensors[root].kind == "activation" and root not in io \
+                and root not in placed:
+            out[root] = dst
+    return {view: _root(view, out) for view in out}
+
+
+def _root(name: str, aliases: Mapping[str, str]) -> str:
+    while name in aliases:
+        name = aliases[name]
+    return name
 
 
 def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], inputs: list[str], outputs: list[str],
@@ -115,8 +132,9 @@ def assign_memory(layers: list[LayerDesc], tensors: dict[str, TensorDesc], input
     inputs = list(inputs) + [n for n, t in tensors.items() if t.value and n not in inputs]  # set before the launches
     lifetimes = compute_lifetimes([(l.inputs, l.outputs) for l in layers], inputs, outputs, skip=weights)
     sizes = {n: tensors[n].nbytes for n in lifetimes}
-    aliases = view_aliases(layers, tensors, set(inputs) | set(outputs)) if strategy != "none" else {}
     placements = placements if strategy != "none" else {}
+    placed = set(placements) | {p.root for p in placements.values()}
+    aliases = view_aliases(layers, tensors, set(inputs) | set(outputs), placed) if strategy != "none" else {}
     memory = plan_memory(sizes, lifetimes, io_names=list(inputs) + list(outputs), strategy=strategy,
                          aliases=aliases, placements=placements,
                          itemsizes={n: tensors[n].np_dtype.itemsize for n in placements})

@@ -11,7 +11,9 @@ last layer that reads it. Engine inputs start at -1, engine outputs end at len(l
 
 Views: a tensor in `aliases` (the output of a Reshape-like layer) takes its source's slot,
 and the source's slot stays reserved until the view's last reader; the layer that "writes"
-the view finds source and destination at one address and copies nothing.
+the view finds source and destination at one address and copies nothing. Where the view is
+an engine output, its source (an activation) is the one in `aliases`: it takes the output's
+slot, so its producer writes the output and the Reshape-like layer again copies nothing.
 
 Placements (concat by placement, polykit.compiler.builder.concat_placement): a tensor in
 `placements` has no slot of its own either: it lives inside its root's slot (a Concat's output)

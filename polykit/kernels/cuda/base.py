@@ -258,12 +258,19 @@ class CudaTactic(Tactic):
     #: reads values back), so a context with such a layer is not captured as a CUDA graph
     host_driven: bool = False
     dynamic_sizes: bool = True
+    #: idle(layer, tensors) -> bool: whether enqueue launches nothing for these tensors (a view
+    #: whose output is its input's bytes); the profiler charges such a layer no time
+    idle_fn: Any = field(default=None, hash=False, compare=False)
 
     def kernels(self, layer: Any) -> list[KernelSource]:
         return list(self.kernels_fn(layer))
 
     def enqueue(self, layer: Any, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
         self.enqueue_fn(layer, launcher, tensors)
+
+    def idle(self, layer: Any, tensors: Mapping[str, DeviceTensor]) -> bool:
+        """Whether `enqueue` would launch nothing for `tensors` (only a family that says so is)."""
+        return self.idle_fn is not None and bool(self.idle_fn(layer, tensors))
 
     def source_key(self, layer: Any) -> str:
         """The rendered sources of the layer's kernels (and the host code that launches them)."""
@@ -328,13 +335,13 @@ def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, p
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
                 domain: str = ANY, serves: Any = None, places: Any = None, reads_placed: Any = None,
-                depth_to_space: bool = False):
+                depth_to_space: bool = False, idle: Any = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
     by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
     `serves`, `places`, `reads_placed`: polykit.kernels.tactics.Tactic.serves / places_fn /
-    reads_placed_fn). A ConvNHWC storing its output depth-to-space (its `depth_to_space`
-    attribute, ops/nn/channels_last.py) is refused unless the family says it stores so
-    (`depth_to_space`): a new family cannot run one by mistake."""
+    reads_placed_fn; `idle`: CudaTactic.idle_fn). A ConvNHWC storing its output depth-to-space
+    (its `depth_to_space` attribute, ops/nn/channels_last.py) is refused unless the family says
+    it stores so (`depth_to_space`): a new family cannot run one by mistake."""
     if not depth_to_space:
         supports = refusing_depth_to_space(supports)
 
@@ -342,7 +349,7 @@ def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, p
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
                                    enqueue_fn=enqueue_fn, conservative=conservative, domain=domain,
-                                   serves=serves, places_fn=places, reads_placed_fn=reads_placed))
+                                   serves=serves, places_fn=places, reads_placed_fn=reads_placed, idle_fn=idle))
         return enqueue_fn
 
     return declare

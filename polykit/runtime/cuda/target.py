@@ -349,10 +349,18 @@ class CudaContext:
         t = self.tensors[name]
         return download(t.ptr, t.shape, t.dtype, stream.handle)
 
-    def launch(self, index: int, stream: Stream) -> None:
+    def launch(self, index: int, stream: Stream) -> bool:
         layer, tactic = self._steps[index]
         if self._streamer is not None:  # this layer's streamed weights copied in (weight_streaming)
             self._streamer.before(index, stream, self.tensors)
+        idle = tactic.idle(layer, self.tensors)  # a view of its input's bytes: nothing to enqueue
+        if not idle:
+            self._enqueue(index, layer, tactic, stream)
+        if self._streamer is not None:
+            self._streamer.after(index, stream)
+        return not idle
+
+    def _enqueue(self, index: int, layer: Any, tactic: CudaTactic, stream: Stream) -> None:
         self._workspace.reset()
         launcher = CudaLauncher(self.engine.modules, stream.handle, self._workspace.take, layer.name,
                                 sm_count=self.engine.info.sm_count)
@@ -369,8 +377,6 @@ class CudaContext:
             raise DeviceError(f"tactic {tactic.name!r} failed to enqueue: {type(exc).__name__}: {exc}",
                               where=f"layer {layer.name!r} ({layer.kind})",
                               hint="rebuild with this layer's tactic excluded, or run it on --target cpu") from exc
-        if self._streamer is not None:
-            self._streamer.after(index, stream)
 
     def synchronize(self, stream: Stream) -> None:
         self._settle(stream)

@@ -30,6 +30,26 @@ def test_merge_dims_keeps_a_transposed_pair_apart():
     assert dims == [3, 20] and src == [1, 3] and dst == [20, 1]
 
 
+@pytest.mark.parametrize("kind", ["Reshape", "Flatten", "Squeeze", "Unsqueeze"])
+def test_a_reshape_family_layer_sharing_its_inputs_bytes_is_idle_and_launches_nothing(kind):
+    """The view the memory plan makes (the runtime's profiler charges it no time, the engine
+    launches nothing); a copy where the bytes differ, and a Transpose is never idle."""
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+    from tests.kernels.cuda.recording_launcher import RecordingLauncher
+
+    lay = LayerDesc("v", kind, ["x"], ["y"], {}, tactic="cuda.movement.copy")
+    tactic = find_tactic("cuda", kind, "cuda.movement.copy")
+    for y_ptr, idle in ((0x1000, True), (0x2000, False)):
+        tensors = {"x": DeviceTensor(0x1000, (2, 6), np.dtype(np.float32)),
+                   "y": DeviceTensor(y_ptr, (3, 4), np.dtype(np.float32))}
+        launcher = RecordingLauncher()
+        tactic.enqueue(lay, launcher, tensors)
+        assert tactic.idle(lay, tensors) is idle and (launcher.launches == []) is idle
+    transpose = LayerDesc("t", "Transpose", ["x"], ["y"], {"perm": [1, 0]}, tactic="cuda.movement.strided")
+    assert not find_tactic("cuda", "Transpose", "cuda.movement.strided").idle(transpose, tensors)
+
+
 DEPTH_SPACE_CASES = [("DepthToSpace", {"blocksize": 2, "mode": "DCR"}, (2, 8, 3, 5)),
                      ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}, (2, 8, 3, 5)),
                      ("SpaceToDepth", {"blocksize": 2, "mode": "DCR"}, (2, 3, 4, 6)),

@@ -108,9 +108,15 @@ def _io(layer, tensors):
     return tensors[layer.inputs[0]], tensors[layer.outputs[0]], f"layer {layer.name!r}"
 
 
+def shares_bytes(layer, tensors: Mapping[str, DeviceTensor]) -> bool:
+    """Whether a Reshape-family layer's output is its input's bytes (a view in the memory plan,
+    or both bound at one caller address): it copies nothing."""
+    return tensors[layer.inputs[0]].ptr == tensors[layer.outputs[0]].ptr
+
+
 def enqueue_copy(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x, y, where = _io(layer, tensors)
-    if x.ptr != y.ptr:
+    if not shares_bytes(layer, tensors):
         launch_copy(launcher, x, y, [x.size], [1], [1], where=where)
 
 
@@ -239,7 +245,7 @@ def enqueue_tile(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
 
 
 for _kind in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-    cuda_tactic(_kind, "cuda.movement.copy", kernels=copy_kernels)(enqueue_copy)
+    cuda_tactic(_kind, "cuda.movement.copy", kernels=copy_kernels, idle=shares_bytes)(enqueue_copy)
 for _kind, _fn in (("Transpose", enqueue_transpose), ("Expand", enqueue_expand), ("Concat", enqueue_concat),
                    ("Split", enqueue_split), ("DepthToSpace", enqueue_depth_space),
                    ("SpaceToDepth", enqueue_depth_space)):
