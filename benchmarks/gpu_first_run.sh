@@ -68,7 +68,8 @@
 #   STEP=new12     the twelfth session's gpu tests (the unmasked flash kernels FLASH_MASKED=0 ran 438 tests on an H100 at
 #                  the session's end; the Swin pad fallback), attention against SDPA in one call (that last call lost its
 #                  SDPA row), then STEP=dynamic (Swin and Faster R-CNN on cuda). Then STEP=zoo with ZOO_BEFORE=.before
-#                  (1f6bea4) on the transformers: the unmasked kernels' before/after.
+#                  (1f6bea4) on the transformers: the unmasked kernels' before/after (and GPT-2's profile: its
+#                  Reshape views now charged 0 ms, gpt2view). Also the GPT-2 block views, cuda_target (idle views).
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -256,7 +257,8 @@ EOF
       tests/kernels/cuda/test_attention_onnx_flash.py tests/kernels/cuda/test_attention_windows.py \
       tests/kernels/cuda/test_attention_gqa.py tests/kernels/cuda/test_attention_views.py \
       tests/kernels/cuda/test_reformat.py tests/runtime/cuda/test_dynamic_shapes_gpu.py \
-      tests/compiler/passes/test_row_transposes.py tests/compiler/test_dim_floats.py
+      tests/compiler/passes/test_row_transposes.py tests/compiler/test_dim_floats.py \
+      tests/compiler/passes/test_gpt2_block_views.py tests/runtime/cuda/test_cuda_target.py
     rc=$?
     att="--cases \"\" --attention-dtype fp16 --attention 8,12,128,64 --attention 4,16,2048,128 --attention 8,6,1500,64 --attention 8,12,197,64"
     timeout 200 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "flash|sdpa" \
