@@ -108,7 +108,7 @@ def test_a_saved_cuda_plan_whose_if_reads_run_time_sizes_matches_onnxruntime():
 
 
 def _dynamic_body():
-    """The then_branch plan of the saved kept_top_if plan, and the sizes its inputs' dims range over."""
+    """The then_branch plan of the saved kept_top_if plan, and the symbol of each input's (one) dim."""
     body = next(b for b in _bodies(_saved("cpu")[1]) if "t_y" in b.metadata["body_outputs"])
     return body, {name: body.profiles.inputs[name][0] for name in body.inputs}
 
@@ -118,6 +118,14 @@ def test_a_dynamic_body_input_takes_any_size_in_its_range():
     sizes = {name: body.profiles.ranges[0][s][2] for name, s in symbols.items()}
     infer_body_plan(body, [(np.float32, (sizes[name],)) for name in body.inputs])
     infer_body_plan(body, [(np.float32, (0,)) for _ in body.inputs])
+
+
+def test_a_body_plans_outputs_have_its_dims_at_the_nodes_sizes():
+    body, _ = _dynamic_body()
+    outputs = infer_body_plan(body, [(np.float32, (7 if n == "x" else 3,)) for n in body.inputs])
+    assert [(v.name, v.shape) for v in outputs] == [("t_y", (3,)), ("t_z", (7,))]
+    unknown = infer_body_plan(body, [(np.float32, (None,)) for _ in body.inputs])
+    assert [v.shape for v in unknown] == [(None,), (None,)]
 
 
 def test_a_dynamic_body_input_beyond_its_range_is_refused_naming_the_range():
