@@ -2,10 +2,12 @@
 MODELS) and two torchvision detectors, exported by PyTorch's TorchScript exporter (opset 17,
 random weights, fixed seeds) with a dynamic batch, a dynamic image size for the convnets (and
 detectors) that take one, a dynamic sequence length for the token and audio transformers; then
-ONE plan per model built for a min/opt/max profile, run at min, an odd shape and max, and
-compared with onnxruntime; Faster R-CNN also at image sizes where its transform's float32 resize
-size differs from the exact one (rounding_sizes). Writes a JSON list and a markdown table (pass/fail,
-max abs error, the error message of a build or run that failed).
+ONE plan per model built for a min/opt/max profile, saved and loaded again (serialize ->
+deserialize with its load check: what `polykit convert` + `polykit run --load-engine` do), run at
+min, an odd shape and max, and compared with onnxruntime; Faster R-CNN also at image sizes where
+its transform's float32 resize size differs from the exact one (rounding_sizes). Writes a JSON list
+and a markdown table (pass/fail, max abs error, the error message of a build, load or run that
+failed).
 
 Two steps, since the export needs torch and the check needs polykit (one environment may hold both):
 
@@ -203,12 +205,14 @@ def export(name: str, folder: Path, dynamic: bool = True) -> None:
 
 # ---- check (polykit) -----------------------------------------------------------------------------
 def check_one(folder: Path, name: str, target: str, opt_level: int) -> dict[str, Any]:
-    """Build one plan for the profile, run it at min, odd and max against onnxruntime."""
+    """Build one plan for the profile, save and load it (the table covers saved plans), run it at min,
+    odd and max against onnxruntime."""
     import numpy as np
     import onnxruntime as ort
 
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.plan.file import Plan
     from polykit.compiler.plan.profiles import Profile
     from polykit.errors import PolykitError
     from polykit.runtime.engine import Runtime
@@ -226,6 +230,10 @@ def check_one(folder: Path, name: str, target: str, opt_level: int) -> dict[str,
         plan = build_plan(str(path), BuilderConfig(target=target, profiles=[profile] if dynamic else [],
                                                    builder_optimization_level=opt_level))
         result["build_s"] = round(time.time() - start, 1)
+        stage = "save and load"
+        data = plan.serialize()
+        plan = Plan.deserialize(data, expect_target=target)
+        result["plan_bytes"] = len(data)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
         worst = 0.0

@@ -117,10 +117,11 @@ def _learn_values(node: Node, graph: Graph, known: dict[str, np.ndarray], outs: 
             known[name] = arr
 
 
-def infer_body(body: Graph, values: Sequence[Any], known: Sequence[np.ndarray | None] = ()) -> None:
+def infer_body(body: Graph, values: Sequence[Any], known: Sequence[np.ndarray | None] = ()) -> list[Value]:
     """Give a control-flow body's inputs the (dtype, shape) or Value of `values` (positional) and
     infer the rest of it; `known` are build-time values of inputs (captured constants) shape
-    rules may read (the Graph bodies' inference: polykit.compiler.ops.control.bodies.annotate)."""
+    rules may read (the Graph bodies' inference: polykit.compiler.ops.control.bodies.annotate).
+    Returns its outputs."""
     for name, given in zip(body.inputs, values):
         if isinstance(given, Value):  # a sequence or optional: its whole metadata
             body.set_value(given.with_(name=name))
@@ -132,6 +133,7 @@ def infer_body(body: Graph, values: Sequence[Any], known: Sequence[np.ndarray | 
     bound = {n: v for n, v in zip(body.inputs, known) if v is not None}
     body.metadata["input_values"] = bound
     infer_shapes(body, strict=True)
+    return [body.value(n) for n in body.outputs]
 
 
 register_body_inference(Graph, infer_body)

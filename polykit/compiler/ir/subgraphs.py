@@ -1,5 +1,5 @@
 """Nested graphs (If branches, Loop and Scan bodies) in the IR: the capture convention, and
-helpers over bodies (their outputs, merged shapes, inlining).
+helpers over bodies (merged shapes, inlining).
 
 A body is a polykit Graph held in its node's attrs ("then_branch"/"else_branch", "body").
 ONNX lets a body read tensors of the enclosing scopes by name; polykit makes those reads
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from polykit.compiler.ir.graph import Graph, Node, Value
+from polykit.compiler.ir.graph import Graph, Node
 
 #: node attribute: how many inputs at the end of a control-flow node are captured outer tensors
 CAPTURES = "polykit_captures"
@@ -61,13 +61,6 @@ def merge_shapes(a: Any, b: Any) -> Any:
     if a is None or b is None or len(a) != len(b):
         return None
     return tuple(x if x == y else None for x, y in zip(a, b))
-
-
-def output_values(body: Any) -> list[Value]:
-    """Metadata of a body's outputs, in order (a Graph, or the Plan a build made of it)."""
-    if isinstance(body, Graph):
-        return [body.value(n) for n in body.outputs]
-    return [Value(n, body.tensors[n].np_dtype, tuple(body.tensors[n].shape)) for n in body.metadata["body_outputs"]]
 
 
 # ---- inlining --------------------------------------------------------------------------------

@@ -31,20 +31,21 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 import polykit
 from polykit.compiler.plan.compatibility import Compatibility, check_version
 from polykit.compiler.plan.memory import ALIGNMENT, MemoryPlan, align
+from polykit.compiler.plan.body_inputs import infer_body_plan
 from polykit.compiler.plan.check import check_document, check_layers, drop_code_table
 from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.plan.profiles import ProfileSet
 from polykit.compiler.ir.symbolic import expr_from_json, expr_to_json
 from polykit.compiler.ops.control.bodies import register_body_inference
 from polykit import limits
-from polykit.errors import PlanError, PolykitError, ShapeError
+from polykit.errors import PlanError, PolykitError
 from polykit.files import parse_json, require_file
 
 MAGIC = b"PLYKPLAN"
@@ -477,23 +478,8 @@ def _from_jsonable(value: Any, nested: _Nested | None = None) -> Any:
     return value
 
 
-# ---- a plan as a control-flow body ------------------------------------------------------------
-def check_body_inputs(plan: Plan, values: Sequence[tuple[Any, Any]], known: Sequence[Any] = ()) -> None:
-    """ShapeError unless the node gives a body plan the inputs it was built for (the Plan bodies'
-    inference: polykit.compiler.ops.control.bodies.annotate; a built body is not inferred again)."""
-    if len(values) != len(plan.inputs):
-        raise ShapeError(f"the node gives its body {len(values)} inputs, its plan takes {len(plan.inputs)}",
-                         where="control-flow body", hint="the plan is inconsistent; rebuild it")
-    for name, (dtype, shape) in zip(plan.inputs, values):
-        desc = plan.tensors[name]
-        if dtype is not None and np.dtype(dtype) != desc.np_dtype or shape is not None and (
-                len(shape) != len(desc.shape) or any(isinstance(a, int) and a != b for a, b in zip(shape, desc.shape))):
-            raise ShapeError(f"body input {name!r} is {desc.dtype}{list(desc.shape)} in the body's plan, the node "
-                             f"gives {dtype}{list(shape or ())}", where="control-flow body",
-                             hint="the plan is inconsistent; rebuild it")
-
-
-register_body_inference(Plan, check_body_inputs)
+#: a plan as a control-flow body: the node must give it the inputs it was built for
+register_body_inference(Plan, infer_body_plan)
 
 #: re-exported for callers that need the alignment of weight offsets
 WEIGHT_ALIGNMENT = ALIGNMENT

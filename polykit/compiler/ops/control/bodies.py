@@ -16,7 +16,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from polykit.compiler.ir.graph import Node
+from polykit.compiler.ir.graph import Node, Value
 from polykit.compiler.ir.subgraphs import CAPTURES, outer_names
 from polykit.compiler.ops.registry import ImportContext
 from polykit.errors import GraphError, PolykitError
@@ -25,9 +25,9 @@ from polykit.errors import GraphError, PolykitError
 BodyFn = Callable[[Sequence[np.ndarray]], "list[np.ndarray]"]
 #: body -> a context manager of its BodyFn (set up once, called per iteration)
 BodyRunner = Callable[[Any], ContextManager[BodyFn]]
-#: (body, each input's (dtype, shape) or Value, build-time values of inputs) -> None: annotates
-#: the body in place, or raises ShapeError when it cannot take those inputs
-BodyInference = Callable[[Any, Sequence[Any], Sequence["np.ndarray | None"]], None]
+#: (body, each input's (dtype, shape) or Value, build-time values of inputs) -> its outputs' Values:
+#: annotates the body in place (a Graph), or raises ShapeError when it cannot take those inputs
+BodyInference = Callable[[Any, Sequence[Any], Sequence["np.ndarray | None"]], "list[Value]"]
 
 #: body type -> its runner (compiler.graph.evaluator: Graph; runtime.engine: Plan)
 RUNNERS: dict[type, BodyRunner] = {}
@@ -58,11 +58,12 @@ def body_runner(body: Any) -> ContextManager[BodyFn]:
     return _service(RUNNERS, body, "runs")(body)
 
 
-def annotate(body: Any, values: Sequence[Any], known: Sequence[np.ndarray | None] = ()) -> None:
+def annotate(body: Any, values: Sequence[Any], known: Sequence[np.ndarray | None] = ()) -> list[Value]:
     """Give the body's inputs the (dtype, shape) or Value of `values` (positional) and infer the rest of
     the body; `known` are build-time values of inputs (captured constants) shape rules may read.
-    A built body (a Plan) is checked instead: the node must give it the inputs it was built for."""
-    _service(INFERENCES, body, "infers")(body, values, known)
+    Returns the body's outputs, in order. A built body (a Plan) is checked instead: the node must give
+    it the inputs it was built for (polykit.compiler.plan.body_inputs)."""
+    return _service(INFERENCES, body, "infers")(body, values, known)
 
 
 def import_bodies(node: Node, keys: Sequence[str], ctx: ImportContext) -> None:

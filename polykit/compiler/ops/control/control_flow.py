@@ -26,7 +26,7 @@ from polykit.compiler.ir.graph import Graph, Node, Value
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.compiler.ir.symbolic import SymInt
 from polykit.compiler.ir.sequences import merge_values
-from polykit.compiler.ir.subgraphs import CAPTURES, captured, merge_shapes, output_values
+from polykit.compiler.ir.subgraphs import CAPTURES, captured, merge_shapes
 from polykit.compiler.ops.control.bodies import annotate, import_bodies
 from polykit.errors import ShapeError
 
@@ -89,15 +89,12 @@ def _if_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
     cond = ctx.const(0)
     if cond is not None:  # only the taken branch must make sense (function expansions guard on rank)
         chosen = branches[0 if bool(np.asarray(cond).reshape(-1)[0]) else 1]
-        annotate(chosen, _inputs(ctx, 1, n), _consts(ctx, 1, n))
-        outs = output_values(chosen)
+        outs = annotate(chosen, _inputs(ctx, 1, n), _consts(ctx, 1, n))
         if len(outs) < ctx.n_outputs:
             raise ctx.fail(f"the taken branch gives {len(outs)} outputs for the node's {ctx.n_outputs}",
                            hint="both branches of an If must produce one output per node output")
         return [_result(v) for v in outs]
-    for branch in branches:
-        annotate(branch, _inputs(ctx, 1, n), _consts(ctx, 1, n))
-    then, other = (output_values(b) for b in branches)
+    then, other = (annotate(b, _inputs(ctx, 1, n), _consts(ctx, 1, n)) for b in branches)
     if len(then) != len(other) or len(then) < ctx.n_outputs:
         raise ctx.fail(f"the branches give {len(then)} and {len(other)} outputs for the node's {ctx.n_outputs}",
                        hint="both branches of an If must produce one output per node output")
@@ -130,19 +127,19 @@ def same_dim(x: Any, y: Any) -> bool:
     return x is not None and x == y
 
 
-def _settle(body: Graph, lead: list, state: list, rest: list, known: list, out0: int) -> list[tuple[Any, Any]]:
+def _settle(body: Graph, lead: list, state: list, rest: list, known: list,
+            out0: int) -> tuple[list[tuple[Any, Any]], list[Value]]:
     """Annotate a body with inputs lead + state + rest whose outputs [out0, out0 + len(state))
     are the next state; a state that changes shape across iterations gets unknown dims.
-    Returns the state's (dtype, shape) as the body keeps it."""
+    Returns the state's (dtype, shape) as the body keeps it, and the body's outputs."""
     for _ in range(3):
-        annotate(body, lead + state + rest, [None] * (len(lead) + len(state)) + known)
-        outs = output_values(body)[out0: out0 + len(state)]
+        outs = annotate(body, lead + state + rest, [None] * (len(lead) + len(state)) + known)
         merged = [merge_values(s, o) if isinstance(s, Value) else (s[0], merge_shapes(s[1], o.shape))
-                  for s, o in zip(state, outs)]
+                  for s, o in zip(state, outs[out0: out0 + len(state)])]
         if merged == state:
             break
         state = merged
-    return state
+    return state, outs
 
 
 @shape_rule("Loop")
@@ -151,9 +148,8 @@ def _loop_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
     c = captured(ctx.node)
     n = ctx.n_inputs - 2 - c
     lead = [(np.dtype(np.int64), ()), (np.dtype(np.bool_), ())]
-    state = _settle(body, lead, _inputs(ctx, 2, 2 + n), _inputs(ctx, 2 + n, ctx.n_inputs),
-                    _consts(ctx, 2 + n, ctx.n_inputs), 1)
-    outs = output_values(body)
+    state, outs = _settle(body, lead, _inputs(ctx, 2, 2 + n), _inputs(ctx, 2 + n, ctx.n_inputs),
+                          _consts(ctx, 2 + n, ctx.n_inputs), 1)
     if len(outs) < 1 + n or len(outs) - 1 - n != ctx.n_outputs - n:
         raise ctx.fail(f"the body gives {len(outs)} outputs; a Loop with {n} carried values and {ctx.n_outputs} "
                        f"outputs needs {1 + ctx.n_outputs}", hint="body outputs are [cond, carried..., scan...]")
@@ -220,8 +216,7 @@ def _scan_shape(ctx: InferContext) -> list[tuple[Any, Any]]:
         length = shape[a] if length is None or not isinstance(length, int) else length
         slices.append((dt, shape[:a] + shape[a + 1:]))
     rest = slices + _inputs(ctx, n + m, ctx.n_inputs)
-    state = _settle(body, [], _inputs(ctx, 0, n), rest, [None] * m + _consts(ctx, n + m, ctx.n_inputs), 0)
-    outs = output_values(body)
+    state, outs = _settle(body, [], _inputs(ctx, 0, n), rest, [None] * m + _consts(ctx, n + m, ctx.n_inputs), 0)
     if len(outs) != ctx.n_outputs or len(outs) < n:
         raise ctx.fail(f"the body gives {len(outs)} outputs for the node's {ctx.n_outputs}",
                        hint="body outputs are [state..., scan...], one per node output")

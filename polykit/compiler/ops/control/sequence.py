@@ -15,7 +15,7 @@ import numpy as np
 from polykit.compiler.ir.graph import OPTIONAL, SEQUENCE, Graph, Node, Shape, Value
 from polykit.compiler.ops.registry import ImportContext, InferContext, importer, shape_rule
 from polykit.compiler.ir.sequences import merge_all, sequence_value, value_of_type
-from polykit.compiler.ir.subgraphs import captured, output_values
+from polykit.compiler.ir.subgraphs import captured
 from polykit.compiler.ops.control.bodies import annotate, import_bodies
 
 INT64 = np.dtype(np.int64)
@@ -189,9 +189,8 @@ def _map(ctx: InferContext) -> list[Value]:
 
     per_element: list[list[Value]] = []
     for k in (range(lengths.pop()) if lengths else [None]):
-        annotate(body, [element(v, k) for v in values[:n]] + rest, [None] * n + [ctx.const(i) for i in
-                                                                                 range(n, ctx.n_inputs)])
-        per_element.append(output_values(body))
+        per_element.append(annotate(body, [element(v, k) for v in values[:n]] + rest,
+                                    [None] * n + [ctx.const(i) for i in range(n, ctx.n_inputs)]))
     if len(per_element[0]) != ctx.n_outputs:
         raise ctx.fail(f"the body gives {len(per_element[0])} outputs for the node's {ctx.n_outputs}",
                        hint="the body has one output per output sequence")
