@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python benchmarks/dynamic_screen.py` as well as `-m benchmarks.dynamic_screen`
     sys.path.insert(0, str(REPO))
 
-from benchmarks.dynamic_exports import model_names  # noqa: E402
+from benchmarks.dynamic_exports import chosen_models, model_names, report  # noqa: E402
 
 #: interior shape sets bound per model (fewer where the profile has fewer distinct points: a batch of 1..4)
 INTERIOR = 24
@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
-    names = [n for n in args.models.split(",") if n]
-    unknown = sorted(set(names) - set(model_names()))
-    if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(model_names())}")
+    names = chosen_models(parser, args.models)
     results = []
     for name in names:
         for precision in args.precisions.split(","):
@@ -246,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {precision}: {len(result.get('failures', []))} failing layers, {result.get('bound')} sets, "
                   f"{len(result.get('refused', []))} refused {result.get('error') or ''}", flush=True)
             results.append(result)
-    if args.out is not None:
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-        args.out.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+    report(results, markdown, args.out)
     return 0
 
 
