@@ -343,10 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-python", default=sys.executable, help="the interpreter that exports (step all)")
     parser.add_argument("--static", action="store_true", help="export without dynamic axes (at the opt shape)")
     args = parser.parse_args(argv)
-    names = [n for n in args.models.split(",") if n]
-    unknown = sorted(set(names) - set(model_names()))
-    if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(model_names())}")
+    names = chosen_models(parser, args.models)
     opt_level = args.opt_level if args.opt_level is not None else (0 if args.target == "cpu" else 3)
     args.dir.mkdir(parents=True, exist_ok=True)
     if args.step == "check-one":
@@ -364,12 +361,25 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # an export the exporter refuses: reported, the others go on
                 print(f"export of {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     if args.step in ("check", "all"):
-        results = check(args.dir, names, args.target, opt_level, args.timeout)
-        if args.out is not None:
-            args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-            args.out.with_suffix(".md").write_text(markdown(results))
-        print(markdown(results))
+        report(check(args.dir, names, args.target, opt_level, args.timeout), markdown, args.out)
     return 0
+
+
+def chosen_models(parser: argparse.ArgumentParser, models: str) -> list[str]:
+    """The comma-separated `models`, each one of model_names() (else the parser's usage error)."""
+    names = [n for n in models.split(",") if n]
+    unknown = sorted(set(names) - set(model_names()))
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(model_names())}")
+    return names
+
+
+def report(results: list[dict[str, Any]], table: Any, out: Path | None) -> None:
+    """Print `table(results)` (markdown); with `out`, write OUT.json (the results) and OUT.md (the table)."""
+    if out is not None:
+        out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+        out.with_suffix(".md").write_text(table(results))
+    print(table(results))
 
 
 if __name__ == "__main__":

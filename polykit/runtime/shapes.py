@@ -26,7 +26,7 @@ import copy
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -91,8 +91,7 @@ class ShapeBinder:
              values: Mapping[str, Any] | None = None) -> ShapeSet:
         """The ShapeSet of `input_shapes` (every input) and the shape-tensor inputs' host
         `values` in optimization profile `profile`."""
-        given = {n: tuple(np.asarray(values[n]).ravel().tolist()) for n in self.value_inputs if n in (values or {})}
-        key = (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs) + tuple(sorted(given.items()))
+        key, given = self._key(input_shapes, profile, values)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -106,15 +105,32 @@ class ShapeBinder:
                                                  "(--trt-min-shapes/--trt-opt-shapes/--trt-max-shapes)")
             found = ShapeSet(key, {}, {})
         else:
-            dims = self.profiles.bind_shapes(input_shapes, self._static, profile, given)
-            if self.profiles.rules:
-                dims = evaluate_rules(self.profiles.rules, dims)
-            found = ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
+            found = self._shape_set(key, input_shapes, profile, given)
             self.tactics_serve(found, profile)
         self._cache[key] = found
         if len(self._cache) > MAX_CACHED_SHAPE_SETS:
             self._cache.popitem(last=False)
         return found
+
+    def evaluate(self, input_shapes: Mapping[str, tuple[int, ...]], profile: int = 0,
+                 values: Mapping[str, Any] | None = None) -> ShapeSet:
+        """`bind`'s ShapeSet of a plan with profiles, evaluated anew: neither cached nor checked against the
+        tactics (`unserved` lists what `tactics_serve` would refuse in it)."""
+        key, given = self._key(input_shapes, profile, values)
+        return self._shape_set(key, input_shapes, profile, given)
+
+    def _key(self, input_shapes: Mapping[str, tuple[int, ...]], profile: int,
+             values: Mapping[str, Any] | None) -> tuple[tuple, dict[str, tuple]]:
+        """The ShapeSet key of a bind (profile, input shapes, shape-tensor values) and those values as tuples."""
+        given = {n: tuple(np.asarray(values[n]).ravel().tolist()) for n in self.value_inputs if n in (values or {})}
+        return (profile,) + tuple(tuple(input_shapes[n]) for n in self.plan.inputs) + tuple(sorted(given.items())), given
+
+    def _shape_set(self, key: tuple, input_shapes: Mapping[str, tuple[int, ...]], profile: int,
+                   given: Mapping[str, tuple]) -> ShapeSet:
+        dims = self.profiles.bind_shapes(input_shapes, self._static, profile, given)
+        if self.profiles.rules:
+            dims = evaluate_rules(self.profiles.rules, dims)
+        return ShapeSet(key, self._evaluate(dims), dims, self._values(dims))
 
     def bind_data(self, shapes: ShapeSet, sizes: Mapping[str, int]) -> ShapeSet:
         """`shapes` with data symbols bound to the `sizes` a layer reported: the shapes and
@@ -132,10 +148,23 @@ class ShapeBinder:
                         {**shapes.values, **self._values(dims, ready)})
 
     def tactics_serve(self, shapes: ShapeSet, profile: int = 0) -> None:
-        """PlanError when a layer's tactic (in `profile`) does not serve its tensors at `shapes`: the
-        tactic's `serves` (a tactic whose enqueue falls back where its own kernel does not apply), else
-        its `supports`, of the layer stamped with the bound shapes. Layers with a tensor that waits for
-        a data-dependent size are left out (their shapes are not all known yet)."""
+        """PlanError when a layer's tactic (in `profile`) does not serve its tensors at `shapes` (the first
+        of `unserved`)."""
+        for layer, stamped in self.unserved(shapes, profile):
+            dims = ", ".join(f"{n}={v}" for n, v in sorted(shapes.dims.items()))
+            raise PlanError(f"tactic {layer.tactic} does not serve the layer's shapes in this "
+                            f"run ({dims}: inputs {list(stamped.in_shapes)}, outputs {list(stamped.out_shapes)}); "
+                            "the build checked it at the profile's min, opt and max only",
+                            where=f"layer {layer.name!r}",
+                            hint="rebuild with a profile that has these shapes as a corner (e.g. as opt), and "
+                                 "please report this: the tactic should have been refused at build time")
+
+    def unserved(self, shapes: ShapeSet, profile: int = 0) -> Iterator[tuple[Any, Any]]:
+        """(layer, the layer stamped with the bound shapes) of each layer whose tactic (in `profile`) does not
+        serve its tensors at `shapes`: the tactic's `serves` (a tactic whose enqueue falls back where its own
+        kernel does not apply), else its `supports`, of the stamped layer. Layers with a tensor that waits for
+        a data-dependent size are left out (their shapes are not all known yet), and so are layers at the
+        shapes the build stamped (it chose the tactic there)."""
         if profile not in self._checks:
             checks = []
             for layer in profile_layers(self.plan, profile):
@@ -149,25 +178,9 @@ class ShapeBinder:
             names = (*layer.inputs, *layer.outputs)
             if any(n and n in self._dynamic and n not in bound for n in names):
                 continue
-            ins = tuple(bound.get(n, s) for n, s in zip(layer.inputs, layer.in_shapes))
-            outs = tuple(bound.get(n, s) for n, s in zip(layer.outputs, layer.out_shapes))
-            if ins == tuple(layer.in_shapes) and outs == tuple(layer.out_shapes):
-                continue  # the shapes the build stamped (and chose the tactic at)
-            stamped = copy.copy(layer)  # at_corner's stamp without dataclasses.replace's re-init (~2x the check's time)
-            object.__setattr__(stamped, "in_shapes", ins)
-            object.__setattr__(stamped, "out_shapes", outs)
-            try:
-                ok = (tactic.serves or tactic.supports)(stamped)
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                ok = False  # a family's geometry helper refusing the shapes
-            if not ok:
-                dims = ", ".join(f"{n}={v}" for n, v in sorted(shapes.dims.items()))
-                raise PlanError(f"tactic {layer.tactic} does not serve the layer's shapes in this "
-                                f"run ({dims}: inputs {list(stamped.in_shapes)}, outputs {list(stamped.out_shapes)}); "
-                                "the build checked it at the profile's min, opt and max only",
-                                where=f"layer {layer.name!r}",
-                                hint="rebuild with a profile that has these shapes as a corner (e.g. as opt), and "
-                                     "please report this: the tactic should have been refused at build time")
+            stamped = unserved_at(tactic, layer, bound)
+            if stamped is not None:
+                yield layer, stamped
 
     def _ready(self, names: Any, dims: Mapping[str, int], only: "set[str] | None") -> list[str]:
         """Of `names`, those to evaluate: in `only` when given, else those waiting for no unbound symbol."""
@@ -207,6 +220,24 @@ class ShapeBinder:
                     hint="feed shapes inside the optimization profile, or rebuild with a wider profile")
             shapes[name] = shape
         return shapes
+
+
+def unserved_at(tactic: Any, layer: Any, bound: Mapping[str, tuple[int, ...]]) -> Any:
+    """`layer` stamped with the `bound` shapes of its tensors (the others as stamped) where `tactic` does
+    not serve it there (its `serves`, else its `supports`), else None; None too at the shapes the build
+    stamped (it chose the tactic there)."""
+    ins = tuple(bound.get(n, s) for n, s in zip(layer.inputs, layer.in_shapes))
+    outs = tuple(bound.get(n, s) for n, s in zip(layer.outputs, layer.out_shapes))
+    if ins == tuple(layer.in_shapes) and outs == tuple(layer.out_shapes):
+        return None
+    stamped = copy.copy(layer)  # at_corner's stamp without dataclasses.replace's re-init (~2x the check's time)
+    object.__setattr__(stamped, "in_shapes", ins)
+    object.__setattr__(stamped, "out_shapes", outs)
+    try:
+        ok = (tactic.serves or tactic.supports)(stamped)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        ok = False  # a family's geometry helper refusing the shapes
+    return None if ok else stamped
 
 
 def _symbols(term: Term) -> set[str]:

@@ -293,6 +293,48 @@ def test_a_filter_over_a_tensor_only_the_run_sizes(whole):
     assert plan.profiles.sized  # the If's output
 
 
+def branches_over_top_counts():
+    """SSDLite's postprocess: per class the top min(5, n) of the kept scores (x's above 0, z's above 0.5),
+    concatenated (a length of min(count, 5) + min(count, 5), whose bound 10 the plan records) and read by
+    both branches of an If (torchvision's batched_nms: `if boxes.numel() == 0`): each branch's plan is built
+    for a profile of that length (builder.bodies.body_profile) and stamped at its opt, 1."""
+    def top(x, tag):
+        return [helper.make_node("Shape", [x], [f"{tag}_n"]), helper.make_node("Min", [f"{tag}_n", "most"], [f"{tag}_k"]),
+                helper.make_node("TopK", [x, f"{tag}_k"], [f"{tag}_top", f"{tag}_i"])]
+
+    then = helper.make_graph([helper.make_node("Add", ["both", "both"], ["twice"])], "then", [],
+                             [helper.make_tensor_value_info("twice", F, None)])
+    other = helper.make_graph([_const("one", 1.0), helper.make_node("Add", ["both", "one"], ["plus"])], "else", [],
+                              [helper.make_tensor_value_info("plus", F, None)])
+    nodes = _filter("x", 0.0, "a", "a") + _filter("z", 0.5, "b", "b") + [_const("most", [5], I64, [1])]
+    nodes += top("a", "ta") + top("b", "tb") + [
+        helper.make_node("Concat", ["ta_top", "tb_top"], ["both"], axis=0),
+        helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)]
+    return _model(nodes, [("x", F, [12]), ("z", F, [12]), ("flag", B, [])], [("y", F)])
+
+
+def _two_vectors():
+    return [{"x": x, "z": z, "flag": np.array(flag)} for x, z in zip(_vectors(12, 1), _vectors(12, 2)[::-1])
+            for flag in (True, False)]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_branch_built_for_a_profile_loads_where_the_node_gives_it_the_length_s_bound(target):
+    """The load check re-infers the node at the plan's stored sizes (10 here): a branch input's dim and a
+    branch output's dim the branch's profile decides are not the opt (1) they were stamped at. SSDLite's plans
+    failed to load so (issue 33, benchmarks/dynamic_screen.py); the cuda plan is built here without a GPU."""
+    plan = build_plan(branches_over_top_counts(), BuilderConfig(target=target, builder_optimization_level=0))
+    (branch,) = [layer for layer in plan.layers if layer.kind == "If"]
+    body = branch.attrs["then_branch"]
+    assert body.profiles is not None and body.tensors["both"].shape == (1,) and plan.tensors["both"].shape == (10,)
+    loaded = Plan.deserialize(plan.serialize())
+    assert [layer.name for layer in loaded.layers] == [layer.name for layer in plan.layers]
+
+
+def test_a_branch_built_for_a_profile_runs_at_the_length_the_run_gives_it():
+    _check(branches_over_top_counts(), _two_vectors())
+
+
 # ---- the same models on the cuda target (a GPU machine) ---------------------------------------------
 def _cuda_cases():
     vectors = [{"x": x} for x in _vectors(12)]
@@ -301,7 +343,8 @@ def _cuda_cases():
             "boxes_and_offsets_in_if": (boxes_and_offsets(True), [_detections(k, s) for s, k in enumerate((0.0, 0.5, 1.0))]),
             "top_of_filtered": (top_of_filtered(), vectors), "expand_as_filtered": (expand_as_filtered(), vectors),
             "filter_over_a_branch": (filter_over_a_branch(False),
-                                     [{**f, "flag": np.array(flag)} for f in vectors for flag in (True, False)])}
+                                     [{**f, "flag": np.array(flag)} for f in vectors for flag in (True, False)]),
+            "branches_over_top_counts": (branches_over_top_counts(), _two_vectors())}
 
 
 @pytest.mark.gpu

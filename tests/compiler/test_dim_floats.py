@@ -18,6 +18,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.symbolic import FLOAT_OPS, ShapeEvalError, bounds, evaluate, expr_from_json, expr_to_json, \
     remainder_size
 from polykit.compiler.plan.profiles import Profile
+from polykit.runtime.engine import Runtime
 from tests.compiler.test_dynamic_shape_chains import _model, _op, serves
 
 F32 = np.float32
@@ -320,3 +321,36 @@ def test_the_padded_transform_matches_onnxruntime_where_float32_and_exact_sizes_
 def test_the_padded_transform_on_cuda_where_the_pad_grows_the_height():
     serves(padded_transform_model(), PROFILE, _padded_sizes() + [(1, 1, 16, 16), (1, 1, 64, 4)], atol=1e-4,
            target="cuda")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_half_precision_build_keeps_the_float_dims_in_float32(target):
+    """fp16 converts float32 activations to half, not the float32 values the host computes from the input
+    dims (the transform's scale): in half the sizes that follow them were unknown (Faster R-CNN's fp16
+    build failed, benchmarks/dynamic_screen.py) and would round otherwise than the model's float32.
+    The cuda plan is built here without a GPU: its bound shapes are the cpu plan's."""
+    grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
+    differ = [hw for hw in grid if _transform_sizes(*hw, exact=False) != _transform_sizes(*hw, exact=True)]
+    from polykit.runtime.shapes import ShapeBinder
+
+    plan = build_plan(transform_model(), BuilderConfig(target=target, profiles=[Profile({"x": PROFILE})],
+                                                       builder_optimization_level=0, fp16=True))
+    binder = ShapeBinder(plan)
+    for h, w in _spread(differ):
+        assert binder.bind({"x": (1, 1, h, w)}).shapes["y"] == (1, 1, *_transform_sizes(h, w, exact=False))
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_half_precision_plan_resizes_to_onnxruntime_s_sizes(target):
+    grid = [(h, w) for h in range(SIDES[0], SIDES[1] + 1) for w in range(SIDES[0], SIDES[1] + 1)]
+    differ = [hw for hw in grid if _transform_sizes(*hw, exact=False) != _transform_sizes(*hw, exact=True)]
+    plan = build_plan(transform_model(), BuilderConfig(target=target, profiles=[Profile({"x": PROFILE})],
+                                                       builder_optimization_level=0, fp16=True))
+    session = ort.InferenceSession(transform_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with Runtime().deserialize_engine(plan.serialize()) as engine, engine.create_execution_context() as ctx:
+        for h, w in _spread(differ):
+            feeds = {"x": rng.random((1, 1, h, w), dtype=np.float32)}
+            got, want = ctx.execute(feeds)["y"], session.run(["y"], feeds)[0]
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, atol=2e-3)  # the image in half: inputs within 1, 11 bits

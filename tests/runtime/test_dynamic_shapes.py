@@ -211,3 +211,29 @@ def test_a_tactic_that_does_not_serve_a_runs_shapes_is_a_plan_error_not_wrong_ou
     with pytest.raises(PlanError, match=r"tactic cuda.movement.pad_last does not serve .*outputs \[\(3, 6, 8, 8\)\]") as err:
         binder.bind({"x": (3, 5, 7, 8)})
     assert err.value.where == f"layer {pad.name!r}" and "corner" in err.value.hint
+
+
+def test_evaluate_gives_binds_shapes_and_unserved_lists_what_bind_refuses(monkeypatch):
+    """`ShapeBinder.evaluate` is `bind`'s ShapeSet without the tactics' check; `unserved` names the layers
+    that check refuses (benchmarks/dynamic_screen.py lists them all where `bind` raises at the first)."""
+    from dataclasses import replace
+
+    import polykit.runtime.shapes as shapes_module
+    from polykit.errors import PlanError
+    from polykit.kernels.tactics import find_tactic
+    from polykit.runtime.shapes import ShapeBinder
+
+    plan = build_plan(window_pad(), BuilderConfig(target="cuda", profiles=[WINDOW_PROFILE], builder_optimization_level=0))
+    odd = {"x": (3, 5, 7, 8)}
+    evaluated, bound = ShapeBinder(plan).evaluate(odd), ShapeBinder(plan).bind(odd)
+    assert (evaluated.key, evaluated.shapes, evaluated.dims) == (bound.key, bound.shapes, bound.dims)
+    without = replace(find_tactic("cuda", "Pad", "cuda.movement.pad_last"), serves=None)
+    monkeypatch.setattr(shapes_module, "find_tactic", lambda target, kind, name: without if kind == "Pad" else
+                        find_tactic(target, kind, name))
+    binder = ShapeBinder(plan)
+    found = binder.evaluate(odd)  # no PlanError: nothing checked
+    assert found.shapes == evaluated.shapes
+    ((layer, stamped),) = binder.unserved(found)
+    assert layer.kind == "Pad" and stamped.out_shapes == ((3, 6, 8, 8),)
+    with pytest.raises(PlanError, match=layer.tactic):
+        binder.bind(odd)

@@ -16,7 +16,9 @@ node's original names) stay float32 with Casts around them. Every other node fol
 inputs; attributes that name a float32 result (Cast `to`, EyeLike/Random* `dtype`,
 ConstantOfShape / Constant values) switch to the half type, inside Pointwise bodies and
 epilogues too. A node whose shape rule refuses the half type stays float32. Tensors that
-were not float32 (indices, shapes, masks, float64) are untouched.
+were not float32 (indices, shapes, masks, float64) are untouched, and so are the float32 values a
+profile build computes from the input dims (`shape_values`: a detector's resize scale), which the
+host evaluates in float32 as the model does.
 
 Data-movement ops (MOVE_OPS: Identity, Reshape, Transpose, Slice, Gather, Concat, ...) compute
 nothing; a chain of them that only carries float32 activations (no weights, nothing available
@@ -32,6 +34,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from polykit.compiler.graph.infer import infer_shapes
+from polykit.compiler.graph.shape_values import is_symbolic
 from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node, Value
 from polykit.compiler.ops.nn.channels_last import NCHW_OPS
@@ -151,10 +155,20 @@ def convert_to_fp16(graph: Graph, *, keep_fp32: Iterable[str] = frozenset(),
     return convert_precision(graph, F16, keep_fp32=keep_fp32, keep=keep)
 
 
+def shape_values(graph: Graph) -> frozenset[str]:
+    """The float32 tensors whose values a profile build computes from the input dims (symbolic values:
+    polykit.compiler.graph.shape_values; e.g. a detector's resize scale, min_size / min(h, w), as float
+    dims): the host evaluates them in float32, as onnxruntime does, so they stay float32. In half they
+    would leave the float dims that follow them unknown, and round other sizes than the model's."""
+    known = infer_shapes(graph, strict=False)
+    return frozenset(n for n, v in known.items() if is_symbolic(v) and graph.value(n).dtype == F32)
+
+
 class _Converter:
     def __init__(self, graph: Graph, half: np.dtype, keep_fp32: frozenset[str], fixed: set[str]):
         self.g, self.half, self.keep_fp32, self.fixed = graph, half, keep_fp32, fixed
         self.orig: dict[str, np.dtype | None] = {}
+        self.shape_values: frozenset[str] = frozenset()
         #: tensor -> {dtype: name holding it in that dtype}
         self.avail: dict[str, dict[np.dtype, str]] = {}
         self.dtypes: dict[str, np.dtype] = {}
@@ -166,6 +180,7 @@ class _Converter:
         g = self.g
         names = set(g.inputs) | set(g.initializers) | {o for n in g.nodes for o in n.outputs if o}
         self.orig = {name: g.value(name).dtype for name in names}
+        self.shape_values = shape_values(g)
         for name in g.inputs:
             self.avail[name] = {self.orig[name]: name}
         self.copies = self._find_copies()
@@ -177,6 +192,10 @@ class _Converter:
             shape = g.value(name).shape
             g.set_value(Value(name, dt, shape))
         return self.changed
+
+    def _pinned(self, node: Node) -> bool:
+        """Whether `node` stays float32: is_pinned, or it computes a shape value (`shape_values`)."""
+        return is_pinned(node, self.keep_fp32) or any(o in self.shape_values for o in node.outputs if o)
 
     # ---- weights -------------------------------------------------------------------
     def _wants(self, node: Node, pinned: bool) -> list[np.dtype | None]:
@@ -201,12 +220,12 @@ class _Converter:
                 readers.setdefault(t, []).append(node)
         copies: set[int] = set()
         for node in reversed(g.nodes):
-            if node.domain != "" or node.op_type not in MOVE_OPS or is_pinned(node, self.keep_fp32):
+            if node.domain != "" or node.op_type not in MOVE_OPS or self._pinned(node):
                 continue
             if any(t in g.initializers and self.orig.get(t) == F32 for t in node.inputs):
                 continue
             outs = [o for o in node.outputs if o and self.orig.get(o) == F32]
-            if outs and all(all(id(r) in copies or is_pinned(r, self.keep_fp32) for r in readers.get(o, ()))
+            if outs and all(all(id(r) in copies or self._pinned(r) for r in readers.get(o, ()))
                             and (o in self.fixed or readers.get(o)) for o in outs):
                 copies.add(id(node))
         return copies
@@ -215,7 +234,7 @@ class _Converter:
         g = self.g
         wants: dict[str, set] = {}
         for node in g.nodes:
-            for t, want in zip(node.inputs, self._wants(node, is_pinned(node, self.keep_fp32))):
+            for t, want in zip(node.inputs, self._wants(node, self._pinned(node))):
                 if want is not None and t in g.initializers:
                     wants.setdefault(t, set()).add(want)
         for name, arr in g.initializers.items():
@@ -228,7 +247,7 @@ class _Converter:
 
     # ---- nodes ---------------------------------------------------------------------
     def _visit(self, node: Node) -> None:
-        pinned = is_pinned(node, self.keep_fp32)
+        pinned = self._pinned(node)
         upcast = node.op_type == "Cast" and node.domain == "" and self.orig.get(node.input(0)) == self.half
         trial = None
         if not pinned:
