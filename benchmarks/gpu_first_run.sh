@@ -259,7 +259,7 @@ EOF
       tests/kernels/cuda/test_reformat.py tests/runtime/cuda/test_dynamic_shapes_gpu.py \
       tests/compiler/passes/test_row_transposes.py tests/compiler/test_dim_floats.py \
       tests/compiler/passes/test_gpt2_block_views.py tests/runtime/cuda/test_cuda_target.py \
-      tests/compiler/test_plan_body_inputs.py
+      tests/compiler/test_plan_body_inputs.py tests/compiler/test_data_dependent_dims.py
     rc=$?
     att="--cases \"\" --attention-dtype fp16 --attention 8,12,128,64 --attention 4,16,2048,128 --attention 8,6,1500,64 --attention 8,12,197,64"
     timeout 200 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "flash|sdpa" \
