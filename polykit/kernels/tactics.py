@@ -266,6 +266,21 @@ def conservative_tactic(target: str, kind: str, layer: Any, *, arch: str | None 
     return next((t for t in found if t.conservative), found[-1] if found else None)
 
 
+#: what a family's geometry helper raises when it refuses a layer's shapes
+REFUSALS = (ValueError, KeyError, IndexError, TypeError, AttributeError)
+
+
+def serves_layer(tactic: Any, layer: Any) -> bool:
+    """Whether `tactic` runs `layer` (stamped at some shapes) correctly: its `serves` (a tactic whose enqueue
+    falls back to its family's plain kernel where its own does not apply), else its `supports`; False where
+    the family's geometry helper refuses the shapes. The builder asks it at a profile's corners and witness
+    points (tuner.serves_corners), the runtime at each new shape set (polykit.runtime.shapes)."""
+    try:
+        return bool((getattr(tactic, "serves", None) or tactic.supports)(layer))
+    except REFUSALS:
+        return False
+
+
 def find_tactic(target: str, kind: str, name: str) -> Tactic | None:
     """The tactic called `name` that serves `kind` on `target` (any domain), else None."""
     table = tactic_table(target)

@@ -35,7 +35,7 @@ from polykit.compiler.graph.shape_rules import evaluate_rules, run_time_sized
 from polykit.compiler.ir.symbolic import Expr, ShapeEvalError, Term, evaluate
 from polykit.errors import PlanError, PolykitError, RuntimeInputError, UsageError
 from polykit.kernels.profile_tactics import profile_layers
-from polykit.kernels.tactics import find_tactic
+from polykit.kernels.tactics import find_tactic, serves_layer
 
 #: distinct input shape sets whose evaluated shapes a binder keeps
 MAX_CACHED_SHAPE_SETS = 64
@@ -233,11 +233,7 @@ def unserved_at(tactic: Any, layer: Any, bound: Mapping[str, tuple[int, ...]]) -
     stamped = copy.copy(layer)  # at_corner's stamp without dataclasses.replace's re-init (~2x the check's time)
     object.__setattr__(stamped, "in_shapes", ins)
     object.__setattr__(stamped, "out_shapes", outs)
-    try:
-        ok = (tactic.serves or tactic.supports)(stamped)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        ok = False  # a family's geometry helper refusing the shapes
-    return None if ok else stamped
+    return None if serves_layer(tactic, stamped) else stamped
 
 
 def _symbols(term: Term) -> set[str]:

@@ -39,7 +39,7 @@ from polykit.compiler.plan.records import LayerDesc, TensorDesc
 from polykit.compiler.builder.timing_cache import TimingCache, load_timing_cache, origin_of, timing_key
 from polykit import limits
 from polykit.errors import BuildError, PolykitError
-from polykit.kernels.tactics import candidates
+from polykit.kernels.tactics import REFUSALS, candidates, serves_layer
 
 log = logging.getLogger("polykit")
 
@@ -157,16 +157,14 @@ def serves_corners(tactic: Any, layer: LayerDesc, corners: Sequence[Mapping[str,
     if not tactic.dynamic_sizes:
         return False
     kernels = getattr(tactic, "kernels", None)
-    serves = getattr(tactic, "serves", None) or tactic.supports
+    if not all(serves_layer(tactic, at_corner(layer, corner)) for corner in corners):
+        return False
     try:
         opt = kernels(layer) if kernels is not None and tactic.supports(layer) else None
-        for corner in corners:
-            if not serves(at_corner(layer, corner)):
-                return False
         for corner in generic if kernels is not None else ():
             if kernels(at_corner(layer, corner)) != opt:
                 return False
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+    except REFUSALS:
         return False  # a family's geometry helper refusing the corner's shapes
     return True
 
