@@ -320,19 +320,21 @@ def test_a_split_staged_tactic_borrows_the_splits_float_sums_and_an_unsplit_one_
 
 
 @pytest.mark.parametrize("m", [1, 16])
-def test_a_level_0_build_takes_the_mma_kernel_where_it_runs_and_the_gemv_where_it_does_not(m):
-    """The mma tactics ran on a GPU (H100 2026-12-06) and timed builds picked them at M = 1 and 16, so
-    they rank first; the staged ones (not yet run on a GPU) are candidates a priority under them; a float32
-    X (which they all refuse) still gets the plain kernels."""
+def test_a_level_0_build_takes_the_staged_kernel_then_the_mma_kernel_where_they_run_and_the_gemv_where_not(m):
+    """The staged and mma tactics ran on a GPU (H100 2026-12-06) and timed builds picked a staged tile at
+    M = 1 and 16, so the staged tiles rank first and the mma tiles next; a float32 X (which they all
+    refuse) still gets the plain kernels."""
     from polykit.kernels.tactics import candidates
 
+    staged = [tile.name for tile in STAGED_TILES]
     measured = [tile.name for tile in MMA_TILES]
     for layer in (stamped(m=m), stamped(m=m, x="bfloat16", k=272, block=32)):
         found = candidates("cuda", KIND, layer, arch="sm_90")
-        assert {t.name for t in found[:len(measured)]} == set(measured)
-        assert {t.name: t.priority for t in found if t.name in STAGED_NAMES} == dict.fromkeys(STAGED_NAMES, 10)
+        assert {t.name for t in found[:len(staged)]} == set(staged)
+        assert {t.name for t in found[len(staged):len(staged) + len(measured)]} == set(measured)
+        assert {t.name: t.priority for t in found if t.name in STAGED_NAMES} == dict.fromkeys(STAGED_NAMES, 12)
     fp32 = candidates("cuda", KIND, stamped(m=m, x="float32"), arch="sm_90")
-    assert fp32 and not any(t.name in MMA_TACTICS for t in fp32)
+    assert fp32 and not any(t.name in MMA_TACTICS or t.name in STAGED_NAMES for t in fp32)
 
 
 @pytest.mark.gpu

@@ -9,10 +9,11 @@ than a block's range is split over blocks (gridDim.z) into a float32 workspace t
 adds in split order, then the bias (deterministic). weight_only_mma_staged.cu's header gives the why (the
 ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_us` is that model.
 
-Priority 10: under weight_only_mma's measured 11 (a level-0 build keeps the kernel that has run on a GPU);
-a timed build times them (the tuner orders one priority by estimate and adds the best tile of a family its
-cap leaves out). Not yet run on a GPU (the gpu tests of tests/kernels/cuda/test_weight_only.py wait for the
-next session); host-emulated (tests/kernels/cuda/test_weight_only_mma_emulated.py).
+Priority 12, above weight_only_mma's 11: their gpu tests pass (H100 2026-12-06, STEP=new11: 1302 passed) and a
+timed build picks a staged tile at M = 1 and M = 16 (N = K = 4096, benchmarks/weight_only_gemm.py: 10.1 / 14.5 us
+against the fp16 GEMM's 16.0 / 15.6 us, docs/PERFORMANCE.md twelfth session), so a level-0 build takes what the
+timed builds take; weight_only_mma's tiles stay candidates under them. Host-emulated too
+(tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
 from __future__ import annotations
@@ -193,10 +194,10 @@ def compile_variants() -> list[KernelSource]:
     return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
 
 
-# priority 10: under weight_only_mma's 11 until a GPU session has run and timed these (the module docstring)
+# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16 (the module docstring)
 for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
-    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=10, estimate=_estimate,
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12, estimate=_estimate,
                 workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices})(_enqueue)
