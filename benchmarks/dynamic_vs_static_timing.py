@@ -25,7 +25,6 @@ the layers whose times differ most. Writes OUT.json and OUT.md (a table, then th
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 
 from benchmarks import provenance
 from benchmarks.dynamic_bert import Runner, alternate, reference, time_host
+from benchmarks.dynamic_exports import write_report
 from benchmarks.dynamic_vs_static import build, layer_diff, model_of, ranges_of, twins
 
 #: the ratio issue 33 accepts
@@ -189,7 +189,6 @@ def run(folder: Path, names: Sequence[str], target: str, level: int, how: Rounds
               f"({report['seconds']} s)", flush=True)
         reports.append(report)
         if out is not None:  # after every model: a call cut short keeps what it finished
-            out.with_suffix(".json").write_text(json.dumps(reports, indent=1))
-            out.with_suffix(".md").write_text(markdown(reports))
+            write_report(reports, markdown, out)
     print(markdown(reports))
     return reports
