@@ -108,7 +108,8 @@
 #                  the why of each ratio in $OUT/dynvs.md). DYNVS_MODELS to narrow or widen (the *_hw profiles over
 #                  image sizes too: ~50 s a model more), DYNVS_ARGS for more (--timing-cache shared); ~300 s
 #   STEP=dynall    issue 33 Acceptance 1 on cuda: benchmarks/dynamic_exports.py all --target cuda over the 25 exports
-#                  never run on cuda (the eighth session's STEP=dynamic ran 8), in three batches of ~540 s: DYN_BATCH=1,
+#                  never run on cuda (STEP=dynamic runs the other 8: re-run it too, their SE blocks now fuse in profile
+#                  builds), in three batches of 8-9 models, each estimated at ~220-235 s of its 560 s limit: DYN_BATCH=1,
 #                  2 or 3 (docs/DYNAMIC_SHAPES.md, "The other 25 exports on cuda", says how they were cut)
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
@@ -411,10 +412,10 @@ EOF2
     exit $rc
     ;;
   dynall)
-    case "${DYN_BATCH:-1}" in
-      1) models=DYN_BATCH_1 ;;
-      2) models=DYN_BATCH_2 ;;
-      3) models=DYN_BATCH_3 ;;
+    case "${DYN_BATCH:-1}" in  # estimated ~220-235 s each (docs/DYNAMIC_SHAPES.md): exports + level-3 fp32 checks
+      1) models=regnet_x_1_6gf,densenet121,convnext_tiny,squeezenet1_1,vgg11_bn,fcn_resnet50,t5_encoder,deit_small ;;
+      2) models=mobilenet_v3_large,mnasnet1_0,googlenet,inception_v3,distilbert,llama_small,dinov2_small,whisper_encoder ;;
+      3) models=resnet50,resnext50_32x4d,mobilenet_v2,efficientnet_v2_s,regnet_y_800mf,shufflenet_v2_x1_0,unet,vit_b_16,wav2vec2_base ;;
       *) echo "DYN_BATCH is 1, 2 or 3"; exit 2 ;;
     esac
     timeout 560 python3 benchmarks/dynamic_exports.py all --dir /tmp/dyn --target cuda --models "$models" --timeout 150 \
