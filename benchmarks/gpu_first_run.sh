@@ -106,7 +106,8 @@
 #                  CPU), then benchmarks/dynamic_vs_static.py time (fp16, level 3 for both plans, each with its own
 #                  timing cache; checked against onnxruntime; alternating rounds, CUDA-graph replay; the table and
 #                  the why of each ratio in $OUT/dynvs.md). DYNVS_MODELS to narrow or widen (the *_hw profiles over
-#                  image sizes too: ~50 s a model more), DYNVS_ARGS for more (--timing-cache shared); ~300 s
+#                  image sizes too: ~50 s a model more), DYNVS_ARGS for more (--timing-cache shared); first the gpu
+#                  tests of the time step and of SE blocks in profile plans (never run on a GPU); ~340 s
 #   STEP=dynall    issue 33 Acceptance 1 on cuda: benchmarks/dynamic_exports.py all --target cuda over the 25 exports
 #                  never run on cuda (STEP=dynamic runs the other 8: re-run it too, their SE blocks now fuse in profile
 #                  builds), in three batches of 8-9 models, each estimated at ~220-235 s of its 560 s limit: DYN_BATCH=1,
@@ -404,8 +405,9 @@ EOF2
     ;;
   dynvs)
     models=${DYNVS_MODELS:-bert_base,resnet50,efficientnet_b0,mobilenet_v3_large}
-    timeout 150 python3 benchmarks/dynamic_vs_static.py export --dir /tmp/dvs --models "$models" 2>&1 | grep -v Warn | tail -8
-    timeout ${DYNVS_S:-420} python3 benchmarks/dynamic_vs_static.py time --dir /tmp/dvs --models "$models" \
+    gpu_tests dynvs 60 tests/benchmarks/test_dynamic_vs_static.py tests/compiler/passes/test_fuse_squeeze_excite_profiles.py
+    timeout 120 python3 benchmarks/dynamic_vs_static.py export --dir /tmp/dvs --models "$models" 2>&1 | grep -v Warn | tail -8
+    timeout ${DYNVS_S:-360} python3 benchmarks/dynamic_vs_static.py time --dir /tmp/dvs --models "$models" \
       --out "$OUT/dynvs" ${DYNVS_ARGS:-} > "$OUT/dynvs.txt" 2>&1
     rc=$?
     grep -E "^[a-z0-9_]+: " "$OUT/dynvs.txt"; cat "$OUT/dynvs.md" 2>/dev/null | head -80
