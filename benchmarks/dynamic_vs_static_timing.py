@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from benchmarks import provenance
+from benchmarks.cuda_timing import time_cuda
 from benchmarks.dynamic_bert import Runner, alternate, reference, time_host
 from benchmarks.dynamic_exports import write_report
 from benchmarks.dynamic_vs_static import build, layer_diff, model_of, ranges_of, twins
@@ -113,8 +114,6 @@ def time_model(path: Path, ranges: Mapping[str, Sequence[tuple[int, ...]]], feed
         def timed(runner: Runner) -> float:
             if torch is None:
                 return time_host(runner.run, how.warmup, how.iters)
-            from benchmarks.cuda_timing import time_cuda
-
             return time_cuda(runner.run, torch, how.warmup, how.iters)
 
         report["ms"], report["spread_ms"] = alternate(runners, how.rounds, timed)
