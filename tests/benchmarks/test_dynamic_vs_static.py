@@ -6,6 +6,7 @@ On a GPU machine (torch), the same step on cuda for a small convnet."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -89,12 +90,24 @@ def test_the_feeds_at_opt_follow_the_zoo_inputs():
     assert opt_feeds("resnet50_hw")["x"].shape == (32, 3, 224, 224)
 
 
-def test_a_model_that_fails_is_a_row_and_the_step_exits_non_zero(tmp_path):
+def test_the_step_times_each_model_and_a_model_that_fails_is_a_row(tmp_path, monkeypatch):
+    """`time --target cpu` over a tiny profile entry (the small convnet) and resnet50 (not exported
+    here): the first timed, the second an error row; the report written; exit status 1."""
+    from benchmarks import dynamic_vs_static, zoo_models
+
+    monkeypatch.setitem(dynamic_vs_static.PROFILES, "tiny", {"image": ({0: "batch"}, RANGES["image"])})
+    monkeypatch.setitem(zoo_models.BY_NAME, "tiny", zoo_models.ZooModel(
+        "tiny", "conv", ("test",), (zoo_models.InputSpec("image", (3, 32, 32)),), (1, 2), lambda: None))
+    onnx.save(convnet(), str(tmp_path / "tiny.onnx"))
     out = tmp_path / "times"
-    assert main(["time", "--dir", str(tmp_path), "--models", "resnet50", "--target", "cpu", "--level", "0",
-                 "--out", str(out)]) == 1  # no export in the folder
-    assert "| resnet50 | | | | FAIL |" in out.with_suffix(".md").read_text()
-    assert "error" in out.with_suffix(".json").read_text()
+    assert main(["time", "--dir", str(tmp_path), "--models", "tiny,resnet50", "--target", "cpu", "--level", "0",
+                 "--rounds", "1", "--warmup", "0", "--iters", "1", "--profile-runs", "0", "--out", str(out)]) == 1
+    tiny, failed = json.loads(out.with_suffix(".json").read_text())
+    assert tiny["model"] == "tiny" and tiny["device"] == "cpu" and tiny["commit"] and tiny["ms"]["dynamic"] > 0
+    assert tiny["vs_onnxruntime"]["dynamic"]["max_rel_err"] < 1e-5 and "error" not in tiny
+    assert failed["model"] == "resnet50" and failed["error"]  # no export in the folder
+    table = out.with_suffix(".md").read_text()
+    assert "| tiny | image 1x3x32x32 / 2x3x32x32 / 4x3x32x32 |" in table and "| resnet50 | | | | FAIL |" in table
 
 
 @pytest.mark.gpu
