@@ -1,7 +1,8 @@
 """What the model benchmarks share to time polykit and torch on one GPU in one process.
 
 `time_cuda` gives the median CUDA-event time of a callable (after warm-up runs); `bind_plan`
-loads a polykit plan on the cuda target and binds it to torch device tensors, so that one
+loads a polykit plan on the cuda target and binds it to torch device tensors (a plan built for
+profiles at those tensors' shapes), so that one
 `run()` is one `ExecutionContext.enqueue` on torch's current stream (CUDA-graph replay after
 the first call, no host copies) writing the plan's first output into a torch tensor: the
 tensors copied into and out of the context's arena, or with `in_place` bound with
@@ -47,16 +48,23 @@ class BoundPlan:
         self.engine.close()
 
 
-def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False) -> BoundPlan:
+def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False, profile: int = 0) -> BoundPlan:
     """Load `plan` (cuda target) and bind `inputs` (torch CUDA tensors by plan input name, cast to
-    the plan's input dtypes) and a new tensor for its first output (in place or copied)."""
+    the plan's input dtypes) and a new tensor for its first output (in place or copied). A plan
+    built for profiles runs optimization profile `profile` at the inputs' shapes."""
     from polykit.runtime.engine import Engine
 
     engine = Engine(plan)
     ctx = engine.create_execution_context()
     out_name = plan.outputs[0]
     desc = plan.tensors[out_name]
-    out = torch.empty(tuple(desc.shape), dtype=getattr(torch, desc.dtype), device="cuda")
+    shape = tuple(desc.shape)
+    if plan.profiles is not None:
+        ctx.set_optimization_profile(profile)
+        for name in plan.inputs:
+            ctx.set_input_shape(name, tuple(inputs[name].shape))
+        shape = ctx.get_tensor_shape(out_name)
+    out = torch.empty(shape, dtype=getattr(torch, desc.dtype), device="cuda")
     bindings = {name: inputs[name].to(getattr(torch, plan.tensors[name].dtype)).contiguous() for name in plan.inputs}
     bindings[out_name] = out
     stream = torch.cuda.current_stream()

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.cuda_models import _BertOut, make_model, print_profile
-from benchmarks.cuda_timing import time_cuda
+from benchmarks.cuda_timing import bind_plan, time_cuda
 
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))
@@ -78,33 +78,32 @@ def feeds_for(shape: tuple[int, int], vocab: int) -> dict[str, np.ndarray]:
 
 
 class Runner:
-    """A context of `plan` with feeds of one shape; run() runs it once: on cuda, enqueue on
-    torch tensors on torch's stream; on cpu, execute."""
+    """A context of `plan` with `feeds` (numpy arrays by input name); run() runs it once: on cuda,
+    enqueue on torch tensors on torch's stream (benchmarks/cuda_timing.bind_plan: copied through
+    the arena, or with `in_place` bound with set_tensor_address as benchmarks/zoo.py times it); on
+    cpu, execute."""
 
-    def __init__(self, plan, shape: tuple[int, int], vocab: int, torch=None, profile: int = 0):
+    def __init__(self, plan, feeds, torch=None, profile: int = 0, in_place: bool = False):
         from polykit.runtime.engine import Engine
 
-        self.engine = Engine(plan)
-        self.ctx = self.engine.create_execution_context()
-        self.ctx.set_optimization_profile(profile)
-        self.feeds = feeds_for(shape, vocab)
+        self.feeds = dict(feeds)
         self.torch = torch
         self.name = plan.outputs[0]
         if torch is None:
+            self.engine = Engine(plan)
+            self.ctx = self.engine.create_execution_context()
+            self.ctx.set_optimization_profile(profile)
             return
-        self.bindings = {k: torch.from_numpy(v).cuda() for k, v in self.feeds.items()}
-        for name, value in self.feeds.items():
-            self.ctx.set_input_shape(name, value.shape)
-        self.out = torch.empty(self.ctx.get_tensor_shape(self.name), dtype=getattr(torch, plan.tensors[self.name].dtype),
-                               device="cuda")
-        self.bindings[self.name] = self.out
-        self.stream = torch.cuda.current_stream()
+        self.bound = bind_plan(plan, {k: torch.from_numpy(v).cuda() for k, v in self.feeds.items()}, torch, in_place,
+                               profile)
+        self.engine, self.ctx, self.out, self.bindings = self.bound.engine, self.bound.ctx, self.bound.out, \
+            self.bound.bindings
 
     def run(self) -> None:
         if self.torch is None:
             self.out = self.ctx.execute(self.feeds)[self.name]
         else:
-            self.ctx.enqueue(self.bindings, self.stream)
+            self.bound.run()
 
     def output(self) -> np.ndarray:
         self.run()
@@ -156,8 +155,8 @@ def two_profiles(path: Path, args, torch, timed) -> dict:
               "dynamic_over_static": {}, "max_abs_err_vs_onnxruntime": {}}
     for profile, (_, shape, _) in enumerate(TWO_PROFILES):
         static, static_build_s = build(path, args.target, args.precision, None, shape)
-        runners = {"dynamic": Runner(dynamic, shape, args.vocab, torch, profile),
-                   "static": Runner(static, shape, args.vocab, torch)}
+        feeds = feeds_for(shape, args.vocab)
+        runners = {"dynamic": Runner(dynamic, feeds, torch, profile), "static": Runner(static, feeds, torch)}
         ref = reference(path, runners["static"].feeds)
         key = f"{shape[0]}x{shape[1]} on profile {profile}"
         result["max_abs_err_vs_onnxruntime"][key] = {n: float(np.abs(r.output() - ref).max()) for n, r in runners.items()}
@@ -215,7 +214,8 @@ def main() -> None:
             return
         (dynamic, dynamic_build_s), (static, static_build_s) = build(path, args.target, args.precision, [PROFILE]), \
             build(path, args.target, args.precision)
-        runners = {"dynamic": Runner(dynamic, OPT, args.vocab, torch), "static": Runner(static, OPT, args.vocab, torch)}
+        feeds = feeds_for(OPT, args.vocab)
+        runners = {"dynamic": Runner(dynamic, feeds, torch), "static": Runner(static, feeds, torch)}
         ref = reference(path, runners["static"].feeds)
     errors = {name: float(np.abs(runner.output() - ref).max()) for name, runner in runners.items()}
     at_opt, spread = alternate(runners, args.rounds, timed)
@@ -227,7 +227,7 @@ def main() -> None:
             torch.cuda.synchronize()
     others = {}
     for shape in OTHER_SHAPES:
-        runner = Runner(dynamic, shape, args.vocab, torch)
+        runner = Runner(dynamic, feeds_for(shape, args.vocab), torch)
         others[f"{shape[0]}x{shape[1]}"] = round(timed(runner), 3)
         runner.close()
     for runner in runners.values():

@@ -292,7 +292,10 @@ def pair_detections(want: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]
     return {**{n: np.asarray(got[n])[order] for n in ("boxes", "scores", "labels")}, "order": order}
 
 
-def check(folder: Path, names: list[str], target: str, opt_level: int, timeout: int) -> list[dict[str, Any]]:
+def check(folder: Path, names: list[str], target: str, opt_level: int, timeout: int,
+          out: Path | None = None) -> list[dict[str, Any]]:
+    """check-one of each model in a subprocess of its own (at most `timeout` seconds); with `out`,
+    OUT.json and OUT.md rewritten after every model, so that a call cut short keeps what it finished."""
     results = []
     for name in names:
         if not (folder / f"{name}.onnx").exists():
@@ -310,8 +313,10 @@ def check(folder: Path, names: list[str], target: str, opt_level: int, timeout: 
             result = {"model": name, "target": target, "passed": False, "error": f"timed out after {timeout} s"}
         result["seconds"] = round(time.time() - start, 1)
         print(f"{name}: {'pass' if result['passed'] else 'FAIL'} {result.get('max_abs_error', '')} "
-              f"{result.get('error') or ''}", flush=True)
+              f"{result.get('error') or ''} ({result['seconds']} s)", flush=True)
         results.append(result)
+        if out is not None:
+            write_report(results, markdown, out)
     return results
 
 
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # an export the exporter refuses: reported, the others go on
                 print(f"export of {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     if args.step in ("check", "all"):
-        report(check(args.dir, names, args.target, opt_level, args.timeout), markdown, args.out)
+        report(check(args.dir, names, args.target, opt_level, args.timeout, args.out), markdown, args.out)
     return 0
 
 
@@ -377,9 +382,13 @@ def chosen_models(parser: argparse.ArgumentParser, models: str) -> list[str]:
 def report(results: list[dict[str, Any]], table: Any, out: Path | None) -> None:
     """Print `table(results)` (markdown); with `out`, write OUT.json (the results) and OUT.md (the table)."""
     if out is not None:
-        out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-        out.with_suffix(".md").write_text(table(results))
+        write_report(results, table, out)
     print(table(results))
+
+
+def write_report(results: list[dict[str, Any]], table: Any, out: Path) -> None:
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    out.with_suffix(".md").write_text(table(results))
 
 
 if __name__ == "__main__":

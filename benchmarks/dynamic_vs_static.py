@@ -16,22 +16,27 @@ where they differ:
   polykit/runtime/shapes.py and the engine: target-independent).
 
 Cuda plans build without a GPU (builder level 0: no timing, tactics by priority and estimate).
+The `time` step builds both plans on the machine's own GPU (or the cpu target) at one level, checks
+them against onnxruntime and times them at opt (benchmarks/dynamic_vs_static_timing.py).
 
     # export (torch): DIR/<model>.onnx with dynamic axes (bert: batch, sequence; convnets: batch)
     /work/zoovenv/bin/python benchmarks/dynamic_vs_static.py export --dir /tmp/dvs --models bert_base,resnet50
     # compare (polykit)
     PYTHONPATH=. python benchmarks/dynamic_vs_static.py compare --dir /tmp/dvs --models bert_base --out dvs.json
+    # time (a GPU machine with torch; --target cpu without)
+    PYTHONPATH=. python3 benchmarks/dynamic_vs_static.py time --dir /tmp/dvs --out dvs_time
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -88,18 +93,25 @@ def export(name: str, folder: Path) -> None:
 
 
 # ---- compare (polykit) ---------------------------------------------------------------------------
-def build(path: Path, name: str, target: str, dynamic: bool) -> tuple[Any, float]:
-    """The plan of `path` for PROFILES[name] (dynamic) or for its opt shapes (static): level 0, fp16 on cuda."""
+def ranges_of(name: str) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """(min, opt, max) of each input of PROFILES[name]."""
+    return {n: r for n, (_, r) in PROFILES[name].items()}
+
+
+def build(path: Path, ranges: Mapping[str, Sequence[tuple[int, ...]]], target: str, dynamic: bool, level: int = 0,
+          **config: Any) -> tuple[Any, float]:
+    """The plan of `path` for the profile `ranges` ((min, opt, max) per input; dynamic) or for its opt
+    shapes (static): fp16 on cuda, builder level `level`, more BuilderConfig fields in `config`;
+    and its build seconds."""
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
     from polykit.compiler.plan.profiles import Profile
 
-    spec = PROFILES[name]
-    extra: dict[str, Any] = ({"profiles": [Profile({n: r for n, (_, r) in spec.items()})]} if dynamic
-                             else {"input_shapes": {n: r[1] for n, (_, r) in spec.items()}})
+    extra: dict[str, Any] = ({"profiles": [Profile({n: tuple(r) for n, r in ranges.items()})]} if dynamic
+                             else {"input_shapes": {n: r[1] for n, r in ranges.items()}})
     start = time.perf_counter()
-    plan = build_plan(str(path), BuilderConfig(target=target, fp16=target == "cuda", builder_optimization_level=0,
-                                               **extra))
+    plan = build_plan(str(path), BuilderConfig(target=target, fp16=target == "cuda", builder_optimization_level=level,
+                                               **extra, **config))
     return plan, time.perf_counter() - start
 
 
@@ -124,15 +136,35 @@ def kernel_label(source: Any) -> str:
     return f"{source.name}[{source.file or 'generated'}]({defines})"
 
 
+#: the counter a pass appends to the names it makes (`MatMul_packed__17`): two builds count apart
+FRESH_SUFFIX = re.compile(r"__\d+$")
+
+
+def twins(dyn: Any, static: Any) -> dict[str, Any]:
+    """Each layer of `dyn` (by name) paired with the static plan's layer of that name or, where the
+    names differ only by FRESH_SUFFIX, the first unpaired static layer of that stem and kind."""
+    by_name = {layer.name: layer for layer in static.layers}
+    pairs = {layer.name: by_name[layer.name] for layer in dyn.layers if layer.name in by_name}
+    spare: dict[tuple[str, str], list[Any]] = {}
+    for layer in static.layers:
+        if layer.name not in pairs:
+            spare.setdefault((FRESH_SUFFIX.sub("", layer.name), layer.kind), []).append(layer)
+    for layer in dyn.layers:
+        left = spare.get((FRESH_SUFFIX.sub("", layer.name), layer.kind))
+        if layer.name not in pairs and left:
+            pairs[layer.name] = left.pop(0)
+    return pairs
+
+
 def layer_diff(dyn: Any, static: Any, arch: str = "") -> dict[str, Any]:
-    """Per layer where the dynamic plan differs from the static one (layers matched by name)."""
+    """Per layer where the dynamic plan differs from the static one (layers paired by `twins`)."""
     from polykit.kernels.tactics import find_tactic
 
     moving = dynamic_tensors(dyn)
-    by_name = {layer.name: layer for layer in static.layers}
-    dyn_names = {layer.name for layer in dyn.layers}
+    by_name = twins(dyn, static)
+    paired = {id(layer) for layer in by_name.values()}
     extra = [layer for layer in dyn.layers if layer.name not in by_name]
-    missing = [layer for layer in static.layers if layer.name not in dyn_names]
+    missing = [layer for layer in static.layers if id(layer) not in paired]
     tactics, kernels, run_time, baked = [], [], Counter(), Counter()
     excluded = excluded_tactics(dyn, static, arch) if dyn.target == "cuda" else []
     for layer in dyn.layers:
@@ -161,7 +193,7 @@ def layer_diff(dyn: Any, static: Any, arch: str = "") -> dict[str, Any]:
 
 
 def excluded_tactics(dyn: Any, static: Any, arch: str) -> list[dict[str, Any]]:
-    """Per layer of `dyn` that touches a dynamic tensor: the tactics that support its static twin
+    """Per layer of `dyn` that touches a dynamic tensor: the tactics that support its static twin (`twins`)
     at the opt shapes (at the dynamic layer's precision) but cannot serve the profile
     (tuner.serves_corners: no dynamic_sizes, a corner unsupported, or a size baked into the kernels),
     with the priorities of the best excluded one and of the dynamic plan's pick."""
@@ -173,10 +205,10 @@ def excluded_tactics(dyn: Any, static: Any, arch: str) -> list[dict[str, Any]]:
 
     every, _ = profile_views(dyn.tensors, profile_groups(dyn.profiles))
     moving = dynamic_tensors(dyn)
-    twins = {layer.name: layer for layer in static.layers}
+    pairs = twins(dyn, static)
     rows = []
     for layer in dyn.layers:
-        twin = twins.get(layer.name)
+        twin = pairs.get(layer.name)
         if twin is None or not any(n in moving for n in layer.inputs + layer.outputs if n):
             continue
         found = candidates(dyn.target, twin.kind, replace(twin, precision=layer.precision), arch=arch or None)
@@ -243,15 +275,15 @@ def host_work(dyn: Any, static: Any, name: str, calls: int) -> dict[str, Any]:
 
 
 def compare(path: Path, name: str, calls: int, cuda: bool = True, arch: str = "") -> dict[str, Any]:
-    report: dict[str, Any] = {"model": name, "profile": {n: r for n, (_, r) in PROFILES[name].items()}}
+    report: dict[str, Any] = {"model": name, "profile": ranges_of(name)}
     if cuda:
-        dyn, t_dyn = build(path, name, "cuda", True)
-        static, t_static = build(path, name, "cuda", False)
+        dyn, t_dyn = build(path, ranges_of(name), "cuda", True)
+        static, t_static = build(path, ranges_of(name), "cuda", False)
         report["cuda"] = layer_diff(dyn, static, arch)
         report["cuda"]["build_s"] = {"dynamic": round(t_dyn, 1), "static": round(t_static, 1)}
         del dyn, static
-    dyn, _ = build(path, name, "cpu", True)
-    static, _ = build(path, name, "cpu", False)
+    dyn, _ = build(path, ranges_of(name), "cpu", True)
+    static, _ = build(path, ranges_of(name), "cpu", False)
     report["cpu"] = {k: v for k, v in layer_diff(dyn, static).items() if k in ("layers", "only_dynamic_kinds")}
     report["host"] = host_work(dyn, static, name, calls)
     return report
@@ -290,16 +322,29 @@ def text(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=("export", "compare"))
+    parser.add_argument("step", choices=("export", "compare", "time"),
+                        help="time: benchmarks/dynamic_vs_static_timing.py (its docstring)")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
-    parser.add_argument("--out", type=Path, default=None, help="JSON report")
+    parser.add_argument("--out", type=Path, default=None, help="JSON report (time: OUT.json and OUT.md)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per host-time measurement")
     parser.add_argument("--arch", default="sm_90",
                         help="GPU the cuda plans are built for without one (132 SMs; '' = no GPU: no sm90 tactics)")
     parser.add_argument("--no-cuda", action="store_true", help="skip the cuda plans (host timing only)")
+    timing = parser.add_argument_group("time")
+    timing.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="cpu: host timing, no torch")
+    timing.add_argument("--level", type=int, default=3, help="builder optimization level of both plans")
+    timing.add_argument("--rounds", type=int, default=7)
+    timing.add_argument("--warmup", type=int, default=20)
+    timing.add_argument("--iters", type=int, default=100)
+    timing.add_argument("--profile-runs", type=int, default=3, help="per-layer profile runs of each plan (0: none)")
+    timing.add_argument("--timing-cache", default="separate", choices=("separate", "shared"),
+                        help="shared: the dynamic build starts from the static build's timing cache")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
+    unknown = sorted(set(names) - set(PROFILES))
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(PROFILES)}")
     args.dir.mkdir(parents=True, exist_ok=True)
     if args.step == "export":
         for name in names:
@@ -307,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
             export(name, args.dir)
             print(f"{name}: exported in {time.perf_counter() - start:.0f} s", flush=True)
         return 0
+    if args.step == "time":  # on the machine's own GPU (or the cpu target): nothing pretended
+        from benchmarks.dynamic_vs_static_timing import Rounds, run
+
+        how = Rounds(args.rounds, args.warmup, args.iters, args.profile_runs, args.timing_cache)
+        reports = run(args.dir, names, args.target, args.level, how, args.out)
+        return 0 if reports and all("error" not in r for r in reports) else 1
     if args.arch:
         pretend_gpu(args.arch)
     reports = [compare(args.dir / f"{name}.onnx", name, args.calls, cuda=not args.no_cuda, arch=args.arch)

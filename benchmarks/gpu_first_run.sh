@@ -101,6 +101,17 @@
 #                  then times the same cases on that tree without torch.compile (ZOO_BEFORE_S, default 150)
 #   STEP=frcnn     issue 33's open cuda mismatch: Faster R-CNN at 279x279 against onnxruntime, every tensor marked
 #                  (needs torch on the device), to name the first layer whose output differs
+#   STEP=dynvs     issue 33's last timed acceptance point: the dynamic plan at its opt shape against the static plan
+#                  of that shape (<= 1.05x) on BERT-base bs8 and three zoo convnets: exports (torch, on the device's
+#                  CPU), then benchmarks/dynamic_vs_static.py time (fp16, level 3 for both plans, each with its own
+#                  timing cache; checked against onnxruntime; alternating rounds, CUDA-graph replay; the table and
+#                  the why of each ratio in $OUT/dynvs.md). DYNVS_MODELS to narrow or widen (the *_hw profiles over
+#                  image sizes too: ~50 s a model more), DYNVS_ARGS for more (--timing-cache shared); first the gpu
+#                  tests of the time step and of SE blocks in profile plans (never run on a GPU); ~340 s
+#   STEP=dynall    issue 33 Acceptance 1 on cuda: benchmarks/dynamic_exports.py all --target cuda over the 25 exports
+#                  never run on cuda (STEP=dynamic runs the other 8: re-run it too, their SE blocks now fuse in profile
+#                  builds), in three batches of 8-9 models, each estimated at ~220-235 s of its 560 s limit: DYN_BATCH=1,
+#                  2 or 3 (docs/DYNAMIC_SHAPES.md, "The other 25 exports on cuda", says how they were cut)
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -392,9 +403,32 @@ EOF2
       > "$OUT/frcnn_marks.txt" 2>&1
     grep -nE "FAILED|shape" "$OUT/frcnn_marks.txt" | head -40
     ;;
+  dynvs)
+    models=${DYNVS_MODELS:-bert_base,resnet50,efficientnet_b0,mobilenet_v3_large}
+    gpu_tests dynvs 60 tests/benchmarks/test_dynamic_vs_static.py tests/compiler/passes/test_fuse_squeeze_excite_profiles.py
+    timeout 120 python3 benchmarks/dynamic_vs_static.py export --dir /tmp/dvs --models "$models" 2>&1 | grep -v Warn | tail -8
+    timeout ${DYNVS_S:-360} python3 benchmarks/dynamic_vs_static.py time --dir /tmp/dvs --models "$models" \
+      --out "$OUT/dynvs" ${DYNVS_ARGS:-} > "$OUT/dynvs.txt" 2>&1
+    rc=$?
+    grep -E "^[a-z0-9_]+: " "$OUT/dynvs.txt"; cat "$OUT/dynvs.md" 2>/dev/null | head -80
+    exit $rc
+    ;;
+  dynall)
+    case "${DYN_BATCH:-1}" in  # estimated ~220-235 s each (docs/DYNAMIC_SHAPES.md): exports + level-3 fp32 checks
+      1) models=regnet_x_1_6gf,densenet121,convnext_tiny,squeezenet1_1,vgg11_bn,fcn_resnet50,t5_encoder,deit_small ;;
+      2) models=mobilenet_v3_large,mnasnet1_0,googlenet,inception_v3,distilbert,llama_small,dinov2_small,whisper_encoder ;;
+      3) models=resnet50,resnext50_32x4d,mobilenet_v2,efficientnet_v2_s,regnet_y_800mf,shufflenet_v2_x1_0,unet,vit_b_16,wav2vec2_base ;;
+      *) echo "DYN_BATCH is 1, 2 or 3"; exit 2 ;;
+    esac
+    timeout 560 python3 benchmarks/dynamic_exports.py all --dir /tmp/dyn --target cuda --models "$models" --timeout 150 \
+      --out "$OUT/dynall_${DYN_BATCH:-1}" > "$OUT/dynall_${DYN_BATCH:-1}.txt" 2>&1
+    rc=$?
+    grep -E "^exported|failed|: (pass|FAIL)" "$OUT/dynall_${DYN_BATCH:-1}.txt"; cat "$OUT/dynall_${DYN_BATCH:-1}.md" 2>/dev/null
+    exit $rc
+    ;;
   session)
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|session)"; exit 2 ;;
 esac

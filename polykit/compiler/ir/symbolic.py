@@ -501,6 +501,12 @@ def term_of(d: int) -> Term:
     return d.expr if isinstance(d, SymInt) else int(d)
 
 
+def same_dims(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Equal shapes during a build: static dims equal, dynamic dims (SymInts) of the same expression
+    (two SymInts equal as ints are only equal at opt)."""
+    return len(a) == len(b) and all(term_of(x) == term_of(y) for x, y in zip(a, b))
+
+
 def _lift(other: Any, value: Callable[[int, int], int], expr: Callable[[Term, Term], Term], self: SymInt) -> Any:
     o = int(other)
     return SymInt(value(int(self), o), expr(self.expr, term_of(other) if isinstance(other, int) else o))

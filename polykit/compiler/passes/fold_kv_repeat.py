@@ -20,7 +20,7 @@ reads it.
 from __future__ import annotations
 
 from polykit.compiler.ir.graph import Graph, Node
-from polykit.compiler.ir.symbolic import SymInt
+from polykit.compiler.ir.symbolic import SymInt, same_dims
 from polykit.compiler.ops.nn.fused import KV_GROUPS, LAYOUT_ATTRS, VIEW_ATTRS
 from polykit.compiler.passes.rewrite import const
 
@@ -49,12 +49,6 @@ def _static(d) -> bool:
     return isinstance(d, int) and not isinstance(d, SymInt)
 
 
-def _same(a: tuple, b: tuple) -> bool:
-    """Equal shapes: static dims equal, dynamic dims of the same expression."""
-    return len(a) == len(b) and all(x == y if _static(x) and _static(y) else
-                                    (not _static(x) and not _static(y) and x.expr == y.expr) for x, y in zip(a, b))
-
-
 def repeated_heads(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int, list[Node]] | None:
     """(the un-repeated tensor, g, the repeat's nodes from the Attention back) when `name` is a
     repeat of its heads (axis -3) as the module docstring shows, else None."""
@@ -74,12 +68,12 @@ def repeated_heads(graph: Graph, name: str, producers: dict[str, Node]) -> tuple
     kv, unit, grown, merged = shapes
     n = len(kv)
     a = _unsqueeze_axis(graph, unsqueeze, n)
-    if n < 3 or a != n - 2 or not _static(kv[a - 1]) or not _same(unit, kv[:a] + (1,) + kv[a:]):
+    if n < 3 or a != n - 2 or not _static(kv[a - 1]) or not same_dims(unit, kv[:a] + (1,) + kv[a:]):
         return None  # the new axis must follow the (static) heads: axis -3 of K
     g = grown[a]
-    if not _static(g) or g < 2 or not _same(grown, unit[:a] + (g,) + unit[a + 1:]):
+    if not _static(g) or g < 2 or not same_dims(grown, unit[:a] + (g,) + unit[a + 1:]):
         return None
-    if not _same(merged, kv[:a - 1] + (kv[a - 1] * g,) + kv[a:]):
+    if not same_dims(merged, kv[:a - 1] + (kv[a - 1] * g,) + kv[a:]):
         return None
     return src, g, [reshape, repeat, unsqueeze]
 

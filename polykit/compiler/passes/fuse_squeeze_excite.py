@@ -8,7 +8,10 @@
     (s = SqueezeExcite(...) without the Mul)
 
 It runs after fuse_bias_activation, which has put each conv's bias, activation or gate into its
-epilogue. Keyed on op types and shapes only: x is rank 4 with static shape; the mean is over H
+epilogue. Keyed on op types and shapes only: x is rank 4 with known dims and static channels (a
+profile build's batch and image size may be dynamic: the kernels read them at run time; shapes
+are compared by their dims' expressions, and the node's limits below are checked at the opt
+shape: a profile whose max is beyond them gets no cuda tactic for the node); the mean is over H
 and W exactly (axes (1, 2) of NHWC, (2, 3) of NCHW) with keepdims; each conv is 2-D, 1x1, group 1,
 stride 1, no padding, with constant weights (and bias, or none: a zero bias is made) and an
 epilogue whose extra inputs are one-element constants; p and h are read only by the next node of
@@ -26,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
+from polykit.compiler.ir.symbolic import SymInt, same_dims
 from polykit.compiler.ops.nn.squeeze_excite import MAX_BATCH, MAX_ELEMENTS, MAX_EXTRAS, MAX_HIDDEN, SQUEEZE_EXCITE
 from polykit.compiler.passes.rewrite import const, json_safe, protected, replace_nodes, sole_reader
 
@@ -58,8 +62,9 @@ def fuse_squeeze_excite(graph: Graph, *, keep: frozenset[str] = frozenset()) -> 
             continue
         x, hidden, out = (graph.value(n) for n in (pool.inputs[0], conv1.outputs[0], conv2.outputs[0]))
         c = x.shape[3 if layout == "nhwc" else 1]
-        if out.shape != graph.value(pool.outputs[0]).shape or hidden.shape[0] != x.shape[0] \
-                or out.dtype != x.dtype or hidden.dtype != x.dtype or out.shape[3 if layout == "nhwc" else 1] != c:
+        if out.shape is None or hidden.shape is None or not same_dims(out.shape, graph.value(pool.outputs[0]).shape) \
+                or not same_dims(hidden.shape[:1], x.shape[:1]) or out.dtype != x.dtype or hidden.dtype != x.dtype \
+                or out.shape[3 if layout == "nhwc" else 1] != c:
             continue
         if len(set(conv1.inputs[3:]) | set(conv2.inputs[3:])) > MAX_EXTRAS or not _fits(graph, x, hidden, conv1, conv2):
             continue
@@ -87,12 +92,12 @@ def _scaling_mul(graph: Graph, se: Node, readers: dict[str, list[Node]], fixed: 
             or sorted(mul.inputs) != sorted([x, s]) or x == s:
         return None
     y, xv = graph.value(mul.outputs[0]), graph.value(x)
-    return mul if y.shape is not None and tuple(y.shape) == tuple(xv.shape) and y.dtype == xv.dtype else None
+    return mul if y.shape is not None and same_dims(y.shape, xv.shape) and y.dtype == xv.dtype else None
 
 
 def _fits(graph: Graph, x, hidden, conv1: Node, conv2: Node) -> bool:
-    """Within the node's limits (ops/nn/squeeze_excite.py), and every weight, bias and extra of x's dtype
-    (as the kernels read them)."""
+    """Within the node's limits (ops/nn/squeeze_excite.py; dynamic dims at their opt values), and every
+    weight, bias and extra of x's dtype (as the kernels read them)."""
     cr = hidden.shape[3] if len(hidden.shape) == 4 and conv1.op_type == "ConvNHWC" else hidden.shape[1]
     if cr > MAX_HIDDEN or x.shape[0] > MAX_BATCH or int(np.prod(x.shape)) > MAX_ELEMENTS:
         return False
@@ -101,14 +106,20 @@ def _fits(graph: Graph, x, hidden, conv1: Node, conv2: Node) -> bool:
 
 
 def _pool_layout(graph: Graph, node: Node) -> str | None:
-    """"nhwc" / "nchw" when `node` averages a static rank-4 tensor over its spatial axes, keeping dims."""
+    """"nhwc" / "nchw" when `node` averages a rank-4 tensor of known dims (static channels) over its
+    spatial axes, keeping dims."""
     if node.domain != "" or len(node.outputs) != 1 or not node.inputs:
         return None
     x = graph.value(node.inputs[0])
-    if not x.is_static or len(x.shape) != 4 or x.dtype is None or np.dtype(x.dtype).kind != "f":
+    if x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape) or x.dtype is None \
+            or np.dtype(x.dtype).kind != "f":
         return None
-    if node.op_type == "GlobalAveragePool":
-        return "nchw"
+    layout = "nchw" if node.op_type == "GlobalAveragePool" else _mean_layout(graph, node)
+    return layout if layout is not None and not isinstance(x.shape[3 if layout == "nhwc" else 1], SymInt) else None
+
+
+def _mean_layout(graph: Graph, node: Node) -> str | None:
+    """The layout whose spatial axes a ReduceMean keeping dims averages, or None."""
     if node.op_type != "ReduceMean" or int(node.attrs.get("keepdims", 1)) != 1:
         return None
     if len(node.inputs) > 1 and node.inputs[1]:
