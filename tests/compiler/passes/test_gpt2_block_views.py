@@ -84,7 +84,7 @@ def gpt2_block(dims=DIMS):
     g = helper.make_graph(nodes, "gpt2_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, s, e]),
                                                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [b, s])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, s, e])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _feeds(dims=DIMS):
