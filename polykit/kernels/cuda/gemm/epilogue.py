@@ -41,13 +41,14 @@ def extra_inputs(layer: Any) -> list[str]:
 #: 16-bit storage types: their epilogues compute Gelu with pointwise.cuh's pk_gelu16 (the result is
 #: rounded to 16 bits, so erff's full float accuracy is not needed; within 1 fp16 ulp, one MUFU)
 _SIXTEEN_BIT = ("half_t", "bf16_t")
-#: 8-bit extra inputs an INT8 layer's epilogue dequantizes itself (fold_qdq.dequantizing_steps)
-_EIGHT_BIT = {"int8": "i8", "uint8": "u8"}
+#: 8-bit extra inputs an INT8 or FP8 layer's epilogue dequantizes itself (fold_qdq.dequantizing_steps):
+#: numpy dtype name -> C storage type (lowp.cuh's f8e4m3fn_t loads as its float value)
+_EIGHT_BIT = {"int8": "i8", "uint8": "u8", "float8_e4m3fn": "f8e4m3fn_t"}
 
 
 def extra_types(layer: Any, elem: str) -> list[str]:
-    """The C storage type of each extra input: `elem`, or i8 / u8 for an INT8 layer's 8-bit input
-    (a residual read as int8), judged from the stamped dtypes."""
+    """The C storage type of each extra input: `elem`, or i8 / u8 / f8e4m3fn_t for an INT8 or FP8
+    layer's 8-bit input (a residual read as int8 or e4m3), judged from the stamped dtypes."""
     stamped = dict(zip(layer.inputs, getattr(layer, "in_dtypes", ()) or ()))
     eight_bit = is_int8_layer(layer)
     return [_EIGHT_BIT.get(stamped.get(name, ""), elem) if eight_bit else elem for name in extra_inputs(layer)]
@@ -256,8 +257,8 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
     if len(out) > MAXR:
         raise DeviceError(f"epilogue output of rank {len(out)} (the cuda epilogue takes at most {MAXR})", where=where)
     args: list[Any] = []
-    declared = [np.dtype(np.int8 if c == "i8" else np.uint8) if c in _EIGHT_BIT.values() else np.dtype(elem_dtype)
-                for c in extra_types(layer, "")]
+    eight_bit = {c: name for name, c in _EIGHT_BIT.items()}
+    declared = [_numpy_dtype(eight_bit[c]) if c in eight_bit else np.dtype(elem_dtype) for c in extra_types(layer, "")]
     for name, want in zip(extra_inputs(layer), declared):
         t = tensors[name]
         if np.dtype(t.dtype) != want:
@@ -273,6 +274,12 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
     if args:
         args += list(out) + [1] * (MAXR - len(out)) + [len(out)]
     return args
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    from polykit.compiler.ops.quant.int8 import FP8
+
+    return FP8 if name == "float8_e4m3fn" else np.dtype(name)
 
 
 def compile_variants() -> list[KernelSource]:

@@ -8,7 +8,9 @@ fp32 accumulators on the CUDA cores (gemm_sm90_core.cuh F8: the tensor cores' ow
 keeps fewer bits), then int8_out.cuh's output on the float sums: `fl(fl(acc * scale[n]) + B[n])`,
 the epilogue, and a float32 store or a saturating round-to-nearest-even e4m3 store of
 `v / Y_scale` (QuantizeLinear's, by cvt.rn.satfinite.e4m3x2.f32). Taken: group 1, C % 16, per-tensor
-or per-channel scale / bias, an epilogue epilogue.py compiles whose extra inputs are float32.
+or per-channel scale / bias, an epilogue epilogue.py compiles whose extra inputs are float32 or e4m3
+(an identity block's residual read as the 8-bit tensor its producer wrote, dequantized in the epilogue
+by fold_qdq.dequantizing_steps: lowp.cuh's exact e4m3 decode, then the scale).
 Results differ from the cpu reference (the exact sum rounded once) by the float32 summation order
 and the tensor cores' accumulation inside a stage; tests/kernels/cuda/test_fp8_sm90.py states the
 tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as a 1x1 QConvNHWC
@@ -51,7 +53,7 @@ def _supports(tile: Sm90Tile):
             return False
         if any(len(shapes[s]) > 1 for s in (W_ZERO_POINT, SCALE, BIAS)) or int(layer.attrs.get("group", 1)) != 1:
             return False
-        if any(d != "float32" for d in ins[QUANT_ARITY:]):  # an e4m3 residual: epilogue.py reads 8-bit integers only
+        if any(d not in ("float32", E4M3) for d in ins[QUANT_ARITY:]):  # float32 inputs, or an e4m3 residual
             return False
         geo = _geometry(layer)
         return geo is not None and geo.C % NHWC_CHANNELS == 0 and tile.fits("int8", False, False)
@@ -90,19 +92,21 @@ def _enqueue(tile: Sm90Tile):
     return enqueue
 
 
-def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = True) -> Any:
-    """A stamped FP8 QConvNHWC (a 1x1 conv of 16 channels), with a float32 residual + Relu epilogue
-    (read 8 at a time when `shapes`, else through the general broadcast) (compile variants, tests)."""
+def fp8_layer(y_dtype: str = "float32", residual: str | None = None, shapes: bool = True) -> Any:
+    """A stamped FP8 QConvNHWC (a 1x1 conv of 16 channels), with a residual + Relu epilogue when `residual`
+    names the residual's dtype (float32, or e4m3 dequantized by a scale: an identity block's), read 8 at a
+    time when `shapes`, else through the general broadcast (compile variants, tests)."""
     from polykit.compiler.plan.records import LayerDesc
 
-    extra = ("skip",) if residual else ()
+    extra = () if residual is None else ("skip",) if residual == "float32" else ("skip", "skip_scale")
     names = ("x", "xz", "w", "wz", "s", "", "ys" if y_dtype != "float32" else "", "yz" if y_dtype != "float32" else "")
     dtypes = (E4M3, E4M3, E4M3, E4M3, "float32", "", "float32" if y_dtype != "float32" else "",
-              E4M3 if y_dtype != "float32" else "", *(("float32",) if residual else ()))
-    known = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16), "ys": (), "yz": ()}
+              E4M3 if y_dtype != "float32" else "", *(residual, "float32")[:len(extra)])
+    known = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16), "ys": (), "yz": (),
+             "skip_scale": ()}
     attrs: dict = {"kernel_shape": [1, 1]}
-    if residual:
-        attrs["epilogue"] = {"input": "raw", "body": RESIDUALS["float32"]}
+    if residual is not None:
+        attrs["epilogue"] = {"input": "raw", "body": RESIDUALS["float32" if residual == "float32" else "int8"]}
     inputs = (*names, *extra)
     return LayerDesc("fp8", KIND, inputs, ("y",), attrs, domain=POLYKIT_DOMAIN, precision="fp8", in_dtypes=dtypes,
                      out_dtypes=(y_dtype,), in_shapes=tuple(known.get(n, ()) for n in inputs) if shapes else (),
@@ -110,10 +114,11 @@ def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = T
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 F8 for every tile (float32 and e4m3 outputs compiled in); the first tile with a float32 residual
-    epilogue read 8 at a time and through the general broadcast (CI: sm_90a)."""
+    """conv_sm90 F8 for every tile (float32 and e4m3 outputs compiled in); the first tile with a float32 and an
+    e4m3 residual epilogue, each read 8 at a time and through the general broadcast (CI: sm_90a)."""
     out = [kernel(fp8_layer(y), t) for t in TILES for y in ("float32", E4M3)]
-    return out + [kernel(fp8_layer(E4M3, residual=True, shapes=s), TILES[0]) for s in (True, False)]
+    return out + [kernel(fp8_layer(E4M3, residual=r, shapes=s), TILES[0]) for r in ("float32", E4M3)
+                  for s in (True, False)]
 
 
 for _tile in TILES:
