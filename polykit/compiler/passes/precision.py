@@ -60,8 +60,10 @@ FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "Dequantiz
                       "If", "Loop", "Scan"})
 #: op -> input slots that keep float32 even when the layer runs in float16
 FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
-#: op -> input slots read in whatever type they come (no Cast inserted for them)
-ANY_TYPE_INPUTS = {"Cast": (0,), "CastLike": (0,), "Shape": (0,), "Size": (0,)}
+#: op -> input slots read in whatever type they come (no Cast inserted for them). QuantizeLinear's X: a half X
+#: divided by its float32 scale in float32 (the scale's type: quantize_reference, quantize.cu) is exactly the
+#: float32 Cast of it quantized, so a quantized layer's input Q reads a half producer's tensor itself
+ANY_TYPE_INPUTS = {"Cast": (0,), "CastLike": (0,), "Shape": (0,), "Size": (0,), "QuantizeLinear": (0,)}
 #: default-domain ops that only move or copy values (their data inputs come in the type they have)
 MOVE_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather",
                       "GatherElements", "GatherND", "Expand", "Tile", "Split", "Concat", "DepthToSpace",
