@@ -25,18 +25,17 @@ target's plans and host timing, a check of the whole path on a machine without a
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import export, make_model, print_profile
-from benchmarks.cuda_timing import bind_host, bind_plan, time_cuda, time_host
+from benchmarks.cuda_models import export, make_model
+from benchmarks.cuda_timing import bind_host, bind_plan
 from benchmarks.dynamic_bert import VOCAB
-from benchmarks.int8_resnet import cosine, faster_in_rounds, products_by_tactic
+from benchmarks.int8_resnet import (cosine, faster_in_rounds, first_outputs, products_by_tactic, report,
+                                    round_stats, timed_rounds)
 
 
 def token_feeds(seed: int, shape: tuple[int, int], vocab: int) -> dict[str, np.ndarray]:
@@ -107,12 +106,7 @@ def main() -> None:
                  for name, plan in plans.items()}
     else:
         bound = {name: bind_host(plan, feeds) for name, plan in plans.items()}
-    outs = {}
-    for name, b in bound.items():
-        b.run()
-        if torch is not None:
-            torch.cuda.synchronize()
-        outs[name] = b.out.float().cpu().numpy() if torch is not None else np.asarray(b.out, np.float32)
+    outs = first_outputs(bound, torch)
     checks = {
         "fp8_vs_onnxruntime_qdq": {"cosine": round(cosine(outs["fp8"], refs["fp8"]), 6),
                                    "max_abs_err": float(np.abs(outs["fp8"] - refs["fp8"]).max())},
@@ -122,32 +116,19 @@ def main() -> None:
                                      "max_abs_err": float(np.abs(outs["fp16"] - refs["fp16"]).max())},
         "onnxruntime_qdq_vs_fp32": {"cosine": round(cosine(refs["fp8"], refs["fp16"]), 6)},
     }
-    samples = {name: [] for name in bound}
-    for _ in range(args.rounds):
-        for name, b in bound.items():
-            samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters) if torch is not None
-                                 else time_host(b.run, args.warmup, args.iters))
-    if args.profile and torch is not None:
-        for name, b in bound.items():
-            print_profile(f"bert {name} {args.batch}x{args.seq}", plans[name], b.engine, b.bindings, torch, args.profile)
-    for b in bound.values():
-        b.close()
-    ms = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
+    samples = timed_rounds(bound, plans, args, torch, f"bert {args.batch}x{args.seq}")
+    stats = round_stats(samples)
+    ms = stats.pop("ms")
     result = {
         "model": "bert-base" if args.model is None else str(args.model), "batch": args.batch, "seq": args.seq,
         "target": args.target, "device": torch.cuda.get_device_name() if torch is not None else "cpu",
         "fp16_ms": ms["fp16"], "fp8_ms": ms["fp8"], "speedup_fp8_vs_fp16": round(ms["fp16"] / ms["fp8"], 3),
         "fp8_faster_in_rounds": faster_in_rounds(samples, "fp8"),
-        "spread_ms": {name: round(max(ts) - min(ts), 3) for name, ts in samples.items()},
-        "rounds_ms": {name: [round(t, 3) for t in ts] for name, ts in samples.items()},
-        "checks": checks, "quantized_inputs": len(scales), "calibrate_s": calibrate_s, "build_s": build_s,
+        **stats, "checks": checks, "quantized_inputs": len(scales), "calibrate_s": calibrate_s, "build_s": build_s,
         "products_by_tactic": {name: products_by_tactic(plan) for name, plan in plans.items()},
         "layers": {name: len(plan.layers) for name, plan in plans.items()},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

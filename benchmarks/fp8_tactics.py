@@ -6,6 +6,10 @@ as for sm_90 (dynamic_vs_static.pretend_gpu: no timing, tactics by priority and 
     # the table (polykit): every layer's kind, precision and tactic, and the products off the FP8 tactics
     PYTHONPATH=. python benchmarks/fp8_tactics.py table --dir /tmp/fp8 [--out fp8_tactics.json] [--layers]
 
+`--compile` also compiles every plan's distinct kernels with NVRTC here (no cache, --workers processes) and
+reports their count and seconds: the part of a GPU build that does not need the GPU (the device has 16
+cores; its tactic timing comes on top). The fp16 plans of both models are built alongside for comparison.
+
 The plans are the ones benchmarks/int8_resnet.py and benchmarks/fp8_bert.py time: ResNet-50 bs32 `--fp8
 --fp16` (its e4m3 scales calibrated on the cpu target from the same model exported at batch 2: the tensor
 names are the export's own, so the cache serves the batch-32 build), and BERT-base bs8 s128 with explicit
@@ -50,8 +54,20 @@ def is_product(layer: Any) -> bool:
     return any(k in layer.kind for k in ("Conv", "Gemm", "MatMul"))
 
 
-def summary(plan: Any, build_s: float, layers: bool) -> dict[str, Any]:
-    """The plan's products on and off the FP8 tactics, its other layers by kind and tactic."""
+def compile_seconds(plan: Any, workers: int) -> dict[str, Any]:
+    """NVRTC over the plan's distinct kernel units for its arch, without the disk cache."""
+    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+    from polykit.runtime.tactic_check import plan_kernels
+
+    units = unique_units(source for layer in plan.layers for source in plan_kernels(plan, layer))
+    start = time.perf_counter()
+    compile_many(units, ARCH, cache=False, workers=workers)
+    return {"kernel_units": len(units), "nvrtc_s": round(time.perf_counter() - start, 1), "workers": workers}
+
+
+def summary(plan: Any, build_s: float, layers: bool, workers: int = 0, fp8: bool = True) -> dict[str, Any]:
+    """The plan's products on and off the FP8 tactics (`fp8`: a plan meant to run them), its other layers by kind
+    and tactic (and with `workers`, compile_seconds)."""
     products = [layer for layer in plan.layers if is_product(layer)]
     on = [layer for layer in products if layer.precision == "fp8" and layer.tactic.startswith(FP8_TACTIC)]
     out = {
@@ -59,14 +75,25 @@ def summary(plan: Any, build_s: float, layers: bool) -> dict[str, Any]:
         "products_on_fp8_sm90": len(on),
         "products_by_tactic": dict(Counter(f"{layer.kind} {layer.precision} {layer.tactic}" for layer in products)),
         "products_off_fp8_sm90": [f"{layer.name} ({layer.kind} {layer.precision} {layer.tactic})"
-                                  for layer in products if layer not in on],
+                                  for layer in products if layer not in on] if fp8 else None,
         "other_layers_by_tactic": dict(Counter(f"{layer.kind} {layer.precision} {layer.tactic}"
                                                for layer in plan.layers if not is_product(layer))),
     }
+    if workers:
+        out["compile"] = compile_seconds(plan, workers)
     if layers:
         out["every_layer"] = [f"{layer.kind:16} {layer.precision:5} {layer.tactic:28} {layer.name}"
                               for layer in plan.layers]
     return out
+
+
+def fp16_plan(path: Path) -> tuple[Any, float]:
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+
+    start = time.perf_counter()
+    plan = build_plan(str(path), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0))
+    return plan, time.perf_counter() - start
 
 
 def resnet_plan(folder: Path) -> tuple[Any, float]:
@@ -102,12 +129,14 @@ def bert_plan(folder: Path) -> tuple[Any, float]:
     return plan, time.perf_counter() - start
 
 
-def table(folder: Path, layers: bool) -> dict[str, Any]:
+def table(folder: Path, layers: bool, workers: int = 0) -> dict[str, Any]:
     from benchmarks.dynamic_vs_static import pretend_gpu
 
     pretend_gpu(ARCH)
-    return {"arch": ARCH, "resnet50_bs32_fp8": summary(*resnet_plan(folder), layers),
-            "bert_base_bs8_s128_fp8_qdq": summary(*bert_plan(folder), layers)}
+    return {"arch": ARCH, "resnet50_bs32_fp8": summary(*resnet_plan(folder), layers, workers),
+            "bert_base_bs8_s128_fp8_qdq": summary(*bert_plan(folder), layers, workers),
+            "resnet50_bs32_fp16": summary(*fp16_plan(folder / "resnet50_bs32.onnx"), False, workers, fp8=False),
+            "bert_base_bs8_s128_fp16": summary(*fp16_plan(folder / "bert_bs8.onnx"), False, workers, fp8=False)}
 
 
 def main() -> None:
@@ -116,11 +145,13 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--layers", action="store_true", help="also list every layer")
+    parser.add_argument("--compile", action="store_true", help="also time NVRTC over each plan's kernels")
+    parser.add_argument("--workers", type=int, default=2, help="NVRTC processes for --compile")
     args = parser.parse_args()
     if args.step == "export":
         export(args.dir)
         return
-    text = json.dumps(table(args.dir, args.layers), indent=2)
+    text = json.dumps(table(args.dir, args.layers, args.workers if args.compile else 0), indent=2)
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")

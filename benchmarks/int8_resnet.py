@@ -72,6 +72,14 @@ def products_by_tactic(plan) -> dict[str, int]:
                                     if any(k in layer.kind for k in PRODUCT_KINDS)))
 
 
+def report(result: dict, out: Path | None) -> None:
+    """Print the result as JSON, and write it to `out` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
+
+
 def build_configs(precisions, target: str, calibration, calibrator: str, cache_dir: Path) -> dict:
     """name -> BuilderConfig: fp16, then the quantized builds of `precisions` (fp16 for what they leave)."""
     from polykit.compiler.builder.config import BuilderConfig
@@ -88,6 +96,41 @@ def faster_in_rounds(samples: dict, name: str) -> str:
     return f"{sum(q < f for f, q in zip(samples['fp16'], samples[name]))} of {len(samples['fp16'])}"
 
 
+def first_outputs(bound: dict, torch) -> dict[str, np.ndarray]:
+    """Each bound plan (cuda_timing.bind_plan / bind_host) run once: its first output, float32 numpy."""
+    outs = {}
+    for name, b in bound.items():
+        b.run()
+        if torch is not None:
+            torch.cuda.synchronize()
+        outs[name] = b.out.float().cpu().numpy() if torch is not None else np.asarray(b.out, np.float32)
+    return outs
+
+
+def timed_rounds(bound: dict, plans: dict, args, torch, title: str) -> dict[str, list[float]]:
+    """ms of each bound plan in each of args.rounds rounds, the plans alternating within a round (drift or a
+    neighbour's load falls on all alike): CUDA events on cuda, the host clock on cpu. Then, with
+    args.profile on cuda, each plan's profile (print_profile, titled "<plan> <title>"); the plans are closed."""
+    samples: dict[str, list[float]] = {name: [] for name in bound}
+    for _ in range(args.rounds):
+        for name, b in bound.items():
+            samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters) if torch is not None
+                                 else time_host(b.run, args.warmup, args.iters))
+    if args.profile and torch is not None:
+        for name, b in bound.items():
+            print_profile(f"{name} {title}", plans[name], b.engine, b.bindings, torch, args.profile)
+    for b in bound.values():
+        b.close()
+    return samples
+
+
+def round_stats(samples: dict[str, list[float]]) -> dict[str, dict]:
+    """The median, the spread and every round's ms of each plan."""
+    return {"ms": {name: round(statistics.median(ts), 3) for name, ts in samples.items()},
+            "spread_ms": {name: round(max(ts) - min(ts), 3) for name, ts in samples.items()},
+            "rounds_ms": {name: [round(t, 3) for t in ts] for name, ts in samples.items()}}
+
+
 def main() -> None:
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.ops.quant.int8 import is_int8_layer
@@ -101,7 +144,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cache", type=Path, default=None, help="a folder for the calibration caches (read or written)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="a folder for the calibration caches (read or written)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print per-tactic totals and the N slowest layers of each plan")
@@ -147,25 +191,10 @@ def main() -> None:
         bound = {name: bind_plan(plan, {plan.inputs[0]: dev_x}, torch) for name, plan in plans.items()}
     else:
         bound = {name: bind_host(plan, feeds) for name, plan in plans.items()}
-    cosines = {}
-    for name, b in bound.items():
-        b.run()
-        out = b.out
-        if torch is not None:
-            torch.cuda.synchronize()
-            out = out.float().cpu().numpy()
-        cosines[name] = round(cosine(out, ref), 6)
-    samples = {name: [] for name in bound}
-    for _ in range(args.rounds):
-        for name, b in bound.items():
-            samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters) if torch is not None
-                                 else time_host(b.run, args.warmup, args.iters))
-    if args.profile and torch is not None:
-        for name, b in bound.items():
-            print_profile(f"{name} bs{args.batch}", plans[name], b.engine, b.bindings, torch, args.profile)
-    for b in bound.values():
-        b.close()
-    ms = {name: round(statistics.median(ts), 3) for name, ts in samples.items()}
+    cosines = {name: round(cosine(out, ref), 6) for name, out in first_outputs(bound, torch).items()}
+    samples = timed_rounds(bound, plans, args, torch, f"bs{args.batch}")
+    stats = round_stats(samples)
+    ms = stats.pop("ms")
     result = {
         "model": "resnet50" if args.model is None else str(args.model), "batch": args.batch, "target": args.target,
         "device": torch.cuda.get_device_name() if torch is not None else "cpu",
@@ -178,19 +207,14 @@ def main() -> None:
         result[f"{name}_faster_in_rounds"] = faster_in_rounds(samples, name)
     quantized = {name: [layer for layer in plans[name].layers if is_int8_layer(layer)] for name in precisions}
     result.update({
-        "spread_ms": {name: round(max(ts) - min(ts), 3) for name, ts in samples.items()},
-        "rounds_ms": {name: [round(t, 3) for t in ts] for name, ts in samples.items()},
-        f"cosine_vs_{reference}": cosines, "build_s": build_s,
+        **stats, f"cosine_vs_{reference}": cosines, "build_s": build_s,
         **{f"{name}_layers_by_tactic": dict(collections.Counter(layer.tactic for layer in quantized[name]))
            for name in precisions},
         "products_by_tactic": {name: products_by_tactic(plan) for name, plan in plans.items()},
         "layer_kinds": {name: dict(collections.Counter(layer.kind for layer in plan.layers))
                         for name, plan in plans.items()},
     })
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

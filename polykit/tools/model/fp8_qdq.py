@@ -84,7 +84,8 @@ def insert_fp8_qdq(model: Any, scales: Mapping[str, float]) -> Any:
     out.ir_version = max(out.ir_version, MIN_IR_VERSION)
     graph = out.graph
     weights = {t.name: t for t in graph.initializer}
-    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    taken = ({t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+             | {i.name for i in graph.input})
 
     def fresh(stem: str) -> str:
         name, i = stem, 0

@@ -41,7 +41,8 @@ def mlp_with_attention(opset: int = 21) -> onnx.ModelProto:
              helper.make_node("Transpose", ["h"], ["ht"], name="t", perm=[1, 0]),
              helper.make_node("MatMul", ["h", "ht"], ["s"], name="scores")]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, d]) for n, d in (("y", 10), ("z", 6), ("s", 4))],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, d])
+                               for n, d in (("y", 10), ("z", 6), ("s", 4))],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
