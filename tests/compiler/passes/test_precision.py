@@ -7,8 +7,9 @@ import numpy as np
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
-from polykit.compiler.passes import convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize, run_passes
-from polykit.compiler.passes.precision import to_half
+from polykit.compiler.passes import (convert_precision, convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize,
+                                     run_passes)
+from polykit.compiler.passes.precision import BF16, to_half
 
 from .passes_testkit import feeds_for, graph, node
 
@@ -134,6 +135,10 @@ def test_a_quantize_reads_its_half_input_without_a_cast_and_quantizes_it_exactly
     np.testing.assert_array_equal(got["y"], (r / np.float32(0.013)).astype(e4m3).astype(np.float32) * np.float32(0.013))
     want8 = np.clip(np.rint(r / np.float32(0.02)), -128, 127) * np.float32(0.02)
     np.testing.assert_array_equal(got["y8"], want8.astype(np.float32))
+    # bfloat16 builds keep the Cast (the cuda quantize kernel reads no bfloat16)
+    b = g.copy()
+    run_passes(b, [lambda gr: convert_precision(gr, BF16)])
+    assert all(b.value(n.inputs[0]).dtype == F32 for n in b.nodes if n.op_type == "QuantizeLinear")
 
 
 def test_range_stays_float32_and_its_result_is_cast_for_half_readers():
