@@ -101,6 +101,9 @@ def test_a_calibrated_fp8_resnet_runs_its_convs_nhwc_exactly_as_nchw():
     assert len(convs) == 18 and all(layer.precision == "fp8" for layer in convs)
     assert "QMatMul" not in {layer.kind for layer in nhwc.layers}
     assert all(layer.in_shapes[0][-1] % 16 == 0 for layer in convs)
+    # the image quantized to e4m3 NHWC, padded to 16 channels, in one layer (fuse_quantize_nhwc)
+    assert nhwc.layers[0].kind == "QuantizeNHWC" and nhwc.layers[0].out_dtypes == ("float8_e4m3fn",)
+    assert nhwc.layers[1].kind == "QConvNHWC" and nhwc.layers[1].inputs[0] == nhwc.layers[0].outputs[0]
     feeds = feeds_for(small_resnet(), 9)
     np.testing.assert_array_equal(run(nhwc, feeds), run(nchw, feeds))
 
