@@ -107,9 +107,9 @@
 #                  onnxruntime). Estimated device seconds (cold kernel cache): ResNet-50 fp16 build ~39 (measured,
 #                  PERFORMANCE.md), INT8 ~93 (measured), FP8 ~80 (its calibration engine and FP8 tactics: not yet
 #                  measured), export and timing ~20: ~230 under a 270 s timeout; BERT fp16 ~30, FP8 ~40, calibration
-#                  ~15, export, onnxruntime checks and timing ~30: ~115 under 150 s. Off the GPU their kernels take
-#                  NVRTC 19 + 22 s (ResNet FP8 + fp16, 26 + 28 units) and 10 + 10 s (BERT, 16 + 15 units) on 2 cores
-#                  (fp8_tactics.py --compile, 2026-12-06). Logs and JSON: $OUT/lowp_*.
+#                  ~15, export, onnxruntime checks and timing ~30: ~115 under 150 s. Off the GPU their plans' kernels
+#                  take NVRTC 18 + 21 s (ResNet FP8 + fp16, 25 + 28 units) and 10 + 10 s (BERT, 16 + 15 units) on 2
+#                  cores (fp8_tactics.py --compile, 2026-12-06). Logs and JSON: $OUT/lowp_*.
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
