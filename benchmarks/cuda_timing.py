@@ -6,12 +6,14 @@ profiles at those tensors' shapes), so that one
 `run()` is one `ExecutionContext.enqueue` on torch's current stream (CUDA-graph replay after
 the first call, no host copies) writing the plan's first output into a torch tensor: the
 tensors copied into and out of the context's arena, or with `in_place` bound with
-set_tensor_address so the layers read and write them directly.
+set_tensor_address so the layers read and write them directly. `time_host` and `bind_host` are the
+same on the cpu target (a benchmark's path without a GPU: host clock, ExecutionContext.execute).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -29,6 +31,18 @@ def time_cuda(fn: Callable[[], Any], torch, warmup: int, iters: int) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_host(fn: Callable[[], Any], warmup: int, iters: int) -> float:
+    """Median milliseconds of `iters` runs of `fn` on the host clock, after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
@@ -73,3 +87,22 @@ def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False, pr
             ctx.set_tensor_address(name, tensor)
         return BoundPlan(engine, ctx, lambda: ctx.enqueue(stream=stream), out, bindings)
     return BoundPlan(engine, ctx, lambda: ctx.enqueue(bindings, stream), out, bindings)
+
+
+def bind_host(plan, feeds: Mapping[str, Any]) -> BoundPlan:
+    """Load `plan` (cpu target) with numpy `feeds`: `run()` executes once and writes the plan's first
+    output into `out` (a numpy array)."""
+    import numpy as np
+
+    from polykit.runtime.engine import Engine
+
+    engine = Engine(plan)
+    ctx = engine.create_execution_context()
+    out_name = plan.outputs[0]
+    desc = plan.tensors[out_name]
+    out = np.empty(tuple(desc.shape), dtype=desc.dtype)
+
+    def run() -> None:
+        out[...] = ctx.execute(feeds)[out_name]
+
+    return BoundPlan(engine, ctx, run, out, {**feeds, out_name: out})

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.cuda_models import _BertOut, make_model, print_profile
-from benchmarks.cuda_timing import bind_plan, time_cuda
+from benchmarks.cuda_timing import bind_plan, time_cuda, time_host
 
 OPT = (8, 128)
 PROFILE = ((1, 16), OPT, (8, 512))
@@ -115,17 +115,6 @@ class Runner:
     def close(self) -> None:
         self.ctx.close()
         self.engine.close()
-
-
-def time_host(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:

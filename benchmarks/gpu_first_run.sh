@@ -112,6 +112,15 @@
 #                  never run on cuda (STEP=dynamic runs the other 8: re-run it too, their SE blocks now fuse in profile
 #                  builds), in three batches of 8-9 models, each estimated at ~220-235 s of its 560 s limit: DYN_BATCH=1,
 #                  2 or 3 (docs/DYNAMIC_SHAPES.md, "The other 25 exports on cuda", says how they were cut)
+#   STEP=lowp      issue 35's low-precision acceptance, one run per table: int8_resnet.py (ResNet-50 bs32: fp16, INT8
+#                  and FP8 plans built, checked against torch fp32 and timed in alternating rounds) and fp8_bert.py
+#                  (BERT-base bs8 s128 with explicit FP8 Q/DQ of its linear layers against fp16, checked against
+#                  onnxruntime). Estimated device seconds (cold kernel cache): ResNet-50 fp16 build ~39 (measured,
+#                  PERFORMANCE.md), INT8 ~93 (measured), FP8 ~80 (its calibration engine and FP8 tactics: not yet
+#                  measured), export and timing ~20: ~230 under a 270 s timeout; BERT fp16 ~30, FP8 ~40, calibration
+#                  ~15, export, onnxruntime checks and timing ~30: ~115 under 150 s. Off the GPU their plans' kernels
+#                  take NVRTC 18 + 21 s (ResNet FP8 + fp16, 25 + 28 units) and 10 + 10 s (BERT, 16 + 15 units) on 2
+#                  cores (fp8_tactics.py --compile, 2026-12-06). Logs and JSON: $OUT/lowp_*.
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -180,6 +189,16 @@ EOF
       tests/kernels/cuda/test_norm_nhwc.py tests/compiler/passes/test_group_norm_nhwc.py \
       > "$OUT/gpu_new.txt" 2>&1
     rc=$?; grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gpu_new.txt" | grep -v Warning | tail -80; exit $rc
+    ;;
+  lowp)
+    timeout 270 python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 5 --iters 40 \
+      --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
+    rc_resnet=$?
+    timeout 150 python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 5 --iters 40 \
+      --out "$OUT/lowp_bert.json" > "$OUT/lowp_bert.txt" 2>&1
+    rc_bert=$?
+    for f in resnet50 bert; do echo "== $f"; tail -c 2500 "$OUT/lowp_$f.txt"; done
+    echo "rc: resnet50 $rc_resnet, bert $rc_bert"; [ $rc_resnet -eq 0 ] && [ $rc_bert -eq 0 ]
     ;;
   nvtx)
     for verbosity in detailed none; do
@@ -430,5 +449,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|session)"; exit 2 ;;
 esac

@@ -101,6 +101,9 @@ def test_a_calibrated_fp8_resnet_runs_its_convs_nhwc_exactly_as_nchw():
     assert len(convs) == 18 and all(layer.precision == "fp8" for layer in convs)
     assert "QMatMul" not in {layer.kind for layer in nhwc.layers}
     assert all(layer.in_shapes[0][-1] % 16 == 0 for layer in convs)
+    # the image quantized to e4m3 NHWC, padded to 16 channels, in one layer (fuse_quantize_nhwc)
+    assert nhwc.layers[0].kind == "QuantizeNHWC" and nhwc.layers[0].out_dtypes == ("float8_e4m3fn",)
+    assert nhwc.layers[1].kind == "QConvNHWC" and nhwc.layers[1].inputs[0] == nhwc.layers[0].outputs[0]
     feeds = feeds_for(small_resnet(), 9)
     np.testing.assert_array_equal(run(nhwc, feeds), run(nchw, feeds))
 
@@ -120,3 +123,33 @@ def test_an_fp8_build_without_fp16_takes_the_gpus_arch_for_its_quantized_layers(
     plan = build_plan(path, BuilderConfig(target="cuda", builder_optimization_level=0))
     convs = [layer.tactic for layer in plan.layers if layer.kind in ("QConvNHWC", "ConvNHWC", "Conv")]
     assert len(convs) == 2 and all(t.startswith("cuda.fp8.sm90_") for t in convs), convs
+
+
+def test_an_fp8_resnet_on_sm90_runs_every_conv_on_the_fp8_tactics_identity_residuals_read_as_e4m3(tmp_path,
+                                                                                                  monkeypatch):
+    """`--fp8 --fp16` on a device of sm_90 (a stand-in DeviceInfo, level 0: nothing timed or compiled): every
+    conv and the classifier on cuda.fp8.sm90_*, the identity blocks' last convs among them, reading the block's
+    e4m3 input as their residual (dequantized in the epilogue). Before epilogue.py read e4m3 inputs, those convs
+    were unfolded to float (ResNet-50: 12 of its 53 convs, on fp32 3xTF32 tiles)."""
+    from polykit.compiler.builder import builder
+    from polykit.compiler.ops.quant.int8 import QUANT_ARITY
+    from polykit.runtime.cuda.driver import DeviceInfo
+
+    from tests.conv_models import resnet
+
+    model = resnet(depths=(2, 2, 1, 1), width=8, image=16, batch=2)
+    cache = tmp_path / "fp8.cache"  # calibrated on the cpu (the cuda calibration engine would need the GPU)
+    build_plan(model, BuilderConfig(target="cpu", fp8=True, calibration_cache=cache, builder_optimization_level=0,
+                                    calibration_data=[feeds_for(model, seed) for seed in range(2)]))
+    monkeypatch.setattr(builder, "build_device",
+                        lambda target, device=None: DeviceInfo(0, "stand-in sm_90", "sm_90", 132, 80 << 30, 232448))
+    plan = build_plan(model, BuilderConfig(target="cuda", fp16=True, fp8=True, calibration_cache=cache,
+                                           builder_optimization_level=0))
+    products = [layer for layer in plan.layers if any(k in layer.kind for k in ("Conv", "Gemm", "MatMul"))]
+    # 6 blocks of 3 convs, 4 downsampling shortcuts, the stem, the classifier
+    assert len(products) == 24
+    assert all(layer.precision == "fp8" and layer.tactic.startswith("cuda.fp8.sm90_") for layer in products), \
+        [(layer.name, layer.kind, layer.tactic) for layer in products if not layer.tactic.startswith("cuda.fp8")]
+    e4m3_residual = [layer for layer in products if "float8_e4m3fn" in layer.in_dtypes[QUANT_ARITY:]]
+    assert len(e4m3_residual) == 2  # the identity blocks of the first two stages
+    assert not {"DequantizeLinear", "ConvNHWC", "Conv"} & {layer.kind for layer in plan.layers}

@@ -20,6 +20,7 @@ from polykit.compiler.passes.absorb_views import absorb_views
 from polykit.compiler.passes.cancel_transposes import cancel_transposes
 from polykit.compiler.passes.channel_movement import (compose_concat_gathers, compose_gathers, compose_reformats,
                                                        pad_into_producers)
+from polykit.compiler.passes.absorb_quantized_casts import absorb_quantized_casts
 from polykit.compiler.passes.channels_last import DEFAULT_CONV_CLASSES, to_channels_last
 from polykit.compiler.passes.fold_depth_to_space import fold_depth_to_space
 from polykit.compiler.passes.eliminate_dead_code import eliminate_dead_code
@@ -60,7 +61,7 @@ __all__ = [
     "recognize_groupnorm", "mark_causal_masks",
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
-    "fold_qdq", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
+    "fold_qdq", "absorb_quantized_casts", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
     "pack_gemms", "fold_depth_to_space",
@@ -203,6 +204,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:  # mark_causal_masks first: it reads the mask's Where / And before fuse_pointwise merges them
         run_passes(g, [bind(mark_causal_masks, keep=kept), bind(compose_reformats, keep=kept),
+                       bind(absorb_quantized_casts, keep=kept),
                        bind(fuse_bias_activation, keep=kept),
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),

@@ -3,7 +3,8 @@ zero point] as one ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): an --int8 pla
 which to_channels_last leaves as three passes over the image (quantize, layout, channel pad).
 
 Taken: float32 X of rank 4, a constant per-tensor float32 scale and a constant int8 / uint8 zero
-point (no block_size, no precision other than float32), a Pad in constant mode that pads only the
+point, or a float8_e4m3fn +0 one with saturate 1 (an --fp8 plan's image; no block_size, no precision
+other than float32), a Pad in constant mode that pads only the
 end of the last dim with a value equal to the zero point (none: the zero point's 0 default when
 it is 0). The intermediate tensors must be read by the chain alone (patterns.py's rule).
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.channels_last import TO_NHWC
-from polykit.compiler.ops.quant.quantize_nhwc import INT8_DTYPES, KIND
+from polykit.compiler.ops.quant.quantize_nhwc import INT8_DTYPES, KIND, OUT_DTYPES
 from polykit.compiler.passes.patterns import Match, Op, Rule, Var, rewrite
 from polykit.compiler.passes.rewrite import const
 
@@ -30,9 +31,14 @@ def _quantize_ok(m: Match) -> bool:
     g, q = m.graph, m.named["q"]
     x, scale, zero = g.value(m["x"]), const(g, m["scale"]), const(g, m["zero"])
     return (x.dtype == F32 and x.shape is not None and len(x.shape) == 4 and scale is not None
-            and scale.dtype == F32 and scale.size == 1 and zero is not None and zero.dtype in INT8_DTYPES
-            and zero.size == 1 and int(q.attrs.get("block_size", 0)) <= 0
-            and int(q.attrs.get("precision", 0)) in (0, 1))
+            and scale.dtype == F32 and scale.size == 1 and zero is not None and zero.size == 1
+            and (zero.dtype in INT8_DTYPES or _e4m3_plus_zero(zero) and int(q.attrs.get("saturate", 1)))
+            and int(q.attrs.get("block_size", 0)) <= 0 and int(q.attrs.get("precision", 0)) in (0, 1))
+
+
+def _e4m3_plus_zero(zero: np.ndarray) -> bool:
+    """A float8_e4m3fn zero point of +0 (the kernel pads with 0 bytes; -0 is 0x80)."""
+    return zero.dtype in OUT_DTYPES[len(INT8_DTYPES):] and not zero.view(np.uint8).any()
 
 
 def _channel_pad(m: Match) -> int | None:

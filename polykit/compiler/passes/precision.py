@@ -62,6 +62,11 @@ FP32_OPS = frozenset({"Range", "NonMaxSuppression", "QuantizeLinear", "Dequantiz
 FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 #: op -> input slots read in whatever type they come (no Cast inserted for them)
 ANY_TYPE_INPUTS = {"Cast": (0,), "CastLike": (0,), "Shape": (0,), "Size": (0,)}
+#: op -> input slots read as float16 when they come so (float16 builds): QuantizeLinear's X, whose float16 value
+#: divided by the float32 scale in float32 (the scale's type: quantize_reference, quantize.cu's QK_F16) is
+#: exactly the float32 Cast of it quantized, so a quantized layer's input Q reads a half producer's tensor itself
+#: (bfloat16 still goes through its Cast: quantize.cu reads no bfloat16)
+FLOAT16_INPUTS = {"QuantizeLinear": (0,)}
 #: default-domain ops that only move or copy values (their data inputs come in the type they have)
 MOVE_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather",
                       "GatherElements", "GatherND", "Expand", "Tile", "Split", "Concat", "DepthToSpace",
@@ -202,6 +207,8 @@ class _Converter:
         """Per input slot: the dtype a float32 tensor must arrive in (None: not float32)."""
         fixed_slots = FP32_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
         any_slots = ANY_TYPE_INPUTS.get(node.op_type, ()) if node.domain == "" else ()
+        if node.domain == "" and self.half == F16:
+            any_slots = any_slots + FLOAT16_INPUTS.get(node.op_type, ())
         free = F32 if pinned or self._float32_copy(node) else self.half
         return [None if not t or self.orig.get(t) != F32 or i in any_slots else F32 if pinned or i in fixed_slots
                 else free for i, t in enumerate(node.inputs)]

@@ -3,6 +3,7 @@ point] becomes one ai.polykit QuantizeNHWC with the same bytes; other chains sta
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -15,7 +16,7 @@ from polykit.runtime.engine import Runtime
 from ..int8_models import convnet, feeds_for
 from .passes_testkit import graph, node, op_counts, run_and_compare, scalar
 
-ZEROS = {"int8": np.int8(-5), "uint8": np.uint8(128)}
+ZEROS = {"int8": np.int8(-5), "uint8": np.uint8(128), "e4m3": ml_dtypes.float8_e4m3fn(0)}
 
 
 def chain(zero, *, pad_value=None, scale=np.float32(0.02), pads=(0, 0, 0, 0, 0, 0, 0, 13), pad=True):
@@ -46,6 +47,15 @@ def test_a_pad_of_another_value_or_dim_stays_after_the_fused_quantize(change):
     after, changed = run_and_compare(chain(ZEROS["int8"], **change), fuse_quantize_nhwc, rtol=0, atol=0)
     assert changed and op_counts(after) == {"ai.polykit:QuantizeNHWC": 1, "Pad": 1}
     assert after.nodes[0].attrs == {"channels": 3}
+
+
+def test_an_e4m3_quantize_with_a_negative_zero_point_or_without_saturation_stays():
+    # the kernel pads with 0 bytes (-0 is 0x80) and encodes with saturation
+    minus = chain(ml_dtypes.float8_e4m3fn(-0.0))
+    assert not fuse_quantize_nhwc(minus)
+    g = chain(ZEROS["e4m3"])
+    g.nodes[0].attrs["saturate"] = 0
+    assert not fuse_quantize_nhwc(g)
 
 
 def test_a_per_channel_quantize_stays():

@@ -7,8 +7,9 @@ import numpy as np
 from polykit.compiler.graph.evaluator import evaluate_graph
 from polykit.compiler.graph.infer import infer_shapes
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
-from polykit.compiler.passes import convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize, run_passes
-from polykit.compiler.passes.precision import to_half
+from polykit.compiler.passes import (convert_precision, convert_to_fp16, fuse_bias_activation, fuse_pointwise, optimize,
+                                     run_passes)
+from polykit.compiler.passes.precision import BF16, to_half
 
 from .passes_testkit import feeds_for, graph, node
 
@@ -110,6 +111,34 @@ def test_resize_scales_and_roi_stay_float32():
     assert h.initializers[resize.inputs[2]].dtype == F32
     assert h.value(resize.inputs[0]).dtype == F16 and h.value("r").dtype == F16
     _assert_close_to_fp32(g, h)
+
+
+def test_a_quantize_reads_its_half_input_without_a_cast_and_quantizes_it_exactly_as_the_cast():
+    """QuantizeLinear stays float32 (its float32 scale divides in float32), but reads a half producer's
+    tensor itself: the half value is exact in float32, so the Cast it would read through changes nothing."""
+    import ml_dtypes
+
+    e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+    consts = {"s": np.array(0.013, np.float32), "z": np.zeros((), e4m3), "s8": np.array(0.02, np.float32),
+              "z8": np.zeros((), np.int8)}
+    g = graph([node("Relu", ["x"], "r"), node("QuantizeLinear", ["r", "s", "z"], "q"),
+               node("DequantizeLinear", ["q", "s", "z"], "y"), node("QuantizeLinear", ["r", "s8", "z8"], "q8"),
+               node("DequantizeLinear", ["q8", "s8", "z8"], "y8")], {"x": (4, 8)}, ["y", "y8"], consts)
+    h, _ = _converted(g)
+    quantizes = [n for n in h.nodes if n.op_type == "QuantizeLinear"]
+    assert [n.inputs[0] for n in quantizes] == ["r", "r"] and h.value("r").dtype == F16
+    assert all(h.initializers[n.inputs[1]].dtype == F32 for n in quantizes)
+    assert not any(n.op_type == "Cast" and n.inputs[0] == "r" for n in h.nodes)
+    feeds = feeds_for(g, seed=3)
+    got = evaluate_graph(h, feeds)
+    r = np.maximum(feeds["x"], 0).astype(np.float16).astype(np.float32)  # the half Relu, cast exactly
+    np.testing.assert_array_equal(got["y"], (r / np.float32(0.013)).astype(e4m3).astype(np.float32) * np.float32(0.013))
+    want8 = np.clip(np.rint(r / np.float32(0.02)), -128, 127) * np.float32(0.02)
+    np.testing.assert_array_equal(got["y8"], want8.astype(np.float32))
+    # bfloat16 builds keep the Cast (the cuda quantize kernel reads no bfloat16)
+    b = g.copy()
+    run_passes(b, [lambda gr: convert_precision(gr, BF16)])
+    assert all(b.value(n.inputs[0]).dtype == F32 for n in b.nodes if n.op_type == "QuantizeLinear")
 
 
 def test_range_stays_float32_and_its_result_is_cast_for_half_readers():

@@ -21,7 +21,7 @@ import pytest
 from polykit.kernels.cuda.int8 import fp8_sm90, int8_sm90
 
 from ...compiler.fp8_models import E4M3
-from .test_int8 import RESIDUAL, layer_of, rng, stamped
+from .test_int8 import RESIDUAL, int8_residual, layer_of, rng, stamped
 # (NHWC X, KRSC W, attrs): the INT8 sm90 kernel's cases (C and N not multiples of the tiles, 1x1 / 3x3 /
 # 7x7 stride 2, dilation, asymmetric pads, K over many stages, more tiles than SMs)
 from .test_int8_sm90 import CASES
@@ -91,7 +91,9 @@ def check(layer, inputs, tactic):
         steps = np.abs(mine - e4m3_ordinal(want))
         assert steps.mean() <= 0.05, steps.mean()  # equal almost everywhere
         return
-    tol = tol + np.abs(want) * 2.0 ** -21
+    # a float16 output: the float value within tol, then rounded to float16 (half a step of 2^-10 relative)
+    tol = tol + np.abs(want.astype(np.float64)) * (2.0 ** -10 if want.dtype == np.float16 else 2.0 ** -21)
+    got, want = got.astype(np.float64), want.astype(np.float64)
     assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / np.maximum(tol, 1e-30)))
 
 
@@ -122,6 +124,41 @@ def test_sm90_fp8_conv_with_a_float_residual_and_relu(tactic, requant, n):
     check(fp8_layer(inputs, {}, RESIDUAL, ("skip",)), inputs, tactic)
 
 
+#: an --fp16 build's FP8 layer without an epilogue of its own, its Cast to float16 taken in (absorb_quantized_casts)
+HALF_OUT = {"input": "raw", "body": [{"op": "Cast", "inputs": ["raw"], "outputs": ["y"], "attrs": {"to": 10}}]}
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_sm90_fp8_conv_reads_a_half_residual_and_writes_float16(tactic, residual, n):
+    """BERT's dense layers in an --fp16 build: the float16 residual cast to float32 in the epilogue, the float32
+    result cast to float16 and stored as float16 (int8_out.cuh Y_OUT 3)."""
+    inputs = fp8_inputs((2, 10, 9, 64), (n, 1, 1, 64))
+    if residual:
+        inputs["skip"] = rng.standard_normal((2, 10, 9, n)).astype(np.float16)
+        layer = fp8_layer(inputs, {}, {"input": "raw", "body": fp8_sm90.HALF_RESIDUAL}, ("skip",))
+    else:
+        layer = fp8_layer(inputs, {}, HALF_OUT, ())
+    assert layer.out_dtypes == ("float16",)
+    check(layer, inputs, tactic)
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("requant", [True, False])
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_sm90_fp8_conv_dequantizes_an_e4m3_residual_in_the_epilogue(tactic, requant, n):
+    """An identity block's last conv of an --fp8 ResNet: the block's e4m3 input read as the residual,
+    dequantized in the epilogue (fold_qdq.dequantizing_steps: Cast, Mul by its scale), Add, Relu."""
+    inputs = fp8_inputs((2, 10, 9, 64), (n, 1, 1, 64), requant=requant)
+    inputs.update(skip=e4m3((2, 10, 9, n), 40.0), skip_scale=np.float32(0.0037))
+    layer = fp8_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale"))
+    assert layer.in_dtypes[-2:] == ("float8_e4m3fn", "float32")
+    check(layer, inputs, tactic)
+
+
 def test_the_fp8_tactics_take_fp8_records_only():
     inputs = fp8_inputs((1, 8, 8, 32), (24, 3, 3, 32), requant=True)
     layer = fp8_layer(inputs, {"pads": [1, 1, 1, 1]})
@@ -130,15 +167,28 @@ def test_the_fp8_tactics_take_fp8_records_only():
     # the INT8 sm90 tactics refuse FP8 records (their s8 wgmma would read e4m3 bytes as integers)
     assert not any(int8_sm90._supports(t)(replace(layer, attrs={**layer.attrs, "symmetric": 1}))
                    for t in int8_sm90.TILES)
-    # C % 16, group 1, float32 epilogue inputs only
+    # C % 16, group 1, float32, e4m3 or float16 epilogue inputs only
     odd = fp8_inputs((1, 8, 8, 24), (16, 1, 1, 24))
     assert not any(ok(fp8_layer(odd, {})) for ok in SUPPORTS.values())
-    residual = {**inputs, "skip": np.zeros((1, 8, 8, 24), E4M3)}
-    assert not any(ok(fp8_layer(residual, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",))) for ok in SUPPORTS.values())
+    residual = {**inputs, "skip": np.zeros((1, 8, 8, 24), E4M3), "skip_scale": np.float32(0.5)}
+    assert all(ok(fp8_layer(residual, {"pads": [1, 1, 1, 1]}, int8_residual(False), ("skip", "skip_scale")))
+               for ok in SUPPORTS.values())
+    half = {**inputs, "skip": np.zeros((1, 8, 8, 24), np.float16)}
+    assert all(ok(fp8_layer(half, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",))) for ok in SUPPORTS.values())
+    double = {**inputs, "skip": np.zeros((1, 8, 8, 24), np.float64)}
+    assert not any(ok(fp8_layer(double, {"pads": [1, 1, 1, 1]}, RESIDUAL, ("skip",))) for ok in SUPPORTS.values())
+    # a float16 output: only an epilogue that casts to float16 last (absorb_quantized_casts) writes one
+    plain = fp8_inputs((1, 8, 8, 32), (24, 3, 3, 32))
+    assert all(ok(fp8_layer(plain, {"pads": [1, 1, 1, 1]}, HALF_OUT, ())) for ok in SUPPORTS.values())
+    assert fp8_layer(plain, {"pads": [1, 1, 1, 1]}, HALF_OUT, ()).out_dtypes == ("float16",)
 
 
 def test_the_fp8_variants_compile_with_f8_and_each_output():
     variants = fp8_sm90.compile_variants()
+    assert any(("Y_OUT", "3") in v.defines for v in variants)  # the float16 output
     assert all(dict(v.defines).get("F8") == "1" and v.arch == "sm_90a" and v.name == "conv_sm90" for v in variants)
     assert {dict(v.defines)["BN"] for v in variants} == {str(t.bn) for t in fp8_sm90.TILES}
     assert any("apply_epilogue8" in (v.code or "") for v in variants)
+    # the e4m3 residual: read as lowp.cuh's f8e4m3fn_t (its exact float value), 8 at a time and element by element
+    e4m3_residual = [v for v in variants if "const f8e4m3fn_t* e0" in (v.code or "")]
+    assert len(e4m3_residual) == 2 and sum("apply_epilogue8" in v.code for v in e4m3_residual) == 1

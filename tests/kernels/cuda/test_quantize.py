@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.int8 import quantize as qk
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 rng = np.random.default_rng(59)
 
@@ -132,11 +135,13 @@ def test_dynamic_quantize_matches_reference(shape, lo, hi):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("zp", [np.int8(-3), np.uint8(120), np.int8(0)], ids=["int8", "uint8", "int8_zero"])
+@pytest.mark.parametrize("zp", [np.int8(-3), np.uint8(120), np.int8(0), np.zeros((), E4M3)],
+                         ids=["int8", "uint8", "int8_zero", "e4m3"])
 @pytest.mark.parametrize("channels", [16, 3, 6], ids=["pad16", "no_pad", "pad6_bytewise"])
 def test_quantize_nhwc_of_an_image_equals_the_reference(zp, channels):
     """ai.polykit QuantizeNHWC (quantize_nhwc): float32 NCHW -> 8-bit NHWC with the channels past X's
-    filled with the zero point; word stores (16, 3 channels: none padded) and byte stores (6)."""
+    filled with the zero point; word stores (16, 3 channels: none padded) and byte stores (6); e4m3 (an --fp8
+    plan's image): the quotient rounded to nearest even, saturated (1e9, inf: 448)."""
     x = rng.standard_normal((2, 3, 13, 11)).astype(np.float32) * 4
     s = np.float32(0.031)
     x.reshape(-1)[:8] = np.float32([0.5, 1.5, -2.5, 1e9, -1e9, np.inf, 127.5, -128.5]) * s
@@ -145,9 +150,10 @@ def test_quantize_nhwc_of_an_image_equals_the_reference(zp, channels):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("zp", [np.int8(5), np.zeros((), E4M3)], ids=["int8", "e4m3"])
 @pytest.mark.parametrize("c, channels", [(3, 16), (2, 32), (5, 32), (17, 32), (7, 20)],
                          ids=["image_pad16", "image_pad32", "pad32_zero_group", "two_groups_of_x", "pad20_bytewise"])
-def test_quantize_nhwc_over_several_pixel_blocks_and_a_ragged_tail_equals_the_reference(c, channels):
+def test_quantize_nhwc_over_several_pixel_blocks_and_a_ragged_tail_equals_the_reference(c, channels, zp):
     """quantize_nhwc / quantize_nhwc_image (C <= 3, 16-byte stores), 8 pixels a thread: 3 images of 53 x 47
     pixels (2491: one full 2048-pixel block and a tail where threads own 1 or 2 pixels), 16-channel groups
     of X's channels, of zero points only, and a byte-stored group of 4 (20 channels)."""
@@ -155,4 +161,4 @@ def test_quantize_nhwc_over_several_pixel_blocks_and_a_ragged_tail_equals_the_re
     s = np.float32(0.047)
     x.reshape(-1)[-6:] = np.float32([0.5, 1.5, -2.5, 126.5, -127.5, 1e6]) * s
     layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
-    check(layer, {"X": x, "S": np.array(s), "Z": np.array(np.int8(5))})
+    check(layer, {"X": x, "S": np.array(s), "Z": np.array(zp)})

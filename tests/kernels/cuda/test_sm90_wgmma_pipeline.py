@@ -101,13 +101,16 @@ def test_the_int8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spi
     assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"int8 conv tile {tile.label}, {residual} residual")
 
 
-@pytest.mark.parametrize("y_dtype", ["float8_e4m3fn", "float32"])
+@pytest.mark.parametrize("y_dtype, residual", [("float8_e4m3fn", "float32"), ("float32", "float32"),
+                                               ("float8_e4m3fn", "float8_e4m3fn"), ("float16", "float16")])
 @pytest.mark.parametrize("tile", FP8_TILES, ids=lambda t: t.label)
-def test_the_fp8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spill(tile, y_dtype):
+def test_the_fp8_conv_with_a_residual_keeps_its_wgmma_pipeline_and_does_not_spill(tile, y_dtype, residual):
     """The FP8 conv (e4m3 wgmma, each stage's products added to the fp32 accumulators on the CUDA cores)
-    with a float32 residual + Relu, e4m3 or float32 out, through the 16-byte epilogue."""
-    source = fp8_kernel(fp8_layer(y_dtype, residual=True), tile)
-    assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"fp8 conv tile {tile.label}, {y_dtype} out")
+    with a residual + Relu through the 16-byte epilogue: float32 (e4m3 or float32 out), e4m3 dequantized in
+    the epilogue (an identity block's), float16 with a float16 output (an --fp16 build's)."""
+    source = fp8_kernel(fp8_layer(y_dtype, residual=residual), tile)
+    assert_pipelined(ptxas_report(source, "conv_sm90.cu"), f"fp8 conv tile {tile.label}, {residual} residual, "
+                                                           f"{y_dtype} out")
 
 
 def ptx_of(source, file: str) -> str:

@@ -55,6 +55,7 @@ QUANT_ARITY = 8
 X, X_ZERO_POINT, W, W_ZERO_POINT, SCALE, BIAS, Y_SCALE, Y_ZERO_POINT = range(QUANT_ARITY)
 INT8_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
 #: the FP8 layers' operand type (None in a lean runtime without ml_dtypes)
 FP8 = EXTENDED_TYPES.get(17)
 #: every operand type of the QConv / QMatMul family
@@ -139,8 +140,11 @@ def infer_int8(ctx: InferContext):
         env[epilogue["input"]] = (F32, shape, None)
         env = infer_body(ctx, epilogue["body"], env)
         out = env[epilogue_result(epilogue)][:2]
-        if out[0] not in (None, F32):
-            raise ctx.fail(f"the epilogue ends in {out[0]}; an INT8 layer's epilogue computes float32")
+        # float32, or (an --fp16 build's Cast after the layer taken in: passes/absorb_quantized_casts.py) a
+        # float32 result cast to float16 as the layer's output
+        if out[0] not in (None, F32) and (out[0] != F16 or ctx.has(Y_SCALE)):
+            raise ctx.fail(f"the epilogue ends in {out[0]}; an INT8 layer's epilogue computes float32 (or casts "
+                           "its float32 output to float16 last)")
     if ctx.has(Y_SCALE):
         return [(ctx.dtype(Y_ZERO_POINT), out[1])]
     return [out]

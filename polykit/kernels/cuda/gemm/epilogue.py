@@ -41,16 +41,18 @@ def extra_inputs(layer: Any) -> list[str]:
 #: 16-bit storage types: their epilogues compute Gelu with pointwise.cuh's pk_gelu16 (the result is
 #: rounded to 16 bits, so erff's full float accuracy is not needed; within 1 fp16 ulp, one MUFU)
 _SIXTEEN_BIT = ("half_t", "bf16_t")
-#: 8-bit extra inputs an INT8 layer's epilogue dequantizes itself (fold_qdq.dequantizing_steps)
-_EIGHT_BIT = {"int8": "i8", "uint8": "u8"}
+#: extra inputs an INT8 or FP8 layer's epilogue reads in their own type (it computes in float32): numpy dtype name
+#: -> C storage type. 8-bit ones it dequantizes itself (fold_qdq.dequantizing_steps; lowp.cuh's f8e4m3fn_t loads
+#: as its float value), float16 ones it casts to float32 itself (passes/absorb_quantized_casts.py)
+_OWN_TYPE = {"int8": "i8", "uint8": "u8", "float8_e4m3fn": "f8e4m3fn_t", "float16": "half_t"}
 
 
 def extra_types(layer: Any, elem: str) -> list[str]:
-    """The C storage type of each extra input: `elem`, or i8 / u8 for an INT8 layer's 8-bit input
-    (a residual read as int8), judged from the stamped dtypes."""
+    """The C storage type of each extra input: `elem`, or for an INT8 or FP8 layer the type of an input
+    stamped int8 / uint8 / float8_e4m3fn (a residual read as 8 bits) or float16 (a half residual)."""
     stamped = dict(zip(layer.inputs, getattr(layer, "in_dtypes", ()) or ()))
-    eight_bit = is_int8_layer(layer)
-    return [_EIGHT_BIT.get(stamped.get(name, ""), elem) if eight_bit else elem for name in extra_inputs(layer)]
+    quantized = is_int8_layer(layer)
+    return [_OWN_TYPE.get(stamped.get(name, ""), elem) if quantized else elem for name in extra_inputs(layer)]
 
 
 def _body_code(layer: Any) -> tuple[str, str]:
@@ -190,7 +192,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     read (a pointer, the strides for "general"), so it stays small."""
     n = len(extra_inputs(layer))
     classes = input_classes(layer)
-    types = [t if t in _EIGHT_BIT.values() else "ELEM" for t in extra_types(layer, elem)]
+    types = [t if t in _OWN_TYPE.values() else "ELEM" for t in extra_types(layer, elem)]
     general = [j for j, c in enumerate(classes) if c == "general"]
     params = [p for j in range(n) for p in [f"const {types[j]}* e{j}"] + [f"i64 e{j}s{d}" for d in range(MAXR)]]
     if n:
@@ -256,8 +258,8 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
     if len(out) > MAXR:
         raise DeviceError(f"epilogue output of rank {len(out)} (the cuda epilogue takes at most {MAXR})", where=where)
     args: list[Any] = []
-    declared = [np.dtype(np.int8 if c == "i8" else np.uint8) if c in _EIGHT_BIT.values() else np.dtype(elem_dtype)
-                for c in extra_types(layer, "")]
+    own = {c: name for name, c in _OWN_TYPE.items()}
+    declared = [_numpy_dtype(own[c]) if c in own else np.dtype(elem_dtype) for c in extra_types(layer, "")]
     for name, want in zip(extra_inputs(layer), declared):
         t = tensors[name]
         if np.dtype(t.dtype) != want:
@@ -273,6 +275,12 @@ def epilogue_args(layer: Any, tensors: Mapping[str, DeviceTensor], elem_dtype: n
     if args:
         args += list(out) + [1] * (MAXR - len(out)) + [len(out)]
     return args
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    from polykit.compiler.ops.quant.int8 import FP8
+
+    return FP8 if name == "float8_e4m3fn" else np.dtype(name)
 
 
 def compile_variants() -> list[KernelSource]:

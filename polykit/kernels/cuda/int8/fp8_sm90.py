@@ -7,8 +7,12 @@ m64nNk32.f32.e4m3.e4m3` (both operands K-major bytes, 128 K a stage), each stage
 fp32 accumulators on the CUDA cores (gemm_sm90_core.cuh F8: the tensor cores' own FP8 accumulation
 keeps fewer bits), then int8_out.cuh's output on the float sums: `fl(fl(acc * scale[n]) + B[n])`,
 the epilogue, and a float32 store or a saturating round-to-nearest-even e4m3 store of
-`v / Y_scale` (QuantizeLinear's, by cvt.rn.satfinite.e4m3x2.f32). Taken: group 1, C % 16, per-tensor
-or per-channel scale / bias, an epilogue epilogue.py compiles whose extra inputs are float32.
+`v / Y_scale` (QuantizeLinear's, by cvt.rn.satfinite.e4m3x2.f32), or a float16 store when the epilogue
+ends in a Cast to float16 (passes/absorb_quantized_casts.py: an --fp16 build's Cast after the layer).
+Taken: group 1, C % 16, per-tensor or per-channel scale / bias, an epilogue epilogue.py compiles whose
+extra inputs are float32, e4m3 (an identity block's residual read as the 8-bit tensor its producer
+wrote, dequantized in the epilogue by fold_qdq.dequantizing_steps: lowp.cuh's exact e4m3 decode, then
+the scale) or float16 (a half residual the epilogue casts to float32 itself).
 Results differ from the cpu reference (the exact sum rounded once) by the float32 summation order
 and the tensor cores' accumulation inside a stage; tests/kernels/cuda/test_fp8_sm90.py states the
 tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as a 1x1 QConvNHWC
@@ -37,6 +41,9 @@ KIND = "QConvNHWC"
 E4M3 = "float8_e4m3fn"
 #: no overflow to guard against (float sums); the im2col index math is int32 in K
 MAX_FP8_K = 1 << 30
+#: the output types (int8_out.cuh's Y_OUT 0, 1 and 3) and the epilogue's extra input types (epilogue.extra_types)
+OUTPUTS = ("float32", E4M3, "float16")
+EPILOGUE_INPUTS = ("float32", E4M3, "float16")
 #: the tiles: one stage's products need a second block of BN / 2 registers beside the accumulators
 #: (mainloop_f8), so the 256-column and the two-blocks-an-SM 128-column tiles are left out
 TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x64", "64x64x2"))
@@ -47,11 +54,11 @@ def _supports(tile: Sm90Tile):
         if layer.kind != KIND or layer.precision != "fp8" or not layer.in_dtypes or not supports_epilogue(layer):
             return False
         ins, shapes = layer.in_dtypes, layer.in_shapes
-        if ins[0] != E4M3 or ins[2] != E4M3 or layer.out_dtypes[0] not in ("float32", E4M3):
+        if ins[0] != E4M3 or ins[2] != E4M3 or layer.out_dtypes[0] not in OUTPUTS:
             return False
         if any(len(shapes[s]) > 1 for s in (W_ZERO_POINT, SCALE, BIAS)) or int(layer.attrs.get("group", 1)) != 1:
             return False
-        if any(d != "float32" for d in ins[QUANT_ARITY:]):  # an e4m3 residual: epilogue.py reads 8-bit integers only
+        if any(d not in EPILOGUE_INPUTS for d in ins[QUANT_ARITY:]):
             return False
         geo = _geometry(layer)
         return geo is not None and geo.C % NHWC_CHANNELS == 0 and tile.fits("int8", False, False)
@@ -69,7 +76,7 @@ def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[
 
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K)  # checks dtypes, shapes, per-channel sizes
+        g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K, ("float32", "float16"))  # dtypes, shapes, channels
         x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
         flags, _wz_step, scale_step, bias_step = args[-4:]
         if g["M"] == 0 or g["N"] == 0:
@@ -90,19 +97,32 @@ def _enqueue(tile: Sm90Tile):
     return enqueue
 
 
-def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = True) -> Any:
-    """A stamped FP8 QConvNHWC (a 1x1 conv of 16 channels), with a float32 residual + Relu epilogue
-    (read 8 at a time when `shapes`, else through the general broadcast) (compile variants, tests)."""
+#: an --fp16 build's FP8 layer after absorb_quantized_casts: a float16 residual cast to float32 in the epilogue, Add,
+#: Relu, the result cast to float16 (stored as float16)
+HALF_RESIDUAL = [{"op": "Cast", "inputs": ["skip"], "outputs": ["f"], "attrs": {"to": 1}},
+                 {"op": "Add", "inputs": ["raw", "f"], "outputs": ["s"], "attrs": {}},
+                 {"op": "Relu", "inputs": ["s"], "outputs": ["r"], "attrs": {}},
+                 {"op": "Cast", "inputs": ["r"], "outputs": ["y"], "attrs": {"to": 10}}]
+
+
+def fp8_layer(y_dtype: str = "float32", residual: str | None = None, shapes: bool = True) -> Any:
+    """A stamped FP8 QConvNHWC (a 1x1 conv of 16 channels) writing `y_dtype` (e4m3: requantized), with a
+    residual + Relu epilogue when `residual` names the residual's dtype (float32; e4m3 dequantized by a scale:
+    an identity block's; float16: HALF_RESIDUAL, whose output is float16), read 8 at a time when `shapes`,
+    else through the general broadcast (compile variants, tests)."""
     from polykit.compiler.plan.records import LayerDesc
 
-    extra = ("skip",) if residual else ()
-    names = ("x", "xz", "w", "wz", "s", "", "ys" if y_dtype != "float32" else "", "yz" if y_dtype != "float32" else "")
-    dtypes = (E4M3, E4M3, E4M3, E4M3, "float32", "", "float32" if y_dtype != "float32" else "",
-              E4M3 if y_dtype != "float32" else "", *(("float32",) if residual else ()))
-    known = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16), "ys": (), "yz": ()}
+    requant = y_dtype == E4M3
+    extra = () if residual is None else ("skip", "skip_scale") if residual == E4M3 else ("skip",)
+    names = ("x", "xz", "w", "wz", "s", "", "ys" if requant else "", "yz" if requant else "")
+    dtypes = (E4M3, E4M3, E4M3, E4M3, "float32", "", "float32" if requant else "", E4M3 if requant else "",
+              *(residual, "float32")[:len(extra)])
+    known = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16), "ys": (), "yz": (),
+             "skip_scale": ()}
     attrs: dict = {"kernel_shape": [1, 1]}
-    if residual:
-        attrs["epilogue"] = {"input": "raw", "body": RESIDUALS["float32"]}
+    if residual is not None:
+        body = {"float32": RESIDUALS["float32"], E4M3: RESIDUALS["int8"], "float16": HALF_RESIDUAL}[residual]
+        attrs["epilogue"] = {"input": "raw", "body": body}
     inputs = (*names, *extra)
     return LayerDesc("fp8", KIND, inputs, ("y",), attrs, domain=POLYKIT_DOMAIN, precision="fp8", in_dtypes=dtypes,
                      out_dtypes=(y_dtype,), in_shapes=tuple(known.get(n, ()) for n in inputs) if shapes else (),
@@ -110,10 +130,12 @@ def fp8_layer(y_dtype: str = "float32", residual: bool = False, shapes: bool = T
 
 
 def compile_variants() -> list[KernelSource]:
-    """conv_sm90 F8 for every tile (float32 and e4m3 outputs compiled in); the first tile with a float32 residual
-    epilogue read 8 at a time and through the general broadcast (CI: sm_90a)."""
+    """conv_sm90 F8 for every tile (float32 and e4m3 outputs compiled in); the first tile with a float32 and an
+    e4m3 residual epilogue (e4m3 out) and a float16 one (float16 out), each read 8 at a time and through the
+    general broadcast (CI: sm_90a)."""
     out = [kernel(fp8_layer(y), t) for t in TILES for y in ("float32", E4M3)]
-    return out + [kernel(fp8_layer(E4M3, residual=True, shapes=s), TILES[0]) for s in (True, False)]
+    return out + [kernel(fp8_layer(y, residual=r, shapes=s), TILES[0])
+                  for y, r in ((E4M3, "float32"), (E4M3, E4M3), ("float16", "float16")) for s in (True, False)]
 
 
 for _tile in TILES:

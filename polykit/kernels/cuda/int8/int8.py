@@ -39,8 +39,8 @@ INT8 = ("int8", "uint8")
 MAX_GRID_Y = 65535
 FLAG_X_U8, FLAG_W_U8, FLAG_Y_INT, FLAG_Y_U8, FLAG_VEC_X, FLAG_VEC_W = 1, 2, 4, 8, 16, 32
 
-#: int8_out.cuh's Y_OUT: the output type a kernel compiles in (e4m3 in the F8 variant)
-Y_OUT = {"float32": 0, "int8": 1, "uint8": 2, "float8_e4m3fn": 1}
+#: int8_out.cuh's Y_OUT: the output type a kernel compiles in (e4m3 and float16 in the F8 variant)
+Y_OUT = {"float32": 0, "int8": 1, "uint8": 2, "float8_e4m3fn": 1, "float16": 3}
 
 
 def output_type(layer: Any, y: DeviceTensor | None = None) -> str:
@@ -135,10 +135,10 @@ def _geometry(layer: Any, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, 
 
 
 def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor], operands: tuple[str, ...] = INT8,
-              max_k: int = MAX_INT8_K) -> tuple[dict[str, int], list[Any]]:
+              max_k: int = MAX_INT8_K, floats: tuple[str, ...] = ("float32",)) -> tuple[dict[str, int], list[Any]]:
     """(GEMM sizes, kernel arguments) of an INT8 layer: int8.cu's INT8_PARAMS, epilogue excluded.
     `operands`: the X / W (and requantized Y) types taken (fp8_sm90.py: float8_e4m3fn); `max_k`: the
-    longest reduction."""
+    longest reduction; `floats`: the float output types taken (fp8_sm90.py: float16 too)."""
     where = f"layer {layer.name!r}"
 
     def get(slot: int) -> DeviceTensor | None:
@@ -149,9 +149,9 @@ def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor], operands: tuple[s
     if get(X_ZERO_POINT) is None or get(W_ZERO_POINT) is None or get(SCALE) is None:
         raise DeviceError("INT8 layer without its X_zero_point, W_zero_point or scale input", where=where,
                           hint="docs/INT8.md lists the INT8 layers' inputs")
-    if x.dtype.name not in operands or w.dtype.name not in operands or y.dtype.name not in ("float32", *operands):
+    if x.dtype.name not in operands or w.dtype.name not in operands or y.dtype.name not in (*floats, *operands):
         raise DeviceError(f"INT8 layer with X {x.dtype}, W {w.dtype}, Y {y.dtype} (the kernels take "
-                          f"{'/'.join(operands)} operands and a float32 or {'/'.join(operands)} output)", where=where,
+                          f"{'/'.join(operands)} operands and a {'/'.join(floats + operands)} output)", where=where,
                           hint="run on --target cpu")
     if layer.kind == "QMatMul":
         if len(w.shape) != 2 or len(x.shape) < 2 or x.shape[-1] != w.shape[0]:

@@ -32,6 +32,8 @@ PRECISION = {1: 0, 10: 1, 11: 2}
 BLOCK = 256
 MAX_GRID = 1 << 16
 MINMAX_BLOCKS = 1024
+#: QuantizeNHWC's output type -> quantize.cu's Q8 mode
+NHWC_MODES = {"int8": 0, "uint8": 1, "float8_e4m3fn": 2}
 #: pixels a quantize_nhwc(_image) thread owns (quantize.cu NHWC_PIX), and the image kernel's most channels
 NHWC_PIX = 8
 IMAGE_CHANNELS = 3
@@ -141,15 +143,16 @@ def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, De
 
 
 def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
-    """ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): one pass from float32 NCHW to int8 NHWC, padded."""
+    """ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): one pass from float32 NCHW to int8 / uint8 / e4m3 NHWC,
+    padded (an e4m3 zero point is +0: the kernel pads with 0 bytes)."""
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     s, z = _params(layer, tensors)
     if (x.dtype != np.float32 or s.dtype != np.float32 or s.size != 1 or z is None or z.size != 1
-            or y.dtype.name not in ("int8", "uint8") or z.dtype != y.dtype or len(x.shape) != 4):
+            or y.dtype.name not in NHWC_MODES or z.dtype != y.dtype or len(x.shape) != 4):
         raise DeviceError(f"QuantizeNHWC of X {x.dtype} {x.shape}, scale {s.dtype} {s.shape}, zero point "
                           f"{None if z is None else (z.dtype, z.shape)} -> {y.dtype}: the kernel takes float32 X "
-                          "[N, C, H, W], one float32 scale, one int8 / uint8 zero point", where=f"layer {layer.name!r}",
-                          hint="fuse_quantize_nhwc makes only that form; use --target cpu")
+                          "[N, C, H, W], one float32 scale, one int8 / uint8 / float8_e4m3fn zero point",
+                          where=f"layer {layer.name!r}", hint="fuse_quantize_nhwc makes only that form; use --target cpu")
     nb, c, h, w = x.shape
     cp = int(y.shape[-1])
     if nb * h * w == 0:
@@ -157,11 +160,11 @@ def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, Devic
     i32 = np.int32
     grid = (_grid(-(-h * w // NHWC_PIX))[0], min(nb, MAX_GRID - 1), 1)
     vec = cp % 16 == 0 and y.ptr % 16 == 0
-    head, u8out = [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp)], int(y.dtype == np.uint8)
+    head, mode = [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp)], NHWC_MODES[y.dtype.name]
     if vec and c <= IMAGE_CHANNELS:
-        launcher.launch(KernelSource("quantize_nhwc_image", FILE), grid, (BLOCK, 1, 1), head + [u8out])
+        launcher.launch(KernelSource("quantize_nhwc_image", FILE), grid, (BLOCK, 1, 1), head + [mode])
         return
-    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1), head + [i32(vec), u8out])
+    launcher.launch(KernelSource("quantize_nhwc", FILE), grid, (BLOCK, 1, 1), head + [i32(vec), mode])
 
 
 cuda_tactic("QuantizeLinear", "cuda.quantize", kernels=_kernels)(enqueue_quantize)

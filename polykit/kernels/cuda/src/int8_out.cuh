@@ -13,7 +13,9 @@
 // quotient, as quotient computes it) rounded to nearest even and saturated to +-448 (QuantizeLinear
 // with saturate 1).
 // Y_OUT (define, optional; int8_sm90.py / fp8_sm90.py set it from the layer): the output type compiled
-// in, 0 float32, 1 int8 (F8: e4m3), 2 uint8; without it (int8.cu) the flags say it at run time.
+// in, 0 float32, 1 int8 (F8: e4m3), 2 uint8, 3 float16 (F8 only: an epilogue that ends in a Cast to
+// float16, passes/absorb_quantized_casts.py, so v is a float16 value already: stored exactly); without
+// it (int8.cu) the flags say it at run time.
 // SCALE_STEP, BIAS_STEP (defines, optional, set with Y_OUT): the scale's and the bias's step compiled
 // in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
@@ -32,6 +34,7 @@
 #ifndef F8
 #define F8 0
 #endif
+static_assert(Y_OUT != 3 || F8, "a float16 output is the FP8 variant's only");
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
@@ -72,7 +75,7 @@ struct Out {
 #if HAS_EPILOGUE
   EpiState epi;
 #endif
-  __device__ __forceinline__ bool yint() const { return Y_OUT < 0 ? yint_ : Y_OUT > 0; }
+  __device__ __forceinline__ bool yint() const { return Y_OUT < 0 ? yint_ : Y_OUT == 1 || Y_OUT == 2; }
   __device__ __forceinline__ bool yu8() const { return Y_OUT < 0 ? yu8_ : Y_OUT == 2; }
   __device__ __forceinline__ int sstep() const { return SCALE_STEP < 0 ? scale_step : SCALE_STEP; }
   __device__ __forceinline__ int bstep() const { return BIAS_STEP < 0 ? bias_step : BIAS_STEP; }
@@ -137,6 +140,10 @@ struct Out {
 #if HAS_EPILOGUE
     v = apply_epilogue(epi, v, oi, col);
 #endif
+    if (Y_OUT == 3) {
+      ((half_t*)Y)[oi] = f2h(v);
+      return;
+    }
     if (!yint()) {
       ((float*)Y)[oi] = v;
       return;
@@ -194,6 +201,13 @@ struct Out {
     for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
   }
   __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
+    if (Y_OUT == 3) {  // 8 float16 values, one 16-byte store
+      struct __align__(16) Halves { half_t h[8]; } q;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q.h[i] = f2h(v[i]);
+      *(Halves*)((half_t*)Y + oi) = q;
+      return;
+    }
     if (!yint()) {
       float4* y = (float4*)((float*)Y + oi);
       y[0] = make_float4(v[0], v[1], v[2], v[3]);

@@ -142,15 +142,19 @@ extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s,
 }
 
 // The common case on its own path (a calibrated model's image input): float32 x, one float32 scale,
-// an int8 / uint8 output (u8out) with an optional zero point of its type. Q8 holds them;
-// Q8::byte is quantize_linear's arithmetic (rintf of the IEEE float32 quotient, + zp, saturated).
+// an int8 / uint8 output (mode 0 / 1) with an optional zero point of its type, or a float8_e4m3fn one
+// (mode 2, QuantizeNHWC only: its zero point 0). Q8 holds them; Q8::byte is quantize_linear's
+// arithmetic: rintf of the IEEE float32 quotient, + zp, saturated; e4m3: the quotient rounded to
+// nearest even and saturated to +-448 (lowp.cuh's encode, as qk_encode_float with saturate 1).
 struct Q8 {
   float sc, zp, lo, hi;
-  bool has_z;
-  __device__ __forceinline__ Q8(const float* s, const void* z, i64 u8out)
-      : sc(s[0]), zp(!z ? 0.f : u8out ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0]),
-        lo(u8out ? 0.f : -128.f), hi(u8out ? 255.f : 127.f), has_z(z != nullptr) {}
+  bool has_z, f8;
+  __device__ __forceinline__ Q8(const float* s, const void* z, i64 mode)
+      : sc(s[0]), zp(!z || mode == 2 ? 0.f : mode ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0]),
+        lo(mode == 1 ? 0.f : -128.f), hi(mode == 1 ? 255.f : 127.f), has_z(z != nullptr && mode != 2),
+        f8(mode == 2) {}
   __device__ __forceinline__ u32 byte(float x) const {
+    if (f8) return (u32)LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(x, sc), true);
     float q = rintf(__fdiv_rn(x, sc));
     if (has_z) q += zp;  // rounds only past 2^24, where it saturates either way
     q = q != q ? 0.f : (q < lo ? lo : (q > hi ? hi : q));  // NaN: 0 as there
@@ -170,7 +174,7 @@ extern "C" __global__ void quantize_f32_8bit(const float4* x, const float* s, co
 }
 
 // ai.polykit QuantizeNHWC: x [NB, C, HW] float32 -> y [NB, HW, CP] (CP >= C; channels C.. the zero
-// point), Q8's arithmetic. A thread owns NHWC_PIX pixels NHWC_THREADS apart (images in y of the grid,
+// point; e4m3: 0), Q8's arithmetic. A thread owns NHWC_PIX pixels NHWC_THREADS apart (images in y of the grid,
 // so no index division): a warp's load of a channel is 128 consecutive bytes, and a thread issues all
 // its loads of a word's (4 channels') pixels before the first division waits on one. Pixel bytes go
 // out 16 at a time (vec: CP % 16 == 0 and y 16-byte aligned; a warp's store is 512 consecutive bytes),
@@ -243,8 +247,8 @@ __device__ __forceinline__ void nhwc_image_pixels(const Q8& q, const float* xi, 
 // (4 blocks an SM: 64 registers, no spill; with fewer registers the division's slow path spills)
 extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
     quantize_nhwc(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C, int CP, int vec,
-                  i64 u8out) {
-  const Q8 q(s, z, u8out);
+                  i64 mode) {
+  const Q8 q(s, z, mode);
   const int step = gridDim.x * NHWC_THREADS * NHWC_PIX;
   for (int img = blockIdx.y; img < nb; img += gridDim.y)
     for (int p0 = blockIdx.x * NHWC_THREADS * NHWC_PIX + threadIdx.x; p0 < hw; p0 += step)
@@ -254,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
 }
 extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
     quantize_nhwc_image(const float* x, const float* s, const void* z, u8* y, int nb, int hw, int C, int CP,
-                        i64 u8out) {
-  const Q8 q(s, z, u8out);
+                        i64 mode) {
+  const Q8 q(s, z, mode);
   const int step = gridDim.x * NHWC_THREADS * NHWC_PIX;
   for (int img = blockIdx.y; img < nb; img += gridDim.y)
     for (int p0 = blockIdx.x * NHWC_THREADS * NHWC_PIX + threadIdx.x; p0 < hw; p0 += step)
