@@ -539,8 +539,21 @@ def top_kinds(summary, n: int = 3, plan=None, layers: int = 10) -> dict:
     shapes = {lay.name: [list(s) for s in lay.out_shapes] for lay in getattr(plan, "layers", ())}
     slowest = [[x.name, x.kind, x.tactic, round(x.ms, 4), round(x.share, 3), shapes.get(x.name)]
                for x in summary.layers[:layers]]
+    moving = [x for x in summary.layers if is_movement(x.tactic)]
+    moved_ms = sum(x.ms for x in moving)
     return {"top_kinds": top("kind"), "top_tactics": top("tactic"), "top_layers": slowest,
-            "profile_total_ms": round(summary.total_ms, 4)}
+            "profile_total_ms": round(summary.total_ms, 4), "movement_layers": len(moving),
+            "movement_ms": round(moved_ms, 4),
+            "movement_share": round(moved_ms / summary.total_ms, 4) if summary.total_ms else 0.0}
+
+
+#: the tactics that only move or copy values (issue 30 asks them under 5 % of every zoo model's GPU time)
+MOVEMENT_TACTICS = ("cuda.movement.", "cuda.gather")
+
+
+def is_movement(tactic: str | None) -> bool:
+    """A movement / copy / reformat / gather tactic (a view launches nothing and is charged 0 ms anyway)."""
+    return bool(tactic) and tactic.startswith(MOVEMENT_TACTICS)
 
 
 def torch_model(module, inputs: dict, torch, reference: bool = False) -> tuple:

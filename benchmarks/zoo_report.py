@@ -107,6 +107,10 @@ def family_table(rows: Sequence[dict]) -> list[str]:
 GEOMEAN_BAR, FLOOR = 1.0, 0.75
 
 
+#: issue 30: movement kernels under 5 % of any zoo model's GPU time
+MOVEMENT_BAR = 0.05
+
+
 def acceptance_lines(rows: Sequence[dict]) -> list[str]:
     """Per family, what issues 29 / 30 ask of a table, read off these rows: every zoo case (each model at
     batch 1 and its throughput batch) measured in one run (one device and commit), every case faster than
@@ -132,8 +136,21 @@ def acceptance_lines(rows: Sequence[dict]) -> list[str]:
                      + (f" (missing: {', '.join(missing)})" if missing else "")
                      + f"; {len(runs)} run(s) (device, commit); slower than eager: {', '.join(slow) or 'none'}"
                      + f"; geomean vs compile {_x(mean)} ({verdict} {GEOMEAN_BAR:g}x); below {FLOOR:g}x: "
-                     + (", ".join(low) or "none"))
+                     + (", ".join(low) or "none") + _movement(mine))
     return lines + [""]
+
+
+def _movement(rows: Sequence[dict]) -> str:
+    """Issue 30's movement bar (copies, reformats and gathers under MOVEMENT_BAR of every model's profiled
+    GPU time), for the rows that carry a movement share (rows before it was recorded do not)."""
+    shares = [r for r in rows if r.get("movement_share") is not None]
+    if not shares:
+        return ""
+    top = max(shares, key=lambda r: r["movement_share"])
+    over = [f"{r['model']} bs{r['batch']} ({100 * r['movement_share']:.1f} %)" for r in shares
+            if r["movement_share"] > MOVEMENT_BAR]
+    return (f"; movement share (of {len(shares)} profiles) at most {100 * top['movement_share']:.1f} % "
+            f"({top['model']} bs{top['batch']}), over {100 * MOVEMENT_BAR:g} %: {', '.join(over) or 'none'}")
 
 
 def render(docs: Sequence[dict]) -> str:

@@ -298,6 +298,27 @@ def test_the_profile_record_names_the_slowest_layers_with_their_output_shapes():
     assert record["top_kinds"][0] == ["ConvNHWC", 0.4, 0.769] and record["profile_total_ms"] == 0.52
 
 
+def test_the_profile_record_sums_the_movement_layers_share():
+    """Issue 30 asks movement (copies, reformats, gathers) under 5 % of every zoo model's GPU time: each row
+    carries the share of the layers on a movement tactic."""
+    from types import SimpleNamespace
+
+    from polykit.tools.report.profile import summarize
+
+    def layer(name, kind, tactic):
+        return SimpleNamespace(name=name, kind=kind, tactic=tactic, out_shapes=[(8, 64)])
+
+    plan = SimpleNamespace(layers=[layer("mm", "MatMul", "cuda.gemm.sm90_128x128"),
+                                   layer("t", "Transpose", "cuda.movement.strided"),
+                                   layer("g", "Gather", "cuda.gather"),
+                                   layer("v", "Reshape", None)])
+    runs = [[("mm", 0.8), ("t", 0.15), ("g", 0.05), ("v", 0.0)]]
+    record = zoo.top_kinds(summarize(runs, plan.layers), plan=plan)
+    assert record["movement_layers"] == 2 and record["movement_ms"] == 0.2 and record["movement_share"] == 0.2
+    assert zoo.is_movement("cuda.movement.reformat") and not zoo.is_movement("cuda.gemm.sm90_64x64")
+    assert not zoo.is_movement(None)
+
+
 def test_prepared_weights_are_kept_as_npz_and_come_back_identical(tmp_path):
     """The zoo's weight cache is numpy's .npz (torch.save would be pickle): every tensor, dtype and
     value back as saved, and np.load refuses pickled objects."""

@@ -151,3 +151,15 @@ def test_the_acceptance_lines_name_missing_cases_runs_and_each_bar():
     assert f"below 0.75x: {conv[0].name} bs{max(conv[0].batches)} (0.70x), {conv[1].name} bs1 (0.70x)" in line
     (other,) = [x for x in lines if x.startswith("- ") and not x.startswith(f"- {CONV}:")]
     assert "0 of" in other and "geomean vs compile –" in other
+
+
+def test_the_acceptance_lines_name_the_largest_movement_share_and_those_over_5_percent():
+    from benchmarks.zoo_report import acceptance_lines
+
+    rows = [row("bert_base", "transformer", 8, 1.0, 4.0, 1.2, movement_share=0.012),
+            row("swin_t", "transformer", 8, 1.0, 6.0, 1.3, movement_share=0.071),
+            row("gpt2", "transformer", 8, 1.0, 4.0, 1.1)]
+    line = next(x for x in acceptance_lines(rows) if x.startswith("- transformer"))
+    assert "movement share (of 2 profiles) at most 7.1 % (swin_t bs8), over 5 %: swin_t bs8 (7.1 %)" in line
+    conv = next(x for x in acceptance_lines(rows) if x.startswith("- conv"))
+    assert "movement" not in conv
