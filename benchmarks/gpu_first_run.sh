@@ -124,8 +124,8 @@
 #   STEP=base      issues 29 / 30: "ResNet-50 bs1/bs32 and the BERT cases no slower than at cd8e880 (same run, same
 #                  device)": benchmarks/cuda_models.py (the script of the issues' tables, same CLI on both trees) on
 #                  this tree, then on the cd8e880 tree (git archive cd8e880 into the ignored folder .base, carried:
-#                  BASE=.base), then this tree again (drift), fp16, level 3, ResNet-50 bs1/bs32 and BERT bs1/bs8;
-#                  logs and JSON $OUT/base_*; ~3 x 150 s
+#                  BASE=.base), and with BASE_TWICE=1 this tree again (drift), fp16, level 3, ResNet-50 bs1/bs32 and
+#                  BERT bs1/bs8; logs and JSON $OUT/base_*; ~2 x 150 s (the builds are cold: no kernel cache)
 #   STEP=session   new, kernels and zoo in one call (each with its own time limit)
 #
 # Logs and JSON go to $OUT. Exit status: the step's.
@@ -450,12 +450,14 @@ EOF2
     grep -E "^exported|failed|: (pass|FAIL)" "$OUT/dynall_${DYN_BATCH:-1}.txt"; cat "$OUT/dynall_${DYN_BATCH:-1}.md" 2>/dev/null
     exit $rc
     ;;
-  base)  # this tree, cd8e880 ($BASE, carried), this tree again: the issues' "no slower than at cd8e880"
+  base)  # this tree, then cd8e880 ($BASE, carried): the issues' "no slower than at cd8e880"
     cases="--cases resnet50:1:fp16,resnet50:32:fp16,bert:1:fp16,bert:8:fp16 --precisions fp16 --rounds 3 --iters 50"
     timeout ${BASE_S:-170} python3 benchmarks/cuda_models.py $cases --out "$OUT/base_now.json" > "$OUT/base_now.log" 2>&1
-    (cd "${BASE:-.base}" && POLYKIT_COMMIT=cd8e880 timeout ${BASE_S:-170} python3 benchmarks/cuda_models.py $cases \
+    (cd "${BASE:-.base}" && POLYKIT_COMMIT=cd8e880 POLYKIT_CACHE_DIR=/tmp/pkcache_base timeout ${BASE_S:-170} python3 benchmarks/cuda_models.py $cases \
       --out "$OUT/base_cd8e880.json" > "$OUT/base_cd8e880.log" 2>&1)
-    timeout ${BASE_S:-170} python3 benchmarks/cuda_models.py $cases --out "$OUT/base_now2.json" > "$OUT/base_now2.log" 2>&1
+    if [ -n "${BASE_TWICE:-}" ]; then  # this tree again after the base: drift on the machine shows
+      timeout ${BASE_S:-170} python3 benchmarks/cuda_models.py $cases --out "$OUT/base_now2.json" > "$OUT/base_now2.log" 2>&1
+    fi
     tail -n 12 "$OUT"/base_*.log
     ;;
   session)
