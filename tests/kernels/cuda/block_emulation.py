@@ -61,6 +61,7 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
+inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE division on the host, as on the GPU
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
