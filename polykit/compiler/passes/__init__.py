@@ -33,7 +33,7 @@ from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fold_weight_only import fold_weight_only
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_movement import fuse_movement
-from polykit.compiler.passes.fuse_norm_quantize import fuse_norm_quantize
+from polykit.compiler.passes.fuse_output_quantize import fuse_output_quantize
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.fuse_squeeze_excite import fuse_squeeze_excite
@@ -66,7 +66,7 @@ __all__ = [
     "fold_qdq", "absorb_quantized_casts", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
-    "pack_gemms", "pack_quantized_gemms", "fuse_norm_quantize", "fold_depth_to_space",
+    "pack_gemms", "pack_quantized_gemms", "fuse_output_quantize", "fold_depth_to_space",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -210,7 +210,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:  # mark_causal_masks first: it reads the mask's Where / And before fuse_pointwise merges them
         run_passes(g, [bind(mark_causal_masks, keep=kept), bind(compose_reformats, keep=kept),
-                       bind(absorb_quantized_casts, keep=kept), bind(fuse_norm_quantize, keep=kept),
+                       bind(absorb_quantized_casts, keep=kept), bind(fuse_output_quantize, keep=kept),
                        bind(fuse_bias_activation, keep=kept),
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),

@@ -94,9 +94,9 @@ def test_q_k_v_pack_into_one_fp8_gemm_that_computes_the_unpacked_plan_bit_for_bi
     assert len(wide) == 1 and wide[0].in_shapes[2] == (E, 3 * E) and wide[0].in_shapes[4] == (3 * E,)
     assert {"q_proj", "k_proj", "v_proj"} <= set(wide[0].fused_nodes)
     # the attention reads q, k and v as strided views of the packed output: no Split, no head Reshapes left (the
-    # first LayerNorm writes the GEMM's e4m3 input itself: fuse_norm_quantize)
+    # first LayerNorm and the attention write the GEMMs' e4m3 inputs themselves: fuse_output_quantize)
     assert [layer.kind for layer in packed.layers] == [
-        "LayerNormQuantize", "QMatMul", "Attention", "Reshape", "QuantizeLinear", "QMatMul", "LayerNormalization"]
+        "LayerNormQuantize", "QMatMul", "AttentionQuantize", "Reshape", "QMatMul", "LayerNormalization"]
     assert len(unpacked.layers) == len(packed.layers) + 5  # two more GEMMs and three head Reshapes
     assert_same_outputs(packed, unpacked)
 

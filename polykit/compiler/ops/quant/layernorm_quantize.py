@@ -1,5 +1,5 @@
 """ai.polykit LayerNormQuantize: LayerNormalization whose output is quantized in its output stage
-(fuse_norm_quantize makes it from `LayerNormalization -> QuantizeLinear`): an FP8 transformer's
+(fuse_output_quantize makes it from `LayerNormalization -> QuantizeLinear`): an FP8 transformer's
 LayerNorm writes the e4m3 activation the next FP8 GEMM reads, instead of a separate QuantizeLinear layer
 reading the float output back.
 
@@ -26,7 +26,7 @@ X, SCALE, BIAS, Y_SCALE, Y_ZERO = range(5)
 def _layernorm_quantize(ctx: InferContext):
     if ctx.n_inputs != 5 or not all(ctx.has(i) for i in (X, SCALE, Y_SCALE, Y_ZERO)) or ctx.n_outputs not in (1, 2):
         raise ctx.fail("LayerNormQuantize takes X, Scale, B (or \"\"), Y_scale and Y_zero_point and gives Yq [, Y]",
-                       hint="fuse_norm_quantize builds it")
+                       hint="fuse_output_quantize builds it")
     if ctx.dtype(Y_SCALE) not in (None, np.dtype(np.float32)) or ctx.dtype(Y_ZERO) not in (None, *OUT_DTYPES):
         raise ctx.fail(f"Y_scale {ctx.dtype(Y_SCALE)} / zero point {ctx.dtype(Y_ZERO)}: a float32 scale and an "
                        "int8 / uint8 / float8_e4m3fn zero point", hint="other QuantizeLinear forms stay QuantizeLinear")

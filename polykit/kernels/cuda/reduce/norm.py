@@ -197,7 +197,7 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
     where = f"layer {layer.name!r}"
     if q8 and (yq.dtype.name != "float8_e4m3fn" or tensors[layer.inputs[3]].dtype != np.float32):
         raise DeviceError(f"{layer.kind} writes float8_e4m3fn with a float32 scale here, not {yq.dtype}", where=where,
-                          hint="rebuild the plan (fuse_norm_quantize makes only that form) or use --target cpu")
+                          hint="rebuild the plan (fuse_output_quantize makes only that form) or use --target cpu")
     if x.dtype.name not in WARP_ELEMS or y is not None and y.dtype != x.dtype or scale.dtype != x.dtype \
             or bias is not None and bias.dtype != x.dtype:
         raise DeviceError(f"{layer.kind} has no cuda.norm.warp kernel for {x.dtype}", where=where,

@@ -1,8 +1,10 @@
-"""cuda.norm.warp for ai.polykit LayerNormQuantize (norm_warp.cu NW_Q8): LayerNorm whose output stage also
-writes the e4m3 QuantizeLinear of the value it stores. Host side (no GPU): the layers the tactic takes, its
-launch and kernel, and the kernel run on the host (block_emulation.py), whose e4m3 output equals
-QuantizeLinear's reference of its own float output bit for bit and whose float output matches the reference.
-GPU: the same checks on the device, the e4m3 output also within one e4m3 step of the reference's."""
+"""The e4m3 output stages of an FP8 model's LayerNorm and attention (fuse_output_quantize): cuda.norm.warp for
+ai.polykit LayerNormQuantize (norm_warp.cu NW_Q8) and the flash tactics for ai.polykit AttentionQuantize
+(flash_attention.cu FLASH_Q8), each writing the e4m3 QuantizeLinear of the value its 16-bit kernel stores.
+Host side (no GPU): the layers the tactics take, their launches and kernels, and the kernels run on the host
+(block_emulation.py): the e4m3 output equals QuantizeLinear's reference of the float output the same kernel
+writes (LayerNorm: beside it; attention: the unquantized kernel's) bit for bit, and the float output matches the
+reference. GPU: the same checks on the device (LayerNorm: the e4m3 output also within one e4m3 step of the reference's)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import numpy as np
 import pytest
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.quant.attention_quantize import KIND as ATTENTION
 from polykit.compiler.ops.quant.layernorm_quantize import KIND
 from polykit.compiler.ops.references import run_reference
 from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.attention.flash_attention import compile_variants as flash_variants
+from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.reduce.norm import compile_variants, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.test_norm_warp import WARP, emulated, host_buffers, tensors_at  # noqa: F401 (a fixture)
@@ -53,7 +58,7 @@ def quantize(y: np.ndarray) -> np.ndarray:
 
 
 def reference(layer, feeds) -> dict[str, np.ndarray]:
-    node = Node(KIND, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, POLYKIT_DOMAIN)
+    node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, POLYKIT_DOMAIN)
     outs = run_reference(node, [feeds[n] if n else None for n in layer.inputs])
     return dict(zip(layer.outputs, outs))
 
@@ -151,3 +156,100 @@ def test_a_quantized_layer_norm_on_the_gpu_matches_quantize_linear_of_its_output
     assert np.abs(e4m3_ordinal(got["Yq"]) - e4m3_ordinal(want["Yq"])).max() <= 1
     alone = quantized_layer((3, 11, length), dtype, float_out=False)
     np.testing.assert_array_equal(run_on_gpu(alone, feeds, misalign)["Yq"].view(np.uint8), got["Yq"].view(np.uint8))
+
+
+# ---- AttentionQuantize on the flash tactics ------------------------------------------------------
+FLASH = ("cuda.attention.flash", "cuda.attention.flash_q128", "cuda.attention.flash_kv128")
+
+
+def attention_quantize(plain: LayerDesc) -> LayerDesc:
+    """`plain` (an Attention LayerDesc, inputs Q, K, V[, mask]) as AttentionQuantize writing Yq."""
+    ins = tuple(plain.inputs) + (("",) if len(plain.inputs) == 3 else ()) + ("YS", "YZ")
+    dtypes = tuple(plain.in_dtypes) + (("",) if len(plain.inputs) == 3 else ()) + ("float32", "float8_e4m3fn")
+    shapes = tuple(plain.in_shapes) + (((),) if len(plain.inputs) == 3 else ()) + ((), ())
+    return LayerDesc("attq", ATTENTION, ins, ("Yq",), dict(plain.attrs), domain=POLYKIT_DOMAIN, in_dtypes=dtypes,
+                     out_dtypes=("float8_e4m3fn",), in_shapes=shapes, out_shapes=plain.out_shapes)
+
+
+def bert_heads(dtype=np.float16, batch=2, seq=70, mask=True):
+    """BERT's attention on head views of a packed [B, S, 3 E] projection is what the plans run; here [B, H, S, 64]
+    tensors and an additive [B, 1, 1, S] mask, the output written [B, S, H, D] (out_layout bshd)."""
+    from tests.kernels.cuda.test_flash_attention import _arrays, layer_for
+
+    inputs = _arrays((batch, 2, seq, 64), (batch, 2, seq, 64), dtype)
+    if mask:
+        inputs["mask"] = (rng.standard_normal((batch, 1, 1, seq)) * 2).astype(dtype)
+    return inputs, layer_for(inputs, (batch, seq, 2, 64), out_layout="bshd")
+
+
+def test_only_the_flash_tactics_take_a_quantized_attention():
+    inputs, plain = bert_heads()
+    layer = attention_quantize(plain)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH)
+    (kernel,) = find_tactic("cuda", ATTENTION, FLASH[0]).kernels(layer)
+    assert dict(kernel.defines)["FLASH_Q8"] == "1"
+    assert "FLASH_Q8" not in dict(find_tactic("cuda", "Attention", FLASH[0]).kernels(plain)[0].defines)
+    int8 = LayerDesc(layer.name, ATTENTION, layer.inputs, layer.outputs, layer.attrs, domain=POLYKIT_DOMAIN,
+                     in_dtypes=layer.in_dtypes[:5] + ("int8",), out_dtypes=("int8",), in_shapes=layer.in_shapes,
+                     out_shapes=layer.out_shapes)
+    assert candidates("cuda", ATTENTION, int8) == []
+
+
+def test_every_attention_storage_type_compiles_its_quantized_variant_in_ci():
+    q8 = [k for k in flash_variants() if dict(k.defines).get("FLASH_Q8") == "1"]
+    assert {(dict(k.defines)["ELEM"], dict(k.defines).get("ROWS", "1"), dict(k.defines)["BKV"]) for k in q8} == {
+        (e, rows, bkv) for e in ("half_t", "bf16_t") for rows, bkv in (("1", "64"), ("2", "64"), ("1", "128"))}
+
+
+@pytest.fixture(scope="module")
+def flash_emulated(tmp_path_factory):
+    from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
+
+    return host_launcher(tmp_path_factory, "flash_q8_emulated", *kernel_signature("flash_attention.cu", "flash_attention"))
+
+
+def run_attention(launcher, layer, inputs, tactic):
+    dtype = np.dtype(layer.out_dtypes[0])
+    out = np.full(int(np.prod(layer.out_shapes[0])) * dtype.itemsize, 0xFF, np.uint8).view(dtype)  # poisoned
+    out = out.reshape(layer.out_shapes[0])
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    tensors = {n: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for n, a in feeds.items()}
+    tensors[layer.outputs[0]] = DeviceTensor(out.ctypes.data, out.shape, out.dtype)
+    find_tactic("cuda", layer.kind, tactic).enqueue(layer, launcher, tensors)
+    return out, feeds
+
+
+@pytest.mark.parametrize("tactic,dtype,mask", [(FLASH[0], np.float16, True), (FLASH[0], ml_dtypes.bfloat16, False),
+                                               (FLASH[1], np.float16, True), (FLASH[2], np.float16, False)])
+def test_the_emulated_flash_kernel_writes_quantize_linear_of_the_unquantized_kernel_s_output(flash_emulated, tactic,
+                                                                                            dtype, mask):
+    inputs, plain = bert_heads(dtype, mask=mask)
+    o, _ = run_attention(flash_emulated, plain, inputs, tactic)
+    layer = attention_quantize(plain)
+    yq, _ = run_attention(flash_emulated, layer, inputs, tactic)
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)
+
+
+def assert_attention_close(plain, inputs, o, dtype):
+    """The unquantized output o within test_flash_attention's tolerance of the reference (near 0 a float16 error
+    spans many e4m3 steps: Yq is held to QuantizeLinear of o, and o to the reference)."""
+    from tests.kernels.cuda.test_flash_attention import TOL, reference as attention_reference
+
+    want = attention_reference(plain, inputs).astype(np.float64)
+    assert np.linalg.norm(o.astype(np.float64) - want) <= TOL[np.dtype(dtype)] * np.linalg.norm(want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", FLASH)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("seq", [70, 128, 200])
+def test_a_quantized_attention_on_the_gpu_writes_quantize_linear_of_the_attention_s_output(tactic, dtype, seq):
+    from polykit.runtime.cuda.harness import run_layer
+
+    inputs, plain = bert_heads(dtype, batch=3, seq=seq)
+    o = run_layer(plain, inputs, tactic=tactic)["Y"]
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    yq = run_layer(attention_quantize(plain), feeds, tactic=tactic)["Yq"]
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)

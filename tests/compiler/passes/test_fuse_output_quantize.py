@@ -1,6 +1,8 @@
-"""fuse_norm_quantize: a LayerNorm whose output an e4m3 QuantizeLinear reads writes the e4m3 tensor itself
-(ai.polykit LayerNormQuantize), and its float output too where others read it (the residual); plans compute
-bit for bit what the LayerNorm and QuantizeLinear layers computed (cpu target), in float32 and in fp16."""
+"""fuse_output_quantize: a LayerNorm whose output an e4m3 QuantizeLinear reads writes the e4m3 tensor itself
+(ai.polykit LayerNormQuantize), and its float output too where others read it (the residual); an Attention
+whose output reaches such a QuantizeLinear through views writes e4m3 (AttentionQuantize) and the views reshape
+that; plans compute bit for bit what the separate QuantizeLinear layers computed (cpu target), in float32 and
+in fp16."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import pytest
 import polykit.compiler.passes as passes
 from polykit.compiler.builder.builder import build_plan
 from polykit.compiler.builder.config import BuilderConfig
+from polykit.compiler.ops.quant.attention_quantize import KIND as ATTENTION_KIND
 from polykit.compiler.ops.quant.layernorm_quantize import KIND
-from polykit.compiler.passes import fuse_norm_quantize
+from polykit.compiler.passes import fuse_output_quantize
 from polykit.runtime.engine import Engine
 from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
 from tests.compiler.passes.passes_testkit import graph, node, op_counts, run_and_compare
@@ -28,18 +31,21 @@ def fp8_block():
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_the_block_s_layer_norm_writes_e4m3_and_its_residual_and_the_outputs_stay_the_same(fp8_block, monkeypatch,
-                                                                                          fp16):
+def test_the_block_s_layer_norm_and_attention_write_e4m3_and_the_outputs_stay_the_same(fp8_block, monkeypatch, fp16):
     config = BuilderConfig(target="cpu", fp16=fp16)
     plan = build_plan(fp8_block, config)
     (fused,) = [layer for layer in plan.layers if layer.kind == KIND]
     # read by the packed Q/K/V GEMM (e4m3) and by the residual Add in the output projection's epilogue (float)
     assert fused.out_dtypes == ("float8_e4m3fn", "float16" if fp16 else "float32")
-    assert not any(layer.kind == "QuantizeLinear" and layer.inputs[0] in fused.outputs for layer in plan.layers)
+    # the attention writes e4m3 [B, S, H, D]; the merge of its heads is a view of that
+    (attention,) = [layer for layer in plan.layers if layer.kind == ATTENTION_KIND]
+    assert attention.out_dtypes == ("float8_e4m3fn",) and attention.attrs.get("out_layout") == "bshd"
+    assert not any(layer.kind == "QuantizeLinear" for layer in plan.layers)
     with monkeypatch.context() as m:
-        m.setattr(passes, "fuse_norm_quantize", lambda graph, **_: False)
+        m.setattr(passes, "fuse_output_quantize", lambda graph, **_: False)
         before = build_plan(fp8_block, config)
-    assert len(before.layers) == len(plan.layers) + 1
+    assert sum(layer.kind == "QuantizeLinear" for layer in before.layers) == 2
+    assert len(before.layers) == len(plan.layers) + 2
     for seed in (1, 2):
         got = Engine(plan).create_execution_context().execute(feeds(seed))
         want = Engine(before).create_execution_context().execute(feeds(seed))
@@ -60,13 +66,13 @@ def norm_then_quantize(zero=np.zeros((), E4M3), saturate=1, also=False):
 
 
 def test_a_quantize_alone_on_the_norm_makes_one_output():
-    g, changed = run_and_compare(norm_then_quantize(), fuse_norm_quantize)
+    g, changed = run_and_compare(norm_then_quantize(), fuse_output_quantize)
     assert changed and op_counts(g) == {FUSED: 1}
     assert g.nodes[0].outputs == ["q"] and g.nodes[0].inputs[3:] == ["s", "z"]
 
 
 def test_another_reader_of_the_norm_keeps_its_float_output():
-    g, changed = run_and_compare(norm_then_quantize(also=True), fuse_norm_quantize)
+    g, changed = run_and_compare(norm_then_quantize(also=True), fuse_output_quantize)
     assert changed and op_counts(g) == {FUSED: 1, "Relu": 1}
     assert next(n for n in g.nodes if n.op_type == KIND).outputs == ["q", "y"]
 
@@ -75,4 +81,4 @@ def test_another_reader_of_the_norm_keeps_its_float_output():
                                    norm_then_quantize(saturate=0),                     # e4m3 without saturation
                                    norm_then_quantize(zero=np.full((), -0.0, E4M3))])  # a -0 zero point
 def test_other_quantizations_stay_as_written(model):
-    assert not fuse_norm_quantize(model)
+    assert not fuse_output_quantize(model)
