@@ -210,7 +210,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:  # mark_causal_masks first: it reads the mask's Where / And before fuse_pointwise merges them
         run_passes(g, [bind(mark_causal_masks, keep=kept), bind(compose_reformats, keep=kept),
-                       bind(absorb_quantized_casts, keep=kept), bind(fuse_output_quantize, keep=kept),
+                       bind(absorb_quantized_casts, keep=kept), bind(fuse_output_quantize, keep=kept, skip=unfolded),
                        bind(fuse_bias_activation, keep=kept),
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),

@@ -18,7 +18,9 @@ The values are the two ops' exactly: the quantized output is QuantizeLinear of t
 float32 / float16 / bfloat16 X; Attention with one output; a QuantizeLinear whose scale is a one-element
 float32 constant and zero point a one-element float8_e4m3fn +0 constant, `saturate` 1, no `block_size`,
 `precision` float32 or unset. Runs in the builder's last fusion group, after the precision pass (so the
-producer stores the type it computes in).
+producer stores the type it computes in). A fused layer no tactic of the build's target runs (a float32
+attention, a LayerNorm row past cuda.norm.warp's registers) is named by the builder in `skip` and the graph
+optimized again: its producer and QuantizeLinear stay layers, as written.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ NORM_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
-def fuse_output_quantize(graph: Graph, *, keep: Iterable[str] = frozenset()) -> bool:
-    """Fold each LayerNormalization's and Attention's e4m3 QuantizeLinear into it; True if any."""
+def fuse_output_quantize(graph: Graph, *, keep: Iterable[str] = frozenset(), skip: tuple[str, ...] = ()) -> bool:
+    """Fold each LayerNormalization's and Attention's e4m3 QuantizeLinear into it; True if any. A producer whose
+    fused layer would be named in `skip` (`<producer>_quantized`: the builder names the fused layers no tactic of
+    its target runs) stays as it is."""
     if FP8 is None:
         return False
     fixed = protected(graph, keep)
@@ -47,6 +51,8 @@ def fuse_output_quantize(graph: Graph, *, keep: Iterable[str] = frozenset()) -> 
     replacements: dict[int, Node] = {}
     dead: list[Node] = []
     for node in graph.nodes:
+        if fused_name(node) in skip:
+            continue
         if node.op_type == "LayerNormalization" and not node.domain:
             fused = _norm(graph, node, readers, fixed)
         elif node.op_type == "Attention" and node.domain == POLYKIT_DOMAIN:
@@ -54,9 +60,17 @@ def fuse_output_quantize(graph: Graph, *, keep: Iterable[str] = frozenset()) -> 
         else:
             continue
         if fused is not None:
-            replacements[id(node)], q = fused
+            layer, q = fused
+            name = fused_name(node)
+            layer.name = name if not any(n.name == name for n in graph.nodes) else graph.fresh_name(name)
+            layer.attrs["fused_from"] = [*node.attrs.get("fused_from", [node.name]), q.name]
+            replacements[id(node)] = layer
             dead.append(q)
     return replace_nodes(graph, replacements, dead)
+
+
+def fused_name(producer: Node) -> str:
+    return f"{producer.name or producer.outputs[0]}_quantized"
 
 
 def _norm(graph: Graph, norm: Node, readers: dict[str, list[Node]], fixed: set[str]) -> tuple[Node, Node] | None:
@@ -69,8 +83,7 @@ def _norm(graph: Graph, norm: Node, readers: dict[str, list[Node]], fixed: set[s
     others = y in fixed or any(r is not q for r in readers.get(y, []))
     inputs = [norm.input(0), norm.input(1), norm.input(2), q.input(1), q.input(2)]
     attrs = {k: v for k, v in norm.attrs.items() if k in ("axis", "epsilon")}
-    return Node(NORM_KIND, inputs, [q.outputs[0]] + ([y] if others else []), attrs,
-                name=graph.fresh_name(f"{norm.name or y}_quantized"), domain=POLYKIT_DOMAIN), q
+    return Node(NORM_KIND, inputs, [q.outputs[0]] + ([y] if others else []), attrs, domain=POLYKIT_DOMAIN), q
 
 
 def _attention(graph: Graph, attention: Node, readers: dict[str, list[Node]],
@@ -92,8 +105,7 @@ def _attention(graph: Graph, attention: Node, readers: dict[str, list[Node]],
     q = user
     quantized = graph.fresh_name(f"{attention.outputs[0]}_e4m3")
     fused = Node(ATTENTION_KIND, [*attention.inputs[:3], attention.input(3), q.input(1), q.input(2)], [quantized],
-                 dict(attention.attrs), name=graph.fresh_name(f"{attention.name or name}_quantized"),
-                 domain=POLYKIT_DOMAIN)
+                 dict(attention.attrs), domain=POLYKIT_DOMAIN)
     for i, view in enumerate(views):  # the views now reshape the e4m3 tensor (names anew: their type changed)
         view.inputs[0] = quantized
         quantized = q.outputs[0] if i == len(views) - 1 else graph.fresh_name(f"{view.outputs[0]}_e4m3")

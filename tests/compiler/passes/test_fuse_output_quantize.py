@@ -82,3 +82,22 @@ def test_another_reader_of_the_norm_keeps_its_float_output():
                                    norm_then_quantize(zero=np.full((), -0.0, E4M3))])  # a -0 zero point
 def test_other_quantizations_stay_as_written(model):
     assert not fuse_output_quantize(model)
+
+
+def test_a_fused_layer_no_cuda_tactic_runs_is_left_as_its_producer_and_quantize_linear(fp8_block, monkeypatch, caplog):
+    """A float32 cuda build (as for sm_90, nothing compiled): no cuda tactic runs a float32 AttentionQuantize
+    (the flash kernels store 16-bit types), so the attention and its QuantizeLinear stay layers, with a warning;
+    the float32 LayerNorm's e4m3 output stage runs on cuda.norm.warp and stays."""
+    from benchmarks.dynamic_vs_static import pretend_gpu
+
+    with monkeypatch.context() as m:
+        from polykit.compiler.builder import builder as builder_module
+        from polykit.compiler.builder import tuner as tuner_module
+
+        m.setattr(builder_module, "build_device", builder_module.build_device)
+        m.setattr(tuner_module.Tuner, "device", tuner_module.Tuner.device)
+        pretend_gpu("sm_90")
+        plan = build_plan(fp8_block, BuilderConfig(target="cuda", builder_optimization_level=0))
+    kinds = [layer.kind for layer in plan.layers]
+    assert KIND in kinds and ATTENTION_KIND not in kinds and "Attention" in kinds and "QuantizeLinear" in kinds
+    assert "no cuda quantized-output tactic runs" in caplog.text
