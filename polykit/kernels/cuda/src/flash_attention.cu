@@ -48,27 +48,16 @@
 #define FA_Q8_PARAMS , const float* __restrict__ y_scale
 #define FA_Q8_ARGS , y_scale
 
-// flash_store_pairs' outputs as e4m3 bytes: each value rounded to ELEM (what the 16-bit kernel stores), then
-// QuantizeLinear's saturating e4m3 of its IEEE quotient by ys; one 2-byte store a column pair
-template <int NO>
-__device__ __forceinline__ void flash_store_e4m3(u8* head, i64 os, const FlashRows& rows, const float (&o)[NO][4],
-                                                 int row_a, int S, int t4, int nan_to_zero, float ys) {
-  const FlashOut fo = flash_finish(rows, nan_to_zero);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (row_a + 8 * i >= S) continue;
-    u8* dst = head + (i64)(row_a + 8 * i) * os + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < NO; ++j) {
-      ELEM e[2];
-      st(e, 0, fo.out(i, o[j][2 * i]));
-      st(e, 1, fo.out(i, o[j][2 * i + 1]));
-      const unsigned lo = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(ld(e, 0), ys), true);
-      const unsigned hi = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(ld(e, 1), ys), true);
-      *(unsigned short*)(dst + j * 8) = (unsigned short)(lo | (hi << 8));
-    }
+// flash_store_pairs' e4m3 output: the value rounded to ELEM (what the 16-bit kernel stores), then
+// QuantizeLinear's saturating e4m3 of its IEEE quotient by ys
+struct FlashStoreE4m3 {
+  float ys;
+  __device__ __forceinline__ void operator()(u8* pair, int k, float v) const {
+    ELEM e[1];
+    st(e, 0, v);
+    pair[k] = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(ld(e, 0), ys), true);
   }
-}
+};
 #else
 #define FA_OUT ELEM
 #define FA_Q8_PARAMS
@@ -262,7 +251,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(FA_PARAMS) {
   const float ys = y_scale[0];
 #pragma unroll
   for (int m = 0; m < ROWS; ++m)
-    flash_store_e4m3(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero, ys);
+    flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero,
+                      FlashStoreE4m3{ys});
 #else
 #pragma unroll
   for (int m = 0; m < ROWS; ++m)
