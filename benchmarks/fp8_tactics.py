@@ -4,8 +4,10 @@ as for sm_90 (dynamic_vs_static.pretend_gpu: no timing, tactics by priority and 
     # export (torch): DIR/resnet50_bs32.onnx, DIR/resnet50_bs2.onnx (calibration), DIR/bert_bs8.onnx
     /work/zoovenv/bin/python benchmarks/fp8_tactics.py export --dir /tmp/fp8
     # the table (polykit): every layer's kind, precision and tactic, and the products off the FP8 tactics
-    PYTHONPATH=. python benchmarks/fp8_tactics.py table --dir /tmp/fp8 [--out fp8_tactics.json] [--layers]
+    PYTHONPATH=. python benchmarks/fp8_tactics.py table --dir /tmp/fp8 [--out fp8_tactics.json] [--layers] [--models bert]
 
+Each plan's summary counts its layers, those that are not views (`non_view_layers`: a layer whose outputs are
+all views of its input, memory.aliases, copies nothing and launches nothing) and its distinct kernel units.
 `--compile` also compiles every plan's distinct kernels with NVRTC here (no cache, --workers processes) and
 reports their count and seconds: the part of a GPU build that does not need the GPU (the device has 16
 cores; its tactic timing comes on top). The fp16 plans of both models are built alongside for comparison.
@@ -37,6 +39,8 @@ ARCH = "sm_90"
 FP8_TACTIC = "cuda.fp8.sm90_"
 #: file stem -> (model, batch) exported by `export`
 EXPORTS = {"resnet50_bs32": ("resnet50", 32), "resnet50_bs2": ("resnet50", 2), "bert_bs8": ("bert", 8)}
+#: the models `table --models` may name (the ones `export` writes)
+MODELS = ("resnet50", "bert")
 
 
 def export(folder: Path) -> None:
@@ -68,10 +72,17 @@ def compile_seconds(plan: Any, workers: int) -> dict[str, Any]:
 def summary(plan: Any, build_s: float, layers: bool, workers: int = 0, fp8: bool = True) -> dict[str, Any]:
     """The plan's products on and off the FP8 tactics (`fp8`: a plan meant to run them), its other layers by kind
     and tactic (and with `workers`, compile_seconds)."""
+    from polykit.runtime.cuda.nvrtc import unique_units
+    from polykit.runtime.tactic_check import plan_kernels
+
     products = [layer for layer in plan.layers if is_product(layer)]
+    aliases = plan.memory.aliases  # a layer all of whose outputs are views of its input copies nothing
     on = [layer for layer in products if layer.precision == "fp8" and layer.tactic.startswith(FP8_TACTIC)]
     out = {
-        "build_s": round(build_s, 1), "layers": len(plan.layers), "products": len(products),
+        "build_s": round(build_s, 1), "layers": len(plan.layers),
+        "non_view_layers": sum(not all(o in aliases for o in layer.outputs if o) for layer in plan.layers),
+        "kernel_units": len(unique_units(s for layer in plan.layers for s in plan_kernels(plan, layer))),
+        "products": len(products),
         "products_on_fp8_sm90": len(on),
         "products_by_tactic": dict(Counter(f"{layer.kind} {layer.precision} {layer.tactic}" for layer in products)),
         "products_off_fp8_sm90": [f"{layer.name} ({layer.kind} {layer.precision} {layer.tactic})"
@@ -129,14 +140,21 @@ def bert_plan(folder: Path) -> tuple[Any, float]:
     return plan, time.perf_counter() - start
 
 
-def table(folder: Path, layers: bool, workers: int = 0) -> dict[str, Any]:
+def table(folder: Path, layers: bool, workers: int = 0, models: tuple[str, ...] = MODELS) -> dict[str, Any]:
+    """The summaries of `models`' plans (each model's FP8 plan and its fp16 one)."""
     from benchmarks.dynamic_vs_static import pretend_gpu
 
     pretend_gpu(ARCH)
-    return {"arch": ARCH, "resnet50_bs32_fp8": summary(*resnet_plan(folder), layers, workers),
-            "bert_base_bs8_s128_fp8_qdq": summary(*bert_plan(folder), layers, workers),
-            "resnet50_bs32_fp16": summary(*fp16_plan(folder / "resnet50_bs32.onnx"), False, workers, fp8=False),
-            "bert_base_bs8_s128_fp16": summary(*fp16_plan(folder / "bert_bs8.onnx"), False, workers, fp8=False)}
+    out: dict[str, Any] = {"arch": ARCH}
+    if "resnet50" in models:
+        out["resnet50_bs32_fp8"] = summary(*resnet_plan(folder), layers, workers)
+    if "bert" in models:
+        out["bert_base_bs8_s128_fp8_qdq"] = summary(*bert_plan(folder), layers, workers)
+    if "resnet50" in models:
+        out["resnet50_bs32_fp16"] = summary(*fp16_plan(folder / "resnet50_bs32.onnx"), False, workers, fp8=False)
+    if "bert" in models:
+        out["bert_base_bs8_s128_fp16"] = summary(*fp16_plan(folder / "bert_bs8.onnx"), False, workers, fp8=False)
+    return out
 
 
 def main() -> None:
@@ -147,11 +165,17 @@ def main() -> None:
     parser.add_argument("--layers", action="store_true", help="also list every layer")
     parser.add_argument("--compile", action="store_true", help="also time NVRTC over each plan's kernels")
     parser.add_argument("--workers", type=int, default=2, help="NVRTC processes for --compile")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated models to tabulate, of {', '.join(MODELS)} (their exports alone needed)")
     args = parser.parse_args()
     if args.step == "export":
         export(args.dir)
         return
-    text = json.dumps(table(args.dir, args.layers, args.workers if args.compile else 0), indent=2)
+    models = tuple(m for m in args.models.split(",") if m)
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"--models {','.join(unknown)}: not one of {', '.join(MODELS)}")
+    text = json.dumps(table(args.dir, args.layers, args.workers if args.compile else 0, models), indent=2)
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")

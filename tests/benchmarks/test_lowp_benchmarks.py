@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import onnx
 
 from benchmarks import fp8_bert, int8_resnet
@@ -58,9 +59,9 @@ def test_fp8_bert_quantizes_the_linear_layers_and_matches_onnxruntime_on_the_cpu
              "--rounds", "2", "--save-qdq", str(qdq), "--out", str(out))
     result = json.loads(out.read_text())
     assert result["fp8_ms"] > 0 and result["fp16_ms"] > 0 and result["fp8_faster_in_rounds"].endswith(" of 2")
-    # every linear layer an FP8 layer; the fp16 plan has no quantized layer
+    # every linear layer in an FP8 layer (each layer's Q, K and V packed into one); the fp16 plan has no quantized layer
     fp8 = result["products_by_tactic"]["fp8"]
-    assert sum(fp8.values()) == 12 and all(key.startswith("QMatMul fp8 ") for key in fp8), fp8
+    assert sum(fp8.values()) == 8 and all(key.startswith("QMatMul fp8 ") for key in fp8), fp8
     assert not any(" fp8 " in key for key in result["products_by_tactic"]["fp16"])
     ops = [n.op_type for n in onnx.load(str(qdq)).graph.node]
     assert ops.count("DequantizeLinear") == 12 + result["quantized_inputs"] == 12 + ops.count("QuantizeLinear")
@@ -68,3 +69,35 @@ def test_fp8_bert_quantizes_the_linear_layers_and_matches_onnxruntime_on_the_cpu
     # the FP8 plan computes what onnxruntime reads in the Q/DQ model (its other layers in fp16)
     assert checks["fp8_vs_onnxruntime_qdq"]["cosine"] >= 0.9995, checks
     assert checks["fp8_vs_fp16_plan"]["cosine"] >= 0.99 and checks["fp16_vs_onnxruntime_fp32"]["cosine"] >= 0.9995
+
+
+def test_fp8_tactics_counts_launched_layers_and_the_fp8_bert_launches_as_many_as_the_fp16_one(monkeypatch):
+    """benchmarks/fp8_tactics.py's summary of cuda plans built as for sm_90 (nothing timed or compiled): a tiny BERT
+    with explicit FP8 Q/DQ launches as many layers as its fp16 plan (Q, K, V one FP8 GEMM; the LayerNorms write
+    e4m3) but for its attentions' two QuantizeLinear layers: its heads of 16 have no flash kernel, so the
+    attention runs on cuda.attention.simple and its QuantizeLinear stays (the builder's fallback); views are
+    counted apart."""
+    from benchmarks import fp8_tactics
+    from benchmarks.dynamic_vs_static import pretend_gpu
+    from polykit.compiler.builder import builder as builder_module
+    from polykit.compiler.builder import tuner as tuner_module
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
+
+    shapes = {"input_ids": (2, 16), "attention_mask": (2, 16)}
+    feeds = {"input_ids": np.arange(32, dtype=np.int64).reshape(2, 16), "attention_mask": np.ones((2, 16), np.int64)}
+    model = tiny_bert()
+    qdq = insert_fp8_qdq(model, calibrate_fp8(model, [feeds], input_shapes=shapes))
+    monkeypatch.setattr(builder_module, "build_device", builder_module.build_device)
+    monkeypatch.setattr(tuner_module.Tuner, "device", tuner_module.Tuner.device)
+    pretend_gpu(fp8_tactics.ARCH)
+    config = BuilderConfig(target="cuda", fp16=True, input_shapes=shapes, builder_optimization_level=0)
+    fp8 = fp8_tactics.summary(build_plan(qdq, config), 0.0, layers=True)
+    fp16 = fp8_tactics.summary(build_plan(model, config), 0.0, layers=False, fp8=False)
+    assert fp8["products"] == fp8["products_on_fp8_sm90"] == fp16["products"] == 8  # 2 layers: QKV, out, 2 MLP
+    assert fp8["non_view_layers"] == fp16["non_view_layers"] + 2 and fp8["non_view_layers"] < fp8["layers"]
+    others = fp8["other_layers_by_tactic"]
+    assert others["QuantizeLinear fp16 cuda.quantize"] == 2 and others["LayerNormQuantize fp16 cuda.norm.warp"] == 4
+    assert not any(key.startswith("AttentionQuantize") for key in others)
+    assert fp8["kernel_units"] > 0

@@ -355,10 +355,12 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
     INT8 layers no tactic runs (shapes a target's kernels refuse) are left unfolded: they stay
     quantized (the Q/DQ a model carries or insert_qdq makes) and run as Q and DQ layers with the
     op in float32, with a logged warning, so they compute what the INT8 layer would. So do
-    WeightOnlyMatMul layers no tactic runs (their weight is then dequantized at build time)."""
+    WeightOnlyMatMul layers no tactic runs (their weight is then dequantized at build time), and the
+    LayerNormQuantize / AttentionQuantize layers no tactic runs (their producer and QuantizeLinear stay layers)."""
     from polykit.compiler.builder.layer_precision import has_tactic
     from polykit.compiler.plan.records import storage_precision
     from polykit.compiler.ops.quant.int8 import is_int8_layer
+    from polykit.compiler.ops.quant.output_quantize import is_quantized_output
     from polykit.compiler.ops.quant.weight_only import is_weight_only
 
     fp32_nodes: tuple[str, ...] = ()
@@ -383,10 +385,11 @@ def optimize_and_lower(g: Graph, cfg: BuilderConfig, target: str, int8: Int8Setu
         tensors = describe_tensors(optimized, lowered, corners, host, known,
                                    {s: data[s] for s in bound_order(data)})
         lowered.layers = [stamp_layer(layer, tensors) for layer in lowered.layers]
-        unrun = [l for l in lowered.layers
-                 if (is_int8_layer(l) or is_weight_only(l)) and not has_tactic(l, target, arch)]
+        unrun = [l for l in lowered.layers if (is_int8_layer(l) or is_weight_only(l) or is_quantized_output(l))
+                 and not has_tactic(l, target, arch)]
         if unrun and not {l.name for l in unrun} <= set(unfolded):
-            families = sorted({"INT8" if is_int8_layer(l) else "weight-only" for l in unrun})
+            families = sorted({"INT8" if is_int8_layer(l) else "weight-only" if is_weight_only(l)
+                               else "quantized-output" for l in unrun})
             log.warning("no %s %s tactic runs %s; they run in float (their Q/DQ as written)", target, " or ".join(families),
                         ", ".join(f"{l.name!r} ({l.kind} {_fmt(l.in_shapes[2 if is_int8_layer(l) else 1])})"
                                   for l in unrun[:5]))

@@ -33,6 +33,7 @@ from polykit.compiler.passes.fold_qdq import fold_qdq
 from polykit.compiler.passes.fold_weight_only import fold_weight_only
 from polykit.compiler.passes.fuse_bias_activation import fuse_bias_activation
 from polykit.compiler.passes.fuse_movement import fuse_movement
+from polykit.compiler.passes.fuse_output_quantize import fuse_output_quantize
 from polykit.compiler.passes.fuse_pointwise import fuse_pointwise
 from polykit.compiler.passes.fuse_quantize_nhwc import fuse_quantize_nhwc
 from polykit.compiler.passes.fuse_squeeze_excite import fuse_squeeze_excite
@@ -42,6 +43,7 @@ from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.merge_duplicates import merge_duplicates
 from polykit.compiler.passes.pack_gemms import pack_gemms
+from polykit.compiler.passes.pack_quantized_gemms import pack_quantized_gemms
 from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cancel_round_trip_casts
 from polykit.compiler.passes.quantize_pools import quantize_pools
 from polykit.compiler.passes.precision import BF16, F16, convert_precision, convert_to_fp16
@@ -64,7 +66,7 @@ __all__ = [
     "fold_qdq", "absorb_quantized_casts", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
     "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
-    "pack_gemms", "fold_depth_to_space",
+    "pack_gemms", "pack_quantized_gemms", "fuse_output_quantize", "fold_depth_to_space",
 ]
 
 log = logging.getLogger("polykit.passes")
@@ -134,7 +136,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     With `fuse`, GEMMs reading one tensor with constant weights of one K become one GEMM + Split
     (pack_gemms, after fold_conv_batchnorm, before the recognizers, after Q/DQ and weight-only
     folding: only float weights pack; not in builds that calibrate INT8 / FP8, whose scales are
-    keyed by the GEMMs' tensors).
+    keyed by the GEMMs' tensors); FP8 layers sharing their e4m3 input pack the same way
+    (pack_quantized_gemms, after each fold_qdq).
     `fp16=True` (or `bf16=True`) converts the graph to float16 (bfloat16) before fusion
     (convert_precision; layers named in `fp32_layers` stay float32), so the I/O Casts fuse
     with their neighbours.
@@ -177,13 +180,16 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     recognize: list[Pass] = [bind(fold_conv_batchnorm, keep=kept), bind(recognize_gelu, keep=kept),
                              bind(recognize_layernorm, keep=kept), bind(recognize_groupnorm, keep=kept),
                              bind(recognize_attention, keep=kept)]
+    pack_fp8 = bind(pack_quantized_gemms, keep=kept, skip=unfolded)
     if fuse and not (int8 and int8_scales):  # GEMMs sharing an input: one GEMM + Split (float weights only)
         recognize.insert(1, bind(pack_gemms, keep=kept, skip=tuple(fp32_layers) + unfolded))
+    if fuse and int8:  # and FP8 layers sharing their e4m3 input (an explicit model's, folded above)
+        recognize.insert(1, pack_fp8)
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:
         quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers), fp8=fp8)
-        if run_passes(g, [quantize, int8_pools, fold_int8], check):
+        if run_passes(g, [quantize, int8_pools, fold_int8] + ([pack_fp8] if fuse else []), check):
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept), bind(move_row_transposes, keep=kept, attention=fuse)]
     if channels_last:
@@ -204,7 +210,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(eliminate_dead_code, keep=kept)], check, fixed_point=True)
     if fuse:  # mark_causal_masks first: it reads the mask's Where / And before fuse_pointwise merges them
         run_passes(g, [bind(mark_causal_masks, keep=kept), bind(compose_reformats, keep=kept),
-                       bind(absorb_quantized_casts, keep=kept),
+                       bind(absorb_quantized_casts, keep=kept), bind(fuse_output_quantize, keep=kept, skip=unfolded),
                        bind(fuse_bias_activation, keep=kept),
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),

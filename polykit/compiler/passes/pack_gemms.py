@@ -65,7 +65,7 @@ from polykit.compiler.passes.rewrite import protected
 MIN_MEMBERS = 2
 #: views and transposes on the way from a member of dynamic shape to attention's MatMuls
 HEAD_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
-#: how many elementwise ops deep `_ungated` looks for a node two members' outputs meet in
+#: how many elementwise ops deep `ungated` looks for a node two members' outputs meet in
 GATE_DEPTH = 8
 
 
@@ -96,15 +96,15 @@ def pack_gemms(graph: Graph, *, keep: frozenset[str] = frozenset(), skip: tuple[
     changed = False
     for members in groups.values():
         if not gated:
-            members = _ungated(graph, members, readers)
+            members = ungated(graph, members, readers)
         if len(members) >= MIN_MEMBERS:
             _pack(graph, members)
             changed = True
     return changed
 
 
-def _ungated(graph: Graph, members: list[_Member], readers: dict[str, list[Node]]) -> list[_Member]:
-    """The members whose outputs meet no other member's in an elementwise op (within GATE_DEPTH
+def ungated(graph: Graph, members: list, readers: dict[str, list[Node]]) -> list:
+    """The members (each with an `output`) whose outputs meet no other member's in an elementwise op (within GATE_DEPTH
     elementwise steps): a gated MLP's SiLU(gate) * up runs as the up GEMM's epilogue reading the
     gate GEMM's (fuse_bias_activation), as many launches as a packed GEMM + a Pointwise and
     without the packed intermediate's bytes."""
@@ -265,6 +265,17 @@ def _key(graph: Graph, node: Node, member: _Member) -> tuple:
     return x, "Gemm", member.weight.dtype.str, k, trans_b, float(node.attr("alpha", 1.0))  # beta: in each bias
 
 
+def column_split(graph: Graph, packed: str, outputs: list[str], widths: list[int], rank: int, base: str) -> Node:
+    """The Split of `packed` (rank `rank`) along its last axis into `outputs` of `widths` columns each."""
+    attrs: dict = {"axis": rank - 1}
+    inputs = [packed]
+    if graph.opset >= 13:
+        inputs.append(graph.add_initializer(np.array(widths, np.int64), f"{base}_packed_sizes"))
+    else:
+        attrs["split"] = [int(w) for w in widths]
+    return Node("Split", inputs, outputs, attrs, graph.fresh_name(f"{base}_packed_split"))
+
+
 def _pack(graph: Graph, members: list[_Member]) -> None:
     first = members[0].gemm
     dtype = members[0].weight.dtype
@@ -296,15 +307,7 @@ def _pack(graph: Graph, members: list[_Member]) -> None:
             split_in = graph.fresh_name(f"{base}_packed_biased")
             b_name = graph.add_initializer(bias, f"{base}_packed_bias")
             new.append(Node("Add", [packed, b_name], [split_in], {}, graph.fresh_name(f"{base}_packed_bias_add")))
-    sizes = np.array([m.n for m in members], np.int64)
-    split_attrs = {"axis": rank - 1}
-    split_inputs = [split_in]
-    if graph.opset >= 13:
-        split_inputs.append(graph.add_initializer(sizes, f"{base}_packed_sizes"))
-    else:
-        split_attrs["split"] = [int(s) for s in sizes]
-    new.append(Node("Split", split_inputs, [m.output for m in members], split_attrs,
-                    graph.fresh_name(f"{base}_packed_split")))
+    new.append(column_split(graph, split_in, [m.output for m in members], [m.n for m in members], rank, base))
     dead = [n for m in members for n in (m.gemm, *m.folded)]
     at = next(i for i, n in enumerate(graph.nodes) if n is first)
     graph.nodes[at:at] = new

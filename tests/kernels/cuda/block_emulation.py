@@ -61,6 +61,7 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
+inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE division on the host, as on the GPU
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
@@ -181,13 +182,16 @@ class EmulatedLauncher:
 
 def kernel_signature(file: str, kernel: str) -> tuple[str, str]:
     """(parameter list, argument names) of `kernel` in kernel source `file`: EmulatedLauncher's
-    `params` and `args` for a kernel whose .cu has no PARAMS / ARGS macros."""
+    `params` and `args`; for a kernel declared `kernel(X_PARAMS)`, the macros X_PARAMS and X_ARGS
+    (the .cu defines both: flash_attention.cu's FA_PARAMS, whose last parameter a define adds)."""
     from polykit.kernels.cuda.base import kernel_file
 
     found = re.search(kernel + r"\((.*?)\)\s*\{", kernel_file(file, kernel).read_text(), re.S)
     if found is None:
         raise ValueError(f"no kernel {kernel!r} in {file}")
     params = " ".join(found.group(1).replace("__restrict__", "").split())
+    if re.fullmatch(r"\w+_PARAMS", params):
+        return params, params[:-len("PARAMS")] + "ARGS"
     return params, ", ".join(p.split()[-1] for p in params.split(","))
 
 

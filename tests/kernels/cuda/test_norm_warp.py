@@ -158,7 +158,7 @@ def host_buffers(layer, feeds, shift):
     shapes = dict(zip(layer.outputs, layer.out_shapes))
     dtypes = dict(zip(layer.outputs, layer.out_dtypes))
     tensors, views, keep = {}, {}, []
-    for name in list(layer.inputs) + list(layer.outputs):
+    for name in [n for n in list(layer.inputs) + list(layer.outputs) if n]:  # "": an omitted input
         src = feeds.get(name)
         dt = np.dtype(src.dtype if src is not None else dtypes[name])
         shape = src.shape if src is not None else shapes[name]

@@ -25,6 +25,9 @@ tiles of 128: half the barriers, cp.async waits and softmax rescales a key), bot
 and 64 only (registers) and one priority below cuda.attention.flash: the builder times them against
 it, a plan built without timing keeps it. Their speed is predicted, not yet measured
 (docs/CUDA_KERNELS.md, Attention).
+
+The same three tactics run ai.polykit AttentionQuantize (ops/quant/attention_quantize.py: an FP8 model's
+attention writing the e4m3 input of its output projection) with flash_attention.cu's FLASH_Q8 output stage.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.nn.fused import MASK_CAUSAL, ViewError, kv_groups, operand_view
+from polykit.compiler.ops.quant.attention_quantize import KIND as QUANTIZED, Y_SCALE, Y_ZERO
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.base import ANY, DeviceTensor, KernelSource, cuda_tactic, defines
 
 FILE = "flash_attention.cu"
 ELEMS = {"float16": "half_t", "bfloat16": "bf16_t"}
@@ -209,11 +214,14 @@ class FlashShape:
             return {"block_q": self.block_q, "block_kv": 64, "block_kv_over_128": 32, "warps": 4}
         return {"block_q": self.block_q, "block_kv": self.kv, "warps": 4, "max_head": max(self.heads)}
 
-    def kernel(self, elem: str, head: int, masked: bool = True) -> KernelSource:
+    def kernel(self, elem: str, head: int, masked: bool = True, q8: bool = False) -> KernelSource:
+        """`q8`: AttentionQuantize's e4m3 output stage (FLASH_Q8)."""
         # ROWS only when not 1: the one-m-tile kernels keep the defines (and cache keys' define lines) they had
         rows = {"ROWS": self.rows} if self.rows != 1 else {}
+        quantized = {"FLASH_Q8": 1} if q8 else {}
         return KernelSource("flash_attention", file=FILE,
-                            defines=defines(ELEM=elem, HD=head, BKV=self.block_kv(head), **rows, **mask_defines(masked)))
+                            defines=defines(ELEM=elem, HD=head, BKV=self.block_kv(head), **rows, **mask_defines(masked),
+                                            **quantized))
 
 
 #: cuda.attention.flash; then the larger tiles the builder times against it (priority below it, so a plan
@@ -291,9 +299,16 @@ def at_offset(t: DeviceTensor, offset: int) -> DeviceTensor:
     return t if offset == 0 else replace(t, ptr=t.ptr + offset * np.dtype(t.dtype).itemsize)
 
 
+def quantized_output(layer: Any) -> bool:
+    """An AttentionQuantize layer whose output stage the FLASH_Q8 kernels write: e4m3 out, a float32 scale."""
+    return (layer.kind == QUANTIZED and tuple(getattr(layer, "out_dtypes", ()) or ()) == ("float8_e4m3fn",)
+            and tuple(getattr(layer, "in_dtypes", ()) or ())[Y_SCALE:Y_ZERO + 1] == ("float32", "float8_e4m3fn"))
+
+
 def _supports_of(shape: FlashShape):
     def supports(layer: Any) -> bool:
-        return flash_geometry(layer, heads=shape.heads) is not None
+        return flash_geometry(layer, heads=shape.heads) is not None and (layer.kind != QUANTIZED
+                                                                         or quantized_output(layer))
 
     return supports
 
@@ -301,18 +316,26 @@ def _supports_of(shape: FlashShape):
 def _kernels_of(shape: FlashShape):
     def kernels(layer: Any) -> list[KernelSource]:
         dtype, head = flash_geometry(layer, heads=shape.heads)
-        return [shape.kernel(ELEMS[dtype], head, has_mask(layer))]
+        return [shape.kernel(ELEMS[dtype], head, has_mask(layer), layer.kind == QUANTIZED)]
 
     return kernels
 
 
 def _enqueue_of(shape: FlashShape):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        q8 = layer.kind == QUANTIZED
+        if q8 and (tensors[layer.outputs[0]].dtype.name != "float8_e4m3fn"
+                   or tensors[layer.inputs[Y_SCALE]].dtype != np.float32):
+            raise DeviceError(f"{layer.kind} writes float8_e4m3fn with a float32 scale here, not "
+                              f"{tensors[layer.outputs[0]].dtype}", where=f"layer {layer.name!r}",
+                              hint="rebuild the plan (fuse_output_quantize makes only that form) or use --target cpu")
         run = flash_launch(layer, tensors, shape.block_q)
         if run is None:
             return
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-        launcher.launch(shape.kernel(elem, run.head, has_mask(layer)), run.grid, (128,), list(run.args), shared_mem=shape.smem(run.head))
+        args = list(run.args) + ([tensors[layer.inputs[Y_SCALE]]] if q8 else [])
+        launcher.launch(shape.kernel(elem, run.head, has_mask(layer), q8), run.grid, (128,), args,
+                        shared_mem=shape.smem(run.head))
 
     return enqueue
 
@@ -323,10 +346,12 @@ _supports = _supports_of(SHAPES[0])  # cuda.attention.flash's
 def compile_variants() -> list[KernelSource]:
     """Every masked variant; the unmasked ones differ by one #if (FLASH_MASKED): one a block shape."""
     return [s.kernel(e, d) for s in SHAPES for e in ELEMS.values() for d in s.heads] + \
-        [s.kernel("half_t", s.heads[-1], masked=False) for s in SHAPES]
+        [s.kernel("half_t", s.heads[-1], masked=False) for s in SHAPES] + \
+        [s.kernel(e, 64, q8=True) for s in SHAPES for e in ELEMS.values()]  # AttentionQuantize (BERT's head 64)
 
 
 for _shape in SHAPES:
-    cuda_tactic("Attention", _shape.name, kernels=_kernels_of(_shape), supports=_supports_of(_shape),
-                priority=_shape.priority,
-                params=_shape.params)(_enqueue_of(_shape))
+    for _kind in ("Attention", QUANTIZED):
+        cuda_tactic(_kind, _shape.name, kernels=_kernels_of(_shape), supports=_supports_of(_shape),
+                    priority=_shape.priority, domain=POLYKIT_DOMAIN if _kind == QUANTIZED else ANY,
+                    params=_shape.params)(_enqueue_of(_shape))

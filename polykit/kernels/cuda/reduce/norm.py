@@ -1,6 +1,7 @@
 """Normalization tactics: Layer/Group/Instance/RMS normalization as per-row block reductions
 (cuda.norm.rows, norm.cu), Layer/RMS normalization of rows that fit a warp's registers
-(cuda.norm.warp, norm_warp.cu: one read of x, 16-byte vectors where aligned), inference
+(cuda.norm.warp, norm_warp.cu: one read of x, 16-byte vectors where aligned; ai.polykit LayerNormQuantize
+with its e4m3 output stage, NW_Q8), inference
 BatchNormalization as one pass over the tensor (cuda.norm.batch)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.layernorm_quantize import KIND as QUANTIZED
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
@@ -139,9 +142,11 @@ def warp_geometry(length: int, itemsize: int) -> WarpGeometry | None:
     return best
 
 
-def warp_kernel(dtype: str, geometry: WarpGeometry) -> KernelSource:
-    return KernelSource("norm_warp", WARP_FILE,
-                        defines=defines(ELEM=WARP_ELEMS[dtype][0], NW_LANES=geometry.lanes, NW_CHUNKS=geometry.chunks))
+def warp_kernel(dtype: str, geometry: WarpGeometry, q8: bool = False) -> KernelSource:
+    """norm_warp.cu for this storage type and geometry; `q8`: LayerNormQuantize's e4m3 output stage (NW_Q8)."""
+    extra = {"NW_Q8": 1} if q8 else {}
+    return KernelSource("norm_warp", WARP_FILE, defines=defines(ELEM=WARP_ELEMS[dtype][0], NW_LANES=geometry.lanes,
+                                                                NW_CHUNKS=geometry.chunks, **extra))
 
 
 def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
@@ -154,8 +159,14 @@ def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
         return None
     dtype = dtypes[0]
     _, length = _last_axes(layer, tuple(shapes[0]))
-    if dtype not in WARP_ELEMS or any(d and d != dtype for d in dtypes[1:3] + outs[:1]) \
-            or any(d and d != "float32" for d in outs[1:3]):
+    if layer.kind == QUANTIZED:  # Yq e4m3, then Y (optional) of X's type; no statistics
+        values, stats = outs[1:2], ()
+        if outs[:1] != ("float8_e4m3fn",) or dtypes[3:5] != ("float32", "float8_e4m3fn"):
+            return None
+    else:
+        values, stats = outs[:1], outs[1:3]
+    if dtype not in WARP_ELEMS or any(d and d != dtype for d in dtypes[1:3] + values) \
+            or any(d and d != "float32" for d in stats):
         return None
     for shape in shapes[1:3]:
         if shape and (not all(isinstance(d, int) for d in shape) or int(np.prod(shape)) not in (1, length)):
@@ -166,7 +177,7 @@ def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
 
 def _warp_kernels(layer) -> list[KernelSource]:
     layout = _warp_layout(layer) if layer is not None else None
-    return [warp_kernel(*layout)] if layout is not None else []
+    return [warp_kernel(*layout, q8=layer.kind == QUANTIZED)] if layout is not None else []
 
 
 def _aligned(*tensors: DeviceTensor | None) -> bool:
@@ -177,11 +188,17 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
     """(kernel, grid, block, arguments) of cuda.norm.warp for these tensors; None when empty.
     16-byte vectors (vec 1) where L is a whole number of them and X, Y and the L-element scale and
     bias start 16-byte aligned; element by element otherwise."""
-    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
-    scale, bias = _opt(layer, tensors, layer.inputs, 1), _opt(layer, tensors, layer.inputs, 2)
-    mean, rstd = _opt(layer, tensors, layer.outputs, 1), _opt(layer, tensors, layer.outputs, 2)
+    q8 = layer.kind == QUANTIZED
+    x, scale, bias = tensors[layer.inputs[0]], _opt(layer, tensors, layer.inputs, 1), _opt(layer, tensors, layer.inputs, 2)
+    if q8:  # LayerNormQuantize: Yq, then Y only where the float output has other readers
+        yq, y, mean, rstd = tensors[layer.outputs[0]], _opt(layer, tensors, layer.outputs, 1), None, None
+    else:
+        y, mean, rstd = tensors[layer.outputs[0]], _opt(layer, tensors, layer.outputs, 1), _opt(layer, tensors, layer.outputs, 2)
     where = f"layer {layer.name!r}"
-    if x.dtype.name not in WARP_ELEMS or y.dtype != x.dtype or scale.dtype != x.dtype \
+    if q8 and (yq.dtype.name != "float8_e4m3fn" or tensors[layer.inputs[3]].dtype != np.float32):
+        raise DeviceError(f"{layer.kind} writes float8_e4m3fn with a float32 scale here, not {yq.dtype}", where=where,
+                          hint="rebuild the plan (fuse_output_quantize makes only that form) or use --target cpu")
+    if x.dtype.name not in WARP_ELEMS or y is not None and y.dtype != x.dtype or scale.dtype != x.dtype \
             or bias is not None and bias.dtype != x.dtype:
         raise DeviceError(f"{layer.kind} has no cuda.norm.warp kernel for {x.dtype}", where=where,
                           hint="rebuild the plan (cuda.norm.rows runs other storage types)")
@@ -194,15 +211,17 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
     if geometry is None:
         raise DeviceError(f"rows of {length} elements do not fit cuda.norm.warp's registers", where=where,
                           hint="rebuild the plan for these shapes (cuda.norm.rows runs long rows)")
-    vec = length % (16 // x.dtype.itemsize) == 0 and _aligned(x, y, scale if scale.size > 1 else None,
-                                                               bias if bias is not None and bias.size > 1 else None)
+    per_vector = 16 // x.dtype.itemsize  # elements a 16-byte vector holds: the e4m3 bytes of one store
+    vec = length % per_vector == 0 and _aligned(x, y, scale if scale.size > 1 else None,
+                                                bias if bias is not None and bias.size > 1 else None) \
+        and (not q8 or yq.ptr % per_vector == 0)
     i32, f32 = np.int32, np.float32
-    args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
+    args = [x, scale, bias if bias is not None else 0, y if y is not None else 0, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, i32(length), i32(scale.size),
             i32(bias.size if bias is not None else 1), f32(layer.attrs.get("epsilon", 1e-5)),
-            i32(layer.kind == "RMSNormalization"), i32(vec)]
+            i32(layer.kind == "RMSNormalization"), i32(vec)] + ([yq, tensors[layer.inputs[3]]] if q8 else [])
     grid = (min(-(-rows // geometry.rows_per_block), MAX_GRID), 1, 1)
-    return warp_kernel(x.dtype.name, geometry), grid, (WARP_THREADS, 1, 1), args
+    return warp_kernel(x.dtype.name, geometry, q8), grid, (WARP_THREADS, 1, 1), args
 
 
 def enqueue_warp(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -216,15 +235,20 @@ for _kind in ("LayerNormalization", "GroupNormalization", "InstanceNormalization
 for _kind in ("LayerNormalization", "RMSNormalization"):  # ahead of cuda.norm.rows at level 0; timed against it
     cuda_tactic(_kind, "cuda.norm.warp", kernels=_warp_kernels, priority=1,
                 supports=lambda layer: _warp_layout(layer) is not None)(enqueue_warp)
+cuda_tactic(QUANTIZED, "cuda.norm.warp", kernels=_warp_kernels, domain=POLYKIT_DOMAIN,
+            supports=lambda layer: _warp_layout(layer) is not None)(enqueue_warp)
 cuda_tactic("BatchNormalization", "cuda.norm.batch", kernels=_kernels,
             supports=stored_as(*STORED, then=lambda layer: not layer.attrs.get("training_mode", 0)))(enqueue_batchnorm)
 
 
 def compile_variants() -> list[KernelSource]:
     """norm.cu's entry points, and norm_warp.cu for every storage type with the fewest lanes and
-    vectors and with the most (the register-heaviest variant), and every lane count in fp16."""
+    vectors and with the most (the register-heaviest variant), and every lane count in fp16; its NW_Q8
+    form (LayerNormQuantize) for every storage type at the fewest and the most."""
     shapes = {(dtype, WarpGeometry(4, 1)) for dtype in WARP_ELEMS} | {
         (dtype, WarpGeometry(32, WARP_MAX_CHUNKS[size])) for dtype, (_, size) in WARP_ELEMS.items()} | {
         ("float16", WarpGeometry(lanes, 3)) for lanes in WARP_LANES}
     warp = [warp_kernel(dtype, geometry) for dtype, geometry in sorted(shapes, key=repr)]
+    extremes = [(dtype, g) for dtype, g in sorted(shapes, key=repr) if g.lanes in (4, 32) and g.chunks != 3]
+    warp += [warp_kernel(dtype, geometry, q8=True) for dtype, geometry in extremes]
     return [KernelSource(f"{p}_{c}", FILE) for p in ("norm_rows", "batchnorm") for c in DTYPES] + warp

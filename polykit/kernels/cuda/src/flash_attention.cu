@@ -24,6 +24,9 @@
 // broadcasts over B1): grid z = B1 * B2, and every tensor (mask included) adds zo * (its outer
 // stride) for zo = z / B2 to b * (its batch stride) for b = z % B2 (B2 = B and outer strides 0
 // for rank <= 4).
+// FLASH_Q8 1 (ai.polykit AttentionQuantize): O is float8_e4m3fn, each output the saturating round-to-nearest-even
+// e4m3 of (the ELEM value the 16-bit kernel stores) / y_scale[0] (an IEEE division: QuantizeLinear of that
+// output), two bytes a store; y_scale is the last parameter.
 // Launch: grid (ceil(S / BQ), H, B1 * B2), block 128, dynamic shared memory (BQ + 4 * BKV) * HD * 2 B.
 #ifndef ROWS
 #define ROWS 1
@@ -36,6 +39,30 @@
 #define FLASH_MASK_ROW_UNROLL (ROWS == 2 || BKV == 128 ? 1 : 2)
 #include "flash_common.cuh"
 #define CHUNKS (HD / 8)  // 16-byte chunks per row
+#ifndef FLASH_Q8
+#define FLASH_Q8 0
+#endif
+#if FLASH_Q8
+#include "lowp.cuh"
+#define FA_OUT u8
+#define FA_Q8_PARAMS , const float* __restrict__ y_scale
+#define FA_Q8_ARGS , y_scale
+
+// flash_store_pairs' e4m3 output: the value rounded to ELEM (what the 16-bit kernel stores), then
+// QuantizeLinear's saturating e4m3 of its IEEE quotient by ys
+struct FlashStoreE4m3 {
+  float ys;
+  __device__ __forceinline__ void operator()(u8* pair, int k, float v) const {
+    ELEM e[1];
+    st(e, 0, v);
+    pair[k] = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(ld(e, 0), ys), true);
+  }
+};
+#else
+#define FA_OUT ELEM
+#define FA_Q8_PARAMS
+#define FA_Q8_ARGS
+#endif
 
 template <class T> struct MmaName;
 template <> struct MmaName<half_t> {
@@ -101,11 +128,17 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, const ELEM* base,
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) flash_attention(
-    const ELEM* __restrict__ Q, const ELEM* __restrict__ K, const ELEM* __restrict__ V, ELEM* __restrict__ O,
-    const void* __restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb, i64 vh,
-    i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero,
-    int kv_groups, int causal_off, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo) {
+// the kernel's parameters and their names (the host emulation's launch, tests/kernels/cuda/block_emulation.py)
+#define FA_PARAMS                                                                                                 \
+  const ELEM *__restrict__ Q, const ELEM *__restrict__ K, const ELEM *__restrict__ V, FA_OUT *__restrict__ O,     \
+      const void *__restrict__ mask, int S, int Skv, i64 qb, i64 qh, i64 qs, i64 kb, i64 kh, i64 ks, i64 vb,      \
+      i64 vh, i64 vs, i64 ob, i64 oh, i64 os, i64 mb, i64 mh, i64 mq, i64 mk, float scale, int mask_kind,         \
+      int nan_to_zero, int kv_groups, int causal_off, int B2, i64 qbo, i64 kbo, i64 vbo, i64 obo, i64 mbo FA_Q8_PARAMS
+#define FA_ARGS                                                                                                  \
+  Q, K, V, O, mask, S, Skv, qb, qh, qs, kb, kh, ks, vb, vh, vs, ob, oh, os, mb, mh, mq, mk, scale, mask_kind,      \
+      nan_to_zero, kv_groups, causal_off, B2, qbo, kbo, vbo, obo, mbo FA_Q8_ARGS
+
+extern "C" __global__ void __launch_bounds__(128) flash_attention(FA_PARAMS) {
   extern __shared__ __align__(128) unsigned char fa_sm[];
   unsigned char* sQ = fa_sm;
   unsigned char* sK = sQ + BQ * HD * 2;   // 2 buffers
@@ -214,7 +247,15 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   }
 
   // normalize and store rows row_a + 16 m, row_a + 16 m + 8; undefined rows -> NaN (or 0)
+#if FLASH_Q8
+  const float ys = y_scale[0];
+#pragma unroll
+  for (int m = 0; m < ROWS; ++m)
+    flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero,
+                      FlashStoreE4m3{ys});
+#else
 #pragma unroll
   for (int m = 0; m < ROWS; ++m)
     flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero);
+#endif
 }

@@ -85,12 +85,18 @@ __device__ __forceinline__ void flash_zero(float (&o)[NO][4]) {
   for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 }
 
+// how flash_store_pairs puts an output value into element k of a column pair: a 16-bit output stores it as
+// itself (flash_attention.cu's FLASH_Q8 passes its e4m3 quantizer)
+struct FlashStoreAsIs {
+  template <class T> __device__ __forceinline__ void operator()(T* pair, int k, float v) const { st(pair, k, v); }
+};
+
 // A 16-bit output's rows row_a, row_a + 8 (those < S; `head` is the (b, h) slice, rows os apart):
 // acc / l, or NaN (0 with nan_to_zero) for undefined rows (flash_finish), as column pairs 2 t4, 2 t4 + 1
-// of every 8-wide block (one 4-byte store each)
-template <class T, int NO>
+// of every 8-wide block (one 4-byte store each; 2-byte for an e4m3 output)
+template <class T, int NO, class Store = FlashStoreAsIs>
 __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRows& rows, const float (&o)[NO][4],
-                                                  int row_a, int S, int t4, int nan_to_zero) {
+                                                  int row_a, int S, int t4, int nan_to_zero, Store store = Store()) {
   struct __align__(2 * sizeof(T)) Pair { T v[2]; };
   const FlashOut fo = flash_finish(rows, nan_to_zero);
 #pragma unroll
@@ -100,8 +106,8 @@ __device__ __forceinline__ void flash_store_pairs(T* head, i64 os, const FlashRo
 #pragma unroll
     for (int j = 0; j < NO; ++j) {
       Pair pair;
-      st(pair.v, 0, fo.out(i, o[j][2 * i]));
-      st(pair.v, 1, fo.out(i, o[j][2 * i + 1]));
+      store(pair.v, 0, fo.out(i, o[j][2 * i]));
+      store(pair.v, 1, fo.out(i, o[j][2 * i + 1]));
       *(Pair*)(dst + j * 8) = pair;
     }
   }

@@ -13,8 +13,13 @@
 // their partial sums with xor shuffles (every lane gets the same bits). y = (x - mean) * rstd *
 // scale + bias, rstd = rsqrt(var + eps); float32 mean / inv_std outputs per row when not null.
 //
+// NW_Q8 1 (ai.polykit LayerNormQuantize): the output stage also writes Yq[i] = e4m3(saturate(y_i / y_scale[0])),
+// y_i the value stored as ELEM (QuantizeLinear of Y: lowp.cuh's round-to-nearest-even encode of the IEEE
+// quotient, as quantize.cu's quantize_linear computes it), NW_VEC bytes a store when vec (Yq 8-byte aligned
+// for fp16/bf16, 4 for fp32: the host checks); Y is written only when not null (the float output's other readers).
+//
 // Defines: ELEM (float, half_t, bf16_t), NW_LANES, NW_CHUNKS (1..32 fp32, 1..16 fp16/bf16:
-// L <= NW_CHUNKS * NW_LANES * NW_VEC). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
+// L <= NW_CHUNKS * NW_LANES * NW_VEC), NW_Q8 (0, 1). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
 // stepping over row groups (every thread of a block runs the same iterations, shuffles included;
 // rows past the end only skip their stores).
 #include "dtypes.cuh"
@@ -27,6 +32,12 @@
 #endif
 #ifndef NW_CHUNKS
 #define NW_CHUNKS 1
+#endif
+#ifndef NW_Q8
+#define NW_Q8 0
+#endif
+#if NW_Q8
+#include "lowp.cuh"
 #endif
 #define NW_THREADS 128
 #define NW_VEC ((int)(16 / sizeof(ELEM)))
@@ -95,14 +106,24 @@ __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
 #define NW_PARAMS                                                                                          \
   const ELEM *__restrict__ X, const ELEM *__restrict__ scale, const ELEM *__restrict__ bias, ELEM *__restrict__ Y, \
       float *__restrict__ mean_out, float *__restrict__ rstd_out, i64 rows, int L, int n_scale, int n_bias,      \
-      float eps, int rms, int vec
-#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec
+      float eps, int rms, int vec NW_Q8_PARAMS
+#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec NW_Q8_ARGS
+#if NW_Q8
+#define NW_Q8_PARAMS , u8 *__restrict__ Yq, const float *__restrict__ y_scale
+#define NW_Q8_ARGS , Yq, y_scale
+#else
+#define NW_Q8_PARAMS
+#define NW_Q8_ARGS
+#endif
 
 extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
   const int lane = threadIdx.x % NW_LANES;
   const int sub = threadIdx.x / NW_LANES;
   const float inv_l = 1.0f / (float)L;
   const float s0 = ld(scale, 0), b0 = bias ? ld(bias, 0) : 0.0f;
+#if NW_Q8
+  const float ys = y_scale[0];
+#endif
   for (i64 row0 = (i64)blockIdx.x * NW_ROWS; row0 < rows; row0 += (i64)gridDim.x * NW_ROWS) {
     const i64 row = row0 + sub;
     const bool live = row < rows;
@@ -131,6 +152,9 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
     const float rstd = rsqrtf(nw_row_sum(q) * inv_l + eps);
     if (!live) continue;
     ELEM* yr = Y + row * L;
+#if NW_Q8
+    u8* qr = Yq + row * L;
+#endif
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c) {
       const int qv = c * NW_LANES + lane;
@@ -138,17 +162,38 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
       const uint4 sv = n_scale == 1 ? make_uint4(0u, 0u, 0u, 0u) : nw_load(scale, qv, L, vec);
       const uint4 bv = (bias == nullptr || n_bias == 1) ? make_uint4(0u, 0u, 0u, 0u) : nw_load(bias, qv, L, vec);
       uint4 out = make_uint4(0u, 0u, 0u, 0u);
+#if NW_Q8
+      u8 qb[NW_VEC];
+#endif
 #pragma unroll
       for (int e = 0; e < NW_VEC; ++e) {
         const float g = n_scale == 1 ? s0 : nw_get<ELEM>(sv, e);
         const float b = n_bias == 1 ? b0 : nw_get<ELEM>(bv, e);
         const float v = (nw_get<ELEM>(r[c], e) - mean) * rstd * g + (bias ? b : 0.0f);
+#if NW_Q8
+        uint4 one = make_uint4(0u, 0u, 0u, 0u);  // y as stored (ELEM), read back as float
+        nw_put<ELEM>(one, 0, nw_bits(v, (ELEM*)nullptr));
+        qb[e] = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(nw_get<ELEM>(one, 0), ys), true);
+        if (!vec && qv * NW_VEC + e < L) qr[qv * NW_VEC + e] = qb[e];
+        if (Y == nullptr) continue;
+#endif
         if (vec) {
           nw_put<ELEM>(out, e, nw_bits(v, (ELEM*)nullptr));
         } else if (qv * NW_VEC + e < L) {
           st(yr, qv * NW_VEC + e, v);
         }
       }
+#if NW_Q8
+      if (vec) {
+        unsigned w[NW_VEC / 4];
+#pragma unroll
+        for (int k = 0; k < NW_VEC / 4; ++k)
+          w[k] = qb[4 * k] | (qb[4 * k + 1] << 8) | (qb[4 * k + 2] << 16) | ((unsigned)qb[4 * k + 3] << 24);
+        if (NW_VEC == 8) ((uint2*)qr)[qv] = uint2{w[0], w[NW_VEC / 4 - 1]};
+        else ((unsigned*)qr)[qv] = w[0];
+      }
+      if (Y == nullptr) continue;
+#endif
       if (vec) ((uint4*)yr)[qv] = out;
     }
     if (lane == 0) {

@@ -1,0 +1,255 @@
+"""The e4m3 output stages of an FP8 model's LayerNorm and attention (fuse_output_quantize): cuda.norm.warp for
+ai.polykit LayerNormQuantize (norm_warp.cu NW_Q8) and the flash tactics for ai.polykit AttentionQuantize
+(flash_attention.cu FLASH_Q8), each writing the e4m3 QuantizeLinear of the value its 16-bit kernel stores.
+Host side (no GPU): the layers the tactics take, their launches and kernels, and the kernels run on the host
+(block_emulation.py): the e4m3 output equals QuantizeLinear's reference of the float output the same kernel
+writes (LayerNorm: beside it; attention: the unquantized kernel's) bit for bit, and the float output matches the
+reference. GPU: the same checks on the device (LayerNorm: the e4m3 output also within one e4m3 step of the reference's)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
+from polykit.compiler.ops.quant.attention_quantize import KIND as ATTENTION
+from polykit.compiler.ops.quant.layernorm_quantize import KIND
+from polykit.compiler.ops.references import run_reference
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.attention.flash_attention import compile_variants as flash_variants
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.reduce.norm import compile_variants, warp_launch
+from polykit.kernels.tactics import candidates, find_tactic
+from tests.kernels.cuda.test_norm_warp import WARP, emulated, host_buffers, tensors_at  # noqa: F401 (a fixture)
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+rng = np.random.default_rng(35)
+#: |y| / Y_SCALE reaches past 448 (saturation) and down into e4m3's subnormals
+Y_SCALE = np.float32(0.006)
+
+
+def quantized_layer(shape, dtype=np.float16, *, float_out=True, bias=True):
+    """A LayerNormQuantize LayerDesc stamped as the builder stamps it; outputs Yq [, Y]."""
+    name, length = np.dtype(dtype).name, shape[-1]
+    ins = ("X", "S", "B" if bias else "", "YS", "YZ")
+    outs = ("Yq", "Y") if float_out else ("Yq",)
+    return LayerDesc("lnq", KIND, ins, outs, {"axis": -1, "epsilon": 1e-5}, domain=POLYKIT_DOMAIN,
+                     in_dtypes=(name, name, name if bias else "", "float32", "float8_e4m3fn"),
+                     out_dtypes=("float8_e4m3fn", name)[:len(outs)],
+                     in_shapes=(tuple(shape), (length,), (length,) if bias else (), (), ()),
+                     out_shapes=(tuple(shape),) * len(outs))
+
+
+def feeds_for(layer, dtype=np.float16):
+    shape, length = layer.in_shapes[0], layer.in_shapes[0][-1]
+    feeds = {"X": (rng.standard_normal(shape) * 2 + 0.5).astype(dtype),
+             "S": (rng.standard_normal(length) + 1).astype(dtype),
+             "YS": np.array(Y_SCALE, np.float32), "YZ": np.zeros((), E4M3)}
+    if layer.inputs[2]:
+        feeds["B"] = (rng.standard_normal(length) * 0.5).astype(dtype)
+    return feeds
+
+
+def quantize(y: np.ndarray) -> np.ndarray:
+    """QuantizeLinear's reference (saturating e4m3, zero point +0) of y."""
+    node = Node("QuantizeLinear", ["y", "s", "z"], ["q"])
+    return run_reference(node, [y, np.array(Y_SCALE, np.float32), np.zeros((), E4M3)])[0]
+
+
+def reference(layer, feeds) -> dict[str, np.ndarray]:
+    node = Node(layer.kind, list(layer.inputs), list(layer.outputs), dict(layer.attrs), layer.name, POLYKIT_DOMAIN)
+    outs = run_reference(node, [feeds[n] if n else None for n in layer.inputs])
+    return dict(zip(layer.outputs, outs))
+
+
+def e4m3_ordinal(a: np.ndarray) -> np.ndarray:
+    bits = np.asarray(a, E4M3).view(np.uint8).astype(np.int32)
+    return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
+
+
+def test_the_reference_is_layer_norm_then_quantize_linear_of_its_stored_output():
+    layer = quantized_layer((3, 64))
+    feeds = feeds_for(layer)
+    want = reference(layer, feeds)
+    assert want["Yq"].dtype == E4M3 and want["Y"].dtype == np.float16
+    np.testing.assert_array_equal(want["Yq"].view(np.uint8), quantize(want["Y"]).view(np.uint8))
+    assert np.abs(want["Yq"].astype(np.float32)).max() == 448  # saturated, not NaN
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("float_out", [True, False])
+def test_the_warp_tactic_takes_a_quantized_layer_norm_of_each_storage_type(dtype, float_out):
+    layer = quantized_layer((8, 128, 768), dtype, float_out=float_out)
+    assert [t.name for t in candidates("cuda", KIND, layer)] == [WARP]
+    (kernel,) = find_tactic("cuda", KIND, WARP).kernels(layer)
+    assert dict(kernel.defines)["NW_Q8"] == "1"
+
+
+def test_an_int8_quantized_layer_norm_has_no_cuda_tactic():
+    layer = quantized_layer((4, 64))
+    layer = LayerDesc(layer.name, KIND, layer.inputs, layer.outputs, layer.attrs, domain=POLYKIT_DOMAIN,
+                      in_dtypes=layer.in_dtypes[:4] + ("int8",), out_dtypes=("int8", "float16"),
+                      in_shapes=layer.in_shapes, out_shapes=layer.out_shapes)
+    assert candidates("cuda", KIND, layer) == []
+
+
+def test_the_launch_passes_yq_and_the_scale_and_takes_vectors_only_where_yq_is_aligned():
+    layer = quantized_layer((2, 3, 768))
+    kernel, grid, block, args = warp_launch(layer, tensors_at(layer))
+    tensors = tensors_at(layer)
+    assert args[3] == tensors["Y"] and args[-2:] == [tensors["Yq"], tensors["YS"]] and args[-3] == 1
+    assert warp_launch(layer, tensors_at(layer, shift={"Yq": 4}))[3][-3] == 0  # 8 e4m3 bytes a store
+    alone = quantized_layer((2, 3, 768), float_out=False)
+    assert warp_launch(alone, tensors_at(alone))[3][3] == 0  # no float output: Y is null
+
+
+def test_every_storage_type_compiles_its_quantized_variant_in_ci():
+    q8 = [k for k in compile_variants() if k.file == "norm_warp.cu" and dict(k.defines).get("NW_Q8") == "1"]
+    assert {dict(k.defines)["ELEM"] for k in q8} == {"float", "half_t", "bf16_t"}
+    assert {int(dict(k.defines)["NW_LANES"]) for k in q8} == {4, 32}
+
+
+# ---- the kernel on the host ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape,dtype,bias,shift", [
+    ((3, 96), np.float16, True, {}),                 # 4 lanes x 3 vectors, 8 e4m3 bytes a store
+    ((5, 100), np.float16, True, {}),                # tail: element path
+    ((9, 64), np.float32, False, {}),                # fp32: 4 e4m3 bytes a store
+    ((3, 768), np.float16, True, {"Yq": 4}),         # misaligned Yq: element path
+    ((6, 64), ml_dtypes.bfloat16, True, {}),
+])
+def test_the_emulated_kernel_writes_quantize_linear_of_its_own_output(emulated, shape, dtype, bias, shift):
+    layer = quantized_layer(shape, dtype, bias=bias)
+    feeds = feeds_for(layer, dtype)
+    tensors, views, _keep = host_buffers(layer, feeds, shift)
+    find_tactic("cuda", KIND, WARP).enqueue(layer, emulated, tensors)
+    np.testing.assert_array_equal(views["Yq"].view(np.uint8), quantize(views["Y"]).view(np.uint8))
+    want = reference(layer, feeds)
+    tol = {np.float16: 2e-3, ml_dtypes.bfloat16: 2e-2}.get(dtype, 1e-5)
+    np.testing.assert_allclose(views["Y"].astype(np.float64), want["Y"].astype(np.float64), rtol=tol, atol=tol)
+    alone = quantized_layer(shape, dtype, float_out=False, bias=bias)
+    tensors, only, _keep2 = host_buffers(alone, feeds, shift)
+    find_tactic("cuda", KIND, WARP).enqueue(alone, emulated, tensors)
+    np.testing.assert_array_equal(only["Yq"].view(np.uint8), views["Yq"].view(np.uint8))
+
+
+# ---- GPU -------------------------------------------------------------------------------------------
+def run_on_gpu(layer, feeds, misalign=None):
+    from polykit.runtime.cuda.harness import run_layer
+
+    return run_layer(layer, feeds, tactic=WARP, misalign=misalign)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("length", [7, 96, 768, 1024, 4096])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("misalign", [None, {"Yq": 4}])
+def test_a_quantized_layer_norm_on_the_gpu_matches_quantize_linear_of_its_output(length, dtype, misalign):
+    layer = quantized_layer((3, 11, length), dtype)
+    feeds = feeds_for(layer, dtype)
+    got = run_on_gpu(layer, feeds, misalign)
+    np.testing.assert_array_equal(got["Yq"].view(np.uint8), quantize(got["Y"]).view(np.uint8))
+    want = reference(layer, feeds)
+    tol = {np.float32: 1e-4, np.float16: 5e-3}.get(dtype, 3e-2)
+    np.testing.assert_allclose(got["Y"].astype(np.float64), want["Y"].astype(np.float64), rtol=tol, atol=tol)
+    # Y differs from the reference's by its rounding at most, so Yq by at most one e4m3 step
+    assert np.abs(e4m3_ordinal(got["Yq"]) - e4m3_ordinal(want["Yq"])).max() <= 1
+    alone = quantized_layer((3, 11, length), dtype, float_out=False)
+    np.testing.assert_array_equal(run_on_gpu(alone, feeds, misalign)["Yq"].view(np.uint8), got["Yq"].view(np.uint8))
+
+
+# ---- AttentionQuantize on the flash tactics ------------------------------------------------------
+FLASH = ("cuda.attention.flash", "cuda.attention.flash_q128", "cuda.attention.flash_kv128")
+
+
+def attention_quantize(plain: LayerDesc) -> LayerDesc:
+    """`plain` (an Attention LayerDesc, inputs Q, K, V[, mask]) as AttentionQuantize writing Yq."""
+    ins = tuple(plain.inputs) + (("",) if len(plain.inputs) == 3 else ()) + ("YS", "YZ")
+    dtypes = tuple(plain.in_dtypes) + (("",) if len(plain.inputs) == 3 else ()) + ("float32", "float8_e4m3fn")
+    shapes = tuple(plain.in_shapes) + (((),) if len(plain.inputs) == 3 else ()) + ((), ())
+    return LayerDesc("attq", ATTENTION, ins, ("Yq",), dict(plain.attrs), domain=POLYKIT_DOMAIN, in_dtypes=dtypes,
+                     out_dtypes=("float8_e4m3fn",), in_shapes=shapes, out_shapes=plain.out_shapes)
+
+
+def bert_heads(dtype=np.float16, batch=2, seq=70, mask=True):
+    """BERT's attention on head views of a packed [B, S, 3 E] projection is what the plans run; here [B, H, S, 64]
+    tensors and an additive [B, 1, 1, S] mask, the output written [B, S, H, D] (out_layout bshd)."""
+    from tests.kernels.cuda.test_flash_attention import _arrays, layer_for
+
+    inputs = _arrays((batch, 2, seq, 64), (batch, 2, seq, 64), dtype)
+    if mask:
+        inputs["mask"] = (rng.standard_normal((batch, 1, 1, seq)) * 2).astype(dtype)
+    return inputs, layer_for(inputs, (batch, seq, 2, 64), out_layout="bshd")
+
+
+def test_only_the_flash_tactics_take_a_quantized_attention():
+    inputs, plain = bert_heads()
+    layer = attention_quantize(plain)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH)
+    (kernel,) = find_tactic("cuda", ATTENTION, FLASH[0]).kernels(layer)
+    assert dict(kernel.defines)["FLASH_Q8"] == "1"
+    assert "FLASH_Q8" not in dict(find_tactic("cuda", "Attention", FLASH[0]).kernels(plain)[0].defines)
+    int8 = LayerDesc(layer.name, ATTENTION, layer.inputs, layer.outputs, layer.attrs, domain=POLYKIT_DOMAIN,
+                     in_dtypes=layer.in_dtypes[:5] + ("int8",), out_dtypes=("int8",), in_shapes=layer.in_shapes,
+                     out_shapes=layer.out_shapes)
+    assert candidates("cuda", ATTENTION, int8) == []
+
+
+def test_every_attention_storage_type_compiles_its_quantized_variant_in_ci():
+    q8 = [k for k in flash_variants() if dict(k.defines).get("FLASH_Q8") == "1"]
+    assert {(dict(k.defines)["ELEM"], dict(k.defines).get("ROWS", "1"), dict(k.defines)["BKV"]) for k in q8} == {
+        (e, rows, bkv) for e in ("half_t", "bf16_t") for rows, bkv in (("1", "64"), ("2", "64"), ("1", "128"))}
+
+
+@pytest.fixture(scope="module")
+def flash_emulated(tmp_path_factory):
+    from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
+
+    return host_launcher(tmp_path_factory, "flash_q8_emulated", *kernel_signature("flash_attention.cu", "flash_attention"))
+
+
+def run_attention(launcher, layer, inputs, tactic):
+    dtype = np.dtype(layer.out_dtypes[0])
+    out = np.full(int(np.prod(layer.out_shapes[0])) * dtype.itemsize, 0xFF, np.uint8).view(dtype)  # poisoned
+    out = out.reshape(layer.out_shapes[0])
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    tensors = {n: DeviceTensor(a.ctypes.data, a.shape, a.dtype) for n, a in feeds.items()}
+    tensors[layer.outputs[0]] = DeviceTensor(out.ctypes.data, out.shape, out.dtype)
+    find_tactic("cuda", layer.kind, tactic).enqueue(layer, launcher, tensors)
+    return out, feeds
+
+
+@pytest.mark.parametrize("tactic,dtype,mask", [(FLASH[0], np.float16, True), (FLASH[0], ml_dtypes.bfloat16, False),
+                                               (FLASH[1], np.float16, True), (FLASH[2], np.float16, False)])
+def test_the_emulated_flash_kernel_writes_quantize_linear_of_the_unquantized_kernel_s_output(flash_emulated, tactic,
+                                                                                            dtype, mask):
+    inputs, plain = bert_heads(dtype, mask=mask)
+    o, _ = run_attention(flash_emulated, plain, inputs, tactic)
+    layer = attention_quantize(plain)
+    yq, _ = run_attention(flash_emulated, layer, inputs, tactic)
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)
+
+
+def assert_attention_close(plain, inputs, o, dtype):
+    """The unquantized output o within test_flash_attention's tolerance of the reference (near 0 a float16 error
+    spans many e4m3 steps: Yq is held to QuantizeLinear of o, and o to the reference)."""
+    from tests.kernels.cuda.test_flash_attention import TOL, reference as attention_reference
+
+    want = attention_reference(plain, inputs).astype(np.float64)
+    assert np.linalg.norm(o.astype(np.float64) - want) <= TOL[np.dtype(dtype)] * np.linalg.norm(want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", FLASH)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("seq", [70, 128, 200])
+def test_a_quantized_attention_on_the_gpu_writes_quantize_linear_of_the_attention_s_output(tactic, dtype, seq):
+    from polykit.runtime.cuda.harness import run_layer
+
+    inputs, plain = bert_heads(dtype, batch=3, seq=seq)
+    o = run_layer(plain, inputs, tactic=tactic)["Y"]
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    yq = run_layer(attention_quantize(plain), feeds, tactic=tactic)["Yq"]
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)
