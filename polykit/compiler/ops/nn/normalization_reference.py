@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.norm_row_map import ROW_MAP, check_row_map, row_destinations
 from polykit.compiler.ops.references import reference
+from polykit.errors import RuntimeInputError
 
 
 def _per_channel(p: np.ndarray, rank: int) -> np.ndarray:
@@ -113,3 +118,21 @@ def mean_variance_normalization(node, inputs):
     mean = x64.mean(axis=axes, keepdims=True)
     std = np.sqrt(np.maximum(np.mean(x64 * x64, axis=axes, keepdims=True) - mean * mean, 0.0))
     return [((x64 - mean) / (std + 1e-9)).astype(x.dtype)]
+
+
+@reference("LayerNormalization", "RMSNormalization", domain=POLYKIT_DOMAIN)
+def mapped_normalization(node, inputs):
+    """The ONNX norm, its rows then written to the positions of `row_map` (ops/nn/norm_row_map.py)."""
+    x = inputs[0]
+    axis = int(node.attrs.get("axis", -1)) % x.ndim
+    try:
+        shape = check_row_map(node.attrs.get(ROW_MAP), x.shape, axis)
+    except ValueError as exc:
+        raise RuntimeInputError(str(exc), where=node.describe(), hint="the input's shape is not the one the node "
+                                "was built for") from None
+    plain = layer_normalization if node.op_type == "LayerNormalization" else rms_normalization
+    y = plain(node, inputs)[0]
+    rows = y.reshape(math.prod(x.shape[:axis]), -1)
+    out = np.empty_like(rows)
+    out[row_destinations(node.attrs[ROW_MAP])] = rows
+    return [out.reshape(shape)]

@@ -1,7 +1,9 @@
 """Normalization tactics: Layer/Group/Instance/RMS normalization as per-row block reductions
 (cuda.norm.rows, norm.cu), Layer/RMS normalization of rows that fit a warp's registers
 (cuda.norm.warp, norm_warp.cu: one read of x, 16-byte vectors where aligned), inference
-BatchNormalization as one pass over the tensor (cuda.norm.batch)."""
+BatchNormalization as one pass over the tensor (cuda.norm.batch). A Layer/RMS normalization with a
+row map (ai.polykit, ops/nn/norm_row_map.py) writes its rows permuted: both Layer/RMS tactics take
+the map as runtime arguments (norm_row_map.cuh, `row_map_args`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ops.nn.norm_row_map import MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, row_dims
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
@@ -57,6 +60,38 @@ def _last_axes(layer, shape: tuple[int, ...]) -> tuple[int, int]:
     return (int(np.prod(shape, dtype=np.int64)) // length if length else 0), length
 
 
+#: a row map's kernel arguments: dims, then per dim (inner first) n, shift, q, a, b
+ROW_MAP_ARGS = 1 + 5 * MAX_ROW_DIMS
+
+
+def row_map_args(layer, rows: int) -> list[np.int32]:
+    """norm_row_map.cuh's arguments for `layer`'s row map (dims 0, the identity, without one): per
+    dim, inner first, its size n, shift, inner piece size q (n for one piece) and the inner and outer
+    piece strides a, b."""
+    raw = layer.attrs.get(ROW_MAP)
+    if raw is None:
+        return [np.int32(0)] * ROW_MAP_ARGS
+    where = f"layer {layer.name!r}"
+    try:
+        dims = row_dims(raw)
+    except ValueError as exc:
+        raise DeviceError(f"bad row map: {exc}", where=where, hint="rebuild the plan") from None
+    if layer.kind not in NORM_KINDS or int(np.prod([n for n, _, _ in dims])) != rows or rows >= 2 ** 31:
+        raise DeviceError(f"the row map holds {int(np.prod([n for n, _, _ in dims]))} rows, the layer has {rows}",
+                          where=where, hint="rebuild the plan for these shapes")
+    args = [len(dims)]
+    for n, shift, pieces in reversed(dims):
+        (q, a), b = pieces[-1], (pieces[0][1] if len(pieces) == 2 else 0)
+        args += [n, shift, q, a, b]
+    args += [0] * (ROW_MAP_ARGS - len(args))
+    return [np.int32(v) for v in args]
+
+
+def _maps_rows_or_plain(layer) -> bool:
+    """A layer without a row map, or a Layer/RMS normalization with one (its mean / inv_std absent)."""
+    return ROW_MAP not in layer.attrs or layer.kind in NORM_KINDS and len(layer.outputs) == 1
+
+
 def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     x = tensors[layer.inputs[0]]
     scale, bias = _opt(layer, tensors, layer.inputs, 1), _opt(layer, tensors, layer.inputs, 2)
@@ -80,7 +115,7 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
     _check_stats(layer, mean, rstd)
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, length, groups, d, scale.size,
-            bias.size if bias is not None else 1, eps, rms]
+            bias.size if bias is not None else 1, eps, rms, *row_map_args(layer, rows)]
     launcher.launch(KernelSource(f"norm_rows_{_code(layer, x)}", FILE), (min(rows, 1 << 20), 1, 1),
                     (block_for(length), 1, 1), args)
 
@@ -200,7 +235,7 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, i32(length), i32(scale.size),
             i32(bias.size if bias is not None else 1), f32(layer.attrs.get("epsilon", 1e-5)),
-            i32(layer.kind == "RMSNormalization"), i32(vec)]
+            i32(layer.kind == "RMSNormalization"), i32(vec), *row_map_args(layer, rows)]
     grid = (min(-(-rows // geometry.rows_per_block), MAX_GRID), 1, 1)
     return warp_kernel(x.dtype.name, geometry), grid, (WARP_THREADS, 1, 1), args
 
@@ -212,10 +247,11 @@ def enqueue_warp(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
 
 
 for _kind in ("LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization"):
-    cuda_tactic(_kind, "cuda.norm.rows", kernels=_kernels, supports=stored_as(*STORED))(enqueue_rows)
+    cuda_tactic(_kind, "cuda.norm.rows", kernels=_kernels,
+                supports=stored_as(*STORED, then=_maps_rows_or_plain))(enqueue_rows)
 for _kind in ("LayerNormalization", "RMSNormalization"):  # ahead of cuda.norm.rows at level 0; timed against it
     cuda_tactic(_kind, "cuda.norm.warp", kernels=_warp_kernels, priority=1,
-                supports=lambda layer: _warp_layout(layer) is not None)(enqueue_warp)
+                supports=lambda layer: _maps_rows_or_plain(layer) and _warp_layout(layer) is not None)(enqueue_warp)
 cuda_tactic("BatchNormalization", "cuda.norm.batch", kernels=_kernels,
             supports=stored_as(*STORED, then=lambda layer: not layer.attrs.get("training_mode", 0)))(enqueue_batchnorm)
 

@@ -11,7 +11,10 @@
 //   Optional per-row outputs mean / inv_std (LayerNorm's 2nd/3rd outputs, float32 stash type).
 // batchnorm: y = (x - mean[c]) * rsqrt(var[c] + eps) * scale[c] + bias[c], c = (i / inner) % C;
 //   one thread per element, grid-stride; reads x once, writes y once.
+//   A LayerNorm / RMSNorm with a row map (norm_row_map.cuh) writes input row `row` to output
+//   row rm_dest(row) (dims == 0 everywhere else: the identity).
 #include "blockreduce.cuh"
+#include "norm_row_map.cuh"
 
 __device__ __forceinline__ float nm_rsqrt(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double nm_rsqrt(double v) { return 1.0 / sqrt(v); }
@@ -19,12 +22,13 @@ __device__ __forceinline__ double nm_rsqrt(double v) { return 1.0 / sqrt(v); }
 template <class T, class S>
 __device__ void norm_rows(const T* __restrict__ x, const S* __restrict__ scale, const S* __restrict__ bias,
                           T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                          i64 rows, i64 L, i64 G, i64 D, i64 n_scale, i64 n_bias, double eps, i64 rms) {
+                          i64 rows, i64 L, i64 G, i64 D, i64 n_scale, i64 n_bias, double eps, i64 rms,
+                          const RowMap& map) {
   typedef typename Compute<T>::type C;
   __shared__ C smem[32];
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * L;
-    T* yr = y + row * L;
+    T* yr = y + rm_dest(row, map) * L;
     C mean = 0;
     if (!rms) {
       C s = 0;
@@ -67,8 +71,9 @@ __device__ void batchnorm(const T* __restrict__ x, const T* __restrict__ scale, 
 #define NORM(T, code)                                                                                         \
   extern "C" __global__ void norm_rows_##code(const T* x, const T* scale, const T* bias, T* y, float* mean_out, \
                                               float* rstd_out, i64 rows, i64 L, i64 G, i64 D, i64 n_scale,      \
-                                              i64 n_bias, double eps, i64 rms) {                                \
-    norm_rows<T, T>(x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bias, eps, rms);          \
+                                              i64 n_bias, double eps, i64 rms, RM_PARAMS) {                     \
+    norm_rows<T, T>(x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bias, eps, rms,           \
+                    rm_make(RM_ARGS));                                                                         \
   }                                                                                                            \
   extern "C" __global__ void batchnorm_##code(const T* x, const T* scale, const T* bias, const T* mean,         \
                                               const T* var, T* y, i64 n, i64 C_, i64 inner, double eps) {       \

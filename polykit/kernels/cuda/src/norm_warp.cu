@@ -13,11 +13,15 @@
 // their partial sums with xor shuffles (every lane gets the same bits). y = (x - mean) * rstd *
 // scale + bias, rstd = rsqrt(var + eps); float32 mean / inv_std outputs per row when not null.
 //
+// A row map (norm_row_map.cuh: LayerNorm / RMSNorm writing permuted rows) sends input row `row` to
+// output row rm_dest(row); dims == 0 is the identity.
+//
 // Defines: ELEM (float, half_t, bf16_t), NW_LANES, NW_CHUNKS (1..32 fp32, 1..16 fp16/bf16:
 // L <= NW_CHUNKS * NW_LANES * NW_VEC). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
 // stepping over row groups (every thread of a block runs the same iterations, shuffles included;
 // rows past the end only skip their stores).
 #include "dtypes.cuh"
+#include "norm_row_map.cuh"
 
 #ifndef ELEM
 #define ELEM half_t
@@ -95,14 +99,15 @@ __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
 #define NW_PARAMS                                                                                          \
   const ELEM *__restrict__ X, const ELEM *__restrict__ scale, const ELEM *__restrict__ bias, ELEM *__restrict__ Y, \
       float *__restrict__ mean_out, float *__restrict__ rstd_out, i64 rows, int L, int n_scale, int n_bias,      \
-      float eps, int rms, int vec
-#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec
+      float eps, int rms, int vec, RM_PARAMS
+#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec, RM_ARGS
 
 extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
   const int lane = threadIdx.x % NW_LANES;
   const int sub = threadIdx.x / NW_LANES;
   const float inv_l = 1.0f / (float)L;
   const float s0 = ld(scale, 0), b0 = bias ? ld(bias, 0) : 0.0f;
+  const RowMap map = rm_make(RM_ARGS);
   for (i64 row0 = (i64)blockIdx.x * NW_ROWS; row0 < rows; row0 += (i64)gridDim.x * NW_ROWS) {
     const i64 row = row0 + sub;
     const bool live = row < rows;
@@ -130,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
       }
     const float rstd = rsqrtf(nw_row_sum(q) * inv_l + eps);
     if (!live) continue;
-    ELEM* yr = Y + row * L;
+    ELEM* yr = Y + rm_dest(row, map) * L;
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c) {
       const int qv = c * NW_LANES + lane;

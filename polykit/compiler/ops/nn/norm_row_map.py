@@ -1,0 +1,102 @@
+"""ai.polykit LayerNormalization / RMSNormalization writing their rows to permuted positions.
+
+The ONNX op with its attributes (axis, epsilon, stash_type) plus `row_map` (pass
+polykit.compiler.passes.norm_row_maps: a row-permuting Transpose / PermutedCopy of the norm's output
+folded into it). X is viewed as [R, L] (L = the normalized axes' elements, R rows); the output has
+`row_map["shape"]` (R * L elements, its trailing dims L elements) viewed as [R, L], and input row r
+is written to output row dest(r):
+
+- `row_map["dims"]`: per row dim, outer first, `{"shift", "pieces"}` (the Pointwise view format of
+  docs/FUSION.md, in rows): r splits mixed-radix into digits r_d over the dims' sizes n_d (the
+  product of the dim's piece sizes, prod n_d == R); each digit shifts cyclically, j = (r_d + shift)
+  mod n_d (a roll), then splits into digits over `pieces` = [[size, stride], ...] (outer first, at
+  most 2 a dim), each digit times its stride; dest(r) is the sum over the dims.
+
+dest must be a permutation of [0, R) (checked here, and by the pass that builds the map). Only the
+normalized output exists (no Mean / InvStdDev outputs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.registry import InferContext, shape_rule
+
+ROW_MAP = "row_map"
+NORM_KINDS = ("LayerNormalization", "RMSNormalization")
+#: row dims a map holds at most (the cuda kernels take that many as arguments)
+MAX_ROW_DIMS = 6
+_HINT = "pass norm_row_maps makes this attribute; rebuild the plan (or fix the edited attribute)"
+
+
+def row_dims(row_map: Mapping[str, Any]) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """(n, shift, [(size, stride), ...] outer first) per dim of `row_map`, outer first, checked
+    (ValueError naming what is wrong)."""
+    dims = row_map.get("dims") if isinstance(row_map, Mapping) else None
+    if not isinstance(dims, list) or not 1 <= len(dims) <= MAX_ROW_DIMS:
+        raise ValueError(f"row_map needs 1..{MAX_ROW_DIMS} dims, has {dims!r}")
+    out = []
+    for d in dims:
+        pieces = d.get("pieces") if isinstance(d, Mapping) else None
+        shift = d.get("shift", 0) if isinstance(d, Mapping) else None
+        if not isinstance(pieces, list) or not 1 <= len(pieces) <= 2 or not isinstance(shift, int) \
+                or any(not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, int) for v in p)
+                       or p[0] < 1 or p[1] < 0 for p in pieces):
+            raise ValueError(f"row_map dim {d!r} needs an int shift and 1..2 pieces [size >= 1, stride >= 0]")
+        n = math.prod(p[0] for p in pieces)
+        if not 0 <= shift < n:
+            raise ValueError(f"row_map dim {d!r}: shift must lie in [0, {n})")
+        out.append((n, shift, [(int(a), int(b)) for a, b in pieces]))
+    return out
+
+
+def row_destinations(row_map: Mapping[str, Any]) -> np.ndarray:
+    """dest(r) for every input row r (int64), from the map's dims."""
+    dest = np.zeros(1, np.int64)
+    for n, shift, pieces in row_dims(row_map):
+        j = (np.arange(n, dtype=np.int64) + shift) % n
+        part = np.zeros(n, np.int64)
+        for size, stride in reversed(pieces):  # inner piece first
+            part += (j % size) * stride
+            j //= size
+        dest = (dest[:, None] + part[None, :]).reshape(-1)
+    return dest
+
+
+def check_row_map(row_map: Mapping[str, Any], x_shape: Sequence[int], axis: int) -> tuple[int, ...]:
+    """The output shape of a norm of X `x_shape` (normalized from `axis`) writing rows by `row_map`;
+    ValueError when the map is no permutation of X's rows or the shape does not hold them."""
+    shape = row_map.get("shape") if isinstance(row_map, Mapping) else None
+    if not isinstance(shape, list) or any(not isinstance(d, int) or d < 0 for d in shape):
+        raise ValueError(f"row_map needs the output 'shape' as a list of dims, has {shape!r}")
+    length = math.prod(x_shape[axis:])
+    rows = math.prod(x_shape[:axis])
+    tail = 1
+    for k in range(len(shape), 0, -1):
+        if tail == length:
+            break
+        tail *= shape[k - 1]
+    if math.prod(shape) != rows * length or tail != length:
+        raise ValueError(f"output shape {shape} does not hold {rows} rows of {length} elements as trailing dims")
+    dest = row_destinations(row_map)
+    if dest.size != rows or not np.array_equal(np.sort(dest), np.arange(rows)):
+        raise ValueError(f"row_map's destinations are no permutation of the {rows} rows")
+    return tuple(int(d) for d in shape)
+
+
+@shape_rule(*NORM_KINDS, domain=POLYKIT_DOMAIN)
+def _mapped_norm(ctx: InferContext):
+    x = ctx.shape(0)
+    if ctx.n_outputs != 1 or x is None or not all(isinstance(d, int) for d in x):
+        raise ctx.fail(f"{ctx.node.op_type} with a row map needs a static X and one output", hint=_HINT)
+    axis = ctx.normalize_axis(int(ctx.attr("axis", -1)), len(x))
+    try:
+        shape = check_row_map(ctx.attr(ROW_MAP), x, axis)
+    except ValueError as exc:
+        raise ctx.fail(str(exc), hint=_HINT) from None
+    dtype = ctx.dtype(1) if ctx.node.op_type == "RMSNormalization" and ctx.has(1) else ctx.dtype(0)
+    return [(dtype or ctx.dtype(0), shape)]

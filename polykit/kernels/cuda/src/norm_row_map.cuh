@@ -1,0 +1,58 @@
+// The row map of a Layer/RMS normalization that writes its rows permuted (ops/nn/norm_row_map.py,
+// pass norm_row_maps): input row r goes to output row rm_dest(r). Up to RM_DIMS row dims, inner
+// first, each (n, shift, q, a, b): the digit i = r mod n (r then divided by n) shifts cyclically,
+// j = (i + shift) mod n, and adds (j mod q) * a + (j / q) * b (q = n: one piece). dims == 0: the
+// identity. Runtime arguments (norm.py's row_map_args), so the modules depend on no map.
+#pragma once
+
+#define RM_DIMS 6
+#define RM_PARAMS                                                                                          \
+  int rm_dims, int rm_n0, int rm_s0, int rm_q0, int rm_a0, int rm_b0, int rm_n1, int rm_s1, int rm_q1,        \
+      int rm_a1, int rm_b1, int rm_n2, int rm_s2, int rm_q2, int rm_a2, int rm_b2, int rm_n3, int rm_s3,      \
+      int rm_q3, int rm_a3, int rm_b3, int rm_n4, int rm_s4, int rm_q4, int rm_a4, int rm_b4, int rm_n5,      \
+      int rm_s5, int rm_q5, int rm_a5, int rm_b5
+#define RM_ARGS                                                                                            \
+  rm_dims, rm_n0, rm_s0, rm_q0, rm_a0, rm_b0, rm_n1, rm_s1, rm_q1, rm_a1, rm_b1, rm_n2, rm_s2, rm_q2, rm_a2,   \
+      rm_b2, rm_n3, rm_s3, rm_q3, rm_a3, rm_b3, rm_n4, rm_s4, rm_q4, rm_a4, rm_b4, rm_n5, rm_s5, rm_q5, rm_a5, \
+      rm_b5
+
+struct RowMap {
+  int dims;
+  int n[RM_DIMS], s[RM_DIMS], q[RM_DIMS], a[RM_DIMS], b[RM_DIMS];
+};
+
+__device__ __forceinline__ RowMap rm_make(RM_PARAMS) {
+  RowMap m;
+  m.dims = rm_dims;
+  const int n[RM_DIMS] = {rm_n0, rm_n1, rm_n2, rm_n3, rm_n4, rm_n5};
+  const int s[RM_DIMS] = {rm_s0, rm_s1, rm_s2, rm_s3, rm_s4, rm_s5};
+  const int q[RM_DIMS] = {rm_q0, rm_q1, rm_q2, rm_q3, rm_q4, rm_q5};
+  const int a[RM_DIMS] = {rm_a0, rm_a1, rm_a2, rm_a3, rm_a4, rm_a5};
+  const int b[RM_DIMS] = {rm_b0, rm_b1, rm_b2, rm_b3, rm_b4, rm_b5};
+  for (int d = 0; d < RM_DIMS; ++d) {
+    m.n[d] = n[d];
+    m.s[d] = s[d];
+    m.q[d] = q[d];
+    m.a[d] = a[d];
+    m.b[d] = b[d];
+  }
+  return m;
+}
+
+// the output row of input row `row` (rows below 2^31: the host checks)
+__device__ __forceinline__ i64 rm_dest(i64 row, const RowMap& m) {
+  if (m.dims == 0) return row;
+  int rem = (int)row;
+  i64 dest = 0;
+#pragma unroll
+  for (int d = 0; d < RM_DIMS; ++d) {
+    if (d < m.dims) {
+      const int i = rem % m.n[d];
+      rem /= m.n[d];
+      int j = i + m.s[d];
+      if (j >= m.n[d]) j -= m.n[d];
+      dest += (i64)(j % m.q[d]) * m.a[d] + (i64)(j / m.q[d]) * m.b[d];
+    }
+  }
+  return dest;
+}
