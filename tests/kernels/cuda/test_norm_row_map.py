@@ -1,0 +1,151 @@
+"""Layer/RMS normalization writing its rows through a row map (ops/nn/norm_row_map.py) on both cuda
+tactics: cuda.norm.warp (norm_warp.cu) and cuda.norm.rows (norm.cu), the map as runtime arguments
+(norm_row_map.cuh). Host side (no GPU): which layers take it, its arguments, and both kernels run on
+the host (block_emulation.py) against the reference, Swin's window partitions (shifted or not) and
+odd maps. GPU: the same against the reference, poisoned outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.norm_row_map import ROW_MAP, row_destinations
+from polykit.compiler.plan.records import LayerDesc
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.reduce.norm import ROW_MAP_ARGS, row_map_args
+from polykit.kernels.tactics import candidates, find_tactic
+from tests.kernels.cuda.block_emulation import host_launcher
+from tests.kernels.cuda.test_norm_warp import feeds_for, host_buffers, reference
+
+WARP, ROWS = "cuda.norm.warp", "cuda.norm.rows"
+
+#: (x shape, row map): Swin's shifted window partition of [2, 6, 9] rows (windows 3x3, roll 1), its
+#: plain one (fitted to split dims), a one-dim reversal-free rotation, and a map of six dims
+MAPS = [
+    ((2, 6, 9, 12), {"dims": [{"shift": 0, "pieces": [[2, 54]]}, {"shift": 5, "pieces": [[2, 27], [3, 3]]},
+                              {"shift": 8, "pieces": [[3, 9], [3, 1]]}], "shape": [2, 2, 3, 3, 3, 12]}),
+    ((2, 6, 9, 96), {"dims": [{"shift": 0, "pieces": [[4, 27]]}, {"shift": 0, "pieces": [[3, 3]]},
+                              {"shift": 0, "pieces": [[3, 9]]}, {"shift": 0, "pieces": [[3, 1]]}],
+                     "shape": [2, 2, 3, 3, 3, 96]}),
+    ((7, 5, 40), {"dims": [{"shift": 3, "pieces": [[7, 1]]}, {"shift": 2, "pieces": [[5, 7]]}], "shape": [35, 40]}),
+    ((2, 2, 3, 2, 2, 3, 8), {"dims": [{"shift": 0, "pieces": [[2, 1]]}, {"shift": 1, "pieces": [[2, 2]]},
+                                      {"shift": 2, "pieces": [[3, 4]]}, {"shift": 0, "pieces": [[2, 12]]},
+                                      {"shift": 1, "pieces": [[2, 24]]}, {"shift": 0, "pieces": [[3, 48]]}],
+                             "shape": [144, 8]}),
+]
+
+
+def mapped_layer(shape, row_map, dtype=np.float16, kind="LayerNormalization", stats=False):
+    name = np.dtype(dtype).name
+    ins = ("X", "S", "B") if kind == "LayerNormalization" else ("X", "S")
+    outs = ("Y", "M", "R") if stats else ("Y",)
+    return LayerDesc("ln", kind, ins, outs, {"axis": -1, "epsilon": 1e-5, ROW_MAP: row_map}, domain=POLYKIT_DOMAIN,
+                     in_dtypes=(name,) * len(ins), out_dtypes=(name,) + ("float32",) * (len(outs) - 1),
+                     in_shapes=(tuple(shape),) + ((shape[-1],),) * (len(ins) - 1),
+                     out_shapes=(tuple(row_map["shape"]),) + ((1,),) * (len(outs) - 1))
+
+
+def rm_dest_as_the_kernel_computes(args, rows):
+    """norm_row_map.cuh's rm_dest over row_map_args' arguments."""
+    dims, out = int(args[0]), []
+    for row in range(rows):
+        rem, dest = row, 0
+        for d in range(dims):
+            n, s, q, a, b = (int(v) for v in args[1 + 5 * d:6 + 5 * d])
+            i = rem % n
+            rem //= n
+            j = i + s - (n if i + s >= n else 0)
+            dest += (j % q) * a + (j // q) * b
+        out.append(dest if dims else row)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("shape,row_map", MAPS)
+def test_the_arguments_give_the_maps_destinations(shape, row_map):
+    rows = int(np.prod(shape[:-1]))
+    args = row_map_args(mapped_layer(shape, row_map), rows)
+    assert len(args) == ROW_MAP_ARGS and all(isinstance(a, np.int32) for a in args)
+    assert np.array_equal(rm_dest_as_the_kernel_computes(args, rows), row_destinations(row_map))
+
+
+def test_a_layer_without_a_map_passes_the_identity_and_a_map_of_other_rows_is_a_device_error():
+    plain = LayerDesc("ln", "LayerNormalization", ("X", "S"), ("Y",), {"axis": -1})
+    assert row_map_args(plain, 10) == [0] * ROW_MAP_ARGS
+    shape, row_map = MAPS[2]
+    with pytest.raises(DeviceError, match="rows"):
+        row_map_args(mapped_layer(shape, row_map), 36)
+
+
+def test_both_tactics_take_a_mapped_norm_and_refuse_one_with_statistics():
+    shape, row_map = MAPS[0]
+    for kind in ("LayerNormalization", "RMSNormalization"):
+        names = [t.name for t in candidates("cuda", kind, mapped_layer(shape, row_map, kind=kind))]
+        assert names[:2] == [WARP, ROWS]
+    assert not [t.name for t in candidates("cuda", "LayerNormalization", mapped_layer(shape, row_map, stats=True))]
+
+
+# ---- the kernels on the host ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def warp_emulated(tmp_path_factory):
+    return host_launcher(tmp_path_factory, "norm_map_warp", "NW_PARAMS", "NW_ARGS")
+
+
+ROWS_PARAMS = ("const {T}* x, const {T}* scale, const {T}* bias, {T}* y, float* mean_out, float* rstd_out, i64 rows, "
+               "i64 L, i64 G, i64 D, i64 n_scale, i64 n_bias, double eps, i64 rms, RM_PARAMS")
+ROWS_ARGS = "x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bias, eps, rms, RM_ARGS"
+
+
+@pytest.fixture(scope="module")
+def rows_emulated(tmp_path_factory):
+    return {dtype: host_launcher(tmp_path_factory, f"norm_map_rows_{dtype.__name__}", ROWS_PARAMS.format(T=t),
+                                 ROWS_ARGS) for dtype, t in ((np.float32, "float"), (np.float16, "half_t"))}
+
+
+def run_emulated(launcher, tactic, layer, dtype):
+    feeds = feeds_for(layer, dtype)
+    tensors, views, _keep = host_buffers(layer, feeds, {})
+    launcher.launches.clear()
+    find_tactic("cuda", layer.kind, tactic).enqueue(layer, launcher, tensors)
+    assert launcher.launches, "nothing launched"
+    for name, want in reference(layer, feeds).items():
+        tol = 2e-3 if dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(views[name].astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("shape,row_map", MAPS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_the_emulated_warp_kernel_writes_the_mapped_rows_of_the_reference(warp_emulated, shape, row_map, dtype):
+    run_emulated(warp_emulated, WARP, mapped_layer(shape, row_map, dtype), dtype)
+
+
+@pytest.mark.parametrize("shape,row_map", MAPS[:3])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_the_emulated_rows_kernel_writes_the_mapped_rows_of_the_reference(rows_emulated, shape, row_map, dtype):
+    run_emulated(rows_emulated[dtype], ROWS, mapped_layer(shape, row_map, dtype), dtype)
+
+
+def test_the_emulated_kernels_run_a_mapped_rms_norm(warp_emulated, rows_emulated):
+    shape, row_map = MAPS[2]
+    layer = mapped_layer(shape, row_map, np.float32, kind="RMSNormalization")
+    run_emulated(warp_emulated, WARP, layer, np.float32)
+    run_emulated(rows_emulated[np.float32], ROWS, layer, np.float32)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", [WARP, ROWS])
+@pytest.mark.parametrize("shape,row_map", MAPS + [
+    ((8, 56, 56, 96), {"dims": [{"shift": 0, "pieces": [[8, 3136]]}, {"shift": 3, "pieces": [[8, 392], [7, 7]]},
+                                {"shift": 3, "pieces": [[8, 49], [7, 1]]}], "shape": [8, 8, 8, 7, 7, 96]})])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_mapped_rows_on_the_gpu_match_the_reference(tactic, shape, row_map, dtype):
+    from polykit.runtime.cuda.harness import run_layer
+
+    layer = mapped_layer(shape, row_map, dtype)
+    feeds = feeds_for(layer, dtype)
+    got = run_layer(layer, feeds, tactic=tactic)
+    for name, want in reference(layer, feeds).items():
+        tol = 5e-3 if dtype == np.float16 else 1e-4
+        assert not np.isnan(got[name].astype(np.float64)).any(), f"{name}: unwritten (NaN) elements"
+        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
