@@ -25,9 +25,10 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.norm_row_map import MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, row_destinations
+from polykit.compiler.ops.nn.view_operands import fit_dims
 from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, CopySpec
 from polykit.compiler.ops.tensor.permuted_copy_reference import permuted_copy
-from polykit.compiler.passes.fuse_movement import spec_of
+from polykit.compiler.passes.fuse_movement import repeat_step, spec_of
 from polykit.compiler.passes.recognize_roll import static_shape
 from polykit.compiler.passes.rewrite import protected
 
@@ -40,13 +41,7 @@ MAX_ELEMENTS = 1 << 26
 
 def fold_norm_row_maps(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Fold every row-permuting copy of a norm's output into the norm (rules above); True if changed."""
-    fixed = protected(graph, keep)
-    changed = False
-    for _ in range(len(graph.nodes)):
-        if not _fold_one(graph, fixed):
-            break
-        changed = True
-    return changed
+    return repeat_step(_fold_one, graph, protected(graph, keep))
 
 
 def _fold_one(graph: Graph, fixed: set[str]) -> bool:
@@ -127,63 +122,24 @@ def _row_dims(shape: tuple[int, ...], length: int) -> tuple[int, ...] | None:
 # ---- fitting a permutation to the map's form ---------------------------------------------------
 def fit_row_map(dest: np.ndarray, dims) -> list[dict] | None:
     """`dest` (the destination of every row, rows split over `dims` row-major) as row map dims
-    (outer first: {"shift", "pieces"}), or None when it is no sum of per-dim shifted mixed-radix
-    terms or needs more than MAX_ROW_DIMS dims."""
+    (outer first: {"shift", "pieces"}; view_operands.fit_dims per dim, then dims without a shift
+    split to at most two pieces and neighbours that form one run merged), or None when no such map
+    of at most MAX_ROW_DIMS dims gives it."""
     dims = tuple(int(d) for d in dims if d != 1) or (1,)
     if math.prod(dims) != dest.size:
         return None
-    grid = dest.reshape(dims)
-    base = int(grid.flat[0])
-    parts = []
-    for a, n in enumerate(dims):
-        at = [0] * len(dims)
-        at[a] = slice(None)
-        parts.append(grid[tuple(at)].astype(np.int64) - base)
-    total = base + sum(p.reshape([-1 if b == a else 1 for b in range(len(dims))]) for a, p in enumerate(parts))
-    if not np.array_equal(grid, total):
-        return None  # not separable per dim
-    out: list[dict] = []
-    offset = base
-    for n, part in zip(dims, parts):
-        first = int(np.argmin(part))  # the index whose shifted digit is 0
-        shift = (-first) % n
-        g = np.roll(part, -first) - part[first]  # g[j] = the term of shifted digit j
-        offset += int(part[first])
-        pieces = _mixed_radix(g)
-        if pieces is None:
-            return None
-        if shift and len(pieces) > 2:
-            return None
-        if shift or len(pieces) <= 2:
-            out.append({"shift": shift, "pieces": pieces})
-        else:
-            out.extend({"shift": 0, "pieces": [p]} for p in pieces)
-    if offset != 0:
+    fitted = fit_dims(dest.reshape(dims).astype(np.int64))
+    if fitted is None or fitted[1] != 0:
         return None
-    out = _merged(out)
-    return out if len(out) <= MAX_ROW_DIMS else None
-
-
-def _mixed_radix(g: np.ndarray) -> list[list[int]] | None:
-    """[[size, stride], ...] outer first with g[j] = sum of j's digits times their strides, or None."""
-    n, span, pieces = g.size, 1, []
-    while span < n:
-        stride = int(g[span])
-        k = 1
-        while span * (k + 1) <= n and int(g[span * k]) == k * stride:
-            k += 1
-        while k > 1 and n % (span * k):
-            k -= 1
-        if k < 2:
+    out: list[dict] = []
+    for d in fitted[0]:
+        if d["shift"] and len(d["pieces"]) > 2:
             return None
-        pieces.insert(0, [k, stride])
-        span *= k
-    j = np.arange(n, dtype=np.int64)
-    want = np.zeros(n, np.int64)
-    for size, stride in reversed(pieces):
-        want += (j % size) * stride
-        j //= size
-    return (pieces or [[1, 0]]) if np.array_equal(want, g) else None
+        out.extend([d] if d["shift"] or len(d["pieces"]) <= 2 else ({"shift": 0, "pieces": [p]} for p in d["pieces"]))
+    out = _merged(out)
+    if len(out) > MAX_ROW_DIMS or not np.array_equal(row_destinations({"dims": out}), dest):
+        return None
+    return out
 
 
 def _merged(dims: list[dict]) -> list[dict]:

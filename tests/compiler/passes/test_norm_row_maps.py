@@ -1,38 +1,23 @@
 """fold_norm_row_maps: a row-permuting Transpose / PermutedCopy of a LayerNorm's output becomes the
 norm's row map (ops/nn/norm_row_map.py). Swin-style window blocks (shifted: the rolled partition,
 a PermutedCopy; plain: the partition Transpose) at odd sizes and windows, on the cpu target against
-onnxruntime; the fitting of a row permutation to the map's form over random transposes and rolls;
+onnxruntime, any transpose keeping the row against the reference evaluator; the fitting of a row permutation to the map's form over random transposes and rolls;
 and the copies the pass leaves (moving the normalized axis, a second reader, a window)."""
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-from polykit.compiler.builder.builder import build_plan
-from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
 from polykit.compiler.ops.nn.norm_row_map import ROW_MAP, check_row_map, row_destinations
 from polykit.compiler.ops.nn.normalization_reference import layer_normalization, mapped_normalization
 from polykit.compiler.passes.norm_row_maps import fit_row_map, fold_norm_row_maps
 from polykit.errors import RuntimeInputError
-from polykit.runtime.engine import Engine
 from tests.compiler.passes.passes_testkit import graph, node, run_and_compare
-from tests.compiler.passes.test_window_attention_blocks import window_block
+from tests.compiler.passes.test_window_attention_blocks import _run, window_block
 
 RNG = np.random.default_rng(30)
-
-
-def run_cpu(model, shape):
-    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
-    plan = build_plan(model, BuilderConfig(target="cpu"))
-    with Engine(plan) as engine, engine.create_execution_context() as ctx:
-        got = ctx.execute(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    return plan
 
 
 @pytest.mark.parametrize("B, Hs, Ws, C, heads, win, shift", [
@@ -44,7 +29,7 @@ def run_cpu(model, shape):
     (2, 14, 21, 6, 1, 7, 0),
 ])
 def test_window_partitions_are_written_by_the_layer_norm_and_match_onnxruntime(B, Hs, Ws, C, heads, win, shift):
-    plan = run_cpu(window_block(B, Hs, Ws, C, heads, win, shift), (B, Hs, Ws, C))
+    plan = _run(window_block(B, Hs, Ws, C, heads, win, shift), B, Hs, Ws, C)
     kinds = [layer.kind for layer in plan.layers]
     (norm,) = [layer for layer in plan.layers if layer.kind == "LayerNormalization"]
     assert "Transpose" not in kinds and "PermutedCopy" not in kinds
@@ -53,39 +38,24 @@ def test_window_partitions_are_written_by_the_layer_norm_and_match_onnxruntime(B
     assert any(shifts) == bool(shift)
 
 
-def norm_then(copy_nodes, shape, out_inits=(), extra_outputs=()):
-    """x -> LayerNorm -> `copy_nodes` (reading "ln", writing "y") as an ONNX model."""
-    C = shape[-1]
-    inits = [numpy_helper.from_array((RNG.standard_normal(C) + 1).astype(np.float32), "s"),
-             numpy_helper.from_array(RNG.standard_normal(C).astype(np.float32), "b"), *out_inits]
-    nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["ln"], axis=-1), *copy_nodes]
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", *extra_outputs)]
-    g = helper.make_graph(nodes, "norm_copy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                          outs, inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-
-
-@pytest.mark.parametrize("shape, perm", [((3, 5, 7, 6), [2, 0, 1, 3]), ((2, 3, 4, 5, 9), [4, 3, 1, 0, 2]),
-                                         ((5, 7, 4), [1, 0, 2])])
-def test_any_transpose_that_keeps_the_normalized_axis_last_folds(shape, perm):
-    perm = [p for p in perm if p != len(shape) - 1] + [len(shape) - 1]  # the normalized axis stays last
-    model = norm_then([helper.make_node("Transpose", ["ln"], ["y"], perm=perm)], shape)
-    plan = run_cpu(model, shape)
-    assert [layer.kind for layer in plan.layers] == ["LayerNormalization"]
-
-
-def test_a_transpose_moving_the_normalized_axis_stays():
-    model = norm_then([helper.make_node("Transpose", ["ln"], ["y"], perm=[0, 2, 1])], (3, 5, 6))
-    plan = run_cpu(model, (3, 5, 6))
-    assert "Transpose" in [layer.kind for layer in plan.layers]
-    assert all(ROW_MAP not in layer.attrs for layer in plan.layers)
-
-
 def ln_graph(shape, nodes, outputs, **consts):
     C = shape[-1]
     inits = {"s": (RNG.standard_normal(C) + 1).astype(np.float32), "b": RNG.standard_normal(C).astype(np.float32),
              **consts}
     return graph([node("LayerNormalization", ["x", "s", "b"], "ln", axis=-1), *nodes], {"x": shape}, outputs, inits)
+
+
+@pytest.mark.parametrize("shape, perm", [((3, 5, 7, 6), [2, 0, 1, 3]), ((2, 3, 4, 5, 9), [3, 2, 1, 0, 4]),
+                                         ((5, 7, 4), [1, 0, 2])])
+def test_any_transpose_that_keeps_the_normalized_axis_last_folds(shape, perm):
+    g = ln_graph(shape, [node("Transpose", ["ln"], "y", perm=perm)], ["y"])
+    after, changed = run_and_compare(g, fold_norm_row_maps)
+    assert changed and [(n.domain, n.op_type) for n in after.nodes] == [(POLYKIT_DOMAIN, "LayerNormalization")]
+
+
+def test_a_transpose_moving_the_normalized_axis_stays():
+    g = ln_graph((3, 5, 6), [node("Transpose", ["ln"], "y", perm=[0, 2, 1])], ["y"])
+    assert not fold_norm_row_maps(g)
 
 
 def test_a_norm_output_read_elsewhere_keeps_its_copy():
@@ -150,3 +120,15 @@ def test_a_row_map_that_is_no_permutation_is_refused():
         "dims": [{"shift": 0, "pieces": [[4, 1]]}], "shape": [4, 3]}}, domain=POLYKIT_DOMAIN)
     with pytest.raises(RuntimeInputError):
         mapped_normalization(node, [np.zeros((5, 3), np.float32), np.ones(3, np.float32)])
+
+
+def test_a_folded_graph_exports_to_onnx_and_reads_back_with_its_row_map():
+    from polykit.compiler.graph.onnx_export import to_onnx
+    from polykit.compiler.graph.onnx_import import load_onnx
+
+    g = ln_graph((4, 6, 5), [node("Transpose", ["ln"], "y", perm=[1, 0, 2])], ["y"])
+    assert fold_norm_row_maps(g)
+    back = load_onnx(to_onnx(g))
+    (folded,) = back.nodes
+    assert folded.domain == POLYKIT_DOMAIN and folded.attrs[ROW_MAP] == g.nodes[0].attrs[ROW_MAP]
+    assert back.value("y").shape == (6, 4, 5)

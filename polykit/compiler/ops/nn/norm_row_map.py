@@ -24,7 +24,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.registry import InferContext, shape_rule
+from polykit.compiler.ops.nn.view_operands import view_index
+from polykit.compiler.ops.nn.fused import decode_json_attrs
+from polykit.compiler.ops.registry import InferContext, importer, shape_rule
 
 ROW_MAP = "row_map"
 NORM_KINDS = ("LayerNormalization", "RMSNormalization")
@@ -56,15 +58,8 @@ def row_dims(row_map: Mapping[str, Any]) -> list[tuple[int, int, list[tuple[int,
 
 def row_destinations(row_map: Mapping[str, Any]) -> np.ndarray:
     """dest(r) for every input row r (int64), from the map's dims."""
-    dest = np.zeros(1, np.int64)
-    for n, shift, pieces in row_dims(row_map):
-        j = (np.arange(n, dtype=np.int64) + shift) % n
-        part = np.zeros(n, np.int64)
-        for size, stride in reversed(pieces):  # inner piece first
-            part += (j % size) * stride
-            j //= size
-        dest = (dest[:, None] + part[None, :]).reshape(-1)
-    return dest
+    row_dims(row_map)
+    return view_index({"offset": 0, "dims": row_map["dims"]}).reshape(-1)
 
 
 def check_row_map(row_map: Mapping[str, Any], x_shape: Sequence[int], axis: int) -> tuple[int, ...]:
@@ -86,6 +81,10 @@ def check_row_map(row_map: Mapping[str, Any], x_shape: Sequence[int], axis: int)
     if dest.size != rows or not np.array_equal(np.sort(dest), np.arange(rows)):
         raise ValueError(f"row_map's destinations are no permutation of the {rows} rows")
     return tuple(int(d) for d in shape)
+
+
+for _op in NORM_KINDS:  # an exported graph stores the map as JSON
+    importer(_op, since=1, domain=POLYKIT_DOMAIN)(decode_json_attrs)
 
 
 @shape_rule(*NORM_KINDS, domain=POLYKIT_DOMAIN)
