@@ -24,8 +24,9 @@ import math
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
-from polykit.compiler.ops.nn.norm_row_map import MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, row_destinations
-from polykit.compiler.ops.nn.view_operands import fit_dims
+from polykit.compiler.ops.nn.norm_row_map import (IN_MAP, MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, input_index,
+                                                   logical_input, row_destinations)
+from polykit.compiler.ops.nn.view_operands import fit_dims, view_index
 from polykit.compiler.ops.tensor.permuted_copy import PERMUTED_COPY, CopySpec
 from polykit.compiler.ops.tensor.permuted_copy_reference import permuted_copy
 from polykit.compiler.passes.fuse_movement import repeat_step, spec_of
@@ -41,7 +42,8 @@ MAX_ELEMENTS = 1 << 26
 
 def fold_norm_row_maps(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
     """Fold every row-permuting copy of a norm's output into the norm (rules above); True if changed."""
-    return repeat_step(_fold_one, graph, protected(graph, keep))
+    fixed = protected(graph, keep)
+    return repeat_step(_fold_one, graph, fixed) | repeat_step(_fold_input, graph, fixed)
 
 
 def _fold_one(graph: Graph, fixed: set[str]) -> bool:
@@ -72,6 +74,62 @@ def _fold_one(graph: Graph, fixed: set[str]) -> bool:
     return False
 
 
+def _fold_input(graph: Graph, fixed: set[str]) -> bool:
+    """Fold the copy that produces a norm's input (through views) into the norm's in_map."""
+    producers, readers = graph.producers(), graph.consumers()
+    for norm in graph.nodes:
+        if norm.op_type not in NORM_KINDS or norm.domain not in ("", POLYKIT_DOMAIN) \
+                or (norm.domain and ROW_MAP not in norm.attrs and IN_MAP not in norm.attrs) \
+                or any(o and (readers.get(o) or o in fixed) for o in norm.outputs[1:]):
+            continue
+        views, name = [], norm.input(0)
+        while (prod := producers.get(name)) is not None and not prod.domain and prod.op_type in VIEW_OPS \
+                and _sole(name, readers, fixed):
+            views.append(prod)
+            name = prod.input(0)
+        copy = producers.get(name)
+        spec = spec_of(graph, copy) if copy is not None and (copy.domain, copy.op_type) in COPIES else None
+        if spec is None or not _sole(name, readers, fixed) or norm.inputs[1:].count(name) or copy.input(0) in fixed:
+            continue
+        in_map = _input_map(graph, norm, spec)
+        if in_map is None:
+            continue
+        attrs = {**norm.attrs, IN_MAP: in_map}
+        folded = Node(norm.op_type, [copy.input(0), *norm.inputs[1:]], [norm.outputs[0]], attrs, name=norm.name,
+                      domain=POLYKIT_DOMAIN)
+        graph.nodes[graph.nodes.index(norm)] = folded
+        graph.remove_nodes([copy, *views])
+        return True
+    return False
+
+
+def _input_map(graph: Graph, norm: Node, spec: CopySpec) -> dict | None:
+    """`norm`'s in_map reading through the copy `spec` (its output the norm's input seen through
+    views), or None when the copy's segments are no map."""
+    x_shape = static_shape(graph, norm.input(0))
+    size = math.prod(spec.in_shape)
+    if x_shape is None or not x_shape or size > MAX_ELEMENTS or not size:
+        return None
+    logical = logical_input(norm.attrs, x_shape)
+    axis = int(norm.attrs.get("axis", -1)) % len(logical)
+    length = math.prod(logical[axis:])
+    copy = Node(PERMUTED_COPY, ["x"], ["y"], {k: list(getattr(spec, k)) for k in SPEC_KEYS}, domain=POLYKIT_DOMAIN)
+    src = permuted_copy(copy, [np.arange(size, dtype=np.int64).reshape(spec.in_shape)])[0].reshape(-1)
+    if IN_MAP in norm.attrs:
+        src = src[input_index(norm.attrs[IN_MAP], x_shape).reshape(-1)]
+    for seg in (d for d in range(length, 0, -1) if length % d == 0):
+        blocks = src.reshape(-1, seg)
+        if np.array_equal(blocks, blocks[:, :1] + np.arange(seg)) and not (blocks[:, 0] % seg).any():
+            break
+    first = blocks[:, 0] // seg
+    view = tuple(spec.view[p] for p in spec.perm)
+    for dims in (_row_dims(view, seg), (*logical[:axis], length // seg), (first.size,)):
+        fitted = fit_map(first, dims) if dims is not None else None
+        if fitted is not None:
+            return {"segment": seg, "offset": fitted[1], "dims": fitted[0], "shape": list(logical)}
+    return None
+
+
 def _sole(name: str, readers: dict, fixed: set[str]) -> bool:
     return name not in fixed and len(readers.get(name, [])) == 1
 
@@ -81,6 +139,9 @@ def _folded_map(graph: Graph, norm: Node, spec: CopySpec, out_shape: tuple[int, 
     views), or None when the copy moves anything but whole rows or the permutation is no map."""
     x_shape, in_shape = static_shape(graph, norm.input(0)), spec.in_shape
     if x_shape is None or out_shape is None or not x_shape:
+        return None
+    x_shape = logical_input(norm.attrs, x_shape)
+    if not x_shape:
         return None
     axis = int(norm.attrs.get("axis", -1)) % len(x_shape)
     length, size = math.prod(x_shape[axis:]), math.prod(x_shape)
@@ -122,14 +183,20 @@ def _row_dims(shape: tuple[int, ...], length: int) -> tuple[int, ...] | None:
 # ---- fitting a permutation to the map's form ---------------------------------------------------
 def fit_row_map(dest: np.ndarray, dims) -> list[dict] | None:
     """`dest` (the destination of every row, rows split over `dims` row-major) as row map dims
-    (outer first: {"shift", "pieces"}; view_operands.fit_dims per dim, then dims without a shift
-    split to at most two pieces and neighbours that form one run merged), or None when no such map
-    of at most MAX_ROW_DIMS dims gives it."""
+    (outer first: {"shift", "pieces"}), or None when no map of at most MAX_ROW_DIMS dims gives it."""
+    fitted = fit_map(dest, dims)
+    return fitted[0] if fitted is not None and fitted[1] == 0 else None
+
+
+def fit_map(values: np.ndarray, dims) -> tuple[list[dict], int] | None:
+    """(map dims, offset) with view_index = `values` (split over `dims` row-major):
+    view_operands.fit_dims per dim, then dims without a shift split to at most two pieces and
+    neighbours that form one run merged; None when no such map of at most MAX_ROW_DIMS dims gives it."""
     dims = tuple(int(d) for d in dims if d != 1) or (1,)
-    if math.prod(dims) != dest.size:
+    if math.prod(dims) != values.size:
         return None
-    fitted = fit_dims(dest.reshape(dims).astype(np.int64))
-    if fitted is None or fitted[1] != 0:
+    fitted = fit_dims(values.reshape(dims).astype(np.int64))
+    if fitted is None or fitted[1] < 0:
         return None
     out: list[dict] = []
     for d in fitted[0]:
@@ -137,9 +204,10 @@ def fit_row_map(dest: np.ndarray, dims) -> list[dict] | None:
             return None
         out.extend([d] if d["shift"] or len(d["pieces"]) <= 2 else ({"shift": 0, "pieces": [p]} for p in d["pieces"]))
     out = _merged(out)
-    if len(out) > MAX_ROW_DIMS or not np.array_equal(row_destinations({"dims": out}), dest):
+    if len(out) > MAX_ROW_DIMS or not np.array_equal(view_index({"offset": fitted[1], "dims": out}).reshape(-1),
+                                                     values.reshape(-1)):
         return None
-    return out
+    return out, fitted[1]
 
 
 def _merged(dims: list[dict]) -> list[dict]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Node
-from polykit.compiler.ops.nn.norm_row_map import ROW_MAP, check_row_map, row_destinations
+from polykit.compiler.ops.nn.norm_row_map import IN_MAP, ROW_MAP, check_row_map, row_destinations
 from polykit.compiler.ops.nn.normalization_reference import layer_normalization, mapped_normalization
 from polykit.compiler.passes.norm_row_maps import fit_row_map, fold_norm_row_maps
 from polykit.errors import RuntimeInputError
@@ -132,3 +132,35 @@ def test_a_folded_graph_exports_to_onnx_and_reads_back_with_its_row_map():
     (folded,) = back.nodes
     assert folded.domain == POLYKIT_DOMAIN and folded.attrs[ROW_MAP] == g.nodes[0].attrs[ROW_MAP]
     assert back.value("y").shape == (6, 4, 5)
+
+
+def patch_merging(B, H, W, C):
+    """torchvision's PatchMerging: cat(x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2],
+    x[:, 1::2, 1::2], -1) -> LayerNorm(4C) -> Linear(4C, 2C), as Slices + Concat; y = that + 0."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array((RNG.standard_normal(4 * C) + 1).astype(np.float32), "s"),
+             numpy_helper.from_array(RNG.standard_normal(4 * C).astype(np.float32), "b"),
+             numpy_helper.from_array(RNG.standard_normal((4 * C, 2 * C)).astype(np.float32) * 0.2, "w"),
+             numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+             numpy_helper.from_array(np.array([2, 2], np.int64), "steps"),
+             numpy_helper.from_array(np.array([H, W], np.int64), "ends")]
+    nodes = []
+    for k, (h0, w0) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        inits.append(numpy_helper.from_array(np.array([h0, w0], np.int64), f"st{k}"))
+        nodes.append(helper.make_node("Slice", ["x", f"st{k}", "ends", "axes", "steps"], [f"x{k}"]))
+    nodes += [helper.make_node("Concat", [f"x{k}" for k in range(4)], ["cat"], axis=-1),
+              helper.make_node("LayerNormalization", ["cat", "s", "b"], ["ln"], axis=-1),
+              helper.make_node("MatMul", ["ln", "w"], ["y"])]
+    g = helper.make_graph(nodes, "patch_merging", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, H, W, C])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("B, H, W, C", [(2, 6, 10, 8), (1, 14, 6, 12), (3, 4, 4, 5)])
+def test_the_patch_merging_copy_is_read_by_the_layer_norm_and_matches_onnxruntime(B, H, W, C):
+    plan = _run(patch_merging(B, H, W, C), B, H, W, C)
+    kinds = [layer.kind for layer in plan.layers]
+    (norm,) = [layer for layer in plan.layers if layer.kind == "LayerNormalization"]
+    assert "PermutedCopy" not in kinds and "Concat" not in kinds
+    assert norm.attrs[IN_MAP]["segment"] == C and norm.in_shapes[0] == (B, H, W, C)

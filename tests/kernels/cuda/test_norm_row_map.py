@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.nn.norm_row_map import ROW_MAP, row_destinations
+from polykit.compiler.ops.nn.norm_row_map import IN_MAP, ROW_MAP, input_index, row_destinations
 from polykit.compiler.plan.records import LayerDesc
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.reduce.norm import ROW_MAP_ARGS, row_map_args
+from polykit.kernels.cuda.base import DeviceTensor
+from polykit.kernels.cuda.reduce.norm import ROW_MAP_ARGS, in_map_args, row_map_args, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
 from tests.kernels.cuda.block_emulation import host_launcher
 from tests.kernels.cuda.test_norm_warp import feeds_for, host_buffers, reference
@@ -36,14 +37,35 @@ MAPS = [
 ]
 
 
-def mapped_layer(shape, row_map, dtype=np.float16, kind="LayerNormalization", stats=False):
+def mapped_layer(shape, row_map, dtype=np.float16, kind="LayerNormalization", stats=False, in_map=None):
+    """A stamped mapped norm of X `shape` (through `in_map` when given: X is then its source)."""
     name = np.dtype(dtype).name
     ins = ("X", "S", "B") if kind == "LayerNormalization" else ("X", "S")
     outs = ("Y", "M", "R") if stats else ("Y",)
-    return LayerDesc("ln", kind, ins, outs, {"axis": -1, "epsilon": 1e-5, ROW_MAP: row_map}, domain=POLYKIT_DOMAIN,
+    logical = tuple(in_map["shape"]) if in_map else tuple(shape)
+    maps = {ROW_MAP: row_map} if row_map else {}
+    maps |= {IN_MAP: in_map} if in_map else {}
+    return LayerDesc("ln", kind, ins, outs, {"axis": -1, "epsilon": 1e-5, **maps}, domain=POLYKIT_DOMAIN,
                      in_dtypes=(name,) * len(ins), out_dtypes=(name,) + ("float32",) * (len(outs) - 1),
-                     in_shapes=(tuple(shape),) + ((shape[-1],),) * (len(ins) - 1),
-                     out_shapes=(tuple(row_map["shape"]),) + ((1,),) * (len(outs) - 1))
+                     in_shapes=(tuple(shape),) + ((logical[-1],),) * (len(ins) - 1),
+                     out_shapes=(tuple(row_map["shape"] if row_map else logical),) + ((1,),) * (len(outs) - 1))
+
+
+def merging_map(B, H, W, C):
+    """Swin's patch merging as an input map: [B, H, W, C] read as [B, H/2, W/2, 4C] in runs of C
+    (logical segment (b, i, j, p, q) is X's (b, 2i + q, 2j + p))."""
+    return {"segment": C, "offset": 0, "shape": [B, H // 2, W // 2, 4 * C],
+            "dims": [{"shift": 0, "pieces": [[B, H * W]]}, {"shift": 0, "pieces": [[H // 2, 2 * W]]},
+                     {"shift": 0, "pieces": [[W // 2, 2]]}, {"shift": 0, "pieces": [[2, 1]]},
+                     {"shift": 0, "pieces": [[2, W]]}]}
+
+
+#: (X shape, in_map, row map or None): a patch merging in whole vectors, one of odd C (the element
+#: path), one whose output rows are also permuted
+IN_MAPS = [((2, 6, 10, 16), merging_map(2, 6, 10, 16), None),
+           ((1, 4, 6, 5), merging_map(1, 4, 6, 5), None),
+           ((2, 4, 4, 8), merging_map(2, 4, 4, 8),
+            {"dims": [{"shift": 1, "pieces": [[2, 4]]}, {"shift": 0, "pieces": [[2, 1], [2, 2]]}], "shape": [8, 32]})]
 
 
 def rm_dest_as_the_kernel_computes(args, rows):
@@ -92,8 +114,8 @@ def warp_emulated(tmp_path_factory):
 
 
 ROWS_PARAMS = ("const {T}* x, const {T}* scale, const {T}* bias, {T}* y, float* mean_out, float* rstd_out, i64 rows, "
-               "i64 L, i64 G, i64 D, i64 n_scale, i64 n_bias, double eps, i64 rms, RM_PARAMS")
-ROWS_ARGS = "x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bias, eps, rms, RM_ARGS"
+               "i64 L, i64 G, i64 D, i64 n_scale, i64 n_bias, double eps, i64 rms, RM_PARAMS, IM_PARAMS")
+ROWS_ARGS = "x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bias, eps, rms, RM_ARGS, IM_ARGS"
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +154,38 @@ def test_the_emulated_kernels_run_a_mapped_rms_norm(warp_emulated, rows_emulated
     run_emulated(rows_emulated[np.float32], ROWS, layer, np.float32)
 
 
+def test_the_merging_map_reads_what_the_slices_and_concat_read():
+    x = np.arange(2 * 6 * 10 * 16).reshape(2, 6, 10, 16)
+    want = np.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+    assert np.array_equal(input_index(merging_map(2, 6, 10, 16), x.shape), want)
+
+
+def test_the_input_map_arguments_and_its_vectors():
+    shape, in_map, _ = IN_MAPS[0]
+    layer = mapped_layer(shape, None, in_map=in_map)
+    args = in_map_args(layer, 30, 64)
+    assert len(args) == ROW_MAP_ARGS + 2 and args[:3] == [5, 16, 0]
+    rows = 2 * 3 * 5 * 4  # segments
+    assert np.array_equal(rm_dest_as_the_kernel_computes([args[0], *args[3:]], rows),
+                          input_index(in_map, shape)[..., ::16].reshape(-1) // 16)
+    tensors = {n: DeviceTensor(0x10000 * (k + 1), s, np.dtype(np.float16)) for k, (n, s) in enumerate(
+        zip(("X", "S", "B", "Y"), (*layer.in_shapes, layer.out_shapes[0])))}
+    _, grid, _, launch = warp_launch(layer, tensors)
+    assert launch[6:8] == [30, 64] and launch[12] == 1  # 16 halves a run: 16-byte loads
+    odd = mapped_layer(IN_MAPS[1][0], None, in_map=IN_MAPS[1][1])
+    tensors = {n: DeviceTensor(0x10000 * (k + 1), s, np.dtype(np.float16)) for k, (n, s) in enumerate(
+        zip(("X", "S", "B", "Y"), (*odd.in_shapes, odd.out_shapes[0])))}
+    assert warp_launch(odd, tensors)[3][12] == 0  # runs of 5: element by element
+
+
+@pytest.mark.parametrize("shape,in_map,row_map", IN_MAPS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_the_emulated_kernels_read_through_the_input_map(warp_emulated, rows_emulated, shape, in_map, row_map, dtype):
+    layer = mapped_layer(shape, row_map, dtype, in_map=in_map)
+    run_emulated(warp_emulated, WARP, layer, dtype)
+    run_emulated(rows_emulated[dtype], ROWS, layer, dtype)
+
+
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("tactic", [WARP, ROWS])
@@ -140,9 +194,20 @@ def test_the_emulated_kernels_run_a_mapped_rms_norm(warp_emulated, rows_emulated
                                 {"shift": 3, "pieces": [[8, 49], [7, 1]]}], "shape": [8, 8, 8, 7, 7, 96]})])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_mapped_rows_on_the_gpu_match_the_reference(tactic, shape, row_map, dtype):
+    gpu_matches_reference(mapped_layer(shape, row_map, dtype), tactic, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", [WARP, ROWS])
+@pytest.mark.parametrize("shape,in_map,row_map", IN_MAPS + [((8, 56, 56, 96), merging_map(8, 56, 56, 96), None)])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_input_maps_on_the_gpu_match_the_reference(tactic, shape, in_map, row_map, dtype):
+    gpu_matches_reference(mapped_layer(shape, row_map, dtype, in_map=in_map), tactic, dtype)
+
+
+def gpu_matches_reference(layer, tactic, dtype):
     from polykit.runtime.cuda.harness import run_layer
 
-    layer = mapped_layer(shape, row_map, dtype)
     feeds = feeds_for(layer, dtype)
     got = run_layer(layer, feeds, tactic=tactic)
     for name, want in reference(layer, feeds).items():

@@ -12,8 +12,15 @@ is written to output row dest(r):
   mod n_d (a roll), then splits into digits over `pieces` = [[size, stride], ...] (outer first, at
   most 2 a dim), each digit times its stride; dest(r) is the sum over the dims.
 
-dest must be a permutation of [0, R) (checked here, and by the pass that builds the map). Only the
-normalized output exists (no Mean / InvStdDev outputs).
+dest must be a permutation of [0, R) (checked here, and by the pass that builds the map).
+
+`in_map` (a row-gathering PermutedCopy before the norm folded into it: Swin's patch merging) reads the
+norm's logical input `in_map["shape"]` (its trailing dims the normalized ones) from the stored X in
+segments of `in_map["segment"]` = S contiguous elements (S divides L): logical segment t (the flat
+index of the logical input divided by S, split over the map's dims like a row above, each dim's
+digit shifted and split into pieces with strides in segments) is X's elements
+(offset + sum of the dims' terms) * S + [0, S). Either map may come alone; only the normalized output
+exists (no Mean / InvStdDev outputs).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from polykit.compiler.ops.nn.fused import decode_json_attrs
 from polykit.compiler.ops.registry import InferContext, importer, shape_rule
 
 ROW_MAP = "row_map"
+IN_MAP = "in_map"
 NORM_KINDS = ("LayerNormalization", "RMSNormalization")
 #: row dims a map holds at most (the cuda kernels take that many as arguments)
 MAX_ROW_DIMS = 6
@@ -87,14 +95,36 @@ for _op in NORM_KINDS:  # an exported graph stores the map as JSON
     importer(_op, since=1, domain=POLYKIT_DOMAIN)(decode_json_attrs)
 
 
+def input_index(in_map: Mapping[str, Any], x_shape: Sequence[int]) -> np.ndarray:
+    """The element of X (flat) each element of the logical input reads (its shape), checked
+    (ValueError naming what is wrong)."""
+    shape, seg = in_map.get("shape"), in_map.get("segment")
+    if not isinstance(shape, list) or any(not isinstance(d, int) or d < 1 for d in shape) \
+            or not isinstance(seg, int) or seg < 1 or math.prod(shape) % seg:
+        raise ValueError(f"in_map needs a logical 'shape' and a 'segment' dividing it, has {shape!r}, {seg!r}")
+    offset = in_map.get("offset", 0)
+    row_dims(in_map)
+    first = view_index({"offset": offset, "dims": in_map["dims"]}).reshape(-1)
+    if first.size * seg != math.prod(shape) or first.min() < 0 or (first.max() + 1) * seg > math.prod(x_shape):
+        raise ValueError(f"in_map's {first.size} segments of {seg} do not read the logical {shape} inside X {list(x_shape)}")
+    return (first[:, None] * seg + np.arange(seg)).reshape(shape)
+
+
+def logical_input(attrs: Mapping[str, Any], x_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape the norm normalizes: in_map's logical shape, else X's."""
+    return tuple(attrs[IN_MAP]["shape"]) if IN_MAP in attrs else tuple(x_shape)
+
+
 @shape_rule(*NORM_KINDS, domain=POLYKIT_DOMAIN)
 def _mapped_norm(ctx: InferContext):
     x = ctx.shape(0)
     if ctx.n_outputs != 1 or x is None or not all(isinstance(d, int) for d in x):
         raise ctx.fail(f"{ctx.node.op_type} with a row map needs a static X and one output", hint=_HINT)
-    axis = ctx.normalize_axis(int(ctx.attr("axis", -1)), len(x))
     try:
-        shape = check_row_map(ctx.attr(ROW_MAP), x, axis)
+        if IN_MAP in ctx.node.attrs:
+            x = input_index(ctx.attr(IN_MAP), x).shape
+        axis = ctx.normalize_axis(int(ctx.attr("axis", -1)), len(x))
+        shape = check_row_map(ctx.attr(ROW_MAP), x, axis) if ROW_MAP in ctx.node.attrs else tuple(x)
     except ValueError as exc:
         raise ctx.fail(str(exc), hint=_HINT) from None
     dtype = ctx.dtype(1) if ctx.node.op_type == "RMSNormalization" and ctx.has(1) else ctx.dtype(0)

@@ -3,7 +3,8 @@
 (cuda.norm.warp, norm_warp.cu: one read of x, 16-byte vectors where aligned), inference
 BatchNormalization as one pass over the tensor (cuda.norm.batch). A Layer/RMS normalization with a
 row map (ai.polykit, ops/nn/norm_row_map.py) writes its rows permuted: both Layer/RMS tactics take
-the map as runtime arguments (norm_row_map.cuh, `row_map_args`)."""
+the map as runtime arguments (norm_row_map.cuh, `row_map_args`), and so an input map (`in_map`: the
+row read in segments gathered from X, `in_map_args`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from polykit.compiler.ops.nn.norm_row_map import MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, row_dims
+from polykit.compiler.ops.nn.norm_row_map import IN_MAP, MAX_ROW_DIMS, NORM_KINDS, ROW_MAP, logical_input, row_dims
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic, defines, stored_as
 from polykit.kernels.cuda.launch_geometry import grid_for
@@ -68,17 +69,36 @@ def row_map_args(layer, rows: int) -> list[np.int32]:
     """norm_row_map.cuh's arguments for `layer`'s row map (dims 0, the identity, without one): per
     dim, inner first, its size n, shift, inner piece size q (n for one piece) and the inner and outer
     piece strides a, b."""
-    raw = layer.attrs.get(ROW_MAP)
+    return _map_args(layer, ROW_MAP, rows)
+
+
+def in_map_args(layer, rows: int, length: int) -> list[np.int32]:
+    """norm_row_map.cuh's IM_PARAMS for `layer`'s input map: dims, segment, offset, then the dims
+    as row_map_args has them (zeros without a map)."""
+    raw = layer.attrs.get(IN_MAP)
+    if raw is None:
+        return [np.int32(0)] * (ROW_MAP_ARGS + 2)
+    seg = int(raw.get("segment", 0))
+    if seg < 1 or length % seg:
+        raise DeviceError(f"input map segment {seg} does not divide rows of {length}", where=f"layer {layer.name!r}",
+                          hint="rebuild the plan")
+    args = _map_args(layer, IN_MAP, rows * (length // seg))
+    return [args[0], np.int32(seg), np.int32(raw.get("offset", 0)), *args[1:]]
+
+
+def _map_args(layer, key: str, count: int) -> list[np.int32]:
+    raw = layer.attrs.get(key)
     if raw is None:
         return [np.int32(0)] * ROW_MAP_ARGS
     where = f"layer {layer.name!r}"
     try:
         dims = row_dims(raw)
     except ValueError as exc:
-        raise DeviceError(f"bad row map: {exc}", where=where, hint="rebuild the plan") from None
-    if layer.kind not in NORM_KINDS or int(np.prod([n for n, _, _ in dims])) != rows or rows >= 2 ** 31:
-        raise DeviceError(f"the row map holds {int(np.prod([n for n, _, _ in dims]))} rows, the layer has {rows}",
-                          where=where, hint="rebuild the plan for these shapes")
+        raise DeviceError(f"bad {key}: {exc}", where=where, hint="rebuild the plan") from None
+    held = int(np.prod([n for n, _, _ in dims]))
+    if layer.kind not in NORM_KINDS or held != count or count >= 2 ** 31:
+        raise DeviceError(f"the {key} holds {held} rows or segments, the layer has {count}", where=where,
+                          hint="rebuild the plan for these shapes")
     args = [len(dims)]
     for n, shift, pieces in reversed(dims):
         (q, a), b = pieces[-1], (pieces[0][1] if len(pieces) == 2 else 0)
@@ -88,8 +108,9 @@ def row_map_args(layer, rows: int) -> list[np.int32]:
 
 
 def _maps_rows_or_plain(layer) -> bool:
-    """A layer without a row map, or a Layer/RMS normalization with one (its mean / inv_std absent)."""
-    return ROW_MAP not in layer.attrs or layer.kind in NORM_KINDS and len(layer.outputs) == 1
+    """A layer without maps, or a Layer/RMS normalization with them (its mean / inv_std absent)."""
+    return ROW_MAP not in layer.attrs and IN_MAP not in layer.attrs \
+        or layer.kind in NORM_KINDS and len(layer.outputs) == 1
 
 
 def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -102,7 +123,7 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
         return
     rms = 0
     if layer.kind in ("LayerNormalization", "RMSNormalization"):
-        length = _last_axes(layer, x.shape)[1]
+        length = _last_axes(layer, logical_input(layer.attrs, x.shape))[1]
         groups, d = 1, 1
         rms = int(layer.kind == "RMSNormalization")
     else:  # Group / Instance: statistics per (n, group), parameters per channel
@@ -111,11 +132,12 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
         d = int(np.prod(x.shape[2:], dtype=np.int64))
         length = (c // groups) * d
     _check_params(layer, scale, bias, length if d == 1 else length * groups // d)
-    rows = x.size // length
+    rows = x.size // length if IN_MAP not in layer.attrs else int(np.prod(layer.attrs[IN_MAP]["shape"])) // length
     _check_stats(layer, mean, rstd)
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, length, groups, d, scale.size,
-            bias.size if bias is not None else 1, eps, rms, *row_map_args(layer, rows)]
+            bias.size if bias is not None else 1, eps, rms, *row_map_args(layer, rows),
+            *in_map_args(layer, rows, length)]
     launcher.launch(KernelSource(f"norm_rows_{_code(layer, x)}", FILE), (min(rows, 1 << 20), 1, 1),
                     (block_for(length), 1, 1), args)
 
@@ -188,7 +210,7 @@ def _warp_layout(layer) -> tuple[str, WarpGeometry] | None:
     if not shapes or not dtypes or not shapes[0] or not all(isinstance(d, int) for d in shapes[0]):
         return None
     dtype = dtypes[0]
-    _, length = _last_axes(layer, tuple(shapes[0]))
+    _, length = _last_axes(layer, logical_input(layer.attrs, tuple(shapes[0])))
     if dtype not in WARP_ELEMS or any(d and d != dtype for d in dtypes[1:3] + outs[:1]) \
             or any(d and d != "float32" for d in outs[1:3]):
         return None
@@ -222,20 +244,22 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
                           hint="rebuild the plan (cuda.norm.rows runs other storage types)")
     if x.size == 0:
         return None
-    rows, length = _last_axes(layer, x.shape)
+    rows, length = _last_axes(layer, logical_input(layer.attrs, x.shape))
     _check_params(layer, scale, bias, length)
     _check_stats(layer, mean, rstd)
     geometry = warp_geometry(length, x.dtype.itemsize)
     if geometry is None:
         raise DeviceError(f"rows of {length} elements do not fit cuda.norm.warp's registers", where=where,
                           hint="rebuild the plan for these shapes (cuda.norm.rows runs long rows)")
-    vec = length % (16 // x.dtype.itemsize) == 0 and _aligned(x, y, scale if scale.size > 1 else None,
+    segment = int(layer.attrs[IN_MAP]["segment"]) if IN_MAP in layer.attrs else length
+    vec = length % (16 // x.dtype.itemsize) == 0 and segment % (16 // x.dtype.itemsize) == 0 and _aligned(x, y, scale if scale.size > 1 else None,
                                                                bias if bias is not None and bias.size > 1 else None)
     i32, f32 = np.int32, np.float32
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, i32(length), i32(scale.size),
             i32(bias.size if bias is not None else 1), f32(layer.attrs.get("epsilon", 1e-5)),
-            i32(layer.kind == "RMSNormalization"), i32(vec), *row_map_args(layer, rows)]
+            i32(layer.kind == "RMSNormalization"), i32(vec), *row_map_args(layer, rows),
+            *in_map_args(layer, rows, length)]
     grid = (min(-(-rows // geometry.rows_per_block), MAX_GRID), 1, 1)
     return warp_kernel(x.dtype.name, geometry), grid, (WARP_THREADS, 1, 1), args
 

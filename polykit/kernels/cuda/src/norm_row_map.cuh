@@ -56,3 +56,33 @@ __device__ __forceinline__ i64 rm_dest(i64 row, const RowMap& m) {
   }
   return dest;
 }
+
+// The input map (in_map: a row-gathering copy before the norm, Swin's patch merging): the norm's
+// logical input [rows, L] read from X in segments of im_seg elements: logical segment t = row * (L /
+// im_seg) + j / im_seg is X's segment im_offset + rm_dest(t) of the map (same dims as above, here
+// from the logical segment to X's). im.dims == 0: X read as [rows, L].
+#define IM_PARAMS                                                                                          \
+  int im_dims, int im_seg, int im_offset, int im_n0, int im_s0, int im_q0, int im_a0, int im_b0, int im_n1,  \
+      int im_s1, int im_q1, int im_a1, int im_b1, int im_n2, int im_s2, int im_q2, int im_a2, int im_b2,      \
+      int im_n3, int im_s3, int im_q3, int im_a3, int im_b3, int im_n4, int im_s4, int im_q4, int im_a4,      \
+      int im_b4, int im_n5, int im_s5, int im_q5, int im_a5, int im_b5
+#define IM_ARGS                                                                                            \
+  im_dims, im_seg, im_offset, im_n0, im_s0, im_q0, im_a0, im_b0, im_n1, im_s1, im_q1, im_a1, im_b1, im_n2,    \
+      im_s2, im_q2, im_a2, im_b2, im_n3, im_s3, im_q3, im_a3, im_b3, im_n4, im_s4, im_q4, im_a4, im_b4, im_n5, \
+      im_s5, im_q5, im_a5, im_b5
+#define IM_MAP_ARGS                                                                                        \
+  im_dims, im_n0, im_s0, im_q0, im_a0, im_b0, im_n1, im_s1, im_q1, im_a1, im_b1, im_n2, im_s2, im_q2, im_a2,  \
+      im_b2, im_n3, im_s3, im_q3, im_a3, im_b3, im_n4, im_s4, im_q4, im_a4, im_b4, im_n5, im_s5, im_q5, im_a5, \
+      im_b5
+
+struct InMap {
+  RowMap m;
+  int seg, offset;
+};
+
+// the element of X that element j of logical row `row` (rows of L) reads
+__device__ __forceinline__ i64 im_elem(i64 row, i64 j, i64 L, const InMap& im) {
+  if (im.m.dims == 0) return row * L + j;
+  const i64 t = row * (L / im.seg) + j / im.seg;
+  return (im.offset + rm_dest(t, im.m)) * im.seg + j % im.seg;
+}

@@ -14,7 +14,8 @@
 // scale + bias, rstd = rsqrt(var + eps); float32 mean / inv_std outputs per row when not null.
 //
 // A row map (norm_row_map.cuh: LayerNorm / RMSNorm writing permuted rows) sends input row `row` to
-// output row rm_dest(row); dims == 0 is the identity.
+// output row rm_dest(row); dims == 0 is the identity. An input map reads the row's vectors / elements
+// at X[im_elem(row, j)] (16-byte vectors when its segments are whole vectors: the host checks).
 //
 // Defines: ELEM (float, half_t, bf16_t), NW_LANES, NW_CHUNKS (1..32 fp32, 1..16 fp16/bf16:
 // L <= NW_CHUNKS * NW_LANES * NW_VEC). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
@@ -81,6 +82,22 @@ __device__ __forceinline__ float nw_row_sum(float v) {
   return v;
 }
 
+// 16 bytes of row `row` of X through the input map at vector q (vec: a segment holds whole vectors)
+// or its elements q * NW_VEC.. below L one by one, zeros past L
+__device__ __forceinline__ uint4 nw_load_x(const ELEM* X, i64 row, int q, int L, int vec, const InMap& im) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  if (vec) {
+    if (q * NW_VEC < L) r = *(const uint4*)(X + im_elem(row, (i64)q * NW_VEC, L, im));
+  } else {
+#pragma unroll
+    for (int e = 0; e < NW_VEC; ++e) {
+      const int j = q * NW_VEC + e;
+      if (j < L) nw_put<ELEM>(r, e, nw_raw(X[im_elem(row, j, L, im)]));
+    }
+  }
+  return r;
+}
+
 // 16 bytes of p at vector q (vec) or elements q * NW_VEC.. below L one by one, zeros past L
 __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
@@ -99,8 +116,8 @@ __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
 #define NW_PARAMS                                                                                          \
   const ELEM *__restrict__ X, const ELEM *__restrict__ scale, const ELEM *__restrict__ bias, ELEM *__restrict__ Y, \
       float *__restrict__ mean_out, float *__restrict__ rstd_out, i64 rows, int L, int n_scale, int n_bias,      \
-      float eps, int rms, int vec, RM_PARAMS
-#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec, RM_ARGS
+      float eps, int rms, int vec, RM_PARAMS, IM_PARAMS
+#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec, RM_ARGS, IM_ARGS
 
 extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
   const int lane = threadIdx.x % NW_LANES;
@@ -108,14 +125,14 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
   const float inv_l = 1.0f / (float)L;
   const float s0 = ld(scale, 0), b0 = bias ? ld(bias, 0) : 0.0f;
   const RowMap map = rm_make(RM_ARGS);
+  const InMap im = {rm_make(IM_MAP_ARGS), im_seg, im_offset};
   for (i64 row0 = (i64)blockIdx.x * NW_ROWS; row0 < rows; row0 += (i64)gridDim.x * NW_ROWS) {
     const i64 row = row0 + sub;
     const bool live = row < rows;
-    const ELEM* xr = X + (live ? row : 0) * L;
     uint4 r[NW_CHUNKS];
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c)
-      r[c] = live ? nw_load(xr, c * NW_LANES + lane, L, vec) : make_uint4(0u, 0u, 0u, 0u);
+      r[c] = live ? nw_load_x(X, row, c * NW_LANES + lane, L, vec, im) : make_uint4(0u, 0u, 0u, 0u);
     float mean = 0.0f;
     if (!rms) {
       float s = 0.0f;
