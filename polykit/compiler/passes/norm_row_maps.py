@@ -52,11 +52,7 @@ def _fold_one(graph: Graph, fixed: set[str]) -> bool:
         spec = spec_of(graph, node) if (node.domain, node.op_type) in COPIES else None
         if spec is None:
             continue
-        views, name = [], node.input(0)
-        while (prod := producers.get(name)) is not None and not prod.domain and prod.op_type in VIEW_OPS \
-                and _sole(name, readers, fixed):
-            views.append(prod)
-            name = prod.input(0)
+        name, views = _above_views(node.input(0), producers, readers, fixed)
         norm = producers.get(name)
         if norm is None or norm.op_type not in NORM_KINDS or not _sole(name, readers, fixed) \
                 or norm.domain not in ("", POLYKIT_DOMAIN) or (norm.domain and ROW_MAP not in norm.attrs) \
@@ -82,11 +78,7 @@ def _fold_input(graph: Graph, fixed: set[str]) -> bool:
                 or (norm.domain and ROW_MAP not in norm.attrs and IN_MAP not in norm.attrs) \
                 or any(o and (readers.get(o) or o in fixed) for o in norm.outputs[1:]):
             continue
-        views, name = [], norm.input(0)
-        while (prod := producers.get(name)) is not None and not prod.domain and prod.op_type in VIEW_OPS \
-                and _sole(name, readers, fixed):
-            views.append(prod)
-            name = prod.input(0)
+        name, views = _above_views(norm.input(0), producers, readers, fixed)
         copy = producers.get(name)
         spec = spec_of(graph, copy) if copy is not None and (copy.domain, copy.op_type) in COPIES else None
         if spec is None or not _sole(name, readers, fixed) or norm.inputs[1:].count(name) or copy.input(0) in fixed:
@@ -128,6 +120,17 @@ def _input_map(graph: Graph, norm: Node, spec: CopySpec) -> dict | None:
         if fitted is not None:
             return {"segment": seg, "offset": fitted[1], "dims": fitted[0], "shape": list(logical)}
     return None
+
+
+def _above_views(name: str, producers: dict, readers: dict, fixed: set[str]) -> tuple[str, list[Node]]:
+    """The tensor above the Reshape-family views that lead (each output read by the next alone) to
+    `name`, and those views."""
+    views = []
+    while (prod := producers.get(name)) is not None and not prod.domain and prod.op_type in VIEW_OPS \
+            and _sole(name, readers, fixed):
+        views.append(prod)
+        name = prod.input(0)
+    return name, views
 
 
 def _sole(name: str, readers: dict, fixed: set[str]) -> bool:

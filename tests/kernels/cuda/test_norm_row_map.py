@@ -164,9 +164,9 @@ def test_the_input_map_arguments_and_its_vectors():
     shape, in_map, _ = IN_MAPS[0]
     layer = mapped_layer(shape, None, in_map=in_map)
     args = in_map_args(layer, 30, 64)
-    assert len(args) == ROW_MAP_ARGS + 2 and args[:3] == [5, 16, 0]
+    assert len(args) == ROW_MAP_ARGS + 2 and args[:3] == [16, 0, 5]
     rows = 2 * 3 * 5 * 4  # segments
-    assert np.array_equal(rm_dest_as_the_kernel_computes([args[0], *args[3:]], rows),
+    assert np.array_equal(rm_dest_as_the_kernel_computes(args[2:], rows),
                           input_index(in_map, shape)[..., ::16].reshape(-1) // 16)
     tensors = {n: DeviceTensor(0x10000 * (k + 1), s, np.dtype(np.float16)) for k, (n, s) in enumerate(
         zip(("X", "S", "B", "Y"), (*layer.in_shapes, layer.out_shapes[0])))}

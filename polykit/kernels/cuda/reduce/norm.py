@@ -73,8 +73,8 @@ def row_map_args(layer, rows: int) -> list[np.int32]:
 
 
 def in_map_args(layer, rows: int, length: int) -> list[np.int32]:
-    """norm_row_map.cuh's IM_PARAMS for `layer`'s input map: dims, segment, offset, then the dims
-    as row_map_args has them (zeros without a map)."""
+    """norm_row_map.cuh's IM_PARAMS for `layer`'s input map: segment, offset, then its dims as
+    row_map_args gives a row map's (zeros without a map)."""
     raw = layer.attrs.get(IN_MAP)
     if raw is None:
         return [np.int32(0)] * (ROW_MAP_ARGS + 2)
@@ -83,7 +83,7 @@ def in_map_args(layer, rows: int, length: int) -> list[np.int32]:
         raise DeviceError(f"input map segment {seg} does not divide rows of {length}", where=f"layer {layer.name!r}",
                           hint="rebuild the plan")
     args = _map_args(layer, IN_MAP, rows * (length // seg))
-    return [args[0], np.int32(seg), np.int32(raw.get("offset", 0)), *args[1:]]
+    return [np.int32(seg), np.int32(raw.get("offset", 0)), *args]
 
 
 def _map_args(layer, key: str, count: int) -> list[np.int32]:

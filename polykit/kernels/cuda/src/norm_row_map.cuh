@@ -6,15 +6,17 @@
 #pragma once
 
 #define RM_DIMS 6
-#define RM_PARAMS                                                                                          \
-  int rm_dims, int rm_n0, int rm_s0, int rm_q0, int rm_a0, int rm_b0, int rm_n1, int rm_s1, int rm_q1,        \
-      int rm_a1, int rm_b1, int rm_n2, int rm_s2, int rm_q2, int rm_a2, int rm_b2, int rm_n3, int rm_s3,      \
-      int rm_q3, int rm_a3, int rm_b3, int rm_n4, int rm_s4, int rm_q4, int rm_a4, int rm_b4, int rm_n5,      \
-      int rm_s5, int rm_q5, int rm_a5, int rm_b5
-#define RM_ARGS                                                                                            \
-  rm_dims, rm_n0, rm_s0, rm_q0, rm_a0, rm_b0, rm_n1, rm_s1, rm_q1, rm_a1, rm_b1, rm_n2, rm_s2, rm_q2, rm_a2,   \
-      rm_b2, rm_n3, rm_s3, rm_q3, rm_a3, rm_b3, rm_n4, rm_s4, rm_q4, rm_a4, rm_b4, rm_n5, rm_s5, rm_q5, rm_a5, \
-      rm_b5
+// a map's parameters: dims, then per dim d (0 = inner) n, shift, q, a, b, named with prefix p
+#define MAP_DIM_PARAMS(p, d) int p##_n##d, int p##_s##d, int p##_q##d, int p##_a##d, int p##_b##d
+#define MAP_DIM_ARGS(p, d) p##_n##d, p##_s##d, p##_q##d, p##_a##d, p##_b##d
+#define MAP_PARAMS(p)                                                                                        \
+  int p##_dims, MAP_DIM_PARAMS(p, 0), MAP_DIM_PARAMS(p, 1), MAP_DIM_PARAMS(p, 2), MAP_DIM_PARAMS(p, 3),        \
+      MAP_DIM_PARAMS(p, 4), MAP_DIM_PARAMS(p, 5)
+#define MAP_ARGS(p)                                                                                          \
+  p##_dims, MAP_DIM_ARGS(p, 0), MAP_DIM_ARGS(p, 1), MAP_DIM_ARGS(p, 2), MAP_DIM_ARGS(p, 3), MAP_DIM_ARGS(p, 4), \
+      MAP_DIM_ARGS(p, 5)
+#define RM_PARAMS MAP_PARAMS(rm)
+#define RM_ARGS MAP_ARGS(rm)
 
 struct RowMap {
   int dims;
@@ -60,20 +62,11 @@ __device__ __forceinline__ i64 rm_dest(i64 row, const RowMap& m) {
 // The input map (in_map: a row-gathering copy before the norm, Swin's patch merging): the norm's
 // logical input [rows, L] read from X in segments of im_seg elements: logical segment t = row * (L /
 // im_seg) + j / im_seg is X's segment im_offset + rm_dest(t) of the map (same dims as above, here
-// from the logical segment to X's). im.dims == 0: X read as [rows, L].
-#define IM_PARAMS                                                                                          \
-  int im_dims, int im_seg, int im_offset, int im_n0, int im_s0, int im_q0, int im_a0, int im_b0, int im_n1,  \
-      int im_s1, int im_q1, int im_a1, int im_b1, int im_n2, int im_s2, int im_q2, int im_a2, int im_b2,      \
-      int im_n3, int im_s3, int im_q3, int im_a3, int im_b3, int im_n4, int im_s4, int im_q4, int im_a4,      \
-      int im_b4, int im_n5, int im_s5, int im_q5, int im_a5, int im_b5
-#define IM_ARGS                                                                                            \
-  im_dims, im_seg, im_offset, im_n0, im_s0, im_q0, im_a0, im_b0, im_n1, im_s1, im_q1, im_a1, im_b1, im_n2,    \
-      im_s2, im_q2, im_a2, im_b2, im_n3, im_s3, im_q3, im_a3, im_b3, im_n4, im_s4, im_q4, im_a4, im_b4, im_n5, \
-      im_s5, im_q5, im_a5, im_b5
-#define IM_MAP_ARGS                                                                                        \
-  im_dims, im_n0, im_s0, im_q0, im_a0, im_b0, im_n1, im_s1, im_q1, im_a1, im_b1, im_n2, im_s2, im_q2, im_a2,  \
-      im_b2, im_n3, im_s3, im_q3, im_a3, im_b3, im_n4, im_s4, im_q4, im_a4, im_b4, im_n5, im_s5, im_q5, im_a5, \
-      im_b5
+// from the logical segment to X's; arguments: segment, offset, then the map). No map (dims 0): X
+// read as [rows, L].
+#define IM_PARAMS int im_seg, int im_offset, MAP_PARAMS(im)
+#define IM_ARGS im_seg, im_offset, MAP_ARGS(im)
+#define IM_MAP_ARGS MAP_ARGS(im)
 
 struct InMap {
   RowMap m;
