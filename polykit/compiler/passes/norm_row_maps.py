@@ -1,4 +1,4 @@
-"""norm_row_maps: a row-permuting Transpose / PermutedCopy of a norm's output becomes the norm's row map.
+"""norm_row_maps: a row-permuting copy of a norm's output becomes the norm's row map, a copy before it its input map.
 
 A LayerNormalization or RMSNormalization writes whole rows (its normalized axes, contiguous). A
 Transpose or PermutedCopy that reads such a norm's output (through Reshape / Flatten / Squeeze /
@@ -13,7 +13,12 @@ The copy's row permutation is found from its own semantics (the reference of the
 array), then fitted to the row map's form: per row dim (the copy's input dims above the row, or the
 norm's), a cyclic shift and a mixed-radix split into at most two pieces with strides, dims without a
 shift split further as needed; a copy whose permutation is no such map (it mixes dims or selects a
-window) stays. A norm that has a map already composes the copy into it. Static shapes only; kept
+window) stays. A norm that has a map already composes the copy into it.
+
+Then a Transpose / PermutedCopy whose output (through such views) only a norm reads, where it reads
+each norm row as runs of S contiguous elements of its input (the longest such S dividing the row,
+S-aligned), folds into the norm's `in_map`: the runs' sources fitted the same way, with an offset
+(Swin's patch merging: [B, H, W, C] read as [B, H/2, W/2, 4C] in runs of C). Static shapes only; kept
 tensors keep their names.
 """
 
