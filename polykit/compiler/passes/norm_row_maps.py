@@ -17,7 +17,7 @@ window) stays. A norm that has a map already composes the copy into it.
 
 Then a Transpose / PermutedCopy whose output (through such views) only a norm reads, where it reads
 each norm row as runs of S contiguous elements of its input (the longest such S dividing the row,
-S-aligned), folds into the norm's `in_map`: the runs' sources fitted the same way, with an offset
+S-aligned; S at least 16 bytes), folds into the norm's `in_map`: the runs' sources fitted the same way, with an offset
 (Swin's patch merging: [B, H, W, C] read as [B, H/2, W/2, 4C] in runs of C). Static shapes only; kept
 tensors keep their names.
 """
@@ -43,6 +43,9 @@ SPEC_KEYS = ("starts", "window", "view", "perm", "shape", "out_shifts")
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 #: elements a copy may hold for its permutation to be computed (an index array of that many)
 MAX_ELEMENTS = 1 << 26
+#: bytes an input map's run holds at least (one 16-byte vector: the norm's reads stay coalesced;
+#: shorter runs, a transpose that moves the normalized axis, are left to the copy kernels' tiles)
+MIN_RUN_BYTES = 16
 
 
 def fold_norm_row_maps(graph: Graph, *, keep: frozenset[str] = frozenset()) -> bool:
@@ -118,6 +121,8 @@ def _input_map(graph: Graph, norm: Node, spec: CopySpec) -> dict | None:
         blocks = src.reshape(-1, seg)
         if np.array_equal(blocks, blocks[:, :1] + np.arange(seg)) and not (blocks[:, 0] % seg).any():
             break
+    if seg * graph.value(norm.input(0)).dtype.itemsize < MIN_RUN_BYTES:
+        return None
     first = blocks[:, 0] // seg
     view = tuple(spec.view[p] for p in spec.perm)
     for dims in (_row_dims(view, seg), (*logical[:axis], length // seg), (first.size,)):
