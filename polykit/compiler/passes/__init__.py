@@ -42,6 +42,7 @@ from polykit.compiler.passes.plan_layouts import plan_layouts
 from polykit.compiler.passes.control.inline_if import inline_constant_if
 from polykit.compiler.passes.insert_qdq import insert_qdq
 from polykit.compiler.passes.merge_duplicates import merge_duplicates
+from polykit.compiler.passes.norm_row_maps import fold_norm_row_maps
 from polykit.compiler.passes.pack_gemms import pack_gemms
 from polykit.compiler.passes.pack_quantized_gemms import pack_quantized_gemms
 from polykit.compiler.passes.io_formats import IoFormat, apply_io_formats, cancel_round_trip_casts
@@ -64,7 +65,7 @@ __all__ = [
     "recognize_attention", "cancel_transposes", "hoist_activations", "convert_to_fp16", "convert_precision",
     "fold_attention_layouts", "to_channels_last", "plan_layouts", "fold_axis_permutations", "fuse_quantize_nhwc",
     "fold_qdq", "absorb_quantized_casts", "fold_weight_only", "insert_qdq", "quantize_pools", "inline_constant_if", "unroll_loops", "fuse_movement",
-    "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views",
+    "merge_duplicates", "fold_index_ranges", "move_row_transposes", "absorb_concat", "absorb_views", "fold_norm_row_maps",
     "compose_gathers", "pad_into_producers", "compose_reformats", "compose_concat_gathers", "fuse_squeeze_excite",
     "pack_gemms", "pack_quantized_gemms", "fuse_output_quantize", "fold_depth_to_space",
 ]
@@ -215,5 +216,5 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
                        bind(fuse_squeeze_excite, keep=kept), bind(fuse_pointwise, keep=kept),
                        bind(fold_depth_to_space, keep=kept), bind(pad_into_producers, keep=kept),
                        bind(compose_concat_gathers, keep=kept), bind(absorb_concat, keep=kept),
-                       bind(absorb_views, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
+                       bind(fold_norm_row_maps, keep=kept), bind(absorb_views, keep=kept), bind(eliminate_dead_code, keep=kept)], check)
     return g

@@ -200,7 +200,7 @@ def _window_selections(graph: Graph, fixed: set[str]) -> bool:
 
 
 # ---- rules 3 and 4: composition through views ----------------------------------------------------
-def _repeat(step, graph: Graph, fixed: set[str]) -> bool:
+def repeat_step(step, graph: Graph, fixed: set[str]) -> bool:
     """Apply `step` (one composition, then its maps are stale) until it finds nothing; each removes a node."""
     changed = False
     for _ in range(len(graph.nodes)):
@@ -211,7 +211,7 @@ def _repeat(step, graph: Graph, fixed: set[str]) -> bool:
 
 
 def _compose_readers(graph: Graph, fixed: set[str]) -> bool:
-    return _repeat(_compose_reader, graph, fixed)
+    return repeat_step(_compose_reader, graph, fixed)
 
 
 def _compose_reader(graph: Graph, fixed: set[str]) -> bool:
@@ -242,7 +242,7 @@ def _compose_reader(graph: Graph, fixed: set[str]) -> bool:
             continue
         replace_node(graph, node, copy_node(graph, prod.input(0), node.outputs[0], new, node))
         graph.remove_nodes([prod, *views])
-        return True  # producers/readers are stale: _repeat calls again
+        return True  # producers/readers are stale: repeat_step calls again
     return False
 
 
@@ -262,7 +262,7 @@ def _as_output_roll(spec: CopySpec | None) -> CopySpec | None:
 
 
 def _compose_rolls(graph: Graph, fixed: set[str]) -> bool:
-    return _repeat(_compose_roll, graph, fixed)
+    return repeat_step(_compose_roll, graph, fixed)
 
 
 def _compose_roll(graph: Graph, fixed: set[str]) -> bool:

@@ -196,11 +196,16 @@ def test_cuda_fp16_plan_of_the_mha_block_moves_no_bytes():
     assert att.attrs["out_layout"] == "bshd" and all(att.attrs[a] for a in ("q_view", "k_view", "v_view"))
 
 
-def test_a_projection_read_by_another_op_keeps_the_in_path_transpose():
-    """The packed projection is a graph output too: its [S, B, 3E] layout must stay, so does the Transpose."""
+def test_a_projection_read_by_another_op_keeps_its_layout_which_the_layer_norm_writes():
+    """The packed projection is a graph output too: its [S, B, 3E] layout must stay, so the in-path
+    Transpose does not sink; fold_norm_row_maps then has the LayerNorm before it write its rows in
+    [S, B] order (a row map), so no Transpose layer is left."""
     model = _block_model()
     model.graph.output.append(helper.make_tensor_value_info("qkv", TensorProto.FLOAT, None))
-    assert _check(model, {"x": _x(B, S, E)}) == 1
+    assert _check(model, {"x": _x(B, S, E)}) == 0
+    plan = build_plan(model, BuilderConfig(target="cpu"))
+    (norm,) = [layer for layer in plan.layers if layer.kind == "LayerNormalization" and "row_map" in layer.attrs]
+    assert norm.out_shapes[0] == (S, B, E)
 
 
 @pytest.mark.gpu

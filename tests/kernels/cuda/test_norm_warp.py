@@ -111,12 +111,13 @@ def test_the_launch_takes_16_byte_vectors_only_where_every_row_and_pointer_allow
     assert kernel == find_tactic("cuda", layer.kind, WARP).kernels(layer)[0]
     assert dict(kernel.defines) == {"ELEM": "half_t", "NW_LANES": "32", "NW_CHUNKS": "3"}
     assert grid == (2, 1, 1) and block == (128, 1, 1)  # 6 rows, 4 a block
-    assert args[6:] == [6, 768, 768, 768, pytest.approx(1e-5), 0, 1]
+    assert args[6:13] == [6, 768, 768, 768, pytest.approx(1e-5), 0, 1]
+    assert args[13:] == []  # no row map, no input map: the plain kernel (no NW_MAPS) takes no map arguments
     assert isinstance(args[7], np.int32) and isinstance(args[10], np.float32)
     for shift in ({"X": 2}, {"Y": 8}, {"S": 2}, {"B": 4}):
-        assert warp_launch(layer, tensors_at(layer, shift=shift))[3][-1] == 0, shift
+        assert warp_launch(layer, tensors_at(layer, shift=shift))[3][12] == 0, shift
     tail = norm_layer((5, 100))
-    assert warp_launch(tail, tensors_at(tail))[3][-1] == 0  # 100 halves: not whole vectors
+    assert warp_launch(tail, tensors_at(tail))[3][12] == 0  # 100 halves: not whole vectors
 
 
 def test_rms_norm_and_a_scalar_scale_launch_without_bias_loads():

@@ -142,7 +142,7 @@ def _outputs_from(ctx: InferContext, env: dict[str, tuple]) -> list[tuple]:
 
 def decode_json_attrs(node: Node, ctx: ImportContext) -> None:
     """ONNX export stores dict/list-of-dict attributes as JSON strings; bring them back."""
-    for key in ("body", "epilogue", "concat", "view", *HOLDER_ATTRS["SqueezeExcite"]):
+    for key in ("body", "epilogue", "concat", "view", "row_map", *HOLDER_ATTRS["SqueezeExcite"]):
         if isinstance(node.attrs.get(key), str):
             try:
                 node.attrs[key] = json.loads(node.attrs[key])

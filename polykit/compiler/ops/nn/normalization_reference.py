@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from polykit.compiler.ir import dtypes
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.nn.norm_row_map import IN_MAP, ROW_MAP, check_row_map, input_index, row_destinations
 from polykit.compiler.ops.references import reference
+from polykit.errors import RuntimeInputError
 
 
 def _per_channel(p: np.ndarray, rank: int) -> np.ndarray:
@@ -113,3 +118,26 @@ def mean_variance_normalization(node, inputs):
     mean = x64.mean(axis=axes, keepdims=True)
     std = np.sqrt(np.maximum(np.mean(x64 * x64, axis=axes, keepdims=True) - mean * mean, 0.0))
     return [((x64 - mean) / (std + 1e-9)).astype(x.dtype)]
+
+
+@reference("LayerNormalization", "RMSNormalization", domain=POLYKIT_DOMAIN)
+def mapped_normalization(node, inputs):
+    """The ONNX norm of the input gathered by `in_map`, its rows then written to the positions of
+    `row_map` (ops/nn/norm_row_map.py); either map optional."""
+    x = inputs[0]
+    try:
+        if IN_MAP in node.attrs:
+            x = x.reshape(-1)[input_index(node.attrs[IN_MAP], x.shape)]
+        axis = int(node.attrs.get("axis", -1)) % x.ndim
+        shape = check_row_map(node.attrs[ROW_MAP], x.shape, axis) if ROW_MAP in node.attrs else x.shape
+    except ValueError as exc:
+        raise RuntimeInputError(str(exc), where=node.describe(), hint="the input's shape is not the one the node "
+                                "was built for") from None
+    plain = layer_normalization if node.op_type == "LayerNormalization" else rms_normalization
+    y = plain(node, [x, *inputs[1:]])[0]
+    if ROW_MAP not in node.attrs:
+        return [y]
+    rows = y.reshape(math.prod(x.shape[:axis]), -1)
+    out = np.empty_like(rows)
+    out[row_destinations(node.attrs[ROW_MAP])] = rows
+    return [out.reshape(shape)]

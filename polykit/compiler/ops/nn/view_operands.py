@@ -148,8 +148,22 @@ def view_names(inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
 def fit_view(idx: np.ndarray, name: str, source: int) -> dict[str, Any] | None:
     """The view entry whose view_index equals `idx` (an int64 array of source element offsets,
     the operand's logical shape), or None when no shift-and-pieces view gives it or it breaks a
-    rule above. Per dim, the line through the origin gives the shift (where its smallest offset
-    sits) and the pieces (runs of one stride, inner first); the whole array is checked after."""
+    rule above (fit_dims; the whole array is checked after)."""
+    fitted = fit_dims(idx)
+    if fitted is None:
+        return None
+    dims, base = fitted
+    entry = {"name": name, "input": source, "offset": base, "dims": dims}
+    if base < 0 or _entry_problem(entry, source + 1) or not np.array_equal(view_index(entry), idx):
+        return None
+    return entry
+
+
+def fit_dims(idx: np.ndarray) -> tuple[list[dict[str, Any]], int] | None:
+    """(dims, offset) of a shift-and-pieces map from the logical index of `idx` (an int64 array,
+    its logical shape) to its values, unchecked against the whole array, or None when a dim fits
+    no pieces. Per dim, the line through the origin gives the shift (where its smallest offset
+    sits) and the pieces (runs of one stride, inner first)."""
     if idx.size == 0 or idx.ndim == 0 or idx.min() < 0:
         return None
     dims, base = [], int(idx.reshape(-1)[0])
@@ -163,10 +177,7 @@ def fit_view(idx: np.ndarray, name: str, source: int) -> dict[str, Any] | None:
             return None
         dims.append({"shift": shift, "pieces": pieces})
         base -= int(g[shift])
-    entry = {"name": name, "input": source, "offset": base, "dims": dims}
-    if base < 0 or _entry_problem(entry, source + 1) or not np.array_equal(view_index(entry), idx):
-        return None
-    return entry
+    return dims, base
 
 
 def _pieces(g: np.ndarray) -> list[list[int]] | None:

@@ -17,12 +17,17 @@
 // y_i the value stored as ELEM (QuantizeLinear of Y: lowp.cuh's round-to-nearest-even encode of the IEEE
 // quotient, as quantize.cu's quantize_linear computes it), NW_VEC bytes a store when vec (Yq 8-byte aligned
 // for fp16/bf16, 4 for fp32: the host checks); Y is written only when not null (the float output's other readers).
+// NW_MAPS 1 (a LayerNorm / RMSNorm with a row map or an input map, norm_row_map.cuh, compiled only into
+// the layers that have one: a plain norm's code is the same without it): input row `row` goes to output row
+// rm_dest(row) (dims == 0 is the identity), and the input map reads the row's vectors / elements at
+// X[im_elem(row, j)] (16-byte vectors when its segments are whole vectors: the host checks).
 //
 // Defines: ELEM (float, half_t, bf16_t), NW_LANES, NW_CHUNKS (1..32 fp32, 1..16 fp16/bf16:
-// L <= NW_CHUNKS * NW_LANES * NW_VEC), NW_Q8 (0, 1). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
+// L <= NW_CHUNKS * NW_LANES * NW_VEC), NW_Q8 (0, 1), NW_MAPS (0, 1). grid: min(ceil(rows / NW_ROWS), 2^20) blocks of NW_THREADS,
 // stepping over row groups (every thread of a block runs the same iterations, shuffles included;
 // rows past the end only skip their stores).
 #include "dtypes.cuh"
+#include "norm_row_map.cuh"
 
 #ifndef ELEM
 #define ELEM half_t
@@ -88,6 +93,22 @@ __device__ __forceinline__ float nw_row_sum(float v) {
   return v;
 }
 
+// 16 bytes of row `row` of X through the input map at vector q (vec: a segment holds whole vectors)
+// or its elements q * NW_VEC.. below L one by one, zeros past L
+__device__ __forceinline__ uint4 nw_load_x(const ELEM* X, i64 row, int q, int L, int vec, const InMap& im) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  if (vec) {
+    if (q * NW_VEC < L) r = *(const uint4*)(X + im_elem(row, (i64)q * NW_VEC, L, im));
+  } else {
+#pragma unroll
+    for (int e = 0; e < NW_VEC; ++e) {
+      const int j = q * NW_VEC + e;
+      if (j < L) nw_put<ELEM>(r, e, nw_raw(X[im_elem(row, j, L, im)]));
+    }
+  }
+  return r;
+}
+
 // 16 bytes of p at vector q (vec) or elements q * NW_VEC.. below L one by one, zeros past L
 __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
@@ -106,8 +127,20 @@ __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
 #define NW_PARAMS                                                                                          \
   const ELEM *__restrict__ X, const ELEM *__restrict__ scale, const ELEM *__restrict__ bias, ELEM *__restrict__ Y, \
       float *__restrict__ mean_out, float *__restrict__ rstd_out, i64 rows, int L, int n_scale, int n_bias,      \
-      float eps, int rms, int vec NW_Q8_PARAMS
-#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec NW_Q8_ARGS
+      float eps, int rms, int vec NW_Q8_PARAMS NW_MAP_PARAMS
+#define NW_ARGS X, scale, bias, Y, mean_out, rstd_out, rows, L, n_scale, n_bias, eps, rms, vec NW_Q8_ARGS NW_MAP_ARGS
+#ifndef NW_MAPS
+#define NW_MAPS 0
+#endif
+#if NW_MAPS
+#define NW_MAP_PARAMS , RM_PARAMS, IM_PARAMS
+#define NW_MAP_ARGS , RM_ARGS, IM_ARGS
+#define NW_DEST(row) rm_dest(row, map)
+#else
+#define NW_MAP_PARAMS
+#define NW_MAP_ARGS
+#define NW_DEST(row) (row)
+#endif
 #if NW_Q8
 #define NW_Q8_PARAMS , u8 *__restrict__ Yq, const float *__restrict__ y_scale
 #define NW_Q8_ARGS , Yq, y_scale
@@ -124,14 +157,24 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
 #if NW_Q8
   const float ys = y_scale[0];
 #endif
+#if NW_MAPS
+  const RowMap map = rm_make(RM_ARGS);
+  const InMap im = {rm_make(IM_MAP_ARGS), im_seg, im_offset};
+#endif
   for (i64 row0 = (i64)blockIdx.x * NW_ROWS; row0 < rows; row0 += (i64)gridDim.x * NW_ROWS) {
     const i64 row = row0 + sub;
     const bool live = row < rows;
-    const ELEM* xr = X + (live ? row : 0) * L;
     uint4 r[NW_CHUNKS];
+#if NW_MAPS
+#pragma unroll
+    for (int c = 0; c < NW_CHUNKS; ++c)
+      r[c] = live ? nw_load_x(X, row, c * NW_LANES + lane, L, vec, im) : make_uint4(0u, 0u, 0u, 0u);
+#else
+    const ELEM* xr = X + (live ? row : 0) * L;
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c)
       r[c] = live ? nw_load(xr, c * NW_LANES + lane, L, vec) : make_uint4(0u, 0u, 0u, 0u);
+#endif
     float mean = 0.0f;
     if (!rms) {
       float s = 0.0f;
@@ -151,9 +194,9 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
       }
     const float rstd = rsqrtf(nw_row_sum(q) * inv_l + eps);
     if (!live) continue;
-    ELEM* yr = Y + row * L;
+    ELEM* yr = Y + NW_DEST(row) * L;
 #if NW_Q8
-    u8* qr = Yq + row * L;
+    u8* qr = Yq + NW_DEST(row) * L;
 #endif
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c) {
