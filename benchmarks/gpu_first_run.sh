@@ -70,6 +70,14 @@
 #                  SDPA row), then STEP=dynamic (Swin and Faster R-CNN on cuda). Then STEP=zoo with ZOO_BEFORE=.before
 #                  (1f6bea4) on the transformers: the unmasked kernels' before/after (and GPT-2's profile: its
 #                  Reshape views now charged 0 ms, gpt2view). Also the GPT-2 block views, cuda_target (idle views).
+#   STEP=new13     the thirteenth session's gpu tests (none ran on a GPU): the FP8 e4m3 residual / float16 output /
+#                  e4m3 image quantize (fp8bench), LayerNormQuantize / AttentionQuantize and the packed FP8 GEMMs
+#                  (fp8bert), LayerNorm row / input maps (lnrows), SE fusion in profile plans (dynvs), the GPT-2
+#                  block views (IR 10 now), the staged W4A16 first at level 0; then wav2vec2_base's dynamic export
+#                  on cuda (the one of 33 the thirteenth session's budget did not reach). Then, as the budget allows:
+#                  STEP=lowp (issue 35), STEP=base (issues 29 / 30: cd8e880 in .base), STEP=zoo on swin_t with
+#                  ZOO_BEFORE=.before holding 6aa96ee (the row maps' before / after; the rows' movement_share), the
+#                  conv family's table (ZOO_ARGS="--family conv" ZOO_BATCHES=1,max, resumed over calls)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -301,6 +309,20 @@ EOF
       | grep -v simple | tee "$OUT/attention.txt"
     exit $rc
     ;;
+  new13)  # the thirteenth session's gpu tests, then wav2vec2_base's dynamic export on cuda
+    gpu_tests new13 ${NEW_S:-240} \
+      tests/kernels/cuda/test_fp8_sm90.py tests/compiler/test_fp8_gpu.py tests/kernels/cuda/test_quantize.py \
+      tests/kernels/cuda/test_output_quantize.py tests/compiler/passes/test_pack_quantized_gemms.py \
+      tests/compiler/passes/test_fuse_output_quantize.py tests/kernels/cuda/test_norm_row_map.py \
+      tests/kernels/cuda/test_norm_warp.py tests/compiler/passes/test_norm_row_maps.py \
+      tests/compiler/passes/test_window_attention_blocks.py tests/compiler/passes/test_row_transposes.py \
+      tests/compiler/passes/test_fuse_squeeze_excite_profiles.py tests/compiler/passes/test_gpt2_block_views.py \
+      tests/kernels/cuda/test_weight_only.py tests/benchmarks/test_dynamic_vs_static.py
+    rc=$?
+    timeout ${DYN_S:-200} python3 benchmarks/dynamic_exports.py all --dir /tmp/dyn --target cuda --models wav2vec2_base \
+      --out "$OUT/dynamic_wav2vec2" 2>&1 | tail -8 | tee "$OUT/dynamic_wav2vec2.txt"
+    exit $rc
+    ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
@@ -464,5 +486,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac
