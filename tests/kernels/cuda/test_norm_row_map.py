@@ -99,6 +99,29 @@ def test_a_layer_without_a_map_passes_the_identity_and_a_map_of_other_rows_is_a_
         row_map_args(mapped_layer(shape, row_map), 36)
 
 
+def launch_tensors(layer, dtype=np.float16):
+    return {n: DeviceTensor(0x10000 * (k + 1), shp, np.dtype(dtype)) for k, (n, shp) in enumerate(
+        zip(("X", "S", "B", "Y"), (*layer.in_shapes, layer.out_shapes[0])))}
+
+
+def test_a_map_that_reaches_past_its_tensors_is_a_device_error_before_any_launch():
+    """A plan is untrusted: an edited row map whose strides write past Y, or an input map whose offset reads
+    past X, is refused on the host (the kernel would write or read out of bounds), naming the layer."""
+    shape, row_map = MAPS[2]
+    layer = mapped_layer(shape, row_map)
+    assert warp_launch(layer, launch_tensors(layer)) is not None  # the map as the pass makes it
+    wide = {**row_map, "dims": [{"shift": 3, "pieces": [[7, 2]]}, {"shift": 2, "pieces": [[5, 7]]}]}
+    for tactic in (WARP, ROWS):
+        bad = mapped_layer(shape, wide)
+        with pytest.raises(DeviceError, match="row map writes past") as info:
+            find_tactic("cuda", bad.kind, tactic).enqueue(bad, None, launch_tensors(bad))
+        assert "'ln'" in str(info.value)
+    x_shape, in_map, _ = IN_MAPS[0]
+    shifted = mapped_layer(x_shape, None, in_map={**in_map, "offset": 1})
+    with pytest.raises(DeviceError, match="input map reads past"):
+        warp_launch(shifted, launch_tensors(shifted))
+
+
 def test_both_tactics_take_a_mapped_norm_and_refuse_one_with_statistics():
     shape, row_map = MAPS[0]
     for kind in ("LayerNormalization", "RMSNormalization"):

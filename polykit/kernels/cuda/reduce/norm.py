@@ -117,9 +117,33 @@ def mapped(layer) -> bool:
     return ROW_MAP in layer.attrs or IN_MAP in layer.attrs
 
 
-def map_args(layer, rows: int, length: int) -> list[np.int32]:
-    """A mapped layer's map arguments: its row map's, then its input map's (zeros for the one it lacks)."""
-    return [*row_map_args(layer, rows), *in_map_args(layer, rows, length)]
+def map_args(layer, rows: int, length: int, x: DeviceTensor, y: DeviceTensor) -> list[np.int32]:
+    """A mapped layer's map arguments: its row map's, then its input map's (zeros for the one it lacks),
+    each checked to address only rows of Y / segments of X (a plan is untrusted input: an edited map
+    must not make the kernel write or read outside its tensors)."""
+    rows_args, in_args = row_map_args(layer, rows), in_map_args(layer, rows, length)
+    where = f"layer {layer.name!r}"
+    if _map_reach(rows_args) >= y.size // max(length, 1):
+        raise DeviceError(f"the row map writes past the output's {y.size // max(length, 1)} rows", where=where,
+                          hint="rebuild the plan (pass norm_row_maps makes the map)")
+    seg, offset = int(in_args[0]), int(in_args[1])
+    if seg and (offset < 0 or offset + _map_reach(in_args[2:]) >= x.size // seg):
+        raise DeviceError(f"the input map reads past the input's {x.size // seg} segments of {seg}", where=where,
+                          hint="rebuild the plan (pass norm_row_maps makes the map)")
+    return [*rows_args, *in_args]
+
+
+def _map_reach(args: list[np.int32]) -> int:
+    """The largest row (segment) norm_row_map.cuh's rm_dest gives over a map's arguments (-1 for none):
+    per dim, the largest (j mod q) * a + (j / q) * b with j < n, strides >= 0 (row_dims checks them)."""
+    dims = int(args[0])
+    if dims == 0:
+        return -1
+    reach = 0
+    for d in range(dims):
+        n, _, q, a, b = (int(v) for v in args[1 + 5 * d:6 + 5 * d])
+        reach += (q - 1) * a + (n // q - 1) * b
+    return reach
 
 
 def _maps_rows_or_plain(layer) -> bool:
@@ -151,7 +175,8 @@ def enqueue_rows(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor])
     _check_stats(layer, mean, rstd)
     args = [x, scale, bias if bias is not None else 0, y, mean if mean is not None else 0,
             rstd if rstd is not None else 0, rows, length, groups, d, scale.size,
-            bias.size if bias is not None else 1, eps, rms] + (map_args(layer, rows, length) if mapped(layer) else [])
+            bias.size if bias is not None else 1, eps, rms] \
+        + (map_args(layer, rows, length, x, y) if mapped(layer) else [])
     kernel = "norm_rows_map" if mapped(layer) else "norm_rows"
     launcher.launch(KernelSource(f"{kernel}_{_code(layer, x)}", FILE), (min(rows, 1 << 20), 1, 1),
                     (block_for(length), 1, 1), args)
@@ -293,7 +318,7 @@ def warp_launch(layer, tensors: Mapping[str, DeviceTensor]) -> tuple[KernelSourc
             rstd if rstd is not None else 0, rows, i32(length), i32(scale.size),
             i32(bias.size if bias is not None else 1), f32(layer.attrs.get("epsilon", 1e-5)),
             i32(layer.kind == "RMSNormalization"), i32(vec)] + ([yq, tensors[layer.inputs[3]]] if q8 else []) \
-        + (map_args(layer, rows, length) if mapped(layer) else [])
+        + (map_args(layer, rows, length, x, y if y is not None else yq) if mapped(layer) else [])
     grid = (min(-(-rows // geometry.rows_per_block), MAX_GRID), 1, 1)
     return warp_kernel(x.dtype.name, geometry, q8, mapped(layer)), grid, (WARP_THREADS, 1, 1), args
 
