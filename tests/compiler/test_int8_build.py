@@ -97,6 +97,20 @@ def test_fp32_layers_stay_float_in_an_int8_build():
     assert kinds["conv1"] == "QConv" and kinds["fc"] == "QMatMul" and kinds["conv2"] == "Conv"
 
 
+@pytest.mark.parametrize("quantized", ["int8", "fp8"])
+@pytest.mark.parametrize("precision, half", [("fp32", {}), ("tf32", {}), ("fp16", {"fp16": True}),
+                                             ("bf16", {"bf16": True})])
+def test_a_node_layer_precisions_names_is_not_quantized(quantized, precision, half):
+    # TensorRT's per-layer precision: a layer asked to run in a float type is not an INT8 / FP8 layer
+    # (`debug precision --int8 / --fp8` writes its answer as such a --layer-precisions value)
+    ranges = {"x": (-2, 2), "r1": (0, 3), "f": (0, 2)}
+    plan = build_plan(load_onnx(convnet()), BuilderConfig(target="cpu", tensor_ranges=ranges, **{quantized: True},
+                                                          layer_precisions={"conv2": precision}, **half))
+    layers = {layer.name: layer for layer in plan.layers}
+    assert layers["conv1"].kind == "QConv" and layers["fc"].kind == "QMatMul"
+    assert layers["conv2"].kind == "Conv" and layers["conv2"].precision == ("fp32" if not half else precision)
+
+
 def test_int8_plans_are_deterministic_and_record_the_calibrator():
     graph = load_onnx(convnet())
     batches = [feeds_for(convnet(), seed) for seed in range(3)]

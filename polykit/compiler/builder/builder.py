@@ -316,7 +316,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
     """The optimizer (polykit.compiler.passes.optimize) when it is installed; the optimized graph.
 
     `fp32_nodes`: nodes whose tensors stay float32 in an fp16/bf16 build, besides those the
-    config pins (fp32_layers, layer_precisions fp32/tf32). `int8`: what is quantized;
+    config pins (fp32_layers, layer_precisions fp32/tf32). `int8`: what is quantized (not the nodes
+    layer_precisions names, whatever float precision it gives them);
     `int8_unfolded`: quantized ops no INT8 tactic runs (their Q/DQ run as layers, the op in float)."""
     try:
         from polykit.compiler.passes import optimize
@@ -332,6 +333,8 @@ def run_passes(g: Graph, cfg: BuilderConfig, keep: list[str], target: str, fp32_
                "channels_last_convs": nhwc_conv_classes(target),
                "int8": int8.fold, "int8_scales": dict(int8.scales), "int8_unfolded": int8_unfolded,
                "weight_only": int8.weight_only, "fp8": int8.fp8,
+               # a node given any float precision runs in it, not quantized (TensorRT's per-layer precision)
+               "unquantized": tuple(cfg.layer_precisions),
                "io_formats": {**formats_by_name(cfg.input_io_formats, g.inputs, "input"),
                               **formats_by_name(cfg.output_io_formats, g.outputs, "output")}}
     params = inspect.signature(optimize).parameters

@@ -95,7 +95,8 @@ class BuilderConfig:
     layer_precisions: ONNX node name -> "fp32" | "tf32" | "fp16" | "bf16"; fp32/tf32 keep
         the node's tensors float32; `precision_constraints` says how the request binds the
         layer's math: "obey" (a BuildError when no tactic can), "prefer" (a warning and the
-        builder's choice), "none" (a hint: the builder chooses).
+        builder's choice), "none" (a hint: the builder chooses). In an int8 / fp8 build a node
+        named here, whatever its precision, is not quantized (TensorRT's per-layer precision).
     strongly_typed: layers run in the model's own dtypes (no fp16/bf16/tf32 flags allowed).
     int8: quantize Conv/Gemm/MatMul with float weights to INT8 layers from calibrated activation
         scales (docs/INT8.md; a model carrying Q/DQ is folded into INT8 layers without it).

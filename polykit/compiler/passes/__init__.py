@@ -128,7 +128,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
              channels_last: bool = False, channels_last_convs: Iterable[str] = DEFAULT_CONV_CLASSES,
              int8: bool = False, int8_scales: Mapping[str, float] | None = None,
              int8_unfolded: Iterable[str] = (), weight_only: bool = False, fp8: bool = False,
-             io_formats: Mapping[str, IoFormat] | None = None) -> Graph:
+             unquantized: Iterable[str] = (), io_formats: Mapping[str, IoFormat] | None = None) -> Graph:
     """The default pipeline; returns an optimized copy of `graph` (the input is left as is).
 
     `keep` names tensors that must survive under their names (marked outputs); graph
@@ -152,7 +152,8 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     `int8=True` folds Q/DQ around Conv/Gemm/MatMul into INT8 layers (fold_qdq; the model's own
     Q/DQ first, before folding dequantizes their weights, with `fuse`); `int8_scales` (tensor ->
     scale, from calibration) quantizes the float graph after batch norms are folded (insert_qdq;
-    to float8_e4m3fn with `fp8`: FP8 layers).
+    to float8_e4m3fn with `fp8`: FP8 layers); nodes named in `fp32_layers` or `unquantized` (those
+    a per-layer precision asks to run in a float type, fp16 included) are not quantized.
     `int8_unfolded` names ops that stay quantized but are not folded (no INT8 tactic of the target
     runs them): their Q/DQ run as layers and the op in float32, as the INT8 layer would compute.
     `weight_only=True` (with `fuse`) keeps weight-only quantized MatMul/Gemm weights packed
@@ -189,7 +190,7 @@ def optimize(graph: Graph, *, fold: bool = True, fuse: bool = True, keep: Iterab
     if run_passes(g, recognize, check):
         run_passes(g, cleanup, check, fixed_point=True)
     if int8 and int8_scales:
-        quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=tuple(fp32_layers), fp8=fp8)
+        quantize = bind(insert_qdq, scales=int8_scales, keep=kept, fp32_layers=(*fp32_layers, *unquantized), fp8=fp8)
         if run_passes(g, [quantize, int8_pools, fold_int8] + ([pack_fp8] if fuse else []), check):
             run_passes(g, cleanup, check, fixed_point=True)
     layout: list[Pass] = [bind(cancel_transposes, keep=kept), bind(move_row_transposes, keep=kept, attention=fuse)]

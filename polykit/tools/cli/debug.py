@@ -348,7 +348,7 @@ def register(app: typer.Typer) -> None:
                                 "onnxruntime) and sort --artifacts such as --save-tactics replays into good/ and bad/ "
                                 "for `polykit inspect diff-tactics`.")(
         with_iteration_options(with_debug_options(build)))
-    debug.command("precision", help="Find a small set of ONNX nodes to keep in fp32 so that an --fp16/--bf16 build "
-                                    "meets the tolerances; print it as a --layer-precisions value.")(
+    debug.command("precision", help="Find a small set of ONNX nodes to keep in fp32 so that an --fp16/--bf16 or "
+                                    "--int8/--fp8 build meets the tolerances; print it as a --layer-precisions value.")(
         with_debug_options(precision))
     app.add_typer(debug, name="debug")

@@ -1,13 +1,16 @@
-"""`polykit debug precision`: the ONNX nodes that must stay in fp32 for an fp16/bf16 build to pass.
+"""`polykit debug precision`: the ONNX nodes that must stay in fp32 for a reduced-precision build to pass.
 
     report = debug_precision("model.onnx", BuilderConfig(target="cpu", fp16=True))
     print(report.layer_precisions())       # e.g. "big_mm:fp32,scale:fp32", a --layer-precisions value
 
-The low-precision build is the one `config` makes (it must ask for fp16 or bf16). Its feeds
-are the data loader's (or `load_inputs`); the reference outputs come from onnxruntime on
-them, once (or from `load_outputs`). The candidates are the model's nodes (by the names
-`--layer-precisions` matches) that compute a float32 tensor and that the build may lower:
-not Constants, not nodes folded away, not nodes that stay in fp32 anyway. They are ranked
+The low-precision build is the one `config` makes (it must ask for fp16 or bf16, int8 or fp8,
+or one of each). Its feeds are the data loader's (or `load_inputs`); the reference outputs
+come from onnxruntime on them, once (or from `load_outputs`). The candidates are the model's
+nodes (by the names `--layer-precisions` matches): with fp16/bf16, those that compute a
+float32 tensor and that the build may lower (not Constants, not nodes folded away, not nodes
+that stay in fp32 anyway); with int8/fp8, the Conv / Gemm / MatMul the build quantizes
+(insert_qdq's candidates; a node `--layer-precisions` names stays float), calibrated once for
+every build (polykit.tools.debug.quantized; a model that carries its own Q/DQ is refused). They are ranked
 (`rank`: RANKERS) by their measured error contribution, and polykit.tools.debug.precision_search
 finds a small set of them to keep in fp32: each check builds the model in process with
 `layer_precisions` = that set in fp32 and compares its outputs with the reference (compare
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +34,8 @@ from polykit.errors import UsageError
 from polykit.tools.compare.accuracy import AccuracySettings
 from polykit.tools.debug.check import error_json, onnxrt_outputs, saved_reference, verdict
 from polykit.tools.debug.precision_search import find_fp32_set, isolated_scores, layerwise_scores, rank
+from polykit.tools.debug.quantized import (needs_data, quantized_kind, quantized_nodes, refuse_explicit,
+                                           shared_calibration)
 from polykit.tools.debug.tactic_bisect import Verdict
 
 
@@ -52,7 +58,9 @@ class PrecisionReport:
     """The nodes to keep in fp32 (topological order) with their ops, every candidate's ranking
     score, the verdicts and latencies (ms, None when not timed) before and after, the checks
     made (ranking and search) and the plans built; every candidate's op (topological order) and
-    every check of the search in order (the nodes it kept in fp32, in ranking order)."""
+    every check of the search in order (the nodes it kept in fp32, in ranking order); the
+    calibration cache an int8 / fp8 search's builds shared, where it outlives the search (the
+    config's; None for a temporary one)."""
 
     precision: str
     nodes: tuple[str, ...]
@@ -67,6 +75,14 @@ class PrecisionReport:
     builds: int
     candidate_ops: Mapping[str, str] = field(default_factory=dict)
     steps: tuple[tuple[tuple[str, ...], Verdict], ...] = ()
+    calibration_cache: str | None = None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The builder flags of the precision debugged ("fp16+fp8" -> --fp16, --fp8), and the
+        calibration cache's."""
+        flags = tuple(f"--{p}" for p in self.precision.split("+"))
+        return flags + (("--calibration-cache", self.calibration_cache) if self.calibration_cache else ())
 
     def layer_precisions(self) -> str:
         """The result as a value of --layer-precisions ("" when no node needs fp32)."""
@@ -89,7 +105,8 @@ class PrecisionReport:
                        "latency_ms": self.latency_before_ms},
             "after": {"passed": self.after.passed, "error": error_json(self.after), "detail": self.after.detail,
                       "latency_ms": self.latency_after_ms},
-            "rank": self.rank, "candidates": len(self.scores), "checks": self.checks, "builds": self.builds,
+            "calibration_cache": self.calibration_cache, "rank": self.rank, "candidates": len(self.scores),
+            "checks": self.checks, "builds": self.builds,
             "scores": [{"name": n, "op": op, "score": number(self.scores.get(n))} for n, op in self.candidate_ops.items()],
             "steps": [{"fp32": list(fp32), "passed": v.passed, "error": error_json(v), "detail": v.detail}
                       for fp32, v in self.steps],
@@ -105,17 +122,17 @@ def debug_precision(model: Any, config: BuilderConfig, options: PrecisionOptions
     if model_type(model) == "plan":
         raise UsageError("debug precision builds the model again and again: it needs the ONNX model, not a plan",
                          where=str(model), hint="give the ONNX model the plan was built from")
-    if config.fp16 == config.bf16:
-        raise UsageError("debug precision needs one reduced precision to debug: --fp16 or --bf16",
-                         hint="e.g. polykit debug precision MODEL --fp16 --atol 1e-2 --rtol 1e-2")
+    precision = low_precision(config)
     if options.rank not in RANKERS:
         raise UsageError(f"unknown ranking {options.rank!r}", hint=f"use one of: {', '.join(RANKERS)}")
     graph = GraphFromOnnx(model)()
-    candidates = fp32_candidates(graph)
+    refuse_explicit(graph, config, "debug precision")
+    candidates = precision_candidates(graph, config)
     with ExitStack() as stack:
         advance = stack.enter_context(progress_bar(None, "debug precision"))
         stack.callback(SHOW_BUILD_PROGRESS.reset, SHOW_BUILD_PROGRESS.set(False))
-        trials = PrecisionTrials(model, graph, config, options, advance)
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polykit-precision-")))
+        trials = PrecisionTrials(model, graph, config, options, advance, folder)
         scores = RANKERS[options.rank](trials, candidates)
         ranked = rank(scores, candidates)
         search = find_fp32_set(ranked, trials)
@@ -125,9 +142,31 @@ def debug_precision(model: Any, config: BuilderConfig, options: PrecisionOptions
         before, after = (trials.latency(plan, options.timing_iterations) for plan in plans)
     ops = {n.name: n.op_type for n in graph.nodes}
     steps = tuple((tuple(n for n in ranked if n in fp32), v) for fp32, v in search.trials)
-    return PrecisionReport("fp16" if config.fp16 else "bf16", nodes, tuple(ops[n] for n in nodes), scores, search.low,
+    return PrecisionReport(precision, nodes, tuple(ops[n] for n in nodes), scores, search.low,
                            search.verdict, before, after, options.rank, trials.checks, trials.builds,
-                           {n: ops[n] for n in candidates}, steps)
+                           {n: ops[n] for n in candidates}, steps,
+                           None if config.calibration_cache is None or not quantized_kind(config)
+                           else os.fspath(config.calibration_cache))
+
+
+def low_precision(config: BuilderConfig) -> str:
+    """The reduced precision `config` builds in: "fp16", "bf16", "int8", "fp8", or a half type and
+    a quantized one ("fp16+fp8"); UsageError when it asks for none, or for fp16 and bf16."""
+    half = "fp16" if config.fp16 else "bf16" if config.bf16 else None
+    quantized = quantized_kind(config)
+    if config.fp16 and config.bf16 or half is None and quantized is None:
+        raise UsageError("debug precision needs one reduced precision to debug: --fp16 or --bf16, --int8 or --fp8 "
+                         "(a half type and a quantized one together too)",
+                         hint="e.g. polykit debug precision MODEL --fp16 --atol 1e-2 --rtol 1e-2")
+    return "+".join(p for p in (half, quantized) if p)
+
+
+def precision_candidates(graph: Any, config: BuilderConfig) -> list[str]:
+    """The nodes the build lowers to its reduced precision, in graph order: fp32_candidates with
+    fp16/bf16, and the nodes it quantizes with int8/fp8."""
+    chosen = set(fp32_candidates(graph) if config.fp16 or config.bf16 else ())
+    chosen.update(quantized_nodes(graph) if quantized_kind(config) else ())
+    return [node.name for node in graph.nodes if node.name in chosen]
 
 
 def fp32_candidates(graph: Any) -> list[str]:
@@ -149,12 +188,18 @@ class PrecisionTrials:
     """Builds with a set of nodes in fp32, run on fixed feeds, checked against the reference.
 
     The low-precision build runs first, on the data loader's feeds (or load_inputs), which
-    every later build reuses; the reference comes from onnxruntime on them (or load_outputs)."""
+    every later build reuses; the reference comes from onnxruntime on them (or load_outputs).
+    An int8 / fp8 build calibrates once, into the config's calibration cache or one in
+    `folder` (polykit.tools.debug.quantized): with no calibration data given, the feeds come
+    first (with onnxruntime's outputs on them) and calibrate it."""
 
-    def __init__(self, model: Any, graph: Any, config: BuilderConfig, options: PrecisionOptions, advance: Any):
+    def __init__(self, model: Any, graph: Any, config: BuilderConfig, options: PrecisionOptions, advance: Any,
+                 folder: Path):
+        from polykit.backends.onnxrt import OnnxrtRunner, SessionFromOnnx
         from polykit.plugins import data_loader_specs
         from polykit.tools.data import results_io
         from polykit.tools.compare.accuracy import make_compare_func
+        from polykit.tools.compare.comparator import Comparator
         from polykit.tools.data.loaders import make_data_loader
 
         settings = options.accuracy
@@ -164,10 +209,17 @@ class PrecisionTrials:
         self.builds = self.checks = 0
         feeds = results_io.load_feeds(options.load_inputs) if options.load_inputs else None
         loader = None if feeds else make_data_loader(settings.data_loader, settings.data_options, data_loader_specs())
+        reference = None
+        if feeds is None and needs_data(config):  # the feeds calibrate: they come first, with the reference
+            results = Comparator.run([OnnxrtRunner(SessionFromOnnx(model, self.providers))], loader)
+            feeds, loader, reference = results.feeds, None, results.outputs["onnxrt"]
+        if quantized_kind(config):
+            self.config = shared_calibration(self.config, folder, feeds)
         self.low_plan = self.plan(())
         self.feeds, self.low_outputs = self.run(self.low_plan, loader, feeds)
-        self.reference = (onnxrt_outputs(model, self.feeds, self.providers) if options.load_outputs is None
-                          else saved_reference(options.load_outputs, len(self.feeds)))
+        if options.load_outputs is not None:
+            reference = saved_reference(options.load_outputs, len(self.feeds))
+        self.reference = reference if reference is not None else onnxrt_outputs(model, self.feeds, self.providers)
         settings.compare_options.check_output_names(name for outs in self.reference for name in outs)
 
     def plan(self, fp32: Any, **changes: Any) -> Any:

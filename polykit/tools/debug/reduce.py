@@ -22,6 +22,13 @@ failure. With `check`, a command runs instead: {model} becomes the path of the c
 written to the iteration artifact (`files.iter_artifact`, default polygraphy_debug.onnx) for it
 to read. After each check the files of `files.artifacts` are sorted into good/ and bad/
 (polykit.tools.debug.iteration).
+
+An --int8 / --fp8 build quantizes every subgraph with the whole model's scales
+(polykit.tools.debug.quantized): the built-in check's build of the whole model (the search's
+first) calibrates it, on the config's calibration data or the cached feeds, into its
+calibration cache (else a temporary one), and every subgraph's build reads that cache and
+never calibrates on the subgraph's inputs. With `check` the whole model is calibrated into
+`calibration_cache` (which must be given) before the search, for the command to read.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from polykit.tools.compare.accuracy import AccuracySettings
 from polykit.tools.debug.check import (CheckOptions, command_argv, error_json, refuse_check_conflicts, run_check,
                                        saved_reference, verdict)
 from polykit.tools.debug.iteration import IterationFiles
+from polykit.tools.debug.quantized import needs_data, quantizes, reading_cache, shared_calibration
 from polykit.tools.debug.reduce_search import reduce_nodes, require_mode
 from polykit.compiler.ir.subgraphs import outer_names
 from polykit.tools.model.subgraph import Extractor, TensorSpec
@@ -145,14 +153,24 @@ def debug_reduce(model: Any, config: BuilderConfig | None = None, options: Reduc
     refuse_check_conflicts(options.check, MODEL_PLACEHOLDER, CHECK_EXAMPLE, placeholder_required=False,
                            load_outputs=options.load_outputs)
     config = config or BuilderConfig()
+    if options.check is not None and quantizes(config) and config.calibration_cache is None:
+        flag = "--int8" if config.int8 else "--fp8"
+        raise UsageError(f"debug reduce --check with {flag} quantizes nothing itself: the command builds each subgraph; "
+                         "its scales must be the whole model's", hint=f"give --calibration-cache FILE (the whole "
+                         f"model is calibrated into it first) and the command {flag} --calibration-cache FILE")
     subgraphs = Subgraphs(_model_proto(model))
-    needs_values = options.check is None or INPUTS_PLACEHOLDER in options.check
+    needs_values = options.check is None or INPUTS_PLACEHOLDER in options.check or needs_data(config)
     if needs_values:
         subgraphs.cache_values(options)
     with ExitStack() as stack:
         advance = stack.enter_context(progress_bar(None, "debug reduce"))
         stack.callback(SHOW_BUILD_PROGRESS.reset, SHOW_BUILD_PROGRESS.set(False))
+        if quantizes(config):
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polykit-reduce-")))
+            config = shared_calibration(config, folder, subgraphs.model_feeds())
         if options.check is not None:
+            if quantizes(config):
+                subgraphs.calibrate(config)
             check: Any = CommandCheck(subgraphs, options, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         else:
             check = BuiltinCheck(subgraphs, config, options.accuracy)
@@ -229,9 +247,28 @@ class Subgraphs:
         feeds = tuple({s.name: v[s.name] for s in specs} for v in values)
         return Candidate(tuple(self.nodes[self.order[i]].name for i in nodes), sub, feeds)
 
+    def model_feeds(self) -> list[dict[str, Any]]:
+        """The model's inputs of each iteration, from the cached values."""
+        return [{name: v[name] for name in self.extractor.graph_inputs if name in v} for v in self.values or []]
+
+    def calibrate(self, config: BuilderConfig) -> None:
+        """Build the whole model with `config`: an --int8 / --fp8 build calibrates it into its
+        calibration cache (nothing happens when the cache exists)."""
+        from polykit.compiler.builder.builder import build_plan
+
+        if not Path(config.calibration_cache).is_file():  # the scales do not depend on tactics: none timed
+            build_plan(self.candidate(tuple(range(len(self.order)))).model,
+                       replace(candidate_config(config), builder_optimization_level=0))
+
     def reference(self, candidate: Candidate) -> list[dict[str, Any]]:
         names = [o.name for o in candidate.model.graph.output]
         return [{name: v[name] for name in names} for v in self.values or []]
+
+
+def _tensor_names(model: Any) -> set[str]:
+    """The tensors an onnx.ModelProto's graph reads or writes (inputs, node outputs)."""
+    graph = model.graph
+    return {i.name for i in graph.input} | {o for n in graph.node for o in n.output if o}
 
 
 def _constant(values: list[dict[str, Any]], name: str) -> bool:
@@ -242,6 +279,13 @@ def _constant(values: list[dict[str, Any]], name: str) -> bool:
     return first.dtype.kind in "biu" and all(np.array_equal(first, v[name]) for v in values[1:])
 
 
+def candidate_config(config: BuilderConfig) -> BuilderConfig:
+    """`config` for a build of a candidate: its inputs' shapes are its own, nothing marked, no
+    tactics saved or forced (a replay names the whole model's layers)."""
+    return replace(config, input_shapes={}, mark_outputs=(), mark_all=False, save_tactics=None,
+                   save_timing_cache=None, tactic_replay=None)
+
+
 class BuiltinCheck:
     """Build a candidate with polykit, run it on its feeds, compare with the cached values."""
 
@@ -249,8 +293,7 @@ class BuiltinCheck:
         from polykit.tools.compare.accuracy import make_compare_func
 
         self.subgraphs, self.settings = subgraphs, settings
-        self.config = replace(config, input_shapes={}, mark_outputs=(), mark_all=False, save_tactics=None,
-                              save_timing_cache=None, tactic_replay=None)
+        self.config = candidate_config(config)
         self.compare = make_compare_func(settings.compare, settings.compare_options)
         names = (name for v in subgraphs.values or [] for name in v)
         settings.compare_options.check_output_names(n for n in names if n in subgraphs.model_outputs)
@@ -263,9 +306,12 @@ class BuiltinCheck:
         from polykit.tools.compare.comparator import Comparator
 
         candidate = self.subgraphs.candidate(nodes)
+        config = self.config
+        if quantizes(config) and len(nodes) < self.full:  # the whole model's build (the first) calibrated
+            config = reading_cache(config, _tensor_names(candidate.model))
         try:
             self.builds += 1
-            plan = build_plan(candidate.model, self.config)
+            plan = build_plan(candidate.model, config)
             outputs = Comparator.run([PolykitRunner(plan)], feeds=list(candidate.feeds)).outputs["trt"]
         except PolykitError as exc:
             if len(nodes) == self.full:

@@ -146,7 +146,7 @@ def render_precision(report: Any, model: str, output: Optional[str]) -> None:
         return
     value = report.layer_precisions()
     console.print(f"--layer-precisions {escape(value)}")
-    console.print(f"e.g. polykit run {escape(shlex.quote(model))} --trt --onnxrt --{low} --layer-precisions "
-                  f"{escape(shlex.quote(value))}")
+    console.print(f"e.g. polykit run {escape(shlex.quote(model))} --trt --onnxrt {escape(shlex.join(report.flags))} "
+                  f"--layer-precisions {escape(shlex.quote(value))}")
     if output:
         console.print(f"wrote {escape(output)}")
