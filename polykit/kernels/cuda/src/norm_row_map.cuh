@@ -74,9 +74,15 @@ struct InMap {
   int seg, offset;
 };
 
+// the element of X where segment s (< L / seg) of logical row `row` starts (the map given: dims > 0).
+// 32-bit division: L, the segment and s are below 2^31 (the host checks the segments' reach)
+__device__ __forceinline__ i64 im_base(i64 row, int s, int L, const InMap& im) {
+  return (i64)(im.offset + rm_dest(row * (L / im.seg) + s, im.m)) * im.seg;
+}
+
 // the element of X that element j of logical row `row` (rows of L) reads
 __device__ __forceinline__ i64 im_elem(i64 row, i64 j, i64 L, const InMap& im) {
   if (im.m.dims == 0) return row * L + j;
-  const i64 t = row * (L / im.seg) + j / im.seg;
-  return (im.offset + rm_dest(t, im.m)) * im.seg + j % im.seg;
+  const int jj = (int)j, s = jj / im.seg;
+  return im_base(row, s, (int)L, im) + (jj - s * im.seg);
 }

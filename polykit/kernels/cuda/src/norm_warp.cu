@@ -94,12 +94,24 @@ __device__ __forceinline__ float nw_row_sum(float v) {
 }
 
 // 16 bytes of row `row` of X through the input map at vector q (vec: a segment holds whole vectors)
-// or its elements q * NW_VEC.. below L one by one, zeros past L
-__device__ __forceinline__ uint4 nw_load_x(const ELEM* X, i64 row, int q, int L, int vec, const InMap& im) {
+// or its elements q * NW_VEC.. below L one by one, zeros past L and for a row that is not `live`.
+// `base`: with `shared` (the map has dims and the row's spr = L / seg segments fit its lanes), lane s <
+// spr of the row holds im_base(row, s): each vector takes its segment's start from that lane by a
+// shuffle (every lane of the warp runs it), so a row evaluates the map once a lane, not once a vector
+// (the divisions of rm_dest in front of every load made the patch mergings' norms latency-bound)
+__device__ __forceinline__ uint4 nw_load_x(const ELEM* X, i64 row, bool live, int q, int L, int vec, const InMap& im,
+                                           bool shared, int spr, i64 base) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
   if (vec) {
-    if (q * NW_VEC < L) r = *(const uint4*)(X + im_elem(row, (i64)q * NW_VEC, L, im));
-  } else {
+    const int j = q * NW_VEC;
+    if (shared) {
+      const int s0 = j / im.seg, s = s0 < spr ? s0 : spr - 1;  // a vector past L asks the last segment: not loaded
+      const i64 b = __shfl_sync(0xffffffffu, base, s, NW_LANES);
+      if (live && j < L) r = *(const uint4*)(X + b + (j - s * im.seg));
+    } else if (live && j < L) {
+      r = *(const uint4*)(X + im_elem(row, j, L, im));
+    }
+  } else if (live) {
 #pragma unroll
     for (int e = 0; e < NW_VEC; ++e) {
       const int j = q * NW_VEC + e;
@@ -136,10 +148,12 @@ __device__ __forceinline__ uint4 nw_load(const ELEM* p, int q, int L, int vec) {
 #define NW_MAP_PARAMS , RM_PARAMS, IM_PARAMS
 #define NW_MAP_ARGS , RM_ARGS, IM_ARGS
 #define NW_DEST(row) rm_dest(row, map)
+#define NW_OUT_ROW dest  // computed before the loads
 #else
 #define NW_MAP_PARAMS
 #define NW_MAP_ARGS
 #define NW_DEST(row) (row)
+#define NW_OUT_ROW row
 #endif
 #if NW_Q8
 #define NW_Q8_PARAMS , u8 *__restrict__ Yq, const float *__restrict__ y_scale
@@ -160,15 +174,19 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
 #if NW_MAPS
   const RowMap map = rm_make(RM_ARGS);
   const InMap im = {rm_make(IM_MAP_ARGS), im_seg, im_offset};
+  const int spr = im.m.dims ? L / im.seg : 0;       // segments a row (the input map's)
+  const bool shared = vec && spr > 0 && spr <= NW_LANES;  // warp-uniform: every lane shuffles or none
 #endif
   for (i64 row0 = (i64)blockIdx.x * NW_ROWS; row0 < rows; row0 += (i64)gridDim.x * NW_ROWS) {
     const i64 row = row0 + sub;
     const bool live = row < rows;
     uint4 r[NW_CHUNKS];
 #if NW_MAPS
+    const i64 dest = NW_DEST(live ? row : 0);  // the output row, evaluated while the loads are in flight
+    i64 base = 0;
+    if (shared && lane < spr) base = im_base(live ? row : 0, lane, L, im);
 #pragma unroll
-    for (int c = 0; c < NW_CHUNKS; ++c)
-      r[c] = live ? nw_load_x(X, row, c * NW_LANES + lane, L, vec, im) : make_uint4(0u, 0u, 0u, 0u);
+    for (int c = 0; c < NW_CHUNKS; ++c) r[c] = nw_load_x(X, row, live, c * NW_LANES + lane, L, vec, im, shared, spr, base);
 #else
     const ELEM* xr = X + (live ? row : 0) * L;
 #pragma unroll
@@ -194,9 +212,9 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
       }
     const float rstd = rsqrtf(nw_row_sum(q) * inv_l + eps);
     if (!live) continue;
-    ELEM* yr = Y + NW_DEST(row) * L;
+    ELEM* yr = Y + NW_OUT_ROW * L;
 #if NW_Q8
-    u8* qr = Yq + NW_DEST(row) * L;
+    u8* qr = Yq + NW_OUT_ROW * L;
 #endif
 #pragma unroll
     for (int c = 0; c < NW_CHUNKS; ++c) {
