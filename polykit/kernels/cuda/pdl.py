@@ -74,6 +74,8 @@ def _mask(text: str) -> str:
     """`text` with its comments and literals blanked out (same length, line breaks and splices
     kept), so what is left to search is code and preprocessor directives."""
     def blank(m: re.Match) -> str:
+        if m.group(0).startswith("//") and m.group(0).rstrip("\r").endswith("\\"):
+            raise _Unparsed("a // comment continued onto the next line")
         return _MASKED.sub(" ", m.group(0))
 
     masked = _OPAQUE.sub(blank, text)

@@ -15,6 +15,7 @@ instrumented launches with cuLaunchKernel as without PDL: only a kernel that wai
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -125,7 +126,7 @@ class KernelModules:
 
     def programmatic(self, kernel: KernelSource) -> bool:
         """Whether `kernel` launches as a programmatic dependent (its unit was compiled with PK_PDL)."""
-        return kernel.key() in self._programmatic
+        return bool(self._programmatic) and kernel.key() in self._programmatic
 
     def function(self, kernel: KernelSource) -> Any:
         fkey = (kernel.key(), kernel.name)
@@ -165,18 +166,24 @@ def programmatic_config(grid: Sequence[int], block: Sequence[int], shared_mem: i
     dynamic shared bytes on `stream`, with PROGRAMMATIC_STREAM_SERIALIZATION allowed (the kernel may
     start once the one before it on the stream has triggered, and waits for it in its
     griddepcontrol.wait)."""
-    d = driver.drv()
-    attr = d.CUlaunchAttribute()
-    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    config = d.CUlaunchConfig()
+    config = driver.drv().CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes = shared_mem
     config.hStream = stream
-    config.attrs = [attr]
+    config.attrs = _programmatic_attributes()
     config.numAttrs = 1
     return config
+
+
+@functools.lru_cache(maxsize=1)
+def _programmatic_attributes() -> list[Any]:
+    """[PROGRAMMATIC_STREAM_SERIALIZATION = 1], made once (a launch config copies it in)."""
+    d = driver.drv()
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    return [attr]
 
 
 class CudaLauncher:

@@ -154,6 +154,7 @@ def test_a_template_kernel_is_instrumented_too():
     '#if defined(__global__)\n#endif\n',  # __global__ inside another directive
     'extern "C" __global__ void k(float* x) BODY\n',  # the body comes from a macro
     'extern "C" __global__ void k(float* x) { /* unterminated\n',
+    '// a comment continued \\\nextern "C" __global__ void k(float* x) { }\n',  # the kernel is in the comment
     "__device__ float f(float x) { return x; }\n",  # no kernel at all
 ])
 def test_forms_the_parser_does_not_follow_leave_the_unit_plain(src):
