@@ -87,7 +87,7 @@ def _mask(text: str) -> str:
 def _line_start(masked: str, at: int) -> int:
     """The offset where the logical line holding offset `at` starts (line splices followed back)."""
     start = masked.rfind("\n", 0, at) + 1
-    while start > 0 and masked[:start - 1].endswith(("\\", "\\\r")):
+    while start > 0 and (masked[start - 2:start - 1] == "\\" or masked[start - 3:start - 1] == "\\\r"):
         start = masked.rfind("\n", 0, start - 1) + 1
     return start
 
