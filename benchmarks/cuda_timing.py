@@ -62,13 +62,15 @@ class BoundPlan:
         self.engine.close()
 
 
-def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False, profile: int = 0) -> BoundPlan:
-    """Load `plan` (cuda target) and bind `inputs` (torch CUDA tensors by plan input name, cast to
-    the plan's input dtypes) and a new tensor for its first output (in place or copied). A plan
-    built for profiles runs optimization profile `profile` at the inputs' shapes."""
+def bind_plan(plan, inputs: Mapping[str, Any], torch, in_place: bool = False, profile: int = 0,
+              pdl: bool | None = None) -> BoundPlan:
+    """Load `plan` (cuda target; `pdl`: Engine's, None as the plan says) and bind `inputs` (torch
+    CUDA tensors by plan input name, cast to the plan's input dtypes) and a new tensor for its first
+    output (in place or copied). A plan built for profiles runs optimization profile `profile` at the
+    inputs' shapes."""
     from polykit.runtime.engine import Engine
 
-    engine = Engine(plan)
+    engine = Engine(plan, pdl=pdl)
     ctx = engine.create_execution_context()
     out_name = plan.outputs[0]
     desc = plan.tensors[out_name]

@@ -6,6 +6,7 @@ Run on a GPU machine with torch, torchvision, timm and transformers (no network 
     PYTHONPATH=. python3 benchmarks/zoo.py [--family conv|transformer|all] [--models a,b] [--batches 1,max]
         [--out zoo.json] [--resume zoo.json] [--cache-dir .zoo_cache] [--deadline 540] [--skip-compile]
         [--kernel-cache shared --prepare-workers 8 [--prepare-only]] [--load-caches T] [--save-caches T]
+        [--pdl off|on|both]
     python3 benchmarks/zoo.py --render zoo.json [more.json ...] [--into docs/ZOO.md]
 
 A case is a (model, batch). One child process per model measures the model's pending cases in
@@ -28,6 +29,12 @@ shape memory, and inductor's CUDA-graph trees with their memory pool) and emptie
 so each case's torch.compile is a fresh one compiled for its own static shapes, as in a process of
 its own (without the reset dynamo would compile the second batch with a dynamic batch dimension);
 inductor's on-disk caches are shared as between processes.
+
+--pdl (default: the environment's POLYKIT_PDL, 0 off / 1 on / both, else off) loads the plan with
+Programmatic Dependent Launch (polykit.kernels.cuda.pdl; sm_90+): `on` times it as `polykit_ms`;
+`both` loads the plan twice, times the PDL engine as a fourth runner in the same alternating rounds
+(`polykit_pdl_ms`, `pdl_speedup` = polykit_ms / polykit_pdl_ms) and records whether its output is
+bit-identical to the plain engine's (`pdl_identical`). The row says which (`pdl`).
 
 Rows are as a process per case wrote them, plus `stage_s`: the seconds of each stage of the case
 (setup, model, export, build, torch, torch.compile, polykit, timing, profile; "reset" before a
@@ -90,6 +97,8 @@ from benchmarks.zoo_report import load_results, render_files  # noqa: E402
 START = time.monotonic()
 FORMAT = 1  # the results file's version
 MIN_CASE_S = 30  # a case is not started with less time than this before --deadline
+#: --pdl's choices, and POLYKIT_PDL's values for them
+PDL_MODES = {"0": "off", "1": "on", "off": "off", "on": "on", "both": "both"}
 
 
 def say(message: str) -> None:
@@ -117,6 +126,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="fresh: every case's first build is cold; shared: builds share --cache-dir's kernel "
                         "cache (faster runs; the first build is then not cold)")
     p.add_argument("--profile-runs", type=int, default=3, help="profiled runs for the layer-kind breakdown (0: none)")
+    p.add_argument("--pdl", choices=["off", "on", "both"], default=PDL_MODES.get(os.environ.get("POLYKIT_PDL", ""), "off"),
+                   help="load plans with Programmatic Dependent Launch (sm_90+): off, on, or both timed side by "
+                        "side (default: POLYKIT_PDL=0|1|both, else off)")
     p.add_argument("--out", default="zoo.json", help="results file, rewritten after every case")
     p.add_argument("--resume", metavar="RESULTS", help="skip the cases this results file holds (errors are retried)")
     p.add_argument("--cache-dir", default=".zoo_cache", help="ONNX exports and prepared weights, kept across runs")
@@ -221,7 +233,7 @@ def child_command(args: argparse.Namespace, model: ZooModel, batches: Sequence[i
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", f"{model.name}:{','.join(map(str, batches))}",
            "--row-out", row_out, "--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--level", str(args.level), "--io", args.io, "--kernel-cache", args.kernel_cache, "--profile-runs", str(args.profile_runs),
-           "--cache-dir", str(Path(args.cache_dir).resolve())]
+           "--cache-dir", str(Path(args.cache_dir).resolve()), "--pdl", args.pdl]
     if args.deadline:  # the child starts no further case with less than MIN_CASE_S of this left
         cmd += ["--deadline", f"{max(time_left(args), 1):.1f}"]
     parts = {str(b): list(p) for b, p in (prepared or {}).items() if p}
@@ -391,7 +403,9 @@ def summary(row: dict) -> str:
     if "error" in row:
         return f"{head}: ERROR {row['error'][:300]}"
     compile_part = f", compile {row['compile_ms']:.3f} ms ({row['speed_vs_compile']:.2f}x)" if row.get("compile_ms") else ""
-    return (f"{head}: polykit {row['polykit_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms "
+    pdl_part = (f", with PDL {row['polykit_pdl_ms']:.3f} ms ({row['pdl_speedup']:.2f}x, "
+                f"{'identical' if row['pdl_identical'] else 'DIFFERENT'})" if row.get("polykit_pdl_ms") else "")
+    return (f"{head}: polykit {row['polykit_ms']:.3f} ms{pdl_part}, eager {row['eager_ms']:.3f} ms "
             f"({row['speed_vs_eager']:.2f}x){compile_part}, max rel err {row['max_rel_err']:.1e}")
 
 
@@ -677,12 +691,19 @@ def measure(model: ZooModel, base: Any, batch: int, args: argparse.Namespace, ro
                 if compiled is not None:
                     runners["compile"] = compiled
             stages.start("polykit")
-            bound = bind_plan(plan, dev_inputs, torch, in_place=args.io == "in-place")
-            row["io"] = args.io
+            bound = bind_plan(plan, dev_inputs, torch, in_place=args.io == "in-place", pdl=args.pdl == "on")
+            row["io"], row["pdl"] = args.io, args.pdl
             bound.run()
             torch.cuda.synchronize()
             row.update(errors(bound.out, ref))
             runners = {"polykit": bound.run, **runners}
+            with_pdl = None
+            if args.pdl == "both":  # the same plan loaded again, launching with PDL: a runner of its own
+                with_pdl = bind_plan(plan, dev_inputs, torch, in_place=args.io == "in-place", pdl=True)
+                with_pdl.run()
+                torch.cuda.synchronize()
+                row["pdl_identical"] = bool(torch.equal(with_pdl.out, bound.out))
+                runners = {"polykit": bound.run, "polykit_pdl": with_pdl.run, **runners}
             stages.start("timing", f"{args.rounds} alternating rounds")
             samples: dict[str, list[float]] = {k: [] for k in runners}
             for _ in range(args.rounds):
@@ -692,6 +713,8 @@ def measure(model: ZooModel, base: Any, batch: int, args: argparse.Namespace, ro
             row[f"{name}_ms"] = round(statistics.median(times), 4)
             row[f"{name}_spread_ms"] = round(max(times) - min(times), 4)
         row["speed_vs_eager"] = round(row["eager_ms"] / row["polykit_ms"], 3)
+        if "polykit_pdl_ms" in row:
+            row["pdl_speedup"] = round(row["polykit_ms"] / row["polykit_pdl_ms"], 3)
         if "compile_ms" in row:
             row["speed_vs_compile"] = round(row["compile_ms"] / row["polykit_ms"], 3)
         if args.profile_runs:
@@ -699,6 +722,8 @@ def measure(model: ZooModel, base: Any, batch: int, args: argparse.Namespace, ro
             feeds = {n: bound.bindings[n].cpu().numpy() for n in plan.inputs}
             row.update(top_kinds(profile_engine(bound.engine, feeds, args.profile_runs), plan=plan))
         bound.close()
+        if with_pdl is not None:
+            with_pdl.close()
 
 
 def case_row(model: ZooModel, batch: int, args: argparse.Namespace) -> dict[str, Any]:

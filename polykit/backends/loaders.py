@@ -235,19 +235,21 @@ class PlanFromOnnx(BaseLoader):
 
 
 class EngineFromPlan(BaseLoader):
-    """Deserialize a Plan (or plan bytes, or a loader of either) into a runtime Engine."""
+    """Deserialize a Plan (or plan bytes, or a loader of either) into a runtime Engine; `pdl`:
+    Engine's (None: as the plan's BuilderConfig.pdl says)."""
 
-    def __init__(self, plan: Any, target: str | None = None, device: int | None = None):
+    def __init__(self, plan: Any, target: str | None = None, device: int | None = None, pdl: bool | None = None):
         self.plan = plan
         self.target = target
         self.device = device  # the GPU to load on (cuda; default 0)
+        self.pdl = pdl
 
     def __call__(self) -> Any:
         from polykit.runtime.engine import Runtime
 
         value = resolve(self.plan)
         target = self.target or getattr(value, "target", None)
-        return Runtime(target, device=self.device).deserialize_engine(value)
+        return Runtime(target, device=self.device, pdl=self.pdl).deserialize_engine(value)
 
 
 class EngineFromOnnx(BaseLoader):

@@ -63,7 +63,8 @@ class CpuTarget:
     def device(self) -> CpuDevice:
         return CpuDevice(_processor_name(), platform.machine(), os.cpu_count() or 1)
 
-    def load(self, plan: Any, allocator: Any = None) -> "CpuEngine":
+    def load(self, plan: Any, allocator: Any = None, pdl: bool = False) -> "CpuEngine":
+        """`pdl` is the cuda target's launch mode: nothing to overlap here."""
         return CpuEngine(plan, allocator)
 
 

@@ -114,20 +114,31 @@ def timed_pass(ctx: TargetContext, layers: Sequence[LayerDesc], stream: Any,
     return times
 
 
+def plan_pdl(plan: Plan) -> bool:
+    """The launch mode a plan's BuilderConfig.pdl asks for (False when it records none)."""
+    value = (plan.metadata.get("builder_config") or {}).get("pdl", False)
+    if not isinstance(value, bool):
+        raise PlanError(f"the plan's pdl setting {value!r} is not true or false", where="plan metadata builder_config",
+                        hint="rebuild the plan")
+    return value
+
+
 class Runtime:
     """Loads plans into Engines. `target` None: the plan's own target; else the plan must match.
     `allocator` (polykit.runtime.target.Allocator: alloc(size, alignment) -> address, free(address)):
     where the engines take every device allocation (host memory on the cpu target)."""
 
-    def __init__(self, target: str | None = None, allocator: Allocator | None = None, device: int | None = None):
-        """`device`: the GPU the engines load on (cuda; default 0)."""
+    def __init__(self, target: str | None = None, allocator: Allocator | None = None, device: int | None = None,
+                 pdl: bool | None = None):
+        """`device`: the GPU the engines load on (cuda; default 0); `pdl`: Engine's."""
         self.target = target
         self.allocator = allocator
         self.device = device
+        self.pdl = pdl
 
     def _engine(self, plan: Plan, where: str = "plan") -> "Engine":
         target = get_target(plan.target, self.device) if self.device is not None else None
-        return Engine(plan, target, where=where, allocator=self.allocator)
+        return Engine(plan, target, where=where, allocator=self.allocator, pdl=self.pdl)
 
     def deserialize_engine(self, data: bytes | Plan) -> "Engine":
         plan = data if isinstance(data, Plan) else Plan.deserialize(data, expect_target=self.target)
@@ -144,13 +155,15 @@ class Engine:
     """A plan loaded on its target: I/O metadata and a factory of execution contexts."""
 
     def __init__(self, plan: Plan, target: Target | None = None, *, where: str = "plan",
-                 allocator: Allocator | None = None):
+                 allocator: Allocator | None = None, pdl: bool | None = None):
         """`target`: the Target instance to load on (a CudaTarget(device=d) for a rank's GPU);
         default: a new one of the plan's target. `allocator`: where every device allocation
         of the engine and its contexts comes from (default: the target's own). The plan's tactics
         and kernel files are checked against this polykit's first (polykit.runtime.compatibility
         for a plan from another version, polykit.runtime.tactic_check: PlanError naming the
-        field; `where` names the plan, e.g. its file)."""
+        field; `where` names the plan, e.g. its file). `pdl`: the cuda target launches the kernels as
+        programmatic dependents on sm_90+ GPUs (polykit.kernels.cuda.pdl); None: as the plan's
+        BuilderConfig.pdl says (off for plans built without it)."""
         if target is not None and target.name != plan.target:
             raise PlanError(f"the plan was built for target {plan.target!r}, not {target.name!r}",
                             hint=f"rebuild the plan with --target {target.name}")
@@ -165,7 +178,9 @@ class Engine:
         self._streaming = WeightStreaming(plan, where)
         self._streaming_applied = False
         self._contexts: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
-        self._target_engine = (target or get_target(plan.target)).load(plan, allocator)
+        #: whether the kernels launch as programmatic dependents (where the target and device can)
+        self.pdl = plan_pdl(plan) if pdl is None else bool(pdl)
+        self._target_engine = (target or get_target(plan.target)).load(plan, allocator, pdl=self.pdl)
         self._closed = False
         self._lock = threading.Lock()
 

@@ -158,9 +158,10 @@ class TargetEngine(Protocol):
 class Target(Protocol):
     name: str
 
-    def load(self, plan: Any, allocator: Allocator | None = None) -> TargetEngine:
+    def load(self, plan: Any, allocator: Allocator | None = None, pdl: bool = False) -> TargetEngine:
         """Prepare `plan` (a polykit.compiler.plan.file.Plan) to run on this target, taking its
-        memory from `allocator` (default: the target's own)."""
+        memory from `allocator` (default: the target's own); `pdl`: launch kernels as programmatic
+        dependents where the device can (Hopper's PDL; a target without it ignores the flag)."""
 
     def available(self) -> bool: ...
 

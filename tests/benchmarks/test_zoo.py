@@ -83,6 +83,19 @@ def test_child_command_carries_the_measurement_options():
     assert Path(parsed.cache_dir).is_absolute() and parsed.deadline == 0
 
 
+@pytest.mark.parametrize("env,flag,mode", [(None, [], "off"), ("1", [], "on"), ("0", [], "off"), ("both", [], "both"),
+                                           ("1", ["--pdl", "off"], "off"), (None, ["--pdl", "both"], "both")])
+def test_pdl_comes_from_the_flag_else_polykit_pdl_and_reaches_the_child(monkeypatch, env, flag, mode):
+    if env is None:
+        monkeypatch.delenv("POLYKIT_PDL", raising=False)
+    else:
+        monkeypatch.setenv("POLYKIT_PDL", env)
+    args = zoo.parse_args(flag)
+    assert args.pdl == mode
+    monkeypatch.setenv("POLYKIT_PDL", "0")  # the child is told, whatever its environment says
+    assert zoo.parse_args(zoo.child_command(args, BY_NAME["gpt2"], [1], "r")[2:]).pdl == mode
+
+
 def test_a_child_gets_the_time_left_before_the_deadline(monkeypatch):
     monkeypatch.setattr(zoo, "START", time.monotonic() - 100)
     parsed = zoo.parse_args(zoo.child_command(zoo.parse_args(["--deadline", "400"]), BY_NAME["gpt2"], [8], "r")[2:])

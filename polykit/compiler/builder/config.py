@@ -138,6 +138,10 @@ class BuilderConfig:
         speed studies); polykit.compiler.builder.sparsity, docs/SPARSITY.md.
     profiling_verbosity: what the NVTX range around each layer launch may say (polykit.runtime.nvtx):
         "none", "layer_names_only" (the default) or "detailed" (the layer's kind and tactic too).
+    pdl: the cuda runtime launches the plan's kernels with Programmatic Dependent Launch on sm_90+
+        GPUs (each kernel's launch overlaps the tail of the one before it; polykit.kernels.cuda.pdl,
+        docs/CUDA_KERNELS.md): recorded in the plan (only when on) as the runtime's default, which
+        Engine(plan, pdl=...) overrides. Tactics are timed without it. Off by default (unmeasured).
     """
 
     target: str | None = None
@@ -187,6 +191,7 @@ class BuilderConfig:
     device: int | None = None
     profiling_verbosity: str = "layer_names_only"
     sparsity: str = "disable"
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         # Normalize containers so equal configs compare and serialize equally.
@@ -248,6 +253,8 @@ class BuilderConfig:
             raise UsageError(f"unknown hardware compatibility level {self.hardware_compatibility_level!r}",
                              hint=f"use one of: {', '.join(HARDWARE_LEVELS)}")
         check_verbosity(self.profiling_verbosity)
+        if not isinstance(self.pdl, bool):
+            raise UsageError(f"pdl {self.pdl!r} is not True or False", hint="e.g. BuilderConfig(pdl=True), or --pdl")
         if self.device is not None and (isinstance(self.device, bool) or not isinstance(self.device, int)
                                         or self.device < 0):
             raise UsageError(f"device {self.device!r} is not a GPU ordinal (an integer >= 0)", hint="e.g. --device 1")
@@ -360,6 +367,8 @@ class BuilderConfig:
                 del d[key]
         if self.profiling_verbosity == "layer_names_only":
             del d["profiling_verbosity"]
+        if not self.pdl:
+            del d["pdl"]
         return d
 
     @staticmethod

@@ -10,7 +10,7 @@ import pkgutil
 
 #: modules here that are not kernel families (no tactics, no compile variants)
 NOT_FAMILIES = frozenset({"base", "wgmma_header", "storage_types", "launch_geometry", "pointwise_expr",
-                          "pointwise_signatures", "pointwise_codegen", "row_geometry", "pointwise_views"})
+                          "pointwise_signatures", "pointwise_codegen", "row_geometry", "pointwise_views", "pdl"})
 
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -27,6 +27,7 @@ from polykit.compiler.ops.nn.channels_last import DEPTH_TO_SPACE
 
 from polykit.compiler.plan.schema import KERNEL_FILE
 from polykit.errors import DeviceError, PlanError
+from polykit.kernels.cuda.pdl import PREAMBLE, instrument
 from polykit.kernels.tactics import ANY, Tactic, WorkspaceFn, no_workspace
 
 CUDA_DIR = Path(__file__).parent / "src"
@@ -44,11 +45,29 @@ class KernelSource:
     #: the exact architecture to compile for ("sm_90a" for wgmma / setmaxnreg kernels, which
     #: run only on compute capability 9.0); "" compiles for the device's own arch
     arch: str = ""
+    #: compiled for programmatic dependent launch (polykit.kernels.cuda.pdl): PK_PDL defined and every
+    #: kernel waiting for the grids before it first; made by `with_pdl` (False: the text as ever)
+    pdl: bool = False
 
     def render(self) -> str:
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
+        if self.pdl:
+            text = _pdl_text(replace(self, pdl=False))
+            if text is None:
+                raise DeviceError(f"kernel {self.name!r} ({self.file or 'generated code'}) cannot be compiled for "
+                                  "programmatic dependent launch: a __global__ of its source is not in a form "
+                                  "polykit.kernels.cuda.pdl parses", hint="launch it without PDL (with_pdl gives None)")
+            return head + PREAMBLE + text
         body = self.code if self.code is not None else kernel_file(self.file, self.name).read_text()
         return head + inline_includes(body)
+
+    def with_pdl(self) -> "KernelSource | None":
+        """This unit compiled for programmatic dependent launch: every `__global__` function of its
+        text waits for the grids before it first (polykit.kernels.cuda.pdl); None when its text has a
+        kernel in a form the instrumenter does not parse (the unit then launches without PDL)."""
+        if self.pdl:
+            return self
+        return replace(self, pdl=True) if _pdl_text(self) is not None else None
 
     def key(self) -> str:
         """Stable identity of the source text (part of the kernel-cache key); memoized, since
@@ -59,12 +78,14 @@ class KernelSource:
         out = {"name": self.name, "file": self.file, "code": self.code, "defines": [list(d) for d in self.defines]}
         if self.arch:
             out["arch"] = self.arch
+        if self.pdl:
+            out["pdl"] = True
         return out
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "KernelSource":
         return KernelSource(d["name"], d.get("file"), d.get("code"), tuple((k, v) for k, v in d.get("defines", [])),
-                            d.get("arch", ""))
+                            d.get("arch", ""), d.get("pdl") is True)
 
 
 def kernel_file(file: str | None, kernel: str = "") -> Path:
@@ -144,6 +165,13 @@ def check_generated(source: KernelSource, where: str) -> KernelSource:
     if source.code is None:
         kernel_file(source.file, source.name)
     return source
+
+
+@functools.lru_cache(maxsize=256)
+def _pdl_text(source: KernelSource) -> str | None:
+    """The body of `source` (a plain unit) instrumented for PDL, or None (KernelSource.with_pdl)."""
+    body = source.code if source.code is not None else kernel_file(source.file, source.name).read_text()
+    return instrument(inline_includes(body))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -28,16 +28,17 @@ from polykit.runtime.cuda.memory import copy_device, download, upload
 class BodyContexts:
     """Execution contexts of the body plans one CudaContext runs, by plan identity."""
 
-    def __init__(self, allocator: Any = None) -> None:
+    def __init__(self, allocator: Any = None, pdl: bool = False) -> None:
         self._open: dict[int, tuple[Any, Any, Any]] = {}
         self._allocator = allocator  # the outer engine's: body engines allocate through it too
+        self._pdl = pdl  # the outer engine's launch mode (a body plan records no builder config)
 
     def context(self, plan: Any) -> Any:
         held = self._open.get(id(plan))
         if held is None:
             from polykit.runtime.engine import Engine
 
-            engine = Engine(plan, allocator=self._allocator)  # a body of run-time shapes binds new shapes every iteration: not captured
+            engine = Engine(plan, allocator=self._allocator, pdl=self._pdl)  # a body of run-time shapes binds new shapes every iteration: not captured
             held = (plan, engine, engine.create_execution_context(cuda_graph=plan.profiles is None))
             self._open[id(plan)] = held
         return held[2]

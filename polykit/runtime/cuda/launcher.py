@@ -3,11 +3,19 @@
 `KernelModules` loads the cubins a plan (or a harness run) declared and resolves each
 KernelSource to a CUfunction; launching a kernel that was not declared is an error, so a
 plan never compiles on demand. `CudaLauncher` implements polykit.kernels.cuda.base.Launcher.
+
+With PDL (`KernelModules(arch, pdl=True)` on an sm_90+ device) every unit whose text the
+instrumenter parses is compiled with PK_PDL (KernelSource.with_pdl: each kernel waits for the grids
+before it first, polykit.kernels.cuda.pdl) and its kernels launch through cuLaunchKernelEx with
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, so a kernel's launch overlaps the tail of
+the one before it on the stream (in a captured graph: a programmatic edge). A unit that is not
+instrumented launches with cuLaunchKernel as without PDL: only a kernel that waits may start early.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +23,7 @@ import numpy as np
 from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec
+from polykit.kernels.cuda.pdl import supports_pdl
 from polykit.runtime.cuda import driver
 from polykit.runtime.cuda.memory import fill_bytes
 from polykit.runtime.cuda.nvrtc import compile_many
@@ -89,19 +98,35 @@ def pack_arg(arg: Any) -> Any:
 
 
 class KernelModules:
-    """Cubins loaded into the current context, by KernelSource.key(); functions by name."""
+    """Cubins loaded into the current context, by KernelSource.key(); functions by name.
+    `pdl`: compile the units for programmatic dependent launch where the device runs it (sm_90+)."""
 
-    def __init__(self, arch: str):
+    def __init__(self, arch: str, pdl: bool = False):
         self.arch = arch
+        #: units are compiled and launched for programmatic dependent launch (module docstring)
+        self.pdl = bool(pdl) and supports_pdl(arch)
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
         self._smem_set: dict[tuple[str, str], int] = {}
+        #: keys of the units loaded compiled with PK_PDL (their kernels wait first: they may start early)
+        self._programmatic: set[str] = set()
 
     def load(self, sources: Iterable[KernelSource], *, cache: bool = True) -> None:
-        """Compile (or fetch from the kernel cache) and load every unit of `sources`."""
-        todo = [s for s in sources if s.key() not in self._modules]
-        for key, cubin in compile_many(todo, self.arch, cache=cache).items():
-            self._modules[key] = driver.call("cuModuleLoadData", cubin, what="load compiled kernel module")
+        """Compile (or fetch from the kernel cache) and load every unit of `sources` (with PDL: the
+        instrumented unit where the instrumenter parses it, else the plain one)."""
+        todo: dict[str, KernelSource] = {}
+        for s in sources:
+            if s.key() not in self._modules and s.key() not in todo:
+                todo[s.key()] = (s.with_pdl() if self.pdl else None) or s
+        cubins = compile_many(list(todo.values()), self.arch, cache=cache)
+        for key, unit in todo.items():
+            self._modules[key] = driver.call("cuModuleLoadData", cubins[unit.key()], what="load compiled kernel module")
+            if unit.pdl:
+                self._programmatic.add(key)
+
+    def programmatic(self, kernel: KernelSource) -> bool:
+        """Whether `kernel` launches as a programmatic dependent (its unit was compiled with PK_PDL)."""
+        return bool(self._programmatic) and kernel.key() in self._programmatic
 
     def function(self, kernel: KernelSource) -> Any:
         fkey = (kernel.key(), kernel.name)
@@ -133,6 +158,32 @@ class KernelModules:
         self._modules.clear()
         self._functions.clear()
         self._smem_set.clear()
+        self._programmatic.clear()
+
+
+def programmatic_config(grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: Any) -> Any:
+    """The CUlaunchConfig of a programmatic dependent launch: `grid` x `block` threads, `shared_mem`
+    dynamic shared bytes on `stream`, with PROGRAMMATIC_STREAM_SERIALIZATION allowed (the kernel may
+    start once the one before it on the stream has triggered, and waits for it in its
+    griddepcontrol.wait)."""
+    config = driver.drv().CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared_mem
+    config.hStream = stream
+    config.attrs = _programmatic_attributes()
+    config.numAttrs = 1
+    return config
+
+
+@functools.lru_cache(maxsize=1)
+def _programmatic_attributes() -> list[Any]:
+    """[PROGRAMMATIC_STREAM_SERIALIZATION = 1], made once (a launch config copies it in)."""
+    d = driver.drv()
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    return [attr]
 
 
 class CudaLauncher:
@@ -164,7 +215,11 @@ class CudaLauncher:
         self.modules.ensure_shared(kernel, fn, shared_mem)
         values = [pack_arg(a) for a in args]
         ptrs = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-        err, = driver.drv().cuLaunchKernel(fn, *g, *b, shared_mem, self.stream, ctypes.addressof(ptrs), 0)
+        if self.modules.programmatic(kernel):
+            err, = driver.drv().cuLaunchKernelEx(programmatic_config(g, b, shared_mem, self.stream), fn,
+                                                 ctypes.addressof(ptrs), 0)
+        else:
+            err, = driver.drv().cuLaunchKernel(fn, *g, *b, shared_mem, self.stream, ctypes.addressof(ptrs), 0)
         where = f"layer {self.layer_name!r}" if self.layer_name else None
         if int(err) != 0:
             raise DeviceError(f"launch of kernel {kernel.name!r} (grid {g}, block {b}, {shared_mem} B shared) "

@@ -73,8 +73,8 @@ class CudaTarget:
     def device(self) -> driver.DeviceInfo:
         return driver.current_device(self.ordinal)
 
-    def load(self, plan: Any, allocator: Any = None) -> "CudaEngine":
-        return CudaEngine(plan, self.ordinal, allocator)
+    def load(self, plan: Any, allocator: Any = None, pdl: bool = False) -> "CudaEngine":
+        return CudaEngine(plan, self.ordinal, allocator, pdl)
 
 
 def _accepts(tactic: CudaTactic, layer: Any) -> bool:
@@ -86,9 +86,10 @@ def _accepts(tactic: CudaTactic, layer: Any) -> bool:
 
 
 class CudaEngine:
-    """A plan on the GPU: tactics resolved, kernels loaded, weights in one device buffer."""
+    """A plan on the GPU: tactics resolved, kernels loaded, weights in one device buffer. `pdl`: the
+    kernels launch as programmatic dependents where the GPU runs them (sm_90+; launcher.KernelModules)."""
 
-    def __init__(self, plan: Any, device: int = 0, allocator: Any = None):
+    def __init__(self, plan: Any, device: int = 0, allocator: Any = None, pdl: bool = False):
         self.plan = plan
         self.allocator = allocator
         self.info = driver.current_device(device)
@@ -101,7 +102,10 @@ class CudaEngine:
         self.profile_steps = [self._steps(profile_layers(plan, p)) for p in range(count)]
         self.steps = self.profile_steps[0]
         sources = [source for layer in plan.layers for source in plan_kernels(plan, layer)]  # every profile's
-        self.modules = KernelModules(self.info.arch)
+        self.modules = KernelModules(self.info.arch, pdl=pdl)
+        if pdl and not self.modules.pdl:
+            log.info("PDL asked for, but %s (%s) has no programmatic dependent launch: kernels launch plainly",
+                     self.info.name, self.info.arch)
         self.weights: DeviceBuffer | None = None
         #: weight streaming (polykit.runtime.cuda.weight_streaming): where each weight lives at the budget
         self.streamed: StreamedWeights | None = None
@@ -207,7 +211,7 @@ class CudaContext:
         self.stream = Stream()
         self._workspace = WorkspacePool(buffer("layer workspace"))
         self._timer = CudaTimer(engine.modules, self._workspace)
-        self._bodies = BodyContexts(alloc)
+        self._bodies = BodyContexts(alloc, pdl=engine.modules.pdl)
         self.tensors: dict[str, DeviceTensor] = dict(engine.weight_tensors)
         #: tensors in the arena (placed at their offsets once the context has memory)
         self._in_arena = [name for name, desc in plan.tensors.items() if desc.kind != "weight"]

@@ -428,6 +428,9 @@ BUILDER_OPTIONS: list[tuple[str, Any, Any]] = [
                                    help="disable|enable|force: enable times 2:4 sparse tactics for GEMM/1x1-conv "
                                         "weights that have the pattern; force prunes eligible weights to it first "
                                         "(results change: for speed studies)")),
+    ("pdl", bool, typer.Option(False, "--pdl/--no-pdl",
+                               help="cuda: launch the plan's kernels with Programmatic Dependent Launch on sm_90+ "
+                                    "GPUs (each launch overlaps the tail of the one before; recorded in the plan)")),
 ]
 
 
@@ -445,7 +448,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
                            weight_streaming: bool = False, hardware_compatibility_level: str = "none",
                            input_io_formats: Sequence[str] = (), output_io_formats: Sequence[str] = (),
                            device: int | None = None, profiling_verbosity: str = "layer_names_only",
-                           sparsity: str = "disable") -> dict[str, Any]:
+                           sparsity: str = "disable", pdl: bool = False) -> dict[str, Any]:
     """BuilderConfig keyword arguments from the shared builder options' CLI values."""
     return {
         "fp16": fp16, "bf16": bf16, "tf32": tf32, "precision_constraints": precision_constraints,
@@ -462,7 +465,7 @@ def builder_config_options(fp16: bool = False, bf16: bool = False, tf32: bool = 
         "ranks": ranks, "version_compatible": version_compatible, "weight_streaming": weight_streaming,
         "hardware_compatibility_level": hardware_compatibility_level,
         "input_io_formats": split_list(input_io_formats), "output_io_formats": split_list(output_io_formats),
-        "device": device, "profiling_verbosity": profiling_verbosity, "sparsity": sparsity,
+        "device": device, "profiling_verbosity": profiling_verbosity, "sparsity": sparsity, "pdl": pdl,
     }
 
 
