@@ -145,7 +145,7 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
     else:
         tile = next(t for t in fp8_sm90.TILES if t.label == args.tile)
         out = fp8_sm90.E4M3 if args.fp8 == "e4m3" else "float32"
-        base = with_bias(fp8_sm90.fp8_layer(out, residual=args.fp8 == "e4m3"))
+        base = with_bias(fp8_sm90.fp8_layer(out, residual="float32" if args.fp8 == "e4m3" else None))
         layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,))
         source = fp8_sm90.kernel(layer, tile)
     # the output compiled in as the tactics compile it (int8_out.cuh: Y_OUT, a per-channel scale and bias)
