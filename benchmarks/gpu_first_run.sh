@@ -78,6 +78,12 @@
 #                  STEP=lowp (issue 35), STEP=base (issues 29 / 30: cd8e880 in .base), STEP=zoo on swin_t with
 #                  ZOO_BEFORE=.before holding 6aa96ee (the row maps' before / after; the rows' movement_share), the
 #                  conv family's table (ZOO_ARGS="--family conv" ZOO_BATCHES=1,max, resumed over calls)
+#   STEP=new14     the fourteenth session's gpu tests (none ran on a GPU): programmatic dependent launch (PDL: every
+#                  kernel waits on griddepcontrol first; plans eager and captured, PDL on vs off bit-identical, a
+#                  stress test of 2000 dependent launches), norm_warp's input map by shuffled segment starts (ed09041);
+#                  then the zoo's batch-1 transformers and two convnets with ZOO_ARGS="--pdl both" (PDL on and off
+#                  timed in the same rounds: polykit_pdl_ms, pdl_speedup), and Swin-T against ZOO_BEFORE=.before
+#                  holding 1a13f5a (the input-map fix's before / after)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -323,6 +329,12 @@ EOF
       --out "$OUT/dynamic_wav2vec2" 2>&1 | tail -8 | tee "$OUT/dynamic_wav2vec2.txt"
     exit $rc
     ;;
+  new14)  # the fourteenth session's gpu tests: PDL, the input-map norm loads
+    gpu_tests new14 ${NEW_S:-240} tests/runtime/cuda/test_pdl_gpu.py tests/runtime/cuda/test_pdl_launch.py \
+      tests/kernels/cuda/test_nvrtc_compile_pdl.py tests/kernels/cuda/test_norm_row_map.py \
+      tests/kernels/cuda/test_norm_warp.py tests/compiler/passes/test_norm_row_maps.py
+    exit $?
+    ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
@@ -486,5 +498,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac
