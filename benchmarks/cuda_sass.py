@@ -10,6 +10,8 @@ Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--t
 hot path from the last wgmma wait to the tile loop's end, divided by a thread's outputs; --hot-division
 for a kernel that divides every value). CUOBJDUMP=... as below.
 
+--fp8-gemm TILE: the FP8 GEMM tile's kernel (fp8_gemm_sm90.py) and its QGMMA, wgmma waits and local memory.
+
 --conv C,N,K: the fp16 conv_sm90 kernel of a KxK, pad K//2 channels-last convolution of C into N channels
 instead, and the instruction count of its producer's k-tile loop (the smallest loop around the im2col
 cp.async copies, LDGSTS): the producer's cost a k-tile, which bounds the narrow tiles. cuobjdump comes
@@ -54,7 +56,16 @@ def main() -> None:
     parser.add_argument("--hot-division", action="store_true",
                         help="count the IEEE division's fast path (a kernel that divides for every output)")
     parser.add_argument("--flash", help="ELEM,HD,BKV[,ROWS]: the mma.sync flash kernel and its key-tile loop")
+    parser.add_argument("--fp8-gemm", metavar="TILE",
+                        help="the FP8 GEMM tile's kernel (fp8_gemm_sm90.py; e4m3 out, float32 residual): its wgmma")
     args = parser.parse_args()
+    if args.fp8_gemm:
+        sass = fp8_gemm_sass(args.fp8_gemm)
+        Path(args.out).write_text(sass)
+        waits = Counter(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass))
+        print(f"{args.out}: {len(sass.splitlines())} lines; QGMMA {len(re.findall(r'QGMMA[.]', sass))}, "
+              f"wgmma waits {dict(waits)}, local memory {len(re.findall(r'[^.](?:LDL|STL)[. ]', sass))}")
+        return
     if args.flash:
         sass = flash_sass(args.flash)
         Path(args.out).write_text(sass)
@@ -95,6 +106,17 @@ def disassemble(cubin: bytes) -> str:
         path.write_bytes(cubin)
         tool = os.environ.get("CUOBJDUMP", "cuobjdump")
         return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def fp8_gemm_sass(label: str) -> str:
+    """The SASS of fp8_gemm_sm90's `label` tile (an e4m3 output with a float32 residual read 8 at a time): its
+    QGMMA (4 a piece of a stage), its wgmma waits (wait_group 1 between two pieces), no local memory."""
+    from polykit.kernels.cuda.int8 import fp8_gemm_sm90, fp8_sm90
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    tile, pieces, bufs = next(t for t in fp8_gemm_sm90.TILES if t[0].label == label)
+    layer = fp8_sm90.fp8_layer(fp8_sm90.E4M3, residual="float32")
+    return disassemble(compile_source(fp8_gemm_sm90.kernel(layer, tile, pieces, bufs), "sm_90a"))
 
 
 def conv_sass(args) -> str:

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.kernels.cuda.int8 import fp8_sm90, int8_sm90
+from polykit.kernels.cuda.int8 import fp8_gemm_sm90, fp8_sm90, int8_sm90
 
 from ...compiler.fp8_models import E4M3
 from .test_int8 import RESIDUAL, int8_residual, layer_of, rng, stamped
@@ -28,6 +28,8 @@ from .test_int8_sm90 import CASES
 
 gpu = pytest.mark.gpu
 TACTICS = [f"cuda.fp8.sm90_{t.label}" for t in fp8_sm90.TILES]
+#: the tests whose layers are 1x1 convs over rows run the FP8 GEMM tiles too (fp8_gemm_sm90.py)
+OVER_ROWS = TACTICS + [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_sm90.TILES]
 SUPPORTS = {f"cuda.fp8.sm90_{t.label}": fp8_sm90._supports(t) for t in fp8_sm90.TILES}
 #: a float output's bound, relative to sum |x * w| (module docstring)
 TOL_SUM = 2.0 ** -12
@@ -72,9 +74,12 @@ def e4m3_ordinal(a: np.ndarray) -> np.ndarray:
 
 
 def check(layer, inputs, tactic):
+    """Run `layer` on `tactic` (any FP8 QConvNHWC tactic: fp8_sm90's, fp8_gemm_sm90's) against the reference."""
+    from polykit.kernels.tactics import find_tactic
     from polykit.runtime.cuda.harness import reference_layer, run_layer
 
-    assert SUPPORTS[tactic](layer), f"{tactic} refuses {layer.in_dtypes} {layer.in_shapes} {layer.attrs}"
+    assert find_tactic("cuda", "QConvNHWC", tactic).supports(layer), \
+        f"{tactic} refuses {layer.in_dtypes} {layer.in_shapes} {layer.attrs}"
     got, want = run_layer(layer, inputs, tactic=tactic)["Y"], reference_layer(layer, inputs)["Y"]
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = TOL_SUM * magnitude(layer, inputs)
@@ -115,7 +120,7 @@ def test_sm90_fp8_conv_requantized_to_e4m3_matches_the_reference(x, w, attrs, pe
 
 
 @gpu
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", OVER_ROWS)
 @pytest.mark.parametrize("requant", [True, False])
 @pytest.mark.parametrize("n", [24, 27], ids=["8_channels_a_lane", "per_element"])
 def test_sm90_fp8_conv_with_a_float_residual_and_relu(tactic, requant, n):
@@ -129,7 +134,7 @@ HALF_OUT = {"input": "raw", "body": [{"op": "Cast", "inputs": ["raw"], "outputs"
 
 
 @gpu
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", OVER_ROWS)
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
 def test_sm90_fp8_conv_reads_a_half_residual_and_writes_float16(tactic, residual, n):
@@ -146,7 +151,7 @@ def test_sm90_fp8_conv_reads_a_half_residual_and_writes_float16(tactic, residual
 
 
 @gpu
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", OVER_ROWS)
 @pytest.mark.parametrize("requant", [True, False])
 @pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
 def test_sm90_fp8_conv_dequantizes_an_e4m3_residual_in_the_epilogue(tactic, requant, n):

@@ -18,11 +18,13 @@ and the tensor cores' accumulation inside a stage; tests/kernels/cuda/test_fp8_s
 tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as a 1x1 QConvNHWC
 over its rows (to_channels_last packs W K-major at build time); other FP8 QMatMuls and NCHW QConvs
 have no cuda tactic: the builder unfolds them (their Q/DQ run as layers and the op in float).
+fp8_gemm_sm90.py runs the same layers where the conv is a GEMM over rows (1x1, stride 1, unpadded) on
+gemm_sm90.cu, both operands by TMA, with wider tiles (priority below these).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,7 +35,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
-from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, ConvGemm, plan_conv
 from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args, out_defines
 from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
 
@@ -74,24 +76,45 @@ def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[
     return replace(source, defines=tuple(sorted(source.defines + defines(F8=1) + out_defines(layer, y_dtype, steps))))
 
 
+@dataclass(frozen=True)
+class Fp8Launch:
+    """An FP8 layer's device tensors as the sm90 FP8 kernels take them (this module's and fp8_gemm_sm90.py's)."""
+
+    x: DeviceTensor
+    w: DeviceTensor
+    y: DeviceTensor
+    geo: ConvGemm | None  # plan_conv's geometry (None: conv_sm90 cannot run it)
+    out: list[Any]  # the kernels' I8_PARAMS: scale, bias, Y scale, Y zero point, flags, scale step, bias step
+    steps: tuple[int, int]  # the scale's and bias's steps compiled in (int8.out_defines; bias 2: none)
+
+
+def fp8_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> Fp8Launch | None:
+    """The layer's kernel arguments (int8_args checks dtypes, shapes and channels), or None when its output is
+    empty (nothing to launch)."""
+    g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K, ("float32", "float16"))
+    x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
+    flags, _wz_step, scale_step, bias_step = args[-4:]
+    if g["M"] == 0 or g["N"] == 0:
+        return None
+    steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+    return Fp8Launch(x, w, y, plan_conv(layer.attrs, x.shape, w.shape, y.shape),
+                     [scale, bias, y_scale, y_zero, flags, scale_step, bias_step], steps)
+
+
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K, ("float32", "float16"))  # dtypes, shapes, channels
-        x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
-        flags, _wz_step, scale_step, bias_step = args[-4:]
-        if g["M"] == 0 or g["N"] == 0:
+        run = fp8_launch(layer, tensors)
+        if run is None:
             return
-        geo = plan_conv(layer.attrs, x.shape, w.shape, y.shape)
+        x, w, y, geo = run.x, run.w, run.y, run.geo
         if geo is None:
             raise DeviceError(f"X {x.shape} * W {w.shape} does not fit the sm90 FP8 kernel (e4m3 NHWC X, KRSC W, "
                               "group 1)", where=f"layer {layer.name!r}", hint="run this layer on --target cpu")
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-        out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
-        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps), (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
-                        [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
+                        [tm_w, x, 0, y, *geo.args(), *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
     return enqueue

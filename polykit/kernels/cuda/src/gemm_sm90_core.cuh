@@ -33,7 +33,9 @@
 // epilogue, float32 or saturating e4m3 store). Each stage's four k32 products (128 K) go to a
 // fresh register block that the CUDA cores add to the accumulators (mainloop_f8): the tensor
 // cores' FP8 accumulation keeps fewer bits than fp32 (about 14 on the H800, DeepSeek-V3 report
-// 3.3.2), so no more than one stage's products are ever summed there.
+// 3.3.2), so no more than one stage's products are ever summed there. F8_PIECES > 1 (gemm_sm90.cu's
+// FP8 tiles, fp8_gemm_sm90.py): the same sums with a stage's columns in pieces whose adds overlap
+// the next piece's wgmma (mainloop_f8_pieces, F8_BUFS): the 192- and 256-column tiles' registers.
 #pragma once
 #include "sm90.cuh"
 
@@ -46,6 +48,9 @@
 #endif
 #ifndef F8
 #define F8 0
+#endif
+#ifndef F8_PIECES
+#define F8_PIECES 1  // F8: a stage's columns in this many wgmma pieces (mainloop_f8_pieces when > 1)
 #endif
 #if I8 || F8
 #include "int8_out.cuh"
@@ -156,6 +161,7 @@ struct Ring {
   }
 };
 
+#if F8_PIECES == 1  // (the piece tiles' widths have no whole-tile wgmma: mainloop_f8_pieces)
 // One tile's K loop: wgmma on every stage, one stage's wgmma in flight while the next is issued.
 __device__ __forceinline__ void mainloop(acc_t (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem,
                                          unsigned char* scratch, u64* full, u64* empty, int ktiles, int row0, int ct,
@@ -184,6 +190,7 @@ __device__ __forceinline__ void mainloop(acc_t (&acc)[MSUB][BN / 2], Ring& r, un
   for (int s = 0; s < MSUB; ++s) fence_regs<BN / 2>(acc[s]);
   if (prev >= 0 && tid == 0) bar_arrive(&empty[prev]);
 }
+#endif
 
 // zero the accumulators; add a stage's products (`part`, its wgmma done) to them on the CUDA cores
 __device__ __forceinline__ void zero_acc(float (&acc)[MSUB][BN / 2]) {
@@ -201,6 +208,7 @@ __device__ __forceinline__ void add_part(float (&acc)[MSUB][BN / 2], float (&par
   }
 }
 
+#if F8_PIECES == 1  // (the piece tiles' widths have no whole-tile wgmma: mainloop_f8_pieces)
 // The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
 // (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
 // K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
@@ -225,8 +233,9 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
     if (tid == 0) bar_arrive(&empty[r.stage]);
   }
 }
+#endif
 
-#if F8
+#if F8 && F8_PIECES == 1
 // The FP8 K loop: each stage's wgmma (4 x k32) write `part` (scale_d 0 on the first), which the CUDA
 // cores add to `acc` in fp32 once they are done (module comment: F8); the producer refills the stage
 // meanwhile. The wait for a stage's wgmma before its `part` is read also keeps the registers of an
@@ -243,6 +252,59 @@ __device__ __forceinline__ void mainloop_f8(float (&acc)[MSUB][BN / 2], Ring& r,
     wgmma_commit();
     wgmma_wait<0>();
     add_part(acc, part);
+    if (tid == 0) bar_arrive(&empty[r.stage]);
+  }
+}
+#endif
+
+#if F8 && F8_PIECES > 1
+// The FP8 K loop of the GEMM tiles (fp8_gemm_sm90.py): a stage's BN columns in F8_PIECES pieces of
+// F8_NP columns, each piece's four k32 wgmma into a fresh register block (scale_d 0 on the first)
+// that the CUDA cores add to its columns of `acc`: every piece still holds one stage's products only
+// (the F8 contract). F8_BUFS 2: two blocks, piece c + 1's wgmma issued before piece c is added
+// (wait_group 1), so a warpgroup's adds overlap its own wgmma within the stage; the last piece's adds
+// overlap the other consumer's wgmma only (a piece in flight across the stage loop's back edge makes
+// ptxas serialize every wgmma, C7514). F8_BUFS 1: one block, each piece waited for and added (the
+// 256-column tile's registers), the adds overlapping the other consumer's wgmma. Registers: BN / 2
+// accumulators + F8_BUFS x F8_NP / 2 a thread (the m64nN fragment: 4 registers an 8-column block, in
+// column order, so piece c is acc[s][c * F8_NP / 2 ..]).
+#ifndef F8_BUFS
+#define F8_BUFS 2
+#endif
+constexpr int F8_NP = BN / F8_PIECES;
+static_assert(BN % F8_PIECES == 0 && F8_NP % 8 == 0 && (F8_BUFS == 1 || F8_BUFS == 2), "pieces of 8-column blocks");
+__device__ __forceinline__ void add_piece(float (&acc)[MSUB][BN / 2], float (&part)[MSUB][F8_NP / 2], int c) {
+#pragma unroll
+  for (int s = 0; s < MSUB; ++s) {
+    fence_regs<F8_NP / 2>(part[s]);
+#pragma unroll
+    for (int i = 0; i < F8_NP / 2; ++i) acc[s][c * (F8_NP / 2) + i] += part[s][i];
+  }
+}
+__device__ __forceinline__ void mainloop_f8_pieces(float (&acc)[MSUB][BN / 2], Ring& r, unsigned char* smem, u64* full,
+                                                   u64* empty, int ktiles, int row0, int tid) {
+  float part[F8_BUFS][MSUB][F8_NP / 2];  // piece c in part[c % F8_BUFS]
+  zero_acc(acc);
+  for (int kt = 0; kt < ktiles; ++kt, r.next_stage()) {
+    bar_wait(&full[r.stage], r.phase);
+    const u32 a = smem_addr(smem + r.stage * STAGE_BYTES), b = a + BM * 128;
+#pragma unroll
+    for (int c = 0; c < F8_PIECES; ++c) {
+      wgmma_fence();
+      wgmma_stage<F8_NP, MSUB, 0, OPER>(part[c % F8_BUFS], a, b + c * F8_NP * 128, row0, true);
+      wgmma_commit();
+      if (F8_BUFS == 1) {
+        wgmma_wait<0>();
+        add_piece(acc, part[0], c);
+      } else if (c > 0) {
+        wgmma_wait<1>();  // the piece before this one is done
+        add_piece(acc, part[(c - 1) % F8_BUFS], c - 1);
+      }
+    }
+    if (F8_BUFS == 2) {
+      wgmma_wait<0>();
+      add_piece(acc, part[(F8_PIECES - 1) % F8_BUFS], F8_PIECES - 1);
+    }
     if (tid == 0) bar_arrive(&empty[r.stage]);
   }
 }

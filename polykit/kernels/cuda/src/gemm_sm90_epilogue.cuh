@@ -446,6 +446,9 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #endif
 #if SPLIT3
     mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
+#elif F8 && F8_PIECES > 1
+    (void)ct;
+    mainloop_f8_pieces(acc, ring, smem, full, empty, ktiles, row0, tid);
 #elif F8
     (void)ct;
     mainloop_f8(acc, ring, smem, full, empty, ktiles, row0, tid);
