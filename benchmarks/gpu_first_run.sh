@@ -80,7 +80,8 @@
 #                  conv family's table (ZOO_ARGS="--family conv" ZOO_BATCHES=1,max, resumed over calls)
 #   STEP=new14     the fourteenth session's gpu tests (none ran on a GPU): programmatic dependent launch (PDL: every
 #                  kernel waits on griddepcontrol first; plans eager and captured, PDL on vs off bit-identical, a
-#                  stress test of 2000 dependent launches), norm_warp's input map by shuffled segment starts (ed09041);
+#                  stress test of 2000 dependent launches), norm_warp's input map by shuffled segment starts (ed09041),
+#                  the FP8 GEMM tiles on gemm_sm90 (fp8gemm: cuda.fp8.gemm_sm90_*, promotion in pieces); then STEP=lowp;
 #                  then the zoo's batch-1 transformers and two convnets with ZOO_ARGS="--pdl both" (PDL on and off
 #                  timed in the same rounds: polykit_pdl_ms, pdl_speedup), and Swin-T against ZOO_BEFORE=.before
 #                  holding 1a13f5a (the input-map fix's before / after)
@@ -332,7 +333,8 @@ EOF
   new14)  # the fourteenth session's gpu tests: PDL, the input-map norm loads
     gpu_tests new14 ${NEW_S:-240} tests/runtime/cuda/test_pdl_gpu.py tests/runtime/cuda/test_pdl_launch.py \
       tests/kernels/cuda/test_nvrtc_compile_pdl.py tests/kernels/cuda/test_norm_row_map.py \
-      tests/kernels/cuda/test_norm_warp.py tests/compiler/passes/test_norm_row_maps.py
+      tests/kernels/cuda/test_norm_warp.py tests/compiler/passes/test_norm_row_maps.py \
+      tests/kernels/cuda/test_fp8_gemm_sm90.py tests/kernels/cuda/test_fp8_sm90.py tests/compiler/test_fp8_gemm_plan.py
     exit $?
     ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
