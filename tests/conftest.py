@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from .gpu_guard import sticky_fault
+from .run_dirs import run_shared_dir
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,12 +47,7 @@ def run_kernel_cache(tmp_path_factory) -> Path:
     (`shared_kernel_cache`), so a unit two tests need compiles with NVRTC once a run, not once a test.
     A hit is a cubin NVRTC built in this run from the same source, headers, options and arch (the
     cache key); a unit that fails to compile is never stored."""
-    base = tmp_path_factory.getbasetemp()
-    # an xdist worker's base is <the run's base>/popen-gwN: the run's base is the one they share
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    path = root / "run-kernel-cache"
-    path.mkdir(exist_ok=True)
-    return path
+    return run_shared_dir(tmp_path_factory, "run-kernel-cache")
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Acceptance: `polykit run MODEL --trt --onnxrt` passes on ONNX's light_* models (cpu target,
-default fp32 tolerances). Two run in the default test pass; all of them are marked slow."""
+default fp32 tolerances). Two (FAST) run in a `-m "not slow"` pass; the others are marked slow."""
 
 from __future__ import annotations
 
@@ -28,13 +28,7 @@ def test_light_models_are_available():
     assert len(ALL) >= 9
 
 
-@pytest.mark.parametrize("name", FAST)
-def test_light_model_passes_trt_vs_onnxrt(name, capsys):
+@pytest.mark.parametrize("name", [name if name in FAST else pytest.param(name, marks=pytest.mark.slow) for name in ALL])
+def test_every_light_model_passes_trt_vs_onnxrt(name, capsys):
     assert main(["run", str(LIGHT / name), "--trt", "--onnxrt", "--target", "cpu"]) == 0
     assert "PASSED" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ALL)
-def test_every_light_model_passes_trt_vs_onnxrt(name):
-    assert main(["run", str(LIGHT / name), "--trt", "--onnxrt", "--target", "cpu", "-q"]) == 0

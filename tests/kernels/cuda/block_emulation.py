@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -68,6 +69,34 @@ struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 """
 
+#: g++'s flags for an emulated kernel's library and for the prelude's precompiled headers (which must match)
+CXX_FLAGS = ("-std=c++20", "-O1", "-w", "-fPIC", "-pthread")
+
+
+def _write_once(path: Path, write) -> None:
+    """`write(tmp)` makes `path`'s content under a name of this process's own, renamed into place:
+    processes that build the same file at once never see a partial one."""
+    tmp = path.with_name(f".{os.getpid()}-{path.name}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def precompiled_prelude(folder: Path, cxx: str) -> Path:
+    """A header of PRELUDE's standard #includes in `folder`, precompiled there by `cxx` (with
+    CXX_FLAGS) unless it already is: a library compiled with `-include` of it skips parsing those
+    headers again (about 1 s of each g++ run). The source keeps its own #includes (guarded: no-ops
+    after the header), and g++ reads the header's text where the .gch does not fit."""
+    text = "".join(line + "\n" for line in PRELUDE.splitlines() if line.startswith("#include"))
+    key = hashlib.sha256("\0".join((cxx, *CXX_FLAGS, text)).encode()).hexdigest()[:16]
+    header = folder / f"prelude-{key}.h"
+    gch = header.with_name(header.name + ".gch")
+    if not gch.exists():
+        _write_once(header, lambda tmp: tmp.write_text(text))
+        _write_once(gch, lambda tmp: subprocess.run([cxx, *CXX_FLAGS, "-x", "c++-header", "-o", str(tmp), str(header)],
+                                                    check=True))
+    return header
+
+
 def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int, eager_copies: bool = False) -> str:
     """`cuda` (a rendered module) as host C++ with `emu_launch(gx, gy, gz, bx, <params>)`, which
     runs kernel `kernel(<args>)` over the grid; `smem_bytes` of dynamic shared memory; cp.async
@@ -82,16 +111,46 @@ def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int,
     shared = re.findall(extern, cuda)
     cuda = re.sub(extern, "", cuda)
     head = "".join(f"alignas(16) unsigned char {name}[{smem_bytes}];\n" for name in dict.fromkeys(shared))
+    # one host thread per thread of a block, started once a launch and reused by every block of the
+    # grid (blocks run one after another): each block starts the threads' kernel call afresh (its
+    # block index, new barriers, no cp.async copies pending) and ends when all of them have returned
     runner = f"""
 extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, {params}) {{
   gridDim = {{gx, gy, gz}};
   blockDim = {{bx, by, bz}};
   const unsigned emu_threads = bx * by * bz, emu_nwarps = (emu_threads + 31) / 32;
+  std::mutex emu_mutex;
+  std::condition_variable emu_start, emu_end;
+  unsigned long long emu_started = 0;  // blocks started: a thread runs the kernel once for each
+  unsigned emu_done = 0;               // threads of the running block that returned
+  bool emu_quit = false;
+  Dim3 emu_block;
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < emu_threads; ++t)
+    threads.emplace_back([=, &emu_mutex, &emu_start, &emu_end, &emu_started, &emu_done, &emu_quit, &emu_block] {{
+      threadIdx = {{t % bx, t / bx % by, t / (bx * by)}};
+      emu_lane = t % 32;
+      emu_warp_id = t / 32;
+      for (unsigned long long ran = 0;; ++ran) {{
+        {{
+          std::unique_lock<std::mutex> lock(emu_mutex);
+          emu_start.wait(lock, [&] {{ return emu_quit || emu_started > ran; }});
+          if (emu_quit) return;
+          blockIdx = emu_block;
+        }}
+        emu_groups.clear();
+        emu_open.clear();
+        {kernel}({args});
+        emu_warps[t / 32].bar->arrive_and_drop();   // a returned thread no longer holds its warp
+        emu_barrier->arrive_and_drop();             // or its block back
+        {{ std::lock_guard<std::mutex> lock(emu_mutex); ++emu_done; }}
+        emu_end.notify_one();
+      }}
+    }});
   for (unsigned emu_z = 0; emu_z < gz; ++emu_z)  // not x, y, z: a kernel's parameters may be named so
     for (unsigned emu_y = 0; emu_y < gy; ++emu_y)
       for (unsigned emu_x = 0; emu_x < gx; ++emu_x) {{
         std::barrier<> bar((std::ptrdiff_t)emu_threads);
-        emu_barrier = &bar;
         std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
         std::vector<EmuWarp> warps(emu_nwarps);
         for (unsigned w = 0; w < emu_nwarps; ++w) {{
@@ -99,47 +158,39 @@ extern "C" void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, u
           warp_bars.emplace_back(new std::barrier<>((std::ptrdiff_t)warps[w].lanes));
           warps[w].bar = warp_bars.back().get();
         }}
+        std::unique_lock<std::mutex> lock(emu_mutex);
+        emu_barrier = &bar;
         emu_warps = warps.data();
-        std::mutex done_mutex;
-        std::condition_variable done_cv;
-        unsigned done = 0;
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < emu_threads; ++t)
-          threads.emplace_back([=, &done_mutex, &done_cv, &done] {{
-            threadIdx = {{t % bx, t / bx % by, t / (bx * by)}};
-            blockIdx = {{emu_x, emu_y, emu_z}};
-            emu_lane = t % 32;
-            emu_warp_id = t / 32;
-            {kernel}({args});
-            emu_warps[t / 32].bar->arrive_and_drop();   // a returned thread no longer holds its warp
-            emu_barrier->arrive_and_drop();             // or its block back
-            {{ std::lock_guard<std::mutex> lock(done_mutex); ++done; }}
-            done_cv.notify_one();
-          }});
-        {{  // a barrier or collective some threads never reach hangs the block: fail instead
-          std::unique_lock<std::mutex> lock(done_mutex);
-          if (!done_cv.wait_for(lock, std::chrono::seconds(EMU_BLOCK_SECONDS), [&] {{ return done == emu_threads; }}))
-            emu_fail("a block ran past EMU_BLOCK_SECONDS: a barrier or collective some threads never reach");
-        }}
-        for (auto& th : threads) th.join();
+        emu_block = {{emu_x, emu_y, emu_z}};
+        emu_done = 0;
+        ++emu_started;
+        emu_start.notify_all();
+        // a barrier or collective some threads never reach hangs the block: fail instead
+        if (!emu_end.wait_for(lock, std::chrono::seconds(EMU_BLOCK_SECONDS), [&] {{ return emu_done == emu_threads; }}))
+          emu_fail("a block ran past EMU_BLOCK_SECONDS: a barrier or collective some threads never reach");
       }}
+  {{ std::lock_guard<std::mutex> lock(emu_mutex); emu_quit = true; }}
+  emu_start.notify_all();
+  for (auto& th : threads) th.join();
 }}
 """
     return PRELUDE + ("#define EMU_CP_EAGER 1\n" if eager_copies else "") + WARP_PRELUDE + head + cuda + runner
 
 
 class EmulatedLauncher:
-    """A Launcher whose kernels run on the host (compiled once per source text); `params` and
-    `args` name the kernel's parameter list and its argument names (macros of the .cu)."""
+    """A Launcher whose kernels run on the host (compiled once per source text into `build_dir`,
+    which several launchers and processes may share); `params` and `args` name the kernel's
+    parameter list and its argument names (macros of the .cu); `prelude`, a header of
+    `precompiled_prelude`, spares each compile the standard headers."""
 
     stream = None
     communicator = None
     sm_count = 132
 
     def __init__(self, build_dir: Path, cxx: str, params: str, args: str, smem_bytes: int = 1 << 18,
-                 eager_copies: bool = False):
+                 eager_copies: bool = False, prelude: Path | None = None):
         self.dir, self.cxx, self.params, self.args, self.smem = build_dir, cxx, params, args, smem_bytes
-        self.eager_copies = eager_copies
+        self.eager_copies, self.prelude = eager_copies, prelude
         self.libs: dict[str, ctypes.CDLL] = {}
         self.launches: list[tuple[KernelSource, tuple[int, ...], tuple[int, ...], int]] = []
 
@@ -149,9 +200,10 @@ class EmulatedLauncher:
         if key not in self.libs:
             src, lib = self.dir / f"{key}.cpp", self.dir / f"{key}.so"
             if not lib.exists():
-                src.write_text(text)
-                subprocess.run([self.cxx, "-std=c++20", "-O1", "-w", "-fPIC", "-shared", "-pthread", "-o", str(lib),
-                                str(src)], check=True)
+                _write_once(src, lambda tmp: tmp.write_text(text))
+                include = ["-include", str(self.prelude)] if self.prelude else []
+                _write_once(lib, lambda tmp: subprocess.run([self.cxx, *CXX_FLAGS, "-shared", *include, "-o", str(tmp),
+                                                             str(src)], check=True))
             self.libs[key] = ctypes.CDLL(str(lib))
         return self.libs[key]
 
@@ -195,9 +247,9 @@ def kernel_signature(file: str, kernel: str) -> tuple[str, str]:
     return params, ", ".join(p.split()[-1] for p in params.split(","))
 
 
-def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: type = EmulatedLauncher, **kw):
-    """An emulated launcher (`cls`, given `kw`) building in a fresh `folder` with the host's g++;
-    the test is skipped where there is none."""
+def host_launcher(tmp_path_factory, params: str, args: str, cls: type = EmulatedLauncher, **kw):
+    """An emulated launcher (`cls`, given `kw`) building with the host's g++ in this test run's one
+    emulation folder (`run_builds`); the test is skipped where there is no g++."""
     import shutil
 
     import pytest
@@ -205,4 +257,14 @@ def host_launcher(tmp_path_factory, folder: str, params: str, args: str, cls: ty
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    return cls(tmp_path_factory.mktemp(folder), cxx, params, args, **kw)
+    folder = run_builds(tmp_path_factory)
+    return cls(folder, cxx, params, args, prelude=precompiled_prelude(folder, cxx), **kw)
+
+
+def run_builds(tmp_path_factory) -> Path:
+    """The folder where this test run's emulated kernels build, shared by every test and xdist
+    worker of the run: a library is named by the hash of its whole source and compiler, so a
+    kernel that several tests (or both workers) launch compiles once a run."""
+    from tests.run_dirs import run_shared_dir
+
+    return run_shared_dir(tmp_path_factory, "emulated-kernels")

@@ -315,9 +315,10 @@ class RouteLauncher:
     sm_count = 132
 
     def __init__(self, build_dir, cxx):
-        from tests.kernels.cuda.block_emulation import EmulatedLauncher
+        from tests.kernels.cuda.block_emulation import EmulatedLauncher, precompiled_prelude
 
-        self.make = lambda params, args: EmulatedLauncher(build_dir, cxx, params, args)
+        prelude = precompiled_prelude(build_dir, cxx)
+        self.make = lambda params, args: EmulatedLauncher(build_dir, cxx, params, args, prelude=prelude)
         self.kernels: dict[str, object] = {}
         self.buffers: list[np.ndarray] = []
         self.launched: list[str] = []
@@ -354,7 +355,9 @@ def emulated(tmp_path_factory):
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    build = tmp_path_factory.mktemp("onnx_flash")  # one build folder: each kernel compiles once a module
+    from tests.kernels.cuda.block_emulation import run_builds
+
+    build = run_builds(tmp_path_factory)  # the run's one build folder: each kernel compiles once a run
     return lambda: RouteLauncher(build, cxx)
 
 

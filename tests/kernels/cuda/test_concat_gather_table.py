@@ -15,7 +15,7 @@ from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.movement.gather import TABLE_MAX_COLUMNS, concat_gather_args, concat_gather_table_launch
 from polykit.kernels.tactics import find_tactic
-from tests.kernels.cuda.block_emulation import EmulatedLauncher
+from tests.kernels.cuda.block_emulation import EmulatedLauncher, precompiled_prelude, run_builds
 from tests.kernels.cuda.recording_launcher import RecordingLauncher
 
 rng = np.random.default_rng(30)
@@ -103,8 +103,9 @@ def emulated(tmp_path_factory):
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    return {es: EmulatedLauncher(tmp_path_factory.mktemp(f"concat_gather_table_{es}"), cxx,
-                                 f"CG_TABLE_PARAMS({ctype})", "CG_TABLE_ARGS")
+    build = run_builds(tmp_path_factory)
+    prelude = precompiled_prelude(build, cxx)
+    return {es: EmulatedLauncher(build, cxx, f"CG_TABLE_PARAMS({ctype})", "CG_TABLE_ARGS", prelude=prelude)
             for es, ctype in ((2, "u16"), (4, "u32"), (8, "u64"))}
 
 

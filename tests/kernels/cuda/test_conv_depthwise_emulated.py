@@ -19,7 +19,7 @@ from tests.kernels.cuda.test_conv_depthwise import (BF16, CASES, EPI_CASES, F16,
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "depthwise_emulated", "DW_PARAMS", "DW_ARGS")
+    return host_launcher(tmp_path_factory, "DW_PARAMS", "DW_ARGS")
 
 
 def run_emulated(launcher, tactic, x, w, attrs, dtype, shift_y=0, shift_w=0, **kw):

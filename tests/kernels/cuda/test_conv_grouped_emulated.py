@@ -17,7 +17,7 @@ from tests.kernels.cuda.test_conv_grouped import CASES, EPI_CASES, P2, P4
 def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    return host_launcher(tmp_path_factory, "grouped_emulated", "GC_PARAMS", "GC_ARGS")
+    return host_launcher(tmp_path_factory, "GC_PARAMS", "GC_ARGS")
 
 
 @pytest.mark.parametrize("case,dtype,tactic", [

@@ -273,7 +273,7 @@ def emulated_launcher(tmp_path_factory, eager: bool):
     """The kernels on the host, cp.async copies deferred to their wait or landing at once (`eager`)."""
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    return host_launcher(tmp_path_factory, "grouped_mma_emulated", "GM_PARAMS", "GM_ARGS", eager_copies=eager)
+    return host_launcher(tmp_path_factory, "GM_PARAMS", "GM_ARGS", eager_copies=eager)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ extern "C" __global__ void gm_store_probe(PROBE_PARAMS) {
 def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    return host_launcher(tmp_path_factory, "gm_store_emulated", "PROBE_PARAMS", "PROBE_ARGS")
+    return host_launcher(tmp_path_factory, "PROBE_PARAMS", "PROBE_ARGS")
 
 
 def residual_layer(y: tuple[int, ...]) -> LayerDesc:

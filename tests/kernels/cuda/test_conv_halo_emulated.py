@@ -102,7 +102,7 @@ def mutated(tmp_path_factory):
             assert text.count(line) == 1, f"{self.what}: the kernel no longer has {line!r}"
             return super()._lib(KernelSource(kernel.name, code=text.replace(line, broken)))
 
-    launcher = host_launcher(tmp_path_factory, "halo_mutated", "GM_PARAMS", "GM_ARGS", Mutated)
+    launcher = host_launcher(tmp_path_factory, "GM_PARAMS", "GM_ARGS", Mutated)
 
     def of(what):
         launcher.what = what

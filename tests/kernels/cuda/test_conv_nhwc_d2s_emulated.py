@@ -46,7 +46,7 @@ class ScratchLauncher(EmulatedLauncher):
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "conv_nhwc_d2s", "CONV_NHWC_PARAMS", "CONV_NHWC_ARGS", cls=ScratchLauncher)
+    return host_launcher(tmp_path_factory, "CONV_NHWC_PARAMS", "CONV_NHWC_ARGS", cls=ScratchLauncher)
 
 
 def d2s_case(x, w, attrs, blocks):

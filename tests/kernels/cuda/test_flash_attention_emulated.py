@@ -23,7 +23,7 @@ rng = np.random.default_rng(53)
 def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
 
-    return host_launcher(tmp_path_factory, "flash_emulated", *kernel_signature("flash_attention.cu", "flash_attention"))
+    return host_launcher(tmp_path_factory, *kernel_signature("flash_attention.cu", "flash_attention"))
 
 
 def run_emulated(launcher, layer, inputs, tactic) -> np.ndarray:

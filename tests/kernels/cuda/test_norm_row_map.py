@@ -145,7 +145,7 @@ def test_only_a_mapped_norm_compiles_the_map_code():
 # ---- the kernels on the host ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def warp_emulated(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "norm_map_warp", "NW_PARAMS", "NW_ARGS")
+    return host_launcher(tmp_path_factory, "NW_PARAMS", "NW_ARGS")
 
 
 ROWS_PARAMS = ("const {T}* x, const {T}* scale, const {T}* bias, {T}* y, float* mean_out, float* rstd_out, i64 rows, "
@@ -155,7 +155,7 @@ ROWS_ARGS = "x, scale, bias, y, mean_out, rstd_out, rows, L, G, D, n_scale, n_bi
 
 @pytest.fixture(scope="module")
 def rows_emulated(tmp_path_factory):
-    return {dtype: host_launcher(tmp_path_factory, f"norm_map_rows_{dtype.__name__}", ROWS_PARAMS.format(T=t),
+    return {dtype: host_launcher(tmp_path_factory, ROWS_PARAMS.format(T=t),
                                  ROWS_ARGS) for dtype, t in ((np.float32, "float"), (np.float16, "half_t"))}
 
 

@@ -150,7 +150,7 @@ def test_every_dtype_and_the_register_heaviest_variants_compile_in_ci():
 # ---- the kernel on the host ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "norm_warp_emulated", "NW_PARAMS", "NW_ARGS")
+    return host_launcher(tmp_path_factory, "NW_PARAMS", "NW_ARGS")
 
 
 def host_buffers(layer, feeds, shift):

@@ -205,7 +205,7 @@ def test_every_attention_storage_type_compiles_its_quantized_variant_in_ci():
 def flash_emulated(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
 
-    return host_launcher(tmp_path_factory, "flash_q8_emulated", *kernel_signature("flash_attention.cu", "flash_attention"))
+    return host_launcher(tmp_path_factory, *kernel_signature("flash_attention.cu", "flash_attention"))
 
 
 def run_attention(launcher, layer, inputs, tactic):

@@ -20,7 +20,7 @@ from tests.kernels.cuda.permuted_copy_cases import CASES, DTYPES, layer_and_inpu
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "permuted_copy_emulated", "PC_PARAMS", "PC_ARGS")
+    return host_launcher(tmp_path_factory, "PC_PARAMS", "PC_ARGS")
 
 
 def run_emulated(launcher, layer, x, shift_y=0):

@@ -21,7 +21,7 @@ rng = np.random.default_rng(29)
 
 @pytest.fixture(scope="module")
 def launcher(tmp_path_factory):
-    return host_launcher(tmp_path_factory, "resize_emulated", "RESIZE_PARAMS", "RESIZE_ARGS")
+    return host_launcher(tmp_path_factory, "RESIZE_PARAMS", "RESIZE_ARGS")
 
 
 def run_emulated(launcher, lay, feeds, y_shape):

@@ -173,7 +173,7 @@ def run(request, tmp_path_factory):
         return run_gpu
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    launcher = host_launcher(tmp_path_factory, f"warp_{request.param}", "WE_PARAMS", "WE_ARGS",
+    launcher = host_launcher(tmp_path_factory, "WE_PARAMS", "WE_ARGS",
                              eager_copies=request.param == "eager")
     return lambda *a, **kw: run_host(launcher, *a, **kw)
 

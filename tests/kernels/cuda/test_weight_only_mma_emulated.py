@@ -49,7 +49,7 @@ KERNEL_ARGS = "x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, wtype"
 def dequant_launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    return host_launcher(tmp_path_factory, "wq_dequant", "const u32* words, const unsigned short* scales, "
+    return host_launcher(tmp_path_factory, "const u32* words, const unsigned short* scales, "
                          "const int* zps, u32* out, int n, int wtype", "words, scales, zps, out, n, wtype")
 
 
@@ -57,7 +57,7 @@ def dequant_launcher(tmp_path_factory):
 def launcher(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher
 
-    return host_launcher(tmp_path_factory, "wq_mma", KERNEL_PARAMS, KERNEL_ARGS)
+    return host_launcher(tmp_path_factory, KERNEL_PARAMS, KERNEL_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def staged_launcher(tmp_path_factory):
             self.lent.append(buf)
             return buf.ctypes.data
 
-    launcher = host_launcher(tmp_path_factory, "wq_staged", *kernel_signature(STAGED_FILE, STAGED_KERNEL),
+    launcher = host_launcher(tmp_path_factory, *kernel_signature(STAGED_FILE, STAGED_KERNEL),
                              cls=LendingLauncher)
     launcher.lent = []
     return launcher

@@ -7,6 +7,7 @@ option of some command (of the command it names, for `polykit CMD ... --opt`), e
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,17 @@ def _error_classes() -> set[str]:
     return names
 
 
+@functools.cache
+def _nodes() -> tuple[tuple[Path, tuple[ast.AST, ...]], ...]:
+    """Every node of every file of polykit/, parsed once a test session (the tests only read them)."""
+    return tuple((path, tuple(ast.walk(ast.parse(path.read_text(), str(path))))) for path in sorted(PACKAGE.rglob("*.py")))
+
+
 def _scan(wanted: Any) -> list[tuple[str, str]]:
     """(file:line, text) of every string expression `wanted(node)` picks from a node of polykit/."""
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
+    for path, nodes in _nodes():
+        for node in nodes:
             for value in wanted(node):
                 found += [(f"{path.relative_to(PACKAGE.parent)}:{value.lineno}", text) for text in _strings(value)]
     return found
