@@ -135,7 +135,8 @@
 #                  measured), export and timing ~20: ~230 under a 270 s timeout; BERT fp16 ~30, FP8 ~40, calibration
 #                  ~15, export, onnxruntime checks and timing ~30: ~115 under 150 s. Off the GPU their plans' kernels
 #                  take NVRTC 18 + 21 s (ResNet FP8 + fp16, 25 + 28 units) and 10 + 10 s (BERT, 16 + 15 units) on 2
-#                  cores (fp8_tactics.py --compile, 2026-12-06). Logs and JSON: $OUT/lowp_*.
+#                  cores (fp8_tactics.py --compile, 2026-12-06). Logs and JSON: $OUT/lowp_*. LOWP_PROFILE=N also
+#                  prints per-tactic totals and the N slowest layers of every plan (both scripts' --profile).
 #   STEP=base      issues 29 / 30: "ResNet-50 bs1/bs32 and the BERT cases no slower than at cd8e880 (same run, same
 #                  device)": benchmarks/cuda_models.py (the script of the issues' tables, same CLI on both trees) on
 #                  this tree, then on the cd8e880 tree (git archive cd8e880 into the ignored folder .base, carried:
@@ -212,10 +213,10 @@ EOF
     ;;
   lowp)
     timeout 270 python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 5 --iters 40 \
-      --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
+      --profile ${LOWP_PROFILE:-0} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
     rc_resnet=$?
     timeout 150 python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 5 --iters 40 \
-      --out "$OUT/lowp_bert.json" > "$OUT/lowp_bert.txt" 2>&1
+      --profile ${LOWP_PROFILE:-0} --out "$OUT/lowp_bert.json" > "$OUT/lowp_bert.txt" 2>&1
     rc_bert=$?
     for f in resnet50 bert; do echo "== $f"; tail -c 2500 "$OUT/lowp_$f.txt"; done
     echo "rc: resnet50 $rc_resnet, bert $rc_bert"; [ $rc_resnet -eq 0 ] && [ $rc_bert -eq 0 ]
