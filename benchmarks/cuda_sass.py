@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--fp8-gemm", metavar="TILE",
                         help="the FP8 GEMM tile's kernel (fp8_gemm_sm90.py; e4m3 out, float32 residual): its wgmma")
     parser.add_argument("--fp8-conv", metavar="TILE",
-                        help="the FP8 conv piece tile's kernel (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
+                        help="the FP8 conv tile with pieces (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
     args = parser.parse_args()
     if args.fp8_gemm or args.fp8_conv:
         sass = fp8_gemm_sass(args.fp8_gemm) if args.fp8_gemm else fp8_conv_sass(args.fp8_conv)
