@@ -10,7 +10,8 @@ Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--t
 hot path from the last wgmma wait to the tile loop's end, divided by a thread's outputs; --hot-division
 for a kernel that divides every value). CUOBJDUMP=... as below.
 
---fp8-gemm TILE: the FP8 GEMM tile's kernel (fp8_gemm_sm90.py) and its QGMMA, wgmma waits and local memory.
+--fp8-gemm TILE: the FP8 GEMM tile's kernel (fp8_gemm_sm90.py) and its QGMMA, wgmma waits and local memory;
+--fp8-conv TILE the same for an FP8 conv tile with the promotion in pieces (fp8_conv_sm90.py).
 
 --conv C,N,K: the fp16 conv_sm90 kernel of a KxK, pad K//2 channels-last convolution of C into N channels
 instead, and the instruction count of its producer's k-tile loop (the smallest loop around the im2col
@@ -58,9 +59,11 @@ def main() -> None:
     parser.add_argument("--flash", help="ELEM,HD,BKV[,ROWS]: the mma.sync flash kernel and its key-tile loop")
     parser.add_argument("--fp8-gemm", metavar="TILE",
                         help="the FP8 GEMM tile's kernel (fp8_gemm_sm90.py; e4m3 out, float32 residual): its wgmma")
+    parser.add_argument("--fp8-conv", metavar="TILE",
+                        help="the FP8 conv tile with pieces (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
     args = parser.parse_args()
-    if args.fp8_gemm:
-        sass = fp8_gemm_sass(args.fp8_gemm)
+    if args.fp8_gemm or args.fp8_conv:
+        sass = fp8_gemm_sass(args.fp8_gemm) if args.fp8_gemm else fp8_conv_sass(args.fp8_conv)
         Path(args.out).write_text(sass)
         waits = Counter(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass))
         print(f"{args.out}: {len(sass.splitlines())} lines; QGMMA {len(re.findall(r'QGMMA[.]', sass))}, "
@@ -117,6 +120,17 @@ def fp8_gemm_sass(label: str) -> str:
     tile, pieces, bufs = next(t for t in fp8_gemm_sm90.TILES if t[0].label == label)
     layer = fp8_sm90.fp8_layer(fp8_sm90.E4M3, residual="float32")
     return disassemble(compile_source(fp8_gemm_sm90.kernel(layer, tile, pieces, bufs), "sm_90a"))
+
+
+def fp8_conv_sass(label: str) -> str:
+    """The SASS of fp8_conv_sm90's `label` tile (conv_sm90 F8, an e4m3 output with a float32 residual read 8 at a
+    time): its QGMMA (4 a piece of a stage), its wgmma waits, no local memory."""
+    from polykit.kernels.cuda.int8 import fp8_conv_sm90, fp8_sm90
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    tile, pieces, bufs = next(t for t in fp8_conv_sm90.TILES if t[0].label == label)
+    layer = fp8_sm90.fp8_layer(fp8_sm90.E4M3, residual="float32")
+    return disassemble(compile_source(fp8_sm90.kernel(layer, tile, pieces=pieces, bufs=bufs), "sm_90a"))
 
 
 def conv_sass(args) -> str:

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from polykit.kernels.cuda.int8 import fp8_gemm_sm90, fp8_sm90, int8_sm90
+from polykit.kernels.cuda.int8 import fp8_conv_sm90, fp8_gemm_sm90, fp8_sm90, int8_sm90
 
 from ...compiler.fp8_models import E4M3
 from .test_int8 import RESIDUAL, int8_residual, layer_of, rng, stamped
@@ -28,8 +28,10 @@ from .test_int8_sm90 import CASES
 
 gpu = pytest.mark.gpu
 TACTICS = [f"cuda.fp8.sm90_{t.label}" for t in fp8_sm90.TILES]
-#: the tests whose layers are 1x1 convs over rows run the FP8 GEMM tiles too (fp8_gemm_sm90.py)
-OVER_ROWS = TACTICS + [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_sm90.TILES]
+#: the tests whose layers are 1x1 convs over rows run the FP8 GEMM tiles too (fp8_gemm_sm90.py), and the conv tiles
+#: with the promotion in pieces (fp8_conv_sm90.py: their 8-column and per-element epilogues)
+OVER_ROWS = TACTICS + [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_sm90.TILES] + [
+    fp8_conv_sm90.tactic_name(t) for t, _, _ in fp8_conv_sm90.TILES]
 SUPPORTS = {f"cuda.fp8.sm90_{t.label}": fp8_sm90._supports(t) for t in fp8_sm90.TILES}
 #: a float output's bound, relative to sum |x * w| (module docstring)
 TOL_SUM = 2.0 ** -12

@@ -19,7 +19,8 @@ tolerance. An FP8 QMatMul with a constant [K, N] weight (K % 16) reaches them as
 over its rows (to_channels_last packs W K-major at build time); other FP8 QMatMuls and NCHW QConvs
 have no cuda tactic: the builder unfolds them (their Q/DQ run as layers and the op in float).
 fp8_gemm_sm90.py runs the same layers where the conv is a GEMM over rows (1x1, stride 1, unpadded) on
-gemm_sm90.cu, both operands by TMA, with wider tiles (priority below these).
+gemm_sm90.cu, both operands by TMA, with wider tiles (priority below these); fp8_conv_sm90.py runs every layer
+these take on the same kernel with a stage promoted in pieces and wider tiles (priority below both).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ MAX_FP8_K = 1 << 30
 OUTPUTS = ("float32", E4M3, "float16")
 EPILOGUE_INPUTS = ("float32", E4M3, "float16")
 #: the tiles: one stage's products need a second block of BN / 2 registers beside the accumulators
-#: (mainloop_f8), so the 256-column and the two-blocks-an-SM 128-column tiles are left out
+#: (mainloop_f8), so the 256-column and the two-blocks-an-SM 128-column tiles are left out (fp8_conv_sm90.py: wider
+#: tiles with the stage promoted in pieces)
 TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x64", "64x64x2"))
 
 
@@ -68,12 +70,14 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
-def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
-           ) -> KernelSource:
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None,
+           pieces: int = 1, bufs: int = 1) -> KernelSource:
     """conv_sm90 with the tile's defines, F8 1 (the epilogue's float is float) and the output compiled
-    in (int8.out_defines: its type, the scale's and bias's steps)."""
+    in (int8.out_defines: its type, the scale's and bias's steps); `pieces` > 1 (fp8_conv_sm90.py's tiles):
+    F8_PIECES / F8_BUFS, a stage promoted in pieces (gemm_sm90_core.cuh mainloop_f8_pieces)."""
     source = kernel_for(layer, tile, "float", False, "conv_sm90")
-    return replace(source, defines=tuple(sorted(source.defines + defines(F8=1) + out_defines(layer, y_dtype, steps))))
+    extra = defines(F8=1) + (defines(F8_PIECES=pieces, F8_BUFS=bufs) if pieces > 1 else ())
+    return replace(source, defines=tuple(sorted(source.defines + extra + out_defines(layer, y_dtype, steps))))
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,9 @@ def fp8_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> Fp8Launch | N
                      [scale, bias, y_scale, y_zero, flags, scale_step, bias_step], steps)
 
 
-def _enqueue(tile: Sm90Tile):
+def enqueue_conv(tile: Sm90Tile, pieces: int = 1, bufs: int = 1):
+    """The enqueue of a conv_sm90 F8 tactic on `tile` (`pieces`, `bufs`: kernel's)."""
+
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = fp8_launch(layer, tensors)
         if run is None:
@@ -112,7 +118,8 @@ def _enqueue(tile: Sm90Tile):
                               "group 1)", where=f"layer {layer.name!r}", hint="run this layer on --target cpu")
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps), (tile.grid(tiles, launcher.sm_count),),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps, pieces, bufs),
+                        (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
@@ -165,4 +172,4 @@ for _tile in TILES:
     cuda_tactic(KIND, f"cuda.fp8.sm90_{_tile.label}", kernels=lambda layer, t=_tile: [kernel(layer, t)],
                 supports=_supports(_tile), priority=5, archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub,
-                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))
+                        "consumers": _tile.consumers, "stages": _tile.stages})(enqueue_conv(_tile))

@@ -6,6 +6,8 @@
 // one (kh, kw) tap; zeros in the padding and past K), completion counted on the stage's `full`
 // barrier (cp.async.mbarrier.arrive.noinc). The conv bias is C (scm 0, scn 1, beta 1). With I8 1
 // the same kernel runs INT8 layers (int8_sm90.py: s8 operands, int8_out.cuh's output).
+// F8 1: FP8 layers (fp8_sm90.py: e4m3 operands, each stage's products added to fp32 accumulators); with
+// F8_PIECES > 1 (fp8_conv_sm90.py) a stage's columns promoted in pieces (gemm_sm90_core.cuh mainloop_f8_pieces).
 // LDY: elements between consecutive output pixels' rows of Y (N when dense; a Concat's channel total
 // when Y is placed in its slice: gemm_sm90_epilogue.cuh's OUT_ROW_STRIDE); the INT8 / FP8 outputs
 // take it dense (N). D2S_H, D2S_W (defines): a depth_to_space ConvNHWC, OH / OW the conv's own output

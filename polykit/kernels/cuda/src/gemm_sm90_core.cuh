@@ -34,8 +34,9 @@
 // fresh register block that the CUDA cores add to the accumulators (mainloop_f8): the tensor
 // cores' FP8 accumulation keeps fewer bits than fp32 (about 14 on the H800, DeepSeek-V3 report
 // 3.3.2), so no more than one stage's products are ever summed there. F8_PIECES > 1 (gemm_sm90.cu's
-// FP8 tiles, fp8_gemm_sm90.py): the same sums with a stage's columns in pieces whose adds overlap
-// the next piece's wgmma (mainloop_f8_pieces, F8_BUFS): the 192- and 256-column tiles' registers.
+// FP8 tiles, fp8_gemm_sm90.py; conv_sm90.cu's, fp8_conv_sm90.py): the same sums with a stage's columns
+// in pieces whose adds overlap the next piece's wgmma (mainloop_f8_pieces, F8_BUFS): the 192- and
+// 256-column tiles' registers.
 #pragma once
 #include "sm90.cuh"
 
@@ -258,10 +259,10 @@ __device__ __forceinline__ void mainloop_f8(float (&acc)[MSUB][BN / 2], Ring& r,
 #endif
 
 #if F8 && F8_PIECES > 1
-// The FP8 K loop of the GEMM tiles (fp8_gemm_sm90.py): a stage's BN columns in F8_PIECES pieces of
-// F8_NP columns, each piece's four k32 wgmma into a fresh register block (scale_d 0 on the first)
-// that the CUDA cores add to its columns of `acc`: every piece still holds one stage's products only
-// (the F8 contract). F8_BUFS 2: two blocks, piece c + 1's wgmma issued before piece c is added
+// The FP8 K loop of the GEMM and conv piece tiles (fp8_gemm_sm90.py, fp8_conv_sm90.py): a stage's BN
+// columns in F8_PIECES pieces of F8_NP columns, each piece's four k32 wgmma into a fresh register
+// block (scale_d 0 on the first) that the CUDA cores add to its columns of `acc`: every piece still
+// holds one stage's products only (the F8 contract). F8_BUFS 2: two blocks, piece c + 1's wgmma issued before piece c is added
 // (wait_group 1), so a warpgroup's adds overlap its own wgmma within the stage; the last piece's adds
 // overlap the other consumer's wgmma only (a piece in flight across the stage loop's back edge makes
 // ptxas serialize every wgmma, C7514). F8_BUFS 1: one block, each piece waited for and added (the
