@@ -85,6 +85,8 @@
 #                  then the zoo's batch-1 transformers and two convnets with ZOO_ARGS="--pdl both" (PDL on and off
 #                  timed in the same rounds: polykit_pdl_ms, pdl_speedup), and Swin-T against ZOO_BEFORE=.before
 #                  holding 1a13f5a (the input-map fix's before / after)
+#   STEP=new15     the fifteenth session's gpu tests (none ran on a GPU): the FP8 implicit-GEMM conv tiles with the
+#                  stage promoted in pieces (fp8conv: cuda.fp8.conv_sm90_*), forced onto a small FP8 ResNet too
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -338,6 +340,11 @@ EOF
       tests/kernels/cuda/test_fp8_gemm_sm90.py tests/kernels/cuda/test_fp8_sm90.py tests/compiler/test_fp8_gemm_plan.py
     exit $?
     ;;
+  new15)  # the fifteenth session's gpu tests: the FP8 conv piece tiles
+    gpu_tests new15 ${NEW_S:-240} tests/kernels/cuda/test_fp8_conv_sm90.py \
+      tests/compiler/test_fp8_conv_plan.py
+    exit $?
+    ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
@@ -501,5 +508,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac
