@@ -133,6 +133,52 @@ def test_the_emulated_kernel_writes_quantize_linear_of_its_own_output(emulated, 
     np.testing.assert_array_equal(only["Yq"].view(np.uint8), views["Yq"].view(np.uint8))
 
 
+def edge_feeds(layer, dtype, ys):
+    """Feeds whose float output y is chosen value by value: scale 0 makes y = bias exactly, the bias holding e4m3
+    values and rounding midpoints times ys (a float16 / bfloat16 rounding of them: ties and their neighbours),
+    signed zeros, +-inf, NaNs, the type's largest and smallest values and randoms over many binades."""
+    length = layer.in_shapes[0][-1]
+    codes = np.arange(0x7F, dtype=np.uint8).view(E4M3).astype(np.float64)
+    picks = np.concatenate([codes, (codes[1:] + codes[:-1]) / 2, [464, 500, 1e4]]) * float(ys)
+    info = ml_dtypes.finfo(dtype)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, float(info.max), -float(info.max),
+               float(info.smallest_subnormal), -float(info.smallest_subnormal)]
+    pool = np.concatenate([picks, -picks, special, rng.standard_normal(64) * 2.0 ** rng.integers(-30, 15, 64)])
+    with np.errstate(over="ignore"):
+        bias = rng.choice(pool, length).astype(dtype)
+    bias[:len(special)] = np.array(special).astype(dtype)
+    return {"X": rng.standard_normal(layer.in_shapes[0]).astype(dtype), "S": np.zeros(length, dtype), "B": bias,
+            "YS": np.array(ys, np.float32), "YZ": np.zeros((), E4M3)}
+
+
+def assert_quantized(yq: np.ndarray, y: np.ndarray, ys) -> None:
+    """yq is QuantizeLinear(y, ys) byte for byte, a NaN of y a NaN byte (its sign: e4m3_quantize.cuh)."""
+    node = Node("QuantizeLinear", ["y", "s", "z"], ["q"])
+    with np.errstate(all="ignore"):
+        want = run_reference(node, [y, np.array(ys, np.float32), np.zeros((), E4M3)])[0].view(np.uint8)
+    got, nan = yq.view(np.uint8), np.isnan(y.astype(np.float32))
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.all((got[nan] & 0x7F) == 0x7F)
+
+
+#: scales inside the division-free range (the tests' 0.006, a third) and outside it on both sides (the division)
+EDGE_SCALES = (0.006, 1 / 3, 2.0 ** -100, 2.0 ** 95)
+
+
+@pytest.mark.parametrize("ys", EDGE_SCALES, ids=lambda s: f"{s:.3g}")
+@pytest.mark.parametrize("shape,dtype,shift", [((4, 96), np.float16, {}), ((3, 100), np.float16, {}),
+                                               ((4, 64), np.float32, {}), ((4, 64), ml_dtypes.bfloat16, {"Yq": 4})])
+def test_the_emulated_kernel_quantizes_edge_values_as_quantize_linear(emulated, ys, shape, dtype, shift):
+    layer = quantized_layer(shape, dtype)
+    feeds = edge_feeds(layer, dtype, ys)
+    tensors, views, _keep = host_buffers(layer, feeds, shift)
+    find_tactic("cuda", KIND, WARP).enqueue(layer, emulated, tensors)
+    y = views["Y"].astype(np.float32)
+    np.testing.assert_array_equal(y, np.broadcast_to(feeds["B"].astype(np.float32), y.shape))
+    assert np.isnan(y).any() and np.isinf(y).any()  # y = the bias: the edges reach the output stage
+    assert_quantized(views["Yq"], views["Y"], ys)
+
+
 # ---- GPU -------------------------------------------------------------------------------------------
 def run_on_gpu(layer, feeds, misalign=None):
     from polykit.runtime.cuda.harness import run_layer
@@ -160,6 +206,9 @@ def test_a_quantized_layer_norm_on_the_gpu_matches_quantize_linear_of_its_output
 
 # ---- AttentionQuantize on the flash tactics ------------------------------------------------------
 FLASH = ("cuda.attention.flash", "cuda.attention.flash_q128", "cuda.attention.flash_kv128")
+#: flash_attention_sm90.py's tactics (compute capability 9.0), which take AttentionQuantize where they take Attention
+SM90 = ("cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3",
+        "cuda.attention.flash_sm90_pp_persist_s3")
 
 
 def attention_quantize(plain: LayerDesc) -> LayerDesc:
@@ -185,7 +234,8 @@ def bert_heads(dtype=np.float16, batch=2, seq=70, mask=True):
 def test_only_the_flash_tactics_take_a_quantized_attention():
     inputs, plain = bert_heads()
     layer = attention_quantize(plain)
-    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH + SM90)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer, arch="sm_80")) == sorted(FLASH)
     (kernel,) = find_tactic("cuda", ATTENTION, FLASH[0]).kernels(layer)
     assert dict(kernel.defines)["FLASH_Q8"] == "1"
     assert "FLASH_Q8" not in dict(find_tactic("cuda", "Attention", FLASH[0]).kernels(plain)[0].defines)
