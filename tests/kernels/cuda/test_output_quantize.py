@@ -18,6 +18,7 @@ from polykit.compiler.ops.quant.layernorm_quantize import KIND
 from polykit.compiler.ops.references import run_reference
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.attention.flash_attention import compile_variants as flash_variants
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.reduce.norm import compile_variants, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
@@ -251,6 +252,35 @@ def test_every_attention_storage_type_compiles_its_quantized_variant_in_ci():
         (e, rows, bkv) for e in ("half_t", "bf16_t") for rows, bkv in (("1", "64"), ("2", "64"), ("1", "128"))}
 
 
+@pytest.mark.parametrize("shape", range(4))
+def test_the_sm90_tactics_launch_a_quantized_attention_with_the_e4m3_kernel_and_the_scale_last(shape):
+    """The same launch as the layer's Attention (grid, block, shared memory, TMA maps, arguments) with O the e4m3
+    tensor, the FLASH_Q8 kernel and y_scale appended (the kernel's last parameter)."""
+    from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES as SM90_SHAPES, _enqueue
+    from tests.kernels.cuda.test_flash_attention_sm90 import _Launches
+
+    inputs, plain = bert_heads(seq=128)
+    layer = attention_quantize(plain)
+    tensors = {n: DeviceTensor(0x100000 * (k + 1), a.shape, a.dtype) for k, (n, a) in enumerate(inputs.items())}
+    out16 = DeviceTensor(0x1000000, plain.out_shapes[0], np.dtype(np.float16))
+    q8 = dict(tensors, Yq=DeviceTensor(0x2000000, plain.out_shapes[0], E4M3),
+              YS=DeviceTensor(0x3000000, (), np.dtype(np.float32)), YZ=DeviceTensor(0x3000100, (), E4M3))
+    launches = []
+    for lay, ts in ((plain, dict(tensors, Y=out16)), (layer, q8)):
+        rec = _Launches(132)
+        _enqueue(SM90_SHAPES[shape])(lay, rec, ts)
+        launches += rec.launches
+    (k16, grid16, block16, args16, smem16), (k8, grid8, block8, args8, smem8) = launches
+    assert (grid8, block8, smem8) == (grid16, block16, smem16)
+    assert dict(k8.defines) == dict(k16.defines, FLASH_Q8="1") and k8.arch == "sm_90a"
+    assert args8[-1] == q8["YS"] and args8[3] == q8["Yq"] and args16[3] == out16
+    assert len(args8) == len(args16) + 1
+    assert [a for i, a in enumerate(args8[:-1]) if i != 3] == [a for i, a in enumerate(args16) if i != 3]
+    with pytest.raises(DeviceError, match="float8_e4m3fn with a float32 scale"):
+        _enqueue(SM90_SHAPES[shape])(layer, _Launches(132), dict(q8, Yq=DeviceTensor(0x2000000, plain.out_shapes[0],
+                                                                                     np.dtype(np.float16))))
+
+
 @pytest.fixture(scope="module")
 def flash_emulated(tmp_path_factory):
     from tests.kernels.cuda.block_emulation import host_launcher, kernel_signature
@@ -301,5 +331,46 @@ def test_a_quantized_attention_on_the_gpu_writes_quantize_linear_of_the_attentio
     o = run_layer(plain, inputs, tactic=tactic)["Y"]
     feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
     yq = run_layer(attention_quantize(plain), feeds, tactic=tactic)["Yq"]
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ys", EDGE_SCALES, ids=lambda s: f"{s:.3g}")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("misalign", [None, {"Yq": 4}])
+def test_a_quantized_layer_norm_on_the_gpu_quantizes_edge_values_as_quantize_linear(ys, dtype, misalign):
+    """The division-free quotient and the hardware conversion (sm_89+) on the values where they could part from
+    the division and the encode: ties, neighbours of ties, saturation, infinities, NaNs, zeros of both signs,
+    subnormal quotients; scales inside the division-free range and outside it (the division)."""
+    layer = quantized_layer((5, 13, 768), dtype)
+    feeds = edge_feeds(layer, dtype, ys)
+    got = run_on_gpu(layer, feeds, misalign)
+    y = got["Y"].astype(np.float32)
+    np.testing.assert_array_equal(y, np.broadcast_to(feeds["B"].astype(np.float32), y.shape))
+    assert_quantized(got["Yq"], got["Y"], ys)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", SM90)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("seq,head", [(70, 64), (128, 64), (129, 64), (200, 128), (77, 128)])
+def test_a_quantized_attention_on_sm90_writes_quantize_linear_of_the_attention_s_output(tactic, dtype, seq, head):
+    """The e4m3 output (poisoned before the run) equal byte for byte to QuantizeLinear of the same tactic's
+    16-bit output, that within the flash tolerance of the reference; [B, H, S, D] inputs with a mask, the output
+    written [B, S, H, D] as BERT's head merge reads it."""
+    from polykit.runtime.cuda.harness import run_layer
+    from tests.kernels.cuda.test_flash_attention import _arrays, layer_for
+    from tests.kernels.cuda.test_flash_attention_sm90 import require_sm90
+
+    require_sm90()
+    inputs = _arrays((3, 2, seq, head), (3, 2, seq, head), dtype)
+    inputs["mask"] = (rng.standard_normal((3, 1, 1, seq)) * 2).astype(dtype)
+    plain = layer_for(inputs, (3, seq, 2, head), out_layout="bshd")
+    layer = attention_quantize(plain)
+    assert find_tactic("cuda", ATTENTION, tactic).supports(layer)
+    o = run_layer(plain, inputs, tactic=tactic)["Y"]
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    yq = run_layer(layer, feeds, tactic=tactic)["Yq"]
     np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
     assert_attention_close(plain, inputs, o, dtype)
