@@ -9,8 +9,8 @@
 // - the conversion is `cvt.rn.satfinite.e4m3x2.f32` (sm_89+: two values an instruction, the same rounding,
 //   saturation of +-inf and of finite values to +-448) where the target has it, lowp.cuh's software encode
 //   of each value elsewhere (sm_80, and the host emulation of the tests).
-// A NaN v gives a NaN byte (0x7f from the hardware conversion; the software encode keeps the NaN's sign,
-// which the GPU's float arithmetic before it leaves positive, the canonical NaN).
+// A NaN v gives a NaN byte: 0x7f from the hardware conversion, and from the software encode too on the
+// division-free path (max.NaN returns the canonical NaN); the division's NaN keeps the sign the division gives it.
 // tests/kernels/cuda/test_e4m3_quantize_emulated.py runs this header on the host against the division.
 #pragma once
 #include "lowp.cuh"
@@ -56,8 +56,6 @@ struct E4m3Quantizer {
   __device__ __forceinline__ unsigned short pair(float v0, float v1) const {
     return bytes2(quotient(v0), quotient(v1));
   }
-  // ... and of one value
-  __device__ __forceinline__ u8 one(float v) const { return (u8)bytes2(quotient(v), 0.f); }
 };
 
 // the quantizer of scale ys (each thread once, before its loop: one reciprocal)
