@@ -374,3 +374,19 @@ def test_a_quantized_attention_on_sm90_writes_quantize_linear_of_the_attention_s
     yq = run_layer(layer, feeds, tactic=tactic)["Yq"]
     np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
     assert_attention_close(plain, inputs, o, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ys", EDGE_SCALES[:2], ids=lambda s: f"{s:.3g}")
+def test_a_float32_quantized_layer_norm_on_the_gpu_matches_quantize_linear_over_a_wide_range(ys):
+    """A million float32 outputs whose scales span 2^-40 .. 2^40 a column: quotients from far below e4m3's
+    smallest subnormal to far past saturation, each converted by the device's division-free path and compared
+    with QuantizeLinear of the same float output."""
+    layer = quantized_layer((256, 4096), np.float32)
+    feeds = feeds_for(layer, np.float32)
+    feeds["S"] = (rng.standard_normal(4096) * 2.0 ** rng.uniform(-40, 40, 4096)).astype(np.float32)
+    feeds["YS"] = np.array(ys, np.float32)
+    got = run_on_gpu(layer, feeds)
+    y = got["Y"].astype(np.float32)
+    assert np.abs(y / np.float32(ys)).max() > 1e6 and np.abs(y[y != 0] / np.float32(ys)).min() < 2.0 ** -12
+    assert_quantized(got["Yq"], got["Y"], ys)
