@@ -10,6 +10,14 @@ Relu epilogue, float32 output plain: the downsampling shortcut) on its tile (--t
 hot path from the last wgmma wait to the tile loop's end, divided by a thread's outputs; --hot-division
 for a kernel that divides every value). CUOBJDUMP=... as below.
 
+--norm ELEM,L: norm_warp.cu (cuda.norm.warp) for rows of L elements of ELEM (float16 / bfloat16 / float32), its
+LayerNormQuantize form (NW_Q8, e4m3 output) against the plain norm, both compiled with the run-time choices of the
+common case pinned (16-byte vectors, a float output, a scale inside the division-free range: norm_hot) so that the
+SASS is that path alone: the instructions the e4m3 output stage adds a row element (the difference of the two
+kernels' instructions less NOPs, divided by the elements a thread holds) and the opcodes that say how the
+quotient and the encode are computed (MUFU.RCP and FCHK: the IEEE division; F2FP.SATFINITE: the hardware e4m3
+conversion; CALL: the division's slow path). --arch sm_80 for the software encode.
+
 --fp8-gemm TILE: the FP8 GEMM tile's kernel (fp8_gemm_sm90.py) and its QGMMA, wgmma waits and local memory;
 --fp8-conv TILE the same for an FP8 conv tile with the promotion in pieces (fp8_conv_sm90.py).
 
@@ -57,11 +65,17 @@ def main() -> None:
     parser.add_argument("--hot-division", action="store_true",
                         help="count the IEEE division's fast path (a kernel that divides for every output)")
     parser.add_argument("--flash", help="ELEM,HD,BKV[,ROWS]: the mma.sync flash kernel and its key-tile loop")
+    parser.add_argument("--norm", metavar="ELEM,L", help="norm_warp.cu's NW_Q8 output stage against the plain norm")
+    parser.add_argument("--arch", default="sm_90", help="--norm's target (sm_90, sm_80)")
     parser.add_argument("--fp8-gemm", metavar="TILE",
                         help="the FP8 GEMM tile's kernel (fp8_gemm_sm90.py; e4m3 out, float32 residual): its wgmma")
     parser.add_argument("--fp8-conv", metavar="TILE",
                         help="the FP8 conv tile with pieces (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
     args = parser.parse_args()
+    if args.norm:
+        report = norm_sass(args.norm, args.arch, args.out)
+        print(report)
+        return
     if args.fp8_gemm or args.fp8_conv:
         sass = fp8_gemm_sass(args.fp8_gemm) if args.fp8_gemm else fp8_conv_sass(args.fp8_conv)
         Path(args.out).write_text(sass)
@@ -109,6 +123,47 @@ def disassemble(cubin: bytes) -> str:
         path.write_bytes(cubin)
         tool = os.environ.get("CUOBJDUMP", "cuobjdump")
         return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+#: opcodes that tell the e4m3 output stage's arithmetic (the division, its slow path, the conversion)
+NORM_OPS = ("MUFU.RCP", "FCHK", "CALL", "F2FP.SATFINITE", "FMNMX", "FFMA", "STG")
+
+
+def norm_hot(source):
+    """`source` (norm_warp.cu) with vec 1, a float output and (e4m3_quantize.cuh) rcp_ok fixed: the common
+    case's path alone in the SASS (the patches that do not apply to a text leave it as it is)."""
+    from dataclasses import replace
+
+    text = source.render().replace("norm_warp(NW_PARAMS) {", "norm_warp(NW_PARAMS) {\n  vec = 1;\n  __builtin_assume(Y != nullptr);")
+    text = text.replace("q.rcp_ok = ys >= 0x1p-90f && ys <= 0x1p90f;", "q.rcp_ok = true;")
+    return replace(source, defines=(), code=text)
+
+
+def norm_sass(spec: str, arch: str, out: str) -> str:
+    """The SASS of norm_warp.cu with and without NW_Q8 for rows of L elements of ELEM, written to `out` (the
+    NW_Q8 kernel) and `out`.plain; the report: instructions of each (NOPs left out), the output stage's
+    instructions an element and the opcodes of NORM_OPS an element."""
+    from polykit.kernels.cuda.reduce.norm import WARP_ELEMS, warp_geometry, warp_kernel
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    elem, length = spec.split(",")
+    geometry = warp_geometry(int(length), WARP_ELEMS[elem][1])
+    per_thread = geometry.chunks * 16 // WARP_ELEMS[elem][1]
+    sass = {q8: disassemble(compile_source(norm_hot(warp_kernel(elem, geometry, q8=q8)), arch)) for q8 in (True, False)}
+    Path(out).write_text(sass[True])
+    Path(out + ".plain").write_text(sass[False])
+
+    def ops(text: str) -> list[str]:
+        return [m[1] for line in text.splitlines() if (m := re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", line))
+                and m[1] != "NOP"]
+
+    q8, plain = ops(sass[True]), ops(sass[False])
+    count = {op: sum(o == op or o.startswith(op + ".") for o in q8) - sum(o == op or o.startswith(op + ".") for o in plain)
+             for op in NORM_OPS}
+    return (f"{out}: norm_warp {elem} L {length} ({geometry.lanes} lanes x {geometry.chunks} chunks, {per_thread} "
+            f"elements a thread), {arch}: NW_Q8 {len(q8)} instructions, plain {len(plain)}; the e4m3 stage "
+            f"{(len(q8) - len(plain)) / per_thread:.2f} an element\n  added an element: "
+            + ", ".join(f"{op} {n / per_thread:.2f}" for op, n in count.items()))
 
 
 def fp8_gemm_sass(label: str) -> str:

@@ -15,6 +15,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ops.quant.attention_quantize import KIND as ATTENTION_KIND
 from polykit.compiler.ops.quant.layernorm_quantize import KIND
 from polykit.compiler.passes import fuse_output_quantize
+from polykit.kernels.tactics import find_tactic
 from polykit.runtime.engine import Engine
 from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
 from tests.compiler.passes.passes_testkit import graph, node, op_counts, run_and_compare
@@ -101,3 +102,32 @@ def test_a_fused_layer_no_cuda_tactic_runs_is_left_as_its_producer_and_quantize_
     kinds = [layer.kind for layer in plan.layers]
     assert KIND in kinds and ATTENTION_KIND not in kinds and "Attention" in kinds and "QuantizeLinear" in kinds
     assert "no cuda quantized-output tactic runs" in caplog.text
+
+
+def test_the_fp8_attention_takes_the_sm90_flash_tactics_where_the_fp16_one_does(monkeypatch):
+    """Heads of 64 (E 128, 2 heads) built for cuda as for sm_90, nothing timed or compiled: at level 0 the
+    AttentionQuantize layer gets the tactic the fp16 model's Attention gets; every flash_sm90 tactic that takes
+    that Attention takes it too (FLASH_Q8 kernels), so a timed build can pick them, and a replay forcing
+    flash_sm90 builds."""
+    from polykit.compiler.builder import builder as builder_module
+    from polykit.compiler.builder.tactic_replay import build_with_tactics
+    from polykit.kernels.tactics import candidates
+    from polykit.runtime.cuda.driver import DeviceInfo
+
+    monkeypatch.setattr(builder_module, "build_device", lambda target, device=None: DeviceInfo(
+        0, "stand-in sm_90", "sm_90", 132, 80 << 30, 232448))
+    dims = (2, 24, 128, 2)
+    model = attention_block(dims=dims)
+    fp8 = insert_fp8_qdq(model, calibrate_fp8(model, [feeds(0, dims[:3])]))
+    config = BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0)
+    (quantized,) = [layer for layer in build_plan(fp8, config).layers if layer.kind == ATTENTION_KIND]
+    (plain,) = [layer for layer in build_plan(model, config).layers if layer.kind == "Attention"]
+    assert quantized.tactic == plain.tactic
+    sm90 = [t.name for t in candidates("cuda", "Attention", plain, arch="sm_90") if "sm90" in t.name]
+    assert len(sm90) == 4
+    assert [t.name for t in candidates("cuda", ATTENTION_KIND, quantized, arch="sm_90") if "sm90" in t.name] == sm90
+    for name in sm90:
+        (kernel,) = find_tactic("cuda", ATTENTION_KIND, name).kernels(quantized)
+        assert dict(kernel.defines)["FLASH_Q8"] == "1" and kernel.arch == "sm_90a"
+    forced = build_with_tactics(fp8, {quantized.name: "cuda.attention.flash_sm90"}, config)
+    assert [layer.tactic for layer in forced.layers if layer.kind == ATTENTION_KIND] == ["cuda.attention.flash_sm90"]

@@ -17,9 +17,11 @@ from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
 B, S, E, HEADS = 2, 8, 32, 2
 
 
-def attention_block(biases=(True, True, True)):
+def attention_block(biases=(True, True, True), dims=(B, S, E, HEADS)):
     """x [B, S, E] -> LayerNorm -> h; q, k, v = h W + b (each E x E, a bias where `biases` says) -> heads ->
-    softmax(q k^T / 4) v -> merged -> o = ctx Wo + bo; y = LayerNorm(o + h): BERT's self-attention."""
+    softmax(q k^T / 4) v -> merged -> o = ctx Wo + bo; y = LayerNorm(o + h): BERT's self-attention (`dims`:
+    B, S, E and the heads)."""
+    B, S, E, HEADS = dims  # noqa: N806 (the module's names for them)
     rng = np.random.default_rng(0)
     d = E // HEADS
 
@@ -58,8 +60,8 @@ def attention_block(biases=(True, True, True)):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=9)
 
 
-def feeds(seed: int) -> dict[str, np.ndarray]:
-    return {"x": np.random.default_rng(seed).standard_normal((B, S, E)).astype(np.float32)}
+def feeds(seed: int, shape=(B, S, E)) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
 
 
 def plans(model, monkeypatch, **config):

@@ -57,8 +57,13 @@ def test_registered_for_compute_capability_9_only_and_every_variant_targets_sm_9
         assert tactics[name].archs == ("sm_90",)
         assert tactics[name].runs_on("sm_90") and not tactics[name].runs_on("sm_80") and not tactics[name].runs_on("sm_100")
     units = compile_variants()
-    assert len(units) == len(SHAPES) * 2 * 2 + len(SHAPES) and all(u.arch == "sm_90a" for u in units)
+    plain = [u for u in units if "FLASH_Q8" not in dict(u.defines)]
+    assert len(plain) == len(SHAPES) * 2 * 2 + len(SHAPES) and all(u.arch == "sm_90a" for u in units)
     assert sum(dict(u.defines).get("FLASH_MASKED") == "0" for u in units) == len(SHAPES)  # one unmasked a shape
+    # AttentionQuantize's e4m3 output stage: every shape in both storage types at head 64, in float16 at head 128
+    q8 = {(dict(u.defines)["ELEM"], dict(u.defines)["HD"]) for u in units if dict(u.defines).get("FLASH_Q8") == "1"}
+    assert q8 == {("half_t", "64"), ("bf16_t", "64"), ("half_t", "128")}
+    assert len(units) - len(plain) == len(SHAPES) * 3
 
 
 def test_block_shapes_fit_the_shared_memory_of_one_sm():

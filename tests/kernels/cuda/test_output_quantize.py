@@ -18,6 +18,7 @@ from polykit.compiler.ops.quant.layernorm_quantize import KIND
 from polykit.compiler.ops.references import run_reference
 from polykit.compiler.plan.records import LayerDesc
 from polykit.kernels.cuda.attention.flash_attention import compile_variants as flash_variants
+from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor
 from polykit.kernels.cuda.reduce.norm import compile_variants, warp_launch
 from polykit.kernels.tactics import candidates, find_tactic
@@ -133,6 +134,52 @@ def test_the_emulated_kernel_writes_quantize_linear_of_its_own_output(emulated, 
     np.testing.assert_array_equal(only["Yq"].view(np.uint8), views["Yq"].view(np.uint8))
 
 
+def edge_feeds(layer, dtype, ys):
+    """Feeds whose float output y is chosen value by value: scale 0 makes y = bias exactly, the bias holding e4m3
+    values and rounding midpoints times ys (a float16 / bfloat16 rounding of them: ties and their neighbours),
+    signed zeros, +-inf, NaNs, the type's largest and smallest values and randoms over many binades."""
+    length = layer.in_shapes[0][-1]
+    codes = np.arange(0x7F, dtype=np.uint8).view(E4M3).astype(np.float64)
+    picks = np.concatenate([codes, (codes[1:] + codes[:-1]) / 2, [464, 500, 1e4]]) * float(ys)
+    info = ml_dtypes.finfo(dtype)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, float(info.max), -float(info.max),
+               float(info.smallest_subnormal), -float(info.smallest_subnormal)]
+    pool = np.concatenate([picks, -picks, special, rng.standard_normal(64) * 2.0 ** rng.integers(-30, 15, 64)])
+    with np.errstate(over="ignore"):
+        bias = rng.choice(pool, length).astype(dtype)
+    bias[:len(special)] = np.array(special).astype(dtype)
+    return {"X": rng.standard_normal(layer.in_shapes[0]).astype(dtype), "S": np.zeros(length, dtype), "B": bias,
+            "YS": np.array(ys, np.float32), "YZ": np.zeros((), E4M3)}
+
+
+def assert_quantized(yq: np.ndarray, y: np.ndarray, ys) -> None:
+    """yq is QuantizeLinear(y, ys) byte for byte, a NaN of y a NaN byte (its sign: e4m3_quantize.cuh)."""
+    node = Node("QuantizeLinear", ["y", "s", "z"], ["q"])
+    with np.errstate(all="ignore"):
+        want = run_reference(node, [y, np.array(ys, np.float32), np.zeros((), E4M3)])[0].view(np.uint8)
+    got, nan = yq.view(np.uint8), np.isnan(y.astype(np.float32))
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.all((got[nan] & 0x7F) == 0x7F)
+
+
+#: scales inside the division-free range (the tests' 0.006, a third) and outside it on both sides (the division)
+EDGE_SCALES = (0.006, 1 / 3, 2.0 ** -100, 2.0 ** 95)
+
+
+@pytest.mark.parametrize("ys", EDGE_SCALES, ids=lambda s: f"{s:.3g}")
+@pytest.mark.parametrize("shape,dtype,shift", [((4, 96), np.float16, {}), ((3, 100), np.float16, {}),
+                                               ((4, 64), np.float32, {}), ((4, 64), ml_dtypes.bfloat16, {"Yq": 4})])
+def test_the_emulated_kernel_quantizes_edge_values_as_quantize_linear(emulated, ys, shape, dtype, shift):
+    layer = quantized_layer(shape, dtype)
+    feeds = edge_feeds(layer, dtype, ys)
+    tensors, views, _keep = host_buffers(layer, feeds, shift)
+    find_tactic("cuda", KIND, WARP).enqueue(layer, emulated, tensors)
+    y = views["Y"].astype(np.float32)
+    np.testing.assert_array_equal(y, np.broadcast_to(feeds["B"].astype(np.float32), y.shape))
+    assert np.isnan(y).any() and np.isinf(y).any()  # y = the bias: the edges reach the output stage
+    assert_quantized(views["Yq"], views["Y"], ys)
+
+
 # ---- GPU -------------------------------------------------------------------------------------------
 def run_on_gpu(layer, feeds, misalign=None):
     from polykit.runtime.cuda.harness import run_layer
@@ -160,6 +207,9 @@ def test_a_quantized_layer_norm_on_the_gpu_matches_quantize_linear_of_its_output
 
 # ---- AttentionQuantize on the flash tactics ------------------------------------------------------
 FLASH = ("cuda.attention.flash", "cuda.attention.flash_q128", "cuda.attention.flash_kv128")
+#: flash_attention_sm90.py's tactics (compute capability 9.0), which take AttentionQuantize where they take Attention
+SM90 = ("cuda.attention.flash_sm90", "cuda.attention.flash_sm90_pp", "cuda.attention.flash_sm90_pp_s3",
+        "cuda.attention.flash_sm90_pp_persist_s3")
 
 
 def attention_quantize(plain: LayerDesc) -> LayerDesc:
@@ -185,7 +235,8 @@ def bert_heads(dtype=np.float16, batch=2, seq=70, mask=True):
 def test_only_the_flash_tactics_take_a_quantized_attention():
     inputs, plain = bert_heads()
     layer = attention_quantize(plain)
-    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer)) == sorted(FLASH + SM90)
+    assert sorted(t.name for t in candidates("cuda", ATTENTION, layer, arch="sm_80")) == sorted(FLASH)
     (kernel,) = find_tactic("cuda", ATTENTION, FLASH[0]).kernels(layer)
     assert dict(kernel.defines)["FLASH_Q8"] == "1"
     assert "FLASH_Q8" not in dict(find_tactic("cuda", "Attention", FLASH[0]).kernels(plain)[0].defines)
@@ -199,6 +250,35 @@ def test_every_attention_storage_type_compiles_its_quantized_variant_in_ci():
     q8 = [k for k in flash_variants() if dict(k.defines).get("FLASH_Q8") == "1"]
     assert {(dict(k.defines)["ELEM"], dict(k.defines).get("ROWS", "1"), dict(k.defines)["BKV"]) for k in q8} == {
         (e, rows, bkv) for e in ("half_t", "bf16_t") for rows, bkv in (("1", "64"), ("2", "64"), ("1", "128"))}
+
+
+@pytest.mark.parametrize("shape", range(4))
+def test_the_sm90_tactics_launch_a_quantized_attention_with_the_e4m3_kernel_and_the_scale_last(shape):
+    """The same launch as the layer's Attention (grid, block, shared memory, TMA maps, arguments) with O the e4m3
+    tensor, the FLASH_Q8 kernel and y_scale appended (the kernel's last parameter)."""
+    from polykit.kernels.cuda.attention.flash_attention_sm90 import SHAPES as SM90_SHAPES, _enqueue
+    from tests.kernels.cuda.test_flash_attention_sm90 import _Launches
+
+    inputs, plain = bert_heads(seq=128)
+    layer = attention_quantize(plain)
+    tensors = {n: DeviceTensor(0x100000 * (k + 1), a.shape, a.dtype) for k, (n, a) in enumerate(inputs.items())}
+    out16 = DeviceTensor(0x1000000, plain.out_shapes[0], np.dtype(np.float16))
+    q8 = dict(tensors, Yq=DeviceTensor(0x2000000, plain.out_shapes[0], E4M3),
+              YS=DeviceTensor(0x3000000, (), np.dtype(np.float32)), YZ=DeviceTensor(0x3000100, (), E4M3))
+    launches = []
+    for lay, ts in ((plain, dict(tensors, Y=out16)), (layer, q8)):
+        rec = _Launches(132)
+        _enqueue(SM90_SHAPES[shape])(lay, rec, ts)
+        launches += rec.launches
+    (k16, grid16, block16, args16, smem16), (k8, grid8, block8, args8, smem8) = launches
+    assert (grid8, block8, smem8) == (grid16, block16, smem16)
+    assert dict(k8.defines) == dict(k16.defines, FLASH_Q8="1") and k8.arch == "sm_90a"
+    assert args8[-1] == q8["YS"] and args8[3] == q8["Yq"] and args16[3] == out16
+    assert len(args8) == len(args16) + 1
+    assert [a for i, a in enumerate(args8[:-1]) if i != 3] == [a for i, a in enumerate(args16) if i != 3]
+    with pytest.raises(DeviceError, match="float8_e4m3fn with a float32 scale"):
+        _enqueue(SM90_SHAPES[shape])(layer, _Launches(132), dict(q8, Yq=DeviceTensor(0x2000000, plain.out_shapes[0],
+                                                                                     np.dtype(np.float16))))
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +333,60 @@ def test_a_quantized_attention_on_the_gpu_writes_quantize_linear_of_the_attentio
     yq = run_layer(attention_quantize(plain), feeds, tactic=tactic)["Yq"]
     np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
     assert_attention_close(plain, inputs, o, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ys", EDGE_SCALES, ids=lambda s: f"{s:.3g}")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("misalign", [None, {"Yq": 4}])
+def test_a_quantized_layer_norm_on_the_gpu_quantizes_edge_values_as_quantize_linear(ys, dtype, misalign):
+    """The division-free quotient and the hardware conversion (sm_89+) on the values where they could part from
+    the division and the encode: ties, neighbours of ties, saturation, infinities, NaNs, zeros of both signs,
+    subnormal quotients; scales inside the division-free range and outside it (the division)."""
+    layer = quantized_layer((5, 13, 768), dtype)
+    feeds = edge_feeds(layer, dtype, ys)
+    got = run_on_gpu(layer, feeds, misalign)
+    y = got["Y"].astype(np.float32)
+    np.testing.assert_array_equal(y, np.broadcast_to(feeds["B"].astype(np.float32), y.shape))
+    assert_quantized(got["Yq"], got["Y"], ys)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", SM90)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("seq,head", [(70, 64), (128, 64), (129, 64), (200, 128), (77, 128)])
+def test_a_quantized_attention_on_sm90_writes_quantize_linear_of_the_attention_s_output(tactic, dtype, seq, head):
+    """The e4m3 output (poisoned before the run) equal byte for byte to QuantizeLinear of the same tactic's
+    16-bit output, that within the flash tolerance of the reference; [B, H, S, D] inputs with a mask, the output
+    written [B, S, H, D] as BERT's head merge reads it."""
+    from polykit.runtime.cuda.harness import run_layer
+    from tests.kernels.cuda.test_flash_attention import _arrays, layer_for
+    from tests.kernels.cuda.test_flash_attention_sm90 import require_sm90
+
+    require_sm90()
+    inputs = _arrays((3, 2, seq, head), (3, 2, seq, head), dtype)
+    inputs["mask"] = (rng.standard_normal((3, 1, 1, seq)) * 2).astype(dtype)
+    plain = layer_for(inputs, (3, seq, 2, head), out_layout="bshd")
+    layer = attention_quantize(plain)
+    assert find_tactic("cuda", ATTENTION, tactic).supports(layer)
+    o = run_layer(plain, inputs, tactic=tactic)["Y"]
+    feeds = dict(inputs, YS=np.array(Y_SCALE, np.float32), YZ=np.zeros((), E4M3))
+    yq = run_layer(layer, feeds, tactic=tactic)["Yq"]
+    np.testing.assert_array_equal(yq.view(np.uint8), quantize(o).view(np.uint8))
+    assert_attention_close(plain, inputs, o, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ys", EDGE_SCALES[:2], ids=lambda s: f"{s:.3g}")
+def test_a_float32_quantized_layer_norm_on_the_gpu_matches_quantize_linear_over_a_wide_range(ys):
+    """A million float32 outputs whose scales span 2^-40 .. 2^40 a column: quotients from far below e4m3's
+    smallest subnormal to far past saturation, each converted by the device's division-free path and compared
+    with QuantizeLinear of the same float output."""
+    layer = quantized_layer((256, 4096), np.float32)
+    feeds = feeds_for(layer, np.float32)
+    feeds["S"] = (rng.standard_normal(4096) * 2.0 ** rng.uniform(-40, 40, 4096)).astype(np.float32)
+    feeds["YS"] = np.array(ys, np.float32)
+    got = run_on_gpu(layer, feeds)
+    y = got["Y"].astype(np.float32)
+    assert np.abs(y / np.float32(ys)).max() > 1e6 and np.abs(y[y != 0] / np.float32(ys)).min() < 2.0 ** -12
+    assert_quantized(got["Yq"], got["Y"], ys)

@@ -188,6 +188,30 @@ inline void emu_cp_wait(int pending) {
 }
 inline void emu_cp_wait_all() { emu_cp_commit(); emu_cp_wait(0); }
 inline float __fadd_rn(float a, float b) { return a + b; }  // -O1 on the host contracts nothing either
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }  // glibc's fmaf: one rounding
+inline float __frcp_rn(float a) { return 1.0f / a; }
+// PTX max.NaN / min.NaN: a NaN operand gives the canonical NaN
+inline float emu_max_nan(float a, float b) { return a != a || b != b ? __builtin_nanf("") : (a > b ? a : b); }
+inline float emu_min_nan(float a, float b) { return a != a || b != b ? __builtin_nanf("") : (a < b ? a : b); }
+// cvt.rn.satfinite.e4m3x2.f32 d, hi, lo (e4m3_quantize.cuh's sm_89+ path; the host compiles the software
+// encode instead, so this only has to be the PTX's meaning): round to nearest even, +-inf and finite values past
+// 448 saturated to +-448, a NaN the canonical 0x7f (cuda_fp8.hpp's host model of the instruction)
+inline unsigned emu_e4m3(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  const unsigned s = (u >> 31) << 7, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;
+  const double d = fabs((double)f);
+  if (d > 464.0) return s | 0x7e;  // past the midpoint of 448 and 480: saturated (inf too)
+  if (d < 0x1p-6) return s | (unsigned)nearbyint(d * 512.0);  // subnormals: steps of 2^-9
+  int e;
+  const double m = frexp(d, &e);  // d = m 2^e, m in [0.5, 1)
+  const double r = nearbyint(m * 16.0);  // 4 significant bits, half to even
+  const unsigned code = (unsigned)((e - 1 + 7) * 8) + (unsigned)r - 8;
+  return s | (code > 0x7e ? 0x7e : code);
+}
+inline unsigned short emu_cvt_e4m3x2(float hi, float lo) { return (unsigned short)(emu_e4m3(lo) | emu_e4m3(hi) << 8); }
 // packed 16-bit math, each half on its own (weight_only_mma.cuh): the operation exact in double (two
 // float16 values lie within 2^40 of each other; a bfloat16 fma's operands there within 2^30), then one
 // rounding: float16 through _Float16, bfloat16 to nearest even through round-to-odd in float
@@ -337,6 +361,10 @@ PTX_OPS = [
     (r"mul\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, true)"),
     (r"fma\.rn\.bf16x2", lambda args: f"{args[0][0]} = emu_fma_bf16x2({args[1][0]}, {args[2][0]}, {args[3][0]})"),
     (r"prmt\.b32", lambda args: f"{args[0][0]} = emu_prmt({args[1][0]}, {args[2][0]}, {args[3][0]})"),
+    (r"max\.NaN\.f32", lambda args: f"{args[0][0]} = emu_max_nan({args[1][0]}, {args[2][0]})"),
+    (r"min\.NaN\.f32", lambda args: f"{args[0][0]} = emu_min_nan({args[1][0]}, {args[2][0]})"),
+    (r"cvt\.rn\.satfinite\.e4m3x2\.f32",
+     lambda args: f"{args[0][0]} = emu_cvt_e4m3x2({args[1][0]}, {args[2][0]})"),
     (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
 ]
 

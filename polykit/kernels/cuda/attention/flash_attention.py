@@ -321,19 +321,27 @@ def _kernels_of(shape: FlashShape):
     return kernels
 
 
+def quantized_scale(layer: Any, tensors: Mapping[str, DeviceTensor]) -> list[DeviceTensor]:
+    """The FLASH_Q8 kernels' last argument (y_scale) for an AttentionQuantize layer, none for an Attention;
+    DeviceError where the tensors are not the e4m3 output and float32 scale those kernels take."""
+    if layer.kind != QUANTIZED:
+        return []
+    if tensors[layer.outputs[0]].dtype.name != "float8_e4m3fn" or tensors[layer.inputs[Y_SCALE]].dtype != np.float32:
+        raise DeviceError(f"{layer.kind} writes float8_e4m3fn with a float32 scale here, not "
+                          f"{tensors[layer.outputs[0]].dtype}", where=f"layer {layer.name!r}",
+                          hint="rebuild the plan (fuse_output_quantize makes only that form) or use --target cpu")
+    return [tensors[layer.inputs[Y_SCALE]]]
+
+
 def _enqueue_of(shape: FlashShape):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         q8 = layer.kind == QUANTIZED
-        if q8 and (tensors[layer.outputs[0]].dtype.name != "float8_e4m3fn"
-                   or tensors[layer.inputs[Y_SCALE]].dtype != np.float32):
-            raise DeviceError(f"{layer.kind} writes float8_e4m3fn with a float32 scale here, not "
-                              f"{tensors[layer.outputs[0]].dtype}", where=f"layer {layer.name!r}",
-                              hint="rebuild the plan (fuse_output_quantize makes only that form) or use --target cpu")
+        y_scale = quantized_scale(layer, tensors)
         run = flash_launch(layer, tensors, shape.block_q)
         if run is None:
             return
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
-        args = list(run.args) + ([tensors[layer.inputs[Y_SCALE]]] if q8 else [])
+        args = list(run.args) + y_scale
         launcher.launch(shape.kernel(elem, run.head, has_mask(layer), q8), run.grid, (128,), args,
                         shared_mem=shape.smem(run.head))
 

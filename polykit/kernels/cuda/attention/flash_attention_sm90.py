@@ -18,6 +18,11 @@ wgmma: Q, K and V come through TMA tensor maps (rank 4, one 64-element box of d 
 rows, the view's strides as the map's), so each must start 16-byte aligned, and a view whose dims
 do not nest in stride order (tma_layout) is left to the mma.sync kernel; the builder times them
 against it.
+
+Every shape also runs ai.polykit AttentionQuantize (an FP8 model's attention writing the e4m3 input of its output
+projection) where it runs the Attention: the kernel compiled with FLASH_Q8 (flash_common.cuh's e4m3 output stage,
+the one flash_attention.cu's FLASH_Q8 kernels write), the same priorities, so the FP8 model's attention gets
+flash_sm90 wherever the fp16 model's does.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.attention_quantize import KIND as QUANTIZED
 from polykit.errors import DeviceError
-from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
+from polykit.kernels.cuda.base import ANY, DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.attention.flash_attention import (ELEMS, OUTER_ARGS, HeadView, flash_geometry, flash_launch,
-                                                             has_mask, head_view, mask_defines, split_batch)
+                                                             has_mask, head_view, mask_defines, quantized_output,
+                                                             quantized_scale, split_batch)
 
 FILE = "flash_attention_sm90.cu"
 ARCHS = ("sm_90",)
@@ -98,11 +106,14 @@ SHAPES = (Sm90Flash(1),
           Sm90Flash(2, 128, stages=3, pingpong=True, persistent=True, priority=19))
 
 
-def kernel_for(shape: Sm90Flash, elem: str, head: int, masked: bool = True) -> KernelSource:
+def kernel_for(shape: Sm90Flash, elem: str, head: int, masked: bool = True, q8: bool = False) -> KernelSource:
+    """`q8`: AttentionQuantize's e4m3 output stage (FLASH_Q8)."""
     # STAGES and PINGPONG only for the ping-pong shapes: flash_sm90 keeps the defines (and cache keys) it had
     extra = {"STAGES": shape.stages, "PINGPONG": 1} if shape.pingpong else {}
     if shape.persistent:
         extra["PERSISTENT"] = 1
+    if q8:
+        extra["FLASH_Q8"] = 1
     tile = defines(ELEM=elem, HD=head, CONSUMERS=shape.consumers, BKV=shape.block_kv, **extra, **mask_defines(masked))
     return KernelSource("flash_attention_sm90", file=FILE, defines=tile, arch="sm_90a")
 
@@ -150,7 +161,7 @@ def tensor_map(x: DeviceTensor, view: HeadView, rows: int) -> tuple[TensorMapSpe
 
 def _supports(layer: Any) -> bool:
     geo = flash_geometry(layer, heads=HEAD_SIZES)
-    if geo is None or split_batch(layer):
+    if geo is None or split_batch(layer) or (layer.kind == QUANTIZED and not quantized_output(layer)):
         return False
     itemsize = np.dtype(geo[0]).itemsize
     views = [head_view(layer.attrs, i, layer.in_shapes[i]) for i in range(3)]
@@ -160,13 +171,14 @@ def _supports(layer: Any) -> bool:
 def _kernels(shape: Sm90Flash):
     def kernels(layer: Any) -> list[KernelSource]:
         dtype, head = flash_geometry(layer, heads=HEAD_SIZES)
-        return [kernel_for(shape, ELEMS[dtype], head, has_mask(layer))]
+        return [kernel_for(shape, ELEMS[dtype], head, has_mask(layer), layer.kind == QUANTIZED)]
 
     return kernels
 
 
 def _enqueue(shape: Sm90Flash):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        y_scale = quantized_scale(layer, tensors)  # FLASH_Q8's last argument (AttentionQuantize)
         run = flash_launch(layer, tensors)
         if run is None:
             return
@@ -183,17 +195,24 @@ def _enqueue(shape: Sm90Flash):
         elem = ELEMS[np.dtype(tensors[layer.inputs[0]].dtype).name]
         items = [np.int32(H), np.int32(B)] if shape.persistent else []  # the kernel's ITEM_PARAMS
         grid = shape.grid(int(S), H, B, launcher.sm_count if shape.persistent else 0)
-        launcher.launch(kernel_for(shape, elem, run.head, has_mask(layer)), grid, (shape.threads,),
-                        [*maps, o, mask, S, Skv, *rest, np.int32(geo), *items], shared_mem=shape.smem(run.head))
+        launcher.launch(kernel_for(shape, elem, run.head, has_mask(layer), layer.kind == QUANTIZED), grid,
+                        (shape.threads,), [*maps, o, mask, S, Skv, *rest, np.int32(geo), *items, *y_scale],
+                        shared_mem=shape.smem(run.head))
 
     return enqueue
 
 
 def compile_variants() -> list[KernelSource]:
+    """Every shape, storage type and head size; the unmasked form at head 128; the e4m3 output stage (FLASH_Q8)
+    of every shape and storage type at BERT's head 64, and in float16 at head 128."""
     return [kernel_for(s, e, d) for s in SHAPES for e in ELEMS.values() for d in HEAD_SIZES] + \
-        [kernel_for(s, "half_t", 128, masked=False) for s in SHAPES]
+        [kernel_for(s, "half_t", 128, masked=False) for s in SHAPES] + \
+        [kernel_for(s, e, 64, q8=True) for s in SHAPES for e in ELEMS.values()] + \
+        [kernel_for(s, "half_t", 128, q8=True) for s in SHAPES]
 
 
 for _shape in SHAPES:
-    cuda_tactic("Attention", _shape.name, kernels=_kernels(_shape), supports=_supports, priority=_shape.priority,
-                archs=ARCHS, params=_shape.params)(_enqueue(_shape))
+    for _kind in ("Attention", QUANTIZED):
+        cuda_tactic(_kind, _shape.name, kernels=_kernels(_shape), supports=_supports, priority=_shape.priority,
+                    archs=ARCHS, domain=POLYKIT_DOMAIN if _kind == QUANTIZED else ANY,
+                    params=_shape.params)(_enqueue(_shape))

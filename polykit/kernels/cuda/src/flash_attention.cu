@@ -24,9 +24,7 @@
 // broadcasts over B1): grid z = B1 * B2, and every tensor (mask included) adds zo * (its outer
 // stride) for zo = z / B2 to b * (its batch stride) for b = z % B2 (B2 = B and outer strides 0
 // for rank <= 4).
-// FLASH_Q8 1 (ai.polykit AttentionQuantize): O is float8_e4m3fn, each output the saturating round-to-nearest-even
-// e4m3 of (the ELEM value the 16-bit kernel stores) / y_scale[0] (an IEEE division: QuantizeLinear of that
-// output), two bytes a store; y_scale is the last parameter.
+// FLASH_Q8 1 (ai.polykit AttentionQuantize): O is float8_e4m3fn (flash_common.cuh's FlashStoreE4m3).
 // Launch: grid (ceil(S / BQ), H, B1 * B2), block 128, dynamic shared memory (BQ + 4 * BKV) * HD * 2 B.
 #ifndef ROWS
 #define ROWS 1
@@ -39,31 +37,6 @@
 #define FLASH_MASK_ROW_UNROLL (ROWS == 2 || BKV == 128 ? 1 : 2)
 #include "flash_common.cuh"
 #define CHUNKS (HD / 8)  // 16-byte chunks per row
-#ifndef FLASH_Q8
-#define FLASH_Q8 0
-#endif
-#if FLASH_Q8
-#include "lowp.cuh"
-#define FA_OUT u8
-#define FA_Q8_PARAMS , const float* __restrict__ y_scale
-#define FA_Q8_ARGS , y_scale
-
-// flash_store_pairs' e4m3 output: the value rounded to ELEM (what the 16-bit kernel stores), then
-// QuantizeLinear's saturating e4m3 of its IEEE quotient by ys
-struct FlashStoreE4m3 {
-  float ys;
-  __device__ __forceinline__ void operator()(u8* pair, int k, float v) const {
-    ELEM e[1];
-    st(e, 0, v);
-    pair[k] = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(ld(e, 0), ys), true);
-  }
-};
-#else
-#define FA_OUT ELEM
-#define FA_Q8_PARAMS
-#define FA_Q8_ARGS
-#endif
-
 template <class T> struct MmaName;
 template <> struct MmaName<half_t> {
   __device__ static __forceinline__ void mma(float* c, const u32* a, const u32* b) {
@@ -248,11 +221,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(FA_PARAMS) {
 
   // normalize and store rows row_a + 16 m, row_a + 16 m + 8; undefined rows -> NaN (or 0)
 #if FLASH_Q8
-  const float ys = y_scale[0];
+  const FlashStoreE4m3 store = {e4m3_quantizer(y_scale[0]), 0.f};
 #pragma unroll
   for (int m = 0; m < ROWS; ++m)
-    flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero,
-                      FlashStoreE4m3{ys});
+    flash_store_pairs(O + b * ob + zo * obo + h * oh, os, rows[m], o[m], row_a + 16 * m, S, t4, nan_to_zero, store);
 #else
 #pragma unroll
   for (int m = 0; m < ROWS; ++m)

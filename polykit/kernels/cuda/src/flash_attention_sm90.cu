@@ -78,6 +78,9 @@
 // released the previous one (q_empty: after their last S of it) and its key tiles into the same stage
 // ring, so the next item's loads run under the current item's last P V and store. The stage ring's
 // position and the barrier parities count over the block's items.
+// FLASH_Q8 1 (ai.polykit AttentionQuantize): O is float8_e4m3fn, written as flash_attention.cu writes it
+// (flash_common.cuh's FlashStoreE4m3: QuantizeLinear of the ELEM value the 16-bit kernel stores, two bytes a
+// store); y_scale is the last parameter.
 // Launch: grid (ceil(S / BQ), H, B) (PERSISTENT: (min(items, SMs), 1, 1)), block THREADS (128
 // CONSUMERS + 32; PINGPONG 384), dynamic shared memory 1024 + (BQ + 2 * STAGES * BKV) * HD * 2 +
 // 16 * (STAGES + 2) bytes.
@@ -203,9 +206,9 @@ __device__ __forceinline__ Item item_of(int u, int S, int Skv, int causal_off, i
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_k, const __grid_constant__ TmaDesc tm_v,
-    ELEM* __restrict__ O, const void* __restrict__ mask, int S, int Skv, i64 ob, i64 oh, i64 os, i64 mb, i64 mh,
+    FA_OUT* __restrict__ O, const void* __restrict__ mask, int S, int Skv, i64 ob, i64 oh, i64 os, i64 mb, i64 mh,
     i64 mq, i64 mk, float scale, int mask_kind, int nan_to_zero, int kv_groups, int causal_off, int geo
-        ITEM_PARAMS) {
+        ITEM_PARAMS FA_Q8_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* sQ = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
   unsigned char* sK = sQ + Q_BYTES;            // STAGES stages
@@ -262,6 +265,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
   }
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const u32 q_addr = smem_addr(sQ);
+#if FLASH_Q8
+  const FlashStoreE4m3 store = {e4m3_quantizer(y_scale[0]), 0.f};
+#else
+  const FlashStoreAsIs store;
+#endif
   float o[HD / 8][4];
   float s[BKV / 8][4];  // S of the newest tile, then its probabilities
   u32 pa[BKV / 16][4];  // P of the previous tile: the A operand of its P V
@@ -322,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_attention_sm90(
     kt += tiles;
 
     // normalize and store rows row_a, row_a + 8; undefined rows -> NaN (or 0)
-    flash_store_pairs(O + it.b * ob + it.h * oh, os, rows, o, row_a, S, t4, nan_to_zero);
+    flash_store_pairs(O + it.b * ob + it.h * oh, os, rows, o, row_a, S, t4, nan_to_zero, store);
   }
   // consumer 1 handed over once more than consumer 0 took (its first arrive): take that turn, so no
   // barrier generation is left open (the header's barrier balance)

@@ -86,10 +86,43 @@ __device__ __forceinline__ void flash_zero(float (&o)[NO][4]) {
 }
 
 // how flash_store_pairs puts an output value into element k of a column pair: a 16-bit output stores it as
-// itself (flash_attention.cu's FLASH_Q8 passes its e4m3 quantizer)
+// itself (FLASH_Q8 passes FlashStoreE4m3)
 struct FlashStoreAsIs {
   template <class T> __device__ __forceinline__ void operator()(T* pair, int k, float v) const { st(pair, k, v); }
 };
+
+// FLASH_Q8 1 (ai.polykit AttentionQuantize, flash_attention.cu and flash_attention_sm90.cu): O is float8_e4m3fn,
+// each output the saturating round-to-nearest-even e4m3 of (the ELEM value the 16-bit kernel stores) / y_scale[0]
+// (QuantizeLinear of that output: e4m3_quantize.cuh, the IEEE quotient without a division, a pair a conversion),
+// two bytes a store; y_scale is the kernel's last parameter (FA_Q8_PARAMS)
+#ifndef FLASH_Q8
+#define FLASH_Q8 0
+#endif
+#if FLASH_Q8
+#include "e4m3_quantize.cuh"
+#define FA_OUT u8
+#define FA_Q8_PARAMS , const float* __restrict__ y_scale
+#define FA_Q8_ARGS , y_scale
+struct FlashStoreE4m3 {
+  E4m3Quantizer quant;
+  float held;  // a pair's element 0 (as ELEM stores it), converted with element 1 when that arrives
+  __device__ __forceinline__ void operator()(u8* pair, int k, float v) {
+    ELEM e[1];  // the value as the 16-bit kernel stores it
+    st(e, 0, v);
+    if (k == 0) {
+      held = ld(e, 0);
+      return;
+    }
+    const unsigned short b = quant.pair(held, ld(e, 0));
+    pair[0] = (u8)b;
+    pair[1] = (u8)(b >> 8);
+  }
+};
+#else
+#define FA_OUT ELEM
+#define FA_Q8_PARAMS
+#define FA_Q8_ARGS
+#endif
 
 // A 16-bit output's rows row_a, row_a + 8 (those < S; `head` is the (b, h) slice, rows os apart):
 // acc / l, or NaN (0 with nan_to_zero) for undefined rows (flash_finish), as column pairs 2 t4, 2 t4 + 1

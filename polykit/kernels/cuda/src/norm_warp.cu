@@ -15,8 +15,9 @@
 //
 // NW_Q8 1 (ai.polykit LayerNormQuantize): the output stage also writes Yq[i] = e4m3(saturate(y_i / y_scale[0])),
 // y_i the value stored as ELEM (QuantizeLinear of Y: lowp.cuh's round-to-nearest-even encode of the IEEE
-// quotient, as quantize.cu's quantize_linear computes it), NW_VEC bytes a store when vec (Yq 8-byte aligned
-// for fp16/bf16, 4 for fp32: the host checks); Y is written only when not null (the float output's other readers).
+// quotient, as quantize.cu's quantize_linear computes it; by e4m3_quantize.cuh: no division for a scale in
+// [2^-90, 2^90], two values a conversion), NW_VEC bytes a store when vec (Yq 8-byte aligned for fp16/bf16, 4 for
+// fp32: the host checks); Y is written only when not null (the float output's other readers).
 // NW_MAPS 1 (a LayerNorm / RMSNorm with a row map or an input map, norm_row_map.cuh, compiled only into
 // the layers that have one: a plain norm's code is the same without it): input row `row` goes to output row
 // rm_dest(row) (dims == 0 is the identity), and the input map reads the row's vectors / elements at
@@ -42,7 +43,7 @@
 #define NW_Q8 0
 #endif
 #if NW_Q8
-#include "lowp.cuh"
+#include "e4m3_quantize.cuh"
 #endif
 #define NW_THREADS 128
 #define NW_VEC ((int)(16 / sizeof(ELEM)))
@@ -169,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
   const float inv_l = 1.0f / (float)L;
   const float s0 = ld(scale, 0), b0 = bias ? ld(bias, 0) : 0.0f;
 #if NW_Q8
-  const float ys = y_scale[0];
+  const E4m3Quantizer quant = e4m3_quantizer(y_scale[0]);  // one reciprocal a thread
 #endif
 #if NW_MAPS
   const RowMap map = rm_make(RM_ARGS);
@@ -224,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
       const uint4 bv = (bias == nullptr || n_bias == 1) ? make_uint4(0u, 0u, 0u, 0u) : nw_load(bias, qv, L, vec);
       uint4 out = make_uint4(0u, 0u, 0u, 0u);
 #if NW_Q8
-      u8 qb[NW_VEC];
+      float ye[NW_VEC];  // y as stored (ELEM), read back as float
 #endif
 #pragma unroll
       for (int e = 0; e < NW_VEC; ++e) {
@@ -232,10 +233,9 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
         const float b = n_bias == 1 ? b0 : nw_get<ELEM>(bv, e);
         const float v = (nw_get<ELEM>(r[c], e) - mean) * rstd * g + (bias ? b : 0.0f);
 #if NW_Q8
-        uint4 one = make_uint4(0u, 0u, 0u, 0u);  // y as stored (ELEM), read back as float
+        uint4 one = make_uint4(0u, 0u, 0u, 0u);
         nw_put<ELEM>(one, 0, nw_bits(v, (ELEM*)nullptr));
-        qb[e] = LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(nw_get<ELEM>(one, 0), ys), true);
-        if (!vec && qv * NW_VEC + e < L) qr[qv * NW_VEC + e] = qb[e];
+        ye[e] = nw_get<ELEM>(one, 0);
         if (Y == nullptr) continue;
 #endif
         if (vec) {
@@ -245,13 +245,19 @@ extern "C" __global__ void __launch_bounds__(NW_THREADS) norm_warp(NW_PARAMS) {
         }
       }
 #if NW_Q8
+      unsigned short qp[NW_VEC / 2];  // the e4m3 bytes of elements 2k, 2k + 1
+#pragma unroll
+      for (int k = 0; k < NW_VEC / 2; ++k) qp[k] = quant.pair(ye[2 * k], ye[2 * k + 1]);
       if (vec) {
         unsigned w[NW_VEC / 4];
 #pragma unroll
-        for (int k = 0; k < NW_VEC / 4; ++k)
-          w[k] = qb[4 * k] | (qb[4 * k + 1] << 8) | (qb[4 * k + 2] << 16) | ((unsigned)qb[4 * k + 3] << 24);
+        for (int k = 0; k < NW_VEC / 4; ++k) w[k] = qp[2 * k] | (unsigned)qp[2 * k + 1] << 16;
         if (NW_VEC == 8) ((uint2*)qr)[qv] = uint2{w[0], w[NW_VEC / 4 - 1]};
         else ((unsigned*)qr)[qv] = w[0];
+      } else {
+#pragma unroll
+        for (int e = 0; e < NW_VEC; ++e)
+          if (qv * NW_VEC + e < L) qr[qv * NW_VEC + e] = (u8)(qp[e / 2] >> (8 * (e & 1)));
       }
       if (Y == nullptr) continue;
 #endif
