@@ -355,8 +355,8 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 #define I8_NATIVE (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
-__device__ __forceinline__ void native_inputs(EpiIn8& in, int lane) {
-#define I8_TRANSPOSE_FIELD(x) transpose_pairs(((u32*)in.x)[0], ((u32*)in.x)[1], lane);
+__device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
+#define I8_TRANSPOSE_FIELD(x) transpose_pairs(((u32*)in.x)[0], ((u32*)in.x)[1], qp);
   EPI_IN8_FIELDS(I8_TRANSPOSE_FIELD)
 #undef I8_TRANSPOSE_FIELD
 }
@@ -369,17 +369,17 @@ __device__ __forceinline__ void native_inputs(EpiIn8& in, int lane) {
 // (I8_NATIVE: the same in the accumulators' layout; a group's row is finished by finish_native, `left`
 // the columns from the group's first, n, that exist: its blocks 8 j < left, a lane's block 8 (lane % 4))
 __device__ __forceinline__ void finish_native(const OutI8& out, const Group8& g, bool second, bool row_ok, i64 oi,
-                                              int left, const acc_t (&w)[8], int lane) {
+                                              int left, const acc_t (&w)[8], int lane, const QuadPairs& qp) {
   float v[8];
   out.q.dequantize8(w, g.s, g.b, v);
 #if HAS_EPILOGUE
   EpiIn8 in = second ? g.in8 : g.in;
-  native_inputs(in, lane);
+  native_inputs(in, qp);
   apply_epilogue8(out.q.epi, in, v);
 #endif
   if (out.q.yint()) {
     uint2 b = out.q.bytes8(v);
-    transpose_pairs(b.x, b.y, lane);  // (every lane: the shuffles)
+    transpose_pairs(b.x, b.y, qp);  // (every lane: the shuffles)
     if (row_ok && 8 * (lane & 3) < left) *(uint2*)((u8*)out.q.Y + oi + 8 * (lane & 3)) = b;
     return;
   }
@@ -404,6 +404,7 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
   const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);  // the tile's columns that exist
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
+  const QuadPairs qp = quad_pairs(lane);
   Group8 g[2];
   if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane);
 #pragma unroll
@@ -421,8 +422,8 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
       w8[2 * j] = acc[4 * (j0 + j) + 2];
       w8[2 * j + 1] = acc[4 * (j0 + j) + 3];
     }
-    finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
-    finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);
+    finish_native(out, g[c], false, row_ok, row + n, left, w, lane, qp);
+    finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane, qp);
   }
 }
 #else

@@ -75,13 +75,21 @@ __device__ __forceinline__ u32 quad_xor(u32 x, int mask) { return __shfl_xor_syn
 // 2, 3 of lanes 0, 1 with the pairs 0, 1 of lanes 2, 3 (a word each, SEL), then within each pair of
 // lanes the halves (PRMT): 2 shuffles, 4 SEL, 3 PRMT for 8 bytes, where 8 4-byte values took 8 shuffles
 // and 24 SEL (transpose_quad).
-__device__ __forceinline__ void transpose_pairs(u32& w0, u32& w1, int lane) {
-  const bool b1 = lane & 2, b0 = lane & 1;
-  const u32 got = quad_xor(b1 ? w0 : w1, 2);
-  const u32 a = b1 ? got : w0, b = b1 ? w1 : got;  // pairs 2 b1, 2 b1 + 1 of lanes b0 (a) and b0 + 2 (b)
-  const u32 r = quad_xor(__byte_perm(a, b, b0 ? 0x5410 : 0x7632), 1);  // the halves lane ^ 1 wants
-  w0 = __byte_perm(a, r, b0 ? 0x3254 : 0x5410);
-  w1 = __byte_perm(b, r, b0 ? 0x3276 : 0x7610);
+// (a lane's selectors, computed once: quad_pairs(lane))
+struct QuadPairs {
+  u32 send, lo, hi;  // the halves lane ^ 1 wants; the halves of w0, w1 from the pair (a, r), (b, r)
+  bool b1;
+};
+__device__ __forceinline__ QuadPairs quad_pairs(int lane) {
+  const bool b0 = lane & 1;
+  return QuadPairs{b0 ? 0x5410u : 0x7632u, b0 ? 0x3254u : 0x5410u, b0 ? 0x3276u : 0x7610u, (lane & 2) != 0};
+}
+__device__ __forceinline__ void transpose_pairs(u32& w0, u32& w1, const QuadPairs& p) {
+  const u32 got = quad_xor(p.b1 ? w0 : w1, 2);
+  const u32 a = p.b1 ? got : w0, b = p.b1 ? w1 : got;  // pairs 2 b1, 2 b1 + 1 of lanes b0 (a) and b0 + 2 (b)
+  const u32 r = quad_xor(__byte_perm(a, b, p.send), 1);  // the halves lane ^ 1 wants
+  w0 = __byte_perm(a, r, p.lo);
+  w1 = __byte_perm(b, r, p.hi);
 }
 
 // what every problem stores through: dequantize, epilogue, requantize
