@@ -352,7 +352,7 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // same way (one 8-byte store of block q), a float32 output stored as column pairs (8-byte stores, 32
 // bytes a quad: whole sectors) without any transpose. The same arithmetic per element: only where the
 // values sit differs.
-#define I8_NATIVE (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8))
+#define I8_NATIVE (I8 && !F8 && (HAS_EPILOGUE ? EPI_BYTES8 : !(BLOCKS == 2 && BN == 128 && Y_OUT != 0)))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
 __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
@@ -369,7 +369,8 @@ __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
 // (I8_NATIVE: the same in the accumulators' layout; a group's row is finished by finish_native, `left`
 // the columns from the group's first, n, that exist: its blocks 8 j < left, a lane's block 8 (lane % 4))
 __device__ __forceinline__ void finish_native(const OutI8& out, const Group8& g, bool second, bool row_ok, i64 oi,
-                                              int left, const acc_t (&w)[8], int lane, const QuadPairs& qp) {
+                                              int left, const acc_t (&w)[8], int lane) {
+  const QuadPairs qp = quad_pairs(lane);
   float v[8];
   out.q.dequantize8(w, g.s, g.b, v);
 #if HAS_EPILOGUE
@@ -398,13 +399,15 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
   if (m + 8 < out.M) load_epilogue8(out.q.epi, g.in8, oi + 8 * (lane & 3) + 8 * out.N, n + 8 * (lane & 3));
 #endif
 }
+// whether a group's scale and bias pairs serve both its rows: not on a 128-column tile with two blocks an SM
+// (held over both rows there, they spilled 4 bytes: each row reads its own, as the transposed path did)
+constexpr bool ROW_PAIR_CHANNELS = true;
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
   const i64 nt = n0 - 8 * (lane & 3);  // the tile's first column
   const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);  // the tile's columns that exist
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
-  const QuadPairs qp = quad_pairs(lane);
   Group8 g[2];
   if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane);
 #pragma unroll
@@ -422,8 +425,9 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
       w8[2 * j] = acc[4 * (j0 + j) + 2];
       w8[2 * j + 1] = acc[4 * (j0 + j) + 3];
     }
-    finish_native(out, g[c], false, row_ok, row + n, left, w, lane, qp);
-    finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane, qp);
+    finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
+    if (!ROW_PAIR_CHANNELS) out.q.channel_pairs(n, 2 * (lane & 3), left, g[c].s, g[c].b);  // (row m + 8's own)
+    finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);
   }
 }
 #else

@@ -152,10 +152,12 @@ struct Out {
   // saturates, |yz| <= 255; NaN kept), its quotient (|d| <= 1025), rint by the 1.5 * 2^23 shifter (d + 1.5 * 2^23
   // rounds d to an integer, half to even, and holds it in its low mantissa bits), yz added with the
   // shifter's bits taken off (zmagic), then saturated
-  __device__ __forceinline__ int requantize_rcp(float v) const {
+  __device__ __forceinline__ int requantize_rcp(float v) const { return min(max(unsaturated(v), lo), hi); }
+  // requantize_rcp before the saturation: rint(v / ys) + yz (|v| clamped as there), 0 for a NaN v (which the
+  // saturation keeps: lo <= 0 <= hi)
+  __device__ __forceinline__ int unsaturated(float v) const {
     const float shifted = __fadd_rn(quotient(clamp_nan(v, ys * 1024.f)), 0x1.8p23f);  // NaN for a NaN v
-    const int q = min(max(__float_as_int(shifted) + zmagic, lo), hi);
-    return shifted != shifted ? 0 : q;
+    return shifted != shifted ? 0 : __float_as_int(shifted) + zmagic;
   }
   // the same by the IEEE division (ys outside rcp_ok's range)
   __device__ __forceinline__ int requantize_div(float v) const {
@@ -254,14 +256,32 @@ struct Out {
 #endif
   }
 #if !F8
-  // requantize_rcp of 8 values as 8 bytes, v[0] in the low byte of x (an int8's two's-complement byte)
+  // requantize_rcp of 8 values as 8 bytes, v[0] in the low byte of x (an int8's two's-complement byte):
+  // unsaturated, then saturated and packed two at a time (sat_pack)
   __device__ __forceinline__ uint2 bytes8(const float (&v)[8]) const {
     u32 w[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w[h] = (u32)(u8)requantize_rcp(v[4 * h]) | (u32)(u8)requantize_rcp(v[4 * h + 1]) << 8 |
-             (u32)(u8)requantize_rcp(v[4 * h + 2]) << 16 | (u32)(u8)requantize_rcp(v[4 * h + 3]) << 24;
+    for (int h = 0; h < 2; ++h) {
+      const int q0 = unsaturated(v[4 * h]), q1 = unsaturated(v[4 * h + 1]);
+      const int q2 = unsaturated(v[4 * h + 2]), q3 = unsaturated(v[4 * h + 3]);
+      w[h] = sat_pack(q1, q0, sat_pack(q3, q2, 0));
+    }
     return make_uint2(w[0], w[1]);
+  }
+  // a and b saturated to [lo, hi] (int8 or uint8) as bytes 1 and 0, c's low 16 bits above them (PTX
+  // cvt.pack.sat: one I2IP for two values, where a clamp was 2 integer min / max a value and the packing
+  // ~1 PRMT)
+  __device__ __forceinline__ u32 sat_pack(int a, int b, u32 c) const {
+#ifdef __CUDA_ARCH__
+    u32 d;
+    if (yu8())
+      asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    else
+      asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else  // the host emulation of the tests
+    return (u32)(u8)min(max(b, lo), hi) | (u32)(u8)min(max(a, lo), hi) << 8 | c << 16;
+#endif
   }
 #endif
   // the scale and bias of channels n + 8 j + c, n + 8 j + c + 1 (j = 0..3: the accumulators' layout, a
