@@ -399,9 +399,6 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
   if (m + 8 < out.M) load_epilogue8(out.q.epi, g.in8, oi + 8 * (lane & 3) + 8 * out.N, n + 8 * (lane & 3));
 #endif
 }
-// whether a group's scale and bias pairs serve both its rows: not on a 128-column tile with two blocks an SM
-// (held over both rows there, they spilled 4 bytes: each row reads its own, as the transposed path did)
-constexpr bool ROW_PAIR_CHANNELS = true;
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
   const i64 nt = n0 - 8 * (lane & 3);  // the tile's first column
@@ -426,7 +423,6 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
       w8[2 * j + 1] = acc[4 * (j0 + j) + 3];
     }
     finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
-    if (!ROW_PAIR_CHANNELS) out.q.channel_pairs(n, 2 * (lane & 3), left, g[c].s, g[c].b);  // (row m + 8's own)
     finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);
   }
 }
