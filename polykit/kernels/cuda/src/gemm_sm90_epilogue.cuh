@@ -344,6 +344,7 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 }
 #ifndef EPI_BYTES8
 #define EPI_BYTES8 0  // epilogue.py defines it where an INT8 epilogue's vector inputs are all int8 / uint8
+#define EPI_IN8_COUNT 0  // (and how many there are)
 #endif
 // I8_NATIVE: the INT8 kernel (not F8) whose epilogue reads nothing or only 8-bit vector inputs computes
 // in the accumulators' own layout (a lane: columns 2q, 2q + 1 of each 8-column block, q = lane % 4):
@@ -351,8 +352,11 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // and transposed to that layout as packed pairs (transpose_pairs), the int8 output transposed back the
 // same way (one 8-byte store of block q), a float32 output stored as column pairs (8-byte stores, 32
 // bytes a quad: whole sectors) without any transpose. The same arithmetic per element: only where the
-// values sit differs.
-#define I8_NATIVE (I8 && !F8 && (HAS_EPILOGUE ? EPI_BYTES8 : !(BLOCKS == 2 && BN == 128 && Y_OUT != 0)))
+// values sit differs. Not on 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
+// residual: that kernel spilled 4 bytes there (ptxas; with the int8 residual it does not), so it keeps the
+// transposed path.
+#define I8_NATIVE \
+  (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8) && !(BLOCKS == 2 && BN == 128 && Y_OUT != 0 && EPI_IN8_COUNT == 0))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
 __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
