@@ -244,7 +244,9 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
              "BIAS_STEP": "1"}
     source = replace(source, defines=tuple(d for d in source.defines if d[0] not in fixed) + tuple(fixed.items()))
     cold = ("CALL", "F2I") + (() if args.hot_division else ("MUFU.RCP", "FCHK"))  # the IEEE division: a slow path
-    vector_store = "STG.E.128" if "float32" in (args.int8, args.fp8) else "STG.E.64"
+    # the 16-byte path's store: 8 bytes of int8 / e4m3, 16 of float32 (FP8), 8 of float32 column pairs (INT8:
+    # gemm_sm90_epilogue.cuh's I8_NATIVE, no transpose)
+    vector_store = "STG.E.128" if args.fp8 == "float32" else "STG.E.64"
     return disassemble(compile_source(source, "sm_90a")), vector_store, tile.msub * tile.bn // 2, cold
 
 
@@ -256,7 +258,8 @@ SLOW_SIGNS = (", 0x800000, PT",)
 def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> tuple[int, Counter]:
     """Instructions (and their opcodes) a consumer thread issues on the epilogue's 16-byte path of one tile:
     the basic blocks reachable from that path's entry (the first forward branch after the last
-    `WARPGROUP.DEPBAR.LE gsb0, 0x0` whose target reaches a quad shuffle, SHFL, before any store)
+    `WARPGROUP.DEPBAR.LE gsb0, 0x0` whose target reaches a quad shuffle, SHFL, or `vector_store` before any
+    unpredicated store of another kind)
     up to the tile loop's back edge, never entering a block that holds a `cold` opcode (slow paths) or
     unpredicated stores but no `vector_store` (the per-element path, the other output type's stores);
     where a branch chooses between the output types, or between a fast and a slow form (SLOW_SIGNS, `cold`
@@ -274,8 +277,11 @@ def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> 
         m = re.search(r"\b(STG\.E(?:\.\w+)?) ", t)
         return m[1] if m else None
 
-    def shuffles_first(i: int) -> bool:  # the 16-byte path opens with its quad transposes
-        return next((t.startswith("SHFL") for _, t in rows[i:] if t.startswith("SHFL") or store(t)), False)
+    def shuffles_first(i: int) -> bool:  # the 16-byte path opens with its quad transposes (or, with none, meets
+        # its store before any unpredicated store of another width: the per-element path's)
+        return next((t.startswith("SHFL") or store(t) == vector_store for _, t in rows[i:]
+                     if t.startswith("SHFL") or store(t) == vector_store or (store(t) and not t.startswith("@"))),
+                    False)
 
     entry = next(at[b] for i in range(wait, len(rows)) if (b := branch(rows[i][1])) is not None and b > rows[i][0]
                  and shuffles_first(at[b]))

@@ -38,6 +38,23 @@ inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 struct uint2 { unsigned x, y; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+// PRMT: byte i of the result is byte (s >> 4 i) & 7 of y:x (the selectors int8_out.cuh uses have no sign bit)
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long v = (unsigned long long)y << 32 | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)(v >> 8 * ((s >> 4 * i) & 7) & 0xff) << 8 * i;
+  return r;
+}
+// a quad of lanes run one after another: exchange c of lane L returns what lane L ^ mask sent at exchange c
+// on the previous run (transpose_all reruns the quad until every exchange has seen its partner's word)
+static unsigned quad_sent[4][4], quad_prev[4][4];
+static int quad_lane, quad_call;
+inline unsigned quad_xor(unsigned x, int mask) {
+  quad_sent[quad_call][quad_lane] = x;
+  return quad_prev[quad_call++][quad_lane ^ mask];
+}
 """
 
 HARNESS = r"""
@@ -68,6 +85,34 @@ extern "C" void store8_all(const float* v, long n, float ys, unsigned char yz, i
   }
 }
 extern "C" int rcp_ok(float ys) { return make(ys, 0, FLAG_Y_INT).rcp_ok; }
+// transpose_pairs over one quad: w[2 lane], w[2 lane + 1] are lane's two words, in and out
+extern "C" void transpose_all(unsigned* w) {
+  unsigned in[8];
+  memcpy(in, w, sizeof in);
+  memset(quad_prev, 0, sizeof quad_prev);
+  for (int run = 0; run < 3; ++run) {
+    for (int lane = 0; lane < 4; ++lane) {
+      quad_lane = lane;
+      quad_call = 0;
+      u32 a = in[2 * lane], b = in[2 * lane + 1];
+      transpose_pairs(a, b, quad_pairs(lane));
+      w[2 * lane] = a;
+      w[2 * lane + 1] = b;
+    }
+    memcpy(quad_prev, quad_sent, sizeof quad_sent);
+  }
+}
+// channel_pairs of lane's column pair for the group at n with `left` columns: s, b (16 floats) as read
+// (poisoned first: the blocks past left stay as they were)
+extern "C" void channel_pairs_all(const float* scale, const float* bias, int steps, long n, int lane, int left,
+                                  float* sb) {
+  Out o = make(1.f, 0, 0);
+  o.scale = scale; o.bias = bias; o.scale_step = steps & 1; o.bias_step = bias ? steps >> 1 : 2;
+  float s[8], b[8];
+  for (int i = 0; i < 8; ++i) s[i] = b[i] = -7.f;
+  o.channel_pairs(n, 2 * lane, left, s, b);
+  for (int i = 0; i < 8; ++i) sb[i] = s[i], sb[8 + i] = b[i];
+}
 """
 
 FLAG_Y_INT, FLAG_Y_U8 = 4, 8
@@ -101,6 +146,9 @@ def lib(request, tmp_path_factory):
     out.quotient_all.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_void_p]
     out.store8_all.argtypes = out.requantize_all.argtypes
     out.rcp_ok.argtypes = [ctypes.c_float]
+    out.transpose_all.argtypes = [ctypes.c_void_p]
+    out.channel_pairs_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
+                                      ctypes.c_int, ctypes.c_void_p]
     out.f8 = request.param
     return out
 
@@ -200,3 +248,49 @@ def test_the_8_value_store_writes_quantize_linears_bytes(lib, y_dtype, zero_poin
         want = quantize_linear(SimpleNamespace(attrs={}), [v, np.float32(ys), zp])[0]
         bad = np.flatnonzero(got.view(y_dtype) != want)
         assert bad.size == 0, f"ys {ys!r}: v {v[bad[:3]]} -> {got.view(y_dtype)[bad[:3]]}, reference {want[bad[:3]]}"
+
+
+def test_the_quad_pair_transpose_moves_each_lanes_pairs_to_their_blocks(lib):
+    """transpose_pairs (the sm90 INT8 epilogue in the accumulators' layout): lane q's 16-bit pair j (the
+    output bytes of columns 8 j + 2 q, + 1) ends as lane j's pair q, so lane j holds block j's 8 bytes in
+    column order; applied twice, every word is back (the residual's transpose is the same one)."""
+    for _ in range(200):
+        words = rng.integers(0, 2 ** 32, 8, dtype=np.uint64).astype(np.uint32)
+        got = words.copy()
+        lib.transpose_all(got.ctypes.data)
+        pairs = words.view(np.uint16).reshape(4, 4)  # [lane, pair j]
+        assert np.array_equal(got.view(np.uint16).reshape(4, 4), pairs.T)
+        # the bytes: lane q's native bytes 2 j, 2 j + 1 are columns 8 j + 2 q, + 1; lane j's are block j's
+        native = words.view(np.uint8).reshape(4, 4, 2)  # [q, j, e] = column 8 j + 2 q + e
+        columns = np.transpose(native, (1, 0, 2)).reshape(32)  # by column
+        assert np.array_equal(got.view(np.uint8), columns)
+        lib.transpose_all(got.ctypes.data)
+        assert np.array_equal(got, words)
+
+
+@pytest.mark.parametrize("steps", [3, 1, 0], ids=["per_channel", "per_channel_scale_no_bias", "per_tensor"])
+def test_the_channel_pairs_are_the_lanes_columns(lib, steps):
+    """channel_pairs: lane q's scale / bias of columns n + 8 j + 2 q, + 1 (j = 0..3) with 8-byte loads, only
+    the blocks of the `left` columns (a group at the end of a row of N % 32 != 0), per channel or per tensor,
+    with a bias or none."""
+    if lib.f8:
+        pytest.skip("the same code for FP8 (the INT8 layout only uses it)")
+    n_all = 200
+    scale = rng.standard_normal(n_all).astype(np.float32)
+    bias = rng.standard_normal(n_all).astype(np.float32) if steps != 1 else None
+    for n in (0, 32, 168):
+        for left in (32, 24, 8, 40):
+            for q in range(4):
+                sb = np.empty(16, np.float32)
+                lib.channel_pairs_all(scale.ctypes.data, None if bias is None else bias.ctypes.data, steps, n, q,
+                                      left, sb.ctypes.data)
+                for j in range(4):
+                    got_s, got_b = sb[2 * j:2 * j + 2], sb[8 + 2 * j:8 + 2 * j + 2]
+                    if 8 * j >= left:
+                        assert np.all(got_s == -7) and np.all(got_b == -7), "a block past N was read"
+                        continue
+                    cols = n + 8 * j + 2 * q + np.arange(2)
+                    want_s = scale[cols] if steps & 1 else np.repeat(scale[0], 2)
+                    assert np.array_equal(got_s, want_s)
+                    if bias is not None:
+                        assert np.array_equal(got_b, bias[cols] if steps >> 1 else np.repeat(bias[0], 2))

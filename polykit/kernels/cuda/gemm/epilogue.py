@@ -174,6 +174,11 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
                  f"__device__ __forceinline__ void prefetch_rows(const EpiState& E, i64 oi, i64 n) {{\n{spans}}}\n")
     if is_int8_layer(layer):
         body = _body8(layer, {**scalars, **{name: f"ld(in.x{j}, i)" for j, name, _ in vec}})
+        if all(types[j] in ("i8", "u8") for j, _, _ in vec):
+            # every vector input is 8 bytes a group: the sm90 INT8 epilogue may transpose them as packed
+            # bytes (gemm_sm90_epilogue.cuh, I8_NATIVE) and compute in the accumulators' layout
+            fields = " ".join(f"F(x{j})" for j, _, _ in vec)
+            head += f"#define EPI_BYTES8 1\n#define EPI_IN8_FIELDS(F) {fields}\n#define EPI_IN8_COUNT {len(vec)}\n"
         return (head + record("EpiIn8", "in", "load_epilogue8", "i64 oi, i64 col", ("full", "last"))
                 + "__device__ __forceinline__ void apply_epilogue8(const EpiState& E, const EpiIn8& in, float (&v)[8]) {\n"
                 + body + "}\n" + tail)

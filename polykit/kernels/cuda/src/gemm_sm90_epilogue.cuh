@@ -342,10 +342,95 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 #endif
   out.q.store8(oi, v);
 }
+#ifndef EPI_BYTES8
+#define EPI_BYTES8 0  // epilogue.py defines it where an INT8 epilogue's vector inputs are all int8 / uint8
+#define EPI_IN8_COUNT 0  // (and how many there are)
+#endif
+// I8_NATIVE: the INT8 kernel (not F8) whose epilogue reads nothing or only 8-bit vector inputs computes
+// in the accumulators' own layout (a lane: columns 2q, 2q + 1 of each 8-column block, q = lane % 4):
+// scale and bias read as column pairs (8-byte loads), the residual bytes read 8 at a time (block q's)
+// and transposed to that layout as packed pairs (transpose_pairs), the int8 output transposed back the
+// same way (one 8-byte store of block q), a float32 output stored as column pairs (8-byte stores, 32
+// bytes a quad: whole sectors) without any transpose. The same arithmetic per element: only where the
+// values sit differs. Not on 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
+// residual: that kernel spilled 4 bytes there (ptxas; with the int8 residual it does not), so it keeps the
+// transposed path.
+#define I8_NATIVE \
+  (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8) && !(BLOCKS == 2 && BN == 128 && Y_OUT != 0 && EPI_IN8_COUNT == 0))
+#if I8_NATIVE && HAS_EPILOGUE
+// the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
+__device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
+#define I8_TRANSPOSE_FIELD(x) transpose_pairs(((u32*)in.x)[0], ((u32*)in.x)[1], qp);
+  EPI_IN8_FIELDS(I8_TRANSPOSE_FIELD)
+#undef I8_TRANSPOSE_FIELD
+}
+#endif
 // rows m, m + 8 of a subtile (n0: the lane's first column, 8 * (lane % 4) into the tile), EPI_GROUP
 // column blocks at a time, each transposed across the quad (quad_row) so a lane holds 8 consecutive
 // columns. A group's loads cannot pass the stores before them (they may alias): PREFETCH_GROUPS
 // issues them a group early, so their latency overlaps the previous group's work.
+#if I8_NATIVE
+// (I8_NATIVE: the same in the accumulators' layout; a group's row is finished by finish_native, `left`
+// the columns from the group's first, n, that exist: its blocks 8 j < left, a lane's block 8 (lane % 4))
+__device__ __forceinline__ void finish_native(const OutI8& out, const Group8& g, bool second, bool row_ok, i64 oi,
+                                              int left, const acc_t (&w)[8], int lane) {
+  const QuadPairs qp = quad_pairs(lane);
+  float v[8];
+  out.q.dequantize8(w, g.s, g.b, v);
+#if HAS_EPILOGUE
+  EpiIn8 in = second ? g.in8 : g.in;
+  native_inputs(in, qp);
+  apply_epilogue8(out.q.epi, in, v);
+#endif
+  if (out.q.yint()) {
+    uint2 b = out.q.bytes8(v);
+    transpose_pairs(b.x, b.y, qp);  // (every lane: the shuffles)
+    if (row_ok && 8 * (lane & 3) < left) *(uint2*)((u8*)out.q.Y + oi + 8 * (lane & 3)) = b;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (row_ok && 8 * j < left)
+      *(float2*)((float*)out.q.Y + oi + 8 * j + 2 * (lane & 3)) = make_float2(v[2 * j], v[2 * j + 1]);
+}
+// a group's loads in that layout: the scale / bias pairs of its 4 blocks, both rows' inputs at the lane's block
+__device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, i64 n, int left, i64 oi, int lane) {
+  if (m >= out.M || left <= 0) return;
+  out.q.channel_pairs(n, 2 * (lane & 3), left, g.s, g.b);
+#if HAS_EPILOGUE
+  if (8 * (lane & 3) >= left) return;
+  load_epilogue8(out.q.epi, g.in, oi + 8 * (lane & 3), n + 8 * (lane & 3));
+  if (m + 8 < out.M) load_epilogue8(out.q.epi, g.in8, oi + 8 * (lane & 3) + 8 * out.N, n + 8 * (lane & 3));
+#endif
+}
+__device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
+                                            int lane) {
+  const i64 nt = n0 - 8 * (lane & 3);  // the tile's first column
+  const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);  // the tile's columns that exist
+  const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
+  const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
+  Group8 g[2];
+  if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
+    const int c = PREFETCH_GROUPS ? (j0 / EPI_GROUP) & 1 : 0, left = cols - 8 * j0;
+    const i64 n = nt + j0 * 8, next = n + EPI_GROUP * 8;
+    if (PREFETCH_GROUPS && j0 + EPI_GROUP < BN / 8)
+      load_native(out, g[c ^ 1], m, next, left - EPI_GROUP * 8, row + next, lane);
+    if (!PREFETCH_GROUPS) load_native(out, g[0], m, n, left, row + n, lane);
+    acc_t w[8], w8[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[2 * j] = acc[4 * (j0 + j)];
+      w[2 * j + 1] = acc[4 * (j0 + j) + 1];
+      w8[2 * j] = acc[4 * (j0 + j) + 2];
+      w8[2 * j + 1] = acc[4 * (j0 + j) + 3];
+    }
+    finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
+    finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);
+  }
+}
+#else
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
                                             int lane) {
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
@@ -377,6 +462,7 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
     }
   }
 }
+#endif
 #else
 typedef OutP OutT;
 #define MAKE_OUT make_out

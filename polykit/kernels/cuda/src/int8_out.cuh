@@ -62,6 +62,36 @@ __device__ __forceinline__ float clamp_nan(float v, float m) {
 #endif
 }
 
+// x from lane ^ mask of the same quad (every lane of the warp calls it); the host emulation of the
+// tests brings its own quad_xor
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ u32 quad_xor(u32 x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+#endif
+// A 4 x 4 transpose of 16-bit pairs across each quad of lanes: lane q's pair j (w0: j = 0, 1 in its low,
+// high half; w1: j = 2, 3) becomes lane j's pair q. The sm90 INT8 epilogue's bytes (I8_NATIVE in
+// gemm_sm90_epilogue.cuh): a lane's accumulators are columns 2q, 2q + 1 of 4 blocks of 8, its 8 output
+// bytes 4 such pairs; transposed, lane q holds block q's 8 bytes in column order (one 8-byte store), and
+// the same transpose turns 8-byte residual loads into the accumulators' layout. Two exchanges: the pairs
+// 2, 3 of lanes 0, 1 with the pairs 0, 1 of lanes 2, 3 (a word each, SEL), then within each pair of
+// lanes the halves (PRMT): 2 shuffles, 4 SEL, 3 PRMT for 8 bytes, where 8 4-byte values took 8 shuffles
+// and 24 SEL (transpose_quad).
+// (a lane's selectors, computed once: quad_pairs(lane))
+struct QuadPairs {
+  u32 send, lo, hi;  // the halves lane ^ 1 wants; the halves of w0, w1 from the pair (a, r), (b, r)
+  bool b1;
+};
+__device__ __forceinline__ QuadPairs quad_pairs(int lane) {
+  const bool b0 = lane & 1;
+  return QuadPairs{b0 ? 0x5410u : 0x7632u, b0 ? 0x3254u : 0x5410u, b0 ? 0x3276u : 0x7610u, (lane & 2) != 0};
+}
+__device__ __forceinline__ void transpose_pairs(u32& w0, u32& w1, const QuadPairs& p) {
+  const u32 got = quad_xor(p.b1 ? w0 : w1, 2);
+  const u32 a = p.b1 ? got : w0, b = p.b1 ? w1 : got;  // pairs 2 b1, 2 b1 + 1 of lanes b0 (a) and b0 + 2 (b)
+  const u32 r = quad_xor(__byte_perm(a, b, p.send), 1);  // the halves lane ^ 1 wants
+  w0 = __byte_perm(a, r, p.lo);
+  w1 = __byte_perm(b, r, p.hi);
+}
+
 // what every problem stores through: dequantize, epilogue, requantize
 struct Out {
   const float *scale, *bias;
@@ -122,10 +152,12 @@ struct Out {
   // saturates, |yz| <= 255; NaN kept), its quotient (|d| <= 1025), rint by the 1.5 * 2^23 shifter (d + 1.5 * 2^23
   // rounds d to an integer, half to even, and holds it in its low mantissa bits), yz added with the
   // shifter's bits taken off (zmagic), then saturated
-  __device__ __forceinline__ int requantize_rcp(float v) const {
+  __device__ __forceinline__ int requantize_rcp(float v) const { return min(max(unsaturated(v), lo), hi); }
+  // requantize_rcp before the saturation: rint(v / ys) + yz (|v| clamped as there), 0 for a NaN v (which the
+  // saturation keeps: lo <= 0 <= hi)
+  __device__ __forceinline__ int unsaturated(float v) const {
     const float shifted = __fadd_rn(quotient(clamp_nan(v, ys * 1024.f)), 0x1.8p23f);  // NaN for a NaN v
-    const int q = min(max(__float_as_int(shifted) + zmagic, lo), hi);
-    return shifted != shifted ? 0 : q;
+    return shifted != shifted ? 0 : __float_as_int(shifted) + zmagic;
   }
   // the same by the IEEE division (ys outside rcp_ok's range)
   __device__ __forceinline__ int requantize_div(float v) const {
@@ -220,11 +252,53 @@ struct Out {
         e4m3x2(f8_quotient(v[0]), f8_quotient(v[1])) | (u32)e4m3x2(f8_quotient(v[2]), f8_quotient(v[3])) << 16,
         e4m3x2(f8_quotient(v[4]), f8_quotient(v[5])) | (u32)e4m3x2(f8_quotient(v[6]), f8_quotient(v[7])) << 16);
 #else
-    struct __align__(8) Bytes { u8 b[8]; } q;  // (u8) keeps an int8's two's-complement byte
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q.b[i] = (u8)requantize_rcp(v[i]);
-    *(Bytes*)((u8*)Y + oi) = q;
+    *(uint2*)((u8*)Y + oi) = bytes8(v);
 #endif
+  }
+#if !F8
+  // requantize_rcp of 8 values as 8 bytes, v[0] in the low byte of x (an int8's two's-complement byte):
+  // unsaturated, then saturated and packed two at a time (sat_pack)
+  __device__ __forceinline__ uint2 bytes8(const float (&v)[8]) const {
+    u32 w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int q0 = unsaturated(v[4 * h]), q1 = unsaturated(v[4 * h + 1]);
+      const int q2 = unsaturated(v[4 * h + 2]), q3 = unsaturated(v[4 * h + 3]);
+      w[h] = sat_pack(q1, q0, sat_pack(q3, q2, 0));
+    }
+    return make_uint2(w[0], w[1]);
+  }
+  // a and b saturated to [lo, hi] (int8 or uint8) as bytes 1 and 0, c's low 16 bits above them (PTX
+  // cvt.pack.sat: one I2IP for two values, where a clamp was 2 integer min / max a value and the packing
+  // ~1 PRMT)
+  __device__ __forceinline__ u32 sat_pack(int a, int b, u32 c) const {
+#ifdef __CUDA_ARCH__
+    u32 d;
+    if (yu8())
+      asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    else
+      asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else  // the host emulation of the tests
+    return (u32)(u8)min(max(b, lo), hi) | (u32)(u8)min(max(a, lo), hi) << 8 | c << 16;
+#endif
+  }
+#endif
+  // the scale and bias of channels n + 8 j + c, n + 8 j + c + 1 (j = 0..3: the accumulators' layout, a
+  // lane's column pair c = 2 (lane % 4) in each of 4 blocks of 8) as s[2 j], s[2 j + 1] (b alike), with
+  // 8-byte loads (p + n + c 8-byte aligned); only the blocks of the `left` columns from n that exist (the
+  // others left as they are)
+  __device__ __forceinline__ void channel_pairs(i64 n, int c, int left, float (&s)[8], float (&b)[8]) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (8 * j >= left) continue;
+      const float2 s2 = sstep() ? *(const float2*)(scale + n + 8 * j + c) : make_float2(scale[0], scale[0]);
+      s[2 * j] = s2.x; s[2 * j + 1] = s2.y;
+      if (has_bias()) {
+        const float2 b2 = bstep() ? *(const float2*)(bias + n + 8 * j + c) : make_float2(bias[0], bias[0]);
+        b[2 * j] = b2.x; b[2 * j + 1] = b2.y;
+      }
+    }
   }
 };
 
