@@ -81,12 +81,16 @@
 #ifndef SW
 #define SW 4
 #endif
+#ifndef PG
+#define PG 1
+#endif
 #ifndef XS_MIN_BLOCKS
 #define XS_MIN_BLOCKS 2
 #endif
 #define XS_THREADS (32 * WN * WK)
 #define XS_COLS (8 * NT * WN)  // a block's columns
-#define XS_KB (128 * WK * SW)   // a block's K range (elements)
+#define XS_KB (128 * WK * SW * PG)  // a block's K range (elements)
+#define XS_STEP (128 * WK)          // elements from one of a warp's slices to its next
 
 // 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
 __device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid) {
@@ -112,6 +116,64 @@ __device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// A lane's chunks of the warp's slices wk, wk + WK, .. (slice q's chunk of tile j: row n0 + 8j + g, element
+// k0 + q * XS_STEP): the rows' pointers are computed once, so slice q's 16 bytes lie at a constant offset
+// (q * XS_STEP / 2 bytes: an immediate of the load) and its scale block follows from the previous slice's
+// by a constant step and at most one carry (no division a chunk)
+template <int WT>
+struct XsStream {
+  const u8* bits[NT];            // tile j's row at element k0 (a row past N: never read)
+  const unsigned short* sc[NT];  // tile j's row of scales, zero points (a row past N: never read)
+  const u8* zp[NT];
+  bool row[NT];                  // the row lies within N
+  int left;                      // K - k0: slice q holds elements of K where q * XS_STEP < left
+  int b, r;                      // the next slice to load: its scale block (element / block) and element % block
+  int bstep, rstep, block;       // XS_STEP / block, XS_STEP % block
+
+  __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale,
+                                      const void* __restrict__ zero, int n0, int N, int k0, int K, int ldw,
+                                      int block_, int nb) {
+    block = block_;
+    left = K - k0;
+    b = k0 / block;
+    r = k0 - b * block;
+    bstep = XS_STEP / block;
+    rstep = XS_STEP - bstep * block;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int n = n0 + 8 * j;
+      row[j] = n < N;
+      bits[j] = w + (i64)n * ldw + k0 / 2;
+      sc[j] = reinterpret_cast<const unsigned short*>(scale) + (i64)n * nb;
+      zp[j] = zero ? (const u8*)zero + (i64)n * nb : nullptr;
+    }
+  }
+  // slice q's 16 bytes a tile (zeros past N or K)
+  __device__ __forceinline__ void bits_of(WqChunk (&c)[NT], int q) const {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      c[j].bits = make_uint4(0u, 0u, 0u, 0u);
+      if (row[j] && q * XS_STEP < left) c[j].bits = *reinterpret_cast<const uint4*>(bits[j] + q * (XS_STEP / 2));
+    }
+  }
+  // slice q's scale bits and zero points (the next slice's: q in load order), then step to the next slice
+  __device__ __forceinline__ void scales_of(WqChunk (&c)[NT], int q) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const bool ok = row[j] && q * XS_STEP < left;
+      c[j].scale = ok ? sc[j][b] : (unsigned short)0;
+      c[j].zp = 0;
+      if (ok && zp[j]) c[j].zp = WT == WQ_I4 ? (int)(signed char)zp[j][b] : (int)zp[j][b];
+    }
+    r += rstep;
+    b += bstep;
+    if (r >= block) {
+      r -= block;
+      ++b;
+    }
+  }
+};
+
 template <int WT>
 __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
@@ -124,15 +186,15 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
   const int xld = xs_ld(K);
+  const XsStream<WT> first(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
-    WqChunk ch[SW][NT];  // every chunk of the warp in flight before anything waits
+    XsStream<WT> in = first;
+    WqChunk ch[SW][NT];  // a ring of SW slices: the first SW in flight before anything waits
 #pragma unroll
-    for (int q = 0; q < SW; ++q)
+    for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-        ch[q][j] = wq_load<WT>(w, scale, zero, n0 + 8 * j + g, N, kb + (wk + q * WK) * 128 + 32 * t, K, ldw, block,
-                               nb);
+    for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
     xs_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[NT][4];
@@ -141,15 +203,19 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll
-    for (int q = 0; q < SW; ++q) {
+    for (int q = 0; q < SW * PG; ++q) {  // slice q from ring slot q % SW, then slice q + SW into that slot
       const int s = wk + q * WK;
-      if (s >= slices) break;  // q ascending: every later slice lies past K too
+      if (s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
       const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // row g of the lane's 32 elements
-      wq_slice_mma<ELEM, WT, NT>(acc, ch[q], [=](int i, uint4& a, uint4& b) {
+      wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
         const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
         a = g < rows ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4;
         b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * xld + 8 * i) : z4;
       });
+      if (q + SW < SW * PG) {
+        in.bits_of(ch[q % SW], q + SW);
+        in.scales_of(ch[q % SW], q + SW);
+      }
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
