@@ -292,10 +292,11 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     assert min(mma) < min(gemv)
 
 
-@pytest.mark.parametrize("m,best", [(1, ("c16_k4096", "c32_k4096")), (16, ("c32_k4096",))])
+@pytest.mark.parametrize("m,best", [(1, ("c16_k4096", "c32_k4096", "c16_k4096_p2", "c32_k4096_p2")),
+                                    (16, ("c32_k4096", "c32_k4096_p2", "c32_k4096_p4"))])
 def test_the_staged_estimate_ranks_an_unsplit_tile_first_and_32_columns_at_16_rows(m, best):
     """No GPU: at N = K = 4096 (int4 blocked 128, float16 X, 132 SMs) the staged model puts a tile whose
-    block sums all of K first at M = 1 (X is small: a split would only add the reduce), the 32-column
+    block sums all of K first at M = 1 (X is small: a split would only add the reduce), a 32-column
     one at M = 16 (X, re-read once a block, costs half of the 16-column one's, and no reduce), and every
     staged tile under the measured weight_only_mma's estimate."""
     from polykit.kernels.cuda.base import all_cuda_tactics

@@ -44,17 +44,26 @@ SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
 #: launch (the reduce) costs about this much on the stream besides its bytes; warp schedulers an SM (a warp
 #: issues at most one instruction a cycle: ISSUE_PER_US_PER_SM / SCHEDULERS)
 L2_BYTES_PER_US, REDUCE_US, SCHEDULERS = 5.5e6, 1.5, 4
+#: DRAM's loaded latency (assumed, not measured here): the bytes in flight over all SMs that DRAM_BYTES_PER_US
+#: needs (Little's law); fewer stretch the DRAM time in proportion
+DRAM_LATENCY_US = 1.0
+#: instructions a lane-element of a chunk's address, predicate, scale and zero point (weight_only_mma's
+#: CHUNK_OPS is 0.4): the SASS of c16_k4096 (benchmarks/cuda_sass.py --w4) issues a slice's 2 chunks in ~8
+#: instructions besides the scale and zero point loads and the scale block's step, ~0.25 of 32 elements
+STAGED_CHUNK_OPS = 0.25
 
 
 @dataclass(frozen=True)
 class StagedTile:
     """weight_only_mma_staged's shape: `warps_n` x `warps_k` warps, `tiles` n8 tiles a warp, `slices` K
-    slices a warp (all loaded at once: slices * tiles 16-byte loads in flight a lane)."""
+    slices a warp in flight at once (slices * tiles 16-byte loads a lane), `groups` such groups a warp
+    streams through that ring (the kernel's PG: slice q + slices loads as slice q's math ends)."""
 
     warps_n: int
     warps_k: int
     tiles: int
     slices: int
+    groups: int = 1
 
     @property
     def threads(self) -> int:
@@ -67,11 +76,16 @@ class StagedTile:
     @property
     def k_block(self) -> int:
         """Elements of K a block sums (the split's length)."""
-        return SLICE * self.warps_k * self.slices
+        return SLICE * self.warps_k * self.slices * self.groups
 
     @property
     def name(self) -> str:
-        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}"
+        ring = f"_p{self.groups}" if self.groups > 1 else ""
+        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}{ring}"
+
+    def in_flight(self) -> int:
+        """Weight bytes a block has in flight at once (a lane's ring of slices * tiles 16-byte chunks)."""
+        return self.threads * self.slices * self.tiles * 16
 
     def splits(self, k: int) -> int:
         return -(-k // self.k_block)
@@ -97,35 +111,51 @@ class StagedTile:
     def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
         return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
                                                                NT=self.tiles, SW=self.slices,
-                                                               XS_MIN_BLOCKS=self.reg_blocks))
+                                                               PG=self.groups, XS_MIN_BLOCKS=self.reg_blocks))
 
 
 #: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
 #: small batches: 32 columns and all of K = 4096 (16 warps, 128 blocks of one an SM: X, re-read once a
 #: block, costs half, no split), 32 / 64 columns over K 2048 / 1024 (X 2x / 4x less, 256 blocks, for a
-#: split in 2 / 4 and its reduce)
-STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4))
+#: split in 2 / 4 and its reduce); then warps streaming 2 or 4 groups through their ring (_p2, _p4: fewer
+#: bytes in flight an SM, so less math left after the last bytes land, staged_us): 16 / 32 columns and K =
+#: 4096 a block with half the warps (32 KB in flight an SM at M = 1, still above what DRAM wants), and 32
+#: columns with a quarter of the warps (4 groups: M = 1's best at N = 11008 / K = 11008 in the model). (8
+#: columns, one n8 tile a warp, wins the GPT-2 768 shapes in the model but reads X 4x over at M = 16: above
+#: weight_only_mma there, so not a tile.)
+STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4),
+                StagedTile(1, 4, 2, 4, 2), StagedTile(2, 4, 2, 4, 2), StagedTile(2, 2, 2, 4, 4))
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
     """weight_only_mma_staged's predicted time (for ordering candidates; weight_only.gemv_us's constants,
     weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero
-    points once a row tile, Y), every byte into the SMs at L2 speed (those, X once a block, the split's
-    workspace written and read) followed by one warp's math (its loads all land before it starts: the
-    tail after the last bytes), its issued instructions and its dependent round trips (one load wave and
-    the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
+    points once a row tile, Y; stretched where the bytes in flight fall short of Little's law), every byte
+    into the SMs at L2 speed (those, X once a block, the split's workspace written and read) followed by
+    the math left when the last bytes land (one warp's ring where the math keeps well ahead of the bytes, up
+    to every ring in flight on a scheduler, warps / SCHEDULERS of them, as the math's load nears 1), its issued instructions and its dependent round
+    trips (one load wave and the block's sum a row tile and wave), plus launch and, split, the reduce's
+    launch."""
     tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
     grid_y = min(tiles, MAX_GRID_Y)
     blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)
     nb = -(-k // block)
+    slots = sm_count * tile.sm_blocks(m, k)
+    resident = min(blocks, slots)
     weight = (n * padded_row_bytes(k, 4) + n * nb * (ELEM_BYTES + 1)) * tiles
     dram = (weight + m * n * ELEM_BYTES) / DRAM_BYTES_PER_US
+    dram *= max(1.0, DRAM_BYTES_PER_US * DRAM_LATENCY_US / (resident * tile.in_flight()))
     staged = col_blocks * m * k * ELEM_BYTES + (2 * splits * m * n * 4 if splits > 1 else 0)
     through_l2 = (weight + staged) / L2_BYTES_PER_US
-    per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
+    per_element = DEQUANT_OPS[elem] + MMA_OPS + STAGED_CHUNK_OPS + \
+        X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
     issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
-    tail = tile.slices * SLICE * 8 * tile.tiles * per_element / 32 / (ISSUE_PER_US_PER_SM / SCHEDULERS)
-    slots = sm_count * tile.sm_blocks(m, k)
+    ring = tile.slices * SLICE * 8 * tile.tiles * per_element / 32  # warp-instructions of one warp's ring
+    warps_sm = -(-resident // sm_count) * tile.threads // 32
+    # left when the last bytes land: one ring where the math keeps well ahead of the bytes, every ring in
+    # flight on a scheduler (warps / SCHEDULERS) where it only just keeps up (load: math over stream time)
+    load = min(1.0, issue / max(dram, through_l2))
+    tail = ring * max(1.0, load * warps_sm / SCHEDULERS) / (ISSUE_PER_US_PER_SM / SCHEDULERS)
     waves = -(-blocks // slots)
     chain = waves * passes * 2 * STEP_LATENCY_US
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
@@ -200,4 +230,4 @@ for _tile in STAGED_TILES:
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12, estimate=_estimate,
                 workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
-                        "slices": _tile.slices})(_enqueue)
+                        "slices": _tile.slices, "groups": _tile.groups})(_enqueue)
