@@ -38,8 +38,9 @@ REDUCE_BLOCK = 256
 ARCHS = ("sm_80", "sm_90")
 #: bytes an SM's shared memory holds for blocks (sm_80 164 KB, sm_90 228 KB: the H100 / H200 this is for),
 #: a block's reserve; an SM's registers and the most a thread may take (__launch_bounds__ asks ptxas for
-#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512)
-SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
+#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512; a ring tile's thread REGS_RING:
+#: 3 blocks of 128 threads, 1 of 256)
+SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD, REGS_RING = 228 * 1024, 1024, 65536, 128, 168
 #: X re-reads and the workspace come from L2 (assumed ~5.5 TB/s on an H100; not measured here); a second
 #: launch (the reduce) costs about this much on the stream besides its bytes; warp schedulers an SM (a warp
 #: issues at most one instruction a cycle: ISSUE_PER_US_PER_SM / SCHEDULERS)
@@ -99,9 +100,15 @@ class StagedTile:
         return self.warps_k * ROW_TILE * self.cols * 4
 
     @property
+    def regs(self) -> int:
+        """Registers a thread may take: REGS_THREAD, REGS_RING where a warp streams several groups (its ring
+        and the stream's pointers stay live through the math: ptxas spills at 128)."""
+        return REGS_THREAD if self.groups == 1 else REGS_RING
+
+    @property
     def reg_blocks(self) -> int:
-        """Blocks an SM holds by registers (REGS_THREAD a thread at most: ptxas is asked for this many)."""
-        return max(1, REGS_SM // (REGS_THREAD * self.threads))
+        """Blocks an SM holds by registers (`regs` a thread at most: ptxas is asked for this many)."""
+        return max(1, REGS_SM // (self.regs * self.threads))
 
     def sm_blocks(self, m: int, k: int) -> int:
         """Blocks an SM holds: by registers, fewer where the staged X does not fit as often."""
@@ -117,14 +124,14 @@ class StagedTile:
 #: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
 #: small batches: 32 columns and all of K = 4096 (16 warps, 128 blocks of one an SM: X, re-read once a
 #: block, costs half, no split), 32 / 64 columns over K 2048 / 1024 (X 2x / 4x less, 256 blocks, for a
-#: split in 2 / 4 and its reduce); then warps streaming 2 or 4 groups through their ring (_p2, _p4: fewer
+#: split in 2 / 4 and its reduce); then warps streaming 2 groups through their ring (_p2: fewer
 #: bytes in flight an SM, so less math left after the last bytes land, staged_us): 16 / 32 columns and K =
-#: 4096 a block with half the warps (32 KB in flight an SM at M = 1, still above what DRAM wants), and 32
-#: columns with a quarter of the warps (4 groups: M = 1's best at N = 11008 / K = 11008 in the model). (8
-#: columns, one n8 tile a warp, wins the GPT-2 768 shapes in the model but reads X 4x over at M = 16: above
-#: weight_only_mma there, so not a tile.)
+#: 4096 a block with half the warps (32 KB in flight an SM at M = 1, still above what DRAM wants). (Not tiles:
+#: 8 columns, one n8 tile a warp, wins the GPT-2 768 shapes in the model but reads X 4x over at M = 16, above
+#: weight_only_mma there; 32 columns with a quarter of the warps and 4 groups, M = 1's best at N or K = 11008
+#: in the model, spills at 168 registers on sm_90.)
 STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4),
-                StagedTile(1, 4, 2, 4, 2), StagedTile(2, 4, 2, 4, 2), StagedTile(2, 2, 2, 4, 4))
+                StagedTile(1, 4, 2, 4, 2), StagedTile(2, 4, 2, 4, 2))
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:

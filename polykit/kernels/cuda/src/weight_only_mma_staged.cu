@@ -122,30 +122,32 @@ __device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM
 // by a constant step and at most one carry (no division a chunk)
 template <int WT>
 struct XsStream {
-  const u8* bits[NT];            // tile j's row at element k0 (a row past N: never read)
-  const unsigned short* sc[NT];  // tile j's row of scales, zero points (a row past N: never read)
-  const u8* zp[NT];
-  bool row[NT];                  // the row lies within N
-  int left;                      // K - k0: slice q holds elements of K where q * XS_STEP < left
-  int b, r;                      // the next slice to load: its scale block (element / block) and element % block
-  int bstep, rstep, block;       // XS_STEP / block, XS_STEP % block
+  const u8* bits[NT];              // tile j's row at element k0 (a row past N: never read)
+  const unsigned short* scale;     // the kernel's scale and zero point arguments (uniform)
+  const u8* zero;
+  bool row[NT];                    // tile j's row lies within N
+  int left;                        // K - k0: slice q holds elements of K where q * XS_STEP < left
+  int at, r;                       // the next slice to load: tile 0's scale index (n * nb + element / block)
+                                   // and element % block (N * nb < 2^31: the tactic's enqueue checks)
+  int nb8, bstep, rstep, block;    // 8 rows of scales; XS_STEP / block, XS_STEP % block
 
-  __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale,
-                                      const void* __restrict__ zero, int n0, int N, int k0, int K, int ldw,
+  __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
+                                      const void* __restrict__ zero_, int n0, int N, int k0, int K, int ldw,
                                       int block_, int nb) {
+    scale = reinterpret_cast<const unsigned short*>(scale_);
+    zero = (const u8*)zero_;
     block = block_;
     left = K - k0;
-    b = k0 / block;
+    const int b = k0 / block;
     r = k0 - b * block;
+    at = n0 * nb + b;
+    nb8 = 8 * nb;
     bstep = XS_STEP / block;
     rstep = XS_STEP - bstep * block;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const int n = n0 + 8 * j;
-      row[j] = n < N;
-      bits[j] = w + (i64)n * ldw + k0 / 2;
-      sc[j] = reinterpret_cast<const unsigned short*>(scale) + (i64)n * nb;
-      zp[j] = zero ? (const u8*)zero + (i64)n * nb : nullptr;
+      row[j] = n0 + 8 * j < N;
+      bits[j] = w + (i64)(n0 + 8 * j) * ldw + k0 / 2;
     }
   }
   // slice q's 16 bytes a tile (zeros past N or K)
@@ -160,16 +162,19 @@ struct XsStream {
   __device__ __forceinline__ void scales_of(WqChunk (&c)[NT], int q) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
+      // past N or K: a zero scale (every weight +-0, and an mma sum that starts at +0 stays as it is) and
+      // any zero point, read at index 0 (one predicate fewer live while the loads leave)
       const bool ok = row[j] && q * XS_STEP < left;
-      c[j].scale = ok ? sc[j][b] : (unsigned short)0;
+      const int i = ok ? at + j * nb8 : 0;
+      c[j].scale = ok ? scale[i] : (unsigned short)0;
       c[j].zp = 0;
-      if (ok && zp[j]) c[j].zp = WT == WQ_I4 ? (int)(signed char)zp[j][b] : (int)zp[j][b];
+      if (zero) c[j].zp = WT == WQ_I4 ? (int)(signed char)zero[i] : (int)zero[i];
     }
     r += rstep;
-    b += bstep;
+    at += bstep;
     if (r >= block) {
       r -= block;
-      ++b;
+      ++at;
     }
   }
 };
@@ -186,10 +191,10 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
   const int xld = xs_ld(K);
-  const XsStream<WT> first(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
-    XsStream<WT> in = first;
+    // built a row tile (a block has one but where M > 16 * 65535): nothing of it stays live through the math
+    XsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
     WqChunk ch[SW][NT];  // a ring of SW slices: the first SW in flight before anything waits
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
