@@ -276,6 +276,31 @@ def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
     assert "'wo'" in str(info.value)
 
 
+def test_a_staged_tactic_refuses_scales_past_32_bit_indices_at_enqueue():
+    """No GPU: N x blocks a row >= 2^31 (the staged kernel's 32-bit scale index) is a DeviceError that names
+    the layer and the tactic, before anything launches; one row fewer passes to the launch."""
+    from polykit.errors import DeviceError
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    layer, inputs = random_layer((1, 4096), 8, "int4", 32, dtype=np.float16)
+    tactic = find_tactic("cuda", KIND, STAGED_NAMES[0])
+
+    class Refuser:
+        sm_count = 132
+
+        def launch(self, *args, **kwargs):
+            raise AssertionError("launched")
+
+    for n, refused in ((2**31 // 128, True), (2**31 // 128 - 1, False)):
+        shapes = {"W": (n, inputs["W"].shape[1]), "S": (n, 128), "Z": (n, 128), "B": (n,), "Y": (1, n)}
+        tensors = {name: DeviceTensor(1 << 20, shapes.get(name, a.shape), a.dtype) for name, a in inputs.items()}
+        tensors["Y"] = DeviceTensor(1 << 20, shapes["Y"], inputs["X"].dtype)
+        with pytest.raises(DeviceError if refused else AssertionError, match="2\\^31" if refused else "launched") as info:
+            tactic.enqueue(layer, Refuser(), tensors)
+        assert not refused or ("'wo'" in str(info.value) and STAGED_NAMES[0] in str(info.value))
+
+
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 @pytest.mark.parametrize("x", ["float16", "bfloat16"])
 def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):

@@ -207,6 +207,11 @@ def _staged_tactic(tile: StagedTile):
         m, n, k = sizes["M"], sizes["N"], sizes["K"]
         if m == 0 or n == 0:
             return
+        nb = -(-k // int(layer.attrs["block_size"]))
+        if n * nb >= 2**31:  # the kernel indexes scales and zero points with 32-bit ints
+            raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
+                              "blocks a row is past 2^31", where=f"layer {layer.name!r}",
+                              hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
         splits = tile.splits(k)
         ws = 0
         if splits > 1:
