@@ -49,8 +49,8 @@ L2_BYTES_PER_US, REDUCE_US, SCHEDULERS = 5.5e6, 1.5, 4
 #: needs (Little's law); fewer stretch the DRAM time in proportion
 DRAM_LATENCY_US = 1.0
 #: instructions a lane-element of a chunk's address, predicate, scale and zero point (weight_only_mma's
-#: CHUNK_OPS is 0.4): the SASS of c16_k4096 (benchmarks/cuda_sass.py --w4) issues a slice's 2 chunks in ~8
-#: instructions besides the scale and zero point loads and the scale block's step, ~0.25 of 32 elements
+#: CHUNK_OPS is 0.4): estimated, ~8 a 32-element chunk, from the SASS of c16_k4096 (benchmarks/cuda_sass.py
+#: --w4: the 8 chunk loads in 29 instructions, the scale / zero point loads and the block's step besides)
 STAGED_CHUNK_OPS = 0.25
 
 

@@ -20,11 +20,13 @@
 //
 // Geometry: block = WN x WK warps (warp w: column group wn = w % WN, K group wk = w / WN); the block owns
 // 8 * NT * WN columns (warp wn's NT n8 tiles from n0 = blockIdx.x * cols + 8 * NT * wn) and K range
-// [kb, kb + KB), KB = 128 * WK * SW, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)); row tiles
-// of 16 (m0 = blockIdx.y * 16, stepping by gridDim.y * 16: any M). Warp (wn, wk) takes slices wk, wk + WK,
-// .., wk + (SW - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a row, lane
-// 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) and loads all SW * NT
-// chunks before any math. X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
+// [kb, kb + KB), KB = 128 * WK * SW * PG, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)); row
+// tiles of 16 (m0 = blockIdx.y * 16, stepping by gridDim.y * 16: any M). Warp (wn, wk) takes slices wk,
+// wk + WK, .., wk + (SW * PG - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a
+// row, lane 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) through a
+// ring of SW slices: it loads the first SW * NT chunks before any math, back to back (XsStream: a row's
+// pointer once, slice q at an immediate offset, the scale block stepped without a division), and as slice
+// q's math ends loads slice q + SW into its slot (PG = 1: no reloads, the whole range in flight at once). X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
 // to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
 // row keeps the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
 // zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
@@ -38,13 +40,15 @@
 // (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
 // splits in order); Y = ELEM(sum + float(B)), one rounding.
 //
-// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills):
-// __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread and gets 124-128 at every tile:
-// 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096), 16 warps an SM
-// either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over 132 SMs,
-// i.e. all of N = K = 4096's packed weights in one wave. Shared memory (min(16, M) x xld x 2 + part:
-// 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB + part: 1
-// block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
+// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills; benchmarks/
+// cuda_sass.py --w4 TILE): __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread at PG = 1
+// and gets 124-128: 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096),
+// 16 warps an SM either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over
+// 132 SMs, i.e. all of N = K = 4096's packed weights in one wave. The ring tiles (PG = 2) keep the stream's
+// pointers live through the math and spill at 128: they ask for <= 168 (163-168: 3 blocks of 128 threads an
+// SM, c16_k4096_p2; 1 of 256, c32_k4096_p2), 32 KB in flight an SM at M = 1. Shared memory (min(16, M) x
+// xld x 2 + part: 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB
+// + part: 1 block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
 //
 // Cost (counted from the source and modelled in weight_only_mma_staged.py's staged_us; not measured) at
 // N = K = 4096, int4 blocked 128, float16 X. Bytes: packed weights 8.4 MB + scales / zero points 0.4 MB
@@ -53,17 +57,19 @@
 // 64 columns a block); split, a float32 workspace written and read once (M x N x 4 x splits: 1 MB at
 // M = 16, 4 splits). Instructions a lane-element: dequantization 2 (float16) / 2.5 (bfloat16), the mma
 // 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half at M <= 8), a chunk's
-// address, scale and zero point 0.4: ~3.2 at NT = 2, ~2 us of issue on 132 SMs. Latency: one DRAM round
-// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~200 warp-instructions
-// a slice at NT = 2, 4 slices a warp: ~0.5 us of tail after the last bytes land) and the block's sum.
+// address, scale and zero point ~0.25 (XsStream; 0.4 before it): ~3.1 at NT = 2, ~2 us of issue on 132
+// SMs. Latency: one DRAM round trip (the chunks) overlapped with one L2 round trip (X's copies), then only
+// math (~200 warp-instructions a slice at NT = 2, 4 slices a ring: ~0.5 us a ring at a scheduler's rate, 4
+// warps a scheduler at 16 warps an SM) and the block's sum.
 // staged_us (the family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed
-// 5.5 TB/s; a reduce 1.5 us + its bytes), the layer's time: c16_k4096 6.4 us at M = 1 (H200 at 4.3 TB/s:
-// 5.5), c32_k4096 8.3 us at M = 16 (H200 the same: X's L2 re-reads bound it; without a K split every SM
-// needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to), against
-// weight_only_mma's 11.3 / 14.2 us measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x
-// (<= ~6.5 us) predicted at M = 1 (just), ~1.9x at M = 16 (a split's reduce costs what it saves of X).
+// 5.5 TB/s; a reduce 1.5 us + its bytes; the math left when the last bytes land: one ring, up to every ring
+// in flight on a scheduler as the math's load nears the stream's), the layer's time: M = 1 c16_k4096 7.0 us,
+// c16_k4096_p2 6.5; M = 16 c32_k4096 8.6, c32_k4096_p2 8.3 (X's L2 re-reads bound it; without a K split
+// every SM needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to). Measured
+// (H100, before the loads went back to back): 10.1 / 14.5 us, against the fp16 GEMM's 16.0 / 15.6 us and
+// issue 35's 2.5x (<= 6.4 / 6.2 us): the model is short of the measurement by ~3 / ~6 us.
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across columns / K), NT (n8 tiles a warp), SW (slices a
-// warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas: 2 at 256 threads, 1 at 512).
+// warp's ring holds), PG (groups of SW slices a warp streams), XS_MIN_BLOCKS (blocks an SM asked of ptxas).
 #include "weight_only_mma.cuh"
 
 #ifndef ELEM
