@@ -368,10 +368,10 @@ def kernel_sass(sass: str, kernel: str) -> list[str]:
 
 
 def w4_groups(body: list[str]) -> list[tuple[int, int]]:
-    """The staged kernel's 16-byte weight loads (LDG.E.128) in runs that no cp.async (LDGSTS) or mma (HMMA)
-    or unconditional branch (a copy's end) separates, in SASS order: (loads, instructions from the first to the last) a run. The kernel has a body a
-    weight type (int4, uint4), and ptxas may copy a body (with / without zero points); a body issues its first
-    loads before staging X (LDGSTS)."""
+    """The staged kernel's 16-byte weight loads (LDG.E.128) in runs that no cp.async (LDGSTS) or mma (HMMA) or
+    unconditional branch (a copy's end) separates, in SASS order: (loads, instructions from the first to the last) a
+    run. The kernel has a body a weight type (int4, uint4), and ptxas may copy a body (with / without zero points); a
+    body issues its first loads before staging X (LDGSTS)."""
     runs: list[list[int]] = []
     for i, t in enumerate(body):
         if re.search(r"\bLDG\.E\.128\b", t):

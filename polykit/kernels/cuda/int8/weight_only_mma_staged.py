@@ -1,10 +1,11 @@
 """WeightOnlyMatMul on tensor cores with X staged and every load up front (weight_only_mma_staged.cu).
 
-Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>` take what weight_only_mma.py's tactics
-take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with their
-per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK warps
-owns 8 * NT * WN columns and a K range of 128 * WK * SW elements, each warp issues all of its SW * NT 16-byte
-weight loads before any math, and the block stages its X rows once in shared memory by cp.async. K longer
+Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>[_p<groups>]` take what weight_only_mma.py's
+tactics take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with
+their per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK
+warps owns 8 * NT * WN columns and a K range of 128 * WK * SW * groups elements, each warp issues its first
+SW * NT 16-byte weight loads back to back before any math (with groups > 1, a ring: slice q + SW loads as
+slice q's math ends), and the block stages its X rows once in shared memory by cp.async. K longer
 than a block's range is split over blocks (gridDim.z) into a float32 workspace that weight_only_mma_reduce
 adds in split order, then the bias (deterministic). weight_only_mma_staged.cu's header gives the why (the
 ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_us` is that model.
@@ -12,7 +13,8 @@ ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_
 Priority 12, above weight_only_mma's 11: their gpu tests pass (H100 2026-12-06, STEP=new11: 1302 passed) and a
 timed build picks a staged tile at M = 1 and M = 16 (N = K = 4096, benchmarks/weight_only_gemm.py: 10.1 / 14.5 us
 against the fp16 GEMM's 16.0 / 15.6 us, docs/PERFORMANCE.md twelfth session), so a level-0 build takes what the
-timed builds take; weight_only_mma's tiles stay candidates under them. Host-emulated too
+timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2) are priority 12
+too but untimed (docs/INT8.md "W4A16 staged kernel, loads back to back"). Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
@@ -27,8 +29,8 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
                                                    STEP_LATENCY_US, layer_sources, weight_only_args)
-from polykit.kernels.cuda.int8.weight_only_mma import (CHUNK_OPS, DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE,
-                                                       SLICE, X_OPS_A_WORD, estimate_of, refusal, supports)
+from polykit.kernels.cuda.int8.weight_only_mma import (DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE, SLICE,
+                                                       X_OPS_A_WORD, estimate_of, refusal, supports)
 
 FILE = "weight_only_mma_staged.cu"
 KERNEL, REDUCE = "weight_only_mma_staged", "weight_only_mma_reduce"
@@ -136,13 +138,12 @@ STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4,
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
     """weight_only_mma_staged's predicted time (for ordering candidates; weight_only.gemv_us's constants,
-    weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero
-    points once a row tile, Y; stretched where the bytes in flight fall short of Little's law), every byte
-    into the SMs at L2 speed (those, X once a block, the split's workspace written and read) followed by
-    the math left when the last bytes land (one warp's ring where the math keeps well ahead of the bytes, up
-    to every ring in flight on a scheduler, warps / SCHEDULERS of them, as the math's load nears 1), its issued instructions and its dependent round
-    trips (one load wave and the block's sum a row tile and wave), plus launch and, split, the reduce's
-    launch."""
+    weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero points once a
+    row tile, Y; stretched where the bytes in flight fall short of Little's law), every byte into the SMs at L2 speed
+    (those, X once a block, the split's workspace written and read) followed by the math left when the last bytes land
+    (one warp's ring where the math keeps well ahead of the bytes, up to every ring in flight on a scheduler, warps /
+    SCHEDULERS of them, as the math's load nears 1), its issued instructions and its dependent round trips (one load
+    wave and the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
     tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
     grid_y = min(tiles, MAX_GRID_Y)
     blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)

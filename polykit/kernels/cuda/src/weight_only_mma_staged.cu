@@ -26,8 +26,9 @@
 // row, lane 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) through a
 // ring of SW slices: it loads the first SW * NT chunks before any math, back to back (XsStream: a row's
 // pointer once, slice q at an immediate offset, the scale block stepped without a division), and as slice
-// q's math ends loads slice q + SW into its slot (PG = 1: no reloads, the whole range in flight at once). X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
-// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
+// q's math ends loads slice q + SW into its slot (PG = 1: no reloads, the whole range in flight at once).
+// X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go to shared memory (dynamic,
+// rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
 // row keeps the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
 // zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
 // reads its 16 bytes of row g (row g + 8 at M - m0 > 8) per word from shared memory (rows past M read as
