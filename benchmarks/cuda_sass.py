@@ -71,7 +71,12 @@ def main() -> None:
                         help="the FP8 GEMM tile's kernel (fp8_gemm_sm90.py; e4m3 out, float32 residual): its wgmma")
     parser.add_argument("--fp8-conv", metavar="TILE",
                         help="the FP8 conv tile with pieces (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
+    parser.add_argument("--w4", metavar="TILE[,ELEM]",
+                        help="weight_only_mma_staged's tile (c16_k4096): its LDG.128 spacing, registers, spills")
     args = parser.parse_args()
+    if args.w4:
+        print(w4_report(args.w4, args.arch, args.out))
+        return
     if args.norm:
         report = norm_sass(args.norm, args.arch, args.out)
         print(report)
@@ -342,6 +347,56 @@ def producer_loop(sass: str) -> int:
     loops = [(int(m[1], 16), a) for a, line in rows if (m := re.search(r"BRA (0x[0-9a-f]+)", line))]
     first, last = min((lp for lp in loops if lp[0] <= min(copies) and lp[1] >= max(copies)), key=lambda lp: lp[1] - lp[0])
     return sum(first <= a <= last for a, _ in rows)
+
+
+def w4_report(spec: str, arch: str, out: str) -> str:
+    """weight_only_mma_staged's tile `spec` (TILE[,ELEM]) compiled for `arch`: the SASS to `out` and the report
+    of w4_groups plus the cubin's registers and local memory (cuobjdump -res-usage)."""
+    from polykit.kernels.cuda.int8.weight_only_mma_staged import KERNEL, STAGED_TILES
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    name, elem = (spec.split(",") + ["half_t"])[:2]
+    tile = next(t for t in STAGED_TILES if t.name.endswith("_" + name))
+    cubin = compile_source(tile.source(elem), arch)
+    sass = disassemble(cubin)
+    Path(out).write_text(sass)
+    groups = w4_groups(kernel_sass(sass, KERNEL))
+    usage = resource_usage(cubin, KERNEL)
+    return (f"{out}: {tile.name} {elem} {arch}: registers {usage.get('REG')}, local memory {usage.get('LOCAL', 0)} "
+            f"bytes, stack {usage.get('STACK', 0)}; LDG.E.128 groups (loads / instructions first to last / others "
+            "between): " + ", ".join(f"{n} / {span} / {span - n}" for n, span in groups))
+
+
+def kernel_sass(sass: str, kernel: str) -> list[str]:
+    """The instruction texts of `kernel`'s function in cuobjdump's SASS (addresses dropped, NOPs kept)."""
+    text = sass.split(f"Function : {kernel}\n", 1)[1].split("Function : ", 1)[0]
+    return [m[1] for line in text.splitlines() if (m := re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line))]
+
+
+def w4_groups(body: list[str]) -> list[tuple[int, int]]:
+    """The staged kernel's 16-byte weight loads (LDG.E.128) in runs that no cp.async (LDGSTS) or mma (HMMA) or
+    unconditional branch (a copy's end) separates, in SASS order: (loads, instructions from the first to the last) a
+    run. The kernel has a body a weight type (int4, uint4), and ptxas may copy a body (with / without zero points); a
+    body issues its first loads before staging X (LDGSTS)."""
+    runs: list[list[int]] = []
+    for i, t in enumerate(body):
+        if re.search(r"\bLDG\.E\.128\b", t):
+            if runs and not any(re.search(r"LDGSTS|HMMA|^BRA\b", u) for u in body[runs[-1][-1] + 1:i]):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    return [(len(r), r[-1] - r[0] + 1) for r in runs]
+
+
+def resource_usage(cubin: bytes, kernel: str) -> dict[str, int]:
+    """cuobjdump -res-usage's numbers (REG, STACK, SHARED, LOCAL, ...) of `kernel` in `cubin`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        tool = os.environ.get("CUOBJDUMP", "cuobjdump")
+        text = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    block = text.split(f"Function {kernel}:", 1)[1].split("Function ", 1)[0]
+    return {k: int(v) for k, v in re.findall(r"\b([A-Z]+):(\d+)", block)}
 
 
 def flash_sass(spec: str) -> str:

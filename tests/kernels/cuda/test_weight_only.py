@@ -276,6 +276,32 @@ def test_an_mma_tactic_refuses_float32_x_of_a_layer_built_by_hand_at_enqueue():
     assert "'wo'" in str(info.value)
 
 
+def test_a_staged_tactic_refuses_scales_past_32_bit_indices_at_enqueue():
+    """No GPU: N x blocks a row >= 2^31 (the staged kernel's 32-bit scale index) is a DeviceError that names
+    the layer and the tactic, before anything launches; one row fewer passes to the launch."""
+    from polykit.errors import DeviceError
+    from polykit.kernels.cuda.base import DeviceTensor
+    from polykit.kernels.tactics import find_tactic
+
+    layer, inputs = random_layer((1, 4096), 8, "int4", 32, dtype=np.float16)
+    tactic = find_tactic("cuda", KIND, STAGED_NAMES[0])
+
+    class Refuser:
+        sm_count = 132
+
+        def launch(self, *args, **kwargs):
+            raise AssertionError("launched")
+
+    for n, refused in ((2**31 // 128, True), (2**31 // 128 - 1, False)):
+        shapes = {"W": (n, inputs["W"].shape[1]), "S": (n, 128), "Z": (n, 128), "B": (n,), "Y": (1, n)}
+        tensors = {name: DeviceTensor(1 << 20, shapes.get(name, a.shape), a.dtype) for name, a in inputs.items()}
+        tensors["Y"] = DeviceTensor(1 << 20, shapes["Y"], inputs["X"].dtype)
+        expected = (DeviceError, "2\\^31") if refused else (AssertionError, "launched")
+        with pytest.raises(expected[0], match=expected[1]) as info:
+            tactic.enqueue(layer, Refuser(), tensors)
+        assert not refused or ("'wo'" in str(info.value) and STAGED_NAMES[0] in str(info.value))
+
+
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 @pytest.mark.parametrize("x", ["float16", "bfloat16"])
 def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
@@ -292,10 +318,11 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
     assert min(mma) < min(gemv)
 
 
-@pytest.mark.parametrize("m,best", [(1, ("c16_k4096", "c32_k4096")), (16, ("c32_k4096",))])
+@pytest.mark.parametrize("m,best", [(1, ("c16_k4096", "c32_k4096", "c16_k4096_p2", "c32_k4096_p2")),
+                                    (16, ("c32_k4096", "c32_k4096_p2"))])
 def test_the_staged_estimate_ranks_an_unsplit_tile_first_and_32_columns_at_16_rows(m, best):
     """No GPU: at N = K = 4096 (int4 blocked 128, float16 X, 132 SMs) the staged model puts a tile whose
-    block sums all of K first at M = 1 (X is small: a split would only add the reduce), the 32-column
+    block sums all of K first at M = 1 (X is small: a split would only add the reduce), a 32-column
     one at M = 16 (X, re-read once a block, costs half of the 16-column one's, and no reduce), and every
     staged tile under the measured weight_only_mma's estimate."""
     from polykit.kernels.cuda.base import all_cuda_tactics
@@ -344,6 +371,17 @@ def test_a_level_0_build_takes_the_staged_kernel_then_the_mma_kernel_where_they_
 @pytest.mark.parametrize("tactic", MMA_TACTICS)
 def test_mma_tactics_equal_the_reference(x_shape, n, block, weight_type, dtype, tactic):
     layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, seed=n)
+    check(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("x_shape,n,block", [((3, 1056), 7, 96), ((17, 4400), 37, 160)])
+@pytest.mark.parametrize("tactic", STAGED_NAMES)
+def test_staged_tactics_step_scale_blocks_that_do_not_divide_a_warps_step(x_shape, n, block, dtype, tactic):
+    """Blocks of 96 / 160 elements: a warp's step from slice to slice (128 x WK) is not a whole number of
+    blocks, so a lane's scale block advances with a carry (weight_only_mma_staged.cu's XsStream)."""
+    layer, inputs = random_layer(x_shape, n, "int4", block, dtype=dtype, seed=block)
     check(layer, inputs, tactic)
 
 

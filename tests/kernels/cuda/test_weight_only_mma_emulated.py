@@ -155,8 +155,10 @@ def run_emulated(launcher, tactic_name, layer, inputs, shift_x=0):
 MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17, 400), 13, 128)]
 # the staged kernel: those (one block's K range: slices and chunks past K skipped or zero) and K past a
 # block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of c32_k2048, 5
-# of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements)
-STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64)]
+# of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements); blocks of 96 and
+# 160, which do not divide a warp's step from slice to slice (128 x WK elements): the scale block's carry
+STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64), ((3, 1056), 7, 96),
+                            ((2, 4400), 5, 160)]
 EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
     [(tile, *case) for tile in STAGED_TILES for case in STAGED_CASES]
 
@@ -197,7 +199,7 @@ def test_the_emulated_kernel_reads_a_misaligned_x_element_by_element(request, ti
 def test_the_emulated_split_kernel_launches_its_reduce_after_the_splits(staged_launcher):
     """K past a block's range: the main kernel's grid has one z a split and the reduce runs after it; K
     within it: one launch, Y written directly."""
-    tile = STAGED_TILES[-1]
+    tile = next(tile for tile in STAGED_TILES if tile.k_block == 1024)  # c64_k1024
     for k, launches in ((1040, [(STAGED_KERNEL, 2), ("weight_only_mma_reduce", 1)]), (272, [(STAGED_KERNEL, 1)])):
         layer, inputs = random_layer((2, k), 8, "uint4", 32, dtype=np.float16, seed=k)
         staged_launcher.launches.clear()

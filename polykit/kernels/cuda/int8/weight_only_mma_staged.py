@@ -1,10 +1,11 @@
 """WeightOnlyMatMul on tensor cores with X staged and every load up front (weight_only_mma_staged.cu).
 
-Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>` take what weight_only_mma.py's tactics
-take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with their
-per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK warps
-owns 8 * NT * WN columns and a K range of 128 * WK * SW elements, each warp issues all of its SW * NT 16-byte
-weight loads before any math, and the block stages its X rows once in shared memory by cp.async. K longer
+Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>[_p<groups>]` take what weight_only_mma.py's
+tactics take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with
+their per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK
+warps owns 8 * NT * WN columns and a K range of 128 * WK * SW * groups elements, each warp issues its first
+SW * NT 16-byte weight loads back to back before any math (with groups > 1, a ring: slice q + SW loads as
+slice q's math ends), and the block stages its X rows once in shared memory by cp.async. K longer
 than a block's range is split over blocks (gridDim.z) into a float32 workspace that weight_only_mma_reduce
 adds in split order, then the bias (deterministic). weight_only_mma_staged.cu's header gives the why (the
 ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_us` is that model.
@@ -12,7 +13,8 @@ ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_
 Priority 12, above weight_only_mma's 11: their gpu tests pass (H100 2026-12-06, STEP=new11: 1302 passed) and a
 timed build picks a staged tile at M = 1 and M = 16 (N = K = 4096, benchmarks/weight_only_gemm.py: 10.1 / 14.5 us
 against the fp16 GEMM's 16.0 / 15.6 us, docs/PERFORMANCE.md twelfth session), so a level-0 build takes what the
-timed builds take; weight_only_mma's tiles stay candidates under them. Host-emulated too
+timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2) are priority 12
+too but untimed (docs/INT8.md "W4A16 staged kernel, loads back to back"). Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
@@ -27,8 +29,8 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
                                                    STEP_LATENCY_US, layer_sources, weight_only_args)
-from polykit.kernels.cuda.int8.weight_only_mma import (CHUNK_OPS, DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE,
-                                                       SLICE, X_OPS_A_WORD, estimate_of, refusal, supports)
+from polykit.kernels.cuda.int8.weight_only_mma import (DEQUANT_OPS, ELEM_BYTES, ELEMS, MMA_OPS, ROW_TILE, SLICE,
+                                                       X_OPS_A_WORD, estimate_of, refusal, supports)
 
 FILE = "weight_only_mma_staged.cu"
 KERNEL, REDUCE = "weight_only_mma_staged", "weight_only_mma_reduce"
@@ -38,23 +40,33 @@ REDUCE_BLOCK = 256
 ARCHS = ("sm_80", "sm_90")
 #: bytes an SM's shared memory holds for blocks (sm_80 164 KB, sm_90 228 KB: the H100 / H200 this is for),
 #: a block's reserve; an SM's registers and the most a thread may take (__launch_bounds__ asks ptxas for
-#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512)
-SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD = 228 * 1024, 1024, 65536, 128
+#: REGS_SM / REGS_THREAD / threads blocks an SM: 2 of 256 threads, 1 of 512; a ring tile's thread REGS_RING:
+#: 3 blocks of 128 threads, 1 of 256)
+SMEM_PER_SM, SMEM_RESERVE, REGS_SM, REGS_THREAD, REGS_RING = 228 * 1024, 1024, 65536, 128, 168
 #: X re-reads and the workspace come from L2 (assumed ~5.5 TB/s on an H100; not measured here); a second
 #: launch (the reduce) costs about this much on the stream besides its bytes; warp schedulers an SM (a warp
 #: issues at most one instruction a cycle: ISSUE_PER_US_PER_SM / SCHEDULERS)
 L2_BYTES_PER_US, REDUCE_US, SCHEDULERS = 5.5e6, 1.5, 4
+#: DRAM's loaded latency (assumed, not measured here): the bytes in flight over all SMs that DRAM_BYTES_PER_US
+#: needs (Little's law); fewer stretch the DRAM time in proportion
+DRAM_LATENCY_US = 1.0
+#: instructions a lane-element of a chunk's address, predicate, scale and zero point (weight_only_mma's
+#: CHUNK_OPS is 0.4): estimated, ~8 a 32-element chunk, from the SASS of c16_k4096 (benchmarks/cuda_sass.py
+#: --w4: the 8 chunk loads in 29 instructions, the scale / zero point loads and the block's step besides)
+STAGED_CHUNK_OPS = 0.25
 
 
 @dataclass(frozen=True)
 class StagedTile:
     """weight_only_mma_staged's shape: `warps_n` x `warps_k` warps, `tiles` n8 tiles a warp, `slices` K
-    slices a warp (all loaded at once: slices * tiles 16-byte loads in flight a lane)."""
+    slices a warp in flight at once (slices * tiles 16-byte loads a lane), `groups` such groups a warp
+    streams through that ring (the kernel's PG: slice q + slices loads as slice q's math ends)."""
 
     warps_n: int
     warps_k: int
     tiles: int
     slices: int
+    groups: int = 1
 
     @property
     def threads(self) -> int:
@@ -67,11 +79,16 @@ class StagedTile:
     @property
     def k_block(self) -> int:
         """Elements of K a block sums (the split's length)."""
-        return SLICE * self.warps_k * self.slices
+        return SLICE * self.warps_k * self.slices * self.groups
 
     @property
     def name(self) -> str:
-        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}"
+        ring = f"_p{self.groups}" if self.groups > 1 else ""
+        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}{ring}"
+
+    def in_flight(self) -> int:
+        """Weight bytes a block has in flight at once (a lane's ring of slices * tiles 16-byte chunks)."""
+        return self.threads * self.slices * self.tiles * 16
 
     def splits(self, k: int) -> int:
         return -(-k // self.k_block)
@@ -85,9 +102,15 @@ class StagedTile:
         return self.warps_k * ROW_TILE * self.cols * 4
 
     @property
+    def regs(self) -> int:
+        """Registers a thread may take: REGS_THREAD, REGS_RING where a warp streams several groups (its ring
+        and the stream's pointers stay live through the math: ptxas spills at 128)."""
+        return REGS_THREAD if self.groups == 1 else REGS_RING
+
+    @property
     def reg_blocks(self) -> int:
-        """Blocks an SM holds by registers (REGS_THREAD a thread at most: ptxas is asked for this many)."""
-        return max(1, REGS_SM // (REGS_THREAD * self.threads))
+        """Blocks an SM holds by registers (`regs` a thread at most: ptxas is asked for this many)."""
+        return max(1, REGS_SM // (self.regs * self.threads))
 
     def sm_blocks(self, m: int, k: int) -> int:
         """Blocks an SM holds: by registers, fewer where the staged X does not fit as often."""
@@ -97,35 +120,50 @@ class StagedTile:
     def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
         return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
                                                                NT=self.tiles, SW=self.slices,
-                                                               XS_MIN_BLOCKS=self.reg_blocks))
+                                                               PG=self.groups, XS_MIN_BLOCKS=self.reg_blocks))
 
 
 #: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
 #: small batches: 32 columns and all of K = 4096 (16 warps, 128 blocks of one an SM: X, re-read once a
 #: block, costs half, no split), 32 / 64 columns over K 2048 / 1024 (X 2x / 4x less, 256 blocks, for a
-#: split in 2 / 4 and its reduce)
-STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4))
+#: split in 2 / 4 and its reduce); then warps streaming 2 groups through their ring (_p2: fewer
+#: bytes in flight an SM, so less math left after the last bytes land, staged_us): 16 / 32 columns and K =
+#: 4096 a block with half the warps (32 KB in flight an SM at M = 1, still above what DRAM wants). (Not tiles:
+#: 8 columns, one n8 tile a warp, wins the GPT-2 768 shapes in the model but reads X 4x over at M = 16, above
+#: weight_only_mma there; 32 columns with a quarter of the warps and 4 groups, M = 1's best at N or K = 11008
+#: in the model, spills at 168 registers on sm_90.)
+STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4),
+                StagedTile(1, 4, 2, 4, 2), StagedTile(2, 4, 2, 4, 2))
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
     """weight_only_mma_staged's predicted time (for ordering candidates; weight_only.gemv_us's constants,
-    weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero
-    points once a row tile, Y), every byte into the SMs at L2 speed (those, X once a block, the split's
-    workspace written and read) followed by one warp's math (its loads all land before it starts: the
-    tail after the last bytes), its issued instructions and its dependent round trips (one load wave and
-    the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
+    weight_only_mma_staged.cu's header): the slowest of the DRAM traffic (packed weights, scales and zero points once a
+    row tile, Y; stretched where the bytes in flight fall short of Little's law), every byte into the SMs at L2 speed
+    (those, X once a block, the split's workspace written and read) followed by the math left when the last bytes land
+    (one warp's ring where the math keeps well ahead of the bytes, up to every ring in flight on a scheduler, warps /
+    SCHEDULERS of them, as the math's load nears 1), its issued instructions and its dependent round trips (one load
+    wave and the block's sum a row tile and wave), plus launch and, split, the reduce's launch."""
     tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
     grid_y = min(tiles, MAX_GRID_Y)
     blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)
     nb = -(-k // block)
+    slots = sm_count * tile.sm_blocks(m, k)
+    resident = min(blocks, slots)
     weight = (n * padded_row_bytes(k, 4) + n * nb * (ELEM_BYTES + 1)) * tiles
     dram = (weight + m * n * ELEM_BYTES) / DRAM_BYTES_PER_US
+    dram *= max(1.0, DRAM_BYTES_PER_US * DRAM_LATENCY_US / (resident * tile.in_flight()))
     staged = col_blocks * m * k * ELEM_BYTES + (2 * splits * m * n * 4 if splits > 1 else 0)
     through_l2 = (weight + staged) / L2_BYTES_PER_US
-    per_element = DEQUANT_OPS[elem] + MMA_OPS + CHUNK_OPS + X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
+    per_element = DEQUANT_OPS[elem] + MMA_OPS + STAGED_CHUNK_OPS + \
+        X_OPS_A_WORD * (1.0 if m > 8 else 0.5) / 8 / tile.tiles
     issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
-    tail = tile.slices * SLICE * 8 * tile.tiles * per_element / 32 / (ISSUE_PER_US_PER_SM / SCHEDULERS)
-    slots = sm_count * tile.sm_blocks(m, k)
+    ring = tile.slices * SLICE * 8 * tile.tiles * per_element / 32  # warp-instructions of one warp's ring
+    warps_sm = -(-resident // sm_count) * tile.threads // 32
+    # left when the last bytes land: one ring where the math keeps well ahead of the bytes, every ring in
+    # flight on a scheduler (warps / SCHEDULERS) where it only just keeps up (load: math over stream time)
+    load = min(1.0, issue / max(dram, through_l2))
+    tail = ring * max(1.0, load * warps_sm / SCHEDULERS) / (ISSUE_PER_US_PER_SM / SCHEDULERS)
     waves = -(-blocks // slots)
     chain = waves * passes * 2 * STEP_LATENCY_US
     spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
@@ -170,6 +208,11 @@ def _staged_tactic(tile: StagedTile):
         m, n, k = sizes["M"], sizes["N"], sizes["K"]
         if m == 0 or n == 0:
             return
+        nb = -(-k // int(layer.attrs["block_size"]))
+        if n * nb >= 2**31:  # the kernel indexes scales and zero points with 32-bit ints
+            raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
+                              "blocks a row is past 2^31", where=f"layer {layer.name!r}",
+                              hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
         splits = tile.splits(k)
         ws = 0
         if splits > 1:
@@ -200,4 +243,4 @@ for _tile in STAGED_TILES:
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12, estimate=_estimate,
                 workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
-                        "slices": _tile.slices})(_enqueue)
+                        "slices": _tile.slices, "groups": _tile.groups})(_enqueue)

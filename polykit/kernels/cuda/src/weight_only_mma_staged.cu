@@ -20,12 +20,15 @@
 //
 // Geometry: block = WN x WK warps (warp w: column group wn = w % WN, K group wk = w / WN); the block owns
 // 8 * NT * WN columns (warp wn's NT n8 tiles from n0 = blockIdx.x * cols + 8 * NT * wn) and K range
-// [kb, kb + KB), KB = 128 * WK * SW, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)); row tiles
-// of 16 (m0 = blockIdx.y * 16, stepping by gridDim.y * 16: any M). Warp (wn, wk) takes slices wk, wk + WK,
-// .., wk + (SW - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a row, lane
-// 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) and loads all SW * NT
-// chunks before any math. X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go
-// to shared memory (dynamic, rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
+// [kb, kb + KB), KB = 128 * WK * SW * PG, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)); row
+// tiles of 16 (m0 = blockIdx.y * 16, stepping by gridDim.y * 16: any M). Warp (wn, wk) takes slices wk,
+// wk + WK, .., wk + (SW * PG - 1) * WK of the block's range (a slice: 128 elements, 4 lanes x 32 codes of a
+// row, lane 4g + t loads chunk t of row n0 + 8j + g for each tile j, as in weight_only_mma.cu) through a
+// ring of SW slices: it loads the first SW * NT chunks before any math, back to back (XsStream: a row's
+// pointer once, slice q at an immediate offset, the scale block stepped without a division), and as slice
+// q's math ends loads slice q + SW into its slot (PG = 1: no reloads, the whole range in flight at once).
+// X rows m0 .. m0 + rows - 1 (rows = min(16, M - m0)) of the block's slices go to shared memory (dynamic,
+// rows x xld ELEM, xld = min(KB, K rounded up to 128) + 8; the 16-byte pad a
 // row keeps the 8 lanes of an lds.128 phase on distinct banks but for t and t + 2) by cp.async, 16 bytes a copy,
 // zeros past K (src-size 0); X not 16-byte aligned is staged element by element instead. A lane then
 // reads its 16 bytes of row g (row g + 8 at M - m0 > 8) per word from shared memory (rows past M read as
@@ -38,13 +41,15 @@
 // (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
 // splits in order); Y = ELEM(sum + float(B)), one rounding.
 //
-// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills):
-// __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread and gets 124-128 at every tile:
-// 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096), 16 warps an SM
-// either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over 132 SMs,
-// i.e. all of N = K = 4096's packed weights in one wave. Shared memory (min(16, M) x xld x 2 + part:
-// 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB + part: 1
-// block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
+// Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills; benchmarks/
+// cuda_sass.py --w4 TILE): __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread at PG = 1
+// and gets 124-128: 2 blocks an SM of 256 threads (c16_k4096, c32_k2048, c64_k1024), 1 of 512 (c32_k4096),
+// 16 warps an SM either way, each with SW * NT = 8 chunks (128 B a lane) in flight: 64 KB an SM, 8.4 MB over
+// 132 SMs, i.e. all of N = K = 4096's packed weights in one wave. The ring tiles (PG = 2) keep the stream's
+// pointers live through the math and spill at 128: they ask for <= 168 (163-168: 3 blocks of 128 threads an
+// SM, c16_k4096_p2; 1 of 256, c32_k4096_p2), 32 KB in flight an SM at M = 1. Shared memory (min(16, M) x
+// xld x 2 + part: 8 KB at 256 threads, 16 KB at 512) bounds it further at KB = 4096 and M > 8 (up to 131 KB
+// + part: 1 block an SM; the tactics run on sm_80 / sm_90 only, whose blocks take 163 / 227 KB).
 //
 // Cost (counted from the source and modelled in weight_only_mma_staged.py's staged_us; not measured) at
 // N = K = 4096, int4 blocked 128, float16 X. Bytes: packed weights 8.4 MB + scales / zero points 0.4 MB
@@ -53,17 +58,19 @@
 // 64 columns a block); split, a float32 workspace written and read once (M x N x 4 x splits: 1 MB at
 // M = 16, 4 splits). Instructions a lane-element: dequantization 2 (float16) / 2.5 (bfloat16), the mma
 // 0.25, X's lds and 8 byte-permutes a word shared by NT tiles 10 / 8 / NT (half at M <= 8), a chunk's
-// address, scale and zero point 0.4: ~3.2 at NT = 2, ~2 us of issue on 132 SMs. Latency: one DRAM round
-// trip (the chunks) overlapped with one L2 round trip (X's copies), then only math (~200 warp-instructions
-// a slice at NT = 2, 4 slices a warp: ~0.5 us of tail after the last bytes land) and the block's sum.
+// address, scale and zero point ~0.25 (XsStream; 0.4 before it): ~3.1 at NT = 2, ~2 us of issue on 132
+// SMs. Latency: one DRAM round trip (the chunks) overlapped with one L2 round trip (X's copies), then only
+// math (~200 warp-instructions a slice at NT = 2, 4 slices a ring: ~0.5 us a ring at a scheduler's rate, 4
+// warps a scheduler at 16 warps an SM) and the block's sum.
 // staged_us (the family's H100 constants: 3.0 TB/s, 3 us of launch and events a layer; L2 assumed
-// 5.5 TB/s; a reduce 1.5 us + its bytes), the layer's time: c16_k4096 6.4 us at M = 1 (H200 at 4.3 TB/s:
-// 5.5), c32_k4096 8.3 us at M = 16 (H200 the same: X's L2 re-reads bound it; without a K split every SM
-// needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to), against
-// weight_only_mma's 11.3 / 14.2 us measured (H100) and the fp16 GEMM's 16.2 / 15.8 us: issue 35's 2.5x
-// (<= ~6.5 us) predicted at M = 1 (just), ~1.9x at M = 16 (a split's reduce costs what it saves of X).
+// 5.5 TB/s; a reduce 1.5 us + its bytes; the math left when the last bytes land: one ring, up to every ring
+// in flight on a scheduler as the math's load nears the stream's), the layer's time: M = 1 c16_k4096 7.0 us,
+// c16_k4096_p2 6.5; M = 16 c32_k4096 8.6, c32_k4096_p2 8.3 (X's L2 re-reads bound it; without a K split
+// every SM needs all of X, 132 x 128 KB = 16.9 MB, which c32_k4096's 128 blocks already come to). Measured
+// (H100, before the loads went back to back): 10.1 / 14.5 us, against the fp16 GEMM's 16.0 / 15.6 us and
+// issue 35's 2.5x (<= 6.4 / 6.2 us): the model is short of the measurement by ~3 / ~6 us.
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across columns / K), NT (n8 tiles a warp), SW (slices a
-// warp), XS_MIN_BLOCKS (blocks an SM asked of ptxas: 2 at 256 threads, 1 at 512).
+// warp's ring holds), PG (groups of SW slices a warp streams), XS_MIN_BLOCKS (blocks an SM asked of ptxas).
 #include "weight_only_mma.cuh"
 
 #ifndef ELEM
@@ -81,12 +88,16 @@
 #ifndef SW
 #define SW 4
 #endif
+#ifndef PG
+#define PG 1
+#endif
 #ifndef XS_MIN_BLOCKS
 #define XS_MIN_BLOCKS 2
 #endif
 #define XS_THREADS (32 * WN * WK)
 #define XS_COLS (8 * NT * WN)  // a block's columns
-#define XS_KB (128 * WK * SW)   // a block's K range (elements)
+#define XS_KB (128 * WK * SW * PG)  // a block's K range (elements)
+#define XS_STEP (128 * WK)          // elements from one of a warp's slices to its next
 
 // 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
 __device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid) {
@@ -112,6 +123,69 @@ __device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// A lane's chunks of the warp's slices wk, wk + WK, .. (slice q's chunk of tile j: row n0 + 8j + g, element
+// k0 + q * XS_STEP): the rows' pointers are computed once, so slice q's 16 bytes lie at a constant offset
+// (q * XS_STEP / 2 bytes: an immediate of the load) and its scale block follows from the previous slice's
+// by a constant step and at most one carry (no division a chunk)
+template <int WT>
+struct XsStream {
+  const u8* bits[NT];              // tile j's row at element k0 (a row past N: never read)
+  const unsigned short* scale;     // the kernel's scale and zero point arguments (uniform)
+  const u8* zero;
+  bool row[NT];                    // tile j's row lies within N
+  int left;                        // K - k0: slice q holds elements of K where q * XS_STEP < left
+  int at, r;                       // the next slice to load: tile 0's scale index (n * nb + element / block)
+                                   // and element % block (N * nb < 2^31: the tactic's enqueue checks)
+  int nb8, bstep, rstep, block;    // 8 rows of scales; XS_STEP / block, XS_STEP % block
+
+  __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
+                                      const void* __restrict__ zero_, int n0, int N, int k0, int K, int ldw,
+                                      int block_, int nb) {
+    scale = reinterpret_cast<const unsigned short*>(scale_);
+    zero = (const u8*)zero_;
+    block = block_;
+    left = K - k0;
+    const int b = k0 / block;
+    r = k0 - b * block;
+    at = n0 * nb + b;
+    nb8 = 8 * nb;
+    bstep = XS_STEP / block;
+    rstep = XS_STEP - bstep * block;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      row[j] = n0 + 8 * j < N;
+      bits[j] = w + (i64)(n0 + 8 * j) * ldw + k0 / 2;
+    }
+  }
+  // slice q's 16 bytes a tile (zeros past N or K)
+  __device__ __forceinline__ void bits_of(WqChunk (&c)[NT], int q) const {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      c[j].bits = make_uint4(0u, 0u, 0u, 0u);
+      if (row[j] && q * XS_STEP < left) c[j].bits = *reinterpret_cast<const uint4*>(bits[j] + q * (XS_STEP / 2));
+    }
+  }
+  // slice q's scale bits and zero points (the next slice's: q in load order), then step to the next slice
+  __device__ __forceinline__ void scales_of(WqChunk (&c)[NT], int q) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      // past N or K: a zero scale (every weight +-0, and an mma sum that starts at +0 stays as it is) and
+      // any zero point, read at index 0 (one predicate fewer live while the loads leave)
+      const bool ok = row[j] && q * XS_STEP < left;
+      const int i = ok ? at + j * nb8 : 0;
+      c[j].scale = ok ? scale[i] : (unsigned short)0;
+      c[j].zp = 0;
+      if (zero) c[j].zp = WT == WQ_I4 ? (int)(signed char)zero[i] : (int)zero[i];
+    }
+    r += rstep;
+    at += bstep;
+    if (r >= block) {
+      r -= block;
+      ++at;
+    }
+  }
+};
+
 template <int WT>
 __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
@@ -126,13 +200,13 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   const int xld = xs_ld(K);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
-    WqChunk ch[SW][NT];  // every chunk of the warp in flight before anything waits
+    // built a row tile (a block has one but where M > 16 * 65535): nothing of it stays live through the math
+    XsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
+    WqChunk ch[SW][NT];  // a ring of SW slices: the first SW in flight before anything waits
 #pragma unroll
-    for (int q = 0; q < SW; ++q)
+    for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-        ch[q][j] = wq_load<WT>(w, scale, zero, n0 + 8 * j + g, N, kb + (wk + q * WK) * 128 + 32 * t, K, ldw, block,
-                               nb);
+    for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
     xs_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[NT][4];
@@ -141,15 +215,19 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 #pragma unroll
-    for (int q = 0; q < SW; ++q) {
+    for (int q = 0; q < SW * PG; ++q) {  // slice q from ring slot q % SW, then slice q + SW into that slot
       const int s = wk + q * WK;
-      if (s >= slices) break;  // q ascending: every later slice lies past K too
+      if (s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
       const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // row g of the lane's 32 elements
-      wq_slice_mma<ELEM, WT, NT>(acc, ch[q], [=](int i, uint4& a, uint4& b) {
+      wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
         const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
         a = g < rows ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4;
         b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * xld + 8 * i) : z4;
       });
+      if (q + SW < SW * PG) {
+        in.bits_of(ch[q % SW], q + SW);
+        in.scales_of(ch[q % SW], q + SW);
+      }
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
