@@ -88,7 +88,8 @@
 #   STEP=new15     the fifteenth session's gpu tests (none ran on a GPU): the FP8 implicit-GEMM conv tiles with the
 #                  stage promoted in pieces (fp8conv: cuda.fp8.conv_sm90_*), forced onto a small FP8 ResNet too; the
 #                  e4m3 output stages without the division (fp8out: LayerNormQuantize NW_Q8, FLASH_Q8 on mma.sync
-#                  and, new, on flash_sm90)
+#                  and, new, on flash_sm90); the INT8 sm90 epilogue in the accumulators' layout (int8epi2); the
+#                  staged W4A16 kernel's loads back to back and its ring tiles (w4fast)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -345,7 +346,8 @@ EOF
   new15)  # the fifteenth session's gpu tests: the FP8 conv piece tiles
     gpu_tests new15 ${NEW_S:-240} tests/kernels/cuda/test_fp8_conv_sm90.py \
       tests/compiler/test_fp8_conv_plan.py tests/kernels/cuda/test_output_quantize.py \
-      tests/kernels/cuda/test_flash_attention_sm90.py
+      tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
+      tests/kernels/cuda/test_weight_only.py
     exit $?
     ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
