@@ -13,8 +13,9 @@ ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_
 Priority 12, above weight_only_mma's 11: their gpu tests pass (H100 2026-12-06, STEP=new11: 1302 passed) and a
 timed build picks a staged tile at M = 1 and M = 16 (N = K = 4096, benchmarks/weight_only_gemm.py: 10.1 / 14.5 us
 against the fp16 GEMM's 16.0 / 15.6 us, docs/PERFORMANCE.md twelfth session), so a level-0 build takes what the
-timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2) are priority 12
-too but untimed (docs/INT8.md "W4A16 staged kernel, loads back to back"). Host-emulated too
+timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2, groups > 1) are
+untimed (docs/INT8.md "W4A16 staged kernel, loads back to back"): priority 11, beside weight_only_mma's tiles, so
+a level-0 build keeps the measured tiles and a timed build times the ring tiles where its cap reaches them. Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
@@ -237,10 +238,11 @@ def compile_variants() -> list[KernelSource]:
     return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
 
 
-# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16 (the module docstring)
+# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the untimed ring tiles 11 (the module docstring)
 for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
-    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12, estimate=_estimate,
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12 if _tile.groups == 1 else 11,
+                estimate=_estimate,
                 workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices, "groups": _tile.groups})(_enqueue)
