@@ -1,6 +1,6 @@
 // Every float32 through e4m3_quantize.cuh on the GPU, against the division and the software encode it replaces
-// (a check, not a test: it needs nvcc and a GPU of compute capability 8.9+; about a second on an H100):
-//   nvcc -O2 -arch=sm_90a -I polykit/kernels/cuda/src -o /tmp/e4m3_check benchmarks/e4m3_quantize_check.cu
+// (a check, not a test: it needs nvcc and a GPU of compute capability 8.9+; about a second on an H100; STEP=new15 runs it):
+//   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -I polykit/kernels/cuda/src -o /tmp/e4m3_check benchmarks/e4m3_quantize_check.cu
 //   /tmp/e4m3_check
 // For each of the 2^32 bit patterns v: the hardware conversion of v against lowp.cuh's encode(v, true) (every float,
 // NaNs by their byte), and for scales inside the division-free range (0.006, 1/3, 2^-90, 2^90) and outside it

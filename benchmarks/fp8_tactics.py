@@ -17,7 +17,8 @@ The plans are the ones benchmarks/int8_resnet.py and benchmarks/fp8_bert.py time
 names are the export's own, so the cache serves the batch-32 build), and BERT-base bs8 s128 with explicit
 FP8 Q/DQ of its linear layers (polykit.tools.model.fp8_qdq, calibrated on the cpu target) built `--fp16`.
 A product (Conv / Gemm / MatMul in any form) is FP8 on the sm90 tactics when it is an FP8 layer whose
-tactic is one of `cuda.fp8.sm90_*` (kernels/cuda/int8/fp8_sm90.py); BERT's attention products are not
+tactic is one of `cuda.fp8.sm90_*`, `cuda.fp8.gemm_sm90_*` or `cuda.fp8.conv_sm90_*` (kernels/cuda/int8/fp8_sm90.py,
+fp8_gemm_sm90.py, fp8_conv_sm90.py: a timed plan may pick the latter two); BERT's attention products are not
 quantized (they stay fp16 by design: no Q/DQ goes around them).
 """
 
@@ -36,7 +37,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 ARCH = "sm_90"
-FP8_TACTIC = "cuda.fp8.sm90_"
+#: the FP8 tensor-core tactics: the conv tiles, the GEMM tiles over rows, the conv tiles with pieces
+FP8_TACTIC = ("cuda.fp8.sm90_", "cuda.fp8.gemm_sm90_", "cuda.fp8.conv_sm90_")
 #: file stem -> (model, batch) exported by `export`
 EXPORTS = {"resnet50_bs32": ("resnet50", 32), "resnet50_bs2": ("resnet50", 2), "bert_bs8": ("bert", 8)}
 #: the models `table --models` may name (the ones `export` writes)

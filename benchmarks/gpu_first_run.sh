@@ -348,7 +348,11 @@ EOF
       tests/compiler/test_fp8_conv_plan.py tests/kernels/cuda/test_output_quantize.py \
       tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
       tests/kernels/cuda/test_weight_only.py
-    exit $?
+    rc=$?
+    # every float32 through e4m3_quantize.cuh against the division and the software encode (0 mismatches expected)
+    nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -I polykit/kernels/cuda/src -o /tmp/e4m3_check \
+      benchmarks/e4m3_quantize_check.cu && timeout 60 /tmp/e4m3_check | tee "$OUT/e4m3_check.txt"
+    exit $rc
     ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
