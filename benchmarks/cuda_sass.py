@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--out", default="gemm.sass")
     parser.add_argument("--conv", help="C,N,K: a KxK conv_sm90 kernel (fp16) instead of the GEMM")
     parser.add_argument("--int8", choices=("int8", "float32"), help="the INT8 1x1 conv kernel with this output")
+    parser.add_argument("--int8-body", choices=("residual", "none", "relu"), default="residual",
+                        help="--int8 int8's epilogue: the int8 residual + Relu (default), none, or Relu alone")
     parser.add_argument("--fp8", choices=("e4m3", "float32"), help="the FP8 1x1 conv kernel with this output")
     parser.add_argument("--hot-division", action="store_true",
                         help="count the IEEE division's fast path (a kernel that divides for every output)")
@@ -234,6 +236,10 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
         else:
             base = replace(base, inputs=("x", "xz", "w", "wz", "s", "", "ys", "yz", *base.inputs[8:]),
                            in_dtypes=base.in_dtypes[:6] + ("float32", "int8") + base.in_dtypes[8:])
+            if args.int8_body != "residual":  # no residual read: no epilogue, or Relu alone
+                relu = [{"op": "Relu", "inputs": ["raw"], "outputs": ["y"], "attrs": {}}]
+                base = replace(base, inputs=base.inputs[:8], in_dtypes=base.in_dtypes[:8],
+                               attrs={"epilogue": {"input": "raw", "body": relu}} if args.int8_body == "relu" else {})
         base = with_bias(base)
         layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,),
                         out_dtypes=(args.int8,), precision="int8")

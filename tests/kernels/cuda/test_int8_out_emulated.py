@@ -113,6 +113,33 @@ extern "C" void channel_pairs_all(const float* scale, const float* bias, int ste
   o.channel_pairs(n, 2 * lane, left, s, b);
   for (int i = 0; i < 8; ++i) sb[i] = s[i], sb[8 + i] = b[i];
 }
+#if !F8
+// a row of lane's 8 accumulators (its pairs of the 4 blocks of the group at n, `left` columns) to bytes two
+// blocks at a time as gemm_sm90_epilogue.cuh's finish_halves (channel_pairs and dequantize8 of 4 values,
+// bytes4: words[0], words[1]) and the whole group at once as finish_native (8 values, bytes8: words[2], [3])
+extern "C" void halves_all(const int* acc, const float* scale, const float* bias, int steps, long n, int lane,
+                           int left, float ys, unsigned char yz, int flags, int small, unsigned* words) {
+  Out o = make(ys, yz, flags);
+  o.scale = scale; o.bias = bias; o.scale_step = steps & 1; o.bias_step = bias ? steps >> 1 : 2;
+  o.small_sums = small;
+  for (int h = 0; h < 2; ++h) {
+    float s[4], b[4], v[4];
+    const int w4[4] = {acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]};
+    for (int i = 0; i < 4; ++i) s[i] = b[i] = -7.f;
+    o.channel_pairs(n + 16 * h, 2 * lane, left - 16 * h, s, b);
+    o.dequantize8(w4, s, b, v);
+    words[h] = o.bytes4(v);
+  }
+  float s[8], b[8], v[8];
+  int w[8];
+  for (int i = 0; i < 8; ++i) s[i] = b[i] = -7.f, w[i] = acc[i];
+  o.channel_pairs(n, 2 * lane, left, s, b);
+  o.dequantize8(w, s, b, v);
+  const uint2 x = o.bytes8(v);
+  words[2] = x.x;
+  words[3] = x.y;
+}
+#endif
 """
 
 FLAG_Y_INT, FLAG_Y_U8 = 4, 8
@@ -149,6 +176,10 @@ def lib(request, tmp_path_factory):
     out.transpose_all.argtypes = [ctypes.c_void_p]
     out.channel_pairs_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_void_p]
+    if not request.param:
+        out.halves_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_ubyte, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_void_p]
     out.f8 = request.param
     return out
 
@@ -294,3 +325,46 @@ def test_the_channel_pairs_are_the_lanes_columns(lib, steps):
                     assert np.array_equal(got_s, want_s)
                     if bias is not None:
                         assert np.array_equal(got_b, bias[cols] if steps >> 1 else np.repeat(bias[0], 2))
+
+
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -5), (np.uint8, 3)])
+@pytest.mark.parametrize("steps", [3, 1, 0], ids=["per_channel", "per_channel_scale_no_bias", "per_tensor"])
+def test_a_rows_blocks_two_at_a_time_give_the_groups_bytes(lib, steps, y_dtype, zero_point):
+    """finish_halves (the native int8 / uint8-out 64x128x2 kernel without a residual): a lane's row of a
+    group requantized two blocks at a time (channel_pairs and dequantize8 of 4 values, bytes4) gives the
+    bytes of the whole group at once (bytes8, finish_native's) and QuantizeLinear's of fl(fl(acc * s) + b),
+    for groups cut short by N (left 8, 24, 40) and sums below 2^22 (small_sums) or past it."""
+    if lib.f8:
+        pytest.skip("INT8 only (bytes8 / bytes4 are not compiled for FP8)")
+    flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
+    zp = np.array(zero_point, y_dtype)
+    n_all = 200
+    scale = (rng.uniform(0.5, 2, n_all) * 2.0 ** -12).astype(np.float32)
+    bias = rng.uniform(-40, 40, n_all).astype(np.float32) if steps != 1 else None
+    ys = np.float32(0.037)
+    checked = 0
+    for small in (1, 0):
+        bound = 2 ** 21 if small else 2 ** 26
+        for n in (0, 32, 168):
+            for left in (32, 24, 8, 40):
+                for q in range(4):
+                    acc = rng.integers(-bound, bound, 8).astype(np.int32)
+                    acc[:2] = rng.integers(-300, 300, 2)  # near the small values' rounding ties
+                    words = np.zeros(4, np.uint32)
+                    lib.halves_all(acc.ctypes.data, scale.ctypes.data, None if bias is None else bias.ctypes.data,
+                                   steps, n, q, left, ys, ctypes.c_ubyte(int(zp.view(np.uint8))), flags, small,
+                                   words.ctypes.data)
+                    assert np.array_equal(words[:2], words[2:]), f"n {n} left {left} lane {q}: {words}"
+                    got = words[:2].view(y_dtype)  # bytes: block j's columns 2 q, 2 q + 1 at 2 j, 2 j + 1
+                    for j in range(4):
+                        if 8 * j >= min(left, 32):
+                            continue
+                        cols = n + 8 * j + 2 * q + np.arange(2)
+                        s = scale[cols] if steps & 1 else np.repeat(scale[0], 2)
+                        v = acc[2 * j:2 * j + 2].astype(np.float32) * s
+                        if bias is not None:
+                            v = v + (bias[cols] if steps >> 1 else np.repeat(bias[0], 2))
+                        want = quantize_linear(SimpleNamespace(attrs={}), [v.astype(np.float32), ys, zp])[0]
+                        assert np.array_equal(got[2 * j:2 * j + 2], want), f"n {n} left {left} lane {q} block {j}"
+                        checked += 2
+    assert checked > 500

@@ -352,11 +352,11 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // and transposed to that layout as packed pairs (transpose_pairs), the int8 output transposed back the
 // same way (one 8-byte store of block q), a float32 output stored as column pairs (8-byte stores, 32
 // bytes a quad: whole sectors) without any transpose. The same arithmetic per element: only where the
-// values sit differs. Not on 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
-// residual: that kernel spilled 4 bytes there (ptxas; with the int8 residual it does not), so it keeps the
-// transposed path.
+// values sit differs. On 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
+// residual, a row's blocks go two at a time (ROW_HALVES, finish_halves).
+// (Y_OUT -1, the output type a run-time flag, keeps the transposed path there.)
 #define I8_NATIVE \
-  (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8) && !(BLOCKS == 2 && BN == 128 && Y_OUT != 0 && EPI_IN8_COUNT == 0))
+  (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8) && !(BLOCKS == 2 && BN == 128 && Y_OUT < 0 && EPI_IN8_COUNT == 0))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
 __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
@@ -393,6 +393,49 @@ __device__ __forceinline__ void finish_native(const OutI8& out, const Group8& g,
     if (row_ok && 8 * j < left)
       *(float2*)((float*)out.q.Y + oi + 8 * j + 2 * (lane & 3)) = make_float2(v[2 * j], v[2 * j + 1]);
 }
+// ROW_HALVES: a group's 4 blocks finished two at a time: each half's scale / bias pairs (s[4], b[4], not
+// the group's 16) serve rows m and m + 8, each row's half requantized to a 4-byte word before the next
+// half's loads; each row's two words then transposed and stored as finish_native does. The int8 /
+// uint8-out kernels on 64x128x2 that read no residual (no epilogue, or an epilogue without vector inputs:
+// Relu alone): holding the group's pairs, the native path spilled 4 bytes there (ptxas; the persistent
+// loop's tile count, reloaded each tile). The same arithmetic and bytes (bytes4 is bytes8's half).
+// (a define, not a constexpr variable: that would add a symbol to every other kernel's PTX)
+#define ROW_HALVES (BLOCKS == 2 && BN == 128 && (Y_OUT == 1 || Y_OUT == 2) && EPI_IN8_COUNT == 0)
+// a row's half h (blocks 2 h, 2 h + 1: w[4 h..4 h + 3]) requantized as 4 bytes with the half's pairs s, b
+__device__ __forceinline__ u32 half_bytes(const OutI8& out, const acc_t (&w)[8], int h, const float (&s)[4],
+                                          const float (&b)[4]) {
+  float v[4];
+  const acc_t w4[4] = {w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]};
+  out.q.dequantize8(w4, s, b, v);
+#if HAS_EPILOGUE  // (no vector inputs: elementwise, as Relu; the copies above v8[3] are dead)
+  float v8[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v8[i] = v8[i + 4] = v[i];
+  EpiIn8 in;
+  apply_epilogue8(out.q.epi, in, v8);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = v8[i];
+#endif
+  return out.q.bytes4(v);
+}
+__device__ __forceinline__ void finish_halves(const OutI8& out, bool row_ok, bool row8_ok, i64 oi, i64 oi8, i64 n,
+                                              int left, const acc_t (&w)[8], const acc_t (&w8)[8], int lane) {
+  u32 word[2], word8[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float s[4], b[4];
+    out.q.channel_pairs(n + 16 * h, 2 * (lane & 3), left - 16 * h, s, b);
+    word[h] = half_bytes(out, w, h, s, b);
+    word8[h] = half_bytes(out, w8, h, s, b);
+  }
+  const QuadPairs qp = quad_pairs(lane);
+  transpose_pairs(word[0], word[1], qp);  // (every lane: the shuffles)
+  transpose_pairs(word8[0], word8[1], qp);
+  if (8 * (lane & 3) < left) {
+    if (row_ok) *(uint2*)((u8*)out.q.Y + oi + 8 * (lane & 3)) = make_uint2(word[0], word[1]);
+    if (row8_ok) *(uint2*)((u8*)out.q.Y + oi8 + 8 * (lane & 3)) = make_uint2(word8[0], word8[1]);
+  }
+}
 // a group's loads in that layout: the scale / bias pairs of its 4 blocks, both rows' inputs at the lane's block
 __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, i64 n, int left, i64 oi, int lane) {
   if (m >= out.M || left <= 0) return;
@@ -417,7 +460,7 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
     const i64 n = nt + j0 * 8, next = n + EPI_GROUP * 8;
     if (PREFETCH_GROUPS && j0 + EPI_GROUP < BN / 8)
       load_native(out, g[c ^ 1], m, next, left - EPI_GROUP * 8, row + next, lane);
-    if (!PREFETCH_GROUPS) load_native(out, g[0], m, n, left, row + n, lane);
+    if (!PREFETCH_GROUPS && !ROW_HALVES) load_native(out, g[0], m, n, left, row + n, lane);
     acc_t w[8], w8[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -425,6 +468,10 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
       w[2 * j + 1] = acc[4 * (j0 + j) + 1];
       w8[2 * j] = acc[4 * (j0 + j) + 2];
       w8[2 * j + 1] = acc[4 * (j0 + j) + 3];
+    }
+    if (ROW_HALVES) {
+      finish_halves(out, row_ok, row8_ok, row + n, row8 + n, n, left, w, w8, lane);
+      continue;
     }
     finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
     finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);

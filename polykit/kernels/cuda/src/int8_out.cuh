@@ -216,13 +216,14 @@ struct Out {
       b[h] = b4.x; b[h + 1] = b4.y; b[h + 2] = b4.z; b[h + 3] = b4.w;
     }
   }
-  template <class A>
-  __device__ __forceinline__ void dequantize8(const A (&acc)[8], const float (&s)[8], const float (&b)[8],
-                                              float (&v)[8]) const {
+  // (P values: 8, or 4 where the native 64x128x2 kernel takes a row's blocks two at a time)
+  template <class A, int P>
+  __device__ __forceinline__ void dequantize8(const A (&acc)[P], const float (&s)[P], const float (&b)[P],
+                                              float (&v)[P]) const {
 #if !F8
     if (small_sums) {  // acc_float's shifter without its range test and I2F branch (5 instructions -> 2)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < P; ++i) {
         const float x = __fmul_rn(__fsub_rn(__int_as_float(0x4B400000 + acc[i]), 0x1.8p23f), s[i]);
         v[i] = has_bias() ? __fadd_rn(x, b[i]) : x;
       }
@@ -230,7 +231,7 @@ struct Out {
     }
 #endif
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
+    for (int i = 0; i < P; ++i) v[i] = dequantize(acc[i], s[i], b[i]);
   }
   __device__ __forceinline__ void store8(i64 oi, const float (&v)[8]) const {
     if (Y_OUT == 3) {  // 8 float16 values, one 16-byte store
@@ -268,6 +269,11 @@ struct Out {
     }
     return make_uint2(w[0], w[1]);
   }
+  // bytes8's half: requantize_rcp of 4 values as 4 bytes, v[0] in the low byte
+  __device__ __forceinline__ u32 bytes4(const float (&v)[4]) const {
+    const int q0 = unsaturated(v[0]), q1 = unsaturated(v[1]), q2 = unsaturated(v[2]), q3 = unsaturated(v[3]);
+    return sat_pack(q1, q0, sat_pack(q3, q2, 0));
+  }
   // a and b saturated to [lo, hi] (int8 or uint8) as bytes 1 and 0, c's low 16 bits above them (PTX
   // cvt.pack.sat: one I2IP for two values, where a clamp was 2 integer min / max a value and the packing
   // ~1 PRMT)
@@ -287,10 +293,11 @@ struct Out {
   // the scale and bias of channels n + 8 j + c, n + 8 j + c + 1 (j = 0..3: the accumulators' layout, a
   // lane's column pair c = 2 (lane % 4) in each of 4 blocks of 8) as s[2 j], s[2 j + 1] (b alike), with
   // 8-byte loads (p + n + c 8-byte aligned); only the blocks of the `left` columns from n that exist (the
-  // others left as they are)
-  __device__ __forceinline__ void channel_pairs(i64 n, int c, int left, float (&s)[8], float (&b)[8]) const {
+  // others left as they are). P 4: the first two blocks alone (s[0..3], b[0..3])
+  template <int P>
+  __device__ __forceinline__ void channel_pairs(i64 n, int c, int left, float (&s)[P], float (&b)[P]) const {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < P / 2; ++j) {
       if (8 * j >= left) continue;
       const float2 s2 = sstep() ? *(const float2*)(scale + n + 8 * j + c) : make_float2(scale[0], scale[0]);
       s[2 * j] = s2.x; s[2 * j + 1] = s2.y;
