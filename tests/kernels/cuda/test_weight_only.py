@@ -300,6 +300,10 @@ def test_a_staged_tactic_refuses_scales_past_32_bit_indices_at_enqueue():
         with pytest.raises(expected[0], match=expected[1]) as info:
             tactic.enqueue(layer, Refuser(), tensors)
         assert not refused or ("'wo'" in str(info.value) and STAGED_NAMES[0] in str(info.value))
+        # a build that knows N refuses the staged tiles there (weight_only_mma, 64-bit indices, still takes it)
+        big = stamped(n=n, k=4096, block=32)
+        assert tactic.supports(big) is not refused
+        assert find_tactic("cuda", KIND, MMA_TILES[0].name).supports(big)
 
 
 @pytest.mark.parametrize("m", [1, 4, 8, 16])

@@ -210,7 +210,7 @@ def _staged_tactic(tile: StagedTile):
         if m == 0 or n == 0:
             return
         nb = -(-k // int(layer.attrs["block_size"]))
-        if n * nb >= 2**31:  # the kernel indexes scales and zero points with 32-bit ints
+        if n * nb >= MAX_SCALES:  # the kernel indexes scales and zero points with 32-bit ints
             raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
                               "blocks a row is past 2^31", where=f"layer {layer.name!r}",
                               hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
@@ -233,6 +233,20 @@ def _staged_tactic(tile: StagedTile):
     return kernels, estimate, enqueue
 
 
+#: the staged kernel indexes scales and zero points with 32-bit ints: N x blocks a row below this
+MAX_SCALES = 2**31
+
+
+def staged_supports(layer: Any) -> bool:
+    """weight_only_mma's conditions, and N x K-blocks below MAX_SCALES where the build knows N (a layer past it
+    goes to weight_only_mma, which indexes with 64 bits; one of unknown N is checked at enqueue)."""
+    if not supports(layer):
+        return False
+    shapes = getattr(layer, "in_shapes", None)
+    n = shapes[1][0] if shapes and shapes[1] else None
+    return not isinstance(n, int) or n * -(-int(layer.attrs["K"]) // int(layer.attrs["block_size"])) < MAX_SCALES
+
+
 def compile_variants() -> list[KernelSource]:
     """Every activation type with every tile (the reduce is in the same unit)."""
     return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
@@ -241,7 +255,7 @@ def compile_variants() -> list[KernelSource]:
 # priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the untimed ring tiles 11 (the module docstring)
 for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
-    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=supports, priority=12 if _tile.groups == 1 else 11,
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports, priority=12 if _tile.groups == 1 else 11,
                 estimate=_estimate,
                 workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
