@@ -99,4 +99,7 @@ def test_an_fp8_resnet_on_a_piece_tile_matches_the_level_0_plan(fp8_resnet, tile
         old, new, ref = (next(iter(Engine(p).create_execution_context().execute(feeds).values()))
                          for p in (plan, forced, cpu))
         assert np.all(np.isfinite(new))
-        assert cosine(new, old) >= 0.999 and cosine(new, ref) >= 0.999
+        # the piece tiles sum as the level-0 tiles do (an H100, 2026-12-06: cosine 1.0 on all four); both stand
+        # ~0.9985 from the cpu plan on these 20 logits of 20 FP8 layers, within FP8's own spread there (the cpu
+        # plan with and without --fp16: 0.9976-0.9980)
+        assert cosine(new, old) >= 0.9999 and cosine(new, ref) >= 0.995

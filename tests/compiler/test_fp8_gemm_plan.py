@@ -18,7 +18,7 @@ from tests.dynamic_models import tiny_bert
 from .passes.test_absorb_quantized_casts import SHAPES, bert_feeds
 from .test_int8_build import cosine
 
-GEMM_TILES = ("128x192", "128x256", "128x144", "128x128", "64x96")
+GEMM_TILES = ("128x192", "128x256", "128x160", "128x128", "64x96")
 
 
 @pytest.fixture(scope="module")

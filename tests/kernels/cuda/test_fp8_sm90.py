@@ -4,8 +4,11 @@ CPU tests: which records the tactics take. GPU tests (H100 / H200; outputs poiso
 the cpu reference, which sums the e4m3 products exactly and rounds once. The GPU sums each stage's 128
 products on the tensor cores (whose FP8 accumulation keeps fewer bits than fp32: about 14 on the H800,
 DeepSeek-V3 report 3.3.2) and adds the stages in fp32, so a float output may differ from the reference
-by a bound proportional to sum |x * w| (dequantized): TOL_SUM = 2**-12 of it, plus 4 ulps of the value
-for the dequantize and bias roundings. An e4m3 output is the rounding of some value within that bound
+by a bound proportional to sum |x * w| (dequantized): TOL_SUM = 2**-10 of it, plus 4 ulps of the value
+for the dequantize and bias roundings. (2**-12 held for the conv tiles' cases, but the GEMM tiles' 4092 x 520
+outputs at K 64 on an H100, 2026-12-06, reached 1.11-1.17 times it on three tiles whose other cases pass: each of
+a stage's four k32 wgmma realigns its running sum to ~13-14 bits, truncating, so the errors add with one sign;
+an indexing or scale fault is off by the whole magnitude, 10^2-10^3 times the bound.) An e4m3 output is the rounding of some value within that bound
 of the float one: near zero (where e4m3 steps are small and the sums cancel) several steps apart,
 which the first run on an H100 (2026-12-05) showed, up to 9; equal almost everywhere (the requantized
 cases saturate part of their outputs at +-448).
@@ -34,7 +37,7 @@ OVER_ROWS = TACTICS + [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_s
     fp8_conv_sm90.tactic_name(t) for t, _, _ in fp8_conv_sm90.TILES]
 SUPPORTS = {f"cuda.fp8.sm90_{t.label}": fp8_sm90._supports(t) for t in fp8_sm90.TILES}
 #: a float output's bound, relative to sum |x * w| (module docstring)
-TOL_SUM = 2.0 ** -12
+TOL_SUM = 2.0 ** -10
 
 
 

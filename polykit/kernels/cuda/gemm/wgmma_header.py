@@ -15,9 +15,9 @@ from pathlib import Path
 #: e4m3: FP8 layers, k32 like s8 with fp32 accumulators, both K-major)
 N_SIZES = (32, 64, 128, 192, 256)
 INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8", "e4m3": "e4m3_t"}
-#: extra e4m3 N sizes: the pieces of the FP8 GEMM tiles (fp8_gemm_sm90.py: 128x192 and 128x144 in two
+#: extra e4m3 N sizes: the pieces of the FP8 GEMM tiles (fp8_gemm_sm90.py: 128x192 and 128x160 in two
 #: pieces, 64x96 in two)
-E4M3_PIECE_SIZES = (48, 72, 96)
+E4M3_PIECE_SIZES = (48, 80, 96)
 #: N sizes of the 16-bit register-A wrappers (the flash attention head sizes)
 RA_N_SIZES = (64, 128)
 HEADER = Path(__file__).parents[1] / "src" / "wgmma.cuh"

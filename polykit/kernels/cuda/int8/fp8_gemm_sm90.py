@@ -7,7 +7,8 @@ convs). Then X [NB, H, W, C] is A [M = NB * H * W, K = C] row-major and the pack
 [N, K] K-major, both e4m3 and both loaded by TMA (conv_sm90's producer gathers A row by row with
 cp.async, 128 threads' address math a stage); one producer thread feeds two consumer warpgroups.
 Wider tiles than fp8_sm90's: 128x192 and 128x256 (BERT-base's N = 3072 in one wave of 128x192 tiles
-at M = 1024, where 128x128 makes 1.45), 128x144 (N = 2304: 128 tiles), 128x128, and 64x96 (one
+at M = 1024, where 128x128 makes 1.45), 128x160 (N = 2304: 120 tiles; a width the epilogue's 32-column
+groups divide, gemm_sm90_epilogue.cuh), 128x128, and 64x96 (one
 consumer warpgroup; N = 768: 128 tiles). Their registers fit because a stage's products are
 promoted in pieces (gemm_sm90_core.cuh mainloop_f8_pieces, F8_PIECES / F8_BUFS): the CUDA cores add
 one piece to the fp32 accumulators while the next piece's wgmma run (two register blocks), or
@@ -40,7 +41,7 @@ from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
 #: (tile, pieces a stage's columns are promoted in, register blocks of a piece: gemm_sm90_core.cuh F8_BUFS);
 #: rates are fp16-equivalent guesses (unmeasured; the cost model halves K for e4m3's rate)
 TILES = ((Sm90Tile(1, 2, 192, 5, tflops=600), 2, 2), (Sm90Tile(1, 2, 256, 4, tflops=660), 2, 1),
-         (Sm90Tile(1, 2, 144, 6, tflops=560), 2, 2), (Sm90Tile(1, 2, 128, 6, tflops=500), 2, 2),
+         (Sm90Tile(1, 2, 160, 6, tflops=570), 2, 2), (Sm90Tile(1, 2, 128, 6, tflops=500), 2, 2),
          (Sm90Tile(1, 1, 96, 8, tflops=330), 2, 2))
 PRIORITY = 4
 

@@ -89,6 +89,8 @@ static_assert(!SPLIT3 || sizeof(ELEM) == 4, "3xTF32 splits float operands");
 static_assert(!I8 || (!SPLIT3 && !B_MN), "s8 wgmma reads both operands K-major");
 static_assert(!F8 || (!I8 && !SPLIT3 && !B_MN), "e4m3 wgmma reads both operands K-major");
 static_assert(EPI_GROUP == 4, "quad_row transposes across a quad of lanes: 4 column blocks");
+static_assert(BN % (8 * EPI_GROUP) == 0, "the epilogue finishes whole groups of 4 column blocks (finish_rows' EPI_GROUPS, "
+              "finish_pairs' steps): a tile of 144 columns left 128..143 unwritten and wrote past its own columns");
 constexpr bool B_SCRATCH = !I8 && !F8 && sizeof(ELEM) == 4 && (SPLIT3 || B_MN);
 constexpr int SCRATCH_BUFS = 3;
 constexpr int SMALL_OFF = B_MN ? BN * 128 : 0;  // B's small part in a scratch buffer (its big part first if B_MN)
