@@ -238,3 +238,24 @@ def wav2vec2_frontend(batch: int = 2, length: int = 203, width: int = 16, model_
     pos = b.node("Transpose", [b.node("Gelu", [pos])], perm=[0, 2, 1])
     b.nodes.append(helper.make_node("Add", [x, pos], ["features"], name="residual"))
     return _audio_model(b, "wav2vec2_frontend", ("audio", [batch, length]), "features")
+
+
+def video_net(batch: int = 2, frames: int = 6, size: int = 10, width: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """A small video network of 3-D convs as torch exports them (R(2+1)D / X3D shapes): clip [N, 3, T, S, S] ->
+    Conv3d 3x3x3 p1 (bias) -> Relu -> Conv3d 1x3x3 s(1, 2, 2) p(0, 1, 1) -> Relu -> Conv3d 3x1x1 p(1, 0, 0) (the
+    temporal conv) -> Relu -> depthwise Conv3d 3x3x3 s2 p1 -> Relu -> ReduceMean over (T, H, W) -> "features"
+    [N, width, 1, 1, 1]."""
+    b = ModelBuilder(seed)
+    x = "clip"
+    for cin, kernel, strides, pads, group in ((3, (3, 3, 3), (1, 1, 1), (1, 1, 1), 1),
+                                              (width, (1, 3, 3), (1, 2, 2), (0, 1, 1), 1),
+                                              (width, (3, 1, 1), (1, 1, 1), (1, 0, 0), 1),
+                                              (width, (3, 3, 3), (2, 2, 2), (1, 1, 1), width)):
+        fan = cin // group * int(np.prod(kernel))
+        w = b.rng.standard_normal((width, cin // group) + kernel) * np.sqrt(2.0 / fan)
+        x = b.node("Conv", [x, b.init(w, "w"), b.init(b.rng.standard_normal(width) * 0.1, "b")],
+                   kernel_shape=list(kernel), strides=list(strides), pads=list(pads) * 2, group=group)
+        x = b.node("Relu", [x])
+    b.nodes.append(helper.make_node("ReduceMean", [x, b.ints([2, 3, 4], "axes")], ["features"], name="pool",
+                                    keepdims=1))
+    return _audio_model(b, "video_net", ("clip", [batch, 3, frames, size, size]), "features")

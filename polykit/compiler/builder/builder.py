@@ -209,13 +209,14 @@ def nhwc_conv_classes(target: str) -> tuple[str, ...]:
 
 
 def conv_pixels(graph: Graph) -> list[int]:
-    """The output pixels of each 2-D Conv (N * OH * OW) and 1-D Conv (N * L', which to_channels_last
-    runs as a 2-D ConvNHWC of height 1) whose output shape is known: channels_last_for's measure."""
+    """The output pixels of each 2-D Conv (N * OH * OW), 1-D Conv (N * L', which to_channels_last
+    runs as a 2-D ConvNHWC of height 1) and 3-D Conv (N * OD * OH * OW: the 2-D ConvNHWC of its stacked
+    depth taps) whose output shape is known: channels_last_for's measure."""
     out = []
     for node in graph.nodes:
         if node.op_type == "Conv" and node.outputs:
             shape = graph.value(node.outputs[0]).shape
-            if shape is not None and len(shape) in (3, 4) and all(isinstance(d, int) for d in shape):
+            if shape is not None and len(shape) in (3, 4, 5) and all(isinstance(d, int) for d in shape):
                 out.append(shape[0] * int(np.prod(shape[2:])))
     return out
 

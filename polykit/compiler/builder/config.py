@@ -78,7 +78,7 @@ class BuilderConfig:
         (polykit.compiler.builder.value_ranges, ruled), so one plan serves every value; values of inputs
         that decide no shape are not used. A shape-tensor input with no value at all (here,
         in input_values or in the profiles) is a BuildError naming it.
-    channels_last: run 1-D / 2-D convolutions and 2-D pools in NHWC (passes.to_channels_last); None (auto)
+    channels_last: run 1-D / 2-D / 3-D convolutions and 2-D pools in NHWC (passes.to_channels_last); None (auto)
         turns it on for the cuda target's fp16, bf16 and tf32 builds, builds with INT8 layers,
         and fp32 builds of large convolutions (channels_last_for): its tensor-core convolutions
         (fp32 as 3xTF32) are NHWC implicit GEMMs.
@@ -273,7 +273,7 @@ class BuilderConfig:
         """Whether a build for `target` runs convolutions channels-last. None (auto): the cuda
         target's half and tf32 builds, builds with INT8 layers (`int8`, or `int8_layers` when the
         model's Q/DQ fold), and fp32 builds whose convolutions are large (median output pixels
-        N * OH * OW of the 2-D convolutions and N * L' of the 1-D ones, `conv_pixels`, at least
+        N * OH * OW of the 2-D convolutions, N * L' of the 1-D and N * OD * OH * OW of the 3-D ones, `conv_pixels`, at least
         FP32_NHWC_PIXELS): the NHWC 3xTF32 tensor-core kernels win there (ResNet-50 bs32 7.6 vs
         18.5 ms on the H100), the NCHW SIMT and split-K kernels at small ones (bs1 1.2 vs 2.3 ms)."""
         if self.channels_last is not None:

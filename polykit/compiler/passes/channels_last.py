@@ -1,8 +1,11 @@
-"""to_channels_last: run 1-D / 2-D convolutions and 2-D pools channels-last (docs/FUSION.md, "Channels last").
+"""to_channels_last: run 1-D / 2-D / 3-D convolutions and 2-D pools channels-last (docs/FUSION.md, "Channels last").
 
 - A 1-D Conv (x [N, C, L], constant W, of a class in `conv_classes`) runs as the 2-D ConvNHWC (kernel
   [1, k]) of its input viewed [N, 1, L, C] between 3-D Transposes (_Rewriter.conv1d), a dense one's
   channels padded to CHANNEL_ALIGN as a dense 2-D conv's are, so the NHWC tensor-core tactics serve it.
+- A 3-D Conv (x [N, C, D, H, W], constant W) runs as the 2-D ConvNHWC of its depth taps stacked into
+  channels (_Rewriter.conv3d: a strided Slice of D per tap, one Concat, [N * OD, H, W, C * kd]), so the same
+  tactics and epilogues serve it; a (1, kh, kw) conv is a 2-D conv over N * D images with no copy.
 
 - Conv (2-D, float16/float32, constant W) of a class in `conv_classes` -> Transpose(X, 0231)
   [-> Pad of the channel axis with zeros up to a multiple of CHANNEL_ALIGN: dense convs only] ->
@@ -158,6 +161,8 @@ class _Rewriter:
         weight = self.graph.initializers.get(w)
         if weight is not None and weight.ndim == 3:
             return self.conv1d(node)
+        if weight is not None and weight.ndim == 5:
+            return self.conv3d(node)
         if weight is None or weight.ndim != 4 or not self.floats_4d(x) or weight.dtype != self.graph.value(x).dtype:
             return None
         group = int(node.attrs.get("group", 1))
@@ -209,6 +214,75 @@ class _Rewriter:
         return prefix + [Node("ConvNHWC", inputs, [t[2]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
                          Node("Reshape", [t[2], shape([0, -1, int(m)])], [t[3]], {}, name=step("as_1d")),
                          Node("Transpose", [t[3]], [node.outputs[0]], {"perm": [0, 2, 1]}, name=step("to_ncl"))]
+
+    def conv3d(self, node: Node) -> list[Node] | None:
+        """A 3-D Conv (x [N, C, D, H, W], constant W [M, C / group, kd, kh, kw]) as the 2-D ConvNHWC of its depth
+        taps stacked into channels: Transpose (0, 2, 3, 4, 1) [-> Pad of D] -> for each tap dz the Slice of the OD
+        depths it reads (from dz * dilation, the depth stride apart), viewed [N, OD, H, W, C, 1] -> Concat on that
+        last axis -> Reshape [N * OD, H, W, C * kd], channel c * kd + dz, so each group's channels stay together
+        [-> Pad of a dense conv's channels to CHANNEL_ALIGN] -> ConvNHWC (kernel [kh, kw], W [M, C / group, kd,
+        kh, kw] read as [M, C / group * kd, kh, kw]) -> Reshape [N, OD, OH, OW, M] -> Transpose (0, 4, 1, 2, 3).
+        The stack is a partial im2col: kd x the input's bytes, copied once; a (1, kh, kw) conv of depth stride 1
+        without depth pads stacks nothing (a 2-D conv over N * D images). Its class (conv_classes) is the 2-D
+        conv's: a depthwise 3-D conv runs as a grouped one of kd channels a group."""
+        x, w = node.input(0), node.input(1)
+        weight, xv = self.graph.initializers.get(w), self.graph.value(x)
+        yv = self.graph.value(node.outputs[0])
+        if (weight is None or weight.ndim != 5 or xv.dtype not in FLOATS or xv.shape is None or len(xv.shape) != 5
+                or weight.dtype != xv.dtype or not all(isinstance(v, int) for v in xv.shape[1:])
+                or yv.shape is None or len(yv.shape) != 5 or not all(isinstance(v, int) for v in yv.shape[1:])):
+            return None
+        group, (m, cg, kd, kh, kw) = int(node.attrs.get("group", 1)), (int(v) for v in weight.shape)
+        (c, d, h, wd), (od, oh, ow) = xv.shape[1:], yv.shape[2:]
+        if conv_class(group, cg * kd * group) not in self.conv_classes:
+            return None
+        pads = explicit_pads(self.graph, node, [kd, kh, kw])
+        if pads is None:
+            return None
+        a = node.attrs
+        strides = [int(v) for v in a.get("strides", [1, 1, 1])]
+        dilations = [int(v) for v in a.get("dilations", [1, 1, 1])]
+        if (d + pads[0] + pads[3] - dilations[0] * (kd - 1) - 1) // strides[0] + 1 != od:
+            return None
+        step = lambda what: self.graph.fresh_name(f"{node.name}_{what}")  # noqa: E731
+        tensor = lambda what: self.graph.fresh_name(f"{node.outputs[0]}_{what}")  # noqa: E731
+        ints = lambda values: self.graph.add_initializer(np.array(values, dtype=np.int64), f"{node.name}_ints")  # noqa: E731
+        ndhwc = tensor("ndhwc")
+        prefix = [Node("Transpose", [x], [ndhwc], {"perm": [0, 2, 3, 4, 1]}, name=step("to_ndhwc"))]
+        source = ndhwc
+        if pads[0] or pads[3]:
+            source = tensor("dpad")
+            prefix.append(Node("Pad", [ndhwc, ints([0, pads[0], 0, 0, 0, 0, pads[3], 0, 0, 0])], [source], {},
+                               name=step("pad_depth")))
+        if kd == 1 and strides[0] == 1 and not (pads[0] or pads[3]):
+            taps = source
+        else:
+            parts = []
+            for dz in range(kd):
+                start = dz * dilations[0]
+                part, tap = tensor(f"tap{dz}"), tensor(f"tap{dz}_1")
+                prefix += [Node("Slice", [source, ints([start]), ints([start + (od - 1) * strides[0] + 1]), ints([1]),
+                                          ints([strides[0]])], [part], {}, name=step(f"tap{dz}")),
+                           Node("Reshape", [part, ints([-1, od, h, wd, c, 1])], [tap], {}, name=step(f"tap{dz}_axis"))]
+                parts.append(tap)
+            taps = parts[0]
+            if kd > 1:
+                taps = tensor("taps")
+                prefix.append(Node("Concat", parts, [taps], {"axis": 5}, name=step("stack_taps")))
+        xt, channels = tensor("nhwc"), c * kd
+        prefix.append(Node("Reshape", [taps, ints([-1, h, wd, channels])], [xt], {}, name=step("as_2d")))
+        if group == 1 and channels % CHANNEL_ALIGN:  # a dense conv's channels, padded for its kernels' 16-byte loads
+            padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
+            xt, channels = self.padded_channels(xt, padded - channels, node, prefix), padded
+        w2d = self.graph.add_initializer(np.ascontiguousarray(weight.reshape(m, cg * kd, kh, kw)), f"{w}_2d")
+        attrs = {"kernel_shape": [kh, kw], "strides": strides[1:], "dilations": dilations[1:],
+                 "pads": [pads[1], pads[2], pads[4], pads[5]], "group": group}
+        inputs = [xt, self.krsc(w2d, channels // group)] + ([node.input(2)] if node.input(2) else [])
+        conv, ndhwc_out = tensor("conv"), tensor("ndhwc_out")
+        return prefix + [Node("ConvNHWC", inputs, [conv], attrs, name=node.name, domain=POLYKIT_DOMAIN),
+                         Node("Reshape", [conv, ints([-1, od, oh, ow, m])], [ndhwc_out], {}, name=step("as_3d")),
+                         Node("Transpose", [ndhwc_out], [node.outputs[0]], {"perm": [0, 4, 1, 2, 3]},
+                              name=step("to_ncdhw"))]
 
     def conv_transpose(self, node: Node) -> list[Node] | None:
         """A ConvTranspose whose kernel equals its strides (one group, no dilation, no padding:

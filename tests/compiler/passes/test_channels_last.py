@@ -60,13 +60,14 @@ def test_a_weight_shared_by_two_convs_is_repacked_once():
     assert len({n.inputs[1] for n in out.nodes if n.op_type == "ConvNHWC"}) == 1
 
 
-@pytest.mark.parametrize("case", ["grouped", "1-d, weight is an input", "3-d", "weight is an input", "int8"])
+@pytest.mark.parametrize("case", ["grouped", "1-d, weight is an input", "3-d, weight is an input", "weight is an input",
+                                  "int8"])
 def test_ineligible_convs_stay_nchw(case):
     x, w, attrs, extra = (1, 8, 6, 6), (8, 4, 3, 3), {"group": 2}, {}
     if case == "1-d, weight is an input":  # (dense 1-D convs with a constant weight convert: test_channels_last_conv1d)
         x, w, attrs, extra = (1, 8, 6), (8, 8, 3), {}, {"w": ((8, 8, 3), np.float32)}
-    elif case == "3-d":
-        x, w, attrs = (1, 8, 4, 4, 4), (8, 8, 1, 1, 1), {}
+    elif case == "3-d, weight is an input":  # (3-D convs with a constant weight convert: test_channels_last_conv3d)
+        x, w, attrs, extra = (1, 8, 4, 4, 4), (8, 8, 1, 1, 1), {}, {"w": ((8, 8, 1, 1, 1), np.float32)}
     elif case == "weight is an input":
         w, attrs, extra = (8, 8, 3, 3), {}, {"w": ((8, 8, 3, 3), np.float32)}
     inits = {} if extra else {"w": _w(*w)}
