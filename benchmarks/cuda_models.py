@@ -141,17 +141,26 @@ def bench_case(name: str, batch: int, precision: str, args, torch) -> dict:
             "layers": len(plans[main_level].layers)}
 
 
-def print_profile(title: str, plan, engine, bindings, torch, top: int, profile: int = 0) -> None:
-    """Per-layer CUDA-event times of one eager run on optimization profile `profile`: totals per
-    tactic (that profile's), then the slowest layers."""
+def profile_times(plan, engine, bindings, torch, profile: int = 0) -> list[tuple[str, float]]:
+    """(layer name, ms) of one eager run with per-layer CUDA events on optimization profile `profile` (a plan
+    built for profiles runs the bindings' shapes)."""
     ctx = engine.create_execution_context(profile=True)
     ctx.set_optimization_profile(profile)
-    for name in plan.inputs:  # a plan built for profiles runs the bindings' shapes
+    for name in plan.inputs:
         ctx.set_input_shape(name, tuple(bindings[name].shape))
     ctx.enqueue(bindings, torch.cuda.current_stream())
     torch.cuda.synchronize()
-    times = ctx.profile
+    times = list(ctx.profile)
     ctx.close()
+    return times
+
+
+def print_profile(title: str, plan, engine, bindings, torch, top: int, profile: int = 0,
+                  times: list[tuple[str, float]] | None = None) -> None:
+    """Per-layer times of one eager run on optimization profile `profile` (profile_times, or `times`: such a
+    run's): totals per tactic (that profile's), then the slowest layers."""
+    if times is None:
+        times = profile_times(plan, engine, bindings, torch, profile)
     layers = {lay.name: lay for lay in engine.profile_layers[profile]}
     total = sum(ms for _, ms in times)
     per_tactic: dict[str, list[float]] = {}

@@ -116,7 +116,7 @@ def main() -> None:
                                      "max_abs_err": float(np.abs(outs["fp16"] - refs["fp16"]).max())},
         "onnxruntime_qdq_vs_fp32": {"cosine": round(cosine(refs["fp8"], refs["fp16"]), 6)},
     }
-    samples = timed_rounds(bound, plans, args, torch, f"bert {args.batch}x{args.seq}")
+    samples, layers = timed_rounds(bound, plans, args, torch, f"bert {args.batch}x{args.seq}")
     stats = round_stats(samples)
     ms = stats.pop("ms")
     result = {
@@ -128,6 +128,8 @@ def main() -> None:
         "products_by_tactic": {name: products_by_tactic(plan) for name, plan in plans.items()},
         "layers": {name: len(plan.layers) for name, plan in plans.items()},
     }
+    if layers:
+        result["layers_vs_fp16"] = layers
     report(result, args.out)
 
 

@@ -94,7 +94,9 @@
 #                  4 failed (a test bar: the cpu FP8 plan's own spread); new14 338 passed, 9 failed (the FP8 GEMM tile
 #                  128x144's epilogue; the FP8 tolerance); all fixed in 81c8aed, whose four FP8 test files passed (261)
 #   STEP=new16     the sixteenth session's gpu test bodies: the FP8 kernel / plan tests after their shared helpers
-#                  (fp8tests), the INT8 / FP8 / e4m3 stores after the one Markstein quotient (markstein: PTX unchanged)
+#                  (fp8tests), the INT8 / FP8 / e4m3 stores after the one Markstein quotient (markstein: PTX unchanged),
+#                  a video net's 3-D convs on the NHWC tactics (ab8de5e) against the cpu plan. Then LOWP_PROFILE=12
+#                  STEP=lowp: its JSON now holds layers_vs_fp16 (each layer beside its fp16 namesake)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -359,10 +361,11 @@ EOF
       benchmarks/e4m3_quantize_check.cu && timeout 60 /tmp/e4m3_check | tee "$OUT/e4m3_check.txt"
     exit $rc
     ;;
-  new16)  # the sixteenth session's gpu tests: the FP8 tests' shared helpers, the one Markstein quotient
+  new16)  # the sixteenth session's gpu tests: the FP8 tests' shared helpers, the one Markstein quotient, 3-D convs NHWC
     gpu_tests new16 ${NEW_S:-200} tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_fp8_conv_sm90.py \
       tests/kernels/cuda/test_fp8_gemm_sm90.py tests/compiler/test_fp8_conv_plan.py tests/compiler/test_fp8_gemm_plan.py \
-      tests/kernels/cuda/test_output_quantize.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_norm_warp.py
+      tests/kernels/cuda/test_output_quantize.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_norm_warp.py \
+      tests/compiler/passes/test_channels_last_conv3d.py
     exit $?
     ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cuda_models import export, make_model, print_profile
+from benchmarks.cuda_models import export, make_model, print_profile, profile_times
 from benchmarks.cuda_timing import bind_host, bind_plan, time_cuda, time_host
 
 MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
@@ -107,21 +107,73 @@ def first_outputs(bound: dict, torch) -> dict[str, np.ndarray]:
     return outs
 
 
-def timed_rounds(bound: dict, plans: dict, args, torch, title: str) -> dict[str, list[float]]:
+def timed_rounds(bound: dict, plans: dict, args, torch, title: str) -> tuple[dict[str, list[float]], dict]:
     """ms of each bound plan in each of args.rounds rounds, the plans alternating within a round (drift or a
     neighbour's load falls on all alike): CUDA events on cuda, the host clock on cpu. Then, with
-    args.profile on cuda, each plan's profile (print_profile, titled "<plan> <title>"); the plans are closed."""
+    args.profile on cuda, each plan's profile (print_profile, titled "<plan> <title>") and the layers of each
+    plan beside their namesakes in the fp16 plan (compare_layers, printed; returned, else {}); the plans are
+    closed."""
     samples: dict[str, list[float]] = {name: [] for name in bound}
     for _ in range(args.rounds):
         for name, b in bound.items():
             samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters) if torch is not None
                                  else time_host(b.run, args.warmup, args.iters))
+    layers: dict = {}
     if args.profile and torch is not None:
+        times = {name: profile_times(plans[name], b.engine, b.bindings, torch) for name, b in bound.items()}
         for name, b in bound.items():
-            print_profile(f"{name} {title}", plans[name], b.engine, b.bindings, torch, args.profile)
+            print_profile(f"{name} {title}", plans[name], b.engine, b.bindings, torch, args.profile, times=times[name])
+        if "fp16" in times and len(times) > 1:
+            layers = compare_layers(times, {name: {layer.name: layer.tactic for layer in plan.layers}
+                                            for name, plan in plans.items()})
+            print_comparison(layers, args.profile, title)
     for b in bound.values():
         b.close()
-    return samples
+    return samples, layers
+
+
+def compare_layers(times: dict[str, list[tuple[str, float]]], tactics: dict[str, dict[str, str]],
+                   base: str = "fp16") -> dict:
+    """Each layer of the `base` plan beside its namesakes in the other plans (the compiler keeps a conv's or
+    GEMM's node name whatever its precision): `rows`, one a base layer, {"layer", "<plan>_ms", "<plan>_tactic"}
+    for every plan (None where a plan has no such layer), the layers where another plan loses most first;
+    `unmatched_ms` / `unmatched_layers` per plan, its layers with no namesake in the base (the quantize, cast and
+    reformat layers a low-precision plan adds) and the base's layers with none in any other; `total_ms` per plan
+    (one eager run with per-layer events: launches included, so not the replayed plan's time)."""
+    ms = {name: dict(t) for name, t in times.items()}
+    others = [name for name in times if name != base]
+    rows = []
+    for layer, base_ms in times[base]:
+        row = {"layer": layer}
+        for name in (base, *others):
+            row[f"{name}_ms"] = round(ms[name][layer], 4) if layer in ms[name] else None
+            row[f"{name}_tactic"] = tactics[name].get(layer) if layer in ms[name] else None
+        rows.append(row)
+
+    def loss(row: dict) -> float:
+        return max((row[f"{n}_ms"] - row[f"{base}_ms"] for n in others if row[f"{n}_ms"] is not None), default=0.0)
+
+    rows.sort(key=loss, reverse=True)
+    unmatched = {name: [(layer, t) for layer, t in times[name] if layer not in ms[base]] for name in others}
+    unmatched[base] = [(layer, t) for layer, t in times[base] if not any(layer in ms[n] for n in others)]
+    return {"base": base, "rows": rows,
+            "unmatched_ms": {name: round(sum(t for _, t in v), 4) for name, v in unmatched.items()},
+            "unmatched_layers": {name: len(v) for name, v in unmatched.items()},
+            "total_ms": {name: round(sum(t for _, t in v), 4) for name, v in times.items()}}
+
+
+def print_comparison(cmp: dict, top: int, title: str) -> None:
+    """compare_layers' totals and its `top` rows (the layers where another plan loses most to the base)."""
+    base = cmp["base"]
+    names = list(cmp["total_ms"])
+    print(f"-- layers beside {base}'s ({title}; one eager run each, ms): totals "
+          + ", ".join(f"{n} {cmp['total_ms'][n]:.3f}" for n in names)
+          + "; without a namesake " + ", ".join(f"{n} {cmp['unmatched_ms'][n]:.3f} ({cmp['unmatched_layers'][n]})"
+                                               for n in names))
+    for row in cmp["rows"][:top]:
+        cells = "  ".join(f"{n} {row[f'{n}_ms']:.4f} {row[f'{n}_tactic'] or ''}" if row[f"{n}_ms"] is not None
+                          else f"{n} -" for n in names)
+        print(f"   {row['layer'][:44]:44} {cells}")
 
 
 def round_stats(samples: dict[str, list[float]]) -> dict[str, dict]:
@@ -192,7 +244,7 @@ def main() -> None:
     else:
         bound = {name: bind_host(plan, feeds) for name, plan in plans.items()}
     cosines = {name: round(cosine(out, ref), 6) for name, out in first_outputs(bound, torch).items()}
-    samples = timed_rounds(bound, plans, args, torch, f"bs{args.batch}")
+    samples, layers = timed_rounds(bound, plans, args, torch, f"bs{args.batch}")
     stats = round_stats(samples)
     ms = stats.pop("ms")
     result = {
@@ -214,6 +266,8 @@ def main() -> None:
         "layer_kinds": {name: dict(collections.Counter(layer.kind for layer in plan.layers))
                         for name, plan in plans.items()},
     })
+    if layers:
+        result["layers_vs_fp16"] = layers
     report(result, args.out)
 
 

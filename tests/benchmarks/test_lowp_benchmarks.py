@@ -116,3 +116,26 @@ def test_fp8_tactics_counts_every_fp8_tensor_core_family_as_fp8():
     assert {n.split("cuda.fp8.")[1].rsplit("_", 1)[0] for n in fp8} >= {"sm90", "gemm_sm90", "conv_sm90"}
     assert all(n.startswith(fp8_tactics.FP8_TACTIC) for n in fp8), fp8
     assert not any(n.startswith(fp8_tactics.FP8_TACTIC) for n in names if n not in fp8)
+
+
+def test_compare_layers_puts_each_layer_beside_its_namesakes_and_the_largest_loss_first():
+    times = {"fp16": [("stem", 0.10), ("conv_a", 0.05), ("conv_b", 0.02), ("cast_out", 0.01)],
+             "int8": [("quantize_in", 0.03), ("stem", 0.12), ("conv_a", 0.04), ("conv_b", 0.05)],
+             "fp8": [("stem", 0.09), ("conv_a", 0.08), ("conv_b", 0.02)]}
+    tactics = {"fp16": {"stem": "t16", "conv_a": "a16", "conv_b": "b16", "cast_out": "c16"},
+               "int8": {"quantize_in": "q8", "stem": "t8", "conv_a": "a8", "conv_b": "b8"},
+               "fp8": {"stem": "tf8", "conv_a": "af8", "conv_b": "bf8"}}
+    cmp = int8_resnet.compare_layers(times, tactics)
+    # the largest loss of any plan against fp16: conv_a (fp8 +0.03) ties conv_b (int8 +0.03), then the stem
+    assert [row["layer"] for row in cmp["rows"]][2:] == ["stem", "cast_out"]
+    assert {row["layer"] for row in cmp["rows"][:2]} == {"conv_a", "conv_b"}
+    stem = next(row for row in cmp["rows"] if row["layer"] == "stem")
+    assert stem == {"layer": "stem", "fp16_ms": 0.1, "fp16_tactic": "t16", "int8_ms": 0.12, "int8_tactic": "t8",
+                    "fp8_ms": 0.09, "fp8_tactic": "tf8"}
+    cast = next(row for row in cmp["rows"] if row["layer"] == "cast_out")
+    assert cast["int8_ms"] is None and cast["fp8_tactic"] is None
+    assert cmp["unmatched_ms"] == {"int8": 0.03, "fp8": 0.0, "fp16": 0.01}
+    assert cmp["unmatched_layers"] == {"int8": 1, "fp8": 0, "fp16": 1}
+    assert cmp["total_ms"] == {"fp16": 0.18, "int8": 0.24, "fp8": 0.19}
+    int8_resnet.print_comparison(cmp, 2, "test")  # prints without a KeyError on a missing namesake
+    int8_resnet.print_comparison(cmp, 4, "test")
