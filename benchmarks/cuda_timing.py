@@ -18,6 +18,25 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 
+def time_cuda_queued(fn: Callable[[], Any], torch, warmup: int, iters: int, repeat: int) -> float:
+    """Median milliseconds of one run of `fn` when `repeat` runs are queued back to back between two CUDA events
+    (the host enqueues ahead of the GPU, so a short plan's launch latency falls between the runs' work only
+    once a measurement), over `iters` measurements after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / repeat)
+    return statistics.median(times)
+
+
 def time_cuda(fn: Callable[[], Any], torch, warmup: int, iters: int) -> float:
     """Median milliseconds of `iters` runs of `fn`, each between two CUDA events, after `warmup` runs."""
     for _ in range(warmup):

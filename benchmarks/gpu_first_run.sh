@@ -98,6 +98,7 @@
 #                  a video net's 3-D convs on the NHWC tactics (ab8de5e) against the cpu plan. Then LOWP_PROFILE=12
 #                  STEP=lowp: its JSON now holds layers_vs_fp16 (each layer beside its fp16 namesake)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
+#   STEP=w4chain   W4A16 vs fp16 at M = 1, 16 as one layer and as a chain of 8 queued back to back; ncu of the staged kernel
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
 #                  (EfficientNet-V2-S, ConvNeXt, MobileNetV3 layers against cuDNN), the ResNet stem's tactics. Then
@@ -368,6 +369,14 @@ EOF
       tests/compiler/passes/test_channels_last_conv3d.py
     exit $?
     ;;
+  w4chain)  # W4A16 against the fp16 GEMM at M = 1 and 16: one layer (host launch; per-layer events) and a chain of 8
+    # layers queued back to back (a layer's steady-state time), then ncu's full set of the staged kernel at M = 1
+    timeout 240 python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --out "$OUT/w4chain.json" 2>&1 | tee "$OUT/w4chain.txt"
+    timeout 150 ncu --set full --kernel-name regex:weight_only_mma_staged --launch-skip 40 --launch-count 1 \
+      python3 benchmarks/weight_only_gemm.py --ms 1 > "$OUT/ncu_w4_staged.txt" 2>&1
+    echo "== ncu rc $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size|Stall" \
+      "$OUT/ncu_w4_staged.txt" | head -20
+    ;;
   bench10)  # the tenth session's speed changes against the before tree (ZOO_BEFORE=.before, carried), same machine
     att="--cases \"\" --attention-dtype fp16 --attention 8,6,1500,64 --attention 8,12,128,64 --attention 8,12,197,64 --attention 4,16,2048,128"
     timeout 150 bash -c "python3 benchmarks/cuda_kernels.py $att --out $OUT/attention.json" 2>&1 | grep -E "attention|sdpa" | tee "$OUT/attention.txt"
@@ -531,5 +540,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|w4chain|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac
