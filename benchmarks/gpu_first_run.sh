@@ -372,8 +372,9 @@ EOF
   w4chain)  # W4A16 against the fp16 GEMM at M = 1 and 16: one layer (host launch; per-layer events) and a chain of 8
     # layers queued back to back (a layer's steady-state time), then ncu's full set of the staged kernel at M = 1
     timeout 240 python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --out "$OUT/w4chain.json" 2>&1 | tee "$OUT/w4chain.txt"
-    timeout 150 ncu --set full --kernel-name regex:weight_only_mma_staged --launch-skip 40 --launch-count 1 \
-      python3 benchmarks/weight_only_gemm.py --ms 1 > "$OUT/ncu_w4_staged.txt" 2>&1
+    # (level 0: no tactic timing, so the first launches that match are the plan's own: the staged c16_k4096 tile)
+    timeout 150 ncu --set full --kernel-name regex:weight_only_mma_staged --launch-skip 3 --launch-count 1 \
+      python3 benchmarks/weight_only_gemm.py --ms 1 --level 0 --warmup 3 --iters 3 --profile-runs 1 > "$OUT/ncu_w4_staged.txt" 2>&1
     echo "== ncu rc $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size|Stall" \
       "$OUT/ncu_w4_staged.txt" | head -20
     ;;

@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--profile-runs", type=int, default=20, help="profiled runs for the layers' own time")
+    parser.add_argument("--level", type=int, default=5, help="builder optimization level (0: no tactic timing, "
+                        "the first tactic by priority: what ncu should see)")
     parser.add_argument("--chain", type=int, default=0, metavar="L",
                         help="also time L layers one after another (N == K), a layer's time = the plan's / L")
     parser.add_argument("--out", type=Path)
@@ -62,7 +64,7 @@ def main() -> None:
         row = {"M": m, "N": args.n, "K": args.k, "weight": args.weight, "block": args.block}
         outs = {}
         for name, extra in (("weight_only", {}), ("fp16_gemm", {"fp32_layers": ("fc",)})):
-            plan = build_plan(model, BuilderConfig(target="cuda", builder_optimization_level=5, **extra))
+            plan = build_plan(model, BuilderConfig(target="cuda", builder_optimization_level=args.level, **extra))
             bound = bind_plan(plan, {"x": x}, torch)
             row[f"{name}_ms"] = time_cuda(bound.run, torch, args.warmup, args.iters)
             # the layers' own time (CUDA events around each layer of a profiled run): at these sizes the
@@ -81,7 +83,7 @@ def main() -> None:
             chain = load_onnx(weight_only_chain(args.weight, args.k, args.chain, args.block, m))
             fp32_layers = tuple(f"fc{i}" for i in range(args.chain))
             for name, extra in (("weight_only", {}), ("fp16_gemm", {"fp32_layers": fp32_layers})):
-                plan = build_plan(chain, BuilderConfig(target="cuda", builder_optimization_level=5, **extra))
+                plan = build_plan(chain, BuilderConfig(target="cuda", builder_optimization_level=args.level, **extra))
                 bound = bind_plan(plan, {"x": x}, torch)
                 per_layer = time_cuda_queued(bound.run, torch, args.warmup, max(5, args.iters // 10), 10) / args.chain
                 row[f"{name}_chain_layer_ms"] = per_layer
