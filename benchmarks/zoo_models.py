@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-CONV, TRANSFORMER = "conv", "transformer"
-FAMILIES = (CONV, TRANSFORMER)
+CONV, TRANSFORMER, VIDEO = "conv", "transformer", "video"
+FAMILIES = (CONV, TRANSFORMER, VIDEO)
 
 #: the architecture traits issues #29 and #30 ask the zoo to cover, by family
 REQUIRED = {
@@ -23,6 +23,8 @@ REQUIRED = {
            "dense-concat", "layernorm-large-depthwise", "upsampling"),
     TRANSFORMER: ("bert-encoder", "causal-decoder", "vision-transformer", "windowed-attention", "speech-encoder",
                   "t5-encoder", "rmsnorm-rotary-swiglu-gqa", "conv-frontend", "timm-vit"),
+    # issue #29 item 2's 3-D convolutions (to_channels_last's conv3d): a full 3x3x3 net and a (2+1)-D one
+    VIDEO: ("3d-conv", "2plus1d-conv"),
 }
 
 
@@ -64,6 +66,19 @@ def torchvision_model(name: str, **kwargs: Any) -> Callable[[], Any]:
 
         return getattr(torchvision.models, name)(weights=None, **kwargs)
     return make
+
+
+def video_model(name: str) -> Callable[[], Any]:
+    def make():
+        from torchvision.models import video
+
+        return getattr(video, name)(weights=None)
+    return make
+
+
+def clip(frames: int = 16, size: int = 112) -> tuple[InputSpec, ...]:
+    """A video clip [3, frames, size, size] (the batch dimension added by make_inputs)."""
+    return (InputSpec("x", (3, frames, size, size)),)
 
 
 def segmentation_model(name: str) -> Callable[[], Any]:
@@ -137,6 +152,10 @@ def _transformer(name, covers, inputs, make, batches=(1, 8)) -> ZooModel:
     return ZooModel(name, TRANSFORMER, covers, inputs, batches, make)
 
 
+def _video(name, covers, make, batches=(1, 8)) -> ZooModel:
+    return ZooModel(name, VIDEO, covers, clip(), batches, make)
+
+
 _LLAMA = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512, use_cache=False)
 _WHISPER = dict(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80,
@@ -188,6 +207,8 @@ MODELS: tuple[ZooModel, ...] = (
                  transformers_model("whisper.modeling_whisper.WhisperEncoder", "WhisperConfig", **_WHISPER)),
     _transformer("wav2vec2_base", ("speech-encoder", "conv-frontend", "groupnorm"),
                  (InputSpec("input_values", (80000,)),), transformers_model("Wav2Vec2Model", "Wav2Vec2Config")),
+    _video("r3d_18", ("3d-conv", "residual"), video_model("r3d_18")),
+    _video("r2plus1d_18", ("2plus1d-conv", "residual"), video_model("r2plus1d_18")),
 )
 BY_NAME = {m.name: m for m in MODELS}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.torch_export import first_tensor
-from benchmarks.zoo_models import BY_NAME, CONV, MODELS, REQUIRED, TRANSFORMER
+from benchmarks.zoo_models import BY_NAME, CONV, MODELS, REQUIRED, TRANSFORMER, VIDEO
 
 #: the models the issues name (a zoo entry each)
 NAMED = ("resnet18", "resnet50", "resnext50_32x4d", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
@@ -31,7 +31,7 @@ def test_the_models_the_issues_name_are_in_the_zoo():
 
 def test_names_are_unique_and_families_known():
     assert len(BY_NAME) == len(MODELS)
-    assert {m.family for m in MODELS} == {CONV, TRANSFORMER}
+    assert {m.family for m in MODELS} == {CONV, TRANSFORMER, VIDEO}
 
 
 def test_every_model_runs_batch_1_and_a_larger_throughput_batch():

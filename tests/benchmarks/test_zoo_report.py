@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import zoo, zoo_report
-from benchmarks.zoo_models import CONV, MODELS
+from benchmarks.zoo_models import CONV, FAMILIES, MODELS, VIDEO
 
 REPO = Path(__file__).resolve().parents[2]
 META = {"date": "2026-12-01", "device": "NVIDIA H200", "commit": "abc1234", "torch": "2.11.0"}
@@ -118,8 +118,8 @@ def test_docs_zoo_md_explains_the_method_and_has_the_section_to_fill():
     assert "benchmarks/zoo.py --render zoo.json --into docs/ZOO.md" in text
     for word in ("torch.compile", "POLYKIT_CACHE_DIR", "alternating", "fp32"):
         assert word in text
-    conv = sum(m.family == CONV for m in MODELS)
-    assert f"({conv} convolutional and\n{len(MODELS) - conv} transformer-family architectures" in text
+    conv, video = (sum(m.family == f for m in MODELS) for f in (CONV, VIDEO))
+    assert f"({conv} convolutional,\n{len(MODELS) - conv - video} transformer-family and {video} video architectures" in text
 
 
 def test_results_files_are_json_with_format_settings_and_rows(tmp_path):
@@ -149,8 +149,9 @@ def test_the_acceptance_lines_name_missing_cases_runs_and_each_bar():
     assert f"slower than eager: {conv[0].name} bs{max(conv[0].batches)} (0.90x)" in line
     assert "geomean vs compile 0.84x (below 1x)" in line  # (1.2 * 0.7 * 0.7) ** (1 / 3)
     assert f"below 0.75x: {conv[0].name} bs{max(conv[0].batches)} (0.70x), {conv[1].name} bs1 (0.70x)" in line
-    (other,) = [x for x in lines if x.startswith("- ") and not x.startswith(f"- {CONV}:")]
-    assert "0 of" in other and "geomean vs compile –" in other
+    others = [x for x in lines if x.startswith("- ") and not x.startswith(f"- {CONV}:")]
+    assert len(others) == len(FAMILIES) - 1  # the transformer and video families, without rows
+    assert all("0 of" in other and "geomean vs compile –" in other for other in others)
 
 
 def test_the_acceptance_lines_name_the_largest_movement_share_and_those_over_5_percent():
