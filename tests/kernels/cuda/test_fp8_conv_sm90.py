@@ -23,7 +23,7 @@ from polykit.kernels.cuda.int8 import fp8_conv_sm90, fp8_gemm_sm90, fp8_sm90
 from polykit.kernels.tactics import find_tactic
 
 from ...compiler.fp8_models import E4M3
-from .recording_launcher import RecordingLauncher
+from .fp8_cases import device_tensors, recorded_launch
 from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
 from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer
 from .test_int8 import RESIDUAL, int8_residual, rng
@@ -107,17 +107,11 @@ def test_the_estimate_orders_the_piece_tiles_by_waves(M, N, K, best):
 
 
 def test_the_enqueue_launches_conv_sm90_with_the_pieces_compiled_in():
-    from polykit.kernels.cuda.base import DeviceTensor
-
     inputs = fp8_inputs((3, 9, 7, 48), (130, 3, 3, 48), requant=True)
     layer = fp8_layer(inputs, {"strides": [2, 2], "pads": [1, 1, 1, 1]})
-    tensors = {name: DeviceTensor(0x10000 * (i + 1), np.asarray(a).shape, np.asarray(a).dtype)
-               for i, (name, a) in enumerate(inputs.items())}
-    tensors["Y"] = DeviceTensor(0x900000, (3, 5, 4, 130), np.dtype(E4M3))
+    tensors = device_tensors(inputs, (3, 5, 4, 130))
     for (tile, pieces, bufs), name in zip(fp8_conv_sm90.TILES, TACTICS):
-        launcher = RecordingLauncher(sm_count=132)
-        tactic(name).enqueue(layer, launcher, tensors)
-        ((kernel, args),) = launcher.launches
+        kernel, args = recorded_launch(name, layer, tensors)
         assert kernel == "conv_sm90"
         tm_w = args[0]
         assert isinstance(tm_w, TensorMapSpec) and tm_w.ptr == tensors["W"].ptr
