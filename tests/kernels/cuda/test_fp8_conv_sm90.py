@@ -25,9 +25,8 @@ from polykit.kernels.tactics import find_tactic
 from ...compiler.fp8_models import E4M3
 from .fp8_cases import device_tensors, recorded_launch
 from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
-from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer
+from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer, reference_tests
 from .test_int8 import RESIDUAL, int8_residual, rng
-from .test_int8_sm90 import CASES
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 gpu = pytest.mark.gpu
@@ -158,21 +157,8 @@ def test_every_piece_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index, y_d
 
 # ---- GPU ------------------------------------------------------------------------------------------
 
-@gpu
-@pytest.mark.parametrize("name", TACTICS)
-@pytest.mark.parametrize("x,w,attrs", CASES)
-def test_sm90_fp8_piece_conv_float_output_matches_the_reference(x, w, attrs, name):
-    inputs = fp8_inputs(x, w)
-    check(fp8_layer(inputs, attrs), inputs, name)
-
-
-@gpu
-@pytest.mark.parametrize("name", TACTICS)
-@pytest.mark.parametrize("per_channel", [True, False])
-@pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
-def test_sm90_fp8_piece_conv_requantized_to_e4m3_matches_the_reference(x, w, attrs, per_channel, name):
-    inputs = fp8_inputs(x, w, per_channel=per_channel, requant=True)
-    check(fp8_layer(inputs, attrs), inputs, name)
+(test_sm90_fp8_piece_conv_float_output_matches_the_reference,
+ test_sm90_fp8_piece_conv_requantized_to_e4m3_matches_the_reference) = reference_tests(TACTICS)
 
 
 #: ResNet-like convs with odd H / W and N past the tiles' widths: (id, NHWC X, KRSC W, attrs)
