@@ -1,5 +1,6 @@
 """Explicit FP8 (float8_e4m3fn) Q/DQ models for the FP8 layer tests, written with onnx.helper, and
-the tolerance an FP8 layer's float output is held to against onnxruntime's reading of them."""
+the tolerance an FP8 layer's float output is held to against onnxruntime's reading of them; and the checks the
+FP8 plan tests share on a plan forced onto other tactics (test_fp8_gemm_plan.py, test_fp8_conv_plan.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -125,3 +127,34 @@ def float_tolerance(k: int, magnitude: float) -> float:
     different orders, each sum within k * 2**-24 * sum |terms| of the exact one; `magnitude` bounds sum
     |x * w| (dequantized), bias and epilogue add a few roundings of values of that size."""
     return (2 * k + 8) * 2.0 ** -24 * magnitude
+
+
+def assert_replayed(plan, forced, moved, name: str, kept) -> None:
+    """`forced`, a tactic replay of `plan`: the layers `moved(plan)` lists, as many in `forced`, all on tactic
+    `name`; every layer `kept(layer)` holds for on the tactic it has in `plan`."""
+    assert [layer.tactic for layer in moved(forced)] == [name] * len(moved(plan))
+    rest = [(layer.name, layer.tactic) for layer in plan.layers if kept(layer)]
+    assert [(layer.name, layer.tactic) for layer in forced.layers if kept(layer)] == rest
+
+
+def skip_unless_sm90() -> None:
+    """Skip a GPU test on a device that is not an sm_90 (the FP8 tactics' wgmma need sm_90a)."""
+    from polykit.runtime.cuda import driver
+
+    if not driver.current_device().arch.startswith("sm_90"):
+        pytest.skip("the FP8 tactics need sm_90a")
+
+
+def assert_forced_plan_matches(plan, forced, cpu, feeds_of, cpu_cosine: float) -> None:
+    """Run `plan`, `forced` (it on other tactics) and `cpu` (the cpu target's plan) on `feeds_of(seed)` for seeds
+    10 and 11: `forced`'s output finite, at cosine >= 0.9999 from `plan`'s and >= `cpu_cosine` from `cpu`'s."""
+    from polykit.runtime.engine import Engine
+
+    from .test_int8_build import cosine
+
+    for seed in (10, 11):
+        feeds = feeds_of(seed)
+        old, new, ref = (next(iter(Engine(p).create_execution_context().execute(feeds).values()))
+                         for p in (plan, forced, cpu))
+        assert np.all(np.isfinite(new))
+        assert cosine(new, old) >= 0.9999 and cosine(new, ref) >= cpu_cosine

@@ -6,7 +6,6 @@ what the level-0 plan does (gpu)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from polykit.compiler.builder.builder import build_plan
@@ -18,9 +17,9 @@ from polykit.kernels.cuda.int8.fp8_gemm_sm90 import over_rows
 from polykit.kernels.cuda.int8.int8_sm90 import _geometry
 
 from tests.conv_models import resnet
+from .fp8_models import assert_forced_plan_matches, assert_replayed, skip_unless_sm90
 from .int8_models import feeds_for
 from .test_fp8_gemm_plan import stand_in_sm90
-from .test_int8_build import cosine
 
 PIECE_TILES = [t.label for t, _, _ in fp8_conv_sm90.TILES]
 
@@ -75,31 +74,20 @@ def test_a_replay_moves_every_fp8_conv_onto_a_piece_tile(fp8_resnet, monkeypatch
     plan = build_plan(model, config(cache))
     name = f"cuda.fp8.conv_sm90_{tile}"
     forced = build_with_tactics(model, {layer.name: name for layer in fp8_convs(plan)}, config(cache))
-    assert [layer.tactic for layer in fp8_convs(forced)] == [name] * len(fp8_convs(plan))
-    rest = [(layer.name, layer.tactic) for layer in plan.layers if layer.kind != "QConvNHWC"]
-    assert [(layer.name, layer.tactic) for layer in forced.layers if layer.kind != "QConvNHWC"] == rest
+    assert_replayed(plan, forced, fp8_convs, name, lambda layer: layer.kind != "QConvNHWC")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", PIECE_TILES)
 def test_an_fp8_resnet_on_a_piece_tile_matches_the_level_0_plan(fp8_resnet, tile):
-    from polykit.runtime.cuda import driver
-    from polykit.runtime.engine import Engine
-
-    if not driver.current_device().arch.startswith("sm_90"):
-        pytest.skip("the FP8 tactics need sm_90a")
+    skip_unless_sm90()
     model, cache = fp8_resnet
     plan = build_plan(model, config(cache))
     forced = build_with_tactics(model, {layer.name: f"cuda.fp8.conv_sm90_{tile}" for layer in fp8_convs(plan)},
                                 config(cache))
     cpu = build_plan(model, BuilderConfig(target="cpu", fp16=True, fp8=True, calibration_cache=cache,
                                           builder_optimization_level=0))
-    for seed in (10, 11):
-        feeds = feeds_for(model, seed)
-        old, new, ref = (next(iter(Engine(p).create_execution_context().execute(feeds).values()))
-                         for p in (plan, forced, cpu))
-        assert np.all(np.isfinite(new))
-        # the piece tiles sum as the level-0 tiles do (an H100, 2026-12-06: cosine 1.0 on all four); both stand
-        # ~0.9985 from the cpu plan on these 20 logits of 20 FP8 layers, within FP8's own spread there (the cpu
-        # plan with and without --fp16: 0.9976-0.9980)
-        assert cosine(new, old) >= 0.9999 and cosine(new, ref) >= 0.995
+    # the piece tiles sum as the level-0 tiles do (an H100, 2026-12-06: cosine 1.0 on all four); both stand
+    # ~0.9985 from the cpu plan on these 20 logits of 20 FP8 layers, within FP8's own spread there (the cpu
+    # plan with and without --fp16: 0.9976-0.9980)
+    assert_forced_plan_matches(plan, forced, cpu, lambda seed: feeds_for(model, seed), cpu_cosine=0.995)

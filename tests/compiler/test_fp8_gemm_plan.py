@@ -5,7 +5,6 @@ forces them onto the GEMM tiles, and on an H100 / H200 the forced plan computes 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from polykit.compiler.builder.config import BuilderConfig
@@ -15,8 +14,8 @@ from polykit.kernels.tactics import find_tactic
 from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
 
 from tests.dynamic_models import tiny_bert
+from .fp8_models import assert_forced_plan_matches, assert_replayed, skip_unless_sm90
 from .passes.test_absorb_quantized_casts import SHAPES, bert_feeds
-from .test_int8_build import cosine
 
 GEMM_TILES = ("128x192", "128x256", "128x160", "128x128", "64x96")
 
@@ -60,25 +59,14 @@ def test_a_level_0_fp8_bert_keeps_the_conv_tiles_and_a_replay_moves_it_onto_the_
     assert len(layers) >= 4 and all(layer.tactic.startswith("cuda.fp8.sm90_") for layer in layers), \
         [(layer.name, layer.tactic) for layer in layers]
     forced = build_with_tactics(fp8_bert, on_gemm_tiles(plan, tile), CONFIG)
-    assert [layer.tactic for layer in fp8_layers(forced)] == [f"cuda.fp8.gemm_sm90_{tile}"] * len(layers)
-    rest = [(layer.name, layer.tactic) for layer in plan.layers if layer.precision != "fp8"]
-    assert [(layer.name, layer.tactic) for layer in forced.layers if layer.precision != "fp8"] == rest
+    assert_replayed(plan, forced, fp8_layers, f"cuda.fp8.gemm_sm90_{tile}", lambda layer: layer.precision != "fp8")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", GEMM_TILES)
 def test_an_fp8_bert_on_the_gemm_tiles_matches_the_conv_tile_plan(fp8_bert, tile):
-    from polykit.runtime.cuda import driver
-    from polykit.runtime.engine import Engine
-
-    if not driver.current_device().arch.startswith("sm_90"):
-        pytest.skip("the FP8 tactics need sm_90a")
+    skip_unless_sm90()
     plan = build_plan(fp8_bert, CONFIG)
     forced = build_with_tactics(fp8_bert, on_gemm_tiles(plan, tile), CONFIG)
     cpu = build_plan(fp8_bert, BuilderConfig(target="cpu", fp16=True, input_shapes=SHAPES))
-    for seed in (10, 11):
-        feeds = bert_feeds(seed)
-        old, new, ref = (next(iter(Engine(p).create_execution_context().execute(feeds).values()))
-                         for p in (plan, forced, cpu))
-        assert np.all(np.isfinite(new))
-        assert cosine(new, old) >= 0.9999 and cosine(new, ref) >= 0.999
+    assert_forced_plan_matches(plan, forced, cpu, bert_feeds, cpu_cosine=0.999)

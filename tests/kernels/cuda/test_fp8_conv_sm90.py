@@ -23,11 +23,10 @@ from polykit.kernels.cuda.int8 import fp8_conv_sm90, fp8_gemm_sm90, fp8_sm90
 from polykit.kernels.tactics import find_tactic
 
 from ...compiler.fp8_models import E4M3
-from .recording_launcher import RecordingLauncher
+from .fp8_cases import device_tensors, recorded_launch
 from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
-from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer
+from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer, reference_tests
 from .test_int8 import RESIDUAL, int8_residual, rng
-from .test_int8_sm90 import CASES
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 gpu = pytest.mark.gpu
@@ -107,17 +106,11 @@ def test_the_estimate_orders_the_piece_tiles_by_waves(M, N, K, best):
 
 
 def test_the_enqueue_launches_conv_sm90_with_the_pieces_compiled_in():
-    from polykit.kernels.cuda.base import DeviceTensor
-
     inputs = fp8_inputs((3, 9, 7, 48), (130, 3, 3, 48), requant=True)
     layer = fp8_layer(inputs, {"strides": [2, 2], "pads": [1, 1, 1, 1]})
-    tensors = {name: DeviceTensor(0x10000 * (i + 1), np.asarray(a).shape, np.asarray(a).dtype)
-               for i, (name, a) in enumerate(inputs.items())}
-    tensors["Y"] = DeviceTensor(0x900000, (3, 5, 4, 130), np.dtype(E4M3))
+    tensors = device_tensors(inputs, (3, 5, 4, 130))
     for (tile, pieces, bufs), name in zip(fp8_conv_sm90.TILES, TACTICS):
-        launcher = RecordingLauncher(sm_count=132)
-        tactic(name).enqueue(layer, launcher, tensors)
-        ((kernel, args),) = launcher.launches
+        kernel, args = recorded_launch(name, layer, tensors)
         assert kernel == "conv_sm90"
         tm_w = args[0]
         assert isinstance(tm_w, TensorMapSpec) and tm_w.ptr == tensors["W"].ptr
@@ -164,21 +157,8 @@ def test_every_piece_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index, y_d
 
 # ---- GPU ------------------------------------------------------------------------------------------
 
-@gpu
-@pytest.mark.parametrize("name", TACTICS)
-@pytest.mark.parametrize("x,w,attrs", CASES)
-def test_sm90_fp8_piece_conv_float_output_matches_the_reference(x, w, attrs, name):
-    inputs = fp8_inputs(x, w)
-    check(fp8_layer(inputs, attrs), inputs, name)
-
-
-@gpu
-@pytest.mark.parametrize("name", TACTICS)
-@pytest.mark.parametrize("per_channel", [True, False])
-@pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
-def test_sm90_fp8_piece_conv_requantized_to_e4m3_matches_the_reference(x, w, attrs, per_channel, name):
-    inputs = fp8_inputs(x, w, per_channel=per_channel, requant=True)
-    check(fp8_layer(inputs, attrs), inputs, name)
+(test_sm90_fp8_piece_conv_float_output_matches_the_reference,
+ test_sm90_fp8_piece_conv_requantized_to_e4m3_matches_the_reference) = reference_tests(TACTICS)
 
 
 #: ResNet-like convs with odd H / W and N past the tiles' widths: (id, NHWC X, KRSC W, attrs)

@@ -26,7 +26,7 @@ from polykit.kernels.cuda.int8 import fp8_gemm_sm90, fp8_sm90
 from polykit.kernels.tactics import find_tactic
 
 from ...compiler.fp8_models import E4M3
-from .recording_launcher import RecordingLauncher
+from .fp8_cases import device_tensors, recorded_launch
 from .test_fp8_sm90 import HALF_OUT, check, fp8_inputs, fp8_layer
 from .test_int8 import RESIDUAL, int8_residual
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
@@ -88,17 +88,11 @@ def test_the_estimate_prefers_the_tile_that_fills_the_sms(M, N, K, best):
 
 
 def test_the_enqueue_reads_x_rows_and_the_weight_through_tma(monkeypatch):
-    from polykit.kernels.cuda.base import DeviceTensor
-
     inputs = fp8_inputs((3, 7, 5, 48), (130, 1, 1, 48), requant=True)
     layer = fp8_layer(inputs, {})
-    tensors = {name: DeviceTensor(0x10000 * (i + 1), np.asarray(a).shape, np.asarray(a).dtype)
-               for i, (name, a) in enumerate(inputs.items())}
-    tensors["Y"] = DeviceTensor(0x900000, (3, 7, 5, 130), np.dtype(E4M3))
+    tensors = device_tensors(inputs, (3, 7, 5, 130))
     for (tile, pieces, bufs), name in zip(fp8_gemm_sm90.TILES, TACTICS):
-        launcher = RecordingLauncher(sm_count=132)
-        tactic(name).enqueue(layer, launcher, tensors)
-        ((kernel, args),) = launcher.launches
+        kernel, args = recorded_launch(name, layer, tensors)
         assert kernel == "gemm_sm90"
         tm_a, tm_b = args[:2]
         assert isinstance(tm_a, TensorMapSpec) and tm_a.ptr == tensors["X"].ptr

@@ -107,21 +107,30 @@ def check(layer, inputs, tactic):
     assert np.all(np.abs(got - want) <= tol), float(np.max(np.abs(got - want) / np.maximum(tol, 1e-30)))
 
 
-@gpu
-@pytest.mark.parametrize("tactic", TACTICS)
-@pytest.mark.parametrize("x,w,attrs", CASES)
-def test_sm90_fp8_conv_float_output_matches_the_reference(x, w, attrs, tactic):
-    inputs = fp8_inputs(x, w)
-    check(fp8_layer(inputs, attrs), inputs, tactic)
+def reference_tests(tactics: list[str]):
+    """(float-output test, e4m3-output test): the two GPU tests each FP8 conv tactic family runs against the cpu
+    reference (here, and test_fp8_conv_sm90.py's piece tiles), each of `tactics` on test_int8_sm90's CASES (the
+    e4m3 output per channel and per tensor on CASES 0, 1, 3 and 4); a module takes them under its own test names."""
+    @gpu
+    @pytest.mark.parametrize("tactic", tactics)
+    @pytest.mark.parametrize("x,w,attrs", CASES)
+    def float_output(x, w, attrs, tactic):
+        inputs = fp8_inputs(x, w)
+        check(fp8_layer(inputs, attrs), inputs, tactic)
+
+    @gpu
+    @pytest.mark.parametrize("tactic", tactics)
+    @pytest.mark.parametrize("per_channel", [True, False])
+    @pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
+    def requantized(x, w, attrs, per_channel, tactic):
+        inputs = fp8_inputs(x, w, per_channel=per_channel, requant=True)
+        check(fp8_layer(inputs, attrs), inputs, tactic)
+
+    return float_output, requantized
 
 
-@gpu
-@pytest.mark.parametrize("tactic", TACTICS)
-@pytest.mark.parametrize("per_channel", [True, False])
-@pytest.mark.parametrize("x,w,attrs", [CASES[0], CASES[1], CASES[3], CASES[4]])
-def test_sm90_fp8_conv_requantized_to_e4m3_matches_the_reference(x, w, attrs, per_channel, tactic):
-    inputs = fp8_inputs(x, w, per_channel=per_channel, requant=True)
-    check(fp8_layer(inputs, attrs), inputs, tactic)
+(test_sm90_fp8_conv_float_output_matches_the_reference,
+ test_sm90_fp8_conv_requantized_to_e4m3_matches_the_reference) = reference_tests(TACTICS)
 
 
 @gpu
