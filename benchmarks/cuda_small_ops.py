@@ -69,18 +69,9 @@ def torch_us(fn, reps: int) -> float | None:
         import torch
     except ImportError:
         return None
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(REPEAT):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times)) / REPEAT * 1e3
+    from benchmarks.cuda_timing import time_cuda_queued
+
+    return time_cuda_queued(fn, torch, 3, reps, REPEAT) * 1e3
 
 
 def stamped(kind, feeds, attrs, domain="", precision="fp32"):

@@ -39,18 +39,7 @@ def time_cuda_queued(fn: Callable[[], Any], torch, warmup: int, iters: int, repe
 
 def time_cuda(fn: Callable[[], Any], torch, warmup: int, iters: int) -> float:
     """Median milliseconds of `iters` runs of `fn`, each between two CUDA events, after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_cuda_queued(fn, torch, warmup, iters, 1)
 
 
 def time_host(fn: Callable[[], Any], warmup: int, iters: int) -> float:
