@@ -222,9 +222,11 @@ class _Rewriter:
         last axis -> Reshape [N * OD, H, W, C * kd], channel c * kd + dz, so each group's channels stay together
         [-> Pad of a dense conv's channels to CHANNEL_ALIGN] -> ConvNHWC (kernel [kh, kw], W [M, C / group, kd,
         kh, kw] read as [M, C / group * kd, kh, kw]) -> Reshape [N, OD, OH, OW, M] -> Transpose (0, 4, 1, 2, 3).
-        The stack is a partial im2col: kd x the input's bytes, copied once; a (1, kh, kw) conv of depth stride 1
-        without depth pads stacks nothing (a 2-D conv over N * D images). Its class (conv_classes) is the 2-D
-        conv's: a depthwise 3-D conv runs as a grouped one of kd channels a group."""
+        The stack is a partial im2col: kd x the input's bytes, copied once. Two forms stack nothing: a (1, kh, kw)
+        conv of depth stride 1 without depth pads is a 2-D conv over N * D images, and a (kd, 1, 1) conv of
+        spatial stride 1 without spatial pads the 2-D conv of kernel [kd, 1] over the view [N, D, H * W, C].
+        Its class (conv_classes) is the 2-D conv's: a stacked depthwise 3-D conv runs as a grouped one of kd
+        channels a group."""
         x, w = node.input(0), node.input(1)
         weight, xv = self.graph.initializers.get(w), self.graph.value(x)
         yv = self.graph.value(node.outputs[0])
@@ -234,14 +236,15 @@ class _Rewriter:
             return None
         group, (m, cg, kd, kh, kw) = int(node.attrs.get("group", 1)), (int(v) for v in weight.shape)
         (c, d, h, wd), (od, oh, ow) = xv.shape[1:], yv.shape[2:]
-        if conv_class(group, cg * kd * group) not in self.conv_classes:
-            return None
         pads = explicit_pads(self.graph, node, [kd, kh, kw])
         if pads is None:
             return None
         a = node.attrs
         strides = [int(v) for v in a.get("strides", [1, 1, 1])]
         dilations = [int(v) for v in a.get("dilations", [1, 1, 1])]
+        temporal = kh == kw == 1 and strides[1:] == [1, 1] and not any(pads[i] for i in (1, 2, 4, 5))
+        if conv_class(group, cg * (1 if temporal else kd) * group) not in self.conv_classes:
+            return None
         if (d + pads[0] + pads[3] - dilations[0] * (kd - 1) - 1) // strides[0] + 1 != od:
             return None
         step = lambda what: self.graph.fresh_name(f"{node.name}_{what}")  # noqa: E731
@@ -249,6 +252,17 @@ class _Rewriter:
         ints = lambda values: self.graph.add_initializer(np.array(values, dtype=np.int64), f"{node.name}_ints")  # noqa: E731
         ndhwc = tensor("ndhwc")
         prefix = [Node("Transpose", [x], [ndhwc], {"perm": [0, 2, 3, 4, 1]}, name=step("to_ndhwc"))]
+        if temporal:  # a (kd, 1, 1) conv (a (2+1)-D block's temporal half): the 2-D conv of kernel [kd, 1] over
+            # the view [N, D, H * W, C], its depth as the rows: nothing stacked
+            xt, channels = tensor("nhwc"), cg * group
+            prefix.append(Node("Reshape", [ndhwc, ints([-1, d, h * wd, channels])], [xt], {}, name=step("as_2d")))
+            if group == 1 and channels % CHANNEL_ALIGN:
+                padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
+                xt, channels = self.padded_channels(xt, padded - channels, node, prefix), padded
+            w2d = self.graph.add_initializer(np.ascontiguousarray(weight.reshape(m, cg, kd, 1)), f"{w}_2d")
+            attrs = {"kernel_shape": [kd, 1], "strides": [strides[0], 1], "dilations": [dilations[0], 1],
+                     "pads": [pads[0], 0, pads[3], 0], "group": group}
+            return self._conv3d_tail(node, prefix, xt, w2d, channels, attrs, (od, oh, ow, m), tensor, step, ints)
         source = ndhwc
         if pads[0] or pads[3]:
             source = tensor("dpad")
@@ -277,10 +291,16 @@ class _Rewriter:
         w2d = self.graph.add_initializer(np.ascontiguousarray(weight.reshape(m, cg * kd, kh, kw)), f"{w}_2d")
         attrs = {"kernel_shape": [kh, kw], "strides": strides[1:], "dilations": dilations[1:],
                  "pads": [pads[1], pads[2], pads[4], pads[5]], "group": group}
-        inputs = [xt, self.krsc(w2d, channels // group)] + ([node.input(2)] if node.input(2) else [])
+        return self._conv3d_tail(node, prefix, xt, w2d, channels, attrs, (od, oh, ow, m), tensor, step, ints)
+
+    def _conv3d_tail(self, node: Node, prefix: list[Node], xt: str, w2d: str, channels: int, attrs: dict,
+                     out: tuple[int, int, int, int], tensor, step, ints) -> list[Node]:
+        """conv3d's ConvNHWC on `xt` (W `w2d` packed KRSC for `channels`), its output viewed [N, OD, OH, OW, M]
+        and transposed to the Conv's NCDHW output."""
+        inputs = [xt, self.krsc(w2d, channels // attrs["group"])] + ([node.input(2)] if node.input(2) else [])
         conv, ndhwc_out = tensor("conv"), tensor("ndhwc_out")
         return prefix + [Node("ConvNHWC", inputs, [conv], attrs, name=node.name, domain=POLYKIT_DOMAIN),
-                         Node("Reshape", [conv, ints([-1, od, oh, ow, m])], [ndhwc_out], {}, name=step("as_3d")),
+                         Node("Reshape", [conv, ints([-1, *out])], [ndhwc_out], {}, name=step("as_3d")),
                          Node("Transpose", [ndhwc_out], [node.outputs[0]], {"perm": [0, 4, 1, 2, 3]},
                               name=step("to_ncdhw"))]
 

@@ -40,36 +40,54 @@ def _conv3d(x, m, kernel, group=1, bias=True, **attrs):
 
 
 # (x [N, C, D, H, W], M, kernel, group, attrs): a dense 3x3x3 of 5 channels (15 stacked, padded to 16), the
-# spatial (1, 3, 3) and temporal (3, 1, 1) halves of a (2+1)-D block, a temporal stride, depth dilation on a
-# depthwise conv, SAME_UPPER with strides 2 on a grouped conv, a 5-tap depth kernel with no pads, odd sizes
+# spatial (1, 3, 3) and temporal (3, 1, 1) halves of a (2+1)-D block (a temporal stride; a depthwise one), depth
+# dilation on a depthwise 3x3x3, SAME_UPPER with strides 2 on a grouped conv, a 5-tap temporal kernel of 4
+# channels (padded to 8), odd sizes
 CASES = [
     ((2, 5, 7, 9, 8), 12, (3, 3, 3), 1, {"pads": [1, 1, 1, 1, 1, 1]}),
     ((1, 8, 6, 7, 5), 16, (1, 3, 3), 1, {"pads": [0, 1, 1, 0, 1, 1]}),
     ((2, 16, 9, 5, 5), 16, (3, 1, 1), 1, {"strides": [2, 1, 1], "pads": [1, 0, 0, 1, 0, 0]}),
+    ((1, 8, 9, 4, 3), 8, (3, 1, 1), 8, {"pads": [1, 0, 0, 1, 0, 0]}),
     ((1, 6, 8, 6, 6), 6, (3, 3, 3), 6, {"pads": [2, 1, 1, 2, 1, 1], "dilations": [2, 1, 1]}),
     ((1, 8, 7, 6, 6), 16, (2, 3, 3), 2, {"auto_pad": "SAME_UPPER", "strides": [2, 2, 2]}),
     ((1, 4, 5, 4, 4), 8, (5, 1, 1), 1, {}),
 ]
 
 
+def _form(kernel, attrs) -> str:
+    """How conv3d runs a case: "temporal" ((kd, 1, 1), spatial stride 1, no spatial pads: kernel [kd, 1] over
+    [N, D, H * W, C]), "images" ((1, kh, kw), depth stride 1, no depth pads: over N * D images), else "stacked"."""
+    kd, kh, kw = kernel
+    strides, pads = attrs.get("strides", [1, 1, 1]), attrs.get("pads", [0] * 6)
+    if kh == kw == 1 and strides[1:] == [1, 1] and not any(pads[i] for i in (1, 2, 4, 5)):
+        return "temporal"
+    return "images" if kd == 1 and strides[0] == 1 and not (pads[0] or pads[3]) else "stacked"
+
+
 @pytest.mark.parametrize("x,m,kernel,group,attrs", CASES)
-def test_3d_conv_runs_as_a_2d_conv_nhwc_of_its_stacked_depth_taps(x, m, kernel, group, attrs):
+def test_3d_conv_runs_as_a_2d_conv_nhwc_of_its_stacked_depth_taps_or_a_view(x, m, kernel, group, attrs):
     g = _conv3d(x, m, kernel, group, **attrs)
     out, changed = run_and_compare(g, lambda graph_: to_channels_last(graph_, conv_classes=CONV_CLASSES), atol=1e-5)
     counts = op_counts(out)
     assert changed and "Conv" not in counts and counts[CONV_NHWC] == 1 and counts["Transpose"] == 2
     kd, kh, kw = kernel
-    stacked = not (kd == 1 and attrs.get("strides", [1])[0] == 1 and not attrs.get("pads", [0])[0])
-    assert counts["Slice"] == (kd if stacked else 0) and counts["Concat"] == (1 if kd > 1 else 0)
+    form = _form(kernel, attrs)
+    assert counts["Slice"] == (kd if form == "stacked" else 0)
+    assert counts["Concat"] == (1 if form == "stacked" and kd > 1 else 0)
     conv = next(n for n in out.nodes if n.op_type == "ConvNHWC")
-    assert conv.name == "conv3d" and conv.attrs["kernel_shape"] == [kh, kw] and conv.attrs["group"] == group
-    channels = x[1] * kd if group > 1 or x[1] * kd % CHANNEL_ALIGN == 0 else -(-x[1] * kd // CHANNEL_ALIGN) * CHANNEL_ALIGN
+    taps = 1 if form == "temporal" else kd  # input channels a 2-D group holds per 3-D input channel
+    assert conv.name == "conv3d" and conv.attrs["group"] == group
+    assert conv.attrs["kernel_shape"] == ([kd, 1] if form == "temporal" else [kh, kw])
+    real = x[1] // group * taps  # a group's channels before the dense conv's alignment
+    channels = real * group if group > 1 or real % CHANNEL_ALIGN == 0 else -(-real // CHANNEL_ALIGN) * CHANNEL_ALIGN
     packed = out.initializers[conv.inputs[1]]
-    assert packed.shape == (m, kh, kw, channels // group) and not packed[..., x[1] // group * kd:].any()
-    # channel c * kd + dz of the stack is tap dz of input channel c: W [m, c, dz] lands there
+    rows, cols = (kd, 1) if form == "temporal" else (kh, kw)
+    assert packed.shape == (m, rows, cols, channels // group) and not packed[..., real:].any()
+    # stacked: channel c * kd + dz of the stack is tap dz of input channel c, so W [m, c, dz] lands there;
+    # temporal: W [m, c, dz] is the 2-D kernel's row dz
     w = g.initializers["w"]
-    np.testing.assert_array_equal(packed[:, :, :, : x[1] // group * kd],
-                                  np.transpose(w.reshape(m, x[1] // group * kd, kh, kw), (0, 2, 3, 1)))
+    want = w.reshape(m, real, kh, kw) if form != "temporal" else w.reshape(m, real, kd, 1)
+    np.testing.assert_array_equal(packed[..., :real], np.transpose(want, (0, 2, 3, 1)))
 
 
 def test_a_3d_conv_class_not_asked_for_and_an_unknown_depth_stay():
