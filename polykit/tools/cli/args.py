@@ -242,7 +242,7 @@ def channels_last_option() -> Any:
     import typer
 
     return typer.Option(None, "--channels-last/--no-channels-last",
-                        help="run 2-D convolutions in NHWC (default: on for fp16 cuda builds)")
+                        help="run 1-D / 2-D / 3-D convolutions in NHWC (default: on for fp16 cuda builds)")
 
 
 _SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMG]?)(?:i?B)?$", re.I)
