@@ -1,12 +1,13 @@
 """e4m3_quantize.cuh (the fused output stages' QuantizeLinear to float8_e4m3fn), run on the host.
 
-The header's own code is compiled by g++ with the block emulation's stand-ins (block_emulation.PRELUDE,
-warp_emulation's IEEE intrinsics and its host code for the header's PTX: max.NaN / min.NaN) and run over dense
+The header's own code (and quotient.cuh's, which it shares with int8_out.cuh) is compiled by g++ with the block
+emulation's stand-ins (block_emulation.PRELUDE, warp_emulation's IEEE intrinsics; the clamp is quotient.cuh's
+clamp_nan in its host form, which models max.NaN / min.NaN) and run over dense
 sets of values for scales across the division-free range and outside it: two values a call (`pair`, each value
 once as the first and once as the second of a pair) give, byte for byte, what the stages computed before it, lowp.cuh's saturating encode of the IEEE
 quotient (`encode(__fdiv_rn(v, ys), true)`, compiled beside it), and QuantizeLinear's reference. Off the device
 the header converts by the software encode (E4M3_CVT 0); the hardware conversion it takes on sm_89+ is held to the
-same bytes by the gpu tests of test_output_quantize.py. A NaN gives a NaN byte: the emulated max.NaN returns the
+same bytes by the gpu tests of test_output_quantize.py. A NaN gives a NaN byte: clamp_nan's host form returns the
 canonical (positive) NaN as the PTX instruction does, where the host's division keeps a NaN's sign, so a
 negative NaN's byte may differ in its sign bit between the two here (0x7f / 0xff).
 """

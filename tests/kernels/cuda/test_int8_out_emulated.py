@@ -150,7 +150,9 @@ def host_code(f8: bool) -> str:
     dtypes = (CUDA_DIR / "dtypes.cuh").read_text()
     for name, repl in HALF.items():
         dtypes = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, dtypes, count=1, flags=re.S)
+    # int8_out.cuh with the quotient's header (quotient.cuh: clamp_nan, markstein_quotient, e4m3x2_cvt) inlined
     out = (CUDA_DIR / "int8_out.cuh").read_text().replace('#include "dtypes.cuh"', "")
+    out = out.replace('#include "quotient.cuh"', (CUDA_DIR / "quotient.cuh").read_text())
     # the e4m3 conversion's PTX (not what these tests check) -> a stand-in that compiles
     out = re.sub(r'asm\("cvt\.rn\.satfinite\.e4m3x2\.f32.*?\);', "d = 0;", out, flags=re.S)
     # (clamp_nan's PTX sits under __CUDA_ARCH__, its C form is what g++ compiles)

@@ -194,9 +194,9 @@ inline float __frcp_rn(float a) { return 1.0f / a; }
 // PTX max.NaN / min.NaN: a NaN operand gives the canonical NaN
 inline float emu_max_nan(float a, float b) { return a != a || b != b ? __builtin_nanf("") : (a > b ? a : b); }
 inline float emu_min_nan(float a, float b) { return a != a || b != b ? __builtin_nanf("") : (a < b ? a : b); }
-// cvt.rn.satfinite.e4m3x2.f32 d, hi, lo (e4m3_quantize.cuh's sm_89+ path; the host compiles the software
-// encode instead, so this only has to be the PTX's meaning): round to nearest even, +-inf and finite values past
-// 448 saturated to +-448, a NaN the canonical 0x7f (cuda_fp8.hpp's host model of the instruction)
+// cvt.rn.satfinite.e4m3x2.f32 d, hi, lo (quotient.cuh's e4m3x2_cvt, e4m3_quantize.cuh's sm_89+ path; the host
+// compiles the software encode instead, so this only has to be the PTX's meaning): round to nearest even, +-inf
+// and finite values past 448 saturated to +-448, a NaN the canonical 0x7f (cuda_fp8.hpp's host model of it)
 inline unsigned emu_e4m3(float f) {
   unsigned u;
   memcpy(&u, &f, 4);
@@ -309,6 +309,15 @@ def _operands(section: str) -> list[str]:
     return exprs
 
 
+def _instructions(template: str) -> list[str]:
+    """The instructions of an asm template: itself, or where it holds several plain ones (no braces, no
+    labels) separated by ';', each of them."""
+    text = template.replace("\\n", " ").replace("\\t", " ").strip().rstrip(";").strip()
+    if "{" in text or ":" in text:
+        return [template]
+    return [t.strip() for t in text.split(";")]
+
+
 def _args(template: str, operands: list[str]) -> tuple[str, list[list[str]]]:
     """(opcode, arguments): each argument a list of C expressions ({..} vectors their elements,
     [..] addresses their one expression), %N replaced by operand N."""
@@ -380,10 +389,14 @@ def translate_asm(cuda: str) -> str:
         sections = _sections(cuda[m.end():end])
         template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', sections[0]))
         operands = [e for s in sections[1:3] for e in _operands(s)]
-        opcode, args = _args(template, operands)
-        emit = next((emit for pattern, emit in PTX_OPS if re.fullmatch(pattern, opcode)), None)
-        if emit is None:
-            raise ValueError(f"the kernel source holds PTX the host emulation does not model: {opcode}")
-        out += [cuda[pos:m.start()], emit(args)]
+        stmts = []
+        # several plain instructions in one asm (quotient.cuh's clamp_nan: max.NaN; min.NaN): each in turn
+        for one in _instructions(template):
+            opcode, args = _args(one, operands)
+            emit = next((emit for pattern, emit in PTX_OPS if re.fullmatch(pattern, opcode)), None)
+            if emit is None:
+                raise ValueError(f"the kernel source holds PTX the host emulation does not model: {opcode}")
+            stmts.append(emit(args))
+        out += [cuda[pos:m.start()], "; ".join(stmts)]
         pos = end + 1
     return "".join(out) + cuda[pos:]

@@ -21,6 +21,8 @@
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
+// (quotient.cuh: clamp_nan, markstein_quotient, e4m3x2_cvt)
+#include "quotient.cuh"
 
 #ifndef Y_OUT
 #define Y_OUT -1
@@ -50,16 +52,6 @@ __device__ __forceinline__ float acc_float(int acc) {
 // value for all (step 0)
 __device__ __forceinline__ float4 channels4(const float* p, i64 n, int step) {
   return step ? *(const float4*)(p + n) : make_float4(p[0], p[0], p[0], p[0]);
-}
-
-// v clamped to [-m, m], a NaN kept (PTX min / max .NaN, sm_80+)
-__device__ __forceinline__ float clamp_nan(float v, float m) {
-#ifdef __CUDA_ARCH__
-  asm("max.NaN.f32 %0, %0, %1;\n\tmin.NaN.f32 %0, %0, %2;" : "+f"(v) : "f"(-m), "f"(m));
-  return v;
-#else  // the host emulation of the tests
-  return v != v ? v : fminf(fmaxf(v, -m), m);
-#endif
 }
 
 // x from lane ^ mask of the same quad (every lane of the warp calls it); the host emulation of the
@@ -123,30 +115,14 @@ struct Out {
   }
   // two values as e4m3 bytes (lo in the low byte) from their quotients by ys: round to nearest even,
   // saturated to +-448 (NaN stays NaN)
-  __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) const {
-    unsigned short d;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
+  __device__ __forceinline__ unsigned short e4m3x2(float lo, float hi) const { return e4m3x2_cvt(lo, hi); }
   // v / ys as the IEEE division rounds it (rcp_ok): quotient of v clamped to +-512 ys (past it e4m3
   // saturates either way), NaN kept
   __device__ __forceinline__ float f8_quotient(float v) const { return quotient(clamp_nan(v, ys * 512.f)); }
 #endif
-  // RN(v / ys), the IEEE quotient, without the division, for rcp_ok and |v| <= 1024 ys (Markstein's
-  // refinement; fma throughout): q0 = RN(v * rys) is within 2^-23 |v / ys| (1.5 ulps) of the quotient;
-  // q1 = RN(q0 + RN(v - ys q0) * rys) then within about 2^-46 |v / ys| of it, so q1 is a faithful
-  // rounding of v / ys (one of the two floats around it); and for a faithful q1 and rys within
-  // relative 2^-24 of 1 / ys, r = v - ys q1 is exact and RN(q1 + r * rys) = RN(v / ys) (Markstein's
-  // theorem), given no underflow: ys in [2^-90, 2^90] (rcp_ok) keeps r normal (or 0) wherever
-  // |v / ys| >= 2^-11, and below that the quotient is off by at most 2^-59 (no rounding of INT8's
-  // rint or of e4m3, whose smallest step is 2^-9, is that close to 0). |v| <= 1024 ys <= 2^100: no overflow.
-  // Each step is written -fma(-r, rys, -q) = fma(r, rys, q) so that a zero keeps v's sign (fma(+0, rys,
-  // -0) is +0; the e4m3 output has a -0).
-  __device__ __forceinline__ float quotient(float v) const {
-    const float q0 = __fmul_rn(v, rys);
-    const float q1 = -__fmaf_rn(-__fmaf_rn(-ys, q0, v), rys, -q0);
-    return -__fmaf_rn(-__fmaf_rn(-ys, q1, v), rys, -q1);
-  }
+  // RN(v / ys), the IEEE quotient, without the division, for rcp_ok and |v| <= 1024 ys: quotient.cuh's
+  // markstein_quotient (Markstein's refinement by rys; the proof is there)
+  __device__ __forceinline__ float quotient(float v) const { return markstein_quotient(v, ys, rys); }
   // saturate(rint(v / ys) + yz) as QuantizeLinear (round half to even; NaN gives 0: polykit's float ->
   // integer rule, reference cast.py), for rcp_ok: v clamped to +-1024 ys (past it every result
   // saturates, |yz| <= 255; NaN kept), its quotient (|d| <= 1025), rint by the 1.5 * 2^23 shifter (d + 1.5 * 2^23
