@@ -366,6 +366,7 @@ EOF
     gpu_tests new16 ${NEW_S:-200} tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_fp8_conv_sm90.py \
       tests/kernels/cuda/test_fp8_gemm_sm90.py tests/compiler/test_fp8_conv_plan.py tests/compiler/test_fp8_gemm_plan.py \
       tests/kernels/cuda/test_output_quantize.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_norm_warp.py \
+      tests/kernels/cuda/test_flash_attention_sm90.py tests/kernels/cuda/test_flash_attention.py \
       tests/compiler/passes/test_channels_last_conv3d.py
     exit $?
     ;;
