@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import re
 import sys
@@ -31,12 +30,7 @@ def variants(markers: list[str]):
     import polykit.kernels.cuda as cuda_kernels
     from polykit.runtime.cuda.nvrtc import unique_units
 
-    out = []
-    for name in cuda_kernels.kernel_modules():
-        module = importlib.import_module(name)
-        if hasattr(module, "compile_variants"):
-            out.extend(module.compile_variants())
-    return [u for u in unique_units(out) if any(m in u.render() for m in markers)]
+    return [u for u in unique_units(cuda_kernels.all_compile_variants()) if any(m in u.render() for m in markers)]
 
 
 def label(unit, arch: str) -> str:
@@ -86,11 +80,14 @@ def normalized(ptx: str) -> str:
     ptx = _ASM_MARK.sub("", ptx)
     ptx = re.sub(r"^(\t\.reg \.\w+ \t%\w+)<\d+>;", r"\1<N>;", ptx, flags=re.M)
     names: dict[tuple[str, str], int] = {}
+    per_class: dict[str, int] = {}
 
     def rename(m: re.Match) -> str:
         key = (m.group(1), m.group(2))
-        n = names.setdefault(key, sum(1 for k in names if k[0] == key[0]))
-        return f"%{key[0]}{n}"
+        if key not in names:
+            names[key] = per_class.get(key[0], 0)
+            per_class[key[0]] = names[key] + 1
+        return f"%{key[0]}{names[key]}"
 
     return _REG.sub(rename, ptx)
 

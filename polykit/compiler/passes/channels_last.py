@@ -142,6 +142,14 @@ class _Rewriter:
                            name=self.graph.fresh_name(f"{node.name}_pad_channels")))
         return out
 
+    def dense_aligned(self, xt: str, channels: int, group: int, node: Node, prefix: list[Node]) -> tuple[str, int]:
+        """(xt, channels) with a dense conv's channels padded with zeros to a multiple of CHANNEL_ALIGN, for its
+        kernels' 16-byte loads; a grouped conv's as they are (padding them would move channels between groups)."""
+        if group != 1 or channels % CHANNEL_ALIGN == 0:
+            return xt, channels
+        padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
+        return self.padded_channels(xt, padded - channels, node, prefix), padded
+
     def krsc(self, w: str, channels: int, fill: np.ndarray | None = None) -> str:
         """W [M, C, kH, kW] as [M, kH, kW, channels], one initializer per use; the channels past C
         hold `fill` (per output channel, or a scalar; zeros without it)."""
@@ -205,10 +213,7 @@ class _Rewriter:
         t = [self.graph.fresh_name(f"{node.outputs[0]}_{what}") for what in ("nlc", "nhwc", "conv", "nlm")]
         prefix = [Node("Transpose", [x], [t[0]], {"perm": [0, 2, 1]}, name=step("to_nlc")),
                   Node("Reshape", [t[0], shape([0, 1, -1, int(xv.shape[1])])], [t[1]], {}, name=step("as_2d"))]
-        xt, channels = t[1], cg
-        if group == 1 and cg % CHANNEL_ALIGN:  # a dense conv's channels, padded for its kernels' 16-byte loads
-            channels = -(-cg // CHANNEL_ALIGN) * CHANNEL_ALIGN
-            xt = self.padded_channels(xt, channels - cg, node, prefix)
+        xt, channels = self.dense_aligned(t[1], cg, group, node, prefix)
         w2d = self.graph.add_initializer(np.ascontiguousarray(weight[:, :, None, :]), f"{w}_2d")
         inputs = [xt, self.krsc(w2d, channels)] + ([node.input(2)] if node.input(2) else [])
         return prefix + [Node("ConvNHWC", inputs, [t[2]], attrs, name=node.name, domain=POLYKIT_DOMAIN),
@@ -254,11 +259,9 @@ class _Rewriter:
         prefix = [Node("Transpose", [x], [ndhwc], {"perm": [0, 2, 3, 4, 1]}, name=step("to_ndhwc"))]
         if temporal:  # a (kd, 1, 1) conv (a (2+1)-D block's temporal half): the 2-D conv of kernel [kd, 1] over
             # the view [N, D, H * W, C], its depth as the rows: nothing stacked
-            xt, channels = tensor("nhwc"), cg * group
-            prefix.append(Node("Reshape", [ndhwc, ints([-1, d, h * wd, channels])], [xt], {}, name=step("as_2d")))
-            if group == 1 and channels % CHANNEL_ALIGN:
-                padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
-                xt, channels = self.padded_channels(xt, padded - channels, node, prefix), padded
+            viewed = tensor("nhwc")
+            prefix.append(Node("Reshape", [ndhwc, ints([-1, d, h * wd, c])], [viewed], {}, name=step("as_2d")))
+            xt, channels = self.dense_aligned(viewed, c, group, node, prefix)
             w2d = self.graph.add_initializer(np.ascontiguousarray(weight.reshape(m, cg, kd, 1)), f"{w}_2d")
             attrs = {"kernel_shape": [kd, 1], "strides": [strides[0], 1], "dilations": [dilations[0], 1],
                      "pads": [pads[0], 0, pads[3], 0], "group": group}
@@ -283,11 +286,9 @@ class _Rewriter:
             if kd > 1:
                 taps = tensor("taps")
                 prefix.append(Node("Concat", parts, [taps], {"axis": 5}, name=step("stack_taps")))
-        xt, channels = tensor("nhwc"), c * kd
-        prefix.append(Node("Reshape", [taps, ints([-1, h, wd, channels])], [xt], {}, name=step("as_2d")))
-        if group == 1 and channels % CHANNEL_ALIGN:  # a dense conv's channels, padded for its kernels' 16-byte loads
-            padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
-            xt, channels = self.padded_channels(xt, padded - channels, node, prefix), padded
+        stacked = tensor("nhwc")
+        prefix.append(Node("Reshape", [taps, ints([-1, h, wd, c * kd])], [stacked], {}, name=step("as_2d")))
+        xt, channels = self.dense_aligned(stacked, c * kd, group, node, prefix)
         w2d = self.graph.add_initializer(np.ascontiguousarray(weight.reshape(m, cg * kd, kh, kw)), f"{w}_2d")
         attrs = {"kernel_shape": [kh, kw], "strides": strides[1:], "dilations": dilations[1:],
                  "pads": [pads[1], pads[2], pads[4], pads[5]], "group": group}

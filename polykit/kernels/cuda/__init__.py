@@ -26,5 +26,15 @@ def family_modules() -> list[str]:
     return [name for name in kernel_modules() if name.rsplit(".", 1)[1] not in NOT_FAMILIES]
 
 
+def all_compile_variants() -> list:
+    """Every KernelSource the modules declare for CI's NVRTC compile (each module's `compile_variants()`)."""
+    out = []
+    for name in kernel_modules():
+        module = importlib.import_module(name)
+        if hasattr(module, "compile_variants"):
+            out.extend(module.compile_variants())
+    return out
+
+
 for _mod in family_modules():
     importlib.import_module(_mod)

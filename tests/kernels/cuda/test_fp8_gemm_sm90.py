@@ -104,6 +104,21 @@ def test_the_enqueue_reads_x_rows_and_the_weight_through_tma(monkeypatch):
     assert [d for t, p, b in fp8_gemm_sm90.TILES for d in (p, b)] == [2, 2, 2, 1, 2, 2, 2, 2, 2, 2]
 
 
+def test_a_tile_whose_columns_are_not_whole_epilogue_groups_does_not_compile():
+    """gemm_sm90's epilogue finishes 32-column groups: a 144-column tile left columns 128..143 unwritten and wrote
+    16 past its own (H100, 2026-12-06), so gemm_sm90_core.cuh refuses BN % 32 at compile time (NVRTC, CI); the
+    same tile at 160 columns compiles."""
+    pytest.importorskip("cuda.core")
+    from polykit.errors import DeviceError
+    from polykit.kernels.cuda.gemm.gemm_sm90 import Sm90Tile
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    layer = fp8_sm90.fp8_layer(E4M3)
+    with pytest.raises(DeviceError, match="whole groups of 4 column blocks"):  # pieces of 48: a wgmma that exists
+        compile_source(fp8_gemm_sm90.kernel(layer, Sm90Tile(1, 2, 144, 6), 3, 2), "sm_90a")
+    assert compile_source(fp8_gemm_sm90.kernel(layer, Sm90Tile(1, 2, 160, 6), 2, 2), "sm_90a")[:4] == b"\x7fELF"
+
+
 def test_the_fp8_gemm_variants_compile_gemm_sm90_with_f8_pieces():
     variants = fp8_gemm_sm90.compile_variants()
     assert all(v.name == "gemm_sm90" and v.arch == "sm_90a" for v in variants)

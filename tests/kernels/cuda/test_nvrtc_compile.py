@@ -12,12 +12,7 @@ from polykit.runtime.cuda.nvrtc import compile_many, unique_units
 
 
 def all_variants():
-    out = []
-    for name in cuda_kernels.kernel_modules():
-        module = importlib.import_module(name)
-        if hasattr(module, "compile_variants"):
-            out.extend(module.compile_variants())
-    return out
+    return cuda_kernels.all_compile_variants()
 
 
 def test_every_family_module_declares_its_variants():

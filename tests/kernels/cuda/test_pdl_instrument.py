@@ -6,7 +6,6 @@ whole unit plain."""
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 
@@ -18,10 +17,8 @@ from polykit.kernels.cuda.pdl import _GLOBAL, ENTRY, PREAMBLE, _kernel_body, _ma
 
 def all_variants() -> list[KernelSource]:
     out: dict[str, KernelSource] = {}
-    for name in cuda_kernels.kernel_modules():
-        module = importlib.import_module(name)
-        for source in getattr(module, "compile_variants", lambda: [])():
-            out.setdefault(source.key(), source)
+    for source in cuda_kernels.all_compile_variants():
+        out.setdefault(source.key(), source)
     return list(out.values())
 
 

@@ -13,9 +13,10 @@ ncu profile of weight_only_mma: latency bound) and the predicted times; `staged_
 Priority 12, above weight_only_mma's 11: their gpu tests pass (H100 2026-12-06, STEP=new11: 1302 passed) and a
 timed build picks a staged tile at M = 1 and M = 16 (N = K = 4096, benchmarks/weight_only_gemm.py: 10.1 / 14.5 us
 against the fp16 GEMM's 16.0 / 15.6 us, docs/PERFORMANCE.md twelfth session), so a level-0 build takes what the
-timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2, groups > 1) are
-untimed (docs/INT8.md "W4A16 staged kernel, loads back to back"): priority 11, beside weight_only_mma's tiles, so
-a level-0 build keeps the measured tiles and a timed build times the ring tiles where its cap reaches them. Host-emulated too
+timed builds take; weight_only_mma's tiles stay candidates under them. The ring tiles (_p2, groups > 1; docs/INT8.md
+"W4A16 staged kernel, loads back to back") pass their gpu tests but lost to the staged tiles at M = 1 and 16 in a
+level-5 build (H100 2026-12-06: 9.4 / 13.2 us on c16_k4096 / c32_k4096): priority 11, beside weight_only_mma's tiles,
+so a level-0 build keeps the measured tiles and a timed build times the ring tiles where its cap reaches them. Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 """
 
@@ -252,7 +253,7 @@ def compile_variants() -> list[KernelSource]:
     return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
 
 
-# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the untimed ring tiles 11 (the module docstring)
+# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the ring tiles, slower there, 11 (the module docstring)
 for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports, priority=12 if _tile.groups == 1 else 11,
