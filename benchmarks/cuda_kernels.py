@@ -56,6 +56,13 @@ bs8 1024,768,rms:
 (pad R // 2, bias, optionally the SiLU epilogue) against torch's conv2d on channels_last tensors -- the
 EfficientNet-V2-S fused-MBConv conv at batch 32: --conv 32,192,192,24,24,3,1,silu
 
+--fp8 N,H,W,C,K,R[,stride][,f16|e4m3|f32] (repeatable) times every cuda FP8 QConvNHWC tactic of one FP8 conv
+(e4m3 X and W, per-channel weight scales, pad R // 2, bias; the output float16 through the Cast epilogue of an
+--fp16 build, requantized e4m3, or float32) -- the promoted tiles and the fast-accumulation ones (`_fast_`) --
+beside every cuda ConvNHWC tactic of the same conv in fp16 and torch's conv2d in fp16; for a 1x1 stride-1 conv
+(a GEMM over rows) also torch._scaled_mm (cuBLASLt FP8, float16 out) with and without use_fast_accum. BERT-base
+bs8's GEMMs (M 1024): --fp8 8,128,1,768,2304,1 --fp8 8,128,1,768,3072,1 --fp8 8,128,1,3072,768,1 --fp8 8,128,1,768,768,1
+
 --resize N,C,H,W,OH,OW[,linear|nearest] (repeatable) times cuda.resize in fp16 against torch's interpolate
 (bilinear, align_corners=False; or nearest) -- FCN / DeepLabV3's last layer at batch 8:
 
@@ -504,6 +511,75 @@ def bench_conv(spec: str, args, torch) -> list[dict]:
     return [{"spec": spec, "torch_ms": tms, **row} for row in rows]
 
 
+def bench_fp8(spec: str, args, torch) -> list[dict]:
+    """Every cuda FP8 QConvNHWC tactic and every fp16 ConvNHWC tactic of one conv (module docstring: --fp8)."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+    from polykit.compiler.plan.records import LayerDesc
+    from polykit.kernels.cuda.base import all_cuda_tactics
+    from polykit.runtime.cuda import driver
+
+    fields = spec.split(",")
+    out = fields.pop() if fields[-1] in ("f16", "e4m3", "f32") else "f16"
+    dims = [int(v) for v in fields]
+    n, h, w, c, k, r = dims[:6]
+    stride = dims[6] if len(dims) > 6 else 1
+    oh, ow = (h + 2 * (r // 2) - r) // stride + 1, (w + 2 * (r // 2) - r) // stride + 1
+    x, wt, y = (n, h, w, c), (k, r, r, c), (n, oh, ow, k)
+    attrs = {"kernel_shape": [r, r], "pads": [r // 2] * 4, "strides": [stride, stride]}
+    e4m3 = "float8_e4m3fn"
+    requant = out == "e4m3"
+    y_dtype = {"f16": "float16", "e4m3": e4m3, "f32": "float32"}[out]
+    if out == "f16":  # an --fp16 build's FP8 layer: its Cast to float16 taken into the epilogue
+        attrs["epilogue"] = {"input": "raw", "body": [{"op": "Cast", "inputs": ["raw"], "outputs": ["y"],
+                                                       "attrs": {"to": 10}}]}
+    names = ("X", "XZ", "W", "WZ", "S", "B", "YS" if requant else "", "YZ" if requant else "")
+    shapes = {"X": x, "XZ": (), "W": wt, "WZ": (k,), "S": (k,), "B": (k,), "YS": (), "YZ": ()}
+    dtypes = {"X": e4m3, "XZ": e4m3, "W": e4m3, "WZ": e4m3, "S": "float32", "B": "float32", "YS": "float32",
+              "YZ": e4m3}
+    layer = LayerDesc("fp8", "QConvNHWC", names, ("Y",), attrs, domain=POLYKIT_DOMAIN, precision="fp8",
+                      in_dtypes=tuple(dtypes.get(m, "") for m in names),
+                      in_shapes=tuple(shapes.get(m, ()) for m in names), out_dtypes=(y_dtype,), out_shapes=(y,))
+    arch = driver.current_device().arch
+    flops = 2 * n * oh * ow * k * r * r * c
+    specs = {m: (shapes[m], dtypes[m]) for m in names if m}
+    specs["Y"] = (y, y_dtype)
+    rows = []
+    for tactic in (t for t in all_cuda_tactics() if t.kind == "QConvNHWC" and t.runs_on(arch)):
+        if not tactic.supports(layer) or (args.only and args.only not in tactic.name):
+            continue
+        rows.append({"tactic": tactic.name, "precision": "fp8",
+                     "ms": time_tactic_op(layer, tactic, specs, torch, args)})
+    half = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), {k_: v for k_, v in attrs.items() if k_ != "epilogue"},
+                     domain=POLYKIT_DOMAIN, precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
+                     in_shapes=(x, wt, (k,)), out_shapes=(y,))
+    hspecs = {"X": (x, "float16"), "W": (wt, "float16"), "B": ((k,), "float16"), "Y": (y, "float16")}
+    for tactic in (t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)):
+        if tactic.supports(half) and "simt" not in tactic.name:  # (the CUDA-core tiles: far behind, slow to time)
+            rows.append({"tactic": tactic.name, "precision": "fp16",
+                         "ms": time_tactic_op(half, tactic, hspecs, torch, args)})
+    op = torch_op(half, {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=wt)}, torch.float16, torch)
+    rows.append({"tactic": "torch.conv2d", "precision": "fp16", "ms": time_graph(op, torch, args.warmup, args.iters)})
+    if r == 1 and stride == 1 and hasattr(torch, "_scaled_mm"):
+        m = n * h * w
+        a = [torch.randn(m, c, device="cuda").to(torch.float8_e4m3fn) for _ in range(3)]
+        b = [torch.randn(k, c, device="cuda").to(torch.float8_e4m3fn) for _ in range(3)]  # [N, K]: .t() column-major
+        one = torch.ones((), device="cuda")
+        ha = [torch.randn(m, c, device="cuda", dtype=torch.float16) for _ in range(3)]
+        hb = [torch.randn(c, k, device="cuda", dtype=torch.float16) for _ in range(3)]
+        rows.append({"tactic": "torch.matmul", "precision": "fp16",
+                     "ms": time_graph(lambda i: torch.matmul(ha[i], hb[i]), torch, args.warmup, args.iters)})
+        for fast in (False, True):
+            def mm(i, fast=fast):
+                return torch._scaled_mm(a[i], b[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float16,
+                                        use_fast_accum=fast)
+            rows.append({"tactic": f"torch._scaled_mm{' fast' if fast else ''}", "precision": "fp8",
+                         "ms": time_graph(mm, torch, args.warmup, args.iters)})
+    for row in sorted(rows, key=lambda q: q["ms"]):
+        print(f"fp8 {spec}: {row['precision']:4} {row['tactic']:36} {row['ms'] * 1e3:8.1f} us "
+              f"{flops / row['ms'] / 1e9:6.0f} TF", flush=True)
+    return [{"spec": spec, **row} for row in rows]
+
+
 # ---- squeeze-excitation: the SE scale Mul and the NHWC global pool (ReduceMean) -----------------
 #: (H*W, C, scale Muls, pools) of the squeeze-excitation blocks of torchvision's models (their ONNX
 #: exports; the last pool of each is the classifier's)
@@ -626,6 +702,8 @@ def main() -> None:
     parser.add_argument("--conv", action="append", default=[],
                         help="N,H,W,C,K,R[,stride][,silu]: every ConvNHWC tactic of that fp16 conv against torch (repeatable)")
     parser.add_argument("--only", default="", help="--conv: only the tactics whose name holds this (for ncu)")
+    parser.add_argument("--fp8", action="append", default=[],
+                        help="N,H,W,C,K,R[,stride][,f16|e4m3|f32]: every FP8 tactic of that conv against fp16 and torch")
     parser.add_argument("--resize", action="append", default=[],
                         help="N,C,H,W,OH,OW[,linear|nearest]: time cuda.resize (fp16) against torch's interpolate (repeatable)")
     args = parser.parse_args()
@@ -645,6 +723,8 @@ def main() -> None:
         results[f"conv:{spec}"] = bench_conv(spec, args, torch)
     for spec in args.resize:
         results[f"resize:{spec}"] = bench_resize(spec, args, torch)
+    for spec in args.fp8:
+        results[f"fp8:{spec}"] = bench_fp8(spec, args, torch)
     for case in filter(None, args.cases.split(",")):
         name, batch, precision, *size = case.split(":")  # an optional fourth field: the image size
         results[case] = bench_case(name, int(batch), precision, args, torch, *map(int, size))

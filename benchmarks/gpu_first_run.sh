@@ -98,6 +98,7 @@
 #                  a video net's 3-D convs on the NHWC tactics (ab8de5e) against the cpu plan. Then LOWP_PROFILE=12
 #                  STEP=lowp: its JSON now holds layers_vs_fp16 (each layer beside its fp16 namesake)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
+#   STEP=fastfp8   the fast-accumulation FP8 tiles' gpu tests and every FP8 tactic on BERT / ResNet shapes (cuda_kernels --fp8)
 #   STEP=w4chain   W4A16 vs fp16 at M = 1, 16 as one layer and as a chain of 8 queued back to back; ncu of the staged kernel
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
 #                  same call: cuda_kernels.py --attention at the zoo's shapes against SDPA, cuda_depthwise.py --silu
@@ -362,6 +363,27 @@ EOF
       benchmarks/e4m3_quantize_check.cu && timeout 60 /tmp/e4m3_check | tee "$OUT/e4m3_check.txt"
     exit $rc
     ;;
+  fastfp8)  # the seventeenth session's fast-accumulation FP8 tiles (F8_FAST): their gpu tests, then every FP8 tactic
+    # against the fp16 tiles, torch fp16 and torch._scaled_mm on BERT-base bs8's four GEMMs and three ResNet-50 bs32 convs
+    gpu_tests fastfp8 ${NEW_S:-200} tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_fp8_conv_sm90.py \
+      tests/kernels/cuda/test_fp8_gemm_sm90.py -k "fast"
+    rc=$?
+    timeout ${BENCH_S:-240} python3 benchmarks/cuda_kernels.py --cases "" --out "$OUT/fp8_kernels.json" \
+      --fp8 8,128,1,768,2304,1 --fp8 8,128,1,768,3072,1 --fp8 8,128,1,3072,768,1 --fp8 8,128,1,768,768,1 \
+      --fp8 32,56,56,64,256,1,1,e4m3 --fp8 32,28,28,128,128,3,1,e4m3 --fp8 32,14,14,1024,256,1,1,e4m3 \
+      > "$OUT/fp8_kernels.txt" 2>&1
+    echo "== kernels rc $?"; grep -E "^fp8 " "$OUT/fp8_kernels.txt" | awk '{c[$2]++} c[$2] <= 12' | cut -c1-90
+    grep -E "Error|error" "$OUT/fp8_kernels.txt" | head -5
+    exit $rc
+    ;;
+  s17a)  # one call: STEP=fastfp8, then BERT-base bs8 FP8 against fp16 with the per-layer profile (lowp's second half)
+    STEP=fastfp8 bash "$0"
+    rc=$?
+    timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 5 --iters 40 \
+      --profile ${LOWP_PROFILE:-0} --out "$OUT/lowp_bert.json" > "$OUT/lowp_bert.txt" 2>&1
+    echo "== bert rc $?"; tail -c 3000 "$OUT/lowp_bert.txt"
+    exit $rc
+    ;;
   new16)  # the sixteenth session's gpu tests: the FP8 tests' shared helpers, the one Markstein quotient, 3-D convs NHWC
     gpu_tests new16 ${NEW_S:-200} tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_fp8_conv_sm90.py \
       tests/kernels/cuda/test_fp8_gemm_sm90.py tests/compiler/test_fp8_conv_plan.py tests/compiler/test_fp8_gemm_plan.py \
@@ -542,5 +564,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|w4chain|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|fastfp8|s17a|w4chain|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac

@@ -24,13 +24,14 @@ from polykit.kernels.tactics import find_tactic
 
 from ...compiler.fp8_models import E4M3
 from .fp8_cases import device_tensors, recorded_launch
-from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
+from .test_fp8_gemm_sm90 import _cuobjdump, assert_fast_tile, disassemble
 from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer, reference_tests
 from .test_int8 import RESIDUAL, int8_residual, rng
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 gpu = pytest.mark.gpu
 TACTICS = [fp8_conv_sm90.tactic_name(t) for t, _, _ in fp8_conv_sm90.TILES]
+FAST = [fp8_conv_sm90.tactic_name(t, True) for t in fp8_conv_sm90.FAST_TILES]
 CONV = [f"cuda.fp8.sm90_{t.label}" for t in fp8_sm90.TILES]
 GEMM = [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_sm90.TILES]
 
@@ -123,10 +124,15 @@ def test_the_enqueue_launches_conv_sm90_with_the_pieces_compiled_in():
 
 
 def test_the_piece_variants_compile_conv_sm90_f8_with_each_output_and_residual():
-    variants = fp8_conv_sm90.compile_variants()
-    assert all(v.name == "conv_sm90" and v.arch == "sm_90a" and dict(v.defines)["F8"] == "1" for v in variants)
+    every = fp8_conv_sm90.compile_variants()
+    assert all(v.name == "conv_sm90" and v.arch == "sm_90a" and dict(v.defines)["F8"] == "1" for v in every)
+    variants = [v for v in every if "F8_FAST" not in dict(v.defines)]
     assert {(dict(v.defines)["BN"], dict(v.defines)["BLOCKS"], dict(v.defines).get("F8_PIECES", "1"))
             for v in variants} == {(str(t.bn), str(t.blocks), str(p)) for t, p, _ in fp8_conv_sm90.TILES}
+    # the fast tiles: whole-tile wgmma (no F8_PIECES), every one compiled
+    fast = [dict(v.defines) for v in every if dict(v.defines).get("F8_FAST") == "1"]
+    assert all("F8_PIECES" not in d for d in fast)
+    assert {(d["BN"], d["BLOCKS"]) for d in fast} == {(str(t.bn), str(t.blocks)) for t in fp8_conv_sm90.FAST_TILES}
     assert {dict(v.defines)["Y_OUT"] for v in variants} == {"0", "1", "3"}
     assert any("const f8e4m3fn_t* e0" in (v.code or "") for v in variants)  # an e4m3 residual
     assert any("const half_t* e0" in (v.code or "") for v in variants)  # a float16 one
@@ -155,10 +161,21 @@ def test_every_piece_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index, y_d
     assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the kernel"
 
 
+@pytest.mark.parametrize("index", range(len(fp8_conv_sm90.FAST_TILES)), ids=[t.label for t in fp8_conv_sm90.FAST_TILES])
+def test_every_fast_conv_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index):
+    """The fast tiles (F8_FAST): BN / 2 accumulators and the widest epilogue (float16 residual and output)."""
+    pytest.importorskip("cuda.core")
+    tile = fp8_conv_sm90.FAST_TILES[index]
+    assert_fast_tile(fp8_sm90.kernel(fp8_sm90.fp8_layer("float16", residual="float16"), tile, fast=True), tile,
+                     "conv_sm90.cu")
+
+
 # ---- GPU ------------------------------------------------------------------------------------------
 
 (test_sm90_fp8_piece_conv_float_output_matches_the_reference,
  test_sm90_fp8_piece_conv_requantized_to_e4m3_matches_the_reference) = reference_tests(TACTICS)
+(test_sm90_fp8_fast_conv_float_output_matches_the_reference,
+ test_sm90_fp8_fast_conv_requantized_to_e4m3_matches_the_reference) = reference_tests(FAST)
 
 
 #: ResNet-like convs with odd H / W and N past the tiles' widths: (id, NHWC X, KRSC W, attrs)
@@ -195,7 +212,7 @@ def resnet_case(x, w, attrs, requant, epilogue):
 
 
 @gpu
-@pytest.mark.parametrize("name", TACTICS)
+@pytest.mark.parametrize("name", TACTICS + FAST)
 @pytest.mark.parametrize("out,requant,epilogue", OUTPUTS, ids=[o[0] for o in OUTPUTS])
 @pytest.mark.parametrize("x,w,attrs", [c[1:] for c in RESNET], ids=[c[0] for c in RESNET])
 def test_sm90_fp8_piece_conv_on_resnet_shapes_with_each_output_and_residual(x, w, attrs, out, requant, epilogue, name):

@@ -34,6 +34,7 @@ from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 gpu = pytest.mark.gpu
 TACTICS = [f"cuda.fp8.gemm_sm90_{t.label}" for t, _, _ in fp8_gemm_sm90.TILES]
 OLD = [f"cuda.fp8.sm90_{t.label}" for t in fp8_sm90.TILES]
+FAST = [f"cuda.fp8.gemm_fast_sm90_{t.label}" for t in fp8_gemm_sm90.FAST_TILES]
 
 
 def tactic(name: str):
@@ -120,8 +121,12 @@ def test_a_tile_whose_columns_are_not_whole_epilogue_groups_does_not_compile():
 
 
 def test_the_fp8_gemm_variants_compile_gemm_sm90_with_f8_pieces():
-    variants = fp8_gemm_sm90.compile_variants()
-    assert all(v.name == "gemm_sm90" and v.arch == "sm_90a" for v in variants)
+    every = fp8_gemm_sm90.compile_variants()
+    assert all(v.name == "gemm_sm90" and v.arch == "sm_90a" for v in every)
+    variants = [v for v in every if "F8_FAST" not in dict(v.defines)]
+    fast = [dict(v.defines) for v in every if dict(v.defines).get("F8_FAST") == "1"]
+    assert all("F8_PIECES" not in d and d["F8"] == "1" for d in fast)
+    assert {d["BN"] for d in fast} == {str(t.bn) for t in fp8_gemm_sm90.FAST_TILES}
     assert all(dict(v.defines)["F8"] == "1" and dict(v.defines)["B_MN"] == "0" for v in variants)
     assert {(dict(v.defines)["BN"], dict(v.defines)["F8_PIECES"], dict(v.defines)["F8_BUFS"]) for v in variants} == {
         (str(t.bn), str(p), str(b)) for t, p, b in fp8_gemm_sm90.TILES}
@@ -154,6 +159,29 @@ def test_every_fp8_gemm_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index):
     assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the kernel"
 
 
+@pytest.mark.parametrize("index", range(len(fp8_gemm_sm90.FAST_TILES)), ids=[t.label for t in fp8_gemm_sm90.FAST_TILES])
+def test_every_fast_fp8_gemm_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index):
+    """The fast tiles (F8_FAST): BN / 2 accumulators a thread, the e4m3 output with a float32 residual."""
+    pytest.importorskip("cuda.core")
+    tile = fp8_gemm_sm90.FAST_TILES[index]
+    assert_fast_tile(fp8_gemm_sm90.kernel(fp8_layer_with_shapes(), tile, 1, 1, fast=True), tile, "gemm_sm90.cu")
+
+
+def assert_fast_tile(source, tile, file: str) -> None:
+    """A fast-accumulation FP8 kernel (F8_FAST, no pieces): no spills, no serialized wgmma (ptxas); with
+    CUOBJDUMP, e4m3 wgmma of the whole tile's width (4 a stage at least) and nothing in local memory."""
+    assert dict(source.defines)["F8_FAST"] == "1" and "F8_PIECES" not in dict(source.defines)
+    assert_pipelined(ptxas_report(source, file), f"fp8 fast {file} {tile.label}")
+    tool = _cuobjdump()
+    if tool is None:
+        return
+    from polykit.runtime.cuda.nvrtc import compile_source
+
+    sass = disassemble(tool, compile_source(source, "sm_90a"))
+    assert len(re.findall(rf"QGMMA\.64x{tile.bn}x32\.F32\.E4M3\.E4M3", sass)) >= 4 * tile.msub
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory in the kernel"
+
+
 def fp8_layer_with_shapes():
     """fp8_sm90.fp8_layer with an e4m3 output and a float32 residual read 8 at a time (the widest epilogue)."""
     return fp8_sm90.fp8_layer(E4M3, residual="float32")
@@ -177,7 +205,7 @@ ROWS = [((1, 7, 9, 48), 130), ((3, 5, 7, 16), 200), ((1, 9, 7, 3072), 40), ((2, 
 
 
 @gpu
-@pytest.mark.parametrize("name", TACTICS)
+@pytest.mark.parametrize("name", TACTICS + FAST)
 @pytest.mark.parametrize("x,n", ROWS)
 def test_sm90_fp8_gemm_float_output_matches_the_reference(x, n, name):
     inputs = fp8_inputs(x, (n, 1, 1, x[3]))
@@ -185,7 +213,7 @@ def test_sm90_fp8_gemm_float_output_matches_the_reference(x, n, name):
 
 
 @gpu
-@pytest.mark.parametrize("name", TACTICS)
+@pytest.mark.parametrize("name", TACTICS + FAST)
 @pytest.mark.parametrize("per_channel", [True, False])
 @pytest.mark.parametrize("x,n", [ROWS[0], ROWS[2], ROWS[4]])
 def test_sm90_fp8_gemm_requantized_to_e4m3_matches_the_reference(x, n, per_channel, name):

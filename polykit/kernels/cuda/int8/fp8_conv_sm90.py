@@ -20,6 +20,11 @@ room for wider tiles in the conv consumers' 224 registers (conv_sm90.cu: its pro
   one block (mainloop_f8: 32 + 32 fit; pieces of 32 columns would add wgmma waits and gain no registers that
   matter), INT8's two-blocks tile: one block's epilogue runs while the other's wgmma do.
 
+Fast accumulation, `cuda.fp8.conv_fast_sm90_<BM>x<BN>` (priority 3, another family): the same four tiles with
+gemm_sm90_core.cuh's F8_FAST, whole-tile wgmma accumulating every stage in the fp32 accumulators (no promotion,
+no register blocks: BN / 2 registers a thread), the 16-bit kernels' K loop with one stage in flight; their error
+grows with K (test_fp8_sm90.py's tolerance for fast tactics).
+
 No spills and no serialized wgmma on any of them with each output and residual (ptxas,
 tests/kernels/cuda/test_fp8_conv_sm90.py). Priority 3, below fp8_sm90's 5 and fp8_gemm_sm90's 4: a level-0 plan
 keeps fp8_sm90's tiles (these pass their gpu tests, H100 2026-12-06; a timed ResNet-50 plan takes them on 19 convs);
@@ -41,6 +46,8 @@ from polykit.kernels.cuda.int8.int8_sm90 import _estimate
 TILES = ((Sm90Tile(1, 2, 256, 4, tflops=660), 4, 1), (Sm90Tile(1, 2, 192, 5, tflops=600), 3, 2),
          (Sm90Tile(1, 2, 128, 6, tflops=500), 2, 2), (Sm90Tile(1, 2, 64, 4, blocks=2, tflops=340), 1, 1))
 PRIORITY = 3
+#: the fast-accumulation tiles (F8_FAST: one piece, no promotion)
+FAST_TILES = tuple(t for t, _, _ in TILES)
 #: (output, residual) pairs whose epilogues every tile is compiled with (fp8_layer's; None: no residual)
 EPILOGUES = ((E4M3, "float32"), ("float32", "float32"), (E4M3, E4M3), ("float16", "float16"), (E4M3, None),
              ("float32", None))
@@ -51,16 +58,19 @@ def compile_variants() -> list[KernelSource]:
     tile with them through the general broadcast (CI: sm_90a)."""
     out = [kernel(fp8_layer(y, residual=r), t, pieces=p, bufs=b) for t, p, b in TILES for y, r in EPILOGUES]
     first, pieces, bufs = TILES[0]
-    return out + [kernel(fp8_layer(y, residual=r, shapes=False), first, pieces=pieces, bufs=bufs)
-                  for y, r in EPILOGUES[:4]]
+    out += [kernel(fp8_layer(y, residual=r, shapes=False), first, pieces=pieces, bufs=bufs)
+            for y, r in EPILOGUES[:4]]
+    # the fast tiles: an e4m3 output with an e4m3 residual each, and the widest with the float16 epilogue
+    out += [kernel(fp8_layer(E4M3, residual=E4M3), t, fast=True) for t in FAST_TILES]
+    return out + [kernel(fp8_layer("float16", residual="float16"), FAST_TILES[0], fast=True)]
 
 
 def _kernels(tile: Sm90Tile, pieces: int, bufs: int):  # (fp8_sm90's terms: _supports)
     return lambda layer: [kernel(layer, tile, pieces=pieces, bufs=bufs)]
 
 
-def tactic_name(tile: Sm90Tile) -> str:
-    return f"cuda.fp8.conv_sm90_{tile.label}"
+def tactic_name(tile: Sm90Tile, fast: bool = False) -> str:
+    return f"cuda.fp8.conv_{'fast_' if fast else ''}sm90_{tile.label}"
 
 
 for _tile, _pieces, _bufs in TILES:
@@ -69,3 +79,10 @@ for _tile, _pieces, _bufs in TILES:
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "pieces": _pieces,
                         "bufs": _bufs, "consumers": _tile.consumers, "stages": _tile.stages,
                         "blocks": _tile.blocks})(enqueue_conv(_tile, _pieces, _bufs))
+for _tile in FAST_TILES:
+    cuda_tactic(KIND, tactic_name(_tile, True), kernels=lambda layer, t=_tile: [kernel(layer, t, fast=True)],
+                supports=_supports(_tile), priority=PRIORITY, archs=ARCHS, estimate=_estimate(_tile),
+                domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "accumulate": "fast",
+                        "consumers": _tile.consumers, "stages": _tile.stages, "blocks": _tile.blocks})(
+        enqueue_conv(_tile, fast=True))

@@ -46,6 +46,11 @@ TILES = ((Sm90Tile(1, 2, 192, 5, tflops=600), 2, 2), (Sm90Tile(1, 2, 256, 4, tfl
          (Sm90Tile(1, 2, 160, 6, tflops=570), 2, 2), (Sm90Tile(1, 2, 128, 6, tflops=500), 2, 2),
          (Sm90Tile(1, 1, 96, 8, tflops=330), 2, 2))
 PRIORITY = 4
+#: the fast-accumulation tiles (`cuda.fp8.gemm_fast_sm90_<tile>`, gemm_sm90_core.cuh F8_FAST: no promotion, the
+#: stages' products accumulate in the wgmma accumulators as cuBLASLt's fast accumulation does): whole-tile wgmma,
+#: BN / 2 accumulators a thread and nothing else, one stage's wgmma in flight while the next is issued
+FAST_TILES = (Sm90Tile(1, 2, 192, 5, tflops=600), Sm90Tile(1, 2, 256, 4, tflops=660),
+              Sm90Tile(1, 2, 160, 6, tflops=570), Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 1, 96, 8, tflops=330))
 
 
 def over_rows(geo: ConvGemm | None) -> bool:
@@ -64,15 +69,16 @@ def _supports(tile: Sm90Tile):
 
 
 def kernel(layer: Any, tile: Sm90Tile, pieces: int, bufs: int, y_dtype: str | None = None,
-           steps: tuple[int, int] | None = None) -> KernelSource:
+           steps: tuple[int, int] | None = None, fast: bool = False) -> KernelSource:
     """gemm_sm90 with the tile's defines (B [N, K]: B_MN 0), F8 1, F8_PIECES, F8_BUFS and the output compiled
-    in (int8.out_defines: its type, the scale's and bias's steps)."""
+    in (int8.out_defines: its type, the scale's and bias's steps); `fast`: F8_FAST 1 (one piece, no promotion)."""
     source = kernel_for(layer, tile, "float", False, "gemm_sm90")
-    extra = defines(F8=1, F8_PIECES=pieces, F8_BUFS=bufs) + out_defines(layer, y_dtype, steps)
+    f8 = defines(F8=1, F8_FAST=1) if fast else defines(F8=1, F8_PIECES=pieces, F8_BUFS=bufs)
+    extra = f8 + out_defines(layer, y_dtype, steps)
     return replace(source, defines=tuple(sorted(source.defines + extra)))
 
 
-def _enqueue(tile: Sm90Tile, pieces: int, bufs: int):
+def _enqueue(tile: Sm90Tile, pieces: int, bufs: int, fast: bool = False):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = fp8_launch(layer, tensors)
         if run is None:
@@ -86,7 +92,7 @@ def _enqueue(tile: Sm90Tile, pieces: int, bufs: int):
         tm_b = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         sizes = [geo.M, geo.N, geo.K, 0, 0, np.float32(1.0), np.float32(0.0), 1, 0, 0]  # no C; one item
-        launcher.launch(kernel(layer, tile, pieces, bufs, y.dtype.name, run.steps),
+        launcher.launch(kernel(layer, tile, pieces, bufs, y.dtype.name, run.steps, fast),
                         (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
                         [tm_a, tm_b, 0, y, *sizes, *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
@@ -102,7 +108,11 @@ def compile_variants() -> list[KernelSource]:
     out = [kernel(fp8_layer(y), *t) for t in TILES for y in ("float32", E4M3)]
     out += [kernel(fp8_layer(y, residual=r, shapes=s), *TILES[0])
             for y, r in ((E4M3, "float32"), (E4M3, E4M3), ("float16", "float16")) for s in (True, False)]
-    return out + [kernel(fp8_layer(E4M3, residual=r), *TILES[1]) for r in ("float32", E4M3)]
+    out += [kernel(fp8_layer(E4M3, residual=r), *TILES[1]) for r in ("float32", E4M3)]
+    # the fast tiles: the e4m3 output each, the float32 output and the e4m3 residual on the widest
+    out += [kernel(fp8_layer(E4M3), t, 1, 1, fast=True) for t in FAST_TILES]
+    return out + [kernel(fp8_layer(y, residual=r), FAST_TILES[1], 1, 1, fast=True)
+                  for y, r in (("float32", None), (E4M3, E4M3))]
 
 
 for _tile, _pieces, _bufs in TILES:
@@ -112,3 +122,9 @@ for _tile, _pieces, _bufs in TILES:
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "pieces": _pieces,
                         "bufs": _bufs, "consumers": _tile.consumers, "stages": _tile.stages})(
         _enqueue(_tile, _pieces, _bufs))
+for _tile in FAST_TILES:
+    cuda_tactic(KIND, f"cuda.fp8.gemm_fast_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
+                    kernel(layer, t, 1, 1, fast=True)], supports=_supports(_tile), priority=PRIORITY, archs=ARCHS,
+                estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "accumulate": "fast",
+                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, 1, 1, True))

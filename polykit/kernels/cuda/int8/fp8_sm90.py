@@ -71,12 +71,14 @@ def _supports(tile: Sm90Tile):
 
 
 def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None,
-           pieces: int = 1, bufs: int = 1) -> KernelSource:
+           pieces: int = 1, bufs: int = 1, fast: bool = False) -> KernelSource:
     """conv_sm90 with the tile's defines, F8 1 (the epilogue's float is float) and the output compiled
     in (int8.out_defines: its type, the scale's and bias's steps); `pieces` > 1 (fp8_conv_sm90.py's tiles):
-    F8_PIECES / F8_BUFS, a stage promoted in pieces (gemm_sm90_core.cuh mainloop_f8_pieces)."""
+    F8_PIECES / F8_BUFS, a stage promoted in pieces (gemm_sm90_core.cuh mainloop_f8_pieces); `fast`: F8_FAST 1
+    (fp8_conv_sm90.py's fast tiles: no promotion)."""
     source = kernel_for(layer, tile, "float", False, "conv_sm90")
     extra = defines(F8=1) + (defines(F8_PIECES=pieces, F8_BUFS=bufs) if pieces > 1 else ())
+    extra += defines(F8_FAST=1) if fast else ()
     return replace(source, defines=tuple(sorted(source.defines + extra + out_defines(layer, y_dtype, steps))))
 
 
@@ -105,8 +107,8 @@ def fp8_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> Fp8Launch | N
                      [scale, bias, y_scale, y_zero, flags, scale_step, bias_step], steps)
 
 
-def enqueue_conv(tile: Sm90Tile, pieces: int = 1, bufs: int = 1):
-    """The enqueue of a conv_sm90 F8 tactic on `tile` (`pieces`, `bufs`: kernel's)."""
+def enqueue_conv(tile: Sm90Tile, pieces: int = 1, bufs: int = 1, fast: bool = False):
+    """The enqueue of a conv_sm90 F8 tactic on `tile` (`pieces`, `bufs`, `fast`: kernel's)."""
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = fp8_launch(layer, tensors)
@@ -118,7 +120,7 @@ def enqueue_conv(tile: Sm90Tile, pieces: int = 1, bufs: int = 1):
                               "group 1)", where=f"layer {layer.name!r}", hint="run this layer on --target cpu")
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps, pieces, bufs),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps, pieces, bufs, fast),
                         (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
                         [tm_w, x, 0, y, *geo.args(), *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),

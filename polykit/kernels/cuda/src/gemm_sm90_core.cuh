@@ -37,6 +37,13 @@
 // FP8 tiles, fp8_gemm_sm90.py; conv_sm90.cu's, fp8_conv_sm90.py): the same sums with a stage's columns
 // in pieces whose adds overlap the next piece's wgmma (mainloop_f8_pieces, F8_BUFS): the 192- and
 // 256-column tiles' registers.
+// F8_FAST 1 (the `_fast` FP8 tactics, fp8_sm90.py / fp8_gemm_sm90.py): the FP8 K loop without promotion,
+// the 16-bit kernels' own `mainloop` on e4m3 operands: every stage's wgmma accumulate into the fp32
+// accumulators (scale_d 1 after the first), one stage in flight while the next is issued, no register
+// block for a stage's products and no CUDA-core adds (cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM, XLA's
+// forward FP8 GEMMs, torch._scaled_mm(use_fast_accum=True)). The tensor cores then realign the running
+// sum to their ~14 bits once a k32 wgmma for the whole K, not a stage, so the error bound grows with K
+// (tests/kernels/cuda/test_fp8_sm90.py: tolerance() of a fast tactic); whole tiles only (F8_PIECES 1).
 #pragma once
 #include "sm90.cuh"
 
@@ -53,6 +60,10 @@
 #ifndef F8_PIECES
 #define F8_PIECES 1  // F8: a stage's columns in this many wgmma pieces (mainloop_f8_pieces when > 1)
 #endif
+#ifndef F8_FAST
+#define F8_FAST 0  // F8: the stages' products accumulate in the wgmma accumulators (mainloop), no promotion
+#endif
+static_assert(!F8_FAST || (F8 && F8_PIECES == 1), "F8_FAST: an FP8 kernel on whole-tile wgmma (no pieces)");
 #if I8 || F8
 #include "int8_out.cuh"
 #if F8
@@ -211,7 +222,7 @@ __device__ __forceinline__ void add_part(float (&acc)[MSUB][BN / 2], float (&par
   }
 }
 
-#if F8_PIECES == 1  // (the piece tiles' widths have no whole-tile wgmma: mainloop_f8_pieces)
+#if !F8  // (FP8 kernels have their own loops; the fast 160-column tile has no tf32 wgmma)
 // The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
 // (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
 // K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
@@ -238,7 +249,7 @@ __device__ __forceinline__ void mainloop_3xtf32(float (&acc)[MSUB][BN / 2], Ring
 }
 #endif
 
-#if F8 && F8_PIECES == 1
+#if F8 && F8_PIECES == 1 && !F8_FAST
 // The FP8 K loop: each stage's wgmma (4 x k32) write `part` (scale_d 0 on the first), which the CUDA
 // cores add to `acc` in fp32 once they are done (module comment: F8); the producer refills the stage
 // meanwhile. The wait for a stage's wgmma before its `part` is read also keeps the registers of an

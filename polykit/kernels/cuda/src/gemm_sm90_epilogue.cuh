@@ -582,7 +582,7 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #elif F8 && F8_PIECES > 1
     (void)ct;
     mainloop_f8_pieces(acc, ring, smem, full, empty, ktiles, row0, tid);
-#elif F8
+#elif F8 && !F8_FAST
     (void)ct;
     mainloop_f8(acc, ring, smem, full, empty, ktiles, row0, tid);
 #else
