@@ -148,7 +148,7 @@ def tactic_op(layer, tactic, kernels, specs, torch):
 
     def tensor(name):
         shape, dtype = specs[name]
-        t = torch.randn(*shape, device="cuda").to(getattr(torch, dtype))
+        t = torch.randn(tuple(shape), device="cuda").to(getattr(torch, dtype))
         keep.append(t)
         return DeviceTensor(t.data_ptr(), tuple(shape), np.dtype(dtype))
 

@@ -112,6 +112,12 @@ def check(layer, inputs, tactic):
         mine = e4m3_ordinal(got)
         assert np.all((lo <= mine) & (mine <= hi)), int(np.max(np.maximum(lo - mine, mine - hi)))
         steps = np.abs(mine - e4m3_ordinal(want))
+        if "_fast_" in tactic:
+            # a fast sum's wider bound moves more outputs to a neighbouring e4m3 value, and an output near zero
+            # across the sign many ordinals (H100, 2026-12-07: K 3072 on 128x192 / 128x256, 4 % of outputs off,
+            # one by 105 ordinals within the bound): most stay equal
+            assert np.mean(steps > 0) <= 0.1, np.mean(steps > 0)
+            return
         assert steps.mean() <= 0.05, steps.mean()  # equal almost everywhere
         return
     # a float16 output: the float value within tol, then rounded to float16 (half a step of 2^-10 relative)
