@@ -16,10 +16,13 @@ from typing import Iterable, NamedTuple
 
 #: NVRTC seconds a unit of a module takes on one core, for splitting the compile into tests of about
 #: CHUNK_SECONDS each. ESTIMATES: the mean of two units a module and arch, timed once on a 2-core CI-like
-#: machine (weight_only's units took 6 to 21 s each); any other module counts DEFAULT_UNIT_SECONDS.
+#: machine (weight_only's units took 6 to 21 s each), reduce.norm and flash_attention_sm90 from their
+#: chunks' times in a first split (norm_warp's NW_MAPS units with 16 or 32 chunks: 24 to 30 s each);
+#: any other module counts DEFAULT_UNIT_SECONDS.
 #: Only the split depends on them: every unit compiles whatever they say.
 UNIT_SECONDS = {"int8.weight_only": 14.0, "int8.int8": 13.0, "pointwise.pointwise": 9.0, "conv.conv_nhwc": 6.0,
-                "int8.fp8_gemm_sm90": 3.0, "int8.fp8_conv_sm90": 3.0, "int8.int8_sm90": 3.0}
+                "reduce.norm": 6.0, "int8.fp8_gemm_sm90": 3.0, "int8.fp8_conv_sm90": 3.0, "int8.int8_sm90": 3.0,
+                "attention.flash_attention_sm90": 3.0}
 DEFAULT_UNIT_SECONDS = 2.0
 CHUNK_SECONDS = 30.0
 
@@ -57,8 +60,8 @@ def module_units() -> list[tuple[str, list]]:
 
 
 def module_chunks(arches: Iterable[str] = ARCHES) -> list[Chunk]:
-    """Every unit of every module, for every arch, a module's units in near-equal parts of about
-    CHUNK_SECONDS (estimated: UNIT_SECONDS). A unit pinned to an arch (u.arch, sm_90a) compiles the same
+    """Every unit of every module, for every arch, a module's units in near-equal interleaved parts of
+    about CHUNK_SECONDS (estimated: UNIT_SECONDS). A unit pinned to an arch (u.arch, sm_90a) compiles the same
     for either arch: it is in the first arch's chunks only."""
     arches = tuple(arches)
     chunks = []
@@ -69,12 +72,8 @@ def module_chunks(arches: Iterable[str] = ARCHES) -> list[Chunk]:
                 continue
             seconds = len(units) * UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS)
             parts = min(len(units), max(1, math.ceil(seconds / CHUNK_SECONDS)))
-            size, extra = divmod(len(units), parts)
-            start = 0
-            for part in range(parts):
-                end = start + size + (part < extra)
-                chunks.append(Chunk(arch, module, part + 1, parts, tuple(units[start:end])))
-                start = end
+            for part in range(parts):  # interleaved: a module's slow variants sit together, the parts share them
+                chunks.append(Chunk(arch, module, part + 1, parts, tuple(units[part::parts])))
     return chunks
 
 

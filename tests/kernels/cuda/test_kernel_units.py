@@ -11,7 +11,7 @@ from tests.kernel_units import ARCHES, UNIT_SECONDS, _unit_lock, compile_once, m
 GOOD = 'extern "C" __global__ void k{i}(float* x) {{ x[threadIdx.x] += {i}.0f; }}\n'
 
 
-def test_a_slow_module_is_split_into_near_equal_parts_that_keep_its_order():
+def test_a_slow_module_is_split_into_near_equal_interleaved_parts():
     chunks = [c for c in module_chunks(ARCHES[1:]) if c.module == "int8.weight_only"]
     assert UNIT_SECONDS["int8.weight_only"] > 0 and len(chunks) > 1
     assert [c.part for c in chunks] == list(range(1, len(chunks) + 1)) and {c.parts for c in chunks} == {len(chunks)}
@@ -19,7 +19,8 @@ def test_a_slow_module_is_split_into_near_equal_parts_that_keep_its_order():
     from polykit.kernels.cuda.int8.weight_only import compile_variants
     from polykit.runtime.cuda.nvrtc import unique_units
 
-    assert [u.key() for c in chunks for u in c.units] == [u.key() for u in unique_units(compile_variants())]
+    keys = [u.key() for u in unique_units(compile_variants())]
+    assert [[u.key() for u in c.units] for c in chunks] == [keys[i::len(chunks)] for i in range(len(chunks))]
     assert chunks[0].id == f"{ARCHES[1]}-int8.weight_only-1of{len(chunks)}"
 
 
