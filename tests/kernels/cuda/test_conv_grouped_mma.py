@@ -14,7 +14,6 @@ each row keeping its poison); test_conv_grouped.py runs the grouped ones on misa
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -133,7 +132,8 @@ def test_float32_layers_are_not_the_tensor_core_tactics():
 
 
 def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
-    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+    from polykit.runtime.cuda.nvrtc import unique_units
+    from tests.kernel_units import compile_once  # once a run with the NVRTC test's chunks
 
     variants = compile_variants()
     assert {(k.name, dict(k.defines).get("GM_PERSIST"), dict(k.defines)["GM_BF16"], dict(k.defines)["GM_NB"])
@@ -144,7 +144,7 @@ def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
          for b in ("0", "1") for nb in ("1", "2", "3", "4")}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
-        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        cubins = compile_once(units, arch)
         assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
@@ -254,7 +254,8 @@ def test_level_0_keeps_the_sm90_tile_and_level_3_times_a_halo_tactic(x, w, attrs
 def test_every_halo_variant_compiles_with_nvrtc(shared_kernel_cache):
     """The SiLU + residual epilogue of a dense layer on each variant, storage and n8 count (the
     kernels without an epilogue are the grouped tactics' units, compiled above)."""
-    from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+    from polykit.runtime.cuda.nvrtc import unique_units
+    from tests.kernel_units import compile_once  # once a run with the NVRTC test's chunks
 
     variants = conv_halo_mma.compile_variants()
     assert all(k.code is not None and "apply_epilogue" in k.code for k in variants)
@@ -263,7 +264,7 @@ def test_every_halo_variant_compiles_with_nvrtc(shared_kernel_cache):
                                    for p in "01" for b in "01" for nb in "1234"}
     units = unique_units(variants)
     for arch in ("sm_80", "sm_90"):
-        cubins = compile_many(units, arch, workers=min(2, os.cpu_count() or 1))
+        cubins = compile_once(units, arch)
         assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 

@@ -1,14 +1,19 @@
-"""CI (no GPU): every kernel variant of every CUDA family compiles with NVRTC for sm_80 and sm_90."""
+"""CI (no GPU): every kernel variant of every CUDA family compiles with NVRTC for sm_80 and sm_90.
+
+One test a kernel module and arch (a module of many units in parts, tests/kernel_units.py), so xdist
+spreads the compile over its workers instead of one worker compiling every unit of an arch."""
 
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 
 import polykit.kernels.cuda as cuda_kernels
-from polykit.runtime.cuda.nvrtc import compile_many, unique_units
+from polykit.runtime.cuda.nvrtc import unique_units
+from tests.kernel_units import ARCHES, compile_once, module_chunks
+
+CHUNKS = module_chunks()
 
 
 def all_variants():
@@ -20,13 +25,23 @@ def test_every_family_module_declares_its_variants():
     assert missing == []
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_chunks_hold_every_unit_once(arch):
+    # the chunks below together compile exactly the units the one test of an arch compiled: every
+    # unit of all_compile_variants(), once; units pinned to one arch (sm_90a) compile the same for
+    # either parameter: once is enough (with the first arch)
+    expected = [u.key() for u in unique_units(all_variants()) if not u.arch or arch == ARCHES[0]]
+    chunked = [u.key() for c in CHUNKS if c.arch == arch for u in c.units]
+    assert sorted(chunked) == sorted(expected)
+    assert all(c.units for c in CHUNKS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_all_kernel_variants_compile(arch, shared_kernel_cache):
+@pytest.mark.parametrize("chunk", CHUNKS, ids=[c.id for c in CHUNKS])
+def test_all_kernel_variants_compile(chunk, shared_kernel_cache):
     # a cache that started empty in this test run: every unit really compiles with NVRTC in this
-    # run (in worker processes, as a build does), once, here or in another test that needs it
-    # units pinned to one arch (sm_90a) compile the same for either parameter: once is enough
-    units = [u for u in unique_units(all_variants()) if not u.arch or arch == "sm_90"]
-    cubins = compile_many(units, arch, workers=min(4, os.cpu_count() or 1))
-    assert len(cubins) == len(units)
+    # run, once, here or in another test that needs it (compile_once: a unit another test is
+    # compiling at the same time is read from the cache when it is done)
+    cubins = compile_once(chunk.units, chunk.arch)
+    assert len(cubins) == len(chunk.units)
     assert all(blob[:4] == b"\x7fELF" for blob in cubins.values())

@@ -1,0 +1,123 @@
+"""Compile units for the tests that check kernels compile with NVRTC (no GPU needed).
+
+`module_chunks` splits every unit that `polykit.kernels.cuda.all_compile_variants()` declares into small
+tests (one kernel module, or a part of a slow one, and one arch) so xdist spreads CI's NVRTC compile
+over all its workers. `compile_once` compiles units through this run's shared kernel cache
+(`shared_kernel_cache` in tests/conftest.py) with a lock a unit: two tests that need the same unit at
+the same time (the NVRTC test's chunk and a kernel family's own compile test) compile it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+from typing import Iterable, NamedTuple
+
+#: NVRTC seconds a unit of a module takes on one core, for splitting the compile into tests of about
+#: CHUNK_SECONDS each. ESTIMATES: the mean of two units a module and arch, timed once on a 2-core CI-like
+#: machine (weight_only's units took 6 to 21 s each), reduce.norm and flash_attention_sm90 from their
+#: chunks' times in a first split (norm_warp's NW_MAPS units with 16 or 32 chunks: 24 to 30 s each);
+#: any other module counts DEFAULT_UNIT_SECONDS.
+#: Only the split depends on them: every unit compiles whatever they say.
+UNIT_SECONDS = {"int8.weight_only": 14.0, "int8.int8": 13.0, "pointwise.pointwise": 9.0, "conv.conv_nhwc": 6.0,
+                "reduce.norm": 6.0, "int8.fp8_gemm_sm90": 3.0, "int8.fp8_conv_sm90": 3.0, "int8.int8_sm90": 3.0,
+                "attention.flash_attention_sm90": 3.0}
+DEFAULT_UNIT_SECONDS = 2.0
+CHUNK_SECONDS = 30.0
+
+ARCHES = ("sm_90", "sm_80")
+
+
+class Chunk(NamedTuple):
+    arch: str
+    module: str  # the module's name under polykit.kernels.cuda
+    part: int  # 1-based
+    parts: int
+    units: tuple
+
+    @property
+    def id(self) -> str:
+        return f"{self.arch}-{self.module}" + (f"-{self.part}of{self.parts}" if self.parts > 1 else "")
+
+
+def module_units() -> list[tuple[str, list]]:
+    """(module, its units) for every module with compile variants, in `kernel_modules()` order; a unit
+    that several modules declare (the same rendered source) belongs to the first one only."""
+    import polykit.kernels.cuda as cuda_kernels
+    from polykit.runtime.cuda.nvrtc import unique_units
+
+    seen: set[str] = set()
+    out = []
+    for name in cuda_kernels.kernel_modules():
+        module = importlib.import_module(name)
+        if not hasattr(module, "compile_variants"):
+            continue
+        own = [u for u in unique_units(module.compile_variants()) if u.key() not in seen]
+        seen.update(u.key() for u in own)
+        out.append((name.removeprefix(f"{cuda_kernels.__name__}."), own))
+    return out
+
+
+def module_chunks(arches: Iterable[str] = ARCHES) -> list[Chunk]:
+    """Every unit of every module, for every arch, a module's units in near-equal interleaved parts of
+    about CHUNK_SECONDS (estimated: UNIT_SECONDS). A unit pinned to an arch (u.arch, sm_90a) compiles the same
+    for either arch: it is in the first arch's chunks only."""
+    arches = tuple(arches)
+    chunks = []
+    for arch in arches:
+        for module, units in module_units():
+            units = [u for u in units if not u.arch or arch == arches[0]]
+            if not units:
+                continue
+            seconds = len(units) * UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS)
+            parts = min(len(units), max(1, math.ceil(seconds / CHUNK_SECONDS)))
+            for part in range(parts):  # interleaved: a module's slow variants sit together, the parts share them
+                chunks.append(Chunk(arch, module, part + 1, parts, tuple(units[part::parts])))
+    return chunks
+
+
+@contextlib.contextmanager
+def _unit_lock(path, blocking: bool):
+    """An exclusive lock on `path` (a file beside the unit's cache entry); yields False when `blocking`
+    is off and another process holds it. Without fcntl (not POSIX) it always yields True, unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def compile_once(units: Iterable, arch: str) -> dict[str, bytes]:
+    """{KernelSource.key(): cubin} for every distinct unit of `units`, compiled with NVRTC in this process
+    through the kernel cache (POLYKIT_CACHE_DIR: use the `shared_kernel_cache` fixture). A unit another
+    process is compiling right now is left for last and then read from the cache once that process is
+    done, instead of being compiled a second time; a unit that fails raises DeviceError with NVRTC's log."""
+    from polykit.runtime.cuda.nvrtc import cache_dir, cache_key, compile_cached, unique_units
+
+    def lock_path(u):
+        return cache_dir() / arch / f"{cache_key(u, arch)}.lock"  # beside compile_cached's entry
+
+    out: dict[str, bytes] = {}
+    busy = []
+    for u in unique_units(units):
+        with _unit_lock(lock_path(u), blocking=False) as held:
+            if held:
+                out[u.key()] = compile_cached(u, arch)
+            else:
+                busy.append(u)
+    for u in busy:
+        with _unit_lock(lock_path(u), blocking=True):
+            out[u.key()] = compile_cached(u, arch)
+    return out
