@@ -134,9 +134,10 @@ def polykit_op(layer, plan, torch):
     return tactic_op(layer, find_tactic("cuda", layer.kind, layer.tactic), plan_kernels(plan, layer), specs, torch)
 
 
-def tactic_op(layer, tactic, kernels, specs, torch):
+def tactic_op(layer, tactic, kernels, specs, torch, fill=None):
     """(callable(i) enqueueing `tactic` on `layer` over the i-th of three sets of random tensors of
-    `specs` (name -> (shape, dtype)), its kernel modules, the tensors to keep alive)."""
+    `specs` (name -> (shape, dtype)), its kernel modules, the tensors to keep alive); `fill` maps a name to a
+    constant for it (a quantized layer's scales and zero points: a random scale may be negative)."""
     from polykit.kernels.cuda.base import DeviceTensor
     from polykit.runtime.cuda import driver
     from polykit.runtime.cuda.launcher import CudaLauncher, KernelModules
@@ -148,7 +149,10 @@ def tactic_op(layer, tactic, kernels, specs, torch):
 
     def tensor(name):
         shape, dtype = specs[name]
-        t = torch.randn(tuple(shape), device="cuda").to(getattr(torch, dtype))
+        if fill and name in fill:
+            t = torch.full(tuple(shape), fill[name], device="cuda").to(getattr(torch, dtype))
+        else:
+            t = torch.randn(tuple(shape), device="cuda").to(getattr(torch, dtype))
         keep.append(t)
         return DeviceTensor(t.data_ptr(), tuple(shape), np.dtype(dtype))
 
@@ -412,9 +416,9 @@ def pointwise_shapes(name: str, batch: int, torch) -> dict[tuple[int, int, int, 
     return found
 
 
-def time_tactic_op(layer, tactic, specs, torch, args) -> float:
+def time_tactic_op(layer, tactic, specs, torch, args, fill=None) -> float:
     """Median ms of `tactic` on `layer` over random tensors of `specs` (tactic_op), as a captured graph."""
-    run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch)
+    run, modules, _keep = tactic_op(layer, tactic, tactic.kernels(layer), specs, torch, fill)
     try:
         return time_graph(run, torch, args.warmup, args.iters)
     finally:
@@ -511,6 +515,11 @@ def bench_conv(spec: str, args, torch) -> list[dict]:
     return [{"spec": spec, "torch_ms": tms, **row} for row in rows]
 
 
+#: an FP8 layer's scales and zero points in the bench (random values for the rest): positive scales of the size a
+#: calibrated plan has (a random, possibly negative output scale takes the per-element store path: Out::vec_ok)
+FP8_FILL = {"S": 0.01, "YS": 0.05, "XZ": 0.0, "WZ": 0.0, "YZ": 0.0}
+
+
 def bench_fp8(spec: str, args, torch) -> list[dict]:
     """Every cuda FP8 QConvNHWC tactic and every fp16 ConvNHWC tactic of one conv (module docstring: --fp8)."""
     from polykit.compiler.ir.graph import POLYKIT_DOMAIN
@@ -547,17 +556,21 @@ def bench_fp8(spec: str, args, torch) -> list[dict]:
     for tactic in (t for t in all_cuda_tactics() if t.kind == "QConvNHWC" and t.runs_on(arch)):
         if not tactic.supports(layer) or (args.only and args.only not in tactic.name):
             continue
-        rows.append({"tactic": tactic.name, "precision": "fp8",
-                     "ms": time_tactic_op(layer, tactic, specs, torch, args)})
+        rows.append({"tactic": tactic.name, "precision": "fp8",  # scales as a calibrated plan has them
+                     "ms": time_tactic_op(layer, tactic, specs, torch, args, FP8_FILL)})
     half = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), {k_: v for k_, v in attrs.items() if k_ != "epilogue"},
                      domain=POLYKIT_DOMAIN, precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
                      in_shapes=(x, wt, (k,)), out_shapes=(y,))
     hspecs = {"X": (x, "float16"), "W": (wt, "float16"), "B": ((k,), "float16"), "Y": (y, "float16")}
     for tactic in (t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)):
+        if args.only and args.only not in tactic.name:  # (--only: those tactics alone, for ncu)
+            continue
         if tactic.supports(half) and "simt" not in tactic.name:  # (the CUDA-core tiles: far behind, slow to time)
             rows.append({"tactic": tactic.name, "precision": "fp16",
                          "ms": time_tactic_op(half, tactic, hspecs, torch, args)})
     op = torch_op(half, {"X": SimpleNamespace(shape=x), "W": SimpleNamespace(shape=wt)}, torch.float16, torch)
+    if args.only:
+        return [{"spec": spec, **row} for row in rows]
     rows.append({"tactic": "torch.conv2d", "precision": "fp16", "ms": time_graph(op, torch, args.warmup, args.iters)})
     if r == 1 and stride == 1 and hasattr(torch, "_scaled_mm"):
         m = n * h * w
