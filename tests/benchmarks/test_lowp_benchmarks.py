@@ -113,7 +113,8 @@ def test_fp8_tactics_counts_every_fp8_tensor_core_family_as_fp8():
 
     names = [t.name for t in all_tactics("cuda") if t.kind == "QConvNHWC"]
     fp8 = [n for n in names if n.startswith("cuda.fp8.")]
-    assert {n.split("cuda.fp8.")[1].rsplit("_", 1)[0] for n in fp8} >= {"sm90", "gemm_sm90", "conv_sm90"}
+    assert {n.split("cuda.fp8.")[1].rsplit("_", 1)[0] for n in fp8} >= {"sm90", "gemm_sm90", "conv_sm90",
+                                                                       "gemm_fast_sm90", "conv_fast_sm90"}
     assert all(n.startswith(fp8_tactics.FP8_TACTIC) for n in fp8), fp8
     assert not any(n.startswith(fp8_tactics.FP8_TACTIC) for n in names if n not in fp8)
 

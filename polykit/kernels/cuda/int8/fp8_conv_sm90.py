@@ -83,6 +83,6 @@ for _tile in FAST_TILES:
     cuda_tactic(KIND, tactic_name(_tile, True), kernels=lambda layer, t=_tile: [kernel(layer, t, fast=True)],
                 supports=_supports(_tile), priority=PRIORITY, archs=ARCHS, estimate=_estimate(_tile),
                 domain=POLYKIT_DOMAIN,
-                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "accumulate": "fast",
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "fast_accumulation": 1,
                         "consumers": _tile.consumers, "stages": _tile.stages, "blocks": _tile.blocks})(
         enqueue_conv(_tile, fast=True))

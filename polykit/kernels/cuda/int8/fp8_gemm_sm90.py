@@ -126,5 +126,5 @@ for _tile in FAST_TILES:
     cuda_tactic(KIND, f"cuda.fp8.gemm_fast_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
                     kernel(layer, t, 1, 1, fast=True)], supports=_supports(_tile), priority=PRIORITY, archs=ARCHS,
                 estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
-                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "accumulate": "fast",
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "fast_accumulation": 1,
                         "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, 1, 1, True))
