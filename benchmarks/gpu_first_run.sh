@@ -98,6 +98,10 @@
 #                  a video net's 3-D convs on the NHWC tactics (ab8de5e) against the cpu plan. Then LOWP_PROFILE=12
 #                  STEP=lowp: its JSON now holds layers_vs_fp16 (each layer beside its fp16 namesake)
 #   STEP=ncu10     ncu's full set on the W4A16 mma kernel (M = 1) and the sm90 flash kernel ([4,16,2048,128])
+#   STEP=new17     first in the next session with a GPU (the seventeenth's untimed work): the space-to-depth stems'
+#                  gpu test, INT8 and FP8 ResNet-50 bs32 against fp16 with the per-layer profile (the stem: 182 us
+#                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
+#                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale). ~400 s
 #   STEP=fastfp8   the fast-accumulation FP8 tiles' gpu tests and every FP8 tactic on BERT / ResNet shapes (cuda_kernels --fp8)
 #   STEP=w4chain   W4A16 vs fp16 at M = 1, 16 as one layer and as a chain of 8 queued back to back; ncu of the staged kernel
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
@@ -376,6 +380,19 @@ EOF
     grep -E "Error|error" "$OUT/fp8_kernels.txt" | head -5
     exit $rc
     ;;
+  new17)  # the seventeenth session's untimed work: the space-to-depth stems on a GPU, then INT8 / FP8 ResNet-50
+    gpu_tests new17 ${NEW_S:-90} tests/compiler/passes/test_space_to_depth_stems.py
+    rc=$?
+    timeout ${RESNET_S:-230} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
+      --profile ${LOWP_PROFILE:-10} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
+    echo "== resnet rc $?"; grep -A14 -- '-- layers beside' "$OUT/lowp_resnet50.txt" | cut -c1-200 | head -16
+    grep -E '"(fp16_ms|int8_ms|fp8_ms|speedup_int8_vs_fp16|speedup_fp8_vs_fp16)"' "$OUT/lowp_resnet50.json"
+    timeout ${BENCH_S:-120} python3 benchmarks/cuda_kernels.py --cases "" --out "$OUT/fp8_kernels.json" \
+      --fp8 32,56,56,64,256,1,1,e4m3 --fp8 32,28,28,128,128,3,1,e4m3 --fp8 32,14,14,1024,256,1,1,e4m3 \
+      > "$OUT/fp8_kernels.txt" 2>&1
+    echo "== kernels rc $?"; grep -E "^fp8 " "$OUT/fp8_kernels.txt" | awk '{c[$2]++} c[$2] <= 8' | cut -c1-90
+    exit $rc
+    ;;
   s17a)  # one call: STEP=fastfp8, then BERT-base bs8 FP8 against fp16 with the per-layer profile (lowp's second half)
     STEP=fastfp8 bash "$0"
     rc=$?
@@ -564,5 +581,5 @@ EOF2
     STEP=new bash "$0"; STEP=kernels bash "$0"; STEP=zoo bash "$0"
     ;;
   *)
-    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|fastfp8|s17a|w4chain|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
+    echo "unknown STEP=$step (suite|serving|host|deploy|dynamic|lowp|new|new6|new7|new8|new9|new10|new11|new12|new13|new14|new15|new16|new17|fastfp8|s17a|w4chain|bench10|ncu10|flashdiv|nvtx|kernels|zoo|frcnn|dynvs|dynall|base|session)"; exit 2 ;;
 esac

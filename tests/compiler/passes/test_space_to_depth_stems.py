@@ -160,3 +160,24 @@ def test_cuda_quantized_plan_runs_the_stem_as_a_4x4_conv_over_16_channels(precis
     assert stem.tactic.startswith(f"cuda.{precision}."), stem.tactic
     half = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, **shapes))
     assert _stem_layer(half).attrs["kernel_shape"] == [7, 7]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+def test_cuda_quantized_stem_plan_matches_the_cpu_plan_on_a_gpu(precision, tmp_path):
+    """On a GPU: the cuda --fp16 --fp8 / --int8 plan (Pad, SpaceToDepth, the 4x4 QConvNHWC stem on its sm_90 or
+    mma tactic) against the cpu plan from the same calibration cache, on a batch the calibration did not see."""
+    pytest.importorskip("cuda.bindings")
+    model = _resnet_stem_model()
+    shapes = {"input_shapes": {"x": (2, 3, 29, 27)}}
+    cache = tmp_path / "stem.cache"
+    feeds = [{"x": RNG.standard_normal((2, 3, 29, 27)).astype(np.float32)} for _ in range(2)]
+    cpu = build_plan(model, BuilderConfig(target="cpu", calibration_cache=cache, calibration_data=feeds,
+                                          channels_last=True, **{precision: True}, **shapes))
+    cuda = build_plan(model, BuilderConfig(target="cuda", fp16=True, calibration_cache=cache,
+                                           **{precision: True}, **shapes))
+    assert _stem_layer(cuda).attrs["kernel_shape"] == [4, 4] == _stem_layer(cpu).attrs["kernel_shape"]
+    x = {"x": RNG.standard_normal((2, 3, 29, 27)).astype(np.float32)}
+    got, want = _run(cuda, x).astype(np.float64).ravel(), _run(cpu, x).astype(np.float64).ravel()
+    cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine > 0.995, cosine
