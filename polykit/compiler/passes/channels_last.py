@@ -69,6 +69,11 @@ def conv_class(group: int, channels: int) -> str:
     return "dense" if group == 1 else "depthwise" if group == channels else "grouped"
 
 
+def aligned(channels: int, align: int) -> int:
+    """`channels` rounded up to a multiple of `align` (what a dense conv's input is padded to)."""
+    return -(-channels // align) * align
+
+
 def explicit_pads(graph: Graph, node: Node, kernel: list[int]) -> list[int] | None:
     """A conv's or pool's pads with auto_pad resolved, or None when they depend on unknown dims."""
     auto = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
@@ -147,7 +152,7 @@ class _Rewriter:
         kernels' 16-byte loads; a grouped conv's as they are (padding them would move channels between groups)."""
         if group != 1 or channels % CHANNEL_ALIGN == 0:
             return xt, channels
-        padded = -(-channels // CHANNEL_ALIGN) * CHANNEL_ALIGN
+        padded = aligned(channels, CHANNEL_ALIGN)
         return self.padded_channels(xt, padded - channels, node, prefix), padded
 
     def krsc(self, w: str, channels: int, fill: np.ndarray | None = None) -> str:
@@ -355,7 +360,7 @@ class _Rewriter:
     def nhwc_input(self, x: str, c: int, align: int, node: Node, prefix: list[Node],
                    value: str = "") -> tuple[str, int]:
         """(x in NHWC with its c channels padded to a multiple of `align` with `value`, that channel count)."""
-        channels = -(-c // align) * align
+        channels = aligned(c, align)
         xt = self.to_nhwc(x, node, prefix)
         if channels != c:
             xt = self.padded_channels(xt, channels - c, node, prefix, value)

@@ -39,17 +39,13 @@ from typing import Iterable, MutableMapping
 import numpy as np
 
 from polykit.compiler.ir.graph import Graph, Node
-from polykit.compiler.passes.channels_last import explicit_pads
+from polykit.compiler.passes.channels_last import aligned, explicit_pads
 from polykit.compiler.passes.rewrite import protected
 
 #: the fewest output channels of a conv this pass rewrites (fewer: its output's bytes, not its products, cost most)
 MIN_OUTPUT_CHANNELS = 64
 #: the least shrink of the padded K (kernel taps x channels padded to the build's alignment) it rewrites for
 MIN_SHRINK = 2.0
-
-
-def padded(channels: int, align: int) -> int:
-    return -(-channels // align) * align
 
 
 def space_to_depth_stems(graph: Graph, *, keep: frozenset[str] = frozenset(), align: int = 8,
@@ -89,7 +85,7 @@ def _rewrite(graph: Graph, node: Node, align: int, fixed: set[str],
         return None
     s = strides[0]
     kh2, kw2 = -(-kh // s), -(-kw // s)
-    before, after = kh * kw * padded(c, align), kh2 * kw2 * padded(c * s * s, align)
+    before, after = kh * kw * aligned(c, align), kh2 * kw2 * aligned(c * s * s, align)
     if before < MIN_SHRINK * after:
         return None
     pads = explicit_pads(graph, node, [kh, kw])

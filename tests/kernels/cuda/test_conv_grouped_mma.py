@@ -14,7 +14,6 @@ each row keeping its poison); test_conv_grouped.py runs the grouped ones on misa
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -10,7 +10,6 @@ to one rounding step of the 16-bit output (float16, bfloat16).
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -52,8 +52,7 @@ PRIORITY = 4
 #: the fast-accumulation tiles (`cuda.fp8.gemm_fast_sm90_<tile>`, gemm_sm90_core.cuh F8_FAST: no promotion, the
 #: stages' products accumulate in the wgmma accumulators as cuBLASLt's fast accumulation does): whole-tile wgmma,
 #: BN / 2 accumulators a thread and nothing else, one stage's wgmma in flight while the next is issued
-FAST_TILES = (Sm90Tile(1, 2, 192, 5, tflops=600), Sm90Tile(1, 2, 256, 4, tflops=660),
-              Sm90Tile(1, 2, 160, 6, tflops=570), Sm90Tile(1, 2, 128, 6, tflops=500), Sm90Tile(1, 1, 96, 8, tflops=330))
+FAST_TILES = tuple(t for t, _, _ in TILES)
 
 
 def over_rows(geo: ConvGemm | None) -> bool:
