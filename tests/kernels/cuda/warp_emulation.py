@@ -26,7 +26,7 @@ again before a slot may be rewritten. On this rest:
     wait for computes with stale shared memory. Eager (EMU_CP_EAGER 1): each copy lands at once, so
     one into a buffer other warps still read races with them. The two ends of what a GPU may do;
   - ex2.approx / rcp.approx (the host's exp2f and division: not their bits);
-  - sub.rn.f16x2, mul.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
+  - sub.rn.f16x2, mul.rn.f16x2, fma.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
     the operands weight_only_mma.cuh gives them) and prmt.b32 (default mode);
   - prefetch.global.L2 (a cache hint: nothing).
 Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
@@ -240,6 +240,12 @@ inline unsigned emu_f16x2(unsigned a, unsigned b, bool mul) {  // sub.rn.f16x2 /
   }
   return d;
 }
+inline unsigned emu_fma_f16x2(unsigned a, unsigned b, unsigned c) {  // fma.rn.f16x2: one rounding a half
+  unsigned d = 0;
+  for (int i = 0; i < 2; ++i)
+    d |= emu_to_f16((double)emu_f16(a, i) * (double)emu_f16(b, i) + (double)emu_f16(c, i)) << 16 * i;
+  return d;
+}
 inline unsigned emu_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
   unsigned d = 0;
   for (int i = 0; i < 2; ++i)
@@ -368,6 +374,7 @@ PTX_OPS = [
     (r"rcp\.approx(\.ftz)?\.f32", lambda args: f"{args[0][0]} = 1.0f / {args[1][0]}"),
     (r"sub\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, false)"),
     (r"mul\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_f16x2({args[1][0]}, {args[2][0]}, true)"),
+    (r"fma\.rn\.f16x2", lambda args: f"{args[0][0]} = emu_fma_f16x2({args[1][0]}, {args[2][0]}, {args[3][0]})"),
     (r"fma\.rn\.bf16x2", lambda args: f"{args[0][0]} = emu_fma_bf16x2({args[1][0]}, {args[2][0]}, {args[3][0]})"),
     (r"prmt\.b32", lambda args: f"{args[0][0]} = emu_prmt({args[1][0]}, {args[2][0]}, {args[3][0]})"),
     (r"max\.NaN\.f32", lambda args: f"{args[0][0]} = emu_max_nan({args[1][0]}, {args[2][0]})"),

@@ -16,8 +16,15 @@
 //   an ELEM scale, rounded once to ELEM: what the reference's float64 product rounded to the scale's
 //   type gives (float16: mul.rn.f16x2; bfloat16: fma.rn.bf16x2 with a -0 addend, which keeps the
 //   product's sign of zero, as sm_80 has no bf16x2 multiply).
-// Cost a word (8 codes): 3 shifts, 4 and-or (lop3), 4 (float16) or 8 (bfloat16) subtractions, 4
-// multiplies, and the xor for int4: 15-20 instructions, ~2-2.5 an element.
+// - int4's flip costs nothing: ((q ^ F) & M) | E, with F = 0x88888888 and E's bits outside M, is
+//   (q & M) ^ (E | (F & M)), one lop3, as is the plain ((q & M) | E) of uint4;
+// - float16 (the high nibbles, as Marlin's decode): (q & 0x00f000f0) ^ (E | flip bits) read as float16 is
+//   BASE + 16 * n exactly (the nibble four bits higher in the mantissa, still under float16's 11 bits), and
+//   fma.rn.f16x2(that, 1/16, -(BASE / 16 + flip + zp)) = n - flip - zp, exact (every term an integer or
+//   BASE / 16 + n exactly, one rounding of an exact integer under 2048); a zero difference comes out +0 as
+//   the subtraction's does. bfloat16's 8 mantissa bits hold no nibble four bits higher: it shifts.
+// Cost a word (8 codes): float16 1 shift, 4 lop3, 2 subtractions, 2 fma and 4 multiplies (13, ~1.6 an
+// element; 16 before the fold and the fma); bfloat16 3 shifts, 4 lop3, 8 subtractions and 4 multiplies (19).
 #pragma once
 #include "dtypes.cuh"
 
@@ -36,6 +43,11 @@ template <> struct WqOps<half_t> {
   __device__ static __forceinline__ u32 mul(u32 a, u32 b) {
     u32 d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  __device__ static __forceinline__ u32 fma(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
   }
   __device__ static __forceinline__ u32 pair(float v) {  // v (exact in float16) in both halves
@@ -67,22 +79,35 @@ template <> struct WqOps<bf16_t> {
 // scale's raw bits and the zero point (0 without zero points)
 template <class T, int WT>
 struct WqDequant {
-  u32 off, zero, scale;  // float16: off = BASE + flip + zp; bfloat16: off = BASE + flip, zero = zp
+  // float16: off = BASE + flip + zp, zero = -(BASE / 16 + flip + zp); bfloat16: off = BASE + flip, zero = zp
+  u32 off, zero, scale;
   WqDequant() = default;
   __device__ __forceinline__ WqDequant(unsigned short scale_bits, int zp) {
     constexpr int FLIP = WT == WQ_I4 ? 8 : 0;
     off = WqOps<T>::pair((float)(WqOps<T>::BASE + FLIP + (WqOps<T>::SPLIT_ZERO ? 0 : zp)));
-    zero = WqOps<T>::pair((float)zp);
+    zero = WqOps<T>::pair(WqOps<T>::SPLIT_ZERO ? (float)zp : -(float)(WqOps<T>::BASE / 16 + FLIP + zp));
     scale = (u32)scale_bits | ((u32)scale_bits << 16);
   }
   // the word's four pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7)
   __device__ __forceinline__ void operator()(u32 word, u32 (&w)[4]) const {
-    const u32 q = WT == WQ_I4 ? word ^ 0x88888888u : word;
+    constexpr u32 FLIP = WT == WQ_I4 ? 0x88888888u : 0u;  // int4: code ^ 8 = value + 8
+    constexpr u32 LO = 0x000f000fu, HI = 0x00f000f0u;
+    if (!WqOps<T>::SPLIT_ZERO) {  // float16: pairs 0, 2 from the low nibbles, 1, 3 from the high ones
+      const u32 q2 = word >> 8;
+      const u32 d0 = WqOps<T>::sub((word & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
+      const u32 d1 = WqOps<half_t>::fma((word & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);  // x 1/16
+      const u32 d2 = WqOps<T>::sub((q2 & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
+      const u32 d3 = WqOps<half_t>::fma((q2 & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);
+      w[0] = WqOps<T>::mul(d0, scale);
+      w[1] = WqOps<T>::mul(d1, scale);
+      w[2] = WqOps<T>::mul(d2, scale);
+      w[3] = WqOps<T>::mul(d3, scale);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      u32 d = WqOps<T>::sub(((q >> (4 * e)) & 0x000f000fu) | WqOps<T>::MAGIC, off);
-      if (WqOps<T>::SPLIT_ZERO) d = WqOps<T>::sub(d, zero);
-      w[e] = WqOps<T>::mul(d, scale);
+      for (int e = 0; e < 4; ++e) {
+        const u32 d = WqOps<T>::sub(((word >> (4 * e)) & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
+        w[e] = WqOps<T>::mul(WqOps<T>::sub(d, zero), scale);
+      }
     }
   }
 };
