@@ -151,5 +151,12 @@ def test_an_fp8_resnet_on_sm90_runs_every_conv_on_the_fp8_tactics_identity_resid
     assert all(layer.precision == "fp8" and layer.tactic.startswith("cuda.fp8.sm90_") for layer in products), \
         [(layer.name, layer.kind, layer.tactic) for layer in products if not layer.tactic.startswith("cuda.fp8")]
     e4m3_residual = [layer for layer in products if "float8_e4m3fn" in layer.in_dtypes[QUANT_ARITY:]]
-    assert len(e4m3_residual) == 2  # the identity blocks of the first two stages
+    # every block's last conv: the identity blocks of the first two stages read the block's input, the four
+    # downsampling blocks their shortcut conv's output, which that conv writes in e4m3 (insert_qdq's
+    # residual_candidates; float32 before, 4 bytes an element written and read)
+    assert len(e4m3_residual) == 6
+    dtype_of = {name: d for layer in plan.layers for name, d in zip(layer.outputs, layer.out_dtypes)}
+    residual_dtypes = [dtype_of[layer.inputs[QUANT_ARITY]] for layer in e4m3_residual]
+    assert residual_dtypes == ["float8_e4m3fn"] * 6, residual_dtypes
+    assert "float32" not in [d for layer in products[:-1] for d in layer.out_dtypes]  # the classifier's logits only
     assert not {"DequantizeLinear", "ConvNHWC", "Conv"} & {layer.kind for layer in plan.layers}

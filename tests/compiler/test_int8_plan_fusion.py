@@ -94,3 +94,49 @@ def test_the_fused_int8_plan_computes_the_quantized_model_as_written(resnet_int8
         got, want = run(plan, feeds), run(as_written, feeds)
         cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
         assert cosine > 0.99999 and np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (cosine, got - want)
+
+
+def shortcut_dtypes(plan) -> list[str]:
+    """The dtype of each residual a QConvNHWC's epilogue reads beside its own sums (the input after the
+    layer's 8 quantized operands), in plan order."""
+    from polykit.compiler.ops.quant.int8 import QUANT_ARITY
+
+    dtype_of = {name: d for layer in plan.layers for name, d in zip(layer.outputs, layer.out_dtypes)}
+    return [dtype_of[layer.inputs[QUANT_ARITY]] for layer in plan.layers
+            if layer.kind == "QConvNHWC" and "Add" in [s["op"] for s in layer.attrs.get("epilogue", {}).get("body", [])]]
+
+
+def test_downsampling_blocks_read_their_shortcut_conv_as_int8_when_calibrated(tmp_path):
+    """A calibrating build also calibrates each residual Add's later quantized layer output (insert_qdq's
+    residual_candidates: the downsampling shortcut convs' outputs), so those convs requantize and the block's
+    last conv reads them as int8, like an identity block's input; a cache written without those scales still
+    builds and leaves them float32; the int8 plan stays close to the float model either way."""
+    from polykit.compiler.builder.calibration_cache import (CalibrationCache, read_calibration_cache,
+                                                            write_calibration_cache)
+
+    model = two_block_resnet()
+    cache = tmp_path / "int8.cache"
+    calibrated = BuilderConfig(target="cpu", int8=True, channels_last=True, calibration_cache=cache,
+                               calibration_data=[feeds_for(model, seed) for seed in range(3)])
+    plan = build_plan(model, calibrated)
+    assert shortcut_dtypes(plan) == ["int8"] * 6  # 2 identity blocks, 4 downsampling ones
+    shortcuts = [layer for layer in plan.layers if layer.kind == "QConvNHWC" and layer.out_dtypes == ("int8",)
+                 and not layer.attrs.get("epilogue")]
+    assert len(shortcuts) == 4, [(layer.name, layer.out_dtypes) for layer in plan.layers]
+    saved = read_calibration_cache(cache)
+    graph = load_onnx(model)
+    needed = {x for _, x in int8_candidates(graph, constant_tensors(graph))}
+    extra = set(saved.scales) - needed
+    assert len(extra) == 4  # the shortcuts' outputs (named as imported: their batch norms')
+    old = tmp_path / "old.cache"  # as a build before residual_candidates wrote it
+    write_calibration_cache(old, CalibrationCache(saved.calibrator, {k: v for k, v in saved.scales.items()
+                                                                     if k in needed}, type=saved.type))
+    older = build_plan(model, BuilderConfig(target="cpu", int8=True, channels_last=True, calibration_cache=old))
+    assert sorted(shortcut_dtypes(older)) == ["float32"] * 4 + ["int8"] * 2
+    floats = build_plan(model, BuilderConfig(target="cpu"))
+    for seed in (5, 6):
+        feeds = feeds_for(model, seed)
+        want = run(floats, feeds)
+        for got in (run(plan, feeds), run(older, feeds)):
+            cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+            assert cosine > 0.99, cosine

@@ -31,7 +31,7 @@ from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph
 from polykit.compiler.ops.quant.int8 import INT8_KINDS
 from polykit.compiler.ops.quant.weight_only import KIND as WEIGHT_ONLY_KIND
-from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
+from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates, residual_candidates
 from polykit.errors import BuildError, DataFileError
 
 log = logging.getLogger("polykit")
@@ -85,16 +85,21 @@ def plan_int8(g: Graph, cfg: BuilderConfig, target: str, model: Graph | None = N
     if explicit:
         log.info("%s: the model carries Q/DQ (explicit quantization); nothing is calibrated", flag)
         return Int8Setup(fold=True, layers=True, weight_only=weight_only)
-    needed = list(dict.fromkeys(x for _, x in int8_candidates(g, constant_tensors(g))))
+    candidates = int8_candidates(g, constant_tensors(g))
+    needed = list(dict.fromkeys(x for _, x in candidates))
     if not needed:
         log.warning("%s: the model has no Conv/Gemm/MatMul with float weights to quantize", flag)
-    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model), layers=True, fp8=cfg.fp8)
+    residuals = [y for y in residual_candidates(g, candidates) if y not in needed]
+    return Int8Setup(fold=True, scales=activation_scales(g, needed, cfg, target, model, optional=residuals),
+                     layers=True, fp8=cfg.fp8)
 
 
 def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: str,
-                      model: Graph | None = None) -> dict[str, float]:
+                      model: Graph | None = None, optional: list[str] = ()) -> dict[str, float]:
     """Scale of every tensor in `needed`: tensor_ranges, else the cache, else calibration (e4m3
-    scales with cfg.fp8, from the minmax calibrator)."""
+    scales with cfg.fp8, from the minmax calibrator). `optional` (insert_qdq's residual_candidates):
+    those that tensor_ranges or the cache hold, all of them where the build calibrates; one missing
+    costs speed, not a build (a cache written before they were calibrated still serves)."""
     kind, qmax = ("fp8", FP8_MAX) if cfg.fp8 else ("int8", QMAX)
     calibrator = "minmax" if cfg.fp8 else cfg.calibrator
     known = set(g.inputs) | {o for n in g.nodes for o in n.outputs if o}
@@ -104,12 +109,13 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
                          where=f"graph {g.name!r}", hint="list tensor names with `polykit inspect model`")
     scales = {name: scale_of(max(-low, high), qmax) for name, (low, high) in cfg.tensor_ranges.items()}
     missing = [name for name in needed if name not in scales]
+    extra = [name for name in optional if name not in scales]
     path = cfg.calibration_cache
     if not needed and path is not None and not Path(path).is_file():  # nothing to calibrate: an empty cache, as asked
         write_calibration_cache(path, CalibrationCache(calibrator, {}, type=kind))
         log.info("wrote calibration cache %s (no tensor to quantize)", path)
     if not missing:
-        return {name: scales[name] for name in needed}
+        return {name: scales[name] for name in (*needed, *optional) if name in scales}
     cache = read_calibration_cache(path) if path is not None and Path(path).is_file() else None
     if cache is not None and cache.polykit_version != polykit.__version__:
         if cfg.calibration_data is None:
@@ -134,13 +140,17 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
             log.info("calibration cache %s was made by the %s calibrator; using it as it is", path, cache.calibrator)
         calibrated = dict(cache.scales)
     else:
-        calibrated = (calibrate(g, needed, cfg.calibration_data, target, calibrator, cfg.percentile, qmax=qmax)
+        names = [*needed, *extra]
+        calibrated = (calibrate(g, names, cfg.calibration_data, target, calibrator, cfg.percentile, qmax=qmax)
                       if model is None else
-                      calibrate(model, needed, cfg.calibration_data, target, calibrator, cfg.percentile, cfg, qmax))
+                      calibrate(model, names, cfg.calibration_data, target, calibrator, cfg.percentile, cfg, qmax))
         if path is not None:
             write_calibration_cache(path, CalibrationCache(calibrator, calibrated, type=kind))
             log.info("wrote calibration cache %s (%d %s tensors, %s)", path, len(calibrated), kind, calibrator)
-    return {name: scales.get(name, calibrated.get(name)) for name in needed}
+    found = {name: scales.get(name, calibrated.get(name)) for name in needed}
+    found.update({name: scales.get(name, calibrated.get(name)) for name in optional
+                  if name in scales or name in calibrated})
+    return found
 
 
 def _names(names: list[str], most: int = 8) -> str:
