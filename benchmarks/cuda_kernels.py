@@ -56,9 +56,11 @@ bs8 1024,768,rms:
 (pad R // 2, bias, optionally the SiLU epilogue) against torch's conv2d on channels_last tensors -- the
 EfficientNet-V2-S fused-MBConv conv at batch 32: --conv 32,192,192,24,24,3,1,silu
 
---fp8 N,H,W,C,K,R[,stride][,f16|e4m3|f32] (repeatable) times every cuda FP8 QConvNHWC tactic of one FP8 conv
-(e4m3 X and W, per-channel weight scales, pad R // 2, bias; the output float16 through the Cast epilogue of an
---fp16 build, requantized e4m3, or float32) -- the promoted tiles and the fast-accumulation ones (`_fast_`) --
+--fp8 N,H,W,C,K,R[,stride][,f16|e4m3|f32][,res:e4m3|res:f32|res:f16] (repeatable) times every cuda FP8 QConvNHWC
+tactic of one FP8 conv (e4m3 X and W, per-channel weight scales, pad R // 2, bias; the output float16 through the
+Cast epilogue of an --fp16 build, requantized e4m3, or float32; with res: a residual Add + Relu as the plans
+fuse it: e4m3 dequantized by its scale, float32, or float16 cast, Add, Relu, Cast; the fp16 rows then read a
+float16 residual too) -- the promoted tiles and the fast-accumulation ones (`_fast_`) --
 beside every cuda ConvNHWC tactic of the same conv in fp16 and torch's conv2d in fp16; for a 1x1 stride-1 conv
 (a GEMM over rows) also torch._scaled_mm (cuBLASLt FP8, float16 out) with and without use_fast_accum. BERT-base
 bs8's GEMMs (M 1024): --fp8 8,128,1,768,2304,1 --fp8 8,128,1,768,3072,1 --fp8 8,128,1,3072,768,1 --fp8 8,128,1,768,768,1
@@ -517,7 +519,7 @@ def bench_conv(spec: str, args, torch) -> list[dict]:
 
 #: an FP8 layer's scales and zero points in the bench (random values for the rest): positive scales of the size a
 #: calibrated plan has (a random, possibly negative output scale takes the per-element store path: Out::vec_ok)
-FP8_FILL = {"S": 0.01, "YS": 0.05, "XZ": 0.0, "WZ": 0.0, "YZ": 0.0}
+FP8_FILL = {"S": 0.01, "YS": 0.05, "XZ": 0.0, "WZ": 0.0, "YZ": 0.0, "skip_scale": 0.05}
 
 
 def bench_fp8(spec: str, args, torch) -> list[dict]:
@@ -527,7 +529,11 @@ def bench_fp8(spec: str, args, torch) -> list[dict]:
     from polykit.kernels.cuda.base import all_cuda_tactics
     from polykit.runtime.cuda import driver
 
+    from polykit.kernels.cuda.int8.fp8_sm90 import HALF_RESIDUAL
+    from polykit.kernels.cuda.int8.int8 import RESIDUALS
+
     fields = spec.split(",")
+    residual = fields.pop()[4:] if fields[-1].startswith("res:") else None
     out = fields.pop() if fields[-1] in ("f16", "e4m3", "f32") else "f16"
     dims = [int(v) for v in fields]
     n, h, w, c, k, r = dims[:6]
@@ -541,10 +547,20 @@ def bench_fp8(spec: str, args, torch) -> list[dict]:
     if out == "f16":  # an --fp16 build's FP8 layer: its Cast to float16 taken into the epilogue
         attrs["epilogue"] = {"input": "raw", "body": [{"op": "Cast", "inputs": ["raw"], "outputs": ["y"],
                                                        "attrs": {"to": 10}}]}
-    names = ("X", "XZ", "W", "WZ", "S", "B", "YS" if requant else "", "YZ" if requant else "")
-    shapes = {"X": x, "XZ": (), "W": wt, "WZ": (k,), "S": (k,), "B": (k,), "YS": (), "YZ": ()}
+    extra: tuple = ()
+    if residual is not None:  # fp8_sm90.fp8_layer's residual epilogues, the skip stamped with Y's shape
+        body = {"f32": RESIDUALS["float32"], "e4m3": RESIDUALS["int8"], "f16": HALF_RESIDUAL}[residual]
+        if out == "f16" and residual != "f16":
+            body = [*[dict(step, outputs=["r"]) if step["outputs"] == ["y"] else step for step in body],
+                    {"op": "Cast", "inputs": ["r"], "outputs": ["y"], "attrs": {"to": 10}}]
+        attrs["epilogue"] = {"input": "raw", "body": body}
+        extra = ("skip", "skip_scale") if residual == "e4m3" else ("skip",)
+    names = ("X", "XZ", "W", "WZ", "S", "B", "YS" if requant else "", "YZ" if requant else "", *extra)
+    shapes = {"X": x, "XZ": (), "W": wt, "WZ": (k,), "S": (k,), "B": (k,), "YS": (), "YZ": (), "skip": y,
+              "skip_scale": ()}
     dtypes = {"X": e4m3, "XZ": e4m3, "W": e4m3, "WZ": e4m3, "S": "float32", "B": "float32", "YS": "float32",
-              "YZ": e4m3}
+              "YZ": e4m3, "skip": {"e4m3": e4m3, "f32": "float32", "f16": "float16"}.get(residual or "", ""),
+              "skip_scale": "float32"}
     layer = LayerDesc("fp8", "QConvNHWC", names, ("Y",), attrs, domain=POLYKIT_DOMAIN, precision="fp8",
                       in_dtypes=tuple(dtypes.get(m, "") for m in names),
                       in_shapes=tuple(shapes.get(m, ()) for m in names), out_dtypes=(y_dtype,), out_shapes=(y,))
@@ -558,10 +574,18 @@ def bench_fp8(spec: str, args, torch) -> list[dict]:
             continue
         rows.append({"tactic": tactic.name, "precision": "fp8",  # scales as a calibrated plan has them
                      "ms": time_tactic_op(layer, tactic, specs, torch, args, FP8_FILL)})
-    half = LayerDesc("conv", "ConvNHWC", ("X", "W", "B"), ("Y",), {k_: v for k_, v in attrs.items() if k_ != "epilogue"},
-                     domain=POLYKIT_DOMAIN, precision="fp16", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
-                     in_shapes=(x, wt, (k,)), out_shapes=(y,))
+    half_attrs = {k_: v for k_, v in attrs.items() if k_ != "epilogue"}
+    if residual is not None:  # the fp16 plan's own residual epilogue: Add a float16 skip, Relu
+        half_attrs["epilogue"] = {"input": "raw", "body": [
+            {"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+            {"op": "Relu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]}
+    half_names = ("X", "W", "B", *(("skip",) if residual is not None else ()))
+    half = LayerDesc("conv", "ConvNHWC", half_names, ("Y",), half_attrs,
+                     domain=POLYKIT_DOMAIN, precision="fp16", in_dtypes=("float16",) * len(half_names),
+                     out_dtypes=("float16",), in_shapes=(x, wt, (k,), y)[:len(half_names)], out_shapes=(y,))
     hspecs = {"X": (x, "float16"), "W": (wt, "float16"), "B": ((k,), "float16"), "Y": (y, "float16")}
+    if residual is not None:
+        hspecs["skip"] = (y, "float16")
     for tactic in (t for t in all_cuda_tactics() if t.kind == "ConvNHWC" and t.runs_on(arch)):
         if args.only and args.only not in tactic.name:  # (--only: those tactics alone, for ncu)
             continue
