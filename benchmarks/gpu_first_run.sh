@@ -382,7 +382,9 @@ EOF
     exit $rc
     ;;
   new17)  # the seventeenth session's untimed work: the space-to-depth stems on a GPU, then INT8 / FP8 ResNet-50
-    gpu_tests new17 ${NEW_S:-90} tests/compiler/passes/test_space_to_depth_stems.py
+    gpu_tests new17 ${NEW_S:-170} tests/compiler/passes/test_space_to_depth_stems.py tests/kernels/cuda/test_fp8_sm90.py \
+      tests/kernels/cuda/test_fp8_conv_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/compiler/test_fp8_gpu.py tests/compiler/test_int8_gpu.py
     rc=$?
     timeout ${RESNET_S:-230} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
       --profile ${LOWP_PROFILE:-10} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
@@ -393,6 +395,21 @@ EOF
       --fp8 32,28,28,128,128,3,1,e4m3 > "$OUT/fp8_kernels.txt" 2>&1
     echo "== kernels rc $?"; grep -E "^fp8 " "$OUT/fp8_kernels.txt" | awk '{c[$2]++} c[$2] <= 7' | cut -c1-100
     exit $rc
+    ;;
+  s18ab)  # the next-tile residual prefetch (EPI_PREFETCH_NEXT) before / after on layer1's 1x1 + residual: ZOO_BEFORE
+    # (a tree without it, carried) and this one, the FP8 tactics and polykit's fp16 ones, then ncu of one FP8 tactic
+    for tree in "${ZOO_BEFORE:-.ab}" .; do
+      tag=$([ "$tree" = . ] && echo after || echo before)
+      (cd "$tree" && timeout ${BENCH_S:-110} python3 benchmarks/cuda_kernels.py --cases "" --out "$OUT/ab_$tag.json" \
+        --fp8 32,56,56,64,256,1,1,e4m3,res:e4m3 --fp8 32,28,28,128,512,1,1,e4m3,res:e4m3 \
+        > "$OUT/ab_$tag.txt" 2>&1)
+      echo "== $tag rc $?"; grep -E "^fp8 " "$OUT/ab_$tag.txt" | awk '{c[$2]++} c[$2] <= 6' | cut -c1-100
+    done
+    timeout 150 ncu --set full --kernel-name regex:conv_sm90 --launch-skip 5 --launch-count 1 \
+      python3 benchmarks/cuda_kernels.py --cases "" --fp8 32,56,56,64,256,1,1,e4m3,res:e4m3 --only "${NCU_ONLY:-fp8.sm90_128x128}" \
+      --warmup 3 --iters 3 > "$OUT/ncu_fp8_res.txt" 2>&1
+    echo "== ncu rc $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size|Stall|Issued Ipc|Executed Ipc|L2 Hit" \
+      "$OUT/ncu_fp8_res.txt" | head -24
     ;;
   s17a)  # one call: STEP=fastfp8, then BERT-base bs8 FP8 against fp16 with the per-layer profile (lowp's second half)
     STEP=fastfp8 bash "$0"

@@ -519,6 +519,13 @@ typedef OutP OutT;
 #ifndef EPI_PREFETCH
 #define EPI_PREFETCH 0  // epilogue.py defines it with prefetch_rows where the epilogue reads inputs at the output index
 #endif
+#ifndef EPI_PREFETCH_NEXT
+// 1: the INT8 / FP8 kernels also prefetch their block's next tile's residual rows (consume). Their short-K
+// layers (ResNet's 1x1 convs over 64 / 128 channels: a stage or two a tile) spend a tile mostly in the
+// epilogue, whose row loads otherwise wait on DRAM: ResNet-50 bs32's layer1 1x1 + residual ran 77-89 us
+// in FP8 (H100) where its bytes want ~17. The 16-bit kernels keep 0 until the zoo times them.
+#define EPI_PREFETCH_NEXT (I8 || F8)
+#endif
 #if HAS_EPILOGUE && EPI_PREFETCH
 #if I8 || F8
 constexpr bool PREFETCH_TILE = !PREFETCH_GROUPS;
@@ -574,7 +581,12 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
   const int warp = tid / 32, lane = tid % 32;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const TileIdx ti = tile_of(t, tiles_m, tiles_n, GROUP);
-#if HAS_EPILOGUE && EPI_PREFETCH
+#if HAS_EPILOGUE && EPI_PREFETCH && EPI_PREFETCH_NEXT
+    // the first tile's rows (where they are prefetched at all) and the block's next tile's: a whole tile of
+    // work (its K loop and epilogue) to reach L2 in, where a short K loop gives this tile's own almost none
+    if (PREFETCH_TILE && t == (int)blockIdx.x) prefetch_tile(out, ti, row0, warp, lane);
+    if (t + (int)gridDim.x < tiles) prefetch_tile(out, tile_of(t + gridDim.x, tiles_m, tiles_n, GROUP), row0, warp, lane);
+#elif HAS_EPILOGUE && EPI_PREFETCH
     if (PREFETCH_TILE) prefetch_tile(out, ti, row0, warp, lane);  // in flight during the K loop
 #endif
 #if SPLIT3
