@@ -125,7 +125,7 @@ def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
         assert {("half_t", str(c), str(v.p)) for c in (8, 4, 2, 1)} <= declared
         assert {(e, "8", str(v.p)) for e in ("float", "bf16_t")} <= declared
     units = unique_units(variants)
-    cubins = compile_once(units, "sm_80")
+    cubins = compile_once(units, "sm_90")
     assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
 
 
