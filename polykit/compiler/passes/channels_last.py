@@ -20,7 +20,7 @@
   repacked, the bias tiled) -> Reshape [N, H, W, kH, kW, M] -> Transpose (0, 1, 3, 2, 4, 5) -> Reshape
   [N, H * kH, W * kW, M] (the pixel shuffle, one copy, until fold_depth_to_space makes the conv store
   it) -> Transpose(0312). Others stay NCHW.
-- MaxPool (its Indices unused; float16/float32, or int8/uint8 between INT8 layers) / AveragePool
+- MaxPool (its Indices unused; float16/float32, or int8/uint8 / e4m3 between INT8 / FP8 layers) / AveragePool
   (2-D, float16/float32) and GlobalAveragePool (rank 4)
   whose input an NHWC op computes, directly or through elementwise ops: the same wrapping, as
   MaxPoolNHWC / AveragePoolNHWC / ReduceMean(axes=[1, 2], keepdims=1). A pool elsewhere stays NCHW
@@ -87,10 +87,11 @@ def explicit_pads(graph: Graph, node: Node, kernel: list[int]) -> list[int] | No
 
 def nhwc_pool(graph: Graph, node: Node, fixed: set[str]) -> tuple[str, dict] | None:
     """The NHWC form (op type, attributes) of a 2-D MaxPool (its Indices unread; float16/float32, or
-    int8/uint8), AveragePool (float16/float32) or GlobalAveragePool (rank 4: ReduceMean over axes
+    int8/uint8 / float8_e4m3fn), AveragePool (float16/float32) or GlobalAveragePool (rank 4: ReduceMean over axes
     [1, 2] given as an input), or None."""
     x = graph.value(node.input(0))
-    eight_bit = tuple(np.dtype(d) for d in INT8_DTYPES) if node.op_type == "MaxPool" else ()
+    eight_bit = (*(np.dtype(d) for d in INT8_DTYPES), *((FP8,) if FP8 is not None else ())) \
+        if node.op_type == "MaxPool" else ()
     if x.dtype not in FLOATS + eight_bit or x.shape is None or len(x.shape) != 4:
         return None
     if node.op_type == "GlobalAveragePool":

@@ -52,9 +52,11 @@ def feeds_for(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def run_and_compare(g: Graph, rewrite, *, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6) -> tuple[Graph, bool]:
-    """Apply `rewrite(copy) -> bool` and assert the outputs are unchanged; (rewritten, changed)."""
-    feeds = feeds_for(g, seed)
+def run_and_compare(g: Graph, rewrite, *, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6,
+                    feeds: dict | None = None) -> tuple[Graph, bool]:
+    """Apply `rewrite(copy) -> bool` and assert the outputs are unchanged (on `feeds`, else random ones of
+    `seed`); (rewritten, changed)."""
+    feeds = feeds if feeds is not None else feeds_for(g, seed)
     before = evaluate_graph(g, feeds)
     after_graph = g.copy()
     changed = rewrite(after_graph)

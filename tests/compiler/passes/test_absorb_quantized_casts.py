@@ -71,8 +71,12 @@ def test_a_channels_last_fp8_resnet_in_fp16_reads_and_writes_half_around_its_con
                            calibration_cache=tmp_path / "fp8.cache")
     plan = build_plan(model, config)
     convs = [layer for layer in plan.layers if layer.kind == "QConvNHWC"]
-    # the stem writes float16 for the max pool (float pools between FP8 layers)
-    assert convs[0].out_dtypes[0] == "float16" and convs[0].attrs["epilogue"]["body"][-1]["op"] == "Cast"
+    # the stem writes e4m3 for the max pool (quantize_pools: e4m3 pools between FP8 layers), the last block's conv
+    # float16 for the global pool (its Cast in the epilogue)
+    pool = next(layer for layer in plan.layers if layer.kind == "MaxPoolNHWC")
+    assert convs[0].out_dtypes[0] == "float8_e4m3fn" and pool.in_dtypes[0] == "float8_e4m3fn"
+    last = convs[-2]  # (convs[-1]: the classifier, float32 logits)
+    assert last.out_dtypes[0] == "float16" and last.attrs["epilogue"]["body"][-1]["op"] == "Cast"
     assert "Cast" not in {layer.kind for layer in plan.layers}
     without_the_pass(monkeypatch)
     before = build_plan(model, config)

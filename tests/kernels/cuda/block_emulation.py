@@ -67,6 +67,18 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+// CUDA's per-byte SIMD intrinsics (4 bytes of a word, each on its own)
+template <class F> inline unsigned emu_bytes4(unsigned a, unsigned b, F f) {
+  unsigned d = 0;
+  for (int i = 0; i < 4; ++i) d |= (unsigned)(f((a >> 8 * i) & 255u, (b >> 8 * i) & 255u) & 255u) << 8 * i;
+  return d;
+}
+inline unsigned __vcmpeq4(unsigned a, unsigned b) { return emu_bytes4(a, b, [](unsigned x, unsigned y) { return x == y ? 255u : 0u; }); }
+inline unsigned __vcmpgeu4(unsigned a, unsigned b) { return emu_bytes4(a, b, [](unsigned x, unsigned y) { return x >= y ? 255u : 0u; }); }
+inline unsigned __vmaxu4(unsigned a, unsigned b) { return emu_bytes4(a, b, [](unsigned x, unsigned y) { return x > y ? x : y; }); }
+inline unsigned __vmaxs4(unsigned a, unsigned b) {
+  return emu_bytes4(a, b, [](unsigned x, unsigned y) { return (signed char)x > (signed char)y ? x : y; });
+}
 """
 
 #: g++'s flags for an emulated kernel's library and for the prelude's precompiled headers (which must match)

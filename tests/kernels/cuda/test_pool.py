@@ -98,3 +98,18 @@ def test_unrolled_3x3_nhwc_max_pool_on_int8_equals_the_reference(shape, attrs):
     layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), dict(attrs, kernel_shape=[3, 3]), domain=POLYKIT_DOMAIN)
     check(layer, {"X": rng.integers(-128, 128, size=shape).astype(np.int8)}, tactic="cuda.pool_nhwc.window",
           rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape,attrs", [((2, 9, 11, 32), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                         ((2, 5, 8, 24), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [2, 2, 2, 2]})],
+                         ids=["v16", "bytes"])
+def test_nhwc_max_pool_on_e4m3_equals_the_reference(shape, attrs):
+    """float8_e4m3fn (an FP8 plan's pool: pool.cu's byte keys), every finite code among the inputs (the NaNs'
+    bytes: the emulated test, tests/kernels/cuda/test_pool_e4m3_emulated.py), the 16-channel and the byte kernel."""
+    from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+
+    e4m3 = pytest.importorskip("ml_dtypes").float8_e4m3fn
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E  # no NaN: the harness compares values
+    layer = LayerDesc("pool", "MaxPoolNHWC", ("X",), ("Y",), attrs, domain=POLYKIT_DOMAIN)
+    check(layer, {"X": codes.view(e4m3)}, tactic="cuda.pool_nhwc.window", rtol=0, atol=0)

@@ -47,7 +47,14 @@ def reduce_windows(windows: np.ndarray, nd: int, ufunc: np.ufunc) -> np.ndarray:
 
 
 def lowest_value(dtype: np.dtype):
-    return -np.inf if is_float(dtype) else np.iinfo(dtype).min
+    """-inf, or the dtype's least value where it has no infinity (float8_e4m3fn: -448, where -inf would be NaN)."""
+    if not is_float(dtype):
+        return np.iinfo(dtype).min
+    if np.isinf(np.array(-np.inf).astype(dtype)):
+        return -np.inf
+    import ml_dtypes  # the float types without an infinity are ml_dtypes'
+
+    return ml_dtypes.finfo(dtype).min
 
 
 @reference("MaxPool")

@@ -7,7 +7,8 @@ window_geometry, so auto_pad / ceil_mode / dilations match the shape rules), one
 for float and half storage. Tactics: cuda.pool.window (kinds MaxPool, AveragePool, LpPool),
 cuda.pool.global (GlobalMaxPool, GlobalAveragePool, GlobalLpPool), cuda.pool_nhwc.window
 (MaxPoolNHWC, AveragePoolNHWC: one thread per output, channels fastest; MaxPoolNHWC also on
-int8/uint8, 16 channels a thread when C % 16 == 0: the pool between INT8 layers).
+int8/uint8, 16 channels a thread when C % 16 == 0: the pool between INT8 layers, and on float8_e4m3fn,
+compared as order-preserving byte keys (pool.cu e4m3_keys): the pool between FP8 layers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from polykit.compiler.ir.dtypes import EXTENDED_TYPES
 from polykit.compiler.ops.nn.conv import window_geometry
 from polykit.kernels.cuda.base import (DeviceTensor, KernelSource, cuda_tactic, defines, places_last_axis,
                                        reads_last_axis, stored_as)
@@ -29,11 +31,13 @@ NHWC_KINDS = ("MaxPoolNHWC", "AveragePoolNHWC")
 BLOCK = 256
 #: MaxPool also takes 8-bit integers (exact in the fp32 compute)
 MAX_INT_ELEMS = {np.dtype(np.uint8): "u8", np.dtype(np.int8): "i8"}
+#: MaxPoolNHWC also takes float8_e4m3fn (ELEM "e4m3": u8 storage, POOL_E4M3 1); absent where ml_dtypes is not
+E4M3 = EXTENDED_TYPES.get(17)
 
 
 #: storage -> the channels-last kernel that moves 16 bytes a thread, and its channels a thread
 NHWC_VECTOR = {"half_t": ("pool_window_nhwc_v8", 8), "i8": ("pool_window_nhwc_v16", 16),
-               "u8": ("pool_window_nhwc_v16", 16)}
+               "u8": ("pool_window_nhwc_v16", 16), "e4m3": ("pool_window_nhwc_v16", 16)}
 #: the max pools that also take 8-bit integers
 INT_MAX_POOLS = ("MaxPool", "MaxPoolNHWC")
 
@@ -43,7 +47,10 @@ def _elems(kind: str) -> list[str]:
 
 
 def window_elem(kind: str, t: DeviceTensor, where: str) -> str:
-    """The ELEM define for a windowed pool's input (max pools: float32/float16/uint8/int8)."""
+    """The ELEM define for a windowed pool's input (max pools: float32/float16/uint8/int8; MaxPoolNHWC float8_e4m3fn:
+    "e4m3", which kernel_for turns into u8 storage and POOL_E4M3)."""
+    if kind == "MaxPoolNHWC" and E4M3 is not None and np.dtype(t.dtype) == E4M3:
+        return "e4m3"
     ints = kind in INT_MAX_POOLS
     elem = MAX_INT_ELEMS.get(np.dtype(t.dtype)) if ints else None
     if elem is not None:
@@ -55,6 +62,8 @@ def window_elem(kind: str, t: DeviceTensor, where: str) -> str:
 
 
 def kernel_for(name: str, kind: str, elem: str) -> KernelSource:
+    if elem == "e4m3":
+        return KernelSource(name, file="pool.cu", defines=defines(ELEM="u8", POOL_MODE=MODES[kind], POOL_E4M3=1))
     return KernelSource(name, file="pool.cu", defines=defines(ELEM=elem, POOL_MODE=MODES[kind]))
 
 
@@ -63,7 +72,8 @@ def compile_variants() -> list[KernelSource]:
             for n in ("pool_window", "pool_global")] + \
         [kernel_for("pool_window", "MaxPool", e) for e in MAX_INT_ELEMS.values()] + \
         [kernel_for("pool_window_nhwc", kind, e) for kind in NHWC_KINDS for e in ELEMS.values()] + \
-        [kernel_for(n, "MaxPoolNHWC", e) for e in MAX_INT_ELEMS.values() for n in ("pool_window_nhwc", "pool_window_nhwc_v16")]
+        [kernel_for(n, "MaxPoolNHWC", e) for e in MAX_INT_ELEMS.values() for n in ("pool_window_nhwc", "pool_window_nhwc_v16")] + \
+        [kernel_for(n, "MaxPoolNHWC", "e4m3") for n in ("pool_window_nhwc_e4m3", "pool_window_nhwc_v16")]
 
 
 def _window_kernels(layer: Any) -> list[KernelSource]:
@@ -77,6 +87,8 @@ def _global_kernels(layer: Any) -> list[KernelSource]:
 def _nhwc_kernels(layer: Any) -> list[KernelSource]:
     eight_bit = [kernel_for(n, layer.kind, e) for e in MAX_INT_ELEMS.values()
                  for n in ("pool_window_nhwc", "pool_window_nhwc_v16")] if layer.kind in INT_MAX_POOLS else []
+    if layer.kind == "MaxPoolNHWC" and E4M3 is not None:
+        eight_bit += [kernel_for(n, layer.kind, "e4m3") for n in ("pool_window_nhwc_e4m3", "pool_window_nhwc_v16")]
     return [kernel_for("pool_window_nhwc", layer.kind, e) for e in ELEMS.values()] + eight_bit
 
 
@@ -109,7 +121,8 @@ def enqueue_window_nhwc(layer: Any, launcher: Any, tensors: Mapping[str, DeviceT
                         [X, Y, np.int32(X.shape[0]), np.int32(C), *geometry, ldy, ldx])
         return
     args = [X, Y, X.shape[0] * C, C, *geometry, ldy, ldx]
-    launcher.launch(kernel_for("pool_window_nhwc", layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
+    scalar = "pool_window_nhwc_e4m3" if elem == "e4m3" else "pool_window_nhwc"
+    launcher.launch(kernel_for(scalar, layer.kind, elem), _grid_1d(Y.size), (BLOCK,), args)
 
 
 def _geometry_args(layer: Any, spatial, out, where: str) -> list[Any]:
@@ -139,4 +152,5 @@ for _kind in ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool"):
 for _kind in NHWC_KINDS:
     cuda_tactic(_kind, "cuda.pool_nhwc.window", kernels=_nhwc_kernels, places=places_last_axis,
                 reads_placed=reads_last_axis,
-                supports=stored_as(*STORED, *(d.name for d in MAX_INT_ELEMS if _kind in INT_MAX_POOLS)))(enqueue_window_nhwc)
+                supports=stored_as(*STORED, *(d.name for d in MAX_INT_ELEMS if _kind in INT_MAX_POOLS),
+                                   *((E4M3.name,) if _kind == "MaxPoolNHWC" and E4M3 is not None else ())))(enqueue_window_nhwc)

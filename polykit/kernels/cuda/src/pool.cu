@@ -198,12 +198,29 @@ template <class T> struct Is8 { enum { value = 0 }; };
 template <> struct Is8<i8> { enum { value = 1 }; };
 template <> struct Is8<u8> { enum { value = 2 }; };
 
+#ifndef POOL_E4M3
+#define POOL_E4M3 0  // 1 (ELEM u8): the bytes are float8_e4m3fn values (an FP8 plan's pool between FP8 layers)
+#endif
+// float8_e4m3fn bytes as keys that order like their values when compared as unsigned bytes (sign-magnitude
+// to offset: a positive value's byte gains the top bit, a negative one's is inverted), four at a time; both
+// NaNs (0x7f, 0xff) first become 0x7f, whose key 0xff is above every number's: NaN propagates, as
+// numpy's maximum (the reference) has it. -448 (0xfe) has key 0x01, the least a number has: a window with
+// nothing inside the input gives it (the reference pads with the type's lowest value, finfo's -448).
+__device__ __forceinline__ u32 e4m3_keys(u32 v) {
+  const u32 nan = __vcmpeq4(v | 0x80808080u, 0xffffffffu);
+  v = (v & ~nan) | (nan & 0x7f7f7f7fu);
+  return v ^ ((__vcmpgeu4(v, 0x80808080u) & 0x7f7f7f7fu) | 0x80808080u);
+}
+__device__ __forceinline__ u32 e4m3_values(u32 k) {  // e4m3_keys' inverse (NaN: 0x7f)
+  return k ^ ((~__vcmpgeu4(k, 0x80808080u) & 0x7f7f7f7fu) | 0x80808080u);
+}
+
 template <class T, int K>
 __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, POOL_GEOMETRY, i64 LDY, i64 LDX) {
 #if POOL_MODE == 0
   if constexpr (Is8<T>::value != 0) {
-    constexpr bool is_signed = Is8<T>::value == 1;
-    const u32 lo = is_signed ? 0x80808080u : 0u;
+    constexpr bool is_signed = Is8<T>::value == 1 && !POOL_E4M3;
+    const u32 lo = POOL_E4M3 ? 0x01010101u : is_signed ? 0x80808080u : 0u;
     const int groups = C / 16, total = NB * (int)OH * (int)OW * groups;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
       const int g = i % groups, pix = i / groups;
@@ -218,7 +235,8 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
         for (int kw = 0; kw < (K ? K : (int)KW); ++kw) {
           const int iw = ow * (int)SW - (int)PW + kw * (int)DW;
           if (ih < 0 || ih >= (int)H || iw < 0 || iw >= (int)W) continue;
-          const uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * LDX);
+          uint4 v = *(const uint4*)(x + ((i64)ih * W + iw) * LDX);
+          if (POOL_E4M3) v = make_uint4(e4m3_keys(v.x), e4m3_keys(v.y), e4m3_keys(v.z), e4m3_keys(v.w));
           if (is_signed) {
             acc = make_uint4(__vmaxs4(acc.x, v.x), __vmaxs4(acc.y, v.y), __vmaxs4(acc.z, v.z), __vmaxs4(acc.w, v.w));
           } else {
@@ -226,8 +244,35 @@ __device__ __forceinline__ void pool_nhwc_v16(const T* X, T* Y, int NB, int C, P
           }
         }
       }
+      if (POOL_E4M3) acc = make_uint4(e4m3_values(acc.x), e4m3_values(acc.y), e4m3_values(acc.z), e4m3_values(acc.w));
       *(uint4*)(Y + (i64)pix * LDY + g * 16) = acc;
     }
+  }
+#endif
+}
+
+// float8_e4m3fn MaxPool channels last, any C (pool_nhwc_v16's keys, one byte a thread): the unaligned / C % 16
+// != 0 form of an FP8 plan's pool; pool_window_nhwc's indexing. Other modules compile it empty.
+extern "C" __global__ void __launch_bounds__(256) pool_window_nhwc_e4m3(const u8* X, u8* Y, i64 NC, i64 C,
+                                                                        POOL_GEOMETRY, i64 LDY, i64 LDX) {
+#if POOL_MODE == 0 && POOL_E4M3
+  const i64 total = NC * OH * OW;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    const i64 c = i % C, pix = i / C;
+    const i64 nb = pix / (OH * OW), s = pix - nb * OH * OW;
+    const i64 oh = s / OW, ow = s - oh * OW;
+    const u8* x = X + nb * H * W * LDX + c;
+    u32 best = 0x01u;  // -448's key: a window with nothing inside
+    for (i64 kh = 0; kh < KH; ++kh) {
+      const i64 ih = oh * SH - PH + kh * DH;
+      for (i64 kw = 0; kw < KW; ++kw) {
+        const i64 iw = ow * SW - PW + kw * DW;
+        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+        const u32 k = e4m3_keys(x[(ih * W + iw) * LDX]) & 0xffu;
+        best = k > best ? k : best;
+      }
+    }
+    Y[pix * LDY + c] = (u8)e4m3_values(best);
   }
 #endif
 }
