@@ -61,6 +61,46 @@ def check(layer, inputs, tactic):
     assert_matches_reference(layer, inputs, tactic=tactic, rtol=rtol, atol=atol)
 
 
+def rows_expected(layer, inputs):
+    """(exact, slack) for weight_only_mma_rows, which never rounds a weight to 16 bits: `exact` is Y of the unrounded
+    weights (DequantizeLinear's (value - zero point) * scale in float64, X @ w.T in float64, + B, rounded to X's
+    dtype); `slack` a float64 array of Y's shape: how far the cpu reference's sum (its weights rounded to the scale's
+    type first) lies from the unrounded sum, element by element (both before the output rounding)."""
+    from polykit.compiler.ops.quant.weight_only import unpack_values
+
+    x, scale, zero, bias = inputs["X"], inputs["S"], inputs.get("Z"), inputs.get("B")
+    k, block = int(layer.attrs["K"]), int(layer.attrs["block_size"])
+    values = unpack_values(inputs["W"], k, str(layer.attrs["weight_type"])).astype(np.float64)
+    index = np.arange(k) // block
+    if zero is not None:
+        values -= zero.astype(np.float64)[:, index]
+    w = values * scale.astype(np.float64)[:, index]
+    x64 = x.astype(np.float64).reshape(-1, k)
+    exact = x64 @ w.T
+    slack = np.abs(x64 @ w.astype(scale.dtype).astype(np.float64).T - exact)
+    if bias is not None:
+        exact = exact + bias.astype(np.float64)
+    shape = (*x.shape[:-1], w.shape[0])
+    return exact.reshape(shape).astype(x.dtype), slack.reshape(shape)
+
+
+def assert_rows_match(got, layer, inputs):
+    """A weight_only_mma_rows result: within TOLERANCE of the unrounded weights' Y (the kernel's own numerics),
+    and within TOLERANCE of the cpu reference plus, element by element, the reference's own departure from the
+    unrounded sum (its weights rounded to 16 bits: at bfloat16 and a sum that cancels, more than TOLERANCE)."""
+    from polykit.runtime.cuda.harness import reference_layer
+
+    rtol, atol = TOLERANCE[inputs["X"].dtype]
+    exact, slack = rows_expected(layer, inputs)
+    got = got.astype(np.float64)
+    np.testing.assert_allclose(got, exact.astype(np.float64), rtol=rtol, atol=atol)
+    want = reference_layer(layer, inputs)["Y"].astype(np.float64)
+    bad = np.abs(got - want) > atol + slack + rtol * np.abs(want)
+    assert not bad.any(), (f"{int(bad.sum())} elements differ from the reference by more than TOLERANCE and its "
+                           f"weights' rounding, first at {np.argwhere(bad)[:4].tolist()}: {got[bad][:4]} != "
+                           f"{want[bad][:4]} (slack {slack[bad][:4]})")
+
+
 # (X shape, N, block): M of 1..17 and 33 and rows folded from batch dims, N not a multiple of the 8 columns a
 # block owns, K not a multiple of a 16-byte chunk, blocks that straddle chunks (7, 24), per channel (None)
 CASES = [((1, 1), 1, None), ((1, 72), 37, 16), ((3, 100), 130, 7), ((2, 8, 64), 9, 32), ((16, 256), 64, 128),
