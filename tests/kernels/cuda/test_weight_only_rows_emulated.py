@@ -131,10 +131,11 @@ def test_the_rows_tactics_refuse_blocks_that_are_not_a_multiple_of_128(tile, blo
     assert "'wo'" in str(info.value) and tile.name in str(info.value)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("elem", ["half_t", "bf16_t"])
 @pytest.mark.parametrize("tile", ROWS_TILES, ids=lambda tile: tile.name)
-def test_every_rows_tile_fits_its_registers_without_spilling(tile, elem):
-    """ptxas -v (NVRTC, sm_90, no GPU): at most 128 registers a thread (what __launch_bounds__ asks: the blocks an SM
+def test_every_rows_tile_fits_its_registers_without_spilling(tile, elem, arch):
+    """ptxas -v (NVRTC, the tactics' archs, no GPU): at most 128 registers a thread (what __launch_bounds__ asks: the blocks an SM
     the model counts) and no spill stores or loads (weight_only_mma_rows.py's module docstring has the counts)."""
     import io
     import re
@@ -144,7 +145,7 @@ def test_every_rows_tile_fits_its_registers_without_spilling(tile, elem):
 
     from polykit.runtime.cuda import nvrtc
 
-    options = ProgramOptions(arch="sm_90", name=FILE, include_path=[str(nvrtc.CUDA_DIR)], ptxas_options="-v",
+    options = ProgramOptions(arch=arch, name=FILE, include_path=[str(nvrtc.CUDA_DIR)], ptxas_options="-v",
                              **dict(nvrtc.BASE_OPTIONS))
     log = io.StringIO()
     Program(tile.source(elem).render(), "c++", options).compile("cubin", logs=log)

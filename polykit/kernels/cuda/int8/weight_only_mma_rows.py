@@ -16,7 +16,7 @@ workspace that weight_only_mma_staged.cu's weight_only_mma_reduce adds in split 
 Priority 11, beside weight_only_mma's tiles and the staged ring tiles, below the measured staged tiles' 12: not yet
 run on a GPU (host-emulated: tests/kernels/cuda/test_weight_only_rows_emulated.py), so a level-0 build keeps the
 measured staged tiles and a timed build (benchmarks/weight_only_gemm.py --level 5) times these beside them.
-ptxas -v (NVRTC 13.5 through cuda.core, sm_90, 2026-12-07, no GPU needed): 128 registers a thread for every tile
+ptxas -v (NVRTC 13.5 through cuda.core, sm_80 and sm_90, 2026-12-07, no GPU needed): 128 registers a thread for every tile
 and activation type, 0 bytes spilled (that test checks <= 128 and no spills).
 """
 

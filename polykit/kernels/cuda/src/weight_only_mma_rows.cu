@@ -49,7 +49,10 @@
 // its product with X exact in float32 (8 + 11 bits), the mma's sum float32; a slice's float32 sum times the
 // scale (ELEM -> float32, exact), one fp32 fma into the lane's accumulator. The weights are never rounded to
 // ELEM (weight_only_mma's kernels round (value - zp) * scale to ELEM first): as close to the float64 reference or
-// closer; the float32 sums' order differs (slice sums, then slices in order, then warps and splits in order).
+// closer; the float32 sums' order differs (slice sums, then slices in order, then warps and splits in order). So
+// Y may differ from the cpu reference (whose weights are rounded) by more than the tests' TOLERANCE where a sum
+// cancels (bfloat16, or zero points far outside the codes): test_weight_only.assert_rows_match holds it to
+// TOLERANCE of the unrounded weights' Y, and of the reference plus the reference's own weight rounding.
 //
 // Cost (counted from the source, an ESTIMATE, not measured; float16 X, M = 1, int4 blocked 128), lane
 // instructions a weight: a word (8 codes) of a row decodes in 9 (float16: 1 shift, 4 lop3, 2 sub, 2 fma;
@@ -62,7 +65,7 @@
 // At M = 9..16 the second column tile adds 2 mma, 1 lds and 4 prmt a word: ~+0.25 + 0.31 / RT.
 // Registers: a lane's ring holds 2 * RT * SW chunks (4 registers each) with their scales and zero points, the
 // accumulators and a slice's C 16 * RT floats; __launch_bounds__(threads, WR_MIN_BLOCKS) asks ptxas for <= 128 a
-// thread and gets 128 with no spills at SW * RT = 2 (ptxas -v, NVRTC 13.5, sm_90; checked by
+// thread and gets 128 with no spills at SW * RT = 2 (ptxas -v, NVRTC 13.5, sm_80 and sm_90; checked by
 // tests/kernels/cuda/test_weight_only_rows_emulated.py). SW = 4 spills 460-600 bytes: ptxas hoists the shared
 // loads of X of every slice of the ring ahead of the math (234 registers unbounded), so the tiles hold 2 slices a
 // warp and take 16 warps over K for 32 KB in flight an SM (the staged kernel's 64 KB needs 4 slices).
