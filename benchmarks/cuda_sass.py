@@ -74,7 +74,8 @@ def main() -> None:
     parser.add_argument("--fp8-conv", metavar="TILE",
                         help="the FP8 conv tile with pieces (fp8_conv_sm90.py; e4m3 out, float32 residual): its wgmma")
     parser.add_argument("--w4", metavar="TILE[,ELEM]",
-                        help="weight_only_mma_staged's tile (c16_k4096): its LDG.128 spacing, registers, spills")
+                        help="weight_only_mma_staged's tile (c16_k4096) or weight_only_mma_rows's (rows_n16_k4096): "
+                        "its LDG.128 spacing, registers, spills")
     args = parser.parse_args()
     if args.w4:
         print(w4_report(args.w4, args.arch, args.out))
@@ -356,18 +357,23 @@ def producer_loop(sass: str) -> int:
 
 
 def w4_report(spec: str, arch: str, out: str) -> str:
-    """weight_only_mma_staged's tile `spec` (TILE[,ELEM]) compiled for `arch`: the SASS to `out` and the report
-    of w4_groups plus the cubin's registers and local memory (cuobjdump -res-usage)."""
-    from polykit.kernels.cuda.int8.weight_only_mma_staged import KERNEL, STAGED_TILES
+    """weight_only_mma_staged's tile `spec` (TILE[,ELEM]; weight_only_mma_rows's where TILE starts with `rows_`)
+    compiled for `arch`: the SASS to `out` and the report of w4_groups plus the cubin's registers and local memory
+    (cuobjdump -res-usage)."""
+    from polykit.kernels.cuda.int8 import weight_only_mma_rows, weight_only_mma_staged
     from polykit.runtime.cuda.nvrtc import compile_source
 
     name, elem = (spec.split(",") + ["half_t"])[:2]
-    tile = next(t for t in STAGED_TILES if t.name.endswith("_" + name))
+    if name.startswith("rows_"):
+        kernel, tiles = weight_only_mma_rows.KERNEL, weight_only_mma_rows.ROWS_TILES
+    else:
+        kernel, tiles = weight_only_mma_staged.KERNEL, weight_only_mma_staged.STAGED_TILES
+    tile = next(t for t in tiles if t.name.endswith("_" + name))
     cubin = compile_source(tile.source(elem), arch)
     sass = disassemble(cubin)
     Path(out).write_text(sass)
-    groups = w4_groups(kernel_sass(sass, KERNEL))
-    usage = resource_usage(cubin, KERNEL)
+    groups = w4_groups(kernel_sass(sass, kernel))
+    usage = resource_usage(cubin, kernel)
     return (f"{out}: {tile.name} {elem} {arch}: registers {usage.get('REG')}, local memory {usage.get('LOCAL', 0)} "
             f"bytes, stack {usage.get('STACK', 0)}; LDG.E.128 groups (loads / instructions first to last / others "
             "between): " + ", ".join(f"{n} / {span} / {span - n}" for n, span in groups))

@@ -16,6 +16,7 @@ import pytest
 from polykit.compiler.ops.quant.weight_only import KIND, WEIGHT_TYPES
 from polykit.kernels.cuda.int8.weight_only import GEMV_TILES, ROW_TILES, compile_variants
 from polykit.kernels.cuda.int8.weight_only_mma import MMA_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_rows import ROWS_TILES
 from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 #: activation dtype -> (rtol, atol) against the reference
@@ -59,6 +60,46 @@ def check(layer, inputs, tactic):
     if inputs["X"].dtype == np.float32:  # a float32 sum's rounding scales with the sum's terms, not its result
         atol += 2e-6 * float(np.abs(reference_layer(layer, inputs)["Y"]).max(initial=0.0))
     assert_matches_reference(layer, inputs, tactic=tactic, rtol=rtol, atol=atol)
+
+
+def rows_expected(layer, inputs):
+    """(exact, slack) for weight_only_mma_rows, which never rounds a weight to 16 bits: `exact` is Y of the unrounded
+    weights (DequantizeLinear's (value - zero point) * scale in float64, X @ w.T in float64, + B, rounded to X's
+    dtype); `slack` a float64 array of Y's shape: how far the cpu reference's sum (its weights rounded to the scale's
+    type first) lies from the unrounded sum, element by element (both before the output rounding)."""
+    from polykit.compiler.ops.quant.weight_only import unpack_values
+
+    x, scale, zero, bias = inputs["X"], inputs["S"], inputs.get("Z"), inputs.get("B")
+    k, block = int(layer.attrs["K"]), int(layer.attrs["block_size"])
+    values = unpack_values(inputs["W"], k, str(layer.attrs["weight_type"])).astype(np.float64)
+    index = np.arange(k) // block
+    if zero is not None:
+        values -= zero.astype(np.float64)[:, index]
+    w = values * scale.astype(np.float64)[:, index]
+    x64 = x.astype(np.float64).reshape(-1, k)
+    exact = x64 @ w.T
+    slack = np.abs(x64 @ w.astype(scale.dtype).astype(np.float64).T - exact)
+    if bias is not None:
+        exact = exact + bias.astype(np.float64)
+    shape = (*x.shape[:-1], w.shape[0])
+    return exact.reshape(shape).astype(x.dtype), slack.reshape(shape)
+
+
+def assert_rows_match(got, layer, inputs):
+    """A weight_only_mma_rows result: within TOLERANCE of the unrounded weights' Y (the kernel's own numerics),
+    and within TOLERANCE of the cpu reference plus, element by element, the reference's own departure from the
+    unrounded sum (its weights rounded to 16 bits: at bfloat16 and a sum that cancels, more than TOLERANCE)."""
+    from polykit.runtime.cuda.harness import reference_layer
+
+    rtol, atol = TOLERANCE[inputs["X"].dtype]
+    exact, slack = rows_expected(layer, inputs)
+    got = got.astype(np.float64)
+    np.testing.assert_allclose(got, exact.astype(np.float64), rtol=rtol, atol=atol)
+    want = reference_layer(layer, inputs)["Y"].astype(np.float64)
+    bad = np.abs(got - want) > atol + slack + rtol * np.abs(want)
+    assert not bad.any(), (f"{int(bad.sum())} elements differ from the reference by more than TOLERANCE and its "
+                           f"weights' rounding, first at {np.argwhere(bad)[:4].tolist()}: {got[bad][:4]} != "
+                           f"{want[bad][:4]} (slack {slack[bad][:4]})")
 
 
 # (X shape, N, block): M of 1..17 and 33 and rows folded from batch dims, N not a multiple of the 8 columns a
@@ -207,6 +248,8 @@ def test_the_gemv_estimate_ranks_a_tile_of_the_layers_rows_first(m, rows):
 # bfloat16 X, int4 / uint4) ----
 STAGED_NAMES = [tile.name for tile in STAGED_TILES]
 MMA_TACTICS = [tile.name for tile in MMA_TILES] + STAGED_NAMES
+#: weight_only_mma_rows (blocks of a multiple of 128 only; checked by assert_rows_match: it never rounds a weight)
+ROWS_NAMES = [tile.name for tile in ROWS_TILES]
 # (X shape, N, block): M = 1, 5 (one 8-row half of the mma tile), 16, 17 and 33 (row tiles stepping over M),
 # rows folded from batch dims; N odd (n8 tiles past N); K a multiple of 16 but not of 32 or 128 (chunks and
 # slices past K), K = 4096 (several load groups a warp; the staged tiles' splits of 2048 / 1024), K = 4112
@@ -216,9 +259,11 @@ MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17,
              ((3, 4112), 70, 32)]
 
 
-@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES), ("weight_only_mma_staged", STAGED_TILES)])
+@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES), ("weight_only_mma_staged", STAGED_TILES),
+                                          ("weight_only_mma_rows", ROWS_TILES)])
 def test_every_mma_variant_compiles_with_nvrtc(shared_kernel_cache, family, tiles):
-    """One unit a tile and activation type (the staged kernel's reduce in the same unit), sm_80 and sm_90."""
+    """One unit a tile and activation type (the staged kernel's reduce in the same unit; the rows kernel's reduce is
+    the staged c16_k4096's unit), sm_80 and sm_90."""
     import importlib
 
     from polykit.runtime.cuda.nvrtc import unique_units
@@ -318,7 +363,7 @@ def test_the_mma_estimate_is_below_every_gemv_tile_at_small_m(m, x):
 
     layer = stamped(x=x, m=m)
     tactics = {t.name: t for t in all_cuda_tactics() if t.kind == KIND}
-    mma = [tactics[name].estimate(layer, 132) for name in MMA_TACTICS]
+    mma = [tactics[name].estimate(layer, 132) for name in MMA_TACTICS + ROWS_NAMES]
     gemv = [tactics[tile.name].estimate(layer, 132) for tile in GEMV_TILES]
     assert all(cost is not None and cost > 0 for cost in mma + gemv)
     assert min(mma) < min(gemv)
@@ -362,14 +407,17 @@ def test_a_level_0_build_takes_the_staged_kernel_then_the_mma_kernel_where_they_
     staged = [tile.name for tile in STAGED_TILES if tile.groups == 1]
     rings = [tile.name for tile in STAGED_TILES if tile.groups > 1]  # untimed: beside the mma tiles
     measured = [tile.name for tile in MMA_TILES]
-    for layer in (stamped(m=m), stamped(m=m, x="bfloat16", k=272, block=32)):
+    for layer, rows in ((stamped(m=m), ROWS_NAMES), (stamped(m=m, x="bfloat16", k=272, block=32), [])):
+        # the rows tiles (untimed, blocks of a multiple of 128 only) beside the mma and ring tiles where they run
         found = candidates("cuda", KIND, layer, arch="sm_90")
         assert {t.name for t in found[:len(staged)]} == set(staged)
-        assert {t.name for t in found[len(staged):len(staged) + len(measured) + len(rings)]} == set(measured + rings)
+        assert {t.name for t in found[len(staged):len(staged) + len(measured) + len(rings) + len(rows)]} == \
+            set(measured + rings + rows)
         assert {t.name: t.priority for t in found if t.name in STAGED_NAMES} == {
             **dict.fromkeys(staged, 12), **dict.fromkeys(rings, 11)}
+        assert {t.name: t.priority for t in found if t.name in ROWS_NAMES} == dict.fromkeys(rows, 11)
     fp32 = candidates("cuda", KIND, stamped(m=m, x="float32"), arch="sm_90")
-    assert fp32 and not any(t.name in MMA_TACTICS or t.name in STAGED_NAMES for t in fp32)
+    assert fp32 and not any(t.name in MMA_TACTICS or t.name in STAGED_NAMES or t.name in ROWS_NAMES for t in fp32)
 
 
 @pytest.mark.gpu
@@ -429,6 +477,62 @@ def test_mma_tactics_read_a_misaligned_x_element_by_element(tactic):
 def test_the_mma_kernels_are_deterministic(tactic):
     """The K split's partials add in warp order (and the staged kernel's splits in split order): two runs
     give the same bits."""
+    from polykit.runtime.cuda.harness import run_layer
+
+    layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)
+    first, second = (run_layer(layer, inputs, tactic=tactic)["Y"] for _ in range(2))
+    assert np.array_equal(first.view(np.uint16), second.view(np.uint16))
+
+
+# weight_only_mma_rows on the GPU: MMA_CASES's blocks of 128 (and K = 4112 at 128, every rows tile split, the
+# last split 16 elements), its zero-point, bias, alignment and determinism cases at block 128
+ROWS_CASES = [case for case in MMA_CASES if case[2] % 128 == 0] + [((3, 4112), 70, 128), ((2, 544), 12, 256)]
+
+
+def check_rows(layer, inputs, tactic, misalign=None):
+    from polykit.runtime.cuda.harness import run_layer
+
+    assert_rows_match(run_layer(layer, inputs, tactic=tactic, misalign=misalign)["Y"], layer, inputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("weight_type", ["int4", "uint4"])
+@pytest.mark.parametrize("x_shape,n,block", ROWS_CASES)
+@pytest.mark.parametrize("tactic", ROWS_NAMES)
+def test_rows_tactics_equal_the_reference(x_shape, n, block, weight_type, dtype, tactic):
+    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=dtype, seed=n)
+    check_rows(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero_point,bias", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("tactic", ROWS_NAMES)
+def test_rows_tactics_without_zero_points_or_bias(zero_point, bias, tactic):
+    layer, inputs = random_layer((6, 1152), 50, "int4", 128, dtype=np.float16, zero_point=zero_point, bias=bias)
+    check_rows(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("tactic", ROWS_NAMES)
+def test_rows_tactics_take_zero_points_of_the_whole_8_bit_range(dtype, tactic):
+    """value - zero point down to -255: exact in bfloat16's 8 bits (weight_only_mma.cuh's WqDequant::diff)."""
+    layer, inputs = random_layer((3, 256), 24, "uint4", 128, dtype=dtype, seed=7)
+    inputs["Z"] = np.random.default_rng(7).integers(0, 256, inputs["Z"].shape).astype(np.uint8)
+    check_rows(layer, inputs, tactic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", ROWS_NAMES)
+def test_rows_tactics_read_a_misaligned_x_element_by_element(tactic):
+    layer, inputs = random_layer((5, 1040), 19, "int4", 128, dtype=np.float16, seed=2)
+    check_rows(layer, inputs, tactic, misalign={"X": 2})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tactic", ROWS_NAMES)
+def test_the_rows_kernels_are_deterministic(tactic):
     from polykit.runtime.cuda.harness import run_layer
 
     layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)

@@ -88,27 +88,29 @@ struct WqDequant {
     zero = WqOps<T>::pair(WqOps<T>::SPLIT_ZERO ? (float)zp : -(float)(WqOps<T>::BASE / 16 + FLIP + zp));
     scale = (u32)scale_bits | ((u32)scale_bits << 16);
   }
-  // the word's four pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7)
-  __device__ __forceinline__ void operator()(u32 word, u32 (&w)[4]) const {
+  // the word's four pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) of value - zero point, exact, without the
+  // scale (weight_only_mma_rows.cu scales each 128-element slice's float32 mma sums instead)
+  __device__ __forceinline__ void diff(u32 word, u32 (&d)[4]) const {
     constexpr u32 FLIP = WT == WQ_I4 ? 0x88888888u : 0u;  // int4: code ^ 8 = value + 8
     constexpr u32 LO = 0x000f000fu, HI = 0x00f000f0u;
     if (!WqOps<T>::SPLIT_ZERO) {  // float16: pairs 0, 2 from the low nibbles, 1, 3 from the high ones
       const u32 q2 = word >> 8;
-      const u32 d0 = WqOps<T>::sub((word & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
-      const u32 d1 = WqOps<half_t>::fma((word & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);  // x 1/16
-      const u32 d2 = WqOps<T>::sub((q2 & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
-      const u32 d3 = WqOps<half_t>::fma((q2 & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);
-      w[0] = WqOps<T>::mul(d0, scale);
-      w[1] = WqOps<T>::mul(d1, scale);
-      w[2] = WqOps<T>::mul(d2, scale);
-      w[3] = WqOps<T>::mul(d3, scale);
+      d[0] = WqOps<T>::sub((word & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
+      d[1] = WqOps<half_t>::fma((word & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);  // x 1/16
+      d[2] = WqOps<T>::sub((q2 & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
+      d[3] = WqOps<half_t>::fma((q2 & HI) ^ (WqOps<T>::MAGIC | (FLIP & HI)), 0x2c002c00u, zero);
     } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const u32 d = WqOps<T>::sub(((word >> (4 * e)) & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
-        w[e] = WqOps<T>::mul(WqOps<T>::sub(d, zero), scale);
-      }
+      for (int e = 0; e < 4; ++e)
+        d[e] = WqOps<T>::sub(WqOps<T>::sub(((word >> (4 * e)) & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off), zero);
     }
+  }
+  // the word's four pairs of weights (value - zero point) * scale, each rounded once to T
+  __device__ __forceinline__ void operator()(u32 word, u32 (&w)[4]) const {
+    u32 d[4];
+    diff(word, d);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = WqOps<T>::mul(d[e], scale);
   }
 };
 

@@ -1,0 +1,243 @@
+"""WeightOnlyMatMul on tensor cores with the weights as the mma's A operand (weight_only_mma_rows.cu).
+
+Tactics `cuda.weight_only.mma_rows_n<weight rows a block>_k<K a block>` take what weight_only_mma_staged.py's
+tactics take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, N x K-blocks below 2^31) where the
+block size is a multiple of 128 (a 128-element slice of a row in one scale block: the kernel scales a slice's
+float32 mma sums, one scale a row a slice); other blocks are refused (supports() False; a hand-built layer at
+enqueue: a DeviceError that says so). The weights (value - zero point, exact, never times the scale in 16 bits)
+are the mma's A (16 weight rows x 16 K), X rows its B (8 a column tile; two at M > 8), so a weight costs about
+half the instructions of the staged kernel's B-operand decode (weight_only_mma_rows.cu's header counts ~1.8 / ~1.65
+lane-instructions a weight at M = 1 for 1 / 2 row tiles a warp: ESTIMATES, not measured). The staged kernel's
+geometry otherwise: all of a warp's loads back to back before any math, X staged once a block by cp.async, WK warps
+over K summed in fixed order in shared memory, K past a block's range split over gridDim.z into a float32
+workspace that weight_only_mma_staged.cu's weight_only_mma_reduce adds in split order, then the bias
+(deterministic). `rows_us` is the model (weight_only_mma_staged.py's staged_us with this kernel's counts).
+
+Priority 11, beside weight_only_mma's tiles and the staged ring tiles, below the measured staged tiles' 12: not yet
+run on a GPU (host-emulated: tests/kernels/cuda/test_weight_only_rows_emulated.py), so a level-0 build keeps the
+measured staged tiles and a timed build (benchmarks/weight_only_gemm.py --level 5) times these beside them.
+ptxas -v (NVRTC 13.5 through cuda.core, sm_80 and sm_90, 2026-12-07, no GPU needed): 128 registers a thread for every tile
+and activation type, 0 bytes spilled (that test checks <= 128 and no spills).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from polykit.compiler.ir.graph import POLYKIT_DOMAIN
+from polykit.compiler.ops.quant.weight_only import KIND, X, padded_row_bytes
+from polykit.errors import DeviceError
+from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
+from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
+                                                   STEP_LATENCY_US, layer_sources, weight_only_args)
+from polykit.kernels.cuda.int8.weight_only_mma import (ELEM_BYTES, ELEMS, ROW_TILE, SLICE, estimate_of, refusal)
+from polykit.kernels.cuda.int8.weight_only_mma_staged import (ARCHS, DRAM_LATENCY_US, L2_BYTES_PER_US, MAX_SCALES,
+                                                              REDUCE, REDUCE_BLOCK, REDUCE_US, REGS_SM, REGS_THREAD,
+                                                              SCHEDULERS, SMEM_PER_SM, SMEM_RESERVE, STAGED_TILES,
+                                                              staged_supports)
+
+FILE = "weight_only_mma_rows.cu"
+KERNEL = "weight_only_mma_rows"
+#: a block size must be a multiple of this (one scale a row a 128-element slice)
+ROWS_BLOCK = SLICE
+#: lane-instructions a weight at M = 1 (weight_only_mma_rows.cu's header, ESTIMATES counted from the source, not
+#: measured): the decode without the scale by activation type (9 / 15 a word of 8 codes); the mma (2 steps for 2
+#: words of 8); a slice's scale work (scale / zero point loads, conversions, the 4 fma of C) over 64 weights; the
+#: chunk loads and the stream's steps; X's lds.128 and 4 prmt a word, over 16 weights a lane and the row tiles
+ROWS_DEQUANT_OPS = {"float16": 1.125, "bfloat16": 1.875}
+ROWS_MMA_OPS, ROWS_SLICE_OPS, ROWS_CHUNK_OPS, ROWS_X_OPS = 0.125, 0.25, 0.05, 5.0 / 16
+
+
+@dataclass(frozen=True)
+class RowsTile:
+    """weight_only_mma_rows's shape: `warps_n` x `warps_k` warps, `tiles` 16-row weight tiles a warp, `slices`
+    K slices a warp holds in flight at once (2 * tiles * slices 16-byte loads a lane)."""
+
+    warps_n: int
+    warps_k: int
+    tiles: int
+    slices: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_n * self.warps_k
+
+    @property
+    def cols(self) -> int:
+        """A block's weight rows (Y columns)."""
+        return 16 * self.tiles * self.warps_n
+
+    @property
+    def k_block(self) -> int:
+        return SLICE * self.warps_k * self.slices
+
+    @property
+    def name(self) -> str:
+        return f"cuda.weight_only.mma_rows_n{self.cols}_k{self.k_block}"
+
+    def in_flight(self) -> int:
+        return self.threads * self.slices * self.tiles * 2 * 16
+
+    def splits(self, k: int) -> int:
+        return -(-k // self.k_block)
+
+    def smem_bytes(self, m: int, k: int) -> int:
+        """Dynamic shared memory: min(16, M) staged X rows (the kernel's wr_ld)."""
+        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
+
+    def part_bytes(self) -> int:
+        return self.warps_k * ROW_TILE * self.cols * 4
+
+    @property
+    def reg_blocks(self) -> int:
+        """Blocks an SM asked of ptxas (REGS_THREAD registers a thread at most)."""
+        return max(1, REGS_SM // (REGS_THREAD * self.threads))
+
+    def sm_blocks(self, m: int, k: int) -> int:
+        smem = self.smem_bytes(m, k) + self.part_bytes() + SMEM_RESERVE
+        return max(1, min(self.reg_blocks, SMEM_PER_SM // smem))
+
+    def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
+        return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
+                                                               RT=self.tiles, SW=self.slices,
+                                                               WR_MIN_BLOCKS=self.reg_blocks))
+
+
+#: decode: 16 weight rows and all of K = 4096 a block of 16 warps over K (512 threads, 1 block an SM: 32 KB in flight
+#: an SM, 2 slices a warp); the same over K = 2048 with 8 warps (256 threads, 2 blocks an SM, a split in 2 at
+#: K = 4096); small batches: 32 rows as 2 tiles a warp over K = 2048 (X's B words shared by both tiles, 1 slice a
+#: warp), 64 rows over K = 1024 (X read 4x less than at 16 rows; 4 splits). Not tiles: 4 slices a warp (64 KB in
+#: flight an SM at 2 blocks of 256 threads, as the staged c16_k4096) spilled 460-600 bytes at 128 registers (ptxas
+#: hoists the shared loads of X of every slice of the ring: 234 registers unbounded); 3 slices fit (n16_k3072) but
+#: do not divide K = 4096
+ROWS_TILES = (RowsTile(1, 16, 1, 2), RowsTile(1, 8, 1, 2), RowsTile(1, 16, 2, 1), RowsTile(4, 4, 1, 2))
+
+
+def rows_us(tile: RowsTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
+    """weight_only_mma_rows's predicted time: weight_only_mma_staged.py's staged_us model (DRAM stretched below
+    Little's law, L2 bytes, the math left when the last bytes land, issue, dependent round trips, launch and the
+    reduce) with this kernel's instruction counts a weight (ROWS_*: estimates)."""
+    tiles, col_blocks, splits = -(-m // ROW_TILE), -(-n // tile.cols), tile.splits(k)
+    grid_y = min(tiles, MAX_GRID_Y)
+    blocks, passes = col_blocks * grid_y * splits, -(-tiles // grid_y)
+    nb = -(-k // block)
+    slots = sm_count * tile.sm_blocks(m, k)
+    resident = min(blocks, slots)
+    weight = (n * padded_row_bytes(k, 4) + n * nb * (ELEM_BYTES + 1)) * tiles
+    dram = (weight + m * n * ELEM_BYTES) / DRAM_BYTES_PER_US
+    dram *= max(1.0, DRAM_BYTES_PER_US * DRAM_LATENCY_US / (resident * tile.in_flight()))
+    staged = col_blocks * m * k * ELEM_BYTES + (2 * splits * m * n * 4 if splits > 1 else 0)
+    through_l2 = (weight + staged) / L2_BYTES_PER_US
+    column_tiles = 2.0 if m > 8 else 1.0
+    per_element = ROWS_DEQUANT_OPS[elem] + ROWS_SLICE_OPS + ROWS_CHUNK_OPS + \
+        column_tiles * (ROWS_MMA_OPS + ROWS_X_OPS / tile.tiles)
+    issue = n * splits * tile.k_block * tiles * per_element / 32 / (ISSUE_PER_US_PER_SM * sm_count)
+    ring = tile.slices * SLICE * 16 * tile.tiles * per_element / 32  # warp-instructions of one warp's ring
+    warps_sm = -(-resident // sm_count) * tile.threads // 32
+    load = min(1.0, issue / max(dram, through_l2))
+    tail = ring * max(1.0, load * warps_sm / SCHEDULERS) / (ISSUE_PER_US_PER_SM / SCHEDULERS)
+    waves = -(-blocks // slots)
+    chain = waves * passes * 2 * STEP_LATENCY_US
+    spread = sm_count / min(blocks, sm_count) * (waves * slots / blocks if blocks > slots else 1.0)
+    reduce = REDUCE_US + 2 * splits * m * n * 4 / DRAM_BYTES_PER_US if splits > 1 else 0.0
+    return max(max(dram, through_l2) * spread + tail, issue * spread, chain) + FIXED_US + reduce
+
+
+def rows_supports(layer: Any) -> bool:
+    """The staged tactics' conditions and a block size that is a multiple of 128."""
+    return staged_supports(layer) and int(layer.attrs.get("block_size", 0)) % ROWS_BLOCK == 0
+
+
+def rows_refusal(layer: Any, tactic: str) -> DeviceError:
+    """The error of a rows tactic enqueued on a layer whose block size is not a multiple of 128."""
+    return DeviceError(f"WeightOnlyMatMul {tactic} scales a 128-element slice of a row at once and takes blocks of a "
+                       f"multiple of {ROWS_BLOCK}: got block {layer.attrs.get('block_size')}",
+                       where=f"layer {layer.name!r}",
+                       hint="choose another cuda.weight_only tactic (the mma_staged tiles take blocks of 32)")
+
+
+def _sizes(layer: Any, tensors: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    from polykit.compiler.ops.quant.weight_only import W
+
+    x, w = tensors.get(layer.inputs[X]), tensors.get(layer.inputs[W])
+    if x is None or w is None or len(w.shape) != 2 or len(x.shape) < 2:
+        return None
+    m = 1
+    for d in x.shape[:-1]:
+        m *= int(d)
+    return m, int(w.shape[0]), int(layer.attrs["K"])
+
+
+def _workspace(tile: RowsTile):
+    def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
+        sizes = _sizes(layer, tensors)
+        if sizes is None or tile.splits(sizes[2]) == 1:
+            return 0
+        m, n, k = sizes
+        return 4 * tile.splits(k) * m * n
+
+    return workspace
+
+
+def reduce_source(elem: str) -> KernelSource:
+    """weight_only_mma_staged.cu's reduce (the same parameter list) from the unit of the first staged tile: no
+    compile of its own."""
+    return STAGED_TILES[0].source(elem, REDUCE)
+
+
+def _rows_tactic(tile: RowsTile):
+    def kernels(layer: Any) -> list[KernelSource]:
+        mains = layer_sources(layer, tile.source, ELEMS, "half_t")
+        return mains + layer_sources(layer, reduce_source, ELEMS, "half_t")
+
+    estimate = estimate_of(rows_us, tile)
+
+    def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
+        from polykit.kernels.cuda.int8.weight_only_mma import supports
+
+        sizes, args = weight_only_args(layer, tensors)
+        x = tensors[layer.inputs[X]].dtype.name
+        if x not in ELEMS or not supports(layer):
+            raise refusal(layer, tile.name, x)
+        if int(layer.attrs["block_size"]) % ROWS_BLOCK:
+            raise rows_refusal(layer, tile.name)
+        m, n, k = sizes["M"], sizes["N"], sizes["K"]
+        if m == 0 or n == 0:
+            return
+        nb = -(-k // int(layer.attrs["block_size"]))
+        if n * nb >= MAX_SCALES:  # the kernel indexes scales and zero points with 32-bit ints
+            raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
+                              "blocks a row is past 2^31", where=f"layer {layer.name!r}",
+                              hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
+        splits = tile.splits(k)
+        ws = 0
+        if splits > 1:
+            nbytes = 4 * splits * m * n
+            ws = launcher.workspace(nbytes)
+            if not ws:
+                raise DeviceError(f"WeightOnlyMatMul {tile.name} splits K in {splits} and needs {nbytes} bytes of "
+                                  "workspace; the launcher lent none", where=f"layer {layer.name!r}",
+                                  hint="run the layer through an engine or harness that lends workspace")
+        args = args + [ws, splits]
+        grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
+        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
+        if splits > 1:
+            blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
+            launcher.launch(reduce_source(ELEMS[x]), (blocks,), (REDUCE_BLOCK,), args)
+
+    return kernels, estimate, enqueue
+
+
+def compile_variants() -> list[KernelSource]:
+    """Every activation type with every tile (the reduce is the staged tiles' unit, compiled with them)."""
+    return [tile.source(elem) for elem in ELEMS.values() for tile in ROWS_TILES]
+
+
+# priority 11: not yet timed on a GPU (the module docstring)
+for _tile in ROWS_TILES:
+    _kernels, _estimate, _enqueue = _rows_tactic(_tile)
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=rows_supports, priority=11, estimate=_estimate,
+                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
+                params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
+                        "slices": _tile.slices})(_enqueue)
