@@ -114,6 +114,20 @@ def _stem_layer(plan):
     return next(layer for layer in plan.layers if layer.name == "conv1")
 
 
+def assert_one_quantize_before_the_stem(plan):
+    """The image's Pad and SpaceToDepth fold into its QuantizeNHWC (fuse_quantize_nhwc: block 2, the stem's pads
+    of 3 grown to whole blocks at the bottom / right, 29 + 3 + 4 = 36 rows, 27 + 3 + 4 = 34 columns): one layer
+    from x to the stem's 16-channel input, no Cast, Pad or SpaceToDepth layer in the plan."""
+    layers = list(plan.layers)
+    stem = layers.index(_stem_layer(plan))
+    (quantize,) = layers[:stem]
+    assert quantize.kind == "QuantizeNHWC" and quantize.inputs[0] == "x", [(lay.kind, lay.name) for lay in layers]
+    assert quantize.attrs == {"channels": 16, "block": 2, "pads": [3, 3, 4, 4]}, quantize.attrs
+    assert quantize.outputs[0] == layers[stem].inputs[0] and quantize.out_shapes[0] == (2, 18, 17, 16)
+    kinds = Counter(layer.kind for layer in layers)
+    assert not kinds["Cast"] and not kinds["Pad"] and not kinds["SpaceToDepth"], kinds
+
+
 def test_cpu_channels_last_int8_plan_quantizes_the_rewritten_stem_and_matches_onnxruntime():
     """--int8 channels-last on the cpu target (its alignment of 16): the stem a 4x4 stride-1 QConvNHWC over 16
     channels (12 real) with the image's scale; outputs near onnxruntime's float ones (a cosine: INT8 numerics);
@@ -132,6 +146,7 @@ def test_cpu_channels_last_int8_plan_quantizes_the_rewritten_stem_and_matches_on
     assert stem.kind == "QConvNHWC" and stem.attrs["kernel_shape"] == [4, 4] and stem.in_shapes[0][3] == 16
     kinds = Counter(layer.kind for layer in quantized.layers)
     assert kinds["QConvNHWC"] == 2 and not kinds["Conv"] and not kinds["ConvNHWC"]
+    assert_one_quantize_before_the_stem(quantized)
     got = _run(quantized, {"x": x}).astype(np.float64).ravel()
     cosine = float(got @ want.ravel() / (np.linalg.norm(got) * np.linalg.norm(want)))
     assert cosine > 0.995, cosine
@@ -141,7 +156,8 @@ def test_cpu_channels_last_int8_plan_quantizes_the_rewritten_stem_and_matches_on
 def test_cuda_quantized_plan_runs_the_stem_as_a_4x4_conv_over_16_channels(precision, tmp_path, monkeypatch):
     """The cuda --fp8 / --int8 (--fp16) plan of the ResNet-like stem, built off the GPU at level 0 from a cpu
     calibration cache: the stem a stride-1 4x4 QConvNHWC over 16 channels (K 256, where the 7x7 / 2 over 3 channels
-    padded to 16 had 784) on an sm_90 tactic; the --fp16 plan keeps the 7x7 / 2 (16-bit builds do not take the
+    padded to 16 had 784) on an sm_90 tactic, its input one QuantizeNHWC (block 2, pads) from x: no Cast, Pad or
+    SpaceToDepth layer; the --fp16 plan keeps the 7x7 / 2 (16-bit builds do not take the
     pass yet: 392 -> 256 products at their alignment of 8, untimed)."""
     from tests.compiler.test_fp8_gemm_plan import stand_in_sm90
 
@@ -158,6 +174,8 @@ def test_cuda_quantized_plan_runs_the_stem_as_a_4x4_conv_over_16_channels(precis
     assert stem.kind == "QConvNHWC" and stem.precision == precision and stem.attrs["kernel_shape"] == [4, 4]
     assert stem.in_shapes[0][3] == 16 and stem.in_shapes[2][1:] == (4, 4, 16), stem.in_shapes
     assert stem.tactic.startswith(f"cuda.{precision}."), stem.tactic
+    assert_one_quantize_before_the_stem(plan)
+    assert plan.layers[0].tactic == "cuda.quantize", plan.layers[0].tactic
     half = build_plan(model, BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0, **shapes))
     assert _stem_layer(half).attrs["kernel_shape"] == [7, 7]
 
@@ -165,8 +183,8 @@ def test_cuda_quantized_plan_runs_the_stem_as_a_4x4_conv_over_16_channels(precis
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp8", "int8"])
 def test_cuda_quantized_stem_plan_matches_the_cpu_plan_on_a_gpu(precision, tmp_path):
-    """On a GPU: the cuda --fp16 --fp8 / --int8 plan (Pad, SpaceToDepth, the 4x4 QConvNHWC stem on its sm_90 or
-    mma tactic) against the cpu plan from the same calibration cache, on a batch the calibration did not see."""
+    """On a GPU: the cuda --fp16 --fp8 / --int8 plan (the image's QuantizeNHWC with the stem's Pad and SpaceToDepth
+    folded in, the 4x4 QConvNHWC stem on its sm_90 or mma tactic) against the cpu plan from the same calibration cache, on a batch the calibration did not see."""
     pytest.importorskip("cuda.bindings")
     model = _resnet_stem_model()
     shapes = {"input_shapes": {"x": (2, 3, 29, 27)}}

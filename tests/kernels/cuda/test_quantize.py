@@ -162,3 +162,28 @@ def test_quantize_nhwc_over_several_pixel_blocks_and_a_ragged_tail_equals_the_re
     x.reshape(-1)[-6:] = np.float32([0.5, 1.5, -2.5, 126.5, -127.5, 1e6]) * s
     layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), {"channels": channels}, domain="ai.polykit")
     check(layer, {"X": x, "S": np.array(s), "Z": np.array(zp)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zp", [np.int8(-4), np.uint8(133), np.zeros((), E4M3)], ids=["int8", "uint8", "e4m3"])
+@pytest.mark.parametrize("shape, block, pads, channels, shift", [
+    ((2, 3, 29, 27), 2, [3, 3, 4, 4], 16, 0), ((3, 3, 83, 79), 2, [3, 3, 0, 0], 16, 0),
+    ((1, 1, 13, 10), 4, [1, 2, 2, 0], 16, 0), ((2, 5, 9, 7), 2, [0, 1, 1, 0], 20, 0),
+    ((1, 3, 12, 9), 4, [2, 3, 2, 0], 48, 0), ((2, 3, 11, 9), 2, [1, 3, 0, 0], 16, 1)],
+    ids=["resnet_stem", "several_blocks", "s4_c1", "c5_bytewise", "s4_three_groups", "misaligned"])
+def test_quantize_nhwc_with_block_and_pads_equals_the_reference_bit_for_bit(zp, shape, block, pads, channels, shift):
+    """quantize_nhwc_s2d (QuantizeNHWC with `block` / `pads`: a space-to-depth stem's image): the padded,
+    space-to-depth'd, quantized NHWC bytes of the reference, outputs poisoned; 16-byte group stores, byte stores
+    (20 channels, an output 1 byte off alignment); ties, saturation, infinities and a NaN among the values."""
+    from polykit.runtime.cuda.harness import reference_layer, run_layer
+
+    s = np.float32(0.029)
+    x = rng.uniform(-200, 200, shape).astype(np.float32) * s
+    x.reshape(-1)[:10] = np.float32([0.5, 1.5, -2.5, 127.5, -128.5, 1e9, np.inf, -np.inf, np.nan, -460.0]) * s
+    attrs = {"channels": channels, "block": block, "pads": pads}
+    layer = LayerDesc("q", "QuantizeNHWC", ("X", "S", "Z"), ("Y",), attrs, domain="ai.polykit")
+    inputs = {"X": x, "S": np.array(s), "Z": np.array(zp)}
+    got = run_layer(layer, inputs, misalign={"Y": shift} if shift else None)["Y"]
+    want = reference_layer(layer, inputs)["Y"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

@@ -13,13 +13,13 @@ from typing import Mapping
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.quant.quantize_nhwc import KIND
+from polykit.compiler.ops.quant.quantize_nhwc import KIND, block_and_pads
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, Launcher, cuda_tactic
 
 FILE = "quantize.cu"
-ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "quantize_nhwc_image", "dequantize_linear",
-           "dq_minmax", "dq_params")
+ENTRIES = ("quantize_linear", "quantize_f32_8bit", "quantize_nhwc", "quantize_nhwc_image", "quantize_nhwc_s2d",
+           "dequantize_linear", "dq_minmax", "dq_params")
 #: numpy dtype name -> the kernels' QK_* type code
 TYPE_CODE = {"float32": 0, "float16": 1, "float64": 2, "int8": 3, "uint8": 4, "int16": 5, "uint16": 6,
              "int32": 7, "int64": 8, "float8_e4m3fn": 9, "float8_e4m3fnuz": 10, "float8_e5m2": 11,
@@ -144,7 +144,8 @@ def enqueue_dynamic_quantize(layer, launcher: Launcher, tensors: Mapping[str, De
 
 def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, DeviceTensor]) -> None:
     """ai.polykit QuantizeNHWC (ops/quantize_nhwc.py): one pass from float32 NCHW to int8 / uint8 / e4m3 NHWC,
-    padded (an e4m3 zero point is +0: the kernel pads with 0 bytes)."""
+    padded (an e4m3 zero point is +0: the kernel pads with 0 bytes); with `block` > 1 or `pads`
+    (a space-to-depth stem's image), quantize_nhwc_s2d: zero-padded and space-to-depth'd in the same pass."""
     x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
     s, z = _params(layer, tensors)
     if (x.dtype != np.float32 or s.dtype != np.float32 or s.size != 1 or z is None or z.size != 1
@@ -153,13 +154,30 @@ def enqueue_quantize_nhwc(layer, launcher: Launcher, tensors: Mapping[str, Devic
                           f"{None if z is None else (z.dtype, z.shape)} -> {y.dtype}: the kernel takes float32 X "
                           "[N, C, H, W], one float32 scale, one int8 / uint8 / float8_e4m3fn zero point",
                           where=f"layer {layer.name!r}", hint="fuse_quantize_nhwc makes only that form; use --target cpu")
+    geometry = block_and_pads(layer.attrs)
+    if isinstance(geometry, str):
+        raise DeviceError(geometry, where=f"layer {layer.name!r}", hint="fuse_quantize_nhwc builds it")
     nb, c, h, w = x.shape
     cp = int(y.shape[-1])
+    vec = cp % 16 == 0 and y.ptr % 16 == 0
+    i32 = np.int32
+    block, (top, left, bottom, right) = geometry
+    if block > 1 or any((top, left, bottom, right)):
+        oh, ow = (h + top + bottom) // block, (w + left + right) // block
+        if tuple(y.shape) != (nb, oh, ow, cp) or cp < c * block * block:
+            raise DeviceError(f"QuantizeNHWC output {tuple(y.shape)} for X {tuple(x.shape)}, block {block}, pads "
+                              f"{[top, left, bottom, right]}: expected {(nb, oh, ow, cp)} with {cp} >= "
+                              f"{c * block * block} channels", where=f"layer {layer.name!r}",
+                              hint="the shape rule gives the output's shape; rebuild the plan")
+        if nb * oh * ow == 0:
+            return
+        launcher.launch(KernelSource("quantize_nhwc_s2d", FILE), (_grid(oh * ow)[0], min(nb, MAX_GRID - 1), 1),
+                        (BLOCK, 1, 1), [x, s, z, y, i32(nb), i32(c), i32(h), i32(w), i32(oh), i32(ow), i32(block),
+                                        i32(top), i32(left), i32(cp), i32(vec), NHWC_MODES[y.dtype.name]])
+        return
     if nb * h * w == 0:
         return
-    i32 = np.int32
     grid = (_grid(-(-h * w // NHWC_PIX))[0], min(nb, MAX_GRID - 1), 1)
-    vec = cp % 16 == 0 and y.ptr % 16 == 0
     head, mode = [x, s, z, y, i32(nb), i32(h * w), i32(c), i32(cp)], NHWC_MODES[y.dtype.name]
     if vec and c <= IMAGE_CHANNELS:
         launcher.launch(KernelSource("quantize_nhwc_image", FILE), grid, (BLOCK, 1, 1), head + [mode])
