@@ -396,6 +396,22 @@ EOF
     echo "== kernels rc $?"; grep -E "^fp8 " "$OUT/fp8_kernels.txt" | awk '{c[$2]++} c[$2] <= 7' | cut -c1-100
     exit $rc
     ;;
+  s18)  # the eighteenth session's CUDA paths first (none ran on a GPU before this call): the FP8 / INT8 sm90 epilogues'
+    # next-tile prefetch, the e4m3 max pool, the space-to-depth QuantizeNHWC and stems, the W4A16 decode (Marlin's
+    # fma) and the rows kernel; then ResNet-50 INT8 / FP8 against fp16 with the profile, then W4A16 at level 5
+    gpu_tests s18 ${NEW_S:-200} tests/compiler/passes/test_space_to_depth_stems.py tests/kernels/cuda/test_fp8_sm90.py \
+      tests/kernels/cuda/test_fp8_conv_sm90.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_pool.py \
+      tests/kernels/cuda/test_quantize.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_fp8_gpu.py \
+      tests/compiler/test_int8_gpu.py
+    rc=$?
+    timeout ${RESNET_S:-220} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
+      --profile ${LOWP_PROFILE:-8} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
+    echo "== resnet rc $?"; grep -A10 -- '-- layers beside' "$OUT/lowp_resnet50.txt" | cut -c1-160 | head -24
+    grep -E '"(fp16_ms|int8_ms|fp8_ms|speedup_int8_vs_fp16|speedup_fp8_vs_fp16|cosine[a-z_0-9]*|build_s[a-z_0-9]*)"' "$OUT/lowp_resnet50.json" | head -12
+    timeout ${W4_S:-110} python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --out "$OUT/w4.json" > "$OUT/w4.txt" 2>&1
+    echo "== w4 rc $?"; tail -c 1500 "$OUT/w4.txt"
+    exit $rc
+    ;;
   s18ab)  # the next-tile residual prefetch (EPI_PREFETCH_NEXT) before / after on layer1's 1x1 + residual: ZOO_BEFORE
     # (a tree without it, carried) and this one, the FP8 tactics and polykit's fp16 ones, then ncu of one FP8 tactic
     for tree in "${ZOO_BEFORE:-.ab}" .; do
