@@ -30,12 +30,12 @@ from polykit.compiler.ops.quant.weight_only import KIND, X, padded_row_bytes
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.int8.weight_only import (DRAM_BYTES_PER_US, FIXED_US, ISSUE_PER_US_PER_SM, MAX_GRID_Y,
-                                                   STEP_LATENCY_US, layer_sources, weight_only_args)
+                                                   STEP_LATENCY_US, layer_sources)
 from polykit.kernels.cuda.int8.weight_only_mma import (ELEM_BYTES, ELEMS, ROW_TILE, SLICE, estimate_of, refusal)
-from polykit.kernels.cuda.int8.weight_only_mma_staged import (ARCHS, DRAM_LATENCY_US, L2_BYTES_PER_US, MAX_SCALES,
-                                                              REDUCE, REDUCE_BLOCK, REDUCE_US, REGS_SM, REGS_THREAD,
+from polykit.kernels.cuda.int8.weight_only_mma_staged import (ARCHS, DRAM_LATENCY_US, L2_BYTES_PER_US,
+                                                              REDUCE, REDUCE_US, REGS_SM, REGS_THREAD,
                                                               SCHEDULERS, SMEM_PER_SM, SMEM_RESERVE, STAGED_TILES,
-                                                              staged_supports)
+                                                              launch_split, staged_supports)
 
 FILE = "weight_only_mma_rows.cu"
 KERNEL = "weight_only_mma_rows"
@@ -196,35 +196,12 @@ def _rows_tactic(tile: RowsTile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         from polykit.kernels.cuda.int8.weight_only_mma import supports
 
-        sizes, args = weight_only_args(layer, tensors)
         x = tensors[layer.inputs[X]].dtype.name
         if x not in ELEMS or not supports(layer):
             raise refusal(layer, tile.name, x)
         if int(layer.attrs["block_size"]) % ROWS_BLOCK:
             raise rows_refusal(layer, tile.name)
-        m, n, k = sizes["M"], sizes["N"], sizes["K"]
-        if m == 0 or n == 0:
-            return
-        nb = -(-k // int(layer.attrs["block_size"]))
-        if n * nb >= MAX_SCALES:  # the kernel indexes scales and zero points with 32-bit ints
-            raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
-                              "blocks a row is past 2^31", where=f"layer {layer.name!r}",
-                              hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
-        splits = tile.splits(k)
-        ws = 0
-        if splits > 1:
-            nbytes = 4 * splits * m * n
-            ws = launcher.workspace(nbytes)
-            if not ws:
-                raise DeviceError(f"WeightOnlyMatMul {tile.name} splits K in {splits} and needs {nbytes} bytes of "
-                                  "workspace; the launcher lent none", where=f"layer {layer.name!r}",
-                                  hint="run the layer through an engine or harness that lends workspace")
-        args = args + [ws, splits]
-        grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
-        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
-        if splits > 1:
-            blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
-            launcher.launch(reduce_source(ELEMS[x]), (blocks,), (REDUCE_BLOCK,), args)
+        launch_split(layer, launcher, tensors, tile, reduce_source(ELEMS[x]))
 
     return kernels, estimate, enqueue
 

@@ -203,39 +203,48 @@ def _staged_tactic(tile: StagedTile):
     estimate = estimate_of(staged_us, tile)
 
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        sizes, args = weight_only_args(layer, tensors)
         x = tensors[layer.inputs[X]].dtype.name
         if x not in ELEMS or not supports(layer):
             raise refusal(layer, tile.name, x)
-        m, n, k = sizes["M"], sizes["N"], sizes["K"]
-        if m == 0 or n == 0:
-            return
-        nb = -(-k // int(layer.attrs["block_size"]))
-        if n * nb >= MAX_SCALES:  # the kernel indexes scales and zero points with 32-bit ints
-            raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
-                              "blocks a row is past 2^31", where=f"layer {layer.name!r}",
-                              hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
-        splits = tile.splits(k)
-        ws = 0
-        if splits > 1:
-            nbytes = 4 * splits * m * n
-            ws = launcher.workspace(nbytes)
-            if not ws:
-                raise DeviceError(f"WeightOnlyMatMul {tile.name} splits K in {splits} and needs {nbytes} bytes of "
-                                  "workspace; the launcher lent none", where=f"layer {layer.name!r}",
-                                  hint="run the layer through an engine or harness that lends workspace")
-        args = args + [ws, splits]
-        grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
-        launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
-        if splits > 1:
-            blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
-            launcher.launch(tile.source(ELEMS[x], REDUCE), (blocks,), (REDUCE_BLOCK,), args)
+        launch_split(layer, launcher, tensors, tile, tile.source(ELEMS[x], REDUCE))
 
     return kernels, estimate, enqueue
 
 
 #: the staged kernel indexes scales and zero points with 32-bit ints: N x blocks a row below this
 MAX_SCALES = 2**31
+
+
+def launch_split(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor], tile: Any,
+                 reduce: KernelSource) -> None:
+    """Launch a K-split weight-only kernel of `tile` (this module's, or weight_only_mma_rows.py's: the same
+    parameter list, geometry properties and split rule) on the layer's tensors: one z a split into a borrowed
+    float32 workspace, then `reduce` (weight_only_mma_reduce) where K splits; nothing for an empty Y."""
+    sizes, args = weight_only_args(layer, tensors)
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
+    if m == 0 or n == 0:
+        return
+    nb = -(-k // int(layer.attrs["block_size"]))
+    if n * nb >= MAX_SCALES:  # the kernel indexes scales and zero points with 32-bit ints
+        raise DeviceError(f"WeightOnlyMatMul {tile.name} indexes scales with 32-bit integers: N {n} x {nb} "
+                          "blocks a row is past 2^31", where=f"layer {layer.name!r}",
+                          hint="choose another cuda.weight_only tactic (weight_only_mma indexes with 64 bits)")
+    splits = tile.splits(k)
+    ws = 0
+    if splits > 1:
+        nbytes = 4 * splits * m * n
+        ws = launcher.workspace(nbytes)
+        if not ws:
+            raise DeviceError(f"WeightOnlyMatMul {tile.name} splits K in {splits} and needs {nbytes} bytes of "
+                              "workspace; the launcher lent none", where=f"layer {layer.name!r}",
+                              hint="run the layer through an engine or harness that lends workspace")
+    args = args + [ws, splits]
+    x = tensors[layer.inputs[X]].dtype.name
+    grid = (-(-n // tile.cols), min(-(-m // ROW_TILE), MAX_GRID_Y), splits)
+    launcher.launch(tile.source(ELEMS[x]), grid, (tile.threads,), args, shared_mem=tile.smem_bytes(m, k))
+    if splits > 1:
+        blocks = max(1, min(-(-m * n // REDUCE_BLOCK), 16 * launcher.sm_count))
+        launcher.launch(reduce, (blocks,), (REDUCE_BLOCK,), args)
 
 
 def staged_supports(layer: Any) -> bool:

@@ -197,3 +197,24 @@ __device__ __forceinline__ void wq_slice_mma(float (&acc)[NTILES][4], const WqCh
     }
   }
 }
+
+// The block's WK warps' partial sums of a 16-row tile (part[WK][16][COLS] floats, summed in wk order) to Y
+// (+ the bias, one rounding to T) or, with K split over gridDim.z, to the split's float32 workspace
+// ws[z][m][n] (weight_only_mma_staged.cu's weight_only_mma_reduce adds the splits): the staged and the rows
+// kernels' last step of a row tile (rows m0.., columns n0..; the caller syncs before and after)
+template <int WK_, int COLS, int THREADS, class T>
+__device__ __forceinline__ void wq_block_sum(const float* part, const T* __restrict__ bias, T* __restrict__ y,
+                                             float* __restrict__ ws, int m0, int n0, int M, int N) {
+  for (int i = threadIdx.x; i < 16 * COLS; i += THREADS) {
+    const int m = m0 + i / COLS, n = n0 + i % COLS;
+    float v = part[i];
+#pragma unroll
+    for (int p = 1; p < WK_; ++p) v += part[p * 16 * COLS + i];
+    if (m < M && n < N) {
+      if (gridDim.z > 1)
+        ws[((i64)blockIdx.z * M + m) * N + n] = v;
+      else
+        st(y, (i64)m * N + n, bias ? __fadd_rn(v, ld(bias, n)) : v);
+    }
+  }
+}

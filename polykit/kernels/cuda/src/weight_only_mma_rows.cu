@@ -311,18 +311,7 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
         p[WR_COLS + 8] = acc[j][mt][3];
       }
     __syncthreads();
-    for (int i = threadIdx.x; i < 16 * WR_COLS; i += WR_THREADS) {  // the K warps' partials in wk order
-      const int m = m0 + i / WR_COLS, n = blockIdx.x * WR_COLS + i % WR_COLS;
-      float v = part[i];
-#pragma unroll
-      for (int p = 1; p < WK; ++p) v += part[p * 16 * WR_COLS + i];
-      if (m < M && n < N) {
-        if (gridDim.z > 1)
-          ws[((i64)blockIdx.z * M + m) * N + n] = v;
-        else
-          st(y, (i64)m * N + n, bias ? __fadd_rn(v, ld(bias, n)) : v);
-      }
-    }
+    wq_block_sum<WK, WR_COLS, WR_THREADS>(part, bias, y, ws, m0, blockIdx.x * WR_COLS, M, N);  // the K warps' partials in wk order
     __syncthreads();  // part and xs are reused by the next row tile
   }
 }

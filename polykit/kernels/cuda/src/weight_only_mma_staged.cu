@@ -238,18 +238,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
       p[(g + 8) * XS_COLS + 1] = acc[j][3];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 16 * XS_COLS; i += XS_THREADS) {  // the K warps' partials in wk order
-      const int m = m0 + i / XS_COLS, n = blockIdx.x * XS_COLS + i % XS_COLS;
-      float v = part[i];
-#pragma unroll
-      for (int p = 1; p < WK; ++p) v += part[p * 16 * XS_COLS + i];
-      if (m < M && n < N) {
-        if (gridDim.z > 1)
-          ws[((i64)blockIdx.z * M + m) * N + n] = v;
-        else
-          st(y, (i64)m * N + n, bias ? __fadd_rn(v, ld(bias, n)) : v);
-      }
-    }
+    wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // the K warps' partials in wk order
     __syncthreads();  // part and xs are reused by the next row tile
   }
 }
