@@ -83,7 +83,7 @@ class RowsTile:
         return -(-k // self.k_block)
 
     def smem_bytes(self, m: int, k: int) -> int:
-        """Dynamic shared memory: min(16, M) staged X rows (the kernel's wr_ld)."""
+        """Dynamic shared memory: min(16, M) staged X rows (weight_only_mma.cuh's wq_stage_ld)."""
         return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
 
     def part_bytes(self) -> int:

@@ -97,7 +97,7 @@ class StagedTile:
 
     def smem_bytes(self, m: int, k: int) -> int:
         """Dynamic shared memory: min(16, M) staged X rows of the block's K range (at most K rounded up to
-        a slice) and 16 bytes of pad (the kernel's xs_ld)."""
+        a slice) and 16 bytes of pad (weight_only_mma.cuh's wq_stage_ld)."""
         return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
 
     def part_bytes(self) -> int:

@@ -218,3 +218,30 @@ __device__ __forceinline__ void wq_block_sum(const float* part, const T* __restr
     }
   }
 }
+
+// 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
+__device__ __forceinline__ void wq_copy16(void* dst, const void* src, bool valid) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// a staged X row's elements for a block of KB elements of K: at most K rounded up to a slice, and 16 bytes of pad
+template <int KB>
+__device__ __forceinline__ int wq_stage_ld(int K) { return (K < KB ? (K + 127) / 128 * 128 : KB) + 8; }
+
+// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K) by cp.async
+// (`vec`: 16-byte aligned rows), else element by element; THREADS threads share it, and it waits for its copies
+template <int THREADS, class T>
+__device__ __forceinline__ void wq_stage(unsigned short* xs, int xld, const T* __restrict__ x, int m0, int rows,
+                                         int kb, int slices, int M, int K, bool vec) {
+  const int groups = 16 * slices;  // 16-byte groups of a staged row
+  for (int i = threadIdx.x; i < rows * groups; i += THREADS) {
+    const int r = i / groups, c = i - r * groups, k = kb + 8 * c;
+    unsigned short* dst = xs + r * xld + 8 * c;
+    if (vec)
+      wq_copy16(dst, k < K ? x + (i64)(m0 + r) * K + k : x, k < K);
+    else
+      *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}

@@ -96,30 +96,6 @@
 #define WR_KB (128 * WK * SW)       // a block's K range (elements)
 #define WR_STEP (128 * WK)          // elements from one of a warp's slices to its next
 
-// 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
-__device__ __forceinline__ void wr_copy16(void* dst, const void* src, bool valid) {
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
-// a staged X row's elements: the block's K range, at most K rounded up to a slice, and 16 bytes of pad
-__device__ __forceinline__ int wr_ld(int K) { return (K < WR_KB ? (K + 127) / 128 * 128 : WR_KB) + 8; }
-
-// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K)
-__device__ __forceinline__ void wr_stage(unsigned short* xs, int xld, const ELEM* __restrict__ x, int m0, int rows,
-                                         int kb, int slices, int M, int K, bool vec) {
-  const int groups = 16 * slices;  // 16-byte groups of a staged row
-  for (int i = threadIdx.x; i < rows * groups; i += WR_THREADS) {
-    const int r = i / groups, c = i - r * groups, k = kb + 8 * c;
-    unsigned short* dst = xs + r * xld + 8 * c;
-    if (vec)
-      wr_copy16(dst, k < K ? x + (i64)(m0 + r) * K + k : x, k < K);
-    else
-      *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
-  }
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
 // one slice of a lane: 16 bytes of rows g and g + 8 (h = 0, 1) of each row tile, their scale bits and zero points
 struct RsSlice {
   uint4 bits[RT][2];
@@ -274,7 +250,7 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
   const int n0 = blockIdx.x * WR_COLS + 16 * RT * wn, kb = blockIdx.z * WR_KB;
   const int slices = (K - kb < WR_KB ? K - kb + 127 : WR_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
-  const int xld = wr_ld(K);
+  const int xld = wq_stage_ld<WR_KB>(K);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
     RsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
@@ -283,7 +259,7 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
     for (int q = 0; q < SW; ++q) in.bits_of(ring[q], q);
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ring[q], q);
-    wr_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    wq_stage<WR_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[RT][2][4];
 #pragma unroll
@@ -317,7 +293,7 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory: min(16, M) x
-// wr_ld(K) ELEM. The parameter list is weight_only_mma_staged's (its weight_only_mma_reduce adds the splits).
+// wq_stage_ld<WR_KB>(K) ELEM. The parameter list is weight_only_mma_staged's (its weight_only_mma_reduce adds the splits).
 extern "C" __global__ void __launch_bounds__(WR_THREADS, WR_MIN_BLOCKS)
 weight_only_mma_rows(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                      const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,

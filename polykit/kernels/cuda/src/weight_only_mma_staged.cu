@@ -99,30 +99,6 @@
 #define XS_KB (128 * WK * SW * PG)  // a block's K range (elements)
 #define XS_STEP (128 * WK)          // elements from one of a warp's slices to its next
 
-// 16 bytes global -> shared, zeros where not `valid` (src-size 0: nothing read)
-__device__ __forceinline__ void xs_copy16(void* dst, const void* src, bool valid) {
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
-// a staged X row's elements: the block's K range, at most K rounded up to a slice, and 16 bytes of pad
-__device__ __forceinline__ int xs_ld(int K) { return (K < XS_KB ? (K + 127) / 128 * 128 : XS_KB) + 8; }
-
-// X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K)
-__device__ __forceinline__ void xs_stage(unsigned short* xs, int xld, const ELEM* __restrict__ x, int m0, int rows,
-                                         int kb, int slices, int M, int K, bool vec) {
-  const int groups = 16 * slices;  // 16-byte groups of a staged row
-  for (int i = threadIdx.x; i < rows * groups; i += XS_THREADS) {
-    const int r = i / groups, c = i - r * groups, k = kb + 8 * c;
-    unsigned short* dst = xs + r * xld + 8 * c;
-    if (vec)
-      xs_copy16(dst, k < K ? x + (i64)(m0 + r) * K + k : x, k < K);
-    else
-      *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
-  }
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
 // A lane's chunks of the warp's slices wk, wk + WK, .. (slice q's chunk of tile j: row n0 + 8j + g, element
 // k0 + q * XS_STEP): the rows' pointers are computed once, so slice q's 16 bytes lie at a constant offset
 // (q * XS_STEP / 2 bytes: an immediate of the load) and its scale block follows from the previous slice's
@@ -197,7 +173,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   const int n0 = blockIdx.x * XS_COLS + 8 * NT * wn, kb = blockIdx.z * XS_KB;
   const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
-  const int xld = xs_ld(K);
+  const int xld = wq_stage_ld<XS_KB>(K);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
     // built a row tile (a block has one but where M > 16 * 65535): nothing of it stays live through the math
@@ -207,7 +183,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
-    xs_stage(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    wq_stage<XS_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[NT][4];
 #pragma unroll
@@ -244,7 +220,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory:
-// min(16, M) x xs_ld(K) ELEM
+// min(16, M) x wq_stage_ld<XS_KB>(K) ELEM
 extern "C" __global__ void __launch_bounds__(XS_THREADS, XS_MIN_BLOCKS)
 weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                        const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
