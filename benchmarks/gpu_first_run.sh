@@ -103,6 +103,13 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s18       FIRST in the next session with a GPU (the eighteenth ran nothing on one: eleven starts refused or
+#                  taken back): the gpu tests of the eighteenth's CUDA paths (the INT8 / FP8 sm90 epilogues' next-tile
+#                  residual prefetch, the e4m3 max pool, QuantizeNHWC with space-to-depth blocks, the W4A16 decode and
+#                  the rows kernel, the 8-bit shortcuts in the INT8 / FP8 plans), ResNet-50 INT8 / FP8 bs32 against
+#                  fp16 with the profile, W4A16 at level 5 (the rows tiles timed); ~550 s (NEW_S, RESNET_S, W4_S)
+#   STEP=s18ab     then: the next-tile prefetch before / after on layer1's 1x1 + e4m3 residual (ZOO_BEFORE or .ab:
+#                  git archive e01dae28~1, carried) and ncu of one FP8 tile on that shape (NCU_ONLY); ~250 s
 #   STEP=fastfp8   the fast-accumulation FP8 tiles' gpu tests and every FP8 tactic on BERT / ResNet shapes (cuda_kernels --fp8)
 #   STEP=w4chain   W4A16 vs fp16 at M = 1, 16 as one layer and as a chain of 8 queued back to back; ncu of the staged kernel
 #   STEP=bench10   their speed against the before tree (ZOO_BEFORE=.before holding f156765 and its .commit, carried),
