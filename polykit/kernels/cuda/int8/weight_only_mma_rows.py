@@ -35,7 +35,7 @@ from polykit.kernels.cuda.int8.weight_only_mma import (ELEM_BYTES, ELEMS, ROW_TI
 from polykit.kernels.cuda.int8.weight_only_mma_staged import (ARCHS, DRAM_LATENCY_US, L2_BYTES_PER_US,
                                                               REDUCE, REDUCE_US, REGS_SM, REGS_THREAD,
                                                               SCHEDULERS, SMEM_PER_SM, SMEM_RESERVE, STAGED_TILES,
-                                                              launch_split, staged_supports)
+                                                              launch_split, split_workspace, staged_supports)
 
 FILE = "weight_only_mma_rows.cu"
 KERNEL = "weight_only_mma_rows"
@@ -157,29 +157,6 @@ def rows_refusal(layer: Any, tactic: str) -> DeviceError:
                        hint="choose another cuda.weight_only tactic (the mma_staged tiles take blocks of 32)")
 
 
-def _sizes(layer: Any, tensors: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    from polykit.compiler.ops.quant.weight_only import W
-
-    x, w = tensors.get(layer.inputs[X]), tensors.get(layer.inputs[W])
-    if x is None or w is None or len(w.shape) != 2 or len(x.shape) < 2:
-        return None
-    m = 1
-    for d in x.shape[:-1]:
-        m *= int(d)
-    return m, int(w.shape[0]), int(layer.attrs["K"])
-
-
-def _workspace(tile: RowsTile):
-    def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
-        sizes = _sizes(layer, tensors)
-        if sizes is None or tile.splits(sizes[2]) == 1:
-            return 0
-        m, n, k = sizes
-        return 4 * tile.splits(k) * m * n
-
-    return workspace
-
-
 def reduce_source(elem: str) -> KernelSource:
     """weight_only_mma_staged.cu's reduce (the same parameter list) from the unit of the first staged tile: no
     compile of its own."""
@@ -215,6 +192,6 @@ def compile_variants() -> list[KernelSource]:
 for _tile in ROWS_TILES:
     _kernels, _estimate, _enqueue = _rows_tactic(_tile)
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=rows_supports, priority=11, estimate=_estimate,
-                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
+                workspace=split_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices})(_enqueue)

@@ -184,7 +184,9 @@ def _sizes(layer: Any, tensors: Mapping[str, Any]) -> tuple[int, int, int] | Non
     return m, int(w.shape[0]), int(layer.attrs["K"])
 
 
-def _workspace(tile: StagedTile):
+def split_workspace(tile: Any):
+    """The float32 workspace a K-split tile (this module's or weight_only_mma_rows.py's) borrows at enqueue."""
+
     def workspace(layer: Any, tensors: Mapping[str, Any], sm_count: int) -> int:
         sizes = _sizes(layer, tensors)
         if sizes is None or tile.splits(sizes[2]) == 1:
@@ -267,6 +269,6 @@ for _tile in STAGED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports, priority=12 if _tile.groups == 1 else 11,
                 estimate=_estimate,
-                workspace=_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
+                workspace=split_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices, "groups": _tile.groups})(_enqueue)

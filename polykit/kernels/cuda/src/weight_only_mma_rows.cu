@@ -287,7 +287,7 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
         p[WR_COLS + 8] = acc[j][mt][3];
       }
     __syncthreads();
-    wq_block_sum<WK, WR_COLS, WR_THREADS>(part, bias, y, ws, m0, blockIdx.x * WR_COLS, M, N);  // the K warps' partials in wk order
+    wq_block_sum<WK, WR_COLS, WR_THREADS>(part, bias, y, ws, m0, blockIdx.x * WR_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
   }
 }

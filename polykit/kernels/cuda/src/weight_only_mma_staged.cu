@@ -214,7 +214,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
       p[(g + 8) * XS_COLS + 1] = acc[j][3];
     }
     __syncthreads();
-    wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // the K warps' partials in wk order
+    wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
   }
 }
