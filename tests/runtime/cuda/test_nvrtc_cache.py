@@ -58,3 +58,15 @@ def test_cache_key_depends_on_arch_and_source():
 def test_units_differing_only_in_kernel_name_compile_once():
     twin = KernelSource("other_name", code=SRC.code)
     assert len(nvrtc.unique_units([SRC, twin])) == 1
+
+
+def test_compile_ptx_gives_the_virtual_arch_ptx_and_a_device_error_with_the_log():
+    """nvrtc.compile_ptx (CI's sm_80 check): PTX of compute_80 holding the kernel's entry, no driver needed; a
+    source NVRTC rejects raises DeviceError carrying NVRTC's message and the kernel's name."""
+    good = KernelSource("ptx_ok", code='extern "C" __global__ void ptx_ok(float* y) { y[threadIdx.x] = 2.f; }')
+    ptx = nvrtc.compile_ptx(good, "sm_80")
+    assert ".target sm_80" in ptx and ".entry ptx_ok" in ptx
+    bad = KernelSource("ptx_bad", code='extern "C" __global__ void ptx_bad() { int x = ; }')
+    with pytest.raises(DeviceError, match="ptx_bad") as err:
+        nvrtc.compile_ptx(bad, "sm_80")
+    assert "expected an expression" in str(err.value)
