@@ -108,6 +108,8 @@
 #                  residual prefetch, the e4m3 max pool, QuantizeNHWC with space-to-depth blocks, the W4A16 decode and
 #                  the rows kernel, the 8-bit shortcuts in the INT8 / FP8 plans), ResNet-50 INT8 / FP8 bs32 against
 #                  fp16 with the profile, W4A16 at level 5 (the rows tiles timed); ~550 s (NEW_S, RESNET_S, W4_S)
+#   STEP=s19a      after s18 (the nineteenth): its failures mended and rerun, W4A16 again, s18ab, ncu of FP8 128x256 on
+#                  layer1's 1x1 with and without the e4m3 residual (whole reports under $OUT); ~450 s
 #   STEP=s18ab     then: the next-tile prefetch before / after on layer1's 1x1 + e4m3 residual (ZOO_BEFORE or .ab:
 #                  git archive e01dae28~1, carried) and ncu of one FP8 tile on that shape (NCU_ONLY); ~250 s
 #   STEP=fastfp8   the fast-accumulation FP8 tiles' gpu tests and every FP8 tactic on BERT / ResNet shapes (cuda_kernels --fp8)
@@ -433,6 +435,24 @@ EOF
       --warmup 3 --iters 3 > "$OUT/ncu_fp8_res.txt" 2>&1
     echo "== ncu rc $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Registers|Achieved Occupancy|Block Size|Grid Size|Stall|Issued Ipc|Executed Ipc|L2 Hit" \
       "$OUT/ncu_fp8_res.txt" | head -24
+    ;;
+  s19a)  # the nineteenth's first call after s18: the mends of s18's failures (the rows kernel's launch past 48 KiB of
+    # static + dynamic shared memory, the FP8 tests' tactic names), W4A16 again, s18ab, and ncu of the FP8 128x256 GEMM
+    # tile on layer1's 1x1 with and without its e4m3 residual (the whole report kept: stall reasons)
+    gpu_tests s19a ${NEW_S:-150} tests/kernels/cuda/test_weight_only.py tests/compiler/test_fp8_gpu.py
+    rc=$?
+    timeout ${W4_S:-110} python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --out "$OUT/w4.json" > "$OUT/w4.txt" 2>&1
+    echo "== w4 rc $?"; grep -v "failed while timing" "$OUT/w4.txt" | tail -c 1500
+    STEP=s18ab bash "$0" | grep -v -E "Duration|Throughput|Registers|Occupancy|Block Size|Grid Size|Stall|Ipc|L2 Hit"
+    for res in res:e4m3 none; do
+      spec=32,56,56,64,256,1,1,e4m3$([ $res = none ] || echo ,$res)
+      timeout 120 ncu --set full --kernel-name regex:sm90 --launch-skip 5 --launch-count 1 \
+        python3 benchmarks/cuda_kernels.py --cases "" --fp8 $spec --only "${NCU_ONLY:-fp8.gemm_fast_sm90_128x256}" \
+        --warmup 3 --iters 3 > "$OUT/ncu_gemm_fast_${res%%:*}.txt" 2>&1
+      echo "== ncu $res rc $?"; grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued" \
+        "$OUT/ncu_gemm_fast_${res%%:*}.txt" | head -8
+    done
+    exit $rc
     ;;
   s17a)  # one call: STEP=fastfp8, then BERT-base bs8 FP8 against fp16 with the per-layer profile (lowp's second half)
     STEP=fastfp8 bash "$0"

@@ -38,6 +38,9 @@ _CTYPES: dict[np.dtype, Any] = {
 }
 
 
+#: the dynamic and static shared memory a function may use together without opting in (cuFuncSetAttribute)
+DEFAULT_SHARED = 48 * 1024
+
 _TMA_DTYPES = {np.dtype(np.float16): "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
                np.dtype(np.float32): "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
                # 8-bit operands are copied as bytes (the tensor-map type only matters for the OOB fill)
@@ -107,6 +110,7 @@ class KernelModules:
         self.pdl = bool(pdl) and supports_pdl(arch)
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
+        #: dynamic shared bytes each function may launch with now (48 KiB less its static, or what was set)
         self._smem_set: dict[tuple[str, str], int] = {}
         #: keys of the units loaded compiled with PK_PDL (their kernels wait first: they may start early)
         self._programmatic: set[str] = set()
@@ -142,13 +146,22 @@ class KernelModules:
         return fn
 
     def ensure_shared(self, kernel: KernelSource, fn: Any, nbytes: int) -> None:
-        """Raise the kernel's dynamic shared-memory limit when it needs more than 48 KiB."""
-        fkey = (kernel.key(), kernel.name)
-        if nbytes <= 48 * 1024 or self._smem_set.get(fkey, 0) >= nbytes:
+        """Raise the kernel's dynamic shared-memory limit when its static and dynamic shared memory together
+        pass 48 KiB: CUDA's default limit on dynamic shared memory is 48 KiB less the static, and a launch past
+        it fails with CUDA_ERROR_INVALID_VALUE (a 33 KB dynamic stage beside a 32 KB static array did)."""
+        if nbytes <= 0:
             return
-        d = driver.drv()
+        fkey = (kernel.key(), kernel.name)
+        allowed = self._smem_set.get(fkey)
+        if allowed is None:
+            static = int(driver.call("cuFuncGetAttribute",
+                                     driver.drv().CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn,
+                                     what=f"read the static shared memory of {kernel.name!r}"))
+            allowed = self._smem_set[fkey] = max(0, DEFAULT_SHARED - static)
+        if nbytes <= allowed:
+            return
         driver.call("cuFuncSetAttribute", fn,
-                    d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes,
+                    driver.drv().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes,
                     what=f"set shared memory of {kernel.name!r}")
         self._smem_set[fkey] = nbytes
 

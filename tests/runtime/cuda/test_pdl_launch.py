@@ -55,6 +55,16 @@ class FakeDriver:
     def cuModuleUnload(self, module):
         return (self._real.CUresult.CUDA_SUCCESS,)
 
+    #: a function's static shared bytes (cuFuncGetAttribute's SHARED_SIZE_BYTES); 0 unless a test sets it
+    static_shared = 0
+
+    def cuFuncGetAttribute(self, attribute, fn):
+        self.calls.append(("cuFuncGetAttribute", (attribute, fn)))
+        return self._real.CUresult.CUDA_SUCCESS, self.static_shared
+
+    def cuFuncSetAttribute(self, fn, attribute, value):
+        return self._record("cuFuncSetAttribute", fn, attribute, value)
+
     def launches(self):
         return [(name, args) for name, args in self.calls if name.startswith("cuLaunch")]
 
@@ -228,3 +238,27 @@ def test_body_plans_load_with_the_outer_engines_setting(monkeypatch):
     bodies.BodyContexts(pdl=True).context(body)
     bodies.BodyContexts().context(body)
     assert made == [True, False]
+
+
+@pytest.mark.parametrize("static, dynamic, raised", [
+    (0, 48 * 1024, None),              # all of the default 48 KiB dynamic: no opt-in
+    (0, 48 * 1024 + 16, 48 * 1024 + 16),
+    (32768, 16640, 16640),             # the rows kernel's 32 KB static array beside a 16 KB stage: over 48 KiB
+    (16384, 32768, None),              # exactly 48 KiB together
+])
+def test_dynamic_shared_memory_is_raised_when_static_and_dynamic_pass_48_kib(fake, static, dynamic, raised):
+    fake.static_shared = static
+    modules = KernelModules("sm_90")
+    modules.load([HOLD])
+    run = CudaLauncher(modules, 7, lambda n: 0, "layer")
+    for _ in range(2):  # the second launch asks the driver nothing more
+        run.launch(HOLD, (1,), (32,), [np.int64(5)], shared_mem=dynamic)
+    sets = [args for name, args in fake.calls if name == "cuFuncSetAttribute"]
+    reads = [args for name, args in fake.calls if name == "cuFuncGetAttribute"]
+    assert len(reads) == 1 and reads[0][0] == fake.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+    if raised is None:
+        assert sets == []
+    else:
+        assert sets == [("module:hold_stream/hold_stream",
+                         fake.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, raised)]
+    assert len(fake.launches()) == 2 and all(args[7] == dynamic for _, args in fake.launches())
