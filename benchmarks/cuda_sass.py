@@ -64,6 +64,10 @@ def main() -> None:
     parser.add_argument("--int8-body", choices=("residual", "none", "relu"), default="residual",
                         help="--int8 int8's epilogue: the int8 residual + Relu (default), none, or Relu alone")
     parser.add_argument("--fp8", choices=("e4m3", "float32"), help="the FP8 1x1 conv kernel with this output")
+    parser.add_argument("--fp8-family", choices=("conv", "gemm", "gemm_fast"), default="conv",
+                        help="--fp8: the conv tiles (fp8_sm90.py) or the GEMM tiles (fp8_gemm_sm90.py), fast or not")
+    parser.add_argument("--fp8-residual", choices=("float32", "e4m3", "none"), default="float32",
+                        help="--fp8 e4m3: the residual the epilogue adds (none: no epilogue)")
     parser.add_argument("--hot-division", action="store_true",
                         help="count the IEEE division's fast path (a kernel that divides for every output)")
     parser.add_argument("--flash", help="ELEM,HD,BKV[,ROWS]: the mma.sync flash kernel and its key-tile loop")
@@ -218,7 +222,7 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
     from dataclasses import replace
 
     from polykit.kernels.cuda.gemm.gemm_sm90 import kernel_for
-    from polykit.kernels.cuda.int8 import fp8_sm90, int8_sm90
+    from polykit.kernels.cuda.int8 import fp8_gemm_sm90, fp8_sm90, int8_sm90
     from polykit.runtime.cuda.nvrtc import compile_source
 
     x, w, y = (32, 56, 56, 64), (256, 1, 1, 64), (32, 56, 56, 256)
@@ -246,19 +250,25 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
                         out_dtypes=(args.int8,), precision="int8")
         source = kernel_for(layer, tile, "float", False, "conv_sm90", int8=True)
     else:
-        tile = next(t for t in fp8_sm90.TILES if t.label == args.tile)
         out = fp8_sm90.E4M3 if args.fp8 == "e4m3" else "float32"
-        base = with_bias(fp8_sm90.fp8_layer(out, residual="float32" if args.fp8 == "e4m3" else None))
+        residual = {"none": None, "e4m3": fp8_sm90.E4M3}.get(args.fp8_residual, args.fp8_residual)
+        base = with_bias(fp8_sm90.fp8_layer(out, residual=residual if args.fp8 == "e4m3" else None))
         layer = replace(base, in_shapes=tuple(sizes.get(n, ()) for n in base.inputs), out_shapes=(y,))
-        source = fp8_sm90.kernel(layer, tile)
+        if args.fp8_family == "conv":
+            tile = next(t for t in fp8_sm90.TILES if t.label == args.tile)
+            source = fp8_sm90.kernel(layer, tile)
+        else:  # the GEMM tiles (fp8_gemm_sm90.py), promoted in pieces or fast
+            tile, pieces, bufs = next(t for t in fp8_gemm_sm90.TILES if t[0].label == args.tile)
+            fast = args.fp8_family == "gemm_fast"
+            source = fp8_gemm_sm90.kernel(layer, tile, 1 if fast else pieces, 1 if fast else bufs, fast=fast)
     # the output compiled in as the tactics compile it (int8_out.cuh: Y_OUT, a per-channel scale and bias)
     fixed = {"Y_OUT": {"int8": "1", "e4m3": "1", "float32": "0"}[args.int8 or args.fp8], "SCALE_STEP": "1",
              "BIAS_STEP": "1"}
     source = replace(source, defines=tuple(d for d in source.defines if d[0] not in fixed) + tuple(fixed.items()))
     cold = ("CALL", "F2I") + (() if args.hot_division else ("MUFU.RCP", "FCHK"))  # the IEEE division: a slow path
-    # the 16-byte path's store: 8 bytes of int8 / e4m3, 16 of float32 (FP8), 8 of float32 column pairs (INT8:
-    # gemm_sm90_epilogue.cuh's I8_NATIVE, no transpose)
-    vector_store = "STG.E.128" if args.fp8 == "float32" else "STG.E.64"
+    # the 16-byte path's store: 8 bytes of int8 / e4m3, or of float32 column pairs (gemm_sm90_epilogue.cuh's
+    # I8_NATIVE, no transpose: INT8, and FP8 since the nineteenth session)
+    vector_store = "STG.E.64"
     return disassemble(compile_source(source, "sm_90a")), vector_store, tile.msub * tile.bn // 2, cold
 
 

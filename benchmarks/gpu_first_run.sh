@@ -110,6 +110,9 @@
 #                  fp16 with the profile, W4A16 at level 5 (the rows tiles timed); ~550 s (NEW_S, RESNET_S, W4_S)
 #   STEP=s19a      after s18 (the nineteenth): its failures mended and rerun, W4A16 again, s18ab, ncu of FP8 128x256 on
 #                  layer1's 1x1 with and without the e4m3 residual (whole reports under $OUT); ~450 s
+#   STEP=s19b      the nineteenth's FP8 epilogue (F8_NATIVE, e4m3_decode8, TILE_INPUTS): gpu tests, the FP8 tactics
+#                  before (.ab2 = 689e9d83, carried) / after on ResNet's 1x1 shapes; ~330 s. STEP=s19c: ResNet-50
+#                  INT8 / FP8 bs32 against fp16 with the profile; ~230 s
 #   STEP=s18ab     then: the next-tile prefetch before / after on layer1's 1x1 + e4m3 residual (ZOO_BEFORE or .ab:
 #                  git archive e01dae28~1, carried) and ncu of one FP8 tile on that shape (NCU_ONLY); ~250 s
 #   STEP=fastfp8   the fast-accumulation FP8 tiles' gpu tests and every FP8 tactic on BERT / ResNet shapes (cuda_kernels --fp8)
@@ -453,6 +456,29 @@ EOF
         "$OUT/ncu_gemm_fast_${res%%:*}.txt" | head -8
     done
     exit $rc
+    ;;
+  s19b)  # the nineteenth's epilogue work: the FP8 sm90 kernels in the accumulators' layout (F8_NATIVE), e4m3
+    # residuals decoded by the conversion unit (lowp.cuh e4m3_decode8), a tile's residual bytes in registers before
+    # its K loop (TILE_INPUTS); gpu tests, then the FP8 tactics before (ZOO_BEFORE, default .ab2: 689e9d83,
+    # carried) and after on ResNet-50 bs32's 1x1 shapes with and without the e4m3 residual; ~330 s
+    gpu_tests s19b ${NEW_S:-170} tests/kernels/cuda/test_fp8_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+      tests/kernels/cuda/test_fp8_conv_sm90.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_lowp.py \
+      tests/compiler/test_fp8_gpu.py tests/compiler/test_int8_gpu.py
+    rc=$?
+    for tree in "${ZOO_BEFORE:-.ab2}" .; do
+      tag=$([ "$tree" = . ] && echo after || echo before)
+      (cd "$tree" && timeout ${BENCH_S:-75} python3 benchmarks/cuda_kernels.py --cases "" --only cuda.fp8. \
+        --out "$OUT/epi_$tag.json" --fp8 32,56,56,64,256,1,1,e4m3,res:e4m3 --fp8 32,56,56,64,256,1,1,e4m3 \
+        --fp8 32,28,28,128,512,1,1,e4m3,res:e4m3 --fp8 32,14,14,256,1024,1,1,e4m3,res:e4m3 > "$OUT/epi_$tag.txt" 2>&1)
+      echo "== $tag rc $?"; grep -E "^fp8 " "$OUT/epi_$tag.txt" | awk '{c[$2]++} c[$2] <= 3' | cut -c1-100
+    done
+    exit $rc
+    ;;
+  s19c)  # then: ResNet-50 INT8 / FP8 bs32 against fp16 with the profile (the bars of issue 35)
+    timeout ${RESNET_S:-230} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
+      --profile ${LOWP_PROFILE:-8} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1
+    echo "== resnet rc $?"; grep -A10 -- '-- layers beside' "$OUT/lowp_resnet50.txt" | cut -c1-160 | head -12
+    grep -E '"(fp16_ms|int8_ms|fp8_ms|speedup_int8_vs_fp16|speedup_fp8_vs_fp16|cosine[a-z_0-9]*|build_s[a-z_0-9]*)"' "$OUT/lowp_resnet50.json" | head -12
     ;;
   s17a)  # one call: STEP=fastfp8, then BERT-base bs8 FP8 against fp16 with the per-layer profile (lowp's second half)
     STEP=fastfp8 bash "$0"

@@ -197,6 +197,20 @@ def test_sm90_fp8_conv_dequantizes_an_e4m3_residual_in_the_epilogue(tactic, requ
     check(layer, inputs, tactic)
 
 
+@gpu
+@pytest.mark.parametrize("tactic", OVER_ROWS)
+@pytest.mark.parametrize("requant", [True, False])
+def test_sm90_fp8_conv_reads_every_finite_e4m3_code_of_a_residual(tactic, requant):
+    """lowp.cuh's e4m3_decode8 (the conversion unit on sm_89+, cvt.rn.f16x2.e4m3x2) on each of the 254 finite
+    codes, zeros, subnormals and +-448 among them, in every byte position of a lane's 8 (the NaN codes are left
+    out: the GPU's arithmetic gives a NaN sum the canonical sign, numpy keeps the operand's)."""
+    inputs = fp8_inputs((2, 16, 8, 64), (136, 1, 1, 64), requant=requant)
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    inputs.update(skip=np.resize(codes, 2 * 16 * 8 * 136).view(E4M3).reshape(2, 16, 8, 136),
+                  skip_scale=np.float32(0.75))
+    check(fp8_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale")), inputs, tactic)
+
+
 def test_the_fp8_tactics_take_fp8_records_only():
     inputs = fp8_inputs((1, 8, 8, 32), (24, 3, 3, 32), requant=True)
     layer = fp8_layer(inputs, {"pads": [1, 1, 1, 1]})

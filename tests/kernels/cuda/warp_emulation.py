@@ -252,6 +252,15 @@ inline unsigned emu_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
     d |= emu_to_bf16((double)emu_bf16(a, i) * (double)emu_bf16(b, i) + (double)emu_bf16(c, i)) << 16 * i;
   return d;
 }
+// cvt.rn.f16x2.e4m3x2 d, a (lowp.cuh's sm_89+ decode): byte i of a as the float16 in half i of d, exact; a NaN
+// code the float16 NaN 0x7fff with its sign (cuda_fp8.hpp's model; lowp.cuh replaces it by its own NaN)
+inline unsigned emu_e4m3_f16(unsigned c) {
+  const unsigned s = (c & 0x80u) << 8, mag = c & 0x7fu;
+  if (mag == 0x7fu) return s | 0x7fffu;
+  const double v = ldexp((double)(mag >> 3 ? 8 + (mag & 7u) : mag & 7u), (int)(mag >> 3 ? (mag >> 3) : 1) - 10);
+  return s | emu_to_f16(v);
+}
+inline unsigned emu_cvt_f16x2_e4m3x2(unsigned a) { return emu_e4m3_f16(a & 0xffu) | emu_e4m3_f16((a >> 8) & 0xffu) << 16; }
 // prmt.b32 (default mode): byte i of the result is byte (s >> 4i) & 7 of {b, a}, its sign replicated when bit 3 is set
 inline unsigned emu_prmt(unsigned a, unsigned b, unsigned s) {
   const unsigned long long v = ((unsigned long long)b << 32) | a;
@@ -381,6 +390,8 @@ PTX_OPS = [
     (r"min\.NaN\.f32", lambda args: f"{args[0][0]} = emu_min_nan({args[1][0]}, {args[2][0]})"),
     (r"cvt\.rn\.satfinite\.e4m3x2\.f32",
      lambda args: f"{args[0][0]} = emu_cvt_e4m3x2({args[1][0]}, {args[2][0]})"),
+    (r"cvt\.rn\.f16x2\.e4m3x2", lambda args: f"{args[0][0]} = emu_cvt_f16x2_e4m3x2({args[1][0]})"),
+    (r"cvt\.f32\.f16", lambda args: f"{args[0][0]} = emu_f16({args[1][0]}, 0)"),
     (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
 ]
 

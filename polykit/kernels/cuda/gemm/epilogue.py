@@ -173,8 +173,14 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
         tail += ("#define EPI_PREFETCH 1\n"
                  f"__device__ __forceinline__ void prefetch_rows(const EpiState& E, i64 oi, i64 n) {{\n{spans}}}\n")
     if is_int8_layer(layer):
-        body = _body8(layer, {**scalars, **{name: f"ld(in.x{j}, i)" for j, name, _ in vec}})
-        if all(types[j] in ("i8", "u8") for j, _, _ in vec):
+        # e4m3 inputs decoded 8 at a time first (lowp.cuh's e4m3_decode8: the conversion unit on sm_89+), but
+        # in the FP8 kernels that promote in pieces (F8_PIECES > 1: their registers, ptxas spilled more)
+        e4m3 = {j for j, _, _ in vec if types[j] == "f8e4m3fn_t"}
+        decode = "".join(f"  float d{j}[8];\n#if F8_PIECES > 1\n  for (int i = 0; i < 8; ++i) d{j}[i] = "
+                         f"ld(in.x{j}, i);\n#else\n  e4m3_decode8(in.x{j}, d{j});\n#endif\n" for j in sorted(e4m3))
+        body = decode + _body8(layer, {**scalars, **{name: f"d{j}[i]" if j in e4m3 else f"ld(in.x{j}, i)"
+                                                     for j, name, _ in vec}})
+        if all(types[j] in ("i8", "u8", "f8e4m3fn_t") for j, _, _ in vec):
             # every vector input is 8 bytes a group: the sm90 INT8 epilogue may transpose them as packed
             # bytes (gemm_sm90_epilogue.cuh, I8_NATIVE) and compute in the accumulators' layout
             fields = " ".join(f"F(x{j})" for j, _, _ in vec)

@@ -355,8 +355,16 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // values sit differs. On 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
 // residual, a row's blocks go two at a time (ROW_HALVES, finish_halves).
 // (Y_OUT -1, the output type a run-time flag, keeps the transposed path there.)
-#define I8_NATIVE \
-  (I8 && !F8 && (!HAS_EPILOGUE || EPI_BYTES8) && !(BLOCKS == 2 && BN == 128 && Y_OUT < 0 && EPI_IN8_COUNT == 0))
+// F8 (an e4m3 or float32 output, Y_OUT 1 / 0; an epilogue reading nothing or only e4m3 / 8-bit vector
+// inputs) takes it too: the float sums dequantized where they lie, the e4m3 bytes transposed as the int8
+// ones (bytes8). The transposed path's quad_row cost 1 SHFL and 3 FSEL an output (4 of the 15.9
+// instructions an output of the 128x256 fast tile without a residual, cuda_sass.py). One block an SM and no
+// promotion pieces only: the two-block 128x64x2 spilled 9 bytes with an e4m3 residual, the pieces' 128x256 /
+// 128x192 more than they already did (ptxas).
+#define F8_NATIVE (F8 && (Y_OUT == 0 || Y_OUT == 1) && BLOCKS == 1 && (F8_FAST || F8_PIECES == 1))
+#define I8_NATIVE                                                                                        \
+  (((I8 && !F8) || F8_NATIVE) && (!HAS_EPILOGUE || EPI_BYTES8) &&                                         \
+   !(BLOCKS == 2 && BN == 128 && Y_OUT < 0 && EPI_IN8_COUNT == 0))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
 __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
@@ -400,7 +408,7 @@ __device__ __forceinline__ void finish_native(const OutI8& out, const Group8& g,
 // Relu alone): holding the group's pairs, the native path spilled 4 bytes there (ptxas; the persistent
 // loop's tile count, reloaded each tile). The same arithmetic and bytes (bytes4 is bytes8's half).
 // (a define, not a constexpr variable: that would add a symbol to every other kernel's PTX)
-#define ROW_HALVES (BLOCKS == 2 && BN == 128 && (Y_OUT == 1 || Y_OUT == 2) && EPI_IN8_COUNT == 0)
+#define ROW_HALVES (!F8 && BLOCKS == 2 && BN == 128 && (Y_OUT == 1 || Y_OUT == 2) && EPI_IN8_COUNT == 0)
 // a row's half h (blocks 2 h, 2 h + 1: w[4 h..4 h + 3]) requantized as 4 bytes with the half's pairs s, b
 __device__ __forceinline__ u32 half_bytes(const OutI8& out, const acc_t (&w)[8], int h, const float (&s)[4],
                                           const float (&b)[4]) {
@@ -437,30 +445,73 @@ __device__ __forceinline__ void finish_halves(const OutI8& out, bool row_ok, boo
   }
 }
 // a group's loads in that layout: the scale / bias pairs of its 4 blocks, both rows' inputs at the lane's block
-__device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, i64 n, int left, i64 oi, int lane) {
+// (`inputs` false: the scale / bias alone, the inputs being the tile's, TileIn)
+__device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, i64 n, int left, i64 oi, int lane,
+                                            bool inputs = true) {
   if (m >= out.M || left <= 0) return;
   out.q.channel_pairs(n, 2 * (lane & 3), left, g.s, g.b);
 #if HAS_EPILOGUE
-  if (8 * (lane & 3) >= left) return;
+  if (!inputs || 8 * (lane & 3) >= left) return;
   load_epilogue8(out.q.epi, g.in, oi + 8 * (lane & 3), n + 8 * (lane & 3));
   if (m + 8 < out.M) load_epilogue8(out.q.epi, g.in8, oi + 8 * (lane & 3) + 8 * out.N, n + 8 * (lane & 3));
 #endif
 }
+// TILE_INPUTS: the tile's 8-bit epilogue inputs (a residual's bytes at the lane's block of rows m, m + 8 in every
+// 32-column group) loaded into registers before the tile's K loop (consume: load_tile_inputs), not a group
+// ahead of their math (PREFETCH_GROUPS), so that a short K loop's tile (ResNet's 1x1 convs over 64 / 128
+// channels: one stage) does not wait on them group after group. One block an SM, one m64 subtile a warpgroup
+// (the native path's), BN / 4 bytes an input a thread where the registers hold them (ptxas, no spills): 256
+// columns of one input on the FP8 tiles, 128 on the INT8 ones (128x256 spilled 30)
+#define TILE_INPUT_COLS (F8 ? 256 : 128)
+#define TILE_INPUTS \
+  (I8_NATIVE && HAS_EPILOGUE && BLOCKS == 1 && MSUB == 1 && EPI_IN8_COUNT * BN <= TILE_INPUT_COLS)
+struct TileIn {
+#if TILE_INPUTS
+  EpiIn8 in[BN / (8 * EPI_GROUP)][2];
+#endif
+  int unused;
+};
+#if TILE_INPUTS
+// (rows past M or columns past N read nothing, as load_native)
+__device__ __forceinline__ void load_tile_inputs(const OutI8& out, TileIn& t, i64 z, i64 m, i64 nt, int lane) {
+  if (m >= out.M) return;
+  const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);
+  const i64 row = (z * out.M + m) * out.N;
+#pragma unroll
+  for (int j = 0; j < BN / (8 * EPI_GROUP); ++j) {
+    const i64 n = nt + 8 * EPI_GROUP * j + 8 * (lane & 3);
+    if (8 * EPI_GROUP * j + 8 * (lane & 3) >= cols) continue;
+    load_epilogue8(out.q.epi, t.in[j][0], row + n, n);
+    if (m + 8 < out.M) load_epilogue8(out.q.epi, t.in[j][1], row + 8 * out.N + n, n);
+  }
+}
+#endif
+template <class T>
+__device__ __forceinline__ const T& only(const T& t) { return t; }
+// (`tin`: none, or the tile's inputs, TileIn)
+template <class... In>
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
-                                            int lane) {
+                                            int lane, const In&... tin) {
+  constexpr bool own = sizeof...(In) == 0;  // the groups load their inputs themselves
   const i64 nt = n0 - 8 * (lane & 3);  // the tile's first column
   const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);  // the tile's columns that exist
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
   Group8 g[2];
-  if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane);
+  if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane, own);
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += EPI_GROUP) {
     const int c = PREFETCH_GROUPS ? (j0 / EPI_GROUP) & 1 : 0, left = cols - 8 * j0;
     const i64 n = nt + j0 * 8, next = n + EPI_GROUP * 8;
     if (PREFETCH_GROUPS && j0 + EPI_GROUP < BN / 8)
-      load_native(out, g[c ^ 1], m, next, left - EPI_GROUP * 8, row + next, lane);
-    if (!PREFETCH_GROUPS && !ROW_HALVES) load_native(out, g[0], m, n, left, row + n, lane);
+      load_native(out, g[c ^ 1], m, next, left - EPI_GROUP * 8, row + next, lane, own);
+    if (!PREFETCH_GROUPS && !ROW_HALVES) load_native(out, g[0], m, n, left, row + n, lane, own);
+#if TILE_INPUTS
+    if constexpr (!own) {
+      g[c].in = only(tin...).in[j0 / EPI_GROUP][0];
+      g[c].in8 = only(tin...).in[j0 / EPI_GROUP][1];
+    }
+#endif
     acc_t w[8], w8[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -555,16 +606,18 @@ __device__ __forceinline__ void prefetch_tile(const OutT& out, const TileIdx& ti
 }
 #endif
 
-// One tile's epilogue from its accumulators (consume; the stream-K kernel's whole tiles)
+// One tile's epilogue from its accumulators (consume; the stream-K kernel's whole tiles); `tin`: none, or the
+// tile's inputs loaded before its K loop (TILE_INPUTS)
+template <class... In>
 __device__ __forceinline__ void finish_tile(const OutT& out, const TileIdx& ti, acc_t (&acc)[MSUB][BN / 2], int row0,
-                                            int warp, int lane) {
+                                            int warp, int lane, const In&... tin) {
   const i64 m_base = (i64)ti.tm * BM + row0 + warp * 16 + lane / 4;
   const i64 n_base = (i64)ti.tn * BN + 2 * (lane % 4);
   const bool vector_rows = vector_ok(out);  // the same for every lane: the shuffles see the whole warp
 #pragma unroll
   for (int s = 0; s < MSUB; ++s) {
     if (vector_rows) {
-      finish_rows(out, ti.z, acc[s], m_base + s * 64, (i64)ti.tn * BN + 8 * (lane & 3), lane);
+      finish_rows(out, ti.z, acc[s], m_base + s * 64, (i64)ti.tn * BN + 8 * (lane & 3), lane, tin...);
       continue;
     }
 #pragma unroll
@@ -589,6 +642,11 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #elif HAS_EPILOGUE && EPI_PREFETCH
     if (PREFETCH_TILE) prefetch_tile(out, ti, row0, warp, lane);  // in flight during the K loop
 #endif
+#if TILE_INPUTS
+    TileIn tin;
+    if (vector_ok(out))
+      load_tile_inputs(out, tin, ti.z, (i64)ti.tm * BM + row0 + warp * 16 + lane / 4, (i64)ti.tn * BN, lane);
+#endif
 #if SPLIT3
     mainloop_3xtf32(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #elif F8 && F8_PIECES > 1
@@ -600,7 +658,11 @@ __device__ __forceinline__ void consume(const OutT& out, unsigned char* smem, un
 #else
     mainloop(acc, ring, smem, scratch, full, empty, ktiles, row0, ct, tid);
 #endif
+#if TILE_INPUTS
+    finish_tile(out, ti, acc, row0, warp, lane, tin);
+#else
     finish_tile(out, ti, acc, row0, warp, lane);
+#endif
   }
 }
 

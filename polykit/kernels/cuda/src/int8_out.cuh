@@ -224,15 +224,20 @@ struct Out {
       return;
     }
     // (vec_ok: rcp_ok, the division-free quotient)
+    *(uint2*)((u8*)Y + oi) = bytes8(v);
+  }
 #if F8
-    *(uint2*)((u8*)Y + oi) = make_uint2(
+  // 8 values as their e4m3 bytes (v[0] in the low byte of x): the quotients by ys (rcp_ok), two at a time
+  __device__ __forceinline__ uint2 bytes8(const float (&v)[8]) const {
+    return make_uint2(
         e4m3x2(f8_quotient(v[0]), f8_quotient(v[1])) | (u32)e4m3x2(f8_quotient(v[2]), f8_quotient(v[3])) << 16,
         e4m3x2(f8_quotient(v[4]), f8_quotient(v[5])) | (u32)e4m3x2(f8_quotient(v[6]), f8_quotient(v[7])) << 16);
-#else
-    *(uint2*)((u8*)Y + oi) = bytes8(v);
-#endif
   }
-#if !F8
+  // bytes8's half (gemm_sm90_epilogue.cuh's ROW_HALVES, which F8 does not take: there for its one definition)
+  __device__ __forceinline__ u32 bytes4(const float (&v)[4]) const {
+    return e4m3x2(f8_quotient(v[0]), f8_quotient(v[1])) | (u32)e4m3x2(f8_quotient(v[2]), f8_quotient(v[3])) << 16;
+  }
+#else
   // requantize_rcp of 8 values as 8 bytes, v[0] in the low byte of x (an int8's two's-complement byte):
   // unsaturated, then saturated and packed two at a time (sat_pack)
   __device__ __forceinline__ uint2 bytes8(const float (&v)[8]) const {
