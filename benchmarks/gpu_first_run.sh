@@ -474,6 +474,12 @@ EOF
     done
     exit $rc
     ;;
+  s19d)  # quantize_nhwc_s2d with a group's loads issued together (44 us at bs32 before), then s19c
+    gpu_tests s19d ${NEW_S:-120} tests/kernels/cuda/test_quantize.py tests/compiler/passes/test_space_to_depth_stems.py
+    rc=$?
+    STEP=s19c bash "$0"
+    exit $rc
+    ;;
   s19c)  # then: ResNet-50 INT8 / FP8 bs32 against fp16 with the profile (the bars of issue 35)
     timeout ${RESNET_S:-230} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
       --profile ${LOWP_PROFILE:-8} --out "$OUT/lowp_resnet50.json" > "$OUT/lowp_resnet50.txt" 2>&1

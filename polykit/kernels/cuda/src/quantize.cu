@@ -275,57 +275,48 @@ extern "C" __global__ void __launch_bounds__(NHWC_THREADS, 4)
 // zero point's byte (e4m3: 0) as quantize_nhwc pads. One output pixel a thread, grid-stride over a plane's
 // OH * OW pixels (images in y of the grid); adjacent threads own adjacent output columns, so a warp's stores are
 // 32 * CP consecutive bytes and its loads of one (bh, bw, c) 32 floats s apart (the other bw's load reads the
-// rest of those sectors, from L1). The bytes of a 16-channel group collect in registers (four words shifted
-// in, no indexed array: no local memory) and go out as one 16-byte store (vec: CP % 16 == 0, y 16-byte aligned),
-// else byte by byte. Estimates, not measured: ResNet-50 bs32 (224 x 224 x 3 float32 in, 115 x 115 x 16 out)
-// moves ~19 MB read + ~6.8 MB written, ~26 MB, ~10 us at H100 memory speed, against ~130 MB and ~40 us for the
-// Cast, Pad, SpaceToDepth, Cast and QuantizeNHWC it replaces in an --fp16 --int8 / --fp8 plan.
-struct S2dBytes {  // the bytes of one 16-channel group, in channel order
-  u32 w0, w1, w2, w3, cur;
-  int n;  // bytes in the group so far
-  __device__ __forceinline__ void push(u32 b) {
-    cur |= b << 8 * (n & 3);
-    if ((++n & 3) == 0) { w0 = w1; w1 = w2; w2 = w3; w3 = cur; cur = 0; }
-  }
-};
-__device__ __forceinline__ void s2d_store(S2dBytes& g, u8* yp, int left, u32 zb, int vec) {
-  while (g.n < 16) g.push(zb);  // the group's channels past the data: the zero point
-  if (vec) {
-    *(uint4*)yp = make_uint4(g.w0, g.w1, g.w2, g.w3);
-  } else {
-    const u32 w[4] = {g.w0, g.w1, g.w2, g.w3};
-    for (int j = 0; j < 16 && j < left; ++j) yp[j] = (u8)(w[j / 4] >> 8 * (j % 4));
-  }
-  g.n = 0;
-}
+// rest of those sectors, from L1). A 16-channel group's loads are all issued before its first division (its
+// channels' (bh, bw, c) stepped one by one, no index division), then its bytes go out as one 16-byte store
+// (vec: CP % 16 == 0, y 16-byte aligned), else byte by byte. Measured (H100, 2026-12-07, ResNet-50 bs32: 224 x
+// 224 x 3 float32 in, 115 x 115 x 16 out, ~26 MB): 44 us when each (bh, bw)'s C loads waited on the ones before
+// (runtime loops); the bytes want ~10 us.
 extern "C" __global__ void __launch_bounds__(NHWC_THREADS)
     quantize_nhwc_s2d(const float* x, const float* s, const void* z, u8* y, int nb, int C, int H, int W, int OH,
                       int OW, int S, int top, int left, int CP, int vec, i64 mode) {
   const Q8 q(s, z, mode);
   const u32 zb = q.zero_byte();
-  const int ohw = OH * OW, hw = H * W;
+  const int ohw = OH * OW, hw = H * W, K = C * S * S;  // K: the data channels
   for (int img = blockIdx.y; img < nb; img += gridDim.y) {
     const float* xi = x + (i64)img * C * hw;
     for (int p = blockIdx.x * NHWC_THREADS + threadIdx.x; p < ohw; p += gridDim.x * NHWC_THREADS) {
       const int oh = p / OW, ow = p - oh * OW;
       u8* yp = y + ((i64)img * ohw + p) * CP;
-      S2dBytes g = {zb * 0x01010101u, zb * 0x01010101u, zb * 0x01010101u, zb * 0x01010101u, 0, 0};
-      int c0 = 0;  // the group's first channel
-      for (int bh = 0; bh < S; ++bh) {
-        const int iy = oh * S + bh - top;
-        for (int bw = 0; bw < S; ++bw) {
-          const int ix = ow * S + bw - left;
-          const bool in = iy >= 0 && iy < H && ix >= 0 && ix < W;
-          const float* xp = xi + (in ? (i64)iy * W + ix : 0);
-#pragma unroll 4
-          for (int c = 0; c < C; ++c) {
-            g.push(q.byte(in ? xp[(i64)c * hw] : 0.f));
-            if (g.n == 16) { s2d_store(g, yp + c0, CP - c0, zb, vec); c0 += 16; }
+      int c = 0, bw = 0, bh = 0;  // channel c0 + j's place in the block: (bh * S + bw) * C + c
+      for (int c0 = 0; c0 < CP; c0 += 16) {
+        float v[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int iy = oh * S + bh - top, ix = ow * S + bw - left;
+          const bool in = c0 + j < K && iy >= 0 && iy < H && ix >= 0 && ix < W;
+          v[j] = in ? xi[(i64)c * hw + (i64)iy * W + ix] : 0.f;
+          if (++c == C) {
+            c = 0;
+            if (++bw == S) { bw = 0; ++bh; }
           }
         }
+        u32 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w[k] = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[k] |= (c0 + 4 * k + j < K ? q.byte(v[4 * k + j]) : zb) << 8 * j;
+        }
+        if (vec) {
+          *(uint4*)(yp + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+          for (int j = 0; j < 16 && c0 + j < CP; ++j) yp[c0 + j] = (u8)(w[j / 4] >> 8 * (j % 4));
+        }
       }
-      if (g.n) { s2d_store(g, yp + c0, CP - c0, zb, vec); c0 += 16; }
-      for (; c0 < CP; c0 += 16) s2d_store(g, yp + c0, CP - c0, zb, vec);
     }
   }
 }
