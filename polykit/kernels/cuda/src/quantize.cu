@@ -24,6 +24,8 @@
 // point outputs as ONNX defines them, then quantize_linear runs with those device scalars.
 #include "blockreduce.cuh"
 #include "lowp.cuh"
+// (clamp_nan, markstein_quotient, e4m3x2_cvt, E4M3_CVT)
+#include "quotient.cuh"
 
 enum { QK_F32, QK_F16, QK_F64, QK_I8, QK_U8, QK_I16, QK_U16, QK_I32, QK_I64,
        QK_F8E4M3FN, QK_F8E4M3FNUZ, QK_F8E5M2, QK_F8E5M2FNUZ, QK_F4E2M1, QK_I4, QK_U4, QK_I2, QK_U2 };
@@ -147,20 +149,36 @@ extern "C" __global__ void quantize_linear(const void* x, i64 xc, const void* s,
 // an int8 / uint8 output (mode 0 / 1) with an optional zero point of its type, or a float8_e4m3fn one
 // (mode 2, QuantizeNHWC only: its zero point 0). Q8 holds them; Q8::byte is quantize_linear's
 // arithmetic: rintf of the IEEE float32 quotient, + zp, saturated; e4m3: the quotient rounded to
-// nearest even and saturated to +-448 (lowp.cuh's encode, as qk_encode_float with saturate 1).
+// nearest even and saturated to +-448 (lowp.cuh's encode, as qk_encode_float with saturate 1). The quotient
+// without the division where the scale allows (rcp_ok: quotient.cuh's markstein_quotient of x clamped to
+// +-1024 sc, past which every int8 / uint8 result saturates alike and every e4m3 one too: the bits of
+// __fdiv_rn, ~5 instructions for its ~10 and slow-path test), and two e4m3 bytes by one conversion on sm_89+
+// (pair: e4m3_quantize.cuh's rule). A NaN x: 0 as before for the integers; e4m3's NaN byte 0x7f.
 struct Q8 {
-  float sc, zp, lo, hi;
-  bool has_z, f8;
+  float sc, rsc, lim, zp, lo, hi;
+  bool has_z, f8, rcp_ok;
   __device__ __forceinline__ Q8(const float* s, const void* z, i64 mode)
-      : sc(s[0]), zp(!z || mode == 2 ? 0.f : mode ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0]),
+      : sc(s[0]), rsc(__frcp_rn(s[0])), lim(s[0] * 1024.f),
+        zp(!z || mode == 2 ? 0.f : mode ? (float)((const u8*)z)[0] : (float)((const i8*)z)[0]),
         lo(mode == 1 ? 0.f : -128.f), hi(mode == 1 ? 255.f : 127.f), has_z(z != nullptr && mode != 2),
-        f8(mode == 2) {}
+        f8(mode == 2), rcp_ok(s[0] >= 0x1p-90f && s[0] <= 0x1p90f) {}
+  // RN(x / sc), or for |x| > 1024 sc a quotient that saturates alike (NaN kept)
+  __device__ __forceinline__ float quotient(float x) const {
+    return rcp_ok ? markstein_quotient(clamp_nan(x, lim), sc, rsc) : __fdiv_rn(x, sc);
+  }
   __device__ __forceinline__ u32 byte(float x) const {
-    if (f8) return (u32)LowpFmt<f8e4m3fn_t>::F::encode(__fdiv_rn(x, sc), true);
-    float q = rintf(__fdiv_rn(x, sc));
+    if (f8) return (u32)LowpFmt<f8e4m3fn_t>::F::encode(quotient(x), true);
+    float q = rintf(quotient(x));
     if (has_z) q += zp;  // rounds only past 2^24, where it saturates either way
     q = q != q ? 0.f : (q < lo ? lo : (q > hi ? hi : q));  // NaN: 0 as there
     return (u32)(u8)(int)q;  // the byte of q (two's complement for int8)
+  }
+  // byte(x0) | byte(x1) << 8: e4m3 by the hardware's pair conversion where there is one
+  __device__ __forceinline__ u32 pair(float x0, float x1) const {
+#if E4M3_CVT
+    if (f8) return e4m3x2_cvt(quotient(x0), quotient(x1));
+#endif
+    return byte(x0) | byte(x1) << 8;
   }
   __device__ __forceinline__ u32 zero_byte() const { return (u32)(u8)(int)zp; }
 };
@@ -284,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(NHWC_THREADS)
     quantize_nhwc_s2d(const float* x, const float* s, const void* z, u8* y, int nb, int C, int H, int W, int OH,
                       int OW, int S, int top, int left, int CP, int vec, i64 mode) {
   const Q8 q(s, z, mode);
-  const u32 zb = q.zero_byte();
   const int ohw = OH * OW, hw = H * W, K = C * S * S;  // K: the data channels
   for (int img = blockIdx.y; img < nb; img += gridDim.y) {
     const float* xi = x + (i64)img * C * hw;
@@ -304,13 +321,9 @@ extern "C" __global__ void __launch_bounds__(NHWC_THREADS)
             if (++bw == S) { bw = 0; ++bh; }
           }
         }
-        u32 w[4];
+        u32 w[4];  // (a channel past the data holds 0.f: Q(0) is the zero point's byte, e4m3's 0)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          w[k] = 0;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) w[k] |= (c0 + 4 * k + j < K ? q.byte(v[4 * k + j]) : zb) << 8 * j;
-        }
+        for (int k = 0; k < 4; ++k) w[k] = q.pair(v[4 * k], v[4 * k + 1]) | q.pair(v[4 * k + 2], v[4 * k + 3]) << 16;
         if (vec) {
           *(uint4*)(yp + c0) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
