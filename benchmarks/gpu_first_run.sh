@@ -110,6 +110,8 @@
 #                  fp16 with the profile, W4A16 at level 5 (the rows tiles timed); ~550 s (NEW_S, RESNET_S, W4_S)
 #   STEP=s19a      after s18 (the nineteenth): its failures mended and rerun, W4A16 again, s18ab, ncu of FP8 128x256 on
 #                  layer1's 1x1 with and without the e4m3 residual (whole reports under $OUT); ~450 s
+#   STEP=s20       FIRST next (after STEP=suite): the nineteenth's untimed quantize.cu / INT8 GEMM tiles' gpu tests, then
+#                  ResNet-50 INT8 / FP8 with the profile (s19c); ~400 s
 #   STEP=s19b      the nineteenth's FP8 epilogue (F8_NATIVE, e4m3_decode8, TILE_INPUTS): gpu tests, the FP8 tactics
 #                  before (.ab2 = 689e9d83, carried) / after on ResNet's 1x1 shapes; ~330 s. STEP=s19c: ResNet-50
 #                  INT8 / FP8 bs32 against fp16 with the profile; ~230 s
@@ -459,6 +461,15 @@ EOF
       echo "== ncu $res rc $?"; grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued" \
         "$OUT/ncu_gemm_fast_${res%%:*}.txt" | head -8
     done
+    exit $rc
+    ;;
+  s20)  # FIRST in the next session with a GPU: the nineteenth's untimed work (Q8's division-free quotient and e4m3
+    # pairs in quantize.cu, the INT8 GEMM-over-rows tiles int8_gemm_sm90.py) gpu tests, then ResNet-50 INT8 / FP8
+    # (s19c). Before it, STEP=suite (SUITE_S=560): the nineteenth's suite had one failure it could not name.
+    gpu_tests s20 ${NEW_S:-200} tests/kernels/cuda/test_quantize.py tests/kernels/cuda/test_int8_gemm_sm90.py \
+      tests/kernels/cuda/test_int8_sm90.py tests/compiler/test_int8_gpu.py tests/compiler/passes/test_space_to_depth_stems.py
+    rc=$?
+    STEP=s19c bash "$0"
     exit $rc
     ;;
   s19b)  # the nineteenth's epilogue work: the FP8 sm90 kernels in the accumulators' layout (F8_NATIVE), e4m3
