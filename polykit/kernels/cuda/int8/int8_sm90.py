@@ -42,6 +42,9 @@ RATE = 2
 #: by consumer warpgroups an SM w, as EPI_RATE * sqrt(w): fitted to H100 timings of the 1x1 64 -> 256
 #: conv on 32x56x56 with an int8 residual (128x128, w 2: 121 us; 128x64x2, w 4: 95 us)
 EPI_RATE = 1130.0
+#: the FP8 kernels' (F8_NATIVE, TILE_INPUTS): H100, 2026-12-07, the fast GEMM 128x256 (w 2) on that 1x1 with an
+#: e4m3 residual and output in 56.6 us, 25.7 M outputs on 132 SMs in whole tiles: 3440 a microsecond an SM / sqrt(2)
+EPI_RATE_FP8 = 2430.0
 
 
 def _geometry(layer: Any):
@@ -76,11 +79,24 @@ def _kernels(tile: Sm90Tile):
 
 
 def _estimate(tile: Sm90Tile):
+    """predicted_us on half the K (RATE), plus the epilogue at EPI_RATE * sqrt(w) outputs a microsecond an SM.
+    FP8 layers (fp8_sm90.py, fp8_conv_sm90.py and fp8_gemm_sm90.py take this estimate too) count the outputs one SM
+    finishes as whole tiles a wave (`blocks` an SM): a last wave that leaves SMs idle costs the busy ones a whole
+    tile's epilogue all the same (ResNet-50 bs32's layer3 1x1 256 -> 1024, M 6272: 128x256 makes 1.48 waves,
+    128x128 2.97; alone on an H100 the fast FP8 tiles took 22.8 and 18.8 us, 2026-12-07, where outputs / SMs
+    ranked 128x256 first), at EPI_RATE_FP8. INT8 keeps outputs / SMs at EPI_RATE until its tiles are timed again
+    (its rate's fit counted them so)."""
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _geometry(layer)
         if geo is None or not sm_count:
             return None
-        epilogue = geo.M * geo.N / (sm_count * EPI_RATE * math.sqrt(tile.consumers * tile.blocks))
+        width = math.sqrt(tile.consumers * tile.blocks)
+        if layer.in_dtypes and layer.in_dtypes[0] == "float8_e4m3fn":
+            units = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
+            per_sm = -(-units // max(1, tile.blocks * sm_count)) * tile.blocks * tile.bm * tile.bn
+            epilogue = per_sm / (EPI_RATE_FP8 * width)
+        else:
+            epilogue = geo.M * geo.N / (sm_count * EPI_RATE * width)
         return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count) + epilogue
 
     return estimate
