@@ -222,7 +222,7 @@ __device__ __forceinline__ void add_part(float (&acc)[MSUB][BN / 2], float (&par
   }
 }
 
-#if !F8  // (FP8 kernels have their own loops; the fast 160-column tile has no tf32 wgmma)
+#if !F8 && !I8  // (FP8 / INT8 kernels never run it: their 160- and 96-column GEMM tiles have no tf32 wgmma)
 // The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
 // (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
 // K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
