@@ -9,6 +9,7 @@ H200; outputs poisoned first) hold them to the exact cpu reference as test_int8_
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -239,3 +240,50 @@ def test_sums_past_2_22_round_to_float_as_the_reference(name, y_dtype, n):
     inputs = large_sum_inputs(n, y_dtype)
     run_gemm(sym_layer(inputs, {}), inputs, name)
 
+
+
+def test_an_int8_resnet_plan_has_convs_over_rows_the_gemm_tiles_take():
+    """The small ResNet's --int8 cpu plan (channels last): its stride-1 1x1 convs and the classifier are GEMMs over
+    rows the tiles take; its 3x3 and stride-2 convs are not."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.onnx_import import load_onnx
+
+    from ...compiler.int8_models import feeds_for, small_resnet
+
+    cfg = BuilderConfig(target="cpu", int8=True, channels_last=True,
+                        calibration_data=[feeds_for(small_resnet(), s) for s in range(2)])
+    convs = [layer for layer in build_plan(load_onnx(small_resnet()), cfg).layers if layer.kind == "QConvNHWC"]
+    taken = [c.name for c in convs if tactic(TACTICS[0]).supports(c)]
+    assert taken and len(taken) < len(convs)
+    assert all(int8_gemm_sm90.over_rows(int8_sm90._geometry(c)) == (c.name in taken) for c in convs)
+
+
+@gpu
+def test_an_int8_resnet_with_its_convs_over_rows_on_the_gemm_tiles_equals_the_mma_plan():
+    """Level 0 (mma.sync everywhere) against the same plan with every conv the GEMM tiles take forced onto them
+    (each tile in turn): INT8 is exact, so the outputs are the same bits."""
+    from polykit.compiler.builder.builder import build_plan
+    from polykit.compiler.builder.calibrate import calibrate
+    from polykit.compiler.builder.config import BuilderConfig
+    from polykit.compiler.graph.onnx_import import load_onnx
+    from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
+
+    from ...compiler.int8_models import feeds_for, small_resnet
+    from .test_int8_sm90 import run_plan
+
+    graph = load_onnx(small_resnet())
+    names = list(dict.fromkeys(x for _, x in int8_candidates(graph, constant_tensors(graph))))
+    scales = calibrate(graph, names, [feeds_for(small_resnet(), s) for s in range(2)], "cpu", "minmax")
+    ranges = {name: (-127.0 * s, 127.0 * s) for name, s in scales.items()}
+    cfg = BuilderConfig(target="cuda", int8=True, tensor_ranges=ranges, builder_optimization_level=0)
+    mma = build_plan(graph, cfg)
+    rows = [layer.name for layer in mma.layers if layer.kind == "QConvNHWC" and tactic(TACTICS[0]).supports(layer)]
+    assert rows, "no conv over rows in the plan"
+    replay = {name: TACTICS[i % len(TACTICS)] for i, name in enumerate(rows)}
+    gemm = build_plan(graph, replace(cfg, tactic_replay=replay))
+    got = {layer.name: layer.tactic for layer in gemm.layers if layer.name in replay}
+    assert got == replay, f"tactics not forced: {got}"
+    feeds = feeds_for(small_resnet(), 5)
+    np.testing.assert_array_equal(run_plan(gemm, feeds), run_plan(mma, feeds),
+                                  err_msg="the sm90 INT8 GEMM tiles differ from the mma.sync convs")

@@ -23,10 +23,10 @@
 // SCRATCH_BUFS 3 buffers make that one barrier enough (a buffer is rewritten two stages after
 // the stage whose wgmma read it last, and every consumer has waited for those by then).
 // Deterministic: each output element is one fixed-order K loop in one thread.
-// I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
-// K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize:
-// int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the 8-column path); ELEM is then the epilogue's
-// float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
+// I8 1 (INT8 layers, int8_sm90.py; gemm_sm90.cu's INT8 GEMM tiles, int8_gemm_sm90.py): s8 operands
+// (OPER i8, 128 K a stage = 4 wgmma k32, both K-major), int32 accumulators, and int8_out.cuh's output
+// (dequantize, epilogue, requantize: int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the
+// 8-column path); ELEM is then the epilogue's float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
 // zeros, the sums need no correction).
 // F8 1 (FP8 layers, fp8_sm90.py): I8's kernel on e4m3 operands (OPER e4m3_t, wgmma m64nNk32
 // f32.e4m3.e4m3, both K-major), fp32 accumulators, int8_out.cuh's output on float sums (dequantize,
