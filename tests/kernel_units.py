@@ -22,6 +22,7 @@ from typing import Iterable, NamedTuple
 #: Only the split depends on them: every unit compiles whatever they say.
 UNIT_SECONDS = {"int8.weight_only": 14.0, "int8.int8": 13.0, "pointwise.pointwise": 9.0, "conv.conv_nhwc": 6.0,
                 "reduce.norm": 6.0, "int8.fp8_gemm_sm90": 3.0, "int8.fp8_conv_sm90": 3.0, "int8.int8_sm90": 3.0,
+                "int8.int8_gemm_sm90": 3.0,  # (an estimate: int8_sm90's; its units took 1 to 5 s with ptxas -v here)
                 "attention.flash_attention_sm90": 3.0}
 DEFAULT_UNIT_SECONDS = 2.0
 CHUNK_SECONDS = 30.0

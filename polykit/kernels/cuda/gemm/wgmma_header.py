@@ -18,6 +18,8 @@ INPUT_TYPES = {"f16": "half_t", "bf16": "bf16_t", "tf32": "float", "s8": "i8", "
 #: extra e4m3 N sizes: the pieces of the FP8 GEMM tiles (fp8_gemm_sm90.py: 128x192 and 128x160 in two
 #: pieces, 64x96 in two) and the whole 128x160 / 64x96 tiles of the fast-accumulation FP8 tactics (F8_FAST)
 E4M3_EXTRA_SIZES = (48, 80, 96, 160)
+#: extra s8 N sizes: the whole 128x160 and 64x96 tiles of the INT8 GEMM tactics (int8_gemm_sm90.py)
+S8_EXTRA_SIZES = (96, 160)
 #: N sizes of the 16-bit register-A wrappers (the flash attention head sizes)
 RA_N_SIZES = (64, 128)
 HEADER = Path(__file__).parents[1] / "src" / "wgmma.cuh"
@@ -103,6 +105,8 @@ def render() -> str:
             parts.append(_wrapper(n, ptx_type))
     for n in E4M3_EXTRA_SIZES:
         parts.append(_wrapper(n, "e4m3"))
+    for n in S8_EXTRA_SIZES:
+        parts.append(_wrapper(n, "s8"))
     parts.append("\n// WgmmaTf32RA<N>::run(d, a[4], desc_b, scale_d): tf32 m64nNk8 with A from registers\n"
                  "// (the 3xTF32 kernels split A into big and small parts in registers).\n"
                  "template <int N> struct WgmmaTf32RA;\n\n")

@@ -23,10 +23,10 @@
 // SCRATCH_BUFS 3 buffers make that one barrier enough (a buffer is rewritten two stages after
 // the stage whose wgmma read it last, and every consumer has waited for those by then).
 // Deterministic: each output element is one fixed-order K loop in one thread.
-// I8 1 (INT8 layers, int8_sm90.py): s8 operands (OPER i8, 128 K a stage = 4 wgmma k32, both
-// K-major), int32 accumulators, and int8_out.cuh's output (dequantize, epilogue, requantize:
-// int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the 8-column path); ELEM is then the epilogue's
-// float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
+// I8 1 (INT8 layers, int8_sm90.py; gemm_sm90.cu's INT8 GEMM tiles, int8_gemm_sm90.py): s8 operands
+// (OPER i8, 128 K a stage = 4 wgmma k32, both K-major), int32 accumulators, and int8_out.cuh's output
+// (dequantize, epilogue, requantize: int8.cu's arithmetic bit for bit; Out::dequantize8 / store8 on the
+// 8-column path); ELEM is then the epilogue's float. Symmetric only (zero points 0: the zero-filled padding and past-K chunks are real
 // zeros, the sums need no correction).
 // F8 1 (FP8 layers, fp8_sm90.py): I8's kernel on e4m3 operands (OPER e4m3_t, wgmma m64nNk32
 // f32.e4m3.e4m3, both K-major), fp32 accumulators, int8_out.cuh's output on float sums (dequantize,
@@ -222,7 +222,7 @@ __device__ __forceinline__ void add_part(float (&acc)[MSUB][BN / 2], float (&par
   }
 }
 
-#if !F8  // (FP8 kernels have their own loops; the fast 160-column tile has no tf32 wgmma)
+#if !F8 && !I8  // (FP8 / INT8 kernels never run it: their 160- and 96-column GEMM tiles have no tf32 wgmma)
 // The 3xTF32 K loop: each stage's products go to `part` and are added to `acc` on the CUDA cores
 // (round to nearest): the tensor cores' own fp32 accumulation truncates, a bias that grows with
 // K (measured on the H100: 3e-5 relative at K 4096 with one accumulator). The wait for a stage's
