@@ -26,6 +26,7 @@ from polykit.kernels.cuda.base import DeviceTensor
 from polykit.compiler.ops.references import run_reference
 from polykit.runtime.cuda.harness import infer_output_specs, resolve_tactic
 from tests.kernels.cuda.test_lowp import DENSE, EDGES, FLOAT_TYPES, INT_TYPES, ONNX_CODE, cast_layer, same_bits
+from tests.kernels.cuda.warp_emulation import PTX_PRELUDE, translate_asm
 
 PRELUDE = r"""
 #include <math.h>
@@ -66,23 +67,44 @@ HALF = {
 EX2 = ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q2) : "f"(p));', "q2 = exp2f(p);")
 
 
-def host_source(cuda: str) -> str:
+#: compiled as the device compiles it (arch "sm_90": __CUDA_ARCH__ 900, so the sm_89+ branches run: lowp.cuh's
+#: e4m3 decode by cvt.rn.f16x2.e4m3x2, quantize.cu's pair conversion), one thread being the whole warp
+ARCH_PRELUDE = r"""
+#define __CUDA_ARCH__ 900
+struct uint2 { unsigned x, y; };
+inline unsigned __activemask() { return 1u; }
+inline bool __any_sync(unsigned, bool p) { return p; }
+inline unsigned __vcmpeq4(unsigned a, unsigned b) {
+  unsigned d = 0;
+  for (int i = 0; i < 32; i += 8) d |= ((a >> i & 255u) == (b >> i & 255u) ? 255u : 0u) << i;
+  return d;
+}
+"""
+
+
+def host_source(cuda: str, arch: str = "host") -> str:
+    """The kernel source for g++: dtypes.cuh's half conversions by _Float16, each inline PTX statement by
+    warp_emulation's host model of it (PTX_PRELUDE: quotient.cuh's max / min .NaN and e4m3 conversion, lowp.cuh's
+    sm_89+ decode, in branches the host does not compile too); a statement it has no model of skips the test.
+    `arch` "sm_90": the device's branches (ARCH_PRELUDE)."""
     for name, repl in HALF.items():
         cuda = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, cuda, count=1, flags=re.S)
     cuda = cuda.replace(*EX2)
-    if "asm(" in cuda:
-        pytest.skip("the kernel source holds PTX the host emulation does not model")
-    return PRELUDE + cuda
+    try:
+        cuda = translate_asm(cuda)
+    except ValueError as exc:
+        pytest.skip(f"the kernel source holds PTX the host emulation does not model ({exc})")
+    return PRELUDE + PTX_PRELUDE + (ARCH_PRELUDE if arch == "sm_90" else "") + cuda
 
 
 class HostLauncher:
     """A Launcher that runs each kernel on the host (compiled once per source)."""
 
-    def __init__(self, build_dir: Path, cxx: str):
-        self.dir, self.cxx, self.libs, self.keep = build_dir, cxx, {}, []
+    def __init__(self, build_dir: Path, cxx: str, arch: str = "host"):
+        self.dir, self.cxx, self.libs, self.keep, self.arch = build_dir, cxx, {}, [], arch
 
     def _lib(self, kernel):
-        text = host_source(kernel.render())
+        text = host_source(kernel.render(), self.arch)
         key = hashlib.sha256(text.encode()).hexdigest()[:16]
         if key not in self.libs:
             src, lib = self.dir / f"{key}.cpp", self.dir / f"{key}.so"
@@ -108,12 +130,13 @@ class HostLauncher:
         return buf.ctypes.data
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory):
+@pytest.fixture(scope="module", params=["host", "sm_90"])
+def launcher(tmp_path_factory, request):
+    """The host's compile of each kernel, and the device's branches of it (sm_90)."""
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    return HostLauncher(tmp_path_factory.mktemp("lowp_emulated"), cxx)
+    return HostLauncher(tmp_path_factory.mktemp(f"lowp_emulated_{request.param}"), cxx, request.param)
 
 
 def run_emulated(launcher, layer, inputs):

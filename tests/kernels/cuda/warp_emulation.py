@@ -40,63 +40,12 @@ from __future__ import annotations
 
 import re
 
-#: the host side of the warp collectives (after block_emulation's PRELUDE: Dim3, threadIdx, blockDim)
-WARP_PRELUDE = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <memory>
-#ifndef EMU_CP_EAGER
-#define EMU_CP_EAGER 0
-#endif
-struct EmuWarp { std::barrier<>* bar; unsigned lanes; alignas(16) unsigned char slot[32][64]; };
-static EmuWarp* emu_warps;                     // the running block's warps
-static thread_local unsigned emu_lane, emu_warp_id;
-inline void emu_fail(const char* what) { fprintf(stderr, "warp emulation: %s\n", what); fflush(stderr); abort(); }
-inline EmuWarp& emu_w() { return emu_warps[emu_warp_id]; }
-inline unsigned char* emu_slot(unsigned lane) { return emu_w().slot[lane]; }
-inline void emu_warp_sync() { emu_w().bar->arrive_and_wait(); }
-inline void emu_full_mask(unsigned mask) {
-  const unsigned lanes = emu_w().lanes, full = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  if ((mask & full) != full) emu_fail("a partial warp mask (only full-warp collectives are modelled)");
-}
-inline void __syncwarp(unsigned mask = 0xffffffffu) { emu_full_mask(mask); emu_warp_sync(); }
-inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
-
-// lane emu_lane publishes v, reads lane `src` (its own where src is past the warp)
-template <class T> inline T emu_exchange(unsigned mask, T v, unsigned src) {
-  static_assert(sizeof(T) <= 64, "a shuffled value fits a slot");
-  emu_full_mask(mask);
-  memcpy(emu_slot(emu_lane), &v, sizeof(T));
-  emu_warp_sync();
-  T r;
-  memcpy(&r, emu_slot(src < emu_w().lanes ? src : emu_lane), sizeof(T));
-  emu_warp_sync();
-  return r;
-}
-template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-  return emu_exchange(mask, v, (emu_lane & ~(unsigned)(width - 1)) + ((unsigned)src & (unsigned)(width - 1)));
-}
-template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
-  const unsigned s = emu_lane ^ (unsigned)m, base = emu_lane & ~(unsigned)(width - 1);
-  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
-}
-template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  const unsigned s = emu_lane + d, base = emu_lane & ~(unsigned)(width - 1);
-  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
-}
-template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  const unsigned base = emu_lane & ~(unsigned)(width - 1);
-  return emu_exchange(mask, v, emu_lane < base + d ? emu_lane : emu_lane - d);
-}
-
-// shared-memory addresses: offsets from an anchor among the module's statics
-static unsigned char emu_shared_anchor;
-inline unsigned long long __cvta_generic_to_shared(const void* p) {
-  return (unsigned)((intptr_t)p - (intptr_t)&emu_shared_anchor);
-}
-inline unsigned char* emu_shared(unsigned a) { return &emu_shared_anchor + (int)a; }
-
+#: the host models of PTX arithmetic (16-bit elements, IEEE intrinsics, max / min .NaN, the e4m3 conversions,
+#: prmt): what translate_asm's statements call; WARP_PRELUDE holds them, and a single-thread emulation
+#: (test_lowp_emulated.py) takes them alone
+PTX_PRELUDE = r"""
+#include <math.h>
+#include <string.h>
 // element `half` (0 low, 1 high) of a register of two 16-bit values, as float
 inline float emu_f16(unsigned w, int half) {
   const unsigned short b = (unsigned short)(half ? w >> 16 : w & 0xffffu);
@@ -111,82 +60,6 @@ inline float emu_bf16(unsigned w, int half) {
   return f;
 }
 inline long long emu_s8(unsigned w, int byte) { return (signed char)(w >> (8 * byte)); }
-
-// mma m16n8k16 f32 += {f16,bf16} x {f16,bf16} (K 16, two elements a register) and m16n8k32 s32 += s8 x s8
-// (K 32, four): A row-major 16 x K (4 registers), B column-major K x 8 (2), C / D 16 x 8 (4 values).
-// A lane's products summed in Sum (float: exact products, in k order from zero; s8: exact) and added
-// to C once (s32: wrapping, as the accumulator does)
-template <class Acc, class Sum, Sum (*ELEM)(unsigned, int), int K>
-inline void emu_mma(Acc& d0, Acc& d1, Acc& d2, Acc& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                    unsigned b0, unsigned b1, Acc c0, Acc c1, Acc c2, Acc c3) {
-  constexpr int PER = K / 8;   // elements a register
-  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
-  memcpy(emu_slot(emu_lane), mine, sizeof(mine));
-  emu_warp_sync();
-  const int g = emu_lane / 4, t = emu_lane % 4;
-  const Acc c[4] = {c0, c1, c2, c3};
-  Acc d[4];
-  for (int e = 0; e < 4; ++e) {
-    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-    Sum s = 0;
-    for (int k = 0; k < K; ++k) {
-      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % (K / 2)) / PER);
-      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % (K / 2)) / PER);
-      s += ELEM(a[(row >= 8) + 2 * (k >= K / 2)], k % PER) * ELEM(b[4 + (k >= K / 2)], k % PER);
-    }
-    d[e] = (Acc)(c[e] + s);
-  }
-  emu_warp_sync();
-  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
-}
-
-// ldmatrix m8n8 .b16: `count` matrices (1, 2, 4) into r[0..count), rows addressed by lanes 8 i + j
-inline void emu_ldmatrix(int count, bool trans, unsigned* r, unsigned addr) {
-  const unsigned char* mine = emu_shared(addr);
-  memcpy(emu_slot(emu_lane), &mine, sizeof(mine));
-  emu_warp_sync();
-  const int l = emu_lane;
-  for (int i = 0; i < count; ++i) {
-    const unsigned char* row;
-    if (!trans) {
-      memcpy(&row, emu_slot(8 * i + l / 4), sizeof(row));
-      memcpy(&r[i], row + 4 * (l % 4), 4);
-    } else {
-      unsigned short e[2];
-      for (int j = 0; j < 2; ++j) {
-        memcpy(&row, emu_slot(8 * i + 2 * (l % 4) + j), sizeof(row));
-        memcpy(&e[j], row + 2 * (l / 4), 2);
-      }
-      r[i] = (unsigned)e[0] | ((unsigned)e[1] << 16);
-    }
-  }
-  emu_warp_sync();
-}
-
-// cp.async: copies of `size` bytes, `src_size` of them read (zeros after); deferred or eager
-struct EmuCopy { unsigned char* dst; const unsigned char* src; int size, src_size; };
-static thread_local std::vector<std::vector<EmuCopy>> emu_groups;
-static thread_local std::vector<EmuCopy> emu_open;
-inline void emu_land(const EmuCopy& c) {
-  memcpy(c.dst, c.src, c.src_size);
-  memset(c.dst + c.src_size, 0, c.size - c.src_size);
-}
-inline void emu_cp_async(unsigned dst, const void* src, int size, int src_size) {
-  if (src_size < 0 || src_size > size) emu_fail("cp.async src-size past cp-size");
-  const EmuCopy c = {emu_shared(dst), (const unsigned char*)src, size, src_size};
-  if (EMU_CP_EAGER) emu_land(c); else emu_open.push_back(c);
-}
-inline void emu_cp_commit() {
-  emu_groups.push_back(emu_open);
-  emu_open.clear();
-}
-inline void emu_cp_wait(int pending) {
-  while ((int)emu_groups.size() > pending) {
-    for (const EmuCopy& c : emu_groups.front()) emu_land(c);
-    emu_groups.erase(emu_groups.begin());
-  }
-}
-inline void emu_cp_wait_all() { emu_cp_commit(); emu_cp_wait(0); }
 inline float __fadd_rn(float a, float b) { return a + b; }  // -O1 on the host contracts nothing either
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }  // glibc's fmaf: one rounding
@@ -271,6 +144,140 @@ inline unsigned emu_prmt(unsigned a, unsigned b, unsigned s) {
   }
   return d;
 }
+"""
+
+#: the host side of the warp collectives (after block_emulation's PRELUDE: Dim3, threadIdx, blockDim)
+WARP_PRELUDE = PTX_PRELUDE + r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <memory>
+#ifndef EMU_CP_EAGER
+#define EMU_CP_EAGER 0
+#endif
+struct EmuWarp { std::barrier<>* bar; unsigned lanes; alignas(16) unsigned char slot[32][64]; };
+static EmuWarp* emu_warps;                     // the running block's warps
+static thread_local unsigned emu_lane, emu_warp_id;
+inline void emu_fail(const char* what) { fprintf(stderr, "warp emulation: %s\n", what); fflush(stderr); abort(); }
+inline EmuWarp& emu_w() { return emu_warps[emu_warp_id]; }
+inline unsigned char* emu_slot(unsigned lane) { return emu_w().slot[lane]; }
+inline void emu_warp_sync() { emu_w().bar->arrive_and_wait(); }
+inline void emu_full_mask(unsigned mask) {
+  const unsigned lanes = emu_w().lanes, full = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  if ((mask & full) != full) emu_fail("a partial warp mask (only full-warp collectives are modelled)");
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu_full_mask(mask); emu_warp_sync(); }
+inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
+
+// lane emu_lane publishes v, reads lane `src` (its own where src is past the warp)
+template <class T> inline T emu_exchange(unsigned mask, T v, unsigned src) {
+  static_assert(sizeof(T) <= 64, "a shuffled value fits a slot");
+  emu_full_mask(mask);
+  memcpy(emu_slot(emu_lane), &v, sizeof(T));
+  emu_warp_sync();
+  T r;
+  memcpy(&r, emu_slot(src < emu_w().lanes ? src : emu_lane), sizeof(T));
+  emu_warp_sync();
+  return r;
+}
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return emu_exchange(mask, v, (emu_lane & ~(unsigned)(width - 1)) + ((unsigned)src & (unsigned)(width - 1)));
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+  const unsigned s = emu_lane ^ (unsigned)m, base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
+}
+template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  const unsigned s = emu_lane + d, base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, s >= base + (unsigned)width ? emu_lane : s);
+}
+template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  const unsigned base = emu_lane & ~(unsigned)(width - 1);
+  return emu_exchange(mask, v, emu_lane < base + d ? emu_lane : emu_lane - d);
+}
+
+// shared-memory addresses: offsets from an anchor among the module's statics
+static unsigned char emu_shared_anchor;
+inline unsigned long long __cvta_generic_to_shared(const void* p) {
+  return (unsigned)((intptr_t)p - (intptr_t)&emu_shared_anchor);
+}
+inline unsigned char* emu_shared(unsigned a) { return &emu_shared_anchor + (int)a; }
+
+// mma m16n8k16 f32 += {f16,bf16} x {f16,bf16} (K 16, two elements a register) and m16n8k32 s32 += s8 x s8
+// (K 32, four): A row-major 16 x K (4 registers), B column-major K x 8 (2), C / D 16 x 8 (4 values).
+// A lane's products summed in Sum (float: exact products, in k order from zero; s8: exact) and added
+// to C once (s32: wrapping, as the accumulator does)
+template <class Acc, class Sum, Sum (*ELEM)(unsigned, int), int K>
+inline void emu_mma(Acc& d0, Acc& d1, Acc& d2, Acc& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                    unsigned b0, unsigned b1, Acc c0, Acc c1, Acc c2, Acc c3) {
+  constexpr int PER = K / 8;   // elements a register
+  const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(emu_slot(emu_lane), mine, sizeof(mine));
+  emu_warp_sync();
+  const int g = emu_lane / 4, t = emu_lane % 4;
+  const Acc c[4] = {c0, c1, c2, c3};
+  Acc d[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    Sum s = 0;
+    for (int k = 0; k < K; ++k) {
+      const unsigned* a = (const unsigned*)emu_slot((row % 8) * 4 + (k % (K / 2)) / PER);
+      const unsigned* b = (const unsigned*)emu_slot(col * 4 + (k % (K / 2)) / PER);
+      s += ELEM(a[(row >= 8) + 2 * (k >= K / 2)], k % PER) * ELEM(b[4 + (k >= K / 2)], k % PER);
+    }
+    d[e] = (Acc)(c[e] + s);
+  }
+  emu_warp_sync();
+  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+
+// ldmatrix m8n8 .b16: `count` matrices (1, 2, 4) into r[0..count), rows addressed by lanes 8 i + j
+inline void emu_ldmatrix(int count, bool trans, unsigned* r, unsigned addr) {
+  const unsigned char* mine = emu_shared(addr);
+  memcpy(emu_slot(emu_lane), &mine, sizeof(mine));
+  emu_warp_sync();
+  const int l = emu_lane;
+  for (int i = 0; i < count; ++i) {
+    const unsigned char* row;
+    if (!trans) {
+      memcpy(&row, emu_slot(8 * i + l / 4), sizeof(row));
+      memcpy(&r[i], row + 4 * (l % 4), 4);
+    } else {
+      unsigned short e[2];
+      for (int j = 0; j < 2; ++j) {
+        memcpy(&row, emu_slot(8 * i + 2 * (l % 4) + j), sizeof(row));
+        memcpy(&e[j], row + 2 * (l / 4), 2);
+      }
+      r[i] = (unsigned)e[0] | ((unsigned)e[1] << 16);
+    }
+  }
+  emu_warp_sync();
+}
+
+// cp.async: copies of `size` bytes, `src_size` of them read (zeros after); deferred or eager
+struct EmuCopy { unsigned char* dst; const unsigned char* src; int size, src_size; };
+static thread_local std::vector<std::vector<EmuCopy>> emu_groups;
+static thread_local std::vector<EmuCopy> emu_open;
+inline void emu_land(const EmuCopy& c) {
+  memcpy(c.dst, c.src, c.src_size);
+  memset(c.dst + c.src_size, 0, c.size - c.src_size);
+}
+inline void emu_cp_async(unsigned dst, const void* src, int size, int src_size) {
+  if (src_size < 0 || src_size > size) emu_fail("cp.async src-size past cp-size");
+  const EmuCopy c = {emu_shared(dst), (const unsigned char*)src, size, src_size};
+  if (EMU_CP_EAGER) emu_land(c); else emu_open.push_back(c);
+}
+inline void emu_cp_commit() {
+  emu_groups.push_back(emu_open);
+  emu_open.clear();
+}
+inline void emu_cp_wait(int pending) {
+  while ((int)emu_groups.size() > pending) {
+    for (const EmuCopy& c : emu_groups.front()) emu_land(c);
+    emu_groups.erase(emu_groups.begin());
+  }
+}
+inline void emu_cp_wait_all() { emu_cp_commit(); emu_cp_wait(0); }
 """
 
 
