@@ -79,6 +79,7 @@ template <int M, int B, int MAXC, int KIND, int SB> struct LowpFloat {
 // assembly took ~15 (the FP8 epilogues' e4m3 residuals: 15.6 of 31.5 instructions an output, cuda_sass.py
 // --fp8 e4m3 --fp8-family gemm_fast --fp8-residual e4m3). The NaN codes S.1111.111 keep decode's quiet NaN with
 // their sign, whatever NaN the hardware gives. (One PTX instruction an asm: the host emulation's rule.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 __device__ __forceinline__ u32 e4m3x2_f16x2(unsigned short codes) {  // byte 0 -> the low half
   u32 h;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(codes));
@@ -89,6 +90,7 @@ __device__ __forceinline__ float f16_bits_float(unsigned short h) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
 }
+#endif
 __device__ __forceinline__ float e4m3_nan(unsigned c) { return __uint_as_float((c & 0x80u) << 24 | 0x7fc00000u); }
 struct E4m3fnFloat : LowpFloat<3, 7, 0x7e, 0, 7> {
   __device__ static __forceinline__ float decode(unsigned c) {
