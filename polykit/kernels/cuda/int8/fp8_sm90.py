@@ -25,7 +25,7 @@ these take on the same kernel with a stage promoted in pieces and wider tiles (p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -36,9 +36,9 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic, defines
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, supports_epilogue
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
-from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, ConvGemm, plan_conv
-from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, int8_args, out_defines
-from polykit.kernels.cuda.int8.int8_sm90 import _estimate, _geometry
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES
+from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, RESIDUALS, out_defines
+from polykit.kernels.cuda.int8.int8_sm90 import Int8Launch, _estimate, _geometry, int8_launch
 
 KIND = "QConvNHWC"
 E4M3 = "float8_e4m3fn"
@@ -82,29 +82,10 @@ def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[
     return replace(source, defines=tuple(sorted(source.defines + extra + out_defines(layer, y_dtype, steps))))
 
 
-@dataclass(frozen=True)
-class Fp8Launch:
-    """An FP8 layer's device tensors as the sm90 FP8 kernels take them (this module's and fp8_gemm_sm90.py's)."""
-
-    x: DeviceTensor
-    w: DeviceTensor
-    y: DeviceTensor
-    geo: ConvGemm | None  # plan_conv's geometry (None: conv_sm90 cannot run it)
-    out: list[Any]  # the kernels' I8_PARAMS: scale, bias, Y scale, Y zero point, flags, scale step, bias step
-    steps: tuple[int, int]  # the scale's and bias's steps compiled in (int8.out_defines; bias 2: none)
-
-
-def fp8_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> Fp8Launch | None:
-    """The layer's kernel arguments (int8_args checks dtypes, shapes and channels), or None when its output is
-    empty (nothing to launch)."""
-    g, args = int8_args(layer, tensors, (E4M3,), MAX_FP8_K, ("float32", "float16"))
-    x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
-    flags, _wz_step, scale_step, bias_step = args[-4:]
-    if g["M"] == 0 or g["N"] == 0:
-        return None
-    steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
-    return Fp8Launch(x, w, y, plan_conv(layer.attrs, x.shape, w.shape, y.shape),
-                     [scale, bias, y_scale, y_zero, flags, scale_step, bias_step], steps)
+def fp8_launch(layer: Any, tensors: Mapping[str, DeviceTensor]) -> Int8Launch | None:
+    """The layer's kernel arguments (int8_sm90.int8_launch with e4m3 operands, FP8's largest K, float32 / float16
+    outputs), or None when its output is empty (nothing to launch)."""
+    return int8_launch(layer, tensors, (E4M3,), MAX_FP8_K, ("float32", "float16"))
 
 
 def enqueue_conv(tile: Sm90Tile, pieces: int = 1, bufs: int = 1, fast: bool = False):

@@ -26,12 +26,11 @@ import numpy as np
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
-from polykit.kernels.cuda.conv.conv_sm90 import plan_conv
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
 from polykit.kernels.cuda.int8.fp8_gemm_sm90 import FAST_TILES, over_rows
-from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, int8_args, out_defines, residual_layer
-from polykit.kernels.cuda.int8.int8_sm90 import KIND, _estimate, _geometry, _shaped_residual_layer
+from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, out_defines, residual_layer
+from polykit.kernels.cuda.int8.int8_sm90 import KIND, _estimate, _geometry, _shaped_residual_layer, int8_launch
 from polykit.kernels.cuda.int8.int8_sm90 import _supports as _conv_supports
 
 #: fp8_gemm_sm90's whole-tile (fast) tiles: 128x192, 128x256, 128x160, 128x128, 64x96
@@ -62,12 +61,10 @@ def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[
 
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        g, args = int8_args(layer, tensors)  # checks dtypes, shapes, per-channel sizes
-        x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
-        flags, _wz_step, scale_step, bias_step = args[-4:]
-        if g["M"] == 0 or g["N"] == 0:
+        run = int8_launch(layer, tensors)
+        if run is None:
             return
-        geo = plan_conv(layer.attrs, x.shape, w.shape, y.shape)
+        x, w, y, geo = run.x, run.w, run.y, run.geo
         if geo is None or x.dtype != np.int8 or w.dtype != np.int8 or not over_rows(geo) or geo.C % NHWC_CHANNELS:
             raise DeviceError(f"X {x.shape} {x.dtype} * W {w.shape} {w.dtype} is not an int8 GEMM over X's rows (the "
                               f"sm90 INT8 GEMM takes int8 NHWC X and KRSC W of a 1x1, stride-1, unpadded conv of C % "
@@ -78,11 +75,9 @@ def _enqueue(tile: Sm90Tile):
         tm_b = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         sizes = [geo.M, geo.N, geo.K, 0, 0, np.float32(1.0), np.float32(0.0), 1, 0, 0]  # no C; one item
-        out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]  # I8_PARAMS, int8_sm90's order
-        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
-        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps), (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
-                        [tm_a, tm_b, 0, y, *sizes, *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
+                        [tm_a, tm_b, 0, y, *sizes, *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
     return enqueue

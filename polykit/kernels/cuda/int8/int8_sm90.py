@@ -15,7 +15,7 @@ below the mma tactic's 10: level 0 keeps mma.sync, the tuner times it against th
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,7 +24,7 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.quant.int8 import SYMMETRIC
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
-from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, plan_conv
+from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, ConvGemm, plan_conv
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
 from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, out_defines, residual_layer, supports
@@ -102,25 +102,47 @@ def _estimate(tile: Sm90Tile):
     return estimate
 
 
+@dataclass(frozen=True)
+class Int8Launch:
+    """An INT8 or FP8 layer's device tensors as the sm90 kernels take them (this module's, int8_gemm_sm90.py's, and
+    through fp8_sm90.fp8_launch the FP8 ones)."""
+
+    x: DeviceTensor
+    w: DeviceTensor
+    y: DeviceTensor
+    geo: ConvGemm | None  # plan_conv's geometry (None: conv_sm90 cannot run it)
+    out: list[Any]  # the kernels' I8_PARAMS: scale, bias, Y scale, Y zero point, flags, scale step, bias step
+    steps: tuple[int, int]  # the scale's and bias's steps compiled in (int8.out_defines; bias 2: none)
+
+
+def int8_launch(layer: Any, tensors: Mapping[str, DeviceTensor], *checks: Any) -> Int8Launch | None:
+    """The layer's kernel arguments (int8_args checks dtypes, shapes, per-channel sizes; `checks`: its operand types,
+    largest K and float outputs, INT8's by default), or None when its output is empty (nothing to launch)."""
+    g, args = int8_args(layer, tensors, *checks)
+    x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
+    flags, _wz_step, scale_step, bias_step = args[-4:]
+    if g["M"] == 0 or g["N"] == 0:
+        return None
+    steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
+    return Int8Launch(x, w, y, plan_conv(layer.attrs, x.shape, w.shape, y.shape),
+                      [scale, bias, y_scale, y_zero, flags, scale_step, bias_step], steps)
+
+
 def _enqueue(tile: Sm90Tile):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
-        g, args = int8_args(layer, tensors)  # checks dtypes, shapes, per-channel sizes
-        x, w, _xz, _wz, scale, bias, y_scale, y_zero, y = args[:9]
-        flags, _wz_step, scale_step, bias_step = args[-4:]
-        if g["M"] == 0 or g["N"] == 0:
+        run = int8_launch(layer, tensors)
+        if run is None:
             return
-        geo = plan_conv(layer.attrs, x.shape, w.shape, y.shape)
+        x, w, y, geo = run.x, run.w, run.y, run.geo
         if geo is None or x.dtype != np.int8 or w.dtype != np.int8:
             raise DeviceError(f"X {x.shape} {x.dtype} * W {w.shape} {w.dtype} does not fit the sm90 INT8 kernel "
                               "(int8 NHWC X, KRSC W, group 1)", where=f"layer {layer.name!r}",
                               hint="the cuda.int8.mma_* tactics take it")
         tm_w = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-        out = [scale, bias, y_scale, y_zero, flags, scale_step, bias_step]
-        steps = (int(scale_step), int(bias_step) if isinstance(bias, DeviceTensor) else 2)
-        launcher.launch(kernel(layer, tile, y.dtype.name, steps), (tile.grid(tiles, launcher.sm_count),),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps), (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
-                        [tm_w, x, 0, y, *geo.args(), *out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
+                        [tm_w, x, 0, y, *geo.args(), *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
 
     return enqueue
