@@ -5,7 +5,7 @@
 For each distinct conv of ResNet-50 (torchvision's v1.5: the stride in the 3x3 conv; the stem's 3 channels padded to
 16 as an `--fp8` plan pads them) it prints a markdown row: its count, the implicit GEMM's M, N and K, the waves
 (tiles / (blocks x SMs)) of fp8_sm90's tiles and fp8_conv_sm90's, the level-0 choice with the cost model's time
-(`int8_sm90._estimate`: waves at each tile's guessed rate on K / 2 plus INT8's fitted epilogue term; an estimate,
+(`int8_sm90._estimate`: waves at each tile's guessed rate on K / 2 plus FP8's epilogue term in whole tiles; an estimate,
 nothing measured), and the candidate the model likes best among the tiles that take the layer (fp8_gemm_sm90's only
 for GEMMs over rows). The sums at the end compare level 0 with each layer's best (docs/INT8.md, "FP8 conv tiles with
 the promotion in pieces").
@@ -34,7 +34,7 @@ def resnet50_convs(batch: int) -> list[tuple[str, Any]]:
         out = (size + 2 * (k // 2) - k) // stride + 1
         attrs = {"kernel_shape": [k, k], "strides": [stride, stride], "pads": [k // 2] * 4}
         return name, SimpleNamespace(attrs=attrs, in_shapes=((batch, size, size, cin), (), (cout, k, k, cin)),
-                                     out_shapes=((batch, out, out, cout),))
+                                     out_shapes=((batch, out, out, cout),), in_dtypes=("float8_e4m3fn",) * 3)
 
     convs = [conv("stem 7x7/2", 224, 16, 64, 7, 2)]
     cin = 64

@@ -91,7 +91,7 @@ def _estimate(tile: Sm90Tile):
         if geo is None or not sm_count:
             return None
         width = math.sqrt(tile.consumers * tile.blocks)
-        if layer.in_dtypes and layer.in_dtypes[0] == "float8_e4m3fn":
+        if tuple(getattr(layer, "in_dtypes", ()))[:1] == ("float8_e4m3fn",):
             units = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
             per_sm = -(-units // max(1, tile.blocks * sm_count)) * tile.blocks * tile.bm * tile.bn
             epilogue = per_sm / (EPI_RATE_FP8 * width)
