@@ -28,12 +28,14 @@ DEFAULT_UNIT_SECONDS = 2.0
 CHUNK_SECONDS = 30.0
 
 ARCHES = ("sm_90", "sm_80")
-#: arches whose chunks compile to PTX only (nvrtc.compile_ptx: the front end and optimizer, no ptxas, ~40 % of a
-#: cubin's time): the second arch's C++ / CUDA checks; its inline PTX is what sm_90's cubins assemble too, but
-#: for the few `__CUDA_ARCH__ < 900` branches. Units pinned to an arch (sm_90a) compile with the first.
-PTX_ARCHES = ("sm_80",)
-#: a PTX unit's share of a cubin unit's NVRTC seconds (measured on sm_80 weight_only units: 4.0 / 8.7 and 4.2 / 12.6 s)
-PTX_SHARE = 0.4
+#: arches whose chunks run NVRTC's front end alone (nvrtc.check_front_end: every C++ / CUDA error of the
+#: `__CUDA_ARCH__ < 900` branches, template instantiations included, no optimizer or ptxas): the second arch's
+#: checks; its inline PTX is what sm_90's cubins assemble too. Units pinned to an arch (sm_90a) compile with the first.
+#: (Before 2026-12-07 this compiled PTX: ~40 % of a cubin's NVRTC time, ~9 CI minutes of 2 cores' CPU.)
+FRONT_END_ARCHES = ("sm_80",)
+#: a front-end unit's share of a cubin unit's NVRTC seconds (measured 2026-12-07: a pointwise unit 0.09 / 9.1 s,
+#: weight_only's first unit under 0.05 / 4.7 s)
+FRONT_END_SHARE = 0.02
 
 
 class Chunk(NamedTuple):
@@ -77,7 +79,7 @@ def module_chunks(arches: Iterable[str] = ARCHES) -> list[Chunk]:
             units = [u for u in units if not u.arch or arch == arches[0]]
             if not units:
                 continue
-            seconds = len(units) * UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS) * (PTX_SHARE if arch in PTX_ARCHES else 1)
+            seconds = len(units) * UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS) * (FRONT_END_SHARE if arch in FRONT_END_ARCHES else 1)
             parts = min(len(units), max(1, math.ceil(seconds / CHUNK_SECONDS)))
             for part in range(parts):  # interleaved: a module's slow variants sit together, the parts share them
                 chunks.append(Chunk(arch, module, part + 1, parts, tuple(units[part::parts])))

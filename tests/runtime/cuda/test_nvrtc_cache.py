@@ -60,13 +60,18 @@ def test_units_differing_only_in_kernel_name_compile_once():
     assert len(nvrtc.unique_units([SRC, twin])) == 1
 
 
-def test_compile_ptx_gives_the_virtual_arch_ptx_and_a_device_error_with_the_log():
-    """nvrtc.compile_ptx (CI's sm_80 check): PTX of compute_80 holding the kernel's entry, no driver needed; a
-    source NVRTC rejects raises DeviceError carrying NVRTC's message and the kernel's name."""
-    good = KernelSource("ptx_ok", code='extern "C" __global__ void ptx_ok(float* y) { y[threadIdx.x] = 2.f; }')
-    ptx = nvrtc.compile_ptx(good, "sm_80")
-    assert ".target sm_80" in ptx and ".entry ptx_ok" in ptx
-    bad = KernelSource("ptx_bad", code='extern "C" __global__ void ptx_bad() { int x = ; }')
-    with pytest.raises(DeviceError, match="ptx_bad") as err:
-        nvrtc.compile_ptx(bad, "sm_80")
+def test_check_front_end_passes_good_source_and_names_the_kernel_and_error_of_bad_source():
+    """nvrtc.check_front_end (CI's sm_80 check, NVRTC's front end alone): a good source passes without a driver;
+    a parse error and an error only a template's instantiation shows each raise DeviceError carrying NVRTC's
+    message and the kernel's name."""
+    good = KernelSource("fe_ok", code='extern "C" __global__ void fe_ok(float* y) { y[threadIdx.x] = 2.f; }')
+    assert nvrtc.check_front_end(good, "sm_80") is None
+    bad = KernelSource("fe_bad", code='extern "C" __global__ void fe_bad() { int x = ; }')
+    with pytest.raises(DeviceError, match="fe_bad") as err:
+        nvrtc.check_front_end(bad, "sm_80")
     assert "expected an expression" in str(err.value)
+    late = KernelSource("fe_late", code="template <class T> __device__ int f(T t) { return t.nope(); }\n"
+                        'extern "C" __global__ void fe_late(int* y) { *y = f(3); }')
+    with pytest.raises(DeviceError, match="fe_late") as err:
+        nvrtc.check_front_end(late, "sm_80")
+    assert "class type" in str(err.value)
