@@ -12,7 +12,7 @@ GOOD = 'extern "C" __global__ void k{i}(float* x) {{ x[threadIdx.x] += {i}.0f; }
 
 
 def test_a_slow_module_is_split_into_near_equal_interleaved_parts():
-    chunks = [c for c in module_chunks(ARCHES[1:]) if c.module == "int8.weight_only"]
+    chunks = [c for c in module_chunks(ARCHES[:1]) if c.module == "int8.weight_only"]
     assert UNIT_SECONDS["int8.weight_only"] > 0 and len(chunks) > 1
     assert [c.part for c in chunks] == list(range(1, len(chunks) + 1)) and {c.parts for c in chunks} == {len(chunks)}
     assert max(len(c.units) for c in chunks) - min(len(c.units) for c in chunks) <= 1
@@ -21,7 +21,7 @@ def test_a_slow_module_is_split_into_near_equal_interleaved_parts():
 
     keys = [u.key() for u in unique_units(compile_variants())]
     assert [[u.key() for u in c.units] for c in chunks] == [keys[i::len(chunks)] for i in range(len(chunks))]
-    assert chunks[0].id == f"{ARCHES[1]}-int8.weight_only-1of{len(chunks)}"
+    assert chunks[0].id == f"{ARCHES[0]}-int8.weight_only-1of{len(chunks)}"
 
 
 def test_units_pinned_to_an_arch_are_in_the_first_arch_chunks_only():
