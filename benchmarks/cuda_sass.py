@@ -63,6 +63,9 @@ def main() -> None:
     parser.add_argument("--int8", choices=("int8", "float32"), help="the INT8 1x1 conv kernel with this output")
     parser.add_argument("--int8-body", choices=("residual", "none", "relu"), default="residual",
                         help="--int8 int8's epilogue: the int8 residual + Relu (default), none, or Relu alone")
+    parser.add_argument("--int8-zero", choices=("const", "runtime"), default="const",
+                        help="--int8 int8's output zero point: a constant 0 (Y_ZERO 0, what --int8 builds stamp; "
+                             "default) or read at run time (an asymmetric model's)")
     parser.add_argument("--fp8", choices=("e4m3", "float32"), help="the FP8 1x1 conv kernel with this output")
     parser.add_argument("--fp8-family", choices=("conv", "gemm", "gemm_fast"), default="conv",
                         help="--fp8: the conv tiles (fp8_sm90.py) or the GEMM tiles (fp8_gemm_sm90.py), fast or not")
@@ -264,8 +267,11 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
     # the output compiled in as the tactics compile it (int8_out.cuh: Y_OUT, a per-channel scale and bias)
     fixed = {"Y_OUT": {"int8": "1", "e4m3": "1", "float32": "0"}[args.int8 or args.fp8], "SCALE_STEP": "1",
              "BIAS_STEP": "1"}
+    if args.int8 == "int8" and args.int8_zero == "const":
+        fixed["Y_ZERO"] = "0"
     source = replace(source, defines=tuple(d for d in source.defines if d[0] not in fixed) + tuple(fixed.items()))
-    cold = ("CALL", "F2I") + (() if args.hot_division else ("MUFU.RCP", "FCHK"))  # the IEEE division: a slow path
+    # the IEEE division: a slow path (its F2I too, but for Y_ZERO 0, whose 16-byte path converts by F2I)
+    cold = ("CALL",) + (() if fixed.get("Y_ZERO") == "0" else ("F2I",)) + (() if args.hot_division else ("MUFU.RCP", "FCHK"))
     # the 16-byte path's store: 8 bytes of int8 / e4m3, or of float32 column pairs (gemm_sm90_epilogue.cuh's
     # I8_NATIVE, no transpose: INT8, and FP8 since the nineteenth session)
     vector_store = "STG.E.64"
@@ -275,6 +281,11 @@ def quantized_sass(args) -> tuple[str, str, int, tuple[str, ...]]:
 #: signs of a slow form where a uniform branch chooses between two (epilogue_per_output): acc_float's
 #: range test of a sum against 2^22 (int8_out.cuh; the fast form is the shifter alone)
 SLOW_SIGNS = (", 0x800000, PT",)
+
+
+def opcode(text: str, name: str) -> bool:
+    """Whether the instruction `text` is `name` (with any modifiers): F2I, not the packed F2IP of Y_ZERO 0's hot path."""
+    return re.search(rf"(?:^|[\s;]){re.escape(name)}(?![\w])", re.sub(r"^@!?U?P\w+\s+", "", text)) is not None
 
 
 def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> tuple[int, Counter]:
@@ -319,7 +330,7 @@ def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> 
     def is_cold(ins: list[int]) -> bool:  # (a predicated store of the other kind issues on this path too,
         texts = [rows[i][1] for i in ins]  # and ptxas splits a 16-byte store into 4-byte ones at times)
         stores = [s for t in texts if (s := store(t)) and not t.startswith("@")]
-        return any(c in t for t in texts for c in cold) or (bool(stores) and vector_store not in stores)
+        return any(opcode(t, c) for t in texts for c in cold) or (bool(stores) and vector_store not in stores)
 
     def first_store(i: int) -> str | None:  # on the straight line from row i (branches not taken)
         return next((s for _, t in rows[i:i + 600] if (s := store(t))), None)
@@ -328,7 +339,7 @@ def epilogue_per_output(sass: str, vector_store: str, cold: tuple[str, ...]) -> 
         for _, t in rows[i:i + 600]:
             if store(t) == vector_store:
                 return False
-            if any(c in t for c in cold + SLOW_SIGNS):
+            if any(opcode(t, c) for c in cold) or any(c in t for c in SLOW_SIGNS):
                 return True
         return False
 

@@ -463,6 +463,25 @@ EOF
     done
     exit $rc
     ;;
+  s22)  # the twentieth session's INT8 work (none ran on a GPU before this call): the output's rint by conversion where
+    # its zero point is a constant 0 (int8_out.cuh Y_ZERO 0), the residual in registers before the K loop on the INT8
+    # GEMM tiles up to 256 columns (TILE_INPUTS), the whole-tile estimate for INT8; the fixed wide-range layer norm
+    # quantize test; then ResNet-50 INT8 / FP8 bs32 with the profile (s19c)
+    gpu_tests s22 ${NEW_S:-200} tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8_gemm_sm90.py \
+      tests/kernels/cuda/test_int8.py tests/compiler/test_int8_gpu.py \
+      "tests/kernels/cuda/test_output_quantize.py::test_a_float32_quantized_layer_norm_on_the_gpu_matches_quantize_linear_over_a_wide_range"
+    rc=$?
+    RESNET_S=${RESNET_S:-200} STEP=s19c bash "$0"
+    exit $rc
+    ;;
+  s21)  # the twentieth session's first call (2026-12-07; budget short after refused starts): the whole gpu suite
+    # (it holds s20's tests: Q8's division-free quotient, the INT8 GEMM-over-rows tiles), cut at SUITE_S, then
+    # ResNet-50 INT8 / FP8 bs32 with the per-layer profile (s19c) in the same call
+    STEP=suite SUITE_S=${SUITE_S:-400} bash "$0"
+    rc=$?
+    RESNET_S=${RESNET_S:-170} STEP=s19c bash "$0"
+    exit $rc
+    ;;
   s20)  # FIRST in the next session with a GPU: the nineteenth's untimed work (Q8's division-free quotient and e4m3
     # pairs in quantize.cu, the INT8 GEMM-over-rows tiles int8_gemm_sm90.py) gpu tests, then ResNet-50 INT8 / FP8
     # (s19c). Before it, STEP=suite (SUITE_S=560): the nineteenth's suite had one failure it could not name.

@@ -53,7 +53,7 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN, Graph, Node
 from polykit.compiler.ops.nn.channels_last import CHANNEL_ALIGN, TO_NCHW, TO_NHWC
 from polykit.compiler.ops.nn.conv import AUTO_PADS, window_geometry
 from polykit.compiler.ops.quant.int8 import (FP8, INT8_DTYPES, NHWC_KIND, QUANT_ARITY, QUANT_DTYPES, SYMMETRIC,
-                                             W, W_ZERO_POINT, X, X_ZERO_POINT)
+                                             Y_SCALE, Y_SYMMETRIC, Y_ZERO_POINT, W, W_ZERO_POINT, X, X_ZERO_POINT)
 from polykit.compiler.passes.fuse_pointwise import is_fusable
 from polykit.compiler.passes.rewrite import protected
 
@@ -396,6 +396,8 @@ class _Rewriter:
         x_zero = init[node.input(X_ZERO_POINT)]
         if x_zero.dtype == weight.dtype == np.int8 and not np.any(x_zero) and not np.any(w_zero):
             attrs[SYMMETRIC] = 1  # the kernels that skip the zero-point terms (int8_sm90.py) may take it
+        if self.zero_y(node):
+            attrs[Y_SYMMETRIC] = 1
         inputs = [xt, node.input(X_ZERO_POINT), self.krsc(w, channels, w_zero)] + list(node.inputs[W_ZERO_POINT:QUANT_ARITY])
         inputs += [extras[n] for n in node.inputs[QUANT_ARITY:]]
         return self.wrapped(node, NHWC_KIND, inputs, attrs, prefix)
@@ -431,6 +433,8 @@ class _Rewriter:
         attrs.update(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
         if weight.dtype == np.int8:
             attrs[SYMMETRIC] = 1  # the sm90 INT8 tiles (int8_sm90.py) take it, the mma.sync conv too
+        if self.zero_y(node):
+            attrs[Y_SYMMETRIC] = 1
         if "epilogue" in node.attrs:
             epilogue = node.attrs["epilogue"]
             body = [dict(step, inputs=[extras.get(i, i) for i in step["inputs"]]) for step in epilogue["body"]]
@@ -447,6 +451,15 @@ class _Rewriter:
     @staticmethod
     def fp8_operands(weight: np.ndarray, xv) -> bool:
         return FP8 is not None and weight.dtype == FP8 and xv.dtype == FP8
+
+    def zero_y(self, node: Node) -> bool:
+        """Whether the INT8 node requantizes its output with a zero point that is a constant 0 (an absent one is 0,
+        ONNX's default): the sm90 kernels then round and saturate by one conversion (int8_out.cuh's Y_ZERO)."""
+        if not node.input(Y_SCALE):
+            return False
+        name = node.input(Y_ZERO_POINT)
+        zero = self.graph.initializers.get(name) if name else np.zeros((), np.uint8)
+        return zero is not None and zero.dtype in INT8_DTYPES and zero.size == 1 and not np.any(zero)
 
     def symmetric_int8(self, node: Node, weight: np.ndarray, xv) -> bool:
         """int8 X and W whose zero points are constants of 0 (`--int8` builds; explicit Q/DQ models

@@ -22,7 +22,7 @@ from polykit.kernels.tactics import find_tactic
 from .recording_launcher import RecordingLauncher
 from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
 from .test_int8 import check, int8_residual, layer_of, q, stamped
-from .test_int8_sm90 import int8_residual_inputs, large_sum_inputs, near_tie_inputs, sym_inputs, sym_layer
+from .test_int8_sm90 import int8_residual_inputs, large_sum_inputs, near_tie_inputs, sym_inputs, sym_layer, zero_y_case
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 gpu = pytest.mark.gpu
@@ -72,6 +72,15 @@ def test_the_int8_gemm_tiles_rank_below_the_conv_tiles_so_level_0_keeps_them():
     # a timed build (level 1: two candidates) also times the best INT8 GEMM tile (another family)
     timed = [p[1].name for p in capped(pairs, 2)]
     assert {family(n) for n in timed} == {"cuda.int8.sm90", "cuda.int8.gemm"}
+
+
+def test_the_estimate_counts_whole_tiles_a_wave_so_a_short_last_wave_ranks_the_smaller_tile_first():
+    """ResNet-50 bs32's layer3 1x1 512 -> 256 at 28x28 (M 25088): 128x256 makes 1.48 waves, 128x128 2.97; the INT8
+    plan of 2026-12-07 (H100) took 128x256, which outputs / SMs ranked first, at 38.3 us where FP8's 128x128 took
+    19.2. Counted in whole tiles (int8_sm90._estimate), 128x128 leads."""
+    layer = sym_layer(sym_inputs((32, 28, 28, 512), (256, 1, 1, 512)), {})
+    costs = {t.label: int8_gemm_sm90._estimate(t)(layer, 132) for t in int8_gemm_sm90.TILES}
+    assert min(costs, key=costs.get) == "128x128", costs
 
 
 def device_tensors(inputs: dict[str, np.ndarray], y_shape: tuple[int, ...], y_dtype) -> dict[str, DeviceTensor]:
@@ -234,6 +243,17 @@ def test_requantization_at_half_integer_quotients_equals_the_reference(name, y_d
 
 @gpu
 @pytest.mark.parametrize("name", TACTICS)
+@pytest.mark.parametrize("case", ["requantized", "residual", "ties"])
+@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_an_output_zero_point_of_constant_0_requantizes_as_the_reference(name, case, y_dtype, n):
+    """Y_ZERO 0 on the GEMM tiles (the residual in registers before the K loop up to 256 columns: TILE_INPUTS)."""
+    layer, inputs = zero_y_case(case, y_dtype, n)
+    run_gemm(layer, inputs, name)
+
+
+@gpu
+@pytest.mark.parametrize("name", TACTICS)
 @pytest.mark.parametrize("y_dtype", [np.int8, None])
 @pytest.mark.parametrize("n", [96, 130], ids=["8_channels_a_lane", "per_element"])
 def test_sums_past_2_22_round_to_float_as_the_reference(name, y_dtype, n):
@@ -257,6 +277,13 @@ def test_an_int8_resnet_plan_has_convs_over_rows_the_gemm_tiles_take():
     taken = [c.name for c in convs if tactic(TACTICS[0]).supports(c)]
     assert taken and len(taken) < len(convs)
     assert all(int8_gemm_sm90.over_rows(int8_sm90._geometry(c)) == (c.name in taken) for c in convs)
+    # every requantized conv (int8 out) carries the constant 0 output zero point the calibrator writes: Y_ZERO 0
+    from polykit.compiler.ops.quant.int8 import Y_SYMMETRIC
+
+    requantized = [c for c in convs if c.out_dtypes[0] == "int8"]
+    assert requantized and all(c.attrs.get(Y_SYMMETRIC) for c in requantized)
+    assert all(("Y_ZERO", "0") in int8_gemm_sm90.kernel(c, int8_gemm_sm90.TILES[0]).defines
+               for c in requantized if c.name in taken)
 
 
 @gpu

@@ -33,7 +33,10 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __int2float_rn(int a) { return (float)a; }
-inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+// cvt.rni.s32.f32 as PTX defines it: half to even, saturated to int32, NaN -> 0 (Y_ZERO 0's rounding relies on it)
+inline int __float2int_rn(float a) {
+  return a != a ? 0 : a >= 0x1p31f ? 2147483647 : a <= -0x1p31f ? (-2147483647 - 1) : (int)nearbyintf(a);
+}
 inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 struct uint2 { unsigned x, y; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
@@ -146,7 +149,7 @@ FLAG_Y_INT, FLAG_Y_U8 = 4, 8
 rng = np.random.default_rng(11)
 
 
-def host_code(f8: bool) -> str:
+def host_code(f8: bool, y_zero0: bool = False) -> str:
     dtypes = (CUDA_DIR / "dtypes.cuh").read_text()
     for name, repl in HALF.items():
         dtypes = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, dtypes, count=1, flags=re.S)
@@ -156,17 +159,21 @@ def host_code(f8: bool) -> str:
     # the e4m3 conversion's PTX (not what these tests check) -> a stand-in that compiles
     out = re.sub(r'asm\("cvt\.rn\.satfinite\.e4m3x2\.f32.*?\);', "d = 0;", out, flags=re.S)
     # (clamp_nan's PTX sits under __CUDA_ARCH__, its C form is what g++ compiles)
-    return (PRELUDE + INTRINSICS + dtypes + f"#define HAS_EPILOGUE 0\n#define F8 {int(f8)}\n" + out + HARNESS)
+    y_zero = "#define Y_ZERO 0\n" if y_zero0 else ""
+    return (PRELUDE + INTRINSICS + dtypes + f"#define HAS_EPILOGUE 0\n#define F8 {int(f8)}\n" + y_zero + out + HARNESS)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["int8", "fp8"])
+@pytest.fixture(scope="module", params=[(False, False), (True, False), (False, True)], ids=["int8", "fp8", "int8_y_zero0"])
 def lib(request, tmp_path_factory):
+    """The header compiled for INT8, FP8, and INT8 with Y_ZERO 0 (an output zero point that is a constant 0: the
+    rounding by conversion)."""
+    f8, y_zero0 = request.param
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
     folder = tmp_path_factory.mktemp("int8_out")
     src, so = folder / "int8_out.cpp", folder / "int8_out.so"
-    src.write_text(host_code(request.param))
+    src.write_text(host_code(f8, y_zero0))
     subprocess.run([cxx, "-std=c++17", "-O1", "-w", "-ffp-contract=off", "-fPIC", "-shared", "-o", str(so), str(src)],
                    check=True)
     out = ctypes.CDLL(str(so))
@@ -178,11 +185,11 @@ def lib(request, tmp_path_factory):
     out.transpose_all.argtypes = [ctypes.c_void_p]
     out.channel_pairs_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_void_p]
-    if not request.param:
+    if not f8:
         out.halves_all.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
                                    ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_ubyte, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_void_p]
-    out.f8 = request.param
+    out.f8, out.y_zero0 = f8, y_zero0
     return out
 
 
@@ -243,12 +250,14 @@ def test_the_quotient_is_the_ieee_quotient_bit_for_bit(lib):
     assert checked > 1_000_000
 
 
-@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -3), (np.uint8, 128), (np.uint8, 255)])
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -3), (np.uint8, 0), (np.uint8, 128), (np.uint8, 255)])
 def test_requantize_gives_quantize_linears_bytes(lib, y_dtype, zero_point):
     """saturate(rint(v / ys) + zero point), NaN -> 0, over ties, near-ties, saturation and the edges,
     for y_scales inside the quotient's range and outside it (2^-91, 2^91: the IEEE division)."""
     if lib.f8:
         pytest.skip("the FP8 output rounds in the e4m3 conversion (PTX): test_fp8_sm90.py")
+    if lib.y_zero0 and zero_point:
+        pytest.skip("Y_ZERO 0 is compiled for a zero point of 0 only")
     flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
     zp = np.array(zero_point, y_dtype)
     outside = 0
@@ -263,12 +272,14 @@ def test_requantize_gives_quantize_linears_bytes(lib, y_dtype, zero_point):
     assert outside >= 4, "no y_scale took the division"
 
 
-@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.uint8, 3)])
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.uint8, 0), (np.uint8, 3)])
 def test_the_8_value_store_writes_quantize_linears_bytes(lib, y_dtype, zero_point):
     """store8 (the sm90 kernel's 16-byte path: requantize_rcp for 8 channels, one 8-byte store; vec_ok
     keeps it to y_scales in the quotient's range) writes the reference's bytes."""
     if lib.f8:
         pytest.skip("the FP8 store converts by PTX (cvt e4m3x2): test_fp8_sm90.py")
+    if lib.y_zero0 and zero_point:
+        pytest.skip("Y_ZERO 0 is compiled for a zero point of 0 only")
     flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
     zp = np.array(zero_point, y_dtype)
     for ys in y_scales():
@@ -329,7 +340,7 @@ def test_the_channel_pairs_are_the_lanes_columns(lib, steps):
                         assert np.array_equal(got_b, bias[cols] if steps >> 1 else np.repeat(bias[0], 2))
 
 
-@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -5), (np.uint8, 3)])
+@pytest.mark.parametrize("y_dtype,zero_point", [(np.int8, 0), (np.int8, -5), (np.uint8, 0), (np.uint8, 3)])
 @pytest.mark.parametrize("steps", [3, 1, 0], ids=["per_channel", "per_channel_scale_no_bias", "per_tensor"])
 def test_a_rows_blocks_two_at_a_time_give_the_groups_bytes(lib, steps, y_dtype, zero_point):
     """finish_halves (the native int8 / uint8-out 64x128x2 kernel without a residual): a lane's row of a
@@ -338,6 +349,8 @@ def test_a_rows_blocks_two_at_a_time_give_the_groups_bytes(lib, steps, y_dtype, 
     for groups cut short by N (left 8, 24, 40) and sums below 2^22 (small_sums) or past it."""
     if lib.f8:
         pytest.skip("INT8 only (bytes8 / bytes4 are not compiled for FP8)")
+    if lib.y_zero0 and zero_point:
+        pytest.skip("Y_ZERO 0 is compiled for a zero point of 0 only")
     flags = FLAG_Y_INT | (FLAG_Y_U8 if y_dtype == np.uint8 else 0)
     zp = np.array(zero_point, y_dtype)
     n_all = 200

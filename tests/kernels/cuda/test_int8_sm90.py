@@ -103,6 +103,49 @@ def near_tie_inputs(n, y_dtype):
             "S": np.float32(ys * np.float32(0.5)), "YS": ys, "YZ": q((), y_dtype)}
 
 
+def zero_y_case(case: str, y_dtype, n: int):
+    """(layer, inputs) of a requantized layer whose output zero point is a constant 0 and stamped so (y_symmetric,
+    what --int8 builds stamp: int8_out.cuh's Y_ZERO 0, the rounding by conversion): `case` "requantized" (random
+    operands, per-channel scale and bias), "residual" (an int8 residual with Relu) or "ties" (near_tie_inputs: v /
+    y_scale on and next to half-integers), n output channels."""
+    from polykit.compiler.ops.quant.int8 import Y_SYMMETRIC
+
+    if case == "residual":
+        inputs = int8_residual_inputs(n, y_dtype)
+        layer = sym_layer(inputs, {Y_SYMMETRIC: 1}, int8_residual(False), ("skip", "skip_scale"))
+    else:
+        inputs = near_tie_inputs(n, y_dtype) if case == "ties" else sym_inputs((2, 10, 9, 64), (n, 1, 1, 64),
+                                                                               y_dtype=y_dtype)
+        layer = sym_layer(inputs, {Y_SYMMETRIC: 1})
+    inputs["YZ"] = np.zeros((), y_dtype)
+    return layer, inputs
+
+
+def test_a_constant_zero_output_zero_point_compiles_the_rounding_by_conversion():
+    """int8.out_defines: Y_ZERO 0 for an int8 / uint8 output stamped y_symmetric, none for a float output or an
+    unstamped layer (the zero point read at run time)."""
+    from polykit.kernels.cuda.int8.int8 import out_defines
+
+    for y_dtype in (np.int8, np.uint8):
+        layer, _ = zero_y_case("requantized", y_dtype, 96)
+        assert ("Y_ZERO", "0") in out_defines(layer)
+        assert ("Y_ZERO", "0") in int8_sm90.kernel(layer, int8_sm90.TILES[0]).defines
+        assert ("Y_ZERO", "0") not in out_defines(layer, "float32")
+        plain = sym_layer(sym_inputs((2, 10, 9, 64), (96, 1, 1, 64), y_dtype=y_dtype), {})
+        assert not any(name == "Y_ZERO" for name, _ in out_defines(plain))
+
+
+@gpu
+@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("case", ["requantized", "residual", "ties"])
+@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_an_output_zero_point_of_constant_0_requantizes_as_the_reference(tactic, case, y_dtype, n):
+    """Y_ZERO 0 (rint by cvt.rni, NaN -> 0, the packing's saturation) gives the reference's bytes, ties included."""
+    layer, inputs = zero_y_case(case, y_dtype, n)
+    run_sm90(layer, inputs, tactic)
+
+
 @gpu
 @pytest.mark.parametrize("tactic", TACTICS + ["cuda.int8.mma_conv_nhwc"])
 @pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])

@@ -76,6 +76,9 @@ def is_fp8_layer(layer: Any) -> bool:
 
 #: the attribute saying X and W are int8 with zero points 0 (module docstring)
 SYMMETRIC = "symmetric"
+#: the attribute saying a requantized output's zero point is a constant 0 (int8_out.cuh's Y_ZERO 0: rint(v / y_scale)
+#: saturated, by one conversion with its packing)
+Y_SYMMETRIC = "y_symmetric"
 
 
 def epilogue_result(epilogue: dict[str, Any]) -> str:
@@ -85,7 +88,7 @@ def epilogue_result(epilogue: dict[str, Any]) -> str:
 
 def base_of(node: Node) -> Node:
     """The float op a QConv/QMatMul's integer product follows (X and W; Conv's attributes)."""
-    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from", SYMMETRIC)}
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("epilogue", "fused_from", SYMMETRIC, Y_SYMMETRIC)}
     return Node(INT8_KINDS[node.op_type], [node.inputs[X], node.inputs[W]], ["acc"], attrs, name=node.name)
 
 

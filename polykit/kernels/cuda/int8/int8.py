@@ -22,7 +22,8 @@ import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.compiler.ops.nn.conv import window_geometry
-from polykit.compiler.ops.quant.int8 import BIAS, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT, Y_SCALE, Y_ZERO_POINT
+from polykit.compiler.ops.quant.int8 import (BIAS, SCALE, W, W_ZERO_POINT, X, X_ZERO_POINT, Y_SCALE, Y_SYMMETRIC,
+                                             Y_ZERO_POINT)
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic, defines
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, supports_epilogue
@@ -56,8 +57,12 @@ def out_defines(layer: Any, y_dtype: str | None = None, steps: tuple[int, int] |
                 ) -> tuple[tuple[str, str], ...]:
     """int8_out.cuh's compiled-in output: Y_OUT (`y_dtype`, else output_type's), and SCALE_STEP /
     BIAS_STEP (`steps`: int8_args' scale and bias steps, bias 2 when there is none; else from the
-    record's shapes, none when it has no shapes: the kernel then reads its arguments)."""
-    out = defines(Y_OUT=Y_OUT[y_dtype or output_type(layer)])
+    record's shapes, none when it has no shapes: the kernel then reads its arguments); Y_ZERO 0 for an int8 / uint8
+    output whose zero point is a constant 0 (the layer's Y_SYMMETRIC, stamped by to_channels_last)."""
+    y_dtype = y_dtype or output_type(layer)
+    out = defines(Y_OUT=Y_OUT[y_dtype])
+    if y_dtype in ("int8", "uint8") and getattr(layer, "attrs", {}).get(Y_SYMMETRIC):
+        out += defines(Y_ZERO=0)
     if steps is None:
         shapes = getattr(layer, "in_shapes", ())
         if len(shapes) <= BIAS:

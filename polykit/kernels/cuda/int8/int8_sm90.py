@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from polykit.compiler.ir.graph import POLYKIT_DOMAIN
-from polykit.compiler.ops.quant.int8 import SYMMETRIC
+from polykit.compiler.ops.quant.int8 import SYMMETRIC, Y_SYMMETRIC
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, ConvGemm, plan_conv
@@ -38,13 +38,13 @@ TILES = tuple(t for t in CONV_TILES if t.label in ("128x128", "128x256", "128x64
     Sm90Tile(1, 2, 64, 4, blocks=2, tflops=340),)
 #: s8 wgmma runs twice fp16's rate: the cost model sees half the K
 RATE = 2
-#: outputs a microsecond one SM's epilogue finishes (dequantize, residual, requantize: issue-bound),
-#: by consumer warpgroups an SM w, as EPI_RATE * sqrt(w): fitted to H100 timings of the 1x1 64 -> 256
-#: conv on 32x56x56 with an int8 residual (128x128, w 2: 121 us; 128x64x2, w 4: 95 us)
-EPI_RATE = 1130.0
-#: the FP8 kernels' (F8_NATIVE, TILE_INPUTS): H100, 2026-12-07, the fast GEMM 128x256 (w 2) on that 1x1 with an
-#: e4m3 residual and output in 56.6 us, 25.7 M outputs on 132 SMs in whole tiles: 3440 a microsecond an SM / sqrt(2)
-EPI_RATE_FP8 = 2430.0
+#: outputs a microsecond one SM's 8-bit epilogue finishes (dequantize, residual, requantize: issue-bound), by
+#: consumer warpgroups an SM w, as EPI_RATE * sqrt(w), counted in whole tiles a wave: H100, 2026-12-07, the FP8
+#: fast GEMM 128x256 (w 2; F8_NATIVE, TILE_INPUTS) on ResNet-50 bs32's 1x1 64 -> 256 with an e4m3 residual and
+#: output in 56.6 us, 25.7 M outputs on 132 SMs in whole tiles: 3440 a microsecond an SM / sqrt(2). INT8 takes the
+#: same rate since its output rounds by one conversion (Y_ZERO 0: 21.6 instructions an output with an int8
+#: residual on conv 128x256, where FP8's e4m3 one issues 24.3; cuda_sass.py)
+EPI_RATE = 2430.0
 
 
 def _geometry(layer: Any):
@@ -79,25 +79,21 @@ def _kernels(tile: Sm90Tile):
 
 
 def _estimate(tile: Sm90Tile):
-    """predicted_us on half the K (RATE), plus the epilogue at EPI_RATE * sqrt(w) outputs a microsecond an SM.
-    FP8 layers (fp8_sm90.py, fp8_conv_sm90.py and fp8_gemm_sm90.py take this estimate too) count the outputs one SM
-    finishes as whole tiles a wave (`blocks` an SM): a last wave that leaves SMs idle costs the busy ones a whole
-    tile's epilogue all the same (ResNet-50 bs32's layer3 1x1 256 -> 1024, M 6272: 128x256 makes 1.48 waves,
-    128x128 2.97; alone on an H100 the fast FP8 tiles took 22.8 and 18.8 us, 2026-12-07, where outputs / SMs
-    ranked 128x256 first), at EPI_RATE_FP8. INT8 keeps outputs / SMs at EPI_RATE until its tiles are timed again
-    (its rate's fit counted them so)."""
+    """predicted_us on half the K (RATE), plus the epilogue at EPI_RATE * sqrt(w) outputs a microsecond an SM, the
+    outputs one SM finishes counted as whole tiles a wave (`blocks` an SM): a last wave that leaves SMs idle costs
+    the busy ones a whole tile's epilogue all the same (ResNet-50 bs32's layer3 1x1 256 -> 1024, M 6272: 128x256
+    makes 1.48 waves, 128x128 2.97; alone on an H100 the fast FP8 tiles took 22.8 and 18.8 us, 2026-12-07, and in
+    the INT8 plan of the same day 128x256, which outputs / SMs ranked first, took 38.3 us on layer3's first 1x1
+    512 -> 256 where FP8's 128x128 took 19.2). The INT8 and FP8 tiles (fp8_sm90.py, fp8_conv_sm90.py,
+    fp8_gemm_sm90.py, int8_gemm_sm90.py) all take it."""
     def estimate(layer: Any, sm_count: int) -> float | None:
         geo = _geometry(layer)
         if geo is None or not sm_count:
             return None
         width = math.sqrt(tile.consumers * tile.blocks)
-        if tuple(getattr(layer, "in_dtypes", ()))[:1] == ("float8_e4m3fn",):
-            units = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
-            per_sm = -(-units // max(1, tile.blocks * sm_count)) * tile.blocks * tile.bm * tile.bn
-            epilogue = per_sm / (EPI_RATE_FP8 * width)
-        else:
-            epilogue = geo.M * geo.N / (sm_count * EPI_RATE * width)
-        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count) + epilogue
+        units = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
+        per_sm = -(-units // max(1, tile.blocks * sm_count)) * tile.blocks * tile.bm * tile.bn
+        return predicted_us(tile, geo.M, geo.N, max(1, geo.K // RATE), 1, sm_count) + per_sm / (EPI_RATE * width)
 
     return estimate
 
@@ -160,12 +156,19 @@ def compile_variants() -> list[KernelSource]:
     """conv_sm90 I8 for every tile; the first tile with each residual epilogue int8.py builds in,
     read 8 at a time (shapes stamped), and with its int8 residual read through a general broadcast
     (shapes unknown: the per-element path only); int8 out (Y_OUT), the int8 residual also uint8 and
-    float32 out, the float32 one float32 (CI: sm_90a)."""
+    float32 out, the float32 one float32; every tile's int8 output with a constant 0 zero point (Y_ZERO 0, what
+    --int8 builds stamp), the first tile's also read at run time and with the int8 residual (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
-    out = [kernel(plain, t, "int8") for t in TILES]
+    out = [kernel(zero_y(plain), t, "int8") for t in TILES] + [kernel(plain, TILES[0], "int8")]
     outputs = {"float32": ("int8", "float32"), "int8": ("int8", "uint8", "float32")}  # (per-channel scale, no bias)
     out += [kernel(_shaped_residual_layer(r), TILES[0], y) for r, ys in outputs.items() for y in ys]
+    out += [kernel(zero_y(_shaped_residual_layer("int8")), TILES[0], "int8")]
     return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
+
+
+def zero_y(layer: Any) -> Any:
+    """`layer` stamped as to_channels_last stamps a requantized output whose zero point is a constant 0."""
+    return replace(layer, attrs={**layer.attrs, Y_SYMMETRIC: 1})
 
 
 for _tile in TILES:

@@ -19,6 +19,8 @@
 // channel total), the weights' rows by TMA coordinate z = g (tm_w's third dim the groups), Bias,
 // Y + g * N (Y's rows LDY apart: the layer's output channels). M, K are a group's GEMM.
 #define OUT_ROW_STRIDE 1
+// a tile's residual in registers before its K loop up to 128 columns on INT8 (gemm_sm90_epilogue.cuh's TILE_INPUTS)
+#define TILE_INPUT_COLS (F8 ? 256 : 128)
 #ifndef CONV_GROUPED
 #define CONV_GROUPED 0
 #endif

@@ -461,8 +461,11 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
 // ahead of their math (PREFETCH_GROUPS), so that a short K loop's tile (ResNet's 1x1 convs over 64 / 128
 // channels: one stage) does not wait on them group after group. One block an SM, one m64 subtile a warpgroup
 // (the native path's), BN / 4 bytes an input a thread where the registers hold them (ptxas, no spills): 256
-// columns of one input on the FP8 tiles, 128 on the INT8 ones (128x256 spilled 30)
-#define TILE_INPUT_COLS (F8 ? 256 : 128)
+// columns of one input (conv_sm90.cu's INT8 tiles set 128 before including this: its 128x256, whose producer
+// gathers im2col rows, spilled 28 bytes with 256; gemm_sm90.cu's INT8 GEMM tiles over rows hold 256 without a spill)
+#ifndef TILE_INPUT_COLS
+#define TILE_INPUT_COLS 256
+#endif
 #define TILE_INPUTS \
   (I8_NATIVE && HAS_EPILOGUE && BLOCKS == 1 && MSUB == 1 && EPI_IN8_COUNT * BN <= TILE_INPUT_COLS)
 struct TileIn {

@@ -18,6 +18,10 @@
 // it (int8.cu) the flags say it at run time.
 // SCALE_STEP, BIAS_STEP (defines, optional, set with Y_OUT): the scale's and the bias's step compiled
 // in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
+// Y_ZERO (define, optional): 0 when an int8 / uint8 output's zero point is a constant 0 (int8.out_defines, from the
+// layer's y_symmetric); the kernel then ignores YZ and rounds each quotient to an integer by one conversion
+// (cvt.rni.s32.f32: half to even, NaN -> 0, as polykit's float -> integer rule) that ptxas fuses with the packing's
+// saturation (F2IP: two outputs an instruction, where the zero point's path costs ~4.4 instructions an output).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
@@ -32,6 +36,9 @@
 #endif
 #ifndef BIAS_STEP
 #define BIAS_STEP -1
+#endif
+#ifndef Y_ZERO
+#define Y_ZERO -1
 #endif
 #ifndef F8
 #define F8 0
@@ -131,7 +138,9 @@ struct Out {
   __device__ __forceinline__ int requantize_rcp(float v) const { return min(max(unsaturated(v), lo), hi); }
   // requantize_rcp before the saturation: rint(v / ys) + yz (|v| clamped as there), 0 for a NaN v (which the
   // saturation keeps: lo <= 0 <= hi)
+  // (Y_ZERO 0: the quotient's rint by the conversion, NaN -> 0 there; |quotient| <= 1025, so no int32 saturation)
   __device__ __forceinline__ int unsaturated(float v) const {
+    if (Y_ZERO == 0) return __float2int_rn(quotient(clamp_nan(v, ys * 1024.f)));
     const float shifted = __fadd_rn(quotient(clamp_nan(v, ys * 1024.f)), 0x1.8p23f);  // NaN for a NaN v
     return shifted != shifted ? 0 : __float_as_int(shifted) + zmagic;
   }
@@ -302,7 +311,7 @@ __device__ __forceinline__ Out int8_out(const float* Scale, const float* Bias, c
   o.rys = __frcp_rn(o.ys);
   o.rcp_ok = o.ys >= 0x1p-90f && o.ys <= 0x1p90f;
   o.small_sums = false;
-  o.zmagic = (!o.yint() ? 0 : o.yu8() ? (int)YZ[0] : (int)(i8)YZ[0]) - 0x4B400000;
+  o.zmagic = (!o.yint() || Y_ZERO == 0 ? 0 : o.yu8() ? (int)YZ[0] : (int)(i8)YZ[0]) - 0x4B400000;
   o.lo = o.yu8() ? 0 : -128;
   o.hi = o.yu8() ? 255 : 127;
   return o;
