@@ -22,7 +22,7 @@ from polykit.kernels.tactics import find_tactic
 from .recording_launcher import RecordingLauncher
 from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
 from .test_int8 import check, int8_residual, layer_of, q, stamped
-from .test_int8_sm90 import int8_residual_inputs, large_sum_inputs, near_tie_inputs, sym_inputs, sym_layer, zero_y_case
+from .test_int8_sm90 import int8_residual_inputs, large_sum_inputs, near_tie_inputs, sym_inputs, sym_layer
 from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
 gpu = pytest.mark.gpu
@@ -239,17 +239,6 @@ def test_sm90_int8_gemm_with_an_int8_residual_and_relu_float_output(name, n):
 def test_requantization_at_half_integer_quotients_equals_the_reference(name, y_dtype, n):
     inputs = near_tie_inputs(n, y_dtype)
     run_gemm(sym_layer(inputs, {}), inputs, name)
-
-
-@gpu
-@pytest.mark.parametrize("name", TACTICS)
-@pytest.mark.parametrize("case", ["requantized", "residual", "ties"])
-@pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
-@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
-def test_an_output_zero_point_of_constant_0_requantizes_as_the_reference(name, case, y_dtype, n):
-    """Y_ZERO 0 on the GEMM tiles (the residual in registers before the K loop up to 256 columns: TILE_INPUTS)."""
-    layer, inputs = zero_y_case(case, y_dtype, n)
-    run_gemm(layer, inputs, name)
 
 
 @gpu

@@ -17,7 +17,7 @@ from polykit.compiler.builder.calibrate import calibrate
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
-from polykit.kernels.cuda.int8 import int8_sm90
+from polykit.kernels.cuda.int8 import int8_gemm_sm90, int8_sm90
 from polykit.runtime.engine import Runtime
 
 from ...compiler.int8_models import feeds_for, quantize_with_onnxruntime, small_resnet
@@ -136,14 +136,18 @@ def test_a_constant_zero_output_zero_point_compiles_the_rounding_by_conversion()
 
 
 @gpu
-@pytest.mark.parametrize("tactic", TACTICS)
+@pytest.mark.parametrize("tactic", TACTICS + [f"cuda.int8.gemm_sm90_{t.label}" for t in int8_gemm_sm90.TILES])
 @pytest.mark.parametrize("case", ["requantized", "residual", "ties"])
 @pytest.mark.parametrize("y_dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
 def test_an_output_zero_point_of_constant_0_requantizes_as_the_reference(tactic, case, y_dtype, n):
-    """Y_ZERO 0 (rint by cvt.rni, NaN -> 0, the packing's saturation) gives the reference's bytes, ties included."""
+    """Y_ZERO 0 (rint by cvt.rni, NaN -> 0, the packing's saturation) gives the reference's bytes, ties included, on
+    the conv tiles and the GEMM tiles over rows (their residual in registers before the K loop up to 256 columns)."""
+    from polykit.kernels.tactics import find_tactic
+
     layer, inputs = zero_y_case(case, y_dtype, n)
-    run_sm90(layer, inputs, tactic)
+    assert find_tactic("cuda", "QConvNHWC", tactic).supports(layer)
+    check(layer, inputs, tactic)
 
 
 @gpu
