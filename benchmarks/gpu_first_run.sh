@@ -463,6 +463,20 @@ EOF
     done
     exit $rc
     ;;
+  s22b)  # the twentieth session's second INT8 change: a sum's float by one conversion (I2F, I2FP on sm_90) where it may
+    # pass 2^22 (K >= 256), the INT8 GEMM tiles' small sums by the shifter (small_sums, as conv_sm90's); INT8 gpu tests,
+    # then ResNet-50 INT8 bs32 before (ZOO_BEFORE, default .ab2: f9ba68fc, carried) and after, in one call
+    gpu_tests s22b ${NEW_S:-150} tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8_gemm_sm90.py \
+      tests/kernels/cuda/test_int8.py tests/compiler/test_int8_gpu.py
+    rc=$?
+    for tree in "${ZOO_BEFORE:-.ab2}" .; do
+      tag=$([ "$tree" = . ] && echo after || echo before)
+      (cd "$tree" && timeout ${RESNET_S:-110} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8 --rounds 3 \
+        --iters 30 $([ "$tag" = after ] && echo "--profile 8") --out "$OUT/int8_$tag.json" > "$OUT/int8_$tag.txt" 2>&1)
+      echo "== $tag rc $?"; grep -E '"(fp16_ms|int8_ms|speedup_int8_vs_fp16|int8_faster_in_rounds)"' "$OUT/int8_$tag.json"
+    done
+    exit $rc
+    ;;
   s22)  # the twentieth session's INT8 work (none ran on a GPU before this call): the output's rint by conversion where
     # its zero point is a constant 0 (int8_out.cuh Y_ZERO 0), the residual in registers before the K loop on the INT8
     # GEMM tiles up to 256 columns (TILE_INPUTS), the whole-tile estimate for INT8; the fixed wide-range layer norm

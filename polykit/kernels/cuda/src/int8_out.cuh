@@ -47,13 +47,12 @@ static_assert(Y_OUT != 3 || F8, "a float16 output is the FP8 variant's only");
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
-// acc rounded to float (to nearest even, as numpy's astype): for |acc| < 2^22 exactly and without the
-// conversion pipe's I2F, the float 1.5 * 2^23 with acc added to its bits is 1.5 * 2^23 + acc (the
-// mantissa holds acc + 2^22 in [0, 2^23)), and the subtraction is exact; larger sums take I2F
-__device__ __forceinline__ float acc_float(int acc) {
-  if ((u32)acc + 0x400000u < 0x800000u) return __fsub_rn(__int_as_float(0x4B400000 + acc), 0x1.8p23f);
-  return __int2float_rn(acc);
-}
+// acc rounded to float (to nearest even, as numpy's astype): one conversion (I2F). Sums known below 2^22 in
+// magnitude (Out::small_sums) take dequantize8's shifter instead, off the conversion pipe. (Before 2026-12-07 every
+// sum took a range test, the shifter or I2F, and a select: ~5 instructions where I2F is one; the requantization by
+// conversion, Y_ZERO 0, puts a second conversion an output on that pipe, 16 a clock an SM on sm_90: 8 outputs a
+// clock an SM, where ~19 instructions an output issue 6.7.)
+__device__ __forceinline__ float acc_float(int acc) { return __int2float_rn(acc); }
 
 // 4 per-channel values from channel n (step 1: one 16-byte load, p + n 16-byte aligned) or one
 // value for all (step 0)
@@ -206,7 +205,8 @@ struct Out {
   __device__ __forceinline__ void dequantize8(const A (&acc)[P], const float (&s)[P], const float (&b)[P],
                                               float (&v)[P]) const {
 #if !F8
-    if (small_sums) {  // acc_float's shifter without its range test and I2F branch (5 instructions -> 2)
+    if (small_sums) {  // every |acc| < 2^22: the float 1.5 * 2^23 with acc added to its bits is 1.5 * 2^23 + acc (its
+      // mantissa holds acc + 2^22 in [0, 2^23)), and the subtraction is exact (2 instructions, no conversion)
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         const float x = __fmul_rn(__fsub_rn(__int_as_float(0x4B400000 + acc[i]), 0x1.8p23f), s[i]);
