@@ -12,8 +12,8 @@ equal `cpu.reference` bit for bit, as int8_sm90's). The tiles are fp8_gemm_sm90'
 128x256, 128x160, 128x128, 64x96): BN / 2 int32 accumulators a thread.
 Priority 4, below int8_sm90's 5: a level-0 plan keeps the conv tiles; the tuner times the best of them
 at level >= 1 (tuner.capped: `cuda.int8.gemm` is another family than `cuda.int8.sm90`).
-Untimed: written without a GPU (2026-12-07); tests/kernels/cuda/test_int8_gemm_sm90.py's GPU tests hold
-them to the reference.
+Measured (H100, 2026-12-07): bit-exact in tests/kernels/cuda/test_int8_gemm_sm90.py's and test_int8_sm90.py's GPU
+tests; a timed ResNet-50 bs32 INT8 build takes them on 31 of its 54 convs (docs/INT8.md, twentieth session).
 """
 
 from __future__ import annotations
