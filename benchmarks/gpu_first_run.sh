@@ -463,6 +463,19 @@ EOF
     done
     exit $rc
     ;;
+  s23)  # FIRST in the next session with a GPU: the whole gpu suite (the twentieth session ran it at 5f21e11a only; its
+    # INT8 changes passed their 624 INT8 gpu tests at 32757878), then BERT-base bs8 FP8 against fp16 (not timed since
+    # the seventeenth session: 0.932x) and the W4A16 GEMM at M = 1 / 16 (1.80x / 1.36x), the bars issue 35 still misses
+    STEP=suite SUITE_S=${SUITE_S:-420} bash "$0"
+    rc=$?
+    timeout ${BERT_S:-100} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 3 --iters 30 \
+      --out "$OUT/fp8_bert.json" > "$OUT/fp8_bert.txt" 2>&1
+    echo "== bert rc $?"; grep -E '"(fp16_ms|fp8_ms|speedup[a-z_0-9]*|fp8_faster_in_rounds)"' "$OUT/fp8_bert.json"
+    timeout ${W4_S:-60} python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --out "$OUT/weight_only.json" \
+      > "$OUT/weight_only.txt" 2>&1
+    echo "== w4a16 rc $?"; tail -6 "$OUT/weight_only.txt" | cut -c1-160
+    exit $rc
+    ;;
   s22b)  # the twentieth session's second INT8 change: a sum's float by one conversion (I2F, I2FP on sm_90) where it may
     # pass 2^22 (K >= 256), the INT8 GEMM tiles' small sums by the shifter (small_sums, as conv_sm90's); INT8 gpu tests,
     # then ResNet-50 INT8 bs32 before (ZOO_BEFORE, default .ab2: f9ba68fc, carried) and after, in one call
