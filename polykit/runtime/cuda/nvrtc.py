@@ -114,7 +114,7 @@ def check_front_end(source: KernelSource, arch: str) -> None:
             raise DeviceError(f"NVRTC could not create a program for kernel {source.name!r} ({err})", where=label)
         try:
             (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-            if err == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION:
+            if err == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and options is not base:
                 continue  # an NVRTC that lacks the front-end-only option: the whole PTX compile
             if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 _, size = nvrtc.nvrtcGetProgramLogSize(program)

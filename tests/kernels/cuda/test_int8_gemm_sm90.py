@@ -161,12 +161,15 @@ def test_the_int8_gemm_module_is_in_the_nvrtc_compile_units():
 # ---- ptxas and SASS (NVRTC, no GPU) ----------------------------------------------------------------
 
 @pytest.mark.parametrize("index", range(len(int8_gemm_sm90.TILES)), ids=[t.label for t in int8_gemm_sm90.TILES])
-def test_every_int8_gemm_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index):
+@pytest.mark.parametrize("zero_y", [False, True], ids=["y_zero_read", "y_zero_0"])
+def test_every_int8_gemm_tile_keeps_its_wgmma_pipeline_and_spills_nothing(index, zero_y):
     """BN / 2 int32 accumulators a thread with the int8 output and an int8 residual read 8 at a time (the tile's
-    residual bytes in registers before its K loop, TILE_INPUTS); ptxas serializes no wgmma (C7514)."""
+    residual bytes in registers before its K loop, TILE_INPUTS: up to 256 columns), the output zero point read at
+    run time or a constant 0 (Y_ZERO 0, what --int8 builds compile); ptxas serializes no wgmma (C7514)."""
     pytest.importorskip("cuda.core")
     tile = int8_gemm_sm90.TILES[index]
-    source = int8_gemm_sm90.kernel(int8_sm90._shaped_residual_layer("int8"), tile, "int8")
+    layer = int8_sm90._shaped_residual_layer("int8")
+    source = int8_gemm_sm90.kernel(int8_sm90.zero_y(layer) if zero_y else layer, tile, "int8")
     assert_pipelined(ptxas_report(source, "gemm_sm90.cu"), f"int8 gemm {tile.label}")
     tool = _cuobjdump()
     if tool is None:

@@ -42,8 +42,8 @@ RATE = 2
 #: consumer warpgroups an SM w, as EPI_RATE * sqrt(w), counted in whole tiles a wave: H100, 2026-12-07, the FP8
 #: fast GEMM 128x256 (w 2; F8_NATIVE, TILE_INPUTS) on ResNet-50 bs32's 1x1 64 -> 256 with an e4m3 residual and
 #: output in 56.6 us, 25.7 M outputs on 132 SMs in whole tiles: 3440 a microsecond an SM / sqrt(2). INT8 takes the
-#: same rate since its output rounds by one conversion (Y_ZERO 0: 21.6 instructions an output with an int8
-#: residual on conv 128x256, where FP8's e4m3 one issues 24.3; cuda_sass.py)
+#: same rate, an ESTIMATE not fitted to INT8 timings: its output rounds by one conversion (Y_ZERO 0: 21.6
+#: instructions an output with an int8 residual on conv 128x256, where FP8's e4m3 one issues 24.3; cuda_sass.py)
 EPI_RATE = 2430.0
 
 

@@ -20,8 +20,9 @@
 // in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
 // Y_ZERO (define, optional): 0 when an int8 / uint8 output's zero point is a constant 0 (int8.out_defines, from the
 // layer's y_symmetric); the kernel then ignores YZ and rounds each quotient to an integer by one conversion
-// (cvt.rni.s32.f32: half to even, NaN -> 0, as polykit's float -> integer rule) that ptxas fuses with the packing's
-// saturation (F2IP: two outputs an instruction, where the zero point's path costs ~4.4 instructions an output).
+// (cvt.rni.s32.f32, F2I: half to even, NaN -> 0, as polykit's float -> integer rule) before the packing's saturation
+// (cvt.pack.sat, I2IP: two outputs an instruction), where the zero point's path costs ~4.4 instructions an output
+// (cuda_sass.py --int8 int8 --int8-zero const|runtime: 15.6 against 18.6 an output on conv 128x256, no residual).
 // Include after HAS_EPILOGUE is defined (and the epilogue prelude, when it is 1).
 #pragma once
 #include "dtypes.cuh"
@@ -47,11 +48,11 @@ static_assert(Y_OUT != 3 || F8, "a float16 output is the FP8 variant's only");
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
-// acc rounded to float (to nearest even, as numpy's astype): one conversion (I2F). Sums known below 2^22 in
-// magnitude (Out::small_sums) take dequantize8's shifter instead, off the conversion pipe. (Before 2026-12-07 every
-// sum took a range test, the shifter or I2F, and a select: ~5 instructions where I2F is one; the requantization by
-// conversion, Y_ZERO 0, puts a second conversion an output on that pipe, 16 a clock an SM on sm_90: 8 outputs a
-// clock an SM, where ~19 instructions an output issue 6.7.)
+// acc rounded to float (to nearest even, as numpy's astype): one conversion (ptxas emits I2FP.F32.S32 on sm_90).
+// Sums known below 2^22 in magnitude (Out::small_sums) take dequantize8's shifter instead. (Before 2026-12-07 every
+// sum took a range test, the shifter or I2F, and a select: ~5 instructions where this is one. ESTIMATE, not
+// measured alone: even if the conversion ran at the CUDA guide's 16 a clock an SM beside Y_ZERO 0's F2I, two
+// conversions an output allow 8 outputs a clock an SM, more than the ~6.7 that ~19 instructions an output issue.)
 __device__ __forceinline__ float acc_float(int acc) { return __int2float_rn(acc); }
 
 // 4 per-channel values from channel n (step 1: one 16-byte load, p + n 16-byte aligned) or one
