@@ -14,9 +14,9 @@ import importlib
 import math
 from typing import Iterable, NamedTuple
 
-#: NVRTC seconds a unit of a module takes on one core, for splitting the compile into tests of about
-#: CHUNK_SECONDS each. ESTIMATES: the mean of two units a module and arch, timed once on a 2-core CI-like
-#: machine (weight_only's units took 6 to 21 s each), reduce.norm and flash_attention_sm90 from their
+#: NVRTC seconds a unit of a module takes on one core at full optimization (compile_source), for splitting the
+#: compile into tests of about CHUNK_SECONDS each. ESTIMATES: the mean of two units a module and arch, timed once on a
+#: 2-core CI-like machine (weight_only's units took 6 to 21 s each), reduce.norm and flash_attention_sm90 from their
 #: chunks' times in a first split (norm_warp's NW_MAPS units with 16 or 32 chunks: 24 to 30 s each);
 #: any other module counts DEFAULT_UNIT_SECONDS.
 #: Only the split depends on them: every unit compiles whatever they say.
@@ -36,6 +36,18 @@ FRONT_END_ARCHES = ("sm_80",)
 #: a front-end unit's share of a cubin unit's NVRTC seconds (measured 2026-12-07: a pointwise unit 0.09 / 9.1 s,
 #: weight_only's first unit under 0.05 / 4.7 s)
 FRONT_END_SHARE = 0.02
+#: the other arches' chunks compile cubins at NVRTC's fastest level (nvrtc.check_compiles: code generation and
+#: ptxas over every instruction, inline PTX included; the optimized cubins are the GPU runs'): a unit's share of its
+#: full compile (measured 2026-12-07, one unit a module, NVRTC 13.5: 0.05 to 0.33, 0.16 for weight_only, 0.27 for
+#: pointwise). int8.int8's units fail at that level in NVRTC 13.5 and compile whole (FAST_SHARE_OF: 1).
+FAST_SHARE = 0.25
+FAST_SHARE_OF = {"int8.int8": 1.0}
+
+
+def unit_seconds(module: str, arch: str) -> float:
+    """A unit's estimated NVRTC seconds in its chunk test (only the split depends on it)."""
+    full = UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS)
+    return full * (FRONT_END_SHARE if arch in FRONT_END_ARCHES else FAST_SHARE_OF.get(module, FAST_SHARE))
 
 
 class Chunk(NamedTuple):
@@ -79,7 +91,7 @@ def module_chunks(arches: Iterable[str] = ARCHES) -> list[Chunk]:
             units = [u for u in units if not u.arch or arch == arches[0]]
             if not units:
                 continue
-            seconds = len(units) * UNIT_SECONDS.get(module, DEFAULT_UNIT_SECONDS) * (FRONT_END_SHARE if arch in FRONT_END_ARCHES else 1)
+            seconds = len(units) * unit_seconds(module, arch)
             parts = min(len(units), max(1, math.ceil(seconds / CHUNK_SECONDS)))
             for part in range(parts):  # interleaved: a module's slow variants sit together, the parts share them
                 chunks.append(Chunk(arch, module, part + 1, parts, tuple(units[part::parts])))

@@ -75,3 +75,30 @@ def test_check_front_end_passes_good_source_and_names_the_kernel_and_error_of_ba
     with pytest.raises(DeviceError, match="fe_late") as err:
         nvrtc.check_front_end(late, "sm_80")
     assert "class type" in str(err.value)
+
+
+def test_check_compiles_assembles_inline_ptx_and_falls_back_to_the_full_compile(cache_root, monkeypatch):
+    """nvrtc.check_compiles (CI's sm_90 check, NVRTC's fastest level): a good source passes and caches nothing; a
+    C++ error and an inline-PTX error only ptxas sees (the front end and NVVM pass the asm text through) each raise
+    DeviceError naming the kernel; where NVRTC refuses the fast level (here: an option it does not know), the full
+    compile decides, for a good source and a bad one alike."""
+    assert nvrtc.check_compiles(SRC, "sm_90") is None
+    assert not list(cache_root.rglob("*.cubin"))
+    bad = KernelSource("cc_bad", code='extern "C" __global__ void cc_bad() { int x = ; }')
+    with pytest.raises(DeviceError, match="cc_bad") as err:
+        nvrtc.check_compiles(bad, "sm_90")
+    assert "expected an expression" in str(err.value)
+    asm = KernelSource("cc_asm", code='extern "C" __global__ void cc_asm(unsigned* y) {'
+                       ' unsigned d; asm volatile("no_such_op.b32 %0, %1;" : "=r"(d) : "r"(y[0])); y[1] = d; }')
+    with pytest.raises(DeviceError, match="cc_asm") as err:
+        nvrtc.check_compiles(asm, "sm_90")
+    assert "no_such_op" in str(err.value)
+    assert nvrtc.check_front_end(asm, "sm_90") is None  # what the front end alone misses
+    full = []
+    real = nvrtc.compile_source
+    monkeypatch.setattr(nvrtc, "FAST_COMPILE", "--no-such-level")
+    monkeypatch.setattr(nvrtc, "compile_source", lambda *a: full.append(a[0].name) or real(*a))
+    assert nvrtc.check_compiles(SRC, "sm_90") is None
+    with pytest.raises(DeviceError, match="cc_bad"):
+        nvrtc.check_compiles(bad, "sm_90")
+    assert full == [SRC.name, "cc_bad"]
