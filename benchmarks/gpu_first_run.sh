@@ -463,6 +463,20 @@ EOF
     done
     exit $rc
     ;;
+  s24)  # the twenty-first session's W4A16 rows kernel (chunks through shared memory by cp.async, X's shared loads in
+    # program order, tiles n16_k4096 at 2 blocks an SM): its gpu tests, then W4A16 at M = 1, 16 (as one layer and a
+    # chain of 8) with every weight-only tactic's timed build time in the log (level 5 times every candidate)
+    gpu_tests s24 ${NEW_S:-150} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py
+    rc=$?
+    timeout ${W4_S:-240} python3 -c "
+import logging, runpy, sys
+logging.basicConfig(level=logging.WARNING, format='%(message)s')
+logging.getLogger('polykit').setLevel(logging.DEBUG)
+sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--out', '$OUT/weight_only.json']
+runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
+    echo "== w4a16 rc $?"; grep -E "^M=|chain of|weight_only\.(mma|bw|m1)" "$OUT/weight_only.txt" | cut -c1-900 | head -40
+    exit $rc
+    ;;
   s23)  # FIRST in the next session with a GPU: the whole gpu suite (the twentieth session ran it at 5f21e11a only; its
     # INT8 changes passed their 624 INT8 gpu tests at 32757878), then BERT-base bs8 FP8 against fp16 (not timed since
     # the seventeenth session: 0.932x) and the W4A16 GEMM at M = 1 / 16 (1.80x / 1.36x), the bars issue 35 still misses

@@ -17,6 +17,7 @@ again before a slot may be rewritten. On this rest:
     fp32: the two differ by a few fp32 roundings of partial sums, relative 16 * 2^-24 of
     sum |a b| an mma and K * 2^-24 over a conv's K <= 864 (5e-5), under the fp16 / bf16 storage
     rounding of the output (2^-11 / 2^-8) that the tests' tolerances are set by. s8 sums are exact;
+  - ld[.volatile].shared.v4.{b32,u32} (16 bytes of shared memory to 4 registers);
   - ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16: lane 8 i + j gives the address of
     row j of matrix i; lane l receives in register i matrix i's row l / 4, elements 2 (l % 4) + {0, 1}
     (.trans: the transposed matrix's, i.e. elements [2 (l % 4) + {0, 1}][l / 4]);
@@ -370,6 +371,12 @@ def _ldmatrix(count: int, trans: bool):
     return emit
 
 
+def _ld_shared_v4(args: list[list[str]]) -> str:
+    regs, (addr,) = args
+    copies = " ".join(f"{r} = emu_v[{i}];" for i, r in enumerate(regs))
+    return f"do {{ unsigned emu_v[4]; memcpy(emu_v, emu_shared({addr}), 16); {copies} }} while (0)"
+
+
 def _cp_async(args: list[list[str]]) -> str:
     (dst,), (src,), (size,), *src_size = args
     return f"emu_cp_async({dst}, {src}, {size}, {src_size[0][0] if src_size else size})"
@@ -382,6 +389,7 @@ PTX_OPS = [
     (r"mma\.sync\.aligned\.m16n8k32\.row\.col\.s32\.s8\.s8\.s32", _mma("emu_mma<int, long long, emu_s8, 32>")),
     *[(rf"ldmatrix\.sync\.aligned\.m8n8\.x{n}{t}\.shared(::cta)?\.b16", _ldmatrix(n, bool(t)))
       for n in (1, 2, 4) for t in ("", r"\.trans")],
+    (r"ld(\.volatile)?\.shared(::cta)?\.v4\.[bu]32", _ld_shared_v4),
     (r"cp\.async\.c[ag]\.shared(::cta)?\.global(\.L2::\d+B)?", _cp_async),
     (r"cp\.async\.commit_group", lambda args: "emu_cp_commit()"),
     (r"cp\.async\.wait_group", lambda args: f"emu_cp_wait({args[0][0]})"),

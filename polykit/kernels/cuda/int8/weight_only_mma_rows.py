@@ -83,11 +83,9 @@ class RowsTile:
         return -(-k // self.k_block)
 
     def smem_bytes(self, m: int, k: int) -> int:
-        """Dynamic shared memory: min(16, M) staged X rows (weight_only_mma.cuh's wq_stage_ld)."""
-        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
-
-    def part_bytes(self) -> int:
-        return self.warps_k * ROW_TILE * self.cols * 4
+        """Dynamic shared memory: min(16, M) staged X rows (weight_only_mma.cuh's wq_stage_ld), then the warps'
+        chunks in flight (in_flight(); the block's partial sums reuse them)."""
+        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES + self.in_flight()
 
     @property
     def reg_blocks(self) -> int:
@@ -95,7 +93,7 @@ class RowsTile:
         return max(1, REGS_SM // (REGS_THREAD * self.threads))
 
     def sm_blocks(self, m: int, k: int) -> int:
-        smem = self.smem_bytes(m, k) + self.part_bytes() + SMEM_RESERVE
+        smem = self.smem_bytes(m, k) + SMEM_RESERVE
         return max(1, min(self.reg_blocks, SMEM_PER_SM // smem))
 
     def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
@@ -104,14 +102,13 @@ class RowsTile:
                                                                WR_MIN_BLOCKS=self.reg_blocks))
 
 
-#: decode: 16 weight rows and all of K = 4096 a block of 16 warps over K (512 threads, 1 block an SM: 32 KB in flight
-#: an SM, 2 slices a warp); the same over K = 2048 with 8 warps (256 threads, 2 blocks an SM, a split in 2 at
-#: K = 4096); small batches: 32 rows as 2 tiles a warp over K = 2048 (X's B words shared by both tiles, 1 slice a
-#: warp), 64 rows over K = 1024 (X read 4x less than at 16 rows; 4 splits). Not tiles: 4 slices a warp (64 KB in
-#: flight an SM at 2 blocks of 256 threads, as the staged c16_k4096) spilled 460-600 bytes at 128 registers (ptxas
-#: hoists the shared loads of X of every slice of the ring: 234 registers unbounded); 3 slices fit (n16_k3072) but
-#: do not divide K = 4096
-ROWS_TILES = (RowsTile(1, 16, 1, 2), RowsTile(1, 8, 1, 2), RowsTile(1, 16, 2, 1), RowsTile(4, 4, 1, 2))
+#: decode: 16 weight rows and all of K = 4096 a block of 8 warps over K, 4 slices a warp (256 threads, 2 blocks an SM:
+#: 64 KB in flight an SM, N = 4096's 256 blocks in one wave); the same over K = 2048 with 2 slices a warp (a split in
+#: 2 at K = 4096); small batches: 32 rows as 2 tiles a warp over K = 2048 (X's B words shared by both tiles, 1 slice a
+#: warp, 16 warps), 64 rows over K = 1024 (X read 4x less than at 16 rows; 4 splits). The chunks wait in shared memory
+#: (cp.async), so a tile's slices cost no registers in flight; 2 tiles of 2 slices a warp (16 warps) still spilled 20
+#: bytes at 128 registers (ptxas -v, NVRTC 13.5, 2026-12-07), so no tile has 4 chunks of 2 row tiles a lane
+ROWS_TILES = (RowsTile(1, 8, 1, 4), RowsTile(1, 8, 1, 2), RowsTile(1, 16, 2, 1), RowsTile(4, 4, 1, 2))
 
 
 def rows_us(tile: RowsTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:

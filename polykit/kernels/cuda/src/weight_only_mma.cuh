@@ -230,8 +230,9 @@ template <int KB>
 __device__ __forceinline__ int wq_stage_ld(int K) { return (K < KB ? (K + 127) / 128 * 128 : KB) + 8; }
 
 // X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K) by cp.async
-// (`vec`: 16-byte aligned rows), else element by element; THREADS threads share it, and it waits for its copies
-template <int THREADS, class T>
+// (`vec`: 16-byte aligned rows), else element by element; THREADS threads share it. WAIT: it waits for its copies
+// (every cp.async of the thread); without, the caller commits and waits (weight_only_mma_rows.cu: X's group first)
+template <int THREADS, class T, bool WAIT = true>
 __device__ __forceinline__ void wq_stage(unsigned short* xs, int xld, const T* __restrict__ x, int m0, int rows,
                                          int kb, int slices, int M, int K, bool vec) {
   const int groups = 16 * slices;  // 16-byte groups of a staged row
@@ -243,5 +244,5 @@ __device__ __forceinline__ void wq_stage(unsigned short* xs, int xld, const T* _
     else
       *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  if (WAIT) asm volatile("cp.async.wait_all;" ::: "memory");
 }

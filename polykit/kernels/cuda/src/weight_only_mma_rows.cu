@@ -95,6 +95,8 @@
 #define WR_COLS (16 * RT * WN)      // a block's weight rows (Y columns)
 #define WR_KB (128 * WK * SW)       // a block's K range (elements)
 #define WR_STEP (128 * WK)          // elements from one of a warp's slices to its next
+#define WR_CHUNK_BYTES (WN * WK * SW * RT * 2 * 32 * 16)  // a block's chunks in shared memory
+static_assert(WK * 16 * WR_COLS * 4 <= WR_CHUNK_BYTES, "the partial sums fit where the chunks were");
 
 // one slice of a lane: 16 bytes of rows g and g + 8 (h = 0, 1) of each row tile, their scale bits and zero points
 struct RsSlice {
@@ -139,14 +141,15 @@ struct RsStream {
         bits[j][h] = w + (i64)(n + 16 * j + 8 * h) * ldw + k0 / 2;
       }
   }
-  __device__ __forceinline__ void bits_of(RsSlice& s, int q) const {
+  // slice q's chunks to shared memory by cp.async (zeros past N or K: nothing read), the lane's own 16-byte slots
+  // dst[(2 j + h) * 32] (a warp's copy of a chunk: 512 contiguous bytes)
+  __device__ __forceinline__ void copy_of(uint4* dst, int q, const u8* __restrict__ any) const {
 #pragma unroll
     for (int j = 0; j < RT; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        s.bits[j][h] = make_uint4(0u, 0u, 0u, 0u);
-        if (row[j][h] && q * WR_STEP < left)
-          s.bits[j][h] = *reinterpret_cast<const uint4*>(bits[j][h] + q * (WR_STEP / 2));
+        const bool ok = row[j][h] && q * WR_STEP < left;
+        wq_copy16(dst + (2 * j + h) * 32, ok ? bits[j][h] + q * (WR_STEP / 2) : any, ok);
       }
   }
   // slice q's scale bits and zero points (q in load order), then step to the next slice
@@ -179,6 +182,14 @@ __device__ __forceinline__ float wr_float(unsigned short bits) {
   return ld(&e, 0);
 }
 
+// 16 bytes of shared memory, in program order (ptxas otherwise hoists every slice's X loads ahead of the math)
+__device__ __forceinline__ uint4 wr_lds(const unsigned short* p) {
+  uint4 v;
+  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"((u32)__cvta_generic_to_shared(p)));
+  return v;
+}
+
 // X's B words of a word: steps 2i (b[0], b[1]) and 2i + 1 (b[2], b[3]) from 8 elements x0..x7 of an X row
 __device__ __forceinline__ void wr_b(const uint4& v, u32 (&b)[4]) {
   b[0] = wq_perm(v.x, v.z, 0x5410u);  // (x0, x4)
@@ -207,8 +218,8 @@ __device__ __forceinline__ void wr_slice(float (&acc)[RT][2][4], const RsSlice& 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     u32 b0[4], b1[4];
-    wr_b(lo_in ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4, b0);
-    if (two) wr_b(hi_in ? *reinterpret_cast<const uint4*>(hi + 8 * i) : z4, b1);
+    wr_b(lo_in ? wr_lds(lo + 8 * i) : z4, b0);
+    if (two) wr_b(hi_in ? wr_lds(hi + 8 * i) : z4, b1);
 #pragma unroll
     for (int j = 0; j < RT; ++j) {
       const uint4& u = s.bits[j][0];
@@ -239,8 +250,44 @@ __device__ __forceinline__ void wr_slice(float (&acc)[RT][2][4], const RsSlice& 
   }
 }
 
+// cp.async group waits with an immediate count (wait_group N: all but this thread's newest N groups have landed)
+template <int N> __device__ __forceinline__ void wr_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+template <int Q> __device__ __forceinline__ void wr_wait_slice() { wr_wait<SW - 1 - Q>(); }
+
+// the lane's slice q: its chunks from shared memory (after they landed), its scales and zero points from the ring
+template <int Q>
+__device__ __forceinline__ void wr_take(RsSlice& s, const RsSlice (&ring)[SW], const uint4* mine) {
+  wr_wait_slice<Q>();
+#pragma unroll
+  for (int j = 0; j < RT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      s.bits[j][h] = mine[(Q * RT * 2 + 2 * j + h) * 32];
+      s.scale[j][h] = ring[Q].scale[j][h];
+      s.zp[j][h] = ring[Q].zp[j][h];
+    }
+}
+
+template <int WT, int Q>
+__device__ __forceinline__ void wr_slices(float (&acc)[RT][2][4], const RsSlice (&ring)[SW], const uint4* mine,
+                                          const unsigned short* xs, int xld, int wk, int slices, int rows, int g,
+                                          int t) {
+  if constexpr (Q < SW) {
+    const int s = wk + Q * WK;
+    if (s >= slices) return;  // Q ascending: every later slice lies past K too
+    RsSlice cur;
+    wr_take<Q>(cur, ring, mine);
+    const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // X row g of the lane's 32 elements
+    if (rows > 8)
+      wr_slice<WT, true>(acc, cur, lo, lo + 8 * xld, g < rows, g + 8 < rows);
+    else
+      wr_slice<WT, false>(acc, cur, lo, lo + 8 * xld, g < rows, false);
+    wr_slices<WT, Q + 1>(acc, ring, mine, xs, xld, wk, slices, rows, g, t);
+  }
+}
+
 template <int WT>
-__device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
+__device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
                                         const void* __restrict__ zero, const ELEM* __restrict__ bias,
                                         ELEM* __restrict__ y, int M, int N, int K, int ldw, int block, int nb,
@@ -251,31 +298,36 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
   const int slices = (K - kb < WR_KB ? K - kb + 127 : WR_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
   const int xld = wq_stage_ld<WR_KB>(K);
+  unsigned short* xs = reinterpret_cast<unsigned short*>(smem);
+  // after X's min(16, M) rows: the warps' chunks, [warp][slice][tile][half][lane] 16 bytes; the block's partial
+  // sums reuse them once every warp has taken its last slice
+  unsigned char* wsm = smem + (M < 16 ? M : 16) * xld * (int)sizeof(ELEM);
+  uint4* mine = reinterpret_cast<uint4*>(wsm) + warp * (SW * RT * 2 * 32) + lane;
+  float* part = reinterpret_cast<float*>(wsm);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
+    // X's copies first (their own group), then each slice's chunks a group, all before anything waits
+    wq_stage<WR_THREADS, ELEM, false>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    asm volatile("cp.async.commit_group;" ::: "memory");
     RsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
-    RsSlice ring[SW];  // every slice of the warp in flight before anything waits
 #pragma unroll
-    for (int q = 0; q < SW; ++q) in.bits_of(ring[q], q);
+    for (int q = 0; q < SW; ++q) {
+      in.copy_of(mine + q * RT * 2 * 32, q, w);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    RsSlice ring[SW];  // the slices' scales and zero points (their chunks land in shared memory)
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ring[q], q);
-    wq_stage<WR_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    wr_wait<SW>();  // X's group (every slice's may still be in flight)
     __syncthreads();
     float acc[RT][2][4];
 #pragma unroll
     for (int j = 0; j < RT; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[j][e / 4][e % 4] = 0.f;
-#pragma unroll
-    for (int q = 0; q < SW; ++q) {
-      const int s = wk + q * WK;
-      if (s >= slices) break;  // q ascending: every later slice lies past K too
-      const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // X row g of the lane's 32 elements
-      if (rows > 8)
-        wr_slice<WT, true>(acc, ring[q], lo, lo + 8 * xld, g < rows, g + 8 < rows);
-      else
-        wr_slice<WT, false>(acc, ring[q], lo, lo + 8 * xld, g < rows, false);
-    }
+    wr_slices<WT, 0>(acc, ring, mine, xs, xld, wk, slices, rows, g, t);
+    wr_wait<0>();     // a slice past K returned early: its (empty) groups too, before part reuses the chunks
+    __syncthreads();  // every warp's chunks are read: part may take their place
 #pragma unroll
     for (int j = 0; j < RT; ++j)  // C of tile j, column tile mt: weight rows g, g + 8; X rows 8 mt + 2t, + 1
 #pragma unroll
@@ -288,21 +340,19 @@ __device__ __forceinline__ void wr_body(unsigned short* xs, float* part, const E
       }
     __syncthreads();
     wq_block_sum<WK, WR_COLS, WR_THREADS>(part, bias, y, ws, m0, blockIdx.x * WR_COLS, M, N);  // K warps, wk order
-    __syncthreads();  // part and xs are reused by the next row tile
+    __syncthreads();  // part, the chunks and xs are reused by the next row tile
   }
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory: min(16, M) x
-// wq_stage_ld<WR_KB>(K) ELEM. The parameter list is weight_only_mma_staged's (its weight_only_mma_reduce adds the splits).
+// wq_stage_ld<WR_KB>(K) ELEM, then WR_CHUNK_BYTES (the warps' chunks, later the partial sums). The parameter list is weight_only_mma_staged's (its weight_only_mma_reduce adds the splits).
 extern "C" __global__ void __launch_bounds__(WR_THREADS, WR_MIN_BLOCKS)
 weight_only_mma_rows(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                      const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
                      int N, int K, int ldw, int block, int nb, int wtype, float* __restrict__ ws, int splits) {
   extern __shared__ __align__(16) unsigned char wr_smem[];
-  __shared__ float part[WK * 16 * WR_COLS];
-  unsigned short* xs = reinterpret_cast<unsigned short*>(wr_smem);
   if (wtype == WQ_I4)
-    wr_body<WQ_I4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    wr_body<WQ_I4>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
   else
-    wr_body<WQ_U4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    wr_body<WQ_U4>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
 }
