@@ -107,8 +107,13 @@ class RowsTile:
 #: 2 at K = 4096); small batches: 32 rows as 2 tiles a warp over K = 2048 (X's B words shared by both tiles, 1 slice a
 #: warp, 16 warps), 64 rows over K = 1024 (X read 4x less than at 16 rows; 4 splits). The chunks wait in shared memory
 #: (cp.async), so a tile's slices cost no registers in flight; 2 tiles of 2 slices a warp (16 warps) still spilled 20
-#: bytes at 128 registers (ptxas -v, NVRTC 13.5, 2026-12-07), so no tile has 4 chunks of 2 row tiles a lane
-ROWS_TILES = (RowsTile(1, 8, 1, 4), RowsTile(1, 8, 1, 2), RowsTile(1, 16, 2, 1), RowsTile(4, 4, 1, 2))
+#: bytes at 128 registers (ptxas -v, NVRTC 13.5, 2026-12-07), so no tile has 4 chunks of 2 row tiles a lane. Wider
+#: blocks for M = 9..16, where each block stages its K range of 16 X rows (128 KB at K = 4096) and N / cols blocks
+#: read X again: 32 rows over all of K = 4096 as 2 x 8 warps of 4 slices (one wave of 128 blocks at N = 4096, no
+#: split; X 16 MB from L2 at M = 16 where n16's 256 blocks read 32 MB in two waves) and 64 rows over K = 2048
+#: (4 x 4 warps of 4 slices: 128 blocks, 2 splits, X 8 MB)
+ROWS_TILES = (RowsTile(1, 8, 1, 4), RowsTile(1, 8, 1, 2), RowsTile(1, 16, 2, 1), RowsTile(4, 4, 1, 2),
+              RowsTile(2, 8, 1, 4), RowsTile(4, 4, 1, 4))
 
 
 def rows_us(tile: RowsTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
