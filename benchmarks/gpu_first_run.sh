@@ -477,6 +477,16 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     echo "== w4a16 rc $?"; grep -E "^M=|chain of|weight_only\.(mma|bw|m1)" "$OUT/weight_only.txt" | cut -c1-900 | head -40
     exit $rc
     ;;
+  s24b)  # ncu's full set of the W4A16 rows kernel (n16_k4096) and the staged one (c16_k4096) at M = 1, N = K = 4096:
+    # s24 timed both at ~9.2-9.6 us a layer alone, with the weights L2-resident (one layer timed again and again)
+    for t in mma_rows_n16_k4096 mma_staged_c16_k4096; do
+      timeout ${NCU_S:-120} ncu --set full --kernel-name regex:weight_only_mma_ --launch-skip 1 --launch-count 1 \
+        python3 benchmarks/weight_only_one.py --m 1 --tactics cuda.weight_only.$t --runs 3 > "$OUT/ncu_$t.txt" 2>&1
+      echo "== $t rc $?"
+      grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Issued Ipc|Warp Cycles Per Issued|Executed Instructions  |Block Limit|Theoretical Occ|Dynamic Shared|stall|Stall" \
+        "$OUT/ncu_$t.txt" | cut -c1-220 | head -40
+    done
+    ;;
   s23)  # FIRST in the next session with a GPU: the whole gpu suite (the twentieth session ran it at 5f21e11a only; its
     # INT8 changes passed their 624 INT8 gpu tests at 32757878), then BERT-base bs8 FP8 against fp16 (not timed since
     # the seventeenth session: 0.932x) and the W4A16 GEMM at M = 1 / 16 (1.80x / 1.36x), the bars issue 35 still misses
