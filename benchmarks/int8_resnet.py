@@ -17,6 +17,8 @@ seconds, and per plan the count of its convolution / GEMM layers by kind, precis
 (`products_by_tactic`: a layer that fell back to fp16 or float shows there). The calibration caches
 are kept with --cache (DIR/resnet50.<precision>.cache). --profile N also prints, for every plan,
 per-tactic totals and the N slowest layers of one eager profiled run (cuda_models.py's print_profile).
+--torch eager|compile also times torch's fp16 model (eager; and torch.compile(mode="reduce-overhead")) in the
+same rounds: `torch_fp16_*_ms` and each precision's speed against them.
 
 `--target cpu --model PATH` runs the same steps without torch on an exported classifier (one input
 [batch, 3, size, size]; --size): the cpu target's plans (ExecutionContext.execute, host timing), cosines
@@ -107,17 +109,20 @@ def first_outputs(bound: dict, torch) -> dict[str, np.ndarray]:
     return outs
 
 
-def timed_rounds(bound: dict, plans: dict, args, torch, title: str) -> tuple[dict[str, list[float]], dict]:
-    """ms of each bound plan in each of args.rounds rounds, the plans alternating within a round (drift or a
-    neighbour's load falls on all alike): CUDA events on cuda, the host clock on cpu. Then, with
+def timed_rounds(bound: dict, plans: dict, args, torch, title: str,
+                 others: dict | None = None) -> tuple[dict[str, list[float]], dict]:
+    """ms of each bound plan (and of each of `others`: name -> callable, torch's runs) in each of args.rounds
+    rounds, all alternating within a round (drift or a neighbour's load falls on all alike): CUDA events on cuda,
+    the host clock on cpu. Then, with
     args.profile on cuda, each plan's profile (print_profile, titled "<plan> <title>") and the layers of each
     plan beside their namesakes in the fp16 plan (compare_layers, printed; returned, else {}); the plans are
     closed."""
-    samples: dict[str, list[float]] = {name: [] for name in bound}
+    runs = {**{name: b.run for name, b in bound.items()}, **(others or {})}
+    samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds):
-        for name, b in bound.items():
-            samples[name].append(time_cuda(b.run, torch, args.warmup, args.iters) if torch is not None
-                                 else time_host(b.run, args.warmup, args.iters))
+        for name, run in runs.items():
+            samples[name].append(time_cuda(run, torch, args.warmup, args.iters) if torch is not None
+                                 else time_host(run, args.warmup, args.iters))
     layers: dict = {}
     if args.profile and torch is not None:
         times = {name: profile_times(plans[name], b.engine, b.bindings, torch) for name, b in bound.items()}
@@ -130,6 +135,30 @@ def timed_rounds(bound: dict, plans: dict, args, torch, title: str) -> tuple[dic
     for b in bound.values():
         b.close()
     return samples, layers
+
+
+def torch_runs(model, dev_x, which: str, torch) -> dict:
+    """torch's fp16 ResNet-50 (the exported model's weights) on `dev_x` as callables: eager, and with `which`
+    "compile" torch.compile(mode="reduce-overhead") too (compiled and its CUDA graphs recorded here)."""
+    fp16 = model.cuda().half().eval()
+    x16 = dev_x.half()
+
+    def eager():
+        with torch.inference_mode():
+            return fp16(x16)
+
+    runs = {"torch_fp16_eager": eager}
+    if which == "compile":
+        compiled = torch.compile(fp16, mode="reduce-overhead")
+
+        def graphs():
+            with torch.inference_mode():
+                return compiled(x16)
+
+        for _ in range(3):  # compile, record the graphs
+            graphs()
+        runs["torch_fp16_compile"] = graphs
+    return runs
 
 
 def compare_layers(times: dict[str, list[tuple[str, float]]], tactics: dict[str, dict[str, str]],
@@ -204,6 +233,9 @@ def main() -> None:
     parser.add_argument("--target", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--model", type=Path, default=None, help="an exported classifier instead of ResNet-50's export")
     parser.add_argument("--size", type=int, default=224, help="the image size of --model")
+    parser.add_argument("--torch", default="", choices=("", "eager", "compile"),
+                        help="cuda: also time torch's fp16 model in the same rounds: eager, or eager and "
+                             "torch.compile(mode='reduce-overhead')")
     args = parser.parse_args()
     precisions = [p for p in args.precisions.split(",") if p]
     if not set(precisions) <= set(PRECISIONS):
@@ -244,7 +276,8 @@ def main() -> None:
     else:
         bound = {name: bind_host(plan, feeds) for name, plan in plans.items()}
     cosines = {name: round(cosine(out, ref), 6) for name, out in first_outputs(bound, torch).items()}
-    samples, layers = timed_rounds(bound, plans, args, torch, f"bs{args.batch}")
+    others = torch_runs(model, dev_x, args.torch, torch) if torch is not None and args.torch else {}
+    samples, layers = timed_rounds(bound, plans, args, torch, f"bs{args.batch}", others)
     stats = round_stats(samples)
     ms = stats.pop("ms")
     result = {
@@ -252,9 +285,15 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if torch is not None else "cpu",
         "calibrator": args.calibrator, "calibration_batches": args.calibration_batches, "fp16_ms": ms["fp16"],
     }
+    for name in others:
+        result[f"{name}_ms"] = ms[name]
+    if others:
+        result["torch"] = torch.__version__
     for name in precisions:
         result[f"{name}_ms"] = ms[name]
         result[f"speedup_{name}_vs_fp16"] = round(ms["fp16"] / ms[name], 3)
+        for other in others:
+            result[f"speedup_{name}_vs_{other}"] = round(ms[other] / ms[name], 3)
         # the rounds alternate the plans, so drift falls on all: compare them round by round
         result[f"{name}_faster_in_rounds"] = faster_in_rounds(samples, name)
     quantized = {name: [layer for layer in plans[name].layers if is_int8_layer(layer)] for name in precisions}
