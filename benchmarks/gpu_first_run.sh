@@ -487,6 +487,15 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
         "$OUT/ncu_$t.txt" | cut -c1-220 | head -40
     done
     ;;
+  s24c)  # s24b's ncu, then ResNet-50 bs32 INT8 / FP8 against fp16 and torch's fp16 (eager, torch.compile
+    # reduce-overhead) in the same rounds (int8_resnet.py --torch compile)
+    STEP=s24b bash "$0"
+    timeout ${RESNET_S:-330} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
+      --torch compile --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
+    echo "== resnet rc $?"
+    grep -E '"(fp16_ms|int8_ms|fp8_ms|torch_fp16_[a-z]+_ms|speedup_[a-z0-9_]+|[a-z0-9]+_faster_in_rounds|torch|device)"' \
+      "$OUT/int8_resnet.json"; grep -A4 '"cosine_vs' "$OUT/int8_resnet.json"; grep -A4 '"build_s' "$OUT/int8_resnet.json"
+    ;;
   s23)  # FIRST in the next session with a GPU: the whole gpu suite (the twentieth session ran it at 5f21e11a only; its
     # INT8 changes passed their 624 INT8 gpu tests at 32757878), then BERT-base bs8 FP8 against fp16 (not timed since
     # the seventeenth session: 0.932x) and the W4A16 GEMM at M = 1 / 16 (1.80x / 1.36x), the bars issue 35 still misses
