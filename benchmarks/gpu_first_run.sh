@@ -496,6 +496,29 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     grep -E '"(fp16_ms|int8_ms|fp8_ms|torch_fp16_[a-z]+_ms|speedup_[a-z0-9_]+|[a-z0-9]+_faster_in_rounds|torch|device)"' \
       "$OUT/int8_resnet.json"; grep -A4 '"cosine_vs' "$OUT/int8_resnet.json"; grep -A4 '"build_s' "$OUT/int8_resnet.json"
     ;;
+  s25)  # the rows kernel's weights issued first (s24c's ncu: 13.15 us, the chunk copies ~470 instructions into the
+    # kernel behind X's staging loop and two divisions, 0.33 issued a scheduler-cycle, DRAM 20 %): X by plain loads
+    # after the copies, the scale stream's divisions after X; its gpu tests, W4A16 timed (s24's command), ncu again
+    gpu_tests s25 ${NEW_S:-100} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py
+    rc=$?
+    STEP=s24w bash "$0"
+    t=mma_rows_n16_k4096
+    timeout ${NCU_S:-100} ncu --set full --kernel-name regex:weight_only_mma_ --launch-skip 1 --launch-count 1 \
+      python3 benchmarks/weight_only_one.py --m 1 --tactics cuda.weight_only.$t --runs 3 > "$OUT/ncu_$t.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Issued Ipc|Warp Cycles Per Issued|Executed Instructions  |One or More" \
+      "$OUT/ncu_$t.txt" | cut -c1-160
+    exit $rc
+    ;;
+  s24w)  # s24's W4A16 timing alone
+    timeout ${W4_S:-240} python3 -c "
+import logging, runpy, sys
+logging.basicConfig(level=logging.WARNING, format='%(message)s')
+logging.getLogger('polykit').setLevel(logging.DEBUG)
+sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--out', '$OUT/weight_only.json']
+runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
+    echo "== w4a16 rc $?"; grep -E "^M=|chain of" "$OUT/weight_only.txt" | cut -c1-400
+    grep -E "^layer '(fc|fc0)'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
+    ;;
   s23)  # FIRST in the next session with a GPU: the whole gpu suite (the twentieth session ran it at 5f21e11a only; its
     # INT8 changes passed their 624 INT8 gpu tests at 32757878), then BERT-base bs8 FP8 against fp16 (not timed since
     # the seventeenth session: 0.932x) and the W4A16 GEMM at M = 1 / 16 (1.80x / 1.36x), the bars issue 35 still misses

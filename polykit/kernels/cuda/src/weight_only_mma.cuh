@@ -230,9 +230,8 @@ template <int KB>
 __device__ __forceinline__ int wq_stage_ld(int K) { return (K < KB ? (K + 127) / 128 * 128 : KB) + 8; }
 
 // X rows m0 .. m0 + rows - 1, elements [kb, kb + 128 * slices) to xs (row stride xld; zeros past K) by cp.async
-// (`vec`: 16-byte aligned rows), else element by element; THREADS threads share it. WAIT: it waits for its copies
-// (every cp.async of the thread); without, the caller commits and waits (weight_only_mma_rows.cu: X's group first)
-template <int THREADS, class T, bool WAIT = true>
+// (`vec`: 16-byte aligned rows), else element by element; THREADS threads share it, and it waits for its copies
+template <int THREADS, class T>
 __device__ __forceinline__ void wq_stage(unsigned short* xs, int xld, const T* __restrict__ x, int m0, int rows,
                                          int kb, int slices, int M, int K, bool vec) {
   const int groups = 16 * slices;  // 16-byte groups of a staged row
@@ -244,5 +243,17 @@ __device__ __forceinline__ void wq_stage(unsigned short* xs, int xld, const T* _
     else
       *reinterpret_cast<uint4*>(dst) = wq_x8(x, m0 + r, M, k, K, false);
   }
-  if (WAIT) asm volatile("cp.async.wait_all;" ::: "memory");
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// wq_stage's X rows by plain 16-byte loads and shared stores (wq_x8: zeros past M or K; `vec`: aligned rows, else
+// element by element): no cp.async group of its own, so a kernel's weight groups may be committed before it
+template <int THREADS, class T>
+__device__ __forceinline__ void wq_stage_loads(unsigned short* xs, int xld, const T* __restrict__ x, int m0, int rows,
+                                               int kb, int slices, int M, int K, bool vec) {
+  const int groups = 16 * slices;
+  for (int i = threadIdx.x; i < rows * groups; i += THREADS) {
+    const int r = i / groups, c = i - r * groups;
+    *reinterpret_cast<uint4*>(xs + r * xld + 8 * c) = wq_x8(x, m0 + r, M, kb + 8 * c, K, vec);
+  }
 }

@@ -118,6 +118,7 @@ struct RsStream {
                                    // where q * WR_STEP < left, the slice where q * WR_STEP < lefts
   int at, r;                       // the next slice's scale index of row n (n * nb + element / block), element % block
   int nb8, bstep, rstep, block;    // 8 rows of scales; WR_STEP / block, WR_STEP % block
+  int n0, k0_, nb_;                // the lane's row and first element, blocks a row (start_scales)
 
   __device__ __forceinline__ RsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
                                       const void* __restrict__ zero_, int n, int N, int k0, int K, int ldw,
@@ -127,12 +128,6 @@ struct RsStream {
     block = block_;
     left = K - k0;
     lefts = left + (k0 & 127);  // k0 = the slice's first element + 32 t
-    const int b = k0 / block;
-    r = k0 - b * block;
-    at = n * nb + b;
-    nb8 = 8 * nb;
-    bstep = WR_STEP / block;
-    rstep = WR_STEP - bstep * block;
 #pragma unroll
     for (int j = 0; j < RT; ++j)
 #pragma unroll
@@ -140,6 +135,18 @@ struct RsStream {
         row[j][h] = n + 16 * j + 8 * h < N;
         bits[j][h] = w + (i64)(n + 16 * j + 8 * h) * ldw + k0 / 2;
       }
+    n0 = n;
+    k0_ = k0;
+    nb_ = nb;
+  }
+  // the scale stream's start (two divisions by the block size): after the chunks' copies are issued
+  __device__ __forceinline__ void start_scales() {
+    const int b = k0_ / block;
+    r = k0_ - b * block;
+    at = n0 * nb_ + b;
+    nb8 = 8 * nb_;
+    bstep = WR_STEP / block;
+    rstep = WR_STEP - bstep * block;
   }
   // slice q's chunks to shared memory by cp.async (zeros past N or K: nothing read), the lane's own 16-byte slots
   // dst[(2 j + h) * 32] (a warp's copy of a chunk: 512 contiguous bytes)
@@ -306,20 +313,20 @@ __device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restr
   float* part = reinterpret_cast<float*>(wsm);
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
-    // X's copies first (their own group), then each slice's chunks a group, all before anything waits
-    wq_stage<WR_THREADS, ELEM, false>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    // the weights first (each slice's chunks a cp.async group: the kernel's long pole, in flight before anything
+    // else is computed), then X by plain loads (L2-resident, small), then the scale stream
     RsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
 #pragma unroll
     for (int q = 0; q < SW; ++q) {
       in.copy_of(mine + q * RT * 2 * 32, q, w);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
+    wq_stage_loads<WR_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
+    in.start_scales();
     RsSlice ring[SW];  // the slices' scales and zero points (their chunks land in shared memory)
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ring[q], q);
-    wr_wait<SW>();  // X's group (every slice's may still be in flight)
-    __syncthreads();
+    __syncthreads();  // X staged by every thread
     float acc[RT][2][4];
 #pragma unroll
     for (int j = 0; j < RT; ++j)
