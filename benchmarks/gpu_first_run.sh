@@ -509,6 +509,20 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       "$OUT/ncu_$t.txt" | cut -c1-160
     exit $rc
     ;;
+  s25b)  # s25 trimmed to the session's last device seconds: the rows kernel's gpu tests, W4A16 as one layer (every
+    # weight-only tactic timed by the level-5 build, each time in the log)
+    gpu_tests s25b ${NEW_S:-80} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py -k "rows or staged"
+    rc=$?
+    timeout ${W4_S:-120} python3 -c "
+import logging, runpy, sys
+logging.basicConfig(level=logging.WARNING, format='%(message)s')
+logging.getLogger('polykit').setLevel(logging.DEBUG)
+sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--out', '$OUT/weight_only.json']
+runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
+    echo "== w4a16 rc $?"; grep -E "^M=" "$OUT/weight_only.txt" | cut -c1-400
+    grep -E "^layer 'fc'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
+    exit $rc
+    ;;
   s24w)  # s24's W4A16 timing alone
     timeout ${W4_S:-240} python3 -c "
 import logging, runpy, sys
