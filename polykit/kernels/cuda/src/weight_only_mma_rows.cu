@@ -34,12 +34,16 @@
 // Geometry (the staged kernel's): block = WN x WK warps (warp w: wn = w % WN, wk = w / WN), RT row tiles of 16
 // weight rows a warp, the block's 16 * RT * WN weight rows (Y columns) from blockIdx.x * that, K range [kb,
 // kb + KB), KB = 128 * WK * SW, kb = blockIdx.z * KB (gridDim.z = splits = ceil(K / KB)). Warp (wn, wk) takes
-// slices wk, wk + WK, .. (SW of them) of the range and issues all 2 * RT * SW of its 16-byte chunk loads back to
-// back (RsStream: a row's pointer once, slice q at an immediate offset, the scale block stepped without a
-// division), then the scale / zero point loads, then stages X rows m0 .. m0 + rows - 1 of the block's range in
-// shared memory by cp.async (weight_only_mma_staged.cu's staging: rows x xld ELEM, xld = min(KB, K rounded up
-// to 128) + 8, zeros past K; element by element where X is not 16-byte aligned). The WK warps' C fragments go to
-// shared memory (part[WK][16][cols]) and the block sums them in wk order; splits == 1: Y = ELEM(sum + float(B))
+// slices wk, wk + WK, .. (SW of them) of the range and copies all 2 * RT * SW of its 16-byte chunks to shared
+// memory by cp.async first thing (a commit group a slice; its own slots [warp][slice][tile][half][lane]: a warp's
+// chunk is 512 contiguous bytes; RsStream: a row's pointer once, slice q at an immediate offset), then stages X rows
+// m0 .. m0 + rows - 1 of the block's range by plain 16-byte loads (xld = min(KB, K rounded up to 128) + 8, zeros
+// past K; element by element where X is not 16-byte aligned), then starts the scale stream (its two divisions;
+// the block stepped without one after) and loads the slices' scales / zero points. Slice q waits for its own group
+// (wait_group SW - 1 - q: this lane's copies, which only this lane reads). X's shared loads are ld.volatile (in
+// program order: ptxas otherwise hoisted every slice's X loads ahead of the math and spilled). The WK warps' C
+// fragments then go to shared memory where the chunks were (part[WK][16][cols]) and the block sums them in wk
+// order; splits == 1: Y = ELEM(sum + float(B))
 // (every Y of the row tile written), else the float sums to ws[z][m][n] and weight_only_mma_staged.cu's
 // weight_only_mma_reduce (the same parameter list) adds the splits in z order, then B: deterministic.
 // Past N: zero bits and a zero scale (C * 0 = 0: C is finite for finite X); past K: zero bits against X staged as
@@ -63,12 +67,14 @@
 // and the stream's steps ~0.05. ~1.8 at RT = 1, ~1.65 at RT = 2 (M = 1; the brief's aim was ~1.3: the decode
 // alone is 1.125), against ~3.1 counted for the staged kernel (its header) and ~5.8 measured there by ncu.
 // At M = 9..16 the second column tile adds 2 mma, 1 lds and 4 prmt a word: ~+0.25 + 0.31 / RT.
-// Registers: a lane's ring holds 2 * RT * SW chunks (4 registers each) with their scales and zero points, the
+// Registers: the chunks wait in shared memory (none in flight in registers); the slices' scales and zero points, the
 // accumulators and a slice's C 16 * RT floats; __launch_bounds__(threads, WR_MIN_BLOCKS) asks ptxas for <= 128 a
-// thread and gets 128 with no spills at SW * RT = 2 (ptxas -v, NVRTC 13.5, sm_80 and sm_90; checked by
-// tests/kernels/cuda/test_weight_only_rows_emulated.py). SW = 4 spills 460-600 bytes: ptxas hoists the shared
-// loads of X of every slice of the ring ahead of the math (234 registers unbounded), so the tiles hold 2 slices a
-// warp and take 16 warps over K for 32 KB in flight an SM (the staged kernel's 64 KB needs 4 slices).
+// thread: every tile gets <= 128 with no spills (ptxas -v, NVRTC 13.5, sm_80 and sm_90; checked by
+// tests/kernels/cuda/test_weight_only_rows_emulated.py); 2 row tiles of 2 slices a warp (16 warps) spilled 20 bytes.
+// Shared memory: X's min(16, M) x xld ELEM, then WR_CHUNK_BYTES (64 KB an SM at n16_k4096's 2 blocks of 32 KB).
+// Measured (H100, 2026-12-07, ncu at M = 1, N = K = 4096, before the copies moved first): 13.15 us at ncu's clocks,
+// DRAM 20 %, 0.33 issued a scheduler-cycle at 3.8 warps, 5.5 thread-instructions a weight (the counts above are a
+// slice's math; each warp's prologue and the block's sums are the rest): docs/PERFORMANCE.md, twenty-first session.
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across rows / K), RT (16-row tiles a warp), SW (slices a warp
 // holds in flight), WR_MIN_BLOCKS (blocks an SM asked of ptxas).
 #include "weight_only_mma.cuh"
