@@ -103,6 +103,11 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s25b      FIRST in the next session with a GPU (the twenty-first's last change, bc337c5c, never ran on one: the
+#                  W4A16 rows kernel's chunk copies issued first, X staged by plain loads): the rows / staged gpu tests,
+#                  then W4A16 at M = 1, 16 with every weight-only tactic's time in the log; ~180 s. STEP=s25: the same
+#                  with the chain of 8 and ncu of the rows kernel; ~300 s. STEP=s24c: ncu of rows and staged, then
+#                  ResNet-50 INT8 / FP8 against fp16 and torch fp16 eager / torch.compile (int8_resnet.py --torch)
 #   STEP=s18       FIRST in the next session with a GPU (the eighteenth ran nothing on one: eleven starts refused or
 #                  taken back): the gpu tests of the eighteenth's CUDA paths (the INT8 / FP8 sm90 epilogues' next-tile
 #                  residual prefetch, the e4m3 max pool, QuantizeNHWC with space-to-depth blocks, the W4A16 decode and
