@@ -142,3 +142,16 @@ def compile_once(units: Iterable, arch: str) -> dict[str, bytes]:
         with _unit_lock(lock_path(u), blocking=True):
             out[u.key()] = compile_cached(u, arch)
     return out
+
+
+def check_all(units: Iterable, arch: str) -> int:
+    """Every distinct unit of `units` compiled for `arch` at NVRTC's fastest level (nvrtc.check_compiles, the NVRTC
+    test's check: ptxas over every instruction; DeviceError with NVRTC's log on failure), nothing cached: a family's
+    "every variant compiles" test, which needs no cubin's bytes (compile_once gives the optimized ones). Returns the
+    count of distinct units checked."""
+    from polykit.runtime.cuda.nvrtc import check_compiles, unique_units
+
+    distinct = unique_units(units)
+    for u in distinct:
+        check_compiles(u, arch)
+    return len(distinct)

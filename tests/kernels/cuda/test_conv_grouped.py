@@ -113,9 +113,9 @@ def test_grouped_tactics_lead_the_candidates_of_grouped_layers_only():
     assert not {P4, P2} & {t.name for t in candidates("cuda", "ConvNHWC", dw)}
 
 
-def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
+def test_every_variant_compiles_with_nvrtc():
     from polykit.runtime.cuda.nvrtc import unique_units
-    from tests.kernel_units import compile_once  # once a run with the NVRTC test's chunks
+    from tests.kernel_units import check_all  # the NVRTC test's check (NVRTC's fastest level)
 
     variants = compile_variants()
     assert sum(k.code is not None and "apply_epilogue" in k.code for k in variants) == 2  # with an epilogue
@@ -125,8 +125,7 @@ def test_every_variant_compiles_with_nvrtc(shared_kernel_cache):
         assert {("half_t", str(c), str(v.p)) for c in (8, 4, 2, 1)} <= declared
         assert {(e, "8", str(v.p)) for e in ("float", "bf16_t")} <= declared
     units = unique_units(variants)
-    cubins = compile_once(units, "sm_90")
-    assert len(cubins) == len(units) and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+    assert check_all(units, "sm_90") == len(units)
 
 
 # ---- GPU: every path against the reference --------------------------------------------------

@@ -301,13 +301,13 @@ def test_modules_depend_on_the_source_count_not_on_the_shapes():
         assert "cat_ptr" in ka[0].code and "cat_ptr" not in kp[0].code
 
 
-def test_concat_variants_compile_with_nvrtc(shared_kernel_cache):
-    from polykit.runtime.cuda.nvrtc import compile_many
+def test_concat_variants_compile_with_nvrtc():
+    from polykit.runtime.cuda.nvrtc import unique_units
+    from tests.kernel_units import check_all  # the NVRTC test's check (NVRTC's fastest level)
 
     layers = pw.concat_variant_layers()
     units = [pointwise_kernels(lay, rows=rows)[0] for lay in layers for rows in (False, True)]
-    cubins = compile_many(units, "sm_80")
-    assert set(cubins) == {u.key() for u in units} and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+    assert check_all(units, "sm_80") == len(unique_units(units)) > 0
     assert all(k.name in {v.name for v in pw.compile_variants()} for lay in layers for k in pointwise_kernels(lay)[:1])
 
 

@@ -281,14 +281,14 @@ def test_modules_depend_on_which_inputs_are_views_not_on_the_views():
 
 
 # ---- CPU: NVRTC -----------------------------------------------------------------------------------
-def test_view_variants_compile_with_nvrtc(shared_kernel_cache):
-    from polykit.runtime.cuda.nvrtc import compile_many
+def test_view_variants_compile_with_nvrtc():
+    from polykit.runtime.cuda.nvrtc import unique_units
+    from tests.kernel_units import check_all  # the NVRTC test's check (NVRTC's fastest level)
 
     layers = pw.view_variant_layers()
     units = [pointwise_kernels(lay)[0] for lay in layers]
     for arch in ("sm_80", "sm_90"):
-        cubins = compile_many(units, arch)
-        assert set(cubins) == {u.key() for u in units} and all(blob[:4] == b"\x7fELF" for blob in cubins.values())
+        assert check_all(units, arch) == len(unique_units(units)) > 0
     assert all(pointwise_kernels(lay)[0].name in {v.name for v in pw.compile_variants()} for lay in layers)
 
 
