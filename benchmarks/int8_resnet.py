@@ -237,6 +237,8 @@ def main() -> None:
                         help="cuda: also time torch's fp16 model in the same rounds: eager, or eager and "
                              "torch.compile(mode='reduce-overhead')")
     args = parser.parse_args()
+    if args.torch and args.target != "cuda":
+        parser.error("--torch times torch's fp16 model on the GPU: it needs --target cuda")
     precisions = [p for p in args.precisions.split(",") if p]
     if not set(precisions) <= set(PRECISIONS):
         parser.error(f"--precisions takes {', '.join(PRECISIONS)}; got {args.precisions!r}")

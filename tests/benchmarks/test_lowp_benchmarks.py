@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import onnx
+import pytest
 
 from benchmarks import fp8_bert, int8_resnet
 from tests.compiler.int8_models import small_resnet
@@ -49,6 +50,15 @@ def test_int8_resnet_takes_one_precision_alone(tmp_path, monkeypatch):
              "--rounds", "1", "--out", str(out))
     result = json.loads(out.read_text())
     assert set(result["build_s"]) == {"fp16", "fp8"} and "int8_ms" not in result and "fp8_ms" in result
+
+
+def test_int8_resnet_refuses_torch_timing_on_the_cpu_target(tmp_path, monkeypatch, capsys):
+    onnx.save(small_resnet(), tmp_path / "resnet.onnx")
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit) as info:
+        run_main(int8_resnet, monkeypatch, "--target", "cpu", "--model", str(tmp_path / "resnet.onnx"), "--torch",
+                 "eager", "--out", str(out))
+    assert info.value.code == 2 and "--target cuda" in capsys.readouterr().err and not out.exists()
 
 
 def test_fp8_bert_quantizes_the_linear_layers_and_matches_onnxruntime_on_the_cpu(tmp_path, monkeypatch):

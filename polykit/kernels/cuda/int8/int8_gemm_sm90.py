@@ -13,7 +13,8 @@ equal `cpu.reference` bit for bit, as int8_sm90's). The tiles are fp8_gemm_sm90'
 Priority 4, below int8_sm90's 5: a level-0 plan keeps the conv tiles; the tuner times the best of them
 at level >= 1 (tuner.capped: `cuda.int8.gemm` is another family than `cuda.int8.sm90`).
 Measured (H100, 2026-12-07): bit-exact in tests/kernels/cuda/test_int8_gemm_sm90.py's and test_int8_sm90.py's GPU
-tests; a timed ResNet-50 bs32 INT8 build takes them on 31 of its 54 convs (docs/INT8.md, twentieth session).
+tests; timed ResNet-50 bs32 INT8 builds took them on 25 (5f21e11a) and 30 (75d59973) of its 54 convs
+(docs/PERFORMANCE.md, twentieth and twenty-first sessions).
 """
 
 from __future__ import annotations
