@@ -103,6 +103,7 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s26a      s25b's tests and W4A16 with its chain of 8 timed with PDL off and on (--pdl both); ~250 s
 #   STEP=s25b      FIRST in the next session with a GPU (the twenty-first's last change, bc337c5c, never ran on one: the
 #                  W4A16 rows kernel's chunk copies issued first, X staged by plain loads): the rows / staged gpu tests,
 #                  then W4A16 at M = 1, 16 with every weight-only tactic's time in the log; ~180 s. STEP=s25: the same
@@ -512,6 +513,20 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       python3 benchmarks/weight_only_one.py --m 1 --tactics cuda.weight_only.$t --runs 3 > "$OUT/ncu_$t.txt" 2>&1
     grep -E "Duration|DRAM Throughput|Issued Ipc|Warp Cycles Per Issued|Executed Instructions  |One or More" \
       "$OUT/ncu_$t.txt" | cut -c1-160
+    exit $rc
+    ;;
+  s26a)  # the twenty-second session's first call: s25b's gpu tests (bc337c5c never ran on a GPU), then W4A16 at
+    # M = 1, 16 as one layer and as a chain of 8, each chain timed without and with PDL (--pdl both)
+    gpu_tests s26a ${NEW_S:-80} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py -k "rows or staged"
+    rc=$?
+    timeout ${W4_S:-200} python3 -c "
+import logging, runpy, sys
+logging.basicConfig(level=logging.WARNING, format='%(message)s')
+logging.getLogger('polykit').setLevel(logging.DEBUG)
+sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--pdl', 'both', '--out', '$OUT/weight_only.json']
+runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
+    echo "== w4a16 rc $?"; grep -E "^M=|chain of" "$OUT/weight_only.txt" | cut -c1-400
+    grep -E "^layer 'fc'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
     exit $rc
     ;;
   s25b)  # s25 trimmed to the session's last device seconds: the rows kernel's gpu tests, W4A16 as one layer (every

@@ -16,7 +16,8 @@ N = K = 4096, M = 1..16, weights 4x smaller.
 `--chain L` (N == K) also times a decoder's form: L such layers one after another, each with its own weight (so
 the weights do not stay in L2 from one to the next), as one plan, queued back to back (`time_cuda_queued`, 10 plan
 runs between two events): the plan's time over L is a layer's steady-state time with neither the host's launch
-nor a per-layer event pair in it, for the weight-only plan and its fp16 twin alike.
+nor a per-layer event pair in it, for the weight-only plan and its fp16 twin alike. `--pdl on|both` loads the
+chain's engines with Programmatic Dependent Launch (sm_90+; both: each plan timed without and with it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
                         "the first tactic by priority: what ncu should see)")
     parser.add_argument("--chain", type=int, default=0, metavar="L",
                         help="also time L layers one after another (N == K), a layer's time = the plan's / L")
+    parser.add_argument("--pdl", default="off", choices=["off", "on", "both"],
+                        help="the chain's engines with Programmatic Dependent Launch (sm_90+): off, on, or both timed")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.chain and args.n != args.k:
@@ -82,25 +85,32 @@ def main() -> None:
         if args.chain:
             chain = load_onnx(weight_only_chain(args.weight, args.k, args.chain, args.block, m))
             fp32_layers = tuple(f"fc{i}" for i in range(args.chain))
+            modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
             for name, extra in (("weight_only", {}), ("fp16_gemm", {"fp32_layers": fp32_layers})):
                 plan = build_plan(chain, BuilderConfig(target="cuda", builder_optimization_level=args.level, **extra))
-                bound = bind_plan(plan, {"x": x}, torch)
-                per_layer = time_cuda_queued(bound.run, torch, args.warmup, max(5, args.iters // 10), 10) / args.chain
-                row[f"{name}_chain_layer_ms"] = per_layer
+                for pdl in modes:
+                    bound = bind_plan(plan, {"x": x}, torch, pdl=pdl)
+                    per_layer = time_cuda_queued(bound.run, torch, args.warmup, max(5, args.iters // 10),
+                                                 10) / args.chain
+                    row[f"{name}_chain{'_pdl' if pdl else ''}_layer_ms"] = per_layer
+                    bound.close()
                 row[f"{name}_chain_tactics"] = sorted(set(plan.metadata["tactics"].values()))
-                bound.close()
             row["chain_layers"] = args.chain
-            row["chain_speedup"] = row["fp16_gemm_chain_layer_ms"] / row["weight_only_chain_layer_ms"]
+            for suffix in ("_pdl",) if args.pdl == "on" else ("", "_pdl") if args.pdl == "both" else ("",):
+                row[f"chain{suffix}_speedup"] = (row[f"fp16_gemm_chain{suffix}_layer_ms"]
+                                                 / row[f"weight_only_chain{suffix}_layer_ms"])
         rows.append(row)
         print(f"M={m:3d} weight-only {row['weight_only_ms'] * 1e3:8.1f} us  fp16 GEMM {row['fp16_gemm_ms'] * 1e3:8.1f} us"
               f"  {row['speedup']:.2f}x  weights {row['weight_only_weight_bytes']:,} vs {row['fp16_gemm_weight_bytes']:,}"
               f" B  rel diff {row['rel_diff']:.2e}  {row['weight_only_tactics']} | layers alone: weight-only "
               f"{row['weight_only_layers_ms'] * 1e3:.1f} us, fp16 GEMM {row['fp16_gemm_layers_ms'] * 1e3:.1f} us, "
               f"{row['layer_speedup']:.2f}x", flush=True)
-        if args.chain:
-            print(f"      chain of {args.chain}, a layer queued back to back: weight-only "
-                  f"{row['weight_only_chain_layer_ms'] * 1e3:.1f} us {row['weight_only_chain_tactics']}, fp16 GEMM "
-                  f"{row['fp16_gemm_chain_layer_ms'] * 1e3:.1f} us, {row['chain_speedup']:.2f}x", flush=True)
+        for suffix, mode in (("", "PDL off"), ("_pdl", "PDL on")):
+            if f"chain{suffix}_speedup" in row:
+                print(f"      chain of {args.chain}, a layer queued back to back, {mode}: weight-only "
+                      f"{row[f'weight_only_chain{suffix}_layer_ms'] * 1e3:.1f} us {row['weight_only_chain_tactics']}, "
+                      f"fp16 GEMM {row[f'fp16_gemm_chain{suffix}_layer_ms'] * 1e3:.1f} us, "
+                      f"{row[f'chain{suffix}_speedup']:.2f}x", flush=True)
     if args.out:
         args.out.write_text(json.dumps({**provenance.meta(torch), "rows": rows}, indent=1))
 
