@@ -12,6 +12,16 @@ before it; the trigger right after it is sound because a dependent waits in its 
 `griddepcontrol.wait` for this grid's completion and flush. Every kernel waiting makes the chain
 transitive: a kernel completes only after the one before it completed.
 
+A kernel that reads plan weights before anything else may wait later itself: its body's first
+statement is `PK_PDL_DEFER();` (then no ENTRY is inserted) and it calls `PK_PDL_WAIT();` (the
+same wait and trigger) before its first access to memory that is not a plan weight. Plan weights
+are written only by uploads and refits (the host waits for the device first) and by weight
+streaming's copies, which the launch reading them waits for in full (an ordinary stream or event
+dependency: programmatic serialization relaxes only the dependency on the kernel before), so the
+early reads see what a waiting kernel would. The weight-only GEMMs do this (weight_only_mma*.cu):
+their packed weights, the long pole at small M, stream in while the kernel before finishes.
+src/pdl.cuh defines both macros as no-ops for sources rendered without PDL.
+
 A source is instrumented whole or not at all: `instrument` returns None when any `__global__` of
 the text is not a function definition it parses (in a form polykit's kernels use: specifiers,
 `__launch_bounds__(...)`, a name, possibly `##`-pasted inside a macro, a parameter list, then
@@ -36,7 +46,12 @@ PREAMBLE = """#define PK_PDL 1
 #else
 #define PK_PDL_ENTRY() do { } while (0)
 #endif
+#define PK_PDL_WAIT() PK_PDL_ENTRY()
+#define PK_PDL_DEFER() do { } while (0)
 """
+
+#: a kernel body's first statement that says the kernel calls PK_PDL_WAIT() itself (no ENTRY inserted)
+DEFER = "PK_PDL_DEFER"
 
 #: the first arch whose kernels can wait on their launch dependencies (griddepcontrol, PTX 7.8)
 MIN_ARCH = 90
@@ -132,7 +147,7 @@ def _kernel_body(masked: str, at: int) -> int:
 
 def instrument(text: str) -> str | None:
     """`text` (a rendered kernel source) with ENTRY inserted right after the opening brace of every
-    `__global__` function, and nothing else changed; None when it has no kernel or a `__global__`
+    `__global__` function but those whose body starts with DEFER, and nothing else changed; None when it has no kernel or a `__global__`
     this parser does not follow (the source is then compiled and launched without PDL)."""
     try:
         masked = _mask(text)
@@ -143,7 +158,9 @@ def instrument(text: str) -> str | None:
         return None
     pieces, start = [], 0
     for cut in cuts:
-        pieces += [text[start:cut], ENTRY]
+        pieces.append(text[start:cut])
+        if not masked[cut:].lstrip().startswith(DEFER):
+            pieces.append(ENTRY)
         start = cut
     pieces.append(text[start:])
     return "".join(pieces)

@@ -1,7 +1,7 @@
 """CI (no GPU): kernel variants compiled for programmatic dependent launch (KernelSource.with_pdl,
 polykit.kernels.cuda.pdl) compile with NVRTC for sm_90a, and in their PTX every entry waits
-(`griddepcontrol.wait`) before any memory access other than its parameters, then triggers its
-dependents; below sm_90 the entry macro compiles to nothing.
+(`griddepcontrol.wait`) before any memory access other than its parameters (a kernel that defers its wait,
+pdl.DEFER: before any but global reads), then triggers its dependents; below sm_90 the entry macro compiles to nothing.
 
 The sample runs in every CI pass: every fourth kernel source file's first unit, the shortest generated
 unit (rendered, headers inlined) and the first sm_90a unit (one of each file took ~150 s of a 2-core CI run: the instrumentation is
@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from polykit.kernels.cuda.pdl import _GLOBAL, DEFER, _kernel_body, _mask
 from polykit.runtime.cuda.nvrtc import unique_units
 
 from .test_nvrtc_compile import all_variants
@@ -62,6 +63,33 @@ def entries_wait_first(code: str) -> list[str]:
     return names
 
 
+#: what a kernel that defers its wait (pdl.DEFER) may do before it: read global memory (its plan weights) into
+#: registers or, by cp.async, into its shared memory; nothing that writes global memory
+_EARLY = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:ld\.global|cp\.async\.c[ag]\.shared\.global|cp\.async\.commit_group|"
+                    r"cp\.async\.wait)", re.M)
+
+
+def entries_defer_reads_only(code: str, names: set) -> list[str]:
+    """entries_wait_first, but the entries in `names` may read global memory (ld.global, cp.async to shared memory)
+    before their griddepcontrol.wait; every other memory instruction comes after it, then the trigger."""
+    out = []
+    for m in _ENTRY.finditer(code):
+        name, body = m.group(1), m.group(2)
+        if name not in names:
+            out += entries_wait_first(m.group(0))
+            continue
+        wait = body.find("griddepcontrol.wait;")
+        assert wait >= 0, f"{name} never waits"
+        early = [i for i in _MEMORY.finditer(body[:wait])]
+        assert early, f"{name} reads nothing before its wait"
+        for i in early:
+            line = body[i.start():].lstrip().split("\n", 1)[0]
+            assert _EARLY.match(line), f"{name}: {line.strip()} before the wait"
+        assert body.find("griddepcontrol.launch_dependents;") > wait, f"{name} does not trigger after its wait"
+        out.append(name)
+    return out
+
+
 def sample() -> list:
     """Every fourth kernel source file's first unit (by file name), the shortest generated unit and the
     first sm_90a unit, and the units test_the_entry_is_a_no_op_below_sm90 reads."""
@@ -85,7 +113,18 @@ def test_the_sample_holds_generated_and_sm90a_units():
 
 @pytest.mark.parametrize("unit", SAMPLE, ids=lambda u: u.file or u.name)
 def test_every_entry_waits_before_touching_memory_on_sm90a(unit):
-    assert entries_wait_first(ptx(unit.with_pdl().render(), "sm_90a"))
+    text = unit.with_pdl().render()
+    assert entries_defer_reads_only(ptx(text, "sm_90a"), deferring_names(text))
+
+
+def deferring_names(text: str) -> set:
+    """The kernels of `text` whose body starts with PK_PDL_DEFER (extern "C" names, as in the PTX)."""
+    masked, names = _mask(text), set()
+    for m in _GLOBAL.finditer(masked):
+        body = _kernel_body(masked, m.start())
+        if masked[body:].lstrip().startswith(DEFER):
+            names.add(re.findall(r"(\w+)\s*\(", masked[m.start():body])[-1])
+    return names
 
 
 @pytest.mark.parametrize("file", ["hold.cu", "norm.cu", "reduce.cu"])
@@ -94,3 +133,13 @@ def test_the_entry_is_a_no_op_below_sm90(file):
     code = ptx(unit.with_pdl().render(), "sm_80")
     assert "griddepcontrol" not in code and _ENTRY.search(code)
 
+
+
+@pytest.mark.parametrize("file, entry", [("weight_only_mma_staged.cu", "weight_only_mma_staged"),
+                                         ("weight_only_mma_rows.cu", "weight_only_mma_rows")])
+def test_the_weight_only_mma_kernels_read_only_their_weights_before_the_wait(file, entry):
+    unit = next(u for u in unique_units(all_variants()) if u.file == file)
+    text = unit.with_pdl().render()
+    assert deferring_names(text) == {entry}
+    names = entries_defer_reads_only(ptx(text, "sm_90a"), {entry})
+    assert entry in names and len(names) >= 1

@@ -1,6 +1,7 @@
 """PDL instrumentation at render time (polykit.kernels.cuda.pdl, KernelSource.with_pdl), no GPU:
 every kernel polykit ships (every .cu file, every compile variant, generated code included) gets
-`PK_PDL_ENTRY();` as the first statement of each `__global__` function and nothing else changes;
+`PK_PDL_ENTRY();` as the first statement of each `__global__` function (but a kernel whose body starts with
+`PK_PDL_DEFER();`: it waits itself) and nothing else changes;
 a source rendered without PDL is the text as before; forms the parser does not follow leave the
 whole unit plain."""
 
@@ -12,7 +13,7 @@ import pytest
 import polykit.kernels.cuda as cuda_kernels
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, KernelSource, inline_includes
-from polykit.kernels.cuda.pdl import _GLOBAL, ENTRY, PREAMBLE, _kernel_body, _mask, instrument, supports_pdl
+from polykit.kernels.cuda.pdl import _GLOBAL, DEFER, ENTRY, PREAMBLE, _kernel_body, _mask, instrument, supports_pdl
 
 
 def all_variants() -> list[KernelSource]:
@@ -23,13 +24,24 @@ def all_variants() -> list[KernelSource]:
 
 
 def entries_first(instrumented: str) -> int:
-    """How many `__global__` functions of `instrumented` start with ENTRY (all of them, or an AssertionError)."""
+    """How many `__global__` functions of `instrumented` start with ENTRY (all of them but those whose body
+    starts with DEFER, or an AssertionError)."""
     masked = _mask(instrumented)
-    hits = list(_GLOBAL.finditer(masked))
-    for m in hits:
+    entered = 0
+    for m in _GLOBAL.finditer(masked):
         body = _kernel_body(masked, m.start())
+        if masked[body:].lstrip().startswith(DEFER):
+            assert ENTRY not in instrumented[body:body + len(ENTRY) + 8]
+            continue
         assert instrumented[body:body + len(ENTRY)] == ENTRY, instrumented[m.start():body + 40]
-    return len(hits)
+        entered += 1
+    return entered
+
+
+def deferring(text: str) -> int:
+    """How many `__global__` functions of `text` start with DEFER."""
+    masked = _mask(text)
+    return sum(masked[_kernel_body(masked, m.start()):].lstrip().startswith(DEFER) for m in _GLOBAL.finditer(masked))
 
 
 def check_instrumented(text: str) -> str:
@@ -37,7 +49,8 @@ def check_instrumented(text: str) -> str:
     assert out is not None
     assert out.replace(ENTRY, "") == text  # nothing but the entry calls added
     kernels = entries_first(out)
-    assert kernels == out.count(ENTRY) == len(list(_GLOBAL.finditer(_mask(text)))) > 0
+    assert kernels == out.count(ENTRY) == len(list(_GLOBAL.finditer(_mask(text)))) - deferring(text)
+    assert kernels + deferring(text) > 0
     return out
 
 
@@ -163,3 +176,22 @@ def test_a_unit_the_parser_refuses_has_no_pdl_variant():
     assert source.with_pdl() is None
     with pytest.raises(DeviceError, match="programmatic dependent launch"):
         KernelSource("t", code=source.code, pdl=True).render()
+
+
+def test_a_kernel_that_defers_its_wait_gets_no_entry_and_the_others_do():
+    text = ("extern \"C\" __global__ void early(const float* w, float* y) {\n  PK_PDL_DEFER();\n"
+            "  float v = w[0];\n  PK_PDL_WAIT();\n  y[0] = v;\n}\n"
+            "extern \"C\" __global__ void plain(float* y) { y[0] = 1.f; }\n")
+    out = check_instrumented(text)
+    assert out.count(ENTRY) == 1 and out.index(ENTRY) > out.index("plain")
+    assert deferring(text) == 1
+
+
+def test_the_weight_only_mma_kernels_defer_their_wait_and_their_reduce_does_not():
+    for name in ("weight_only_mma_staged.cu", "weight_only_mma_rows.cu"):
+        text = inline_includes((CUDA_DIR / name).read_text())
+        out = check_instrumented(text)
+        assert deferring(text) == 1 and "PK_PDL_WAIT();" in text
+    staged = instrument(inline_includes((CUDA_DIR / "weight_only_mma_staged.cu").read_text()))
+    reduce_at = staged.index("weight_only_mma_reduce(")
+    assert staged.find(ENTRY, reduce_at) > reduce_at  # the reduce reads the workspace: it waits first

@@ -211,3 +211,36 @@ def test_many_tiny_dependent_kernels_each_see_the_last_ones_write():
         stream.close()
         buf.free()
         modules.close()
+
+
+@pytest.mark.parametrize("tactic", ["cuda.weight_only.mma_staged_c16_k4096", "cuda.weight_only.mma_staged_c16_k4096_p2",
+                                    "cuda.weight_only.mma_staged_c64_k1024", "cuda.weight_only.mma_rows_n16_k4096",
+                                    "cuda.weight_only.mma_rows_n64_k1024"])
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])
+def test_weight_only_layers_that_read_their_weights_before_the_wait_are_bit_identical(tactic, cuda_graph):
+    """A chain of W4A16 layers whose kernels read their packed weights before griddepcontrol.wait (pdl.DEFER):
+    each layer's X is the layer before's Y, so one that read X (or wrote Y) early would differ. K = 2048: the
+    k1024 tiles split K, and their reduce (which waits first) adds the splits."""
+    from benchmarks.weight_only_gemm import weight_only_chain
+    from polykit.compiler.graph.onnx_import import load_onnx
+
+    layers = 4
+    chain = load_onnx(weight_only_chain("int4", 2048, layers, 128, 5))
+    plan = build_plan(chain, BuilderConfig(target="cuda", builder_optimization_level=0,
+                                           tactic_replay={f"fc{i}": tactic for i in range(layers)}))
+    assert {plan.metadata["tactics"][f"fc{i}"] for i in range(layers)} == {tactic}
+
+    def runs(pdl):
+        from polykit.runtime.engine import Engine
+
+        with Engine(plan, pdl=pdl) as engine:
+            if pdl and not engine._target_engine.modules.pdl:
+                pytest.skip("no programmatic dependent launch on this device")
+            with engine.create_execution_context(cuda_graph=cuda_graph) as ctx:
+                rng = np.random.default_rng(3)
+                return [ctx.execute({"x": rng.standard_normal((5, 2048)).astype(np.float16)}) for _ in range(RUNS)]
+
+    plain = runs(False)
+    assert all(np.isfinite(r["y"]).all() and np.abs(r["y"]).max() > 0 for r in plain)
+    for _ in range(3):
+        _same(plain, runs(True))

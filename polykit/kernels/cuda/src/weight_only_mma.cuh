@@ -27,6 +27,7 @@
 // element; 16 before the fold and the fma); bfloat16 3 shifts, 4 lop3, 8 subtractions and 4 multiplies (19).
 #pragma once
 #include "dtypes.cuh"
+#include "pdl.cuh"
 
 enum { WQ_I4 = 0, WQ_U4 = 1 };  // weight_only.cu's WT_I4, WT_U4 (the runtime `wtype`)
 

@@ -327,6 +327,7 @@ __device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restr
       in.copy_of(mine + q * RT * 2 * 32, q, w);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
+    PK_PDL_WAIT();  // with PDL: the chunks above stream in while the kernel before runs; X and Y wait for it
     wq_stage_loads<WR_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     in.start_scales();
     RsSlice ring[SW];  // the slices' scales and zero points (their chunks land in shared memory)
@@ -355,6 +356,7 @@ __device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restr
     wq_block_sum<WK, WR_COLS, WR_THREADS>(part, bias, y, ws, m0, blockIdx.x * WR_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part, the chunks and xs are reused by the next row tile
   }
+  PK_PDL_WAIT();  // a block without a row tile waits too (a no-op after the first): the kernel completes after the one before
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory: min(16, M) x
@@ -363,6 +365,7 @@ extern "C" __global__ void __launch_bounds__(WR_THREADS, WR_MIN_BLOCKS)
 weight_only_mma_rows(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                      const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
                      int N, int K, int ldw, int block, int nb, int wtype, float* __restrict__ ws, int splits) {
+  PK_PDL_DEFER();  // only the weights (w, scale, zero) are read before wr_body's PK_PDL_WAIT
   extern __shared__ __align__(16) unsigned char wr_smem[];
   if (wtype == WQ_I4)
     wr_body<WQ_I4>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);

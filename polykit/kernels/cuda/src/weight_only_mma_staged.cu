@@ -183,6 +183,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
+    PK_PDL_WAIT();  // with PDL: the weights above were read while the kernel before ran; X and Y wait for it
     wq_stage<XS_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     float acc[NT][4];
@@ -217,6 +218,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
   }
+  PK_PDL_WAIT();  // a block without a row tile waits too (a no-op after the first): the kernel completes after the one before
 }
 
 // ws: float [splits, M, N] of the K splits' sums (splits > 1; null at 1); dynamic shared memory:
@@ -225,6 +227,7 @@ extern "C" __global__ void __launch_bounds__(XS_THREADS, XS_MIN_BLOCKS)
 weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, const ELEM* __restrict__ scale,
                        const void* __restrict__ zero, const ELEM* __restrict__ bias, ELEM* __restrict__ y, int M,
                        int N, int K, int ldw, int block, int nb, int wtype, float* __restrict__ ws, int splits) {
+  PK_PDL_DEFER();  // only the weights (w, scale, zero) are read before xs_body's PK_PDL_WAIT
   extern __shared__ __align__(16) unsigned char xs_smem[];
   __shared__ float part[WK * 16 * XS_COLS];
   unsigned short* xs = reinterpret_cast<unsigned short*>(xs_smem);
