@@ -517,7 +517,7 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     ;;
   s26a)  # the twenty-second session's first call: s25b's gpu tests (bc337c5c never ran on a GPU), then W4A16 at
     # M = 1, 16 as one layer and as a chain of 8, each chain timed without and with PDL (--pdl both)
-    gpu_tests s26a ${NEW_S:-80} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py -k "rows or staged"
+    gpu_tests s26a ${NEW_S:-100} tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "rows or staged or weight_only"
     rc=$?
     timeout ${W4_S:-200} python3 -c "
 import logging, runpy, sys
