@@ -52,6 +52,7 @@ PRELUDE = r"""
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
+#define __constant__ static  // host memory the kernels only read (weight_only_mma.cuh's masks)
 #define __shared__ static  // one array a kernel instance, shared by the block's threads (blocks run one after another)
 struct Dim3 { unsigned x, y, z; };
 static thread_local Dim3 threadIdx, blockIdx;

@@ -382,6 +382,12 @@ def _cp_async(args: list[list[str]]) -> str:
     return f"emu_cp_async({dst}, {src}, {size}, {src_size[0][0] if src_size else size})"
 
 
+def _ld_const(args: list[list[str]]) -> str:
+    (dst,), (addr,) = args  # [symbol] or [symbol+bytes]: a __constant__ array (block_emulation: a static one)
+    sym, _, off = addr.partition("+")
+    return f"memcpy(&{dst}, (const char*){sym.strip()} + {off.strip() or 0}, 4)"
+
+
 #: PTX opcode (a full match) -> emit(arguments) -> the C expression that stands for the statement
 PTX_OPS = [
     (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", _mma("emu_mma<float, float, emu_f16, 16>")),
@@ -407,6 +413,7 @@ PTX_OPS = [
      lambda args: f"{args[0][0]} = emu_cvt_e4m3x2({args[1][0]}, {args[2][0]})"),
     (r"cvt\.rn\.f16x2\.e4m3x2", lambda args: f"{args[0][0]} = emu_cvt_f16x2_e4m3x2({args[1][0]})"),
     (r"cvt\.f32\.f16", lambda args: f"{args[0][0]} = emu_f16({args[1][0]}, 0)"),
+    (r"ld\.const\.[bu]32", _ld_const),
     (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
 ]
 

@@ -76,6 +76,23 @@ template <> struct WqOps<bf16_t> {
   }
 };
 
+// the nibble masks 0x000f000f, 0x00f000f0, read from the constant bank: a LOP3 takes one immediate (MAGIC here),
+// and a literal mask made ptxas re-materialize it into a register before every LOP3 under the kernels' register
+// caps (one IMAD.MOV a LOP3, 4 a word); a constant-bank operand costs no instruction
+__constant__ u32 wq_masks[2] = {0x000f000fu, 0x00f000f0u};
+// read by an inline ld.const, not volatile (one load CSE'd for the kernel), so that NVVM does not fold the initializer back
+// into literals; ptxas then keeps the two values in registers (a literal it re-materializes before every use)
+__device__ __forceinline__ u32 wq_mask_lo() {
+  u32 v;
+  asm("ld.const.u32 %0, [wq_masks];" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ u32 wq_mask_hi() {
+  u32 v;
+  asm("ld.const.u32 %0, [wq_masks+4];" : "=r"(v));
+  return v;
+}
+
 // one 16-byte chunk's dequantization constants (its codes lie in one scale block): built from the
 // scale's raw bits and the zero point (0 without zero points)
 template <class T, int WT>
@@ -93,7 +110,7 @@ struct WqDequant {
   // scale (weight_only_mma_rows.cu scales each 128-element slice's float32 mma sums instead)
   __device__ __forceinline__ void diff(u32 word, u32 (&d)[4]) const {
     constexpr u32 FLIP = WT == WQ_I4 ? 0x88888888u : 0u;  // int4: code ^ 8 = value + 8
-    constexpr u32 LO = 0x000f000fu, HI = 0x00f000f0u;
+    const u32 LO = wq_mask_lo(), HI = wq_mask_hi();
     if (!WqOps<T>::SPLIT_ZERO) {  // float16: pairs 0, 2 from the low nibbles, 1, 3 from the high ones
       const u32 q2 = word >> 8;
       d[0] = WqOps<T>::sub((word & LO) ^ (WqOps<T>::MAGIC | (FLIP & LO)), off);
@@ -195,6 +212,37 @@ __device__ __forceinline__ void wq_slice_mma(float (&acc)[NTILES][4], const WqCh
       const u32 b0[2] = {wd[0], wd[1]}, b1[2] = {wd[2], wd[3]};
       wq_mma<T>(acc[j], a0, b0);
       wq_mma<T>(acc[j], a1, b1);
+    }
+  }
+}
+
+// wq_slice_mma for a row tile of at most 8 rows, the operands swapped: the weights are A (tiles 2p and 2p + 1 as
+// rows g and g + 8 of an m16 tile of 16 columns), X is B (its n8 columns the tile's rows), so an mma takes 256
+// weights, no register holds a zero row of X, and X's byte-permutes are half wq_slice_mma's (row g only).
+// x_word(i) gives word i's 8 elements of X row g (the K positions of the lane's word i, as in wq_slice_mma).
+// acc[p]: C of pair p, rows g (tile 2p) and g + 8 (tile 2p + 1), columns 2t, 2t + 1: X rows 2t, 2t + 1
+template <class T, int WT, int NTILES, class XWord>
+__device__ __forceinline__ void wq_slice_mma_t(float (&acc)[NTILES / 2][4], const WqChunk (&ch)[NTILES], XWord x_word) {
+  static_assert(NTILES % 2 == 0, "tiles pair up into m16 rows");
+  WqDequant<T, WT> dq[NTILES];
+#pragma unroll
+  for (int j = 0; j < NTILES; ++j) dq[j] = WqDequant<T, WT>(ch[j].scale, ch[j].zp);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 x = x_word(i);
+    // B of step 2i: K positions (0,4) and (1,5) of the word; step 2i + 1: (2,6) and (3,7)
+    const u32 b0[2] = {wq_perm(x.x, x.z, 0x5410u), wq_perm(x.x, x.z, 0x7632u)};
+    const u32 b1[2] = {wq_perm(x.y, x.w, 0x5410u), wq_perm(x.y, x.w, 0x7632u)};
+#pragma unroll
+    for (int p = 0; p < NTILES / 2; ++p) {
+      const uint4& e = ch[2 * p].bits;
+      const uint4& o = ch[2 * p + 1].bits;
+      u32 we[4], wo[4];
+      dq[2 * p](i == 0 ? e.x : i == 1 ? e.y : i == 2 ? e.z : e.w, we);
+      dq[2 * p + 1](i == 0 ? o.x : i == 1 ? o.y : i == 2 ? o.z : o.w, wo);
+      const u32 a0[4] = {we[0], wo[0], we[1], wo[1]}, a1[4] = {we[2], wo[2], we[3], wo[3]};
+      wq_mma<T>(acc[p], a0, b0);
+      wq_mma<T>(acc[p], a1, b1);
     }
   }
 }

@@ -162,6 +162,59 @@ struct XsStream {
   }
 };
 
+// the warp's slices of a row tile (slice q from ring slot q % SW, then slice q + SW into that slot), into its C
+// fragments, then to the block's partial sums part[wk]. SWAP: a tile of at most 8 rows, the operands swapped
+// (wq_slice_mma_t: acc[p] for tile pairs p); else wq_slice_mma (acc[j] for tiles j, rows g and g + 8)
+template <int WT, bool SWAP>
+__device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], XsStream<WT>& in,
+                                          const unsigned short* xs, int xld, int wk, int wn, int slices, int rows,
+                                          int g, int t) {
+  float acc[SWAP ? NT / 2 : NT][4];
+#pragma unroll
+  for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#pragma unroll
+  for (int q = 0; q < SW * PG; ++q) {
+    const int s = wk + q * WK;
+    if (s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
+    // the lane's 32 elements of X rows g and g + 8; a row past the tile reads row 0 instead: it only feeds C's
+    // entries of that row (A's row, or B's column when swapped), which are never stored
+    const unsigned short* lo = xs + (g < rows ? g : 0) * xld + 128 * s + 32 * t;
+    const unsigned short* hi = xs + (g + 8 < rows ? g + 8 : 0) * xld + 128 * s + 32 * t;
+    if constexpr (SWAP) {
+      wq_slice_mma_t<ELEM, WT, NT>(acc, ch[q % SW], [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
+    } else {
+      wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
+        a = *reinterpret_cast<const uint4*>(lo + 8 * i);
+        b = *reinterpret_cast<const uint4*>(hi + 8 * i);
+      });
+    }
+    if (q + SW < SW * PG) {
+      in.bits_of(ch[q % SW], q + SW);
+      in.scales_of(ch[q % SW], q + SW);
+    }
+  }
+  float* p = part + wk * 16 * XS_COLS + 8 * NT * wn;  // part[wk][m][n]: this warp's columns
+  if constexpr (SWAP) {
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j) {  // C: columns 16j + g (c0, c1), 16j + 8 + g (c2, c3); X rows 2t, 2t + 1
+      p[2 * t * XS_COLS + 16 * j + g] = acc[j][0];
+      p[(2 * t + 1) * XS_COLS + 16 * j + g] = acc[j][1];
+      p[2 * t * XS_COLS + 16 * j + 8 + g] = acc[j][2];
+      p[(2 * t + 1) * XS_COLS + 16 * j + 8 + g] = acc[j][3];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
+      p[g * XS_COLS + 8 * j + 2 * t] = acc[j][0];
+      p[g * XS_COLS + 8 * j + 2 * t + 1] = acc[j][1];
+      p[(g + 8) * XS_COLS + 8 * j + 2 * t] = acc[j][2];
+      p[(g + 8) * XS_COLS + 8 * j + 2 * t + 1] = acc[j][3];
+    }
+  }
+}
+
 template <int WT>
 __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
@@ -186,34 +239,10 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     PK_PDL_WAIT();  // with PDL: the weights above were read while the kernel before ran; X and Y wait for it
     wq_stage<XS_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-#pragma unroll
-    for (int q = 0; q < SW * PG; ++q) {  // slice q from ring slot q % SW, then slice q + SW into that slot
-      const int s = wk + q * WK;
-      if (s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
-      const unsigned short* lo = xs + g * xld + 128 * s + 32 * t;  // row g of the lane's 32 elements
-      wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
-        const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
-        a = g < rows ? *reinterpret_cast<const uint4*>(lo + 8 * i) : z4;
-        b = g + 8 < rows ? *reinterpret_cast<const uint4*>(lo + 8 * xld + 8 * i) : z4;
-      });
-      if (q + SW < SW * PG) {
-        in.bits_of(ch[q % SW], q + SW);
-        in.scales_of(ch[q % SW], q + SW);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
-      float* p = part + wk * 16 * XS_COLS + 8 * NT * wn + 8 * j + 2 * t;
-      p[g * XS_COLS] = acc[j][0];
-      p[g * XS_COLS + 1] = acc[j][1];
-      p[(g + 8) * XS_COLS] = acc[j][2];
-      p[(g + 8) * XS_COLS + 1] = acc[j][3];
-    }
+    if (rows <= 8)  // uniform across the block
+      xs_slices<WT, true>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+    else
+      xs_slices<WT, false>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
     __syncthreads();
     wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
