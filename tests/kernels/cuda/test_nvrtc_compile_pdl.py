@@ -20,9 +20,10 @@ from polykit.runtime.cuda.nvrtc import unique_units
 
 from .test_nvrtc_compile import all_variants
 
-#: a PTX instruction that may touch memory other than the kernel's parameters
+#: a PTX instruction that may touch memory other than the kernel's parameters and the module's constants (a
+#: __constant__ array, written by the host only: weight_only_mma.cuh's masks)
 _MEMORY = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:ld|st|atom|red|cp|prefetch|prefetchu|multimem|tex|tld4|suld|sust|sured|"
-                     r"cp\.async|cp\.reduce\.async|wgmma|tcgen05)\b(?!\.param)", re.M)
+                     r"cp\.async|cp\.reduce\.async|wgmma|tcgen05)\b(?!\.param|\.const)", re.M)
 _ENTRY = re.compile(r"^\.(?:visible|weak)?\s*\.entry\s+(\w+)\(.*?^\{(.*?)^\}", re.M | re.S)
 
 
