@@ -103,6 +103,7 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s26b      s26a, then ResNet-50 bs32 INT8 against fp16 with the builds' seconds; ~450 s
 #   STEP=s26a      s25b's tests and W4A16 with its chain of 8 timed with PDL off and on (--pdl both); ~250 s
 #   STEP=s25b      FIRST in the next session with a GPU (the twenty-first's last change, bc337c5c, never ran on one: the
 #                  W4A16 rows kernel's chunk copies issued first, X staged by plain loads): the rows / staged gpu tests,
@@ -527,6 +528,15 @@ sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--pdl', 'bot
 runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
     echo "== w4a16 rc $?"; grep -E "^M=|chain of" "$OUT/weight_only.txt" | cut -c1-400
     grep -E "^layer 'fc'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
+    exit $rc
+    ;;
+  s26b)  # s26a, then ResNet-50 bs32 INT8 against fp16 (the INT8 build's seconds: issue 35's <= 60 s, re-timed)
+    STEP=s26a bash "$0"
+    rc=$?
+    timeout ${RESNET_S:-200} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8 --rounds 3 --iters 30 \
+      --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
+    echo "== int8_resnet rc $?"; grep -E "build|ms|cosine|x fp16" "$OUT/int8_resnet.txt" | tail -12
+    python3 -c "import json; d=json.load(open('$OUT/int8_resnet.json')); print('build_s', d.get('build_s'))" 2>&1 | tail -1
     exit $rc
     ;;
   s25b)  # s25 trimmed to the session's last device seconds: the rows kernel's gpu tests, W4A16 as one layer (every
