@@ -70,3 +70,18 @@ def test_an_fp8_bert_on_the_gemm_tiles_matches_the_conv_tile_plan(fp8_bert, tile
     forced = build_with_tactics(fp8_bert, on_gemm_tiles(plan, tile), CONFIG)
     cpu = build_plan(fp8_bert, BuilderConfig(target="cpu", fp16=True, input_shapes=SHAPES))
     assert_forced_plan_matches(plan, forced, cpu, bert_feeds, cpu_cosine=0.999)
+
+
+def test_an_fp8_ffn1_with_an_e4m3_output_takes_the_16_bit_gelu(fp8_bert, monkeypatch):
+    """BERT's FFN1 in an FP8 plan: bias, Gelu, then e4m3 for FFN2. Its GELU is stored in 8 bits, so the kernel
+    takes pointwise.cuh's 16-bit form (PK_GELU16, epilogue.py; a float32 output keeps erff's:
+    tests/kernels/cuda/test_epilogue_classes.py)."""
+    stand_in_sm90(monkeypatch)
+    plan = build_plan(fp8_bert, CONFIG)
+    ffn1 = [layer for layer in fp8_layers(plan) if layer.out_dtypes[0] == "float8_e4m3fn"
+            and "Gelu" in str(layer.attrs.get("epilogue"))]
+    assert ffn1, [(layer.name, layer.out_dtypes) for layer in fp8_layers(plan)]
+    for tile in ("cuda.fp8.gemm_sm90_128x192", "cuda.fp8.gemm_fast_sm90_128x192", ffn1[0].tactic):
+        tactic = find_tactic("cuda", "QConvNHWC", tile)
+        assert tactic.supports(ffn1[0])
+        assert all("#define PK_GELU16 1" in k.render() for k in tactic.kernels(ffn1[0]))

@@ -74,3 +74,11 @@ def test_inputs_read_at_the_output_index_get_an_l2_prefetch_and_columns_do_not()
     assert "prefetch_span(E.e1 + oi, n * (i64)sizeof(*E.e1));" in rows and "E.e0" not in rows
     bias_only = epilogue_prelude(layer((2, 5, 3), (3, 7), (7,), (2, 5, 7)), "half_t")
     assert "EPI_PREFETCH" not in bias_only and "prefetch_rows" not in bias_only
+
+
+@pytest.mark.parametrize("y_dtype,gelu16", [("float8_e4m3fn", True), ("float32", False)])
+def test_an_fp8_layer_stored_in_8_bits_takes_the_16_bit_gelu_and_a_float32_one_keeps_erff(y_dtype, gelu16):
+    from polykit.kernels.cuda.int8.fp8_sm90 import fp8_layer
+
+    code = epilogue_prelude(fp8_layer(y_dtype, residual="float32"), "float")
+    assert code.startswith("#define PK_GELU16 1\n") == gelu16 and ("PK_GELU16" in code) == gelu16

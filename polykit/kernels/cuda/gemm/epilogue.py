@@ -195,6 +195,19 @@ def _vector_epilogue(layer: Any, classes: list[str], types: list[str]) -> str:
             "const EpiRows8& rows, float (&v)[8]) {\n" + body + "}\n" + tail)
 
 
+#: the outputs of an INT8 / FP8 layer stored in at most 16 bits
+_NARROW_OUTPUTS = ("int8", "uint8", "float8_e4m3fn", "float16", "bfloat16")
+
+
+def _narrow_quantized(layer: Any) -> bool:
+    """Whether `layer` is an INT8 / FP8 layer (its epilogue computed in float) whose output is stored in at most 16
+    bits: its GELU and sigmoid may take pointwise.cuh's 16-bit forms (PK_GELU16: within 1 fp16 ulp of the exact
+    value, far inside an e4m3 / int8 step or a 16-bit rounding) instead of erff's and expf's. A float32 output keeps
+    them. BERT's FFN1 in an FP8 plan is such a layer (Add of the bias, Gelu, then e4m3 for FFN2)."""
+    outs = tuple(getattr(layer, "out_dtypes", ()) or ())
+    return is_int8_layer(layer) and bool(outs) and outs[0] in _NARROW_OUTPUTS
+
+
 def epilogue_prelude(layer: Any, elem: str) -> str:
     """C text that defines the epilogue a GEMM/conv kernel calls on each fp32 result:
     `apply_epilogue(E, v, oi, col)` (oi the output's flat index, col its index along the output's
@@ -230,7 +243,7 @@ def epilogue_prelude(layer: Any, elem: str) -> str:
     inline = "__forceinline__" if not general else "__noinline__"
     code, result = _body_code(layer)
     vector = _vector_epilogue(layer, classes, types) if not general else "#define EPI_VEC 0\n"
-    gelu16 = "#define PK_GELU16 1\n" if elem in _SIXTEEN_BIT else ""
+    gelu16 = "#define PK_GELU16 1\n" if elem in _SIXTEEN_BIT or _narrow_quantized(layer) else ""
     return gelu16 + (
         f"#define ELEM {elem}\n#define HAS_EPILOGUE 1\n"
         f"#define EPI_PARAMS {''.join(', ' + p for p in params)}\n"
