@@ -192,6 +192,7 @@ def test_the_weight_only_mma_kernels_defer_their_wait_and_their_reduce_does_not(
         text = inline_includes((CUDA_DIR / name).read_text())
         out = check_instrumented(text)
         assert deferring(text) == 1 and "PK_PDL_WAIT();" in text
+        assert out.count(ENTRY) == len(list(_GLOBAL.finditer(_mask(text)))) - 1  # every kernel but the deferring one
     staged = instrument(inline_includes((CUDA_DIR / "weight_only_mma_staged.cu").read_text()))
     reduce_at = staged.index("weight_only_mma_reduce(")
     assert staged.find(ENTRY, reduce_at) > reduce_at  # the reduce reads the workspace: it waits first
