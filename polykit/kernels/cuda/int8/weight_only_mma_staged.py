@@ -18,6 +18,10 @@ timed builds take; weight_only_mma's tiles stay candidates under them. The ring 
 level-5 build (H100 2026-12-06: 9.4 / 13.2 us on c16_k4096 / c32_k4096): priority 11, beside weight_only_mma's tiles,
 so a level-0 build keeps the measured tiles and a timed build times the ring tiles where its cap reaches them. Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
+
+Row tiles of at most 8 rows swap the mma's operands (the .cu header; 2026-12-07, twenty-second session): at M = 1
+the level-5 build timed c16_k4096 at 8.1 us, c32_k4096 8.0, c16_k4096_p2 8.2 (H100, 968d1ee4; 9.1 / 9.4 before), and
+at M = 16 c32_k4096 at 12.5 (13.4 before), where weight_only_mma_rows.py's n32_k4096 took 12.3.
 """
 
 from __future__ import annotations
