@@ -96,7 +96,7 @@ def main() -> None:
                     bound.close()
                 row[f"{name}_chain_tactics"] = sorted(set(plan.metadata["tactics"].values()))
             row["chain_layers"] = args.chain
-            for suffix in ("_pdl",) if args.pdl == "on" else ("", "_pdl") if args.pdl == "both" else ("",):
+            for suffix in ("_pdl" if pdl else "" for pdl in modes):
                 row[f"chain{suffix}_speedup"] = (row[f"fp16_gemm_chain{suffix}_layer_ms"]
                                                  / row[f"weight_only_chain{suffix}_layer_ms"])
         rows.append(row)

@@ -145,6 +145,11 @@ def _kernel_body(masked: str, at: int) -> int:
     raise _Unparsed("a __global__ without a body")
 
 
+def defers(masked: str, body: int) -> bool:
+    """Whether the kernel whose body opens at offset `body` of `masked` (_mask's text) starts with DEFER."""
+    return masked[body:].lstrip().startswith(DEFER)
+
+
 def instrument(text: str) -> str | None:
     """`text` (a rendered kernel source) with ENTRY inserted right after the opening brace of every
     `__global__` function but those whose body starts with DEFER, and nothing else changed; None when it has no kernel or a `__global__`
@@ -159,7 +164,7 @@ def instrument(text: str) -> str | None:
     pieces, start = [], 0
     for cut in cuts:
         pieces.append(text[start:cut])
-        if not masked[cut:].lstrip().startswith(DEFER):
+        if not defers(masked, cut):
             pieces.append(ENTRY)
         start = cut
     pieces.append(text[start:])

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from polykit.kernels.cuda.pdl import _GLOBAL, DEFER, _kernel_body, _mask
+from polykit.kernels.cuda.pdl import _GLOBAL, _kernel_body, _mask, defers
 from polykit.runtime.cuda.nvrtc import unique_units
 
 from .test_nvrtc_compile import all_variants
@@ -123,7 +123,7 @@ def deferring_names(text: str) -> set:
     masked, names = _mask(text), set()
     for m in _GLOBAL.finditer(masked):
         body = _kernel_body(masked, m.start())
-        if masked[body:].lstrip().startswith(DEFER):
+        if defers(masked, body):
             names.add(re.findall(r"(\w+)\s*\(", masked[m.start():body])[-1])
     return names
 

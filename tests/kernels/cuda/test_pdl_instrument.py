@@ -13,7 +13,7 @@ import pytest
 import polykit.kernels.cuda as cuda_kernels
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import CUDA_DIR, KernelSource, inline_includes
-from polykit.kernels.cuda.pdl import _GLOBAL, DEFER, ENTRY, PREAMBLE, _kernel_body, _mask, instrument, supports_pdl
+from polykit.kernels.cuda.pdl import _GLOBAL, ENTRY, PREAMBLE, _kernel_body, _mask, defers, instrument, supports_pdl
 
 
 def all_variants() -> list[KernelSource]:
@@ -30,7 +30,7 @@ def entries_first(instrumented: str) -> int:
     entered = 0
     for m in _GLOBAL.finditer(masked):
         body = _kernel_body(masked, m.start())
-        if masked[body:].lstrip().startswith(DEFER):
+        if defers(masked, body):
             assert ENTRY not in instrumented[body:body + len(ENTRY) + 8]
             continue
         assert instrumented[body:body + len(ENTRY)] == ENTRY, instrumented[m.start():body + 40]
@@ -41,7 +41,7 @@ def entries_first(instrumented: str) -> int:
 def deferring(text: str) -> int:
     """How many `__global__` functions of `text` start with DEFER."""
     masked = _mask(text)
-    return sum(masked[_kernel_body(masked, m.start()):].lstrip().startswith(DEFER) for m in _GLOBAL.finditer(masked))
+    return sum(defers(masked, _kernel_body(masked, m.start())) for m in _GLOBAL.finditer(masked))
 
 
 def check_instrumented(text: str) -> str:
