@@ -10,8 +10,9 @@ DequantizeLinear of an 8-bit activation (a residual) is read as the 8-bit tensor
 in the epilogue (`dequantizing_steps`). What a layer takes: X per tensor; W constant
 for Conv and Gemm (per tensor, or per output channel: axis 0 of Conv's W, Gemm's N axis, the
 last axis of MatMul's B), a MatMul's B may be an activation quantized per tensor; int8 or
-uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0). Constants
-are initializers, Constant nodes or Q/DQ of those (a QAT export's QuantizeLinear of a float
+uint8 with zero points; constant biases (Gemm's alpha and beta folded in; transA=0; a MatMul's bias
+Add at the head of its chain too: leading_bias). Constants
+are initializers, Constant nodes or Identity / Q/DQ of those (a QAT export's QuantizeLinear of a float
 weight, a DequantizeLinear of an int32 bias), evaluated here. Anything else (blocked scales, float16
 scales, per-axis activations, non-constant biases) stays as written: Q and DQ run as their own
 layers and the op in float, which computes exactly what the model says (a MatMul/Gemm weight of
@@ -27,7 +28,7 @@ after insert_qdq has quantized a calibrated graph (polykit.compiler.builder.quan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import numpy as np
@@ -40,8 +41,9 @@ from polykit.compiler.passes.rewrite import const, json_safe, protected, replace
 
 #: float op -> INT8 kind it folds into
 FOLDS = {"Conv": "QConv", "Gemm": "QMatMul", "MatMul": "QMatMul"}
-#: ops whose constant outputs the pass evaluates (it runs before constant folding)
-CONSTANT_OPS = frozenset({"Constant", "QuantizeLinear", "DequantizeLinear"})
+#: ops whose constant outputs the pass evaluates (it runs before constant folding; Identity: torch.onnx's export
+#: reads an initializer that equals another, a BERT's zero biases among them, through an Identity of the first)
+CONSTANT_OPS = frozenset({"Constant", "Identity", "QuantizeLinear", "DequantizeLinear"})
 #: ONNX TensorProto codes a QuantizeLinear's output_dtype may name for a fused requantization
 _Q_CODES = {0: np.dtype(np.uint8), 2: np.dtype(np.uint8), 3: np.dtype(np.int8),
             **({17: FP8} if FP8 is not None else {})}
@@ -114,13 +116,17 @@ def fold_qdq(graph: Graph, *, keep: frozenset[str] = frozenset(), fp32_layers: I
         chain = epilogue_chain(graph, base, readers, fixed)
         if any(id(n) in claimed for n in chain):  # a residual Add another layer's epilogue took
             chain = []
+        bias = leading_bias(graph, base, chain, readers, producers) if operands.bias is None else None
+        if bias is not None:  # the chain's first step moves into the B slot
+            operands = replace(operands, bias=bias)
         last = chain[-1].outputs[0] if chain else base.outputs[0]
         q = sole_reader(graph, last, readers, fixed)
         requant = requantizer(graph, q, producers)
         if requant is not None and (requant[1].dtype == FP8) != (operands.x.zero_point.dtype == FP8):
             requant = None  # an INT8 layer writes integers, an FP8 one float8
         tail = chain + ([q] if requant is not None else [])
-        node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant, producers)
+        node = _int8_node(graph, base, operands, chain, q if requant is not None else None, requant, producers,
+                          absorbed=bias is not None)
         if node is None:
             continue
         replacements[id(tail[-1] if tail else base)] = node
@@ -174,9 +180,32 @@ def _with_bias(graph: Graph, base: Node, x: Dequantized, w: Dequantized, weight:
     return _Operands(x, w, weight, attrs, alpha, np.broadcast_to(bias.reshape(-1) * np.float32(beta), (channels,)))
 
 
+def leading_bias(graph: Graph, base: Node, chain: list[Node], readers: dict[str, list[Node]],
+                 producers: dict[str, Node]) -> np.ndarray | None:
+    """The [N] float32 bias of a MatMul / Gemm (no bias of its own) whose epilogue chain starts with `Add(product,
+    c)`, c a float32 constant along the last axis (as a Linear's export writes it), or None. The layer computes
+    `fl(fl(acc * scale) + B)` exactly as the epilogue's Add would on the product, so the step moves into the B
+    slot: the epilogue loses its column input (with no other float input an INT8 / FP8 tile finishes in the
+    accumulators' layout, gemm_sm90_epilogue.cuh I8_NATIVE; with no other step it has no epilogue), bit for bit
+    the same values. Taken only where the product is read by that Add alone (a chain reading it twice keeps it)."""
+    if base.op_type not in ("MatMul", "Gemm") or not chain:
+        return None
+    step, product = chain[0], base.outputs[0]
+    if step.op_type != "Add" or step.domain or len(step.inputs) != 2 or product not in step.inputs \
+            or [id(n) for n in readers.get(product, [])] != [id(step)]:
+        return None
+    other = step.inputs[1] if step.inputs[0] == product else step.inputs[0]
+    value = constant_value(graph, other, producers) if other and other != product else None
+    shape = graph.value(product).shape
+    if value is None or value.dtype != F32 or value.ndim < 1 or not shape or value.ndim > len(shape) \
+            or value.shape[-1] != shape[-1] or any(d != 1 for d in value.shape[:-1]):
+        return None
+    return np.ascontiguousarray(value.reshape(-1))
+
+
 def constant_value(graph: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
-    """An initializer, a Constant node's value, or a QuantizeLinear / DequantizeLinear of those
-    (a quantized weight or bias), evaluated: this pass runs before constant folding."""
+    """An initializer, a Constant node's value, or an Identity / QuantizeLinear / DequantizeLinear of those
+    (a shared or quantized weight or bias), evaluated: this pass runs before constant folding."""
     value = const(graph, name)
     node = producers.get(name) if name else None
     if value is not None or node is None or node.domain or node.op_type not in CONSTANT_OPS:
@@ -214,8 +243,13 @@ def dequantizing_steps(graph: Graph, chain: list[Node], producers: dict[str, Nod
 
 
 def _int8_node(graph: Graph, base: Node, ops: _Operands, chain: list[Node], q: Node | None,
-               requant: tuple[np.ndarray, np.ndarray] | None, producers: dict[str, Node]) -> Node | None:
-    steps = dequantizing_steps(graph, chain, producers) + chain
+               requant: tuple[np.ndarray, np.ndarray] | None, producers: dict[str, Node], absorbed: bool = False
+               ) -> Node | None:
+    """The INT8 / FP8 layer of `base` and its `chain` (`absorbed`: the chain's first step is the bias Add now in
+    ops.bias, leading_bias; the rest of the chain reads its output as the epilogue's input)."""
+    body_chain = chain[1:] if absorbed else chain
+    raw = chain[0].outputs[0] if absorbed else base.outputs[0]
+    steps = dequantizing_steps(graph, body_chain, producers) + body_chain
     try:
         attrs = json_safe(ops.attrs)
         body = [body_step(n) for n in steps]
@@ -229,11 +263,11 @@ def _int8_node(graph: Graph, base: Node, ops: _Operands, chain: list[Node], q: N
     inputs = [ops.x.source, add(ops.x.zero_point, "x_zero_point"), ops.weight, add(ops.w.zero_point, "w_zero_point"),
               add(scale, "scale"), add(ops.bias.astype(np.float32), "bias") if ops.bias is not None else "",
               add(requant[0], "y_scale") if requant else "", add(requant[1], "y_zero_point") if requant else ""]
-    inside = {base.outputs[0]} | {n.outputs[0] for n in steps}
+    inside = {raw} | {n.outputs[0] for n in steps}
     for n in steps:
         inputs += [name for name in n.inputs if name and name not in inside and name not in inputs[8:]]
-    if chain:
-        attrs["epilogue"] = {"input": base.outputs[0], "body": body}
+    if body_chain:
+        attrs["epilogue"] = {"input": raw, "body": body}
     tail = chain + ([q] if q is not None else [])
     attrs["fused_from"] = [ops.x.node.name, ops.w.node.name, base.name, *(n.name for n in tail)]
     output = tail[-1].outputs[0] if tail else base.outputs[0]
