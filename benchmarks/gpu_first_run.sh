@@ -103,6 +103,9 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s28w      W4A16 beside torch in the same run (weight_only_gemm.py --torch all): torch fp16 eager,
+#                  torch.compile(reduce-overhead) and torch._weight_int4pack_mm, one layer and the chain of 8 (PDL off
+#                  and on), M = 1, 16; ~200-280 s (estimate, never run)
 #   STEP=s27       FIRST next session: the 16-bit GELU in INT8 / FP8 epilogues stored in <= 16 bits (cf610781, never on a
 #                  GPU): the FP8 GEMM gpu tests, then BERT-base bs8 FP8 against fp16 with the profile; ~250 s
 #   STEP=s26b      s26a, then ResNet-50 bs32 INT8 against fp16 with the builds' seconds; ~450 s
@@ -530,6 +533,15 @@ sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--pdl', 'bot
 runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
     echo "== w4a16 rc $?"; grep -E "^M=|chain of" "$OUT/weight_only.txt" | cut -c1-400
     grep -E "^layer 'fc'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
+    exit $rc
+    ;;
+  s28w)  # W4A16 (one layer, the chain of 8 with PDL off and on) beside torch's fp16 eager, torch.compile
+    # (reduce-overhead) and int4 GEMM (torch._weight_int4pack_mm) in the same process; a torch side that fails prints
+    # its error on the torch lines
+    timeout ${W4_S:-280} python3 benchmarks/weight_only_gemm.py --ms 1,16 --chain 8 --pdl both --torch all \
+      --out "$OUT/weight_only_torch.json" > "$OUT/weight_only_torch.txt" 2>&1
+    rc=$?
+    echo "== w4a16 vs torch rc $rc"; grep -E "^torch |^M=|chain of|torch one layer" "$OUT/weight_only_torch.txt" | cut -c1-600
     exit $rc
     ;;
   s27)  # FIRST next session: cf610781 (INT8 / FP8 layers stored in <= 16 bits take the 16-bit GELU / sigmoid) never
