@@ -103,6 +103,11 @@
 #                  FP8 before), the FP8 kernels on ResNet's shapes with calibrated-like scales (cuda_kernels --fp8,
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
+#   STEP=s28       FIRST next session (the twenty-third ran nothing on a GPU: no device lent): s27's tests (cf610781),
+#                  the INT8 float16 output (Y_OUT 3 on every INT8 kernel; absorb_quantized_casts' INT8 rule) and the
+#                  bias fold (fold_qdq.leading_bias) gpu tests, then BERT-base bs8 FP8 against fp16 with the profile
+#                  (FFN1 on the fast tile's native epilogue?); ~330 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
+#                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
 #   STEP=s28w      W4A16 beside torch in the same run (weight_only_gemm.py --torch all): torch fp16 eager,
 #                  torch.compile(reduce-overhead) and torch._weight_int4pack_mm, one layer and the chain of 8 (PDL off
 #                  and on), M = 1, 16; ~200-280 s (estimate, never run)
@@ -533,6 +538,27 @@ sys.argv = ['weight_only_gemm.py', '--ms', '1,16', '--chain', '8', '--pdl', 'bot
 runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/weight_only.txt" 2>&1
     echo "== w4a16 rc $?"; grep -E "^M=|chain of" "$OUT/weight_only.txt" | cut -c1-400
     grep -E "^layer 'fc'" "$OUT/weight_only.txt" | tr ',' '\n' | grep -E "rows|staged" | cut -c1-120
+    exit $rc
+    ;;
+  s28)  # FIRST next session: the twenty-third's changes never ran on a GPU (no device lent). cf610781's FP8 tests (s27),
+    # the INT8 float16 output on every INT8 tactic (test_int8_sm90 / test_int8 -k float16), the INT8 / FP8 plans the bias
+    # fold and the INT8 Cast absorption change (test_int8_sm90's ResNet plan equality, the FP8 GEMM plan), then BERT FP8
+    gpu_tests s28 ${NEW_S:-150} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+      tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
+      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py \
+      tests/compiler/test_fp8_build.py
+    rc=$?
+    timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 3 --iters 30 --profile 10 \
+      --out "$OUT/bert_fp8.json" > "$OUT/bert_fp8.txt" 2>&1
+    echo "== bert rc $?"; grep -E "intermediate/dense/MatMul|speedup|faster|cosine" "$OUT/bert_fp8.txt" | head -24
+    exit $rc
+    ;;
+  s28b)  # s28, then ResNet-50 bs32 INT8 against fp16 (the last conv's float16 output, the Cast layer gone)
+    STEP=s28 bash "$0"
+    rc=$?
+    timeout ${RESNET_S:-200} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8 --rounds 3 --iters 30 \
+      --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
+    echo "== int8_resnet rc $?"; grep -E "build|ms|cosine|x fp16" "$OUT/int8_resnet.txt" | tail -12
     exit $rc
     ;;
   s28w)  # W4A16 (one layer, the chain of 8 with PDL off and on) beside torch's fp16 eager, torch.compile

@@ -1,19 +1,20 @@
-"""absorb_quantized_casts: an --fp16 build's Casts around FP8 layers, taken into the layers' epilogues.
+"""absorb_quantized_casts: an --fp16 build's Casts around INT8 / FP8 layers, taken into the layers' epilogues.
 
-The precision pass keeps an FP8 layer (QConv / QMatMul / QConvNHWC on float8_e4m3fn X) in float32: its
-scale, bias and epilogue are float32, so it writes float32 that a Cast turns into float16 for its half
-readers, and reads a half residual through a Cast to float32. In BERT-base's explicit FP8 plan those are
-seven Casts an encoder layer (84 kernels). This pass moves them inside:
+The precision pass keeps an INT8 or FP8 layer (QConv / QMatMul / QConvNHWC) in float32: its scale, bias and
+epilogue are float32, so it writes float32 that a Cast turns into float16 for its half readers, and reads a
+half residual through a Cast to float32. In BERT-base's explicit FP8 plan those are seven Casts an encoder
+layer (84 kernels); in an INT8 ResNet-50 the last conv's float32 output (12.8 MB at batch 32) is cast for the
+float16 pooling. This pass moves them inside:
 
-- output: a layer with a float output (no Y_scale) whose sole reader is `Cast(to=float16)` ends its epilogue
-  in that Cast (one made when it has none) and writes the Cast's output: the float32 value rounded to
-  float16 as the Cast rounded it (the sm90 FP8 kernels store it as float16, int8_out.cuh's Y_OUT 3);
-- extra inputs: an epilogue input written by `Cast(to=float32)` of a float16 tensor is read as that tensor,
-  the epilogue's first step the same Cast (exact: every float16 value is a float32 one).
+- output (INT8 and FP8): a layer with a float output (no Y_scale) whose sole reader is `Cast(to=float16)` ends
+  its epilogue in that Cast (one made when it has none) and writes the Cast's output: the float32 value
+  rounded to float16 as the Cast rounded it (every cuda INT8 / FP8 kernel stores it as float16, int8_out.cuh's
+  Y_OUT 3: half the bytes, and no Cast layer);
+- extra inputs (FP8): an epilogue input written by `Cast(to=float32)` of a float16 tensor is read as that
+  tensor, the epilogue's first step the same Cast (exact: every float16 value is a float32 one).
 
 Both are the same operations in the same order, so the plan computes what it computed with the Casts as
-layers (tests/compiler/passes/test_absorb_quantized_casts.py: bit for bit on the cpu). INT8 layers are left
-as they are (their cuda kernels write float32 or 8-bit outputs only).
+layers (tests/compiler/passes/test_absorb_quantized_casts.py: bit for bit on the cpu).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 FLOAT, FLOAT16 = 1, 10
 
 
+def _quantized_layer(node: Node) -> bool:
+    return node.domain == POLYKIT_DOMAIN and node.op_type in INT8_KINDS
+
+
 def _fp8_layer(graph: Graph, node: Node) -> bool:
-    return (node.domain == POLYKIT_DOMAIN and node.op_type in INT8_KINDS and FP8 is not None
-            and graph.value(node.inputs[X]).dtype == FP8)
+    return _quantized_layer(node) and FP8 is not None and graph.value(node.inputs[X]).dtype == FP8
 
 
 def _is_cast(node: Node | None, to: int) -> bool:
@@ -45,9 +49,9 @@ def absorb_quantized_casts(graph: Graph, keep: Iterable[str] = ()) -> bool:
     dead: list[Node] = []
     changed = False
     for node in graph.nodes:
-        if not _fp8_layer(graph, node):
+        if not _quantized_layer(node):
             continue
-        for name in dict.fromkeys(node.inputs[QUANT_ARITY:]):
+        for name in dict.fromkeys(node.inputs[QUANT_ARITY:]) if _fp8_layer(graph, node) else ():
             cast = producers.get(name)
             if name and _is_cast(cast, FLOAT) and graph.value(cast.inputs[0]).dtype == F16:
                 _read_half(graph, node, name, cast.inputs[0])

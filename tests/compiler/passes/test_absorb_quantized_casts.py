@@ -1,5 +1,6 @@
-"""absorb_quantized_casts: an --fp16 build's Casts after and before FP8 layers become their epilogues' first and
-last steps; the plans compute what they computed with the Casts as layers, bit for bit (cpu target)."""
+"""absorb_quantized_casts: an --fp16 build's Casts after INT8 / FP8 layers and before FP8 layers become their
+epilogues' last and first steps; the plans compute what they computed with the Casts as layers, bit for bit (cpu
+target)."""
 
 from __future__ import annotations
 
@@ -85,10 +86,23 @@ def test_a_channels_last_fp8_resnet_in_fp16_reads_and_writes_half_around_its_con
     np.testing.assert_array_equal(outputs(plan, feeds)["logits"], outputs(before, feeds)["logits"])
 
 
-def test_int8_layers_keep_their_float32_output_and_its_cast(tmp_path):
+def test_a_channels_last_int8_resnet_in_fp16_writes_half_for_its_pool_as_the_cast_did(tmp_path, monkeypatch):
+    """The last block's INT8 conv writes float32 for the float16 global pool: the Cast after it becomes its
+    epilogue's last step (the cuda INT8 kernels store float16: int8_out.cuh Y_OUT 3), no Cast layer is left, and
+    the logits are the ones the Cast layer gave, bit for bit."""
     model = resnet(depths=(1, 1, 1, 1), width=8, image=16, batch=2)
-    plan = build_plan(model, BuilderConfig(target="cpu", fp16=True, int8=True, channels_last=True,
-                                           calibration_data=[feeds_for(model, s) for s in range(2)],
-                                           builder_optimization_level=0))
-    int8 = [layer for layer in plan.layers if layer.precision == "int8"]
-    assert int8 and all(layer.out_dtypes[0] != "float16" for layer in int8)
+    config = BuilderConfig(target="cpu", fp16=True, int8=True, channels_last=True, builder_optimization_level=0,
+                           calibration_data=[feeds_for(model, s) for s in range(2)],
+                           calibration_cache=tmp_path / "int8.cache")
+    plan = build_plan(model, config)
+    convs = [layer for layer in plan.layers if layer.kind == "QConvNHWC" and layer.precision == "int8"]
+    last = convs[-2]  # (convs[-1]: the classifier, float32 logits)
+    assert last.out_dtypes[0] == "float16" and last.attrs["epilogue"]["body"][-1]["op"] == "Cast"
+    assert all(layer.out_dtypes[0] in ("int8", "float32") for layer in convs[:-2]), [l.out_dtypes for l in convs]
+    assert "Cast" not in {layer.kind for layer in plan.layers}
+    without_the_pass(monkeypatch)
+    before = build_plan(model, config)
+    assert "Cast" in {layer.kind for layer in before.layers}
+    for seed in (7, 8):
+        feeds = feeds_for(model, seed)
+        np.testing.assert_array_equal(outputs(plan, feeds)["logits"], outputs(before, feeds)["logits"])

@@ -141,6 +141,19 @@ def test_qmatmul_with_a_float_output_epilogue():
     check(layer_of("QMatMul", inputs, epilogue=body), inputs, MATMUL)
 
 
+@pytest.mark.parametrize("tactic", [MATMUL, "cuda.int8.mma_matmul_sk4"])
+@pytest.mark.parametrize("x,k,n", [((33, 80), 80, 50), ((2, 65, 96), 96, 40)])
+def test_qmatmul_with_a_float16_output(x, k, n, tactic):
+    """An --fp16 build's INT8 layer whose Cast to float16 its epilogue took (int8.HALF_OUT: Relu, the Cast): int8.cu
+    and the split-K reduce store float16 (Y_OUT 3 compiled in), the reference's values bit for bit."""
+    from polykit.kernels.cuda.int8.int8 import HALF_OUT
+
+    inputs = {"X": q(x, np.int8), "W": q((k, n), np.int8), **params(n, np.int8, np.int8, True, None)}
+    layer = stamped(layer_of("QMatMul", inputs, epilogue={"input": "raw", "body": HALF_OUT}), inputs)
+    assert layer.out_dtypes == ("float16",)
+    check(layer, inputs, tactic)
+
+
 def int8_residual(zero_point: bool):
     """fold_qdq's epilogue of a residual read as 8-bit (dequantizing_steps), then Add + Relu."""
     steps = [{"op": "Cast", "inputs": ["skip"], "outputs": ["f"], "attrs": {"to": 1}}]

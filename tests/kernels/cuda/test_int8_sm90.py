@@ -17,7 +17,7 @@ from polykit.compiler.builder.calibrate import calibrate
 from polykit.compiler.builder.config import BuilderConfig
 from polykit.compiler.graph.onnx_import import load_onnx
 from polykit.compiler.passes.insert_qdq import constant_tensors, int8_candidates
-from polykit.kernels.cuda.int8 import int8_gemm_sm90, int8_sm90
+from polykit.kernels.cuda.int8 import int8, int8_gemm_sm90, int8_sm90
 from polykit.runtime.engine import Runtime
 
 from ...compiler.int8_models import feeds_for, quantize_with_onnxruntime, small_resnet
@@ -284,6 +284,49 @@ def test_sm90_qconv_with_unaligned_tensors_falls_back_to_put(misalign, y_dtype):
     assert SUPPORTS[TACTICS[0]](layer)
     got = run_layer(layer, inputs, tactic=TACTICS[0], misalign=misalign)["Y"]
     np.testing.assert_array_equal(got, reference_layer(layer, inputs)["Y"])
+
+
+#: an --fp16 build's INT8 layer whose float32 output a Cast to float16 read (passes/absorb_quantized_casts.py): Relu,
+#: then that Cast, stored as float16 (int8_out.cuh Y_OUT 3)
+HALF_OUT = {"input": "raw", "body": int8.HALF_OUT}
+HALF_TACTICS = TACTICS + [f"cuda.int8.gemm_sm90_{t.label}" for t in int8_gemm_sm90.TILES] + ["cuda.int8.mma_conv_nhwc"]
+
+
+def half_case(n: int):
+    """(layer, inputs): a 1x1 stride-1 symmetric INT8 conv of 64 -> n channels (a GEMM over rows: every tactic of
+    HALF_TACTICS takes it) with HALF_OUT, stamped: a float16 output."""
+    inputs = sym_inputs((2, 10, 9, 64), (n, 1, 1, 64))
+    return sym_layer(inputs, {}, HALF_OUT), inputs
+
+
+@gpu
+@pytest.mark.parametrize("tactic", HALF_TACTICS)
+@pytest.mark.parametrize("n", [136, 131], ids=["8_channels_a_lane", "per_element"])
+def test_a_float16_output_is_the_references_cast_bit_for_bit(tactic, n):
+    """Y_OUT 3 on the sm90 conv and GEMM tiles (the transposed 16-byte path: 8 halves a store; put past it) and on
+    int8.cu (put, the type compiled in): the float32 value rounded to float16 as the Cast rounds it."""
+    from polykit.kernels.tactics import find_tactic
+
+    layer, inputs = half_case(n)
+    assert layer.out_dtypes == ("float16",) and find_tactic("cuda", "QConvNHWC", tactic).supports(layer)
+    check(layer, inputs, tactic)
+
+
+def test_every_int8_tactic_takes_a_float16_output_and_compiles_it_in():
+    """CPU: the sm90 tiles compile Y_OUT 3 from the record (int8.out_defines), int8.cu's kernels too (int8.half_out:
+    their flags say only float32 or 8 bits)."""
+    from polykit.kernels.tactics import find_tactic
+
+    layer, _ = half_case(136)
+    for name in HALF_TACTICS:
+        tactic = find_tactic("cuda", "QConvNHWC", name)
+        assert tactic.supports(layer), name
+        assert all(("Y_OUT", "3") in k.defines for k in tactic.kernels(layer)), name
+    matmul = replace(int8.half_layer("QMatMul"), in_shapes=((33, 80), (), (80, 50), (), (50,), (), (), ()))
+    for name in ("cuda.int8.mma_matmul", "cuda.int8.mma_matmul_sk4"):
+        tactic = find_tactic("cuda", "QMatMul", name)
+        assert tactic.supports(matmul), name
+        assert all(("Y_OUT", "3") in k.defines for k in tactic.kernels(matmul)), name
 
 
 def test_the_sm90_tactics_refuse_what_they_do_not_compute():

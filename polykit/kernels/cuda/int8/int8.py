@@ -10,12 +10,14 @@ Tactics (one per kind, mma.sync m16n8k32 s8 with int32 accumulation, sm_80+):
 int8_splitk.py `cuda.int8.mma_matmul_sk*`, QMatMul split along K.)
 int8 and uint8 activations and weights, zero points per tensor or per channel, scale and bias per
 tensor or per channel, float32 output or fused requantization to int8/uint8, an epilogue compiled
-in (epilogue.py). Results equal the cpu reference (`cpu.reference`) bit for bit: the centered sum is
+in (epilogue.py); a float16 output where the epilogue ends in a Cast to float16 (an --fp16 build's Cast
+after the layer, passes/absorb_quantized_casts.py), compiled in (int8_out.cuh Y_OUT 3, `half_out`). Results equal the cpu reference (`cpu.reference`) bit for bit: the centered sum is
 exact and the dequantization runs in float32 with the reference's roundings (int8_out.cuh).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -37,6 +39,9 @@ MAX_INT8_K = 1 << 15
 #: the channel multiple QConvNHWC's 16-byte activation loads need (to_channels_last pads to it)
 NHWC_CHANNELS = 16
 INT8 = ("int8", "uint8")
+#: the float output types every cuda INT8 kernel takes: float32, and float16 (int8_out.cuh's Y_OUT 3: the value an
+#: epilogue ending in a Cast to float16 computed, stored as float16)
+FLOATS = ("float32", "float16")
 MAX_GRID_Y = 65535
 FLAG_X_U8, FLAG_W_U8, FLAG_Y_INT, FLAG_Y_U8, FLAG_VEC_X, FLAG_VEC_W = 1, 2, 4, 8, 16, 32
 
@@ -84,6 +89,23 @@ RESIDUALS = {
 }
 
 
+#: an --fp16 build's INT8 layer after absorb_quantized_casts: Relu, then the Cast to float16 its output was (stored as
+#: float16: Y_OUT 3)
+HALF_OUT = [{"op": "Relu", "inputs": ["raw"], "outputs": ["r"], "attrs": {}},
+            {"op": "Cast", "inputs": ["r"], "outputs": ["y"], "attrs": {"to": 10}}]
+
+
+def half_layer(kind: str) -> Any:
+    """A stamped INT8 layer of `kind` (per-channel scale) whose epilogue is HALF_OUT: a float16 output (compile
+    variants, tests)."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    dtypes = ("int8", "int8", "int8", "int8", "float32", "", "", "")
+    return LayerDesc("half", kind, ("x", "xz", "w", "wz", "s", "", "", ""), ("y",),
+                     {"epilogue": {"input": "raw", "body": HALF_OUT}}, domain=POLYKIT_DOMAIN, precision="int8",
+                     in_dtypes=dtypes, out_dtypes=("float16",))
+
+
 def residual_layer(kind: str, residual: str) -> Any:
     """A stamped-enough INT8 layer of `kind` with one of RESIDUALS' epilogues (compile variants)."""
     from polykit.compiler.plan.records import LayerDesc
@@ -96,10 +118,11 @@ def residual_layer(kind: str, residual: str) -> Any:
 
 
 def compile_variants() -> list[KernelSource]:
-    """Every entry point plain, and with each residual epilogue (RESIDUALS)."""
+    """Every entry point plain, with each residual epilogue (RESIDUALS), and with a float16 output (HALF_OUT)."""
     out = [KernelSource(k, file=FILE, defines=defines(ELEM="float")) for k in KERNELS.values()]
     for kind, kernel in KERNELS.items():
         out += [kernel_source(residual_layer(kind, r), kernel, FILE, "float") for r in RESIDUALS]
+        out += _kernels(half_layer(kind))
     return out
 
 
@@ -114,7 +137,7 @@ def supports(layer: Any) -> bool:
     if not layer.in_dtypes:
         return True
     ins, shapes = layer.in_dtypes, layer.in_shapes
-    if ins[X] not in INT8 or ins[W] not in INT8 or layer.out_dtypes[0] not in ("float32", *INT8):
+    if ins[X] not in INT8 or ins[W] not in INT8 or layer.out_dtypes[0] not in (*FLOATS, *INT8):
         return False
     if not all(_per_channel(shapes[s]) for s in (W_ZERO_POINT, SCALE, BIAS)):
         return False
@@ -140,10 +163,10 @@ def _geometry(layer: Any, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, 
 
 
 def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor], operands: tuple[str, ...] = INT8,
-              max_k: int = MAX_INT8_K, floats: tuple[str, ...] = ("float32",)) -> tuple[dict[str, int], list[Any]]:
+              max_k: int = MAX_INT8_K, floats: tuple[str, ...] = FLOATS) -> tuple[dict[str, int], list[Any]]:
     """(GEMM sizes, kernel arguments) of an INT8 layer: int8.cu's INT8_PARAMS, epilogue excluded.
     `operands`: the X / W (and requantized Y) types taken (fp8_sm90.py: float8_e4m3fn); `max_k`: the
-    longest reduction; `floats`: the float output types taken (fp8_sm90.py: float16 too)."""
+    longest reduction; `floats`: the float output types taken."""
     where = f"layer {layer.name!r}"
 
     def get(slot: int) -> DeviceTensor | None:
@@ -191,8 +214,17 @@ def int8_args(layer: Any, tensors: Mapping[str, DeviceTensor], operands: tuple[s
     return g, args
 
 
-def _kernels(layer: Any) -> list[KernelSource]:
-    return [kernel_source(layer, KERNELS[layer.kind], FILE, "float")]
+def half_out(source: KernelSource, y_dtype: str) -> KernelSource:
+    """An int8.cu kernel (whose flags give its output type at run time) with a float16 output compiled in
+    (Y_OUT 3: int8_out.cuh's float16 store) where `y_dtype` is float16; else `source` as it is."""
+    if y_dtype != "float16":
+        return source
+    return replace(source, defines=source.defines + defines(Y_OUT=3))
+
+
+def _kernels(layer: Any, y_dtype: str | None = None) -> list[KernelSource]:
+    """The layer's int8.cu kernel; `y_dtype` (enqueue: the output tensor's) or the record's output type."""
+    return [half_out(kernel_source(layer, KERNELS[layer.kind], FILE, "float"), y_dtype or output_type(layer))]
 
 
 def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
@@ -200,7 +232,8 @@ def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> N
     if g["M"] == 0 or g["N"] == 0:
         return
     grid = (-(-g["N"] // TILE["tile_n"]), -(-g["M"] // TILE["tile_m"]), 1)
-    launcher.launch(_kernels(layer)[0], grid, (256,), args + epilogue_args(layer, tensors, np.dtype(np.float32)))
+    kernel = _kernels(layer, tensors[layer.outputs[0]].dtype.name)[0]
+    launcher.launch(kernel, grid, (256,), args + epilogue_args(layer, tensors, np.dtype(np.float32)))
 
 
 for _kind, _kernel in KERNELS.items():

@@ -31,7 +31,8 @@ from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
 from polykit.kernels.cuda.int8.fp8_gemm_sm90 import FAST_TILES, over_rows
 from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, out_defines, residual_layer
-from polykit.kernels.cuda.int8.int8_sm90 import KIND, _estimate, _geometry, _shaped_residual_layer, int8_launch, zero_y
+from polykit.kernels.cuda.int8.int8_sm90 import (KIND, _estimate, _geometry, _shaped_residual_layer, int8_launch,
+                                               shaped_half_layer, zero_y)
 from polykit.kernels.cuda.int8.int8_sm90 import _supports as _conv_supports
 
 #: fp8_gemm_sm90's whole-tile (fast) tiles: 128x192, 128x256, 128x160, 128x128, 64x96
@@ -89,13 +90,14 @@ def compile_variants() -> list[KernelSource]:
     (the most accumulators) with an int8 residual epilogue read 8 at a time (shapes stamped: the tile-input,
     I8_NATIVE path), int8 and float32 out; the first tile's int8 residual also through the general broadcast
     (shapes unknown); the int8 outputs with a constant 0 zero point (Y_ZERO 0, what --int8 builds stamp), the first
-    tile's plain one also read at run time (CI: sm_90a)."""
+    tile's plain one also read at run time; the first tile's float16 output (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
     out = [kernel(zero_y(plain) if y == "int8" else plain, t, y) for t in TILES for y in ("int8", "float32")]
     wide = next(t for t in TILES if t.bn == 256)
     residual = _shaped_residual_layer("int8")
     out += [kernel(residual, t, y) for t in (TILES[0], wide) for y in ("int8", "float32")]
     out += [kernel(plain, TILES[0], "int8")] + [kernel(zero_y(residual), t, "int8") for t in (TILES[0], wide)]
+    out += [kernel(shaped_half_layer(), TILES[0], "float16")]  # Relu, float16 out (Y_OUT 3)
     return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
 
 

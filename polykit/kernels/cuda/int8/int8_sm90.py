@@ -27,7 +27,8 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec,
 from polykit.kernels.cuda.conv.conv_sm90 import CONV_TILES, ConvGemm, plan_conv
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for, predicted_us
-from polykit.kernels.cuda.int8.int8 import MAX_INT8_K, NHWC_CHANNELS, int8_args, out_defines, residual_layer, supports
+from polykit.kernels.cuda.int8.int8 import (MAX_INT8_K, NHWC_CHANNELS, half_layer, int8_args, out_defines, residual_layer,
+                                          supports)
 
 KIND = "QConvNHWC"
 #: the tiles (gemm_sm90's: 128x128, 128x256, 128x64, 64x128 and 64x64 two blocks an SM; 64x64x2 for
@@ -157,13 +158,23 @@ def compile_variants() -> list[KernelSource]:
     read 8 at a time (shapes stamped), and with its int8 residual read through a general broadcast
     (shapes unknown: the per-element path only); int8 out (Y_OUT), the int8 residual also uint8 and
     float32 out, the float32 one float32; every tile's int8 output with a constant 0 zero point (Y_ZERO 0, what
-    --int8 builds stamp), the first tile's also read at run time and with the int8 residual (CI: sm_90a)."""
+    --int8 builds stamp), the first tile's also read at run time and with the int8 residual; the first tile's
+    float16 output (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
     out = [kernel(zero_y(plain), t, "int8") for t in TILES] + [kernel(plain, TILES[0], "int8")]
     outputs = {"float32": ("int8", "float32"), "int8": ("int8", "uint8", "float32")}  # (per-channel scale, no bias)
     out += [kernel(_shaped_residual_layer(r), TILES[0], y) for r, ys in outputs.items() for y in ys]
     out += [kernel(zero_y(_shaped_residual_layer("int8")), TILES[0], "int8")]
+    out += [kernel(shaped_half_layer(), TILES[0], "float16")]  # Relu, float16 out (Y_OUT 3)
     return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
+
+
+def shaped_half_layer() -> Any:
+    """int8.half_layer (Relu, a float16 output) with the shapes a build stamps (a 1x1 conv of 16 channels)."""
+    layer = half_layer(KIND)
+    shapes = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,)}
+    return replace(layer, in_shapes=tuple(shapes.get(n, ()) for n in layer.inputs), out_shapes=(shapes["x"],),
+                   attrs={**layer.attrs, SYMMETRIC: 1, "kernel_shape": [1, 1]})
 
 
 def zero_y(layer: Any) -> Any:

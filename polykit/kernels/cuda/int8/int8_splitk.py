@@ -21,7 +21,8 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source
-from polykit.kernels.cuda.int8.int8 import FILE, TILE, int8_args, residual_layer, supports
+from polykit.kernels.cuda.int8.int8 import (FILE, TILE, half_layer, half_out, int8_args, output_type, residual_layer,
+                                          supports)
 
 KIND = "QMatMul"
 KERNEL, REDUCE = "int8_matmul_splitk", "int8_splitk_reduce"
@@ -60,8 +61,10 @@ def _supports(layer: Any) -> bool:
     return layer.kind == KIND and supports(layer)
 
 
-def _kernels(layer: Any) -> list[KernelSource]:
-    return [kernel_source(layer, k, FILE, "float") for k in (KERNEL, REDUCE)]
+def _kernels(layer: Any, y_dtype: str | None = None) -> list[KernelSource]:
+    """The split kernel and its reduce (which stores the output: a float16 one compiled in, int8.half_out)."""
+    y = y_dtype or output_type(layer)
+    return [half_out(kernel_source(layer, k, FILE, "float"), y) for k in (KERNEL, REDUCE)]
 
 
 def _enqueue(splits: int):
@@ -77,7 +80,7 @@ def _enqueue(splits: int):
                               where=f"layer {layer.name!r}", hint="run the layer through an engine or harness "
                               "that lends workspace")
         epi = epilogue_args(layer, tensors, np.dtype(np.float32))
-        main, reduce = _kernels(layer)
+        main, reduce = _kernels(layer, tensors[layer.outputs[0]].dtype.name)
         grid = (-(-g["N"] // TILE["tile_n"]), -(-g["M"] // TILE["tile_m"]), s)
         launcher.launch(main, grid, (256,), args + epi + [partial, kslice])
         blocks = max(1, min(-(-g["M"] * g["N"] // REDUCE_BLOCK), 16 * launcher.sm_count))
@@ -87,9 +90,9 @@ def _enqueue(splits: int):
 
 
 def compile_variants() -> list[KernelSource]:
-    """Both kernels plain and with each residual epilogue."""
+    """Both kernels plain, with each residual epilogue, and with a float16 output (int8.half_layer)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
-    return [k for layer in (plain, residual_layer(KIND, "float32"), residual_layer(KIND, "int8"))
+    return [k for layer in (plain, residual_layer(KIND, "float32"), residual_layer(KIND, "int8"), half_layer(KIND))
             for k in _kernels(layer)]
 
 

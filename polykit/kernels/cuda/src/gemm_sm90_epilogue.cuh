@@ -355,6 +355,7 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // values sit differs. On 64x128x2 (two blocks an SM, 128 columns) with an int8 / uint8 output and no
 // residual, a row's blocks go two at a time (ROW_HALVES, finish_halves).
 // (Y_OUT -1, the output type a run-time flag, keeps the transposed path there.)
+// A float16 output (Y_OUT 3, INT8 or F8) keeps the transposed path (its 16-byte store8 of 8 halves).
 // F8 (an e4m3 or float32 output, Y_OUT 1 / 0; an epilogue reading nothing or only e4m3 / 8-bit vector
 // inputs) takes it too: the float sums dequantized where they lie, the e4m3 bytes transposed as the int8
 // ones (bytes8). The transposed path's quad_row cost 1 SHFL and 3 FSEL an output (4 of the 15.9
@@ -363,7 +364,7 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 // 128x192 more than they already did (ptxas).
 #define F8_NATIVE (F8 && (Y_OUT == 0 || Y_OUT == 1) && BLOCKS == 1 && (F8_FAST || F8_PIECES == 1))
 #define I8_NATIVE                                                                                        \
-  (((I8 && !F8) || F8_NATIVE) && (!HAS_EPILOGUE || EPI_BYTES8) &&                                         \
+  (((I8 && !F8 && Y_OUT != 3) || F8_NATIVE) && (!HAS_EPILOGUE || EPI_BYTES8) &&                           \
    !(BLOCKS == 2 && BN == 128 && Y_OUT < 0 && EPI_IN8_COUNT == 0))
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout

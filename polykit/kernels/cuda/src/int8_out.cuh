@@ -13,9 +13,9 @@
 // quotient, as quotient computes it) rounded to nearest even and saturated to +-448 (QuantizeLinear
 // with saturate 1).
 // Y_OUT (define, optional; int8_sm90.py / fp8_sm90.py set it from the layer): the output type compiled
-// in, 0 float32, 1 int8 (F8: e4m3), 2 uint8, 3 float16 (F8 only: an epilogue that ends in a Cast to
-// float16, passes/absorb_quantized_casts.py, so v is a float16 value already: stored exactly); without
-// it (int8.cu) the flags say it at run time.
+// in, 0 float32, 1 int8 (F8: e4m3), 2 uint8, 3 float16 (an epilogue that ends in a Cast to float16,
+// passes/absorb_quantized_casts.py, so v is a float16 value already: stored exactly); without it (int8.cu)
+// the flags say it at run time, but for a float16 output, which int8.py compiles in (Y_OUT 3) there too.
 // SCALE_STEP, BIAS_STEP (defines, optional, set with Y_OUT): the scale's and the bias's step compiled
 // in (0 one value, 1 one a channel; BIAS_STEP 2: no bias); without them the arguments say.
 // Y_ZERO (define, optional): 0 when an int8 / uint8 output's zero point is a constant 0 (int8.out_defines, from the
@@ -44,7 +44,6 @@
 #ifndef F8
 #define F8 0
 #endif
-static_assert(Y_OUT != 3 || F8, "a float16 output is the FP8 variant's only");
 
 enum { FLAG_X_U8 = 1, FLAG_W_U8 = 2, FLAG_Y_INT = 4, FLAG_Y_U8 = 8, FLAG_VEC_X = 16, FLAG_VEC_W = 32 };
 
