@@ -169,6 +169,7 @@ inline void emu_full_mask(unsigned mask) {
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { emu_full_mask(mask); emu_warp_sync(); }
 inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
+inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }  // leading zeros (CUDA's)
 
 // lane emu_lane publishes v, reads lane `src` (its own where src is past the warp)
 template <class T> inline T emu_exchange(unsigned mask, T v, unsigned src) {

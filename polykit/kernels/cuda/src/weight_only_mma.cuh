@@ -134,6 +134,20 @@ struct WqDequant {
 
 // ---- the mma kernels' shared pieces (weight_only_mma.cu, weight_only_mma_staged.cu) ----
 
+// q = k / block, r = k % block (k >= 0, block > 0: the scale streams' start, weight_only_mma_staged.cu's XsStream and
+// weight_only_mma_rows.cu's RsStream): a power-of-two block (an exporter's 32 / 64 / 128; the test is uniform) by a
+// shift and a mask, where the integer division was ~30 dependent instructions (I2F, MUFU.RCP, ..) that ptxas
+// scheduled ahead of the kernel's first weight load; any other block by the division
+__device__ __forceinline__ void wq_divmod(int k, int block, int& q, int& r) {
+  if ((block & (block - 1)) == 0) {
+    q = k >> (31 - __clz(block));
+    r = k & (block - 1);
+  } else {
+    q = k / block;
+    r = k - q * block;
+  }
+}
+
 // c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col): 16-bit operands of type T, PTX ISA fragment layouts
 template <class T> __device__ __forceinline__ void wq_mma(float* c, const u32* a, const u32* b);
 template <> __device__ __forceinline__ void wq_mma<half_t>(float* c, const u32* a, const u32* b) {

@@ -147,12 +147,11 @@ struct RsStream {
   }
   // the scale stream's start (two divisions by the block size): after the chunks' copies are issued
   __device__ __forceinline__ void start_scales() {
-    const int b = k0_ / block;
-    r = k0_ - b * block;
+    int b;
+    wq_divmod(k0_, block, b, r);
     at = n0 * nb_ + b;
     nb8 = 8 * nb_;
-    bstep = WR_STEP / block;
-    rstep = WR_STEP - bstep * block;
+    wq_divmod(WR_STEP, block, bstep, rstep);
   }
   // slice q's chunks to shared memory by cp.async (zeros past N or K: nothing read), the lane's own 16-byte slots
   // dst[(2 j + h) * 32] (a warp's copy of a chunk: 512 contiguous bytes)

@@ -123,7 +123,9 @@ struct XsStream {
   int at, r;                       // the next slice to load: tile 0's scale index (n * nb + element / block)
                                    // and element % block (N * nb < 2^31: the tactic's enqueue checks)
   int nb8, bstep, rstep, block;    // 8 rows of scales; XS_STEP / block, XS_STEP % block
+  int n0_, k0_, nb_;               // the lane's row and first element, blocks a row (start_scales)
 
+  // the chunks' pointers and bounds only: the weights' loads (bits_of) go out before start_scales' divisions
   __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
                                       const void* __restrict__ zero_, int n0, int N, int k0, int K, int ldw,
                                       int block_, int nb) {
@@ -131,17 +133,22 @@ struct XsStream {
     zero = (const u8*)zero_;
     block = block_;
     left = K - k0;
-    const int b = k0 / block;
-    r = k0 - b * block;
-    at = n0 * nb + b;
-    nb8 = 8 * nb;
-    bstep = XS_STEP / block;
-    rstep = XS_STEP - bstep * block;
+    n0_ = n0;
+    k0_ = k0;
+    nb_ = nb;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       row[j] = n0 + 8 * j < N;
       bits[j] = w + (i64)(n0 + 8 * j) * ldw + k0 / 2;
     }
+  }
+  // the scale stream's start (two divisions by the block size: wq_divmod), after the chunks' loads are issued
+  __device__ __forceinline__ void start_scales() {
+    int b;
+    wq_divmod(k0_, block, b, r);
+    at = n0_ * nb_ + b;
+    nb8 = 8 * nb_;
+    wq_divmod(XS_STEP, block, bstep, rstep);
   }
   // slice q's 16 bytes a tile (zeros past N or K)
   __device__ __forceinline__ void bits_of(WqChunk (&c)[NT], int q) const {
@@ -244,6 +251,7 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     WqChunk ch[SW][NT];  // a ring of SW slices: the first SW in flight before anything waits
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
+    in.start_scales();
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
     PK_PDL_WAIT();  // with PDL: the weights above were read while the kernel before ran; X and Y wait for it
