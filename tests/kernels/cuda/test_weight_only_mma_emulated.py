@@ -156,9 +156,11 @@ MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17,
 # the staged kernel: those (one block's K range: slices and chunks past K skipped or zero) and K past a
 # block's range (split over blocks into the workspace and reduced: 2 splits of c16_k4096, 3 of c32_k2048, 5
 # of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements); blocks of 96 and
-# 160, which do not divide a warp's step from slice to slice (128 x WK elements): the scale block's carry
+# 160, which do not divide a warp's step from slice to slice (128 x WK elements): the scale block's carry; and
+# K = 4096, N = 32, where every block of the 16- and 32-column tiles lies within N and K (the kernel's FULL body,
+# unpredicated loads; K = 4112's first split and N = 17's first block take it too, beside the bounded body)
 STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64), ((3, 1056), 7, 96),
-                            ((2, 4400), 5, 160)]
+                            ((2, 4400), 5, 160), ((1, 4096), 32, 64)]
 EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
     [(tile, *case) for tile in STAGED_TILES for case in STAGED_CASES]
 

@@ -48,10 +48,11 @@ def rows_launcher(tmp_path_factory):
 # tiles), rows folded from batch dims; N odd (weight rows past N); K a multiple of 16 but not of 128 (chunks and
 # slices past K); K past every tile's range (split into the workspace and reduced: K = 4112 splits n16_k4096 in 2,
 # the others in 3 / 5, the last split 16 elements); K = 1040 splits n64_k1024 (the last split 16 elements); a block
-# of 384, not a power of two (the scale stream's start by the division, wq_divmod; the others by a shift)
+# of 384, not a power of two (the scale stream's start by the division, wq_divmod; the others by a shift); K = 4096,
+# N = 32: every block of the 16- and 32-row tiles within N and K (the FULL body: unpredicated copies)
 ROWS_CASES = [((1, 272), 37, 128), ((5, 208), 21, 128), ((16, 400), 19, 256), ((17, 400), 13, 128),
               ((1, 4112), 17, 128), ((17, 1040), 11, 128), ((2, 3, 2064), 9, 256), ((3, 1056), 7, 128),
-              ((2, 800), 7, 384)]
+              ((2, 800), 7, 384), ((1, 4096), 32, 128)]
 EMULATED = [(tile, *case) for tile in ROWS_TILES for case in ROWS_CASES]
 
 

@@ -75,6 +75,10 @@
 // Measured (H100, 2026-12-07, ncu at M = 1, N = K = 4096, before the copies moved first): 13.15 us at ncu's clocks,
 // DRAM 20 %, 0.33 issued a scheduler-cycle at 3.8 warps, 5.5 thread-instructions a weight (the counts above are a
 // slice's math; each warp's prologue and the block's sums are the rest): docs/PERFORMANCE.md, twenty-first session.
+// Copies first (twenty-third session; SASS only, NOT timed): a block within N and K runs the body compiled FULL
+// (tested at entry, outside the row-tile loop), its copies unpredicated; the scale stream's start by a shift for a
+// power-of-two block (wq_divmod). n16_k4096's first copy: ~137 instructions into the kernel (~210 before; the rest
+// is X's and shared memory's addresses, hoisted by ptxas).
 // Defines: ELEM (half_t, bf16_t), WN, WK (warps across rows / K), RT (16-row tiles a warp), SW (slices a warp
 // holds in flight), WR_MIN_BLOCKS (blocks an SM asked of ptxas).
 #include "weight_only_mma.cuh"
@@ -120,6 +124,8 @@ struct RsStream {
   const unsigned short* scale;
   const u8* zero;
   bool row[RT][2];
+  bool full;                       // the block's rows and K range lie within N and K (wr_body's FULL): every chunk
+                                   // copied and every scale read unpredicated (first_copies)
   int left, lefts;                 // K - k0, K - the slice's first element: slice q's chunk holds elements of K
                                    // where q * WR_STEP < left, the slice where q * WR_STEP < lefts
   int at, r;                       // the next slice's scale index of row n (n * nb + element / block), element % block
@@ -128,7 +134,8 @@ struct RsStream {
 
   __device__ __forceinline__ RsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
                                       const void* __restrict__ zero_, int n, int N, int k0, int K, int ldw,
-                                      int block_, int nb) {
+                                      int block_, int nb, bool full_) {
+    full = full_;
     scale = reinterpret_cast<const unsigned short*>(scale_);
     zero = (const u8*)zero_;
     block = block_;
@@ -164,6 +171,23 @@ struct RsStream {
         wq_copy16(dst + (2 * j + h) * 32, ok ? bits[j][h] + q * (WR_STEP / 2) : any, ok);
       }
   }
+  // every slice's copies, a commit group a slice; within bounds (full) the 2 * RT * SW copies back to back with no
+  // predicate or pointer select computed for them
+  __device__ __forceinline__ void first_copies(uint4* mine, const u8* __restrict__ any) const {
+#pragma unroll
+    for (int q = 0; q < SW; ++q) {
+      if (full) {
+#pragma unroll
+        for (int j = 0; j < RT; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            wq_copy16(mine + q * RT * 2 * 32 + (2 * j + h) * 32, bits[j][h] + q * (WR_STEP / 2), true);
+      } else {
+        copy_of(mine + q * RT * 2 * 32, q, any);
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  }
   // slice q's scale bits and zero points (q in load order), then step to the next slice
   __device__ __forceinline__ void scales_of(RsSlice& s, int q) {
 #pragma unroll
@@ -172,7 +196,7 @@ struct RsStream {
       for (int h = 0; h < 2; ++h) {
         // past N or a slice past K: a zero scale (the slice's sums times +0) and any zero point, read at index 0.
         // Not the lane's chunk: the lane's C holds the whole slice's sums (every t's chunk) for X rows 2t, 2t + 1
-        const bool ok = row[j][h] && q * WR_STEP < lefts;
+        const bool ok = full || (row[j][h] && q * WR_STEP < lefts);
         const int i = ok ? at + (2 * j + h) * nb8 : 0;
         s.scale[j][h] = ok ? scale[i] : (unsigned short)0;
         s.zp[j][h] = 0;
@@ -298,7 +322,7 @@ __device__ __forceinline__ void wr_slices(float (&acc)[RT][2][4], const RsSlice 
   }
 }
 
-template <int WT>
+template <int WT, bool FULL>
 __device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
                                         const void* __restrict__ zero, const ELEM* __restrict__ bias,
@@ -320,12 +344,8 @@ __device__ __forceinline__ void wr_body(unsigned char* smem, const ELEM* __restr
     const int rows = M - m0 < 16 ? M - m0 : 16;
     // the weights first (each slice's chunks a cp.async group: the kernel's long pole, in flight before anything
     // else is computed), then X by plain loads (L2-resident, small), then the scale stream
-    RsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
-#pragma unroll
-    for (int q = 0; q < SW; ++q) {
-      in.copy_of(mine + q * RT * 2 * 32, q, w);
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    RsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb, FULL);
+    in.first_copies(mine, w);
     PK_PDL_WAIT();  // with PDL: the chunks above stream in while the kernel before runs; X and Y wait for it
     wq_stage_loads<WR_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     in.start_scales();
@@ -366,8 +386,19 @@ weight_only_mma_rows(const ELEM* __restrict__ x, const u8* __restrict__ w, const
                      int N, int K, int ldw, int block, int nb, int wtype, float* __restrict__ ws, int splits) {
   PK_PDL_DEFER();  // only the weights (w, scale, zero) are read before wr_body's PK_PDL_WAIT
   extern __shared__ __align__(16) unsigned char wr_smem[];
-  if (wtype == WQ_I4)
-    wr_body<WQ_I4>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
-  else
-    wr_body<WQ_U4>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  // the block's rows and K range within N and K (block-uniform; a slice's chunk starts at most (WK * SW - 1) * 128 + 96
+  // elements into the range and holds 32): the body compiled with every bound known (FULL), its copies unpredicated
+  // with nothing computed for them; tested here, outside the row-tile loop (ptxas hoists a body's loop-invariant
+  // bounds above any test inside it: ~200 instructions before the first copy)
+  const bool full = (int)(blockIdx.x + 1) * WR_COLS <= N && (int)(blockIdx.z + 1) * WR_KB <= K;
+  if (wtype == WQ_I4) {
+    if (full)
+      wr_body<WQ_I4, true>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    else
+      wr_body<WQ_I4, false>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  } else if (full) {
+    wr_body<WQ_U4, true>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  } else {
+    wr_body<WQ_U4, false>(wr_smem, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  }
 }

@@ -47,6 +47,14 @@
 // swapped path (no IMAD.MOV of the nibble masks: weight_only_mma.cuh's wq_masks; no CS2R zeros) and 1702 on
 // the other, 92 / 127 registers.
 //
+// Loads first (twenty-third session; SASS only, NOT timed: no device was lent). ptxas had put the weights' first
+// LDG.128 222 instructions into the kernel (c16_k4096, float16, int4, swapped path), behind the scale stream's two
+// integer divisions (~30 dependent instructions each) and the bounds of every chunk, and the 8 loads spread over 95
+// instructions; ncu put the kernel at ~11 cycles between a warp's instructions, so the DRAM stream started ~1 us
+// late (an ESTIMATE). Now: a block whose columns and K range lie within N and K (every block of N = K = 4096) runs
+// the body compiled FULL (tested once at entry, outside the row-tile loop: ptxas hoists loop-invariant bounds above
+// any test inside it), whose loads carry no predicate; the scale stream starts after them (start_scales), a
+// power-of-two block by a shift and a mask (wq_divmod). The first LDG.128 is the 38th instruction, all 8 within 13.
 // Numerics: weight_only_mma.cu's: each weight the reference's value (one rounding to ELEM); float32 sums
 // (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
 // splits in order); Y = ELEM(sum + float(B)), one rounding.
@@ -119,6 +127,8 @@ struct XsStream {
   const unsigned short* scale;     // the kernel's scale and zero point arguments (uniform)
   const u8* zero;
   bool row[NT];                    // tile j's row lies within N
+  bool full;                       // the block's columns and K range lie within N and K (block-uniform): every
+                                   // chunk and scale is read unpredicated, no bounds computed before the loads
   int left;                        // K - k0: slice q holds elements of K where q * XS_STEP < left
   int at, r;                       // the next slice to load: tile 0's scale index (n * nb + element / block)
                                    // and element % block (N * nb < 2^31: the tactic's enqueue checks)
@@ -128,10 +138,11 @@ struct XsStream {
   // the chunks' pointers and bounds only: the weights' loads (bits_of) go out before start_scales' divisions
   __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
                                       const void* __restrict__ zero_, int n0, int N, int k0, int K, int ldw,
-                                      int block_, int nb) {
+                                      int block_, int nb, bool full_) {
     scale = reinterpret_cast<const unsigned short*>(scale_);
     zero = (const u8*)zero_;
     block = block_;
+    full = full_;
     left = K - k0;
     n0_ = n0;
     k0_ = k0;
@@ -155,7 +166,21 @@ struct XsStream {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       c[j].bits = make_uint4(0u, 0u, 0u, 0u);
-      if (row[j] && q * XS_STEP < left) c[j].bits = *reinterpret_cast<const uint4*>(bits[j] + q * (XS_STEP / 2));
+      if (full || (row[j] && q * XS_STEP < left))
+        c[j].bits = *reinterpret_cast<const uint4*>(bits[j] + q * (XS_STEP / 2));
+    }
+  }
+  // the ring's first SW slices (bits_of's), behind one test of `full`: within bounds, the SW * NT loads back to back
+  // with no predicate or zero computed before them
+  __device__ __forceinline__ void first_bits(WqChunk (&ch)[SW][NT]) const {
+    if (full) {
+#pragma unroll
+      for (int q = 0; q < SW; ++q)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) ch[q][j].bits = *reinterpret_cast<const uint4*>(bits[j] + q * (XS_STEP / 2));
+    } else {
+#pragma unroll
+      for (int q = 0; q < SW; ++q) bits_of(ch[q], q);
     }
   }
   // slice q's scale bits and zero points (the next slice's: q in load order), then step to the next slice
@@ -164,7 +189,7 @@ struct XsStream {
     for (int j = 0; j < NT; ++j) {
       // past N or K: a zero scale (every weight +-0, and an mma sum that starts at +0 stays as it is) and
       // any zero point, read at index 0 (one predicate fewer live while the loads leave)
-      const bool ok = row[j] && q * XS_STEP < left;
+      const bool ok = full || (row[j] && q * XS_STEP < left);
       const int i = ok ? at + j * nb8 : 0;
       c[j].scale = ok ? scale[i] : (unsigned short)0;
       c[j].zp = 0;
@@ -232,7 +257,7 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
   }
 }
 
-template <int WT>
+template <int WT, bool FULL>
 __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
                                         const void* __restrict__ zero, const ELEM* __restrict__ bias,
@@ -247,10 +272,9 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
   for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
     const int rows = M - m0 < 16 ? M - m0 : 16;
     // built a row tile (a block has one but where M > 16 * 65535): nothing of it stays live through the math
-    XsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb);
+    XsStream<WT> in(w, scale, zero, n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb, FULL);
     WqChunk ch[SW][NT];  // a ring of SW slices: the first SW in flight before anything waits
-#pragma unroll
-    for (int q = 0; q < SW; ++q) in.bits_of(ch[q], q);
+    in.first_bits(ch);
     in.start_scales();
 #pragma unroll
     for (int q = 0; q < SW; ++q) in.scales_of(ch[q], q);
@@ -278,10 +302,21 @@ weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, con
   extern __shared__ __align__(16) unsigned char xs_smem[];
   __shared__ float part[WK * 16 * XS_COLS];
   unsigned short* xs = reinterpret_cast<unsigned short*>(xs_smem);
-  if (wtype == WQ_I4)
-    xs_body<WQ_I4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
-  else
-    xs_body<WQ_U4>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  // the block's columns and K range within N and K (block-uniform; a slice's chunk starts at most (WK * SW * PG - 1)
+  // * 128 + 96 elements into the range and holds 32, so a range within K holds every chunk whole): the body compiled
+  // with every bound known (FULL), whose loads go out unpredicated with nothing computed for them; tested here, outside
+  // the row-tile loop, as ptxas hoists a body's loop-invariant bounds above any test inside it
+  const bool full = (int)(blockIdx.x + 1) * XS_COLS <= N && (int)(blockIdx.z + 1) * XS_KB <= K;
+  if (wtype == WQ_I4) {
+    if (full)
+      xs_body<WQ_I4, true>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    else
+      xs_body<WQ_I4, false>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  } else if (full) {
+    xs_body<WQ_U4, true>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  } else {
+    xs_body<WQ_U4, false>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+  }
 }
 
 // Y[m, n] = ELEM(ws[0][m][n] + ws[1][m][n] + .. (splits, in order) + float(B[n])); grid-stride over M x N
