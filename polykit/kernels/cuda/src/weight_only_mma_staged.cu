@@ -56,8 +56,9 @@
 // any test inside it), whose loads carry no predicate; the scale stream starts after them (start_scales), a
 // power-of-two block by a shift and a mask (wq_divmod). The first LDG.128 is the 38th instruction, all 8 within 13.
 // Numerics: weight_only_mma.cu's: each weight the reference's value (one rounding to ELEM); float32 sums
-// (the mma's own order inside an instruction, then a lane's slices in order, the WK warps in order, the
-// splits in order); Y = ELEM(sum + float(B)), one rounding.
+// (the mma's own order inside an instruction, then a lane's slices in order, or with swapped operands slice q in
+// set q % SW and the sets in order; the WK warps in order, the splits in order); Y = ELEM(sum + float(B)), one
+// rounding.
 //
 // Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills; benchmarks/
 // cuda_sass.py --w4 TILE): __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread at PG = 1
@@ -206,26 +207,34 @@ struct XsStream {
 
 // the warp's slices of a row tile (slice q from ring slot q % SW, then slice q + SW into that slot), into its C
 // fragments, then to the block's partial sums part[wk]. SWAP: a tile of at most 8 rows, the operands swapped
-// (wq_slice_mma_t: acc[p] for tile pairs p); else wq_slice_mma (acc[j] for tiles j, rows g and g + 8)
-template <int WT, bool SWAP>
+// (wq_slice_mma_t: acc[p] for tile pairs p); else wq_slice_mma (acc[j] for tiles j, rows g and g + 8).
+// SWAP's C has SW sets, slice q's mma steps summing into set q % SW (each a chain of 8 dependent mma a slice where
+// one set chained all 8 * SW * PG of the warp), added in set order at the end: a fixed order of the float sums,
+// as before (the weights are the reference's either way). FULL: every slice lies within K (no test a slice).
+template <int WT, bool SWAP, bool FULL>
 __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], XsStream<WT>& in,
                                           const unsigned short* xs, int xld, int wk, int wn, int slices, int rows,
                                           int g, int t) {
-  float acc[SWAP ? NT / 2 : NT][4];
+  constexpr int SETS = SWAP ? SW : 1;
+  float sets[SETS][SWAP ? NT / 2 : NT][4];
 #pragma unroll
-  for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+  for (int c = 0; c < SETS; ++c)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sets[c][j][e] = 0.f;
+  auto& acc = sets[0];
 #pragma unroll
   for (int q = 0; q < SW * PG; ++q) {
     const int s = wk + q * WK;
-    if (s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
+    if (!FULL && s >= slices) break;  // q ascending: every later slice lies past K too (none of them loaded)
     // the lane's 32 elements of X rows g and g + 8; a row past the tile reads row 0 instead: it only feeds C's
     // entries of that row (A's row, or B's column when swapped), which are never stored
     const unsigned short* lo = xs + (g < rows ? g : 0) * xld + 128 * s + 32 * t;
     const unsigned short* hi = xs + (g + 8 < rows ? g + 8 : 0) * xld + 128 * s + 32 * t;
     if constexpr (SWAP) {
-      wq_slice_mma_t<ELEM, WT, NT>(acc, ch[q % SW], [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
+      wq_slice_mma_t<ELEM, WT, NT>(sets[q % SETS], ch[q % SW],
+                                   [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
     } else {
       wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
         a = *reinterpret_cast<const uint4*>(lo + 8 * i);
@@ -237,6 +246,12 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
       in.scales_of(ch[q % SW], q + SW);
     }
   }
+#pragma unroll
+  for (int c = 1; c < SETS; ++c)  // (SWAP) the sets in order
+#pragma unroll
+    for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] += sets[c][j][e];
   float* p = part + wk * 16 * XS_COLS + 8 * NT * wn;  // part[wk][m][n]: this warp's columns
   if constexpr (SWAP) {
 #pragma unroll
@@ -282,9 +297,9 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     wq_stage<XS_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
     if (rows <= 8)  // uniform across the block
-      xs_slices<WT, true>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+      xs_slices<WT, true, FULL>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
     else
-      xs_slices<WT, false>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+      xs_slices<WT, false, FULL>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
     __syncthreads();
     wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
