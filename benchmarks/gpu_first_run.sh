@@ -104,10 +104,14 @@
 #                  FP8_FILL: the seventeenth's e4m3 rows drew a random, sometimes negative, output scale), layer1's
 #                  1x1 64 -> 256 with its residual as the plans fuse it (e4m3 since 12eb3191, float32 before). ~450 s
 #   STEP=s28       FIRST next session (the twenty-third ran nothing on a GPU: no device lent): s27's tests (cf610781),
-#                  the INT8 float16 output (Y_OUT 3 on every INT8 kernel; absorb_quantized_casts' INT8 rule) and the
-#                  bias fold (fold_qdq.leading_bias) gpu tests, then BERT-base bs8 FP8 against fp16 with the profile
-#                  (FFN1 on the fast tile's native epilogue?); ~330 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
+#                  the INT8 float16 output (Y_OUT 3 on every INT8 kernel; absorb_quantized_casts' INT8 rule), the
+#                  bias fold (fold_qdq.leading_bias) and the W4A16 staged / rows kernels' FULL bodies and C sets (gpu
+#                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
+#                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
+#   STEP=s28n      after s28w: ncu of the staged W4A16 kernel at M = 1 (c16_k4096, forced) with its warp states and
+#                  the source counters' stall samples a SASS line (where the ~11 cycles between a warp's instructions
+#                  go; the twenty-third session moved the loads first and split the mma chain, both untimed); ~120 s
 #   STEP=s28w      W4A16 beside torch in the same run (weight_only_gemm.py --torch all): torch fp16 eager,
 #                  torch.compile(reduce-overhead) and torch._weight_int4pack_mm, one layer and the chain of 8 (PDL off
 #                  and on), M = 1, 16; ~200-280 s (estimate, never run)
@@ -543,10 +547,11 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
   s28)  # FIRST next session: the twenty-third's changes never ran on a GPU (no device lent). cf610781's FP8 tests (s27),
     # the INT8 float16 output on every INT8 tactic (test_int8_sm90 / test_int8 -k float16), the INT8 / FP8 plans the bias
     # fold and the INT8 Cast absorption change (test_int8_sm90's ResNet plan equality, the FP8 GEMM plan), then BERT FP8
-    gpu_tests s28 ${NEW_S:-150} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+    gpu_tests s28 ${NEW_S:-200} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
       tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
       tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py \
-      tests/compiler/test_fp8_build.py
+      tests/compiler/test_fp8_build.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py \
+      tests/runtime/cuda/test_pdl_gpu.py
     rc=$?
     timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 3 --iters 30 --profile 10 \
       --out "$OUT/bert_fp8.json" > "$OUT/bert_fp8.txt" 2>&1
@@ -560,6 +565,20 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
     echo "== int8_resnet rc $?"; grep -E "build|ms|cosine|x fp16" "$OUT/int8_resnet.txt" | tail -12
     exit $rc
+    ;;
+  s28n)  # ncu of the staged kernel at M = 1: duration, DRAM, warp-state stalls, and the SASS lines with the most stall
+    # samples (SourceCounters; the page "source" prints them per instruction)
+    timeout 150 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      --kernel-name regex:weight_only_mma_staged --launch-skip 2 --launch-count 1 \
+      python3 benchmarks/weight_only_one.py --m 1 --tactics cuda.weight_only.mma_staged_c16_k4096 --runs 4 \
+      > "$OUT/ncu_w4_staged_m1.txt" 2>&1
+    echo "== ncu rc $?"; grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Active Warps|No Eligible|Stall|Warp Cycles" \
+      "$OUT/ncu_w4_staged_m1.txt" | head -30
+    timeout 150 ncu --section SourceCounters --page source --print-source sass --kernel-name regex:weight_only_mma_staged \
+      --launch-skip 2 --launch-count 1 python3 benchmarks/weight_only_one.py --m 1 \
+      --tactics cuda.weight_only.mma_staged_c16_k4096 --runs 4 > "$OUT/ncu_w4_staged_m1_sass.txt" 2>&1
+    echo "== ncu source rc $? ($(wc -l < "$OUT/ncu_w4_staged_m1_sass.txt") lines in ncu_w4_staged_m1_sass.txt)"
+    exit 0
     ;;
   s28w)  # W4A16 (one layer, the chain of 8 with PDL off and on) beside torch's fp16 eager, torch.compile
     # (reduce-overhead) and int4 GEMM (torch._weight_int4pack_mm) in the same process; a torch side that fails prints
