@@ -148,6 +148,30 @@ __device__ __forceinline__ void wq_divmod(int k, int block, int& q, int& r) {
   }
 }
 
+// A lane's scale index from slice to slice (weight_only_mma_staged.cu's XsStream, weight_only_mma_rows.cu's RsStream):
+// start(n, k0, ..) gives `at` = n * nb + k0 / block (row n's block of element k0; N * nb < 2^31: the tactics'
+// enqueue checks) and r = k0 % block, by wq_divmod; next() steps both by `step` elements with at most one carry
+// (no division a slice); `nb8` steps 8 rows down
+struct WqScaleIndex {
+  int at, r, nb8, bstep, rstep, block;
+  __device__ __forceinline__ void start(int n, int k0, int nb, int block_, int step) {
+    block = block_;
+    int b;
+    wq_divmod(k0, block, b, r);
+    at = n * nb + b;
+    nb8 = 8 * nb;
+    wq_divmod(step, block, bstep, rstep);
+  }
+  __device__ __forceinline__ void next() {
+    r += rstep;
+    at += bstep;
+    if (r >= block) {
+      r -= block;
+      ++at;
+    }
+  }
+};
+
 // c[4] += a[4] (16 x 16, row) * b[2] (16 x 8, col): 16-bit operands of type T, PTX ISA fragment layouts
 template <class T> __device__ __forceinline__ void wq_mma(float* c, const u32* a, const u32* b);
 template <> __device__ __forceinline__ void wq_mma<half_t>(float* c, const u32* a, const u32* b) {

@@ -128,9 +128,8 @@ struct RsStream {
                                    // copied and every scale read unpredicated (first_copies)
   int left, lefts;                 // K - k0, K - the slice's first element: slice q's chunk holds elements of K
                                    // where q * WR_STEP < left, the slice where q * WR_STEP < lefts
-  int at, r;                       // the next slice's scale index of row n (n * nb + element / block), element % block
-  int nb8, bstep, rstep, block;    // 8 rows of scales; WR_STEP / block, WR_STEP % block
-  int n0, k0_, nb_;                // the lane's row and first element, blocks a row (start_scales)
+  WqScaleIndex sc;                 // the next slice's scale index of row n
+  int n0, k0_, nb_, block;         // the lane's row and first element, blocks a row, the block (start_scales)
 
   __device__ __forceinline__ RsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
                                       const void* __restrict__ zero_, int n, int N, int k0, int K, int ldw,
@@ -153,13 +152,7 @@ struct RsStream {
     nb_ = nb;
   }
   // the scale stream's start (two divisions by the block size): after the chunks' copies are issued
-  __device__ __forceinline__ void start_scales() {
-    int b;
-    wq_divmod(k0_, block, b, r);
-    at = n0 * nb_ + b;
-    nb8 = 8 * nb_;
-    wq_divmod(WR_STEP, block, bstep, rstep);
-  }
+  __device__ __forceinline__ void start_scales() { sc.start(n0, k0_, nb_, block, WR_STEP); }
   // slice q's chunks to shared memory by cp.async (zeros past N or K: nothing read), the lane's own 16-byte slots
   // dst[(2 j + h) * 32] (a warp's copy of a chunk: 512 contiguous bytes)
   __device__ __forceinline__ void copy_of(uint4* dst, int q, const u8* __restrict__ any) const {
@@ -197,17 +190,12 @@ struct RsStream {
         // past N or a slice past K: a zero scale (the slice's sums times +0) and any zero point, read at index 0.
         // Not the lane's chunk: the lane's C holds the whole slice's sums (every t's chunk) for X rows 2t, 2t + 1
         const bool ok = full || (row[j][h] && q * WR_STEP < lefts);
-        const int i = ok ? at + (2 * j + h) * nb8 : 0;
+        const int i = ok ? sc.at + (2 * j + h) * sc.nb8 : 0;
         s.scale[j][h] = ok ? scale[i] : (unsigned short)0;
         s.zp[j][h] = 0;
         if (zero) s.zp[j][h] = WT == WQ_I4 ? (short)(signed char)zero[i] : (short)zero[i];
       }
-    r += rstep;
-    at += bstep;
-    if (r >= block) {
-      r -= block;
-      ++at;
-    }
+    sc.next();
   }
 };
 

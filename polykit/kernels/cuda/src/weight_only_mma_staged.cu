@@ -131,10 +131,8 @@ struct XsStream {
   bool full;                       // the block's columns and K range lie within N and K (block-uniform): every
                                    // chunk and scale is read unpredicated, no bounds computed before the loads
   int left;                        // K - k0: slice q holds elements of K where q * XS_STEP < left
-  int at, r;                       // the next slice to load: tile 0's scale index (n * nb + element / block)
-                                   // and element % block (N * nb < 2^31: the tactic's enqueue checks)
-  int nb8, bstep, rstep, block;    // 8 rows of scales; XS_STEP / block, XS_STEP % block
-  int n0_, k0_, nb_;               // the lane's row and first element, blocks a row (start_scales)
+  WqScaleIndex sc;                 // the next slice to load: tile 0's scale index
+  int n0_, k0_, nb_, block;        // the lane's row and first element, blocks a row, the block (start_scales)
 
   // the chunks' pointers and bounds only: the weights' loads (bits_of) go out before start_scales' divisions
   __device__ __forceinline__ XsStream(const u8* __restrict__ w, const ELEM* __restrict__ scale_,
@@ -155,13 +153,7 @@ struct XsStream {
     }
   }
   // the scale stream's start (two divisions by the block size: wq_divmod), after the chunks' loads are issued
-  __device__ __forceinline__ void start_scales() {
-    int b;
-    wq_divmod(k0_, block, b, r);
-    at = n0_ * nb_ + b;
-    nb8 = 8 * nb_;
-    wq_divmod(XS_STEP, block, bstep, rstep);
-  }
+  __device__ __forceinline__ void start_scales() { sc.start(n0_, k0_, nb_, block, XS_STEP); }
   // slice q's 16 bytes a tile (zeros past N or K)
   __device__ __forceinline__ void bits_of(WqChunk (&c)[NT], int q) const {
 #pragma unroll
@@ -191,17 +183,12 @@ struct XsStream {
       // past N or K: a zero scale (every weight +-0, and an mma sum that starts at +0 stays as it is) and
       // any zero point, read at index 0 (one predicate fewer live while the loads leave)
       const bool ok = full || (row[j] && q * XS_STEP < left);
-      const int i = ok ? at + j * nb8 : 0;
+      const int i = ok ? sc.at + j * sc.nb8 : 0;
       c[j].scale = ok ? scale[i] : (unsigned short)0;
       c[j].zp = 0;
       if (zero) c[j].zp = WT == WQ_I4 ? (int)(signed char)zero[i] : (int)zero[i];
     }
-    r += rstep;
-    at += bstep;
-    if (r >= block) {
-      r -= block;
-      ++at;
-    }
+    sc.next();
   }
 };
 
