@@ -115,8 +115,7 @@
 #   STEP=s28w      W4A16 beside torch in the same run (weight_only_gemm.py --torch all): torch fp16 eager,
 #                  torch.compile(reduce-overhead) and torch._weight_int4pack_mm, one layer and the chain of 8 (PDL off
 #                  and on), M = 1, 16; ~200-280 s (estimate, never run)
-#   STEP=s27       FIRST next session: the 16-bit GELU in INT8 / FP8 epilogues stored in <= 16 bits (cf610781, never on a
-#                  GPU): the FP8 GEMM gpu tests, then BERT-base bs8 FP8 against fp16 with the profile; ~250 s
+#   STEP=s27       (folded into s28, never run: the 16-bit GELU in INT8 / FP8 epilogues stored in <= 16 bits, cf610781)
 #   STEP=s26b      s26a, then ResNet-50 bs32 INT8 against fp16 with the builds' seconds; ~450 s
 #   STEP=s26a      s25b's tests and W4A16 with its chain of 8 timed with PDL off and on (--pdl both); ~250 s
 #   STEP=s25b      FIRST in the next session with a GPU (the twenty-first's last change, bc337c5c, never ran on one: the
@@ -587,17 +586,6 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       --out "$OUT/weight_only_torch.json" > "$OUT/weight_only_torch.txt" 2>&1
     rc=$?
     echo "== w4a16 vs torch rc $rc"; grep -E "^torch |^M=|chain of|torch one layer" "$OUT/weight_only_torch.txt" | cut -c1-600
-    exit $rc
-    ;;
-  s27)  # FIRST next session: cf610781 (INT8 / FP8 layers stored in <= 16 bits take the 16-bit GELU / sigmoid) never
-    # ran on a GPU: the FP8 GEMM gpu tests and the FP8 tiny BERT plans, then BERT-base bs8 FP8 against fp16 with the
-    # per-layer profile (FFN1 ran 24-25 us in FP8 against fp16's 17 before); ~250 s
-    gpu_tests s27 ${NEW_S:-100} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
-      tests/kernels/cuda/test_epilogue_classes.py
-    rc=$?
-    timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 3 --iters 30 --profile 10 \
-      --out "$OUT/bert_fp8.json" > "$OUT/bert_fp8.txt" 2>&1
-    echo "== bert rc $?"; grep -E "intermediate/dense/MatMul fp16|speedup|faster|cosine" "$OUT/bert_fp8.txt" | head -20
     exit $rc
     ;;
   s26b)  # s26a, then ResNet-50 bs32 INT8 against fp16 (the INT8 build's seconds: issue 35's <= 60 s, re-timed)
