@@ -109,6 +109,9 @@
 #                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
 #                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
+#   STEP=s28f      BERT FP8's FFN1 alone (benchmarks/fp8_gemm_one.py: the feed-forward block, FFN1 forced on each FP8
+#                  GEMM tile, fast and promoted, and the fp16 GEMM beside), then ncu of the fast 128x192 tile on it
+#                  (speed of light, memory workload: is it L2-bound? warp states); ~200 s
 #   STEP=s28n      after s28w: ncu of the staged W4A16 kernel at M = 1 (c16_k4096, forced) with its warp states and
 #                  the source counters' stall samples a SASS line (where the ~11 cycles between a warp's instructions
 #                  go; the twenty-third session moved the loads first and split the mma chain, both untimed); ~120 s
@@ -564,6 +567,23 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
     echo "== int8_resnet rc $?"; grep -E "build|ms|cosine|x fp16" "$OUT/int8_resnet.txt" | tail -12
     exit $rc
+    ;;
+  s28f)  # FFN1 (1024 x 768 -> 3072, bias in B, Gelu, e4m3 out) alone on each FP8 tile, fast and promoted, and fp16's
+    fp8="cuda.fp8.gemm_fast_sm90_128x192,cuda.fp8.gemm_sm90_128x192,cuda.fp8.gemm_fast_sm90_128x256"
+    fp8="$fp8,cuda.fp8.gemm_fast_sm90_128x128,cuda.fp8.gemm_sm90_128x128,cuda.fp8.gemm_fast_sm90_128x160"
+    timeout 150 python3 benchmarks/fp8_gemm_one.py --tactics "$fp8" > "$OUT/ffn1_fp8.txt" 2>&1
+    echo "== fp8 rc $?"; grep -E "^cuda|  ffn1" "$OUT/ffn1_fp8.txt" | head -20
+    timeout 90 python3 benchmarks/fp8_gemm_one.py --fp16 --tactics cuda.gemm.sm90_128x192,cuda.gemm.sm90_128x256 \
+      > "$OUT/ffn1_fp16.txt" 2>&1
+    echo "== fp16 rc $?"; grep -E "^cuda|  ffn1" "$OUT/ffn1_fp16.txt" | head -8
+    # a run launches gemm_sm90 once (FFN1 forced on it; a level-0 FFN2 takes the conv tiles, conv_sm90): 4 runs (one
+    # unprofiled, --runs 3), the third profiled
+    timeout 150 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --kernel-name regex:gemm_sm90 --launch-skip 2 --launch-count 1 \
+      python3 benchmarks/fp8_gemm_one.py --tactics cuda.fp8.gemm_fast_sm90_128x192 --runs 3 > "$OUT/ncu_ffn1.txt" 2>&1
+    echo "== ncu rc $?"; grep -E "Duration|Throughput|L2 Hit|Issued Warp|Eligible|Stall|Grid Size|Registers" \
+      "$OUT/ncu_ffn1.txt" | head -30
+    exit 0
     ;;
   s28n)  # ncu of the staged kernel at M = 1: duration, DRAM, warp-state stalls, and the SASS lines with the most stall
     # samples (SourceCounters; the page "source" prints them per instruction)
