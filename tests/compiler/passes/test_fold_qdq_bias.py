@@ -67,36 +67,42 @@ def test_an_fp8_berts_linears_take_their_biases_into_b_and_compute_the_same_bits
             np.testing.assert_array_equal(ours[name], theirs[name])
 
 
-def qdq_linear(bias_shape, *, swap: bool = False, reread: bool = False):
+def qdq_linear(bias_shape, *, swap: bool = False, reread: bool = False, gemm: bool = False):
     """x [2, 3, 8] -Q/DQ int8-> MatMul(W int8 [8, 4], per channel) -> Add(bias of `bias_shape`; `swap`: bias first)
-    -> Relu (`reread`: Mul(Relu, product): the product read twice) -> y."""
+    -> Relu (`reread`: Mul(Relu, product): the product read twice) -> y; `gemm`: x [6, 8] and a bias-free
+    Gemm(transB) of W^T [4, 8] instead of the MatMul."""
     rng = np.random.default_rng(7)
+    wq = rng.integers(-100, 100, (8, 4)).astype(np.int8)
     inits = [numpy_helper.from_array(a, n) for n, a in (
         ("xs", np.array(0.05, np.float32)), ("xz", np.array(0, np.int8)),
-        ("wq", rng.integers(-100, 100, (8, 4)).astype(np.int8)),
+        ("wq", np.ascontiguousarray(wq.T) if gemm else wq),
         ("ws", (rng.random(4) * 0.01 + 0.005).astype(np.float32)), ("wz", np.zeros(4, np.int8)),
         ("b", (rng.standard_normal(bias_shape) * 0.5).astype(np.float32)))]
+    product = (helper.make_node("Gemm", ["xd", "wd"], ["p"], name="linear", transB=1) if gemm
+               else helper.make_node("MatMul", ["xd", "wd"], ["p"], name="linear"))
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=1),
-             helper.make_node("MatMul", ["xd", "wd"], ["p"], name="linear"),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0 if gemm else 1),
+             product,
              helper.make_node("Add", ["b", "p"] if swap else ["p", "b"], ["s"], name="bias"),
              helper.make_node("Relu", ["s"], ["r" if reread else "y"])]
     if reread:
         nodes.append(helper.make_node("Mul", ["r", "p"], ["y"]))
-    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], inits)
+    rows = [6] if gemm else [2, 3]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*rows, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*rows, 4])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
 
 
-@pytest.mark.parametrize("bias_shape,swap,reread,absorbed", [
-    ((4,), False, False, True), ((1, 4), True, False, True), ((1, 1, 4), False, False, True),
-    ((3, 4), False, False, False),  # not along the last axis alone: a per-row-and-column addend
-    ((4,), False, True, False),  # the product is read again after the Add: the Add stays in the epilogue
+@pytest.mark.parametrize("bias_shape,swap,reread,gemm,absorbed", [
+    ((4,), False, False, False, True), ((1, 4), True, False, False, True), ((1, 1, 4), False, False, False, True),
+    ((4,), False, False, True, True),  # a bias-free Gemm's Add
+    ((3, 4), False, False, False, False),  # not along the last axis alone: a per-row-and-column addend
+    ((4,), False, True, False, False),  # the product is read again after the Add: the Add stays in the epilogue
 ])
 def test_the_bias_moves_only_when_it_is_a_constant_along_the_last_axis_read_once(tmp_path, monkeypatch, bias_shape,
-                                                                                  swap, reread, absorbed):
-    model = qdq_linear(bias_shape, swap=swap, reread=reread)
+                                                                                  swap, reread, gemm, absorbed):
+    model = qdq_linear(bias_shape, swap=swap, reread=reread, gemm=gemm)
     config = BuilderConfig(target="cpu")
     plan = build_plan(model, config)
     (layer,) = [layer for layer in quantized(plan) if layer.name == "linear"]
@@ -106,6 +112,6 @@ def test_the_bias_moves_only_when_it_is_a_constant_along_the_last_axis_read_once
     with monkeypatch.context() as patch:
         without_the_fold(patch)
         before = build_plan(model, config)
-    x = np.random.default_rng(3).standard_normal((2, 3, 8)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((6, 8) if gemm else (2, 3, 8)).astype(np.float32)
     (ours,), (theirs,) = run(plan, {"x": x}).values(), run(before, {"x": x}).values()
     np.testing.assert_array_equal(ours, theirs)
