@@ -158,9 +158,10 @@ MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17,
 # of c64_k1024 at K = 4112; 2 of c64_k1024 at K = 1040, whose last split holds 16 elements); blocks of 96 and
 # 160, which do not divide a warp's step from slice to slice (128 x WK elements): the scale block's carry; and
 # K = 4096, N = 32, where every block of the 16- and 32-column tiles lies within N and K (the kernel's FULL body,
-# unpredicated loads; K = 4112's first split and N = 17's first block take it too, beside the bounded body)
+# unpredicated loads; K = 4112's first split and N = 17's first block take it too, beside the bounded body); K =
+# 4096, blocks of 128 at M = 2 (float16) and 3 (bfloat16): the FULL body's scale-after sets (xs_slices' AFTER)
 STAGED_CASES = MMA_CASES + [((1, 4112), 17, 128), ((17, 1040), 11, 32), ((5, 2064), 9, 64), ((3, 1056), 7, 96),
-                            ((2, 4400), 5, 160), ((1, 4096), 32, 64)]
+                            ((2, 4400), 5, 160), ((1, 4096), 32, 64), ((2, 4096), 32, 128), ((3, 4096), 16, 128)]
 EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
     [(tile, *case) for tile in STAGED_TILES for case in STAGED_CASES]
 
@@ -171,9 +172,12 @@ def launcher_of(request, tile):
 
 def assert_emulated_matches(launcher, tile, layer, inputs, shift_x=0):
     from polykit.runtime.cuda.harness import reference_layer
-    from tests.kernels.cuda.test_weight_only import TOLERANCE
+    from tests.kernels.cuda.test_weight_only import STAGED_SCALE_AFTER, TOLERANCE, assert_near_the_reference
 
     got = run_emulated(launcher, tile.name, layer, inputs, shift_x)
+    if tile.name in STAGED_SCALE_AFTER and int(layer.attrs["block_size"]) % 128 == 0:  # unrounded weights there
+        assert_near_the_reference(got, layer, inputs)
+        return
     rtol, atol = TOLERANCE[inputs["X"].dtype]
     want = reference_layer(layer, inputs)["Y"]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=atol)
@@ -207,3 +211,16 @@ def test_the_emulated_split_kernel_launches_its_reduce_after_the_splits(staged_l
         staged_launcher.launches.clear()
         run_emulated(staged_launcher, tile.name, layer, inputs)
         assert [(kernel.name, grid[2]) for kernel, grid, _, _ in staged_launcher.launches] == launches
+
+
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_the_scale_after_sets_give_the_unrounded_weights_sums(request, dtype, weight_type):
+    """M = 3, N = 32, K = 4096, blocks of 128 on c16_k4096: every block within N and K, one row tile of 3 rows, so every
+    slice is scaled after its sums (weight_only_mma_staged.cu's AFTER): within TOLERANCE of the unrounded weights' Y
+    (and of the reference plus its own rounding: assert_rows_match), as weight_only_mma_rows is."""
+    from tests.kernels.cuda.test_weight_only import assert_rows_match
+
+    tile = next(tile for tile in STAGED_TILES if tile.name.endswith("_c16_k4096"))
+    layer, inputs = random_layer((3, 4096), 32, weight_type, 128, dtype=dtype, zero_point=True, bias=True, seed=5)
+    assert_rows_match(run_emulated(request.getfixturevalue("staged_launcher"), tile.name, layer, inputs), layer, inputs)

@@ -2,8 +2,9 @@
 
 Tactics `cuda.weight_only.mma_staged_c<columns a block>_k<K a block>[_p<groups>]` take what weight_only_mma.py's
 tactics take (float16 / bfloat16 X, int4 / uint4 weights, K a multiple of 16, blocks a multiple of 32) with
-their per-lane math (the reference's weight bit for bit, float32 sums in fixed orders): a block of WN x WK
-warps owns 8 * NT * WN columns and a K range of 128 * WK * SW * groups elements, each warp issues its first
+their per-lane math (the reference's weight bit for bit, float32 sums in fixed orders; a decode row tile of
+at most 8 rows with blocks of a multiple of 128 scales each slice's sums instead: the .cu's scale-after): a
+block of WN x WK warps owns 8 * NT * WN columns and a K range of 128 * WK * SW * groups elements, each warp issues its first
 SW * NT 16-byte weight loads back to back before any math (with groups > 1, a ring: slice q + SW loads as
 slice q's math ends), and the block stages its X rows once in shared memory by cp.async. K longer
 than a block's range is split over blocks (gridDim.z) into a float32 workspace that weight_only_mma_reduce

@@ -134,6 +134,13 @@ struct WqDequant {
 
 // ---- the mma kernels' shared pieces (weight_only_mma.cu, weight_only_mma_staged.cu) ----
 
+// a scale's 16 bits (of type T) as float, exactly: the scale-after kernels' multiplier of a slice's C
+template <class T> __device__ __forceinline__ float wq_float(unsigned short bits) {
+  T e;
+  e.x = bits;
+  return ld(&e, 0);
+}
+
 // q = k / block, r = k % block (k >= 0, block > 0: the scale streams' start, weight_only_mma_staged.cu's XsStream and
 // weight_only_mma_rows.cu's RsStream): a power-of-two block (an exporter's 32 / 64 / 128; the test is uniform) by a
 // shift and a mask, where the integer division was ~30 dependent instructions (I2F, MUFU.RCP, ..) that ptxas
@@ -259,12 +266,14 @@ __device__ __forceinline__ void wq_slice_mma(float (&acc)[NTILES][4], const WqCh
 // weights, no register holds a zero row of X, and X's byte-permutes are half wq_slice_mma's (row g only).
 // x_word(i) gives word i's 8 elements of X row g (the K positions of the lane's word i, as in wq_slice_mma).
 // acc[p]: C of pair p, rows g (tile 2p) and g + 8 (tile 2p + 1), columns 2t, 2t + 1: X rows 2t, 2t + 1
-template <class T, int WT, int NTILES, class XWord>
+// RAW: A holds value - zero point (WqDequant::diff, exact), not the scaled weight: the caller scales the slice's C
+// (weight_only_mma_staged.cu's scale-after sets; the weights then never round to T, as weight_only_mma_rows.cu's)
+template <class T, int WT, int NTILES, bool RAW = false, class XWord>
 __device__ __forceinline__ void wq_slice_mma_t(float (&acc)[NTILES / 2][4], const WqChunk (&ch)[NTILES], XWord x_word) {
   static_assert(NTILES % 2 == 0, "tiles pair up into m16 rows");
   WqDequant<T, WT> dq[NTILES];
 #pragma unroll
-  for (int j = 0; j < NTILES; ++j) dq[j] = WqDequant<T, WT>(ch[j].scale, ch[j].zp);
+  for (int j = 0; j < NTILES; ++j) dq[j] = WqDequant<T, WT>(RAW ? (unsigned short)0 : ch[j].scale, ch[j].zp);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint4 x = x_word(i);
@@ -276,8 +285,13 @@ __device__ __forceinline__ void wq_slice_mma_t(float (&acc)[NTILES / 2][4], cons
       const uint4& e = ch[2 * p].bits;
       const uint4& o = ch[2 * p + 1].bits;
       u32 we[4], wo[4];
-      dq[2 * p](i == 0 ? e.x : i == 1 ? e.y : i == 2 ? e.z : e.w, we);
-      dq[2 * p + 1](i == 0 ? o.x : i == 1 ? o.y : i == 2 ? o.z : o.w, wo);
+      if (RAW) {
+        dq[2 * p].diff(i == 0 ? e.x : i == 1 ? e.y : i == 2 ? e.z : e.w, we);
+        dq[2 * p + 1].diff(i == 0 ? o.x : i == 1 ? o.y : i == 2 ? o.z : o.w, wo);
+      } else {
+        dq[2 * p](i == 0 ? e.x : i == 1 ? e.y : i == 2 ? e.z : e.w, we);
+        dq[2 * p + 1](i == 0 ? o.x : i == 1 ? o.y : i == 2 ? o.z : o.w, wo);
+      }
       const u32 a0[4] = {we[0], wo[0], we[1], wo[1]}, a1[4] = {we[2], wo[2], we[3], wo[3]};
       wq_mma<T>(acc[p], a0, b0);
       wq_mma<T>(acc[p], a1, b1);

@@ -199,12 +199,6 @@ struct RsStream {
   }
 };
 
-// an ELEM's bits as float
-__device__ __forceinline__ float wr_float(unsigned short bits) {
-  ELEM e;
-  e.x = bits;
-  return ld(&e, 0);
-}
 
 // 16 bytes of shared memory, in program order (ptxas otherwise hoists every slice's X loads ahead of the math)
 __device__ __forceinline__ uint4 wr_lds(const unsigned short* p) {
@@ -263,7 +257,7 @@ __device__ __forceinline__ void wr_slice(float (&acc)[RT][2][4], const RsSlice& 
   }
 #pragma unroll
   for (int j = 0; j < RT; ++j) {
-    const float sg = wr_float(s.scale[j][0]), sh = wr_float(s.scale[j][1]);
+    const float sg = wq_float<ELEM>(s.scale[j][0]), sh = wq_float<ELEM>(s.scale[j][1]);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       acc[j][mt][0] = fmaf(c[j][mt][0], sg, acc[j][mt][0]);

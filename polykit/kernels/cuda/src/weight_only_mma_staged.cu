@@ -58,7 +58,11 @@
 // Numerics: weight_only_mma.cu's: each weight the reference's value (one rounding to ELEM); float32 sums
 // (the mma's own order inside an instruction, then a lane's slices in order, or with swapped operands slice q in
 // set q % SW and the sets in order; the WK warps in order, the splits in order); Y = ELEM(sum + float(B)), one
-// rounding.
+// rounding. Except scale-after (xs_slices' AFTER: a row tile of at most 8 rows, one group, a block a multiple of
+// 128, the block within N and K, what decode's layers are): weight_only_mma_rows.cu's numerics, value - zero point
+// exact in the mma, each slice's float32 sums times the scale by one fma into the sum in slice order; the weights
+// never rounded to ELEM (tests: within TOLERANCE of the reference plus its own rounding's departure). SASS of that
+// path (c16_k4096, float16, int4): 1412 instructions a thread, 1549 with the scaled weights (no HMUL2: 128 fewer).
 //
 // Registers and occupancy (cuobjdump -res-usage of NVRTC's cubins, sm_90 and sm_80, no spills; benchmarks/
 // cuda_sass.py --w4 TILE): __launch_bounds__(threads, XS_MIN_BLOCKS) asks ptxas for <= 128 a thread at PG = 1
@@ -192,16 +196,29 @@ struct XsStream {
   }
 };
 
+// x where A holds, else y (arrays of different shapes: no conditional expression joins them)
+template <bool A, class X, class Y>
+__device__ __forceinline__ decltype(auto) xs_pick(X& x, Y& y) {
+  if constexpr (A)
+    return (x);
+  else
+    return (y);
+}
+
 // the warp's slices of a row tile (slice q from ring slot q % SW, then slice q + SW into that slot), into its C
 // fragments, then to the block's partial sums part[wk]. SWAP: a tile of at most 8 rows, the operands swapped
 // (wq_slice_mma_t: acc[p] for tile pairs p); else wq_slice_mma (acc[j] for tiles j, rows g and g + 8).
 // SWAP's C has SW sets, slice q's mma steps summing into set q % SW (each a chain of 8 dependent mma a slice where
-// one set chained all 8 * SW * PG of the warp), added in set order at the end: a fixed order of the float sums,
-// as before (the weights are the reference's either way). FULL: every slice lies within K (no test a slice).
-template <int WT, bool SWAP, bool FULL>
+// one set chained all 8 * SW * PG of the warp). AFTER (SWAP, one group: set q is slice q's alone, and a block a
+// multiple of 128: a slice's 128 elements, all 4 lanes' chunks, in one scale block) the mma take value - zero
+// point (exact) and each set is scaled once at the end: acc = fma(set q, scale of its rows, acc) in q order
+// (weight_only_mma_rows.cu's numerics, the weights never rounded to ELEM; 4 multiplies a word fewer); else the
+// sets (scaled weights, the reference's) are added in order. FULL: every slice lies within K.
+template <int WT, bool SWAP, bool FULL, bool AFTER>
 __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], XsStream<WT>& in,
                                           const unsigned short* xs, int xld, int wk, int wn, int slices, int rows,
                                           int g, int t) {
+  static_assert(!AFTER || (SWAP && PG == 1), "scale-after sets hold one slice each");
   constexpr int SETS = SWAP ? SW : 1;
   float sets[SETS][SWAP ? NT / 2 : NT][4];
 #pragma unroll
@@ -210,7 +227,8 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
     for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sets[c][j][e] = 0.f;
-  auto& acc = sets[0];
+  float scaled[AFTER ? NT / 2 : 1][4];
+  auto& acc = xs_pick<AFTER>(scaled, sets[0]);  // the sum: scaled (AFTER), else set 0
 #pragma unroll
   for (int q = 0; q < SW * PG; ++q) {
     const int s = wk + q * WK;
@@ -220,8 +238,8 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
     const unsigned short* lo = xs + (g < rows ? g : 0) * xld + 128 * s + 32 * t;
     const unsigned short* hi = xs + (g + 8 < rows ? g + 8 : 0) * xld + 128 * s + 32 * t;
     if constexpr (SWAP) {
-      wq_slice_mma_t<ELEM, WT, NT>(sets[q % SETS], ch[q % SW],
-                                   [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
+      wq_slice_mma_t<ELEM, WT, NT, AFTER>(sets[q % SETS], ch[q % SW],
+                                          [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
     } else {
       wq_slice_mma<ELEM, WT, NT>(acc, ch[q % SW], [=](int i, uint4& a, uint4& b) {
         a = *reinterpret_cast<const uint4*>(lo + 8 * i);
@@ -233,12 +251,29 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
       in.scales_of(ch[q % SW], q + SW);
     }
   }
+  if constexpr (AFTER) {  // set q times its rows' scales: c0, c1 row g (tile 2p), c2, c3 row g + 8 (tile 2p + 1)
 #pragma unroll
-  for (int c = 1; c < SETS; ++c)  // (SWAP) the sets in order
+    for (int p = 0; p < NT / 2; ++p)
 #pragma unroll
-    for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+      for (int e = 0; e < 4; ++e) acc[p][e] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] += sets[c][j][e];
+    for (int c = 0; c < SETS; ++c)
+#pragma unroll
+      for (int p = 0; p < NT / 2; ++p) {
+        const float sg = wq_float<ELEM>(ch[c][2 * p].scale), sh = wq_float<ELEM>(ch[c][2 * p + 1].scale);
+        acc[p][0] = fmaf(sets[c][p][0], sg, acc[p][0]);
+        acc[p][1] = fmaf(sets[c][p][1], sg, acc[p][1]);
+        acc[p][2] = fmaf(sets[c][p][2], sh, acc[p][2]);
+        acc[p][3] = fmaf(sets[c][p][3], sh, acc[p][3]);
+      }
+  } else {
+#pragma unroll
+    for (int c = 1; c < SETS; ++c)  // (SWAP) the sets in order
+#pragma unroll
+      for (int j = 0; j < (SWAP ? NT / 2 : NT); ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] += sets[c][j][e];
+  }
   float* p = part + wk * 16 * XS_COLS + 8 * NT * wn;  // part[wk][m][n]: this warp's columns
   if constexpr (SWAP) {
 #pragma unroll
@@ -283,10 +318,13 @@ __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const E
     PK_PDL_WAIT();  // with PDL: the weights above were read while the kernel before ran; X and Y wait for it
     wq_stage<XS_THREADS>(xs, xld, x, m0, rows, kb, slices, M, K, vec);
     __syncthreads();
-    if (rows <= 8)  // uniform across the block
-      xs_slices<WT, true, FULL>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+    // uniform across the block; AFTER in the FULL body only (a bounded block is the rare partial one: one variant fewer)
+    if (FULL && rows <= 8 && PG == 1 && (block & 127) == 0)
+      xs_slices<WT, true, FULL, FULL && PG == 1>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+    else if (rows <= 8)
+      xs_slices<WT, true, FULL, false>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
     else
-      xs_slices<WT, false, FULL>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
+      xs_slices<WT, false, FULL, false>(part, ch, in, xs, xld, wk, wn, slices, rows, g, t);
     __syncthreads();
     wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);  // K warps, wk order
     __syncthreads();  // part and xs are reused by the next row tile
