@@ -53,7 +53,9 @@ def rows_launcher(tmp_path_factory):
 ROWS_CASES = [((1, 272), 37, 128), ((5, 208), 21, 128), ((16, 400), 19, 256), ((17, 400), 13, 128),
               ((1, 4112), 17, 128), ((17, 1040), 11, 128), ((2, 3, 2064), 9, 256), ((3, 1056), 7, 128),
               ((2, 800), 7, 384), ((1, 4096), 32, 128)]
-EMULATED = [(tile, *case) for tile in ROWS_TILES for case in ROWS_CASES]
+#: (the all-in-bounds K = 4096 case on n16_k4096 only: the slowest emulation)
+EMULATED = [(tile, *case) for tile in ROWS_TILES for case in ROWS_CASES
+            if case != ((1, 4096), 32, 128) or tile.name.endswith("_n16_k4096")]
 
 
 @pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
