@@ -72,6 +72,7 @@ def main() -> None:
 
     from polykit.compiler.builder.builder import build_plan
     from polykit.compiler.builder.config import BuilderConfig
+    from polykit.errors import BuildError
     from polykit.runtime.engine import Engine
     from polykit.tools.bench.benchmark import profile_engine
 
@@ -81,8 +82,9 @@ def main() -> None:
         plan = build_plan(model, BuilderConfig(target=args.target, fp16=True, builder_optimization_level=0,
                                                tactic_replay={"ffn1": tactic}))
         if plan.metadata["tactics"].get("ffn1") != tactic:
-            raise SystemExit(f"ffn1 runs {plan.metadata['tactics'].get('ffn1')!r}, not {tactic!r}: "
-                             f"{plan.metadata['tactics']}")
+            raise BuildError(f"FFN1 runs {plan.metadata['tactics'].get('ffn1')!r}, not the forced {tactic!r}",
+                             where="layer 'ffn1'", hint="name a tactic of FFN1's kind and precision that this "
+                             "target runs (polykit debug tactics lists them)")
         summary = profile_engine(Engine(plan), {"x": x}, args.runs)
         print(f"{tactic}: M={args.rows} {'fp16' if args.fp16 else 'FP8'}", flush=True)
         for layer in summary.layers:

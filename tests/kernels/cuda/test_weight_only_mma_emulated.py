@@ -223,8 +223,15 @@ def test_the_scale_after_sets_give_the_unrounded_weights_sums(request, dtype, we
     """M = 3, N = 32, K = 4096, blocks of 128 on c16_k4096: every block within N and K, one row tile of 3 rows, so every
     slice is scaled after its sums (weight_only_mma_staged.cu's AFTER): within TOLERANCE of the unrounded weights' Y
     (and of the reference plus its own rounding: assert_rows_match), as weight_only_mma_rows is."""
-    from tests.kernels.cuda.test_weight_only import assert_rows_match
+    from polykit.runtime.cuda.harness import reference_layer
+    from tests.kernels.cuda.test_weight_only import assert_rows_match, rows_expected
 
     tile = next(tile for tile in STAGED_TILES if tile.name.endswith("_c16_k4096"))
     layer, inputs = random_layer((3, 4096), 32, weight_type, 128, dtype=dtype, zero_point=True, bias=True, seed=5)
-    assert_rows_match(run_emulated(request.getfixturevalue("staged_launcher"), tile.name, layer, inputs), layer, inputs)
+    got = run_emulated(request.getfixturevalue("staged_launcher"), tile.name, layer, inputs)
+    assert_rows_match(got, layer, inputs)
+    # and closer to the unrounded Y than the reference (weights rounded to 16 bits) is: the scaled-weights path
+    # would be as far from it as the reference, the scale-after one is a float32 sum's rounding away
+    exact = rows_expected(layer, inputs)[0].astype(np.float64)
+    ours, theirs = (np.abs(y.astype(np.float64) - exact).mean() for y in (got, reference_layer(layer, inputs)["Y"]))
+    assert ours < 0.5 * theirs, (ours, theirs)

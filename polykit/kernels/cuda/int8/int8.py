@@ -11,8 +11,8 @@ int8_splitk.py `cuda.int8.mma_matmul_sk*`, QMatMul split along K.)
 int8 and uint8 activations and weights, zero points per tensor or per channel, scale and bias per
 tensor or per channel, float32 output or fused requantization to int8/uint8, an epilogue compiled
 in (epilogue.py); a float16 output where the epilogue ends in a Cast to float16 (an --fp16 build's Cast
-after the layer, passes/absorb_quantized_casts.py), compiled in (int8_out.cuh Y_OUT 3, `half_out`). Results equal the cpu reference (`cpu.reference`) bit for bit: the centered sum is
-exact and the dequantization runs in float32 with the reference's roundings (int8_out.cuh).
+after the layer, passes/absorb_quantized_casts.py), compiled in (int8_out.cuh Y_OUT 3, `half_out`). Results
+equal the cpu reference (`cpu.reference`) bit for bit: the centered sum is exact and the dequantization runs in float32 with the reference's roundings (int8_out.cuh).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def half_out(source: KernelSource, y_dtype: str) -> KernelSource:
     (Y_OUT 3: int8_out.cuh's float16 store) where `y_dtype` is float16; else `source` as it is."""
     if y_dtype != "float16":
         return source
-    return replace(source, defines=source.defines + defines(Y_OUT=3))
+    return replace(source, defines=source.defines + defines(Y_OUT=Y_OUT["float16"]))
 
 
 def _kernels(layer: Any, y_dtype: str | None = None) -> list[KernelSource]:

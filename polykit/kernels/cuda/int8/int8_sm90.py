@@ -145,12 +145,19 @@ def _enqueue(tile: Sm90Tile):
     return enqueue
 
 
+#: the shapes a build stamps on compile_variants' layers: a 1x1 conv of 16 channels on 1 x 8 x 8 pixels
+_STAMPED = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16)}
+
+
+def _stamp(layer: Any) -> Any:
+    """`layer` (residual_layer's or half_layer's names) with _STAMPED's shapes."""
+    return replace(layer, in_shapes=tuple(_STAMPED.get(n, ()) for n in layer.inputs), out_shapes=(_STAMPED["x"],))
+
+
 def _shaped_residual_layer(residual: str) -> Any:
     """residual_layer with the shapes a build stamps (a 1x1 conv of 16 channels): its residual is
     read at the output index, so the kernel gets the 16-byte epilogue (apply_epilogue8)."""
-    layer = residual_layer(KIND, residual)
-    shapes = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,), "skip": (1, 8, 8, 16)}
-    return replace(layer, in_shapes=tuple(shapes.get(n, ()) for n in layer.inputs), out_shapes=(shapes["x"],))
+    return _stamp(residual_layer(KIND, residual))
 
 
 def compile_variants() -> list[KernelSource]:
@@ -171,10 +178,8 @@ def compile_variants() -> list[KernelSource]:
 
 def shaped_half_layer() -> Any:
     """int8.half_layer (Relu, a float16 output) with the shapes a build stamps (a 1x1 conv of 16 channels)."""
-    layer = half_layer(KIND)
-    shapes = {"x": (1, 8, 8, 16), "w": (16, 1, 1, 16), "s": (16,)}
-    return replace(layer, in_shapes=tuple(shapes.get(n, ()) for n in layer.inputs), out_shapes=(shapes["x"],),
-                   attrs={**layer.attrs, SYMMETRIC: 1, "kernel_shape": [1, 1]})
+    layer = _stamp(half_layer(KIND))
+    return replace(layer, attrs={**layer.attrs, SYMMETRIC: 1, "kernel_shape": [1, 1]})
 
 
 def zero_y(layer: Any) -> Any:
