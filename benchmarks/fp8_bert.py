@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--save-qdq", type=Path, default=None, help="also write the Q/DQ model here")
     parser.add_argument("--save-float", type=Path, default=None, help="also write the float model (fp16's) here")
+    parser.add_argument("--save-only", action="store_true",
+                        help="write --save-qdq / --save-float and stop (no plans built, nothing timed)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print per-tactic totals and the N slowest layers of each plan")
     parser.add_argument("--target", default="cuda", choices=("cuda", "cpu"))
@@ -98,6 +100,9 @@ def main() -> None:
         onnx.save(qdq, str(args.save_qdq))
     if args.save_float is not None:
         onnx.save(model, str(args.save_float))
+    if args.save_only:
+        print(f"saved the models (calibration {calibrate_s} s); --save-only: nothing built")
+        return
     plans, build_s = {}, {}
     for name, source in (("fp16", model), ("fp8", qdq)):
         t0 = time.perf_counter()

@@ -109,6 +109,7 @@
 #                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
 #                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
+#   STEP=s29       FIRST (twenty-fourth session): s28's gpu tests, then s29k, then s28n; ~500 s
 #   STEP=s29k      every kernel's GPU time (ncu, NVTX layer names) in BERT-base bs8's fp16 and FP8 plans; ~250 s
 #   STEP=s28f      BERT FP8's FFN1 alone (benchmarks/fp8_gemm_one.py: the feed-forward block, FFN1 forced on each FP8
 #                  GEMM tile, fast and promoted, and the fp16 GEMM beside), then ncu of the fast 128x192 tile on it
@@ -562,20 +563,36 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     exit $rc
     ;;
   s29k)  # every kernel's GPU time in BERT-base bs8's fp16 and FP8 plans (ncu, boost clocks, layer names by NVTX): the
-    # plans built outside ncu (a build's tactic timing launches hundreds of kernels), then two runs of each under ncu
-    timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 1 --iters 5 \
+    # plans built outside ncu (a build's tactic timing launches hundreds of kernels), then two runs of each under ncu,
+    # and each plan's time replayed as a CUDA graph (polykit bench)
+    timeout ${SAVE_S:-120} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --save-only \
       --save-qdq /tmp/bert_fp8.onnx --save-float /tmp/bert_fp16.onnx > "$OUT/bert_save.txt" 2>&1
-    echo "== bert save rc $?"
+    echo "== bert save rc $?"; tail -2 "$OUT/bert_save.txt"
     for p in fp16 fp8; do
       timeout 120 python3 -m polykit.tools.cli.app convert /tmp/bert_$p.onnx --fp16 --profiling-verbosity detailed \
         -o /tmp/bert_$p.plan > "$OUT/bert_convert_$p.txt" 2>&1
       echo "== convert $p rc $?"
-      timeout 150 ncu --nvtx --print-nvtx-rename kernel --clock-control none --launch-count ${NCU_N:-300} \
+      timeout 60 python3 -m polykit.tools.cli.app bench /tmp/bert_$p.plan --iterations 200 --duration 2 \
+        > "$OUT/bert_bench_$p.txt" 2>&1
+      echo "== bench $p rc $?"; grep -iE "median|mean|ms" "$OUT/bert_bench_$p.txt" | head -4
+      timeout 90 ncu --nvtx --print-nvtx-rename kernel --clock-control none --launch-count ${NCU_N:-300} \
         --metrics gpu__time_duration.sum python3 -m polykit.tools.cli.app bench /tmp/bert_$p.plan \
         --no-cuda-graph --warm-up 0 --iterations 2 --duration 0 > "$OUT/ncu_bert_$p.txt" 2>&1
       echo "== ncu $p rc $? ($(grep -c gpu__time_duration "$OUT/ncu_bert_$p.txt") kernels)"
     done
     exit 0
+    ;;
+  s29)  # FIRST this session: s28's gpu tests (the twenty-third session's changes, never run on a GPU), then s29k (BERT's
+    # kernels under ncu), then s28n (the staged W4A16 kernel's stalls at M = 1); ~500 s
+    gpu_tests s29 ${NEW_S:-220} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+      tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
+      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py \
+      tests/compiler/test_fp8_build.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py \
+      tests/runtime/cuda/test_pdl_gpu.py
+    rc=$?
+    STEP=s29k bash "$0"
+    STEP=s28n bash "$0"
+    exit $rc
     ;;
   s28b)  # s28, then ResNet-50 bs32 INT8 against fp16 (the last conv's float16 output, the Cast layer gone)
     STEP=s28 bash "$0"

@@ -81,6 +81,18 @@ def test_fp8_bert_quantizes_the_linear_layers_and_matches_onnxruntime_on_the_cpu
     assert checks["fp8_vs_fp16_plan"]["cosine"] >= 0.99 and checks["fp16_vs_onnxruntime_fp32"]["cosine"] >= 0.9995
 
 
+def test_fp8_bert_save_only_writes_both_models_and_builds_nothing(tmp_path, monkeypatch, capsys):
+    onnx.save(tiny_bert(), tmp_path / "bert.onnx")
+    qdq, flt, out = tmp_path / "q.onnx", tmp_path / "f.onnx", tmp_path / "never.json"
+    run_main(fp8_bert, monkeypatch, "--target", "cpu", "--model", str(tmp_path / "bert.onnx"), "--vocab", "1000",
+             "--batch", "2", "--seq", "16", "--calibration-batches", "1", "--save-qdq", str(qdq), "--save-float",
+             str(flt), "--save-only", "--out", str(out))
+    assert "nothing built" in capsys.readouterr().out and not out.exists()
+    float_ops = [n.op_type for n in onnx.load(str(flt)).graph.node]
+    assert "QuantizeLinear" not in float_ops and float_ops == [n.op_type for n in tiny_bert().graph.node]
+    assert [n.op_type for n in onnx.load(str(qdq)).graph.node].count("DequantizeLinear") >= 12
+
+
 def test_fp8_tactics_counts_launched_layers_and_the_fp8_bert_launches_as_many_as_the_fp16_one(monkeypatch):
     """benchmarks/fp8_tactics.py's summary of cuda plans built as for sm_90 (nothing timed or compiled): a tiny BERT
     with explicit FP8 Q/DQ launches as many layers as its fp16 plan (Q, K, V one FP8 GEMM; the LayerNorms write
