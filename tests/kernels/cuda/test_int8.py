@@ -16,6 +16,14 @@ from polykit.compiler.plan.records import LayerDesc
 pytestmark = pytest.mark.gpu
 
 rng = np.random.default_rng(23)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+    """Each test draws from its own fresh generator: its data does not depend on which tests a worker ran before
+    (pytest-xdist's order), so a failure repeats."""
+    global rng
+    rng = np.random.default_rng(23)
 INS = ("X", "XZ", "W", "WZ", "S", "B", "YS", "YZ")
 
 
@@ -191,9 +199,7 @@ def test_qconv_nhwc_reads_an_8_bit_residual_and_dequantizes_it_in_the_epilogue(s
     if y_dtype is not None:
         check(layer, inputs, NHWC)
         return
-    # float output: the kernel may contract the residual's dequantize-multiply and the add into one
-    # fma (one rounding fewer than the reference's separate steps): within an ulp of the largest
-    # intermediate (|y| up to ~70: 7.6e-6), which the H100 showed; int8 outputs above stay exact
-    from polykit.runtime.cuda.harness import assert_matches_reference
-
-    assert_matches_reference(layer, inputs, tactic=NHWC, rtol=1e-6, atol=2e-5)
+    # float output: bit for bit too. The epilogue's Mul and Add round on their own (pointwise.cuh's float pk_mul /
+    # pk_add): NVRTC had contracted the residual's dequantize-multiply and the add into one fma, within an ulp here
+    # (the H100 showed it) and, at a near-tie of the requantization, one step off an int8 output (2026-12-08)
+    check(layer, inputs, NHWC)
