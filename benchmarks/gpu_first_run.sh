@@ -109,7 +109,8 @@
 #                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
 #                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
-#   STEP=s29       FIRST (twenty-fourth session): s28's gpu tests, then s29k, then s28n; ~500 s
+#   STEP=s30       FIRST next session: the contraction fix's tests, then FFN1 and W4A16 under ncu with warm caches; ~300 s
+#   STEP=s29       (twenty-fourth session, run): s28's gpu tests, then s29k, then s28n; ~500 s
 #   STEP=s29k      every kernel's GPU time (ncu, NVTX layer names) in BERT-base bs8's fp16 and FP8 plans; ~250 s
 #   STEP=s28f      BERT FP8's FFN1 alone (benchmarks/fp8_gemm_one.py: the feed-forward block, FFN1 forced on each FP8
 #                  GEMM tile, fast and promoted, and the fp16 GEMM beside), then ncu of the fast 128x192 tile on it
@@ -581,6 +582,28 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       echo "== ncu $p rc $? ($(grep -c gpu__time_duration "$OUT/ncu_bert_$p.txt") kernels)"
     done
     exit 0
+    ;;
+  s30)  # FIRST next session: 54beee63's non-contracting epilogue ops (test_int8*.py bit for bit), then FFN1 of BERT FP8
+    # alone (the fast 128x192 tile) and the staged W4A16 kernel at M = 1 under ncu with warm caches (--cache-control
+    # none): is "no instruction" (instruction fetch) still the main stall outside ncu's flushed caches? ~300 s
+    gpu_tests s30 ${NEW_S:-170} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py
+    rc=$?
+    for k in ffn1 w4; do
+      if [ $k = ffn1 ]; then
+        name=gemm_sm90; cmd="benchmarks/fp8_gemm_one.py --tactics cuda.fp8.gemm_fast_sm90_128x192 --runs 3"
+      else
+        name=weight_only_mma_staged
+        cmd="benchmarks/weight_only_one.py --m 1 --tactics cuda.weight_only.mma_staged_c16_k4096 --runs 4"
+      fi
+      timeout 110 ncu --cache-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --kernel-name regex:$name --launch-skip 2 --launch-count 1 -o /tmp/ncu_$k python3 $cmd > "$OUT/${k}_run.txt" 2>&1
+      echo "== ncu $k rc $?"
+      ncu -i /tmp/ncu_$k.ncu-rep --page raw > "$OUT/ncu_${k}_raw.txt" 2>&1
+      grep -E "gpu__time_duration.sum|warps_issue_stalled_[a-z_]+_per_warp_active.pct" "$OUT/ncu_${k}_raw.txt" \
+        | sort -k3 -g -r | head -8
+    done
+    exit $rc
     ;;
   s29)  # FIRST this session: s28's gpu tests (the twenty-third session's changes, never run on a GPU), then s29k (BERT's
     # kernels under ncu), then s28n (the staged W4A16 kernel's stalls at M = 1); ~500 s
