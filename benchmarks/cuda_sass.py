@@ -388,7 +388,8 @@ def w4_report(spec: str, arch: str, out: str) -> str:
     if name.startswith("rows_"):
         kernel, tiles = weight_only_mma_rows.KERNEL, weight_only_mma_rows.ROWS_TILES
     else:
-        kernel, tiles = weight_only_mma_staged.KERNEL, weight_only_mma_staged.STAGED_TILES
+        kernel, tiles = weight_only_mma_staged.KERNEL, weight_only_mma_staged.STAGED_TILES + \
+            weight_only_mma_staged.ROLLED_TILES
     tile = next(t for t in tiles if t.name.endswith("_" + name))
     cubin = compile_source(tile.source(elem), arch)
     sass = disassemble(cubin)

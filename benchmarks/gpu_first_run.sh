@@ -109,7 +109,8 @@
 #                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
 #                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
-#   STEP=s30       FIRST next session: the contraction fix's tests, then FFN1 and W4A16 under ncu with warm caches; ~300 s
+#   STEP=s30       FIRST next session: the contraction fix's and the rolled W4A16 tiles' tests, the rolled tiles timed
+#                  beside their twins, then FFN1 and W4A16 under ncu with warm caches; ~360 s
 #   STEP=s29       (twenty-fourth session, run): s28's gpu tests, then s29k, then s28n; ~500 s
 #   STEP=s29k      every kernel's GPU time (ncu, NVTX layer names) in BERT-base bs8's fp16 and FP8 plans; ~250 s
 #   STEP=s28f      BERT FP8's FFN1 alone (benchmarks/fp8_gemm_one.py: the feed-forward block, FFN1 forced on each FP8
@@ -587,8 +588,19 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     # alone (the fast 128x192 tile) and the staged W4A16 kernel at M = 1 under ncu with warm caches (--cache-control
     # none): is "no instruction" (instruction fetch) still the main stall outside ncu's flushed caches? ~300 s
     gpu_tests s30 ${NEW_S:-170} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
-      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py
+      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+      tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or _r or rolled"
     rc=$?
+    # the rolled W4A16 tiles (XS_ROLLED, never run on a GPU) beside their unrolled twins, M = 1 and 4, each alone
+    # (ncu's kernel durations at boost clocks, warm caches: 5 runs a tactic, in the order of --tactics)
+    for m in 1 4; do
+      t=cuda.weight_only.mma_staged_c16_k4096; u=cuda.weight_only.mma_staged_c32_k4096
+      timeout 90 ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum \
+        --kernel-name regex:weight_only_mma_staged python3 benchmarks/weight_only_one.py --m $m \
+        --tactics $t,${t}_r,$u,${u}_r --runs 5 > "$OUT/w4_rolled_m$m.txt" 2>&1
+      echo "== M=$m rc $? (c16, c16_r, c32, c32_r; 6 launches each, the first untimed)"
+      grep -E "gpu__time_duration" "$OUT/w4_rolled_m$m.txt" | awk '{print $NF}' | tr '\n' ' '; echo
+    done
     for k in ffn1 w4; do
       if [ $k = ffn1 ]; then
         name=gemm_sm90; cmd="benchmarks/fp8_gemm_one.py --tactics cuda.fp8.gemm_fast_sm90_128x192 --runs 3"

@@ -17,7 +17,7 @@ from polykit.compiler.ops.quant.weight_only import KIND, WEIGHT_TYPES
 from polykit.kernels.cuda.int8.weight_only import GEMV_TILES, ROW_TILES, compile_variants
 from polykit.kernels.cuda.int8.weight_only_mma import MMA_TILES
 from polykit.kernels.cuda.int8.weight_only_mma_rows import ROWS_TILES
-from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_staged import ROLLED_TILES, STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 #: activation dtype -> (rtol, atol) against the reference
 #: every cuda tactic of the kind: the per-row kernel's row tiles and the bandwidth-bound kernel's tiles
@@ -257,10 +257,10 @@ def test_the_gemv_estimate_ranks_a_tile_of_the_layers_rows_first(m, rows):
 
 # ---- weight_only_mma and weight_only_mma_staged (tactics cuda.weight_only.mma_*: tensor cores, float16 /
 # bfloat16 X, int4 / uint4) ----
-STAGED_NAMES = [tile.name for tile in STAGED_TILES]
+STAGED_NAMES = [tile.name for tile in STAGED_TILES + ROLLED_TILES]
 #: the staged tiles of one group (PG 1), whose row tiles of at most 8 rows scale each slice's sums where the block is
 #: a multiple of 128 (weight_only_mma_staged.cu's AFTER: unrounded weights)
-STAGED_SCALE_AFTER = [tile.name for tile in STAGED_TILES if tile.groups == 1]
+STAGED_SCALE_AFTER = [tile.name for tile in STAGED_TILES + ROLLED_TILES if tile.groups == 1]
 MMA_TACTICS = [tile.name for tile in MMA_TILES] + STAGED_NAMES
 #: weight_only_mma_rows (blocks of a multiple of 128 only; checked by assert_rows_match: it never rounds a weight)
 ROWS_NAMES = [tile.name for tile in ROWS_TILES]
@@ -273,7 +273,8 @@ MMA_CASES = [((1, 272), 37, 32), ((5, 208), 21, 128), ((16, 144), 19, 32), ((17,
              ((3, 4112), 70, 32)]
 
 
-@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES), ("weight_only_mma_staged", STAGED_TILES),
+@pytest.mark.parametrize("family,tiles", [("weight_only_mma", MMA_TILES),
+                                          ("weight_only_mma_staged", STAGED_TILES + ROLLED_TILES),
                                           ("weight_only_mma_rows", ROWS_TILES)])
 def test_every_mma_variant_compiles_with_nvrtc(family, tiles):
     """One unit a tile and activation type (the staged kernel's reduce in the same unit; the rows kernel's reduce is
@@ -418,7 +419,8 @@ def test_a_level_0_build_takes_the_staged_kernel_then_the_mma_kernel_where_they_
     from polykit.kernels.tactics import candidates
 
     staged = [tile.name for tile in STAGED_TILES if tile.groups == 1]
-    rings = [tile.name for tile in STAGED_TILES if tile.groups > 1]  # untimed: beside the mma tiles
+    rings = [tile.name for tile in STAGED_TILES if tile.groups > 1]  # slower where timed: beside the mma tiles
+    rings += [tile.name for tile in ROLLED_TILES]  # untimed (twenty-fourth session): there too
     measured = [tile.name for tile in MMA_TILES]
     for layer, rows in ((stamped(m=m), ROWS_NAMES), (stamped(m=m, x="bfloat16", k=272, block=32), [])):
         # the rows tiles (untimed, blocks of a multiple of 128 only) beside the mma and ring tiles where they run

@@ -20,7 +20,7 @@ from polykit.kernels.cuda.base import DeviceTensor, KernelSource
 from polykit.kernels.cuda.int8.weight_only_mma import ELEMS, MMA_TILES
 from polykit.kernels.cuda.int8.weight_only_mma_staged import FILE as STAGED_FILE
 from polykit.kernels.cuda.int8.weight_only_mma_staged import KERNEL as STAGED_KERNEL
-from polykit.kernels.cuda.int8.weight_only_mma_staged import STAGED_TILES
+from polykit.kernels.cuda.int8.weight_only_mma_staged import ROLLED_TILES, STAGED_TILES
 from tests.kernels.weight_only_cases import BF16, random_layer
 
 WQ_CODES = {"int4": 0, "uint4": 1}
@@ -171,7 +171,7 @@ EMULATED = [(tile, *case) for tile in MMA_TILES for case in MMA_CASES] + \
 
 
 def launcher_of(request, tile):
-    return request.getfixturevalue("staged_launcher" if tile in STAGED_TILES else "launcher")
+    return request.getfixturevalue("staged_launcher" if tile in STAGED_TILES + ROLLED_TILES else "launcher")
 
 
 def assert_emulated_matches(launcher, tile, layer, inputs, shift_x=0):
@@ -235,3 +235,35 @@ def test_the_scale_after_sets_give_the_unrounded_weights_sums(request, dtype, we
     exact = rows_expected(layer, inputs)[0].astype(np.float64)
     ours, theirs = (np.abs(y.astype(np.float64) - exact).mean() for y in (got, reference_layer(layer, inputs)["Y"]))
     assert ours < 0.5 * theirs, (ours, theirs)
+
+
+# the rolled tiles (XS_ROLLED: decode's blocks land their weights in shared memory and run one slice body SW times):
+# M = 1 and 5 at K = 272 / 208 (bounded blocks: the unrolled bodies, beside the rolled path in the same kernel), and
+# the FULL cases' M = 2 / 3 at blocks of 128, where every block is rolled: bit for bit what the unrolled tile of the
+# same geometry computes (the same sums in the same order), both weight types, with and without zero points
+ROLLED_PAIRS = [(tile, next(t for t in STAGED_TILES if t.name == tile.name.removesuffix("_r"))) for tile in ROLLED_TILES]
+
+
+@pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("x_shape,n,block", MMA_CASES[:2])
+def test_the_rolled_tiles_bounded_blocks_match_the_reference(request, x_shape, n, block, weight_type, zero_point,
+                                                             bias):
+    layer, inputs = random_layer(x_shape, n, weight_type, block, dtype=np.float16, zero_point=zero_point, bias=bias,
+                                 seed=n)
+    assert_emulated_matches(launcher_of(request, ROLLED_TILES[0]), ROLLED_TILES[0], layer, inputs)
+
+
+@pytest.mark.parametrize("zero_point,bias", [(True, True), (False, False)], ids=["zp_bias", "plain"])
+@pytest.mark.parametrize("weight_type", list(WQ_CODES))
+@pytest.mark.parametrize("x_shape,n,dtype", [((2, 4096), 32, np.float16), ((3, 4096), 16, BF16)],
+                         ids=["m2_float16", "m3_bfloat16"])
+@pytest.mark.parametrize("rolled,unrolled", ROLLED_PAIRS[:1], ids=lambda t: t.name)
+def test_the_rolled_slice_body_computes_the_unrolled_scale_after_bit_for_bit(request, rolled, unrolled, x_shape, n,
+                                                                             dtype, weight_type, zero_point, bias):
+    layer, inputs = random_layer(x_shape, n, weight_type, 128, dtype=dtype, zero_point=zero_point, bias=bias, seed=n)
+    launcher = launcher_of(request, rolled)
+    got, want = (run_emulated(launcher, tile.name, layer, inputs) for tile in (rolled, unrolled))
+    assert not np.isnan(got.astype(np.float32)).any()  # every output written (Y was NaN-poisoned)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert_emulated_matches(launcher, rolled, layer, inputs)

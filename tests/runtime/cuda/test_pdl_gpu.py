@@ -214,6 +214,7 @@ def test_many_tiny_dependent_kernels_each_see_the_last_ones_write():
 
 
 @pytest.mark.parametrize("tactic", ["cuda.weight_only.mma_staged_c16_k4096", "cuda.weight_only.mma_staged_c16_k4096_p2",
+                                    "cuda.weight_only.mma_staged_c16_k4096_r",
                                     "cuda.weight_only.mma_staged_c64_k1024", "cuda.weight_only.mma_rows_n16_k4096",
                                     "cuda.weight_only.mma_rows_n64_k1024"])
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "graph"])

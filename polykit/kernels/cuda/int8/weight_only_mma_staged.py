@@ -20,6 +20,12 @@ level-5 build (H100 2026-12-06: 9.4 / 13.2 us on c16_k4096 / c32_k4096): priorit
 so a level-0 build keeps the measured tiles and a timed build times the ring tiles where its cap reaches them. Host-emulated too
 (tests/kernels/cuda/test_weight_only_mma_emulated.py).
 
+Rolled tiles (`..._r`, ROLLED_TILES; the .cu's XS_ROLLED, twenty-fourth session, NOT yet run on a GPU): c16_k4096 and
+c32_k4096 whose decode blocks (M <= 8, blocks a multiple of 128, within N and K) land their weights in shared memory by
+cp.async and run one slice body SW times, where the unrolled tiles run ~1,400 SASS instructions once (ncu, H100: 57 %
+of a warp's stall cycles waiting for instructions). The same sums bit for bit (host emulation against the unrolled
+tile). Priority 11: a timed build times them beside the measured tiles; a level-0 build keeps those.
+
 Row tiles of at most 8 rows swap the mma's operands (the .cu header; 2026-12-07, twenty-second session): at M = 1
 the level-5 build timed c16_k4096 at 8.1 us, c32_k4096 8.0, c16_k4096_p2 8.2 (H100, 968d1ee4; 9.1 / 9.4 before), and
 at M = 16 c32_k4096 at 12.5 (13.4 before), where weight_only_mma_rows.py's n32_k4096 took 12.3.
@@ -74,6 +80,9 @@ class StagedTile:
     tiles: int
     slices: int
     groups: int = 1
+    #: the .cu's XS_ROLLED: decode's blocks (M <= 8, blocks a multiple of 128, within N and K) land their weights in
+    #: shared memory and run one slice body `slices` times (xs_rolled); the name ends in _r
+    rolled: bool = False
 
     @property
     def threads(self) -> int:
@@ -91,7 +100,7 @@ class StagedTile:
     @property
     def name(self) -> str:
         ring = f"_p{self.groups}" if self.groups > 1 else ""
-        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}{ring}"
+        return f"cuda.weight_only.mma_staged_c{self.cols}_k{self.k_block}{ring}{'_r' if self.rolled else ''}"
 
     def in_flight(self) -> int:
         """Weight bytes a block has in flight at once (a lane's ring of slices * tiles 16-byte chunks)."""
@@ -102,8 +111,10 @@ class StagedTile:
 
     def smem_bytes(self, m: int, k: int) -> int:
         """Dynamic shared memory: min(16, M) staged X rows of the block's K range (at most K rounded up to
-        a slice) and 16 bytes of pad (weight_only_mma.cuh's wq_stage_ld)."""
-        return min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
+        a slice) and 16 bytes of pad (weight_only_mma.cuh's wq_stage_ld); a rolled tile's weight slots before them
+        (the .cu's XS_WBUF_BYTES: 16 bytes a lane a chunk of its ring)."""
+        slots = self.threads * self.slices * self.tiles * 16 if self.rolled else 0
+        return slots + min(ROW_TILE, m) * (min(self.k_block, -(-k // SLICE) * SLICE) + 8) * ELEM_BYTES
 
     def part_bytes(self) -> int:
         return self.warps_k * ROW_TILE * self.cols * 4
@@ -125,9 +136,10 @@ class StagedTile:
         return max(1, min(self.reg_blocks, SMEM_PER_SM // smem))
 
     def source(self, elem: str, kernel: str = KERNEL) -> KernelSource:
+        rolled = defines(XS_ROLLED=1) if self.rolled else ()
         return KernelSource(kernel, file=FILE, defines=defines(ELEM=elem, WN=self.warps_n, WK=self.warps_k,
                                                                NT=self.tiles, SW=self.slices,
-                                                               PG=self.groups, XS_MIN_BLOCKS=self.reg_blocks))
+                                                               PG=self.groups, XS_MIN_BLOCKS=self.reg_blocks) + rolled)
 
 
 #: decode (16 columns and all of K = 4096 a block: 256 blocks, 2 an SM, no split, the staged X 8 KB at M = 1);
@@ -141,6 +153,9 @@ class StagedTile:
 #: in the model, spills at 168 registers on sm_90.)
 STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4, 2, 4), StagedTile(4, 2, 2, 4),
                 StagedTile(1, 4, 2, 4, 2), StagedTile(2, 4, 2, 4, 2))
+#: decode's tiles with the rolled slice body (XS_ROLLED, the twenty-fourth session; untimed): c16_k4096 and
+#: c32_k4096, the tiles timed builds take at M = 1
+ROLLED_TILES = (StagedTile(1, 8, 2, 4, rolled=True), StagedTile(2, 8, 2, 4, rolled=True))
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
@@ -266,14 +281,16 @@ def staged_supports(layer: Any) -> bool:
 
 def compile_variants() -> list[KernelSource]:
     """Every activation type with every tile (the reduce is in the same unit)."""
-    return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES]
+    return [tile.source(elem) for elem in ELEMS.values() for tile in STAGED_TILES + ROLLED_TILES]
 
 
-# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the ring tiles, slower there, 11 (the module docstring)
-for _tile in STAGED_TILES:
+# priority 12: measured ahead of weight_only_mma's tiles at M = 1 and 16; the ring tiles, slower there, 11 (the module
+# docstring); the rolled tiles, never timed yet, 11 too: a level-0 build keeps the measured tiles, a timed one times them
+for _tile in STAGED_TILES + ROLLED_TILES:
     _kernels, _estimate, _enqueue = _staged_tactic(_tile)
-    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports, priority=12 if _tile.groups == 1 else 11,
+    cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports,
+                priority=12 if _tile.groups == 1 and not _tile.rolled else 11,
                 estimate=_estimate,
                 workspace=split_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
-                        "slices": _tile.slices, "groups": _tile.groups})(_enqueue)
+                        "slices": _tile.slices, "groups": _tile.groups, "rolled": int(_tile.rolled)})(_enqueue)

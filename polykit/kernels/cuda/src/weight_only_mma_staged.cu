@@ -117,10 +117,15 @@
 #ifndef XS_MIN_BLOCKS
 #define XS_MIN_BLOCKS 2
 #endif
+#ifndef XS_ROLLED
+#define XS_ROLLED 0  // 1: decode's blocks (xs_rolled) land their weights in shared memory and run one slice body SW times
+#endif
 #define XS_THREADS (32 * WN * WK)
 #define XS_COLS (8 * NT * WN)  // a block's columns
 #define XS_KB (128 * WK * SW * PG)  // a block's K range (elements)
 #define XS_STEP (128 * WK)          // elements from one of a warp's slices to its next
+// XS_ROLLED: the weights' landing slots at the start of the dynamic shared memory (16 bytes a lane a chunk)
+#define XS_WBUF_BYTES (XS_ROLLED ? XS_THREADS * SW * NT * 16 : 0)
 
 // A lane's chunks of the warp's slices wk, wk + WK, .. (slice q's chunk of tile j: row n0 + 8j + g, element
 // k0 + q * XS_STEP): the rows' pointers are computed once, so slice q's 16 bytes lie at a constant offset
@@ -205,6 +210,48 @@ __device__ __forceinline__ decltype(auto) xs_pick(X& x, Y& y) {
     return (y);
 }
 
+// a lane's place in the block: warp (wn, wk), lane g, t, its tiles' first column n0 and the block's K range start kb
+struct XsLane {
+  int warp, lane, g, t, wn, wk, n0, kb;
+  __device__ __forceinline__ XsLane() {
+    warp = threadIdx.x >> 5;
+    lane = threadIdx.x & 31;
+    g = lane >> 2;
+    t = lane & 3;
+    wn = warp % WN;
+    wk = warp / WN;
+    n0 = blockIdx.x * XS_COLS + 8 * NT * wn;
+    kb = blockIdx.z * XS_KB;
+  }
+};
+
+// scale-after: acc = fma(a slice's sums, its rows' scales, acc); c0, c1 row g (tile 2p), c2, c3 row g + 8 (tile 2p + 1)
+__device__ __forceinline__ void xs_scaled_add(float (&acc)[NT / 2][4], const float (&sums)[NT / 2][4],
+                                              const WqChunk (&c)[NT]) {
+#pragma unroll
+  for (int p = 0; p < NT / 2; ++p) {
+    const float sg = wq_float<ELEM>(c[2 * p].scale), sh = wq_float<ELEM>(c[2 * p + 1].scale);
+    acc[p][0] = fmaf(sums[p][0], sg, acc[p][0]);
+    acc[p][1] = fmaf(sums[p][1], sg, acc[p][1]);
+    acc[p][2] = fmaf(sums[p][2], sh, acc[p][2]);
+    acc[p][3] = fmaf(sums[p][3], sh, acc[p][3]);
+  }
+}
+
+// the swapped path's C to the block's partial sums: part[wk][m][n], the warp's columns; C of pair j holds columns
+// 16j + g (c0, c1) and 16j + 8 + g (c2, c3) of X rows 2t, 2t + 1
+__device__ __forceinline__ void xs_store_swapped(float* part, const float (&acc)[NT / 2][4], int wk, int wn, int g,
+                                                 int t) {
+  float* p = part + wk * 16 * XS_COLS + 8 * NT * wn;
+#pragma unroll
+  for (int j = 0; j < NT / 2; ++j) {
+    p[2 * t * XS_COLS + 16 * j + g] = acc[j][0];
+    p[(2 * t + 1) * XS_COLS + 16 * j + g] = acc[j][1];
+    p[2 * t * XS_COLS + 16 * j + 8 + g] = acc[j][2];
+    p[(2 * t + 1) * XS_COLS + 16 * j + 8 + g] = acc[j][3];
+  }
+}
+
 // the warp's slices of a row tile (slice q from ring slot q % SW, then slice q + SW into that slot), into its C
 // fragments, then to the block's partial sums part[wk]. SWAP: a tile of at most 8 rows, the operands swapped
 // (wq_slice_mma_t: acc[p] for tile pairs p); else wq_slice_mma (acc[j] for tiles j, rows g and g + 8).
@@ -251,21 +298,13 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
       in.scales_of(ch[q % SW], q + SW);
     }
   }
-  if constexpr (AFTER) {  // set q times its rows' scales: c0, c1 row g (tile 2p), c2, c3 row g + 8 (tile 2p + 1)
+  if constexpr (AFTER) {  // set q times its rows' scales (xs_scaled_add), in q order from zero
 #pragma unroll
     for (int p = 0; p < NT / 2; ++p)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[p][e] = 0.f;
 #pragma unroll
-    for (int c = 0; c < SETS; ++c)
-#pragma unroll
-      for (int p = 0; p < NT / 2; ++p) {
-        const float sg = wq_float<ELEM>(ch[c][2 * p].scale), sh = wq_float<ELEM>(ch[c][2 * p + 1].scale);
-        acc[p][0] = fmaf(sets[c][p][0], sg, acc[p][0]);
-        acc[p][1] = fmaf(sets[c][p][1], sg, acc[p][1]);
-        acc[p][2] = fmaf(sets[c][p][2], sh, acc[p][2]);
-        acc[p][3] = fmaf(sets[c][p][3], sh, acc[p][3]);
-      }
+    for (int c = 0; c < SETS; ++c) xs_scaled_add(acc, sets[c], ch[c]);
   } else {
 #pragma unroll
     for (int c = 1; c < SETS; ++c)  // (SWAP) the sets in order
@@ -276,13 +315,7 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
   }
   float* p = part + wk * 16 * XS_COLS + 8 * NT * wn;  // part[wk][m][n]: this warp's columns
   if constexpr (SWAP) {
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j) {  // C: columns 16j + g (c0, c1), 16j + 8 + g (c2, c3); X rows 2t, 2t + 1
-      p[2 * t * XS_COLS + 16 * j + g] = acc[j][0];
-      p[(2 * t + 1) * XS_COLS + 16 * j + g] = acc[j][1];
-      p[2 * t * XS_COLS + 16 * j + 8 + g] = acc[j][2];
-      p[(2 * t + 1) * XS_COLS + 16 * j + 8 + g] = acc[j][3];
-    }
+    xs_store_swapped(part, acc, wk, wn, g, t);
   } else {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {  // C fragment: rows g, g + 8; columns 2t, 2t + 1 of tile j
@@ -294,15 +327,101 @@ __device__ __forceinline__ void xs_slices(float* part, WqChunk (&ch)[SW][NT], Xs
   }
 }
 
+#if XS_ROLLED
+// cp.async.wait_group n for an n known only at run time, 0 <= n <= N (wait_group takes an immediate): a compare a count
+template <int N>
+__device__ __forceinline__ void xs_wait_groups(int n) {
+  if constexpr (N == 0) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+  } else if (n >= N) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+  } else {
+    xs_wait_groups<N - 1>(n);
+  }
+}
+
+// XS_ROLLED (tactics cuda.weight_only.mma_staged_*_r): a block within N and K (FULL) at M <= 8 with blocks a multiple
+// of 128, what decode's layers are, runs this instead of xs_slices' unrolled scale-after path. The twenty-fourth
+// session's ncu of that path (c16_k4096, M = 1, H100) put 57 % of a warp's cycles between instructions on "no
+// instruction": a warp runs ~1,400 SASS instructions once, straight through, and waits for their fetch. Here the
+// weights' SW * NT chunks a lane go to shared memory by cp.async (one group a slice, issued first as xs_body's
+// loads are; no registers hold them, so none need an index known at compile time), and one slice body runs SW
+// times (#pragma unroll 1): slice q waits for its group (wait_group SW - 1 - q; a lane reads only the chunks it
+// copied), reads its chunks (lds.128), loads slice q + 1's scales and zero points ahead, and does xs_slices' AFTER
+// math. Numerics: xs_slices' AFTER bit for bit (each slice's sums from zero in the same mma order, then
+// acc = fma(sums, the rows' scale, acc) in slice order, acc from zero). X is staged by plain loads
+// (wq_stage_loads: wq_stage's wait_all would wait for the weights' groups too).
+template <int WT>
+__device__ __forceinline__ void xs_rolled(unsigned short* xs, uint4* wb, float* part, const ELEM* __restrict__ x,
+                                          const u8* __restrict__ w, const ELEM* __restrict__ scale,
+                                          const void* __restrict__ zero, const ELEM* __restrict__ bias,
+                                          ELEM* __restrict__ y, int M, int N, int K, int ldw, int block, int nb,
+                                          float* __restrict__ ws) {
+  const XsLane L;
+  const int g = L.g, t = L.t, wk = L.wk, kb = L.kb;
+  const bool vec = (size_t)x % 16 == 0;
+  const int xld = wq_stage_ld<XS_KB>(K);
+  uint4* mine = wb + L.warp * (SW * NT * 32) + L.lane;  // slot (q, j): mine[(q * NT + j) * 32]
+  for (int m0 = blockIdx.y * 16; m0 < M; m0 += gridDim.y * 16) {
+    const int rows = M - m0 < 16 ? M - m0 : 16;
+    XsStream<WT> in(w, scale, zero, L.n0 + g, N, kb + wk * 128 + 32 * t, K, ldw, block, nb, true);
+#pragma unroll
+    for (int q = 0; q < SW; ++q) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wq_copy16(mine + (q * NT + j) * 32, in.bits[j] + q * (XS_STEP / 2), true);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    in.start_scales();
+    WqChunk next[NT];  // the next slice's scales and zero points (bits unused)
+    in.scales_of(next, 0);
+    PK_PDL_WAIT();  // with PDL: the weights above were read while the kernel before ran; X and Y wait for it
+    wq_stage_loads<XS_THREADS>(xs, xld, x, m0, rows, kb, XS_KB / 128, M, K, vec);
+    __syncthreads();
+    // the lane's 32 elements of X row g of each slice; a row past the tile reads row 0 (as xs_slices)
+    const unsigned short* xrow = xs + (g < rows ? g : 0) * xld + 128 * wk + 32 * t;
+    float acc[NT / 2][4];
+#pragma unroll
+    for (int p = 0; p < NT / 2; ++p)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[p][e] = 0.f;
+#pragma unroll 1
+    for (int q = 0; q < SW; ++q) {
+      WqChunk cur[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        cur[j].scale = next[j].scale;
+        cur[j].zp = next[j].zp;
+      }
+      if (q + 1 < SW) in.scales_of(next, q + 1);
+      xs_wait_groups<SW - 1>(SW - 1 - q);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) cur[j].bits = mine[(q * NT + j) * 32];  // (the wait's "memory" clobber orders it)
+      float sums[NT / 2][4];
+#pragma unroll
+      for (int p = 0; p < NT / 2; ++p)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sums[p][e] = 0.f;
+      const unsigned short* lo = xrow + q * XS_STEP;
+      wq_slice_mma_t<ELEM, WT, NT, true>(sums, cur, [=](int i) { return *reinterpret_cast<const uint4*>(lo + 8 * i); });
+      xs_scaled_add(acc, sums, cur);
+    }
+    xs_store_swapped(part, acc, wk, L.wn, g, t);
+    __syncthreads();
+    wq_block_sum<WK, XS_COLS, XS_THREADS>(part, bias, y, ws, m0, blockIdx.x * XS_COLS, M, N);
+    __syncthreads();  // part, xs and the weights' slots are reused by the next row tile
+  }
+  PK_PDL_WAIT();
+}
+#endif
+
 template <int WT, bool FULL>
 __device__ __forceinline__ void xs_body(unsigned short* xs, float* part, const ELEM* __restrict__ x,
                                         const u8* __restrict__ w, const ELEM* __restrict__ scale,
                                         const void* __restrict__ zero, const ELEM* __restrict__ bias,
                                         ELEM* __restrict__ y, int M, int N, int K, int ldw, int block, int nb,
                                         float* __restrict__ ws) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wn = warp % WN, wk = warp / WN;
-  const int n0 = blockIdx.x * XS_COLS + 8 * NT * wn, kb = blockIdx.z * XS_KB;
+  const XsLane L;
+  const int g = L.g, t = L.t, wn = L.wn, wk = L.wk, n0 = L.n0, kb = L.kb;
   const int slices = (K - kb < XS_KB ? K - kb + 127 : XS_KB) / 128;  // the block's slices holding elements of K
   const bool vec = (size_t)x % 16 == 0;                // K % 16 == 0: every row then starts 16-byte aligned
   const int xld = wq_stage_ld<XS_KB>(K);
@@ -341,12 +460,22 @@ weight_only_mma_staged(const ELEM* __restrict__ x, const u8* __restrict__ w, con
   PK_PDL_DEFER();  // only the weights (w, scale, zero) are read before xs_body's PK_PDL_WAIT
   extern __shared__ __align__(16) unsigned char xs_smem[];
   __shared__ float part[WK * 16 * XS_COLS];
-  unsigned short* xs = reinterpret_cast<unsigned short*>(xs_smem);
+  unsigned short* xs = reinterpret_cast<unsigned short*>(xs_smem + XS_WBUF_BYTES);
   // the block's columns and K range within N and K (block-uniform; a slice's chunk starts at most (WK * SW * PG - 1)
   // * 128 + 96 elements into the range and holds 32, so a range within K holds every chunk whole): the body compiled
   // with every bound known (FULL), whose loads go out unpredicated with nothing computed for them; tested here, outside
   // the row-tile loop, as ptxas hoists a body's loop-invariant bounds above any test inside it
   const bool full = (int)(blockIdx.x + 1) * XS_COLS <= N && (int)(blockIdx.z + 1) * XS_KB <= K;
+#if XS_ROLLED
+  if (full && M <= 8 && PG == 1 && (block & 127) == 0) {  // block-uniform: decode's blocks (xs_rolled)
+    uint4* wb = reinterpret_cast<uint4*>(xs_smem);
+    if (wtype == WQ_I4)
+      xs_rolled<WQ_I4>(xs, wb, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    else
+      xs_rolled<WQ_U4>(xs, wb, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
+    return;
+  }
+#endif
   if (wtype == WQ_I4) {
     if (full)
       xs_body<WQ_I4, true>(xs, part, x, w, scale, zero, bias, y, M, N, K, ldw, block, nb, ws);
