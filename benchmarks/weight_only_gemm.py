@@ -128,6 +128,7 @@ def main() -> None:
             chain = load_onnx(chain_proto)
             fp32_layers = tuple(f"fc{i}" for i in range(args.chain))
             modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
+            chain_outs = {}
             for name, extra in (("weight_only", {}), ("fp16_gemm", {"fp32_layers": fp32_layers})):
                 plan = build_plan(chain, BuilderConfig(target="cuda", builder_optimization_level=args.level, **extra))
                 for pdl in modes:
@@ -135,9 +136,10 @@ def main() -> None:
                     per_layer = time_cuda_queued(bound.run, torch, args.warmup, max(5, args.iters // 10),
                                                  10) / args.chain
                     row[f"{name}_chain{'_pdl' if pdl else ''}_layer_ms"] = per_layer
-                    chain_ref = bound.out.float().clone()  # the fp16 plan's, the last one bound
+                    chain_outs[name, pdl] = chain_ref = bound.out.float().clone()  # the fp16 plan's, the last bound
                     bound.close()
                 row[f"{name}_chain_tactics"] = sorted(set(plan.metadata["tactics"].values()))
+            row.update(chain_checks(chain_outs, torch))
             row["chain_layers"] = args.chain
             for suffix in ("_pdl" if pdl else "" for pdl in modes):
                 row[f"chain{suffix}_speedup"] = (row[f"fp16_gemm_chain{suffix}_layer_ms"]
@@ -152,6 +154,9 @@ def main() -> None:
               f" B  rel diff {row['rel_diff']:.2e}  {row['weight_only_tactics']} | layers alone: weight-only "
               f"{row['weight_only_layers_ms'] * 1e3:.1f} us, fp16 GEMM {row['fp16_gemm_layers_ms'] * 1e3:.1f} us, "
               f"{row['layer_speedup']:.2f}x", flush=True)
+        if "chain_rel_diff" in row or any(k.endswith("_nonfinite") for k in row):
+            checks = {k: row[k] for k in row if k.endswith(("_nonfinite", "_pdl_identical")) or k == "chain_rel_diff"}
+            print(f"      chain checks: {checks}", flush=True)
         for suffix, mode in (("", "PDL off"), ("_pdl", "PDL on")):
             if f"chain{suffix}_speedup" in row:
                 print(f"      chain of {args.chain}, a layer queued back to back, {mode}: weight-only "
@@ -162,6 +167,22 @@ def main() -> None:
             print(line, flush=True)
     if args.out:
         args.out.write_text(json.dumps({**provenance.meta(torch), "rows": rows}, indent=1))
+
+
+def chain_checks(outs: dict, torch) -> dict:
+    """What the chains computed (outs: (form, pdl) -> the chain's output, float32): each output's non-finite count,
+    whether PDL changed a form's output (it must not: the same kernels in the same order), and the weight-only chain
+    against the fp16 one (relative norm difference, PDL off where it ran)."""
+    out = {f"{name}_chain{'_pdl' if pdl else ''}_nonfinite": int((~torch.isfinite(y)).sum()) for (name, pdl), y in
+           outs.items()}
+    for name in ("weight_only", "fp16_gemm"):
+        if (name, False) in outs and (name, True) in outs:
+            out[f"{name}_chain_pdl_identical"] = bool(torch.equal(outs[name, False], outs[name, True]))
+    pdl = False if ("fp16_gemm", False) in outs else True
+    if ("weight_only", pdl) in outs and ("fp16_gemm", pdl) in outs:
+        w, f = outs["weight_only", pdl], outs["fp16_gemm", pdl]
+        out["chain_rel_diff"] = float(torch.linalg.norm(w - f) / torch.linalg.norm(f))
+    return out
 
 
 def torch_ratios(row: dict) -> dict:

@@ -99,3 +99,20 @@ def test_torch_ratios_and_lines_from_fake_timings():
     one, chain = torch_lines({**row, **ratios}, ("fp16_eager", "int4pack"))
     assert "fp16_eager 30.0 us (rel diff 1.00e-03), W4A16 3.00x" in one and "int4pack RuntimeError: no kernel" in one
     assert "chain of 8" in chain and "W4A16 2.50x 4.00x PDL on" in chain and "int4pack 10.0 us" in chain
+
+
+def test_chain_checks_count_non_finite_outputs_compare_pdl_and_the_forms():
+    torch = pytest.importorskip("torch")
+    from benchmarks.weight_only_gemm import chain_checks
+
+    f = torch.tensor([[1.0, 2.0, 2.0]])
+    outs = {("fp16_gemm", False): f, ("fp16_gemm", True): torch.tensor([[1.0, float("inf"), 2.0]]),
+            ("weight_only", False): torch.tensor([[1.0, 2.0, 2.0 + 3e-3]]), ("weight_only", True): f.clone()}
+    got = chain_checks(outs, torch)
+    assert got["fp16_gemm_chain_nonfinite"] == 0 and got["fp16_gemm_chain_pdl_nonfinite"] == 1
+    assert got["fp16_gemm_chain_pdl_identical"] is False and got["weight_only_chain_pdl_identical"] is False
+    assert got["chain_rel_diff"] == pytest.approx(1e-3, rel=1e-3)  # PDL off's outputs: 3e-3 / 3
+    # PDL alone: no identity to check; the fp16 chain's inf makes the difference NaN (what the benchmark printed at
+    # M = 16 for torch's side, 2026-12-08: the non-finite counts now say which output held it)
+    only_pdl = chain_checks({k: v for k, v in outs.items() if k[1]}, torch)
+    assert "fp16_gemm_chain_pdl_identical" not in only_pdl and np.isnan(only_pdl["chain_rel_diff"])
