@@ -553,3 +553,20 @@ def test_the_rows_kernels_are_deterministic(tactic):
     layer, inputs = random_layer((16, 4096), 64, "int4", 128, dtype=np.float16, seed=11)
     first, second = (run_layer(layer, inputs, tactic=tactic)["Y"] for _ in range(2))
     assert np.array_equal(first.view(np.uint16), second.view(np.uint16))
+
+
+def test_the_rolled_tiles_run_where_their_shared_memory_fits_a_block():
+    """The rolled tiles' weight slots beside 16 staged rows of K = 4096 fit an sm_90 block (227 KB) and not an
+    sm_80 one (163 KB): they are sm_90 tactics only, and their launch asks for what the kernel lays out."""
+    from polykit.kernels.cuda.int8.weight_only_mma_staged import ROLLED_TILES
+    from polykit.kernels.tactics import candidates
+
+    for tile in ROLLED_TILES:
+        smem = tile.smem_bytes(16, 4096) + tile.part_bytes()
+        assert smem <= 227 * 1024 and tile.threads * tile.slices * tile.tiles * 16 == \
+            tile.smem_bytes(1, 4096) - (4096 + 8) * 2
+    layer = stamped(m=16)
+    on = {t.name for t in candidates("cuda", KIND, layer, arch="sm_90")}
+    off = {t.name for t in candidates("cuda", KIND, layer, arch="sm_80")}
+    rolled = {tile.name for tile in ROLLED_TILES}
+    assert rolled <= on and not rolled & off and {t.name for t in STAGED_TILES} <= off

@@ -156,6 +156,9 @@ STAGED_TILES = (StagedTile(1, 8, 2, 4), StagedTile(2, 8, 2, 4), StagedTile(2, 4,
 #: decode's tiles with the rolled slice body (XS_ROLLED, the twenty-fourth session; untimed): c16_k4096 and
 #: c32_k4096, the tiles timed builds take at M = 1
 ROLLED_TILES = (StagedTile(1, 8, 2, 4, rolled=True), StagedTile(2, 8, 2, 4, rolled=True))
+#: the rolled tiles' GPUs: their weight slots (32 / 64 KB a block) beside 16 staged X rows of K = 4096 (131 KB) and
+#: the partial sums pass an A100's 163 KB a block at M > 8 (c32_k4096_r: 211 KB); an H100 / H200 block takes 227 KB
+ROLLED_ARCHS = ("sm_90",)
 
 
 def staged_us(tile: StagedTile, m: int, n: int, k: int, block: int, elem: str, sm_count: int) -> float:
@@ -291,6 +294,6 @@ for _tile in STAGED_TILES + ROLLED_TILES:
     cuda_tactic(KIND, _tile.name, kernels=_kernels, supports=staged_supports,
                 priority=12 if _tile.groups == 1 and not _tile.rolled else 11,
                 estimate=_estimate,
-                workspace=split_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ARCHS,
+                workspace=split_workspace(_tile), domain=POLYKIT_DOMAIN, archs=ROLLED_ARCHS if _tile.rolled else ARCHS,
                 params={"warps_n": _tile.warps_n, "warps_k": _tile.warps_k, "tiles": _tile.tiles,
                         "slices": _tile.slices, "groups": _tile.groups, "rolled": int(_tile.rolled)})(_enqueue)
