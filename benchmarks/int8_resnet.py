@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
+import re
 import statistics
 import tempfile
 import time
@@ -72,6 +74,40 @@ def products_by_tactic(plan) -> dict[str, int]:
     """'kind precision tactic' -> count over the plan's convolution / GEMM layers."""
     return dict(collections.Counter(f"{layer.kind} {layer.precision} {layer.tactic}" for layer in plan.layers
                                     if any(k in layer.kind for k in PRODUCT_KINDS)))
+
+
+#: the build log's lines that time a build's phases (polykit.compiler.builder.quantize, tuner.Tuner.finish)
+PHASE_LINES = {"calibrate_s": re.compile(r"^calibration: .* in ([0-9.]+) s$"),
+               "compile_s": re.compile(r"^tuning .*compiling took ([0-9.]+) s"),
+               "time_s": re.compile(r"^tuning .*timing ([0-9.]+) s$")}
+
+
+class BuildPhases(logging.Handler):
+    """Collects a build's phase seconds from polykit's INFO log (calibration, the tuner's compiling and timing):
+    `with BuildPhases() as phases: build_plan(...)`, then phases.seconds; the rest of a build (passes, lowering,
+    the plan's own compile) is its total less these."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: dict[str, float] = {}
+        self._logger = logging.getLogger("polykit")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        for key, pattern in PHASE_LINES.items():
+            if m := pattern.search(text):
+                self.seconds[key] = round(self.seconds.get(key, 0.0) + float(m[1]), 1)
+
+    def __enter__(self) -> "BuildPhases":
+        self._level = self._logger.level
+        self._logger.addHandler(self)
+        if self._logger.getEffectiveLevel() > logging.INFO:
+            self._logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
 
 
 def report(result: dict, out: Path | None) -> None:
@@ -247,7 +283,7 @@ def main() -> None:
         import torch
     x = smooth_images(10_000, args.batch, args.size)
     calibration = [{"x": smooth_images(seed, args.batch, args.size)} for seed in range(args.calibration_batches)]
-    plans, build_s = {}, {}
+    plans, build_s, build_phases = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or Path(tmp) / f"resnet50_bs{args.batch}.onnx"
         if args.model is None:
@@ -260,8 +296,10 @@ def main() -> None:
                 config = type(config)(**{**config.__dict__, "calibration_data": [
                     {plans["fp16"].inputs[0]: b["x"]} for b in calibration]})
             t0 = time.perf_counter()
-            plans[name] = build_plan(str(path), config)
+            with BuildPhases() as phases:
+                plans[name] = build_plan(str(path), config)
             build_s[name] = round(time.perf_counter() - t0, 1)
+            build_phases[name] = phases.seconds
         feeds = {plans["fp16"].inputs[0]: x}
         if torch is None:
             import onnxruntime as ort
@@ -300,7 +338,7 @@ def main() -> None:
         result[f"{name}_faster_in_rounds"] = faster_in_rounds(samples, name)
     quantized = {name: [layer for layer in plans[name].layers if is_int8_layer(layer)] for name in precisions}
     result.update({
-        **stats, f"cosine_vs_{reference}": cosines, "build_s": build_s,
+        **stats, f"cosine_vs_{reference}": cosines, "build_s": build_s, "build_phases_s": build_phases,
         **{f"{name}_layers_by_tactic": dict(collections.Counter(layer.tactic for layer in quantized[name]))
            for name in precisions},
         "products_by_tactic": {name: products_by_tactic(plan) for name, plan in plans.items()},

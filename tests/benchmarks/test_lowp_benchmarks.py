@@ -40,6 +40,11 @@ def test_int8_resnet_builds_checks_and_times_fp16_int8_and_fp8_on_the_cpu(tmp_pa
         assert (tmp_path / "caches" / f"resnet50.{name}.cache").is_file()
     assert all(" fp16 " in key for key in result["products_by_tactic"]["fp16"])
     assert all(c >= 0.99 for c in result["cosine_vs_onnxruntime_fp32"].values()), result["cosine_vs_onnxruntime_fp32"]
+    # the builds' phases from the build log: the quantized builds calibrated (a fresh cache), the fp16 one did not
+    phases = result["build_phases_s"]
+    assert "calibrate_s" not in phases["fp16"]
+    for name in ("int8", "fp8"):
+        assert 0 <= phases[name]["calibrate_s"] <= result["build_s"][name] + 0.1, phases
 
 
 def test_int8_resnet_takes_one_precision_alone(tmp_path, monkeypatch):
@@ -162,3 +167,16 @@ def test_compare_layers_puts_each_layer_beside_its_namesakes_and_the_largest_los
     assert cmp["total_ms"] == {"fp16": 0.18, "int8": 0.24, "fp8": 0.19}
     int8_resnet.print_comparison(cmp, 2, "test")  # prints without a KeyError on a missing namesake
     int8_resnet.print_comparison(cmp, 4, "test")
+
+
+def test_build_phases_reads_the_calibration_and_tuning_lines_of_the_build_log():
+    import logging
+
+    with int8_resnet.BuildPhases() as phases:
+        log = logging.getLogger("polykit.compiler.builder.tuner")
+        log.info("calibration: %d %s tensors (%s) in %.1f s", 54, "int8", "entropy", 31.25)
+        log.info("tuning (level %d): timed %d tactics of %d layers; compiling took %.2f s, timing %.2f s", 3, 200, 60,
+                 12.5, 20.25)
+        logging.getLogger("polykit").info("something else took 9.0 s")
+    assert phases.seconds == {"calibrate_s": 31.2, "compile_s": 12.5, "time_s": 20.2}
+    assert logging.getLogger("polykit").handlers.count(phases) == 0  # removed on exit

@@ -20,6 +20,7 @@ run as layers and the op in float (builder.optimize_and_lower).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -141,9 +142,12 @@ def activation_scales(g: Graph, needed: list[str], cfg: BuilderConfig, target: s
         calibrated = dict(cache.scales)
     else:
         names = [*needed, *extra]
+        t0 = time.perf_counter()
         calibrated = (calibrate(g, names, cfg.calibration_data, target, calibrator, cfg.percentile, qmax=qmax)
                       if model is None else
                       calibrate(model, names, cfg.calibration_data, target, calibrator, cfg.percentile, cfg, qmax))
+        log.info("calibration: %d %s tensors (%s) in %.1f s", len(calibrated), kind, calibrator,
+                 time.perf_counter() - t0)
         if path is not None:
             write_calibration_cache(path, CalibrationCache(calibrator, calibrated, type=kind))
             log.info("wrote calibration cache %s (%d %s tensors, %s)", path, len(calibrated), kind, calibrator)
