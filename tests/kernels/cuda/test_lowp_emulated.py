@@ -45,6 +45,7 @@ inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f;
 inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 inline double __longlong_as_double(long long u) { double f; memcpy(&f, &u, 8); return f; }
 inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 struct float4 { float x, y, z, w; };

@@ -62,6 +62,7 @@ inline float emu_bf16(unsigned w, int half) {
 }
 inline long long emu_s8(unsigned w, int byte) { return (signed char)(w >> (8 * byte)); }
 inline float __fadd_rn(float a, float b) { return a + b; }  // -O1 on the host contracts nothing either
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }  // glibc's fmaf: one rounding
 inline float __frcp_rn(float a) { return 1.0f / a; }
