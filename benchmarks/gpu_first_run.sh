@@ -589,7 +589,7 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     # none): is "no instruction" (instruction fetch) still the main stall outside ncu's flushed caches? ~300 s
     gpu_tests s30 ${NEW_S:-170} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
       tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
-      tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or _r or rolled"
+      tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or k4096_r or rolled"
     rc=$?
     # the rolled W4A16 tiles (XS_ROLLED, never run on a GPU) beside their unrolled twins, M = 1 and 4, each alone
     # (ncu's kernel durations at boost clocks, warm caches: 5 runs a tactic, in the order of --tactics)
