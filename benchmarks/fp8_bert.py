@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None, help="an exported BERT instead of BERT-base's export")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="the vocabulary size of --model")
     args = parser.parse_args()
+    if args.save_only and args.save_qdq is None and args.save_float is None:
+        parser.error("--save-only writes --save-qdq and / or --save-float: give at least one of them")
     torch = None
     if args.target == "cuda":
         import torch

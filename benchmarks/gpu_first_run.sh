@@ -208,6 +208,13 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 POLYKIT_CACHE_DIR=/tmp/pkcache PYTHONPATH=.
 step=${STEP:-suite}
+# the twenty-third session's changes' gpu tests (STEP=s28, s29): the FP8 / INT8 GEMM and conv tiles, the INT8 float16
+# output, the bias fold, W4A16 staged / rows, PDL
+S28_TESTS="tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py
+  tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py
+  tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py
+  tests/compiler/test_fp8_build.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py
+  tests/runtime/cuda/test_pdl_gpu.py"
 gpu_tests() {  # gpu_tests NAME SECONDS FILES...: those files' gpu tests, the log in $OUT/gpu_NAME.txt, its summary
   local name=$1 limit=$2
   shift 2
@@ -553,11 +560,7 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
   s28)  # FIRST next session: the twenty-third's changes never ran on a GPU (no device lent). cf610781's FP8 tests (s27),
     # the INT8 float16 output on every INT8 tactic (test_int8_sm90 / test_int8 -k float16), the INT8 / FP8 plans the bias
     # fold and the INT8 Cast absorption change (test_int8_sm90's ResNet plan equality, the FP8 GEMM plan), then BERT FP8
-    gpu_tests s28 ${NEW_S:-200} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
-      tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
-      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py \
-      tests/compiler/test_fp8_build.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py \
-      tests/runtime/cuda/test_pdl_gpu.py
+    gpu_tests s28 ${NEW_S:-200} $S28_TESTS
     rc=$?
     timeout ${BERT_S:-170} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --rounds 3 --iters 30 --profile 10 \
       --out "$OUT/bert_fp8.json" > "$OUT/bert_fp8.txt" 2>&1
@@ -619,11 +622,7 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     ;;
   s29)  # FIRST this session: s28's gpu tests (the twenty-third session's changes, never run on a GPU), then s29k (BERT's
     # kernels under ncu), then s28n (the staged W4A16 kernel's stalls at M = 1); ~500 s
-    gpu_tests s29 ${NEW_S:-220} tests/compiler/test_fp8_gemm_plan.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
-      tests/kernels/cuda/test_epilogue_classes.py tests/kernels/cuda/test_int8_sm90.py tests/kernels/cuda/test_int8.py \
-      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_int8_splitk.py tests/compiler/test_int8_gpu.py \
-      tests/compiler/test_fp8_build.py tests/kernels/cuda/test_weight_only.py tests/compiler/test_weight_only.py \
-      tests/runtime/cuda/test_pdl_gpu.py
+    gpu_tests s29 ${NEW_S:-220} $S28_TESTS
     rc=$?
     STEP=s29k bash "$0"
     STEP=s28n bash "$0"

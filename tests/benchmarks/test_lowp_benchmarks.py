@@ -180,3 +180,10 @@ def test_build_phases_reads_the_calibration_and_tuning_lines_of_the_build_log():
         logging.getLogger("polykit").info("something else took 9.0 s")
     assert phases.seconds == {"calibrate_s": 31.2, "compile_s": 12.5, "time_s": 20.2}
     assert logging.getLogger("polykit").handlers.count(phases) == 0  # removed on exit
+
+
+def test_fp8_bert_save_only_without_a_path_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    onnx.save(tiny_bert(), tmp_path / "bert.onnx")
+    with pytest.raises(SystemExit) as info:
+        run_main(fp8_bert, monkeypatch, "--target", "cpu", "--model", str(tmp_path / "bert.onnx"), "--save-only")
+    assert info.value.code == 2 and "--save-qdq" in capsys.readouterr().err
