@@ -110,15 +110,17 @@ def precompiled_prelude(folder: Path, cxx: str) -> Path:
     return header
 
 
-def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int, eager_copies: bool = False) -> str:
+def host_source(cuda: str, kernel: str, params: str, args: str, smem_bytes: int, eager_copies: bool = False,
+                unmodelled: str = "error") -> str:
     """`cuda` (a rendered module) as host C++ with `emu_launch(gx, gy, gz, bx, <params>)`, which
     runs kernel `kernel(<args>)` over the grid; `smem_bytes` of dynamic shared memory; cp.async
-    copies deferred to their wait, or landing at once (`eager_copies`: warp_emulation.py)."""
+    copies deferred to their wait, or landing at once (`eager_copies`: warp_emulation.py); PTX the
+    emulation does not model an error, or a run-time trap (`unmodelled`: translate_asm)."""
     from tests.kernels.cuda.test_lowp_emulated import HALF
 
     for name, repl in HALF.items():
         cuda = re.sub(r"__device__ __forceinline__ \w+ " + name + r"\(.*?\n\}", repl, cuda, count=1, flags=re.S)
-    cuda = translate_asm(cuda)
+    cuda = translate_asm(cuda, unmodelled)
     # dynamic shared memory: one buffer at namespace scope in place of the kernel's `extern` declaration
     extern = r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];"
     shared = re.findall(extern, cuda)
@@ -200,6 +202,9 @@ class EmulatedLauncher:
     communicator = None
     sm_count = 132
 
+    #: PTX the emulation does not model: a compile error, or a run-time trap (translate_asm)
+    unmodelled = "error"
+
     def __init__(self, build_dir: Path, cxx: str, params: str, args: str, smem_bytes: int = 1 << 18,
                  eager_copies: bool = False, prelude: Path | None = None):
         self.dir, self.cxx, self.params, self.args, self.smem = build_dir, cxx, params, args, smem_bytes
@@ -208,7 +213,8 @@ class EmulatedLauncher:
         self.launches: list[tuple[KernelSource, tuple[int, ...], tuple[int, ...], int]] = []
 
     def _lib(self, kernel: KernelSource) -> ctypes.CDLL:
-        text = host_source(kernel.render(), kernel.name, self.params, self.args, self.smem, self.eager_copies)
+        text = host_source(kernel.render(), kernel.name, self.params, self.args, self.smem, self.eager_copies,
+                           self.unmodelled)
         key = hashlib.sha256((self.cxx + text).encode()).hexdigest()[:16]
         if key not in self.libs:
             src, lib = self.dir / f"{key}.cpp", self.dir / f"{key}.so"

@@ -91,14 +91,16 @@ def e4m3_ordinal(a: np.ndarray) -> np.ndarray:
     return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
 
 
-def check(layer, inputs, tactic):
-    """Run `layer` on `tactic` (any FP8 QConvNHWC tactic: fp8_sm90's, fp8_gemm_sm90's) against the reference."""
+def check(layer, inputs, tactic, got=None):
+    """Run `layer` on `tactic` (any FP8 QConvNHWC tactic: fp8_sm90's, fp8_gemm_sm90's) against the reference;
+    `got`: its output computed elsewhere (test_sm90_epilogue_emulated.py's host emulation) instead of on the GPU."""
     from polykit.kernels.tactics import find_tactic
     from polykit.runtime.cuda.harness import reference_layer, run_layer
 
     assert find_tactic("cuda", "QConvNHWC", tactic).supports(layer), \
         f"{tactic} refuses {layer.in_dtypes} {layer.in_shapes} {layer.attrs}"
-    got, want = run_layer(layer, inputs, tactic=tactic)["Y"], reference_layer(layer, inputs)["Y"]
+    got = run_layer(layer, inputs, tactic=tactic)["Y"] if got is None else got
+    want = reference_layer(layer, inputs)["Y"]
     assert got.dtype == want.dtype and got.shape == want.shape
     tol = tolerance(tactic, inputs) * magnitude(layer, inputs)
     if want.dtype == E4M3:

@@ -28,7 +28,8 @@ again before a slot may be rewritten. On this rest:
     one into a buffer other warps still read races with them. The two ends of what a GPU may do;
   - ex2.approx / rcp.approx (the host's exp2f and division: not their bits);
   - sub.rn.f16x2, mul.rn.f16x2, fma.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
-    the operands weight_only_mma.cuh gives them) and prmt.b32 (default mode);
+    the operands weight_only_mma.cuh gives them), prmt.b32 (default mode) and cvt.pack.sat.{s8,u8}.s32.b32
+    (int8_out.cuh's sat_pack);
   - prefetch.global.L2 (a cache hint: nothing).
 Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
 own data (the emulated shared memory is the module's statics), sign-extended back.
@@ -134,6 +135,13 @@ inline unsigned emu_e4m3_f16(unsigned c) {
   if (mag == 0x7fu) return s | 0x7fffu;
   const double v = ldexp((double)(mag >> 3 ? 8 + (mag & 7u) : mag & 7u), (int)(mag >> 3 ? (mag >> 3) : 1) - 10);
   return s | emu_to_f16(v);
+}
+// cvt.pack.sat.{s8,u8}.s32.b32 d, a, b, c: a and b saturated to the 8-bit type as bytes 1 and 0, c's low 16 bits
+// above them (the PTX ISA's pseudo-code: td = tb, td[8..15] = ta, d[16..31] = c[0..15])
+inline unsigned emu_cvt_pack_sat8(int a, int b, unsigned c, bool u8) {
+  const int lo = u8 ? 0 : -128, hi = u8 ? 255 : 127;
+  const unsigned ta = (unsigned)(a < lo ? lo : a > hi ? hi : a) & 255u, tb = (unsigned)(b < lo ? lo : b > hi ? hi : b) & 255u;
+  return tb | ta << 8 | c << 16;
 }
 inline unsigned emu_cvt_f16x2_e4m3x2(unsigned a) { return emu_e4m3_f16(a & 0xffu) | emu_e4m3_f16((a >> 8) & 0xffu) << 16; }
 // prmt.b32 (default mode): byte i of the result is byte (s >> 4i) & 7 of {b, a}, its sign replicated when bit 3 is set
@@ -415,14 +423,22 @@ PTX_OPS = [
      lambda args: f"{args[0][0]} = emu_cvt_e4m3x2({args[1][0]}, {args[2][0]})"),
     (r"cvt\.rn\.f16x2\.e4m3x2", lambda args: f"{args[0][0]} = emu_cvt_f16x2_e4m3x2({args[1][0]})"),
     (r"cvt\.f32\.f16", lambda args: f"{args[0][0]} = emu_f16({args[1][0]}, 0)"),
+    *[(rf"cvt\.pack\.sat\.{t}8\.s32\.b32", lambda args, u=t == "u": f"{args[0][0]} = emu_cvt_pack_sat8("
+       f"{args[1][0]}, {args[2][0]}, {args[3][0]}, {str(u).lower()})") for t in "su"],
     (r"ld\.const\.[bu]32", _ld_const),
     (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
 ]
 
 
-def translate_asm(cuda: str) -> str:
+def translate_asm(cuda: str, unmodelled: str = "error") -> str:
     """`cuda` with each inline `asm [volatile] (...)` replaced by the host code of its PTX
-    (PTX_OPS); ValueError naming the first instruction that has none."""
+    (PTX_OPS); ValueError naming the first instruction that has none, or with `unmodelled="trap"`
+    a statement that stops the process when it runs (`emu_fail`, naming it): a harness that runs part
+    of a kernel (sm90_epilogue_emulation.py: the sm90 GEMMs' epilogue without their wgmma K loop) then
+    compiles the rest, and any modelled path that reaches unmodelled PTX fails loudly. An empty template
+    (a register fence, `asm volatile("" : "+f"(x))`) is nothing on the host."""
+    if unmodelled not in ("error", "trap"):
+        raise ValueError(f"unmodelled: 'error' or 'trap', not {unmodelled!r}")
     out, pos = [], 0
     for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", cuda):
         if m.start() < pos:
@@ -432,13 +448,19 @@ def translate_asm(cuda: str) -> str:
         template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', sections[0]))
         operands = [e for s in sections[1:3] for e in _operands(s)]
         stmts = []
-        # several plain instructions in one asm (quotient.cuh's clamp_nan: max.NaN; min.NaN): each in turn
-        for one in _instructions(template):
-            opcode, args = _args(one, operands)
-            emit = next((emit for pattern, emit in PTX_OPS if re.fullmatch(pattern, opcode)), None)
-            if emit is None:
-                raise ValueError(f"the kernel source holds PTX the host emulation does not model: {opcode}")
-            stmts.append(emit(args))
-        out += [cuda[pos:m.start()], "; ".join(stmts)]
+        try:
+            # several plain instructions in one asm (quotient.cuh's clamp_nan: max.NaN; min.NaN): each in turn
+            for one in _instructions(template) if template.strip() else ():
+                opcode, args = _args(one, operands)
+                emit = next((emit for pattern, emit in PTX_OPS if re.fullmatch(pattern, opcode)), None)
+                if emit is None:
+                    raise ValueError(f"the kernel source holds PTX the host emulation does not model: {opcode}")
+                stmts.append(emit(args))
+        except ValueError:
+            if unmodelled == "error":
+                raise
+            what = " ".join(template.replace("\\n", " ").replace("\\t", " ").split())[:60].replace('"', "'")
+            stmts = [f'emu_fail("unmodelled PTX reached: {what}")']
+        out += [cuda[pos:m.start()], "; ".join(stmts) if stmts else "(void)0"]
         pos = end + 1
     return "".join(out) + cuda[pos:]

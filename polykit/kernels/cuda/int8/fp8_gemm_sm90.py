@@ -53,6 +53,36 @@ PRIORITY = 4
 #: stages' products accumulate in the wgmma accumulators as cuBLASLt's fast accumulation does): whole-tile wgmma,
 #: BN / 2 accumulators a thread and nothing else, one stage's wgmma in flight while the next is issued
 FAST_TILES = tuple(t for t, _, _ in TILES)
+#: the rolled tiles (`cuda.fp8.gemm_fast_rolled_sm90_<tile>`, and int8_gemm_sm90's `cuda.int8.gemm_rolled_sm90_<tile>`):
+#: the fast tiles of 128 columns or more compiled with EPI_ROLL 1 (gemm_sm90_epilogue.cuh), whose native epilogue is a
+#: loop over the tile's 32-column groups instead of BN / 32 copies of one group's code straight through (128x192 with
+#: BERT's Gelu: a ~650-instruction loop where the unrolled path runs ~2,600 once a tile). The same bytes (host
+#: emulation, tests/kernels/cuda/test_sm90_epilogue_emulated.py); ~2 instructions an output more (the group's
+#: accumulators selected, its prefetched loads moved). Their own tuner family at the fast tiles' priority: a timed
+#: build times them beside their twins and keeps the faster; level 0 keeps the twins (registered first). Untimed
+#: on a GPU when added (twenty-fifth session): which wins is the tuner's to measure.
+ROLLED_TILES = tuple(t for t in FAST_TILES if t.bn >= 128)
+
+
+def rolls(source: KernelSource) -> bool:
+    """Whether EPI_ROLL changes `source` (a gemm_sm90 I8 / F8 unit): its epilogue takes gemm_sm90_epilogue.cuh's
+    native path (I8_NATIVE: INT8 out of int8 / uint8 / float32, or F8 fast of e4m3 / float32, one block an SM, an
+    epilogue reading no vector input or only 8-bit ones), which is the path EPI_ROLL rolls; elsewhere a rolled tile
+    would be its twin's kernel timed twice."""
+    d = dict(source.defines)
+    code = source.code or ""
+    y_out = int(d.get("Y_OUT", "-1"))
+    if d.get("F8") == "1":
+        native = d.get("F8_FAST") == "1" and y_out in (0, 1)
+    else:
+        native = d.get("I8") == "1" and y_out in (0, 1, 2)
+    epilogue_ok = "#define HAS_EPILOGUE 1" not in code or "#define EPI_BYTES8 1" in code
+    return native and epilogue_ok and d.get("BLOCKS", "1") == "1"
+
+
+def with_rolled_epilogue(source: KernelSource) -> KernelSource:
+    """`source` with EPI_ROLL 1 (the rolled tiles' kernel)."""
+    return replace(source, defines=tuple(sorted(dict(source.defines, EPI_ROLL="1").items())))
 
 
 def over_rows(geo: ConvGemm | None) -> bool:
@@ -71,16 +101,18 @@ def _supports(tile: Sm90Tile):
 
 
 def kernel(layer: Any, tile: Sm90Tile, pieces: int, bufs: int, y_dtype: str | None = None,
-           steps: tuple[int, int] | None = None, fast: bool = False) -> KernelSource:
+           steps: tuple[int, int] | None = None, fast: bool = False, rolled: bool = False) -> KernelSource:
     """gemm_sm90 with the tile's defines (B [N, K]: B_MN 0), F8 1, F8_PIECES, F8_BUFS and the output compiled
-    in (int8.out_defines: its type, the scale's and bias's steps); `fast`: F8_FAST 1 (one piece, no promotion)."""
+    in (int8.out_defines: its type, the scale's and bias's steps); `fast`: F8_FAST 1 (one piece, no promotion);
+    `rolled`: EPI_ROLL 1 (ROLLED_TILES)."""
     source = kernel_for(layer, tile, "float", False, "gemm_sm90")
     f8 = defines(F8=1, F8_FAST=1) if fast else defines(F8=1, F8_PIECES=pieces, F8_BUFS=bufs)
     extra = f8 + out_defines(layer, y_dtype, steps)
-    return replace(source, defines=tuple(sorted(source.defines + extra)))
+    source = replace(source, defines=tuple(sorted(source.defines + extra)))
+    return with_rolled_epilogue(source) if rolled else source
 
 
-def _enqueue(tile: Sm90Tile, pieces: int, bufs: int, fast: bool = False):
+def _enqueue(tile: Sm90Tile, pieces: int, bufs: int, fast: bool = False, rolled: bool = False):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = fp8_launch(layer, tensors)
         if run is None:
@@ -94,7 +126,7 @@ def _enqueue(tile: Sm90Tile, pieces: int, bufs: int, fast: bool = False):
         tm_b = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         sizes = [geo.M, geo.N, geo.K, 0, 0, np.float32(1.0), np.float32(0.0), 1, 0, 0]  # no C; one item
-        launcher.launch(kernel(layer, tile, pieces, bufs, y.dtype.name, run.steps, fast),
+        launcher.launch(kernel(layer, tile, pieces, bufs, y.dtype.name, run.steps, fast, rolled),
                         (tile.grid(tiles, launcher.sm_count),), (tile.threads,),
                         [tm_a, tm_b, 0, y, *sizes, *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
@@ -113,7 +145,10 @@ def compile_variants() -> list[KernelSource]:
     out += [kernel(fp8_layer(E4M3, residual=r), *TILES[1]) for r in ("float32", E4M3)]
     # the fast tiles: the e4m3 output each, the float32 output and the e4m3 residual on the widest
     out += [kernel(fp8_layer(E4M3), t, 1, 1, fast=True) for t in FAST_TILES]
-    return out + [kernel(fp8_layer(y, residual=r), FAST_TILES[1], 1, 1, fast=True)
+    out += [kernel(fp8_layer(y, residual=r), FAST_TILES[1], 1, 1, fast=True) for y, r in (("float32", None), (E4M3, E4M3))]
+    # the rolled tiles: the e4m3 output each, the e4m3 residual and the float32 output on the widest
+    out += [kernel(fp8_layer(E4M3), t, 1, 1, fast=True, rolled=True) for t in ROLLED_TILES]
+    return out + [kernel(fp8_layer(y, residual=r), ROLLED_TILES[1], 1, 1, fast=True, rolled=True)
                   for y, r in (("float32", None), (E4M3, E4M3))]
 
 
@@ -130,3 +165,21 @@ for _tile in FAST_TILES:
                 estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "fast_accumulation": 1,
                         "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, 1, 1, True))
+
+
+def _supports_rolled(tile: Sm90Tile):
+    twin = _supports(tile)
+
+    def supported(layer: Any) -> bool:
+        return twin(layer) and rolls(kernel(layer, tile, 1, 1, fast=True))
+
+    return supported
+
+
+for _tile in ROLLED_TILES:
+    cuda_tactic(KIND, f"cuda.fp8.gemm_fast_rolled_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
+                    kernel(layer, t, 1, 1, fast=True, rolled=True)], supports=_supports_rolled(_tile), priority=PRIORITY,
+                archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "fast_accumulation": 1,
+                        "rolled_epilogue": 1, "consumers": _tile.consumers, "stages": _tile.stages})(
+        _enqueue(_tile, 1, 1, True, True))

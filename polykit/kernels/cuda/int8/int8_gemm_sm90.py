@@ -29,7 +29,7 @@ from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, TensorMapSpec, cuda_tactic
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args
 from polykit.kernels.cuda.gemm.gemm_sm90 import ARCHS, ROW_BYTES, Sm90Tile, kernel_for
-from polykit.kernels.cuda.int8.fp8_gemm_sm90 import FAST_TILES, over_rows
+from polykit.kernels.cuda.int8.fp8_gemm_sm90 import FAST_TILES, ROLLED_TILES, over_rows, rolls, with_rolled_epilogue
 from polykit.kernels.cuda.int8.int8 import NHWC_CHANNELS, out_defines, residual_layer
 from polykit.kernels.cuda.int8.int8_sm90 import (KIND, _estimate, _geometry, _shaped_residual_layer, int8_launch,
                                                shaped_half_layer, zero_y)
@@ -52,16 +52,17 @@ def _supports(tile: Sm90Tile):
     return supported
 
 
-def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None
-           ) -> KernelSource:
+def kernel(layer: Any, tile: Sm90Tile, y_dtype: str | None = None, steps: tuple[int, int] | None = None,
+           rolled: bool = False) -> KernelSource:
     """gemm_sm90 with the tile's defines (B [N, K]: B_MN 0), I8 1 and the output compiled in
     (int8.out_defines: its type, the scale's and bias's steps, from `y_dtype` / `steps` or the record),
-    as int8_sm90.kernel does for conv_sm90."""
+    as int8_sm90.kernel does for conv_sm90; `rolled`: EPI_ROLL 1 (fp8_gemm_sm90.ROLLED_TILES)."""
     source = kernel_for(layer, tile, "float", False, "gemm_sm90", int8=True)
-    return replace(source, defines=tuple(sorted(source.defines + out_defines(layer, y_dtype, steps))))
+    source = replace(source, defines=tuple(sorted(source.defines + out_defines(layer, y_dtype, steps))))
+    return with_rolled_epilogue(source) if rolled else source
 
 
-def _enqueue(tile: Sm90Tile):
+def _enqueue(tile: Sm90Tile, rolled: bool = False):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         run = int8_launch(layer, tensors)
         if run is None:
@@ -77,7 +78,7 @@ def _enqueue(tile: Sm90Tile):
         tm_b = TensorMapSpec(w.ptr, w.dtype, (geo.K, geo.N, 1), (geo.K, geo.N * geo.K), (ROW_BYTES, tile.bn, 1))
         tiles = -(-geo.M // tile.bm) * -(-geo.N // tile.bn)
         sizes = [geo.M, geo.N, geo.K, 0, 0, np.float32(1.0), np.float32(0.0), 1, 0, 0]  # no C; one item
-        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps), (tile.grid(tiles, launcher.sm_count),),
+        launcher.launch(kernel(layer, tile, y.dtype.name, run.steps, rolled), (tile.grid(tiles, launcher.sm_count),),
                         (tile.threads,),
                         [tm_a, tm_b, 0, y, *sizes, *run.out] + epilogue_args(layer, tensors, np.dtype(np.float32)),
                         shared_mem=tile.smem_for("int8", False, False))
@@ -90,7 +91,7 @@ def compile_variants() -> list[KernelSource]:
     (the most accumulators) with an int8 residual epilogue read 8 at a time (shapes stamped: the tile-input,
     I8_NATIVE path), int8 and float32 out; the first tile's int8 residual also through the general broadcast
     (shapes unknown); the int8 outputs with a constant 0 zero point (Y_ZERO 0, what --int8 builds stamp), the first
-    tile's plain one also read at run time; the first tile's float16 output (CI: sm_90a)."""
+    tile's plain one also read at run time; the first tile's float16 output; the rolled tiles (CI: sm_90a)."""
     plain = replace(residual_layer(KIND, "int8"), attrs={})
     out = [kernel(zero_y(plain) if y == "int8" else plain, t, y) for t in TILES for y in ("int8", "float32")]
     wide = next(t for t in TILES if t.bn == 256)
@@ -98,7 +99,11 @@ def compile_variants() -> list[KernelSource]:
     out += [kernel(residual, t, y) for t in (TILES[0], wide) for y in ("int8", "float32")]
     out += [kernel(plain, TILES[0], "int8")] + [kernel(zero_y(residual), t, "int8") for t in (TILES[0], wide)]
     out += [kernel(shaped_half_layer(), TILES[0], "float16")]  # Relu, float16 out (Y_OUT 3)
-    return out + [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
+    out += [kernel(residual_layer(KIND, "int8"), TILES[0], "int8")]
+    # the rolled tiles: the int8 output each (a constant 0 zero point), the int8 residual (tile inputs) on the first
+    # and the widest, int8 and float32 out
+    out += [kernel(zero_y(plain), t, "int8", rolled=True) for t in ROLLED_TILES]
+    return out + [kernel(residual, t, y, rolled=True) for t in (ROLLED_TILES[0], wide) for y in ("int8", "float32")]
 
 
 for _tile in TILES:
@@ -108,3 +113,20 @@ for _tile in TILES:
                 domain=POLYKIT_DOMAIN,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub,
                         "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile))
+
+
+def _supports_rolled(tile: Sm90Tile):
+    twin = _supports(tile)
+
+    def supported(layer: Any) -> bool:
+        return twin(layer) and rolls(kernel(layer, tile))
+
+    return supported
+
+
+for _tile in ROLLED_TILES:  # (fp8_gemm_sm90.ROLLED_TILES: EPI_ROLL, their own tuner family, untimed when added)
+    cuda_tactic(KIND, f"cuda.int8.gemm_rolled_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
+                    kernel(layer, t, rolled=True)], supports=_supports_rolled(_tile), priority=PRIORITY, archs=ARCHS,
+                estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "rolled_epilogue": 1,
+                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, True))

@@ -464,8 +464,13 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
 // (the native path's), BN / 4 bytes an input a thread where the registers hold them (ptxas, no spills): 256
 // columns of one input (conv_sm90.cu's INT8 tiles set 128 before including this: its 128x256, whose producer
 // gathers im2col rows, spilled 28 bytes with 256; gemm_sm90.cu's INT8 GEMM tiles over rows hold 256 without a spill)
+// (EPI_ROLL: 192 columns at most; the rolled loop's copies (its group's accumulators, the next group's loads) spilled
+// 84 bytes with 256 columns of an int8 residual on 128x256, which then loads them a group ahead, PREFETCH_GROUPS)
+#ifndef EPI_ROLL
+#define EPI_ROLL 0
+#endif
 #ifndef TILE_INPUT_COLS
-#define TILE_INPUT_COLS 256
+#define TILE_INPUT_COLS (EPI_ROLL ? 192 : 256)
 #endif
 #define TILE_INPUTS \
   (I8_NATIVE && HAS_EPILOGUE && BLOCKS == 1 && MSUB == 1 && EPI_IN8_COUNT * BN <= TILE_INPUT_COLS)
@@ -492,6 +497,51 @@ __device__ __forceinline__ void load_tile_inputs(const OutI8& out, TileIn& t, i6
 #endif
 template <class T>
 __device__ __forceinline__ const T& only(const T& t) { return t; }
+// EPI_ROLL 1 (the rolled INT8 / FP8 tiles, `*_rolled_sm90_*`): finish_rows' column groups in a loop that is not
+// unrolled (`#pragma unroll 1`), so the code holds one group's body (dequantize, epilogue, requantize, the
+// transposes and stores of 16 outputs a lane: ~430 SASS instructions with BERT's Gelu) where the unrolled path
+// holds BN / 32 of them straight through (~2,600 on 128x192), which a block runs once a tile: each warp fetches
+// that code from L2 once a tile (the W4A16 kernel's ncu: 57 % of its stalls "no instruction"). The loop costs
+// a group its accumulators' selection (group_accumulators: a branch to one of BN / 32 cases, each 16 register
+// moves; acc indexed at run time would live in local memory), the next group's prefetched loads moved into
+// place (Group8's copy) and, with TILE_INPUTS, the tile inputs' selection the same way: ~2 instructions an
+// output. The same arithmetic on the same values: bit for bit the unrolled path's bytes (host emulation,
+// tests/kernels/cuda/test_sm90_epilogue_emulated.py). One block an SM only (PREFETCH_GROUPS' registers).
+#if EPI_ROLL && I8_NATIVE
+static_assert(BLOCKS == 1 && !ROW_HALVES, "EPI_ROLL: the one-block-an-SM native path");
+// column group g's accumulators (blocks 4 g .. 4 g + 3) of rows m (w) and m + 8 (w8), as finish_rows' unrolled
+// path takes them: one comparison a group before it, then 16 moves of fixed registers
+template <int G = 0>
+__device__ __forceinline__ void group_accumulators(const acc_t (&acc)[BN / 2], int g, acc_t (&w)[8], acc_t (&w8)[8]) {
+  if constexpr (G < BN / (8 * EPI_GROUP)) {
+    if (g == G) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[2 * j] = acc[4 * (G * EPI_GROUP + j)];
+        w[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 1];
+        w8[2 * j] = acc[4 * (G * EPI_GROUP + j) + 2];
+        w8[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 3];
+      }
+      return;
+    }
+    group_accumulators<G + 1>(acc, g, w, w8);
+  }
+}
+#if TILE_INPUTS
+// column group g's tile inputs (TileIn, rows m and m + 8) into a group's loads, selected as group_accumulators
+template <int G = 0>
+__device__ __forceinline__ void group_inputs(const TileIn& t, int g, Group8& into) {
+  if constexpr (G < BN / (8 * EPI_GROUP)) {
+    if (g == G) {
+      into.in = t.in[G][0];
+      into.in8 = t.in[G][1];
+      return;
+    }
+    group_inputs<G + 1>(t, g, into);
+  }
+}
+#endif
+#endif
 // (`tin`: none, or the tile's inputs, TileIn)
 template <class... In>
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
@@ -501,6 +551,26 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
   const int cols = (int)(out.N - nt < BN ? out.N - nt : BN);  // the tile's columns that exist
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
+#if EPI_ROLL
+  Group8 cur, ahead;  // this group's loads, the next group's (PREFETCH_GROUPS)
+  if (PREFETCH_GROUPS) load_native(out, cur, m, nt, cols, row + nt, lane, own);
+#pragma unroll 1
+  for (int g = 0; g < BN / (8 * EPI_GROUP); ++g) {
+    const int left = cols - 8 * EPI_GROUP * g;
+    const i64 n = nt + 8 * EPI_GROUP * g, next = n + EPI_GROUP * 8;
+    if (PREFETCH_GROUPS && g + 1 < BN / (8 * EPI_GROUP))
+      load_native(out, ahead, m, next, left - EPI_GROUP * 8, row + next, lane, own);
+    if (!PREFETCH_GROUPS) load_native(out, cur, m, n, left, row + n, lane, own);
+#if TILE_INPUTS
+    if constexpr (!own) group_inputs(only(tin...), g, cur);
+#endif
+    acc_t w[8], w8[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
+    group_accumulators(acc, g, w, w8);
+    finish_native(out, cur, false, row_ok, row + n, left, w, lane);
+    finish_native(out, cur, true, row8_ok, row8 + n, left, w8, lane);
+    if (PREFETCH_GROUPS) cur = ahead;
+  }
+#else
   Group8 g[2];
   if (PREFETCH_GROUPS) load_native(out, g[0], m, nt, cols, row + nt, lane, own);
 #pragma unroll
@@ -531,6 +601,7 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
     finish_native(out, g[c], false, row_ok, row + n, left, w, lane);
     finish_native(out, g[c], true, row8_ok, row8 + n, left, w8, lane);
   }
+#endif
 }
 #else
 __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t (&acc)[BN / 2], i64 m, i64 n0,
