@@ -29,9 +29,10 @@ import numpy as np
 HIDDEN, INNER = 768, 3072
 
 
-def ffn_block(rows: int, hidden: int = HIDDEN, inner: int = INNER, seed: int = 0):
+def ffn_block(rows: int, hidden: int = HIDDEN, inner: int = INNER, seed: int = 0, act: str = "gelu"):
     """x [rows, hidden] -> MatMul (W1 [hidden, inner]) + b1 -> Gelu -> MatMul (W2 [inner, hidden]) + b2 -> y: an ONNX
-    ModelProto (opset 20: Gelu; FP8 Q/DQ needs >= 19), weights ~ BERT's init scale, FFN1 named `ffn1`."""
+    ModelProto (opset 20: Gelu; FP8 Q/DQ needs >= 19), weights ~ BERT's init scale, FFN1 named `ffn1`; `act` "relu"
+    or "none" puts Relu or nothing in Gelu's place (what FFN1's epilogue costs, beside the same GEMM)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -41,8 +42,8 @@ def ffn_block(rows: int, hidden: int = HIDDEN, inner: int = INNER, seed: int = 0
 
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="ffn1"),
              helper.make_node("Add", ["h", "b1"], ["hb"], name="ffn1_bias"),
-             helper.make_node("Gelu", ["hb"], ["g"], name="gelu"),
-             helper.make_node("MatMul", ["g", "w2"], ["o"], name="ffn2"),
+             *([helper.make_node(act.capitalize(), ["hb"], ["g"], name=act)] if act != "none" else []),
+             helper.make_node("MatMul", ["g" if act != "none" else "hb", "w2"], ["o"], name="ffn2"),
              helper.make_node("Add", ["o", "b2"], ["y"], name="ffn2_bias")]
     graph = helper.make_graph(nodes, "ffn_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, hidden])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, hidden])],
@@ -51,11 +52,11 @@ def ffn_block(rows: int, hidden: int = HIDDEN, inner: int = INNER, seed: int = 0
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
 
 
-def fp8_block(rows: int, seed: int = 0):
+def fp8_block(rows: int, seed: int = 0, act: str = "gelu"):
     """ffn_block with explicit FP8 Q/DQ around both GEMMs, calibrated on the cpu target on 2 random batches."""
     from polykit.tools.model.fp8_qdq import calibrate_fp8, insert_fp8_qdq
 
-    model = ffn_block(rows, seed=seed)
+    model = ffn_block(rows, seed=seed, act=act)
     rng = np.random.default_rng(seed + 1)
     data = [{"x": rng.standard_normal((rows, HIDDEN)).astype(np.float32)} for _ in range(2)]
     return insert_fp8_qdq(model, calibrate_fp8(model, data, input_shapes={"x": (rows, HIDDEN)}))
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--tactics", required=True, help="comma-separated tactics forced on FFN1 (layer `ffn1`)")
     parser.add_argument("--runs", type=int, default=20, help="profiled runs (each layer's median is printed)")
     parser.add_argument("--target", default="cuda", choices=("cuda", "cpu"), help="cpu: a check without a GPU")
+    parser.add_argument("--act", default="gelu", choices=("gelu", "relu", "none"),
+                        help="FFN1's activation (BERT's Gelu; relu / none: what the Gelu costs in its epilogue)")
     args = parser.parse_args()
 
     from polykit.compiler.builder.builder import build_plan
@@ -76,7 +79,7 @@ def main() -> None:
     from polykit.runtime.engine import Engine
     from polykit.tools.bench.benchmark import profile_engine
 
-    model = ffn_block(args.rows) if args.fp16 else fp8_block(args.rows)
+    model = ffn_block(args.rows, act=args.act) if args.fp16 else fp8_block(args.rows, act=args.act)
     x = np.random.default_rng(7).standard_normal((args.rows, HIDDEN)).astype(np.float32)
     for tactic in args.tactics.split(","):
         plan = build_plan(model, BuilderConfig(target=args.target, fp16=True, builder_optimization_level=0,
@@ -86,7 +89,7 @@ def main() -> None:
                              where="layer 'ffn1'", hint="name a tactic of FFN1's kind and precision that this "
                              "target runs (polykit debug tactics lists them)")
         summary = profile_engine(Engine(plan), {"x": x}, args.runs)
-        print(f"{tactic}: M={args.rows} {'fp16' if args.fp16 else 'FP8'}", flush=True)
+        print(f"{tactic}: M={args.rows} {'fp16' if args.fp16 else 'FP8'} act={args.act}", flush=True)
         for layer in summary.layers:
             print(f"  {layer.name[:60]:60s} {layer.tactic:44s} {layer.ms * 1e3:8.1f} us", flush=True)
 

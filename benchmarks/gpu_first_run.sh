@@ -109,7 +109,14 @@
 #                  tests), then BERT-base bs8 FP8 against fp16 with the profile (FFN1 on the fast tile's native
 #                  epilogue?); ~380 s. STEP=s28b: s28, then ResNet-50 bs32 INT8
 #                  against fp16 (its last conv writes float16 now); ~530 s. Then STEP=s28w.
-#   STEP=s30       FIRST next session: the contraction fix's and the rolled W4A16 tiles' tests, the rolled tiles timed
+#   STEP=s31a      FIRST next session (twenty-fifth session's work, never run on a GPU): s30's tests with the rolled
+#                  INT8 / FP8 tiles' (EPI_ROLL), BERT FFN1 alone on the fast / rolled 128x192 and 128x160 tiles with
+#                  its Gelu and without (the fp16 GEMM beside), W4A16's rolled tiles beside their twins, ncu of FFN1
+#                  (fast and rolled) and W4A16 with warm caches; ~420 s
+#   STEP=s31b      then: ResNet-50 bs32 INT8 / FP8 against fp16 (the default level times the rolled tiles; the INT8
+#                  build's phases: build_phases_s), BERT-base bs8 fp16 / FP8 converted and replayed as CUDA graphs,
+#                  the tactics the FP8 plan took; ~450 s
+#   STEP=s30       (folded into s31a) FIRST next session: the contraction fix's and the rolled W4A16 tiles' tests, the rolled tiles timed
 #                  beside their twins, then FFN1 and W4A16 under ncu with warm caches; ~360 s
 #   STEP=s29       (twenty-fourth session, run): s28's gpu tests, then s29k, then s28n; ~500 s
 #   STEP=s29k      every kernel's GPU time (ncu, NVTX layer names) in BERT-base bs8's fp16 and FP8 plans; ~250 s
@@ -587,13 +594,69 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
     done
     exit 0
     ;;
+  s31a)  # FIRST next session: s30's gpu tests and the rolled INT8 / FP8 tiles' (test_sm90_epilogue_emulated.py's gpu
+    # tests), then FFN1's decomposition, then s30's W4A16 rolled timing and warm-cache ncu (FFN1 on the rolled tile too)
+    gpu_tests s31 ${NEW_S:-200} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
+      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+      tests/kernels/cuda/test_sm90_epilogue_emulated.py tests/kernels/cuda/test_weight_only.py \
+      tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or k4096_r or rolled"
+    rc=$?
+    # FFN1 alone (CUDA events a layer, profile_engine): is the FP8 tile's 27 us (ncu, s29k) its Gelu, its width or its
+    # code? The same GEMM with Gelu and without, unrolled and rolled, 128x192 and 128x160; fp16's 128x192 beside
+    fast=cuda.fp8.gemm_fast_sm90; rolled=cuda.fp8.gemm_fast_rolled_sm90
+    for act in gelu none; do
+      timeout 120 python3 benchmarks/fp8_gemm_one.py --act $act --runs 30 \
+        --tactics ${fast}_128x192,${rolled}_128x192,${fast}_128x160,${rolled}_128x160 > "$OUT/ffn1_$act.txt" 2>&1
+      echo "== ffn1 fp8 act=$act rc $?"; grep -E "^cuda|  ffn1 " "$OUT/ffn1_$act.txt" | cut -c1-130
+      timeout 60 python3 benchmarks/fp8_gemm_one.py --fp16 --act $act --runs 30 --tactics cuda.gemm.sm90_128x192 \
+        > "$OUT/ffn1_fp16_$act.txt" 2>&1
+      echo "== ffn1 fp16 act=$act rc $?"; grep -E "  ffn1 " "$OUT/ffn1_fp16_$act.txt" | cut -c1-130
+    done
+    NO_TESTS=1 STEP=s30 bash "$0"
+    timeout 110 ncu --cache-control none --section SpeedOfLight --section WarpStateStats --kernel-name regex:gemm_sm90 \
+      --launch-skip 2 --launch-count 1 -o /tmp/ncu_ffn1_rolled python3 benchmarks/fp8_gemm_one.py \
+      --tactics ${rolled}_128x192 --runs 3 > "$OUT/ffn1_rolled_run.txt" 2>&1
+    echo "== ncu ffn1 rolled rc $?"
+    ncu -i /tmp/ncu_ffn1_rolled.ncu-rep --page raw > "$OUT/ncu_ffn1_rolled_raw.txt" 2>&1
+    grep -E "gpu__time_duration.sum|warps_issue_stalled_[a-z_]+_per_warp_active.pct" "$OUT/ncu_ffn1_rolled_raw.txt" \
+      | sort -k3 -g -r | head -8
+    exit $rc
+    ;;
+  s31b)  # ResNet-50 bs32 INT8 / FP8 against fp16 (builds at the default level: the rolled tiles timed beside their
+    # twins; build_phases_s: calibration, the tuner's compiling and timing), then BERT-base bs8 fp16 / FP8 converted
+    # and replayed as CUDA graphs, with the FP8 plan's tactics
+    timeout ${RESNET_S:-260} python3 benchmarks/int8_resnet.py --batch 32 --precisions int8,fp8 --rounds 3 --iters 30 \
+      --profile 8 --out "$OUT/int8_resnet.json" > "$OUT/int8_resnet.txt" 2>&1
+    echo "== int8_resnet rc $?"; grep -E "build|ms|cosine|x fp16" "$OUT/int8_resnet.txt" | tail -12
+    python3 -c "import json; d=json.load(open('$OUT/int8_resnet.json')); print('build_s', d.get('build_s'), 'phases', d.get('build_phases_s'))" 2>&1 | tail -1
+    grep -E "rolled" "$OUT/int8_resnet.txt" | head -12
+    timeout ${SAVE_S:-120} python3 benchmarks/fp8_bert.py --batch 8 --seq 128 --save-only \
+      --save-qdq /tmp/bert_fp8.onnx --save-float /tmp/bert_fp16.onnx > "$OUT/bert_save.txt" 2>&1
+    echo "== bert save rc $?"
+    for p in fp16 fp8; do
+      timeout 150 python3 -m polykit.tools.cli.app convert /tmp/bert_$p.onnx --fp16 -o /tmp/bert_$p.plan \
+        > "$OUT/bert_convert_$p.txt" 2>&1
+      echo "== convert $p rc $?"
+      timeout 60 python3 -m polykit.tools.cli.app bench /tmp/bert_$p.plan --iterations 200 --duration 2 \
+        > "$OUT/bert_bench_$p.txt" 2>&1
+      echo "== bench $p rc $?"; grep -iE "median|mean" "$OUT/bert_bench_$p.txt" | head -3
+    done
+    python3 -c "
+from collections import Counter
+from polykit.compiler.plan.file import Plan
+print(Counter(Plan.load('/tmp/bert_fp8.plan').metadata['tactics'].values()).most_common(12))" 2>&1 | tail -2
+    exit 0
+    ;;
   s30)  # FIRST next session: 54beee63's non-contracting epilogue ops (test_int8*.py bit for bit), then FFN1 of BERT FP8
     # alone (the fast 128x192 tile) and the staged W4A16 kernel at M = 1 under ncu with warm caches (--cache-control
     # none): is "no instruction" (instruction fetch) still the main stall outside ncu's flushed caches? ~300 s
-    gpu_tests s30 ${NEW_S:-170} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
-      tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
-      tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or k4096_r or rolled"
-    rc=$?
+    rc=0
+    if [ -z "$NO_TESTS" ]; then  # (s31a runs them, with the rolled INT8 / FP8 tiles')
+      gpu_tests s30 ${NEW_S:-170} tests/kernels/cuda/test_int8.py tests/kernels/cuda/test_int8_sm90.py \
+        tests/kernels/cuda/test_int8_gemm_sm90.py tests/kernels/cuda/test_fp8_gemm_sm90.py \
+        tests/kernels/cuda/test_weight_only.py tests/runtime/cuda/test_pdl_gpu.py -k "int8 or fp8 or k4096_r or rolled"
+      rc=$?
+    fi
     # the rolled W4A16 tiles (XS_ROLLED, never run on a GPU) beside their unrolled twins, M = 1 and 4, each alone
     # (ncu's kernel durations at boost clocks, warm caches: 5 runs a tactic, in the order of --tactics)
     for m in 1 4; do

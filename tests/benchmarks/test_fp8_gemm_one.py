@@ -16,7 +16,8 @@ from tests.compiler.test_fp8_gemm_plan import stand_in_sm90
 ROWS = 64
 
 
-@pytest.mark.parametrize("tactic", ["cuda.fp8.gemm_fast_sm90_128x192", "cuda.fp8.gemm_sm90_128x192"])
+@pytest.mark.parametrize("tactic", ["cuda.fp8.gemm_fast_sm90_128x192", "cuda.fp8.gemm_sm90_128x192",
+                                    "cuda.fp8.gemm_fast_rolled_sm90_128x192"])
 def test_the_fp8_block_runs_ffn1_as_berts_plan_on_the_forced_tactic(monkeypatch, tactic):
     stand_in_sm90(monkeypatch)
     plan = build_plan(fp8_block(ROWS), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
@@ -44,3 +45,14 @@ def test_the_script_runs_on_the_cpu_target(monkeypatch, capsys):
     main()
     out = capsys.readouterr().out
     assert "cpu.int8.float64: M=16 FP8" in out and "ffn1" in out and "ffn2" in out
+
+
+@pytest.mark.parametrize("act,body", [("relu", ["Relu"]), ("none", [])])
+def test_ffn1s_activation_is_the_flags(monkeypatch, act, body):
+    """--act: Relu or nothing in Gelu's place, the same GEMM otherwise (what the Gelu costs in FFN1's epilogue)."""
+    stand_in_sm90(monkeypatch)
+    plan = build_plan(fp8_block(ROWS, act=act), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
+                                                              tactic_replay={"ffn1": "cuda.fp8.gemm_fast_sm90_128x192"}))
+    (ffn1,) = [layer for layer in plan.layers if layer.name == "ffn1"]
+    assert ffn1.tactic == "cuda.fp8.gemm_fast_sm90_128x192" and ffn1.out_dtypes == ("float8_e4m3fn",)
+    assert [step["op"] for step in (ffn1.attrs.get("epilogue") or {"body": []})["body"]] == body
