@@ -6,8 +6,9 @@ their GPU tests hold them), FP8 tiles within test_fp8_sm90's bound, and each rol
 (`cuda.int8.gemm_rolled_sm90_*`, `cuda.fp8.gemm_fast_rolled_sm90_*`: the native epilogue as a loop over 32-column
 groups, gemm_sm90_epilogue.cuh) bit for bit against its unrolled twin on the same accumulators: partial tiles (rows
 past M, columns past N, a last group short of 32), per-channel and per-tensor scales, int8 / uint8 / float32 / e4m3
-outputs, an int8 residual read before the K loop (TILE_INPUTS), an e4m3 one, BERT's Gelu. The GPU tests at the end
-run the rolled tiles against the reference on the device.
+outputs, an int8 residual read before the K loop (TILE_INPUTS), an e4m3 one, BERT's Gelu. The twins' other paths
+(per element, the transposed 16-byte path of float16 outputs and promoted FP8 tiles, one consumer warpgroup) are held
+to the reference on the host too. The GPU tests at the end run the rolled tiles against the reference on the device.
 """
 
 from __future__ import annotations
@@ -126,6 +127,44 @@ def test_an_fp8_fast_tile_and_its_rolled_twin_write_the_same_bytes_within_the_re
     rolled = run_emulated_layer(launcher, layer, inputs, _fp8_name(label, True))["Y"]
     check(layer, inputs, _fp8_name(label, False), got=unrolled)
     assert rolled.tobytes() == unrolled.tobytes()
+
+
+#: the twins' other epilogue paths on the host (the GPU tests cover them on the device): the per-element path (131
+#: channels: rows not a multiple of 8), the transposed 16-byte path (a float16 output, Y_OUT 3; the promoted FP8
+#: tiles, F8_PIECES 2), one consumer warpgroup (64x96)
+OTHER_PATHS = [("int8", "cuda.int8.gemm_sm90_128x192", "per_element"),
+               ("int8", "cuda.int8.gemm_sm90_64x96", "residual_int8"),
+               ("int8", "cuda.int8.gemm_sm90_128x256", "residual_per_element"),
+               ("fp8", "cuda.fp8.gemm_fast_sm90_64x96", "gelu"),
+               ("fp8", "cuda.fp8.gemm_sm90_128x192", "e4m3_residual"),
+               ("fp8", "cuda.fp8.gemm_sm90_128x256", "gelu"),
+               ("fp8", "cuda.fp8.gemm_fast_sm90_128x192", "half_out"),
+               ("fp8", "cuda.fp8.gemm_fast_sm90_128x160", "per_element")]
+
+
+@pytest.mark.parametrize("family,tactic,case", OTHER_PATHS, ids=[f"{t.split('.')[-1]}-{c}" for _, t, c in OTHER_PATHS])
+def test_the_tiles_other_epilogue_paths_match_the_reference_on_the_host(launcher, family, tactic, case):
+    if family == "int8":
+        if case == "per_element":
+            inputs = sym_inputs((2, 10, 9, 48), (131, 1, 1, 48), y_dtype=np.int8)
+            layer = sym_layer(inputs, {})
+        elif case == "residual_per_element":
+            inputs = int8_residual_inputs(131, np.int8)
+            layer = sym_layer(inputs, {}, int8_residual(False), ("skip", "skip_scale"))
+        else:
+            layer, inputs = int8_case(case)
+        got = run_emulated_layer(launcher, layer, inputs, tactic)["Y"]
+        np.testing.assert_array_equal(got.view(np.uint8), reference_layer(layer, inputs)["Y"].view(np.uint8))
+        return
+    if case == "half_out":
+        inputs = fp8_inputs((2, 10, 9, 64), (136, 1, 1, 64))
+        layer = fp8_layer(inputs, {}, HALF_OUT, ())
+    elif case == "per_element":
+        inputs = fp8_inputs((2, 10, 9, 32), (131, 1, 1, 32), requant=True)
+        layer = fp8_layer(inputs, {})
+    else:
+        layer, inputs = fp8_case(case)
+    check(layer, inputs, tactic, got=run_emulated_layer(launcher, layer, inputs, tactic)["Y"])
 
 
 def test_the_harness_sees_a_wrong_accumulator_layout(launcher, monkeypatch):
