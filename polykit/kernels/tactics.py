@@ -65,6 +65,9 @@ class Tactic:
         read the layer's input `index` where that input is placed in a Concat's output (rows of
         `row` elements, `stride` elements apart, `offset` elements into a 256-byte aligned slot),
         so that a Concat input with other readers is placed too (concat_placement).
+    variant_of: the tactic (of its kind) this one is a variant of, or None: the same kernel and tile compiled
+        another way (the rolled-epilogue GEMM tiles, EPI_ROLL). Ranked below its twin, it is timed beside the twin
+        where a capped level times the twin first of its family (tuner._with_variants), never in a slot of the cap.
     revision: the version of what the tactic computes and the layouts it reads and writes (its
         formats, how it wants its weights packed): a version-compatible plan names its tactics
         `name@revision` (versioned_name), and another polykit version loads it only where each
@@ -88,6 +91,7 @@ class Tactic:
     places_fn: Callable[[Any, int, int, int], bool] | None = field(default=None, hash=False, compare=False)
     reads_placed_fn: Callable[[Any, int, int, int, int], bool] | None = field(default=None, hash=False,
                                                                               compare=False)
+    variant_of: str | None = None
 
     def places(self, layer: Any, row: int, stride: int, offset: int) -> bool:
         """Whether the tactic can write `layer`'s first output as rows of `row` elements, `stride`

@@ -288,6 +288,31 @@ def test_a_capped_level_also_times_the_best_of_each_family_the_cap_left_out():
     assert capped(mixed, 4) == mixed
 
 
+def test_a_capped_level_times_a_variant_beside_its_twin_when_its_twin_leads_its_family():
+    """A variant (Tactic.variant_of: the same tile compiled another way) is timed after what the cap chose when its
+    twin is the first of its family there, never in a slot of the cap or of a left-out family; level 0 and the
+    uncapped level keep the order."""
+    from types import SimpleNamespace
+
+    from polykit.compiler.builder.tuner import capped
+
+    layer = SimpleNamespace(attrs={}, precision="fp16")
+
+    def t(name, twin=None):
+        return SimpleNamespace(name=name, variant_of=twin)
+
+    tactics = [t("k.sm90_128x192"), t("k.sm90_128x256"), t("k.sm90_rolled_128x192", "k.sm90_128x192"),
+               t("k.sm90_rolled_128x256", "k.sm90_128x256"), t("k.sm90_128x128"), t("k.simt"), t("k.direct")]
+    pairs = [(layer, x) for x in tactics]
+    got = [x.name for _, x in capped(pairs, 2)]
+    # the cap: two tiles of k.sm90; the one slot it spent on a family's second tile: k.simt (the next family that is
+    # no variant's); then the variant of k.sm90's first tile only
+    assert got == ["k.sm90_128x192", "k.sm90_128x256", "k.simt", "k.sm90_rolled_128x192"]
+    assert capped(pairs, None) == pairs and capped(pairs, 0) == pairs
+    alone = [pairs[1], pairs[2]]  # the variant's twin is not chosen: the variant is not timed
+    assert [x.name for _, x in capped(alone, 1)] == ["k.sm90_128x256"]
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
 def test_timing_inputs_are_non_zero_values_in_range_that_differ_between_draws(dtype):
     from polykit.compiler.builder.layer_timing import POOL_ELEMENTS, random_input

@@ -213,21 +213,41 @@ def _with_families(pairs: Sequence[Pair], cap: int) -> list[Pair]:
         if len(chosen) >= cap + room:
             break
         key = family(p[1].name)
-        if key not in seen:
+        if key not in seen and variant_of(p[1]) is None:  # (variants: _with_variants)
             seen.add(key)
             chosen.append(p)
     return chosen
 
 
+def variant_of(tactic: Any) -> str | None:
+    """The tactic `tactic` is a variant of (Tactic.variant_of: the same tile compiled another way, as the
+    rolled-epilogue GEMM tiles), or None."""
+    return getattr(tactic, "variant_of", None)
+
+
+def _with_variants(chosen: list[Pair], pairs: Sequence[Pair]) -> list[Pair]:
+    """`chosen` and, after it, the variants of each family's first pair in it: a variant (ranked below its twin, so
+    that level 0 keeps the twin and a cap never spends a slot on it) is timed beside the one tile of its twin's
+    kernel the cap ranks best, whatever else the cap took."""
+    firsts, seen = set(), set()
+    for _, tactic in chosen:
+        if family(tactic.name) not in seen:
+            seen.add(family(tactic.name))
+            firsts.add(tactic.name)
+    taken = {id(p) for p in chosen}
+    return chosen + [p for p in pairs if id(p) not in taken and variant_of(p[1]) in firsts]
+
+
 def capped(pairs: Sequence[Pair], cap: int | None) -> list[Pair]:
     """The pairs a level times: the first `cap` by priority (all for None) with the best of the
-    families they leave out (`_with_families`), and likewise of a layer's sparse variant
-    (polykit.compiler.builder.sparsity) besides, so a sparse candidate is always timed against the
-    dense ones."""
+    families they leave out (`_with_families`) and the variants of each family's first pair there
+    (`_with_variants`), and likewise of a layer's sparse variant (polykit.compiler.builder.sparsity)
+    besides, so a sparse candidate is always timed against the dense ones."""
     if not cap:
         return list(pairs)
     dense = [p for p in pairs if ATTR not in p[0].attrs]
-    return _with_families(dense, cap) + _with_families([p for p in pairs if ATTR in p[0].attrs], cap)
+    sparse = [p for p in pairs if ATTR in p[0].attrs]
+    return (_with_variants(_with_families(dense, cap), dense) + _with_variants(_with_families(sparse, cap), sparse))
 
 
 class Tuner:

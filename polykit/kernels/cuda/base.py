@@ -363,11 +363,11 @@ def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, p
                 params: Mapping[str, Any] | None = None, archs: Sequence[str] = (),
                 workspace: WorkspaceFn = no_workspace, estimate: Any = None, conservative: bool = False,
                 domain: str = ANY, serves: Any = None, places: Any = None, reads_placed: Any = None,
-                depth_to_space: bool = False, idle: Any = None):
+                depth_to_space: bool = False, idle: Any = None, variant_of: str | None = None):
     """Decorator for an enqueue function: declares a CudaTactic for layer `kind` of `domain` (any
     by default; `conservative`: the kind's trusted plain kernel, `polykit debug tactics`' good side;
-    `serves`, `places`, `reads_placed`: polykit.kernels.tactics.Tactic.serves / places_fn /
-    reads_placed_fn; `idle`: CudaTactic.idle_fn). A ConvNHWC storing its output depth-to-space
+    `serves`, `places`, `reads_placed`, `variant_of`: polykit.kernels.tactics.Tactic.serves / places_fn /
+    reads_placed_fn / variant_of; `idle`: CudaTactic.idle_fn). A ConvNHWC storing its output depth-to-space
     (its `depth_to_space` attribute, ops/nn/channels_last.py) is refused unless the family says
     it stores so (`depth_to_space`): a new family cannot run one by mistake."""
     if not depth_to_space:
@@ -377,7 +377,8 @@ def cuda_tactic(kind: str, name: str, *, kernels, supports=lambda layer: True, p
         DECLARED.append(CudaTactic("cuda", kind, name, dict(params or {}), supports, priority, archs=tuple(archs),
                                    workspace_fn=workspace, estimate_fn=estimate, kernels_fn=kernels,
                                    enqueue_fn=enqueue_fn, conservative=conservative, domain=domain,
-                                   serves=serves, places_fn=places, reads_placed_fn=reads_placed, idle_fn=idle))
+                                   serves=serves, places_fn=places, reads_placed_fn=reads_placed, idle_fn=idle,
+                                   variant_of=variant_of))
         return enqueue_fn
 
     return declare

@@ -62,17 +62,17 @@ HARNESS = r"""
 #else
 #define EMU_EPI_ARGS
 #endif
-// one block a tile (blockIdx.x in tile_of's order), CONSUMERS x 128 threads (consumer warpgroup 1 + threadIdx.x / 128):
-// each thread takes its accumulators from P, the product padded to whole tiles ([items * tiles_m * BM, np]
-// row-major), where the wgmma layout puts them, then finishes the tile as consume does after its K loop
-extern "C" __global__ void sm90_epilogue(const acc_t* P, i64 np, ELEM* Y, i64 M, i64 N, i64 K, i64 scm, i64 scn,
-                                         float alpha, float beta, i64 items, i64 a_batched,
+// gemm_sm90's parameters with P and its row length in place of the tensor maps: one block a tile (blockIdx.x in
+// tile_of's order), CONSUMERS x 128 threads (consumer warpgroup 1 + threadIdx.x / 128); each thread takes its
+// accumulators from P, the product padded to whole tiles ([items * tiles_m * BM, np] row-major), where the wgmma
+// layout puts them, then finishes the tile as consume does after its K loop
+extern "C" __global__ void sm90_epilogue(const acc_t* P, i64 np, const ELEM* C, ELEM* Y, i64 M, i64 N, i64 K, i64 scm,
+                                         i64 scn, float alpha, float beta, i64 items, i64 a_batched,
                                          i64 b_batched I8_PARAMS EPI_PARAMS) {
-  (void)a_batched, (void)b_batched, (void)items, (void)K;
+  (void)a_batched, (void)b_batched, (void)items, (void)K, (void)C;
   const int wg = 1 + threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int row0 = (wg - 1) * MSUB * 64;
   const int tiles_m = (int)((M + BM - 1) / BM), tiles_n = (int)((N + BN - 1) / BN);
-  const ELEM* C = nullptr;
   OutT out = MAKE_OUT(Y, C, M, N, scm, scn, alpha, beta);
 #if I8 && !F8
   out.q.small_sums = K < 256;
@@ -99,9 +99,9 @@ extern "C" __global__ void sm90_epilogue(const acc_t* P, i64 np, ELEM* Y, i64 M,
 #endif
 }
 """
-PARAMS = ("const acc_t* P, i64 np, ELEM* Y, i64 M, i64 N, i64 K, i64 scm, i64 scn, float alpha, float beta, i64 items, "
-          "i64 a_batched, i64 b_batched I8_PARAMS EPI_PARAMS")
-ARGS = "P, np, Y, M, N, K, scm, scn, alpha, beta, items, a_batched, b_batched"
+PARAMS = ("const acc_t* P, i64 np, const ELEM* C, ELEM* Y, i64 M, i64 N, i64 K, i64 scm, i64 scn, float alpha, "
+          "float beta, i64 items, i64 a_batched, i64 b_batched I8_PARAMS EPI_PARAMS")
+ARGS = "P, np, C, Y, M, N, K, scm, scn, alpha, beta, items, a_batched, b_batched"
 I8_ARGS = ", Scale, QBias, YScale, YZ, flags, scale_step, bias_step"
 
 
@@ -152,7 +152,7 @@ class Sm90EpilogueLauncher(EmulatedLauncher):
         self.params = PARAMS
         tensor = DeviceTensor(padded.ctypes.data, padded.shape, padded.dtype)
         super().launch(harness, (tiles_m * tiles_n * items,), (128 * consumers,),
-                       [tensor, tiles_n * bn, *args[3:]])
+                       [tensor, tiles_n * bn, *args[2:]])
 
 
 def epilogue_launcher(tmp_path_factory) -> Sm90EpilogueLauncher:

@@ -19,16 +19,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from polykit.compiler.plan.records import LayerDesc
+from polykit.kernels.cuda.gemm import gemm_sm90
 from polykit.kernels.cuda.int8 import fp8_gemm_sm90, int8_gemm_sm90
 from polykit.kernels.tactics import find_tactic
 from polykit.runtime.cuda.harness import reference_layer
 
 from ...compiler.fp8_models import E4M3
-from . import test_fp8_sm90, test_int8, test_int8_sm90
+from . import test_fp8_sm90, test_gemm_sm90, test_int8, test_int8_sm90
 from .fp8_cases import device_tensors
 from .recording_launcher import RecordingLauncher
 from .sm90_epilogue_emulation import epilogue_launcher, run_emulated_layer
 from .test_fp8_sm90 import HALF_OUT, check, e4m3, fp8_inputs, fp8_layer
+from .test_gemm_sm90 import BF16
 from .test_int8 import int8_residual
 from .test_int8_sm90 import int8_residual_inputs, near_tie_inputs, sym_inputs, sym_layer, zero_y_case
 
@@ -42,7 +45,7 @@ def _fresh_rng(monkeypatch):
     """One generator per test, the same in every helper module: a test's data does not depend on which tests ran
     before it in its worker."""
     fresh = np.random.default_rng(35)
-    for module in (test_int8, test_int8_sm90, test_fp8_sm90):
+    for module in (test_int8, test_int8_sm90, test_fp8_sm90, test_gemm_sm90):
         monkeypatch.setattr(module, "rng", fresh)
 
 
@@ -202,19 +205,33 @@ def test_the_rolled_tiles_take_only_what_their_native_epilogue_serves():
             assert rolled.supports(int8_case(case)[0]), (label, case)
 
 
-def test_a_timed_build_times_the_rolled_twin_of_the_best_tile():
-    """Their own tuner family at the fast tiles' priority: the default level (3) times the rolled twin of the
-    estimate's best GEMM tile beside it (BERT-base bs8's FFN1: 128x192), level 0 keeps the twins' order."""
-    from polykit.compiler.builder.tuner import LEVELS, by_estimate, capped
+@pytest.mark.parametrize("which", ["fp8", "fp16"])
+def test_a_timed_build_times_the_rolled_twin_of_the_best_tile_and_nothing_less(which):
+    """Variants of their twins (tuner._with_variants): the default level (3) times the rolled twin of its family's
+    best tile (BERT-base bs8's FFN1: 128x192) besides all it timed before the rolled tiles existed; level 0 keeps
+    the twin first."""
+    from polykit.compiler.builder.tuner import LEVELS, by_estimate, capped, variant_of
     from polykit.kernels.tactics import candidates
 
-    inputs = fp8_inputs((8, 128, 1, 768), (3072, 1, 1, 768), requant=True)
-    layer = fp8_layer(inputs, {}, GELU)
-    pairs = by_estimate([(layer, t) for t in candidates("cuda", "QConvNHWC", layer, arch="sm_90")], 132)
+    if which == "fp8":
+        layer = fp8_layer(fp8_inputs((8, 128, 1, 768), (3072, 1, 1, 768), requant=True), {}, GELU)
+        kind, twin, rolled = "QConvNHWC", _fp8_name("128x192", False), _fp8_name("128x192", True)
+    else:
+        from .test_gemm_sm90 import stamped
+
+        body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
+        inputs = {"A": np.zeros((1024, 768), np.float16), "B": np.zeros((768, 3072), np.float16),
+                  "bias": np.zeros(3072, np.float16)}
+        layer = stamped(LayerDesc("mm", "MatMul", ("A", "B", "bias"), ("Y",),
+                                  {"epilogue": {"input": "raw", "body": body}}, domain="ai.polykit"),
+                        inputs, (1024, 3072), np.float16)
+        kind, twin, rolled = "MatMul", "cuda.gemm.sm90_128x192", "cuda.gemm.sm90_rolled_128x192"
+    pairs = by_estimate([(layer, t) for t in candidates("cuda", kind, layer, arch="sm_90")], 132)
     timed = [p[1].name for p in capped(pairs, LEVELS[3].limit("cuda"))]
-    assert "cuda.fp8.gemm_fast_sm90_128x192" in timed and "cuda.fp8.gemm_fast_rolled_sm90_128x192" in timed
-    names = [p[1].name for p in pairs]
-    assert names.index("cuda.fp8.gemm_fast_sm90_128x192") < names.index("cuda.fp8.gemm_fast_rolled_sm90_128x192")
+    before = [p[1].name for p in capped([p for p in pairs if variant_of(p[1]) is None], LEVELS[3].limit("cuda"))]
+    assert timed == before + [rolled] and twin in before
+    assert pairs[0][1].name != rolled and [p[1].name for p in pairs].index(twin) < [p[1].name for p in pairs].index(rolled)
 
 
 @pytest.mark.parametrize("family", ["int8", "fp8"])
@@ -243,7 +260,6 @@ def test_a_rolled_tile_spills_nothing_and_its_epilogue_is_a_loop(family, case, l
     """ptxas: no spills, no serialized wgmma; with CUOBJDUMP, a backward branch around one group's stores whose
     body is far shorter than the unrolled twin's straight line (BERT's Gelu on 128x192: ~650 against ~2,600)."""
     pytest.importorskip("cuda.core")
-    from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
     from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
 
     tile = next(t for t in fp8_gemm_sm90.ROLLED_TILES if t.label == label)
@@ -252,11 +268,20 @@ def test_a_rolled_tile_spills_nothing_and_its_epilogue_is_a_loop(family, case, l
     else:
         source = int8_gemm_sm90.kernel(int8_case(case)[0], tile, rolled=True)
     assert_pipelined(ptxas_report(source, "gemm_sm90.cu"), f"rolled {family} {label}")
-    tool = _cuobjdump()
-    if tool is None:
-        return  # (the SASS half: benchmarks/cuda_sass.py)
+    loops = store_loops(source, "STG.E.64")
+    assert loops is None or (loops and min(loops) <= 900), loops  # the group loop: its stores and transposes inside
+
+
+def store_loops(source, store: str) -> list[int] | None:
+    """The sizes (SASS instructions) of `source`'s loops (a backward branch and what it jumps over) that hold a `store`
+    and a warp shuffle; None without CUOBJDUMP (the SASS half of a test: benchmarks/cuda_sass.py prints it)."""
     from polykit.runtime.cuda.nvrtc import compile_source
 
+    from .test_fp8_gemm_sm90 import _cuobjdump, disassemble
+
+    tool = _cuobjdump()
+    if tool is None:
+        return None
     rows = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);",
                                                       disassemble(tool, compile_source(source, "sm_90a")))]
     loops = []
@@ -264,9 +289,82 @@ def test_a_rolled_tile_spills_nothing_and_its_epilogue_is_a_loop(family, case, l
         m = re.search(r"\bBRA(?:\.\w+)? (?:!?U?P\w+, )?(0x[0-9a-f]+)$", text.strip())
         if m and int(m[1], 16) < at:
             body = [t for a, t in rows if int(m[1], 16) <= a <= at]
-            if any("STG.E.64" in t for t in body) and any(t.lstrip("@!P0123456789 ").startswith("SHFL") for t in body):
+            if any(f"{store} " in t for t in body) and any(t.lstrip("@!P0123456789 ").startswith("SHFL") for t in body):
                 loops.append(len(body))
-    assert loops and min(loops) <= 900, loops  # the group loop: its stores and transposes inside
+    return loops
+
+
+# ---- the 16-bit GEMM tiles (cuda.gemm.sm90_*) and their rolled twins --------------------------------
+
+GEMM_ROLLED = [t.label for t in gemm_sm90.ROLLED_TILES]  # 128x128, 128x256, 64x128, 128x192
+
+
+def fp16_case(case: str, dtype=np.float16):
+    """(layer, inputs, float64 reference) of a 16-bit GEMM with a fused epilogue on the 16-byte path."""
+    from math import erf
+
+    from .test_gemm_sm90 import rand, stamped
+
+    gelu = np.vectorize(erf)
+    if case == "ffn1":  # BERT's FFN1: MatMul (B [K, N]) + bias + Gelu; 300 rows, 456 columns (a short last group)
+        a, b, bias = rand((300, 64), dtype), rand((64, 456), dtype), rand((456,), dtype)
+        body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}]
+        layer = LayerDesc("mm", "MatMul", ("A", "B", "bias"), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                          domain="ai.polykit")
+        inputs = {"A": a, "B": b, "bias": bias}
+        x = a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)
+        return stamped(layer, inputs, (300, 456), dtype), inputs, 0.5 * x * (1.0 + gelu(x / np.sqrt(2.0)))
+    # test_gemm_sm90's 16-byte path case: a Gemm (B [N, K]) with C, alpha, beta, bias + Gelu + residual; 77 rows
+    a, b, c = rand((77, 96), dtype), rand((200, 96), dtype), rand((200,), dtype)
+    bias, res = rand((200,), dtype), rand((77, 200), dtype)
+    body = [{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+            {"op": "Gelu", "inputs": ["s"], "outputs": ["g"], "attrs": {}},
+            {"op": "Add", "inputs": ["g", "res"], "outputs": ["Y"], "attrs": {}}]
+    attrs = {"transB": 1, "alpha": 0.75, "beta": -1.5, "epilogue": {"input": "raw", "body": body}}
+    layer = LayerDesc("gemm", "Gemm", ("A", "B", "C", "bias", "res"), ("Y",), attrs, domain="ai.polykit")
+    inputs = {"A": a, "B": b, "C": c, "bias": bias, "res": res}
+    x = 0.75 * (a.astype(np.float64) @ b.T.astype(np.float64)) - 1.5 * c.astype(np.float64) + bias.astype(np.float64)
+    return stamped(layer, inputs, (77, 200), dtype), inputs, 0.5 * x * (1.0 + gelu(x / np.sqrt(2.0))) + res
+
+
+@pytest.mark.parametrize("label", GEMM_ROLLED)
+@pytest.mark.parametrize("case,dtype", [("ffn1", np.float16), ("gemm_residual", np.float16), ("ffn1", BF16)],
+                         ids=["ffn1", "gemm_residual", "ffn1_bf16"])
+def test_a_16_bit_gemm_tile_and_its_rolled_twin_write_the_same_bytes(launcher, case, dtype, label):
+    from .test_gemm_sm90 import TOL, rel_err
+
+    layer, inputs, want = fp16_case(case, dtype)
+    kind = layer.kind
+    unrolled = run_emulated_layer(launcher, layer, inputs, f"cuda.gemm.sm90_{label}", kind)["Y"]
+    rolled = run_emulated_layer(launcher, layer, inputs, f"cuda.gemm.sm90_rolled_{label}", kind)["Y"]
+    assert rel_err(unrolled, want) <= max(TOL[np.dtype(dtype)], 3e-3)
+    assert rolled.tobytes() == unrolled.tobytes()
+
+
+def test_the_16_bit_rolled_tiles_take_16_bit_layers_with_an_epilogue_only():
+    from .test_gemm_sm90 import rand, stamped
+
+    layer, _, _ = fp16_case("ffn1")
+    plain = stamped(LayerDesc("mm", "MatMul", ("A", "B"), ("Y",), {}, domain="ai.polykit"),
+                    {"A": rand((64, 64), np.float16), "B": rand((64, 128), np.float16)}, (64, 128), np.float16)
+    for label in GEMM_ROLLED:
+        rolled = find_tactic("cuda", "MatMul", f"cuda.gemm.sm90_rolled_{label}")
+        assert rolled.supports(layer) and not rolled.supports(plain), label
+        assert find_tactic("cuda", "MatMul", f"cuda.gemm.sm90_{label}").supports(plain)
+
+
+@pytest.mark.parametrize("label", GEMM_ROLLED)
+def test_a_16_bit_rolled_tile_spills_nothing_and_stores_16_bytes_in_its_loop(label):
+    pytest.importorskip("cuda.core")
+    from .test_sm90_wgmma_pipeline import assert_pipelined, ptxas_report
+
+    tile = next(t for t in gemm_sm90.ROLLED_TILES if t.label == label)
+    for source in (gemm_sm90.kernel_for(fp16_case(case)[0], tile, "half_t", case == "ffn1", rolled=True)
+                   for case in ("ffn1", "gemm_residual")):
+        assert_pipelined(ptxas_report(source, "gemm_sm90.cu"), f"rolled gemm {label}")
+        loops = store_loops(source, "STG.E.128")  # (16-byte stores: store8's st.global.v4, not four 4-byte ones)
+        assert loops is None or (loops and min(loops) <= 900), loops
 
 
 # ---- GPU: the rolled tiles against the reference -------------------------------------------------
@@ -290,3 +388,16 @@ def test_sm90_rolled_int8_gemm_equals_the_reference(case, label):
 def test_sm90_rolled_fp8_gemm_matches_the_reference(case, label):
     layer, inputs = fp8_case(case)
     check(layer, inputs, _fp8_name(label, True))
+
+
+@gpu
+@pytest.mark.parametrize("label", GEMM_ROLLED)
+@pytest.mark.parametrize("case", ["ffn1", "gemm_residual"])
+def test_sm90_rolled_16_bit_gemm_matches_the_reference(case, label):
+    from polykit.runtime.cuda.harness import run_layer
+
+    from .test_gemm_sm90 import rel_err
+
+    layer, inputs, want = fp16_case(case)
+    got = run_layer(layer, inputs, tactic=f"cuda.gemm.sm90_rolled_{label}")["Y"]
+    assert rel_err(got, want) <= 3e-3

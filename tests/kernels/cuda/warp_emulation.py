@@ -30,7 +30,8 @@ again before a slot may be rewritten. On this rest:
   - sub.rn.f16x2, mul.rn.f16x2, fma.rn.f16x2, fma.rn.bf16x2 (each half exact in double, rounded once: their bits for
     the operands weight_only_mma.cuh gives them), prmt.b32 (default mode) and cvt.pack.sat.{s8,u8}.s32.b32
     (int8_out.cuh's sat_pack);
-  - prefetch.global.L2 (a cache hint: nothing).
+  - prefetch.global.L2 (a cache hint: nothing);
+  - st.global.v4.{b32,u32} (4 registers to 16 bytes of memory).
 Shared addresses (`__cvta_generic_to_shared`) are 32-bit offsets from an anchor in the module's
 own data (the emulated shared memory is the module's statics), sign-extended back.
 
@@ -427,6 +428,8 @@ PTX_OPS = [
        f"{args[1][0]}, {args[2][0]}, {args[3][0]}, {str(u).lower()})") for t in "su"],
     (r"ld\.const\.[bu]32", _ld_const),
     (r"prefetch\.global\.L2(::evict_\w+)?", lambda args: f"(void)({args[0][0]})"),  # a cache hint: no effect here
+    (r"st\.global\.v4\.[bu]32", lambda args: f"do {{ const unsigned emu_s[4] = {{{', '.join(args[1])}}}; "
+                                               f"memcpy((void*)({args[0][0]}), emu_s, 16); }} while (0)"),
 ]
 
 

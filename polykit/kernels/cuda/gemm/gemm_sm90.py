@@ -259,24 +259,26 @@ def tile_supports(tile: Sm90Tile, split3: bool):
 
 
 def kernel_for(layer: Any, tile: Sm90Tile, elem: str, b_mn: bool, name: str = "gemm_sm90",
-               split3: bool = False, int8: bool = False, splitk: bool = False, streamk: bool = False) -> KernelSource:
+               split3: bool = False, int8: bool = False, splitk: bool = False, streamk: bool = False,
+               rolled: bool = False) -> KernelSource:
     """The layer's kernel `name` (gemm_sm90 or conv_sm90): its .cu (FILES) with the tile's
     defines, plus the layer's epilogue when it has one; `int8`: the I8 variant (s8 operands,
     `elem` the epilogue's float); `splitk`: the split-K variant (gemm_sm90_splitk.py); `streamk`:
-    the stream-K variant (gemm_sm90_streamk.py)."""
+    the stream-K variant (gemm_sm90_streamk.py); `rolled`: EPI_ROLL 1 (ROLLED_TILES)."""
     tile_defines = (tile.defines(b_mn, split3) + (defines(I8=1) if int8 else ()) + (defines(SPLITK=1) if splitk else ())
-                    + (defines(STREAMK=1) if streamk else ()) + store_defines(layer))
+                    + (defines(STREAMK=1) if streamk else ()) + (defines(EPI_ROLL=1) if rolled else ())
+                    + store_defines(layer))
     if has_epilogue(layer):
         return KernelSource(name, code=epilogue_prelude(layer, elem) + (CUDA_DIR / FILES[name]).read_text(),
                             defines=tile_defines, arch="sm_90a")
     return KernelSource(name, file=FILES[name], defines=defines(ELEM=elem) + tile_defines, arch="sm_90a")
 
 
-def tile_kernels(tile: Sm90Tile, split3: bool, splitk: bool = False, streamk: bool = False):
+def tile_kernels(tile: Sm90Tile, split3: bool, splitk: bool = False, streamk: bool = False, rolled: bool = False):
     def kernels(layer: Any) -> list[KernelSource]:
         geo = layer_geometry(layer)
         return [kernel_for(layer, tile, ELEMS[layer_storage(layer, split3)], geo.b_mn, split3=split3, splitk=splitk,
-                           streamk=streamk)]
+                           streamk=streamk, rolled=rolled)]
 
     return kernels
 
@@ -344,12 +346,13 @@ def workspace_geometry(layer: Any, tensors: Mapping[str, Any]) -> tuple[Sm90Gemm
     return None if geo is None else (geo, np.dtype(tensors[layer.inputs[0]].dtype).name)
 
 
-def _enqueue(tile: Sm90Tile, split3: bool):
+def _enqueue(tile: Sm90Tile, split3: bool, rolled: bool = False):
     def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:
         ops = operands_of(layer, tensors, "sm90 GEMM kernel")
         geo = ops.geo
         grid = tile.grid(tile_count(geo, tile), launcher.sm_count)
-        launcher.launch(kernel_for(layer, tile, ELEMS[ops.storage], geo.b_mn, split3=split3), (grid,), (tile.threads,),
+        launcher.launch(kernel_for(layer, tile, ELEMS[ops.storage], geo.b_mn, split3=split3, rolled=rolled), (grid,),
+                        (tile.threads,),
                         ops.kernel_args(tile) + epilogue_args(layer, tensors, ops.Y.dtype),
                         shared_mem=tile.smem_for(ops.storage, geo.b_mn, split3))
 
@@ -358,8 +361,8 @@ def _enqueue(tile: Sm90Tile, split3: bool):
 
 def compile_variants() -> list[KernelSource]:
     """Every tile with both B layouts for fp16, the default tile for bf16, for tf32 the default
-    tile and a 2-blocks-per-SM one with both B layouts, and every 3xTF32 tile with each B layout it
-    fits (CI: sm_90a)."""
+    tile and a 2-blocks-per-SM one with both B layouts, every 3xTF32 tile with each B layout it
+    fits, and the rolled tiles (rolled_variants) (CI: sm_90a)."""
     def unit(elem: str, tile: Sm90Tile, b_mn: bool, split3: bool = False) -> KernelSource:
         return KernelSource("gemm_sm90", file=FILE, defines=defines(ELEM=elem) + tile.defines(b_mn, split3),
                             arch="sm_90a")
@@ -368,8 +371,27 @@ def compile_variants() -> list[KernelSource]:
     out.append(unit("bf16_t", TILES[0], True))
     out += [unit("float", t, b_mn) for t in (TILES[0], TILES[5], TILES[-1]) for b_mn in (False, True)
             if t.fits("float32", b_mn, False)]
-    return out + [unit("float", t, b_mn, True) for t in X3_TILES for b_mn in (False, True)
-                  if t.fits("float32", b_mn, True)]
+    out += [unit("float", t, b_mn, True) for t in X3_TILES for b_mn in (False, True) if t.fits("float32", b_mn, True)]
+    return out + rolled_variants()
+
+
+def rolled_variants() -> list[KernelSource]:
+    """The rolled tiles (ROLLED_TILES) on a float16 MatMul with BERT FFN1's bias + Gelu (one group's loads ahead:
+    the 16-byte path's bias) and one with a residual + Relu (the row loads), both B layouts on the first."""
+    from polykit.compiler.plan.records import LayerDesc
+
+    def layer(body: list[dict[str, Any]], extra: str) -> Any:
+        return LayerDesc("mm", "MatMul", ("A", "B", extra), ("Y",), {"epilogue": {"input": "raw", "body": body}},
+                         domain="ai.polykit", in_dtypes=("float16",) * 3, out_dtypes=("float16",),
+                         in_shapes=((256, 768), (768, 3072), (3072,) if extra == "bias" else (256, 3072)),
+                         out_shapes=((256, 3072),))
+
+    gelu = layer([{"op": "Add", "inputs": ["raw", "bias"], "outputs": ["s"], "attrs": {}},
+                  {"op": "Gelu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}], "bias")
+    relu = layer([{"op": "Add", "inputs": ["raw", "skip"], "outputs": ["s"], "attrs": {}},
+                  {"op": "Relu", "inputs": ["s"], "outputs": ["Y"], "attrs": {}}], "skip")
+    out = [kernel_for(gelu, t, "half_t", True, rolled=True) for t in ROLLED_TILES]
+    return out + [kernel_for(relu, ROLLED_TILES[0], "half_t", b_mn, rolled=True) for b_mn in (True, False)]
 
 
 def _register(tiles: tuple[Sm90Tile, ...], prefix: str, split3: bool) -> None:
@@ -383,3 +405,30 @@ def _register(tiles: tuple[Sm90Tile, ...], prefix: str, split3: bool) -> None:
 
 _register(TILES, "sm90", False)
 _register(X3_TILES, "sm90x3", True)
+
+#: the rolled tiles (`cuda.gemm.sm90_rolled_<tile>`: EPI_ROLL 1, gemm_sm90_epilogue.cuh): the one-block tiles of one m64
+#: subtile a warpgroup and 128 columns or more, their 16-byte epilogue a loop over the tile's 32-column groups (one
+#: group's loads ahead at most) instead of BN / 32 copies of one group's code straight through. The same bytes (host
+#: emulation, tests/kernels/cuda/test_sm90_epilogue_emulated.py). Layers with a fused epilogue stored in 16 bits only
+#: (what the 16-byte path serves, and where the epilogue's code is long). Variants of their twins (Tactic.variant_of,
+#: priority 29 below their 30): level 0 keeps the twins, and a timed build times the rolled twin of the tile the cap
+#: ranks best (tuner._with_variants). Untimed on a GPU when added (twenty-fifth session).
+ROLLED_TILES = tuple(t for t in TILES if t.blocks == 1 and t.msub == 1 and t.bn >= 128)
+
+
+def rolled_supports(tile: Sm90Tile):
+    twin = tile_supports(tile, False)
+
+    def supports(layer: Any) -> bool:
+        return twin(layer) and has_epilogue(layer) and layer_storage(layer) in ("float16", "bfloat16")
+
+    return supports
+
+
+for _tile in ROLLED_TILES:
+    for _kind in ("MatMul", "Gemm"):
+        cuda_tactic(_kind, f"cuda.gemm.sm90_rolled_{_tile.label}", kernels=tile_kernels(_tile, False, rolled=True),
+                    supports=rolled_supports(_tile), priority=29, archs=ARCHS, estimate=tile_estimate(_tile, False),
+                    params={"bm": _tile.bm, "bn": _tile.bn, "bk": BK, "msub": _tile.msub, "rolled_epilogue": 1,
+                            "consumers": _tile.consumers, "stages": _tile.stages},
+                    variant_of=f"cuda.gemm.sm90_{_tile.label}")(_enqueue(_tile, False, True))

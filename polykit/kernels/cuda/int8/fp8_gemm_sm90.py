@@ -58,9 +58,10 @@ FAST_TILES = tuple(t for t, _, _ in TILES)
 #: loop over the tile's 32-column groups instead of BN / 32 copies of one group's code straight through (128x192 with
 #: BERT's Gelu: a ~650-instruction loop where the unrolled path runs ~2,600 once a tile). The same bytes (host
 #: emulation, tests/kernels/cuda/test_sm90_epilogue_emulated.py); ~2 instructions an output more (the group's
-#: accumulators selected, its prefetched loads moved). Their own tuner family at the fast tiles' priority: a timed
-#: build times them beside their twins and keeps the faster; level 0 keeps the twins (registered first). Untimed
-#: on a GPU when added (twenty-fifth session): which wins is the tuner's to measure.
+#: accumulators selected, its prefetched loads moved). Variants of their twins (Tactic.variant_of, one priority
+#: below): level 0 keeps the twins, and a timed build times a rolled tile beside the one of its twin's family the cap
+#: ranks best (tuner._with_variants), keeping the faster. Untimed on a GPU when added (twenty-fifth session): which
+#: wins is the tuner's to measure.
 ROLLED_TILES = tuple(t for t in FAST_TILES if t.bn >= 128)
 
 
@@ -178,8 +179,9 @@ def _supports_rolled(tile: Sm90Tile):
 
 for _tile in ROLLED_TILES:
     cuda_tactic(KIND, f"cuda.fp8.gemm_fast_rolled_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
-                    kernel(layer, t, 1, 1, fast=True, rolled=True)], supports=_supports_rolled(_tile), priority=PRIORITY,
-                archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
+                    kernel(layer, t, 1, 1, fast=True, rolled=True)], supports=_supports_rolled(_tile),
+                priority=PRIORITY - 1, archs=ARCHS, estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "fast_accumulation": 1,
-                        "rolled_epilogue": 1, "consumers": _tile.consumers, "stages": _tile.stages})(
+                        "rolled_epilogue": 1, "consumers": _tile.consumers, "stages": _tile.stages},
+                variant_of=f"cuda.fp8.gemm_fast_sm90_{_tile.label}")(
         _enqueue(_tile, 1, 1, True, True))

@@ -124,9 +124,10 @@ def _supports_rolled(tile: Sm90Tile):
     return supported
 
 
-for _tile in ROLLED_TILES:  # (fp8_gemm_sm90.ROLLED_TILES: EPI_ROLL, their own tuner family, untimed when added)
+for _tile in ROLLED_TILES:  # (fp8_gemm_sm90.ROLLED_TILES: EPI_ROLL, variants of their twins, untimed when added)
     cuda_tactic(KIND, f"cuda.int8.gemm_rolled_sm90_{_tile.label}", kernels=lambda layer, t=_tile: [
-                    kernel(layer, t, rolled=True)], supports=_supports_rolled(_tile), priority=PRIORITY, archs=ARCHS,
+                    kernel(layer, t, rolled=True)], supports=_supports_rolled(_tile), priority=PRIORITY - 1, archs=ARCHS,
                 estimate=_estimate(_tile), domain=POLYKIT_DOMAIN,
                 params={"bm": _tile.bm, "bn": _tile.bn, "bk": ROW_BYTES, "msub": _tile.msub, "rolled_epilogue": 1,
-                        "consumers": _tile.consumers, "stages": _tile.stages})(_enqueue(_tile, True))
+                        "consumers": _tile.consumers, "stages": _tile.stages},
+                variant_of=f"cuda.int8.gemm_sm90_{_tile.label}")(_enqueue(_tile, True))

@@ -146,6 +146,41 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
   return ok;
 }
 
+// EPI_ROLL 1 (the rolled tiles: `cuda.gemm.sm90_rolled_*`, `cuda.int8.gemm_rolled_sm90_*`,
+// `cuda.fp8.gemm_fast_rolled_sm90_*`): finish_rows' column groups in a loop that is not unrolled (`#pragma unroll 1`),
+// so the code holds one group's body (the epilogue, the transposes and stores of 16 outputs a lane: ~430 SASS
+// instructions with BERT's Gelu on the FP8 tile) where the unrolled path holds BN / 32 of them straight through
+// (~2,600 on 128x192), which a block runs once a tile: each warp fetches that code from L2 once a tile (the W4A16
+// kernel's ncu: 57 % of its stalls "no instruction"). The loop costs a group its accumulators' selection
+// (group_accumulators: a branch to one of BN / 32 cases, each 16 register moves; acc indexed at run time would live
+// in local memory), the next group's prefetched loads moved into place (one group ahead at most) and, with
+// TILE_INPUTS, the tile inputs' selection the same way: ~2 instructions an output. The same arithmetic on the same
+// values: bit for bit the unrolled path's bytes (host emulation, tests/kernels/cuda/test_sm90_epilogue_emulated.py).
+// One block an SM, one m64 subtile a warpgroup (the 16-byte and native paths').
+#ifndef EPI_ROLL
+#define EPI_ROLL 0
+#endif
+#if EPI_ROLL
+// column group g's accumulators (blocks 4 g .. 4 g + 3) of rows m (w) and m + 8 (w8) as the finish_rows paths take them
+// (w[2 j], w[2 j + 1]: block j's columns 2q, 2q + 1): one comparison a group before it, then 16 moves of fixed registers
+template <int G = 0>
+__device__ __forceinline__ void group_accumulators(const acc_t (&acc)[BN / 2], int g, acc_t (&w)[8], acc_t (&w8)[8]) {
+  if constexpr (G < BN / (8 * EPI_GROUP)) {
+    if (g == G) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[2 * j] = acc[4 * (G * EPI_GROUP + j)];
+        w[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 1];
+        w8[2 * j] = acc[4 * (G * EPI_GROUP + j) + 2];
+        w8[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 3];
+      }
+      return;
+    }
+    group_accumulators<G + 1>(acc, g, w, w8);
+  }
+}
+#endif
+
 #if !I8 && !F8  // the 16-byte path of 16-bit outputs (float accumulators)
 #if !(HAS_EPILOGUE && EPI_VEC)
 struct EpiCols8 {};
@@ -197,9 +232,18 @@ __device__ __forceinline__ void value8(const OutP& out, const ELEM (&c)[8], cons
   apply_epilogue8(out.epi, cols, r, v);
 #endif
 }
-// one 16-byte store at element yi of Y (row * out.row_stride() + column)
+// one 16-byte store at element yi of Y (row * out.row_stride() + column). NVVM splits the `*(uint4*) = ` store of
+// pack2's words into four 4-byte stores where it loses their alignment: 2 of a thread's 12 on BERT FFN1's 128x192
+// tile, every one in the EPI_ROLL loop (NVRTC 13.5's PTX, 2026-12-08). The rolled path stores by PTX's st.global.v4
+// (the "memory" clobber keeps the loads after it after it: they may alias, finish_rows); on the unrolled path that
+// form spilled 28 bytes (128x192, bias + residual), so it keeps the plain store.
 __device__ __forceinline__ void store8(const OutP& out, i64 yi, const float (&v)[8]) {
+#if defined(__CUDA_ARCH__) && EPI_ROLL
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out.Y + yi), "r"(pack2(v[0], v[1])),
+               "r"(pack2(v[2], v[3])), "r"(pack2(v[4], v[5])), "r"(pack2(v[6], v[7])) : "memory");
+#else
   *(uint4*)(out.Y + yi) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+#endif
 }
 // columns n..n + 7 of row m on their own (16-bit storage, N % 8 == 0, vector_ok: the split-K
 // reduce's rows): their loads, value8, store8
@@ -224,6 +268,40 @@ __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float 
                                             int lane) {
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;  // the loads' (dense) indices
   const i64 yrow = out.yrow(z, m), yrow8 = out.yrow(z, m + 8);  // the stores'
+#if EPI_ROLL  // (the groups in a loop: one group's loads ahead at most)
+  constexpr bool AHEAD = GROUPS_AHEAD > 0;
+  Loads8 cur, ahead;
+  if (AHEAD) load_group(out, cur, m, n0, row + n0);
+#pragma unroll 1
+  for (int g = 0; g < EPI_GROUPS; ++g) {
+    const i64 n = n0 + 8 * EPI_GROUP * g, next = n + 8 * EPI_GROUP;
+    if (AHEAD && g + 1 < EPI_GROUPS) load_group(out, ahead, m, next, row + next);
+    acc_t q[8], q8[8], lo[4], hi[4], lo8[4], hi8[4], w[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
+    group_accumulators(acc, g, q, q8);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lo[j] = q[2 * j];
+      hi[j] = q[2 * j + 1];
+      lo8[j] = q8[2 * j];
+      hi8[j] = q8[2 * j + 1];
+    }
+    const bool row_ok = m < out.M && n < out.N, row8_ok = row_ok && m + 8 < out.M;
+    quad_row(lo, hi, w, lane);
+    if (!AHEAD) {  // each row with its own loads after the previous row's store
+      finish8(out, z, m, n, w);
+      quad_row(lo8, hi8, w, lane);
+      finish8(out, z, m + 8, n, w);
+      continue;
+    }
+    float v[8];
+    value8(out, cur.c, cur.cols, cur.r, w, v);
+    if (row_ok) store8(out, yrow + out.ycol(n), v);
+    quad_row(lo8, hi8, w, lane);
+    value8(out, cur.c, cur.cols, cur.r8, w, v);
+    if (row8_ok) store8(out, yrow8 + out.ycol(n), v);
+    cur = ahead;
+  }
+#else
   Loads8 in[EPI_GROUPS];
 #pragma unroll
   for (int g = 0; g < GROUPS_AHEAD; ++g) load_group(out, in[g], m, n0 + 8 * EPI_GROUP * g, row + n0 + 8 * EPI_GROUP * g);
@@ -254,6 +332,7 @@ __device__ __forceinline__ void finish_rows(const OutP& out, i64 z, const float 
     value8(out, in[g].c, in[g].cols, in[g].r8, w, v);
     if (row8_ok) store8(out, yrow8 + out.ycol(n), v);
   }
+#endif
 }
 #endif
 
@@ -466,9 +545,6 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
 // gathers im2col rows, spilled 28 bytes with 256; gemm_sm90.cu's INT8 GEMM tiles over rows hold 256 without a spill)
 // (EPI_ROLL: 192 columns at most; the rolled loop's copies (its group's accumulators, the next group's loads) spilled
 // 84 bytes with 256 columns of an int8 residual on 128x256, which then loads them a group ahead, PREFETCH_GROUPS)
-#ifndef EPI_ROLL
-#define EPI_ROLL 0
-#endif
 #ifndef TILE_INPUT_COLS
 #define TILE_INPUT_COLS (EPI_ROLL ? 192 : 256)
 #endif
@@ -497,36 +573,8 @@ __device__ __forceinline__ void load_tile_inputs(const OutI8& out, TileIn& t, i6
 #endif
 template <class T>
 __device__ __forceinline__ const T& only(const T& t) { return t; }
-// EPI_ROLL 1 (the rolled INT8 / FP8 tiles, `*_rolled_sm90_*`): finish_rows' column groups in a loop that is not
-// unrolled (`#pragma unroll 1`), so the code holds one group's body (dequantize, epilogue, requantize, the
-// transposes and stores of 16 outputs a lane: ~430 SASS instructions with BERT's Gelu) where the unrolled path
-// holds BN / 32 of them straight through (~2,600 on 128x192), which a block runs once a tile: each warp fetches
-// that code from L2 once a tile (the W4A16 kernel's ncu: 57 % of its stalls "no instruction"). The loop costs
-// a group its accumulators' selection (group_accumulators: a branch to one of BN / 32 cases, each 16 register
-// moves; acc indexed at run time would live in local memory), the next group's prefetched loads moved into
-// place (Group8's copy) and, with TILE_INPUTS, the tile inputs' selection the same way: ~2 instructions an
-// output. The same arithmetic on the same values: bit for bit the unrolled path's bytes (host emulation,
-// tests/kernels/cuda/test_sm90_epilogue_emulated.py). One block an SM only (PREFETCH_GROUPS' registers).
 #if EPI_ROLL && I8_NATIVE
 static_assert(BLOCKS == 1 && !ROW_HALVES, "EPI_ROLL: the one-block-an-SM native path");
-// column group g's accumulators (blocks 4 g .. 4 g + 3) of rows m (w) and m + 8 (w8), as finish_rows' unrolled
-// path takes them: one comparison a group before it, then 16 moves of fixed registers
-template <int G = 0>
-__device__ __forceinline__ void group_accumulators(const acc_t (&acc)[BN / 2], int g, acc_t (&w)[8], acc_t (&w8)[8]) {
-  if constexpr (G < BN / (8 * EPI_GROUP)) {
-    if (g == G) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        w[2 * j] = acc[4 * (G * EPI_GROUP + j)];
-        w[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 1];
-        w8[2 * j] = acc[4 * (G * EPI_GROUP + j) + 2];
-        w8[2 * j + 1] = acc[4 * (G * EPI_GROUP + j) + 3];
-      }
-      return;
-    }
-    group_accumulators<G + 1>(acc, g, w, w8);
-  }
-}
 #if TILE_INPUTS
 // column group g's tile inputs (TileIn, rows m and m + 8) into a group's loads, selected as group_accumulators
 template <int G = 0>
