@@ -116,6 +116,11 @@
 #   STEP=s31b      then: ResNet-50 bs32 INT8 / FP8 against fp16 (the default level times the rolled tiles; the INT8
 #                  build's phases: build_phases_s), BERT-base bs8 fp16 / FP8 converted and replayed as CUDA graphs,
 #                  the tactics the FP8 plan took; ~450 s
+#   STEP=s31c      then the zoo before / after the twenty-fourth and twenty-fifth sessions' kernel changes (pointwise.cuh's
+#                  non-contracting float ops, the rolled 16-bit GEMM tiles the default level now times): STEP=zoo with
+#                  ZOO_MODELS=bert_base,gpt2,vit_b_16,whisper_encoder,resnet50,efficientnet_b0 and ZOO_BEFORE=.before,
+#                  made first here: mkdir .before && git archive 54beee63~1 | tar -x -C .before &&
+#                  git rev-parse 54beee63~1 > .before/.commit (carry .before); ~450 s
 #   STEP=s30       (folded into s31a) FIRST next session: the contraction fix's and the rolled W4A16 tiles' tests, the rolled tiles timed
 #                  beside their twins, then FFN1 and W4A16 under ncu with warm caches; ~360 s
 #   STEP=s29       (twenty-fourth session, run): s28's gpu tests, then s29k, then s28n; ~500 s
@@ -608,9 +613,9 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
       timeout 120 python3 benchmarks/fp8_gemm_one.py --act $act --runs 30 \
         --tactics ${fast}_128x192,${rolled}_128x192,${fast}_128x160,${rolled}_128x160 > "$OUT/ffn1_$act.txt" 2>&1
       echo "== ffn1 fp8 act=$act rc $?"; grep -E "^cuda|  ffn1 " "$OUT/ffn1_$act.txt" | cut -c1-130
-      timeout 60 python3 benchmarks/fp8_gemm_one.py --fp16 --act $act --runs 30 --tactics cuda.gemm.sm90_128x192 \
-        > "$OUT/ffn1_fp16_$act.txt" 2>&1
-      echo "== ffn1 fp16 act=$act rc $?"; grep -E "  ffn1 " "$OUT/ffn1_fp16_$act.txt" | cut -c1-130
+      timeout 60 python3 benchmarks/fp8_gemm_one.py --fp16 --act $act --runs 30 \
+        --tactics cuda.gemm.sm90_128x192,cuda.gemm.sm90_rolled_128x192 > "$OUT/ffn1_fp16_$act.txt" 2>&1
+      echo "== ffn1 fp16 act=$act rc $?"; grep -E "^cuda|  ffn1 " "$OUT/ffn1_fp16_$act.txt" | cut -c1-130
     done
     NO_TESTS=1 STEP=s30 bash "$0"
     timeout 110 ncu --cache-control none --section SpeedOfLight --section WarpStateStats --kernel-name regex:gemm_sm90 \
@@ -646,6 +651,12 @@ from collections import Counter
 from polykit.compiler.plan.file import Plan
 print(Counter(Plan.load('/tmp/bert_fp8.plan').metadata['tactics'].values()).most_common(12))" 2>&1 | tail -2
     exit 0
+    ;;
+  s31c)  # the zoo before / after (see the list above: ZOO_BEFORE=.before, carried)
+    [ -d "${ZOO_BEFORE:-.before}" ] || { echo "s31c needs the before tree: ZOO_BEFORE=.before, carried"; exit 2; }
+    ZOO_BEFORE=${ZOO_BEFORE:-.before} ZOO_MODELS=${ZOO_MODELS:-bert_base,gpt2,vit_b_16,whisper_encoder,resnet50,efficientnet_b0} \
+      ZOO_S=${ZOO_S:-330} STEP=zoo bash "$0"
+    exit $?
     ;;
   s30)  # FIRST next session: 54beee63's non-contracting epilogue ops (test_int8*.py bit for bit), then FFN1 of BERT FP8
     # alone (the fast 128x192 tile) and the staged W4A16 kernel at M = 1 under ncu with warm caches (--cache-control
