@@ -37,9 +37,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 ARCH = "sm_90"
-#: the FP8 tensor-core tactics: the conv tiles, the GEMM tiles over rows, the conv tiles with pieces
+#: the FP8 tensor-core tactics: the conv tiles, the GEMM tiles over rows (and their rolled variants), the conv tiles
+#: with pieces
 FP8_TACTIC = ("cuda.fp8.sm90_", "cuda.fp8.gemm_sm90_", "cuda.fp8.conv_sm90_", "cuda.fp8.gemm_fast_sm90_",
-              "cuda.fp8.conv_fast_sm90_")
+              "cuda.fp8.conv_fast_sm90_", "cuda.fp8.gemm_fast_rolled_sm90_")
 #: file stem -> (model, batch) exported by `export`
 EXPORTS = {"resnet50_bs32": ("resnet50", 32), "resnet50_bs2": ("resnet50", 2), "bert_bs8": ("bert", 8)}
 #: the models `table --models` may name (the ones `export` writes)

@@ -132,8 +132,8 @@ def test_fp8_tactics_counts_launched_layers_and_the_fp8_bert_launches_as_many_as
 
 def test_fp8_tactics_counts_every_fp8_tensor_core_family_as_fp8():
     """benchmarks/fp8_tactics.py's `products_on_fp8_sm90` counts a product on any FP8 tensor-core tactic: the conv
-    tiles, the GEMM tiles over rows and the conv tiles with pieces (a timed plan picks the latter two), and no
-    other QConvNHWC tactic (INT8's)."""
+    tiles, the GEMM tiles over rows (their rolled variants too) and the conv tiles with pieces (a timed plan picks the
+    latter two), and no other QConvNHWC tactic (INT8's)."""
     from benchmarks import fp8_tactics
     import polykit.kernels.cuda  # noqa: F401  (registers the cuda tactics)
     from polykit.kernels.tactics import all_tactics
@@ -141,7 +141,8 @@ def test_fp8_tactics_counts_every_fp8_tensor_core_family_as_fp8():
     names = [t.name for t in all_tactics("cuda") if t.kind == "QConvNHWC"]
     fp8 = [n for n in names if n.startswith("cuda.fp8.")]
     assert {n.split("cuda.fp8.")[1].rsplit("_", 1)[0] for n in fp8} >= {"sm90", "gemm_sm90", "conv_sm90",
-                                                                       "gemm_fast_sm90", "conv_fast_sm90"}
+                                                                       "gemm_fast_sm90", "conv_fast_sm90",
+                                                                       "gemm_fast_rolled_sm90"}
     assert all(n.startswith(fp8_tactics.FP8_TACTIC) for n in fp8), fp8
     assert not any(n.startswith(fp8_tactics.FP8_TACTIC) for n in names if n not in fp8)
 

@@ -45,7 +45,7 @@ def test_int8_on_cuda_runs_int8_layers_channels_last_and_equals_the_cpu_plan():
     # conv1, and the classifier's QMatMul as a 1x1 QConvNHWC; the tuner times the mma.sync conv against
     # the sm_90a ones (int8_sm90.py; int8_gemm_sm90.py's for a conv over rows: the classifier) where the GPU has them
     assert set(tactics) == {"conv1", "fc"}, tactics
-    assert all(t.startswith(("cuda.int8.mma_conv_nhwc", "cuda.int8.sm90_", "cuda.int8.gemm_sm90_"))
+    assert all(t.startswith(("cuda.int8.mma_conv_nhwc", "cuda.int8.sm90_", "cuda.int8.gemm_sm90_", "cuda.int8.gemm_rolled_sm90_"))
                for t in tactics.values()), tactics
     # the grouped conv2 (no cuda INT8 tactic) must stay quantized: it reads DQ(r1 int8) and DQ(w2 int8),
     # as the cpu plan's INT8 conv2 does; reading float r1 and w2 put every output ~1 % off. It runs in float,

@@ -53,3 +53,25 @@ def test_split_k_qmatmul_requantizes_as_the_reference(y_dtype):
     inputs = {"X": q((32, 2048), np.int8), "W": q((2048, 1000), np.int8),
               **params(1000, np.int8, np.int8, False, y_dtype)}
     check(stamped(layer_of("QMatMul", inputs), inputs), inputs, TACTICS[1])
+
+
+def test_each_int8_tactic_compiles_its_own_entry_point_alone():
+    """int8.cu's INT8_ENTRIES (int8.entries): a QMatMul's unit holds int8_matmul alone, the split-K tactic's two kernels
+    one unit with the pair, a QConvNHWC's int8_conv_nhwc alone (PTX entries), where each had compiled all five."""
+    import re
+
+    pytest.importorskip("cuda.bindings")
+    from polykit.runtime.cuda.nvrtc import unique_units
+
+    from .test_int8 import conv_inputs
+    from .test_sm90_wgmma_pipeline import ptx_of
+
+    inputs = {"X": q((32, 256), np.int8), "W": q((256, 100), np.int8), **params(100, np.int8, np.int8, True, None)}
+    matmul = stamped(layer_of("QMatMul", inputs), inputs)
+    nhwc_inputs = conv_inputs((1, 6, 6, 32), (24, 3, 3, 32), np.int8, np.int8, True)
+    nhwc = stamped(layer_of("QConvNHWC", nhwc_inputs, {"pads": [1, 1, 1, 1]}), nhwc_inputs)
+    for kind, layer, tactic, want in (("QMatMul", matmul, "cuda.int8.mma_matmul", ["int8_matmul"]),
+                                      ("QMatMul", matmul, TACTICS[0], ["int8_matmul_splitk", "int8_splitk_reduce"]),
+                                      ("QConvNHWC", nhwc, "cuda.int8.mma_conv_nhwc", ["int8_conv_nhwc"])):
+        (unit,) = unique_units(find_tactic("cuda", kind, tactic).kernels(layer))
+        assert sorted(re.findall(r"\.entry (\w+)", ptx_of(unit, "int8.cu"))) == want, tactic

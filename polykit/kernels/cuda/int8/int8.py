@@ -33,6 +33,14 @@ from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source, sup
 FILE = "int8.cu"
 #: kind -> its kernel
 KERNELS = {"QMatMul": "int8_matmul", "QConvNHWC": "int8_conv_nhwc", "QConv": "int8_conv_nchw"}
+#: int8.cu's INT8_ENTRIES bit of each entry point: a layer's unit compiles its own kernel (the split-K pair together)
+ENTRIES = {"int8_matmul": 1, "int8_matmul_splitk": 2, "int8_splitk_reduce": 2, "int8_conv_nhwc": 4, "int8_conv_nchw": 8}
+
+
+def entries(source: KernelSource) -> KernelSource:
+    """An int8.cu unit that compiles `source`'s entry point alone (INT8_ENTRIES: its bit of ENTRIES), where the module
+    otherwise compiles all five (NVRTC 13.5, 2026-12-08: an int8_matmul unit 7.2 s with every entry, 1.5 s alone)."""
+    return replace(source, defines=source.defines + defines(INT8_ENTRIES=ENTRIES[source.name]))
 TILE = {"tile_m": 128, "tile_n": 128, "tile_k": 64}
 #: longest reduction whose centered int32 sum cannot overflow (|(x - zx)(w - zw)| <= 255 ** 2)
 MAX_INT8_K = 1 << 15
@@ -223,8 +231,9 @@ def half_out(source: KernelSource, y_dtype: str) -> KernelSource:
 
 
 def _kernels(layer: Any, y_dtype: str | None = None) -> list[KernelSource]:
-    """The layer's int8.cu kernel; `y_dtype` (enqueue: the output tensor's) or the record's output type."""
-    return [half_out(kernel_source(layer, KERNELS[layer.kind], FILE, "float"), y_dtype or output_type(layer))]
+    """The layer's int8.cu kernel (its entry point alone: `entries`); `y_dtype` (enqueue: the output tensor's) or the
+    record's output type."""
+    return [entries(half_out(kernel_source(layer, KERNELS[layer.kind], FILE, "float"), y_dtype or output_type(layer)))]
 
 
 def enqueue(layer: Any, launcher: Any, tensors: Mapping[str, DeviceTensor]) -> None:

@@ -21,8 +21,8 @@ from polykit.compiler.ir.graph import POLYKIT_DOMAIN
 from polykit.errors import DeviceError
 from polykit.kernels.cuda.base import DeviceTensor, KernelSource, cuda_tactic
 from polykit.kernels.cuda.gemm.epilogue import epilogue_args, kernel_source
-from polykit.kernels.cuda.int8.int8 import (FILE, TILE, half_layer, half_out, int8_args, output_type, residual_layer,
-                                          supports)
+from polykit.kernels.cuda.int8.int8 import (FILE, TILE, entries, half_layer, half_out, int8_args, output_type,
+                                          residual_layer, supports)
 
 KIND = "QMatMul"
 KERNEL, REDUCE = "int8_matmul_splitk", "int8_splitk_reduce"
@@ -64,7 +64,7 @@ def _supports(layer: Any) -> bool:
 def _kernels(layer: Any, y_dtype: str | None = None) -> list[KernelSource]:
     """The split kernel and its reduce (which stores the output: a float16 one compiled in, int8.half_out)."""
     y = y_dtype or output_type(layer)
-    return [half_out(kernel_source(layer, k, FILE, "float"), y) for k in (KERNEL, REDUCE)]
+    return [entries(half_out(kernel_source(layer, k, FILE, "float"), y)) for k in (KERNEL, REDUCE)]
 
 
 def _enqueue(splits: int):

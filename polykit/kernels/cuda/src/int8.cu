@@ -160,17 +160,28 @@ struct ConvP {
   }
 };
 
+// INT8_ENTRIES (define, int8.py's `entries`): the entry points a unit compiles, a mask of 1 int8_matmul, 2 the
+// split-K pair (int8_matmul_splitk and its reduce), 4 int8_conv_nhwc, 8 int8_conv_nchw; all of them without it (CI's
+// plain variants). A layer's unit compiles its own: an int8_matmul unit compiled all five in 7.2 s of NVRTC 13.5 and
+// its own alone in 1.5 s (2026-12-08; an int8_conv_nhwc unit's 7.8 s are nearly all its own kernel's).
+#ifndef INT8_ENTRIES
+#define INT8_ENTRIES 15
+#endif
+
 #define INT8_SETUP                                                                                       \
   const Common cm = common_of(X, Wt, XZ, WZ, Scale, Bias, YScale, YZ, Y, M, N, K, C, H, W, OH, OW, KH, KW, \
                               SH, SW, PH, PW, DH, DW, flags, wz_step, scale_step, bias_step EPI_COMMA_ARGS)
 #define CONV_GEOMETRY ConvGeometry{C, H, W, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW}
 
+#if INT8_ENTRIES & 1
 extern "C" __global__ void __launch_bounds__(256) int8_matmul(INT8_PARAMS) {
   INT8_SETUP;
   const MatmulP p = {X, Wt, M, N, K, K, (flags & FLAG_VEC_X) != 0, cm.amask, cm.bmask, cm.out, nullptr};
   int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
 }
+#endif
 
+#if INT8_ENTRIES & 2
 // kslice: a multiple of the 64-byte K step (16-byte loads stay aligned within a slice)
 extern "C" __global__ void __launch_bounds__(256) int8_matmul_splitk(INT8_PARAMS, int* partial, i64 kslice) {
   INT8_SETUP;
@@ -190,6 +201,7 @@ extern "C" __global__ void __launch_bounds__(256) int8_splitk_reduce(INT8_PARAMS
     cm.out.put(i, n, n, (int)acc);
   }
 }
+#endif
 
 template <bool NHWC>
 __device__ __forceinline__ void conv(const Common& cm, const u8* X, const u8* Wt, i64 M, i64 N, i64 K,
@@ -198,12 +210,16 @@ __device__ __forceinline__ void conv(const Common& cm, const u8* X, const u8* Wt
   int8_mma_gemm(p, cm.za, cm.zw, cm.amask, cm.bmask);
 }
 
+#if INT8_ENTRIES & 4
 extern "C" __global__ void __launch_bounds__(256) int8_conv_nhwc(INT8_PARAMS) {
   INT8_SETUP;
   conv<true>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
 }
+#endif
 
+#if INT8_ENTRIES & 8
 extern "C" __global__ void __launch_bounds__(256) int8_conv_nchw(INT8_PARAMS) {
   INT8_SETUP;
   conv<false>(cm, X, Wt, M, N, K, CONV_GEOMETRY, (flags & FLAG_VEC_W) != 0);
 }
+#endif
