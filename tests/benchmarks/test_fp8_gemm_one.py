@@ -31,12 +31,16 @@ def test_the_fp8_block_runs_ffn1_as_berts_plan_on_the_forced_tactic(monkeypatch,
     assert ffn2.tactic.startswith("cuda.fp8.sm90_"), ffn2.tactic
 
 
-def test_the_fp16_block_runs_ffn1_on_the_fp16_gemm(monkeypatch):
+@pytest.mark.parametrize("tactic,act", [("cuda.gemm.sm90_128x192", "gelu"), ("cuda.gemm.sm90_128x192", "none"),
+                                        ("cuda.gemm.sm90_rolled_128x192", "gelu")])
+def test_the_fp16_block_runs_ffn1_on_the_fp16_gemm(monkeypatch, tactic, act):
+    """(Without an activation FFN1 is a Gemm with its bias as C and no epilogue, which the rolled tiles leave to
+    their twins: gpu_first_run.sh's s31a forces them with the Gelu only.)"""
     stand_in_sm90(monkeypatch)
-    plan = build_plan(ffn_block(ROWS), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
-                                                     tactic_replay={"ffn1": "cuda.gemm.sm90_128x192"}))
+    plan = build_plan(ffn_block(ROWS, act=act), BuilderConfig(target="cuda", fp16=True, builder_optimization_level=0,
+                                                              tactic_replay={"ffn1": tactic}))
     (ffn1,) = [layer for layer in plan.layers if layer.name == "ffn1"]
-    assert ffn1.tactic == "cuda.gemm.sm90_128x192" and ffn1.out_dtypes == ("float16",)
+    assert ffn1.tactic == tactic and ffn1.out_dtypes == ("float16",)
 
 
 def test_the_script_runs_on_the_cpu_target(monkeypatch, capsys):

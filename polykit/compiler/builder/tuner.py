@@ -247,7 +247,7 @@ def capped(pairs: Sequence[Pair], cap: int | None) -> list[Pair]:
         return list(pairs)
     dense = [p for p in pairs if ATTR not in p[0].attrs]
     sparse = [p for p in pairs if ATTR in p[0].attrs]
-    return (_with_variants(_with_families(dense, cap), dense) + _with_variants(_with_families(sparse, cap), sparse))
+    return _with_variants(_with_families(dense, cap), dense) + _with_variants(_with_families(sparse, cap), sparse)
 
 
 class Tuner:

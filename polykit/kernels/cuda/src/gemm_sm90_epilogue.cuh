@@ -163,6 +163,7 @@ __device__ __forceinline__ bool vector_ok(const OutP& out) {
 #if EPI_ROLL
 // column group g's accumulators (blocks 4 g .. 4 g + 3) of rows m (w) and m + 8 (w8) as the finish_rows paths take them
 // (w[2 j], w[2 j + 1]: block j's columns 2q, 2q + 1): one comparison a group before it, then 16 moves of fixed registers
+// (the 16-byte path's; the native path takes one row at a time, group_row: fewer registers live)
 template <int G = 0>
 __device__ __forceinline__ void group_accumulators(const acc_t (&acc)[BN / 2], int g, acc_t (&w)[8], acc_t (&w8)[8]) {
   if constexpr (G < BN / (8 * EPI_GROUP)) {
@@ -177,6 +178,21 @@ __device__ __forceinline__ void group_accumulators(const acc_t (&acc)[BN / 2], i
       return;
     }
     group_accumulators<G + 1>(acc, g, w, w8);
+  }
+}
+// one row's 8 of them: row m (e 0, w of group_accumulators) or m + 8 (e 2, w8), so that one row's live at a time
+template <int G = 0>
+__device__ __forceinline__ void group_row(const acc_t (&acc)[BN / 2], int g, int e, acc_t (&w)[8]) {
+  if constexpr (G < BN / (8 * EPI_GROUP)) {
+    if (g == G) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[2 * j] = e ? acc[4 * (G * EPI_GROUP + j) + 2] : acc[4 * (G * EPI_GROUP + j)];
+        w[2 * j + 1] = e ? acc[4 * (G * EPI_GROUP + j) + 3] : acc[4 * (G * EPI_GROUP + j) + 1];
+      }
+      return;
+    }
+    group_row<G + 1>(acc, g, e, w);
   }
 }
 #endif
@@ -543,10 +559,11 @@ __device__ __forceinline__ void load_native(const OutI8& out, Group8& g, i64 m, 
 // (the native path's), BN / 4 bytes an input a thread where the registers hold them (ptxas, no spills): 256
 // columns of one input (conv_sm90.cu's INT8 tiles set 128 before including this: its 128x256, whose producer
 // gathers im2col rows, spilled 28 bytes with 256; gemm_sm90.cu's INT8 GEMM tiles over rows hold 256 without a spill)
-// (EPI_ROLL: 192 columns at most; the rolled loop's copies (its group's accumulators, the next group's loads) spilled
-// 84 bytes with 256 columns of an int8 residual on 128x256, which then loads them a group ahead, PREFETCH_GROUPS)
+// (EPI_ROLL too: its loop then takes a group's accumulators a row at a time and, past 192 columns, loads the group's
+// scale / bias pairs at the group, not a group ahead; with both rows and the pairs ahead the rolled 128x256 spilled
+// 84 bytes, with the rows apart 24)
 #ifndef TILE_INPUT_COLS
-#define TILE_INPUT_COLS (EPI_ROLL ? 192 : 256)
+#define TILE_INPUT_COLS 256
 #endif
 #define TILE_INPUTS \
   (I8_NATIVE && HAS_EPILOGUE && BLOCKS == 1 && MSUB == 1 && EPI_IN8_COUNT * BN <= TILE_INPUT_COLS)
@@ -600,23 +617,27 @@ __device__ __forceinline__ void finish_rows(const OutI8& out, i64 z, const acc_t
   const i64 row = (z * out.M + m) * out.N, row8 = row + 8 * out.N;
   const bool row_ok = m < out.M, row8_ok = m + 8 < out.M;
 #if EPI_ROLL
-  Group8 cur, ahead;  // this group's loads, the next group's (PREFETCH_GROUPS)
-  if (PREFETCH_GROUPS) load_native(out, cur, m, nt, cols, row + nt, lane, own);
+  // (with the tile's inputs in registers, a group's scale / bias pairs are loaded at the group, not a group ahead:
+  // 256 columns of an int8 residual spilled 24 bytes with them ahead, on 128x256)
+  constexpr bool AHEAD = PREFETCH_GROUPS && !(TILE_INPUTS && BN > 192);
+  Group8 cur, ahead;  // this group's loads, the next group's (AHEAD)
+  if (AHEAD) load_native(out, cur, m, nt, cols, row + nt, lane, own);
 #pragma unroll 1
   for (int g = 0; g < BN / (8 * EPI_GROUP); ++g) {
     const int left = cols - 8 * EPI_GROUP * g;
     const i64 n = nt + 8 * EPI_GROUP * g, next = n + EPI_GROUP * 8;
-    if (PREFETCH_GROUPS && g + 1 < BN / (8 * EPI_GROUP))
+    if (AHEAD && g + 1 < BN / (8 * EPI_GROUP))
       load_native(out, ahead, m, next, left - EPI_GROUP * 8, row + next, lane, own);
-    if (!PREFETCH_GROUPS) load_native(out, cur, m, n, left, row + n, lane, own);
+    if (!AHEAD) load_native(out, cur, m, n, left, row + n, lane, own);
 #if TILE_INPUTS
     if constexpr (!own) group_inputs(only(tin...), g, cur);
 #endif
-    acc_t w[8], w8[8];  // rows m, m + 8: columns 2q, 2q + 1 of each block
-    group_accumulators(acc, g, w, w8);
+    acc_t w[8];  // row m, then m + 8: columns 2q, 2q + 1 of each block
+    group_row(acc, g, 0, w);
     finish_native(out, cur, false, row_ok, row + n, left, w, lane);
-    finish_native(out, cur, true, row8_ok, row8 + n, left, w8, lane);
-    if (PREFETCH_GROUPS) cur = ahead;
+    group_row(acc, g, 2, w);
+    finish_native(out, cur, true, row8_ok, row8 + n, left, w, lane);
+    if (AHEAD) cur = ahead;
   }
 #else
   Group8 g[2];
