@@ -618,6 +618,7 @@ runpy.run_path('benchmarks/weight_only_gemm.py', run_name='__main__')" > "$OUT/w
         > "$OUT/ffn1_fp16_$act.txt" 2>&1
       echo "== ffn1 fp16 act=$act rc $?"; grep -E "^cuda|  ffn1 " "$OUT/ffn1_fp16_$act.txt" | cut -c1-130
     done
+    [ -n "${S31A_SHORT:-}" ] && exit $rc  # (S31A_SHORT=1: the tests and FFN1 alone, ~400 s: a short session's call)
     NO_TESTS=1 STEP=s30 bash "$0"
     timeout 110 ncu --cache-control none --section SpeedOfLight --section WarpStateStats --kernel-name regex:gemm_sm90 \
       --launch-skip 2 --launch-count 1 -o /tmp/ncu_ffn1_rolled python3 benchmarks/fp8_gemm_one.py \
