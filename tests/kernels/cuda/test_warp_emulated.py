@@ -305,3 +305,22 @@ def test_a_block_that_never_finishes_fails_instead_of_hanging(tmp_path):
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": root})
     assert done.returncode != 0 and "ran past EMU_BLOCK_SECONDS" in done.stderr, done.stderr[-2000:]
+
+
+def test_unmodelled_ptx_is_an_error_or_with_trap_a_run_time_failure_that_names_it():
+    """translate_asm: PTX it does not model stops the translation (ValueError), or with unmodelled="trap" becomes a
+    statement that fails the process when it runs, naming the PTX (the sm90 epilogue harness compiles wgmma so);
+    an empty template (a register fence) is nothing either way, and modelled PTX is translated the same."""
+    from tests.kernels.cuda.warp_emulation import translate_asm
+
+    wgmma = 'asm volatile("wgmma.fence.sync.aligned;" ::: "memory");'
+    with pytest.raises(ValueError, match="wgmma.fence.sync.aligned"):
+        translate_asm(wgmma)
+    trapped = translate_asm(wgmma, unmodelled="trap")
+    assert "emu_fail(" in trapped and "wgmma.fence.sync.aligned" in trapped and "asm" not in trapped
+    fence = 'asm volatile("" : "+f"(x)::"memory");'
+    assert translate_asm(fence) == translate_asm(fence, unmodelled="trap") == "(void)0;"
+    rcp = 'asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x));'
+    assert translate_asm(rcp, unmodelled="trap") == translate_asm(rcp) == "(y) = 1.0f / (x);"
+    with pytest.raises(ValueError, match="'error' or 'trap'"):
+        translate_asm(rcp, unmodelled="skip")

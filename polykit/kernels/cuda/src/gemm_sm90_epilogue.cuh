@@ -461,6 +461,9 @@ __device__ __forceinline__ void finish8(const OutI8& out, i64 oi, i64 n, const a
 #define I8_NATIVE                                                                                        \
   (((I8 && !F8 && Y_OUT != 3) || F8_NATIVE) && (!HAS_EPILOGUE || EPI_BYTES8) &&                           \
    !(BLOCKS == 2 && BN == 128 && Y_OUT < 0 && EPI_IN8_COUNT == 0))
+#if EPI_ROLL && !I8_NATIVE  // (fp8_gemm_sm90.rolls, which the rolled tactics' supports ask, mirrors I8_NATIVE)
+#error "EPI_ROLL rolls the native path only: fp8_gemm_sm90.rolls took a unit I8_NATIVE does not"
+#endif
 #if I8_NATIVE && HAS_EPILOGUE
 // the residual bytes of a lane's block (load_epilogue8 at its 8 columns) into the accumulators' layout
 __device__ __forceinline__ void native_inputs(EpiIn8& in, const QuadPairs& qp) {
